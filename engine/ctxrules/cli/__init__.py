@@ -1,0 +1,1 @@
+"""The ``ctxrules`` command: one module per verb, each registering itself in :data:`VERBS`."""

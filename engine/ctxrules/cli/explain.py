@@ -1,0 +1,44 @@
+"""``ctxrules explain PACK [--model M] [--origins]``: the resolved pack as YAML."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("explain", help="print the resolved pack as YAML",
+                       description="Resolve a pack with all its parents and print the result as YAML. "
+                                   "PACK is a path or builtin:NAME.")
+    p.add_argument("pack", metavar="PACK")
+    p.add_argument("--model", help="show which models: entry applies and the context it yields")
+    p.add_argument("--origins", action="store_true", help="add the file:line each value came from")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ctxrules.packs.loader import load_pack
+    from ctxrules.packs.models_match import effective_context, select_model_entry
+    from ctxrules.packs.render import to_yaml
+
+    pack = load_pack(args.pack)
+    origins = pack.origins() if args.origins else None
+    out = []
+    out.append(f"# pack: {pack.name} (files applied: {', '.join(pack.files)})")
+    if args.model:
+        hit = select_model_entry(pack.data, args.model)
+        if hit is None:
+            out.append(f"# model {args.model}: no models: entry matches")
+        else:
+            i, entry = hit
+            where = pack.origins().get(f"/models/{i}")
+            out.append(f"# model {args.model}: models entry '{entry.get('id')}' applies"
+                       + (f" ({where})" if where else ""))
+            out.append("# effective context for this model:")
+            out.extend("#   " + ln for ln in to_yaml({"context": effective_context(pack.data, entry)})
+                       .rstrip("\n").split("\n"))
+    for d in pack.diagnostics:
+        out.append(f"# {d.severity}[{d.code}] {d.file}:{d.line}:{d.col}: {d.message}")
+    sys.stdout.write("\n".join(out) + "\n" + to_yaml(pack.data, origins))
+    return 0

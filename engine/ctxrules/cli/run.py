@@ -1,0 +1,53 @@
+"""``ctxrules run``: run a pack's pipeline over a message file."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from ctxrules.cli.io import dump, read_json, write_text
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("run", help="run the pipeline over messages",
+                       description="Run a pack's pipeline over a JSON list of OpenAI chat messages "
+                                   '(or {"messages": [...], "tools": [...]}) and write the result.')
+    p.add_argument("--pack", required=True, help="pack path or builtin:NAME")
+    p.add_argument("--model", required=True, help="model name, bare or provider-prefixed")
+    p.add_argument("--window", type=int, help="window in tokens (overrides pack and registry)")
+    p.add_argument("--input", default="-", help="message file (default: stdin)")
+    p.add_argument("--output", default="-", help="where to write the messages (default: stdout)")
+    p.add_argument("--report", help="write the JSON run report here")
+    p.add_argument("--session", help="session directory (default: STATE/default)")
+    p.add_argument("--state", help="state root (default: .ctxrules or $CTXRULES_STATE)")
+    p.add_argument("--explain", action="store_true", help="print a readable table of what each stage did")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ctxrules.engine import open_session
+    from ctxrules.messages import split_input
+
+    data = read_json(args.input)
+    messages, tools = split_input(data)
+    session = open_session(args.pack, args.model, session=args.session, state=args.state, window=args.window)
+    result = session.prepare(messages, tools)
+    if isinstance(data, dict):
+        out: Any = {**{k: v for k, v in data.items() if k not in ("messages", "tools")},
+                    "messages": result.messages}
+        if tools is not None:
+            out["tools"] = result.tools
+        if result.request:
+            out["request"] = result.request
+    else:
+        out = result.messages
+    write_text(args.output, dump(out))
+    if args.report:
+        write_text(args.report, dump(result.report))
+    if args.explain:
+        from ctxrules.cli.tables import report_table
+
+        stream = sys.stderr if args.output == "-" else sys.stdout
+        stream.write(report_table(result.report))
+    return 0

@@ -1,0 +1,35 @@
+"""``ctxrules validate PATH... [--format text|json|github|sarif] [--strict]``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from ctxrules.validation import formats
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("validate", help="check rule packs (schema and semantic checks)",
+                       description="Check rule packs: files, or folders searched for pack files. "
+                                   "Exit 0 when valid, 1 when any error (or warning with --strict), "
+                                   "2 when a path does not exist.")
+    p.add_argument("paths", nargs="+", metavar="PATH")
+    p.add_argument("--format", choices=formats.FORMATS, default="text")
+    p.add_argument("--strict", action="store_true", help="treat warnings as errors")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ctxrules.validation.validate import validate_paths
+
+    diags, count, real = validate_paths(args.paths)
+    render = {
+        "text": lambda: formats.format_text(diags, count, real),
+        "json": lambda: formats.format_json(diags, count),
+        "github": lambda: formats.format_github(diags, count),
+        "sarif": lambda: formats.format_sarif(diags, count),
+    }[args.format]
+    sys.stdout.write(render())
+    failing = {"error", "warning"} if args.strict else {"error"}
+    return 1 if any(d.severity in failing for d in diags) else 0

@@ -1,0 +1,67 @@
+"""``ctxrules vault get ID [--lines A:B] [--session DIR]``: the exact original bytes."""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+from ctxrules.errors import UsageError
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("vault", help="read what stages moved out of the context")
+    vsub = p.add_subparsers(dest="vault_verb", metavar="ACTION", parser_class=type(p))
+    vsub.required = True
+    g = vsub.add_parser("get", help="print a vault item's exact bytes",
+                        description="Print the exact original bytes of a vault item. ID is the full "
+                                    "sha256 or a unique prefix of at least 12 hex digits; a marker's "
+                                    "ref (vault://ID#L3-L9) is accepted too.")
+    g.add_argument("id", metavar="ID")
+    g.add_argument("--lines", help="only lines A:B (1-based, inclusive)")
+    g.add_argument("--session", help="session directory (default: search every session under the state root)")
+    g.add_argument("--state", help="state root (default: .ctxrules or $CTXRULES_STATE)")
+    g.set_defaults(func=run_get)
+
+
+def _parse_lines(text: str) -> tuple[int, int]:
+    m = re.fullmatch(r"(\d+):(\d+)", text.strip())
+    if not m or int(m[1]) < 1 or int(m[2]) < int(m[1]):
+        raise UsageError(f"--lines takes A:B with 1 <= A <= B, got {text!r}")
+    return int(m[1]), int(m[2])
+
+
+def run_get(args: argparse.Namespace) -> int:
+    from ctxrules.engine import state_root_from_env
+    from ctxrules.vault import Vault, VaultError, parse_ref
+
+    ident, lines = args.id, None
+    if ident.startswith("vault://"):
+        ident, lines = parse_ref(ident)
+    if args.lines:
+        lines = _parse_lines(args.lines)
+    if args.session:
+        candidates = [Path(args.session)]
+        if not candidates[0].is_dir():
+            raise UsageError(f"no such session directory: {args.session}")
+    else:
+        root = Path(args.state) if args.state else state_root_from_env()
+        candidates = sorted(p.parent for p in root.glob("*/vault")) if root.is_dir() else []
+        if not candidates:
+            raise UsageError(f"no sessions under {root}; give --session DIR")
+    errors = []
+    for session in candidates:
+        vault = Vault.for_session(session)
+        try:
+            data = vault.get_lines(ident, *lines) if lines else vault.get(ident)
+        except VaultError as exc:
+            errors.append(str(exc))
+            continue
+        sys.stdout.buffer.write(data)
+        sys.stdout.buffer.flush()
+        return 0
+    if len(candidates) == 1:
+        raise UsageError(errors[0])
+    raise UsageError(f"vault item {ident} not found in {len(candidates)} sessions")

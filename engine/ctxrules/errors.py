@@ -1,0 +1,34 @@
+"""Errors the CLI reports as one line, without a traceback.
+
+Anything that is not a :class:`CtxrulesError` is a bug and propagates.
+"""
+
+from __future__ import annotations
+
+
+class CtxrulesError(Exception):
+    """A handled error: the message is meant for the user as it is."""
+
+    exit_code = 2
+
+
+class UsageError(CtxrulesError):
+    """The user asked for something that cannot be done (bad option, missing file)."""
+
+    exit_code = 2
+
+
+class PackError(CtxrulesError):
+    """A rule pack could not be loaded; carries the diagnostics that say why."""
+
+    exit_code = 1
+
+    def __init__(self, message: str, diagnostics: list[object] | None = None) -> None:
+        super().__init__(message)
+        self.diagnostics = diagnostics or []
+
+
+class MessagesError(CtxrulesError):
+    """The message list is malformed in a way no stage can repair."""
+
+    exit_code = 2

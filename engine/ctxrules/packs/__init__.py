@@ -1,0 +1,1 @@
+"""Rule packs: reading YAML with positions, resolving ``extends``, merging, origins."""

@@ -1,0 +1,259 @@
+"""Load a pack: read each file once, resolve ``extends`` depth-first, merge, keep origins."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ctxrules._version import __version__
+from ctxrules.errors import PackError
+from ctxrules.packs.merge import ID_LISTS, MergeProblem, drop_disabled, merge_packs
+from ctxrules.packs.semver import RangeError, is_semver, parse_range
+from ctxrules.packs.source import Origin, SourceDoc, YamlProblem, parse_yaml
+from ctxrules.packs.tree import OList, OMap, annotate, origins_by_pointer, plain
+from ctxrules.resources import rules_dir
+from ctxrules.validation.diagnostics import Diagnostic, did_you_mean
+
+BUILTIN_PREFIX = "builtin:"
+_BUILTIN_REF = re.compile(r"^builtin:(?P<name>[A-Za-z0-9_][A-Za-z0-9_./-]*?)(?:@(?P<range>.+))?$")
+
+
+@dataclass
+class ResolvedPack:
+    """A pack with its parents applied: plain ``data``, the origin-carrying ``tree``, the files
+    read (in application order) and every diagnostic met on the way."""
+
+    name: str
+    data: dict[str, Any]
+    tree: OMap
+    files: list[str]
+    diagnostics: list[Diagnostic] = field(default_factory=list)
+    disabled: dict[str, list[str]] = field(default_factory=dict)
+    docs: dict[str, SourceDoc] = field(default_factory=dict)
+    real_paths: dict[str, Path] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return not any(d.severity == "error" for d in self.diagnostics)
+
+    def origins(self) -> dict[str, Origin]:
+        return origins_by_pointer(self.tree)
+
+    def base_dir(self) -> Path:
+        return Path(self.files[-1]).parent if self.files else Path.cwd()
+
+
+def builtin_path(name: str) -> Path:
+    return rules_dir() / f"{name}.yaml"
+
+
+def builtin_names() -> list[str]:
+    root = rules_dir()
+    return sorted(p.relative_to(root).with_suffix("").as_posix() for p in root.rglob("*.yaml"))
+
+
+def display_path(path: Path) -> str:
+    """Paths in diagnostics: relative to the working directory when below it, else absolute;
+    built-in packs as ``builtin:NAME`` (the wheel's location means nothing to a user)."""
+    try:
+        rel = path.resolve().relative_to(rules_dir().resolve())
+        if not (Path.cwd().resolve() in path.resolve().parents):
+            return BUILTIN_PREFIX + rel.with_suffix("").as_posix()
+    except ValueError:
+        pass
+    try:
+        return path.resolve().relative_to(Path.cwd().resolve()).as_posix()
+    except ValueError:
+        return str(path)
+
+
+class PackLoader:
+    """Reads packs and caches parsed files; one loader resolves one or many packs."""
+
+    def __init__(self) -> None:
+        self._docs: dict[Path, SourceDoc | None] = {}
+        self._doc_problems: dict[Path, list[Diagnostic]] = {}
+
+    # -- reading -----------------------------------------------------------------------
+    def read(self, path: Path) -> tuple[SourceDoc | None, list[Diagnostic]]:
+        path = path.resolve()
+        if path not in self._docs:
+            self._docs[path], self._doc_problems[path] = self._read(path)
+        return self._docs[path], self._doc_problems[path]
+
+    def _read(self, path: Path) -> tuple[SourceDoc | None, list[Diagnostic]]:
+        shown = display_path(path)
+        try:
+            raw = path.read_bytes()
+        except OSError as exc:
+            return None, [Diagnostic("CR090", "error", f"cannot read: {exc.strerror or exc}", shown)]
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            line = raw[: exc.start].count(b"\n") + 1
+            return None, [Diagnostic("CR001", "error", "file is not valid UTF-8", shown, line, 1)]
+        try:
+            doc = parse_yaml(text, shown)
+        except YamlProblem as p:
+            return None, [Diagnostic(p.code, "error", p.message, shown, p.line, p.col, p.pointer, p.hint)]
+        from ctxrules.validation.schema import check_document
+
+        return doc, check_document(doc)
+
+    # -- resolving ---------------------------------------------------------------------
+    def resolve(self, ref: str, *, base: Path | None = None) -> ResolvedPack:
+        """Resolve ``ref`` (a path or ``builtin:NAME[@range]``) with all its parents."""
+        diagnostics: list[Diagnostic] = []
+        path = self._locate(ref, base or Path.cwd(), None, diagnostics)
+        order: list[Path] = []
+        if path is not None:
+            self._linearize(path, [], set(), order, diagnostics)
+        tree: OMap | None = None
+        problems: list[MergeProblem] = []
+        docs: dict[str, SourceDoc] = {}
+        for p in order:
+            doc, _ = self.read(p)
+            if doc is None or not isinstance(doc.data, dict):
+                continue
+            docs[doc.path] = doc
+            layer = annotate(doc)
+            tree = merge_packs(tree if tree is not None else OMap(layer.origin), layer, problems)
+        for mp in problems:
+            diagnostics.append(Diagnostic(mp.code, "error", mp.message, mp.origin.file,
+                                          mp.origin.line, mp.origin.col, mp.pointer, mp.hint))
+        if tree is None:
+            tree = OMap(Origin(display_path(path) if path else ref, 1, 1))
+        tree.drop("extends")
+        disabled = _disabled_ids(tree)
+        drop_disabled(tree)
+        files = [display_path(p) for p in order]
+        name = tree.get("metadata", {}).get("name") if isinstance(tree.get("metadata"), dict) else None
+        return ResolvedPack(str(name or ref), plain(tree), tree, files, _dedupe(diagnostics), disabled, docs,
+                            {display_path(p): p for p in order})
+
+    def _locate(self, ref: str, base: Path, at: tuple[Origin, str] | None,
+                diagnostics: list[Diagnostic]) -> Path | None:
+        def report(code: str, message: str, hint: str | None = None) -> None:
+            if at is None:
+                diagnostics.append(Diagnostic(code, "error", message, ref, 1, 1, "", hint))
+            else:
+                o, pointer = at
+                diagnostics.append(Diagnostic(code, "error", message, o.file, o.line, o.col, pointer, hint))
+
+        if not isinstance(ref, str) or not ref:
+            report("CR030", f"extends entry must be a non-empty string, got {ref!r}")
+            return None
+        if ref.startswith(BUILTIN_PREFIX):
+            m = _BUILTIN_REF.match(ref)
+            if not m:
+                report("CR030", f"'{ref}' is not a built-in reference (builtin:NAME[@RANGE])")
+                return None
+            path = builtin_path(m["name"])
+            if not path.is_file():
+                report("CR030", f"no built-in pack named '{m['name']}'",
+                       did_you_mean(m["name"], builtin_names()))
+                return None
+            if m["range"]:
+                self._check_range(path, m["range"], ref, report)
+            return path
+        path = (base / ref).resolve()
+        if not path.is_file():
+            report("CR030", f"pack file not found: {ref} (looked for {path})")
+            return None
+        return path
+
+    def _check_range(self, path: Path, text: str, ref: str, report: Any) -> None:
+        try:
+            rng = parse_range(text)
+        except RangeError as exc:
+            report("CR022", f"version range in '{ref}' does not parse: {exc}")
+            return
+        doc, _ = self.read(path)
+        version = None
+        if doc is not None and isinstance(doc.data, dict) and isinstance(doc.data.get("metadata"), dict):
+            version = doc.data["metadata"].get("version")
+        if not is_semver(version):
+            report("CR032", f"'{ref}' asks for {text} but that pack declares no semantic version")
+        elif not rng.contains(str(version)):
+            report("CR032", f"'{ref}' asks for {text} but the pack is version {version}")
+
+    def _linearize(self, path: Path, stack: list[Path], done: set[Path], order: list[Path],
+                   diagnostics: list[Diagnostic]) -> None:
+        if path in done:
+            return
+        doc, _ = self.read(path)
+        if doc is None or not isinstance(doc.data, dict):
+            done.add(path)
+            order.append(path)
+            return
+        stack.append(path)
+        parents = doc.data.get("extends", [])
+        entries = [parents] if isinstance(parents, str) else parents if isinstance(parents, list) else []
+        for i, ref in enumerate(entries):
+            pointer = "/extends" if isinstance(parents, str) else f"/extends/{i}"
+            origin = doc.origin(pointer)
+            parent = self._locate(ref, path.parent, (origin, pointer), diagnostics)
+            if parent is None:
+                continue
+            if parent in stack:
+                cycle = " -> ".join(display_path(p) for p in [*stack[stack.index(parent):], parent])
+                diagnostics.append(Diagnostic("CR031", "error", f"extends forms a cycle: {cycle}",
+                                              origin.file, origin.line, origin.col, pointer))
+                continue
+            self._linearize(parent, stack, done, order, diagnostics)
+        stack.pop()
+        done.add(path)
+        order.append(path)
+
+
+def _disabled_ids(tree: OMap) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for key in ID_LISTS:
+        lst = tree.get(key)
+        if isinstance(lst, OList):
+            ids = [str(i.get("id")) for i in lst if isinstance(i, dict) and i.get("enabled") is False]
+            if ids:
+                out[key] = ids
+    return out
+
+
+def _dedupe(diags: list[Diagnostic]) -> list[Diagnostic]:
+    seen: set[tuple[Any, ...]] = set()
+    out = []
+    for d in diags:
+        k = (d.code, d.file, d.line, d.col, d.message)
+        if k not in seen:
+            seen.add(k)
+            out.append(d)
+    return out
+
+
+def check_requires(requires: object) -> str | None:
+    """None when ``metadata.requires`` admits this engine, else the reason."""
+    if requires is None:
+        return None
+    try:
+        rng = parse_range(str(requires))
+    except RangeError as exc:
+        return f"metadata.requires does not parse: {exc}"
+    if not rng.contains(__version__):
+        return f"this pack requires ctxrules {requires}, but this is ctxrules {__version__}"
+    return None
+
+
+def load_pack(ref: str | Path, *, loader: PackLoader | None = None) -> ResolvedPack:
+    """Resolve and fully validate a pack; raises :class:`PackError` when it has errors."""
+    from ctxrules.validation.validate import validate_resolved
+
+    loader = loader or PackLoader()
+    pack = loader.resolve(str(ref))
+    pack.diagnostics = validate_resolved(pack, loader)
+    errors = [d for d in pack.diagnostics if d.severity == "error"]
+    if errors:
+        first = errors[0]
+        more = f" (and {len(errors) - 1} more; run `ctxrules validate`)" if len(errors) > 1 else ""
+        raise PackError(f"{first.file}:{first.line}:{first.col}: error[{first.code}] {first.message}{more}",
+                        list(errors))
+    return pack

@@ -1,0 +1,157 @@
+"""The merge rules of ``extends`` (DESIGN.md "Merge rules"; README "How packs merge").
+
+- Maps merge deeply; the later value wins.
+- Lists of items with ``id`` (the keys in :data:`ID_LISTS`) merge by id: a new id with the
+  fields that make it complete is appended (``before:``/``after:`` place it); an existing id is
+  overridden field by field (its ``with:`` merges deeply) and may be moved with ``before:``/
+  ``after:``; ``enabled: false`` removes it, ``enabled: true`` restores it; a partial item whose
+  id exists nowhere is an error.
+- Every other list is replaced as a whole.
+- ``metadata`` is the child's own (a pack's name and version are not inherited); ``extends`` is
+  consumed by resolution and never appears in the result.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ctxrules.packs.source import Origin
+from ctxrules.packs.tree import OList, OMap, clone
+
+# The fields that make a *new* item complete, per id-keyed list.
+ID_LISTS: dict[str, tuple[str, ...]] = {
+    "pipeline": ("use",),
+    "priorities": ("priority",),
+    "models": ("match",),
+    "compressors": ("match", "steps"),
+    "tests": ("input",),
+}
+PLACEMENT_KEYS = ("before", "after")
+NOT_INHERITED = ("metadata", "extends")
+
+
+@dataclass(frozen=True)
+class MergeProblem:
+    code: str
+    message: str
+    origin: Origin
+    pointer: str
+    hint: str | None = None
+
+
+def merge_packs(base: OMap, child: OMap, problems: list[MergeProblem]) -> OMap:
+    """``child`` applied over ``base``; neither is modified. Problems are appended."""
+    out = clone(base)
+    for key in NOT_INHERITED:
+        out.drop(key)
+    for key, value in child.items():
+        origin = child.origins.get(key, child.origin)
+        if key in ID_LISTS and isinstance(value, OList) and isinstance(out.get(key), OList):
+            out.put(key, _merge_id_list(out[key], value, key, problems), origin)
+        elif key in ID_LISTS and isinstance(value, OList):
+            out.put(key, _merge_id_list(OList(value.origin), value, key, problems), origin)
+        else:
+            out.put(key, _merge_value(out.get(key), value), origin)
+    return out
+
+
+def _merge_value(base: Any, over: Any) -> Any:
+    if isinstance(base, OMap) and isinstance(over, OMap):
+        out = clone(base)
+        for k, v in over.items():
+            out.put(k, _merge_value(out.get(k), v), over.origins.get(k, over.origin))
+        return out
+    return clone(over)
+
+
+def _item_id(item: Any) -> str | None:
+    if isinstance(item, OMap) and isinstance(item.get("id"), str):
+        return str(item["id"])
+    return None
+
+
+def _merge_id_list(base: OList, over: OList, key: str, problems: list[MergeProblem]) -> OList:
+    items: list[tuple[OMap | Any, Origin]] = list(zip(base, base.origins, strict=False))
+    for index, item in enumerate(over):
+        pointer = f"/{key}/{index}"
+        origin = over.origins[index] if index < len(over.origins) else over.origin
+        ident = _item_id(item)
+        if ident is None:
+            # Schema validation reports items without an id; keep them so nothing is silently lost.
+            items.append((clone(item), origin))
+            continue
+        ids = [_item_id(i) for i, _ in items]
+        if ident in ids:
+            pos = ids.index(ident)
+            merged = _merge_value(items[pos][0], _without_placement(item))
+            items[pos] = (merged, items[pos][1])
+            if any(k in item for k in PLACEMENT_KEYS):
+                moved = items.pop(pos)
+                _place(items, moved, item, key, pointer, problems)
+            continue
+        missing = [f for f in ID_LISTS[key] if f not in item]
+        if missing:
+            problems.append(MergeProblem(
+                "CR041",
+                f"{key} item '{ident}' does not exist in any parent pack, and is missing "
+                + ", ".join(f"'{m}'" for m in missing) + " to be a new item",
+                origin, pointer,
+                hint=_hint_for(ident, [i for i in ids if i]),
+            ))
+            continue
+        _place(items, (clone(_without_placement(item)), origin), item, key, pointer, problems)
+    out = OList(over.origin)
+    for value, origin in items:
+        out.add(value, origin)
+    return out
+
+
+def _hint_for(ident: str, ids: list[str]) -> str | None:
+    from ctxrules.validation.diagnostics import did_you_mean
+
+    return did_you_mean(ident, ids)
+
+
+def _without_placement(item: OMap) -> OMap:
+    out = clone(item)
+    for k in PLACEMENT_KEYS:
+        out.drop(k)
+    return out
+
+
+def _place(items: list[tuple[Any, Origin]], entry: tuple[Any, Origin], spec: OMap, key: str,
+           pointer: str, problems: list[MergeProblem]) -> None:
+    ids = [_item_id(i) for i, _ in items]
+    for where in PLACEMENT_KEYS:
+        target = spec.get(where)
+        if target is None:
+            continue
+        if target not in ids:
+            problems.append(MergeProblem(
+                "CR042", f"{where}: '{target}' names no {key} item",
+                spec.origins.get(where, spec.origin), f"{pointer}/{where}",
+                hint=_hint_for(str(target), [i for i in ids if i]),
+            ))
+            break
+        pos = ids.index(target)
+        items.insert(pos if where == "before" else pos + 1, entry)
+        return
+    items.append(entry)
+
+
+def drop_disabled(tree: OMap) -> OMap:
+    """Remove id-keyed items whose ``enabled`` is false (kept until now so a child can restore)."""
+    for key in ID_LISTS:
+        lst = tree.get(key)
+        if not isinstance(lst, OList):
+            continue
+        kept = OList(lst.origin)
+        for item, origin in zip(lst, lst.origins, strict=False):
+            if isinstance(item, OMap) and item.get("enabled") is False:
+                continue
+            if isinstance(item, OMap):
+                item.drop("enabled")
+            kept.add(item, origin)
+        tree.put(key, kept, tree.origins.get(key, tree.origin))
+    return tree

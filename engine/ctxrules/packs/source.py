@@ -1,0 +1,167 @@
+"""YAML read with a position for every node, and duplicate keys treated as errors.
+
+PyYAML's loaders keep the last of two equal keys without a word; a pack author would never see
+that their first value is ignored. We compose the node graph ourselves and build plain Python
+values from it, recording ``(line, column)`` (1-based) for every JSON pointer on the way.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+
+
+@dataclass(frozen=True, order=True)
+class Origin:
+    """Where a value was written: a file and a 1-based line and column."""
+
+    file: str
+    line: int
+    col: int
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line}"
+
+
+class YamlProblem(Exception):
+    """A YAML document that cannot become a pack: syntax error, duplicate key, bad shape."""
+
+    def __init__(self, code: str, message: str, line: int, col: int, pointer: str = "",
+                 hint: str | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.line = line
+        self.col = col
+        self.pointer = pointer
+        self.hint = hint
+
+
+@dataclass
+class SourceDoc:
+    """One parsed YAML file: plain data plus the position of every node by JSON pointer."""
+
+    path: str
+    text: str
+    data: Any
+    positions: dict[str, tuple[int, int]]
+
+    def origin(self, pointer: str) -> Origin:
+        """Origin of ``pointer``, or of its nearest ancestor that has one."""
+        p = pointer
+        while True:
+            pos = self.positions.get(p)
+            if pos is not None:
+                return Origin(self.path, pos[0], pos[1])
+            if not p:
+                return Origin(self.path, 1, 1)
+            p = p.rsplit("/", 1)[0]
+
+    def key_origin(self, pointer: str) -> Origin:
+        """Origin of the *key* that introduces ``pointer`` (for 'unknown key' diagnostics)."""
+        pos = self.positions.get(pointer + "#key")
+        if pos is not None:
+            return Origin(self.path, pos[0], pos[1])
+        return self.origin(pointer)
+
+
+def escape_token(token: str) -> str:
+    """Escape one JSON-pointer reference token (RFC 6901)."""
+    return token.replace("~", "~0").replace("/", "~1")
+
+
+def _pos(node: yaml.Node) -> tuple[int, int]:
+    return (node.start_mark.line + 1, node.start_mark.column + 1)
+
+
+class _Builder:
+    def __init__(self, loader: yaml.SafeLoader) -> None:
+        self.loader = loader
+        self.positions: dict[str, tuple[int, int]] = {}
+
+    def build(self, node: yaml.Node, pointer: str) -> Any:
+        self.positions[pointer] = _pos(node)
+        if isinstance(node, yaml.MappingNode):
+            return self._mapping(node, pointer)
+        if isinstance(node, yaml.SequenceNode):
+            return [self.build(item, f"{pointer}/{i}") for i, item in enumerate(node.value)]
+        return self.loader.construct_object(node, deep=True)
+
+    def _mapping(self, node: yaml.MappingNode, pointer: str) -> dict[str, Any]:
+        # Anchors with `<<:` merge keys are legitimate YAML; flatten them the way PyYAML would,
+        # then apply our own duplicate check to the keys the author wrote explicitly. An explicit
+        # key overrides a merged one, as YAML intends.
+        explicit_ids = {id(k) for k, _ in node.value if k.tag != "tag:yaml.org,2002:merge"}
+        self.loader.flatten_mapping(node)
+        named: list[tuple[str, yaml.Node, yaml.Node, bool]] = []
+        for key_node, value_node in node.value:
+            if not isinstance(key_node, yaml.ScalarNode):
+                line, col = _pos(key_node)
+                raise YamlProblem("CR002", "mapping keys must be plain strings", line, col, pointer)
+            key = self.loader.construct_object(key_node)
+            if not isinstance(key, str):
+                # `on:`/`yes:`/`1:` become bool/int under YAML 1.1; packs only have string keys.
+                key = str(key_node.value)
+            named.append((key, key_node, value_node, id(key_node) in explicit_ids))
+        first_explicit: dict[str, tuple[int, int]] = {}
+        for key, key_node, _, explicit in named:
+            if not explicit:
+                continue
+            if key in first_explicit:
+                line, col = _pos(key_node)
+                raise YamlProblem(
+                    "CR003",
+                    f"duplicate key '{key}' (first defined at line {first_explicit[key][0]})",
+                    line, col, f"{pointer}/{escape_token(key)}",
+                    hint="YAML keeps only one of them; remove or rename the other",
+                )
+            first_explicit[key] = _pos(key_node)
+        out: dict[str, Any] = {}
+        for key, key_node, value_node, explicit in named:
+            if (not explicit and key in first_explicit) or (not explicit and key in out):
+                continue
+            child = f"{pointer}/{escape_token(key)}"
+            self.positions[child + "#key"] = _pos(key_node)
+            out[key] = self.build(value_node, child)
+        return out
+
+
+def parse_yaml(text: str, path: str) -> SourceDoc:
+    """Parse one YAML document; raises :class:`YamlProblem` with a position on any problem."""
+    loader = yaml.SafeLoader(text)
+    try:
+        try:
+            node = loader.get_single_node()
+        except yaml.composer.ComposerError as exc:
+            mark = exc.problem_mark or exc.context_mark
+            line, col = (mark.line + 1, mark.column + 1) if mark else (1, 1)
+            raise YamlProblem("CR001", f"YAML: {exc.problem or exc}", line, col) from None
+        except yaml.MarkedYAMLError as exc:
+            mark = exc.problem_mark or exc.context_mark
+            line, col = (mark.line + 1, mark.column + 1) if mark else (1, 1)
+            message = exc.problem or str(exc)
+            hint = None
+            if "\t" in _line_of(text, line) and ("tab" in message or "cannot start any token" in message):
+                message = "a tab character is used for indentation"
+                hint = "YAML indents with spaces only; replace the tab with spaces"
+            ctx = f" ({exc.context})" if exc.context and hint is None else ""
+            raise YamlProblem("CR001", f"YAML syntax error: {message}{ctx}", line, col, hint=hint) from None
+        if node is None:
+            return SourceDoc(path, text, None, {"": (1, 1)})
+        builder = _Builder(loader)
+        try:
+            data = builder.build(node, "")
+        except yaml.constructor.ConstructorError as exc:
+            mark = exc.problem_mark
+            line, col = (mark.line + 1, mark.column + 1) if mark else (1, 1)
+            raise YamlProblem("CR001", f"YAML: {exc.problem}", line, col) from None
+        return SourceDoc(path, text, data, builder.positions)
+    finally:
+        loader.dispose()
+
+
+def _line_of(text: str, line: int) -> str:
+    lines = text.splitlines()
+    return lines[line - 1] if 0 < line <= len(lines) else ""

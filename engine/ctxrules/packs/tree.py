@@ -1,0 +1,111 @@
+"""Values that remember where they were written.
+
+Merging moves and overrides values across files; to tell a user where each resolved value came
+from, containers carry the origin of every child. Scalars cannot carry attributes, so the
+container holds them: ``OMap.origins[key]`` and ``OList.origins[i]``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ctxrules.packs.source import Origin, SourceDoc, escape_token
+
+
+class OMap(dict[str, Any]):
+    """A mapping whose children remember their origins."""
+
+    origin: Origin
+    origins: dict[str, Origin]
+
+    def __init__(self, origin: Origin) -> None:
+        super().__init__()
+        self.origin = origin
+        self.origins = {}
+
+    def put(self, key: str, value: Any, origin: Origin) -> None:
+        self[key] = value
+        self.origins[key] = origin
+
+    def drop(self, key: str) -> None:
+        self.pop(key, None)
+        self.origins.pop(key, None)
+
+
+class OList(list[Any]):
+    """A list whose items remember their origins."""
+
+    origin: Origin
+    origins: list[Origin]
+
+    def __init__(self, origin: Origin) -> None:
+        super().__init__()
+        self.origin = origin
+        self.origins = []
+
+    def add(self, value: Any, origin: Origin) -> None:
+        self.append(value)
+        self.origins.append(origin)
+
+
+def annotate(doc: SourceDoc) -> Any:
+    """Turn a parsed document into a tree of :class:`OMap`/:class:`OList` with origins."""
+
+    def walk(value: Any, pointer: str) -> Any:
+        if isinstance(value, dict):
+            out = OMap(doc.origin(pointer))
+            for k, v in value.items():
+                child = f"{pointer}/{escape_token(k)}"
+                out.put(k, walk(v, child), doc.origin(child))
+            return out
+        if isinstance(value, list):
+            lst = OList(doc.origin(pointer))
+            for i, v in enumerate(value):
+                child = f"{pointer}/{i}"
+                lst.add(walk(v, child), doc.origin(child))
+            return lst
+        return value
+
+    return walk(doc.data, "")
+
+
+def clone(value: Any) -> Any:
+    """A deep copy that keeps origins (parents are shared between packs: never mutate them)."""
+    if isinstance(value, OMap):
+        out = OMap(value.origin)
+        for k, v in value.items():
+            out.put(k, clone(v), value.origins.get(k, value.origin))
+        return out
+    if isinstance(value, OList):
+        lst = OList(value.origin)
+        for i, v in enumerate(value):
+            lst.add(clone(v), value.origins[i] if i < len(value.origins) else value.origin)
+        return lst
+    return value
+
+
+def plain(value: Any) -> Any:
+    """The tree as plain dicts and lists (what stages and the schema see)."""
+    if isinstance(value, dict):
+        return {k: plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [plain(v) for v in value]
+    return value
+
+
+def origins_by_pointer(value: Any) -> dict[str, Origin]:
+    """Every value's origin, keyed by its JSON pointer in the resolved tree."""
+    out: dict[str, Origin] = {}
+
+    def walk(v: Any, pointer: str, origin: Origin | None) -> None:
+        if origin is not None:
+            out[pointer] = origin
+        if isinstance(v, OMap):
+            for k, child in v.items():
+                walk(child, f"{pointer}/{escape_token(k)}", v.origins.get(k))
+        elif isinstance(v, OList):
+            for i, child in enumerate(v):
+                walk(child, f"{pointer}/{i}", v.origins[i] if i < len(v.origins) else None)
+
+    walk(value, "", getattr(value, "origin", None))
+    return out

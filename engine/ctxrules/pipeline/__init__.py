@@ -1,0 +1,1 @@
+"""The pipeline runner: budget, tiers, stage ordering and the per-stage context."""

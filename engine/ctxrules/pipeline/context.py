@@ -1,0 +1,61 @@
+"""The context every stage receives next to the messages."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    import structlog
+
+    from ctxrules.models import ModelInfo
+    from ctxrules.pipeline.budget import Budget
+    from ctxrules.stages.base import Message
+    from ctxrules.tokens import TokenCounter
+    from ctxrules.vault import Vault
+
+
+@dataclass
+class StageContext:
+    """Everything a stage may consult; built by the runner just before the stage runs.
+
+    - ``counter`` counts tokens for the session's model (memoized per message).
+    - ``budget`` knows the window, usable window and thresholds; ``tier``/``utilization`` are
+      the values measured on the stage's input (``when:`` was evaluated on them).
+    - ``state`` is this stage's persistent per-session dict (JSON-serializable values only);
+      changes made to it are saved with the session.
+    - ``pack`` is the resolved pack as plain data (read-only by convention).
+    - ``protected`` holds ``id()`` of message dicts that later content stages must not touch
+      (intent matches, ``critical`` priority); only the emergency pass may move them.
+    - ``target`` is the tier below which a hysteresis stage (``compress.*``, ``summarize.*``)
+      stops; ``clock`` is the time of this prepare (seconds since the epoch).
+    """
+
+    stage_id: str
+    model: ModelInfo
+    counter: TokenCounter
+    budget: Budget
+    vault: Vault
+    tools: list[dict[str, Any]]
+    pack: dict[str, Any]
+    log: structlog.typing.FilteringBoundLogger
+    tier: str = "below"
+    utilization: float = 0.0
+    state: dict[str, Any] = field(default_factory=dict)
+    session_id: str = ""
+    protected: set[int] = field(default_factory=set)
+    target: str = "monitor"
+    clock: float = 0.0
+
+    def count(self, messages: Sequence[Message]) -> int:
+        """Prompt tokens of ``messages`` plus the tool schemas."""
+        return self.counter.count_messages(messages, self.tools)
+
+    def utilization_of(self, messages: Sequence[Message]) -> float:
+        return self.budget.utilization(self.count(messages))
+
+    def below(self, messages: Sequence[Message], tier: str) -> bool:
+        """Whether ``messages`` are under ``tier`` (hysteresis: a stage stops once this holds)."""
+        return self.budget.utilization(self.count(messages)) < self.budget.thresholds[tier]

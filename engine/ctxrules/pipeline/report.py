@@ -1,0 +1,49 @@
+"""The run report (``schemas/report.v1.schema.json``): what went in, what came out, and why."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ctxrules._version import __version__
+
+if TYPE_CHECKING:
+    from ctxrules.engine import Session
+    from ctxrules.pipeline.runner import RunOutcome
+
+REPORT_VERSION = 1
+
+
+def build_report(session: Session, *, history_tokens: int, history_len: int, reused: int,
+                 outcome: RunOutcome, vault_new: list[str], ms: float) -> dict[str, Any]:
+    budget = session.budget
+    tokens_after = session.counter.count_messages(outcome.messages, outcome.tools)
+    util_before = budget.utilization(history_tokens)
+    util_after = budget.utilization(tokens_after)
+    warnings = list(outcome.warnings)
+    if not budget.fits(tokens_after):
+        warnings.append(f"the output ({tokens_after} tokens) does not fit the usable window of {budget.usable}")
+    return {
+        "version": REPORT_VERSION,
+        "ctxrules": __version__,
+        "pack": {"name": session.engine.pack.name, "digest": session.engine.digest,
+                 "files": session.engine.pack.files},
+        "session": {"id": session.id, "path": str(session.path)},
+        "model": {
+            "name": session.model.name, "registry_key": session.model.key, "provider": session.model.provider,
+            "family": session.model.family, "tokenizer": session.model.tokenizer,
+            "tokens_are_estimates": session.counter.is_estimate,
+            "safety_margin": budget.safety_margin,
+            "models_entry": (session.model_entry or {}).get("id"),
+        },
+        "budget": budget.as_dict(),
+        "before": {"messages": history_len, "tokens": history_tokens, "utilization": round(util_before, 6),
+                   "tier": budget.tier_of(util_before)},
+        "after": {"messages": len(outcome.messages), "tokens": tokens_after, "utilization": round(util_after, 6),
+                  "tier": budget.tier_of(util_after), "fits": budget.fits(tokens_after)},
+        "reused_messages": reused,
+        "stages": [r.as_dict() for r in outcome.records],
+        "vault_items": vault_new,
+        "request": outcome.request,
+        "warnings": warnings,
+        "ms": round(ms, 3),
+    }

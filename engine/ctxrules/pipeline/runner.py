@@ -1,0 +1,178 @@
+"""The pipeline runner: stages in order, phases enforced, failures contained.
+
+Order: the integrity stages first (the input may be malformed), then each content stage in
+pack order — followed by the integrity stages whenever it changed the messages — then the
+finalize stages. ``when:`` is evaluated on the utilization measured just before each stage. A
+stage that raises is reported and skipped (``on_error: skip``) or stops the run with the
+messages as they were before it (``on_error: fail``); the conversation is never lost.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ctxrules.errors import CtxrulesError
+from ctxrules.pipeline.budget import tier_rank
+from ctxrules.pipeline.context import StageContext
+from ctxrules.stages.base import Message, Stage, StageOutcome, StageType
+
+class StageFailed(CtxrulesError):
+    """A stage with ``on_error: fail`` raised; the run stops."""
+
+    exit_code = 2
+
+
+@dataclass
+class PlannedStage:
+    """A pipeline entry ready to run: the pack item, its type and the configured instance."""
+
+    id: str
+    type: StageType
+    stage: Stage
+    options: dict[str, Any]
+    when: dict[str, str] = field(default_factory=dict)
+    on_error: str = "skip"
+    implicit: bool = False
+
+    @property
+    def phase(self) -> str:
+        return self.type.phase
+
+
+@dataclass
+class StageRecord:
+    """What happened to one stage in one run (a row of the report)."""
+
+    id: str
+    type: str
+    phase: str
+    ran: bool
+    reason: str | None = None
+    tokens_before: int = 0
+    tokens_after: int = 0
+    ms: float = 0.0
+    actions: list[dict[str, Any]] = field(default_factory=list)
+    error: str | None = None
+    warnings: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "id": self.id, "type": self.type, "phase": self.phase, "ran": self.ran,
+            "tokens_before": self.tokens_before, "tokens_after": self.tokens_after,
+            "tokens_saved": self.tokens_before - self.tokens_after, "ms": round(self.ms, 3),
+            "actions": self.actions,
+        }
+        if self.reason:
+            out["skipped"] = self.reason
+        if self.error:
+            out["error"] = self.error
+        if self.warnings:
+            out["warnings"] = self.warnings
+        return out
+
+
+@dataclass
+class RunOutcome:
+    messages: list[Message]
+    tools: list[dict[str, Any]]
+    request: dict[str, Any]
+    records: list[StageRecord]
+    warnings: list[str]
+
+
+def _when_reason(when: dict[str, str], tier: str) -> str | None:
+    at_least, below = when.get("at_least"), when.get("below")
+    if at_least and tier_rank(tier) < tier_rank(at_least):
+        return f"tier {tier} is below {at_least}"
+    if below and tier_rank(tier) >= tier_rank(below):
+        return f"tier {tier} is not below {below}"
+    return None
+
+
+def run_pipeline(plan: Sequence[PlannedStage], messages: list[Message], base: StageContext,
+                 states: dict[str, dict[str, Any]]) -> RunOutcome:
+    """Run ``plan`` over ``messages``; ``states`` holds each stage's persistent state by id."""
+    integrity = [p for p in plan if p.phase == "integrity"]
+    content = [p for p in plan if p.phase == "content"]
+    finalize = [p for p in plan if p.phase == "finalize"]
+    records: list[StageRecord] = []
+    warnings: list[str] = []
+    request: dict[str, Any] = {}
+    tools = list(base.tools)
+    current = list(messages)
+
+    def run_one(p: PlannedStage, msgs: list[Message]) -> list[Message]:
+        nonlocal tools
+        tokens = base.count(msgs)
+        tier = base.budget.tier(tokens)
+        record = StageRecord(p.id, p.type.name, p.phase, ran=False, tokens_before=tokens, tokens_after=tokens)
+        records.append(record)
+        reason = _when_reason(p.when, tier)
+        if reason:
+            record.reason = reason
+            return msgs
+        ctx = StageContext(
+            stage_id=p.id, model=base.model, counter=base.counter, budget=base.budget, vault=base.vault,
+            tools=tools, pack=base.pack, log=base.log.bind(stage=p.id, stage_type=p.type.name),
+            tier=tier, utilization=base.budget.utilization(tokens), state=states.setdefault(p.id, {}),
+            session_id=base.session_id, protected=base.protected,
+            target=str(p.options.get("target", "monitor")), clock=base.clock,
+        )
+        started = time.perf_counter()
+        ctx.log.debug("stage.start", tier=tier, tokens=tokens)
+        try:
+            outcome = p.stage(msgs, ctx)
+            if not isinstance(outcome, StageOutcome):
+                raise TypeError(f"stage returned {type(outcome).__name__}, expected StageOutcome")
+            result = outcome.messages if p.phase != "finalize" else _finalize_guard(p, msgs, outcome.messages)
+        except Exception as exc:  # contained: a failing stage never loses the conversation
+            record.ms = (time.perf_counter() - started) * 1000
+            record.error = f"{type(exc).__name__}: {exc}"
+            ctx.log.warning("stage.error", error=record.error)
+            if p.on_error == "fail":
+                raise StageFailed(f"stage '{p.id}' ({p.type.name}) failed: {record.error}") from exc
+            warnings.append(f"stage '{p.id}' failed and was skipped: {record.error}")
+            return msgs
+        record.ran = True
+        record.ms = (time.perf_counter() - started) * 1000
+        record.actions = [a.as_dict() for a in outcome.actions]
+        record.warnings = list(outcome.warnings)
+        warnings.extend(f"{p.id}: {w}" for w in outcome.warnings)
+        if p.phase == "finalize":
+            request.update(outcome.request)
+            if outcome.tools is not None:
+                tools = outcome.tools
+        record.tokens_after = base.count(result) if result is not msgs else tokens
+        ctx.log.debug("stage.end", ms=round(record.ms, 3), saved=record.tokens_before - record.tokens_after)
+        return result
+
+    def integrity_pass(msgs: list[Message]) -> list[Message]:
+        for p in integrity:
+            msgs = run_one(p, msgs)
+        return msgs
+
+    current = integrity_pass(current)
+    for p in content:
+        before = current
+        current = run_one(p, current)
+        if _changed(before, current):
+            current = integrity_pass(current)
+    for p in finalize:
+        current = run_one(p, current)
+    return RunOutcome(current, tools, request, records, warnings)
+
+
+def _changed(a: list[Message], b: list[Message]) -> bool:
+    return a is not b and (len(a) != len(b) or any(x is not y for x, y in zip(a, b, strict=True)))
+
+
+def _finalize_guard(p: PlannedStage, before: list[Message], after: list[Message]) -> list[Message]:
+    """Finalize stages may add markers (e.g. ``cache_control``) but never change text."""
+    from ctxrules.messages import message_text
+
+    if len(before) != len(after) or any(message_text(x) != message_text(y) for x, y in zip(before, after, strict=True)):
+        raise TypeError(f"finalize stage '{p.id}' changed message text; finalize stages may only add markers")
+    return after

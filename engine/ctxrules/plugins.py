@@ -1,0 +1,226 @@
+"""The plugin manager: built-in and third-party plugins, registered through the same hooks.
+
+Built-ins are the modules in :data:`BUILTIN_PLUGINS`; third-party plugins come from the
+``ctxrules`` entry-point group. ``CTXRULES_BLOCK_PLUGINS`` (comma-separated plugin names)
+keeps named third-party plugins from loading; built-ins marked essential cannot be blocked.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from functools import cache
+from types import ModuleType
+from typing import Any
+
+import pluggy
+
+from ctxrules import hookspecs
+from ctxrules.errors import CtxrulesError
+from ctxrules.stages.base import PHASES, StageType
+
+# Registered in this order; documented in README "Plugins".
+BUILTIN_PLUGINS: tuple[str, ...] = (
+    "ctxrules.stages.tool_pairs",
+)
+# Stage types that always run and cannot be blocked or disabled.
+ESSENTIAL_PLUGINS: frozenset[str] = frozenset({"ctxrules.stages.tool_pairs"})
+BLOCK_ENV = "CTXRULES_BLOCK_PLUGINS"
+ENTRY_POINT_GROUP = "ctxrules"
+
+
+class PluginError(CtxrulesError):
+    """A plugin handed over something invalid; names the plugin and the hook."""
+
+    def __init__(self, plugin: str, hook: str, message: str) -> None:
+        super().__init__(f"plugin '{plugin}', hook {hook}: {message}")
+        self.plugin = plugin
+        self.hook = hook
+
+
+@dataclass(frozen=True)
+class ActionType:
+    """A compressor action as registered: ``factory(options)`` returns ``lines -> lines``."""
+
+    name: str
+    factory: Callable[[Mapping[str, Any]], Callable[[list[str]], list[str]]]
+    options_schema: Mapping[str, Any]
+    description: str = ""
+
+
+@dataclass
+class PluginInfo:
+    name: str
+    version: str | None
+    builtin: bool
+    stages: list[str] = field(default_factory=list)
+    actions: list[str] = field(default_factory=list)
+    filters: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Registry:
+    """Everything the plugins registered, by name, with the plugin that registered it."""
+
+    plugins: list[PluginInfo] = field(default_factory=list)
+    stages: dict[str, StageType] = field(default_factory=dict)
+    actions: dict[str, ActionType] = field(default_factory=dict)
+    filters: dict[str, Callable[..., object]] = field(default_factory=dict)
+    owner: dict[str, str] = field(default_factory=dict)
+
+    def stage(self, name: str) -> StageType:
+        return self.stages[name]
+
+    def fingerprint(self) -> str:
+        """Plugin names and versions, for the session's hot-switch fingerprint."""
+        return ";".join(f"{p.name}={p.version or ''}" for p in self.plugins)
+
+
+def _blocked() -> set[str]:
+    return {n.strip() for n in os.environ.get(BLOCK_ENV, "").split(",") if n.strip()}
+
+
+def _check_hook_names(plugin: object, name: str) -> None:
+    # pluggy only notices decorated functions; a misspelled hook (`ctxrules_register_stage`)
+    # would otherwise be silently ignored and the plugin would seem to do nothing.
+    known = {n for n in dir(hookspecs) if n.startswith("ctxrules_")}
+    for attr in dir(plugin):
+        if attr.startswith("ctxrules_") and attr not in known and callable(getattr(plugin, attr)):
+            from ctxrules.validation.diagnostics import did_you_mean
+
+            hint = did_you_mean(attr, known)
+            raise PluginError(name, attr, "no such hook" + (f"; {hint}" if hint else ""))
+
+
+def _dist_version(module: object) -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    top = getattr(module, "__name__", "").split(".")[0]
+    try:
+        return version(top)
+    except (PackageNotFoundError, ValueError):
+        return getattr(module, "__version__", None)
+
+
+def build_plugin_manager(extra: list[tuple[str, object]] | None = None,
+                         *, entry_points: bool = True) -> tuple[pluggy.PluginManager, list[PluginInfo]]:
+    """A plugin manager with the built-ins, entry-point plugins and ``extra`` (name, plugin)."""
+    from ctxrules._version import __version__
+
+    pm = pluggy.PluginManager(hookspecs.PROJECT_NAME)
+    pm.add_hookspecs(hookspecs)
+    infos: list[PluginInfo] = []
+    blocked = _blocked()
+    for modname in BUILTIN_PLUGINS:
+        if modname in blocked and modname not in ESSENTIAL_PLUGINS:
+            continue
+        module: ModuleType = importlib.import_module(modname)
+        _register(pm, modname, module)
+        infos.append(PluginInfo(modname, __version__, True))
+    if entry_points:
+        from importlib.metadata import entry_points as eps
+
+        for ep in sorted(eps(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
+            if ep.name in blocked:
+                continue
+            try:
+                plugin = ep.load()
+            except Exception as exc:  # a broken third-party plugin must name itself
+                raise PluginError(ep.name, "load", f"cannot import {ep.value}: {exc}") from exc
+            _register(pm, ep.name, plugin)
+            infos.append(PluginInfo(ep.name, _dist_version(plugin), False))
+    for name, plugin in extra or []:
+        _register(pm, name, plugin)
+        infos.append(PluginInfo(name, _dist_version(plugin), False))
+    return pm, infos
+
+
+def _register(pm: pluggy.PluginManager, name: str, plugin: object) -> None:
+    _check_hook_names(plugin, name)
+    try:
+        pm.register(plugin, name=name)
+        pm.check_pending()
+    except pluggy.PluginValidationError as exc:
+        raise PluginError(name, "register", str(exc)) from exc
+    except ValueError as exc:
+        raise PluginError(name, "register", str(exc)) from exc
+
+
+def collect(pm: pluggy.PluginManager, infos: list[PluginInfo]) -> Registry:
+    """Call every registration hook and validate what each plugin hands over."""
+    reg = Registry(plugins=infos)
+    by_name = {i.name: i for i in infos}
+    for impl in pm.hook.ctxrules_register_stages.get_hookimpls():
+        owner = impl.plugin_name
+        impl.function(register=lambda st, _o=owner: _add_stage(reg, by_name[_o], st))
+    for impl in pm.hook.ctxrules_register_actions.get_hookimpls():
+        owner = impl.plugin_name
+        impl.function(register=lambda *a, _o=owner, **k: _add_action(reg, by_name[_o], *a, **k))
+    for impl in pm.hook.ctxrules_register_template_filters.get_hookimpls():
+        owner = impl.plugin_name
+        impl.function(register=lambda n, f, _o=owner: _add_filter(reg, by_name[_o], n, f))
+    return reg
+
+
+def _claim(reg: Registry, info: PluginInfo, kind: str, name: str, hook: str) -> None:
+    key = f"{kind}:{name}"
+    if key in reg.owner:
+        raise PluginError(info.name, hook, f"{kind} '{name}' is already registered by '{reg.owner[key]}'")
+    reg.owner[key] = info.name
+
+
+def _add_stage(reg: Registry, info: PluginInfo, st: object) -> None:
+    hook = "ctxrules_register_stages"
+    if not isinstance(st, StageType):
+        raise PluginError(info.name, hook, f"register() takes a StageType, got {type(st).__name__}")
+    if not st.name or "." not in st.name:
+        raise PluginError(info.name, hook, f"stage name '{st.name}' must look like 'group.name'")
+    if st.phase not in PHASES:
+        raise PluginError(info.name, hook, f"stage '{st.name}' has phase {st.phase!r}; valid: {', '.join(PHASES)}")
+    if not callable(st.factory):
+        raise PluginError(info.name, hook, f"stage '{st.name}' factory is not callable")
+    _check_schema(info, hook, st.name, st.options_schema)
+    _claim(reg, info, "stage", st.name, hook)
+    reg.stages[st.name] = st
+    info.stages.append(st.name)
+
+
+def _add_action(reg: Registry, info: PluginInfo, name: str, factory: Any,
+                schema: Mapping[str, Any] | None = None, description: str = "") -> None:
+    hook = "ctxrules_register_actions"
+    if not isinstance(name, str) or not callable(factory):
+        raise PluginError(info.name, hook, "register(name: str, factory: callable, schema: dict)")
+    schema = schema or {"type": "object", "additionalProperties": False, "properties": {}}
+    _check_schema(info, hook, name, schema)
+    _claim(reg, info, "action", name, hook)
+    reg.actions[name] = ActionType(name, factory, schema, description)
+    info.actions.append(name)
+
+
+def _add_filter(reg: Registry, info: PluginInfo, name: str, fn: Any) -> None:
+    hook = "ctxrules_register_template_filters"
+    if not isinstance(name, str) or not callable(fn):
+        raise PluginError(info.name, hook, "register(name: str, function: callable)")
+    _claim(reg, info, "filter", name, hook)
+    reg.filters[name] = fn
+    info.filters.append(name)
+
+
+def _check_schema(info: PluginInfo, hook: str, name: str, schema: Any) -> None:
+    import jsonschema
+
+    if not isinstance(schema, Mapping):
+        raise PluginError(info.name, hook, f"'{name}' options schema must be a mapping")
+    try:
+        jsonschema.Draft202012Validator.check_schema(dict(schema))
+    except jsonschema.SchemaError as exc:
+        raise PluginError(info.name, hook, f"'{name}' options schema is invalid: {exc.message}") from exc
+
+
+@cache
+def default_registry() -> Registry:
+    """The process-wide registry (built-ins plus installed plugins); built once."""
+    pm, infos = build_plugin_manager()
+    return collect(pm, infos)

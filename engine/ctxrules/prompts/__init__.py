@@ -1,0 +1,1 @@
+"""System-prompt assembly: sections, modes, per-model discipline."""

@@ -1,0 +1,1 @@
+"""Built-in pipeline stages, one module per stage type."""

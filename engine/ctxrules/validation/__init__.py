@@ -1,0 +1,1 @@
+"""Pack validation: schema and semantic checks, and the diagnostics they report."""

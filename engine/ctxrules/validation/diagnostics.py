@@ -1,0 +1,81 @@
+"""Diagnostics: what ``ctxrules validate`` reports, with stable codes.
+
+A code never changes meaning once released; new checks get new codes. The table below is the
+reference the README's diagnostic list is checked against (``tests/test_docs.py``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+Severity = Literal["error", "warning", "note"]
+
+CODES: dict[str, str] = {
+    "CR001": "YAML syntax error (including tabs used for indentation)",
+    "CR002": "the document is not a YAML mapping with string keys, or holds several documents",
+    "CR003": "duplicate key in a mapping",
+    "CR010": "unknown key",
+    "CR011": "value of the wrong type",
+    "CR012": "value not among the allowed values",
+    "CR013": "required key missing",
+    "CR014": "value out of range or not of the required form",
+    "CR015": "not a ctxrules rule pack (apiVersion/kind)",
+    "CR020": "metadata.version is not a semantic version",
+    "CR021": "metadata.requires is not satisfied by this ctxrules version",
+    "CR022": "a version range does not parse",
+    "CR030": "extends names a pack that does not exist",
+    "CR031": "extends forms a cycle",
+    "CR032": "extends names a built-in pack whose version is out of the requested range",
+    "CR040": "duplicate id in an id-keyed list",
+    "CR041": "partial item whose id does not exist in any parent",
+    "CR042": "before/after names an id that does not exist",
+    "CR043": "item incomplete after merging (e.g. a pipeline entry without use)",
+    "CR050": "threshold outside (0, 1)",
+    "CR051": "thresholds not strictly increasing (monitor < light < full < emergency)",
+    "CR052": "reserve_output leaves no usable window",
+    "CR060": "unknown stage type",
+    "CR061": "stage options (with:) do not match the stage type's schema",
+    "CR062": "an essential stage cannot be disabled or reconfigured out of its phase",
+    "CR070": "regular expression does not compile",
+    "CR080": "Jinja template does not parse",
+    "CR081": "template includes a section that does not exist",
+    "CR082": "prompt mode names a section that does not exist",
+    "CR083": "template uses a variable that prompts.variables does not declare",
+    "CR084": "template file not found",
+    "CR090": "a file or folder could not be read",
+}
+
+
+@dataclass(frozen=True)
+class Diagnostic:
+    """One finding, positioned in a file (1-based line and column) and by JSON pointer."""
+
+    code: str
+    severity: Severity
+    message: str
+    file: str
+    line: int = 1
+    col: int = 1
+    pointer: str = ""
+    hint: str | None = None
+    related: tuple[str, ...] = field(default=())
+
+    def as_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["related"] = list(self.related)
+        return out
+
+    @property
+    def sort_key(self) -> tuple[str, int, int, str]:
+        return (self.file, self.line, self.col, self.code)
+
+
+def did_you_mean(word: str, choices: list[str] | tuple[str, ...] | set[str]) -> str | None:
+    """A 'did you mean …' hint, or None when nothing is close."""
+    import difflib
+
+    close = difflib.get_close_matches(word, sorted(choices), n=3, cutoff=0.6)
+    if not close:
+        return None
+    return "did you mean " + " or ".join(f"'{c}'" for c in close) + "?"

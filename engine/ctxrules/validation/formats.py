@@ -1,0 +1,103 @@
+"""How diagnostics are printed: text (with a source excerpt), json, github, sarif 2.1.0."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ctxrules._version import __version__
+from ctxrules.validation.diagnostics import CODES, Diagnostic
+
+SourceReader = Callable[[str], list[str] | None]
+
+
+def _read_lines(cache: dict[str, list[str] | None], file: str, real: dict[str, Path]) -> list[str] | None:
+    if file not in cache:
+        path = real.get(file, Path(file))
+        try:
+            cache[file] = path.read_text(encoding="utf-8").splitlines()
+        except (OSError, UnicodeDecodeError):
+            cache[file] = None
+    return cache[file]
+
+
+def format_text(diags: list[Diagnostic], files_checked: int, real_paths: dict[str, Path] | None = None) -> str:
+    cache: dict[str, list[str] | None] = {}
+    out: list[str] = []
+    for d in diags:
+        out.append(f"{d.file}:{d.line}:{d.col}: {d.severity}[{d.code}] {d.message}")
+        lines = _read_lines(cache, d.file, real_paths or {})
+        if lines is not None and 0 < d.line <= len(lines):
+            src = lines[d.line - 1].replace("\t", " ")
+            gutter = f"{d.line:>4} | "
+            out.append(gutter + src)
+            out.append(" " * (len(gutter) + max(d.col - 1, 0)) + "^")
+        if d.hint:
+            out.append(f"  help: {d.hint}")
+    errors = sum(d.severity == "error" for d in diags)
+    warnings = sum(d.severity == "warning" for d in diags)
+    noun = "file" if files_checked == 1 else "files"
+    out.append(f"{files_checked} {noun} checked: {errors} error(s), {warnings} warning(s)")
+    return "\n".join(out) + "\n"
+
+
+def format_json(diags: list[Diagnostic], files_checked: int) -> str:
+    doc = {
+        "version": 1,
+        "files_checked": files_checked,
+        "errors": sum(d.severity == "error" for d in diags),
+        "warnings": sum(d.severity == "warning" for d in diags),
+        "diagnostics": [d.as_dict() for d in diags],
+    }
+    return json.dumps(doc, indent=2) + "\n"
+
+
+def _gh_escape(text: str, prop: bool = False) -> str:
+    text = text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+    if prop:
+        text = text.replace(":", "%3A").replace(",", "%2C")
+    return text
+
+
+def format_github(diags: list[Diagnostic], files_checked: int) -> str:
+    out = []
+    for d in diags:
+        level = {"error": "error", "warning": "warning"}.get(d.severity, "notice")
+        msg = d.message + (f" (help: {d.hint})" if d.hint else "")
+        out.append(f"::{level} file={_gh_escape(d.file, True)},line={d.line},col={d.col},"
+                   f"title={_gh_escape(d.code, True)}::{_gh_escape(msg)}")
+    return "\n".join(out) + ("\n" if out else "")
+
+
+def format_sarif(diags: list[Diagnostic], files_checked: int) -> str:
+    used = sorted({d.code for d in diags})
+    rules = [{"id": code, "shortDescription": {"text": CODES.get(code, code)}} for code in used]
+    index = {code: i for i, code in enumerate(used)}
+    results: list[dict[str, Any]] = []
+    for d in diags:
+        msg = d.message + (f"\nhelp: {d.hint}" if d.hint else "")
+        results.append({
+            "ruleId": d.code,
+            "ruleIndex": index[d.code],
+            "level": {"error": "error", "warning": "warning"}.get(d.severity, "note"),
+            "message": {"text": msg},
+            "locations": [{"physicalLocation": {
+                "artifactLocation": {"uri": d.file},
+                "region": {"startLine": d.line, "startColumn": d.col},
+            }}],
+            "properties": {"jsonPointer": d.pointer},
+        })
+    doc = {
+        "$schema": "https://json.schemastore.org/sarif-2.1.0.json",
+        "version": "2.1.0",
+        "runs": [{
+            "tool": {"driver": {"name": "ctxrules", "version": __version__, "rules": rules}},
+            "results": results,
+        }],
+    }
+    return json.dumps(doc, indent=2) + "\n"
+
+
+FORMATS = ("text", "json", "github", "sarif")

@@ -1,0 +1,175 @@
+"""JSON Schema checks of one pack file, turned into positioned diagnostics.
+
+Each file is checked on its own (a child may hold partial items: only ``id`` is required there;
+completeness is checked after merging). Stage options are checked later, on the resolved pack,
+against the schema each stage type's plugin provides.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from functools import cache
+from typing import Any
+
+from ctxrules.packs.merge import ID_LISTS
+from ctxrules.packs.semver import RangeError, is_semver, parse_range
+from ctxrules.packs.source import SourceDoc, escape_token
+from ctxrules.resources import schema_path
+from ctxrules.validation.diagnostics import Diagnostic, did_you_mean
+
+_TYPE_NAMES = {"object": "a mapping", "array": "a list", "string": "a string", "integer": "an integer",
+               "number": "a number", "boolean": "true or false", "null": "null"}
+
+
+@cache
+def rulepack_schema() -> dict[str, Any]:
+    with schema_path("rulepack.v1.schema.json").open(encoding="utf-8") as fh:
+        data: dict[str, Any] = json.load(fh)
+    return data
+
+
+@cache
+def _validator() -> Any:
+    import jsonschema
+
+    return jsonschema.Draft202012Validator(rulepack_schema())
+
+
+def pointer_of(path: Iterable[Any]) -> str:
+    return "".join(f"/{escape_token(str(p))}" for p in path)
+
+
+def _type_name(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int):
+        return "an integer"
+    if isinstance(value, float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "a list"
+    if isinstance(value, dict):
+        return "a mapping"
+    return type(value).__name__
+
+
+def _expected(types: Any) -> str:
+    names = [types] if isinstance(types, str) else list(types)
+    return " or ".join(_TYPE_NAMES.get(t, t) for t in names)
+
+
+def schema_errors(doc: SourceDoc, data: Any, validator: Any, base_pointer: str = "") -> list[Diagnostic]:
+    """Diagnostics for every schema violation in ``data`` (found at ``base_pointer`` in ``doc``)."""
+    out: list[Diagnostic] = []
+    for err in sorted(validator.iter_errors(data), key=lambda e: list(map(str, e.absolute_path))):
+        out.extend(_convert(doc, err, base_pointer))
+    return out
+
+
+def _convert(doc: SourceDoc, err: Any, base: str) -> list[Diagnostic]:
+    pointer = base + pointer_of(err.absolute_path)
+    o = doc.origin(pointer)
+
+    def diag(code: str, message: str, hint: str | None = None, at: str | None = None) -> Diagnostic:
+        where = doc.key_origin(at) if at is not None else o
+        return Diagnostic(code, "error", message, doc.path, where.line, where.col, at or pointer, hint)
+
+    where = pointer or "the pack"
+    v = err.validator
+    if v == "additionalProperties":
+        known = list(err.schema.get("properties", {}))
+        extra = [k for k in err.instance if k not in known] if isinstance(err.instance, dict) else []
+        return [diag("CR010", f"unknown key '{k}' in {where}", did_you_mean(k, known) or
+                     ("allowed keys: " + ", ".join(known) if known else None),
+                     at=f"{pointer}/{escape_token(k)}") for k in extra]
+    if v == "type":
+        return [diag("CR011", f"{where} must be {_expected(err.validator_value)}, "
+                              f"not {_type_name(err.instance)}")]
+    if v == "const":
+        if pointer in ("/apiVersion", "/kind"):
+            return [diag("CR015", f"{pointer[1:]} must be '{err.validator_value}', not {err.instance!r}")]
+        return [diag("CR012", f"{where} must be {err.validator_value!r}, not {err.instance!r}")]
+    if v == "enum":
+        allowed = ", ".join(str(a) for a in err.validator_value)
+        hint = did_you_mean(str(err.instance), [str(a) for a in err.validator_value])
+        return [diag("CR012", f"{where} is {err.instance!r}; allowed values: {allowed}", hint)]
+    if v == "required":
+        missing = err.message.split("'")[1] if "'" in err.message else err.message
+        if pointer == "" and missing in ("apiVersion", "kind"):
+            return [diag("CR015", f"not a rule pack: '{missing}' is missing",
+                         "a pack starts with `apiVersion: ctxrules/v1` and `kind: RulePack`")]
+        return [diag("CR013", f"{where} needs '{missing}'")]
+    if v == "oneOf" and isinstance(err.instance, dict) and {"template", "file"} & set(err.schema.get("properties", {})):
+        has = [k for k in ("template", "file") if k in err.instance]
+        what = "both" if len(has) == 2 else "neither"
+        return [diag("CR013", f"{where} must have exactly one of 'template' or 'file' (it has {what})")]
+    if v in ("oneOf", "anyOf") and err.context:
+        import jsonschema
+
+        best = jsonschema.exceptions.best_match(err.context)
+        if best is not None and best.validator == "type":
+            return [diag("CR011", f"{where} has the wrong type ({_type_name(err.instance)})")]
+        if best is not None:
+            return _convert(doc, best, base)
+    return [diag("CR014", f"{where}: {err.message}")]
+
+
+def check_document(doc: SourceDoc) -> list[Diagnostic]:
+    """All per-file checks: shape, schema, duplicate ids, version fields."""
+    if not isinstance(doc.data, dict):
+        return [Diagnostic("CR002", "error", "a rule pack must be a YAML mapping"
+                           + ("" if doc.data is not None else " (the file is empty)"), doc.path, 1, 1)]
+    out = schema_errors(doc, doc.data, _validator())
+    out.extend(_duplicate_ids(doc))
+    meta = doc.data.get("metadata")
+    if isinstance(meta, dict):
+        version = meta.get("version")
+        if isinstance(version, str) and not is_semver(version):
+            o = doc.origin("/metadata/version")
+            out.append(Diagnostic("CR020", "error", f"metadata.version '{version}' is not a semantic version",
+                                  doc.path, o.line, o.col, "/metadata/version",
+                                  "write MAJOR.MINOR.PATCH, e.g. 1.0.0"))
+        requires = meta.get("requires")
+        if isinstance(requires, str):
+            from ctxrules.packs.loader import check_requires
+
+            o = doc.origin("/metadata/requires")
+            try:
+                parse_range(requires)
+            except RangeError as exc:
+                out.append(Diagnostic("CR022", "error", f"metadata.requires does not parse: {exc}",
+                                      doc.path, o.line, o.col, "/metadata/requires"))
+            else:
+                problem = check_requires(requires)
+                if problem:
+                    out.append(Diagnostic("CR021", "error", problem, doc.path, o.line, o.col,
+                                          "/metadata/requires"))
+    return out
+
+
+def _duplicate_ids(doc: SourceDoc) -> list[Diagnostic]:
+    out: list[Diagnostic] = []
+    for key in ID_LISTS:
+        items = doc.data.get(key)
+        if not isinstance(items, list):
+            continue
+        seen: dict[str, int] = {}
+        for i, item in enumerate(items):
+            ident = item.get("id") if isinstance(item, dict) else None
+            if not isinstance(ident, str):
+                continue
+            if ident in seen:
+                o = doc.origin(f"/{key}/{i}/id")
+                first = doc.origin(f"/{key}/{seen[ident]}/id")
+                out.append(Diagnostic("CR040", "error", f"duplicate {key} id '{ident}' (first at line {first.line})",
+                                      doc.path, o.line, o.col, f"/{key}/{i}/id",
+                                      "ids must be unique within a list; to change an inherited item, "
+                                      "write it once with the fields to override"))
+            else:
+                seen[ident] = i
+    return out

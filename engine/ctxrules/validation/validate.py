@@ -1,0 +1,241 @@
+"""Semantic checks of a resolved pack, and validation of files and folders for the CLI."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ctxrules.packs.source import Origin
+from ctxrules.validation.diagnostics import Diagnostic, did_you_mean
+
+if TYPE_CHECKING:
+    from ctxrules.packs.loader import PackLoader, ResolvedPack
+    from ctxrules.plugins import Registry
+
+THRESHOLD_ORDER = ("monitor", "light", "full", "emergency")
+
+
+class _Reporter:
+    def __init__(self, pack: ResolvedPack) -> None:
+        self.pack = pack
+        self.origins = pack.origins()
+        self.out: list[Diagnostic] = []
+
+    def origin(self, pointer: str) -> Origin:
+        p = pointer
+        while p not in self.origins and p:
+            p = p.rsplit("/", 1)[0]
+        return self.origins.get(p, Origin(self.pack.files[-1] if self.pack.files else "<pack>", 1, 1))
+
+    def add(self, code: str, message: str, pointer: str, hint: str | None = None,
+            severity: str = "error") -> None:
+        o = self.origin(pointer)
+        self.out.append(Diagnostic(code, severity, message, o.file, o.line, o.col, pointer, hint))  # type: ignore[arg-type]
+
+
+def validate_resolved(pack: ResolvedPack, loader: PackLoader, registry: Registry | None = None) -> list[Diagnostic]:
+    """Every diagnostic of ``pack``: per-file ones from each file read, then semantic ones."""
+    from ctxrules.plugins import default_registry
+
+    out: list[Diagnostic] = list(pack.diagnostics)
+    for doc_path in pack.files:
+        for p in _paths_of(loader, doc_path):
+            out.extend(loader.read(p)[1])
+    if any(d.severity == "error" and d.code in ("CR001", "CR002", "CR003", "CR090") for d in out):
+        return _sorted_unique(out)
+    rep = _Reporter(pack)
+    data = pack.data
+    _check_context(rep, data.get("context"), "/context")
+    for i, entry in enumerate(data.get("models") or []):
+        if isinstance(entry, dict) and isinstance(entry.get("context"), dict):
+            merged = _deep(data.get("context") or {}, entry["context"])
+            _check_context(rep, merged, f"/models/{i}/context", own=entry["context"])
+    _check_pipeline(rep, data, pack, registry or default_registry())
+    _check_regexes(rep, data)
+    from ctxrules.validation.templates import check_prompts
+
+    check_prompts(rep, pack)
+    return _sorted_unique(out + rep.out)
+
+
+def _paths_of(loader: PackLoader, shown: str) -> list[Path]:
+    return [p for p, doc in loader._docs.items() if doc is not None and doc.path == shown] or [
+        p for p, doc in loader._docs.items() if doc is None and str(p).endswith(shown)]
+
+
+def _sorted_unique(diags: list[Diagnostic]) -> list[Diagnostic]:
+    seen: set[tuple[Any, ...]] = set()
+    out = []
+    for d in diags:
+        k = (d.code, d.file, d.line, d.col, d.message)
+        if k not in seen:
+            seen.add(k)
+            out.append(d)
+    return sorted(out, key=lambda d: d.sort_key)
+
+
+def _deep(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    out = dict(a)
+    for k, v in b.items():
+        out[k] = _deep(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def _check_context(rep: _Reporter, ctx: Any, base: str, own: dict[str, Any] | None = None) -> None:
+    if not isinstance(ctx, dict):
+        return
+    th = ctx.get("thresholds")
+    own_th = (own or ctx).get("thresholds") if isinstance((own or ctx).get("thresholds"), dict) else {}
+    if isinstance(th, dict):
+        present = [(k, th[k]) for k in THRESHOLD_ORDER if isinstance(th.get(k), int | float)
+                   and not isinstance(th.get(k), bool)]
+        for k, v in present:
+            if not 0 < v < 1 and (own is None or k in own_th):
+                rep.add("CR050", f"threshold {k} is {v}; thresholds are fractions of the usable window in (0, 1)",
+                        f"{base}/thresholds/{k}", "use a fraction, e.g. 0.5 for 50%")
+        for (k1, v1), (k2, v2) in zip(present, present[1:], strict=False):
+            if v1 >= v2 and 0 < v1 < 1 and 0 < v2 < 1:
+                at = k2 if (own is None or k2 in own_th) else k1
+                rep.add("CR051", f"thresholds must increase: {k1} ({v1}) is not below {k2} ({v2})",
+                        f"{base}/thresholds/{at}", "monitor < light < full < emergency")
+    window, reserve = ctx.get("window"), ctx.get("reserve_output")
+    if isinstance(window, int) and isinstance(reserve, int) and reserve >= window:
+        rep.add("CR052", f"reserve_output ({reserve}) leaves no usable window of {window} tokens",
+                f"{base}/reserve_output")
+
+
+def _check_pipeline(rep: _Reporter, data: dict[str, Any], pack: ResolvedPack, registry: Registry) -> None:
+    import jsonschema
+
+    from ctxrules.stages.base import options_schema_for
+
+    essential = {name for name, st in registry.stages.items() if st.essential}
+    for i, stage in enumerate(data.get("pipeline") or []):
+        if not isinstance(stage, dict):
+            continue
+        base = f"/pipeline/{i}"
+        use = stage.get("use")
+        if use is None:
+            rep.add("CR043", f"pipeline item '{stage.get('id')}' has no 'use' after merging", base,
+                    "give the stage type with use:, e.g. use: compress.dedup")
+            continue
+        if not isinstance(use, str):
+            continue
+        st = registry.stages.get(use)
+        if st is None:
+            rep.add("CR060", f"unknown stage type '{use}'", f"{base}/use",
+                    did_you_mean(use, list(registry.stages)) or
+                    "registered: " + ", ".join(sorted(registry.stages)))
+            continue
+        opts = stage.get("with", {})
+        if isinstance(opts, dict):
+            validator = jsonschema.Draft202012Validator(options_schema_for(st),
+                                                        format_checker=jsonschema.FormatChecker(["regex"]))
+            for err in validator.iter_errors(opts):
+                ptr = f"{base}/with" + "".join(f"/{p}" for p in err.absolute_path)
+                if err.validator == "additionalProperties":
+                    known = list(err.schema.get("properties", {}))
+                    for k in [k for k in err.instance if k not in known]:
+                        rep.add("CR061", f"stage type '{use}' has no option '{k}'", f"{ptr}/{k}",
+                                did_you_mean(k, known) or ("options: " + ", ".join(known) if known else
+                                                           "this stage type takes no options"))
+                elif err.validator == "format":
+                    rep.add("CR070", f"regular expression does not compile: {err.instance!r}", ptr)
+                else:
+                    rep.add("CR061", f"option {ptr[len(base) + 5:] or 'with'} of '{use}': {err.message}", ptr)
+        if use in essential and stage.get("when"):
+            rep.add("CR062", f"'{use}' is essential: it runs after every content stage and takes no when:",
+                    f"{base}/when")
+    disabled_essential = [i for i in pack.disabled.get("pipeline", []) if _uses_essential(pack, i, essential)]
+    for ident in disabled_essential:
+        rep.add("CR062", f"pipeline item '{ident}' runs an essential stage and cannot be disabled",
+                "/pipeline", "essential stages run whether or not a pack names them")
+
+
+def _uses_essential(pack: ResolvedPack, ident: str, essential: set[str]) -> bool:
+    for doc in pack.docs.values():
+        for item in (doc.data or {}).get("pipeline") or []:
+            if isinstance(item, dict) and item.get("id") == ident and item.get("use") in essential:
+                return True
+    return False
+
+
+def _regex_problem(pattern: Any) -> str | None:
+    if not isinstance(pattern, str):
+        return None
+    try:
+        re.compile(pattern)
+    except re.error as exc:
+        return str(exc)
+    return None
+
+
+def _check_regexes(rep: _Reporter, data: dict[str, Any]) -> None:
+    def check(pattern: Any, pointer: str, need_group: bool = False) -> None:
+        problem = _regex_problem(pattern)
+        if problem:
+            rep.add("CR070", f"regular expression {pattern!r} does not compile: {problem}", pointer)
+        elif need_group and isinstance(pattern, str) and re.compile(pattern).groups < 1:
+            rep.add("CR070", f"exit-code pattern {pattern!r} needs a group that captures the code", pointer,
+                    r"e.g. 'Exit code (\d+)'")
+
+    tools = data.get("tools") or {}
+    for i, pat in enumerate(tools.get("exit_code") or [] if isinstance(tools, dict) else []):
+        check(pat, f"/tools/exit_code/{i}", need_group=True)
+    for i, rule in enumerate(data.get("priorities") or []):
+        if isinstance(rule, dict) and isinstance(rule.get("match"), dict):
+            check(rule["match"].get("contains"), f"/priorities/{i}/match/contains")
+    red = data.get("redaction") or {}
+    for i, pat in enumerate(red.get("patterns") or [] if isinstance(red, dict) else []):
+        if isinstance(pat, dict):
+            check(pat.get("regex"), f"/redaction/patterns/{i}/regex")
+
+
+# -- files and folders -------------------------------------------------------------------
+
+def is_pack_file(path: Path) -> bool:
+    """In a folder, a YAML file is a pack when it says so at top level (other YAML is skipped)."""
+    try:
+        head = path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return True  # let validation report the read error
+    return bool(re.search(r"^(apiVersion:\s*ctxrules/|kind:\s*RulePack\b)", head, re.M))
+
+
+def collect_files(paths: list[str]) -> list[Path]:
+    """Files named directly, plus the pack files found below named folders (sorted)."""
+    from ctxrules.errors import UsageError
+
+    out: list[Path] = []
+    for raw in paths:
+        p = Path(raw)
+        if p.is_dir():
+            found = sorted(q for q in p.rglob("*") if q.suffix in (".yaml", ".yml") and q.is_file()
+                           and not any(part.startswith(".") for part in q.relative_to(p).parts))
+            out.extend(q for q in found if is_pack_file(q))
+        elif p.exists():
+            out.append(p)
+        else:
+            raise UsageError(f"no such file or folder: {raw}")
+    return out
+
+
+def validate_paths(paths: list[str]) -> tuple[list[Diagnostic], int, dict[str, Path]]:
+    """Diagnostics for every pack under ``paths`` (each resolved with its parents), the number
+    of files checked, and the real path behind each displayed file name."""
+    from ctxrules.packs.loader import PackLoader, display_path
+
+    loader = PackLoader()
+    files = collect_files(paths)
+    out: list[Diagnostic] = []
+    real: dict[str, Path] = {}
+    for f in files:
+        pack = loader.resolve(str(f.resolve()))
+        real.update(pack.real_paths)
+        diags = validate_resolved(pack, loader)
+        shown = display_path(f)
+        # Report a parent's problems only once, under the parent's own file, and show what
+        # a child inherits only when the parent itself is not part of this run.
+        out.extend(d for d in diags if d.file == shown or d.file not in {display_path(x) for x in files})
+    return _sorted_unique(out), len(files), real
