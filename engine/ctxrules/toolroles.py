@@ -1,0 +1,122 @@
+"""Tool roles and tool facts: which role a tool has, what command a shell call ran, which exit
+code its result reports, and which call a tool result answers.
+
+Roles come from the pack's ``tools.roles`` (globs, case-sensitive, first role in
+:data:`ROLE_ORDER` wins); exit codes from ``tools.exit_code`` regexes (first match wins; the
+first group is the code).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from fnmatch import fnmatchcase
+from functools import lru_cache
+from typing import Any
+
+ROLE_ORDER: tuple[str, ...] = ("file_read", "file_edit", "shell", "subagent", "search", "browser", "mcp")
+# Argument names under which agents pass a shell command.
+COMMAND_ARGS: tuple[str, ...] = ("command", "cmd", "script", "commands", "input")
+# Text that marks a tool result as an error when no exit code says so.
+_ERROR_TEXT = re.compile(
+    r"(?im)^(?:error|fatal|traceback \(most recent call last\)|exception)\b|<tool_use_error>|\bis_error\b")
+
+
+@dataclass(frozen=True)
+class ToolRoles:
+    """The pack's ``tools:`` section, compiled."""
+
+    roles: tuple[tuple[str, tuple[str, ...]], ...]
+    exit_patterns: tuple[re.Pattern[str], ...]
+
+    def role_of(self, tool_name: str | None) -> str | None:
+        if not tool_name:
+            return None
+        return _role_of(self, tool_name)
+
+    def exit_code(self, text: str) -> int | None:
+        """The exit code a shell result reports, from the pack's patterns (None if none match)."""
+        for pat in self.exit_patterns:
+            m = pat.search(text)
+            if m:
+                try:
+                    return int(m.group(1))
+                except (IndexError, ValueError, TypeError):
+                    continue
+        return None
+
+    def is_error(self, text: str) -> bool:
+        """A tool result that reports failure: a non-zero exit code, else error-looking text."""
+        code = self.exit_code(text)
+        if code is not None:
+            return code != 0
+        return bool(_ERROR_TEXT.search(text[:4000]))
+
+
+@lru_cache(maxsize=4096)
+def _role_of(roles: ToolRoles, name: str) -> str | None:
+    table = dict(roles.roles)
+    for role in ROLE_ORDER:
+        if any(fnmatchcase(name, g) for g in table.get(role, ())):
+            return role
+    return None
+
+
+def tool_roles(pack: Mapping[str, Any]) -> ToolRoles:
+    """Compile ``pack['tools']`` (validated already: patterns compile)."""
+    tools = pack.get("tools") or {}
+    roles = tools.get("roles") or {}
+    return _compile(tuple(sorted((k, tuple(v)) for k, v in roles.items())), tuple(tools.get("exit_code") or ()))
+
+
+@lru_cache(maxsize=64)
+def _compile(roles: tuple[tuple[str, tuple[str, ...]], ...], patterns: tuple[str, ...]) -> ToolRoles:
+    return ToolRoles(roles, tuple(re.compile(p) for p in patterns))
+
+
+def call_arguments(call: Mapping[str, Any]) -> dict[str, Any]:
+    """A tool call's arguments as a dict ({} when they are not a JSON object)."""
+    fn = call.get("function") or {}
+    raw = fn.get("arguments") if isinstance(fn, Mapping) else None
+    if isinstance(raw, Mapping):
+        return dict(raw)
+    if isinstance(raw, str):
+        try:
+            value = json.loads(raw)
+        except ValueError:
+            return {}
+        return value if isinstance(value, dict) else {}
+    return {}
+
+
+def call_name(call: Mapping[str, Any]) -> str | None:
+    fn = call.get("function") or {}
+    name = fn.get("name") if isinstance(fn, Mapping) else None
+    return name if isinstance(name, str) else None
+
+
+def shell_command(call: Mapping[str, Any]) -> str | None:
+    """The command line a shell-role call ran, if its arguments name one."""
+    args = call_arguments(call)
+    for key in COMMAND_ARGS:
+        value = args.get(key)
+        if isinstance(value, str) and value.strip():
+            return value
+        if isinstance(value, list) and value and all(isinstance(v, str) for v in value):
+            return " ".join(value)
+    return None
+
+
+def calls_by_result(messages: Sequence[Mapping[str, Any]]) -> dict[int, Mapping[str, Any]]:
+    """For each tool-result index, the call it answers (pairing as :mod:`ctxrules.messages`)."""
+    from ctxrules.messages import pair_tool_calls
+
+    pairing = pair_tool_calls(messages)
+    out: dict[int, Mapping[str, Any]] = {}
+    for result_index, (msg_index, pos) in pairing.call_of.items():
+        calls = messages[msg_index].get("tool_calls") or []
+        if pos < len(calls) and isinstance(calls[pos], Mapping):
+            out[result_index] = calls[pos]
+    return out
