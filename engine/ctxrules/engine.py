@@ -22,7 +22,7 @@ from ctxrules.messages import split_input, validate_messages
 from ctxrules.packs.loader import PackLoader, ResolvedPack, load_pack
 from ctxrules.packs.models_match import effective_context, select_model_entry
 from ctxrules.pipeline.budget import Budget, make_budget
-from ctxrules.pipeline.context import StageContext
+from ctxrules.pipeline.context import CACHE_TTL_S, StageContext
 from ctxrules.pipeline.prefix import common_prefix, message_digest, message_keys
 from ctxrules.pipeline.report import build_report
 from ctxrules.pipeline.runner import PlannedStage, run_pipeline
@@ -154,7 +154,10 @@ class Session:
         keys = message_keys(history)
         reused = 0
         pipeline_input = history
-        if state.get("fingerprint") == fingerprint:
+        same = state.get("fingerprint") == fingerprint
+        last_clock = state.get("last_clock")
+        cache_hot = same and isinstance(last_clock, int | float) and 0 <= clock - last_clock < CACHE_TTL_S
+        if same:
             reused, pipeline_input = self._reuse(history, keys, state)
         else:
             state["stages"] = {}
@@ -162,13 +165,14 @@ class Session:
         base = StageContext(
             stage_id="", model=self.model, counter=self.counter, budget=self.budget, vault=self.vault,
             tools=tools, pack=self.engine.pack.data, log=get_logger("ctxrules.pipeline", session=self.id),
-            session_id=self.id, clock=clock,
+            session_id=self.id, clock=clock, cache_hot=cache_hot,
         )
         outcome = run_pipeline(self.engine.plan, pipeline_input, base, state.setdefault("stages", {}))
         vault_new = sorted({a["vault_id"] for r in outcome.records for a in r.actions if a.get("vault_id")})
         self._last_keys = keys
         self._last_output = outcome.messages
         state["fingerprint"] = fingerprint
+        state["last_clock"] = clock
         state["last"] = {"count": len(history), "digests": self._digests(history, keys)}
         self.store.save(state, outcome.messages)
         report = build_report(self, history_tokens=tokens_in, history_len=len(history), reused=reused,

@@ -158,8 +158,13 @@ class PackLoader:
             if m["range"]:
                 self._check_range(path, m["range"], ref, report)
             return path
-        path = (base / ref).resolve()
-        if not path.is_file():
+        try:
+            path = (base / ref).resolve()
+            found = path.is_file()
+        except (OSError, ValueError) as exc:  # a NUL byte, a name too long for the OS, ...
+            report("CR030", f"pack file not found: {ref!r} is not a usable path ({exc})")
+            return None
+        if not found:
             report("CR030", f"pack file not found: {ref} (looked for {path})")
             return None
         return path

@@ -72,6 +72,10 @@ def escape_token(token: str) -> str:
     return token.replace("~", "~0").replace("/", "~1")
 
 
+# The most values one file may hold once aliases are expanded.
+MAX_VALUES = 200_000
+
+
 def _pos(node: yaml.Node) -> tuple[int, int]:
     return (node.start_mark.line + 1, node.start_mark.column + 1)
 
@@ -80,13 +84,27 @@ class _Builder:
     def __init__(self, loader: yaml.SafeLoader) -> None:
         self.loader = loader
         self.positions: dict[str, tuple[int, int]] = {}
+        self.open: set[int] = set()  # collections being built (an alias back into one loops)
+        self.count = 0
 
     def build(self, node: yaml.Node, pointer: str) -> Any:
         self.positions[pointer] = _pos(node)
-        if isinstance(node, yaml.MappingNode):
-            return self._mapping(node, pointer)
-        if isinstance(node, yaml.SequenceNode):
-            return [self.build(item, f"{pointer}/{i}") for i, item in enumerate(node.value)]
+        self.count += 1
+        if self.count > MAX_VALUES:
+            # Aliases of aliases expand exponentially ("billion laughs"); no pack is this big.
+            raise YamlProblem("CR001", f"YAML: the document expands to more than {MAX_VALUES} values "
+                                       "(aliases referring to aliases?)", *_pos(node), pointer)
+        if isinstance(node, yaml.MappingNode | yaml.SequenceNode):
+            if id(node) in self.open:
+                raise YamlProblem("CR001", "YAML: an alias refers to the collection that contains it",
+                                  *_pos(node), pointer)
+            self.open.add(id(node))
+            try:
+                if isinstance(node, yaml.MappingNode):
+                    return self._mapping(node, pointer)
+                return [self.build(item, f"{pointer}/{i}") for i, item in enumerate(node.value)]
+            finally:
+                self.open.discard(id(node))
         return self.loader.construct_object(node, deep=True)
 
     def _mapping(self, node: yaml.MappingNode, pointer: str) -> dict[str, Any]:
@@ -137,17 +155,17 @@ def parse_yaml(text: str, path: str) -> SourceDoc:
         except yaml.composer.ComposerError as exc:
             mark = exc.problem_mark or exc.context_mark
             line, col = (mark.line + 1, mark.column + 1) if mark else (1, 1)
+            if "single document" in str(exc.context):
+                raise YamlProblem("CR002", "the file holds several YAML documents; a pack is one document",
+                                  line, col, hint="remove the '---' line and what follows, or split "
+                                                  "the packs into separate files") from None
             raise YamlProblem("CR001", f"YAML: {exc.problem or exc}", line, col) from None
         except yaml.MarkedYAMLError as exc:
-            mark = exc.problem_mark or exc.context_mark
-            line, col = (mark.line + 1, mark.column + 1) if mark else (1, 1)
-            message = exc.problem or str(exc)
-            hint = None
-            if "\t" in _line_of(text, line) and ("tab" in message or "cannot start any token" in message):
-                message = "a tab character is used for indentation"
-                hint = "YAML indents with spaces only; replace the tab with spaces"
-            ctx = f" ({exc.context})" if exc.context and hint is None else ""
-            raise YamlProblem("CR001", f"YAML syntax error: {message}{ctx}", line, col, hint=hint) from None
+            raise _syntax_problem(exc, text) from None
+        except RecursionError:
+            mark = loader.get_mark()
+            raise YamlProblem("CR001", "YAML: values are nested too deeply", mark.line + 1,
+                              mark.column + 1) from None
         if node is None:
             return SourceDoc(path, text, None, {"": (1, 1)})
         builder = _Builder(loader)
@@ -160,6 +178,30 @@ def parse_yaml(text: str, path: str) -> SourceDoc:
         return SourceDoc(path, text, data, builder.positions)
     finally:
         loader.dispose()
+
+
+def _syntax_problem(exc: yaml.MarkedYAMLError, text: str) -> YamlProblem:
+    mark = exc.problem_mark or exc.context_mark
+    # An unclosed quote or bracket is found only at the end of the file: point where it opens.
+    unclosed = exc.context_mark is not None and "end of stream" in str(exc.problem)
+    if unclosed:
+        mark = exc.context_mark
+    line, col = (mark.line + 1, mark.column + 1) if mark else (1, 1)
+    message = exc.problem or str(exc)
+    hint = None
+    if "\t" in _line_of(text, line) and ("tab" in message or "cannot start any token" in message):
+        message = "a tab character is used for indentation"
+        hint = "YAML indents with spaces only; replace the tab with spaces"
+    elif unclosed and exc.context:
+        thing = exc.context.removeprefix("while parsing ").removeprefix("while scanning ")
+        hint = f"the {thing.removeprefix('a ')} that starts here is never closed"
+    elif "mapping values are not allowed" in message:
+        hint = "check the indentation of this line, or quote a value that contains ': '"
+    elif exc.context_mark is not None and exc.context and exc.context_mark.line + 1 != line:
+        thing = exc.context.removeprefix("while parsing ").removeprefix("while scanning ")
+        hint = f"the error is inside the {thing.removeprefix('a ')} that starts at line {exc.context_mark.line + 1}"
+    ctx = f" ({exc.context})" if exc.context and hint is None else ""
+    return YamlProblem("CR001", f"YAML syntax error: {message}{ctx}", line, col, hint=hint)
 
 
 def _line_of(text: str, line: int) -> str:

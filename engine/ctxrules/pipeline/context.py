@@ -17,6 +17,10 @@ if TYPE_CHECKING:
     from ctxrules.vault import Vault
 
 
+CACHE_TTL_S = 300.0
+"""Providers keep a prompt-cache prefix for about five minutes after its last use."""
+
+
 @dataclass
 class StageContext:
     """Everything a stage may consult; built by the runner just before the stage runs.
@@ -31,6 +35,9 @@ class StageContext:
       (intent matches, ``critical`` priority); only the emergency pass may move them.
     - ``target`` is the tier below which a hysteresis stage (``compress.*``, ``summarize.*``)
       stops; ``clock`` is the time of this prepare (seconds since the epoch).
+    - ``cache_hot``: the provider's prompt cache very likely still holds this session's prefix
+      (same fingerprint, previous prepare less than ``CACHE_TTL_S`` ago). Stages with a
+      ``hot_cache_bypass`` option leave already-sent content alone then.
     """
 
     stage_id: str
@@ -48,6 +55,7 @@ class StageContext:
     protected: set[int] = field(default_factory=set)
     target: str = "monitor"
     clock: float = 0.0
+    cache_hot: bool = False
 
     def count(self, messages: Sequence[Message]) -> int:
         """Prompt tokens of ``messages`` plus the tool schemas."""

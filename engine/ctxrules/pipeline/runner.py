@@ -119,7 +119,7 @@ def run_pipeline(plan: Sequence[PlannedStage], messages: list[Message], base: St
             tools=tools, pack=base.pack, log=base.log.bind(stage=p.id, stage_type=p.type.name),
             tier=tier, utilization=base.budget.utilization(tokens), state=states.setdefault(p.id, {}),
             session_id=base.session_id, protected=base.protected,
-            target=str(p.options.get("target", "monitor")), clock=base.clock,
+            target=str(p.options.get("target", "monitor")), clock=base.clock, cache_hot=base.cache_hot,
         )
         started = time.perf_counter()
         ctx.log.debug("stage.start", tier=tier, tokens=tokens)

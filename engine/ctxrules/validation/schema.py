@@ -109,21 +109,46 @@ def _convert(doc: SourceDoc, err: Any, base: str) -> list[Diagnostic]:
         what = "both" if len(has) == 2 else "neither"
         return [diag("CR013", f"{where} must have exactly one of 'template' or 'file' (it has {what})")]
     if v in ("oneOf", "anyOf") and err.context:
-        import jsonschema
-
-        best = jsonschema.exceptions.best_match(err.context)
-        if best is not None and best.validator == "type":
-            return [diag("CR011", f"{where} has the wrong type ({_type_name(err.instance)})")]
-        if best is not None:
-            return _convert(doc, best, base)
+        return _alternatives(doc, err, base, diag, where)
     return [diag("CR014", f"{where}: {err.message}")]
+
+
+def _alternatives(doc: SourceDoc, err: Any, base: str, diag: Any, where: str) -> list[Diagnostic]:
+    """A value that fits none of a oneOf/anyOf: the problem inside the alternative of its type
+    (``window: 0`` is an integer below the minimum), else the alternatives it could have been."""
+    branches: dict[Any, list[Any]] = {}
+    for sub in err.context:
+        branches.setdefault(sub.relative_schema_path[0], []).append(sub)
+
+    def at_value(sub: Any, *validators: str) -> bool:
+        return sub.validator in validators and not sub.relative_path
+
+    fitting = [subs for subs in branches.values() if not any(at_value(s, "type") for s in subs)]
+    deeper = [subs for subs in fitting if not all(at_value(s, "const", "enum") for s in subs)]
+    if deeper:
+        return [d for sub in deeper[0] for d in _convert(doc, sub, base)]
+    allowed: list[str] = []
+    for subs in branches.values():
+        for sub in subs:
+            if at_value(sub, "type"):
+                allowed.append(_expected(sub.validator_value))
+            elif at_value(sub, "const"):
+                allowed.append(repr(sub.validator_value))
+            elif at_value(sub, "enum"):
+                allowed.extend(repr(a) for a in sub.validator_value)
+    allowed = list(dict.fromkeys(allowed))
+    if fitting:  # right type, but not one of the listed values
+        return [diag("CR012", f"{where} must be {' or '.join(allowed)}, not {err.instance!r}")]
+    return [diag("CR011", f"{where} must be {' or '.join(allowed)}, not {_type_name(err.instance)}")]
 
 
 def check_document(doc: SourceDoc) -> list[Diagnostic]:
     """All per-file checks: shape, schema, duplicate ids, version fields."""
     if not isinstance(doc.data, dict):
+        o = doc.origin("")
         return [Diagnostic("CR002", "error", "a rule pack must be a YAML mapping"
-                           + ("" if doc.data is not None else " (the file is empty)"), doc.path, 1, 1)]
+                           + (f", not {_type_name(doc.data)}" if doc.data is not None else " (the file is empty)"),
+                           doc.path, o.line, o.col)]
     out = schema_errors(doc, doc.data, _validator())
     out.extend(_duplicate_ids(doc))
     meta = doc.data.get("metadata")

@@ -200,7 +200,7 @@ def is_pack_file(path: Path) -> bool:
         head = path.read_text(encoding="utf-8", errors="replace")
     except OSError:
         return True  # let validation report the read error
-    return bool(re.search(r"^(apiVersion:\s*ctxrules/|kind:\s*RulePack\b)", head, re.M))
+    return bool(re.search(r"^(apiVersion:\s*['\"]?ctxrules/|kind:\s*['\"]?RulePack\b)", head, re.M))
 
 
 def collect_files(paths: list[str]) -> list[Path]:
@@ -210,11 +210,15 @@ def collect_files(paths: list[str]) -> list[Path]:
     out: list[Path] = []
     for raw in paths:
         p = Path(raw)
-        if p.is_dir():
+        try:
+            is_dir, exists = p.is_dir(), p.exists()
+        except OSError as exc:  # e.g. a name too long for the file system
+            raise UsageError(f"cannot use {raw!r}: {exc.strerror or exc}") from None
+        if is_dir:
             found = sorted(q for q in p.rglob("*") if q.suffix in (".yaml", ".yml") and q.is_file()
                            and not any(part.startswith(".") for part in q.relative_to(p).parts))
             out.extend(q for q in found if is_pack_file(q))
-        elif p.exists():
+        elif exists:
             out.append(p)
         else:
             raise UsageError(f"no such file or folder: {raw}")
