@@ -1,0 +1,410 @@
+"""``normalize.tool_pairs``: make every tool call answered exactly once, right after it.
+
+DESIGN.md invariant 1 is what OpenAI and Anthropic both enforce: each ``tool_calls[i].id`` of
+an assistant message is answered by exactly one ``tool`` message in the contiguous block that
+follows it, and no ``tool`` message answers nothing. Content stages remove and move messages,
+and agents crash mid-turn, so this stage runs after all of them (integrity phase, essential).
+
+How it repairs (pairing rule: :mod:`ctxrules.messages`, "Pairing"):
+
+- a result that sits elsewhere is moved into its call's block, which is then laid out in call
+  order; a block that is already valid is kept exactly as it is, in its own order;
+- a duplicate result (its call is already answered) and an orphan (no call) are dropped;
+- an unanswered call gets a synthesized, marked result (``synthesize``), or is removed from
+  its assistant message (``remove``); an assistant message left with neither content nor
+  calls is dropped;
+- a call without an id gets one derived from its position, name and arguments, so the same
+  history always gets the same id; a result without ``tool_call_id`` in that message's block
+  is matched to such calls in order.
+
+Pinned messages (:func:`ctxrules.messages.pinned_indices`) are kept unchanged: under
+``remove``, a pinned assistant message's unanswered calls are answered with a synthesized
+result instead. Validity wins over pinning in two cases only, because the request would be
+rejected otherwise: an id-less call gets its id, and a pinned orphan or duplicate result is
+dropped. The stage is idempotent: its output is valid, and a valid list is returned as is.
+
+Nothing is lost: :func:`repair_tool_pairs` is pure, and the stage stores every dropped result
+and removed call in the session vault, recording the vault id in the action.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal, get_args
+
+from ctxrules.hookspecs import hookimpl
+from ctxrules.messages import (
+    mark_injected,
+    pair_tool_calls,
+    pinned_indices,
+    tool_call_id,
+)
+from ctxrules.stages.base import Action, Message, StageOutcome, StageType
+
+if TYPE_CHECKING:
+    from ctxrules.pipeline.context import StageContext
+
+__all__ = [
+    "STAGE_TYPE",
+    "ToolPairRepair",
+    "UnansweredPolicy",
+    "ctxrules_register_stages",
+    "repair_tool_pairs",
+]
+
+UnansweredPolicy = Literal["synthesize", "remove"]
+_POLICIES: tuple[str, ...] = get_args(UnansweredPolicy)
+
+# Action kinds, stable for reports and tests.
+ID_ASSIGNED = "call_id_assigned"
+RESULT_MOVED = "result_moved"
+ORPHAN_DROPPED = "orphan_dropped"
+DUPLICATE_DROPPED = "duplicate_dropped"
+RESULT_SYNTHESIZED = "result_synthesized"
+CALL_REMOVED = "call_removed"
+MESSAGE_DROPPED = "message_dropped"
+EMPTY_CALLS_DROPPED = "empty_tool_calls_dropped"
+
+
+@dataclass(frozen=True)
+class _Event:
+    """An action plus what left the context (``payload``), which the stage puts in the vault."""
+
+    kind: str
+    detail: str
+    index: int | None
+    payload: str | None = None
+
+    def action(self, vault_id: str | None = None) -> Action:
+        return Action(kind=self.kind, detail=self.detail, index=self.index, vault_id=vault_id)
+
+
+def repair_tool_pairs(
+    messages: Sequence[Message],
+    *,
+    unanswered: UnansweredPolicy = "synthesize",
+) -> tuple[list[Message], list[Action]]:
+    """Return a new list in which invariant 1 holds, and what was done.
+
+    Pure: the input list and its dicts are not touched, and unchanged messages are the same
+    objects in the output. Dropped contents are only described in the actions; the stage
+    (:class:`ToolPairRepair`) keeps them in the vault. ``messages`` is expected to have passed
+    :func:`ctxrules.messages.validate_messages` (tool calls are objects).
+    """
+    out, events = _Repair(messages, unanswered).run()
+    return out, [event.action() for event in events]
+
+
+class _Repair:
+    """One repair pass; holds the pairing so the per-step helpers stay small."""
+
+    def __init__(self, messages: Sequence[Message], unanswered: UnansweredPolicy) -> None:
+        if unanswered not in _POLICIES:
+            raise ValueError(
+                f"unanswered must be one of {', '.join(_POLICIES)}, got {unanswered!r}"
+            )
+        self.messages = messages
+        self.unanswered = unanswered
+        self.pairing = pair_tool_calls(messages)
+        self.pins = pinned_indices(messages)
+        self.events: list[_Event] = []
+
+    def run(self) -> tuple[list[Message], list[_Event]]:
+        out: list[Message] = []
+        for index, msg in enumerate(self.messages):
+            role = msg.get("role")
+            if role == "tool":
+                if index not in self.pairing.call_of:
+                    self.events.append(self._dropped_result(index, msg))
+                # A paired result is emitted in its call's block, right after the call.
+                continue
+            calls = msg.get("tool_calls")
+            if role == "assistant" and isinstance(calls, list):
+                out.extend(self._step(index) if calls else self._without_empty_calls(index))
+                continue
+            out.append(msg)
+        return out, self.events
+
+    def _without_empty_calls(self, index: int) -> list[Message]:
+        # OpenAI rejects an empty tool_calls array; without the key the message is valid.
+        msg = self.messages[index]
+        self.events.append(
+            _Event(EMPTY_CALLS_DROPPED, f"message {index}: removed an empty tool_calls list", index)
+        )
+        return [{k: v for k, v in msg.items() if k != "tool_calls"}]
+
+    def _dropped_result(self, index: int, msg: Message) -> _Event:
+        cid = msg.get("tool_call_id")
+        payload = _content_payload(msg.get("content"))
+        if index in self.pairing.duplicates:
+            assistant, pos = self.pairing.duplicates[index]
+            return _Event(
+                DUPLICATE_DROPPED,
+                f"message {index}: dropped another result for call {cid!r} "
+                f"(message {assistant}, tool_calls[{pos}]); the first one is kept",
+                index,
+                payload,
+            )
+        return _Event(
+            ORPHAN_DROPPED,
+            f"message {index}: dropped a tool result for {cid!r}: no earlier call has that id",
+            index,
+            payload,
+        )
+
+    def _step(self, index: int) -> list[Message]:
+        """The assistant message at ``index`` followed by exactly one result per call."""
+        msg = self.messages[index]
+        calls: list[Any] = msg["tool_calls"]
+        block_end = index + 1
+        while block_end < len(self.messages) and self.messages[block_end].get("role") == "tool":
+            block_end += 1
+        block = range(index + 1, block_end)
+        results = [self.pairing.result_of.get((index, pos)) for pos in range(len(calls))]
+        ids = [tool_call_id(call) for call in calls]
+        if (
+            None not in ids
+            and None not in results
+            and set(results) == set(block)
+            and not self.pairing.positional.intersection(block)
+        ):
+            # Already valid: keep the block verbatim, in its own order, so that a valid history
+            # comes back identical (and the stage is idempotent).
+            return [msg, *(self.messages[j] for j in block)]
+
+        call_ids = [
+            cid if cid is not None else _derived_id(call, pos)
+            for pos, (call, cid) in enumerate(zip(calls, ids, strict=True))
+        ]
+        assistant = msg
+        if None in ids:
+            assistant = {**msg, "tool_calls": self._with_ids(index, calls, call_ids)}
+
+        missing = [pos for pos, result in enumerate(results) if result is None]
+        if missing and self.unanswered == "remove" and index not in self.pins:
+            return self._remove_calls(index, assistant, results, call_ids, block)
+
+        emitted: list[Message] = [assistant]
+        for pos, result_index in enumerate(results):
+            if result_index is not None:
+                emitted.append(self._placed(result_index, index, call_ids[pos], block))
+                continue
+            emitted.append(_synthesized(call_ids[pos], _call_name(calls[pos])))
+            pinned_note = ""
+            if self.unanswered == "remove":
+                pinned_note = " (the message is pinned, so its call is kept)"
+            self.events.append(
+                _Event(
+                    RESULT_SYNTHESIZED,
+                    f"message {index}: call {call_ids[pos]!r} ({_call_name(calls[pos])}) was "
+                    f"not answered; added an interrupted result{pinned_note}",
+                    index,
+                )
+            )
+        return emitted
+
+    def _with_ids(self, index: int, calls: list[Any], call_ids: list[str]) -> list[Any]:
+        new_calls: list[Any] = []
+        for pos, call in enumerate(calls):
+            if tool_call_id(call) is not None:
+                new_calls.append(call)
+                continue
+            new_calls.append({**call, "id": call_ids[pos]} if isinstance(call, Mapping) else call)
+            self.events.append(
+                _Event(
+                    ID_ASSIGNED,
+                    f"message {index}: tool_calls[{pos}] ({_call_name(call)}) had no id; "
+                    f"assigned {call_ids[pos]}",
+                    index,
+                )
+            )
+        return new_calls
+
+    def _placed(self, result_index: int, index: int, call_id: str, block: range) -> Message:
+        result = self.messages[result_index]
+        if result_index in self.pairing.positional:
+            result = {**result, "tool_call_id": call_id}
+        if result_index not in block:
+            self.events.append(
+                _Event(
+                    RESULT_MOVED,
+                    f"message {result_index}: result for call {call_id!r} moved into the block "
+                    f"after message {index}",
+                    result_index,
+                )
+            )
+        return result
+
+    def _remove_calls(
+        self,
+        index: int,
+        assistant: Message,
+        results: list[int | None],
+        call_ids: list[str],
+        block: range,
+    ) -> list[Message]:
+        calls: list[Any] = assistant["tool_calls"]
+        removed = [call for call, result in zip(calls, results, strict=True) if result is None]
+        names = ", ".join(f"{tool_call_id(call)!r} ({_call_name(call)})" for call in removed)
+        self.events.append(
+            _Event(
+                CALL_REMOVED,
+                f"message {index}: removed {len(removed)} unanswered call(s): {names}",
+                index,
+                _json(removed),
+            )
+        )
+        answered = [(pos, r) for pos, r in enumerate(results) if r is not None]
+        if answered:
+            kept: Message = {**assistant, "tool_calls": [calls[pos] for pos, _ in answered]}
+            return [kept, *(self._placed(r, index, call_ids[pos], block) for pos, r in answered)]
+        bare = {k: v for k, v in assistant.items() if k != "tool_calls"}
+        if not _is_empty_assistant(bare):
+            return [bare]
+        self.events.append(
+            _Event(
+                MESSAGE_DROPPED,
+                f"message {index}: dropped the assistant message: empty once its calls were "
+                "removed",
+                index,
+                _json(self.messages[index]),
+            )
+        )
+        return []
+
+
+# --- helpers --------------------------------------------------------------------------------
+
+
+def _derived_id(call: object, pos: int) -> str:
+    """A stable id for an id-less call: the same history always yields the same id.
+
+    The message index is left out on purpose: content stages shift indices, and an id that
+    changed with them would break the prompt-cache prefix on every call.
+    """
+    function = call.get("function") if isinstance(call, Mapping) else None
+    name = function.get("name") if isinstance(function, Mapping) else None
+    arguments = function.get("arguments") if isinstance(function, Mapping) else None
+    seed = json.dumps([pos, name, arguments], ensure_ascii=False, sort_keys=True, default=str)
+    return "call_ctxrules_" + hashlib.sha256(seed.encode("utf-8", "surrogatepass")).hexdigest()[:24]
+
+
+def _call_name(call: object) -> str:
+    if isinstance(call, Mapping):
+        for key in ("function", "custom"):
+            inner = call.get(key)
+            if isinstance(inner, Mapping) and isinstance(inner.get("name"), str):
+                return str(inner["name"])
+    return "?"
+
+
+def _synthesized(call_id: str, name: str) -> Message:
+    result: Message = {
+        "role": "tool",
+        "tool_call_id": call_id,
+        "content": (
+            f"[ctxrules:interrupted] tool call was not answered: no result was recorded for "
+            f"{name} (call {call_id}). Run it again if its result is still needed."
+        ),
+    }
+    return mark_injected(result, "interrupted")
+
+
+def _is_empty_assistant(msg: Mapping[str, Any]) -> bool:
+    """No content an API would accept on its own (text, parts, legacy call, refusal, audio)."""
+    if any(msg.get(key) for key in ("function_call", "refusal", "audio")):
+        return False
+    content = msg.get("content")
+    if isinstance(content, str):
+        return not content.strip()
+    if isinstance(content, list):
+        return all(
+            isinstance(part, Mapping)
+            and part.get("type") == "text"
+            and not str(part.get("text") or "").strip()
+            for part in content
+        )
+    return content is None
+
+
+def _content_payload(content: object) -> str:
+    """What the vault keeps for a dropped result: text as is, anything else as JSON."""
+    return content if isinstance(content, str) else _json(content)
+
+
+def _json(value: object) -> str:
+    return json.dumps(value, ensure_ascii=False, default=str)
+
+
+# --- the stage ------------------------------------------------------------------------------
+
+
+class ToolPairRepair:
+    """The ``normalize.tool_pairs`` stage: :func:`repair_tool_pairs` plus the vault.
+
+    Options (``with:``): ``unanswered: synthesize | remove`` (default ``synthesize``).
+    """
+
+    def __init__(self, options: Mapping[str, Any] | None = None) -> None:
+        options = dict(options or {})
+        unknown = sorted(set(options) - {"unanswered"})
+        if unknown:
+            raise ValueError(f"normalize.tool_pairs: unknown option(s) {', '.join(unknown)}")
+        policy = options.get("unanswered", "synthesize")
+        if policy not in _POLICIES:
+            raise ValueError(
+                f"normalize.tool_pairs: unanswered must be one of {', '.join(_POLICIES)}, "
+                f"got {policy!r}"
+            )
+        self.unanswered: UnansweredPolicy = policy
+
+    def __repr__(self) -> str:
+        return f"ToolPairRepair(unanswered={self.unanswered!r})"
+
+    def __call__(self, messages: Sequence[Message], ctx: StageContext) -> StageOutcome:
+        out, events = _Repair(messages, self.unanswered).run()
+        actions = [
+            event.action(ctx.vault.put_text(event.payload) if event.payload is not None else None)
+            for event in events
+        ]
+        return StageOutcome(messages=out, actions=actions)
+
+
+STAGE_TYPE = StageType(
+    name="normalize.tool_pairs",
+    phase="integrity",
+    essential=True,
+    factory=ToolPairRepair,
+    description=(
+        "Pairs tool calls and results by id so that every call is answered exactly once in "
+        "the block right after it and no result is orphaned; dropped results go to the vault."
+    ),
+    options_schema={
+        "type": "object",
+        "title": "normalize.tool_pairs options",
+        "description": "How tool calls and their results are repaired.",
+        "additionalProperties": False,
+        "properties": {
+            "unanswered": {
+                "title": "Unanswered tool calls",
+                "description": (
+                    "What to do with a tool call that has no result: 'synthesize' adds a marked "
+                    "'interrupted' tool result; 'remove' removes the call from its assistant "
+                    "message (a pinned message keeps its call and gets a synthesized result)."
+                ),
+                "type": "string",
+                "enum": list(_POLICIES),
+                "default": "synthesize",
+            },
+        },
+    },
+)
+
+
+@hookimpl
+def ctxrules_register_stages(register: Callable[[StageType], None]) -> None:
+    """Built-ins register through the same hook as third-party plugins (see ``plugins``)."""
+    register(STAGE_TYPE)

@@ -1,0 +1,498 @@
+"""The vault: a content-addressed store for everything that leaves the context.
+
+Whatever a stage removes or shortens goes here first (DESIGN.md invariant 3), and the context
+keeps a one-line marker that points back to it::
+
+    [ctxrules:elided kind=lines count=120 ref=vault://<sha256>#L10-L129]
+
+Layout on disk (``root`` is ``<session>/vault``)::
+
+    root/ab/ab12...ef          the stored bytes, named by their full sha256 hex id
+    root/ab/ab12...ef.meta     optional JSON sidecar ({"media_type": ...}) for media
+
+A *line* is what ends with ``\\n`` (``\\r\\n`` stays part of its line; a lone ``\\r`` is not a
+break), as for ``sed -n A,Bp`` and GitHub's ``#L<a>-L<b>`` anchors, so a line range is
+byte-exact whatever the line endings are. Stages that count lines for a marker use
+:func:`split_lines` so the counts agree with :meth:`Vault.get_lines`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import re
+import tempfile
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ctxrules.errors import CtxrulesError
+
+__all__ = [
+    "MARKER_KINDS",
+    "MARKER_RE",
+    "MIN_PREFIX",
+    "Marker",
+    "Vault",
+    "VaultError",
+    "format_marker",
+    "format_ref",
+    "parse_marker",
+    "parse_markers",
+    "parse_ref",
+    "split_lines",
+]
+
+MIN_PREFIX = 12
+"""Shortest id prefix :meth:`Vault.get` accepts (DESIGN.md: "a unique prefix of ≥ 12 hex")."""
+
+_ID_LEN = 64
+_HEX_RE = re.compile(r"[0-9a-f]+")
+_META_SUFFIX = ".meta"
+_TMP_PREFIX = ".tmp-"
+# Lone surrogates survive json.loads; "surrogatepass" keeps them storable and round-trippable
+# instead of failing a stage on a transcript that contains one.
+_TEXT_ERRORS = "surrogatepass"
+
+
+class VaultError(CtxrulesError):
+    """A vault id is malformed, unknown, ambiguous, or its content is corrupt."""
+
+
+def split_lines(data: bytes) -> list[bytes]:
+    """Split ``data`` into lines that keep their terminators (only ``\\n`` ends a line).
+
+    ``bytes.splitlines`` would also break at a lone ``\\r``, which no editor or ``#L`` anchor
+    counts as a line, so a range computed one way would not come back byte-exact the other way.
+    """
+    if not data:
+        return []
+    parts = data.split(b"\n")
+    lines = [part + b"\n" for part in parts[:-1]]
+    if parts[-1]:
+        lines.append(parts[-1])
+    return lines
+
+
+def _normalize_id(id_or_prefix: str) -> str:
+    """Validate an id or prefix; ids name files, so only plain hex ever reaches the filesystem."""
+    if not isinstance(id_or_prefix, str):
+        raise VaultError(f"vault id must be a string, got {type(id_or_prefix).__name__}")
+    candidate = id_or_prefix.strip().lower()
+    candidate = candidate.removeprefix("vault://")
+    if not candidate:
+        raise VaultError("empty vault id")
+    if not _HEX_RE.fullmatch(candidate):
+        raise VaultError(f"invalid vault id {id_or_prefix!r}: expected hex digits (0-9, a-f)")
+    if len(candidate) > _ID_LEN:
+        raise VaultError(
+            f"invalid vault id {id_or_prefix!r}: longer than a sha256 id ({_ID_LEN} hex digits)"
+        )
+    if len(candidate) < MIN_PREFIX:
+        raise VaultError(
+            f"vault id prefix {id_or_prefix!r} is too short: give at least {MIN_PREFIX} hex digits"
+        )
+    return candidate
+
+
+def _ensure_dir(path: Path) -> None:
+    """Create ``path`` and missing parents as 0700: the vault holds unredacted originals."""
+    missing: list[Path] = []
+    probe = path
+    while not probe.exists():
+        missing.append(probe)
+        if probe.parent == probe:
+            break
+        probe = probe.parent
+    for directory in reversed(missing):
+        with contextlib.suppress(FileExistsError):  # a concurrent writer may win the race
+            directory.mkdir(mode=0o700)
+            # mkdir's mode is filtered by the umask; set it explicitly so it is exactly 0700.
+            os.chmod(directory, 0o700)
+
+
+class Vault:
+    """A content-addressed store rooted at ``root`` (a session's ``vault/`` directory).
+
+    Nothing is created until the first ``put``; reading an empty or missing vault reports
+    "not found". Writes are atomic (temporary file in the target directory, then
+    ``os.replace``), so a reader never sees a half-written file, and idempotent.
+    """
+
+    def __init__(self, root: Path) -> None:
+        self._root = Path(root)
+
+    @classmethod
+    def for_session(cls, session_dir: Path) -> Vault:
+        """The vault of the session directory ``session_dir`` (``<session>/vault``)."""
+        return cls(Path(session_dir) / "vault")
+
+    @property
+    def root(self) -> Path:
+        return self._root
+
+    def __repr__(self) -> str:
+        return f"Vault({str(self._root)!r})"
+
+    # --- writing ----------------------------------------------------------------------------
+
+    def put_text(self, text: str) -> str:
+        """Store ``text`` as its UTF-8 bytes; return the id (sha256 hex of those bytes)."""
+        return self._put(text.encode("utf-8", _TEXT_ERRORS), None)
+
+    def put_bytes(self, data: bytes, media_type: str | None = None) -> str:
+        """Store raw bytes (media); return the id (sha256 hex of ``data``)."""
+        if not isinstance(data, bytes | bytearray | memoryview):
+            raise TypeError(f"put_bytes() needs bytes, got {type(data).__name__}")
+        return self._put(bytes(data), media_type)
+
+    def _put(self, data: bytes, media_type: str | None) -> str:
+        try:
+            return self._put_unchecked(data, media_type)
+        except OSError as exc:
+            # A full disk or a read-only session directory is the user's to fix, not a bug.
+            raise VaultError(f"cannot write to the vault at {self._root}: {exc}") from exc
+
+    def _put_unchecked(self, data: bytes, media_type: str | None) -> str:
+        vault_id = hashlib.sha256(data).hexdigest()
+        path = self._path(vault_id)
+        if not self._intact(path, vault_id):
+            # Missing, or corrupt: rewriting repairs it, and the bytes are the same either way.
+            _ensure_dir(path.parent)
+            self._write_atomic(path, data)
+        if media_type is not None:
+            meta = json.dumps({"media_type": media_type}, sort_keys=True).encode("utf-8")
+            meta_path = path.with_name(path.name + _META_SUFFIX)
+            if not meta_path.is_file() or meta_path.read_bytes() != meta:
+                self._write_atomic(meta_path, meta)
+        return vault_id
+
+    @staticmethod
+    def _intact(path: Path, vault_id: str) -> bool:
+        try:
+            return hashlib.sha256(path.read_bytes()).hexdigest() == vault_id
+        except FileNotFoundError:
+            return False
+
+    @staticmethod
+    def _write_atomic(path: Path, data: bytes) -> None:
+        fd, tmp_name = tempfile.mkstemp(prefix=_TMP_PREFIX, dir=path.parent)
+        try:
+            with os.fdopen(fd, "wb") as handle:
+                os.fchmod(handle.fileno(), 0o600)
+                handle.write(data)
+                handle.flush()
+                # Durable before visible: after a crash the id either resolves to the full
+                # content or not at all.
+                os.fsync(handle.fileno())
+            os.replace(tmp_name, path)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp_name)
+            raise
+
+    # --- reading ----------------------------------------------------------------------------
+
+    def resolve(self, id_or_prefix: str) -> str:
+        """The full id for an id or a unique prefix (≥ 12 hex digits, ``vault://`` allowed)."""
+        candidate = _normalize_id(id_or_prefix)
+        if len(candidate) == _ID_LEN:
+            if self._path(candidate).is_file():
+                return candidate
+            raise VaultError(f"vault id {candidate} not found in {self._root}")
+        matches = [vid for vid in self._ids_in_shard(candidate[:2]) if vid.startswith(candidate)]
+        if not matches:
+            raise VaultError(f"no vault entry starts with {candidate} in {self._root}")
+        if len(matches) > 1:
+            shown = ", ".join(sorted(matches)[:5])
+            raise VaultError(
+                f"vault id prefix {candidate} is ambiguous ({len(matches)} entries: {shown}); "
+                "give more digits"
+            )
+        return matches[0]
+
+    def get(self, id_or_prefix: str) -> bytes:
+        """The exact stored bytes, verified against their id."""
+        vault_id = self.resolve(id_or_prefix)
+        try:
+            data = self._path(vault_id).read_bytes()
+        except OSError as exc:
+            raise VaultError(f"cannot read vault entry {vault_id}: {exc}") from exc
+        actual = hashlib.sha256(data).hexdigest()
+        if actual != vault_id:
+            raise VaultError(
+                f"vault entry {vault_id} is corrupt: its content hashes to {actual} "
+                f"({self._path(vault_id)})"
+            )
+        return data
+
+    def get_text(self, id_or_prefix: str) -> str:
+        """The stored text (inverse of :meth:`put_text`)."""
+        return self.get(id_or_prefix).decode("utf-8", _TEXT_ERRORS)
+
+    def get_lines(self, id_or_prefix: str, first: int, last: int) -> bytes:
+        """Lines ``first``..``last`` (1-based, inclusive, as ``#L<a>-L<b>``), byte-exact."""
+        if first < 1 or last < first:
+            raise VaultError(f"invalid line range {first}-{last}: need 1 <= first <= last")
+        lines = split_lines(self.get(id_or_prefix))
+        if last > len(lines):
+            raise VaultError(
+                f"line range {first}-{last} is outside vault entry {id_or_prefix} "
+                f"({len(lines)} lines)"
+            )
+        return b"".join(lines[first - 1 : last])
+
+    def media_type(self, id_or_prefix: str) -> str | None:
+        """The media type recorded by :meth:`put_bytes`, if any."""
+        vault_id = self.resolve(id_or_prefix)
+        meta_path = self._path(vault_id).with_name(vault_id + _META_SUFFIX)
+        try:
+            meta = json.loads(meta_path.read_bytes())
+        except FileNotFoundError:
+            return None
+        value = meta.get("media_type") if isinstance(meta, dict) else None
+        return value if isinstance(value, str) else None
+
+    def exists(self, id_or_prefix: str) -> bool:
+        """Whether an entry has this id (or starts with this prefix).
+
+        A malformed id raises :class:`VaultError` like :meth:`get`: ``exists("../x")`` is a
+        caller's bug, not a missing entry.
+        """
+        candidate = _normalize_id(id_or_prefix)
+        if len(candidate) == _ID_LEN:
+            return self._path(candidate).is_file()
+        return any(vid.startswith(candidate) for vid in self._ids_in_shard(candidate[:2]))
+
+    def list_ids(self) -> list[str]:
+        """Every stored id, sorted."""
+        if not self._root.is_dir():
+            return []
+        ids: list[str] = []
+        for shard in self._root.iterdir():
+            if shard.is_dir() and len(shard.name) == 2 and _HEX_RE.fullmatch(shard.name):
+                ids.extend(self._ids_in_shard(shard.name))
+        return sorted(ids)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.list_ids())
+
+    # --- paths ------------------------------------------------------------------------------
+
+    def _path(self, vault_id: str) -> Path:
+        # Sharding by two hex digits keeps directories small (256 shards) for long sessions.
+        return self._root / vault_id[:2] / vault_id
+
+    def _ids_in_shard(self, shard: str) -> list[str]:
+        directory = self._root / shard
+        try:
+            names = os.listdir(directory)
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+        return [
+            name
+            for name in names
+            if len(name) == _ID_LEN and name.startswith(shard) and _HEX_RE.fullmatch(name)
+        ]
+
+
+# --- markers --------------------------------------------------------------------------------
+
+MARKER_KINDS: tuple[str, ...] = ("lines", "tokens", "json", "image", "message")
+"""The kinds DESIGN.md defines; :func:`parse_markers` also accepts kinds added later."""
+
+_KEY = r"[A-Za-z_][A-Za-z0-9_.-]*"
+_QUOTED = r'"(?:[^"\\\r\n]|\\.)*"'
+_BARE = r'[^\s"\]]+'
+_FIELD = rf"{_KEY}=(?:{_QUOTED}|{_BARE})"
+MARKER_RE = re.compile(rf"\[ctxrules:elided((?:[ \t]+{_FIELD})*)[ \t]*\]")
+"""Matches one marker; group 1 holds its fields. :func:`parse_markers` checks the fields."""
+
+_FIELD_RE = re.compile(rf"({_KEY})=({_QUOTED}|{_BARE})")
+_REF_RE = re.compile(r"vault://([0-9a-f]{12,64})(?:#L([0-9]+)-L([0-9]+))?")
+_KIND_RE = re.compile(r"[a-z][a-z0-9_]*")
+_COUNT_RE = re.compile(r"[0-9]+")
+_BARE_RE = re.compile(_BARE)
+_RESERVED = frozenset({"kind", "count", "ref"})
+_ESCAPES = {"\\": "\\\\", '"': '\\"', "\n": "\\n", "\r": "\\r", "\t": "\\t"}
+_UNESCAPES = {"n": "\n", "r": "\r", "t": "\t"}
+_LINE_BREAKS = frozenset("\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029")
+_HEXDIGITS = frozenset("0123456789abcdefABCDEF")
+
+
+@dataclass(frozen=True)
+class Marker:
+    """One parsed elision marker. ``span`` is its ``(start, end)`` in the parsed text."""
+
+    kind: str
+    count: int
+    vault_id: str
+    lines: tuple[int, int] | None = None
+    extra: Mapping[str, str] = field(default_factory=dict)
+    span: tuple[int, int] = (0, 0)
+
+    @property
+    def ref(self) -> str:
+        """The pointer as written: ``vault://<id>`` plus ``#L<a>-L<b>`` when it has a range."""
+        return format_ref(self.vault_id, self.lines)
+
+
+def format_ref(vault_id: str, lines: tuple[int, int] | None = None) -> str:
+    """``vault://<id>`` with an optional ``#L<a>-L<b>`` range."""
+    ref = f"vault://{vault_id}"
+    if lines is not None:
+        ref += f"#L{lines[0]}-L{lines[1]}"
+    return ref
+
+
+def parse_ref(ref: str) -> tuple[str, tuple[int, int] | None]:
+    """Split ``vault://<id>[#L<a>-L<b>]`` (or a bare id) into the id and the line range."""
+    text = ref.strip()
+    if not text.startswith("vault://"):
+        text = "vault://" + text
+    pointer, hash_mark, anchor = text.partition("#")
+    # Ids are hex and case-insensitive for users; the "#L" anchor is written upper-case.
+    match = _REF_RE.fullmatch(pointer.lower() + hash_mark + anchor)
+    if match is None:
+        raise VaultError(f"invalid vault pointer {ref!r}: expected vault://<id>[#L<a>-L<b>]")
+    lines = _lines(match.group(2), match.group(3))
+    if match.group(2) is not None and lines is None:
+        raise VaultError(f"invalid line range in {ref!r}: need 1 <= a <= b")
+    return match.group(1), lines
+
+
+def _lines(first: str | None, last: str | None) -> tuple[int, int] | None:
+    if first is None or last is None:
+        return None
+    a, b = int(first), int(last)
+    return (a, b) if 1 <= a <= b else None
+
+
+def _quote(value: str) -> str:
+    if value and _BARE_RE.fullmatch(value):
+        return value
+    return '"' + "".join(_escape(ch) for ch in value) + '"'
+
+
+def _escape(ch: str) -> str:
+    if ch in _ESCAPES:
+        return _ESCAPES[ch]
+    if ch in _LINE_BREAKS:
+        # str.splitlines() breaks at these too; escaping keeps a marker on one line for
+        # every reader, not only for those that split at "\n".
+        return f"\\u{ord(ch):04x}"
+    return ch
+
+
+def _unquote(raw: str) -> str:
+    if not raw.startswith('"'):
+        return raw
+    body = raw[1:-1]
+    out: list[str] = []
+    i = 0
+    while i < len(body):
+        ch = body[i]
+        if ch != "\\":
+            out.append(ch)
+            i += 1
+            continue
+        escaped = body[i + 1]  # MARKER_RE guarantees a character after every backslash
+        code = body[i + 2 : i + 6]
+        if escaped == "u" and len(code) == 4 and all(c in _HEXDIGITS for c in code):
+            out.append(chr(int(code, 16)))
+            i += 6
+        else:
+            out.append(_UNESCAPES.get(escaped, escaped))
+            i += 2
+    return "".join(out)
+
+
+def format_marker(
+    kind: str,
+    count: int,
+    vault_id: str,
+    *,
+    lines: tuple[int, int] | None = None,
+    **extra: object,
+) -> str:
+    """The marker line for an elision: ``[ctxrules:elided kind=.. count=.. ref=vault://..]``.
+
+    ``extra`` fields follow the three required ones in the order given; values are written
+    bare when they contain no space, quote or ``]``, and quoted (with ``\\`` escapes) otherwise,
+    so a marker is always a single line.
+    """
+    if kind not in MARKER_KINDS:
+        raise ValueError(
+            f"unknown marker kind {kind!r} (expected one of {', '.join(MARKER_KINDS)})"
+        )
+    if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+        raise ValueError(f"marker count must be a non-negative int, got {count!r}")
+    if len(vault_id) != _ID_LEN or not _HEX_RE.fullmatch(vault_id):
+        raise ValueError(
+            f"marker needs a full vault id (64 lowercase hex digits), got {vault_id!r}"
+        )
+    if lines is not None and not (
+        isinstance(lines[0], int) and isinstance(lines[1], int) and 1 <= lines[0] <= lines[1]
+    ):
+        raise ValueError(f"invalid line range {lines!r}: need 1 <= a <= b")
+    parts = [f"kind={kind}", f"count={count}", f"ref={format_ref(vault_id, lines)}"]
+    for key, value in extra.items():
+        if key in _RESERVED or not re.fullmatch(_KEY, key):
+            raise ValueError(f"invalid extra marker field name {key!r}")
+        parts.append(f"{key}={_quote(str(value))}")
+    return "[ctxrules:elided " + " ".join(parts) + "]"
+
+
+def _marker_from_match(match: re.Match[str]) -> Marker | None:
+    fields: dict[str, str] = {}
+    for field_match in _FIELD_RE.finditer(match.group(1)):
+        key = field_match.group(1)
+        if key in fields:
+            return None  # ambiguous: which value would the writer have meant?
+        fields[key] = _unquote(field_match.group(2))
+    kind, count, ref = fields.pop("kind", None), fields.pop("count", None), fields.pop("ref", None)
+    if kind is None or count is None or ref is None:
+        return None
+    if not _KIND_RE.fullmatch(kind) or not _COUNT_RE.fullmatch(count):
+        return None
+    ref_match = _REF_RE.fullmatch(ref)
+    if ref_match is None:
+        return None
+    lines = _lines(ref_match.group(2), ref_match.group(3))
+    if ref_match.group(2) is not None and lines is None:
+        return None
+    return Marker(
+        kind=kind,
+        count=int(count),
+        vault_id=ref_match.group(1),
+        lines=lines,
+        extra=fields,
+        span=match.span(),
+    )
+
+
+def parse_markers(text: str) -> list[Marker]:
+    """Every well-formed marker in ``text``, in order.
+
+    Fields may come in any order and unknown fields are kept in ``extra`` (the grammar only
+    ever grows). Text that looks like a marker but lacks ``kind``, ``count`` or a valid ``ref``
+    is not a marker and is skipped.
+    """
+    markers: list[Marker] = []
+    for match in MARKER_RE.finditer(text):
+        marker = _marker_from_match(match)
+        if marker is not None:
+            markers.append(marker)
+    return markers
+
+
+def parse_marker(text: str) -> Marker:
+    """Parse ``text`` that must be exactly one marker (surrounding whitespace allowed)."""
+    stripped = text.strip()
+    match = MARKER_RE.fullmatch(stripped)
+    marker = _marker_from_match(match) if match is not None else None
+    if marker is None:
+        raise VaultError(f"not a ctxrules marker: {text[:200]!r}")
+    return marker

@@ -1,0 +1,421 @@
+"""The message-list model: validation, injected markers, steps, exchanges, pins, text."""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ctxrules.errors import MessagesError
+from ctxrules.messages import (
+    exchanges,
+    injected_kind,
+    is_injected,
+    is_real_user,
+    mark_injected,
+    message_text,
+    pair_tool_calls,
+    pinned_indices,
+    replace_text,
+    split_input,
+    steps,
+    validate_messages,
+)
+
+TRANSCRIPTS = Path(__file__).resolve().parents[2] / "shared" / "corpus" / "transcripts"
+CORPUS = sorted(p for p in TRANSCRIPTS.glob("*.json") if p.name != "stats.json")
+
+Msg = dict[str, Any]
+
+
+def call(cid: str, name: str = "Bash", arguments: str = "{}") -> Msg:
+    return {"id": cid, "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+def asst(*ids: str, content: str | None = "") -> Msg:
+    msg: Msg = {"role": "assistant", "content": content}
+    if ids:
+        msg["tool_calls"] = [call(i) for i in ids]
+    return msg
+
+
+def tool(cid: str, content: str = "ok") -> Msg:
+    return {"role": "tool", "tool_call_id": cid, "content": content}
+
+
+def user(text: str) -> Msg:
+    return {"role": "user", "content": text}
+
+
+# --- validation -----------------------------------------------------------------------------
+
+
+def test_valid_list_and_object_forms_are_accepted() -> None:
+    messages = [{"role": "system", "content": "s"}, user("hi"), asst("a"), tool("a")]
+    assert validate_messages(messages) == messages
+    tools = [{"type": "function", "function": {"name": "Bash"}}]
+    assert validate_messages({"messages": messages, "tools": tools}) == messages
+    assert split_input({"messages": messages, "tools": tools, "model": "x"}) == (messages, tools)
+    assert split_input(messages) == (messages, None)
+
+
+def test_validate_returns_a_new_list_and_never_mutates() -> None:
+    messages = [user("hi"), asst("a", content=None), tool("a")]
+    snapshot = copy.deepcopy(messages)
+    out = validate_messages(messages)
+    assert out is not messages
+    assert messages == snapshot
+
+
+@pytest.mark.parametrize(
+    ("messages", "expected"),
+    [
+        ([user("x"), "not a message"], r"message 1: expected an object, got string"),
+        ([{"content": "x"}], r"message 0: missing 'role'"),
+        ([{"role": 3, "content": "x"}], r"message 0: 'role' must be a string"),
+        ([user("x"), {"role": "robot", "content": "x"}], r"message 1: unknown role 'robot'"),
+        ([{"role": "user", "content": None}], r"message 0 \(user\): 'content' must be"),
+        ([{"role": "user"}], r"message 0 \(user\): 'content' must be"),
+        ([user("a"), {"role": "user", "content": 42}], r"message 1 \(user\): 'content' must be"),
+        ([{"role": "user", "content": ["x"]}], r"message 0 \(user\), content part 0"),
+        ([{"role": "user", "content": [{"type": "text"}]}], r"content part 0: a text part"),
+        ([{"role": "user", "content": [{"text": "x"}]}], r"content part 0: missing"),
+        (
+            [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}],
+            r"image_url part needs",
+        ),
+        (
+            [user("x"), {"role": "assistant", "content": "", "tool_calls": {"id": "a"}}],
+            r"message 1 \(assistant\): 'tool_calls' must be a list",
+        ),
+        (
+            [{"role": "user", "content": "x", "tool_calls": [call("a")]}],
+            r"message 0 \(user\): 'tool_calls' is only valid on assistant",
+        ),
+        (
+            [
+                user("x"),
+                {"role": "assistant", "content": None, "tool_calls": [{"function": {"name": "a"}}]},
+            ],
+            r"message 1 \(assistant\), tool_calls\[0\]: missing 'id'",
+        ),
+        (
+            [{"role": "assistant", "content": None, "tool_calls": [call("a"), {"id": "b"}]}],
+            r"tool_calls\[1\]: missing 'function'",
+        ),
+        (
+            [{"role": "assistant", "content": None, "tool_calls": ["a"]}],
+            r"tool_calls\[0\]: expected an object",
+        ),
+        (
+            [{"role": "tool", "tool_call_id": 7, "content": "x"}],
+            r"message 0 \(tool\): 'tool_call_id' must be a string",
+        ),
+    ],
+)
+def test_structural_errors_name_the_message_index(messages: list[Any], expected: str) -> None:
+    with pytest.raises(MessagesError, match=expected):
+        validate_messages(messages)
+
+
+@pytest.mark.parametrize(
+    ("obj", "expected"),
+    [
+        ("text", "expected a JSON list"),
+        ({"msgs": []}, "no 'messages'"),
+        ({"messages": {}}, "'messages' must be a list"),
+        ({"messages": [], "tools": {}}, "'tools' must be a list"),
+        ({"messages": [], "tools": ["Bash"]}, "tool 0: expected an object"),
+    ],
+)
+def test_bad_input_shapes_are_reported(obj: object, expected: str) -> None:
+    with pytest.raises(MessagesError, match=expected):
+        validate_messages(obj)
+
+
+def test_what_agents_really_produce_is_not_fatal() -> None:
+    messages = [
+        user("go"),
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [call("a", arguments="{not json"), call("b", arguments="")],
+        },
+        tool("a"),
+        tool("never-called"),  # the pair stage repairs this
+        {"role": "assistant", "content": [{"type": "text", "text": "x"}, {"type": "thinking"}]},
+        {
+            "role": "user",
+            "content": [
+                {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}},
+                {"type": "input_audio", "input_audio": {"data": "..."}},
+            ],
+        },
+        {"role": "assistant", "content": None, "tool_calls": None},
+        {"role": "function", "name": "legacy", "content": "42"},
+        {"role": "developer", "content": "be brief", "x-unknown": {"kept": True}},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [{"id": "c", "type": "custom", "custom": {"name": "apply_patch"}}],
+        },
+    ]
+    assert validate_messages(messages) == messages
+
+
+@pytest.mark.parametrize("path", CORPUS, ids=lambda p: p.stem)
+def test_every_corpus_transcript_validates(path: Path) -> None:
+    messages = json.loads(path.read_text())
+    assert validate_messages(messages) == messages
+
+
+# --- injected messages ----------------------------------------------------------------------
+
+
+def test_metadata_key_or_leading_tag_marks_a_message_injected() -> None:
+    assert is_injected({"role": "user", "content": "summary", "ctxrules": {"kind": "summary"}})
+    assert is_injected(user("<ctxrules:summary>\n...\n</ctxrules:summary>"))
+    assert is_injected(user("  \n<ctxrules:notes v=1>x"))
+    assert is_injected(
+        {"role": "user", "content": [{"type": "text", "text": "<ctxrules:reread/>"}]}
+    )
+    assert injected_kind(user("<ctxrules:reread>x")) == "reread"
+    assert (
+        injected_kind({"role": "user", "content": "", "ctxrules": {"kind": "notice"}}) == "notice"
+    )
+
+
+def test_humans_mentioning_the_tag_stay_real() -> None:
+    assert is_real_user(user("what does <ctxrules:summary> mean?"))
+    assert is_real_user(user("<ctxrules: is that a tag?"))  # no kind: not a tag
+    assert is_real_user(user("<ctxrulesfoo>"))
+    assert not is_real_user(asst())
+    assert not is_real_user(tool("a"))
+
+
+def test_an_elided_real_user_message_is_still_real() -> None:
+    marker = "[ctxrules:elided kind=message count=1 ref=vault://" + "a" * 64 + "]"
+    assert is_real_user(user(marker))
+
+
+def test_mark_injected_adds_metadata_and_tag_and_is_idempotent() -> None:
+    original = {"role": "user", "content": "remember X", "name": "kept"}
+    marked = mark_injected(original, "notes", source="ledger")
+    assert original == {"role": "user", "content": "remember X", "name": "kept"}
+    assert marked["ctxrules"] == {"kind": "notes", "source": "ledger"}
+    assert marked["content"] == "<ctxrules:notes>\nremember X\n</ctxrules:notes>"
+    assert marked["name"] == "kept"
+    assert is_injected(marked) and not is_real_user(marked)
+    assert mark_injected(marked, "notes", source="ledger") == marked
+    # Even if an SDK strips the metadata key, the tag keeps it from being taken as real.
+    stripped = {k: v for k, v in marked.items() if k != "ctxrules"}
+    assert not is_real_user(stripped)
+
+
+def test_mark_injected_keeps_an_existing_tag_and_non_text_parts() -> None:
+    tagged = mark_injected(user("<ctxrules:summary v=2>\nbody\n</ctxrules:summary>"), "summary")
+    assert tagged["content"].startswith("<ctxrules:summary v=2>")
+    image = {"type": "image_url", "image_url": {"url": "data:,"}}
+    parts = mark_injected({"role": "user", "content": [image]}, "reread")
+    assert parts["content"] == [{"type": "text", "text": "<ctxrules:reread/>"}, image]
+    assert is_injected({k: v for k, v in parts.items() if k != "ctxrules"})
+    with pytest.raises(ValueError):
+        mark_injected(user("x"), "Bad Kind")
+
+
+# --- text -----------------------------------------------------------------------------------
+
+
+def test_message_text_and_replace_text() -> None:
+    image = {"type": "image_url", "image_url": {"url": "data:,"}}
+    msg = {
+        "role": "user",
+        "content": [
+            image,
+            {"type": "text", "text": "a", "cache_control": {"type": "ephemeral"}},
+            {"type": "text", "text": "b"},
+        ],
+        "extra": 1,
+    }
+    assert message_text(msg) == "a\nb"
+    replaced = replace_text(msg, "new")
+    assert replaced["content"] == [
+        image,
+        {"type": "text", "text": "new", "cache_control": {"type": "ephemeral"}},
+    ]
+    assert replaced["extra"] == 1
+    assert msg["content"][1]["text"] == "a"  # input untouched
+    assert replace_text(user("old"), "new") == user("new")
+    assert replace_text(asst("a", content=None), "x")["content"] == "x"
+    assert replace_text({"role": "user", "content": [image]}, "t")["content"] == [
+        {"type": "text", "text": "t"},
+        image,
+    ]
+    assert message_text(asst(content=None)) == ""
+
+
+# --- steps, exchanges, pins -----------------------------------------------------------------
+
+
+def _check_segmentation(messages: list[Msg]) -> None:
+    """Properties that hold for every message list, valid or not."""
+    all_steps = steps(messages)
+    assistants = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
+    assert [s.assistant for s in all_steps] == assistants
+    seen: set[int] = set()
+    for step in all_steps:
+        assert not seen.intersection(step.results)
+        seen.update(step.results)
+        assert all(messages[i]["role"] in ("tool", "function") for i in step.results)
+        assert step.start == step.assistant and step.stop == max(step.indices) + 1
+    pins = pinned_indices(messages)
+    if all_steps:
+        assert set(all_steps[-1].indices) <= pins
+        # the cheap newest-step path agrees with the full segmentation
+        others = pins - set(all_steps[-1].indices)
+        assert all(messages[i]["role"] != "tool" for i in others)
+    real = [i for i, m in enumerate(messages) if is_real_user(m)]
+    if real:
+        assert real[0] in pins and real[-1] in pins
+    exs = exchanges(messages)
+    assert [e.user for e in exs] == real
+    for a, b in itertools.pairwise(exs):
+        assert a.stop == b.start
+    if exs:
+        assert exs[-1].stop == len(messages)
+        covered = [s.assistant for e in exs for s in e.steps]
+        assert covered == [a for a in assistants if a > real[0]]
+
+
+@pytest.mark.parametrize("path", CORPUS, ids=lambda p: p.stem)
+def test_segmentation_on_real_transcripts(path: Path) -> None:
+    messages: list[Msg] = json.loads(path.read_text())
+    snapshot = copy.deepcopy(messages)
+    _check_segmentation(messages)
+    all_steps = steps(messages)
+    # The corpus is valid: every tool result is in the block right after its call.
+    tools = {i for i, m in enumerate(messages) if m["role"] == "tool"}
+    assert {i for s in all_steps for i in s.results} == tools
+    for step in all_steps:
+        assert step.indices == tuple(range(step.start, step.stop))
+    pins = pinned_indices(messages)
+    first_user = next(i for i, m in enumerate(messages) if m["role"] == "user")
+    last_user = max(i for i, m in enumerate(messages) if m["role"] == "user")
+    assert first_user in pins and last_user in pins
+    assert set(all_steps[-1].indices) <= pins
+    expected = {first_user, last_user, *all_steps[-1].indices}
+    expected |= {i for i in range(first_user) if messages[i]["role"] == "system"}
+    assert pins == expected
+    assert messages == snapshot
+
+
+def test_pins_steps_and_exchanges_with_injected_messages() -> None:
+    summary = mark_injected(user("earlier work: ..."), "summary")
+    messages = [
+        {"role": "system", "content": "sys"},  # 0 pinned
+        {"role": "developer", "content": "dev"},  # 1 pinned
+        summary,  # 2 injected: not the anchor
+        user("fix the bug"),  # 3 anchor
+        asst("a", "b"),  # 4
+        tool("b"),  # 5 (out of call order, still its block)
+        tool("a"),  # 6
+        user("<ctxrules:reread>\nfile.py\n</ctxrules:reread>"),  # 7 injected (tag only)
+        asst(content="done?"),  # 8
+        user("also add a test"),  # 9 latest real user
+        asst("c"),  # 10 newest step
+        user("(typed while the tool ran)"),  # 11 latest real user
+        tool("c"),  # 12 misplaced result: belongs to the newest step
+    ]
+    s = steps(messages)
+    assert [(x.assistant, x.results) for x in s] == [(4, (5, 6)), (8, ()), (10, (12,))]
+    assert s[-1].start == 10 and s[-1].stop == 13
+    assert pinned_indices(messages) == {0, 1, 3, 11, 10, 12}
+    ex = exchanges(messages)
+    assert [(e.user, e.start, e.stop) for e in ex] == [(3, 3, 9), (9, 9, 11), (11, 11, 13)]
+    assert [st.assistant for st in ex[0].steps] == [4, 8]
+
+
+def test_pairing_follows_ids_not_positions() -> None:
+    messages = [
+        user("go"),
+        asst("x"),  # 1: unanswered (its id is reused later)
+        asst("x", "y"),  # 2
+        tool("y"),  # 3
+        tool("x"),  # 4: answers message 2 (the most recent open call "x")
+        tool("x"),  # 5: answers message 1 (the remaining open "x")
+        tool("x"),  # 6: duplicate
+        tool("z"),  # 7: orphan
+    ]
+    pairing = pair_tool_calls(messages)
+    assert pairing.call_of == {3: (2, 1), 4: (2, 0), 5: (1, 0)}
+    assert pairing.duplicates == {6: (2, 0)}
+    assert pairing.orphans == (7,)
+    assert pairing.unanswered == ()
+    s = steps(messages)
+    assert [(x.assistant, x.results) for x in s] == [(1, (5,)), (2, (3, 4, 6, 7))]
+    assert pinned_indices(messages) == {0, 2, 3, 4, 6, 7}
+
+
+def test_a_result_never_answers_a_later_call() -> None:
+    messages = [user("go"), tool("a"), asst("a")]
+    pairing = pair_tool_calls(messages)
+    assert pairing.orphans == (1,)
+    assert pairing.unanswered == ((2, 0),)
+    assert steps(messages)[0].results == ()
+
+
+def test_result_after_a_plain_reply_belongs_to_the_call_it_answers() -> None:
+    messages = [user("go"), asst("a"), asst(content="thinking..."), tool("a")]
+    s = steps(messages)
+    assert [(x.assistant, x.results) for x in s] == [(1, (3,)), (2, ())]
+    assert pinned_indices(messages) == {0, 2}
+
+
+def test_empty_and_assistant_only_conversations() -> None:
+    assert steps([]) == [] and exchanges([]) == [] and pinned_indices([]) == frozenset()
+    only = [{"role": "system", "content": "s"}, asst(content="hello")]
+    assert pinned_indices(only) == {0, 1}
+    assert exchanges(only) == []
+
+
+# --- property: segmentation is consistent on arbitrary (even broken) histories ---------------
+
+_ids = st.sampled_from(["a", "b", "c"])
+
+
+@st.composite
+def conversations(draw: Callable[..., Any]) -> list[Msg]:
+    messages: list[Msg] = []
+    if draw(st.booleans()):
+        messages.append({"role": "system", "content": "s"})
+    for _ in range(draw(st.integers(0, 14))):
+        kind = draw(st.sampled_from(["user", "injected", "asst", "tool", "function"]))
+        if kind == "user":
+            messages.append(user("u"))
+        elif kind == "injected":
+            messages.append(mark_injected(user("n"), "notice"))
+        elif kind == "asst":
+            messages.append(asst(*draw(st.lists(_ids, max_size=3))))
+        elif kind == "tool":
+            messages.append(tool(draw(_ids)))
+        else:
+            messages.append({"role": "function", "name": "f", "content": "r"})
+    return messages
+
+
+@settings(max_examples=300)
+@given(conversations())
+def test_segmentation_is_consistent_on_arbitrary_histories(messages: list[Msg]) -> None:
+    _check_segmentation(messages)
+    all_steps = steps(messages)
+    if all_steps:
+        pins = pinned_indices(messages)
+        results_elsewhere = {i for s in all_steps[:-1] for i in s.results}
+        assert not pins & results_elsewhere

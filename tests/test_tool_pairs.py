@@ -1,0 +1,438 @@
+"""``normalize.tool_pairs``: invariant 1 (every call answered exactly once, right after it)."""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections import Counter
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, cast
+
+import jsonschema
+import pytest
+import structlog
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from ctxrules.messages import is_injected, mark_injected, pair_tool_calls, pinned_indices
+from ctxrules.pipeline.context import StageContext
+from ctxrules.stages.base import Action
+from ctxrules.stages.tool_pairs import STAGE_TYPE, ToolPairRepair, repair_tool_pairs
+from ctxrules.vault import Vault
+
+TRANSCRIPTS = Path(__file__).resolve().parents[2] / "shared" / "corpus" / "transcripts"
+CORPUS = sorted(p for p in TRANSCRIPTS.glob("*.json") if p.name != "stats.json")
+
+Msg = dict[str, Any]
+
+
+def call(cid: str | None, name: str = "Bash", arguments: str = '{"command": "ls"}') -> Msg:
+    out: Msg = {"type": "function", "function": {"name": name, "arguments": arguments}}
+    if cid is not None:
+        out["id"] = cid
+    return out
+
+
+def asst(*ids: str | None, content: str | None = "") -> Msg:
+    msg: Msg = {"role": "assistant", "content": content}
+    if ids:
+        msg["tool_calls"] = [call(i, arguments=f'{{"n": {n}}}') for n, i in enumerate(ids)]
+    return msg
+
+
+def tool(cid: str | None, content: str = "ok") -> Msg:
+    msg: Msg = {"role": "tool", "content": content}
+    if cid is not None:
+        msg["tool_call_id"] = cid
+    return msg
+
+
+def user(text: str = "go") -> Msg:
+    return {"role": "user", "content": text}
+
+
+def assert_valid_pairs(messages: Sequence[Msg]) -> None:
+    """Independent check of invariant 1, written without the code under test."""
+    i = 0
+    while i < len(messages):
+        msg = messages[i]
+        assert msg.get("role") != "tool", f"tool result at {i} is outside a call's block"
+        if msg.get("tool_calls") is None:
+            i += 1
+            continue
+        assert msg["role"] == "assistant", f"tool_calls on a {msg['role']} message at {i}"
+        calls = msg["tool_calls"]
+        assert isinstance(calls, list) and calls, f"empty tool_calls at {i}"
+        ids = [c.get("id") for c in calls]
+        assert all(isinstance(x, str) and x for x in ids), f"call without id at {i}"
+        j = i + 1
+        answered = []
+        while j < len(messages) and messages[j].get("role") == "tool":
+            answered.append(messages[j].get("tool_call_id"))
+            j += 1
+        assert Counter(answered) == Counter(ids), f"block after {i}: {answered} vs calls {ids}"
+        i = j
+
+
+def kinds(actions: list[Action]) -> list[str]:
+    return [a.kind for a in actions]
+
+
+def make_ctx(tmp_path: Path) -> StageContext:
+    none = cast(Any, None)
+    return StageContext(
+        stage_id="pairs",
+        model=none,
+        counter=none,
+        budget=none,
+        vault=Vault.for_session(tmp_path / "session"),
+        tools=[],
+        pack={},
+        log=structlog.get_logger(),
+    )
+
+
+# --- valid input stays identical ------------------------------------------------------------
+
+
+def test_valid_history_comes_back_identical() -> None:
+    messages = [
+        {"role": "system", "content": "s"},
+        user(),
+        asst("a", "b"),
+        tool("b"),  # parallel results in their own order: valid, kept as they are
+        tool("a"),
+        asst(content="done"),
+    ]
+    out, actions = repair_tool_pairs(messages)
+    assert out == messages and actions == []
+    assert all(o is m for o, m in zip(out, messages, strict=True))
+    assert out is not messages
+
+
+@pytest.mark.parametrize("path", CORPUS, ids=lambda p: p.stem)
+@pytest.mark.parametrize("policy", ["synthesize", "remove"])
+def test_corpus_transcripts_are_unchanged(path: Path, policy: Any) -> None:
+    messages = json.loads(path.read_text())
+    snapshot = copy.deepcopy(messages)
+    out, actions = repair_tool_pairs(messages, unanswered=policy)
+    assert actions == []
+    assert out == snapshot
+    assert all(o is m for o, m in zip(out, messages, strict=True))
+    assert messages == snapshot
+
+
+# --- pairing by id --------------------------------------------------------------------------
+
+
+def test_ids_reused_across_turns_pair_with_the_most_recent_open_call() -> None:
+    messages = [user(), asst("x"), tool("x", "first"), asst("x"), tool("x", "second")]
+    out, actions = repair_tool_pairs(messages)
+    assert out == messages and actions == []
+
+
+def test_misplaced_results_move_into_their_block_in_call_order() -> None:
+    messages = [
+        user(),
+        asst("a", "b"),  # 1
+        user("interjection"),  # 2
+        tool("b", "B"),  # 3 misplaced
+        asst("c"),  # 4
+        tool("c", "C"),  # 5
+        tool("a", "A"),  # 6 misplaced, after another step
+    ]
+    out, actions = repair_tool_pairs(messages)
+    assert_valid_pairs(out)
+    assert [m.get("content") for m in out] == ["go", "", "A", "B", "interjection", "", "C"]
+    assert kinds(actions) == ["result_moved", "result_moved"]
+    assert {a.index for a in actions} == {3, 6}
+
+
+def test_parallel_calls_with_a_missing_and_a_misplaced_result() -> None:
+    messages = [user(), asst("a", "b", "c"), tool("c"), tool("a"), user("more"), tool("b")]
+    out, actions = repair_tool_pairs(messages)
+    assert_valid_pairs(out)
+    assert [m.get("tool_call_id") for m in out[2:5]] == ["a", "b", "c"]
+    assert out[5] == user("more")
+    assert kinds(actions) == ["result_moved"]
+
+
+def test_orphans_and_duplicates_are_dropped_first_result_kept() -> None:
+    messages = [
+        tool("early"),  # orphan: no call before it
+        user(),
+        asst("a"),
+        tool("a", "first"),
+        tool("a", "again"),  # duplicate
+        tool("zzz", "stray"),  # orphan
+        asst(content="end"),
+    ]
+    out, actions = repair_tool_pairs(messages)
+    assert_valid_pairs(out)
+    assert [m.get("content") for m in out if m["role"] == "tool"] == ["first"]
+    assert kinds(actions) == ["orphan_dropped", "duplicate_dropped", "orphan_dropped"]
+    assert [a.index for a in actions] == [0, 4, 5]
+    assert "first one is kept" in actions[1].detail
+
+
+def test_a_result_before_its_call_is_an_orphan() -> None:
+    messages = [user(), tool("a", "too early"), asst("a"), tool("a", "right")]
+    out, actions = repair_tool_pairs(messages)
+    assert out == [user(), asst("a"), tool("a", "right")]
+    assert kinds(actions) == ["orphan_dropped"]
+
+
+# --- unanswered calls -----------------------------------------------------------------------
+
+
+def test_unanswered_call_gets_a_marked_interrupted_result() -> None:
+    messages = [user(), asst("a", "b"), tool("b"), user("next"), asst(content="ok")]
+    out, actions = repair_tool_pairs(messages)
+    assert_valid_pairs(out)
+    synthesized = out[2]
+    assert synthesized["tool_call_id"] == "a"
+    assert synthesized["ctxrules"]["kind"] == "interrupted"
+    assert "[ctxrules:interrupted] tool call was not answered" in synthesized["content"]
+    assert synthesized["content"].startswith("<ctxrules:interrupted>")
+    assert is_injected(synthesized)
+    assert out[3] is messages[2]
+    assert kinds(actions) == ["result_synthesized"]
+
+
+def test_remove_policy_drops_only_the_unanswered_calls() -> None:
+    messages = [user(), asst("a", "b", content="two calls"), tool("b"), user("next"), asst()]
+    out, actions = repair_tool_pairs(messages, unanswered="remove")
+    assert_valid_pairs(out)
+    assert [c["id"] for c in out[1]["tool_calls"]] == ["b"]
+    assert out[1]["content"] == "two calls"
+    assert kinds(actions) == ["call_removed"]
+    assert messages[1]["tool_calls"][0]["id"] == "a"  # input untouched
+
+
+def test_remove_policy_keeps_a_message_with_content_and_drops_an_empty_one() -> None:
+    messages = [
+        user(),
+        asst("a", content="I'll look"),  # 1: keeps its text, loses tool_calls
+        asst("b", content=None),  # 2: nothing left: dropped
+        asst("c", content="  "),  # 3: whitespace only: dropped
+        user("next"),
+        asst(content="newest"),
+    ]
+    out, actions = repair_tool_pairs(messages, unanswered="remove")
+    assert out[1] == {"role": "assistant", "content": "I'll look"}
+    assert out == [messages[0], out[1], messages[4], messages[5]]
+    assert kinds(actions) == [
+        "call_removed",
+        "call_removed",
+        "message_dropped",
+        "call_removed",
+        "message_dropped",
+    ]
+
+
+def test_remove_policy_never_changes_a_pinned_message() -> None:
+    messages = [user(), asst("a", content=None)]  # the newest step: pinned
+    out, actions = repair_tool_pairs(messages, unanswered="remove")
+    assert out[1] is messages[1]
+    assert out[2]["tool_call_id"] == "a" and is_injected(out[2])
+    assert kinds(actions) == ["result_synthesized"]
+    assert "pinned" in actions[0].detail
+
+
+def test_empty_tool_calls_list_is_removed() -> None:
+    messages = [user(), {"role": "assistant", "content": "hi", "tool_calls": []}]
+    out, actions = repair_tool_pairs(messages)
+    assert out[1] == {"role": "assistant", "content": "hi"}
+    assert kinds(actions) == ["empty_tool_calls_dropped"]
+
+
+# --- calls without ids ----------------------------------------------------------------------
+
+
+def test_calls_without_ids_get_deterministic_ids_and_positional_results() -> None:
+    messages = [user(), asst(None, None), tool(None, "r0"), tool(None, "r1")]
+    out, actions = repair_tool_pairs(messages)
+    assert_valid_pairs(out)
+    ids = [c["id"] for c in out[1]["tool_calls"]]
+    assert len(set(ids)) == 2 and all(i.startswith("call_ctxrules_") for i in ids)
+    assert [m["tool_call_id"] for m in out[2:]] == ids
+    assert [m["content"] for m in out[2:]] == ["r0", "r1"]
+    assert kinds(actions) == ["call_id_assigned", "call_id_assigned"]
+    again, _ = repair_tool_pairs(copy.deepcopy(messages))
+    assert again == out  # same history, same ids
+    assert repair_tool_pairs(out) == (out, [])
+
+
+def test_an_id_does_not_depend_on_the_message_index() -> None:
+    first, _ = repair_tool_pairs([user(), asst(None)])
+    later, _ = repair_tool_pairs([user(), user("x"), asst(None)])
+    assert first[1]["tool_calls"][0]["id"] == later[2]["tool_calls"][0]["id"]
+
+
+# --- legacy and unknown fields --------------------------------------------------------------
+
+
+def test_unknown_fields_and_legacy_function_messages_pass_through() -> None:
+    weird_call = {**call("a"), "x-extra": [1]}
+    messages = [
+        user(),
+        {"role": "assistant", "content": None, "function_call": {"name": "f", "arguments": "{}"}},
+        {"role": "function", "name": "f", "content": "42"},
+        {"role": "assistant", "content": "", "tool_calls": [weird_call], "meta": {"k": 1}},
+        user("interrupt"),
+        {**tool("a"), "name": "Bash", "x": 1},
+    ]
+    out, _ = repair_tool_pairs(messages)
+    assert_valid_pairs(out)
+    assert out[1] is messages[1] and out[2] is messages[2]
+    assert out[3] is messages[3] and out[4] is messages[5]
+
+
+# --- the stage: vault, options, registration -------------------------------------------------
+
+
+def test_stage_keeps_dropped_contents_in_the_vault(tmp_path: Path) -> None:
+    ctx = make_ctx(tmp_path)
+    parts = [{"type": "text", "text": "part"}]
+    messages = [
+        user(),
+        asst("a"),
+        tool("a"),
+        tool("a", "duplicate\r\nbytes"),
+        {"role": "tool", "tool_call_id": "nobody", "content": parts},
+        asst("b", content=None),
+        user("next"),
+        asst(content="end"),
+    ]
+    outcome = ToolPairRepair({"unanswered": "remove"})(messages, ctx)
+    assert_valid_pairs(outcome.messages)
+    by_kind = {a.kind: a for a in outcome.actions}
+    dup = by_kind["duplicate_dropped"].vault_id
+    orphan = by_kind["orphan_dropped"].vault_id
+    removed = by_kind["call_removed"].vault_id
+    dropped = by_kind["message_dropped"].vault_id
+    assert dup and orphan and removed and dropped
+    assert ctx.vault.get(dup) == b"duplicate\r\nbytes"
+    assert json.loads(ctx.vault.get(orphan)) == parts
+    assert json.loads(ctx.vault.get(removed)) == messages[5]["tool_calls"]
+    assert json.loads(ctx.vault.get(dropped)) == messages[5]
+    assert all(a.as_dict()["kind"] for a in outcome.actions)
+
+
+def test_stage_type_is_essential_integrity_with_a_strict_schema() -> None:
+    assert STAGE_TYPE.name == "normalize.tool_pairs"
+    assert STAGE_TYPE.phase == "integrity" and STAGE_TYPE.essential
+    schema = dict(STAGE_TYPE.options_schema)
+    jsonschema.Draft202012Validator.check_schema(schema)
+    validator = jsonschema.Draft202012Validator(schema)
+    assert validator.is_valid({}) and validator.is_valid({"unanswered": "remove"})
+    assert not validator.is_valid({"unanswered": "drop"})
+    assert not validator.is_valid({"other": 1})
+    for prop in schema["properties"].values():
+        assert prop["title"] and prop["description"]
+    assert isinstance(STAGE_TYPE.factory({}), ToolPairRepair)
+
+
+def test_stage_rejects_bad_options() -> None:
+    with pytest.raises(ValueError, match="unanswered"):
+        ToolPairRepair({"unanswered": "drop"})
+    with pytest.raises(ValueError, match="unknown option"):
+        ToolPairRepair({"policy": "remove"})
+    with pytest.raises(ValueError):
+        repair_tool_pairs([], unanswered=cast(Any, "drop"))
+
+
+# --- properties on random, broken histories -------------------------------------------------
+
+_ids = st.sampled_from(["a", "b", "c", "d"]) | st.none()
+
+
+@st.composite
+def conversations(draw: Callable[..., Any]) -> list[Msg]:
+    """Random roles, parallel calls, reused and missing ids, orphans, duplicates, misplaced
+    and missing results, injected messages."""
+    messages: list[Msg] = []
+    if draw(st.booleans()):
+        messages.append({"role": "system", "content": "sys"})
+    for n in range(draw(st.integers(0, 16))):
+        kind = draw(
+            st.sampled_from(["user", "injected", "asst", "asst", "tool", "tool", "tool", "plain"])
+        )
+        if kind == "user":
+            messages.append(user(f"u{n}"))
+        elif kind == "injected":
+            messages.append(mark_injected(user(f"n{n}"), "notice"))
+        elif kind == "asst":
+            ids = draw(st.lists(_ids, min_size=1, max_size=3))
+            content = draw(st.sampled_from(["", None, "text", "  "]))
+            messages.append(asst(*ids, content=content))
+        elif kind == "tool":
+            messages.append(tool(draw(_ids), f"r{n}"))
+        else:
+            messages.append(asst(content=f"reply {n}"))
+    return messages
+
+
+def _pinned_must_survive(messages: list[Msg]) -> list[int]:
+    """Pinned indices that the stage must return as the very same objects.
+
+    The documented exceptions, where validity wins: id-less calls get an id, id-less results
+    get the call's id, and orphan or duplicate results are dropped.
+    """
+    pairing = pair_tool_calls(messages)
+    keep = []
+    for i in sorted(pinned_indices(messages)):
+        msg = messages[i]
+        if i in pairing.orphans or i in pairing.duplicates or i in pairing.positional:
+            continue
+        if any("id" not in c for c in msg.get("tool_calls") or []):
+            continue
+        if msg.get("tool_calls") == []:
+            continue
+        keep.append(i)
+    return keep
+
+
+@settings(max_examples=400, suppress_health_check=[HealthCheck.too_slow])
+@given(conversations(), st.sampled_from(["synthesize", "remove"]))
+def test_repair_properties(messages: list[Msg], policy: Any) -> None:
+    snapshot = copy.deepcopy(messages)
+    out, actions = repair_tool_pairs(messages, unanswered=policy)
+
+    # invariant 1, checked independently
+    assert_valid_pairs(out)
+    # input never mutated
+    assert messages == snapshot
+    # idempotent
+    again, more = repair_tool_pairs(out, unanswered=policy)
+    assert again == out and more == []
+    assert all(a is b for a, b in zip(again, out, strict=True))
+    # pinned messages unchanged (same objects)
+    for i in _pinned_must_survive(messages):
+        assert any(o is messages[i] for o in out), f"pinned message {i} changed or lost"
+    # non-tool messages keep their relative order; nothing is invented except marked results
+    originals = {id(m) for m in messages}
+    for msg in out:
+        if id(msg) not in originals:
+            changed = msg["role"] == "assistant" or "tool_call_id" in msg
+            assert changed
+            if msg["role"] == "tool" and msg.get("ctxrules"):
+                assert msg["ctxrules"]["kind"] == "interrupted"
+    # every input tool result is either in the output or reported as dropped
+    dropped = {a.index for a in actions if a.kind in ("orphan_dropped", "duplicate_dropped")}
+    out_contents = Counter(m["content"] for m in out if m["role"] == "tool")
+    for i, msg in enumerate(messages):
+        if msg["role"] == "tool" and i not in dropped:
+            assert out_contents[msg["content"]] >= 1
+
+
+@settings(max_examples=200)
+@given(conversations())
+def test_synthesize_never_removes_a_call(messages: list[Msg]) -> None:
+    out, _ = repair_tool_pairs(messages)
+
+    def count(ms: list[Msg]) -> int:
+        return sum(len(m.get("tool_calls") or []) for m in ms)
+
+    assert count(out) == count(messages)
