@@ -1,0 +1,903 @@
+"""Token counts for chat messages and tool schemas, offline, memoized per message.
+
+Tokenizers (chosen by :attr:`ctxrules.models.ModelInfo.tokenizer`)
+-------------------------------------------------------------------
+``o200k_base`` / ``cl100k_base``
+    tiktoken, **exact** for OpenAI models; ``safety_margin`` 0.0. The BPE files are the copies
+    the litellm wheel ships in ``litellm/litellm_core_utils/tokenizers/`` (named as tiktoken's
+    cache expects): ``TIKTOKEN_CACHE_DIR`` defaults to that directory before tiktoken is first
+    imported. If the user points ``TIKTOKEN_CACHE_DIR`` at a directory that lacks the file,
+    counting fails with a :class:`~ctxrules.errors.CtxrulesError` instead of downloading:
+    this module never touches the network.
+``anthropic`` / ``deepseek``
+    the ``anthropic_tokenizer.json`` / ``deepseek_tokenizer.json`` files litellm ships, loaded
+    with ``tokenizers``. Both are **estimates** (the Anthropic file predates Claude 3; providers
+    add template tokens nobody publishes); ``safety_margin`` 0.10.
+``approx``
+    every other model: cl100k_base counts, labelled an **estimate**; ``safety_margin`` 0.15
+    (tokenizers of Gemini, Qwen, Llama, ... differ from cl100k by up to ~15% on code and prose).
+
+``TokenCounter.is_estimate`` says which case applies and ``TokenCounter.padded(n)`` applies the
+margin (``n + ceil(n * margin)``) for decisions that must not overflow the window.
+
+Message accounting (the same as ``litellm.token_counter`` for OpenAI models)
+-------------------------------------------------------------------------
+* 3 tokens per message, plus the tokens of its ``role``, ``content``, ``name`` (+1),
+  ``tool_call_id``, ``refusal``, ``reasoning_content``, and of the ``arguments`` string of each
+  ``tool_calls[i].function`` (and of a legacy ``function_call``);
+* ``reasoning_content`` and the text of ``thinking_blocks`` (``thinking`` blocks; redacted
+  blocks are opaque and count 0) count in full: agents send them back to the provider.
+* content parts: ``text`` / ``input_text`` / ``output_text`` / ``thinking`` count their text;
+  images by the rule below; any other part counts the text of its string fields (``type``,
+  ids, ``cache_control`` and ``signature`` excluded), inline ``data:`` payloads a flat
+  :data:`OPAQUE_MEDIA_TOKENS`;
+* other fields (``cache_control``, metadata, anything unknown) count nothing;
+* a message list costs the sum of its messages plus 3 tokens that prime the reply;
+* tool schemas (OpenAI rendering, used for the tiktoken and ``approx`` counters): the
+  functions are rendered as a TypeScript ``namespace functions { ... }`` block as OpenAI does
+  and counted, plus 9 tokens, minus 4 when the messages carry a system message (the tools go
+  into it). Anthropic counters add the 346-token tool-use system prompt to the JSON of the
+  schemas; DeepSeek counters add a 222-token template preamble to one JSON line per function.
+
+Strings over :data:`CHUNK_CHARS` characters are encoded in pieces cut where the tokenizer's
+own pre-split would cut (after a newline before a letter or digit, else before a single space
+between two non-spaces; a hard cut only for text with neither), so pathological inputs stay
+linear and the count stays exact.
+
+Where we differ from ``litellm.token_counter`` on purpose: litellm encodes in blind 1024-char
+chunks, which adds about one token per chunk (its totals run 0.1-0.4% above the true tiktoken
+count on real transcripts; ours are the true count); litellm also counts unknown string fields
+and ignores ``thinking_blocks``, and prices a remote image at 85 tokens where we charge the
+rule's maximum.
+
+Images
+------
+* OpenAI rule (every counter except ``anthropic``): ``detail: low`` = 85 tokens. ``high`` /
+  ``auto``: fit within 2048x2048, then scale the shortest side down to 768; 170 tokens per
+  512x512 tile plus 85. The size is read from the PNG / JPEG / GIF / WebP header of a base64
+  ``data:`` URL (no Pillow); an image whose size cannot be read (a remote URL) counts
+  :data:`OPENAI_UNKNOWN_IMAGE_TOKENS` = 1445, the most the rule can charge (768x2048 -> 8 tiles).
+* Anthropic rule (``anthropic`` counter): the image is scaled so its long edge is at most 1568
+  px, then ``ceil(width * height / 750)`` tokens, capped at
+  :data:`ANTHROPIC_MAX_IMAGE_TOKENS` = 1600 (about 1.15 megapixels); unknown size counts the cap.
+
+Memoization
+-----------
+Each counter (one per tokenizer per process) keeps ``message key -> tokens``. The key is built
+from the counted fields themselves (strings are hashed once by Python and compared by
+identity first), never by serializing the message to JSON, so a message that did not change
+is never tokenized again and adding ``cache_control`` or metadata does not invalidate it.
+``memo_hits`` / ``memo_misses`` / ``texts_tokenized`` expose the behaviour; the memo is
+cleared when it exceeds :data:`MEMO_LIMIT` entries.
+
+Importing this module is cheap: tiktoken and tokenizers are imported on the first count, and
+litellm is never imported.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import math
+import os
+import struct
+import threading
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Final
+
+from ctxrules.errors import CtxrulesError
+from ctxrules.models import EXACT_TOKENIZERS, ModelInfo, Tokenizer, litellm_package_dir
+
+__all__ = [
+    "ANTHROPIC_MAX_IMAGE_TOKENS",
+    "OPENAI_UNKNOWN_IMAGE_TOKENS",
+    "SAFETY_MARGINS",
+    "TokenCounter",
+    "anthropic_image_tokens",
+    "image_size",
+    "image_size_from_url",
+    "openai_image_tokens",
+    "render_openai_functions",
+    "tokenizer_dir",
+]
+
+SAFETY_MARGINS: Final[Mapping[str, float]] = {
+    "o200k_base": 0.0,
+    "cl100k_base": 0.0,
+    "anthropic": 0.10,
+    "deepseek": 0.10,
+    "approx": 0.15,
+}
+
+TOKENS_PER_MESSAGE: Final = 3
+TOKENS_PER_NAME: Final = 1
+REPLY_PRIMING_TOKENS: Final = 3
+OPENAI_TOOLS_OVERHEAD: Final = 9
+OPENAI_TOOLS_SYSTEM_DISCOUNT: Final = 4
+ANTHROPIC_TOOLS_OVERHEAD: Final = 346
+DEEPSEEK_TOOLS_OVERHEAD: Final = 222
+
+OPENAI_IMAGE_BASE_TOKENS: Final = 85
+OPENAI_IMAGE_TILE_TOKENS: Final = 170
+OPENAI_UNKNOWN_IMAGE_TOKENS: Final = 1445
+ANTHROPIC_MAX_LONG_EDGE: Final = 1568
+ANTHROPIC_PIXELS_PER_TOKEN: Final = 750
+ANTHROPIC_MAX_IMAGE_TOKENS: Final = 1600
+OPAQUE_MEDIA_TOKENS: Final = 1600
+
+MEMO_LIMIT: Final = 200_000
+CHUNK_CHARS: Final = 16_384
+_CHUNK_TARGET: Final = 8_192
+_IMAGE_HEADER_B64_CHARS: Final = 65_536
+_IMAGE_MAX_B64_CHARS: Final = 64 * 1024 * 1024
+
+_TIKTOKEN_BLOBS: Final[Mapping[str, str]] = {
+    "o200k_base": "https://openaipublic.blob.core.windows.net/encodings/o200k_base.tiktoken",
+    "cl100k_base": "https://openaipublic.blob.core.windows.net/encodings/cl100k_base.tiktoken",
+}
+_HF_FILES: Final[Mapping[str, str]] = {
+    "anthropic": "anthropic_tokenizer.json",
+    "deepseek": "deepseek_tokenizer.json",
+}
+
+# --------------------------------------------------------------------------- tokenizers
+
+BatchCounter = Callable[[Sequence[str]], list[int]]
+
+
+def tokenizer_dir() -> Path:
+    """The directory of tokenizer files shipped in the litellm wheel."""
+    return litellm_package_dir() / "litellm_core_utils" / "tokenizers"
+
+
+def _load_tiktoken(name: str) -> BatchCounter:
+    import hashlib
+
+    directory = tokenizer_dir()
+    os.environ.setdefault("TIKTOKEN_CACHE_DIR", str(directory))
+    cache_dir = os.environ["TIKTOKEN_CACHE_DIR"]
+    cache_file = hashlib.sha1(_TIKTOKEN_BLOBS[name].encode()).hexdigest()
+    if not cache_dir or not (Path(cache_dir) / cache_file).is_file():
+        raise CtxrulesError(
+            f"TIKTOKEN_CACHE_DIR={cache_dir!r} has no {name} file ({cache_file}) and ctxrules "
+            f"never downloads tokenizers: unset TIKTOKEN_CACHE_DIR to use the copy bundled "
+            f"with litellm ({directory}), or copy that file there"
+        )
+    import tiktoken
+
+    try:
+        encoding = tiktoken.get_encoding(name)
+    except Exception as exc:  # tiktoken raises plain exceptions for unreadable files
+        raise CtxrulesError(f"cannot load the {name} tokenizer from {cache_dir}: {exc}") from exc
+
+    def count(texts: Sequence[str]) -> list[int]:
+        if len(texts) == 1:
+            return [len(encoding.encode_ordinary(texts[0]))]
+        return [len(ids) for ids in encoding.encode_ordinary_batch(list(texts))]
+
+    return count
+
+
+def _load_hf(kind: str) -> BatchCounter:
+    path = tokenizer_dir() / _HF_FILES[kind]
+    if not path.is_file():
+        raise CtxrulesError(f"the {kind} tokenizer file is missing: {path}")
+    from tokenizers import Tokenizer as HFTokenizer
+
+    try:
+        tokenizer = HFTokenizer.from_file(str(path))
+    except Exception as exc:  # tokenizers raises its own Exception subclass
+        raise CtxrulesError(f"cannot load the {kind} tokenizer {path}: {exc}") from exc
+
+    def count(texts: Sequence[str]) -> list[int]:
+        if len(texts) == 1:
+            return [len(tokenizer.encode(texts[0], add_special_tokens=False))]
+        encoded = tokenizer.encode_batch(list(texts), add_special_tokens=False)
+        return [len(e) for e in encoded]
+
+    return count
+
+
+_LOAD_LOCK = threading.Lock()
+_BACKENDS: dict[str, BatchCounter] = {}
+
+
+def _backend(tokenizer: str) -> BatchCounter:
+    backend_name = "cl100k_base" if tokenizer == "approx" else tokenizer
+    found = _BACKENDS.get(backend_name)
+    if found is not None:
+        return found
+    with _LOAD_LOCK:
+        found = _BACKENDS.get(backend_name)
+        if found is None:
+            if backend_name in _TIKTOKEN_BLOBS:
+                found = _load_tiktoken(backend_name)
+            elif backend_name in _HF_FILES:
+                found = _load_hf(backend_name)
+            else:
+                raise CtxrulesError(f"unknown tokenizer {tokenizer!r}")
+            _BACKENDS[backend_name] = found
+        return found
+
+
+def _split_long(text: str) -> list[str]:
+    """Cut ``text`` into pieces of about ``_CHUNK_TARGET`` chars at pre-tokenizer boundaries.
+
+    A cut just after a newline and before a letter or digit, or just before a single space
+    between two non-space characters, is a boundary of the o200k / cl100k pre-split,
+    so counting the pieces gives the same total; only text without either falls back to a
+    hard cut (at most one token of drift per cut).
+    """
+    pieces: list[str] = []
+    start = 0
+    size = len(text)
+    while size - start > CHUNK_CHARS:
+        limit = start + _CHUNK_TARGET
+        floor = start + _CHUNK_TARGET // 4
+        cut = -1
+        pos = text.rfind("\n", floor, limit)
+        while pos != -1:
+            if text[pos + 1].isalnum():
+                cut = pos + 1
+                break
+            pos = text.rfind("\n", floor, pos)
+        if cut == -1:
+            pos = text.rfind(" ", floor, limit)
+            while pos != -1:
+                if not text[pos - 1].isspace() and not text[pos + 1].isspace():
+                    cut = pos
+                    break
+                pos = text.rfind(" ", floor, pos)
+        if cut == -1:
+            cut = limit
+        pieces.append(text[start:cut])
+        start = cut
+    pieces.append(text[start:])
+    return pieces
+
+
+# --------------------------------------------------------------------------- images
+
+
+def image_size(data: bytes) -> tuple[int, int] | None:
+    """(width, height) from the header of PNG, JPEG, GIF or WebP bytes; ``None`` if unknown."""
+    try:
+        size = _image_size(data)
+    except (struct.error, IndexError):
+        return None
+    if size is None or size[0] <= 0 or size[1] <= 0:
+        return None
+    return size
+
+
+def _image_size(data: bytes) -> tuple[int, int] | None:
+    if data[:8] == b"\x89PNG\r\n\x1a\n":
+        if data[12:16] != b"IHDR":
+            return None
+        width, height = struct.unpack(">II", data[16:24])
+        return int(width), int(height)
+    if data[:6] in (b"GIF87a", b"GIF89a"):
+        width, height = struct.unpack("<HH", data[6:10])
+        return int(width), int(height)
+    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+        chunk = data[12:16]
+        if chunk == b"VP8X":  # extended: 24-bit canvas width-1 / height-1
+            width = int.from_bytes(data[24:27], "little") + 1
+            height = int.from_bytes(data[27:30], "little") + 1
+            return width, height
+        if chunk == b"VP8 ":  # lossy: key frame start code, then 14-bit sizes
+            if data[23:26] != b"\x9d\x01\x2a":
+                return None
+            width, height = struct.unpack("<HH", data[26:30])
+            return int(width) & 0x3FFF, int(height) & 0x3FFF
+        if chunk == b"VP8L":  # lossless: signature byte, then 14+14 bits of size-1
+            if data[20] != 0x2F:
+                return None
+            bits = int.from_bytes(data[21:25], "little")
+            return (bits & 0x3FFF) + 1, ((bits >> 14) & 0x3FFF) + 1
+        return None
+    if data[:2] == b"\xff\xd8":
+        return _jpeg_size(data)
+    return None
+
+
+def _jpeg_size(data: bytes) -> tuple[int, int] | None:
+    pos = 2
+    end = len(data)
+    while pos + 4 <= end:
+        if data[pos] != 0xFF:
+            return None
+        marker = data[pos + 1]
+        if marker == 0xFF:  # fill byte
+            pos += 1
+            continue
+        if marker == 0x01 or 0xD0 <= marker <= 0xD8:  # markers without a length
+            pos += 2
+            continue
+        if marker in (0xD9, 0xDA):  # end of image / start of scan before any frame header
+            return None
+        (length,) = struct.unpack(">H", data[pos + 2 : pos + 4])
+        if 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):
+            if pos + 9 > end:
+                return None
+            height, width = struct.unpack(">HH", data[pos + 5 : pos + 9])
+            return int(width), int(height)
+        pos += 2 + int(length)
+    return None
+
+
+def _b64decode(payload: str) -> bytes:
+    if len(payload) % 4:
+        payload = payload[: len(payload) - len(payload) % 4]
+    try:
+        return base64.b64decode(payload, validate=True)
+    except (binascii.Error, ValueError):
+        return base64.urlsafe_b64decode(payload)
+
+
+def image_size_from_url(url: str) -> tuple[int, int] | None:
+    """Image size from a base64 ``data:`` URL (reads only the header bytes when it can)."""
+    if not url.startswith("data:"):
+        return None
+    comma = url.find(",", 0, 256)
+    if comma < 0 or not url[:comma].lower().endswith(";base64"):
+        return None
+    payload = url[comma + 1 :]
+    if any(c in payload[:_IMAGE_HEADER_B64_CHARS] for c in "\r\n \t"):
+        payload = "".join(payload.split())
+    if len(payload) > _IMAGE_MAX_B64_CHARS:
+        payload = payload[:_IMAGE_MAX_B64_CHARS]
+    try:
+        size = image_size(_b64decode(payload[:_IMAGE_HEADER_B64_CHARS]))
+        if size is None and len(payload) > _IMAGE_HEADER_B64_CHARS:
+            size = image_size(_b64decode(payload))  # a JPEG whose frame header comes late
+    except (binascii.Error, ValueError):
+        return None
+    return size
+
+
+def openai_image_tokens(size: tuple[int, int] | None, detail: str | None = "auto") -> int:
+    """OpenAI tile rule (see the module docstring)."""
+    if detail == "low":
+        return OPENAI_IMAGE_BASE_TOKENS
+    if size is None:
+        return OPENAI_UNKNOWN_IMAGE_TOKENS
+    width, height = size
+    scale = min(1.0, 2048 / max(width, height))
+    scale *= min(1.0, 768 / (min(width, height) * scale))
+    fitted_width = max(1, math.floor(width * scale))
+    fitted_height = max(1, math.floor(height * scale))
+    tiles = math.ceil(fitted_width / 512) * math.ceil(fitted_height / 512)
+    return OPENAI_IMAGE_BASE_TOKENS + OPENAI_IMAGE_TILE_TOKENS * tiles
+
+
+def anthropic_image_tokens(size: tuple[int, int] | None) -> int:
+    """Anthropic pixel rule (see the module docstring)."""
+    if size is None:
+        return ANTHROPIC_MAX_IMAGE_TOKENS
+    width, height = size
+    scale = min(1.0, ANTHROPIC_MAX_LONG_EDGE / max(width, height))
+    pixels = max(1, math.floor(width * scale)) * max(1, math.floor(height * scale))
+    return min(ANTHROPIC_MAX_IMAGE_TOKENS, math.ceil(pixels / ANTHROPIC_PIXELS_PER_TOKEN))
+
+
+# --------------------------------------------------------------------------- memo keys
+
+
+class _Tag:
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"<{self.name}>"
+
+
+_MAP: Final = _Tag("map")
+_SEQ: Final = _Tag("seq")
+_TRUE: Final = _Tag("true")
+_FALSE: Final = _Tag("false")
+_FLOAT: Final = _Tag("float")
+_TEXT: Final = _Tag("text")
+_IMAGE: Final = _Tag("image")
+_JSON: Final = _Tag("json")
+_NOT_COUNTED: Final = frozenset({"cache_control"})
+
+
+class _Exotic(Exception):
+    pass
+
+
+def _freeze(value: object) -> object:
+    """A hashable stand-in for a JSON-like value (``cache_control`` keys left out)."""
+    kind = type(value)
+    if kind is str or value is None or kind is int:
+        return value
+    if kind is bool:
+        return _TRUE if value else _FALSE
+    if kind is float:
+        return (_FLOAT, value)
+    if isinstance(value, Mapping):
+        return (_MAP, *((k, _freeze(v)) for k, v in value.items() if k not in _NOT_COUNTED))
+    if isinstance(value, list | tuple):
+        return (_SEQ, *(_freeze(v) for v in value))
+    raise _Exotic
+
+
+def _hashable(value: object) -> object:
+    if value is None or type(value) is str:
+        return value
+    try:
+        return _freeze(value)
+    except (_Exotic, RecursionError):
+        return (_JSON, json.dumps(value, sort_keys=True, default=repr))
+
+
+def _part_key(part: object) -> object:
+    if type(part) is dict:
+        kind = part.get("type")
+        if kind == "text":
+            text = part.get("text")
+            if type(text) is str:
+                return (_TEXT, text)
+        elif kind == "image_url":
+            image = part.get("image_url")
+            if type(image) is str:
+                return (_IMAGE, image, None)
+            if type(image) is dict:
+                return (_IMAGE, _hashable(image.get("url")), _hashable(image.get("detail")))
+    return _hashable(part)
+
+
+def _message_key(message: Mapping[str, Any]) -> tuple[object, ...]:
+    get = message.get
+    role = get("role")
+    content = get("content")
+    if content is not None and type(content) is not str:
+        content = (
+            tuple([_part_key(p) for p in content]) if type(content) is list else _hashable(content)
+        )
+    calls = get("tool_calls")
+    if calls is not None:
+        if type(calls) is list:
+            keys: list[object] = []
+            for call in calls:
+                function = call.get("function") if type(call) is dict else None
+                if type(function) is dict:
+                    arguments = function.get("arguments")
+                    name = function.get("name")
+                    call_id = call.get("id")
+                    keys.append(
+                        (
+                            call_id if type(call_id) is str else _hashable(call_id),
+                            name if type(name) is str else _hashable(name),
+                            arguments if type(arguments) is str else _hashable(arguments),
+                        )
+                    )
+                else:
+                    keys.append(_hashable(call))
+            calls = tuple(keys)
+        else:
+            calls = _hashable(calls)
+    extra = get("reasoning_content"), get("name"), get("tool_call_id"), get("refusal")
+    if any(v is not None and type(v) is not str for v in extra):
+        extra = tuple(_hashable(v) for v in extra)  # type: ignore[assignment]
+    thinking = get("thinking_blocks")
+    function_call = get("function_call")
+    return (
+        role if role is None or type(role) is str else _hashable(role),
+        content,
+        calls,
+        *extra,
+        None if thinking is None else _hashable(thinking),
+        None if function_call is None else _hashable(function_call),
+    )
+
+
+# --------------------------------------------------------------------------- accounting
+
+
+class _Tally:
+    """Tokens of one message: a fixed part plus texts still to be tokenized."""
+
+    __slots__ = ("fixed", "texts")
+
+    def __init__(self) -> None:
+        self.fixed = 0
+        self.texts: list[str] = []
+
+    def text(self, value: object) -> None:
+        if isinstance(value, str):
+            if value:
+                self.texts.append(value)
+        elif value is not None:
+            self.texts.append(json.dumps(value, ensure_ascii=False, default=str))
+
+
+_TEXT_PART_FIELDS: Final[Mapping[str, str]] = {
+    "text": "text",
+    "input_text": "text",
+    "output_text": "text",
+    "thinking": "thinking",
+}
+_OPAQUE_SKIP: Final = frozenset(
+    {"type", "id", "tool_use_id", "cache_control", "is_error", "signature", "media_type"}
+)
+
+
+def _json_text(value: object) -> str:
+    return json.dumps(value, ensure_ascii=False, default=str)
+
+
+class TokenCounter:
+    """Counts tokens with one tokenizer; get one with :meth:`for_model` or :meth:`for_tokenizer`.
+
+    Instances are shared per process and per tokenizer. Counting is thread-safe (the memo
+    statistics are best effort).
+    """
+
+    _instances: dict[str, TokenCounter] = {}  # noqa: RUF012 - process-wide registry
+    _instances_lock = threading.Lock()
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        if tokenizer not in SAFETY_MARGINS:
+            raise CtxrulesError(f"unknown tokenizer {tokenizer!r}")
+        self.tokenizer: Tokenizer = tokenizer
+        self.is_estimate: bool = tokenizer not in EXACT_TOKENIZERS
+        self.safety_margin: float = SAFETY_MARGINS[tokenizer]
+        self.image_rule: str = "anthropic" if tokenizer == "anthropic" else "openai"
+        self.memo_hits = 0
+        self.memo_misses = 0
+        self.texts_tokenized = 0
+        self._memo: dict[tuple[object, ...], int] = {}
+        self._tools_memo: dict[object, int] = {}
+        self._count_batch: BatchCounter | None = None
+
+    # -- construction -------------------------------------------------------------------
+
+    @classmethod
+    def for_tokenizer(cls, tokenizer: Tokenizer) -> TokenCounter:
+        counter = cls._instances.get(tokenizer)
+        if counter is None:
+            with cls._instances_lock:
+                counter = cls._instances.get(tokenizer)
+                if counter is None:
+                    counter = cls(tokenizer)
+                    cls._instances[tokenizer] = counter
+        return counter
+
+    @classmethod
+    def for_model(cls, info: ModelInfo) -> TokenCounter:
+        return cls.for_tokenizer(info.tokenizer)
+
+    def __repr__(self) -> str:
+        kind = "estimate" if self.is_estimate else "exact"
+        return f"TokenCounter({self.tokenizer!r}, {kind}, margin={self.safety_margin})"
+
+    # -- text ---------------------------------------------------------------------------
+
+    def _batch(self, texts: Sequence[str]) -> list[int]:
+        counter = self._count_batch
+        if counter is None:
+            counter = self._count_batch = _backend(self.tokenizer)
+        self.texts_tokenized += len(texts)
+        if all(len(t) <= CHUNK_CHARS for t in texts):
+            return counter(texts)
+        pieces: list[str] = []
+        owners: list[int] = []
+        for i, text in enumerate(texts):
+            parts = _split_long(text) if len(text) > CHUNK_CHARS else [text]
+            pieces.extend(parts)
+            owners.extend([i] * len(parts))
+        totals = [0] * len(texts)
+        for owner, count in zip(owners, counter(pieces), strict=True):
+            totals[owner] += count
+        return totals
+
+    def count_text(self, text: str) -> int:
+        """Tokens of a bare string (no message overhead, not memoized)."""
+        if not text:
+            return 0
+        return self._batch([text])[0]
+
+    def padded(self, tokens: int) -> int:
+        """``tokens`` raised by the declared safety margin."""
+        if not self.safety_margin:
+            return tokens
+        return tokens + math.ceil(round(tokens * self.safety_margin, 6))
+
+    # -- messages -----------------------------------------------------------------------
+
+    def _image(self, url: object, detail: object) -> int:
+        size = image_size_from_url(url) if isinstance(url, str) else None
+        if self.image_rule == "anthropic":
+            return anthropic_image_tokens(size)
+        return openai_image_tokens(size, detail if isinstance(detail, str) else "auto")
+
+    def _tally_part(self, part: object, tally: _Tally, depth: int = 0) -> None:
+        if isinstance(part, str):
+            tally.text(part)
+            return
+        if not isinstance(part, Mapping):
+            if part is not None:
+                tally.text(part)
+            return
+        kind = part.get("type")
+        if isinstance(kind, str) and kind in _TEXT_PART_FIELDS:
+            tally.text(part.get(_TEXT_PART_FIELDS[kind]))
+        elif kind == "redacted_thinking":
+            return
+        elif kind == "image_url":
+            image = part.get("image_url")
+            if isinstance(image, Mapping):
+                tally.fixed += self._image(image.get("url"), image.get("detail"))
+            else:
+                tally.fixed += self._image(image, "auto")
+        elif kind == "image":
+            source = part.get("source")
+            url: object = None
+            if isinstance(source, Mapping):
+                if source.get("type") == "base64":
+                    media = source.get("media_type") or "image/png"
+                    url = f"data:{media};base64,{source.get('data') or ''}"
+                else:
+                    url = source.get("url")
+            tally.fixed += self._image(url, "auto")
+        else:
+            self._tally_opaque(part, tally, depth)
+
+    def _tally_opaque(self, value: object, tally: _Tally, depth: int) -> None:
+        if depth > 32:
+            tally.text(value)
+            return
+        if isinstance(value, str):
+            if value.startswith("data:"):
+                tally.fixed += OPAQUE_MEDIA_TOKENS
+            else:
+                tally.text(value)
+        elif isinstance(value, Mapping):
+            if depth and isinstance(value.get("type"), str):
+                self._tally_part(value, tally, depth + 1)
+                return
+            for key, item in value.items():
+                if key in _OPAQUE_SKIP:
+                    continue
+                if key == "input" and isinstance(item, Mapping | list):
+                    tally.text(_json_text(item))  # tool_use input: sent as JSON
+                else:
+                    self._tally_opaque(item, tally, depth + 1)
+        elif isinstance(value, list | tuple):
+            for item in value:
+                self._tally_opaque(item, tally, depth + 1)
+
+    def _tally_message(self, message: Mapping[str, Any]) -> _Tally:
+        tally = _Tally()
+        tally.fixed = TOKENS_PER_MESSAGE
+        tally.text(message.get("role"))
+        content = message.get("content")
+        if isinstance(content, list):
+            for part in content:
+                self._tally_part(part, tally)
+        elif content is not None:
+            tally.text(content)
+        name = message.get("name")
+        if name is not None:
+            tally.text(name)
+            tally.fixed += TOKENS_PER_NAME
+        for field in ("tool_call_id", "refusal", "reasoning_content"):
+            tally.text(message.get(field))
+        calls = message.get("tool_calls")
+        if isinstance(calls, list):
+            for call in calls:
+                function = call.get("function") if isinstance(call, Mapping) else None
+                if isinstance(function, Mapping):
+                    tally.text(function.get("arguments"))
+        function_call = message.get("function_call")
+        if isinstance(function_call, Mapping):
+            tally.text(function_call.get("arguments"))
+        blocks = message.get("thinking_blocks")
+        if isinstance(blocks, list):
+            for block in blocks:
+                if isinstance(block, Mapping) and block.get("type", "thinking") == "thinking":
+                    tally.text(block.get("thinking"))
+        return tally
+
+    def _count_new(self, messages: Sequence[Mapping[str, Any]]) -> list[int]:
+        tallies = [self._tally_message(m) for m in messages]
+        texts = [t for tally in tallies for t in tally.texts]
+        counts = iter(self._batch(texts)) if texts else iter(())
+        return [tally.fixed + sum(next(counts) for _ in tally.texts) for tally in tallies]
+
+    def count_each(self, messages: Iterable[Mapping[str, Any]]) -> list[int]:
+        """Tokens of each message (overhead included), from the memo when unchanged."""
+        memo = self._memo
+        keys: list[tuple[object, ...]] = []
+        results: list[int] = []
+        missing: list[int] = []
+        pending: list[Mapping[str, Any]] = []
+        for message in messages:
+            if not isinstance(message, Mapping):
+                raise CtxrulesError(
+                    f"a message must be a JSON object, not {type(message).__name__}"
+                )
+            key = _message_key(message)
+            found = memo.get(key)
+            keys.append(key)
+            if found is None:
+                missing.append(len(results))
+                pending.append(message)
+                results.append(0)
+            else:
+                results.append(found)
+        self.memo_hits += len(results) - len(missing)
+        if pending:
+            self.memo_misses += len(pending)
+            if len(memo) + len(pending) > MEMO_LIMIT:
+                memo.clear()
+            for index, count in zip(missing, self._count_new(pending), strict=True):
+                results[index] = count
+                memo[keys[index]] = count
+        return results
+
+    def count_message(self, message: Mapping[str, Any]) -> int:
+        """Tokens of one message, its per-message overhead included."""
+        return self.count_each([message])[0]
+
+    def count_messages(
+        self,
+        messages: Iterable[Mapping[str, Any]],
+        tools: Sequence[Mapping[str, Any]] | None = None,
+    ) -> int:
+        """Prompt tokens: every message, the reply priming, and ``tools`` when given."""
+        listed = list(messages)
+        total = sum(self.count_each(listed)) + REPLY_PRIMING_TOKENS
+        if tools:
+            has_system = any(m.get("role") == "system" for m in listed)
+            total += self.count_tools(tools, has_system_message=has_system)
+        return total
+
+    # -- tools --------------------------------------------------------------------------
+
+    def count_tools(
+        self,
+        tools: Sequence[Mapping[str, Any]] | None,
+        *,
+        has_system_message: bool = False,
+    ) -> int:
+        """Tokens the tool schemas add to a request (0 for none).
+
+        ``has_system_message``: whether the request's messages include a system message,
+        which the OpenAI rendering reuses for the tools (4 tokens less).
+        """
+        if not tools:
+            return 0
+        key = (has_system_message, _hashable(list(tools)))
+        found = self._tools_memo.get(key)
+        if found is not None:
+            self.memo_hits += 1
+            return found
+        self.memo_misses += 1
+        functions = list(_function_definitions(tools))
+        if self.tokenizer == "anthropic":
+            text = "\n".join(_json_text(_anthropic_tool(f)) for f in functions)
+            count = ANTHROPIC_TOOLS_OVERHEAD + self.count_text(text) if functions else 0
+        elif self.tokenizer == "deepseek":
+            text = "\n".join(_json_text(_plain_function(f)) for f in functions)
+            count = DEEPSEEK_TOOLS_OVERHEAD + self.count_text(text) if functions else 0
+        else:
+            discount = OPENAI_TOOLS_SYSTEM_DISCOUNT if has_system_message else 0
+            rendered = render_openai_functions(functions)
+            count = self.count_text(rendered) + OPENAI_TOOLS_OVERHEAD - discount
+        if len(self._tools_memo) > 1024:
+            self._tools_memo.clear()
+        self._tools_memo[key] = count
+        return count
+
+    def clear_memo(self) -> None:
+        self._memo.clear()
+        self._tools_memo.clear()
+
+
+# --------------------------------------------------------------------------- tool schemas
+
+
+def _function_definitions(tools: Iterable[object]) -> Iterable[Mapping[str, Any]]:
+    """Function definitions from OpenAI, Anthropic or Gemini shaped tool entries."""
+    for tool in tools:
+        if not isinstance(tool, Mapping):
+            continue
+        function = tool.get("function")
+        if isinstance(function, Mapping):
+            yield function
+            continue
+        declarations = tool.get("function_declarations") or tool.get("functionDeclarations")
+        if isinstance(declarations, list):
+            yield from (d for d in declarations if isinstance(d, Mapping))
+            continue
+        schema = tool.get("input_schema") or tool.get("parameters") or {}
+        definition: dict[str, Any] = {"name": tool.get("name"), "parameters": schema}
+        if tool.get("description") is not None:
+            definition["description"] = tool.get("description")
+        yield definition
+
+
+def _plain_function(function: Mapping[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {"name": function.get("name")}
+    if function.get("description"):
+        out["description"] = function.get("description")
+    out["parameters"] = function.get("parameters") or {"type": "object", "properties": {}}
+    out.update((k, v) for k, v in function.items() if k not in out and k != "description")
+    return out
+
+
+def _anthropic_tool(function: Mapping[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {"name": function.get("name")}
+    if function.get("description"):
+        out["description"] = function.get("description")
+    out["input_schema"] = function.get("parameters") or {"type": "object", "properties": {}}
+    return out
+
+
+def render_openai_functions(functions: Iterable[Mapping[str, Any]]) -> str:
+    """The TypeScript-like block OpenAI models see for function tools."""
+    lines = ["namespace functions {", ""]
+    for function in functions:
+        name = function.get("name")
+        if not name:
+            continue
+        description = function.get("description")
+        parameters = function.get("parameters")
+        properties = parameters.get("properties") if isinstance(parameters, Mapping) else None
+        if description:
+            lines.append(f"// {description}")
+        if isinstance(parameters, Mapping) and isinstance(properties, Mapping) and properties:
+            lines.append(f"type {name} = (_: {{")
+            lines.append(_render_properties(parameters, 0))
+            lines.append("}) => any;")
+        else:
+            lines.append(f"type {name} = () => any;")
+        lines.append("")
+    lines.append("} // namespace functions")
+    return "\n".join(lines)
+
+
+def _render_properties(schema: Mapping[str, Any], indent: int) -> str:
+    properties = schema.get("properties")
+    if not isinstance(properties, Mapping) or not properties:
+        return ""
+    required = schema.get("required")
+    required_names = (
+        [r for r in required if isinstance(r, str)] if isinstance(required, list) else []
+    )
+    rendered: list[str] = []
+    for key, prop in properties.items():
+        description = prop.get("description") if isinstance(prop, Mapping) else None
+        if description:
+            rendered.append(f"// {description}")
+        optional = "" if key in required_names else "?"
+        rendered.append(f"{key}{optional}: {_render_type(prop, indent)},")
+    pad = " " * max(0, indent)
+    return "\n".join(pad + line for line in rendered)
+
+
+def _render_type(prop: object, indent: int) -> str:
+    if not isinstance(prop, Mapping):
+        return "any"
+    kind = prop.get("type")
+    enum = prop.get("enum")
+    if kind == "string" or kind in ("integer", "number"):
+        if isinstance(enum, list):
+            return " | ".join(f'"{item}"' for item in enum)
+        return "string" if kind == "string" else "number"
+    if kind == "array":
+        return _render_type(prop.get("items"), indent) + "[]"
+    if kind == "object":
+        return "{\n" + _render_properties(prop, indent + 2) + "\n}"
+    if kind == "boolean":
+        return "boolean"
+    if kind == "null":
+        return "null"
+    return "any"
