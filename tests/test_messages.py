@@ -74,6 +74,11 @@ def test_validate_returns_a_new_list_and_never_mutates() -> None:
     assert messages == snapshot
 
 
+def test_call_without_id_is_left_for_the_pair_stage_to_repair() -> None:
+    history = [user("x"), {"role": "assistant", "content": None, "tool_calls": [{"function": {"name": "a"}}]}]
+    assert validate_messages(history) == history
+
+
 @pytest.mark.parametrize(
     ("messages", "expected"),
     [
@@ -102,9 +107,9 @@ def test_validate_returns_a_new_list_and_never_mutates() -> None:
         (
             [
                 user("x"),
-                {"role": "assistant", "content": None, "tool_calls": [{"function": {"name": "a"}}]},
+                {"role": "assistant", "content": None, "tool_calls": [{"id": 7, "function": {"name": "a"}}]},
             ],
-            r"message 1 \(assistant\), tool_calls\[0\]: missing 'id'",
+            r"message 1 \(assistant\), tool_calls\[0\]: 'id' must be a string",
         ),
         (
             [{"role": "assistant", "content": None, "tool_calls": [call("a"), {"id": "b"}]}],

@@ -175,8 +175,10 @@ def _validate_call(where: str, call: object) -> None:
     if not isinstance(call, Mapping):
         raise MessagesError(f"{where}: expected an object, got {_type_name(call)}")
     call_id = call.get("id")
-    if not isinstance(call_id, str) or not call_id:
-        raise MessagesError(f"{where}: missing 'id' (a non-empty string)")
+    # A missing or empty id is repairable (normalize.tool_pairs derives a stable one); a
+    # present id of the wrong type is not.
+    if call_id is not None and not isinstance(call_id, str):
+        raise MessagesError(f"{where}: 'id' must be a string, got {_type_name(call_id)}")
     # OpenAI "custom" tools carry {"custom": {"name", "input"}} instead of "function".
     kind = "custom" if call.get("type") == "custom" else "function"
     function = call.get(kind)
