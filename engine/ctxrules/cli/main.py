@@ -22,6 +22,7 @@ VERBS: tuple[str, ...] = (
     "ctxrules.cli.plugins",
     "ctxrules.cli.run",
     "ctxrules.cli.vault",
+    "ctxrules.cli.test",
 )
 
 

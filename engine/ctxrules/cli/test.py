@@ -1,0 +1,62 @@
+"""``ctxrules test PACK... [--require-tests]``: run the test cases packs carry."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("test", help="run the tests packs carry",
+                       description="Run pack-level test cases (tests:) of each PACK (a file, a folder "
+                                   "searched for pack files, or builtin:NAME). Exit 1 when a case fails.")
+    p.add_argument("packs", nargs="+", metavar="PACK")
+    p.add_argument("--require-tests", action="store_true",
+                   help="fail a pack whose own file declares no test cases")
+    p.set_defaults(func=run)
+
+
+def _expand(refs: list[str]) -> list[str]:
+    from ctxrules.validation.validate import collect_files
+
+    out: list[str] = []
+    for ref in refs:
+        if ref.startswith("builtin:"):
+            out.append(ref)
+        else:
+            out.extend(str(p) for p in collect_files([ref]))
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    from ctxrules.engine import Engine
+    from ctxrules.errors import PackError
+    from ctxrules.packtests import CaseResult, run_pack_tests
+
+    results: list[CaseResult] = []
+    for ref in _expand(args.packs):
+        shown = ref if ref.startswith("builtin:") else Path(ref).as_posix()
+        try:
+            engine = Engine.load(ref)
+        except PackError as exc:
+            results.append(CaseResult(shown, "(load)", "failed", str(exc)))
+            continue
+        own = engine.pack.docs.get(engine.pack.files[-1]) if engine.pack.files else None
+        declared = bool(own and isinstance(own.data, dict) and own.data.get("tests"))
+        cases = run_pack_tests(engine)
+        if args.require_tests and not declared:
+            cases.append(CaseResult(engine.pack.name, "(tests)", "failed", f"{shown} declares no tests"))
+        results.extend(cases)
+    for r in results:
+        label = {"passed": "PASS", "failed": "FAIL", "skipped": "SKIP"}[r.status]
+        line = f"{label} {r.pack}::{r.id}" + (f" ({r.ms:.0f} ms)" if r.ms else "")
+        if r.message:
+            line += f": {r.message}"
+        sys.stdout.write(line + "\n")
+    passed = sum(r.status == "passed" for r in results)
+    failed = sum(r.status == "failed" for r in results)
+    skipped = sum(r.status == "skipped" for r in results)
+    sys.stdout.write(f"{passed} passed, {failed} failed" + (f", {skipped} skipped" if skipped else "") + "\n")
+    return 1 if failed else 0

@@ -1,0 +1,110 @@
+"""Pack-level test cases (``tests:`` in a pack), run by ``ctxrules test``.
+
+A case runs the pack's pipeline on an input file (relative to the pack file that declares the
+case) in a fresh temporary session and checks ``expect``: ``fits`` (the output fits the usable
+window), ``contains`` / ``not_contains`` (strings in the output messages' text), ``stages_ran``
+(pipeline ids that ran), ``max_tokens`` (prompt tokens after the run), ``tier`` (the tier
+measured before the run). ``skip_if_missing: true`` skips a case whose input file is absent
+(built-in cases on the shared corpus, for instance) instead of failing it.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ctxrules.errors import CtxrulesError
+
+if TYPE_CHECKING:
+    from ctxrules.engine import Engine
+
+
+@dataclass
+class CaseResult:
+    pack: str
+    id: str
+    status: str  # passed | failed | skipped
+    message: str = ""
+    ms: float = 0.0
+    kind: str = "pack"
+
+
+def _output_text(messages: list[dict[str, Any]]) -> str:
+    from ctxrules.messages import message_text
+
+    parts = []
+    for m in messages:
+        parts.append(message_text(m))
+        for call in m.get("tool_calls") or []:
+            fn = call.get("function") or {}
+            parts.append(str(fn.get("name", "")) + " " + str(fn.get("arguments", "")))
+    return "\n".join(parts)
+
+
+def _input_path(engine: Engine, case_index: int, rel: str) -> Path:
+    origin = engine.pack.origins().get(f"/tests/{case_index}/input")
+    real = engine.pack.real_paths.get(origin.file) if origin else None
+    base = real.parent if real else engine.pack.base_dir()
+    return (base / rel).resolve()
+
+
+def run_case(engine: Engine, index: int, case: dict[str, Any]) -> CaseResult:
+    pack = engine.pack.name
+    ident = str(case.get("id"))
+    started = time.perf_counter()
+
+    def done(status: str, message: str = "") -> CaseResult:
+        return CaseResult(pack, ident, status, message, (time.perf_counter() - started) * 1000)
+
+    path = _input_path(engine, index, str(case.get("input")))
+    if not path.is_file():
+        if case.get("skip_if_missing"):
+            return done("skipped", f"input not found: {path}")
+        return done("failed", f"input not found: {path}")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        tools = None
+        if case.get("tools"):
+            tools = json.loads(_input_path(engine, index, str(case["tools"])).read_text(encoding="utf-8"))
+        with tempfile.TemporaryDirectory(prefix="ctxrules-test-") as tmp:
+            session = engine.session(Path(tmp) / "session", model=str(case.get("model", "gpt-4o")),
+                                     window=case.get("window"))
+            result = session.prepare(data, tools)
+    except (OSError, ValueError, CtxrulesError) as exc:
+        return done("failed", f"{type(exc).__name__}: {exc}")
+    return done(*_check(case.get("expect") or {}, result.messages, result.report))
+
+
+def _check(expect: dict[str, Any], messages: list[dict[str, Any]], report: dict[str, Any]) -> tuple[str, str]:
+    problems: list[str] = []
+    after = report["after"]
+    if "fits" in expect and bool(after["fits"]) != bool(expect["fits"]):
+        problems.append(f"fits is {after['fits']} ({after['tokens']} tokens, usable "
+                        f"{report['budget']['usable_window']})")
+    text = _output_text(messages) if ("contains" in expect or "not_contains" in expect) else ""
+    for s in expect.get("contains") or []:
+        if s not in text:
+            problems.append(f"output does not contain {s!r}")
+    for s in expect.get("not_contains") or []:
+        if s in text:
+            problems.append(f"output contains {s!r}")
+    ran = {st["id"] for st in report["stages"] if st["ran"]}
+    for sid in expect.get("stages_ran") or []:
+        if sid not in ran:
+            why = next((st.get("skipped") or st.get("error") for st in report["stages"] if st["id"] == sid),
+                       "not in the pipeline")
+            problems.append(f"stage {sid!r} did not run ({why})")
+    if "max_tokens" in expect and after["tokens"] > expect["max_tokens"]:
+        problems.append(f"{after['tokens']} tokens > max_tokens {expect['max_tokens']}")
+    if "tier" in expect and report["before"]["tier"] != expect["tier"]:
+        problems.append(f"tier before was {report['before']['tier']}, expected {expect['tier']}")
+    return ("failed", "; ".join(problems)) if problems else ("passed", "")
+
+
+def run_pack_tests(engine: Engine) -> list[CaseResult]:
+    return [run_case(engine, i, case) for i, case in enumerate(engine.pack.data.get("tests") or [])
+            if isinstance(case, dict)]
