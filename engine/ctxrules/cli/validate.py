@@ -17,13 +17,15 @@ def register(sub: Any) -> None:
     p.add_argument("paths", nargs="+", metavar="PATH")
     p.add_argument("--format", choices=formats.FORMATS, default="text")
     p.add_argument("--strict", action="store_true", help="treat warnings as errors")
+    p.add_argument("--skip-non-packs", action="store_true",
+                   help="skip named YAML files that do not declare apiVersion: ctxrules/... or kind: RulePack")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from ctxrules.validation.validate import validate_paths
 
-    diags, count, real = validate_paths(args.paths)
+    diags, count, real = validate_paths(args.paths, skip_non_packs=args.skip_non_packs)
     render = {
         "text": lambda: formats.format_text(diags, count, real),
         "json": lambda: formats.format_json(diags, count),
