@@ -1,0 +1,117 @@
+"""Independent checkers of DESIGN.md's invariants, used by property and corpus tests.
+
+They deliberately do not reuse ctxrules' own pairing or pinning code: a bug there must not be
+able to hide itself.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+MARKER = re.compile(r"\[ctxrules:elided [^\]]*?ref=vault://([0-9a-f]{12,64})(?:#L(\d+)-L(\d+))?[^\]]*\]")
+
+
+def pairing_problems(messages: list[dict[str, Any]]) -> list[str]:
+    """Invariant 1: each call answered exactly once in the block right after; no orphans."""
+    problems = []
+    i = 0
+    while i < len(messages):
+        m = messages[i]
+        if m.get("role") == "tool":
+            problems.append(f"message {i}: tool result outside a call block")
+            i += 1
+            continue
+        if m.get("role") == "assistant" and m.get("tool_calls"):
+            ids = [c.get("id") for c in m["tool_calls"]]
+            if any(not isinstance(x, str) or not x for x in ids):
+                problems.append(f"message {i}: call without id")
+            j = i + 1
+            answered: list[str] = []
+            while j < len(messages) and messages[j].get("role") == "tool":
+                answered.append(messages[j].get("tool_call_id"))
+                j += 1
+            if sorted(map(str, answered)) != sorted(map(str, ids)):
+                problems.append(f"message {i}: calls {ids} answered by {answered}")
+            i = j
+            continue
+        if m.get("role") == "assistant" and "tool_calls" in m and not m["tool_calls"]:
+            problems.append(f"message {i}: empty tool_calls list")
+        i += 1
+    return problems
+
+
+def text_of(m: dict[str, Any]) -> str:
+    c = m.get("content")
+    if isinstance(c, str):
+        return c
+    if isinstance(c, list):
+        return "".join(p.get("text", "") for p in c if isinstance(p, dict))
+    return ""
+
+
+def real_user_indices(messages: list[dict[str, Any]]) -> list[int]:
+    return [i for i, m in enumerate(messages) if m.get("role") == "user" and "ctxrules" not in m
+            and not text_of(m).lstrip().startswith("<ctxrules:")]
+
+
+def pinned_of(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Invariant 2's pinned messages, by their own simple reading of DESIGN.md."""
+    out = []
+    i = 0
+    while i < len(messages) and messages[i].get("role") in ("system", "developer"):
+        out.append(messages[i])
+        i += 1
+    users = real_user_indices(messages)
+    if users:
+        out.append(messages[users[0]])
+        out.append(messages[users[-1]])
+    last_assistant = max((k for k, m in enumerate(messages) if m.get("role") == "assistant"), default=None)
+    if last_assistant is not None:
+        out.append(messages[last_assistant])
+        ids = {c.get("id") for c in messages[last_assistant].get("tool_calls") or []}
+        out.extend(m for m in messages[last_assistant + 1:] if m.get("role") == "tool" and m.get("tool_call_id") in ids)
+    return out
+
+
+def vault_texts(vault: Any) -> list[str]:
+    out = []
+    for vid in vault.list_ids():
+        try:
+            out.append(vault.get(vid).decode("utf-8", errors="surrogatepass"))
+        except Exception:  # media
+            continue
+    return out
+
+
+def lost_contents(before: list[dict[str, Any]], after: list[dict[str, Any]], vault: Any) -> list[str]:
+    """Invariant 3: every content that left the context is in the vault (as text or inside the
+    JSON of a removed span)."""
+    present = {text_of(m) for m in after}
+    stored = vault_texts(vault)
+    lost = []
+    for m in before:
+        t = text_of(m)
+        if not t or t in present:
+            continue
+        encoded = json.dumps(t, ensure_ascii=False)[1:-1]
+        encoded_ascii = json.dumps(t)[1:-1]
+        if not any(t in s or encoded in s or encoded_ascii in s for s in stored):
+            lost.append(t[:80])
+    return lost
+
+
+def markers_resolve(messages: list[dict[str, Any]], vault: Any) -> list[str]:
+    problems = []
+    for m in messages:
+        for match in MARKER.finditer(text_of(m)):
+            vid, a, b = match.group(1), match.group(2), match.group(3)
+            try:
+                data = vault.get_lines(vid, int(a), int(b)) if a else vault.get(vid)
+            except Exception as exc:
+                problems.append(f"{match.group(0)}: {exc}")
+                continue
+            if not data and not a:
+                problems.append(f"{match.group(0)}: empty")
+    return problems
