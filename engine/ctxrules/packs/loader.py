@@ -142,8 +142,10 @@ class PackLoader:
                 o, pointer = at
                 diagnostics.append(Diagnostic(code, "error", message, o.file, o.line, o.col, pointer, hint))
 
-        if not isinstance(ref, str) or not ref:
-            report("CR030", f"extends entry must be a non-empty string, got {ref!r}")
+        if not isinstance(ref, str):
+            return None  # the schema check reports the wrong type (CR011)
+        if not ref:
+            report("CR030", "extends entry must be a non-empty string")
             return None
         if ref.startswith(BUILTIN_PREFIX):
             m = _BUILTIN_REF.match(ref)

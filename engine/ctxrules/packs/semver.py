@@ -67,7 +67,7 @@ def is_semver(text: object) -> bool:
 
 def _loose(text: str) -> Version:
     """Versions as engines report them ('0.1' or '0.1.0')."""
-    m = _PARTIAL.match(text.strip())
+    m = _PARTIAL.match(text.strip().split("+", 1)[0])  # build metadata does not order
     if not m or any(p in ("x", "X", "*") for p in m.groups()[:3] if p):
         raise RangeError(f"'{text}' is not a version")
     return Version(int(m[1]), int(m[2] or 0), int(m[3] or 0), _pre(m[4]))
@@ -80,7 +80,7 @@ def _comparator(token: str) -> list[Bound]:
     m = _COMPARATOR.match(token)
     if not m:
         raise RangeError(f"cannot read '{token}'")
-    op, rest = m[1] or "", m[2]
+    op, rest = m[1] or "", m[2].split("+", 1)[0]
     pm = _PARTIAL.match(rest)
     if not pm:
         raise RangeError(f"'{rest}' is not a version")
@@ -113,6 +113,9 @@ def _comparator(token: str) -> list[Bound]:
         # '>1' means past every 1.x; '<=1.2' includes every 1.2.x.
         nxt = Version(major + 1, 0, 0, (0,)) if minor is None else Version(major, minor + 1, 0, (0,))
         return [(">=", nxt)] if op == ">" else [("<", nxt)]
+    if op == "<" and (minor is None or patch is None):
+        # '<1.2' is below every 1.2.x, its pre-releases included.
+        return [("<", Version(major, minor or 0, 0, (0,)))]
     return [(op, low)]
 
 

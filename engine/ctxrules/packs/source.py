@@ -136,10 +136,14 @@ class _Builder:
                     hint="YAML keeps only one of them; remove or rename the other",
                 )
             first_explicit[key] = _pos(key_node)
-        out: dict[str, Any] = {}
+        # flatten_mapping lists merged pairs so that the last one wins (the earlier of
+        # `<<: [*a, *b]` has precedence, as YAML says); an explicit key beats every merged one.
+        winner: dict[str, tuple[yaml.Node, yaml.Node]] = {}
         for key, key_node, value_node, explicit in named:
-            if (not explicit and key in first_explicit) or (not explicit and key in out):
-                continue
+            if explicit or key not in first_explicit:
+                winner[key] = (key_node, value_node)
+        out: dict[str, Any] = {}
+        for key, (key_node, value_node) in winner.items():
             child = f"{pointer}/{escape_token(key)}"
             self.positions[child + "#key"] = _pos(key_node)
             out[key] = self.build(value_node, child)
@@ -148,7 +152,14 @@ class _Builder:
 
 def parse_yaml(text: str, path: str) -> SourceDoc:
     """Parse one YAML document; raises :class:`YamlProblem` with a position on any problem."""
-    loader = yaml.SafeLoader(text)
+    try:
+        loader = yaml.SafeLoader(text)
+    except yaml.reader.ReaderError as exc:  # a control character such as NUL
+        at = exc.position
+        line, col = text.count("\n", 0, at) + 1, at - text.rfind("\n", 0, at)
+        raise YamlProblem("CR001", f"YAML: character {exc.character:#06x} is not allowed in YAML",
+                          line, col, hint="remove it, or write it as an escape in a double-quoted "
+                                          "string (e.g. \"\\x00\")") from None
     try:
         try:
             node = loader.get_single_node()
@@ -156,9 +167,10 @@ def parse_yaml(text: str, path: str) -> SourceDoc:
             mark = exc.problem_mark or exc.context_mark
             line, col = (mark.line + 1, mark.column + 1) if mark else (1, 1)
             if "single document" in str(exc.context):
-                raise YamlProblem("CR002", "the file holds several YAML documents; a pack is one document",
-                                  line, col, hint="remove the '---' line and what follows, or split "
-                                                  "the packs into separate files") from None
+                raise YamlProblem(
+                    "CR002", "the file holds several YAML documents; a pack is one document", line, col,
+                    hint="remove the '---' line and what follows, or split the packs into separate files",
+                ) from None
             raise YamlProblem("CR001", f"YAML: {exc.problem or exc}", line, col) from None
         except yaml.MarkedYAMLError as exc:
             raise _syntax_problem(exc, text) from None
@@ -183,15 +195,22 @@ def parse_yaml(text: str, path: str) -> SourceDoc:
 def _syntax_problem(exc: yaml.MarkedYAMLError, text: str) -> YamlProblem:
     mark = exc.problem_mark or exc.context_mark
     # An unclosed quote or bracket is found only at the end of the file: point where it opens.
-    unclosed = exc.context_mark is not None and "end of stream" in str(exc.problem)
+    at_end = any(w in str(exc.problem) for w in ("end of stream", "<stream end>"))
+    unclosed = exc.context_mark is not None and at_end
     if unclosed:
         mark = exc.context_mark
     line, col = (mark.line + 1, mark.column + 1) if mark else (1, 1)
     message = exc.problem or str(exc)
     hint = None
-    if "\t" in _line_of(text, line) and ("tab" in message or "cannot start any token" in message):
-        message = "a tab character is used for indentation"
-        hint = "YAML indents with spaces only; replace the tab with spaces"
+    src = _line_of(text, line)
+    if "\t" in src and ("tab" in message or "cannot start any token" in message):
+        indent = src[: len(src) - len(src.lstrip(" \t"))]
+        if "\t" in indent:
+            message = "a tab character is used for indentation"
+            hint = "YAML indents with spaces only; replace the tab with spaces"
+        else:
+            message = "a tab character where YAML expects a space"
+            hint = "replace the tab with a space (or quote the value if the tab belongs to it)"
     elif unclosed and exc.context:
         thing = exc.context.removeprefix("while parsing ").removeprefix("while scanning ")
         hint = f"the {thing.removeprefix('a ')} that starts here is never closed"
@@ -199,7 +218,8 @@ def _syntax_problem(exc: yaml.MarkedYAMLError, text: str) -> YamlProblem:
         hint = "check the indentation of this line, or quote a value that contains ': '"
     elif exc.context_mark is not None and exc.context and exc.context_mark.line + 1 != line:
         thing = exc.context.removeprefix("while parsing ").removeprefix("while scanning ")
-        hint = f"the error is inside the {thing.removeprefix('a ')} that starts at line {exc.context_mark.line + 1}"
+        start = exc.context_mark.line + 1
+        hint = f"the error is inside the {thing.removeprefix('a ')} that starts at line {start}"
     ctx = f" ({exc.context})" if exc.context and hint is None else ""
     return YamlProblem("CR001", f"YAML syntax error: {message}{ctx}", line, col, hint=hint)
 

@@ -139,15 +139,16 @@ def _alternatives(doc: SourceDoc, err: Any, base: str, diag: Any, where: str) ->
     allowed = list(dict.fromkeys(allowed))
     if fitting:  # right type, but not one of the listed values
         return [diag("CR012", f"{where} must be {' or '.join(allowed)}, not {err.instance!r}")]
-    return [diag("CR011", f"{where} must be {' or '.join(allowed)}, not {_type_name(err.instance)}")]
+    found = _type_name(err.instance)
+    return [diag("CR011", f"{where} must be {' or '.join(allowed)}, not {found}")]
 
 
 def check_document(doc: SourceDoc) -> list[Diagnostic]:
     """All per-file checks: shape, schema, duplicate ids, version fields."""
     if not isinstance(doc.data, dict):
         o = doc.origin("")
-        return [Diagnostic("CR002", "error", "a rule pack must be a YAML mapping"
-                           + (f", not {_type_name(doc.data)}" if doc.data is not None else " (the file is empty)"),
+        what = f", not {_type_name(doc.data)}" if doc.data is not None else " (the file is empty)"
+        return [Diagnostic("CR002", "error", "a rule pack must be a YAML mapping" + what,
                            doc.path, o.line, o.col)]
     out = schema_errors(doc, doc.data, _validator())
     out.extend(_duplicate_ids(doc))

@@ -96,13 +96,25 @@ def _check_context(rep: _Reporter, ctx: Any, base: str, own: dict[str, Any] | No
                         f"{base}/thresholds/{k}", "use a fraction, e.g. 0.5 for 50%")
         for (k1, v1), (k2, v2) in zip(present, present[1:], strict=False):
             if v1 >= v2 and 0 < v1 < 1 and 0 < v2 < 1:
-                at = k2 if (own is None or k2 in own_th) else k1
+                at = _blame(rep, f"{base}/thresholds", k1, k2, own_th if own is not None else None)
                 rep.add("CR051", f"thresholds must increase: {k1} ({v1}) is not below {k2} ({v2})",
                         f"{base}/thresholds/{at}", "monitor < light < full < emergency")
     window, reserve = ctx.get("window"), ctx.get("reserve_output")
     if isinstance(window, int) and isinstance(reserve, int) and reserve >= window:
         rep.add("CR052", f"reserve_output ({reserve}) leaves no usable window of {window} tokens",
                 f"{base}/reserve_output")
+
+
+def _blame(rep: _Reporter, base: str, k1: str, k2: str, own: dict[str, Any] | None) -> str:
+    """Which of two out-of-order thresholds to point at: the one this pack (or this models:
+    entry) wrote, preferring the later one; an inherited value is not where the mistake is."""
+    if own is not None:
+        return k2 if k2 in own else k1
+    mine = rep.pack.files[-1] if rep.pack.files else None
+    for k in (k2, k1):
+        if rep.origin(f"{base}/{k}").file == mine:
+            return k
+    return k2
 
 
 def _check_pipeline(rep: _Reporter, data: dict[str, Any], pack: ResolvedPack, registry: Registry) -> None:
@@ -203,8 +215,10 @@ def is_pack_file(path: Path) -> bool:
     return bool(re.search(r"^(apiVersion:\s*['\"]?ctxrules/|kind:\s*['\"]?RulePack\b)", head, re.M))
 
 
-def collect_files(paths: list[str]) -> list[Path]:
-    """Files named directly, plus the pack files found below named folders (sorted)."""
+def collect_files(paths: list[str], *, skip_non_packs: bool = False) -> list[Path]:
+    """Files named directly, plus the pack files found below named folders (sorted).
+    ``skip_non_packs`` also skips named YAML files that do not declare themselves packs
+    (for the pre-commit hook, which passes every changed YAML file)."""
     from ctxrules.errors import UsageError
 
     out: list[Path] = []
@@ -225,21 +239,20 @@ def collect_files(paths: list[str]) -> list[Path]:
     return out
 
 
-def validate_paths(paths: list[str]) -> tuple[list[Diagnostic], int, dict[str, Path]]:
+def validate_paths(paths: list[str], *, skip_non_packs: bool = False) -> tuple[list[Diagnostic], int, dict[str, Path]]:
     """Diagnostics for every pack under ``paths`` (each resolved with its parents), the number
     of files checked, and the real path behind each displayed file name."""
-    from ctxrules.packs.loader import PackLoader, display_path
+    from ctxrules.packs.loader import PackLoader
 
     loader = PackLoader()
-    files = collect_files(paths)
+    files = collect_files(paths, skip_non_packs=skip_non_packs)
     out: list[Diagnostic] = []
     real: dict[str, Path] = {}
     for f in files:
         pack = loader.resolve(str(f.resolve()))
         real.update(pack.real_paths)
-        diags = validate_resolved(pack, loader)
-        shown = display_path(f)
-        # Report a parent's problems only once, under the parent's own file, and show what
-        # a child inherits only when the parent itself is not part of this run.
-        out.extend(d for d in diags if d.file == shown or d.file not in {display_path(x) for x in files})
+        # A parent's own problems come back identical from each child and are reported once;
+        # what only shows when a child is resolved (a cycle, an order the child breaks) may sit
+        # in a parent's lines and must not be dropped for it.
+        out.extend(validate_resolved(pack, loader))
     return _sorted_unique(out), len(files), real
