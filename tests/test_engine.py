@@ -165,16 +165,29 @@ def test_report_validates_and_counts_tokens_saved(tmp_path: Path) -> None:
     assert r.report["after"]["tokens"] < r.report["before"]["tokens"]
 
 
-def test_caller_objects_are_never_mutated_and_results_are_copies(tmp_path: Path) -> None:
+def test_caller_objects_are_never_mutated_and_stage_made_messages_are_copies(tmp_path: Path) -> None:
     e = engine(tmp_path, "  - {id: cut, use: test.content, with: {mode: shorten}}\n")
     msgs = convo()
     frozen = copy.deepcopy(msgs)
     s = e.session(tmp_path / "s", model="gpt-4o")
     r = s.prepare(msgs)
     assert msgs == frozen
-    r.messages[0]["content"] = "tampered"
-    r2 = s.prepare(msgs)
-    assert r2.messages[0]["content"] == "sys"
+    assert r.messages is not msgs and r.messages[0] is msgs[0]  # untouched: the caller's own object
+    shortened = next(i for i, m in enumerate(r.messages) if m.get("content") == "short")
+    r.messages[shortened]["content"] = "tampered"
+    r2 = s.prepare([*msgs, {"role": "user", "content": "more"}])
+    assert r2.report["reused_messages"] == len(msgs)
+    assert r2.messages[shortened]["content"] == "short"
+
+
+def test_history_edited_in_place_is_noticed(tmp_path: Path) -> None:
+    e = engine(tmp_path, "  - {id: cut, use: test.content, with: {mode: shorten}}\n")
+    msgs = convo()
+    s = e.session(tmp_path / "s", model="gpt-4o")
+    s.prepare(msgs)
+    msgs[1]["content"] = "a different request"
+    r = s.prepare(msgs)
+    assert r.report["reused_messages"] == 0 and r.messages[1]["content"] == "a different request"
 
 
 def test_appended_history_reuses_the_previous_compaction(tmp_path: Path) -> None:
@@ -186,6 +199,11 @@ def test_appended_history_reuses_the_previous_compaction(tmp_path: Path) -> None
     second = s.prepare(more)
     assert second.report["reused_messages"] == len(msgs)
     assert second.messages[: len(first.messages)] == first.messages
+    # Counts kept incrementally agree with counting from scratch.
+    assert second.report["before"]["tokens"] == s.counter.count_messages(more)
+    assert second.report["after"]["tokens"] == s.counter.count_messages(second.messages)
+    assert next(st for st in second.report["stages"] if st["id"] == "cut")["tokens_before"] == \
+        s.counter.count_messages([*first.messages, more[-1]])
     # A history that is not an extension is processed from scratch.
     edited = copy.deepcopy(more)
     edited[1]["content"] = "do something else"

@@ -436,3 +436,16 @@ def test_synthesize_never_removes_a_call(messages: list[Msg]) -> None:
         return sum(len(m.get("tool_calls") or []) for m in ms)
 
     assert count(out) == count(messages)
+
+
+@settings(max_examples=400, suppress_health_check=[HealthCheck.too_slow])
+@given(conversations(), st.sampled_from(["synthesize", "remove"]))
+def test_fast_validity_check_agrees_with_the_full_repair(messages: list[Msg], policy: Any) -> None:
+    """`already_valid` lets the stage skip the repair: it may only say True when the full
+    repair would return the very same messages."""
+    from ctxrules.stages.tool_pairs import already_valid
+
+    out, _ = repair_tool_pairs(messages, unanswered=policy)
+    if already_valid(messages):
+        assert all(a is b for a, b in zip(out, messages, strict=True)) and len(out) == len(messages)
+    assert already_valid(out) or out == repair_tool_pairs(out, unanswered=policy)[0]

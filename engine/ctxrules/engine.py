@@ -23,12 +23,13 @@ from ctxrules.packs.loader import PackLoader, ResolvedPack, load_pack
 from ctxrules.packs.models_match import effective_context, select_model_entry
 from ctxrules.pipeline.budget import Budget, make_budget
 from ctxrules.pipeline.context import CACHE_TTL_S, StageContext
-from ctxrules.pipeline.prefix import common_prefix, message_digest, message_keys
+from ctxrules.pipeline.prefix import message_digest
 from ctxrules.pipeline.report import build_report
 from ctxrules.pipeline.runner import PlannedStage, run_pipeline
 from ctxrules.plugins import Registry, build_plugin_manager, collect, default_registry
 from ctxrules.session_store import SessionLock, SessionStore
 from ctxrules.stages.base import Message
+from ctxrules.tokens import REPLY_PRIMING_TOKENS
 
 DEFAULT_STATE_ROOT = ".ctxrules"
 
@@ -121,9 +122,12 @@ class Session:
             safety_margin=self.counter.safety_margin, model=model)
         self.vault = Vault.for_session(path)
         self._thread_lock = threading.Lock()
-        self._last_keys: list[Any] | None = None
+        self._last_history: list[Message] | None = None
         self._last_output: list[Message] | None = None
-        self._digest_memo: dict[Any, str] = {}
+        self._last_digests: list[str] = []
+        self._last_msgs_sum = 0
+        self._last_out_tokens: int | None = None
+        self._last_tools: list[dict[str, Any]] = []
 
     @property
     def fingerprint(self) -> str:
@@ -138,10 +142,11 @@ class Session:
         listed, given_tools = split_input(messages)
         if tools is None:
             tools = given_tools
-        history = validate_messages(listed)
+        if not isinstance(listed, list):
+            listed = validate_messages(listed)
         tool_list = list(tools or [])
         with self._thread_lock, SessionLock(self.path):
-            return self._prepare(history, tool_list, time.time() if clock is None else clock)
+            return self._prepare(listed, tool_list, time.time() if clock is None else clock)
 
     async def aprepare(self, messages: Any, tools: list[dict[str, Any]] | None = None) -> PrepareResult:
         """``prepare`` off the event loop."""
@@ -151,64 +156,78 @@ class Session:
         started = time.perf_counter()
         state = self.store.load()
         fingerprint = self.fingerprint
-        keys = message_keys(history)
-        reused = 0
-        pipeline_input = history
         same = state.get("fingerprint") == fingerprint
         last_clock = state.get("last_clock")
         cache_hot = same and isinstance(last_clock, int | float) and 0 <= clock - last_clock < CACHE_TTL_S
+        reused, previous, digests = 0, [], []
         if same:
-            reused, pipeline_input = self._reuse(history, keys, state)
+            reused, previous, digests = self._previous(history, state)
         else:
             state["stages"] = {}
-        tokens_in = self.counter.count_messages(history, tools)
+        # The reused prefix equals a history that was validated already.
+        history = validate_messages(history, start=reused)
+        pipeline_input = [*previous, *history[reused:]] if reused else history
+        appended = sum(self.counter.count_each(history[reused:]))
+        msgs_sum = (self._last_msgs_sum if reused else 0) + appended
+        tools_tokens = self.counter.count_tools(tools, has_system_message=_has_system(history))
+        tokens_in = msgs_sum + REPLY_PRIMING_TOKENS + tools_tokens
+        known = None
+        if reused and self._last_out_tokens is not None and tools == self._last_tools:
+            known = self._last_out_tokens + appended
         base = StageContext(
             stage_id="", model=self.model, counter=self.counter, budget=self.budget, vault=self.vault,
             tools=tools, pack=self.engine.pack.data, log=get_logger("ctxrules.pipeline", session=self.id),
             session_id=self.id, clock=clock, cache_hot=cache_hot,
         )
-        outcome = run_pipeline(self.engine.plan, pipeline_input, base, state.setdefault("stages", {}))
+        outcome = run_pipeline(self.engine.plan, pipeline_input, base, state.setdefault("stages", {}),
+                               known_tokens=known)
+        self._last_msgs_sum, self._last_out_tokens, self._last_tools = msgs_sum, outcome.tokens, tools
         vault_new = sorted({a["vault_id"] for r in outcome.records for a in r.actions if a.get("vault_id")})
-        self._last_keys = keys
-        self._last_output = outcome.messages
+        digests = digests[:reused] + [message_digest(m) for m in history[reused:]]
+        kept = self._last_history[:reused] if reused and self._last_history else []
+        self._last_history = [*kept, *(_clone(m) for m in history[reused:])]
+        self._last_output, self._last_digests = outcome.messages, digests
         state["fingerprint"] = fingerprint
         state["last_clock"] = clock
-        state["last"] = {"count": len(history), "digests": self._digests(history, keys)}
+        state["last"] = {"count": len(history), "digests": digests}
         self.store.save(state, outcome.messages)
         report = build_report(self, history_tokens=tokens_in, history_len=len(history), reused=reused,
                               outcome=outcome, vault_new=vault_new,
                               ms=(time.perf_counter() - started) * 1000)
-        # The caller may mutate what it gets; the session keeps its own copy of the last output.
-        return PrepareResult(_clone(outcome.messages), _clone(outcome.tools), _clone(outcome.request), report)
+        # New lists. Messages no stage changed are the caller's own objects (the session notices
+        # if the caller edits them later); messages a stage made are copies, so that editing them
+        # cannot corrupt the session's record of its last output.
+        own = {id(m) for m in history}
+        out = [m if id(m) in own else _clone(m) for m in outcome.messages]
+        return PrepareResult(out, _clone(outcome.tools), _clone(outcome.request), report)
 
-    def _digests(self, history: list[Message], keys: list[Any]) -> list[str]:
-        memo = self._digest_memo
-        if len(memo) > 100_000:
-            memo.clear()
-        out = []
-        for msg, key in zip(history, keys, strict=True):
-            digest = memo.get(key)
-            if digest is None:
-                digest = memo[key] = message_digest(msg)
-            out.append(digest)
-        return out
+    def _previous(self, history: list[Message], state: dict[str, Any]) -> tuple[int, list[Message], list[str]]:
+        """(messages reused, the previous output, digests of the reused history) when ``history``
+        extends the one the last ``prepare`` saw; (0, [], []) otherwise."""
+        last = self._last_history
+        if last is not None and self._last_output is not None:
+            # Our copies share leaf strings with what the caller passed, so `==` mostly meets
+            # identical objects and stays cheap; a message edited in place compares unequal.
+            n = len(last)
+            if n <= len(history) and all(a == b for a, b in zip(last, history)):
+                return n, self._last_output, self._last_digests
+            return 0, [], []
+        record = state.get("last") or {}
+        digests = record.get("digests") or []
+        n = len(digests)
+        if not n or n > len(history) or not all(message_digest(m) == d for m, d in zip(history, digests)):
+            return 0, [], []
+        output = self.store.load_output(int(record.get("output_count", -1)))
+        if output is None:
+            return 0, [], []
+        self._last_history = [_clone(m) for m in history[:n]]
+        self._last_msgs_sum = sum(self.counter.count_each(history[:n]))
+        self._last_out_tokens = None
+        return n, output, list(digests)
 
-    def _reuse(self, history: list[Message], keys: list[Any], state: dict[str, Any]) -> tuple[int, list[Message]]:
-        """(messages reused, pipeline input): the previous output plus what was appended."""
-        if self._last_keys is not None and self._last_output is not None:
-            if common_prefix(self._last_keys, keys):
-                n = len(self._last_keys)
-                return n, [*self._last_output, *history[n:]]
-            return 0, history
-        last = state.get("last") or {}
-        digests = last.get("digests") or []
-        output = self.store.load_output()
-        if not digests or output is None or len(digests) > len(history):
-            return 0, history
-        if all(message_digest(m) == d for m, d in zip(history, digests, strict=False)):
-            n = len(digests)
-            return n, [*output, *history[n:]]
-        return 0, history
+
+def _has_system(messages: list[Message]) -> bool:
+    return any(m.get("role") == "system" for m in messages)
 
 
 def _clone(value: Any) -> Any:

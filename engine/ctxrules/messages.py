@@ -98,18 +98,19 @@ def split_input(obj: object) -> tuple[list[Any], list[Any] | None]:
     )
 
 
-def validate_messages(obj: object) -> list[Message]:
+def validate_messages(obj: object, *, start: int = 0) -> list[Message]:
     """Check the structure of a message list and return it as a new list (same dicts).
 
     Raises :class:`MessagesError` naming the message index for what no stage can repair: a
     message that is not an object, a missing or unknown role, content of the wrong type,
-    ``tool_calls`` that is not a list, a tool call without an id or function. What agents
+    ``tool_calls`` that is not a list, a tool call without a function. What agents
     really produce and a stage repairs is accepted: ``function.arguments`` that are not JSON,
     tool results whose call never appeared (``normalize.tool_pairs`` handles those).
+    ``start`` skips messages already known to be valid (a history's unchanged prefix).
     """
     messages, _tools = split_input(obj)
-    for index, message in enumerate(messages):
-        _validate_message(index, message)
+    for index in range(start, len(messages)):
+        _validate_message(index, messages[index])
     return list(messages)
 
 

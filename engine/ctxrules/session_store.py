@@ -25,14 +25,17 @@ def ensure_dir(path: Path) -> None:
     path.mkdir(parents=True, exist_ok=True, mode=0o700)
 
 
-def write_atomic(path: Path, data: bytes) -> None:
+def write_atomic(path: Path, data: bytes, *, durable: bool = True) -> None:
+    """Write ``data`` so that readers see the old or the new file, never a mix. ``durable``
+    also survives a power loss (fsync); caches that can be rebuilt skip that cost."""
     ensure_dir(path.parent)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
             fh.flush()
-            os.fsync(fh.fileno())
+            if durable:
+                os.fsync(fh.fileno())
         os.chmod(tmp, 0o600)
         os.replace(tmp, path)
     except BaseException:
@@ -42,8 +45,15 @@ def write_atomic(path: Path, data: bytes) -> None:
 
 
 class SessionStore:
+    """``state.json`` and ``last_output.jsonl`` (one message per line, so that a turn that
+    only appends messages appends lines instead of rewriting the file). Both are caches:
+    losing them costs the reuse of the last compaction, never the conversation, so they are
+    written without fsync."""
+
     def __init__(self, path: Path) -> None:
         self.path = path
+        self._written: list[dict[str, Any]] | None = None
+        self._written_stat: tuple[int, int] | None = None
 
     @property
     def state_file(self) -> Path:
@@ -51,7 +61,7 @@ class SessionStore:
 
     @property
     def output_file(self) -> Path:
-        return self.path / "last_output.json"
+        return self.path / "last_output.jsonl"
 
     def load(self) -> dict[str, Any]:
         try:
@@ -63,24 +73,56 @@ class SessionStore:
         try:
             data = json.loads(raw)
         except ValueError:
-            # A damaged state file costs the reuse of the last compaction, never the conversation.
             return {"version": STATE_VERSION, "recovered": "state.json was unreadable and was reset"}
         if not isinstance(data, dict) or data.get("version") != STATE_VERSION:
             return {"version": STATE_VERSION}
         return data
 
-    def load_output(self) -> list[dict[str, Any]] | None:
+    def load_output(self, count: int) -> list[dict[str, Any]] | None:
+        """The first ``count`` messages of the last output, or None when they are not all there."""
+        out: list[dict[str, Any]] = []
         try:
-            data = json.loads(self.output_file.read_bytes())
+            with self.output_file.open("rb") as fh:
+                for line in fh:
+                    if len(out) == count:
+                        break
+                    msg = json.loads(line)
+                    if not isinstance(msg, dict):
+                        return None
+                    out.append(msg)
         except (OSError, ValueError):
             return None
-        return data if isinstance(data, list) else None
+        return out if len(out) == count else None
 
     def save(self, state: dict[str, Any], output: list[dict[str, Any]]) -> None:
         state["version"] = STATE_VERSION
         state.pop("recovered", None)
-        write_atomic(self.output_file, json.dumps(output, ensure_ascii=False).encode("utf-8"))
-        write_atomic(self.state_file, json.dumps(state, ensure_ascii=False, sort_keys=True).encode("utf-8"))
+        state.setdefault("last", {})["output_count"] = len(output)
+        prev = self._written
+        # Append only to the file this object wrote last (another process may have rewritten it).
+        if (prev is not None and self._stat() == self._written_stat and len(prev) <= len(output)
+                and all(a is b for a, b in zip(prev, output))):
+            if len(prev) < len(output):
+                with self.output_file.open("ab") as fh:
+                    fh.write(_jsonl(output[len(prev):]))
+        else:
+            write_atomic(self.output_file, _jsonl(output), durable=False)
+        self._written = list(output)
+        self._written_stat = self._stat()
+        write_atomic(self.state_file, json.dumps(state, ensure_ascii=False, sort_keys=True).encode("utf-8"),
+                     durable=False)
+
+
+    def _stat(self) -> tuple[int, int] | None:
+        try:
+            st = self.output_file.stat()
+        except OSError:
+            return None
+        return (st.st_size, st.st_mtime_ns)
+
+
+def _jsonl(messages: list[dict[str, Any]]) -> bytes:
+    return b"".join(json.dumps(m, ensure_ascii=False).encode("utf-8") + b"\n" for m in messages)
 
 
 class SessionLock:

@@ -173,8 +173,10 @@ def _load_tiktoken(name: str) -> BatchCounter:
         raise CtxrulesError(f"cannot load the {name} tokenizer from {cache_dir}: {exc}") from exc
 
     def count(texts: Sequence[str]) -> list[int]:
-        if len(texts) == 1:
-            return [len(encoding.encode_ordinary(texts[0]))]
+        # The batch API hands work to a thread pool; for the few texts of a warm turn that
+        # costs more than it saves.
+        if len(texts) <= 8 or sum(map(len, texts)) < 50_000:
+            return [len(encoding.encode_ordinary(t)) for t in texts]
         return [len(ids) for ids in encoding.encode_ordinary_batch(list(texts))]
 
     return count
@@ -192,8 +194,8 @@ def _load_hf(kind: str) -> BatchCounter:
         raise CtxrulesError(f"cannot load the {kind} tokenizer {path}: {exc}") from exc
 
     def count(texts: Sequence[str]) -> list[int]:
-        if len(texts) == 1:
-            return [len(tokenizer.encode(texts[0], add_special_tokens=False))]
+        if len(texts) <= 8 or sum(map(len, texts)) < 50_000:
+            return [len(tokenizer.encode(t, add_special_tokens=False)) for t in texts]
         encoded = tokenizer.encode_batch(list(texts), add_special_tokens=False)
         return [len(e) for e in encoded]
 

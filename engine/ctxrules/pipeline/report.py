@@ -16,7 +16,7 @@ REPORT_VERSION = 1
 def build_report(session: Session, *, history_tokens: int, history_len: int, reused: int,
                  outcome: RunOutcome, vault_new: list[str], ms: float) -> dict[str, Any]:
     budget = session.budget
-    tokens_after = session.counter.count_messages(outcome.messages, outcome.tools)
+    tokens_after = outcome.tokens
     util_before = budget.utilization(history_tokens)
     util_after = budget.utilization(tokens_after)
     warnings = list(outcome.warnings)

@@ -81,6 +81,7 @@ class RunOutcome:
     request: dict[str, Any]
     records: list[StageRecord]
     warnings: list[str]
+    tokens: int = 0
 
 
 def _when_reason(when: dict[str, str], tier: str) -> str | None:
@@ -93,8 +94,10 @@ def _when_reason(when: dict[str, str], tier: str) -> str | None:
 
 
 def run_pipeline(plan: Sequence[PlannedStage], messages: list[Message], base: StageContext,
-                 states: dict[str, dict[str, Any]]) -> RunOutcome:
-    """Run ``plan`` over ``messages``; ``states`` holds each stage's persistent state by id."""
+                 states: dict[str, dict[str, Any]], *, known_tokens: int | None = None) -> RunOutcome:
+    """Run ``plan`` over ``messages``; ``states`` holds each stage's persistent state by id.
+    ``known_tokens`` is the prompt size of ``messages`` with ``base.tools`` when the caller
+    already knows it (the session does, for a history that was only appended to)."""
     integrity = [p for p in plan if p.phase == "integrity"]
     content = [p for p in plan if p.phase == "content"]
     finalize = [p for p in plan if p.phase == "finalize"]
@@ -103,10 +106,21 @@ def run_pipeline(plan: Sequence[PlannedStage], messages: list[Message], base: St
     request: dict[str, Any] = {}
     tools = list(base.tools)
     current = list(messages)
+    counted: list[tuple[list[Message], list[dict[str, Any]], int]] = []
+    if known_tokens is not None:
+        counted.append((current, tools, known_tokens))
+
+    def count(msgs: list[Message]) -> int:
+        # Lists are never mutated once made, so a list counted before has the same count.
+        if counted and counted[-1][0] is msgs and counted[-1][1] is tools:
+            return counted[-1][2]
+        tokens = base.counter.count_messages(msgs, tools)
+        counted[:] = [(msgs, tools, tokens)]
+        return tokens
 
     def run_one(p: PlannedStage, msgs: list[Message]) -> list[Message]:
         nonlocal tools
-        tokens = base.count(msgs)
+        tokens = count(msgs)
         tier = base.budget.tier(tokens)
         record = StageRecord(p.id, p.type.name, p.phase, ran=False, tokens_before=tokens, tokens_after=tokens)
         records.append(record)
@@ -128,6 +142,8 @@ def run_pipeline(plan: Sequence[PlannedStage], messages: list[Message], base: St
             if not isinstance(outcome, StageOutcome):
                 raise TypeError(f"stage returned {type(outcome).__name__}, expected StageOutcome")
             result = outcome.messages if p.phase != "finalize" else _finalize_guard(p, msgs, outcome.messages)
+            if not _changed(msgs, result):
+                result = msgs  # same messages in a new list: keep the list its count belongs to
         except Exception as exc:  # contained: a failing stage never loses the conversation
             record.ms = (time.perf_counter() - started) * 1000
             record.error = f"{type(exc).__name__}: {exc}"
@@ -145,7 +161,7 @@ def run_pipeline(plan: Sequence[PlannedStage], messages: list[Message], base: St
             request.update(outcome.request)
             if outcome.tools is not None:
                 tools = outcome.tools
-        record.tokens_after = base.count(result) if result is not msgs else tokens
+        record.tokens_after = count(result)
         ctx.log.debug("stage.end", ms=round(record.ms, 3), saved=record.tokens_before - record.tokens_after)
         return result
 
@@ -162,7 +178,7 @@ def run_pipeline(plan: Sequence[PlannedStage], messages: list[Message], base: St
             current = integrity_pass(current)
     for p in finalize:
         current = run_one(p, current)
-    return RunOutcome(current, tools, request, records, warnings)
+    return RunOutcome(current, tools, request, records, warnings, count(current))
 
 
 def _changed(a: list[Message], b: list[Message]) -> bool:

@@ -342,6 +342,47 @@ def _json(value: object) -> str:
 # --- the stage ------------------------------------------------------------------------------
 
 
+def already_valid(messages: Sequence[Mapping[str, Any]]) -> bool:
+    """True when invariant 1 already holds and nothing else needs repair: every call has a
+    distinct-in-its-message id answered exactly once in the block right after it, no tool
+    result stands elsewhere, no ``tool_calls`` list is empty and no assistant message is
+    empty. Conservative: False only means "run the full repair"."""
+    i, n = 0, len(messages)
+    while i < n:
+        msg = messages[i]
+        role = msg.get("role")
+        if role in ("tool", "function"):
+            return False
+        if role == "assistant":
+            calls = msg.get("tool_calls")
+            if calls is None:
+                if _is_empty_assistant(msg):
+                    return False
+                i += 1
+                continue
+            if not calls:
+                return False
+            ids = []
+            for call in calls:
+                cid = call.get("id") if isinstance(call, Mapping) else None
+                if not isinstance(cid, str) or not cid:
+                    return False
+                ids.append(cid)
+            j = i + 1
+            answered = []
+            while j < n and messages[j].get("role") in ("tool", "function"):
+                if messages[j].get("role") != "tool":
+                    return False
+                answered.append(messages[j].get("tool_call_id"))
+                j += 1
+            if len(answered) != len(ids) or set(answered) != set(ids) or len(set(ids)) != len(ids):
+                return False
+            i = j
+            continue
+        i += 1
+    return True
+
+
 class ToolPairRepair:
     """The ``normalize.tool_pairs`` stage: :func:`repair_tool_pairs` plus the vault.
 
@@ -365,6 +406,10 @@ class ToolPairRepair:
         return f"ToolPairRepair(unanswered={self.unanswered!r})"
 
     def __call__(self, messages: Sequence[Message], ctx: StageContext) -> StageOutcome:
+        if already_valid(messages):
+            # The common case on every call: nothing to repair. A single cheap scan keeps the
+            # warm path of `prepare` fast; the full pairing only runs when something is off.
+            return StageOutcome(messages=list(messages))
         out, events = _Repair(messages, self.unanswered).run()
         actions = [
             event.action(ctx.vault.put_text(event.payload) if event.payload is not None else None)

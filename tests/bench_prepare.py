@@ -1,0 +1,89 @@
+"""Benchmark: the warm cost of `prepare` after one message is appended.
+
+    python tests/bench_prepare.py
+
+1. Steady state below `monitor`: the largest real transcript (claudecode-ae4a77f8.json, 485
+   messages) with gpt-4o at a 400K window. After a first `prepare`, one message is appended and
+   `prepare` runs again; its cost is reported next to ONE `litellm.token_counter` call on the
+   same messages, measured in the same run. Target: under a tenth of that single count.
+2. The warm per-turn cost at a 32K window once the session has compacted: the next turn must
+   reuse the compaction, not redo it.
+Prints medians over several repetitions; exits 1 when the target of (1) is missed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "engine"))
+TRANSCRIPT = HERE.parents[1] / "shared" / "corpus" / "transcripts" / "claudecode-ae4a77f8.json"
+REPS = 7
+
+
+def median_ms(fn, reps: int = REPS) -> float:  # type: ignore[no-untyped-def]
+    times = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t) * 1000)
+    return statistics.median(times)
+
+
+def turn(i: int) -> list[dict[str, object]]:
+    return [{"role": "assistant", "content": f"Next I will check item {i}.", "tool_calls": [
+        {"id": f"bench_{i}", "type": "function", "function": {"name": "Bash", "arguments": json.dumps({"command": f"ls {i}"})}}]},
+        {"role": "tool", "tool_call_id": f"bench_{i}", "content": f"file_{i}.txt\n" * 20}]
+
+
+def main() -> int:
+    from ctxrules import Engine
+
+    history = json.loads(TRANSCRIPT.read_text())
+    engine = Engine.load("builtin:default")
+    results = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for label, window in (("400K", 400_000), ("32K", 32_000)):
+            session = engine.session(Path(tmp) / label, model="gpt-4o", window=window)
+            cold_t = time.perf_counter()
+            first = session.prepare(history)
+            cold = (time.perf_counter() - cold_t) * 1000
+            grown = list(history)
+            samples = []
+            for i in range(REPS):
+                grown = grown + turn(i)
+                t = time.perf_counter()
+                r = session.prepare(grown)
+                samples.append((time.perf_counter() - t) * 1000)
+                assert r.report["reused_messages"] >= len(history), "the compaction was not reused"
+            results[label] = (cold, statistics.median(samples), first.report, r.report)
+
+    os.environ["LITELLM_LOCAL_MODEL_COST_MAP"] = "True"
+    import litellm
+
+    litellm.token_counter(model="gpt-4o", messages=history[:3])  # load the tokenizer once
+    count_ms = median_ms(lambda: litellm.token_counter(model="gpt-4o", messages=history), reps=5)
+
+    cold, warm, first, last = results["400K"]
+    print(f"transcript: {TRANSCRIPT.name}, {len(history)} messages, {first['before']['tokens']} tokens (gpt-4o)")
+    print(f"litellm.token_counter, one call on the same messages: {count_ms:8.2f} ms (median of 5)")
+    print(f"400K window, tier {first['before']['tier']}: first prepare {cold:8.2f} ms; "
+          f"warm prepare after one appended step {warm:8.2f} ms (median of {REPS})")
+    ratio = warm / count_ms
+    print(f"  warm prepare / one token count = {ratio:.3f} (target < 0.100): {'OK' if ratio < 0.1 else 'MISSED'}")
+    cold32, warm32, first32, last32 = results["32K"]
+    print(f"32K window: first prepare (compaction) {cold32:8.2f} ms, {first32['before']['tokens']} -> "
+          f"{first32['after']['tokens']} tokens; warm per-turn {warm32:8.2f} ms "
+          f"(reused {last32['reused_messages']} messages, stages that ran on the warm turn: "
+          f"{[s['id'] for s in last32['stages'] if s['ran']]})")
+    return 0 if ratio < 0.1 else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
