@@ -3,7 +3,12 @@
 Sandboxed (templates come from packs, which are code review material, not trusted code) and
 ``StrictUndefined`` (a misspelled variable is an error, never an empty string). Whitespace:
 ``trim_blocks`` and ``lstrip_blocks`` are on, so block tags on their own lines leave no blank
-lines; a trailing newline is kept. ``{% include "NAME" %}`` includes another section by name.
+lines; a trailing newline is kept (the assembler then tidies every body, see
+``ctxrules.prompts.assemble.tidy``). ``{% include "NAME" %}`` includes another section by name.
+
+Determinism: an assembled prompt must be byte-identical in every process, so the two things
+Jinja offers that are random by design are removed: the ``lipsum`` global and the ``random``
+filter. A template that uses them fails to compile, and ``validate`` says why (CR085).
 """
 
 from __future__ import annotations
@@ -15,10 +20,14 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 # Variables every template may use without declaring them in prompts.variables.
 BUILTIN_VARIABLES: frozenset[str] = frozenset({"mode", "model_entry"})
+# Jinja built-ins whose output changes from call to call.
+RANDOM_GLOBALS: frozenset[str] = frozenset({"lipsum"})
+RANDOM_FILTERS: frozenset[str] = frozenset({"random"})
 
 
-def make_environment(loader: BaseLoader | None = None,
-                     filters: Mapping[str, Callable[..., object]] | None = None) -> ImmutableSandboxedEnvironment:
+def make_environment(
+    loader: BaseLoader | None = None, filters: Mapping[str, Callable[..., object]] | None = None
+) -> ImmutableSandboxedEnvironment:
     env = ImmutableSandboxedEnvironment(
         loader=loader,
         undefined=StrictUndefined,
@@ -27,6 +36,10 @@ def make_environment(loader: BaseLoader | None = None,
         keep_trailing_newline=True,
         autoescape=False,
     )
+    for name in RANDOM_GLOBALS:
+        env.globals.pop(name, None)
+    for name in RANDOM_FILTERS:
+        env.filters.pop(name, None)
     if filters:
         env.filters.update(filters)
     return env

@@ -1,19 +1,38 @@
-"""Checks of prompt sections, modes and discipline templates in a resolved pack."""
+"""Checks of prompt sections, modes and discipline templates in a resolved pack.
+
+| code  | what |
+|-------|------|
+| CR080 | a template does not parse or compile (syntax, unknown filter) |
+| CR081 | ``{% include %}`` names a section that does not exist |
+| CR082 | a mode names a section that does not exist |
+| CR083 | a template uses a variable ``prompts.variables`` does not declare |
+| CR084 | a template file cannot be read |
+| CR085 | (warning) a template uses a volatile value: dates, ids, counters, random |
+| CR086 | sections include each other in a cycle |
+| CR087 | a mode does not assemble (trial render of every mode x models: entry) |
+
+Findings inside a template point at the template's own line: the template file and line for
+``file:`` sections, the pack line (plus the template line) for inline ones.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ctxrules.validation.diagnostics import did_you_mean
+from ctxrules.validation.diagnostics import Diagnostic, Severity, did_you_mean
 
 if TYPE_CHECKING:
+    from jinja2 import nodes
+
     from ctxrules.packs.loader import ResolvedPack
+    from ctxrules.packs.source import Origin
     from ctxrules.validation.validate import _Reporter
 
 
-def template_source(pack: ResolvedPack, section: dict[str, Any], pointer: str,
-                    origin_file: str) -> tuple[str | None, str | None]:
+def template_source(
+    pack: ResolvedPack, section: dict[str, Any], pointer: str, origin_file: str
+) -> tuple[str | None, str | None]:
     """(source, problem) of a section: its inline template or its file next to the pack."""
     if isinstance(section.get("template"), str):
         return section["template"], None
@@ -25,28 +44,83 @@ def template_source(pack: ResolvedPack, section: dict[str, Any], pointer: str,
     try:
         return path.read_text(encoding="utf-8"), None
     except (OSError, UnicodeDecodeError) as exc:
-        return None, f"template file {rel!r} cannot be read ({getattr(exc, 'strerror', None) or exc})"
+        return (
+            None,
+            f"template file {rel!r} cannot be read ({getattr(exc, 'strerror', None) or exc})",
+        )
+
+
+class _Where:
+    """Maps a template line to a file position: the template file's own line for ``file:``
+    templates, the pack's line (offset by the template line) for inline ones."""
+
+    def __init__(self, pack: ResolvedPack, origin: Origin, inline: bool, rel: str | None) -> None:
+        self.origin = origin
+        self.inline = inline
+        self.file = origin.file
+        self.block = False
+        if inline:
+            doc = pack.docs.get(origin.file)
+            if doc is not None:
+                lines = doc.text.split("\n")
+                if 0 < origin.line <= len(lines):
+                    self.block = lines[origin.line - 1][origin.col - 1 :].lstrip()[:1] in ("|", ">")
+        elif rel is not None:
+            from ctxrules.prompts.assemble import _display
+
+            base = pack.real_paths.get(origin.file)
+            self.file = _display((base.parent if base else pack.base_dir()) / rel)
+
+    def at(self, template_line: int | None) -> tuple[str, int, int]:
+        line = max(template_line or 1, 1)
+        if not self.inline:
+            return self.file, line, 1
+        if self.block:
+            return self.file, self.origin.line + line, 1
+        if line == 1:
+            return self.file, self.origin.line, self.origin.col
+        return self.file, self.origin.line + line - 1, 1
 
 
 def check_prompts(rep: _Reporter, pack: ResolvedPack) -> None:
     import jinja2
     from jinja2 import meta
 
-    from ctxrules.prompts.environment import BUILTIN_VARIABLES, make_environment
+    from ctxrules.prompts.environment import BUILTIN_VARIABLES, RANDOM_FILTERS, make_environment
+    from ctxrules.prompts.volatile import find_volatile
 
     data = pack.data
-    prompts = data.get("prompts") if isinstance(data.get("prompts"), dict) else {}
-    sections = prompts.get("sections") if isinstance(prompts.get("sections"), dict) else {}
-    variables = prompts.get("variables") if isinstance(prompts.get("variables"), dict) else {}
+    prompts = _mapping(data.get("prompts"))
+    sections = _mapping(prompts.get("sections"))
+    variables = _mapping(prompts.get("variables"))
     declared = set(variables) | BUILTIN_VARIABLES
-    env = make_environment()
+    stable = {k for k, v in variables.items() if isinstance(v, dict) and v.get("stable") is True}
+    filters = _known_filters()
+    env = make_environment(filters={n: _noop for n in filters})
+    errors_before = sum(d.severity == "error" for d in rep.out)
+
+    def add(
+        code: str,
+        message: str,
+        where: tuple[str, int, int],
+        pointer: str,
+        hint: str | None = None,
+        severity: Severity = "error",
+    ) -> None:
+        rep.out.append(
+            Diagnostic(code, severity, message, where[0], where[1], where[2], pointer, hint)
+        )
 
     templates: list[tuple[str, dict[str, Any]]] = [
-        (f"/prompts/sections/{name}", sec) for name, sec in sections.items() if isinstance(sec, dict)]
+        (f"/prompts/sections/{name}", sec)
+        for name, sec in sections.items()
+        if isinstance(sec, dict)
+    ]
     for i, entry in enumerate(data.get("models") or []):
         if isinstance(entry, dict) and isinstance(entry.get("discipline"), dict):
             templates.append((f"/models/{i}/discipline", entry["discipline"]))
 
+    includes: dict[str, list[str]] = {}
     for pointer, sec in templates:
         key = "template" if "template" in sec else "file"
         at = f"{pointer}/{key}"
@@ -57,24 +131,184 @@ def check_prompts(rep: _Reporter, pack: ResolvedPack) -> None:
             continue
         if source is None:
             continue
+        where = _Where(pack, origin, key == "template", sec.get("file") if key == "file" else None)
         try:
             ast = env.parse(source)
         except jinja2.TemplateSyntaxError as exc:
-            rep.add("CR080", f"template does not parse (template line {exc.lineno}): {exc.message}", at)
+            if key == "template":
+                rep.add(
+                    "CR080",
+                    f"template does not parse (template line {exc.lineno}): {exc.message}",
+                    at,
+                )
+            else:
+                add("CR080", f"template does not parse: {exc.message}", where.at(exc.lineno), at)
             continue
-        for ref in sorted(r for r in meta.find_referenced_templates(ast) if r is not None):
+        for filt in _filter_nodes(ast):
+            if filt.name not in env.filters:
+                hint = (
+                    "it is random, and prompts must be the same in every process"
+                    if filt.name in RANDOM_FILTERS
+                    else did_you_mean(filt.name, list(env.filters))
+                )
+                add(
+                    "CR080",
+                    f"template uses filter '{filt.name}', which does not exist",
+                    where.at(filt.lineno),
+                    at,
+                    hint,
+                )
+        refs = sorted(r for r in meta.find_referenced_templates(ast) if r is not None)
+        if pointer.startswith("/prompts/sections/"):
+            includes[pointer.rsplit("/", 1)[1]] = refs
+        for ref in refs:
             if ref not in sections:
-                rep.add("CR081", f"template includes section '{ref}', which does not exist", at,
-                        did_you_mean(ref, list(sections)))
-        for var in sorted(meta.find_undeclared_variables(ast) - declared):
-            rep.add("CR083", f"template uses variable '{var}', which prompts.variables does not declare", at,
-                    did_you_mean(var, list(declared)) or f"declare it: prompts.variables.{var}: {{default: ...}}")
+                rep.add(
+                    "CR081",
+                    f"template includes section '{ref}', which does not exist",
+                    at,
+                    did_you_mean(ref, list(sections)),
+                )
+        for var, line in _undeclared(ast, declared):
+            add(
+                "CR083",
+                f"template uses variable '{var}', which prompts.variables does not declare",
+                where.at(line),
+                at,
+                did_you_mean(var, list(declared))
+                or f"declare it: prompts.variables.{var}: {{default: ...}}",
+            )
+        for use in find_volatile(ast, stable=stable):
+            add(
+                "CR085",
+                f"system-prompt template uses {use.what}: {use.why}; a value that changes breaks "
+                "the provider's prompt cache on every call",
+                where.at(use.line),
+                at,
+                "keep the system prompt static and put dynamic content in a user message"
+                + (
+                    " (or declare the variable `stable: true` if it never changes within a session)"
+                    if use.what.startswith("variable")
+                    else ""
+                ),
+                severity="warning",
+            )
 
-    modes = prompts.get("modes") if isinstance(prompts.get("modes"), dict) else {}
-    for mode, names in modes.items():
+    for cycle in _cycles(includes):
+        rep.add(
+            "CR086",
+            "sections include each other in a cycle: " + " -> ".join([*cycle, cycle[0]]),
+            f"/prompts/sections/{cycle[0]}",
+            "an include cycle would never finish rendering",
+        )
+
+    modes = _mapping(prompts.get("modes"))
+    for mode, spec in modes.items():
+        names, base = (
+            (spec, f"/prompts/modes/{mode}")
+            if isinstance(spec, list)
+            else (
+                (spec.get("sections"), f"/prompts/modes/{mode}/sections")
+                if isinstance(spec, dict)
+                else (None, "")
+            )
+        )
         if not isinstance(names, list):
             continue
         for j, name in enumerate(names):
             if isinstance(name, str) and name not in sections:
-                rep.add("CR082", f"mode '{mode}' names section '{name}', which does not exist",
-                        f"/prompts/modes/{mode}/{j}", did_you_mean(name, list(sections)))
+                rep.add(
+                    "CR082",
+                    f"mode '{mode}' names section '{name}', which does not exist",
+                    f"{base}/{j}",
+                    did_you_mean(name, list(sections)),
+                )
+
+    if sum(d.severity == "error" for d in rep.out) == errors_before:
+        _trial_render(rep, pack, modes)
+
+
+def _mapping(value: object) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _noop(value: object, *args: object, **kwargs: object) -> object:
+    return value
+
+
+def _known_filters() -> list[str]:
+    from ctxrules.plugins import default_registry
+
+    try:
+        return list(default_registry().filters)
+    except Exception:  # a broken plugin is reported by the plugin checks, not here
+        return []
+
+
+def _filter_nodes(ast: nodes.Template) -> list[nodes.Filter]:
+    from jinja2 import nodes
+
+    return list(ast.find_all(nodes.Filter))
+
+
+def _undeclared(ast: nodes.Template, declared: set[str]) -> list[tuple[str, int]]:
+    """(name, first template line) of every variable read but neither declared nor assigned."""
+    from jinja2 import meta, nodes
+
+    missing = meta.find_undeclared_variables(ast) - declared
+    first: dict[str, int] = {}
+    for n in ast.find_all(nodes.Name):
+        if n.name in missing and n.ctx == "load":
+            first[n.name] = min(first.get(n.name, n.lineno), n.lineno)
+    return sorted(((name, first.get(name, 1)) for name in missing), key=lambda t: (t[1], t[0]))
+
+
+def _cycles(graph: dict[str, list[str]]) -> list[list[str]]:
+    """Each include cycle once, starting at its alphabetically first section."""
+    seen: set[tuple[str, ...]] = set()
+    out: list[list[str]] = []
+
+    def walk(node: str, path: list[str]) -> None:
+        for nxt in graph.get(node, []):
+            if nxt in path:
+                cycle = path[path.index(nxt) :]
+                k = cycle.index(min(cycle))
+                norm = tuple(cycle[k:] + cycle[:k])
+                if norm not in seen:
+                    seen.add(norm)
+                    out.append(list(norm))
+            elif nxt in graph and len(path) < 64:
+                walk(nxt, [*path, nxt])
+
+    for start in sorted(graph):
+        walk(start, [start])
+    return out
+
+
+def _trial_render(rep: _Reporter, pack: ResolvedPack, modes: dict[str, Any]) -> None:
+    """Assemble every mode for no entry and for each models: entry, with the declared defaults
+    (a placeholder for required variables): what fails here would fail for every caller."""
+    from ctxrules.prompts.assemble import AssemblyError, PromptSet
+
+    try:
+        ps = PromptSet(pack)
+    except AssemblyError as exc:
+        rep.add("CR087", f"prompts cannot be prepared: {exc}", "/prompts")
+        return
+    sample = {name: "x" for name, var in ps.variables.items() if var.required}
+    reported: set[str] = set()
+    for mode in modes:
+        for entry in [None, *ps.entries]:
+            try:
+                ps.render(mode, entry, ps.effective_variables(sample))
+            except AssemblyError as exc:
+                message = str(exc)
+                if message in reported:
+                    continue
+                reported.add(message)
+                who = f"models entry '{entry.id}'" if entry else "a model with no models: entry"
+                rep.add(
+                    "CR087",
+                    f"mode '{mode}' does not assemble for {who}: {message}",
+                    f"/prompts/modes/{mode}",
+                )
