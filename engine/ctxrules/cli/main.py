@@ -23,6 +23,7 @@ VERBS: tuple[str, ...] = (
     "ctxrules.cli.run",
     "ctxrules.cli.vault",
     "ctxrules.cli.test",
+    "ctxrules.cli.report",
 )
 
 

@@ -1,0 +1,115 @@
+"""`ctxrules report`: the table, and the HTML page rendered in a real headless Chromium."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import struct
+import subprocess
+import zlib
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ctxrules import Engine
+from conftest import REPO
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+def _report(tmp_path: Path) -> Path:
+    history = json.loads((REPO / "rules" / "examples" / "agent-session.json").read_text())
+    engine = Engine.load("builtin:default")
+    result = engine.session(tmp_path / "s", model="gpt-4o", window=24000).prepare(history)
+    path = tmp_path / "report.json"
+    # A hostile string must come out escaped, not as markup.
+    result.report["warnings"].append("<script>alert(1)</script> & <b>bold</b>")
+    path.write_text(json.dumps(result.report))
+    return path
+
+
+def decode_png(data: bytes) -> tuple[int, int, int, list[bytes]]:
+    """Rows of an 8-bit RGB/RGBA non-interlaced PNG (what Chromium writes)."""
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    pos, idat, width = 8, b"", 0
+    while pos < len(data):
+        length, kind = struct.unpack(">I4s", data[pos:pos + 8])
+        body = data[pos + 8:pos + 8 + length]
+        if kind == b"IHDR":
+            width, height, depth, color = struct.unpack(">IIBB", body[:10])
+            assert depth == 8 and color in (2, 6)
+            bpp = 3 if color == 2 else 4
+        elif kind == b"IDAT":
+            idat += body
+        pos += 12 + length
+    raw = zlib.decompress(idat)
+    stride = width * bpp
+    rows: list[bytes] = []
+    prev = bytearray(stride)
+    for y in range(height):
+        f = raw[y * (stride + 1)]
+        line = bytearray(raw[y * (stride + 1) + 1:(y + 1) * (stride + 1)])
+        for i in range(stride):
+            a = line[i - bpp] if i >= bpp else 0
+            b, c = prev[i], prev[i - bpp] if i >= bpp else 0
+            if f == 1:
+                line[i] = (line[i] + a) & 255
+            elif f == 2:
+                line[i] = (line[i] + b) & 255
+            elif f == 3:
+                line[i] = (line[i] + (a + b) // 2) & 255
+            elif f == 4:
+                p = a + b - c
+                pa, pb, pc = abs(p - a), abs(p - b), abs(p - c)
+                line[i] = (line[i] + (a if pa <= pb and pa <= pc else b if pb <= pc else c)) & 255
+        rows.append(bytes(line))
+        prev = line
+    return width, height, bpp, rows
+
+
+def test_report_table(tmp_path: Path, cli: Any) -> None:
+    code, out, _ = cli("report", str(_report(tmp_path)))
+    assert code == 0 and "before:" in out and "normalize.tool_pairs" in out
+
+
+def test_report_rejects_a_file_that_is_not_a_report(tmp_path: Path, cli: Any) -> None:
+    bad = tmp_path / "x.json"
+    bad.write_text('{"hello": 1}')
+    code, _, err = cli("report", str(bad))
+    assert code == 2 and "not a ctxrules run report" in err
+
+
+def test_html_is_self_contained_and_escaped(tmp_path: Path, cli: Any) -> None:
+    out = tmp_path / "r.html"
+    code, _, _ = cli("report", str(_report(tmp_path)), "--html", str(out))
+    page = out.read_text()
+    assert code == 0
+    assert "<script" not in page and "&lt;script&gt;" in page
+    for needle in ("http://", "https://", "src=", "@import", "url("):
+        assert needle not in page, needle
+    assert page.count("<svg") == 3  # two rings and the waterfall
+
+
+@pytest.mark.skipif(not CHROMIUM and not os.environ.get("CTXRULES_REQUIRE_CHROMIUM"),
+                    reason="Debian's chromium is not installed (CI installs it)")
+def test_html_renders_in_headless_chromium(tmp_path: Path, cli: Any) -> None:
+    assert CHROMIUM, "CTXRULES_REQUIRE_CHROMIUM is set but chromium is missing"
+    page = tmp_path / "r.html"
+    cli("report", str(_report(tmp_path)), "--html", str(page))
+    shot = tmp_path / "shot.png"
+    proc = subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
+                           "--no-first-run", "--disable-background-networking", "--disable-component-update",
+                           "--disable-sync", f"--user-data-dir={tmp_path / 'profile'}", "--enable-logging=stderr",
+                           "--v=0", "--window-size=1000,1400", f"--screenshot={shot}", page.as_uri()],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    console = [ln for ln in proc.stderr.splitlines() if "CONSOLE" in ln or "Uncaught" in ln or "net::ERR" in ln]
+    assert console == []
+    width, height, bpp, rows = decode_png(shot.read_bytes())
+    assert (width, height) == (1000, 1400)
+    pixels = [row[i:i + 3] for row in rows[::5] for i in range(0, len(row), bpp * 5)]
+    assert len(set(pixels)) > 20, "the screenshot is (nearly) blank"
+    # The emergency-tier colour of the 'before' ring is on the page.
+    assert bytes.fromhex("c62828") in pixels
