@@ -1,0 +1,892 @@
+"""``cache.markers``: keep the provider's prompt-cache prefix stable and tell it where to cache.
+
+Finalize phase: it runs after every content stage, adds markers and request options, and never
+changes a message's text (the runner checks that).
+
+**The stable prefix** is, in order: the system message; the tool schemas; the *workspace
+rules* (further leading system/developer messages and anything injected before the first real
+user message: AGENTS.md, CLAUDE.md, environment context); the first real user message (the
+human anchor, which is pinned). Everything after it is *history*. The stage
+
+- sorts and normalizes the tool schemas (:func:`normalize_tools`): tools by name, object keys
+  sorted, ``required`` lists sorted, description whitespace trimmed — two requests that differ
+  only in such noise get the same bytes;
+- keeps the tool list stable when the caller narrows it: on providers that honour
+  ``tool_choice: allowed_tools`` (OpenAI), a call that drops tools the session sent before
+  keeps sending them and narrows the choice instead (``stable_tools``); a pack can also narrow
+  explicitly with ``allowed_tools`` globs;
+- adds cache breakpoints: Anthropic ``cache_control`` on the last message (the next call reads
+  everything up to it), the end of the stable prefix, the end of the system block (reused across
+  sessions) and, after a long step, the previous call's last message — only where the prefix is
+  long enough to be cached (``min_prefix_tokens``) and never more than ``max_breakpoints``
+  (4, Anthropic's limit) counting markers the caller set. Qwen-style providers get prefix
+  markers only (system block and stable prefix);
+- sets ``prompt_cache_key`` in ``result.request`` for native OpenAI endpoints: the session's
+  cache key, which is its id unless the session was opened with ``cache_key=`` (a sub-agent
+  passes its parent's key and so shares the parent's cache routing);
+- keeps a per-session fingerprint of every layer in ``ctx.state`` and, when the prefix changes,
+  reports which layer broke it (model, tools — named —, system, workspace rules, first user
+  message, history from message N) and whether the cache had simply expired (idle > TTL).
+
+Markers this stage added on one call are removed from messages that are no longer a target on
+the next (the session feeds its previous output back in), and a message it turned from a
+string into a one-part list gets its string back, so history bytes stay the caller's.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass
+from fnmatch import fnmatchcase
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlparse
+
+from ctxrules.hookspecs import hookimpl
+from ctxrules.messages import is_real_user
+from ctxrules.stages.base import Action, Message, StageOutcome, StageType
+
+if TYPE_CHECKING:
+    from ctxrules.pipeline.context import StageContext
+
+__all__ = [
+    "CACHE_KEY",
+    "STAGE_TYPE",
+    "CacheMarkers",
+    "PrefixLayers",
+    "cache_key_scope",
+    "canonical_message",
+    "count_markers",
+    "ctxrules_register_stages",
+    "normalize_tools",
+    "prefix_layers",
+    "stable_prefix_bytes",
+]
+
+CACHE_KEY: ContextVar[str | None] = ContextVar("ctxrules_cache_key", default=None)
+"""The prompt-cache key of the session whose ``prepare`` is running (set by ``Session``)."""
+
+MARKER_KEY = "cache_control"
+ANTHROPIC_LIMIT = 4
+# Anthropic looks for an earlier cache entry up to about 20 content blocks before a breakpoint;
+# after a longer step the previous call's end gets a breakpoint of its own.
+LOOKBACK_BLOCKS = 18
+OPENAI_HOSTS = ("api.openai.com",)
+# Families whose chat API honours tool_choice={"type": "allowed_tools", ...}.
+ALLOWED_TOOLS_FAMILIES = frozenset({"openai"})
+ALLOWED_TOOLS_PROVIDERS = frozenset({"openai", "azure"})
+TTL_SECONDS = {"5m": 300.0, "1h": 3600.0}
+_SHORT = 16  # hex digits kept per history message digest
+
+
+@contextmanager
+def cache_key_scope(key: str | None) -> Iterator[None]:
+    """Make ``key`` the prompt-cache key for the stages run inside the block."""
+    token = CACHE_KEY.set(key)
+    try:
+        yield
+    finally:
+        CACHE_KEY.reset(token)
+
+
+# -- tool schemas -----------------------------------------------------------------------------
+
+
+def _tool_name(tool: Mapping[str, Any]) -> str:
+    fn = tool.get("function")
+    if isinstance(fn, Mapping) and isinstance(fn.get("name"), str):
+        return str(fn["name"])
+    return str(tool.get("name") or "")
+
+
+def _normalize(value: Any, key: str | None = None) -> Any:
+    if isinstance(value, Mapping):
+        return {k: _normalize(value[k], k) for k in sorted(value, key=str)}
+    if isinstance(value, list):
+        items = [_normalize(v) for v in value]
+        if key == "required" and all(isinstance(v, str) for v in items):
+            return sorted(set(items))
+        return items
+    if isinstance(value, str) and key == "description":
+        return "\n".join(line.rstrip() for line in value.strip().split("\n"))
+    return value
+
+
+def normalize_tools(tools: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Tool schemas in one canonical form: sorted by (type, name); every object's keys sorted;
+    ``required`` lists sorted and deduplicated; descriptions without trailing whitespace.
+    Nothing that changes meaning is touched (property order in JSON Schema carries none)."""
+    normalized = [_normalize(t) if isinstance(t, Mapping) else t for t in tools]
+    return sorted(
+        normalized,
+        key=lambda t: (str(t.get("type", "")), _tool_name(t)) if isinstance(t, dict) else ("", ""),
+    )
+
+
+# -- the prefix ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PrefixLayers:
+    """Where the stable prefix's layers sit in a message list (``stop`` indices exclusive).
+
+    ``system``: ``[0, system_stop)``; workspace rules: ``[system_stop, workspace_stop)``; the
+    first real user message at ``anchor`` (``None``: there is none yet, and the prefix ends with
+    the workspace rules); history from ``history_start``."""
+
+    system_stop: int
+    workspace_stop: int
+    anchor: int | None
+
+    @property
+    def history_start(self) -> int:
+        return self.anchor + 1 if self.anchor is not None else self.workspace_stop
+
+    @property
+    def prefix_stop(self) -> int:
+        return self.history_start
+
+
+def prefix_layers(messages: Sequence[Mapping[str, Any]]) -> PrefixLayers:
+    """The layers of ``messages`` (see :class:`PrefixLayers`)."""
+    system_stop = 1 if messages and messages[0].get("role") in ("system", "developer") else 0
+    anchor = next((i for i, m in enumerate(messages) if is_real_user(m)), None)
+    if anchor is not None:
+        return PrefixLayers(system_stop, max(anchor, system_stop), anchor)
+    stop = system_stop
+    while stop < len(messages) and messages[stop].get("role") in ("system", "developer"):
+        stop += 1
+    return PrefixLayers(system_stop, stop, None)
+
+
+def _strip_markers(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {k: _strip_markers(v) for k, v in value.items() if k != MARKER_KEY}
+    if isinstance(value, list):
+        return [_strip_markers(v) for v in value]
+    return value
+
+
+def canonical_message(msg: Mapping[str, Any]) -> Any:
+    """``msg`` without cache markers, a single plain text part written as a string: the form
+    in which marker placement can never make two messages differ."""
+    out = _strip_markers(msg)
+    content = out.get("content")
+    if (
+        isinstance(content, list)
+        and len(content) == 1
+        and isinstance(content[0], dict)
+        and set(content[0]) == {"type", "text"}
+        and content[0]["type"] == "text"
+    ):
+        out["content"] = content[0]["text"]
+    return out
+
+
+def _digest(value: Any) -> str:
+    data = json.dumps(value, sort_keys=True, ensure_ascii=False, separators=(",", ":"), default=str)
+    return hashlib.sha256(data.encode("utf-8")).hexdigest()
+
+
+def stable_prefix_bytes(
+    messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]]
+) -> bytes:
+    """The bytes of the stable prefix *as sent* (markers included): the tool schemas and the
+    messages up to and including the first real user message, as canonical JSON."""
+    layers = prefix_layers(messages)
+    body = {"tools": list(tools), "messages": list(messages[: layers.prefix_stop])}
+    return json.dumps(body, sort_keys=True, ensure_ascii=False, separators=(",", ":")).encode(
+        "utf-8"
+    )
+
+
+def count_markers(
+    messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] = ()
+) -> int:
+    """Cache breakpoints in a request: ``cache_control`` on messages, their parts and tools."""
+
+    def count(value: Any) -> int:
+        if isinstance(value, Mapping):
+            return (MARKER_KEY in value) + sum(
+                count(v) for k, v in value.items() if k != MARKER_KEY
+            )
+        if isinstance(value, list):
+            return sum(count(v) for v in value)
+        return 0
+
+    return sum(count(m) for m in messages) + sum(count(t) for t in tools)
+
+
+# -- markers ----------------------------------------------------------------------------------
+
+
+def _markable_part(content: list[Any]) -> int | None:
+    for j in range(len(content) - 1, -1, -1):
+        part = content[j]
+        if (
+            isinstance(part, dict)
+            and part.get("type") == "text"
+            and isinstance(part.get("text"), str)
+            and part["text"]
+        ):
+            return j
+    return None
+
+
+def _is_markable(msg: Mapping[str, Any]) -> bool:
+    content = msg.get("content")
+    if isinstance(content, str):
+        return bool(content)
+    return isinstance(content, list) and _markable_part(content) is not None
+
+
+def _mark(msg: Mapping[str, Any], marker: dict[str, Any]) -> tuple[Message, bool] | None:
+    """(marked copy, was the content a string) or None when the message cannot carry one or
+    already carries one."""
+    content = msg.get("content")
+    if isinstance(content, str) and content:
+        return {
+            **msg,
+            "content": [{"type": "text", "text": content, MARKER_KEY: dict(marker)}],
+        }, True
+    if isinstance(content, list):
+        if any(isinstance(p, dict) and MARKER_KEY in p for p in content) or MARKER_KEY in msg:
+            return None
+        j = _markable_part(content)
+        if j is None:
+            return None
+        parts = list(content)
+        parts[j] = {**parts[j], MARKER_KEY: dict(marker)}
+        return {**msg, "content": parts}, False
+    return None
+
+
+def _unmark(msg: Mapping[str, Any], marker: dict[str, Any], was_string: bool) -> Message | None:
+    """``msg`` without the marker this stage put on it, or None when it carries none."""
+    content = msg.get("content")
+    if not isinstance(content, list):
+        return None
+    for j in range(len(content) - 1, -1, -1):
+        part = content[j]
+        if isinstance(part, dict) and part.get(MARKER_KEY) == marker:
+            stripped = {k: v for k, v in part.items() if k != MARKER_KEY}
+            if was_string and len(content) == 1 and set(stripped) == {"type", "text"}:
+                return {**msg, "content": stripped["text"]}
+            parts = list(content)
+            parts[j] = stripped
+            return {**msg, "content": parts}
+    return None
+
+
+# -- the stage ----------------------------------------------------------------------------------
+
+
+OPTIONS_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "additionalProperties": False,
+    "properties": {
+        "strategy": {
+            "title": "Breakpoint strategy",
+            "description": "auto: from the model family (Anthropic -> anthropic, Qwen -> prefix, "
+            "others "
+            "none); anthropic: rolling cache_control breakpoints plus the stable prefix; "
+            "prefix: cache_control on the stable prefix only (Qwen/DashScope style); "
+            "none: no markers.",
+            "enum": ["auto", "anthropic", "prefix", "none"],
+            "default": "auto",
+        },
+        "max_breakpoints": {
+            "title": "Most breakpoints",
+            "description": "Upper bound on cache_control markers in the request, counting those "
+            "the "
+            "caller set (Anthropic rejects more than 4).",
+            "type": "integer",
+            "minimum": 0,
+            "maximum": ANTHROPIC_LIMIT,
+            "default": ANTHROPIC_LIMIT,
+        },
+        "min_prefix_tokens": {
+            "title": "Smallest cached prefix",
+            "description": "A breakpoint is only set where the prompt up to it has at least this "
+            "many "
+            "tokens (Anthropic caches nothing shorter: 1024 for most models).",
+            "type": "integer",
+            "minimum": 0,
+            "default": 1024,
+        },
+        "min_gain_tokens": {
+            "title": "Smallest gain per breakpoint",
+            "description": "A breakpoint is only set where it caches at least this many tokens "
+            "more than "
+            "the neighbouring breakpoints (a marker right after another one buys nothing).",
+            "type": "integer",
+            "minimum": 0,
+            "default": 256,
+        },
+        "ttl": {
+            "title": "Cache TTL",
+            "description": "Anthropic cache lifetime to ask for: null (the provider's default, 5 "
+            "minutes), "
+            "5m or 1h (costs more per write).",
+            "enum": [None, "5m", "1h"],
+            "default": None,
+        },
+        "prompt_cache_key": {
+            "title": "OpenAI prompt_cache_key",
+            "description": "auto: set request.prompt_cache_key to the session's cache key for "
+            "native "
+            "OpenAI endpoints only (provider openai and api_base unset or api.openai.com); "
+            "always / never.",
+            "enum": ["auto", "always", "never"],
+            "default": "auto",
+        },
+        "api_base": {
+            "title": "API base URL",
+            "description": "The endpoint the caller sends requests to, when it is not the "
+            "provider's own "
+            "(a proxy, a gateway, a compatible server): a host other than api.openai.com "
+            "turns prompt_cache_key off under auto.",
+            "type": ["string", "null"],
+            "default": None,
+        },
+        "allowed_tools": {
+            "title": "Allowed tools",
+            "description": "Globs of tool names the model may call. Narrows through "
+            "request.tool_choice = {type: allowed_tools, ...}; the tools list itself is "
+            "left whole, so the cached prefix survives.",
+            "type": ["array", "null"],
+            "items": {"type": "string"},
+            "default": None,
+        },
+        "allowed_tools_mode": {
+            "title": "Allowed tools mode",
+            "description": "auto: the model may answer without a tool; required: it must call one "
+            "of "
+            "the allowed tools.",
+            "enum": ["auto", "required"],
+            "default": "auto",
+        },
+        "stable_tools": {
+            "title": "Stable tool list",
+            "description": "When a call passes fewer tools than the session sent before, keep "
+            "sending "
+            "the earlier list and narrow with allowed_tools instead. auto: only for "
+            "providers that honour allowed_tools (OpenAI); always; never.",
+            "enum": ["auto", "always", "never"],
+            "default": "auto",
+        },
+        "normalize_tools": {
+            "title": "Normalize tool schemas",
+            "description": "Sort tools by name and their schemas' keys, sort required lists, trim "
+            "description whitespace, so equivalent tool lists are byte-identical.",
+            "type": "boolean",
+            "default": True,
+        },
+        "report_breaks": {
+            "title": "Report cache breaks",
+            "description": "Warn when the stable prefix changed since the previous call, naming "
+            "the "
+            "layer that changed (history rewrites and expiry are reported as actions).",
+            "type": "boolean",
+            "default": True,
+        },
+    },
+}
+
+
+@dataclass(frozen=True)
+class _Options:
+    strategy: str
+    max_breakpoints: int
+    min_prefix_tokens: int
+    min_gain_tokens: int
+    ttl: str | None
+    prompt_cache_key: str
+    api_base: str | None
+    allowed_tools: tuple[str, ...] | None
+    allowed_tools_mode: str
+    stable_tools: str
+    normalize_tools: bool
+    report_breaks: bool
+
+
+class CacheMarkers:
+    """The ``cache.markers`` stage; options as in :data:`OPTIONS_SCHEMA`."""
+
+    def __init__(self, options: Mapping[str, Any]) -> None:
+        allowed = options.get("allowed_tools")
+        self.options = _Options(
+            strategy=str(options.get("strategy", "auto")),
+            max_breakpoints=int(options.get("max_breakpoints", ANTHROPIC_LIMIT)),
+            min_prefix_tokens=int(options.get("min_prefix_tokens", 1024)),
+            min_gain_tokens=int(options.get("min_gain_tokens", 256)),
+            ttl=options.get("ttl"),
+            prompt_cache_key=str(options.get("prompt_cache_key", "auto")),
+            api_base=options.get("api_base"),
+            allowed_tools=tuple(allowed) if allowed is not None else None,
+            allowed_tools_mode=str(options.get("allowed_tools_mode", "auto")),
+            stable_tools=str(options.get("stable_tools", "auto")),
+            normalize_tools=bool(options.get("normalize_tools", True)),
+            report_breaks=bool(options.get("report_breaks", True)),
+        )
+        self.marker: dict[str, Any] = {"type": "ephemeral"}
+        if self.options.ttl:
+            self.marker["ttl"] = self.options.ttl
+        # id(message) -> (message, short digest): the session hands back the same objects call
+        # after call, so history digests cost one JSON dump per new message. Holding the message
+        # keeps its id from being reused while it is in the memo.
+        self._memo: dict[int, tuple[Mapping[str, Any], str]] = {}
+
+    # -- helpers ----------------------------------------------------------------------------
+    def _short(self, msg: Mapping[str, Any]) -> str:
+        hit = self._memo.get(id(msg))
+        if hit is not None and hit[0] is msg:
+            return hit[1]
+        digest = _digest(canonical_message(msg))[:_SHORT]
+        if len(self._memo) > 200_000:
+            self._memo.clear()
+        self._memo[id(msg)] = (msg, digest)
+        return digest
+
+    def _strategy(self, ctx: StageContext) -> str:
+        if self.options.strategy != "auto":
+            return self.options.strategy
+        return {"anthropic": "anthropic", "qwen": "prefix"}.get(ctx.model.family, "none")
+
+    def _native_openai(self, ctx: StageContext) -> bool:
+        if ctx.model.provider != "openai":
+            return False
+        if not self.options.api_base:
+            return True
+        host = (urlparse(self.options.api_base).hostname or "").lower()
+        return host in OPENAI_HOSTS
+
+    def _allowed_tools_supported(self, ctx: StageContext) -> bool:
+        return (
+            ctx.model.family in ALLOWED_TOOLS_FAMILIES
+            and (ctx.model.provider or "openai") in ALLOWED_TOOLS_PROVIDERS
+        )
+
+    # -- the call -------------------------------------------------------------------------------
+    def __call__(self, messages: Sequence[Message], ctx: StageContext) -> StageOutcome:
+        opts = self.options
+        state = ctx.state
+        actions: list[Action] = []
+        warnings: list[str] = []
+        request: dict[str, Any] = {}
+
+        tools, narrowed_to = self._tools(ctx, actions)
+        out = self._remove_own_markers(messages, state)
+        layers = prefix_layers(out)
+
+        fingerprint = self._fingerprint(out, tools, layers, ctx)
+        self._report_breaks(state.get("prefix"), fingerprint, ctx, actions, warnings)
+
+        strategy = self._strategy(ctx)
+        ours: list[dict[str, Any]] = []
+        if strategy in ("anthropic", "prefix"):
+            out, ours = self._place(out, tools, layers, ctx, strategy, state, actions, warnings)
+
+        key_mode = opts.prompt_cache_key
+        if key_mode == "always" or (key_mode == "auto" and self._native_openai(ctx)):
+            key = CACHE_KEY.get() or ctx.session_id
+            if key:
+                request["prompt_cache_key"] = key
+                actions.append(Action("prompt_cache_key", f"prompt_cache_key={key}"))
+
+        allowed = self._allowed(tools, narrowed_to)
+        if allowed == [] and tools:
+            # Nothing may be called: "none" says so without dropping the schemas from the prefix.
+            request["tool_choice"] = "none"
+            actions.append(
+                Action(
+                    "allowed_tools",
+                    f"no tool allowed: tool_choice=none, {len(tools)} "
+                    "schemas kept for the cached prefix",
+                )
+            )
+        elif allowed is not None:
+            request["tool_choice"] = {
+                "type": "allowed_tools",
+                "allowed_tools": {
+                    "mode": opts.allowed_tools_mode,
+                    "tools": [{"type": "function", "function": {"name": n}} for n in allowed],
+                },
+            }
+            actions.append(
+                Action(
+                    "allowed_tools",
+                    f"{len(allowed)} of {len(tools)} tools allowed: " + ", ".join(allowed),
+                )
+            )
+
+        state["prefix"] = fingerprint
+        state["ours"] = ours
+        state["tail"] = self._tail_record(out, layers)
+        state["last_clock"] = ctx.clock
+        # Keep the caller's objects where nothing changed (the runner and session rely on identity).
+        final = [m if _same(o, m) else o for o, m in zip(out, messages, strict=True)]
+        return StageOutcome(
+            messages=final,
+            actions=actions,
+            request=request,
+            tools=tools if tools != list(ctx.tools) else None,
+            warnings=warnings,
+        )
+
+    # -- tools ------------------------------------------------------------------------------------
+    def _tools(
+        self, ctx: StageContext, actions: list[Action]
+    ) -> tuple[list[dict[str, Any]], list[str] | None]:
+        """The tool list to send and, when the caller narrowed it, the names it passed."""
+        opts = self.options
+        given = [t for t in ctx.tools if isinstance(t, dict)]
+        tools = normalize_tools(given) if opts.normalize_tools else list(given)
+        if opts.normalize_tools and tools != given:
+            actions.append(
+                Action("tools_normalized", f"{len(tools)} tool schemas sorted and normalized")
+            )
+        keep = opts.stable_tools == "always" or (
+            opts.stable_tools == "auto" and self._allowed_tools_supported(ctx)
+        )
+        previous_id = ctx.state.get("tools_vault")
+        if not keep or not previous_id or (not tools and not ctx.state.get("tool_names")):
+            return self._remember(tools, ctx), None
+        names = [_tool_name(t) for t in tools]
+        prev_names = ctx.state.get("tool_names") or []
+        if set(names) < set(prev_names):
+            try:
+                previous = json.loads(ctx.vault.get_text(previous_id))
+            except Exception:  # a missing or corrupt vault entry: fall back to what was given
+                previous = None
+            if isinstance(previous, list):
+                merged = {_tool_name(t): t for t in previous if isinstance(t, dict)}
+                merged.update({_tool_name(t): t for t in tools})
+                kept = (
+                    normalize_tools(list(merged.values()))
+                    if opts.normalize_tools
+                    else list(merged.values())
+                )
+                dropped = sorted(set(prev_names) - set(names))
+                actions.append(
+                    Action(
+                        "tools_kept",
+                        f"caller dropped {len(dropped)} tool(s) "
+                        f"({', '.join(dropped)}); kept in the list and narrowed with allowed_tools "
+                        "so the cached prefix survives",
+                    )
+                )
+                return kept, sorted(names)
+        return self._remember(tools, ctx), None
+
+    def _remember(self, tools: list[dict[str, Any]], ctx: StageContext) -> list[dict[str, Any]]:
+        names = [_tool_name(t) for t in tools]
+        if names != ctx.state.get("tool_names"):
+            ctx.state["tool_names"] = names
+            ctx.state["tools_vault"] = (
+                ctx.vault.put_text(json.dumps(tools, sort_keys=True, ensure_ascii=False))
+                if tools
+                else None
+            )
+        return tools
+
+    def _allowed(
+        self, tools: list[dict[str, Any]], narrowed_to: list[str] | None
+    ) -> list[str] | None:
+        globs = self.options.allowed_tools
+        if globs is None and narrowed_to is None:
+            return None
+        names = [_tool_name(t) for t in tools]
+        allowed = set(narrowed_to) if narrowed_to is not None else set(names)
+        if globs is not None:
+            allowed = {n for n in allowed if any(fnmatchcase(n, g) for g in globs)}
+        return sorted(allowed)
+
+    # -- markers ----------------------------------------------------------------------------------
+    def _remove_own_markers(
+        self, messages: Sequence[Message], state: dict[str, Any]
+    ) -> list[Message]:
+        out = list(messages)
+        for rec in state.get("ours") or []:
+            i = rec.get("i") if isinstance(rec, dict) else None
+            if not isinstance(i, int) or not 0 <= i < len(out):
+                continue
+            plain = _unmark(out[i], self.marker, bool(rec.get("s")))
+            if plain is not None:
+                out[i] = plain
+        return out
+
+    def _place(
+        self,
+        out: list[Message],
+        tools: list[dict[str, Any]],
+        layers: PrefixLayers,
+        ctx: StageContext,
+        strategy: str,
+        state: dict[str, Any],
+        actions: list[Action],
+        warnings: list[str],
+    ) -> tuple[list[Message], list[dict[str, Any]]]:
+        opts = self.options
+        existing = count_markers(out, tools)
+        budget = opts.max_breakpoints - existing
+        if existing > ANTHROPIC_LIMIT:
+            warnings.append(
+                f"the request already carries {existing} cache_control markers; providers accept "
+                f"at most {ANTHROPIC_LIMIT} and will reject it"
+            )
+        if budget <= 0 or not out:
+            if budget <= 0 and existing:
+                actions.append(
+                    Action(
+                        "cache_markers_skipped",
+                        f"{existing} cache_control marker(s) already present; none added",
+                    )
+                )
+            return out, []
+        counts = ctx.counter.count_each(out)
+        tools_tokens = ctx.counter.count_tools(tools, has_system_message=layers.system_stop > 0)
+        cumulative: list[int] = []
+        total = tools_tokens
+        for c in counts:
+            total += c
+            cumulative.append(total)
+
+        def markable_at_or_before(i: int, floor: int) -> int | None:
+            for j in range(min(i, len(out) - 1), floor - 1, -1):
+                if _is_markable(out[j]):
+                    return j
+            return None
+
+        system_end = (
+            markable_at_or_before(layers.workspace_stop - 1, 0) if layers.workspace_stop else None
+        )
+        prefix_end = (
+            markable_at_or_before(layers.prefix_stop - 1, 0) if layers.prefix_stop else None
+        )
+        candidates: list[tuple[str, int | None]] = []
+        if strategy == "anthropic":
+            tail = markable_at_or_before(len(out) - 1, 0)
+            candidates.append(("conversation tail", tail))
+            candidates.append(("system and workspace rules", system_end))
+            candidates.append(("stable prefix", prefix_end))
+            prev = state.get("tail")
+            if isinstance(prev, dict) and isinstance(prev.get("i"), int) and tail is not None:
+                pi = prev["i"]
+                if (
+                    0 <= pi < tail
+                    and self._short(out[pi]) == prev.get("d")
+                    and _blocks(out[pi + 1 : tail + 1]) > LOOKBACK_BLOCKS
+                ):
+                    candidates.append(("previous call's tail", pi))
+        else:
+            candidates.append(("stable prefix", prefix_end))
+            candidates.append(("system and workspace rules", system_end))
+        chosen: dict[int, str] = {}
+        for why, i in candidates:
+            if i is None or i in chosen or len(chosen) >= budget:
+                continue
+            if cumulative[i] < opts.min_prefix_tokens:
+                continue
+            # A breakpoint pays only if it caches a real stretch beyond its neighbours.
+            below = max((cumulative[j] for j in chosen if j < i), default=0)
+            above = min((cumulative[j] for j in chosen if j > i), default=None)
+            if cumulative[i] - below < opts.min_gain_tokens or (
+                above is not None and above - cumulative[i] < opts.min_gain_tokens
+            ):
+                continue
+            chosen[i] = why
+        ours: list[dict[str, Any]] = []
+        for i in sorted(chosen):
+            marked = _mark(out[i], self.marker)
+            if marked is None:
+                continue
+            out[i], was_string = marked
+            ours.append({"i": i, "s": was_string})
+            actions.append(
+                Action(
+                    "cache_breakpoint",
+                    f"{chosen[i]}: cache_control after message {i} "
+                    f"(caches a {cumulative[i]}-token prefix)",
+                    index=i,
+                )
+            )
+        return out, ours
+
+    def _tail_record(self, out: list[Message], layers: PrefixLayers) -> dict[str, Any] | None:
+        if not out:
+            return None
+        i = len(out) - 1
+        return {"i": i, "d": self._short(out[i])}
+
+    # -- fingerprint and breaks -----------------------------------------------------------------
+    def _fingerprint(
+        self,
+        out: list[Message],
+        tools: list[dict[str, Any]],
+        layers: PrefixLayers,
+        ctx: StageContext,
+    ) -> dict[str, Any]:
+        system = [canonical_message(m) for m in out[: layers.system_stop]]
+        workspace = [canonical_message(m) for m in out[layers.system_stop : layers.workspace_stop]]
+        anchor = canonical_message(out[layers.anchor]) if layers.anchor is not None else None
+        plain_tools = [_strip_markers(t) for t in tools]
+        fp: dict[str, Any] = {
+            "model": ctx.model.name,
+            "system": _digest(system),
+            "system_chars": sum(len(json.dumps(m, ensure_ascii=False)) for m in system),
+            "tools": _digest(plain_tools),
+            "tool_digests": {_tool_name(t): _digest(t)[:_SHORT] for t in plain_tools},
+            "workspace": _digest(workspace),
+            "workspace_count": len(workspace),
+            "first_user": _digest(anchor) if anchor is not None else None,
+            "history": [self._short(m) for m in out[layers.history_start :]],
+            "history_start": layers.history_start,
+        }
+        fp["stable"] = _digest(
+            [fp["model"], fp["tools"], fp["system"], fp["workspace"], fp["first_user"]]
+        )
+        return fp
+
+    def _report_breaks(
+        self,
+        prev: Any,
+        cur: dict[str, Any],
+        ctx: StageContext,
+        actions: list[Action],
+        warnings: list[str],
+    ) -> None:
+        if not isinstance(prev, dict):
+            actions.append(
+                Action(
+                    "cache_prefix",
+                    f"first call of this session: prefix {cur['stable'][:12]} "
+                    "will be written to the provider's cache",
+                )
+            )
+            return
+        layers: list[str] = []
+        if prev.get("model") != cur["model"]:
+            layers.append(f"model changed ({prev.get('model')} -> {cur['model']})")
+        if prev.get("tools") != cur["tools"]:
+            layers.append(
+                "tools changed ("
+                + _tool_diff(prev.get("tool_digests") or {}, cur["tool_digests"])
+                + ")"
+            )
+        if prev.get("system") != cur["system"]:
+            layers.append(
+                f"system prompt changed ({prev.get('system_chars')} -> {cur['system_chars']} chars)"
+            )
+        if prev.get("workspace") != cur["workspace"]:
+            layers.append(
+                f"workspace rules changed ({prev.get('workspace_count')} -> "
+                f"{cur['workspace_count']} "
+                "message(s) between the system prompt and the first user message)"
+            )
+        if prev.get("first_user") != cur["first_user"]:
+            layers.append(
+                "first user message changed"
+                if prev.get("first_user") and cur["first_user"]
+                else "first user message appeared"
+                if cur["first_user"]
+                else "first user message gone"
+            )
+        ttl = TTL_SECONDS.get(self.options.ttl or "5m", 300.0)
+        last_clock = ctx.state.get("last_clock")
+        if isinstance(last_clock, int | float) and ctx.clock - last_clock >= ttl:
+            actions.append(
+                Action(
+                    "cache_expired",
+                    f"idle {ctx.clock - last_clock:.0f} s since the previous call, "
+                    f"longer than the {ttl:.0f} s cache TTL: the prefix is re-written",
+                )
+            )
+        appeared = layers == ["first user message appeared"]
+        if layers and not appeared:
+            detail = "prefix cache broke: " + "; ".join(layers)
+            actions.append(Action("cache_break", detail))
+            if self.options.report_breaks:
+                warnings.append(detail)
+            return
+        old, new = prev.get("history") or [], cur["history"]
+        if prev.get("history_start") != cur["history_start"]:
+            return
+        for k, (a, b) in enumerate(zip(old, new, strict=False)):
+            if a != b:
+                at = cur["history_start"] + k
+                actions.append(
+                    Action(
+                        "cache_break",
+                        f"history rewritten from message {at} (compaction or an "
+                        "edit): the cached prefix ends before it",
+                        index=at,
+                    )
+                )
+                return
+        if len(new) < len(old):
+            actions.append(
+                Action(
+                    "cache_break",
+                    f"history shortened from {len(old)} to {len(new)} messages after "
+                    "the first user message: the cached prefix ends there",
+                )
+            )
+            return
+        if not appeared:
+            actions.append(
+                Action(
+                    "cache_prefix",
+                    f"stable prefix unchanged ({cur['stable'][:12]}); "
+                    f"{len(new) - len(old)} message(s) appended",
+                )
+            )
+
+
+def _same(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+    return a is b or a == b
+
+
+def _blocks(messages: Sequence[Mapping[str, Any]]) -> int:
+    """Rough content-block count of ``messages`` as Anthropic sees them."""
+    n = 0
+    for m in messages:
+        content = m.get("content")
+        n += len(content) if isinstance(content, list) else 1
+        calls = m.get("tool_calls")
+        n += len(calls) if isinstance(calls, list) else 0
+    return n
+
+
+def _tool_diff(prev: Mapping[str, str], cur: Mapping[str, str]) -> str:
+    added = sorted(set(cur) - set(prev))
+    removed = sorted(set(prev) - set(cur))
+    changed = sorted(n for n in set(cur) & set(prev) if cur[n] != prev[n])
+    parts = []
+    if added:
+        parts.append("added: " + ", ".join(added))
+    if removed:
+        parts.append("removed: " + ", ".join(removed))
+    if changed:
+        parts.append("schema changed: " + ", ".join(changed))
+    return "; ".join(parts) or "order or duplicates changed"
+
+
+STAGE_TYPE = StageType(
+    name="cache.markers",
+    phase="finalize",
+    factory=CacheMarkers,
+    options_schema=OPTIONS_SCHEMA,
+    description="Keeps the provider's prompt-cache prefix stable: tool schemas normalized, "
+    "cache_control "
+    "breakpoints (Anthropic, Qwen), prompt_cache_key (OpenAI), allowed_tools narrowing, and a "
+    "report of which layer broke the cache.",
+)
+
+
+@hookimpl
+def ctxrules_register_stages(register: Any) -> None:
+    register(STAGE_TYPE)
