@@ -435,20 +435,28 @@ class PromptSet:
             parts.append(entry.discipline)
         context = {**variables, "mode": mode, "model_entry": entry.id if entry else None}
         rendered: list[tuple[_Section, str]] = []
+        templates = []
         with self._lock:  # compiled templates are shared; compiling is not thread-safe
-            templates = [self._template(s) for s in parts]
+            for section in parts:
+                try:
+                    templates.append(self._template(section))
+                except jinja2.TemplateError as exc:
+                    raise AssemblyError(
+                        f"section '{_label(section)}' ({section.origin}) does not compile: "
+                        f"{type(exc).__name__}: {exc}"
+                    ) from None
         for section, template in zip(parts, templates, strict=True):
             try:
                 body = tidy(template.render(context))
-            except jinja2.TemplateError as exc:
-                raise AssemblyError(
-                    f"section '{_label(section)}' ({section.origin}) does not render: "
-                    f"{type(exc).__name__}: {exc}"
-                ) from None
             except RecursionError:
                 raise AssemblyError(
                     f"section '{_label(section)}' ({section.origin}) includes itself "
                     "(directly or through other sections)"
+                ) from None
+            except Exception as exc:  # template code is the pack's: any failure is the pack's
+                raise AssemblyError(
+                    f"section '{_label(section)}' ({section.origin}) does not render: "
+                    f"{type(exc).__name__}: {exc}"
                 ) from None
             if body:
                 rendered.append((section, body))

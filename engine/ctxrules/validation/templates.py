@@ -23,6 +23,8 @@ from typing import TYPE_CHECKING, Any
 from ctxrules.validation.diagnostics import Diagnostic, Severity, did_you_mean
 
 if TYPE_CHECKING:
+    from collections.abc import Collection
+
     from jinja2 import nodes
 
     from ctxrules.packs.loader import ResolvedPack
@@ -169,7 +171,7 @@ def check_prompts(rep: _Reporter, pack: ResolvedPack) -> None:
                     at,
                     did_you_mean(ref, list(sections)),
                 )
-        for var, line in _undeclared(ast, declared):
+        for var, line in _undeclared(ast, declared, env.globals):
             add(
                 "CR083",
                 f"template uses variable '{var}', which prompts.variables does not declare",
@@ -251,11 +253,19 @@ def _filter_nodes(ast: nodes.Template) -> list[nodes.Filter]:
     return list(ast.find_all(nodes.Filter))
 
 
-def _undeclared(ast: nodes.Template, declared: set[str]) -> list[tuple[str, int]]:
+def _undeclared(
+    ast: nodes.Template, declared: set[str], globals_: Collection[str] = ()
+) -> list[tuple[str, int]]:
     """(name, first template line) of every variable read but neither declared nor assigned."""
-    from jinja2 import meta, nodes
+    from jinja2 import TemplateAssertionError, meta, nodes
 
-    missing = meta.find_undeclared_variables(ast) - declared
+    try:
+        missing = meta.find_undeclared_variables(ast) - declared
+    except TemplateAssertionError:
+        # Compiling failed (an unknown filter, reported as CR080): judge from the syntax tree.
+        names = list(ast.find_all(nodes.Name))
+        assigned = {n.name for n in names if n.ctx in ("store", "param")}
+        missing = {n.name for n in names if n.ctx == "load"} - assigned - declared - set(globals_)
     first: dict[str, int] = {}
     for n in ast.find_all(nodes.Name):
         if n.name in missing and n.ctx == "load":
