@@ -2,9 +2,10 @@
 
 Built-in behaviour is registered through these same hooks (see ``plugins.BUILTIN_PLUGINS``),
 so a third-party package is a peer of the built-ins, not a special case. Third-party plugins
-are found through the ``ctxrules`` entry-point group. Every hook here is a *registration* hook:
-it receives a ``register`` callback and returns nothing; the host validates what is handed over
-and raises a :class:`~ctxrules.plugins.PluginError` naming the plugin when it is wrong.
+are found through the ``ctxrules`` entry-point group. The *loading* hooks are registration
+hooks: they receive a ``register`` callback and return nothing; the host validates what is
+handed over and raises a :class:`~ctxrules.plugins.PluginError` naming the plugin when it is
+wrong. The *pipeline* hooks are called while a stage runs and return a value.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import pluggy
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from ctxrules.pipeline.context import StageContext
     from ctxrules.stages.base import StageType
 
 PROJECT_NAME = "ctxrules"
@@ -59,4 +61,24 @@ def ctxrules_register_template_filters(register: Callable[[str, Callable[..., ob
     Called once per template environment; ``register(name, function)``. Filters must be pure:
     the same input gives the same output in every process (assembled prompts are cached and
     snapshot-tested byte for byte). Every implementation is called; duplicate names are an error.
+    """
+
+
+# --- pipeline ------------------------------------------------------------------------------
+
+
+@hookspec(firstresult=True)
+def ctxrules_semantic_filter(text: str, budget_tokens: int, ctx: StageContext) -> str | None:
+    """Shorten a large unstructured tool output to about ``budget_tokens`` tokens by meaning.
+
+    Called by ``tool_output.filter`` only when its option ``semantic_filter: true`` is set, for a
+    plain-text output (not JSON, XML or a table) that level (b) must reduce. ``text`` is the
+    whole output; ``ctx`` is the stage's context (``ctx.counter`` counts tokens, ``ctx.model``
+    names the session's model; do not touch ``ctx.state``). Return the shortened text, or
+    ``None`` to decline. The stage stores the original in the vault and puts a marker before
+    what is returned; a result that is not a string, is empty or is over the budget is ignored
+    and the structure-aware reduction is used instead, as it is when the plugin raises.
+
+    Stops at the first non-None result (``firstresult=True``). Nothing implements this hook by
+    default: ctxrules works offline without it.
     """

@@ -1,0 +1,120 @@
+"""Helpers shared by the filtering stages (``tool_output.filter``, ``ttl.prune``, ...).
+
+- the ``hot_cache_bypass`` / ``bypass_below`` options and the decision they drive;
+- recognizing content a ctxrules stage already shortened (it carries a marker whose vault entry
+  exists), so a stage never reduces its own output again (invariant 4);
+- stable digests of tool results, for state kept across calls;
+- the options check every stage factory runs (the same schema ``ctxrules validate`` uses).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from ctxrules.pipeline.budget import tier_rank
+from ctxrules.stages.base import TIERS, Message
+from ctxrules.vault import VaultError, parse_markers
+
+if TYPE_CHECKING:
+    from ctxrules.pipeline.context import StageContext
+    from ctxrules.vault import Vault
+
+__all__ = [
+    "BYPASS_PROPERTIES",
+    "bypass_active",
+    "check_options",
+    "has_live_marker",
+    "result_digest",
+    "tokens_saved",
+]
+
+BYPASS_PROPERTIES: dict[str, Any] = {
+    "hot_cache_bypass": {
+        "title": "Hot-cache bypass",
+        "description": (
+            "When the provider's prompt cache very likely still holds this session's prefix "
+            "(a resumed session or a human-in-the-loop turn within the cache TTL), leave content "
+            "that was already sent alone, so the warm cache is not broken."
+        ),
+        "type": "boolean",
+        "default": True,
+    },
+    "bypass_below": {
+        "title": "Bypass only below this tier",
+        "description": (
+            "The hot-cache bypass holds while utilization is below this tier. From it on, later "
+            "stages rewrite the history anyway (priority removal starts at 'full'), so keeping "
+            "the cache warm is no longer possible and reducing now is the cheaper choice."
+        ),
+        "enum": list(TIERS[1:]),
+        "default": "full",
+    },
+}
+
+
+def bypass_active(ctx: StageContext, options: Mapping[str, Any]) -> bool:
+    """Whether already-sent content must be left alone on this run (see ``BYPASS_PROPERTIES``)."""
+    if not options.get("hot_cache_bypass", True) or not ctx.cache_hot:
+        return False
+    below = str(options.get("bypass_below", "full"))
+    return tier_rank(ctx.tier) < tier_rank(below)
+
+
+def has_live_marker(text: str, vault: Vault) -> bool:
+    """Whether ``text`` carries a ctxrules marker whose vault entry exists in ``vault``.
+
+    Such content was already shortened by a stage of this session; reducing it again would
+    only nest markers. A file that merely *quotes* a marker (its id is not in this vault) is
+    ordinary content.
+    """
+    if "[ctxrules:elided" not in text:
+        return False
+    for marker in parse_markers(text):
+        try:
+            if vault.exists(marker.vault_id):
+                return True
+        except VaultError:
+            continue
+    return False
+
+
+def result_digest(msg: Mapping[str, Any]) -> str:
+    """A short, stable digest of a tool result (its call id and content)."""
+    content = msg.get("content")
+    body = content if isinstance(content, str) else json.dumps(
+        content, sort_keys=True, ensure_ascii=False, default=str)
+    seed = f"{msg.get('tool_call_id') or msg.get('name') or ''}\x1f{body}"
+    return hashlib.sha256(seed.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+
+
+def tokens_saved(ctx: StageContext, old: Message, new: Message) -> int:
+    """Tokens the change from ``old`` to ``new`` saves (never negative in the report)."""
+    return max(0, ctx.counter.count_message(old) - ctx.counter.count_message(new))
+
+
+def check_options(stage: str, schema: Mapping[str, Any],
+                  options: Mapping[str, Any] | None) -> dict[str, Any]:
+    """``options`` checked against ``schema`` with defaults filled in; ``ValueError`` otherwise.
+
+    Packs are validated before a stage is built, but stages are also built directly (tests,
+    embedding code); the message names the stage and the option like ``ctxrules validate``.
+    """
+    import jsonschema  # type: ignore[import-untyped, unused-ignore]
+
+    given = dict(options or {})
+    validator = jsonschema.Draft202012Validator(dict(schema))
+    errors = sorted(validator.iter_errors(given), key=lambda e: list(e.absolute_path))
+    if errors:
+        err = errors[0]
+        where = "/".join(str(p) for p in err.absolute_path) or "with"
+        raise ValueError(f"{stage}: option {where}: {err.message}")
+    out: dict[str, Any] = {}
+    for key, prop in schema.get("properties", {}).items():
+        if key in given:
+            out[key] = given[key]
+        elif isinstance(prop, Mapping) and "default" in prop:
+            out[key] = prop["default"]
+    return out

@@ -1,0 +1,173 @@
+"""A structured handover extracted from a sub-agent's result: done, todo, risks, files.
+
+Deterministic and offline (no LLM): sub-agents usually end with a markdown report, so the
+extraction reads its structure.
+
+- **Sections**: a heading (``## Next steps``, ``**Risks:**``, ``Done:``) assigns the bullet and
+  numbered items under it to a category by its words (see ``_SECTION_WORDS``).
+- **Item markers** anywhere: ``- [x]``/✅/✓ mean done, ``- [ ]``/``TODO``/``FIXME`` mean todo,
+  ``Warning:``/``Risk:``/``Caveat:``/⚠ mean a risk.
+- **Done fallback**: with no done section, lines that open with a past-tense action verb
+  (``Added``, ``Fixed``, ``Created`` ...) are taken as done.
+- **Files**: paths that have a directory part or a known source-file extension, in order of
+  first mention, with ``:line`` suffixes and URLs left out.
+
+Each category keeps at most ``max_items`` items of at most 160 characters, in order, without
+duplicates.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+__all__ = ["Handover", "extract_handover", "render_handover"]
+
+_ITEM_CHARS = 160
+
+_SECTION_WORDS: dict[str, re.Pattern[str]] = {
+    "todo": re.compile(
+        r"\b(to-?dos?|next steps?|remaining|follow[- ]?ups?|pending|open (items|questions)|"
+        r"recommend\w*|still (needed|to do)|not (yet )?(done|implemented)|action items|"
+        r"what'?s left|left to do|suggest\w*|future work)\b", re.I),
+    "risks": re.compile(
+        r"\b(risks?|caveats?|warnings?|issues?|concerns?|limitations?|known (issues|problems)|"
+        r"blockers?|blocked|gotchas?|problems?|failures?|errors?|breaking)\b", re.I),
+    "done": re.compile(
+        r"\b(done|completed?|finished|summary|changes( made)?|what (i|was) (did|done|changed)|"
+        r"implemented|implementation|fixe[sd]|accomplished|results?|findings|work performed|"
+        r"modifications?|created|updated|added)\b", re.I),
+}
+_HEADING = re.compile(
+    r"^\s*(?:#{1,6}\s+(?P<md>.+?)\s*#*\s*$|\*\*(?P<bold>[^*]{2,80})\*\*:?\s*$|"
+    r"(?P<colon>[A-Z][\w ./&'()-]{1,60}):\s*$)")
+_BULLET = re.compile(r"^\s*(?:[-*•+]|\d{1,3}[.)])\s+(?P<body>.+)$")
+_CHECKED = re.compile(r"^\s*(?:[-*+]\s+)?\[[xX]\]\s+(?P<body>.+)$|^\s*(?:✅|✓|✔)\s*(?P<mark>.+)$")
+_UNCHECKED = re.compile(
+    r"^\s*(?:[-*+]\s+)?\[ \]\s+(?P<body>.+)$|\b(?:TODO|FIXME)\b:?\s*(?P<todo>.+)$")
+_RISK = re.compile(
+    r"^\s*(?:[-*+]\s+)?(?:⚠️?|\*\*)?\s*(?:warning|risk|caveat|careful|danger)\b\**:\s*(?P<body>.+)$",
+    re.I)
+_DONE_VERB = re.compile(
+    r"^\s*(?:[-*•+]|\d{1,3}[.)])?\s*(?:\*\*)?(?P<body>(?:Added|Created|Fixed|Implemented|Updated|"
+    r"Removed|Refactored|Renamed|Moved|Wrote|Ran|Verified|Tested|Replaced|Deleted|Migrated|"
+    r"Installed|Configured|Changed|Extracted|Merged|Resolved|Completed)\b.+)$")
+
+_EXTENSIONS = (
+    "py|pyi|js|jsx|mjs|cjs|ts|tsx|go|rs|rb|ex|exs|erl|java|kt|kts|scala|c|h|cc|cpp|hpp|cs|"
+    "swift|m|mm|php|pl|lua|r|jl|dart|vue|svelte|sh|bash|zsh|ps1|sql|md|rst|txt|json|jsonl|"
+    "yaml|yml|toml|ini|cfg|conf|xml|html|htm|css|scss|sass|less|proto|graphql|gradle|lock|"
+    "env|dockerfile|tf|hcl|nix|ipynb|csv|tsv|heex|eex|leex|pony|zig|nim|ml|mli|hs|clj|cljs"
+)
+_PATH = re.compile(
+    r"(?<![\w/.:@-])(?P<path>(?:\.{1,2}/|/|~/)?(?:[\w@.+-]+/)*[\w@+-][\w@.+-]*\.(?P<ext>[A-Za-z0-9]{1,10}))"
+    r"(?::\d+(?::\d+)?)?(?![\w/])")
+_KNOWN_EXT = re.compile(rf"(?:{_EXTENSIONS})", re.I)
+_VERSION = re.compile(r"^v?\d+(?:\.\d+)+$")
+
+
+@dataclass(frozen=True)
+class Handover:
+    done: list[str] = field(default_factory=list)
+    todo: list[str] = field(default_factory=list)
+    risks: list[str] = field(default_factory=list)
+    files: list[str] = field(default_factory=list)
+
+
+def _clean(text: str) -> str:
+    text = re.sub(r"\*\*|__|`", "", text)
+    text = " ".join(text.split())
+    if len(text) > _ITEM_CHARS:
+        text = text[: _ITEM_CHARS - 1] + "…"
+    return text
+
+
+def _section_of(title: str) -> str | None:
+    # Order matters: "Remaining issues" is a todo, "Known issues" a risk, "Summary" done.
+    for category in ("todo", "risks", "done"):
+        if _SECTION_WORDS[category].search(title):
+            return category
+    return None
+
+
+class _Collector:
+    def __init__(self, max_items: int) -> None:
+        self.max_items = max_items
+        self.items: dict[str, list[str]] = {"done": [], "todo": [], "risks": []}
+        self.seen: set[str] = set()
+
+    def add(self, category: str, text: str) -> None:
+        item = _clean(text)
+        if not item or item.lower() in self.seen or len(self.items[category]) >= self.max_items:
+            return
+        self.seen.add(item.lower())
+        self.items[category].append(item)
+
+
+def extract_handover(text: str, *, max_items: int = 8, max_files: int = 20) -> Handover:
+    """The handover of a sub-agent result (see the module docstring for the rules)."""
+    found = _Collector(max_items)
+    verbs: list[str] = []
+    section: str | None = None
+    in_code = False
+    for raw in text.splitlines():
+        if raw.lstrip().startswith("```"):
+            in_code = not in_code
+            continue
+        if in_code or not raw.strip():
+            continue
+        heading = _HEADING.match(raw)
+        if heading and not _BULLET.match(raw):
+            title = heading.group("md") or heading.group("bold") or heading.group("colon") or ""
+            section = _section_of(title)
+            continue
+        checked, unchecked, risk = _CHECKED.match(raw), _UNCHECKED.search(raw), _RISK.match(raw)
+        if checked:
+            found.add("done", checked.group("body") or checked.group("mark") or "")
+        elif unchecked:
+            found.add("todo", unchecked.group("body") or unchecked.group("todo") or "")
+        elif risk:
+            found.add("risks", risk.group("body"))
+        elif section is not None and (bullet := _BULLET.match(raw)):
+            found.add(section, bullet.group("body"))
+        elif (verb := _DONE_VERB.match(raw)) is not None:
+            verbs.append(verb.group("body"))
+    if not found.items["done"]:
+        for line in verbs:
+            found.add("done", line)
+    return Handover(found.items["done"], found.items["todo"], found.items["risks"],
+                    _files(text, max_files))
+
+
+def _files(text: str, limit: int) -> list[str]:
+    files: list[str] = []
+    seen: set[str] = set()
+    for match in _PATH.finditer(text):
+        path = match.group("path")
+        ext = match.group("ext")
+        if "://" in text[max(0, match.start() - 12):match.end()]:
+            continue  # part of a URL
+        if ext.isdigit() or _VERSION.match(path):
+            continue  # 3.11, v1.2.3
+        if "/" not in path and not _KNOWN_EXT.fullmatch(ext):
+            continue  # e.g., example.com, Foo.bar (an attribute access)
+        if path not in seen:
+            seen.add(path)
+            files.append(path)
+            if len(files) >= limit:
+                break
+    return files
+
+
+def render_handover(handover: Handover) -> str:
+    """The handover as a few plain lines (empty categories say so)."""
+    out: list[str] = []
+    for name in ("done", "todo", "risks"):
+        items: list[str] = getattr(handover, name)
+        if items:
+            out.append(f"{name}:")
+            out.extend(f"- {item}" for item in items)
+        else:
+            out.append(f"{name}: (none found)")
+    out.append("files: " + (", ".join(handover.files) if handover.files else "(none found)"))
+    return "\n".join(out)

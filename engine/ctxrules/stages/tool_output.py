@@ -1,0 +1,570 @@
+"""``tool_output.filter``: keep large tool outputs from flooding the context, losing nothing.
+
+Three levels, in this order (DESIGN.md "Reference numbers"):
+
+(a) **Compressors** — a result of a ``shell`` tool goes through the pack's output compressors
+    (:func:`ctxrules.compressors.api.compress_tool_output`) when a rule matches its command.
+(b) **Structure-aware reduction** — a single output over ``item_tokens`` (5,000), or the outputs
+    of one step over ``turn_tokens`` (15,000) together, are shortened by their structure: a JSON
+    skeleton (depth 4, 12 keys, 6 items per list, still valid JSON, with counts of what was
+    elided), a table's header and first/last rows, an XML tree's shape, a text's head and tail
+    around a ``#L<a>-L<b>`` marker line. With ``semantic_filter: true`` a plugin implementing
+    ``ctxrules_semantic_filter`` may shorten plain text instead. A ``subagent`` result over
+    ``subagent_chars`` (8,000) becomes its head and tail plus a structured handover
+    (done, todo, risks, files) extracted from it.
+(c) **Hard spill** — any single content over ``spill_chars`` (100,000) characters, in *any*
+    message (pinned and protected ones included: DESIGN's one exception to pinning), goes to
+    the vault whole and leaves a short summary with a pointer.
+
+Who is exempt: tools with a role in ``exempt_roles`` (``file_read``, ``file_edit``: shortening a
+file the agent reads makes it read again), pinned and protected messages, and — with the
+``hot_cache_bypass`` — outputs already sent while the provider's prompt cache is hot. Content
+that already carries a marker of this session (a live vault ref) is never reduced again, which
+makes the stage idempotent. All of them still count toward their step's total.
+
+**Predictive strength.** How much of an output is kept depends on how much budget remains::
+
+    h    = clamp(1 - utilization / emergency_threshold, 0, 1)    # headroom, 1 = empty window
+    keep = min_keep_ratio + (max_keep_ratio - min_keep_ratio) * h
+    item target = max(floor, item_tokens * keep)      turn target = turn_tokens * keep
+
+``utilization`` is measured on the stage's input. With the defaults (0.6 / 0.15) and an empty
+window, an output over 5,000 tokens keeps about 3,000; at half the emergency threshold 1,875;
+at or above it 750. For a step over ``turn_tokens``, the reducible outputs are capped at the
+level ``c`` (water-filling) at which the step fits its turn target, never below ``floor``.
+
+The vault always receives the *whole original* output (id = sha256 of its UTF-8 bytes); every
+marker in the shortened text points into it, with ``#L`` ranges where whole lines were cut.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from ctxrules.hookspecs import hookimpl
+from ctxrules.messages import pinned_indices, steps
+from ctxrules.stages.base import Action, Message, StageOutcome, StageType
+from ctxrules.stages.filter_common import (
+    BYPASS_PROPERTIES,
+    bypass_active,
+    check_options,
+    has_live_marker,
+    result_digest,
+    tokens_saved,
+)
+from ctxrules.stages.reduce import (
+    JsonLimits,
+    detect,
+    handover_text,
+    reduce_structured,
+    spill_summary,
+    text_vault_id,
+)
+from ctxrules.toolroles import ROLE_ORDER, call_name, calls_by_result, shell_command, tool_roles
+from ctxrules.vault import format_marker, parse_markers
+
+if TYPE_CHECKING:
+    from ctxrules.pipeline.context import StageContext
+
+__all__ = ["STAGE_TYPE", "ToolOutputFilter", "ctxrules_register_stages", "keep_ratio"]
+
+FLOOR_TOKENS = 200
+"""No reduction goes below this many tokens: less would not be worth its marker."""
+
+_RESULT_ROLES = frozenset({"tool", "function"})
+
+
+def keep_ratio(utilization: float, emergency: float, min_keep: float, max_keep: float) -> float:
+    """The share of ``item_tokens`` / ``turn_tokens`` an output keeps (module docstring)."""
+    headroom = min(1.0, max(0.0, 1.0 - utilization / emergency)) if emergency > 0 else 0.0
+    return min_keep + (max_keep - min_keep) * headroom
+
+
+@dataclass
+class _Unit:
+    """One text of a result (a string content, or one text part of a list content)."""
+
+    part: int | None
+    text: str
+    tokens: int = 0
+
+
+@dataclass
+class _Result:
+    index: int
+    tool: str | None
+    role: str | None
+    units: list[_Unit] = field(default_factory=list)
+    tokens: int = 0
+    reducible: bool = True
+    hot: bool = False
+    target: int | None = None
+
+
+class ToolOutputFilter:
+    """The ``tool_output.filter`` stage (see the module docstring)."""
+
+    def __init__(self, options: Mapping[str, Any] | None = None) -> None:
+        opts = check_options(STAGE_TYPE.name, OPTIONS_SCHEMA, options)
+        self.options = opts
+        self.item_tokens: int = opts["item_tokens"]
+        self.turn_tokens: int = opts["turn_tokens"]
+        self.spill_chars: int = opts["spill_chars"]
+        self.spill_preview_tokens: int = opts["spill_preview_tokens"]
+        self.subagent_chars: int = opts["subagent_chars"]
+        self.subagent_keep_tokens: int = opts["subagent_keep_tokens"]
+        self.min_keep: float = opts["min_keep_ratio"]
+        self.max_keep: float = opts["max_keep_ratio"]
+        if self.min_keep > self.max_keep:
+            raise ValueError(
+                f"{STAGE_TYPE.name}: min_keep_ratio ({self.min_keep}) is above max_keep_ratio "
+                f"({self.max_keep})")
+        self.head_share: float = opts["head_share"]
+        self.min_saving: int = opts["min_saving_tokens"]
+        self.compressors: bool = opts["compressors"]
+        self.semantic: bool = opts["semantic_filter"]
+        self.exempt: frozenset[str] = frozenset(opts["exempt_roles"])
+        json_opts = {**_JSON_DEFAULTS, **opts.get("json", {})}
+        self.json_limits = JsonLimits(depth=json_opts["depth"], keys=json_opts["keys"],
+                                      items=json_opts["items"],
+                                      string_chars=json_opts["string_chars"])
+
+    def __repr__(self) -> str:
+        return (f"ToolOutputFilter(item_tokens={self.item_tokens}, turn_tokens={self.turn_tokens}, "
+                f"spill_chars={self.spill_chars})")
+
+    def __call__(self, messages: Sequence[Message], ctx: StageContext) -> StageOutcome:
+        run = _Run(self, messages, ctx)
+        return run.execute()
+
+
+class _Run:
+    """One application of the stage to one message list."""
+
+    def __init__(self, stage: ToolOutputFilter, messages: Sequence[Message],
+                 ctx: StageContext) -> None:
+        self.stage = stage
+        self.messages = messages
+        self.ctx = ctx
+        self.out: list[Message] = list(messages)
+        self.actions: list[Action] = []
+        self.warnings: list[str] = []
+        self.count: Callable[[str], int] = ctx.counter.count_text
+        self.calls = calls_by_result(messages)
+
+    # --- driver -----------------------------------------------------------------------------
+
+    def execute(self) -> StageOutcome:
+        stage, ctx = self.stage, self.ctx
+        for index, msg in enumerate(self.messages):
+            self._spill(index, msg)
+        pins = pinned_indices(self.messages)
+        bypass = bypass_active(ctx, stage.options)
+        sent = set(ctx.state.get("sent") or []) if bypass else set()
+        results = self._results(pins, sent)
+        skipped_hot = sum(1 for r in results.values() if r.hot)
+        for r in results.values():
+            if r.reducible:
+                self._first_pass(r)
+        self._plan_targets(results)
+        for r in results.values():
+            if r.reducible and r.target is not None:
+                self._reduce(r)
+        if skipped_hot:
+            self.actions.append(Action(
+                "hot_cache_bypass",
+                f"{skipped_hot} output(s) already sent while the prompt cache is hot were left "
+                "alone"))
+        if stage.options["hot_cache_bypass"]:
+            # Only outputs big enough to be reduced at all need to be remembered.
+            ctx.state["sent"] = sorted(
+                result_digest(m) for m in self.out
+                if m.get("role") in _RESULT_ROLES
+                and ctx.counter.count_message(m) > stage.min_saving)
+        return StageOutcome(messages=self.out, actions=self.actions, warnings=self.warnings)
+
+    # --- level (c): the hard spill, every message ------------------------------------------
+
+    def _spill(self, index: int, msg: Message) -> None:
+        limit = self.stage.spill_chars
+        content = msg.get("content")
+        what = "tool output" if msg.get("role") in _RESULT_ROLES else f"{msg.get('role')} message"
+        if isinstance(content, str):
+            if len(content) > limit:
+                text, vid, fmt = self._spilled(content, what)
+                self._commit(index, {**msg, "content": text}, "spill",
+                             f"{len(content):,} chars ({fmt}) spilled to the vault", vid)
+            return
+        if not isinstance(content, list):
+            return
+        parts: list[Any] = list(content)
+        changed: list[tuple[str, str]] = []
+        for pos, part in enumerate(content):
+            if not isinstance(part, Mapping) or part.get("type") != "text":
+                continue
+            part_text = part.get("text")
+            if isinstance(part_text, str) and len(part_text) > limit:
+                new_text, vid, fmt = self._spilled(part_text, what)
+                parts[pos] = {**part, "text": new_text}
+                changed.append((vid, f"part {pos}: {len(part_text):,} chars ({fmt})"))
+        if changed:
+            detail = "; ".join(d for _, d in changed) + " spilled to the vault"
+            self._commit(index, {**msg, "content": parts}, "spill", detail, changed[0][0])
+
+    def _spilled(self, text: str, what: str) -> tuple[str, str, str]:
+        vid = self.ctx.vault.put_text(text)
+        summary, fmt = spill_summary(text, vault_id=vid, count=self.count,
+                                     preview_tokens=self.stage.spill_preview_tokens, what=what)
+        return summary, vid, fmt
+
+    # --- which results may be reduced ----------------------------------------------------------
+
+    def _results(self, pins: frozenset[int], sent: set[str]) -> dict[int, _Result]:
+        ctx, stage = self.ctx, self.stage
+        roles = tool_roles(ctx.pack)
+        calls = self.calls
+        found: dict[int, _Result] = {}
+        for index, msg in enumerate(self.messages):
+            if msg.get("role") not in _RESULT_ROLES:
+                continue
+            call = calls.get(index)
+            name = call_name(call) if call is not None else msg.get("name")
+            tool = name if isinstance(name, str) else None
+            result = _Result(index, tool, roles.role_of(tool))
+            result.tokens = ctx.counter.count_message(self.out[index])
+            found[index] = result
+            spilled = self.out[index] is not msg
+            if spilled or index in pins or id(msg) in ctx.protected or result.role in stage.exempt:
+                result.reducible = False
+            elif sent and result_digest(msg) in sent:
+                result.reducible = False
+                result.hot = True
+            else:
+                result.units = _units(msg)
+                units = result.units
+                if not units or any(has_live_marker(u.text, ctx.vault) for u in units):
+                    result.reducible = False
+        return found
+
+    # --- subagent handover and level (a) ---------------------------------------------------
+
+    def _first_pass(self, r: _Result) -> None:
+        msg = self.out[r.index]
+        content = msg.get("content")
+        if not isinstance(content, str):
+            return
+        stage = self.stage
+        if r.role == "subagent" and len(content) > stage.subagent_chars:
+            vid = text_vault_id(content)
+            text, handover = handover_text(content, vault_id=vid, count=self.count,
+                                           keep_tokens=stage.subagent_keep_tokens)
+            self.ctx.vault.put_text(content)
+            detail = (f"sub-agent result of {len(content):,} chars: head + tail + handover "
+                      f"({len(handover.done)} done, {len(handover.todo)} todo, "
+                      f"{len(handover.risks)} risks, {len(handover.files)} files)")
+            self._commit(r.index, {**msg, "content": text}, "handover", detail, vid)
+            r.reducible = False
+            r.tokens = self.ctx.counter.count_message(self.out[r.index])
+            return
+        if r.role == "shell" and stage.compressors:
+            self._compress(r, msg, content)
+
+    def _compress(self, r: _Result, msg: Message, content: str) -> None:
+        call = self.calls.get(r.index)
+        command = shell_command(call) if call is not None else None
+        if not command:
+            return
+        try:
+            from ctxrules.compressors.api import compress_tool_output
+        except ImportError:  # the compressor package is optional: no compressor matched
+            return
+        exit_code = tool_roles(self.ctx.pack).exit_code(content)
+        try:
+            result = compress_tool_output(self.ctx.pack, command, content, exit_code,
+                                          self.ctx.vault)
+        except Exception as exc:  # a broken compressor rule must not cost the other outputs
+            self.warnings.append(f"compressor failed on message {r.index} ({command[:60]!r}): "
+                                 f"{type(exc).__name__}: {exc}")
+            return
+        if result is None or len(result.text) >= len(content):
+            return
+        vid = self.ctx.vault.put_text(content)
+        text = result.text
+        if not any(m.vault_id == vid for m in parse_markers(text)):
+            # Every elision leaves a marker that resolves to the original (invariant 3).
+            dropped = max(0, result.lines_before - result.lines_after)
+            marker = format_marker("lines", dropped, vid, rule=result.rule_id)
+            text = f"{text.rstrip(chr(10))}\n{marker}"
+        new = {**msg, "content": text}
+        self._commit(r.index, new, "compress",
+                     f"compressor '{result.rule_id}': {result.lines_before} -> "
+                     f"{result.lines_after} lines", vid)
+        r.units = _units(new)
+        r.tokens = self.ctx.counter.count_message(new)
+
+    # --- level (b): targets, then structure-aware reduction --------------------------------
+
+    def _plan_targets(self, results: dict[int, _Result]) -> None:
+        stage, ctx = self.stage, self.ctx
+        emergency = ctx.budget.thresholds.get("emergency", 0.9)
+        keep = keep_ratio(ctx.utilization, emergency, stage.min_keep, stage.max_keep)
+        item_target = max(FLOOR_TOKENS, math.floor(stage.item_tokens * keep))
+        turn_target = max(FLOOR_TOKENS, math.floor(stage.turn_tokens * keep))
+        for r in results.values():
+            if r.reducible and r.tokens > stage.item_tokens:
+                r.target = item_target
+        for step in steps(self.messages):
+            members = [results[i] for i in step.results if i in results]
+            sizes = {r.index: min(r.tokens, r.target) if r.target is not None else r.tokens
+                     for r in members}
+            if sum(sizes.values()) <= stage.turn_tokens:
+                continue
+            fixed = sum(sizes[r.index] for r in members if not r.reducible)
+            flexible = sorted(sizes[r.index] for r in members if r.reducible)
+            cap = _water_level(flexible, turn_target - fixed)
+            cap = max(FLOOR_TOKENS, cap)
+            for r in members:
+                if r.reducible and sizes[r.index] > cap:
+                    r.target = cap if r.target is None else min(r.target, cap)
+
+    def _reduce(self, r: _Result) -> None:
+        assert r.target is not None
+        msg = self.out[r.index]
+        for unit in r.units:
+            unit.tokens = self.count(unit.text)
+        total = sum(u.tokens for u in r.units) or 1
+        details: list[str] = []
+        vault_ids: list[str] = []
+        content = msg.get("content")
+        parts: list[Any] = list(content) if isinstance(content, list) else []
+        new_content: Any = content
+        for unit in r.units:
+            budget = max(FLOOR_TOKENS // 2, math.floor(r.target * unit.tokens / total))
+            if unit.tokens <= budget:
+                continue
+            reduced = self._reduce_text(unit, budget)
+            if reduced is None:
+                continue
+            text, detail, vid = reduced
+            if unit.part is None:
+                new_content = text
+            else:
+                parts[unit.part] = {**parts[unit.part], "text": text}
+                new_content = parts
+            details.append(detail)
+            vault_ids.append(vid)
+        if not details:
+            return
+        new = {**msg, "content": new_content}
+        saved = tokens_saved(self.ctx, msg, new)
+        if saved < self.stage.min_saving:
+            return
+        for unit in r.units:
+            if text_vault_id(unit.text) in vault_ids:
+                self.ctx.vault.put_text(unit.text)
+        tool = f" ({r.tool})" if r.tool else ""
+        self._commit(r.index, new, "reduce", f"output{tool} of {r.tokens:,} tokens to a target of "
+                     f"{r.target:,}: " + "; ".join(details), vault_ids[0])
+
+    def _reduce_text(self, unit: _Unit, budget: int) -> tuple[str, str, str] | None:
+        vid = text_vault_id(unit.text)
+        detected = detect(unit.text)
+        if self.stage.semantic and detected.format == "text":
+            semantic = self._semantic(unit, budget, vid)
+            if semantic is not None:
+                return semantic
+        reduced = reduce_structured(unit.text, vault_id=vid, budget_tokens=budget, count=self.count,
+                                    json_limits=self.stage.json_limits,
+                                    head_share=self.stage.head_share, detected=detected,
+                                    tokens=unit.tokens)
+        if reduced is None or len(reduced.text) >= len(unit.text):
+            return None
+        return reduced.text, reduced.detail, vid
+
+    def _semantic(self, unit: _Unit, budget: int, vid: str) -> tuple[str, str, str] | None:
+        hooks = getattr(self.ctx, "hooks", None)
+        if hooks is None:
+            from ctxrules.plugins import default_registry
+
+            hooks = getattr(default_registry(), "hooks", None)
+        caller = getattr(hooks, "ctxrules_semantic_filter", None) if hooks is not None else None
+        if caller is None:
+            return None
+        try:
+            answer = caller(text=unit.text, budget_tokens=budget, ctx=self.ctx)
+        except Exception as exc:  # an LLM plugin failing must not cost the reduction
+            self.warnings.append(f"semantic filter failed: {type(exc).__name__}: {exc}; "
+                                 "used the structure-aware reduction")
+            return None
+        if not isinstance(answer, str) or not answer.strip():
+            return None
+        removed = max(0, unit.tokens - self.count(answer))
+        text = f"{format_marker('tokens', removed, vid, reason='semantic')}\n{answer}"
+        if self.count(text) > budget * 1.1 or len(text) >= len(unit.text):
+            self.warnings.append("semantic filter returned more than its budget; used the "
+                                 "structure-aware reduction")
+            return None
+        return text, "semantic filter", vid
+
+    # --- bookkeeping -----------------------------------------------------------------------
+
+    def _commit(self, index: int, new: Message, kind: str, detail: str, vault_id: str) -> None:
+        old = self.out[index]
+        self.out[index] = new
+        saved = tokens_saved(self.ctx, old, new)
+        self.actions.append(Action(kind, f"message {index}: {detail}", index=index,
+                                   tokens_saved=saved, vault_id=vault_id))
+
+
+def _units(msg: Mapping[str, Any]) -> list[_Unit]:
+    content = msg.get("content")
+    if isinstance(content, str):
+        return [_Unit(None, content)] if content else []
+    if not isinstance(content, list):
+        return []
+    return [_Unit(pos, part["text"]) for pos, part in enumerate(content)
+            if isinstance(part, Mapping) and part.get("type") == "text"
+            and isinstance(part.get("text"), str) and part["text"]]
+
+
+def _water_level(sizes: list[int], room: int) -> int:
+    """The largest cap ``c`` with ``sum(min(s, c) for s in sizes) <= room`` (sizes sorted)."""
+    if not sizes:
+        return room
+    remaining = room
+    for i, size in enumerate(sizes):
+        share = remaining // (len(sizes) - i) if remaining > 0 else 0
+        if size > share:
+            return share
+        remaining -= size
+    return sizes[-1]
+
+
+_JSON_DEFAULTS = {"depth": 4, "keys": 12, "items": 6, "string_chars": 200}
+
+OPTIONS_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "title": "tool_output.filter options",
+    "description": "Thresholds and limits of the three levels (compress, reduce, spill).",
+    "additionalProperties": False,
+    "properties": {
+        "item_tokens": {
+            "title": "Single-output threshold",
+            "description": "An output over this many tokens is reduced by its structure (level b).",
+            "type": "integer", "minimum": 1, "default": 5000,
+        },
+        "turn_tokens": {
+            "title": "Per-step threshold",
+            "description": ("When the outputs of one step total more than this many tokens, its "
+                            "reducible outputs are capped so the step fits (level b)."),
+            "type": "integer", "minimum": 1, "default": 15000,
+        },
+        "spill_chars": {
+            "title": "Hard spill threshold",
+            "description": ("Any single content over this many characters, in any message (pinned "
+                            "and protected ones included), goes to the vault whole and leaves a "
+                            "short summary with a pointer (level c)."),
+            "type": "integer", "minimum": 1, "default": 100000,
+        },
+        "spill_preview_tokens": {
+            "title": "Spill preview size",
+            "description": ("Tokens of the preview (skeleton or head/tail) a spilled content "
+                            "leaves."),
+            "type": "integer", "minimum": 50, "default": 400,
+        },
+        "subagent_chars": {
+            "title": "Sub-agent result threshold",
+            "description": ("A result of a 'subagent' tool over this many characters becomes "
+                            "its head and tail plus a structured handover (done, todo, risks, "
+                            "files)."),
+            "type": "integer", "minimum": 1, "default": 8000,
+        },
+        "subagent_keep_tokens": {
+            "title": "Sub-agent head + tail size",
+            "description": "Tokens of the head and tail kept from a long sub-agent result.",
+            "type": "integer", "minimum": 50, "default": 1000,
+        },
+        "max_keep_ratio": {
+            "title": "Keep ratio with an empty window",
+            "description": ("Share of item_tokens / turn_tokens a reduced output keeps when the "
+                            "window is empty (predictive strength, see the docs)."),
+            "type": "number", "exclusiveMinimum": 0, "maximum": 1, "default": 0.6,
+        },
+        "min_keep_ratio": {
+            "title": "Keep ratio at the emergency tier",
+            "description": ("Share of item_tokens / turn_tokens a reduced output keeps once "
+                            "utilization reaches the emergency threshold."),
+            "type": "number", "exclusiveMinimum": 0, "maximum": 1, "default": 0.15,
+        },
+        "head_share": {
+            "title": "Head share",
+            "description": ("Share of a text or table reduction given to its first lines (the "
+                            "rest goes to its last lines)."),
+            "type": "number", "minimum": 0.2, "maximum": 0.8, "default": 0.6,
+        },
+        "min_saving_tokens": {
+            "title": "Minimum saving",
+            "description": "A reduction that would save fewer tokens than this is not made.",
+            "type": "integer", "minimum": 0, "default": 200,
+        },
+        "json": {
+            "title": "JSON skeleton limits",
+            "description": ("Starting limits of the JSON skeleton; they tighten until the "
+                            "skeleton fits its target."),
+            "type": "object",
+            "additionalProperties": False,
+            "properties": {
+                "depth": {"title": "Depth",
+                          "description": "Container levels shown (the root is 1).",
+                          "type": "integer", "minimum": 1, "default": 4},
+                "keys": {"title": "Keys", "description": "Keys shown per object.",
+                         "type": "integer", "minimum": 1, "default": 12},
+                "items": {"title": "Items", "description": "Items shown per list (first and last).",
+                          "type": "integer", "minimum": 1, "default": 6},
+                "string_chars": {"title": "String length",
+                                 "description": "Characters shown per string value.",
+                                 "type": "integer", "minimum": 8, "default": 200},
+            },
+            "default": dict(_JSON_DEFAULTS),
+        },
+        "compressors": {
+            "title": "Use output compressors",
+            "description": "Run shell-tool outputs through the pack's compressors (level a).",
+            "type": "boolean", "default": True,
+        },
+        "semantic_filter": {
+            "title": "Semantic filter plugin",
+            "description": ("Let a plugin implementing ctxrules_semantic_filter (e.g. an LLM) "
+                            "shorten large plain-text outputs; off by default, and the stage "
+                            "works offline without it."),
+            "type": "boolean", "default": False,
+        },
+        "exempt_roles": {
+            "title": "Exempt tool roles",
+            "description": ("Tool roles whose outputs levels (a) and (b) leave alone (level c "
+                            "still applies)."),
+            "type": "array", "uniqueItems": True,
+            "items": {"enum": list(ROLE_ORDER)},
+            "default": ["file_read", "file_edit"],
+        },
+        **BYPASS_PROPERTIES,
+    },
+}
+
+STAGE_TYPE = StageType(
+    name="tool_output.filter",
+    phase="content",
+    factory=ToolOutputFilter,
+    description=("Compresses shell outputs, reduces large tool outputs by their structure, hands "
+                 "over long sub-agent results and spills any huge content to the vault."),
+    options_schema=OPTIONS_SCHEMA,
+)
+
+
+@hookimpl
+def ctxrules_register_stages(register: Callable[[StageType], None]) -> None:
+    register(STAGE_TYPE)
+
