@@ -1,0 +1,286 @@
+"""``compress.intent``: decide what the compression must keep before anything is removed.
+
+The **compression intent** is built from
+
+- the latest real user message: the file paths (``src/x.py``, ``a/b/c.ts``, ``./run.sh``,
+  ``/abs/path/Makefile.am``, bare ``setup.cfg``) and dotted module names (``ctxrules.stages``,
+  ``django.db.models``) it mentions;
+- the assistant's own text in the newest ``history_steps`` steps (what it says it is working
+  on), scanned the same way;
+- the tool calls that failed within the newest ``failed_steps`` steps (so the agent can retry
+  or explain the error).
+
+Every message that mentions a focus term — in its text or in a tool call's arguments — is
+marked **protected** (``ctx.protected``), together with the other half of its tool call: the
+result of a matching call (the file's content after ``Read src/x.py``) and the call of a
+matching result. Failed calls and their results are protected too. A module ``a.b.c`` also
+matches the path ``a/b/c`` (``a/b/c.py``, ``a/b/c/__init__.py``).
+
+Protection is capped (``max_share`` of the usable window, newest matches first) so that a
+latest message naming many files cannot freeze the whole history. Every later stage except the
+emergency pass skips protected messages.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ctxrules.hookspecs import hookimpl
+from ctxrules.messages import (
+    is_injected,
+    is_real_user,
+    message_text,
+    pair_tool_calls,
+    pinned_indices,
+)
+from ctxrules.pipeline.context import StageContext
+from ctxrules.stages.base import Action, StageOutcome, StageType
+from ctxrules.toolroles import tool_roles
+
+__all__ = ["Intent", "IntentStage", "build_intent", "extract_terms"]
+
+# File extensions a bare name ("setup.cfg") must end with to count as a file; paths with a
+# directory part accept any extension.
+CODE_EXTENSIONS = frozenset((
+    "py", "pyi", "pyx", "ipynb", "js", "jsx", "mjs", "cjs", "ts", "tsx", "vue", "svelte", "java",
+    "kt", "kts", "scala", "groovy", "go", "rs", "c", "h", "cc", "cpp", "cxx", "hpp", "hh", "m",
+    "mm", "swift", "rb", "php", "pl", "pm", "lua", "r", "jl", "ex", "exs", "erl", "hrl", "hs",
+    "ml", "mli", "fs", "fsx", "cs", "vb", "dart", "zig", "nim", "pony", "sh", "bash", "zsh",
+    "fish", "ps1", "bat", "sql", "graphql", "proto", "thrift", "json", "jsonl", "yaml", "yml",
+    "toml", "ini", "cfg", "conf", "env", "xml", "html", "htm", "css", "scss", "sass", "less",
+    "md", "rst", "txt", "csv", "tsv", "lock", "gradle", "cmake", "mk", "make", "dockerfile", "tf",
+    "hcl", "nix",
+))
+_NOT_MODULE_FIRST = frozenset({"self", "cls", "this", "e", "i", "eg", "ie", "etc", "vs", "cf"})
+_TLDS = frozenset({"com", "org", "net", "io", "dev", "ai", "co", "uk", "de", "fr", "edu", "gov",
+                   "app", "me", "info", "us", "cn", "jp", "ru", "html", "htm", "php"})
+
+_SEGMENT = r"[\w@+-][\w@+.-]*"
+_FILE = r"[\w@+-][\w@+.-]*\.[A-Za-z][A-Za-z0-9]{0,9}"
+_PATH_RE = re.compile(
+    r"(?<![\w@+.~/-])("
+    rf"(?:~|\.{{1,2}})?/(?:{_SEGMENT}/)*{_FILE}"   # /abs/x.py, ./x.py, ../x.py, ~/x.py
+    rf"|(?:{_SEGMENT}/)+{_FILE}"                    # src/x.py
+    r")(?![\w/-])")
+_BARE_FILE_RE = re.compile(
+    r"(?<![\w@+.~/-])([\w@+-][\w@+-]*(?:\.[\w@+-]+)*\.([A-Za-z][A-Za-z0-9]{0,9}))(?![\w/-])")
+_MODULE_RE = re.compile(
+    r"(?<![\w./:@-])([A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)+)(?![\w(/-])")
+
+
+def extract_terms(text: str, *, limit: int = 64) -> tuple[list[str], list[str]]:
+    """``(file paths, module names)`` mentioned in ``text``, in order of first mention."""
+    files: dict[str, None] = {}
+    modules: dict[str, None] = {}
+    for match in _PATH_RE.finditer(text):
+        path = match.group(1)
+        # "./x.py" and "x.py" name the same file; the match then finds "/abs/.../x.py" too.
+        files[path[2:] if path.startswith("./") else path] = None
+    for match in _BARE_FILE_RE.finditer(text):
+        if match.group(2).lower() in CODE_EXTENSIONS:
+            files.setdefault(match.group(1), None)
+    for match in _MODULE_RE.finditer(text):
+        name = match.group(1)
+        parts = name.split(".")
+        last = parts[-1].lower()
+        if last in CODE_EXTENSIONS or last in _TLDS or parts[0].lower() in _NOT_MODULE_FIRST:
+            continue
+        if len(name) < 5 or max(len(p) for p in parts) < 3:
+            continue
+        # Module paths are lower-case by convention; "ds.Rows" or "Dataset.pixel_array" are
+        # attribute accesses, not modules being discussed.
+        if not all(p[0].islower() or p[0] == "_" for p in parts):
+            continue
+        if any(name in f for f in files):
+            continue
+        modules[name] = None
+    return list(files)[:limit], list(modules)[:limit]
+
+
+@dataclass
+class Intent:
+    """What the compression must keep: focus files, modules and recently failed calls."""
+
+    files: list[str] = field(default_factory=list)
+    modules: list[str] = field(default_factory=list)
+    failed_calls: list[str] = field(default_factory=list)
+
+    def pattern(self) -> re.Pattern[str] | None:
+        """One regex that finds any focus term (a module also as its path form)."""
+        terms = set(self.files) | set(self.modules)
+        terms |= {m.replace(".", "/") for m in self.modules}
+        if not terms:
+            return None
+        alternatives = "|".join(re.escape(t) for t in sorted(terms, key=len, reverse=True))
+        return re.compile(rf"(?<![\w-])(?:{alternatives})(?![\w-])")
+
+    def as_dict(self) -> dict[str, list[str]]:
+        return {"files": self.files, "modules": self.modules, "failed_calls": self.failed_calls}
+
+
+def build_intent(messages: Sequence[Mapping[str, Any]], pack: Mapping[str, Any], *,
+                 history_steps: int = 3, failed_steps: int = 5, max_terms: int = 64) -> Intent:
+    """The intent of ``messages``: see the module docstring."""
+    intent = Intent()
+    latest = next((i for i in range(len(messages) - 1, -1, -1) if is_real_user(messages[i])), None)
+    texts: list[str] = []
+    if latest is not None:
+        texts.append(message_text(messages[latest]))
+    assistants = [i for i in range(len(messages) - 1, -1, -1)
+                  if messages[i].get("role") == "assistant"]
+    for i in assistants[:history_steps]:
+        texts.append(message_text(messages[i]))
+    files: dict[str, None] = {}
+    modules: dict[str, None] = {}
+    for text in texts:
+        f, m = extract_terms(text, limit=max_terms)
+        files.update(dict.fromkeys(f))
+        modules.update(dict.fromkeys(m))
+    intent.files = list(files)[:max_terms]
+    intent.modules = list(modules)[:max_terms]
+    if failed_steps > 0 and assistants:
+        boundary = assistants[min(failed_steps, len(assistants)) - 1]
+        roles = tool_roles(pack)
+        pairing = pair_tool_calls(messages)
+        for index in range(boundary, len(messages)):
+            msg = messages[index]
+            if msg.get("role") != "tool" or index not in pairing.call_of:
+                continue
+            if roles.is_error(message_text(msg)):
+                cid = msg.get("tool_call_id")
+                if isinstance(cid, str):
+                    intent.failed_calls.append(cid)
+    return intent
+
+
+def _arguments_text(msg: Mapping[str, Any]) -> str:
+    parts = []
+    for call in msg.get("tool_calls") or []:
+        fn = call.get("function") if isinstance(call, Mapping) else None
+        args = fn.get("arguments") if isinstance(fn, Mapping) else None
+        if isinstance(args, str):
+            parts.append(args)
+        elif isinstance(args, Mapping):
+            parts.append(" ".join(str(v) for v in args.values()))
+    return "\n".join(parts)
+
+
+class IntentStage:
+    """The configured stage; see the module docstring."""
+
+    def __init__(self, options: Mapping[str, Any]) -> None:
+        self.history_steps = int(options.get("history_steps", 3))
+        self.failed_steps = int(options.get("failed_steps", 5))
+        self.max_share = float(options.get("max_share", 0.25))
+        self.max_terms = int(options.get("max_terms", 64))
+
+    def __call__(self, messages: Sequence[dict[str, Any]], ctx: StageContext) -> StageOutcome:
+        intent = build_intent(messages, ctx.pack, history_steps=self.history_steps,
+                              failed_steps=self.failed_steps, max_terms=self.max_terms)
+        ctx.state["intent"] = intent.as_dict()
+        matched = self._matches(messages, intent)
+        pinned = pinned_indices(messages)
+        cap = int(self.max_share * ctx.budget.usable)
+        counts = ctx.counter.count_each(messages)
+        used = 0
+        protected: list[int] = []
+        skipped = 0
+        # Newest first: under the cap, what the agent touched last matters most.
+        for index in sorted(matched, reverse=True):
+            if index in pinned or id(messages[index]) in ctx.protected:
+                continue
+            if used + counts[index] > cap:
+                skipped += 1
+                continue
+            used += counts[index]
+            protected.append(index)
+        ctx.protected.update(id(messages[i]) for i in protected)
+        actions = []
+        if intent.files or intent.modules or intent.failed_calls:
+            focus = ", ".join([*intent.files, *intent.modules][:12]) or "-"
+            detail = (f"focus: {focus}; failed calls: {len(intent.failed_calls)}; protected "
+                      f"{len(protected)} message(s), {used} tokens")
+            if skipped:
+                detail += f"; {skipped} more matched over the cap of {cap} tokens (max_share)"
+            actions.append(Action("intent", detail))
+        return StageOutcome(messages=list(messages), actions=actions)
+
+    @staticmethod
+    def _matches(messages: Sequence[Mapping[str, Any]], intent: Intent) -> set[int]:
+        pattern = intent.pattern()
+        failed = set(intent.failed_calls)
+        if pattern is None and not failed:
+            return set()
+        pairing = pair_tool_calls(messages)
+        hits: set[int] = set()
+        for index, msg in enumerate(messages):
+            if is_injected(msg):
+                continue
+            cid = msg.get("tool_call_id")
+            failed_result = msg.get("role") == "tool" and isinstance(cid, str) and cid in failed
+            if failed_result or (pattern is not None and (
+                    pattern.search(message_text(msg)) or pattern.search(_arguments_text(msg)))):
+                hits.add(index)
+        # The other half of each matched call: a call's result, a result's call.
+        for index in list(hits):
+            key = pairing.call_of.get(index)
+            if key is not None:
+                hits.add(key[0])
+            if messages[index].get("role") == "assistant":
+                calls = messages[index].get("tool_calls") or []
+                for pos in range(len(calls)):
+                    result = pairing.result_of.get((index, pos))
+                    if result is not None and pattern is not None and pattern.search(
+                            _arguments_text({"tool_calls": [calls[pos]]})):
+                        hits.add(result)
+        return hits
+
+
+STAGE_TYPE = StageType(
+    name="compress.intent",
+    phase="content",
+    factory=IntentStage,
+    description="Builds the compression intent (files and modules the latest ask and recent "
+                "steps mention, recently failed tool calls) and protects the messages that "
+                "match it from every later stage except the emergency pass.",
+    options_schema={
+        "type": "object",
+        "title": "compress.intent options",
+        "description": "Where the intent comes from and how much it may protect.",
+        "additionalProperties": False,
+        "properties": {
+            "history_steps": {
+                "title": "Assistant steps scanned",
+                "description": "File paths and modules in the assistant's text of the newest N "
+                               "steps join the focus (0: the latest user message only).",
+                "type": "integer", "minimum": 0, "default": 3,
+            },
+            "failed_steps": {
+                "title": "Failed calls looked at (steps)",
+                "description": "Tool calls that failed within the newest N steps are protected "
+                               "with their results (0: none).",
+                "type": "integer", "minimum": 0, "default": 5,
+            },
+            "max_share": {
+                "title": "Most protected (share of the usable window)",
+                "description": "Protection stops, newest matches first, once the protected "
+                               "messages reach this share of the usable window.",
+                "type": "number", "minimum": 0, "maximum": 1, "default": 0.25,
+            },
+            "max_terms": {
+                "title": "Most focus terms",
+                "description": "At most this many file paths and this many module names make "
+                               "up the focus.",
+                "type": "integer", "minimum": 1, "default": 64,
+            },
+        },
+    },
+)
+
+
+@hookimpl
+def ctxrules_register_stages(register: Callable[[StageType], None]) -> None:
+    register(STAGE_TYPE)
