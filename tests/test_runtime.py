@@ -1,0 +1,309 @@
+"""Runtime guards and helpers around the pipeline (issue: runtime guards): gateway and
+preflight guards, spill API, events and health, hot switch, sub-agent sessions, checkpoints
+with a real process kill, continuation guards."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import types
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+
+from conftest import REPO, transcript_paths
+from ctxrules import Engine
+from ctxrules.hookspecs import hookimpl
+from ctxrules.resources import schema_path
+from ctxrules.runtime import checkpoint
+from ctxrules.runtime.guards import RequestRejected
+from ctxrules.runtime.subagents import TooManyDescendants
+from ctxrules.stages.base import StageOutcome, StageType
+from ctxrules.vault import parse_markers
+
+REPORT_SCHEMA = json.loads(schema_path("report.v1.schema.json").read_text())
+
+
+def write_pack(tmp_path: Path, body: str, name: str = "pack.yaml") -> Path:
+    p = tmp_path / name
+    p.write_text("apiVersion: ctxrules/v1\nkind: RulePack\nmetadata: {name: t, version: 1.0.0}\n" + body)
+    return p
+
+
+def history(n: int = 4, size: int = 50) -> list[dict[str, Any]]:
+    msgs: list[dict[str, Any]] = [{"role": "system", "content": "sys"}, {"role": "user", "content": "task"}]
+    for i in range(n):
+        msgs += [{"role": "assistant", "content": f"s{i}", "tool_calls": [
+            {"id": f"c{i}", "type": "function", "function": {"name": "Bash", "arguments": "{}"}}]},
+                 {"role": "tool", "tool_call_id": f"c{i}", "content": "out\n" * size}]
+    return msgs
+
+
+# -- gateway and preflight ----------------------------------------------------------------
+
+def test_gateway_guard_rejects_before_any_stage(tmp_path: Path) -> None:
+    engine = Engine.load(write_pack(tmp_path, "extends: builtin:default\nguards: {max_request_tokens: 500}\n"))
+    events: list[dict[str, Any]] = []
+    s = engine.session(tmp_path / "s", model="gpt-4o", on_event=events.append)
+    with pytest.raises(RequestRejected, match=r"prompt tokens > guards.max_request_tokens 500") as err:
+        s.prepare(history(4, 200))
+    assert err.value.exit_code == 1 and err.value.tokens > 500
+    assert not any(e["event"].startswith("stage.") for e in events)
+
+
+def test_gateway_guard_cli_exits_1_with_one_line(tmp_path: Path) -> None:
+    pack = write_pack(tmp_path, "extends: builtin:default\nguards: {max_request_tokens: 120}\n")
+    src = tmp_path / "in.json"
+    src.write_text(json.dumps(history(3, 100)))
+    env = {**os.environ, "PYTHONPATH": str(REPO / "engine")}
+    proc = subprocess.run([sys.executable, "-m", "ctxrules.cli.main", "run", "--pack", str(pack), "--model",
+                           "gpt-4o", "--input", str(src), "--session", str(tmp_path / "s")],
+                          capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 1
+    assert proc.stderr.count("\n") == 1 and "gateway guard" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_preflight_refuses_only_what_no_compaction_can_fit(tmp_path: Path) -> None:
+    s = Engine.load("builtin:default").session(tmp_path / "s", model="gpt-4o", window=10000)
+    big = history(6, 800)
+    estimate = s.preflight(big)
+    assert not estimate.fits_now and estimate.can_fit  # old steps can go
+    pinned_too_big = [{"role": "user", "content": "word " * 9000}]
+    with pytest.raises(RequestRejected, match=r"cannot fit gpt-4o's window even after compaction.*usable window is 1808"):
+        s.preflight(pinned_too_big)
+    assert not s.preflight(pinned_too_big, refuse=False).can_fit
+
+
+# -- spill ----------------------------------------------------------------------------------
+
+def test_spill_returns_marker_and_preview_and_keeps_everything(tmp_path: Path) -> None:
+    s = Engine.load("builtin:default").session(tmp_path / "s", model="gpt-4o")
+    text = "".join(f"line {i}: {'x' * 40}\n" for i in range(3000))
+    out = s.spill(text, kind="mcp", preview_tokens=500)
+    assert out.tokens_after <= 500 and out.tokens_before > 10 * out.tokens_after
+    marker = parse_markers(out.preview)[0]
+    assert marker.vault_id == out.vault_id and marker.extra["source"] == "mcp"
+    a, b = marker.lines
+    assert s.vault.get(out.vault_id) == text.encode()
+    assert s.vault.get_lines(out.vault_id, a, b).decode() == "".join(text.splitlines(keepends=True)[a - 1:b])
+    assert out.preview.startswith("line 0:") and out.preview.rstrip().endswith(f"line 2999: {'x' * 40}")
+    small = s.spill("short", kind="hook")
+    assert small.preview == "short" and s.vault.get(small.vault_id) == b"short"
+
+
+# -- events, health -------------------------------------------------------------------------
+
+def test_events_and_health(tmp_path: Path) -> None:
+    events: list[dict[str, Any]] = []
+    engine = Engine.load("builtin:default")
+    s = engine.session(tmp_path / "s", model="gpt-4o", window=400000, on_event=events.append)
+    r = s.prepare(history())
+    jsonschema.validate(r.report, REPORT_SCHEMA)
+    names = [e["event"] for e in events]
+    assert "stage.start" in names and "stage.end" in names and names[-1] == "prepare.end"
+    assert r.report["health"] == {"state": "green", "utilization": r.report["after"]["utilization"],
+                                  "reasons": [], "fork_suggested": False}
+
+
+def test_failing_event_callback_is_not_fatal(tmp_path: Path) -> None:
+    def boom(event: dict[str, Any]) -> None:
+        raise RuntimeError("ui down")
+
+    s = Engine.load("builtin:default").session(tmp_path / "s", model="gpt-4o", on_event=boom)
+    assert s.prepare(history()).messages
+
+
+def test_health_red_and_fork_suggestion_when_it_does_not_fit(tmp_path: Path) -> None:
+    s = Engine.load("builtin:default").session(tmp_path / "s", model="gpt-4o", window=9000)
+    r = s.prepare([{"role": "user", "content": "word " * 5000}])
+    assert r.report["health"]["state"] == "red" and r.report["health"]["fork_suggested"]
+    assert "fork" in r.report["health"]["fork_hint"]
+
+
+# -- hot switch -----------------------------------------------------------------------------
+
+def test_model_switch_rescales_thresholds_without_restart(tmp_path: Path) -> None:
+    s = Engine.load("builtin:default").session(tmp_path / "s", model="gpt-4o")
+    first = s.prepare(history())
+    assert first.report["budget"]["window"] == 128000
+    s.switch(model="claude-sonnet-4-5")
+    second = s.prepare(history() + [{"role": "user", "content": "next"}])
+    assert second.report["budget"]["window"] == 200000
+    assert "model" in second.report["fingerprint"]["changed"] and "window" in second.report["fingerprint"]["changed"]
+    for t in ("monitor", "full"):
+        assert second.report["budget"]["thresholds"][t] == first.report["budget"]["thresholds"][t]
+    # Same fractions, so the token level of each tier moves with the usable window (Claude's
+    # counts are estimates: its safety margin is applied too).
+    margin = second.report["budget"]["safety_margin"]
+    assert s.budget.tokens_at("full") == pytest.approx(0.70 * (200000 - 8192) / (1 + margin), abs=1)
+
+
+def test_pack_edit_is_picked_up_on_the_next_call(tmp_path: Path) -> None:
+    pack = write_pack(tmp_path, "extends: builtin:default\ncontext: {thresholds: {full: 0.70}}\n")
+    s = Engine.load(pack).session(tmp_path / "s", model="gpt-4o")
+    assert s.prepare(history()).report["budget"]["thresholds"]["full"] == 0.70
+    time.sleep(0.01)
+    pack.write_text(pack.read_text().replace("full: 0.70", "full: 0.80"))
+    r = s.prepare(history())
+    assert r.report["budget"]["thresholds"]["full"] == 0.80
+    assert "pack" in r.report["fingerprint"]["changed"]
+    assert any("reloaded" in w for w in r.report["warnings"])
+    pack.write_text(pack.read_text().replace("full: 0.80", "full: 1.80"))
+    r = s.prepare(history())
+    assert r.report["budget"]["thresholds"]["full"] == 0.80  # the broken edit is not applied
+    assert any("now invalid" in w and "CR050" in w for w in r.report["warnings"])
+
+
+# -- sub-agents -----------------------------------------------------------------------------
+
+def test_child_sessions_inherit_pack_and_cache_key_and_are_capped(tmp_path: Path) -> None:
+    pack = write_pack(tmp_path, "extends: builtin:default\nguards: {subagents: {max_descendants: 3}}\n")
+    root = Engine.load(pack).session(tmp_path / "root", model="gpt-4o")
+    a = root.child("a")
+    b = a.child("b")
+    assert a.cache_key == b.cache_key == root.cache_key == "root"
+    assert b.root is root and b.engine is root.engine and b.path == tmp_path / "root" / "children" / "a" / "children" / "b"
+    root.child("c")
+    with pytest.raises(TooManyDescendants, match="already has 3 sub-agent sessions"):
+        b.child("d")
+    assert root.child("a").path == a.path  # reopening an existing child is not a new descendant
+    from ctxrules.errors import UsageError
+    with pytest.raises(UsageError):
+        root.child("../escape")
+
+
+def test_child_handover_spills_large_results_with_structure(tmp_path: Path) -> None:
+    root = Engine.load("builtin:default").session(tmp_path / "root", model="gpt-4o")
+    child = root.child("worker")
+    small = child.handover("All tests pass.")
+    assert not small.spilled and small.text == "All tests pass."
+    report = ("## Summary\nFixed the parser in src/parse.py and added tests/test_parse.py.\n"
+              + "".join(f"log line {i}\n" for i in range(3000))
+              + "## Next steps\n- update docs/usage.md\n## Risks\n- the cache format changed\n")
+    out = child.handover(report)
+    assert out.spilled and out.tokens_after <= 4000 and len(report) > 8000
+    assert child.vault.get(out.vault_id).decode() == report
+    assert "src/parse.py" in out.files and any("docs/usage.md" in t for t in out.todo)
+    assert any("cache format" in r for r in out.risks)
+    assert f"vault://{out.vault_id}" in out.text
+
+
+# -- checkpoints ----------------------------------------------------------------------------
+
+SLOW_CHILD = r"""
+import json, sys, time, types
+sys.path.insert(0, sys.argv[1])
+from pathlib import Path
+from ctxrules import Engine
+from ctxrules.hookspecs import hookimpl
+from ctxrules.stages.base import StageOutcome, StageType
+
+class Slow:
+    def __init__(self, options): pass
+    def __call__(self, messages, ctx):
+        print("compacting", flush=True)
+        time.sleep(60)
+        return StageOutcome(list(messages))
+
+@hookimpl
+def ctxrules_register_stages(register):
+    register(StageType("test.slow", "content", Slow, hysteresis=True))
+
+engine = Engine.load(sys.argv[2], plugins=[("slow", types.SimpleNamespace(ctxrules_register_stages=ctxrules_register_stages))])
+session = engine.session(Path(sys.argv[3]), model="gpt-4o", window=12000)
+session.prepare(json.loads(Path(sys.argv[4]).read_text()))
+"""
+
+
+@pytest.mark.parametrize("how", ["SIGKILL", "SIGTERM"])
+def test_killed_compaction_is_found_and_resumed(tmp_path: Path, how: str) -> None:
+    pack = write_pack(tmp_path, "pipeline:\n  - {id: slow, use: test.slow, when: {at_least: light}}\n")
+    src = next(p for p in transcript_paths() if p.name == "sweagent-test-repo-i1.json")
+    script = tmp_path / "child.py"
+    script.write_text(SLOW_CHILD)
+    root = tmp_path / "state"
+    session_dir = root / "run-1"
+    with subprocess.Popen([sys.executable, str(script), str(REPO / "engine"), str(pack), str(session_dir),
+                           str(src)], stdout=subprocess.PIPE, text=True) as proc:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == "compacting"
+        assert checkpoint.read(session_dir)["status"] == "running"
+        if how == "SIGTERM":
+            # The CLI installs a handler; the API leaves signals to the application, so this
+            # child gets the default action and the checkpoint stays 'running' with a dead pid.
+            proc.send_signal(signal.SIGTERM)
+        else:
+            proc.kill()
+        proc.wait(timeout=30)
+    found = checkpoint.scan(root)
+    assert [f.session for f in found] == [session_dir]
+    messages = checkpoint.resume(session_dir)
+    assert messages == json.loads(src.read_text())
+    assert checkpoint.scan(root) == []
+
+
+def test_cli_sigterm_marks_the_compaction_interrupted(tmp_path: Path) -> None:
+    """`ctxrules run` turns SIGTERM into an orderly stop that records the interruption."""
+    plugin_dir = tmp_path / "plug"
+    plugin_dir.mkdir()
+    (plugin_dir / "slowplug.py").write_text(
+        "import time\nfrom ctxrules.hookspecs import hookimpl\nfrom ctxrules.stages.base import StageOutcome, StageType\n"
+        "class Slow:\n    def __init__(self, o): pass\n    def __call__(self, m, ctx):\n"
+        "        print('compacting', flush=True)\n        time.sleep(60)\n        return StageOutcome(list(m))\n"
+        "@hookimpl\ndef ctxrules_register_stages(register):\n"
+        "    register(StageType('test.slow', 'content', Slow, hysteresis=True))\n")
+    (plugin_dir / "slowplug-0.dist-info").mkdir()
+    (plugin_dir / "slowplug-0.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: slowplug\nVersion: 0\n")
+    (plugin_dir / "slowplug-0.dist-info" / "entry_points.txt").write_text("[ctxrules]\nslowplug = slowplug\n")
+    pack = write_pack(tmp_path, "pipeline:\n  - {id: slow, use: test.slow, when: {at_least: light}}\n")
+    src = next(p for p in transcript_paths() if p.name == "sweagent-test-repo-i1.json")
+    env = {**os.environ, "PYTHONPATH": f"{REPO / 'engine'}{os.pathsep}{plugin_dir}"}
+    with subprocess.Popen([sys.executable, "-m", "ctxrules.cli.main", "run", "--pack", str(pack), "--model",
+                           "gpt-4o", "--window", "12000", "--input", str(src), "--output", str(tmp_path / "o.json"),
+                           "--session", str(tmp_path / "s")], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True, env=env) as proc:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "compacting"
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 128 + signal.SIGTERM and "Traceback" not in err
+    data = checkpoint.read(tmp_path / "s")
+    assert data is not None and data["status"] == "interrupted" and "SystemExit" in data["reason"]
+    # Reopening the session goes on from the state before, and says so once.
+    engine = Engine.load("builtin:default")
+    r = engine.session(tmp_path / "s", model="gpt-4o").prepare(json.loads(src.read_text()))
+    assert any("interrupted" in w for w in r.report["warnings"])
+
+
+# -- continuation guards ---------------------------------------------------------------------
+
+def test_continuation_guards(tmp_path: Path) -> None:
+    (tmp_path / "keep.txt").write_text("v1")
+    pack = write_pack(tmp_path, "extends: builtin:default\nguards:\n  continuation:\n"
+                                "    max_identical_errors: 3\n    drift_every_steps: 2\n    protected_files: [keep.txt]\n")
+    s = Engine.load(pack).session(tmp_path / "s", model="gpt-4o")
+    msgs = history(2)
+    assert s.should_continue({"messages": msgs, "cwd": str(tmp_path)})
+    cancel = threading.Event()
+    cancel.set()
+    d = s.should_continue({"messages": msgs, "cancel": cancel, "cwd": str(tmp_path)})
+    assert not d and d.reason == "the run was cancelled"
+    assert not s.should_continue({"messages": msgs, "budget_ok": False, "cwd": str(tmp_path)})
+    err = "Traceback (most recent call last):\nValueError: x\nExit code 1"
+    looping = msgs + [m for i in range(3) for m in (
+        {"role": "assistant", "content": "", "tool_calls": [{"id": f"e{i}", "type": "function",
+                                                             "function": {"name": "Bash", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": f"e{i}", "content": err})]
+    d = s.should_continue({"messages": looping, "cwd": str(tmp_path)})
+    assert not d and "same error" in str(d.reason)
+    drift = s.should_continue({"messages": history(4), "cwd": str(tmp_path), "drift_check": lambda m: "off task"})
+    assert not drift and drift.reason == "off task"
+    (tmp_path / "keep.txt").write_text("v2")
+    d = s.should_continue({"messages": msgs, "cwd": str(tmp_path)})
+    assert not d and "keep.txt" in str(d.reason)
