@@ -5,8 +5,10 @@ starts with one or more header lines::
 
     # expect: CR010 line 6 col 3
     # expect: CR031 line 4 col 10 file b.yaml
+    # expect: warning CR085 line 12 col 17
 
-``col`` is optional (given where the column matters); ``file`` names the file the diagnostic
+``warning`` marks a diagnostic that is not an error (the pack stays valid); ``col`` is
+optional (given where the column matters); ``file`` names the file the diagnostic
 is reported in, relative to the fixture's folder (default: the fixture itself). The test runs
 ``ctxrules validate --format json`` on the fixture and wants exactly these diagnostics.
 """
@@ -33,13 +35,14 @@ BAD = PACKS / "bad"
 EXTENDS = PACKS / "extends"
 
 _EXPECT = re.compile(
-    rb"^# expect: (?P<code>CR\d{3}) line (?P<line>\d+)"
+    rb"^# expect: (?:(?P<severity>warning) )?(?P<code>CR\d{3}) line (?P<line>\d+)"
     rb"(?: col (?P<col>\d+))?(?: file (?P<file>\S+))?\s*$"
 )
 
 
 @dataclass(frozen=True)
 class Expected:
+    severity: str
     code: str
     file: str
     line: int
@@ -55,7 +58,8 @@ def expectations(path: Path) -> list[Expected]:
         m = _EXPECT.match(raw)
         assert m, f"{path.name}: malformed header line {raw!r}"
         target = path.parent / m["file"].decode() if m["file"] else path
-        out.append(Expected(m["code"].decode(), target.relative_to(REPO).as_posix(), int(m["line"]),
+        out.append(Expected((m["severity"] or b"error").decode(), m["code"].decode(),
+                            target.relative_to(REPO).as_posix(), int(m["line"]),
                             int(m["col"]) if m["col"] else None))
     return out
 
@@ -107,16 +111,17 @@ def test_fixture_gives_exactly_the_expected_diagnostics(  # type: ignore[no-unty
     code, doc = validate_json(cli, rel)
     got = doc["diagnostics"]
     summary = [(d["code"], d["file"], d["line"], d["col"], d["message"]) for d in got]
-    assert code == 1, summary
-    assert doc["errors"] == len(got) == len(expected), summary
+    errors = sum(e.severity == "error" for e in expected)
+    assert code == (1 if errors else 0), summary
+    assert (doc["errors"], doc["warnings"]) == (errors, len(expected) - errors), summary
+    assert len(got) == len(expected), summary
     for exp in expected:
-        hits = [d for d in got
-                if (d["code"], d["file"], d["line"]) == (exp.code, exp.file, exp.line)]
+        hits = [d for d in got if (d["severity"], d["code"], d["file"], d["line"])
+                == (exp.severity, exp.code, exp.file, exp.line)]
         assert hits, f"expected {exp} in {summary}"
         if exp.col is not None:
             assert any(d["col"] == exp.col for d in hits), f"expected column {exp.col} in {summary}"
     for d in got:
-        assert d["severity"] == "error"
         assert d["message"] and "\n" not in d["message"]
         assert d["line"] >= 1 and d["col"] >= 1
         assert d["pointer"] == "" or d["pointer"].startswith("/")
@@ -126,13 +131,19 @@ def test_fixture_gives_exactly_the_expected_diagnostics(  # type: ignore[no-unty
 @pytest.mark.parametrize("fixture", fixture_files(), ids=_id)
 def test_fixture_text_output_points_at_the_line(  # type: ignore[no-untyped-def]
         cli, in_repo: Path, fixture: Path) -> None:
-    exp = expectations(fixture)[0]
+    expected = expectations(fixture)
     code, out, err = cli("validate", fixture.relative_to(REPO).as_posix())
-    assert code == 1 and err == ""
-    head = f"{exp.file}:{exp.line}:{exp.col or ''}"
-    lines = out.splitlines()
-    assert any(ln.startswith(head) and f"error[{exp.code}]" in ln for ln in lines), out
-    assert re.search(r"^\d+ files? checked: [1-9]\d* error\(s\), 0 warning\(s\)$", out, re.M), out
+    assert err == ""
+    for exp in expected:
+        head = f"{exp.file}:{exp.line}:{exp.col or ''}"
+        lines = out.splitlines()
+        assert any(ln.startswith(head) and f"{exp.severity}[{exp.code}]" in ln for ln in lines), out
+    errors = sum(e.severity == "error" for e in expected)
+    summary = f"1 file checked: {errors} error(s), {len(expected) - errors} warning(s)"
+    assert out.endswith(summary + "\n"), out
+    if errors == 0:  # a warning fails only under --strict
+        assert code == 0
+        assert cli("validate", "--strict", fixture.relative_to(REPO).as_posix())[0] == 1
 
 
 def test_the_whole_fixture_tree_validates_without_crashing(  # type: ignore[no-untyped-def]

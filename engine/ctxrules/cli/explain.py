@@ -22,6 +22,7 @@ def run(args: argparse.Namespace) -> int:
     from ctxrules.packs.models_match import effective_context, select_model_entry
     from ctxrules.packs.render import to_yaml
 
+    _check_exists(args.pack)
     pack = load_pack(args.pack)
     origins = pack.origins() if args.origins else None
     out = []
@@ -42,3 +43,19 @@ def run(args: argparse.Namespace) -> int:
         out.append(f"# {d.severity}[{d.code}] {d.file}:{d.line}:{d.col}: {d.message}")
     sys.stdout.write("\n".join(out) + "\n" + to_yaml(pack.data, origins))
     return 0
+
+
+def _check_exists(ref: str) -> None:
+    """A PACK that names nothing is a usage error (exit 2), like a missing path for validate."""
+    from pathlib import Path
+
+    from ctxrules.errors import UsageError
+    from ctxrules.packs.loader import _BUILTIN_REF, BUILTIN_PREFIX, builtin_names, builtin_path
+
+    if ref.startswith(BUILTIN_PREFIX):
+        m = _BUILTIN_REF.match(ref)
+        if m is None or not builtin_path(m["name"]).is_file():
+            raise UsageError(f"no built-in pack '{ref}' (there are: "
+                             + ", ".join(BUILTIN_PREFIX + n for n in builtin_names()) + ")")
+    elif not Path(ref).is_file():
+        raise UsageError(f"no such pack file: {ref}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import yaml
@@ -10,11 +11,30 @@ from ctxrules.packs.source import Origin, escape_token
 
 
 def _scalar(value: Any) -> str:
-    text = yaml.safe_dump(value, default_flow_style=True, width=10_000, allow_unicode=True)
-    text = text.strip()
-    if text.endswith("\n..."):
-        text = text[:-4].strip()
-    return text.removesuffix("...").strip()
+    """One value on one line (a string that PyYAML would fold is written double-quoted)."""
+    text = yaml.safe_dump(value, default_flow_style=True, width=1_000_000, allow_unicode=True)
+    # A bare scalar ends with a line break, sometimes after a document end marker ('...').
+    # Strip only those: str.strip() would also eat a value's own '\xa0' or '\x85'.
+    text = text.removesuffix("\n").removesuffix("\n...")
+    if any(brk in text for brk in "\n\r\x85\u2028\u2029"):  # all line breaks to YAML
+        text = yaml.safe_dump(value, default_style='"', width=1_000_000, allow_unicode=True)
+        text = text.removesuffix("\n")
+    return text
+
+
+# What a literal block (``|``) cannot hold: characters YAML does not print, and line breaks
+# other than '\n' (YAML would read them as line breaks and change the text).
+_NOT_IN_BLOCK = re.compile(
+    "[^\t\n\x20-\x7e\xa0-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]|[\u2028\u2029\ufeff]")
+
+
+def _as_block(value: Any) -> bool:
+    """True for text written best as a literal block: several lines that come back unchanged."""
+    if not isinstance(value, str):
+        return False
+    body = value.removesuffix("\n")
+    return ("\n" in body and not body.startswith((" ", "\t", "\n")) and not body.endswith("\n")
+            and _NOT_IN_BLOCK.search(value) is None)
 
 
 def to_yaml(data: Any, origins: dict[str, Origin] | None = None) -> str:
@@ -38,7 +58,7 @@ def to_yaml(data: Any, origins: dict[str, Origin] | None = None) -> str:
                 elif isinstance(v, list) and v:
                     lines.append(f"{pad}{key}:{note(child)}")
                     emit(v, indent + 1, child)
-                elif isinstance(v, str) and "\n" in v:
+                elif _as_block(v):
                     lines.append(f"{pad}{key}: |{'' if v.endswith(chr(10)) else '-'}{note(child)}")
                     lines.extend(f"{pad}  {ln}" if ln else "" for ln in v.rstrip("\n").split("\n"))
                 else:
@@ -54,7 +74,7 @@ def to_yaml(data: Any, origins: dict[str, Origin] | None = None) -> str:
                 elif isinstance(v, list) and v:
                     lines.append(f"{pad}-{note(child)}")
                     emit(v, indent + 1, child)
-                elif isinstance(v, str) and "\n" in v:
+                elif _as_block(v):
                     lines.append(f"{pad}- |{'' if v.endswith(chr(10)) else '-'}{note(child)}")
                     lines.extend(f"{pad}  {ln}" if ln else "" for ln in v.rstrip("\n").split("\n"))
                 else:

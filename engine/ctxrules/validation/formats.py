@@ -23,6 +23,15 @@ def _read_lines(cache: dict[str, list[str] | None], file: str, real: dict[str, P
     return cache[file]
 
 
+def _excerpt(src: str, at: int, width: int = 100) -> tuple[str, int]:
+    """A long source line cut to about ``width`` characters around column ``at`` (0-based)."""
+    if len(src) <= width:
+        return src, at
+    start = max(0, min(at - width // 2, len(src) - width))
+    head, tail = ("…" if start else ""), ("…" if start + width < len(src) else "")
+    return head + src[start:start + width] + tail, at - start + len(head)
+
+
 def format_text(diags: list[Diagnostic], files_checked: int, real_paths: dict[str, Path] | None = None) -> str:
     cache: dict[str, list[str] | None] = {}
     out: list[str] = []
@@ -30,10 +39,10 @@ def format_text(diags: list[Diagnostic], files_checked: int, real_paths: dict[st
         out.append(f"{d.file}:{d.line}:{d.col}: {d.severity}[{d.code}] {d.message}")
         lines = _read_lines(cache, d.file, real_paths or {})
         if lines is not None and 0 < d.line <= len(lines):
-            src = lines[d.line - 1].replace("\t", " ")
+            src, caret = _excerpt(lines[d.line - 1].replace("\t", " "), max(d.col - 1, 0))
             gutter = f"{d.line:>4} | "
             out.append(gutter + src)
-            out.append(" " * (len(gutter) + max(d.col - 1, 0)) + "^")
+            out.append(" " * (len(gutter) + caret) + "^")
         if d.hint:
             out.append(f"  help: {d.hint}")
     errors = sum(d.severity == "error" for d in diags)
@@ -71,6 +80,18 @@ def format_github(diags: list[Diagnostic], files_checked: int) -> str:
     return "\n".join(out) + ("\n" if out else "")
 
 
+def _sarif_uri(file: str) -> str:
+    """A file as a URI reference: relative paths percent-encoded (a space or a ':' in a name
+    would make an invalid or different URI), absolute ones as file: URIs."""
+    from urllib.parse import quote
+
+    if file.startswith("builtin:"):
+        return file
+    if Path(file).is_absolute():
+        return Path(file).as_uri()
+    return quote(file)
+
+
 def format_sarif(diags: list[Diagnostic], files_checked: int) -> str:
     used = sorted({d.code for d in diags})
     rules = [{"id": code, "shortDescription": {"text": CODES.get(code, code)}} for code in used]
@@ -84,7 +105,7 @@ def format_sarif(diags: list[Diagnostic], files_checked: int) -> str:
             "level": {"error": "error", "warning": "warning"}.get(d.severity, "note"),
             "message": {"text": msg},
             "locations": [{"physicalLocation": {
-                "artifactLocation": {"uri": d.file},
+                "artifactLocation": {"uri": _sarif_uri(d.file)},
                 "region": {"startLine": d.line, "startColumn": d.col},
             }}],
             "properties": {"jsonPointer": d.pointer},
@@ -94,6 +115,7 @@ def format_sarif(diags: list[Diagnostic], files_checked: int) -> str:
         "version": "2.1.0",
         "runs": [{
             "tool": {"driver": {"name": "ctxrules", "version": __version__, "rules": rules}},
+            "columnKind": "unicodeCodePoints",  # our columns count characters, as YAML marks do
             "results": results,
         }],
     }
