@@ -1,0 +1,127 @@
+"""``session.complete(...)``: a litellm call with context-overflow recovery.
+
+The call sends what ``prepare`` returns (our ``ctxrules`` metadata key stripped, the request
+options such as ``prompt_cache_key`` merged in). When the provider answers that the prompt is
+too long, an emergency pass runs at the limit the provider named (or, when it names none, at
+80 % of what was sent) — phase 1 cuts long contents to head + tail, phase 2 drops the oldest
+steps, both into the vault (``compress.emergency``), then the pairing is repaired — and the call
+is retried once. What happened is returned with the response; usage goes to the ledger when
+the session has one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from ctxrules.errors import CtxrulesError
+
+if TYPE_CHECKING:
+    from ctxrules.engine import PrepareResult, Session
+
+_LIMIT_PATTERNS = (
+    re.compile(r"maximum context length is (\d[\d,]*)", re.I),
+    re.compile(r"\d[\d,]* tokens? > (\d[\d,]*)", re.I),
+    re.compile(r"context (?:window|length)[^\d]{0,40}(\d[\d,]*) tokens", re.I),
+)
+_OVERFLOW_TEXT = re.compile(r"context[_ ]length|context window|prompt is too long|too many tokens|"
+                            r"maximum context|reduce the length", re.I)
+
+
+class CompletionFailed(CtxrulesError):
+    exit_code = 2
+
+
+@dataclass
+class Completion:
+    response: Any
+    prepared: PrepareResult
+    recovered: bool = False
+    attempts: list[dict[str, Any]] = field(default_factory=list)
+
+
+def is_overflow(exc: BaseException) -> bool:
+    name = type(exc).__name__
+    return name == "ContextWindowExceededError" or bool(_OVERFLOW_TEXT.search(str(exc)))
+
+
+def limit_from(exc: BaseException) -> int | None:
+    text = str(exc)
+    for pat in _LIMIT_PATTERNS:
+        m = pat.search(text)
+        if m:
+            return int(m.group(1).replace(",", ""))
+    return None
+
+
+def _wire(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Messages as a provider takes them: without our metadata key (the tag stays in the text)."""
+    from ctxrules.messages import INJECTED_KEY
+
+    return [{k: v for k, v in m.items() if k != INJECTED_KEY} if INJECTED_KEY in m else m for m in messages]
+
+
+def emergency_pass(session: Session, messages: list[dict[str, Any]], tools: list[dict[str, Any]],
+                   window: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Shrink ``messages`` to fit ``window`` (minus reserve_output): cut, then drop steps."""
+    from ctxrules.logs import get_logger
+    from ctxrules.pipeline.context import StageContext
+    from ctxrules.stages.compress_emergency import Emergency
+    from ctxrules.stages.tool_pairs import ToolPairRepair
+
+    reserve = min(session.budget.reserve_output, max(window // 4, 1))
+    budget = dataclasses.replace(session.budget, window=window, reserve_output=reserve, window_source="override")
+    ctx = StageContext(stage_id="overflow", model=session.model, counter=session.counter, budget=budget,
+                       vault=session.vault, tools=tools, pack=session.engine.pack.data,
+                       log=get_logger("ctxrules.overflow", session=session.id), tier="emergency",
+                       session_id=session.id, target="light")
+    out = Emergency({})(messages, ctx)
+    repaired = ToolPairRepair({})(out.messages, ctx)
+    actions = [a.as_dict() for a in [*out.actions, *repaired.actions]]
+    return repaired.messages, actions
+
+
+def complete(session: Session, messages: Any, *, tools: list[dict[str, Any]] | None = None,
+             model: str | None = None, **kwargs: Any) -> Completion:
+    """``litellm.completion`` on the prepared messages, with one overflow recovery."""
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    import litellm
+
+    prepared = session.prepare(messages, tools)
+    call_model = model or session.model.name
+    sent = prepared.messages
+    attempts: list[dict[str, Any]] = []
+    for attempt in range(2):
+        options = {**prepared.request, **kwargs}
+        if prepared.tools:
+            options.setdefault("tools", prepared.tools)
+        try:
+            response = litellm.completion(model=call_model, messages=_wire(sent), **options)
+        except Exception as exc:
+            tokens = session.counter.count_messages(sent, prepared.tools)
+            attempts.append({"attempt": attempt + 1, "error": f"{type(exc).__name__}: {exc}"[:500], "tokens": tokens})
+            _record(session, call_model, None, ok=False)
+            if attempt == 0 and is_overflow(exc):
+                limit = limit_from(exc) or int(tokens * 0.8)
+                sent, actions = emergency_pass(session, sent, prepared.tools, min(limit, session.budget.window))
+                attempts[-1].update(recovery={"window": limit, "actions": actions,
+                                              "tokens_after": session.counter.count_messages(sent, prepared.tools)})
+                continue
+            raise CompletionFailed(f"model call failed: {type(exc).__name__}: {str(exc)[:300]}") from exc
+        attempts.append({"attempt": attempt + 1, "ok": True})
+        _record(session, call_model, response, ok=True)
+        return Completion(response, prepared, recovered=attempt > 0, attempts=attempts)
+    raise CompletionFailed("model call failed after the overflow recovery")  # pragma: no cover - loop returns
+
+
+def _record(session: Session, model: str, response: Any, *, ok: bool) -> None:
+    """Usage into the session's ledger when there is one (failed calls record nothing)."""
+    recorder = getattr(session, "record_usage", None)
+    if not ok or recorder is None or response is None:
+        return
+    usage = getattr(response, "usage", None)
+    if usage is not None:
+        recorder(model=model, usage=usage)
