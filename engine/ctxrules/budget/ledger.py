@@ -1,0 +1,385 @@
+"""Append-only JSONL ledgers of model calls, safe under concurrent writers.
+
+Where they live (DESIGN.md "session"):
+
+- ``<session>/ledger.jsonl``: the calls of one session;
+- ``<state>/ledger/days/<YYYY-MM-DD>.jsonl``: every call of that UTC date, across sessions (a
+  budget day in another time zone reads the one or two files that cover it);
+- ``<state>/ledger/goals/<goal>.jsonl``: every call made for a goal, across sessions and days.
+
+One JSON object per line: ``{"type": "call", ...}`` for a call (see :func:`call_record`) or
+``{"type": "reset", ...}`` for a budget reset (``ctxrules usage reset``): totals count only the
+calls after the last reset, and the history stays in the file.
+
+**Concurrency.** A writer appends one whole line under an exclusive ``flock`` on the file and
+fsyncs it (the ledger is money: it must survive a crash). If a crashed writer left a partial
+last line, the next writer ends it first, so the damage stays one unreadable line that readers
+count and skip. Readers take no lock: they consume complete lines only, and remember how far
+they read, so a process that asks again reads only what was appended since.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import re
+import threading
+import time
+import uuid
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, date, datetime, timedelta
+from pathlib import Path
+from typing import Any, Final
+
+from ctxrules.budget.pricing import Cost, Rates
+from ctxrules.budget.usage import TOKEN_KINDS, TokenUsage
+from ctxrules.errors import CtxrulesError, UsageError
+from ctxrules.session_store import ensure_dir
+
+__all__ = [
+    "CallEntry",
+    "LedgerFile",
+    "Totals",
+    "call_record",
+    "check_goal",
+    "day_ledger_path",
+    "goal_ledger_path",
+    "ledger_files_between",
+    "reset_record",
+    "session_ledger_path",
+]
+
+RECORD_VERSION: Final = 1
+_GOAL_RE: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+_COST_KEYS: Final = (
+    "input",
+    "cache_read",
+    "cache_write",
+    "output",
+    "reasoning",
+    "citation",
+    "cache_savings",
+)
+
+
+# --- paths ------------------------------------------------------------------------------------
+
+
+def session_ledger_path(session_dir: Path) -> Path:
+    return session_dir / "ledger.jsonl"
+
+
+def day_ledger_path(state_root: Path, day: date) -> Path:
+    return state_root / "ledger" / "days" / f"{day.isoformat()}.jsonl"
+
+
+def check_goal(goal: str) -> str:
+    """A goal name is also a file name: letters, digits, ``.``, ``_``, ``-`` (at most 128)."""
+    if not isinstance(goal, str) or not _GOAL_RE.fullmatch(goal):
+        raise UsageError(
+            f"invalid goal name {goal!r}: use 1-128 letters, digits, '.', '_' or '-', "
+            "starting with a letter or digit"
+        )
+    return goal
+
+
+def goal_ledger_path(state_root: Path, goal: str) -> Path:
+    return state_root / "ledger" / "goals" / f"{check_goal(goal)}.jsonl"
+
+
+def ledger_files_between(state_root: Path, start: float, end: float) -> list[Path]:
+    """The day ledgers (UTC dates) that can hold calls made in ``[start, end)``."""
+    first = datetime.fromtimestamp(start, UTC).date()
+    last = datetime.fromtimestamp(max(start, end - 1e-6), UTC).date()
+    out = []
+    d = first
+    while d <= last:
+        out.append(day_ledger_path(state_root, d))
+        d += timedelta(days=1)
+    return out
+
+
+# --- records ----------------------------------------------------------------------------------
+
+
+def call_record(
+    *,
+    usage: TokenUsage,
+    cost: Cost | None,
+    rates: Rates | None,
+    model: str,
+    session: str,
+    root: str,
+    goal: str | None,
+    ts: float,
+    source: str,
+    tier: str | None = None,
+    service_tier: str = "standard",
+    call_id: str | None = None,
+) -> dict[str, Any]:
+    """The JSON object one call is recorded as (the same line goes to every ledger it counts in)."""
+    return {
+        "v": RECORD_VERSION,
+        "type": "call",
+        "id": call_id or uuid.uuid4().hex,
+        "ts": ts,
+        "session": session,
+        "root": root,
+        "goal": goal,
+        "model": model,
+        "tier": tier,
+        "service_tier": service_tier,
+        "source": source,
+        "tokens": usage.as_dict(),
+        "usd": None if cost is None else cost.as_dict(),
+        "rates": None if rates is None else rates.source,
+    }
+
+
+def reset_record(*, ts: float, reason: str = "command") -> dict[str, Any]:
+    return {"v": RECORD_VERSION, "type": "reset", "ts": ts, "reason": reason}
+
+
+@dataclass(frozen=True)
+class CallEntry:
+    """A call as read back from a ledger (the fields budgets and reports need)."""
+
+    ts: float
+    model: str
+    session: str
+    root: str
+    tokens: TokenUsage
+    cost: Cost | None
+    tier: str | None
+    call_id: str
+
+    @classmethod
+    def parse(cls, obj: dict[str, Any]) -> CallEntry:
+        tokens = obj["tokens"]
+        usage = TokenUsage(*(int(tokens.get(k, 0)) for k in TOKEN_KINDS))
+        usd = obj.get("usd")
+        cost = None if usd is None else Cost(**{k: float(usd.get(k, 0.0)) for k in _COST_KEYS})
+        ts = obj["ts"]
+        if not isinstance(ts, int | float) or isinstance(ts, bool):
+            raise ValueError("ts")
+        return cls(
+            float(ts),
+            str(obj.get("model", "")),
+            str(obj.get("session", "")),
+            str(obj.get("root", obj.get("session", ""))),
+            usage,
+            cost,
+            obj.get("tier") if isinstance(obj.get("tier"), str) else None,
+            str(obj.get("id", "")),
+        )
+
+
+@dataclass
+class Totals:
+    """Sums over calls: the seven token kinds, USD by component, and per-model figures."""
+
+    calls: int = 0
+    unpriced_calls: int = 0
+    tokens: TokenUsage = field(default_factory=TokenUsage)
+    cost: Cost = field(default_factory=Cost)
+    first_ts: float | None = None
+    last_ts: float | None = None
+    by_model: dict[str, dict[str, float]] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, entries: Iterable[CallEntry]) -> Totals:
+        t = cls()
+        for e in entries:
+            t.add(e)
+        return t
+
+    def add(self, e: CallEntry) -> None:
+        self.calls += 1
+        self.tokens = self.tokens + e.tokens
+        if e.cost is None:
+            self.unpriced_calls += 1
+        else:
+            self.cost = self.cost + e.cost
+        self.first_ts = e.ts if self.first_ts is None else min(self.first_ts, e.ts)
+        self.last_ts = e.ts if self.last_ts is None else max(self.last_ts, e.ts)
+        m = self.by_model.setdefault(e.model, {"calls": 0, "tokens": 0, "usd": 0.0})
+        m["calls"] += 1
+        m["tokens"] += e.tokens.total
+        m["usd"] += e.cost.total if e.cost is not None else 0.0
+
+    @property
+    def usd(self) -> float:
+        return self.cost.total
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "calls": self.calls,
+            "unpriced_calls": self.unpriced_calls,
+            "tokens": self.tokens.as_dict(),
+            "usd": round(self.cost.total, 10),
+            "usd_by_kind": {k: round(v, 10) for k, v in self.cost.as_dict().items()},
+            "cache_savings_usd": round(self.cost.cache_savings, 10),
+            "cache_savings_share": round(self.cost.savings_share, 6),
+            "cache_hit_share": round(self.tokens.cache_hit_share, 6),
+            "first_ts": self.first_ts,
+            "last_ts": self.last_ts,
+            "by_model": {
+                k: {
+                    "calls": int(v["calls"]),
+                    "tokens": int(v["tokens"]),
+                    "usd": round(v["usd"], 10),
+                }
+                for k, v in sorted(self.by_model.items())
+            },
+        }
+
+
+# --- files ------------------------------------------------------------------------------------
+
+
+class LedgerFile:
+    """One append-only ledger file. Thread-safe; safe across processes (module docstring)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._lock = threading.Lock()
+        self._ident: tuple[int, int] | None = None
+        self._offset = 0
+        self._entries: list[CallEntry] = []
+        self._resets: list[float] = []
+        self._bad = 0
+
+    def append(self, record: dict[str, Any]) -> None:
+        """Append one record as one line (exclusive lock, fsync)."""
+        line = (
+            json.dumps(record, ensure_ascii=False, sort_keys=True, allow_nan=False).encode("utf-8")
+            + b"\n"
+        )
+        try:
+            ensure_dir(self.path.parent)
+            fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o600)
+        except OSError as exc:
+            raise CtxrulesError(f"cannot write the ledger {self.path}: {exc.strerror}") from exc
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            size = os.fstat(fd).st_size
+            if size and os.pread(fd, 1, size - 1) != b"\n":
+                line = b"\n" + line  # end a line a crashed writer left unfinished
+            view = memoryview(line)
+            while view:
+                written = os.write(fd, view)
+                view = view[written:]
+            os.fsync(fd)
+        except OSError as exc:
+            raise CtxrulesError(f"cannot write the ledger {self.path}: {exc.strerror}") from exc
+        finally:
+            with contextlib.suppress(OSError):
+                fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)
+
+    def refresh(self) -> None:
+        """Read what was appended since the last call (all of it when the file was replaced)."""
+        with self._lock:
+            try:
+                fh = self.path.open("rb")
+            except FileNotFoundError:
+                self._reset_cache(None)
+                return
+            except OSError as exc:
+                raise CtxrulesError(f"cannot read the ledger {self.path}: {exc.strerror}") from exc
+            with fh:
+                st = os.fstat(fh.fileno())
+                ident = (st.st_dev, st.st_ino)
+                if ident != self._ident or st.st_size < self._offset:
+                    self._reset_cache(ident)
+                fh.seek(self._offset)
+                data = fh.read()
+            end = data.rfind(b"\n")
+            if end < 0:
+                return
+            for raw in data[:end].split(b"\n"):
+                self._ingest(raw)
+            self._offset += end + 1
+
+    def _reset_cache(self, ident: tuple[int, int] | None) -> None:
+        self._ident, self._offset, self._entries, self._resets, self._bad = ident, 0, [], [], 0
+
+    def _ingest(self, raw: bytes) -> None:
+        if not raw.strip():
+            return
+        try:
+            obj = json.loads(raw)
+            if not isinstance(obj, dict):
+                raise ValueError("not an object")
+            kind = obj.get("type")
+            if kind == "call":
+                self._entries.append(CallEntry.parse(obj))
+            elif kind == "reset":
+                ts = obj["ts"]
+                if not isinstance(ts, int | float) or isinstance(ts, bool):
+                    raise ValueError("ts")
+                self._resets.append(float(ts))
+            else:
+                raise ValueError(f"unknown record type {kind!r}")
+        except (ValueError, KeyError, TypeError, AttributeError):
+            self._bad += 1
+
+    def entries(
+        self, start: float | None = None, end: float | None = None, *, honor_resets: bool = True
+    ) -> list[CallEntry]:
+        """The calls in ``[start, end)`` made after the last reset in that span."""
+        self.refresh()
+        with self._lock:
+            lo = start if start is not None else float("-inf")
+            hi = end if end is not None else float("inf")
+            if honor_resets:
+                resets = [r for r in self._resets if lo <= r < hi]
+                if resets:
+                    lo = max(lo, max(resets))
+            return [e for e in self._entries if lo <= e.ts < hi]
+
+    def resets_in(self, start: float, end: float) -> list[float]:
+        """Times of the resets recorded in ``[start, end)``."""
+        self.refresh()
+        with self._lock:
+            return [r for r in self._resets if start <= r < end]
+
+    @property
+    def bad_lines(self) -> int:
+        self.refresh()
+        return self._bad
+
+    @property
+    def last_reset(self) -> float | None:
+        self.refresh()
+        return max(self._resets) if self._resets else None
+
+    def __len__(self) -> int:
+        self.refresh()
+        return len(self._entries)
+
+    def all_entries(self) -> Iterator[CallEntry]:
+        self.refresh()
+        with self._lock:
+            yield from list(self._entries)
+
+
+_FILES: dict[Path, LedgerFile] = {}
+_FILES_LOCK = threading.Lock()
+
+
+def ledger(path: Path) -> LedgerFile:
+    """The process-wide :class:`LedgerFile` of ``path`` (so its read cache is shared)."""
+    key = Path(os.path.abspath(path))
+    with _FILES_LOCK:
+        found = _FILES.get(key)
+        if found is None:
+            found = _FILES[key] = LedgerFile(key)
+        return found
+
+
+def now() -> float:
+    return time.time()

@@ -1,0 +1,207 @@
+"""Budget policies as a pack declares them (``budgets:``), and the four levels.
+
+A budget has up to three dimensions, each with a limit in USD, in tokens, or both:
+``session`` (the root task: a session and every sub-agent it spawned), ``day`` (every session
+under the state root, per calendar day in ``timezone``) and ``goal`` (every session working for a
+named goal). Each (dimension, unit) pair is at a level:
+
+=============  ==================================  =========================================
+level          when (share = spent / limit)        actions (``levels.<level>``)
+=============  ==================================  =========================================
+OK             share < ``warning``                 none
+WARNING        ``warning`` <= share                cache-safe notice; eco mode (thresholds
+                                                   times ``eco_factor``, default 0.8 = -20%)
+FINALIZATION   ``finalization`` <= share           notice "answer now"; strip tool calls from
+                                                   model output
+EXCEEDED       share >= 1                          refuse further calls (``BudgetExceeded``)
+=============  ==================================  =========================================
+
+The session's level is the highest level of any pair. Defaults: warning 0.8, finalization
+0.95, eco_factor 0.8, max_descendants 20 (docs/budgets.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import IntEnum
+from typing import Any, Final
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from ctxrules.errors import UsageError
+
+__all__ = [
+    "DIMENSIONS",
+    "BudgetPolicy",
+    "DimensionLimit",
+    "Level",
+    "LevelActions",
+]
+
+DIMENSIONS: Final = ("session", "day", "goal")
+DEFAULT_WARNING: Final = 0.8
+DEFAULT_FINALIZATION: Final = 0.95
+DEFAULT_ECO_FACTOR: Final = 0.8
+DEFAULT_MAX_DESCENDANTS: Final = 20
+DEFAULT_BURN_WINDOW_S: Final = 600.0
+
+DEFAULT_WARNING_NOTICE: Final = (
+    "Budget notice: the {dimension} budget is {share} used ({spent} of {limit}). Work "
+    "economically: keep answers short, avoid tool calls that are not needed, and head for the "
+    "end of the task."
+)
+DEFAULT_FINALIZATION_NOTICE: Final = (
+    "Budget almost exhausted: the {dimension} budget is {share} used ({spent} of {limit}). "
+    "Do not call any more tools. Answer now with your final result: what is done, what "
+    "remains, and anything the user must know to continue."
+)
+
+
+class Level(IntEnum):
+    """Budget levels, ordered: a higher level includes the actions of the lower ones."""
+
+    OK = 0
+    WARNING = 1
+    FINALIZATION = 2
+    EXCEEDED = 3
+
+    @property
+    def label(self) -> str:
+        return self.name.lower()
+
+
+@dataclass(frozen=True)
+class DimensionLimit:
+    """The limits of one dimension and the shares at which its levels start."""
+
+    name: str
+    usd: float | None
+    tokens: int | None
+    warning: float
+    finalization: float
+
+    def level_of(self, share: float) -> Level:
+        if share >= 1.0:
+            return Level.EXCEEDED
+        if share >= self.finalization:
+            return Level.FINALIZATION
+        if share >= self.warning:
+            return Level.WARNING
+        return Level.OK
+
+
+@dataclass(frozen=True)
+class LevelActions:
+    """What the WARNING/FINALIZATION/EXCEEDED levels do (``budgets.levels``)."""
+
+    warning_notice: str | None = DEFAULT_WARNING_NOTICE
+    eco: bool = True
+    eco_factor: float = DEFAULT_ECO_FACTOR
+    finalization_notice: str | None = DEFAULT_FINALIZATION_NOTICE
+    strip_tool_calls: bool = True
+    refuse: bool = True
+
+
+@dataclass(frozen=True)
+class BudgetPolicy:
+    """The resolved ``budgets:`` node. ``limits`` is empty when the pack sets no limit; the
+    ledger still records, and the report still shows cost, cache savings and burn rate."""
+
+    limits: tuple[DimensionLimit, ...] = ()
+    actions: LevelActions = field(default_factory=LevelActions)
+    timezone: str = "UTC"
+    max_descendants: int = DEFAULT_MAX_DESCENDANTS
+    burn_window_s: float = DEFAULT_BURN_WINDOW_S
+    prices: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def tz(self) -> ZoneInfo:
+        return ZoneInfo(self.timezone)
+
+    def limit(self, name: str) -> DimensionLimit | None:
+        return next((lim for lim in self.limits if lim.name == name), None)
+
+    @classmethod
+    def from_pack(cls, data: Mapping[str, Any] | None) -> BudgetPolicy:
+        """The policy of a resolved pack (its ``budgets:`` node; absent = no limits)."""
+        node = (data or {}).get("budgets")
+        if node is None:
+            return cls()
+        if not isinstance(node, Mapping):
+            raise UsageError("budgets: must be a mapping")
+        levels = node.get("levels") or {}
+        warning = _share(
+            levels.get("warning", {}).get("at", DEFAULT_WARNING), "budgets.levels.warning.at"
+        )
+        final = _share(
+            levels.get("finalization", {}).get("at", DEFAULT_FINALIZATION),
+            "budgets.levels.finalization.at",
+        )
+        limits = []
+        for name in DIMENSIONS:
+            dim = node.get(name)
+            if not isinstance(dim, Mapping):
+                continue
+            usd = dim.get("usd")
+            tokens = dim.get("tokens")
+            if usd is None and tokens is None:
+                continue
+            w = _share(dim.get("warning", warning), f"budgets.{name}.warning")
+            f = _share(dim.get("finalization", final), f"budgets.{name}.finalization")
+            if not w < f:
+                raise UsageError(f"budgets.{name}: warning ({w}) must be below finalization ({f})")
+            limits.append(
+                DimensionLimit(
+                    name,
+                    None if usd is None else float(usd),
+                    None if tokens is None else int(tokens),
+                    w,
+                    f,
+                )
+            )
+        wl, fl, ex = (levels.get(k) or {} for k in ("warning", "finalization", "exceeded"))
+        actions = LevelActions(
+            warning_notice=_notice(wl, DEFAULT_WARNING_NOTICE),
+            eco=bool(wl.get("eco", True)),
+            eco_factor=float(wl.get("eco_factor", DEFAULT_ECO_FACTOR)),
+            finalization_notice=_notice(fl, DEFAULT_FINALIZATION_NOTICE),
+            strip_tool_calls=bool(fl.get("strip_tool_calls", True)),
+            refuse=bool(ex.get("refuse", True)),
+        )
+        if not 0 < actions.eco_factor <= 1:
+            raise UsageError(
+                f"budgets.levels.warning.eco_factor must be in (0, 1], got {actions.eco_factor}"
+            )
+        tz = (
+            str((node.get("day") or {}).get("timezone", "UTC"))
+            if isinstance(node.get("day"), Mapping)
+            else "UTC"
+        )
+        try:
+            ZoneInfo(tz)
+        except (ZoneInfoNotFoundError, ValueError):
+            raise UsageError(
+                f"budgets.day.timezone: unknown time zone {tz!r} (use an IANA name such as "
+                "'Europe/Berlin' or 'UTC')"
+            ) from None
+        return cls(
+            limits=tuple(limits),
+            actions=actions,
+            timezone=tz,
+            max_descendants=int(node.get("max_descendants", DEFAULT_MAX_DESCENDANTS)),
+            burn_window_s=float(node.get("burn_window_s", DEFAULT_BURN_WINDOW_S)),
+            prices=dict(node.get("prices") or {}),
+        )
+
+
+def _share(value: Any, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= 1:
+        raise UsageError(f"{where} must be a share in (0, 1], got {value!r}")
+    return float(value)
+
+
+def _notice(level: Mapping[str, Any], default: str) -> str | None:
+    if level.get("notice", True) is False:
+        return None
+    message = level.get("message")
+    return message if isinstance(message, str) and message.strip() else default
