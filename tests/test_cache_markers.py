@@ -37,35 +37,86 @@ LONG = "Follow the project's conventions. " * 400  # ~2,800 tokens: worth a brea
 
 
 def tool(name: str, desc: str = "Does a thing.", **props: str) -> dict[str, Any]:
-    return {"type": "function", "function": {
-        "name": name, "description": desc,
-        "parameters": {"type": "object", "properties": {k: {"type": v} for k, v in props.items()},
-                       "required": list(props)}}}
+    return {
+        "type": "function",
+        "function": {
+            "name": name,
+            "description": desc,
+            "parameters": {
+                "type": "object",
+                "properties": {k: {"type": v} for k, v in props.items()},
+                "required": list(props),
+            },
+        },
+    }
 
 
-TOOLS = [tool("Bash", command="string", timeout="integer"), tool("Read", file_path="string"),
-         tool("Edit", file_path="string", old="string", new="string"), tool("Grep", pattern="string")]
+TOOLS = [
+    tool("Bash", command="string", timeout="integer"),
+    tool("Read", file_path="string"),
+    tool("Edit", file_path="string", old="string", new="string"),
+    tool("Grep", pattern="string"),
+]
 
 
-def conversation(n_steps: int, *, system: str = LONG, first: str = "Fix the failing test.") -> list[dict[str, Any]]:
-    msgs: list[dict[str, Any]] = [{"role": "system", "content": system}, {"role": "user", "content": first}]
+def conversation(
+    n_steps: int, *, system: str = LONG, first: str = "Fix the failing test."
+) -> list[dict[str, Any]]:
+    msgs: list[dict[str, Any]] = [
+        {"role": "system", "content": system},
+        {"role": "user", "content": first},
+    ]
     for i in range(n_steps):
-        msgs.append({"role": "assistant", "content": f"Step {i}.",
-                     "tool_calls": [{"id": f"c{i}", "type": "function",
-                                     "function": {"name": "Bash", "arguments": json.dumps({"command": f"ls {i}"})}}]})
+        msgs.append(
+            {
+                "role": "assistant",
+                "content": f"Step {i}.",
+                "tool_calls": [
+                    {
+                        "id": f"c{i}",
+                        "type": "function",
+                        "function": {
+                            "name": "Bash",
+                            "arguments": json.dumps({"command": f"ls {i}"}),
+                        },
+                    }
+                ],
+            }
+        )
         msgs.append({"role": "tool", "tool_call_id": f"c{i}", "content": f"output {i}\n" * 40})
     return msgs
 
 
-def make_ctx(tmp_path: Path, model: str, tools: list[dict[str, Any]], state: dict[str, Any],
-             clock: float = 1000.0, window: int | None = None) -> StageContext:
+def make_ctx(
+    tmp_path: Path,
+    model: str,
+    tools: list[dict[str, Any]],
+    state: dict[str, Any],
+    clock: float = 1000.0,
+    window: int | None = None,
+) -> StageContext:
     info = lookup_model(model, window=window)
     counter = TokenCounter.for_model(info)
-    budget = make_budget({}, registry_window=info.window, override=window, safety_margin=counter.safety_margin,
-                         model=model)
-    return StageContext(stage_id="cache", model=info, counter=counter, budget=budget, vault=Vault(tmp_path / "v"),
-                        tools=tools, pack={}, log=get_logger("test"), state=state, session_id="sess-1",
-                        clock=clock)
+    budget = make_budget(
+        {},
+        registry_window=info.window,
+        override=window,
+        safety_margin=counter.safety_margin,
+        model=model,
+    )
+    return StageContext(
+        stage_id="cache",
+        model=info,
+        counter=counter,
+        budget=budget,
+        vault=Vault(tmp_path / "v"),
+        tools=tools,
+        pack={},
+        log=get_logger("test"),
+        state=state,
+        session_id="sess-1",
+        clock=clock,
+    )
 
 
 def actions(outcome: Any, kind: str) -> list[str]:
@@ -90,18 +141,30 @@ def test_normalized_tools_are_byte_identical_whatever_the_order() -> None:
         assert json.dumps(normalize_tools(shuffled)) == json.dumps(base)
     assert [t["function"]["name"] for t in base] == ["Bash", "Edit", "Grep", "Read"]
     assert base[1]["function"]["parameters"]["required"] == ["file_path", "new", "old"]
-    assert TOOLS[0]["function"]["parameters"]["required"] == ["command", "timeout"]  # input untouched
+    assert TOOLS[0]["function"]["parameters"]["required"] == [
+        "command",
+        "timeout",
+    ]  # input untouched
 
 
 # -- layers ---------------------------------------------------------------------------------------
 
 
 def test_prefix_layers() -> None:
-    msgs = [{"role": "system", "content": "s"}, {"role": "system", "content": "AGENTS.md"},
-            {"role": "user", "content": "<ctxrules:notes>\nold notes"}, {"role": "user", "content": "go"},
-            {"role": "assistant", "content": "ok"}]
+    msgs = [
+        {"role": "system", "content": "s"},
+        {"role": "system", "content": "AGENTS.md"},
+        {"role": "user", "content": "<ctxrules:notes>\nold notes"},
+        {"role": "user", "content": "go"},
+        {"role": "assistant", "content": "ok"},
+    ]
     layers = prefix_layers(msgs)
-    assert (layers.system_stop, layers.workspace_stop, layers.anchor, layers.history_start) == (1, 3, 3, 4)
+    assert (layers.system_stop, layers.workspace_stop, layers.anchor, layers.history_start) == (
+        1,
+        3,
+        3,
+        4,
+    )
     assert prefix_layers([{"role": "user", "content": "hi"}]).system_stop == 0
     no_user = prefix_layers(msgs[:2])
     assert (no_user.anchor, no_user.prefix_stop) == (None, 2)
@@ -121,12 +184,16 @@ def test_anthropic_breakpoints_where_they_pay(tmp_path: Path) -> None:
     assert marked == [0, len(msgs) - 1]
     assert [message_text(a) for a in out.messages] == [message_text(b) for b in msgs]
     assert msgs[0]["content"] == LONG  # the caller's message is not mutated
-    tiny = stage(conversation(1, system="Be brief."), make_ctx(tmp_path, "claude-sonnet-4-5", [], {}))
+    tiny = stage(
+        conversation(1, system="Be brief."), make_ctx(tmp_path, "claude-sonnet-4-5", [], {})
+    )
     assert count_markers(tiny.messages) == 0  # nothing reaches 1024 tokens: no marker pays
 
 
 def test_a_long_first_user_message_gets_its_own_breakpoint(tmp_path: Path) -> None:
-    msgs = conversation(2, first="Here is the issue:\n" + "The parser fails on nested lists. " * 200)
+    msgs = conversation(
+        2, first="Here is the issue:\n" + "The parser fails on nested lists. " * 200
+    )
     out = CacheMarkers({})(msgs, make_ctx(tmp_path, "claude-sonnet-4-5", TOOLS, {}))
     assert [i for i, m in enumerate(out.messages) if count_markers([m])] == [0, 1, len(msgs) - 1]
 
@@ -138,7 +205,7 @@ def test_markers_move_with_the_tail_and_restore_the_callers_form(tmp_path: Path)
     tail = len(first.messages) - 1
     assert isinstance(first.messages[tail]["content"], list)
     # Next call: the session feeds the previous output back with new messages appended.
-    grown = first.messages + conversation(4)[len(first.messages):]
+    grown = first.messages + conversation(4)[len(first.messages) :]
     second = stage(grown, make_ctx(tmp_path, "claude-sonnet-4-5", TOOLS, state, clock=1010))
     assert second.messages[tail]["content"] == conversation(2)[tail]["content"]  # a string again
     assert count_markers([second.messages[-1]]) == 1
@@ -149,7 +216,9 @@ def test_running_on_its_own_output_changes_nothing(tmp_path: Path) -> None:
     stage = CacheMarkers({})
     state: dict[str, Any] = {}
     once = stage(conversation(3), make_ctx(tmp_path, "claude-sonnet-4-5", TOOLS, state))
-    again = stage(once.messages, make_ctx(tmp_path, "claude-sonnet-4-5", once.tools or TOOLS, state))
+    again = stage(
+        once.messages, make_ctx(tmp_path, "claude-sonnet-4-5", once.tools or TOOLS, state)
+    )
     assert again.messages == once.messages
     assert all(a is b for a, b in zip(again.messages, once.messages, strict=True))
 
@@ -167,9 +236,13 @@ def test_gpt_gets_no_markers_but_a_prompt_cache_key(tmp_path: Path) -> None:
 
 
 _role = st.sampled_from(["user", "assistant", "tool", "system"])
-_content = st.one_of(st.text(min_size=0, max_size=30), st.just(LONG[:3000]),
-                     st.lists(st.fixed_dictionaries({"type": st.just("text"), "text": st.text(max_size=20)}),
-                              max_size=3))
+_content = st.one_of(
+    st.text(min_size=0, max_size=30),
+    st.just(LONG[:3000]),
+    st.lists(
+        st.fixed_dictionaries({"type": st.just("text"), "text": st.text(max_size=20)}), max_size=3
+    ),
+)
 
 
 @st.composite
@@ -187,9 +260,13 @@ def requests(draw: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     return msgs, tools
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(req=requests(), max_bp=st.integers(0, 4), calls=st.integers(1, 3))
-def test_never_more_than_four_breakpoints(tmp_path: Path, req: Any, max_bp: int, calls: int) -> None:
+def test_never_more_than_four_breakpoints(
+    tmp_path: Path, req: Any, max_bp: int, calls: int
+) -> None:
     msgs, tools = req
     before = count_markers(msgs, tools)
     stage = CacheMarkers({"max_breakpoints": max_bp, "min_prefix_tokens": 0, "min_gain_tokens": 0})
@@ -210,17 +287,21 @@ def test_never_more_than_four_breakpoints(tmp_path: Path, req: Any, max_bp: int,
 # -- prompt_cache_key --------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("model", "options", "expected"), [
-    ("gpt-4o", {}, "sess-1"),
-    ("openai/gpt-4.1", {"api_base": "https://api.openai.com/v1"}, "sess-1"),
-    ("gpt-4o", {"api_base": "http://localhost:4000"}, None),
-    ("azure/gpt-4o", {}, None),
-    ("claude-sonnet-4-5", {}, None),
-    ("claude-sonnet-4-5", {"prompt_cache_key": "always"}, "sess-1"),
-    ("gpt-4o", {"prompt_cache_key": "never"}, None),
-])
-def test_prompt_cache_key_only_for_native_openai(tmp_path: Path, model: str, options: dict[str, Any],
-                                                 expected: str | None) -> None:
+@pytest.mark.parametrize(
+    ("model", "options", "expected"),
+    [
+        ("gpt-4o", {}, "sess-1"),
+        ("openai/gpt-4.1", {"api_base": "https://api.openai.com/v1"}, "sess-1"),
+        ("gpt-4o", {"api_base": "http://localhost:4000"}, None),
+        ("azure/gpt-4o", {}, None),
+        ("claude-sonnet-4-5", {}, None),
+        ("claude-sonnet-4-5", {"prompt_cache_key": "always"}, "sess-1"),
+        ("gpt-4o", {"prompt_cache_key": "never"}, None),
+    ],
+)
+def test_prompt_cache_key_only_for_native_openai(
+    tmp_path: Path, model: str, options: dict[str, Any], expected: str | None
+) -> None:
     out = CacheMarkers(options)(conversation(1), make_ctx(tmp_path, model, [], {}))
     assert out.request.get("prompt_cache_key") == expected
 
@@ -232,7 +313,10 @@ def test_sub_agent_sessions_inherit_the_cache_key(tmp_path: Path) -> None:
     msgs = [{"role": "user", "content": "hello"}]
     assert parent.prepare(msgs).request["prompt_cache_key"] == "parent"
     assert child.prepare(msgs).request["prompt_cache_key"] == "parent"
-    assert engine.session(tmp_path / "other", model="gpt-4o").prepare(msgs).request["prompt_cache_key"] == "other"
+    assert (
+        engine.session(tmp_path / "other", model="gpt-4o").prepare(msgs).request["prompt_cache_key"]
+        == "other"
+    )
     with cache_key_scope("scoped"):
         out = CacheMarkers({})(conversation(1), make_ctx(tmp_path, "gpt-4o", [], {}))
     assert out.request["prompt_cache_key"] == "scoped"
@@ -242,7 +326,9 @@ def test_sub_agent_sessions_inherit_the_cache_key(tmp_path: Path) -> None:
 
 
 def test_allowed_tools_option_narrows_without_editing_the_list(tmp_path: Path) -> None:
-    out = CacheMarkers({"allowed_tools": ["Read", "Gr*"]})(conversation(1), make_ctx(tmp_path, "gpt-4o", TOOLS, {}))
+    out = CacheMarkers({"allowed_tools": ["Read", "Gr*"]})(
+        conversation(1), make_ctx(tmp_path, "gpt-4o", TOOLS, {})
+    )
     assert [t["function"]["name"] for t in out.tools or TOOLS] == ["Bash", "Edit", "Grep", "Read"]
     choice = out.request["tool_choice"]
     assert choice["type"] == "allowed_tools" and choice["allowed_tools"]["mode"] == "auto"
@@ -255,7 +341,9 @@ def test_a_caller_narrowing_keeps_the_openai_prefix(tmp_path: Path) -> None:
     full = stage(conversation(1), make_ctx(tmp_path, "gpt-4o", TOOLS, state))
     narrowed = stage(conversation(2), make_ctx(tmp_path, "gpt-4o", TOOLS[1:2], state, clock=1001))
     assert narrowed.tools == (full.tools or normalize_tools(TOOLS))
-    names = [t["function"]["name"] for t in narrowed.request["tool_choice"]["allowed_tools"]["tools"]]
+    names = [
+        t["function"]["name"] for t in narrowed.request["tool_choice"]["allowed_tools"]["tools"]
+    ]
     assert names == ["Read"]
     assert not actions(narrowed, "cache_break") and not narrowed.warnings
     none = stage(conversation(3), make_ctx(tmp_path, "gpt-4o", [], state, clock=1002))
@@ -266,7 +354,9 @@ def test_narrowing_on_anthropic_is_reported_as_a_tools_break(tmp_path: Path) -> 
     stage = CacheMarkers({})
     state: dict[str, Any] = {}
     stage(conversation(1), make_ctx(tmp_path, "claude-sonnet-4-5", TOOLS, state))
-    out = stage(conversation(2), make_ctx(tmp_path, "claude-sonnet-4-5", TOOLS[:2], state, clock=1001))
+    out = stage(
+        conversation(2), make_ctx(tmp_path, "claude-sonnet-4-5", TOOLS[:2], state, clock=1001)
+    )
     assert out.warnings == ["prefix cache broke: tools changed (removed: Edit, Grep)"]
 
 
@@ -282,17 +372,27 @@ def _with(msgs: list[dict[str, Any]], i: int, content: str) -> list[dict[str, An
 WORKSPACE = {"role": "system", "content": "# AGENTS.md\nUse tabs."}
 
 
-@pytest.mark.parametrize(("change", "expected"), [
-    (lambda m, t: (_with(m, 0, LONG + "Today is Monday."), t), "system prompt changed ("),
-    (lambda m, t: (m, [*t, tool("WebFetch", url="string")]), "tools changed (added: WebFetch)"),
-    (lambda m, t: (m, t[1:]), "tools changed (removed: Bash)"),
-    (lambda m, t: (m, [tool("Bash", "Runs a command.", command="string"), *t[1:]]),
-     "tools changed (schema changed: Bash)"),
-    (lambda m, t: (_with(m, 1, "# AGENTS.md\nUse spaces."), t), "workspace rules changed (1 -> 1 message(s)"),
-    (lambda m, t: ([m[0], *m[2:]], t), "workspace rules changed (1 -> 0 message(s)"),
-    (lambda m, t: (_with(m, 2, "Fix the other test."), t), "first user message changed"),
-])
-def test_the_report_names_the_layer_that_broke_the_prefix(tmp_path: Path, change: Any, expected: str) -> None:
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        (lambda m, t: (_with(m, 0, LONG + "Today is Monday."), t), "system prompt changed ("),
+        (lambda m, t: (m, [*t, tool("WebFetch", url="string")]), "tools changed (added: WebFetch)"),
+        (lambda m, t: (m, t[1:]), "tools changed (removed: Bash)"),
+        (
+            lambda m, t: (m, [tool("Bash", "Runs a command.", command="string"), *t[1:]]),
+            "tools changed (schema changed: Bash)",
+        ),
+        (
+            lambda m, t: (_with(m, 1, "# AGENTS.md\nUse spaces."), t),
+            "workspace rules changed (1 -> 1 message(s)",
+        ),
+        (lambda m, t: ([m[0], *m[2:]], t), "workspace rules changed (1 -> 0 message(s)"),
+        (lambda m, t: (_with(m, 2, "Fix the other test."), t), "first user message changed"),
+    ],
+)
+def test_the_report_names_the_layer_that_broke_the_prefix(
+    tmp_path: Path, change: Any, expected: str
+) -> None:
     base = conversation(3)
     msgs = [base[0], WORKSPACE, *base[1:]]
     stage = CacheMarkers({})
@@ -300,7 +400,9 @@ def test_the_report_names_the_layer_that_broke_the_prefix(tmp_path: Path, change
     first = stage(msgs, make_ctx(tmp_path, "claude-sonnet-4-5", TOOLS, state))
     assert not first.warnings
     changed_msgs, changed_tools = change(msgs, TOOLS)
-    out = stage(changed_msgs, make_ctx(tmp_path, "claude-sonnet-4-5", changed_tools, state, clock=1030))
+    out = stage(
+        changed_msgs, make_ctx(tmp_path, "claude-sonnet-4-5", changed_tools, state, clock=1030)
+    )
     assert len(out.warnings) == 1 and out.warnings[0].startswith("prefix cache broke: ")
     assert expected in out.warnings[0], out.warnings
     assert actions(out, "cache_break") == out.warnings
@@ -317,7 +419,8 @@ def test_model_change_history_rewrite_and_expiry_are_reported(tmp_path: Path) ->
     rewritten = stage(compacted, make_ctx(tmp_path, "claude-opus-4-5", TOOLS, state, clock=1002))
     assert not rewritten.warnings
     assert actions(rewritten, "cache_break") == [
-        "history rewritten from message 5 (compaction or an edit): the cached prefix ends before it"]
+        "history rewritten from message 5 (compaction or an edit): the cached prefix ends before it"
+    ]
     idle = stage(compacted, make_ctx(tmp_path, "claude-opus-4-5", TOOLS, state, clock=1002 + 301))
     assert actions(idle, "cache_expired")[0].startswith("idle 301 s since the previous call")
     assert actions(idle, "cache_prefix")
@@ -331,10 +434,17 @@ def transcript_tools(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [tool(n, f"The {n} tool.", input="string") for n in names]
 
 
-@pytest.mark.parametrize(("name", "model"), [("claudecode-ae4a77f8.json", "claude-sonnet-4-5"),
-                                             ("claudecode-ae4a77f8.json", "gpt-4o"),
-                                             ("minisweagent-mwaskom__seaborn-3069.json", "gpt-4o")])
-def test_replay_keeps_the_stable_prefix_byte_identical(tmp_path: Path, name: str, model: str) -> None:
+@pytest.mark.parametrize(
+    ("name", "model"),
+    [
+        ("claudecode-ae4a77f8.json", "claude-sonnet-4-5"),
+        ("claudecode-ae4a77f8.json", "gpt-4o"),
+        ("minisweagent-mwaskom__seaborn-3069.json", "gpt-4o"),
+    ],
+)
+def test_replay_keeps_the_stable_prefix_byte_identical(
+    tmp_path: Path, name: str, model: str
+) -> None:
     path = TRANSCRIPTS / name
     if not path.is_file():
         pytest.skip(f"corpus transcript {name} not available")
@@ -365,9 +475,11 @@ def test_replay_keeps_the_stable_prefix_byte_identical(tmp_path: Path, name: str
         assert count_markers(result.messages, result.tools) <= 4
         previous = current
     share = same / compared
-    print(f"\nreplay {name} with {model}: {len(ends)} calls, stable prefix identical on {same}/{compared} "
-          f"calls without compaction ({share:.1%}), cache breaks reported: {breaks}, "
-          f"{(time.perf_counter() - started) / len(ends) * 1000:.1f} ms per prepare")
+    print(
+        f"\nreplay {name} with {model}: {len(ends)} calls, stable prefix identical on {same}/{compared} "
+        f"calls without compaction ({share:.1%}), cache breaks reported: {breaks}, "
+        f"{(time.perf_counter() - started) / len(ends) * 1000:.1f} ms per prepare"
+    )
     assert compared >= 5 and share == 1.0
     assert breaks == 0
     assert canonical_message(result.messages[0]) == system

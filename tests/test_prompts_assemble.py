@@ -28,11 +28,35 @@ REPO = Path(__file__).resolve().parents[1]
 TAG = re.compile(r"^<([A-Za-z_][A-Za-z0-9_.-]*)>$", re.M)
 
 FAMILIES = {
-    "claude": ["claude-sonnet-4-5", "anthropic/claude-opus-4-1", "bedrock/us.anthropic.claude-3-7-sonnet"],
-    "gemini": ["gemini-2.5-pro", "vertex_ai/gemini-2.0-flash", "gemma-3-27b-it", "ollama/gemma3:27b"],
-    "deepseek-qwen-glm": ["deepseek-chat", "deepseek/deepseek-reasoner", "qwen3-coder-plus",
-                          "openrouter/qwen/qwen-2.5-72b-instruct", "glm-4.6", "zai/glm-4.5", "Qwen/QwQ-32B"],
-    "openai-like": ["gpt-4o", "openai/gpt-5", "o3-mini", "gpt-5-codex", "grok-4", "xai/grok-3", "azure/my-deploy"],
+    "claude": [
+        "claude-sonnet-4-5",
+        "anthropic/claude-opus-4-1",
+        "bedrock/us.anthropic.claude-3-7-sonnet",
+    ],
+    "gemini": [
+        "gemini-2.5-pro",
+        "vertex_ai/gemini-2.0-flash",
+        "gemma-3-27b-it",
+        "ollama/gemma3:27b",
+    ],
+    "deepseek-qwen-glm": [
+        "deepseek-chat",
+        "deepseek/deepseek-reasoner",
+        "qwen3-coder-plus",
+        "openrouter/qwen/qwen-2.5-72b-instruct",
+        "glm-4.6",
+        "zai/glm-4.5",
+        "Qwen/QwQ-32B",
+    ],
+    "openai-like": [
+        "gpt-4o",
+        "openai/gpt-5",
+        "o3-mini",
+        "gpt-5-codex",
+        "grok-4",
+        "xai/grok-3",
+        "azure/my-deploy",
+    ],
 }
 
 
@@ -43,7 +67,9 @@ def default():  # type: ignore[no-untyped-def]
 
 def write_pack(tmp_path: Path, body: str, name: str = "pack.yaml") -> Path:
     path = tmp_path / name
-    path.write_text("apiVersion: ctxrules/v1\nkind: RulePack\n" + textwrap.dedent(body), encoding="utf-8")
+    path.write_text(
+        "apiVersion: ctxrules/v1\nkind: RulePack\n" + textwrap.dedent(body), encoding="utf-8"
+    )
     return path
 
 
@@ -56,7 +82,14 @@ def tags(text: str) -> list[str]:
 
 def test_the_four_modes_have_the_sections_of_the_design(default) -> None:  # type: ignore[no-untyped-def]
     expected = {
-        "full": ["identity", "obedience_rules", "response_rules", "security_rules", "task_integrity", "memory_rules"],
+        "full": [
+            "identity",
+            "obedience_rules",
+            "response_rules",
+            "security_rules",
+            "task_integrity",
+            "memory_rules",
+        ],
         "lean": ["identity", "security_rules", "task_integrity"],
         "naked": ["security_rules", "tool_guidance"],
         "search": ["search_guidance"],
@@ -73,7 +106,11 @@ def test_every_tag_wraps_exactly_one_section(default) -> None:  # type: ignore[n
         for entry in [*prompt_set(default).entry_ids(), None]:
             text = assemble(default, mode=mode, entry=entry).text
             for tag in tags(text):
-                assert text.count(f"<{tag}>") == 1 and text.count(f"</{tag}>") == 1, (mode, entry, tag)
+                assert text.count(f"<{tag}>") == 1 and text.count(f"</{tag}>") == 1, (
+                    mode,
+                    entry,
+                    tag,
+                )
             assert not text.endswith("\n") and "\n\n\n" not in text
             assert all(line == line.rstrip() for line in text.split("\n"))
 
@@ -105,22 +142,34 @@ def test_a_model_matching_no_entry_gets_no_discipline(default) -> None:  # type:
 
 
 def test_a_user_pack_adding_an_entry_keeps_the_builtin_ones(tmp_path: Path) -> None:
-    pack = write_pack(tmp_path, """\
+    pack = write_pack(
+        tmp_path,
+        """\
         extends: [builtin:default]
         models:
           - id: llama
             match: ["llama-*", "*/llama-*"]
             discipline: {tag: execution_discipline, template: "Answer in one paragraph."}
-    """)
+    """,
+    )
     resolved = load_pack(pack)
-    assert prompt_set(resolved).entry_ids() == ["claude", "gemini", "deepseek-qwen-glm", "openai-like", "llama"]
+    assert prompt_set(resolved).entry_ids() == [
+        "claude",
+        "gemini",
+        "deepseek-qwen-glm",
+        "openai-like",
+        "llama",
+    ]
     assert assemble(resolved, mode="lean", model="llama-3.1-70b").text.endswith(
-        "<execution_discipline>\nAnswer in one paragraph.\n</execution_discipline>")
+        "<execution_discipline>\nAnswer in one paragraph.\n</execution_discipline>"
+    )
     assert assemble(resolved, mode="lean", model="claude-sonnet-4-5").entry == "claude"
 
 
 def test_a_mode_can_leave_out_the_discipline(tmp_path: Path) -> None:
-    pack = write_pack(tmp_path, """\
+    pack = write_pack(
+        tmp_path,
+        """\
         prompts:
           sections: {a: {template: "Alpha."}}
           modes:
@@ -128,14 +177,17 @@ def test_a_mode_can_leave_out_the_discipline(tmp_path: Path) -> None:
             without: {sections: [a], discipline: false}
         models:
           - {id: m, match: ["m-*"], discipline: {template: "Be brief."}}
-    """)
+    """,
+    )
     resolved = load_pack(pack)
     assert tags(assemble(resolved, mode="with", model="m-1").text) == ["a", "execution_discipline"]
     assert tags(assemble(resolved, mode="without", model="m-1").text) == ["a"]
 
 
 def test_include_an_empty_section_and_whitespace_rules(tmp_path: Path) -> None:
-    pack = write_pack(tmp_path, """\
+    pack = write_pack(
+        tmp_path,
+        """\
         prompts:
           variables: {strict: {default: false}}
           sections:
@@ -152,13 +204,16 @@ def test_include_an_empty_section_and_whitespace_rules(tmp_path: Path) -> None:
                 {% endif %}
             optional: {template: "{% if strict %}Only when strict.{% endif %}"}
           modes: {m: [rules, optional]}
-    """)
+    """,
+    )
     resolved = load_pack(pack)
     lax = assemble(resolved, mode="m", model="x")
     assert lax.text == "<rules>\nFirst.\n\nShared line.\n</rules>"
     strict = assemble(resolved, mode="m", model="x", variables={"strict": True})
-    assert strict.text == ("<rules>\nFirst.\n\nShared line.\nStrict.\n</rules>\n\n"
-                           "<optional>\nOnly when strict.\n</optional>")
+    assert strict.text == (
+        "<rules>\nFirst.\n\nShared line.\nStrict.\n</rules>\n\n"
+        "<optional>\nOnly when strict.\n</optional>"
+    )
 
 
 def test_tidy_rules() -> None:
@@ -183,8 +238,15 @@ HOSTILE = [
 @pytest.mark.parametrize("value", HOSTILE)
 def test_hostile_variables_cannot_open_or_close_a_tag(default, value: str) -> None:  # type: ignore[no-untyped-def]
     prompt = assemble(default, mode="full", model="gpt-4o", variables={"agent_name": value})
-    assert tags(prompt.text) == ["identity", "obedience_rules", "response_rules", "security_rules",
-                                 "task_integrity", "memory_rules", "execution_discipline"]
+    assert tags(prompt.text) == [
+        "identity",
+        "obedience_rules",
+        "response_rules",
+        "security_rules",
+        "task_integrity",
+        "memory_rules",
+        "execution_discipline",
+    ]
     for tag in tags(prompt.text):
         assert len(re.findall(rf"<\s*/?\s*{tag}\b", prompt.text, re.I)) == 2, (value, tag)
     assert re.search(r"<[/!?A-Za-z_:\u0080-\uffff]", escape_variable(value)) is None
@@ -198,7 +260,9 @@ def test_harmless_angle_brackets_are_kept() -> None:
 
 
 def test_variable_errors_are_clear(default) -> None:  # type: ignore[no-untyped-def]
-    with pytest.raises(AssemblyError, match="unknown prompt variable 'agent_nam'.*did you mean 'agent_name'"):
+    with pytest.raises(
+        AssemblyError, match="unknown prompt variable 'agent_nam'.*did you mean 'agent_name'"
+    ):
         assemble(default, mode="full", model="gpt-4o", variables={"agent_nam": "x"})
     with pytest.raises(AssemblyError, match="must be a string, number, boolean or null, not dict"):
         assemble(default, mode="full", model="gpt-4o", variables={"agent_name": {"a": 1}})
@@ -207,26 +271,35 @@ def test_variable_errors_are_clear(default) -> None:  # type: ignore[no-untyped-
 
 
 def test_a_required_variable_must_be_given(tmp_path: Path) -> None:
-    pack = write_pack(tmp_path, """\
+    pack = write_pack(
+        tmp_path,
+        """\
         prompts:
           variables: {project: {required: true}}
           sections: {id: {template: "Project {{ project }}."}}
           modes: {m: [id]}
-    """)
+    """,
+    )
     resolved = load_pack(pack)
     with pytest.raises(AssemblyError, match="'project' is required"):
         assemble(resolved, mode="m", model="x")
-    assert assemble(resolved, mode="m", model="x", variables={"project": "acme"}).text == "<id>\nProject acme.\n</id>"
+    assert (
+        assemble(resolved, mode="m", model="x", variables={"project": "acme"}).text
+        == "<id>\nProject acme.\n</id>"
+    )
 
 
 def test_pack_text_that_contains_a_prompt_tag_is_an_error(tmp_path: Path) -> None:
-    pack = write_pack(tmp_path, """\
+    pack = write_pack(
+        tmp_path,
+        """\
         prompts:
           sections:
             a: {template: "Alpha."}
             b: {template: "See <a> above."}
           modes: {m: [a, b]}
-    """)
+    """,
+    )
     with pytest.raises(PackError, match="CR087"):
         load_pack(pack)
 
@@ -236,24 +309,30 @@ def test_pack_text_that_contains_a_prompt_tag_is_an_error(tmp_path: Path) -> Non
 
 def test_repeat_assembly_is_a_cache_hit(default) -> None:  # type: ignore[no-untyped-def]
     clear_cache()
-    first = assemble(default, mode="full", model="claude-sonnet-4-5", variables={"agent_name": "Ada"})
+    first = assemble(
+        default, mode="full", model="claude-sonnet-4-5", variables={"agent_name": "Ada"}
+    )
     again = assemble(default, mode="full", model="claude-opus-4-1", variables={"agent_name": "Ada"})
     assert again is first  # same entry, same variables: one cached object
     assert cache_info()["hits"] == 1
     other = assemble(default, mode="full", model="claude-opus-4-1", variables={"agent_name": "Bea"})
     assert other is not first and other.sha256 != first.sha256
     # Giving a default explicitly is the same input as leaving it out.
-    assert assemble(default, mode="lean", model="gpt-4o", variables={"agent_name": "Assistant"}) is \
-        assemble(default, mode="lean", model="gpt-4o")
+    assert assemble(
+        default, mode="lean", model="gpt-4o", variables={"agent_name": "Assistant"}
+    ) is assemble(default, mode="lean", model="gpt-4o")
 
 
 def test_a_changed_template_file_changes_the_digest(tmp_path: Path) -> None:
     (tmp_path / "t.md.j2").write_text("One.\n", encoding="utf-8")
-    pack = write_pack(tmp_path, """\
+    pack = write_pack(
+        tmp_path,
+        """\
         prompts:
           sections: {a: {file: t.md.j2}}
           modes: {m: [a]}
-    """)
+    """,
+    )
     first = assemble(load_pack(pack), mode="m", model="x")
     (tmp_path / "t.md.j2").write_text("Two.\r\n", encoding="utf-8")
     second = assemble(load_pack(pack), mode="m", model="x")
@@ -278,9 +357,21 @@ print(json.dumps(out, sort_keys=True))
 def test_byte_identical_across_fresh_processes(tmp_path: Path) -> None:
     runs = []
     for seed in ("0", "12345"):
-        env = {"PYTHONHASHSEED": seed, "PATH": "/usr/bin:/bin", "LC_ALL": "C", "TZ": "Pacific/Kiritimati"}
-        proc = subprocess.run([sys.executable, "-c", _HASHES, str(REPO / "engine")], capture_output=True,
-                              text=True, cwd=tmp_path, env=env, timeout=120, check=False)
+        env = {
+            "PYTHONHASHSEED": seed,
+            "PATH": "/usr/bin:/bin",
+            "LC_ALL": "C",
+            "TZ": "Pacific/Kiritimati",
+        }
+        proc = subprocess.run(
+            [sys.executable, "-c", _HASHES, str(REPO / "engine")],
+            capture_output=True,
+            text=True,
+            cwd=tmp_path,
+            env=env,
+            timeout=120,
+            check=False,
+        )
         assert proc.returncode == 0, proc.stderr
         runs.append(json.loads(proc.stdout))
     assert runs[0] == runs[1]
@@ -291,8 +382,17 @@ def test_byte_identical_across_fresh_processes(tmp_path: Path) -> None:
 
 
 def test_cli_assemble_text_and_json(cli) -> None:  # type: ignore[no-untyped-def]
-    code, out, err = cli("assemble", "--pack", "builtin:default", "--mode", "lean", "--model", "deepseek-chat",
-                         "--var", "agent_name=Ada")
+    code, out, err = cli(
+        "assemble",
+        "--pack",
+        "builtin:default",
+        "--mode",
+        "lean",
+        "--model",
+        "deepseek-chat",
+        "--var",
+        "agent_name=Ada",
+    )
     assert code == 0, err
     assert out.startswith("<identity>\nYou are Ada, ") and out.endswith("</execution_discipline>\n")
     code, out, err = cli("assemble", "--mode", "search", "--model", "gpt-4o", "--format", "json")
@@ -313,16 +413,22 @@ def test_cli_matrix_covers_every_mode_and_entry(cli) -> None:  # type: ignore[no
     assert out.count("=== mode=naked") == 5 and "entry=no-entry" in out
 
 
-@pytest.mark.parametrize(("argv", "message"), [
-    (["--mode", "full"], "needs --model"),
-    (["--model", "gpt-4o"], "needs --mode"),
-    (["--mode", "nope", "--model", "gpt-4o"], "no prompt mode 'nope'"),
-    (["--mode", "full", "--model", "gpt-4o", "--var", "novalue"], "--var expects K=V"),
-    (["--mode", "full", "--model", "gpt-4o", "--var", "color=red"], "unknown prompt variable 'color'"),
-    (["--matrix", "--model", "gpt-4o"], "leave out --model"),
-    (["--mode", "full", "--entry", "nobody"], "no models: entry with id 'nobody'"),
-    (["--pack", "missing.yaml", "--mode", "full", "--model", "x"], "pack file not found"),
-])
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--mode", "full"], "needs --model"),
+        (["--model", "gpt-4o"], "needs --mode"),
+        (["--mode", "nope", "--model", "gpt-4o"], "no prompt mode 'nope'"),
+        (["--mode", "full", "--model", "gpt-4o", "--var", "novalue"], "--var expects K=V"),
+        (
+            ["--mode", "full", "--model", "gpt-4o", "--var", "color=red"],
+            "unknown prompt variable 'color'",
+        ),
+        (["--matrix", "--model", "gpt-4o"], "leave out --model"),
+        (["--mode", "full", "--entry", "nobody"], "no models: entry with id 'nobody'"),
+        (["--pack", "missing.yaml", "--mode", "full", "--model", "x"], "pack file not found"),
+    ],
+)
 def test_cli_assemble_usage_errors(cli, argv: list[str], message: str) -> None:  # type: ignore[no-untyped-def]
     code, out, err = cli("assemble", *argv)
     assert code in (1, 2)
@@ -330,16 +436,32 @@ def test_cli_assemble_usage_errors(cli, argv: list[str], message: str) -> None: 
 
 
 def test_cli_var_is_typed_by_the_default(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    pack = write_pack(tmp_path, """\
+    pack = write_pack(
+        tmp_path,
+        """\
         prompts:
           variables: {strict: {default: false}, budget: {default: 3}}
           sections: {a: {template: "{% if strict %}strict {% endif %}{{ budget + 1 }}"}}
           modes: {m: [a]}
-    """)
-    code, out, _ = cli("assemble", "--pack", str(pack), "--mode", "m", "--model", "x", "--var", "strict=true",
-                       "--var", "budget=41")
+    """,
+    )
+    code, out, _ = cli(
+        "assemble",
+        "--pack",
+        str(pack),
+        "--mode",
+        "m",
+        "--model",
+        "x",
+        "--var",
+        "strict=true",
+        "--var",
+        "budget=41",
+    )
     assert out == "<a>\nstrict 42\n</a>\n"
-    code, _, err = cli("assemble", "--pack", str(pack), "--mode", "m", "--model", "x", "--var", "budget=many")
+    code, _, err = cli(
+        "assemble", "--pack", str(pack), "--mode", "m", "--model", "x", "--var", "budget=many"
+    )
     assert code == 2 and "expected an integer" in err
 
 
@@ -364,12 +486,19 @@ def test_builtin_default_validates_clean(cli) -> None:  # type: ignore[no-untype
     assert code == 0 and diags == []
 
 
-def test_undeclared_variable_in_a_template_file_points_at_its_line(cli, tmp_path: Path,  # type: ignore[no-untyped-def]
-                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+def test_undeclared_variable_in_a_template_file_points_at_its_line(
+    cli,
+    tmp_path: Path,  # type: ignore[no-untyped-def]
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     monkeypatch.chdir(tmp_path)
     (tmp_path / "prompts").mkdir()
-    (tmp_path / "prompts" / "id.md.j2").write_text("You are {{ agent_name }}.\n\nWork on {{ projet }}.\n")
-    write_pack(tmp_path, """\
+    (tmp_path / "prompts" / "id.md.j2").write_text(
+        "You are {{ agent_name }}.\n\nWork on {{ projet }}.\n"
+    )
+    write_pack(
+        tmp_path,
+        """\
         prompts:
           variables: {agent_name: {default: A}, project: {default: p}}
           sections:
@@ -379,7 +508,8 @@ def test_undeclared_variable_in_a_template_file_points_at_its_line(cli, tmp_path
                 Line one.
                 Uses {{ colour }}.
           modes: {m: [id, inline]}
-    """)
+    """,
+    )
     code, diags = validate(cli, "pack.yaml")
     assert code == 1
     got = sorted((d["code"], d["file"], d["line"], d["message"]) for d in diags)
@@ -388,22 +518,28 @@ def test_undeclared_variable_in_a_template_file_points_at_its_line(cli, tmp_path
     assert "did you mean 'project'" in [d for d in diags if d["file"].endswith("j2")][0]["hint"]
 
 
-@pytest.mark.parametrize(("template", "what"), [
-    ("Today is {{ current_date }}.", "variable 'current_date'"),
-    ("Request {{ requestId }}", "variable 'requestId'"),
-    ("Turn {{ turn_counter }}", "variable 'turn_counter'"),
-    ("{{ now.strftime('%Y') }}", "'.strftime'"),
-    ("{{ lipsum(2) }}", "lipsum()"),
-    ("{{ ['a', 'b'] | random }}", "filter 'random'"),
-    ("{{ uuid4() }}", "'uuid4()'"),
-])
+@pytest.mark.parametrize(
+    ("template", "what"),
+    [
+        ("Today is {{ current_date }}.", "variable 'current_date'"),
+        ("Request {{ requestId }}", "variable 'requestId'"),
+        ("Turn {{ turn_counter }}", "variable 'turn_counter'"),
+        ("{{ now.strftime('%Y') }}", "'.strftime'"),
+        ("{{ lipsum(2) }}", "lipsum()"),
+        ("{{ ['a', 'b'] | random }}", "filter 'random'"),
+        ("{{ uuid4() }}", "'uuid4()'"),
+    ],
+)
 def test_volatile_values_are_flagged(cli, tmp_path: Path, template: str, what: str) -> None:  # type: ignore[no-untyped-def]
-    pack = write_pack(tmp_path, f"""\
+    pack = write_pack(
+        tmp_path,
+        f"""\
         prompts:
           variables: {{current_date: {{}}, requestId: {{}}, turn_counter: {{}}, now: {{}}, uuid4: {{}}}}
           sections: {{a: {{template: "{template}"}}}}
           modes: {{m: [a]}}
-    """)
+    """,
+    )
     _, diags = validate(cli, str(pack))
     warnings = [d for d in diags if d["code"] == "CR085"]
     assert warnings and warnings[0]["severity"] == "warning"
@@ -411,7 +547,9 @@ def test_volatile_values_are_flagged(cli, tmp_path: Path, template: str, what: s
 
 
 def test_stable_declared_and_harmless_names_are_not_flagged(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    pack = write_pack(tmp_path, """\
+    pack = write_pack(
+        tmp_path,
+        """\
         prompts:
           variables:
             build_date: {default: "2024-01-01", stable: true}
@@ -419,17 +557,21 @@ def test_stable_declared_and_harmless_names_are_not_flagged(cli, tmp_path: Path)
             project_id: {default: acme}
           sections: {a: {template: "{{ build_date }} {{ update_policy }} {{ project_id }}"}}
           modes: {m: [a]}
-    """)
+    """,
+    )
     code, diags = validate(cli, str(pack))
     assert code == 0 and diags == []
 
 
 def test_volatile_lint_fails_validate_only_with_strict(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    pack = write_pack(tmp_path, """\
+    pack = write_pack(
+        tmp_path,
+        """\
         prompts:
           variables: {timestamp: {default: "0"}}
           sections: {a: {template: "At {{ timestamp }}."}}
           modes: {m: [a]}
-    """)
+    """,
+    )
     assert cli("validate", str(pack))[0] == 0
     assert cli("validate", "--strict", str(pack))[0] == 1

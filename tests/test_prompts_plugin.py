@@ -44,16 +44,35 @@ def test_fixture_pack_is_configured(ctxrules_pack):
 
 
 def _plugin_args() -> list[str]:
-    installed = any(ep.value == "ctxrules.testing.pytest_plugin" for ep in entry_points(group="pytest11"))
+    installed = any(
+        ep.value == "ctxrules.testing.pytest_plugin" for ep in entry_points(group="pytest11")
+    )
     # From a source checkout the entry point is not installed: load the plugin by module name.
     return [] if installed else ["-p", "ctxrules.testing.pytest_plugin"]
 
 
 def run_pytest(project: Path, *args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(REPO / "engine"), "PYTHONDONTWRITEBYTECODE": "1"}
-    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *_plugin_args(),
-                           "--ctxrules-pack", "pack.yaml", *args],
-                          cwd=project, env=env, capture_output=True, text=True, timeout=300, check=False)
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            *_plugin_args(),
+            "--ctxrules-pack",
+            "pack.yaml",
+            *args,
+        ],
+        cwd=project,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
 
 
 def test_plugin_in_a_throwaway_project(tmp_path: Path) -> None:
@@ -70,8 +89,10 @@ def test_plugin_in_a_throwaway_project(tmp_path: Path) -> None:
     # 4 modes x (4 built-in entries + llama + no entry)
     assert len(snaps) == 4 * 6, [p.name for p in snaps]
     lean = (project / "__snapshots__" / "test_prompts" / "test_prompt[lean-llama].txt").read_text()
-    assert lean.endswith("<house_style>\nWrite British English.\n</house_style>\n\n"
-                         "<execution_discipline>\nAnswer briefly.\n</execution_discipline>\n")
+    assert lean.endswith(
+        "<house_style>\nWrite British English.\n</house_style>\n\n"
+        "<execution_discipline>\nAnswer briefly.\n</execution_discipline>\n"
+    )
 
     again = run_pytest(project)
     assert again.returncode == 0, again.stdout + again.stderr
@@ -80,22 +101,32 @@ def test_plugin_in_a_throwaway_project(tmp_path: Path) -> None:
     (project / "prompts" / "house.md.j2").write_text("Write American English.\n", encoding="utf-8")
     changed = run_pytest(project)
     assert changed.returncode == 1
-    assert "Write British English." in changed.stdout and "Write American English." in changed.stdout
+    assert (
+        "Write British English." in changed.stdout and "Write American English." in changed.stdout
+    )
     assert "6 failed" in changed.stdout  # the lean prompt of every entry
 
     refreshed = run_pytest(project, "--snapshot-update")
     assert refreshed.returncode == 0, refreshed.stdout
-    assert "Write American English." in (project / "__snapshots__" / "test_prompts" /
-                                         "test_prompt[lean-no-entry].txt").read_text()
+    assert (
+        "Write American English."
+        in (
+            project / "__snapshots__" / "test_prompts" / "test_prompt[lean-no-entry].txt"
+        ).read_text()
+    )
     assert run_pytest(project).returncode == 0
 
 
 def test_plugin_reports_a_broken_pack_without_a_traceback(tmp_path: Path) -> None:
-    (tmp_path / "pack.yaml").write_text("apiVersion: ctxrules/v1\nkind: RulePack\nprompts: {modes: {m: [nope]}}\n")
-    (tmp_path / "test_x.py").write_text(textwrap.dedent("""\
+    (tmp_path / "pack.yaml").write_text(
+        "apiVersion: ctxrules/v1\nkind: RulePack\nprompts: {modes: {m: [nope]}}\n"
+    )
+    (tmp_path / "test_x.py").write_text(
+        textwrap.dedent("""\
         def test_x(assemble_prompt):
             assemble_prompt("m", "gpt-4o")
-    """))
+    """)
+    )
     result = run_pytest(tmp_path)
     assert result.returncode != 0
     out = result.stdout + result.stderr

@@ -1,0 +1,403 @@
+"""Prompt-cache warm-up and idle keep-alive: small litellm calls that keep a prefix hot.
+
+A provider keeps a cached prefix for about five minutes after its last use. Two moments make
+the next real call pay full price: a fresh prefix (session start, or right after a compaction
+rewrote the messages) and a pause longer than the TTL. This module covers both:
+
+- :func:`send_probe` sends the prefix once with ``max_tokens`` 1 (0 where a provider accepts
+  it: :data:`ZERO_MAX_TOKENS_PROVIDERS`), so the provider writes (or refreshes) its cache
+  entry; it never raises, and returns a :class:`Probe` with the tokens read from and written to
+  the cache and the probe's cost;
+- :class:`KeepAlive` runs in a background thread: it warms the prefix after session start and
+  after a compaction (:meth:`KeepAlive.after_prepare` tells them apart from the run report),
+  and while the session is idle sends a probe every ``interval_s`` (240 s: below the 5-minute
+  TTL). A call in flight (``with keepalive.active():``) pauses it, the idle timer restarts when
+  the call ends, and :meth:`KeepAlive.stop` (or leaving ``with KeepAlive(...)``) ends it. After
+  ``max_idle_s`` without activity it stops probing until the next call: a forgotten session
+  does not pay for keep-alives forever.
+
+``import litellm`` is slow and reaches for the network unless ``LITELLM_LOCAL_MODEL_COST_MAP``
+is set, so it is imported on the first probe only, with that variable set first.
+``time_scale`` runs the whole schedule on a scaled clock (tests: 0.001 turns 240 s into 0.24 s);
+reported times are in unscaled seconds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import time
+import warnings
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+__all__ = [
+    "ZERO_MAX_TOKENS_PROVIDERS",
+    "KeepAlive",
+    "Probe",
+    "load_litellm",
+    "probe_cost",
+    "probe_messages",
+    "send_probe",
+]
+
+# Providers whose API accepts max_tokens=0 (a pure prefill); the others need at least 1.
+ZERO_MAX_TOKENS_PROVIDERS: frozenset[str] = frozenset()
+DEFAULT_INTERVAL_S = 240.0
+DEFAULT_MAX_IDLE_S = 3600.0
+PROBE_USER_TEXT = "."
+_LITELLM_LOCK = threading.Lock()
+
+
+@dataclass(frozen=True)
+class Probe:
+    """One warm-up or keep-alive call and what it cost."""
+
+    kind: str  # "warmup" | "keepalive"
+    reason: str
+    at: float  # seconds since the keep-alive started (unscaled); 0 for a lone probe
+    ok: bool
+    latency_s: float
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    cache_write_tokens: int = 0
+    completion_tokens: int = 0
+    cost_usd: float | None = None
+    error: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def load_litellm() -> Any:
+    """``litellm``, imported once, with the local cost map and without its import warnings."""
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    with _LITELLM_LOCK, warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        import litellm
+
+        litellm.telemetry = False
+        return litellm
+
+
+def probe_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The messages of a probe: the prefix as prepared, ending with a user turn (a minimal one
+    is appended after an assistant or tool message, or when there is no user message yet, so
+    every provider accepts the request; it sits after the cached prefix and changes nothing in
+    it)."""
+    out = [dict(m) for m in messages]
+    if not out or out[-1].get("role") != "user":
+        out.append({"role": "user", "content": PROBE_USER_TEXT})
+    return out
+
+
+def _usage_numbers(usage: Any) -> tuple[int, int, int, int]:
+    def get(obj: Any, name: str) -> Any:
+        return obj.get(name) if isinstance(obj, Mapping) else getattr(obj, name, None)
+
+    prompt = int(get(usage, "prompt_tokens") or 0)
+    completion = int(get(usage, "completion_tokens") or 0)
+    details = get(usage, "prompt_tokens_details")
+    cached = int(
+        (get(details, "cached_tokens") if details is not None else None)
+        or get(usage, "cache_read_input_tokens")
+        or 0
+    )
+    written = int(get(usage, "cache_creation_input_tokens") or 0)
+    return prompt, cached, written, completion
+
+
+def probe_cost(model: str, prompt: int, cached: int, written: int, completion: int) -> float | None:
+    """USD cost of a probe from the model registry's prices (None when the model is unknown).
+    ``prompt`` includes the cached tokens (OpenAI's convention); cache writes are priced at the
+    registry's cache-creation rate where it has one."""
+    from ctxrules.errors import CtxrulesError
+    from ctxrules.models import lookup_model
+
+    try:
+        info = lookup_model(model)
+    except CtxrulesError:
+        return None
+    if info.input_cost_per_token is None:
+        return None
+    base = info.input_cost_per_token
+    read = (
+        info.cache_read_input_token_cost if info.cache_read_input_token_cost is not None else base
+    )
+    write = (
+        info.cache_creation_input_token_cost
+        if info.cache_creation_input_token_cost is not None
+        else base
+    )
+    out = info.output_cost_per_token or 0.0
+    uncached = max(prompt - cached - written, 0)
+    return uncached * base + cached * read + written * write + completion * out
+
+
+def send_probe(
+    model: str,
+    messages: Sequence[Mapping[str, Any]],
+    tools: Sequence[Mapping[str, Any]] = (),
+    *,
+    kind: str = "warmup",
+    reason: str = "",
+    request: Mapping[str, Any] | None = None,
+    max_tokens: int | None = None,
+    timeout_s: float = 30.0,
+    at: float = 0.0,
+) -> Probe:
+    """Send the prefix once to warm or refresh the provider's cache; never raises.
+
+    ``request`` holds extra litellm arguments: ``api_base``, ``api_key``, and what
+    ``result.request`` carries (``prompt_cache_key``, ``tool_choice``), so the probe hits the
+    same cache entry and routing as the real calls.
+    """
+    extra = dict(request or {})
+    provider = model.split("/", 1)[0] if "/" in model else ""
+    if max_tokens is None:
+        max_tokens = 0 if provider in ZERO_MAX_TOKENS_PROVIDERS else 1
+    started = time.perf_counter()
+    try:
+        litellm = load_litellm()
+        kwargs: dict[str, Any] = {
+            "model": model,
+            "messages": probe_messages(messages),
+            "max_tokens": max_tokens,
+            "timeout": timeout_s,
+            **extra,
+        }
+        if tools:
+            kwargs["tools"] = [dict(t) for t in tools]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            response = litellm.completion(**kwargs)
+        usage = (
+            response.get("usage")
+            if isinstance(response, Mapping)
+            else getattr(response, "usage", None)
+        )
+        prompt, cached, written, completion = _usage_numbers(usage or {})
+    except Exception as exc:  # a probe is best effort: report it, never break the session
+        return Probe(
+            kind,
+            reason,
+            at,
+            False,
+            time.perf_counter() - started,
+            error=f"{type(exc).__name__}: {exc}",
+        )
+    cost = probe_cost(
+        model.split("/", 1)[1] if provider == "openai" else model,
+        prompt,
+        cached,
+        written,
+        completion,
+    )
+    return Probe(
+        kind,
+        reason,
+        at,
+        True,
+        time.perf_counter() - started,
+        prompt,
+        cached,
+        written,
+        completion,
+        cost,
+    )
+
+
+class KeepAlive:
+    """Warm-up and idle keep-alive for one session's prefix (see the module docstring).
+
+    ``send`` replaces :func:`send_probe` (same signature), e.g. to route probes elsewhere.
+    """
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        request: Mapping[str, Any] | None = None,
+        interval_s: float = DEFAULT_INTERVAL_S,
+        max_idle_s: float | None = DEFAULT_MAX_IDLE_S,
+        time_scale: float = 1.0,
+        max_tokens: int | None = None,
+        timeout_s: float = 30.0,
+        send: Callable[..., Probe] | None = None,
+    ) -> None:
+        if interval_s <= 0 or time_scale <= 0:
+            raise ValueError("interval_s and time_scale must be positive")
+        self.model = model
+        self.request = dict(request or {})
+        self.interval_s = interval_s
+        self.max_idle_s = max_idle_s
+        self.time_scale = time_scale
+        self.max_tokens = max_tokens
+        self.timeout_s = timeout_s
+        self._send = send or send_probe
+        self._cond = threading.Condition()
+        self._messages: list[dict[str, Any]] = []
+        self._tools: list[dict[str, Any]] = []
+        self._pending: str | None = None  # reason of a warm-up to send as soon as possible
+        self._active = 0
+        self._stopped = False
+        self._started = time.monotonic()
+        self._last_activity = self._started
+        self._last_probe: float | None = None
+        self._probes: list[Probe] = []
+        self._thread: threading.Thread | None = None
+
+    # -- clock ------------------------------------------------------------------
+    def _now(self) -> float:
+        return time.monotonic()
+
+    def _virtual(self, t: float) -> float:
+        return (t - self._started) / self.time_scale
+
+    # -- control ------------------------------------------------------------------
+    def start(self) -> KeepAlive:
+        with self._cond:
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name=f"ctxrules-keepalive-{self.model}", daemon=True
+                )
+                self._thread.start()
+        return self
+
+    def stop(self, timeout_s: float | None = 5.0) -> None:
+        """Stop probing and end the thread (waits for a probe in flight up to ``timeout_s``)."""
+        with self._cond:
+            self._stopped = True
+            self._cond.notify_all()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout_s)
+
+    def __enter__(self) -> KeepAlive:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def update(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        tools: Sequence[Mapping[str, Any]] = (),
+        *,
+        request: Mapping[str, Any] | None = None,
+        warm: str | None = None,
+    ) -> None:
+        """Set the prefix the probes send; ``warm`` (a reason) sends a warm-up right away."""
+        with self._cond:
+            self._messages = [dict(m) for m in messages]
+            self._tools = [dict(t) for t in tools]
+            if request:
+                self.request.update(request)
+            if warm:
+                self._pending = warm
+            self._last_activity = self._now()
+            self._cond.notify_all()
+
+    def after_prepare(self, result: Any) -> None:
+        """Feed a ``PrepareResult``: the first one warms the prefix ("session start"), one whose
+        content stages changed the messages warms it again ("after compaction")."""
+        report = getattr(result, "report", {}) or {}
+        compacted = any(
+            s.get("phase") == "content"
+            and s.get("ran")
+            and (s.get("tokens_saved") or any(a.get("vault_id") for a in s.get("actions") or []))
+            for s in report.get("stages") or []
+        )
+        first = not self._messages and not self._probes
+        warm = "session start" if first else "after compaction" if compacted else None
+        extra = {
+            k: v
+            for k, v in (getattr(result, "request", {}) or {}).items()
+            if k == "prompt_cache_key"
+        }
+        self.update(result.messages, result.tools, request=extra, warm=warm)
+
+    @contextlib.contextmanager
+    def active(self) -> Iterator[None]:
+        """Mark a model call in flight: no keep-alive meanwhile; the idle timer restarts after."""
+        with self._cond:
+            self._active += 1
+            self._cond.notify_all()
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._active -= 1
+                self._last_activity = self._now()
+                self._cond.notify_all()
+
+    # -- results ------------------------------------------------------------------
+    @property
+    def probes(self) -> list[Probe]:
+        with self._cond:
+            return list(self._probes)
+
+    def report(self) -> dict[str, Any]:
+        """Every probe with its cost, and the totals."""
+        probes = self.probes
+        costs = [p.cost_usd for p in probes if p.cost_usd is not None]
+        return {
+            "model": self.model,
+            "interval_s": self.interval_s,
+            "probes": [p.as_dict() for p in probes],
+            "warmups": sum(p.kind == "warmup" for p in probes),
+            "keepalives": sum(p.kind == "keepalive" for p in probes),
+            "failed": sum(not p.ok for p in probes),
+            "cost_usd": sum(costs) if costs else None,
+        }
+
+    # -- the thread ------------------------------------------------------------------
+    def _run(self) -> None:
+        interval = self.interval_s * self.time_scale
+        max_idle = self.max_idle_s * self.time_scale if self.max_idle_s is not None else None
+        while True:
+            with self._cond:
+                if self._stopped:
+                    return
+                now = self._now()
+                kind = reason = None
+                if self._pending and self._messages and not self._active:
+                    kind, reason, self._pending = "warmup", self._pending, None
+                elif self._active or not self._messages:
+                    self._cond.wait()
+                    continue
+                else:
+                    since = (
+                        self._last_activity
+                        if self._last_probe is None
+                        else max(self._last_activity, self._last_probe)
+                    )
+                    if max_idle is not None and now - self._last_activity >= max_idle:
+                        self._cond.wait()  # idle too long: wait for the next call
+                        continue
+                    due = since + interval
+                    if now < due:
+                        self._cond.wait(due - now)
+                        continue
+                    kind, reason = "keepalive", "idle"
+                messages, tools, request = (
+                    list(self._messages),
+                    list(self._tools),
+                    dict(self.request),
+                )
+                at = self._virtual(now)
+            probe = self._send(
+                self.model,
+                messages,
+                tools,
+                kind=kind,
+                reason=reason,
+                request=request,
+                max_tokens=self.max_tokens,
+                timeout_s=self.timeout_s,
+                at=at,
+            )
+            with self._cond:
+                self._probes.append(probe)
+                self._last_probe = self._now()

@@ -1,0 +1,254 @@
+"""Warm-up and keep-alive against a local OpenAI-compatible HTTP server (real HTTP through
+litellm), on a clock scaled down 1000x: 240 s of idle time take 0.24 s."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ctxrules import Engine
+from ctxrules.cache.warmup import KeepAlive, Probe, probe_cost, probe_messages, send_probe
+
+SCALE = 0.001  # 1 s of schedule = 1 ms of wall time
+INTERVAL = 240.0
+
+
+class FakeOpenAI(BaseHTTPRequestHandler):
+    """``POST /v1/chat/completions``: records the request, answers one token with a usage that
+    reports a cache hit for a prefix it has seen before."""
+
+    calls: list[tuple[float, dict[str, Any]]]
+    seen: set[str]
+    lock: threading.Lock
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", "0"))))
+        prefix = json.dumps(body["messages"][:-1], sort_keys=True)
+        with self.lock:
+            self.calls.append((time.monotonic(), body))
+            hit = prefix in self.seen
+            self.seen.add(prefix)
+        prompt = max(len(json.dumps(body["messages"])) // 4, 1)
+        reply = {
+            "id": "chatcmpl-1",
+            "object": "chat.completion",
+            "created": 0,
+            "model": body["model"],
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": "."},
+                    "finish_reason": "length",
+                }
+            ],
+            "usage": {
+                "prompt_tokens": prompt,
+                "completion_tokens": 1,
+                "total_tokens": prompt + 1,
+                "prompt_tokens_details": {"cached_tokens": prompt - 4 if hit else 0},
+            },
+        }
+        data = json.dumps(reply).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def server() -> Iterator[tuple[str, type[FakeOpenAI]]]:
+    handler = type("Handler", (FakeOpenAI,), {"calls": [], "seen": set(), "lock": threading.Lock()})
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{httpd.server_address[1]}/v1", handler
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+        thread.join(5)
+
+
+def request_for(base: str) -> dict[str, Any]:
+    return {"api_base": base, "api_key": "sk-local-test"}
+
+
+def wait_for(cond: Any, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.005)
+
+
+def test_probe_messages_end_with_a_user_turn() -> None:
+    prefix = [{"role": "system", "content": "s"}]
+    assert probe_messages(prefix)[-1] == {"role": "user", "content": "."}
+    assert probe_messages([*prefix, {"role": "user", "content": "hi"}])[-1]["content"] == "hi"
+    assert prefix == [{"role": "system", "content": "s"}]
+
+
+def test_probe_cost_uses_the_registry_prices() -> None:
+    cold = probe_cost("gpt-4o", 1000, 0, 0, 1)
+    hot = probe_cost("gpt-4o", 1000, 996, 0, 1)
+    assert cold is not None and hot is not None and 0 < hot < cold
+    assert probe_cost("no-such-model-xyz", 10, 0, 0, 1) is None
+
+
+def test_a_failing_probe_is_reported_not_raised() -> None:
+    probe = send_probe(
+        "openai/gpt-4o",
+        [{"role": "user", "content": "x"}],
+        request={"api_base": "http://127.0.0.1:9/v1", "api_key": "k", "max_retries": 0},
+        timeout_s=2,
+    )
+    assert not probe.ok and probe.error
+
+
+def test_warm_up_sends_the_prefix_with_one_output_token(server: Any, tmp_path: Path) -> None:
+    base, handler = server
+    engine = Engine.load("builtin:default")
+    session = engine.session(tmp_path / "s", model="gpt-4o")
+    result = session.prepare(
+        [
+            {"role": "system", "content": engine.assemble("full", "gpt-4o")},
+            {"role": "user", "content": "hello"},
+        ]
+    )
+    probe = send_probe(
+        "openai/gpt-4o", result.messages, request={**request_for(base), **result.request}
+    )
+    assert probe.ok, probe.error
+    ((_, body),) = handler.calls
+    assert body["max_tokens"] == 1 and body["prompt_cache_key"] == "s"
+    assert body["messages"] == result.messages
+    assert (
+        probe.prompt_tokens > 0
+        and probe.cached_tokens == 0
+        and probe.cost_usd
+        and probe.cost_usd > 0
+    )
+
+
+def test_keep_alive_schedule_on_a_scaled_clock(server: Any) -> None:
+    base, handler = server
+    from ctxrules.cache.warmup import load_litellm
+
+    load_litellm()  # the import takes seconds: keep it out of the measured schedule
+    prefix = [
+        {"role": "system", "content": "You are terse."},
+        {"role": "user", "content": "Start."},
+    ]
+    ka = KeepAlive(
+        "openai/gpt-4o",
+        request=request_for(base),
+        interval_s=INTERVAL,
+        time_scale=SCALE,
+        max_idle_s=10_000,
+    )
+    with ka:
+        ka.update(prefix, warm="session start")
+        wait_for(lambda: len(ka.probes) >= 4)  # the warm-up, then 3 keep-alives
+        with ka.active():  # a call in flight pauses the keep-alive
+            paused_at = len(ka.probes)
+            time.sleep(3 * INTERVAL * SCALE)
+            assert len(ka.probes) == paused_at
+        resumed = time.monotonic()
+        wait_for(lambda: len(ka.probes) >= paused_at + 1)
+        first_after = handler.calls[-1][0]
+    ka_stopped = len(ka.probes)
+    time.sleep(3 * INTERVAL * SCALE)
+    assert len(ka.probes) == ka_stopped, "stop() ends the keep-alive"
+    assert ka._thread is not None and not ka._thread.is_alive()
+
+    probes = ka.probes
+    assert [p.kind for p in probes[:4]] == ["warmup", "keepalive", "keepalive", "keepalive"]
+    assert all(p.ok for p in probes), [p.error for p in probes]
+    gaps = [b.at - a.at for a, b in zip(probes[:3], probes[1:4], strict=True)]
+    # Each keep-alive comes one interval (240 s, scaled) after the previous probe; the tolerance
+    # covers one HTTP round trip on the scaled clock.
+    for gap in gaps:
+        assert INTERVAL <= gap <= INTERVAL + 120, gaps
+    assert (first_after - resumed) / SCALE >= INTERVAL - 1
+    assert all(body["max_tokens"] == 1 for _, body in handler.calls)
+    report = ka.report()
+    assert (
+        report["warmups"] == 1 and report["keepalives"] == len(probes) - 1 and report["failed"] == 0
+    )
+    assert report["cost_usd"] is not None and report["cost_usd"] > 0
+    # The keep-alives hit the cache the warm-up wrote: they are cheaper.
+    assert (
+        probes[1].cached_tokens > 0
+        and probes[1].cost_usd is not None
+        and probes[0].cost_usd is not None
+    )
+    assert probes[1].cost_usd < probes[0].cost_usd
+
+
+def test_after_prepare_warms_at_start_and_after_compaction(server: Any) -> None:
+    base, handler = server
+    sent: list[Probe] = []
+
+    def record(model: str, messages: Any, tools: Any, **kw: Any) -> Probe:
+        probe = send_probe(model, messages, tools, **kw)
+        sent.append(probe)
+        return probe
+
+    class Result:
+        def __init__(self, messages: list[dict[str, Any]], saved: int) -> None:
+            self.messages, self.tools, self.request = messages, [], {"prompt_cache_key": "k1"}
+            self.report = {
+                "stages": [
+                    {
+                        "id": "dedup",
+                        "phase": "content",
+                        "ran": True,
+                        "tokens_saved": saved,
+                        "actions": [],
+                    }
+                ]
+            }
+
+    ka = KeepAlive(
+        "openai/gpt-4o",
+        request=request_for(base),
+        interval_s=INTERVAL,
+        time_scale=SCALE * 100,
+        send=record,
+    )
+    with ka:
+        ka.after_prepare(Result([{"role": "user", "content": "a"}], 0))
+        wait_for(lambda: len(sent) == 1)
+        ka.after_prepare(
+            Result([{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}], 0)
+        )
+        ka.after_prepare(Result([{"role": "user", "content": "summary"}], 500))
+        wait_for(lambda: len(sent) == 2)
+    assert [p.reason for p in sent] == ["session start", "after compaction"]
+    assert handler.calls[-1][1]["messages"][0]["content"] == "summary"
+    assert all(body["prompt_cache_key"] == "k1" for _, body in handler.calls)
+
+
+def test_no_probes_after_max_idle(server: Any) -> None:
+    base, handler = server
+    ka = KeepAlive(
+        "openai/gpt-4o",
+        request=request_for(base),
+        interval_s=INTERVAL,
+        time_scale=SCALE,
+        max_idle_s=2.5 * INTERVAL,
+    )
+    with ka:
+        ka.update([{"role": "user", "content": "x"}])
+        time.sleep(6 * INTERVAL * SCALE)
+    assert len(ka.probes) == 2  # at 240 and 480; at 720 the session has been idle too long
