@@ -1,32 +1,146 @@
 """Compress the output of a shell command with the compressor rules of a pack.
 
-:func:`compress_tool_output` is what the ``tool_output.filter`` stage and ``ctxrules compress``
-call: it finds the pack's rule for the command, runs its steps, enforces the engine's
-truthfulness rules and stores the full output in the vault.
+:func:`compress_tool_output` is what the ``tool_output.filter`` stage (level (a), results of
+``shell``-role tools) and ``ctxrules compress`` call: it finds the pack's rule for the
+command (:mod:`ctxrules.compressors.rules`), runs its steps, enforces the engine's
+truthfulness rules (:mod:`ctxrules.compressors.apply`) and stores the full output in the vault
+so that every marker resolves to the exact original.
 """
 
 from __future__ import annotations
 
+import hashlib
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ctxrules.vault import Vault
+from ctxrules.compressors.apply import apply_rule, is_failure
+from ctxrules.compressors.argv import parse_command
+from ctxrules.compressors.rules import CompressorError, compile_rules, select_rule
 
-__all__ = ["CompressResult", "compress_tool_output"]
+if TYPE_CHECKING:
+    from ctxrules.plugins import Registry
+    from ctxrules.vault import Vault
+
+__all__ = ["CompressResult", "CompressorError", "compress_text", "compress_tool_output", "text_id"]
 
 
 @dataclass(frozen=True)
 class CompressResult:
-    """A compressed output: ``text`` replaces the original, whose bytes are at ``vault_id``."""
+    """A compressed output: ``text`` replaces the original, whose exact bytes are in the vault
+    under ``vault_id`` (every marker in ``text`` points there).
+
+    ``elided`` counts original lines that no output line stands for; ``failed`` is the
+    engine's verdict on the run (non-zero exit code, or unknown and failure-looking output).
+    """
 
     text: str
     rule_id: str
     vault_id: str
     lines_before: int
     lines_after: int
+    elided: int = 0
+    markers: int = 0
+    failed: bool = False
+    exit_code: int | None = None
 
 
-def compress_tool_output(pack: dict[str, Any], command: str, output: str,
-                         exit_code: int | None, vault: Vault) -> CompressResult | None:
-    """The compressed ``output`` of ``command``, or None when no rule matches or saves anything."""
-    return None
+def text_id(text: str) -> str:
+    """The vault id ``Vault.put_text(text)`` will return (sha256 of its UTF-8 bytes)."""
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def _registry(registry: Registry | None) -> Registry:
+    if registry is not None:
+        return registry
+    from ctxrules.plugins import default_registry
+
+    return default_registry()
+
+
+def compress_text(
+    pack: Mapping[str, Any],
+    command: str,
+    output: str,
+    exit_code: int | None,
+    *,
+    vault_id: str | None = None,
+    registry: Registry | None = None,
+    lossless: bool = False,
+    rule_id: str | None = None,
+) -> CompressResult | None:
+    """Like :func:`compress_tool_output` but stores nothing: the caller stores the original
+    under ``vault_id`` (default: :func:`text_id` of ``output``) when it uses the result.
+
+    ``rule_id`` forces that rule instead of the matching one (for a rule's own tests).
+    Returns None when no rule matches or the result would not be smaller than ``output``.
+    """
+    if not isinstance(output, str):
+        raise TypeError(f"output must be str, got {type(output).__name__}")
+    if not output:
+        return None
+    parsed = parse_command(command or "")
+    rules = compile_rules(pack, _registry(registry))
+    if not rules:
+        return None
+    failed = is_failure(exit_code, output)
+    if rule_id is not None:
+        rule = next((r for r in rules if r.id == rule_id), None)
+        if rule is None:
+            raise CompressorError(f"no compressor with id '{rule_id}'")
+    else:
+        if parsed is None:
+            return None
+        rule = select_rule(rules, parsed, exit_code, failed)
+        if rule is None:
+            return None
+    applied = apply_rule(
+        rule,
+        output,
+        command=command or "",
+        argv=parsed.argv if parsed else (),
+        exit_code=exit_code,
+        vault_id=vault_id or text_id(output),
+        lossless=lossless,
+    )
+    if len(applied.text.encode("utf-8", "surrogatepass")) >= len(
+        output.encode("utf-8", "surrogatepass")
+    ):
+        return None
+    return CompressResult(
+        text=applied.text,
+        rule_id=rule.id,
+        vault_id=vault_id or text_id(output),
+        lines_before=applied.lines_before,
+        lines_after=applied.lines_after,
+        elided=applied.elided,
+        markers=applied.markers,
+        failed=applied.failed,
+        exit_code=exit_code,
+    )
+
+
+def compress_tool_output(
+    pack: dict[str, Any],
+    command: str,
+    output: str,
+    exit_code: int | None,
+    vault: Vault,
+    *,
+    registry: Registry | None = None,
+) -> CompressResult | None:
+    """The compressed ``output`` of ``command``, or None when no rule matches or saves anything.
+
+    ``pack`` is a resolved pack's data (``compressors:`` is read); ``command`` the shell line
+    as the agent sent it (compound commands match on their last command, see
+    :mod:`ctxrules.compressors.argv`); ``exit_code`` None when unknown. The full ``output`` is
+    put in ``vault`` before the result is returned, so its markers always resolve.
+    Raises :class:`CompressorError` when a rule cannot be built or an action misbehaves.
+    """
+    result = compress_text(pack, command, output, exit_code, registry=registry)
+    if result is None:
+        return None
+    stored = vault.put_text(output)
+    if stored != result.vault_id:  # cannot happen unless the vault's id scheme changes
+        raise CompressorError(f"vault stored the output as {stored}, markers say {result.vault_id}")
+    return result

@@ -1,0 +1,111 @@
+"""Option schemas and helpers shared by the built-in actions."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol, TypeAlias
+
+from ctxrules.compressors.lines import Line, Lines
+
+ActionSpec: TypeAlias = tuple[
+    str, Callable[[Mapping[str, Any]], Callable[[Lines], list[str]]], dict[str, Any], str
+]
+"""What a built-in action module lists: name, factory, options schema, description."""
+
+# What a failure looks like in any tool's output; the default `unless` of short_circuit and
+# the default `protect` of max_lines.
+FAILURE_PATTERN = (
+    r"(?i)\b(?:error|errors|fatal|fail|failed|failures?|panic|panicked|exception"
+    r"|traceback|segmentation fault|abort(?:ed)?|denied|not found|cannot|can't|unable)\b"
+)
+
+
+def regex(title: str, description: str) -> dict[str, Any]:
+    """Schema of one regular expression option (``format: regex`` is checked by validate)."""
+    return {
+        "type": "string",
+        "format": "regex",
+        "minLength": 1,
+        "title": title,
+        "description": description,
+    }
+
+
+def regex_list(title: str, description: str) -> dict[str, Any]:
+    return {
+        "type": "array",
+        "items": {"type": "string", "format": "regex", "minLength": 1},
+        "minItems": 1,
+        "title": title,
+        "description": description,
+    }
+
+
+def count(title: str, description: str, minimum: int = 0) -> dict[str, Any]:
+    return {"type": "integer", "minimum": minimum, "title": title, "description": description}
+
+
+def object_schema(properties: Mapping[str, Any], required: Sequence[str] = ()) -> dict[str, Any]:
+    schema: dict[str, Any] = {
+        "type": "object",
+        "additionalProperties": False,
+        "properties": dict(properties),
+    }
+    if required:
+        schema["required"] = list(required)
+    return schema
+
+
+class Matcher(Protocol):
+    """Anything with ``search`` like a compiled pattern."""
+
+    def search(self, text: str) -> re.Match[str] | None: ...
+
+
+def compile_all(patterns: Sequence[str]) -> Matcher | None:
+    """One pattern that matches where any of ``patterns`` does (None for none)."""
+    if not patterns:
+        return None
+    if len(patterns) == 1:
+        return re.compile(patterns[0])
+    # Each alternative keeps its own inline flags by being compiled on its own; joining them
+    # would turn a leading (?i) into an error in the middle of a pattern.
+    compiled = [re.compile(p) for p in patterns]
+    return _AnyOf(compiled)
+
+
+class _AnyOf:
+    """Quacks like a compiled pattern for ``search``: matches when any member does."""
+
+    def __init__(self, patterns: list[re.Pattern[str]]) -> None:
+        self.patterns = patterns
+
+    def search(self, text: str) -> re.Match[str] | None:
+        for pattern in self.patterns:
+            found = pattern.search(text)
+            if found is not None:
+                return found
+        return None
+
+
+def is_blank(line: str) -> bool:
+    return not line.strip()
+
+
+def fold(lines: Sequence[str], text: str) -> str:
+    """One line that stands for all of ``lines`` when they are contiguous originals.
+
+    When they are not (an earlier step dropped lines between them) the result stands only for
+    the first, so the engine still marks the others as elided: a range must never claim lines
+    it does not show.
+    """
+    first = lines[0]
+    if not isinstance(first, Line):
+        return text
+    start, end = first.src
+    for line in lines[1:]:
+        if not isinstance(line, Line) or line.src[0] != end + 1:
+            return Line(text, first.src)
+        end = line.src[1]
+    return Line(text, (start, end))

@@ -1,0 +1,323 @@
+"""Line rewrites and line filters: strip_ansi, drop, keep, replace, collapse_repeats,
+collapse_progress, squeeze_blank."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from ctxrules.compressors.actions.common import (
+    ActionSpec,
+    compile_all,
+    count,
+    fold,
+    is_blank,
+    object_schema,
+    regex,
+    regex_list,
+)
+from ctxrules.compressors.lines import Line, Lines
+from ctxrules.hookspecs import hookimpl
+
+# CSI (colors, cursor moves), OSC (titles, hyperlinks: ESC ] ... BEL or ESC \), other
+# two-byte escapes, and backspace overstrikes (`man`-style bold: "b\bb").
+_ANSI = re.compile(
+    r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b[@-Z\\-_]|.\x08"
+)
+
+
+def _rewrite(line: str, text: str) -> str:
+    if text == line:
+        return line
+    return line.derive(text) if isinstance(line, Line) else text
+
+
+def _visible(text: str) -> str:
+    """What a terminal finally shows of a line that redraws itself with carriage returns."""
+    body = text[:-1] if text.endswith("\r") else text
+    if "\r" not in body:
+        return text
+    return body.rsplit("\r", 1)[1]
+
+
+class StripAnsi:
+    """Remove terminal escape sequences; optionally resolve carriage-return redraws."""
+
+    def __init__(self, options: Mapping[str, Any]) -> None:
+        self.carriage_returns = bool(options.get("carriage_returns", True))
+
+    def __call__(self, lines: Lines) -> list[str]:
+        out: list[str] = []
+        for line in lines:
+            text = _ANSI.sub("", line) if ("\x1b" in line or "\x08" in line) else str(line)
+            if self.carriage_returns and "\r" in text:
+                text = _visible(text)
+            out.append(_rewrite(line, text))
+        return out
+
+
+class Drop:
+    """Drop every line that matches one of ``patterns``."""
+
+    def __init__(self, options: Mapping[str, Any]) -> None:
+        self.matcher = compile_all(options["patterns"])
+
+    def __call__(self, lines: Lines) -> list[str]:
+        matcher = self.matcher
+        assert matcher is not None
+        return [line for line in lines if matcher.search(line) is None]
+
+
+class Keep:
+    """Keep only the lines that match one of ``patterns``."""
+
+    def __init__(self, options: Mapping[str, Any]) -> None:
+        self.matcher = compile_all(options["patterns"])
+
+    def __call__(self, lines: Lines) -> list[str]:
+        matcher = self.matcher
+        assert matcher is not None
+        return [line for line in lines if matcher.search(line) is not None]
+
+
+class Replace:
+    """``re.sub`` on every line (``with`` may use ``\\1`` / ``\\g<name>``)."""
+
+    def __init__(self, options: Mapping[str, Any]) -> None:
+        self.pattern = re.compile(options["pattern"])
+        self.replacement = str(options.get("with", ""))
+        # Fail at load time, not on the first matching line, when a group does not exist.
+        groups = {str(i) for i in range(self.pattern.groups + 1)} | set(self.pattern.groupindex)
+        for ref in re.findall(r"\\(\d+)|\\g<([^>]*)>", self.replacement):
+            name = ref[0] or ref[1]
+            if name not in groups:
+                raise ValueError(
+                    f"'with' refers to group {name!r}, which the pattern does not define"
+                )
+
+    def __call__(self, lines: Lines) -> list[str]:
+        return [_rewrite(line, self.pattern.sub(self.replacement, line)) for line in lines]
+
+
+class CollapseRepeats:
+    """Fold runs of equal consecutive lines into one line with ``(xN)``.
+
+    With ``ignore`` (a regex), lines are equal when they are equal after removing what it
+    matches (timestamps, counters): the fold then stands only for the first line and the
+    engine marks the others as elided, since they were not identical.
+    """
+
+    def __init__(self, options: Mapping[str, Any]) -> None:
+        self.min_run = int(options.get("min_run", 2))
+        ignore = options.get("ignore")
+        self.ignore = re.compile(ignore) if ignore else None
+        self.format = str(options.get("format", "{line} (x{count})"))
+        self.format.format(line="", count=0)  # a bad placeholder fails at load time
+
+    def _key(self, line: str) -> str:
+        return self.ignore.sub("", line) if self.ignore is not None else line
+
+    def __call__(self, lines: Lines) -> list[str]:
+        out: list[str] = []
+        i = 0
+        n = len(lines)
+        while i < n:
+            key = self._key(lines[i])
+            j = i + 1
+            while j < n and self._key(lines[j]) == key:
+                j += 1
+            run = lines[i:j]
+            if len(run) >= self.min_run and not is_blank(run[0]):
+                text = self.format.format(line=run[0], count=len(run))
+                identical = all(line == run[0] for line in run)
+                out.append(fold(run, text) if identical else _rewrite(run[0], text))
+            else:
+                out.extend(run)
+            i = j
+        return out
+
+
+# Progress bars and spinners of common tools (pip, npm, cargo, curl, wget, docker, git, tqdm).
+_PROGRESS = [
+    r"^\s*[\u2800-\u28ff]",  # braille spinners ⠋⠙⠹
+    r"\d{1,3}(?:\.\d+)?\s?%.*[\u2580-\u259f\u2500-\u257f#=]{3,}",  # 45% |█████   |
+    r"[\u2580-\u259f\u2500-\u257f#=]{3,}.*\d{1,3}(?:\.\d+)?\s?%",
+    r"^\s*[\u2500-\u257f]{5,}\s+\d",  # pip's ━━━━━━ 1.2/3.4 MB
+    r"^\s*\[[=#>\-. ]{5,}\]",  # [=====>    ]
+    r"(?i)^\s*(?:remote: )?(?:counting|compressing|receiving|resolving|writing|enumerating)"
+    r" (?:objects|deltas):\s+\d{1,3}%",
+    r"^[0-9a-f]{12}: (?:Waiting|Downloading|Extracting|Verifying Checksum|Pulling fs layer)",
+    r"(?i)^\s*(?:downloading|uploading|fetching|progress)\b.*\d{1,3}(?:\.\d+)?%",
+    r"^\s*(?:\d+(?:\.\d+)?\s*[kKMG]i?B\s*/\s*\d+(?:\.\d+)?\s*[kKMG]i?B)\b",
+    r"^Progress: resolved \d+, reused \d+, downloaded \d+, added \d+(?!, done)",  # pnpm
+]
+
+
+class CollapseProgress:
+    """Keep only the final state of progress bars and spinners.
+
+    Carriage-return redraws inside a line are resolved to what a terminal shows last; a run of
+    consecutive progress lines keeps only its last line (the others are elided and marked).
+    """
+
+    def __init__(self, options: Mapping[str, Any]) -> None:
+        extra = list(options.get("patterns", []))
+        patterns = extra if options.get("replace_defaults") else [*_PROGRESS, *extra]
+        self.matcher = compile_all(patterns)
+
+    def __call__(self, lines: Lines) -> list[str]:
+        matcher = self.matcher
+        assert matcher is not None
+        resolved = [_rewrite(line, _visible(line)) if "\r" in line else line for line in lines]
+        out: list[str] = []
+        pending: str | None = None
+        for line in resolved:
+            if matcher.search(line) is not None:
+                pending = line  # a later state of the same bar replaces it
+                continue
+            if pending is not None:
+                out.append(pending)
+                pending = None
+            out.append(line)
+        if pending is not None:
+            out.append(pending)
+        return out
+
+
+class SqueezeBlank:
+    """Fold runs of blank lines to ``max_run`` and drop leading and trailing blank lines."""
+
+    def __init__(self, options: Mapping[str, Any]) -> None:
+        self.max_run = int(options.get("max_run", 1))
+        self.rstrip = bool(options.get("rstrip", True))
+
+    def __call__(self, lines: Lines) -> list[str]:
+        out: list[str] = []
+        run = 0
+        for line in lines:
+            if self.rstrip and line != line.rstrip():
+                line = _rewrite(line, line.rstrip())
+            if is_blank(line):
+                run += 1
+                if run > self.max_run or not out:
+                    continue
+            else:
+                run = 0
+            out.append(line)
+        while out and is_blank(out[-1]):
+            out.pop()
+        return out
+
+
+_PATTERNS = regex_list(
+    "Patterns",
+    "Regular expressions (Python syntax, searched anywhere in the "
+    "line); a line matches when any of them does.",
+)
+
+ACTIONS: list[ActionSpec] = [
+    (
+        "strip_ansi",
+        StripAnsi,
+        object_schema(
+            {
+                "carriage_returns": {
+                    "type": "boolean",
+                    "title": "Resolve carriage returns",
+                    "description": "Keep only what a terminal finally shows of a line "
+                    "redrawn with \\r (default true).",
+                },
+            }
+        ),
+        "Remove colours and other terminal escape sequences.",
+    ),
+    (
+        "drop",
+        Drop,
+        object_schema({"patterns": _PATTERNS}, ["patterns"]),
+        "Drop the lines that match any pattern (the engine marks them as elided).",
+    ),
+    (
+        "keep",
+        Keep,
+        object_schema({"patterns": _PATTERNS}, ["patterns"]),
+        "Keep only the lines that match any pattern.",
+    ),
+    (
+        "replace",
+        Replace,
+        object_schema(
+            {
+                "pattern": regex("Pattern", "Regular expression to replace in each line."),
+                "with": {
+                    "type": "string",
+                    "title": "Replacement",
+                    "description": "Replacement text; \\1 or \\g<name> insert groups "
+                    "(default: empty).",
+                },
+            },
+            ["pattern"],
+        ),
+        "Rewrite each line with a regular expression substitution.",
+    ),
+    (
+        "collapse_repeats",
+        CollapseRepeats,
+        object_schema(
+            {
+                "min_run": count(
+                    "Shortest run", "Fold runs of at least this many equal lines (default 2).", 2
+                ),
+                "ignore": regex(
+                    "Ignore",
+                    "Parts of a line not compared (timestamps, counters); folding "
+                    "then keeps the first line and marks the rest as elided.",
+                ),
+                "format": {
+                    "type": "string",
+                    "title": "Format",
+                    "description": "The folded line; {line} and {count} "
+                    "(default '{line} (x{count})').",
+                },
+            }
+        ),
+        "Fold runs of repeated lines into one line with (xN).",
+    ),
+    (
+        "collapse_progress",
+        CollapseProgress,
+        object_schema(
+            {
+                "patterns": regex_list("Extra patterns", "More lines to treat as progress output."),
+                "replace_defaults": {
+                    "type": "boolean",
+                    "title": "Replace defaults",
+                    "description": "Use only `patterns`, not the built-in progress patterns.",
+                },
+            }
+        ),
+        "Keep only the last state of progress bars and spinners.",
+    ),
+    (
+        "squeeze_blank",
+        SqueezeBlank,
+        object_schema(
+            {
+                "max_run": count("Longest blank run", "Blank lines kept in a row (default 1).", 0),
+                "rstrip": {
+                    "type": "boolean",
+                    "title": "Strip trailing spaces",
+                    "description": "Remove trailing whitespace from every line (default true).",
+                },
+            }
+        ),
+        "Fold runs of blank lines and trim trailing whitespace.",
+    ),
+]
+
+
+@hookimpl
+def ctxrules_register_actions(register: Callable[..., None]) -> None:
+    for name, factory, schema, description in ACTIONS:
+        register(name, factory, schema, description)

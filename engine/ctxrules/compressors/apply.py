@@ -1,0 +1,224 @@
+"""Run a rule's steps, then enforce the truthfulness rules that no rule can switch off.
+
+1. **Failures stay failures.** A run *failed* when its exit code is not 0, or, when the exit
+   code is unknown, when its output looks like a failure (:data:`FAILURE_TEXT`). Actions see
+   that verdict (``short_circuit`` refuses to summarize a failed run) and the last
+   ``failure_tail`` lines (at least :data:`~ctxrules.compressors.rules.FAILURE_TAIL`) of a
+   failed run are always in the result: lines a rule dropped are put back.
+2. **Every elision is marked.** Whatever original line no output line stands for gets a
+   marker ``[ctxrules:elided kind=lines count=N ref=vault://<id>#La-Lb]`` where it was; runs
+   of blank lines alone need none. Beyond ``max_markers`` runs, the closest runs share one
+   marker whose range spans them (it may include shown lines; ``count`` is what was elided).
+3. **Lossless means lossless.** For ``lossless: true`` rules every dropped line is put back
+   (rewrites and folds of identical lines stay).
+4. **Never larger.** A result that is not smaller than the input, in UTF-8 bytes, is no
+   result: the caller keeps the original.
+
+Put-back lines are the original lines without terminal escape sequences, placed after the
+last output line that comes from earlier in the original.
+"""
+
+from __future__ import annotations
+
+import bisect
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from ctxrules.compressors.lines import Line, Lines, RunInfo
+from ctxrules.compressors.rules import CompiledRule, CompressorError
+from ctxrules.vault import format_marker
+
+__all__ = ["FAILURE_TEXT", "Applied", "apply_rule", "looks_failed", "split_output"]
+
+FAILURE_TEXT = re.compile(
+    r"(?im)^.*(?:\b(?:error|fatal|panic|panicked|failed|failure|exception)\b"
+    r"|traceback \(most recent call last\)|command not found|no such file or directory)"
+)
+_ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b[@-Z\\-_]")
+
+
+def looks_failed(output: str) -> bool:
+    """Whether an output whose exit code is unknown reads like a failure (checked near its end,
+    where tools report the outcome)."""
+    return FAILURE_TEXT.search(output[-20_000:]) is not None
+
+
+def is_failure(exit_code: int | None, output: str) -> bool:
+    if exit_code is not None:
+        return exit_code != 0
+    return looks_failed(output)
+
+
+def split_output(output: str) -> tuple[list[str], bool]:
+    """Lines as the vault numbers them (only ``\\n`` ends a line), and a trailing newline flag."""
+    if not output:
+        return [], False
+    lines = output.split("\n")
+    trailing = output.endswith("\n")
+    if trailing:
+        lines.pop()
+    return lines, trailing
+
+
+@dataclass(frozen=True)
+class Applied:
+    text: str
+    lines_before: int
+    lines_after: int
+    elided: int
+    markers: int
+    failed: bool
+
+
+def _run_steps(rule: CompiledRule, items: list[str], run: RunInfo) -> list[str]:
+    for index, step in enumerate(rule.steps, 1):
+        try:
+            result = step.run(Lines(items, run))
+        except CompressorError:
+            raise
+        except Exception as exc:  # an action bug must name itself, not surface as a traceback
+            raise CompressorError(
+                f"compressor '{rule.id}', step {index} ({step.action}) failed: "
+                f"{type(exc).__name__}: {exc}"
+            ) from exc
+        if not isinstance(result, list | tuple) or not all(isinstance(x, str) for x in result):
+            raise CompressorError(
+                f"compressor '{rule.id}', step {index} ({step.action}) must return "
+                f"a list of str, got {type(result).__name__}"
+            )
+        items = list(result)
+    return items
+
+
+class _Placer:
+    """Where an original line goes back: after the last output item from earlier lines."""
+
+    def __init__(self, items: Sequence[str]) -> None:
+        keys: list[int] = []
+        key = 0
+        for item in items:
+            if isinstance(item, Line):
+                key = item.src[0]
+            keys.append(key)
+        order = sorted(range(len(items)), key=lambda j: keys[j])
+        self.sorted_keys = [keys[j] for j in order]
+        self.prefix_max: list[int] = []
+        best = -1
+        for j in order:
+            best = max(best, j)
+            self.prefix_max.append(best)
+
+    def position(self, line_no: int) -> int:
+        """Index in the item list before which something about ``line_no`` is inserted."""
+        count = bisect.bisect_left(self.sorted_keys, line_no)
+        return 0 if count == 0 else self.prefix_max[count - 1] + 1
+
+
+def _insert(items: list[str], inserts: list[tuple[int, float, str]]) -> list[str]:
+    """Insert ``(position, order, text)`` entries; stable by order at the same position."""
+    if not inserts:
+        return items
+    inserts.sort(key=lambda e: (e[0], e[1]))
+    out: list[str] = []
+    k = 0
+    for index, item in enumerate(items):
+        while k < len(inserts) and inserts[k][0] <= index:
+            out.append(inserts[k][2])
+            k += 1
+        out.append(item)
+    out.extend(entry[2] for entry in inserts[k:])
+    return out
+
+
+def _runs(missing: Sequence[int]) -> list[list[int]]:
+    runs: list[list[int]] = []
+    for line_no in missing:
+        if runs and runs[-1][1] == line_no - 1:
+            runs[-1][1] = line_no
+            runs[-1][2] += 1
+        else:
+            runs.append([line_no, line_no, 1])
+    return runs
+
+
+def _coalesce(runs: list[list[int]], limit: int) -> list[list[int]]:
+    """At most ``limit`` runs: merge across the smallest separations first."""
+    if len(runs) <= limit:
+        return runs
+    gaps = sorted(range(1, len(runs)), key=lambda i: (runs[i][0] - runs[i - 1][1], i))
+    cuts = set(sorted(gaps[len(gaps) - (limit - 1) :]) if limit > 1 else [])
+    merged: list[list[int]] = []
+    for i, run in enumerate(runs):
+        if merged and i not in cuts:
+            merged[-1][1] = run[1]
+            merged[-1][2] += run[2]
+        else:
+            merged.append(list(run))
+    return merged
+
+
+def apply_rule(
+    rule: CompiledRule,
+    output: str,
+    *,
+    command: str,
+    argv: tuple[str, ...],
+    exit_code: int | None,
+    vault_id: str,
+    lossless: bool = False,
+) -> Applied:
+    """The compressed output of ``rule`` on ``output``, with the engine's rules enforced."""
+    originals, trailing = split_output(output)
+    n = len(originals)
+    failed = is_failure(exit_code, output)
+    run = RunInfo(command, argv, exit_code, failed, n)
+    items = _run_steps(rule, [Line(text, (i, i)) for i, text in enumerate(originals, 1)], run)
+
+    shown = bytearray(n + 2)
+    for item in items:
+        if isinstance(item, Line):
+            a, b = item.src
+            if not 1 <= a <= b <= n:
+                raise CompressorError(
+                    f"compressor '{rule.id}': a line claims original lines {a}-{b} of {n}"
+                )
+            shown[a : b + 1] = b"\x01" * (b - a + 1)
+
+    placer = _Placer(items)
+    inserts: list[tuple[int, float, str]] = []
+
+    def put_back(line_no: int) -> None:
+        text = originals[line_no - 1]
+        if "\x1b" in text:
+            text = _ANSI.sub("", text)
+        inserts.append((placer.position(line_no), line_no, Line(text, (line_no, line_no))))
+        shown[line_no] = 1
+
+    if lossless or rule.lossless:
+        for line_no in range(1, n + 1):
+            if not shown[line_no]:
+                put_back(line_no)
+    elif failed:
+        for line_no in range(max(1, n - rule.failure_tail + 1), n + 1):
+            if not shown[line_no]:
+                put_back(line_no)
+
+    missing = [i for i in range(1, n + 1) if not shown[i]]
+    runs = [
+        r for r in _runs(missing) if any(originals[i - 1].strip() for i in range(r[0], r[1] + 1))
+    ]
+    runs = _coalesce(runs, rule.max_markers)
+    for first, last, count in runs:
+        marker = format_marker("lines", count, vault_id, lines=(first, last))
+        inserts.append((placer.position(first), first - 0.5, marker))
+    final = _insert(items, inserts)
+    text = "\n".join(final) + ("\n" if trailing and final else "")
+    return Applied(
+        text=text,
+        lines_before=n,
+        lines_after=len(final),
+        elided=len(missing),
+        markers=len(runs),
+        failed=failed,
+    )
