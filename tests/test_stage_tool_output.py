@@ -461,10 +461,13 @@ def test_real_transcripts_reduce_only_what_they_may_and_every_ref_is_the_exact_o
         if before["role"] == "tool" and names.get(before.get("tool_call_id")) in roles:
             assert after == before, i
     assert_markers_resolve(result.messages, session.vault)
-    expected = {"claudecode-fa812bfe": "handover", "claudecode-subagent-afc096d": "reduce",
-                "openhands-ponylang__ponyc-4595": None, "minisweagent-mwaskom__seaborn-3069": "reduce"}[name]
+    # Shell outputs may be compressed (level a) before they need a reduction (level b).
+    expected = {"claudecode-fa812bfe": {"handover"},
+                "claudecode-subagent-afc096d": {"reduce", "compress"},
+                "openhands-ponylang__ponyc-4595": set(),
+                "minisweagent-mwaskom__seaborn-3069": {"reduce", "compress"}}[name]
     found = {a["kind"] for a in outputs["actions"]}
-    assert (expected in found) if expected else found == set()
+    assert (found & expected) if expected else not found - {"compress"}
     # Invariant 4 through the session: preparing the same history again changes nothing.
     again = session.prepare(copy.deepcopy(history))
     assert again.messages == result.messages

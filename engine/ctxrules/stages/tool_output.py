@@ -299,6 +299,8 @@ class _Run:
             marker = format_marker("lines", dropped, vid, rule=result.rule_id)
             text = f"{text.rstrip(chr(10))}\n{marker}"
         new = {**msg, "content": text}
+        if tokens_saved(self.ctx, msg, new) <= 0:
+            return  # shorter in characters, not in tokens: not worth a marker
         self._commit(r.index, new, "compress",
                      f"compressor '{result.rule_id}': {result.lines_before} -> "
                      f"{result.lines_after} lines", vid)

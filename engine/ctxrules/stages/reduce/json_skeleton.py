@@ -5,7 +5,8 @@ what is missing:
 
 - an object with more keys than allowed keeps the first ones and gets ``"…": "N more keys"``;
 - a list with more items keeps its first and last items around ``"… N more items"``;
-- a container below the depth limit becomes ``"{…} N keys"`` / ``"[…] N items"``;
+- a non-empty container below the depth limit becomes ``"{…} N keys"`` / ``"[…] N items"``
+  (an empty one stays as it is: it is shorter than its summary);
 - a long string keeps its start and gets ``"… (+N chars)"``.
 
 :func:`reduce_json` embeds the marker that points to the whole original in the skeleton itself
