@@ -125,8 +125,9 @@ class BudgetPolicy:
     def from_pack(cls, data: Mapping[str, Any] | None) -> BudgetPolicy:
         """The policy of a resolved pack (its ``budgets:`` node; absent = no limits)."""
         node = (data or {}).get("budgets")
+        spawn_cap = _guards_max_descendants(data)
         if node is None:
-            return cls()
+            return cls(max_descendants=spawn_cap)
         if not isinstance(node, Mapping):
             raise UsageError("budgets: must be a mapping")
         levels = node.get("levels") or {}
@@ -188,10 +189,21 @@ class BudgetPolicy:
             limits=tuple(limits),
             actions=actions,
             timezone=tz,
-            max_descendants=int(node.get("max_descendants", DEFAULT_MAX_DESCENDANTS)),
+            max_descendants=int(node.get("max_descendants", spawn_cap)),
             burn_window_s=float(node.get("burn_window_s", DEFAULT_BURN_WINDOW_S)),
             prices=dict(node.get("prices") or {}),
         )
+
+
+def _guards_max_descendants(data: Mapping[str, Any] | None) -> int:
+    """``guards.subagents.max_descendants`` (the runtime's spawn cap), else 20: one number for
+    both, unless ``budgets.max_descendants`` says otherwise."""
+    guards = (data or {}).get("guards")
+    sub = guards.get("subagents") if isinstance(guards, Mapping) else None
+    value = sub.get("max_descendants") if isinstance(sub, Mapping) else None
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    return DEFAULT_MAX_DESCENDANTS
 
 
 def _share(value: Any, where: str) -> float:

@@ -112,10 +112,12 @@ class DimensionStatus:
         return max(0.0, self.limit - self.spent)
 
     def describe(self) -> str:
-        return f"{self.dimension} budget ({self.scope})"
+        return f"{self.dimension} ({self.scope})"
 
     def amount(self, value: float) -> str:
-        return f"${value:,.4f}" if self.unit == "usd" else f"{int(value):,} tokens"
+        if self.unit == "tokens":
+            return f"{int(value):,} tokens"
+        return f"${value:,.2f}" if value >= 10 else f"${value:,.4f}"
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -202,8 +204,8 @@ class BudgetStatus:
         d = self.binding
         assert d is not None
         return (
-            f"budget exceeded: the {d.describe()} is {d.amount(d.spent)} of {d.amount(d.limit)} "
-            f"({d.share:.0%}); no further model calls until it is reset "
+            f"budget exceeded: the {d.describe()} budget is {d.amount(d.spent)} of "
+            f"{d.amount(d.limit)} ({d.share:.0%}); no further model calls until it is reset "
             f"(ctxrules usage reset --dimension {d.dimension}) or raised in the pack's budgets:"
         )
 

@@ -1,0 +1,307 @@
+"""Budget levels OK -> WARNING -> FINALIZATION -> EXCEEDED through Session.prepare, with eco mode
+visible in the thresholds the pipeline used; sub-agent roll-up and the spawn cap."""
+
+from __future__ import annotations
+
+import json
+import types
+from pathlib import Path
+from typing import Any, ClassVar
+
+import jsonschema
+import pytest
+
+from ctxrules.budget import BudgetExceeded, Level, SpawnLimitExceeded, TokenUsage
+from ctxrules.budget.ledger import day_ledger_path
+from ctxrules.budget.notices import NOTICE_KIND, strip_tool_calls, strip_tool_calls_from_response
+from ctxrules.budget.policy import BudgetPolicy
+from ctxrules.budget.pricing import price_call, rates_for
+from ctxrules.budget.tracker import SessionLedger
+from ctxrules.engine import Engine
+from ctxrules.errors import UsageError
+from ctxrules.hookspecs import hookimpl
+from ctxrules.messages import injected_kind, is_real_user
+from ctxrules.resources import schema_path
+from ctxrules.stages.base import StageOutcome, StageType
+
+REPORT_SCHEMA = json.loads(schema_path("report.v1.schema.json").read_text())
+MODEL = "gpt-4o"
+
+
+class Probe:
+    """A content stage that records the thresholds and tier the pipeline handed it."""
+
+    seen: ClassVar[list[tuple[dict[str, float], str]]] = []
+
+    def __init__(self, options: dict[str, Any]) -> None:
+        pass
+
+    def __call__(self, messages: Any, ctx: Any) -> StageOutcome:
+        Probe.seen.append((dict(ctx.budget.thresholds), ctx.tier))
+        return StageOutcome(list(messages))
+
+
+def _plugin() -> Any:
+    @hookimpl
+    def ctxrules_register_stages(register: Any) -> None:
+        register(StageType("probe.budget", "content", Probe))
+
+    return types.SimpleNamespace(ctxrules_register_stages=ctxrules_register_stages)
+
+
+def make_engine(tmp_path: Path, budgets: str) -> Engine:
+    p = tmp_path / "pack.yaml"
+    p.write_text(
+        "apiVersion: ctxrules/v1\nkind: RulePack\nmetadata: {name: b, version: 1.0.0}\n"
+        "pipeline:\n  - {id: probe, use: probe.budget}\n" + budgets
+    )
+    Probe.seen = []
+    return Engine.load(p, plugins=[("probe", _plugin())])
+
+
+def convo(words: int) -> list[dict[str, Any]]:
+    return [
+        {"role": "system", "content": "You are terse."},
+        {"role": "user", "content": " ".join(["word"] * words)},
+    ]
+
+
+def usd_usage(usd: float) -> TokenUsage:
+    """Completion tokens of gpt-4o worth ``usd`` (at the registry's output rate)."""
+    rates = rates_for(MODEL)
+    assert rates is not None
+    return TokenUsage.of(completion=round(usd / rates.output))
+
+
+def test_levels_move_ok_warning_finalization_exceeded(tmp_path: Path) -> None:
+    e = make_engine(tmp_path, "budgets:\n  session: {usd: 1.0}\n")
+    msgs = convo(2_000)
+    tokens = e.session(tmp_path / "probe", model=MODEL).prepare(msgs).report["before"]["tokens"]
+    # A window where the messages are at 45% of the usable window: "monitor", "light" in eco mode.
+    s = e.session(tmp_path / "state" / "s1", model=MODEL, window=8192 + round(tokens / 0.45))
+    Probe.seen = []
+    levels, tiers, thresholds = [], [], []
+    for spend in (0.0, 0.85, 0.12, 0.05):
+        if spend:
+            s.record_usage(usd_usage(spend))
+        try:
+            r = s.prepare(msgs)
+        except BudgetExceeded as exc:
+            levels.append("exceeded")
+            assert "session (s1) budget" in str(exc) and "usage reset" in str(exc)
+            assert exc.status is not None and exc.status.level is Level.EXCEEDED
+            continue
+        jsonschema.validate(r.report, REPORT_SCHEMA)
+        levels.append(r.report["budget_status"]["level"])
+        tiers.append(r.report["before"]["tier"])
+        thresholds.append(r.report["budget"]["thresholds"])
+    assert levels == ["ok", "warning", "finalization", "exceeded"]
+    base = {"monitor": 0.40, "light": 0.50, "full": 0.70, "emergency": 0.90}
+    eco = {k: round(v * 0.8, 6) for k, v in base.items()}
+    assert thresholds == [base, eco, eco]
+    # The stage itself ran with the scaled thresholds, and saw the higher tier they imply.
+    assert [t for t, _ in Probe.seen] == [base, eco, eco]
+    assert tiers == ["monitor", "light", "light"]
+    assert [tier for _, tier in Probe.seen] == tiers
+
+
+def test_exceeded_refuses_before_any_stage_runs(tmp_path: Path) -> None:
+    e = make_engine(tmp_path, "budgets:\n  session: {tokens: 1000}\n")
+    s = e.session(tmp_path / "state" / "s1", model=MODEL)
+    s.record_usage({"prompt_tokens": 900, "completion_tokens": 200})
+    with pytest.raises(BudgetExceeded, match=r"1,100 tokens of 1,000 tokens \(110%\)"):
+        s.prepare(convo(5))
+    assert Probe.seen == []
+
+
+def test_notices_are_cache_safe_marked_and_not_repeated(tmp_path: Path) -> None:
+    e = make_engine(tmp_path, "budgets:\n  session: {usd: 1.0}\n")
+    s = e.session(tmp_path / "state" / "s1", model=MODEL)
+    msgs = convo(50)
+    plain = s.prepare(msgs).messages
+    s.record_usage(usd_usage(0.9))
+    r = s.prepare(msgs)
+    assert r.messages[:-1] == plain  # the prefix is untouched: the notice only appends
+    notice = r.messages[-1]
+    assert injected_kind(notice) == NOTICE_KIND and not is_real_user(notice)
+    assert "90%" in notice["content"] and "$0.9000 of $1.0000" in notice["content"]
+    assert r.report["budget_status"]["notice"] in notice["content"]
+    # The caller sends the output back: the same notice is not added a second time.
+    again = s.prepare(r.messages).messages
+    assert sum(injected_kind(m) == NOTICE_KIND for m in again) == 1
+    # FINALIZATION says "answer now" and asks for tool calls to be stripped.
+    s.record_usage(usd_usage(0.06))
+    fin = s.prepare(msgs)
+    assert "Answer now" in fin.messages[-1]["content"]
+    assert fin.report["budget_status"]["strip_tool_calls"] is True
+
+
+def test_custom_levels_and_disabled_actions(tmp_path: Path) -> None:
+    e = make_engine(
+        tmp_path,
+        """budgets:
+  session: {usd: 1.0, warning: 0.5}
+  levels:
+    warning: {eco: false, message: "Half the budget is gone ({share})."}
+    exceeded: {refuse: false}
+""",
+    )
+    s = e.session(tmp_path / "state" / "s1", model=MODEL)
+    s.record_usage(usd_usage(0.6))
+    r = s.prepare(convo(20))
+    assert r.report["budget_status"]["level"] == "warning"
+    assert r.report["budget"]["thresholds"]["monitor"] == 0.40  # eco off
+    assert "Half the budget is gone (60%)." in r.messages[-1]["content"]
+    s.record_usage(usd_usage(0.6))
+    assert s.prepare(convo(20)).report["budget_status"]["level"] == "exceeded"  # observe only
+
+
+def test_turn_cost_cache_savings_burn_rate_and_eta(tmp_path: Path) -> None:
+    e = make_engine(tmp_path, "budgets:\n  session: {usd: 10.0}\n")
+    s = e.session(tmp_path / "state" / "s1", model=MODEL)
+    t0 = 1_800_000_000.0
+    s.prepare(convo(10), clock=t0)
+    u = TokenUsage.of(prompt=100_000, completion=2_000, cached=80_000)
+    for i in range(4):
+        s.record_usage(u, at=t0 + 60 * i)
+    r = s.prepare(convo(10), clock=t0 + 240)
+    st = r.report["budget_status"]
+    cost = price_call(u, rates_for(MODEL, prompt_tokens=u.prompt))
+    assert cost is not None
+    assert st["turn"]["calls"] == 4
+    assert st["turn"]["usd"] == pytest.approx(4 * cost.total)
+    assert st["turn"]["cache_savings_usd"] == pytest.approx(4 * cost.cache_savings)
+    assert st["turn"]["cache_hit_share"] == pytest.approx(0.8)
+    # Four calls over the 240 s since the first: per-minute rates and the time left at them.
+    assert st["burn"]["usd_per_min"] == pytest.approx(4 * cost.total / 4.0)
+    assert st["burn"]["tokens_per_min"] == pytest.approx(4 * u.total / 4.0)
+    remaining = 10.0 - 4 * cost.total
+    assert st["eta_s"] == pytest.approx(remaining / (cost.total) * 60.0)
+    # The next turn counts only its own calls.
+    s.record_usage(u, at=t0 + 300)
+    nxt = s.prepare(convo(10), clock=t0 + 300)
+    assert nxt.report["budget_status"]["turn"]["calls"] == 1
+
+
+def test_no_budget_still_reports_cost(tmp_path: Path) -> None:
+    e = make_engine(tmp_path, "")
+    s = e.session(tmp_path / "state" / "s1", model="claude-sonnet-4-5")
+    s.record_usage({"input_tokens": 10, "output_tokens": 5, "cache_read_input_tokens": 2000})
+    st = s.prepare(convo(5)).report["budget_status"]
+    assert (
+        st["level"] == "ok" and st["dimensions"] == [] and st["totals"]["tokens"]["cached"] == 2000
+    )
+    assert st["totals"]["cache_savings_usd"] > 0
+
+
+def test_day_budget_follows_the_time_zone_and_resets(tmp_path: Path) -> None:
+    policy = BudgetPolicy.from_pack(
+        {"budgets": {"day": {"tokens": 1000, "timezone": "Asia/Tokyo"}}}
+    )
+    state = tmp_path / "state"
+    a = SessionLedger(state / "a", "a", model=MODEL, policy=policy)
+    b = SessionLedger(state / "b", "b", model=MODEL, policy=policy)
+    # 2024-01-01 14:30 UTC is 23:30 in Tokyo; 15:30 UTC is the next Tokyo day.
+    t = 1_704_119_400.0
+    a.record(TokenUsage.of(prompt=600), at=t)
+    b.record(TokenUsage.of(prompt=300), at=t + 60)
+    st = b.status(now=t + 120)
+    assert (st.level, st.dimensions[0].scope, st.dimensions[0].spent) == (
+        Level.WARNING,
+        "2024-01-01",
+        900,
+    )
+    assert b.status(now=t + 3600).dimensions[0].spent == 0  # a new day in Tokyo
+    # Both sessions wrote the same UTC day file.
+    assert (
+        len(
+            day_ledger_path(state, __import__("datetime").date(2024, 1, 1)).read_text().splitlines()
+        )
+        == 2
+    )
+    b.reset("day", now=t + 180)
+    assert b.status(now=t + 200).level is Level.OK
+
+
+def test_goal_budget_spans_sessions(tmp_path: Path) -> None:
+    policy = BudgetPolicy.from_pack({"budgets": {"goal": {"tokens": 100}}})
+    state = tmp_path / "state"
+    SessionLedger(state / "a", "a", model=MODEL, policy=policy, goal="fix-ci").record(
+        TokenUsage.of(prompt=60)
+    )
+    b = SessionLedger(state / "b", "b", model=MODEL, policy=policy, goal="fix-ci")
+    b.record(TokenUsage.of(prompt=45))
+    assert b.status().level is Level.EXCEEDED
+    # A session without that goal is not bound by it.
+    assert SessionLedger(state / "c", "c", model=MODEL, policy=policy).status().dimensions == []
+    with pytest.raises(UsageError, match="goal name"):
+        SessionLedger(state / "d", "d", goal="../etc")
+
+
+def test_sub_agent_costs_roll_up_to_the_root(tmp_path: Path) -> None:
+    e = make_engine(tmp_path, "budgets:\n  session: {tokens: 1000}\n")
+    root = e.session(tmp_path / "state" / "root", model=MODEL)
+    child = root.child("researcher")
+    grandchild = child.child("reader")
+    grandchild.record_usage(TokenUsage.of(prompt=700))
+    child.record_usage(TokenUsage.of(prompt=200))
+    st = root.ledger.status()
+    assert st.totals.tokens.prompt == 900 and st.level is Level.WARNING
+    assert child.ledger.root_id == root.id == grandchild.ledger.root_id
+    # The child works under the root's budget too, and a restart keeps the link.
+    reopened = SessionLedger(grandchild.path, grandchild.id, policy=root.ledger.policy)
+    assert reopened.root_id == root.id and reopened.status().totals.tokens.prompt == 900
+    root.record_usage(TokenUsage.of(prompt=150))
+    with pytest.raises(BudgetExceeded):
+        child.prepare(convo(5))
+
+
+def test_max_descendants_caps_spawning(tmp_path: Path) -> None:
+    policy = BudgetPolicy.from_pack({"budgets": {"max_descendants": 3}})
+    state = tmp_path / "state"
+    root = SessionLedger(state / "root", "root", policy=policy)
+    kids = [SessionLedger(state / f"k{i}", f"k{i}", policy=policy) for i in range(4)]
+    for k in kids[:3]:
+        root.register_child(k)
+    root.register_child(kids[0])  # registering the same session again is not a new spawn
+    with pytest.raises(SpawnLimitExceeded, match="max_descendants 3"):
+        kids[1].register_child(kids[3])  # counted per root, across the whole tree
+    assert BudgetPolicy().max_descendants == 20
+
+
+def test_strip_tool_calls_keeps_the_text() -> None:
+    msg = {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {"id": "a", "type": "function", "function": {"name": "Bash", "arguments": "{}"}}
+        ],
+    }
+    out = strip_tool_calls(msg)
+    assert out == {"role": "assistant", "content": ""} and "tool_calls" in msg
+    resp = {
+        "id": "r",
+        "choices": [
+            {
+                "index": 0,
+                "finish_reason": "tool_calls",
+                "message": {"role": "assistant", "content": "Final.", "tool_calls": [1]},
+            }
+        ],
+    }
+    stripped = strip_tool_calls_from_response(resp)
+    assert stripped["choices"][0] == {
+        "index": 0,
+        "finish_reason": "stop",
+        "message": {"role": "assistant", "content": "Final."},
+    }
+    assert resp["choices"][0]["finish_reason"] == "tool_calls"
+
+
+def test_bad_policy_values_are_clear_errors() -> None:
+    with pytest.raises(UsageError, match=r"warning .* below finalization"):
+        BudgetPolicy.from_pack(
+            {"budgets": {"session": {"usd": 1, "warning": 0.9, "finalization": 0.5}}}
+        )
+    with pytest.raises(UsageError, match="time zone"):
+        BudgetPolicy.from_pack({"budgets": {"day": {"usd": 1, "timezone": "Mars/Olympus"}}})
