@@ -9,6 +9,7 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from ctxrules.packs import source
 from ctxrules.packs.loader import PackLoader
 from ctxrules.packs.source import SourceDoc, YamlProblem, escape_token, parse_yaml
 
@@ -348,3 +349,43 @@ def test_same_values_as_pyyaml_and_a_position_for_each(data: dict[str, object], 
     for pointer in all_pointers(doc.data):
         line, col = doc.positions[pointer]
         assert 1 <= line <= len(lines) and 1 <= col <= len(lines[line - 1]) + 1
+    # libyaml (fast path) and the pure-Python parser agree exactly
+    fast = source._parse_fast(text, "p.yaml")
+    if fast is not None:
+        pure = source._parse_pure(text, "p.yaml")
+        assert (fast.data, fast.positions) == (pure.data, pure.positions)
+
+
+# -- libyaml fast path ----------------------------------------------------------------------
+
+needs_libyaml = pytest.mark.skipif(not yaml.__with_libyaml__, reason="PyYAML without libyaml")
+
+
+@needs_libyaml
+@pytest.mark.parametrize("path", sorted(Path(__file__).resolve().parents[1].joinpath("rules")
+                                        .rglob("*.yaml")), ids=lambda p: p.name)
+def test_fast_path_reads_builtin_packs_exactly_like_the_pure_parser(path: Path) -> None:
+    text = path.read_text(encoding="utf-8")
+    fast = source._parse_fast(text, "p.yaml")
+    assert fast is not None
+    pure = source._parse_pure(text, "p.yaml")
+    assert (fast.data, fast.positions) == (pure.data, pure.positions)
+
+
+@needs_libyaml
+@pytest.mark.parametrize("text", ["a: 1\na: 2\n", "a:\tb\n", "k: v\t\n", "a: [1\n",
+                                  "a: 1\n---\nb: 1\n", "a: b\x07\n", "a: &x {b: *x}\n",
+                                  "? [a]\n: 1\n"])
+def test_fast_path_leaves_every_problem_to_the_pure_parser(text: str) -> None:
+    """Tabs included: libyaml accepts 'a:<TAB>b', PyYAML does not; the answer must not depend
+    on whether libyaml is installed."""
+    assert source._parse_fast(text, "p.yaml") is None
+    with pytest.raises(YamlProblem):
+        parse_yaml(text, "p.yaml")
+
+
+def test_parsing_works_without_libyaml(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delattr(yaml, "CSafeLoader", raising=False)
+    doc = parse_yaml(BLOCK, "p.yaml")
+    assert doc.positions["/pipeline/1/use"] == (8, 22)
+    assert problem("a: 1\na: 2\n").code == "CR003"
