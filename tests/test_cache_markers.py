@@ -11,10 +11,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import TRANSCRIPTS
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import TRANSCRIPTS
 from ctxrules import Engine
 from ctxrules.logs import get_logger
 from ctxrules.messages import message_text
@@ -123,7 +123,7 @@ def actions(outcome: Any, kind: str) -> list[str]:
     return [a.detail for a in outcome.actions if a.kind == kind]
 
 
-# -- tool schemas ---------------------------------------------------------------------------------
+# -- tool schemas --------------------------------------------------------------------------------
 
 
 def test_normalized_tools_are_byte_identical_whatever_the_order() -> None:
@@ -147,7 +147,7 @@ def test_normalized_tools_are_byte_identical_whatever_the_order() -> None:
     ]  # input untouched
 
 
-# -- layers ---------------------------------------------------------------------------------------
+# -- layers --------------------------------------------------------------------------------------
 
 
 def test_prefix_layers() -> None:
@@ -170,7 +170,7 @@ def test_prefix_layers() -> None:
     assert (no_user.anchor, no_user.prefix_stop) == (None, 2)
 
 
-# -- breakpoints ------------------------------------------------------------------------------------
+# -- breakpoints ---------------------------------------------------------------------------------
 
 
 def test_anthropic_breakpoints_where_they_pay(tmp_path: Path) -> None:
@@ -284,7 +284,7 @@ def test_never_more_than_four_breakpoints(
     assert msgs == snapshot
 
 
-# -- prompt_cache_key --------------------------------------------------------------------------------
+# -- prompt_cache_key ----------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -322,7 +322,7 @@ def test_sub_agent_sessions_inherit_the_cache_key(tmp_path: Path) -> None:
     assert out.request["prompt_cache_key"] == "scoped"
 
 
-# -- tool narrowing -------------------------------------------------------------------------------------
+# -- tool narrowing ------------------------------------------------------------------------------
 
 
 def test_allowed_tools_option_narrows_without_editing_the_list(tmp_path: Path) -> None:
@@ -360,7 +360,7 @@ def test_narrowing_on_anthropic_is_reported_as_a_tools_break(tmp_path: Path) -> 
     assert out.warnings == ["prefix cache broke: tools changed (removed: Edit, Grep)"]
 
 
-# -- why the cache broke ------------------------------------------------------------------------------
+# -- why the cache broke -------------------------------------------------------------------------
 
 
 def _with(msgs: list[dict[str, Any]], i: int, content: str) -> list[dict[str, Any]]:
@@ -426,7 +426,7 @@ def test_model_change_history_rewrite_and_expiry_are_reported(tmp_path: Path) ->
     assert actions(idle, "cache_prefix")
 
 
-# -- replay of a real transcript ------------------------------------------------------------------------
+# -- replay of a real transcript -----------------------------------------------------------------
 
 
 def transcript_tools(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -476,7 +476,8 @@ def test_replay_keeps_the_stable_prefix_byte_identical(
         previous = current
     share = same / compared
     print(
-        f"\nreplay {name} with {model}: {len(ends)} calls, stable prefix identical on {same}/{compared} "
+        f"\nreplay {name} with {model}: {len(ends)} calls, "
+        f"stable prefix identical on {same}/{compared} "
         f"calls without compaction ({share:.1%}), cache breaks reported: {breaks}, "
         f"{(time.perf_counter() - started) / len(ends) * 1000:.1f} ms per prepare"
     )

@@ -13,12 +13,13 @@ from typing import Any
 
 import pytest
 
-from ctxrules.testing.pytest_plugin import (  # noqa: F401  (fixtures used by name)
-    assemble_prompt,
-    ctxrules_pack,
-    prompt_cases,
-    prompt_snapshot,
-)
+from ctxrules.testing import pytest_plugin
+from ctxrules.testing.pytest_plugin import prompt_cases
+
+# The plugin's fixtures, for a source checkout where its pytest11 entry point is not installed.
+assemble_prompt = pytest_plugin.assemble_prompt
+ctxrules_pack = pytest_plugin.ctxrules_pack
+prompt_snapshot = pytest_plugin.prompt_snapshot
 
 
 @pytest.mark.parametrize(("mode", "entry"), prompt_cases("builtin:default"))
