@@ -1,0 +1,197 @@
+"""``compress.intent``: the compression intent and the protection it gives."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+from compress_kit import filler, make_ctx, step, system, user
+from conftest import TRANSCRIPTS
+
+from ctxrules import Engine
+from ctxrules.messages import mark_injected, pair_tool_calls, pinned_indices
+from ctxrules.stages.base import options_schema_for
+from ctxrules.stages.intent import STAGE_TYPE, IntentStage, build_intent, extract_terms
+
+Msg = dict[str, Any]
+
+
+# --- extraction ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("text", "files", "modules"), [
+    ("Please fix src/x.py", ["src/x.py"], []),
+    ("see a/b/c.ts and ./run.sh", ["a/b/c.ts", "run.sh"], []),
+    ("/abs/path/Makefile.am, ../up.py and ~/h.toml",
+     ["/abs/path/Makefile.am", "../up.py", "~/h.toml"], []),
+    ("edit setup.cfg then README.md.", ["setup.cfg", "README.md"], []),
+    ("import ctxrules.stages.base and django.db.models", [],
+     ["ctxrules.stages.base", "django.db.models"]),
+    ("e.g. self.value, ds.Rows, np.array(x), github.com, v1.2.3, i.e. done", [], []),
+    ("https://github.com/o/r/blob/main/x.py is a URL", [], []),
+    ("src/x.pyc is not src/x.py", ["src/x.pyc", "src/x.py"], []),
+    ("the notes.txt", ["notes.txt"], []),
+    ("nothing here at all", [], []),
+])
+def test_extract_terms(text: str, files: list[str], modules: list[str]) -> None:
+    assert extract_terms(text) == (files, modules)
+
+
+def test_extract_terms_caps_the_number_of_terms() -> None:
+    text = " ".join(f"pkg/mod{i}.py" for i in range(100))
+    assert len(extract_terms(text, limit=10)[0]) == 10
+
+
+def test_intent_reads_the_latest_real_user_message_recent_steps_and_failures() -> None:
+    msgs = [system(), user("Look at old/first.py"),
+            *step("a", "ok", text="I will check lib/util.py next"),
+            *step("b", "Traceback (most recent call last):\nboom\nExit code 1"),
+            user("Now fix src/x.py in package app.core.parser"),
+            mark_injected(user("<ctxrules:notes> mentions secret/ignored.py"), "notes"),
+            *step("c", "fine", text="Editing src/y.py")]
+    pack = make_ctx(Path("/nonexistent")).pack
+    intent = build_intent(msgs, pack)
+    # The ask first, then the assistant's text in the newest 3 steps, newest first.
+    assert intent.files == ["src/x.py", "src/y.py", "lib/util.py"]
+    assert intent.modules == ["app.core.parser"]
+    assert intent.failed_calls == ["b"]
+    assert build_intent(msgs, pack, history_steps=2).files == ["src/x.py", "src/y.py"]
+    narrow = build_intent(msgs, pack, history_steps=0, failed_steps=1)
+    assert narrow.files == ["src/x.py"] and narrow.failed_calls == []
+
+
+# --- protection ---------------------------------------------------------------------------------
+
+
+def history(old_lines: int = 40) -> list[Msg]:
+    return [system(), user("Get started."),
+            *step("r1", filler(old_lines, "xpy") + "def parse(): pass  # src/x.py\n", name="Read",
+                  file_path="/repo/src/x.py"),
+            *step("r2", filler(old_lines, "other"), name="Read", file_path="/repo/src/other.py"),
+            *step("g1", "src/x.py:10: match\nsrc/z.py:3: match", name="Grep", pattern="parse"),
+            *step("b1", filler(old_lines, "bash")),
+            user("Now change src/x.py and app.mod"),
+            *step("n1", "app/mod.py imported fine")]
+
+
+def test_matching_messages_and_their_call_halves_are_protected(tmp_path: Path) -> None:
+    msgs = history()
+    ctx = make_ctx(tmp_path)
+    out = IntentStage({})(msgs, ctx)
+    assert out.messages == msgs and all(a is b for a, b in zip(out.messages, msgs, strict=True))
+    protected = {i for i, m in enumerate(msgs) if id(m) in ctx.protected}
+    # Read of src/x.py (call in the arguments, result), the grep hit; pins are never listed.
+    assert protected == {2, 3, 6, 7}
+    assert ctx.state["intent"]["files"] == ["src/x.py"]
+    assert ctx.state["intent"]["modules"] == ["app.mod"]
+    assert out.actions[0].kind == "intent" and "src/x.py" in out.actions[0].detail
+
+
+def test_module_matches_its_path_form(tmp_path: Path) -> None:
+    msgs = [system(), user("hi"), *step("a", "loaded app/mod.py ok"), *step("b", "other"),
+            user("what does app.mod do?")]
+    ctx = make_ctx(tmp_path)
+    IntentStage({})(msgs, ctx)
+    assert {i for i, m in enumerate(msgs) if id(m) in ctx.protected} == {2, 3}
+
+
+def test_failed_calls_are_protected_within_the_window(tmp_path: Path) -> None:
+    msgs = [system(), user("go"), *step("old", "Error: bad\nExit code 1"),
+            *[m for n in range(6) for m in step(f"s{n}", "ok")],
+            *step("new", "fatal: not a repo\nExit code 128"), *step("last", "ok")]
+    ctx = make_ctx(tmp_path)
+    IntentStage({"failed_steps": 3})(msgs, ctx)
+    protected = {msgs[i].get("tool_call_id") or msgs[i]["tool_calls"][0]["id"]
+                 for i, m in enumerate(msgs) if id(m) in ctx.protected}
+    assert protected == {"new"}
+
+
+def test_protection_is_capped_newest_first(tmp_path: Path) -> None:
+    msgs = [system(), user("start"),
+            *[m for n in range(12) for m in step(f"s{n}", filler(60, f"n{n}") + "see src/x.py\n")],
+            *step("z", "ok"), user("fix src/x.py")]
+    ctx = make_ctx(tmp_path, window=32_000)
+    out = IntentStage({"max_share": 0.1})(msgs, ctx)
+    counts = ctx.counter.count_each(msgs)
+    protected = sorted(i for i, m in enumerate(msgs) if id(m) in ctx.protected)
+    assert sum(counts[i] for i in protected) <= 0.1 * ctx.budget.usable
+    assert protected and protected[-1] == len(msgs) - 4, "the newest match is kept first"
+    assert "over the cap" in out.actions[0].detail
+
+
+def test_nothing_to_protect_is_silent(tmp_path: Path) -> None:
+    msgs = [system(), user("hello"), *step("a", "ok")]
+    ctx = make_ctx(tmp_path)
+    out = IntentStage({})(msgs, ctx)
+    assert out.actions == [] and ctx.protected == set()
+
+
+def test_option_schema_documents_every_option() -> None:
+    schema = options_schema_for(STAGE_TYPE)
+    jsonschema.Draft202012Validator.check_schema(schema)
+    for name, prop in schema["properties"].items():
+        assert prop.get("title") and prop.get("description"), name
+    defaults = {k: v["default"] for k, v in schema["properties"].items()}
+    jsonschema.validate(defaults, schema)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({"max_share": 2}, schema)
+
+
+def test_golden_openhands_transcript(tmp_path: Path) -> None:
+    """The SDK transcript works on telemetry/hello.py: its ask and the steps that touch the
+    file are the intent."""
+    msgs = json.loads((TRANSCRIPTS / "openhands-sdk-claude-sonnet-4-1757015046.json").read_text())
+    ctx = make_ctx(tmp_path)
+    IntentStage({})(msgs, ctx)
+    assert "hello.py" in ctx.state["intent"]["files"]
+    pairing = pair_tool_calls(msgs)
+    halves: dict[int, set[int]] = {}
+    for result, (owner, _) in pairing.call_of.items():
+        halves.setdefault(result, set()).add(owner)
+        halves.setdefault(owner, set()).add(result)
+    mentions = {i for i, m in enumerate(msgs) if "hello.py" in json.dumps(m)}
+    protected = {i for i, m in enumerate(msgs) if id(m) in ctx.protected}
+    assert protected
+    for i in protected:
+        assert i in mentions or halves.get(i, set()) & mentions, i
+    pins = pinned_indices(msgs)
+    assert mentions - pins - {h for i in mentions for h in halves.get(i, ())} <= protected
+
+
+# --- the proof the issue asks for ---------------------------------------------------------------
+
+
+def proof_history() -> list[Msg]:
+    """An old assistant message that names src/x.py, then enough steps to reach the full tier
+    of a 32K window, then a latest ask that names src/x.py again."""
+    old_text = "Notes on src/x.py: the tokenizer splits on spaces only.\n" + filler(90, "analysis")
+    msgs: list[Msg] = [system(), user("Get familiar with the parser package."),
+                       *step("old", "listing done", text=old_text, command="ls src")]
+    for n in range(26):
+        msgs += step(f"s{n}", filler(36, f"step{n}"), command=f"make check-{n}")
+    msgs.append(user("Now change src/x.py so that the tokenizer handles tabs."))
+    return msgs
+
+
+def test_an_old_message_naming_the_focus_file_survives_the_full_tier(tmp_path: Path) -> None:
+    msgs = proof_history()
+    engine = Engine.load("builtin:default")
+    session = engine.session(tmp_path / "on", model="gpt-4o", window=32_000)
+    assert session.budget.tier(session.counter.count_messages(msgs)) == "full"
+    result = session.prepare(msgs)
+    ran = {s["id"] for s in result.report["stages"] if s["ran"] and s["tokens_saved"] > 0}
+    assert "remove" in ran, result.report["stages"]
+    assert msgs[2] in result.messages and msgs[3] in result.messages
+
+    (tmp_path / "no-intent.yaml").write_text(
+        "apiVersion: ctxrules/v1\nkind: RulePack\n"
+        "metadata: {name: no-intent, version: 1.0.0}\n"
+        "extends: [builtin:default]\n"
+        "pipeline:\n  - {id: intent, enabled: false}\n")
+    off = Engine.load(tmp_path / "no-intent.yaml")
+    assert "intent" not in [p.id for p in off.plan]
+    result = off.session(tmp_path / "off", model="gpt-4o", window=32_000).prepare(msgs)
+    assert msgs[2] not in result.messages, "without the intent the old message is compressed"
