@@ -1,0 +1,171 @@
+"""``compress.emergency``: the guarantee that the output fits whenever the pins alone fit."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+from compress_kit import (
+    clone,
+    expand,
+    filler,
+    make_ctx,
+    recovers,
+    step,
+    system,
+    text_of,
+    user,
+)
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from invariants import pairing_problems
+
+from ctxrules import Engine
+from ctxrules.messages import is_injected, pinned_indices
+from ctxrules.pipeline.context import StageContext
+from ctxrules.stages.base import options_schema_for
+from ctxrules.stages.compress_emergency import STAGE_TYPE, Emergency
+
+Msg = dict[str, Any]
+ALL_CRITICAL = [{"id": "all", "match": {}, "priority": "critical"}]
+
+
+def emergency_ctx(tmp_path: Path, window: int, **kw: Any) -> StageContext:
+    ctx = make_ctx(tmp_path, window=window, target=kw.pop("target", "full"), **kw)
+    ctx.pack["priorities"] = ALL_CRITICAL
+    return ctx
+
+
+def pins_unchanged(before: list[Msg], after: list[Msg]) -> None:
+    kept = [before[i] for i in sorted(pinned_indices(before))]
+    assert [m for m in after if m in kept] == kept
+
+
+def test_below_target_and_emergency_nothing_happens(tmp_path: Path) -> None:
+    msgs = [system(), user("hi"), *step("a", "ok")]
+    out = Emergency({})(msgs, emergency_ctx(tmp_path, 32_000))
+    assert out.messages == msgs and out.actions == [] and out.warnings == []
+
+
+def test_protected_critical_and_tail_content_is_cut_first(tmp_path: Path) -> None:
+    msgs = [system(), user("start"),
+            *[m for n in range(6) for m in step(f"s{n}", filler(260, f"big{n}"))],
+            user("continue"), *step("last", "ok")]
+    window = int(make_ctx(tmp_path).count(msgs) / 0.95) + 8192
+    ctx = emergency_ctx(tmp_path, window, tail_budget=0.6, protected=[id(m) for m in msgs])
+    assert ctx.budget.tier(ctx.count(msgs)) == "emergency"
+    before = clone(msgs)
+    out = Emergency({})(msgs, ctx)
+    assert msgs == before
+    assert ctx.below(out.messages, "full")
+    assert {a.kind for a in out.actions} == {"truncate"}, "cutting was enough: nothing removed"
+    assert any("protected" in a.detail for a in out.actions)
+    assert any("tail" in a.detail for a in out.actions)
+    for old, new in zip(msgs, out.messages, strict=True):
+        assert recovers(text_of(old), text_of(new), ctx.vault)
+    pins_unchanged(msgs, out.messages)
+
+
+def test_whole_units_go_when_cuts_are_not_enough(tmp_path: Path) -> None:
+    # Many medium results (under max_tokens: nothing to cut) and old real user messages.
+    msgs: list[Msg] = [system(), user("start")]
+    for n in range(40):
+        msgs += step(f"s{n}", filler(40, f"m{n}"))
+        if n % 10 == 5:
+            msgs.append(user(f"also check item {n}"))
+    msgs += [user("latest ask"), *step("last", "ok")]
+    ctx = emergency_ctx(tmp_path, 32_000, protected=[id(m) for m in msgs])
+    assert ctx.budget.tier(ctx.count(msgs)) == "emergency"
+    out = Emergency({})(msgs, ctx)
+    assert ctx.below(out.messages, "full")
+    assert pairing_problems(out.messages) == []
+    assert "remove" in {a.kind for a in out.actions}
+    assert expand(out.messages, ctx.vault) == msgs
+    pins_unchanged(msgs, out.messages)
+    assert out.warnings == []
+
+
+def test_pinned_too_big_for_the_threshold_but_within_the_window(tmp_path: Path) -> None:
+    msgs = [system(), user("start"),
+            *[m for n in range(10) for m in step(f"s{n}", filler(40, f"a{n}"))],
+            user("latest: " + filler(1290, "huge"))]  # floor ~22.5K: above 21.4K, below 23.8K
+    ctx = emergency_ctx(tmp_path, 32_000)
+    out = Emergency({})(msgs, ctx)
+    floor = [msgs[i] for i in sorted(pinned_indices(msgs))]
+    assert floor == [msgs[0], msgs[1], msgs[-3], msgs[-2], msgs[-1]]
+    assert [m for m in out.messages if not is_injected(m)] == floor
+    assert len(out.warnings) == 1 and "still fits the usable window" in out.warnings[0]
+    assert out.actions[-1].kind == "overflow"
+
+
+def test_pinned_larger_than_the_window_is_reported(tmp_path: Path) -> None:
+    msgs = [system(), user("start"), *step("a", "ok"), *step("b", filler(1600, "newest"))]
+    ctx = emergency_ctx(tmp_path, 32_000)
+    out = Emergency({})(msgs, ctx)
+    assert out.warnings and "do not fit the usable window" in out.warnings[0]
+    pins_unchanged(msgs, out.messages)
+
+
+@settings(max_examples=40, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    sizes=st.lists(st.integers(min_value=1, max_value=400), min_size=1, max_size=30),
+    users=st.sets(st.integers(min_value=0, max_value=29), max_size=5),
+    protect=st.sets(st.integers(min_value=0, max_value=80), max_size=20),
+    latest=st.integers(min_value=1, max_value=1500),
+    window=st.sampled_from([16_000, 32_000, 64_000]),
+)
+def test_output_fits_whenever_the_pinned_floor_fits(
+        tmp_path: Path, sizes: list[int], users: set[int], protect: set[int], latest: int,
+        window: int) -> None:
+    msgs: list[Msg] = [system(), user("the first ask")]
+    for n, lines in enumerate(sizes):
+        msgs += step(f"c{n}", filler(lines, f"r{n}"))
+        if n in users:
+            msgs.append(user(f"more {n}"))
+    msgs[-1] = {**msgs[-1], "content": filler(latest, "newest")}
+    ctx = emergency_ctx(tmp_path, window, protected=[id(msgs[i]) for i in protect if i < len(msgs)])
+    out = Emergency({})(msgs, ctx)
+    assert pairing_problems(out.messages) == []
+    pins_unchanged(msgs, out.messages)
+    assert expand([m for m in out.messages], ctx.vault) == msgs or any(
+        a.kind == "truncate" for a in out.actions)
+    if ctx.budget.utilization(ctx.count(out.messages)) >= ctx.budget.thresholds["emergency"]:
+        # Only the floor is left: the pins and at most one placeholder per gap between them.
+        pinned = [msgs[i] for i in sorted(pinned_indices(msgs))]
+        assert [m for m in out.messages if not is_injected(m)] == pinned
+        gaps = len(pinned) + 1
+        assert sum(1 for m in out.messages if is_injected(m)) <= gaps
+        assert out.warnings
+
+
+def test_end_to_end_with_everything_critical(tmp_path: Path) -> None:
+    """Through the Engine: a pack that makes every message critical leaves the regular stages
+    nothing to do; the emergency pass still brings the output under the threshold."""
+    (tmp_path / "all-critical.yaml").write_text(
+        "apiVersion: ctxrules/v1\nkind: RulePack\n"
+        "metadata: {name: all-critical, version: 1.0.0}\n"
+        "extends: [builtin:default]\n"
+        "priorities:\n  - {id: everything, match: {}, priority: critical, before: errors}\n")
+    engine = Engine.load(tmp_path / "all-critical.yaml")
+    msgs = [system(), user("start"),
+            *[m for n in range(30) for m in step(f"s{n}", filler(70, f"e{n}"))],
+            user("go on"), *step("last", "ok")]
+    session = engine.session(tmp_path / "s", model="gpt-4o", window=32_000)
+    result = session.prepare(msgs)
+    stages = {s["id"]: s for s in result.report["stages"]}
+    assert stages["emergency"]["ran"] and stages["emergency"]["tokens_saved"] > 0
+    assert result.report["after"]["tier"] not in ("emergency",)
+    assert result.report["after"]["utilization"] < 0.9
+
+
+def test_option_schema_documents_every_option() -> None:
+    schema = options_schema_for(STAGE_TYPE)
+    jsonschema.Draft202012Validator.check_schema(schema)
+    assert "target" in schema["properties"]
+    for name, prop in schema["properties"].items():
+        assert prop.get("title") and prop.get("description"), name
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({"max_tokens": "big"}, schema)
