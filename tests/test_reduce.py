@@ -9,10 +9,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import COMMAND_OUTPUTS
+from filtering_kit import original_lines
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import COMMAND_OUTPUTS
 from ctxrules.stages.reduce import (
     JsonLimits,
     detect,
@@ -26,7 +27,6 @@ from ctxrules.stages.reduce import (
 from ctxrules.stages.reduce.json_skeleton import reduce_json, skeleton
 from ctxrules.tokens import TokenCounter
 from ctxrules.vault import Vault, parse_markers
-from filtering_kit import original_lines
 
 COUNT = TokenCounter.for_tokenizer("o200k_base").count_text
 
@@ -41,9 +41,9 @@ def _depth(value: Any) -> int:
 
 
 def _records(n: int) -> str:
+    owner = {"name": "x" * 30, "deep": {"deeper": [1, 2]}}
     return json.dumps({"total": n, "items": [
-        {"id": i, "name": f"item-{i}", "tags": ["a", "b", "c"], "meta": {"owner": {"name": "x" * 30,
-                                                                                 "deep": {"deeper": [1, 2]}}},
+        {"id": i, "name": f"item-{i}", "tags": ["a", "b", "c"], "meta": {"owner": owner},
          **{f"k{j}": j for j in range(20)}} for i in range(n)]}, indent=2)
 
 
@@ -59,7 +59,8 @@ def _records(n: int) -> str:
     ("<div><p>unclosed</div>", "text"),
     ("a,b,c\n1,2,3\n4,5,6\n7,8,9\n10,11,12\n", "csv"),
     ("a\tb\n1\t2\n3\t4\n5\t6\n7\t8\n", "csv"),
-    ("Hello, world.\nThis is prose, with commas, here and there.\nAnd more.\nok\nfine, yes\n", "text"),
+    ("Hello, world.\nThis is prose, with commas, here and there.\nAnd more.\nok\nfine, yes\n",
+     "text"),
     ("just text\n", "text"),
 ])
 def test_detect_tells_formats_apart(text: str, fmt: str) -> None:
@@ -177,9 +178,11 @@ def test_text_head_and_tail_cut_whole_lines_that_come_back_byte_identical(tmp_pa
     reduced = reduce_lines(original, vault_id=vid, budget_tokens=600, count=COUNT)
     assert reduced is not None and reduced.lines_elided > 1000
     assert COUNT(reduced.text) <= 600
-    assert reduced.text.startswith("line 0: \r\nline 1\n") and reduced.text.endswith("the end, no newline")
+    assert reduced.text.startswith("line 0: \r\nline 1\n")
+    assert reduced.text.endswith("the end, no newline")
     (first, last), = reduced.ranges
-    assert vault.get_lines(vid, first, last).decode() == "".join(original_lines(original)[first - 1:last])
+    cut = "".join(original_lines(original)[first - 1:last])
+    assert vault.get_lines(vid, first, last).decode() == cut
     assert _rebuild(reduced.text, vault) == original
 
 
@@ -194,7 +197,8 @@ def test_text_keeps_more_head_than_tail_by_head_share() -> None:
 
 
 def test_a_long_line_is_clipped_with_a_marker_for_that_very_line(tmp_path: Path) -> None:
-    lines = [f"short {i}\n" for i in range(20)] + ["L" * 20_000 + "\n"] + [f"end {i}\n" for i in range(5)]
+    lines = [f"short {i}\n" for i in range(20)] + ["L" * 20_000 + "\n"]
+    lines += [f"end {i}\n" for i in range(5)]
     original = "".join(lines)
     vault = Vault(tmp_path / "v")
     vid = vault.put_text(original)
@@ -209,7 +213,8 @@ def test_a_single_huge_line_keeps_its_start_and_end(tmp_path: Path) -> None:
     original = "A" * 10_000 + "MIDDLE" + "Z" * 10_000
     reduced = reduce_lines(original, vault_id="c" * 64, budget_tokens=300, count=COUNT)
     assert reduced is not None
-    assert reduced.text.startswith("A") and reduced.text.endswith("Z") and "MIDDLE" not in reduced.text
+    assert reduced.text.startswith("A") and reduced.text.endswith("Z")
+    assert "MIDDLE" not in reduced.text
     assert parse_markers(reduced.text)[0].lines == (1, 1)
 
 
@@ -237,8 +242,10 @@ def test_csv_keeps_the_header_and_first_and_last_rows(tmp_path: Path) -> None:
 
 
 def test_xml_keeps_the_tree_shape_and_stays_well_formed(tmp_path: Path) -> None:
-    items = "".join(f'<item id="{i}"><name>n{i}</name><desc>{"d" * 300}</desc></item>' for i in range(400))
-    original = f'<?xml version="1.0"?><catalog version="2"><meta><a><b><c><d>deep</d></c></b></a></meta>{items}</catalog>'
+    items = "".join(f'<item id="{i}"><name>n{i}</name><desc>{"d" * 300}</desc></item>'
+                    for i in range(400))
+    meta = "<meta><a><b><c><d>deep</d></c></b></a></meta>"
+    original = f'<?xml version="1.0"?><catalog version="2">{meta}{items}</catalog>'
     vault = Vault(tmp_path / "v")
     vid = vault.put_text(original)
     reduced = reduce_structured(original, vault_id=vid, budget_tokens=800, count=COUNT,
@@ -306,7 +313,8 @@ def test_handover_extracts_done_todo_risks_and_files() -> None:
 
 
 def test_handover_falls_back_to_past_tense_lines_for_done() -> None:
-    h = extract_handover("Fixed the flaky test in tests/a_test.go\nRan the suite: all green\nnothing else")
+    h = extract_handover("Fixed the flaky test in tests/a_test.go\nRan the suite: all green\n"
+                         "nothing else")
     assert h.done == ["Fixed the flaky test in tests/a_test.go", "Ran the suite: all green"]
     assert h.todo == [] and h.files == ["tests/a_test.go"]
 
@@ -314,7 +322,7 @@ def test_handover_falls_back_to_past_tense_lines_for_done() -> None:
 def test_handover_text_keeps_head_tail_and_a_pointer(tmp_path: Path) -> None:
     original = HANDOVER + "".join(f"detail {i}\n" for i in range(2000))
     vid = text_vault_id(original)
-    text, h = handover_text(original, vault_id=vid, keep_tokens=300, count=COUNT)
+    text, _h = handover_text(original, vault_id=vid, keep_tokens=300, count=COUNT)
     assert text.startswith("[ctxrules:elided kind=lines")
     assert "done:\n- Moved the parser" in text and "files: src/parser/core.py" in text
     assert "detail 1999" in text and "I finished the refactor." in text

@@ -11,23 +11,24 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from conftest import transcript_paths
-from ctxrules import Engine
-from ctxrules.compressors.api import CompressResult
-from ctxrules.hookspecs import hookimpl
-from ctxrules.messages import pinned_indices
-from ctxrules.stages.tool_output import STAGE_TYPE, ToolOutputFilter, keep_ratio
-from ctxrules.vault import parse_markers
 from filtering_kit import (
     Msg,
     assert_markers_resolve,
+    call,
     make_ctx,
     step,
     text_of,
     user,
 )
 from invariants import pairing_problems
+
+from ctxrules import Engine
+from ctxrules.compressors.api import CompressResult
+from ctxrules.hookspecs import hookimpl
+from ctxrules.messages import pinned_indices
+from ctxrules.stages.tool_output import STAGE_TYPE, ToolOutputFilter, keep_ratio
+from ctxrules.vault import parse_markers
 
 BIG_TEXT = "".join(f"collecting item {i} ... ok\n" for i in range(3000))  # 85K chars, ~24K tokens
 BIG_JSON = json.dumps({"results": [{"id": i, "path": f"src/m{i}.py", "score": i / 3,
@@ -116,9 +117,8 @@ def test_a_step_whose_outputs_together_exceed_turn_tokens_is_capped(tmp_path: Pa
 def test_exempt_outputs_count_toward_the_turn_but_are_not_reduced(tmp_path: Path) -> None:
     file_text = "".join(f"    code line {i}\n" for i in range(1600))  # ~8K tokens, a file read
     log = "".join(f"log entry {i}: something happened\n" for i in range(700))  # ~4.9K tokens
-    calls = [{"id": "r", "type": "function", "function": {"name": "Read", "arguments": '{"file_path": "a.py"}'}},
-             {"id": "b", "type": "function", "function": {"name": "Bash", "arguments": '{"command": "make"}'}},
-             {"id": "c", "type": "function", "function": {"name": "Bash", "arguments": '{"command": "make"}'}}]
+    calls = [call("r", "Read", file_path="a.py"), call("b", command="make"),
+             call("c", command="make")]
     block: list[Msg] = [{"role": "assistant", "content": None, "tool_calls": calls},
                         {"role": "tool", "tool_call_id": "r", "content": file_text},
                         {"role": "tool", "tool_call_id": "b", "content": log},
@@ -165,10 +165,11 @@ def test_pinned_outputs_are_not_reduced_but_are_spilled_over_spill_chars(tmp_pat
 def test_the_hard_spill_applies_to_every_message_role_and_to_protected_ones(tmp_path: Path) -> None:
     huge = "x" * 120_000
     system = {"role": "system", "content": huge}
-    anchor = {"role": "user", "content": [{"type": "text", "text": "short"}, {"type": "text", "text": huge}]}
+    anchor = {"role": "user", "content": [{"type": "text", "text": "short"},
+                                          {"type": "text", "text": huge}]}
     reply = {"role": "assistant", "content": huge}
     messages = [system, anchor, reply, user("latest")]
-    out, outcome, ctx = run(messages, tmp_path, protected=[id(reply)])
+    out, outcome, _ctx = run(messages, tmp_path, protected=[id(reply)])
     assert [a.kind for a in outcome.actions] == ["spill", "spill", "spill"]
     assert out[1]["content"][0] == {"type": "text", "text": "short"}
     assert out[1]["content"][1]["text"].startswith("[ctxrules:elided kind=lines count=1 ")
@@ -249,7 +250,8 @@ def test_shell_outputs_go_through_the_compressors_with_command_and_exit_code(
     assert ctx.vault.get_text(marker.vault_id) == status
 
 
-def test_a_compressor_marker_is_not_doubled(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_compressor_marker_is_not_doubled(tmp_path: Path,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
     _fake_compressors(monkeypatch, [], with_marker=True)
     messages = convo(step("g", "modified: some/file.py\n" * 40, command="git status"))
     out, _, _ = run(messages, tmp_path)
@@ -260,13 +262,13 @@ def test_a_failing_compressor_is_a_warning_not_a_lost_run(tmp_path: Path,
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     _fake_compressors(monkeypatch, [], raise_=True)
     messages = convo(step("g", BIG_TEXT, command="git status"))
-    out, outcome, _ = run(messages, tmp_path)
+    _out, outcome, _ = run(messages, tmp_path)
     assert kinds(outcome) == ["reduce"]  # level (b) still applies
     assert "compressor failed" in outcome.warnings[0] and "rule exploded" in outcome.warnings[0]
 
 
-def test_without_the_compressor_package_level_a_is_a_no_op(tmp_path: Path,
-                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+def test_without_the_compressor_package_level_a_is_a_no_op(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "ctxrules.compressors.api", None)  # import fails
     messages = convo(step("g", "x\n" * 40, command="git status"))
     out, outcome, _ = run(messages, tmp_path)
@@ -286,8 +288,10 @@ def test_already_sent_outputs_are_left_alone_while_the_cache_is_hot(tmp_path: Pa
     out, outcome, _ = run(messages, tmp_path, {"compressors": False}, state=state, cache_hot=True)
     assert out[3] is messages[3] and kinds(outcome) == ["hot_cache_bypass"]
     # Cold cache, or the bypass off, or utilization at bypass_below: reduced.
-    for extra, ctx_args in [({}, {"cache_hot": False}), ({"hot_cache_bypass": False}, {"cache_hot": True}),
-                            ({}, {"cache_hot": True, "tier": "full"})]:
+    cases: list[tuple[dict[str, Any], dict[str, Any]]] = [
+        ({}, {"cache_hot": False}), ({"hot_cache_bypass": False}, {"cache_hot": True}),
+        ({}, {"cache_hot": True, "tier": "full"})]
+    for extra, ctx_args in cases:
         out, outcome, _ = run(messages, tmp_path, {"compressors": False, **extra},
                               state=copy.deepcopy(state), **ctx_args)
         assert kinds(outcome) == ["reduce"], (extra, ctx_args)
@@ -295,7 +299,7 @@ def test_already_sent_outputs_are_left_alone_while_the_cache_is_hot(tmp_path: Pa
 
 def test_a_new_output_is_reduced_even_when_the_cache_is_hot(tmp_path: Path) -> None:
     messages = convo(step("a", BIG_TEXT))
-    out, outcome, _ = run(messages, tmp_path, {"compressors": False}, state={"sent": []},
+    _out, outcome, _ = run(messages, tmp_path, {"compressors": False}, state={"sent": []},
                           cache_hot=True)
     assert kinds(outcome) == ["reduce"]
 
@@ -364,7 +368,8 @@ def test_the_semantic_filter_plugin_is_used_only_when_enabled_and_sane(
         assert outcome.warnings
 
 
-def test_the_semantic_filter_is_not_called_when_off_or_for_structured_output(tmp_path: Path) -> None:
+def test_the_semantic_filter_is_not_called_when_off_or_for_structured_output(
+        tmp_path: Path) -> None:
     plugin = _Semantic()
     run(convo(step("a", BIG_TEXT)), tmp_path, {"compressors": False}, hooks=_hooks(plugin))
     run(convo(step("a", BIG_JSON)), tmp_path, {"semantic_filter": True}, hooks=_hooks(plugin))
@@ -433,7 +438,8 @@ def _filter_pack(tmp_path: Path) -> Path:
 
 
 @pytest.mark.parametrize("name", ["claudecode-fa812bfe", "claudecode-subagent-afc096d",
-                                  "openhands-ponylang__ponyc-4595", "minisweagent-mwaskom__seaborn-3069"])
+                                  "openhands-ponylang__ponyc-4595",
+                                  "minisweagent-mwaskom__seaborn-3069"])
 def test_real_transcripts_reduce_only_what_they_may_and_every_ref_is_the_exact_original(
         tmp_path: Path, name: str) -> None:
     path = next(p for p in transcript_paths() if p.stem == name)
@@ -476,7 +482,8 @@ def test_real_transcripts_reduce_only_what_they_may_and_every_ref_is_the_exact_o
 def test_the_claudecode_bash_output_of_28k_chars_is_reduced_structure_aware(tmp_path: Path) -> None:
     path = next(p for p in transcript_paths() if p.stem == "claudecode-subagent-afc096d")
     history = json.loads(path.read_text())
-    index = max(range(len(history)), key=lambda i: len(text_of(history[i])) if history[i]["role"] == "tool" else 0)
+    results = [i for i, m in enumerate(history) if m["role"] == "tool"]
+    index = max(results, key=lambda i: len(text_of(history[i])))
     assert len(history[index]["content"]) > 25_000
     out, outcome, ctx = run(history, tmp_path, {"compressors": False})
     action = next(a for a in outcome.actions if a.index == index)

@@ -278,13 +278,34 @@ class ThinkingClean:
                 f"[{shown}]: a thinking model demands it{switch}"))
 
 
+def _signed_view(msg: Mapping[str, Any]) -> dict[str, Any]:
+    """What of a message Anthropic sees, hence what a signature after it covers.
+
+    ``reasoning_content`` (litellm does not send it to Anthropic), ``cache_control`` (moved by
+    ``cache.markers`` on every call) and ctxrules' own metadata are left out: changing them is
+    not a change of the prefix, and counting them would strip valid thinking.
+    """
+    view: dict[str, Any] = {"role": msg.get("role")}
+    content = msg.get("content")
+    if isinstance(content, list):
+        view["content"] = [{k: v for k, v in p.items() if k != "cache_control"}
+                           if isinstance(p, Mapping) else p for p in content]
+    else:
+        # A string is one text block to Anthropic: cache.markers turns it into that list.
+        view["content"] = [{"type": "text", "text": content}] if content else []
+    for key in ("tool_calls", "tool_call_id", "name", "function_call", "thinking_blocks"):
+        if msg.get(key) is not None:
+            view[key] = msg[key]
+    return view
+
+
 def _prefix_digests(messages: Sequence[Message]) -> list[str]:
-    """For each index, a digest of all messages before it (a rolling sha256)."""
+    """For each index, a digest of what the provider sees before it (a rolling sha256)."""
     digests: list[str] = []
     rolling = hashlib.sha256()
     for msg in messages:
         digests.append(rolling.hexdigest()[:32])
-        rolling.update(message_digest(msg).encode("ascii"))
+        rolling.update(message_digest(_signed_view(msg)).encode("ascii"))
     return digests
 
 
