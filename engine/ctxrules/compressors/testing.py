@@ -17,7 +17,9 @@ checked on it all the same.
 
 from __future__ import annotations
 
+import dataclasses
 import re
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +34,7 @@ from ctxrules.vault import parse_markers
 
 if TYPE_CHECKING:
     from ctxrules.packs.loader import ResolvedPack
+    from ctxrules.packs.source import Origin
     from ctxrules.plugins import Registry
 
 __all__ = ["TOKEN_MODEL", "CaseResult", "check_invariants", "run_compressor_tests"]
@@ -53,6 +56,7 @@ class CaseResult:
     message: str = ""
     source: str = ""
     ratio: float | None = None
+    ms: float = 0.0
 
 
 def _count_tokens(text: str) -> int:
@@ -97,14 +101,16 @@ def check_invariants(
     return problems
 
 
-def _origin_path(pack: ResolvedPack, pointer: str) -> Path:
-    origin = pack.origins().get(pointer)
+def _origin_path(pack: ResolvedPack, origins: Mapping[str, Origin], pointer: str) -> Path:
+    origin = origins.get(pointer)
     shown = origin.file if origin is not None else (pack.files[-1] if pack.files else "")
     return pack.real_paths.get(shown, Path(shown))
 
 
-def _read_input(pack: ResolvedPack, pointer: str, relative: str) -> str:
-    base = _origin_path(pack, pointer).parent
+def _read_input(
+    pack: ResolvedPack, origins: Mapping[str, Origin], pointer: str, relative: str
+) -> str:
+    base = _origin_path(pack, origins, pointer).parent
     path = base / relative
     try:
         raw = path.read_bytes()
@@ -125,6 +131,7 @@ def _default_command(rule: Mapping[str, Any]) -> str | None:
 
 def _run_case(
     pack: ResolvedPack,
+    origins: Mapping[str, Origin],
     registry: Registry,
     index: int,
     rule: Mapping[str, Any],
@@ -134,7 +141,7 @@ def _run_case(
     rule_id = str(rule.get("id"))
     case_id = str(case.get("id") or f"#{case_index + 1}")
     pointer = f"/compressors/{index}/tests/{case_index}"
-    origin = pack.origins().get(pointer)
+    origin = origins.get(pointer)
     source = f"{origin.file}:{origin.line}" if origin is not None else ""
 
     def fail(message: str, ratio: float | None = None) -> CaseResult:
@@ -142,7 +149,7 @@ def _run_case(
 
     try:
         if "input" in case:
-            text = _read_input(pack, pointer + "/input", str(case["input"]))
+            text = _read_input(pack, origins, pointer + "/input", str(case["input"]))
         else:
             text = str(case.get("input_text", ""))
     except CtxrulesError as exc:
@@ -203,13 +210,14 @@ def run_compressor_tests(
 
         registry = default_registry()
     results: list[CaseResult] = []
+    origins = pack.origins()
     for index, rule in enumerate(pack.data.get("compressors") or []):
         if not isinstance(rule, Mapping):
             continue
         cases = [c for c in rule.get("tests") or [] if isinstance(c, Mapping)]
         if not cases:
             if require_tests:
-                origin = pack.origins().get(f"/compressors/{index}")
+                origin = origins.get(f"/compressors/{index}")
                 results.append(
                     CaseResult(
                         "<missing>",
@@ -221,5 +229,8 @@ def run_compressor_tests(
                 )
             continue
         for case_index, case in enumerate(cases):
-            results.append(_run_case(pack, registry, index, rule, case_index, case))
+            started = time.perf_counter()
+            result = _run_case(pack, origins, registry, index, rule, case_index, case)
+            ms = (time.perf_counter() - started) * 1000
+            results.append(dataclasses.replace(result, ms=ms))
     return results

@@ -1,0 +1,275 @@
+"""``ctxrules compress``: run a command (or read captured output) and print it compressed.
+
+Proxy mode: ``ctxrules compress [--pack P] [--raw] [--stream] [--stats] -- CMD ARGS...`` runs
+CMD with its standard error merged into its standard output (as an agent's shell tool sees
+them), prints nothing until it ends, then prints the compressed output, stores the full
+output in the session's vault and exits with CMD's exit code (128+N when a signal N ended
+it). Exit 125 when ctxrules itself cannot start (bad pack, bad option), 126 when CMD is not
+executable and 127 when it is not found, as ``env`` and ``timeout`` do. A failure of ctxrules
+*after* CMD ran (a rule that misbehaves, a vault that cannot be written) prints the full,
+uncompressed output, warns on standard error, and still exits with CMD's code.
+
+Filter mode: ``ctxrules compress --command "CMD" [--exit-code N] --input FILE|-`` compresses
+output captured earlier; it exits 0, or 2 on a usage error.
+
+When standard output feeds another command of a shell pipeline
+(:func:`ctxrules.compressors.pipes.stdout_feeds_pipeline`), proxy mode passes CMD's output
+through unchanged unless ``--always`` is given.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import shlex
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import IO, Any
+
+from ctxrules.errors import CtxrulesError, UsageError
+
+DEFAULT_MODEL = "gpt-4o"
+"""Tokenizer for ``--stats``: o200k_base, exact and offline, the most common agent family."""
+
+EXIT_CTXRULES_FAILED = 125
+EXIT_NOT_EXECUTABLE = 126
+EXIT_NOT_FOUND = 127
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser(
+        "compress",
+        help="run a command and print its output compressed",
+        description="Run CMD (after --), print its output compressed by the pack's compressor "
+        "rules and exit with its exit code; or, with --command and --input, compress output "
+        "captured earlier. The full output goes to the session's vault; every elided line "
+        "leaves a [ctxrules:elided ...] marker that `ctxrules vault get` resolves.",
+    )
+    p.add_argument("--pack", default="builtin:default",
+                   help="rule pack: a path or builtin:NAME (default builtin:default)")
+    p.add_argument("--raw", action="store_true",
+                   help="print the output unchanged (run the command, drop nothing)")
+    p.add_argument("--stream", action="store_true",
+                   help="also copy the output live to standard error while the command runs")
+    p.add_argument("--stats", action="store_true",
+                   help="print lines and tokens before and after on standard error")
+    p.add_argument("--model", default=DEFAULT_MODEL,
+                   help=f"tokenizer for --stats (default {DEFAULT_MODEL})")
+    p.add_argument("--always", action="store_true",
+                   help="compress even when the output feeds another command of a pipeline")
+    p.add_argument("--session", help="session directory whose vault keeps the full output "
+                   "(default: <state>/default)")
+    p.add_argument("--state", help="state root (default: .ctxrules or $CTXRULES_STATE)")
+    p.add_argument("--command", dest="command_line",
+                   help="filter mode: the command line that produced --input")
+    p.add_argument("--exit-code", type=int, default=None,
+                   help="filter mode: the command's exit code (default: unknown)")
+    p.add_argument("--input", help="filter mode: captured output, a file or - for stdin")
+    p.add_argument("argv", nargs=argparse.REMAINDER, metavar="-- CMD ARGS",
+                   help="the command to run")
+    p.set_defaults(func=run)
+
+
+def _session_dir(args: argparse.Namespace) -> Path:
+    if args.session:
+        return Path(args.session)
+    from ctxrules.engine import state_root_from_env
+
+    return (Path(args.state) if args.state else state_root_from_env()) / "default"
+
+
+def _load(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
+    from ctxrules.models import lookup_model
+    from ctxrules.packs.loader import load_pack
+    from ctxrules.tokens import TokenCounter
+
+    pack = load_pack(args.pack)
+    counter = TokenCounter.for_model(lookup_model(args.model)) if args.stats else None
+    return pack.data, counter
+
+
+def _decode(raw: bytes) -> tuple[str, bool]:
+    """The text to compress, and whether it is exactly ``raw`` (valid UTF-8)."""
+    try:
+        return raw.decode("utf-8"), True
+    except UnicodeDecodeError:
+        # Lines and their numbers survive "replace" (it never touches b"\n"), so markers still
+        # point at the right lines of the raw bytes the vault keeps.
+        return raw.decode("utf-8", "replace"), False
+
+
+def _compress(args: argparse.Namespace, pack: dict[str, Any], counter: Any, command: str,
+              raw: bytes, exit_code: int | None) -> bytes:
+    """The bytes to print: compressed (full output stored first) or ``raw`` when nothing applies."""
+    from ctxrules.compressors.api import compress_text
+    from ctxrules.vault import Vault
+
+    text, exact = _decode(raw)
+    vault_id = hashlib.sha256(raw).hexdigest()
+    result = compress_text(pack, command, text, exit_code, vault_id=vault_id)
+    if result is None:
+        if counter is not None:
+            tokens = counter.count_text(text)
+            _note(f"no compressor applied to {command!r} (no rule matches, or it would not save "
+                  f"anything); {tokens:,} tokens ({args.model})")
+        return raw
+    vault = Vault.for_session(_session_dir(args))
+    stored = vault.put_text(text) if exact else vault.put_bytes(raw, "text/plain")
+    if stored != vault_id:  # pragma: no cover - the vault's id is the sha256 of these bytes
+        raise CtxrulesError(f"vault stored the output as {stored}, markers say {vault_id}")
+    if counter is not None:
+        before, after = counter.count_text(text), counter.count_text(result.text)
+        kind = "estimate" if counter.is_estimate else "exact"
+        saved = 100 * (before - after) / before if before else 0.0
+        _note(f"compressor '{result.rule_id}': {result.lines_before:,} -> {result.lines_after:,} "
+              f"lines, {before:,} -> {after:,} tokens (-{saved:.0f}%, {args.model}, {kind}); "
+              f"full output: vault://{vault_id}")
+    return result.text.encode("utf-8", "surrogateescape" if exact else "replace")
+
+
+def _note(message: str) -> None:
+    sys.stderr.write(f"ctxrules: {message}\n")
+    sys.stderr.flush()
+
+
+def _write(data: bytes) -> None:
+    out: IO[bytes] = sys.stdout.buffer
+    out.write(data)
+    out.flush()
+
+
+def _code_of(returncode: int) -> int:
+    # A child killed by signal N reports -N; shells report 128+N.
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def _spawn(argv: list[str], capture: bool) -> subprocess.Popen[bytes]:
+    try:
+        if capture:
+            return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        return subprocess.Popen(argv)
+    except FileNotFoundError:
+        raise _Exit(EXIT_NOT_FOUND, f"{argv[0]}: command not found") from None
+    except PermissionError:
+        raise _Exit(EXIT_NOT_EXECUTABLE, f"{argv[0]}: permission denied (not executable)") from None
+    except OSError as exc:  # ENOEXEC, a directory, a bad interpreter line, ...
+        raise _Exit(EXIT_NOT_EXECUTABLE, f"{argv[0]}: cannot run: {exc.strerror or exc}") from None
+
+
+class _Exit(Exception):
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def _collect(proc: subprocess.Popen[bytes], stream: bool) -> bytes:
+    assert proc.stdout is not None
+    if not stream:
+        data, _ = proc.communicate()
+        return data
+    chunks: list[bytes] = []
+    err = sys.stderr.buffer
+    while True:
+        chunk = proc.stdout.read1(65536)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        err.write(chunk)
+        err.flush()
+    proc.wait()
+    return b"".join(chunks)
+
+
+def _proxy(args: argparse.Namespace, argv: list[str]) -> int:
+    try:
+        pack, counter = _load(args)
+    except CtxrulesError as exc:
+        _note(f"error: {exc}")
+        return EXIT_CTXRULES_FAILED
+    from ctxrules.compressors.pipes import stdout_feeds_pipeline
+
+    passthrough = args.raw or (not args.always and not sys.stdout.isatty()
+                               and stdout_feeds_pipeline(sys.stdout.fileno()))
+    try:
+        proc = _spawn(argv, capture=not passthrough)
+    except _Exit as exc:
+        _note(str(exc))
+        return exc.code
+    if passthrough:
+        return _code_of(_wait_forwarding(proc))
+    interrupted = False
+    try:
+        raw = _collect(proc, args.stream)
+    except KeyboardInterrupt:
+        # The command got the same SIGINT; keep what it printed before it stopped.
+        interrupted = True
+        raw = _drain(proc)
+    code = _code_of(proc.returncode if proc.returncode is not None else -signal.SIGINT)
+    try:
+        out = _compress(args, pack, counter, shlex.join(argv), raw, code)
+    except CtxrulesError as exc:
+        _note(f"warning: output not compressed: {exc}")
+        out = raw
+    _write(out)
+    return 130 if interrupted and code == 0 else code
+
+
+def _wait_forwarding(proc: subprocess.Popen[bytes]) -> int:
+    while True:
+        try:
+            return proc.wait()
+        except KeyboardInterrupt:
+            continue  # the child got the SIGINT too; its exit code tells what happened
+
+
+def _drain(proc: subprocess.Popen[bytes]) -> bytes:
+    assert proc.stdout is not None
+    try:
+        data = proc.stdout.read()
+    finally:
+        proc.wait()
+    return data
+
+
+def _filter(args: argparse.Namespace) -> int:
+    if not args.input:
+        raise UsageError("--command needs --input FILE (or - for standard input)")
+    pack, counter = _load(args)
+    if args.input == "-":
+        raw = sys.stdin.buffer.read()
+    else:
+        try:
+            raw = Path(args.input).read_bytes()
+        except FileNotFoundError:
+            raise UsageError(f"{args.input}: no such file") from None
+        except IsADirectoryError:
+            raise UsageError(f"{args.input}: is a directory") from None
+        except OSError as exc:
+            raise UsageError(f"{args.input}: cannot read: {exc.strerror}") from None
+    _write(_compress(args, pack, counter, args.command_line, raw, args.exit_code))
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    argv = list(args.argv)
+    if argv and argv[0] == "--":
+        argv = argv[1:]
+    if args.command_line is not None:
+        if argv:
+            raise UsageError("give either --command with --input, or a command after --, not both")
+        return _filter(args)
+    if args.input is not None or args.exit_code is not None:
+        raise UsageError("--input and --exit-code need --command \"CMD\"")
+    if not argv:
+        raise UsageError("nothing to run: ctxrules compress [OPTIONS] -- CMD ARGS... "
+                         "(or --command \"CMD\" --input FILE)")
+    try:
+        return _proxy(args, argv)
+    except BrokenPipeError:
+        # Our reader went away; the command's status is still what the caller asked for.
+        with open(os.devnull, "wb") as devnull:
+            os.dup2(devnull.fileno(), sys.stdout.fileno())
+        return 0

@@ -1,0 +1,158 @@
+"""Semantic checks of a resolved pack's ``compressors:`` (called by ``ctxrules validate``).
+
+The JSON Schema checks each file's shape; this module checks what needs the plugins or the
+merged result:
+
+- CR043: a compressor without ``match.argv`` or without ``steps`` after merging;
+- CR061: a step names an unknown action (with a did-you-mean), or its ``with:`` does not
+  match the action's option schema, or the action rejects its options when built;
+- CR070: a regular expression option (``format: regex``) does not compile;
+- CR013: a test gives both ``input`` and ``input_text``;
+- CR040: two tests of one compressor share an id.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Protocol
+
+from ctxrules.validation.diagnostics import did_you_mean
+
+if TYPE_CHECKING:
+    from ctxrules.plugins import Registry
+
+__all__ = ["check_compressors"]
+
+
+class Reporter(Protocol):
+    def add(
+        self,
+        code: str,
+        message: str,
+        pointer: str,
+        hint: str | None = None,
+        severity: str = "error",
+    ) -> None: ...
+
+
+def _check_step(
+    rep: Reporter, registry: Registry, rule_id: str, step: Mapping[str, Any], base: str
+) -> None:
+    import jsonschema
+
+    name = step.get("use")
+    if not isinstance(name, str):
+        return  # the schema reports a missing or non-string `use`
+    action = registry.actions.get(name)
+    if action is None:
+        rep.add(
+            "CR061",
+            f"compressor '{rule_id}': unknown action '{name}'",
+            f"{base}/use",
+            did_you_mean(name, list(registry.actions))
+            or "actions: " + ", ".join(sorted(registry.actions)),
+        )
+        return
+    options = step.get("with", {})
+    if not isinstance(options, Mapping):
+        return  # the schema reports the wrong type
+    validator = jsonschema.Draft202012Validator(
+        dict(action.options_schema), format_checker=jsonschema.FormatChecker(["regex"])
+    )
+    errors = list(validator.iter_errors(dict(options)))
+    for err in errors:
+        ptr = f"{base}/with" + "".join(f"/{p}" for p in err.absolute_path)
+        if err.validator == "additionalProperties":
+            known = list(err.schema.get("properties", {}))
+            for key in [k for k in err.instance if k not in known]:
+                rep.add(
+                    "CR061",
+                    f"action '{name}' has no option '{key}'",
+                    f"{ptr}/{key}",
+                    did_you_mean(key, known)
+                    or (
+                        "options: " + ", ".join(known) if known else "this action takes no options"
+                    ),
+                )
+        elif err.validator == "format":
+            import re
+
+            try:
+                re.compile(err.instance)
+            except re.error as exc:
+                detail = str(exc)
+            else:  # pragma: no cover - the format checker and re agree
+                detail = "invalid"
+            rep.add("CR070", f"regular expression {err.instance!r} does not compile: {detail}", ptr)
+        elif err.validator == "required":
+            missing = [k for k in err.validator_value if k not in err.instance]
+            rep.add(
+                "CR061", f"action '{name}' needs option '{missing[0] if missing else '?'}'", ptr
+            )
+        else:
+            where = ptr[len(base) + 5 :].lstrip("/") or "with"
+            rep.add("CR061", f"option {where} of action '{name}': {err.message}", ptr)
+    if errors:
+        return
+    try:
+        action.factory(dict(options))
+    except Exception as exc:  # the action's own check (a group the pattern lacks, ...)
+        rep.add("CR061", f"action '{name}' rejects its options: {exc}", f"{base}/with")
+
+
+def _check_tests(rep: Reporter, rule_id: str, tests: list[Any], base: str) -> None:
+    seen: dict[str, int] = {}
+    for k, case in enumerate(tests):
+        if not isinstance(case, Mapping):
+            continue
+        if "input" in case and "input_text" in case:
+            rep.add(
+                "CR013",
+                f"compressor '{rule_id}' test {k + 1}: give either input or input_text, not both",
+                f"{base}/{k}",
+            )
+        ident = case.get("id")
+        if isinstance(ident, str):
+            if ident in seen:
+                rep.add(
+                    "CR040",
+                    f"compressor '{rule_id}' has two tests with id '{ident}'",
+                    f"{base}/{k}/id",
+                )
+            else:
+                seen[ident] = k
+
+
+def check_compressors(rep: Reporter, data: Mapping[str, Any], registry: Registry) -> None:
+    """Report every problem of ``data['compressors']`` through ``rep.add``."""
+    compressors = data.get("compressors")
+    if not isinstance(compressors, list):
+        return
+    for i, rule in enumerate(compressors):
+        if not isinstance(rule, Mapping):
+            continue
+        base = f"/compressors/{i}"
+        rule_id = str(rule.get("id", f"#{i}"))
+        match = rule.get("match")
+        if not isinstance(match, Mapping) or not match.get("argv"):
+            rep.add(
+                "CR043",
+                f"compressor '{rule_id}' has no match.argv after merging: it would never apply",
+                base,
+                "e.g. match: {argv: [git, status]}",
+            )
+        steps = rule.get("steps")
+        if not isinstance(steps, list) or not steps:
+            rep.add(
+                "CR043",
+                f"compressor '{rule_id}' has no steps after merging",
+                base,
+                "e.g. steps: [{use: strip_ansi}, {use: max_lines, with: {max: 200}}]",
+            )
+        else:
+            for j, step in enumerate(steps):
+                if isinstance(step, Mapping):
+                    _check_step(rep, registry, rule_id, step, f"{base}/steps/{j}")
+        tests = rule.get("tests")
+        if isinstance(tests, list):
+            _check_tests(rep, rule_id, tests, f"{base}/tests")
