@@ -11,10 +11,10 @@ Which files: those the caller touched (``session.touch(*paths)``, ``ctxrules run
 and those ``file_edit`` tool calls in the history changed (also inside removed-step
 placeholders, read back from the vault), ranked by on-disk modification time, newest first
 (ties: latest mention); the top ``top_n`` that exist, are text, and are not larger than
-``max_file_bytes``. Files from the history must lie under one of ``roots`` (default: the
-current directory), so a transcript cannot make ctxrules read ``~/.ssh``; touched files are the
-caller's explicit choice and always allowed. Relative paths are taken from ``base_dir``
-(default: the current directory).
+``max_file_bytes`` (only such files count toward ``top_n``). Files from the history must lie
+under one of ``roots`` (default: the current directory), so a transcript cannot make ctxrules
+read ``~/.ssh``; touched files are the caller's explicit choice and always allowed. Relative
+paths are taken from ``base_dir`` (default: the current directory).
 
 Budget: at most ``budget_tokens`` in total, and never enough to lift utilization to
 ``max_tier`` (default ``full``, so a reread cannot trigger the removal it follows, and the
@@ -86,10 +86,14 @@ class Reread:
         files_meta: list[dict[str, Any]] = []
         stored: list[str] = []
         actions: list[Action] = []
-        for cand in candidates[:self.top_n]:
+        considered = 0
+        for cand in candidates:
+            if considered >= self.top_n:
+                break
             data = self._read(cand.path)
             if data is None:
-                continue
+                continue  # binary, too large or unreadable: not a file to re-read
+            considered += 1
             digest = hashlib.sha256(data).hexdigest()
             if digest in seen.get(cand.path, []):
                 actions.append(Action("skip", f"{cand.path}: this version was re-read before"))
