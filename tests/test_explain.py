@@ -34,10 +34,17 @@ def test_explain_origins_of_builtin_default(cli, tmp_path: Path,  # type: ignore
     monkeypatch.chdir(tmp_path)  # outside the checkout the bundled pack shows as builtin:default
     code, out, _ = cli("explain", "builtin:default", "--origins")
     assert code == 0
-    lines = [ln for ln in body(out).splitlines() if ln.strip()]
-    # every line that carries a value names where it came from
-    tagged = [ln for ln in lines if re.search(r"  # builtin:default:\d+$", ln)]
-    assert len(tagged) >= len(lines) - 5, [ln for ln in lines if ln not in tagged]
+    # every line that carries a value names where it came from (the text of a literal block
+    # is the value of the line that opens it)
+    lines, block = [], None
+    for ln in body(out).splitlines():
+        indent = len(ln) - len(ln.lstrip())
+        if block is not None and (not ln.strip() or indent > block):
+            continue
+        block = indent if re.search(r"(: |- )\|[-+]?(  #.*)?$", ln) else None
+        lines.append(ln)
+    tagged = [ln for ln in lines if re.search(r"  # builtin:[\w./-]+:\d+$", ln)]
+    assert tagged == lines, [ln for ln in lines if ln not in tagged]
     text = (REPO / "rules" / "default.yaml").read_text(encoding="utf-8").splitlines()
     for ln in tagged:
         m = re.match(r"^\s*(?:- )?([A-Za-z_][\w-]*): .*  # builtin:default:(\d+)$", ln)

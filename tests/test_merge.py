@@ -387,7 +387,8 @@ def test_builtin_parent(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None
         context: {thresholds: {full: 0.75}}
         """))
     assert codes(pack) == []
-    assert pack.files[0] == "builtin:default"
+    assert pack.files[-2] == "builtin:default"  # after its own parents, before the child
+    assert all(f.startswith("builtin:") for f in pack.files[:-1])
     assert pack.data["context"]["thresholds"]["full"] == 0.75
     assert "pairs" in ids(pack)
 
