@@ -79,13 +79,14 @@ def reduce_lines(
         if used <= budget_tokens:
             if best is None or len(layout.text) > len(best.text):
                 best = layout
-            if used >= budget_tokens * 0.85 or layout.lines_elided == 0 and not layout.lines_clipped:
-                break
+            shows_all = layout.lines_elided == 0 and not layout.lines_clipped
+            if used >= budget_tokens * 0.85 or shows_all:
+                break  # close enough to the budget, or nothing left to grow into
         elif smallest is None or len(layout.text) < len(smallest.text):
             smallest = layout
         # The kept lines' chars-per-token ratio differs from the whole text's: rescale.
         scaled = int(chars * budget_tokens / used * 0.95)
-        if scaled == chars or scaled <= _MIN_LINE_CHARS * 2 and used > budget_tokens:
+        if scaled == chars or (scaled <= _MIN_LINE_CHARS * 2 and used > budget_tokens):
             break
         chars = max(_MIN_LINE_CHARS * 2, scaled)
     if best is None:
