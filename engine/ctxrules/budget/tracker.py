@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ctxrules.budget.ledger import (
     CallEntry,
@@ -41,6 +41,9 @@ from ctxrules.budget.pricing import Rates, price_call, rates_for
 from ctxrules.budget.usage import TokenUsage, UsageFormat, is_failed_response, parse_usage
 from ctxrules.errors import CtxrulesError, UsageError
 from ctxrules.session_store import ensure_dir, write_atomic
+
+if TYPE_CHECKING:
+    from ctxrules.budget.preflight import PreflightEstimate
 
 __all__ = [
     "BudgetExceeded",
@@ -445,6 +448,26 @@ class SessionLedger:
         tokens = sum(e.tokens.total for e in recent)
         usd = sum(e.cost.total for e in recent if e.cost is not None)
         return BurnRate(tokens / span * 60.0, usd / span * 60.0, span, len(recent))
+
+    def preflight(
+        self,
+        mode: str,
+        per_call: TokenUsage | Mapping[str, Any],
+        *,
+        model: str | None = None,
+        now: float | None = None,
+        **counts: int,
+    ) -> PreflightEstimate:
+        """Calls and USD of a batch / council / alternatives run against what is left in this
+        session's budget (see :mod:`ctxrules.budget.preflight`); nothing is recorded."""
+        from ctxrules.budget.preflight import preflight
+
+        usage = per_call if isinstance(per_call, TokenUsage) else parse_usage(per_call)
+        name = model or self.model
+        if not name:
+            raise UsageError("preflight needs the model the sub-agents will call (model=...)")
+        sizes: dict[str, Any] = dict(counts)  # only the run's sizes (tasks, experts, ...)
+        return preflight(mode, model=name, per_call=usage, status=self.status(now), **sizes)
 
     # -- resets ------------------------------------------------------------------------------
 
