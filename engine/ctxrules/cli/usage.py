@@ -1,0 +1,291 @@
+"""``ctxrules usage add|show|reset``: record model usage in the ledgers and show spend.
+
+``add`` records one successful call (counts as options, or a provider response / usage JSON
+with ``--response``); a failed call (``--failed``, or an error body) records nothing.
+``show`` prints the session (root task), today's and the goal's totals, and with ``--pack``
+the budget level, burn rate and ETA. ``reset`` starts a budget dimension afresh (the history
+stays in the ledger). See docs/budgets.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from ctxrules.errors import UsageError
+
+KINDS = ("prompt", "completion", "cached", "cache_write", "reasoning", "citation", "total")
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser(
+        "usage",
+        help="record model usage and show spend against budgets",
+        description="Record model usage in the session, day and goal ledgers, and show "
+        "totals, budget levels, burn rate and ETA (docs/budgets.md).",
+    )
+    usub = p.add_subparsers(dest="usage_verb", metavar="ACTION", parser_class=type(p))
+    usub.required = True
+
+    a = usub.add_parser(
+        "add",
+        help="record one successful model call",
+        description="Record one model call. Give the counts as options, or a "
+        "response or usage object with --response (OpenAI, Anthropic, "
+        "Gemini, litellm shapes). A failed call records nothing.",
+    )
+    _scope(a)
+    a.add_argument("--model", required=True, help="the model that was called (prices come from it)")
+    for kind in KINDS:
+        a.add_argument(
+            f"--{kind.replace('_', '-')}",
+            type=_count,
+            metavar="N",
+            help=f"{kind} tokens" + (" (default: prompt + completion)" if kind == "total" else ""),
+        )
+    a.add_argument(
+        "--response", metavar="FILE", help="a response or usage JSON file ('-' for stdin)"
+    )
+    a.add_argument(
+        "--shape",
+        default="auto",
+        choices=["auto", "ctxrules", "openai", "responses", "anthropic", "gemini"],
+        help="the shape of --response (default: recognized by its keys)",
+    )
+    a.add_argument("--failed", action="store_true", help="the call failed: record nothing")
+    a.add_argument(
+        "--tier", help="the router tier the call was made at (simple, standard, reasoning)"
+    )
+    a.add_argument(
+        "--service-tier",
+        default="standard",
+        choices=["standard", "priority", "flex", "batch"],
+        help="the provider's service tier (its prices apply)",
+    )
+    a.add_argument(
+        "--at", type=float, metavar="EPOCH", help="when the call was made (default: now)"
+    )
+    a.add_argument("--json", action="store_true", help="print the ledger record as JSON")
+    a.set_defaults(func=run_add)
+
+    s = usub.add_parser(
+        "show",
+        help="totals, budget levels, burn rate and ETA",
+        description="Show what the session's root task, today and the goal spent; with "
+        "--pack, the budget level of each limit, the burn rate and the ETA.",
+    )
+    _scope(s)
+    s.add_argument("--format", choices=["text", "json"], default="text")
+    s.add_argument(
+        "--days",
+        type=_count,
+        default=0,
+        metavar="N",
+        help="also list the spend of each of the last N days",
+    )
+    s.set_defaults(func=run_show)
+
+    r = usub.add_parser(
+        "reset",
+        help="start a budget dimension afresh",
+        description="Reset a budget dimension from now on; the ledger keeps the history.",
+    )
+    _scope(r)
+    r.add_argument("--dimension", required=True, choices=["session", "day", "goal"])
+    r.set_defaults(func=run_reset)
+
+
+def _scope(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--session", metavar="DIR", help="session directory (default: STATE/default)")
+    p.add_argument(
+        "--state",
+        metavar="DIR",
+        help="state root with day and goal ledgers "
+        "(default: the session's parent, else .ctxrules or $CTXRULES_STATE)",
+    )
+    p.add_argument("--goal", help="the goal the calls count against")
+    p.add_argument("--pack", help="pack whose budgets: (limits, prices, time zone) apply")
+
+
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {value}")
+    return value
+
+
+def _ledger(args: argparse.Namespace) -> Any:
+    from ctxrules.budget.policy import BudgetPolicy
+    from ctxrules.budget.tracker import SessionLedger
+    from ctxrules.engine import state_root_from_env
+
+    policy = BudgetPolicy()
+    if args.pack:
+        from ctxrules.packs.loader import load_pack
+
+        policy = BudgetPolicy.from_pack(load_pack(args.pack).data)
+    if args.session:
+        session = Path(args.session)
+        state = Path(args.state) if args.state else None
+    else:
+        state = Path(args.state) if args.state else state_root_from_env()
+        session = state / "default"
+    if session.exists() and not session.is_dir():
+        raise UsageError(f"--session {session} is not a directory")
+    return SessionLedger(
+        session,
+        session.resolve().name,
+        state_root=state,
+        policy=policy,
+        goal=args.goal,
+        model=getattr(args, "model", None),
+    )
+
+
+def run_add(args: argparse.Namespace) -> int:
+    from ctxrules.budget.usage import TokenUsage, is_failed_response
+
+    given = {k: getattr(args, k) for k in KINDS if getattr(args, k) is not None}
+    if args.failed:
+        sys.stdout.write("not recorded: a failed call records no usage\n")
+        return 0
+    if args.response and given:
+        raise UsageError("give the counts either as options or with --response, not both")
+    ledger = _ledger(args)
+    source: Any
+    if args.response:
+        from ctxrules.cli.io import read_json
+
+        source = read_json(args.response)
+        if is_failed_response(source):
+            sys.stdout.write(
+                "not recorded: the response is an error (a failed call records no usage)\n"
+            )
+            return 0
+    elif given:
+        source = TokenUsage.of(**given)
+    else:
+        raise UsageError("nothing to record: give --prompt/--completion/... or --response FILE")
+    rec = ledger.record(
+        source,
+        source="cli",
+        tier=args.tier,
+        service_tier=args.service_tier,
+        at=args.at,
+        fmt=args.shape,
+    )
+    if args.json:
+        from ctxrules.cli.io import dump
+
+        sys.stdout.write(dump(rec))
+        return 0
+    t, usd = rec["tokens"], rec["usd"]
+    cost = "unpriced (no price for this model)" if usd is None else f"${usd['total']:.6f}"
+    sys.stdout.write(
+        f"recorded {rec['model']}: {t['prompt']} prompt ({t['cached']} cached, {t['cache_write']} "
+        f"written), {t['completion']} completion ({t['reasoning']} reasoning), {cost}\n"
+    )
+    return 0
+
+
+def run_show(args: argparse.Namespace) -> int:
+    import time
+
+    ledger = _ledger(args)
+    now = time.time()
+    status = ledger.status(now)
+    day, day_label = ledger.day_entries(now)
+    from ctxrules.budget.ledger import Totals
+
+    data: dict[str, Any] = {
+        "session": {"path": str(ledger.dir), "root": ledger.root_id, **status.totals.as_dict()},
+        "day": {"date": day_label, "timezone": ledger.policy.timezone, **Totals.of(day).as_dict()},
+        "goal": None
+        if not ledger.goal
+        else {"goal": ledger.goal, **Totals.of(ledger.goal_entries()).as_dict()},
+        "budget": status.as_dict(),
+        "days": _days(ledger, now, args.days),
+    }
+    if args.format == "json":
+        from ctxrules.cli.io import dump
+
+        sys.stdout.write(dump(data))
+        return 0
+    sys.stdout.write(_render(data))
+    return 0
+
+
+def _days(ledger: Any, now: float, n: int) -> list[dict[str, Any]]:
+    from ctxrules.budget.ledger import Totals
+
+    out = []
+    for i in range(n):
+        entries, label = ledger.day_entries(now - 86_400 * i)
+        t = Totals.of(entries)
+        out.append(
+            {"date": label, "calls": t.calls, "tokens": t.tokens.total, "usd": round(t.usd, 10)}
+        )
+    return out
+
+
+def _render(data: dict[str, Any]) -> str:
+    lines = []
+    for name, label in (
+        ("session", f"session {data['session']['root']}"),
+        ("day", f"day {data['day']['date']} ({data['day']['timezone']})"),
+        ("goal", f"goal {data['goal']['goal']}" if data["goal"] else ""),
+    ):
+        t = data[name]
+        if t is None:
+            continue
+        tok = t["tokens"]
+        lines.append(
+            f"{label}: {t['calls']} calls, ${t['usd']:.6f}"
+            + (f" (+{t['unpriced_calls']} unpriced)" if t["unpriced_calls"] else "")
+        )
+        lines.append("  tokens: " + ", ".join(f"{k} {tok[k]:,}" for k in KINDS))
+        lines.append(
+            f"  cache: {t['cache_hit_share']:.1%} of prompt tokens cached, saved "
+            f"${t['cache_savings_usd']:.6f} ({t['cache_savings_share']:.1%})"
+        )
+        for model, m in t["by_model"].items():
+            lines.append(f"  {model}: {m['calls']} calls, {m['tokens']:,} tokens, ${m['usd']:.6f}")
+    b = data["budget"]
+    burn = b["burn"]
+    lines.append(
+        f"burn rate: {burn['tokens_per_min']:,.0f} tokens/min, ${burn['usd_per_min']:.6f}/min "
+        f"(last {burn['calls']} calls)"
+    )
+    lines.append(f"budget level: {b['level'].upper()}")
+    for d in b["dimensions"]:
+        unit = _usd if d["unit"] == "usd" else _tokens
+        eta = "-" if d["eta_s"] is None else f"{d['eta_s'] / 60:,.1f} min"
+        lines.append(
+            f"  {d['dimension']} ({d['scope']}): {unit(d['spent'])} of {unit(d['limit'])} "
+            f"({d['share']:.0%}) {d['level'].upper()}, ETA {eta}"
+        )
+    for day in data["days"]:
+        lines.append(
+            f"  {day['date']}: {day['calls']} calls, {day['tokens']:,} tokens, ${day['usd']:.6f}"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def _usd(value: float) -> str:
+    return f"${value:,.4f}"
+
+
+def _tokens(value: float) -> str:
+    return f"{int(value):,} tokens"
+
+
+def run_reset(args: argparse.Namespace) -> int:
+    ledger = _ledger(args)
+    path = ledger.reset(args.dimension)
+    sys.stdout.write(f"reset the {args.dimension} budget from now on (recorded in {path})\n")
+    return 0

@@ -1,0 +1,157 @@
+"""``ctxrules usage add|show|reset``: round trip through the ledgers, failed calls, budgets."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from ctxrules.budget.pricing import price_call, rates_for
+from ctxrules.budget.usage import TokenUsage
+
+
+def show(cli, *args: str) -> dict:  # type: ignore[no-untyped-def]
+    code, out, err = cli("usage", "show", "--format", "json", *args)
+    assert code == 0, err
+    return json.loads(out)
+
+
+def test_add_and_show_round_trip(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    state = str(tmp_path / "st")
+    code, out, err = cli(
+        "usage",
+        "add",
+        "--state",
+        state,
+        "--model",
+        "gpt-4o",
+        "--prompt",
+        "1200",
+        "--completion",
+        "300",
+        "--cached",
+        "1000",
+        "--reasoning",
+        "100",
+        "--json",
+    )
+    assert code == 0, err
+    rec = json.loads(out)
+    u = TokenUsage.of(prompt=1200, completion=300, cached=1000, reasoning=100)
+    cost = price_call(u, rates_for("gpt-4o"))
+    assert cost is not None and rec["usd"]["total"] == pytest.approx(cost.total)
+    resp = tmp_path / "resp.json"
+    resp.write_text(
+        json.dumps(
+            {
+                "id": "msg_1",
+                "usage": {
+                    "input_tokens": 20,
+                    "output_tokens": 80,
+                    "cache_read_input_tokens": 3000,
+                    "cache_creation_input_tokens": 500,
+                },
+            }
+        )
+    )
+    code, out, err = cli(
+        "usage", "add", "--state", state, "--model", "claude-sonnet-4-5", "--response", str(resp)
+    )
+    assert code == 0, err
+    assert "3520 prompt (3000 cached, 500 written)" in out
+    data = show(cli, "--state", state)
+    s = data["session"]
+    assert s["calls"] == 2
+    assert s["tokens"] == {
+        "prompt": 4720,
+        "completion": 380,
+        "cached": 4000,
+        "cache_write": 500,
+        "reasoning": 100,
+        "citation": 0,
+        "total": 5100,
+    }
+    claude = price_call(
+        TokenUsage.of(prompt=3520, completion=80, cached=3000, cache_write=500),
+        rates_for("claude-sonnet-4-5"),
+    )
+    assert claude is not None
+    assert s["usd"] == pytest.approx(cost.total + claude.total)
+    assert set(s["by_model"]) == {"gpt-4o", "claude-sonnet-4-5"}
+    assert data["day"]["calls"] == 2  # the same calls in today's day ledger
+    code, out, _ = cli("usage", "show", "--state", state)
+    assert code == 0 and "session default: 2 calls" in out and "cached 4,000" in out
+
+
+def test_failed_calls_record_no_usage(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    state = str(tmp_path / "st")
+    code, out, _ = cli(
+        "usage", "add", "--state", state, "--model", "gpt-4o", "--prompt", "900", "--failed"
+    )
+    assert code == 0 and "not recorded" in out
+    err_body = tmp_path / "err.json"
+    err_body.write_text(
+        json.dumps({"error": {"message": "Overloaded", "type": "overloaded_error"}})
+    )
+    code, out, _ = cli(
+        "usage", "add", "--state", state, "--model", "gpt-4o", "--response", str(err_body)
+    )
+    assert code == 0 and "not recorded" in out
+    assert show(cli, "--state", state)["session"]["calls"] == 0
+    assert not (tmp_path / "st" / "default" / "ledger.jsonl").exists()
+
+
+def test_bad_input_is_one_line_exit_2(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    state = str(tmp_path / "st")
+    for argv, needle in [
+        (["--prompt", "5", "--cached", "9"], "exceed the prompt"),
+        ([], "nothing to record"),
+        (["--response", str(tmp_path / "missing.json")], "no such file"),
+        (["--prompt", "5", "--response", "-"], "not both"),
+        (["--prompt", "5", "--goal", "../x"], "goal name"),
+    ]:
+        code, _, err = cli("usage", "add", "--state", state, "--model", "gpt-4o", *argv)
+        assert code == 2 and needle in err and "Traceback" not in err, (argv, err)
+    code, _, err = cli("usage", "add", "--state", state, "--model", "gpt-4o", "--prompt", "-4")
+    assert code == 2 and "expected a number >= 0" in err
+
+
+def test_show_with_a_pack_reports_levels_and_reset_clears_them(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    pack = tmp_path / "pack.yaml"
+    pack.write_text(
+        "apiVersion: ctxrules/v1\nkind: RulePack\nmetadata: {name: b, version: 1.0.0}\n"
+        "budgets:\n  session: {tokens: 1000}\n  goal: {tokens: 5000}\n"
+    )
+    session = str(tmp_path / "st" / "run-1")
+    for _ in range(3):
+        assert (
+            cli(
+                "usage",
+                "add",
+                "--session",
+                session,
+                "--goal",
+                "g",
+                "--model",
+                "gpt-4o",
+                "--prompt",
+                "300",
+            )[0]
+            == 0
+        )
+    data = show(cli, "--session", session, "--goal", "g", "--pack", str(pack))
+    b = data["budget"]
+    assert b["level"] == "warning" and b["eco"] is True
+    assert {(d["dimension"], d["level"]) for d in b["dimensions"]} == {
+        ("session", "warning"),
+        ("goal", "ok"),
+    }
+    assert data["goal"]["tokens"]["prompt"] == 900
+    code, out, _ = cli("usage", "reset", "--session", session, "--dimension", "session")
+    assert code == 0 and "reset the session budget" in out
+    after = show(cli, "--session", session, "--goal", "g", "--pack", str(pack))
+    assert after["budget"]["level"] == "ok" and after["session"]["calls"] == 0
+    assert after["goal"]["calls"] == 3  # other dimensions keep counting
+    code, _, err = cli("usage", "reset", "--session", session, "--dimension", "goal")
+    assert code == 2 and "needs a goal" in err
