@@ -123,20 +123,30 @@ def restore(text: str, vault: Vault) -> str:
     return "".join(out)
 
 
-def whole_refs(text: str) -> list[str]:
-    """Vault ids of markers without a line range (the whole original is stored)."""
-    return [ref.group(1) for m in MARKER.finditer(text)
-            if (ref := _REF.search(m.group(0))) and ref.group(2) is None]
+def refs(text: str) -> list[str]:
+    """Vault ids of every marker in ``text``."""
+    return [ref.group(1) for m in MARKER.finditer(text) if (ref := _REF.search(m.group(0)))]
 
 
-def recovers(original: str, shortened: str, vault: Vault) -> bool:
-    """Whether ``original`` comes back byte-identical from ``shortened`` and the vault."""
+def recovers(original: str, shortened: str, vault: Vault, depth: int = 0) -> bool:
+    """Whether ``original`` comes back byte-identical from ``shortened`` and the vault: by
+    putting the elided line ranges back, or through a marker that points at a vault entry
+    holding the whole original (dedup, character cuts, filters that also reshape what they
+    keep). Stages compose — a cut of a filtered output points at the filtered text, whose own
+    marker points at the original — so this follows markers a few levels deep."""
     if original == shortened:
         return True
-    if restore(shortened, vault) == original:
+    if depth > 4:
+        return False
+    restored = restore(shortened, vault)
+    if restored != shortened and recovers(original, restored, vault, depth + 1):
         return True
-    return any(vault.get(vid) == original.encode("utf-8", "surrogatepass")
-               for vid in whole_refs(shortened))
+    for vid in refs(shortened):
+        stored = vault.get(vid).decode("utf-8", "surrogatepass")
+        if stored == original or (stored != shortened and MARKER.search(stored)
+                                  and recovers(original, stored, vault, depth + 1)):
+            return True
+    return False
 
 
 def expand(messages: list[Msg], vault: Vault) -> list[Msg]:

@@ -63,9 +63,10 @@ __all__ = [
 PLACEHOLDER_KIND = "removed"
 """Injected kind of the message that stands for a run of removed steps."""
 
-OWNED_KINDS = frozenset({"notes", "summary", PLACEHOLDER_KIND})
+OWNED_KINDS = frozenset({"notes", "summary", "summary-bridge", PLACEHOLDER_KIND})
 """Injected messages the regular stages leave alone: the notes and summary stages re-render
-theirs, and placeholders are already as small as a removal gets."""
+theirs (``summarize.structured`` writes a ``summary`` and its ``summary-bridge``), and
+placeholders are already as small as a removal gets. The emergency pass may still take them."""
 
 _RESULT_ROLES = frozenset({"tool", "function"})
 _TEXT_ERRORS = "surrogatepass"
