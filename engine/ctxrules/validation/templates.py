@@ -226,7 +226,8 @@ def check_prompts(rep: _Reporter, pack: ResolvedPack) -> None:
                     did_you_mean(name, list(sections)),
                 )
 
-    if sum(d.severity == "error" for d in rep.out) == errors_before:
+    # A trial render needs the shape the schema promises (modes: a mapping, ...).
+    if rep.schema_ok and sum(d.severity == "error" for d in rep.out) == errors_before:
         _trial_render(rep, pack, modes)
 
 

@@ -21,6 +21,7 @@ class _Reporter:
         self.pack = pack
         self.origins = pack.origins()
         self.out: list[Diagnostic] = []
+        self.schema_ok = True  # False when a file of the pack breaks the schema
 
     def origin(self, pointer: str) -> Origin:
         p = pointer
@@ -45,6 +46,7 @@ def validate_resolved(pack: ResolvedPack, loader: PackLoader, registry: Registry
     if any(d.severity == "error" and d.code in ("CR001", "CR002", "CR003", "CR090") for d in out):
         return _sorted_unique(out)
     rep = _Reporter(pack)
+    rep.schema_ok = not any(d.severity == "error" for d in out)
     data = pack.data
     _check_context(rep, data.get("context"), "/context")
     for i, entry in enumerate(data.get("models") or []):
