@@ -1,0 +1,206 @@
+"""The complexity router: rule scores, momentum, the regeneration floor, misroutes decaying over
+24 h, privacy routing and the LLM-judge hook."""
+
+from __future__ import annotations
+
+import types
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ctxrules.budget.router import ComplexityRouter
+from ctxrules.engine import Engine
+from ctxrules.errors import UsageError
+from ctxrules.hookspecs import hookimpl
+
+ROUTER = {
+    "tiers": {
+        "simple": {"model": "gpt-4o-mini"},
+        "standard": {"model": "claude-sonnet-4-5"},
+        "reasoning": {"model": "o3"},
+    }
+}
+T0 = 1_800_000_000.0
+HI = "thanks!"
+TASK = "Please add a --verbose flag to the CLI and update the tests."
+HARD = (
+    "Design a caching architecture for the build system and analyze the trade-offs step by step:\n"
+    "1. invalidation\n2. remote storage\n3. concurrency"
+)
+
+
+def router(**over: Any) -> ComplexityRouter:
+    return ComplexityRouter({"router": {**ROUTER, **over}})
+
+
+def test_rules_score_each_tier_and_map_it_to_the_pack_model(tmp_path: Path) -> None:
+    r = router()
+    got = {
+        t: r.route(t, session_dir=tmp_path / f"s{i}", now=T0)
+        for i, t in enumerate((HI, TASK, HARD))
+    }
+    assert [(d.tier, d.model) for d in got.values()] == [
+        ("simple", "gpt-4o-mini"),
+        ("standard", "claude-sonnet-4-5"),
+        ("reasoning", "o3"),
+    ]
+    assert "greeting" in got[HI].matched and "reasoning" in got[HARD].matched
+    assert got[HARD].score >= 4 and got[HI].score < 1
+
+
+def test_pack_rules_merge_over_the_builtins(tmp_path: Path) -> None:
+    r = router(
+        rules={"greeting": {"enabled": False}, "deploy": {"keywords": ["deploy"], "score": 5}},
+        cutoffs={"standard": 1, "reasoning": 5},
+    )
+    assert r.route(HI, session_dir=tmp_path / "a", now=T0).tier == "standard"  # greeting removed
+    assert r.route("deploy it", session_dir=tmp_path / "b", now=T0).tier == "reasoning"
+    with pytest.raises(UsageError, match="does not compile"):
+        router(rules={"bad": {"regex": "(", "score": 1}})
+
+
+def test_momentum_keeps_follow_ups_at_the_recent_tier(tmp_path: Path) -> None:
+    r = router()
+    s = tmp_path / "s"
+    assert r.route(HARD, session_dir=s, now=T0).tier == "reasoning"
+    follow = r.route(HI, session_dir=s, now=T0 + 60)
+    assert follow.tier == "reasoning" and follow.rules_tier == "simple"
+    assert any(x.startswith("momentum") for x in follow.reasons)
+    # Two simple turns later the reasoning turn is out of the momentum window of 2 turns.
+    assert r.route(HI, session_dir=s, now=T0 + 120).tier == "reasoning"
+    assert (
+        r.route(HI, session_dir=s, now=T0 + 180).tier == "reasoning"
+    )  # floor from the turns above
+    # After the time window passes, a simple message is simple again.
+    assert r.route(HI, session_dir=s, now=T0 + 180 + 901).tier == "simple"
+    # Momentum off: no inheritance.
+    r0 = router(momentum={"turns": 0})
+    r0.route(HARD, session_dir=tmp_path / "t", now=T0)
+    assert r0.route(HI, session_dir=tmp_path / "t", now=T0 + 1).tier == "simple"
+
+
+def test_momentum_survives_a_restart(tmp_path: Path) -> None:
+    s = tmp_path / "s"
+    router().route(HARD, session_dir=s, now=T0)
+    assert router().route(HI, session_dir=s, now=T0 + 5).tier == "reasoning"  # a new router object
+
+
+def test_regeneration_floor_steps_up(tmp_path: Path) -> None:
+    r = router(momentum={"turns": 0})
+    s = tmp_path / "s"
+    assert r.route(HI, session_dir=s, now=T0).tier == "simple"
+    regen = r.route(HI, session_dir=s, now=T0 + 1, regenerate=True)
+    assert regen.tier == "standard" and any(
+        x.startswith("regeneration floor") for x in regen.reasons
+    )
+    assert (
+        r.route(HI, session_dir=s, now=T0 + 2, regenerate=True).tier == "reasoning"
+    )  # again: one more up
+    assert r.route(HI, session_dir=s, now=T0 + 3, regenerate=True).tier == "reasoning"  # capped
+    low = router(momentum={"turns": 0}, regenerate={"min_tier": "simple", "step_up": False})
+    assert low.route(HI, session_dir=tmp_path / "u", now=T0, regenerate=True).tier == "simple"
+
+
+def test_misroutes_shift_and_decay_over_24_hours(tmp_path: Path) -> None:
+    r = router(momentum={"turns": 0})
+    state = tmp_path / "state"
+    s = state / "s"
+    assert r.route(TASK, session_dir=s, now=T0).tier == "standard"
+    r.record_misroute("standard", "reasoning", session_dir=s, now=T0)
+    assert r.route(TASK, session_dir=s, now=T0 + 60).tier == "reasoning"
+    # Weight 1 - age/24h: still >= 0.5 at 12 h, below it after.
+    assert r.route(TASK, session_dir=s, now=T0 + 12 * 3600).tier == "reasoning"
+    assert r.route(TASK, session_dir=s, now=T0 + 12 * 3600 + 60).tier == "standard"
+    # Two misroutes at once reach further in time (2 * (1 - t/24) >= 0.5 until 18 h).
+    r.record_misroute("standard", "reasoning", session_dir=s, now=T0)
+    assert r.route(TASK, session_dir=s, now=T0 + 17 * 3600).tier == "reasoning"
+    assert r.route(TASK, session_dir=s, now=T0 + 24 * 3600).tier == "standard"
+    # Only messages the rules put in the misrouted tier move; they span sessions.
+    assert r.route(HI, session_dir=state / "other", now=T0 + 60).tier == "simple"
+    assert r.route(TASK, session_dir=state / "other", now=T0 + 60).tier == "reasoning"
+    # Over-routing is corrected downwards.
+    r.record_misroute("reasoning", "standard", session_dir=s, now=T0)
+    assert r.route(HARD, session_dir=s, now=T0 + 60).tier == "standard"
+    r.record_misroute("reasoning", "standard", session_dir=s, now=T0)  # two: two tiers down
+    assert r.route(HARD, session_dir=s, now=T0 + 60).tier == "simple"
+    with pytest.raises(UsageError, match="unknown tier"):
+        r.record_misroute("huge", "simple", session_dir=s)
+
+
+def test_privacy_routing_uses_the_redaction_patterns(tmp_path: Path) -> None:
+    tiers = {**ROUTER["tiers"], "standard": {"model": "local-llama", "privacy_safe": True}}
+    r = ComplexityRouter({"router": {"tiers": tiers, "momentum": {"turns": 0}}})
+    secret = HARD + "\nuse key sk-proj-" + "a1B2" * 12
+    d = r.route(secret, session_dir=tmp_path / "s", now=T0)
+    assert d.privacy and d.tier == "standard" and d.model == "local-llama"
+    assert any("privacy" in x for x in d.reasons)
+    # An e-mail address is PII: a simple message goes up to the privacy-safe tier.
+    assert (
+        r.route("mail bob.smith@acme-corp.com thanks?", session_dir=tmp_path / "t", now=T0).model
+        == "local-llama"
+    )
+    assert not r.route(HARD, session_dir=tmp_path / "u", now=T0).privacy
+    off = ComplexityRouter({"router": {"tiers": tiers, "privacy": {"enabled": False}}})
+    assert off.route(secret, session_dir=tmp_path / "v", now=T0).tier == "reasoning"
+
+
+class Judge:
+    def __init__(self, answer: Any) -> None:
+        self.answer = answer
+        self.calls: list[tuple[str, str, float]] = []
+
+        @hookimpl
+        def ctxrules_route_judge(text: str, tier: str, score: float, reasons: list[str]) -> Any:
+            self.calls.append((text, tier, score))
+            if isinstance(self.answer, Exception):
+                raise self.answer
+            return self.answer
+
+        self.plugin = types.SimpleNamespace(ctxrules_route_judge=ctxrules_route_judge)
+
+
+def judged_session(tmp_path: Path, judge: Judge) -> Any:
+    p = tmp_path / "pack.yaml"
+    p.write_text(
+        "apiVersion: ctxrules/v1\nkind: RulePack\nmetadata: {name: r, version: 1.0.0}\n"
+        "router:\n  tiers:\n    simple: {model: gpt-4o-mini}\n    standard: {model: gpt-4o}\n"
+        "    reasoning: {model: o3}\n  judge: {enabled: true, band: 1}\n  momentum: {turns: 0}\n"
+    )
+    return Engine.load(p, plugins=[("judge", judge.plugin)]).session(
+        tmp_path / "st" / "s", model="gpt-4o"
+    )
+
+
+def test_llm_judge_hook_decides_ambiguous_cases_only(tmp_path: Path) -> None:
+    judge = Judge("reasoning")
+    s = judged_session(tmp_path, judge)
+    d = s.route(TASK)  # score 1: on the standard cutoff, ambiguous
+    assert d.tier == "reasoning" and "judge: reasoning" in d.reasons and len(judge.calls) == 1
+    far = s.route(
+        "x " * 10 + HARD + "\n```py\nprint(1)\n```\n" + "more " * 500
+    )  # far above every cutoff
+    assert far.tier == "reasoning" and len(judge.calls) == 1
+    # The history form routes the latest real user message.
+    assert (
+        s.route(
+            [
+                {"role": "user", "content": HI},
+                {"role": "assistant", "content": "hi"},
+                {"role": "user", "content": TASK},
+            ]
+        ).tier
+        == "reasoning"
+    )
+
+
+@pytest.mark.parametrize("answer", [RuntimeError("judge down"), "gigantic"])
+def test_a_failing_judge_never_breaks_routing(tmp_path: Path, answer: Any) -> None:
+    d = judged_session(tmp_path, Judge(answer)).route(TASK)
+    assert d.tier == "standard" and any("judge" in x for x in d.reasons)
+
+
+def test_undeclared_tiers_borrow_the_nearest_model(tmp_path: Path) -> None:
+    r = ComplexityRouter({"router": {"tiers": {"standard": {"model": "gpt-4o"}}}})
+    assert r.route(HI, session_dir=tmp_path / "s", now=T0).model == "gpt-4o"
+    assert r.route(HARD, session_dir=tmp_path / "t", now=T0).model == "gpt-4o"
