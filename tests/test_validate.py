@@ -271,22 +271,25 @@ def test_extends_naming_a_directory_is_not_found(  # type: ignore[no-untyped-def
 
 # -- no traceback, whatever the pack --------------------------------------------------------
 
-_DEFAULT = (REPO / "rules" / "default.yaml").read_text(encoding="utf-8")
+_SOURCES = [(REPO / "rules" / "default.yaml").read_text(encoding="utf-8")] + [
+    p.read_bytes().decode("utf-8", errors="replace") for p in sorted(BAD.glob("*.yaml"))
+    if p.stat().st_size < 4000]
 _SNIPPETS = ["\t", ":", "- ", "{", "}", "[", "]", "'", '"', "&a ", "*a", "<<: ", "---\n", "\n  ",
              "!!", "%", "@", "?", "|", ">", "\\", "\x00", "null", "1.5", "-1", "id: pairs\n",
-             "enabled: false\n"]
-_EDITS = st.lists(
-    st.tuples(st.integers(0, len(_DEFAULT)), st.integers(0, 12), st.sampled_from(_SNIPPETS)),
-    min_size=1, max_size=4)
+             "enabled: false\n", "~", "2001-01-01", ".inf", "1e400", "extends: builtin:default\n",
+             "{% include 'x' %}", "{{ y }}", "before: pairs\n", "with: {a: 1}\n"]
+_EDITS = st.lists(st.tuples(st.floats(0, 1), st.integers(0, 12), st.sampled_from(_SNIPPETS)),
+                  min_size=1, max_size=4)
 
 
-@settings(max_examples=150, deadline=None,
+@settings(max_examples=200, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(edits=_EDITS)
-def test_mangled_default_pack_never_crashes(  # type: ignore[no-untyped-def]
-        cli, tmp_path: Path, edits: list[tuple[int, int, str]]) -> None:
-    text = _DEFAULT
-    for at, cut, insert in edits:
+@given(base=st.sampled_from(_SOURCES), edits=_EDITS)
+def test_mangled_packs_never_crash(  # type: ignore[no-untyped-def]
+        cli, tmp_path: Path, base: str, edits: list[tuple[float, int, str]]) -> None:
+    text = base
+    for where, cut, insert in edits:
+        at = int(where * len(text))
         text = text[:at] + insert + text[at + cut:]
     path = tmp_path / "mangled.yaml"
     path.write_text(text, encoding="utf-8")
@@ -294,5 +297,8 @@ def test_mangled_default_pack_never_crashes(  # type: ignore[no-untyped-def]
     assert code in (0, 1), err
     doc = json.loads(out)
     assert (code == 1) == (doc["errors"] > 0)
+    # explain either prints the pack or refuses it with one line
+    code, out, err = cli("explain", "--origins", str(path))
+    assert code in (0, 1) and "Traceback" not in err
     for d in doc["diagnostics"]:
         assert d["code"] in CODES and d["line"] >= 1 and d["col"] >= 1
