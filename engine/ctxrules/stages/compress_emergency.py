@@ -3,8 +3,8 @@
 The regular stages never touch protected or ``critical`` messages, nor the tail, and they
 skip cycles that save too little. When utilization still reaches the emergency threshold,
 this pass lifts those limits — only the pins stay untouchable — and works in two levels,
-stopping as soon as utilization is below its ``target`` (default in ``builtin:default``:
-``full``, so the next turn does not re-trigger it at once):
+stopping as soon as utilization is below its ``target`` (default ``full``, so the next turn
+does not re-trigger it at once):
 
 1. **cut**: long contents (texts and tool-call argument strings) of every unpinned message are
    cut to head + tail (the vault keeps the originals): unprotected standard, then important,
@@ -41,10 +41,13 @@ class Emergency:
 
     def __init__(self, options: Mapping[str, Any]) -> None:
         self.settings = TruncateSettings(options)
+        # Not the runner's generic default (monitor): breaking protection is the last resort,
+        # so by default it goes only as far as below `full`.
+        self.target = str(options.get("target", "full"))
 
     def __call__(self, messages: Sequence[dict[str, Any]], ctx: StageContext) -> StageOutcome:
         view = View.build(messages, ctx)
-        target = ctx.target
+        target = self.target
         if view.below(view.total, target, ctx) and view.below(view.total, "emergency", ctx):
             return StageOutcome(messages=list(messages))
         # Level 1: cut long contents everywhere but in the pins.
@@ -113,10 +116,18 @@ STAGE_TYPE = StageType(
     options_schema={
         "type": "object",
         "title": "compress.emergency options",
-        "description": "Cut sizes of the first level; the target tier is the runner's 'target' "
-                       "option (builtin:default: full).",
+        "description": "Where the pass stops, and the cut sizes of its first level.",
         "additionalProperties": False,
-        "properties": {**TRUNCATE_OPTIONS},
+        "properties": {
+            "target": {
+                "title": "Target tier",
+                "description": "Stop as soon as utilization is below this tier. Default: full "
+                               "(protection is broken only as far as needed, with room left "
+                               "so the next turn does not re-trigger the pass).",
+                "enum": ["monitor", "light", "full", "emergency"], "default": "full",
+            },
+            **TRUNCATE_OPTIONS,
+        },
     },
 )
 

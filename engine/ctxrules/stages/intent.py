@@ -117,6 +117,10 @@ class Intent:
         alternatives = "|".join(re.escape(t) for t in sorted(terms, key=len, reverse=True))
         return re.compile(rf"(?<![\w-])(?:{alternatives})(?![\w-])")
 
+    def needles(self) -> tuple[str, ...]:
+        """The literal strings :meth:`pattern` looks for (a cheap prefilter)."""
+        return (*self.files, *self.modules, *(m.replace(".", "/") for m in self.modules))
+
     def as_dict(self) -> dict[str, list[str]]:
         return {"files": self.files, "modules": self.modules, "failed_calls": self.failed_calls}
 
@@ -142,17 +146,15 @@ def build_intent(messages: Sequence[Mapping[str, Any]], pack: Mapping[str, Any],
     intent.files = list(files)[:max_terms]
     intent.modules = list(modules)[:max_terms]
     if failed_steps > 0 and assistants:
+        # Stages run after normalize.tool_pairs: every tool result here answers a call.
         boundary = assistants[min(failed_steps, len(assistants)) - 1]
         roles = tool_roles(pack)
-        pairing = pair_tool_calls(messages)
         for index in range(boundary, len(messages)):
             msg = messages[index]
-            if msg.get("role") != "tool" or index not in pairing.call_of:
-                continue
-            if roles.is_error(message_text(msg)):
-                cid = msg.get("tool_call_id")
-                if isinstance(cid, str):
-                    intent.failed_calls.append(cid)
+            cid = msg.get("tool_call_id")
+            if msg.get("role") == "tool" and isinstance(cid, str) and cid and roles.is_error(
+                    message_text(msg)):
+                intent.failed_calls.append(cid)
     return intent
 
 
@@ -181,15 +183,16 @@ class IntentStage:
         intent = build_intent(messages, ctx.pack, history_steps=self.history_steps,
                               failed_steps=self.failed_steps, max_terms=self.max_terms)
         ctx.state["intent"] = intent.as_dict()
-        matched = self._matches(messages, intent)
-        pinned = pinned_indices(messages)
+        matched = sorted(self._matches(messages, intent), reverse=True)
+        pinned = pinned_indices(messages) if matched else frozenset()
         cap = int(self.max_share * ctx.budget.usable)
-        counts = ctx.counter.count_each(messages)
+        counts = dict(zip(matched, ctx.counter.count_each([messages[i] for i in matched]),
+                          strict=True))
         used = 0
         protected: list[int] = []
         skipped = 0
         # Newest first: under the cap, what the agent touched last matters most.
-        for index in sorted(matched, reverse=True):
+        for index in matched:
             if index in pinned or id(messages[index]) in ctx.protected:
                 continue
             if used + counts[index] > cap:
@@ -214,16 +217,25 @@ class IntentStage:
         failed = set(intent.failed_calls)
         if pattern is None and not failed:
             return set()
-        pairing = pair_tool_calls(messages)
+        # A plain substring test first (C speed); the regex only confirms the boundaries.
+        needles = intent.needles()
         hits: set[int] = set()
         for index, msg in enumerate(messages):
             if is_injected(msg):
                 continue
             cid = msg.get("tool_call_id")
-            failed_result = msg.get("role") == "tool" and isinstance(cid, str) and cid in failed
-            if failed_result or (pattern is not None and (
-                    pattern.search(message_text(msg)) or pattern.search(_arguments_text(msg)))):
+            if msg.get("role") == "tool" and isinstance(cid, str) and cid in failed:
                 hits.add(index)
+                continue
+            if pattern is None:
+                continue
+            for text in (message_text(msg), _arguments_text(msg)):
+                if any(n in text for n in needles) and pattern.search(text):
+                    hits.add(index)
+                    break
+        if not hits:
+            return hits
+        pairing = pair_tool_calls(messages)
         # The other half of each matched call: a call's result, a result's call.
         for index in list(hits):
             key = pairing.call_of.get(index)
