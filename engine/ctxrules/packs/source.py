@@ -92,11 +92,12 @@ class _Builder:
         self.count += 1
         if self.count > MAX_VALUES:
             # Aliases of aliases expand exponentially ("billion laughs"); no pack is this big.
-            raise YamlProblem("CR001", f"YAML: the document expands to more than {MAX_VALUES} values "
-                                       "(aliases referring to aliases?)", *_pos(node), pointer)
+            raise YamlProblem(
+                "CR001", f"YAML: the document expands to more than {MAX_VALUES} values "
+                         "(aliases referring to aliases?)", *_pos(node), pointer)
         if isinstance(node, yaml.MappingNode | yaml.SequenceNode):
             if id(node) in self.open:
-                raise YamlProblem("CR001", "YAML: an alias refers to the collection that contains it",
+                raise YamlProblem("CR001", "YAML: an alias refers to the collection holding it",
                                   *_pos(node), pointer)
             self.open.add(id(node))
             try:
@@ -198,8 +199,9 @@ def _parse_pure(text: str, path: str) -> SourceDoc:
             line, col = (mark.line + 1, mark.column + 1) if mark else (1, 1)
             if "single document" in str(exc.context):
                 raise YamlProblem(
-                    "CR002", "the file holds several YAML documents; a pack is one document", line, col,
-                    hint="remove the '---' line and what follows, or split the packs into separate files",
+                    "CR002", "the file holds several YAML documents; a pack is one document",
+                    line, col, hint="remove the '---' line and what follows, or split the packs "
+                                    "into separate files",
                 ) from None
             raise YamlProblem("CR001", f"YAML: {exc.problem or exc}", line, col) from None
         except yaml.MarkedYAMLError as exc:
