@@ -173,7 +173,8 @@ def _collect(proc: subprocess.Popen[bytes], stream: bool) -> bytes:
     chunks: list[bytes] = []
     err = sys.stderr.buffer
     while True:
-        chunk = proc.stdout.read1(65536)
+        # os.read returns what is there (at most 64 KiB) instead of waiting for a full buffer.
+        chunk = os.read(proc.stdout.fileno(), 65536)
         if not chunk:
             break
         chunks.append(chunk)

@@ -14,8 +14,9 @@
 4. **Never larger.** A result that is not smaller than the input, in UTF-8 bytes, is no
    result: the caller keeps the original.
 
-Put-back lines are the original lines without terminal escape sequences, placed after the
-last output line that comes from earlier in the original.
+Put-back lines are placed after the last output line that comes from earlier in the
+original; lines of a failure tail lose their terminal escape sequences, lossless ones are
+put back byte for byte.
 """
 
 from __future__ import annotations
@@ -188,9 +189,9 @@ def apply_rule(
     placer = _Placer(items)
     inserts: list[tuple[int, float, str]] = []
 
-    def put_back(line_no: int) -> None:
+    def put_back(line_no: int, verbatim: bool) -> None:
         text = originals[line_no - 1]
-        if "\x1b" in text:
+        if "\x1b" in text and not verbatim:
             text = _ANSI.sub("", text)
         inserts.append((placer.position(line_no), line_no, Line(text, (line_no, line_no))))
         shown[line_no] = 1
@@ -198,11 +199,11 @@ def apply_rule(
     if lossless or rule.lossless:
         for line_no in range(1, n + 1):
             if not shown[line_no]:
-                put_back(line_no)
+                put_back(line_no, verbatim=True)
     elif failed:
         for line_no in range(max(1, n - rule.failure_tail + 1), n + 1):
             if not shown[line_no]:
-                put_back(line_no)
+                put_back(line_no, verbatim=False)
 
     missing = [i for i in range(1, n + 1) if not shown[i]]
     runs = [

@@ -143,8 +143,31 @@ def _strip_comments(command: str) -> str:
     return "".join(out)
 
 
+_HEREDOC = re.compile(r"<<(-?)\s*(['\"]?)([A-Za-z_][A-Za-z0-9_]*)\2")
+
+
+def _strip_heredocs(command: str) -> str:
+    """``command`` without here-document bodies (``cat <<'EOF' > f`` ... ``EOF``): their text is
+    data, and an apostrophe in it must not open a quote for the rest of the line."""
+    if "<<" not in command:
+        return command
+    out: list[str] = []
+    pending: list[tuple[str, bool]] = []
+    for line in command.split("\n"):
+        if pending:
+            delimiter, dash = pending[0]
+            if (line.lstrip("\t") if dash else line) == delimiter:
+                pending.pop(0)
+            continue
+        out.append(line)
+        pending = [(m.group(3), bool(m.group(1))) for m in _HEREDOC.finditer(line)]
+    return "\n".join(out)
+
+
 def _words(command: str) -> list[str]:
-    lexer = shlex.shlex(_strip_comments(command), posix=True, punctuation_chars=_PUNCT)
+    lexer = shlex.shlex(
+        _strip_comments(_strip_heredocs(command)), posix=True, punctuation_chars=_PUNCT
+    )
     lexer.whitespace = " \t\r"
     lexer.whitespace_split = True
     lexer.commenters = ""

@@ -78,12 +78,16 @@ class Tail:
 
 class MaxLines:
     """At most ``max`` lines: protected lines first (failures, wherever they are), then the
-    head and the tail of the output share what is left."""
+    head and the tail of the output share what is left.
+
+    ``protect`` is in priority order: the lines matching the first pattern are kept before
+    those matching the second, and so on (errors before warnings), each in output order.
+    """
 
     def __init__(self, options: Mapping[str, Any]) -> None:
         self.max = int(options["max"])
         patterns = options.get("protect", [FAILURE_PATTERN])
-        self.protect = compile_all(patterns) if patterns else None
+        self.protect = [re.compile(p) for p in patterns]
         self.head_share = float(options.get("head_share", 0.5))
 
     def __call__(self, lines: Lines) -> list[str]:
@@ -92,14 +96,16 @@ class MaxLines:
             return list(lines)
         keep = [False] * n
         budget = self.max
-        if self.protect is not None:
-            # Protected lines may take at most half the budget: the head says what ran, the
-            # tail how it ended, and both matter as much as the failures between them.
-            cap = budget // 2
+        # Protected lines may take at most half the budget: the head says what ran, the tail
+        # how it ended, and both matter as much as the failures between them.
+        cap = budget // 2
+        for pattern in self.protect:
+            if cap <= 0:
+                break
             for i, line in enumerate(lines):
                 if cap <= 0:
                     break
-                if self.protect.search(line) is not None:
+                if not keep[i] and pattern.search(line) is not None:
                     keep[i] = True
                     cap -= 1
                     budget -= 1
@@ -124,7 +130,9 @@ class MaxLines:
 class LimitBlocks:
     """Cap each block (a line matching ``start`` and the lines up to the next one) at ``max``
     lines: its first ``max - tail`` and last ``tail`` lines, plus the lines matching
-    ``protect`` anywhere in it. Lines before the first block are left alone.
+    ``protect`` anywhere in it. Lines before the first block are left alone, and so are
+    blocks whose first line does not match ``only`` (when given): cap warnings hard and errors
+    less with two steps.
 
     One huge file in a diff, or one long failure among many, then no longer pushes the
     others out of a global line budget.
@@ -135,9 +143,13 @@ class LimitBlocks:
         self.max = int(options["max"])
         self.tail = min(int(options.get("tail", 0)), self.max - 1)
         self.protect = compile_all(options.get("protect", []))
+        only = options.get("only")
+        self.only = re.compile(only) if only else None
 
     def _limit(self, block: list[str]) -> list[str]:
         if len(block) <= self.max:
+            return block
+        if self.only is not None and self.only.search(block[0]) is None:
             return block
         head = self.max - self.tail
         keep = [i < head or i >= len(block) - self.tail for i in range(len(block))]
@@ -251,8 +263,9 @@ ACTIONS: list[ActionSpec] = [
                     "type": "array",
                     "items": {"type": "string", "format": "regex", "minLength": 1},
                     "title": "Protect",
-                    "description": "Lines matching these are kept first, up "
-                    "to half the budget (default: a generic failure pattern; [] for none).",
+                    "description": "Lines matching these are kept first, up to half the "
+                    "budget, the first pattern's lines before the second's (default: a generic "
+                    "failure pattern; [] for none).",
                 },
                 "head_share": {
                     "type": "number",
@@ -286,6 +299,10 @@ ACTIONS: list[ActionSpec] = [
                     "description": "Lines of a block matching these are kept "
                     "beyond the cap (e.g. hunk headers).",
                 },
+                "only": regex(
+                    "Only",
+                    "Cap only the blocks whose first line matches this (default: every block).",
+                ),
             },
             ["start", "max"],
         ),
