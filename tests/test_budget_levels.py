@@ -305,3 +305,62 @@ def test_bad_policy_values_are_clear_errors() -> None:
         )
     with pytest.raises(UsageError, match="time zone"):
         BudgetPolicy.from_pack({"budgets": {"day": {"usd": 1, "timezone": "Mars/Olympus"}}})
+
+
+@pytest.mark.parametrize(
+    ("node", "code"),
+    [
+        ("budgets:\n  sesion: {usd: 1}\n", "CR010"),
+        ("budgets:\n  session: {usd: -1}\n", "CR014"),
+        ("budgets:\n  levels: {warning: {at: 1.5}}\n", "CR014"),
+        ("budgets:\n  prices: {gpt-x: {input: 1}}\n", "CR013"),
+        ("router:\n  tiers: {simple: {model: a}, huge: {model: b}}\n", "CR010"),
+        ("router:\n  rules: {r: {regex: x, weight: 2}}\n", "CR010"),
+        ("router:\n  regenerate: {min_tier: giant}\n", "CR012"),
+        ("timeouts:\n  chunk_ms: '120s'\n", "CR011"),
+    ],
+)
+def test_the_schema_checks_budgets_router_and_timeouts(
+    cli, tmp_path: Path, node: str, code: str
+) -> None:  # type: ignore[no-untyped-def]
+    p = tmp_path / "pack.yaml"
+    p.write_text(
+        "apiVersion: ctxrules/v1\nkind: RulePack\nmetadata: {name: b, version: 1.0.0}\n" + node
+    )
+    rc, out, _ = cli("validate", "--format", "json", str(p))
+    assert rc == 1 and code in {d["code"] for d in json.loads(out)["diagnostics"]}, out
+
+
+def test_a_full_example_pack_validates_cleanly(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    p = tmp_path / "pack.yaml"
+    p.write_text("""apiVersion: ctxrules/v1
+kind: RulePack
+metadata: {name: b, version: 1.0.0}
+extends: [builtin:default]
+budgets:
+  session: {usd: 5.0}
+  day: {usd: 50, timezone: Europe/Berlin}
+  goal: {tokens: 20000000, warning: 0.7}
+  levels:
+    warning: {at: 0.8, eco: true, eco_factor: 0.8, message: "Budget {share} used."}
+    finalization: {at: 0.95, strip_tool_calls: true}
+    exceeded: {refuse: true}
+  max_descendants: 20
+  burn_window_s: 600
+  prices: {"acme-*": {input: 0.5, output: 1.5}}
+router:
+  tiers:
+    simple: {model: gpt-4o-mini}
+    standard: {model: claude-sonnet-4-5, privacy_safe: true}
+    reasoning: {model: o3}
+  cutoffs: {standard: 1, reasoning: 4}
+  rules: {deploy: {keywords: [deploy], score: 2}, greeting: {enabled: false}}
+  momentum: {turns: 2, window_s: 900}
+  regenerate: {min_tier: standard, step_up: true}
+  misroutes: {decay_h: 24, threshold: 0.5}
+  privacy: {enabled: true, kinds: [credential, pii]}
+  judge: {enabled: false, band: 1}
+""")
+    rc, out, _ = cli("validate", "--format", "json", str(p))
+    assert rc == 0 and json.loads(out)["diagnostics"] == [], out
+    Engine.load(p).session(tmp_path / "st" / "s", model=MODEL).prepare(convo(5))
