@@ -21,6 +21,8 @@ from filtering_kit import (
     text_of,
     user,
 )
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from invariants import pairing_problems
 
 from ctxrules import Engine
@@ -511,3 +513,74 @@ def test_every_transcript_passes_through_the_stage_without_error(tmp_path: Path)
 def test_registered_as_a_builtin_stage() -> None:
     engine = Engine.load("builtin:default")
     assert any(p.type.name == "tool_output.filter" for p in engine.plan)
+
+
+# --- properties over generated outputs ---------------------------------------------------------
+
+_line = st.text(alphabet=st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=120)
+
+
+@st.composite
+def _output(draw: Any) -> str:
+    kind = draw(st.sampled_from(["lines", "json", "csv", "xml", "blob", "tiny"]))
+    n = draw(st.integers(1, 400))
+    if kind == "lines":
+        return "\n".join(draw(st.lists(_line, min_size=1, max_size=n)))
+    if kind == "json":
+        return json.dumps({"rows": [{"i": i, "v": draw(_line)} for i in range(n)]})
+    if kind == "csv":
+        return "a,b,c\n" + "".join(f"{i},{i * 2},x{i}\n" for i in range(n))
+    if kind == "xml":
+        return "<r>" + "".join(f"<i n='{i}'>{i}</i>" for i in range(n)) + "</r>"
+    if kind == "blob":
+        return "B" * draw(st.integers(100, 5000))
+    return draw(_line)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                 HealthCheck.function_scoped_fixture])
+@given(outputs=st.lists(st.tuples(st.sampled_from(["Bash", "Read", "Task", "mcp__x", "Grep"]),
+                                  _output()), min_size=1, max_size=8),
+       utilization=st.floats(0, 1.2))
+def test_any_outputs_filter_safely_and_come_back_from_the_vault(
+        tmp_path_factory: pytest.TempPathFactory, outputs: list[tuple[str, str]],
+        utilization: float) -> None:
+    messages: list[Msg] = [{"role": "system", "content": "s"}, user("go")]
+    for n, (tool, text) in enumerate(outputs):
+        messages.extend(step(f"c{n}", text, tool, command="cat x"))
+    frozen = copy.deepcopy(messages)
+    ctx = make_ctx(tmp_path_factory.mktemp("p"), utilization=utilization)
+    stage = ToolOutputFilter({"item_tokens": 60, "turn_tokens": 150, "spill_chars": 3000,
+                              "subagent_chars": 400, "subagent_keep_tokens": 60,
+                              "min_saving_tokens": 1, "compressors": False})
+    outcome = stage(messages, ctx)
+    assert messages == frozen
+    assert pairing_problems(outcome.messages) == []
+    pins = pinned_indices(messages)
+    for action in outcome.actions:
+        original = messages[action.index]
+        assert action.index not in pins or action.kind == "spill"
+        assert ctx.vault.get_text(action.vault_id) == original["content"]
+    for i in pins:
+        if len(text_of(messages[i])) <= 3000:
+            assert outcome.messages[i] is messages[i]
+    assert_markers_resolve(outcome.messages, ctx.vault)
+    again = stage(outcome.messages, ctx)
+    assert again.actions == [] and all(a is b for a, b in zip(outcome.messages, again.messages,
+                                                                strict=True))
+
+
+def test_cli_run_then_vault_get_lines_returns_the_cut_lines(tmp_path: Path, cli: Any) -> None:
+    history = convo(step("a", BIG_TEXT, command="pytest -q"))
+    src, dst, session = tmp_path / "in.json", tmp_path / "out.json", tmp_path / "s"
+    src.write_text(json.dumps(history))
+    code, _, err = cli("run", "--pack", str(_filter_pack(tmp_path)), "--model", "gpt-4o",
+                       "--input", str(src), "--output", str(dst), "--session", str(session))
+    assert code == 0, err
+    reduced = json.loads(dst.read_text())[3]["content"]
+    marker = next(m for m in parse_markers(reduced) if m.lines is not None)
+    first, last = marker.lines
+    code, out, err = cli("vault", "get", marker.vault_id[:12], "--lines", f"{first}:{last}",
+                         "--session", str(session))
+    assert code == 0, err
+    assert out == "".join(BIG_TEXT.splitlines(keepends=True)[first - 1:last])

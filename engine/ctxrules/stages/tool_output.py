@@ -260,7 +260,8 @@ class _Run:
         if r.role == "subagent" and len(content) > stage.subagent_chars:
             vid = text_vault_id(content)
             text, handover = handover_text(content, vault_id=vid, count=self.count,
-                                           keep_tokens=stage.subagent_keep_tokens)
+                                           keep_tokens=stage.subagent_keep_tokens,
+                                           tokens=r.tokens)
             self.ctx.vault.put_text(content)
             detail = (f"sub-agent result of {len(content):,} chars: head + tail + handover "
                       f"({len(handover.done)} done, {len(handover.todo)} todo, "

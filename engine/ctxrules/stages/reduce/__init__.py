@@ -156,11 +156,12 @@ def spill_summary(text: str, *, vault_id: str, count: Count, preview_tokens: int
 
 
 def handover_text(text: str, *, vault_id: str, keep_tokens: int, count: Count,
-                  max_items: int = 8) -> tuple[str, Handover]:
-    """A sub-agent result as a structured handover plus its head and tail."""
+                  max_items: int = 8, tokens: int | None = None) -> tuple[str, Handover]:
+    """A sub-agent result as a structured handover plus its head and tail (``tokens``: the
+    result's size when the caller knows it)."""
     handover = extract_handover(text, max_items=max_items)
     lr = reduce_lines(text, vault_id=vault_id, budget_tokens=keep_tokens, count=count,
-                      head_share=0.6)
+                      head_share=0.6, tokens=tokens)
     body = lr.text if lr is not None else text
     header = format_marker("lines", len(text_lines(text)), vault_id, reason="subagent",
                            chars=len(text))
