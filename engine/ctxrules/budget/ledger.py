@@ -191,9 +191,33 @@ class Totals:
 
     @classmethod
     def of(cls, entries: Iterable[CallEntry]) -> Totals:
+        """Sums over ``entries`` (a plain loop over numbers: this runs on every prepare)."""
         t = cls()
+        tok = [0] * 7
+        usd = [0.0] * 7
+        first = last = None
         for e in entries:
-            t.add(e)
+            t.calls += 1
+            for i, v in enumerate(e.tokens.as_tuple()):
+                tok[i] += v
+            if e.cost is None:
+                t.unpriced_calls += 1
+                call_usd = 0.0
+            else:
+                for i, f in enumerate(e.cost.as_tuple()):
+                    usd[i] += f
+                call_usd = e.cost.total
+            first = e.ts if first is None or e.ts < first else first
+            last = e.ts if last is None or e.ts > last else last
+            m = t.by_model.get(e.model)
+            if m is None:
+                m = t.by_model[e.model] = {"calls": 0, "tokens": 0, "usd": 0.0}
+            m["calls"] += 1
+            m["tokens"] += e.tokens.total
+            m["usd"] += call_usd
+        t.tokens = TokenUsage(*tok)
+        t.cost = Cost(*usd)
+        t.first_ts, t.last_ts = first, last
         return t
 
     def add(self, e: CallEntry) -> None:

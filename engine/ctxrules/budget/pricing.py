@@ -96,8 +96,18 @@ class Cost:
         return self.cache_savings / uncached if uncached > 0 else 0.0
 
     def __add__(self, other: Cost) -> Cost:
-        a, b = asdict(self), asdict(other)
-        return Cost(**{k: a[k] + b[k] for k in a})
+        return Cost(*(a + b for a, b in zip(self.as_tuple(), other.as_tuple(), strict=True)))
+
+    def as_tuple(self) -> tuple[float, float, float, float, float, float, float]:
+        return (
+            self.input,
+            self.cache_read,
+            self.cache_write,
+            self.output,
+            self.reasoning,
+            self.citation,
+            self.cache_savings,
+        )
 
     def as_dict(self) -> dict[str, float]:
         out = asdict(self)
