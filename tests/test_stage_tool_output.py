@@ -206,6 +206,20 @@ def test_a_long_subagent_result_becomes_head_tail_pointer_and_handover(tmp_path:
     assert len(text) < len(REPORT) / 2
 
 
+def test_a_huge_subagent_result_gets_the_handover_not_the_spill(tmp_path: Path) -> None:
+    huge = REPORT + "".join(f"trace line {i}: " + "z" * 80 + "\n" for i in range(1500))
+    assert len(huge) > 100_000
+    messages = convo(step("t", huge, "Task", prompt="p"))
+    out, outcome, ctx = run(messages, tmp_path)
+    assert kinds(outcome) == ["handover"]
+    assert "todo:\n- Roll out to staging" in out[3]["content"]
+    assert ctx.vault.get_text(outcome.actions[0].vault_id) == huge
+    # Pinned, it cannot be handed over: the hard spill applies.
+    pinned = convo(step("t", huge, "Task", prompt="p"), tail=False)
+    _, outcome, _ = run(pinned, tmp_path / "p")
+    assert kinds(outcome) == ["spill"]
+
+
 def test_a_short_subagent_result_is_kept(tmp_path: Path) -> None:
     messages = convo(step("t", REPORT[:7000], "Task", prompt="p"))
     out, outcome, _ = run(messages, tmp_path)

@@ -159,12 +159,22 @@ class _Run:
 
     def execute(self) -> StageOutcome:
         stage, ctx = self.stage, self.ctx
-        for index, msg in enumerate(self.messages):
-            self._spill(index, msg)
         pins = pinned_indices(self.messages)
         bypass = bypass_active(ctx, stage.options)
         sent = set(ctx.state.get("sent") or []) if bypass else set()
         results = self._results(pins, sent)
+        # A huge sub-agent result that may be handed over gets the handover (which also puts
+        # it in the vault whole) rather than the spill preview: done/todo/risks say more.
+        handed = {i for i, r in results.items() if r.reducible and r.role == "subagent"
+                  and len(self.messages[i].get("content") or "") > stage.subagent_chars
+                  and isinstance(self.messages[i].get("content"), str)}
+        for index, msg in enumerate(self.messages):
+            if index not in handed:
+                self._spill(index, msg)
+        for r in results.values():
+            if self.out[r.index] is not self.messages[r.index]:  # spilled
+                r.reducible = False
+                r.tokens = ctx.counter.count_message(self.out[r.index])
         skipped_hot = sum(1 for r in results.values() if r.hot)
         for r in results.values():
             if r.reducible:
@@ -234,10 +244,9 @@ class _Run:
             name = call_name(call) if call is not None else msg.get("name")
             tool = name if isinstance(name, str) else None
             result = _Result(index, tool, roles.role_of(tool))
-            result.tokens = ctx.counter.count_message(self.out[index])
+            result.tokens = ctx.counter.count_message(msg)
             found[index] = result
-            spilled = self.out[index] is not msg
-            if spilled or index in pins or id(msg) in ctx.protected or result.role in stage.exempt:
+            if index in pins or id(msg) in ctx.protected or result.role in stage.exempt:
                 result.reducible = False
             elif sent and result_digest(msg) in sent:
                 result.reducible = False
