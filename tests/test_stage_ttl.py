@@ -144,6 +144,20 @@ def test_first_seen_clocks_are_recorded_even_when_bypassed(tmp_path: Path) -> No
     assert len(outcome.actions) == 2  # the newest is pinned
 
 
+def test_shortened_results_are_archived_but_placeholders_are_not(tmp_path: Path) -> None:
+    messages = history(6)
+    out, _, ctx = run(messages, tmp_path, {"max_age_steps": 2, "min_tokens": 0})
+    first = out[3]["content"]
+    marker = f"[ctxrules:elided kind=lines count=50 ref=vault://{'b' * 64}#L9-L58]"
+    shortened = f"{OUTPUT[:400]}{marker}\n"
+    again_in = list(out)
+    again_in[5] = {**out[5], "content": shortened}  # e.g. reduced by tool_output.filter
+    again, outcome, _ = run(again_in, tmp_path, {"max_age_steps": 2, "min_tokens": 0})
+    assert again[3]["content"] == first  # a placeholder stays as it is
+    assert [a.index for a in outcome.actions] == [5]
+    assert ctx.vault.get_text(parse_marker(again[5]["content"]).vault_id) == shortened
+
+
 def test_list_content_is_archived_as_its_json(tmp_path: Path) -> None:
     messages = history(4)
     parts = [{"type": "text", "text": OUTPUT}, {"type": "text", "text": "tail"}]

@@ -18,7 +18,9 @@ list otherwise), on one line::
      age_steps=31 tokens=2140]
 
 Never touched: pinned and protected messages, results of ``min_tokens`` or fewer (the
-placeholder would cost about as much), content that already carries a marker of this session.
+placeholder would cost about as much), and results that are a placeholder already (nothing but
+one marker). A result another stage shortened (head, tail and a marker) is archived like any
+other: the vault keeps that shortened text, whose own marker still leads to the original.
 With ``hot_cache_bypass`` the whole stage is skipped while the provider's prompt cache is hot
 and utilization is below ``bypass_below``: pruning then would break a warm cache for little.
 """
@@ -38,13 +40,12 @@ from ctxrules.stages.filter_common import (
     BYPASS_PROPERTIES,
     bypass_active,
     check_options,
-    has_live_marker,
     result_digest,
     tokens_saved,
 )
 from ctxrules.stages.reduce import text_lines
 from ctxrules.toolroles import call_name, calls_by_result
-from ctxrules.vault import format_marker
+from ctxrules.vault import VaultError, format_marker, parse_marker
 
 if TYPE_CHECKING:
     from ctxrules.pipeline.context import StageContext
@@ -74,6 +75,15 @@ def message_time(msg: Mapping[str, Any]) -> float | None:
                 parsed = parsed.replace(tzinfo=dt.UTC)
             return parsed.timestamp()
     return None
+
+
+def _is_placeholder(text: str) -> bool:
+    """Content that is nothing but one marker: archived already, by this or another stage."""
+    try:
+        parse_marker(text)
+    except VaultError:
+        return False
+    return True
 
 
 class TtlPrune:
@@ -123,7 +133,7 @@ class TtlPrune:
             reason = self._expired(ages.get(index, 0), ctx.clock - born)
             if reason is None or ctx.counter.count_message(msg) <= self.min_tokens:
                 continue
-            if has_live_marker(message_text(msg), ctx.vault):
+            if _is_placeholder(message_text(msg)):
                 continue
             call = calls.get(index)
             tool = call_name(call) if call is not None else msg.get("name")
