@@ -48,7 +48,6 @@ ZERO_MAX_TOKENS_PROVIDERS: frozenset[str] = frozenset()
 DEFAULT_INTERVAL_S = 240.0
 DEFAULT_MAX_IDLE_S = 3600.0
 PROBE_USER_TEXT = "."
-_LITELLM_LOCK = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -72,14 +71,10 @@ class Probe:
 
 
 def load_litellm() -> Any:
-    """``litellm``, imported once, with the local cost map and without its import warnings."""
-    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-    with _LITELLM_LOCK, warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        import litellm
+    """``litellm`` through :func:`ctxrules.llm.load_litellm` (kept here for callers of this module)."""
+    from ctxrules.llm import load_litellm as load
 
-        litellm.telemetry = False
-        return litellm
+    return load()
 
 
 def probe_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:

@@ -12,7 +12,6 @@ the session has one.
 from __future__ import annotations
 
 import dataclasses
-import os
 import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -87,8 +86,9 @@ def emergency_pass(session: Session, messages: list[dict[str, Any]], tools: list
 def complete(session: Session, messages: Any, *, tools: list[dict[str, Any]] | None = None,
              model: str | None = None, **kwargs: Any) -> Completion:
     """``litellm.completion`` on the prepared messages, with one overflow recovery."""
-    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-    import litellm
+    from ctxrules.llm import load_litellm, quiet
+
+    litellm = load_litellm()
 
     prepared = session.prepare(messages, tools)
     call_model = model or session.model.name
@@ -99,7 +99,8 @@ def complete(session: Session, messages: Any, *, tools: list[dict[str, Any]] | N
         if prepared.tools:
             options.setdefault("tools", prepared.tools)
         try:
-            response = litellm.completion(model=call_model, messages=_wire(sent), **options)
+            with quiet():
+                response = litellm.completion(model=call_model, messages=_wire(sent), **options)
         except Exception as exc:
             tokens = session.counter.count_messages(sent, prepared.tools)
             attempts.append({"attempt": attempt + 1, "error": f"{type(exc).__name__}: {exc}"[:500], "tokens": tokens})
@@ -124,4 +125,6 @@ def _record(session: Session, model: str, response: Any, *, ok: bool) -> None:
         return
     usage = getattr(response, "usage", None)
     if usage is not None:
-        recorder(model=model, usage=usage)
+        # litellm's Usage is a pydantic model; the ledger takes plain JSON-like data.
+        dump = getattr(usage, "model_dump", None)
+        recorder(dump() if callable(dump) else usage, model=model)
