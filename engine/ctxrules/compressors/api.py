@@ -45,6 +45,11 @@ class CompressResult:
     exit_code: int | None = None
 
 
+MARKER_SURCHARGE = 120
+"""Bytes added per marker when comparing sizes: a marker's 64 hex digits cost about twice as
+many tokens per byte as ordinary output, so a marker counts about twice its length."""
+
+
 def text_id(text: str) -> str:
     """The vault id ``Vault.put_text(text)`` will return (sha256 of its UTF-8 bytes)."""
     return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
@@ -103,9 +108,8 @@ def compress_text(
         vault_id=vault_id or text_id(output),
         lossless=lossless,
     )
-    if len(applied.text.encode("utf-8", "surrogatepass")) >= len(
-        output.encode("utf-8", "surrogatepass")
-    ):
+    after = len(applied.text.encode("utf-8", "surrogatepass")) + MARKER_SURCHARGE * applied.markers
+    if after >= len(output.encode("utf-8", "surrogatepass")):
         return None
     return CompressResult(
         text=applied.text,

@@ -184,6 +184,10 @@ def _compile(compressors: list[Any], registry: Registry) -> tuple[CompiledRule, 
 
 
 _CACHE: dict[tuple[int, str], tuple[CompiledRule, ...]] = {}
+# The last lists seen, by identity: a resolved pack's data is read-only by convention, so the
+# same list object means the same rules and serializing it again can be skipped. The lists
+# are kept alive here, so an id is never reused while it is cached.
+_BY_IDENTITY: dict[tuple[int, int], tuple[list[Any], tuple[CompiledRule, ...]]] = {}
 
 
 def compile_rules(pack: Mapping[str, Any], registry: Registry) -> tuple[CompiledRule, ...]:
@@ -191,6 +195,17 @@ def compile_rules(pack: Mapping[str, Any], registry: Registry) -> tuple[Compiled
     compressors = pack.get("compressors") or []
     if not isinstance(compressors, list) or not compressors:
         return ()
+    hit = _BY_IDENTITY.get((id(registry), id(compressors)))
+    if hit is not None and hit[0] is compressors:
+        return hit[1]
+    rules = _compile_cached(compressors, registry)
+    if len(_BY_IDENTITY) > 16:
+        _BY_IDENTITY.clear()
+    _BY_IDENTITY[(id(registry), id(compressors))] = (compressors, rules)
+    return rules
+
+
+def _compile_cached(compressors: list[Any], registry: Registry) -> tuple[CompiledRule, ...]:
     stripped = [
         {k: v for k, v in c.items() if k not in ("tests", "description")}
         if isinstance(c, Mapping)

@@ -139,16 +139,22 @@ class CollapseRepeats:
 
 
 # Progress bars and spinners of common tools (pip, npm, cargo, curl, wget, docker, git, tqdm).
-_PROGRESS = [
-    r"^\s*[\u2800-\u28ff]",  # braille spinners ⠋⠙⠹
-    r"\d{1,3}(?:\.\d+)?\s?%.*[\u2580-\u259f\u2500-\u257f#=]{3,}",  # 45% |█████   |
-    r"[\u2580-\u259f\u2500-\u257f#=]{3,}.*\d{1,3}(?:\.\d+)?\s?%",
-    r"^\s*[\u2500-\u257f]{5,}\s+\d",  # pip's ━━━━━━ 1.2/3.4 MB
-    r"^\s*\[[=#>\-. ]{5,}\]",  # [=====>    ]
+# Those that show a percentage are only tried on lines with a "%": digits are everywhere in
+# logs, and a pattern that starts at each digit makes long outputs slow to scan.
+_PROGRESS_PERCENT = [
+    # 45% |█████   | and tqdm's bars; bounded gaps keep long log lines linear to scan.
+    r"\d{1,3}(?:\.\d+)?\s?%[^%\n]{0,12}?[\u2580-\u259f\u2500-\u257f]{3,}",
+    r"[\u2580-\u259f\u2500-\u257f]{3,}[^%\n]{0,60}?\d{1,3}(?:\.\d+)?\s?%",
+    r"\d{1,3}%\s?\[[=#>\-. ]{3,}\]",  # 45% [=====>    ]
     r"(?i)^\s*(?:remote: )?(?:counting|compressing|receiving|resolving|writing|enumerating)"
     r" (?:objects|deltas):\s+\d{1,3}%",
+    r"(?i)^\s*(?:downloading|uploading|fetching|progress)\b[^\n]{0,200}?\d{1,3}(?:\.\d+)?%",
+]
+_PROGRESS = [
+    r"^\s*[\u2800-\u28ff]",  # braille spinners ⠋⠙⠹
+    r"^\s*[\u2500-\u257f]{5,}\s+\d",  # pip's ━━━━━━ 1.2/3.4 MB
+    r"^\s*\[[=#>\-. ]{5,}\]",  # [=====>    ]
     r"^[0-9a-f]{12}: (?:Waiting|Downloading|Extracting|Verifying Checksum|Pulling fs layer)",
-    r"(?i)^\s*(?:downloading|uploading|fetching|progress)\b.*\d{1,3}(?:\.\d+)?%",
     r"^\s*(?:\d+(?:\.\d+)?\s*[kKMG]i?B\s*/\s*\d+(?:\.\d+)?\s*[kKMG]i?B)\b",
     r"^Progress: resolved \d+, reused \d+, downloaded \d+, added \d+(?!, done)",  # pnpm
 ]
@@ -163,17 +169,21 @@ class CollapseProgress:
 
     def __init__(self, options: Mapping[str, Any]) -> None:
         extra = list(options.get("patterns", []))
-        patterns = extra if options.get("replace_defaults") else [*_PROGRESS, *extra]
-        self.matcher = compile_all(patterns)
+        defaults = not options.get("replace_defaults")
+        self.matcher = compile_all([*_PROGRESS, *extra] if defaults else extra)
+        self.percent = compile_all(_PROGRESS_PERCENT) if defaults else None
+
+    def _is_progress(self, line: str) -> bool:
+        if self.matcher is not None and self.matcher.search(line) is not None:
+            return True
+        return self.percent is not None and "%" in line and self.percent.search(line) is not None
 
     def __call__(self, lines: Lines) -> list[str]:
-        matcher = self.matcher
-        assert matcher is not None
         resolved = [_rewrite(line, _visible(line)) if "\r" in line else line for line in lines]
         out: list[str] = []
         pending: str | None = None
         for line in resolved:
-            if matcher.search(line) is not None:
+            if self._is_progress(line):
                 pending = line  # a later state of the same bar replaces it
                 continue
             if pending is not None:

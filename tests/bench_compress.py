@@ -1,0 +1,163 @@
+"""Benchmark of the built-in compressors over real outputs.
+
+Inputs: the outputs captured in tests/fixtures/command-outputs/ (commands and exit codes from
+INDEX.tsv) and the shared corpus ../shared/corpus/command-outputs/rtk/*.txt. Per command family
+it prints tokens before and after (gpt-4o's o200k_base, exact), the share of key lines kept,
+and, as the baseline measured in the same run, the share a plain head + tail of the same
+character budget keeps. Throughput is measured on all inputs together, against a baseline
+that only splits, hashes and joins the same texts (the floor of any compressor).
+
+Run: PYTHONPATH=engine python tests/bench_compress.py [--repeat N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import re
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "engine"))
+
+from ctxrules.compressors.api import compress_text  # noqa: E402
+from ctxrules.models import lookup_model  # noqa: E402
+from ctxrules.packs.loader import load_pack  # noqa: E402
+from ctxrules.tokens import TokenCounter  # noqa: E402
+
+FIXTURES = REPO / "tests" / "fixtures" / "command-outputs"
+RTK = REPO.parent / "shared" / "corpus" / "command-outputs" / "rtk"
+
+# Lines an agent needs: failures, locations, outcomes, the names of what changed.
+KEY = re.compile(
+    r"(?i)(?:\b(?:error|errors|fatal|failed|failure|panic|panicked|exception|warning|unmet|"
+    r"conflict)\b(?![.\w])|^FAILED |^ERROR |^E {2,}|traceback|\S+\.\w+:\d+|^\s*--> |"
+    r"\b\d+ (?:passed|failed)\b|"
+    r"^test result:|successfully|^diff --git |^commit |^\s*(?:modified|deleted|new file|renamed|"
+    r"both modified):|^Step \d+/\d+|exited \([1-9])"
+)
+ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]")
+
+RTK_COMMANDS = [
+    (r"^mvn_", "mvn test"),
+    (r"^gradlew_", "./gradlew build"),
+    (r"^sbt_", "sbt test"),
+    (r"^build_failed", "dotnet build"),
+    (r"^test_failed", "dotnet test"),
+    (r"^uv_run_pytest", "uv run pytest"),
+    (r"^pytest", "pytest -q"),
+    (r"^ctest", "ctest"),
+    (r"^make_", "make"),
+    (r"^docker_compose", "docker compose up -d"),
+    (r"^glab", "glab ci trace"),
+]
+
+
+def inputs() -> list[tuple[str, str, str, int]]:
+    """(family, command, text, exit code) for every captured and corpus output."""
+    out = []
+    for line in (FIXTURES / "INDEX.tsv").read_text(encoding="utf-8").splitlines():
+        name, code, command = line.split("\t", 2)
+        text = (FIXTURES / name).read_text(encoding="utf-8", errors="replace")
+        out.append((name.split("/")[0], command, text, int(code)))
+    for path in sorted(RTK.glob("*.txt")) if RTK.is_dir() else []:
+        command = next((c for p, c in RTK_COMMANDS if re.search(p, path.name)), "cat out.txt")
+        code = 1 if re.search(r"fail|error|no_pom", path.name) else 0
+        family = "rtk:" + command.split()[0].lstrip("./")
+        out.append((family, command, path.read_text(encoding="utf-8", errors="replace"), code))
+    return out
+
+
+def key_lines(text: str) -> list[str]:
+    lines = (ANSI.sub("", line).strip() for line in text.split("\n"))
+    return [line for line in lines if line and KEY.search(line)]
+
+
+_WORDS = re.compile(r"\w+")
+_PATH_PREFIX = re.compile(r"^\S+\.\w+:(?=\d)")
+
+
+def words(text: str) -> str:
+    return " ".join(_WORDS.findall(text))
+
+
+def kept(line: str, output_words: str) -> bool:
+    """Whether the line's words survive in order: rewrites that only squeeze spaces or move a
+    file name into a group header (`path:12: msg` -> `path` + `  12: msg`) still count."""
+    return words(_PATH_PREFIX.sub("", line)) in output_words
+
+
+def head_tail(text: str, budget: int) -> str:
+    return text[: budget // 2] + text[len(text) - budget // 2 :]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--repeat", type=int, default=5, help="passes for the throughput numbers")
+    args = parser.parse_args()
+    pack = load_pack("builtin:default").data
+    counter = TokenCounter.for_model(lookup_model("gpt-4o"))
+    items = inputs()
+
+    rows: dict[str, list[float]] = defaultdict(lambda: [0, 0, 0, 0, 0, 0])
+    for family, command, text, code in items:
+        result = compress_text(pack, command, text, code)
+        output = result.text if result is not None else text
+        keys = key_lines(text)
+        row = rows[family]
+        row[0] += 1
+        row[1] += counter.count_text(text)
+        row[2] += counter.count_text(output)
+        row[3] += len(keys)
+        ours, baseline = words(output), words(head_tail(text, len(output)))
+        row[4] += sum(kept(k, ours) for k in keys)
+        row[5] += sum(kept(k, baseline) for k in keys)
+
+    print(
+        f"{'family':<16}{'files':>6}{'tokens before':>15}{'after':>9}{'saved':>8}"
+        f"{'key lines':>11}{'kept':>8}{'head+tail':>11}"
+    )
+    total = [0.0] * 6
+    for family in sorted(rows):
+        row = rows[family]
+        total = [a + b for a, b in zip(total, row, strict=True)]
+        _print_row(family, row)
+    print("-" * 84)
+    _print_row("all", total)
+
+    texts = [(command, text, code) for _, command, text, code in items]
+    size_mb = sum(len(t.encode("utf-8")) for _, t, _ in texts) / 1e6
+    started = time.perf_counter()
+    for _ in range(args.repeat):
+        for command, text, code in texts:
+            compress_text(pack, command, text, code)
+    ours = time.perf_counter() - started
+    started = time.perf_counter()
+    for _ in range(args.repeat):
+        for _command, text, _code in texts:
+            hashlib.sha256(text.encode("utf-8")).hexdigest()
+            "\n".join(text.split("\n"))
+    floor = time.perf_counter() - started
+    print(
+        f"\nthroughput over {len(texts)} outputs ({size_mb:.2f} MB) x {args.repeat}: "
+        f"{size_mb * args.repeat / ours:.1f} MB/s "
+        f"(baseline split+hash+join: {size_mb * args.repeat / floor:.1f} MB/s)"
+    )
+
+
+def _print_row(name: str, row: list[float]) -> None:
+    files, before, after, keys, kept_ours, kept_ht = row
+    saved = 100 * (before - after) / before if before else 0.0
+    share = 100 * kept_ours / keys if keys else 100.0
+    share_ht = 100 * kept_ht / keys if keys else 100.0
+    print(
+        f"{name:<16}{int(files):>6}{int(before):>15,}{int(after):>9,}{saved:>7.0f}%"
+        f"{int(keys):>11}{share:>7.0f}%{share_ht:>10.0f}%"
+    )
+
+
+if __name__ == "__main__":
+    main()

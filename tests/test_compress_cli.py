@@ -1,0 +1,270 @@
+"""``ctxrules compress``: proxy mode (a real child process, real exit codes and pipes) and filter
+mode (in-process)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import REPO
+
+from ctxrules.vault import parse_markers
+
+FIXTURES = REPO / "tests" / "fixtures" / "command-outputs"
+ENGINE = str(REPO / "engine")
+
+
+def ctxrules(
+    *argv: str, tmp: Path, stdin: bytes | None = None, shell_suffix: str | None = None
+) -> subprocess.CompletedProcess[bytes]:
+    env = {**os.environ, "PYTHONPATH": ENGINE, "CTXRULES_STATE": str(tmp / "state")}
+    env.pop("CTXRULES_DEBUG", None)
+    base = [sys.executable, "-m", "ctxrules.cli.main", *argv]
+    if shell_suffix is not None:
+        line = " ".join(_quote(a) for a in base) + " " + shell_suffix
+        return subprocess.run(
+            ["sh", "-c", line],
+            capture_output=True,
+            env=env,
+            cwd=tmp,
+            input=stdin,
+            timeout=120,
+            check=False,
+        )
+    return subprocess.run(
+        base, capture_output=True, env=env, cwd=tmp, input=stdin, timeout=120, check=False
+    )
+
+
+def _quote(arg: str) -> str:
+    return "'" + arg.replace("'", "'\"'\"'") + "'"
+
+
+@pytest.fixture
+def noisy(tmp_path: Path) -> Path:
+    """A program printing 300 lines with one failure in the middle, exiting with $1."""
+    script = tmp_path / "noisy.py"
+    script.write_text(
+        "import sys\n"
+        "for i in range(300):\n"
+        "    print(f'step {i}: copying asset number {i} to the build folder')\n"
+        "    if i == 150:\n"
+        "        print('error: asset 150 is corrupt', file=sys.stderr, flush=True)\n"
+        "    sys.stdout.flush()\n"
+        "sys.exit(int(sys.argv[1]))\n",
+        encoding="utf-8",
+    )
+    return script
+
+
+def test_proxy_prints_compressed_output_and_keeps_the_full_one(tmp_path: Path, noisy: Path) -> None:
+    proc = ctxrules("compress", "--", sys.executable, str(noisy), "0", tmp=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout.decode()
+    assert "error: asset 150 is corrupt" in out  # stderr merged, failure kept from the middle
+    markers = parse_markers(out)
+    assert markers and len(out) < 300 * 40
+    vault = tmp_path / "state" / "default"
+    got = ctxrules("vault", "get", markers[0].ref, "--session", str(vault), tmp=tmp_path)
+    assert got.returncode == 0
+    first, last = markers[0].lines  # type: ignore[misc]
+    assert got.stdout.decode().count("\n") == last - first + 1
+    full = ctxrules("vault", "get", markers[0].vault_id, "--session", str(vault), tmp=tmp_path)
+    assert full.stdout.decode().count("copying asset number") == 300
+
+
+def test_proxy_exits_with_the_command_code_and_keeps_the_tail(tmp_path: Path, noisy: Path) -> None:
+    proc = ctxrules("compress", "--", sys.executable, str(noisy), "3", tmp=tmp_path)
+    assert proc.returncode == 3
+    out = proc.stdout.decode()
+    for i in range(290, 300):
+        assert f"step {i}: copying asset number {i}" in out
+
+
+@pytest.mark.parametrize(
+    ("argv", "code", "message"),
+    [
+        (["--", "ctxrules-no-such-program-4711"], 127, "command not found"),
+        (["--pack", "nope.yaml", "--", "true"], 125, "pack file not found"),
+        (["--", "sh", "-c", "exit 7"], 7, ""),
+        (["--", "sh", "-c", "kill -TERM $$"], 143, ""),
+    ],
+)
+def test_proxy_exit_codes(tmp_path: Path, argv: list[str], code: int, message: str) -> None:
+    proc = ctxrules("compress", *argv, tmp=tmp_path)
+    assert proc.returncode == code
+    assert message in proc.stderr.decode()
+    assert b"Traceback" not in proc.stderr
+
+
+def test_not_executable_is_126(tmp_path: Path) -> None:
+    script = tmp_path / "plain.sh"
+    script.write_text("echo hi\n", encoding="utf-8")
+    script.chmod(0o644)
+    proc = ctxrules("compress", "--", str(script), tmp=tmp_path)
+    assert proc.returncode == 126 and b"not executable" in proc.stderr
+
+
+def test_raw_drops_nothing(tmp_path: Path, noisy: Path) -> None:
+    proc = ctxrules("compress", "--raw", "--", sys.executable, str(noisy), "0", tmp=tmp_path)
+    assert proc.returncode == 0
+    assert proc.stdout.decode().count("copying asset number") == 300
+    assert b"ctxrules:elided" not in proc.stdout
+
+
+def test_stats_go_to_stderr_with_real_token_counts(tmp_path: Path, noisy: Path) -> None:
+    proc = ctxrules("compress", "--stats", "--", sys.executable, str(noisy), "0", tmp=tmp_path)
+    err = proc.stderr.decode()
+    assert "tokens" in err and "gpt-4o, exact" in err and "vault://" in err
+    assert "tokens" not in proc.stdout.decode().splitlines()[0]
+
+
+def test_a_pipeline_gets_the_real_lines(tmp_path: Path, noisy: Path) -> None:
+    piped = ctxrules(
+        "compress", "--", sys.executable, str(noisy), "0", tmp=tmp_path, shell_suffix="| cat"
+    )
+    assert piped.stdout.decode().count("copying asset number") == 300
+    forced = ctxrules(
+        "compress",
+        "--always",
+        "--",
+        sys.executable,
+        str(noisy),
+        "0",
+        tmp=tmp_path,
+        shell_suffix="| cat",
+    )
+    assert parse_markers(forced.stdout.decode())
+    to_file = ctxrules(
+        "compress",
+        "--",
+        sys.executable,
+        str(noisy),
+        "0",
+        tmp=tmp_path,
+        shell_suffix="> out.txt; cat out.txt",
+    )
+    assert parse_markers(to_file.stdout.decode())  # a file is not a pipeline
+
+
+def test_pipeline_status_survives(tmp_path: Path, noisy: Path) -> None:
+    proc = ctxrules(
+        "compress",
+        "--",
+        sys.executable,
+        str(noisy),
+        "4",
+        tmp=tmp_path,
+        shell_suffix="| cat > /dev/null; exit 0",
+    )
+    assert proc.returncode == 0  # the shell's; the point is that nothing hangs or crashes
+    assert b"Traceback" not in proc.stderr
+
+
+def test_stream_copies_live_to_stderr(tmp_path: Path, noisy: Path) -> None:
+    proc = ctxrules("compress", "--stream", "--", sys.executable, str(noisy), "0", tmp=tmp_path)
+    assert proc.stderr.decode().count("copying asset number") == 300
+    assert parse_markers(proc.stdout.decode())
+
+
+def test_non_utf8_output_is_kept_byte_for_byte(tmp_path: Path) -> None:
+    script = tmp_path / "bytes.py"
+    script.write_text(
+        "import sys\nfor i in range(200):\n"
+        "    sys.stdout.buffer.write(b'row %d caf\\xe9 latin-1 bytes here\\n' % i)\n",
+        encoding="utf-8",
+    )
+    proc = ctxrules("compress", "--", sys.executable, str(script), tmp=tmp_path)
+    [*_, marker] = parse_markers(proc.stdout.decode())
+    got = ctxrules(
+        "vault",
+        "get",
+        marker.vault_id,
+        "--session",
+        str(tmp_path / "state" / "default"),
+        tmp=tmp_path,
+    )
+    assert got.stdout == b"".join(b"row %d caf\xe9 latin-1 bytes here\n" % i for i in range(200))
+
+
+def test_a_vault_that_cannot_be_written_prints_the_full_output(tmp_path: Path, noisy: Path) -> None:
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("x", encoding="utf-8")
+    proc = ctxrules(
+        "compress", "--session", str(blocker), "--", sys.executable, str(noisy), "5", tmp=tmp_path
+    )
+    assert proc.returncode == 5
+    assert proc.stdout.decode().count("copying asset number") == 300
+    assert b"output not compressed" in proc.stderr
+
+
+# --- filter mode (in-process) ------------------------------------------------------------------
+
+
+def test_filter_mode_compresses_captured_output(
+    cli,
+    tmp_path: Path,  # type: ignore[no-untyped-def]
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("CTXRULES_STATE", str(tmp_path))
+    code, out, err = cli(
+        "compress",
+        "--command",
+        "python -m pytest",
+        "--exit-code",
+        "1",
+        "--input",
+        str(FIXTURES / "pytest" / "failures.txt"),
+    )
+    assert code == 0, err
+    assert "FAILED tests/test_calc.py::test_div_by_zero" in out
+    assert "tests/test_bulk_4.py" not in out
+    [marker, *_] = parse_markers(out)
+    assert (tmp_path / "default" / "vault" / marker.vault_id[:2] / marker.vault_id).is_file()
+
+
+def test_filter_mode_reads_stdin(
+    cli,
+    tmp_path: Path,  # type: ignore[no-untyped-def]
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import io
+
+    data = (FIXTURES / "pip" / "install.txt").read_bytes()
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(data)))
+    code, out, _ = cli(
+        "compress",
+        "--session",
+        str(tmp_path / "s"),
+        "--command",
+        "pip install rich",
+        "--input",
+        "-",
+    )
+    assert code == 0
+    assert "Successfully installed" in out and "Looking in indexes" not in out
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--command", "ls"], "--command needs --input"),
+        (["--input", "x.txt"], "need --command"),
+        (["--command", "ls", "--input", "missing.txt"], "no such file"),
+        (["--command", "ls", "--input", "x", "--", "ls"], "not both"),
+        ([], "nothing to run"),
+    ],
+)
+def test_usage_errors(
+    cli,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,  # type: ignore[no-untyped-def]
+    argv: list[str],
+    message: str,
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    code, _, err = cli("compress", *argv)
+    assert code == 2 and message in err

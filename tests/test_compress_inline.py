@@ -1,0 +1,180 @@
+"""Compressor inline tests: ``ctxrules test --require-tests`` on the built-in rules, and what
+makes a compressor test pass or fail (ctxrules.compressors.testing)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from conftest import REPO
+
+from ctxrules.compressors.testing import run_compressor_tests
+from ctxrules.packs.loader import PackLoader, load_pack
+
+
+def test_builtin_compressor_tests_pass_and_none_is_missing(cli) -> None:  # type: ignore[no-untyped-def]
+    code, out, err = cli("test", "--require-tests", str(REPO / "rules" / "compressors"))
+    assert code == 0, out + err
+    lines = out.splitlines()
+    assert any(line.startswith("PASS compressor:pytest::") for line in lines)
+    assert not any(line.startswith("FAIL") for line in lines)
+
+
+def test_builtin_default_runs_every_inherited_compressor_test() -> None:
+    results = run_compressor_tests(load_pack("builtin:default"), require_tests=True)
+    failed = [f"{r.compressor}::{r.id}: {r.message}" for r in results if not r.passed]
+    assert not failed
+    rules = {r.compressor for r in results}
+    assert {"git-status", "pytest", "cargo-test", "docker-build", "generic"} <= rules
+    assert len(results) >= 60
+
+
+def write_pack(tmp_path: Path, body: str) -> Path:
+    path = tmp_path / "pack.yaml"
+    path.write_text(
+        "apiVersion: ctxrules/v1\nkind: RulePack\ncompressors:\n" + body, encoding="utf-8"
+    )
+    return path
+
+
+def results_of(path: Path, *, require_tests: bool = False) -> dict[str, tuple[bool, str]]:
+    pack = PackLoader().resolve(str(path))
+    return {
+        f"{r.compressor}::{r.id}": (r.passed, r.message)
+        for r in run_compressor_tests(pack, require_tests=require_tests)
+    }
+
+
+LONG = "".join(f"line {i} of a long and boring output\\n" for i in range(60))
+
+
+def test_a_passing_and_a_failing_expectation(tmp_path: Path) -> None:
+    path = write_pack(
+        tmp_path,
+        f"""
+  - id: cut
+    match: {{argv: [tool]}}
+    steps: [{{use: head, with: {{lines: 3}}}}]
+    tests:
+      - id: good
+        input_text: "{LONG}"
+        contains: ["line 2 of"]
+        not_contains: ["line 40 of"]
+        max_ratio: 0.5
+      - {{id: bad, input_text: "{LONG}", contains: ["line 40 of"]}}
+      - {{id: ratio, input_text: "{LONG}", max_ratio: 0.01}}
+""",
+    )
+    got = results_of(path)
+    assert got["cut::good"] == (True, "")
+    assert got["cut::bad"][0] is False and "lacks 'line 40 of'" in got["cut::bad"][1]
+    assert got["cut::ratio"][0] is False and "above max_ratio 0.01" in got["cut::ratio"][1]
+
+
+def test_expected_output_with_the_vault_id(tmp_path: Path) -> None:
+    text = "".join(f"row {i} with enough text to be worth eliding\\n" for i in range(1, 9))
+    expected = (
+        "row 1 with enough text to be worth eliding\\n"
+        "[ctxrules:elided kind=lines count=7 ref=vault://{vault_id}#L2-L8]\\n"
+    )
+    path = write_pack(
+        tmp_path,
+        f"""
+  - id: first
+    match: {{argv: [tool]}}
+    steps: [{{use: head, with: {{lines: 1}}}}]
+    tests: [{{id: exact, input_text: "{text}", expected: "{expected}"}}]
+""",
+    )
+    assert results_of(path)["first::exact"] == (True, "")
+
+
+def test_a_test_of_a_shadowed_rule_fails(tmp_path: Path) -> None:
+    path = write_pack(
+        tmp_path,
+        f"""
+  - id: broad
+    match: {{argv: [git]}}
+    steps: [{{use: head, with: {{lines: 3}}}}]
+    tests: [{{id: t, input_text: "{LONG}", command: git status}}]
+  - id: narrow
+    match: {{argv: [git, status]}}
+    steps: [{{use: head, with: {{lines: 3}}}}]
+    tests: [{{id: t, input_text: "{LONG}"}}]
+""",
+    )
+    got = results_of(path)
+    assert got["broad::t"][0] is False and "selects compressor 'narrow'" in got["broad::t"][1]
+    assert got["narrow::t"] == (True, "")
+
+
+def test_input_files_are_relative_to_the_declaring_pack(tmp_path: Path) -> None:
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "log.txt").write_text(LONG.replace("\\n", "\n"), encoding="utf-8")
+    write_pack(
+        tmp_path,
+        """
+  - id: cut
+    match: {argv: [tool]}
+    steps: [{use: head, with: {lines: 3}}]
+    tests:
+      - {id: found, input: out/log.txt, contains: ["line 0 of"]}
+      - {id: missing, input: out/nope.txt}
+""",
+    )
+    child = tmp_path / "child" / "pack.yaml"
+    child.parent.mkdir()
+    child.write_text(
+        "apiVersion: ctxrules/v1\nkind: RulePack\nextends: [../pack.yaml]\n", encoding="utf-8"
+    )
+    got = results_of(child)
+    assert got["cut::found"] == (True, "")
+    assert got["cut::missing"][0] is False and "input file not found" in got["cut::missing"][1]
+
+
+def test_require_tests_fails_a_compressor_without_tests(tmp_path: Path) -> None:
+    path = write_pack(
+        tmp_path,
+        """
+  - id: untested
+    match: {argv: [tool]}
+    steps: [{use: head, with: {lines: 3}}]
+""",
+    )
+    assert results_of(path) == {}
+    got = results_of(path, require_tests=True)
+    assert got["untested::<missing>"][0] is False
+
+
+def test_a_glob_argv_needs_a_command(tmp_path: Path) -> None:
+    path = write_pack(
+        tmp_path,
+        f"""
+  - id: any
+    match: {{argv: ['*']}}
+    steps: [{{use: head, with: {{lines: 3}}}}]
+    tests: [{{id: t, input_text: "{LONG}"}}]
+""",
+    )
+    passed, message = results_of(path)["any::t"]
+    assert not passed and "give `command:`" in message
+
+
+@pytest.mark.parametrize("flag", [[], ["--require-tests"]])
+def test_cli_reports_a_failing_compressor_test(
+    cli,
+    tmp_path: Path,  # type: ignore[no-untyped-def]
+    flag: list[str],
+) -> None:
+    path = write_pack(
+        tmp_path,
+        f"""
+  - id: cut
+    match: {{argv: [tool]}}
+    steps: [{{use: head, with: {{lines: 3}}}}]
+    tests: [{{id: bad, input_text: "{LONG}", contains: ["line 59 of"]}}]
+""",
+    )
+    code, out, _ = cli("test", *flag, str(path))
+    assert code == 1
+    assert "FAIL compressor:cut::bad" in out
