@@ -254,3 +254,12 @@ def test_odd_text_round_trips_through_the_vault(tmp_path: Path) -> None:
     [marker] = parse_markers(result.text)
     assert marker.lines == (6, 65)
     assert not result.text.endswith("\n")
+
+
+def test_the_exit_code_line_is_never_elided() -> None:
+    p = {**pack(rule(HEAD5)), "tools": {"exit_code": [r"Exit code:? (\d+)"]}}
+    output = "Exit code 0\n" + numbered(100)
+    result = compress_text({**p, "compressors": [rule([{"use": "tail", "with": {"lines": 3}}])]},
+                           "tool", output, 0)
+    assert result is not None and result.text.startswith("Exit code 0\n")
+    assert "line 100 " in result.text and "line 50 " not in result.text

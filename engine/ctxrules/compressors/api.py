@@ -10,8 +10,10 @@ so that every marker resolves to the exact original.
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
 from ctxrules.compressors.apply import apply_rule, is_failure
@@ -53,6 +55,26 @@ many tokens per byte as ordinary output, so a marker counts about twice its leng
 def text_id(text: str) -> str:
     """The vault id ``Vault.put_text(text)`` will return (sha256 of its UTF-8 bytes)."""
     return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def _exit_code_patterns(pack: Mapping[str, Any]) -> tuple[re.Pattern[str], ...]:
+    """The pack's ``tools.exit_code`` regexes (validated already; a bad one is skipped)."""
+    tools = pack.get("tools")
+    patterns = tools.get("exit_code") if isinstance(tools, Mapping) else None
+    if not isinstance(patterns, list):
+        return ()
+    return _compiled(tuple(p for p in patterns if isinstance(p, str)))
+
+
+@lru_cache(maxsize=32)
+def _compiled(patterns: tuple[str, ...]) -> tuple[re.Pattern[str], ...]:
+    out = []
+    for pattern in patterns:
+        try:
+            out.append(re.compile(pattern))
+        except re.error:
+            continue
+    return tuple(out)
 
 
 def _registry(registry: Registry | None) -> Registry:
@@ -107,6 +129,7 @@ def compress_text(
         exit_code=exit_code,
         vault_id=vault_id or text_id(output),
         lossless=lossless,
+        keep=_exit_code_patterns(pack),
     )
     after = len(applied.text.encode("utf-8", "surrogatepass")) + MARKER_SURCHARGE * applied.markers
     if after >= len(output.encode("utf-8", "surrogatepass")):

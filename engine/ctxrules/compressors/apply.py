@@ -9,6 +9,8 @@
    marker ``[ctxrules:elided kind=lines count=N ref=vault://<id>#La-Lb]`` where it was; runs
    of blank lines alone need none. Beyond ``max_markers`` runs, the closest runs share one
    marker whose range spans them (it may include shown lines; ``count`` is what was elided).
+   The line that reports the exit code (one the pack's ``tools.exit_code`` patterns find) is
+   kept the same way.
 3. **Lossless means lossless.** For ``lossless: true`` rules every dropped line is put back
    (rewrites and folds of identical lines stay).
 4. **Never larger.** A result that is not smaller than the input, in UTF-8 bytes, is no
@@ -168,6 +170,7 @@ def apply_rule(
     exit_code: int | None,
     vault_id: str,
     lossless: bool = False,
+    keep: Sequence[re.Pattern[str]] = (),
 ) -> Applied:
     """The compressed output of ``rule`` on ``output``, with the engine's rules enforced."""
     originals, trailing = split_output(output)
@@ -200,10 +203,17 @@ def apply_rule(
         for line_no in range(1, n + 1):
             if not shown[line_no]:
                 put_back(line_no, verbatim=True)
-    elif failed:
-        for line_no in range(max(1, n - rule.failure_tail + 1), n + 1):
-            if not shown[line_no]:
-                put_back(line_no, verbatim=False)
+    else:
+        if failed:
+            for line_no in range(max(1, n - rule.failure_tail + 1), n + 1):
+                if not shown[line_no]:
+                    put_back(line_no, verbatim=False)
+        if keep:
+            # The line that reports the exit code (the pack's tools.exit_code patterns) stays:
+            # whoever reads the result later must still see how the command ended.
+            for line_no in range(1, n + 1):
+                if not shown[line_no] and any(p.search(originals[line_no - 1]) for p in keep):
+                    put_back(line_no, verbatim=False)
 
     missing = [i for i in range(1, n + 1) if not shown[i]]
     runs = [
