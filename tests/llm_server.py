@@ -1,0 +1,410 @@
+"""A small local OpenAI-compatible HTTP server for tests of LLM call paths.
+
+Real HTTP on ``127.0.0.1`` with a port the OS chooses, serving ``POST /v1/chat/completions``
+(and ``/chat/completions``) both as a Server-Sent-Events stream (``"stream": true``) and as one
+JSON body. Each request consumes the next *scripted behaviour*; when the script is used up the
+``default`` behaviour answers (a 500 unless you say otherwise), so an unexpected extra call is
+visible instead of hanging.
+
+Usage::
+
+    from llm_server import LLMServer, reply, slow_reply, silent, http_error, context_length_error
+
+    with LLMServer() as server:
+        server.script(http_error(500), reply('{"user_goal": "..."}'))
+        litellm.completion(model="openai/test", api_base=server.base_url, api_key="x", ...)
+        assert len(server.requests) == 2
+        assert server.requests[0].body["messages"][0]["role"] == "system"
+
+Behaviours (frozen dataclasses; build them with the helper functions):
+
+- :func:`reply` — the text as a completion; streamed in chunks of ``chunk_chars``
+  characters, one chunk every ``interval_s`` seconds (0: as fast as possible). Good JSON,
+  invalid JSON and prose are all just ``reply(text)``.
+- :func:`slow_reply` — ``reply`` with a pause between chunks: slow but alive.
+- :func:`silent` — a stream that sends ``prefix`` and then nothing for ``hold_s`` seconds (or
+  until the server stops), then closes without ``[DONE]``; non-streaming requests just wait.
+- :func:`http_error` — an HTTP error status with an OpenAI-style error body.
+- :func:`context_length_error` — the 400 ``context_length_exceeded`` error providers send
+  when the prompt does not fit.
+
+Every loop is bounded: a reply ends with its text, a silent stream after ``hold_s`` (capped at
+:data:`MAX_HOLD_S`), and :meth:`LLMServer.stop` wakes every waiting handler at once.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from types import TracebackType
+from typing import Any
+
+__all__ = [
+    "MAX_HOLD_S",
+    "Behaviour",
+    "HTTPError",
+    "LLMServer",
+    "RecordedRequest",
+    "Reply",
+    "Silent",
+    "context_length_error",
+    "http_error",
+    "reply",
+    "silent",
+    "slow_reply",
+]
+
+MAX_HOLD_S = 60.0
+"""The longest a silent behaviour holds a connection, whatever it was asked for."""
+
+
+@dataclass(frozen=True)
+class Reply:
+    """Answer with ``text`` (see :func:`reply`)."""
+
+    text: str
+    chunk_chars: int = 8
+    interval_s: float = 0.0
+    finish_reason: str = "stop"
+
+
+@dataclass(frozen=True)
+class Silent:
+    """Send ``prefix`` (streaming), then nothing for ``hold_s`` seconds (see :func:`silent`)."""
+
+    prefix: str = ""
+    hold_s: float = 10.0
+
+
+@dataclass(frozen=True)
+class HTTPError:
+    """Answer with HTTP ``status`` and an OpenAI-style error body (see :func:`http_error`)."""
+
+    status: int = 500
+    message: str = "internal server error"
+    type: str = "server_error"
+    code: str | None = None
+
+
+Behaviour = Reply | Silent | HTTPError
+
+
+def reply(text: str, *, chunk_chars: int = 8, finish_reason: str = "stop") -> Reply:
+    """A completion whose content is ``text``, streamed ``chunk_chars`` characters at a time."""
+    return Reply(text, chunk_chars=max(1, chunk_chars), finish_reason=finish_reason)
+
+
+def slow_reply(text: str, *, every_s: float, chunk_chars: int = 8) -> Reply:
+    """Like :func:`reply`, one chunk every ``every_s`` seconds: slow, but alive."""
+    return Reply(text, chunk_chars=max(1, chunk_chars), interval_s=max(0.0, every_s))
+
+
+def silent(*, prefix: str = "", hold_s: float = 10.0) -> Silent:
+    """A stream that goes quiet after ``prefix`` for ``hold_s`` seconds (≤ :data:`MAX_HOLD_S`)."""
+    return Silent(prefix, min(max(0.0, hold_s), MAX_HOLD_S))
+
+
+def http_error(
+    status: int = 500,
+    message: str = "internal server error",
+    *,
+    type: str = "server_error",
+    code: str | None = None,
+) -> HTTPError:
+    """An HTTP error with ``{"error": {"message", "type", "code"}}``."""
+    return HTTPError(status, message, type, code)
+
+
+def context_length_error(limit: int = 8192) -> HTTPError:
+    """The 400 error an OpenAI-compatible server sends when the prompt is too long."""
+    return HTTPError(
+        400,
+        f"This model's maximum context length is {limit} tokens. However, your messages "
+        f"resulted in {limit * 2} tokens. Please reduce the length of the messages.",
+        "invalid_request_error",
+        "context_length_exceeded",
+    )
+
+
+@dataclass
+class RecordedRequest:
+    """One request the server received: its path, its parsed JSON body, the behaviour used and
+    the request headers (names lower-cased)."""
+
+    path: str
+    body: dict[str, Any]
+    behaviour: Behaviour
+    headers: dict[str, str] = field(default_factory=dict)
+    received_at: float = field(default_factory=time.monotonic)
+
+    @property
+    def stream(self) -> bool:
+        return bool(self.body.get("stream"))
+
+
+class LLMServer:
+    """The server; a context manager that starts on enter and stops on exit.
+
+    ``model`` is the model name reported in responses. ``default`` answers requests once the
+    script is used up. Thread-safe: tests may script and read ``requests`` while calls run.
+    """
+
+    def __init__(self, *, model: str = "test-model", default: Behaviour | None = None) -> None:
+        self.model = model
+        self.default: Behaviour = default or http_error(500, "no scripted behaviour left")
+        self._script: deque[Behaviour] = deque()
+        self._requests: list[RecordedRequest] = []
+        self._lock = threading.Lock()
+        self._stopping = threading.Event()
+        self._httpd: ThreadingHTTPServer | None = None
+        self._thread: threading.Thread | None = None
+
+    # --- lifecycle ----------------------------------------------------------------------------
+
+    def start(self) -> LLMServer:
+        if self._httpd is not None:
+            return self
+        handler = _make_handler(self)
+        httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        httpd.daemon_threads = True
+        self._httpd = httpd
+        self._stopping.clear()
+        self._thread = threading.Thread(
+            target=httpd.serve_forever,
+            kwargs={"poll_interval": 0.05},
+            name="llm-test-server",
+            daemon=True,
+        )
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop serving; silent handlers wake up and close their connections."""
+        self._stopping.set()
+        httpd, self._httpd = self._httpd, None
+        if httpd is not None:
+            httpd.shutdown()
+            httpd.server_close()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+            self._thread = None
+
+    def __enter__(self) -> LLMServer:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    # --- scripting ----------------------------------------------------------------------------
+
+    @property
+    def port(self) -> int:
+        if self._httpd is None:
+            raise RuntimeError("the server is not running")
+        return int(self._httpd.server_address[1])
+
+    @property
+    def base_url(self) -> str:
+        """The OpenAI-style API base, e.g. ``http://127.0.0.1:54321/v1``."""
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def script(self, *behaviours: Behaviour) -> LLMServer:
+        """Append behaviours; each request consumes one, in order."""
+        with self._lock:
+            self._script.extend(behaviours)
+        return self
+
+    def clear(self) -> None:
+        """Forget the remaining script and the recorded requests."""
+        with self._lock:
+            self._script.clear()
+            self._requests.clear()
+
+    @property
+    def requests(self) -> list[RecordedRequest]:
+        """The chat-completion requests received so far (a copy)."""
+        with self._lock:
+            return list(self._requests)
+
+    @property
+    def pending(self) -> int:
+        """Scripted behaviours not used yet."""
+        with self._lock:
+            return len(self._script)
+
+    def _next(self, path: str, body: dict[str, Any], headers: dict[str, str]) -> Behaviour:
+        with self._lock:
+            behaviour = self._script.popleft() if self._script else self.default
+            self._requests.append(RecordedRequest(path, body, behaviour, headers))
+            return behaviour
+
+
+def _make_handler(server: LLMServer) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass  # keep test output clean
+
+        def do_GET(self) -> None:
+            if self.path.rstrip("/").endswith("/models"):
+                self._json(
+                    200, {"object": "list", "data": [{"id": server.model, "object": "model"}]}
+                )
+            else:
+                self._json(
+                    404, {"error": {"message": f"no route {self.path}", "type": "not_found"}}
+                )
+
+        def do_POST(self) -> None:
+            length = int(self.headers.get("Content-Length") or 0)
+            raw = self.rfile.read(length) if length else b""
+            if not self.path.rstrip("/").endswith("/chat/completions"):
+                self._json(
+                    404, {"error": {"message": f"no route {self.path}", "type": "not_found"}}
+                )
+                return
+            try:
+                body = json.loads(raw or b"{}")
+            except ValueError:
+                self._json(
+                    400, {"error": {"message": "body is not JSON", "type": "invalid_request_error"}}
+                )
+                return
+            if not isinstance(body, dict):
+                body = {"_raw": body}
+            headers = {k.lower(): v for k, v in self.headers.items()}
+            behaviour = server._next(self.path, body, headers)
+            stream = bool(body.get("stream"))
+            try:
+                if isinstance(behaviour, HTTPError):
+                    self._json(
+                        behaviour.status,
+                        {
+                            "error": {
+                                "message": behaviour.message,
+                                "type": behaviour.type,
+                                "code": behaviour.code,
+                                "param": None,
+                            }
+                        },
+                    )
+                elif isinstance(behaviour, Silent):
+                    self._silent(behaviour, stream)
+                elif stream:
+                    self._stream(behaviour)
+                else:
+                    self._complete(behaviour)
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # the client gave up (e.g. its inactivity timeout): nothing to answer
+
+        # --- responses ------------------------------------------------------------------------
+
+        def _json(self, status: int, payload: dict[str, Any]) -> None:
+            data = json.dumps(payload).encode("utf-8")
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.send_header("Connection", "close")
+            self.end_headers()
+            self.wfile.write(data)
+            self.close_connection = True
+
+        def _complete(self, behaviour: Reply) -> None:
+            if behaviour.interval_s:
+                # A slow non-streaming reply takes as long as its stream would have.
+                chunks = max(1, -(-len(behaviour.text) // behaviour.chunk_chars))
+                server._stopping.wait(min(chunks * behaviour.interval_s, MAX_HOLD_S))
+            self._json(
+                200,
+                {
+                    "id": "chatcmpl-test",
+                    "object": "chat.completion",
+                    "created": int(time.time()),
+                    "model": server.model,
+                    "choices": [
+                        {
+                            "index": 0,
+                            "finish_reason": behaviour.finish_reason,
+                            "message": {"role": "assistant", "content": behaviour.text},
+                        }
+                    ],
+                    "usage": _usage(behaviour.text),
+                },
+            )
+
+        def _start_stream(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Cache-Control", "no-cache")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.send_header("Connection", "close")
+            self.end_headers()
+            self.close_connection = True
+
+        def _event(self, payload: dict[str, Any] | str) -> None:
+            text = payload if isinstance(payload, str) else json.dumps(payload)
+            data = f"data: {text}\n\n".encode()
+            self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+            self.wfile.flush()
+
+        def _end_stream(self) -> None:
+            self.wfile.write(b"0\r\n\r\n")
+            self.wfile.flush()
+
+        def _delta(
+            self, content: str | None, finish: str | None = None, role: bool = False
+        ) -> dict[str, Any]:
+            delta: dict[str, Any] = {}
+            if role:
+                delta["role"] = "assistant"
+            if content is not None:
+                delta["content"] = content
+            return {
+                "id": "chatcmpl-test",
+                "object": "chat.completion.chunk",
+                "created": int(time.time()),
+                "model": server.model,
+                "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+            }
+
+        def _stream(self, behaviour: Reply) -> None:
+            self._start_stream()
+            self._event(self._delta("", role=True))
+            text = behaviour.text
+            for start in range(0, len(text), behaviour.chunk_chars):
+                if behaviour.interval_s and server._stopping.wait(behaviour.interval_s):
+                    return
+                self._event(self._delta(text[start : start + behaviour.chunk_chars]))
+            final = self._delta(None, behaviour.finish_reason)
+            final["usage"] = _usage(text)
+            self._event(final)
+            self._event("[DONE]")
+            self._end_stream()
+
+        def _silent(self, behaviour: Silent, stream: bool) -> None:
+            if stream:
+                self._start_stream()
+                self._event(self._delta("", role=True))
+                if behaviour.prefix:
+                    self._event(self._delta(behaviour.prefix))
+            server._stopping.wait(min(behaviour.hold_s, MAX_HOLD_S))
+            if stream:
+                self._end_stream()  # closes without a final chunk or [DONE]
+            # Non-streaming: close without any response.
+
+    return Handler
+
+
+def _usage(text: str) -> dict[str, int]:
+    completion = max(1, len(text) // 4)
+    return {"prompt_tokens": 10, "completion_tokens": completion, "total_tokens": 10 + completion}
