@@ -1,0 +1,335 @@
+"""``summarize.structured``: replace the oldest part of the conversation with a structured summary.
+
+Content phase, with hysteresis: it does nothing when utilization is already below its
+``target`` tier (default ``monitor``), and it compacts the smallest span of old messages that
+brings the estimate below the target (see :mod:`ctxrules.summarize.span`). Around that:
+
+1. per-session **compaction lock** (a held lock skips the turn, the context is unchanged);
+2. **pre-compaction backup**: the whole input list goes to the vault (action ``backup``);
+3. the removed messages go to the vault as one JSON list, and the summary carries their
+   marker ``[ctxrules:elided kind=message count=<n> ref=vault://<id>]``;
+4. the **summarizer** (:mod:`ctxrules.summarize.summarizer`): the pack's models through
+   litellm, streaming, audited; or the deterministic checkpoint — at once when no model has
+   credentials, and whenever the models fail, time out or are rejected;
+5. **incremental merge** into the earlier summary the span contained, **redaction** of the
+   result, and its storage in the session state (``summaries``, newest last, redacted);
+6. the summary goes in as one marked ``assistant`` message right after the human anchor, with
+   a marked bridge user turn where role alternation needs one (see
+   :mod:`ctxrules.summarize.render`).
+
+Pinned and protected messages stay where they are (after the summary). What the report shows:
+actions ``backup``, ``summarizer`` (one per model tried), ``breaker`` (per model), ``merge``,
+``checkpoint`` (why no model wrote the summary), ``summary``; and a warning whenever the
+checkpoint was used.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from ctxrules.errors import CtxrulesError
+from ctxrules.hookspecs import hookimpl
+from ctxrules.messages import injected_kind, is_real_user, message_text, pinned_indices
+from ctxrules.redaction import redactor_for
+from ctxrules.stages.base import Action, Message, StageOutcome, StageType
+from ctxrules.summarize.config import SummarizerConfig
+from ctxrules.summarize.llm import Completion
+from ctxrules.summarize.lock import CompactionBusy, CompactionLock
+from ctxrules.summarize.merge import merge_summaries
+from ctxrules.summarize.model import Summary, validate_summary
+from ctxrules.summarize.render import (
+    BRIDGE_KIND,
+    SUMMARY_KIND,
+    bridge_message,
+    parse_rendered,
+    summary_message,
+)
+from ctxrules.summarize.span import SpanPlan, plan_span
+from ctxrules.summarize.summarizer import Summarizer
+from ctxrules.toolroles import tool_roles
+from ctxrules.vault import VaultError, format_marker
+
+if TYPE_CHECKING:
+    from ctxrules.models import ModelInfo
+    from ctxrules.pipeline.context import StageContext
+
+__all__ = ["STAGE_TYPE", "StructuredSummary", "ctxrules_register_stages"]
+
+KEEP_SUMMARIES = 8
+"""How many summaries the session state keeps (newest last)."""
+SUMMARY_ESTIMATE_CAP = 2048
+"""Tokens a summary is assumed to take when choosing the span (at most ``max_output_tokens``)."""
+_MESSAGE_OVERHEAD = 200  # the tag, the marker, the note and a possible bridge turn
+_ID_ATTR = re.compile(r'<ctxrules:summary\b[^>]*\bid="([0-9a-f]{6,64})"')
+
+
+class StructuredSummary:
+    """The configured stage. ``completion`` (Python API, tests) replaces ``litellm.completion``."""
+
+    def __init__(self, options: Mapping[str, Any], *, completion: Completion | None = None) -> None:
+        tail = options.get("tail_budget")
+        self.tail_budget: float | None = float(tail) if isinstance(tail, int | float) else None
+        self.completion = completion
+
+    def __call__(self, messages: Sequence[Message], ctx: StageContext) -> StageOutcome:
+        if ctx.below(messages, ctx.target):
+            return StageOutcome(list(messages))
+        config = SummarizerConfig.from_pack(ctx.pack)
+        current = ctx.count(messages)
+        pinned = pinned_indices(messages)
+        protected = ctx.protected
+
+        def keep(i: int) -> bool:
+            return i in pinned or id(messages[i]) in protected
+
+        tail_share = self.tail_budget if self.tail_budget is not None else ctx.budget.tail_budget
+        plan = plan_span(
+            messages,
+            tokens=ctx.counter.count_each(messages),
+            current=current,
+            keep=keep,
+            tail_tokens=int(tail_share * ctx.budget.usable),
+            target_tokens=ctx.budget.tokens_at(ctx.target),
+            summary_estimate=min(config.max_output_tokens, SUMMARY_ESTIMATE_CAP)
+            + _MESSAGE_OVERHEAD,
+        )
+        if plan is None or not plan.remove:
+            notes = list(plan.notes) if plan is not None else ["nothing follows the protected head"]
+            return StageOutcome(list(messages), warnings=[f"no compaction: {n}" for n in notes])
+        try:
+            with CompactionLock(ctx.vault.root.parent):
+                return self._compact(messages, ctx, plan, config, current)
+        except CompactionBusy as exc:
+            return StageOutcome(list(messages), warnings=[f"{exc}: this turn is not compacted"])
+
+    # --- the compaction -----------------------------------------------------------------------
+
+    def _compact(
+        self,
+        messages: Sequence[Message],
+        ctx: StageContext,
+        plan: SpanPlan,
+        config: SummarizerConfig,
+        current: int,
+    ) -> StageOutcome:
+        redactor = redactor_for(ctx.pack)
+        actions: list[Action] = []
+        warnings: list[str] = []
+        backup_id = ctx.vault.put_text(json.dumps(list(messages), ensure_ascii=False))
+        actions.append(
+            Action(
+                "backup", f"pre-compaction messages ({len(messages)}) stored", vault_id=backup_id
+            )
+        )
+        removed_at = plan.removed_indices
+        removed = [messages[i] for i in removed_at]
+        span_id = ctx.vault.put_text(json.dumps(removed, ensure_ascii=False))
+        marker = format_marker("message", len(removed), span_id)
+
+        previous = self._previous(messages, plan, ctx.state)
+        # With the earlier summary known, its message is represented by it, not re-read.
+        span = [
+            m
+            for m in removed
+            if previous is None or injected_kind(m) not in (SUMMARY_KIND, BRIDGE_KIND)
+        ]
+        user_texts = [message_text(m) for m in messages if is_real_user(m)]
+        summarizer = Summarizer(
+            config,
+            ctx.model,
+            redactor=redactor,
+            roles=tool_roles(ctx.pack),
+            breaker_states=ctx.state.setdefault("breakers", {}),
+            now=ctx.clock,
+            count_for=_count_for(ctx),
+            completion=self.completion,
+            marker_exists=_exists(ctx),
+        )
+        result = summarizer.summarize(
+            span, user_messages=user_texts, previous=previous, first_index=plan.head_end
+        )
+        actions.extend(Action("summarizer", a.describe()) for a in result.attempts)
+        actions.extend(
+            Action("breaker", f"{model}: {state}") for model, state in result.breakers.items()
+        )
+        warnings.extend(result.warnings)
+        if result.source == "checkpoint":
+            actions.append(
+                Action("checkpoint", f"deterministic checkpoint used: {result.checkpoint_reason}")
+            )
+            warnings.append(
+                f"summarizer unavailable ({result.checkpoint_reason}); the deterministic "
+                f"checkpoint replaced {len(removed)} messages"
+            )
+
+        merged = merge_summaries(previous, result.summary)
+        summary = Summary.from_dict(redactor.redact_data(merged.summary.as_dict()))
+        problems = validate_summary(summary.as_dict())
+        if problems:  # merging and redaction keep a valid summary valid; never inject a broken one
+            raise CtxrulesError(f"merged summary does not validate: {'; '.join(problems)}")
+        if previous is not None:
+            dropped = ", ".join(f"{name} {len(items)}" for name, items in merged.dropped.items())
+            actions.append(
+                Action(
+                    "merge",
+                    f"folded into the earlier summary {previous.id}"
+                    + (f"; resolved or done, dropped: {dropped}" if dropped else ""),
+                )
+            )
+
+        message = summary_message(
+            summary,
+            marker=marker,
+            source=result.source,
+            removed=len(removed),
+            model=result.model,
+            extra_meta={"ref": span_id, "backup": backup_id},
+        )
+        out = self._assemble(messages, plan, message)
+        after = ctx.count(out)
+        first, last = removed_at[0], removed_at[-1]
+        actions.append(
+            Action(
+                "summary",
+                f"{len(removed)} messages (#{first}-#{last}) replaced by a {result.source} "
+                f"summary {summary.id}" + (f" from {result.model}" if result.model else ""),
+                index=plan.head_end,
+                tokens_saved=max(0, current - after),
+                vault_id=span_id,
+            )
+        )
+        if not ctx.below(out, ctx.target):
+            warnings.append(
+                f"still at {ctx.budget.tier(after)} after the summary ({after} tokens): the "
+                "head, the tail, pinned and protected messages hold the rest"
+            )
+        self._store(
+            ctx.state,
+            summary,
+            result.source,
+            result.model,
+            len(removed),
+            span_id,
+            backup_id,
+            ctx.clock,
+        )
+        return StageOutcome(out, actions, warnings=warnings)
+
+    @staticmethod
+    def _assemble(messages: Sequence[Message], plan: SpanPlan, message: Message) -> list[Message]:
+        gone = set(plan.removed_indices)
+        head = list(messages[: plan.head_end])
+        rest = [m for i, m in enumerate(messages) if i >= plan.head_end and i not in gone]
+        out = head
+        if not head or head[-1].get("role") != "user":
+            out.append(bridge_message("before"))  # no anchor: a user turn must open the dialogue
+        out.append(message)
+        if rest and rest[0].get("role") == "assistant":
+            out.append(bridge_message("after"))
+        out.extend(rest)
+        return out
+
+    @staticmethod
+    def _previous(
+        messages: Sequence[Message], plan: SpanPlan, state: Mapping[str, Any]
+    ) -> Summary | None:
+        stored = {e.get("id"): e for e in state.get("summaries") or [] if isinstance(e, Mapping)}
+        found: Summary | None = None
+        for index in plan.prior_summaries:
+            msg = messages[index]
+            meta = msg.get("ctxrules")
+            sid = meta.get("id") if isinstance(meta, Mapping) else None
+            if not isinstance(sid, str):
+                match = _ID_ATTR.search(message_text(msg))
+                sid = match.group(1) if match else None
+            entry = stored.get(sid)
+            data = entry.get("summary") if isinstance(entry, Mapping) else None
+            if isinstance(data, Mapping) and not validate_summary(data):
+                found = Summary.from_dict(data)
+            else:
+                found = parse_rendered(message_text(msg)) or found
+        return found
+
+    @staticmethod
+    def _store(
+        state: dict[str, Any],
+        summary: Summary,
+        source: str,
+        model: str | None,
+        count: int,
+        span_id: str,
+        backup_id: str,
+        clock: float,
+    ) -> None:
+        entries = [e for e in state.get("summaries") or [] if isinstance(e, dict)]
+        entries.append(
+            {
+                "id": summary.id,
+                "source": source,
+                "model": model,
+                "at": clock,
+                "messages": count,
+                "ref": span_id,
+                "backup": backup_id,
+                "summary": summary.as_dict(),
+            }
+        )
+        state["summaries"] = entries[-KEEP_SUMMARIES:]
+
+
+def _count_for(ctx: StageContext) -> Callable[[ModelInfo | None], Callable[[str], int]]:
+    def count_for(info: ModelInfo | None) -> Callable[[str], int]:
+        if info is None:
+            return ctx.counter.count_text
+        from ctxrules.tokens import TokenCounter
+
+        counter = TokenCounter.for_model(info)
+        return lambda text: counter.padded(counter.count_text(text))
+
+    return count_for
+
+
+def _exists(ctx: StageContext) -> Callable[[str], bool]:
+    def exists(vault_id: str) -> bool:
+        try:
+            return ctx.vault.exists(vault_id)
+        except VaultError:
+            return False
+
+    return exists
+
+
+OPTIONS_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "additionalProperties": False,
+    "properties": {
+        "tail_budget": {
+            "title": "Tail budget",
+            "description": "Share of the usable window kept verbatim at the end of the "
+            "conversation "
+            "(the newest steps); never summarized. Default: the pack's context.tail_budget.",
+            "type": "number",
+            "exclusiveMinimum": 0,
+            "exclusiveMaximum": 1,
+        },
+    },
+}
+
+STAGE_TYPE = StageType(
+    name="summarize.structured",
+    phase="content",
+    factory=StructuredSummary,
+    options_schema=OPTIONS_SCHEMA,
+    description="Replace the oldest messages with an audited, redacted 14-field summary (LLM "
+    "through "
+    "litellm, or a deterministic checkpoint); originals go to the vault.",
+    hysteresis=True,
+)
+
+
+@hookimpl
+def ctxrules_register_stages(register: Callable[[StageType], None]) -> None:
+    register(STAGE_TYPE)

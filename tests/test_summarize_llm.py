@@ -1,0 +1,367 @@
+"""The summarizer through litellm against a local OpenAI-compatible server (real HTTP, streaming):
+a good summary, invalid JSON, a 500, slow-but-alive and silent streams, the ceiling, a
+context-length error, the fallback chain, the auxiliary-ratio guard, the circuit breaker, and
+what the summarizer is sent. Limits are scaled down (inactivity 1 s)."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from llm_server import (
+    LLMServer,
+    context_length_error,
+    http_error,
+    reply,
+    silent,
+    slow_reply,
+)
+from test_summarize_stage import (
+    KEY_VARS,
+    alternation_problems,
+    chat_from_corpus,
+    summary_stage,
+    window_for,
+)
+
+from ctxrules import Engine
+from ctxrules.messages import injected_kind, message_text
+from ctxrules.redaction import default_redactor
+from ctxrules.summarize import FIELDS
+
+GOAL = "List which of these issues touch migrations, and fix the Django enum serializer first"
+
+
+def good_summary(**change: Any) -> str:
+    data: dict[str, Any] = {name: [] for name in FIELDS}
+    data.update(
+        {
+            "user_goal": GOAL,
+            "active_tasks": ["Fix the Django enum serializer"],
+            "completed_actions": [
+                "Read the pasted issues: seaborn scales, pytest capfd, sphinx mocks, sympy det"
+            ],
+            "relevant_files": ["django/db/migrations/serializer.py"],
+            "key_facts": [
+                "Migrations serialize Enum defaults by value, which breaks translated values"
+            ],
+            "pending_user_asks": ["fix the Django enum serializer first"],
+            "next_steps": [
+                "Patch EnumSerializer to write Status['GOOD']",
+                "Run the migrations tests",
+            ],
+        }
+    )
+    data.update(change)
+    return json.dumps(data)
+
+
+@pytest.fixture(autouse=True)
+def no_credentials(monkeypatch: pytest.MonkeyPatch) -> None:
+    for var in KEY_VARS:
+        monkeypatch.delenv(var, raising=False)
+
+
+@pytest.fixture
+def server() -> Iterator[LLMServer]:
+    with LLMServer() as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def chat() -> list[dict[str, Any]]:
+    return chat_from_corpus()
+
+
+class Harness:
+    """A pack pointing the summarizer at the test server, a session, and prepare()."""
+
+    def __init__(
+        self, tmp_path: Path, server: LLMServer, chat: list[dict[str, Any]], **summarizer: Any
+    ) -> None:
+        settings = {
+            "api_base": server.base_url,
+            "inactivity_s": 1,
+            "total_s": 20,
+            "fallback": "none",
+            **summarizer,
+        }
+        pack = {
+            "apiVersion": "ctxrules/v1",
+            "kind": "RulePack",
+            "metadata": {"name": "llm-test", "version": "1.0.0"},
+            "extends": ["builtin:default"],
+            "summarizer": settings,
+        }
+        path = tmp_path / "pack.yaml"
+        path.write_text(yaml.safe_dump(pack), encoding="utf-8")
+        self.engine = Engine.load(path)
+        self.chat = chat
+        self.window = window_for(self.engine, chat, 1.1)
+        self.session = self.engine.session(tmp_path / "session", model="gpt-4o", window=self.window)
+        self.server = server
+
+    def prepare(
+        self, clock: float = 1000.0, variant: int = 0
+    ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+        history = self.chat
+        if variant:
+            # A history that does not extend the last one runs the whole pipeline again (on the
+            # same session state), so the stage compacts again.
+            history = [
+                *history[:-1],
+                {**history[-1], "content": f"{history[-1]['content']} (take {variant})"},
+            ]
+        result = self.session.prepare(history, clock=clock)
+        return result.messages, summary_stage(result.report)
+
+
+def attempts(stage: dict[str, Any]) -> list[str]:
+    return [a["detail"] for a in stage["actions"] if a["kind"] == "summarizer"]
+
+
+def breaker(stage: dict[str, Any], model: str) -> str:
+    return next(
+        a["detail"]
+        for a in stage["actions"]
+        if a["kind"] == "breaker" and a["detail"].startswith(model)
+    )
+
+
+def summary_of(messages: list[dict[str, Any]]) -> dict[str, Any]:
+    return next(m for m in messages if injected_kind(m) == "summary")
+
+
+def test_a_good_summary_is_streamed_audited_and_injected(
+    tmp_path: Path, server: LLMServer, chat: list[dict[str, Any]]
+) -> None:
+    server.script(reply(good_summary()))
+    h = Harness(tmp_path, server, chat)
+    out, stage = h.prepare()
+    (request,) = server.requests
+    assert request.stream and request.body["model"] == "gpt-4o-mini"  # `lite` for the gpt family
+    assert request.body["max_tokens"] == 4096 and request.body["temperature"] == 0
+    system, user = request.body["messages"]
+    assert all(f'"{name}"' in system["content"] for name in FIELDS)
+    assert "USER MESSAGES" in user["content"] and "CONVERSATION" in user["content"]
+    summary = summary_of(out)
+    assert summary["ctxrules"]["source"] == "llm" and summary["ctxrules"]["model"] == "gpt-4o-mini"
+    text = message_text(summary)
+    assert f"User goal: {GOAL}" in text and text.rstrip().endswith(
+        "2. Run the migrations tests\n</ctxrules:summary>"
+    )
+    assert "primary gpt-4o-mini: ok" in attempts(stage)[0]
+    assert breaker(stage, "gpt-4o-mini") == "gpt-4o-mini: state=closed failures=0"
+    assert not any(a["kind"] == "checkpoint" for a in stage["actions"])
+    assert alternation_problems(out) == []
+
+
+@pytest.mark.parametrize(
+    ("behaviour", "outcome", "detail"),
+    [
+        (
+            reply("Here is the summary: the user wants the enum serializer fixed."),
+            "invalid",
+            "no JSON object",
+        ),
+        (reply('{"user_goal": "fix it", "constraints": [}'), "invalid", "invalid JSON"),
+        (http_error(500), "failed", "InternalServerError"),
+        (
+            reply(
+                good_summary(
+                    user_goal="Deploy the billing service to Kubernetes and rotate its TLS certs"
+                )
+            ),
+            "rejected",
+            "not grounded",
+        ),
+        (
+            reply(good_summary(next_steps=["a", "b", "c", "d", "e", "f"])),
+            "rejected",
+            "schema: next_steps",
+        ),
+    ],
+)
+def test_a_failed_summary_falls_back_to_the_checkpoint(
+    tmp_path: Path,
+    server: LLMServer,
+    chat: list[dict[str, Any]],
+    behaviour: Any,
+    outcome: str,
+    detail: str,
+) -> None:
+    server.script(behaviour)
+    h = Harness(tmp_path, server, chat)
+    out, stage = h.prepare()
+    assert len(server.requests) == 1  # no blind retries: the breaker and the fallback handle it
+    (attempt,) = attempts(stage)
+    assert f"primary gpt-4o-mini: {outcome}" in attempt and detail in attempt
+    assert summary_of(out)["ctxrules"]["source"] == "checkpoint"
+    assert breaker(stage, "gpt-4o-mini") == "gpt-4o-mini: state=closed failures=1"
+    assert (
+        stage["tokens_after"] < stage["tokens_before"]
+    )  # the checkpoint still shrinks the context
+
+
+def test_a_slow_but_alive_stream_does_not_time_out(
+    tmp_path: Path, server: LLMServer, chat: list[dict[str, Any]]
+) -> None:
+    text = good_summary()
+    server.script(slow_reply(text, every_s=0.3, chunk_chars=len(text) // 8 + 1))  # ~2.7 s in all
+    h = Harness(tmp_path, server, chat, inactivity_s=1)
+    started = time.monotonic()
+    out, stage = h.prepare()
+    assert time.monotonic() - started > 2.0  # longer than the inactivity limit, yet alive
+    assert summary_of(out)["ctxrules"]["source"] == "llm", attempts(stage)
+
+
+@pytest.mark.parametrize("prefix", ["", '{"user_goal": "List which'])
+def test_a_silent_stream_times_out_at_the_inactivity_limit(
+    tmp_path: Path, server: LLMServer, chat: list[dict[str, Any]], prefix: str
+) -> None:
+    server.script(silent(prefix=prefix, hold_s=15))
+    h = Harness(tmp_path, server, chat, inactivity_s=1)
+    started = time.monotonic()
+    out, stage = h.prepare()
+    assert time.monotonic() - started < 6  # nowhere near the 15 s the server would hold
+    (attempt,) = attempts(stage)
+    assert "failed" in attempt and "inactivity: no token for 1 s" in attempt
+    seconds = float(attempt.split(" after ")[1].split(" s")[0])
+    assert 0.9 <= seconds <= 2.5
+    assert summary_of(out)["ctxrules"]["source"] == "checkpoint"
+
+
+def test_the_total_ceiling_stops_a_stream_that_never_ends(
+    tmp_path: Path, server: LLMServer, chat: list[dict[str, Any]]
+) -> None:
+    text = good_summary()
+    server.script(slow_reply(text, every_s=0.25, chunk_chars=20))  # alive, but ~minutes long
+    h = Harness(tmp_path, server, chat, inactivity_s=1, total_s=2)
+    out, stage = h.prepare()
+    (attempt,) = attempts(stage)
+    assert "total: the summarization's 2 s ceiling was reached" in attempt
+    seconds = float(attempt.split(" after ")[1].split(" s")[0])
+    assert 1.9 <= seconds <= 3.5
+    assert summary_of(out)["ctxrules"]["source"] == "checkpoint"
+
+
+def test_a_context_length_error_is_retried_once_with_half_the_input(
+    tmp_path: Path, server: LLMServer, chat: list[dict[str, Any]]
+) -> None:
+    server.script(context_length_error(), reply(good_summary()))
+    h = Harness(tmp_path, server, chat)
+    out, stage = h.prepare()
+    first, second = server.requests
+    assert len(second.body["messages"][1]["content"]) < 0.7 * len(
+        first.body["messages"][1]["content"]
+    )
+    assert "messages omitted to fit" in second.body["messages"][1]["content"]
+    assert summary_of(out)["ctxrules"]["source"] == "llm"
+    assert any("context-length error" in w for w in stage["warnings"])
+
+
+def test_the_fallback_model_summarizes_when_the_light_one_fails(
+    tmp_path: Path, server: LLMServer, chat: list[dict[str, Any]]
+) -> None:
+    server.script(http_error(503, "overloaded"), reply(good_summary()))
+    h = Harness(tmp_path, server, chat, fallback="main")
+    out, stage = h.prepare()
+    assert [r.body["model"] for r in server.requests] == ["gpt-4o-mini", "gpt-4o"]
+    assert summary_of(out)["ctxrules"]["model"] == "gpt-4o"
+    assert (
+        "primary gpt-4o-mini: failed" in attempts(stage)[0]
+        and "fallback gpt-4o: ok" in attempts(stage)[1]
+    )
+
+
+def test_a_too_small_summarizer_yields_to_the_main_model(
+    tmp_path: Path, server: LLMServer, chat: list[dict[str, Any]]
+) -> None:
+    server.script(reply(good_summary()))
+    h = Harness(tmp_path, server, chat, fallback="main", window=2048)
+    out, stage = h.prepare()
+    assert [r.body["model"] for r in server.requests] == ["gpt-4o"]
+    assert any("gpt-4o-mini (window 2048) is too small" in w for w in stage["warnings"])
+    assert "skipped (window too small)" in attempts(stage)[0]
+    assert summary_of(out)["ctxrules"]["source"] == "llm"
+
+
+def test_a_too_small_summarizer_reads_a_trimmed_input(
+    tmp_path: Path, server: LLMServer, chat: list[dict[str, Any]]
+) -> None:
+    server.script(reply(good_summary()))
+    h = Harness(tmp_path, server, chat, on_small_window="trim", window=9000, max_output_tokens=1024)
+    out, stage = h.prepare()
+    (request,) = server.requests
+    assert (
+        "messages omitted to fit the summarizer's window" in request.body["messages"][1]["content"]
+    )
+    assert any(
+        "summarizer input trimmed to fit gpt-4o-mini's window (9000)" in w
+        for w in stage["warnings"]
+    )
+    assert summary_of(out)["ctxrules"]["source"] == "llm"
+    assert request.body["max_tokens"] == 1024
+
+
+def test_the_breaker_opens_lets_one_probe_through_and_closes(
+    tmp_path: Path, server: LLMServer, chat: list[dict[str, Any]]
+) -> None:
+    h = Harness(tmp_path, server, chat, breaker={"failures": 2, "cooldown_s": 100})
+    server.script(http_error(500), http_error(500))
+    _, stage = h.prepare(clock=1000, variant=1)
+    assert breaker(stage, "gpt-4o-mini") == "gpt-4o-mini: state=closed failures=1"
+    _, stage = h.prepare(clock=1001, variant=2)
+    assert breaker(stage, "gpt-4o-mini") == "gpt-4o-mini: state=open failures=2 retry_at=1101"
+    # Open: no call at all during the cool-down; the checkpoint summarizes.
+    out, stage = h.prepare(clock=1050, variant=3)
+    assert len(server.requests) == 2
+    assert "skipped (circuit breaker open" in attempts(stage)[0]
+    assert summary_of(out)["ctxrules"]["source"] == "checkpoint"
+    # After the cool-down: one half-open probe; it fails, the breaker opens again.
+    server.script(http_error(500))
+    _, stage = h.prepare(clock=1102, variant=4)
+    assert len(server.requests) == 3
+    assert breaker(stage, "gpt-4o-mini") == "gpt-4o-mini: state=open failures=3 retry_at=1202"
+    # The next probe succeeds: closed, count reset.
+    server.script(reply(good_summary()))
+    out, stage = h.prepare(clock=1203, variant=5)
+    assert len(server.requests) == 4
+    assert breaker(stage, "gpt-4o-mini") == "gpt-4o-mini: state=closed failures=0"
+    assert summary_of(out)["ctxrules"]["source"] == "llm"
+    state = json.loads((tmp_path / "session" / "state.json").read_text())
+    assert state["stages"]["summary"]["breakers"]["gpt-4o-mini"] == {
+        "state": "closed",
+        "failures": 0,
+    }
+
+
+def test_the_summarizer_is_sent_no_secrets_and_what_it_echoes_is_masked(
+    tmp_path: Path, server: LLMServer, chat: list[dict[str, Any]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    secrets = ["sk-proj-4fGh7Jk2Lm9Np3Qr6St8Uv1Wx5Yz0AbCdEfGhIjKl", "jane.doe@acme-corp.com"]
+    planted = [dict(m) for m in chat]
+    planted[2] = {
+        **planted[2],
+        "content": f"{planted[2]['content']}\nMy key: {secrets[0]}, mail {secrets[1]}",
+    }
+    # A model that copies a secret it was shown (or knew) into the summary.
+    server.script(reply(good_summary(key_facts=[f"The user's address is {secrets[1]}"])))
+    monkeypatch.setenv("CTXRULES_TEST_KEY", "sk-test-123")
+    h = Harness(tmp_path, server, planted, api_key_env="CTXRULES_TEST_KEY")
+    h.chat = planted
+    out, _stage = h.prepare()
+    (request,) = server.requests
+    assert request.headers.get("authorization") == "Bearer sk-test-123"
+    body = json.dumps(request.body)
+    assert all(secret not in body for secret in secrets)
+    text = message_text(summary_of(out))
+    assert all(secret not in text for secret in secrets) and "[REDACTED:email]" in text
+    assert default_redactor().findings(text) == []
+    state_text = (tmp_path / "session" / "state.json").read_text()
+    assert all(secret not in state_text for secret in secrets)
