@@ -16,8 +16,9 @@ result of a matching call (the file's content after ``Read src/x.py``) and the c
 matching result. Failed calls and their results are protected too. A module ``a.b.c`` also
 matches the path ``a/b/c`` (``a/b/c.py``, ``a/b/c/__init__.py``).
 
-Protection is capped (``max_share`` of the usable window, newest matches first) so that a
-latest message naming many files cannot freeze the whole history. Every later stage except the
+Protection is capped (``max_share`` of the usable window): matches are taken newest first and
+the first one over the cap ends the protection, so that a latest message naming many files
+cannot freeze the whole history. Every later stage except the
 emergency pass skips protected messages.
 """
 
@@ -191,11 +192,14 @@ class IntentStage:
         used = 0
         protected: list[int] = []
         skipped = 0
-        # Newest first: under the cap, what the agent touched last matters most.
+        # Newest first, and a prefix of the matches: the first one over the cap ends the
+        # protection. (Skipping it and protecting older, smaller ones would make protection
+        # depend on sizes that later stages change, and a run on its own output could then
+        # compress what the first run kept: invariant 4.)
         for index in matched:
             if index in pinned or id(messages[index]) in ctx.protected:
                 continue
-            if used + counts[index] > cap:
+            if skipped or used + counts[index] > cap:
                 skipped += 1
                 continue
             used += counts[index]
