@@ -24,6 +24,7 @@ from compress_kit import (
 from conftest import TRANSCRIPTS
 from invariants import pairing_problems
 
+from ctxrules.errors import PackError
 from ctxrules.messages import is_injected, is_real_user, pinned_indices
 from ctxrules.pipeline.context import StageContext
 from ctxrules.stages.base import StageOutcome, options_schema_for
@@ -229,7 +230,7 @@ def test_truncate_is_idempotent_on_its_output(tmp_path: Path) -> None:
 
 
 def test_truncate_options_are_checked() -> None:
-    with pytest.raises(ValueError, match="must be below max_tokens"):
+    with pytest.raises(PackError, match=r"compress\.truncate: .* must be below max_tokens"):
         Truncate({"max_tokens": 400, "head_tokens": 300, "tail_tokens": 200})
 
 

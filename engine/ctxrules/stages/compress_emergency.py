@@ -40,7 +40,7 @@ class Emergency:
     """The configured stage; see the module docstring."""
 
     def __init__(self, options: Mapping[str, Any]) -> None:
-        self.settings = TruncateSettings(options)
+        self.settings = TruncateSettings(options, "compress.emergency")
         # Not the runner's generic default (monitor): breaking protection is the last resort,
         # so by default it goes only as far as below `full`.
         self.target = str(options.get("target", "full"))

@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
+from ctxrules.errors import PackError
 from ctxrules.hookspecs import hookimpl
 from ctxrules.messages import injected_kind, is_injected
 from ctxrules.pipeline.context import StageContext
@@ -40,13 +41,15 @@ _ROLES = frozenset({"tool", "function", "assistant", "user"})
 class TruncateSettings:
     """The cut sizes shared by ``compress.truncate`` and the emergency pass."""
 
-    def __init__(self, options: Mapping[str, Any]) -> None:
+    def __init__(self, options: Mapping[str, Any], stage: str = "compress.truncate") -> None:
         self.max_tokens = int(options.get("max_tokens", 1000))
         self.head_tokens = int(options.get("head_tokens", 300))
         self.tail_tokens = int(options.get("tail_tokens", 200))
         if self.head_tokens + self.tail_tokens >= self.max_tokens:
-            raise ValueError(f"head_tokens + tail_tokens ({self.head_tokens + self.tail_tokens}) "
-                             f"must be below max_tokens ({self.max_tokens})")
+            # A pack error, reported in one line: JSON Schema cannot compare two options.
+            raise PackError(f"{stage}: head_tokens + tail_tokens "
+                            f"({self.head_tokens + self.tail_tokens}) must be below max_tokens "
+                            f"({self.max_tokens}), or nothing would ever be cut")
 
     def edits(self, view: View, ctx: StageContext, *, force: bool = False,
               order: Sequence[int] | None = None) -> Iterator[Edit]:
