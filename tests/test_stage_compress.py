@@ -398,3 +398,25 @@ def test_golden_remove_on_the_largest_claude_code_transcript(tmp_path: Path) -> 
     assert all(id(m) in kept for m in msgs[view.tail_start:])
     assert all(id(msgs[i]) in kept for i in pinned_indices(msgs))
     assert all(id(m) in kept for m in msgs if is_real_user(m))
+
+
+def test_golden_truncate_on_claude_code_texts_and_arguments(tmp_path: Path) -> None:
+    msgs = json.loads((TRANSCRIPTS / "claudecode-ae4a77f8.json").read_text())
+    ctx = make_ctx(tmp_path, window=64_000, tail_budget=0.05)
+    out = run(Truncate(NO_GUARD), msgs, ctx)
+    done = changed(msgs, out.messages)
+    cut_args = 0
+    for i in done:
+        old, new = msgs[i], out.messages[i]
+        assert recovers(text_of(old), text_of(new), ctx.vault), i
+        for a, b in zip(old.get("tool_calls") or [], new.get("tool_calls") or [], strict=True):
+            before = json.loads(a["function"]["arguments"])
+            after = json.loads(b["function"]["arguments"])
+            assert before.keys() == after.keys()
+            for key, value in before.items():
+                if value != after[key]:
+                    cut_args += 1
+                    assert restore(after[key], ctx.vault) == value, (i, key)
+    assert cut_args > 0, "Write/Edit arguments are cut too"
+    assert sum(a.tokens_saved for a in out.actions) == ctx.count(msgs) - ctx.count(out.messages)
+    assert pairing_problems(out.messages) == []

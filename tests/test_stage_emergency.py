@@ -186,3 +186,23 @@ def test_option_schema_documents_every_option() -> None:
         assert prop.get("title") and prop.get("description"), name
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate({"max_tokens": "big"}, schema)
+
+
+def test_golden_sympy_transcript_whose_newest_result_cannot_fit(tmp_path: Path) -> None:
+    """minisweagent-sympy ends with an 85K-character tool result (~56K tokens) in the pinned
+    newest step: at 32K nothing can make it fit, and the report says so."""
+    import json
+
+    from conftest import TRANSCRIPTS
+
+    msgs = json.loads((TRANSCRIPTS / "minisweagent-sympy__sympy-13877.json").read_text())
+    ctx = make_ctx(tmp_path, window=32_000)
+    out = Emergency({})(msgs, ctx)
+    pins_unchanged(msgs, out.messages)
+    assert [m for m in out.messages if not is_injected(m)] == [
+        msgs[i] for i in sorted(pinned_indices(msgs))]
+    assert len(out.warnings) == 1 and "do not fit the usable window" in out.warnings[0]
+    restored = expand(out.messages, ctx.vault)
+    assert len(restored) == len(msgs)
+    for old, new in zip(msgs, restored, strict=True):
+        assert recovers(text_of(old), text_of(new), ctx.vault)
