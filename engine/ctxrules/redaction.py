@@ -38,7 +38,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import Any, Literal
 
@@ -149,6 +149,16 @@ class RedactionPattern:
     replacement: str | None = None
     check: Callable[[str], bool] | None = None
     description: str = ""
+    hints: tuple[str, ...] = ()
+    """Literals of which at least one occurs in every match (case-folded when
+    ``hints_casefold``): a text without any is skipped without running the regex."""
+    hints_casefold: bool = False
+
+    def may_match(self, text: str, folded: Callable[[], str]) -> bool:
+        if not self.hints:
+            return True
+        haystack = folded() if self.hints_casefold else text
+        return any(hint in haystack for hint in self.hints)
 
     @property
     def mask(self) -> str:
@@ -173,7 +183,7 @@ def _p(
 # hash, a path segment) is not cut out of it.
 _B = r"(?<![A-Za-z0-9_])"
 _E = r"(?![A-Za-z0-9_])"
-DEFAULT_PATTERNS: tuple[RedactionPattern, ...] = (
+_PATTERNS: tuple[RedactionPattern, ...] = (
     _p(
         "private-key",
         r"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?-----"
@@ -289,6 +299,34 @@ DEFAULT_PATTERNS: tuple[RedactionPattern, ...] = (
     ),
 )
 
+# Most texts hold none of these literals; checking for them first (a substring search) spares
+# the regexes, whose boundary lookbehinds make them scan every position.
+_HINTS: dict[str, tuple[tuple[str, ...], bool]] = {
+    "private-key": (("PRIVATE KEY",), False),
+    "anthropic-key": (("sk-ant-",), False),
+    "openai-key": (("sk-",), False),
+    "aws-access-key": (("AKIA", "ASIA", "ABIA", "ACCA", "AROA", "AIDA"), False),
+    "aws-secret-key": (("aws",), True),
+    "github-token": (("ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_"), False),
+    "gitlab-token": (("glpat-",), False),
+    "slack-token": (("xox",), False),
+    "slack-webhook": (("hooks.slack.com",), False),
+    "stripe-key": (("_live_", "_test_"), False),
+    "google-api-key": (("AIza",), False),
+    "huggingface-token": (("hf_",), False),
+    "npm-token": (("npm_",), False),
+    "sendgrid-key": (("SG.",), False),
+    "jwt": (("eyJ",), False),
+    "bearer-token": (("bearer", "authorization"), True),
+    "basic-auth": (("authorization",), True),
+    "url-password": (("://",), False),
+    "secret-assignment": (("pass", "pwd", "secret", "key", "token"), True),
+    "email": (("@",), False),
+}
+DEFAULT_PATTERNS: tuple[RedactionPattern, ...] = tuple(
+    replace(p, hints=_HINTS[p.id][0], hints_casefold=_HINTS[p.id][1]) if p.id in _HINTS else p
+    for p in _PATTERNS
+)
 DEFAULT_PATTERN_IDS: tuple[str, ...] = tuple(p.id for p in DEFAULT_PATTERNS)
 
 _NON_PERSONAL_DOMAINS = re.compile(
@@ -347,7 +385,10 @@ class Redactor:
     def findings(self, text: str) -> list[Finding]:
         """What each pattern would mask in ``text`` (each pattern run on the original text)."""
         out: list[Finding] = []
+        folded = _Folded(text)
         for pattern in self.patterns:
+            if not pattern.may_match(text, folded):
+                continue
             for match in pattern.regex.finditer(text):
                 if pattern.check is not None and not pattern.check(match.group(0)):
                     continue
@@ -358,12 +399,16 @@ class Redactor:
 
     def redact(self, text: str) -> Redaction:
         counts: dict[str, int] = {}
+        folded = _Folded(text)
         for pattern in self.patterns:
             if not text:
                 break
+            if not pattern.may_match(text, folded):
+                continue
             text, n = _apply(pattern, text)
             if n:
                 counts[pattern.id] = counts.get(pattern.id, 0) + n
+                folded = _Folded(text)
         return Redaction(text, counts)
 
     def __call__(self, text: str) -> str:
@@ -388,6 +433,19 @@ class Redactor:
         if isinstance(value, list | tuple):
             return sum(self.count_data(v) for v in value)
         return 0
+
+
+class _Folded:
+    """``text.casefold()``, computed once and only when a case-folded hint asks for it."""
+
+    def __init__(self, text: str) -> None:
+        self._text = text
+        self._folded: str | None = None
+
+    def __call__(self) -> str:
+        if self._folded is None:
+            self._folded = self._text.casefold()
+        return self._folded
 
 
 def _secret_span(pattern: RedactionPattern, match: re.Match[str]) -> tuple[int, int]:
