@@ -4,6 +4,7 @@ compactions, redaction of what is stored, the lock, and the real CLI without cre
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import subprocess
@@ -14,7 +15,10 @@ from typing import Any
 
 import pytest
 from conftest import FIXTURES, REPO, transcript_paths
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from invariants import lost_contents, markers_resolve, pairing_problems, pinned_of
+from test_invariants import conversations
 
 from ctxrules import Engine
 from ctxrules.logs import get_logger
@@ -443,3 +447,37 @@ def test_the_tail_budget_keeps_the_newest_steps_verbatim(tmp_path: Path) -> None
     assert ctx.counter.count_messages(kept, []) >= min(
         tail_tokens, ctx.counter.count_messages(messages[-2:], [])
     )
+
+
+# --- generated conversations --------------------------------------------------------------------
+
+
+@settings(
+    max_examples=60,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+@given(history=conversations(), window=st.sampled_from([9000, 10000, 12000, 20000]))
+def test_invariants_hold_when_the_summary_is_the_only_compaction(
+    tmp_path_factory: pytest.TempPathFactory, history: list[dict[str, Any]], window: int
+) -> None:
+    session = engine(str(SUMMARY_ONLY)).session(
+        tmp_path_factory.mktemp("g"), model="gpt-4o", window=window
+    )
+    frozen = copy.deepcopy(history)
+    out = session.prepare(history, clock=5.0).messages
+    assert history == frozen
+    assert pairing_problems(out) == []
+    assert lost_contents(frozen, out, session.vault) == []
+    assert markers_resolve(out, session.vault) == []
+    summaries = [i for i, m in enumerate(out) if injected_kind(m) == "summary"]
+    assert len(summaries) <= 1
+    if summaries:
+        i = summaries[0]
+        assert out[i - 1]["role"] == "user"  # the anchor or a bridge
+        assert i + 1 == len(out) or out[i + 1]["role"] != "assistant"
+        # Nothing injected passes for a real user (finalize stages may add cache markers).
+        real_texts = {message_text(m) for m in frozen if is_real_user(m)}
+        assert all(message_text(m) in real_texts for m in out if is_real_user(m))
+    # Invariant 4: on its own output (same state, same clock) the pipeline changes nothing.
+    assert session.prepare(copy.deepcopy(out), clock=5.0).messages == out

@@ -25,6 +25,7 @@ checkpoint was used.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from collections.abc import Callable, Mapping, Sequence
@@ -32,7 +33,13 @@ from typing import TYPE_CHECKING, Any
 
 from ctxrules.errors import CtxrulesError
 from ctxrules.hookspecs import hookimpl
-from ctxrules.messages import injected_kind, is_real_user, message_text, pinned_indices
+from ctxrules.messages import (
+    injected_kind,
+    is_injected,
+    is_real_user,
+    message_text,
+    pinned_indices,
+)
 from ctxrules.redaction import redactor_for
 from ctxrules.stages.base import Action, Message, StageOutcome, StageType
 from ctxrules.summarize.config import SummarizerConfig
@@ -77,6 +84,14 @@ class StructuredSummary:
     def __call__(self, messages: Sequence[Message], ctx: StageContext) -> StageOutcome:
         if ctx.below(messages, ctx.target):
             return StageOutcome(list(messages))
+        if _nothing_new(messages, ctx.state):
+            # Everything real here was already in the output of the last compaction, which kept
+            # it on purpose; compacting again now would only follow changes of other stages'
+            # protection and break invariant 4 (the pipeline on its own output changes nothing).
+            return StageOutcome(
+                list(messages),
+                warnings=["no compaction: nothing new since the last summary, which kept the rest"],
+            )
         config = SummarizerConfig.from_pack(ctx.pack)
         current = ctx.count(messages)
         pinned = pinned_indices(messages)
@@ -206,6 +221,7 @@ class StructuredSummary:
                 f"still at {ctx.budget.tier(after)} after the summary ({after} tokens): the "
                 "head, the tail, pinned and protected messages hold the rest"
             )
+        ctx.state["kept"] = sorted({_fingerprint(m) for m in out if not is_injected(m)})
         self._store(
             ctx.state,
             summary,
@@ -278,6 +294,31 @@ class StructuredSummary:
             }
         )
         state["summaries"] = entries[-KEEP_SUMMARIES:]
+
+
+def _fingerprint(msg: Mapping[str, Any]) -> str:
+    """What a message says, not how later stages decorated it (``cache_control`` markers and
+    other extra keys are left out): role, text, tool-call ids, names and arguments."""
+    calls = [
+        [
+            c.get("id"),
+            (c.get("function") or {}).get("name"),
+            (c.get("function") or {}).get("arguments"),
+        ]
+        for c in msg.get("tool_calls") or []
+        if isinstance(c, Mapping) and isinstance(c.get("function") or {}, Mapping)
+    ]
+    data = [msg.get("role"), message_text(msg), msg.get("tool_call_id"), calls]
+    raw = json.dumps(data, sort_keys=True, ensure_ascii=False, default=str)
+    return hashlib.sha256(raw.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+
+
+def _nothing_new(messages: Sequence[Message], state: Mapping[str, Any]) -> bool:
+    kept = state.get("kept")
+    if not isinstance(kept, list) or not kept:
+        return False
+    known = set(kept)
+    return all(_fingerprint(m) in known for m in messages if not is_injected(m))
 
 
 def _count_for(ctx: StageContext) -> Callable[[ModelInfo | None], Callable[[str], int]]:
