@@ -176,8 +176,8 @@ class StructuredSummary:
                 Action("checkpoint", f"deterministic checkpoint used: {result.checkpoint_reason}")
             )
             warnings.append(
-                f"summarizer unavailable ({result.checkpoint_reason}); the deterministic "
-                f"checkpoint replaced {len(removed)} messages"
+                f"the deterministic checkpoint replaced {len(removed)} messages: "
+                f"{result.checkpoint_reason}"
             )
 
         merged = merge_summaries(previous, result.summary)
