@@ -1,6 +1,6 @@
 """Benchmark of the built-in compressors over real outputs.
 
-Inputs: the outputs captured in tests/fixtures/command-outputs/ (commands and exit codes from
+Inputs: the outputs captured in rules/compressors/fixtures/ (commands and exit codes from
 INDEX.tsv) and the shared corpus ../shared/corpus/command-outputs/rtk/*.txt. Per command family
 it prints tokens before and after (gpt-4o's o200k_base, exact), the share of key lines kept,
 and, as the baseline measured in the same run, the share a plain head + tail of the same
@@ -28,7 +28,7 @@ from ctxrules.models import lookup_model  # noqa: E402
 from ctxrules.packs.loader import load_pack  # noqa: E402
 from ctxrules.tokens import TokenCounter  # noqa: E402
 
-FIXTURES = REPO / "tests" / "fixtures" / "command-outputs"
+FIXTURES = REPO / "rules" / "compressors" / "fixtures"
 RTK = REPO.parent / "shared" / "corpus" / "command-outputs" / "rtk"
 
 # Lines an agent needs: failures, locations, outcomes, the names of what changed.

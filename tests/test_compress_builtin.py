@@ -28,7 +28,7 @@ from ctxrules.plugins import default_registry
 from ctxrules.toolroles import call_name, calls_by_result, shell_command, tool_roles
 
 RTK = COMMAND_OUTPUTS / "rtk"
-FIXTURES = REPO / "tests" / "fixtures" / "command-outputs"
+FIXTURES = REPO / "rules" / "compressors" / "fixtures"
 
 
 @cache

@@ -13,7 +13,7 @@ from conftest import REPO
 
 from ctxrules.vault import parse_markers
 
-FIXTURES = REPO / "tests" / "fixtures" / "command-outputs"
+FIXTURES = REPO / "rules" / "compressors" / "fixtures"
 ENGINE = str(REPO / "engine")
 
 

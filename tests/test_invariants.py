@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import copy
+import os
 import struct
 import zlib
 from pathlib import Path
@@ -90,7 +91,7 @@ def engines() -> dict[str, Engine]:
 
 
 @pytest.mark.parametrize("ref", BUILTIN_PACKS)
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+@settings(max_examples=int(os.environ.get("CTXRULES_PROPERTY_EXAMPLES", "60")), deadline=None, suppress_health_check=[HealthCheck.too_slow,
                                                                  HealthCheck.function_scoped_fixture])
 @given(history=conversations(), window=st.sampled_from([12000, 20000, 64000]))
 def test_invariants_hold_for_generated_conversations(engines: dict[str, Engine], ref: str,
@@ -118,7 +119,14 @@ def test_invariants_hold_for_generated_conversations(engines: dict[str, Engine],
     assert markers_resolve(out, session.vault) == []
     # 4: the pipeline changes nothing on its own output (same session state and clock).
     again = session.prepare(copy.deepcopy(out))
-    assert again.messages == out
+    assert again.messages == out, (_ran(result.report), _ran(again.report))
+
+
+def _ran(report: dict[str, Any]) -> list[tuple[Any, ...]]:
+    """What each stage did, for the failure message of invariant 4."""
+    return [report["before"]["tokens"], report["before"]["tier"]] + [
+        (s["id"], s["tokens_before"], s["tokens_after"], [a["kind"] for a in s["actions"]][:4])
+        for s in report["stages"] if s["ran"] and (s["actions"] or s["tokens_before"] != s["tokens_after"])]
 
 
 def _repaired(m: dict[str, Any], history: list[dict[str, Any]]) -> bool:

@@ -12,11 +12,12 @@ import json
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ctxrules.errors import UsageError
+from ctxrules.errors import PackError, UsageError
 from ctxrules.logs import get_logger
 from ctxrules.messages import split_input, validate_messages
 from ctxrules.packs.loader import PackLoader, ResolvedPack, load_pack
@@ -25,8 +26,23 @@ from ctxrules.pipeline.budget import Budget, make_budget
 from ctxrules.pipeline.context import CACHE_TTL_S, StageContext
 from ctxrules.pipeline.prefix import message_digest
 from ctxrules.pipeline.report import build_report
-from ctxrules.pipeline.runner import PlannedStage, run_pipeline
+from ctxrules.pipeline.runner import PlannedStage, run_pipeline, when_allows
+from ctxrules.runtime import checkpoint
+from ctxrules.runtime.continuation import Decision, evaluate
+from ctxrules.runtime.guards import Preflight, check_gateway, preflight, refuse_unless_fits
+from ctxrules.runtime.spill import DEFAULT_PREVIEW_TOKENS, Spilled, spill
+from ctxrules.runtime.subagents import (
+    Handover,
+    TooManyDescendants,
+    child_path,
+    count_descendants,
+    make_handover,
+)
+from ctxrules.runtime.subagents import settings as subagent_settings
+from ctxrules.runtime.health import health
+from ctxrules.runtime.overflow import Completion
 from ctxrules.plugins import Registry, build_plugin_manager, collect, default_registry
+from ctxrules.notes import SessionNotes
 from ctxrules.session_store import SessionLock, SessionStore
 from ctxrules.stages.base import Message
 from ctxrules.tokens import REPLY_PRIMING_TOKENS
@@ -53,6 +69,32 @@ class Engine:
         self.plan = self._build_plan()
         canonical = json.dumps(pack.data, sort_keys=True, ensure_ascii=False, default=str)
         self.digest = hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+        self._stamps = _stamps(pack.real_paths.values())
+        self._refresh_lock = threading.Lock()
+
+    def refresh(self) -> list[str]:
+        """Reload the pack when one of its files changed on disk (hot switch: no restart).
+        An edit that makes the pack invalid keeps the pack in use and returns a warning."""
+        if _stamps(self.pack.real_paths.values()) == self._stamps:
+            return []
+        from ctxrules.validation.validate import validate_resolved
+
+        with self._refresh_lock:
+            stamps = _stamps(self.pack.real_paths.values())
+            if stamps == self._stamps:
+                return []
+            loader = PackLoader()
+            pack = loader.resolve(str(self.pack.real_paths[self.pack.files[-1]]))
+            pack.diagnostics = validate_resolved(pack, loader, self.registry)
+            errors = [d for d in pack.diagnostics if d.severity == "error"]
+            if errors:
+                self._stamps = stamps  # report this edit once, not on every call
+                first = errors[0]
+                return [f"the pack changed on disk but is now invalid ({first.file}:{first.line}:{first.col}: "
+                        f"{first.code} {first.message}); still using the previous version"]
+            fresh = Engine(pack, self.registry)
+            self.pack, self.plan, self.digest, self._stamps = fresh.pack, fresh.plan, fresh.digest, fresh._stamps
+            return [f"the pack changed on disk and was reloaded ({', '.join(pack.files)})"]
 
     @classmethod
     def load(cls, ref: str | Path = "builtin:default", *,
@@ -81,7 +123,13 @@ class Engine:
         for item in self.pack.data.get("pipeline") or []:
             st = self.registry.stage(item["use"])
             options = copy.deepcopy(item.get("with") or {})
-            plan.append(PlannedStage(item["id"], st, st.factory(options), options,
+            try:
+                stage = st.factory(options)
+            except Exception as exc:  # validate reports these as CR061; keep the same words here
+                where = self.pack.origins().get(f"/pipeline/{len(plan)}")
+                raise PackError(f"{where or self.pack.name}: error[CR061] options of '{st.name}' are rejected: "
+                                f"{exc}") from exc
+            plan.append(PlannedStage(item["id"], st, stage, options,
                                      dict(item.get("when") or {}), item.get("on_error", "skip")))
             named.add(st.name)
         for name, st in sorted(self.registry.stages.items()):
@@ -90,36 +138,50 @@ class Engine:
         return plan
 
     def session(self, path: str | Path | None = None, *, model: str, window: int | None = None,
-                session_id: str | None = None) -> Session:
-        """Open (or create) the session directory ``path`` for ``model``."""
+                session_id: str | None = None, cache_key: str | None = None,
+                on_event: Callable[[dict[str, Any]], None] | None = None,
+                goal: str | None = None, state_root: str | Path | None = None) -> Session:
+        """Open (or create) the session directory ``path`` for ``model``.
+
+        ``cache_key``: the provider prompt-cache key to use instead of this session's id; a
+        sub-agent's session passes its parent's ``session.cache_key`` to inherit it.
+        ``goal``: the goal whose budget this session's calls count against; ``state_root``:
+        where day and goal ledgers live (default: the session directory's parent)."""
         if path is None:
             path = Path(DEFAULT_STATE_ROOT) / (session_id or "default")
-        return Session(self, Path(path), model=model, window=window, session_id=session_id)
+        return Session(self, Path(path), model=model, window=window, session_id=session_id,
+                       cache_key=cache_key, on_event=on_event, goal=goal, state_root=state_root)
+
+    def assemble(self, mode: str, model: str, variables: dict[str, Any] | None = None) -> str:
+        """The system prompt of ``mode`` for ``model`` (see ``ctxrules.prompts.assemble``):
+        byte-identical for the same pack, mode, matched ``models:`` entry and variables, and
+        cached on exactly those, so a repeat is a lookup. Raises ``AssemblyError``."""
+        from ctxrules.prompts.assemble import assemble
+
+        return assemble(self.pack, mode=mode, model=model, variables=variables, registry=self.registry).text
 
 
 class Session:
     """One conversation's state: vault, stage states, the last compaction, the lock."""
 
     def __init__(self, engine: Engine, path: Path, *, model: str, window: int | None,
-                 session_id: str | None) -> None:
-        from ctxrules.models import lookup_model
-        from ctxrules.tokens import TokenCounter
+                 session_id: str | None, cache_key: str | None = None,
+                 on_event: Callable[[dict[str, Any]], None] | None = None,
+                 goal: str | None = None, state_root: str | Path | None = None) -> None:
+        from ctxrules.budget.gate import open_ledger
         from ctxrules.vault import Vault
 
         self.engine = engine
         self.path = path
         self.id = session_id or path.resolve().name
+        # Provider prompt-cache routing key (cache.markers): a sub-agent inherits its parent's.
+        self.cache_key = cache_key or self.id
+        self.on_event = on_event
         self.store = SessionStore(path)
-        hit = select_model_entry(engine.pack.data, model)
-        self.model_entry = hit[1] if hit else None
-        context = effective_context(engine.pack.data, self.model_entry)
-        pack_window = context.get("window")
-        fallback = window if window is not None else (pack_window if isinstance(pack_window, int) else None)
-        self.model = lookup_model(model, window=fallback)
-        self.counter = TokenCounter.for_model(self.model)
-        self.budget: Budget = make_budget(
-            context, registry_window=self.model.window if window is None else None, override=window,
-            safety_margin=self.counter.safety_margin, model=model)
+        self._configure(model, window)
+        # Cost ledger and budget level (docs/budgets.md); session.record_usage(...) records.
+        self.ledger = open_ledger(engine.pack.data, path, self.id, model, goal=goal,
+                                  state_root=state_root)
         self.vault = Vault.for_session(path)
         self._thread_lock = threading.Lock()
         self._last_history: list[Message] | None = None
@@ -128,12 +190,146 @@ class Session:
         self._last_msgs_sum = 0
         self._last_out_tokens: int | None = None
         self._last_tools: list[dict[str, Any]] = []
+        self._continuation_memory: dict[str, Any] = {}
+        self.parent: Session | None = None
+        self.root: Session = self
+        self._notices: list[str] = []
+        self._notes: SessionNotes | None = None
+        cut = checkpoint.check(path)
+        if cut is not None:
+            # The session's files are written atomically and state.json only after a run, so
+            # the state on disk is the one from before the cut compaction: continue from it.
+            checkpoint.recovered(path)
+            self._notices.append(f"the previous compaction in this session was interrupted ({cut.reason}); "
+                                 f"continuing from the state before it; its input is in the vault: {cut.backup}")
+
+    def _configure(self, model: str, window: int | None) -> None:
+        """Model facts, token counter and budget for ``model`` under the current pack; thresholds
+        scale with the window (a 128K → 200K switch moves every threshold proportionally)."""
+        from ctxrules.models import lookup_model
+        from ctxrules.tokens import TokenCounter
+
+        hit = select_model_entry(self.engine.pack.data, model)
+        self.model_entry = hit[1] if hit else None
+        context = effective_context(self.engine.pack.data, self.model_entry)
+        pack_window = context.get("window")
+        fallback = window if window is not None else (pack_window if isinstance(pack_window, int) else None)
+        self.model = lookup_model(model, window=fallback)
+        self.counter = TokenCounter.for_model(self.model)
+        self.window_override = window
+        self._configured_digest = self.engine.digest
+        self.budget: Budget = make_budget(
+            context, registry_window=self.model.window if window is None else None, override=window,
+            safety_margin=self.counter.safety_margin, model=model)
+
+    def switch(self, *, model: str | None = None, window: int | None = None) -> None:
+        """Hot switch: use another model (or window) from the next ``prepare`` on, no restart.
+        The next report's ``fingerprint.changed`` says what changed."""
+        with self._thread_lock:
+            self._configure(model or self.model.name, window if window is not None or model else self.window_override)
+            self._last_history = None
+            self._last_output = None
+
+    def preflight(self, messages: Any, tools: list[dict[str, Any]] | None = None, *,
+                  refuse: bool = True) -> Preflight:
+        """Estimate a request against the window before calling the model. With ``refuse``,
+        raise ``RequestRejected`` (with the numbers) when even the pinned messages and tool
+        schemas cannot fit, instead of spending an API call."""
+        listed, given_tools = split_input(messages)
+        history = validate_messages(listed)
+        estimate = preflight(history, list(tools if tools is not None else given_tools or []),
+                             counter=self.counter, budget=self.budget)
+        if refuse:
+            refuse_unless_fits(estimate, self.model.name)
+        return estimate
+
+    def spill(self, text: str, *, kind: str = "output", preview_tokens: int | None = None) -> Spilled:
+        """Store a large output (MCP result, hook output, background log) in the vault; return
+        the marker and a head + tail preview within ``preview_tokens`` (default 2,500)."""
+        return spill(self.vault, text, kind=kind, counter=self.counter,
+                     preview_tokens=preview_tokens or DEFAULT_PREVIEW_TOKENS)
+
+    def record_usage(self, usage: Any, *, model: str | None = None,
+                     **options: Any) -> dict[str, Any] | None:
+        """Record one successful model call in the session, day and goal ledgers (see
+        ``SessionLedger.record``): ``usage`` is a provider usage object or whole response, or a
+        ``TokenUsage``; an error body records nothing. Returns the ledger record."""
+        return self.ledger.record(usage, model=model or self.model.name, **options)
+
+    def route(self, text: Any, *, regenerate: bool = False, now: float | None = None) -> Any:
+        """The complexity router's ``RouteDecision`` (tier, model, reasons) for the next call
+        under the pack's ``router:``; ``text`` is the message or the history (docs/budgets.md)."""
+        from ctxrules.budget.router import route_for_session
+
+        return route_for_session(self, text, regenerate=regenerate, now=now)
+
+    def should_continue(self, state: dict[str, Any]) -> Decision:
+        """The pack's continuation guards (``guards.continuation``) on an agent loop's state:
+        ``messages``, ``cancel``, ``budget_ok``, ``drift_check``, ``cwd``."""
+        from ctxrules.toolroles import tool_roles
+
+        guards = self.engine.pack.data.get("guards") or {}
+        config = guards.get("continuation") or {} if isinstance(guards, dict) else {}
+        return evaluate(config, state, self._continuation_memory,
+                        is_error=tool_roles(self.engine.pack.data).is_error)
+
+    def child(self, name: str, *, model: str | None = None, window: int | None = None) -> Session:
+        """A sub-agent session in ``<this>/children/<name>``: same pack, this session's prompt
+        cache key, this session's root as budget root; ``guards.subagents.max_descendants``
+        (default 20) caps how many one root may spawn."""
+        cfg = subagent_settings(self.engine.pack.data)
+        path = child_path(self.path, name)
+        if not path.exists():
+            spawned = count_descendants(self.root.path)
+            if spawned >= cfg["max_descendants"]:
+                raise TooManyDescendants(f"session {self.root.id} already has {spawned} sub-agent sessions "
+                                         f"(guards.subagents.max_descendants = {cfg['max_descendants']})")
+        sub = Session(self.engine, path, model=model or self.model.name,
+                      window=window if window is not None else self.window_override,
+                      session_id=f"{self.id}/{name}", cache_key=self.cache_key, on_event=self.on_event)
+        sub.parent, sub.root = self, self.root
+        self.ledger.register_child(sub.ledger)  # its costs count in the root task's budget
+        path.mkdir(parents=True, exist_ok=True, mode=0o700)
+        return sub
+
+    def handover(self, result: str) -> Handover:
+        """This sub-agent's result, capped for the parent's context (see ``runtime.subagents``)."""
+        cfg = subagent_settings(self.engine.pack.data)
+        return make_handover(result, vault=self.vault, counter=self.counter,
+                             max_result_tokens=cfg["max_result_tokens"], spill_chars=cfg["spill_chars"])
+
+    def complete(self, messages: Any, *, tools: list[dict[str, Any]] | None = None, model: str | None = None,
+                 **kwargs: Any) -> Completion:
+        """``prepare`` + ``litellm.completion`` with one context-overflow recovery (see
+        ``ctxrules.runtime.overflow``); litellm is imported only here."""
+        from ctxrules.runtime.overflow import complete
+
+        return complete(self, messages, tools=tools, model=model, **kwargs)
+
+    @property
+    def notes(self) -> SessionNotes:
+        """The session's notes (``add/update/remove/list``), rendered by ``notes.render``."""
+        if self._notes is None:
+            self._notes = SessionNotes(self.path)
+        return self._notes
+
+    def touch(self, *paths: str | os.PathLike[str]) -> list[str]:
+        """Record files the agent changed, for ``reread.recent_files``; returns them absolute."""
+        from ctxrules.tracker import FileTracker
+
+        return FileTracker(self.path).touch(*paths)
+
+    def fingerprint_parts(self) -> dict[str, str]:
+        """Everything that shapes the output of ``prepare``."""
+        return {"pack": self.engine.digest, "model": self.model.name, "window": str(self.budget.window),
+                "reserve_output": str(self.budget.reserve_output),
+                "thresholds": ",".join(f"{k}={v}" for k, v in sorted(self.budget.thresholds.items())),
+                "plugins": self.engine.registry.fingerprint()}
 
     @property
     def fingerprint(self) -> str:
-        parts = [self.engine.digest, self.model.name, str(self.budget.window), str(self.budget.reserve_output),
-                 self.engine.registry.fingerprint()]
-        return hashlib.sha256("\x1f".join(parts).encode()).hexdigest()[:32]
+        parts = self.fingerprint_parts()
+        return hashlib.sha256("\x1f".join(f"{k}={v}" for k, v in sorted(parts.items())).encode()).hexdigest()[:32]
 
     def prepare(self, messages: Any, tools: list[dict[str, Any]] | None = None, *,
                 clock: float | None = None) -> PrepareResult:
@@ -145,7 +341,9 @@ class Session:
         if not isinstance(listed, list):
             listed = validate_messages(listed)
         tool_list = list(tools or [])
-        with self._thread_lock, SessionLock(self.path):
+        from ctxrules.stages.cache_markers import cache_key_scope
+
+        with self._thread_lock, SessionLock(self.path), cache_key_scope(self.cache_key):
             return self._prepare(listed, tool_list, time.time() if clock is None else clock)
 
     async def aprepare(self, messages: Any, tools: list[dict[str, Any]] | None = None) -> PrepareResult:
@@ -154,7 +352,16 @@ class Session:
 
     def _prepare(self, history: list[Message], tools: list[dict[str, Any]], clock: float) -> PrepareResult:
         started = time.perf_counter()
+        reload_notes = self.engine.refresh()
+        if reload_notes and self.engine.digest != self._configured_digest:
+            self._configure(self.model.name, self.window_override)
+            self._last_history = self._last_output = None
         state = self.store.load()
+        from ctxrules.budget.gate import finish_prepare, start_prepare
+
+        # Budget level before any stage runs: EXCEEDED raises BudgetExceeded; WARNING's eco
+        # mode hands the pipeline scaled thresholds (docs/budgets.md).
+        budget_status, budget = start_prepare(self.ledger, self.budget, state, clock)
         fingerprint = self.fingerprint
         same = state.get("fingerprint") == fingerprint
         last_clock = state.get("last_clock")
@@ -171,16 +378,36 @@ class Session:
         msgs_sum = (self._last_msgs_sum if reused else 0) + appended
         tools_tokens = self.counter.count_tools(tools, has_system_message=_has_system(history))
         tokens_in = msgs_sum + REPLY_PRIMING_TOKENS + tools_tokens
+        check_gateway(self.engine.pack.data, tokens_in)
         known = None
         if reused and self._last_out_tokens is not None and tools == self._last_tools:
             known = self._last_out_tokens + appended
+        if known is None:
+            known = self.counter.count_messages(pipeline_input, tools)
+        parts = self.fingerprint_parts()
+        before_parts = state.get("fingerprint_parts") or {}
+        changed = sorted(k for k, v in parts.items() if before_parts and before_parts.get(k) != v)
+        state["fingerprint_parts"] = parts
+        tier_in = budget.tier(known)
+        compacting = [p.id for p in self.engine.plan
+                      if p.phase == "content" and p.type.hysteresis and when_allows(p.when, tier_in)]
+        if compacting:
+            self._emit({"event": "compacting", "stages": compacting, "tier": tier_in, "tokens": known})
+            backup = self.vault.put_text(json.dumps(pipeline_input, ensure_ascii=False))
+            checkpoint.begin(self.path, backup=backup, state=copy.deepcopy(state), messages=len(pipeline_input),
+                             clock=clock)
         base = StageContext(
-            stage_id="", model=self.model, counter=self.counter, budget=self.budget, vault=self.vault,
+            stage_id="", model=self.model, counter=self.counter, budget=budget, vault=self.vault,
             tools=tools, pack=self.engine.pack.data, log=get_logger("ctxrules.pipeline", session=self.id),
-            session_id=self.id, clock=clock, cache_hot=cache_hot,
+            session_id=self.id, clock=clock, cache_hot=cache_hot, hooks=self.engine.registry.hooks,
         )
-        outcome = run_pipeline(self.engine.plan, pipeline_input, base, state.setdefault("stages", {}),
-                               known_tokens=known)
+        try:
+            outcome = run_pipeline(self.engine.plan, pipeline_input, base, state.setdefault("stages", {}),
+                                   known_tokens=known, on_event=self._emit if self.on_event else None)
+        except BaseException as exc:
+            if compacting:
+                checkpoint.interrupted(self.path, f"{type(exc).__name__}: {exc}")
+            raise
         self._last_msgs_sum, self._last_out_tokens, self._last_tools = msgs_sum, outcome.tokens, tools
         vault_new = sorted({a["vault_id"] for r in outcome.records for a in r.actions if a.get("vault_id")})
         digests = digests[:reused] + [message_digest(m) for m in history[reused:]]
@@ -191,15 +418,34 @@ class Session:
         state["last_clock"] = clock
         state["last"] = {"count": len(history), "digests": digests}
         self.store.save(state, outcome.messages)
+        if compacting:
+            checkpoint.complete(self.path)
         report = build_report(self, history_tokens=tokens_in, history_len=len(history), reused=reused,
                               outcome=outcome, vault_new=vault_new,
-                              ms=(time.perf_counter() - started) * 1000)
+                              ms=(time.perf_counter() - started) * 1000, budget=budget)
+        report["fingerprint"] = {"value": fingerprint, "changed": changed}
+        report["warnings"].extend(reload_notes + self._notices)
+        self._notices = []
+        report["compacting"] = compacting
+        report["health"] = health(report)
+        self._emit({"event": "prepare.end", "health": report["health"]["state"],
+                    "tokens_before": tokens_in, "tokens_after": outcome.tokens})
         # New lists. Messages no stage changed are the caller's own objects (the session notices
         # if the caller edits them later); messages a stage made are copies, so that editing them
         # cannot corrupt the session's record of its last output.
         own = {id(m) for m in history}
         out = [m if id(m) in own else _clone(m) for m in outcome.messages]
+        out = finish_prepare(budget_status, out, report)
         return PrepareResult(out, _clone(outcome.tools), _clone(outcome.request), report)
+
+    def _emit(self, event: dict[str, Any]) -> None:
+        """Hand an event to ``on_event``; a failing callback is logged, never fatal."""
+        if self.on_event is None:
+            return
+        try:
+            self.on_event({"session": self.id, **event})
+        except Exception as exc:  # the UI's problem must not cost the agent its context
+            get_logger("ctxrules").warning("on_event.error", error=f"{type(exc).__name__}: {exc}")
 
     def _previous(self, history: list[Message], state: dict[str, Any]) -> tuple[int, list[Message], list[str]]:
         """(messages reused, the previous output, digests of the reused history) when ``history``
@@ -224,6 +470,18 @@ class Session:
         self._last_msgs_sum = sum(self.counter.count_each(history[:n]))
         self._last_out_tokens = None
         return n, output, list(digests)
+
+
+def _stamps(paths: Any) -> tuple[tuple[str, int, int], ...]:
+    out = []
+    for p in paths:
+        try:
+            st = os.stat(p)
+        except OSError:
+            out.append((str(p), -1, -1))
+            continue
+        out.append((str(p), st.st_mtime_ns, st.st_size))
+    return tuple(out)
 
 
 def _has_system(messages: list[Message]) -> bool:
@@ -253,4 +511,5 @@ def open_session(pack: str, model: str, *, session: str | None = None, state: st
         path = Path(state) / "default" if state else state_root_from_env() / "default"
     if window is not None and window <= 0:
         raise UsageError(f"--window must be a positive number of tokens, got {window}")
-    return engine.session(path, model=model, window=window)
+    # Day and goal ledgers live in the state root: --state, else the session's parent directory.
+    return engine.session(path, model=model, window=window, state_root=state)

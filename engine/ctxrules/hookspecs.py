@@ -82,3 +82,25 @@ def ctxrules_semantic_filter(text: str, budget_tokens: int, ctx: StageContext) -
     Stops at the first non-None result (``firstresult=True``). Nothing implements this hook by
     default: ctxrules works offline without it.
     """
+
+
+# --- routing -------------------------------------------------------------------------------
+
+
+@hookspec(firstresult=True)
+def ctxrules_route_judge(text: str, tier: str, score: float, reasons: list[str]) -> str | None:
+    """Second opinion on a routing decision: the optional LLM judge of the complexity router.
+
+    Called by ``ctxrules.budget.router`` only when the pack sets ``router.judge.enabled: true``
+    and the rule score lies within ``router.judge.band`` of a tier cutoff (the ambiguous cases).
+    ``text`` is the message being routed, ``tier`` the tier the rules chose (``simple``,
+    ``standard`` or ``reasoning``), ``score`` their score and ``reasons`` the ids of the rules
+    that matched. Return one of the three tier names to use instead, or ``None`` to keep the
+    rules' tier. Anything else, or an exception, is ignored (and noted in the decision's
+    reasons): routing never fails because a judge did. Momentum, the regeneration floor and
+    privacy routing are applied after the judge.
+
+    Stops at the first non-None result (``firstresult=True``). Nothing implements this hook by
+    default: routing is deterministic without it.
+    """
+

@@ -346,8 +346,27 @@ class ToolPairing:
     positional: frozenset[int] = field(default_factory=frozenset)
 
 
+_PAIRING_MEMO: list[tuple[Sequence[Mapping[str, Any]], tuple[int, ...], ToolPairing]] = []
+
+
 def pair_tool_calls(messages: Sequence[Mapping[str, Any]]) -> ToolPairing:
-    """Pair tool results with calls in one pass (O(messages + calls))."""
+    """Pair tool results with calls in one pass (O(messages + calls)).
+
+    Several stages of one pipeline run pair the same list; the last few answers are kept,
+    keyed by the list object and the identity of every message in it (message lists are never
+    changed in place within a run), so a repeat costs one pass over the ids.
+    """
+    ids = tuple(map(id, messages))
+    for seq, seen, pairing in _PAIRING_MEMO:
+        if seq is messages and seen == ids:
+            return pairing
+    pairing = _pair_tool_calls(messages)
+    _PAIRING_MEMO.insert(0, (messages, ids, pairing))
+    del _PAIRING_MEMO[4:]
+    return pairing
+
+
+def _pair_tool_calls(messages: Sequence[Mapping[str, Any]]) -> ToolPairing:
     open_calls: dict[str, list[CallKey]] = {}
     last_call: dict[str, CallKey] = {}
     idless: dict[int, list[int]] = {}

@@ -24,6 +24,22 @@ from ctxrules.stages.base import PHASES, StageType
 # Registered in this order; documented in README "Plugins".
 BUILTIN_PLUGINS: tuple[str, ...] = (
     "ctxrules.stages.tool_pairs",
+    "ctxrules.stages.thinking",
+    "ctxrules.stages.media",
+    "ctxrules.stages.tool_output",
+    "ctxrules.stages.ttl",
+    "ctxrules.compressors.actions.text",
+    "ctxrules.compressors.actions.select",
+    "ctxrules.compressors.actions.structure",
+    "ctxrules.stages.intent",
+    "ctxrules.stages.compress_dedup",
+    "ctxrules.stages.compress_truncate",
+    "ctxrules.stages.compress_remove",
+    "ctxrules.stages.summary",
+    "ctxrules.stages.compress_emergency",
+    "ctxrules.stages.notes",
+    "ctxrules.stages.reread",
+    "ctxrules.stages.cache_markers",
 )
 # Stage types that always run and cannot be blocked or disabled.
 ESSENTIAL_PLUGINS: frozenset[str] = frozenset({"ctxrules.stages.tool_pairs"})
@@ -69,6 +85,9 @@ class Registry:
     actions: dict[str, ActionType] = field(default_factory=dict)
     filters: dict[str, Callable[..., object]] = field(default_factory=dict)
     owner: dict[str, str] = field(default_factory=dict)
+    # The manager's hook relay, for the hooks stages call while they run
+    # (``ctxrules_semantic_filter``); None for a registry built by hand.
+    hooks: Any = None
 
     def stage(self, name: str) -> StageType:
         return self.stages[name]
@@ -150,7 +169,7 @@ def _register(pm: pluggy.PluginManager, name: str, plugin: object) -> None:
 
 def collect(pm: pluggy.PluginManager, infos: list[PluginInfo]) -> Registry:
     """Call every registration hook and validate what each plugin hands over."""
-    reg = Registry(plugins=infos)
+    reg = Registry(plugins=infos, hooks=pm.hook)
     by_name = {i.name: i for i in infos}
     for impl in pm.hook.ctxrules_register_stages.get_hookimpls():
         owner = impl.plugin_name

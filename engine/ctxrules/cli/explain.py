@@ -14,6 +14,8 @@ def register(sub: Any) -> None:
     p.add_argument("pack", metavar="PACK")
     p.add_argument("--model", help="show which models: entry applies and the context it yields")
     p.add_argument("--origins", action="store_true", help="add the file:line each value came from")
+    p.add_argument("--timeouts", action="store_true",
+                   help="print each tool's effective stream timeout instead (docs/timeouts.md)")
     p.set_defaults(func=run)
 
 
@@ -24,6 +26,8 @@ def run(args: argparse.Namespace) -> int:
 
     _check_exists(args.pack)
     pack = load_pack(args.pack)
+    if getattr(args, "timeouts", False):
+        return _print_timeouts(pack)
     origins = pack.origins() if args.origins else None
     out = []
     out.append(f"# pack: {pack.name} (files applied: {', '.join(pack.files)})")
@@ -59,3 +63,17 @@ def _check_exists(ref: str) -> None:
                              + ", ".join(BUILTIN_PREFIX + n for n in builtin_names()) + ")")
     elif not Path(ref).is_file():
         raise UsageError(f"no such pack file: {ref}")
+
+
+def _print_timeouts(pack: Any) -> int:
+    """The effective-timeouts table (``--timeouts``) and the timeout lints with their numbers."""
+    from ctxrules.timeouts import TimeoutPolicy, lint_timeouts, render_table
+
+    policy = TimeoutPolicy.from_pack(pack.data)
+    head = f"# pack: {pack.name} (files applied: {', '.join(pack.files)})\n"
+    if policy is None:
+        sys.stdout.write(head + "# no timeouts: declared (stream timeouts belong to the agent "
+                         "runtime; see docs/timeouts.md)\n")
+        return 0
+    sys.stdout.write(head + render_table(policy, lint_timeouts(pack.data)))
+    return 0

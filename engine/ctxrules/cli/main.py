@@ -22,8 +22,12 @@ VERBS: tuple[str, ...] = (
     "ctxrules.cli.plugins",
     "ctxrules.cli.run",
     "ctxrules.cli.vault",
+    "ctxrules.cli.compress",
+    "ctxrules.cli.assemble",
     "ctxrules.cli.test",
     "ctxrules.cli.report",
+    "ctxrules.cli.sessions",
+    "ctxrules.cli.usage",
 )
 
 

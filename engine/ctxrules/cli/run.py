@@ -22,16 +22,30 @@ def register(sub: Any) -> None:
     p.add_argument("--session", help="session directory (default: STATE/default)")
     p.add_argument("--state", help="state root (default: .ctxrules or $CTXRULES_STATE)")
     p.add_argument("--explain", action="store_true", help="print a readable table of what each stage did")
+    p.add_argument("--touched", nargs="+", metavar="FILE", default=[],
+                   help="files the agent changed since the last run (recorded in the session for "
+                        "reread.recent_files)")
     p.set_defaults(func=run)
 
 
+def _on_sigterm(signum: int, frame: object) -> None:
+    # Unwind like an exception so the session marks an ongoing compaction as interrupted.
+    raise SystemExit(128 + signum)
+
+
 def run(args: argparse.Namespace) -> int:
+    import signal
+
     from ctxrules.engine import open_session
+
+    signal.signal(signal.SIGTERM, _on_sigterm)
     from ctxrules.messages import split_input
 
     data = read_json(args.input)
     messages, tools = split_input(data)
     session = open_session(args.pack, args.model, session=args.session, state=args.state, window=args.window)
+    if args.touched:
+        session.touch(*args.touched)
     result = session.prepare(messages, tools)
     if isinstance(data, dict):
         out: Any = {**{k: v for k, v in data.items() if k not in ("messages", "tools")},

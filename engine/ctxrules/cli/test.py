@@ -30,12 +30,33 @@ def _expand(refs: list[str]) -> list[str]:
     return out
 
 
+def _compressor_cases(engine: Any, require_tests: bool,
+                      seen: set[tuple[str, str, str]]) -> list[Any]:
+    """The inline tests of the pack's compressors (ctxrules.compressors.testing); a test that
+    several packs inherit (each fragment and builtin:default) runs once per invocation."""
+    from ctxrules.compressors.testing import run_compressor_tests
+    from ctxrules.packtests import CaseResult
+
+    out: list[CaseResult] = []
+    cases = run_compressor_tests(engine.pack, require_tests=require_tests, registry=engine.registry)
+    for case in cases:
+        key = (case.source, case.compressor, case.id)
+        if key in seen:
+            continue
+        seen.add(key)
+        status = "passed" if case.passed else "failed"
+        out.append(CaseResult(f"compressor:{case.compressor}", case.id, status, case.message,
+                              case.ms, kind="compressor"))
+    return out
+
+
 def run(args: argparse.Namespace) -> int:
     from ctxrules.engine import Engine
     from ctxrules.errors import PackError
     from ctxrules.packtests import CaseResult, run_pack_tests
 
     results: list[CaseResult] = []
+    seen: set[tuple[str, str, str]] = set()
     for ref in _expand(args.packs):
         shown = ref if ref.startswith("builtin:") else Path(ref).as_posix()
         try:
@@ -45,7 +66,11 @@ def run(args: argparse.Namespace) -> int:
             continue
         own = engine.pack.docs.get(engine.pack.files[-1]) if engine.pack.files else None
         declared = bool(own and isinstance(own.data, dict) and own.data.get("tests"))
+        # A compressor fragment's tests are its compressors' inline tests.
+        declared = declared or bool(own and isinstance(own.data, dict) and any(
+            isinstance(c, dict) and c.get("tests") for c in own.data.get("compressors") or []))
         cases = run_pack_tests(engine)
+        cases.extend(_compressor_cases(engine, args.require_tests, seen))
         if args.require_tests and not declared:
             cases.append(CaseResult(engine.pack.name, "(tests)", "failed", f"{shown} declares no tests"))
         results.extend(cases)

@@ -106,10 +106,31 @@ def compress_text(
         raise TypeError(f"output must be str, got {type(output).__name__}")
     if not output:
         return None
-    parsed = parse_command(command or "")
     rules = compile_rules(pack, _registry(registry))
     if not rules:
         return None
+    # The pipeline asks again about the same outputs on every call of a session; the answer is
+    # a pure function of these inputs, so it is remembered (strings are keys by value, and their
+    # hashes are cached by Python, so a repeat costs a dict lookup).
+    key = (id(rules), _exit_code_patterns(pack), command, output, exit_code, vault_id, lossless, rule_id)
+    hit = _RESULTS.get(key)
+    if hit is not None and hit[0] is rules:
+        return hit[1]
+    result = _compress_uncached(rules, pack, command, output, exit_code, vault_id=vault_id,
+                                lossless=lossless, rule_id=rule_id)
+    if len(_RESULTS) >= _RESULTS_LIMIT:
+        _RESULTS.clear()
+    _RESULTS[key] = (rules, result)
+    return result
+
+
+_RESULTS: dict[tuple[Any, ...], tuple[Any, CompressResult | None]] = {}
+_RESULTS_LIMIT = 8192
+
+
+def _compress_uncached(rules: Any, pack: Mapping[str, Any], command: str, output: str, exit_code: int | None,
+                       *, vault_id: str | None, lossless: bool, rule_id: str | None) -> CompressResult | None:
+    parsed = parse_command(command or "")
     failed = is_failure(exit_code, output)
     if rule_id is not None:
         rule = next((r for r in rules if r.id == rule_id), None)

@@ -38,6 +38,11 @@ class StageContext:
     - ``cache_hot``: the provider's prompt cache very likely still holds this session's prefix
       (same fingerprint, previous prepare less than ``CACHE_TTL_S`` ago). Stages with a
       ``hot_cache_bypass`` option leave already-sent content alone then.
+    - ``hooks``: the plugin manager's hook relay (``hooks.ctxrules_semantic_filter(...)``), for
+      the pipeline hooks of ``ctxrules.hookspecs``; ``None`` when the caller built no manager.
+    - ``compactions``: stage type names of the content stages that shortened the messages
+      (fewer tokens out than in) earlier in this run, in order; ``reread.recent_files`` reads
+      it to know whether a compaction happened.
     """
 
     stage_id: str
@@ -56,6 +61,8 @@ class StageContext:
     target: str = "monitor"
     clock: float = 0.0
     cache_hot: bool = False
+    hooks: Any = None
+    compactions: tuple[str, ...] = ()
 
     def count(self, messages: Sequence[Message]) -> int:
         """Prompt tokens of ``messages`` plus the tool schemas."""

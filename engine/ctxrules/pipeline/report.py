@@ -8,14 +8,17 @@ from ctxrules._version import __version__
 
 if TYPE_CHECKING:
     from ctxrules.engine import Session
+    from ctxrules.pipeline.budget import Budget
     from ctxrules.pipeline.runner import RunOutcome
 
 REPORT_VERSION = 1
 
 
 def build_report(session: Session, *, history_tokens: int, history_len: int, reused: int,
-                 outcome: RunOutcome, vault_new: list[str], ms: float) -> dict[str, Any]:
-    budget = session.budget
+                 outcome: RunOutcome, vault_new: list[str], ms: float,
+                 budget: Budget | None = None) -> dict[str, Any]:
+    """``budget``: the Budget the pipeline used, when it differs from the session's (eco mode)."""
+    budget = budget or session.budget
     tokens_after = outcome.tokens
     util_before = budget.utilization(history_tokens)
     util_after = budget.utilization(tokens_after)

@@ -10,7 +10,7 @@ messages as they were before it (``on_error: fail``); the conversation is never 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -84,6 +84,11 @@ class RunOutcome:
     tokens: int = 0
 
 
+def when_allows(when: dict[str, str], tier: str) -> bool:
+    """Whether a stage's ``when:`` lets it run at ``tier``."""
+    return _when_reason(when, tier) is None
+
+
 def _when_reason(when: dict[str, str], tier: str) -> str | None:
     at_least, below = when.get("at_least"), when.get("below")
     if at_least and tier_rank(tier) < tier_rank(at_least):
@@ -94,10 +99,17 @@ def _when_reason(when: dict[str, str], tier: str) -> str | None:
 
 
 def run_pipeline(plan: Sequence[PlannedStage], messages: list[Message], base: StageContext,
-                 states: dict[str, dict[str, Any]], *, known_tokens: int | None = None) -> RunOutcome:
+                 states: dict[str, dict[str, Any]], *, known_tokens: int | None = None,
+                 on_event: Callable[[dict[str, Any]], None] | None = None) -> RunOutcome:
     """Run ``plan`` over ``messages``; ``states`` holds each stage's persistent state by id.
     ``known_tokens`` is the prompt size of ``messages`` with ``base.tools`` when the caller
-    already knows it (the session does, for a history that was only appended to)."""
+    already knows it (the session does, for a history that was only appended to).
+    ``on_event`` receives ``stage.start`` / ``stage.end`` / ``stage.error`` events."""
+
+    def emit(event: str, **fields: Any) -> None:
+        if on_event is not None:
+            on_event({"event": event, **fields})
+
     integrity = [p for p in plan if p.phase == "integrity"]
     content = [p for p in plan if p.phase == "content"]
     finalize = [p for p in plan if p.phase == "finalize"]
@@ -134,9 +146,11 @@ def run_pipeline(plan: Sequence[PlannedStage], messages: list[Message], base: St
             tier=tier, utilization=base.budget.utilization(tokens), state=states.setdefault(p.id, {}),
             session_id=base.session_id, protected=base.protected,
             target=str(p.options.get("target", "monitor")), clock=base.clock, cache_hot=base.cache_hot,
+            hooks=base.hooks, compactions=tuple(compactions),
         )
         started = time.perf_counter()
         ctx.log.debug("stage.start", tier=tier, tokens=tokens)
+        emit("stage.start", stage=p.id, type=p.type.name, phase=p.phase, tier=tier, tokens=tokens)
         try:
             outcome = p.stage(msgs, ctx)
             if not isinstance(outcome, StageOutcome):
@@ -148,6 +162,7 @@ def run_pipeline(plan: Sequence[PlannedStage], messages: list[Message], base: St
             record.ms = (time.perf_counter() - started) * 1000
             record.error = f"{type(exc).__name__}: {exc}"
             ctx.log.warning("stage.error", error=record.error)
+            emit("stage.error", stage=p.id, type=p.type.name, error=record.error)
             if p.on_error == "fail":
                 raise StageFailed(f"stage '{p.id}' ({p.type.name}) failed: {record.error}") from exc
             warnings.append(f"stage '{p.id}' failed and was skipped: {record.error}")
@@ -163,6 +178,8 @@ def run_pipeline(plan: Sequence[PlannedStage], messages: list[Message], base: St
                 tools = outcome.tools
         record.tokens_after = count(result)
         ctx.log.debug("stage.end", ms=round(record.ms, 3), saved=record.tokens_before - record.tokens_after)
+        emit("stage.end", stage=p.id, type=p.type.name, ms=round(record.ms, 3), tokens_before=record.tokens_before,
+             tokens_after=record.tokens_after, actions=len(record.actions))
         return result
 
     def integrity_pass(msgs: list[Message]) -> list[Message]:
@@ -170,10 +187,13 @@ def run_pipeline(plan: Sequence[PlannedStage], messages: list[Message], base: St
             msgs = run_one(p, msgs)
         return msgs
 
+    compactions: list[str] = []
     current = integrity_pass(current)
     for p in content:
         before = current
         current = run_one(p, current)
+        if records[-1].ran and records[-1].tokens_after < records[-1].tokens_before:
+            compactions.append(p.type.name)
         if _changed(before, current):
             current = integrity_pass(current)
     for p in finalize:

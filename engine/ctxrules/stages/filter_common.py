@@ -81,8 +81,26 @@ def has_live_marker(text: str, vault: Vault) -> bool:
     return False
 
 
+_DIGESTS: dict[int, tuple[Mapping[str, Any], Any, Any, str]] = {}
+
+
 def result_digest(msg: Mapping[str, Any]) -> str:
-    """A short, stable digest of a tool result (its call id and content)."""
+    """A short, stable digest of a tool result (its call id and content).
+
+    Remembered per message object (with its content and call id objects, so a message changed
+    in place is digested again): the session hands the same objects back on every call."""
+    content, call = msg.get("content"), msg.get("tool_call_id")
+    hit = _DIGESTS.get(id(msg))
+    if hit is not None and hit[0] is msg and hit[1] is content and hit[2] is call:
+        return hit[3]
+    digest = _result_digest(msg)
+    if len(_DIGESTS) > 100_000:
+        _DIGESTS.clear()
+    _DIGESTS[id(msg)] = (msg, content, call, digest)
+    return digest
+
+
+def _result_digest(msg: Mapping[str, Any]) -> str:
     content = msg.get("content")
     body = content if isinstance(content, str) else json.dumps(
         content, sort_keys=True, ensure_ascii=False, default=str)

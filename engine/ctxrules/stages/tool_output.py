@@ -77,9 +77,15 @@ FLOOR_TOKENS = 200
 _RESULT_ROLES = frozenset({"tool", "function"})
 
 
+KEEP_STEP = 0.05
+"""The headroom is taken in steps of 5 %: targets change when utilization crosses a step, not a
+little on every turn, so outputs left alone stay alone (and cached prefixes stay put)."""
+
+
 def keep_ratio(utilization: float, emergency: float, min_keep: float, max_keep: float) -> float:
     """The share of ``item_tokens`` / ``turn_tokens`` an output keeps (module docstring)."""
     headroom = min(1.0, max(0.0, 1.0 - utilization / emergency)) if emergency > 0 else 0.0
+    headroom = math.floor(headroom / KEEP_STEP + 1e-9) * KEEP_STEP
     return min_keep + (max_keep - min_keep) * headroom
 
 
@@ -127,6 +133,11 @@ class ToolOutputFilter:
         self.compressors: bool = opts["compressors"]
         self.semantic: bool = opts["semantic_filter"]
         self.exempt: frozenset[str] = frozenset(opts["exempt_roles"])
+        # id(message) -> (message, keep ratio, content): outputs this stage examined and left
+        # as they were. The session hands the same objects back call after call, so a warm turn
+        # skips them unless trimming got harder (a lower keep ratio) or the content object
+        # changed; holding the message keeps its id from being reused while it is here.
+        self._settled: dict[int, tuple[Message, float, Any]] = {}
         json_opts = {**_JSON_DEFAULTS, **opts.get("json", {})}
         self.json_limits = JsonLimits(depth=json_opts["depth"], keys=json_opts["keys"],
                                       items=json_opts["items"],
@@ -162,7 +173,10 @@ class _Run:
         pins = pinned_indices(self.messages)
         bypass = bypass_active(ctx, stage.options)
         sent = set(ctx.state.get("sent") or []) if bypass else set()
+        self.keep = keep_ratio(ctx.utilization, ctx.budget.thresholds.get("emergency", 0.9),
+                               stage.min_keep, stage.max_keep)
         results = self._results(pins, sent)
+        examined = [r.index for r in results.values() if r.reducible]
         # A huge sub-agent result that may be handed over gets the handover (which also puts
         # it in the vault whole) rather than the spill preview: done/todo/risks say more.
         handed = {i for i, r in results.items() if r.reducible and r.role == "subagent"
@@ -188,6 +202,7 @@ class _Run:
                 "hot_cache_bypass",
                 f"{skipped_hot} output(s) already sent while the prompt cache is hot were left "
                 "alone"))
+        self._settle(examined)
         if stage.options["hot_cache_bypass"]:
             # Only outputs big enough to be reduced at all need to be remembered.
             ctx.state["sent"] = sorted(
@@ -195,6 +210,20 @@ class _Run:
                 if m.get("role") in _RESULT_ROLES
                 and ctx.counter.count_message(m) > stage.min_saving)
         return StageOutcome(messages=self.out, actions=self.actions, warnings=self.warnings)
+
+    def _settle(self, examined: list[int]) -> None:
+        memo = self.stage._settled
+        if len(memo) > 50_000:
+            memo.clear()
+        for index in examined:
+            msg = self.messages[index]
+            if self.out[index] is msg:
+                memo[id(msg)] = (msg, self.keep, msg.get("content"))
+
+    def _is_settled(self, msg: Message) -> bool:
+        hit = self.stage._settled.get(id(msg))
+        return (hit is not None and hit[0] is msg and hit[2] is msg.get("content")
+                and self.keep >= hit[1])
 
     # --- level (c): the hard spill, every message ------------------------------------------
 
@@ -248,6 +277,8 @@ class _Run:
             found[index] = result
             if index in pins or id(msg) in ctx.protected or result.role in stage.exempt:
                 result.reducible = False
+            elif self._is_settled(msg):
+                result.reducible = False  # examined before at this keep ratio or a laxer one
             elif sent and result_digest(msg) in sent:
                 result.reducible = False
                 result.hot = True
@@ -320,9 +351,8 @@ class _Run:
     # --- level (b): targets, then structure-aware reduction --------------------------------
 
     def _plan_targets(self, results: dict[int, _Result]) -> None:
-        stage, ctx = self.stage, self.ctx
-        emergency = ctx.budget.thresholds.get("emergency", 0.9)
-        keep = keep_ratio(ctx.utilization, emergency, stage.min_keep, stage.max_keep)
+        stage = self.stage
+        keep = self.keep
         item_target = max(FLOOR_TOKENS, math.floor(stage.item_tokens * keep))
         turn_target = max(FLOOR_TOKENS, math.floor(stage.turn_tokens * keep))
         for r in results.values():

@@ -55,9 +55,14 @@ def validate_resolved(pack: ResolvedPack, loader: PackLoader, registry: Registry
             _check_context(rep, merged, f"/models/{i}/context", own=entry["context"])
     _check_pipeline(rep, data, pack, registry or default_registry())
     _check_regexes(rep, data)
+    # --- compressors: step options against each action's plugin schema (CR061/CR070/CR043) ---
+    from ctxrules.compressors.checks import check_compressors
+
+    check_compressors(rep, data, registry or default_registry())
     from ctxrules.validation.templates import check_prompts
 
     check_prompts(rep, pack)
+    _check_timeouts(rep, data)
     return _sorted_unique(out + rep.out)
 
 
@@ -146,7 +151,15 @@ def _check_pipeline(rep: _Reporter, data: dict[str, Any], pack: ResolvedPack, re
         if isinstance(opts, dict):
             validator = jsonschema.Draft202012Validator(options_schema_for(st),
                                                         format_checker=jsonschema.FormatChecker(["regex"]))
-            for err in validator.iter_errors(opts):
+            errors = list(validator.iter_errors(opts))
+            if not errors:
+                # A schema checks each option on its own; the stage's factory also checks how
+                # they go together (e.g. head + tail within a maximum), so build it once here.
+                try:
+                    st.factory(dict(opts))
+                except Exception as exc:  # any factory error is a problem of these options
+                    rep.add("CR061", f"options of '{use}' are rejected: {exc}", f"{base}/with")
+            for err in errors:
                 ptr = f"{base}/with" + "".join(f"/{p}" for p in err.absolute_path)
                 if err.validator == "additionalProperties":
                     known = list(err.schema.get("properties", {}))
@@ -258,3 +271,14 @@ def validate_paths(paths: list[str], *, skip_non_packs: bool = False) -> tuple[l
         # in a parent's lines and must not be dropped for it.
         out.extend(validate_resolved(pack, loader))
     return _sorted_unique(out), len(files), real
+
+
+# -- stream timeouts (ctxrules.timeouts; docs/timeouts.md) ---------------------------------
+
+def _check_timeouts(rep: _Reporter, data: dict[str, Any]) -> None:
+    """CR091-CR093: overrides that cannot take effect, compaction not allowed for in the
+    step, a heartbeat too slow for the chunk limit. Warnings: the pack still loads."""
+    from ctxrules.timeouts import lint_timeouts
+
+    for f in lint_timeouts(data):
+        rep.add(f.code, f.message, f.pointer, f.hint, severity="warning")

@@ -1,0 +1,54 @@
+"""`session.complete`: real HTTP against a local OpenAI-compatible server that answers the first
+request with a context-length error; the emergency pass shrinks the prompt and the retry works."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from conftest import transcript_paths
+from ctxrules import Engine
+from ctxrules.runtime.overflow import CompletionFailed, is_overflow, limit_from
+from invariants import pairing_problems
+from llm_server import LLMServer, context_length_error, http_error, reply
+
+
+def test_overflow_is_recovered_once_and_retried(tmp_path: Path) -> None:
+    history = json.loads(next(p for p in transcript_paths() if p.name == "openhands-ponylang__ponyc-4588.json").read_text())
+    session = Engine.load("builtin:default").session(tmp_path / "s", model="openai/gpt-4o", window=128000)
+    with LLMServer() as server:
+        server.script(context_length_error(limit=12000), reply("Done: the fix is in src/libponyc/expr/match.c"))
+        result = session.complete(history, api_base=server.base_url, api_key="test-key", model="openai/gpt-4o")
+        first, second = server.requests
+    assert result.recovered and result.response.choices[0].message.content.startswith("Done")
+    assert result.attempts[0]["recovery"]["window"] == 12000
+    assert result.attempts[0]["recovery"]["tokens_after"] <= 12000
+    sent_again = second.body["messages"]
+    assert len(json.dumps(sent_again)) < len(json.dumps(first.body["messages"]))
+    assert pairing_problems(sent_again) == []
+    # The human anchor and the latest request are still there, word for word.
+    anchor = next(m for m in history if m["role"] == "user")
+    assert any(m.get("content") == anchor["content"] for m in sent_again)
+    assert not any("ctxrules" in m for m in sent_again)  # our metadata key never goes on the wire
+
+
+def test_other_errors_are_not_retried(tmp_path: Path) -> None:
+    session = Engine.load("builtin:default").session(tmp_path / "s", model="openai/gpt-4o")
+    with LLMServer() as server:
+        server.script(http_error(400, "invalid tool schema"))
+        with pytest.raises(CompletionFailed, match="invalid tool schema"):
+            session.complete([{"role": "user", "content": "hi"}], api_base=server.base_url, api_key="k",
+                             num_retries=0)
+        assert len(server.requests) == 1
+
+
+@pytest.mark.parametrize(("message", "limit"), [
+    ("This model's maximum context length is 128,000 tokens. However, you requested 130000", 128000),
+    ("prompt is too long: 210000 tokens > 200000 maximum", 200000),
+    ("Input is too long for requested model. The context window is 8192 tokens", 8192),
+])
+def test_limits_are_read_from_provider_messages(message: str, limit: int) -> None:
+    exc = RuntimeError(message)
+    assert is_overflow(exc) and limit_from(exc) == limit
