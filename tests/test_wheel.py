@@ -52,7 +52,10 @@ def installed(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     bindir = root / ("Scripts" if os.name == "nt" else "bin")
     python = bindir / "python"
     # pip from the system site-packages, installing into the venv
-    proc = _run([str(python), "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(wheel)])
+    # --ignore-installed: CI has installed ctxrules in the base interpreter, which this venv
+    # sees (system site-packages, for the dependencies); the wheel must still go into the venv.
+    proc = _run([str(python), "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--ignore-installed",
+                 str(wheel)])
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return bindir
 

@@ -344,7 +344,11 @@ class Session:
         from ctxrules.stages.cache_markers import cache_key_scope
 
         with self._thread_lock, SessionLock(self.path), cache_key_scope(self.cache_key):
-            return self._prepare(listed, tool_list, time.time() if clock is None else clock)
+            try:
+                return self._prepare(listed, tool_list, time.time() if clock is None else clock)
+            except BaseException:
+                self.store.forget()  # a run that did not finish may have changed the state in memory
+                raise
 
     async def aprepare(self, messages: Any, tools: list[dict[str, Any]] | None = None) -> PrepareResult:
         """``prepare`` off the event loop."""

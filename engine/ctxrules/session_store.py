@@ -54,6 +54,8 @@ class SessionStore:
         self.path = path
         self._written: list[dict[str, Any]] | None = None
         self._written_stat: tuple[int, int] | None = None
+        self._state: dict[str, Any] | None = None
+        self._state_stat: tuple[int, int] | None = None
 
     @property
     def state_file(self) -> Path:
@@ -64,6 +66,10 @@ class SessionStore:
         return self.path / "last_output.jsonl"
 
     def load(self) -> dict[str, Any]:
+        # The state this object wrote last is still what is on disk unless another process
+        # wrote since (the session lock orders the writers): then it need not be parsed again.
+        if self._state is not None and self._state_stat == _stat(self.state_file):
+            return self._state
         try:
             raw = self.state_file.read_bytes()
         except FileNotFoundError:
@@ -77,6 +83,10 @@ class SessionStore:
         if not isinstance(data, dict) or data.get("version") != STATE_VERSION:
             return {"version": STATE_VERSION}
         return data
+
+    def forget(self) -> None:
+        """Drop the in-memory state (after a run that failed part-way changed it)."""
+        self._state = self._state_stat = None
 
     def load_output(self, count: int) -> list[dict[str, Any]] | None:
         """The first ``count`` messages of the last output, or None when they are not all there."""
@@ -111,14 +121,19 @@ class SessionStore:
         self._written_stat = self._stat()
         write_atomic(self.state_file, json.dumps(state, ensure_ascii=False, sort_keys=True).encode("utf-8"),
                      durable=False)
+        self._state, self._state_stat = state, _stat(self.state_file)
 
 
     def _stat(self) -> tuple[int, int] | None:
-        try:
-            st = self.output_file.stat()
-        except OSError:
-            return None
-        return (st.st_size, st.st_mtime_ns)
+        return _stat(self.output_file)
+
+
+def _stat(path: Path) -> tuple[int, int] | None:
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return (st.st_size, st.st_mtime_ns)
 
 
 def _jsonl(messages: list[dict[str, Any]]) -> bytes:

@@ -182,7 +182,11 @@ class _Run:
         handed = {i for i, r in results.items() if r.reducible and r.role == "subagent"
                   and len(self.messages[i].get("content") or "") > stage.subagent_chars
                   and isinstance(self.messages[i].get("content"), str)}
+        limit = stage.spill_chars
         for index, msg in enumerate(self.messages):
+            content = msg.get("content")
+            if isinstance(content, str) and len(content) <= limit:
+                continue  # the common case, decided without a call
             if index not in handed:
                 self._spill(index, msg)
         for r in results.values():
@@ -190,13 +194,19 @@ class _Run:
                 r.reducible = False
                 r.tokens = ctx.counter.count_message(self.out[r.index])
         skipped_hot = sum(1 for r in results.values() if r.hot)
-        for r in results.values():
-            if r.reducible:
-                self._first_pass(r)
-        self._plan_targets(results)
-        for r in results.values():
-            if r.reducible and r.target is not None:
-                self._reduce(r)
+        if any(r.reducible for r in results.values()):
+            # Token counts are only needed when something may be reduced (a warm turn whose
+            # outputs were all examined before skips this whole part).
+            for r in results.values():
+                if r.tokens < 0:
+                    r.tokens = ctx.counter.count_message(self.out[r.index])
+            for r in results.values():
+                if r.reducible:
+                    self._first_pass(r)
+            self._plan_targets(results)
+            for r in results.values():
+                if r.reducible and r.target is not None:
+                    self._reduce(r)
         if skipped_hot:
             self.actions.append(Action(
                 "hot_cache_bypass",
@@ -273,7 +283,7 @@ class _Run:
             name = call_name(call) if call is not None else msg.get("name")
             tool = name if isinstance(name, str) else None
             result = _Result(index, tool, roles.role_of(tool))
-            result.tokens = ctx.counter.count_message(msg)
+            result.tokens = -1  # counted in execute() when anything may be reduced
             found[index] = result
             if index in pins or id(msg) in ctx.protected or result.role in stage.exempt:
                 result.reducible = False
