@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from functools import lru_cache
 from typing import Any
@@ -30,11 +30,21 @@ class ToolRoles:
 
     roles: tuple[tuple[str, tuple[str, ...]], ...]
     exit_patterns: tuple[re.Pattern[str], ...]
+    # Tool name -> role, filled as names are met (stages ask for every tool result on every
+    # call; hashing this whole object for an lru_cache key would cost more than the lookup).
+    _memo: dict[str, str | None] = field(default_factory=dict, compare=False, hash=False, repr=False)
 
     def role_of(self, tool_name: str | None) -> str | None:
         if not tool_name:
             return None
-        return _role_of(self, tool_name)
+        try:
+            return self._memo[tool_name]
+        except KeyError:
+            pass
+        role = _role_of(self, tool_name)
+        if len(self._memo) < 4096:
+            self._memo[tool_name] = role
+        return role
 
     def exit_code(self, text: str) -> int | None:
         """The exit code a shell result reports, from the pack's patterns (None if none match)."""
@@ -55,7 +65,6 @@ class ToolRoles:
         return bool(_ERROR_TEXT.search(text[:4000]))
 
 
-@lru_cache(maxsize=4096)
 def _role_of(roles: ToolRoles, name: str) -> str | None:
     table = dict(roles.roles)
     for role in ROLE_ORDER:

@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ctxrules.hookspecs import hookimpl
-from ctxrules.messages import pinned_indices, steps
+from ctxrules.messages import Step, pinned_indices, steps
 from ctxrules.stages.base import Action, Message, StageOutcome, StageType
 from ctxrules.stages.filter_common import (
     BYPASS_PROPERTIES,
@@ -138,6 +138,7 @@ class ToolOutputFilter:
         # skips them unless trimming got harder (a lower keep ratio) or the content object
         # changed; holding the message keeps its id from being reused while it is here.
         self._settled: dict[int, tuple[Message, float, Any]] = {}
+        self._sent: dict[tuple[int, str], tuple[Message, Any, str | None]] = {}
         json_opts = {**_JSON_DEFAULTS, **opts.get("json", {})}
         self.json_limits = JsonLimits(depth=json_opts["depth"], keys=json_opts["keys"],
                                       items=json_opts["items"],
@@ -195,15 +196,19 @@ class _Run:
                 r.tokens = ctx.counter.count_message(self.out[r.index])
         skipped_hot = sum(1 for r in results.values() if r.hot)
         if any(r.reducible for r in results.values()):
-            # Token counts are only needed when something may be reduced (a warm turn whose
-            # outputs were all examined before skips this whole part).
-            for r in results.values():
-                if r.tokens < 0:
-                    r.tokens = ctx.counter.count_message(self.out[r.index])
+            # Token counts are only needed for outputs that may be reduced and for the other
+            # outputs of their steps (the turn cap); a warm turn counts just those.
+            relevant = [st for st in steps(self.messages)
+                        if any(i in results and results[i].reducible for i in st.results)]
+            needed = {i for st in relevant for i in st.results if i in results}
+            needed.update(r.index for r in results.values() if r.reducible)
+            for i in needed:
+                if results[i].tokens < 0:
+                    results[i].tokens = ctx.counter.count_message(self.out[i])
             for r in results.values():
                 if r.reducible:
                     self._first_pass(r)
-            self._plan_targets(results)
+            self._plan_targets(results, relevant)
             for r in results.values():
                 if r.reducible and r.target is not None:
                     self._reduce(r)
@@ -215,11 +220,24 @@ class _Run:
         self._settle(examined)
         if stage.options["hot_cache_bypass"]:
             # Only outputs big enough to be reduced at all need to be remembered.
-            ctx.state["sent"] = sorted(
-                result_digest(m) for m in self.out
-                if m.get("role") in _RESULT_ROLES
-                and ctx.counter.count_message(m) > stage.min_saving)
+            digests = (self._sent_digest(m) for m in self.out if m.get("role") in _RESULT_ROLES)
+            ctx.state["sent"] = sorted(d for d in digests if d)
         return StageOutcome(messages=self.out, actions=self.actions, warnings=self.warnings)
+
+    def _sent_digest(self, msg: Message) -> str | None:
+        """The digest to remember for ``msg`` as sent, or None when it is too small to ever be
+        reduced; remembered per message object and tokenizer like ``_settled``."""
+        memo = self.stage._sent
+        key = (id(msg), self.ctx.counter.tokenizer)
+        hit = memo.get(key)
+        if hit is not None and hit[0] is msg and hit[1] is msg.get("content"):
+            return hit[2]
+        big = self.ctx.counter.count_message(msg) > self.stage.min_saving
+        digest = result_digest(msg) if big else None
+        if len(memo) > 50_000:
+            memo.clear()
+        memo[key] = (msg, msg.get("content"), digest)
+        return digest
 
     def _settle(self, examined: list[int]) -> None:
         memo = self.stage._settled
@@ -360,7 +378,9 @@ class _Run:
 
     # --- level (b): targets, then structure-aware reduction --------------------------------
 
-    def _plan_targets(self, results: dict[int, _Result]) -> None:
+    def _plan_targets(self, results: dict[int, _Result], relevant: list[Step]) -> None:
+        """Targets for reducible outputs: the item target, then the turn cap of each step in
+        ``relevant`` (the steps that have a reducible output; the others cannot change)."""
         stage = self.stage
         keep = self.keep
         item_target = max(FLOOR_TOKENS, math.floor(stage.item_tokens * keep))
@@ -368,7 +388,7 @@ class _Run:
         for r in results.values():
             if r.reducible and r.tokens > stage.item_tokens:
                 r.target = item_target
-        for step in steps(self.messages):
+        for step in relevant:
             members = [results[i] for i in step.results if i in results]
             sizes = {r.index: min(r.tokens, r.target) if r.target is not None else r.tokens
                      for r in members}
