@@ -449,3 +449,17 @@ def test_fast_validity_check_agrees_with_the_full_repair(messages: list[Msg], po
     if already_valid(messages):
         assert all(a is b for a, b in zip(out, messages, strict=True)) and len(out) == len(messages)
     assert already_valid(out) or out == repair_tool_pairs(out, unanswered=policy)[0]
+
+
+@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+@given(conversations(), conversations())
+def test_validity_from_a_known_valid_prefix_agrees_with_a_full_check(head: list[Msg], tail: list[Msg]) -> None:
+    """`already_valid(messages, start)` trusts messages[:start] and must then agree with the
+    full check whenever that prefix really is valid (the session's previous output)."""
+    from ctxrules.stages.tool_pairs import already_valid
+
+    prefix, _ = repair_tool_pairs(head)
+    if not already_valid(prefix):
+        return  # e.g. one message repeating a call id: repaired as it is, never "already valid"
+    joined = [*prefix, *tail]
+    assert already_valid(joined, len(prefix)) == already_valid(joined)

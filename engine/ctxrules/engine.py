@@ -13,13 +13,14 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ctxrules.errors import PackError, UsageError
 from ctxrules.logs import get_logger
 from ctxrules.messages import split_input, validate_messages
+from ctxrules.notes import SessionNotes
 from ctxrules.packs.loader import PackLoader, ResolvedPack, load_pack
 from ctxrules.packs.models_match import effective_context, select_model_entry
 from ctxrules.pipeline.budget import Budget, make_budget
@@ -27,9 +28,12 @@ from ctxrules.pipeline.context import CACHE_TTL_S, StageContext
 from ctxrules.pipeline.prefix import message_digest
 from ctxrules.pipeline.report import build_report
 from ctxrules.pipeline.runner import PlannedStage, run_pipeline, when_allows
+from ctxrules.plugins import Registry, build_plugin_manager, collect, default_registry
 from ctxrules.runtime import checkpoint
 from ctxrules.runtime.continuation import Decision, evaluate
 from ctxrules.runtime.guards import Preflight, check_gateway, preflight, refuse_unless_fits
+from ctxrules.runtime.health import health
+from ctxrules.runtime.overflow import Completion
 from ctxrules.runtime.spill import DEFAULT_PREVIEW_TOKENS, Spilled, spill
 from ctxrules.runtime.subagents import (
     Handover,
@@ -39,10 +43,6 @@ from ctxrules.runtime.subagents import (
     make_handover,
 )
 from ctxrules.runtime.subagents import settings as subagent_settings
-from ctxrules.runtime.health import health
-from ctxrules.runtime.overflow import Completion
-from ctxrules.plugins import Registry, build_plugin_manager, collect, default_registry
-from ctxrules.notes import SessionNotes
 from ctxrules.session_store import SessionLock, SessionStore
 from ctxrules.stages.base import Message
 from ctxrules.tokens import REPLY_PRIMING_TOKENS
@@ -370,6 +370,8 @@ class Session:
         same = state.get("fingerprint") == fingerprint
         last_clock = state.get("last_clock")
         cache_hot = same and isinstance(last_clock, int | float) and 0 <= clock - last_clock < CACHE_TTL_S
+        previous: list[Message]
+        digests: list[str]
         reused, previous, digests = 0, [], []
         if same:
             reused, previous, digests = self._previous(history, state)
@@ -404,6 +406,7 @@ class Session:
             stage_id="", model=self.model, counter=self.counter, budget=budget, vault=self.vault,
             tools=tools, pack=self.engine.pack.data, log=get_logger("ctxrules.pipeline", session=self.id),
             session_id=self.id, clock=clock, cache_hot=cache_hot, hooks=self.engine.registry.hooks,
+            valid_prefix=len(previous) if reused else 0,
         )
         try:
             outcome = run_pipeline(self.engine.plan, pipeline_input, base, state.setdefault("stages", {}),
@@ -459,13 +462,13 @@ class Session:
             # Our copies share leaf strings with what the caller passed, so `==` mostly meets
             # identical objects and stays cheap; a message edited in place compares unequal.
             n = len(last)
-            if n <= len(history) and all(a == b for a, b in zip(last, history)):
+            if n <= len(history) and all(a == b for a, b in zip(last, history, strict=False)):
                 return n, self._last_output, self._last_digests
             return 0, [], []
         record = state.get("last") or {}
         digests = record.get("digests") or []
         n = len(digests)
-        if not n or n > len(history) or not all(message_digest(m) == d for m, d in zip(history, digests)):
+        if not n or n > len(history) or not all(message_digest(m) == d for m, d in zip(history, digests, strict=False)):
             return 0, [], []
         output = self.store.load_output(int(record.get("output_count", -1)))
         if output is None:

@@ -38,6 +38,9 @@ class StageContext:
     - ``cache_hot``: the provider's prompt cache very likely still holds this session's prefix
       (same fingerprint, previous prepare less than ``CACHE_TTL_S`` ago). Stages with a
       ``hot_cache_bypass`` option leave already-sent content alone then.
+    - ``valid_prefix``: how many leading messages are known to satisfy invariant 1 already (the
+      session's previous output, on a turn that only appended): the integrity stage checks
+      from there on. 0 for every stage but the first integrity pass.
     - ``hooks``: the plugin manager's hook relay (``hooks.ctxrules_semantic_filter(...)``), for
       the pipeline hooks of ``ctxrules.hookspecs``; ``None`` when the caller built no manager.
     - ``compactions``: stage type names of the content stages that shortened the messages
@@ -61,6 +64,7 @@ class StageContext:
     target: str = "monitor"
     clock: float = 0.0
     cache_hot: bool = False
+    valid_prefix: int = 0
     hooks: Any = None
     compactions: tuple[str, ...] = ()
 

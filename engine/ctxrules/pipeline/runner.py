@@ -9,6 +9,7 @@ messages as they were before it (``on_error: fail``); the conversation is never 
 
 from __future__ import annotations
 
+import operator
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -18,6 +19,7 @@ from ctxrules.errors import CtxrulesError
 from ctxrules.pipeline.budget import tier_rank
 from ctxrules.pipeline.context import StageContext
 from ctxrules.stages.base import Message, Stage, StageOutcome, StageType
+
 
 class StageFailed(CtxrulesError):
     """A stage with ``on_error: fail`` raised; the run stops."""
@@ -118,6 +120,7 @@ def run_pipeline(plan: Sequence[PlannedStage], messages: list[Message], base: St
     request: dict[str, Any] = {}
     tools = list(base.tools)
     current = list(messages)
+    initial = current  # the first integrity pass may rely on base.valid_prefix
     counted: list[tuple[list[Message], list[dict[str, Any]], int]] = []
     if known_tokens is not None:
         counted.append((current, tools, known_tokens))
@@ -146,7 +149,7 @@ def run_pipeline(plan: Sequence[PlannedStage], messages: list[Message], base: St
             tier=tier, utilization=base.budget.utilization(tokens), state=states.setdefault(p.id, {}),
             session_id=base.session_id, protected=base.protected,
             target=str(p.options.get("target", "monitor")), clock=base.clock, cache_hot=base.cache_hot,
-            hooks=base.hooks, compactions=tuple(compactions),
+            hooks=base.hooks, valid_prefix=base.valid_prefix if msgs is initial else 0, compactions=tuple(compactions),
         )
         started = time.perf_counter()
         ctx.log.debug("stage.start", tier=tier, tokens=tokens)
@@ -202,13 +205,15 @@ def run_pipeline(plan: Sequence[PlannedStage], messages: list[Message], base: St
 
 
 def _changed(a: list[Message], b: list[Message]) -> bool:
-    return a is not b and (len(a) != len(b) or any(x is not y for x, y in zip(a, b, strict=True)))
+    # map(operator.is_) keeps the per-message identity test in C: it runs after every stage.
+    return a is not b and (len(a) != len(b) or not all(map(operator.is_, a, b)))
 
 
 def _finalize_guard(p: PlannedStage, before: list[Message], after: list[Message]) -> list[Message]:
     """Finalize stages may add markers (e.g. ``cache_control``) but never change text."""
     from ctxrules.messages import message_text
 
-    if len(before) != len(after) or any(message_text(x) != message_text(y) for x, y in zip(before, after, strict=True)):
+    if len(before) != len(after) or any(
+            x is not y and message_text(x) != message_text(y) for x, y in zip(before, after, strict=True)):
         raise TypeError(f"finalize stage '{p.id}' changed message text; finalize stages may only add markers")
     return after

@@ -40,12 +40,12 @@ marker in the shortened text points into it, with ``#L`` ranges where whole line
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ctxrules.hookspecs import hookimpl
-from ctxrules.messages import Step, pinned_indices, steps
+from ctxrules.messages import Step, pair_tool_calls, pinned_indices, steps
 from ctxrules.stages.base import Action, Message, StageOutcome, StageType
 from ctxrules.stages.filter_common import (
     BYPASS_PROPERTIES,
@@ -165,7 +165,14 @@ class _Run:
         self.actions: list[Action] = []
         self.warnings: list[str] = []
         self.count: Callable[[str], int] = ctx.counter.count_text
-        self.calls = calls_by_result(messages)
+        self._calls: dict[int, Mapping[str, Any]] | None = None
+
+    @property
+    def calls(self) -> dict[int, Mapping[str, Any]]:
+        """The call each tool result answers (computed when first needed)."""
+        if self._calls is None:
+            self._calls = calls_by_result(self.messages)
+        return self._calls
 
     # --- driver -----------------------------------------------------------------------------
 
@@ -176,8 +183,14 @@ class _Run:
         sent = set(ctx.state.get("sent") or []) if bypass else set()
         self.keep = keep_ratio(ctx.utilization, ctx.budget.thresholds.get("emergency", 0.9),
                                stage.min_keep, stage.max_keep)
+        if self._quiet(pins):
+            # A warm turn: every output was examined before (or is pinned, protected, exempt)
+            # and nothing is over the spill limit, so nothing can change.
+            self._remember_sent()
+            return StageOutcome(messages=self.out)
         results = self._results(pins, sent)
         examined = [r.index for r in results.values() if r.reducible]
+        examined += [r.index for r in results.values() if r.role in stage.exempt]
         # A huge sub-agent result that may be handed over gets the handover (which also puts
         # it in the vault whole) rather than the spill preview: done/todo/risks say more.
         handed = {i for i, r in results.items() if r.reducible and r.role == "subagent"
@@ -198,8 +211,7 @@ class _Run:
         if any(r.reducible for r in results.values()):
             # Token counts are only needed for outputs that may be reduced and for the other
             # outputs of their steps (the turn cap); a warm turn counts just those.
-            relevant = [st for st in steps(self.messages)
-                        if any(i in results and results[i].reducible for i in st.results)]
+            relevant = self._steps_of(r.index for r in results.values() if r.reducible)
             needed = {i for st in relevant for i in st.results if i in results}
             needed.update(r.index for r in results.values() if r.reducible)
             for i in needed:
@@ -218,11 +230,53 @@ class _Run:
                 f"{skipped_hot} output(s) already sent while the prompt cache is hot were left "
                 "alone"))
         self._settle(examined)
-        if stage.options["hot_cache_bypass"]:
+        self._remember_sent()
+        return StageOutcome(messages=self.out, actions=self.actions, warnings=self.warnings)
+
+    def _steps_of(self, indices: Iterable[int]) -> list[Step]:
+        """The steps the tool results at ``indices`` belong to (from the pairing, without
+        walking the whole list: on a warm turn only a few results are in question)."""
+        pairing = pair_tool_calls(self.messages)
+        found: dict[int, Step] = {}
+        loose: list[int] = []
+        for index in indices:
+            key = pairing.call_of.get(index)
+            if key is None:
+                loose.append(index)
+                continue
+            owner = key[0]
+            if owner in found:
+                continue
+            calls = self.messages[owner].get("tool_calls") or []
+            members = sorted(pairing.result_of[(owner, pos)] for pos in range(len(calls))
+                             if (owner, pos) in pairing.result_of)
+            found[owner] = Step(owner, tuple(members))
+        if loose:  # unpaired results (orphans, legacy function results): the full walk
+            for step in steps(self.messages):
+                if step.assistant not in found and any(i in step.results for i in loose):
+                    found[step.assistant] = step
+        return [found[k] for k in sorted(found)]
+
+    def _quiet(self, pins: frozenset[int]) -> bool:
+        limit, protected = self.stage.spill_chars, self.ctx.protected
+        for index, msg in enumerate(self.messages):
+            content = msg.get("content")
+            if isinstance(content, str):
+                if len(content) > limit:
+                    return False
+            elif isinstance(content, list) and any(
+                    isinstance(p, Mapping) and len(str(p.get("text") or "")) > limit for p in content):
+                return False
+            if msg.get("role") in _RESULT_ROLES and not (
+                    index in pins or id(msg) in protected or self._is_settled(msg)):
+                return False
+        return True
+
+    def _remember_sent(self) -> None:
+        if self.stage.options["hot_cache_bypass"]:
             # Only outputs big enough to be reduced at all need to be remembered.
             digests = (self._sent_digest(m) for m in self.out if m.get("role") in _RESULT_ROLES)
-            ctx.state["sent"] = sorted(d for d in digests if d)
-        return StageOutcome(messages=self.out, actions=self.actions, warnings=self.warnings)
+            self.ctx.state["sent"] = sorted(d for d in digests if d)
 
     def _sent_digest(self, msg: Message) -> str | None:
         """The digest to remember for ``msg`` as sent, or None when it is too small to ever be

@@ -342,12 +342,19 @@ def _json(value: object) -> str:
 # --- the stage ------------------------------------------------------------------------------
 
 
-def already_valid(messages: Sequence[Mapping[str, Any]]) -> bool:
+def already_valid(messages: Sequence[Mapping[str, Any]], start: int = 0) -> bool:
     """True when invariant 1 already holds and nothing else needs repair: every call has a
     distinct-in-its-message id answered exactly once in the block right after it, no tool
     result stands elsewhere, no ``tool_calls`` list is empty and no assistant message is
     empty. Conservative: False only means "run the full repair"."""
-    i, n = 0, len(messages)
+    n = len(messages)
+    i = min(max(start, 0), n)
+    # Messages before ``start`` are known valid; scanning resumes at the assistant message whose
+    # block ``start`` may extend (a result appended right after a valid prefix belongs to it).
+    while 0 < i and messages[i - 1].get("role") in ("tool", "function"):
+        i -= 1
+    if 0 < i and messages[i - 1].get("role") == "assistant":
+        i -= 1
     while i < n:
         msg = messages[i]
         role = msg.get("role")
@@ -406,7 +413,7 @@ class ToolPairRepair:
         return f"ToolPairRepair(unanswered={self.unanswered!r})"
 
     def __call__(self, messages: Sequence[Message], ctx: StageContext) -> StageOutcome:
-        if already_valid(messages):
+        if already_valid(messages, ctx.valid_prefix):
             # The common case on every call: nothing to repair. A single cheap scan keeps the
             # warm path of `prepare` fast; the full pairing only runs when something is off.
             return StageOutcome(messages=list(messages))
