@@ -462,7 +462,7 @@ class Session:
             # Our copies share leaf strings with what the caller passed, so `==` mostly meets
             # identical objects and stays cheap; a message edited in place compares unequal.
             n = len(last)
-            if n <= len(history) and all(a == b for a, b in zip(last, history, strict=False)):
+            if n <= len(history) and last == history[:n]:
                 return n, self._last_output, self._last_digests
             return 0, [], []
         record = state.get("last") or {}

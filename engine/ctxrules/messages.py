@@ -527,7 +527,23 @@ def exchanges(messages: Sequence[Mapping[str, Any]]) -> list[Exchange]:
     return out
 
 
+_PINS_MEMO: list[tuple[Sequence[Mapping[str, Any]], tuple[int, ...], frozenset[int]]] = []
+
+
 def pinned_indices(messages: Sequence[Mapping[str, Any]]) -> frozenset[int]:
+    """Indices that never leave the context (DESIGN.md "pinned"); remembered for the last few
+    lists like :func:`pair_tool_calls` (several stages of a run ask about the same list)."""
+    ids = tuple(map(id, messages))
+    for seq, seen, pins in _PINS_MEMO:
+        if seq is messages and seen == ids:
+            return pins
+    pins = _pinned_indices(messages)
+    _PINS_MEMO.insert(0, (messages, ids, pins))
+    del _PINS_MEMO[4:]
+    return pins
+
+
+def _pinned_indices(messages: Sequence[Mapping[str, Any]]) -> frozenset[int]:
     """Indices that never leave the context (DESIGN.md "pinned").
 
     The leading system/developer messages, the human anchor (first real user message), the
