@@ -38,7 +38,8 @@ def median_ms(fn, reps: int = REPS) -> float:  # type: ignore[no-untyped-def]
 
 def turn(i: int) -> list[dict[str, object]]:
     return [{"role": "assistant", "content": f"Next I will check item {i}.", "tool_calls": [
-        {"id": f"bench_{i}", "type": "function", "function": {"name": "Bash", "arguments": json.dumps({"command": f"ls {i}"})}}]},
+        {"id": f"bench_{i}", "type": "function",
+         "function": {"name": "Bash", "arguments": json.dumps({"command": f"ls {i}"})}}]},
         {"role": "tool", "tool_call_id": f"bench_{i}", "content": f"file_{i}.txt\n" * 20}]
 
 
@@ -70,7 +71,7 @@ def main() -> int:
     litellm.token_counter(model="gpt-4o", messages=history[:3])  # load the tokenizer once
     count_ms = median_ms(lambda: litellm.token_counter(model="gpt-4o", messages=history), reps=5)
 
-    cold, warm, first, last = results["400K"]
+    cold, warm, first, _last = results["400K"]
     print(f"transcript: {TRANSCRIPT.name}, {len(history)} messages, {first['before']['tokens']} tokens (gpt-4o)")
     print(f"litellm.token_counter, one call on the same messages: {count_ms:8.2f} ms (median of 5)")
     print(f"400K window, tier {first['before']['tier']}: first prepare {cold:8.2f} ms; "

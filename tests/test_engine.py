@@ -8,7 +8,7 @@ import subprocess
 import sys
 import types
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import jsonschema
 import pytest
@@ -36,7 +36,7 @@ def convo(n_steps: int = 3, size: int = 200) -> list[dict[str, Any]]:
 class Recorder:
     """A content stage that records the tier it saw and can raise or shorten tool outputs."""
 
-    calls: list[tuple[str, str]] = []
+    calls: ClassVar[list[tuple[str, str]]] = []
 
     def __init__(self, options: dict[str, Any]) -> None:
         self.mode = options.get("mode", "noop")
@@ -135,7 +135,7 @@ def test_on_error_fail_stops_the_run_with_a_handled_error(tmp_path: Path) -> Non
     from ctxrules.pipeline.runner import StageFailed
 
     e = engine(tmp_path, "  - {id: bad, use: test.content, with: {mode: raise}, on_error: fail}\n")
-    with pytest.raises(StageFailed, match="stage 'bad' .* failed: RuntimeError: boom"):
+    with pytest.raises(StageFailed, match=r"stage 'bad' .* failed: RuntimeError: boom"):
         e.session(tmp_path / "s", model="gpt-4o").prepare(convo())
 
 

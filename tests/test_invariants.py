@@ -45,7 +45,8 @@ def outputs(draw: Any) -> str:
         return "\n".join(f"{i}: {draw(st.sampled_from(['ok', 'warning: x', 'src/a.py:3 E'] ))}" for i in range(n))
     if kind == "json":
         n = draw(st.integers(1, 300))
-        return '{"items": [' + ",".join(f'{{"id": {i}, "name": "item{i}", "tags": ["a", "b"]}}' for i in range(n)) + "]}"
+        items = ",".join(f'{{"id": {i}, "name": "item{i}", "tags": ["a", "b"]}}' for i in range(n))
+        return '{"items": [' + items + "]}"
     if kind == "huge":
         return ("x" * 99 + "\n") * draw(st.integers(500, 1300))
     return "Traceback (most recent call last):\n  File \"src/x.py\", line 3\nValueError: bad\nExit code 1"
@@ -68,8 +69,9 @@ def conversations(draw: Any) -> list[dict[str, Any]]:
             msgs.append({"role": "tool", "tool_call_id": draw(st.sampled_from([*id_pool, "ghost"])),
                          "content": draw(words)})
         elif kind == "image":
-            msgs.append({"role": "user", "content": [{"type": "text", "text": "see this"},
-                                                     {"type": "image_url", "image_url": {"url": png(8, 8, len(msgs))}}]})
+            msgs.append({"role": "user", "content": [
+                {"type": "text", "text": "see this"},
+                {"type": "image_url", "image_url": {"url": png(8, 8, len(msgs))}}]})
         else:
             n = draw(st.integers(1, 3))
             ids = [draw(st.sampled_from(id_pool)) for _ in range(n)]
@@ -91,8 +93,8 @@ def engines() -> dict[str, Engine]:
 
 
 @pytest.mark.parametrize("ref", BUILTIN_PACKS)
-@settings(max_examples=int(os.environ.get("CTXRULES_PROPERTY_EXAMPLES", "60")), deadline=None, suppress_health_check=[HealthCheck.too_slow,
-                                                                 HealthCheck.function_scoped_fixture])
+@settings(max_examples=int(os.environ.get("CTXRULES_PROPERTY_EXAMPLES", "60")), deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(history=conversations(), window=st.sampled_from([12000, 20000, 64000]))
 def test_invariants_hold_for_generated_conversations(engines: dict[str, Engine], ref: str,
                                                      tmp_path_factory: pytest.TempPathFactory,

@@ -16,7 +16,8 @@ from llm_server import LLMServer, context_length_error, http_error, reply
 
 
 def test_overflow_is_recovered_once_and_retried(tmp_path: Path) -> None:
-    history = json.loads(next(p for p in transcript_paths() if p.name == "openhands-ponylang__ponyc-4588.json").read_text())
+    source = next(p for p in transcript_paths() if p.name == "openhands-ponylang__ponyc-4588.json")
+    history = json.loads(source.read_text())
     session = Engine.load("builtin:default").session(tmp_path / "s", model="openai/gpt-4o", window=128000)
     with LLMServer() as server:
         server.script(context_length_error(limit=12000), reply("Done: the fix is in src/libponyc/expr/match.c"))

@@ -76,7 +76,8 @@ def test_preflight_refuses_only_what_no_compaction_can_fit(tmp_path: Path) -> No
     estimate = s.preflight(big)
     assert not estimate.fits_now and estimate.can_fit  # old steps can go
     pinned_too_big = [{"role": "user", "content": "word " * 9000}]
-    with pytest.raises(RequestRejected, match=r"cannot fit gpt-4o's window even after compaction.*usable window is 1808"):
+    with pytest.raises(RequestRejected,
+                       match=r"cannot fit gpt-4o's window even after compaction.*usable window is 1808"):
         s.preflight(pinned_too_big)
     assert not s.preflight(pinned_too_big, refuse=False).can_fit
 
@@ -134,7 +135,7 @@ def test_model_switch_rescales_thresholds_without_restart(tmp_path: Path) -> Non
     first = s.prepare(history())
     assert first.report["budget"]["window"] == 128000
     s.switch(model="claude-sonnet-4-5")
-    second = s.prepare(history() + [{"role": "user", "content": "next"}])
+    second = s.prepare([*history(), {"role": "user", "content": "next"}])
     assert second.report["budget"]["window"] == 200000
     assert "model" in second.report["fingerprint"]["changed"] and "window" in second.report["fingerprint"]["changed"]
     for t in ("monitor", "full"):
@@ -169,7 +170,8 @@ def test_child_sessions_inherit_pack_and_cache_key_and_are_capped(tmp_path: Path
     a = root.child("a")
     b = a.child("b")
     assert a.cache_key == b.cache_key == root.cache_key == "root"
-    assert b.root is root and b.engine is root.engine and b.path == tmp_path / "root" / "children" / "a" / "children" / "b"
+    assert b.root is root and b.engine is root.engine
+    assert b.path == tmp_path / "root" / "children" / "a" / "children" / "b"
     root.child("c")
     with pytest.raises(TooManyDescendants, match="already has 3 sub-agent sessions"):
         b.child("d")
@@ -216,7 +218,8 @@ class Slow:
 def ctxrules_register_stages(register):
     register(StageType("test.slow", "content", Slow, hysteresis=True))
 
-engine = Engine.load(sys.argv[2], plugins=[("slow", types.SimpleNamespace(ctxrules_register_stages=ctxrules_register_stages))])
+engine = Engine.load(sys.argv[2], plugins=[
+    ("slow", types.SimpleNamespace(ctxrules_register_stages=ctxrules_register_stages))])
 session = engine.session(Path(sys.argv[3]), model="gpt-4o", window=12000)
 session.prepare(json.loads(Path(sys.argv[4]).read_text()))
 """
@@ -254,7 +257,8 @@ def test_cli_sigterm_marks_the_compaction_interrupted(tmp_path: Path) -> None:
     plugin_dir = tmp_path / "plug"
     plugin_dir.mkdir()
     (plugin_dir / "slowplug.py").write_text(
-        "import time\nfrom ctxrules.hookspecs import hookimpl\nfrom ctxrules.stages.base import StageOutcome, StageType\n"
+        "import time\nfrom ctxrules.hookspecs import hookimpl\n"
+        "from ctxrules.stages.base import StageOutcome, StageType\n"
         "class Slow:\n    def __init__(self, o): pass\n    def __call__(self, m, ctx):\n"
         "        print('compacting', flush=True)\n        time.sleep(60)\n        return StageOutcome(list(m))\n"
         "@hookimpl\ndef ctxrules_register_stages(register):\n"
@@ -286,7 +290,8 @@ def test_cli_sigterm_marks_the_compaction_interrupted(tmp_path: Path) -> None:
 def test_continuation_guards(tmp_path: Path) -> None:
     (tmp_path / "keep.txt").write_text("v1")
     pack = write_pack(tmp_path, "extends: builtin:default\nguards:\n  continuation:\n"
-                                "    max_identical_errors: 3\n    drift_every_steps: 2\n    protected_files: [keep.txt]\n")
+                                "    max_identical_errors: 3\n    drift_every_steps: 2\n"
+                                "    protected_files: [keep.txt]\n")
     s = Engine.load(pack).session(tmp_path / "s", model="gpt-4o")
     msgs = history(2)
     assert s.should_continue({"messages": msgs, "cwd": str(tmp_path)})

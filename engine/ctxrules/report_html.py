@@ -34,7 +34,7 @@ def _waterfall(report: dict[str, Any]) -> str:
     stages = [s for s in report["stages"] if s["ran"]]
     start = report["before"]["tokens"]
     usable = report["budget"]["usable_window"]
-    top = max([start, usable, *(s["tokens_before"] for s in stages)] or [1])
+    top = max([start, usable, *(s["tokens_before"] for s in stages)])
     width, bar_h, gap, left = 640, 22, 8, 190
     rows = [("input", 0, start, "#546e7a")]
     for s in stages:
@@ -92,12 +92,15 @@ def render_html(report: dict[str, Any]) -> str:
 <meta name="viewport" content="width=device-width, initial-scale=1">
 <title>{escape(title)}</title>
 <style>
-body {{ font: 14px/1.45 system-ui, -apple-system, "Segoe UI", sans-serif; margin: 24px; color: #212121; background: #fafafa; }}
+body {{ font: 14px/1.45 system-ui, -apple-system, "Segoe UI", sans-serif; \
+margin: 24px; color: #212121; background: #fafafa; }}
 h1 {{ font-size: 20px; margin: 0 0 4px; }} h2 {{ font-size: 16px; margin: 28px 0 8px; }}
 .meta {{ color: #616161; }} .rings {{ display: flex; gap: 32px; align-items: center; flex-wrap: wrap; }}
-.ring {{ width: 160px; height: 160px; }} .big {{ font-size: 24px; font-weight: 600; }} .small {{ font-size: 11px; fill: #424242; }}
+.ring {{ width: 160px; height: 160px; }} .big {{ font-size: 24px; font-weight: 600; }} \
+.small {{ font-size: 11px; fill: #424242; }}
 .waterfall {{ width: 100%; max-width: 760px; background: #fff; border: 1px solid #e0e0e0; }}
-table {{ border-collapse: collapse; background: #fff; }} th, td {{ border: 1px solid #e0e0e0; padding: 4px 8px; text-align: left; font-size: 13px; }}
+table {{ border-collapse: collapse; background: #fff; }} \
+th, td {{ border: 1px solid #e0e0e0; padding: 4px 8px; text-align: left; font-size: 13px; }}
 th {{ background: #eeeeee; }} td:nth-child(n+5):nth-child(-n+8) {{ text-align: right; }}
 .stat {{ font-size: 13px; color: #424242; }}
 </style></head>

@@ -111,7 +111,7 @@ class SessionStore:
         prev = self._written
         # Append only to the file this object wrote last (another process may have rewritten it).
         if (prev is not None and self._stat() == self._written_stat and len(prev) <= len(output)
-                and all(a is b for a, b in zip(prev, output))):
+                and all(a is b for a, b in zip(prev, output, strict=False))):
             if len(prev) < len(output):
                 with self.output_file.open("ab") as fh:
                     fh.write(_jsonl(output[len(prev):]))

@@ -49,14 +49,15 @@ def main() -> None:
          {"command": "python -m pip list --format=columns"}, sh("python -m pip list --format=columns", root))
     step("Looking for other callers of total() in the standard library checkout for comparison.", "Bash",
          {"command": "grep -rn 'def total' /usr/lib/python3*/ | head -400"},
-         sh("grep -rn 'def total' /usr/lib/python3*/ /root/.pyenv/versions/3.11.7/lib/python3.11/ 2>/dev/null | head -400",
-            root))
+         sh("grep -rn 'def total' /usr/lib/python3*/ /root/.pyenv/versions/3.11.7/lib/python3.11/ "
+            "2>/dev/null | head -400", root))
     step("The bug is the `+ 1` in total(). Fixing it.", "Edit",
          {"file_path": "src/inventory/stock.py", "old_string": "sum(self.items.values()) + 1",
           "new_string": "sum(self.items.values())"},
          "The file src/inventory/stock.py has been updated.")
     (root / "src/inventory/stock.py").write_text(
-        (root / "src/inventory/stock.py").read_text().replace("sum(self.items.values()) + 1", "sum(self.items.values())"))
+        (root / "src/inventory/stock.py").read_text().replace("sum(self.items.values()) + 1",
+                                                              "sum(self.items.values())"))
     step("Re-running the tests.", "Bash", {"command": "python -m pytest -q"},
          sh("python -m pytest -q -p no:cacheprovider", root))
     step("Showing the change.", "Bash", {"command": "git diff"}, sh("git diff", root))

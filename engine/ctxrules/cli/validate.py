@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from ctxrules.validation import formats
@@ -26,7 +27,7 @@ def run(args: argparse.Namespace) -> int:
     from ctxrules.validation.validate import validate_paths
 
     diags, count, real = validate_paths(args.paths, skip_non_packs=args.skip_non_packs)
-    render = {
+    render: Callable[[], str] = {
         "text": lambda: formats.format_text(diags, count, real),
         "json": lambda: formats.format_json(diags, count),
         "github": lambda: formats.format_github(diags, count),

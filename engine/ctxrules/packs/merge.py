@@ -42,7 +42,7 @@ class MergeProblem:
 
 def merge_packs(base: OMap, child: OMap, problems: list[MergeProblem]) -> OMap:
     """``child`` applied over ``base``; neither is modified. Problems are appended."""
-    out = clone(base)
+    out: OMap = clone(base)
     for key in NOT_INHERITED:
         out.drop(key)
     for key, value in child.items():
@@ -114,7 +114,7 @@ def _hint_for(ident: str, ids: list[str]) -> str | None:
 
 
 def _without_placement(item: OMap) -> OMap:
-    out = clone(item)
+    out: OMap = clone(item)
     for k in PLACEMENT_KEYS:
         out.drop(k)
     return out

@@ -2,7 +2,7 @@
 
 - window: ``--window``/``window=`` if given, else the pack's ``context.window`` when it is a
   number, else the registry's ``max_input_tokens`` (else ``max_tokens``).
-- usable window = window − reserve_output; a usage error when ≤ 0.
+- usable window = window - reserve_output; a usage error when ≤ 0.
 - utilization = prompt tokens (messages and tool schemas) / usable window. For tokenizers whose
   counts are estimates, the count is raised by the safety margin first, so an estimate errs on
   the side of compacting.

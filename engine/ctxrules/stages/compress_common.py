@@ -327,10 +327,7 @@ def cut_text(text: str, head_tokens: int, tail_tokens: int, chars_per_token: flo
     elided = text[len(head):tail_begin]
     if len(elided) < _MIN_ELIDED_CHARS:
         return None
-    if callable(count_text):
-        tokens = int(count_text(elided))
-    else:
-        tokens = math.ceil(len(elided) / chars_per_token)
+    tokens = int(count_text(elided)) if callable(count_text) else math.ceil(len(elided) / chars_per_token)
     marker = format_marker("tokens", tokens, vault_id, chars=f"{len(head) + 1}-{tail_begin}")
     return Cut(f"{head}\n{marker}\n{text[tail_begin:]}", text, int(tokens), "tokens")
 

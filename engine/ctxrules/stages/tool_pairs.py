@@ -351,9 +351,9 @@ def already_valid(messages: Sequence[Mapping[str, Any]], start: int = 0) -> bool
     i = min(max(start, 0), n)
     # Messages before ``start`` are known valid; scanning resumes at the assistant message whose
     # block ``start`` may extend (a result appended right after a valid prefix belongs to it).
-    while 0 < i and messages[i - 1].get("role") in ("tool", "function"):
+    while i > 0 and messages[i - 1].get("role") in ("tool", "function"):
         i -= 1
-    if 0 < i and messages[i - 1].get("role") == "assistant":
+    if i > 0 and messages[i - 1].get("role") == "assistant":
         i -= 1
     while i < n:
         msg = messages[i]

@@ -204,10 +204,7 @@ def _candidate(
     env: Mapping[str, str],
     notes: list[str],
 ) -> Candidate:
-    if config.api_base and "/" not in name:
-        call_model = f"{config.provider or 'openai'}/{name}"
-    else:
-        call_model = name
+    call_model = f"{config.provider or 'openai'}/{name}" if config.api_base and "/" not in name else name
     info = main if name == main.name else _lookup(name)
     window: int | None = None
     if info is not None:

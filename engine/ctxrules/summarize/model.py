@@ -41,7 +41,7 @@ def summary_schema() -> dict[str, Any]:
 
 @cache
 def _validator() -> Any:
-    import jsonschema  # type: ignore[import-untyped]  # no stubs installed; used untyped
+    import jsonschema
 
     return jsonschema.Draft202012Validator(summary_schema())
 

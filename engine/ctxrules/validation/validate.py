@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from itertools import pairwise
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -93,7 +94,8 @@ def _check_context(rep: _Reporter, ctx: Any, base: str, own: dict[str, Any] | No
     if not isinstance(ctx, dict):
         return
     th = ctx.get("thresholds")
-    own_th = (own or ctx).get("thresholds") if isinstance((own or ctx).get("thresholds"), dict) else {}
+    own_raw = (own or ctx).get("thresholds")
+    own_th = own_raw if isinstance(own_raw, dict) else {}
     if isinstance(th, dict):
         present = [(k, th[k]) for k in THRESHOLD_ORDER if isinstance(th.get(k), int | float)
                    and not isinstance(th.get(k), bool)]
@@ -101,7 +103,7 @@ def _check_context(rep: _Reporter, ctx: Any, base: str, own: dict[str, Any] | No
             if not 0 < v < 1 and (own is None or k in own_th):
                 rep.add("CR050", f"threshold {k} is {v}; thresholds are fractions of the usable window in (0, 1)",
                         f"{base}/thresholds/{k}", "use a fraction, e.g. 0.5 for 50%")
-        for (k1, v1), (k2, v2) in zip(present, present[1:], strict=False):
+        for (k1, v1), (k2, v2) in pairwise(present):
             if v1 >= v2 and 0 < v1 < 1 and 0 < v2 < 1:
                 at = _blame(rep, f"{base}/thresholds", k1, k2, own_th if own is not None else None)
                 rep.add("CR051", f"thresholds must increase: {k1} ({v1}) is not below {k2} ({v2})",
