@@ -57,6 +57,7 @@ def main() -> int:
     args = parser.parse_args()
 
     from compress_kit import expand
+
     from ctxrules import Engine
     from ctxrules.messages import is_real_user
 

@@ -10,10 +10,10 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import REPO, transcript_paths
-from ctxrules import Engine
 from invariants import lost_contents, markers_resolve, pairing_problems
+
+from ctxrules import Engine
 
 WINDOWS = [32_000, 64_000, 128_000]
 

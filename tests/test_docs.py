@@ -7,6 +7,7 @@ import json
 import re
 
 from conftest import REPO
+
 from ctxrules.cli.main import VERBS, build_parser
 from ctxrules.plugins import default_registry
 from ctxrules.validation.diagnostics import CODES

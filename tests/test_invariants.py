@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from invariants import lost_contents, markers_resolve, pairing_problems, pinned_of
 
 from ctxrules import Engine
-from invariants import lost_contents, markers_resolve, pairing_problems, pinned_of
 
 BUILTIN_PACKS = ["builtin:default"]
 

@@ -7,12 +7,12 @@ import json
 from pathlib import Path
 
 import pytest
-
 from conftest import transcript_paths
-from ctxrules import Engine
-from ctxrules.runtime.overflow import CompletionFailed, is_overflow, limit_from
 from invariants import pairing_problems
 from llm_server import LLMServer, context_length_error, http_error, reply
+
+from ctxrules import Engine
+from ctxrules.runtime.overflow import CompletionFailed, is_overflow, limit_from
 
 
 def test_overflow_is_recovered_once_and_retried(tmp_path: Path) -> None:

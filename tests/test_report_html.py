@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import REPO
 
 from ctxrules import Engine
-from conftest import REPO
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 

@@ -11,21 +11,18 @@ import subprocess
 import sys
 import threading
 import time
-import types
 from pathlib import Path
 from typing import Any
 
 import jsonschema
 import pytest
-
 from conftest import REPO, transcript_paths
+
 from ctxrules import Engine
-from ctxrules.hookspecs import hookimpl
 from ctxrules.resources import schema_path
 from ctxrules.runtime import checkpoint
 from ctxrules.runtime.guards import RequestRejected
 from ctxrules.runtime.subagents import TooManyDescendants
-from ctxrules.stages.base import StageOutcome, StageType
 from ctxrules.vault import parse_markers
 
 REPORT_SCHEMA = json.loads(schema_path("report.v1.schema.json").read_text())

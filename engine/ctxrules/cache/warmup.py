@@ -25,7 +25,6 @@ reported times are in unscaled seconds.
 from __future__ import annotations
 
 import contextlib
-import os
 import threading
 import time
 import warnings

@@ -59,7 +59,7 @@ def display_path(path: Path) -> str:
     built-in packs as ``builtin:NAME`` (the wheel's location means nothing to a user)."""
     try:
         rel = path.resolve().relative_to(rules_dir().resolve())
-        if not (Path.cwd().resolve() in path.resolve().parents):
+        if Path.cwd().resolve() not in path.resolve().parents:
             return BUILTIN_PREFIX + rel.with_suffix("").as_posix()
     except ValueError:
         pass

@@ -52,10 +52,7 @@ def to_yaml(data: Any, origins: dict[str, Origin] | None = None) -> str:
             for k, v in value.items():
                 child = f"{pointer}/{escape_token(str(k))}"
                 key = _scalar(str(k))
-                if isinstance(v, dict) and v:
-                    lines.append(f"{pad}{key}:{note(child)}")
-                    emit(v, indent + 1, child)
-                elif isinstance(v, list) and v:
+                if (isinstance(v, dict) and v) or (isinstance(v, list) and v):
                     lines.append(f"{pad}{key}:{note(child)}")
                     emit(v, indent + 1, child)
                 elif _as_block(v):
