@@ -25,9 +25,9 @@ all use it, so they never disagree about which result belongs where.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from ctxrules.errors import MessagesError
 
@@ -346,24 +346,32 @@ class ToolPairing:
     positional: frozenset[int] = field(default_factory=frozenset)
 
 
-_PAIRING_MEMO: list[tuple[Sequence[Mapping[str, Any]], tuple[int, ...], ToolPairing]] = []
+_T = TypeVar("_T")
+_PerList = list[tuple[Sequence[Mapping[str, Any]], tuple[int, ...], Any]]
+
+
+def _per_list(memo: _PerList, messages: Sequence[Mapping[str, Any]],
+              compute: Callable[[Sequence[Mapping[str, Any]]], _T]) -> _T:
+    """``compute(messages)``, remembered for the last few lists. Several stages of one pipeline
+    run ask about the same list; the key is the list object and the identity of every message
+    in it (message lists are never changed in place within a run), so a repeat costs one pass
+    over the ids."""
+    ids = tuple(map(id, messages))
+    for seq, seen, value in memo:
+        if seq is messages and seen == ids:
+            return value  # type: ignore[no-any-return]  # stored by this same compute
+    value = compute(messages)
+    memo.insert(0, (messages, ids, value))
+    del memo[4:]
+    return value
+
+
+_PAIRING_MEMO: _PerList = []
 
 
 def pair_tool_calls(messages: Sequence[Mapping[str, Any]]) -> ToolPairing:
-    """Pair tool results with calls in one pass (O(messages + calls)).
-
-    Several stages of one pipeline run pair the same list; the last few answers are kept,
-    keyed by the list object and the identity of every message in it (message lists are never
-    changed in place within a run), so a repeat costs one pass over the ids.
-    """
-    ids = tuple(map(id, messages))
-    for seq, seen, pairing in _PAIRING_MEMO:
-        if seq is messages and seen == ids:
-            return pairing
-    pairing = _pair_tool_calls(messages)
-    _PAIRING_MEMO.insert(0, (messages, ids, pairing))
-    del _PAIRING_MEMO[4:]
-    return pairing
+    """Pair tool results with calls in one pass (O(messages + calls)); remembered per list."""
+    return _per_list(_PAIRING_MEMO, messages, _pair_tool_calls)
 
 
 def _pair_tool_calls(messages: Sequence[Mapping[str, Any]]) -> ToolPairing:
@@ -527,20 +535,12 @@ def exchanges(messages: Sequence[Mapping[str, Any]]) -> list[Exchange]:
     return out
 
 
-_PINS_MEMO: list[tuple[Sequence[Mapping[str, Any]], tuple[int, ...], frozenset[int]]] = []
+_PINS_MEMO: _PerList = []
 
 
 def pinned_indices(messages: Sequence[Mapping[str, Any]]) -> frozenset[int]:
-    """Indices that never leave the context (DESIGN.md "pinned"); remembered for the last few
-    lists like :func:`pair_tool_calls` (several stages of a run ask about the same list)."""
-    ids = tuple(map(id, messages))
-    for seq, seen, pins in _PINS_MEMO:
-        if seq is messages and seen == ids:
-            return pins
-    pins = _pinned_indices(messages)
-    _PINS_MEMO.insert(0, (messages, ids, pins))
-    del _PINS_MEMO[4:]
-    return pins
+    """Indices that never leave the context (DESIGN.md "pinned"); remembered per list."""
+    return _per_list(_PINS_MEMO, messages, _pinned_indices)
 
 
 def _pinned_indices(messages: Sequence[Mapping[str, Any]]) -> frozenset[int]:
