@@ -75,6 +75,26 @@ def pinned_of(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def without_cache_markers(m: dict[str, Any]) -> dict[str, Any]:
+    """``m`` as it was before ``cache.markers``: that finalize stage may add ``cache_control``
+    (and turn a string content into one text part to carry it) but never changes text."""
+    out = {k: v for k, v in m.items() if k != "cache_control"}
+    content = out.get("content")
+    if isinstance(content, list):
+        parts = [{k: v for k, v in p.items() if k != "cache_control"} if isinstance(p, dict) else p
+                 for p in content]
+        out["content"] = parts
+        if len(parts) == 1 and isinstance(parts[0], dict) and set(parts[0]) == {"type", "text"}:
+            out["content"] = parts[0]["text"]
+    return out
+
+
+def survives(m: dict[str, Any], out: list[dict[str, Any]]) -> bool:
+    """Invariant 2 for one pinned message: it is in ``out``, cache markers aside."""
+    want = without_cache_markers(m)
+    return any(without_cache_markers(o) == want for o in out)
+
+
 def vault_texts(vault: Any) -> list[str]:
     out = []
     for vid in vault.list_ids():
