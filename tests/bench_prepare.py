@@ -24,7 +24,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "engine"))
 TRANSCRIPT = HERE.parents[1] / "shared" / "corpus" / "transcripts" / "claudecode-ae4a77f8.json"
-REPS = 7
+REPS = 15
 
 
 def median_ms(fn, reps: int = REPS) -> float:  # type: ignore[no-untyped-def]
@@ -69,11 +69,11 @@ def main() -> int:
     import litellm
 
     litellm.token_counter(model="gpt-4o", messages=history[:3])  # load the tokenizer once
-    count_ms = median_ms(lambda: litellm.token_counter(model="gpt-4o", messages=history), reps=5)
+    count_ms = median_ms(lambda: litellm.token_counter(model="gpt-4o", messages=history), reps=9)
 
     cold, warm, first, _last = results["400K"]
     print(f"transcript: {TRANSCRIPT.name}, {len(history)} messages, {first['before']['tokens']} tokens (gpt-4o)")
-    print(f"litellm.token_counter, one call on the same messages: {count_ms:8.2f} ms (median of 5)")
+    print(f"litellm.token_counter, one call on the same messages: {count_ms:8.2f} ms (median of 9)")
     print(f"400K window, tier {first['before']['tier']}: first prepare {cold:8.2f} ms; "
           f"warm prepare after one appended step {warm:8.2f} ms (median of {REPS})")
     ratio = warm / count_ms

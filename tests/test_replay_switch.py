@@ -10,10 +10,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from conftest import transcript_paths
-from ctxrules import Engine
 from invariants import lost_contents, markers_resolve, pairing_problems, pinned_of, survives
+
+from ctxrules import Engine
 
 CALLS = 200
 SWITCH_AT = 100

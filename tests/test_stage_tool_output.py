@@ -253,11 +253,13 @@ def test_shell_outputs_go_through_the_compressors_with_command_and_exit_code(
     seen: list[tuple[Any, ...]] = []
     _fake_compressors(monkeypatch, seen)
     status = "".join(f"\tmodified:   src/f{i}.py\n" for i in range(40)) + "Exit code 0"
-    messages = convo(step("g", status, command="git status"), step("h", "hello\nExit code 3",
-                                                                  command="echo hello"),
+    loud = "".join(f"hello {i}\n" for i in range(150)) + "Exit code 3"
+    messages = convo(step("g", status, command="git status"), step("h", loud, command="echo hello"),
+                     step("t", "hi\nExit code 0", command="echo hi"),
                      step("m", status, "mcp__git__status", command="git status"))
     out, outcome, ctx = run(messages, tmp_path)
-    assert seen == [("git status", 0), ("echo hello", 3)]  # shell role only
+    # Shell role only, and not outputs within min_saving_tokens (they cannot save that much).
+    assert seen == [("git status", 0), ("echo hello", 3)]
     assert kinds(outcome) == ["compress"]
     text = out[3]["content"]
     assert text.startswith("M src/a.py (3 files changed)\n[ctxrules:elided kind=lines count=40 ")

@@ -392,7 +392,8 @@ class _Run:
             r.reducible = False
             r.tokens = self.ctx.counter.count_message(self.out[r.index])
             return
-        if r.role == "shell" and stage.compressors:
+        # An output no bigger than the minimum saving cannot save that much: not worth a parse.
+        if r.role == "shell" and stage.compressors and r.tokens > stage.min_saving:
             self._compress(r, msg, content)
 
     def _compress(self, r: _Result, msg: Message, content: str) -> None:
