@@ -190,6 +190,7 @@ class Session:
         self._last_msgs_sum = 0
         self._last_out_tokens: int | None = None
         self._last_tools: list[dict[str, Any]] = []
+        self._last_has_system = False
         self._continuation_memory: dict[str, Any] = {}
         self.parent: Session | None = None
         self.root: Session = self
@@ -382,7 +383,9 @@ class Session:
         pipeline_input = [*previous, *history[reused:]] if reused else history
         appended = sum(self.counter.count_each(history[reused:]))
         msgs_sum = (self._last_msgs_sum if reused else 0) + appended
-        tools_tokens = self.counter.count_tools(tools, has_system_message=_has_system(history))
+        has_system = (self._last_has_system if reused else False) or _has_system(history[reused:])
+        self._last_has_system = has_system
+        tools_tokens = self.counter.count_tools(tools, has_system_message=has_system)
         tokens_in = msgs_sum + REPLY_PRIMING_TOKENS + tools_tokens
         check_gateway(self.engine.pack.data, tokens_in)
         known = None
@@ -475,6 +478,7 @@ class Session:
             return 0, [], []
         self._last_history = [_clone(m) for m in history[:n]]
         self._last_msgs_sum = sum(self.counter.count_each(history[:n]))
+        self._last_has_system = _has_system(history[:n])
         self._last_out_tokens = None
         return n, output, list(digests)
 

@@ -266,7 +266,9 @@ def is_injected(msg: Mapping[str, Any]) -> bool:
     """Whether ctxrules produced ``msg`` (metadata key, or text that opens with a tag)."""
     if msg.get(INJECTED_KEY) is not None:
         return True
-    return _TAG_RE.match(_first_text(msg)) is not None
+    text = _first_text(msg)
+    # Most texts do not open with "<" (after spaces): decided without the regex.
+    return "<" in text[:64] and _TAG_RE.match(text) is not None
 
 
 def injected_kind(msg: Mapping[str, Any]) -> str | None:
