@@ -309,3 +309,17 @@ def test_continuation_guards(tmp_path: Path) -> None:
     (tmp_path / "keep.txt").write_text("v2")
     d = s.should_continue({"messages": msgs, "cwd": str(tmp_path)})
     assert not d and "keep.txt" in str(d.reason)
+
+
+def test_fallback_and_breaker_events_reach_the_callback(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Offline, the summarizer falls back to the checkpoint: the UI hears about it."""
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    src = next(p for p in transcript_paths() if p.name == "claudecode-ae4a77f8.json")
+    pack = write_pack(tmp_path, "extends: builtin:default\npipeline:\n  - {id: summary, before: ttl}\n")
+    events: list[dict[str, Any]] = []
+    session = Engine.load(pack).session(tmp_path / "s", model="gpt-4o", window=32000, on_event=events.append)
+    report = session.prepare(json.loads(src.read_text())).report
+    kinds = [e["event"] for e in events]
+    assert "compacting" in kinds and "fallback" in kinds
+    assert kinds.index("compacting") < kinds.index("fallback") < kinds.index("prepare.end")
+    assert any(a["kind"] == "checkpoint" for s in report["stages"] for a in s["actions"])

@@ -438,6 +438,12 @@ class Session:
         self._notices = []
         report["compacting"] = compacting
         report["health"] = health(report)
+        for st in report["stages"]:
+            for action in st["actions"]:
+                if action["kind"] == "checkpoint":  # the summarizer fell back to the checkpoint
+                    self._emit({"event": "fallback", "stage": st["id"], "detail": action["detail"]})
+                elif action["kind"] == "breaker":
+                    self._emit({"event": "breaker", "stage": st["id"], "detail": action["detail"]})
         self._emit({"event": "prepare.end", "health": report["health"]["state"],
                     "tokens_before": tokens_in, "tokens_after": outcome.tokens})
         # New lists. Messages no stage changed are the caller's own objects (the session notices

@@ -1,7 +1,7 @@
 """Context health for a UI: green / yellow / red, and a fork suggestion at ≥ 75 % utilization.
 
 - red: the output does not fit the usable window, or utilization after the pipeline is still at
-  the emergency tier, or the summarizer's circuit breaker is open;
+  the emergency tier, or a summarizer circuit breaker is open;
 - yellow: utilization after the pipeline reached the ``light`` tier, or a stage failed;
 - green otherwise.
 """
@@ -15,8 +15,9 @@ FORK_AT = 0.75
 
 def health(report: dict[str, Any]) -> dict[str, Any]:
     after = report["after"]
-    summarizer = report.get("summarizer")
-    breaker = summarizer.get("breaker") if isinstance(summarizer, dict) else None
+    # The summary stage reports each model's breaker as an action "breaker" ("MODEL: STATE").
+    breaker = "open" if any(a.get("kind") == "breaker" and str(a.get("detail", "")).endswith(": open")
+                            for st in report["stages"] for a in st["actions"]) else None
     failed = [s["id"] for s in report["stages"] if s.get("error")]
     red: list[str] = []
     if not after.get("fits", True):
