@@ -267,8 +267,9 @@ def is_injected(msg: Mapping[str, Any]) -> bool:
     if msg.get(INJECTED_KEY) is not None:
         return True
     text = _first_text(msg)
-    # Most texts do not open with "<" (after spaces): decided without the regex.
-    return "<" in text[:64] and _TAG_RE.match(text) is not None
+    # Most texts do not open with "<" (after white space): decided without the regex. lstrip
+    # returns the same string object when there is nothing to strip.
+    return text.lstrip().startswith("<ctxrules:") and _TAG_RE.match(text) is not None
 
 
 def injected_kind(msg: Mapping[str, Any]) -> str | None:
