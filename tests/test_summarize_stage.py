@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import copy
 import json
-import re
 import os
+import re
 import subprocess
 import sys
 from functools import cache
