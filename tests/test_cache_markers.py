@@ -426,6 +426,26 @@ def test_model_change_history_rewrite_and_expiry_are_reported(tmp_path: Path) ->
     assert actions(idle, "cache_prefix")
 
 
+def test_appended_and_shortened_histories_are_counted_in_messages(tmp_path: Path) -> None:
+    stage = CacheMarkers({})
+    state: dict[str, Any] = {}
+    msgs = conversation(4)
+    stage(msgs[:-2], make_ctx(tmp_path, "claude-sonnet-4-5", TOOLS, state))
+    grown = stage(msgs, make_ctx(tmp_path, "claude-sonnet-4-5", TOOLS, state, clock=1001))
+    assert actions(grown, "cache_prefix")[0].endswith("; 2 message(s) appended")
+    assert isinstance(state["prefix"]["history"], str)  # one string, not a list per message
+    shorter = stage(msgs[:-3], make_ctx(tmp_path, "claude-sonnet-4-5", TOOLS, state, clock=1002))
+    n = len(msgs) - state["prefix"]["history_start"]
+    assert actions(shorter, "cache_break") == [
+        f"history shortened from {n} to {n - 3} messages after the first user message: the cached "
+        "prefix ends there"]
+    # A state written with the older list form is still understood.
+    state["prefix"]["history"] = [state["prefix"]["history"][k:k + 16]
+                                  for k in range(0, len(state["prefix"]["history"]), 16)]
+    again = stage(msgs, make_ctx(tmp_path, "claude-sonnet-4-5", TOOLS, state, clock=1003))
+    assert actions(again, "cache_prefix")[0].endswith("; 3 message(s) appended")
+
+
 # -- replay of a real transcript -----------------------------------------------------------------
 
 

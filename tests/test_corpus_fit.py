@@ -19,9 +19,10 @@ from conftest import REPO, TRANSCRIPTS, transcript_paths
 from invariants import pairing_problems
 
 from ctxrules import Engine
-from ctxrules.messages import is_injected, is_real_user, pinned_indices
+from ctxrules.messages import is_injected, is_real_user
 from ctxrules.pipeline.budget import Budget
 from ctxrules.stages.compress_common import make_placeholder
+from ctxrules.structure import pinned_indices
 from ctxrules.tokens import TokenCounter
 from ctxrules.vault import Vault
 

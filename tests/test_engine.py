@@ -15,10 +15,11 @@ import pytest
 
 from ctxrules import Engine, PackError, UsageError
 from ctxrules.hookspecs import hookimpl
-from ctxrules.messages import pinned_indices, replace_text
+from ctxrules.messages import replace_text
 from ctxrules.models import UnknownModelError
 from ctxrules.resources import schema_path
 from ctxrules.stages.base import Action, StageOutcome, StageType
+from ctxrules.structure import facts_of, pinned_indices
 
 REPORT_SCHEMA = json.loads(schema_path("report.v1.schema.json").read_text())
 
@@ -190,6 +191,18 @@ def test_history_edited_in_place_is_noticed(tmp_path: Path) -> None:
     assert r.report["reused_messages"] == 0 and r.messages[1]["content"] == "a different request"
 
 
+def test_a_part_edited_in_place_is_seen_afresh(tmp_path: Path) -> None:
+    e = engine(tmp_path, "  - {id: a, use: test.content}\n")
+    msgs = convo()
+    msgs[1] = {"role": "user", "content": [{"type": "text", "text": "fix the bug"}]}
+    s = e.session(tmp_path / "s", model="gpt-4o")
+    s.prepare(msgs)
+    assert facts_of(msgs[1]).real_user  # the human anchor
+    msgs[1]["content"][0]["text"] = "<ctxrules:summary>\nearlier\n</ctxrules:summary>"
+    r = s.prepare(msgs)
+    assert r.report["reused_messages"] == 0 and facts_of(msgs[1]).injected
+
+
 def test_appended_history_reuses_the_previous_compaction(tmp_path: Path) -> None:
     e = engine(tmp_path, "  - {id: cut, use: test.content, with: {mode: shorten}}\n")
     s = e.session(tmp_path / "s", model="gpt-4o")
@@ -217,6 +230,20 @@ def test_reuse_survives_a_new_process(tmp_path: Path) -> None:
     fresh = engine(tmp_path, "  - {id: cut, use: test.content, with: {mode: shorten}}\n")
     r = fresh.session(tmp_path / "s", model="gpt-4o").prepare([*msgs, {"role": "user", "content": "next"}])
     assert r.report["reused_messages"] == len(msgs)
+
+
+def test_a_new_process_notices_an_edited_history(tmp_path: Path) -> None:
+    e = engine(tmp_path, "  - {id: cut, use: test.content, with: {mode: shorten}}\n")
+    msgs = convo(3)
+    e.session(tmp_path / "s", model="gpt-4o").prepare(msgs)
+    state = json.loads((tmp_path / "s" / "state.json").read_text())
+    assert state["last"]["count"] == len(msgs) and "digests" not in state["last"]  # one chained digest
+    edited = copy.deepcopy(msgs)
+    edited[-1]["content"] = edited[-1]["content"] + "!"
+    fresh = engine(tmp_path, "  - {id: cut, use: test.content, with: {mode: shorten}}\n")
+    r = fresh.session(tmp_path / "s", model="gpt-4o").prepare([*edited, {"role": "user", "content": "next"}])
+    assert r.report["reused_messages"] == 0
+    assert fresh.session(tmp_path / "s", model="gpt-4o").prepare(msgs[:2]).report["reused_messages"] == 0
 
 
 def test_changed_pack_or_model_discards_the_previous_compaction(tmp_path: Path) -> None:

@@ -15,19 +15,16 @@ from hypothesis import strategies as st
 
 from ctxrules.errors import MessagesError
 from ctxrules.messages import (
-    exchanges,
     injected_kind,
     is_injected,
     is_real_user,
     mark_injected,
     message_text,
-    pair_tool_calls,
-    pinned_indices,
     replace_text,
     split_input,
-    steps,
     validate_messages,
 )
+from ctxrules.structure import exchanges, pair_tool_calls, pinned_indices, steps
 
 TRANSCRIPTS = Path(__file__).resolve().parents[2] / "shared" / "corpus" / "transcripts"
 CORPUS = sorted(p for p in TRANSCRIPTS.glob("*.json") if p.name != "stats.json")

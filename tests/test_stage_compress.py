@@ -25,7 +25,7 @@ from conftest import TRANSCRIPTS
 from invariants import pairing_problems
 
 from ctxrules.errors import PackError
-from ctxrules.messages import is_injected, is_real_user, pinned_indices
+from ctxrules.messages import is_injected, is_real_user
 from ctxrules.pipeline.context import StageContext
 from ctxrules.stages.base import StageOutcome, options_schema_for
 from ctxrules.stages.compress_common import View, cut_text
@@ -35,6 +35,7 @@ from ctxrules.stages.compress_remove import STAGE_TYPE as REMOVE
 from ctxrules.stages.compress_remove import Remove
 from ctxrules.stages.compress_truncate import STAGE_TYPE as TRUNCATE
 from ctxrules.stages.compress_truncate import Truncate
+from ctxrules.structure import pinned_indices
 from ctxrules.vault import parse_markers
 
 Msg = dict[str, Any]

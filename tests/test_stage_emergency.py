@@ -23,10 +23,11 @@ from hypothesis import strategies as st
 from invariants import pairing_problems
 
 from ctxrules import Engine
-from ctxrules.messages import is_injected, pinned_indices
+from ctxrules.messages import is_injected
 from ctxrules.pipeline.context import StageContext
 from ctxrules.stages.base import options_schema_for
 from ctxrules.stages.compress_emergency import STAGE_TYPE, Emergency
+from ctxrules.structure import pinned_indices
 
 Msg = dict[str, Any]
 ALL_CRITICAL = [{"id": "all", "match": {}, "priority": "critical"}]

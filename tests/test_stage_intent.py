@@ -12,9 +12,10 @@ from compress_kit import filler, make_ctx, step, system, user
 from conftest import TRANSCRIPTS
 
 from ctxrules import Engine
-from ctxrules.messages import mark_injected, pair_tool_calls, pinned_indices
+from ctxrules.messages import mark_injected
 from ctxrules.stages.base import options_schema_for
 from ctxrules.stages.intent import STAGE_TYPE, IntentStage, build_intent, extract_terms
+from ctxrules.structure import pair_tool_calls, pinned_indices
 
 Msg = dict[str, Any]
 

@@ -28,8 +28,8 @@ from invariants import pairing_problems
 from ctxrules import Engine
 from ctxrules.compressors.api import CompressResult
 from ctxrules.hookspecs import hookimpl
-from ctxrules.messages import pinned_indices
 from ctxrules.stages.tool_output import STAGE_TYPE, ToolOutputFilter, keep_ratio
+from ctxrules.structure import pinned_indices
 from ctxrules.vault import parse_markers
 
 BIG_TEXT = "".join(f"collecting item {i} ... ok\n" for i in range(3000))  # 85K chars, ~24K tokens

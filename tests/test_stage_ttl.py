@@ -14,8 +14,8 @@ from filtering_kit import Msg, make_ctx, step, user
 from invariants import pairing_problems
 
 from ctxrules import Engine
-from ctxrules.messages import pinned_indices
 from ctxrules.stages.ttl import STAGE_TYPE, TtlPrune, message_time
+from ctxrules.structure import pinned_indices
 from ctxrules.vault import parse_marker
 
 # About 900 tokens.

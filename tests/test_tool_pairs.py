@@ -15,10 +15,11 @@ import structlog
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ctxrules.messages import is_injected, mark_injected, pair_tool_calls, pinned_indices
+from ctxrules.messages import is_injected, mark_injected
 from ctxrules.pipeline.context import StageContext
 from ctxrules.stages.base import Action
 from ctxrules.stages.tool_pairs import STAGE_TYPE, ToolPairRepair, repair_tool_pairs
+from ctxrules.structure import pair_tool_calls, pinned_indices
 from ctxrules.vault import Vault
 
 TRANSCRIPTS = Path(__file__).resolve().parents[2] / "shared" / "corpus" / "transcripts"

@@ -25,7 +25,8 @@ from ctxrules.packs.loader import PackLoader, ResolvedPack, load_pack
 from ctxrules.packs.models_match import effective_context, select_model_entry
 from ctxrules.pipeline.budget import Budget, make_budget
 from ctxrules.pipeline.context import CACHE_TTL_S, StageContext
-from ctxrules.pipeline.prefix import message_digest
+from ctxrules import structure
+from ctxrules.pipeline.prefix import HistoryChain
 from ctxrules.pipeline.report import build_report
 from ctxrules.pipeline.runner import PlannedStage, run_pipeline, when_allows
 from ctxrules.plugins import Registry, build_plugin_manager, collect, default_registry
@@ -186,7 +187,7 @@ class Session:
         self._thread_lock = threading.Lock()
         self._last_history: list[Message] | None = None
         self._last_output: list[Message] | None = None
-        self._last_digests: list[str] = []
+        self._last_chain = HistoryChain()
         self._last_msgs_sum = 0
         self._last_out_tokens: int | None = None
         self._last_tools: list[dict[str, Any]] = []
@@ -372,10 +373,9 @@ class Session:
         last_clock = state.get("last_clock")
         cache_hot = same and isinstance(last_clock, int | float) and 0 <= clock - last_clock < CACHE_TTL_S
         previous: list[Message]
-        digests: list[str]
-        reused, previous, digests = 0, [], []
+        reused, previous, chain = 0, [], HistoryChain()
         if same:
-            reused, previous, digests = self._previous(history, state)
+            reused, previous, chain = self._previous(history, state)
         else:
             state["stages"] = {}
         # The reused prefix equals a history that was validated already.
@@ -420,13 +420,13 @@ class Session:
             raise
         self._last_msgs_sum, self._last_out_tokens, self._last_tools = msgs_sum, outcome.tokens, tools
         vault_new = sorted({a["vault_id"] for r in outcome.records for a in r.actions if a.get("vault_id")})
-        digests = digests[:reused] + [message_digest(m) for m in history[reused:]]
+        chain = chain.extended(history[reused:])
         kept = self._last_history[:reused] if reused and self._last_history else []
         self._last_history = [*kept, *(_clone(m) for m in history[reused:])]
-        self._last_output, self._last_digests = outcome.messages, digests
+        self._last_output, self._last_chain = outcome.messages, chain
         state["fingerprint"] = fingerprint
         state["last_clock"] = clock
-        state["last"] = {"count": len(history), "digests": digests}
+        state["last"] = {"count": chain.count, "chain": chain.value}
         self.store.save(state, outcome.messages)
         if compacting:
             checkpoint.complete(self.path)
@@ -463,30 +463,36 @@ class Session:
         except Exception as exc:  # the UI's problem must not cost the agent its context
             get_logger("ctxrules").warning("on_event.error", error=f"{type(exc).__name__}: {exc}")
 
-    def _previous(self, history: list[Message], state: dict[str, Any]) -> tuple[int, list[Message], list[str]]:
-        """(messages reused, the previous output, digests of the reused history) when ``history``
-        extends the one the last ``prepare`` saw; (0, [], []) otherwise."""
+    def _previous(self, history: list[Message], state: dict[str, Any]) -> tuple[int, list[Message], HistoryChain]:
+        """(messages reused, the previous output, the chain of the reused history) when
+        ``history`` extends the one the last ``prepare`` saw; (0, [], empty chain) otherwise."""
         last = self._last_history
         if last is not None and self._last_output is not None:
             # Our copies share leaf strings with what the caller passed, so `==` mostly meets
             # identical objects and stays cheap; a message edited in place compares unequal.
             n = len(last)
             if n <= len(history) and last == history[:n]:
-                return n, self._last_output, self._last_digests
-            return 0, [], []
+                return n, self._last_output, self._last_chain
+            # Not an extension: perhaps a message was edited in place, which per-object memos
+            # of message facts cannot see (a new content object they can).
+            structure.forget()
+            return 0, [], HistoryChain()
         record = state.get("last") or {}
-        digests = record.get("digests") or []
-        n = len(digests)
-        if not n or n > len(history) or not all(message_digest(m) == d for m, d in zip(history, digests, strict=False)):
-            return 0, [], []
+        n = record.get("count")
+        value = record.get("chain")
+        if not isinstance(n, int) or not isinstance(value, str) or not 0 < n <= len(history):
+            return 0, [], HistoryChain()
+        chain = HistoryChain().extended(history[:n])
+        if chain.value != value:
+            return 0, [], HistoryChain()
         output = self.store.load_output(int(record.get("output_count", -1)))
         if output is None:
-            return 0, [], []
+            return 0, [], HistoryChain()
         self._last_history = [_clone(m) for m in history[:n]]
         self._last_msgs_sum = sum(self.counter.count_each(history[:n]))
         self._last_has_system = _has_system(history[:n])
         self._last_out_tokens = None
-        return n, output, list(digests)
+        return n, output, chain
 
 
 def _stamps(paths: Any) -> tuple[tuple[str, int, int], ...]:

@@ -14,48 +14,33 @@ anchor (invariant 2) is the worse error. An elision marker (``[ctxrules:elided .
 brackets) does not make a message injected: a real user message whose content went to the
 vault is still the real user message.
 
-**Pairing.** A tool result answers the most recent still-unanswered call with its
-``tool_call_id`` (ids may repeat across turns); within one assistant message the earliest such
-call goes first. A result that finds no such call is a *duplicate* when an earlier call with
-that id exists (already answered), otherwise an *orphan*. :func:`pair_tool_calls` is the one
-implementation; :func:`steps`, :func:`pinned_indices` and the ``normalize.tool_pairs`` stage
-all use it, so they never disagree about which result belongs where.
+**Pairing, steps, exchanges and pins** are in :mod:`ctxrules.structure`.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from collections.abc import Mapping
+from typing import Any
 
 from ctxrules.errors import MessagesError
 
 __all__ = [
     "INJECTED_KEY",
     "ROLES",
-    "Exchange",
-    "Step",
-    "ToolPairing",
-    "exchanges",
     "has_tool_calls",
     "injected_kind",
     "is_injected",
     "is_real_user",
     "mark_injected",
     "message_text",
-    "pair_tool_calls",
-    "pinned_indices",
     "replace_text",
     "split_input",
-    "steps",
     "tool_call_id",
     "validate_messages",
 ]
 
 Message = dict[str, Any]
-CallKey = tuple[int, int]
-"""A tool call as ``(index of its assistant message, position in its tool_calls)``."""
 
 ROLES: frozenset[str] = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
 INJECTED_KEY = "ctxrules"
@@ -330,268 +315,3 @@ def tool_call_id(call: object) -> str | None:
 def _result_id(msg: Mapping[str, Any]) -> str | None:
     value = msg.get("tool_call_id")
     return value if isinstance(value, str) and value else None
-
-
-@dataclass(frozen=True)
-class ToolPairing:
-    """Which tool result answers which call (see the module docstring for the rule).
-
-    ``positional`` lists results without a ``tool_call_id`` that were matched, in order, to
-    id-less calls of the assistant message whose block they sit in: the repair stage gives
-    both the same generated id.
-    """
-
-    result_of: Mapping[CallKey, int]
-    call_of: Mapping[int, CallKey]
-    orphans: tuple[int, ...]
-    duplicates: Mapping[int, CallKey]
-    unanswered: tuple[CallKey, ...]
-    positional: frozenset[int] = field(default_factory=frozenset)
-
-
-_T = TypeVar("_T")
-_PerList = list[tuple[Sequence[Mapping[str, Any]], tuple[int, ...], Any]]
-
-
-def _per_list(memo: _PerList, messages: Sequence[Mapping[str, Any]],
-              compute: Callable[[Sequence[Mapping[str, Any]]], _T]) -> _T:
-    """``compute(messages)``, remembered for the last few lists. Several stages of one pipeline
-    run ask about the same list; the key is the list object and the identity of every message
-    in it (message lists are never changed in place within a run), so a repeat costs one pass
-    over the ids."""
-    ids = tuple(map(id, messages))
-    for seq, seen, value in memo:
-        if seq is messages and seen == ids:
-            return value  # type: ignore[no-any-return]  # stored by this same compute
-    value = compute(messages)
-    memo.insert(0, (messages, ids, value))
-    del memo[4:]
-    return value
-
-
-_PAIRING_MEMO: _PerList = []
-
-
-def pair_tool_calls(messages: Sequence[Mapping[str, Any]]) -> ToolPairing:
-    """Pair tool results with calls in one pass (O(messages + calls)); remembered per list."""
-    return _per_list(_PAIRING_MEMO, messages, _pair_tool_calls)
-
-
-def _pair_tool_calls(messages: Sequence[Mapping[str, Any]]) -> ToolPairing:
-    open_calls: dict[str, list[CallKey]] = {}
-    last_call: dict[str, CallKey] = {}
-    idless: dict[int, list[int]] = {}
-    result_of: dict[CallKey, int] = {}
-    call_of: dict[int, CallKey] = {}
-    orphans: list[int] = []
-    duplicates: dict[int, CallKey] = {}
-    positional: set[int] = set()
-    all_calls: list[CallKey] = []
-    block_owner: int | None = None
-    for index, msg in enumerate(messages):
-        role = msg.get("role")
-        if role == "assistant":
-            block_owner = index
-            if not has_tool_calls(msg):
-                continue
-            for pos, call in enumerate(msg["tool_calls"]):
-                key = (index, pos)
-                all_calls.append(key)
-                cid = tool_call_id(call)
-                if cid is None:
-                    idless.setdefault(index, []).append(pos)
-                else:
-                    open_calls.setdefault(cid, []).append(key)
-                    last_call[cid] = key
-            continue
-        if role not in _RESULT_ROLES:
-            block_owner = None
-            continue
-        if role != "tool":
-            continue
-        cid = _result_id(msg)
-        if cid is None:
-            waiting = idless.get(block_owner, []) if block_owner is not None else []
-            if block_owner is not None and waiting:
-                key = (block_owner, waiting.pop(0))
-                result_of[key] = index
-                call_of[index] = key
-                positional.add(index)
-            else:
-                orphans.append(index)
-            continue
-        pending = open_calls.get(cid)
-        if pending:
-            key = _take_most_recent(pending)
-            result_of[key] = index
-            call_of[index] = key
-        elif cid in last_call:
-            duplicates[index] = last_call[cid]
-        else:
-            orphans.append(index)
-    unanswered = tuple(key for key in all_calls if key not in result_of)
-    return ToolPairing(
-        result_of=result_of,
-        call_of=call_of,
-        orphans=tuple(orphans),
-        duplicates=duplicates,
-        unanswered=unanswered,
-        positional=frozenset(positional),
-    )
-
-
-def _take_most_recent(pending: list[CallKey]) -> CallKey:
-    """Pop the earliest open call of the most recent assistant message in ``pending``."""
-    newest_message = pending[-1][0]
-    start = len(pending) - 1
-    while start > 0 and pending[start - 1][0] == newest_message:
-        start -= 1
-    return pending.pop(start)
-
-
-# --- steps, exchanges, pins -----------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Step:
-    """One assistant message and the results of its tool calls.
-
-    ``results`` are the indices of the tool results that answer its calls wherever they sit,
-    plus unpaired results (orphans, duplicates) and legacy ``function`` results in the block
-    right after it. ``start``/``stop`` is the half-open range that covers all of them; when a
-    result is misplaced, other messages may lie inside that range, so use ``indices`` for the
-    exact membership.
-    """
-
-    assistant: int
-    results: tuple[int, ...] = ()
-
-    @property
-    def indices(self) -> tuple[int, ...]:
-        return (self.assistant, *self.results)
-
-    @property
-    def start(self) -> int:
-        return self.assistant
-
-    @property
-    def stop(self) -> int:
-        return max(self.indices) + 1
-
-
-@dataclass(frozen=True)
-class Exchange:
-    """A real user message and everything up to the next real user message.
-
-    ``start``/``stop`` is the half-open range (``start`` is the user message); ``steps`` are
-    the steps whose assistant message lies in that range.
-    """
-
-    user: int
-    start: int
-    stop: int
-    steps: tuple[Step, ...] = ()
-
-
-def steps(messages: Sequence[Mapping[str, Any]]) -> list[Step]:
-    """Every step, in the order of its assistant message."""
-    return _steps(messages, pair_tool_calls(messages))
-
-
-def _steps(messages: Sequence[Mapping[str, Any]], pairing: ToolPairing) -> list[Step]:
-    members: dict[int, list[int]] = {}
-    block_owner: int | None = None
-    for index, msg in enumerate(messages):
-        role = msg.get("role")
-        if role == "assistant":
-            members[index] = []
-            block_owner = index
-        elif role in _RESULT_ROLES:
-            key = pairing.call_of.get(index)
-            owner = key[0] if key is not None else block_owner
-            if owner is not None:
-                members[owner].append(index)
-        else:
-            block_owner = None
-    return [Step(assistant, tuple(sorted(results))) for assistant, results in members.items()]
-
-
-def exchanges(messages: Sequence[Mapping[str, Any]]) -> list[Exchange]:
-    """Every exchange, in order. Messages before the first real user message (the system
-    prompt, or steps of an agent that started on its own) belong to no exchange."""
-    users = [i for i, msg in enumerate(messages) if is_real_user(msg)]
-    if not users:
-        return []
-    all_steps = steps(messages)
-    bounds = [*users, len(messages)]
-    out: list[Exchange] = []
-    step_iter = 0
-    while step_iter < len(all_steps) and all_steps[step_iter].assistant < users[0]:
-        step_iter += 1
-    for n, user in enumerate(users):
-        stop = bounds[n + 1]
-        inside: list[Step] = []
-        while step_iter < len(all_steps) and all_steps[step_iter].assistant < stop:
-            inside.append(all_steps[step_iter])
-            step_iter += 1
-        out.append(Exchange(user=user, start=user, stop=stop, steps=tuple(inside)))
-    return out
-
-
-_PINS_MEMO: _PerList = []
-
-
-def pinned_indices(messages: Sequence[Mapping[str, Any]]) -> frozenset[int]:
-    """Indices that never leave the context (DESIGN.md "pinned"); remembered per list."""
-    return _per_list(_PINS_MEMO, messages, _pinned_indices)
-
-
-def _pinned_indices(messages: Sequence[Mapping[str, Any]]) -> frozenset[int]:
-    """Indices that never leave the context (DESIGN.md "pinned").
-
-    The leading system/developer messages, the human anchor (first real user message), the
-    latest real user message, and every message of the newest step. One pass over the list
-    (plus one pairing pass when the newest step has tool calls), no text beyond the first
-    characters of user messages is looked at.
-    """
-    pinned: set[int] = set()
-    n = len(messages)
-    i = 0
-    while i < n and messages[i].get("role") in _LEADING_ROLES:
-        pinned.add(i)
-        i += 1
-    first_user = next((j for j in range(n) if is_real_user(messages[j])), None)
-    if first_user is not None:
-        pinned.add(first_user)
-        last_user = next(j for j in range(n - 1, -1, -1) if is_real_user(messages[j]))
-        pinned.add(last_user)
-    last_assistant = next(
-        (j for j in range(n - 1, -1, -1) if messages[j].get("role") == "assistant"), None
-    )
-    if last_assistant is not None:
-        pinned.update(_newest_step(messages, last_assistant).indices)
-    return frozenset(pinned)
-
-
-def _newest_step(messages: Sequence[Mapping[str, Any]], last_assistant: int) -> Step:
-    tail = range(last_assistant + 1, len(messages))
-    if not any(messages[j].get("role") == "tool" for j in tail):
-        # Only legacy function results (or nothing) follow: membership is positional.
-        results: list[int] = []
-        for j in tail:
-            if messages[j].get("role") not in _RESULT_ROLES:
-                break
-            results.append(j)
-        return Step(last_assistant, tuple(results))
-    # Whether a later tool result answers this step or an older unanswered call with the same
-    # id depends on the whole history, so defer to the one pairing implementation. The tail
-    # is usually a handful of messages; the pairing pass is linear and touches no text.
-    pairing = pair_tool_calls(messages)
-    results = []
-    in_block = True
-    for j in tail:
-        in_block = in_block and messages[j].get("role") in _RESULT_ROLES
-        key = pairing.call_of.get(j)
-        if (key is not None and key[0] == last_assistant) or (key is None and in_block):
-            results.append(j)
-    return Step(last_assistant, tuple(results))

@@ -41,7 +41,8 @@ from fnmatch import fnmatchcase
 from functools import lru_cache
 from typing import Any, Literal, TypeAlias
 
-from ctxrules.messages import is_injected, message_text, pair_tool_calls
+from ctxrules.messages import is_injected, message_text
+from ctxrules.structure import pair_tool_calls
 from ctxrules.toolroles import ToolRoles, call_name, tool_roles
 
 __all__ = [

@@ -120,7 +120,7 @@ def shell_command(call: Mapping[str, Any]) -> str | None:
 
 def calls_by_result(messages: Sequence[Mapping[str, Any]]) -> dict[int, Mapping[str, Any]]:
     """For each tool-result index, the call it answers (pairing as :mod:`ctxrules.messages`)."""
-    from ctxrules.messages import pair_tool_calls
+    from ctxrules.structure import pair_tool_calls
 
     pairing = pair_tool_calls(messages)
     out: dict[int, Mapping[str, Any]] = {}

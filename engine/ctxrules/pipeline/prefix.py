@@ -6,15 +6,15 @@ compaction is not redone, and the prefix the provider caches stays byte-identica
 (the pipeline changes nothing on its own output) makes this equal to a fresh run's decisions.
 
 Within one process the session compares the new history with its own copy of the last one;
-across processes (``ctxrules run`` twice on one session) it compares per-message digests
-stored in ``state.json``.
+across processes (``ctxrules run`` twice on one session) it compares a chained digest of the
+first messages with the one stored in ``state.json`` (:class:`HistoryChain`).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 
@@ -22,3 +22,31 @@ def message_digest(message: Mapping[str, Any]) -> str:
     """A stable digest of a message across processes (canonical JSON, sha256)."""
     data = json.dumps(message, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
     return hashlib.sha256(data.encode("utf-8", errors="surrogatepass")).hexdigest()
+
+
+class HistoryChain:
+    """One digest for a whole history, extended message by message.
+
+    ``state.json`` keeps this (and the message count) instead of one digest per message, so
+    the file stays small however long the session grows; a process that picks the session up
+    recomputes the chain over the first ``count`` messages it is given and compares one value.
+    """
+
+    __slots__ = ("_hash", "count")
+
+    def __init__(self) -> None:
+        self._hash = hashlib.sha256(b"ctxrules.history.v1")
+        self.count = 0
+
+    def extended(self, messages: Iterable[Mapping[str, Any]]) -> HistoryChain:
+        """A new chain over this history plus ``messages`` (this one is left as it is)."""
+        out = HistoryChain.__new__(HistoryChain)
+        out._hash, out.count = self._hash.copy(), self.count
+        for message in messages:
+            out._hash.update(message_digest(message).encode("ascii"))
+            out.count += 1
+        return out
+
+    @property
+    def value(self) -> str:
+        return self._hash.hexdigest()

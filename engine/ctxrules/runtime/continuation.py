@@ -56,7 +56,8 @@ def _file_digest(path: Path) -> str:
 def evaluate(config: dict[str, Any], state: dict[str, Any], memory: dict[str, Any], *,
              is_error: Callable[[str], bool]) -> Decision:
     """Run every applicable check. ``memory`` persists between calls (file digests)."""
-    from ctxrules.messages import message_text, steps
+    from ctxrules.messages import message_text
+    from ctxrules.structure import steps
 
     cfg = {**DEFAULTS, **(config or {})}
     messages: Sequence[dict[str, Any]] = state.get("messages") or []

@@ -71,7 +71,7 @@ class Preflight:
 
 def preflight(messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]], *,
               counter: TokenCounter, budget: Budget) -> Preflight:
-    from ctxrules.messages import pinned_indices
+    from ctxrules.structure import pinned_indices
     from ctxrules.tokens import REPLY_PRIMING_TOKENS
 
     has_system = any(m.get("role") == "system" for m in messages)

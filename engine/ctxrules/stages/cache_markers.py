@@ -451,6 +451,15 @@ class CacheMarkers:
         self._memo[id(msg)] = (msg, digest)
         return digest
 
+    def _shorts(self, messages: Sequence[Mapping[str, Any]]) -> str:
+        """The short digests of ``messages``, concatenated (a memo lookup per known message)."""
+        get = self._memo.get
+        out = []
+        for m in messages:
+            hit = get(id(m))
+            out.append(hit[1] if hit is not None and hit[0] is m else self._short(m))
+        return "".join(out)
+
     def _strategy(self, ctx: StageContext) -> str:
         if self.options.strategy != "auto":
             return self.options.strategy
@@ -743,7 +752,9 @@ class CacheMarkers:
             "workspace": _digest(workspace),
             "workspace_count": len(workspace),
             "first_user": _digest(anchor) if anchor is not None else None,
-            "history": [self._short(m) for m in out[layers.history_start :]],
+            # One string of fixed-width digests (not a list): the state file stays cheap to
+            # write however long the history grows.
+            "history": self._shorts(out[layers.history_start :]),
             "history_start": layers.history_start,
         }
         fp["stable"] = _digest(
@@ -812,26 +823,27 @@ class CacheMarkers:
             if self.options.report_breaks:
                 warnings.append(detail)
             return
-        old, new = prev.get("history") or [], cur["history"]
+        old, new = _history_string(prev.get("history")), cur["history"]
         if prev.get("history_start") != cur["history_start"]:
             return
-        for k, (a, b) in enumerate(zip(old, new, strict=False)):
-            if a != b:
-                at = cur["history_start"] + k
-                actions.append(
-                    Action(
-                        "cache_break",
-                        f"history rewritten from message {at} (compaction or an "
-                        "edit): the cached prefix ends before it",
-                        index=at,
-                    )
+        common = min(len(old), len(new))
+        if old[:common] != new[:common]:
+            k = next(k for k in range(0, common, _SHORT) if old[k : k + _SHORT] != new[k : k + _SHORT])
+            at = cur["history_start"] + k // _SHORT
+            actions.append(
+                Action(
+                    "cache_break",
+                    f"history rewritten from message {at} (compaction or an "
+                    "edit): the cached prefix ends before it",
+                    index=at,
                 )
-                return
+            )
+            return
         if len(new) < len(old):
             actions.append(
                 Action(
                     "cache_break",
-                    f"history shortened from {len(old)} to {len(new)} messages after "
+                    f"history shortened from {len(old) // _SHORT} to {len(new) // _SHORT} messages after "
                     "the first user message: the cached prefix ends there",
                 )
             )
@@ -841,9 +853,18 @@ class CacheMarkers:
                 Action(
                     "cache_prefix",
                     f"stable prefix unchanged ({cur['stable'][:12]}); "
-                    f"{len(new) - len(old)} message(s) appended",
+                    f"{(len(new) - len(old)) // _SHORT} message(s) appended",
                 )
             )
+
+
+def _history_string(value: Any) -> str:
+    """The stored history digests as one string (states written before 0.x kept a list)."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list):
+        return "".join(v for v in value if isinstance(v, str) and len(v) == _SHORT)
+    return ""
 
 
 def _same(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:

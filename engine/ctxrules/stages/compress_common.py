@@ -25,17 +25,15 @@ from typing import TYPE_CHECKING, Any
 
 from ctxrules.messages import (
     INJECTED_KEY,
-    Step,
     injected_kind,
     is_injected,
     mark_injected,
     message_text,
-    pinned_indices,
     replace_text,
-    steps,
 )
 from ctxrules.priorities import Priority, priority_rank, priority_rules
 from ctxrules.stages.base import Action, Message
+from ctxrules.structure import Step, pinned_indices, steps
 from ctxrules.toolroles import call_name
 from ctxrules.vault import VaultError, format_marker, parse_markers
 

@@ -30,15 +30,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ctxrules.hookspecs import hookimpl
-from ctxrules.messages import (
-    is_injected,
-    is_real_user,
-    message_text,
-    pair_tool_calls,
-    pinned_indices,
-)
+from ctxrules.messages import is_injected, is_real_user, message_text
 from ctxrules.pipeline.context import StageContext
 from ctxrules.stages.base import Action, StageOutcome, StageType
+from ctxrules.structure import pair_tool_calls, pinned_indices
 from ctxrules.toolroles import tool_roles
 
 __all__ = ["Intent", "IntentStage", "build_intent", "extract_terms"]

@@ -33,15 +33,10 @@ from typing import TYPE_CHECKING, Any
 
 from ctxrules.errors import CtxrulesError
 from ctxrules.hookspecs import hookimpl
-from ctxrules.messages import (
-    injected_kind,
-    is_injected,
-    is_real_user,
-    message_text,
-    pinned_indices,
-)
+from ctxrules.messages import injected_kind, is_injected, is_real_user, message_text
 from ctxrules.redaction import redactor_for
 from ctxrules.stages.base import Action, Message, StageOutcome, StageType
+from ctxrules.structure import pinned_indices
 from ctxrules.summarize.config import SummarizerConfig
 from ctxrules.summarize.llm import Completion
 from ctxrules.summarize.lock import CompactionBusy, CompactionLock

@@ -45,7 +45,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ctxrules.hookspecs import hookimpl
-from ctxrules.messages import Step, pair_tool_calls, pinned_indices, steps
 from ctxrules.stages.base import Action, Message, StageOutcome, StageType
 from ctxrules.stages.filter_common import (
     BYPASS_PROPERTIES,
@@ -63,6 +62,7 @@ from ctxrules.stages.reduce import (
     spill_summary,
     text_vault_id,
 )
+from ctxrules.structure import Step, pair_tool_calls, pinned_indices, steps
 from ctxrules.toolroles import ROLE_ORDER, call_name, calls_by_result, shell_command, tool_roles
 from ctxrules.vault import format_marker, parse_markers
 

@@ -17,7 +17,7 @@ How it repairs (pairing rule: :mod:`ctxrules.messages`, "Pairing"):
   history always gets the same id; a result without ``tool_call_id`` in that message's block
   is matched to such calls in order.
 
-Pinned messages (:func:`ctxrules.messages.pinned_indices`) are kept unchanged: under
+Pinned messages (:func:`ctxrules.structure.pinned_indices`) are kept unchanged: under
 ``remove``, a pinned assistant message's unanswered calls are answered with a synthesized
 result instead. Validity wins over pinning in two cases only, because the request would be
 rejected otherwise: an id-less call gets its id, and a pinned orphan or duplicate result is
@@ -36,13 +36,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from ctxrules.hookspecs import hookimpl
-from ctxrules.messages import (
-    mark_injected,
-    pair_tool_calls,
-    pinned_indices,
-    tool_call_id,
-)
+from ctxrules.messages import mark_injected, tool_call_id
 from ctxrules.stages.base import Action, Message, StageOutcome, StageType
+from ctxrules.structure import pair_tool_calls, pinned_indices
 
 if TYPE_CHECKING:
     from ctxrules.pipeline.context import StageContext

@@ -34,7 +34,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ctxrules.hookspecs import hookimpl
-from ctxrules.messages import message_text, pinned_indices, steps
+from ctxrules.messages import message_text
 from ctxrules.stages.base import Action, Message, StageOutcome, StageType
 from ctxrules.stages.filter_common import (
     BYPASS_PROPERTIES,
@@ -44,6 +44,7 @@ from ctxrules.stages.filter_common import (
     tokens_saved,
 )
 from ctxrules.stages.reduce import text_lines
+from ctxrules.structure import pinned_indices, steps
 from ctxrules.toolroles import call_name, calls_by_result
 from ctxrules.vault import VaultError, format_marker, parse_marker
 

@@ -1,0 +1,494 @@
+"""The structure of a message list: per-message facts, tool pairing, steps, exchanges and pins.
+
+**Pairing.** A tool result answers the most recent still-unanswered call with its
+``tool_call_id`` (ids may repeat across turns); within one assistant message the earliest such
+call goes first. A result that finds no such call is a *duplicate* when an earlier call with
+that id exists (already answered), otherwise an *orphan*. :func:`pair_tool_calls` is the one
+implementation; :func:`steps`, :func:`pinned_indices` and the ``normalize.tool_pairs`` stage
+all use it, so they never disagree about which result belongs where.
+
+**Remembered per list, derived from the last one.** Every stage asks about the list it was
+given, and a session's next turn hands the pipeline the last output plus a few appended
+messages. :func:`shape` computes the facts of a list once (role, injected or not, images,
+longest text, call and result ids) and derives them from a recently seen list when it can:
+
+- the new list *extends* it (same message objects, then more): the facts of the new messages
+  are computed and the pairing scan resumes where it stopped;
+- the new list has the same length and differs in a few *replaced* messages (a stage shortened
+  some): those facts are recomputed, and when the replacements keep their role, injected flag
+  and call/result ids the pairing and the pins are shared as they are.
+
+Otherwise every message is looked up in a per-object memo. Message dicts are never changed in
+place by ctxrules; a caller that edits one in place is noticed by the session, which calls
+:func:`forget` before the run.
+"""
+
+from __future__ import annotations
+
+import itertools
+import operator
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+from ctxrules.messages import has_tool_calls, is_injected, tool_call_id
+
+__all__ = [
+    "Exchange",
+    "Facts",
+    "Shape",
+    "Step",
+    "ToolPairing",
+    "exchanges",
+    "facts_of",
+    "forget",
+    "pair_tool_calls",
+    "pinned_indices",
+    "shape",
+    "steps",
+]
+
+CallKey = tuple[int, int]
+"""A tool call as ``(index of its assistant message, position in its tool_calls)``."""
+
+_LEADING_ROLES = frozenset({"system", "developer"})
+_RESULT_ROLES = frozenset({"tool", "function"})
+
+
+# --- per-message facts ----------------------------------------------------------------------
+
+
+class Facts(NamedTuple):
+    """What the structure of a list needs to know about one message."""
+
+    role: Any
+    injected: bool
+    """ctxrules made it (:func:`ctxrules.messages.is_injected`)."""
+    real_user: bool
+    """A ``user`` message that is not injected."""
+    media: bool
+    """The content has an image part."""
+    longest: int
+    """Characters of the longest text: a string content, or the longest text part."""
+    calls: tuple[str | None, ...] | None
+    """The ids of its tool calls (``None`` for one without a usable id) when it has any."""
+    result_id: str | None
+    """A tool result's ``tool_call_id`` when it is a non-empty string."""
+
+    @property
+    def structure(self) -> tuple[Any, ...]:
+        """What pairing, steps and pins depend on."""
+        return (self.role, self.real_user, self.calls, self.result_id)
+
+
+def _compute_facts(msg: Mapping[str, Any]) -> Facts:
+    role = msg.get("role")
+    content = msg.get("content")
+    longest = 0
+    media = False
+    if isinstance(content, str):
+        longest = len(content)
+    elif isinstance(content, list):
+        for part in content:
+            if not isinstance(part, Mapping):
+                continue
+            kind = part.get("type")
+            if kind in ("image_url", "image"):
+                media = True
+            text = part.get("text")
+            if isinstance(text, str) and len(text) > longest:
+                longest = len(text)
+    injected = is_injected(msg)
+    calls = tuple(tool_call_id(c) for c in msg["tool_calls"]) if has_tool_calls(msg) else None
+    result = msg.get("tool_call_id")
+    return Facts(role, injected, role == "user" and not injected, media, longest, calls,
+                 result if isinstance(result, str) and result else None)
+
+
+_FACTS: dict[int, tuple[Mapping[str, Any], Any, Any, Facts]] = {}
+_FACTS_LIMIT = 200_000
+
+
+def facts_of(msg: Mapping[str, Any]) -> Facts:
+    """The facts of one message, remembered per message object (holding the object keeps its
+    id from being reused; a new ``content`` or ``tool_calls`` object is noticed)."""
+    hit = _FACTS.get(id(msg))
+    if hit is not None and hit[0] is msg and hit[1] is msg.get("content") and hit[2] is msg.get("tool_calls"):
+        return hit[3]
+    facts = _compute_facts(msg)
+    if len(_FACTS) >= _FACTS_LIMIT:
+        _FACTS.clear()
+    _FACTS[id(msg)] = (msg, msg.get("content"), msg.get("tool_calls"), facts)
+    return facts
+
+
+# --- pairing --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ToolPairing:
+    """Which tool result answers which call (see the module docstring for the rule).
+
+    ``positional`` lists results without a ``tool_call_id`` that were matched, in order, to
+    id-less calls of the assistant message whose block they sit in: the repair stage gives
+    both the same generated id.
+    """
+
+    result_of: Mapping[CallKey, int]
+    call_of: Mapping[int, CallKey]
+    orphans: tuple[int, ...]
+    duplicates: Mapping[int, CallKey]
+    unanswered: tuple[CallKey, ...]
+    positional: frozenset[int] = field(default_factory=frozenset)
+
+
+class _PairScan:
+    """The pairing pass as a state that can be resumed on appended messages."""
+
+    __slots__ = ("_made", "block_owner", "call_of", "duplicates", "idless", "last_call", "open_calls",
+                 "orphans", "positional", "result_of", "stop", "unanswered")
+
+    def __init__(self) -> None:
+        self.open_calls: dict[str, list[CallKey]] = {}
+        self.last_call: dict[str, CallKey] = {}
+        self.idless: dict[int, list[int]] = {}
+        self.result_of: dict[CallKey, int] = {}
+        self.call_of: dict[int, CallKey] = {}
+        self.orphans: list[int] = []
+        self.duplicates: dict[int, CallKey] = {}
+        self.positional: set[int] = set()
+        self.unanswered: dict[CallKey, None] = {}
+        self.block_owner: int | None = None
+        self.stop = 0
+        self._made: ToolPairing | None = None
+
+    def copy(self) -> _PairScan:
+        out = _PairScan.__new__(_PairScan)
+        out.open_calls = {k: list(v) for k, v in self.open_calls.items() if v}
+        out.last_call = dict(self.last_call)
+        out.idless = {k: list(v) for k, v in self.idless.items() if v}
+        out.result_of = dict(self.result_of)
+        out.call_of = dict(self.call_of)
+        out.orphans = list(self.orphans)
+        out.duplicates = dict(self.duplicates)
+        out.positional = set(self.positional)
+        out.unanswered = dict(self.unanswered)
+        out.block_owner = self.block_owner
+        out.stop = self.stop
+        out._made = None
+        return out
+
+    def feed(self, facts: Sequence[Facts]) -> None:
+        """Scan ``facts[self.stop:]``."""
+        open_calls, result_of, call_of = self.open_calls, self.result_of, self.call_of
+        block_owner = self.block_owner
+        for index in range(self.stop, len(facts)):
+            f = facts[index]
+            role = f.role
+            if role == "assistant":
+                block_owner = index
+                if f.calls is None:
+                    continue
+                for pos, cid in enumerate(f.calls):
+                    key = (index, pos)
+                    self.unanswered[key] = None
+                    if cid is None:
+                        self.idless.setdefault(index, []).append(pos)
+                    else:
+                        open_calls.setdefault(cid, []).append(key)
+                        self.last_call[cid] = key
+                continue
+            if role not in _RESULT_ROLES:
+                block_owner = None
+                continue
+            if role != "tool":
+                continue
+            cid = f.result_id
+            if cid is None:
+                waiting = self.idless.get(block_owner) if block_owner is not None else None
+                if block_owner is not None and waiting:
+                    key = (block_owner, waiting.pop(0))
+                    result_of[key] = index
+                    call_of[index] = key
+                    del self.unanswered[key]
+                    self.positional.add(index)
+                else:
+                    self.orphans.append(index)
+                continue
+            pending = open_calls.get(cid)
+            if pending:
+                key = _take_most_recent(pending)
+                result_of[key] = index
+                call_of[index] = key
+                del self.unanswered[key]
+            elif cid in self.last_call:
+                self.duplicates[index] = self.last_call[cid]
+            else:
+                self.orphans.append(index)
+        self.block_owner = block_owner
+        self.stop = len(facts)
+        self._made = None
+
+    def pairing(self) -> ToolPairing:
+        # The pairing shares the scan's dicts: a finished scan is never fed again, only copied.
+        if self._made is None:
+            self._made = ToolPairing(result_of=self.result_of, call_of=self.call_of, orphans=tuple(self.orphans),
+                                     duplicates=self.duplicates, unanswered=tuple(self.unanswered),
+                                     positional=frozenset(self.positional))
+        return self._made
+
+
+def _take_most_recent(pending: list[CallKey]) -> CallKey:
+    """Pop the earliest open call of the most recent assistant message in ``pending``."""
+    newest_message = pending[-1][0]
+    start = len(pending) - 1
+    while start > 0 and pending[start - 1][0] == newest_message:
+        start -= 1
+    return pending.pop(start)
+
+
+# --- steps, exchanges, pins -----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Step:
+    """One assistant message and the results of its tool calls.
+
+    ``results`` are the indices of the tool results that answer its calls wherever they sit,
+    plus unpaired results (orphans, duplicates) and legacy ``function`` results in the block
+    right after it. ``start``/``stop`` is the half-open range that covers all of them; when a
+    result is misplaced, other messages may lie inside that range, so use ``indices`` for the
+    exact membership.
+    """
+
+    assistant: int
+    results: tuple[int, ...] = ()
+
+    @property
+    def indices(self) -> tuple[int, ...]:
+        return (self.assistant, *self.results)
+
+    @property
+    def start(self) -> int:
+        return self.assistant
+
+    @property
+    def stop(self) -> int:
+        return max(self.indices) + 1
+
+
+@dataclass(frozen=True)
+class Exchange:
+    """A real user message and everything up to the next real user message.
+
+    ``start``/``stop`` is the half-open range (``start`` is the user message); ``steps`` are
+    the steps whose assistant message lies in that range.
+    """
+
+    user: int
+    start: int
+    stop: int
+    steps: tuple[Step, ...] = ()
+
+
+# --- the shape of a list --------------------------------------------------------------------
+
+
+class Shape:
+    """The facts of one message list, with its pairing and pins computed when first asked."""
+
+    __slots__ = ("_pins", "_resume", "_same_as", "_scan", "facts")
+
+    def __init__(self, facts: list[Facts], *, resume: _PairScan | None = None,
+                 same_as: Shape | None = None) -> None:
+        self.facts = facts
+        self._scan: _PairScan | None = None
+        self._resume = resume  # the scan of a list this one extends
+        self._same_as = same_as  # a list with the same structure
+        self._pins: frozenset[int] | None = None
+
+    def _scanned(self) -> _PairScan:
+        if self._scan is None:
+            if self._same_as is not None:
+                self._scan = self._same_as._scanned()
+            else:
+                scan = self._resume.copy() if self._resume is not None else _PairScan()
+                scan.feed(self.facts)
+                self._scan = scan
+            self._resume = None
+        return self._scan
+
+    def resumable(self) -> _PairScan | None:
+        """The finished pairing scan, when it was computed (for a list that extends this one)."""
+        if self._scan is None and self._same_as is not None and self._same_as._scan is not None:
+            self._scan = self._same_as._scan
+        return self._scan
+
+    @property
+    def pairing(self) -> ToolPairing:
+        return self._scanned().pairing()
+
+    @property
+    def pins(self) -> frozenset[int]:
+        if self._pins is None:
+            same = self._same_as
+            self._pins = same.pins if same is not None else self._compute_pins()
+        return self._pins
+
+    def _compute_pins(self) -> frozenset[int]:
+        """The leading system/developer messages, the human anchor (first real user message),
+        the latest real user message, and every message of the newest step."""
+        facts = self.facts
+        pinned: set[int] = set()
+        n = len(facts)
+        i = 0
+        while i < n and facts[i].role in _LEADING_ROLES:
+            pinned.add(i)
+            i += 1
+        first_user = next((j for j in range(n) if facts[j].real_user), None)
+        if first_user is not None:
+            pinned.add(first_user)
+            pinned.add(next(j for j in range(n - 1, -1, -1) if facts[j].real_user))
+        last_assistant = next((j for j in range(n - 1, -1, -1) if facts[j].role == "assistant"), None)
+        if last_assistant is not None:
+            pinned.update(self._newest_step(last_assistant).indices)
+        return frozenset(pinned)
+
+    def _newest_step(self, last_assistant: int) -> Step:
+        facts = self.facts
+        tail = range(last_assistant + 1, len(facts))
+        if not any(facts[j].role == "tool" for j in tail):
+            # Only legacy function results (or nothing) follow: membership is positional.
+            results: list[int] = []
+            for j in tail:
+                if facts[j].role not in _RESULT_ROLES:
+                    break
+                results.append(j)
+            return Step(last_assistant, tuple(results))
+        # Whether a later tool result answers this step or an older unanswered call with the
+        # same id depends on the whole history: the pairing decides.
+        call_of = self.pairing.call_of
+        results = []
+        in_block = True
+        for j in tail:
+            in_block = in_block and facts[j].role in _RESULT_ROLES
+            key = call_of.get(j)
+            if (key is not None and key[0] == last_assistant) or (key is None and in_block):
+                results.append(j)
+        return Step(last_assistant, tuple(results))
+
+    def steps(self) -> list[Step]:
+        call_of = self.pairing.call_of
+        members: dict[int, list[int]] = {}
+        block_owner: int | None = None
+        for index, f in enumerate(self.facts):
+            role = f.role
+            if role == "assistant":
+                members[index] = []
+                block_owner = index
+            elif role in _RESULT_ROLES:
+                key = call_of.get(index)
+                owner = key[0] if key is not None else block_owner
+                if owner is not None:
+                    members[owner].append(index)
+            else:
+                block_owner = None
+        return [Step(assistant, tuple(sorted(results))) for assistant, results in members.items()]
+
+
+class _Seen(NamedTuple):
+    messages: Sequence[Mapping[str, Any]]
+    snapshot: tuple[Mapping[str, Any], ...]
+    shape: Shape
+
+
+_RECENT: list[_Seen] = []
+_RECENT_KEEP = 8
+_DERIVE_FROM = 3
+"""How many of the most recent lists a new list is compared with."""
+
+
+def shape(messages: Sequence[Mapping[str, Any]]) -> Shape:
+    """The shape of ``messages``, remembered for the last few lists (the key is the list object
+    and the identity of every message in it) and derived from one of them when it can be."""
+    is_ = operator.is_
+    n = len(messages)
+    for seen in _RECENT:
+        if seen.messages is messages and len(seen.snapshot) == n and all(map(is_, seen.snapshot, messages)):
+            return seen.shape
+    made = _derive(messages) or Shape([facts_of(m) for m in messages])
+    _RECENT.insert(0, _Seen(messages, tuple(messages), made))
+    del _RECENT[_RECENT_KEEP:]
+    return made
+
+
+def _derive(messages: Sequence[Mapping[str, Any]]) -> Shape | None:
+    n = len(messages)
+    for seen in _RECENT[:_DERIVE_FROM]:
+        old = seen.snapshot
+        m = len(old)
+        if n >= m and all(map(operator.is_, old, messages)):
+            facts = [*seen.shape.facts, *(facts_of(messages[i]) for i in range(m, n))]
+            if n == m:
+                return Shape(facts, same_as=seen.shape)
+            return Shape(facts, resume=seen.shape.resumable())
+        if n == m:
+            changed = list(itertools.compress(range(n), map(operator.is_not, old, messages)))
+            if len(changed) > max(16, n // 8):
+                continue
+            facts = list(seen.shape.facts)
+            same = True
+            for i in changed:
+                new = facts_of(messages[i])
+                same = same and new.structure == facts[i].structure
+                facts[i] = new
+            return Shape(facts, same_as=seen.shape if same else None)
+    return None
+
+
+def forget() -> None:
+    """Drop every remembered fact and shape (after a message was changed in place)."""
+    _FACTS.clear()
+    _RECENT.clear()
+
+
+def pair_tool_calls(messages: Sequence[Mapping[str, Any]]) -> ToolPairing:
+    """Pair tool results with calls in one pass (O(messages + calls)); remembered per list."""
+    return shape(messages).pairing
+
+
+def pinned_indices(messages: Sequence[Mapping[str, Any]]) -> frozenset[int]:
+    """Indices that never leave the context (DESIGN.md "pinned"); remembered per list.
+
+    The leading system/developer messages, the human anchor (first real user message), the
+    latest real user message, and every message of the newest step.
+    """
+    return shape(messages).pins
+
+
+def steps(messages: Sequence[Mapping[str, Any]]) -> list[Step]:
+    """Every step, in the order of its assistant message."""
+    return shape(messages).steps()
+
+
+def exchanges(messages: Sequence[Mapping[str, Any]]) -> list[Exchange]:
+    """Every exchange, in order. Messages before the first real user message (the system
+    prompt, or steps of an agent that started on its own) belong to no exchange."""
+    known = shape(messages)
+    users = [i for i, f in enumerate(known.facts) if f.real_user]
+    if not users:
+        return []
+    all_steps = known.steps()
+    bounds = [*users, len(messages)]
+    out: list[Exchange] = []
+    step_iter = 0
+    while step_iter < len(all_steps) and all_steps[step_iter].assistant < users[0]:
+        step_iter += 1
+    for n, user in enumerate(users):
+        stop = bounds[n + 1]
+        inside: list[Step] = []
+        while step_iter < len(all_steps) and all_steps[step_iter].assistant < stop:
+            inside.append(all_steps[step_iter])
+            step_iter += 1
+        out.append(Exchange(user=user, start=user, stop=stop, steps=tuple(inside)))
+    return out
