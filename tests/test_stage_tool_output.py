@@ -424,6 +424,41 @@ def test_input_is_not_mutated_unchanged_messages_are_the_same_objects_and_rerun_
     assert assert_markers_resolve(out, ctx.vault) >= 5
 
 
+_OUTPUTS = st.sampled_from(["ok", "".join(f"row {i}: value\n" for i in range(1500)), BIG_JSON,
+                             "".join(f"collecting item {i} ... ok\n" for i in range(600))])
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(turns=st.lists(st.tuples(st.lists(_OUTPUTS, min_size=1, max_size=3),
+                                st.sampled_from([0.0, 0.3, 0.85]), st.booleans(), st.booleans()),
+                      min_size=2, max_size=6))
+def test_a_warm_stage_decides_like_a_fresh_one(tmp_path: Path, turns: list[Any]) -> None:
+    """The stage carries what it examined from call to call; a new instance on the same input
+    (and the same state) must decide exactly the same on every turn."""
+    warm = ToolOutputFilter({"compressors": False})
+    state: dict[str, Any] = {}
+    history: list[Msg] = [{"role": "system", "content": "sys"}, user("fix it")]
+    for n, (outputs, utilization, hot, protect) in enumerate(turns):
+        history = list(history)
+        calls = [call(f"t{n}_{k}") for k in range(len(outputs))]
+        history.append({"role": "assistant", "content": None, "tool_calls": calls})
+        history.extend({"role": "tool", "tool_call_id": c["id"], "content": o} for c, o in zip(calls, outputs))
+        protected = [id(history[-1])] if protect and len(history) > 6 else []
+        fresh_state = copy.deepcopy(state)
+        got = warm(history, make_ctx(tmp_path, utilization=utilization, cache_hot=hot, state=state,
+                                     protected=protected))
+        want = ToolOutputFilter({"compressors": False})(
+            history, make_ctx(tmp_path, utilization=utilization, cache_hot=hot, state=fresh_state,
+                              protected=protected))
+        assert got.messages == want.messages
+        # The hot-cache count differs on purpose: the warm stage knows which outputs it left
+        # alone before and counts only the ones a cold cache would have let it examine.
+        assert [(a.kind, a.detail) for a in got.actions if a.kind != "hot_cache_bypass"] == \
+            [(a.kind, a.detail) for a in want.actions if a.kind != "hot_cache_bypass"]
+        assert state == fresh_state
+        history = got.messages
+
+
 def test_options_are_checked(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="item_tokens"):
         ToolOutputFilter({"item_tokens": 0})

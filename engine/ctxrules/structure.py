@@ -42,6 +42,7 @@ __all__ = [
     "exchanges",
     "facts_of",
     "forget",
+    "generation",
     "pair_tool_calls",
     "pinned_indices",
     "shape",
@@ -297,7 +298,7 @@ class Exchange:
 class Shape:
     """The facts of one message list, with its pairing and pins computed when first asked."""
 
-    __slots__ = ("_pins", "_resume", "_same_as", "_scan", "facts")
+    __slots__ = ("_pins", "_results", "_resume", "_same_as", "_scan", "facts")
 
     def __init__(self, facts: list[Facts], *, resume: _PairScan | None = None,
                  same_as: Shape | None = None) -> None:
@@ -306,6 +307,16 @@ class Shape:
         self._resume = resume  # the scan of a list this one extends
         self._same_as = same_as  # a list with the same structure
         self._pins: frozenset[int] | None = None
+        self._results: tuple[int, ...] | None = None
+
+    @property
+    def results(self) -> tuple[int, ...]:
+        """Indices of the tool and function results."""
+        if self._results is None:
+            same = self._same_as
+            self._results = same.results if same is not None else tuple(
+                i for i, f in enumerate(self.facts) if f.role in _RESULT_ROLES)
+        return self._results
 
     def _scanned(self) -> _PairScan:
         if self._scan is None:
@@ -431,7 +442,11 @@ def _derive(messages: Sequence[Mapping[str, Any]]) -> Shape | None:
             facts = [*seen.shape.facts, *(facts_of(messages[i]) for i in range(m, n))]
             if n == m:
                 return Shape(facts, same_as=seen.shape)
-            return Shape(facts, resume=seen.shape.resumable())
+            made = Shape(facts, resume=seen.shape.resumable())
+            if seen.shape._results is not None:
+                made._results = seen.shape._results + tuple(
+                    i for i in range(m, n) if facts[i].role in _RESULT_ROLES)
+            return made
         if n == m:
             changed = list(itertools.compress(range(n), map(operator.is_not, old, messages)))
             if len(changed) > max(16, n // 8):
@@ -446,10 +461,20 @@ def _derive(messages: Sequence[Mapping[str, Any]]) -> Shape | None:
     return None
 
 
+_GENERATION = [0]
+
+
 def forget() -> None:
-    """Drop every remembered fact and shape (after a message was changed in place)."""
+    """Drop every remembered fact and shape (after a message was changed in place); memos kept
+    elsewhere per message object watch :func:`generation` to do the same."""
     _FACTS.clear()
     _RECENT.clear()
+    _GENERATION[0] += 1
+
+
+def generation() -> int:
+    """A number that changes whenever :func:`forget` is called."""
+    return _GENERATION[0]
 
 
 def pair_tool_calls(messages: Sequence[Mapping[str, Any]]) -> ToolPairing:

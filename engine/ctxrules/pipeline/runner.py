@@ -9,6 +9,7 @@ messages as they were before it (``on_error: fail``); the conversation is never 
 
 from __future__ import annotations
 
+import itertools
 import operator
 import time
 from collections.abc import Callable, Sequence
@@ -214,6 +215,7 @@ def _finalize_guard(p: PlannedStage, before: list[Message], after: list[Message]
     from ctxrules.messages import message_text
 
     if len(before) != len(after) or any(
-            x is not y and message_text(x) != message_text(y) for x, y in zip(before, after, strict=True)):
+            message_text(before[i]) != message_text(after[i])
+            for i in itertools.compress(range(len(after)), map(operator.is_not, before, after))):
         raise TypeError(f"finalize stage '{p.id}' changed message text; finalize stages may only add markers")
     return after

@@ -30,10 +30,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ctxrules.hookspecs import hookimpl
-from ctxrules.messages import is_injected, is_real_user, message_text
+from ctxrules.messages import message_text
 from ctxrules.pipeline.context import StageContext
 from ctxrules.stages.base import Action, StageOutcome, StageType
-from ctxrules.structure import pair_tool_calls, pinned_indices
+from ctxrules.structure import pair_tool_calls, pinned_indices, shape
 from ctxrules.toolroles import tool_roles
 
 __all__ = ["Intent", "IntentStage", "build_intent", "extract_terms"]
@@ -125,12 +125,19 @@ def build_intent(messages: Sequence[Mapping[str, Any]], pack: Mapping[str, Any],
                  history_steps: int = 3, failed_steps: int = 5, max_terms: int = 64) -> Intent:
     """The intent of ``messages``: see the module docstring."""
     intent = Intent()
-    latest = next((i for i in range(len(messages) - 1, -1, -1) if is_real_user(messages[i])), None)
+    facts = shape(messages).facts
+    latest = next((i for i in range(len(facts) - 1, -1, -1) if facts[i].real_user), None)
     texts: list[str] = []
     if latest is not None:
         texts.append(message_text(messages[latest]))
-    assistants = [i for i in range(len(messages) - 1, -1, -1)
-                  if messages[i].get("role") == "assistant"]
+    # The newest assistant messages, as many as either option looks at (newest first).
+    wanted = max(history_steps, failed_steps, 1)
+    assistants: list[int] = []
+    for i in range(len(facts) - 1, -1, -1):
+        if facts[i].role == "assistant":
+            assistants.append(i)
+            if len(assistants) == wanted:
+                break
     for i in assistants[:history_steps]:
         texts.append(message_text(messages[i]))
     files: dict[str, None] = {}
@@ -219,9 +226,10 @@ class IntentStage:
         # A plain substring test first (C speed); the regex only confirms the boundaries.
         needles = intent.needles()
         hits: set[int] = set()
-        for index, msg in enumerate(messages):
-            if is_injected(msg):
+        for index, f in enumerate(shape(messages).facts):
+            if f.injected:
                 continue
+            msg = messages[index]
             cid = msg.get("tool_call_id")
             if msg.get("role") == "tool" and isinstance(cid, str) and cid in failed:
                 hits.add(index)

@@ -35,7 +35,7 @@ from urllib.parse import urlsplit
 from ctxrules.hookspecs import hookimpl
 from ctxrules.stages.base import Action, Message, StageOutcome, StageType
 from ctxrules.stages.filter_common import check_options, tokens_saved
-from ctxrules.structure import pinned_indices
+from ctxrules.structure import pinned_indices, shape
 from ctxrules.tokens import image_size
 from ctxrules.vault import format_marker
 
@@ -51,11 +51,6 @@ _DATA_URL = re.compile(r"data:(?P<type>[^;,]*)(?P<params>(?:;[^;,]*)*),", re.I)
 def is_media_part(part: object) -> bool:
     """An image content part: ``image_url`` (OpenAI) or ``image`` (Anthropic-style)."""
     return isinstance(part, Mapping) and part.get("type") in ("image_url", "image")
-
-
-def _has_media(msg: Mapping[str, Any]) -> bool:
-    content = msg.get("content")
-    return isinstance(content, list) and any(is_media_part(p) for p in content)
 
 
 @dataclass(frozen=True)
@@ -145,7 +140,7 @@ class MediaWindow:
         return f"MediaWindow(keep_last={self.keep_last}, remote={self.remote!r})"
 
     def __call__(self, messages: Sequence[Message], ctx: StageContext) -> StageOutcome:
-        with_media = [i for i, m in enumerate(messages) if _has_media(m)]
+        with_media = [i for i, f in enumerate(shape(messages).facts) if f.media]
         if len(with_media) <= self.keep_last:
             return StageOutcome(messages=list(messages))
         kept = set(with_media[len(with_media) - self.keep_last:]) if self.keep_last else set()

@@ -30,11 +30,12 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ctxrules.hookspecs import hookimpl
-from ctxrules.messages import injected_kind, is_injected, is_real_user, mark_injected, message_text
+from ctxrules.messages import injected_kind, is_real_user, mark_injected, message_text
 from ctxrules.notes import Note, NotesError, load_notes
 from ctxrules.pipeline.context import StageContext
 from ctxrules.stages.base import Action, Message, StageOutcome, StageType
 from ctxrules.stages.compress_common import line_count, text_id
+from ctxrules.structure import shape
 from ctxrules.vault import format_marker
 
 KIND = "notes"
@@ -87,8 +88,8 @@ class NotesRender:
             notes = load_notes(ctx.vault.root.parent)
         except NotesError as exc:
             return StageOutcome(messages=list(messages), warnings=[str(exc)])
-        existing = [i for i, m in enumerate(messages)
-                    if is_injected(m) and injected_kind(m) == KIND]
+        existing = [i for i, f in enumerate(shape(messages).facts)
+                    if f.injected and injected_kind(messages[i]) == KIND]
         if not notes and not existing:
             return StageOutcome(messages=list(messages))
         skip = set(existing)

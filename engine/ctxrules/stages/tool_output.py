@@ -39,11 +39,14 @@ marker in the shortened text points into it, with ``#L`` ranges where whole line
 
 from __future__ import annotations
 
+import itertools
 import math
+import operator
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from ctxrules import structure
 from ctxrules.hookspecs import hookimpl
 from ctxrules.stages.base import Action, Message, StageOutcome, StageType
 from ctxrules.stages.filter_common import (
@@ -62,8 +65,8 @@ from ctxrules.stages.reduce import (
     spill_summary,
     text_vault_id,
 )
-from ctxrules.structure import Step, pair_tool_calls, pinned_indices, steps
-from ctxrules.toolroles import ROLE_ORDER, call_name, calls_by_result, shell_command, tool_roles
+from ctxrules.structure import Step, shape
+from ctxrules.toolroles import ROLE_ORDER, call_name, shell_command, tool_roles
 from ctxrules.vault import format_marker, parse_markers
 
 if TYPE_CHECKING:
@@ -106,7 +109,6 @@ class _Result:
     units: list[_Unit] = field(default_factory=list)
     tokens: int = 0
     reducible: bool = True
-    hot: bool = False
     target: int | None = None
 
 
@@ -139,6 +141,13 @@ class ToolOutputFilter:
         # changed; holding the message keeps its id from being reused while it is here.
         self._settled: dict[int, tuple[Message, float, Any]] = {}
         self._sent: dict[tuple[int, str], tuple[Message, Any, str | None]] = {}
+        # What the last call saw, so that a warm turn looks only at what changed: the tool
+        # results of its input, the keep ratio, the _settled epoch and the positions (in that
+        # tuple) not settled; and the tool results of its output with their digests.
+        self._last_scan: tuple[tuple[Message, ...], float, int, frozenset[int]] | None = None
+        self._last_sent: tuple[tuple[Message, ...], str, list[str | None]] | None = None
+        self._epoch = 0
+        self._generation = structure.generation()
         json_opts = {**_JSON_DEFAULTS, **opts.get("json", {})}
         self.json_limits = JsonLimits(depth=json_opts["depth"], keys=json_opts["keys"],
                                       items=json_opts["items"],
@@ -149,8 +158,17 @@ class ToolOutputFilter:
                 f"spill_chars={self.spill_chars})")
 
     def __call__(self, messages: Sequence[Message], ctx: StageContext) -> StageOutcome:
+        if self._generation != structure.generation():  # a message was edited in place
+            self._settled.clear()
+            self._sent.clear()
+            self._last_scan = self._last_sent = None
+            self._generation = structure.generation()
         run = _Run(self, messages, ctx)
         return run.execute()
+
+    def forget_settled(self) -> None:
+        self._settled.clear()
+        self._epoch += 1
 
 
 class _Run:
@@ -165,53 +183,60 @@ class _Run:
         self.actions: list[Action] = []
         self.warnings: list[str] = []
         self.count: Callable[[str], int] = ctx.counter.count_text
-        self._calls: dict[int, Mapping[str, Any]] | None = None
+        self.shape = shape(messages)
+        self.roles = tool_roles(ctx.pack)
 
-    @property
-    def calls(self) -> dict[int, Mapping[str, Any]]:
-        """The call each tool result answers (computed when first needed)."""
-        if self._calls is None:
-            self._calls = calls_by_result(self.messages)
-        return self._calls
+    def call(self, index: int) -> Mapping[str, Any] | None:
+        """The call the tool result at ``index`` answers."""
+        key = self.shape.pairing.call_of.get(index)
+        if key is None:
+            return None
+        calls = self.messages[key[0]].get("tool_calls") or []
+        call = calls[key[1]] if key[1] < len(calls) else None
+        return call if isinstance(call, Mapping) else None
 
     # --- driver -----------------------------------------------------------------------------
 
     def execute(self) -> StageOutcome:
         stage, ctx = self.stage, self.ctx
-        pins = pinned_indices(self.messages)
+        facts = self.shape.facts
         bypass = bypass_active(ctx, stage.options)
         sent = set(ctx.state.get("sent") or []) if bypass else set()
         self.keep = keep_ratio(ctx.utilization, ctx.budget.thresholds.get("emergency", 0.9),
                                stage.min_keep, stage.max_keep)
-        if self._quiet(pins):
+        limit = stage.spill_chars
+        oversized = [i for i, f in enumerate(facts) if f.longest > limit]
+        fresh, skipped_hot = self._unsettled(sent)
+        if not oversized and not fresh and not skipped_hot:
             # A warm turn: every output was examined before (or is pinned, protected, exempt)
             # and nothing is over the spill limit, so nothing can change.
+            self._settle([])
             self._remember_sent()
             return StageOutcome(messages=self.out)
-        results = self._results(pins, sent)
-        examined = [r.index for r in results.values() if r.reducible]
-        examined += [r.index for r in results.values() if r.role in stage.exempt]
+        results = {i: self._result(i) for i in fresh}
+        # Whatever happens to them now is final at this keep ratio: an output left alone, an
+        # exempt one, one already carrying a live marker or with no text. (Reduced or spilled
+        # ones are new objects next time; _settle skips them.)
+        examined = list(results)
         # A huge sub-agent result that may be handed over gets the handover (which also puts
         # it in the vault whole) rather than the spill preview: done/todo/risks say more.
         handed = {i for i, r in results.items() if r.reducible and r.role == "subagent"
                   and len(self.messages[i].get("content") or "") > stage.subagent_chars
                   and isinstance(self.messages[i].get("content"), str)}
-        limit = stage.spill_chars
-        for index, msg in enumerate(self.messages):
-            content = msg.get("content")
-            if isinstance(content, str) and len(content) <= limit:
-                continue  # the common case, decided without a call
+        for index in oversized:
             if index not in handed:
-                self._spill(index, msg)
+                self._spill(index, self.messages[index])
         for r in results.values():
             if self.out[r.index] is not self.messages[r.index]:  # spilled
                 r.reducible = False
-                r.tokens = ctx.counter.count_message(self.out[r.index])
-        skipped_hot = sum(1 for r in results.values() if r.hot)
         if any(r.reducible for r in results.values()):
             # Token counts are only needed for outputs that may be reduced and for the other
             # outputs of their steps (the turn cap); a warm turn counts just those.
             relevant = self._steps_of(r.index for r in results.values() if r.reducible)
+            for st in relevant:
+                for i in st.results:
+                    if i not in results and facts[i].role in _RESULT_ROLES:
+                        results[i] = self._result(i, examine=False)
             needed = {i for st in relevant for i in st.results if i in results}
             needed.update(r.index for r in results.values() if r.reducible)
             for i in needed:
@@ -233,10 +258,53 @@ class _Run:
         self._remember_sent()
         return StageOutcome(messages=self.out, actions=self.actions, warnings=self.warnings)
 
+    def _unsettled(self, sent: set[str]) -> tuple[list[int], int]:
+        """The tool results to examine: not pinned, protected or settled, and not already sent
+        while the prompt cache is hot (those are only counted).
+
+        Only results that were not settled at the end of the last call, and results that are
+        new since then (other objects at a position), are looked at: the others were settled
+        and stay so while the keep ratio does not drop."""
+        stage, messages = self.stage, self.messages
+        results = self.shape.results
+        current = tuple(map(messages.__getitem__, results))
+        last = stage._last_scan
+        look: Iterable[int]
+        if last is not None and last[2] == stage._epoch and self.keep >= last[1]:
+            old, pending = last[0], last[3]
+            n = min(len(old), len(current))
+            look = sorted({p for p in pending if p < n and old[p] is current[p]}.union(_changed(old, current)))
+        else:
+            look = range(len(current))
+        pins, protected = self.shape.pins, self.ctx.protected
+        out: list[int] = []
+        unsettled: list[int] = []
+        hot = 0
+        for p in look:
+            i, msg = results[p], current[p]
+            if i in pins:
+                unsettled.append(p)
+                continue
+            if self._is_settled(msg):
+                continue  # examined before at this keep ratio or a laxer one
+            unsettled.append(p)
+            if id(msg) in protected:
+                continue
+            if sent and result_digest(msg) in sent:
+                hot += 1
+            else:
+                out.append(i)
+        self._scan = (current, unsettled)
+        return out, hot
+
+    def _is_settled(self, msg: Message) -> bool:
+        hit = self.stage._settled.get(id(msg))
+        return hit is not None and hit[0] is msg and hit[2] is msg.get("content") and self.keep >= hit[1]
+
     def _steps_of(self, indices: Iterable[int]) -> list[Step]:
         """The steps the tool results at ``indices`` belong to (from the pairing, without
         walking the whole list: on a warm turn only a few results are in question)."""
-        pairing = pair_tool_calls(self.messages)
+        pairing = self.shape.pairing
         found: dict[int, Step] = {}
         loose: list[int] = []
         for index in indices:
@@ -252,31 +320,31 @@ class _Run:
                              if (owner, pos) in pairing.result_of)
             found[owner] = Step(owner, tuple(members))
         if loose:  # unpaired results (orphans, legacy function results): the full walk
-            for step in steps(self.messages):
+            for step in self.shape.steps():
                 if step.assistant not in found and any(i in step.results for i in loose):
                     found[step.assistant] = step
         return [found[k] for k in sorted(found)]
 
-    def _quiet(self, pins: frozenset[int]) -> bool:
-        limit, protected = self.stage.spill_chars, self.ctx.protected
-        for index, msg in enumerate(self.messages):
-            content = msg.get("content")
-            if isinstance(content, str):
-                if len(content) > limit:
-                    return False
-            elif isinstance(content, list) and any(
-                    isinstance(p, Mapping) and len(str(p.get("text") or "")) > limit for p in content):
-                return False
-            if msg.get("role") in _RESULT_ROLES and not (
-                    index in pins or id(msg) in protected or self._is_settled(msg)):
-                return False
-        return True
-
     def _remember_sent(self) -> None:
-        if self.stage.options["hot_cache_bypass"]:
-            # Only outputs big enough to be reduced at all need to be remembered.
-            digests = (self._sent_digest(m) for m in self.out if m.get("role") in _RESULT_ROLES)
-            self.ctx.state["sent"] = sorted(d for d in digests if d)
+        if not self.stage.options["hot_cache_bypass"]:
+            return
+        # Only outputs big enough to be reduced at all are remembered. The digest (or None)
+        # of each output is carried from the last call for the same objects.
+        stage, out = self.stage, self.out
+        tokenizer = self.ctx.counter.tokenizer
+        # Stages before the integrity pass keep each message's role where it is.
+        indices = self.shape.results if len(out) == len(self.messages) else shape(out).results
+        current = tuple(map(out.__getitem__, indices))
+        last = stage._last_sent
+        if last is not None and last[1] == tokenizer:
+            digests = last[2][: len(current)]
+            digests.extend([None] * (len(current) - len(digests)))
+            for p in _changed(last[0], current):
+                digests[p] = self._sent_digest(current[p])
+        else:
+            digests = [self._sent_digest(m) for m in current]
+        stage._last_sent = (current, tokenizer, digests)
+        self.ctx.state["sent"] = sorted(d for d in digests if d)
 
     def _sent_digest(self, msg: Message) -> str | None:
         """The digest to remember for ``msg`` as sent, or None when it is too small to ever be
@@ -294,18 +362,16 @@ class _Run:
         return digest
 
     def _settle(self, examined: list[int]) -> None:
-        memo = self.stage._settled
-        if len(memo) > 50_000:
-            memo.clear()
+        stage = self.stage
+        if len(stage._settled) > 50_000:
+            stage.forget_settled()
         for index in examined:
             msg = self.messages[index]
             if self.out[index] is msg:
-                memo[id(msg)] = (msg, self.keep, msg.get("content"))
-
-    def _is_settled(self, msg: Message) -> bool:
-        hit = self.stage._settled.get(id(msg))
-        return (hit is not None and hit[0] is msg and hit[2] is msg.get("content")
-                and self.keep >= hit[1])
+                stage._settled[id(msg)] = (msg, self.keep, msg.get("content"))
+        current, unsettled = self._scan
+        stage._last_scan = (current, self.keep, stage._epoch,
+                            frozenset(p for p in unsettled if not self._is_settled(current[p])))
 
     # --- level (c): the hard spill, every message ------------------------------------------
 
@@ -343,33 +409,27 @@ class _Run:
 
     # --- which results may be reduced ----------------------------------------------------------
 
-    def _results(self, pins: frozenset[int], sent: set[str]) -> dict[int, _Result]:
+    def _result(self, index: int, *, examine: bool = True) -> _Result:
+        """What the stage knows of the tool result at ``index``; ``examine`` is false for a
+        result that only counts toward its step's total (pinned, protected, settled, hot)."""
         ctx, stage = self.ctx, self.stage
-        roles = tool_roles(ctx.pack)
-        calls = self.calls
-        found: dict[int, _Result] = {}
-        for index, msg in enumerate(self.messages):
-            if msg.get("role") not in _RESULT_ROLES:
-                continue
-            call = calls.get(index)
-            name = call_name(call) if call is not None else msg.get("name")
-            tool = name if isinstance(name, str) else None
-            result = _Result(index, tool, roles.role_of(tool))
-            result.tokens = -1  # counted in execute() when anything may be reduced
-            found[index] = result
-            if index in pins or id(msg) in ctx.protected or result.role in stage.exempt:
+        msg = self.messages[index]
+        call = self.call(index)
+        name = call_name(call) if call is not None else msg.get("name")
+        tool = name if isinstance(name, str) else None
+        result = _Result(index, tool, self.roles.role_of(tool))
+        result.tokens = -1  # counted in execute() when anything may be reduced
+        if self.out[index] is not msg:  # spilled
+            result.reducible = False
+            result.tokens = ctx.counter.count_message(self.out[index])
+        elif not examine or result.role in stage.exempt:
+            result.reducible = False
+        else:
+            result.units = _units(msg)
+            units = result.units
+            if not units or any(has_live_marker(u.text, ctx.vault) for u in units):
                 result.reducible = False
-            elif self._is_settled(msg):
-                result.reducible = False  # examined before at this keep ratio or a laxer one
-            elif sent and result_digest(msg) in sent:
-                result.reducible = False
-                result.hot = True
-            else:
-                result.units = _units(msg)
-                units = result.units
-                if not units or any(has_live_marker(u.text, ctx.vault) for u in units):
-                    result.reducible = False
-        return found
+        return result
 
     # --- subagent handover and level (a) ---------------------------------------------------
 
@@ -397,7 +457,7 @@ class _Run:
             self._compress(r, msg, content)
 
     def _compress(self, r: _Result, msg: Message, content: str) -> None:
-        call = self.calls.get(r.index)
+        call = self.call(r.index)
         command = shell_command(call) if call is not None else None
         if not command:
             return
@@ -544,6 +604,12 @@ class _Run:
         saved = tokens_saved(self.ctx, old, new)
         self.actions.append(Action(kind, f"message {index}: {detail}", index=index,
                                    tokens_saved=saved, vault_id=vault_id))
+
+
+def _changed(old: Sequence[Any], new: Sequence[Any]) -> Iterable[int]:
+    """Positions of ``new`` that do not hold the object ``old`` held there."""
+    n = min(len(old), len(new))
+    return itertools.chain(itertools.compress(range(n), map(operator.is_not, old, new)), range(n, len(new)))
 
 
 def _units(msg: Mapping[str, Any]) -> list[_Unit]:
