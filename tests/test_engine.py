@@ -246,6 +246,25 @@ def test_a_new_process_notices_an_edited_history(tmp_path: Path) -> None:
     assert fresh.session(tmp_path / "s", model="gpt-4o").prepare(msgs[:2]).report["reused_messages"] == 0
 
 
+def test_state_survives_a_crash_between_its_two_renames(tmp_path: Path) -> None:
+    e = engine(tmp_path, "  - {id: cut, use: test.content, with: {mode: shorten}}\n")
+    msgs = convo(3)
+    e.session(tmp_path / "s", model="gpt-4o").prepare(msgs)
+    state = tmp_path / "s" / "state.json"
+    assert state.stat().st_mode & 0o777 == 0o600 and not (tmp_path / "s" / "state.json.new").exists()
+    # The old state was removed and the complete new one not yet renamed in.
+    state.rename(tmp_path / "s" / "state.json.new")
+    more = [*msgs, {"role": "user", "content": "next"}]
+    fresh = engine(tmp_path, "  - {id: cut, use: test.content, with: {mode: shorten}}\n")
+    assert fresh.session(tmp_path / "s", model="gpt-4o").prepare(more).report["reused_messages"] == len(msgs)
+    assert state.exists() and not (tmp_path / "s" / "state.json.new").exists()
+    # A new state cut short while it was written: the old one is still there and wins.
+    (tmp_path / "s" / "state.json.new").write_text('{"version": 1, "la')
+    again = engine(tmp_path, "  - {id: cut, use: test.content, with: {mode: shorten}}\n")
+    r = again.session(tmp_path / "s", model="gpt-4o").prepare([*more, {"role": "user", "content": "and?"}])
+    assert r.report["reused_messages"] == len(more)
+
+
 def test_changed_pack_or_model_discards_the_previous_compaction(tmp_path: Path) -> None:
     e = engine(tmp_path, "  - {id: cut, use: test.content, with: {mode: shorten}}\n")
     msgs = convo(3)

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ctxrules import structure
 from ctxrules.errors import PackError, UsageError
 from ctxrules.logs import get_logger
 from ctxrules.messages import split_input, validate_messages
@@ -25,7 +26,6 @@ from ctxrules.packs.loader import PackLoader, ResolvedPack, load_pack
 from ctxrules.packs.models_match import effective_context, select_model_entry
 from ctxrules.pipeline.budget import Budget, make_budget
 from ctxrules.pipeline.context import CACHE_TTL_S, StageContext
-from ctxrules import structure
 from ctxrules.pipeline.prefix import HistoryChain
 from ctxrules.pipeline.report import build_report
 from ctxrules.pipeline.runner import PlannedStage, run_pipeline, when_allows
