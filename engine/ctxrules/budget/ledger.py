@@ -272,6 +272,7 @@ class LedgerFile:
         self._lock = threading.Lock()
         self._ident: tuple[int, int] | None = None
         self._offset = 0
+        self._size = -1  # bytes of the file read so far (-1: not read)
         self._entries: list[CallEntry] = []
         self._resets: list[float] = []
         self._bad = 0
@@ -308,6 +309,10 @@ class LedgerFile:
         """Read what was appended since the last call (all of it when the file was replaced)."""
         with self._lock:
             try:
+                # A stat first: every prepare asks, and the file rarely grew since.
+                st = os.stat(self.path)
+                if (st.st_dev, st.st_ino) == self._ident and st.st_size == self._size:
+                    return
                 fh = self.path.open("rb")
             except FileNotFoundError:
                 self._reset_cache(None)
@@ -321,6 +326,7 @@ class LedgerFile:
                     self._reset_cache(ident)
                 fh.seek(self._offset)
                 data = fh.read()
+                self._size = self._offset + len(data)
             end = data.rfind(b"\n")
             if end < 0:
                 return
@@ -330,6 +336,7 @@ class LedgerFile:
 
     def _reset_cache(self, ident: tuple[int, int] | None) -> None:
         self._ident, self._offset, self._entries, self._resets, self._bad = ident, 0, [], [], 0
+        self._size = -1
 
     def _ingest(self, raw: bytes) -> None:
         if not raw.strip():

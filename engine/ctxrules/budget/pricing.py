@@ -25,7 +25,7 @@ import fnmatch
 import functools
 import re
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import Any, Final
 
 from ctxrules.budget.usage import TokenUsage
@@ -110,7 +110,8 @@ class Cost:
         )
 
     def as_dict(self) -> dict[str, float]:
-        out = asdict(self)
+        # Not dataclasses.asdict: that deep-copies every field, and a report builds several.
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
         out["total"] = self.total
         return out
 

@@ -19,7 +19,7 @@ Perplexity's, and ctxrules' own (the seven names above). A failed call has no us
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, fields
 from typing import Any, Final, Literal
 
 from ctxrules.errors import UsageError
@@ -107,7 +107,8 @@ class TokenUsage:
         )
 
     def as_dict(self) -> dict[str, int]:
-        return asdict(self)
+        # Not dataclasses.asdict: that deep-copies every field, and a report builds several.
+        return {f.name: getattr(self, f.name) for f in fields(self)}
 
     @property
     def uncached_prompt(self) -> int:
