@@ -36,15 +36,18 @@ string into a one-part list gets its string back, so history bytes stay the call
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
-from collections.abc import Iterator, Mapping, Sequence
+import operator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import urlparse
 
+from ctxrules import structure
 from ctxrules.hookspecs import hookimpl
 from ctxrules.messages import is_real_user
 from ctxrules.stages.base import Action, Message, StageOutcome, StageType
@@ -79,6 +82,7 @@ OPENAI_HOSTS = ("api.openai.com",)
 ALLOWED_TOOLS_FAMILIES = frozenset({"openai"})
 ALLOWED_TOOLS_PROVIDERS = frozenset({"openai", "azure"})
 TTL_SECONDS = {"5m": 300.0, "1h": 3600.0}
+_T = TypeVar("_T")
 _SHORT = 16  # hex digits kept per history message digest
 
 
@@ -439,6 +443,11 @@ class CacheMarkers:
         # after call, so history digests cost one JSON dump per new message. Holding the message
         # keeps its id from being reused while it is in the memo.
         self._memo: dict[int, tuple[Mapping[str, Any], str]] = {}
+        # The history digested last (messages, short digests), and the structure generation
+        # the memos belong to (ctxrules.structure.forget after an in-place edit drops them).
+        self._last_history: tuple[tuple[Mapping[str, Any], ...], list[str]] | None = None
+        self._layers: dict[tuple[Any, ...], tuple[tuple[Any, ...], Any]] = {}
+        self._generation = structure.generation()
 
     # -- helpers ----------------------------------------------------------------------------
     def _short(self, msg: Mapping[str, Any]) -> str:
@@ -451,14 +460,36 @@ class CacheMarkers:
         self._memo[id(msg)] = (msg, digest)
         return digest
 
+    def _layer(self, objects: Sequence[Any], compute: Callable[[Sequence[Any]], _T]) -> _T:
+        """``compute(objects)``, remembered for the same objects (and function)."""
+        key = (compute, *map(id, objects))
+        hit = self._layers.get(key)
+        if hit is not None and len(hit[0]) == len(objects) and all(map(operator.is_, hit[0], objects)):
+            return hit[1]  # type: ignore[no-any-return]  # stored by this same compute
+        value = compute(objects)
+        if len(self._layers) > 64:
+            self._layers.clear()
+        self._layers[key] = (tuple(objects), value)
+        return value
+
     def _shorts(self, messages: Sequence[Mapping[str, Any]]) -> str:
-        """The short digests of ``messages``, concatenated (a memo lookup per known message)."""
-        get = self._memo.get
-        out = []
-        for m in messages:
-            hit = get(id(m))
-            out.append(hit[1] if hit is not None and hit[0] is m else self._short(m))
-        return "".join(out)
+        """The short digests of ``messages``, concatenated. A warm turn's history is the last
+        one with messages appended and perhaps a few replaced: only those are looked up."""
+        if self._generation != structure.generation():  # a message was edited in place
+            self._memo.clear()
+            self._layers.clear()
+            self._last_history = None
+            self._generation = structure.generation()
+        last = self._last_history
+        if last is not None and len(last[0]) <= len(messages):
+            old, shorts = last[0], list(last[1])
+            for i in itertools.compress(range(len(old)), map(operator.is_not, old, messages)):
+                shorts[i] = self._short(messages[i])
+            shorts.extend(self._short(m) for m in messages[len(old):])
+        else:
+            shorts = [self._short(m) for m in messages]
+        self._last_history = (tuple(messages), shorts)
+        return "".join(shorts)
 
     def _strategy(self, ctx: StageContext) -> str:
         if self.options.strategy != "auto":
@@ -537,7 +568,10 @@ class CacheMarkers:
         state["tail"] = self._tail_record(out, layers)
         state["last_clock"] = ctx.clock
         # Keep the caller's objects where nothing changed (the runner and session rely on identity).
-        final = [m if _same(o, m) else o for o, m in zip(out, messages, strict=True)]
+        final = list(out)
+        for i in itertools.compress(range(len(out)), map(operator.is_not, out, messages)):
+            if out[i] == messages[i]:
+                final[i] = messages[i]
         return StageOutcome(
             messages=final,
             actions=actions,
@@ -739,19 +773,21 @@ class CacheMarkers:
         layers: PrefixLayers,
         ctx: StageContext,
     ) -> dict[str, Any]:
-        system = [canonical_message(m) for m in out[: layers.system_stop]]
-        workspace = [canonical_message(m) for m in out[layers.system_stop : layers.workspace_stop]]
-        anchor = canonical_message(out[layers.anchor]) if layers.anchor is not None else None
-        plain_tools = [_strip_markers(t) for t in tools]
+        # The layers are the same objects call after call: their digests are remembered.
+        system = out[: layers.system_stop]
+        workspace = out[layers.system_stop : layers.workspace_stop]
+        anchor = [out[layers.anchor]] if layers.anchor is not None else []
+        system_digest, system_chars = self._layer(system, _system_layer)
+        tools_digest, tool_digests = self._layer(tools, _tools_layer)
         fp: dict[str, Any] = {
             "model": ctx.model.name,
-            "system": _digest(system),
-            "system_chars": sum(len(json.dumps(m, ensure_ascii=False)) for m in system),
-            "tools": _digest(plain_tools),
-            "tool_digests": {_tool_name(t): _digest(t)[:_SHORT] for t in plain_tools},
-            "workspace": _digest(workspace),
+            "system": system_digest,
+            "system_chars": system_chars,
+            "tools": tools_digest,
+            "tool_digests": dict(tool_digests),
+            "workspace": self._layer(workspace, _messages_digest),
             "workspace_count": len(workspace),
-            "first_user": _digest(anchor) if anchor is not None else None,
+            "first_user": self._layer(anchor, _anchor_digest),
             # One string of fixed-width digests (not a list): the state file stays cheap to
             # write however long the history grows.
             "history": self._shorts(out[layers.history_start :]),
@@ -858,6 +894,24 @@ class CacheMarkers:
             )
 
 
+def _system_layer(messages: Sequence[Mapping[str, Any]]) -> tuple[str, int]:
+    system = [canonical_message(m) for m in messages]
+    return _digest(system), sum(len(json.dumps(m, ensure_ascii=False)) for m in system)
+
+
+def _tools_layer(tools: Sequence[Mapping[str, Any]]) -> tuple[str, tuple[tuple[str, str], ...]]:
+    plain = [_strip_markers(t) for t in tools]
+    return _digest(plain), tuple((_tool_name(t), _digest(t)[:_SHORT]) for t in plain)
+
+
+def _messages_digest(messages: Sequence[Mapping[str, Any]]) -> str:
+    return _digest([canonical_message(m) for m in messages])
+
+
+def _anchor_digest(messages: Sequence[Mapping[str, Any]]) -> str | None:
+    return _digest(canonical_message(messages[0])) if messages else None
+
+
 def _history_string(value: Any) -> str:
     """The stored history digests as one string (states written before 0.x kept a list)."""
     if isinstance(value, str):
@@ -865,10 +919,6 @@ def _history_string(value: Any) -> str:
     if isinstance(value, list):
         return "".join(v for v in value if isinstance(v, str) and len(v) == _SHORT)
     return ""
-
-
-def _same(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
-    return a is b or a == b
 
 
 def _blocks(messages: Sequence[Mapping[str, Any]]) -> int:
