@@ -246,23 +246,29 @@ def test_a_new_process_notices_an_edited_history(tmp_path: Path) -> None:
     assert fresh.session(tmp_path / "s", model="gpt-4o").prepare(msgs[:2]).report["reused_messages"] == 0
 
 
-def test_state_survives_a_crash_between_its_two_renames(tmp_path: Path) -> None:
+def test_state_written_in_place_survives_a_writer_stopped_before_the_cut(tmp_path: Path) -> None:
     e = engine(tmp_path, "  - {id: cut, use: test.content, with: {mode: shorten}}\n")
     msgs = convo(3)
-    e.session(tmp_path / "s", model="gpt-4o").prepare(msgs)
+    s = e.session(tmp_path / "s", model="gpt-4o")
+    s.prepare(msgs)
     state = tmp_path / "s" / "state.json"
-    assert state.stat().st_mode & 0o777 == 0o600 and not (tmp_path / "s" / "state.json.new").exists()
-    # The old state was removed and the complete new one not yet renamed in.
-    state.rename(tmp_path / "s" / "state.json.new")
+    assert state.stat().st_mode & 0o777 == 0o600
+    inode = state.stat().st_ino
     more = [*msgs, {"role": "user", "content": "next"}]
+    s.prepare(more)
+    assert state.stat().st_ino == inode  # rewritten in place, not replaced
+    # The new state was written over the old one, and the writer stopped before cutting the
+    # file to its length: what follows the first JSON value is ignored.
+    state.write_bytes(state.read_bytes() + b' "stages": {"left": "over"}}\n')
     fresh = engine(tmp_path, "  - {id: cut, use: test.content, with: {mode: shorten}}\n")
-    assert fresh.session(tmp_path / "s", model="gpt-4o").prepare(more).report["reused_messages"] == len(msgs)
-    assert state.exists() and not (tmp_path / "s" / "state.json.new").exists()
-    # A new state cut short while it was written: the old one is still there and wins.
-    (tmp_path / "s" / "state.json.new").write_text('{"version": 1, "la')
-    again = engine(tmp_path, "  - {id: cut, use: test.content, with: {mode: shorten}}\n")
-    r = again.session(tmp_path / "s", model="gpt-4o").prepare([*more, {"role": "user", "content": "and?"}])
+    r = fresh.session(tmp_path / "s", model="gpt-4o").prepare([*more, {"role": "user", "content": "and?"}])
     assert r.report["reused_messages"] == len(more)
+    # A state file replaced behind the session's back (a checkpoint restore) is reopened.
+    (tmp_path / "s" / "new.json").write_bytes(state.read_bytes())
+    (tmp_path / "s" / "new.json").replace(state)
+    assert state.stat().st_ino != inode
+    s.prepare([*more, {"role": "user", "content": "and?"}, {"role": "user", "content": "ok"}])
+    assert json.loads(state.read_text())["last"]["count"] == len(more) + 2
 
 
 def test_changed_pack_or_model_discards_the_previous_compaction(tmp_path: Path) -> None:

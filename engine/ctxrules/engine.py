@@ -8,7 +8,9 @@ from __future__ import annotations
 import asyncio
 import copy
 import hashlib
+import itertools
 import json
+import operator
 import os
 import threading
 import time
@@ -185,6 +187,7 @@ class Session:
                                   state_root=state_root)
         self.vault = Vault.for_session(path)
         self._thread_lock = threading.Lock()
+        self._session_lock = SessionLock(path)
         self._last_history: list[Message] | None = None
         self._last_output: list[Message] | None = None
         self._last_chain = HistoryChain()
@@ -330,8 +333,7 @@ class Session:
 
     @property
     def fingerprint(self) -> str:
-        parts = self.fingerprint_parts()
-        return hashlib.sha256("\x1f".join(f"{k}={v}" for k, v in sorted(parts.items())).encode()).hexdigest()[:32]
+        return _fingerprint_of(self.fingerprint_parts())
 
     def prepare(self, messages: Any, tools: list[dict[str, Any]] | None = None, *,
                 clock: float | None = None) -> PrepareResult:
@@ -345,7 +347,7 @@ class Session:
         tool_list = list(tools or [])
         from ctxrules.stages.cache_markers import cache_key_scope
 
-        with self._thread_lock, SessionLock(self.path), cache_key_scope(self.cache_key):
+        with self._thread_lock, self._session_lock, cache_key_scope(self.cache_key):
             try:
                 return self._prepare(listed, tool_list, time.time() if clock is None else clock)
             except BaseException:
@@ -368,7 +370,8 @@ class Session:
         # Budget level before any stage runs: EXCEEDED raises BudgetExceeded; WARNING's eco
         # mode hands the pipeline scaled thresholds (docs/budgets.md).
         budget_status, budget = start_prepare(self.ledger, self.budget, state, clock)
-        fingerprint = self.fingerprint
+        parts = self.fingerprint_parts()
+        fingerprint = _fingerprint_of(parts)
         same = state.get("fingerprint") == fingerprint
         last_clock = state.get("last_clock")
         cache_hot = same and isinstance(last_clock, int | float) and 0 <= clock - last_clock < CACHE_TTL_S
@@ -393,7 +396,6 @@ class Session:
             known = self._last_out_tokens + appended
         if known is None:
             known = self.counter.count_messages(pipeline_input, tools)
-        parts = self.fingerprint_parts()
         before_parts = state.get("fingerprint_parts") or {}
         changed = sorted(k for k, v in parts.items() if before_parts and before_parts.get(k) != v)
         state["fingerprint_parts"] = parts
@@ -449,8 +451,10 @@ class Session:
         # New lists. Messages no stage changed are the caller's own objects (the session notices
         # if the caller edits them later); messages a stage made are copies, so that editing them
         # cannot corrupt the session's record of its last output.
-        own = {id(m) for m in history}
-        out = [m if id(m) in own else _clone(m) for m in outcome.messages]
+        own = set(map(id, history))
+        out = list(outcome.messages)
+        for i in itertools.compress(range(len(out)), map(operator.not_, map(own.__contains__, map(id, out)))):
+            out[i] = _clone(out[i])
         out = finish_prepare(budget_status, out, report)
         return PrepareResult(out, _clone(outcome.tools), _clone(outcome.request), report)
 
@@ -505,6 +509,10 @@ def _stamps(paths: Any) -> tuple[tuple[str, int, int], ...]:
             continue
         out.append((str(p), st.st_mtime_ns, st.st_size))
     return tuple(out)
+
+
+def _fingerprint_of(parts: dict[str, str]) -> str:
+    return hashlib.sha256("\x1f".join(f"{k}={v}" for k, v in sorted(parts.items())).encode()).hexdigest()[:32]
 
 
 def _has_system(messages: list[Message]) -> bool:

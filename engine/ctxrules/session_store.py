@@ -2,9 +2,10 @@
 
 Layout (README "Sessions"): ``state.json`` (stage states, fingerprint, a chained digest of the
 last history), ``last_output.jsonl`` (what the last ``prepare`` returned, a message per line),
-``vault/``, ``.lock``. Files have mode 0600, directories 0700. A reader never sees a partly
-written file: ``last_output.jsonl`` is replaced by rename or appended to (its line count is in
-the state), and ``state.json`` is written beside itself first (:meth:`SessionStore._write_state`).
+``vault/``, ``.lock``. Files have mode 0600, directories 0700. Both files are caches: losing
+them costs the reuse of the last compaction, never the conversation. ``last_output.jsonl`` is
+replaced by rename or appended to (the state says how many of its lines count), and
+``state.json`` is rewritten in place through a handle kept open (:meth:`SessionStore._write_state`).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import json
 import operator
 import os
 import tempfile
+import weakref
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -59,14 +61,14 @@ class SessionStore:
         self._written_stat: tuple[int, int] | None = None
         self._state: dict[str, Any] | None = None
         self._state_stat: tuple[int, int] | None = None
+        # Handles kept open between turns (opening, and above all creating, a file costs more
+        # than a warm turn's stages): state.json, and last_output.jsonl for appending.
+        self._state_handle = _Handle(self.state_file, os.O_RDWR | os.O_CREAT)
+        self._output_handle = _Handle(self.output_file, os.O_WRONLY | os.O_APPEND)
 
     @property
     def state_file(self) -> Path:
         return self.path / "state.json"
-
-    @property
-    def _new_state_file(self) -> Path:
-        return self.path / "state.json.new"
 
     @property
     def output_file(self) -> Path:
@@ -80,14 +82,13 @@ class SessionStore:
         try:
             raw = self.state_file.read_bytes()
         except FileNotFoundError:
-            try:  # a crash between removing the old state and renaming the new one in
-                raw = self._new_state_file.read_bytes()
-            except OSError:
-                return {"version": STATE_VERSION}
+            return {"version": STATE_VERSION}
         except OSError as exc:
             raise CtxrulesError(f"cannot read session state {self.state_file}: {exc.strerror}") from exc
         try:
-            data = json.loads(raw)
+            # The first JSON value: a writer stopped between writing the new state and cutting
+            # the file to its length leaves the end of the old one behind it.
+            data, _end = json.JSONDecoder().raw_decode(raw.decode("utf-8"))
         except ValueError:
             return {"version": STATE_VERSION, "recovered": "state.json was unreadable and was reset"}
         if not isinstance(data, dict) or data.get("version") != STATE_VERSION:
@@ -123,8 +124,7 @@ class SessionStore:
         if (prev is not None and self._stat() == self._written_stat and len(prev) <= len(output)
                 and all(map(operator.is_, prev, output))):
             if len(prev) < len(output):
-                with self.output_file.open("ab") as fh:
-                    fh.write(_jsonl(output[len(prev):]))
+                _write_all(self._output_handle.fd(), _jsonl(output[len(prev):]))
         else:
             write_atomic(self.output_file, _jsonl(output), durable=False)
         self._written = list(output)
@@ -133,31 +133,63 @@ class SessionStore:
         self._state, self._state_stat = state, _stat(self.state_file)
 
     def _write_state(self, data: bytes) -> None:
-        """Replace ``state.json`` on every turn without renaming over it.
+        """Rewrite ``state.json`` in place: the new state from offset 0, then the file cut to
+        its length.
 
-        Renaming a new file over an existing one makes ext4 write the new data out first
-        (``auto_da_alloc``), which costs a warm turn more than the whole pipeline. So the new
-        state is written to ``state.json.new``, and only once it is complete is the old file
-        removed and the new one renamed into the free name. A crash between the two leaves no
-        ``state.json`` but a complete ``state.json.new``, which :meth:`load` then reads.
+        Not a temp file renamed over it: creating a file and renaming it over another made
+        ext4 write the data out (``auto_da_alloc``), which cost a warm turn more than all of its
+        stages. A writer stopped between the two steps leaves the end of the old state behind
+        the new one, which :meth:`load` ignores; a state torn by a power loss (it is never
+        fsynced) reads as damaged and costs the reuse of one compaction, like a lost cache.
         """
-        new = self._new_state_file
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(new)  # left by a crash while it was being written
-        try:
-            fd = os.open(new, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        except FileNotFoundError:  # the session directory went away
-            ensure_dir(self.path)
-            fd = os.open(new, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.state_file)
-        os.rename(new, self.state_file)
-
+        fd = self._state_handle.fd()
+        _write_all(fd, data, offset=0)
+        os.ftruncate(fd, len(data))
 
     def _stat(self) -> tuple[int, int] | None:
         return _stat(self.output_file)
+
+
+class _Handle:
+    """A file descriptor kept open between turns, reopened when the file at ``path`` is no
+    longer the one it refers to (replaced by rename, or removed); closed when the handle is
+    collected."""
+
+    def __init__(self, path: Path, flags: int) -> None:
+        self.path, self.flags = path, flags
+        self._fd: int | None = None
+        self._close: weakref.finalize[..., Any] | None = None
+        self._ident: tuple[int, int] | None = None
+
+    def fd(self) -> int:
+        try:
+            st = os.stat(self.path)
+            ident: tuple[int, int] | None = (st.st_dev, st.st_ino)
+        except FileNotFoundError:
+            ident = None
+        if self._fd is not None and ident == self._ident:
+            return self._fd
+        if self._close is not None:
+            self._close()
+            self._fd = self._close = None
+        try:
+            fd = os.open(self.path, self.flags | os.O_CLOEXEC, 0o600)
+        except FileNotFoundError:
+            ensure_dir(self.path.parent)
+            fd = os.open(self.path, self.flags | os.O_CLOEXEC, 0o600)
+        self._fd, self._close = fd, weakref.finalize(self, os.close, fd)
+        st = os.fstat(fd)
+        self._ident = (st.st_dev, st.st_ino)
+        return fd
+
+
+def _write_all(fd: int, data: bytes, *, offset: int | None = None) -> None:
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view) if offset is None else os.pwrite(fd, view, offset)
+        view = view[written:]
+        if offset is not None:
+            offset += written
 
 
 def _stat(path: Path) -> tuple[int, int] | None:
@@ -174,24 +206,25 @@ def _jsonl(messages: list[dict[str, Any]]) -> bytes:
 
 class SessionLock:
     """One ``prepare`` at a time per session, across threads of one process (the caller holds
-    a thread lock too) and across processes (``flock`` on ``<session>/.lock``)."""
+    a thread lock too) and across processes (``flock`` on ``<session>/.lock``). The lock file
+    stays open between uses, so a session that keeps its lock object pays one ``stat``."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
+        self._handle = _Handle(path / ".lock", os.O_RDWR | os.O_CREAT)
         self._fd: int | None = None
 
     def __enter__(self) -> SessionLock:
         try:
-            ensure_dir(self.path)
-            self._fd = os.open(self.path / ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+            fd = self._handle.fd()
         except OSError as exc:
             raise CtxrulesError(f"cannot use session directory {self.path}: {exc.strerror}") from exc
-        fcntl.flock(self._fd, fcntl.LOCK_EX)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        self._fd = fd
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         if self._fd is not None:
             fcntl.flock(self._fd, fcntl.LOCK_UN)
-            os.close(self._fd)
             self._fd = None
