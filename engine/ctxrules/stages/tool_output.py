@@ -210,14 +210,12 @@ class _Run:
         if not oversized and not fresh and not skipped_hot:
             # A warm turn: every output was examined before (or is pinned, protected, exempt)
             # and nothing is over the spill limit, so nothing can change.
-            self._settle([])
+            self._settle({})
             self._remember_sent()
             return StageOutcome(messages=self.out)
         results = {i: self._result(i) for i in fresh}
-        # Whatever happens to them now is final at this keep ratio: an output left alone, an
-        # exempt one, one already carrying a live marker or with no text. (Reduced or spilled
-        # ones are new objects next time; _settle skips them.)
         examined = list(results)
+        relevant: list[Step] = []
         # A huge sub-agent result that may be handed over gets the handover (which also puts
         # it in the vault whole) rather than the spill preview: done/todo/risks say more.
         handed = {i for i, r in results.items() if r.reducible and r.role == "subagent"
@@ -254,9 +252,30 @@ class _Run:
                 "hot_cache_bypass",
                 f"{skipped_hot} output(s) already sent while the prompt cache is hot were left "
                 "alone"))
-        self._settle(examined)
+        self._settle(self._settle_at(examined, results, relevant))
         self._remember_sent()
         return StageOutcome(messages=self.out, actions=self.actions, warnings=self.warnings)
+
+    def _settle_at(self, examined: list[int], results: dict[int, _Result],
+                   relevant: list[Step]) -> dict[int, float]:
+        """The keep ratio each examined output is settled at. What happened to it now stays so
+        at this keep ratio or a laxer one; at *any* ratio (0) when no ratio could give it a
+        target: it cannot be reduced (exempt, already marked, no text), or it and its whole
+        step are under the thresholds (outputs only ever shrink). Reduced or spilled outputs
+        are new objects next time; _settle skips them."""
+        stage = self.stage
+        totals: dict[int, int] = {}
+        for st in relevant:
+            total = sum(results[i].tokens for i in st.results if i in results)
+            totals.update(dict.fromkeys(st.results, total))
+        out: dict[int, float] = {}
+        for i in examined:
+            r = results[i]
+            lasting = not r.reducible or (
+                r.target is None and 0 <= r.tokens <= stage.item_tokens
+                and totals.get(i, stage.turn_tokens + 1) <= stage.turn_tokens)
+            out[i] = 0.0 if lasting else self.keep
+        return out
 
     def _unsettled(self, sent: set[str]) -> tuple[list[int], int]:
         """The tool results to examine: not pinned, protected or settled, and not already sent
@@ -290,12 +309,16 @@ class _Run:
             unsettled.append(p)
             if id(msg) in protected:
                 continue
-            if sent and result_digest(msg) in sent:
+            if sent and result_digest(msg) in sent and not self._marked(msg):
                 hot += 1
             else:
-                out.append(i)
+                out.append(i)  # an output already shortened is examined once, then settled
         self._scan = (current, unsettled)
         return out, hot
+
+    def _marked(self, msg: Message) -> bool:
+        """Whether a text of ``msg`` carries a live marker (it was shortened already)."""
+        return any(has_live_marker(u.text, self.ctx.vault) for u in _units(msg))
 
     def _is_settled(self, msg: Message) -> bool:
         hit = self.stage._settled.get(id(msg))
@@ -361,14 +384,14 @@ class _Run:
         memo[key] = (msg, msg.get("content"), digest)
         return digest
 
-    def _settle(self, examined: list[int]) -> None:
+    def _settle(self, settle_at: dict[int, float]) -> None:
         stage = self.stage
         if len(stage._settled) > 50_000:
             stage.forget_settled()
-        for index in examined:
+        for index, keep in settle_at.items():
             msg = self.messages[index]
             if self.out[index] is msg:
-                stage._settled[id(msg)] = (msg, self.keep, msg.get("content"))
+                stage._settled[id(msg)] = (msg, keep, msg.get("content"))
         current, unsettled = self._scan
         stage._last_scan = (current, self.keep, stage._epoch,
                             frozenset(p for p in unsettled if not self._is_settled(current[p])))
