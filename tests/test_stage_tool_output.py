@@ -322,6 +322,26 @@ def test_a_new_output_is_reduced_even_when_the_cache_is_hot(tmp_path: Path) -> N
     assert kinds(outcome) == ["reduce"]
 
 
+def test_outputs_no_keep_ratio_can_touch_stay_settled_when_trimming_gets_harder(tmp_path: Path) -> None:
+    medium = "".join(f"line {i}: ok\n" for i in range(200))  # over min_saving, under item_tokens
+    reduced_once = "".join(f"collecting item {i} ... ok\n" for i in range(3000))
+    messages = convo(step("a", medium), step("b", medium), step("c", reduced_once))
+    stage = ToolOutputFilter({"compressors": False})
+    state: dict[str, Any] = {}
+    first = stage(messages, make_ctx(tmp_path, state=state))
+    assert kinds(first) == ["reduce"] and state["sent"]
+    # The window filled up (a lower keep ratio) and the prompt cache is hot: the medium outputs
+    # could not be reduced at any ratio and the reduced one carries its marker, so nothing is
+    # re-examined, and nothing is reported as left alone for the cache's sake.
+    later = stage(first.messages, make_ctx(tmp_path, state=state, utilization=0.85, cache_hot=True))
+    assert later.messages == first.messages and kinds(later) == []
+    # A fresh instance examines the marked output once (it is not "hot"), then settles it.
+    fresh = ToolOutputFilter({"compressors": False})
+    again = fresh(first.messages, make_ctx(tmp_path, state=copy.deepcopy(state), utilization=0.85,
+                                           cache_hot=True))
+    assert kinds(again) == ["hot_cache_bypass"] and "2 output(s)" in again.actions[0].detail
+
+
 # --- predictive strength ----------------------------------------------------------------------
 
 
