@@ -181,6 +181,7 @@ class Session:
         self.cache_key = cache_key or self.id
         self.on_event = on_event
         self.store = SessionStore(path)
+        self._fingerprint_memo: tuple[Any, dict[str, str], str] | None = None
         self._configure(model, window)
         # Cost ledger and budget level (docs/budgets.md); session.record_usage(...) records.
         self.ledger = open_ledger(engine.pack.data, path, self.id, model, goal=goal,
@@ -326,14 +327,24 @@ class Session:
 
     def fingerprint_parts(self) -> dict[str, str]:
         """Everything that shapes the output of ``prepare``."""
-        return {"pack": self.engine.digest, "model": self.model.name, "window": str(self.budget.window),
-                "reserve_output": str(self.budget.reserve_output),
-                "thresholds": ",".join(f"{k}={v}" for k, v in sorted(self.budget.thresholds.items())),
-                "plugins": self.engine.registry.fingerprint()}
+        return dict(self._fingerprint()[0])
 
     @property
     def fingerprint(self) -> str:
-        return _fingerprint_of(self.fingerprint_parts())
+        return self._fingerprint()[1]
+
+    def _fingerprint(self) -> tuple[dict[str, str], str]:
+        # Remembered for the same engine, pack digest and budget (a switch or a pack reload
+        # makes new ones): every prepare asks.
+        key = (self.engine, self.engine.digest, self.model.name, self.budget)
+        memo = self._fingerprint_memo
+        if memo is None or memo[0] != key:
+            parts = {"pack": self.engine.digest, "model": self.model.name, "window": str(self.budget.window),
+                     "reserve_output": str(self.budget.reserve_output),
+                     "thresholds": ",".join(f"{k}={v}" for k, v in sorted(self.budget.thresholds.items())),
+                     "plugins": self.engine.registry.fingerprint()}
+            memo = self._fingerprint_memo = (key, parts, _fingerprint_of(parts))
+        return memo[1], memo[2]
 
     def prepare(self, messages: Any, tools: list[dict[str, Any]] | None = None, *,
                 clock: float | None = None) -> PrepareResult:
@@ -370,8 +381,8 @@ class Session:
         # Budget level before any stage runs: EXCEEDED raises BudgetExceeded; WARNING's eco
         # mode hands the pipeline scaled thresholds (docs/budgets.md).
         budget_status, budget = start_prepare(self.ledger, self.budget, state, clock)
-        parts = self.fingerprint_parts()
-        fingerprint = _fingerprint_of(parts)
+        parts, fingerprint = self._fingerprint()
+        parts = dict(parts)
         same = state.get("fingerprint") == fingerprint
         last_clock = state.get("last_clock")
         cache_hot = same and isinstance(last_clock, int | float) and 0 <= clock - last_clock < CACHE_TTL_S

@@ -33,6 +33,7 @@ class ToolRoles:
     # Tool name -> role, filled as names are met (stages ask for every tool result on every
     # call; hashing this whole object for an lru_cache key would cost more than the lookup).
     _memo: dict[str, str | None] = field(default_factory=dict, compare=False, hash=False, repr=False)
+    _errors: dict[str, bool] = field(default_factory=dict, compare=False, hash=False, repr=False)
 
     def role_of(self, tool_name: str | None) -> str | None:
         if not tool_name:
@@ -58,11 +59,18 @@ class ToolRoles:
         return None
 
     def is_error(self, text: str) -> bool:
-        """A tool result that reports failure: a non-zero exit code, else error-looking text."""
+        """A tool result that reports failure: a non-zero exit code, else error-looking text.
+        Remembered per text (the newest steps' results are asked about on every turn)."""
+        try:
+            return self._errors[text]
+        except KeyError:
+            pass
         code = self.exit_code(text)
-        if code is not None:
-            return code != 0
-        return bool(_ERROR_TEXT.search(text[:4000]))
+        failed = code != 0 if code is not None else bool(_ERROR_TEXT.search(text[:4000]))
+        if len(self._errors) >= 1024:
+            self._errors.clear()
+        self._errors[text] = failed
+        return failed
 
 
 def _role_of(roles: ToolRoles, name: str) -> str | None:

@@ -27,6 +27,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any
 
 from ctxrules.hookspecs import hookimpl
@@ -69,6 +70,13 @@ _MODULE_RE = re.compile(
 
 def extract_terms(text: str, *, limit: int = 64) -> tuple[list[str], list[str]]:
     """``(file paths, module names)`` mentioned in ``text``, in order of first mention."""
+    files, modules = _terms(text, limit)
+    return list(files), list(modules)
+
+
+@lru_cache(maxsize=256)
+def _terms(text: str, limit: int) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    # Remembered per text: every turn reads the latest ask and the newest steps again.
     files: dict[str, None] = {}
     modules: dict[str, None] = {}
     for match in _PATH_RE.finditer(text):
@@ -93,7 +101,7 @@ def extract_terms(text: str, *, limit: int = 64) -> tuple[list[str], list[str]]:
         if any(name in f for f in files):
             continue
         modules[name] = None
-    return list(files)[:limit], list(modules)[:limit]
+    return tuple(files)[:limit], tuple(modules)[:limit]
 
 
 @dataclass
