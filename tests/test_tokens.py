@@ -623,3 +623,25 @@ def test_foreign_tiktoken_cache_dir_is_not_a_download(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("error: TIKTOKEN_CACHE_DIR=")
     assert "never downloads" in done.stdout
+
+
+def test_counts_by_object_inside_the_trusted_scope_and_by_content_outside() -> None:
+    from ctxrules import structure
+    from ctxrules.tokens import trusted_objects
+
+    counter = TokenCounter.for_tokenizer("o200k_base")
+    msg: dict[str, Any] = {"role": "user", "content": [{"type": "text", "text": "hello there"}]}
+    with trusted_objects():
+        first = counter.count_each([msg])[0]
+        hits = counter.memo_hits
+        assert counter.count_each([msg]) == [first] and counter.memo_hits == hits + 1
+        msg["content"] = [{"type": "text", "text": "hello there, and much more text than before"}]
+        grown = counter.count_each([msg])[0]  # a new content object is noticed
+        assert grown > first
+        msg["content"][0]["text"] = "hi"  # an edit inside it is not, until forget()
+        assert counter.count_each([msg]) == [grown]
+        structure.forget()
+        shrunk = counter.count_each([msg])[0]
+        assert shrunk < first
+    msg["content"][0]["text"] = "hello there"  # outside the scope: counted by content
+    assert counter.count_each([msg]) == [first]

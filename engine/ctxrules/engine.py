@@ -48,7 +48,7 @@ from ctxrules.runtime.subagents import (
 from ctxrules.runtime.subagents import settings as subagent_settings
 from ctxrules.session_store import SessionLock, SessionStore
 from ctxrules.stages.base import Message
-from ctxrules.tokens import REPLY_PRIMING_TOKENS
+from ctxrules.tokens import REPLY_PRIMING_TOKENS, trusted_objects
 
 DEFAULT_STATE_ROOT = ".ctxrules"
 
@@ -358,7 +358,9 @@ class Session:
         tool_list = list(tools or [])
         from ctxrules.stages.cache_markers import cache_key_scope
 
-        with self._thread_lock, self._session_lock, cache_key_scope(self.cache_key):
+        # Messages are not edited while a prepare runs, and the session notices edits between
+        # calls (structure.forget): token counts may be looked up by message object.
+        with self._thread_lock, self._session_lock, cache_key_scope(self.cache_key), trusted_objects():
             try:
                 return self._prepare(listed, tool_list, time.time() if clock is None else clock)
             except BaseException:

@@ -70,6 +70,13 @@ is never tokenized again and adding ``cache_control`` or metadata does not inval
 ``memo_hits`` / ``memo_misses`` / ``texts_tokenized`` expose the behaviour; the memo is
 cleared when it exceeds :data:`MEMO_LIMIT` entries.
 
+Inside :func:`trusted_objects` (a session's ``prepare`` runs in it) a second memo is tried first,
+by message *object*: a lookup instead of building the key, for lists of hundreds of messages
+that several stages count. It notices a new ``content`` or ``tool_calls`` object; an edit deeper
+inside a message is noticed by the session, which calls :func:`ctxrules.structure.forget`, and
+that empties this memo too. Outside the scope only the key memo is used, so code that edits a
+message in place and counts it again always gets the new count.
+
 Importing this module is cheap: tiktoken and tokenizers are imported on the first count, and
 litellm is never imported.
 """
@@ -83,10 +90,13 @@ import math
 import os
 import struct
 import threading
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, Final
 
+from ctxrules import structure
 from ctxrules.errors import CtxrulesError
 from ctxrules.models import EXACT_TOKENIZERS, ModelInfo, Tokenizer, litellm_package_dir
 
@@ -555,6 +565,8 @@ class TokenCounter:
         self.memo_misses = 0
         self.texts_tokenized = 0
         self._memo: dict[tuple[object, ...], int] = {}
+        self._by_object: dict[int, tuple[Mapping[str, Any], Any, Any, int]] = {}
+        self._by_object_generation = structure.generation()
         self._tools_memo: dict[object, int] = {}
         self._count_batch: BatchCounter | None = None
 
@@ -715,6 +727,38 @@ class TokenCounter:
 
     def count_each(self, messages: Iterable[Mapping[str, Any]]) -> list[int]:
         """Tokens of each message (overhead included), from the memo when unchanged."""
+        if _TRUSTED.get():
+            return self._count_each_trusted(messages)
+        return self._count_each(messages)
+
+    def _count_each_trusted(self, messages: Iterable[Mapping[str, Any]]) -> list[int]:
+        if self._by_object_generation != structure.generation():
+            self._by_object.clear()
+            self._by_object_generation = structure.generation()
+        by_object = self._by_object
+        get = by_object.get
+        results: list[int] = []
+        missing: list[int] = []
+        pending: list[Mapping[str, Any]] = []
+        for message in messages:
+            hit = get(id(message))
+            if (hit is not None and hit[0] is message and hit[1] is message.get("content")
+                    and hit[2] is message.get("tool_calls")):
+                results.append(hit[3])
+            else:
+                missing.append(len(results))
+                pending.append(message)
+                results.append(0)
+        if pending:
+            if len(by_object) + len(pending) > MEMO_LIMIT:
+                by_object.clear()
+            for index, message, count in zip(missing, pending, self._count_each(pending), strict=True):
+                results[index] = count
+                by_object[id(message)] = (message, message.get("content"), message.get("tool_calls"), count)
+        self.memo_hits += len(results) - len(missing)
+        return results
+
+    def _count_each(self, messages: Iterable[Mapping[str, Any]]) -> list[int]:
         memo = self._memo
         keys: list[tuple[object, ...]] = []
         results: list[int] = []
@@ -800,7 +844,22 @@ class TokenCounter:
 
     def clear_memo(self) -> None:
         self._memo.clear()
+        self._by_object.clear()
         self._tools_memo.clear()
+
+
+_TRUSTED: ContextVar[bool] = ContextVar("ctxrules_trusted_objects", default=False)
+
+
+@contextmanager
+def trusted_objects() -> Iterator[None]:
+    """Within this scope, messages counted before are known by their object (see the module
+    docstring, "Memoization"). For code that does not edit messages in place while inside."""
+    token = _TRUSTED.set(True)
+    try:
+        yield
+    finally:
+        _TRUSTED.reset(token)
 
 
 # --------------------------------------------------------------------------- tool schemas

@@ -1,8 +1,11 @@
 """Crash-safe checkpoints around compactions, an orphan scan, and resume.
 
 Before a ``prepare`` that will compact (a ``compress.*``/``summarize.*`` stage's ``when:`` is met),
-the session writes ``checkpoint.json`` (atomic, fsynced) holding the state it had before and
-the vault id of a backup of the messages the pipeline starts from. A finished ``prepare`` marks
+the session writes ``checkpoint.json`` (atomically: a killed process never leaves it torn)
+holding the state it had before and the vault id of a backup of the messages the pipeline
+starts from (the vault is fsynced). The checkpoint itself is not fsynced, like the session's
+other files: a session at a compacting tier writes it on every turn, and it only has to outlive
+the process, which it does without. A finished ``prepare`` marks
 it ``complete``; a handled interruption (an exception, SIGTERM in the CLI) marks it
 ``interrupted``. A process killed outright leaves it ``running`` with a pid that is gone.
 
@@ -53,7 +56,7 @@ def begin(session: Path, *, backup: str, state: dict[str, Any], messages: int, c
     write_atomic(_path(session), json.dumps({
         "status": "running", "pid": os.getpid(), "started": clock, "written": time.time(),
         "backup": backup, "messages": messages, "state_before": state,
-    }, ensure_ascii=False).encode("utf-8"))
+    }, ensure_ascii=False).encode("utf-8"), durable=False)
 
 
 def _set_status(session: Path, status: str, **extra: Any) -> None:
@@ -61,7 +64,7 @@ def _set_status(session: Path, status: str, **extra: Any) -> None:
     if data is None:
         return
     data.update(status=status, **extra)
-    write_atomic(_path(session), json.dumps(data, ensure_ascii=False).encode("utf-8"))
+    write_atomic(_path(session), json.dumps(data, ensure_ascii=False).encode("utf-8"), durable=False)
 
 
 def complete(session: Path) -> None:
