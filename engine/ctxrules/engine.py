@@ -203,8 +203,9 @@ class Session:
         self._notes: SessionNotes | None = None
         cut = checkpoint.check(path)
         if cut is not None:
-            # The session's files are written atomically and state.json only after a run, so
-            # the state on disk is the one from before the cut compaction: continue from it.
+            # state.json is written only after a run, so the state on disk is the one from
+            # before the cut compaction (or, if the process died while writing it, a damaged
+            # file that reads as empty state): continue from it.
             checkpoint.recovered(path)
             self._notices.append(f"the previous compaction in this session was interrupted ({cut.reason}); "
                                  f"continuing from the state before it; its input is in the vault: {cut.backup}")
