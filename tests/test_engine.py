@@ -353,3 +353,29 @@ def test_one_prepare_at_a_time_across_processes(tmp_path: Path) -> None:
         assert proc.poll() is None  # still waiting for the lock
     out, _ = proc.communicate(timeout=30)
     assert float(out) >= 0.9
+
+
+def test_a_forked_child_does_not_share_the_parents_lock(tmp_path: Path) -> None:
+    """The lock file stays open between uses; a fork must not hand the child the parent's lock."""
+    import os
+    import time
+
+    from ctxrules.session_store import SessionLock
+
+    lock = SessionLock(tmp_path / "s")
+    with lock:
+        pass  # the descriptor is open now, and inherited by the child
+    read_end, write_end = os.pipe()
+    with lock:
+        pid = os.fork()
+        if pid == 0:  # the child: must wait for the parent to release
+            os.close(read_end)
+            t = time.monotonic()
+            with lock:
+                os.write(write_end, f"{time.monotonic() - t:.3f}".encode())
+            os._exit(0)
+        os.close(write_end)
+        time.sleep(1.0)
+    waited = float(os.read(read_end, 64).decode())
+    os.waitpid(pid, 0)
+    assert waited >= 0.9

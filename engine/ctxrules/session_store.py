@@ -159,14 +159,16 @@ class _Handle:
         self.path, self.flags = path, flags
         self._fd: int | None = None
         self._close: weakref.finalize[..., Any] | None = None
-        self._ident: tuple[int, int] | None = None
+        self._ident: tuple[int, int, int] | None = None
 
     def fd(self) -> int:
         try:
             st = os.stat(self.path)
-            ident: tuple[int, int] | None = (st.st_dev, st.st_ino)
+            ident: tuple[int, int, int] | None = (st.st_dev, st.st_ino, os.getpid())
         except FileNotFoundError:
             ident = None
+        # The pid is part of the identity: after a fork the child needs its own open file
+        # description, or its flock would be the parent's.
         if self._fd is not None and ident == self._ident:
             return self._fd
         if self._close is not None:
@@ -179,7 +181,7 @@ class _Handle:
             fd = os.open(self.path, self.flags | os.O_CLOEXEC, 0o600)
         self._fd, self._close = fd, weakref.finalize(self, os.close, fd)
         st = os.fstat(fd)
-        self._ident = (st.st_dev, st.st_ino)
+        self._ident = (st.st_dev, st.st_ino, os.getpid())
         return fd
 
 
