@@ -462,7 +462,8 @@ def test_a_warm_stage_decides_like_a_fresh_one(tmp_path: Path, turns: list[Any])
         history = list(history)
         calls = [call(f"t{n}_{k}") for k in range(len(outputs))]
         history.append({"role": "assistant", "content": None, "tool_calls": calls})
-        history.extend({"role": "tool", "tool_call_id": c["id"], "content": o} for c, o in zip(calls, outputs, strict=True))
+        history.extend({"role": "tool", "tool_call_id": c["id"], "content": o}
+                       for c, o in zip(calls, outputs, strict=True))
         protected = [id(history[-1])] if protect and len(history) > 6 else []
         fresh_state = copy.deepcopy(state)
         got = warm(history, make_ctx(tmp_path, utilization=utilization, cache_hot=hot, state=state,
