@@ -496,10 +496,11 @@ class Session:
             structure.forget()
             return 0, [], HistoryChain()
         record = state.get("last") or {}
-        n = record.get("count")
+        count = record.get("count")
         value = record.get("chain")
-        if not isinstance(n, int) or not isinstance(value, str) or not 0 < n <= len(history):
+        if not isinstance(count, int) or not isinstance(value, str) or not 0 < count <= len(history):
             return 0, [], HistoryChain()
+        n = count
         chain = HistoryChain().extended(history[:n])
         if chain.value != value:
             return 0, [], HistoryChain()
