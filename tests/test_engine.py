@@ -201,6 +201,11 @@ def test_a_part_edited_in_place_is_seen_afresh(tmp_path: Path) -> None:
     msgs[1]["content"][0]["text"] = "<ctxrules:summary>\nearlier\n</ctxrules:summary>"
     r = s.prepare(msgs)
     assert r.report["reused_messages"] == 0 and facts_of(msgs[1]).injected
+    # The same with a model switch in between (the switch alone discards the reuse).
+    msgs[1]["content"][0]["text"] = "fix the bug"
+    s.switch(model="gpt-4.1")
+    s.prepare(msgs)
+    assert facts_of(msgs[1]).real_user
 
 
 def test_appended_history_reuses_the_previous_compaction(tmp_path: Path) -> None:

@@ -192,6 +192,7 @@ class Session:
         self._last_history: list[Message] | None = None
         self._last_output: list[Message] | None = None
         self._last_chain = HistoryChain()
+        self._prepared = False
         self._last_msgs_sum = 0
         self._last_out_tokens: int | None = None
         self._last_tools: list[dict[str, Any]] = []
@@ -395,6 +396,11 @@ class Session:
             reused, previous, chain = self._previous(history, state)
         else:
             state["stages"] = {}
+        if not reused and self._prepared:
+            # Not an extension of what this session saw (or a switch): a message may have been
+            # edited in place, which per-object memos of message facts and counts cannot see.
+            structure.forget()
+        self._prepared = True
         # The reused prefix equals a history that was validated already.
         history = validate_messages(history, start=reused)
         pipeline_input = [*previous, *history[reused:]] if reused else history
@@ -491,9 +497,6 @@ class Session:
             n = len(last)
             if n <= len(history) and last == history[:n]:
                 return n, self._last_output, self._last_chain
-            # Not an extension: perhaps a message was edited in place, which per-object memos
-            # of message facts cannot see (a new content object they can).
-            structure.forget()
             return 0, [], HistoryChain()
         record = state.get("last") or {}
         count = record.get("count")
