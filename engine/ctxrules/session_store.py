@@ -64,7 +64,7 @@ class SessionStore:
         # Handles kept open between turns (opening, and above all creating, a file costs more
         # than a warm turn's stages): state.json, and last_output.jsonl for appending.
         self._state_handle = _Handle(self.state_file, os.O_RDWR | os.O_CREAT)
-        self._output_handle = _Handle(self.output_file, os.O_WRONLY | os.O_APPEND)
+        self._output_handle = _Handle(self.output_file, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
 
     @property
     def state_file(self) -> Path:
