@@ -323,3 +323,11 @@ def test_fallback_and_breaker_events_reach_the_callback(tmp_path: Path, monkeypa
     assert "compacting" in kinds and "fallback" in kinds
     assert kinds.index("compacting") < kinds.index("fallback") < kinds.index("prepare.end")
     assert any(a["kind"] == "checkpoint" for s in report["stages"] for a in s["actions"])
+
+
+def test_a_finished_compaction_leaves_no_checkpoint(tmp_path: Path) -> None:
+    src = next(p for p in transcript_paths() if p.name == "sweagent-test-repo-i1.json")
+    session = Engine.load("builtin:default").session(tmp_path / "s", model="gpt-4o", window=12000)
+    r = session.prepare(json.loads(src.read_text()))
+    assert r.report["compacting"] and checkpoint.read(tmp_path / "s") is None
+    assert checkpoint.scan(tmp_path) == []

@@ -425,7 +425,7 @@ class Session:
         if compacting:
             self._emit({"event": "compacting", "stages": compacting, "tier": tier_in, "tokens": known})
             backup = self.vault.put_text(json.dumps(pipeline_input, ensure_ascii=False))
-            checkpoint.begin(self.path, backup=backup, state=copy.deepcopy(state), messages=len(pipeline_input),
+            checkpoint.begin(self.path, backup=backup, state=_clone(state), messages=len(pipeline_input),
                              clock=clock)
         base = StageContext(
             stage_id="", model=self.model, counter=self.counter, budget=budget, vault=self.vault,

@@ -5,18 +5,19 @@ the session writes ``checkpoint.json`` (atomically: a killed process never leave
 holding the state it had before and the vault id of a backup of the messages the pipeline
 starts from (the vault is fsynced). The checkpoint itself is not fsynced, like the session's
 other files: a session at a compacting tier writes it on every turn, and it only has to outlive
-the process, which it does without. A finished ``prepare`` marks
-it ``complete``; a handled interruption (an exception, SIGTERM in the CLI) marks it
-``interrupted``. A process killed outright leaves it ``running`` with a pid that is gone.
+the process, which it does without. A finished ``prepare`` removes it; a handled interruption
+(an exception, SIGTERM in the CLI) marks it ``interrupted``. A process killed outright leaves it
+``running`` with a pid that is gone.
 
 :func:`scan` finds interrupted sessions under a state root; :func:`resume` puts a session back
 into the state it had before the interrupted compaction and returns the backed-up messages.
-The session's own files are written atomically, so an interruption never leaves them torn; the
+``state.json`` is written only after a run, so an interrupted compaction never reaches it; the
 checkpoint is what lets a caller know a compaction was cut short and restore from before it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -68,7 +69,10 @@ def _set_status(session: Path, status: str, **extra: Any) -> None:
 
 
 def complete(session: Path) -> None:
-    _set_status(session, "complete", finished=time.time())
+    """The compaction finished: nothing is left to resume, so the checkpoint goes (cheaper than
+    rewriting it, on every turn of a session that stays at a compacting tier)."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(_path(session))
 
 
 def interrupted(session: Path, reason: str) -> None:

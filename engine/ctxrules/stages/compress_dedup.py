@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Callable, Mapping, Sequence
+from functools import lru_cache
 from typing import Any
 
 from ctxrules.hookspecs import hookimpl
@@ -45,6 +46,12 @@ _SPACES = re.compile(r"[ \t]+")
 
 def normalized_digest(text: str, *, normalize: bool = True) -> str:
     """The digest two outputs share when they are duplicates (exact, or near-identical)."""
+    return _normalized_digest(text, normalize)
+
+
+@lru_cache(maxsize=4096)
+def _normalized_digest(text: str, normalize: bool) -> str:
+    # Remembered per text: a session at a compacting tier asks again on every turn.
     if normalize:
         text = _ANSI.sub("", text.replace("\r\n", "\n"))
         text = _TIMESTAMP.sub("<time>", text)
