@@ -276,6 +276,21 @@ def test_state_written_in_place_survives_a_writer_stopped_before_the_cut(tmp_pat
     assert json.loads(state.read_text())["last"]["count"] == len(more) + 2
 
 
+def test_an_output_file_the_state_does_not_describe_is_not_reused(tmp_path: Path) -> None:
+    """A process that died between writing last_output.jsonl and state.json leaves a file
+    the state does not describe; a new process must not take it for the last output."""
+    e = engine(tmp_path, "  - {id: cut, use: test.content, with: {mode: shorten}}\n")
+    msgs = convo(3)
+    e.session(tmp_path / "s", model="gpt-4o").prepare(msgs)
+    out_file = tmp_path / "s" / "last_output.jsonl"
+    lines = out_file.read_bytes().splitlines(keepends=True)
+    (tmp_path / "s" / "other.jsonl").write_bytes(b"".join(reversed(lines)))  # same size, other order
+    (tmp_path / "s" / "other.jsonl").replace(out_file)
+    more = [*msgs, {"role": "user", "content": "next"}]
+    fresh = engine(tmp_path, "  - {id: cut, use: test.content, with: {mode: shorten}}\n")
+    assert fresh.session(tmp_path / "s", model="gpt-4o").prepare(more).report["reused_messages"] == 0
+
+
 def test_changed_pack_or_model_discards_the_previous_compaction(tmp_path: Path) -> None:
     e = engine(tmp_path, "  - {id: cut, use: test.content, with: {mode: shorten}}\n")
     msgs = convo(3)

@@ -507,7 +507,7 @@ class Session:
         chain = HistoryChain().extended(history[:n])
         if chain.value != value:
             return 0, [], HistoryChain()
-        output = self.store.load_output(int(record.get("output_count", -1)))
+        output = self.store.load_output(int(record.get("output_count", -1)), record.get("output_file"))
         if output is None:
             return 0, [], HistoryChain()
         self._last_history = [_clone(m) for m in history[:n]]

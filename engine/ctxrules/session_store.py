@@ -99,11 +99,18 @@ class SessionStore:
         """Drop the in-memory state (after a run that failed part-way changed it)."""
         self._state = self._state_stat = None
 
-    def load_output(self, count: int) -> list[dict[str, Any]] | None:
-        """The first ``count`` messages of the last output, or None when they are not all there."""
+    def load_output(self, count: int, written: Any = None) -> list[dict[str, Any]] | None:
+        """The first ``count`` messages of the last output, or None when they are not all there
+        or the file is not the one the state was saved with (``written``: the state's
+        ``last.output_file``, inode and size; a process that died between writing the output
+        and writing the state leaves a file the state does not describe)."""
         out: list[dict[str, Any]] = []
         try:
             with self.output_file.open("rb") as fh:
+                if written is not None:
+                    st = os.fstat(fh.fileno())
+                    if written != [st.st_ino, st.st_size]:
+                        return None
                 for line in fh:
                     if len(out) == count:
                         break
@@ -128,7 +135,9 @@ class SessionStore:
         else:
             write_atomic(self.output_file, _jsonl(output), durable=False)
         self._written = list(output)
-        self._written_stat = self._stat()
+        st = os.stat(self.output_file)
+        self._written_stat = (st.st_size, st.st_mtime_ns)
+        state["last"]["output_file"] = [st.st_ino, st.st_size]
         self._write_state(json.dumps(state, ensure_ascii=False, sort_keys=True).encode("utf-8"))
         self._state, self._state_stat = state, _stat(self.state_file)
 
