@@ -23,7 +23,7 @@ from ctxrules.resources import schema_path
 from ctxrules.runtime import checkpoint
 from ctxrules.runtime.guards import RequestRejected
 from ctxrules.runtime.subagents import TooManyDescendants
-from ctxrules.vault import parse_markers
+from ctxrules.vault import Vault, parse_markers
 
 REPORT_SCHEMA = json.loads(schema_path("report.v1.schema.json").read_text())
 
@@ -247,6 +247,118 @@ def test_killed_compaction_is_found_and_resumed(tmp_path: Path, how: str) -> Non
     messages = checkpoint.resume(session_dir)
     assert messages == json.loads(src.read_text())
     assert checkpoint.scan(root) == []
+
+
+SLOW_SECOND_CHILD = r"""
+import json, sys, time, types
+sys.path.insert(0, sys.argv[1])
+from pathlib import Path
+from ctxrules import Engine
+from ctxrules.hookspecs import hookimpl
+from ctxrules.stages.base import StageOutcome, StageType
+
+history = json.loads(Path(sys.argv[4]).read_text())
+first = history[:-4]
+
+class SlowOnTheSecond:
+    calls = 0
+    def __init__(self, options): pass
+    def __call__(self, messages, ctx):
+        SlowOnTheSecond.calls += 1
+        if SlowOnTheSecond.calls > 1:
+            print("compacting", flush=True)
+            time.sleep(60)
+        return StageOutcome(list(messages))
+
+@hookimpl
+def ctxrules_register_stages(register):
+    register(StageType("test.slow", "content", SlowOnTheSecond, hysteresis=True))
+
+engine = Engine.load(sys.argv[2], plugins=[
+    ("slow", types.SimpleNamespace(ctxrules_register_stages=ctxrules_register_stages))])
+session = engine.session(Path(sys.argv[3]), model="gpt-4o", window=12000)
+out = session.prepare(first)
+assert out.report["compacting"], out.report["before"]
+Path(sys.argv[5]).write_text(json.dumps(out.messages))
+session.prepare(history)
+"""
+
+
+def test_a_compaction_killed_on_a_warm_turn_is_resumed_from_the_last_output(tmp_path: Path) -> None:
+    """On a warm turn the backup holds only the appended messages; the rest are the first lines
+    of last_output.jsonl, which the session does not write while the checkpoint exists."""
+    pack = write_pack(tmp_path, "pipeline:\n  - {id: slow, use: test.slow, when: {at_least: light}}\n")
+    src = next(p for p in transcript_paths() if p.name == "sweagent-test-repo-i1.json")
+    script = tmp_path / "child.py"
+    script.write_text(SLOW_SECOND_CHILD)
+    session_dir = tmp_path / "state" / "run-1"
+    first_out = tmp_path / "first.json"
+    with subprocess.Popen([sys.executable, str(script), str(REPO / "engine"), str(pack), str(session_dir),
+                           str(src), str(first_out)], stdout=subprocess.PIPE, text=True) as proc:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == "compacting"
+        data = checkpoint.read(session_dir)
+        assert data is not None and data["status"] == "running" and data["prefix"] > 0
+        proc.kill()
+        proc.wait(timeout=30)
+    history = json.loads(src.read_text())
+    first = json.loads(first_out.read_text())
+    expected = [*first, *history[len(history) - 4:]]
+    tail = json.loads(Vault.for_session(session_dir).get_text(data["backup"]))
+    assert tail == history[len(history) - 4:] and data["prefix"] == len(first)
+    [hit] = checkpoint.scan(tmp_path / "state")
+    assert hit.prefix == len(first)
+    assert checkpoint.resume(session_dir) == expected
+    # Reopening instead: the backup is made whole before the session writes last_output.jsonl.
+    (session_dir / "checkpoint.json").write_text(json.dumps({**data, "status": "interrupted", "reason": "test"}))
+    session = Engine.load("builtin:default").session(session_dir, model="gpt-4o", window=400_000)
+    whole = checkpoint.read(session_dir)
+    assert whole is not None and whole["status"] == "recovered" and not whole.get("prefix")
+    assert json.loads(session.vault.get_text(whole["backup"])) == expected
+    before = (session_dir / "last_output.jsonl").read_bytes()
+    assert not session.prepare(history[:3]).report["compacting"]  # rewrites last_output.jsonl
+    assert (session_dir / "last_output.jsonl").read_bytes() != before
+    assert checkpoint.resume(session_dir) == expected
+
+
+def test_a_compaction_that_raises_on_a_warm_turn_keeps_a_whole_backup(tmp_path: Path) -> None:
+    """The session lives on after a handled interruption and may write last_output.jsonl again,
+    so the checkpoint gets a backup of the whole input, not one that needs that file."""
+    import types
+
+    from ctxrules.hookspecs import hookimpl
+    from ctxrules.stages.base import StageOutcome, StageType
+
+    class FailsOnTheSecond:
+        calls = 0
+
+        def __init__(self, options: Any) -> None:
+            pass
+
+        def __call__(self, messages: Any, ctx: Any) -> StageOutcome:
+            FailsOnTheSecond.calls += 1
+            if FailsOnTheSecond.calls == 2:
+                raise RuntimeError("boom")
+            return StageOutcome(list(messages))
+
+    @hookimpl
+    def ctxrules_register_stages(register: Any) -> None:
+        register(StageType("test.fails", "content", FailsOnTheSecond, hysteresis=True))
+
+    pack = write_pack(tmp_path, "pipeline:\n  - {id: f, use: test.fails, when: {at_least: light}, on_error: fail}\n")
+    engine = Engine.load(str(pack), plugins=[
+        ("fails", types.SimpleNamespace(ctxrules_register_stages=ctxrules_register_stages))])
+    src = next(p for p in transcript_paths() if p.name == "sweagent-test-repo-i1.json")
+    full = json.loads(src.read_text())
+    session = engine.session(tmp_path / "s", model="gpt-4o", window=12000)
+    first = session.prepare(full[:-4]).messages
+    with pytest.raises(Exception, match="boom"):
+        session.prepare(full)
+    data = checkpoint.read(tmp_path / "s")
+    assert data is not None and data["status"] == "interrupted" and not data.get("prefix")
+    expected = [*first, *full[len(full) - 4:]]
+    assert json.loads(session.vault.get_text(data["backup"])) == expected
+    assert checkpoint.resume(tmp_path / "s") == expected
 
 
 def test_cli_sigterm_marks_the_compaction_interrupted(tmp_path: Path) -> None:

@@ -204,12 +204,13 @@ class Session:
         self._notes: SessionNotes | None = None
         cut = checkpoint.check(path)
         if cut is not None:
+            backup = checkpoint.recovered(path)
             # state.json is written only after a run, so the state on disk is the one from
             # before the cut compaction (or, if the process died while writing it, a damaged
             # file that reads as empty state): continue from it.
-            checkpoint.recovered(path)
+            where = f"its input is in the vault: {backup}" if backup else "its input could not be kept"
             self._notices.append(f"the previous compaction in this session was interrupted ({cut.reason}); "
-                                 f"continuing from the state before it; its input is in the vault: {cut.backup}")
+                                 f"continuing from the state before it; {where}")
 
     def _configure(self, model: str, window: int | None) -> None:
         """Model facts, token counter and budget for ``model`` under the current pack; thresholds
@@ -422,11 +423,17 @@ class Session:
         tier_in = budget.tier(known)
         compacting = [p.id for p in self.engine.plan
                       if p.phase == "content" and p.type.hysteresis and when_allows(p.when, tier_in)]
+        prefix = 0
         if compacting:
             self._emit({"event": "compacting", "stages": compacting, "tier": tier_in, "tokens": known})
-            backup = self.vault.put_text(json.dumps(pipeline_input, ensure_ascii=False))
-            checkpoint.begin(self.path, backup=backup, state=_clone(state), messages=len(pipeline_input),
-                             clock=clock)
+            # The backup of what the compaction starts from: the appended messages only, when the
+            # rest is the last output and last_output.jsonl holds it (it is not written again
+            # before the checkpoint is gone); a session that stays at a compacting tier would
+            # otherwise store its whole context in the vault on every turn.
+            prefix = len(previous) if reused and self.store.holds(previous) else 0
+            backup = self.vault.put_text(json.dumps(pipeline_input[prefix:], ensure_ascii=False))
+            checkpoint.begin(self.path, backup=backup, prefix=prefix, state=_clone(state),
+                             messages=len(pipeline_input), clock=clock)
         base = StageContext(
             stage_id="", model=self.model, counter=self.counter, budget=budget, vault=self.vault,
             tools=tools, pack=self.engine.pack.data, log=get_logger("ctxrules.pipeline", session=self.id),
@@ -438,7 +445,9 @@ class Session:
                                    known_tokens=known, on_event=self._emit if self.on_event else None)
         except BaseException as exc:
             if compacting:
-                checkpoint.interrupted(self.path, f"{type(exc).__name__}: {exc}")
+                # This session may save again before anyone resumes: back up the whole input.
+                full = self.vault.put_text(json.dumps(pipeline_input, ensure_ascii=False)) if prefix else None
+                checkpoint.interrupted(self.path, f"{type(exc).__name__}: {exc}", backup=full)
             raise
         self._last_msgs_sum, self._last_out_tokens, self._last_tools = msgs_sum, outcome.tokens, tools
         vault_new = sorted({a["vault_id"] for r in outcome.records for a in r.actions if a.get("vault_id")})
@@ -449,9 +458,11 @@ class Session:
         state["fingerprint"] = fingerprint
         state["last_clock"] = clock
         state["last"] = {"count": chain.count, "chain": chain.value}
-        self.store.save(state, outcome.messages)
         if compacting:
+            # Before the save: a checkpoint whose backup names lines of last_output.jsonl must
+            # be gone before that file is written. Dying in the save costs one turn's reuse.
             checkpoint.complete(self.path)
+        self.store.save(state, outcome.messages)
         report = build_report(self, history_tokens=tokens_in, history_len=len(history), reused=reused,
                               outcome=outcome, vault_new=vault_new,
                               ms=(time.perf_counter() - started) * 1000, budget=budget)

@@ -122,6 +122,13 @@ class SessionStore:
             return None
         return out if len(out) == count else None
 
+    def holds(self, output: list[dict[str, Any]]) -> bool:
+        """Whether ``last_output.jsonl`` is the file this object last wrote and holds exactly
+        ``output`` (the same message objects), so its first lines can stand for them."""
+        prev = self._written
+        return (prev is not None and len(prev) == len(output) and self._stat() == self._written_stat
+                and all(map(operator.is_, prev, output)))
+
     def save(self, state: dict[str, Any], output: list[dict[str, Any]]) -> None:
         state["version"] = STATE_VERSION
         state.pop("recovered", None)

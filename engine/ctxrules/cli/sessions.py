@@ -30,7 +30,8 @@ def run_scan(args: argparse.Namespace) -> int:
     root = Path(args.state) if args.state else state_root_from_env()
     found = scan(root)
     for hit in found:
-        sys.stdout.write(f"{hit.session}\t{hit.reason}\tbackup={hit.backup}\n")
+        after = f" (after the first {hit.prefix} messages of last_output.jsonl)" if hit.prefix else ""
+        sys.stdout.write(f"{hit.session}\t{hit.reason}\tbackup={hit.backup}{after}\n")
     sys.stdout.write(f"{len(found)} interrupted session(s) under {root}\n")
     return 0
 

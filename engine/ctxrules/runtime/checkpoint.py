@@ -3,7 +3,9 @@
 Before a ``prepare`` that will compact (a ``compress.*``/``summarize.*`` stage's ``when:`` is met),
 the session writes ``checkpoint.json`` (atomically: a killed process never leaves it torn)
 holding the state it had before and the vault id of a backup of the messages the pipeline
-starts from (the vault is fsynced). The checkpoint itself is not fsynced, like the session's
+starts from (the vault is fsynced). On a warm turn the backup holds only the appended messages:
+the rest are the first ``prefix`` lines of ``last_output.jsonl``, which the session does not
+write while the checkpoint exists; :func:`interrupted` and :func:`recovered` make it whole. The checkpoint itself is not fsynced, like the session's
 other files: a session at a compacting tier writes it on every turn, and it only has to outlive
 the process, which it does without. A finished ``prepare`` removes it; a handled interruption
 (an exception, SIGTERM in the CLI) marks it ``interrupted``. A process killed outright leaves it
@@ -39,6 +41,9 @@ class Interrupted:
     started: float | None
     backup: str | None
     reason: str
+    prefix: int = 0
+    """When not 0: the backup holds the messages after the first ``prefix`` lines of
+    ``last_output.jsonl`` (the last output, which the compaction started from)."""
 
 
 def _path(session: Path) -> Path:
@@ -53,10 +58,14 @@ def read(session: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
-def begin(session: Path, *, backup: str, state: dict[str, Any], messages: int, clock: float) -> None:
+def begin(session: Path, *, backup: str, state: dict[str, Any], messages: int, clock: float,
+          prefix: int = 0) -> None:
+    """``backup``: the vault id of the messages the compaction starts from, after the first
+    ``prefix`` lines of ``last_output.jsonl`` (which the session does not write again before
+    :func:`complete`)."""
     write_atomic(_path(session), json.dumps({
         "status": "running", "pid": os.getpid(), "started": clock, "written": time.time(),
-        "backup": backup, "messages": messages, "state_before": state,
+        "backup": backup, "prefix": prefix, "messages": messages, "state_before": state,
     }, ensure_ascii=False).encode("utf-8"), durable=False)
 
 
@@ -75,13 +84,61 @@ def complete(session: Path) -> None:
         os.unlink(_path(session))
 
 
-def interrupted(session: Path, reason: str) -> None:
-    _set_status(session, "interrupted", reason=reason, finished=time.time())
+def interrupted(session: Path, reason: str, *, backup: str | None = None) -> None:
+    """A handled interruption; ``backup`` (the whole input) replaces a backup that needs
+    ``last_output.jsonl``, which the still running session may write again."""
+    extra: dict[str, Any] = {"backup": backup, "prefix": 0} if backup else {}
+    _set_status(session, "interrupted", reason=reason, finished=time.time(), **extra)
 
 
-def recovered(session: Path) -> None:
-    """The session was reopened after an interrupted compaction and goes on from before it."""
+def recovered(session: Path) -> str | None:
+    """The session was reopened after an interrupted compaction and goes on from before it.
+    A backup that needs ``last_output.jsonl`` is made whole first (the reopened session will
+    write that file). Returns the vault id of the backup of the whole input (None: lost)."""
+    from ctxrules.vault import Vault
+
+    data = read(session) or {}
+    if _prefix(data):
+        try:
+            messages = _backed_up(session, data)
+            full: str | None = Vault.for_session(session).put_text(json.dumps(messages, ensure_ascii=False))
+        except (CtxrulesError, OSError, ValueError) as exc:
+            _set_status(session, "recovered", recovered=time.time(), backup_lost=str(exc))
+            return None
+        _set_status(session, "recovered", recovered=time.time(), backup=full, prefix=0)
+        return full
     _set_status(session, "recovered", recovered=time.time())
+    backup = data.get("backup")
+    return str(backup) if backup else None
+
+
+def _prefix(data: dict[str, Any]) -> int:
+    prefix = data.get("prefix")
+    return prefix if isinstance(prefix, int) and prefix > 0 else 0
+
+
+def _backed_up(session: Path, data: dict[str, Any]) -> list[Any]:
+    """The messages the interrupted compaction started from: the first ``prefix`` lines of
+    ``last_output.jsonl`` (checked against the state saved with them) and the backup."""
+    from ctxrules.session_store import SessionStore
+    from ctxrules.vault import Vault
+
+    backup = data.get("backup")
+    if not backup:
+        raise CtxrulesError(f"{session}: the checkpoint has no backup of the messages")
+    tail = json.loads(Vault.for_session(session).get_text(str(backup)))
+    if not isinstance(tail, list):
+        raise CtxrulesError(f"{session}: the checkpoint backup is not a message list")
+    prefix = _prefix(data)
+    if not prefix:
+        return tail
+    store = SessionStore(session)
+    record = store.load().get("last") or {}
+    head = store.load_output(prefix, record.get("output_file"))
+    if head is None:
+        raise CtxrulesError(f"{session}: the checkpoint's backup starts after the first {prefix} messages of "
+                            "last_output.jsonl, and that file no longer holds them")
+    return [*head, *tail]
 
 
 def _alive(pid: int) -> bool:
@@ -107,7 +164,7 @@ def check(session: Path) -> Interrupted | None:
     else:
         return None
     return Interrupted(session, str(status), pid if isinstance(pid, int) else None,
-                       data.get("started"), data.get("backup"), reason)
+                       data.get("started"), data.get("backup"), reason, _prefix(data))
 
 
 def scan(state_root: Path) -> list[Interrupted]:
@@ -125,7 +182,6 @@ def scan(state_root: Path) -> list[Interrupted]:
 def resume(session: Path) -> list[dict[str, Any]]:
     """Restore the state from before the interrupted compaction; return the backed-up messages."""
     from ctxrules.session_store import SessionLock, SessionStore
-    from ctxrules.vault import Vault
 
     with SessionLock(session):
         hit = check(session)
@@ -137,14 +193,10 @@ def resume(session: Path) -> list[dict[str, Any]]:
                               "recovered")
         if hit is None:
             raise CtxrulesError(f"{session}: no interrupted compaction to resume")
-        if not hit.backup:
-            raise CtxrulesError(f"{session}: the checkpoint has no backup of the messages")
-        messages = json.loads(Vault.for_session(session).get_text(hit.backup))
+        messages = _backed_up(session, data)  # before state.json is put back
         state = data.get("state_before")
         store = SessionStore(session)
         if isinstance(state, dict):
             write_atomic(store.state_file, json.dumps(state, ensure_ascii=False, sort_keys=True).encode("utf-8"))
         _set_status(session, "resumed", resumed=time.time())
-    if not isinstance(messages, list):
-        raise CtxrulesError(f"{session}: the checkpoint backup is not a message list")
     return messages
