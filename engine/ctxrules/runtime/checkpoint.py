@@ -126,7 +126,10 @@ def _backed_up(session: Path, data: dict[str, Any]) -> list[Any]:
     backup = data.get("backup")
     if not backup:
         raise CtxrulesError(f"{session}: the checkpoint has no backup of the messages")
-    tail = json.loads(Vault.for_session(session).get_text(str(backup)))
+    try:
+        tail = json.loads(Vault.for_session(session).get_text(str(backup)))
+    except ValueError as exc:
+        raise CtxrulesError(f"{session}: the checkpoint backup is not JSON: {exc}") from exc
     if not isinstance(tail, list):
         raise CtxrulesError(f"{session}: the checkpoint backup is not a message list")
     prefix = _prefix(data)
