@@ -5,9 +5,10 @@ the session writes ``checkpoint.json`` (atomically: a killed process never leave
 holding the state it had before and the vault id of a backup of the messages the pipeline
 starts from (the vault is fsynced). On a warm turn the backup holds only the appended messages:
 the rest are the first ``prefix`` lines of ``last_output.jsonl``, which the session does not
-write while the checkpoint exists; :func:`interrupted` and :func:`recovered` make it whole. The checkpoint itself is not fsynced, like the session's
-other files: a session at a compacting tier writes it on every turn, and it only has to outlive
-the process, which it does without. A finished ``prepare`` removes it; a handled interruption
+write while the checkpoint exists; :func:`interrupted` and :func:`recovered` make it whole.
+The checkpoint itself is not fsynced, like the session's other files: a session at a compacting
+tier writes it on every turn, and it only has to outlive the process, which it does without.
+A finished ``prepare`` removes it (before it saves); a handled interruption
 (an exception, SIGTERM in the CLI) marks it ``interrupted``. A process killed outright leaves it
 ``running`` with a pid that is gone.
 
