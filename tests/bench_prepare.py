@@ -28,15 +28,6 @@ TRANSCRIPT = HERE.parents[1] / "shared" / "corpus" / "transcripts" / "claudecode
 REPS = 21
 
 
-def median_ms(fn, reps: int = REPS) -> float:  # type: ignore[no-untyped-def]
-    times = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - t) * 1000)
-    return statistics.median(times)
-
-
 def turn(i: int) -> list[dict[str, object]]:
     return [{"role": "assistant", "content": f"Next I will check item {i}.", "tool_calls": [
         {"id": f"bench_{i}", "type": "function",
