@@ -204,11 +204,17 @@ from ctxrules import Engine
 from ctxrules.hookspecs import hookimpl
 from ctxrules.stages.base import StageOutcome, StageType
 
+history = json.loads(Path(sys.argv[4]).read_text())
+warm = len(sys.argv) > 5  # first a compacting turn on all but the last 4 messages, saved to argv[5]
+
 class Slow:
+    calls = 0
     def __init__(self, options): pass
     def __call__(self, messages, ctx):
-        print("compacting", flush=True)
-        time.sleep(60)
+        Slow.calls += 1
+        if Slow.calls > (1 if warm else 0):
+            print("compacting", flush=True)
+            time.sleep(60)
         return StageOutcome(list(messages))
 
 @hookimpl
@@ -218,7 +224,11 @@ def ctxrules_register_stages(register):
 engine = Engine.load(sys.argv[2], plugins=[
     ("slow", types.SimpleNamespace(ctxrules_register_stages=ctxrules_register_stages))])
 session = engine.session(Path(sys.argv[3]), model="gpt-4o", window=12000)
-session.prepare(json.loads(Path(sys.argv[4]).read_text()))
+if warm:
+    out = session.prepare(history[:-4])
+    assert out.report["compacting"], out.report["before"]
+    Path(sys.argv[5]).write_text(json.dumps(out.messages))
+session.prepare(history)
 """
 
 
@@ -249,48 +259,13 @@ def test_killed_compaction_is_found_and_resumed(tmp_path: Path, how: str) -> Non
     assert checkpoint.scan(root) == []
 
 
-SLOW_SECOND_CHILD = r"""
-import json, sys, time, types
-sys.path.insert(0, sys.argv[1])
-from pathlib import Path
-from ctxrules import Engine
-from ctxrules.hookspecs import hookimpl
-from ctxrules.stages.base import StageOutcome, StageType
-
-history = json.loads(Path(sys.argv[4]).read_text())
-first = history[:-4]
-
-class SlowOnTheSecond:
-    calls = 0
-    def __init__(self, options): pass
-    def __call__(self, messages, ctx):
-        SlowOnTheSecond.calls += 1
-        if SlowOnTheSecond.calls > 1:
-            print("compacting", flush=True)
-            time.sleep(60)
-        return StageOutcome(list(messages))
-
-@hookimpl
-def ctxrules_register_stages(register):
-    register(StageType("test.slow", "content", SlowOnTheSecond, hysteresis=True))
-
-engine = Engine.load(sys.argv[2], plugins=[
-    ("slow", types.SimpleNamespace(ctxrules_register_stages=ctxrules_register_stages))])
-session = engine.session(Path(sys.argv[3]), model="gpt-4o", window=12000)
-out = session.prepare(first)
-assert out.report["compacting"], out.report["before"]
-Path(sys.argv[5]).write_text(json.dumps(out.messages))
-session.prepare(history)
-"""
-
-
 def test_a_compaction_killed_on_a_warm_turn_is_resumed_from_the_last_output(tmp_path: Path) -> None:
     """On a warm turn the backup holds only the appended messages; the rest are the first lines
     of last_output.jsonl, which the session does not write while the checkpoint exists."""
     pack = write_pack(tmp_path, "pipeline:\n  - {id: slow, use: test.slow, when: {at_least: light}}\n")
     src = next(p for p in transcript_paths() if p.name == "sweagent-test-repo-i1.json")
     script = tmp_path / "child.py"
-    script.write_text(SLOW_SECOND_CHILD)
+    script.write_text(SLOW_CHILD)
     session_dir = tmp_path / "state" / "run-1"
     first_out = tmp_path / "first.json"
     with subprocess.Popen([sys.executable, str(script), str(REPO / "engine"), str(pack), str(session_dir),
