@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import itertools
 import operator
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -45,6 +45,7 @@ __all__ = [
     "generation",
     "pair_tool_calls",
     "pinned_indices",
+    "replaced",
     "shape",
     "steps",
 ]
@@ -433,6 +434,12 @@ def shape(messages: Sequence[Mapping[str, Any]]) -> Shape:
     return made
 
 
+def replaced(old: Sequence[Any], new: Sequence[Any]) -> Iterator[int]:
+    """Positions (below both lengths) where ``new`` holds another object than ``old``; the
+    identity test runs in C, so comparing two lists of hundreds of messages costs microseconds."""
+    return itertools.compress(range(min(len(old), len(new))), map(operator.is_not, old, new))
+
+
 def _derive(messages: Sequence[Mapping[str, Any]]) -> Shape | None:
     n = len(messages)
     for seen in _RECENT[:_DERIVE_FROM]:
@@ -448,7 +455,7 @@ def _derive(messages: Sequence[Mapping[str, Any]]) -> Shape | None:
                     i for i in range(m, n) if facts[i].role in _RESULT_ROLES)
             return made
         if n == m:
-            changed = list(itertools.compress(range(n), map(operator.is_not, old, messages)))
+            changed = list(replaced(old, messages))
             if len(changed) > max(16, n // 8):
                 continue
             facts = list(seen.shape.facts)

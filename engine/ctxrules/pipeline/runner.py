@@ -9,7 +9,6 @@ messages as they were before it (``on_error: fail``); the conversation is never 
 
 from __future__ import annotations
 
-import itertools
 import operator
 import time
 from collections.abc import Callable, Sequence
@@ -20,6 +19,7 @@ from ctxrules.errors import CtxrulesError
 from ctxrules.pipeline.budget import tier_rank
 from ctxrules.pipeline.context import StageContext
 from ctxrules.stages.base import Message, Stage, StageOutcome, StageType
+from ctxrules.structure import replaced
 
 
 class StageFailed(CtxrulesError):
@@ -216,6 +216,6 @@ def _finalize_guard(p: PlannedStage, before: list[Message], after: list[Message]
 
     if len(before) != len(after) or any(
             message_text(before[i]) != message_text(after[i])
-            for i in itertools.compress(range(len(after)), map(operator.is_not, before, after))):
+            for i in replaced(before, after)):
         raise TypeError(f"finalize stage '{p.id}' changed message text; finalize stages may only add markers")
     return after

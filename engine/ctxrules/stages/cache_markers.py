@@ -36,7 +36,6 @@ string into a one-part list gets its string back, so history bytes stay the call
 from __future__ import annotations
 
 import hashlib
-import itertools
 import json
 import operator
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -483,7 +482,7 @@ class CacheMarkers:
         last = self._last_history
         if last is not None and len(last[0]) <= len(messages):
             old, shorts = last[0], list(last[1])
-            for i in itertools.compress(range(len(old)), map(operator.is_not, old, messages)):
+            for i in structure.replaced(old, messages):
                 shorts[i] = self._short(messages[i])
             shorts.extend(self._short(m) for m in messages[len(old):])
         else:
@@ -569,7 +568,7 @@ class CacheMarkers:
         state["last_clock"] = ctx.clock
         # Keep the caller's objects where nothing changed (the runner and session rely on identity).
         final = list(out)
-        for i in itertools.compress(range(len(out)), map(operator.is_not, out, messages)):
+        for i in structure.replaced(out, messages):
             if out[i] == messages[i]:
                 final[i] = messages[i]
         return StageOutcome(

@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import itertools
 import math
-import operator
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -631,8 +630,7 @@ class _Run:
 
 def _changed(old: Sequence[Any], new: Sequence[Any]) -> Iterable[int]:
     """Positions of ``new`` that do not hold the object ``old`` held there."""
-    n = min(len(old), len(new))
-    return itertools.chain(itertools.compress(range(n), map(operator.is_not, old, new)), range(n, len(new)))
+    return itertools.chain(structure.replaced(old, new), range(min(len(old), len(new)), len(new)))
 
 
 def _units(msg: Mapping[str, Any]) -> list[_Unit]:
