@@ -45,10 +45,10 @@ def main() -> int:
     from conftest import transcript_paths
     from filtering_kit import make_ctx
 
-    from ctxrules.stages.media import MediaWindow
-    from ctxrules.stages.thinking import ThinkingClean
-    from ctxrules.stages.tool_output import ToolOutputFilter
-    from ctxrules.stages.ttl import TtlPrune
+    from ctxrules.stages.media_window import MediaWindow
+    from ctxrules.stages.thinking_clean import ThinkingClean
+    from ctxrules.stages.tool_output_filter import ToolOutputFilter
+    from ctxrules.stages.ttl_prune import TtlPrune
 
     stages = {"thinking.clean": ThinkingClean({}), "media.window": MediaWindow({}),
               "tool_output.filter": ToolOutputFilter({}), "ttl.prune": TtlPrune({})}
@@ -101,8 +101,8 @@ def _synthetic(tmp: Path) -> bool:
     from conftest import transcript_paths
     from filtering_kit import data_url, make_ctx, png_bytes
 
-    from ctxrules.stages.media import MediaWindow
-    from ctxrules.stages.thinking import ThinkingClean
+    from ctxrules.stages.media_window import MediaWindow
+    from ctxrules.stages.thinking_clean import ThinkingClean
 
     path = max(transcript_paths(), key=lambda p: len(json.loads(p.read_text())))
     history = json.loads(path.read_text())

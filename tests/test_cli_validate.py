@@ -375,7 +375,7 @@ def test_plugins_all_json(cli) -> None:  # type: ignore[no-untyped-def]
     assert plugins and all(set(p) == {"name", "version", "builtin", "stages", "actions", "filters"}
                            for p in plugins)
     builtin = {p["name"]: p for p in plugins if p["builtin"]}
-    assert builtin["ctxrules.stages.tool_pairs"]["stages"] == ["normalize.tool_pairs"]
+    assert builtin["ctxrules.stages.normalize_tool_pairs"]["stages"] == ["normalize.tool_pairs"]
     stages = [s for p in plugins for s in p["stages"]]
     assert len(stages) == len(set(stages))
     # without --all: only third-party plugins (none are installed here)

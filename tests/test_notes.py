@@ -16,7 +16,7 @@ from ctxrules import Engine
 from ctxrules.messages import injected_kind, is_injected, is_real_user
 from ctxrules.notes import NOTES_FILE, NotesError, SessionNotes, load_notes
 from ctxrules.stages.base import options_schema_for
-from ctxrules.stages.notes import STAGE_TYPE, NotesRender
+from ctxrules.stages.notes_render import STAGE_TYPE, NotesRender
 from ctxrules.vault import parse_markers
 
 Msg = dict[str, Any]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import types
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -92,7 +93,7 @@ def test_decorated_unknown_hook_is_rejected_by_pluggy_too() -> None:
 
 
 def test_essential_plugins_cannot_be_blocked(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("CTXRULES_BLOCK_PLUGINS", "ctxrules.stages.tool_pairs")
+    monkeypatch.setenv("CTXRULES_BLOCK_PLUGINS", "ctxrules.stages.normalize_tool_pairs")
     pm, infos = build_plugin_manager(entry_points=False)
     reg = collect(pm, infos)
     assert "normalize.tool_pairs" in reg.stages
@@ -144,3 +145,13 @@ def test_schema_verb_fills_in_stage_options(cli: Any) -> None:
     assert "normalize.tool_pairs" in stage["properties"]["use"]["enum"]
     pairs = next(c for c in stage["allOf"] if c["if"]["properties"]["use"]["const"] == "normalize.tool_pairs")
     assert "unanswered" in pairs["then"]["properties"]["with"]["properties"]
+
+
+def test_builtin_stage_types_live_in_modules_named_after_them() -> None:
+    # `group.name` is found in `ctxrules/stages/group_name.py`: a pack key leads to its code.
+    import inspect
+
+    for name, st in default_registry().stages.items():
+        module = inspect.getmodule(st.factory) if callable(st.factory) else None
+        path = Path(inspect.getfile(module)) if module else None
+        assert path is not None and path.name == name.replace(".", "_") + ".py", (name, path)

@@ -18,7 +18,7 @@ from ctxrules.messages import injected_kind, is_injected, is_real_user
 from ctxrules.pipeline.context import StageContext
 from ctxrules.stages.base import options_schema_for
 from ctxrules.stages.compress_remove import Remove
-from ctxrules.stages.reread import STAGE_TYPE, Reread
+from ctxrules.stages.reread_recent_files import STAGE_TYPE, Reread
 from ctxrules.tracker import TRACKER_FILE, FileTracker, TrackerError, edited_paths, load_tracked
 from ctxrules.vault import parse_markers
 

@@ -14,7 +14,7 @@ from conftest import TRANSCRIPTS
 from ctxrules import Engine
 from ctxrules.messages import mark_injected
 from ctxrules.stages.base import options_schema_for
-from ctxrules.stages.intent import STAGE_TYPE, IntentStage, build_intent, extract_terms
+from ctxrules.stages.compress_intent import STAGE_TYPE, IntentStage, build_intent, extract_terms
 from ctxrules.structure import pair_tool_calls, pinned_indices
 
 Msg = dict[str, Any]

@@ -13,7 +13,7 @@ from filtering_kit import Msg, data_url, make_ctx, png_bytes, step, text_of
 from invariants import pairing_problems
 
 from ctxrules import Engine
-from ctxrules.stages.media import STAGE_TYPE, MediaWindow
+from ctxrules.stages.media_window import STAGE_TYPE, MediaWindow
 from ctxrules.tokens import image_size
 from ctxrules.vault import parse_marker, parse_markers
 

@@ -14,7 +14,7 @@ from filtering_kit import Msg, make_ctx, text_of
 from invariants import pairing_problems
 
 from ctxrules import Engine
-from ctxrules.stages.thinking import STAGE_TYPE, ThinkingClean, resolve_provider
+from ctxrules.stages.thinking_clean import STAGE_TYPE, ThinkingClean, resolve_provider
 from ctxrules.vault import parse_markers
 
 CLAUDE = "claude-sonnet-4-5"

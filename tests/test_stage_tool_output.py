@@ -28,7 +28,7 @@ from invariants import pairing_problems
 from ctxrules import Engine
 from ctxrules.compressors.api import CompressResult
 from ctxrules.hookspecs import hookimpl
-from ctxrules.stages.tool_output import STAGE_TYPE, ToolOutputFilter, keep_ratio
+from ctxrules.stages.tool_output_filter import STAGE_TYPE, ToolOutputFilter, keep_ratio
 from ctxrules.structure import pinned_indices
 from ctxrules.vault import parse_markers
 

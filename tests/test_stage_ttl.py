@@ -14,7 +14,7 @@ from filtering_kit import Msg, make_ctx, step, user
 from invariants import pairing_problems
 
 from ctxrules import Engine
-from ctxrules.stages.ttl import STAGE_TYPE, TtlPrune, message_time
+from ctxrules.stages.ttl_prune import STAGE_TYPE, TtlPrune, message_time
 from ctxrules.structure import pinned_indices
 from ctxrules.vault import parse_marker
 

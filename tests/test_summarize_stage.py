@@ -26,7 +26,7 @@ from ctxrules.logs import get_logger
 from ctxrules.messages import injected_kind, is_injected, is_real_user, message_text
 from ctxrules.pipeline.context import StageContext
 from ctxrules.redaction import default_redactor
-from ctxrules.stages.summary import StructuredSummary
+from ctxrules.stages.summarize_structured import StructuredSummary
 from ctxrules.summarize import CompactionLock, protected_head_end
 from ctxrules.vault import parse_markers
 

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from ctxrules.messages import is_injected, mark_injected
 from ctxrules.pipeline.context import StageContext
 from ctxrules.stages.base import Action
-from ctxrules.stages.tool_pairs import STAGE_TYPE, ToolPairRepair, repair_tool_pairs
+from ctxrules.stages.normalize_tool_pairs import STAGE_TYPE, ToolPairRepair, repair_tool_pairs
 from ctxrules.structure import pair_tool_calls, pinned_indices
 from ctxrules.vault import Vault
 
@@ -444,7 +444,7 @@ def test_synthesize_never_removes_a_call(messages: list[Msg]) -> None:
 def test_fast_validity_check_agrees_with_the_full_repair(messages: list[Msg], policy: Any) -> None:
     """`already_valid` lets the stage skip the repair: it may only say True when the full
     repair would return the very same messages."""
-    from ctxrules.stages.tool_pairs import already_valid
+    from ctxrules.stages.normalize_tool_pairs import already_valid
 
     out, _ = repair_tool_pairs(messages, unanswered=policy)
     if already_valid(messages):
@@ -457,7 +457,7 @@ def test_fast_validity_check_agrees_with_the_full_repair(messages: list[Msg], po
 def test_validity_from_a_known_valid_prefix_agrees_with_a_full_check(head: list[Msg], tail: list[Msg]) -> None:
     """`already_valid(messages, start)` trusts messages[:start] and must then agree with the
     full check whenever that prefix really is valid (the session's previous output)."""
-    from ctxrules.stages.tool_pairs import already_valid
+    from ctxrules.stages.normalize_tool_pairs import already_valid
 
     prefix, _ = repair_tool_pairs(head)
     if not already_valid(prefix):

@@ -23,26 +23,26 @@ from ctxrules.stages.base import PHASES, StageType
 
 # Registered in this order; documented in README "Plugins".
 BUILTIN_PLUGINS: tuple[str, ...] = (
-    "ctxrules.stages.tool_pairs",
-    "ctxrules.stages.thinking",
-    "ctxrules.stages.media",
-    "ctxrules.stages.tool_output",
-    "ctxrules.stages.ttl",
+    "ctxrules.stages.normalize_tool_pairs",
+    "ctxrules.stages.thinking_clean",
+    "ctxrules.stages.media_window",
+    "ctxrules.stages.tool_output_filter",
+    "ctxrules.stages.ttl_prune",
     "ctxrules.compressors.actions.text",
     "ctxrules.compressors.actions.select",
     "ctxrules.compressors.actions.structure",
-    "ctxrules.stages.intent",
+    "ctxrules.stages.compress_intent",
     "ctxrules.stages.compress_dedup",
     "ctxrules.stages.compress_truncate",
     "ctxrules.stages.compress_remove",
-    "ctxrules.stages.summary",
+    "ctxrules.stages.summarize_structured",
     "ctxrules.stages.compress_emergency",
-    "ctxrules.stages.notes",
-    "ctxrules.stages.reread",
+    "ctxrules.stages.notes_render",
+    "ctxrules.stages.reread_recent_files",
     "ctxrules.stages.cache_markers",
 )
 # Stage types that always run and cannot be blocked or disabled.
-ESSENTIAL_PLUGINS: frozenset[str] = frozenset({"ctxrules.stages.tool_pairs"})
+ESSENTIAL_PLUGINS: frozenset[str] = frozenset({"ctxrules.stages.normalize_tool_pairs"})
 BLOCK_ENV = "CTXRULES_BLOCK_PLUGINS"
 ENTRY_POINT_GROUP = "ctxrules"
 

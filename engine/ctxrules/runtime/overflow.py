@@ -69,7 +69,7 @@ def emergency_pass(session: Session, messages: list[dict[str, Any]], tools: list
     from ctxrules.logs import get_logger
     from ctxrules.pipeline.context import StageContext
     from ctxrules.stages.compress_emergency import Emergency
-    from ctxrules.stages.tool_pairs import ToolPairRepair
+    from ctxrules.stages.normalize_tool_pairs import ToolPairRepair
 
     reserve = min(session.budget.reserve_output, max(window // 4, 1))
     budget = dataclasses.replace(session.budget, window=window, reserve_output=reserve, window_source="override")

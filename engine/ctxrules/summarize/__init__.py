@@ -1,7 +1,7 @@
 """Structured summarization that never loses the session.
 
 The pieces, each usable on its own (the ``summarize.structured`` stage in
-:mod:`ctxrules.stages.summary` puts them together; docs/summarization.md explains the whole):
+:mod:`ctxrules.stages.summarize_structured` puts them together; docs/summarization.md explains the whole):
 
 - :mod:`~ctxrules.summarize.model` — the 14-field :class:`Summary` and its JSON Schema;
 - :mod:`~ctxrules.summarize.span` — which messages a compaction replaces (protected head first);

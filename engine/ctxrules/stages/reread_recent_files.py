@@ -40,7 +40,7 @@ from ctxrules.messages import mark_injected
 from ctxrules.pipeline.context import StageContext
 from ctxrules.stages.base import Action, Message, StageOutcome, StageType
 from ctxrules.stages.compress_common import cut_text, is_placeholder, restore_placeholder
-from ctxrules.stages.notes import insertion_point
+from ctxrules.stages.notes_render import insertion_point
 from ctxrules.tracker import TrackerError, edited_paths, load_tracked
 
 KIND = "reread"
