@@ -1,4 +1,4 @@
-"""Independent checkers of DESIGN.md's invariants, used by property and corpus tests.
+"""Independent checkers of the invariants of docs/reference/concepts.md, used by property and corpus tests.
 
 They deliberately do not reuse ctxrules' own pairing or pinning code: a bug there must not be
 able to hide itself.
@@ -57,7 +57,7 @@ def real_user_indices(messages: list[dict[str, Any]]) -> list[int]:
 
 
 def pinned_of(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Invariant 2's pinned messages, by their own simple reading of DESIGN.md."""
+    """Invariant 2's pinned messages, by their own simple reading of docs/reference/concepts.md."""
     out = []
     i = 0
     while i < len(messages) and messages[i].get("role") in ("system", "developer"):

@@ -105,7 +105,7 @@ def newest_step_intact(history: list[Msg], output: list[Msg], vault: Any, spill_
     for cid, orig in results.items():
         got = out_results[cid]
         if got != orig:
-            # DESIGN's one exception to pinning: a single content over spill_chars is spilled.
+            # the one exception to pinning: a single content over spill_chars is spilled.
             assert len(text_of(orig)) > spill_chars, cid
             assert recovers(text_of(orig), text_of(got), vault), cid
 

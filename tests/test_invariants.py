@@ -1,4 +1,4 @@
-"""Property tests: DESIGN.md's invariants hold after `prepare` with every built-in pack, on
+"""Property tests: the invariants of docs/reference/concepts.md hold after `prepare` with every built-in pack, on
 generated conversations with random roles, parallel calls, reused ids, orphans, unanswered
 calls, huge outputs and images."""
 

@@ -1,6 +1,6 @@
 """A scripted 200-call replay of a real transcript through one session, with a model switch
 halfway (gpt-4o, 128K → claude-sonnet-4-5, 200K): no restart, thresholds follow the new window,
-and no invariant of DESIGN.md is broken at any call."""
+and no invariant of docs/reference/concepts.md is broken at any call."""
 
 from __future__ import annotations
 

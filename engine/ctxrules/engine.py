@@ -1,6 +1,6 @@
 """The Python API: ``Engine.load`` → ``engine.session`` → ``session.prepare``.
 
-See DESIGN.md "Python API". The CLI is a thin layer over this module.
+See docs/reference/concepts.md "Python API". The CLI is a thin layer over this module.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """The message-list model: validation, injected-message markers, steps, exchanges and pins.
 
 Messages are OpenAI chat-completions messages as plain dicts. Nothing here mutates a message;
-helpers that "change" one return a new dict and leave unknown fields untouched (DESIGN.md
-invariant 5).
+helpers that "change" one return a new dict and leave unknown fields untouched (invariant 5,
+docs/reference/concepts.md).
 
 **Injected messages.** Everything ctxrules puts into a conversation carries the metadata key
 ``"ctxrules"`` (a dict such as ``{"kind": "summary"}``) *and* opens its text with a

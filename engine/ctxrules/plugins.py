@@ -21,7 +21,7 @@ from ctxrules import hookspecs
 from ctxrules.errors import CtxrulesError
 from ctxrules.stages.base import PHASES, StageType
 
-# Registered in this order; documented in README "Plugins".
+# Registered in this order; documented in docs/reference/api.md "Plugins".
 BUILTIN_PLUGINS: tuple[str, ...] = (
     "ctxrules.stages.normalize_tool_pairs",
     "ctxrules.stages.thinking_clean",

@@ -15,7 +15,7 @@ Conditions (schema: ``$defs/priority`` in ``schemas/rulepack.v1.schema.json``):
     code found by the pack's ``tools.exit_code`` patterns, else error-looking text).
     ``false``: any message that is not such a result.
 ``within_steps``
-    the message lies within the newest N steps (DESIGN.md "step"): its index is at or after
+    the message lies within the newest N steps (docs/reference/concepts.md "step"): its index is at or after
     the assistant message of the N-th newest step, so user or injected messages between those
     steps count too. ``0`` matches nothing; with fewer than N steps, everything from the first
     step on matches.

@@ -2,7 +2,7 @@
 
 Applied to everything ctxrules *writes* into a context or persists as a summary (the summary
 text, the stored structured summaries, the transcript sent to a summarizer model). The vault is
-the exception by design: it keeps originals byte for byte (DESIGN.md invariant 3), readable only
+the exception by design: it keeps originals byte for byte (invariant 3, docs/reference/concepts.md), readable only
 by the session's owner (files mode 0600).
 
 The built-in patterns (:data:`DEFAULT_PATTERNS`) find

@@ -490,7 +490,7 @@ def pair_tool_calls(messages: Sequence[Mapping[str, Any]]) -> ToolPairing:
 
 
 def pinned_indices(messages: Sequence[Mapping[str, Any]]) -> frozenset[int]:
-    """Indices that never leave the context (DESIGN.md "pinned"); remembered per list.
+    """Indices that never leave the context (docs/reference/concepts.md "pinned"); remembered per list.
 
     The leading system/developer messages, the human anchor (first real user message), the
     latest real user message, and every message of the newest step.

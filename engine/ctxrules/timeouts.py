@@ -1,6 +1,6 @@
 """Stream-timeout analysis: each tool's effective limit, and the overrides that cannot work.
 
-A pack's ``timeouts:`` describes the agent runtime's stream timers (DESIGN.md; the seed's
+A pack's ``timeouts:`` describes the agent runtime's stream timers (the seed's
 "stream timeouts and tool heartbeat"):
 
 - ``chunk_ms``: the longest silence between two chunks of the stream. It is **global**: a tool
@@ -38,7 +38,7 @@ __all__ = [
 ]
 
 DEFAULT_SUMMARIZER_TOTAL_S: Final = 600.0
-"""The summarizer's ceiling when the pack does not set ``summarizer.total_s`` (DESIGN.md)."""
+"""The summarizer's ceiling when the pack does not set ``summarizer.total_s``."""
 
 DEFAULT_ROW: Final = "(default)"
 

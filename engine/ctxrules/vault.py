@@ -1,6 +1,6 @@
 """The vault: a content-addressed store for everything that leaves the context.
 
-Whatever a stage removes or shortens goes here first (DESIGN.md invariant 3), and the context
+Whatever a stage removes or shortens goes here first (invariant 3, docs/reference/concepts.md), and the context
 keeps a one-line marker that points back to it::
 
     [ctxrules:elided kind=lines count=120 ref=vault://<sha256>#L10-L129]
@@ -46,7 +46,7 @@ __all__ = [
 ]
 
 MIN_PREFIX = 12
-"""Shortest id prefix :meth:`Vault.get` accepts (DESIGN.md: "a unique prefix of ≥ 12 hex")."""
+"""Shortest id prefix :meth:`Vault.get` accepts (a unique prefix of ≥ 12 hex digits)."""
 
 _ID_LEN = 64
 _HEX_RE = re.compile(r"[0-9a-f]+")
@@ -301,7 +301,7 @@ class Vault:
 # --- markers --------------------------------------------------------------------------------
 
 MARKER_KINDS: tuple[str, ...] = ("lines", "tokens", "json", "image", "message")
-"""The kinds DESIGN.md defines; :func:`parse_markers` also accepts kinds added later."""
+"""The documented marker kinds; :func:`parse_markers` also accepts kinds added later."""
 
 _KEY = r"[A-Za-z_][A-Za-z0-9_.-]*"
 _QUOTED = r'"(?:[^"\\\r\n]|\\.)*"'

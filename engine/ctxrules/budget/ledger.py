@@ -1,6 +1,6 @@
 """Append-only JSONL ledgers of model calls, safe under concurrent writers.
 
-Where they live (DESIGN.md "session"):
+Where they live (docs/reference/concepts.md "session"):
 
 - ``<session>/ledger.jsonl``: the calls of one session;
 - ``<state>/ledger/days/<YYYY-MM-DD>.jsonl``: every call of that UTC date, across sessions (a

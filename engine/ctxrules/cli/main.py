@@ -1,6 +1,6 @@
 """Entry point: parse the verb, run it, turn handled errors into one line and an exit code.
 
-Exit codes (DESIGN.md "CLI contract"): 0 ok, 1 problems found, 2 usage or runtime error.
+Exit codes (docs/reference/concepts.md "CLI contract"): 0 ok, 1 problems found, 2 usage or runtime error.
 """
 
 from __future__ import annotations

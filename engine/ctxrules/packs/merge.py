@@ -1,4 +1,4 @@
-"""The merge rules of ``extends`` (DESIGN.md "Merge rules"; README "How packs merge").
+"""The merge rules of ``extends`` (docs/reference/concepts.md "Merge rules"; README "How packs merge").
 
 - Maps merge deeply; the later value wins.
 - Lists of items with ``id`` (the keys in :data:`ID_LISTS`) merge by id: a new id with the

@@ -1,4 +1,4 @@
-"""Window, usable window, utilization and tiers (DESIGN.md "Vocabulary").
+"""Window, usable window, utilization and tiers (docs/reference/concepts.md "Vocabulary").
 
 - window: ``--window``/``window=`` if given, else the pack's ``context.window`` when it is a
   number, else the registry's ``max_input_tokens`` (else ``max_tokens``).

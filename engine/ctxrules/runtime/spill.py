@@ -2,7 +2,7 @@
 background-process logs) in the vault and get back a marker and a preview within a budget.
 
 The preview keeps whole lines from the head and the tail (two thirds head, one third tail) and
-puts DESIGN.md's marker between them, with the elided line range, so the agent can read any
+puts the elision marker between them, with the elided line range, so the agent can read any
 part back (`ctxrules vault get ID --lines A:B`). Text within the budget is returned as it is
 (and still stored, so the id is always valid).
 """

@@ -3,7 +3,7 @@
 A stage is a small callable, configured once from its validated ``with:`` options, that takes
 the current message list and a :class:`StageContext` and returns a :class:`StageOutcome`.
 Stages treat messages as immutable: a changed message is a new dict (``{**msg, ...}``), so the
-caller's objects are never mutated (DESIGN.md invariant 5).
+caller's objects are never mutated (invariant 5, docs/reference/concepts.md).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ share: the view of the messages they decide on, the order in which they pick can
 anti-thrashing guard, and the two primitives that make content leave the context (head + tail
 cuts and removed-step placeholders).
 
-Eligibility (DESIGN.md vocabulary): a message may be compressed when it is not **pinned**; the
+Eligibility (docs/reference/concepts.md): a message may be compressed when it is not **pinned**; the
 regular stages also skip **protected** messages (``ctx.protected``: intent matches),
 ``critical`` ones (the pack's ``priorities:``) and the **tail** (the newest steps that fit in
 ``context.tail_budget`` of the usable window). The emergency pass ignores all of that except

@@ -1,6 +1,6 @@
 """``normalize.tool_pairs``: make every tool call answered exactly once, right after it.
 
-DESIGN.md invariant 1 is what OpenAI and Anthropic both enforce: each ``tool_calls[i].id`` of
+invariant 1 (docs/reference/concepts.md) is what OpenAI and Anthropic both enforce: each ``tool_calls[i].id`` of
 an assistant message is answered by exactly one ``tool`` message in the contiguous block that
 follows it, and no ``tool`` message answers nothing. Content stages remove and move messages,
 and agents crash mid-turn, so this stage runs after all of them (integrity phase, essential).

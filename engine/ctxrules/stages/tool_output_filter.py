@@ -1,6 +1,6 @@
 """``tool_output.filter``: keep large tool outputs from flooding the context, losing nothing.
 
-Three levels, in this order (DESIGN.md "Reference numbers"):
+Three levels, in this order (docs/reference/concepts.md "Reference numbers"):
 
 (a) **Compressors** — a result of a ``shell`` tool goes through the pack's output compressors
     (:func:`ctxrules.compressors.api.compress_tool_output`) when a rule matches its command.
@@ -13,7 +13,7 @@ Three levels, in this order (DESIGN.md "Reference numbers"):
     ``subagent_chars`` (8,000) becomes its head and tail plus a structured handover
     (done, todo, risks, files) extracted from it.
 (c) **Hard spill** — any single content over ``spill_chars`` (100,000) characters, in *any*
-    message (pinned and protected ones included: DESIGN's one exception to pinning), goes to
+    message (pinned and protected ones included: the one exception to pinning), goes to
     the vault whole and leaves a short summary with a pointer.
 
 Who is exempt: tools with a role in ``exempt_roles`` (``file_read``, ``file_edit``: shortening a

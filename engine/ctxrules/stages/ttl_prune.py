@@ -2,7 +2,7 @@
 
 A result is **older than** the limit when
 
-- ``max_age_steps``: at least that many steps (DESIGN.md "step") came after the step it
+- ``max_age_steps``: at least that many steps (docs/reference/concepts.md "step") came after the step it
   belongs to — the newest step has age 0; and/or
 - ``max_age_s``: at least that many seconds passed since it was produced. The time comes from
   the message itself when it carries one (``timestamp`` or ``created_at``: epoch seconds,

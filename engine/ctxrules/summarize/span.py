@@ -3,7 +3,7 @@
 1. The **protected head** is taken first, before anything is injected: the leading
    system/developer messages and everything up to and including the human anchor (the first
    real user message). No synthetic message can be inside it, so the anchor found here is the
-   human's (DESIGN.md invariant 2).
+   human's (invariant 2, docs/reference/concepts.md).
 2. The rest is cut into **units** that are removed or kept whole: a step (an assistant message
    with its tool results — tool pairs stay intact) or a single other message. A unit that holds
    a pinned message (latest real user message, newest step) or a protected one is *kept*, in

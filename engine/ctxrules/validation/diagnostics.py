@@ -1,7 +1,7 @@
 """Diagnostics: what ``ctxrules validate`` reports, with stable codes.
 
 A code never changes meaning once released; new checks get new codes. The table below is the
-reference the README's diagnostic list is checked against (``tests/test_docs.py``).
+reference docs/reference/codes.md is checked against (``tests/test_docs.py``).
 """
 
 from __future__ import annotations

@@ -150,7 +150,7 @@ def reduce_json(
 ) -> JsonReduction | None:
     """The skeleton of ``value`` (parsed from ``original``) that fits ``budget_tokens``.
 
-    Starts at ``limits`` (DESIGN: depth 4, 12 keys, 6 items) and tightens them until the
+    Starts at ``limits`` (depth 4, 12 keys, 6 items by default) and tightens them until the
     skeleton fits; the strictest skeleton is returned when nothing fits. ``None`` when nothing
     had to be elided (the document is already within the limits and the budget).
     """
