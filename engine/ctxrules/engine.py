@@ -178,8 +178,12 @@ class Session:
                  goal: str | None = None, state_root: str | Path | None = None,
                  private: bool = False) -> None:
         from ctxrules.budget.gate import open_ledger
+        from ctxrules.private_files import check_dir
         from ctxrules.vault import Vault
 
+        # The session directory must be ctxrules' own: a link planted in its place (in a
+        # repository, say) is refused before anything is read or written through it.
+        check_dir(path)
         self.engine = engine
         self.path = path
         self.id = session_id or path.resolve().name
@@ -390,6 +394,8 @@ class Session:
             self._configure(self.model.name, self.window_override)
             self._last_history = self._last_output = None
         state = self.store.load()
+        if isinstance(state.get("recovered"), str):  # damaged cache: say so, then go on cold
+            self._notices.append(state["recovered"])
         from ctxrules.budget.gate import finish_prepare, start_prepare
 
         # Budget level before any stage runs: EXCEEDED raises BudgetExceeded; WARNING's eco
@@ -527,7 +533,10 @@ class Session:
         chain = HistoryChain().extended(history[:n])
         if chain.value != value:
             return 0, [], HistoryChain()
-        output = self.store.load_output(int(record.get("output_count", -1)), record.get("output_file"))
+        output_count = record.get("output_count")
+        if not isinstance(output_count, int):
+            return 0, [], HistoryChain()
+        output = self.store.load_output(output_count, record.get("output_file"), record.get("output_digest"))
         if output is None:
             return 0, [], HistoryChain()
         self._last_history = [_clone(m) for m in history[:n]]
