@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ctxrules import structure
-from ctxrules.errors import PackError, UsageError
+from ctxrules.errors import CtxrulesError, PackError, UsageError
 from ctxrules.logs import get_logger
 from ctxrules.messages import split_input, validate_messages
 from ctxrules.notes import SessionNotes
@@ -52,6 +52,10 @@ from ctxrules.stages.base import Message
 from ctxrules.tokens import REPLY_PRIMING_TOKENS, trusted_objects
 
 DEFAULT_STATE_ROOT = ".ctxrules"
+
+
+class SessionIOError(CtxrulesError):
+    """The session directory could not be written (``ENOSPC``, ``EROFS``, ...) during a run."""
 
 
 @dataclass
@@ -214,6 +218,7 @@ class Session:
         self.parent: Session | None = None
         self.root: Session = self
         self._notices: list[str] = []
+        self._repaired: dict[int, tuple[Message, Message]] = {}  # id(given) -> (given, repaired)
         self._notes: SessionNotes | None = None
         cut = checkpoint.check(path)
         if cut is not None:
@@ -379,6 +384,14 @@ class Session:
         with self._thread_lock, self._session_lock, cache_key_scope(self.cache_key), trusted_objects():
             try:
                 return self._prepare(listed, tool_list, time.time() if clock is None else clock)
+            except OSError as exc:
+                # A full disk, a read-only or vanished session directory: the caller's messages
+                # are untouched and the session files read as a cache miss (SessionStore.save).
+                self.store.forget()
+                self._last_history = self._last_output = None
+                raise SessionIOError(
+                    f"cannot write the session {self.path}: {exc.strerror or exc}; the messages "
+                    "were not changed, and the next run starts from them") from exc
             except BaseException:
                 self.store.forget()  # a run that did not finish may have changed the state in memory
                 raise
@@ -407,6 +420,11 @@ class Session:
         last_clock = state.get("last_clock")
         cache_hot = same and isinstance(last_clock, int | float) and 0 <= clock - last_clock < CACHE_TTL_S
         previous: list[Message]
+        if self._repaired:
+            # Messages whose lone surrogates an earlier turn replaced: the same repaired copy
+            # again, so that the history still extends the one the last turn saw.
+            history = [r[1] if (r := self._repaired.get(id(m))) is not None and r[0] is m else m
+                       for m in history]
         reused, previous, chain = 0, [], HistoryChain()
         if same:
             reused, previous, chain = self._previous(history, state)
@@ -418,7 +436,14 @@ class Session:
             structure.forget()
         self._prepared = True
         # The reused prefix equals a history that was validated already.
-        history = validate_messages(history, start=reused)
+        notes: list[str] = []
+        given = history
+        history = validate_messages(given, start=reused, warnings=notes)
+        if notes:
+            self._notices.extend(notes)
+            for i in range(reused, len(given)):
+                if history[i] is not given[i]:
+                    self._repaired[id(given[i])] = (given[i], history[i])
         pipeline_input = [*previous, *history[reused:]] if reused else history
         appended = sum(self.counter.count_each(history[reused:]))
         msgs_sum = (self._last_msgs_sum if reused else 0) + appended

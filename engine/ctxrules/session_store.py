@@ -12,6 +12,7 @@ replaced by rename or appended to (the state says how many of its lines count), 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import operator
@@ -135,9 +136,13 @@ class SessionStore:
         state["version"] = STATE_VERSION
         state.pop("recovered", None)
         state.setdefault("last", {})["output_count"] = len(output)
-        prev = self._written
+        prev, written_stat = self._written, self._written_stat
+        # Until both files are written, nothing this object remembers about them holds: a
+        # write cut short (a full disk) must lead to a whole rewrite, never an append.
+        self._written = self._written_stat = None
+        self._state = self._state_stat = None
         # Append only to the file this object wrote last (another process may have rewritten it).
-        if (prev is not None and self._hash is not None and self._stat() == self._written_stat
+        if (prev is not None and self._hash is not None and self._stat() == written_stat
                 and len(prev) <= len(output) and all(map(operator.is_, prev, output))):
             if len(prev) < len(output):
                 data = _jsonl(output[len(prev):])
@@ -154,7 +159,15 @@ class SessionStore:
         self._written_stat = (st.st_size, st.st_mtime_ns)
         state["last"]["output_file"] = [st.st_ino, st.st_size]
         state["last"]["output_digest"] = self._hash.hexdigest()
-        self._write_state(json.dumps(state, ensure_ascii=False, sort_keys=True).encode("utf-8"))
+        data = json.dumps(state, ensure_ascii=False, sort_keys=True).encode("utf-8")
+        try:
+            self._write_state(data)
+        except OSError:
+            # A state cut short could hold the start of the new one over the end of the old:
+            # an empty file instead reads as a cache miss (cutting a file needs no space).
+            with contextlib.suppress(OSError):
+                os.ftruncate(self._state_handle.fd(), 0)
+            raise
         self._state, self._state_stat = state, _stat(self.state_file)
 
     def _write_state(self, data: bytes) -> None:
