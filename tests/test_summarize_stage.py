@@ -27,7 +27,8 @@ from ctxrules.messages import injected_kind, is_injected, is_real_user, message_
 from ctxrules.pipeline.context import StageContext
 from ctxrules.redaction import default_redactor
 from ctxrules.stages.summarize_structured import StructuredSummary
-from ctxrules.summarize import CompactionLock, protected_head_end
+from ctxrules.summarize import protected_head_end
+from ctxrules.summarize.lock import CompactionLock
 from ctxrules.vault import parse_markers
 
 SUMMARY_ONLY = FIXTURES / "summarize" / "summary-only.yaml"

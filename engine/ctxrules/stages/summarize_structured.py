@@ -39,7 +39,6 @@ from ctxrules.stages.base import Action, Message, StageOutcome, StageType
 from ctxrules.structure import pinned_indices
 from ctxrules.summarize.config import SummarizerConfig
 from ctxrules.summarize.llm import Completion
-from ctxrules.summarize.lock import CompactionBusy, CompactionLock
 from ctxrules.summarize.merge import merge_summaries
 from ctxrules.summarize.model import Summary, validate_summary
 from ctxrules.summarize.render import (
@@ -109,6 +108,8 @@ class StructuredSummary:
         if plan is None or not plan.remove:
             notes = list(plan.notes) if plan is not None else ["nothing follows the protected head"]
             return StageOutcome(list(messages), warnings=[f"no compaction: {n}" for n in notes])
+        from ctxrules.summarize.lock import CompactionBusy, CompactionLock
+
         try:
             with CompactionLock(ctx.vault.root.parent):
                 return self._compact(messages, ctx, plan, config, current)
