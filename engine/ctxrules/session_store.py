@@ -1,11 +1,12 @@
 """A session directory on disk: state file, last output, and the cross-process lock.
 
-Layout (docs/reference/api.md "Sessions and the vault"): ``state.json`` (stage states, fingerprint, a chained digest of the
-last history), ``last_output.jsonl`` (what the last ``prepare`` returned, a message per line),
-``vault/``, ``.lock``. Files have mode 0600, directories 0700. Both files are caches: losing
-them costs the reuse of the last compaction, never the conversation. ``last_output.jsonl`` is
-replaced by rename or appended to (the state says how many of its lines count), and
-``state.json`` is rewritten in place through a handle kept open (:meth:`SessionStore._write_state`).
+Layout (docs/reference/api.md "Sessions and the vault"): ``state.json`` (stage states,
+fingerprint, a chained digest of the last history), ``last_output.jsonl`` (what the last
+``prepare`` returned, a message per line), ``vault/``, ``.lock``. Files have mode 0600,
+directories 0700. Both files are caches: losing them costs the reuse of the last compaction,
+never the conversation. ``last_output.jsonl`` is replaced by rename or appended to (the state
+says how many of its lines count), and ``state.json`` is rewritten in place through a handle
+kept open (:meth:`SessionStore._write_state`).
 """
 
 from __future__ import annotations
