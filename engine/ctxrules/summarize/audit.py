@@ -37,8 +37,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ctxrules.summarize.grounding import GroundingSource, content_words
 from ctxrules.summarize.checkpoint import excerpt
+from ctxrules.summarize.grounding import GroundingSource, content_words
 from ctxrules.summarize.model import LIST_FIELDS, Summary, coerce_summary, field_problems
 from ctxrules.vault import MARKER_RE, parse_markers
 
@@ -138,9 +138,9 @@ class SummaryAuditor:
         elif self.user_messages:
             # A well-formed goal that the user never asked for is no slip: the summary is about
             # something else (another task, an injected instruction), and none of it is kept.
-            problem = self._goal_problem(str(fixed["user_goal"]))
-            if problem:
-                return AuditResult(False, problems=(problem,), notes=tuple(notes))
+            ungrounded = self._goal_problem(str(fixed["user_goal"]))
+            if ungrounded:
+                return AuditResult(False, problems=(ungrounded,), notes=tuple(notes))
         summary = Summary.from_dict(fixed)
         if not self.user_messages:
             notes.append("no real user message to ground against: grounding skipped")
