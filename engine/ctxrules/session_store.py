@@ -7,7 +7,8 @@ fingerprint, a chained digest of the last history, the sha256 of ``last_output.j
 regular file of ours). Files have mode 0600, directories 0700. Both files are caches: losing
 them costs the reuse of the last compaction, never the conversation. ``last_output.jsonl`` is
 replaced by rename or appended to (the state says how many of its lines count), and
-``state.json`` is rewritten in place through a handle kept open (:meth:`SessionStore._write_state`).
+``state.json`` is rewritten in place through a handle kept open
+(:meth:`SessionStore._write_state`).
 """
 
 from __future__ import annotations
