@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ctxrules import structure
+from ctxrules.dangling import marker_ids, missing, replace_lost
 from ctxrules.errors import CtxrulesError, PackError, UsageError
 from ctxrules.logs import get_logger
 from ctxrules.messages import split_input, validate_messages
@@ -219,6 +220,7 @@ class Session:
         self.root: Session = self
         self._notices: list[str] = []
         self._repaired: dict[int, tuple[Message, Message]] = {}  # id(given) -> (given, repaired)
+        self._output_ids: set[str] = set()  # vault ids the last output's markers may name
         self._notes: SessionNotes | None = None
         cut = checkpoint.check(path)
         if cut is not None:
@@ -445,6 +447,16 @@ class Session:
                 if history[i] is not given[i]:
                     self._repaired[id(given[i])] = (given[i], history[i])
         pipeline_input = [*previous, *history[reused:]] if reused else history
+        # Markers the caller's messages hold whose vault item is gone cannot be re-derived:
+        # they become lost markers (dangling ones of our own output forced a cold run instead).
+        given_ids = marker_ids(history[reused:])
+        lost = missing(self.vault, given_ids) if given_ids else set()
+        if lost:
+            head = len(previous) if reused else 0
+            tail, n_lost = replace_lost(pipeline_input[head:], lost)
+            pipeline_input = [*pipeline_input[:head], *tail]
+            self._notices.append(f"{len(lost)} marker(s) in {n_lost} message(s) point at vault items "
+                                 "that are missing; they are marked as lost")
         appended = sum(self.counter.count_each(history[reused:]))
         msgs_sum = (self._last_msgs_sum if reused else 0) + appended
         has_system = (self._last_has_system if reused else False) or _has_system(history[reused:])
@@ -495,6 +507,9 @@ class Session:
         kept = self._last_history[:reused] if reused and self._last_history else []
         self._last_history = [*kept, *(_clone(m) for m in history[reused:])]
         self._last_output, self._last_chain = outcome.messages, chain
+        # The vault ids the output may point at, checked before it is reused (_previous).
+        self._output_ids = ((self._output_ids | given_ids | set(vault_new)) - lost if reused
+                            else marker_ids(outcome.messages))
         state["fingerprint"] = fingerprint
         state["last_clock"] = clock
         state["last"] = {"count": chain.count, "chain": chain.value}
@@ -546,7 +561,7 @@ class Session:
             # Our copies share leaf strings with what the caller passed, so `==` mostly meets
             # identical objects and stays cheap; a message edited in place compares unequal.
             n = len(last)
-            if n <= len(history) and last == history[:n]:
+            if n <= len(history) and last == history[:n] and not missing(self.vault, self._output_ids):
                 return n, self._last_output, self._last_chain
             return 0, [], HistoryChain()
         record = state.get("last") or {}
@@ -564,6 +579,12 @@ class Session:
         output = self.store.load_output(output_count, record.get("output_file"), record.get("output_digest"))
         if output is None:
             return 0, [], HistoryChain()
+        ids = marker_ids(output)
+        if missing(self.vault, ids):
+            # A marker of the last output points at a vault item that is gone: computing the
+            # output again from the history stores the originals it still has (same ids).
+            return 0, [], HistoryChain()
+        self._output_ids = ids
         self._last_history = [_clone(m) for m in history[:n]]
         self._last_msgs_sum = sum(self.counter.count_each(history[:n]))
         self._last_has_system = _has_system(history[:n])

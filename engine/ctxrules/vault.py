@@ -192,10 +192,12 @@ class Vault:
         if len(candidate) == _ID_LEN:
             if self._path(candidate).is_file():
                 return candidate
-            raise VaultError(f"vault id {candidate} not found in {self._root}")
+            raise VaultError(f"vault item {candidate} is missing from {self._root} "
+                             "(not found: deleted, or never stored in this session)")
         matches = [vid for vid in self._ids_in_shard(candidate[:2]) if vid.startswith(candidate)]
         if not matches:
-            raise VaultError(f"no vault entry starts with {candidate} in {self._root}")
+            raise VaultError(f"vault item {candidate}... is missing from {self._root} "
+                             "(no entry starts with it)")
         if len(matches) > 1:
             shown = ", ".join(sorted(matches)[:5])
             raise VaultError(
