@@ -37,7 +37,7 @@ from ctxrules.plugins import Registry, build_plugin_manager, collect, default_re
 from ctxrules.runtime import checkpoint
 from ctxrules.runtime.continuation import Decision, evaluate
 from ctxrules.runtime.guards import Preflight, check_gateway, preflight, refuse_unless_fits
-from ctxrules.runtime.health import health
+from ctxrules.runtime.health import health, open_breakers
 from ctxrules.runtime.overflow import Completion
 from ctxrules.runtime.spill import DEFAULT_PREVIEW_TOKENS, Spilled, spill
 from ctxrules.runtime.subagents import (
@@ -525,7 +525,7 @@ class Session:
         report["warnings"].extend(reload_notes + self._notices)
         self._notices = []
         report["compacting"] = compacting
-        report["health"] = health(report)
+        report["health"] = health(report, breakers=open_breakers(state.get("stages")))
         for st in report["stages"]:
             for action in st["actions"]:
                 if action["kind"] == "checkpoint":  # the summarizer fell back to the checkpoint
