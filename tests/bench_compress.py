@@ -25,7 +25,7 @@ sys.path.insert(0, str(REPO / "engine"))
 
 from ctxrules.compressors.api import compress_text  # noqa: E402
 from ctxrules.models import lookup_model  # noqa: E402
-from ctxrules.packs.loader import load_pack  # noqa: E402
+from ctxrules.packs.validated import load_pack  # noqa: E402
 from ctxrules.tokens import TokenCounter  # noqa: E402
 
 FIXTURES = REPO / "rules" / "compressors" / "fixtures"

@@ -23,7 +23,7 @@ from ctxrules.compressors.apply import split_output
 from ctxrules.compressors.argv import parse_command
 from ctxrules.compressors.rules import FAILURE_TAIL, compile_rules, select_rule
 from ctxrules.compressors.testing import check_invariants
-from ctxrules.packs.loader import load_pack
+from ctxrules.packs.validated import load_pack
 from ctxrules.plugins import default_registry
 from ctxrules.toolroles import call_name, calls_by_result, shell_command, tool_roles
 

@@ -9,7 +9,8 @@ import pytest
 from conftest import REPO
 
 from ctxrules.compressors.testing import run_compressor_tests
-from ctxrules.packs.loader import PackLoader, load_pack
+from ctxrules.packs.loader import PackLoader
+from ctxrules.packs.validated import load_pack
 
 
 def test_builtin_compressor_tests_pass_and_none_is_missing(cli) -> None:  # type: ignore[no-untyped-def]

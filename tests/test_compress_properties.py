@@ -15,7 +15,7 @@ from ctxrules.compressors.api import compress_text, compress_tool_output, text_i
 from ctxrules.compressors.apply import is_failure, split_output
 from ctxrules.compressors.rules import FAILURE_TAIL
 from ctxrules.compressors.testing import check_invariants
-from ctxrules.packs.loader import load_pack
+from ctxrules.packs.validated import load_pack
 from ctxrules.vault import Vault, parse_markers
 
 COMMANDS = [

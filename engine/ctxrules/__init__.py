@@ -8,7 +8,8 @@ from ctxrules._version import __version__
 from ctxrules.errors import CtxrulesError, MessagesError, PackError, UsageError
 
 if TYPE_CHECKING:
-    from ctxrules.engine import Engine, PrepareResult, Session
+    from ctxrules.engine import Engine, Session
+    from ctxrules.results import PrepareResult
 
 __all__ = [
     "CtxrulesError",

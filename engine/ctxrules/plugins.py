@@ -18,6 +18,8 @@ from typing import Any
 import pluggy
 
 from ctxrules import hookspecs
+from ctxrules._version import __version__
+from ctxrules.diagnostics import did_you_mean
 from ctxrules.errors import CtxrulesError
 from ctxrules.stages.base import PHASES, StageType
 
@@ -107,8 +109,6 @@ def _check_hook_names(plugin: object, name: str) -> None:
     known = {n for n in dir(hookspecs) if n.startswith("ctxrules_")}
     for attr in dir(plugin):
         if attr.startswith("ctxrules_") and attr not in known and callable(getattr(plugin, attr)):
-            from ctxrules.validation.diagnostics import did_you_mean
-
             hint = did_you_mean(attr, known)
             raise PluginError(name, attr, "no such hook" + (f"; {hint}" if hint else ""))
 
@@ -126,8 +126,6 @@ def _dist_version(module: object) -> str | None:
 def build_plugin_manager(extra: list[tuple[str, object]] | None = None,
                          *, entry_points: bool = True) -> tuple[pluggy.PluginManager, list[PluginInfo]]:
     """A plugin manager with the built-ins, entry-point plugins and ``extra`` (name, plugin)."""
-    from ctxrules._version import __version__
-
     pm = pluggy.PluginManager(hookspecs.PROJECT_NAME)
     pm.add_hookspecs(hookspecs)
     infos: list[PluginInfo] = []

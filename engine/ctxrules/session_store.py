@@ -1,7 +1,8 @@
 """A session directory on disk: state file, last output, and the cross-process lock.
 
-Layout (docs/reference/api.md "Sessions and the vault"): ``state.json`` (stage states, fingerprint, a chained digest of the
-last history), ``last_output.jsonl`` (what the last ``prepare`` returned, a message per line),
+Layout (docs/reference/api.md "Sessions and the vault"): ``state.json`` (stage states,
+fingerprint, a chained digest of the last history), ``last_output.jsonl`` (what the last
+``prepare`` returned, a message per line),
 ``vault/``, ``.lock``. Files have mode 0600, directories 0700. Both files are caches: losing
 them costs the reuse of the last compaction, never the conversation. ``last_output.jsonl`` is
 replaced by rename or appended to (the state says how many of its lines count), and
@@ -22,6 +23,14 @@ from types import TracebackType
 from typing import Any
 
 from ctxrules.errors import CtxrulesError
+
+DEFAULT_STATE_ROOT = ".ctxrules"
+"""Where sessions and the day and goal ledgers live when nothing else is said."""
+
+
+def state_root_from_env() -> Path:
+    """The state root: ``CTXRULES_STATE`` when set, else :data:`DEFAULT_STATE_ROOT`."""
+    return Path(os.environ.get("CTXRULES_STATE", DEFAULT_STATE_ROOT))
 
 STATE_VERSION = 1
 

@@ -12,8 +12,8 @@ if TYPE_CHECKING:
 
     from ctxrules.models import ModelInfo
     from ctxrules.pipeline.budget import Budget
-    from ctxrules.stages.base import Message
     from ctxrules.tokens import TokenCounter
+    from ctxrules.types import Message
     from ctxrules.vault import Vault
 
 

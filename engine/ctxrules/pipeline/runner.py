@@ -16,10 +16,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ctxrules.errors import CtxrulesError
-from ctxrules.pipeline.budget import tier_rank
+from ctxrules.messages import message_text
 from ctxrules.pipeline.context import StageContext
 from ctxrules.stages.base import Message, Stage, StageOutcome, StageType
 from ctxrules.structure import replaced
+from ctxrules.types import tier_rank
 
 
 class StageFailed(CtxrulesError):
@@ -212,8 +213,6 @@ def _changed(a: list[Message], b: list[Message]) -> bool:
 
 def _finalize_guard(p: PlannedStage, before: list[Message], after: list[Message]) -> list[Message]:
     """Finalize stages may add markers (e.g. ``cache_control``) but never change text."""
-    from ctxrules.messages import message_text
-
     if len(before) != len(after) or any(
             message_text(before[i]) != message_text(after[i])
             for i in replaced(before, after)):
