@@ -52,7 +52,6 @@ from ctxrules.runtime.subagents import (
 )
 from ctxrules.runtime.subagents import settings as subagent_settings
 from ctxrules.session_store import DEFAULT_STATE_ROOT, SessionLock, SessionStore, state_root_from_env
-from ctxrules.stages.cache_markers import cache_key_scope
 from ctxrules.tokens import REPLY_PRIMING_TOKENS, TokenCounter, trusted_objects
 from ctxrules.toolroles import tool_roles
 from ctxrules.tracker import FileTracker
@@ -330,7 +329,7 @@ class Session:
         tool_list = list(tools or [])
         # Messages are not edited while a prepare runs, and the session notices edits between
         # calls (structure.forget): token counts may be looked up by message object.
-        with self._thread_lock, self._session_lock, cache_key_scope(self.cache_key), trusted_objects():
+        with self._thread_lock, self._session_lock, trusted_objects():
             try:
                 return self._prepare(listed, tool_list, time.time() if clock is None else clock)
             except BaseException:
@@ -403,6 +402,7 @@ class Session:
             stage_id="", model=self.model, counter=self.counter, budget=budget, vault=self.vault,
             tools=tools, pack=self.engine.pack.data, log=get_logger("ctxrules.pipeline", session=self.id),
             session_id=self.id, clock=clock, cache_hot=cache_hot, hooks=self.engine.registry.hooks,
+            registry=self.engine.registry, cache_key=self.cache_key,
             valid_prefix=len(previous) if reused else 0,
         )
         try:

@@ -21,6 +21,7 @@ from ctxrules import hookspecs
 from ctxrules._version import __version__
 from ctxrules.diagnostics import did_you_mean
 from ctxrules.errors import CtxrulesError
+from ctxrules.hookspecs import ActionType, TemplateFilter
 from ctxrules.stages.base import PHASES, StageType
 
 # Registered in this order; documented in docs/reference/api.md "Plugins".
@@ -56,16 +57,6 @@ class PluginError(CtxrulesError):
         super().__init__(f"plugin '{plugin}', hook {hook}: {message}")
         self.plugin = plugin
         self.hook = hook
-
-
-@dataclass(frozen=True)
-class ActionType:
-    """A compressor action as registered: ``factory(options)`` returns ``lines -> lines``."""
-
-    name: str
-    factory: Callable[[Mapping[str, Any]], Callable[[list[str]], list[str]]]
-    options_schema: Mapping[str, Any]
-    description: str = ""
 
 
 @dataclass
@@ -177,7 +168,7 @@ def collect(pm: pluggy.PluginManager, infos: list[PluginInfo]) -> Registry:
         impl.function(register=lambda *a, _o=owner, **k: _add_action(reg, by_name[_o], *a, **k))
     for impl in pm.hook.ctxrules_register_template_filters.get_hookimpls():
         owner = impl.plugin_name
-        impl.function(register=lambda n, f, _o=owner: _add_filter(reg, by_name[_o], n, f))
+        impl.function(register=lambda *a, _o=owner: _add_filter(reg, by_name[_o], *a))
     return reg
 
 
@@ -204,11 +195,13 @@ def _add_stage(reg: Registry, info: PluginInfo, st: object) -> None:
     info.stages.append(st.name)
 
 
-def _add_action(reg: Registry, info: PluginInfo, name: str, factory: Any,
+def _add_action(reg: Registry, info: PluginInfo, name: Any, factory: Any = None,
                 schema: Mapping[str, Any] | None = None, description: str = "") -> None:
     hook = "ctxrules_register_actions"
+    if isinstance(name, ActionType):  # the one-object form every registration hook takes
+        name, factory, schema, description = name.name, name.factory, name.options_schema, name.description
     if not isinstance(name, str) or not callable(factory):
-        raise PluginError(info.name, hook, "register(name: str, factory: callable, schema: dict)")
+        raise PluginError(info.name, hook, "register(ActionType(name, factory, options_schema, description))")
     schema = schema or {"type": "object", "additionalProperties": False, "properties": {}}
     _check_schema(info, hook, name, schema)
     _claim(reg, info, "action", name, hook)
@@ -216,10 +209,12 @@ def _add_action(reg: Registry, info: PluginInfo, name: str, factory: Any,
     info.actions.append(name)
 
 
-def _add_filter(reg: Registry, info: PluginInfo, name: str, fn: Any) -> None:
+def _add_filter(reg: Registry, info: PluginInfo, name: Any, fn: Any = None) -> None:
     hook = "ctxrules_register_template_filters"
+    if isinstance(name, TemplateFilter):  # the one-object form every registration hook takes
+        name, fn = name.name, name.function
     if not isinstance(name, str) or not callable(fn):
-        raise PluginError(info.name, hook, "register(name: str, function: callable)")
+        raise PluginError(info.name, hook, "register(TemplateFilter(name, function))")
     _claim(reg, info, "filter", name, hook)
     reg.filters[name] = fn
     info.filters.append(name)

@@ -34,6 +34,7 @@ from ctxrules.compressors.pipes import stdout_feeds_pipeline
 from ctxrules.errors import CtxrulesError, UsageError
 from ctxrules.models import lookup_model
 from ctxrules.packs.validated import load_pack
+from ctxrules.plugins import default_registry
 from ctxrules.session_store import state_root_from_env
 from ctxrules.tokens import TokenCounter
 from ctxrules.vault import Vault
@@ -107,7 +108,7 @@ def _compress(args: argparse.Namespace, pack: dict[str, Any], counter: Any, comm
     """The bytes to print: compressed (full output stored first) or ``raw`` when nothing applies."""
     text, exact = _decode(raw)
     vault_id = hashlib.sha256(raw).hexdigest()
-    result = compress_text(pack, command, text, exit_code, vault_id=vault_id)
+    result = compress_text(pack, command, text, exit_code, vault_id=vault_id, registry=default_registry())
     if result is None:
         if counter is not None:
             tokens = counter.count_text(text)

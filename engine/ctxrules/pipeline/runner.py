@@ -152,6 +152,7 @@ def run_pipeline(plan: Sequence[PlannedStage], messages: list[Message], base: St
             session_id=base.session_id, protected=base.protected,
             target=str(p.options.get("target", "monitor")), clock=base.clock, cache_hot=base.cache_hot,
             hooks=base.hooks, valid_prefix=base.valid_prefix if msgs is initial else 0, compactions=tuple(compactions),
+            registry=base.registry, cache_key=base.cache_key,
         )
         started = time.perf_counter()
         ctx.log.debug("stage.start", tier=tier, tokens=tokens)

@@ -128,7 +128,8 @@ def emergency_pass(session: OverflowSession, messages: list[dict[str, Any]], too
     ctx = StageContext(stage_id="overflow", model=session.model, counter=session.counter, budget=budget,
                        vault=session.vault, tools=tools, pack=session.engine.pack.data,
                        log=get_logger("ctxrules.overflow", session=session.id), tier="emergency",
-                       session_id=session.id, target="light", hooks=session.engine.registry.hooks)
+                       session_id=session.id, target="light", hooks=session.engine.registry.hooks,
+                       registry=session.engine.registry)
     out = emergency(messages, ctx)
     pairing = _pack_stage(session, PAIRING_STAGE)
     repaired = pairing(out.messages, ctx) if pairing is not None else out
