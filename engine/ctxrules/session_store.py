@@ -34,7 +34,16 @@ from ctxrules.private_files import (
 if TYPE_CHECKING:
     from ctxrules.locks import FileLock
 
-__all__ = ["STATE_VERSION", "SessionLock", "SessionStore", "ensure_dir", "write_atomic"]
+__all__ = ["DEFAULT_STATE_ROOT", "STATE_VERSION", "SessionLock", "SessionStore", "ensure_dir",
+           "state_root_from_env", "write_atomic"]
+
+DEFAULT_STATE_ROOT = ".ctxrules"
+"""Where sessions and the day and goal ledgers live when nothing else is said."""
+
+
+def state_root_from_env() -> Path:
+    """The state root: ``CTXRULES_STATE`` when set, else :data:`DEFAULT_STATE_ROOT`."""
+    return Path(os.environ.get("CTXRULES_STATE", DEFAULT_STATE_ROOT))
 
 STATE_VERSION = 1
 
