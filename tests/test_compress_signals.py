@@ -4,6 +4,7 @@ nothing CMD started outlives ctxrules."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -85,3 +86,43 @@ def test_a_command_that_ends_by_itself_is_unaffected(tmp_path: Path) -> None:
     proc = start(tmp_path, "seq 1 5; exit 3")
     out, _err = proc.communicate(timeout=60)
     assert proc.returncode == 3 and out == b"1\n2\n3\n4\n5\n"
+
+
+def test_ctrl_c_typed_at_a_terminal_reaches_the_command(tmp_path: Path) -> None:
+    """On a real terminal (a pty): the command's group is given the terminal, so Ctrl-C goes to
+    it; ctxrules prints the compressed partial output and exits 130."""
+    import pty
+    import select
+
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: ctxrules with the pty as its controlling terminal
+        os.chdir(tmp_path)
+        os.environ.update(ENV)
+        os.execv(sys.executable, [sys.executable, "-m", "ctxrules.cli.main", "compress", "--", "sh", "-c",
+                                  SCRIPT])
+    buf = b""
+    try:
+        deadline = time.monotonic() + 60
+        while not (tmp_path / "READY").exists():
+            assert time.monotonic() < deadline, "the command never started"
+            if select.select([fd], [], [], 0.05)[0]:
+                buf += os.read(fd, 65536)
+        os.write(fd, b"\x03")  # Ctrl-C
+        t = time.monotonic()
+        status = None
+        while status is None and time.monotonic() - t < 20:
+            if select.select([fd], [], [], 0.1)[0]:
+                with contextlib.suppress(OSError):  # EIO: the child closed the terminal
+                    buf += os.read(fd, 65536)
+            done, raw = os.waitpid(pid, os.WNOHANG)
+            status = os.waitstatus_to_exitcode(raw) if done else None
+        assert status == 130
+        assert time.monotonic() - t < 10
+    finally:
+        with contextlib.suppress(ProcessLookupError, ChildProcessError):
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        os.close(fd)
+    text = buf.decode("utf-8", "replace")
+    assert "partial-output" in text and "[ctxrules:elided" in text
+    assert group_gone(int((tmp_path / "READY").read_text()))
