@@ -182,3 +182,21 @@ def test_a_fifo_in_place_of_the_state_is_refused_without_hanging(tmp_path: Path)
     os.mkfifo(session / "state.json")
     proc = run_cli(tmp_path)
     assert proc.returncode == 2 and "not a regular file" in proc.stderr
+
+
+@pytest.mark.parametrize(("name", "write"), [
+    ("notes.json", lambda s: s.notes.add("remember the flag")),
+    ("touched.json", lambda s: s.touch("src/app.py")),
+])
+def test_other_session_files_planted_as_links_are_refused(tmp_path: Path, name: str, write: Any) -> None:
+    from ctxrules.errors import CtxrulesError
+
+    target = victim(tmp_path)
+    session_dir = tmp_path / "s"
+    session_dir.mkdir()
+    (session_dir / name).symlink_to(target)
+    session = Engine.load("builtin:default").session(session_dir, model="gpt-4o")
+    with pytest.raises(CtxrulesError, match="symbolic link"):
+        write(session)
+    assert target.read_text() == "precious\n"
+    assert (session_dir / name).is_symlink()  # refused, not replaced
