@@ -345,7 +345,11 @@ class Session:
         if self._last_output is not None:
             return list(self._last_output)
         record = self.store.load().get("last") or {}
-        output = self.store.load_output(int(record.get("output_count", -1)), record.get("output_file"))
+        count = record.get("output_count")
+        if not isinstance(count, int):  # no output yet, or a state that was damaged and reset
+            return []
+        # The digest is checked: a tampered file must not widen what recall may hand out.
+        output = self.store.load_output(count, record.get("output_file"), record.get("output_digest"))
         return output or []
 
     def fingerprint_parts(self) -> dict[str, str]:
