@@ -187,12 +187,12 @@ def apply_rule(
     shown = bytearray(n + 2)
     for item in items:
         if isinstance(item, Line):
-            a, b = item.src
-            if not 1 <= a <= b <= n:
-                raise CompressorError(
-                    f"compressor '{rule.id}': a line claims original lines {a}-{b} of {n}"
-                )
-            shown[a : b + 1] = b"\x01" * (b - a + 1)
+            for a, b in item.ranges() if item.also else (item.src,):
+                if not 1 <= a <= b <= n:
+                    raise CompressorError(
+                        f"compressor '{rule.id}': a line claims original lines {a}-{b} of {n}"
+                    )
+                shown[a : b + 1] = b"\x01" * (b - a + 1)
 
     placer = _Placer(items)
     inserts: list[tuple[int, float, str]] = []
