@@ -16,7 +16,8 @@ so the command whose output we see is found like this (docs/compressors.md "Matc
 4. Redirections (``2>&1``, ``> out.txt``), leading ``VAR=value`` assignments and wrappers
    (``sudo``, ``env``, ``time``, ``timeout 60``, ``nice``, ``nohup``, ``stdbuf``, ``command``,
    ``exec``, ``xargs``, ``uv run``, ``poetry run``, ``pipenv run``, ``pdm run``, ``hatch run``,
-   ``rye run``, ``pipx run``, ``bundle exec``, ``npx``, ``bunx``, ``pnpm exec|dlx``, ``yarn dlx``, ``python -m``) are removed:
+   ``rye run``, ``pipx run``, ``bundle exec``, ``npx``, ``bunx``, ``pnpm exec|dlx``,
+   ``yarn dlx``, ``python -m``) are removed:
    ``npx jest`` is ``jest`` and ``python3 -m pytest`` is ``pytest``.
 5. A shell given a script (``sh -c '...'``, ``bash -lc '...'``, ``zsh -ec '...'``) is the
    script: it is parsed by these same steps (nested shells too, a few levels deep), so
