@@ -225,7 +225,7 @@ def apply_rule(
     hidden_failures: list[int] = []
     if rule.failures:
         hits = failure_lines(rule.failures, originals)
-        room = rule.failures_max - sum(1 for line_no in hits if shown[line_no])
+        room = rule.failures_max  # lines put back; the ones the steps kept are free
         for line_no in hits:
             if shown[line_no]:
                 continue

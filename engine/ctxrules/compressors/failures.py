@@ -4,8 +4,8 @@ Every compressor rule declares its ``failures:`` patterns, in priority order (a 
 summary line before its assertion lines). After a rule's steps have run, the engine puts back
 every original line that matches one of them and that no output line stands for, so a budget
 (``max_lines``, ``limit_blocks``, ``head``...) never hides a failure. Only when the failure
-lines alone are more than ``failures_max`` does the engine stop: it keeps them in priority
-order up to the cap, and the markers of the elided runs name how many failure lines each one
+lines the steps dropped are more than ``failures_max`` does the engine stop: it puts them back
+in priority order up to the cap, and the markers of the elided runs name how many failure lines each one
 holds (``failures=N``), so the count and the vault range are always in the output.
 
 A pattern is a regular expression, or ``{pattern: RE, before: N, after: M}`` to also protect
@@ -47,7 +47,8 @@ DEFAULT_FAILURES: tuple[str, ...] = (
 """The failure patterns of a rule that declares none (and of ``generic``)."""
 
 FAILURES_MAX = 200
-"""Failure lines one output keeps at most (a rule may ask for more or less)."""
+"""Failure lines the engine puts back into one output at most (a rule may ask for more or
+less); the ones the rule's steps kept do not count."""
 
 _ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b[@-Z\\-_]")
 
