@@ -21,7 +21,11 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from functools import lru_cache
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ctxrules.compressors.actions.common import Matcher
 
 __all__ = [
     "DEFAULT_FAILURES",
@@ -79,6 +83,15 @@ def compile_failures(patterns: Sequence[Any]) -> tuple[FailurePattern, ...]:
     return tuple(out)
 
 
+@lru_cache(maxsize=256)
+def _combined(regexes: tuple[re.Pattern[str], ...]) -> Matcher:
+    from ctxrules.compressors.actions.common import compile_all
+
+    matcher = compile_all([r.pattern for r in regexes])
+    assert matcher is not None
+    return matcher
+
+
 def failure_lines(patterns: Sequence[FailurePattern], lines: Sequence[str]) -> list[int]:
     """1-based numbers of the lines matching ``patterns``, in priority order: the lines of the
     first pattern in output order, then those of the second that the first did not take...
@@ -91,9 +104,13 @@ def failure_lines(patterns: Sequence[FailurePattern], lines: Sequence[str]) -> l
     taken: set[int] = set()
     order: list[int] = []
     n = len(plain)
+    # One pass with all patterns as one alternation finds the few candidate lines; the
+    # priority order is then worked out on those alone.
+    anyone = _combined(tuple(p.regex for p in patterns))
+    candidates = [(i, text) for i, text in enumerate(plain, 1) if anyone.search(text)]
     for pattern in patterns:
         search = pattern.regex.search
-        for index, text in enumerate(plain, 1):
+        for index, text in candidates:
             if search(text) is None:
                 continue
             first, last = max(1, index - pattern.before), min(n, index + pattern.after)

@@ -136,9 +136,12 @@ class Carry:
         return out
 
 
+_NEEDS_QUOTES = re.compile(r"[\s'\"\\]")
+
+
 def _shell_word(name: str) -> str:
     """``name`` as one space-separated word: quoted when it holds spaces or quotes."""
-    if name and not re.search(r"[\s'\"\\]", name):
+    if name and not _NEEDS_QUOTES.search(name):
         return name
     return "'" + name.replace("'", "'\\''") + "'"
 
