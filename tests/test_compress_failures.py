@@ -117,9 +117,7 @@ def test_every_failure_line_is_kept_or_counted(name: str, command: str, path: Pa
         assert _words(line) in words, f"{name}: failure line {n} is lost: {line!r}"
 
 
-def _shown(
-    output: str, text: str, rule: CompiledRule, command: str, code: int, vault_id: str
-) -> set[int]:
+def _shown(output: str, text: str, rule: CompiledRule, command: str, code: int, vault_id: str) -> set[int]:
     """Original line numbers the output stands for (re-running the steps to see the Lines)."""
     from ctxrules.compressors import apply as apply_module
 

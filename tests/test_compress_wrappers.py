@@ -70,9 +70,7 @@ def tools(tmp_path: Path) -> Path:
     module.mkdir(parents=True)
     (module / "__init__.py").write_text("", encoding="utf-8")
     (module / "__main__.py").write_text(
-        "import sys\n"
-        f"sys.stdout.write(open({str(FIXTURE)!r}, encoding='utf-8').read())\n"
-        "sys.exit(1)\n",
+        f"import sys\nsys.stdout.write(open({str(FIXTURE)!r}, encoding='utf-8').read())\nsys.exit(1)\n",
         encoding="utf-8",
     )
     return bin_dir
@@ -108,9 +106,7 @@ def _assert_pytest_rule(proc: subprocess.CompletedProcess[str]) -> None:
 
 
 @pytest.mark.parametrize(("template", "label"), WRAPPED, ids=IDS)
-def test_filter_mode_sees_through_the_wrapper(
-    tmp_path: Path, tools: Path, cli: Any, template: str, label: str
-) -> None:
+def test_filter_mode_sees_through_the_wrapper(tmp_path: Path, tools: Path, cli: Any, template: str, label: str) -> None:
     line = _line(template, tmp_path, tools)
     code, out, err = cli(
         "compress", "--stats", "--state", str(tmp_path / "state"),
@@ -127,9 +123,7 @@ def test_proxy_mode_runs_the_wrapper_and_sees_through_it(
     line = _line(template, tmp_path, tools)
     proc = _run(tmp_path, tools, "--always", "--", "sh", "-c", line)
     # The exit code is the command's: pytest's 1 unless a trimming pipe stage ends the line.
-    assert proc.returncode == (0 if "| " in template and "pipefail" not in template else 1), (
-        proc.stderr
-    )
+    assert proc.returncode == (0 if "| " in template and "pipefail" not in template else 1), proc.stderr
     _assert_pytest_rule(proc)
 
 

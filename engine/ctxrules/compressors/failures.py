@@ -5,8 +5,9 @@ summary line before its assertion lines). After a rule's steps have run, the eng
 every original line that matches one of them and that no output line stands for, so a budget
 (``max_lines``, ``limit_blocks``, ``head``...) never hides a failure. Only when the failure
 lines the steps dropped are more than ``failures_max`` does the engine stop: it puts them back
-in priority order up to the cap, and the markers of the elided runs name how many failure lines each one
-holds (``failures=N``), so the count and the vault range are always in the output.
+in priority order up to the cap, and the markers of the elided runs name how many failure
+lines each one holds (``failures=N``), so the count and the vault range are always in the
+output.
 
 A pattern is a regular expression, or ``{pattern: RE, before: N, after: M}`` to also protect
 the lines around each match: a traceback's exception line with ``before: 2`` keeps the last
