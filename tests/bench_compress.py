@@ -38,7 +38,7 @@ from ctxrules.compressors.apply import is_failure  # noqa: E402
 from ctxrules.compressors.argv import parse_command  # noqa: E402
 from ctxrules.compressors.rules import compile_rules, select_rule  # noqa: E402
 from ctxrules.models import lookup_model  # noqa: E402
-from ctxrules.packs.loader import load_pack  # noqa: E402
+from ctxrules.packs.validated import load_pack  # noqa: E402
 from ctxrules.plugins import default_registry  # noqa: E402
 from ctxrules.tokens import TokenCounter  # noqa: E402
 from ctxrules.vault import parse_markers  # noqa: E402
@@ -138,7 +138,7 @@ def main() -> None:
     # files, tokens before, after, failure lines, kept, counted, key lines, kept, head+tail
     rows: dict[str, list[float]] = defaultdict(lambda: [0.0] * 9)
     for ident, family, command, text, code in items:
-        result = compress_text(pack, command, text, code)
+        result = compress_text(pack, command, text, code, registry=default_registry())
         output = result.text if result is not None else text
         row = rows[family]
         row[0] += 1
@@ -185,7 +185,7 @@ def main() -> None:
     started = time.perf_counter()
     for _ in range(args.repeat):
         for command, text, code in texts:
-            compress_text(pack, command, text, code)
+            compress_text(pack, command, text, code, registry=default_registry())
     ours_s = time.perf_counter() - started
     started = time.perf_counter()
     for _ in range(args.repeat):

@@ -23,7 +23,7 @@ from ctxrules.compressors.argv import parse_command
 from ctxrules.compressors.failures import DEFAULT_FAILURES, compile_failures, failure_lines
 from ctxrules.compressors.lines import Line
 from ctxrules.compressors.rules import CompiledRule, compile_rules, select_rule
-from ctxrules.packs.loader import load_pack
+from ctxrules.packs.validated import load_pack
 from ctxrules.plugins import default_registry
 from ctxrules.vault import parse_markers
 
@@ -107,7 +107,7 @@ def test_every_failure_line_is_kept_or_counted(name: str, command: str, path: Pa
     assert not hidden or len(hits) - len(hidden) >= rule.failures_max, f"{name}: hidden below the cap"
 
     # Outside: what the caller gets (the original when nothing would be saved).
-    result = compress_text(_pack(), command, text, code)
+    result = compress_text(_pack(), command, text, code, registry=default_registry())
     output = result.text if result is not None else text
     words = _words(output)
     for n in hits:
@@ -156,7 +156,7 @@ def test_beyond_the_cap_failure_lines_are_counted_with_their_range() -> None:
             }
         ]
     }
-    result = compress_text(pack, "pytest", text, 1)
+    result = compress_text(pack, "pytest", text, 1, registry=default_registry())
     assert result is not None
     originals, _ = split_output(text)
     e_lines = [i for i, line in enumerate(originals, 1) if line.startswith("E ")]
@@ -176,7 +176,7 @@ def test_beyond_the_cap_failure_lines_are_counted_with_their_range() -> None:
 def test_generic_keeps_go_failures_it_does_not_know() -> None:
     # The case: go's output through a script the rules do not know.
     text = (FIXTURES / "go" / "test_failures_v.txt").read_text(encoding="utf-8")
-    result = compress_text(_pack(), "./ci/run-unit-tests.sh", text, 1)
+    result = compress_text(_pack(), "./ci/run-unit-tests.sh", text, 1, registry=default_registry())
     output = result.text if result is not None else text
     assert result is None or result.rule_id == "generic"
     for line in text.splitlines():

@@ -28,6 +28,7 @@ from ctxrules.compressors.failures import (
     FailurePattern,
     compile_failures,
 )
+from ctxrules.diagnostics import did_you_mean
 from ctxrules.errors import CtxrulesError
 
 if TYPE_CHECKING:
@@ -149,8 +150,6 @@ def _build_steps(rule_id: str, steps: Sequence[Any], registry: Registry) -> tupl
         name = step["use"]
         action = registry.actions.get(name)
         if action is None:
-            from ctxrules.validation.diagnostics import did_you_mean
-
             hint = did_you_mean(name, list(registry.actions))
             raise CompressorError(
                 f"compressor '{rule_id}', step {i + 1}: unknown action '{name}'"
