@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import functools
 import hashlib
 import itertools
 import json
@@ -55,12 +56,15 @@ DEFAULT_STATE_ROOT = ".ctxrules"
 
 @dataclass
 class PrepareResult:
-    """What ``prepare`` returns: new lists (the input is untouched), call options, the report."""
+    """What ``prepare`` returns: new lists (the input is untouched), call options, the report,
+    and ``body``: the request in the format it came in (``prepare(..., format=...)``)."""
 
     messages: list[Message]
     tools: list[dict[str, Any]]
     request: dict[str, Any]
     report: dict[str, Any]
+    body: Any = None
+    format: str = "openai"
 
 
 class Engine:
@@ -350,9 +354,25 @@ class Session:
         return memo[1], memo[2]
 
     def prepare(self, messages: Any, tools: list[dict[str, Any]] | None = None, *,
-                clock: float | None = None) -> PrepareResult:
+                clock: float | None = None, format: str = "openai") -> PrepareResult:
         """Run the pipeline before a model call. ``messages`` is the full history (append-only);
-        a JSON-style ``{"messages": [...], "tools": [...]}`` is accepted too."""
+        a JSON-style ``{"messages": [...], "tools": [...]}`` is accepted too.
+
+        ``format``: ``openai`` (the default), ``anthropic`` (``messages`` is a whole Anthropic
+        Messages request body) or ``auto`` (:func:`ctxrules.formats.detect`). ``result.body``
+        is the request in that format; ``result.messages`` the internal OpenAI form."""
+        if format != "openai":
+            from ctxrules.formats.request import prepare_request
+
+            return prepare_request(self, messages, tools, clock=clock, format=format)
+        result = self._prepare_openai(messages, tools, clock)
+        from ctxrules.formats import openai
+
+        result.body = openai.encode(result.messages, result.tools, messages if isinstance(messages, dict) else None)
+        return result
+
+    def _prepare_openai(self, messages: Any, tools: list[dict[str, Any]] | None,
+                        clock: float | None) -> PrepareResult:
         listed, given_tools = split_input(messages)
         if tools is None:
             tools = given_tools
@@ -370,9 +390,10 @@ class Session:
                 self.store.forget()  # a run that did not finish may have changed the state in memory
                 raise
 
-    async def aprepare(self, messages: Any, tools: list[dict[str, Any]] | None = None) -> PrepareResult:
+    async def aprepare(self, messages: Any, tools: list[dict[str, Any]] | None = None, *,
+                       format: str = "openai") -> PrepareResult:
         """``prepare`` off the event loop."""
-        return await asyncio.to_thread(self.prepare, messages, tools)
+        return await asyncio.to_thread(functools.partial(self.prepare, messages, tools, format=format))
 
     def _prepare(self, history: list[Message], tools: list[dict[str, Any]], clock: float) -> PrepareResult:
         started = time.perf_counter()
