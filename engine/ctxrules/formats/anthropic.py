@@ -2,7 +2,8 @@
 
 **Decode** (:func:`decode`): the top-level ``system`` (a string or text blocks) becomes the
 leading system message; a user turn's ``tool_result`` blocks become ``tool`` messages (content,
-``is_error``, ``cache_control`` kept) followed by a user message with the turn's other blocks;
+``is_error``, ``cache_control`` kept) followed by the turn's other blocks as user messages (one per text
+block, images and documents with the text before them);
 an assistant turn's ``tool_use`` blocks become ``tool_calls`` (``input`` as the JSON
 ``arguments``), its ``thinking``/``redacted_thinking`` blocks ``thinking_blocks`` (the blocks
 themselves, signatures byte-exact), everything else its content parts. Images, documents and
@@ -147,9 +148,29 @@ def _decode_user(where: str, content: str | list[Any], extra: dict[str, Any]) ->
             out.append(_decode_result(block))
         else:
             rest.append(block)
-    if rest or not out:
-        out.append({"role": "user", "content": rest, **extra})
+    groups = _text_groups(rest)
+    for group in groups:
+        out.append({"role": "user", "content": group, **extra})
+    if not groups and not out:
+        out.append({"role": "user", "content": [], **extra})
     return out
+
+
+def _text_groups(blocks: list[Any]) -> list[list[Any]]:
+    """A turn's blocks as one user message per text block, other blocks (images, documents)
+    with the text before them (leading ones with the first text). Agents put several messages
+    into one turn (a resumed session's summary, command output, then the actual request):
+    kept apart, the latest real user message is the request, not the whole turn. Encoding
+    joins them back into the same block list."""
+    groups: list[list[Any]] = []
+    for block in blocks:
+        if block["type"] == "text" and groups and any(b["type"] == "text" for b in groups[-1]):
+            groups.append([block])
+        elif groups:
+            groups[-1].append(block)
+        else:
+            groups.append([block])
+    return groups
 
 
 def _decode_result(block: Mapping[str, Any]) -> Message:
