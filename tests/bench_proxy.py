@@ -21,10 +21,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from conftest import transcript_paths  # noqa: E402
-from proxy_kit import FakeUpstream, missing_proxy_modules, post, running_proxy, write_config  # noqa: E402
+from conftest import transcript_paths
+from proxy_kit import FakeUpstream, missing_proxy_modules, post, running_proxy, write_config
 
-HOOK = "from ctxrules.integrations.litellm import ContextHook\n\nhook = ContextHook('builtin:default', {state!r}, window={window})\n"
+HOOK = ("from ctxrules.integrations.litellm import ContextHook\n\n"
+        "hook = ContextHook('builtin:default', {state!r}, window={window})\n")
 
 
 def prefix_at_step(history: list[dict], n: int) -> list[dict]:

@@ -21,7 +21,6 @@ from ctxrules.formats import anthropic as A
 from ctxrules.integrations import session_name
 from ctxrules.integrations.litellm import ContextHook, completion
 
-
 # litellm's own pydantic models warn while they build (its code, not ours).
 pytestmark = pytest.mark.filterwarnings("ignore:Items? .* using the `ReadOnly` qualifier:UserWarning")
 

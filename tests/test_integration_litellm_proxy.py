@@ -147,7 +147,8 @@ def test_two_sessions_in_parallel_stay_apart(proxy: Any) -> None:
         results[name] = post(base, "/v1/chat/completions", {"model": "gpt-4o", "messages": history,
                                                              "litellm_session_id": name})[0]
 
-    threads = [threading.Thread(target=send, args=("par-a", first)), threading.Thread(target=send, args=("par-b", second))]
+    threads = [threading.Thread(target=send, args=("par-a", first)),
+               threading.Thread(target=send, args=("par-b", second))]
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -163,7 +164,7 @@ def test_two_sessions_in_parallel_stay_apart(proxy: Any) -> None:
 
 def test_the_same_request_again_is_not_compacted_twice(proxy: Any) -> None:
     """Both hooks fire per request; a history extended by one turn reuses the session."""
-    base, upstream, state = proxy
+    base, upstream, _state = proxy
     history = transcript("claudecode-258c7280.json")
     status, _ = post(base, "/v1/chat/completions", {"model": "gpt-4o", "messages": history,
                                                     "litellm_session_id": "again"})

@@ -414,7 +414,8 @@ def _encode_call(call: Mapping[str, Any]) -> dict[str, Any]:
 
 def _add_result(turns: list[dict[str, Any]], message: Mapping[str, Any]) -> None:
     block: dict[str, Any] = {"type": "tool_result", "tool_use_id": message.get("tool_call_id")}
-    private = message.get(PRIVATE) if isinstance(message.get(PRIVATE), Mapping) else {}
+    found = message.get(PRIVATE)
+    private: Mapping[str, Any] = found if isinstance(found, Mapping) else {}
     content = message.get("content")
     if "content" in private and content in ("", None):
         if private["content"] != _ABSENT:
@@ -530,9 +531,7 @@ def validate(request: object, *, original: Mapping[str, Any] | None = None,
         blocks = content if isinstance(content, list) else []
         if not isinstance(content, str | list):
             problems.append(Problem(f"{where}.content", "must be a string or a list of blocks"))
-        elif isinstance(content, list) and not content:
-            problems.append(Problem(f"{where}.content", "is empty"))
-        elif isinstance(content, str) and not content and role == "user":
+        elif not content and (isinstance(content, list) or role == "user"):
             problems.append(Problem(f"{where}.content", "is empty"))
         results = [b for b in blocks if isinstance(b, Mapping) and b.get("type") == "tool_result"]
         answered = [b.get("tool_use_id") for b in results]
@@ -544,9 +543,9 @@ def validate(request: object, *, original: Mapping[str, Any] | None = None,
             for call_id in previous_calls:
                 if call_id not in answered:
                     problems.append(Problem(where, f"tool_use {call_id} is not answered in this turn"))
-            for call_id in answered:
-                if call_id not in previous_calls:
-                    problems.append(Problem(where, f"tool_result {call_id} answers no tool_use of the turn before"))
+            for result_id in answered:
+                if result_id not in previous_calls:
+                    problems.append(Problem(where, f"tool_result {result_id} answers no tool_use of the turn before"))
             if len(set(answered)) != len(answered):
                 problems.append(Problem(where, "a tool_use is answered twice"))
         elif previous_calls:
@@ -557,18 +556,18 @@ def validate(request: object, *, original: Mapping[str, Any] | None = None,
         for j, block in enumerate(blocks):
             _check_block(f"{where}.content[{j}]", block, role, problems)
             if isinstance(block, Mapping) and block.get("type") == "tool_use":
-                call_id = block.get("id")
-                if not isinstance(call_id, str) or not call_id:
+                use_id = block.get("id")
+                if not isinstance(use_id, str) or not use_id:
                     problems.append(Problem(f"{where}.content[{j}]", "tool_use without an id"))
                     continue
                 if role != "assistant":
                     problems.append(Problem(f"{where}.content[{j}]", "tool_use in a user turn"))
-                if call_id in seen_ids:
+                if use_id in seen_ids:
                     problems.append(Problem(f"{where}.content[{j}]",
-                                            f"tool_use id {call_id} reused (first at {seen_ids[call_id]})"))
+                                            f"tool_use id {use_id} reused (first at {seen_ids[use_id]})"))
                 else:
-                    seen_ids[call_id] = f"{where}.content[{j}]"
-                calls.append(call_id)
+                    seen_ids[use_id] = f"{where}.content[{j}]"
+                calls.append(use_id)
         previous_calls = calls if role == "assistant" else []
         previous_role = role if isinstance(role, str) else None
     if previous_calls:
@@ -642,7 +641,9 @@ def _signature(block: Mapping[str, Any]) -> str | None:
 def _thinking_turns(request: Mapping[str, Any]) -> list[tuple[int, list[Mapping[str, Any]]]]:
     out = []
     for i, message in enumerate(request.get("messages") or []):
-        if isinstance(message, Mapping) and message.get("role") == "assistant" and isinstance(message.get("content"), list):
+        if not isinstance(message, Mapping) or message.get("role") != "assistant":
+            continue
+        if isinstance(message.get("content"), list):
             thinking = [b for b in message["content"] if isinstance(b, Mapping) and b.get("type") in _THINKING]
             if thinking:
                 out.append((i, thinking))
@@ -677,7 +678,7 @@ def _check_thinking(request: Mapping[str, Any], original: Mapping[str, Any], pre
             if signature is None:
                 continue
             if signature not in before:
-                problems.append(Problem(f"messages[{i}]", "a signed thinking block that is not in the original request"))
+                problems.append(Problem(f"messages[{i}]", "a signed thinking block not in the original request"))
                 continue
             at, exact = before[signature]
             if _canon(block) != exact:

@@ -58,7 +58,7 @@ _ANTHROPIC_KEYS = ("system", "messages", "tools")
 _PRODUCED_LIMIT = 4096
 
 
-class ContextHook(CustomLogger):  # type: ignore[misc]  # litellm ships no type information
+class ContextHook(CustomLogger):
     """Run ``pack`` on every request; sessions under ``state`` (the state root).
 
     ``model``/``window``: the model whose facts (window, tokenizer) apply, when the request's
