@@ -312,3 +312,28 @@ def test_cli_run_refuses_what_it_cannot_read(tmp_path: Path, argv: list[str], pa
     assert message in proc.stderr and str(src) in proc.stderr and "Traceback" not in proc.stderr
     assert proc.stdout == ""
     assert not (tmp_path / "s").exists()  # nothing was half-done
+
+
+def test_preserved_thinking_pin_keeps_every_signed_prefix(tmp_path: Path) -> None:
+    """thinking.clean's preserved_thinking: pin — no stage changes what comes before the newest
+    signed thinking, so the request validates under the preserved-thinking rule; the default
+    (drop) compacts that prefix."""
+    path = next(p for p in transcript_paths() if p.name == "claudecode-ae4a77f8.json")
+    history = json.loads(path.read_text())
+    assistants = [i for i, m in enumerate(history) if m["role"] == "assistant"]
+    signed = assistants[len(assistants) // 2]
+    history[signed] = {**history[signed],
+                       "thinking_blocks": [{"type": "thinking", "thinking": "plan", "signature": "sig-mid"}]}
+    request = A.encode(history, None, {"model": "claude-sonnet-4-5", "max_tokens": 4096})
+    pack = tmp_path / "pin.yaml"
+    pack.write_text("apiVersion: ctxrules/v1\nkind: RulePack\nmetadata: {name: pin, version: 1.0.0}\n"
+                    "extends: [builtin:default]\npipeline:\n  - {id: thinking, with: {preserved_thinking: pin}}\n")
+    pinned = Engine.load(pack).session(tmp_path / "p", model="claude-sonnet-4-5", window=200_000).prepare(
+        request, format="anthropic")
+    assert A.validate(pinned.body, original=request, preserved_thinking=True) == []
+    kept = next(i for i, m in enumerate(pinned.body["messages"])
+                if any(b.get("signature") == "sig-mid" for b in m["content"] if isinstance(m["content"], list)))
+    assert A._canon(pinned.body["messages"][:kept]) == A._canon(request["messages"][:kept])
+    dropped = Engine.load("builtin:default").session(tmp_path / "d", model="claude-sonnet-4-5",
+                                                      window=200_000).prepare(request, format="anthropic")
+    assert pinned.report["after"]["tokens"] > dropped.report["after"]["tokens"]

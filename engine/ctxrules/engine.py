@@ -74,6 +74,9 @@ class Engine:
         self.pack = pack
         self.registry = registry
         self.plan = self._build_plan()
+        # thinking.clean's preserved_thinking: pin extends the pins of every stage (structure).
+        self.pin_signed_prefix = any(p.type.name == "thinking.clean" and p.options.get("preserved_thinking") == "pin"
+                                     for p in self.plan)
         canonical = json.dumps(pack.data, sort_keys=True, ensure_ascii=False, default=str)
         self.digest = hashlib.sha256(canonical.encode("utf-8")).hexdigest()
         self._stamps = _stamps(pack.real_paths.values())
@@ -101,6 +104,7 @@ class Engine:
                         f"{first.code} {first.message}); still using the previous version"]
             fresh = Engine(pack, self.registry)
             self.pack, self.plan, self.digest, self._stamps = fresh.pack, fresh.plan, fresh.digest, fresh._stamps
+            self.pin_signed_prefix = fresh.pin_signed_prefix
             return [f"the pack changed on disk and was reloaded ({', '.join(pack.files)})"]
 
     @classmethod
@@ -461,6 +465,7 @@ class Session:
             session_id=self.id, clock=clock, cache_hot=cache_hot, hooks=self.engine.registry.hooks,
             valid_prefix=len(previous) if reused else 0,
         )
+        pin_token = structure.PIN_SIGNED_PREFIX.set(self.engine.pin_signed_prefix)
         try:
             outcome = run_pipeline(self.engine.plan, pipeline_input, base, state.setdefault("stages", {}),
                                    known_tokens=known, on_event=self._emit if self.on_event else None)
@@ -470,6 +475,8 @@ class Session:
                 full = self.vault.put_text(json.dumps(pipeline_input, ensure_ascii=False)) if prefix else None
                 checkpoint.interrupted(self.path, f"{type(exc).__name__}: {exc}", backup=full)
             raise
+        finally:
+            structure.PIN_SIGNED_PREFIX.reset(pin_token)
         self._last_msgs_sum, self._last_out_tokens, self._last_tools = msgs_sum, outcome.tokens, tools
         vault_new = sorted({a["vault_id"] for r in outcome.records for a in r.actions if a.get("vault_id")})
         chain = chain.extended(history[reused:])
