@@ -36,8 +36,9 @@ def missing_proxy_modules() -> list[str]:
 class FakeUpstream:
     """Records each POST body; answers like the provider would, with a tiny reply."""
 
-    def __init__(self) -> None:
+    def __init__(self, usage_tokens: int = 1) -> None:
         self.requests: list[tuple[str, dict[str, Any]]] = []
+        self.usage_tokens = usage_tokens
         self._lock = threading.Lock()
         upstream = self
 
@@ -53,18 +54,20 @@ class FakeUpstream:
                         "model": body.get("model"), "output": [
                             {"type": "message", "id": "msg_fake", "status": "completed", "role": "assistant",
                              "content": [{"type": "output_text", "text": "ok", "annotations": []}]}],
-                        "usage": {"input_tokens": 1, "output_tokens": 1, "total_tokens": 2}}
+                        "usage": {"input_tokens": upstream.usage_tokens, "output_tokens": 1,
+                                  "total_tokens": upstream.usage_tokens + 1}}
                 elif self.path.endswith("/messages"):
                     answer = {
                         "id": "msg_fake", "type": "message", "role": "assistant", "model": body.get("model"),
                         "content": [{"type": "text", "text": "ok"}], "stop_reason": "end_turn",
-                        "stop_sequence": None, "usage": {"input_tokens": 1, "output_tokens": 1}}
+                        "stop_sequence": None, "usage": {"input_tokens": upstream.usage_tokens, "output_tokens": 1}}
                 else:
                     answer = {"id": "chatcmpl-fake", "object": "chat.completion", "created": 0,
                               "model": body.get("model"),
                               "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"},
                                            "finish_reason": "stop"}],
-                              "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}
+                              "usage": {"prompt_tokens": upstream.usage_tokens, "completion_tokens": 1,
+                                        "total_tokens": upstream.usage_tokens + 1}}
                 data = json.dumps(answer).encode()
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")

@@ -3,6 +3,10 @@ ids, stateless calls, idempotence, refusals and ctxrules' own failures."""
 
 from __future__ import annotations
 
+import os
+
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # before litellm is imported: no network
+
 import asyncio
 import hashlib
 import importlib
@@ -59,8 +63,14 @@ def test_the_async_sdk_hook_compacts_what_reaches_the_provider(tmp_path: Path, u
     async def call() -> Any:
         litellm.callbacks = [hook]
         try:
-            return await litellm.acompletion(model="openai/gpt-4o", api_base=f"{upstream.url}/v1", api_key="sk-x",
-                                             messages=history, litellm_session_id="sdk-1")
+            answer = await litellm.acompletion(model="openai/gpt-4o", api_base=f"{upstream.url}/v1",
+                                               api_key="sk-x", messages=history, litellm_session_id="sdk-1")
+            ledger = tmp_path / "state" / "sdk-1"
+            for _ in range(100):  # litellm logs success in a background task
+                if (ledger / "ledger.jsonl").is_file():
+                    break
+                await asyncio.sleep(0.05)
+            return answer
         finally:
             litellm.callbacks = []
 
@@ -70,6 +80,9 @@ def test_the_async_sdk_hook_compacts_what_reaches_the_provider(tmp_path: Path, u
     assert len(sent) < len(history) / 2 and pairing_problems(sent) == []
     assert hook.stats["prepared"] == 1
     assert (tmp_path / "state" / "sdk-1" / "state.json").is_file()  # no API key in the SDK: no namespace
+    # The success callback recorded the call's usage in the session's ledger (budgets see it).
+    entries = hook._session(tmp_path / "state" / "sdk-1", "openai/gpt-4o").ledger.root_entries()
+    assert [e.tokens.prompt for e in entries] == [1]
 
 
 def test_the_sync_wrapper_prepares_before_litellm_completion(tmp_path: Path, upstream: FakeUpstream) -> None:

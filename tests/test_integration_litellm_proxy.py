@@ -30,6 +30,7 @@ kind: RulePack
 metadata: {name: proxy-test, version: 1.0.0}
 extends: [builtin:default]
 guards: {max_request_tokens: 400000}
+budgets: {session: {tokens: 2500}}
 """
 # Keys OpenAI's chat API defines on a message (what may travel on the wire).
 OPENAI_KEYS = {"role", "content", "name", "tool_calls", "tool_call_id", "refusal", "cache_control"}
@@ -47,7 +48,7 @@ def proxy(tmp_path_factory: pytest.TempPathFactory) -> Any:
     folder = tmp_path_factory.mktemp("proxy")
     (folder / "pack.yaml").write_text(PACK)
     state = folder / "state"
-    with FakeUpstream() as upstream:
+    with FakeUpstream(usage_tokens=1000) as upstream:
         config = write_config(folder, upstream.url, hook=HOOK.format(pack=str(folder / "pack.yaml"),
                                                                    state=str(state)))
         with running_proxy(config) as base:
@@ -197,3 +198,18 @@ def test_other_endpoints_pass_through(proxy: Any, tmp_path: Path) -> None:
     # the call through to it untouched.
     assert any(p.endswith("/embeddings") and b.get("input") in ("hello", ["hello"]) for p, b in upstream.requests), \
         (status, [p for p, _ in upstream.requests])
+
+
+def test_an_exceeded_session_budget_is_a_429(proxy: Any) -> None:
+    """The hook records each call's usage (1,000 prompt tokens from the fake upstream) in the
+    session's ledger; the pack's 2,500-token session budget then refuses the fourth call."""
+    base, upstream, state = proxy
+    statuses = []
+    for turn in range(4):
+        status, answer = post(base, "/v1/chat/completions",
+                              {"model": "gpt-4o", "litellm_session_id": "budget",
+                               "messages": [{"role": "user", "content": f"turn {turn}"}]})
+        statuses.append(status)
+    assert statuses == [200, 200, 200, 429], answer
+    assert "budget exceeded" in json.dumps(answer)
+    assert not any("turn 3" in json.dumps(b) for _, b in upstream.requests)

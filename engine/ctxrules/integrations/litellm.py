@@ -100,6 +100,40 @@ class ContextHook(CustomLogger):
         key = metadata.get("user_api_key_hash") or metadata.get("user_api_key")
         return await self._hook(kwargs, call_type, api_key=str(key) if key else None)
 
+    async def async_log_success_event(self, kwargs: dict[str, Any], response_obj: Any, start_time: Any,
+                                      end_time: Any) -> None:
+        """After a successful call (proxy and async SDK): its usage goes to the session's ledger,
+        so the pack's budgets see what the calls cost."""
+        await asyncio.to_thread(self._record, kwargs, response_obj)
+
+    def log_success_event(self, kwargs: dict[str, Any], response_obj: Any, start_time: Any, end_time: Any) -> None:
+        """The same for litellm's sync path (``completion`` with this hook in ``litellm.callbacks``)."""
+        self._record(kwargs, response_obj)
+
+    def _record(self, kwargs: Mapping[str, Any], response: Any) -> None:
+        try:
+            params = kwargs.get("litellm_params")
+            params = params if isinstance(params, Mapping) else {}
+            metadata = {**_metadata(kwargs), **_metadata(params)}
+            probe = {"litellm_session_id": params.get("litellm_session_id") or kwargs.get("litellm_session_id"),
+                     "metadata": metadata, "proxy_server_request": params.get("proxy_server_request")}
+            raw = _session_id(probe)
+            if raw is None:
+                return  # stateless: there is no session ledger to count against
+            key = metadata.get("user_api_key_hash")
+            model = self.model or str(kwargs.get("model") or "")
+            session = self._session(self._session_path(raw, str(key) if key else None), model)
+            dump = getattr(response, "model_dump", None)  # litellm's pydantic responses
+            session.record_usage(dump() if callable(dump) else response)
+        except Exception as exc:  # the call succeeded; a ledger problem must not turn it into an error
+            self._log.warning("litellm.usage_error", error=f"{type(exc).__name__}: {exc}")
+
+    def _session_path(self, raw: str, api_key: str | None) -> Path:
+        base = self.state_root
+        if api_key is not None:
+            base = base / "keys" / hashlib.sha256(api_key.encode()).hexdigest()[:16]
+        return base / session_name(raw)
+
     # -- the work ------------------------------------------------------------------------------
 
     async def _hook(self, data: dict[str, Any], call_type: Any, *, api_key: str | None) -> dict[str, Any] | None:
@@ -149,10 +183,7 @@ class ContextHook(CustomLogger):
         raw = _session_id(data)
         if raw is None:
             return self._stateless(data, kind, model)
-        base = self.state_root
-        if api_key is not None:
-            base = base / "keys" / hashlib.sha256(api_key.encode()).hexdigest()[:16]
-        path = base / session_name(raw)
+        path = self._session_path(raw, api_key)
         out, report = _apply(self._session(path, model), data, kind)
         return out, str(path.relative_to(self.state_root)), report
 
