@@ -203,7 +203,7 @@ def test_other_endpoints_pass_through(proxy: Any, tmp_path: Path) -> None:
 def test_an_exceeded_session_budget_is_a_429(proxy: Any) -> None:
     """The hook records each call's usage (1,000 prompt tokens from the fake upstream) in the
     session's ledger; the pack's 2,500-token session budget then refuses the fourth call."""
-    base, upstream, state = proxy
+    base, upstream, _state = proxy
     statuses = []
     for turn in range(4):
         status, answer = post(base, "/v1/chat/completions",
