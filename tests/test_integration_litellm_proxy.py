@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -203,13 +204,20 @@ def test_other_endpoints_pass_through(proxy: Any, tmp_path: Path) -> None:
 def test_an_exceeded_session_budget_is_a_429(proxy: Any) -> None:
     """The hook records each call's usage (1,000 prompt tokens from the fake upstream) in the
     session's ledger; the pack's 2,500-token session budget then refuses the fourth call."""
-    base, upstream, _state = proxy
+    base, upstream, state = proxy
     statuses = []
     for turn in range(4):
         status, answer = post(base, "/v1/chat/completions",
                               {"model": "gpt-4o", "litellm_session_id": "budget",
                                "messages": [{"role": "user", "content": f"turn {turn}"}]})
         statuses.append(status)
+        # litellm runs success callbacks after the response is sent: wait for the record.
+        deadline = time.monotonic() + 30
+        while status == 200 and time.monotonic() < deadline:
+            ledgers = list((state / "keys").glob("*/budget/ledger.jsonl"))
+            if ledgers and len(ledgers[0].read_text().splitlines()) > turn:
+                break
+            time.sleep(0.05)
     assert statuses == [200, 200, 200, 429], answer
     assert "budget exceeded" in json.dumps(answer)
     assert not any("turn 3" in json.dumps(b) for _, b in upstream.requests)

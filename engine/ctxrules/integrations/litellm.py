@@ -122,7 +122,9 @@ class ContextHook(CustomLogger):
                 return  # stateless: there is no session ledger to count against
             key = metadata.get("user_api_key_hash")
             model = self.model or str(kwargs.get("model") or "")
-            session = self._session(self._session_path(raw, str(key) if key else None), model)
+            # The logged model may be the deployment's name: no switch (it would drop the
+            # session's in-memory reuse of its last compaction).
+            session = self._session(self._session_path(raw, str(key) if key else None), model, switch=False)
             dump = getattr(response, "model_dump", None)  # litellm's pydantic responses
             session.record_usage(dump() if callable(dump) else response)
         except Exception as exc:  # the call succeeded; a ledger problem must not turn it into an error
@@ -201,7 +203,7 @@ class ContextHook(CustomLogger):
         finally:
             shutil.rmtree(path, ignore_errors=True)
 
-    def _session(self, path: Path, model: str) -> Session:
+    def _session(self, path: Path, model: str, *, switch: bool = True) -> Session:
         with self._lock:
             session = self._sessions.get(path)
             if session is None:
@@ -212,7 +214,7 @@ class ContextHook(CustomLogger):
                     self._sessions.popitem(last=False)
             else:
                 self._sessions.move_to_end(path)
-        if session.model.name != model:
+        if switch and session.model.name != model:
             session.switch(model=model, window=self.window)
         return session
 
