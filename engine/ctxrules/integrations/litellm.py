@@ -92,7 +92,7 @@ class ContextHook(CustomLogger):
         """Proxy: before the router picks a deployment. ``cache`` is the proxy's auth cache;
         nothing is kept there."""
         key = getattr(user_api_key_dict, "token", None) or getattr(user_api_key_dict, "api_key", None)
-        return await self._hook(data, call_type, api_key=str(key) if key else "anonymous")
+        return await self._hook(data, call_type, api_key=str(key) if key else None)
 
     async def async_pre_call_deployment_hook(self, kwargs: dict[str, Any], call_type: Any) -> dict[str, Any] | None:
         """Async SDK (and the proxy, after a deployment was picked)."""
@@ -120,7 +120,7 @@ class ContextHook(CustomLogger):
             raw = _session_id(probe)
             if raw is None:
                 return  # stateless: there is no session ledger to count against
-            key = metadata.get("user_api_key_hash")
+            key = metadata.get("user_api_key_hash") or metadata.get("user_api_key")
             model = self.model or str(kwargs.get("model") or "")
             # The logged model may be the deployment's name: no switch (it would drop the
             # session's in-memory reuse of its last compaction).
