@@ -7,6 +7,12 @@ import sys
 from typing import Any
 
 from ctxrules.cli.io import dump, read_json, write_text
+from ctxrules.cli.tables import report_table
+from ctxrules.engine import open_session
+from ctxrules.errors import UsageError
+from ctxrules.formats import FormatError, detect
+from ctxrules.formats import anthropic as anthropic_format
+from ctxrules.messages import split_input
 
 
 def register(sub: Any) -> None:
@@ -41,12 +47,6 @@ def _on_sigterm(signum: int, frame: object) -> None:
 def run(args: argparse.Namespace) -> int:
     import signal
 
-    from ctxrules.engine import open_session
-    from ctxrules.errors import UsageError
-    from ctxrules.formats import FormatError, detect
-    from ctxrules.formats import anthropic as anthropic_format
-    from ctxrules.messages import split_input
-
     signal.signal(signal.SIGTERM, _on_sigterm)
     data = read_json(args.input)
     name = "<stdin>" if args.input == "-" else args.input
@@ -76,8 +76,6 @@ def run(args: argparse.Namespace) -> int:
     if args.report:
         write_text(args.report, dump(result.report))
     if args.explain:
-        from ctxrules.cli.tables import report_table
-
         stream = sys.stderr if args.output == "-" else sys.stdout
         stream.write(report_table(result.report))
     return 0
