@@ -24,6 +24,8 @@ from ctxrules import structure
 from ctxrules.budget.gate import finish_prepare, open_ledger, start_prepare
 from ctxrules.budget.router import route_for_session
 from ctxrules.errors import PackError, UsageError
+from ctxrules.formats import openai as openai_format
+from ctxrules.formats.request import prepare_request
 from ctxrules.logs import get_logger
 from ctxrules.messages import split_input, validate_messages
 from ctxrules.models import lookup_model
@@ -371,13 +373,9 @@ class Session:
         Messages request body) or ``auto`` (:func:`ctxrules.formats.detect`). ``result.body``
         is the request in that format; ``result.messages`` the internal OpenAI form."""
         if format != "openai":
-            from ctxrules.formats.request import prepare_request
-
             return prepare_request(self, messages, tools, clock=clock, format=format)
         result = self._prepare_openai(messages, tools, clock)
-        from ctxrules.formats import openai
-
-        result.body = openai.encode(result.messages, result.tools, messages if isinstance(messages, dict) else None)
+        result.body = openai_format.encode(result.messages, result.tools, messages if isinstance(messages, dict) else None)
         return result
 
     def _prepare_openai(self, messages: Any, tools: list[dict[str, Any]] | None,
