@@ -375,7 +375,8 @@ class Session:
         if format != "openai":
             return prepare_request(self, messages, tools, clock=clock, format=format)
         result = self._prepare_openai(messages, tools, clock)
-        result.body = openai_format.encode(result.messages, result.tools, messages if isinstance(messages, dict) else None)
+        original = messages if isinstance(messages, dict) else None
+        result.body = openai_format.encode(result.messages, result.tools, original)
         return result
 
     def _prepare_openai(self, messages: Any, tools: list[dict[str, Any]] | None,
