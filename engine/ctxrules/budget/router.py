@@ -37,8 +37,8 @@ from typing import Any, Final
 
 from ctxrules.errors import UsageError
 from ctxrules.messages import is_real_user, message_text
+from ctxrules.private_files import ensure_dir, read_private, write_atomic
 from ctxrules.redaction import redactor_for
-from ctxrules.session_store import ensure_dir, write_atomic
 
 __all__ = ["DEFAULT_RULES", "TIERS", "ComplexityRouter", "RouteDecision", "privacy_findings"]
 
@@ -426,7 +426,7 @@ class ComplexityRouter:
 
     def _misroute_shift(self, rules_tier: str, root: Path, now: float) -> int:
         try:
-            raw = (root / "router" / "misroutes.jsonl").read_bytes()
+            raw = read_private(root / "router" / "misroutes.jsonl")
         except OSError:
             return 0
         total = 0.0
@@ -470,7 +470,7 @@ class _StateFile:
         self._lock = FileLock(self.path.with_name(self.path.name + ".lock"))
         self._lock.acquire()
         try:
-            loaded = json.loads(self.path.read_bytes())
+            loaded = json.loads(read_private(self.path))
             self.data = loaded if isinstance(loaded, dict) else {}
         except (OSError, ValueError):
             self.data = {}
