@@ -38,7 +38,13 @@ from ctxrules.budget.ledger import (
 )
 from ctxrules.budget.policy import DIMENSIONS, BudgetPolicy, DimensionLimit, Level
 from ctxrules.budget.pricing import Rates, price_call, rates_for
-from ctxrules.budget.usage import TokenUsage, UsageFormat, is_failed_response, parse_usage
+from ctxrules.budget.usage import (
+    TokenUsage,
+    UsageFormat,
+    as_mapping,
+    is_failed_response,
+    parse_usage,
+)
 from ctxrules.errors import CtxrulesError, UsageError
 from ctxrules.session_store import ensure_dir, write_atomic
 
@@ -270,7 +276,7 @@ class SessionLedger:
 
     def record(
         self,
-        usage: TokenUsage | Mapping[str, Any],
+        usage: TokenUsage | Mapping[str, Any] | object,
         *,
         model: str | None = None,
         source: str = "api",
@@ -286,9 +292,10 @@ class SessionLedger:
         the ledger never counts usage a failed call did not have.
         """
         if not isinstance(usage, TokenUsage):
-            if is_failed_response(usage):
+            data = as_mapping(usage)  # SDK objects are read once (model_dump)
+            if is_failed_response(data):
                 return None
-            usage = parse_usage(usage, fmt)
+            usage = parse_usage(data, fmt)
         name = model or self.model
         if not name:
             raise UsageError("record_usage needs the model that was called (model=...)")

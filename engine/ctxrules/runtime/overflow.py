@@ -123,8 +123,5 @@ def _record(session: Session, model: str, response: Any, *, ok: bool) -> None:
     recorder = getattr(session, "record_usage", None)
     if not ok or recorder is None or response is None:
         return
-    usage = getattr(response, "usage", None)
-    if usage is not None:
-        # litellm's Usage is a pydantic model; the ledger takes plain JSON-like data.
-        dump = getattr(usage, "model_dump", None)
-        recorder(dump() if callable(dump) else usage, model=model)
+    if getattr(response, "usage", None) is not None:
+        recorder(response, model=model)  # the ledger reads litellm's ModelResponse itself
