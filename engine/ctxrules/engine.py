@@ -38,13 +38,7 @@ from ctxrules.runtime.guards import Preflight, check_gateway, preflight, refuse_
 from ctxrules.runtime.health import health
 from ctxrules.runtime.overflow import Completion
 from ctxrules.runtime.spill import DEFAULT_PREVIEW_TOKENS, Spilled, spill
-from ctxrules.runtime.subagents import (
-    Handover,
-    TooManyDescendants,
-    child_path,
-    count_descendants,
-    make_handover,
-)
+from ctxrules.runtime.subagents import Handover, child_path, make_handover
 from ctxrules.runtime.subagents import settings as subagent_settings
 from ctxrules.session_store import SessionLock, SessionStore
 from ctxrules.stages.base import Message
@@ -274,30 +268,29 @@ class Session:
 
     def should_continue(self, state: dict[str, Any]) -> Decision:
         """The pack's continuation guards (``guards.continuation``) on an agent loop's state:
-        ``messages``, ``cancel``, ``budget_ok``, ``drift_check``, ``cwd``."""
+        ``messages``, ``cancel``, ``budget_ok``, ``drift_check``, ``cwd``. The budget check
+        reads this session's ledger (the root's tree, the day and the goal): it reports the
+        level and stops at EXCEEDED; ``decision.budget`` holds the status."""
         from ctxrules.toolroles import tool_roles
 
         guards = self.engine.pack.data.get("guards") or {}
         config = guards.get("continuation") or {} if isinstance(guards, dict) else {}
         return evaluate(config, state, self._continuation_memory,
-                        is_error=tool_roles(self.engine.pack.data).is_error)
+                        is_error=tool_roles(self.engine.pack.data).is_error, budget=self.ledger.status())
 
     def child(self, name: str, *, model: str | None = None, window: int | None = None) -> Session:
         """A sub-agent session in ``<this>/children/<name>``: same pack, this session's prompt
-        cache key, this session's root as budget root; ``guards.subagents.max_descendants``
-        (default 20) caps how many one root may spawn."""
-        cfg = subagent_settings(self.engine.pack.data)
+        cache key, state root and goal, and this session's root as budget root: its calls count
+        in the root's session budget and in the day and goal ledgers of the state root.
+        ``budgets.max_descendants`` (default 20) caps how many child sessions one root may
+        spawn across the tree; beyond it ``SpawnLimitExceeded`` is raised and nothing is created."""
         path = child_path(self.path, name)
-        if not path.exists():
-            spawned = count_descendants(self.root.path)
-            if spawned >= cfg["max_descendants"]:
-                raise TooManyDescendants(f"session {self.root.id} already has {spawned} sub-agent sessions "
-                                         f"(guards.subagents.max_descendants = {cfg['max_descendants']})")
         sub = Session(self.engine, path, model=model or self.model.name,
                       window=window if window is not None else self.window_override,
-                      session_id=f"{self.id}/{name}", cache_key=self.cache_key, on_event=self.on_event)
+                      session_id=f"{self.id}/{name}", cache_key=self.cache_key, on_event=self.on_event,
+                      goal=self.ledger.goal, state_root=self.ledger.state_root)
         sub.parent, sub.root = self, self.root
-        self.ledger.register_child(sub.ledger)  # its costs count in the root task's budget
+        self.ledger.register_child(sub.ledger)  # the one spawn cap; its costs count in the root's budget
         path.mkdir(parents=True, exist_ok=True, mode=0o700)
         return sub
 
@@ -314,6 +307,14 @@ class Session:
         from ctxrules.runtime.overflow import complete
 
         return complete(self, messages, tools=tools, model=model, **kwargs)
+
+    def keepalive(self, *, model: str | None = None, **options: Any) -> Any:
+        """A ``ctxrules.cache.warmup.KeepAlive`` for this session: its warm-up and keep-alive
+        probes are recorded in this session's ledger and count in its budgets. ``options`` are
+        KeepAlive's (``request``, ``interval_s``, ``max_idle_s``, ...)."""
+        from ctxrules.cache.warmup import KeepAlive
+
+        return KeepAlive(model or self.model.name, ledger=self.ledger, **options)
 
     @property
     def notes(self) -> SessionNotes:

@@ -51,6 +51,7 @@ CODES: dict[str, str] = {
     "CR091": "a timeout override cannot take effect: another limit (e.g. the global chunk_ms) ends the tool first",
     "CR092": "compaction time (summarizer.total_s) is not allowed for in the step limit (compaction_allowance_ms)",
     "CR093": "a heartbeat interval is not below the chunk limit it must keep from firing",
+    "CR125": "deprecated key: guards.subagents.max_descendants is an alias of budgets.max_descendants",
 }
 
 
