@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import enum
 import hashlib
 import itertools
 import json
@@ -45,6 +46,12 @@ from ctxrules.stages.base import Message
 from ctxrules.tokens import REPLY_PRIMING_TOKENS, trusted_objects
 
 DEFAULT_STATE_ROOT = ".ctxrules"
+
+
+class _Keep(enum.Enum):
+    """``switch(window=...)`` not given: keep the session's window override."""
+
+    WINDOW = "keep"
 
 
 @dataclass
@@ -225,13 +232,45 @@ class Session:
             context, registry_window=self.model.window if window is None else None, override=window,
             safety_margin=self.counter.safety_margin, model=model)
 
-    def switch(self, *, model: str | None = None, window: int | None = None) -> None:
+    def switch(self, *, model: str | None = None, window: int | _Keep | None = _Keep.WINDOW) -> list[str]:
         """Hot switch: use another model (or window) from the next ``prepare`` on, no restart.
-        The next report's ``fingerprint.changed`` says what changed."""
+        The next report's ``fingerprint.changed`` says what changed.
+
+        An explicit window override (``session(..., window=N)`` or ``switch(window=N)``) is kept
+        across ``switch(model=...)``; ``window=None`` drops it (the pack's or the registry's
+        window applies again). A kept override above the new model's own window is capped at
+        that window. Returns the warnings, which the next report's ``warnings`` carry too."""
         with self._thread_lock:
-            self._configure(model or self.model.name, window if window is not None or model else self.window_override)
+            name = model or self.model.name
+            override = self.window_override if isinstance(window, _Keep) else window
+            notes: list[str] = []
+            if model is not None and isinstance(window, _Keep) and override is not None:
+                own = self._own_window(name)
+                if own is not None and override > own:
+                    notes.append(f"switch to {name}: the window override {override} is above the model's own "
+                                 f"window {own}; using {own} (pass window=None to drop the override)")
+                    override = own
+            self._configure(name, override)
             self._last_history = None
             self._last_output = None
+            for note in notes:
+                get_logger("ctxrules", session=self.id).warning("switch.window_capped", detail=note)
+            self._notices.extend(notes)
+            return notes
+
+    def _own_window(self, model: str) -> int | None:
+        """``model``'s window without any override: its pack ``models:`` entry, else the registry."""
+        from ctxrules.errors import CtxrulesError
+        from ctxrules.models import lookup_model
+
+        hit = select_model_entry(self.engine.pack.data, model)
+        pack_window = effective_context(self.engine.pack.data, hit[1] if hit else None).get("window")
+        if isinstance(pack_window, int) and not isinstance(pack_window, bool):
+            return pack_window
+        try:
+            return lookup_model(model).window
+        except CtxrulesError:
+            return None  # a model the registry does not know: nothing to cap at
 
     def preflight(self, messages: Any, tools: list[dict[str, Any]] | None = None, *,
                   refuse: bool = True) -> Preflight:
