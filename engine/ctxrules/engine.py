@@ -285,9 +285,10 @@ class Session:
             refuse_unless_fits(estimate, self.model.name)
         return estimate
 
-    def spill(self, text: str, *, kind: str = "output", preview_tokens: int | None = None) -> Spilled:
-        """Store a large output (MCP result, hook output, background log) in the vault; return
-        the marker and a head + tail preview within ``preview_tokens`` (default 2,500)."""
+    def spill(self, text: str | bytes, *, kind: str = "output", preview_tokens: int | None = None) -> Spilled:
+        """Store a large output (MCP result, hook output, background log; ``str`` or ``bytes``,
+        anything else is a ``TypeError``) in the vault; return the marker and a preview within
+        ``preview_tokens`` (default 2,500): a JSON document's skeleton, else head + tail lines."""
         return spill(self.vault, text, kind=kind, counter=self.counter,
                      preview_tokens=preview_tokens or DEFAULT_PREVIEW_TOKENS)
 
