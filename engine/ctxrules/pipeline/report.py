@@ -30,7 +30,7 @@ def build_report(session: Session, *, history_tokens: int, history_len: int, reu
         "ctxrules": __version__,
         "pack": {"name": session.engine.pack.name, "digest": session.engine.digest,
                  "files": session.engine.pack.files},
-        "session": {"id": session.id, "path": str(session.path)},
+        "session": {"id": session.id, "path": str(session.path.resolve())},  # absolute: read-back commands
         "model": {
             "name": session.model.name, "registry_key": session.model.key, "provider": session.model.provider,
             "family": session.model.family, "tokenizer": session.model.tokenizer,
