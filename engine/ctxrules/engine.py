@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ctxrules import structure
 from ctxrules.errors import PackError, UsageError
@@ -45,6 +45,9 @@ from ctxrules.runtime.subagents import settings as subagent_settings
 from ctxrules.session_store import SessionLock, SessionStore
 from ctxrules.stages.base import Message
 from ctxrules.tokens import REPLY_PRIMING_TOKENS, trusted_objects
+
+if TYPE_CHECKING:
+    from ctxrules.runtime.streaming import AsyncCompletionStream, CompletionStream
 
 DEFAULT_STATE_ROOT = ".ctxrules"
 
@@ -350,12 +353,23 @@ class Session:
                              max_result_tokens=cfg["max_result_tokens"], spill_chars=cfg["spill_chars"])
 
     def complete(self, messages: Any, *, tools: list[dict[str, Any]] | None = None, model: str | None = None,
-                 **kwargs: Any) -> Completion:
+                 stream: bool = False, **kwargs: Any) -> Completion | CompletionStream:
         """``prepare`` + ``litellm.completion`` with one context-overflow recovery (see
-        ``ctxrules.runtime.overflow``); litellm is imported only here."""
+        ``ctxrules.runtime.overflow``); litellm is imported only here. Returns a ``Completion``;
+        with ``stream=True`` a ``CompletionStream`` of the chunks (recovered when the overflow
+        comes before the first chunk; usage recorded when the stream ends)."""
         from ctxrules.runtime.overflow import complete
 
-        return complete(self, messages, tools=tools, model=model, **kwargs)
+        return complete(self, messages, tools=tools, model=model, stream=stream, **kwargs)
+
+    async def acomplete(self, messages: Any, *, tools: list[dict[str, Any]] | None = None,
+                        model: str | None = None, stream: bool = False,
+                        **kwargs: Any) -> Completion | AsyncCompletionStream:
+        """``complete`` on the event loop (``aprepare`` + ``litellm.acompletion``); with
+        ``stream=True`` an ``AsyncCompletionStream`` (``async for chunk in stream``)."""
+        from ctxrules.runtime.overflow import acomplete
+
+        return await acomplete(self, messages, tools=tools, model=model, stream=stream, **kwargs)
 
     def keepalive(self, *, model: str | None = None, **options: Any) -> Any:
         """A ``ctxrules.cache.warmup.KeepAlive`` for this session: its warm-up and keep-alive
