@@ -111,6 +111,9 @@ class Engine:
 
         ``plugins``: extra ``(name, plugin)`` pairs registered next to the installed ones.
         """
+        from ctxrules.logs import configure
+
+        configure()  # CTXRULES_LOG: an unknown level is a UsageError here, not a silent default
         if plugins:
             pm, infos = build_plugin_manager(plugins)
             registry = collect(pm, infos)
@@ -423,11 +426,14 @@ class Session:
         if not isinstance(listed, list):
             listed = validate_messages(listed)
         tool_list = list(tools or [])
+        from ctxrules.progress import listening
         from ctxrules.stages.cache_markers import cache_key_scope
 
+        # Progress notes from deep inside (the summarizer's stream) reach on_event too.
+        notes = listening(self._emit) if self.on_event is not None else contextlib.nullcontext()
         # Messages are not edited while a prepare runs, and the session notices edits between
         # calls (structure.forget): token counts may be looked up by message object.
-        with self._thread_lock, self._session_lock, cache_key_scope(self.cache_key), trusted_objects():
+        with self._thread_lock, self._session_lock, cache_key_scope(self.cache_key), trusted_objects(), notes:
             try:
                 return self._prepare(listed, tool_list, time.time() if clock is None else clock)
             except BaseException:
@@ -543,6 +549,7 @@ class Session:
                     self._emit({"event": "breaker", "stage": st["id"], "detail": action["detail"]})
         self._emit({"event": "prepare.end", "health": report["health"]["state"],
                     "tokens_before": tokens_in, "tokens_after": outcome.tokens})
+        _log_prepare(self.id, report)
         # New lists. Messages no stage changed are the caller's own objects (the session notices
         # if the caller edits them later); messages a stage made are copies, so that editing them
         # cannot corrupt the session's record of its last output.
@@ -590,6 +597,24 @@ class Session:
         self._last_has_system = _has_system(history[:n])
         self._last_out_tokens = None
         return n, output, chain
+
+
+def _log_prepare(session_id: str, report: dict[str, Any]) -> None:
+    """One info line per prepare (``CTXRULES_LOG=info``): tokens and tier before → after, the
+    stages that changed something, the time."""
+    import logging
+
+    import structlog
+
+    log = get_logger("ctxrules.session")
+    if not structlog.is_configured() and not logging.getLogger("ctxrules.session").isEnabledFor(logging.INFO):
+        return  # nobody reads it: skip building the line
+    before, after = report["before"], report["after"]
+    changed = [st["id"] for st in report["stages"]
+               if st.get("ran") and (st.get("tokens_before") != st.get("tokens_after") or st.get("actions"))]
+    log.info("prepare", session=session_id, tokens=f"{before['tokens']}->{after['tokens']}",
+             tier=f"{before['tier']}->{after['tier']}", changed=",".join(changed) or "-",
+             ms=round(report.get("ms", 0.0), 1))
 
 
 def _stamps(paths: Any) -> tuple[tuple[str, int, int], ...]:

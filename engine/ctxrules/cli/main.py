@@ -53,6 +53,9 @@ def run(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(list(argv) if argv is not None else None)
     try:
+        from ctxrules.logs import configure
+
+        configure()  # an unknown CTXRULES_LOG level is a usage error before any work
         code: int = args.func(args)
     except CtxrulesError as exc:
         sys.stderr.write(f"ctxrules: error: {exc}\n")

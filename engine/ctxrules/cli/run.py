@@ -22,6 +22,8 @@ def register(sub: Any) -> None:
     p.add_argument("--session", help="session directory (default: STATE/default)")
     p.add_argument("--state", help="state root (default: .ctxrules or $CTXRULES_STATE)")
     p.add_argument("--explain", action="store_true", help="print a readable table of what each stage did")
+    p.add_argument("--quiet", action="store_true",
+                   help="no progress line on stderr (shown only on a terminal, for work over about 1 s)")
     p.add_argument("--touched", nargs="+", metavar="FILE", default=[],
                    help="files the agent changed since the last run (recorded in the session for "
                         "reread.recent_files)")
@@ -46,7 +48,15 @@ def run(args: argparse.Namespace) -> int:
     session = open_session(args.pack, args.model, session=args.session, state=args.state, window=args.window)
     if args.touched:
         session.touch(*args.touched)
-    result = session.prepare(messages, tools)
+    from ctxrules.cli.progress import TerminalProgress, wanted
+
+    if wanted(args.quiet):
+        display = TerminalProgress()
+        session.on_event = display.on_event  # stage events, and the summarizer's stream notes
+        with display:
+            result = session.prepare(messages, tools)
+    else:
+        result = session.prepare(messages, tools)
     if isinstance(data, dict):
         out: Any = {**{k: v for k, v in data.items() if k not in ("messages", "tools")},
                     "messages": result.messages}
