@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +20,24 @@ from ctxrules.runtime.overflow import CompletionFailed
 
 TEXT = "Done: the fix is in src/parser.c, the match arm now binds the tuple."
 MODEL = "openai/gpt-4o"
+
+
+@pytest.fixture(autouse=True)
+def close_litellms_stray_loop() -> Iterator[None]:
+    """litellm's sync call path asks for the thread's event loop (``asyncio.get_event_loop``),
+    which makes one in the main thread and never closes it; a later ``asyncio.run`` elsewhere
+    in the suite drops it and it is collected unclosed (a ResourceWarning in an unrelated test).
+    Close it here, after each test of this module."""
+    yield
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        try:
+            loop = asyncio.get_event_loop_policy().get_event_loop()
+        except RuntimeError:
+            return
+    if not loop.is_running() and not loop.is_closed():
+        loop.close()
+    asyncio.set_event_loop(None)
 
 
 def long_history(steps: int = 20) -> list[dict[str, Any]]:

@@ -6,7 +6,10 @@ ones are built with the anthropic SDK's own types from the bodies its API sends.
 
 from __future__ import annotations
 
+import asyncio
 import types
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +25,24 @@ anthropic = pytest.importorskip("anthropic", reason="the anthropic SDK is in the
 
 TEXT = "The fix is in src/main.c, line 42."
 COMPLETION = len(TEXT) // 4  # what tests/llm_server.py reports
+
+
+@pytest.fixture(autouse=True)
+def close_litellms_stray_loop() -> Iterator[None]:
+    """litellm's sync call path asks for the thread's event loop (``asyncio.get_event_loop``),
+    which makes one in the main thread and never closes it; a later ``asyncio.run`` elsewhere
+    in the suite drops it and it is collected unclosed (a ResourceWarning in an unrelated test).
+    Close it here, after each test of this module."""
+    yield
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        try:
+            loop = asyncio.get_event_loop_policy().get_event_loop()
+        except RuntimeError:
+            return
+    if not loop.is_running() and not loop.is_closed():
+        loop.close()
+    asyncio.set_event_loop(None)
 
 
 def session(tmp_path: Path) -> Any:
