@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import enum
 import functools
 import hashlib
 import itertools
@@ -18,7 +19,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ctxrules import structure
 from ctxrules.budget.gate import finish_prepare, open_ledger, start_prepare
@@ -27,7 +28,7 @@ from ctxrules.dangling import marker_ids, missing, replace_lost
 from ctxrules.errors import CtxrulesError, PackError, UsageError
 from ctxrules.formats import openai as openai_format
 from ctxrules.formats.request import prepare_request
-from ctxrules.logs import get_logger
+from ctxrules.logs import configure, get_logger
 from ctxrules.messages import split_input, validate_messages
 from ctxrules.models import lookup_model
 from ctxrules.notes import SessionNotes
@@ -41,21 +42,16 @@ from ctxrules.pipeline.report import build_report, report_header
 from ctxrules.pipeline.runner import PlannedStage, run_pipeline, when_allows
 from ctxrules.plugins import Registry, build_plugin_manager, collect, default_registry
 from ctxrules.private_files import check_dir
+from ctxrules.progress import listening
 from ctxrules.prompts.assemble import assemble
 from ctxrules.results import PrepareResult
 from ctxrules.runtime import checkpoint
 from ctxrules.runtime.continuation import Decision, evaluate
 from ctxrules.runtime.guards import Preflight, check_gateway, preflight, refuse_unless_fits
 from ctxrules.runtime.health import health, open_breakers
-from ctxrules.runtime.overflow import Completion, complete
+from ctxrules.runtime.overflow import Completion, acomplete, complete
 from ctxrules.runtime.spill import DEFAULT_PREVIEW_TOKENS, Spilled, spill
-from ctxrules.runtime.subagents import (
-    Handover,
-    TooManyDescendants,
-    child_path,
-    count_descendants,
-    make_handover,
-)
+from ctxrules.runtime.subagents import Handover, child_path, make_handover
 from ctxrules.runtime.subagents import settings as subagent_settings
 from ctxrules.session_store import DEFAULT_STATE_ROOT, SessionLock, SessionStore, state_root_from_env
 from ctxrules.tokens import REPLY_PRIMING_TOKENS, TokenCounter, trusted_objects
@@ -70,6 +66,15 @@ __all__ = ["DEFAULT_STATE_ROOT", "Engine", "PrepareResult", "Session", "SessionI
 
 class SessionIOError(CtxrulesError):
     """The session directory could not be written (``ENOSPC``, ``EROFS``, ...) during a run."""
+
+if TYPE_CHECKING:
+    from ctxrules.runtime.streaming import AsyncCompletionStream, CompletionStream
+
+
+class _Keep(enum.Enum):
+    """``switch(window=...)`` not given: keep the session's window override."""
+
+    WINDOW = "keep"
 
 
 class Engine:
@@ -115,6 +120,7 @@ class Engine:
 
         ``plugins``: extra ``(name, plugin)`` pairs registered next to the installed ones.
         """
+        configure()  # CTXRULES_LOG: an unknown level is a UsageError here, not a silent default
         registry = collect(*build_plugin_manager(plugins)) if plugins else default_registry()
         # Validated once, against the registry the engine will run with.
         return cls(raise_for_errors(resolve_and_validate(ref, registry)), registry)
@@ -235,13 +241,45 @@ class Session:
             context, registry_window=self.model.window if window is None else None, override=window,
             safety_margin=self.counter.safety_margin, model=model)
 
-    def switch(self, *, model: str | None = None, window: int | None = None) -> None:
+    def switch(self, *, model: str | None = None, window: int | _Keep | None = _Keep.WINDOW) -> list[str]:
         """Hot switch: use another model (or window) from the next ``prepare`` on, no restart.
-        The next report's ``fingerprint.changed`` says what changed."""
+        The next report's ``fingerprint.changed`` says what changed.
+
+        An explicit window override (``session(..., window=N)`` or ``switch(window=N)``) is kept
+        across ``switch(model=...)``; ``window=None`` drops it (the pack's or the registry's
+        window applies again). A kept override above the new model's own window is capped at
+        that window. Returns the warnings, which the next report's ``warnings`` carry too."""
         with self._thread_lock:
-            self._configure(model or self.model.name, window if window is not None or model else self.window_override)
+            name = model or self.model.name
+            override = self.window_override if isinstance(window, _Keep) else window
+            notes: list[str] = []
+            if model is not None and isinstance(window, _Keep) and override is not None:
+                own = self._own_window(name)
+                if own is not None and override > own:
+                    notes.append(f"switch to {name}: the window override {override} is above the model's own "
+                                 f"window {own}; using {own} (pass window=None to drop the override)")
+                    override = own
+            self._configure(name, override)
             self._last_history = None
             self._last_output = None
+            for note in notes:
+                get_logger("ctxrules", session=self.id).warning("switch.window_capped", detail=note)
+            self._notices.extend(notes)
+            return notes
+
+    def _own_window(self, model: str) -> int | None:
+        """``model``'s window without any override: its pack ``models:`` entry, else the registry."""
+        from ctxrules.errors import CtxrulesError
+        from ctxrules.models import lookup_model
+
+        hit = select_model_entry(self.engine.pack.data, model)
+        pack_window = effective_context(self.engine.pack.data, hit[1] if hit else None).get("window")
+        if isinstance(pack_window, int) and not isinstance(pack_window, bool):
+            return pack_window
+        try:
+            return lookup_model(model).window
+        except CtxrulesError:
+            return None  # a model the registry does not know: nothing to cap at
 
     def preflight(self, messages: Any, tools: list[dict[str, Any]] | None = None, *,
                   refuse: bool = True) -> Preflight:
@@ -256,9 +294,10 @@ class Session:
             refuse_unless_fits(estimate, self.model.name)
         return estimate
 
-    def spill(self, text: str, *, kind: str = "output", preview_tokens: int | None = None) -> Spilled:
-        """Store a large output (MCP result, hook output, background log) in the vault; return
-        the marker and a head + tail preview within ``preview_tokens`` (default 2,500)."""
+    def spill(self, text: str | bytes, *, kind: str = "output", preview_tokens: int | None = None) -> Spilled:
+        """Store a large output (MCP result, hook output, background log; ``str`` or ``bytes``,
+        anything else is a ``TypeError``) in the vault; return the marker and a preview within
+        ``preview_tokens`` (default 2,500): a JSON document's skeleton, else head + tail lines."""
         return spill(self.vault, text, kind=kind, counter=self.counter,
                      preview_tokens=preview_tokens or DEFAULT_PREVIEW_TOKENS)
 
@@ -276,28 +315,27 @@ class Session:
 
     def should_continue(self, state: dict[str, Any]) -> Decision:
         """The pack's continuation guards (``guards.continuation``) on an agent loop's state:
-        ``messages``, ``cancel``, ``budget_ok``, ``drift_check``, ``cwd``."""
+        ``messages``, ``cancel``, ``budget_ok``, ``drift_check``, ``cwd``. The budget check
+        reads this session's ledger (the root's tree, the day and the goal): it reports the
+        level and stops at EXCEEDED; ``decision.budget`` holds the status."""
         guards = self.engine.pack.data.get("guards") or {}
         config = guards.get("continuation") or {} if isinstance(guards, dict) else {}
         return evaluate(config, state, self._continuation_memory,
-                        is_error=tool_roles(self.engine.pack.data).is_error)
+                        is_error=tool_roles(self.engine.pack.data).is_error, budget=self.ledger.status())
 
     def child(self, name: str, *, model: str | None = None, window: int | None = None) -> Session:
         """A sub-agent session in ``<this>/children/<name>``: same pack, this session's prompt
-        cache key, this session's root as budget root; ``guards.subagents.max_descendants``
-        (default 20) caps how many one root may spawn."""
-        cfg = subagent_settings(self.engine.pack.data)
+        cache key, state root and goal, and this session's root as budget root: its calls count
+        in the root's session budget and in the day and goal ledgers of the state root.
+        ``budgets.max_descendants`` (default 20) caps how many child sessions one root may
+        spawn across the tree; beyond it ``SpawnLimitExceeded`` is raised and nothing is created."""
         path = child_path(self.path, name)
-        if not path.exists():
-            spawned = count_descendants(self.root.path)
-            if spawned >= cfg["max_descendants"]:
-                raise TooManyDescendants(f"session {self.root.id} already has {spawned} sub-agent sessions "
-                                         f"(guards.subagents.max_descendants = {cfg['max_descendants']})")
         sub = Session(self.engine, path, model=model or self.model.name,
                       window=window if window is not None else self.window_override,
-                      session_id=f"{self.id}/{name}", cache_key=self.cache_key, on_event=self.on_event)
+                      session_id=f"{self.id}/{name}", cache_key=self.cache_key, on_event=self.on_event,
+                      goal=self.ledger.goal, state_root=self.ledger.state_root)
         sub.parent, sub.root = self, self.root
-        self.ledger.register_child(sub.ledger)  # its costs count in the root task's budget
+        self.ledger.register_child(sub.ledger)  # the one spawn cap; its costs count in the root's budget
         path.mkdir(parents=True, exist_ok=True, mode=0o700)
         return sub
 
@@ -308,10 +346,27 @@ class Session:
                              max_result_tokens=cfg["max_result_tokens"], spill_chars=cfg["spill_chars"])
 
     def complete(self, messages: Any, *, tools: list[dict[str, Any]] | None = None, model: str | None = None,
-                 **kwargs: Any) -> Completion:
+                 stream: bool = False, **kwargs: Any) -> Completion | CompletionStream:
         """``prepare`` + ``litellm.completion`` with one context-overflow recovery (see
-        ``ctxrules.runtime.overflow``); litellm is imported only here."""
-        return complete(self, messages, tools=tools, model=model, **kwargs)
+        ``ctxrules.runtime.overflow``); litellm is imported only here. Returns a ``Completion``;
+        with ``stream=True`` a ``CompletionStream`` of the chunks (recovered when the overflow
+        comes before the first chunk; usage recorded when the stream ends)."""
+        return complete(self, messages, tools=tools, model=model, stream=stream, **kwargs)
+
+    async def acomplete(self, messages: Any, *, tools: list[dict[str, Any]] | None = None,
+                        model: str | None = None, stream: bool = False,
+                        **kwargs: Any) -> Completion | AsyncCompletionStream:
+        """``complete`` on the event loop (``aprepare`` + ``litellm.acompletion``); with
+        ``stream=True`` an ``AsyncCompletionStream`` (``async for chunk in stream``)."""
+        return await acomplete(self, messages, tools=tools, model=model, stream=stream, **kwargs)
+
+    def keepalive(self, *, model: str | None = None, **options: Any) -> Any:
+        """A ``ctxrules.cache.warmup.KeepAlive`` for this session: its warm-up and keep-alive
+        probes are recorded in this session's ledger and count in its budgets. ``options`` are
+        KeepAlive's (``request``, ``interval_s``, ``max_idle_s``, ...)."""
+        from ctxrules.cache.warmup import KeepAlive
+
+        return KeepAlive(model or self.model.name, ledger=self.ledger, **options)
 
     @property
     def notes(self) -> SessionNotes:
@@ -403,9 +458,11 @@ class Session:
         if not isinstance(listed, list):
             listed = validate_messages(listed)
         tool_list = list(tools or [])
+        # Progress notes from deep inside (the summarizer's stream) reach on_event too.
+        notes = listening(self._emit) if self.on_event is not None else contextlib.nullcontext()
         # Messages are not edited while a prepare runs, and the session notices edits between
         # calls (structure.forget): token counts may be looked up by message object.
-        with self._thread_lock, self._session_lock, trusted_objects():
+        with self._thread_lock, self._session_lock, trusted_objects(), notes:
             try:
                 return self._prepare(listed, tool_list, time.time() if clock is None else clock)
             except OSError as exc:
@@ -559,6 +616,7 @@ class Session:
                     self._emit({"event": "breaker", "stage": st["id"], "detail": action["detail"]})
         self._emit({"event": "prepare.end", "health": report["health"]["state"],
                     "tokens_before": tokens_in, "tokens_after": outcome.tokens})
+        _log_prepare(self.id, report)
         # New lists. Messages no stage changed are the caller's own objects (the session notices
         # if the caller edits them later); messages a stage made are copies, so that editing them
         # cannot corrupt the session's record of its last output.
@@ -573,7 +631,7 @@ class Session:
         pack = self.engine.pack
         return report_header(
             pack={"name": pack.name, "digest": self.engine.digest, "files": pack.files},
-            session={"id": self.id, "path": str(self.path)},
+            session={"id": self.id, "path": str(self.path.resolve())},  # absolute: read-back commands
             model={"name": self.model.name, "registry_key": self.model.key, "provider": self.model.provider,
                    "family": self.model.family, "tokenizer": self.model.tokenizer,
                    "tokens_are_estimates": self.counter.is_estimate,
@@ -625,6 +683,24 @@ class Session:
         self._last_has_system = _has_system(history[:n])
         self._last_out_tokens = None
         return n, output, chain
+
+
+def _log_prepare(session_id: str, report: dict[str, Any]) -> None:
+    """One info line per prepare (``CTXRULES_LOG=info``): tokens and tier before → after, the
+    stages that changed something, the time."""
+    import logging
+
+    import structlog
+
+    log = get_logger("ctxrules.session")
+    if not structlog.is_configured() and not logging.getLogger("ctxrules.session").isEnabledFor(logging.INFO):
+        return  # nobody reads it: skip building the line
+    before, after = report["before"], report["after"]
+    changed = [st["id"] for st in report["stages"]
+               if st.get("ran") and (st.get("tokens_before") != st.get("tokens_after") or st.get("actions"))]
+    log.info("prepare", session=session_id, tokens=f"{before['tokens']}->{after['tokens']}",
+             tier=f"{before['tier']}->{after['tier']}", changed=",".join(changed) or "-",
+             ms=round(report.get("ms", 0.0), 1))
 
 
 def _stamps(paths: Any) -> tuple[tuple[str, int, int], ...]:
