@@ -28,6 +28,7 @@ VERBS: tuple[str, ...] = (
     "ctxrules.cli.report",
     "ctxrules.cli.sessions",
     "ctxrules.cli.usage",
+    "ctxrules.cli.eval",
 )
 
 
