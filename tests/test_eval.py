@@ -328,3 +328,49 @@ def test_two_real_transcripts_in_parallel_give_the_same_figures_as_one_process(t
         outs.append([{k: v for k, v in c.items() if k != "ms"} for c in data["calls"]])
     assert outs[0] == outs[1]
     assert any(c["compacted"] for c in outs[0] if c["plan"] == "builtin:default")
+
+
+def test_the_judge_answers_from_the_prepared_context_and_is_graded(tmp_path: Path) -> None:
+    from llm_server import LLMServer, reply
+
+    msgs = transcript("lambda")
+    path = tmp_path / "lambda.json"
+    path.write_text(json.dumps(msgs))
+    answers = {"anchor": msgs[1]["content"], "latest_ask": "run the tests again",
+               "edited_files": "src/lambda.py", "errors": "no errors that I can see",
+               "commands": "pytest -q", "test_status": "1 failed, 3 passed"}
+    out = tmp_path / "e.json"
+    with LLMServer() as server:
+        server.script(reply("Here you go: " + json.dumps(answers)))
+        code = run_cli("eval", "--baseline", "none", "--model", "gpt-4o", "--window", "128000",
+                       "--judge", "openai/test-model", "--judge-api-base", server.base_url,
+                       "--quiet", "--json", str(out), str(path))
+        requests = server.requests
+    assert code == 0
+    (request,) = requests[:1]
+    sent = request.body["messages"]
+    # The prepared context of the last call (litellm leaves out an assistant's null content).
+    assert [(m["role"], m.get("content")) for m in sent[: len(msgs) - 1]] == [
+        (m["role"], m.get("content")) for m in msgs[:-1]]
+    assert "test_status" in sent[-1]["content"]
+    (total,) = json.loads(out.read_text())["totals"]
+    judge = total["judge"]
+    assert judge["anchor"] == {"passed": 1, "failed": 0}
+    assert judge["edited_files"] == {"passed": 1, "failed": 0}
+    assert judge["errors"] == {"passed": 0, "failed": 1}  # graded against the original line
+    assert judge["test_status"] == {"passed": 1, "failed": 0}
+
+
+def test_the_trim_baseline_goes_through_litellms_trim_messages(tmp_path: Path) -> None:
+    msgs = transcript("mu")
+    path = tmp_path / "mu.json"
+    path.write_text(json.dumps(msgs))
+    counts = TokenCounter.for_model(lookup_model("gpt-4o")).count_each(msgs)
+    window = 8192 + sum(counts[:2]) + 50
+    out = tmp_path / "e.json"
+    assert run_cli("eval", "--baseline", "none", "--baseline", "trim", "--model", "gpt-4o",
+                   "--window", str(window), "--quiet", "--json", str(out), str(path)) == 0
+    totals = {t["plan"]: t for t in json.loads(out.read_text())["totals"]}
+    assert totals["none"]["overflows"] == 1  # the last call: the edit's long result
+    # trim_messages keeps every request within the usable window.
+    assert totals["trim"]["overflows"] == 0 and totals["trim"]["calls"] == 3

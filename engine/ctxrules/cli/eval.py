@@ -31,6 +31,10 @@ def register(sub: Any) -> None:
     p.add_argument("--jobs", type=int, default=1, metavar="N", help="worker processes (default 1)")
     p.add_argument("--json", metavar="FILE", help="write every call and the totals as JSON")
     p.add_argument("--html", metavar="FILE", help="write one self-contained page with charts")
+    p.add_argument("--judge", metavar="MODEL",
+                   help="also ask MODEL the probe questions from the prepared context of each "
+                        "transcript's last call, and grade its answers (needs the model's API)")
+    p.add_argument("--judge-api-base", metavar="URL", help="the judge's OpenAI-compatible endpoint")
     p.add_argument("--quiet", action="store_true", help="no progress bar on stderr")
     p.set_defaults(func=run)
 
@@ -84,7 +88,8 @@ def run(args: argparse.Namespace) -> int:
         sys.stderr.write(f"ctxrules: note: {note}\n")
     plans = plans_from(args.pack, list(dict.fromkeys(args.baseline)))
     step_s = STEP_S if args.step_s is None else args.step_s
-    tasks = [Task(name, str(path), tuple(msgs), tuple(tools), plan, args.model, args.window, step_s)
+    tasks = [Task(name, str(path), tuple(msgs), tuple(tools), plan, args.model, args.window, step_s,
+                  args.judge, args.judge_api_base)
              for plan in plans for name, path, msgs, tools in transcripts]
     names = [name for name, *_ in transcripts]
     total_turns = sum(sum(1 for i, m in enumerate(msgs) if m.get("role") == "assistant" and i > 0)

@@ -63,6 +63,8 @@ class Task:
     model: str
     window: int | None
     step_s: float = STEP_S
+    judge: str | None = None
+    judge_api_base: str | None = None
 
 
 @dataclass
@@ -92,6 +94,8 @@ class TaskResult:
     calls: list[CallRecord]
     usable: int
     error: str | None = None
+    judge: dict[str, dict[str, int]] | None = None
+    judge_error: str | None = None
 
 
 def _clock(messages: Sequence[Mapping[str, Any]], index: int, turn: int, step_s: float) -> float:
@@ -160,6 +164,7 @@ def replay(task: Task, progress: Progress | None = None) -> TaskResult:
         runner = _runner(task, Path(tmp))
         usable = runner.usable
         records: list[CallRecord] = []
+        judged: tuple[dict[str, dict[str, int]] | None, str | None] = (None, None)
         for turn, index in enumerate(turns):
             history = messages[:index]
             clock = _clock(messages, index, turn, task.step_s)
@@ -195,7 +200,28 @@ def replay(task: Task, progress: Progress | None = None) -> TaskResult:
                 retention=retention, violations=violations))
             if progress is not None:
                 progress(task.transcript, task.plan.name, turn + 1, len(turns))
-    return TaskResult(task.transcript, task.plan.name, task.plan.baseline, records, usable)
+            if task.judge and turn == len(turns) - 1:
+                judged = _judge(task, out if fits else [], probes)
+    result = TaskResult(task.transcript, task.plan.name, task.plan.baseline, records, usable)
+    if task.judge and turns:
+        result.judge, result.judge_error = judged
+    return result
+
+
+def _judge(task: Task, context: list[Message],
+           probes: list[Any]) -> tuple[dict[str, dict[str, int]] | None, str | None]:
+    from ctxrules.eval.judge import ask, grade, judge_request, parse_answers
+
+    categories = list(dict.fromkeys(p.category for p in probes))
+    if not categories:
+        return None, None
+    if not context:  # the last call did not fit: the model would have seen nothing
+        return grade(probes, {}), None
+    try:
+        text = ask(str(task.judge), judge_request(context, categories), api_base=task.judge_api_base)
+    except Exception as exc:  # a failing judge leaves the offline figures as they are
+        return None, f"{type(exc).__name__}: {str(exc)[:300]}"
+    return grade(probes, parse_answers(text)), None
 
 
 def _compacted(report: Mapping[str, Any] | None) -> bool:

@@ -47,6 +47,7 @@ class Totals:
     retention: Retention = field(default_factory=Retention.empty)
     violations: int = 0
     errors: list[str] = field(default_factory=list)
+    judged: dict[str, dict[str, int]] | None = None
 
     def add(self, result: TaskResult) -> None:
         for call in result.calls:
@@ -70,6 +71,14 @@ class Totals:
             self.violations += len(call.violations)
         if result.error:
             self.errors.append(f"{result.transcript}: {result.error}")
+        if result.judge_error:
+            self.errors.append(f"{result.transcript}: the judge failed: {result.judge_error}")
+        if result.judge is not None:
+            if self.judged is None:
+                self.judged = {c: {"passed": 0, "failed": 0} for c in CATEGORIES}
+            for c in CATEGORIES:
+                for k in ("passed", "failed"):
+                    self.judged[c][k] += result.judge[c][k]
 
     @property
     def cached_share(self) -> float:
@@ -92,6 +101,7 @@ class Totals:
                 for c in CATEGORIES},
             "invariant_violations": self.violations,
             "errors": self.errors,
+            "judge": self.judged,
         }
 
 
@@ -158,6 +168,14 @@ def eval_table(overall: Mapping[str, Totals], each: Mapping[tuple[str, str], Tot
                              f"{_pct(total.retention.score(c, recoverable=True))}"
                              for c in CATEGORIES)])
     lines += _table(rows)
+    judged = {p: t.judged for p, t in overall.items() if t.judged is not None}
+    if judged:
+        lines += ["", "judge: probes the model answered from the prepared context (last call)"]
+        rows = [["plan", *CATEGORIES]]
+        for plan, counts in judged.items():
+            rows.append([plan, *(f"{counts[c]['passed']}/{counts[c]['passed'] + counts[c]['failed']}"
+                                 for c in CATEGORIES)])
+        lines += _table(rows)
     return "\n".join(lines) + "\n"
 
 
