@@ -1,5 +1,5 @@
 """The usage dashboard (``ctxrules usage report --html``): one self-contained page from the day
-ledgers of a state root — daily spend, a drill-down per session, a per-model breakdown, an hour ×
+ledgers of a state root — daily spend, a drill-down per session, a per-model breakdown, an hour x
 weekday heatmap, per-agent cards with sparklines, and requests per routing tier.
 
 Everything is read from ``<state>/ledger/days/*.jsonl`` (every call of every session, sub-agents
@@ -179,7 +179,7 @@ def render_dashboard(calls: Sequence[CallEntry], period: Period, *, state_root: 
     cards = []
     for n, (root, members) in enumerate(sorted(roots.items(), key=lambda kv: kv[0])):
         member_calls = [e for s in members for e in sessions[s]]
-        spend = defaultdict(float)
+        spend: dict[date, float] = defaultdict(float)
         for e in member_calls:
             spend[_day(e.ts)] += _usd(e)
         subs = sorted(members - {root})
