@@ -179,7 +179,7 @@ def test_a_window_the_raw_history_does_not_fit_counts_overflows_and_loses_the_pr
 
 
 def test_probes_come_from_the_original_transcript_and_markers_recover_them() -> None:
-    from ctxrules.packs.loader import load_pack
+    from ctxrules.packs.validated import load_pack
 
     msgs = transcript("eps")
     extractor = ProbeExtractor(msgs, tool_roles(load_pack("builtin:default").data))

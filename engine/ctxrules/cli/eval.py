@@ -8,7 +8,13 @@ import sys
 import time
 from typing import Any, TextIO
 
+from ctxrules.cli.io import write_text
 from ctxrules.errors import UsageError
+from ctxrules.eval.replay import STEP_S, Task
+from ctxrules.eval.report import dumps, eval_html, eval_json, eval_table, totals_of
+from ctxrules.eval.run import load_transcripts, plans_from, run_tasks
+from ctxrules.models import lookup_model
+from ctxrules.packs.validated import load_pack
 
 
 def register(sub: Any) -> None:
@@ -67,13 +73,6 @@ class _Bar:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ctxrules.cli.io import write_text
-    from ctxrules.eval.replay import STEP_S, Task
-    from ctxrules.eval.report import dumps, eval_html, eval_json, eval_table, totals_of
-    from ctxrules.eval.run import load_transcripts, plans_from, run_tasks
-    from ctxrules.models import lookup_model
-    from ctxrules.packs.loader import load_pack
-
     if not args.pack and not args.baseline:
         raise UsageError("name at least one --pack or --baseline")
     if args.jobs < 1:

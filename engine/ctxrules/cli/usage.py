@@ -15,7 +15,15 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ctxrules.budget.dashboard import Period, load_calls, render_dashboard, summary_text
+from ctxrules.budget.ledger import Totals
+from ctxrules.budget.policy import BudgetPolicy
+from ctxrules.budget.tracker import SessionLedger
+from ctxrules.budget.usage import TokenUsage, is_failed_response
+from ctxrules.cli.io import dump, read_json, write_text
 from ctxrules.errors import UsageError
+from ctxrules.packs.validated import load_pack
+from ctxrules.session_store import state_root_from_env
 
 KINDS = ("prompt", "completion", "cached", "cache_write", "reasoning", "citation", "total")
 
@@ -115,10 +123,6 @@ def register(sub: Any) -> None:
 def run_report(args: argparse.Namespace) -> int:
     from datetime import UTC, date, datetime
 
-    from ctxrules.budget.dashboard import Period, load_calls, render_dashboard, summary_text
-    from ctxrules.cli.io import write_text
-    from ctxrules.engine import state_root_from_env
-
     if args.days < 1:
         raise UsageError("--days must be at least 1")
     state = Path(args.state) if args.state else state_root_from_env()
@@ -164,14 +168,8 @@ def _count(text: str) -> int:
 
 
 def _ledger(args: argparse.Namespace) -> Any:
-    from ctxrules.budget.policy import BudgetPolicy
-    from ctxrules.budget.tracker import SessionLedger
-    from ctxrules.engine import state_root_from_env
-
     policy = BudgetPolicy()
     if args.pack:
-        from ctxrules.packs.loader import load_pack
-
         policy = BudgetPolicy.from_pack(load_pack(args.pack).data)
     if args.session:
         session = Path(args.session)
@@ -192,8 +190,6 @@ def _ledger(args: argparse.Namespace) -> Any:
 
 
 def run_add(args: argparse.Namespace) -> int:
-    from ctxrules.budget.usage import TokenUsage, is_failed_response
-
     given = {k: getattr(args, k) for k in KINDS if getattr(args, k) is not None}
     if args.failed:
         sys.stdout.write("not recorded: a failed call records no usage\n")
@@ -203,8 +199,6 @@ def run_add(args: argparse.Namespace) -> int:
     ledger = _ledger(args)
     source: Any
     if args.response:
-        from ctxrules.cli.io import read_json
-
         source = read_json(args.response)
         if is_failed_response(source):
             sys.stdout.write(
@@ -224,8 +218,6 @@ def run_add(args: argparse.Namespace) -> int:
         fmt=args.shape,
     )
     if args.json:
-        from ctxrules.cli.io import dump
-
         sys.stdout.write(dump(rec))
         return 0
     t, usd = rec["tokens"], rec["usd"]
@@ -244,8 +236,6 @@ def run_show(args: argparse.Namespace) -> int:
     now = time.time()
     status = ledger.status(now)
     day, day_label = ledger.day_entries(now)
-    from ctxrules.budget.ledger import Totals
-
     data: dict[str, Any] = {
         "session": {"path": str(ledger.dir), "root": ledger.root_id, **status.totals.as_dict()},
         "day": {"date": day_label, "timezone": ledger.policy.timezone, **Totals.of(day).as_dict()},
@@ -256,8 +246,6 @@ def run_show(args: argparse.Namespace) -> int:
         "days": _days(ledger, now, args.days),
     }
     if args.format == "json":
-        from ctxrules.cli.io import dump
-
         sys.stdout.write(dump(data))
         return 0
     sys.stdout.write(_render(data))
@@ -265,8 +253,6 @@ def run_show(args: argparse.Namespace) -> int:
 
 
 def _days(ledger: Any, now: float, n: int) -> list[dict[str, Any]]:
-    from ctxrules.budget.ledger import Totals
-
     out = []
     for i in range(n):
         entries, label = ledger.day_entries(now - 86_400 * i)

@@ -22,8 +22,11 @@ from typing import Any
 
 from ctxrules.eval.caching import blocks_of, cache_model_for
 from ctxrules.eval.checks import pairing_problems, pin_problems
+from ctxrules.eval.engines import engine_for
 from ctxrules.eval.probes import ProbeExtractor, check_probes, context_text, lost_all
 from ctxrules.models import ModelInfo, lookup_model
+from ctxrules.packs.validated import load_pack
+from ctxrules.pipeline.budget import DEFAULT_RESERVE
 from ctxrules.structure import pinned_indices
 from ctxrules.tokens import TokenCounter
 from ctxrules.toolroles import tool_roles
@@ -144,8 +147,6 @@ def _fetcher(read: Callable[[str], bytes]) -> Callable[[str], str | None]:
 
 
 def _default_roles() -> Any:
-    from ctxrules.packs.loader import load_pack
-
     return tool_roles(load_pack("builtin:default").data)
 
 
@@ -255,8 +256,6 @@ class _Runner:
 
 class _PackRunner(_Runner):
     def __init__(self, task: Task, tmp: Path) -> None:
-        from ctxrules.eval.engines import engine_for
-
         self.session = engine_for(str(task.plan.ref)).session(
             tmp / "session", model=task.model, window=task.window, private=True)
         self.usable = self.session.budget.usable
@@ -273,8 +272,6 @@ class _PackRunner(_Runner):
 
 class _BaselineRunner(_Runner):
     def __init__(self, task: Task) -> None:
-        from ctxrules.pipeline.budget import DEFAULT_RESERVE
-
         info = lookup_model(task.model, window=task.window)
         window = task.window or info.window
         if window is None:
