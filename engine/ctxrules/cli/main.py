@@ -31,6 +31,7 @@ VERBS: dict[str, str] = {
     "sessions": "ctxrules.cli.sessions",
     "usage": "ctxrules.cli.usage",
     "mcp": "ctxrules.cli.mcp",
+    "eval": "ctxrules.cli.eval",
 }
 
 
