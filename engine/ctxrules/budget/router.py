@@ -38,6 +38,8 @@ from pathlib import Path
 from typing import Any, Final
 
 from ctxrules.errors import UsageError
+from ctxrules.patterns import Pattern
+from ctxrules.patterns import compile as patterns_compile
 from ctxrules.session_store import ensure_dir, write_atomic
 
 __all__ = ["DEFAULT_RULES", "TIERS", "ComplexityRouter", "RouteDecision", "privacy_findings"]
@@ -128,7 +130,7 @@ class RouteDecision:
 class _Rule:
     id: str
     score: float
-    regex: re.Pattern[str] | None = None
+    regex: Pattern | None = None
     keywords: re.Pattern[str] | None = None
     min_chars: int | None = None
     max_chars: int | None = None
@@ -148,7 +150,7 @@ class _Rule:
 
 def _compile_rule(rid: str, spec: Mapping[str, Any]) -> _Rule:
     try:
-        regex = re.compile(spec["regex"]) if isinstance(spec.get("regex"), str) else None
+        regex = patterns_compile(spec["regex"]) if isinstance(spec.get("regex"), str) else None
     except re.error as exc:
         raise UsageError(f"router.rules.{rid}.regex does not compile: {exc}") from None
     words = [w for w in spec.get("keywords") or [] if isinstance(w, str) and w.strip()]

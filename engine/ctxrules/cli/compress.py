@@ -104,12 +104,16 @@ def _decode(raw: bytes) -> tuple[str, bool]:
 def _compress(args: argparse.Namespace, pack: dict[str, Any], counter: Any, command: str,
               raw: bytes, exit_code: int | None) -> bytes:
     """The bytes to print: compressed (full output stored first) or ``raw`` when nothing applies."""
-    from ctxrules.compressors.api import compress_text
+    from ctxrules.compressors.api import CompressorSkipped, compress_text
     from ctxrules.vault import Vault
 
     text, exact = _decode(raw)
     vault_id = hashlib.sha256(raw).hexdigest()
-    result = compress_text(pack, command, text, exit_code, vault_id=vault_id)
+    try:
+        result = compress_text(pack, command, text, exit_code, vault_id=vault_id)
+    except CompressorSkipped as exc:  # a pack pattern timed out: the output goes out as it is
+        _note(f"warning: {exc}")
+        result = None
     if result is None:
         if counter is not None:
             tokens = counter.count_text(text)

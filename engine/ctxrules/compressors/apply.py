@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 from ctxrules.compressors.lines import Line, Lines, RunInfo
 from ctxrules.compressors.rules import CompiledRule, CompressorError
+from ctxrules.patterns import Pattern
 from ctxrules.vault import format_marker
 
 __all__ = ["FAILURE_TEXT", "Applied", "apply_rule", "looks_failed", "split_output"]
@@ -170,7 +171,7 @@ def apply_rule(
     exit_code: int | None,
     vault_id: str,
     lossless: bool = False,
-    keep: Sequence[re.Pattern[str]] = (),
+    keep: Sequence[Pattern] = (),
 ) -> Applied:
     """The compressed output of ``rule`` on ``output``, with the engine's rules enforced."""
     originals, trailing = split_output(output)

@@ -7,7 +7,7 @@ from itertools import pairwise
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ctxrules.packs.source import Origin
+from ctxrules.packs.source import Origin, escape_token
 from ctxrules.validation.diagnostics import Diagnostic, did_you_mean
 
 if TYPE_CHECKING:
@@ -130,6 +130,7 @@ def _check_pipeline(rep: _Reporter, data: dict[str, Any], pack: ResolvedPack, re
     import jsonschema
 
     from ctxrules.stages.base import options_schema_for
+    from ctxrules.validation.regexes import check_pattern, format_checker, regex_values
 
     essential = {name for name, st in registry.stages.items() if st.essential}
     for i, stage in enumerate(data.get("pipeline") or []):
@@ -151,9 +152,11 @@ def _check_pipeline(rep: _Reporter, data: dict[str, Any], pack: ResolvedPack, re
             continue
         opts = stage.get("with", {})
         if isinstance(opts, dict):
-            validator = jsonschema.Draft202012Validator(options_schema_for(st),
-                                                        format_checker=jsonschema.FormatChecker(["regex"]))
+            schema = options_schema_for(st)
+            validator = jsonschema.Draft202012Validator(schema, format_checker=format_checker())
             errors = list(validator.iter_errors(opts))
+            for ptr, pattern in regex_values(schema, opts, f"{base}/with"):
+                check_pattern(rep, pattern, ptr, report_errors=False)
             if not errors:
                 # A schema checks each option on its own; the stage's factory also checks how
                 # they go together (e.g. head + tail within a maximum), so build it once here.
@@ -190,22 +193,14 @@ def _uses_essential(pack: ResolvedPack, ident: str, essential: set[str]) -> bool
     return False
 
 
-def _regex_problem(pattern: Any) -> str | None:
-    if not isinstance(pattern, str):
-        return None
-    try:
-        re.compile(pattern)
-    except re.error as exc:
-        return str(exc)
-    return None
-
-
 def _check_regexes(rep: _Reporter, data: dict[str, Any]) -> None:
+    from ctxrules import patterns
+    from ctxrules.validation.regexes import check_pattern
+
     def check(pattern: Any, pointer: str, need_group: bool = False) -> None:
-        problem = _regex_problem(pattern)
-        if problem:
-            rep.add("CR070", f"regular expression {pattern!r} does not compile: {problem}", pointer)
-        elif need_group and isinstance(pattern, str) and re.compile(pattern).groups < 1:
+        if not check_pattern(rep, pattern, pointer):
+            return
+        if need_group and isinstance(pattern, str) and patterns.compile(pattern).groups < 1:
             rep.add("CR070", f"exit-code pattern {pattern!r} needs a group that captures the code", pointer,
                     r"e.g. 'Exit code (\d+)'")
 
@@ -219,6 +214,11 @@ def _check_regexes(rep: _Reporter, data: dict[str, Any]) -> None:
     for i, pat in enumerate(red.get("patterns") or [] if isinstance(red, dict) else []):
         if isinstance(pat, dict):
             check(pat.get("regex"), f"/redaction/patterns/{i}/regex")
+    router = data.get("router")
+    rules = router.get("rules") if isinstance(router, dict) else None
+    for rid, rule in (rules or {}).items() if isinstance(rules, dict) else ():
+        if isinstance(rule, dict):
+            check(rule.get("regex"), f"/router/rules/{escape_token(str(rid))}/regex")
 
 
 # -- files and folders -------------------------------------------------------------------
