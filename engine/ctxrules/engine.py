@@ -14,7 +14,7 @@ import operator
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -86,7 +86,7 @@ class Engine:
             stamps = _stamps(self.pack.real_paths.values())
             if stamps == self._stamps:
                 return []
-            loader = PackLoader()
+            loader = PackLoader(self.pack.search_path)
             pack = loader.resolve(str(self.pack.real_paths[self.pack.files[-1]]))
             pack.diagnostics = validate_resolved(pack, loader, self.registry)
             errors = [d for d in pack.diagnostics if d.severity == "error"]
@@ -101,10 +101,13 @@ class Engine:
 
     @classmethod
     def load(cls, ref: str | Path = "builtin:default", *,
-             plugins: list[tuple[str, object]] | None = None) -> Engine:
+             plugins: list[tuple[str, object]] | None = None,
+             search_path: Sequence[str | os.PathLike[str]] = ()) -> Engine:
         """Load and validate a pack (a path or ``builtin:NAME``); raises ``PackError``.
 
         ``plugins``: extra ``(name, plugin)`` pairs registered next to the installed ones.
+        ``search_path``: folders besides the pack's own that the pack may read from
+        (``extends:``, template ``file:``, test inputs); anything else it names is CR100.
         """
         if plugins:
             pm, infos = build_plugin_manager(plugins)
@@ -113,7 +116,7 @@ class Engine:
             registry = default_registry()
         from ctxrules.validation.validate import validate_resolved
 
-        loader = PackLoader()
+        loader = PackLoader(search_path)
         pack = loader.resolve(str(ref))
         pack.diagnostics = validate_resolved(pack, loader, registry)
         if not pack.ok:
@@ -562,9 +565,9 @@ def state_root_from_env() -> Path:
 
 
 def open_session(pack: str, model: str, *, session: str | None = None, state: str | None = None,
-                 window: int | None = None) -> Session:
+                 window: int | None = None, search_path: Sequence[str] = ()) -> Session:
     """What ``ctxrules run`` does to get a session (CLI helper)."""
-    engine = Engine.load(pack)
+    engine = Engine.load(pack, search_path=search_path)
     if session is not None:
         path = Path(session)
     else:

@@ -214,7 +214,7 @@ def _analyse(pattern: str, flags: int) -> _Shape:
 
 # A sample of characters stands for "what an item can match": enough to tell \d from '.',
 # \w from ' ' and letters from digits in the scripts packs meet.
-_SAMPLE = tuple(chr(i) for i in range(128)) + ("\xa0", "\xe9", "\xdf", "\u0416", "\u0663", "\u2028", "\u4e2d")
+_SAMPLE = (*(chr(i) for i in range(128)), "\xa0", "\xe9", "\xdf", "\u0416", "\u0663", "\u2028", "\u4e2d")
 _ALL = frozenset(_SAMPLE)
 
 
@@ -335,9 +335,8 @@ def _ambiguous_repeat(tree: Any, flags: int) -> bool:
             elif op == "SUBPATTERN":
                 if scan(av[-1], after, inside):
                     return True
-            elif op == "BRANCH":
-                if any(scan(b, after, inside) for b in av[1]):
-                    return True
+            elif op == "BRANCH" and any(scan(b, after, inside) for b in av[1]):
+                return True
         return False
 
     return scan(tree, frozenset(), False)

@@ -29,6 +29,7 @@ import sys
 from pathlib import Path
 from typing import IO, Any
 
+from ctxrules.cli.io import add_search_path
 from ctxrules.errors import CtxrulesError, UsageError
 
 DEFAULT_MODEL = "gpt-4o"
@@ -70,6 +71,7 @@ def register(sub: Any) -> None:
     p.add_argument("--input", help="filter mode: captured output, a file or - for stdin")
     p.add_argument("argv", nargs=argparse.REMAINDER, metavar="-- CMD ARGS",
                    help="the command to run")
+    add_search_path(p)
     p.set_defaults(func=run)
 
 
@@ -86,7 +88,7 @@ def _load(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
     from ctxrules.packs.loader import load_pack
     from ctxrules.tokens import TokenCounter
 
-    pack = load_pack(args.pack)
+    pack = load_pack(args.pack, search_path=args.search_path)
     counter = TokenCounter.for_model(lookup_model(args.model)) if args.stats else None
     return pack.data, counter
 

@@ -6,6 +6,8 @@ import argparse
 import sys
 from typing import Any
 
+from ctxrules.cli.io import add_search_path
+
 
 def register(sub: Any) -> None:
     p = sub.add_parser("explain", help="print the resolved pack as YAML",
@@ -16,6 +18,7 @@ def register(sub: Any) -> None:
     p.add_argument("--origins", action="store_true", help="add the file:line each value came from")
     p.add_argument("--timeouts", action="store_true",
                    help="print each tool's effective stream timeout instead (docs/timeouts.md)")
+    add_search_path(p)
     p.set_defaults(func=run)
 
 
@@ -25,7 +28,7 @@ def run(args: argparse.Namespace) -> int:
     from ctxrules.packs.render import to_yaml
 
     _check_exists(args.pack)
-    pack = load_pack(args.pack)
+    pack = load_pack(args.pack, search_path=args.search_path)
     if getattr(args, "timeouts", False):
         return _print_timeouts(pack)
     origins = pack.origins() if args.origins else None

@@ -7,6 +7,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ctxrules.cli.io import add_search_path
+
 
 def register(sub: Any) -> None:
     p = sub.add_parser("test", help="run the tests packs carry",
@@ -15,6 +17,7 @@ def register(sub: Any) -> None:
     p.add_argument("packs", nargs="+", metavar="PACK")
     p.add_argument("--require-tests", action="store_true",
                    help="fail a pack whose own file declares no test cases")
+    add_search_path(p)
     p.set_defaults(func=run)
 
 
@@ -60,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
     for ref in _expand(args.packs):
         shown = ref if ref.startswith("builtin:") else Path(ref).as_posix()
         try:
-            engine = Engine.load(ref)
+            engine = Engine.load(ref, search_path=args.search_path)
         except PackError as exc:
             results.append(CaseResult(shown, "(load)", "failed", str(exc)))
             continue

@@ -107,6 +107,9 @@ def _scope(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--goal", help="the goal the calls count against")
     p.add_argument("--pack", help="pack whose budgets: (limits, prices, time zone) apply")
+    from ctxrules.cli.io import add_search_path
+
+    add_search_path(p)
 
 
 def _count(text: str) -> int:
@@ -128,7 +131,7 @@ def _ledger(args: argparse.Namespace) -> Any:
     if args.pack:
         from ctxrules.packs.loader import load_pack
 
-        policy = BudgetPolicy.from_pack(load_pack(args.pack).data)
+        policy = BudgetPolicy.from_pack(load_pack(args.pack, search_path=args.search_path).data)
     if args.session:
         session = Path(args.session)
         state = Path(args.state) if args.state else None

@@ -203,17 +203,14 @@ def read_template(
     rel = spec.get("file")
     if not isinstance(rel, str):
         return None, pointer, None
+    from ctxrules.packs.confine import read_pack_text
+
     o = origins.get(f"{pointer}/file") or origins.get(pointer)
     base = pack.real_paths.get(o.file) if o else None
-    path = (base.parent if base else pack.base_dir()) / rel
-    try:
-        raw = path.read_bytes()
-        text = raw.decode("utf-8")
-    except (OSError, ValueError) as exc:
-        reason = getattr(exc, "strerror", None) or (
-            "not UTF-8" if isinstance(exc, UnicodeDecodeError) else exc
-        )
-        return None, str(path), f"template file {rel!r} cannot be read ({reason})"
+    folder = base.parent if base else pack.base_dir()
+    text, path, _, problem = read_pack_text(pack.roots, folder, rel, "template file")
+    if text is None or path is None:
+        return None, str(path or folder / rel), problem
     return text, _display(path), None
 
 

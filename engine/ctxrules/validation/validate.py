@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from itertools import pairwise
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -64,7 +65,37 @@ def validate_resolved(pack: ResolvedPack, loader: PackLoader, registry: Registry
 
     check_prompts(rep, pack)
     _check_timeouts(rep, data)
+    _check_named_files(rep, pack)
     return _sorted_unique(out + rep.out)
+
+
+def _check_named_files(rep: _Reporter, pack: ResolvedPack) -> None:
+    """CR100 for test inputs that lie outside the pack's roots (templates and parents are
+    checked where they are read)."""
+    from ctxrules.packs.confine import HINT, OutsideRoots, check_inside
+
+    def check(value: Any, pointer: str, what: str) -> None:
+        if not isinstance(value, str) or not value:
+            return
+        origin = rep.origin(pointer)
+        real = pack.real_paths.get(origin.file)
+        try:
+            check_inside(pack.roots, real.parent if real else pack.base_dir(), value, what)
+        except OutsideRoots as exc:
+            rep.add("CR100", str(exc), pointer, HINT)
+        except (OSError, ValueError):
+            pass  # not a usable path: the test run says so
+
+    for i, case in enumerate(pack.data.get("tests") or []):
+        # A case that may be skipped is skipped when its input is outside (ctxrules test says
+        # so): built-in packs carry such cases on a corpus the caller may allow.
+        if isinstance(case, dict) and case.get("skip_if_missing") is not True:
+            for key in ("input", "tools"):
+                check(case.get(key), f"/tests/{i}/{key}", f"test {key}")
+    for i, rule in enumerate(pack.data.get("compressors") or []):
+        for k, case in enumerate(rule.get("tests") or [] if isinstance(rule, dict) else []):
+            if isinstance(case, dict):
+                check(case.get("input"), f"/compressors/{i}/tests/{k}/input", "test input")
 
 
 def _paths_of(loader: PackLoader, shown: str) -> list[Path]:
@@ -256,17 +287,23 @@ def collect_files(paths: list[str], *, skip_non_packs: bool = False) -> list[Pat
     return out
 
 
-def validate_paths(paths: list[str], *, skip_non_packs: bool = False) -> tuple[list[Diagnostic], int, dict[str, Path]]:
+def validate_paths(paths: list[str], *, skip_non_packs: bool = False,
+                   search_path: Sequence[str] = ()) -> tuple[list[Diagnostic], int, dict[str, Path]]:
     """Diagnostics for every pack under ``paths`` (each resolved with its parents), the number
-    of files checked, and the real path behind each displayed file name."""
+    of files checked, and the real path behind each displayed file name. A pack found below a
+    named folder may read from anywhere in that folder; a named file, from its own folder
+    (plus ``search_path`` for both, see :mod:`ctxrules.packs.confine`)."""
     from ctxrules.packs.loader import PackLoader
 
-    loader = PackLoader()
-    files = collect_files(paths, skip_non_packs=skip_non_packs)
+    loader = PackLoader(search_path)
+    files: list[tuple[Path, Path | None]] = []
+    for raw in paths:
+        folder = Path(raw) if Path(raw).is_dir() else None
+        files.extend((f, folder) for f in collect_files([raw], skip_non_packs=skip_non_packs))
     out: list[Diagnostic] = []
     real: dict[str, Path] = {}
-    for f in files:
-        pack = loader.resolve(str(f.resolve()))
+    for f, folder in files:
+        pack = loader.resolve(str(f.resolve()), root=folder)
         real.update(pack.real_paths)
         # A parent's own problems come back identical from each child and are reported once;
         # what only shows when a child is resolved (a cycle, an order the child breaks) may sit
