@@ -27,6 +27,7 @@ own tags is an error, which keeps "each tag exactly once" true for every prompt.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -42,14 +43,15 @@ from typing import TYPE_CHECKING, Any
 from ctxrules.errors import CtxrulesError
 from ctxrules.packs.models_match import name_candidates
 from ctxrules.prompts.environment import make_environment
+from ctxrules.prompts.limits import RenderLimitError
 from ctxrules.validation.diagnostics import did_you_mean
 
 if TYPE_CHECKING:
     from jinja2 import Template
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
 
     from ctxrules.packs.loader import ResolvedPack
     from ctxrules.plugins import Registry
+    from ctxrules.prompts.limits import LimitedEnvironment
 
 __all__ = [
     "DEFAULT_DISCIPLINE_TAG",
@@ -76,9 +78,14 @@ _CACHE_SIZE = 4096
 
 
 class AssemblyError(CtxrulesError):
-    """A prompt cannot be assembled: unknown mode or variable, or a template that fails."""
+    """A prompt cannot be assembled: unknown mode or variable, or a template that fails.
+    ``limit`` is True when a template exceeded a rendering limit (ctxrules.prompts.limits)."""
 
     exit_code = 2
+
+    def __init__(self, message: str, *, limit: bool = False) -> None:
+        super().__init__(message)
+        self.limit = limit
 
 
 def escape_variable(value: str) -> str:
@@ -306,7 +313,7 @@ class PromptSet:
             registry = default_registry()
         self._filters = dict(registry.filters)
         self.digest = self._digest(registry.fingerprint())
-        self._env: ImmutableSandboxedEnvironment | None = None
+        self._env: LimitedEnvironment | None = None
         self._compiled: dict[str, Template] = {}
         self._entry_memo: dict[str, _Entry | None] = {}
         self._lock = threading.Lock()
@@ -390,7 +397,7 @@ class PromptSet:
         return out
 
     # -- rendering -----------------------------------------------------------------------------
-    def _environment(self) -> ImmutableSandboxedEnvironment:
+    def _environment(self) -> LimitedEnvironment:
         if self._env is None:
             sources = {n: s.source for n, s in self.sections.items()}
             self._env = make_environment(_SectionLoader(sources).make(), self._filters)
@@ -444,11 +451,16 @@ class PromptSet:
                     ) from None
         for section, template in zip(parts, templates, strict=True):
             try:
-                body = tidy(template.render(context))
+                body = tidy(self._environment().render_limited(functools.partial(template.render, context)))
+            except RenderLimitError as exc:
+                raise AssemblyError(
+                    f"section '{_label(section)}' ({section.origin}) exceeds a rendering limit: {exc}",
+                    limit=True,
+                ) from None
             except RecursionError:
                 raise AssemblyError(
-                    f"section '{_label(section)}' ({section.origin}) includes itself "
-                    "(directly or through other sections)"
+                    f"section '{_label(section)}' ({section.origin}) recurses without end: it "
+                    "includes itself (directly or through other sections), or a macro calls itself"
                 ) from None
             except Exception as exc:  # template code is the pack's: any failure is the pack's
                 raise AssemblyError(

@@ -51,6 +51,11 @@ CODES: dict[str, str] = {
     "CR091": "a timeout override cannot take effect: another limit (e.g. the global chunk_ms) ends the tool first",
     "CR092": "compaction time (summarizer.total_s) is not allowed for in the step limit (compaction_allowance_ms)",
     "CR093": "a heartbeat interval is not below the chunk limit it must keep from firing",
+    "CR100": "a path the pack names (extends, template file, test input) is outside the pack's folder and search path",
+    "CR101": "a pack or template file is not read: not a regular file (FIFO, device), or over the size limit",
+    "CR102": "a regular expression repeats a repetition ambiguously (nested quantifiers) on the backtracking engine",
+    "CR103": "a template exceeds a rendering limit (operations, characters, integer size) in the trial render",
+    "CR104": "a number in the pack is not usable: an integer with too many digits, or .nan / .inf",
 }
 
 

@@ -319,7 +319,7 @@ def _trial_render(rep: _Reporter, pack: ResolvedPack, modes: dict[str, Any]) -> 
                 reported.add(message)
                 who = f"models entry '{entry.id}'" if entry else "a model with no models: entry"
                 rep.add(
-                    "CR087",
+                    "CR103" if exc.limit else "CR087",
                     f"mode '{mode}' does not assemble for {who}: {message}",
                     f"/prompts/modes/{mode}",
                 )

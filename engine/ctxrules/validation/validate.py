@@ -45,7 +45,7 @@ def validate_resolved(pack: ResolvedPack, loader: PackLoader, registry: Registry
     for doc_path in pack.files:
         for p in _paths_of(loader, doc_path):
             out.extend(loader.read(p)[1])
-    if any(d.severity == "error" and d.code in ("CR001", "CR002", "CR003", "CR090") for d in out):
+    if any(d.severity == "error" and d.code in ("CR001", "CR002", "CR003", "CR090", "CR101", "CR104") for d in out):
         return _sorted_unique(out)
     rep = _Reporter(pack)
     rep.schema_ok = not any(d.severity == "error" for d in out)
