@@ -149,25 +149,33 @@ class _Shape:
     nested: bool
 
 
+_PLAIN = re.compile(r"[^\\.^$*+?{}\[\]|()]*")
+_I, _M, _S, _A, _X, _L = (int(f) for f in (re.IGNORECASE, re.MULTILINE, re.DOTALL, re.ASCII, re.VERBOSE, re.LOCALE))
+
+
 def _analyse(pattern: str, flags: int) -> _Shape:
     from re import _parser  # type: ignore[attr-defined]
 
+    if not flags & (_X | _L) and _PLAIN.fullmatch(pattern):  # plain text: most `contains:` rules
+        return _Shape(True, len(pattern), len(pattern), False)
     tree = _parser.parse(pattern, flags)
-    all_flags = tree.state.flags
-    ascii_only = bool(all_flags & re.ASCII)
+    all_flags = int(tree.state.flags)
+    ascii_only = bool(all_flags & _A)
     # `[[:alpha:]]` is a POSIX class to RE2 and a set of characters to `re`; `x{,5}` is a
     # repetition to `re` and text to RE2.
-    safe = not (all_flags & (re.VERBOSE | re.LOCALE)) and "[:" not in pattern and "{," not in pattern
-    if ascii_only and all_flags & re.IGNORECASE:
+    safe = not (all_flags & (_X | _L)) and "[:" not in pattern and "{," not in pattern
+    if ascii_only and all_flags & _I:
         safe = False  # Python folds ASCII only, RE2 all of Unicode
+    repeats = 0
 
     def walk(items: Any, depth_repeat: bool) -> int:
-        nonlocal safe
+        nonlocal safe, repeats
         size = 0
         for op, av in items:
             name = str(op)
             if name in _REPEATS:
                 lo, hi, sub = av
+                repeats += 1
                 inner = walk(sub, depth_repeat or (hi > 1 and name != "POSSESSIVE_REPEAT"))
                 count = lo if hi == _parser.MAXREPEAT else hi
                 if count > 1000:
@@ -198,7 +206,7 @@ def _analyse(pattern: str, flags: int) -> _Shape:
             elif name == "AT":
                 at = str(av)
                 if ((at in ("AT_BOUNDARY", "AT_NON_BOUNDARY") and not ascii_only) or at == "AT_END_STRING"
-                        or (at == "AT_END" and not all_flags & re.MULTILINE)):
+                        or (at == "AT_END" and not all_flags & _M)):
                     safe = False
                 size += 1
             else:
@@ -209,7 +217,8 @@ def _analyse(pattern: str, flags: int) -> _Shape:
 
     unrolled = walk(tree, False)
     low, _ = tree.getwidth()
-    return _Shape(safe, low, unrolled, _ambiguous_repeat(tree, all_flags))
+    # A nested repetition needs two of them.
+    return _Shape(safe, low, unrolled, repeats > 1 and _ambiguous_repeat(tree, all_flags))
 
 
 # A sample of characters stands for "what an item can match": enough to tell \d from '.',
