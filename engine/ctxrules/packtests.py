@@ -90,7 +90,7 @@ def run_case(engine: Engine, index: int, case: dict[str, Any]) -> CaseResult:
             tools = _read_json(_input_path(engine, index, str(case["tools"]), "tools"))
         with tempfile.TemporaryDirectory(prefix="ctxrules-test-") as tmp:
             session = engine.session(Path(tmp) / "session", model=str(case.get("model", "gpt-4o")),
-                                     window=case.get("window"))
+                                     window=case.get("window"), private=True)
             result = session.prepare(data, tools)
     except (OutsideRoots, FileRefused) as exc:
         return done("failed", str(exc))
