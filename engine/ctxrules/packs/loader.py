@@ -138,7 +138,7 @@ class PackLoader:
                 continue
             docs[doc.path] = doc
             layer = annotate(doc)
-            tree = merge_packs(tree if tree is not None else OMap(layer.origin), layer, problems)
+            tree = merge_packs(tree if tree is not None else OMap(layer.origin), layer, problems, reuse_base=True)
         for mp in problems:
             diagnostics.append(Diagnostic(mp.code, "error", mp.message, mp.origin.file,
                                           mp.origin.line, mp.origin.col, mp.pointer, mp.hint))

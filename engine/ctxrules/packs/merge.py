@@ -40,9 +40,13 @@ class MergeProblem:
     hint: str | None = None
 
 
-def merge_packs(base: OMap, child: OMap, problems: list[MergeProblem]) -> OMap:
-    """``child`` applied over ``base``; neither is modified. Problems are appended."""
-    out: OMap = clone(base)
+def merge_packs(base: OMap, child: OMap, problems: list[MergeProblem], *, reuse_base: bool = False) -> OMap:
+    """``child`` applied over ``base``; neither is modified. Problems are appended.
+
+    ``reuse_base``: ``base`` is the caller's own intermediate result and may become part of the
+    answer (the loader folds a pack's files one by one: copying what it has merged so far for
+    each file would make resolving quadratic in the number of files)."""
+    out: OMap = base if reuse_base else clone(base)
     for key in NOT_INHERITED:
         out.drop(key)
     for key, value in child.items():
