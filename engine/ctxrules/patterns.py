@@ -77,10 +77,12 @@ class PatternError(re.error):
 class PatternTimeout(Exception):
     """A pattern took longer than :data:`MATCH_TIME_LIMIT_S` (now, or in an earlier run)."""
 
-    def __init__(self, pattern: Pattern, earlier: bool = False) -> None:
+    def __init__(self, pattern: Pattern, earlier: bool = False, reason: str | None = None) -> None:
         shown = pattern.pattern if len(pattern.pattern) <= 80 else pattern.pattern[:77] + "..."
         when = "timed out in an earlier run and is skipped" if earlier else (
             f"took longer than {MATCH_TIME_LIMIT_S:g} s on one match and is skipped from now on")
+        if reason is not None:
+            when = f"cannot run ({reason}) and is skipped"
         super().__init__(f"pattern {shown!r} {when}")
         self.pattern = pattern
 
@@ -111,6 +113,7 @@ class Memory:
             self.reports.append(message)
 
 
+_UNSET: Any = object()
 _PROCESS_MEMORY = Memory()  # outside any session (validate, a bare compress): this process
 _MEMORY: contextvars.ContextVar[Memory] = contextvars.ContextVar("ctxrules_timed_out")
 
@@ -255,8 +258,8 @@ def _chars(op: str, av: Any, flags: int) -> frozenset[str]:
                 if o == "LITERAL":
                     hit = hit or ch == chr(a) or bool(flags & re.IGNORECASE and ch.lower() == chr(a).lower())
                 elif o == "RANGE":
-                    hit = hit or a[0] <= ord(ch) <= a[1] or bool(
-                        flags & re.IGNORECASE and (a[0] <= ord(ch.lower()) <= a[1] or a[0] <= ord(ch.upper()) <= a[1]))
+                    cased = {ch, ch.lower(), ch.upper()} if flags & re.IGNORECASE else {ch}
+                    hit = hit or any(len(c) == 1 and a[0] <= ord(c) <= a[1] for c in cased)  # 'ß'.upper() is 'SS'
                 elif o == "CATEGORY":
                     hit = hit or _category(str(a), ch, flags)
                 elif o != "NEGATE":
@@ -372,7 +375,7 @@ _REGEX_FLAGS = ((re.IGNORECASE, _regex.IGNORECASE), (re.MULTILINE, _regex.MULTIL
 class Pattern:
     """A pack pattern: the ``re`` interface subset the engine uses, bounded in time."""
 
-    __slots__ = ("_re2", "_regex", "flags", "groupindex", "groups", "key", "pattern", "shape")
+    __slots__ = ("_re2_compiled", "_regex", "flags", "groupindex", "groups", "key", "pattern", "shape")
 
     def __init__(self, pattern: str, flags: int) -> None:
         with warnings.catch_warnings():
@@ -387,11 +390,21 @@ class Pattern:
         self.groups = checked.groups
         self.groupindex = dict(checked.groupindex)
         self.key = hashlib.sha256(f"{flags}:{pattern}".encode("utf-8", "surrogatepass")).hexdigest()[:24]
-        self.shape = _analyse(pattern, flags)
-        self._re2: Any = self._compile_re2() if self.shape.re2_safe else None
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            self.shape = _analyse(pattern, flags)
+        # Both engines compile on first use (validating 140,000 rules matches none of them);
+        # what decides whether the pattern is usable at all is settled now.
+        self._re2_compiled: Any = _UNSET if self.shape.re2_safe else None
         self._regex: Any = None
-        if self._re2 is None:
-            self._regex = self._compile_regex()
+        if self.shape.unrolled > MAX_UNROLLED and self._re2 is None:
+            self._compile_regex()  # raises PatternError: too large for the backtracking engine
+
+    @property
+    def _re2(self) -> Any:
+        if self._re2_compiled is _UNSET:
+            self._re2_compiled = self._compile_re2()
+        return self._re2_compiled
 
     def _compile_re2(self) -> Any:
         if _re2 is None:
@@ -440,7 +453,13 @@ class Pattern:
             memory.report(str(error))
             raise error
         if self._regex is None:
-            self._regex = self._compile_regex()
+            try:
+                self._regex = self._compile_regex()
+            except PatternError as exc:  # `re` took it, `regex` does not: never run it
+                memory.keys.add(self.key)
+                error = PatternTimeout(self, earlier=False, reason=str(exc))
+                memory.report(str(error))
+                raise error from None
         return self._regex
 
     def _timed(self, call: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
