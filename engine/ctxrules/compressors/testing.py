@@ -6,7 +6,9 @@ passes when
 
 - the command selects *this* compressor (a test of a rule that another rule shadows fails);
 - the engine's truthfulness rules hold on the result: never larger than the input, every
-  marker parses and points at the full output, a failing run keeps its last lines;
+  marker parses and points at the full output, a failing run keeps its last lines, every
+  line matching the rule's ``failures`` patterns is in the output (its words, in order: a
+  rewrite may squeeze or carry them) or inside a marker that counts failure lines;
 - every ``contains`` text appears, no ``not_contains`` text does, the output equals
   ``expected`` (``{vault_id}`` stands for the full output's id) and compressed tokens /
   original tokens (gpt-4o tokenizer) is at most ``max_ratio``.
@@ -28,8 +30,11 @@ from typing import TYPE_CHECKING, Any
 from ctxrules.compressors.api import compress_text, text_id
 from ctxrules.compressors.apply import is_failure, split_output
 from ctxrules.compressors.argv import parse_command
-from ctxrules.compressors.rules import CompressorError, compile_rules, select_rule
+from ctxrules.compressors.failures import failure_lines
+from ctxrules.compressors.rules import CompiledRule, CompressorError, compile_rules, select_rule
 from ctxrules.errors import CtxrulesError
+from ctxrules.models import lookup_model
+from ctxrules.tokens import TokenCounter
 from ctxrules.vault import parse_markers
 
 if TYPE_CHECKING:
@@ -37,7 +42,13 @@ if TYPE_CHECKING:
     from ctxrules.packs.source import Origin
     from ctxrules.plugins import Registry
 
-__all__ = ["TOKEN_MODEL", "CaseResult", "check_invariants", "run_compressor_tests"]
+__all__ = [
+    "TOKEN_MODEL",
+    "CaseResult",
+    "check_failures",
+    "check_invariants",
+    "run_compressor_tests",
+]
 
 TOKEN_MODEL = "gpt-4o"
 """The tokenizer ``max_ratio`` is measured with (o200k_base, exact and offline)."""
@@ -60,9 +71,6 @@ class CaseResult:
 
 
 def _count_tokens(text: str) -> int:
-    from ctxrules.models import lookup_model
-    from ctxrules.tokens import TokenCounter
-
     return TokenCounter.for_model(lookup_model(TOKEN_MODEL)).count_text(text)
 
 
@@ -99,6 +107,33 @@ def check_invariants(
                     f"failing run lost one of its last {failure_tail} lines "
                     f"(marker L{marker.lines[0]}-L{marker.lines[1]})"
                 )
+    return problems
+
+
+_WORDS = re.compile(r"\w+")
+_ESCAPES = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]")
+
+
+def _words(text: str) -> str:
+    return " ".join(_WORDS.findall(_ESCAPES.sub("", text)))
+
+
+def check_failures(original: str, output: str, rule: CompiledRule) -> list[str]:
+    """Failure lines of ``original`` that ``output`` neither shows nor counts in a marker."""
+    originals, _ = split_output(original)
+    hits = failure_lines(rule.failures, originals)
+    if not hits:
+        return []
+    words = _words(output)
+    counted = [m.lines for m in parse_markers(output) if m.lines and "failures" in m.extra]
+    problems: list[str] = []
+    for line_no in sorted(hits):
+        line = originals[line_no - 1]
+        if _words(line) in words or any(a <= line_no <= b for a, b in counted):
+            continue
+        problems.append(f"failure line {line_no} is neither kept nor counted: {line.strip()!r}")
+        if len(problems) >= 3:
+            break
     return problems
 
 
@@ -182,6 +217,7 @@ def _run_case(
         return fail(str(exc))
     output = result.text if result is not None else text
     problems = check_invariants(text, output, exit_code, vault_id, chosen.failure_tail)
+    problems.extend(check_failures(text, output, chosen))
     for needle in case.get("contains") or []:
         if needle not in output:
             problems.append(f"output lacks {needle!r}")
@@ -204,16 +240,13 @@ def _run_case(
 
 
 def run_compressor_tests(
-    pack: ResolvedPack, *, require_tests: bool, registry: Registry | None = None
+    pack: ResolvedPack, *, require_tests: bool, registry: Registry
 ) -> list[CaseResult]:
-    """Every inline test of every compressor in ``pack`` (resolved: inherited ones included).
+    """Every inline test of every compressor in ``pack`` (resolved: inherited ones included),
+    with the actions of ``registry`` (the engine's, so that a plugin's actions are tested too).
 
     With ``require_tests``, a compressor without tests yields one failed case ``<missing>``.
     """
-    if registry is None:
-        from ctxrules.plugins import default_registry
-
-        registry = default_registry()
     results: list[CaseResult] = []
     origins = pack.origins()
     for index, rule in enumerate(pack.data.get("compressors") or []):

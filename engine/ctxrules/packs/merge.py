@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from ctxrules.diagnostics import did_you_mean
 from ctxrules.packs.source import Origin
 from ctxrules.packs.tree import OList, OMap, clone
 
@@ -134,8 +135,6 @@ unknown ids gets its first hints, not a quadratic validation."""
 
 
 def _hint_for(ident: str, ids: list[str], problems: list[MergeProblem]) -> str | None:
-    from ctxrules.validation.diagnostics import did_you_mean
-
     if sum(p.hint is not None for p in problems) >= _HINTS:
         return None
     return did_you_mean(ident, ids)

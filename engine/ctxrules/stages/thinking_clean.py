@@ -45,8 +45,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ctxrules.hookspecs import hookimpl
-from ctxrules.messages import is_real_user
-from ctxrules.pipeline.prefix import message_digest
+from ctxrules.messages import is_real_user, message_digest
 from ctxrules.stages.base import Action, Message, StageOutcome, StageType
 from ctxrules.stages.filter_common import check_options, tokens_saved
 from ctxrules.structure import pinned_indices
@@ -342,6 +341,17 @@ OPTIONS_SCHEMA: dict[str, Any] = {
                             "no longer verifies)."),
             "type": "boolean",
             "default": True,
+        },
+        "preserved_thinking": {
+            "title": "Preserved thinking",
+            "description": ("For models that keep earlier turns' thinking, whose signature covers "
+                            "everything before it. drop: thinking after a changed prefix is "
+                            "moved to the vault (strip_changed_prefix). pin: every stage treats "
+                            "all messages up to the newest one with signed thinking as pinned, "
+                            "so no signature's prefix changes (only what follows can be "
+                            "compacted)."),
+            "enum": ["drop", "pin"],
+            "default": "drop",
         },
     },
 }

@@ -6,10 +6,11 @@ reference docs/reference/codes.md is checked against (``tests/test_docs.py``).
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+# Diagnostic, Severity and did_you_mean live in the leaf module ctxrules.diagnostics (the pack
+# loader uses them too); they are named here next to the codes they carry.
+from ctxrules.diagnostics import Diagnostic, Severity, did_you_mean
 
-Severity = Literal["error", "warning", "note"]
+__all__ = ["CODES", "Diagnostic", "Severity", "did_you_mean"]
 
 CODES: dict[str, str] = {
     "CR001": "YAML syntax error (including tabs used for indentation)",
@@ -56,38 +57,8 @@ CODES: dict[str, str] = {
     "CR102": "a regular expression repeats a repetition ambiguously (nested quantifiers) on the backtracking engine",
     "CR103": "a template exceeds a rendering limit (operations, characters, integer size) in the trial render",
     "CR104": "a number in the pack is not usable: an integer with too many digits, or .nan / .inf",
+    "CR130": "a compressor's failure pattern does not compile",
+    "CR131": "a compressor's failure pattern matches an empty line (it would protect every line)",
+    "CR140": "a request breaks a rule of its provider's API (ctxrules.formats validators)",
+    "CR141": "a request cannot be read in the format given (neither OpenAI nor Anthropic with --format auto)",
 }
-
-
-@dataclass(frozen=True)
-class Diagnostic:
-    """One finding, positioned in a file (1-based line and column) and by JSON pointer."""
-
-    code: str
-    severity: Severity
-    message: str
-    file: str
-    line: int = 1
-    col: int = 1
-    pointer: str = ""
-    hint: str | None = None
-    related: tuple[str, ...] = field(default=())
-
-    def as_dict(self) -> dict[str, Any]:
-        out = asdict(self)
-        out["related"] = list(self.related)
-        return out
-
-    @property
-    def sort_key(self) -> tuple[str, int, int, str]:
-        return (self.file, self.line, self.col, self.code)
-
-
-def did_you_mean(word: str, choices: list[str] | tuple[str, ...] | set[str]) -> str | None:
-    """A 'did you mean …' hint, or None when nothing is close."""
-    import difflib
-
-    close = difflib.get_close_matches(word, sorted(choices), n=3, cutoff=0.6)
-    if not close:
-        return None
-    return "did you mean " + " or ".join(f"'{c}'" for c in close) + "?"

@@ -11,16 +11,12 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator, Mapping
-from typing import Any, Protocol
+from typing import Any
 
 from ctxrules import patterns
+from ctxrules.diagnostics import Reporter
 
 __all__ = ["check_pattern", "format_checker", "pattern_problem", "regex_values"]
-
-
-class Reporter(Protocol):
-    def add(self, code: str, message: str, pointer: str, hint: str | None = None,
-            severity: str = "error") -> None: ...
 
 
 def pattern_problem(pattern: object, flags: int = 0) -> str | None:
