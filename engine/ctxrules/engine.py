@@ -23,7 +23,10 @@ from typing import Any
 from ctxrules import structure
 from ctxrules.budget.gate import finish_prepare, open_ledger, start_prepare
 from ctxrules.budget.router import route_for_session
-from ctxrules.errors import PackError, UsageError
+from ctxrules.dangling import marker_ids, missing, replace_lost
+from ctxrules.errors import CtxrulesError, PackError, UsageError
+from ctxrules.formats import openai as openai_format
+from ctxrules.formats.request import prepare_request
 from ctxrules.logs import get_logger
 from ctxrules.messages import split_input, validate_messages
 from ctxrules.models import lookup_model
@@ -37,12 +40,13 @@ from ctxrules.pipeline.prefix import HistoryChain
 from ctxrules.pipeline.report import build_report, report_header
 from ctxrules.pipeline.runner import PlannedStage, run_pipeline, when_allows
 from ctxrules.plugins import Registry, build_plugin_manager, collect, default_registry
+from ctxrules.private_files import check_dir
 from ctxrules.prompts.assemble import assemble
 from ctxrules.results import PrepareResult
 from ctxrules.runtime import checkpoint
 from ctxrules.runtime.continuation import Decision, evaluate
 from ctxrules.runtime.guards import Preflight, check_gateway, preflight, refuse_unless_fits
-from ctxrules.runtime.health import health
+from ctxrules.runtime.health import health, open_breakers
 from ctxrules.runtime.overflow import Completion, complete
 from ctxrules.runtime.spill import DEFAULT_PREVIEW_TOKENS, Spilled, spill
 from ctxrules.runtime.subagents import (
@@ -60,7 +64,12 @@ from ctxrules.tracker import FileTracker
 from ctxrules.types import Message
 from ctxrules.vault import Vault
 
-__all__ = ["DEFAULT_STATE_ROOT", "Engine", "PrepareResult", "Session", "open_session", "state_root_from_env"]
+__all__ = ["DEFAULT_STATE_ROOT", "Engine", "PrepareResult", "Session", "SessionIOError", "open_session",
+           "state_root_from_env"]
+
+
+class SessionIOError(CtxrulesError):
+    """The session directory could not be written (``ENOSPC``, ``EROFS``, ...) during a run."""
 
 
 class Engine:
@@ -168,6 +177,9 @@ class Session:
                  on_event: Callable[[dict[str, Any]], None] | None = None,
                  goal: str | None = None, state_root: str | Path | None = None,
                  private: bool = False) -> None:
+        # The session directory must be ctxrules' own: a link planted in its place (in a
+        # repository, say) is refused before anything is read or written through it.
+        check_dir(path)
         self.engine = engine
         self.path = path
         self.id = session_id or path.resolve().name
@@ -198,6 +210,8 @@ class Session:
         self.parent: Session | None = None
         self.root: Session = self
         self._notices: list[str] = []
+        self._repaired: dict[int, tuple[Message, Message]] = {}  # id(given) -> (given, repaired)
+        self._output_ids: set[str] = set()  # vault ids the last output's markers may name
         self._notes: SessionNotes | None = None
         cut = checkpoint.check(path)
         if cut is not None:
@@ -342,7 +356,11 @@ class Session:
         if self._last_output is not None:
             return list(self._last_output)
         record = self.store.load().get("last") or {}
-        output = self.store.load_output(int(record.get("output_count", -1)), record.get("output_file"))
+        count = record.get("output_count")
+        if not isinstance(count, int):  # no output yet, or a state that was damaged and reset
+            return []
+        # The digest is checked: a tampered file must not widen what recall may hand out.
+        output = self.store.load_output(count, record.get("output_file"), record.get("output_digest"))
         return output or []
 
     def fingerprint_parts(self) -> dict[str, str]:
@@ -375,13 +393,10 @@ class Session:
         Messages request body) or ``auto`` (:func:`ctxrules.formats.detect`). ``result.body``
         is the request in that format; ``result.messages`` the internal OpenAI form."""
         if format != "openai":
-            from ctxrules.formats.request import prepare_request
-
             return prepare_request(self, messages, tools, clock=clock, format=format)
         result = self._prepare_openai(messages, tools, clock)
-        from ctxrules.formats import openai
-
-        result.body = openai.encode(result.messages, result.tools, messages if isinstance(messages, dict) else None)
+        original = messages if isinstance(messages, dict) else None
+        result.body = openai_format.encode(result.messages, result.tools, original)
         return result
 
     def _prepare_openai(self, messages: Any, tools: list[dict[str, Any]] | None,
@@ -397,6 +412,14 @@ class Session:
         with self._thread_lock, self._session_lock, trusted_objects():
             try:
                 return self._prepare(listed, tool_list, time.time() if clock is None else clock)
+            except OSError as exc:
+                # A full disk, a read-only or vanished session directory: the caller's messages
+                # are untouched and the session files read as a cache miss (SessionStore.save).
+                self.store.forget()
+                self._last_history = self._last_output = None
+                raise SessionIOError(
+                    f"cannot write the session {self.path}: {exc.strerror or exc}; the messages "
+                    "were not changed, and the next run starts from them") from exc
             except BaseException:
                 self.store.forget()  # a run that did not finish may have changed the state in memory
                 raise
@@ -413,6 +436,8 @@ class Session:
             self._configure(self.model.name, self.window_override)
             self._last_history = self._last_output = None
         state = self.store.load()
+        if isinstance(state.get("recovered"), str):  # damaged cache: say so, then go on cold
+            self._notices.append(state["recovered"])
         # Budget level before any stage runs: EXCEEDED raises BudgetExceeded; WARNING's eco
         # mode hands the pipeline scaled thresholds (docs/budgets.md).
         budget_status, budget = start_prepare(self.ledger, self.budget, state, clock)
@@ -422,6 +447,11 @@ class Session:
         last_clock = state.get("last_clock")
         cache_hot = same and isinstance(last_clock, int | float) and 0 <= clock - last_clock < CACHE_TTL_S
         previous: list[Message]
+        if self._repaired:
+            # Messages whose lone surrogates an earlier turn replaced: the same repaired copy
+            # again, so that the history still extends the one the last turn saw.
+            history = [r[1] if (r := self._repaired.get(id(m))) is not None and r[0] is m else m
+                       for m in history]
         reused, previous, chain = 0, [], HistoryChain()
         if same:
             reused, previous, chain = self._previous(history, state)
@@ -433,8 +463,25 @@ class Session:
             structure.forget()
         self._prepared = True
         # The reused prefix equals a history that was validated already.
-        history = validate_messages(history, start=reused)
+        notes: list[str] = []
+        given = history
+        history = validate_messages(given, start=reused, warnings=notes)
+        if notes:
+            self._notices.extend(notes)
+            for i in range(reused, len(given)):
+                if history[i] is not given[i]:
+                    self._repaired[id(given[i])] = (given[i], history[i])
         pipeline_input = [*previous, *history[reused:]] if reused else history
+        # Markers the caller's messages hold whose vault item is gone cannot be re-derived:
+        # they become lost markers (dangling ones of our own output forced a cold run instead).
+        given_ids = marker_ids(history[reused:])
+        lost = missing(self.vault, given_ids) if given_ids else set()
+        if lost:
+            head = len(previous) if reused else 0
+            tail, n_lost = replace_lost(pipeline_input[head:], lost)
+            pipeline_input = [*pipeline_input[:head], *tail]
+            self._notices.append(f"{len(lost)} marker(s) in {n_lost} message(s) point at vault items "
+                                 "that are missing; they are marked as lost")
         appended = sum(self.counter.count_each(history[reused:]))
         msgs_sum = (self._last_msgs_sum if reused else 0) + appended
         has_system = (self._last_has_system if reused else False) or _has_system(history[reused:])
@@ -489,6 +536,9 @@ class Session:
         kept = self._last_history[:reused] if reused and self._last_history else []
         self._last_history = [*kept, *(_clone(m) for m in history[reused:])]
         self._last_output, self._last_chain = outcome.messages, chain
+        # The vault ids the output may point at, checked before it is reused (_previous).
+        self._output_ids = ((self._output_ids | given_ids | set(vault_new)) - lost if reused
+                            else marker_ids(outcome.messages))
         state["fingerprint"] = fingerprint
         state["last_clock"] = clock
         state["last"] = {"count": chain.count, "chain": chain.value}
@@ -504,7 +554,7 @@ class Session:
         report["warnings"].extend(reload_notes + self._notices)
         self._notices = []
         report["compacting"] = compacting
-        report["health"] = health(report)
+        report["health"] = health(report, breakers=open_breakers(state.get("stages")))
         for st in report["stages"]:
             for action in st["actions"]:
                 if action["kind"] == "checkpoint":  # the summarizer fell back to the checkpoint
@@ -550,7 +600,7 @@ class Session:
             # Our copies share leaf strings with what the caller passed, so `==` mostly meets
             # identical objects and stays cheap; a message edited in place compares unequal.
             n = len(last)
-            if n <= len(history) and last == history[:n]:
+            if n <= len(history) and last == history[:n] and not missing(self.vault, self._output_ids):
                 return n, self._last_output, self._last_chain
             return 0, [], HistoryChain()
         record = state.get("last") or {}
@@ -562,9 +612,18 @@ class Session:
         chain = HistoryChain().extended(history[:n])
         if chain.value != value:
             return 0, [], HistoryChain()
-        output = self.store.load_output(int(record.get("output_count", -1)), record.get("output_file"))
+        output_count = record.get("output_count")
+        if not isinstance(output_count, int):
+            return 0, [], HistoryChain()
+        output = self.store.load_output(output_count, record.get("output_file"), record.get("output_digest"))
         if output is None:
             return 0, [], HistoryChain()
+        ids = marker_ids(output)
+        if missing(self.vault, ids):
+            # A marker of the last output points at a vault item that is gone: computing the
+            # output again from the history stores the originals it still has (same ids).
+            return 0, [], HistoryChain()
+        self._output_ids = ids
         self._last_history = [_clone(m) for m in history[:n]]
         self._last_msgs_sum = sum(self.counter.count_each(history[:n]))
         self._last_has_system = _has_system(history[:n])

@@ -39,8 +39,8 @@ from ctxrules.errors import UsageError
 from ctxrules.messages import is_real_user, message_text
 from ctxrules.patterns import Pattern
 from ctxrules.patterns import compile as patterns_compile
+from ctxrules.private_files import ensure_dir, read_private, write_atomic
 from ctxrules.redaction import redactor_for
-from ctxrules.session_store import ensure_dir, write_atomic
 
 __all__ = ["DEFAULT_RULES", "TIERS", "ComplexityRouter", "RouteDecision", "privacy_findings"]
 
@@ -428,7 +428,7 @@ class ComplexityRouter:
 
     def _misroute_shift(self, rules_tier: str, root: Path, now: float) -> int:
         try:
-            raw = (root / "router" / "misroutes.jsonl").read_bytes()
+            raw = read_private(root / "router" / "misroutes.jsonl")
         except OSError:
             return 0
         total = 0.0
@@ -472,7 +472,7 @@ class _StateFile:
         self._lock = FileLock(self.path.with_name(self.path.name + ".lock"))
         self._lock.acquire()
         try:
-            loaded = json.loads(self.path.read_bytes())
+            loaded = json.loads(read_private(self.path))
             self.data = loaded if isinstance(loaded, dict) else {}
         except (OSError, ValueError):
             self.data = {}

@@ -41,7 +41,7 @@ from ctxrules.budget.pricing import Rates, price_call, rates_for
 from ctxrules.budget.status import BudgetStatus, BurnRate, DimensionStatus
 from ctxrules.budget.usage import TokenUsage, UsageFormat, is_failed_response, parse_usage
 from ctxrules.errors import CtxrulesError, UsageError
-from ctxrules.session_store import ensure_dir, write_atomic
+from ctxrules.private_files import ensure_dir, read_private, write_atomic
 
 __all__ = [
     "BudgetExceeded",
@@ -338,7 +338,7 @@ class SessionLedger:
 
     def _read_link(self) -> dict[str, Any]:
         try:
-            data = json.loads((self.dir / "root.json").read_bytes())
+            data = json.loads(read_private(self.dir / "root.json"))
         except (OSError, ValueError):
             return {}
         return data if isinstance(data, dict) else {}
@@ -347,7 +347,7 @@ class SessionLedger:
         """Session directories registered under this session's root task."""
         path = self.root_dir / "descendants.jsonl"
         try:
-            raw = path.read_bytes()
+            raw = read_private(path)
         except OSError:
             return []
         out = []

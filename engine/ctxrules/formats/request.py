@@ -2,19 +2,27 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from ctxrules.errors import UsageError
 from ctxrules.formats import FORMATS, detect
 from ctxrules.formats import anthropic as anthropic_format
-
-if TYPE_CHECKING:
-    from ctxrules.engine import PrepareResult, Session
+from ctxrules.results import PrepareResult
 
 __all__ = ["prepare_request"]
 
 
-def prepare_request(session: Session, request: Any, tools: list[dict[str, Any]] | None, *,
+class _Preparer(Protocol):
+    """What of a ``Session`` this module uses (a protocol: ``engine`` imports this module)."""
+
+    def prepare(self, messages: Any, tools: list[dict[str, Any]] | None = None, *,
+                clock: float | None = None, format: str = "openai") -> PrepareResult: ...
+
+    def _prepare_openai(self, messages: Any, tools: list[dict[str, Any]] | None,
+                        clock: float | None) -> PrepareResult: ...
+
+
+def prepare_request(session: _Preparer, request: Any, tools: list[dict[str, Any]] | None, *,
                     clock: float | None, format: str) -> PrepareResult:
     """The whole request in ``format`` (or the detected one) through ``session``'s pipeline:
     the request is decoded completely before any stage runs (a request that does not decode
