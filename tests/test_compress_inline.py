@@ -39,8 +39,9 @@ def write_pack(tmp_path: Path, body: str) -> Path:
     return path
 
 
-def results_of(path: Path, *, require_tests: bool = False) -> dict[str, tuple[bool, str]]:
-    pack = PackLoader().resolve(str(path))
+def results_of(path: Path, *, require_tests: bool = False,
+               search_path: tuple[Path, ...] = ()) -> dict[str, tuple[bool, str]]:
+    pack = PackLoader(search_path).resolve(str(path))
     return {
         f"{r.compressor}::{r.id}": (r.passed, r.message)
         for r in run_compressor_tests(pack, require_tests=require_tests, registry=default_registry())
@@ -129,7 +130,7 @@ def test_input_files_are_relative_to_the_declaring_pack(tmp_path: Path) -> None:
     child.write_text(
         "apiVersion: ctxrules/v1\nkind: RulePack\nextends: [../pack.yaml]\n", encoding="utf-8"
     )
-    got = results_of(child)
+    got = results_of(child, search_path=(tmp_path,))
     assert got["cut::found"] == (True, "")
     assert got["cut::missing"][0] is False and "input file not found" in got["cut::missing"][1]
 

@@ -23,8 +23,8 @@ def write(folder: Path, name: str, body: str, *, head: bool = True) -> Path:
     return path
 
 
-def resolve(path: Path) -> ResolvedPack:
-    return PackLoader().resolve(str(path))
+def resolve(path: Path, search_path: tuple[Path, ...] = ()) -> ResolvedPack:
+    return PackLoader(search_path).resolve(str(path))
 
 
 def ids(pack: ResolvedPack, key: str = "pipeline") -> list[str]:
@@ -313,7 +313,9 @@ def test_extends_as_a_string_or_a_list_and_relative_to_the_file(tmp_path: Path) 
     write(tmp_path, "base/lib/root.yaml", "context: {window: 1000}\n")
     write(tmp_path, "base/mid.yaml", "extends: ./lib/root.yaml\ncontext: {reserve_output: 10}\n")
     top = write(tmp_path, "packs/top.yaml", "extends: [../base/mid.yaml]\n")
-    pack = resolve(top)
+    outside = resolve(top)
+    assert codes(outside) == ["CR100"], "a parent outside the pack's folder needs the caller's consent"
+    pack = resolve(top, (tmp_path / "base",))
     assert codes(pack) == []
     assert pack.data["context"] == {"window": 1000, "reserve_output": 10}
     assert [Path(f).name for f in pack.files] == ["root.yaml", "mid.yaml", "top.yaml"]

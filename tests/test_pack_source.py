@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -313,14 +314,16 @@ def test_crlf_line_endings_keep_positions(tmp_path: Path) -> None:
 def test_each_file_is_read_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = tmp_path / "p.yaml"
     path.write_text("apiVersion: ctxrules/v1\nkind: RulePack\n", encoding="utf-8")
+    from ctxrules.packs import loader as loader_module
+
     reads: list[Path] = []
-    real = Path.read_bytes
+    real = loader_module.read_limited
 
-    def counting(self: Path) -> bytes:
-        reads.append(self)
-        return real(self)
+    def counting(path: Path, *args: Any, **kwargs: Any) -> bytes:
+        reads.append(path)
+        return real(path, *args, **kwargs)
 
-    monkeypatch.setattr(Path, "read_bytes", counting)
+    monkeypatch.setattr(loader_module, "read_limited", counting)
     loader = PackLoader()
     first = loader.read(path)
     assert loader.read(tmp_path / "." / "p.yaml") is not None

@@ -22,6 +22,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -97,9 +98,10 @@ def test_there_are_enough_fixtures() -> None:
 
 def test_every_code_a_pack_can_trigger_has_a_fixture() -> None:
     covered = {e.code for p in fixture_files() for e in expectations(p)}
-    # CR090 (a file that cannot be read) cannot live in a fixture: see test_unreadable_file.
+    # CR090 (a file that cannot be read) cannot live in a fixture: see test_unreadable_file;
+    # nor CR101 (a FIFO, a device, a file over 1 MB): see tests/test_hostile_packs.py.
     # CR140/CR141 are found in requests, not packs (ctxrules.formats): test_formats_anthropic.py.
-    missing = set(CODES) - covered - {"CR090", "CR140", "CR141"}
+    missing = set(CODES) - covered - {"CR090", "CR101", "CR140", "CR141"}
     assert not missing, f"no fixture triggers {sorted(missing)}"
     assert covered <= set(CODES), f"fixtures expect unknown codes {sorted(covered - set(CODES))}"
 
@@ -213,14 +215,16 @@ def test_unreadable_file(  # type: ignore[no-untyped-def]
     """CR090: tests run as root, where chmod 000 still reads; simulate the OS refusing."""
     pack = tmp_path / "locked.yaml"
     pack.write_text("apiVersion: ctxrules/v1\nkind: RulePack\n", encoding="utf-8")
-    real_read_bytes = Path.read_bytes
+    from ctxrules.packs import loader
 
-    def refuse(self: Path) -> bytes:
-        if self.name == "locked.yaml":
-            raise PermissionError(13, "Permission denied", str(self))
-        return real_read_bytes(self)
+    real_read = loader.read_limited
 
-    monkeypatch.setattr(Path, "read_bytes", refuse)
+    def refuse(path: Path, *args: Any, **kwargs: Any) -> bytes:
+        if path.name == "locked.yaml":
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_read(path, *args, **kwargs)
+
+    monkeypatch.setattr(loader, "read_limited", refuse)
     monkeypatch.chdir(tmp_path)
     code, doc = validate_json(cli, "locked.yaml")
     assert code == 1
@@ -235,14 +239,16 @@ def test_unreadable_parent_is_reported(  # type: ignore[no-untyped-def]
                                           encoding="utf-8")
     (tmp_path / "child.yaml").write_text(
         "apiVersion: ctxrules/v1\nkind: RulePack\nextends: ./locked.yaml\n", encoding="utf-8")
-    real_read_bytes = Path.read_bytes
+    from ctxrules.packs import loader
 
-    def refuse(self: Path) -> bytes:
-        if self.name == "locked.yaml":
-            raise PermissionError(13, "Permission denied", str(self))
-        return real_read_bytes(self)
+    real_read = loader.read_limited
 
-    monkeypatch.setattr(Path, "read_bytes", refuse)
+    def refuse(path: Path, *args: Any, **kwargs: Any) -> bytes:
+        if path.name == "locked.yaml":
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_read(path, *args, **kwargs)
+
+    monkeypatch.setattr(loader, "read_limited", refuse)
     monkeypatch.chdir(tmp_path)
     code, doc = validate_json(cli, "child.yaml")
     assert code == 1

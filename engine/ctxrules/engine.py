@@ -17,7 +17,7 @@ import operator
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -32,7 +32,7 @@ from ctxrules.logs import configure, get_logger
 from ctxrules.messages import split_input, validate_messages
 from ctxrules.models import lookup_model
 from ctxrules.notes import SessionNotes
-from ctxrules.packs.loader import ResolvedPack
+from ctxrules.packs.loader import PackLoader, ResolvedPack
 from ctxrules.packs.models_match import effective_context, select_model_entry
 from ctxrules.packs.validated import raise_for_errors, resolve_and_validate
 from ctxrules.pipeline.budget import Budget, make_budget
@@ -44,6 +44,7 @@ from ctxrules.plugins import Registry, build_plugin_manager, collect, default_re
 from ctxrules.private_files import check_dir
 from ctxrules.progress import listening
 from ctxrules.prompts.assemble import assemble
+from ctxrules.recall import RecallSettings, answer_recall, referenced_ids, tool_definition
 from ctxrules.results import PrepareResult
 from ctxrules.runtime import checkpoint
 from ctxrules.runtime.continuation import Decision, evaluate
@@ -101,7 +102,8 @@ class Engine:
             stamps = _stamps(self.pack.real_paths.values())
             if stamps == self._stamps:
                 return []
-            pack = resolve_and_validate(self.pack.real_paths[self.pack.files[-1]], self.registry)
+            pack = resolve_and_validate(self.pack.real_paths[self.pack.files[-1]], self.registry,
+                                        loader=PackLoader(self.pack.search_path))
             errors = [d for d in pack.diagnostics if d.severity == "error"]
             if errors:
                 self._stamps = stamps  # report this edit once, not on every call
@@ -115,15 +117,18 @@ class Engine:
 
     @classmethod
     def load(cls, ref: str | Path = "builtin:default", *,
-             plugins: list[tuple[str, object]] | None = None) -> Engine:
+             plugins: list[tuple[str, object]] | None = None,
+             search_path: Sequence[str | os.PathLike[str]] = ()) -> Engine:
         """Load and validate a pack (a path or ``builtin:NAME``); raises ``PackError``.
 
         ``plugins``: extra ``(name, plugin)`` pairs registered next to the installed ones.
+        ``search_path``: folders besides the pack's own that the pack may read from
+        (``extends:``, template ``file:``, test inputs); anything else it names is CR100.
         """
         configure()  # CTXRULES_LOG: an unknown level is a UsageError here, not a silent default
         registry = collect(*build_plugin_manager(plugins)) if plugins else default_registry()
         # Validated once, against the registry the engine will run with.
-        return cls(raise_for_errors(resolve_and_validate(ref, registry)), registry)
+        return cls(raise_for_errors(resolve_and_validate(ref, registry, loader=PackLoader(search_path))), registry)
 
     def _build_plan(self) -> list[PlannedStage]:
         plan: list[PlannedStage] = []
@@ -269,9 +274,6 @@ class Session:
 
     def _own_window(self, model: str) -> int | None:
         """``model``'s window without any override: its pack ``models:`` entry, else the registry."""
-        from ctxrules.errors import CtxrulesError
-        from ctxrules.models import lookup_model
-
         hit = select_model_entry(self.engine.pack.data, model)
         pack_window = effective_context(self.engine.pack.data, hit[1] if hit else None).get("window")
         if isinstance(pack_window, int) and not isinstance(pack_window, bool):
@@ -385,8 +387,6 @@ class Session:
         """The recall tool's definition (``openai`` or ``anthropic`` tools format), worded by
         the pack's ``recall:``. Offer it from the first call on: the tools layer of the cached
         prefix then never changes mid-session."""
-        from ctxrules.recall import RecallSettings, tool_definition
-
         return tool_definition(RecallSettings.from_pack(self.engine.pack.data), format)
 
     def recall(self, arguments: Any) -> str:
@@ -394,8 +394,6 @@ class Session:
         the exact original lines of an item this session's markers reference, paged within
         ``recall.budget_tokens``. Raises ``RecallError`` (a ``CtxrulesError``) for a call it
         cannot answer."""
-        from ctxrules.recall import RecallSettings, answer_recall, referenced_ids
-
         allowed = referenced_ids(self.last_output(), self.vault)
         return answer_recall(arguments, vault=self.vault, allowed=allowed,
                              count=self.counter.count_text,
@@ -733,9 +731,9 @@ def _clone(value: Any) -> Any:
 
 
 def open_session(pack: str, model: str, *, session: str | None = None, state: str | None = None,
-                 window: int | None = None) -> Session:
+                 window: int | None = None, search_path: Sequence[str] = ()) -> Session:
     """What ``ctxrules run`` does to get a session (CLI helper)."""
-    engine = Engine.load(pack)
+    engine = Engine.load(pack, search_path=search_path)
     if session is not None:
         path = Path(session)
     else:

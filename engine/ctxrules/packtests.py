@@ -44,11 +44,20 @@ def _output_text(messages: list[dict[str, Any]]) -> str:
     return "\n".join(parts)
 
 
-def _input_path(engine: Engine, case_index: int, rel: str) -> Path:
-    origin = engine.pack.origins().get(f"/tests/{case_index}/input")
+def _input_path(engine: Engine, case_index: int, rel: str, key: str = "input") -> Path:
+    """The file a case names, resolved; raises OutsideRoots when it is outside the pack."""
+    from ctxrules.packs.confine import check_inside
+
+    origin = engine.pack.origins().get(f"/tests/{case_index}/{key}")
     real = engine.pack.real_paths.get(origin.file) if origin else None
     base = real.parent if real else engine.pack.base_dir()
-    return (base / rel).resolve()
+    return check_inside(engine.pack.roots, base, rel, f"test {key}")
+
+
+def _read_json(path: Path) -> Any:
+    from ctxrules.packs.confine import MAX_INPUT_BYTES, read_limited
+
+    return json.loads(read_limited(path, MAX_INPUT_BYTES, what=f"test input {path.name!r}").decode("utf-8"))
 
 
 def run_case(engine: Engine, index: int, case: dict[str, Any]) -> CaseResult:
@@ -59,20 +68,31 @@ def run_case(engine: Engine, index: int, case: dict[str, Any]) -> CaseResult:
     def done(status: str, message: str = "") -> CaseResult:
         return CaseResult(pack, ident, status, message, (time.perf_counter() - started) * 1000)
 
-    path = _input_path(engine, index, str(case.get("input")))
-    if not path.is_file():
+    from ctxrules.packs.confine import FileRefused, OutsideRoots
+
+    try:
+        path = _input_path(engine, index, str(case.get("input")))
+    except OutsideRoots as exc:
+        if case.get("skip_if_missing"):
+            return done("skipped", f"{exc} (allow its folder with --search-path DIR to run it)")
+        return done("failed", str(exc))
+    except (OSError, ValueError) as exc:
+        return done("failed", f"input {case.get('input')!r} is not a usable path ({exc})")
+    if not path.exists():
         if case.get("skip_if_missing"):
             return done("skipped", f"input not found: {path}")
         return done("failed", f"input not found: {path}")
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = _read_json(path)
         tools = None
         if case.get("tools"):
-            tools = json.loads(_input_path(engine, index, str(case["tools"])).read_text(encoding="utf-8"))
+            tools = _read_json(_input_path(engine, index, str(case["tools"]), "tools"))
         with tempfile.TemporaryDirectory(prefix="ctxrules-test-") as tmp:
             session = engine.session(Path(tmp) / "session", model=str(case.get("model", "gpt-4o")),
                                      window=case.get("window"), private=True)
             result = session.prepare(data, tools)
+    except (OutsideRoots, FileRefused) as exc:
+        return done("failed", str(exc))
     except (OSError, ValueError, CtxrulesError) as exc:
         return done("failed", f"{type(exc).__name__}: {exc}")
     return done(*_check(case.get("expect") or {}, result.messages, result.report))

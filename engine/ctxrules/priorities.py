@@ -42,6 +42,8 @@ from functools import lru_cache
 from typing import Any, Literal, TypeAlias
 
 from ctxrules.messages import is_injected, message_text
+from ctxrules.patterns import Pattern
+from ctxrules.patterns import compile as patterns_compile
 from ctxrules.structure import pair_tool_calls
 from ctxrules.toolroles import ToolRoles, call_name, tool_roles
 
@@ -77,7 +79,7 @@ class PriorityRule:
     within_steps: int | None = None
     tools: tuple[str, ...] | None = None
     tool_role: str | None = None
-    contains: re.Pattern[str] | None = None
+    contains: Pattern | None = None
     injected: bool | None = None
 
 
@@ -214,7 +216,7 @@ def _compile_rule(n: int, item: Mapping[str, Any]) -> PriorityRule:
         tools = [tools]
     contains = match.get("contains")
     try:
-        pattern = re.compile(contains) if isinstance(contains, str) else None
+        pattern = patterns_compile(contains) if isinstance(contains, str) else None
     except re.error as exc:
         raise ValueError(f"priorities rule '{ident}': contains {contains!r} does not compile: "
                          f"{exc}") from exc

@@ -42,6 +42,9 @@ from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import Any, Literal
 
+from ctxrules.patterns import Match, Pattern
+from ctxrules.patterns import compile as patterns_compile
+
 __all__ = [
     "DEFAULT_PATTERNS",
     "DEFAULT_PATTERN_IDS",
@@ -144,7 +147,7 @@ class RedactionPattern:
     """
 
     id: str
-    regex: re.Pattern[str]
+    regex: re.Pattern[str] | Pattern  # built-in ones on `re`, a pack's on ctxrules.patterns
     kind: Kind = "credential"
     replacement: str | None = None
     check: Callable[[str], bool] | None = None
@@ -448,7 +451,7 @@ class _Folded:
         return self._folded
 
 
-def _secret_span(pattern: RedactionPattern, match: re.Match[str]) -> tuple[int, int]:
+def _secret_span(pattern: RedactionPattern, match: re.Match[str] | Match) -> tuple[int, int]:
     if SECRET_GROUP in pattern.regex.groupindex and match.group(SECRET_GROUP) is not None:
         return match.span(SECRET_GROUP)
     return match.span()
@@ -457,7 +460,7 @@ def _secret_span(pattern: RedactionPattern, match: re.Match[str]) -> tuple[int, 
 def _apply(pattern: RedactionPattern, text: str) -> tuple[str, int]:
     count = 0
 
-    def replace(match: re.Match[str]) -> str:
+    def replace(match: re.Match[str] | Match) -> str:
         nonlocal count
         whole = match.group(0)
         if pattern.check is not None and not pattern.check(whole):
@@ -510,7 +513,7 @@ def _build(
     patterns: list[RedactionPattern] = []
     for ident, regex, kind, replacement in extra:
         try:
-            compiled = re.compile(regex)
+            compiled = patterns_compile(regex)
         except re.error as exc:
             raise ValueError(f"redaction pattern '{ident}': regex does not compile: {exc}") from exc
         patterns.append(

@@ -16,6 +16,8 @@ from fnmatch import fnmatchcase
 from functools import lru_cache
 from typing import Any
 
+from ctxrules.patterns import Pattern, PatternTimeout
+from ctxrules.patterns import compile as patterns_compile
 from ctxrules.structure import pair_tool_calls
 
 ROLE_ORDER: tuple[str, ...] = ("file_read", "file_edit", "shell", "subagent", "search", "browser", "mcp")
@@ -31,7 +33,7 @@ class ToolRoles:
     """The pack's ``tools:`` section, compiled."""
 
     roles: tuple[tuple[str, tuple[str, ...]], ...]
-    exit_patterns: tuple[re.Pattern[str], ...]
+    exit_patterns: tuple[Pattern, ...]
     # Tool name -> role, filled as names are met (stages ask for every tool result on every
     # call; hashing this whole object for an lru_cache key would cost more than the lookup).
     _memo: dict[str, str | None] = field(default_factory=dict, compare=False, hash=False, repr=False)
@@ -52,7 +54,10 @@ class ToolRoles:
     def exit_code(self, text: str) -> int | None:
         """The exit code a shell result reports, from the pack's patterns (None if none match)."""
         for pat in self.exit_patterns:
-            m = pat.search(text)
+            try:
+                m = pat.search(text)
+            except PatternTimeout:  # reported by the pattern's memory; it reads no code
+                continue
             if m:
                 try:
                     return int(m.group(1))
@@ -101,7 +106,7 @@ def tool_roles(pack: Mapping[str, Any]) -> ToolRoles:
 
 @lru_cache(maxsize=64)
 def _compile(roles: tuple[tuple[str, tuple[str, ...]], ...], patterns: tuple[str, ...]) -> ToolRoles:
-    return ToolRoles(roles, tuple(re.compile(p) for p in patterns))
+    return ToolRoles(roles, tuple(patterns_compile(p) for p in patterns))
 
 
 def call_arguments(call: Mapping[str, Any]) -> dict[str, Any]:

@@ -39,6 +39,8 @@ from typing import Any, Final
 
 from ctxrules.errors import UsageError
 from ctxrules.messages import is_real_user, message_text
+from ctxrules.patterns import Pattern
+from ctxrules.patterns import compile as patterns_compile
 from ctxrules.private_files import ensure_dir, read_private, write_atomic
 from ctxrules.redaction import redactor_for
 
@@ -130,7 +132,7 @@ class RouteDecision:
 class _Rule:
     id: str
     score: float
-    regex: re.Pattern[str] | None = None
+    regex: Pattern | None = None
     keywords: re.Pattern[str] | None = None
     min_chars: int | None = None
     max_chars: int | None = None
@@ -150,7 +152,7 @@ class _Rule:
 
 def _compile_rule(rid: str, spec: Mapping[str, Any]) -> _Rule:
     try:
-        regex = re.compile(spec["regex"]) if isinstance(spec.get("regex"), str) else None
+        regex = patterns_compile(spec["regex"]) if isinstance(spec.get("regex"), str) else None
     except re.error as exc:
         raise UsageError(f"router.rules.{rid}.regex does not compile: {exc}") from None
     words = [w for w in spec.get("keywords") or [] if isinstance(w, str) and w.strip()]

@@ -14,6 +14,7 @@ import json
 import sys
 from typing import Any
 
+from ctxrules.cli.io import add_search_path
 from ctxrules.errors import UsageError
 from ctxrules.packs.validated import load_pack
 from ctxrules.plugins import default_registry
@@ -56,6 +57,7 @@ def register(sub: Any) -> None:
         "--matrix", action="store_true", help="every mode x models: entry, plus no entry"
     )
     p.add_argument("--format", choices=("text", "json"), default="text")
+    add_search_path(p)
     p.set_defaults(func=run)
 
 
@@ -94,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("assemble needs --model (or --entry, or --matrix)")
     if args.matrix and (args.model or args.entry):
         raise UsageError("--matrix renders every models: entry; leave out --model and --entry")
-    pack = load_pack(args.pack)
+    pack = load_pack(args.pack, search_path=args.search_path)
     ps = prompt_set(pack, default_registry())
     defaults = {name: var.default for name, var in ps.variables.items()}
     variables = parse_vars(args.var, defaults)

@@ -29,7 +29,8 @@ import sys
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
-from ctxrules.compressors.api import compress_text
+from ctxrules.cli.io import add_search_path
+from ctxrules.compressors.api import CompressorSkipped, compress_text
 from ctxrules.compressors.pipes import stdout_feeds_pipeline
 from ctxrules.errors import CtxrulesError, UsageError
 from ctxrules.models import lookup_model
@@ -81,6 +82,7 @@ def register(sub: Any) -> None:
     p.add_argument("--input", help="filter mode: captured output, a file or - for stdin")
     p.add_argument("argv", nargs=argparse.REMAINDER, metavar="-- CMD ARGS",
                    help="the command to run")
+    add_search_path(p)
     p.set_defaults(func=run)
 
 
@@ -91,7 +93,7 @@ def _session_dir(args: argparse.Namespace) -> Path:
 
 
 def _load(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
-    pack = load_pack(args.pack)
+    pack = load_pack(args.pack, search_path=args.search_path)
     counter = TokenCounter.for_model(lookup_model(args.model)) if args.stats else None
     return pack.data, counter
 
@@ -111,7 +113,11 @@ def _compress(args: argparse.Namespace, pack: dict[str, Any], counter: Any, comm
     """The bytes to print: compressed (full output stored first) or ``raw`` when nothing applies."""
     text, exact = _decode(raw)
     vault_id = hashlib.sha256(raw).hexdigest()
-    result = compress_text(pack, command, text, exit_code, vault_id=vault_id, registry=default_registry())
+    try:
+        result = compress_text(pack, command, text, exit_code, vault_id=vault_id, registry=default_registry())
+    except CompressorSkipped as exc:  # a pack pattern timed out: the output goes out as it is
+        _note(f"warning: {exc}")
+        result = None
     if result is None:
         if counter is not None:
             tokens = counter.count_text(text)

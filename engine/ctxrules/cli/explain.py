@@ -6,6 +6,7 @@ import argparse
 import sys
 from typing import Any
 
+from ctxrules.cli.io import add_search_path
 from ctxrules.errors import UsageError
 from ctxrules.packs.loader import _BUILTIN_REF, BUILTIN_PREFIX, builtin_names, builtin_path
 from ctxrules.packs.models_match import effective_context, select_model_entry
@@ -23,12 +24,13 @@ def register(sub: Any) -> None:
     p.add_argument("--origins", action="store_true", help="add the file:line each value came from")
     p.add_argument("--timeouts", action="store_true",
                    help="print each tool's effective stream timeout instead (docs/timeouts.md)")
+    add_search_path(p)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     _check_exists(args.pack)
-    pack = load_pack(args.pack)
+    pack = load_pack(args.pack, search_path=args.search_path)
     if getattr(args, "timeouts", False):
         return _print_timeouts(pack)
     origins = pack.origins() if args.origins else None

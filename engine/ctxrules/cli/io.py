@@ -89,3 +89,12 @@ def write_text(path: str, text: str) -> None:
 
 def dump(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, indent=2) + "\n"
+
+
+def add_search_path(parser: Any) -> None:
+    """``--search-path DIR`` (repeatable) on a verb that loads packs."""
+    parser.add_argument(
+        "--search-path", action="append", default=[], metavar="DIR",
+        help="a folder, besides the pack's own, that packs may read from (extends:, template "
+             "file:, test inputs); repeatable",
+    )

@@ -6,7 +6,9 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from ctxrules.engine import Engine
 from ctxrules.errors import UsageError
+from ctxrules.integrations.mcp import serve
 
 
 def register(sub: Any) -> None:
@@ -25,15 +27,9 @@ def register(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ctxrules.engine import Engine
-
     path = Path(args.session)
     if not path.is_dir():
         raise UsageError(f"--session {path}: no such session directory")
-    try:
-        from ctxrules.integrations.mcp import serve
-    except ImportError as exc:  # pragma: no cover - only without the extra
-        raise UsageError(str(exc)) from None
     session = Engine.load(args.pack).session(path, model=args.model)
     try:
         serve(session)

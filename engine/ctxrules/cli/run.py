@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import Any
 
-from ctxrules.cli.io import dump, read_json, write_text
+from ctxrules.cli.io import add_search_path, dump, read_json, write_text
 from ctxrules.cli.progress import TerminalProgress, wanted
 from ctxrules.cli.tables import report_table
 from ctxrules.engine import open_session
@@ -39,6 +39,7 @@ def register(sub: Any) -> None:
     p.add_argument("--touched", nargs="+", metavar="FILE", default=[],
                    help="files the agent changed since the last run (recorded in the session for "
                         "reread.recent_files)")
+    add_search_path(p)
     p.set_defaults(func=run)
 
 
@@ -66,7 +67,8 @@ def run(args: argparse.Namespace) -> int:
             messages, tools = split_input(data)
     except FormatError as exc:
         raise UsageError(f"{name}: {exc}") from None
-    session = open_session(args.pack, args.model, session=args.session, state=args.state, window=args.window)
+    session = open_session(args.pack, args.model, session=args.session, state=args.state, window=args.window,
+                           search_path=args.search_path)
     if args.touched:
         session.touch(*args.touched)
     if wanted(args.quiet):

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ctxrules.cli.io import add_search_path
 from ctxrules.compressors.testing import run_compressor_tests
 from ctxrules.engine import Engine
 from ctxrules.errors import PackError
@@ -21,6 +22,7 @@ def register(sub: Any) -> None:
     p.add_argument("packs", nargs="+", metavar="PACK")
     p.add_argument("--require-tests", action="store_true",
                    help="fail a pack whose own file declares no test cases")
+    add_search_path(p)
     p.set_defaults(func=run)
 
 
@@ -57,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
     for ref in _expand(args.packs):
         shown = ref if ref.startswith("builtin:") else Path(ref).as_posix()
         try:
-            engine = Engine.load(ref)
+            engine = Engine.load(ref, search_path=args.search_path)
         except PackError as exc:
             results.append(CaseResult(shown, "(load)", "failed", str(exc)))
             continue

@@ -20,7 +20,7 @@ from ctxrules.budget.ledger import Totals
 from ctxrules.budget.policy import BudgetPolicy
 from ctxrules.budget.tracker import SessionLedger
 from ctxrules.budget.usage import TokenUsage, is_failed_response
-from ctxrules.cli.io import dump, read_json, write_text
+from ctxrules.cli.io import add_search_path, dump, read_json, write_text
 from ctxrules.errors import UsageError
 from ctxrules.packs.validated import load_pack
 from ctxrules.session_store import state_root_from_env
@@ -155,6 +155,7 @@ def _scope(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--goal", help="the goal the calls count against")
     p.add_argument("--pack", help="pack whose budgets: (limits, prices, time zone) apply")
+    add_search_path(p)
 
 
 def _count(text: str) -> int:
@@ -170,7 +171,7 @@ def _count(text: str) -> int:
 def _ledger(args: argparse.Namespace) -> Any:
     policy = BudgetPolicy()
     if args.pack:
-        policy = BudgetPolicy.from_pack(load_pack(args.pack).data)
+        policy = BudgetPolicy.from_pack(load_pack(args.pack, search_path=args.search_path).data)
     if args.session:
         session = Path(args.session)
         state = Path(args.state) if args.state else None

@@ -7,6 +7,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from ctxrules.cli.io import add_search_path
 from ctxrules.plugins import default_registry
 from ctxrules.validation import formats
 from ctxrules.validation.validate import validate_paths
@@ -22,11 +23,13 @@ def register(sub: Any) -> None:
     p.add_argument("--strict", action="store_true", help="treat warnings as errors")
     p.add_argument("--skip-non-packs", action="store_true",
                    help="skip named YAML files that do not declare apiVersion: ctxrules/... or kind: RulePack")
+    add_search_path(p)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    diags, count, real = validate_paths(args.paths, default_registry(), skip_non_packs=args.skip_non_packs)
+    diags, count, real = validate_paths(args.paths, default_registry(), skip_non_packs=args.skip_non_packs,
+                                        search_path=args.search_path)
     render: Callable[[], str] = {
         "text": lambda: formats.format_text(diags, count, real),
         "json": lambda: formats.format_json(diags, count),

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from ctxrules.compressors.failures import failure_lines
 from ctxrules.compressors.lines import Line, Lines, RunInfo
 from ctxrules.compressors.rules import CompiledRule, CompressorError
+from ctxrules.patterns import Pattern, PatternTimeout
 from ctxrules.vault import format_marker
 
 __all__ = ["FAILURE_TEXT", "Applied", "apply_rule", "looks_failed", "split_output"]
@@ -83,8 +84,8 @@ def _run_steps(rule: CompiledRule, items: list[str], run: RunInfo) -> list[str]:
     for index, step in enumerate(rule.steps, 1):
         try:
             result = step.run(Lines(items, run))
-        except CompressorError:
-            raise
+        except (CompressorError, PatternTimeout):
+            raise  # a timed-out pack pattern skips the rule (compressors.api)
         except Exception as exc:  # an action bug must name itself, not surface as a traceback
             raise CompressorError(
                 f"compressor '{rule.id}', step {index} ({step.action}) failed: "
@@ -175,7 +176,7 @@ def apply_rule(
     exit_code: int | None,
     vault_id: str,
     lossless: bool = False,
-    keep: Sequence[re.Pattern[str]] = (),
+    keep: Sequence[Pattern] = (),
 ) -> Applied:
     """The compressed output of ``rule`` on ``output``, with the engine's rules enforced."""
     originals, trailing = split_output(output)

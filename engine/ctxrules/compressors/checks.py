@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from ctxrules.diagnostics import Reporter, did_you_mean
+from ctxrules.validation.regexes import check_pattern, format_checker, pattern_problem, regex_values
 
 if TYPE_CHECKING:
     from ctxrules.plugins import Registry
@@ -48,9 +49,11 @@ def _check_step(
     if not isinstance(options, Mapping):
         return  # the schema reports the wrong type
     validator = jsonschema.Draft202012Validator(
-        dict(action.options_schema), format_checker=jsonschema.FormatChecker(["regex"])
+        dict(action.options_schema), format_checker=format_checker()
     )
     errors = list(validator.iter_errors(dict(options)))
+    for ptr, pattern in regex_values(action.options_schema, options, f"{base}/with"):
+        check_pattern(rep, pattern, ptr, report_errors=False)
     for err in errors:
         ptr = f"{base}/with" + "".join(f"/{p}" for p in err.absolute_path)
         if err.validator == "additionalProperties":
@@ -66,14 +69,7 @@ def _check_step(
                     ),
                 )
         elif err.validator == "format":
-            import re
-
-            try:
-                re.compile(err.instance)
-            except re.error as exc:
-                detail = str(exc)
-            else:  # pragma: no cover - the format checker and re agree
-                detail = "invalid"
+            detail = pattern_problem(err.instance) or "invalid"
             rep.add("CR070", f"regular expression {err.instance!r} does not compile: {detail}", ptr)
         elif err.validator == "required":
             missing = [k for k in err.validator_value if k not in err.instance]

@@ -146,12 +146,16 @@ def _origin_path(pack: ResolvedPack, origins: Mapping[str, Origin], pointer: str
 def _read_input(
     pack: ResolvedPack, origins: Mapping[str, Origin], pointer: str, relative: str
 ) -> str:
+    from ctxrules.packs.confine import MAX_INPUT_BYTES, FileRefused, OutsideRoots, check_inside, read_limited
+
     base = _origin_path(pack, origins, pointer).parent
-    path = base / relative
     try:
-        raw = path.read_bytes()
+        path = check_inside(pack.roots, base, relative, "test input")
+        raw = read_limited(path, MAX_INPUT_BYTES, what=f"input {relative}")
+    except (OutsideRoots, FileRefused) as exc:
+        raise CtxrulesError(str(exc)) from None
     except FileNotFoundError:
-        raise CtxrulesError(f"input file not found: {relative} (looked for {path})") from None
+        raise CtxrulesError(f"input file not found: {relative} (looked for {base / relative})") from None
     except OSError as exc:
         raise CtxrulesError(f"cannot read input {relative}: {exc.strerror or exc}") from None
     return raw.decode("utf-8", "surrogateescape")

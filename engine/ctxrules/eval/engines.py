@@ -3,16 +3,12 @@
 from __future__ import annotations
 
 from functools import cache
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from ctxrules.engine import Engine
+from ctxrules.engine import Engine
 
 __all__ = ["engine_for"]
 
 
 @cache
 def engine_for(ref: str) -> Engine:
-    from ctxrules.engine import Engine
-
     return Engine.load(ref)

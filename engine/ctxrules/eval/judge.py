@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ctxrules.eval.probes import CATEGORIES, Probe
+from ctxrules.summarize.grounding import content_words
 
 __all__ = ["PASS_SCORE", "QUESTIONS", "grade", "judge_request", "parse_answers"]
 
@@ -57,8 +58,6 @@ def parse_answers(text: str) -> dict[str, str]:
 
 def grade(probes: Sequence[Probe], answers: Mapping[str, str]) -> dict[str, dict[str, int]]:
     """Per category, probes the answers hold (``passed``) and do not (``failed``)."""
-    from ctxrules.summarize.grounding import content_words
-
     out = {c: {"passed": 0, "failed": 0} for c in CATEGORIES}
     said: dict[str, set[str]] = {}
     for probe in probes:

@@ -184,7 +184,7 @@ class ProbeExtractor:
         for pattern in self.roles.exit_patterns:
             match = pattern.search(text)
             if match:
-                return match.group(0).strip()[:300]
+                return str(match.group(0)).strip()[:300]
         return None
 
 

@@ -23,6 +23,7 @@ from typing import Any
 from ctxrules.eval.caching import blocks_of, cache_model_for
 from ctxrules.eval.checks import pairing_problems, pin_problems
 from ctxrules.eval.engines import engine_for
+from ctxrules.eval.judge import ask, grade, judge_request, parse_answers
 from ctxrules.eval.probes import ProbeExtractor, check_probes, context_text, lost_all
 from ctxrules.models import ModelInfo, lookup_model
 from ctxrules.packs.validated import load_pack
@@ -211,8 +212,6 @@ def replay(task: Task, progress: Progress | None = None) -> TaskResult:
 
 def _judge(task: Task, context: list[Message],
            probes: list[Any]) -> tuple[dict[str, dict[str, int]] | None, str | None]:
-    from ctxrules.eval.judge import ask, grade, judge_request, parse_answers
-
     categories = list(dict.fromkeys(p.category for p in probes))
     if not categories:
         return None, None

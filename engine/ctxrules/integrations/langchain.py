@@ -27,7 +27,9 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+from ctxrules.engine import Engine
 from ctxrules.integrations import session_name
+from ctxrules.recall import PARAMETERS, RecallError, RecallSettings
 
 try:
     from langchain.agents.middleware import AgentMiddleware
@@ -93,8 +95,6 @@ class CtxrulesMiddleware(AgentMiddleware):
                  state: str | Path = ".ctxrules", window: int | None = None,
                  session_id: str = DEFAULT_SESSION, recall: bool = True) -> None:
         super().__init__()
-        from ctxrules.engine import Engine
-
         self.engine = Engine.load(pack)
         self.model_name = model
         self.state = Path(state)
@@ -167,8 +167,6 @@ class CtxrulesMiddleware(AgentMiddleware):
     # --- the recall tool ---------------------------------------------------------------------
 
     def _recall_tool(self) -> Any:
-        from ctxrules.recall import PARAMETERS, RecallError, RecallSettings
-
         settings = RecallSettings.from_pack(self.engine.pack.data)
 
         def recall(id: str, lines: str | None = None) -> str:

@@ -6,12 +6,16 @@ resolved pack, and ``load_pack``, are in ``ctxrules.packs.validated``.
 
 from __future__ import annotations
 
+import os
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ctxrules.diagnostics import Diagnostic, did_you_mean
+from ctxrules.packs.confine import HINT as CONFINE_HINT
+from ctxrules.packs.confine import MAX_PACK_BYTES, FileRefused, OutsideRoots, check_inside, make_roots, read_limited
 from ctxrules.packs.merge import ID_LISTS, MergeProblem, drop_disabled, merge_packs
 from ctxrules.packs.semver import RangeError, is_semver, parse_range
 from ctxrules.packs.source import Origin, SourceDoc, YamlProblem, parse_yaml
@@ -36,6 +40,10 @@ class ResolvedPack:
     disabled: dict[str, list[str]] = field(default_factory=dict)
     docs: dict[str, SourceDoc] = field(default_factory=dict)
     real_paths: dict[str, Path] = field(default_factory=dict)
+    roots: tuple[Path, ...] = ()
+    """Folders the pack may read from (:mod:`ctxrules.packs.confine`)."""
+    search_path: tuple[str, ...] = ()
+    """The extra roots the caller gave (kept to reload the pack the same way)."""
 
     @property
     def ok(self) -> bool:
@@ -75,9 +83,11 @@ def display_path(path: Path) -> str:
 class PackLoader:
     """Reads packs and caches parsed files; one loader resolves one or many packs."""
 
-    def __init__(self) -> None:
+    def __init__(self, search_path: Sequence[str | os.PathLike[str]] = ()) -> None:
         self._docs: dict[Path, SourceDoc | None] = {}
         self._doc_problems: dict[Path, list[Diagnostic]] = {}
+        self.search_path = tuple(str(p) for p in search_path)
+        self._roots: tuple[Path, ...] = ()
 
     # -- reading -----------------------------------------------------------------------
     def read(self, path: Path) -> tuple[SourceDoc | None, list[Diagnostic]]:
@@ -89,7 +99,10 @@ class PackLoader:
     def _read(self, path: Path) -> tuple[SourceDoc | None, list[Diagnostic]]:
         shown = display_path(path)
         try:
-            raw = path.read_bytes()
+            raw = read_limited(path, what="the pack file")
+        except FileRefused as exc:
+            return None, [Diagnostic("CR101", "error", f"not read: {exc}", shown, 1, 1, "",
+                                     f"a pack is a regular YAML file of at most {MAX_PACK_BYTES:,} bytes")]
         except OSError as exc:
             return None, [Diagnostic("CR090", "error", f"cannot read: {exc.strerror or exc}", shown)]
         try:
@@ -104,10 +117,16 @@ class PackLoader:
         return doc, check_document(doc)
 
     # -- resolving ---------------------------------------------------------------------
-    def resolve(self, ref: str, *, base: Path | None = None) -> ResolvedPack:
-        """Resolve ``ref`` (a path or ``builtin:NAME[@range]``) with all its parents."""
+    def resolve(self, ref: str, *, base: Path | None = None, root: Path | None = None) -> ResolvedPack:
+        """Resolve ``ref`` (a path or ``builtin:NAME[@range]``) with all its parents.
+
+        What the pack names must lie below ``root`` (default: the folder of ``ref``'s file),
+        the loader's ``search_path`` or the built-in packs (:mod:`ctxrules.packs.confine`)."""
         diagnostics: list[Diagnostic] = []
+        self._roots = ()  # the caller named ref: it is not confined
         path = self._locate(ref, base or Path.cwd(), None, diagnostics)
+        first = root if root is not None else path.parent if path is not None else None
+        self._roots = make_roots([first] if first is not None else [], self.search_path)
         order: list[Path] = []
         if path is not None:
             self._linearize(path, [], set(), order, diagnostics)
@@ -120,7 +139,7 @@ class PackLoader:
                 continue
             docs[doc.path] = doc
             layer = annotate(doc)
-            tree = merge_packs(tree if tree is not None else OMap(layer.origin), layer, problems)
+            tree = merge_packs(tree if tree is not None else OMap(layer.origin), layer, problems, reuse_base=True)
         for mp in problems:
             diagnostics.append(Diagnostic(mp.code, "error", mp.message, mp.origin.file,
                                           mp.origin.line, mp.origin.col, mp.pointer, mp.hint))
@@ -132,7 +151,7 @@ class PackLoader:
         files = [display_path(p) for p in order]
         name = tree.get("metadata", {}).get("name") if isinstance(tree.get("metadata"), dict) else None
         return ResolvedPack(str(name or ref), plain(tree), tree, files, _dedupe(diagnostics), disabled, docs,
-                            {display_path(p): p for p in order})
+                            {display_path(p): p for p in order}, self._roots, self.search_path)
 
     def _locate(self, ref: str, base: Path, at: tuple[Origin, str] | None,
                 diagnostics: list[Diagnostic]) -> Path | None:
@@ -154,7 +173,8 @@ class PackLoader:
                 report("CR030", f"'{ref}' is not a built-in reference (builtin:NAME[@RANGE])")
                 return None
             path = builtin_path(m["name"])
-            if not path.is_file():
+            inside = path.resolve().is_relative_to(rules_dir().resolve())
+            if not inside or not path.is_file():
                 report("CR030", f"no built-in pack named '{m['name']}'",
                        did_you_mean(m["name"], builtin_names()))
                 return None
@@ -162,8 +182,13 @@ class PackLoader:
                 self._check_range(path, m["range"], ref, report)
             return path
         try:
+            if self._roots:
+                check_inside(self._roots, base, ref, "extends")
             path = (base / ref).resolve()
-            found = path.is_file()
+            found = path.exists() and not path.is_dir()
+        except OutsideRoots as exc:
+            report("CR100", str(exc), CONFINE_HINT)
+            return None
         except (OSError, ValueError) as exc:  # a NUL byte, a name too long for the OS, ...
             report("CR030", f"pack file not found: {ref!r} is not a usable path ({exc})")
             return None

@@ -7,6 +7,7 @@ values from it, recording ``(line, column)`` (1-based) for every JSON pointer on
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -106,7 +107,15 @@ class _Builder:
                 return [self.build(item, f"{pointer}/{i}") for i, item in enumerate(node.value)]
             finally:
                 self.open.discard(id(node))
-        return self.loader.construct_object(node, deep=True)
+        try:
+            value = self.loader.construct_object(node, deep=True)
+        except ValueError:  # int() refuses more than sys.get_int_max_str_digits() digits
+            raise YamlProblem("CR104", f"YAML: the integer has {len(str(node.value)):,} characters; "
+                                       "no pack value needs more than a few digits", *_pos(node), pointer) from None
+        if isinstance(value, float) and not math.isfinite(value):
+            raise YamlProblem("CR104", f"YAML: {node.value} is not a finite number", *_pos(node), pointer,
+                              hint="write a finite number (or leave the key out for the default)")
+        return value
 
     def _mapping(self, node: yaml.MappingNode, pointer: str) -> dict[str, Any]:
         # Anchors with `<<:` merge keys are legitimate YAML; flatten them the way PyYAML would,

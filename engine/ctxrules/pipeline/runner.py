@@ -17,6 +17,7 @@ from typing import Any
 
 from ctxrules.errors import CtxrulesError
 from ctxrules.messages import message_text
+from ctxrules.patterns import remembering
 from ctxrules.pipeline.context import StageContext
 from ctxrules.stages.base import Message, Stage, StageOutcome, StageType
 from ctxrules.structure import replaced
@@ -157,8 +158,12 @@ def run_pipeline(plan: Sequence[PlannedStage], messages: list[Message], base: St
         started = time.perf_counter()
         ctx.log.debug("stage.start", tier=tier, tokens=tokens)
         emit("stage.start", stage=p.id, type=p.type.name, phase=p.phase, tier=tier, tokens=tokens)
+        memory = None
         try:
-            outcome = p.stage(msgs, ctx)
+            # Pack patterns that time out are remembered in the stage's state: a rerun skips
+            # them at once instead of timing out (or not) again, whatever the machine's load.
+            with remembering(ctx.state) as memory:
+                outcome = p.stage(msgs, ctx)
             if not isinstance(outcome, StageOutcome):
                 raise TypeError(f"stage returned {type(outcome).__name__}, expected StageOutcome")
             result = outcome.messages if p.phase != "finalize" else _finalize_guard(p, msgs, outcome.messages)
@@ -172,12 +177,16 @@ def run_pipeline(plan: Sequence[PlannedStage], messages: list[Message], base: St
             if p.on_error == "fail":
                 raise StageFailed(f"stage '{p.id}' ({p.type.name}) failed: {record.error}") from exc
             warnings.append(f"stage '{p.id}' failed and was skipped: {record.error}")
+            if memory is not None:
+                record.warnings = list(memory.reports)
+                warnings.extend(f"{p.id}: {w}" for w in memory.reports if w not in record.error)
             return msgs
         record.ran = True
         record.ms = (time.perf_counter() - started) * 1000
         record.actions = [a.as_dict() for a in outcome.actions]
-        record.warnings = list(outcome.warnings)
-        warnings.extend(f"{p.id}: {w}" for w in outcome.warnings)
+        timed_out = memory.reports if memory is not None else []
+        record.warnings = list(outcome.warnings) + [w for w in timed_out if w not in outcome.warnings]
+        warnings.extend(f"{p.id}: {w}" for w in record.warnings)
         if p.phase == "finalize":
             request.update(outcome.request)
             if outcome.tools is not None:

@@ -27,6 +27,7 @@ own tags is an error, which keeps "each tag exactly once" true for every prompt.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -45,13 +46,14 @@ from ctxrules.packs.loader import display_path
 from ctxrules.packs.models_match import name_candidates
 from ctxrules.plugins import Registry, default_registry
 from ctxrules.prompts.environment import make_environment
+from ctxrules.prompts.limits import RenderLimitError
 from ctxrules.resources import rules_dir
 
 if TYPE_CHECKING:
     from jinja2 import Template
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
 
     from ctxrules.packs.loader import ResolvedPack
+    from ctxrules.prompts.limits import LimitedEnvironment
 
 __all__ = [
     "DEFAULT_DISCIPLINE_TAG",
@@ -78,9 +80,14 @@ _CACHE_SIZE = 4096
 
 
 class AssemblyError(CtxrulesError):
-    """A prompt cannot be assembled: unknown mode or variable, or a template that fails."""
+    """A prompt cannot be assembled: unknown mode or variable, or a template that fails.
+    ``limit`` is True when a template exceeded a rendering limit (ctxrules.prompts.limits)."""
 
     exit_code = 2
+
+    def __init__(self, message: str, *, limit: bool = False) -> None:
+        super().__init__(message)
+        self.limit = limit
 
 
 def escape_variable(value: str) -> str:
@@ -202,17 +209,14 @@ def read_template(
     rel = spec.get("file")
     if not isinstance(rel, str):
         return None, pointer, None
+    from ctxrules.packs.confine import read_pack_text
+
     o = origins.get(f"{pointer}/file") or origins.get(pointer)
     base = pack.real_paths.get(o.file) if o else None
-    path = (base.parent if base else pack.base_dir()) / rel
-    try:
-        raw = path.read_bytes()
-        text = raw.decode("utf-8")
-    except (OSError, ValueError) as exc:
-        reason = getattr(exc, "strerror", None) or (
-            "not UTF-8" if isinstance(exc, UnicodeDecodeError) else exc
-        )
-        return None, str(path), f"template file {rel!r} cannot be read ({reason})"
+    folder = base.parent if base else pack.base_dir()
+    text, path, _, problem = read_pack_text(pack.roots, folder, rel, "template file")
+    if text is None or path is None:
+        return None, str(path or folder / rel), problem
     return text, display_template_path(path), None
 
 
@@ -304,7 +308,7 @@ class PromptSet:
             raise AssemblyError("; ".join(problems))
         self._filters = dict(registry.filters)
         self.digest = self._digest(registry.fingerprint())
-        self._env: ImmutableSandboxedEnvironment | None = None
+        self._env: LimitedEnvironment | None = None
         self._compiled: dict[str, Template] = {}
         self._entry_memo: dict[str, _Entry | None] = {}
         self._lock = threading.Lock()
@@ -388,7 +392,7 @@ class PromptSet:
         return out
 
     # -- rendering -----------------------------------------------------------------------------
-    def _environment(self) -> ImmutableSandboxedEnvironment:
+    def _environment(self) -> LimitedEnvironment:
         if self._env is None:
             sources = {n: s.source for n, s in self.sections.items()}
             self._env = make_environment(_SectionLoader(sources).make(), self._filters)
@@ -442,11 +446,16 @@ class PromptSet:
                     ) from None
         for section, template in zip(parts, templates, strict=True):
             try:
-                body = tidy(template.render(context))
+                body = tidy(self._environment().render_limited(functools.partial(template.render, context)))
+            except RenderLimitError as exc:
+                raise AssemblyError(
+                    f"section '{_label(section)}' ({section.origin}) exceeds a rendering limit: {exc}",
+                    limit=True,
+                ) from None
             except RecursionError:
                 raise AssemblyError(
-                    f"section '{_label(section)}' ({section.origin}) includes itself "
-                    "(directly or through other sections)"
+                    f"section '{_label(section)}' ({section.origin}) recurses without end: it "
+                    "includes itself (directly or through other sections), or a macro calls itself"
                 ) from None
             except Exception as exc:  # template code is the pack's: any failure is the pack's
                 raise AssemblyError(

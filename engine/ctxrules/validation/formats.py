@@ -15,10 +15,12 @@ SourceReader = Callable[[str], list[str] | None]
 
 def _read_lines(cache: dict[str, list[str] | None], file: str, real: dict[str, Path]) -> list[str] | None:
     if file not in cache:
+        from ctxrules.packs.confine import FileRefused, read_limited
+
         path = real.get(file, Path(file))
-        try:
-            cache[file] = path.read_text(encoding="utf-8").splitlines()
-        except (OSError, UnicodeDecodeError):
+        try:  # the same rules as for reading the pack: never block on a FIFO, never a huge file
+            cache[file] = read_limited(path).decode("utf-8").splitlines()
+        except (OSError, UnicodeDecodeError, FileRefused):
             cache[file] = None
     return cache[file]
 

@@ -37,22 +37,20 @@ if TYPE_CHECKING:
 
 def template_source(
     pack: ResolvedPack, section: dict[str, Any], pointer: str, origin_file: str
-) -> tuple[str | None, str | None]:
-    """(source, problem) of a section: its inline template or its file next to the pack."""
+) -> tuple[str | None, str | None, str]:
+    """(source, problem, code) of a section: its inline template or its file next to the
+    pack (confined to the pack's roots, see :mod:`ctxrules.packs.confine`)."""
+    from ctxrules.packs.confine import read_pack_text
+
     if isinstance(section.get("template"), str):
-        return section["template"], None
+        return section["template"], None, ""
     rel = section.get("file")
     if not isinstance(rel, str):
-        return None, None
+        return None, None, ""
     base = pack.real_paths.get(origin_file)
-    path = (base.parent if base else Path.cwd()) / rel
-    try:
-        return path.read_text(encoding="utf-8"), None
-    except (OSError, UnicodeDecodeError) as exc:
-        return (
-            None,
-            f"template file {rel!r} cannot be read ({getattr(exc, 'strerror', None) or exc})",
-        )
+    text, _, code, problem = read_pack_text(pack.roots, base.parent if base else Path.cwd(), rel,
+                                            "template file")
+    return text, problem, code or ""
 
 
 class _Where:
@@ -126,9 +124,11 @@ def check_prompts(rep: Reporter, pack: ResolvedPack, registry: Registry) -> None
         key = "template" if "template" in sec else "file"
         at = f"{pointer}/{key}"
         origin = rep.origin(at)
-        source, problem = template_source(pack, sec, at, origin.file)
+        source, problem, code = template_source(pack, sec, at, origin.file)
         if problem:
-            rep.add("CR084", problem, at)
+            from ctxrules.packs.confine import HINT
+
+            rep.add(code, problem, at, HINT if code == "CR100" else None)
             continue
         if source is None:
             continue
@@ -307,7 +307,7 @@ def _trial_render(rep: Reporter, pack: ResolvedPack, registry: Registry, modes: 
                 reported.add(message)
                 who = f"models entry '{entry.id}'" if entry else "a model with no models: entry"
                 rep.add(
-                    "CR087",
+                    "CR103" if exc.limit else "CR087",
                     f"mode '{mode}' does not assemble for {who}: {message}",
                     f"/prompts/modes/{mode}",
                 )

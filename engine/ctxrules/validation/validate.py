@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from itertools import pairwise
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -13,9 +14,11 @@ from ctxrules.compressors.checks import check_compressors
 from ctxrules.diagnostics import Diagnostic, Reporter, did_you_mean
 from ctxrules.errors import UsageError
 from ctxrules.packs.loader import PackLoader, ResolvedPack
+from ctxrules.packs.source import escape_token
 from ctxrules.stages.base import options_schema_for
 from ctxrules.timeouts import lint_timeouts
 from ctxrules.types import THRESHOLD_NAMES
+from ctxrules.validation.regexes import check_pattern, format_checker, regex_values
 from ctxrules.validation.templates import check_prompts
 
 if TYPE_CHECKING:
@@ -29,7 +32,7 @@ def validate_resolved(pack: ResolvedPack, loader: PackLoader, registry: Registry
     for doc_path in pack.files:
         for p in _paths_of(loader, doc_path):
             out.extend(loader.read(p)[1])
-    if any(d.severity == "error" and d.code in ("CR001", "CR002", "CR003", "CR090") for d in out):
+    if any(d.severity == "error" and d.code in ("CR001", "CR002", "CR003", "CR090", "CR101", "CR104") for d in out):
         return _sorted_unique(out)
     rep = Reporter(pack)
     rep.schema_ok = not any(d.severity == "error" for d in out)
@@ -46,7 +49,37 @@ def validate_resolved(pack: ResolvedPack, loader: PackLoader, registry: Registry
     check_prompts(rep, pack, registry)
     _check_timeouts(rep, data)
     _check_spawn_cap(rep, data)
+    _check_named_files(rep, pack)
     return _sorted_unique(out + rep.out)
+
+
+def _check_named_files(rep: Reporter, pack: ResolvedPack) -> None:
+    """CR100 for test inputs that lie outside the pack's roots (templates and parents are
+    checked where they are read)."""
+    from ctxrules.packs.confine import HINT, OutsideRoots, check_inside
+
+    def check(value: Any, pointer: str, what: str) -> None:
+        if not isinstance(value, str) or not value:
+            return
+        origin = rep.origin(pointer)
+        real = pack.real_paths.get(origin.file)
+        try:
+            check_inside(pack.roots, real.parent if real else pack.base_dir(), value, what)
+        except OutsideRoots as exc:
+            rep.add("CR100", str(exc), pointer, HINT)
+        except (OSError, ValueError):
+            pass  # not a usable path: the test run says so
+
+    for i, case in enumerate(pack.data.get("tests") or []):
+        # A case that may be skipped is skipped when its input is outside (ctxrules test says
+        # so): built-in packs carry such cases on a corpus the caller may allow.
+        if isinstance(case, dict) and case.get("skip_if_missing") is not True:
+            for key in ("input", "tools"):
+                check(case.get(key), f"/tests/{i}/{key}", f"test {key}")
+    for i, rule in enumerate(pack.data.get("compressors") or []):
+        for k, case in enumerate(rule.get("tests") or [] if isinstance(rule, dict) else []):
+            if isinstance(case, dict):
+                check(case.get("input"), f"/compressors/{i}/tests/{k}/input", "test input")
 
 
 def _paths_of(loader: PackLoader, shown: str) -> list[Path]:
@@ -129,9 +162,11 @@ def _check_pipeline(rep: Reporter, data: dict[str, Any], pack: ResolvedPack, reg
             continue
         opts = stage.get("with", {})
         if isinstance(opts, dict):
-            validator = jsonschema.Draft202012Validator(options_schema_for(st),
-                                                        format_checker=jsonschema.FormatChecker(["regex"]))
+            schema = options_schema_for(st)
+            validator = jsonschema.Draft202012Validator(schema, format_checker=format_checker())
             errors = list(validator.iter_errors(opts))
+            for ptr, pattern in regex_values(schema, opts, f"{base}/with"):
+                check_pattern(rep, pattern, ptr, report_errors=False)
             if not errors:
                 # A schema checks each option on its own; the stage's factory also checks how
                 # they go together (e.g. head + tail within a maximum), so build it once here.
@@ -168,22 +203,13 @@ def _uses_essential(pack: ResolvedPack, ident: str, essential: set[str]) -> bool
     return False
 
 
-def _regex_problem(pattern: Any) -> str | None:
-    if not isinstance(pattern, str):
-        return None
-    try:
-        re.compile(pattern)
-    except re.error as exc:
-        return str(exc)
-    return None
-
-
 def _check_regexes(rep: Reporter, data: dict[str, Any]) -> None:
+    from ctxrules import patterns
+
     def check(pattern: Any, pointer: str, need_group: bool = False) -> None:
-        problem = _regex_problem(pattern)
-        if problem:
-            rep.add("CR070", f"regular expression {pattern!r} does not compile: {problem}", pointer)
-        elif need_group and isinstance(pattern, str) and re.compile(pattern).groups < 1:
+        if not check_pattern(rep, pattern, pointer):
+            return
+        if need_group and isinstance(pattern, str) and patterns.compile(pattern).groups < 1:
             rep.add("CR070", f"exit-code pattern {pattern!r} needs a group that captures the code", pointer,
                     r"e.g. 'Exit code (\d+)'")
 
@@ -197,6 +223,11 @@ def _check_regexes(rep: Reporter, data: dict[str, Any]) -> None:
     for i, pat in enumerate(red.get("patterns") or [] if isinstance(red, dict) else []):
         if isinstance(pat, dict):
             check(pat.get("regex"), f"/redaction/patterns/{i}/regex")
+    router = data.get("router")
+    rules = router.get("rules") if isinstance(router, dict) else None
+    for rid, rule in (rules or {}).items() if isinstance(rules, dict) else ():
+        if isinstance(rule, dict):
+            check(rule.get("regex"), f"/router/rules/{escape_token(str(rid))}/regex")
 
 
 # -- files and folders -------------------------------------------------------------------
@@ -232,16 +263,21 @@ def collect_files(paths: list[str], *, skip_non_packs: bool = False) -> list[Pat
     return out
 
 
-def validate_paths(paths: list[str], registry: Registry, *,
-                   skip_non_packs: bool = False) -> tuple[list[Diagnostic], int, dict[str, Path]]:
+def validate_paths(paths: list[str], registry: Registry, *, skip_non_packs: bool = False,
+                   search_path: Sequence[str] = ()) -> tuple[list[Diagnostic], int, dict[str, Path]]:
     """Diagnostics for every pack under ``paths`` (each resolved with its parents), the number
-    of files checked, and the real path behind each displayed file name."""
-    loader = PackLoader()
-    files = collect_files(paths, skip_non_packs=skip_non_packs)
+    of files checked, and the real path behind each displayed file name. A pack found below a
+    named folder may read from anywhere in that folder; a named file, from its own folder
+    (plus ``search_path`` for both, see :mod:`ctxrules.packs.confine`)."""
+    loader = PackLoader(search_path)
+    files: list[tuple[Path, Path | None]] = []
+    for raw in paths:
+        folder = Path(raw) if Path(raw).is_dir() else None
+        files.extend((f, folder) for f in collect_files([raw], skip_non_packs=skip_non_packs))
     out: list[Diagnostic] = []
     real: dict[str, Path] = {}
-    for f in files:
-        pack = loader.resolve(str(f.resolve()))
+    for f, folder in files:
+        pack = loader.resolve(str(f.resolve()), root=folder)
         real.update(pack.real_paths)
         # A parent's own problems come back identical from each child and are reported once;
         # what only shows when a child is resolved (a cycle, an order the child breaks) may sit

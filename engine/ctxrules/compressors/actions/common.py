@@ -7,6 +7,8 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol, TypeAlias
 
 from ctxrules.compressors.lines import Line, Lines
+from ctxrules.patterns import Match, Pattern
+from ctxrules.patterns import compile as patterns_compile
 
 ActionSpec: TypeAlias = tuple[
     str, Callable[[Mapping[str, Any]], Callable[[Lines], list[str]]], dict[str, Any], str
@@ -60,7 +62,7 @@ def object_schema(properties: Mapping[str, Any], required: Sequence[str] = ()) -
 class Matcher(Protocol):
     """Anything with ``search`` like a compiled pattern."""
 
-    def search(self, text: str) -> re.Match[str] | None: ...
+    def search(self, text: str) -> Match | None: ...
 
 
 def compile_all(patterns: Sequence[str]) -> Matcher | None:
@@ -68,13 +70,13 @@ def compile_all(patterns: Sequence[str]) -> Matcher | None:
     if not patterns:
         return None
     if len(patterns) == 1:
-        return re.compile(patterns[0])
-    compiled = [re.compile(p) for p in patterns]
+        return patterns_compile(patterns[0])
+    compiled = [patterns_compile(p) for p in patterns]
     # One alternation is much faster than trying each pattern in turn. A leading global flag
     # group ("(?i)...") is an error in the middle of an alternation, so it becomes a scoped
     # one ("(?i:...)"); patterns that still do not combine are tried one by one.
     try:
-        return re.compile("|".join(_scoped(p) for p in patterns))
+        return patterns_compile("|".join(_scoped(p) for p in patterns))
     except re.error:
         return _AnyOf(compiled)
 
@@ -95,10 +97,10 @@ def _scoped(pattern: str) -> str:
 class _AnyOf:
     """Quacks like a compiled pattern for ``search``: matches when any member does."""
 
-    def __init__(self, patterns: list[re.Pattern[str]]) -> None:
+    def __init__(self, patterns: list[Pattern]) -> None:
         self.patterns = patterns
 
-    def search(self, text: str) -> re.Match[str] | None:
+    def search(self, text: str) -> Match | None:
         for pattern in self.patterns:
             found = pattern.search(text)
             if found is not None:

@@ -17,6 +17,7 @@ from ctxrules.compressors.actions.common import (
 )
 from ctxrules.compressors.lines import Lines
 from ctxrules.hookspecs import hookimpl
+from ctxrules.patterns import compile as patterns_compile
 
 
 def _pick(lines: Lines, keep: list[bool]) -> list[str]:
@@ -87,7 +88,7 @@ class MaxLines:
     def __init__(self, options: Mapping[str, Any]) -> None:
         self.max = int(options["max"])
         patterns = options.get("protect", [FAILURE_PATTERN])
-        self.protect = [re.compile(p) for p in patterns]
+        self.protect = [patterns_compile(p) for p in patterns]
         self.head_share = float(options.get("head_share", 0.5))
 
     def __call__(self, lines: Lines) -> list[str]:
@@ -139,12 +140,12 @@ class LimitBlocks:
     """
 
     def __init__(self, options: Mapping[str, Any]) -> None:
-        self.start = re.compile(options["start"])
+        self.start = patterns_compile(options["start"])
         self.max = int(options["max"])
         self.tail = min(int(options.get("tail", 0)), self.max - 1)
         self.protect = compile_all(options.get("protect", []))
         only = options.get("only")
-        self.only = re.compile(only) if only else None
+        self.only = patterns_compile(only) if only else None
 
     def _limit(self, block: list[str]) -> list[str]:
         if len(block) <= self.max:
@@ -181,7 +182,7 @@ class ShortCircuit:
     pattern does. Never on a failed run: the engine's verdict (``lines.run.failed``) wins."""
 
     def __init__(self, options: Mapping[str, Any]) -> None:
-        self.when = re.compile(options["when"], re.MULTILINE)
+        self.when = patterns_compile(options["when"], re.MULTILINE)
         self.unless = compile_all(options.get("unless", [FAILURE_PATTERN]))
         self.message = str(options["message"])
         known = set(self.when.groupindex)

@@ -12,6 +12,8 @@ from typing import Any
 from ctxrules.compressors.actions.common import ActionSpec, count, object_schema, regex
 from ctxrules.compressors.lines import Line, Lines
 from ctxrules.hookspecs import hookimpl
+from ctxrules.patterns import Match
+from ctxrules.patterns import compile as patterns_compile
 
 
 class Group:
@@ -24,7 +26,7 @@ class Group:
     """
 
     def __init__(self, options: Mapping[str, Any]) -> None:
-        self.pattern = re.compile(options["pattern"])
+        self.pattern = patterns_compile(options["pattern"])
         if "key" not in self.pattern.groupindex:
             raise ValueError(
                 "the pattern needs a named group 'key', e.g. (?P<key>[^:]+):(?P<rest>.*)"
@@ -34,13 +36,13 @@ class Group:
         self.indent = str(options.get("indent", "  "))
         self.min_size = int(options.get("min_size", 2))
 
-    def _rest(self, line: str, found: re.Match[str]) -> str:
+    def _rest(self, line: str, found: Match) -> str:
         if "rest" in self.pattern.groupindex and found.group("rest") is not None:
-            return found.group("rest")
+            return str(found.group("rest"))
         return line[: found.start("key")] + line[found.end("key") :]
 
     def __call__(self, lines: Lines) -> list[str]:
-        groups: dict[str, list[tuple[str, re.Match[str]]]] = {}
+        groups: dict[str, list[tuple[str, Match]]] = {}
         order: list[tuple[str, str | None]] = []  # (line, key of the group that starts here)
         for line in lines:
             found = self.pattern.search(line)

@@ -19,6 +19,7 @@ from ctxrules.compressors.actions.common import (
 )
 from ctxrules.compressors.lines import Line, Lines
 from ctxrules.hookspecs import hookimpl
+from ctxrules.patterns import compile as patterns_compile
 
 # CSI (colors, cursor moves), OSC (titles, hyperlinks: ESC ] ... BEL or ESC \), other
 # two-byte escapes, and backspace overstrikes (`man`-style bold: "b\bb").
@@ -85,7 +86,7 @@ class Replace:
     """``re.sub`` on every line (``with`` may use ``\\1`` / ``\\g<name>``)."""
 
     def __init__(self, options: Mapping[str, Any]) -> None:
-        self.pattern = re.compile(options["pattern"])
+        self.pattern = patterns_compile(options["pattern"])
         self.replacement = str(options.get("with", ""))
         # Fail at load time, not on the first matching line, when a group does not exist.
         groups = {str(i) for i in range(self.pattern.groups + 1)} | set(self.pattern.groupindex)
@@ -111,7 +112,7 @@ class CollapseRepeats:
     def __init__(self, options: Mapping[str, Any]) -> None:
         self.min_run = int(options.get("min_run", 2))
         ignore = options.get("ignore")
-        self.ignore = re.compile(ignore) if ignore else None
+        self.ignore = patterns_compile(ignore) if ignore else None
         self.format = str(options.get("format", "{line} (x{count})"))
         self.format.format(line="", count=0)  # a bad placeholder fails at load time
 
