@@ -24,6 +24,7 @@ kind: RulePack
 context:
   treshold: {monitor: 0.3}
   reserve_output: -1
+metadata: {name: two-errors, version: 1.0.0}
 """
 WARNING_ONLY = """\
 apiVersion: ctxrules/v1
@@ -35,8 +36,9 @@ prompts:
     today: {tag: today, template: "Today is {{ current_date }}."}
   modes:
     full: [today]
+metadata: {name: warning-only, version: 1.0.0}
 """
-VALID = "apiVersion: ctxrules/v1\nkind: RulePack\nextends: builtin:default\n"
+VALID = "apiVersion: ctxrules/v1\nkind: RulePack\nextends: builtin:default\nmetadata: {name: ok, version: 1.0.0}\n"
 
 
 @pytest.fixture
@@ -72,7 +74,7 @@ def test_text_format_for_a_clean_run(cli, work: Path) -> None:  # type: ignore[n
 
 def test_text_format_cuts_very_long_lines_around_the_caret(cli, work: Path) -> None:  # type: ignore[no-untyped-def]
     (work / "long.yaml").write_text(
-        "apiVersion: ctxrules/v1\nkind: RulePack\nmetadata: {description: '" + "x" * 500
+        "apiVersion: ctxrules/v1\nkind: RulePack\nmetadata: {name: long, version: 1.0.0, description: '" + "x" * 500
         + "', nme: 1}\n", encoding="utf-8")
     code, out, _ = cli("validate", "long.yaml")
     assert code == 1
@@ -117,7 +119,7 @@ def test_github_format(cli, work: Path) -> None:  # type: ignore[no-untyped-def]
 def test_github_format_escapes_properties_and_data(cli, work: Path) -> None:  # type: ignore[no-untyped-def]
     # a file name with ',' and ':' (property separators), a message with '%' and a line break
     name = "odd, name: 100%.yaml"
-    (work / name).write_text('apiVersion: ctxrules/v1\nkind: RulePack\n"50%\\nmore": 1\n',
+    (work / name).write_text('apiVersion: ctxrules/v1\nkind: RulePack\n"50%\\nmore": 1\nmetadata: {name: t, version: 1.0.0}\n',
                              encoding="utf-8")
     code, out, _ = cli("validate", "--format", "github", name)
     assert code == 1
@@ -338,7 +340,7 @@ def test_schema_command_includes_every_stage_types_options(cli) -> None:  # type
     assert "unanswered" in by_stage["normalize.tool_pairs"]["properties"]
 
     validator = jsonschema.Draft202012Validator(schema)
-    bad = {"apiVersion": "ctxrules/v1", "kind": "RulePack",
+    bad = {"apiVersion": "ctxrules/v1", "kind": "RulePack", "metadata": {"name": "t", "version": "1.0.0"},
            "pipeline": [{"id": "pairs", "use": "normalize.tool_pairs", "with": {"unanswerd": 1}}]}
     assert [e.validator for e in validator.iter_errors(bad)] == ["additionalProperties"]
 

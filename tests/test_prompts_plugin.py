@@ -119,7 +119,7 @@ def test_plugin_in_a_throwaway_project(tmp_path: Path) -> None:
 
 def test_plugin_reports_a_broken_pack_without_a_traceback(tmp_path: Path) -> None:
     (tmp_path / "pack.yaml").write_text(
-        "apiVersion: ctxrules/v1\nkind: RulePack\nprompts: {modes: {m: [nope]}}\n"
+        "apiVersion: ctxrules/v1\nkind: RulePack\nmetadata: {name: t, version: 1.0.0}\nprompts: {modes: {m: [nope]}}\n"
     )
     (tmp_path / "test_x.py").write_text(
         textwrap.dedent("""\

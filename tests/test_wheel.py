@@ -104,7 +104,7 @@ def test_installed_cli_validates_a_pack_extending_builtin_default(installed: Pat
 
     # and a broken one is reported with its line, through the installed schema
     pack.write_text("apiVersion: ctxrules/v1\nkind: RulePack\nextends: builtin:default\n"
-                    "context:\n  treshold: {}\n", encoding="utf-8")
+                    "context:\n  treshold: {}\nmetadata: {name: mine, version: 1.0.0}\n", encoding="utf-8")
     proc = _run([ctxrules, "validate", "--format", "json", "my-pack.yaml"], cwd=tmp_path)
     assert proc.returncode == 1, proc.stderr
     [d] = json.loads(proc.stdout)["diagnostics"]

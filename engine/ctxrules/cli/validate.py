@@ -26,10 +26,10 @@ def register(sub: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     from ctxrules.validation.validate import validate_paths
 
-    diags, count, real = validate_paths(args.paths, skip_non_packs=args.skip_non_packs)
+    diags, count, real, skipped = validate_paths(args.paths, skip_non_packs=args.skip_non_packs)
     render: Callable[[], str] = {
-        "text": lambda: formats.format_text(diags, count, real),
-        "json": lambda: formats.format_json(diags, count),
+        "text": lambda: formats.format_text(diags, count, real, skipped),
+        "json": lambda: formats.format_json(diags, count, skipped),
         "github": lambda: formats.format_github(diags, count),
         "sarif": lambda: formats.format_sarif(diags, count),
     }[args.format]

@@ -103,6 +103,13 @@ def _convert(doc: SourceDoc, err: Any, base: str) -> list[Diagnostic]:
         if pointer == "" and missing in ("apiVersion", "kind"):
             return [diag("CR015", f"not a rule pack: '{missing}' is missing",
                          "a pack starts with `apiVersion: ctxrules/v1` and `kind: RulePack`")]
+        if pointer in ("", "/metadata") and missing in ("metadata", "name", "version"):
+            # Every pack names itself and carries a semantic version: reports, extends ranges
+            # and snapshot names depend on them. Point at the metadata key when there is one.
+            field = "metadata" if missing == "metadata" else f"metadata.{missing}"
+            return [diag("CR013", f"{field} is required: a pack declares metadata.name and metadata.version",
+                         "e.g. metadata: {name: my-pack, version: 1.0.0}",
+                         at="/metadata" if pointer else None)]
         return [diag("CR013", f"{where} needs '{missing}'")]
     if v == "oneOf" and isinstance(err.instance, dict) and {"template", "file"} & set(err.schema.get("properties", {})):
         has = [k for k in ("template", "file") if k in err.instance]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from itertools import pairwise
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ctxrules.packs.source import Origin
 from ctxrules.validation.diagnostics import Diagnostic, did_you_mean
@@ -232,10 +232,12 @@ def is_pack_file(path: Path) -> bool:
     return bool(re.search(r"^(apiVersion:\s*['\"]?ctxrules/|kind:\s*['\"]?RulePack\b)", head, re.M))
 
 
-def collect_files(paths: list[str], *, skip_non_packs: bool = False) -> list[Path]:
+def collect_files(paths: list[str], *, skip_non_packs: bool = False,
+                  skipped: list[Path] | None = None) -> list[Path]:
     """Files named directly, plus the pack files found below named folders (sorted).
     ``skip_non_packs`` also skips named YAML files that do not declare themselves packs
-    (for the pre-commit hook, which passes every changed YAML file)."""
+    (for the pre-commit hook, which passes every changed YAML file); the files passed over
+    that way are appended to ``skipped``."""
     from ctxrules.errors import UsageError
 
     out: list[Path] = []
@@ -249,6 +251,9 @@ def collect_files(paths: list[str], *, skip_non_packs: bool = False) -> list[Pat
             found = sorted(q for q in p.rglob("*") if q.suffix in (".yaml", ".yml") and q.is_file()
                            and not any(part.startswith(".") for part in q.relative_to(p).parts))
             out.extend(q for q in found if is_pack_file(q))
+        elif exists and skip_non_packs and not is_pack_file(p):
+            if skipped is not None:
+                skipped.append(p)
         elif exists:
             out.append(p)
         else:
@@ -256,13 +261,21 @@ def collect_files(paths: list[str], *, skip_non_packs: bool = False) -> list[Pat
     return out
 
 
-def validate_paths(paths: list[str], *, skip_non_packs: bool = False) -> tuple[list[Diagnostic], int, dict[str, Path]]:
+class ValidationRun(NamedTuple):
+    diagnostics: list[Diagnostic]
+    files_checked: int
+    real_paths: dict[str, Path]  # the real path behind each displayed file name
+    files_skipped: int = 0  # named YAML files that are not packs (--skip-non-packs)
+
+
+def validate_paths(paths: list[str], *, skip_non_packs: bool = False) -> ValidationRun:
     """Diagnostics for every pack under ``paths`` (each resolved with its parents), the number
-    of files checked, and the real path behind each displayed file name."""
+    of files checked and skipped, and the real path behind each displayed file name."""
     from ctxrules.packs.loader import PackLoader
 
     loader = PackLoader()
-    files = collect_files(paths, skip_non_packs=skip_non_packs)
+    skipped: list[Path] = []
+    files = collect_files(paths, skip_non_packs=skip_non_packs, skipped=skipped)
     out: list[Diagnostic] = []
     real: dict[str, Path] = {}
     for f in files:
@@ -272,7 +285,7 @@ def validate_paths(paths: list[str], *, skip_non_packs: bool = False) -> tuple[l
         # what only shows when a child is resolved (a cycle, an order the child breaks) may sit
         # in a parent's lines and must not be dropped for it.
         out.extend(validate_resolved(pack, loader))
-    return _sorted_unique(out), len(files), real
+    return ValidationRun(_sorted_unique(out), len(files), real, len(skipped))
 
 
 # -- stream timeouts (ctxrules.timeouts; docs/timeouts.md) ---------------------------------
