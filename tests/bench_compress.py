@@ -1,7 +1,7 @@
 """Benchmark of the built-in compressors over real outputs.
 
 Inputs: the outputs captured in rules/compressors/fixtures/ (commands and exit codes from
-INDEX.tsv) and the shared corpus ../shared/corpus/command-outputs/rtk/*.txt. Per command family
+INDEX.tsv) and the real command outputs of the corpus ($CTXRULES_CORPUS/command-outputs/rtk/*.txt). Per command family
 it prints tokens before and after (gpt-4o's o200k_base, exact), the share of key lines kept,
 and, as the baseline measured in the same run, the share a plain head + tail of the same
 character budget keeps. Throughput is measured on all inputs together, against a baseline
@@ -29,7 +29,10 @@ from ctxrules.packs.loader import load_pack  # noqa: E402
 from ctxrules.tokens import TokenCounter  # noqa: E402
 
 FIXTURES = REPO / "rules" / "compressors" / "fixtures"
-RTK = REPO.parent / "shared" / "corpus" / "command-outputs" / "rtk"
+sys.path.insert(0, str(REPO / "tests"))
+from conftest import COMMAND_OUTPUTS  # noqa: E402  (the corpus folder: $CTXRULES_CORPUS)
+
+RTK = COMMAND_OUTPUTS / "rtk"
 
 # Lines an agent needs: failures, locations, outcomes, the names of what changed.
 KEY = re.compile(

@@ -119,7 +119,8 @@ def test_github_format(cli, work: Path) -> None:  # type: ignore[no-untyped-def]
 def test_github_format_escapes_properties_and_data(cli, work: Path) -> None:  # type: ignore[no-untyped-def]
     # a file name with ',' and ':' (property separators), a message with '%' and a line break
     name = "odd, name: 100%.yaml"
-    (work / name).write_text('apiVersion: ctxrules/v1\nkind: RulePack\n"50%\\nmore": 1\nmetadata: {name: t, version: 1.0.0}\n',
+    (work / name).write_text('apiVersion: ctxrules/v1\nkind: RulePack\n"50%\\nmore": 1\n'
+                             'metadata: {name: t, version: 1.0.0}\n',
                              encoding="utf-8")
     code, out, _ = cli("validate", "--format", "github", name)
     assert code == 1

@@ -22,7 +22,8 @@ def write(folder: Path, name: str, body: str, *, head: bool = True) -> Path:
     body = textwrap.dedent(body)
     if head and not re.search(r"^metadata:", body, re.M):
         # Every pack names itself (CR013); written last so the lines the tests expect stay put.
-        body = body + ("" if body.endswith("\n") or not body else "\n") + f"metadata: {{name: {path.stem}, version: 1.0.0}}\n"
+        body += ("" if body.endswith("\n") or not body else "\n")
+        body += f"metadata: {{name: {path.stem}, version: 1.0.0}}\n"
     path.write_text((HEAD if head else "") + body, encoding="utf-8")
     return path
 

@@ -137,6 +137,7 @@ def summary_of(messages: list[dict[str, Any]]) -> dict[str, Any]:
     return next(m for m in messages if injected_kind(m) == "summary")
 
 
+@pytest.mark.corpus
 def test_a_good_summary_is_streamed_audited_and_injected(
     tmp_path: Path, server: LLMServer, chat: list[dict[str, Any]]
 ) -> None:
@@ -161,6 +162,7 @@ def test_a_good_summary_is_streamed_audited_and_injected(
     assert alternation_problems(out) == []
 
 
+@pytest.mark.corpus
 @pytest.mark.parametrize(
     ("behaviour", "outcome", "detail"),
     [
@@ -208,6 +210,7 @@ def test_a_failed_summary_falls_back_to_the_checkpoint(
     )  # the checkpoint still shrinks the context
 
 
+@pytest.mark.corpus
 def test_a_slow_but_alive_stream_does_not_time_out(
     tmp_path: Path, server: LLMServer, chat: list[dict[str, Any]]
 ) -> None:
@@ -220,6 +223,7 @@ def test_a_slow_but_alive_stream_does_not_time_out(
     assert summary_of(out)["ctxrules"]["source"] == "llm", attempts(stage)
 
 
+@pytest.mark.corpus
 @pytest.mark.parametrize("prefix", ["", '{"user_goal": "List which'])
 def test_a_silent_stream_times_out_at_the_inactivity_limit(
     tmp_path: Path, server: LLMServer, chat: list[dict[str, Any]], prefix: str
@@ -236,6 +240,7 @@ def test_a_silent_stream_times_out_at_the_inactivity_limit(
     assert summary_of(out)["ctxrules"]["source"] == "checkpoint"
 
 
+@pytest.mark.corpus
 def test_the_total_ceiling_stops_a_stream_that_never_ends(
     tmp_path: Path, server: LLMServer, chat: list[dict[str, Any]]
 ) -> None:
@@ -250,6 +255,7 @@ def test_the_total_ceiling_stops_a_stream_that_never_ends(
     assert summary_of(out)["ctxrules"]["source"] == "checkpoint"
 
 
+@pytest.mark.corpus
 def test_a_context_length_error_is_retried_once_with_half_the_input(
     tmp_path: Path, server: LLMServer, chat: list[dict[str, Any]]
 ) -> None:
@@ -265,6 +271,7 @@ def test_a_context_length_error_is_retried_once_with_half_the_input(
     assert any("context-length error" in w for w in stage["warnings"])
 
 
+@pytest.mark.corpus
 def test_the_fallback_model_summarizes_when_the_light_one_fails(
     tmp_path: Path, server: LLMServer, chat: list[dict[str, Any]]
 ) -> None:
@@ -279,6 +286,7 @@ def test_the_fallback_model_summarizes_when_the_light_one_fails(
     )
 
 
+@pytest.mark.corpus
 def test_a_too_small_summarizer_yields_to_the_main_model(
     tmp_path: Path, server: LLMServer, chat: list[dict[str, Any]]
 ) -> None:
@@ -291,6 +299,7 @@ def test_a_too_small_summarizer_yields_to_the_main_model(
     assert summary_of(out)["ctxrules"]["source"] == "llm"
 
 
+@pytest.mark.corpus
 def test_a_too_small_summarizer_reads_a_trimmed_input(
     tmp_path: Path, server: LLMServer, chat: list[dict[str, Any]]
 ) -> None:
@@ -309,6 +318,7 @@ def test_a_too_small_summarizer_reads_a_trimmed_input(
     assert request.body["max_tokens"] == 1024
 
 
+@pytest.mark.corpus
 def test_the_breaker_opens_lets_one_probe_through_and_closes(
     tmp_path: Path, server: LLMServer, chat: list[dict[str, Any]]
 ) -> None:
@@ -341,6 +351,7 @@ def test_the_breaker_opens_lets_one_probe_through_and_closes(
     }
 
 
+@pytest.mark.corpus
 def test_the_summarizer_is_sent_no_secrets_and_what_it_echoes_is_masked(
     tmp_path: Path, server: LLMServer, chat: list[dict[str, Any]], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -131,6 +131,7 @@ def alternation_problems(messages: list[dict[str, Any]]) -> list[str]:
 # --- the real CLI, offline -----------------------------------------------------------------------
 
 
+@pytest.mark.corpus
 def test_cli_run_builtin_default_offline_completes_with_the_checkpoint(tmp_path: Path) -> None:
     messages = chat_from_corpus()
     source = tmp_path / "chat.json"
@@ -205,6 +206,7 @@ CASES = [
 ]
 
 
+@pytest.mark.corpus
 @pytest.mark.parametrize("name", CASES)
 def test_compaction_of_a_real_session_keeps_every_invariant(name: str, tmp_path: Path) -> None:
     messages = load(name)
@@ -246,6 +248,7 @@ def test_compaction_of_a_real_session_keeps_every_invariant(name: str, tmp_path:
     assert [m["role"] for m in again.messages] == [m["role"] for m in out]
 
 
+@pytest.mark.corpus
 def test_a_second_compaction_merges_into_the_first(tmp_path: Path) -> None:
     messages = load("minisweagent-mwaskom__seaborn-3069.json")
     eng = engine(str(SUMMARY_ONLY))
@@ -328,6 +331,7 @@ def plant_secrets(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+@pytest.mark.corpus
 def test_no_secret_survives_in_the_summary_or_the_stored_state(tmp_path: Path) -> None:
     messages = plant_secrets(load("minisweagent-django__django-11815.json"))
     eng = engine(str(SUMMARY_ONLY))
@@ -386,6 +390,7 @@ def direct_context(
     )
 
 
+@pytest.mark.corpus
 def test_without_an_anchor_a_bridge_opens_the_dialogue(tmp_path: Path) -> None:
     real = load("openhands-ponylang__ponyc-4595.json")
     # An agent that started on its own: system prompt, then steps, no real user message.
@@ -405,6 +410,7 @@ def test_without_an_anchor_a_bridge_opens_the_dialogue(tmp_path: Path) -> None:
     assert alternation_problems(out) == []
 
 
+@pytest.mark.corpus
 def test_protected_messages_stay_in_place_after_the_summary(tmp_path: Path) -> None:
     messages = load("sweagent-pydicom__pydicom-1458.json")
     keep = next(i for i in range(4, len(messages) // 2) if messages[i]["role"] == "assistant")
@@ -417,6 +423,7 @@ def test_protected_messages_stay_in_place_after_the_summary(tmp_path: Path) -> N
     assert pairing_problems(out) == []
 
 
+@pytest.mark.corpus
 def test_below_the_target_the_stage_does_nothing(tmp_path: Path) -> None:
     messages = load("sweagent-pydicom__pydicom-1458.json")
     ctx = direct_context(tmp_path, messages, utilization=0.3)
@@ -426,6 +433,7 @@ def test_below_the_target_the_stage_does_nothing(tmp_path: Path) -> None:
     )
 
 
+@pytest.mark.corpus
 def test_a_held_compaction_lock_skips_the_turn(tmp_path: Path) -> None:
     messages = load("sweagent-pydicom__pydicom-1458.json")
     ctx = direct_context(tmp_path, messages)
@@ -437,6 +445,7 @@ def test_a_held_compaction_lock_skips_the_turn(tmp_path: Path) -> None:
     assert any(injected_kind(m) == "summary" for m in after.messages)
 
 
+@pytest.mark.corpus
 def test_the_tail_budget_keeps_the_newest_steps_verbatim(tmp_path: Path) -> None:
     messages = load("claudecode-subagent-aa84377.json")
     ctx = direct_context(tmp_path, messages)

@@ -232,10 +232,11 @@ def test_unreadable_file(  # type: ignore[no-untyped-def]
 
 def test_unreadable_parent_is_reported(  # type: ignore[no-untyped-def]
         cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    (tmp_path / "locked.yaml").write_text("apiVersion: ctxrules/v1\nkind: RulePack\nmetadata: {name: t, version: 1.0.0}\n",
-                                          encoding="utf-8")
+    (tmp_path / "locked.yaml").write_text(
+        "apiVersion: ctxrules/v1\nkind: RulePack\nmetadata: {name: t, version: 1.0.0}\n", encoding="utf-8")
     (tmp_path / "child.yaml").write_text(
-        "apiVersion: ctxrules/v1\nkind: RulePack\nextends: ./locked.yaml\nmetadata: {name: t, version: 1.0.0}\n", encoding="utf-8")
+        "apiVersion: ctxrules/v1\nkind: RulePack\nextends: ./locked.yaml\nmetadata: {name: t, version: 1.0.0}\n",
+        encoding="utf-8")
     real_read_bytes = Path.read_bytes
 
     def refuse(self: Path) -> bytes:
@@ -264,7 +265,8 @@ def test_extends_naming_a_directory_is_not_found(  # type: ignore[no-untyped-def
         cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "parent.yaml").mkdir()
     (tmp_path / "child.yaml").write_text(
-        "apiVersion: ctxrules/v1\nkind: RulePack\nextends: ./parent.yaml\nmetadata: {name: t, version: 1.0.0}\n", encoding="utf-8")
+        "apiVersion: ctxrules/v1\nkind: RulePack\nextends: ./parent.yaml\nmetadata: {name: t, version: 1.0.0}\n",
+        encoding="utf-8")
     monkeypatch.chdir(tmp_path)
     code, doc = validate_json(cli, "child.yaml")
     assert code == 1

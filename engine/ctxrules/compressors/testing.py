@@ -200,12 +200,20 @@ def _run_case(
 
 
 def run_compressor_tests(
-    pack: ResolvedPack, *, require_tests: bool, registry: Registry | None = None
+    pack: ResolvedPack,
+    *,
+    require_tests: bool,
+    registry: Registry | None = None,
+    inherited: bool = True,
 ) -> list[CaseResult]:
-    """Every inline test of every compressor in ``pack`` (resolved: inherited ones included).
+    """Every inline test of every compressor in ``pack`` (resolved: inherited ones included);
+    with ``inherited=False`` only the tests the pack's own file declares.
 
-    With ``require_tests``, a compressor without tests yields one failed case ``<missing>``.
+    With ``require_tests``, a compressor without tests yields one failed case ``<missing>``
+    (without ``inherited``: only a compressor the pack's own file declares).
     """
+    from ctxrules.packtests import declared_in
+
     if registry is None:
         from ctxrules.plugins import default_registry
 
@@ -216,8 +224,9 @@ def run_compressor_tests(
         if not isinstance(rule, Mapping):
             continue
         cases = [c for c in rule.get("tests") or [] if isinstance(c, Mapping)]
+        mine = inherited or declared_in(pack, f"/compressors/{index}", origins)
         if not cases:
-            if require_tests:
+            if require_tests and mine:
                 origin = origins.get(f"/compressors/{index}")
                 results.append(
                     CaseResult(
@@ -230,6 +239,8 @@ def run_compressor_tests(
                 )
             continue
         for case_index, case in enumerate(cases):
+            if not (inherited or declared_in(pack, f"/compressors/{index}/tests/{case_index}", origins)):
+                continue
             started = time.perf_counter()
             result = _run_case(pack, origins, registry, index, rule, case_index, case)
             ms = (time.perf_counter() - started) * 1000
