@@ -131,3 +131,10 @@ def test_plugin_reports_a_broken_pack_without_a_traceback(tmp_path: Path) -> Non
     assert result.returncode != 0
     out = result.stdout + result.stderr
     assert "cannot load pack pack.yaml" in out and "CR082" in out
+
+
+def test_no_entry_is_the_assemblers_name_for_no_entry() -> None:
+    from ctxrules.prompts import assemble
+    from ctxrules.testing import pytest_plugin
+
+    assert pytest_plugin.NO_ENTRY == assemble.NO_ENTRY

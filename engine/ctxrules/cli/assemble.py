@@ -85,8 +85,7 @@ def parse_vars(items: list[str], declared: dict[str, Any]) -> dict[str, Any]:
 
 def run(args: argparse.Namespace) -> int:
     from ctxrules.packs.loader import load_pack
-    from ctxrules.prompts.assemble import prompt_set
-    from ctxrules.testing.pytest_plugin import NO_ENTRY
+    from ctxrules.prompts.assemble import NO_ENTRY, prompt_set
 
     if not args.matrix and not args.mode:
         raise UsageError("assemble needs --mode (or --matrix)")

@@ -30,6 +30,8 @@ if TYPE_CHECKING:
 
 __all__ = ["NO_ENTRY", "assemble_prompt", "ctxrules_pack", "prompt_cases", "prompt_snapshot"]
 
+# ctxrules.prompts.assemble.NO_ENTRY, spelled out: this module loads nothing of the engine until
+# a fixture runs (tests/test_prompts_plugin.py checks the two agree).
 NO_ENTRY = "no-entry"
 DEFAULT_PACK = "builtin:default"
 _PACKS: dict[str, ResolvedPack] = {}
