@@ -5,8 +5,8 @@ diagnostics; nothing else is reported.
 
 pre-commit builds the hook's environment from the package index (it pip-installs this
 repository with its dependencies); the test skips, saying so, when the index cannot be reached.
-The hook repository is a snapshot of this checkout's files (tracked and new, not ignored)
-committed in a temporary repository, so what is tested is the working tree.
+The hook repository is a snapshot of this checkout (``checkout_kit``), so what is tested is
+the working tree.
 """
 
 from __future__ import annotations
@@ -18,8 +18,7 @@ import sys
 from pathlib import Path
 
 import pytest
-
-REPO = Path(__file__).resolve().parents[1]
+from checkout_kit import git, snapshot
 
 if shutil.which("git") is None:
     pytest.skip("needs git", allow_module_level=True)
@@ -34,31 +33,10 @@ COMPOSE = "services:\n  web:\n    image: nginx:1.27\n    ports: ['8080:80']\n"
 DEPENDABOT = "version: 2\nupdates:\n  - package-ecosystem: pip\n    directory: /\n    schedule: {interval: weekly}\n"
 
 
-def _git(cwd: Path, *argv: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["git", "-c", "user.email=ci@example.com", "-c", "user.name=ci",
-                           "-c", "init.defaultBranch=main", "-c", "commit.gpgsign=false", *argv],
-                          cwd=cwd, capture_output=True, text=True, check=False, timeout=120)
-
-
 def _index_reachable(tmp: Path) -> bool:
     proc = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", str(tmp), "pyyaml"],
                           capture_output=True, text=True, check=False, timeout=120)
     return proc.returncode == 0
-
-
-def _snapshot(dest: Path) -> str:
-    """This checkout's files committed in a fresh repository; the commit's sha."""
-    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=REPO,
-                            capture_output=True, check=True).stdout.decode().split("\0")
-    for rel in filter(None, listed):
-        src = REPO / rel
-        if src.is_file():
-            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(src, dest / rel)
-    assert _git(dest, "init", "-q").returncode == 0
-    assert _git(dest, "add", "-A").returncode == 0
-    assert _git(dest, "commit", "-qm", "snapshot").returncode == 0
-    return _git(dest, "rev-parse", "HEAD").stdout.strip()
 
 
 def test_the_hook_blocks_the_bad_pack_and_reports_nothing_else(tmp_path: Path) -> None:
@@ -66,7 +44,7 @@ def test_the_hook_blocks_the_bad_pack_and_reports_nothing_else(tmp_path: Path) -
         pytest.skip("pre-commit builds the hook environment from the package index, which cannot be reached")
     hook_repo, work = tmp_path / "hook", tmp_path / "work"
     hook_repo.mkdir()
-    sha = _snapshot(hook_repo)
+    sha = snapshot(hook_repo)
     files = {
         ".pre-commit-config.yaml": f"repos:\n  - repo: {hook_repo}\n    rev: {sha}\n    hooks:\n"
                                    "      - id: ctxrules-validate\n",
@@ -79,20 +57,20 @@ def test_the_hook_blocks_the_bad_pack_and_reports_nothing_else(tmp_path: Path) -
     for rel, text in files.items():
         (work / rel).parent.mkdir(parents=True, exist_ok=True)
         (work / rel).write_text(text, encoding="utf-8")
-    assert _git(work, "init", "-q").returncode == 0
+    assert git(work, "init", "-q").returncode == 0
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "CTXRULES_DEBUG")}
     env["PRE_COMMIT_HOME"] = str(tmp_path / "pre-commit-home")
     env["PRE_COMMIT_COLOR"] = "never"
     proc = subprocess.run(["pre-commit", "install"], cwd=work, env=env, capture_output=True, text=True,
                           check=False, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert _git(work, "add", "-A").returncode == 0
+    assert git(work, "add", "-A").returncode == 0
 
     proc = subprocess.run(["git", "-c", "user.email=ci@example.com", "-c", "user.name=ci", "commit", "-m", "add"],
                           cwd=work, env=env, capture_output=True, text=True, check=False, timeout=1800)
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0, out
-    assert _git(work, "rev-parse", "--verify", "HEAD").returncode != 0, "the commit was blocked"
+    assert git(work, "rev-parse", "--verify", "HEAD").returncode != 0, "the commit was blocked"
     findings = [ln for ln in out.splitlines() if ": error[" in ln or ": warning[" in ln]
     assert findings == ["packs/bad.yaml:6:3: error[CR010] unknown key 'treshold' in /context"], out
     assert "help: did you mean 'thresholds'?" in out
@@ -107,7 +85,7 @@ def test_the_hook_blocks_the_bad_pack_and_reports_nothing_else(tmp_path: Path) -
 
     # fixed, the same commit goes through
     (work / "packs/bad.yaml").write_text(BAD.replace("treshold", "thresholds"), encoding="utf-8")
-    assert _git(work, "add", "-A").returncode == 0
+    assert git(work, "add", "-A").returncode == 0
     proc = subprocess.run(["git", "-c", "user.email=ci@example.com", "-c", "user.name=ci", "commit", "-m", "add"],
                           cwd=work, env=env, capture_output=True, text=True, check=False, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr

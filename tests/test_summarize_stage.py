@@ -546,7 +546,7 @@ def test_the_summary_replaces_only_as_many_old_messages_as_the_target_needs(
     assert after + sum(session.counter.count_each(msgs[last - 1 : last + 1])) > target - 50
 
 
-@pytest.mark.skipif(not transcript_paths(), reason="the real transcript corpus is absent")
+@pytest.mark.corpus
 def test_the_checkpoint_of_a_real_session_lands_just_below_the_target(tmp_path: Path) -> None:
     msgs = load("claudecode-ae4a77f8.json")
     session = engine(str(SUMMARY_ONLY)).session(tmp_path / "s", model="gpt-4o", window=32_000)
