@@ -24,9 +24,14 @@ _TYPE_NAMES = {"object": "a mapping", "array": "a list", "string": "a string", "
 
 @cache
 def rulepack_schema() -> dict[str, Any]:
+    """The schema one pack file is checked against: the shipped file without its registry part
+    (stage and action options are checked after merging, against the installed plugins;
+    see :mod:`ctxrules.validation.full_schema`)."""
+    from ctxrules.validation.full_schema import strip_registry
+
     with schema_path("rulepack.v1.schema.json").open(encoding="utf-8") as fh:
         data: dict[str, Any] = json.load(fh)
-    return data
+    return strip_registry(data)
 
 
 @cache
