@@ -31,6 +31,9 @@ def transcript_paths() -> list[Path]:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    # The plugin registers its marker itself; a source checkout without the entry point
+    # installed imports its fixtures directly (tests/test_prompts_snapshots.py).
+    config.addinivalue_line("markers", "ctxrules_pack(pack): the pack the ctxrules fixtures use")
     config.addinivalue_line(
         "markers", "corpus: needs the real corpus named by CTXRULES_CORPUS (skipped without it; "
         "under CI=true its absence fails the test)")
