@@ -32,6 +32,8 @@ class Reporter(Protocol):
         pointer: str,
         hint: str | None = None,
         severity: str = "error",
+        *,
+        at_key: bool = False,
     ) -> None: ...
 
 
@@ -73,6 +75,7 @@ def _check_step(
                     or (
                         "options: " + ", ".join(known) if known else "this action takes no options"
                     ),
+                    at_key=True,
                 )
         elif err.validator == "format":
             import re

@@ -30,10 +30,27 @@ class _Reporter:
             p = p.rsplit("/", 1)[0]
         return self.origins.get(p, Origin(self.pack.files[-1] if self.pack.files else "<pack>", 1, 1))
 
+    def file_pointer(self, pointer: str) -> str:
+        """``pointer`` (into the merged pack) as a pointer into the document of the file that
+        wrote it: the nearest value that has an origin, in that file's numbering, plus the rest
+        of the path (a key the file leaves to its default)."""
+        p = pointer
+        while p not in self.origins and p:
+            p = p.rsplit("/", 1)[0]
+        o = self.origins.get(p)
+        if o is None or (not o.pointer and p):
+            return pointer
+        return o.pointer + pointer[len(p):]
+
     def add(self, code: str, message: str, pointer: str, hint: str | None = None,
-            severity: str = "error") -> None:
+            severity: str = "error", *, at_key: bool = False) -> None:
+        """A diagnostic at ``pointer``'s value; ``at_key``: at its key (an unknown option)."""
         o = self.origin(pointer)
-        self.out.append(Diagnostic(code, severity, message, o.file, o.line, o.col, pointer, hint))  # type: ignore[arg-type]
+        doc = self.pack.docs.get(o.file) if at_key and pointer in self.origins else None
+        if doc is not None and o.pointer:
+            o = doc.key_origin(o.pointer)
+        self.out.append(Diagnostic(code, severity, message, o.file, o.line, o.col,  # type: ignore[arg-type]
+                                   self.file_pointer(pointer), hint))
 
 
 def validate_resolved(pack: ResolvedPack, loader: PackLoader, registry: Registry | None = None) -> list[Diagnostic]:
@@ -168,7 +185,7 @@ def _check_pipeline(rep: _Reporter, data: dict[str, Any], pack: ResolvedPack, re
                     for k in [k for k in err.instance if k not in known]:
                         rep.add("CR061", f"stage type '{use}' has no option '{k}'", f"{ptr}/{k}",
                                 did_you_mean(k, known) or ("options: " + ", ".join(known) if known else
-                                                           "this stage type takes no options"))
+                                                           "this stage type takes no options"), at_key=True)
                 elif err.validator == "format":
                     rep.add("CR070", f"regular expression does not compile: {err.instance!r}", ptr)
                 else:
@@ -178,8 +195,11 @@ def _check_pipeline(rep: _Reporter, data: dict[str, Any], pack: ResolvedPack, re
                     f"{base}/when")
     disabled_essential = [i for i in pack.disabled.get("pipeline", []) if _uses_essential(pack, i, essential)]
     for ident in disabled_essential:
-        rep.add("CR062", f"pipeline item '{ident}' runs an essential stage and cannot be disabled",
-                "/pipeline", "essential stages run whether or not a pack names them")
+        o = pack.disabled_at.get("pipeline", {}).get(ident) or rep.origin("/pipeline")
+        rep.out.append(Diagnostic("CR062", "error",
+                                  f"pipeline item '{ident}' runs an essential stage and cannot be disabled",
+                                  o.file, o.line, o.col, o.pointer or "/pipeline",
+                                  "essential stages run whether or not a pack names them"))
 
 
 def _uses_essential(pack: ResolvedPack, ident: str, essential: set[str]) -> bool:
