@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 from conftest import REPO, TRANSCRIPTS
 
-from ctxrules.packs.loader import builtin_names, load_pack
+from ctxrules.packs.loader import builtin_names
+from ctxrules.packs.validated import load_pack
 from ctxrules.resources import rules_dir
 
 EXAMPLE = REPO / "rules" / "examples" / "agent-session.json"

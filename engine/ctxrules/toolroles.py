@@ -16,6 +16,8 @@ from fnmatch import fnmatchcase
 from functools import lru_cache
 from typing import Any
 
+from ctxrules.structure import pair_tool_calls
+
 ROLE_ORDER: tuple[str, ...] = ("file_read", "file_edit", "shell", "subagent", "search", "browser", "mcp")
 # Argument names under which agents pass a shell command.
 COMMAND_ARGS: tuple[str, ...] = ("command", "cmd", "script", "commands", "input")
@@ -128,8 +130,6 @@ def shell_command(call: Mapping[str, Any]) -> str | None:
 
 def calls_by_result(messages: Sequence[Mapping[str, Any]]) -> dict[int, Mapping[str, Any]]:
     """For each tool-result index, the call it answers (pairing as :mod:`ctxrules.messages`)."""
-    from ctxrules.structure import pair_tool_calls
-
     pairing = pair_tool_calls(messages)
     out: dict[int, Mapping[str, Any]] = {}
     for result_index, (msg_index, pos) in pairing.call_of.items():

@@ -32,6 +32,10 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from ctxrules.errors import CtxrulesError
+from ctxrules.llm import load_litellm as load
+from ctxrules.models import lookup_model
+
 __all__ = [
     "ZERO_MAX_TOKENS_PROVIDERS",
     "KeepAlive",
@@ -71,8 +75,6 @@ class Probe:
 
 def load_litellm() -> Any:
     """``litellm`` through :func:`ctxrules.llm.load_litellm` (kept here for callers of this module)."""
-    from ctxrules.llm import load_litellm as load
-
     return load()
 
 
@@ -107,9 +109,6 @@ def probe_cost(model: str, prompt: int, cached: int, written: int, completion: i
     """USD cost of a probe from the model registry's prices (None when the model is unknown).
     ``prompt`` includes the cached tokens (OpenAI's convention); cache writes are priced at the
     registry's cache-creation rate where it has one."""
-    from ctxrules.errors import CtxrulesError
-    from ctxrules.models import lookup_model
-
     try:
         info = lookup_model(model)
     except CtxrulesError:

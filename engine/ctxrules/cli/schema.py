@@ -6,6 +6,10 @@ import argparse
 import sys
 from typing import Any
 
+from ctxrules.plugins import default_registry
+from ctxrules.resources import schema_path
+from ctxrules.validation import full_schema as gen
+
 
 def register(sub: Any) -> None:
     p = sub.add_parser("schema", help="print the full rule-pack JSON Schema, including plugins",
@@ -20,18 +24,12 @@ def register(sub: Any) -> None:
 
 
 def full_schema() -> dict[str, Any]:
-    from ctxrules.validation import full_schema as gen
-
-    return gen.full_schema()
+    return gen.full_schema(default_registry())
 
 
 def run(args: argparse.Namespace) -> int:
-    from ctxrules.validation.full_schema import dumps
-
     if args.path:
-        from ctxrules.resources import schema_path
-
         sys.stdout.write(str(schema_path("rulepack.v1.schema.json").resolve()) + "\n")
         return 0
-    sys.stdout.write(dumps(full_schema()))
+    sys.stdout.write(gen.dumps(full_schema()))
     return 0

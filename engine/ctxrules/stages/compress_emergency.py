@@ -26,14 +26,16 @@ output.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ctxrules.hookspecs import hookimpl
-from ctxrules.pipeline.context import StageContext
 from ctxrules.stages.base import Action, StageOutcome, StageType
 from ctxrules.stages.compress_common import Edit, View, apply_edits
 from ctxrules.stages.compress_remove import apply_removal, plan_removal
 from ctxrules.stages.compress_truncate import TRUNCATE_OPTIONS, TruncateSettings
+
+if TYPE_CHECKING:
+    from ctxrules.pipeline.context import StageContext
 
 
 class Emergency:

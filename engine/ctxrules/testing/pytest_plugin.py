@@ -84,7 +84,7 @@ def _key(ref: str, rootdir: Path) -> str:
 def load(ref: str, rootdir: Path | None = None) -> ResolvedPack:
     """The validated pack ``ref`` (memoized per process); a relative path is taken from
     ``rootdir`` (default: the running pytest's rootdir, else the working directory)."""
-    from ctxrules.packs.loader import load_pack
+    from ctxrules.packs.validated import load_pack
 
     key = _key(ref, rootdir if rootdir is not None else _rootdir())
     if key not in _PACKS:
@@ -168,6 +168,7 @@ def prompt_cases(pack: str = DEFAULT_PACK, *, rootdir: str | Path | None = None)
     the same pack. A relative ``pack`` is taken from the pytest rootdir (``rootdir`` overrides
     it), as the fixtures take it: starting pytest from a subfolder changes nothing."""
     from ctxrules.errors import CtxrulesError
+    from ctxrules.plugins import default_registry
     from ctxrules.prompts.assemble import prompt_set
 
     base = Path(rootdir) if rootdir is not None else _rootdir()
@@ -175,7 +176,7 @@ def prompt_cases(pack: str = DEFAULT_PACK, *, rootdir: str | Path | None = None)
         resolved = load(pack, base)
     except CtxrulesError as exc:
         raise pytest.UsageError(f"ctxrules: cannot load pack {pack}: {exc}") from None
-    ps = prompt_set(resolved)
+    ps = prompt_set(resolved, default_registry())
     mark = getattr(pytest.mark, MARKER)(_key(pack, base))
     return [
         pytest.param(mode, entry, id=f"{mode}-{entry}", marks=mark)
