@@ -66,14 +66,16 @@ def _options_by_name(names_and_schemas: Mapping[str, Mapping[str, Any]]) -> list
 def full_schema(registry: Registry | None = None) -> dict[str, Any]:
     """The hand-written schema plus the registry part for ``registry`` (default: every
     installed plugin, built-ins included)."""
+    from ctxrules.resources import schema_path
     from ctxrules.stages.base import options_schema_for
-    from ctxrules.validation.schema import rulepack_schema
 
     if registry is None:
         from ctxrules.plugins import default_registry
 
         registry = default_registry()
-    schema = copy.deepcopy(rulepack_schema())
+    # the hand-written part, read here (validation.schema imports this module, not the reverse)
+    with schema_path("rulepack.v1.schema.json").open(encoding="utf-8") as fh:
+        schema = strip_registry(json.load(fh))
     stage, step = _stage_node(schema), _step_node(schema)
     stage["properties"]["use"]["enum"] = sorted(registry.stages)
     stage["allOf"] = _options_by_name({n: options_schema_for(st) for n, st in registry.stages.items()})
