@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import functools
 import hashlib
 import itertools
 import json
@@ -69,6 +70,9 @@ class Engine:
         self.pack = pack
         self.registry = registry
         self.plan = self._build_plan()
+        # thinking.clean's preserved_thinking: pin extends the pins of every stage (structure).
+        self.pin_signed_prefix = any(p.type.name == "thinking.clean" and p.options.get("preserved_thinking") == "pin"
+                                     for p in self.plan)
         canonical = json.dumps(pack.data, sort_keys=True, ensure_ascii=False, default=str)
         self.digest = hashlib.sha256(canonical.encode("utf-8")).hexdigest()
         self._stamps = _stamps(pack.real_paths.values())
@@ -92,6 +96,7 @@ class Engine:
                         f"{first.code} {first.message}); still using the previous version"]
             fresh = Engine(pack, self.registry)
             self.pack, self.plan, self.digest, self._stamps = fresh.pack, fresh.plan, fresh.digest, fresh._stamps
+            self.pin_signed_prefix = fresh.pin_signed_prefix
             return [f"the pack changed on disk and was reloaded ({', '.join(pack.files)})"]
 
     @classmethod
@@ -305,6 +310,37 @@ class Session:
         """Record files the agent changed, for ``reread.recent_files``; returns them absolute."""
         return FileTracker(self.path).touch(*paths)
 
+    # --- recall: the agent reads back what was moved out (ctxrules.recall) ---------------
+
+    def recall_tool(self, format: str = "openai") -> dict[str, Any]:
+        """The recall tool's definition (``openai`` or ``anthropic`` tools format), worded by
+        the pack's ``recall:``. Offer it from the first call on: the tools layer of the cached
+        prefix then never changes mid-session."""
+        from ctxrules.recall import RecallSettings, tool_definition
+
+        return tool_definition(RecallSettings.from_pack(self.engine.pack.data), format)
+
+    def recall(self, arguments: Any) -> str:
+        """The answer to one recall call (``{"id": ..., "lines": "A:B"}``, or its JSON string):
+        the exact original lines of an item this session's markers reference, paged within
+        ``recall.budget_tokens``. Raises ``RecallError`` (a ``CtxrulesError``) for a call it
+        cannot answer."""
+        from ctxrules.recall import RecallSettings, answer_recall, referenced_ids
+
+        allowed = referenced_ids(self.last_output(), self.vault)
+        return answer_recall(arguments, vault=self.vault, allowed=allowed,
+                             count=self.counter.count_text,
+                             settings=RecallSettings.from_pack(self.engine.pack.data))
+
+    def last_output(self) -> list[Message]:
+        """What the last ``prepare`` of this session returned (read back from the session
+        directory in a new process; empty when there is none)."""
+        if self._last_output is not None:
+            return list(self._last_output)
+        record = self.store.load().get("last") or {}
+        output = self.store.load_output(int(record.get("output_count", -1)), record.get("output_file"))
+        return output or []
+
     def fingerprint_parts(self) -> dict[str, str]:
         """Everything that shapes the output of ``prepare``."""
         return dict(self._fingerprint()[0])
@@ -327,9 +363,25 @@ class Session:
         return memo[1], memo[2]
 
     def prepare(self, messages: Any, tools: list[dict[str, Any]] | None = None, *,
-                clock: float | None = None) -> PrepareResult:
+                clock: float | None = None, format: str = "openai") -> PrepareResult:
         """Run the pipeline before a model call. ``messages`` is the full history (append-only);
-        a JSON-style ``{"messages": [...], "tools": [...]}`` is accepted too."""
+        a JSON-style ``{"messages": [...], "tools": [...]}`` is accepted too.
+
+        ``format``: ``openai`` (the default), ``anthropic`` (``messages`` is a whole Anthropic
+        Messages request body) or ``auto`` (:func:`ctxrules.formats.detect`). ``result.body``
+        is the request in that format; ``result.messages`` the internal OpenAI form."""
+        if format != "openai":
+            from ctxrules.formats.request import prepare_request
+
+            return prepare_request(self, messages, tools, clock=clock, format=format)
+        result = self._prepare_openai(messages, tools, clock)
+        from ctxrules.formats import openai
+
+        result.body = openai.encode(result.messages, result.tools, messages if isinstance(messages, dict) else None)
+        return result
+
+    def _prepare_openai(self, messages: Any, tools: list[dict[str, Any]] | None,
+                        clock: float | None) -> PrepareResult:
         listed, given_tools = split_input(messages)
         if tools is None:
             tools = given_tools
@@ -345,9 +397,10 @@ class Session:
                 self.store.forget()  # a run that did not finish may have changed the state in memory
                 raise
 
-    async def aprepare(self, messages: Any, tools: list[dict[str, Any]] | None = None) -> PrepareResult:
+    async def aprepare(self, messages: Any, tools: list[dict[str, Any]] | None = None, *,
+                       format: str = "openai") -> PrepareResult:
         """``prepare`` off the event loop."""
-        return await asyncio.to_thread(self.prepare, messages, tools)
+        return await asyncio.to_thread(functools.partial(self.prepare, messages, tools, format=format))
 
     def _prepare(self, history: list[Message], tools: list[dict[str, Any]], clock: float) -> PrepareResult:
         started = time.perf_counter()
@@ -414,6 +467,7 @@ class Session:
             registry=self.engine.registry, cache_key=self.cache_key,
             valid_prefix=len(previous) if reused else 0,
         )
+        pin_token = structure.PIN_SIGNED_PREFIX.set(self.engine.pin_signed_prefix)
         try:
             outcome = run_pipeline(self.engine.plan, pipeline_input, base, state.setdefault("stages", {}),
                                    known_tokens=known, on_event=self._emit if self.on_event else None)
@@ -423,6 +477,8 @@ class Session:
                 full = self.vault.put_text(json.dumps(pipeline_input, ensure_ascii=False)) if prefix else None
                 checkpoint.interrupted(self.path, f"{type(exc).__name__}: {exc}", backup=full)
             raise
+        finally:
+            structure.PIN_SIGNED_PREFIX.reset(pin_token)
         self._last_msgs_sum, self._last_out_tokens, self._last_tools = msgs_sum, outcome.tokens, tools
         vault_new = sorted({a["vault_id"] for r in outcome.records for a in r.actions if a.get("vault_id")})
         chain = chain.extended(history[reused:])
