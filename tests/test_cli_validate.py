@@ -390,3 +390,22 @@ def test_plugins_all_json(cli) -> None:  # type: ignore[no-untyped-def]
     code, out, _ = cli("plugins")
     assert code == 0
     assert all(not p["builtin"] for p in json.loads(out))
+
+
+def test_skip_non_packs_skips_and_counts_named_yaml_files_that_are_not_packs(  # type: ignore[no-untyped-def]
+        cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / ".github").mkdir()
+    (tmp_path / ".github" / "dependabot.yml").write_text("version: 2\nupdates: []\n", encoding="utf-8")
+    (tmp_path / ".pre-commit-config.yaml").write_text("repos: []\n", encoding="utf-8")
+    (tmp_path / "bad.yaml").write_text(TWO_ERRORS, encoding="utf-8")
+    monkeypatch.chdir(tmp_path)
+    names = [".github/dependabot.yml", ".pre-commit-config.yaml", "bad.yaml"]
+    code, out, _ = cli("validate", "--skip-non-packs", *names)
+    assert code == 1
+    assert out.splitlines()[-1] == "1 file checked, 2 skipped (not rule packs): 2 error(s), 0 warning(s)"
+    assert {ln.split(":")[0] for ln in out.splitlines() if "error[" in ln} == {"bad.yaml"}
+    code, out, _ = cli("validate", "--skip-non-packs", "--format", "json", *names)
+    doc = json.loads(out)
+    assert (doc["files_checked"], doc["files_skipped"], doc["errors"]) == (1, 2, 2)
+    code, out, _ = cli("validate", ".github/dependabot.yml")  # named without the flag: checked
+    assert code == 1 and "CR015" in out
