@@ -6,11 +6,14 @@ A block that is a whole pack (``apiVersion:``) is written as is; a block that sh
 (unless it extends something itself), the way the docs say to use it. The input files the
 examples name (``examples/agent-session.json``, ``fixtures/pytest/failures.txt``) are put next
 to the pack from the bundled data, where a user keeps their own; so are the template files
-(``prompts/*.md.j2``) and the example packs of ``docs/examples/`` that blocks extend.
+(``prompts/*.md.j2``) and the example packs of ``docs/examples/`` that blocks extend. A block
+none of whose top-level keys is a pack key is another tool's file (a litellm ``config.yaml``)
+and is left out.
 """
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 from pathlib import Path
@@ -25,12 +28,18 @@ HEADER = "apiVersion: ctxrules/v1\nkind: RulePack\nmetadata: {name: docs-example
 _BLOCK = re.compile(r"^```ya?ml\n(.*?)^```", re.M | re.S)
 
 
+PACK_KEYS = set(json.loads((REPO / "schemas" / "rulepack.v1.schema.json").read_text(encoding="utf-8"))["properties"])
+
+
 def yaml_examples() -> list[tuple[str, str]]:
     out = []
     for doc in DOCS:
         text = doc.read_text(encoding="utf-8")
         for m in _BLOCK.finditer(text):
             line = text[: m.start()].count("\n") + 1
+            data = yaml.safe_load(m.group(1))
+            if isinstance(data, dict) and not set(data) & PACK_KEYS:
+                continue  # another tool's configuration
             out.append((f"{doc.relative_to(REPO).as_posix()}:{line}", m.group(1)))
     return out
 
