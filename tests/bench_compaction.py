@@ -31,7 +31,10 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "engine"))
 sys.path.insert(0, str(HERE))
-TRANSCRIPT = HERE.parents[1] / "shared" / "corpus" / "transcripts" / "claudecode-ae4a77f8.json"
+from conftest import TRANSCRIPTS  # noqa: E402  (the corpus folder: $CTXRULES_CORPUS)
+
+# The longest Claude Code session of the corpus (485 messages, ~122K tokens)
+TRANSCRIPT = TRANSCRIPTS / "claudecode-ae4a77f8.json"
 WINDOW = 32_000
 MODEL = "gpt-4o"
 

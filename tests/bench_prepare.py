@@ -24,7 +24,11 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "engine"))
-TRANSCRIPT = HERE.parents[1] / "shared" / "corpus" / "transcripts" / "claudecode-ae4a77f8.json"
+sys.path.insert(0, str(HERE))
+from conftest import TRANSCRIPTS  # noqa: E402  (the corpus folder: $CTXRULES_CORPUS)
+
+# The longest Claude Code session of the corpus (485 messages, ~122K tokens)
+TRANSCRIPT = TRANSCRIPTS / "claudecode-ae4a77f8.json"
 REPS = 21
 
 

@@ -27,7 +27,9 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "engine"))
-CORPUS = HERE.parents[1] / "shared" / "corpus" / "transcripts"
+sys.path.insert(0, str(HERE))
+from conftest import TRANSCRIPTS as CORPUS  # noqa: E402  (the corpus folder: $CTXRULES_CORPUS)
+
 SUMMARY_ONLY = HERE / "fixtures" / "summarize" / "summary-only.yaml"
 REPS = 5
 

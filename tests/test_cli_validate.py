@@ -24,6 +24,7 @@ kind: RulePack
 context:
   treshold: {monitor: 0.3}
   reserve_output: -1
+metadata: {name: two-errors, version: 1.0.0}
 """
 WARNING_ONLY = """\
 apiVersion: ctxrules/v1
@@ -35,8 +36,9 @@ prompts:
     today: {tag: today, template: "Today is {{ current_date }}."}
   modes:
     full: [today]
+metadata: {name: warning-only, version: 1.0.0}
 """
-VALID = "apiVersion: ctxrules/v1\nkind: RulePack\nextends: builtin:default\n"
+VALID = "apiVersion: ctxrules/v1\nkind: RulePack\nextends: builtin:default\nmetadata: {name: ok, version: 1.0.0}\n"
 
 
 @pytest.fixture
@@ -72,7 +74,7 @@ def test_text_format_for_a_clean_run(cli, work: Path) -> None:  # type: ignore[n
 
 def test_text_format_cuts_very_long_lines_around_the_caret(cli, work: Path) -> None:  # type: ignore[no-untyped-def]
     (work / "long.yaml").write_text(
-        "apiVersion: ctxrules/v1\nkind: RulePack\nmetadata: {description: '" + "x" * 500
+        "apiVersion: ctxrules/v1\nkind: RulePack\nmetadata: {name: long, version: 1.0.0, description: '" + "x" * 500
         + "', nme: 1}\n", encoding="utf-8")
     code, out, _ = cli("validate", "long.yaml")
     assert code == 1
@@ -117,7 +119,8 @@ def test_github_format(cli, work: Path) -> None:  # type: ignore[no-untyped-def]
 def test_github_format_escapes_properties_and_data(cli, work: Path) -> None:  # type: ignore[no-untyped-def]
     # a file name with ',' and ':' (property separators), a message with '%' and a line break
     name = "odd, name: 100%.yaml"
-    (work / name).write_text('apiVersion: ctxrules/v1\nkind: RulePack\n"50%\\nmore": 1\n',
+    (work / name).write_text('apiVersion: ctxrules/v1\nkind: RulePack\n"50%\\nmore": 1\n'
+                             'metadata: {name: t, version: 1.0.0}\n',
                              encoding="utf-8")
     code, out, _ = cli("validate", "--format", "github", name)
     assert code == 1
@@ -338,7 +341,7 @@ def test_schema_command_includes_every_stage_types_options(cli) -> None:  # type
     assert "unanswered" in by_stage["normalize.tool_pairs"]["properties"]
 
     validator = jsonschema.Draft202012Validator(schema)
-    bad = {"apiVersion": "ctxrules/v1", "kind": "RulePack",
+    bad = {"apiVersion": "ctxrules/v1", "kind": "RulePack", "metadata": {"name": "t", "version": "1.0.0"},
            "pipeline": [{"id": "pairs", "use": "normalize.tool_pairs", "with": {"unanswerd": 1}}]}
     assert [e.validator for e in validator.iter_errors(bad)] == ["additionalProperties"]
 
@@ -348,6 +351,10 @@ def test_schema_file_documents_every_key() -> None:
     undocumented, open_objects = [], []
 
     def walk(node: object, path: str) -> None:
+        if isinstance(node, dict) and path.endswith("/then"):
+            # the registry part: `if use == NAME then with: OPTIONS`; the options must be documented
+            node = node["properties"]["with"]
+            path += "/properties/with"
         if isinstance(node, dict):
             for key, sub in (node.get("properties") or {}).items():
                 if isinstance(sub, dict) and "$ref" not in sub and not (
@@ -356,7 +363,8 @@ def test_schema_file_documents_every_key() -> None:
             if "properties" in node and node.get("additionalProperties") is not False:
                 open_objects.append(path)
             for key, sub in node.items():
-                walk(sub, f"{path}/{key}")
+                if key != "if":  # a condition, not a shape
+                    walk(sub, f"{path}/{key}")
         elif isinstance(node, list):
             for i, sub in enumerate(node):
                 walk(sub, f"{path}/{i}")
@@ -382,3 +390,22 @@ def test_plugins_all_json(cli) -> None:  # type: ignore[no-untyped-def]
     code, out, _ = cli("plugins")
     assert code == 0
     assert all(not p["builtin"] for p in json.loads(out))
+
+
+def test_skip_non_packs_skips_and_counts_named_yaml_files_that_are_not_packs(  # type: ignore[no-untyped-def]
+        cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / ".github").mkdir()
+    (tmp_path / ".github" / "dependabot.yml").write_text("version: 2\nupdates: []\n", encoding="utf-8")
+    (tmp_path / ".pre-commit-config.yaml").write_text("repos: []\n", encoding="utf-8")
+    (tmp_path / "bad.yaml").write_text(TWO_ERRORS, encoding="utf-8")
+    monkeypatch.chdir(tmp_path)
+    names = [".github/dependabot.yml", ".pre-commit-config.yaml", "bad.yaml"]
+    code, out, _ = cli("validate", "--skip-non-packs", *names)
+    assert code == 1
+    assert out.splitlines()[-1] == "1 file checked, 2 skipped (not rule packs): 2 error(s), 0 warning(s)"
+    assert {ln.split(":")[0] for ln in out.splitlines() if "error[" in ln} == {"bad.yaml"}
+    code, out, _ = cli("validate", "--skip-non-packs", "--format", "json", *names)
+    doc = json.loads(out)
+    assert (doc["files_checked"], doc["files_skipped"], doc["errors"]) == (1, 2, 2)
+    code, out, _ = cli("validate", ".github/dependabot.yml")  # named without the flag: checked
+    assert code == 1 and "CR015" in out

@@ -119,7 +119,7 @@ def _rtk_command(name: str) -> str:
     )
 
 
-@pytest.mark.skipif(not _rtk_files(), reason="the shared RTK corpus is not next to this checkout")
+@pytest.mark.corpus
 @pytest.mark.parametrize("path", _rtk_files(), ids=lambda p: p.name)
 def test_rtk_corpus_outputs_keep_their_failure_lines(path: Path) -> None:
     text = path.read_text(encoding="utf-8", errors="surrogateescape")
@@ -136,10 +136,11 @@ def test_rtk_corpus_outputs_keep_their_failure_lines(path: Path) -> None:
             assert plain in result.text or plain.split(":", 1)[-1].strip() in result.text, plain
 
 
+@pytest.mark.corpus
 def test_rtk_pytest_failure_through_uv_keeps_the_failing_test() -> None:
     path = RTK / "uv_run_pytest_failure.txt"
     if not path.is_file():
-        pytest.skip("the shared RTK corpus is not next to this checkout")
+        pytest.fail("the corpus has no command-outputs/rtk/*.txt", pytrace=False)
     text = path.read_text(encoding="utf-8")
     command = "cd app && uv run pytest"
     rules = compile_rules(default_pack(), default_registry())
@@ -175,9 +176,7 @@ def _shell_results() -> list[tuple[str, str, str, int | None]]:
     return out
 
 
-@pytest.mark.skipif(
-    not transcript_paths(), reason="the transcript corpus is not next to this checkout"
-)
+@pytest.mark.corpus
 def test_transcript_shell_results_stay_truthful() -> None:
     results = _shell_results()
     assert len(results) > 100

@@ -34,7 +34,8 @@ def test_builtin_default_runs_every_inherited_compressor_test() -> None:
 def write_pack(tmp_path: Path, body: str) -> Path:
     path = tmp_path / "pack.yaml"
     path.write_text(
-        "apiVersion: ctxrules/v1\nkind: RulePack\ncompressors:\n" + body, encoding="utf-8"
+        "apiVersion: ctxrules/v1\nkind: RulePack\nmetadata: {name: t, version: 1.0.0}\ncompressors:\n" + body,
+        encoding="utf-8",
     )
     return path
 
@@ -128,7 +129,8 @@ def test_input_files_are_relative_to_the_declaring_pack(tmp_path: Path) -> None:
     child = tmp_path / "child" / "pack.yaml"
     child.parent.mkdir()
     child.write_text(
-        "apiVersion: ctxrules/v1\nkind: RulePack\nextends: [../pack.yaml]\n", encoding="utf-8"
+        "apiVersion: ctxrules/v1\nkind: RulePack\nmetadata: {name: t, version: 1.0.0}\nextends: [../pack.yaml]\n",
+        encoding="utf-8",
     )
     got = results_of(child, search_path=(tmp_path,))
     assert got["cut::found"] == (True, "")

@@ -135,6 +135,7 @@ def check_run(history: list[Msg], result: Any, session: Any, pack: dict[str, Any
         assert any("pinned messages alone" in w for w in report["warnings"]), report["warnings"]
 
 
+@pytest.mark.corpus
 @pytest.mark.parametrize("path", transcript_paths(), ids=lambda p: p.stem)
 def test_fits_at_every_window(engine: Engine, path: Path, tmp_path: Path) -> None:
     history = json.loads(path.read_text())
@@ -145,6 +146,7 @@ def test_fits_at_every_window(engine: Engine, path: Path, tmp_path: Path) -> Non
         check_run(history, result, session, engine.pack.data)
 
 
+@pytest.mark.corpus
 def test_estimated_tokenizer_with_its_safety_margin(engine: Engine, tmp_path: Path) -> None:
     """A Claude model: counts are estimates, raised by the safety margin, and still fit."""
     history = json.loads((TRANSCRIPTS / "claudecode-ae4a77f8.json").read_text())
@@ -155,6 +157,7 @@ def test_estimated_tokenizer_with_its_safety_margin(engine: Engine, tmp_path: Pa
     assert result.report["after"]["utilization"] < 0.9
 
 
+@pytest.mark.corpus
 def test_real_cli_run_and_vault_get_give_back_every_removed_text(tmp_path: Path) -> None:
     src = TRANSCRIPTS / "claudecode-ae4a77f8.json"
     history = json.loads(src.read_text())

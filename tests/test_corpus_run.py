@@ -23,6 +23,7 @@ def engine() -> Engine:
     return Engine.load("builtin:default")
 
 
+@pytest.mark.corpus
 @pytest.mark.parametrize("path", transcript_paths(), ids=lambda p: p.stem)
 def test_transcript_runs_at_every_window(engine: Engine, path: Path, tmp_path: Path) -> None:
     history = json.loads(path.read_text())
@@ -35,6 +36,7 @@ def test_transcript_runs_at_every_window(engine: Engine, path: Path, tmp_path: P
         assert not any(s.get("error") for s in result.report["stages"]), result.report["stages"]
 
 
+@pytest.mark.corpus
 def test_cli_run_and_vault_get_round_trip(tmp_path: Path) -> None:
     """The real console entry point, as a user runs it, on the largest transcript."""
     src = next(p for p in transcript_paths() if p.name == "claudecode-ae4a77f8.json")

@@ -65,6 +65,7 @@ def test_explain_model_shows_the_entry_and_its_context(cli, tmp_path: Path,  # t
     (tmp_path / "p.yaml").write_text("""\
 apiVersion: ctxrules/v1
 kind: RulePack
+metadata: {name: t, version: 1.0.0}
 context:
   reserve_output: 8192
   thresholds: {monitor: 0.4, light: 0.5, full: 0.7, emergency: 0.9}
@@ -78,7 +79,7 @@ models:
     monkeypatch.chdir(tmp_path)
     code, out, err = cli("explain", "p.yaml", "--model", "anthropic/claude-sonnet-4-5")
     assert code == 0, err
-    assert "# model anthropic/claude-sonnet-4-5: models entry 'claude' applies (p.yaml:9)" in out
+    assert "# model anthropic/claude-sonnet-4-5: models entry 'claude' applies (p.yaml:10)" in out
     indented = [ln[4:] for ln in out.splitlines() if ln.startswith("#   ")]
     effective = yaml.safe_load("\n".join(indented))
     assert effective["context"]["thresholds"]["full"] == 0.75
@@ -112,7 +113,7 @@ def test_explain_errors(cli, monkeypatch: pytest.MonkeyPatch, argv: list[str], c
 def test_explain_reports_every_error_count(cli, tmp_path: Path,  # type: ignore[no-untyped-def]
                                           monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "p.yaml").write_text(
-        "apiVersion: ctxrules/v1\nkind: RulePack\n"
+        "apiVersion: ctxrules/v1\nkind: RulePack\nmetadata: {name: t, version: 1.0.0}\n"
         "context:\n  reserve_output: -1\n  tail_budget: 2\n",
         encoding="utf-8")
     monkeypatch.chdir(tmp_path)

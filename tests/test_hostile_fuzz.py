@@ -107,7 +107,7 @@ def _pack(regex: str, template_a: str, template_b: str) -> str:
     exit_code = q("(" + regex + ")" + r"(\d+)")
     return f"""apiVersion: ctxrules/v1
 kind: RulePack
-metadata: {{name: fuzz}}
+metadata: {{name: fuzz, version: 1.0.0}}
 extends: builtin:default
 tools:
   exit_code: [{exit_code}]

@@ -21,7 +21,7 @@ import pytest
 from ctxrules import patterns
 
 REPO = Path(__file__).resolve().parents[1]
-HEAD = "apiVersion: ctxrules/v1\nkind: RulePack\nmetadata: {name: hostile}\n"
+HEAD = "apiVersion: ctxrules/v1\nkind: RulePack\nmetadata: {name: hostile, version: 1.0.0}\n"
 SECRET = "ctxrules-s3cret-value-4711"  # planted in the environment and in files outside the pack
 
 

@@ -19,7 +19,12 @@ HEAD = "apiVersion: ctxrules/v1\nkind: RulePack\n"
 def write(folder: Path, name: str, body: str, *, head: bool = True) -> Path:
     path = folder / name
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text((HEAD if head else "") + textwrap.dedent(body), encoding="utf-8")
+    body = textwrap.dedent(body)
+    if head and not re.search(r"^metadata:", body, re.M):
+        # Every pack names itself (CR013); written last so the lines the tests expect stay put.
+        body += ("" if body.endswith("\n") or not body else "\n")
+        body += f"metadata: {{name: {path.stem}, version: 1.0.0}}\n"
+    path.write_text((HEAD if head else "") + body, encoding="utf-8")
     return path
 
 
@@ -301,10 +306,13 @@ def test_id_lists_are_the_documented_ones() -> None:
 # -- metadata and extends ----------------------------------------------------------------------
 
 def test_metadata_is_not_inherited(tmp_path: Path, parent: Path) -> None:
-    bare = resolve(write(tmp_path, "bare.yaml", "extends: ./parent.yaml\n"))
+    # A child without metadata (invalid since CR013 requires it, but resolution still runs)
+    bare = resolve(write(tmp_path, "bare.yaml", HEAD + "extends: ./parent.yaml\n", head=False))
     assert "metadata" not in bare.data
-    own = resolve(write(tmp_path, "own.yaml", "extends: ./parent.yaml\nmetadata: {name: own}\n"))
-    assert own.data["metadata"] == {"name": "own"}, "not even the fields the child leaves out"
+    assert [d.code for d in bare.diagnostics] == []  # resolution alone does not validate
+    own = resolve(write(tmp_path, "own.yaml", "extends: ./parent.yaml\nmetadata: {name: own, version: 2.0.0}\n"))
+    assert own.data["metadata"] == {"name": "own", "version": "2.0.0"}, \
+        "not even the fields the child leaves out"
     assert own.name == "own"
     assert "extends" not in own.data
 
@@ -456,7 +464,7 @@ def test_explain_origins(  # type: ignore[no-untyped-def]
         """)
     write(tmp_path, "child.yaml", """\
         extends: ./parent.yaml
-        metadata: {name: child}
+        metadata: {name: child, version: 1.0.0}
         context:
           reserve_output: 4096
         """)

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import transcript_paths
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -26,8 +27,7 @@ from ctxrules.messages import (
 )
 from ctxrules.structure import exchanges, pair_tool_calls, pinned_indices, steps
 
-TRANSCRIPTS = Path(__file__).resolve().parents[2] / "shared" / "corpus" / "transcripts"
-CORPUS = sorted(p for p in TRANSCRIPTS.glob("*.json") if p.name != "stats.json")
+CORPUS = transcript_paths()
 
 Msg = dict[str, Any]
 
@@ -172,6 +172,7 @@ def test_what_agents_really_produce_is_not_fatal() -> None:
     assert validate_messages(messages) == messages
 
 
+@pytest.mark.corpus
 @pytest.mark.parametrize("path", CORPUS, ids=lambda p: p.stem)
 def test_every_corpus_transcript_validates(path: Path) -> None:
     messages = json.loads(path.read_text())
@@ -296,6 +297,7 @@ def _check_segmentation(messages: list[Msg]) -> None:
         assert covered == [a for a in assistants if a > real[0]]
 
 
+@pytest.mark.corpus
 @pytest.mark.parametrize("path", CORPUS, ids=lambda p: p.stem)
 def test_segmentation_on_real_transcripts(path: Path) -> None:
     messages: list[Msg] = json.loads(path.read_text())

@@ -15,6 +15,7 @@ from ctxrules import Engine
 from ctxrules.runtime.overflow import CompletionFailed, is_overflow, limit_from
 
 
+@pytest.mark.corpus
 def test_overflow_is_recovered_once_and_retried(tmp_path: Path) -> None:
     source = next(p for p in transcript_paths() if p.name == "openhands-ponylang__ponyc-4588.json")
     history = json.loads(source.read_text())

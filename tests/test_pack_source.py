@@ -272,7 +272,7 @@ def _read(tmp_path: Path, content: bytes) -> list[tuple[str, int, int, str]]:
 
 
 @pytest.mark.parametrize(("content", "line"), [
-    (b"apiVersion: ctxrules/v1\nkind: RulePack\n", None),
+    (b"apiVersion: ctxrules/v1\nkind: RulePack\nmetadata: {name: t, version: 1.0.0}\n", None),
     (b"- a\n- b\n", 1),
     (b"\n\n- a\n", 3),
     (b"just text\n", 1),
@@ -301,7 +301,7 @@ def test_not_utf8_is_reported_at_the_line(tmp_path: Path) -> None:
 
 def test_utf8_with_bom_and_non_ascii_text_is_fine(tmp_path: Path) -> None:
     content = ("\ufeffapiVersion: ctxrules/v1\nkind: RulePack\n"
-               "metadata: {name: café, description: 上下文}\n")
+               "metadata: {name: café, version: 1.0.0, description: 上下文}\n")
     assert _read(tmp_path, content.encode("utf-8")) == []
 
 

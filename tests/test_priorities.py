@@ -133,6 +133,7 @@ def test_rank_orders_the_three_priorities() -> None:
     assert [priority_rank(p) for p in PRIORITIES] == [2, 1, 0]
 
 
+@pytest.mark.corpus
 def test_golden_minisweagent_transcript() -> None:
     """A real transcript: errors in the newest 3 steps are critical, the newest 5 steps
     important, the rest standard; numbers checked against an independent count."""

@@ -194,6 +194,7 @@ def _corpus_texts() -> list[str]:
     return texts
 
 
+@pytest.mark.corpus
 def test_false_positives_of_the_defaults_on_the_real_transcripts() -> None:
     findings = [f for text in _corpus_texts() for f in default_redactor().findings(text)]
     by_pattern = Counter(f.pattern for f in findings)
@@ -214,6 +215,7 @@ def test_false_positives_of_the_defaults_on_the_real_transcripts() -> None:
     assert by_pattern["email"] <= EXPECTED_TRUE_EMAILS
 
 
+@pytest.mark.corpus
 def test_planted_secrets_in_a_real_transcript_are_all_found() -> None:
     path = next(p for p in transcript_paths() if "sweagent-pydicom" in p.name)
     messages = json.loads(path.read_text(encoding="utf-8"))

@@ -329,6 +329,7 @@ def test_handover_text_keeps_head_tail_and_a_pointer(tmp_path: Path) -> None:
     assert {m.vault_id for m in parse_markers(text)} == {vid}
 
 
+@pytest.mark.corpus
 @pytest.mark.parametrize("name", ["pytest9_all_import_errors.txt", "mvn_test_fail_slice_raw.txt",
                                   "gradlew_build_failed_raw.txt"])
 def test_real_command_outputs_reduce_within_budget(name: str, tmp_path: Path) -> None:

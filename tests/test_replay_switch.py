@@ -24,6 +24,7 @@ def call_points(history: list[dict[str, Any]]) -> list[int]:
     return [i for i, m in enumerate(history) if m.get("role") == "assistant" and i > 0]
 
 
+@pytest.mark.corpus
 @pytest.mark.parametrize("name", ["claudecode-ae4a77f8.json"])
 def test_replay_with_a_model_switch_halfway(tmp_path: Path, name: str) -> None:
     history = json.loads(next(p for p in transcript_paths() if p.name == name).read_text())

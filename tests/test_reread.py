@@ -65,6 +65,7 @@ def test_touch_rejects_bad_paths(tmp_path: Path, bad: Any, message: str) -> None
         FileTracker(tmp_path / "s").touch(bad)
 
 
+@pytest.mark.corpus
 def test_edited_paths_from_a_claude_code_transcript() -> None:
     msgs = json.loads((TRANSCRIPTS / "claudecode-ae4a77f8.json").read_text())
     expected: dict[str, None] = {}

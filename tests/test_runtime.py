@@ -232,6 +232,7 @@ session.prepare(history)
 """
 
 
+@pytest.mark.corpus
 @pytest.mark.parametrize("how", ["SIGKILL", "SIGTERM"])
 def test_killed_compaction_is_found_and_resumed(tmp_path: Path, how: str) -> None:
     pack = write_pack(tmp_path, "pipeline:\n  - {id: slow, use: test.slow, when: {at_least: light}}\n")
@@ -259,6 +260,7 @@ def test_killed_compaction_is_found_and_resumed(tmp_path: Path, how: str) -> Non
     assert checkpoint.scan(root) == []
 
 
+@pytest.mark.corpus
 def test_a_compaction_killed_on_a_warm_turn_is_resumed_from_the_last_output(tmp_path: Path) -> None:
     """On a warm turn the backup holds only the appended messages; the rest are the first lines
     of last_output.jsonl, which the session does not write while the checkpoint exists."""
@@ -296,6 +298,7 @@ def test_a_compaction_killed_on_a_warm_turn_is_resumed_from_the_last_output(tmp_
     assert checkpoint.resume(session_dir) == expected
 
 
+@pytest.mark.corpus
 def test_a_compaction_that_raises_on_a_warm_turn_keeps_a_whole_backup(tmp_path: Path) -> None:
     """The session lives on after a handled interruption and may write last_output.jsonl again,
     so the checkpoint gets a backup of the whole input, not one that needs that file."""
@@ -336,6 +339,7 @@ def test_a_compaction_that_raises_on_a_warm_turn_keeps_a_whole_backup(tmp_path: 
     assert checkpoint.resume(tmp_path / "s") == expected
 
 
+@pytest.mark.corpus
 def test_cli_sigterm_marks_the_compaction_interrupted(tmp_path: Path) -> None:
     """`ctxrules run` turns SIGTERM into an orderly stop that records the interruption."""
     plugin_dir = tmp_path / "plug"
@@ -398,6 +402,7 @@ def test_continuation_guards(tmp_path: Path) -> None:
     assert not d and "keep.txt" in str(d.reason)
 
 
+@pytest.mark.corpus
 def test_fallback_and_breaker_events_reach_the_callback(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Offline, the summarizer falls back to the checkpoint: the UI hears about it."""
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
@@ -412,6 +417,7 @@ def test_fallback_and_breaker_events_reach_the_callback(tmp_path: Path, monkeypa
     assert any(a["kind"] == "checkpoint" for s in report["stages"] for a in s["actions"])
 
 
+@pytest.mark.corpus
 def test_a_finished_compaction_leaves_no_checkpoint(tmp_path: Path) -> None:
     src = next(p for p in transcript_paths() if p.name == "sweagent-test-repo-i1.json")
     session = Engine.load("builtin:default").session(tmp_path / "s", model="gpt-4o", window=12000)

@@ -370,6 +370,7 @@ def test_option_schema_documents_every_option(stage_type: Any) -> None:
 # --- golden on real transcripts -----------------------------------------------------------------
 
 
+@pytest.mark.corpus
 def test_golden_dedup_on_openhands_transcript(tmp_path: Path) -> None:
     msgs = json.loads((TRANSCRIPTS / "openhands-ponylang__ponyc-4595.json").read_text())
     ctx = make_ctx(tmp_path, window=32_000, tail_budget=0.01)
@@ -387,6 +388,7 @@ def test_golden_dedup_on_openhands_transcript(tmp_path: Path) -> None:
     assert sum(a.tokens_saved for a in out.actions) == ctx.count(msgs) - ctx.count(out.messages)
 
 
+@pytest.mark.corpus
 def test_golden_remove_on_the_largest_claude_code_transcript(tmp_path: Path) -> None:
     msgs = json.loads((TRANSCRIPTS / "claudecode-ae4a77f8.json").read_text())
     ctx = make_ctx(tmp_path, window=128_000, target="light")
@@ -401,6 +403,7 @@ def test_golden_remove_on_the_largest_claude_code_transcript(tmp_path: Path) -> 
     assert all(id(m) in kept for m in msgs if is_real_user(m))
 
 
+@pytest.mark.corpus
 def test_golden_truncate_on_claude_code_texts_and_arguments(tmp_path: Path) -> None:
     msgs = json.loads((TRANSCRIPTS / "claudecode-ae4a77f8.json").read_text())
     ctx = make_ctx(tmp_path, window=64_000, tail_budget=0.05)

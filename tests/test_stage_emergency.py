@@ -189,6 +189,7 @@ def test_option_schema_documents_every_option() -> None:
         jsonschema.validate({"max_tokens": "big"}, schema)
 
 
+@pytest.mark.corpus
 def test_golden_sympy_transcript_whose_newest_result_cannot_fit(tmp_path: Path) -> None:
     """minisweagent-sympy ends with an 85K-character tool result (~56K tokens) in the pinned
     newest step: at 32K nothing can make it fit, and the report says so."""

@@ -141,6 +141,7 @@ def test_option_schema_documents_every_option() -> None:
         jsonschema.validate({"max_share": 2}, schema)
 
 
+@pytest.mark.corpus
 def test_golden_openhands_transcript(tmp_path: Path) -> None:
     """The SDK transcript works on telemetry/hello.py: its ask and the steps that touch the
     file are the intent."""

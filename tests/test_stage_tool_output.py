@@ -514,6 +514,7 @@ def _filter_pack(tmp_path: Path) -> Path:
     return pack
 
 
+@pytest.mark.corpus
 @pytest.mark.parametrize("name", ["claudecode-fa812bfe", "claudecode-subagent-afc096d",
                                   "openhands-ponylang__ponyc-4595",
                                   "minisweagent-mwaskom__seaborn-3069"])
@@ -556,6 +557,7 @@ def test_real_transcripts_reduce_only_what_they_may_and_every_ref_is_the_exact_o
     assert again.messages == result.messages
 
 
+@pytest.mark.corpus
 def test_the_claudecode_bash_output_of_28k_chars_is_reduced_structure_aware(tmp_path: Path) -> None:
     path = next(p for p in transcript_paths() if p.stem == "claudecode-subagent-afc096d")
     history = json.loads(path.read_text())
@@ -573,6 +575,7 @@ def test_the_claudecode_bash_output_of_28k_chars_is_reduced_structure_aware(tmp_
             assert ctx.vault.get_lines(marker.vault_id, *marker.lines)
 
 
+@pytest.mark.corpus
 def test_every_transcript_passes_through_the_stage_without_error(tmp_path: Path) -> None:
     stage = ToolOutputFilter({"compressors": False})
     for path in transcript_paths():

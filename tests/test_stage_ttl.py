@@ -204,6 +204,7 @@ def test_builtin_default_prunes_under_pressure_only() -> None:
     assert ttl.options["max_age_steps"] == 30
 
 
+@pytest.mark.corpus
 def test_a_real_transcript_under_pressure(tmp_path: Path) -> None:
     path = next(p for p in transcript_paths() if p.stem == "claudecode-ae4a77f8")
     original = json.loads(path.read_text())

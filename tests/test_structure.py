@@ -5,9 +5,10 @@ from __future__ import annotations
 import copy
 import json
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
+import pytest
+from conftest import TRANSCRIPTS
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -16,7 +17,8 @@ from ctxrules.messages import mark_injected
 from ctxrules.structure import exchanges, facts_of, pair_tool_calls, pinned_indices, shape, steps
 
 Msg = dict[str, Any]
-TRANSCRIPT = Path(__file__).resolve().parents[2] / "shared" / "corpus" / "transcripts" / "claudecode-ae4a77f8.json"
+
+TRANSCRIPT = TRANSCRIPTS / "claudecode-ae4a77f8.json"
 
 _ids = st.sampled_from(["a", "b", "c", None])
 
@@ -86,6 +88,7 @@ def test_derived_shapes_equal_fresh_ones(first: list[Msg], tail: list[Msg], pair
     assert derived == _fresh(edited)
 
 
+@pytest.mark.corpus
 def test_a_warm_turn_resumes_instead_of_rescanning() -> None:
     history: list[Msg] = json.loads(TRANSCRIPT.read_text())
     structure.forget()

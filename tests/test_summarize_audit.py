@@ -54,10 +54,12 @@ def summary_dict(goal: str, **fields: list[str]) -> dict[str, Any]:
     return data
 
 
+@pytest.mark.corpus
 def test_the_fixture_covers_every_transcript() -> None:
     assert set(GOALS) == {p.name for p in transcript_paths()}
 
 
+@pytest.mark.corpus
 @pytest.mark.parametrize("name", sorted(GOALS))
 def test_a_faithful_goal_is_accepted_and_goals_of_other_projects_are_rejected(name: str) -> None:
     auditor = SummaryAuditor(user_texts(name))
@@ -71,6 +73,7 @@ def test_a_faithful_goal_is_accepted_and_goals_of_other_projects_are_rejected(na
         assert "not grounded" in verdict.reason
 
 
+@pytest.mark.corpus
 @pytest.mark.parametrize("name", sorted(GOALS))
 def test_an_invented_goal_is_rejected(name: str) -> None:
     auditor = SummaryAuditor(user_texts(name))
@@ -79,6 +82,7 @@ def test_an_invented_goal_is_rejected(name: str) -> None:
         assert not verdict.accepted and verdict.problems[0].startswith("user_goal is not grounded")
 
 
+@pytest.mark.corpus
 def test_grounding_margin_on_the_corpus() -> None:
     own = [SummaryAuditor(user_texts(n)).goal_score(e["goal"]) for n, e in GOALS.items()]
     cross = [
@@ -94,6 +98,7 @@ def test_grounding_margin_on_the_corpus() -> None:
     assert min(own) >= GOAL_THRESHOLD + 0.1 and max(cross) <= GOAL_THRESHOLD - 0.05
 
 
+@pytest.mark.corpus
 def test_a_short_newest_message_is_read_with_the_request_it_answers() -> None:
     # "did you push?" alone grounds nothing; the source reaches back to the earlier messages.
     name = "claudecode-258c7280.json"
@@ -108,6 +113,7 @@ def test_a_short_newest_message_is_read_with_the_request_it_answers() -> None:
     )
 
 
+@pytest.mark.corpus
 def test_pending_asks_must_come_from_a_real_user_message() -> None:
     name = "openhands-ponylang__ponyc-4595.json"
     auditor = SummaryAuditor(user_texts(name))
@@ -135,6 +141,7 @@ def test_pending_asks_must_come_from_a_real_user_message() -> None:
     assert any(n.startswith("dropped pending_user_asks[0]") for n in invented.notes)
 
 
+@pytest.mark.corpus
 def test_slips_are_coerced_bad_fields_dropped_alone_and_empty_summaries_rejected() -> None:
     auditor = SummaryAuditor(user_texts("sweagent-test-repo-i1.json"))
     goal = GOALS["sweagent-test-repo-i1.json"]["goal"]
@@ -161,6 +168,7 @@ def test_slips_are_coerced_bad_fields_dropped_alone_and_empty_summaries_rejected
     assert not verdict.accepted and verdict.problems == ("empty: no list field holds an entry",)
 
 
+@pytest.mark.corpus
 def test_accepted_summaries_are_made_safe_to_inject() -> None:
     known = "ab" * 32
     auditor = SummaryAuditor(
@@ -184,6 +192,7 @@ def test_without_user_messages_grounding_is_skipped_not_failed() -> None:
     assert verdict.accepted and "grounding skipped" in verdict.notes[0]
 
 
+@pytest.mark.corpus
 @pytest.mark.parametrize("path", transcript_paths(), ids=lambda p: p.name)
 def test_the_checkpoint_of_every_transcript_is_valid_and_accepted(path: Path) -> None:
     messages = messages_of(path.name)
@@ -211,6 +220,7 @@ def _default_pack() -> dict[str, Any]:
 # --- merge ---------------------------------------------------------------------------------------
 
 
+@pytest.mark.corpus
 def test_merge_drops_resolved_blockers_and_done_steps_on_a_real_session() -> None:
     name = "minisweagent-django__django-11815.json"
     messages = messages_of(name)

@@ -137,6 +137,7 @@ def summary_of(messages: list[dict[str, Any]]) -> dict[str, Any]:
     return next(m for m in messages if injected_kind(m) == "summary")
 
 
+@pytest.mark.corpus
 def test_a_good_summary_is_streamed_audited_and_injected(
     tmp_path: Path, server: LLMServer, chat: list[dict[str, Any]]
 ) -> None:
@@ -161,6 +162,7 @@ def test_a_good_summary_is_streamed_audited_and_injected(
     assert alternation_problems(out) == []
 
 
+@pytest.mark.corpus
 @pytest.mark.parametrize(
     ("behaviour", "outcome", "detail"),
     [
@@ -209,6 +211,7 @@ def test_a_failed_summary_falls_back_to_the_checkpoint(
     )  # the checkpoint still shrinks the context
 
 
+@pytest.mark.corpus
 def test_type_slips_are_put_right_and_a_bad_field_is_dropped_alone(
     tmp_path: Path, server: LLMServer, chat: list[dict[str, Any]]
 ) -> None:
@@ -231,6 +234,7 @@ def test_type_slips_are_put_right_and_a_bad_field_is_dropped_alone(
     assert "an object where text is expected" not in text
 
 
+@pytest.mark.corpus
 def test_a_slow_but_alive_stream_does_not_time_out(
     tmp_path: Path, server: LLMServer, chat: list[dict[str, Any]]
 ) -> None:
@@ -243,6 +247,7 @@ def test_a_slow_but_alive_stream_does_not_time_out(
     assert summary_of(out)["ctxrules"]["source"] == "llm", attempts(stage)
 
 
+@pytest.mark.corpus
 @pytest.mark.parametrize("prefix", ["", '{"user_goal": "List which'])
 def test_a_silent_stream_times_out_at_the_inactivity_limit(
     tmp_path: Path, server: LLMServer, chat: list[dict[str, Any]], prefix: str
@@ -259,6 +264,7 @@ def test_a_silent_stream_times_out_at_the_inactivity_limit(
     assert summary_of(out)["ctxrules"]["source"] == "checkpoint"
 
 
+@pytest.mark.corpus
 def test_the_total_ceiling_stops_a_stream_that_never_ends(
     tmp_path: Path, server: LLMServer, chat: list[dict[str, Any]]
 ) -> None:
@@ -273,6 +279,7 @@ def test_the_total_ceiling_stops_a_stream_that_never_ends(
     assert summary_of(out)["ctxrules"]["source"] == "checkpoint"
 
 
+@pytest.mark.corpus
 def test_a_context_length_error_is_retried_once_with_half_the_input(
     tmp_path: Path, server: LLMServer, chat: list[dict[str, Any]]
 ) -> None:
@@ -288,6 +295,7 @@ def test_a_context_length_error_is_retried_once_with_half_the_input(
     assert any("context-length error" in w for w in stage["warnings"])
 
 
+@pytest.mark.corpus
 def test_the_fallback_model_summarizes_when_the_light_one_fails(
     tmp_path: Path, server: LLMServer, chat: list[dict[str, Any]]
 ) -> None:
@@ -302,6 +310,7 @@ def test_the_fallback_model_summarizes_when_the_light_one_fails(
     )
 
 
+@pytest.mark.corpus
 def test_a_too_small_summarizer_yields_to_the_main_model(
     tmp_path: Path, server: LLMServer, chat: list[dict[str, Any]]
 ) -> None:
@@ -314,6 +323,7 @@ def test_a_too_small_summarizer_yields_to_the_main_model(
     assert summary_of(out)["ctxrules"]["source"] == "llm"
 
 
+@pytest.mark.corpus
 def test_a_too_small_summarizer_reads_a_trimmed_input(
     tmp_path: Path, server: LLMServer, chat: list[dict[str, Any]]
 ) -> None:
@@ -332,6 +342,7 @@ def test_a_too_small_summarizer_reads_a_trimmed_input(
     assert request.body["max_tokens"] == 1024
 
 
+@pytest.mark.corpus
 def test_the_breaker_opens_lets_one_probe_through_and_closes(
     tmp_path: Path, server: LLMServer, chat: list[dict[str, Any]]
 ) -> None:
@@ -386,6 +397,7 @@ def test_health_is_red_while_the_breaker_is_open_even_on_turns_that_do_not_summa
     assert not any("circuit breaker" in r for r in fourth.report["health"]["reasons"])
 
 
+@pytest.mark.corpus
 def test_the_summarizer_is_sent_no_secrets_and_what_it_echoes_is_masked(
     tmp_path: Path, server: LLMServer, chat: list[dict[str, Any]], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -154,6 +154,7 @@ def test_title_cuts_at_a_word_boundary_and_accepts_messages() -> None:
     assert long.startswith(out[:-1])
 
 
+@pytest.mark.corpus
 def test_title_of_every_real_first_message_is_short_and_code_free() -> None:
     for path in transcript_paths():
         messages = json.loads(Path(path).read_text(encoding="utf-8"))

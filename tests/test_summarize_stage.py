@@ -132,6 +132,7 @@ def alternation_problems(messages: list[dict[str, Any]]) -> list[str]:
 # --- the real CLI, offline -----------------------------------------------------------------------
 
 
+@pytest.mark.corpus
 def test_cli_run_builtin_default_offline_completes_with_the_checkpoint(tmp_path: Path) -> None:
     messages = chat_from_corpus()
     source = tmp_path / "chat.json"
@@ -206,6 +207,7 @@ CASES = [
 ]
 
 
+@pytest.mark.corpus
 @pytest.mark.parametrize("name", CASES)
 def test_compaction_of_a_real_session_keeps_every_invariant(name: str, tmp_path: Path) -> None:
     messages = load(name)
@@ -247,6 +249,7 @@ def test_compaction_of_a_real_session_keeps_every_invariant(name: str, tmp_path:
     assert [m["role"] for m in again.messages] == [m["role"] for m in out]
 
 
+@pytest.mark.corpus
 def test_a_second_compaction_merges_into_the_first(tmp_path: Path) -> None:
     messages = load("minisweagent-mwaskom__seaborn-3069.json")
     eng = engine(str(SUMMARY_ONLY))
@@ -329,6 +332,7 @@ def plant_secrets(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+@pytest.mark.corpus
 def test_no_secret_survives_in_the_summary_or_the_stored_state(tmp_path: Path) -> None:
     messages = plant_secrets(load("minisweagent-django__django-11815.json"))
     eng = engine(str(SUMMARY_ONLY))
@@ -387,6 +391,7 @@ def direct_context(
     )
 
 
+@pytest.mark.corpus
 def test_without_an_anchor_a_bridge_opens_the_dialogue(tmp_path: Path) -> None:
     real = load("openhands-ponylang__ponyc-4595.json")
     # An agent that started on its own: system prompt, then steps, no real user message.
@@ -406,6 +411,7 @@ def test_without_an_anchor_a_bridge_opens_the_dialogue(tmp_path: Path) -> None:
     assert alternation_problems(out) == []
 
 
+@pytest.mark.corpus
 def test_protected_messages_stay_in_place_after_the_summary(tmp_path: Path) -> None:
     messages = load("sweagent-pydicom__pydicom-1458.json")
     keep = next(i for i in range(4, len(messages) // 2) if messages[i]["role"] == "assistant")
@@ -418,6 +424,7 @@ def test_protected_messages_stay_in_place_after_the_summary(tmp_path: Path) -> N
     assert pairing_problems(out) == []
 
 
+@pytest.mark.corpus
 def test_below_the_target_the_stage_does_nothing(tmp_path: Path) -> None:
     messages = load("sweagent-pydicom__pydicom-1458.json")
     ctx = direct_context(tmp_path, messages, utilization=0.3)
@@ -427,6 +434,7 @@ def test_below_the_target_the_stage_does_nothing(tmp_path: Path) -> None:
     )
 
 
+@pytest.mark.corpus
 def test_a_held_compaction_lock_skips_the_turn(tmp_path: Path) -> None:
     messages = load("sweagent-pydicom__pydicom-1458.json")
     ctx = direct_context(tmp_path, messages)
@@ -438,6 +446,7 @@ def test_a_held_compaction_lock_skips_the_turn(tmp_path: Path) -> None:
     assert any(injected_kind(m) == "summary" for m in after.messages)
 
 
+@pytest.mark.corpus
 def test_the_tail_budget_keeps_the_newest_steps_verbatim(tmp_path: Path) -> None:
     messages = load("claudecode-subagent-aa84377.json")
     ctx = direct_context(tmp_path, messages)
@@ -537,7 +546,7 @@ def test_the_summary_replaces_only_as_many_old_messages_as_the_target_needs(
     assert after + sum(session.counter.count_each(msgs[last - 1 : last + 1])) > target - 50
 
 
-@pytest.mark.skipif(not transcript_paths(), reason="the real transcript corpus is absent")
+@pytest.mark.corpus
 def test_the_checkpoint_of_a_real_session_lands_just_below_the_target(tmp_path: Path) -> None:
     msgs = load("claudecode-ae4a77f8.json")
     session = engine(str(SUMMARY_ONLY)).session(tmp_path / "s", model="gpt-4o", window=32_000)

@@ -17,6 +17,7 @@ from types import ModuleType
 from typing import Any
 
 import pytest
+from conftest import TRANSCRIPTS, transcript_paths
 
 from ctxrules.errors import CtxrulesError
 from ctxrules.models import lookup_model
@@ -34,8 +35,8 @@ from ctxrules.tokens import (
 
 REPO = Path(__file__).resolve().parents[1]
 ENGINE = REPO / "engine"
-TRANSCRIPTS = Path(__file__).resolve().parents[1].parent / "shared" / "corpus" / "transcripts"
-TRANSCRIPT_FILES = sorted(p for p in TRANSCRIPTS.glob("*.json") if p.name != "stats.json")
+
+TRANSCRIPT_FILES = transcript_paths()
 
 TOOLS: list[dict[str, Any]] = [
     {
@@ -230,6 +231,7 @@ def image_message(url: str, detail: str | None = None) -> dict[str, Any]:
 # --------------------------------------------------------------------------- litellm agreement
 
 
+@pytest.mark.corpus
 @pytest.mark.parametrize("model", ["gpt-4o", "gpt-4"])
 @pytest.mark.parametrize("path", TRANSCRIPT_FILES, ids=lambda p: p.stem)
 def test_corpus_agrees_with_litellm(path: Path, model: str, litellm: ModuleType) -> None:
@@ -246,6 +248,7 @@ def test_corpus_agrees_with_litellm(path: Path, model: str, litellm: ModuleType)
     assert ours_tools - ours == reference_tools - reference  # schema accounting is the same
 
 
+@pytest.mark.corpus
 def test_corpus_is_present() -> None:
     assert len(TRANSCRIPT_FILES) >= 20
 
@@ -320,6 +323,7 @@ def test_anthropic_shaped_tools_are_counted() -> None:
 # --------------------------------------------------------------------------- memo
 
 
+@pytest.mark.corpus
 def test_memo_serves_unchanged_messages() -> None:
     counter = TokenCounter("o200k_base")
     messages = load(TRANSCRIPTS / "claudecode-ae4a77f8.json")
@@ -410,6 +414,7 @@ def test_non_object_message_is_an_error() -> None:
 # --------------------------------------------------------------------------- text
 
 
+@pytest.mark.corpus
 def test_long_text_is_counted_exactly() -> None:
     import tiktoken
 
@@ -462,6 +467,7 @@ def test_counters_are_shared_per_tokenizer() -> None:
     assert TokenCounter.for_model(lookup_model("gemini-2.5-pro")).tokenizer == "approx"
 
 
+@pytest.mark.corpus
 @pytest.mark.parametrize("path", TRANSCRIPT_FILES, ids=lambda p: p.stem)
 def test_estimates_are_plausible(path: Path) -> None:
     messages = load(path)

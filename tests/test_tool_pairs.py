@@ -12,6 +12,7 @@ from typing import Any, cast
 import jsonschema
 import pytest
 import structlog
+from conftest import transcript_paths
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -22,8 +23,7 @@ from ctxrules.stages.normalize_tool_pairs import STAGE_TYPE, ToolPairRepair, rep
 from ctxrules.structure import pair_tool_calls, pinned_indices
 from ctxrules.vault import Vault
 
-TRANSCRIPTS = Path(__file__).resolve().parents[2] / "shared" / "corpus" / "transcripts"
-CORPUS = sorted(p for p in TRANSCRIPTS.glob("*.json") if p.name != "stats.json")
+CORPUS = transcript_paths()
 
 Msg = dict[str, Any]
 
@@ -112,6 +112,7 @@ def test_valid_history_comes_back_identical() -> None:
     assert out is not messages
 
 
+@pytest.mark.corpus
 @pytest.mark.parametrize("path", CORPUS, ids=lambda p: p.stem)
 @pytest.mark.parametrize("policy", ["synthesize", "remove"])
 def test_corpus_transcripts_are_unchanged(path: Path, policy: Any) -> None:

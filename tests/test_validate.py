@@ -178,18 +178,20 @@ def test_a_problem_found_through_a_child_survives_validating_its_parent_too(  # 
 
 # -- the four things a new user gets wrong first -------------------------------------------
 
-NEW_USER = {
-    "cr010-typo-in-context.yaml": ("CR010", 6, "did you mean 'thresholds'"),
-    "cr001-tab-indentation.yaml": ("CR001", 5, "tab"),
-    "cr003-duplicate-nested.yaml": ("CR003", 7, "first defined at line 5"),
-    "cr050-threshold-above-one.yaml": ("CR050", 7, "(0, 1)"),
+NEW_USER = {  # the line is the fixture's own `# expect:` header
+    "cr010-typo-in-context.yaml": ("CR010", "did you mean 'thresholds'"),
+    "cr001-tab-indentation.yaml": ("CR001", "tab"),
+    "cr003-duplicate-nested.yaml": ("CR003", "first defined at line"),
+    "cr050-threshold-above-one.yaml": ("CR050", "(0, 1)"),
 }
 
 
 @pytest.mark.parametrize("name", sorted(NEW_USER))
 def test_new_user_mistake_gives_one_clear_diagnostic(name: str) -> None:
     """Through the real entry point in a fresh process, as a user runs it."""
-    code_expected, line, words = NEW_USER[name]
+    code_expected, words = NEW_USER[name]
+    [expected] = expectations(BAD / name)
+    line = expected.line
     env = {**os.environ, "PYTHONPATH": str(REPO / "engine")}
     env.pop("CTXRULES_DEBUG", None)
     rel = f"tests/fixtures/packs/bad/{name}"
@@ -214,7 +216,7 @@ def test_unreadable_file(  # type: ignore[no-untyped-def]
         cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """CR090: tests run as root, where chmod 000 still reads; simulate the OS refusing."""
     pack = tmp_path / "locked.yaml"
-    pack.write_text("apiVersion: ctxrules/v1\nkind: RulePack\n", encoding="utf-8")
+    pack.write_text("apiVersion: ctxrules/v1\nkind: RulePack\nmetadata: {name: t, version: 1.0.0}\n", encoding="utf-8")
     from ctxrules.packs import loader
 
     real_read = loader.read_limited
@@ -235,10 +237,11 @@ def test_unreadable_file(  # type: ignore[no-untyped-def]
 
 def test_unreadable_parent_is_reported(  # type: ignore[no-untyped-def]
         cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    (tmp_path / "locked.yaml").write_text("apiVersion: ctxrules/v1\nkind: RulePack\n",
-                                          encoding="utf-8")
+    (tmp_path / "locked.yaml").write_text(
+        "apiVersion: ctxrules/v1\nkind: RulePack\nmetadata: {name: t, version: 1.0.0}\n", encoding="utf-8")
     (tmp_path / "child.yaml").write_text(
-        "apiVersion: ctxrules/v1\nkind: RulePack\nextends: ./locked.yaml\n", encoding="utf-8")
+        "apiVersion: ctxrules/v1\nkind: RulePack\nextends: ./locked.yaml\nmetadata: {name: t, version: 1.0.0}\n",
+        encoding="utf-8")
     from ctxrules.packs import loader
 
     real_read = loader.read_limited
@@ -269,7 +272,8 @@ def test_extends_naming_a_directory_is_not_found(  # type: ignore[no-untyped-def
         cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "parent.yaml").mkdir()
     (tmp_path / "child.yaml").write_text(
-        "apiVersion: ctxrules/v1\nkind: RulePack\nextends: ./parent.yaml\n", encoding="utf-8")
+        "apiVersion: ctxrules/v1\nkind: RulePack\nextends: ./parent.yaml\nmetadata: {name: t, version: 1.0.0}\n",
+        encoding="utf-8")
     monkeypatch.chdir(tmp_path)
     code, doc = validate_json(cli, "child.yaml")
     assert code == 1

@@ -3,7 +3,9 @@
 Builds the wheel from this checkout, installs it into a fresh virtual environment and runs the
 installed ``ctxrules`` from a folder outside the repository, so nothing can come from the
 source tree by accident. The venv sees the system site-packages for the dependencies
-(no network here); ctxrules itself comes only from the wheel.
+(no network here); ctxrules itself comes only from the wheel. The test extras are there too, so
+the venv carries an import guard that makes them unimportable: every verb must work on a plain
+``pip install ctxrules``.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 import venv
@@ -44,6 +47,24 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return built
 
 
+# Installed as a .pth hook in the venv: from interpreter start-up on, importing one of the
+# test extras fails as if it were not installed (the system site-packages hold them).
+TEST_EXTRAS = ("pytest", "_pytest", "syrupy", "hypothesis")
+GUARD = f"""\
+import sys
+
+class _NoTestExtras:
+    refused = {TEST_EXTRAS!r}
+
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in self.refused:
+            raise ModuleNotFoundError(f"No module named {{name!r}} (refused by the test guard)", name=name)
+        return None
+
+sys.meta_path.insert(0, _NoTestExtras())
+"""
+
+
 @pytest.fixture(scope="module")
 def installed(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The venv's bin/ folder, with the wheel installed."""
@@ -57,7 +78,74 @@ def installed(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     proc = _run([str(python), "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--ignore-installed",
                  str(wheel)])
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    proc = _run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"])
+    site = Path(proc.stdout.strip())
+    (site / "_ctxrules_no_test_extras.py").write_text(GUARD, encoding="utf-8")
+    (site / "_ctxrules_no_test_extras.pth").write_text("import _ctxrules_no_test_extras\n", encoding="utf-8")
     return bindir
+
+
+def test_the_venv_cannot_import_the_test_extras(installed: Path, tmp_path: Path) -> None:
+    for name in TEST_EXTRAS:
+        proc = _run([str(installed / "python"), "-c", f"import {name}"], cwd=tmp_path)
+        assert proc.returncode == 1 and "ModuleNotFoundError" in proc.stderr, (name, proc.stderr)
+    proc = _run([str(installed / "python"), "-c", "import yaml, jsonschema, jinja2"], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr  # the runtime dependencies are still there
+
+
+def _cli(installed: Path, cwd: Path, *argv: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    proc = _run([str(installed / "ctxrules"), *argv], cwd=cwd, input=stdin)
+    assert "Traceback" not in proc.stderr and "internal error" not in proc.stderr, proc.stderr
+    return proc
+
+
+def test_every_verb_works_without_the_test_extras(installed: Path, tmp_path: Path) -> None:
+    example = REPO / "rules" / "examples" / "agent-session.json"
+    pack = tmp_path / "pack.yaml"
+    pack.write_text("apiVersion: ctxrules/v1\nkind: RulePack\nmetadata: {name: mine, version: 1.0.0}\n"
+                    "extends: [builtin:default]\n"
+                    f"tests:\n  - {{id: fits, model: gpt-4o, window: 32000, input: {example}, "
+                    "expect: {fits: true}}\n",
+                    encoding="utf-8")
+    ok = {
+        "validate": ["validate", "pack.yaml"],
+        "explain": ["explain", "pack.yaml"],
+        "assemble": ["assemble", "--pack", "builtin:default", "--mode", "full", "--model", "gpt-4o"],
+        "test": ["test", "pack.yaml"],
+        "schema": ["schema"],
+        "plugins": ["plugins", "--all"],
+    }
+    for verb, argv in ok.items():
+        proc = _cli(installed, tmp_path, *argv)
+        assert proc.returncode == 0, (verb, proc.stdout, proc.stderr)
+        assert proc.stdout.strip(), verb
+    assert "<identity>" in _cli(installed, tmp_path, *ok["assemble"]).stdout
+    assert _cli(installed, tmp_path, *ok["test"]).stdout.endswith("1 passed, 0 failed\n")
+
+    # run: the Quick start command, at a window small enough that outputs go to the vault
+    proc = _cli(installed, tmp_path, "run", "--pack", "builtin:default", "--model", "gpt-4o", "--window", "16000",
+                "--input", str(example), "--output", "out.json", "--report", "report.json",
+                "--session", "sess", "--explain")
+    assert proc.returncode == 0, proc.stderr
+    out = (tmp_path / "out.json").read_text(encoding="utf-8")
+    ref = re.search(r"vault://([0-9a-f]{12,})", out)
+    assert ref, "the 16K run moves an output to the vault"
+    proc = _cli(installed, tmp_path, "vault", "get", ref[1], "--session", "sess")
+    assert proc.returncode == 0 and proc.stdout, proc.stderr
+    assert proc.stdout in example.read_text(encoding="utf-8") or json.dumps(proc.stdout)[1:-1] in \
+        example.read_text(encoding="utf-8")
+    proc = _cli(installed, tmp_path, "report", "report.json")
+    assert proc.returncode == 0 and "outputs" in proc.stdout, proc.stderr
+    proc = _cli(installed, tmp_path, "report", "report.json", "--html", "report.html")
+    assert proc.returncode == 0 and (tmp_path / "report.html").stat().st_size > 1000, proc.stderr
+
+    # compress: filter mode on a captured pytest run, and wrapping a real command
+    failures = REPO / "rules" / "compressors" / "fixtures" / "pytest" / "failures.txt"
+    proc = _cli(installed, tmp_path, "compress", "--command", "pytest", "--exit-code", "1", "--input", str(failures),
+                "--session", "sess")
+    assert proc.returncode == 0 and "FAILED" in proc.stdout, proc.stderr
+    proc = _cli(installed, tmp_path, "compress", "--session", "sess", "--", sys.executable, "-c", "print('hi')")
+    assert proc.returncode == 0 and "hi" in proc.stdout, proc.stderr
 
 
 def test_wheel_bundles_rules_and_schemas(wheel: Path) -> None:
@@ -104,7 +192,7 @@ def test_installed_cli_validates_a_pack_extending_builtin_default(installed: Pat
 
     # and a broken one is reported with its line, through the installed schema
     pack.write_text("apiVersion: ctxrules/v1\nkind: RulePack\nextends: builtin:default\n"
-                    "context:\n  treshold: {}\n", encoding="utf-8")
+                    "context:\n  treshold: {}\nmetadata: {name: mine, version: 1.0.0}\n", encoding="utf-8")
     proc = _run([ctxrules, "validate", "--format", "json", "my-pack.yaml"], cwd=tmp_path)
     assert proc.returncode == 1, proc.stderr
     [d] = json.loads(proc.stdout)["diagnostics"]

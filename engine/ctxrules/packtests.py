@@ -4,8 +4,9 @@ A case runs the pack's pipeline on an input file (relative to the pack file that
 case) in a fresh temporary session and checks ``expect``: ``fits`` (the output fits the usable
 window), ``contains`` / ``not_contains`` (strings in the output messages' text), ``stages_ran``
 (pipeline ids that ran), ``max_tokens`` (prompt tokens after the run), ``tier`` (the tier
-measured before the run). ``skip_if_missing: true`` skips a case whose input file is absent
-(built-in cases on the shared corpus, for instance) instead of failing it.
+measured before the run). ``ctxrules test PACK`` runs the cases the pack's own file declares
+(``--inherited`` adds its parents'). ``skip_if_missing: true`` skips a case whose input file is absent
+(cases on data that only some checkouts have, for instance) instead of failing it.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from ctxrules.messages import message_text
 
 if TYPE_CHECKING:
     from ctxrules.engine import Engine
+    from ctxrules.packs.loader import ResolvedPack
+    from ctxrules.packs.source import Origin
 
 
 @dataclass
@@ -124,6 +127,20 @@ def _check(expect: dict[str, Any], messages: list[dict[str, Any]], report: dict[
     return ("failed", "; ".join(problems)) if problems else ("passed", "")
 
 
-def run_pack_tests(engine: Engine) -> list[CaseResult]:
+def declared_in(pack: ResolvedPack, pointer: str, origins: dict[str, Origin] | None = None) -> bool:
+    """Whether the pack's own file (the last one applied) wrote the item at ``pointer`` or any
+    field of it: a case a child overrides is the child's case too."""
+    if not pack.files:
+        return True
+    own = pack.files[-1]
+    origins = origins if origins is not None else pack.origins()
+    prefix = pointer + "/"
+    return any(o.file == own for p, o in origins.items() if p == pointer or p.startswith(prefix))
+
+
+def run_pack_tests(engine: Engine, *, inherited: bool = False) -> list[CaseResult]:
+    """The ``tests:`` cases the pack's own file declares; with ``inherited``, its parents' too
+    (a pack that extends ``builtin:default`` does not re-run the built-in cases as its own)."""
+    origins = engine.pack.origins()
     return [run_case(engine, i, case) for i, case in enumerate(engine.pack.data.get("tests") or [])
-            if isinstance(case, dict)]
+            if isinstance(case, dict) and (inherited or declared_in(engine.pack, f"/tests/{i}", origins))]

@@ -18,8 +18,7 @@ from ctxrules.cli.io import add_search_path
 from ctxrules.errors import UsageError
 from ctxrules.packs.validated import load_pack
 from ctxrules.plugins import default_registry
-from ctxrules.prompts.assemble import prompt_set
-from ctxrules.testing.pytest_plugin import NO_ENTRY
+from ctxrules.prompts.assemble import NO_ENTRY, prompt_set
 
 _TRUE = {"true", "yes", "on", "1"}
 _FALSE = {"false", "no", "off", "0"}

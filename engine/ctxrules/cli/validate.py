@@ -28,11 +28,12 @@ def register(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    diags, count, real = validate_paths(args.paths, default_registry(), skip_non_packs=args.skip_non_packs,
-                                        search_path=args.search_path)
+    diags, count, real, skipped = validate_paths(args.paths, default_registry(),
+                                                 skip_non_packs=args.skip_non_packs,
+                                                 search_path=args.search_path)
     render: Callable[[], str] = {
-        "text": lambda: formats.format_text(diags, count, real),
-        "json": lambda: formats.format_json(diags, count),
+        "text": lambda: formats.format_text(diags, count, real, skipped),
+        "json": lambda: formats.format_json(diags, count, skipped),
         "github": lambda: formats.format_github(diags, count),
         "sarif": lambda: formats.format_sarif(diags, count),
     }[args.format]

@@ -67,6 +67,7 @@ def _check_step(
                     or (
                         "options: " + ", ".join(known) if known else "this action takes no options"
                     ),
+                    at_key=True,
                 )
         elif err.validator == "format":
             detail = pattern_problem(err.instance) or "invalid"

@@ -240,21 +240,30 @@ def _run_case(
 
 
 def run_compressor_tests(
-    pack: ResolvedPack, *, require_tests: bool, registry: Registry
+    pack: ResolvedPack,
+    *,
+    require_tests: bool,
+    registry: Registry,
+    inherited: bool = True,
 ) -> list[CaseResult]:
     """Every inline test of every compressor in ``pack`` (resolved: inherited ones included),
-    with the actions of ``registry`` (the engine's, so that a plugin's actions are tested too).
+    with the actions of ``registry`` (the engine's, so that a plugin's actions are tested too);
+    with ``inherited=False`` only the tests the pack's own file declares.
 
-    With ``require_tests``, a compressor without tests yields one failed case ``<missing>``.
+    With ``require_tests``, a compressor without tests yields one failed case ``<missing>``
+    (without ``inherited``: only a compressor the pack's own file declares).
     """
+    from ctxrules.packtests import declared_in
+
     results: list[CaseResult] = []
     origins = pack.origins()
     for index, rule in enumerate(pack.data.get("compressors") or []):
         if not isinstance(rule, Mapping):
             continue
         cases = [c for c in rule.get("tests") or [] if isinstance(c, Mapping)]
+        mine = inherited or declared_in(pack, f"/compressors/{index}", origins)
         if not cases:
-            if require_tests:
+            if require_tests and mine:
                 origin = origins.get(f"/compressors/{index}")
                 results.append(
                     CaseResult(
@@ -267,6 +276,8 @@ def run_compressor_tests(
                 )
             continue
         for case_index, case in enumerate(cases):
+            if not (inherited or declared_in(pack, f"/compressors/{index}/tests/{case_index}", origins)):
+                continue
             started = time.perf_counter()
             result = _run_case(pack, origins, registry, index, rule, case_index, case)
             ms = (time.perf_counter() - started) * 1000

@@ -44,6 +44,9 @@ class ResolvedPack:
     """Folders the pack may read from (:mod:`ctxrules.packs.confine`)."""
     search_path: tuple[str, ...] = ()
     """The extra roots the caller gave (kept to reload the pack the same way)."""
+    # Where each disabled item was switched off: list key -> id -> the origin of the item (in
+    # the file that wrote ``enabled: false``, with that file's own pointer).
+    disabled_at: dict[str, dict[str, Origin]] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -147,11 +150,13 @@ class PackLoader:
             tree = OMap(Origin(display_path(path) if path else ref, 1, 1))
         tree.drop("extends")
         disabled = _disabled_ids(tree)
+        disabled_at = _disabled_origins(tree, docs)
         drop_disabled(tree)
         files = [display_path(p) for p in order]
         name = tree.get("metadata", {}).get("name") if isinstance(tree.get("metadata"), dict) else None
         return ResolvedPack(str(name or ref), plain(tree), tree, files, _dedupe(diagnostics), disabled, docs,
-                            {display_path(p): p for p in order}, self._roots, self.search_path)
+                            {display_path(p): p for p in order}, self._roots, self.search_path,
+                            disabled_at)
 
     def _locate(self, ref: str, base: Path, at: tuple[Origin, str] | None,
                 diagnostics: list[Diagnostic]) -> Path | None:
@@ -249,6 +254,25 @@ def _disabled_ids(tree: OMap) -> dict[str, list[str]]:
             ids = [str(i.get("id")) for i in lst if isinstance(i, dict) and i.get("enabled") is False]
             if ids:
                 out[key] = ids
+    return out
+
+
+def _disabled_origins(tree: OMap, docs: dict[str, SourceDoc]) -> dict[str, dict[str, Origin]]:
+    """The item that says ``enabled: false``, in the file that says it (the merged item keeps
+    the origin of the parent that introduced it)."""
+    out: dict[str, dict[str, Origin]] = {}
+    for key in ID_LISTS:
+        lst = tree.get(key)
+        if not isinstance(lst, OList):
+            continue
+        for item, origin in zip(lst, lst.origins, strict=False):
+            if not (isinstance(item, OMap) and item.get("enabled") is False):
+                continue
+            said = item.origins.get("enabled", origin)
+            doc = docs.get(said.file)
+            item_pointer = said.pointer.rsplit("/", 1)[0] if said.pointer.endswith("/enabled") else ""
+            at = doc.origin(item_pointer) if doc is not None and item_pointer else said
+            out.setdefault(key, {})[str(item.get("id"))] = at
     return out
 
 

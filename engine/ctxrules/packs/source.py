@@ -16,11 +16,13 @@ import yaml
 
 @dataclass(frozen=True, order=True)
 class Origin:
-    """Where a value was written: a file and a 1-based line and column."""
+    """Where a value was written: a file, a 1-based line and column, and the value's JSON
+    pointer in that file's own document (a merged pack numbers list items differently)."""
 
     file: str
     line: int
     col: int
+    pointer: str = ""
 
     def __str__(self) -> str:
         return f"{self.file}:{self.line}"
@@ -55,7 +57,7 @@ class SourceDoc:
         while True:
             pos = self.positions.get(p)
             if pos is not None:
-                return Origin(self.path, pos[0], pos[1])
+                return Origin(self.path, pos[0], pos[1], p)
             if not p:
                 return Origin(self.path, 1, 1)
             p = p.rsplit("/", 1)[0]
@@ -64,7 +66,7 @@ class SourceDoc:
         """Origin of the *key* that introduces ``pointer`` (for 'unknown key' diagnostics)."""
         pos = self.positions.get(pointer + "#key")
         if pos is not None:
-            return Origin(self.path, pos[0], pos[1])
+            return Origin(self.path, pos[0], pos[1], pointer)
         return self.origin(pointer)
 
 

@@ -57,6 +57,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEFAULT_DISCIPLINE_TAG",
+    "NO_ENTRY",
     "AssembledPrompt",
     "AssemblyError",
     "PromptSet",
@@ -70,6 +71,8 @@ __all__ = [
 ]
 
 DEFAULT_DISCIPLINE_TAG = "execution_discipline"
+NO_ENTRY = "no-entry"
+"""The name of "no models: entry" where an entry id is expected (CLI ``--entry``, snapshot ids)."""
 Scalar = str | int | float | bool | None
 
 # A "<" that could begin markup: a tag name (ASCII or not), a closing slash, "<!" or "<?".

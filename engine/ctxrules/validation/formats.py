@@ -34,7 +34,8 @@ def _excerpt(src: str, at: int, width: int = 100) -> tuple[str, int]:
     return head + src[start:start + width] + tail, at - start + len(head)
 
 
-def format_text(diags: list[Diagnostic], files_checked: int, real_paths: dict[str, Path] | None = None) -> str:
+def format_text(diags: list[Diagnostic], files_checked: int, real_paths: dict[str, Path] | None = None,
+                files_skipped: int = 0) -> str:
     cache: dict[str, list[str] | None] = {}
     out: list[str] = []
     for d in diags:
@@ -50,14 +51,16 @@ def format_text(diags: list[Diagnostic], files_checked: int, real_paths: dict[st
     errors = sum(d.severity == "error" for d in diags)
     warnings = sum(d.severity == "warning" for d in diags)
     noun = "file" if files_checked == 1 else "files"
-    out.append(f"{files_checked} {noun} checked: {errors} error(s), {warnings} warning(s)")
+    skipped = f", {files_skipped} skipped (not rule packs)" if files_skipped else ""
+    out.append(f"{files_checked} {noun} checked{skipped}: {errors} error(s), {warnings} warning(s)")
     return "\n".join(out) + "\n"
 
 
-def format_json(diags: list[Diagnostic], files_checked: int) -> str:
+def format_json(diags: list[Diagnostic], files_checked: int, files_skipped: int = 0) -> str:
     doc = {
         "version": 1,
         "files_checked": files_checked,
+        "files_skipped": files_skipped,
         "errors": sum(d.severity == "error" for d in diags),
         "warnings": sum(d.severity == "warning" for d in diags),
         "diagnostics": [d.as_dict() for d in diags],

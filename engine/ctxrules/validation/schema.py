@@ -24,9 +24,14 @@ _TYPE_NAMES = {"object": "a mapping", "array": "a list", "string": "a string", "
 
 @cache
 def rulepack_schema() -> dict[str, Any]:
+    """The schema one pack file is checked against: the shipped file without its registry part
+    (stage and action options are checked after merging, against the installed plugins;
+    see :mod:`ctxrules.validation.full_schema`)."""
+    from ctxrules.validation.full_schema import strip_registry
+
     with schema_path("rulepack.v1.schema.json").open(encoding="utf-8") as fh:
         data: dict[str, Any] = json.load(fh)
-    return data
+    return strip_registry(data)
 
 
 @cache
@@ -103,6 +108,13 @@ def _convert(doc: SourceDoc, err: Any, base: str) -> list[Diagnostic]:
         if pointer == "" and missing in ("apiVersion", "kind"):
             return [diag("CR015", f"not a rule pack: '{missing}' is missing",
                          "a pack starts with `apiVersion: ctxrules/v1` and `kind: RulePack`")]
+        if pointer in ("", "/metadata") and missing in ("metadata", "name", "version"):
+            # Every pack names itself and carries a semantic version: reports, extends ranges
+            # and snapshot names depend on them. Point at the metadata key when there is one.
+            field = "metadata" if missing == "metadata" else f"metadata.{missing}"
+            return [diag("CR013", f"{field} is required: a pack declares metadata.name and metadata.version",
+                         "e.g. metadata: {name: my-pack, version: 1.0.0}",
+                         at="/metadata" if pointer else None)]
         return [diag("CR013", f"{where} needs '{missing}'")]
     if v == "oneOf" and isinstance(err.instance, dict) and {"template", "file"} & set(err.schema.get("properties", {})):
         has = [k for k in ("template", "file") if k in err.instance]

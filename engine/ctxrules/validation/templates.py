@@ -107,7 +107,7 @@ def check_prompts(rep: Reporter, pack: ResolvedPack, registry: Registry) -> None
         severity: Severity = "error",
     ) -> None:
         rep.out.append(
-            Diagnostic(code, severity, message, where[0], where[1], where[2], pointer, hint)
+            Diagnostic(code, severity, message, where[0], where[1], where[2], rep.file_pointer(pointer), hint)
         )
 
     templates: list[tuple[str, dict[str, Any]]] = [
@@ -136,14 +136,10 @@ def check_prompts(rep: Reporter, pack: ResolvedPack, registry: Registry) -> None
         try:
             ast = env.parse(source)
         except jinja2.TemplateSyntaxError as exc:
-            if key == "template":
-                rep.add(
-                    "CR080",
-                    f"template does not parse (template line {exc.lineno}): {exc.message}",
-                    at,
-                )
-            else:
-                add("CR080", f"template does not parse: {exc.message}", where.at(exc.lineno), at)
+            # at the template's own line: in its file, or in the pack (a block scalar's lines
+            # are the template's lines)
+            detail = f" (template line {exc.lineno})" if key == "template" else ""
+            add("CR080", f"template does not parse{detail}: {exc.message}", where.at(exc.lineno), at)
             continue
         for filt in _filter_nodes(ast):
             if filt.name not in env.filters:

@@ -6,7 +6,7 @@ import re
 from collections.abc import Sequence
 from itertools import pairwise
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import jsonschema
 
@@ -181,7 +181,7 @@ def _check_pipeline(rep: Reporter, data: dict[str, Any], pack: ResolvedPack, reg
                     for k in [k for k in err.instance if k not in known]:
                         rep.add("CR061", f"stage type '{use}' has no option '{k}'", f"{ptr}/{k}",
                                 did_you_mean(k, known) or ("options: " + ", ".join(known) if known else
-                                                           "this stage type takes no options"))
+                                                           "this stage type takes no options"), at_key=True)
                 elif err.validator == "format":
                     rep.add("CR070", f"regular expression does not compile: {err.instance!r}", ptr)
                 else:
@@ -191,8 +191,11 @@ def _check_pipeline(rep: Reporter, data: dict[str, Any], pack: ResolvedPack, reg
                     f"{base}/when")
     disabled_essential = [i for i in pack.disabled.get("pipeline", []) if _uses_essential(pack, i, essential)]
     for ident in disabled_essential:
-        rep.add("CR062", f"pipeline item '{ident}' runs an essential stage and cannot be disabled",
-                "/pipeline", "essential stages run whether or not a pack names them")
+        o = pack.disabled_at.get("pipeline", {}).get(ident) or rep.origin("/pipeline")
+        rep.out.append(Diagnostic("CR062", "error",
+                                  f"pipeline item '{ident}' runs an essential stage and cannot be disabled",
+                                  o.file, o.line, o.col, o.pointer or "/pipeline",
+                                  "essential stages run whether or not a pack names them"))
 
 
 def _uses_essential(pack: ResolvedPack, ident: str, essential: set[str]) -> bool:
@@ -241,10 +244,12 @@ def is_pack_file(path: Path) -> bool:
     return bool(re.search(r"^(apiVersion:\s*['\"]?ctxrules/|kind:\s*['\"]?RulePack\b)", head, re.M))
 
 
-def collect_files(paths: list[str], *, skip_non_packs: bool = False) -> list[Path]:
+def collect_files(paths: list[str], *, skip_non_packs: bool = False,
+                  skipped: list[Path] | None = None) -> list[Path]:
     """Files named directly, plus the pack files found below named folders (sorted).
     ``skip_non_packs`` also skips named YAML files that do not declare themselves packs
-    (for the pre-commit hook, which passes every changed YAML file)."""
+    (for the pre-commit hook, which passes every changed YAML file); the files passed over
+    that way are appended to ``skipped``."""
     out: list[Path] = []
     for raw in paths:
         p = Path(raw)
@@ -256,6 +261,9 @@ def collect_files(paths: list[str], *, skip_non_packs: bool = False) -> list[Pat
             found = sorted(q for q in p.rglob("*") if q.suffix in (".yaml", ".yml") and q.is_file()
                            and not any(part.startswith(".") for part in q.relative_to(p).parts))
             out.extend(q for q in found if is_pack_file(q))
+        elif exists and skip_non_packs and not is_pack_file(p):
+            if skipped is not None:
+                skipped.append(p)
         elif exists:
             out.append(p)
         else:
@@ -263,17 +271,25 @@ def collect_files(paths: list[str], *, skip_non_packs: bool = False) -> list[Pat
     return out
 
 
+class ValidationRun(NamedTuple):
+    diagnostics: list[Diagnostic]
+    files_checked: int
+    real_paths: dict[str, Path]  # the real path behind each displayed file name
+    files_skipped: int = 0  # named YAML files that are not packs (--skip-non-packs)
+
+
 def validate_paths(paths: list[str], registry: Registry, *, skip_non_packs: bool = False,
-                   search_path: Sequence[str] = ()) -> tuple[list[Diagnostic], int, dict[str, Path]]:
+                   search_path: Sequence[str] = ()) -> ValidationRun:
     """Diagnostics for every pack under ``paths`` (each resolved with its parents), the number
-    of files checked, and the real path behind each displayed file name. A pack found below a
-    named folder may read from anywhere in that folder; a named file, from its own folder
-    (plus ``search_path`` for both, see :mod:`ctxrules.packs.confine`)."""
+    of files checked and skipped, and the real path behind each displayed file name. A pack
+    found below a named folder may read from anywhere in that folder; a named file, from its own
+    folder (plus ``search_path`` for both, see :mod:`ctxrules.packs.confine`)."""
     loader = PackLoader(search_path)
+    skipped: list[Path] = []
     files: list[tuple[Path, Path | None]] = []
     for raw in paths:
         folder = Path(raw) if Path(raw).is_dir() else None
-        files.extend((f, folder) for f in collect_files([raw], skip_non_packs=skip_non_packs))
+        files.extend((f, folder) for f in collect_files([raw], skip_non_packs=skip_non_packs, skipped=skipped))
     out: list[Diagnostic] = []
     real: dict[str, Path] = {}
     for f, folder in files:
@@ -283,7 +299,7 @@ def validate_paths(paths: list[str], registry: Registry, *, skip_non_packs: bool
         # what only shows when a child is resolved (a cycle, an order the child breaks) may sit
         # in a parent's lines and must not be dropped for it.
         out.extend(validate_resolved(pack, loader, registry))
-    return _sorted_unique(out), len(files), real
+    return ValidationRun(_sorted_unique(out), len(files), real, len(skipped))
 
 
 # -- stream timeouts (ctxrules.timeouts; docs/timeouts.md) ---------------------------------

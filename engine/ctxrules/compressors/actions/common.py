@@ -48,11 +48,17 @@ def count(title: str, description: str, minimum: int = 0) -> dict[str, Any]:
     return {"type": "integer", "minimum": minimum, "title": title, "description": description}
 
 
-def object_schema(properties: Mapping[str, Any], required: Sequence[str] = ()) -> dict[str, Any]:
+def object_schema(properties: Mapping[str, Any], required: Sequence[str] = (),
+                  defaults: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """An action's options schema; ``defaults`` are the values the factory uses for options left
+    out, written into the schema (editors show them; the published schema file carries them)."""
+    props = {k: dict(v) for k, v in properties.items()}
+    for key, value in (defaults or {}).items():
+        props[key]["default"] = value
     schema: dict[str, Any] = {
         "type": "object",
         "additionalProperties": False,
-        "properties": dict(properties),
+        "properties": props,
     }
     if required:
         schema["required"] = list(required)

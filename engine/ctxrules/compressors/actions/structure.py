@@ -362,6 +362,7 @@ ACTIONS: list[ActionSpec] = [
                 ),
             },
             ["pattern"],
+            {"header": "{key}", "indent": "  ", "min_size": 2},
         ),
         "Group lines by file or prefix under one header.",
     ),
@@ -450,7 +451,8 @@ ACTIONS: list[ActionSpec] = [
                     "least this many lines (default 2).",
                     1,
                 ),
-            }
+            },
+            defaults={"ndjson": True, "min_lines": 2},
         ),
         "Compact JSON and NDJSON: same values, valid JSON, no whitespace.",
     ),

@@ -239,7 +239,8 @@ ACTIONS: list[ActionSpec] = [
                     "description": "Keep only what a terminal finally shows of a line "
                     "redrawn with \\r (default true).",
                 },
-            }
+            },
+            defaults={"carriage_returns": True},
         ),
         "Remove colours and other terminal escape sequences.",
     ),
@@ -269,6 +270,7 @@ ACTIONS: list[ActionSpec] = [
                 },
             },
             ["pattern"],
+            {"with": ""},
         ),
         "Rewrite each line with a regular expression substitution.",
     ),
@@ -291,7 +293,8 @@ ACTIONS: list[ActionSpec] = [
                     "description": "The folded line; {line} and {count} "
                     "(default '{line} (x{count})').",
                 },
-            }
+            },
+            defaults={"min_run": 2, "format": "{line} (x{count})"},
         ),
         "Fold runs of repeated lines into one line with (xN).",
     ),
@@ -306,7 +309,8 @@ ACTIONS: list[ActionSpec] = [
                     "title": "Replace defaults",
                     "description": "Use only `patterns`, not the built-in progress patterns.",
                 },
-            }
+            },
+            defaults={"replace_defaults": False},
         ),
         "Keep only the last state of progress bars and spinners.",
     ),
@@ -321,7 +325,8 @@ ACTIONS: list[ActionSpec] = [
                     "title": "Strip trailing spaces",
                     "description": "Remove trailing whitespace from every line (default true).",
                 },
-            }
+            },
+            defaults={"max_run": 1, "rstrip": True},
         ),
         "Fold runs of blank lines and trim trailing whitespace.",
     ),
