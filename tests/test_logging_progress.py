@@ -11,6 +11,7 @@ import os
 import pty
 import re
 import select
+import shutil
 import subprocess
 import sys
 import threading
@@ -121,9 +122,11 @@ def test_an_app_using_only_the_logging_module_receives_the_events(tmp_path: Path
 
 
 def slow_summarizer_pack(tmp_path: Path, server: LLMServer) -> Path:
+    # A pack reads only inside its own folder: the parent goes next to it.
+    shutil.copy(FIXTURES / "summarize" / "summary-only.yaml", tmp_path / "summary-only.yaml")
     pack = {"apiVersion": "ctxrules/v1", "kind": "RulePack",
             "metadata": {"name": "slow-summary", "version": "1.0.0"},
-            "extends": [str(FIXTURES / "summarize" / "summary-only.yaml")],
+            "extends": ["./summary-only.yaml"],
             "summarizer": {"api_base": server.base_url, "inactivity_s": 10, "total_s": 60, "fallback": "none"}}
     path = tmp_path / "pack.yaml"
     path.write_text(yaml.safe_dump(pack))

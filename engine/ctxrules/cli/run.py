@@ -56,6 +56,8 @@ def run(args: argparse.Namespace) -> int:
     name = "<stdin>" if args.input == "-" else args.input
     # The whole input is read in its format before a session is opened: an input that is not
     # readable is an error, never half-processed.
+    messages: Any = None
+    tools: Any = None
     try:
         kind = detect(data) if args.format == "auto" else args.format
         if kind == "anthropic":
