@@ -19,6 +19,7 @@ from conftest import REPO, TRANSCRIPTS, transcript_paths
 from invariants import pairing_problems
 
 from ctxrules import Engine
+from ctxrules.injected import key_for_session
 from ctxrules.messages import is_injected, is_real_user
 from ctxrules.pipeline.budget import Budget
 from ctxrules.stages.compress_common import make_placeholder
@@ -175,6 +176,7 @@ def test_real_cli_run_and_vault_get_give_back_every_removed_text(tmp_path: Path)
     saved = {s["id"]: s["tokens_saved"] for s in data["stages"]}
     assert saved["remove"] > 0 and saved["truncate"] > 0
     vault = Vault.for_session(session)
+    key_for_session(session, None)  # the run's key: this process now recognises its tags
     assert lost(history, messages, vault) == []
     # What `vault get` prints is exactly what the vault holds (lines too), for each kind of
     # marker in the output: removed steps (JSON of the messages), cuts, dedups, filters.

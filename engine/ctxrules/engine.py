@@ -21,6 +21,7 @@ from typing import Any
 
 from ctxrules import structure
 from ctxrules.errors import PackError, UsageError
+from ctxrules.injected import InjectionKey, key_for_session, key_scope
 from ctxrules.logs import get_logger
 from ctxrules.messages import split_input, validate_messages
 from ctxrules.notes import SessionNotes
@@ -181,6 +182,10 @@ class Session:
         self.cache_key = cache_key or self.id
         self.on_event = on_event
         self.store = SessionStore(path)
+        # The key that signs injected messages' tags: the state root's, else this session's
+        # (ctxrules.injected); loaded on the first prepare, so opening a session writes nothing.
+        self._state_root = Path(state_root) if state_root is not None else None
+        self._injection_key: InjectionKey | None = None
         self._fingerprint_memo: tuple[Any, dict[str, str], str] | None = None
         self._configure(model, window)
         # Cost ledger and budget level (docs/budgets.md); session.record_usage(...) records.
@@ -211,6 +216,13 @@ class Session:
             where = f"its input is in the vault: {backup}" if backup else "its input could not be kept"
             self._notices.append(f"the previous compaction in this session was interrupted ({cut.reason}); "
                                  f"continuing from the state before it; {where}")
+
+    @property
+    def injection_key(self) -> InjectionKey:
+        """The key this session signs and verifies injected messages with."""
+        if self._injection_key is None:
+            self._injection_key = key_for_session(self.path, self._state_root)
+        return self._injection_key
 
     def _configure(self, model: str, window: int | None) -> None:
         """Model facts, token counter and budget for ``model`` under the current pack; thresholds
@@ -297,6 +309,7 @@ class Session:
                       window=window if window is not None else self.window_override,
                       session_id=f"{self.id}/{name}", cache_key=self.cache_key, on_event=self.on_event)
         sub.parent, sub.root = self, self.root
+        sub._injection_key = self.injection_key  # one key per tree: a handover stays recognisable
         self.ledger.register_child(sub.ledger)  # its costs count in the root task's budget
         path.mkdir(parents=True, exist_ok=True, mode=0o700)
         return sub
@@ -363,7 +376,8 @@ class Session:
 
         # Messages are not edited while a prepare runs, and the session notices edits between
         # calls (structure.forget): token counts may be looked up by message object.
-        with self._thread_lock, self._session_lock, cache_key_scope(self.cache_key), trusted_objects():
+        with (self._thread_lock, self._session_lock, cache_key_scope(self.cache_key), trusted_objects(),
+              key_scope(self.injection_key)):
             try:
                 return self._prepare(listed, tool_list, time.time() if clock is None else clock)
             except BaseException:

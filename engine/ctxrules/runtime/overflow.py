@@ -1,7 +1,7 @@
 """``session.complete(...)``: a litellm call with context-overflow recovery.
 
-The call sends what ``prepare`` returns (our ``ctxrules`` metadata key stripped, the request
-options such as ``prompt_cache_key`` merged in). When the provider answers that the prompt is
+The call sends what ``prepare`` returns as it is (it carries no field ctxrules adds), with the
+request options such as ``prompt_cache_key`` merged in. When the provider answers that the prompt is
 too long, an emergency pass runs at the limit the provider named (or, when it names none, at
 80 % of what was sent) — phase 1 cuts long contents to head + tail, phase 2 drops the oldest
 steps, both into the vault (``compress.emergency``), then the pairing is repaired — and the call
@@ -56,16 +56,10 @@ def limit_from(exc: BaseException) -> int | None:
     return None
 
 
-def _wire(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Messages as a provider takes them: without our metadata key (the tag stays in the text)."""
-    from ctxrules.messages import INJECTED_KEY
-
-    return [{k: v for k, v in m.items() if k != INJECTED_KEY} if INJECTED_KEY in m else m for m in messages]
-
-
 def emergency_pass(session: Session, messages: list[dict[str, Any]], tools: list[dict[str, Any]],
                    window: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Shrink ``messages`` to fit ``window`` (minus reserve_output): cut, then drop steps."""
+    from ctxrules.injected import key_scope
     from ctxrules.logs import get_logger
     from ctxrules.pipeline.context import StageContext
     from ctxrules.stages.compress_emergency import Emergency
@@ -77,8 +71,9 @@ def emergency_pass(session: Session, messages: list[dict[str, Any]], tools: list
                        vault=session.vault, tools=tools, pack=session.engine.pack.data,
                        log=get_logger("ctxrules.overflow", session=session.id), tier="emergency",
                        session_id=session.id, target="light")
-    out = Emergency({})(messages, ctx)
-    repaired = ToolPairRepair({})(out.messages, ctx)
+    with key_scope(session.injection_key):  # what it marks and recognises is the session's
+        out = Emergency({})(messages, ctx)
+        repaired = ToolPairRepair({})(out.messages, ctx)
     actions = [a.as_dict() for a in [*out.actions, *repaired.actions]]
     return repaired.messages, actions
 
@@ -100,7 +95,7 @@ def complete(session: Session, messages: Any, *, tools: list[dict[str, Any]] | N
             options.setdefault("tools", prepared.tools)
         try:
             with quiet():
-                response = litellm.completion(model=call_model, messages=_wire(sent), **options)
+                response = litellm.completion(model=call_model, messages=sent, **options)
         except Exception as exc:
             tokens = session.counter.count_messages(sent, prepared.tools)
             attempts.append({"attempt": attempt + 1, "error": f"{type(exc).__name__}: {exc}"[:500], "tokens": tokens})

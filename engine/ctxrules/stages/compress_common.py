@@ -24,7 +24,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ctxrules.messages import (
-    INJECTED_KEY,
     injected_kind,
     is_injected,
     mark_injected,
@@ -584,7 +583,3 @@ def removal_units(view: View, *, force: bool) -> Iterator[tuple[tuple[int, int, 
             continue
         yield view.order_key(index, force=force), [index]
 
-
-def placeholder_meta(msg: Mapping[str, Any]) -> Mapping[str, Any]:
-    meta = msg.get(INJECTED_KEY)
-    return meta if isinstance(meta, Mapping) else {}
