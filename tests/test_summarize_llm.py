@@ -225,7 +225,7 @@ def test_type_slips_are_put_right_and_a_bad_field_is_dropped_alone(
     assert "next_steps: kept the first 5 of 6 entries" in attempt
     assert "dropped decisions" in attempt and "risks: missing" in attempt
     summary = summary_of(out)
-    assert summary["ctxrules"]["source"] == "llm"
+    assert injected_meta(summary)["source"] == "llm"
     text = message_text(summary)
     assert "tests last run: 2 failed" in text and "5. e\n</ctxrules:summary>" in text
     assert "an object where text is expected" not in text
