@@ -317,6 +317,24 @@ def test_input_is_not_mutated_and_rerun_changes_nothing(tmp_path: Path, provider
     assert outcome.actions == [] and all(a is b for a, b in zip(out, again, strict=True))
 
 
+def test_protection_does_not_keep_a_signature_whose_prefix_changed(tmp_path: Path) -> None:
+    messages = anthropic_convo()
+    state: dict[str, Any] = {}
+    first, _, _ = run(messages, tmp_path, state=state)
+    compacted = list(first)
+    compacted[3] = {**first[3], "content": "def parse(): ...\n[ctxrules:elided kind=lines count=19 "
+                                            "ref=vault://" + "a" * 64 + "]"}
+    # compress.intent protected step 4 (say, it mentions the focus file): its thinking still goes.
+    out, outcome, _ = run(compacted, tmp_path, state=state, protected=[id(compacted[4])])
+    stripped = {a.index: a.detail for a in outcome.actions if a.kind == "thinking_stripped"}
+    assert set(stripped) == {4, 6} and "protected" in stripped[4] and "protected" not in stripped[6]
+    assert "thinking_blocks" not in out[4] and out[4]["tool_calls"] == compacted[4]["tool_calls"]
+    # Protection still keeps everything else: the duplicate reasoning of a protected message stays.
+    plain = anthropic_convo()
+    kept, again, _ = run(plain, tmp_path / "b", protected=[id(plain[2])])
+    assert kept[2] is plain[2] and {a.index for a in again.actions} == {4, 6}
+
+
 def test_protected_messages_are_not_cleaned(tmp_path: Path) -> None:
     messages = reasoning_convo()
     out, outcome, _ = run(messages, tmp_path, model="deepseek-reasoner",

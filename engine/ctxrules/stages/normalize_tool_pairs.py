@@ -461,8 +461,7 @@ def already_valid(messages: Sequence[Mapping[str, Any]], start: int = 0) -> bool
             if not calls:
                 return False
             if used is None:
-                used = {cid for m in messages[:i] if m.get("role") == "assistant"
-                        for cid in map(tool_call_id, m.get("tool_calls") or ()) if cid is not None}
+                used = set(_ids_before(messages, i))
             ids = []
             for call in calls:
                 cid = call.get("id") if isinstance(call, Mapping) else None
@@ -483,6 +482,35 @@ def already_valid(messages: Sequence[Mapping[str, Any]], start: int = 0) -> bool
             continue
         i += 1
     return True
+
+
+_PREFIX_IDS: dict[int, tuple[Mapping[str, Any], int, frozenset[str]]] = {}
+_PREFIX_IDS_KEEP = 16
+
+
+def _ids_before(messages: Sequence[Mapping[str, Any]], end: int) -> frozenset[str]:
+    """The call ids of ``messages[:end]``, remembered by the last message object and ``end``:
+    on a warm turn the scan asks about the same valid prefix after every content stage, and a
+    prefix of hundreds of steps would otherwise be walked each time. (A prefix whose last
+    object and length match but whose earlier steps were removed yields extra ids: a
+    conservative "run the full repair".)"""
+    if end <= 0:
+        return frozenset()
+    last = messages[end - 1]
+    hit = _PREFIX_IDS.get(id(last))
+    if hit is not None and hit[0] is last and hit[1] == end:
+        return hit[2]
+    start, base = 0, frozenset[str]()
+    # The next turn's prefix extends this turn's: add the ids of the appended messages only.
+    for obj, n, ids in _PREFIX_IDS.values():
+        if start < n <= end and messages[n - 1] is obj:
+            start, base = n, ids
+    ids = base.union(cid for m in messages[start:end] if m.get("role") == "assistant"
+                     for cid in map(tool_call_id, m.get("tool_calls") or ()) if cid is not None)
+    if len(_PREFIX_IDS) >= _PREFIX_IDS_KEEP:
+        _PREFIX_IDS.clear()
+    _PREFIX_IDS[id(last)] = (last, end, ids)
+    return ids
 
 
 class ToolPairRepair:
