@@ -12,9 +12,12 @@ Three levels, in this order (docs/reference/concepts.md "Reference numbers"):
     ``ctxrules_semantic_filter`` may shorten plain text instead. A ``subagent`` result over
     ``subagent_chars`` (8,000) becomes its head and tail plus a structured handover
     (done, todo, risks, files) extracted from it.
-(c) **Hard spill** — any single content over ``spill_chars`` (100,000) characters, in *any*
-    message (pinned and protected ones included: the one exception to pinning), goes to
-    the vault whole and leaves a short summary with a pointer.
+(c) **Hard spill** — any single content over the spill limit, in *any* message (pinned and
+    protected ones included: an exception to pinning), goes to the vault whole and leaves a
+    short summary with a pointer. The limit scales with the window: ``spill_chars`` (100,000)
+    characters, or ``spill_window_share`` (0.5) of the usable window at 4 characters per token
+    when that is less (a 32K window with the default reserve: 47,616 characters), since a
+    content that size cannot stay in a small window whatever its step.
 
 Who is exempt: tools with a role in ``exempt_roles`` (``file_read``, ``file_edit``: shortening a
 file the agent reads makes it read again), pinned and protected messages, and — with the
@@ -84,6 +87,15 @@ KEEP_STEP = 0.05
 little on every turn, so outputs left alone stay alone (and cached prefixes stay put)."""
 
 
+CHARS_PER_TOKEN_FOR_SPILL = 4
+
+
+def spill_limit(spill_chars: int, window_share: float, usable_tokens: int) -> int:
+    """The hard-spill limit in characters: ``spill_chars``, or ``window_share`` of the usable
+    window at :data:`CHARS_PER_TOKEN_FOR_SPILL` characters per token when that is less."""
+    return max(1, min(spill_chars, int(window_share * usable_tokens * CHARS_PER_TOKEN_FOR_SPILL)))
+
+
 def keep_ratio(utilization: float, emergency: float, min_keep: float, max_keep: float) -> float:
     """The share of ``item_tokens`` / ``turn_tokens`` an output keeps (module docstring)."""
     headroom = min(1.0, max(0.0, 1.0 - utilization / emergency)) if emergency > 0 else 0.0
@@ -120,6 +132,7 @@ class ToolOutputFilter:
         self.item_tokens: int = opts["item_tokens"]
         self.turn_tokens: int = opts["turn_tokens"]
         self.spill_chars: int = opts["spill_chars"]
+        self.spill_window_share: float = opts["spill_window_share"]
         self.spill_preview_tokens: int = opts["spill_preview_tokens"]
         self.subagent_chars: int = opts["subagent_chars"]
         self.subagent_keep_tokens: int = opts["subagent_keep_tokens"]
@@ -184,6 +197,7 @@ class _Run:
         self.count: Callable[[str], int] = ctx.counter.count_text
         self.shape = shape(messages)
         self.roles = tool_roles(ctx.pack)
+        self.limit = spill_limit(stage.spill_chars, stage.spill_window_share, ctx.budget.usable)
 
     def call(self, index: int) -> Mapping[str, Any] | None:
         """The call the tool result at ``index`` answers."""
@@ -203,7 +217,7 @@ class _Run:
         sent = set(ctx.state.get("sent") or []) if bypass else set()
         self.keep = keep_ratio(ctx.utilization, ctx.budget.thresholds.get("emergency", 0.9),
                                stage.min_keep, stage.max_keep)
-        limit = stage.spill_chars
+        limit = self.limit
         oversized = [i for i, f in enumerate(facts) if f.longest > limit]
         fresh, skipped_hot = self._unsettled(sent)
         if not oversized and not fresh and not skipped_hot:
@@ -398,7 +412,7 @@ class _Run:
     # --- level (c): the hard spill, every message ------------------------------------------
 
     def _spill(self, index: int, msg: Message) -> None:
-        limit = self.stage.spill_chars
+        limit = self.limit
         content = msg.get("content")
         what = "tool output" if msg.get("role") in _RESULT_ROLES else f"{msg.get('role')} message"
         if isinstance(content, str):
@@ -682,6 +696,13 @@ OPTIONS_SCHEMA: dict[str, Any] = {
                             "and protected ones included), goes to the vault whole and leaves a "
                             "short summary with a pointer (level c)."),
             "type": "integer", "minimum": 1, "default": 100000,
+        },
+        "spill_window_share": {
+            "title": "Hard spill share of the window",
+            "description": ("The spill limit scales with the window: a content over this share of "
+                            "the usable window (counted at 4 characters per token) is spilled too, "
+                            "when that is fewer characters than spill_chars."),
+            "type": "number", "exclusiveMinimum": 0, "maximum": 1, "default": 0.5,
         },
         "spill_preview_tokens": {
             "title": "Spill preview size",
