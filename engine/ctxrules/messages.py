@@ -280,9 +280,10 @@ def is_real_user(msg: Mapping[str, Any]) -> bool:
     return msg.get("role") == "user" and not is_injected(msg)
 
 
-def mark_injected(msg: Mapping[str, Any], kind: str, **meta: str | int | float | bool) -> Message:
+def mark_injected(msg: Mapping[str, Any], kind: str, **meta: str | int | float | bool | None) -> Message:
     """A copy of ``msg`` marked as injected: its text opens with a signed ``<ctxrules:KIND>`` tag
-    whose attributes hold ``meta`` (scalars; read back with :func:`injected_meta`).
+    whose attributes hold ``meta`` (scalars, ``None`` left out; read back as strings with
+    :func:`injected_meta`).
 
     Text that already opens with a ``<ctxrules:KIND ...>`` tag keeps it (its attributes win;
     ``meta`` adds the missing ones) and is only signed, so marking twice changes nothing;
@@ -291,8 +292,9 @@ def mark_injected(msg: Mapping[str, Any], kind: str, **meta: str | int | float |
     """
     if not _KIND_RE.fullmatch(kind):
         raise ValueError(f"invalid injected kind {kind!r}: use lowercase letters, digits, _.-")
+    meta = {k: v for k, v in meta.items() if v is not None}
     for name, value in meta.items():
-        if not isinstance(value, str | int | float | bool) or not _KIND_RE.fullmatch(name):
+        if not isinstance(value, str | int | float | bool) or not _KIND_RE.fullmatch(name) or name == "sig":
             raise TypeError(f"injected-message attribute {name}={value!r}: expected a scalar")
     key = current_key()
     text = _first_text(msg)
