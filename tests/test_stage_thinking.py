@@ -377,3 +377,30 @@ def test_options_are_checked_and_documented(tmp_path: Path, cli: Any) -> None:
                     "with: {provider: openai}}\n")
     code, out, err = cli("validate", str(pack))
     assert code == 1 and "CR061" in out + err
+
+
+def test_default_pack_strips_a_changed_prefix_signature_from_a_protected_step(tmp_path: Path) -> None:
+    """builtin:default end to end: compress.intent protects the step that touched the file the
+    latest ask names; after a reduction changed the prefix before it, its signed thinking goes
+    anyway (the provider would reject it), while its content and calls stay."""
+    session = Engine.load("builtin:default").session(tmp_path / "s", model=CLAUDE, window=200_000)
+    big = "".join(f"build line {i}: compiling module_{i % 40}.c\n" for i in range(2500))
+    edit = signed("Open the parser.", "s2", ["b2"])
+    edit["tool_calls"][0]["function"]["arguments"] = '{"command": "sed -n 1,40p src/parser.py"}'
+    h1 = [{"role": "system", "content": "sys"}, {"role": "user", "content": "build it"},
+          signed("Build first.", "s1", ["b1"]), result("b1", big)]
+    h2 = [*h1, edit, result("b2", "def parse(tokens):\n    return tokens\n")]
+    h3 = [*h2, {"role": "user", "content": "Now fix src/parser.py so parse() handles empty input."},
+          signed("Edit it.", "s3", ["b3"]), result("b3", "edited")]
+    session.prepare(h1, clock=1000.0)
+    r2 = session.prepare(h2, clock=2000.0)
+    assert r2.messages[3]["content"] != big  # the first output was reduced: later prefixes changed
+    r3 = session.prepare(h3, clock=3000.0)
+    intent = next(s for s in r3.report["stages"] if s["id"] == "intent")
+    assert intent["actions"] and "protected" in intent["actions"][0]["detail"]
+    thinking = next(s for s in r3.report["stages"] if s["id"] == "thinking")
+    details = [a["detail"] for a in thinking["actions"] if a["kind"] == "thinking_stripped"]
+    assert len(details) == 1 and "protected message" in details[0], thinking["actions"]
+    out = r3.messages[4]
+    assert "thinking_blocks" not in out and out["tool_calls"] == edit["tool_calls"]
+    assert r3.messages[-2]["thinking_blocks"] == h3[-2]["thinking_blocks"]  # the newest step
