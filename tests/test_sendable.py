@@ -220,3 +220,19 @@ def test_cli_run_output_carries_no_added_field(tmp_path: Path) -> None:
     out = json.loads((tmp_path / "out.json").read_text())
     assert strict_problem({"messages": out}) is None
     assert (tmp_path / "s" / KEY_FILE).is_file()
+
+
+def test_a_spilled_injected_message_is_still_injected(tmp_path: Path) -> None:
+    """A stage that rewrites an injected message (here the hard spill of a huge notes message)
+    signs it again: it stays ctxrules' own and never becomes "the latest real user message"."""
+    from compress_kit import make_ctx
+
+    from ctxrules.stages.tool_output_filter import ToolOutputFilter
+
+    notes = mark_injected(user("- [n1] " + "remember the build flags; " * 4000), "notes", count=1)
+    history = [system(), user("go"), {"role": "assistant", "content": "ok"}, notes]
+    ctx = make_ctx(tmp_path, window=32_000)
+    out = ToolOutputFilter({})(history, ctx).messages
+    assert out[3] is not notes and len(out[3]["content"]) < len(notes["content"]) // 10
+    assert injected_kind(out[3]) == "notes" and not is_real_user(out[3])
+    assert max(i for i, m in enumerate(out) if is_real_user(m)) == 1

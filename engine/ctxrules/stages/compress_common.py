@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 from ctxrules.messages import (
     injected_kind,
     is_injected,
+    keep_mark,
     mark_injected,
     message_text,
     replace_text,
@@ -257,7 +258,7 @@ def apply_edits(messages: Sequence[Message], edits: Sequence[Edit],
     actions: list[Action] = []
     for edit in edits:
         ids = [ctx.vault.put_text(text) for text in edit.stored]
-        out[edit.index] = edit.message
+        out[edit.index] = keep_mark(messages[edit.index], edit.message)
         actions.append(Action(edit.kind, edit.detail, index=edit.index, tokens_saved=edit.saved,
                               vault_id=ids[0] if ids else None))
     return out, actions

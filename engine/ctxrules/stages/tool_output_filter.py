@@ -50,6 +50,7 @@ from typing import TYPE_CHECKING, Any
 
 from ctxrules import structure
 from ctxrules.hookspecs import hookimpl
+from ctxrules.messages import keep_mark
 from ctxrules.stages.base import Action, Message, StageOutcome, StageType
 from ctxrules.stages.filter_common import (
     BYPASS_PROPERTIES,
@@ -636,6 +637,7 @@ class _Run:
 
     def _commit(self, index: int, new: Message, kind: str, detail: str, vault_id: str) -> None:
         old = self.out[index]
+        new = keep_mark(old, new)  # a spilled notes/reread/summary message is still ctxrules' own
         self.out[index] = new
         saved = tokens_saved(self.ctx, old, new)
         self.actions.append(Action(kind, f"message {index}: {detail}", index=index,
