@@ -13,7 +13,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engine"))
 
-from ctxrules.packs.loader import load_pack
+from ctxrules.packs.validated import load_pack
+from ctxrules.plugins import default_registry
 from ctxrules.prompts.assemble import assemble, clear_cache, prompt_set
 
 
@@ -28,7 +29,7 @@ def timed(fn, n: int) -> list[float]:  # type: ignore[no-untyped-def]
 
 def main() -> None:
     pack = load_pack("builtin:default")
-    ps = prompt_set(pack)
+    ps = prompt_set(pack, default_registry())
     combos = [(m, e) for m in ps.mode_names() for e in [*ps.entry_ids(), None]]
 
     # First assembly: a fresh PromptSet (template files read, Jinja compiled) and an empty cache.
@@ -41,7 +42,7 @@ def main() -> None:
     per_cold = statistics.median(cold_us) / len(combos)
 
     # Render only (templates compiled, cache bypassed): what a miss costs once warmed up.
-    ps = prompt_set(pack)
+    ps = prompt_set(pack, default_registry())
     variables = ps.effective_variables({"agent_name": "Ada"})
 
     def render_all() -> None:

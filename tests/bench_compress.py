@@ -25,7 +25,8 @@ sys.path.insert(0, str(REPO / "engine"))
 
 from ctxrules.compressors.api import compress_text  # noqa: E402
 from ctxrules.models import lookup_model  # noqa: E402
-from ctxrules.packs.loader import load_pack  # noqa: E402
+from ctxrules.packs.validated import load_pack  # noqa: E402
+from ctxrules.plugins import default_registry  # noqa: E402
 from ctxrules.tokens import TokenCounter  # noqa: E402
 
 FIXTURES = REPO / "rules" / "compressors" / "fixtures"
@@ -104,7 +105,7 @@ def main() -> None:
 
     rows: dict[str, list[float]] = defaultdict(lambda: [0, 0, 0, 0, 0, 0])
     for family, command, text, code in items:
-        result = compress_text(pack, command, text, code)
+        result = compress_text(pack, command, text, code, registry=default_registry())
         output = result.text if result is not None else text
         keys = key_lines(text)
         row = rows[family]
@@ -133,7 +134,7 @@ def main() -> None:
     started = time.perf_counter()
     for _ in range(args.repeat):
         for command, text, code in texts:
-            compress_text(pack, command, text, code)
+            compress_text(pack, command, text, code, registry=default_registry())
     ours = time.perf_counter() - started
     started = time.perf_counter()
     for _ in range(args.repeat):

@@ -20,6 +20,7 @@ import structlog
 from ctxrules.models import lookup_model
 from ctxrules.pipeline.budget import Budget
 from ctxrules.pipeline.context import StageContext
+from ctxrules.plugins import default_registry
 from ctxrules.tokens import TokenCounter
 from ctxrules.vault import Vault
 
@@ -56,7 +57,7 @@ def make_ctx(tmp_path: Path, *, model: str = "gpt-4o", window: int = 128_000,
         pack=DEFAULT_PACK if pack is None else pack, log=structlog.get_logger(),
         tier=tier, utilization=0.0 if utilization is None else utilization,
         state={} if state is None else state, protected=set(protected), clock=clock,
-        cache_hot=cache_hot, hooks=hooks,
+        cache_hot=cache_hot, hooks=hooks, registry=default_registry(),
     )
 
 

@@ -4,6 +4,7 @@ report of which layer broke the prefix cache; plus a replay of a real transcript
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import random
 import time
@@ -23,7 +24,6 @@ from ctxrules.pipeline.budget import make_budget
 from ctxrules.pipeline.context import StageContext
 from ctxrules.stages.cache_markers import (
     CacheMarkers,
-    cache_key_scope,
     canonical_message,
     count_markers,
     normalize_tools,
@@ -317,9 +317,11 @@ def test_sub_agent_sessions_inherit_the_cache_key(tmp_path: Path) -> None:
         engine.session(tmp_path / "other", model="gpt-4o").prepare(msgs).request["prompt_cache_key"]
         == "other"
     )
-    with cache_key_scope("scoped"):
-        out = CacheMarkers({})(conversation(1), make_ctx(tmp_path, "gpt-4o", [], {}))
-    assert out.request["prompt_cache_key"] == "scoped"
+    # The key reaches the stage through its context; without one, the session id is used.
+    ctx = dataclasses.replace(make_ctx(tmp_path, "gpt-4o", [], {}), cache_key="scoped")
+    assert CacheMarkers({})(conversation(1), ctx).request["prompt_cache_key"] == "scoped"
+    out = CacheMarkers({})(conversation(1), make_ctx(tmp_path, "gpt-4o", [], {}))
+    assert out.request["prompt_cache_key"] == "sess-1"
 
 
 # -- tool narrowing ------------------------------------------------------------------------------

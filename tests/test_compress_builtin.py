@@ -23,7 +23,7 @@ from ctxrules.compressors.apply import split_output
 from ctxrules.compressors.argv import parse_command
 from ctxrules.compressors.rules import FAILURE_TAIL, compile_rules, select_rule
 from ctxrules.compressors.testing import check_invariants
-from ctxrules.packs.loader import load_pack
+from ctxrules.packs.validated import load_pack
 from ctxrules.plugins import default_registry
 from ctxrules.toolroles import call_name, calls_by_result, shell_command, tool_roles
 
@@ -57,7 +57,7 @@ def test_every_builtin_rule_keeps_key_lines_a_head_and_tail_would_cut(rule_id: s
     rule = next(r for r in builtin_rules() if r["id"] == rule_id)
     kept_from_the_middle = []
     for text, command, exit_code, contains in _cases(rule):
-        result = compress_text(default_pack(), command, text, exit_code)
+        result = compress_text(default_pack(), command, text, exit_code, registry=default_registry())
         if result is None:
             continue
         assert result.rule_id == rule_id
@@ -125,7 +125,7 @@ def test_rtk_corpus_outputs_keep_their_failure_lines(path: Path) -> None:
     text = path.read_text(encoding="utf-8", errors="surrogateescape")
     exit_code = 1 if _FAILED_NAME.search(path.name) else 0
     command = _rtk_command(path.name)
-    result = compress_text(default_pack(), command, text, exit_code)
+    result = compress_text(default_pack(), command, text, exit_code, registry=default_registry())
     if result is None:
         return
     assert check_invariants(text, result.text, exit_code, text_id(text), FAILURE_TAIL) == []
@@ -147,8 +147,8 @@ def test_rtk_pytest_failure_through_uv_keeps_the_failing_test() -> None:
     assert chosen is not None and chosen.id == "pytest"
     # 28 lines: too short for the markers to pay off, so the output stays as it is; padded
     # with the same session 20 times over, the failure and the summary survive compression.
-    assert compress_text(default_pack(), command, text, 1) is None
-    result = compress_text(default_pack(), command, text * 20, 1)
+    assert compress_text(default_pack(), command, text, 1, registry=default_registry()) is None
+    result = compress_text(default_pack(), command, text * 20, 1, registry=default_registry())
     assert result is not None and result.rule_id == "pytest"
     assert "1 failed, 1 passed" in result.text
     assert any(line.startswith("FAILED ") for line in result.text.splitlines())
@@ -186,7 +186,7 @@ def test_transcript_shell_results_stay_truthful() -> None:
     for name, command, content, exit_code in results:
         parsed = parse_command(command)
         assert parsed is None or select_rule(rules, parsed, exit_code, False) is not None  # generic
-        result = compress_text(default_pack(), command, content, exit_code)
+        result = compress_text(default_pack(), command, content, exit_code, registry=default_registry())
         if result is None:
             continue
         compressed += 1

@@ -14,8 +14,10 @@ from ctxrules.compressors.apply import looks_failed
 from ctxrules.compressors.lines import Line, Lines
 from ctxrules.compressors.rules import FAILURE_TAIL, CompressorError
 from ctxrules.hookspecs import hookimpl
-from ctxrules.plugins import build_plugin_manager, collect
+from ctxrules.plugins import build_plugin_manager, collect, default_registry
 from ctxrules.vault import Vault, parse_markers, split_lines
+
+REGISTRY = default_registry()  # the built-in actions; a test with a plugin builds its own
 
 
 def rule(
@@ -41,16 +43,16 @@ HEAD5 = [{"use": "head", "with": {"lines": 5}}]
 
 
 def test_no_rule_no_result() -> None:
-    assert compress_text(pack(rule(HEAD5)), "other x", numbered(100), 0) is None
-    assert compress_text({}, "tool", numbered(100), 0) is None
-    assert compress_text(pack(rule(HEAD5)), "", numbered(100), 0) is None
-    assert compress_text(pack(rule(HEAD5)), "tool", "", 0) is None
+    assert compress_text(pack(rule(HEAD5)), "other x", numbered(100), 0, registry=REGISTRY) is None
+    assert compress_text({}, "tool", numbered(100), 0, registry=REGISTRY) is None
+    assert compress_text(pack(rule(HEAD5)), "", numbered(100), 0, registry=REGISTRY) is None
+    assert compress_text(pack(rule(HEAD5)), "tool", "", 0, registry=REGISTRY) is None
 
 
 def test_every_elision_leaves_a_marker_naming_the_full_output(tmp_path: Path) -> None:
     output = numbered(100)
     vault = Vault(tmp_path)
-    result = compress_tool_output(pack(rule(HEAD5)), "cd x && tool --flag", output, 0, vault)
+    result = compress_tool_output(pack(rule(HEAD5)), "cd x && tool --flag", output, 0, vault, registry=REGISTRY)
     assert result is not None
     assert result.rule_id == "r" and result.vault_id == text_id(output)
     assert result.lines_before == 100 and result.elided == 95
@@ -63,7 +65,7 @@ def test_every_elision_leaves_a_marker_naming_the_full_output(tmp_path: Path) ->
 
 def test_a_failing_run_keeps_its_last_lines_whatever_the_rule_says() -> None:
     output = numbered(100)
-    result = compress_text(pack(rule(HEAD5)), "tool", output, 2)
+    result = compress_text(pack(rule(HEAD5)), "tool", output, 2, registry=REGISTRY)
     assert result is not None and result.failed
     shown = result.text.splitlines()
     for i in range(100 - FAILURE_TAIL + 1, 101):
@@ -73,13 +75,13 @@ def test_a_failing_run_keeps_its_last_lines_whatever_the_rule_says() -> None:
 
 
 def test_a_rule_may_keep_a_longer_failure_tail() -> None:
-    result = compress_text(pack(rule(HEAD5, failure_tail=30)), "tool", numbered(100), 1)
+    result = compress_text(pack(rule(HEAD5, failure_tail=30)), "tool", numbered(100), 1, registry=REGISTRY)
     assert result is not None
     assert "line 71 with some text to make it worth eliding" in result.text
 
 
 def test_a_successful_run_may_lose_its_tail() -> None:
-    result = compress_text(pack(rule(HEAD5)), "tool", numbered(100), 0)
+    result = compress_text(pack(rule(HEAD5)), "tool", numbered(100), 0, registry=REGISTRY)
     assert result is not None and "line 100 " not in result.text
 
 
@@ -87,8 +89,8 @@ def test_unknown_exit_code_is_judged_by_the_output() -> None:
     benign = numbered(100)
     failing = benign + "error: the build failed\n"
     assert not looks_failed(benign) and looks_failed(failing)
-    assert compress_text(pack(rule(HEAD5)), "tool", benign, None).failed is False  # type: ignore[union-attr]
-    result = compress_text(pack(rule(HEAD5)), "tool", failing, None)
+    assert compress_text(pack(rule(HEAD5)), "tool", benign, None, registry=REGISTRY).failed is False  # type: ignore[union-attr]
+    result = compress_text(pack(rule(HEAD5)), "tool", failing, None, registry=REGISTRY)
     assert result is not None and result.failed and "error: the build failed" in result.text
 
 
@@ -100,8 +102,8 @@ def test_a_failure_is_never_summarized_as_success() -> None:
         }
     ]
     output = numbered(50) + "done\n"
-    assert compress_text(pack(rule(steps)), "tool", output, 0).text.startswith("all good")  # type: ignore[union-attr]
-    failed = compress_text(pack(rule(steps)), "tool", output, 1)
+    assert compress_text(pack(rule(steps)), "tool", output, 0, registry=REGISTRY).text.startswith("all good")  # type: ignore[union-attr]
+    failed = compress_text(pack(rule(steps)), "tool", output, 1, registry=REGISTRY)
     assert failed is None or "all good" not in failed.text
 
 
@@ -114,7 +116,7 @@ def test_lossless_rules_drop_nothing() -> None:
     output = (
         "\x1b[1mtitle\x1b[0m\n" + "noise line that is long enough to matter\n" * 3 + "same\n" * 40
     )
-    result = compress_text(pack(rule(steps, lossless=True)), "tool", output, 0)
+    result = compress_text(pack(rule(steps, lossless=True)), "tool", output, 0, registry=REGISTRY)
     assert result is not None
     assert parse_markers(result.text) == []
     assert result.text.count("noise line that is long enough to matter") == 3
@@ -122,17 +124,17 @@ def test_lossless_rules_drop_nothing() -> None:
 
 
 def test_raw_equivalent_lossless_call_restores_everything() -> None:
-    result = compress_text(pack(rule(HEAD5)), "tool", numbered(30), 0, lossless=True)
+    result = compress_text(pack(rule(HEAD5)), "tool", numbered(30), 0, lossless=True, registry=REGISTRY)
     assert result is None  # nothing dropped and nothing rewritten: no smaller than the input
 
 
 def test_never_larger_than_the_input() -> None:
     steps = [{"use": "replace", "with": {"pattern": "^", "with": "a much longer prefix "}}]
-    assert compress_text(pack(rule(steps)), "tool", numbered(20), 0) is None
+    assert compress_text(pack(rule(steps)), "tool", numbered(20), 0, registry=REGISTRY) is None
     # A marker that costs more than the lines it replaces is no gain either.
     assert (
         compress_text(
-            pack(rule([{"use": "drop", "with": {"patterns": ["^b$"]}}])), "tool", "a\nb\nc\n", 0
+            pack(rule([{"use": "drop", "with": {"patterns": ["^b$"]}}])), "tool", "a\nb\nc\n", 0, registry=REGISTRY
         )
         is None
     )
@@ -141,7 +143,7 @@ def test_never_larger_than_the_input() -> None:
 def test_blank_lines_leave_without_a_marker() -> None:
     output = "".join(f"entry {i} with enough text to be kept here\n\n\n\n" for i in range(40))
     result = compress_text(
-        pack(rule([{"use": "squeeze_blank", "with": {"max_run": 0}}])), "tool", output, 0
+        pack(rule([{"use": "squeeze_blank", "with": {"max_run": 0}}])), "tool", output, 0, registry=REGISTRY
     )
     assert result is not None and parse_markers(result.text) == []
     assert result.text.count("entry") == 40
@@ -153,7 +155,7 @@ def test_many_elided_runs_share_at_most_max_markers() -> None:
     )
     steps = [{"use": "drop", "with": {"patterns": ["^drop me"]}}]
     for limit in (1, 2, 5):
-        result = compress_text(pack(rule(steps, max_markers=limit)), "tool", output, 0)
+        result = compress_text(pack(rule(steps, max_markers=limit)), "tool", output, 0, registry=REGISTRY)
         assert result is not None
         markers = parse_markers(result.text)
         assert len(markers) == limit
@@ -170,9 +172,9 @@ def test_the_most_specific_rule_wins_then_pack_order() -> None:
         rule(HEAD5, argv=["git", "log"], id="git-log"),
         rule(HEAD5, argv=["git", "log"], id="second"),
     )
-    assert compress_text(p, "git log -n 3", numbered(50), 0).rule_id == "git-log"  # type: ignore[union-attr]
-    assert compress_text(p, "git status", numbered(50), 0).rule_id == "git"  # type: ignore[union-attr]
-    assert compress_text(p, "ls", numbered(50), 0).rule_id == "generic"  # type: ignore[union-attr]
+    assert compress_text(p, "git log -n 3", numbered(50), 0, registry=REGISTRY).rule_id == "git-log"  # type: ignore[union-attr]
+    assert compress_text(p, "git status", numbered(50), 0, registry=REGISTRY).rule_id == "git"  # type: ignore[union-attr]
+    assert compress_text(p, "ls", numbered(50), 0, registry=REGISTRY).rule_id == "generic"  # type: ignore[union-attr]
 
 
 @pytest.mark.parametrize(
@@ -191,12 +193,12 @@ def test_the_most_specific_rule_wins_then_pack_order() -> None:
 )
 def test_exit_code_conditions(condition: Any, exit_code: int | None, applies: bool) -> None:
     r = {"id": "r", "match": {"argv": ["tool"], "exit_code": condition}, "steps": HEAD5}
-    result = compress_text(pack(r), "tool", numbered(60), exit_code)
+    result = compress_text(pack(r), "tool", numbered(60), exit_code, registry=REGISTRY)
     assert (result is not None) is applies
 
 
 def test_disabled_rules_do_not_apply() -> None:
-    assert compress_text(pack(rule(HEAD5, enabled=False)), "tool", numbered(60), 0) is None
+    assert compress_text(pack(rule(HEAD5, enabled=False)), "tool", numbered(60), 0, registry=REGISTRY) is None
 
 
 def _plugin_registry(fn: Callable[[Lines], Any], schema: Mapping[str, Any] | None = None) -> Any:
@@ -242,13 +244,13 @@ def test_a_misbehaving_action_names_rule_and_step(fn: Callable[[Lines], Any], me
 
 def test_unknown_action_at_run_time_is_a_clear_error() -> None:
     with pytest.raises(CompressorError, match=r"unknown action 'dorp'.*did you mean 'drop'"):
-        compress_text(pack(rule([{"use": "dorp"}])), "tool", numbered(5), 0)
+        compress_text(pack(rule([{"use": "dorp"}])), "tool", numbered(5), 0, registry=REGISTRY)
 
 
 def test_odd_text_round_trips_through_the_vault(tmp_path: Path) -> None:
     output = "ünïcode ✓\r\n" * 3 + "lone \udc80 surrogate\n" + numbered(60) + "no newline at end"
     vault = Vault(tmp_path)
-    result = compress_tool_output(pack(rule(HEAD5)), "tool", output, 0, vault)
+    result = compress_tool_output(pack(rule(HEAD5)), "tool", output, 0, vault, registry=REGISTRY)
     assert result is not None
     assert vault.get_text(result.vault_id) == output
     [marker] = parse_markers(result.text)
@@ -260,6 +262,6 @@ def test_the_exit_code_line_is_never_elided() -> None:
     p = {**pack(rule(HEAD5)), "tools": {"exit_code": [r"Exit code:? (\d+)"]}}
     output = "Exit code 0\n" + numbered(100)
     result = compress_text({**p, "compressors": [rule([{"use": "tail", "with": {"lines": 3}}])]},
-                           "tool", output, 0)
+                           "tool", output, 0, registry=REGISTRY)
     assert result is not None and result.text.startswith("Exit code 0\n")
     assert "line 100 " in result.text and "line 50 " not in result.text

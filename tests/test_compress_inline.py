@@ -9,7 +9,9 @@ import pytest
 from conftest import REPO
 
 from ctxrules.compressors.testing import run_compressor_tests
-from ctxrules.packs.loader import PackLoader, load_pack
+from ctxrules.packs.loader import PackLoader
+from ctxrules.packs.validated import load_pack
+from ctxrules.plugins import default_registry
 
 
 def test_builtin_compressor_tests_pass_and_none_is_missing(cli) -> None:  # type: ignore[no-untyped-def]
@@ -21,7 +23,7 @@ def test_builtin_compressor_tests_pass_and_none_is_missing(cli) -> None:  # type
 
 
 def test_builtin_default_runs_every_inherited_compressor_test() -> None:
-    results = run_compressor_tests(load_pack("builtin:default"), require_tests=True)
+    results = run_compressor_tests(load_pack("builtin:default"), require_tests=True, registry=default_registry())
     failed = [f"{r.compressor}::{r.id}: {r.message}" for r in results if not r.passed]
     assert not failed
     rules = {r.compressor for r in results}
@@ -41,7 +43,7 @@ def results_of(path: Path, *, require_tests: bool = False) -> dict[str, tuple[bo
     pack = PackLoader().resolve(str(path))
     return {
         f"{r.compressor}::{r.id}": (r.passed, r.message)
-        for r in run_compressor_tests(pack, require_tests=require_tests)
+        for r in run_compressor_tests(pack, require_tests=require_tests, registry=default_registry())
     }
 
 

@@ -15,7 +15,8 @@ from ctxrules.compressors.api import compress_text, compress_tool_output, text_i
 from ctxrules.compressors.apply import is_failure, split_output
 from ctxrules.compressors.rules import FAILURE_TAIL
 from ctxrules.compressors.testing import check_invariants
-from ctxrules.packs.loader import load_pack
+from ctxrules.packs.validated import load_pack
+from ctxrules.plugins import default_registry
 from ctxrules.vault import Vault, parse_markers
 
 COMMANDS = [
@@ -106,7 +107,7 @@ SETTINGS = settings(
 @SETTINGS
 @given(command=st.sampled_from(COMMANDS), text=output, code=exit_code)
 def test_never_larger_and_markers_resolve(command: str, text: str, code: int | None) -> None:
-    result = compress_text(default_pack(), command, text, code)
+    result = compress_text(default_pack(), command, text, code, registry=default_registry())
     if result is None:
         return
     assert len(result.text.encode("utf-8", "surrogatepass")) < len(
@@ -127,7 +128,7 @@ def test_never_larger_and_markers_resolve(command: str, text: str, code: int | N
 @SETTINGS
 @given(command=st.sampled_from(COMMANDS), text=output, code=st.sampled_from([1, 2, 101]))
 def test_a_failing_run_keeps_its_last_lines(command: str, text: str, code: int) -> None:
-    result = compress_text(default_pack(), command, text, code)
+    result = compress_text(default_pack(), command, text, code, registry=default_registry())
     if result is None:
         return
     assert result.failed
@@ -144,7 +145,7 @@ def test_a_failing_run_keeps_its_last_lines(command: str, text: str, code: int) 
 @SETTINGS
 @given(text=output, code=exit_code)
 def test_exit_code_verdict(text: str, code: int | None) -> None:
-    result = compress_text(default_pack(), "some-unknown-tool", text, code)
+    result = compress_text(default_pack(), "some-unknown-tool", text, code, registry=default_registry())
     if result is not None:
         assert result.failed is is_failure(code, text)
         if code not in (0, None):
@@ -156,7 +157,7 @@ def test_exit_code_verdict(text: str, code: int | None) -> None:
 def test_vault_round_trip_is_byte_identical(command: str, text: str, code: int | None) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         vault = Vault(Path(tmp))
-        result = compress_tool_output(default_pack(), command, text, code, vault)
+        result = compress_tool_output(default_pack(), command, text, code, vault, registry=default_registry())
         if result is None:
             assert vault.list_ids() == []
             return
@@ -187,5 +188,5 @@ def test_lossless_drops_nothing(text: str) -> None:
             }
         ]
     }
-    result = compress_text(pack, "tool", text, 0)
+    result = compress_text(pack, "tool", text, 0, registry=default_registry())
     assert result is None  # every line put back, nothing rewritten: never smaller, so no result

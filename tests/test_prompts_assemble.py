@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from ctxrules.errors import PackError
-from ctxrules.packs.loader import load_pack
+from ctxrules.packs.validated import load_pack
+from ctxrules.plugins import default_registry
 from ctxrules.prompts.assemble import (
     AssemblyError,
     assemble,
@@ -102,8 +103,8 @@ def test_the_four_modes_have_the_sections_of_the_design(default) -> None:  # typ
 
 
 def test_every_tag_wraps_exactly_one_section(default) -> None:  # type: ignore[no-untyped-def]
-    for mode in prompt_set(default).mode_names():
-        for entry in [*prompt_set(default).entry_ids(), None]:
+    for mode in prompt_set(default, default_registry()).mode_names():
+        for entry in [*prompt_set(default, default_registry()).entry_ids(), None]:
             text = assemble(default, mode=mode, entry=entry).text
             for tag in tags(text):
                 assert text.count(f"<{tag}>") == 1 and text.count(f"</{tag}>") == 1, (
@@ -153,7 +154,7 @@ def test_a_user_pack_adding_an_entry_keeps_the_builtin_ones(tmp_path: Path) -> N
     """,
     )
     resolved = load_pack(pack)
-    assert prompt_set(resolved).entry_ids() == [
+    assert prompt_set(resolved, default_registry()).entry_ids() == [
         "claude",
         "gemini",
         "deepseek-qwen-glm",

@@ -5,8 +5,8 @@ hook, and behaviour on real transcripts."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +28,7 @@ from invariants import pairing_problems
 from ctxrules import Engine
 from ctxrules.compressors.api import CompressResult
 from ctxrules.hookspecs import hookimpl
+from ctxrules.plugins import default_registry
 from ctxrules.stages.tool_output_filter import STAGE_TYPE, ToolOutputFilter, keep_ratio
 from ctxrules.structure import pinned_indices
 from ctxrules.vault import parse_markers
@@ -232,7 +233,8 @@ def test_a_short_subagent_result_is_kept(tmp_path: Path) -> None:
 def _fake_compressors(monkeypatch: pytest.MonkeyPatch, seen: list[tuple[Any, ...]],
                       with_marker: bool = False, raise_: bool = False) -> None:
     def fake(pack: dict[str, Any], command: str, output: str, exit_code: int | None,
-             vault: Any) -> CompressResult | None:
+             vault: Any, *, registry: Any) -> CompressResult | None:
+        assert registry is default_registry()  # the context's registry reaches the compressors
         seen.append((command, exit_code))
         if raise_:
             raise RuntimeError("rule exploded")
@@ -245,7 +247,7 @@ def _fake_compressors(monkeypatch: pytest.MonkeyPatch, seen: list[tuple[Any, ...
         return CompressResult(text=text, rule_id="git-status", vault_id=vid,
                               lines_before=len(output.splitlines()), lines_after=1)
 
-    monkeypatch.setattr("ctxrules.compressors.api.compress_tool_output", fake)
+    monkeypatch.setattr("ctxrules.stages.tool_output_filter.compress_tool_output", fake)
 
 
 def test_shell_outputs_go_through_the_compressors_with_command_and_exit_code(
@@ -285,12 +287,13 @@ def test_a_failing_compressor_is_a_warning_not_a_lost_run(tmp_path: Path,
     assert "compressor failed" in outcome.warnings[0] and "rule exploded" in outcome.warnings[0]
 
 
-def test_without_the_compressor_package_level_a_is_a_no_op(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(sys.modules, "ctxrules.compressors.api", None)  # import fails
+def test_without_a_registry_in_the_context_level_a_is_a_no_op(tmp_path: Path) -> None:
+    # A context built by hand without the engine's registry has no compressor actions to run
+    # (never the process-wide default: a plugin given to Engine.load would be missed).
     messages = convo(step("g", "x\n" * 40, command="git status"))
-    out, outcome, _ = run(messages, tmp_path)
-    assert outcome.actions == [] and out[3] is messages[3]
+    ctx = dataclasses.replace(make_ctx(tmp_path), registry=None)
+    outcome = ToolOutputFilter(None)(messages, ctx)
+    assert outcome.actions == [] and outcome.messages[3] is messages[3]
 
 
 # --- hot-cache bypass -------------------------------------------------------------------------

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from ctxrules.packs.loader import load_pack
+from ctxrules.packs.validated import load_pack
 from ctxrules.timeouts import TimeoutPolicy, lint_timeouts, timeouts_table
 
 REPO = Path(__file__).resolve().parents[1]

@@ -16,29 +16,34 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ctxrules import structure
+from ctxrules.budget.gate import finish_prepare, open_ledger, start_prepare
+from ctxrules.budget.router import route_for_session
 from ctxrules.errors import PackError, UsageError
 from ctxrules.injected import InjectionKey, key_for_session, key_scope
 from ctxrules.logs import get_logger
 from ctxrules.messages import split_input, validate_messages
+from ctxrules.models import lookup_model
 from ctxrules.notes import SessionNotes
-from ctxrules.packs.loader import PackLoader, ResolvedPack, load_pack
+from ctxrules.packs.loader import ResolvedPack
 from ctxrules.packs.models_match import effective_context, select_model_entry
+from ctxrules.packs.validated import raise_for_errors, resolve_and_validate
 from ctxrules.pipeline.budget import Budget, make_budget
 from ctxrules.pipeline.context import CACHE_TTL_S, StageContext
 from ctxrules.pipeline.prefix import HistoryChain
-from ctxrules.pipeline.report import build_report
+from ctxrules.pipeline.report import build_report, report_header
 from ctxrules.pipeline.runner import PlannedStage, run_pipeline, when_allows
 from ctxrules.plugins import Registry, build_plugin_manager, collect, default_registry
+from ctxrules.prompts.assemble import assemble
+from ctxrules.results import PrepareResult
 from ctxrules.runtime import checkpoint
 from ctxrules.runtime.continuation import Decision, evaluate
 from ctxrules.runtime.guards import Preflight, check_gateway, preflight, refuse_unless_fits
 from ctxrules.runtime.health import health
-from ctxrules.runtime.overflow import Completion
+from ctxrules.runtime.overflow import Completion, complete
 from ctxrules.runtime.spill import DEFAULT_PREVIEW_TOKENS, Spilled, spill
 from ctxrules.runtime.subagents import (
     Handover,
@@ -48,21 +53,14 @@ from ctxrules.runtime.subagents import (
     make_handover,
 )
 from ctxrules.runtime.subagents import settings as subagent_settings
-from ctxrules.session_store import SessionLock, SessionStore
-from ctxrules.stages.base import Message
-from ctxrules.tokens import REPLY_PRIMING_TOKENS, trusted_objects
+from ctxrules.session_store import DEFAULT_STATE_ROOT, SessionLock, SessionStore, state_root_from_env
+from ctxrules.tokens import REPLY_PRIMING_TOKENS, TokenCounter, trusted_objects
+from ctxrules.toolroles import tool_roles
+from ctxrules.tracker import FileTracker
+from ctxrules.types import Message
+from ctxrules.vault import Vault
 
-DEFAULT_STATE_ROOT = ".ctxrules"
-
-
-@dataclass
-class PrepareResult:
-    """What ``prepare`` returns: new lists (the input is untouched), call options, the report."""
-
-    messages: list[Message]
-    tools: list[dict[str, Any]]
-    request: dict[str, Any]
-    report: dict[str, Any]
+__all__ = ["DEFAULT_STATE_ROOT", "Engine", "PrepareResult", "Session", "open_session", "state_root_from_env"]
 
 
 class Engine:
@@ -82,15 +80,11 @@ class Engine:
         An edit that makes the pack invalid keeps the pack in use and returns a warning."""
         if _stamps(self.pack.real_paths.values()) == self._stamps:
             return []
-        from ctxrules.validation.validate import validate_resolved
-
         with self._refresh_lock:
             stamps = _stamps(self.pack.real_paths.values())
             if stamps == self._stamps:
                 return []
-            loader = PackLoader()
-            pack = loader.resolve(str(self.pack.real_paths[self.pack.files[-1]]))
-            pack.diagnostics = validate_resolved(pack, loader, self.registry)
+            pack = resolve_and_validate(self.pack.real_paths[self.pack.files[-1]], self.registry)
             errors = [d for d in pack.diagnostics if d.severity == "error"]
             if errors:
                 self._stamps = stamps  # report this edit once, not on every call
@@ -108,19 +102,9 @@ class Engine:
 
         ``plugins``: extra ``(name, plugin)`` pairs registered next to the installed ones.
         """
-        if plugins:
-            pm, infos = build_plugin_manager(plugins)
-            registry = collect(pm, infos)
-        else:
-            registry = default_registry()
-        from ctxrules.validation.validate import validate_resolved
-
-        loader = PackLoader()
-        pack = loader.resolve(str(ref))
-        pack.diagnostics = validate_resolved(pack, loader, registry)
-        if not pack.ok:
-            load_pack(ref, loader=loader)  # raises PackError with the first error
-        return cls(pack, registry)
+        registry = collect(*build_plugin_manager(plugins)) if plugins else default_registry()
+        # Validated once, against the registry the engine will run with.
+        return cls(raise_for_errors(resolve_and_validate(ref, registry)), registry)
 
     def _build_plan(self) -> list[PlannedStage]:
         plan: list[PlannedStage] = []
@@ -165,8 +149,6 @@ class Engine:
         """The system prompt of ``mode`` for ``model`` (see ``ctxrules.prompts.assemble``):
         byte-identical for the same pack, mode, matched ``models:`` entry and variables, and
         cached on exactly those, so a repeat is a lookup. Raises ``AssemblyError``."""
-        from ctxrules.prompts.assemble import assemble
-
         return assemble(self.pack, mode=mode, model=model, variables=variables, registry=self.registry).text
 
 
@@ -178,9 +160,6 @@ class Session:
                  on_event: Callable[[dict[str, Any]], None] | None = None,
                  goal: str | None = None, state_root: str | Path | None = None,
                  private: bool = False) -> None:
-        from ctxrules.budget.gate import open_ledger
-        from ctxrules.vault import Vault
-
         self.engine = engine
         self.path = path
         self.id = session_id or path.resolve().name
@@ -236,9 +215,6 @@ class Session:
     def _configure(self, model: str, window: int | None) -> None:
         """Model facts, token counter and budget for ``model`` under the current pack; thresholds
         scale with the window (a 128K → 200K switch moves every threshold proportionally)."""
-        from ctxrules.models import lookup_model
-        from ctxrules.tokens import TokenCounter
-
         hit = select_model_entry(self.engine.pack.data, model)
         self.model_entry = hit[1] if hit else None
         context = effective_context(self.engine.pack.data, self.model_entry)
@@ -289,15 +265,11 @@ class Session:
     def route(self, text: Any, *, regenerate: bool = False, now: float | None = None) -> Any:
         """The complexity router's ``RouteDecision`` (tier, model, reasons) for the next call
         under the pack's ``router:``; ``text`` is the message or the history (docs/budgets.md)."""
-        from ctxrules.budget.router import route_for_session
-
         return route_for_session(self, text, regenerate=regenerate, now=now)
 
     def should_continue(self, state: dict[str, Any]) -> Decision:
         """The pack's continuation guards (``guards.continuation``) on an agent loop's state:
         ``messages``, ``cancel``, ``budget_ok``, ``drift_check``, ``cwd``."""
-        from ctxrules.toolroles import tool_roles
-
         guards = self.engine.pack.data.get("guards") or {}
         config = guards.get("continuation") or {} if isinstance(guards, dict) else {}
         return evaluate(config, state, self._continuation_memory,
@@ -333,8 +305,6 @@ class Session:
                  **kwargs: Any) -> Completion:
         """``prepare`` + ``litellm.completion`` with one context-overflow recovery (see
         ``ctxrules.runtime.overflow``); litellm is imported only here."""
-        from ctxrules.runtime.overflow import complete
-
         return complete(self, messages, tools=tools, model=model, **kwargs)
 
     @property
@@ -346,9 +316,38 @@ class Session:
 
     def touch(self, *paths: str | os.PathLike[str]) -> list[str]:
         """Record files the agent changed, for ``reread.recent_files``; returns them absolute."""
-        from ctxrules.tracker import FileTracker
-
         return FileTracker(self.path).touch(*paths)
+
+    # --- recall: the agent reads back what was moved out (ctxrules.recall) ---------------
+
+    def recall_tool(self, format: str = "openai") -> dict[str, Any]:
+        """The recall tool's definition (``openai`` or ``anthropic`` tools format), worded by
+        the pack's ``recall:``. Offer it from the first call on: the tools layer of the cached
+        prefix then never changes mid-session."""
+        from ctxrules.recall import RecallSettings, tool_definition
+
+        return tool_definition(RecallSettings.from_pack(self.engine.pack.data), format)
+
+    def recall(self, arguments: Any) -> str:
+        """The answer to one recall call (``{"id": ..., "lines": "A:B"}``, or its JSON string):
+        the exact original lines of an item this session's markers reference, paged within
+        ``recall.budget_tokens``. Raises ``RecallError`` (a ``CtxrulesError``) for a call it
+        cannot answer."""
+        from ctxrules.recall import RecallSettings, answer_recall, referenced_ids
+
+        allowed = referenced_ids(self.last_output(), self.vault)
+        return answer_recall(arguments, vault=self.vault, allowed=allowed,
+                             count=self.counter.count_text,
+                             settings=RecallSettings.from_pack(self.engine.pack.data))
+
+    def last_output(self) -> list[Message]:
+        """What the last ``prepare`` of this session returned (read back from the session
+        directory in a new process; empty when there is none)."""
+        if self._last_output is not None:
+            return list(self._last_output)
+        record = self.store.load().get("last") or {}
+        output = self.store.load_output(int(record.get("output_count", -1)), record.get("output_file"))
+        return output or []
 
     def fingerprint_parts(self) -> dict[str, str]:
         """Everything that shapes the output of ``prepare``."""
@@ -381,12 +380,9 @@ class Session:
         if not isinstance(listed, list):
             listed = validate_messages(listed)
         tool_list = list(tools or [])
-        from ctxrules.stages.cache_markers import cache_key_scope
-
         # Messages are not edited while a prepare runs, and the session notices edits between
         # calls (structure.forget): token counts may be looked up by message object.
-        with (self._thread_lock, self._session_lock, cache_key_scope(self.cache_key), trusted_objects(),
-              key_scope(self.injection_key)):
+        with self._thread_lock, self._session_lock, trusted_objects(), key_scope(self.injection_key):
             try:
                 return self._prepare(listed, tool_list, time.time() if clock is None else clock)
             except BaseException:
@@ -404,8 +400,6 @@ class Session:
             self._configure(self.model.name, self.window_override)
             self._last_history = self._last_output = None
         state = self.store.load()
-        from ctxrules.budget.gate import finish_prepare, start_prepare
-
         # Budget level before any stage runs: EXCEEDED raises BudgetExceeded; WARNING's eco
         # mode hands the pipeline scaled thresholds (docs/budgets.md).
         budget_status, budget = start_prepare(self.ledger, self.budget, state, clock)
@@ -461,6 +455,7 @@ class Session:
             stage_id="", model=self.model, counter=self.counter, budget=budget, vault=self.vault,
             tools=tools, pack=self.engine.pack.data, log=get_logger("ctxrules.pipeline", session=self.id),
             session_id=self.id, clock=clock, cache_hot=cache_hot, hooks=self.engine.registry.hooks,
+            registry=self.engine.registry, cache_key=self.cache_key,
             valid_prefix=len(previous) if reused else 0,
         )
         try:
@@ -486,9 +481,9 @@ class Session:
             # be gone before that file is written. Dying in the save costs one turn's reuse.
             checkpoint.complete(self.path)
         self.store.save(state, outcome.messages)
-        report = build_report(self, history_tokens=tokens_in, history_len=len(history), reused=reused,
-                              outcome=outcome, vault_new=vault_new,
-                              ms=(time.perf_counter() - started) * 1000, budget=budget)
+        report = build_report(self._report_header(), budget=budget, history_tokens=tokens_in,
+                              history_len=len(history), reused=reused, outcome=outcome, vault_new=vault_new,
+                              ms=(time.perf_counter() - started) * 1000)
         report["fingerprint"] = {"value": fingerprint, "changed": changed}
         report["warnings"].extend(reload_notes + self._notices)
         self._notices = []
@@ -511,6 +506,16 @@ class Session:
             out[i] = _clone(out[i])
         out = finish_prepare(budget_status, out, report)
         return PrepareResult(out, _clone(outcome.tools), _clone(outcome.request), report)
+
+    def _report_header(self) -> dict[str, Any]:
+        pack = self.engine.pack
+        return report_header(
+            pack={"name": pack.name, "digest": self.engine.digest, "files": pack.files},
+            session={"id": self.id, "path": str(self.path)},
+            model={"name": self.model.name, "registry_key": self.model.key, "provider": self.model.provider,
+                   "family": self.model.family, "tokenizer": self.model.tokenizer,
+                   "tokens_are_estimates": self.counter.is_estimate,
+                   "models_entry": (self.model_entry or {}).get("id")})
 
     def _emit(self, event: dict[str, Any]) -> None:
         """Hand an event to ``on_event``; a failing callback is logged, never fatal."""
@@ -578,10 +583,6 @@ def _clone(value: Any) -> Any:
     if isinstance(value, list):
         return [_clone(v) for v in value]
     return value
-
-
-def state_root_from_env() -> Path:
-    return Path(os.environ.get("CTXRULES_STATE", DEFAULT_STATE_ROOT))
 
 
 def open_session(pack: str, model: str, *, session: str | None = None, state: str | None = None,

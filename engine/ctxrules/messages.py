@@ -18,6 +18,8 @@ message whose content went to the vault is still the real user message.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -369,3 +371,9 @@ def tool_call_id(call: object) -> str | None:
 def _result_id(msg: Mapping[str, Any]) -> str | None:
     value = msg.get("tool_call_id")
     return value if isinstance(value, str) and value else None
+
+
+def message_digest(message: Mapping[str, Any]) -> str:
+    """A stable digest of a message across processes (canonical JSON, sha256)."""
+    data = json.dumps(message, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+    return hashlib.sha256(data.encode("utf-8", errors="surrogatepass")).hexdigest()

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ctxrules.errors import CtxrulesError
+from ctxrules.messages import message_text
 
 if TYPE_CHECKING:
     from ctxrules.engine import Engine
@@ -34,8 +35,6 @@ class CaseResult:
 
 
 def _output_text(messages: list[dict[str, Any]]) -> str:
-    from ctxrules.messages import message_text
-
     parts = []
     for m in messages:
         parts.append(message_text(m))

@@ -18,7 +18,10 @@ from typing import Any
 import pluggy
 
 from ctxrules import hookspecs
+from ctxrules._version import __version__
+from ctxrules.diagnostics import did_you_mean
 from ctxrules.errors import CtxrulesError
+from ctxrules.hookspecs import ActionType, TemplateFilter
 from ctxrules.stages.base import PHASES, StageType
 
 # Registered in this order; documented in docs/reference/api.md "Plugins".
@@ -54,16 +57,6 @@ class PluginError(CtxrulesError):
         super().__init__(f"plugin '{plugin}', hook {hook}: {message}")
         self.plugin = plugin
         self.hook = hook
-
-
-@dataclass(frozen=True)
-class ActionType:
-    """A compressor action as registered: ``factory(options)`` returns ``lines -> lines``."""
-
-    name: str
-    factory: Callable[[Mapping[str, Any]], Callable[[list[str]], list[str]]]
-    options_schema: Mapping[str, Any]
-    description: str = ""
 
 
 @dataclass
@@ -107,8 +100,6 @@ def _check_hook_names(plugin: object, name: str) -> None:
     known = {n for n in dir(hookspecs) if n.startswith("ctxrules_")}
     for attr in dir(plugin):
         if attr.startswith("ctxrules_") and attr not in known and callable(getattr(plugin, attr)):
-            from ctxrules.validation.diagnostics import did_you_mean
-
             hint = did_you_mean(attr, known)
             raise PluginError(name, attr, "no such hook" + (f"; {hint}" if hint else ""))
 
@@ -126,8 +117,6 @@ def _dist_version(module: object) -> str | None:
 def build_plugin_manager(extra: list[tuple[str, object]] | None = None,
                          *, entry_points: bool = True) -> tuple[pluggy.PluginManager, list[PluginInfo]]:
     """A plugin manager with the built-ins, entry-point plugins and ``extra`` (name, plugin)."""
-    from ctxrules._version import __version__
-
     pm = pluggy.PluginManager(hookspecs.PROJECT_NAME)
     pm.add_hookspecs(hookspecs)
     infos: list[PluginInfo] = []
@@ -179,7 +168,7 @@ def collect(pm: pluggy.PluginManager, infos: list[PluginInfo]) -> Registry:
         impl.function(register=lambda *a, _o=owner, **k: _add_action(reg, by_name[_o], *a, **k))
     for impl in pm.hook.ctxrules_register_template_filters.get_hookimpls():
         owner = impl.plugin_name
-        impl.function(register=lambda n, f, _o=owner: _add_filter(reg, by_name[_o], n, f))
+        impl.function(register=lambda *a, _o=owner: _add_filter(reg, by_name[_o], *a))
     return reg
 
 
@@ -206,11 +195,13 @@ def _add_stage(reg: Registry, info: PluginInfo, st: object) -> None:
     info.stages.append(st.name)
 
 
-def _add_action(reg: Registry, info: PluginInfo, name: str, factory: Any,
+def _add_action(reg: Registry, info: PluginInfo, name: Any, factory: Any = None,
                 schema: Mapping[str, Any] | None = None, description: str = "") -> None:
     hook = "ctxrules_register_actions"
+    if isinstance(name, ActionType):  # the one-object form every registration hook takes
+        name, factory, schema, description = name.name, name.factory, name.options_schema, name.description
     if not isinstance(name, str) or not callable(factory):
-        raise PluginError(info.name, hook, "register(name: str, factory: callable, schema: dict)")
+        raise PluginError(info.name, hook, "register(ActionType(name, factory, options_schema, description))")
     schema = schema or {"type": "object", "additionalProperties": False, "properties": {}}
     _check_schema(info, hook, name, schema)
     _claim(reg, info, "action", name, hook)
@@ -218,10 +209,12 @@ def _add_action(reg: Registry, info: PluginInfo, name: str, factory: Any,
     info.actions.append(name)
 
 
-def _add_filter(reg: Registry, info: PluginInfo, name: str, fn: Any) -> None:
+def _add_filter(reg: Registry, info: PluginInfo, name: Any, fn: Any = None) -> None:
     hook = "ctxrules_register_template_filters"
+    if isinstance(name, TemplateFilter):  # the one-object form every registration hook takes
+        name, fn = name.name, name.function
     if not isinstance(name, str) or not callable(fn):
-        raise PluginError(info.name, hook, "register(name: str, function: callable)")
+        raise PluginError(info.name, hook, "register(TemplateFilter(name, function))")
     _claim(reg, info, "filter", name, hook)
     reg.filters[name] = fn
     info.filters.append(name)

@@ -5,6 +5,8 @@ from __future__ import annotations
 from functools import cache
 from pathlib import Path
 
+from ctxrules.errors import CtxrulesError
+
 _PACKAGE_DIR = Path(__file__).resolve().parent
 
 
@@ -17,8 +19,6 @@ def data_dir(name: str) -> Path:
     checkout = _PACKAGE_DIR.parent.parent / name
     if checkout.is_dir():
         return checkout
-    from ctxrules.errors import CtxrulesError
-
     raise CtxrulesError(f"ctxrules is installed without its '{name}' folder (looked in {bundled})")
 
 

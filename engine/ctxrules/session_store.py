@@ -26,6 +26,15 @@ from ctxrules.errors import CtxrulesError
 if TYPE_CHECKING:
     from ctxrules.locks import FileLock
 
+DEFAULT_STATE_ROOT = ".ctxrules"
+"""Where sessions and the day and goal ledgers live when nothing else is said."""
+
+
+def state_root_from_env() -> Path:
+    """The state root: ``CTXRULES_STATE`` when set, else :data:`DEFAULT_STATE_ROOT`."""
+    return Path(os.environ.get("CTXRULES_STATE", DEFAULT_STATE_ROOT))
+
+
 STATE_VERSION = 1
 
 

@@ -20,7 +20,7 @@ from typing import Any, Final, Literal
 
 from ctxrules.budget.policy import Level
 from ctxrules.budget.pricing import price_call, rates_for
-from ctxrules.budget.tracker import BudgetStatus, DimensionStatus
+from ctxrules.budget.status import BudgetStatus, DimensionStatus
 from ctxrules.budget.usage import TokenUsage
 from ctxrules.errors import UsageError
 

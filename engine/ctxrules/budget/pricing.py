@@ -30,6 +30,7 @@ from typing import Any, Final
 
 from ctxrules.budget.usage import TokenUsage
 from ctxrules.errors import UsageError
+from ctxrules.models import UnknownModelError, lookup_model, registry
 
 __all__ = ["SERVICE_TIERS", "Cost", "Rates", "price_call", "rates_for"]
 
@@ -222,8 +223,6 @@ def rates_for(
 ) -> Rates | None:
     """The rates that apply to a call of ``model`` with ``prompt_tokens`` of input, or ``None``
     when neither the pack nor the registry prices the model (the call is then unpriced)."""
-    from ctxrules.models import UnknownModelError, lookup_model, registry
-
     if service_tier not in _TIER_SUFFIX:
         raise UsageError(
             f"unknown service tier {service_tier!r}; one of: {', '.join(SERVICE_TIERS)}"

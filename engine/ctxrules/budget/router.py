@@ -36,6 +36,8 @@ from pathlib import Path
 from typing import Any, Final
 
 from ctxrules.errors import UsageError
+from ctxrules.messages import is_real_user, message_text
+from ctxrules.redaction import redactor_for
 from ctxrules.session_store import ensure_dir, write_atomic
 
 __all__ = ["DEFAULT_RULES", "TIERS", "ComplexityRouter", "RouteDecision", "privacy_findings"]
@@ -170,8 +172,6 @@ def privacy_findings(
     text: str, pack: Mapping[str, Any], kinds: tuple[str, ...] = ("credential", "pii")
 ) -> list[str]:
     """Ids of the pack's redaction patterns that flag ``text`` (``ctxrules.redaction``)."""
-    from ctxrules.redaction import redactor_for
-
     try:
         redactor = redactor_for(pack)
     except ValueError:  # a pattern that does not compile: validate reports CR070
@@ -494,8 +494,6 @@ def route_for_session(
 ) -> RouteDecision:
     """``Session.route``: route ``text`` (a string, or a message list whose latest real user
     message is routed) with the session's pack, plugin hooks, directory and state root."""
-    from ctxrules.messages import is_real_user, message_text
-
     if isinstance(text, list):
         users = [m for m in text if isinstance(m, dict) and is_real_user(m)]
         text = message_text(users[-1]) if users else ""

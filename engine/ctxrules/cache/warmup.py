@@ -38,7 +38,9 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from ctxrules.errors import CtxrulesError
+from ctxrules.llm import load_litellm as load
 from ctxrules.logs import get_logger
+from ctxrules.models import lookup_model
 
 __all__ = [
     "ZERO_MAX_TOKENS_PROVIDERS",
@@ -109,8 +111,6 @@ def _status_of(exc: BaseException) -> int | None:
 
 def load_litellm() -> Any:
     """``litellm`` through :func:`ctxrules.llm.load_litellm` (kept here for callers of this module)."""
-    from ctxrules.llm import load_litellm as load
-
     return load()
 
 
@@ -145,9 +145,6 @@ def probe_cost(model: str, prompt: int, cached: int, written: int, completion: i
     """USD cost of a probe from the model registry's prices (None when the model is unknown).
     ``prompt`` includes the cached tokens (OpenAI's convention); cache writes are priced at the
     registry's cache-creation rate where it has one."""
-    from ctxrules.errors import CtxrulesError
-    from ctxrules.models import lookup_model
-
     try:
         info = lookup_model(model)
     except CtxrulesError:

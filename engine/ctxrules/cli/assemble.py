@@ -15,6 +15,10 @@ import sys
 from typing import Any
 
 from ctxrules.errors import UsageError
+from ctxrules.packs.validated import load_pack
+from ctxrules.plugins import default_registry
+from ctxrules.prompts.assemble import prompt_set
+from ctxrules.testing.pytest_plugin import NO_ENTRY
 
 _TRUE = {"true", "yes", "on", "1"}
 _FALSE = {"false", "no", "off", "0"}
@@ -84,10 +88,6 @@ def parse_vars(items: list[str], declared: dict[str, Any]) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ctxrules.packs.loader import load_pack
-    from ctxrules.prompts.assemble import prompt_set
-    from ctxrules.testing.pytest_plugin import NO_ENTRY
-
     if not args.matrix and not args.mode:
         raise UsageError("assemble needs --mode (or --matrix)")
     if not args.matrix and not args.model and not args.entry:
@@ -95,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
     if args.matrix and (args.model or args.entry):
         raise UsageError("--matrix renders every models: entry; leave out --model and --entry")
     pack = load_pack(args.pack)
-    ps = prompt_set(pack)
+    ps = prompt_set(pack, default_registry())
     defaults = {name: var.default for name, var in ps.variables.items()}
     variables = parse_vars(args.var, defaults)
 

@@ -29,7 +29,15 @@ import sys
 from pathlib import Path
 from typing import IO, Any
 
+from ctxrules.compressors.api import compress_text
+from ctxrules.compressors.pipes import stdout_feeds_pipeline
 from ctxrules.errors import CtxrulesError, UsageError
+from ctxrules.models import lookup_model
+from ctxrules.packs.validated import load_pack
+from ctxrules.plugins import default_registry
+from ctxrules.session_store import state_root_from_env
+from ctxrules.tokens import TokenCounter
+from ctxrules.vault import Vault
 
 DEFAULT_MODEL = "gpt-4o"
 """Tokenizer for ``--stats``: o200k_base, exact and offline, the most common agent family."""
@@ -76,16 +84,10 @@ def register(sub: Any) -> None:
 def _session_dir(args: argparse.Namespace) -> Path:
     if args.session:
         return Path(args.session)
-    from ctxrules.engine import state_root_from_env
-
     return (Path(args.state) if args.state else state_root_from_env()) / "default"
 
 
 def _load(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
-    from ctxrules.models import lookup_model
-    from ctxrules.packs.loader import load_pack
-    from ctxrules.tokens import TokenCounter
-
     pack = load_pack(args.pack)
     counter = TokenCounter.for_model(lookup_model(args.model)) if args.stats else None
     return pack.data, counter
@@ -104,12 +106,9 @@ def _decode(raw: bytes) -> tuple[str, bool]:
 def _compress(args: argparse.Namespace, pack: dict[str, Any], counter: Any, command: str,
               raw: bytes, exit_code: int | None) -> bytes:
     """The bytes to print: compressed (full output stored first) or ``raw`` when nothing applies."""
-    from ctxrules.compressors.api import compress_text
-    from ctxrules.vault import Vault
-
     text, exact = _decode(raw)
     vault_id = hashlib.sha256(raw).hexdigest()
-    result = compress_text(pack, command, text, exit_code, vault_id=vault_id)
+    result = compress_text(pack, command, text, exit_code, vault_id=vault_id, registry=default_registry())
     if result is None:
         if counter is not None:
             tokens = counter.count_text(text)
@@ -190,8 +189,6 @@ def _proxy(args: argparse.Namespace, argv: list[str]) -> int:
     except CtxrulesError as exc:
         _note(f"error: {exc}")
         return EXIT_CTXRULES_FAILED
-    from ctxrules.compressors.pipes import stdout_feeds_pipeline
-
     passthrough = args.raw or (not args.always and not sys.stdout.isatty()
                                and stdout_feeds_pipeline(sys.stdout.fileno()))
     try:

@@ -6,6 +6,13 @@ import argparse
 import sys
 from typing import Any
 
+from ctxrules.errors import UsageError
+from ctxrules.packs.loader import _BUILTIN_REF, BUILTIN_PREFIX, builtin_names, builtin_path
+from ctxrules.packs.models_match import effective_context, select_model_entry
+from ctxrules.packs.render import to_yaml
+from ctxrules.packs.validated import load_pack
+from ctxrules.timeouts import TimeoutPolicy, lint_timeouts, render_table
+
 
 def register(sub: Any) -> None:
     p = sub.add_parser("explain", help="print the resolved pack as YAML",
@@ -20,10 +27,6 @@ def register(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ctxrules.packs.loader import load_pack
-    from ctxrules.packs.models_match import effective_context, select_model_entry
-    from ctxrules.packs.render import to_yaml
-
     _check_exists(args.pack)
     pack = load_pack(args.pack)
     if getattr(args, "timeouts", False):
@@ -53,9 +56,6 @@ def _check_exists(ref: str) -> None:
     """A PACK that names nothing is a usage error (exit 2), like a missing path for validate."""
     from pathlib import Path
 
-    from ctxrules.errors import UsageError
-    from ctxrules.packs.loader import _BUILTIN_REF, BUILTIN_PREFIX, builtin_names, builtin_path
-
     if ref.startswith(BUILTIN_PREFIX):
         m = _BUILTIN_REF.match(ref)
         if m is None or not builtin_path(m["name"]).is_file():
@@ -67,8 +67,6 @@ def _check_exists(ref: str) -> None:
 
 def _print_timeouts(pack: Any) -> int:
     """The effective-timeouts table (``--timeouts``) and the timeout lints with their numbers."""
-    from ctxrules.timeouts import TimeoutPolicy, lint_timeouts, render_table
-
     policy = TimeoutPolicy.from_pack(pack.data)
     head = f"# pack: {pack.name} (files applied: {', '.join(pack.files)})\n"
     if policy is None:

@@ -14,21 +14,24 @@ from collections.abc import Sequence
 from ctxrules._version import __version__
 from ctxrules.errors import CtxrulesError
 
-# Each module defines ``register(subparsers)``; its parser sets ``func(args) -> int``.
-VERBS: tuple[str, ...] = (
-    "ctxrules.cli.validate",
-    "ctxrules.cli.explain",
-    "ctxrules.cli.schema",
-    "ctxrules.cli.plugins",
-    "ctxrules.cli.run",
-    "ctxrules.cli.vault",
-    "ctxrules.cli.compress",
-    "ctxrules.cli.assemble",
-    "ctxrules.cli.test",
-    "ctxrules.cli.report",
-    "ctxrules.cli.sessions",
-    "ctxrules.cli.usage",
-)
+# Verb -> the module that implements it. Each module defines ``register(subparsers)``; its
+# parser sets ``func(args) -> int``. Only the verb being run is imported (``ctxrules validate``
+# must not pay for the tokenizer and the pipeline); help and a mistyped verb import them all.
+VERBS: dict[str, str] = {
+    "validate": "ctxrules.cli.validate",
+    "explain": "ctxrules.cli.explain",
+    "schema": "ctxrules.cli.schema",
+    "plugins": "ctxrules.cli.plugins",
+    "run": "ctxrules.cli.run",
+    "vault": "ctxrules.cli.vault",
+    "compress": "ctxrules.cli.compress",
+    "assemble": "ctxrules.cli.assemble",
+    "test": "ctxrules.cli.test",
+    "report": "ctxrules.cli.report",
+    "sessions": "ctxrules.cli.sessions",
+    "usage": "ctxrules.cli.usage",
+    "mcp": "ctxrules.cli.mcp",
+}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -38,20 +41,28 @@ class _Parser(argparse.ArgumentParser):
         raise SystemExit(2)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(verb: str | None = None) -> argparse.ArgumentParser:
+    """The parser with every verb, or with ``verb`` alone (when it is one of :data:`VERBS`)."""
     parser = _Parser(prog="ctxrules", description="Declarative rules for the context of LLM agents.")
     parser.add_argument("--version", action="version", version=f"ctxrules {__version__}")
     sub = parser.add_subparsers(dest="verb", metavar="VERB", parser_class=_Parser)
     sub.required = True
-    for modname in VERBS:
-        importlib.import_module(modname).register(sub)
+    for name, modname in VERBS.items():
+        if verb is None or verb not in VERBS or name == verb:
+            importlib.import_module(modname).register(sub)
     return parser
+
+
+def _verb_in(argv: Sequence[str]) -> str | None:
+    """The verb ``argv`` names: its first argument when that is not an option."""
+    return argv[0] if argv and not argv[0].startswith("-") else None
 
 
 def run(argv: Sequence[str] | None = None) -> int:
     """Run the CLI in-process; handled errors become a message on stderr and an exit code."""
-    parser = build_parser()
-    args = parser.parse_args(list(argv) if argv is not None else None)
+    arguments = list(argv) if argv is not None else sys.argv[1:]
+    parser = build_parser(_verb_in(arguments))
+    args = parser.parse_args(arguments)
     try:
         code: int = args.func(args)
     except CtxrulesError as exc:

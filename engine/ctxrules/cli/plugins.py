@@ -7,6 +7,8 @@ import json
 import sys
 from typing import Any
 
+from ctxrules.plugins import default_registry
+
 
 def register(sub: Any) -> None:
     p = sub.add_parser("plugins", help="list plugins and the stages they register (JSON)")
@@ -15,8 +17,6 @@ def register(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ctxrules.plugins import default_registry
-
     reg = default_registry()
     out = [
         {"name": p.name, "version": p.version, "builtin": p.builtin, "stages": p.stages,

@@ -8,7 +8,10 @@ import sys
 from typing import Any
 
 from ctxrules.cli.io import read_json, write_text
+from ctxrules.cli.tables import report_table
 from ctxrules.errors import UsageError
+from ctxrules.report_html import render_html
+from ctxrules.resources import schema_path
 
 
 def register(sub: Any) -> None:
@@ -23,8 +26,6 @@ def register(sub: Any) -> None:
 def load_report(path: str) -> dict[str, Any]:
     import jsonschema
 
-    from ctxrules.resources import schema_path
-
     data = read_json(path)
     schema = json.loads(schema_path("report.v1.schema.json").read_text(encoding="utf-8"))
     errors = sorted(jsonschema.Draft202012Validator(schema).iter_errors(data), key=lambda e: list(e.path))
@@ -35,12 +36,8 @@ def load_report(path: str) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ctxrules.cli.tables import report_table
-
     report = load_report(args.report)
     if args.html:
-        from ctxrules.report_html import render_html
-
         write_text(args.html, render_html(report))
         sys.stdout.write(f"wrote {args.html}\n")
     else:

@@ -7,6 +7,9 @@ import sys
 from typing import Any
 
 from ctxrules.cli.io import dump, read_json, write_text
+from ctxrules.cli.tables import report_table
+from ctxrules.engine import open_session
+from ctxrules.messages import split_input
 
 
 def register(sub: Any) -> None:
@@ -36,11 +39,7 @@ def _on_sigterm(signum: int, frame: object) -> None:
 def run(args: argparse.Namespace) -> int:
     import signal
 
-    from ctxrules.engine import open_session
-
     signal.signal(signal.SIGTERM, _on_sigterm)
-    from ctxrules.messages import split_input
-
     data = read_json(args.input)
     messages, tools = split_input(data)
     session = open_session(args.pack, args.model, session=args.session, state=args.state, window=args.window)
@@ -60,8 +59,6 @@ def run(args: argparse.Namespace) -> int:
     if args.report:
         write_text(args.report, dump(result.report))
     if args.explain:
-        from ctxrules.cli.tables import report_table
-
         stream = sys.stderr if args.output == "-" else sys.stdout
         stream.write(report_table(result.report))
     after = result.report["after"]

@@ -7,6 +7,10 @@ import json
 import sys
 from typing import Any
 
+from ctxrules.plugins import default_registry
+from ctxrules.stages.base import options_schema_for
+from ctxrules.validation.schema import rulepack_schema
+
 
 def register(sub: Any) -> None:
     p = sub.add_parser("schema", help="print the full rule-pack JSON Schema, including plugins",
@@ -17,10 +21,6 @@ def register(sub: Any) -> None:
 
 def full_schema() -> dict[str, Any]:
     import copy
-
-    from ctxrules.plugins import default_registry
-    from ctxrules.stages.base import options_schema_for
-    from ctxrules.validation.schema import rulepack_schema
 
     schema = copy.deepcopy(rulepack_schema())
     reg = default_registry()

@@ -8,6 +8,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ctxrules.cli.io import write_text
+from ctxrules.runtime.checkpoint import resume, scan
+from ctxrules.session_store import state_root_from_env
+
 
 def register(sub: Any) -> None:
     p = sub.add_parser("sessions", help="find and resume sessions whose compaction was interrupted")
@@ -24,9 +28,6 @@ def register(sub: Any) -> None:
 
 
 def run_scan(args: argparse.Namespace) -> int:
-    from ctxrules.engine import state_root_from_env
-    from ctxrules.runtime.checkpoint import scan
-
     root = Path(args.state) if args.state else state_root_from_env()
     found = scan(root)
     for hit in found:
@@ -37,9 +38,6 @@ def run_scan(args: argparse.Namespace) -> int:
 
 
 def run_resume(args: argparse.Namespace) -> int:
-    from ctxrules.cli.io import write_text
-    from ctxrules.runtime.checkpoint import resume
-
     messages = resume(Path(args.session))
     write_text(args.output, json.dumps(messages, ensure_ascii=False, indent=2) + "\n")
     return 0

@@ -7,6 +7,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ctxrules.compressors.testing import run_compressor_tests
+from ctxrules.engine import Engine
+from ctxrules.errors import PackError
+from ctxrules.packtests import CaseResult, run_pack_tests
+from ctxrules.validation.validate import collect_files
+
 
 def register(sub: Any) -> None:
     p = sub.add_parser("test", help="run the tests packs carry",
@@ -19,8 +25,6 @@ def register(sub: Any) -> None:
 
 
 def _expand(refs: list[str]) -> list[str]:
-    from ctxrules.validation.validate import collect_files
-
     out: list[str] = []
     for ref in refs:
         if ref.startswith("builtin:"):
@@ -34,9 +38,6 @@ def _compressor_cases(engine: Any, require_tests: bool,
                       seen: set[tuple[str, str, str]]) -> list[Any]:
     """The inline tests of the pack's compressors (ctxrules.compressors.testing); a test that
     several packs inherit (each fragment and builtin:default) runs once per invocation."""
-    from ctxrules.compressors.testing import run_compressor_tests
-    from ctxrules.packtests import CaseResult
-
     out: list[CaseResult] = []
     cases = run_compressor_tests(engine.pack, require_tests=require_tests, registry=engine.registry)
     for case in cases:
@@ -51,10 +52,6 @@ def _compressor_cases(engine: Any, require_tests: bool,
 
 
 def run(args: argparse.Namespace) -> int:
-    from ctxrules.engine import Engine
-    from ctxrules.errors import PackError
-    from ctxrules.packtests import CaseResult, run_pack_tests
-
     results: list[CaseResult] = []
     seen: set[tuple[str, str, str]] = set()
     for ref in _expand(args.packs):

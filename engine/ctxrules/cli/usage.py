@@ -14,7 +14,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ctxrules.budget.ledger import Totals
+from ctxrules.budget.policy import BudgetPolicy
+from ctxrules.budget.tracker import SessionLedger
+from ctxrules.budget.usage import TokenUsage, is_failed_response
+from ctxrules.cli.io import dump, read_json
 from ctxrules.errors import UsageError
+from ctxrules.packs.validated import load_pack
+from ctxrules.session_store import state_root_from_env
 
 KINDS = ("prompt", "completion", "cached", "cache_write", "reasoning", "citation", "total")
 
@@ -120,14 +127,8 @@ def _count(text: str) -> int:
 
 
 def _ledger(args: argparse.Namespace) -> Any:
-    from ctxrules.budget.policy import BudgetPolicy
-    from ctxrules.budget.tracker import SessionLedger
-    from ctxrules.engine import state_root_from_env
-
     policy = BudgetPolicy()
     if args.pack:
-        from ctxrules.packs.loader import load_pack
-
         policy = BudgetPolicy.from_pack(load_pack(args.pack).data)
     if args.session:
         session = Path(args.session)
@@ -148,8 +149,6 @@ def _ledger(args: argparse.Namespace) -> Any:
 
 
 def run_add(args: argparse.Namespace) -> int:
-    from ctxrules.budget.usage import TokenUsage, is_failed_response
-
     given = {k: getattr(args, k) for k in KINDS if getattr(args, k) is not None}
     if args.failed:
         sys.stdout.write("not recorded: a failed call records no usage\n")
@@ -159,8 +158,6 @@ def run_add(args: argparse.Namespace) -> int:
     ledger = _ledger(args)
     source: Any
     if args.response:
-        from ctxrules.cli.io import read_json
-
         source = read_json(args.response)
         if is_failed_response(source):
             sys.stdout.write(
@@ -180,8 +177,6 @@ def run_add(args: argparse.Namespace) -> int:
         fmt=args.shape,
     )
     if args.json:
-        from ctxrules.cli.io import dump
-
         sys.stdout.write(dump(rec))
         return 0
     t, usd = rec["tokens"], rec["usd"]
@@ -200,8 +195,6 @@ def run_show(args: argparse.Namespace) -> int:
     now = time.time()
     status = ledger.status(now)
     day, day_label = ledger.day_entries(now)
-    from ctxrules.budget.ledger import Totals
-
     data: dict[str, Any] = {
         "session": {"path": str(ledger.dir), "root": ledger.root_id, **status.totals.as_dict()},
         "day": {"date": day_label, "timezone": ledger.policy.timezone, **Totals.of(day).as_dict()},
@@ -212,8 +205,6 @@ def run_show(args: argparse.Namespace) -> int:
         "days": _days(ledger, now, args.days),
     }
     if args.format == "json":
-        from ctxrules.cli.io import dump
-
         sys.stdout.write(dump(data))
         return 0
     sys.stdout.write(_render(data))
@@ -221,8 +212,6 @@ def run_show(args: argparse.Namespace) -> int:
 
 
 def _days(ledger: Any, now: float, n: int) -> list[dict[str, Any]]:
-    from ctxrules.budget.ledger import Totals
-
     out = []
     for i in range(n):
         entries, label = ledger.day_entries(now - 86_400 * i)

@@ -7,7 +7,9 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from ctxrules.plugins import default_registry
 from ctxrules.validation import formats
+from ctxrules.validation.validate import validate_paths
 
 
 def register(sub: Any) -> None:
@@ -24,9 +26,7 @@ def register(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ctxrules.validation.validate import validate_paths
-
-    diags, count, real = validate_paths(args.paths, skip_non_packs=args.skip_non_packs)
+    diags, count, real = validate_paths(args.paths, default_registry(), skip_non_packs=args.skip_non_packs)
     render: Callable[[], str] = {
         "text": lambda: formats.format_text(diags, count, real),
         "json": lambda: formats.format_json(diags, count),

@@ -9,6 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from ctxrules.errors import UsageError
+from ctxrules.session_store import state_root_from_env
+from ctxrules.vault import Vault, VaultError, parse_ref
 
 
 def register(sub: Any) -> None:
@@ -34,9 +36,6 @@ def _parse_lines(text: str) -> tuple[int, int]:
 
 
 def run_get(args: argparse.Namespace) -> int:
-    from ctxrules.engine import state_root_from_env
-    from ctxrules.vault import Vault, VaultError, parse_ref
-
     ident, lines = args.id, None
     if ident.startswith("vault://"):
         ident, lines = parse_ref(ident)

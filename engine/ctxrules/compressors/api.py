@@ -77,14 +77,6 @@ def _compiled(patterns: tuple[str, ...]) -> tuple[re.Pattern[str], ...]:
     return tuple(out)
 
 
-def _registry(registry: Registry | None) -> Registry:
-    if registry is not None:
-        return registry
-    from ctxrules.plugins import default_registry
-
-    return default_registry()
-
-
 def compress_text(
     pack: Mapping[str, Any],
     command: str,
@@ -92,7 +84,7 @@ def compress_text(
     exit_code: int | None,
     *,
     vault_id: str | None = None,
-    registry: Registry | None = None,
+    registry: Registry,
     lossless: bool = False,
     rule_id: str | None = None,
 ) -> CompressResult | None:
@@ -106,7 +98,7 @@ def compress_text(
         raise TypeError(f"output must be str, got {type(output).__name__}")
     if not output:
         return None
-    rules = compile_rules(pack, _registry(registry))
+    rules = compile_rules(pack, registry)
     if not rules:
         return None
     # The pipeline asks again about the same outputs on every call of a session; the answer is
@@ -175,7 +167,7 @@ def compress_tool_output(
     exit_code: int | None,
     vault: Vault,
     *,
-    registry: Registry | None = None,
+    registry: Registry,
 ) -> CompressResult | None:
     """The compressed ``output`` of ``command``, or None when no rule matches or saves anything.
 
@@ -183,6 +175,7 @@ def compress_tool_output(
     as the agent sent it (compound commands match on their last command, see
     :mod:`ctxrules.compressors.argv`); ``exit_code`` None when unknown. The full ``output`` is
     put in ``vault`` before the result is returned, so its markers always resolve.
+    ``registry`` holds the actions the rules' steps use (a session passes its engine's).
     Raises :class:`CompressorError` when a rule cannot be built or an action misbehaves.
     """
     result = compress_text(pack, command, output, exit_code, registry=registry)

@@ -14,25 +14,14 @@ merged result:
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
-from ctxrules.validation.diagnostics import did_you_mean
+from ctxrules.diagnostics import Reporter, did_you_mean
 
 if TYPE_CHECKING:
     from ctxrules.plugins import Registry
 
 __all__ = ["check_compressors"]
-
-
-class Reporter(Protocol):
-    def add(
-        self,
-        code: str,
-        message: str,
-        pointer: str,
-        hint: str | None = None,
-        severity: str = "error",
-    ) -> None: ...
 
 
 def _check_step(

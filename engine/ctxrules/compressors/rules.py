@@ -21,6 +21,7 @@ from fnmatch import fnmatchcase
 from typing import TYPE_CHECKING, Any
 
 from ctxrules.compressors.argv import CommandLine, positionals
+from ctxrules.diagnostics import did_you_mean
 from ctxrules.errors import CtxrulesError
 
 if TYPE_CHECKING:
@@ -140,8 +141,6 @@ def _build_steps(rule_id: str, steps: Sequence[Any], registry: Registry) -> tupl
         name = step["use"]
         action = registry.actions.get(name)
         if action is None:
-            from ctxrules.validation.diagnostics import did_you_mean
-
             hint = did_you_mean(name, list(registry.actions))
             raise CompressorError(
                 f"compressor '{rule_id}', step {i + 1}: unknown action '{name}'"

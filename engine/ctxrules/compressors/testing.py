@@ -30,6 +30,8 @@ from ctxrules.compressors.apply import is_failure, split_output
 from ctxrules.compressors.argv import parse_command
 from ctxrules.compressors.rules import CompressorError, compile_rules, select_rule
 from ctxrules.errors import CtxrulesError
+from ctxrules.models import lookup_model
+from ctxrules.tokens import TokenCounter
 from ctxrules.vault import parse_markers
 
 if TYPE_CHECKING:
@@ -60,9 +62,6 @@ class CaseResult:
 
 
 def _count_tokens(text: str) -> int:
-    from ctxrules.models import lookup_model
-    from ctxrules.tokens import TokenCounter
-
     return TokenCounter.for_model(lookup_model(TOKEN_MODEL)).count_text(text)
 
 
@@ -200,16 +199,13 @@ def _run_case(
 
 
 def run_compressor_tests(
-    pack: ResolvedPack, *, require_tests: bool, registry: Registry | None = None
+    pack: ResolvedPack, *, require_tests: bool, registry: Registry
 ) -> list[CaseResult]:
-    """Every inline test of every compressor in ``pack`` (resolved: inherited ones included).
+    """Every inline test of every compressor in ``pack`` (resolved: inherited ones included),
+    with the actions of ``registry`` (the engine's, so that a plugin's actions are tested too).
 
     With ``require_tests``, a compressor without tests yields one failed case ``<missing>``.
     """
-    if registry is None:
-        from ctxrules.plugins import default_registry
-
-        registry = default_registry()
     results: list[CaseResult] = []
     origins = pack.origins()
     for index, rule in enumerate(pack.data.get("compressors") or []):

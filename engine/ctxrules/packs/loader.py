@@ -1,4 +1,8 @@
-"""Load a pack: read each file once, resolve ``extends`` depth-first, merge, keep origins."""
+"""Load a pack: read each file once, resolve ``extends`` depth-first, merge, keep origins.
+
+Each file is checked against the pack schema as it is read; the semantic checks of the
+resolved pack, and ``load_pack``, are in ``ctxrules.packs.validated``.
+"""
 
 from __future__ import annotations
 
@@ -7,14 +11,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ctxrules._version import __version__
-from ctxrules.errors import PackError
+from ctxrules.diagnostics import Diagnostic, did_you_mean
 from ctxrules.packs.merge import ID_LISTS, MergeProblem, drop_disabled, merge_packs
 from ctxrules.packs.semver import RangeError, is_semver, parse_range
 from ctxrules.packs.source import Origin, SourceDoc, YamlProblem, parse_yaml
 from ctxrules.packs.tree import OList, OMap, annotate, origins_by_pointer, plain
 from ctxrules.resources import rules_dir
-from ctxrules.validation.diagnostics import Diagnostic, did_you_mean
+from ctxrules.validation.schema import check_document
 
 BUILTIN_PREFIX = "builtin:"
 _BUILTIN_REF = re.compile(r"^builtin:(?P<name>[A-Za-z0-9_][A-Za-z0-9_./-]*?)(?:@(?P<range>.+))?$")
@@ -98,8 +101,6 @@ class PackLoader:
             doc = parse_yaml(text, shown)
         except YamlProblem as p:
             return None, [Diagnostic(p.code, "error", p.message, shown, p.line, p.col, p.pointer, p.hint)]
-        from ctxrules.validation.schema import check_document
-
         return doc, check_document(doc)
 
     # -- resolving ---------------------------------------------------------------------
@@ -235,32 +236,3 @@ def _dedupe(diags: list[Diagnostic]) -> list[Diagnostic]:
             seen.add(k)
             out.append(d)
     return out
-
-
-def check_requires(requires: object) -> str | None:
-    """None when ``metadata.requires`` admits this engine, else the reason."""
-    if requires is None:
-        return None
-    try:
-        rng = parse_range(str(requires))
-    except RangeError as exc:
-        return f"metadata.requires does not parse: {exc}"
-    if not rng.contains(__version__):
-        return f"this pack requires ctxrules {requires}, but this is ctxrules {__version__}"
-    return None
-
-
-def load_pack(ref: str | Path, *, loader: PackLoader | None = None) -> ResolvedPack:
-    """Resolve and fully validate a pack; raises :class:`PackError` when it has errors."""
-    from ctxrules.validation.validate import validate_resolved
-
-    loader = loader or PackLoader()
-    pack = loader.resolve(str(ref))
-    pack.diagnostics = validate_resolved(pack, loader)
-    errors = [d for d in pack.diagnostics if d.severity == "error"]
-    if errors:
-        first = errors[0]
-        more = f" (and {len(errors) - 1} more; run `ctxrules validate`)" if len(errors) > 1 else ""
-        raise PackError(f"{first.file}:{first.line}:{first.col}: error[{first.code}] {first.message}{more}",
-                        list(errors))
-    return pack

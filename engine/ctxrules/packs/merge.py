@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from ctxrules.diagnostics import did_you_mean
 from ctxrules.packs.source import Origin
 from ctxrules.packs.tree import OList, OMap, clone
 
@@ -108,8 +109,6 @@ def _merge_id_list(base: OList, over: OList, key: str, problems: list[MergeProbl
 
 
 def _hint_for(ident: str, ids: list[str]) -> str | None:
-    from ctxrules.validation.diagnostics import did_you_mean
-
     return did_you_mean(ident, ids)
 
 

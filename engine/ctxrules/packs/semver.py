@@ -11,6 +11,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from ctxrules._version import __version__
+
 _SEMVER = re.compile(
     r"^(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)"
     r"(?:-((?:0|[1-9]\d*|\d*[A-Za-z-][0-9A-Za-z-]*)(?:\.(?:0|[1-9]\d*|\d*[A-Za-z-][0-9A-Za-z-]*))*))?"
@@ -159,3 +161,16 @@ def parse_range(text: str) -> VersionRange:
             bounds.extend(_comparator(tok))
         alternatives.append(tuple(bounds))
     return VersionRange(text, tuple(alternatives))
+
+
+def check_requires(requires: object) -> str | None:
+    """None when ``metadata.requires`` admits this engine, else the reason."""
+    if requires is None:
+        return None
+    try:
+        rng = parse_range(str(requires))
+    except RangeError as exc:
+        return f"metadata.requires does not parse: {exc}"
+    if not rng.contains(__version__):
+        return f"this pack requires ctxrules {requires}, but this is ctxrules {__version__}"
+    return None

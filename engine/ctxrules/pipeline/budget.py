@@ -16,9 +16,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ctxrules.errors import UsageError
-from ctxrules.stages.base import TIERS
+from ctxrules.types import THRESHOLD_NAMES
 
-THRESHOLD_NAMES = TIERS[1:]
 DEFAULT_THRESHOLDS = {"monitor": 0.40, "light": 0.50, "full": 0.70, "emergency": 0.90}
 DEFAULT_RESERVE = 8192
 DEFAULT_TAIL = 0.20
@@ -73,10 +72,6 @@ class Budget:
                 "reserve_output": self.reserve_output, "usable_window": self.usable,
                 "thresholds": dict(self.thresholds), "tail_budget": self.tail_budget,
                 "safety_margin": self.safety_margin}
-
-
-def tier_rank(tier: str) -> int:
-    return TIERS.index(tier)
 
 
 def make_budget(context: dict[str, Any], *, registry_window: int | None, override: int | None,

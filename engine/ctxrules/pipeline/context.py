@@ -12,8 +12,8 @@ if TYPE_CHECKING:
 
     from ctxrules.models import ModelInfo
     from ctxrules.pipeline.budget import Budget
-    from ctxrules.stages.base import Message
     from ctxrules.tokens import TokenCounter
+    from ctxrules.types import Message
     from ctxrules.vault import Vault
 
 
@@ -43,6 +43,12 @@ class StageContext:
       from there on. 0 for every stage but the first integrity pass.
     - ``hooks``: the plugin manager's hook relay (``hooks.ctxrules_semantic_filter(...)``), for
       the pipeline hooks of ``ctxrules.hookspecs``; ``None`` when the caller built no manager.
+    - ``registry``: the engine's plugin registry (stage types, compressor actions, template
+      filters): a stage that looks one up uses this one, never the process-wide default, so a
+      plugin handed to ``Engine.load(plugins=...)`` is seen. ``None`` when built by hand: such a
+      stage then does without (``tool_output.filter`` runs no compressor).
+    - ``cache_key``: the provider prompt-cache key of the session (its id, or the parent's key
+      for a sub-agent); ``cache.markers`` sets ``prompt_cache_key`` from it.
     - ``compactions``: stage type names of the content stages that shortened the messages
       (fewer tokens out than in) earlier in this run, in order; ``reread.recent_files`` reads
       it to know whether a compaction happened.
@@ -67,6 +73,10 @@ class StageContext:
     valid_prefix: int = 0
     hooks: Any = None
     compactions: tuple[str, ...] = ()
+    # A ctxrules.plugins.Registry; typed loosely like ``hooks`` because naming the type here
+    # would tie the stage contract and the plugin manager into an import cycle.
+    registry: Any = None
+    cache_key: str = ""
 
     def count(self, messages: Sequence[Message]) -> int:
         """Prompt tokens of ``messages`` plus the tool schemas."""

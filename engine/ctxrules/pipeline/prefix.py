@@ -13,15 +13,10 @@ first messages with the one stored in ``state.json`` (:class:`HistoryChain`).
 from __future__ import annotations
 
 import hashlib
-import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-
-def message_digest(message: Mapping[str, Any]) -> str:
-    """A stable digest of a message across processes (canonical JSON, sha256)."""
-    data = json.dumps(message, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
-    return hashlib.sha256(data.encode("utf-8", errors="surrogatepass")).hexdigest()
+from ctxrules.messages import message_digest
 
 
 class HistoryChain:

@@ -7,22 +7,31 @@ from typing import TYPE_CHECKING, Any
 from ctxrules._version import __version__
 
 if TYPE_CHECKING:
-    from ctxrules.engine import Session
     from ctxrules.pipeline.budget import Budget
     from ctxrules.pipeline.runner import RunOutcome
 
 REPORT_VERSION = 1
 
 
-def build_report(session: Session, *, history_tokens: int, history_len: int, reused: int,
-                 outcome: RunOutcome, vault_new: list[str], ms: float,
-                 budget: Budget | None = None) -> dict[str, Any]:
-    """``budget``: the Budget the pipeline used, when it differs from the session's (eco mode)."""
-    budget = budget or session.budget
+def report_header(*, pack: dict[str, Any], session: dict[str, Any], model: dict[str, Any]) -> dict[str, Any]:
+    """The part of a report that names what ran: the pack (name, digest, files), the session
+    (id, path) and the model (name, registry key, provider, family, tokenizer, estimates,
+    models entry). Plain data, so the report does not depend on the session object."""
+    return {"pack": dict(pack), "session": dict(session), "model": dict(model)}
+
+
+def build_report(header: dict[str, Any], *, budget: Budget, history_tokens: int, history_len: int, reused: int,
+                 outcome: RunOutcome, vault_new: list[str], ms: float) -> dict[str, Any]:
+    """The run report; ``budget`` is the one the pipeline used (the eco-mode one when scaled)."""
     tokens_after = outcome.tokens
     util_before = budget.utilization(history_tokens)
     util_after = budget.utilization(tokens_after)
     warnings = list(outcome.warnings)
+    model = {k: v for k, v in header["model"].items() if k != "models_entry"}
+    # The margin is the budget's (eco mode may hand the pipeline another Budget); the key
+    # order is the report's documented one.
+    model["safety_margin"] = budget.safety_margin
+    model["models_entry"] = header["model"].get("models_entry")
     after: dict[str, Any] = {"messages": len(outcome.messages), "tokens": tokens_after,
                              "utilization": round(util_after, 6), "tier": budget.tier_of(util_after),
                              "fits": budget.fits(tokens_after)}
@@ -37,16 +46,9 @@ def build_report(session: Session, *, history_tokens: int, history_len: int, reu
     return {
         "version": REPORT_VERSION,
         "ctxrules": __version__,
-        "pack": {"name": session.engine.pack.name, "digest": session.engine.digest,
-                 "files": session.engine.pack.files},
-        "session": {"id": session.id, "path": str(session.path)},
-        "model": {
-            "name": session.model.name, "registry_key": session.model.key, "provider": session.model.provider,
-            "family": session.model.family, "tokenizer": session.model.tokenizer,
-            "tokens_are_estimates": session.counter.is_estimate,
-            "safety_margin": budget.safety_margin,
-            "models_entry": (session.model_entry or {}).get("id"),
-        },
+        "pack": header["pack"],
+        "session": header["session"],
+        "model": model,
         "budget": budget.as_dict(),
         "before": {"messages": history_len, "tokens": history_tokens, "utilization": round(util_before, 6),
                    "tier": budget.tier_of(util_before)},

@@ -16,10 +16,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ctxrules.errors import CtxrulesError
-from ctxrules.pipeline.budget import tier_rank
+from ctxrules.messages import message_text
 from ctxrules.pipeline.context import StageContext
 from ctxrules.stages.base import Message, Stage, StageOutcome, StageType
 from ctxrules.structure import replaced
+from ctxrules.types import tier_rank
 
 
 class StageFailed(CtxrulesError):
@@ -151,6 +152,7 @@ def run_pipeline(plan: Sequence[PlannedStage], messages: list[Message], base: St
             session_id=base.session_id, protected=base.protected,
             target=str(p.options.get("target", "monitor")), clock=base.clock, cache_hot=base.cache_hot,
             hooks=base.hooks, valid_prefix=base.valid_prefix if msgs is initial else 0, compactions=tuple(compactions),
+            registry=base.registry, cache_key=base.cache_key,
         )
         started = time.perf_counter()
         ctx.log.debug("stage.start", tier=tier, tokens=tokens)
@@ -212,8 +214,6 @@ def _changed(a: list[Message], b: list[Message]) -> bool:
 
 def _finalize_guard(p: PlannedStage, before: list[Message], after: list[Message]) -> list[Message]:
     """Finalize stages may add markers (e.g. ``cache_control``) but never change text."""
-    from ctxrules.messages import message_text
-
     if len(before) != len(after) or any(
             message_text(before[i]) != message_text(after[i])
             for i in replaced(before, after)):

@@ -39,17 +39,19 @@ from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ctxrules.diagnostics import did_you_mean
 from ctxrules.errors import CtxrulesError
+from ctxrules.packs.loader import display_path
 from ctxrules.packs.models_match import name_candidates
+from ctxrules.plugins import Registry, default_registry
 from ctxrules.prompts.environment import make_environment
-from ctxrules.validation.diagnostics import did_you_mean
+from ctxrules.resources import rules_dir
 
 if TYPE_CHECKING:
     from jinja2 import Template
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
     from ctxrules.packs.loader import ResolvedPack
-    from ctxrules.plugins import Registry
 
 __all__ = [
     "DEFAULT_DISCIPLINE_TAG",
@@ -175,14 +177,11 @@ class _Variable:
     required: bool
 
 
-def _display(path: Path) -> str:
-    from ctxrules.packs.loader import display_path
-
+def display_template_path(path: Path) -> str:
+    """A template file as diagnostics name it: like a pack file, but a built-in keeps its suffix."""
     shown = display_path(path)
     # display_path names built-in *packs* without their suffix; a template keeps its name.
     if shown.startswith("builtin:"):
-        from ctxrules.resources import rules_dir
-
         return "builtin:" + path.resolve().relative_to(rules_dir().resolve()).as_posix()
     return shown
 
@@ -214,7 +213,7 @@ def read_template(
             "not UTF-8" if isinstance(exc, UnicodeDecodeError) else exc
         )
         return None, str(path), f"template file {rel!r} cannot be read ({reason})"
-    return text, _display(path), None
+    return text, display_template_path(path), None
 
 
 class _SectionLoader:
@@ -245,7 +244,7 @@ class PromptSet:
     included), modes, entries and the template filters' plugin versions.
     """
 
-    def __init__(self, pack: ResolvedPack, registry: Registry | None = None) -> None:
+    def __init__(self, pack: ResolvedPack, registry: Registry) -> None:
         self.pack = pack
         data = pack.data
         origins = pack.origins()
@@ -303,10 +302,6 @@ class PromptSet:
             self.entries.append(_Entry(entry["id"], globs, disc))
         if problems:
             raise AssemblyError("; ".join(problems))
-        if registry is None:
-            from ctxrules.plugins import default_registry
-
-            registry = default_registry()
         self._filters = dict(registry.filters)
         self.digest = self._digest(registry.fingerprint())
         self._env: ImmutableSandboxedEnvironment | None = None
@@ -585,8 +580,9 @@ _SETS: OrderedDict[tuple[int, int], tuple[ResolvedPack, PromptSet]] = OrderedDic
 _SETS_LOCK = threading.Lock()
 
 
-def prompt_set(pack: ResolvedPack, registry: Registry | None = None) -> PromptSet:
-    """The :class:`PromptSet` of ``pack``, built once per pack object (and registry)."""
+def prompt_set(pack: ResolvedPack, registry: Registry) -> PromptSet:
+    """The :class:`PromptSet` of ``pack`` with ``registry``'s template filters, built once per
+    pack object and registry."""
     key = (id(pack), id(registry))
     with _SETS_LOCK:
         hit = _SETS.get(key)
@@ -629,5 +625,10 @@ def assemble(
     ``entry`` picks a ``models:`` entry by id instead of matching ``model``; with neither, no
     discipline section is added. Raises :class:`AssemblyError` for an unknown mode, an unknown
     or missing variable, or a template that fails to render.
+
+    ``registry``: the plugins whose template filters the templates may use; pass
+    ``engine.registry`` for a pack an :class:`~ctxrules.Engine` loaded with ``plugins=``. Without
+    it, the installed plugins are used (this function is an entry point, like ``Engine.load``).
     """
-    return prompt_set(pack, registry).assemble(mode, model=model, entry=entry, variables=variables)
+    ps = prompt_set(pack, registry if registry is not None else default_registry())
+    return ps.assemble(mode, model=model, entry=entry, variables=variables)

@@ -29,7 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from ctxrules.errors import CtxrulesError
-from ctxrules.session_store import write_atomic
+from ctxrules.session_store import SessionLock, SessionStore, write_atomic
+from ctxrules.vault import Vault
 
 CHECKPOINT_FILE = "checkpoint.json"
 
@@ -96,8 +97,6 @@ def recovered(session: Path) -> str | None:
     """The session was reopened after an interrupted compaction and goes on from before it.
     A backup that needs ``last_output.jsonl`` is made whole first (the reopened session will
     write that file). Returns the vault id of the backup of the whole input (None: lost)."""
-    from ctxrules.vault import Vault
-
     data = read(session) or {}
     if _prefix(data):
         try:
@@ -121,9 +120,6 @@ def _prefix(data: dict[str, Any]) -> int:
 def _backed_up(session: Path, data: dict[str, Any]) -> list[Any]:
     """The messages the interrupted compaction started from: the first ``prefix`` lines of
     ``last_output.jsonl`` (checked against the state saved with them) and the backup."""
-    from ctxrules.session_store import SessionStore
-    from ctxrules.vault import Vault
-
     backup = data.get("backup")
     if not backup:
         raise CtxrulesError(f"{session}: the checkpoint has no backup of the messages")
@@ -185,8 +181,6 @@ def scan(state_root: Path) -> list[Interrupted]:
 
 def resume(session: Path) -> list[dict[str, Any]]:
     """Restore the state from before the interrupted compaction; return the backed-up messages."""
-    from ctxrules.session_store import SessionLock, SessionStore
-
     with SessionLock(session):
         hit = check(session)
         data = read(session) or {}

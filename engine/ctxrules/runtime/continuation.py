@@ -22,6 +22,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ctxrules.messages import message_text
+from ctxrules.structure import steps
+
 DEFAULTS: dict[str, Any] = {"max_identical_errors": 3, "drift_every_steps": 0, "protected_files": []}
 
 
@@ -56,9 +59,6 @@ def _file_digest(path: Path) -> str:
 def evaluate(config: dict[str, Any], state: dict[str, Any], memory: dict[str, Any], *,
              is_error: Callable[[str], bool]) -> Decision:
     """Run every applicable check. ``memory`` persists between calls (file digests)."""
-    from ctxrules.messages import message_text
-    from ctxrules.structure import steps
-
     cfg = {**DEFAULTS, **(config or {})}
     messages: Sequence[dict[str, Any]] = state.get("messages") or []
     checks: dict[str, str] = {}

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ctxrules.errors import CtxrulesError
+from ctxrules.structure import pinned_indices
+from ctxrules.tokens import REPLY_PRIMING_TOKENS
 
 if TYPE_CHECKING:
     from ctxrules.pipeline.budget import Budget
@@ -71,9 +73,6 @@ class Preflight:
 
 def preflight(messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]], *,
               counter: TokenCounter, budget: Budget) -> Preflight:
-    from ctxrules.structure import pinned_indices
-    from ctxrules.tokens import REPLY_PRIMING_TOKENS
-
     has_system = any(m.get("role") == "system" for m in messages)
     per = counter.count_each(messages)
     tools_tokens = counter.count_tools(list(tools), has_system_message=has_system)

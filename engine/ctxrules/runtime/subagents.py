@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ctxrules.errors import CtxrulesError, UsageError
+from ctxrules.stages.reduce import handover_text
 
 DEFAULTS = {"max_descendants": 20, "max_result_tokens": 4000, "spill_chars": 8000}
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
@@ -60,8 +61,6 @@ class Handover:
 
 
 def make_handover(result: str, *, vault: Any, counter: Any, max_result_tokens: int, spill_chars: int) -> Handover:
-    from ctxrules.stages.reduce import handover_text
-
     before = counter.count_text(result)
     if len(result) <= spill_chars and before <= max_result_tokens:
         return Handover(result, False, None, before, before)

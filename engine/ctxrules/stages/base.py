@@ -10,16 +10,19 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeAlias
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
+
+# Message, Phase and the tier names live in the leaf module ctxrules.types; they are named here
+# too because this module is the stage contract a plugin author reads.
+from ctxrules.types import PHASES, THRESHOLD_NAMES, TIERS, Message, Phase
 
 if TYPE_CHECKING:
     from ctxrules.pipeline.context import StageContext
 
-Message: TypeAlias = dict[str, Any]
-"""One OpenAI chat message. Unknown fields are carried through untouched."""
-
-Phase: TypeAlias = Literal["content", "integrity", "finalize"]
-PHASES: tuple[Phase, ...] = ("content", "integrity", "finalize")
+__all__ = [
+    "EMPTY_OPTIONS_SCHEMA", "PHASES", "TIERS", "Action", "Message", "Phase", "Stage", "StageFactory",
+    "StageOutcome", "StageType", "options_schema_for",
+]
 
 EMPTY_OPTIONS_SCHEMA: Mapping[str, Any] = {
     "type": "object",
@@ -93,13 +96,11 @@ class StageType:
     hysteresis: bool = False
 
 
-TIERS: tuple[str, ...] = ("below", "monitor", "light", "full", "emergency")
-
 _TARGET_SCHEMA: Mapping[str, Any] = {
     "title": "Target tier",
     "description": "Stop as soon as utilization is below this tier (hysteresis: keeps the next "
                    "turn from re-triggering). Default: monitor.",
-    "enum": list(TIERS[1:]),
+    "enum": list(THRESHOLD_NAMES),
 }
 
 

@@ -22,7 +22,7 @@ human anchor, which is pinned). Everything after it is *history*. The stage
   (4, Anthropic's limit) counting markers the caller set. Qwen-style providers get prefix
   markers only (system block and stable prefix);
 - sets ``prompt_cache_key`` in ``result.request`` for native OpenAI endpoints: the session's
-  cache key, which is its id unless the session was opened with ``cache_key=`` (a sub-agent
+  cache key (``ctx.cache_key``), which is its id unless the session was opened with ``cache_key=`` (a sub-agent
   passes its parent's key and so shares the parent's cache routing);
 - keeps a per-session fingerprint of every layer in ``ctx.state`` and, when the prefix changes,
   reports which layer broke it (model, tools — named —, system, workspace rules, first user
@@ -38,9 +38,7 @@ from __future__ import annotations
 import hashlib
 import json
 import operator
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
-from contextvars import ContextVar
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -55,11 +53,9 @@ if TYPE_CHECKING:
     from ctxrules.pipeline.context import StageContext
 
 __all__ = [
-    "CACHE_KEY",
     "STAGE_TYPE",
     "CacheMarkers",
     "PrefixLayers",
-    "cache_key_scope",
     "canonical_message",
     "count_markers",
     "ctxrules_register_stages",
@@ -67,9 +63,6 @@ __all__ = [
     "prefix_layers",
     "stable_prefix_bytes",
 ]
-
-CACHE_KEY: ContextVar[str | None] = ContextVar("ctxrules_cache_key", default=None)
-"""The prompt-cache key of the session whose ``prepare`` is running (set by ``Session``)."""
 
 MARKER_KEY = "cache_control"
 ANTHROPIC_LIMIT = 4
@@ -83,16 +76,6 @@ ALLOWED_TOOLS_PROVIDERS = frozenset({"openai", "azure"})
 TTL_SECONDS = {"5m": 300.0, "1h": 3600.0}
 _T = TypeVar("_T")
 _SHORT = 16  # hex digits kept per history message digest
-
-
-@contextmanager
-def cache_key_scope(key: str | None) -> Iterator[None]:
-    """Make ``key`` the prompt-cache key for the stages run inside the block."""
-    token = CACHE_KEY.set(key)
-    try:
-        yield
-    finally:
-        CACHE_KEY.reset(token)
 
 
 # -- tool schemas -----------------------------------------------------------------------------
@@ -531,7 +514,7 @@ class CacheMarkers:
 
         key_mode = opts.prompt_cache_key
         if key_mode == "always" or (key_mode == "auto" and self._native_openai(ctx)):
-            key = CACHE_KEY.get() or ctx.session_id
+            key = ctx.cache_key or ctx.session_id
             if key:
                 request["prompt_cache_key"] = key
                 actions.append(Action("prompt_cache_key", f"prompt_cache_key={key}"))

@@ -18,11 +18,10 @@ import hashlib
 import re
 from collections.abc import Callable, Mapping, Sequence
 from functools import lru_cache
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ctxrules.hookspecs import hookimpl
 from ctxrules.messages import message_text, replace_text
-from ctxrules.pipeline.context import StageContext
 from ctxrules.stages.base import StageOutcome, StageType
 from ctxrules.stages.compress_common import (
     GUARD_OPTIONS,
@@ -34,6 +33,9 @@ from ctxrules.stages.compress_common import (
     text_id,
 )
 from ctxrules.vault import format_marker
+
+if TYPE_CHECKING:
+    from ctxrules.pipeline.context import StageContext
 
 _RESULT_ROLES = frozenset({"tool", "function"})
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")

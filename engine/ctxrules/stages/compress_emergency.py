@@ -37,10 +37,9 @@ injections below the emergency threshold, so the guarantee holds for the pipelin
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ctxrules.hookspecs import hookimpl
-from ctxrules.pipeline.context import StageContext
 from ctxrules.stages.base import Action, StageOutcome, StageType
 from ctxrules.stages.compress_common import Edit, View, apply_edits
 from ctxrules.stages.compress_remove import apply_removal, plan_removal
@@ -52,6 +51,9 @@ from ctxrules.structure import pinned_indices
 _NEVER_SPILLED = frozenset({"system", "developer"})
 # A spill leaves a marker and a preview; below this size it would not save enough to matter.
 _MIN_SPILL_CHARS = 2000
+
+if TYPE_CHECKING:
+    from ctxrules.pipeline.context import StageContext
 
 
 class Emergency:

@@ -32,14 +32,16 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ctxrules.hookspecs import hookimpl
 from ctxrules.messages import message_text
-from ctxrules.pipeline.context import StageContext
 from ctxrules.stages.base import Action, StageOutcome, StageType
 from ctxrules.structure import pair_tool_calls, pinned_indices, shape
 from ctxrules.toolroles import tool_roles
+
+if TYPE_CHECKING:
+    from ctxrules.pipeline.context import StageContext
 
 __all__ = ["Intent", "IntentStage", "build_intent", "extract_terms"]
 

@@ -26,10 +26,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ctxrules.hookspecs import hookimpl
-from ctxrules.pipeline.context import StageContext
 from ctxrules.stages.base import Action, Message, StageOutcome, StageType
 from ctxrules.stages.compress_common import (
     GUARD_OPTIONS,
@@ -38,6 +37,9 @@ from ctxrules.stages.compress_common import (
     View,
     removal_units,
 )
+
+if TYPE_CHECKING:
+    from ctxrules.pipeline.context import StageContext
 
 
 @dataclass

@@ -18,12 +18,11 @@ below ``target``.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ctxrules.errors import PackError
 from ctxrules.hookspecs import hookimpl
 from ctxrules.messages import injected_kind, is_injected
-from ctxrules.pipeline.context import StageContext
 from ctxrules.stages.base import StageOutcome, StageType
 from ctxrules.stages.compress_common import (
     GUARD_OPTIONS,
@@ -34,6 +33,9 @@ from ctxrules.stages.compress_common import (
     apply_edits,
     truncate_message,
 )
+
+if TYPE_CHECKING:
+    from ctxrules.pipeline.context import StageContext
 
 _ROLES = frozenset({"tool", "function", "assistant", "user"})
 

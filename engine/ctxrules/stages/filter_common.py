@@ -14,8 +14,7 @@ import json
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from ctxrules.pipeline.budget import tier_rank
-from ctxrules.stages.base import TIERS, Message
+from ctxrules.types import TIERS, Message, tier_rank
 from ctxrules.vault import VaultError, parse_markers
 
 if TYPE_CHECKING:

@@ -33,10 +33,10 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from ctxrules.hookspecs import hookimpl
+from ctxrules.images import image_size
 from ctxrules.stages.base import Action, Message, StageOutcome, StageType
 from ctxrules.stages.filter_common import check_options, tokens_saved
 from ctxrules.structure import pinned_indices, shape
-from ctxrules.tokens import image_size
 from ctxrules.vault import format_marker
 
 if TYPE_CHECKING:

@@ -27,16 +27,18 @@ also stay in ``notes.json``). No notes: no message (a stale rendering is removed
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ctxrules.hookspecs import hookimpl
 from ctxrules.messages import injected_kind, is_real_user, mark_injected, message_text
 from ctxrules.notes import Note, NotesError, load_notes
-from ctxrules.pipeline.context import StageContext
 from ctxrules.stages.base import Action, Message, StageOutcome, StageType
 from ctxrules.stages.compress_common import line_count, text_id
 from ctxrules.structure import shape
 from ctxrules.vault import format_marker
+
+if TYPE_CHECKING:
+    from ctxrules.pipeline.context import StageContext
 
 KIND = "notes"
 _HEADER = ("Session notes (kept with the notes API; context for the task, not a new request). "

@@ -33,15 +33,17 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ctxrules.hookspecs import hookimpl
 from ctxrules.messages import mark_injected
-from ctxrules.pipeline.context import StageContext
 from ctxrules.stages.base import Action, Message, StageOutcome, StageType
 from ctxrules.stages.compress_common import cut_text, is_placeholder, restore_placeholder
 from ctxrules.stages.notes_render import insertion_point
 from ctxrules.tracker import TrackerError, edited_paths, load_tracked
+
+if TYPE_CHECKING:
+    from ctxrules.pipeline.context import StageContext
 
 KIND = "reread"
 _HEADER = ("Current content of files changed recently, re-read from disk after the context was "

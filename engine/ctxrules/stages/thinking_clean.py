@@ -47,8 +47,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ctxrules.hookspecs import hookimpl
-from ctxrules.messages import is_real_user
-from ctxrules.pipeline.prefix import message_digest
+from ctxrules.messages import is_real_user, message_digest
 from ctxrules.stages.base import Action, Message, StageOutcome, StageType
 from ctxrules.stages.filter_common import check_options, tokens_saved
 from ctxrules.structure import pinned_indices

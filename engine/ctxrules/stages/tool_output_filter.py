@@ -49,6 +49,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ctxrules import structure
+from ctxrules.compressors.api import compress_tool_output
 from ctxrules.hookspecs import hookimpl
 from ctxrules.messages import keep_mark
 from ctxrules.stages.base import Action, Message, StageOutcome, StageType
@@ -498,14 +499,13 @@ class _Run:
         command = shell_command(call) if call is not None else None
         if not command:
             return
-        try:
-            from ctxrules.compressors.api import compress_tool_output
-        except ImportError:  # the compressor package is optional: no compressor matched
+        registry = self.ctx.registry
+        if registry is None:  # a context built by hand, without plugins: no actions to run
             return
         exit_code = tool_roles(self.ctx.pack).exit_code(content)
         try:
             result = compress_tool_output(self.ctx.pack, command, content, exit_code,
-                                          self.ctx.vault)
+                                          self.ctx.vault, registry=registry)
         except Exception as exc:  # a broken compressor rule must not cost the other outputs
             self.warnings.append(f"compressor failed on message {r.index} ({command[:60]!r}): "
                                  f"{type(exc).__name__}: {exc}")
@@ -609,11 +609,7 @@ class _Run:
         return reduced.text, reduced.detail, vid
 
     def _semantic(self, unit: _Unit, budget: int, vid: str) -> tuple[str, str, str] | None:
-        hooks = getattr(self.ctx, "hooks", None)
-        if hooks is None:
-            from ctxrules.plugins import default_registry
-
-            hooks = getattr(default_registry(), "hooks", None)
+        hooks = self.ctx.hooks
         caller = getattr(hooks, "ctxrules_semantic_filter", None) if hooks is not None else None
         if caller is None:
             return None

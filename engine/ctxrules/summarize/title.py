@@ -15,6 +15,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from ctxrules.messages import message_text
+
 __all__ = ["FALLBACK_TITLES", "clean_for_title", "title"]
 
 FALLBACK_TITLES: dict[str, str] = {
@@ -40,8 +42,6 @@ _MD_LINK = re.compile(r"!?\[([^\]]*)\]\([^)]*\)")
 def _text_of(first_message: str | Mapping[str, Any]) -> str:
     if isinstance(first_message, str):
         return first_message
-    from ctxrules.messages import message_text
-
     return message_text(first_message)
 
 

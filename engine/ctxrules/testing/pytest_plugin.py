@@ -52,7 +52,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def load(ref: str, rootdir: Path | None = None) -> ResolvedPack:
     """The validated pack ``ref`` (memoized per process); relative paths from ``rootdir``."""
-    from ctxrules.packs.loader import load_pack
+    from ctxrules.packs.validated import load_pack
 
     if not ref.startswith("builtin:") and rootdir is not None and not Path(ref).is_absolute():
         ref = str(rootdir / ref)
@@ -122,10 +122,11 @@ def prompt_cases(pack: str = DEFAULT_PACK, *, rootdir: str | Path | None = None)
     """``pytest.param(mode, entry, id="MODE-ENTRY")`` for every mode x ``models:`` entry of
     ``pack``, plus ``"no-entry"`` for models that match none. Use with
     ``@pytest.mark.parametrize(("mode", "entry"), prompt_cases("path/to/pack.yaml"))``."""
+    from ctxrules.plugins import default_registry
     from ctxrules.prompts.assemble import prompt_set
 
     resolved = load(pack, Path(rootdir) if rootdir is not None else Path.cwd())
-    ps = prompt_set(resolved)
+    ps = prompt_set(resolved, default_registry())
     return [
         pytest.param(mode, entry, id=f"{mode}-{entry}")
         for mode in ps.mode_names()

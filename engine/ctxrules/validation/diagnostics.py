@@ -6,10 +6,11 @@ reference docs/reference/codes.md is checked against (``tests/test_docs.py``).
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+# Diagnostic, Severity and did_you_mean live in the leaf module ctxrules.diagnostics (the pack
+# loader uses them too); they are named here next to the codes they carry.
+from ctxrules.diagnostics import Diagnostic, Severity, did_you_mean
 
-Severity = Literal["error", "warning", "note"]
+__all__ = ["CODES", "Diagnostic", "Severity", "did_you_mean"]
 
 CODES: dict[str, str] = {
     "CR001": "YAML syntax error (including tabs used for indentation)",
@@ -52,37 +53,3 @@ CODES: dict[str, str] = {
     "CR092": "compaction time (summarizer.total_s) is not allowed for in the step limit (compaction_allowance_ms)",
     "CR093": "a heartbeat interval is not below the chunk limit it must keep from firing",
 }
-
-
-@dataclass(frozen=True)
-class Diagnostic:
-    """One finding, positioned in a file (1-based line and column) and by JSON pointer."""
-
-    code: str
-    severity: Severity
-    message: str
-    file: str
-    line: int = 1
-    col: int = 1
-    pointer: str = ""
-    hint: str | None = None
-    related: tuple[str, ...] = field(default=())
-
-    def as_dict(self) -> dict[str, Any]:
-        out = asdict(self)
-        out["related"] = list(self.related)
-        return out
-
-    @property
-    def sort_key(self) -> tuple[str, int, int, str]:
-        return (self.file, self.line, self.col, self.code)
-
-
-def did_you_mean(word: str, choices: list[str] | tuple[str, ...] | set[str]) -> str | None:
-    """A 'did you mean …' hint, or None when nothing is close."""
-    import difflib
-
-    close = difflib.get_close_matches(word, sorted(choices), n=3, cutoff=0.6)
-    if not close:
-        return None
-    return "did you mean " + " or ".join(f"'{c}'" for c in close) + "?"

@@ -12,11 +12,11 @@ from collections.abc import Iterable
 from functools import cache
 from typing import Any
 
+from ctxrules.diagnostics import Diagnostic, did_you_mean
 from ctxrules.packs.merge import ID_LISTS
-from ctxrules.packs.semver import RangeError, is_semver, parse_range
+from ctxrules.packs.semver import RangeError, check_requires, is_semver, parse_range
 from ctxrules.packs.source import SourceDoc, escape_token
 from ctxrules.resources import schema_path
-from ctxrules.validation.diagnostics import Diagnostic, did_you_mean
 
 _TYPE_NAMES = {"object": "a mapping", "array": "a list", "string": "a string", "integer": "an integer",
                "number": "a number", "boolean": "true or false", "null": "null"}
@@ -162,8 +162,6 @@ def check_document(doc: SourceDoc) -> list[Diagnostic]:
                                   "write MAJOR.MINOR.PATCH, e.g. 1.0.0"))
         requires = meta.get("requires")
         if isinstance(requires, str):
-            from ctxrules.packs.loader import check_requires
-
             o = doc.origin("/metadata/requires")
             try:
                 parse_range(requires)

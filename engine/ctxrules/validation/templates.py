@@ -20,7 +20,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ctxrules.validation.diagnostics import Diagnostic, Severity, did_you_mean
+from ctxrules.diagnostics import Diagnostic, Reporter, Severity, did_you_mean
+from ctxrules.prompts.assemble import AssemblyError, PromptSet, display_template_path
+from ctxrules.prompts.environment import BUILTIN_VARIABLES, RANDOM_FILTERS, make_environment
+from ctxrules.prompts.volatile import find_volatile
 
 if TYPE_CHECKING:
     from collections.abc import Collection
@@ -29,7 +32,7 @@ if TYPE_CHECKING:
 
     from ctxrules.packs.loader import ResolvedPack
     from ctxrules.packs.source import Origin
-    from ctxrules.validation.validate import _Reporter
+    from ctxrules.plugins import Registry
 
 
 def template_source(
@@ -68,10 +71,8 @@ class _Where:
                 if 0 < origin.line <= len(lines):
                     self.block = lines[origin.line - 1][origin.col - 1 :].lstrip()[:1] in ("|", ">")
         elif rel is not None:
-            from ctxrules.prompts.assemble import _display
-
             base = pack.real_paths.get(origin.file)
-            self.file = _display((base.parent if base else pack.base_dir()) / rel)
+            self.file = display_template_path((base.parent if base else pack.base_dir()) / rel)
 
     def at(self, template_line: int | None) -> tuple[str, int, int]:
         line = max(template_line or 1, 1)
@@ -84,12 +85,10 @@ class _Where:
         return self.file, self.origin.line + line - 1, 1
 
 
-def check_prompts(rep: _Reporter, pack: ResolvedPack) -> None:
+def check_prompts(rep: Reporter, pack: ResolvedPack, registry: Registry) -> None:
+    """Report the CR08x findings of ``pack``'s prompts; templates may use ``registry``'s filters."""
     import jinja2
     from jinja2 import meta
-
-    from ctxrules.prompts.environment import BUILTIN_VARIABLES, RANDOM_FILTERS, make_environment
-    from ctxrules.prompts.volatile import find_volatile
 
     data = pack.data
     prompts = _mapping(data.get("prompts"))
@@ -97,7 +96,7 @@ def check_prompts(rep: _Reporter, pack: ResolvedPack) -> None:
     variables = _mapping(prompts.get("variables"))
     declared = set(variables) | BUILTIN_VARIABLES
     stable = {k for k, v in variables.items() if isinstance(v, dict) and v.get("stable") is True}
-    filters = _known_filters()
+    filters = list(registry.filters)
     env = make_environment(filters={n: _noop for n in filters})
     errors_before = sum(d.severity == "error" for d in rep.out)
 
@@ -228,7 +227,7 @@ def check_prompts(rep: _Reporter, pack: ResolvedPack) -> None:
 
     # A trial render needs the shape the schema promises (modes: a mapping, ...).
     if rep.schema_ok and sum(d.severity == "error" for d in rep.out) == errors_before:
-        _trial_render(rep, pack, modes)
+        _trial_render(rep, pack, registry, modes)
 
 
 def _mapping(value: object) -> dict[str, Any]:
@@ -237,15 +236,6 @@ def _mapping(value: object) -> dict[str, Any]:
 
 def _noop(value: object, *args: object, **kwargs: object) -> object:
     return value
-
-
-def _known_filters() -> list[str]:
-    from ctxrules.plugins import default_registry
-
-    try:
-        return list(default_registry().filters)
-    except Exception:  # a broken plugin is reported by the plugin checks, not here
-        return []
 
 
 def _filter_nodes(ast: nodes.Template) -> list[nodes.Filter]:
@@ -296,13 +286,11 @@ def _cycles(graph: dict[str, list[str]]) -> list[list[str]]:
     return out
 
 
-def _trial_render(rep: _Reporter, pack: ResolvedPack, modes: dict[str, Any]) -> None:
+def _trial_render(rep: Reporter, pack: ResolvedPack, registry: Registry, modes: dict[str, Any]) -> None:
     """Assemble every mode for no entry and for each models: entry, with the declared defaults
     (a placeholder for required variables): what fails here would fail for every caller."""
-    from ctxrules.prompts.assemble import AssemblyError, PromptSet
-
     try:
-        ps = PromptSet(pack)
+        ps = PromptSet(pack, registry)
     except AssemblyError as exc:
         rep.add("CR087", f"prompts cannot be prepared: {exc}", "/prompts")
         return

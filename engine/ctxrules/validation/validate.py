@@ -7,46 +7,31 @@ from itertools import pairwise
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ctxrules.packs.source import Origin
-from ctxrules.validation.diagnostics import Diagnostic, did_you_mean
+import jsonschema
+
+from ctxrules.compressors.checks import check_compressors
+from ctxrules.diagnostics import Diagnostic, Reporter, did_you_mean
+from ctxrules.errors import UsageError
+from ctxrules.packs.loader import PackLoader, ResolvedPack
+from ctxrules.stages.base import options_schema_for
+from ctxrules.timeouts import lint_timeouts
+from ctxrules.types import THRESHOLD_NAMES
+from ctxrules.validation.templates import check_prompts
 
 if TYPE_CHECKING:
-    from ctxrules.packs.loader import PackLoader, ResolvedPack
     from ctxrules.plugins import Registry
 
-THRESHOLD_ORDER = ("monitor", "light", "full", "emergency")
 
-
-class _Reporter:
-    def __init__(self, pack: ResolvedPack) -> None:
-        self.pack = pack
-        self.origins = pack.origins()
-        self.out: list[Diagnostic] = []
-        self.schema_ok = True  # False when a file of the pack breaks the schema
-
-    def origin(self, pointer: str) -> Origin:
-        p = pointer
-        while p not in self.origins and p:
-            p = p.rsplit("/", 1)[0]
-        return self.origins.get(p, Origin(self.pack.files[-1] if self.pack.files else "<pack>", 1, 1))
-
-    def add(self, code: str, message: str, pointer: str, hint: str | None = None,
-            severity: str = "error") -> None:
-        o = self.origin(pointer)
-        self.out.append(Diagnostic(code, severity, message, o.file, o.line, o.col, pointer, hint))  # type: ignore[arg-type]
-
-
-def validate_resolved(pack: ResolvedPack, loader: PackLoader, registry: Registry | None = None) -> list[Diagnostic]:
-    """Every diagnostic of ``pack``: per-file ones from each file read, then semantic ones."""
-    from ctxrules.plugins import default_registry
-
+def validate_resolved(pack: ResolvedPack, loader: PackLoader, registry: Registry) -> list[Diagnostic]:
+    """Every diagnostic of ``pack``: per-file ones from each file read, then semantic ones.
+    Stage types, actions, filters and option schemas are those of ``registry``."""
     out: list[Diagnostic] = list(pack.diagnostics)
     for doc_path in pack.files:
         for p in _paths_of(loader, doc_path):
             out.extend(loader.read(p)[1])
     if any(d.severity == "error" and d.code in ("CR001", "CR002", "CR003", "CR090") for d in out):
         return _sorted_unique(out)
-    rep = _Reporter(pack)
+    rep = Reporter(pack)
     rep.schema_ok = not any(d.severity == "error" for d in out)
     data = pack.data
     _check_context(rep, data.get("context"), "/context")
@@ -54,15 +39,11 @@ def validate_resolved(pack: ResolvedPack, loader: PackLoader, registry: Registry
         if isinstance(entry, dict) and isinstance(entry.get("context"), dict):
             merged = _deep(data.get("context") or {}, entry["context"])
             _check_context(rep, merged, f"/models/{i}/context", own=entry["context"])
-    _check_pipeline(rep, data, pack, registry or default_registry())
+    _check_pipeline(rep, data, pack, registry)
     _check_regexes(rep, data)
-    # --- compressors: step options against each action's plugin schema (CR061/CR070/CR043) ---
-    from ctxrules.compressors.checks import check_compressors
-
-    check_compressors(rep, data, registry or default_registry())
-    from ctxrules.validation.templates import check_prompts
-
-    check_prompts(rep, pack)
+    # compressors: step options against each action's plugin schema (CR061/CR070/CR043)
+    check_compressors(rep, data, registry)
+    check_prompts(rep, pack, registry)
     _check_timeouts(rep, data)
     return _sorted_unique(out + rep.out)
 
@@ -90,14 +71,14 @@ def _deep(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _check_context(rep: _Reporter, ctx: Any, base: str, own: dict[str, Any] | None = None) -> None:
+def _check_context(rep: Reporter, ctx: Any, base: str, own: dict[str, Any] | None = None) -> None:
     if not isinstance(ctx, dict):
         return
     th = ctx.get("thresholds")
     own_raw = (own or ctx).get("thresholds")
     own_th = own_raw if isinstance(own_raw, dict) else {}
     if isinstance(th, dict):
-        present = [(k, th[k]) for k in THRESHOLD_ORDER if isinstance(th.get(k), int | float)
+        present = [(k, th[k]) for k in THRESHOLD_NAMES if isinstance(th.get(k), int | float)
                    and not isinstance(th.get(k), bool)]
         for k, v in present:
             if not 0 < v < 1 and (own is None or k in own_th):
@@ -114,7 +95,7 @@ def _check_context(rep: _Reporter, ctx: Any, base: str, own: dict[str, Any] | No
                 f"{base}/reserve_output")
 
 
-def _blame(rep: _Reporter, base: str, k1: str, k2: str, own: dict[str, Any] | None) -> str:
+def _blame(rep: Reporter, base: str, k1: str, k2: str, own: dict[str, Any] | None) -> str:
     """Which of two out-of-order thresholds to point at: the one this pack (or this models:
     entry) wrote, preferring the later one; an inherited value is not where the mistake is."""
     if own is not None:
@@ -126,11 +107,7 @@ def _blame(rep: _Reporter, base: str, k1: str, k2: str, own: dict[str, Any] | No
     return k2
 
 
-def _check_pipeline(rep: _Reporter, data: dict[str, Any], pack: ResolvedPack, registry: Registry) -> None:
-    import jsonschema
-
-    from ctxrules.stages.base import options_schema_for
-
+def _check_pipeline(rep: Reporter, data: dict[str, Any], pack: ResolvedPack, registry: Registry) -> None:
     essential = {name for name, st in registry.stages.items() if st.essential}
     for i, stage in enumerate(data.get("pipeline") or []):
         if not isinstance(stage, dict):
@@ -200,7 +177,7 @@ def _regex_problem(pattern: Any) -> str | None:
     return None
 
 
-def _check_regexes(rep: _Reporter, data: dict[str, Any]) -> None:
+def _check_regexes(rep: Reporter, data: dict[str, Any]) -> None:
     def check(pattern: Any, pointer: str, need_group: bool = False) -> None:
         problem = _regex_problem(pattern)
         if problem:
@@ -236,8 +213,6 @@ def collect_files(paths: list[str], *, skip_non_packs: bool = False) -> list[Pat
     """Files named directly, plus the pack files found below named folders (sorted).
     ``skip_non_packs`` also skips named YAML files that do not declare themselves packs
     (for the pre-commit hook, which passes every changed YAML file)."""
-    from ctxrules.errors import UsageError
-
     out: list[Path] = []
     for raw in paths:
         p = Path(raw)
@@ -256,11 +231,10 @@ def collect_files(paths: list[str], *, skip_non_packs: bool = False) -> list[Pat
     return out
 
 
-def validate_paths(paths: list[str], *, skip_non_packs: bool = False) -> tuple[list[Diagnostic], int, dict[str, Path]]:
+def validate_paths(paths: list[str], registry: Registry, *,
+                   skip_non_packs: bool = False) -> tuple[list[Diagnostic], int, dict[str, Path]]:
     """Diagnostics for every pack under ``paths`` (each resolved with its parents), the number
     of files checked, and the real path behind each displayed file name."""
-    from ctxrules.packs.loader import PackLoader
-
     loader = PackLoader()
     files = collect_files(paths, skip_non_packs=skip_non_packs)
     out: list[Diagnostic] = []
@@ -271,16 +245,14 @@ def validate_paths(paths: list[str], *, skip_non_packs: bool = False) -> tuple[l
         # A parent's own problems come back identical from each child and are reported once;
         # what only shows when a child is resolved (a cycle, an order the child breaks) may sit
         # in a parent's lines and must not be dropped for it.
-        out.extend(validate_resolved(pack, loader))
+        out.extend(validate_resolved(pack, loader, registry))
     return _sorted_unique(out), len(files), real
 
 
 # -- stream timeouts (ctxrules.timeouts; docs/timeouts.md) ---------------------------------
 
-def _check_timeouts(rep: _Reporter, data: dict[str, Any]) -> None:
+def _check_timeouts(rep: Reporter, data: dict[str, Any]) -> None:
     """CR091-CR093: overrides that cannot take effect, compaction not allowed for in the
     step, a heartbeat too slow for the chunk limit. Warnings: the pack still loads."""
-    from ctxrules.timeouts import lint_timeouts
-
     for f in lint_timeouts(data):
         rep.add(f.code, f.message, f.pointer, f.hint, severity="warning")
