@@ -72,7 +72,7 @@ def prepared(tmp_path: Path) -> tuple[Any, list[dict[str, Any]]]:
 
 
 def test_prepare_output_passes_a_strict_endpoint_through_the_openai_sdk(tmp_path: Path, server: LLMServer) -> None:
-    import openai
+    openai = pytest.importorskip("openai", reason="the openai SDK (test extra) is not installed")
 
     _session, messages = prepared(tmp_path)
     client = openai.OpenAI(base_url=server.base_url, api_key="x", max_retries=0)
