@@ -108,7 +108,7 @@ def newest_step_intact(history: list[Msg], output: list[Msg], vault: Any, spill_
         got = out_results[cid]
         if got != orig:
             # the exceptions to pinning: a single content over the spill limit (spill_chars,
-            # or half the usable window at 4 chars/token), or a pinned content the emergency
+            # or the usable window at 4 chars/token), or a pinned content the emergency
             # pass spilled because the pins alone did not fit.
             assert len(text_of(orig)) > spill_chars or spilled_pins, cid
             assert recovers(text_of(orig), text_of(got), vault), cid
@@ -122,7 +122,7 @@ def check_run(history: list[Msg], result: Any, session: Any, pack: dict[str, Any
     assert lost(history, out, session.vault) == []
     options = next((p.get("with", {}) for p in pack["pipeline"] if p.get("use") == "tool_output.filter"), {})
     spill = min(options.get("spill_chars") or 100_000,
-                int(options.get("spill_window_share", 0.5) * budget.usable * 4))
+                int(options.get("spill_window_share", 1.0) * budget.usable * 4))
     spilled_pins = sum(a["kind"] == "spill_pinned" for s in report["stages"] for a in s["actions"])
     newest_step_intact(history, out, session.vault, spill, spilled_pins)
     # The report: tokens saved per stage, adding up to the whole saving.

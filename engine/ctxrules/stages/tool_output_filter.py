@@ -15,9 +15,11 @@ Three levels, in this order (docs/reference/concepts.md "Reference numbers"):
 (c) **Hard spill** — any single content over the spill limit, in *any* message (pinned and
     protected ones included: an exception to pinning), goes to the vault whole and leaves a
     short summary with a pointer. The limit scales with the window: ``spill_chars`` (100,000)
-    characters, or ``spill_window_share`` (0.5) of the usable window at 4 characters per token
-    when that is less (a 32K window with the default reserve: 47,616 characters), since a
-    content that size cannot stay in a small window whatever its step.
+    characters, or ``spill_window_share`` (1.0) of the usable window at 4 characters per token
+    when that is less (a 16K window with the default reserve: 31,232 characters): a content
+    longer than the whole window can never stay. What is smaller but still too large in tokens
+    (dense output runs near 1.5 characters per token) is for ``compress.emergency``, which spills
+    the largest pinned contents when the pins alone do not fit.
 
 Who is exempt: tools with a role in ``exempt_roles`` (``file_read``, ``file_edit``: shortening a
 file the agent reads makes it read again), pinned and protected messages, and — with the
@@ -700,7 +702,7 @@ OPTIONS_SCHEMA: dict[str, Any] = {
             "description": ("The spill limit scales with the window: a content over this share of "
                             "the usable window (counted at 4 characters per token) is spilled too, "
                             "when that is fewer characters than spill_chars."),
-            "type": "number", "exclusiveMinimum": 0, "maximum": 1, "default": 0.5,
+            "type": "number", "exclusiveMinimum": 0, "maximum": 1, "default": 1.0,
         },
         "spill_preview_tokens": {
             "title": "Spill preview size",
