@@ -27,6 +27,10 @@ Behaviours (frozen dataclasses; build them with the helper functions):
 - :func:`http_error` — an HTTP error status with an OpenAI-style error body.
 - :func:`context_length_error` — the 400 ``context_length_exceeded`` error providers send
   when the prompt does not fit.
+- :func:`stream_error` — a stream that sends ``prefix`` and then an error event (``data:
+  {"error": ...}``, as OpenAI-compatible servers report a failure mid-stream).
+
+``reply(..., usage=False)`` streams without the final usage chunk (providers that send none).
 
 ``LLMServer(strict=True)`` checks every request's messages the way OpenAI does: a message key
 its role does not define (or a tool-call key other than ``id``/``type``/``function``) is
@@ -62,6 +66,7 @@ __all__ = [
     "reply",
     "silent",
     "slow_reply",
+    "stream_error",
     "strict_problem",
 ]
 
@@ -110,6 +115,7 @@ class Reply:
     chunk_chars: int = 8
     interval_s: float = 0.0
     finish_reason: str = "stop"
+    usage: bool = True
 
 
 @dataclass(frozen=True)
@@ -130,12 +136,29 @@ class HTTPError:
     code: str | None = None
 
 
-Behaviour = Reply | Silent | HTTPError
+@dataclass(frozen=True)
+class StreamError:
+    """Stream ``prefix``, then an error event (see :func:`stream_error`)."""
+
+    prefix: str = "partial"
+    message: str = "internal server error"
+    code: str | None = None
 
 
-def reply(text: str, *, chunk_chars: int = 8, finish_reason: str = "stop") -> Reply:
-    """A completion whose content is ``text``, streamed ``chunk_chars`` characters at a time."""
-    return Reply(text, chunk_chars=max(1, chunk_chars), finish_reason=finish_reason)
+Behaviour = Reply | Silent | HTTPError | StreamError
+
+
+def reply(text: str, *, chunk_chars: int = 8, finish_reason: str = "stop", usage: bool = True) -> Reply:
+    """A completion whose content is ``text``, streamed ``chunk_chars`` characters at a time;
+    ``usage=False``: the stream ends without a usage chunk."""
+    return Reply(text, chunk_chars=max(1, chunk_chars), finish_reason=finish_reason, usage=usage)
+
+
+def stream_error(prefix: str = "partial", message: str = "internal server error", *,
+                 code: str | None = None) -> StreamError:
+    """A stream that sends ``prefix`` as content, then ``{"error": {"message", "code"}}``.
+    A non-streaming request gets the error as an HTTP 500."""
+    return StreamError(prefix, message, code)
 
 
 def slow_reply(text: str, *, every_s: float, chunk_chars: int = 8) -> Reply:
@@ -360,6 +383,8 @@ def _make_handler(server: LLMServer) -> type[BaseHTTPRequestHandler]:
                     )
                 elif isinstance(behaviour, Silent):
                     self._silent(behaviour, stream)
+                elif isinstance(behaviour, StreamError):
+                    self._stream_error(behaviour, stream)
                 elif stream:
                     self._stream(behaviour)
                 else:
@@ -446,9 +471,21 @@ def _make_handler(server: LLMServer) -> type[BaseHTTPRequestHandler]:
                     return
                 self._event(self._delta(text[start : start + behaviour.chunk_chars]))
             final = self._delta(None, behaviour.finish_reason)
-            final["usage"] = _usage(text)
+            if behaviour.usage:
+                final["usage"] = _usage(text)
             self._event(final)
             self._event("[DONE]")
+            self._end_stream()
+
+        def _stream_error(self, behaviour: StreamError, stream: bool) -> None:
+            error = {"message": behaviour.message, "type": "server_error", "code": behaviour.code}
+            if not stream:
+                self._json(500, {"error": error})
+                return
+            self._start_stream()
+            self._event(self._delta("", role=True))
+            self._event(self._delta(behaviour.prefix))
+            self._event({"error": error})
             self._end_stream()
 
         def _silent(self, behaviour: Silent, stream: bool) -> None:

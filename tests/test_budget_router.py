@@ -60,24 +60,54 @@ def test_pack_rules_merge_over_the_builtins(tmp_path: Path) -> None:
         router(rules={"bad": {"regex": "(", "score": 1}})
 
 
-def test_momentum_keeps_follow_ups_at_the_recent_tier(tmp_path: Path) -> None:
-    r = router()
+def test_momentum_keeps_follow_ups_at_the_recent_tier_then_releases(tmp_path: Path) -> None:
+    r = router()  # momentum.turns defaults to 2
     s = tmp_path / "s"
     assert r.route(HARD, session_dir=s, now=T0).tier == "reasoning"
     follow = r.route(HI, session_dir=s, now=T0 + 60)
     assert follow.tier == "reasoning" and follow.rules_tier == "simple"
     assert any(x.startswith("momentum") for x in follow.reasons)
-    # Two simple turns later the reasoning turn is out of the momentum window of 2 turns.
+    # The reasoning turn is one of the last 2 decisions: the floor holds once more.
     assert r.route(HI, session_dir=s, now=T0 + 120).tier == "reasoning"
-    assert (
-        r.route(HI, session_dir=s, now=T0 + 180).tier == "reasoning"
-    )  # floor from the turns above
-    # After the time window passes, a simple message is simple again.
-    assert r.route(HI, session_dir=s, now=T0 + 180 + 901).tier == "simple"
+    # Then it is out of the last 2 turns; the turns momentum raised do not count, so five
+    # "thanks" in a row fall back to simple after the declared turns.
+    assert [r.route(HI, session_dir=s, now=T0 + 180 + i).tier for i in range(3)] == ["simple"] * 3
+    # After the time window passes, a simple message is simple even right after a hard one.
+    r.route(HARD, session_dir=s, now=T0 + 400)
+    assert r.route(HI, session_dir=s, now=T0 + 400 + 901).tier == "simple"
     # Momentum off: no inheritance.
     r0 = router(momentum={"turns": 0})
     r0.route(HARD, session_dir=tmp_path / "t", now=T0)
     assert r0.route(HI, session_dir=tmp_path / "t", now=T0 + 1).tier == "simple"
+
+
+@pytest.mark.parametrize("turns", [1, 3, 5])
+def test_momentum_lasts_exactly_the_declared_turns(tmp_path: Path, turns: int) -> None:
+    r = router(momentum={"turns": turns})
+    s = tmp_path / "s"
+    r.route(HARD, session_dir=s, now=T0)
+    tiers = [r.route(HI, session_dir=s, now=T0 + 1 + i).tier for i in range(turns + 3)]
+    assert tiers == ["reasoning"] * turns + ["simple"] * 3
+
+
+def test_a_regenerated_or_momentum_tier_does_not_feed_momentum(tmp_path: Path) -> None:
+    r = router(momentum={"turns": 1}, regenerate={"min_tier": "reasoning", "step_up": False})
+    s = tmp_path / "s"
+    assert r.route(HI, session_dir=s, now=T0, regenerate=True).tier == "reasoning"
+    assert r.route(HI, session_dir=s, now=T0 + 1).tier == "simple"  # the regeneration asked, not the text
+
+
+def test_decisions_written_before_own_tier_count_their_rules_tier(tmp_path: Path) -> None:
+    import json
+
+    s = tmp_path / "s"
+    s.mkdir()
+    old = [{"ts": T0, "tier": "reasoning", "rules_tier": "reasoning", "score": 9, "regenerate": False},
+           {"ts": T0 + 1, "tier": "reasoning", "rules_tier": "simple", "score": 0, "regenerate": False}]
+    (s / "router.json").write_text(json.dumps({"decisions": old}))
+    r = router()
+    assert r.route(HI, session_dir=s, now=T0 + 2).tier == "reasoning"  # the first one is in the last 2
+    assert r.route(HI, session_dir=s, now=T0 + 3).tier == "simple"
 
 
 def test_momentum_survives_a_restart(tmp_path: Path) -> None:

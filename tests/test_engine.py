@@ -114,10 +114,10 @@ def test_when_is_evaluated_on_the_current_tier(tmp_path: Path) -> None:
     stages = {st["id"]: st for st in r.report["stages"]}
     assert r.report["before"]["tier"] == "emergency"
     assert stages["hi"]["ran"] and not stages["lo"]["ran"]
-    assert "is not below light" in stages["lo"]["skipped"]
+    assert "is not under `light`" in stages["lo"]["skipped"]
     s2 = e.session(tmp_path / "s2", model="gpt-4o", window=400000)
     stages = {st["id"]: st for st in s2.prepare(msgs).report["stages"]}
-    assert not stages["hi"]["ran"] and "below full" in stages["hi"]["skipped"]
+    assert not stages["hi"]["ran"] and "is under `full`" in stages["hi"]["skipped"]
     assert stages["lo"]["ran"]
 
 

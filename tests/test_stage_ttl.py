@@ -84,7 +84,26 @@ def test_message_timestamps_give_the_age_in_seconds(tmp_path: Path) -> None:
     out, outcome, _ = run(messages, tmp_path, {"max_age_s": 1800}, clock=now)
     assert [a.index for a in outcome.actions] == results[:2]
     assert out[results[0]]["timestamp"] == now - 7200  # other fields are kept
-    assert "age_s=7200" in out[results[0]]["content"]
+    # The marker holds the message's own time, never an age that depends on the clock.
+    assert f"produced={int(now - 7200)}" in out[results[0]]["content"]
+    assert " age_s=" not in out[results[0]]["content"]
+
+
+def test_markers_do_not_depend_on_the_clock_a_cold_rerun_gives_the_same_bytes(tmp_path: Path) -> None:
+    """Two cold runs of the same timestamped input an hour apart archive the same results with
+    the same markers (an age in seconds in the marker would differ)."""
+    pack = tmp_path / "pack.yaml"
+    pack.write_text("apiVersion: ctxrules/v1\nkind: RulePack\nmetadata: {name: t, version: 1.0.0}\n"
+                    "pipeline:\n  - {id: ttl, use: ttl.prune, with: {max_age_s: 600, "
+                    "hot_cache_bypass: false}}\n")
+    messages = history(4)
+    for n, index in enumerate(result_indices(messages)):
+        messages[index] = {**messages[index], "timestamp": 1_000_000 + n}
+    outs = []
+    for n, clock in enumerate((1_010_000.0, 1_013_600.0)):
+        session = Engine.load(pack).session(tmp_path / f"cold{n}", model="gpt-4o")
+        outs.append(json.dumps(session.prepare(messages, clock=clock).messages))
+    assert "reason=ttl" in outs[0] and outs[0] == outs[1]
 
 
 @pytest.mark.parametrize(("value", "expected"), [

@@ -364,6 +364,28 @@ def test_the_breaker_opens_lets_one_probe_through_and_closes(
     }
 
 
+def test_health_is_red_while_the_breaker_is_open_even_on_turns_that_do_not_summarize(
+    tmp_path: Path, server: LLMServer, chat: list[dict[str, Any]]
+) -> None:
+    h = Harness(tmp_path, server, chat, breaker={"failures": 1, "cooldown_s": 100})
+    server.script(http_error(500))
+    first = h.session.prepare(h.chat, clock=1000)
+    assert first.report["health"]["state"] == "red"
+    assert "the summarizer's circuit breaker is open (summary/gpt-4o-mini)" in first.report["health"]["reasons"]
+    # The next turn only appends and fits: no summary runs, and the breaker is still open.
+    grown = [*h.chat, {"role": "user", "content": "and now?"}]
+    second = h.session.prepare(grown, clock=1010)
+    assert not summary_stage(second.report)["ran"]
+    assert second.report["health"]["state"] == "red"
+    # A successful probe after the cool-down closes it: health follows.
+    server.script(reply(good_summary()))
+    third = h.prepare(clock=1200, variant=1)
+    assert breaker(third[1], "gpt-4o-mini") == "gpt-4o-mini: state=closed failures=0"
+    fourth = h.session.prepare([*h.chat[:-1], {**h.chat[-1], "content": f"{h.chat[-1]['content']} (take 1)"},
+                                {"role": "user", "content": "ok"}], clock=1201)
+    assert not any("circuit breaker" in r for r in fourth.report["health"]["reasons"])
+
+
 def test_the_summarizer_is_sent_no_secrets_and_what_it_echoes_is_masked(
     tmp_path: Path, server: LLMServer, chat: list[dict[str, Any]], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import enum
 import functools
 import hashlib
 import itertools
@@ -18,16 +19,17 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ctxrules import structure
 from ctxrules.budget.gate import finish_prepare, open_ledger, start_prepare
 from ctxrules.budget.router import route_for_session
-from ctxrules.errors import PackError, UsageError
+from ctxrules.dangling import marker_ids, missing, replace_lost
+from ctxrules.errors import CtxrulesError, PackError, UsageError
 from ctxrules.formats import openai as openai_format
 from ctxrules.formats.request import prepare_request
 from ctxrules.injected import InjectionKey, key_for_session, key_scope
-from ctxrules.logs import get_logger
+from ctxrules.logs import configure, get_logger
 from ctxrules.messages import split_input, validate_messages
 from ctxrules.models import lookup_model
 from ctxrules.notes import SessionNotes
@@ -40,21 +42,17 @@ from ctxrules.pipeline.prefix import HistoryChain
 from ctxrules.pipeline.report import build_report, report_header
 from ctxrules.pipeline.runner import PlannedStage, run_pipeline, when_allows
 from ctxrules.plugins import Registry, build_plugin_manager, collect, default_registry
+from ctxrules.private_files import check_dir
+from ctxrules.progress import listening
 from ctxrules.prompts.assemble import assemble
 from ctxrules.results import PrepareResult
 from ctxrules.runtime import checkpoint
 from ctxrules.runtime.continuation import Decision, evaluate
 from ctxrules.runtime.guards import Preflight, check_gateway, preflight, refuse_unless_fits
-from ctxrules.runtime.health import health
-from ctxrules.runtime.overflow import Completion, complete
+from ctxrules.runtime.health import health, open_breakers
+from ctxrules.runtime.overflow import Completion, acomplete, complete
 from ctxrules.runtime.spill import DEFAULT_PREVIEW_TOKENS, Spilled, spill
-from ctxrules.runtime.subagents import (
-    Handover,
-    TooManyDescendants,
-    child_path,
-    count_descendants,
-    make_handover,
-)
+from ctxrules.runtime.subagents import Handover, child_path, make_handover
 from ctxrules.runtime.subagents import settings as subagent_settings
 from ctxrules.session_store import DEFAULT_STATE_ROOT, SessionLock, SessionStore, state_root_from_env
 from ctxrules.tokens import REPLY_PRIMING_TOKENS, TokenCounter, trusted_objects
@@ -63,7 +61,21 @@ from ctxrules.tracker import FileTracker
 from ctxrules.types import Message
 from ctxrules.vault import Vault
 
-__all__ = ["DEFAULT_STATE_ROOT", "Engine", "PrepareResult", "Session", "open_session", "state_root_from_env"]
+__all__ = ["DEFAULT_STATE_ROOT", "Engine", "PrepareResult", "Session", "SessionIOError", "open_session",
+           "state_root_from_env"]
+
+
+class SessionIOError(CtxrulesError):
+    """The session directory could not be written (``ENOSPC``, ``EROFS``, ...) during a run."""
+
+if TYPE_CHECKING:
+    from ctxrules.runtime.streaming import AsyncCompletionStream, CompletionStream
+
+
+class _Keep(enum.Enum):
+    """``switch(window=...)`` not given: keep the session's window override."""
+
+    WINDOW = "keep"
 
 
 class Engine:
@@ -109,6 +121,7 @@ class Engine:
 
         ``plugins``: extra ``(name, plugin)`` pairs registered next to the installed ones.
         """
+        configure()  # CTXRULES_LOG: an unknown level is a UsageError here, not a silent default
         registry = collect(*build_plugin_manager(plugins)) if plugins else default_registry()
         # Validated once, against the registry the engine will run with.
         return cls(raise_for_errors(resolve_and_validate(ref, registry)), registry)
@@ -167,6 +180,9 @@ class Session:
                  on_event: Callable[[dict[str, Any]], None] | None = None,
                  goal: str | None = None, state_root: str | Path | None = None,
                  private: bool = False) -> None:
+        # The session directory must be ctxrules' own: a link planted in its place (in a
+        # repository, say) is refused before anything is read or written through it.
+        check_dir(path)
         self.engine = engine
         self.path = path
         self.id = session_id or path.resolve().name
@@ -201,6 +217,8 @@ class Session:
         self.parent: Session | None = None
         self.root: Session = self
         self._notices: list[str] = []
+        self._repaired: dict[int, tuple[Message, Message]] = {}  # id(given) -> (given, repaired)
+        self._output_ids: set[str] = set()  # vault ids the last output's markers may name
         self._notes: SessionNotes | None = None
         cut = checkpoint.check(path)
         if cut is not None:
@@ -235,13 +253,45 @@ class Session:
             context, registry_window=self.model.window if window is None else None, override=window,
             safety_margin=self.counter.safety_margin, model=model)
 
-    def switch(self, *, model: str | None = None, window: int | None = None) -> None:
+    def switch(self, *, model: str | None = None, window: int | _Keep | None = _Keep.WINDOW) -> list[str]:
         """Hot switch: use another model (or window) from the next ``prepare`` on, no restart.
-        The next report's ``fingerprint.changed`` says what changed."""
+        The next report's ``fingerprint.changed`` says what changed.
+
+        An explicit window override (``session(..., window=N)`` or ``switch(window=N)``) is kept
+        across ``switch(model=...)``; ``window=None`` drops it (the pack's or the registry's
+        window applies again). A kept override above the new model's own window is capped at
+        that window. Returns the warnings, which the next report's ``warnings`` carry too."""
         with self._thread_lock:
-            self._configure(model or self.model.name, window if window is not None or model else self.window_override)
+            name = model or self.model.name
+            override = self.window_override if isinstance(window, _Keep) else window
+            notes: list[str] = []
+            if model is not None and isinstance(window, _Keep) and override is not None:
+                own = self._own_window(name)
+                if own is not None and override > own:
+                    notes.append(f"switch to {name}: the window override {override} is above the model's own "
+                                 f"window {own}; using {own} (pass window=None to drop the override)")
+                    override = own
+            self._configure(name, override)
             self._last_history = None
             self._last_output = None
+            for note in notes:
+                get_logger("ctxrules", session=self.id).warning("switch.window_capped", detail=note)
+            self._notices.extend(notes)
+            return notes
+
+    def _own_window(self, model: str) -> int | None:
+        """``model``'s window without any override: its pack ``models:`` entry, else the registry."""
+        from ctxrules.errors import CtxrulesError
+        from ctxrules.models import lookup_model
+
+        hit = select_model_entry(self.engine.pack.data, model)
+        pack_window = effective_context(self.engine.pack.data, hit[1] if hit else None).get("window")
+        if isinstance(pack_window, int) and not isinstance(pack_window, bool):
+            return pack_window
+        try:
+            return lookup_model(model).window
+        except CtxrulesError:
+            return None  # a model the registry does not know: nothing to cap at
 
     def preflight(self, messages: Any, tools: list[dict[str, Any]] | None = None, *,
                   refuse: bool = True) -> Preflight:
@@ -256,9 +306,10 @@ class Session:
             refuse_unless_fits(estimate, self.model.name)
         return estimate
 
-    def spill(self, text: str, *, kind: str = "output", preview_tokens: int | None = None) -> Spilled:
-        """Store a large output (MCP result, hook output, background log) in the vault; return
-        the marker and a head + tail preview within ``preview_tokens`` (default 2,500)."""
+    def spill(self, text: str | bytes, *, kind: str = "output", preview_tokens: int | None = None) -> Spilled:
+        """Store a large output (MCP result, hook output, background log; ``str`` or ``bytes``,
+        anything else is a ``TypeError``) in the vault; return the marker and a preview within
+        ``preview_tokens`` (default 2,500): a JSON document's skeleton, else head + tail lines."""
         return spill(self.vault, text, kind=kind, counter=self.counter,
                      preview_tokens=preview_tokens or DEFAULT_PREVIEW_TOKENS)
 
@@ -276,29 +327,28 @@ class Session:
 
     def should_continue(self, state: dict[str, Any]) -> Decision:
         """The pack's continuation guards (``guards.continuation``) on an agent loop's state:
-        ``messages``, ``cancel``, ``budget_ok``, ``drift_check``, ``cwd``."""
+        ``messages``, ``cancel``, ``budget_ok``, ``drift_check``, ``cwd``. The budget check
+        reads this session's ledger (the root's tree, the day and the goal): it reports the
+        level and stops at EXCEEDED; ``decision.budget`` holds the status."""
         guards = self.engine.pack.data.get("guards") or {}
         config = guards.get("continuation") or {} if isinstance(guards, dict) else {}
         return evaluate(config, state, self._continuation_memory,
-                        is_error=tool_roles(self.engine.pack.data).is_error)
+                        is_error=tool_roles(self.engine.pack.data).is_error, budget=self.ledger.status())
 
     def child(self, name: str, *, model: str | None = None, window: int | None = None) -> Session:
         """A sub-agent session in ``<this>/children/<name>``: same pack, this session's prompt
-        cache key, this session's root as budget root; ``guards.subagents.max_descendants``
-        (default 20) caps how many one root may spawn."""
-        cfg = subagent_settings(self.engine.pack.data)
+        cache key, state root and goal, and this session's root as budget root: its calls count
+        in the root's session budget and in the day and goal ledgers of the state root.
+        ``budgets.max_descendants`` (default 20) caps how many child sessions one root may
+        spawn across the tree; beyond it ``SpawnLimitExceeded`` is raised and nothing is created."""
         path = child_path(self.path, name)
-        if not path.exists():
-            spawned = count_descendants(self.root.path)
-            if spawned >= cfg["max_descendants"]:
-                raise TooManyDescendants(f"session {self.root.id} already has {spawned} sub-agent sessions "
-                                         f"(guards.subagents.max_descendants = {cfg['max_descendants']})")
         sub = Session(self.engine, path, model=model or self.model.name,
                       window=window if window is not None else self.window_override,
-                      session_id=f"{self.id}/{name}", cache_key=self.cache_key, on_event=self.on_event)
+                      session_id=f"{self.id}/{name}", cache_key=self.cache_key, on_event=self.on_event,
+                      goal=self.ledger.goal, state_root=self.ledger.state_root)
         sub.parent, sub.root = self, self.root
         sub._injection_key = self.injection_key  # one key per tree: a handover stays recognisable
-        self.ledger.register_child(sub.ledger)  # its costs count in the root task's budget
+        self.ledger.register_child(sub.ledger)  # the one spawn cap; its costs count in the root's budget
         path.mkdir(parents=True, exist_ok=True, mode=0o700)
         return sub
 
@@ -309,10 +359,27 @@ class Session:
                              max_result_tokens=cfg["max_result_tokens"], spill_chars=cfg["spill_chars"])
 
     def complete(self, messages: Any, *, tools: list[dict[str, Any]] | None = None, model: str | None = None,
-                 **kwargs: Any) -> Completion:
+                 stream: bool = False, **kwargs: Any) -> Completion | CompletionStream:
         """``prepare`` + ``litellm.completion`` with one context-overflow recovery (see
-        ``ctxrules.runtime.overflow``); litellm is imported only here."""
-        return complete(self, messages, tools=tools, model=model, **kwargs)
+        ``ctxrules.runtime.overflow``); litellm is imported only here. Returns a ``Completion``;
+        with ``stream=True`` a ``CompletionStream`` of the chunks (recovered when the overflow
+        comes before the first chunk; usage recorded when the stream ends)."""
+        return complete(self, messages, tools=tools, model=model, stream=stream, **kwargs)
+
+    async def acomplete(self, messages: Any, *, tools: list[dict[str, Any]] | None = None,
+                        model: str | None = None, stream: bool = False,
+                        **kwargs: Any) -> Completion | AsyncCompletionStream:
+        """``complete`` on the event loop (``aprepare`` + ``litellm.acompletion``); with
+        ``stream=True`` an ``AsyncCompletionStream`` (``async for chunk in stream``)."""
+        return await acomplete(self, messages, tools=tools, model=model, stream=stream, **kwargs)
+
+    def keepalive(self, *, model: str | None = None, **options: Any) -> Any:
+        """A ``ctxrules.cache.warmup.KeepAlive`` for this session: its warm-up and keep-alive
+        probes are recorded in this session's ledger and count in its budgets. ``options`` are
+        KeepAlive's (``request``, ``interval_s``, ``max_idle_s``, ...)."""
+        from ctxrules.cache.warmup import KeepAlive
+
+        return KeepAlive(model or self.model.name, ledger=self.ledger, **options)
 
     @property
     def notes(self) -> SessionNotes:
@@ -353,7 +420,11 @@ class Session:
         if self._last_output is not None:
             return list(self._last_output)
         record = self.store.load().get("last") or {}
-        output = self.store.load_output(int(record.get("output_count", -1)), record.get("output_file"))
+        count = record.get("output_count")
+        if not isinstance(count, int):  # no output yet, or a state that was damaged and reset
+            return []
+        # The digest is checked: a tampered file must not widen what recall may hand out.
+        output = self.store.load_output(count, record.get("output_file"), record.get("output_digest"))
         return output or []
 
     def fingerprint_parts(self) -> dict[str, str]:
@@ -400,11 +471,21 @@ class Session:
         if not isinstance(listed, list):
             listed = validate_messages(listed)
         tool_list = list(tools or [])
+        # Progress notes from deep inside (the summarizer's stream) reach on_event too.
+        notes = listening(self._emit) if self.on_event is not None else contextlib.nullcontext()
         # Messages are not edited while a prepare runs, and the session notices edits between
         # calls (structure.forget): token counts may be looked up by message object.
-        with self._thread_lock, self._session_lock, trusted_objects(), key_scope(self.injection_key):
+        with self._thread_lock, self._session_lock, trusted_objects(), notes, key_scope(self.injection_key):
             try:
                 return self._prepare(listed, tool_list, time.time() if clock is None else clock)
+            except OSError as exc:
+                # A full disk, a read-only or vanished session directory: the caller's messages
+                # are untouched and the session files read as a cache miss (SessionStore.save).
+                self.store.forget()
+                self._last_history = self._last_output = None
+                raise SessionIOError(
+                    f"cannot write the session {self.path}: {exc.strerror or exc}; the messages "
+                    "were not changed, and the next run starts from them") from exc
             except BaseException:
                 self.store.forget()  # a run that did not finish may have changed the state in memory
                 raise
@@ -421,6 +502,8 @@ class Session:
             self._configure(self.model.name, self.window_override)
             self._last_history = self._last_output = None
         state = self.store.load()
+        if isinstance(state.get("recovered"), str):  # damaged cache: say so, then go on cold
+            self._notices.append(state["recovered"])
         # Budget level before any stage runs: EXCEEDED raises BudgetExceeded; WARNING's eco
         # mode hands the pipeline scaled thresholds (docs/budgets.md).
         budget_status, budget = start_prepare(self.ledger, self.budget, state, clock)
@@ -430,6 +513,11 @@ class Session:
         last_clock = state.get("last_clock")
         cache_hot = same and isinstance(last_clock, int | float) and 0 <= clock - last_clock < CACHE_TTL_S
         previous: list[Message]
+        if self._repaired:
+            # Messages whose lone surrogates an earlier turn replaced: the same repaired copy
+            # again, so that the history still extends the one the last turn saw.
+            history = [r[1] if (r := self._repaired.get(id(m))) is not None and r[0] is m else m
+                       for m in history]
         reused, previous, chain = 0, [], HistoryChain()
         if same:
             reused, previous, chain = self._previous(history, state)
@@ -441,8 +529,25 @@ class Session:
             structure.forget()
         self._prepared = True
         # The reused prefix equals a history that was validated already.
-        history = validate_messages(history, start=reused)
+        notes: list[str] = []
+        given = history
+        history = validate_messages(given, start=reused, warnings=notes)
+        if notes:
+            self._notices.extend(notes)
+            for i in range(reused, len(given)):
+                if history[i] is not given[i]:
+                    self._repaired[id(given[i])] = (given[i], history[i])
         pipeline_input = [*previous, *history[reused:]] if reused else history
+        # Markers the caller's messages hold whose vault item is gone cannot be re-derived:
+        # they become lost markers (dangling ones of our own output forced a cold run instead).
+        given_ids = marker_ids(history[reused:])
+        lost = missing(self.vault, given_ids) if given_ids else set()
+        if lost:
+            head = len(previous) if reused else 0
+            tail, n_lost = replace_lost(pipeline_input[head:], lost)
+            pipeline_input = [*pipeline_input[:head], *tail]
+            self._notices.append(f"{len(lost)} marker(s) in {n_lost} message(s) point at vault items "
+                                 "that are missing; they are marked as lost")
         appended = sum(self.counter.count_each(history[reused:]))
         msgs_sum = (self._last_msgs_sum if reused else 0) + appended
         has_system = (self._last_has_system if reused else False) or _has_system(history[reused:])
@@ -497,6 +602,9 @@ class Session:
         kept = self._last_history[:reused] if reused and self._last_history else []
         self._last_history = [*kept, *(_clone(m) for m in history[reused:])]
         self._last_output, self._last_chain = outcome.messages, chain
+        # The vault ids the output may point at, checked before it is reused (_previous).
+        self._output_ids = ((self._output_ids | given_ids | set(vault_new)) - lost if reused
+                            else marker_ids(outcome.messages))
         state["fingerprint"] = fingerprint
         state["last_clock"] = clock
         state["last"] = {"count": chain.count, "chain": chain.value}
@@ -512,7 +620,7 @@ class Session:
         report["warnings"].extend(reload_notes + self._notices)
         self._notices = []
         report["compacting"] = compacting
-        report["health"] = health(report)
+        report["health"] = health(report, breakers=open_breakers(state.get("stages")))
         for st in report["stages"]:
             for action in st["actions"]:
                 if action["kind"] == "checkpoint":  # the summarizer fell back to the checkpoint
@@ -521,6 +629,7 @@ class Session:
                     self._emit({"event": "breaker", "stage": st["id"], "detail": action["detail"]})
         self._emit({"event": "prepare.end", "health": report["health"]["state"],
                     "tokens_before": tokens_in, "tokens_after": outcome.tokens})
+        _log_prepare(self.id, report)
         # New lists. Messages no stage changed are the caller's own objects (the session notices
         # if the caller edits them later); messages a stage made are copies, so that editing them
         # cannot corrupt the session's record of its last output.
@@ -535,7 +644,7 @@ class Session:
         pack = self.engine.pack
         return report_header(
             pack={"name": pack.name, "digest": self.engine.digest, "files": pack.files},
-            session={"id": self.id, "path": str(self.path)},
+            session={"id": self.id, "path": str(self.path.resolve())},  # absolute: read-back commands
             model={"name": self.model.name, "registry_key": self.model.key, "provider": self.model.provider,
                    "family": self.model.family, "tokenizer": self.model.tokenizer,
                    "tokens_are_estimates": self.counter.is_estimate,
@@ -558,7 +667,7 @@ class Session:
             # Our copies share leaf strings with what the caller passed, so `==` mostly meets
             # identical objects and stays cheap; a message edited in place compares unequal.
             n = len(last)
-            if n <= len(history) and last == history[:n]:
+            if n <= len(history) and last == history[:n] and not missing(self.vault, self._output_ids):
                 return n, self._last_output, self._last_chain
             return 0, [], HistoryChain()
         record = state.get("last") or {}
@@ -570,14 +679,41 @@ class Session:
         chain = HistoryChain().extended(history[:n])
         if chain.value != value:
             return 0, [], HistoryChain()
-        output = self.store.load_output(int(record.get("output_count", -1)), record.get("output_file"))
+        output_count = record.get("output_count")
+        if not isinstance(output_count, int):
+            return 0, [], HistoryChain()
+        output = self.store.load_output(output_count, record.get("output_file"), record.get("output_digest"))
         if output is None:
             return 0, [], HistoryChain()
+        ids = marker_ids(output)
+        if missing(self.vault, ids):
+            # A marker of the last output points at a vault item that is gone: computing the
+            # output again from the history stores the originals it still has (same ids).
+            return 0, [], HistoryChain()
+        self._output_ids = ids
         self._last_history = [_clone(m) for m in history[:n]]
         self._last_msgs_sum = sum(self.counter.count_each(history[:n]))
         self._last_has_system = _has_system(history[:n])
         self._last_out_tokens = None
         return n, output, chain
+
+
+def _log_prepare(session_id: str, report: dict[str, Any]) -> None:
+    """One info line per prepare (``CTXRULES_LOG=info``): tokens and tier before → after, the
+    stages that changed something, the time."""
+    import logging
+
+    import structlog
+
+    log = get_logger("ctxrules.session")
+    if not structlog.is_configured() and not logging.getLogger("ctxrules.session").isEnabledFor(logging.INFO):
+        return  # nobody reads it: skip building the line
+    before, after = report["before"], report["after"]
+    changed = [st["id"] for st in report["stages"]
+               if st.get("ran") and (st.get("tokens_before") != st.get("tokens_after") or st.get("actions"))]
+    log.info("prepare", session=session_id, tokens=f"{before['tokens']}->{after['tokens']}",
+             tier=f"{before['tier']}->{after['tier']}", changed=",".join(changed) or "-",
+             ms=round(report.get("ms", 0.0), 1))
 
 
 def _stamps(paths: Any) -> tuple[tuple[str, int, int], ...]:

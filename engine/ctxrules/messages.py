@@ -83,7 +83,8 @@ def split_input(obj: object) -> tuple[list[Any], list[Any] | None]:
     )
 
 
-def validate_messages(obj: object, *, start: int = 0) -> list[Message]:
+def validate_messages(obj: object, *, start: int = 0,
+                      warnings: list[str] | None = None) -> list[Message]:
     """Check the structure of a message list and return it as a new list (same dicts).
 
     Raises :class:`MessagesError` naming the message index for what no stage can repair: a
@@ -92,11 +93,38 @@ def validate_messages(obj: object, *, start: int = 0) -> list[Message]:
     really produce and a stage repairs is accepted: ``function.arguments`` that are not JSON,
     tool results whose call never appeared (``normalize.tool_pairs`` handles those).
     ``start`` skips messages already known to be valid (a history's unchanged prefix).
+    Data no JSON writer can take back (see :mod:`ctxrules.json_limits`) is rejected, except
+    lone surrogates, replaced in a copy of the message (a note for each goes to ``warnings``).
     """
     messages, _tools = split_input(obj)
+    out: list[Message] | None = None
     for index in range(start, len(messages)):
         _validate_message(index, messages[index])
-    return list(messages)
+        fixed = _within_limits(index, messages[index], warnings)
+        if fixed is not messages[index]:
+            if out is None:
+                out = list(messages)
+            out[index] = fixed
+    return out if out is not None else list(messages)
+
+
+def _within_limits(index: int, message: Message, warnings: list[str] | None) -> Message:
+    """``message``, or a repaired copy when it holds lone surrogates (each replaced with
+    U+FFFD, with a warning naming the message and field: rejecting would fail every later
+    call of an append-only conversation). Nesting too deep, an integer too long to write out
+    and a non-finite number raise :class:`MessagesError` naming the field."""
+    from ctxrules.json_limits import pointer, scan, short_pointer
+
+    found = scan(message)
+    where = f"message {index} ({message.get('role')})"
+    if found.problems:
+        first = found.problems[0]
+        raise MessagesError(f"{where}: {short_pointer(first.path)}: {first.detail}")
+    if found.replaced and warnings is not None:
+        fields = ", ".join(pointer(p) for p in found.replaced[:5])
+        more = f" and {len(found.replaced) - 5} more" if len(found.replaced) > 5 else ""
+        warnings.append(f"{where}: a lone surrogate in {fields}{more} was replaced with U+FFFD")
+    return found.value  # type: ignore[no-any-return]
 
 
 def _validate_message(index: int, message: object) -> None:

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from ctxrules.errors import CtxrulesError
-from ctxrules.session_store import ensure_dir, write_atomic
+from ctxrules.private_files import ensure_dir, read_private, write_atomic
 
 __all__ = ["MAX_NOTE_CHARS", "NOTES_FILE", "Note", "NotesError", "SessionNotes", "load_notes"]
 
@@ -123,7 +123,7 @@ def load_notes(session_dir: Path) -> list[Note]:
     """The notes of the session directory ``session_dir`` (``[]`` when it has none)."""
     path = Path(session_dir) / NOTES_FILE
     try:
-        raw = path.read_bytes()
+        raw = read_private(path)
     except FileNotFoundError:
         return []
     except OSError as exc:
@@ -233,7 +233,7 @@ class SessionNotes:
             raise NotesError(f"cannot use session directory {self.path}: {why}") from exc
         try:
             try:
-                raw = self.file.read_bytes()
+                raw = read_private(self.file)
             except FileNotFoundError:
                 yield 1, []
             else:

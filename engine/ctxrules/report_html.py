@@ -10,6 +10,8 @@ import math
 from html import escape
 from typing import Any
 
+from ctxrules.cli.tables import read_back_command
+
 TIER_COLORS = {"below": "#2e7d32", "monitor": "#558b2f", "light": "#f9a825", "full": "#ef6c00",
                "emergency": "#c62828"}
 
@@ -80,7 +82,7 @@ def render_html(report: dict[str, Any]) -> str:
     if request:
         cache_html += _table(["request option", "value"], [[k, str(v)] for k, v in sorted(request.items())])
     vault = report["vault_items"]
-    vault_html = (_table(["vault id", "read back with"], [[v, f"ctxrules vault get {v[:12]}"] for v in vault])
+    vault_html = (_table(["vault id", "read back with"], [[v, read_back_command(report, v)] for v in vault])
                   if vault else "<p>Nothing was moved to the vault.</p>")
     warnings = report["warnings"]
     warn_html = ("<ul>" + "".join(f"<li>{escape(w)}</li>" for w in warnings) + "</ul>") if warnings \

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from ctxrules.errors import CtxrulesError
-from ctxrules.session_store import ensure_dir, write_atomic
+from ctxrules.private_files import ensure_dir, read_private, write_atomic
 from ctxrules.toolroles import call_arguments, call_name, tool_roles
 
 __all__ = ["TRACKER_FILE", "FileTracker", "TrackedFile", "TrackerError", "edited_paths",
@@ -80,7 +80,7 @@ def load_tracked(session_dir: Path) -> list[TrackedFile]:
     """Touched files of a session, most recently touched first."""
     path = Path(session_dir) / TRACKER_FILE
     try:
-        raw = path.read_bytes()
+        raw = read_private(path)
     except FileNotFoundError:
         return []
     except OSError as exc:

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ctxrules.errors import CtxrulesError
+from ctxrules.private_files import UnsafePathError, ensure_dir, read_private
 
 __all__ = [
     "MARKER_KINDS",
@@ -97,22 +98,6 @@ def _normalize_id(id_or_prefix: str) -> str:
     return candidate
 
 
-def _ensure_dir(path: Path) -> None:
-    """Create ``path`` and missing parents as 0700: the vault holds unredacted originals."""
-    missing: list[Path] = []
-    probe = path
-    while not probe.exists():
-        missing.append(probe)
-        if probe.parent == probe:
-            break
-        probe = probe.parent
-    for directory in reversed(missing):
-        with contextlib.suppress(FileExistsError):  # a concurrent writer may win the race
-            directory.mkdir(mode=0o700)
-            # mkdir's mode is filtered by the umask; set it explicitly so it is exactly 0700.
-            os.chmod(directory, 0o700)
-
-
 class Vault:
     """A content-addressed store rooted at ``root`` (a session's ``vault/`` directory).
 
@@ -160,19 +145,25 @@ class Vault:
         path = self._path(vault_id)
         if not self._intact(path, vault_id):
             # Missing, or corrupt: rewriting repairs it, and the bytes are the same either way.
-            _ensure_dir(path.parent)
+            # Every directory from the session's down is checked: a planted ``vault`` link
+            # would otherwise receive the originals.
+            ensure_dir(path.parent, inside=self._root.parent)
             self._write_atomic(path, data)
         if media_type is not None:
             meta = json.dumps({"media_type": media_type}, sort_keys=True).encode("utf-8")
             meta_path = path.with_name(path.name + _META_SUFFIX)
-            if not meta_path.is_file() or meta_path.read_bytes() != meta:
+            try:
+                current: bytes | None = read_private(meta_path)
+            except FileNotFoundError:
+                current = None
+            if current != meta:
                 self._write_atomic(meta_path, meta)
         return vault_id
 
     @staticmethod
     def _intact(path: Path, vault_id: str) -> bool:
         try:
-            return hashlib.sha256(path.read_bytes()).hexdigest() == vault_id
+            return hashlib.sha256(read_private(path)).hexdigest() == vault_id
         except FileNotFoundError:
             return False
 
@@ -201,10 +192,12 @@ class Vault:
         if len(candidate) == _ID_LEN:
             if self._path(candidate).is_file():
                 return candidate
-            raise VaultError(f"vault id {candidate} not found in {self._root}")
+            raise VaultError(f"vault item {candidate} is missing from {self._root} "
+                             "(not found: deleted, or never stored in this session)")
         matches = [vid for vid in self._ids_in_shard(candidate[:2]) if vid.startswith(candidate)]
         if not matches:
-            raise VaultError(f"no vault entry starts with {candidate} in {self._root}")
+            raise VaultError(f"vault item {candidate}... is missing from {self._root} "
+                             "(no entry starts with it)")
         if len(matches) > 1:
             shown = ", ".join(sorted(matches)[:5])
             raise VaultError(
@@ -217,8 +210,8 @@ class Vault:
         """The exact stored bytes, verified against their id."""
         vault_id = self.resolve(id_or_prefix)
         try:
-            data = self._path(vault_id).read_bytes()
-        except OSError as exc:
+            data = read_private(self._path(vault_id))
+        except (OSError, UnsafePathError) as exc:
             raise VaultError(f"cannot read vault entry {vault_id}: {exc}") from exc
         actual = hashlib.sha256(data).hexdigest()
         if actual != vault_id:
@@ -249,7 +242,7 @@ class Vault:
         vault_id = self.resolve(id_or_prefix)
         meta_path = self._path(vault_id).with_name(vault_id + _META_SUFFIX)
         try:
-            meta = json.loads(meta_path.read_bytes())
+            meta = json.loads(read_private(meta_path))
         except FileNotFoundError:
             return None
         value = meta.get("media_type") if isinstance(meta, dict) else None

@@ -11,8 +11,10 @@ A decision, in order (docs/budgets.md "Routing"):
    linearly; a summed weight of ``threshold`` (0.5) or more shifts by one tier (rounded).
 3. **Judge** (optional): the ``ctxrules_route_judge`` plugin hook, when the score is within
    ``judge.band`` of a cutoff.
-4. **Momentum**: a follow-up never routes below the highest tier of the last ``momentum.turns``
-   decisions made within ``momentum.window_s``.
+4. **Momentum**: a follow-up never routes below the highest tier the rules (with misroutes and
+   the judge) gave one of the last ``momentum.turns`` decisions made within ``momentum.window_s``.
+   Only those tiers count, never a tier that momentum, a regeneration or privacy raised: a floor
+   that counted its own output would hold one reasoning turn forever.
 5. **Regeneration floor**: a regeneration gets at least ``regenerate.min_tier`` and (with
    ``step_up``) one tier above the previous decision.
 6. **Privacy**: when the pack's redaction patterns flag the text (credentials, PII) and the
@@ -37,8 +39,8 @@ from typing import Any, Final
 
 from ctxrules.errors import UsageError
 from ctxrules.messages import is_real_user, message_text
+from ctxrules.private_files import ensure_dir, read_private, write_atomic
 from ctxrules.redaction import redactor_for
-from ctxrules.session_store import ensure_dir, write_atomic
 
 __all__ = ["DEFAULT_RULES", "TIERS", "ComplexityRouter", "RouteDecision", "privacy_findings"]
 
@@ -272,6 +274,8 @@ class ComplexityRouter:
             reasons.append(f"misroutes: {shift:+d} tier(s) -> {TIERS[rank]}")
         if self.judge_enabled and self.hooks is not None and self._ambiguous(score):
             rank = self._ask_judge(text, TIERS[rank], score, matched, rank, reasons)
+        # What this message itself asks for: the only tier later decisions' momentum counts.
+        own_tier = TIERS[rank]
         with _StateFile(session_dir / "router.json") as state:
             decisions = [d for d in state.get("decisions", []) if isinstance(d, dict)]
             recent = [
@@ -281,9 +285,7 @@ class ComplexityRouter:
                 and isinstance(d.get("ts"), int | float)
                 and 0 <= now - d["ts"] <= self.momentum_window_s
             ]
-            floor = max(
-                (TIERS.index(d["tier"]) for d in recent if d.get("tier") in TIERS), default=0
-            )
+            floor = max((TIERS.index(t) for t in map(_own_tier, recent) if t in TIERS), default=0)
             if floor > rank:
                 rank = floor
                 reasons.append(f"momentum: recent turns were {TIERS[floor]}")
@@ -320,6 +322,7 @@ class ComplexityRouter:
                         "ts": now,
                         "tier": decision.tier,
                         "rules_tier": rules_tier,
+                        "own_tier": own_tier,
                         "score": score,
                         "regenerate": regenerate,
                     }
@@ -426,7 +429,7 @@ class ComplexityRouter:
 
     def _misroute_shift(self, rules_tier: str, root: Path, now: float) -> int:
         try:
-            raw = (root / "router" / "misroutes.jsonl").read_bytes()
+            raw = read_private(root / "router" / "misroutes.jsonl")
         except OSError:
             return 0
         total = 0.0
@@ -451,6 +454,12 @@ class ComplexityRouter:
         return int(math.copysign(max(1, math.floor(abs(total) + 0.5)), total))
 
 
+def _own_tier(decision: Mapping[str, Any]) -> Any:
+    """The tier a remembered decision's own message asked for (rules, misroutes, judge); a record
+    written before ``own_tier`` existed counts its rules' tier."""
+    return decision.get("own_tier", decision.get("rules_tier"))
+
+
 def _clamp(rank: int) -> int:
     return max(0, min(len(TIERS) - 1, rank))
 
@@ -470,7 +479,7 @@ class _StateFile:
         self._lock = FileLock(self.path.with_name(self.path.name + ".lock"))
         self._lock.acquire()
         try:
-            loaded = json.loads(self.path.read_bytes())
+            loaded = json.loads(read_private(self.path))
             self.data = loaded if isinstance(loaded, dict) else {}
         except (OSError, ValueError):
             self.data = {}

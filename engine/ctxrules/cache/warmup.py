@@ -35,7 +35,10 @@ import time
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ctxrules.budget.tracker import SessionLedger
 
 from ctxrules.errors import CtxrulesError
 from ctxrules.llm import load_litellm as load
@@ -176,6 +179,7 @@ def send_probe(
     max_tokens: int | None = None,
     timeout_s: float = 30.0,
     at: float = 0.0,
+    ledger: SessionLedger | None = None,
     check: bool = False,
 ) -> Probe:
     """Send the prefix once to warm or refresh the provider's cache.
@@ -185,13 +189,19 @@ def send_probe(
 
     ``request`` holds extra litellm arguments: ``api_base``, ``api_key``, and what
     ``result.request`` carries (``prompt_cache_key``, ``tool_choice``), so the probe hits the
-    same cache entry and routing as the real calls.
+    same cache entry and routing as the real calls. With ``ledger`` (``session.ledger``) the
+    probe's usage is recorded there (``source`` = the probe's kind), so it counts in the
+    session, day and goal budgets, and no probe is sent once the budget refuses calls.
     """
     extra = dict(request or {})
     provider = model.split("/", 1)[0] if "/" in model else ""
     if max_tokens is None:
         max_tokens = 0 if provider in ZERO_MAX_TOKENS_PROVIDERS else 1
     started = time.perf_counter()
+    if ledger is not None:
+        status = ledger.status()
+        if status.refuses:
+            return Probe(kind, reason, at, False, 0.0, error=f"not sent: {status.refusal()}")
     try:
         litellm = load_litellm()
         kwargs: dict[str, Any] = {
@@ -212,6 +222,8 @@ def send_probe(
             else getattr(response, "usage", None)
         )
         prompt, cached, written, completion = _usage_numbers(usage or {})
+        if ledger is not None and usage is not None:
+            ledger.record(response, model=model, source=kind)
     except Exception as exc:  # best effort: reported (log, probe, ProbeFailed), never swallowed
         failed = Probe(
             kind,
@@ -252,6 +264,8 @@ class KeepAlive:
     """Warm-up and idle keep-alive for one session's prefix (see the module docstring).
 
     ``send`` replaces :func:`send_probe` (same signature), e.g. to route probes elsewhere.
+    ``ledger`` (``session.ledger``, or use ``session.keepalive(...)``): every probe's usage is
+    recorded there and counts in the budgets; probes stop while the budget refuses calls.
     """
 
     def __init__(
@@ -265,6 +279,7 @@ class KeepAlive:
         max_tokens: int | None = None,
         timeout_s: float = 30.0,
         send: Callable[..., Probe] | None = None,
+        ledger: SessionLedger | None = None,
         raise_rejections: bool = True,
     ) -> None:
         if interval_s <= 0 or time_scale <= 0:
@@ -277,6 +292,7 @@ class KeepAlive:
         self.max_tokens = max_tokens
         self.timeout_s = timeout_s
         self._send = send or send_probe
+        self.ledger = ledger  # probes count in this session's budgets (send_probe's ledger=)
         self._cond = threading.Condition()
         self._messages: list[dict[str, Any]] = []
         self._tools: list[dict[str, Any]] = []
@@ -442,6 +458,8 @@ class KeepAlive:
                     dict(self.request),
                 )
                 at = self._virtual(now)
+            # A custom ``send`` need not take ``ledger``: passed only when there is one.
+            extra: dict[str, Any] = {"ledger": self.ledger} if self.ledger is not None else {}
             probe = self._send(
                 self.model,
                 messages,
@@ -452,6 +470,7 @@ class KeepAlive:
                 max_tokens=self.max_tokens,
                 timeout_s=self.timeout_s,
                 at=at,
+                **extra,
             )
             with self._cond:
                 self._probes.append(probe)

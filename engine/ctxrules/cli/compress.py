@@ -7,7 +7,9 @@ output in the session's vault and exits with CMD's exit code (128+N when a signa
 it). Exit 125 when ctxrules itself cannot start (bad pack, bad option), 126 when CMD is not
 executable and 127 when it is not found, as ``env`` and ``timeout`` do. A failure of ctxrules
 *after* CMD ran (a rule that misbehaves, a vault that cannot be written) prints the full,
-uncompressed output, warns on standard error, and still exits with CMD's code.
+uncompressed output, warns on standard error, and still exits with CMD's code. CMD runs in its
+own process group; SIGINT, SIGTERM and SIGHUP are forwarded to it (:mod:`ctxrules.cli.child`),
+and what it wrote before a signal ended it is still compressed, vaulted and printed.
 
 Filter mode: ``ctxrules compress --command "CMD" [--exit-code N] --input FILE|-`` compresses
 output captured earlier; it exits 0, or 2 on a usage error.
@@ -23,11 +25,9 @@ import argparse
 import hashlib
 import os
 import shlex
-import signal
-import subprocess
 import sys
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from ctxrules.compressors.api import compress_text
 from ctxrules.compressors.pipes import stdout_feeds_pipeline
@@ -38,6 +38,9 @@ from ctxrules.plugins import default_registry
 from ctxrules.session_store import state_root_from_env
 from ctxrules.tokens import TokenCounter
 from ctxrules.vault import Vault
+
+if TYPE_CHECKING:
+    from ctxrules.cli.child import Child
 
 DEFAULT_MODEL = "gpt-4o"
 """Tokenizer for ``--stats``: o200k_base, exact and offline, the most common agent family."""
@@ -145,11 +148,11 @@ def _code_of(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
 
 
-def _spawn(argv: list[str], capture: bool) -> subprocess.Popen[bytes]:
+def _spawn(argv: list[str], capture: bool) -> Child:
+    from ctxrules.cli.child import Child
+
     try:
-        if capture:
-            return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-        return subprocess.Popen(argv)
+        return Child(argv, capture=capture)
     except FileNotFoundError:
         raise _Exit(EXIT_NOT_FOUND, f"{argv[0]}: command not found") from None
     except PermissionError:
@@ -164,23 +167,18 @@ class _Exit(Exception):
         self.code = code
 
 
-def _collect(proc: subprocess.Popen[bytes], stream: bool) -> bytes:
-    assert proc.stdout is not None
-    if not stream:
-        data, _ = proc.communicate()
-        return data
-    chunks: list[bytes] = []
+def _echo(chunk: bytes) -> None:
     err = sys.stderr.buffer
-    while True:
-        # os.read returns what is there (at most 64 KiB) instead of waiting for a full buffer.
-        chunk = os.read(proc.stdout.fileno(), 65536)
-        if not chunk:
-            break
-        chunks.append(chunk)
-        err.write(chunk)
-        err.flush()
-    proc.wait()
-    return b"".join(chunks)
+    err.write(chunk)
+    err.flush()
+
+
+def _status(child: Child, returncode: int) -> int:
+    """The command's status; after a forwarded signal, 128+N even if the command exited 0."""
+    code = _code_of(returncode)
+    if child.signal is not None and code == 0:
+        return 128 + child.signal
+    return code
 
 
 def _proxy(args: argparse.Namespace, argv: list[str]) -> int:
@@ -192,44 +190,23 @@ def _proxy(args: argparse.Namespace, argv: list[str]) -> int:
     passthrough = args.raw or (not args.always and not sys.stdout.isatty()
                                and stdout_feeds_pipeline(sys.stdout.fileno()))
     try:
-        proc = _spawn(argv, capture=not passthrough)
+        child = _spawn(argv, capture=not passthrough)
     except _Exit as exc:
         _note(str(exc))
         return exc.code
+    # SIGINT, SIGTERM and SIGHUP go to the command's process group while it runs; what it
+    # wrote before it ended is kept, compressed, vaulted and printed like any output.
+    raw, returncode = child.run(_echo if args.stream else None)
+    code = _status(child, returncode)
     if passthrough:
-        return _code_of(_wait_forwarding(proc))
-    interrupted = False
-    try:
-        raw = _collect(proc, args.stream)
-    except KeyboardInterrupt:
-        # The command got the same SIGINT; keep what it printed before it stopped.
-        interrupted = True
-        raw = _drain(proc)
-    code = _code_of(proc.returncode if proc.returncode is not None else -signal.SIGINT)
+        return code
     try:
         out = _compress(args, pack, counter, shlex.join(argv), raw, code)
     except CtxrulesError as exc:
         _note(f"warning: output not compressed: {exc}")
         out = raw
     _write(out)
-    return 130 if interrupted and code == 0 else code
-
-
-def _wait_forwarding(proc: subprocess.Popen[bytes]) -> int:
-    while True:
-        try:
-            return proc.wait()
-        except KeyboardInterrupt:
-            continue  # the child got the SIGINT too; its exit code tells what happened
-
-
-def _drain(proc: subprocess.Popen[bytes]) -> bytes:
-    assert proc.stdout is not None
-    try:
-        data = proc.stdout.read()
-    finally:
-        proc.wait()
-    return data
+    return code
 
 
 def _filter(args: argparse.Namespace) -> int:

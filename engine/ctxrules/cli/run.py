@@ -7,6 +7,7 @@ import sys
 from typing import Any
 
 from ctxrules.cli.io import dump, read_json, write_text
+from ctxrules.cli.progress import TerminalProgress, wanted
 from ctxrules.cli.tables import report_table
 from ctxrules.engine import open_session
 from ctxrules.errors import UsageError
@@ -33,6 +34,8 @@ def register(sub: Any) -> None:
                         "(a top-level 'system', tool_use/tool_result blocks or tools with input_schema "
                         "mean Anthropic); the output is in the input's format (default: auto)")
     p.add_argument("--explain", action="store_true", help="print a readable table of what each stage did")
+    p.add_argument("--quiet", action="store_true",
+                   help="no progress line on stderr (shown only on a terminal, for work over about 1 s)")
     p.add_argument("--touched", nargs="+", metavar="FILE", default=[],
                    help="files the agent changed since the last run (recorded in the session for "
                         "reread.recent_files)")
@@ -66,12 +69,13 @@ def run(args: argparse.Namespace) -> int:
     session = open_session(args.pack, args.model, session=args.session, state=args.state, window=args.window)
     if args.touched:
         session.touch(*args.touched)
-    if kind == "anthropic":
-        result = session.prepare(data, format="anthropic")
-        out: Any = result.body
+    if wanted(args.quiet):
+        display = TerminalProgress()
+        session.on_event = display.on_event  # stage events, and the summarizer's stream notes
+        with display:
+            result, out = _prepare(session, kind, data, messages, tools)
     else:
-        result = session.prepare(messages, tools)
-        out = _openai_output(data, tools, result)
+        result, out = _prepare(session, kind, data, messages, tools)
     write_text(args.output, dump(out))
     if args.report:
         write_text(args.report, dump(result.report))
@@ -85,6 +89,15 @@ def run(args: argparse.Namespace) -> int:
         sys.stderr.write(f"ctxrules: does not fit: {after.get('reason', 'the output exceeds the usable window')}\n")
         return 1
     return 0
+
+
+def _prepare(session: Any, kind: str, data: Any, messages: Any, tools: Any) -> tuple[Any, Any]:
+    """The prepare result and the output to write, in the input's format."""
+    if kind == "anthropic":
+        result = session.prepare(data, format="anthropic")
+        return result, result.body
+    result = session.prepare(messages, tools)
+    return result, _openai_output(data, tools, result)
 
 
 def _openai_output(data: Any, tools: Any, result: Any) -> Any:

@@ -1,10 +1,11 @@
-"""``ctxrules usage add|show|reset``: record model usage in the ledgers and show spend.
+"""``ctxrules usage add|show|reset|report``: record model usage in the ledgers and show spend.
 
 ``add`` records one successful call (counts as options, or a provider response / usage JSON
 with ``--response``); a failed call (``--failed``, or an error body) records nothing.
 ``show`` prints the session (root task), today's and the goal's totals, and with ``--pack``
 the budget level, burn rate and ETA. ``reset`` starts a budget dimension afresh (the history
-stays in the ledger). See docs/budgets.md.
+stays in the ledger). ``report`` draws the usage dashboard from the day ledgers. See
+docs/budgets.md.
 """
 
 from __future__ import annotations
@@ -14,11 +15,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ctxrules.budget.dashboard import Period, load_calls, render_dashboard, summary_text
 from ctxrules.budget.ledger import Totals
 from ctxrules.budget.policy import BudgetPolicy
 from ctxrules.budget.tracker import SessionLedger
 from ctxrules.budget.usage import TokenUsage, is_failed_response
-from ctxrules.cli.io import dump, read_json
+from ctxrules.cli.io import dump, read_json, write_text
 from ctxrules.errors import UsageError
 from ctxrules.packs.validated import load_pack
 from ctxrules.session_store import state_root_from_env
@@ -102,6 +104,45 @@ def register(sub: Any) -> None:
     _scope(r)
     r.add_argument("--dimension", required=True, choices=["session", "day", "goal"])
     r.set_defaults(func=run_reset)
+
+    d = usub.add_parser(
+        "report",
+        help="a usage dashboard from the day ledgers (one self-contained HTML page)",
+        description="Daily spend, a drill-down per session, a per-model breakdown, an hour x "
+        "weekday heatmap, per-agent cards with sparklines and requests per routing tier, from "
+        "every call the state root's day ledgers hold (UTC).",
+    )
+    d.add_argument("--state", metavar="DIR", help="state root (default: .ctxrules or $CTXRULES_STATE)")
+    d.add_argument("--days", type=_count, default=30, metavar="N",
+                   help="how many days, up to today (default 30; e.g. 7, 30, 365)")
+    d.add_argument("--until", metavar="YYYY-MM-DD", help="the last day shown (default: today, UTC)")
+    d.add_argument("--html", metavar="OUT", help="write the page here (else a text summary)")
+    d.set_defaults(func=run_report)
+
+
+def run_report(args: argparse.Namespace) -> int:
+    from datetime import UTC, date, datetime
+
+    if args.days < 1:
+        raise UsageError("--days must be at least 1")
+    state = Path(args.state) if args.state else state_root_from_env()
+    if not state.is_dir():
+        raise UsageError(f"{state}: no such state root (give --state DIR)")
+    if args.until:
+        try:
+            last = date.fromisoformat(args.until)
+        except ValueError:
+            raise UsageError(f"--until {args.until!r} is not a date (YYYY-MM-DD)") from None
+    else:
+        last = datetime.now(UTC).date()
+    period = Period(last, args.days)
+    calls, bad = load_calls(state, period)
+    if args.html:
+        write_text(args.html, render_dashboard(calls, period, state_root=str(state), bad_lines=bad))
+        sys.stdout.write(f"wrote {args.html}: {len(calls)} call(s) over {args.days} day(s)\n")
+    else:
+        sys.stdout.write(summary_text(calls, period))
+    return 0
 
 
 def _scope(p: argparse.ArgumentParser) -> None:

@@ -47,7 +47,9 @@ def run_get(args: argparse.Namespace) -> int:
             raise UsageError(f"no such session directory: {args.session}")
     else:
         root = Path(args.state) if args.state else state_root_from_env()
-        candidates = sorted(p.parent for p in root.glob("*/vault")) if root.is_dir() else []
+        # A session whose vault was removed still counts: its items are "missing".
+        candidates = sorted({p.parent for name in ("vault", "state.json")
+                             for p in root.glob(f"*/{name}")}) if root.is_dir() else []
         if not candidates:
             raise UsageError(f"no sessions under {root}; give --session DIR")
     errors = []
@@ -63,4 +65,4 @@ def run_get(args: argparse.Namespace) -> int:
         return 0
     if len(candidates) == 1:
         raise UsageError(errors[0])
-    raise UsageError(f"vault item {ident} not found in {len(candidates)} sessions")
+    raise UsageError(f"vault item {ident} is missing from all {len(candidates)} sessions (not found)")

@@ -96,9 +96,9 @@ def when_allows(when: dict[str, str], tier: str) -> bool:
 def _when_reason(when: dict[str, str], tier: str) -> str | None:
     at_least, below = when.get("at_least"), when.get("below")
     if at_least and tier_rank(tier) < tier_rank(at_least):
-        return f"tier {tier} is below {at_least}"
+        return f"tier `{tier}` is under `{at_least}`"
     if below and tier_rank(tier) >= tier_rank(below):
-        return f"tier {tier} is not below {below}"
+        return f"tier `{tier}` is not under `{below}`"
     return None
 
 

@@ -29,7 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from ctxrules.errors import CtxrulesError
-from ctxrules.session_store import SessionLock, SessionStore, write_atomic
+from ctxrules.private_files import read_private, write_atomic
+from ctxrules.session_store import SessionLock, SessionStore
 from ctxrules.vault import Vault
 
 CHECKPOINT_FILE = "checkpoint.json"
@@ -54,8 +55,8 @@ def _path(session: Path) -> Path:
 
 def read(session: Path) -> dict[str, Any] | None:
     try:
-        data = json.loads(_path(session).read_bytes())
-    except (OSError, ValueError):
+        data = json.loads(read_private(_path(session)))
+    except (OSError, ValueError, RecursionError, CtxrulesError):
         return None
     return data if isinstance(data, dict) else None
 
@@ -134,7 +135,7 @@ def _backed_up(session: Path, data: dict[str, Any]) -> list[Any]:
         return tail
     store = SessionStore(session)
     record = store.load().get("last") or {}
-    head = store.load_output(prefix, record.get("output_file"))
+    head = store.load_output(prefix, record.get("output_file"), record.get("output_digest"))
     if head is None:
         raise CtxrulesError(f"{session}: the checkpoint's backup starts after the first {prefix} messages of "
                             "last_output.jsonl, and that file no longer holds them")

@@ -9,6 +9,8 @@ then the pack's pairing stage repairs the tool pairs — and the call is retried
 without a ``compress.emergency`` entry gets the registered stage type with its defaults; when
 that plugin is blocked (``CTXRULES_BLOCK_PLUGINS``), there is no recovery and the error stands.
 What happened is returned with the response; usage goes to the ledger when the session has one.
+``acomplete`` is the same on the event loop; ``stream=True`` (both) returns the chunks with the
+same recovery before the first chunk (``ctxrules.runtime.streaming``).
 """
 
 from __future__ import annotations
@@ -18,12 +20,13 @@ import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ctxrules.errors import CtxrulesError
+from ctxrules.errors import CompletionFailed
 from ctxrules.injected import InjectionKey, key_scope
 from ctxrules.llm import load_litellm, quiet
 from ctxrules.logs import get_logger
 from ctxrules.pipeline.context import StageContext
 from ctxrules.results import PrepareResult
+from ctxrules.runtime.streaming import AsyncCompletionStream, CompletionStream
 
 if TYPE_CHECKING:
     from ctxrules.models import ModelInfo
@@ -45,10 +48,6 @@ _LIMIT_PATTERNS = (
 )
 _OVERFLOW_TEXT = re.compile(r"context[_ ]length|context window|prompt is too long|too many tokens|"
                             r"maximum context|reduce the length", re.I)
-
-
-class CompletionFailed(CtxrulesError):
-    exit_code = 2
 
 
 class _EngineView(Protocol):
@@ -79,6 +78,10 @@ class OverflowSession(Protocol):
     def injection_key(self) -> InjectionKey: ...
 
     def prepare(self, messages: Any, tools: list[dict[str, Any]] | None = None) -> PrepareResult: ...
+
+    async def aprepare(self, messages: Any, tools: list[dict[str, Any]] | None = None) -> PrepareResult: ...
+
+    def record_usage(self, usage: Any, *, model: str | None = None, **options: Any) -> Any: ...
 
 
 @dataclass
@@ -136,8 +139,9 @@ def emergency_pass(session: OverflowSession, messages: list[dict[str, Any]], too
 
 
 def complete(session: OverflowSession, messages: Any, *, tools: list[dict[str, Any]] | None = None,
-             model: str | None = None, **kwargs: Any) -> Completion:
-    """``litellm.completion`` on the prepared messages, with one overflow recovery."""
+             model: str | None = None, stream: bool = False, **kwargs: Any) -> Completion | CompletionStream:
+    """``litellm.completion`` on the prepared messages, with one overflow recovery; with
+    ``stream``, a :class:`~ctxrules.runtime.streaming.CompletionStream` of the chunks."""
     litellm = load_litellm()
 
     prepared = session.prepare(messages, tools)
@@ -145,30 +149,104 @@ def complete(session: OverflowSession, messages: Any, *, tools: list[dict[str, A
     sent = prepared.messages
     attempts: list[dict[str, Any]] = []
     for attempt in range(2):
-        options = {**prepared.request, **kwargs}
-        if prepared.tools:
-            options.setdefault("tools", prepared.tools)
+        options = _options(prepared, kwargs, stream)
         try:
             with quiet():
                 response = litellm.completion(model=call_model, messages=sent, **options)
+                # A stream's errors may come with its first event: that one is still recoverable.
+                first, ended = _first_chunk(response) if stream else (None, False)
         except Exception as exc:
-            tokens = session.counter.count_messages(sent, prepared.tools)
-            attempts.append({"attempt": attempt + 1, "error": f"{type(exc).__name__}: {exc}"[:500], "tokens": tokens})
-            _record(session, call_model, None, ok=False)
-            recovery = None
-            if attempt == 0 and is_overflow(exc):
-                limit = limit_from(exc) or int(tokens * 0.8)
-                recovery = emergency_pass(session, sent, prepared.tools, min(limit, session.budget.window))
-            if recovery is not None:
-                sent, actions = recovery
-                attempts[-1].update(recovery={"window": limit, "actions": actions,
-                                              "tokens_after": session.counter.count_messages(sent, prepared.tools)})
-                continue
-            raise CompletionFailed(f"model call failed: {type(exc).__name__}: {str(exc)[:300]}") from exc
-        attempts.append({"attempt": attempt + 1, "ok": True})
+            retry = _after_failure(session, sent, prepared, exc, attempt, attempts)
+            if retry is None:
+                raise CompletionFailed(f"model call failed: {type(exc).__name__}: {str(exc)[:300]}") from exc
+            sent = retry
+            continue
+        attempts.append({"attempt": attempt + 1})
+        if stream:
+            return CompletionStream(session, prepared, call_model, sent, attempts, response, first, ended=ended)
+        attempts[-1]["ok"] = True
         _record(session, call_model, response, ok=True)
         return Completion(response, prepared, recovered=attempt > 0, attempts=attempts)
     raise CompletionFailed("model call failed after the overflow recovery")  # pragma: no cover - loop returns
+
+
+async def acomplete(session: OverflowSession, messages: Any, *, tools: list[dict[str, Any]] | None = None,
+                    model: str | None = None, stream: bool = False,
+                    **kwargs: Any) -> Completion | AsyncCompletionStream:
+    """:func:`complete` on the event loop: ``aprepare``, ``litellm.acompletion``, the same
+    overflow recovery (its emergency pass off the loop); with ``stream``, an
+    :class:`~ctxrules.runtime.streaming.AsyncCompletionStream`."""
+    import asyncio
+
+    litellm = await asyncio.to_thread(load_litellm)  # the first import takes seconds
+    prepared = await session.aprepare(messages, tools)
+    call_model = model or session.model.name
+    sent = prepared.messages
+    attempts: list[dict[str, Any]] = []
+    for attempt in range(2):
+        options = _options(prepared, kwargs, stream)
+        try:
+            with quiet():
+                response = await litellm.acompletion(model=call_model, messages=sent, **options)
+                first, ended = await _afirst_chunk(response) if stream else (None, False)
+        except Exception as exc:
+            retry = await asyncio.to_thread(_after_failure, session, sent, prepared, exc, attempt, attempts)
+            if retry is None:
+                raise CompletionFailed(f"model call failed: {type(exc).__name__}: {str(exc)[:300]}") from exc
+            sent = retry
+            continue
+        attempts.append({"attempt": attempt + 1})
+        if stream:
+            return AsyncCompletionStream(session, prepared, call_model, sent, attempts, response, first,
+                                         ended=ended)
+        attempts[-1]["ok"] = True
+        _record(session, call_model, response, ok=True)
+        return Completion(response, prepared, recovered=attempt > 0, attempts=attempts)
+    raise CompletionFailed("model call failed after the overflow recovery")  # pragma: no cover - loop returns
+
+
+def _options(prepared: PrepareResult, kwargs: dict[str, Any], stream: bool) -> dict[str, Any]:
+    options = {**prepared.request, **kwargs}
+    if prepared.tools:
+        options.setdefault("tools", prepared.tools)
+    if stream:
+        options["stream"] = True
+        # The final usage chunk is what the ledger records; without it usage is only counted.
+        options.setdefault("stream_options", {"include_usage": True})
+    return options
+
+
+def _after_failure(session: OverflowSession, sent: list[dict[str, Any]], prepared: PrepareResult, exc: BaseException,
+                   attempt: int, attempts: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
+    """Note a failed attempt; the messages to retry with when it was the first attempt and the
+    prompt was too long (after the emergency pass), else ``None`` (raise)."""
+    tokens = session.counter.count_messages(sent, prepared.tools)
+    attempts.append({"attempt": attempt + 1, "error": f"{type(exc).__name__}: {exc}"[:500], "tokens": tokens})
+    if attempt != 0 or not is_overflow(exc):
+        return None
+    limit = limit_from(exc) or int(tokens * 0.8)
+    recovery = emergency_pass(session, sent, prepared.tools, min(limit, session.budget.window))
+    if recovery is None:  # no emergency stage to run (its plugin is blocked): the error stands
+        return None
+    smaller, actions = recovery
+    attempts[-1].update(recovery={"window": limit, "actions": actions,
+                                  "tokens_after": session.counter.count_messages(smaller, prepared.tools)})
+    return smaller
+
+
+def _first_chunk(response: Any) -> tuple[Any, bool]:
+    """The stream's first chunk (``(None, True)`` for an empty stream)."""
+    try:
+        return next(iter(response)), False
+    except StopIteration:
+        return None, True
+
+
+async def _afirst_chunk(response: Any) -> tuple[Any, bool]:
+    try:
+        return await response.__aiter__().__anext__(), False
+    except StopAsyncIteration:
+        return None, True
 
 
 def _record(session: OverflowSession, model: str, response: Any, *, ok: bool) -> None:
@@ -176,8 +254,5 @@ def _record(session: OverflowSession, model: str, response: Any, *, ok: bool) ->
     recorder = getattr(session, "record_usage", None)
     if not ok or recorder is None or response is None:
         return
-    usage = getattr(response, "usage", None)
-    if usage is not None:
-        # litellm's Usage is a pydantic model; the ledger takes plain JSON-like data.
-        dump = getattr(usage, "model_dump", None)
-        recorder(dump() if callable(dump) else usage, model=model)
+    if getattr(response, "usage", None) is not None:
+        recorder(response, model=model)  # the ledger reads litellm's ModelResponse itself

@@ -17,6 +17,9 @@ list otherwise), on one line::
     [ctxrules:elided kind=lines count=120 ref=vault://<id> reason=ttl tool=Bash
      age_steps=31 tokens=2140]
 
+Its fields depend on the input only (``produced``, epoch seconds, appears when the message
+carries its own time): a cold rerun of the same input gives the same bytes.
+
 Never touched: pinned and protected messages, results of ``min_tokens`` or fewer (the
 placeholder would cost about as much), and results that are a placeholder already (nothing but
 one marker). A result another stage shortened (head, tail and a marker) is archived like any
@@ -138,7 +141,7 @@ class TtlPrune:
                 continue
             call = calls.get(index)
             tool = call_name(call) if call is not None else msg.get("name")
-            new, vid = self._archive(msg, ctx, ages.get(index, 0), ctx.clock - born,
+            new, vid = self._archive(msg, ctx, ages.get(index, 0),
                                      tool if isinstance(tool, str) else None)
             out[index] = new
             seen_now.pop(result_digest(msg), None)
@@ -161,7 +164,7 @@ class TtlPrune:
         return {result: last - n for n, step in enumerate(all_steps) for result in step.results}
 
     @staticmethod
-    def _archive(msg: Message, ctx: StageContext, age_steps: int, age_s: float,
+    def _archive(msg: Message, ctx: StageContext, age_steps: int,
                  tool: str | None) -> tuple[Message, str]:
         content = msg.get("content")
         if isinstance(content, str):
@@ -173,9 +176,13 @@ class TtlPrune:
         fields: dict[str, object] = {"reason": "ttl"}
         if tool:
             fields["tool"] = tool
+        # Only fields the input decides: the age in steps, and the message's own time when it
+        # carries one. An age in seconds (or the clock of the run) would make a cold rerun of
+        # the same input give other bytes, and change the cached prefix on every turn.
         fields["age_steps"] = age_steps
-        if age_s >= 1:
-            fields["age_s"] = int(age_s)
+        produced = message_time(msg)
+        if produced is not None:
+            fields["produced"] = int(produced)
         fields["tokens"] = ctx.counter.count_message(msg)
         return {**msg, "content": format_marker(kind, count, vid, lines=None, **fields)}, vid
 

@@ -30,6 +30,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ctxrules.progress import note
+
 __all__ = [
     "CallFailed",
     "InactivityTimeout",
@@ -300,6 +302,8 @@ def stream_completion(
                 parts.append(text)
             if progressed:
                 progress.touch()
+                note("summarizer.stream", model=str(kwargs.get("model", "")), tokens=progress.tokens,
+                     seconds=round(progress.elapsed(), 1))
             finish = chunk_finish or finish
             if chunk_usage:
                 usage = chunk_usage

@@ -45,6 +45,7 @@ def validate_resolved(pack: ResolvedPack, loader: PackLoader, registry: Registry
     check_compressors(rep, data, registry)
     check_prompts(rep, pack, registry)
     _check_timeouts(rep, data)
+    _check_spawn_cap(rep, data)
     return _sorted_unique(out + rep.out)
 
 
@@ -256,3 +257,25 @@ def _check_timeouts(rep: Reporter, data: dict[str, Any]) -> None:
     step, a heartbeat too slow for the chunk limit. Warnings: the pack still loads."""
     for f in lint_timeouts(data):
         rep.add(f.code, f.message, f.pointer, f.hint, severity="warning")
+
+
+# -- sub-agents (docs/budgets.md "Sub-agents") ------------------------------------------------
+
+def _check_spawn_cap(rep: Reporter, data: dict[str, Any]) -> None:
+    """CR125: the spawn cap has one key, ``budgets.max_descendants``; the guard key is read as
+    its alias (when the budgets key is absent) and flagged so the pack can move."""
+    guards = data.get("guards")
+    sub = guards.get("subagents") if isinstance(guards, dict) else None
+    if not isinstance(sub, dict) or "max_descendants" not in sub:
+        return
+    budgets = data.get("budgets")
+    own = budgets.get("max_descendants") if isinstance(budgets, dict) else None
+    if own is None:
+        rep.add("CR125", "guards.subagents.max_descendants is deprecated: it is read as "
+                "budgets.max_descendants, the one spawn cap", "/guards/subagents/max_descendants",
+                f"move it: budgets: {{max_descendants: {sub['max_descendants']}}}", severity="warning")
+    else:
+        rep.add("CR125", f"guards.subagents.max_descendants ({sub['max_descendants']}) is deprecated and "
+                f"ignored: budgets.max_descendants ({own}) is the spawn cap",
+                "/guards/subagents/max_descendants", "remove guards.subagents.max_descendants",
+                severity="warning")

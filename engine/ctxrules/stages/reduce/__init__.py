@@ -127,7 +127,9 @@ def reduce_structured(
                    + (f", {lr.lines_clipped} long lines clipped" if lr.lines_clipped else ""))
 
 
-_SPILL_JSON = JsonLimits(depth=2, keys=8, items=3, string_chars=60)
+# A spilled document's preview starts from the item shape (depth 4) and tightens to the budget:
+# a depth-2 view of an MCP answer shows only '"{…} 9 keys"' for every item.
+_SPILL_JSON = JsonLimits(depth=4, keys=12, items=4, string_chars=80)
 
 
 def spill_summary(text: str, *, vault_id: str, count: Count, preview_tokens: int,
