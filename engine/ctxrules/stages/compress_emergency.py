@@ -122,13 +122,16 @@ class Emergency:
                 candidates.extend((len(p["text"]), index, pos) for pos, p in enumerate(content)
                                   if isinstance(p, Mapping) and p.get("type") == "text"
                                   and isinstance(p.get("text"), str))
-        candidates.sort(key=lambda c: (-c[0], c[1], -1 if c[2] is None else c[2]))
+        # Tool outputs and the newest assistant text go first (largest first); the human anchor
+        # and the latest ask only when that was not enough: they say what the task is.
+        candidates.sort(key=lambda c: (out[c[1]].get("role") == "user", -c[0], c[1],
+                                       -1 if c[2] is None else c[2]))
         preview = self.spill_preview_tokens
         for chars, index, pos in candidates:
             if ctx.budget.utilization(total) < ctx.budget.thresholds["emergency"]:
                 break
             if chars < _MIN_SPILL_CHARS:
-                break  # what is left is too small for a marker and a preview to save anything
+                continue  # too small for a marker and a preview to save anything
             msg = out[index]
             content = msg["content"]
             text = content if pos is None else content[pos]["text"]
