@@ -18,6 +18,7 @@ from typing import Any
 
 import structlog
 
+from ctxrules.messages import injected_kind
 from ctxrules.models import lookup_model
 from ctxrules.pipeline.budget import DEFAULT_THRESHOLDS, Budget
 from ctxrules.pipeline.context import StageContext
@@ -153,9 +154,8 @@ def expand(messages: list[Msg], vault: Vault) -> list[Msg]:
     """Messages with every removed-steps placeholder replaced by the messages it stands for."""
     out: list[Msg] = []
     for msg in messages:
-        meta = msg.get("ctxrules")
         text = msg.get("content") if isinstance(msg.get("content"), str) else ""
-        if isinstance(meta, dict) and meta.get("kind") == "removed":
+        if injected_kind(msg) == "removed":
             kinds = [_KIND.search(m.group(0)) for m in MARKER.finditer(text)]
             refs = [_REF.search(m.group(0)) for m in MARKER.finditer(text)]
             for kind, ref in zip(kinds, refs, strict=True):

@@ -51,9 +51,52 @@ def text_of(m: dict[str, Any]) -> str:
     return ""
 
 
+_SIGNED_TAG = re.compile(r'\s*<ctxrules:[a-z][a-z0-9_.-]*[^>\n]* sig="[0-9a-f]{16}"/?>')
+
+
 def real_user_indices(messages: list[dict[str, Any]]) -> list[int]:
-    return [i for i, m in enumerate(messages) if m.get("role") == "user" and "ctxrules" not in m
-            and not text_of(m).lstrip().startswith("<ctxrules:")]
+    """User messages that do not open with a signed ``<ctxrules:KIND ... sig="...">`` tag (the
+    signature itself is not checked here: generated inputs do not forge one)."""
+    return [i for i, m in enumerate(messages) if m.get("role") == "user"
+            and not _SIGNED_TAG.match(text_of(m))]
+
+
+# Fields of the OpenAI chat message schema a repair may set on a message it builds.
+_SCHEMA_FIELDS = frozenset({"role", "content", "tool_calls", "tool_call_id", "name"})
+
+
+def added_fields(before: list[dict[str, Any]], after: list[dict[str, Any]]) -> list[str]:
+    """Invariant 8: no output message carries a field that no input message had (beyond the
+    schema's own), in the message or in its tool calls."""
+    known = set(_SCHEMA_FIELDS).union(*(m.keys() for m in before))
+    known_call = {"id", "type", "function"}.union(*(c.keys() for m in before for c in m.get("tool_calls") or []
+                                                    if isinstance(c, dict)))
+    problems = []
+    for i, m in enumerate(after):
+        extra = sorted(set(m) - known)
+        extra_calls = sorted({k for c in m.get("tool_calls") or [] if isinstance(c, dict) for k in c} - known_call)
+        if extra or extra_calls:
+            problems.append(f"message {i}: added fields {extra + extra_calls}")
+    return problems
+
+
+def id_problems(messages: list[dict[str, Any]]) -> list[str]:
+    """Invariant 7: tool-call ids unique across the whole output; arguments valid JSON."""
+    problems = []
+    seen: dict[str, int] = {}
+    for i, m in enumerate(messages):
+        for call in m.get("tool_calls") or []:
+            cid = call.get("id")
+            if cid in seen:
+                problems.append(f"message {i}: call id {cid!r} already used in message {seen[cid]}")
+            seen[cid] = i
+            args = (call.get("function") or {}).get("arguments")
+            if isinstance(args, str):
+                try:
+                    json.loads(args)
+                except ValueError:
+                    problems.append(f"message {i}: call {cid!r}: arguments are not valid JSON")
+    return problems
 
 
 def pinned_of(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -32,6 +32,12 @@ Behaviours (frozen dataclasses; build them with the helper functions):
 
 ``reply(..., usage=False)`` streams without the final usage chunk (providers that send none).
 
+``LLMServer(strict=True)`` checks every request's messages the way OpenAI does: a message key
+its role does not define (or a tool-call key other than ``id``/``type``/``function``) is
+answered with a 400 ``Additional properties are not allowed ('<key>' was unexpected) -
+'messages.<n>'`` without consuming a behaviour (:attr:`LLMServer.rejected` lists them);
+``allow=`` adds keys the test's caller itself passes.
+
 Every loop is bounded: a reply ends with its text, a silent stream after ``hold_s`` (capped at
 :data:`MAX_HOLD_S`), and :meth:`LLMServer.stop` wakes every waiting handler at once.
 """
@@ -61,10 +67,44 @@ __all__ = [
     "silent",
     "slow_reply",
     "stream_error",
+    "strict_problem",
 ]
 
 MAX_HOLD_S = 60.0
 """The longest a silent behaviour holds a connection, whatever it was asked for."""
+
+# The chat-completions message schema, per role (what OpenAI accepts; anything else is a 400).
+STRICT_MESSAGE_KEYS: dict[str, frozenset[str]] = {
+    "system": frozenset({"role", "content", "name"}),
+    "developer": frozenset({"role", "content", "name"}),
+    "user": frozenset({"role", "content", "name"}),
+    "assistant": frozenset({"role", "content", "name", "tool_calls", "refusal", "audio", "function_call"}),
+    "tool": frozenset({"role", "content", "tool_call_id"}),
+    "function": frozenset({"role", "content", "name"}),
+}
+STRICT_CALL_KEYS = frozenset({"id", "type", "function"})
+
+
+def strict_problem(body: dict[str, Any], allow: frozenset[str] = frozenset()) -> str | None:
+    """What a strict endpoint says about ``body``'s messages (``None`` when it accepts them)."""
+    messages = body.get("messages")
+    if not isinstance(messages, list):
+        return "'messages' is a required property"
+    for i, msg in enumerate(messages):
+        if not isinstance(msg, dict):
+            return f"{msg!r} is not of type 'object' - 'messages.{i}'"
+        allowed = STRICT_MESSAGE_KEYS.get(str(msg.get("role")))
+        if allowed is None:
+            return f"{msg.get('role')!r} is not one of the roles - 'messages.{i}.role'"
+        for key in msg:
+            if key not in allowed and key not in allow:
+                return f"Additional properties are not allowed ('{key}' was unexpected) - 'messages.{i}'"
+        for j, call in enumerate(msg.get("tool_calls") or []):
+            for key in call if isinstance(call, dict) else ():
+                if key not in STRICT_CALL_KEYS:
+                    return (f"Additional properties are not allowed ('{key}' was unexpected) - "
+                            f"'messages.{i}.tool_calls.{j}'")
+    return None
 
 
 @dataclass(frozen=True)
@@ -176,8 +216,12 @@ class LLMServer:
     script is used up. Thread-safe: tests may script and read ``requests`` while calls run.
     """
 
-    def __init__(self, *, model: str = "test-model", default: Behaviour | None = None) -> None:
+    def __init__(self, *, model: str = "test-model", default: Behaviour | None = None,
+                 strict: bool = False, allow: frozenset[str] = frozenset()) -> None:
         self.model = model
+        self.strict = strict
+        self.allow = allow
+        self._rejected: list[tuple[dict[str, Any], str]] = []
         self.default: Behaviour = default or http_error(500, "no scripted behaviour left")
         self._script: deque[Behaviour] = deque()
         self._requests: list[RecordedRequest] = []
@@ -259,6 +303,16 @@ class LLMServer:
             return list(self._requests)
 
     @property
+    def rejected(self) -> list[tuple[dict[str, Any], str]]:
+        """``(body, message)`` of the requests the strict check answered with a 400 (a copy)."""
+        with self._lock:
+            return list(self._rejected)
+
+    def _reject(self, body: dict[str, Any], message: str) -> None:
+        with self._lock:
+            self._rejected.append((body, message))
+
+    @property
     def pending(self) -> int:
         """Scripted behaviours not used yet."""
         with self._lock:
@@ -306,6 +360,12 @@ def _make_handler(server: LLMServer) -> type[BaseHTTPRequestHandler]:
             if not isinstance(body, dict):
                 body = {"_raw": body}
             headers = {k.lower(): v for k, v in self.headers.items()}
+            problem = strict_problem(body, server.allow) if server.strict else None
+            if problem is not None:
+                server._reject(body, problem)
+                self._json(400, {"error": {"message": problem, "type": "invalid_request_error",
+                                           "code": None, "param": "messages"}})
+                return
             behaviour = server._next(self.path, body, headers)
             stream = bool(body.get("stream"))
             try:

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from ctxrules import Engine
 from ctxrules.logs import get_logger
-from ctxrules.messages import message_text
+from ctxrules.messages import mark_injected, message_text
 from ctxrules.models import lookup_model
 from ctxrules.pipeline.budget import make_budget
 from ctxrules.pipeline.context import StageContext
@@ -154,7 +154,7 @@ def test_prefix_layers() -> None:
     msgs = [
         {"role": "system", "content": "s"},
         {"role": "system", "content": "AGENTS.md"},
-        {"role": "user", "content": "<ctxrules:notes>\nold notes"},
+        mark_injected({"role": "user", "content": "old notes"}, "notes"),
         {"role": "user", "content": "go"},
         {"role": "assistant", "content": "ok"},
     ]

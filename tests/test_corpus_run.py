@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from conftest import REPO, transcript_paths
-from invariants import lost_contents, markers_resolve, pairing_problems
+from invariants import added_fields, id_problems, lost_contents, markers_resolve, pairing_problems
 
 from ctxrules import Engine
 
@@ -31,6 +31,8 @@ def test_transcript_runs_at_every_window(engine: Engine, path: Path, tmp_path: P
         session = engine.session(tmp_path / f"s{window}", model="gpt-4o", window=window)
         result = session.prepare(history)
         assert pairing_problems(result.messages) == [], (path.name, window)
+        assert id_problems(result.messages) == [], (path.name, window)
+        assert added_fields(history, result.messages) == [], (path.name, window)
         assert markers_resolve(result.messages, session.vault) == []
         assert lost_contents(history, result.messages, session.vault) == []
         assert not any(s.get("error") for s in result.report["stages"]), result.report["stages"]

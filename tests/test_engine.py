@@ -15,7 +15,8 @@ import pytest
 
 from ctxrules import Engine, PackError, UsageError
 from ctxrules.hookspecs import hookimpl
-from ctxrules.messages import replace_text
+from ctxrules.injected import key_scope
+from ctxrules.messages import mark_injected, replace_text
 from ctxrules.models import UnknownModelError
 from ctxrules.resources import schema_path
 from ctxrules.stages.base import Action, StageOutcome, StageType
@@ -198,7 +199,8 @@ def test_a_part_edited_in_place_is_seen_afresh(tmp_path: Path) -> None:
     s = e.session(tmp_path / "s", model="gpt-4o")
     s.prepare(msgs)
     assert facts_of(msgs[1]).real_user  # the human anchor
-    msgs[1]["content"][0]["text"] = "<ctxrules:summary>\nearlier\n</ctxrules:summary>"
+    with key_scope(s.injection_key):  # signed as this session would sign it
+        msgs[1]["content"][0]["text"] = mark_injected({"role": "user", "content": "earlier"}, "summary")["content"]
     r = s.prepare(msgs)
     assert r.report["reused_messages"] == 0 and facts_of(msgs[1]).injected
     # The same with a model switch in between (the switch alone discards the reuse).

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import copy
+import json
 import os
 import struct
 import zlib
@@ -15,7 +16,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from invariants import lost_contents, markers_resolve, pairing_problems, pinned_of
+from invariants import added_fields, id_problems, lost_contents, markers_resolve, pairing_problems, pinned_of
 
 from ctxrules import Engine
 
@@ -106,8 +107,10 @@ def test_invariants_hold_for_generated_conversations(engines: dict[str, Engine],
     out = result.messages
     # 5: the caller's objects are untouched.
     assert history == frozen
-    # 1: valid pairing.
+    # 1: valid pairing; 7: unique ids, JSON arguments; 8: no field ctxrules adds.
     assert pairing_problems(out) == []
+    assert id_problems(out) == []
+    assert added_fields(frozen, out) == []
     # 2: pinned messages survive unchanged (a hard spill over spill_chars is the one exception).
     spill = 100_000
     for m in pinned_of(frozen):
@@ -132,8 +135,9 @@ def _ran(report: dict[str, Any]) -> list[tuple[Any, ...]]:
 
 
 def _repaired(m: dict[str, Any], history: list[dict[str, Any]]) -> bool:
-    """Pinned messages the pair repair may legitimately change: orphan/duplicate results and
-    assistant messages with unanswered or id-less calls."""
+    """Pinned messages the pair repair may legitimately change: orphan/duplicate/renamed
+    results and assistant messages with unanswered, id-less or reused-id calls, or arguments
+    that are not JSON."""
     if m.get("role") == "tool":
         return True
     if m.get("role") == "assistant" and m.get("tool_calls"):
@@ -143,5 +147,17 @@ def _repaired(m: dict[str, Any], history: list[dict[str, Any]]) -> bool:
         while start < len(history) and history[start].get("role") == "tool":
             block.append(history[start].get("tool_call_id"))
             start += 1
-        return sorted(block) != sorted(ids) or len(set(ids)) != len(ids)
+        earlier = {c.get("id") for h in history[:history.index(m)] for c in h.get("tool_calls") or []}
+        return (sorted(block) != sorted(ids) or len(set(ids)) != len(ids) or bool(earlier & set(ids))
+                or not all(_is_json(c["function"].get("arguments")) for c in m["tool_calls"]))
     return False
+
+
+def _is_json(text: Any) -> bool:
+    if not isinstance(text, str):
+        return True
+    try:
+        json.loads(text)
+    except ValueError:
+        return False
+    return True

@@ -124,7 +124,7 @@ def test_renders_one_marked_message_at_the_end(tmp_path: Path) -> None:
     msg = out.messages[at]
     assert msg["role"] == "user" and not is_real_user(msg)
     text = text_of(msg)
-    assert text.startswith("<ctxrules:notes>")
+    assert text.startswith('<ctxrules:notes count="2" sig="')
     assert "- [n1] use tabs\n  not spaces\n  tags: style" in text
     assert "- [n2] the DB is sqlite" in text
 

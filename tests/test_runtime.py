@@ -120,7 +120,9 @@ def test_failing_event_callback_is_not_fatal(tmp_path: Path) -> None:
 
 def test_health_red_and_fork_suggestion_when_it_does_not_fit(tmp_path: Path) -> None:
     s = Engine.load("builtin:default").session(tmp_path / "s", model="gpt-4o", window=9000)
-    r = s.prepare([{"role": "user", "content": "word " * 5000}])
+    # Tool schemas are never spilled (a 5,000-word message would be: the pins are spilled first).
+    tools = [{"type": "function", "function": {"name": f"t{i}", "description": "word " * 40}} for i in range(40)]
+    r = s.prepare([{"role": "user", "content": "word " * 500}], tools)
     assert r.report["health"]["state"] == "red" and r.report["health"]["fork_suggested"]
     assert "fork" in r.report["health"]["fork_hint"]
 

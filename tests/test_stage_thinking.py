@@ -76,7 +76,9 @@ def test_anthropic_drops_duplicate_reasoning_content_and_keeps_the_blocks(tmp_pa
         assert ctx.vault.get_text(outcome.actions[[2, 4, 6].index(i)].vault_id) == \
             messages[i]["reasoning_content"]
     assert out[9] is messages[9]  # the latest step (pinned) is never touched
-    assert all(a.tokens_saved > 0 for a in outcome.actions)
+    # The provider gets that text once (litellm sends the blocks), and it is counted once: the
+    # drop saves nothing by the count; it only keeps the duplicate off the wire.
+    assert all(a.tokens_saved == 0 for a in outcome.actions)
 
 
 def test_anthropic_keeps_reasoning_content_that_is_not_a_duplicate(tmp_path: Path) -> None:
@@ -317,6 +319,24 @@ def test_input_is_not_mutated_and_rerun_changes_nothing(tmp_path: Path, provider
     assert outcome.actions == [] and all(a is b for a, b in zip(out, again, strict=True))
 
 
+def test_protection_does_not_keep_a_signature_whose_prefix_changed(tmp_path: Path) -> None:
+    messages = anthropic_convo()
+    state: dict[str, Any] = {}
+    first, _, _ = run(messages, tmp_path, state=state)
+    compacted = list(first)
+    compacted[3] = {**first[3], "content": "def parse(): ...\n[ctxrules:elided kind=lines count=19 "
+                                            "ref=vault://" + "a" * 64 + "]"}
+    # compress.intent protected step 4 (say, it mentions the focus file): its thinking still goes.
+    out, outcome, _ = run(compacted, tmp_path, state=state, protected=[id(compacted[4])])
+    stripped = {a.index: a.detail for a in outcome.actions if a.kind == "thinking_stripped"}
+    assert set(stripped) == {4, 6} and "protected" in stripped[4] and "protected" not in stripped[6]
+    assert "thinking_blocks" not in out[4] and out[4]["tool_calls"] == compacted[4]["tool_calls"]
+    # Protection still keeps everything else: the duplicate reasoning of a protected message stays.
+    plain = anthropic_convo()
+    kept, again, _ = run(plain, tmp_path / "b", protected=[id(plain[2])])
+    assert kept[2] is plain[2] and {a.index for a in again.actions} == {4, 6}
+
+
 def test_protected_messages_are_not_cleaned(tmp_path: Path) -> None:
     messages = reasoning_convo()
     out, outcome, _ = run(messages, tmp_path, model="deepseek-reasoner",
@@ -357,3 +377,30 @@ def test_options_are_checked_and_documented(tmp_path: Path, cli: Any) -> None:
                     "with: {provider: openai}}\n")
     code, out, err = cli("validate", str(pack))
     assert code == 1 and "CR061" in out + err
+
+
+def test_default_pack_strips_a_changed_prefix_signature_from_a_protected_step(tmp_path: Path) -> None:
+    """builtin:default end to end: compress.intent protects the step that touched the file the
+    latest ask names; after a reduction changed the prefix before it, its signed thinking goes
+    anyway (the provider would reject it), while its content and calls stay."""
+    session = Engine.load("builtin:default").session(tmp_path / "s", model=CLAUDE, window=200_000)
+    big = "".join(f"build line {i}: compiling module_{i % 40}.c\n" for i in range(2500))
+    edit = signed("Open the parser.", "s2", ["b2"])
+    edit["tool_calls"][0]["function"]["arguments"] = '{"command": "sed -n 1,40p src/parser.py"}'
+    h1 = [{"role": "system", "content": "sys"}, {"role": "user", "content": "build it"},
+          signed("Build first.", "s1", ["b1"]), result("b1", big)]
+    h2 = [*h1, edit, result("b2", "def parse(tokens):\n    return tokens\n")]
+    h3 = [*h2, {"role": "user", "content": "Now fix src/parser.py so parse() handles empty input."},
+          signed("Edit it.", "s3", ["b3"]), result("b3", "edited")]
+    session.prepare(h1, clock=1000.0)
+    r2 = session.prepare(h2, clock=2000.0)
+    assert r2.messages[3]["content"] != big  # the first output was reduced: later prefixes changed
+    r3 = session.prepare(h3, clock=3000.0)
+    intent = next(s for s in r3.report["stages"] if s["id"] == "intent")
+    assert intent["actions"] and "protected" in intent["actions"][0]["detail"]
+    thinking = next(s for s in r3.report["stages"] if s["id"] == "thinking")
+    details = [a["detail"] for a in thinking["actions"] if a["kind"] == "thinking_stripped"]
+    assert len(details) == 1 and "protected message" in details[0], thinking["actions"]
+    out = r3.messages[4]
+    assert "thinking_blocks" not in out and out["tool_calls"] == edit["tool_calls"]
+    assert r3.messages[-2]["thinking_blocks"] == h3[-2]["thinking_blocks"]  # the newest step

@@ -111,7 +111,7 @@ def test_a_warm_turn_resumes_instead_of_rescanning() -> None:
 def test_facts_notice_a_new_content_object() -> None:
     msg: Msg = {"role": "user", "content": "hello"}
     assert facts_of(msg).real_user and facts_of(msg).longest == 5
-    msg["content"] = "<ctxrules:summary>\nx\n</ctxrules:summary>"
+    msg["content"] = mark_injected({"role": "user", "content": "x"}, "summary")["content"]
     assert facts_of(msg).injected and not facts_of(msg).real_user
     structure.forget()
     assert facts_of(msg).injected

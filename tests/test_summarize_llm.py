@@ -30,7 +30,7 @@ from test_summarize_stage import (
 )
 
 from ctxrules import Engine
-from ctxrules.messages import injected_kind, message_text
+from ctxrules.messages import injected_kind, injected_meta, message_text
 from ctxrules.redaction import default_redactor
 from ctxrules.summarize import FIELDS
 
@@ -151,7 +151,7 @@ def test_a_good_summary_is_streamed_audited_and_injected(
     assert all(f'"{name}"' in system["content"] for name in FIELDS)
     assert "USER MESSAGES" in user["content"] and "CONVERSATION" in user["content"]
     summary = summary_of(out)
-    assert summary["ctxrules"]["source"] == "llm" and summary["ctxrules"]["model"] == "gpt-4o-mini"
+    assert injected_meta(summary)["source"] == "llm" and injected_meta(summary)["model"] == "gpt-4o-mini"
     text = message_text(summary)
     assert f"User goal: {GOAL}" in text and text.rstrip().endswith(
         "2. Run the migrations tests\n</ctxrules:summary>"
@@ -204,7 +204,7 @@ def test_a_failed_summary_falls_back_to_the_checkpoint(
     assert len(server.requests) == 1  # no blind retries: the breaker and the fallback handle it
     (attempt,) = attempts(stage)
     assert f"primary gpt-4o-mini: {outcome}" in attempt and detail in attempt
-    assert summary_of(out)["ctxrules"]["source"] == "checkpoint"
+    assert injected_meta(summary_of(out))["source"] == "checkpoint"
     assert breaker(stage, "gpt-4o-mini") == "gpt-4o-mini: state=closed failures=1"
     assert (
         stage["tokens_after"] < stage["tokens_before"]
@@ -228,7 +228,7 @@ def test_type_slips_are_put_right_and_a_bad_field_is_dropped_alone(
     assert "next_steps: kept the first 5 of 6 entries" in attempt
     assert "dropped decisions" in attempt and "risks: missing" in attempt
     summary = summary_of(out)
-    assert summary["ctxrules"]["source"] == "llm"
+    assert injected_meta(summary)["source"] == "llm"
     text = message_text(summary)
     assert "tests last run: 2 failed" in text and "5. e\n</ctxrules:summary>" in text
     assert "an object where text is expected" not in text
@@ -244,7 +244,7 @@ def test_a_slow_but_alive_stream_does_not_time_out(
     started = time.monotonic()
     out, stage = h.prepare()
     assert time.monotonic() - started > 2.0  # longer than the inactivity limit, yet alive
-    assert summary_of(out)["ctxrules"]["source"] == "llm", attempts(stage)
+    assert injected_meta(summary_of(out))["source"] == "llm", attempts(stage)
 
 
 @pytest.mark.corpus
@@ -261,7 +261,7 @@ def test_a_silent_stream_times_out_at_the_inactivity_limit(
     assert "failed" in attempt and "inactivity: no token for 1 s" in attempt
     seconds = float(attempt.split(" after ")[1].split(" s")[0])
     assert 0.9 <= seconds <= 2.5
-    assert summary_of(out)["ctxrules"]["source"] == "checkpoint"
+    assert injected_meta(summary_of(out))["source"] == "checkpoint"
 
 
 @pytest.mark.corpus
@@ -276,7 +276,7 @@ def test_the_total_ceiling_stops_a_stream_that_never_ends(
     assert "total: the summarization's 2 s ceiling was reached" in attempt
     seconds = float(attempt.split(" after ")[1].split(" s")[0])
     assert 1.9 <= seconds <= 3.5
-    assert summary_of(out)["ctxrules"]["source"] == "checkpoint"
+    assert injected_meta(summary_of(out))["source"] == "checkpoint"
 
 
 @pytest.mark.corpus
@@ -291,7 +291,7 @@ def test_a_context_length_error_is_retried_once_with_half_the_input(
         first.body["messages"][1]["content"]
     )
     assert "messages omitted to fit" in second.body["messages"][1]["content"]
-    assert summary_of(out)["ctxrules"]["source"] == "llm"
+    assert injected_meta(summary_of(out))["source"] == "llm"
     assert any("context-length error" in w for w in stage["warnings"])
 
 
@@ -303,7 +303,7 @@ def test_the_fallback_model_summarizes_when_the_light_one_fails(
     h = Harness(tmp_path, server, chat, fallback="main")
     out, stage = h.prepare()
     assert [r.body["model"] for r in server.requests] == ["gpt-4o-mini", "gpt-4o"]
-    assert summary_of(out)["ctxrules"]["model"] == "gpt-4o"
+    assert injected_meta(summary_of(out))["model"] == "gpt-4o"
     assert (
         "primary gpt-4o-mini: failed" in attempts(stage)[0]
         and "fallback gpt-4o: ok" in attempts(stage)[1]
@@ -320,7 +320,7 @@ def test_a_too_small_summarizer_yields_to_the_main_model(
     assert [r.body["model"] for r in server.requests] == ["gpt-4o"]
     assert any("gpt-4o-mini (window 2048) is too small" in w for w in stage["warnings"])
     assert "skipped (window too small)" in attempts(stage)[0]
-    assert summary_of(out)["ctxrules"]["source"] == "llm"
+    assert injected_meta(summary_of(out))["source"] == "llm"
 
 
 @pytest.mark.corpus
@@ -338,7 +338,7 @@ def test_a_too_small_summarizer_reads_a_trimmed_input(
         "summarizer input trimmed to fit gpt-4o-mini's window (9000)" in w
         for w in stage["warnings"]
     )
-    assert summary_of(out)["ctxrules"]["source"] == "llm"
+    assert injected_meta(summary_of(out))["source"] == "llm"
     assert request.body["max_tokens"] == 1024
 
 
@@ -356,7 +356,7 @@ def test_the_breaker_opens_lets_one_probe_through_and_closes(
     out, stage = h.prepare(clock=1050, variant=3)
     assert len(server.requests) == 2
     assert "skipped (circuit breaker open" in attempts(stage)[0]
-    assert summary_of(out)["ctxrules"]["source"] == "checkpoint"
+    assert injected_meta(summary_of(out))["source"] == "checkpoint"
     # After the cool-down: one half-open probe; it fails, the breaker opens again.
     server.script(http_error(500))
     _, stage = h.prepare(clock=1102, variant=4)
@@ -367,7 +367,7 @@ def test_the_breaker_opens_lets_one_probe_through_and_closes(
     out, stage = h.prepare(clock=1203, variant=5)
     assert len(server.requests) == 4
     assert breaker(stage, "gpt-4o-mini") == "gpt-4o-mini: state=closed failures=0"
-    assert summary_of(out)["ctxrules"]["source"] == "llm"
+    assert injected_meta(summary_of(out))["source"] == "llm"
     state = json.loads((tmp_path / "session" / "state.json").read_text())
     assert state["stages"]["summary"]["breakers"]["gpt-4o-mini"] == {
         "state": "closed",

@@ -9,7 +9,7 @@ import jsonschema
 import pytest
 from conftest import REPO, transcript_paths
 
-from ctxrules.messages import is_injected, is_real_user, message_text
+from ctxrules.messages import injected_kind, injected_meta, is_injected, is_real_user, message_text
 from ctxrules.summarize import (
     FIELDS,
     Summary,
@@ -95,18 +95,20 @@ def test_the_summary_message_is_a_marked_assistant_message_that_round_trips() ->
     marker = f"[ctxrules:elided kind=message count=12 ref=vault://{'a' * 64}]"
     msg = summary_message(summary, marker=marker, source="llm", removed=12, model="gpt-4o-mini")
     assert msg["role"] == "assistant" and is_injected(msg) and not is_real_user(msg)
-    assert msg["ctxrules"]["kind"] == "summary" and msg["ctxrules"]["id"] == summary.id
+    assert set(msg) == {"role", "content"}, "nothing but the text marks it"
+    assert injected_kind(msg) == "summary" and injected_meta(msg)["id"] == summary.id
     text = message_text(msg)
     assert text.startswith(
-        f'<ctxrules:summary id="{summary.id}" source="llm" messages="12" model="gpt-4o-mini">'
+        f'<ctxrules:summary id="{summary.id}" source="llm" messages="12" model="gpt-4o-mini" sig="'
     )
     assert text.endswith("</ctxrules:summary>")
     assert [m.count for m in parse_markers(text)] == [12]
     back = parse_rendered(text)
     assert back is not None
     assert back.as_dict() == {**summary.as_dict(), "errors": ["multi line"]}
-    # The tag alone is enough to recognize it when metadata is stripped by a strict SDK.
+    # The signed tag survives a round trip through a strict SDK model; an edit breaks it.
     assert is_injected({"role": "assistant", "content": text})
+    assert not is_injected({"role": "assistant", "content": text.replace("Patch it", "Patch that")})
 
 
 def test_bridges_are_marked_user_turns_never_real_users() -> None:

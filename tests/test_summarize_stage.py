@@ -22,8 +22,9 @@ from invariants import lost_contents, markers_resolve, pairing_problems, pinned_
 from test_invariants import conversations
 
 from ctxrules import Engine
+from ctxrules.injected import key_for_session
 from ctxrules.logs import get_logger
-from ctxrules.messages import injected_kind, is_injected, is_real_user, message_text
+from ctxrules.messages import injected_kind, injected_meta, is_injected, is_real_user, message_text
 from ctxrules.pipeline.context import StageContext
 from ctxrules.redaction import default_redactor
 from ctxrules.stages.summarize_structured import StructuredSummary
@@ -189,9 +190,10 @@ def test_cli_run_builtin_default_offline_completes_with_the_checkpoint(tmp_path:
     )
     assert any("deterministic checkpoint" in w for w in report["warnings"])
     out = json.loads((tmp_path / "out.json").read_text())
+    key_for_session(tmp_path / "session", None)  # the run's key: this process now recognises its tags
     assert out[0] == messages[0]  # the anchor, unchanged
     assert out[1]["role"] == "assistant" and injected_kind(out[1]) == "summary"
-    assert out[1]["ctxrules"]["source"] == "checkpoint"
+    assert injected_meta(out[1])["source"] == "checkpoint"
     assert alternation_problems(out) == []
     assert report["after"]["fits"]
 
@@ -237,12 +239,12 @@ def test_compaction_of_a_real_session_keeps_every_invariant(name: str, tmp_path:
     (marker,) = parse_markers(message_text(summary))
     removed = json.loads(session.vault.get_text(marker.vault_id))
     assert len(removed) == marker.count and all(m in messages for m in removed)
-    backup = json.loads(session.vault.get_text(summary["ctxrules"]["backup"]))
+    backup = json.loads(session.vault.get_text(injected_meta(summary)["backup"]))
     assert backup == messages
     # The stored summary is the one in the message.
     state = json.loads((tmp_path / "s" / "state.json").read_text())
     stored = state["stages"]["summary"]["summaries"][-1]
-    assert stored["id"] == summary["ctxrules"]["id"] and stored["ref"] == marker.vault_id
+    assert stored["id"] == injected_meta(summary)["id"] and stored["ref"] == marker.vault_id
     # Invariant 4: the pipeline on its own output (same state, same clock) changes nothing.
     again = session.prepare(out, clock=1000.0)
     assert [message_text(m) for m in again.messages] == [message_text(m) for m in out]
@@ -276,7 +278,7 @@ def test_a_second_compaction_merges_into_the_first(tmp_path: Path) -> None:
     state = json.loads((tmp_path / "s" / "state.json").read_text())["stages"]["summary"]
     assert (
         len(state["summaries"]) == 2
-        and state["summaries"][-1]["id"] == summaries[0]["ctxrules"]["id"]
+        and state["summaries"][-1]["id"] == injected_meta(summaries[0])["id"]
     )
     first_files = set(state["summaries"][0]["summary"]["relevant_files"])
     merged_files = set(state["summaries"][1]["summary"]["relevant_files"])

@@ -406,6 +406,28 @@ def test_reasoning_and_thinking_blocks_count() -> None:
     assert counter.count_message(redacted) == base
 
 
+def test_thinking_held_in_both_fields_counts_once() -> None:
+    """litellm returns Anthropic thinking as ``thinking_blocks`` *and* their texts joined in
+    ``reasoning_content``: the provider gets the text once, so it is counted once."""
+    counter = TokenCounter("o200k_base")
+    parts = ["First check the imports. " * 40, "Then rerun the failing test. " * 40]
+    blocks = [{"type": "thinking", "thinking": t, "signature": f"sig{i}"} for i, t in enumerate(parts)]
+    only_blocks = {"role": "assistant", "content": "Done.", "thinking_blocks": blocks}
+    thinking = sum(counter.count_text(t) for t in parts)
+    base = counter.count_message({"role": "assistant", "content": "Done."})
+    assert counter.count_message(only_blocks) == base + thinking
+    for joined in ("".join(parts), "\n".join(parts), "\n\n".join(parts)):
+        assert counter.count_message({**only_blocks, "reasoning_content": joined}) == base + thinking
+    # Thinking parts in the content are the same text too.
+    in_content = {"role": "assistant", "reasoning_content": "".join(parts),
+                  "content": [*blocks, {"type": "text", "text": "Done."}]}
+    assert counter.count_message(in_content) < base + 2 * thinking
+    # Reasoning that says something else is counted on its own.
+    other = "A different summary of the reasoning."
+    assert counter.count_message({**only_blocks, "reasoning_content": other}) == (
+        base + thinking + counter.count_text(other))
+
+
 def test_non_object_message_is_an_error() -> None:
     with pytest.raises(CtxrulesError):
         TokenCounter.for_tokenizer("o200k_base").count_messages(["not a message"])  # type: ignore[list-item]

@@ -28,6 +28,7 @@ from ctxrules.dangling import marker_ids, missing, replace_lost
 from ctxrules.errors import CtxrulesError, PackError, UsageError
 from ctxrules.formats import openai as openai_format
 from ctxrules.formats.request import prepare_request
+from ctxrules.injected import InjectionKey, key_for_session, key_scope
 from ctxrules.logs import configure, get_logger
 from ctxrules.messages import split_input, validate_messages
 from ctxrules.models import lookup_model
@@ -194,6 +195,10 @@ class Session:
         self.cache_key = cache_key or self.id
         self.on_event = on_event
         self.store = SessionStore(path)
+        # The key that signs injected messages' tags: the state root's, else this session's
+        # (ctxrules.injected); loaded on the first prepare, so opening a session writes nothing.
+        self._state_root = Path(state_root) if state_root is not None else None
+        self._injection_key: InjectionKey | None = None
         self._fingerprint_memo: tuple[Any, dict[str, str], str] | None = None
         self._configure(model, window)
         # Cost ledger and budget level (docs/budgets.md); session.record_usage(...) records.
@@ -229,6 +234,13 @@ class Session:
             where = f"its input is in the vault: {backup}" if backup else "its input could not be kept"
             self._notices.append(f"the previous compaction in this session was interrupted ({cut.reason}); "
                                  f"continuing from the state before it; {where}")
+
+    @property
+    def injection_key(self) -> InjectionKey:
+        """The key this session signs and verifies injected messages with."""
+        if self._injection_key is None:
+            self._injection_key = key_for_session(self.path, self._state_root)
+        return self._injection_key
 
     def _configure(self, model: str, window: int | None) -> None:
         """Model facts, token counter and budget for ``model`` under the current pack; thresholds
@@ -337,6 +349,7 @@ class Session:
                       session_id=f"{self.id}/{name}", cache_key=self.cache_key, on_event=self.on_event,
                       goal=self.ledger.goal, state_root=self.ledger.state_root)
         sub.parent, sub.root = self, self.root
+        sub._injection_key = self.injection_key  # one key per tree: a handover stays recognisable
         self.ledger.register_child(sub.ledger)  # the one spawn cap; its costs count in the root's budget
         path.mkdir(parents=True, exist_ok=True, mode=0o700)
         return sub
@@ -460,7 +473,7 @@ class Session:
         notes = listening(self._emit) if self.on_event is not None else contextlib.nullcontext()
         # Messages are not edited while a prepare runs, and the session notices edits between
         # calls (structure.forget): token counts may be looked up by message object.
-        with self._thread_lock, self._session_lock, trusted_objects(), notes:
+        with self._thread_lock, self._session_lock, trusted_objects(), notes, key_scope(self.injection_key):
             try:
                 return self._prepare(listed, tool_list, time.time() if clock is None else clock)
             except OSError as exc:

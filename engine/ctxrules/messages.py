@@ -4,15 +4,14 @@ Messages are OpenAI chat-completions messages as plain dicts. Nothing here mutat
 helpers that "change" one return a new dict and leave unknown fields untouched (invariant 5,
 docs/reference/concepts.md).
 
-**Injected messages.** Everything ctxrules puts into a conversation carries the metadata key
-``"ctxrules"`` (a dict such as ``{"kind": "summary"}``) *and* opens its text with a
-``<ctxrules:KIND ...>`` tag. A message counts as injected when *either* is present: callers
-that round-trip history through strict SDK models lose unknown keys, and the tag is what
-survives. A human message that merely *contains* ``<ctxrules:`` stays real; one that *starts*
-with such a tag is taken as injected, because mistaking an injected message for the human
-anchor (invariant 2) is the worse error. An elision marker (``[ctxrules:elided ...]``, square
-brackets) does not make a message injected: a real user message whose content went to the
-vault is still the real user message.
+**Injected messages.** Everything ctxrules puts into a conversation opens its text with a
+``<ctxrules:KIND ... sig="...">`` tag whose signature is keyed (:mod:`ctxrules.injected`); no
+extra key is added to the message, so the output is sendable as it is. A message counts as
+injected only when its tag verifies: a human message that contains, or even starts with, a
+``<ctxrules:...>`` text it pasted stays real (it can be the anchor). A stage that rewrites an
+injected message's text keeps the mark (:func:`replace_text` re-signs). An elision marker
+(``[ctxrules:elided ...]``, square brackets) does not make a message injected: a real user
+message whose content went to the vault is still the real user message.
 
 **Pairing, steps, exchanges and pins** are in :mod:`ctxrules.structure`.
 """
@@ -26,14 +25,16 @@ from collections.abc import Mapping
 from typing import Any
 
 from ctxrules.errors import MessagesError
+from ctxrules.injected import TagHead, current_key, format_attr, parse_head
 
 __all__ = [
-    "INJECTED_KEY",
     "ROLES",
     "has_tool_calls",
     "injected_kind",
+    "injected_meta",
     "is_injected",
     "is_real_user",
+    "keep_mark",
     "mark_injected",
     "message_text",
     "replace_text",
@@ -45,12 +46,9 @@ __all__ = [
 Message = dict[str, Any]
 
 ROLES: frozenset[str] = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
-INJECTED_KEY = "ctxrules"
+_KIND_RE = re.compile(r"[a-z][a-z0-9_.-]*")
 _LEADING_ROLES = frozenset({"system", "developer"})
 _RESULT_ROLES = frozenset({"tool", "function"})
-# A tag is "<ctxrules:" + a kind + something that ends the name; "<ctxrules:" followed by
-# prose is not a tag.
-_TAG_RE = re.compile(r"\s*<ctxrules:[a-z][a-z0-9_.-]*[\s/>]")
 
 
 # --- validation -----------------------------------------------------------------------------
@@ -247,6 +245,10 @@ def replace_text(msg: Mapping[str, Any], new_text: str) -> Message:
     part at the position of the first one (its other keys, e.g. ``cache_control``, kept);
     without a text part, one is put first.
     """
+    return keep_mark(msg, _replace_text(msg, new_text))
+
+
+def _replace_text(msg: Mapping[str, Any], new_text: str) -> Message:
     content = msg.get("content")
     if not isinstance(content, list):
         return {**msg, "content": new_text}
@@ -277,25 +279,30 @@ def _first_text(msg: Mapping[str, Any]) -> str:
 # --- injected messages ----------------------------------------------------------------------
 
 
-def is_injected(msg: Mapping[str, Any]) -> bool:
-    """Whether ctxrules produced ``msg`` (metadata key, or text that opens with a tag)."""
-    if msg.get(INJECTED_KEY) is not None:
-        return True
+def _signed_head(msg: Mapping[str, Any]) -> TagHead | None:
     text = _first_text(msg)
     # Most texts do not open with "<" (after white space): decided without the regex. lstrip
     # returns the same string object when there is nothing to strip.
-    return text.lstrip().startswith("<ctxrules:") and _TAG_RE.match(text) is not None
+    if not text.lstrip().startswith("<ctxrules:"):
+        return None
+    return current_key().verified(text)
+
+
+def is_injected(msg: Mapping[str, Any]) -> bool:
+    """Whether ctxrules produced ``msg``: its text opens with a tag signed under the current key."""
+    return _signed_head(msg) is not None
 
 
 def injected_kind(msg: Mapping[str, Any]) -> str | None:
-    """The ``kind`` of an injected message (from the metadata, else from the tag)."""
-    meta = msg.get(INJECTED_KEY)
-    if isinstance(meta, Mapping) and isinstance(meta.get("kind"), str):
-        return str(meta["kind"])
-    match = re.match(r"\s*<ctxrules:([a-z][a-z0-9_.-]*)", _first_text(msg))
-    if match is not None:
-        return match.group(1)
-    return None
+    """The ``kind`` of an injected message (``None`` for any other message)."""
+    head = _signed_head(msg)
+    return head.kind if head is not None else None
+
+
+def injected_meta(msg: Mapping[str, Any]) -> dict[str, str]:
+    """The attributes of an injected message's tag (strings; ``{}`` for any other message)."""
+    head = _signed_head(msg)
+    return dict(head.attrs) if head is not None else {}
 
 
 def is_real_user(msg: Mapping[str, Any]) -> bool:
@@ -303,25 +310,72 @@ def is_real_user(msg: Mapping[str, Any]) -> bool:
     return msg.get("role") == "user" and not is_injected(msg)
 
 
-def mark_injected(msg: Mapping[str, Any], kind: str, **meta: Any) -> Message:
-    """A copy of ``msg`` marked as injected: metadata ``{"kind": kind, **meta}`` and a tag.
+def mark_injected(msg: Mapping[str, Any], kind: str, **meta: str | int | float | bool | None) -> Message:
+    """A copy of ``msg`` marked as injected: its text opens with a signed ``<ctxrules:KIND>`` tag
+    whose attributes hold ``meta`` (scalars, ``None`` left out; read back as strings with
+    :func:`injected_meta`).
 
-    Text that already opens with a ``<ctxrules:...>`` tag is kept as it is (so marking twice
-    changes nothing); otherwise it is wrapped in ``<ctxrules:KIND>`` ... ``</ctxrules:KIND>``.
+    Text that already opens with a ``<ctxrules:KIND ...>`` tag keeps it (its attributes win;
+    ``meta`` adds the missing ones) and is only signed, so marking twice changes nothing;
+    otherwise the text is wrapped in ``<ctxrules:KIND ...>`` ... ``</ctxrules:KIND>``. No key is
+    added to the message: the output stays sendable as it is (invariant 8).
     """
-    if not re.fullmatch(r"[a-z][a-z0-9_.-]*", kind):
+    if not _KIND_RE.fullmatch(kind):
         raise ValueError(f"invalid injected kind {kind!r}: use lowercase letters, digits, _.-")
-    old_meta = msg.get(INJECTED_KEY)
-    merged = {**(old_meta if isinstance(old_meta, Mapping) else {}), **meta, "kind": kind}
-    marked: Message = {**msg, INJECTED_KEY: merged}
-    if _TAG_RE.match(_first_text(msg)) is not None:
-        return marked
+    meta = {k: v for k, v in meta.items() if v is not None}
+    for name, value in meta.items():
+        if not isinstance(value, str | int | float | bool) or not _KIND_RE.fullmatch(name) or name == "sig":
+            raise TypeError(f"injected-message attribute {name}={value!r}: expected a scalar")
+    key = current_key()
+    text = _first_text(msg)
+    head = parse_head(text)
+    if head is not None and head.kind == kind:
+        missing = {k: v for k, v in meta.items() if k not in head.attrs}
+        if missing:
+            at = head.end - 1 - len(head.close)
+            if head.sig_span is not None:
+                at = head.sig_span[0]
+            text = text[:at] + "".join(f" {k}={format_attr(v)}" for k, v in missing.items()) + text[at:]
+        elif head.sig is not None and key.verified(text) is not None:
+            return dict(msg)
+        return _with_first_text(msg, key.sign(text))
+    attrs = "".join(f" {k}={format_attr(v)}" for k, v in meta.items())
     content = msg.get("content")
     if isinstance(content, list) and not any(_is_text_part(part) for part in content):
         # Keep non-text parts as they are; a leading text part carries the tag.
-        return {**marked, "content": [{"type": "text", "text": f"<ctxrules:{kind}/>"}, *content]}
-    text = _first_text(msg)
-    return replace_text(marked, f"<ctxrules:{kind}>\n{text}\n</ctxrules:{kind}>")
+        tag = key.sign(f"<ctxrules:{kind}{attrs}/>")
+        return {**msg, "content": [{"type": "text", "text": tag}, *content]}
+    return _with_first_text(msg, key.sign(f"<ctxrules:{kind}{attrs}>\n{text}\n</ctxrules:{kind}>"))
+
+
+def _with_first_text(msg: Mapping[str, Any], text: str) -> Message:
+    """``msg`` with its first text replaced (string content, or the first text part)."""
+    content = msg.get("content")
+    if not isinstance(content, list):
+        return {**msg, "content": text}
+    parts = list(content)
+    for i, part in enumerate(parts):
+        if _is_text_part(part) and isinstance(part.get("text"), str):
+            parts[i] = {**part, "text": text}
+            return {**msg, "content": parts}
+    return {**msg, "content": [{"type": "text", "text": text}, *parts]}
+
+
+def keep_mark(old: Mapping[str, Any], new: Message) -> Message:
+    """``new`` (a stage's rewrite of ``old``) still marked as injected when ``old`` was.
+
+    A rewrite of an injected message's text (a cut, a spill) invalidates its signature; the
+    rewritten message is still ctxrules' own: it is signed again, and re-tagged when the tag
+    itself was cut away."""
+    head = _signed_head(old)
+    if head is None or new is old:
+        return new
+    text = _first_text(new)
+    if text.lstrip().startswith("<ctxrules:") and current_key().verified(text) is not None:
+        return new
+    if parse_head(text) is not None:
+        return _with_first_text(new, current_key().sign(text))
+    return mark_injected(new, head.kind, **head.attrs)
 
 
 # --- tool calls and their results -----------------------------------------------------------

@@ -32,6 +32,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from ctxrules.injected import current_key
 from ctxrules.messages import has_tool_calls, is_injected, tool_call_id
 
 PIN_SIGNED_PREFIX: ContextVar[bool] = ContextVar("ctxrules_pin_signed_prefix", default=False)
@@ -128,20 +129,23 @@ def _has_signed_thinking(msg: Mapping[str, Any]) -> bool:
     return False
 
 
-_FACTS: dict[int, tuple[Mapping[str, Any], Any, Any, Facts]] = {}
+_FACTS: dict[int, tuple[Mapping[str, Any], Any, Any, Any, Facts]] = {}
 _FACTS_LIMIT = 200_000
 
 
 def facts_of(msg: Mapping[str, Any]) -> Facts:
     """The facts of one message, remembered per message object (holding the object keeps its
-    id from being reused; a new ``content`` or ``tool_calls`` object is noticed)."""
+    id from being reused; a new ``content`` or ``tool_calls`` object is noticed). "Injected"
+    depends on the session's key, so the key is part of the memo."""
     hit = _FACTS.get(id(msg))
-    if hit is not None and hit[0] is msg and hit[1] is msg.get("content") and hit[2] is msg.get("tool_calls"):
-        return hit[3]
+    key = current_key()
+    if (hit is not None and hit[0] is msg and hit[1] is msg.get("content") and hit[2] is msg.get("tool_calls")
+            and hit[3] is key):
+        return hit[4]
     facts = _compute_facts(msg)
     if len(_FACTS) >= _FACTS_LIMIT:
         _FACTS.clear()
-    _FACTS[id(msg)] = (msg, msg.get("content"), msg.get("tool_calls"), facts)
+    _FACTS[id(msg)] = (msg, msg.get("content"), msg.get("tool_calls"), key, facts)
     return facts
 
 
@@ -445,6 +449,8 @@ class _Seen(NamedTuple):
     messages: Sequence[Mapping[str, Any]]
     snapshot: tuple[Mapping[str, Any], ...]
     shape: Shape
+    key: Any
+    """The injection key the facts were computed under (see :func:`facts_of`)."""
 
 
 _RECENT: list[_Seen] = []
@@ -458,11 +464,13 @@ def shape(messages: Sequence[Mapping[str, Any]]) -> Shape:
     and the identity of every message in it) and derived from one of them when it can be."""
     is_ = operator.is_
     n = len(messages)
+    key = current_key()
     for seen in _RECENT:
-        if seen.messages is messages and len(seen.snapshot) == n and all(map(is_, seen.snapshot, messages)):
+        if (seen.messages is messages and seen.key is key and len(seen.snapshot) == n
+                and all(map(is_, seen.snapshot, messages))):
             return seen.shape
-    made = _derive(messages) or Shape([facts_of(m) for m in messages])
-    _RECENT.insert(0, _Seen(messages, tuple(messages), made))
+    made = _derive(messages, key) or Shape([facts_of(m) for m in messages])
+    _RECENT.insert(0, _Seen(messages, tuple(messages), made, key))
     del _RECENT[_RECENT_KEEP:]
     return made
 
@@ -473,9 +481,11 @@ def replaced(old: Sequence[Any], new: Sequence[Any]) -> Iterator[int]:
     return itertools.compress(range(min(len(old), len(new))), map(operator.is_not, old, new))
 
 
-def _derive(messages: Sequence[Mapping[str, Any]]) -> Shape | None:
+def _derive(messages: Sequence[Mapping[str, Any]], key: Any) -> Shape | None:
     n = len(messages)
     for seen in _RECENT[:_DERIVE_FROM]:
+        if seen.key is not key:
+            continue
         old = seen.snapshot
         m = len(old)
         if n >= m and all(map(operator.is_, old, messages)):

@@ -26,7 +26,9 @@ Message accounting (the same as ``litellm.token_counter`` for OpenAI models)
   ``tool_call_id``, ``refusal``, ``reasoning_content``, and of the ``arguments`` string of each
   ``tool_calls[i].function`` (and of a legacy ``function_call``);
 * ``reasoning_content`` and the text of ``thinking_blocks`` (``thinking`` blocks; redacted
-  blocks are opaque and count 0) count in full: agents send them back to the provider.
+  blocks are opaque and count 0) count in full: agents send them back to the provider — except
+  a ``reasoning_content`` that is exactly the message's thinking texts joined (litellm returns
+  Anthropic thinking in both fields): the same text counts once.
 * content parts: ``text`` / ``input_text`` / ``output_text`` / ``thinking`` count their text;
   images by the rule below; any other part counts the text of its string fields (``type``,
   ids, ``cache_control`` and ``signature`` excluded), inline ``data:`` payloads a flat
@@ -411,6 +413,26 @@ def _message_key(message: Mapping[str, Any]) -> tuple[object, ...]:
 # --------------------------------------------------------------------------- accounting
 
 
+def _repeats_thinking(reasoning: object, message: Mapping[str, Any]) -> bool:
+    """``reasoning_content`` that only repeats the message's thinking texts (litellm returns
+    Anthropic thinking in both ``reasoning_content`` and ``thinking_blocks``): the provider
+    receives the text once, so it is counted once (in the blocks)."""
+    if not isinstance(reasoning, str) or not reasoning:
+        return False
+    texts: list[str] = []
+    blocks = message.get("thinking_blocks")
+    content = message.get("content")
+    for source in (blocks, content):
+        if isinstance(source, list):
+            texts.extend(b["thinking"] for b in source if isinstance(b, Mapping)
+                         and b.get("type", "thinking" if source is blocks else None) == "thinking"
+                         and isinstance(b.get("thinking"), str))
+    if not texts or sum(map(len, texts)) > len(reasoning):
+        return False
+    # litellm joins the texts with ""; other clients with a newline or a blank line.
+    return any(reasoning == sep.join(texts) for sep in ("", "\n", "\n\n"))
+
+
 class _Tally:
     """Tokens of one message: a fixed part plus texts still to be tokenized."""
 
@@ -600,8 +622,11 @@ class TokenCounter:
         if name is not None:
             tally.text(name)
             tally.fixed += TOKENS_PER_NAME
-        for field in ("tool_call_id", "refusal", "reasoning_content"):
+        for field in ("tool_call_id", "refusal"):
             tally.text(message.get(field))
+        reasoning = message.get("reasoning_content")
+        if reasoning is not None and not _repeats_thinking(reasoning, message):
+            tally.text(reasoning)
         calls = message.get("tool_calls")
         if isinstance(calls, list):
             for call in calls:

@@ -6,15 +6,20 @@ rewrote the messages) and a pause longer than the TTL. This module covers both:
 
 - :func:`send_probe` sends the prefix once with ``max_tokens`` 1 (0 where a provider accepts
   it: :data:`ZERO_MAX_TOKENS_PROVIDERS`), so the provider writes (or refreshes) its cache
-  entry; it never raises, and returns a :class:`Probe` with the tokens read from and written to
-  the cache and the probe's cost;
+  entry; it returns a :class:`Probe` with the tokens read from and written to the cache and the
+  probe's cost. A failure is logged as a warning and returned in the probe (``ok`` false,
+  ``error``, ``status``); with ``check=True`` it raises :class:`ProbeFailed` instead;
 - :class:`KeepAlive` runs in a background thread: it warms the prefix after session start and
   after a compaction (:meth:`KeepAlive.after_prepare` tells them apart from the run report),
   and while the session is idle sends a probe every ``interval_s`` (240 s: below the 5-minute
   TTL). A call in flight (``with keepalive.active():``) pauses it, the idle timer restarts when
   the call ends, and :meth:`KeepAlive.stop` (or leaving ``with KeepAlive(...)``) ends it. After
   ``max_idle_s`` without activity it stops probing until the next call: a forgotten session
-  does not pay for keep-alives forever.
+  does not pay for keep-alives forever. A probe the provider *rejects* (an HTTP 4xx other than
+  408/409/429: the request itself is wrong, so the real calls will fail the same way) stops the
+  probing until the next :meth:`KeepAlive.update`, and is raised as :class:`ProbeFailed` from
+  the caller's next ``update``/``after_prepare`` (and from leaving the ``with``) — once;
+  transient failures (timeouts, 5xx, rate limits) are logged and retried on schedule.
 
 ``import litellm`` is slow and reaches for the network unless ``LITELLM_LOCAL_MODEL_COST_MAP``
 is set, so it is imported on the first probe only, with that variable set first.
@@ -37,12 +42,14 @@ if TYPE_CHECKING:
 
 from ctxrules.errors import CtxrulesError
 from ctxrules.llm import load_litellm as load
+from ctxrules.logs import get_logger
 from ctxrules.models import lookup_model
 
 __all__ = [
     "ZERO_MAX_TOKENS_PROVIDERS",
     "KeepAlive",
     "Probe",
+    "ProbeFailed",
     "load_litellm",
     "probe_cost",
     "probe_messages",
@@ -71,9 +78,38 @@ class Probe:
     completion_tokens: int = 0
     cost_usd: float | None = None
     error: str | None = None
+    status: int | None = None  # the HTTP status of a failed probe, when the provider sent one
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    @property
+    def rejected(self) -> bool:
+        """The provider refused the request itself (4xx other than 408/409/429): sending it
+        again fails the same way, and so will the real calls that share its messages."""
+        return not self.ok and self.status is not None and 400 <= self.status < 500 and \
+            self.status not in (408, 409, 429)
+
+
+class ProbeFailed(CtxrulesError):
+    """A warm-up or keep-alive probe failed (``check=True``) or was rejected (``KeepAlive``)."""
+
+    exit_code = 2
+
+    def __init__(self, probe: Probe) -> None:
+        what = f"HTTP {probe.status}: " if probe.status is not None else ""
+        super().__init__(f"{probe.kind} probe failed: {what}{probe.error}")
+        self.probe = probe
+
+
+def _status_of(exc: BaseException) -> int | None:
+    for name in ("status_code", "status"):
+        value = getattr(exc, name, None)
+        if isinstance(value, int):
+            return value
+    response = getattr(exc, "response", None)
+    value = getattr(response, "status_code", None)
+    return value if isinstance(value, int) else None
 
 
 def load_litellm() -> Any:
@@ -144,8 +180,12 @@ def send_probe(
     timeout_s: float = 30.0,
     at: float = 0.0,
     ledger: SessionLedger | None = None,
+    check: bool = False,
 ) -> Probe:
-    """Send the prefix once to warm or refresh the provider's cache; never raises.
+    """Send the prefix once to warm or refresh the provider's cache.
+
+    A failure is logged (warning ``probe.failed``) and returned as a probe with ``ok`` false;
+    ``check=True`` raises it as :class:`ProbeFailed`.
 
     ``request`` holds extra litellm arguments: ``api_base``, ``api_key``, and what
     ``result.request`` carries (``prompt_cache_key``, ``tool_choice``), so the probe hits the
@@ -184,15 +224,21 @@ def send_probe(
         prompt, cached, written, completion = _usage_numbers(usage or {})
         if ledger is not None and usage is not None:
             ledger.record(response, model=model, source=kind)
-    except Exception as exc:  # a probe is best effort: report it, never break the session
-        return Probe(
+    except Exception as exc:  # best effort: reported (log, probe, ProbeFailed), never swallowed
+        failed = Probe(
             kind,
             reason,
             at,
             False,
             time.perf_counter() - started,
-            error=f"{type(exc).__name__}: {exc}",
+            error=f"{type(exc).__name__}: {exc}"[:2000],
+            status=_status_of(exc),
         )
+        get_logger("ctxrules.cache").warning("probe.failed", kind=kind, reason=reason, model=model,
+                                             status=failed.status, error=failed.error)
+        if check:
+            raise ProbeFailed(failed) from exc
+        return failed
     cost = probe_cost(
         model.split("/", 1)[1] if provider == "openai" else model,
         prompt,
@@ -234,6 +280,7 @@ class KeepAlive:
         timeout_s: float = 30.0,
         send: Callable[..., Probe] | None = None,
         ledger: SessionLedger | None = None,
+        raise_rejections: bool = True,
     ) -> None:
         if interval_s <= 0 or time_scale <= 0:
             raise ValueError("interval_s and time_scale must be positive")
@@ -257,6 +304,9 @@ class KeepAlive:
         self._last_probe: float | None = None
         self._probes: list[Probe] = []
         self._thread: threading.Thread | None = None
+        self.raise_rejections = raise_rejections
+        self._rejected: Probe | None = None  # the last rejected probe; probing waits for an update
+        self._unraised: Probe | None = None  # ... not yet raised to the caller
 
     # -- clock ------------------------------------------------------------------
     def _now(self) -> float:
@@ -286,8 +336,16 @@ class KeepAlive:
     def __enter__(self) -> KeepAlive:
         return self.start()
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, exc_type: object, *exc: object) -> None:
         self.stop()
+        if exc_type is None:
+            self._raise_rejection()
+
+    def _raise_rejection(self) -> None:
+        with self._cond:
+            probe, self._unraised = self._unraised, None
+        if probe is not None and self.raise_rejections:
+            raise ProbeFailed(probe)
 
     def update(
         self,
@@ -305,8 +363,11 @@ class KeepAlive:
                 self.request.update(request)
             if warm:
                 self._pending = warm
+            self._rejected = None  # new messages: worth probing again
             self._last_activity = self._now()
             self._cond.notify_all()
+        # A rejection the thread saw reaches the caller here, on its own thread, once.
+        self._raise_rejection()
 
     def after_prepare(self, result: Any) -> None:
         """Feed a ``PrepareResult``: the first one warms the prefix ("session start"), one whose
@@ -358,6 +419,7 @@ class KeepAlive:
             "warmups": sum(p.kind == "warmup" for p in probes),
             "keepalives": sum(p.kind == "keepalive" for p in probes),
             "failed": sum(not p.ok for p in probes),
+            "rejected": sum(p.rejected for p in probes),
             "cost_usd": sum(costs) if costs else None,
         }
 
@@ -373,7 +435,7 @@ class KeepAlive:
                 kind = reason = None
                 if self._pending and self._messages and not self._active:
                     kind, reason, self._pending = "warmup", self._pending, None
-                elif self._active or not self._messages:
+                elif self._active or not self._messages or self._rejected is not None:
                     self._cond.wait()
                     continue
                 else:
@@ -396,6 +458,8 @@ class KeepAlive:
                     dict(self.request),
                 )
                 at = self._virtual(now)
+            # A custom ``send`` need not take ``ledger``: passed only when there is one.
+            extra: dict[str, Any] = {"ledger": self.ledger} if self.ledger is not None else {}
             probe = self._send(
                 self.model,
                 messages,
@@ -406,8 +470,10 @@ class KeepAlive:
                 max_tokens=self.max_tokens,
                 timeout_s=self.timeout_s,
                 at=at,
-                **({"ledger": self.ledger} if self.ledger is not None else {}),
+                **extra,
             )
             with self._cond:
                 self._probes.append(probe)
                 self._last_probe = self._now()
+                if probe.rejected:
+                    self._rejected = self._unraised = probe

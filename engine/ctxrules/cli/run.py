@@ -86,6 +86,12 @@ def run(args: argparse.Namespace) -> int:
     if args.explain:
         stream = sys.stderr if args.output == "-" else sys.stdout
         stream.write(report_table(result.report))
+    after = result.report["after"]
+    if not after.get("fits", True):
+        # The output and the report are written as usual (the caller may still inspect or
+        # send them); the exit code says the provider will reject this request.
+        sys.stderr.write(f"ctxrules: does not fit: {after.get('reason', 'the output exceeds the usable window')}\n")
+        return 1
     return 0
 
 

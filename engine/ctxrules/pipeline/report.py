@@ -32,8 +32,17 @@ def build_report(header: dict[str, Any], *, budget: Budget, history_tokens: int,
     # order is the report's documented one.
     model["safety_margin"] = budget.safety_margin
     model["models_entry"] = header["model"].get("models_entry")
-    if not budget.fits(tokens_after):
-        warnings.append(f"the output ({tokens_after} tokens) does not fit the usable window of {budget.usable}")
+    after: dict[str, Any] = {"messages": len(outcome.messages), "tokens": tokens_after,
+                             "utilization": round(util_after, 6), "tier": budget.tier_of(util_after),
+                             "fits": budget.fits(tokens_after)}
+    if not after["fits"]:
+        reason = (f"the output ({tokens_after} tokens) does not fit the usable window of {budget.usable} "
+                  f"tokens ({budget.window} - reserve_output {budget.reserve_output})")
+        # The emergency pass says why (what the pinned messages alone take, what it spilled).
+        overflow = next((a["detail"] for r in reversed(outcome.records) for a in r.actions
+                         if a["kind"] == "overflow"), None)
+        after["reason"] = f"{reason}: {overflow}" if overflow else reason
+        warnings.append(reason)
     return {
         "version": REPORT_VERSION,
         "ctxrules": __version__,
@@ -43,8 +52,7 @@ def build_report(header: dict[str, Any], *, budget: Budget, history_tokens: int,
         "budget": budget.as_dict(),
         "before": {"messages": history_len, "tokens": history_tokens, "utilization": round(util_before, 6),
                    "tier": budget.tier_of(util_before)},
-        "after": {"messages": len(outcome.messages), "tokens": tokens_after, "utilization": round(util_after, 6),
-                  "tier": budget.tier_of(util_after), "fits": budget.fits(tokens_after)},
+        "after": after,
         "reused_messages": reused,
         "stages": [r.as_dict() for r in outcome.records],
         "vault_items": vault_new,

@@ -1,7 +1,7 @@
 """``session.complete(...)``: a litellm call with context-overflow recovery.
 
-The call sends what ``prepare`` returns (our ``ctxrules`` metadata key stripped, the request
-options such as ``prompt_cache_key`` merged in). When the provider answers that the prompt is
+The call sends what ``prepare`` returns as it is (it carries no field ctxrules adds), with the
+request options such as ``prompt_cache_key`` merged in. When the provider answers that the prompt is
 too long, an emergency pass runs at the limit the provider named (or, when it names none, at
 80 % of what was sent) — the pack's own ``compress.emergency`` stage with its ``with:`` options
 (phase 1 cuts long contents to head + tail, phase 2 drops the oldest steps, both into the vault),
@@ -21,9 +21,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ctxrules.errors import CompletionFailed
+from ctxrules.injected import InjectionKey, key_scope
 from ctxrules.llm import load_litellm, quiet
 from ctxrules.logs import get_logger
-from ctxrules.messages import INJECTED_KEY
 from ctxrules.pipeline.context import StageContext
 from ctxrules.results import PrepareResult
 from ctxrules.runtime.streaming import AsyncCompletionStream, CompletionStream
@@ -74,6 +74,8 @@ class OverflowSession(Protocol):
     def budget(self) -> Budget: ...
     @property
     def vault(self) -> Vault: ...
+    @property
+    def injection_key(self) -> InjectionKey: ...
 
     def prepare(self, messages: Any, tools: list[dict[str, Any]] | None = None) -> PrepareResult: ...
 
@@ -104,11 +106,6 @@ def limit_from(exc: BaseException) -> int | None:
     return None
 
 
-def _wire(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Messages as a provider takes them: without our metadata key (the tag stays in the text)."""
-    return [{k: v for k, v in m.items() if k != INJECTED_KEY} if INJECTED_KEY in m else m for m in messages]
-
-
 def _pack_stage(session: OverflowSession, type_name: str) -> Stage | None:
     """The pack's configured stage of ``type_name`` (its ``with:`` options applied), else the
     registered type with its defaults, else None (not registered: e.g. a blocked plugin)."""
@@ -133,9 +130,10 @@ def emergency_pass(session: OverflowSession, messages: list[dict[str, Any]], too
                        log=get_logger("ctxrules.overflow", session=session.id), tier="emergency",
                        session_id=session.id, target="light", hooks=session.engine.registry.hooks,
                        registry=session.engine.registry)
-    out = emergency(messages, ctx)
     pairing = _pack_stage(session, PAIRING_STAGE)
-    repaired = pairing(out.messages, ctx) if pairing is not None else out
+    with key_scope(session.injection_key):  # what it marks and recognises is the session's
+        out = emergency(messages, ctx)
+        repaired = pairing(out.messages, ctx) if pairing is not None else out
     actions = [a.as_dict() for a in [*out.actions, *(repaired.actions if repaired is not out else [])]]
     return repaired.messages, actions
 
@@ -154,7 +152,7 @@ def complete(session: OverflowSession, messages: Any, *, tools: list[dict[str, A
         options = _options(prepared, kwargs, stream)
         try:
             with quiet():
-                response = litellm.completion(model=call_model, messages=_wire(sent), **options)
+                response = litellm.completion(model=call_model, messages=sent, **options)
                 # A stream's errors may come with its first event: that one is still recoverable.
                 first, ended = _first_chunk(response) if stream else (None, False)
         except Exception as exc:
@@ -189,7 +187,7 @@ async def acomplete(session: OverflowSession, messages: Any, *, tools: list[dict
         options = _options(prepared, kwargs, stream)
         try:
             with quiet():
-                response = await litellm.acompletion(model=call_model, messages=_wire(sent), **options)
+                response = await litellm.acompletion(model=call_model, messages=sent, **options)
                 first, ended = await _afirst_chunk(response) if stream else (None, False)
         except Exception as exc:
             retry = await asyncio.to_thread(_after_failure, session, sent, prepared, exc, attempt, attempts)

@@ -24,9 +24,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ctxrules.messages import (
-    INJECTED_KEY,
     injected_kind,
     is_injected,
+    keep_mark,
     mark_injected,
     message_text,
     replace_text,
@@ -258,7 +258,7 @@ def apply_edits(messages: Sequence[Message], edits: Sequence[Edit],
     actions: list[Action] = []
     for edit in edits:
         ids = [ctx.vault.put_text(text) for text in edit.stored]
-        out[edit.index] = edit.message
+        out[edit.index] = keep_mark(messages[edit.index], edit.message)
         actions.append(Action(edit.kind, edit.detail, index=edit.index, tokens_saved=edit.saved,
                               vault_id=ids[0] if ids else None))
     return out, actions
@@ -584,7 +584,3 @@ def removal_units(view: View, *, force: bool) -> Iterator[tuple[tuple[int, int, 
             continue
         yield view.order_key(index, force=force), [index]
 
-
-def placeholder_meta(msg: Mapping[str, Any]) -> Mapping[str, Any]:
-    meta = msg.get(INJECTED_KEY)
-    return meta if isinstance(meta, Mapping) else {}

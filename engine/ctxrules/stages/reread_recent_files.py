@@ -122,7 +122,7 @@ class Reread:
         if not blocks:
             return StageOutcome(messages=list(messages), actions=actions, warnings=warnings)
         content = _HEADER + "\n\n" + "\n\n".join(blocks)
-        msg: Message = mark_injected({"role": "user", "content": content}, KIND, files=files_meta)
+        msg: Message = mark_injected({"role": "user", "content": content}, KIND, files=len(files_meta))
         vault_ids = [ctx.vault.put_text(s) for s in stored]
         out = list(messages)
         at = insertion_point(out, "end")

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from ctxrules.errors import CtxrulesError
 from ctxrules.hookspecs import hookimpl
-from ctxrules.messages import injected_kind, is_injected, is_real_user, message_text
+from ctxrules.messages import injected_kind, injected_meta, is_injected, is_real_user, message_text
 from ctxrules.redaction import Redactor, redactor_for
 from ctxrules.stages.base import Action, Message, StageOutcome, StageType
 from ctxrules.structure import pinned_indices
@@ -285,9 +285,8 @@ class StructuredSummary:
         found: Summary | None = None
         for index in plan.prior_summaries:
             msg = messages[index]
-            meta = msg.get("ctxrules")
-            sid = meta.get("id") if isinstance(meta, Mapping) else None
-            if not isinstance(sid, str):
+            sid = injected_meta(msg).get("id")
+            if sid is None:
                 match = _ID_ATTR.search(message_text(msg))
                 sid = match.group(1) if match else None
             entry = stored.get(sid)

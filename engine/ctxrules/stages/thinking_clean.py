@@ -33,7 +33,9 @@ signed ``thinking`` / ``redacted_thinking`` blocks; also accepted as parts of a 
   - nothing is changed (OpenAI, Gemini and others do not take reasoning back).
 
 ``provider: auto`` reads the session's model (:attr:`ModelInfo.family`, provider and name);
-set it to override. Pinned and protected messages are never cleaned.
+set it to override. Pinned and protected messages are never cleaned, with one exception for
+protected ones: signed thinking after a changed prefix is stripped from them too, because the
+provider rejects (or silently drops) it — protection keeps content, not an invalid signature.
 """
 
 from __future__ import annotations
@@ -171,11 +173,16 @@ class ThinkingClean:
             if seen is not None and seen != prefixes[index] and changed_from is None:
                 changed_from = index
         for index, msg in enumerate(messages):
-            if msg.get("role") != "assistant" or index in pins or id(msg) in ctx.protected:
+            if msg.get("role") != "assistant" or index in pins:
                 continue
+            # Protection keeps a message's content, not what the provider will reject: signed
+            # thinking whose prefix changed is stripped from protected messages too.
             if (self.strip_changed_prefix and changed_from is not None and index >= changed_from
                     and index in signed):
-                self._strip_thinking(index, msg, out, actions, ctx, changed_from)
+                self._strip_thinking(index, msg, out, actions, ctx, changed_from,
+                                     protected=id(msg) in ctx.protected)
+                continue
+            if id(msg) in ctx.protected:
                 continue
             reasoning = msg.get("reasoning_content")
             if isinstance(reasoning, str) and reasoning and _is_duplicate(reasoning, _blocks(msg)):
@@ -195,7 +202,8 @@ class ThinkingClean:
         ctx.state["prefixes"] = keep
 
     def _strip_thinking(self, index: int, msg: Message, out: list[Message],
-                        actions: list[Action], ctx: StageContext, changed_from: int) -> None:
+                        actions: list[Action], ctx: StageContext, changed_from: int, *,
+                        protected: bool = False) -> None:
         removed: dict[str, Any] = {}
         new: Message = {k: v for k, v in msg.items()
                         if k not in ("thinking_blocks", "reasoning_content")}
@@ -218,10 +226,11 @@ class ThinkingClean:
         out[index] = new
         where = ("its own prefix" if changed_from == index
                  else f"the prefix at message {changed_from}")
+        note = " (a protected message: its content is kept, the invalid signature is not)" if protected else ""
         actions.append(Action(
             "thinking_stripped",
             f"message {index}: signed thinking moved to the vault: a compaction changed "
-            f"{where}, so its signature no longer verifies",
+            f"{where}, so its signature no longer verifies{note}",
             index=index, tokens_saved=tokens_saved(ctx, msg, new), vault_id=vid))
 
     # --- deepseek / kimi ---------------------------------------------------------------------

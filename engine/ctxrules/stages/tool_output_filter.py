@@ -12,9 +12,14 @@ Three levels, in this order (docs/reference/concepts.md "Reference numbers"):
     ``ctxrules_semantic_filter`` may shorten plain text instead. A ``subagent`` result over
     ``subagent_chars`` (8,000) becomes its head and tail plus a structured handover
     (done, todo, risks, files) extracted from it.
-(c) **Hard spill** — any single content over ``spill_chars`` (100,000) characters, in *any*
-    message (pinned and protected ones included: the one exception to pinning), goes to
-    the vault whole and leaves a short summary with a pointer.
+(c) **Hard spill** — any single content over the spill limit, in *any* message (pinned and
+    protected ones included: an exception to pinning), goes to the vault whole and leaves a
+    short summary with a pointer. The limit scales with the window: ``spill_chars`` (100,000)
+    characters, or ``spill_window_share`` (1.0) of the usable window at 4 characters per token
+    when that is less (a 16K window with the default reserve: 31,232 characters): a content
+    longer than the whole window can never stay. What is smaller but still too large in tokens
+    (dense output runs near 1.5 characters per token) is for ``compress.emergency``, which spills
+    the largest pinned contents when the pins alone do not fit.
 
 Who is exempt: tools with a role in ``exempt_roles`` (``file_read``, ``file_edit``: shortening a
 file the agent reads makes it read again), pinned and protected messages, and — with the
@@ -48,6 +53,7 @@ from typing import TYPE_CHECKING, Any
 from ctxrules import structure
 from ctxrules.compressors.api import compress_tool_output
 from ctxrules.hookspecs import hookimpl
+from ctxrules.messages import keep_mark
 from ctxrules.stages.base import Action, Message, StageOutcome, StageType
 from ctxrules.stages.filter_common import (
     BYPASS_PROPERTIES,
@@ -83,6 +89,15 @@ _RESULT_ROLES = frozenset({"tool", "function"})
 KEEP_STEP = 0.05
 """The headroom is taken in steps of 5 %: targets change when utilization crosses a step, not a
 little on every turn, so outputs left alone stay alone (and cached prefixes stay put)."""
+
+
+CHARS_PER_TOKEN_FOR_SPILL = 4
+
+
+def spill_limit(spill_chars: int, window_share: float, usable_tokens: int) -> int:
+    """The hard-spill limit in characters: ``spill_chars``, or ``window_share`` of the usable
+    window at :data:`CHARS_PER_TOKEN_FOR_SPILL` characters per token when that is less."""
+    return max(1, min(spill_chars, int(window_share * usable_tokens * CHARS_PER_TOKEN_FOR_SPILL)))
 
 
 def keep_ratio(utilization: float, emergency: float, min_keep: float, max_keep: float) -> float:
@@ -121,6 +136,7 @@ class ToolOutputFilter:
         self.item_tokens: int = opts["item_tokens"]
         self.turn_tokens: int = opts["turn_tokens"]
         self.spill_chars: int = opts["spill_chars"]
+        self.spill_window_share: float = opts["spill_window_share"]
         self.spill_preview_tokens: int = opts["spill_preview_tokens"]
         self.subagent_chars: int = opts["subagent_chars"]
         self.subagent_keep_tokens: int = opts["subagent_keep_tokens"]
@@ -185,6 +201,7 @@ class _Run:
         self.count: Callable[[str], int] = ctx.counter.count_text
         self.shape = shape(messages)
         self.roles = tool_roles(ctx.pack)
+        self.limit = spill_limit(stage.spill_chars, stage.spill_window_share, ctx.budget.usable)
 
     def call(self, index: int) -> Mapping[str, Any] | None:
         """The call the tool result at ``index`` answers."""
@@ -204,7 +221,7 @@ class _Run:
         sent = set(ctx.state.get("sent") or []) if bypass else set()
         self.keep = keep_ratio(ctx.utilization, ctx.budget.thresholds.get("emergency", 0.9),
                                stage.min_keep, stage.max_keep)
-        limit = stage.spill_chars
+        limit = self.limit
         oversized = [i for i, f in enumerate(facts) if f.longest > limit]
         fresh, skipped_hot = self._unsettled(sent)
         if not oversized and not fresh and not skipped_hot:
@@ -399,7 +416,7 @@ class _Run:
     # --- level (c): the hard spill, every message ------------------------------------------
 
     def _spill(self, index: int, msg: Message) -> None:
-        limit = self.stage.spill_chars
+        limit = self.limit
         content = msg.get("content")
         what = "tool output" if msg.get("role") in _RESULT_ROLES else f"{msg.get('role')} message"
         if isinstance(content, str):
@@ -618,6 +635,7 @@ class _Run:
 
     def _commit(self, index: int, new: Message, kind: str, detail: str, vault_id: str) -> None:
         old = self.out[index]
+        new = keep_mark(old, new)  # a spilled notes/reread/summary message is still ctxrules' own
         self.out[index] = new
         saved = tokens_saved(self.ctx, old, new)
         self.actions.append(Action(kind, f"message {index}: {detail}", index=index,
@@ -678,6 +696,13 @@ OPTIONS_SCHEMA: dict[str, Any] = {
                             "and protected ones included), goes to the vault whole and leaves a "
                             "short summary with a pointer (level c)."),
             "type": "integer", "minimum": 1, "default": 100000,
+        },
+        "spill_window_share": {
+            "title": "Hard spill share of the window",
+            "description": ("The spill limit scales with the window: a content over this share of "
+                            "the usable window (counted at 4 characters per token) is spilled too, "
+                            "when that is fewer characters than spill_chars."),
+            "type": "number", "exclusiveMinimum": 0, "maximum": 1, "default": 1.0,
         },
         "spill_preview_tokens": {
             "title": "Spill preview size",
