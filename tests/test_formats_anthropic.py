@@ -274,8 +274,14 @@ def test_a_long_anthropic_request_is_compacted_like_its_openai_form(engine: Engi
     openai = engine.session(tmp_path / "o", model="claude-sonnet-4-5", window=32_000).prepare(history)
     assert A.validate(result.body) == []
     assert result.report["after"]["fits"] and result.report["before"]["tokens"] > 100_000
-    after, openai_after = result.report["after"]["tokens"], openai.report["after"]["tokens"]
-    assert abs(after - openai_after) < 0.15 * openai_after
+    # Both forms are compacted by the same stages to below compress.remove's target tier
+    # (light). Where each stops differs by a unit or so: a user turn of several text blocks is
+    # several messages in the internal form, so the units the stages take are not the same.
+    tiers = ["below", "monitor", "light", "full", "emergency"]
+    for report in (result.report, openai.report):
+        assert tiers.index(report["after"]["tier"]) < tiers.index("light"), report["after"]
+    kinds = {s["id"] for s in result.report["stages"] if s["tokens_before"] != s["tokens_after"]}
+    assert kinds == {s["id"] for s in openai.report["stages"] if s["tokens_before"] != s["tokens_after"]}
 
 
 def test_cli_run_auto_detects_anthropic_and_answers_in_it(tmp_path: Path) -> None:
