@@ -67,10 +67,7 @@ def main() -> int:
     )
 
     engine = Engine.load(str(SUMMARY_ONLY))
-    print(
-        f"\n{'transcript':48} {'msgs':>5} {'tokens':>7} {'stage ms':>9} {'prepare ms':>11} "
-        f"{'saved':>7}"
-    )
+    print(f"\n{'transcript':48} {'msgs':>5} {'tokens':>7} {'stage ms':>9} {'prepare ms':>11} {'saved':>7}")
     for name, messages in transcripts.items():
         probe = engine.session(None, model="gpt-4o", window=10**6, session_id="probe")
         tokens = probe.counter.count_messages(messages, [])
@@ -84,9 +81,7 @@ def main() -> int:
                 started = time.perf_counter()
                 result = session.prepare(messages, clock=1.0)
                 prepare_ms.append((time.perf_counter() - started) * 1000)
-                stage = next(
-                    s for s in result.report["stages"] if s["type"] == "summarize.structured"
-                )
+                stage = next(s for s in result.report["stages"] if s["type"] == "summarize.structured")
                 stage_ms.append(stage["ms"])
                 saved = stage["tokens_saved"]
         print(

@@ -25,8 +25,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def _rules(start: int, count: int) -> list[str]:
-    return [f"  - {{id: r{k}, match: {{contains: 'err{k}'}}, priority: critical}}"
-            for k in range(start, start + count)]
+    return [f"  - {{id: r{k}, match: {{contains: 'err{k}'}}, priority: critical}}" for k in range(start, start + count)]
 
 
 def _write(path: Path, start: int, count: int, parent: str | None = None) -> Path:
@@ -38,8 +37,13 @@ def _write(path: Path, start: int, count: int, parent: str | None = None) -> Pat
 def _time(path: Path) -> float:
     env = {**os.environ, "PYTHONPATH": str(REPO / "engine")}
     started = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "ctxrules.cli.main", "validate", str(path)],
-                          env=env, capture_output=True, text=True, check=False)
+    proc = subprocess.run(
+        [sys.executable, "-m", "ctxrules.cli.main", "validate", str(path)],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     took = time.perf_counter() - started
     if proc.returncode != 0:
         raise SystemExit(f"validate failed on {path.name}: {proc.stdout[-400:]}{proc.stderr[-400:]}")

@@ -12,15 +12,39 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def git(cwd: Path, *argv: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["git", "-c", "user.email=ci@example.com", "-c", "user.name=ci",
-                           "-c", "init.defaultBranch=main", "-c", "commit.gpgsign=false", *argv],
-                          cwd=cwd, capture_output=True, text=True, check=False, timeout=timeout)
+    return subprocess.run(
+        [
+            "git",
+            "-c",
+            "user.email=ci@example.com",
+            "-c",
+            "user.name=ci",
+            "-c",
+            "init.defaultBranch=main",
+            "-c",
+            "commit.gpgsign=false",
+            *argv,
+        ],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=timeout,
+    )
 
 
 def snapshot(dest: Path) -> str:
     """Copy the checkout into ``dest`` (a new git repository) and commit it; the commit's sha."""
-    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=REPO,
-                            capture_output=True, check=True).stdout.decode().split("\0")
+    listed = (
+        subprocess.run(
+            ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+            cwd=REPO,
+            capture_output=True,
+            check=True,
+        )
+        .stdout.decode()
+        .split("\0")
+    )
     for rel in filter(None, listed):
         src = REPO / rel
         if src.is_file():

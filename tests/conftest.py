@@ -35,8 +35,10 @@ def pytest_configure(config: pytest.Config) -> None:
     # installed imports its fixtures directly (tests/test_prompts_snapshots.py).
     config.addinivalue_line("markers", "ctxrules_pack(pack): the pack the ctxrules fixtures use")
     config.addinivalue_line(
-        "markers", "corpus: needs the real corpus named by CTXRULES_CORPUS (skipped without it; "
-        "under CI=true its absence fails the test)")
+        "markers",
+        "corpus: needs the real corpus named by CTXRULES_CORPUS (skipped without it; "
+        "under CI=true its absence fails the test)",
+    )
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -48,8 +50,10 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     if item.get_closest_marker("corpus") is None or corpus_present():
         return
     module = item.path.name
-    reason = (f"{module} replays the real corpus (agent transcripts and command outputs); "
-              f"set CTXRULES_CORPUS to its folder (not found: {CORPUS})")
+    reason = (
+        f"{module} replays the real corpus (agent transcripts and command outputs); "
+        f"set CTXRULES_CORPUS to its folder (not found: {CORPUS})"
+    )
     if os.environ.get("CI", "").lower() == "true":
         pytest.fail(f"CI=true but the corpus is missing: {reason}", pytrace=False)
     pytest.skip(reason)

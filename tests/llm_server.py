@@ -102,8 +102,10 @@ def strict_problem(body: dict[str, Any], allow: frozenset[str] = frozenset()) ->
         for j, call in enumerate(msg.get("tool_calls") or []):
             for key in call if isinstance(call, dict) else ():
                 if key not in STRICT_CALL_KEYS:
-                    return (f"Additional properties are not allowed ('{key}' was unexpected) - "
-                            f"'messages.{i}.tool_calls.{j}'")
+                    return (
+                        f"Additional properties are not allowed ('{key}' was unexpected) - "
+                        f"'messages.{i}.tool_calls.{j}'"
+                    )
     return None
 
 
@@ -154,8 +156,9 @@ def reply(text: str, *, chunk_chars: int = 8, finish_reason: str = "stop", usage
     return Reply(text, chunk_chars=max(1, chunk_chars), finish_reason=finish_reason, usage=usage)
 
 
-def stream_error(prefix: str = "partial", message: str = "internal server error", *,
-                 code: str | None = None) -> StreamError:
+def stream_error(
+    prefix: str = "partial", message: str = "internal server error", *, code: str | None = None
+) -> StreamError:
     """A stream that sends ``prefix`` as content, then ``{"error": {"message", "code"}}``.
     A non-streaming request gets the error as an HTTP 500."""
     return StreamError(prefix, message, code)
@@ -216,8 +219,14 @@ class LLMServer:
     script is used up. Thread-safe: tests may script and read ``requests`` while calls run.
     """
 
-    def __init__(self, *, model: str = "test-model", default: Behaviour | None = None,
-                 strict: bool = False, allow: frozenset[str] = frozenset()) -> None:
+    def __init__(
+        self,
+        *,
+        model: str = "test-model",
+        default: Behaviour | None = None,
+        strict: bool = False,
+        allow: frozenset[str] = frozenset(),
+    ) -> None:
         self.model = model
         self.strict = strict
         self.allow = allow
@@ -334,28 +343,20 @@ def _make_handler(server: LLMServer) -> type[BaseHTTPRequestHandler]:
 
         def do_GET(self) -> None:
             if self.path.rstrip("/").endswith("/models"):
-                self._json(
-                    200, {"object": "list", "data": [{"id": server.model, "object": "model"}]}
-                )
+                self._json(200, {"object": "list", "data": [{"id": server.model, "object": "model"}]})
             else:
-                self._json(
-                    404, {"error": {"message": f"no route {self.path}", "type": "not_found"}}
-                )
+                self._json(404, {"error": {"message": f"no route {self.path}", "type": "not_found"}})
 
         def do_POST(self) -> None:
             length = int(self.headers.get("Content-Length") or 0)
             raw = self.rfile.read(length) if length else b""
             if not self.path.rstrip("/").endswith("/chat/completions"):
-                self._json(
-                    404, {"error": {"message": f"no route {self.path}", "type": "not_found"}}
-                )
+                self._json(404, {"error": {"message": f"no route {self.path}", "type": "not_found"}})
                 return
             try:
                 body = json.loads(raw or b"{}")
             except ValueError:
-                self._json(
-                    400, {"error": {"message": "body is not JSON", "type": "invalid_request_error"}}
-                )
+                self._json(400, {"error": {"message": "body is not JSON", "type": "invalid_request_error"}})
                 return
             if not isinstance(body, dict):
                 body = {"_raw": body}
@@ -363,8 +364,10 @@ def _make_handler(server: LLMServer) -> type[BaseHTTPRequestHandler]:
             problem = strict_problem(body, server.allow) if server.strict else None
             if problem is not None:
                 server._reject(body, problem)
-                self._json(400, {"error": {"message": problem, "type": "invalid_request_error",
-                                           "code": None, "param": "messages"}})
+                self._json(
+                    400,
+                    {"error": {"message": problem, "type": "invalid_request_error", "code": None, "param": "messages"}},
+                )
                 return
             behaviour = server._next(self.path, body, headers)
             stream = bool(body.get("stream"))
@@ -446,9 +449,7 @@ def _make_handler(server: LLMServer) -> type[BaseHTTPRequestHandler]:
             self.wfile.write(b"0\r\n\r\n")
             self.wfile.flush()
 
-        def _delta(
-            self, content: str | None, finish: str | None = None, role: bool = False
-        ) -> dict[str, Any]:
+        def _delta(self, content: str | None, finish: str | None = None, role: bool = False) -> dict[str, Any]:
             delta: dict[str, Any] = {}
             if role:
                 delta["role"] = "assistant"

@@ -30,8 +30,10 @@ budgets:
 
 def write_pack(tmp_path: Path, body: str) -> Path:
     p = tmp_path / "pack.yaml"
-    p.write_text("apiVersion: ctxrules/v1\nkind: RulePack\nmetadata: {name: tree, version: 1.0.0}\n"
-                 "extends: builtin:default\n" + body)
+    p.write_text(
+        "apiVersion: ctxrules/v1\nkind: RulePack\nmetadata: {name: tree, version: 1.0.0}\n"
+        "extends: builtin:default\n" + body
+    )
     return p
 
 
@@ -131,8 +133,9 @@ def test_warmup_and_keepalive_probes_are_recorded_and_stop_when_the_budget_refus
     result = s.prepare([{"role": "system", "content": "You fix bugs."}, {"role": "user", "content": "hi"}])
     with LLMServer() as server:
         server.script(reply("."), reply("."))
-        ka = s.keepalive(request={"api_base": server.base_url, "api_key": "k"}, interval_s=240, time_scale=0.001,
-                         max_idle_s=None)  # the first probe imports litellm: seconds of "idle"
+        ka = s.keepalive(
+            request={"api_base": server.base_url, "api_key": "k"}, interval_s=240, time_scale=0.001, max_idle_s=None
+        )  # the first probe imports litellm: seconds of "idle"
         with ka:
             ka.after_prepare(result)  # session start: one warm-up
             deadline = datetime.now(UTC).timestamp() + 120  # the first probe imports litellm
@@ -149,7 +152,8 @@ def test_warmup_and_keepalive_probes_are_recorded_and_stop_when_the_budget_refus
         from ctxrules.cache.warmup import send_probe
 
         sent_before = len(server.requests)
-        refused = send_probe("openai/gpt-4o", result.messages, request={"api_base": server.base_url, "api_key": "k"},
-                             ledger=s.ledger)
+        refused = send_probe(
+            "openai/gpt-4o", result.messages, request={"api_base": server.base_url, "api_key": "k"}, ledger=s.ledger
+        )
         assert not refused.ok and refused.error is not None and "budget exceeded" in refused.error
         assert len(server.requests) == sent_before

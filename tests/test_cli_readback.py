@@ -19,8 +19,14 @@ ENV = {**os.environ, "PYTHONPATH": str(REPO / "engine")}
 
 
 def ctxrules(*argv: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "ctxrules.cli.main", *argv], cwd=cwd, env=ENV,
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "ctxrules.cli.main", *argv],
+        cwd=cwd,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def big_history() -> list[dict[str, object]]:
@@ -28,8 +34,13 @@ def big_history() -> list[dict[str, object]]:
     return [
         {"role": "system", "content": "You run tests."},
         {"role": "user", "content": "Run the tests."},
-        {"role": "assistant", "content": None, "tool_calls": [
-            {"id": "c1", "type": "function", "function": {"name": "bash", "arguments": '{"cmd": "pytest"}'}}]},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "bash", "arguments": '{"cmd": "pytest"}'}}
+            ],
+        },
         {"role": "tool", "tool_call_id": "c1", "content": out},
         {"role": "assistant", "content": "All pass."},
         {"role": "user", "content": "Good, now lint."},
@@ -41,8 +52,21 @@ def test_the_read_back_commands_work_from_another_directory(tmp_path: Path) -> N
     work.mkdir()
     elsewhere.mkdir()
     (work / "in.json").write_text(json.dumps(big_history()))
-    run = ctxrules("run", "--pack", "builtin:default", "--model", "gpt-4o", "--input", "in.json", "--output",
-                   "out.json", "--report", "report.json", "--explain", cwd=work)
+    run = ctxrules(
+        "run",
+        "--pack",
+        "builtin:default",
+        "--model",
+        "gpt-4o",
+        "--input",
+        "in.json",
+        "--output",
+        "out.json",
+        "--report",
+        "report.json",
+        "--explain",
+        cwd=work,
+    )
     assert run.returncode == 0, run.stderr
     commands = re.findall(r"ctxrules vault get .+", run.stdout)
     assert commands, run.stdout

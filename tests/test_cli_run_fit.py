@@ -26,11 +26,33 @@ def run_cli(tmp_path: Path, history: Any, window: int = 32_000) -> subprocess.Co
     src = tmp_path / "in.json"
     src.write_text(json.dumps(history))
     env = {**os.environ, "PYTHONPATH": str(REPO / "engine")}
-    return subprocess.run([sys.executable, "-m", "ctxrules.cli.main", "run", "--pack", "builtin:default",
-                           "--model", "gpt-4o", "--window", str(window), "--input", str(src),
-                           "--output", str(tmp_path / "out.json"), "--report", str(tmp_path / "report.json"),
-                           "--session", str(tmp_path / "s")],
-                          capture_output=True, text=True, env=env, timeout=300, check=False)
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ctxrules.cli.main",
+            "run",
+            "--pack",
+            "builtin:default",
+            "--model",
+            "gpt-4o",
+            "--window",
+            str(window),
+            "--input",
+            str(src),
+            "--output",
+            str(tmp_path / "out.json"),
+            "--report",
+            str(tmp_path / "report.json"),
+            "--session",
+            str(tmp_path / "s"),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+        check=False,
+    )
 
 
 def dense_output(tokens: int) -> str:
@@ -44,17 +66,34 @@ def dense_output(tokens: int) -> str:
 
 
 def newest_step_history(output: str) -> list[dict[str, Any]]:
-    call = {"id": "call_det", "type": "function",
-            "function": {"name": "bash", "arguments": '{"command": "python det.py"}'}}
-    history: list[dict[str, Any]] = [{"role": "system", "content": "You are a careful coding agent."},
-                                     {"role": "user", "content": "Why does det() of this matrix fail?"}]
+    call = {
+        "id": "call_det",
+        "type": "function",
+        "function": {"name": "bash", "arguments": '{"command": "python det.py"}'},
+    }
+    history: list[dict[str, Any]] = [
+        {"role": "system", "content": "You are a careful coding agent."},
+        {"role": "user", "content": "Why does det() of this matrix fail?"},
+    ]
     for i in range(6):
-        history += [{"role": "assistant", "content": f"Looking at step {i}.", "tool_calls": [
-            {**call, "id": f"call_{i}",
-             "function": {"name": "bash", "arguments": json.dumps({"command": f"cat f{i}.py"})}}]},
-            {"role": "tool", "tool_call_id": f"call_{i}", "content": f"line {i}\n" * 200}]
-    history += [{"role": "assistant", "content": None, "tool_calls": [call]},
-                {"role": "tool", "tool_call_id": "call_det", "content": output}]
+        history += [
+            {
+                "role": "assistant",
+                "content": f"Looking at step {i}.",
+                "tool_calls": [
+                    {
+                        **call,
+                        "id": f"call_{i}",
+                        "function": {"name": "bash", "arguments": json.dumps({"command": f"cat f{i}.py"})},
+                    }
+                ],
+            },
+            {"role": "tool", "tool_call_id": f"call_{i}", "content": f"line {i}\n" * 200},
+        ]
+    history += [
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "call_det", "content": output},
+    ]
     return history
 
 
@@ -95,11 +134,21 @@ def test_the_sympy_transcript_at_32k_fits_after_the_spill(tmp_path: Path) -> Non
 
 def test_an_output_that_cannot_fit_is_written_and_exits_1(tmp_path: Path) -> None:
     # Tool schemas are never spilled: 400 tools with long descriptions cannot fit a 32K window.
-    tools = [{"type": "function", "function": {
-        "name": f"tool_{i}", "description": f"Tool {i}: " + "checks one more value before acting. " * 12,
-        "parameters": {"type": "object", "properties": {"x": {"type": "string"}}}}} for i in range(400)]
-    history = {"messages": [{"role": "system", "content": "You are an agent."}, {"role": "user", "content": "go"}],
-               "tools": tools}
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": f"tool_{i}",
+                "description": f"Tool {i}: " + "checks one more value before acting. " * 12,
+                "parameters": {"type": "object", "properties": {"x": {"type": "string"}}},
+            },
+        }
+        for i in range(400)
+    ]
+    history = {
+        "messages": [{"role": "system", "content": "You are an agent."}, {"role": "user", "content": "go"}],
+        "tools": tools,
+    }
     rules = history["messages"][0]["content"]
     proc = run_cli(tmp_path, history)
     assert proc.returncode == 1

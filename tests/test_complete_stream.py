@@ -42,15 +42,33 @@ def close_litellms_stray_loop() -> Iterator[None]:
 
 def long_history(steps: int = 20) -> list[dict[str, Any]]:
     """A real-looking agent history of about 40K tokens: each step a tool call and its output."""
-    out: list[dict[str, Any]] = [{"role": "system", "content": "You fix bugs in a C compiler."},
-                                 {"role": "user", "content": "The parser crashes on nested match arms; fix it."}]
+    out: list[dict[str, Any]] = [
+        {"role": "system", "content": "You fix bugs in a C compiler."},
+        {"role": "user", "content": "The parser crashes on nested match arms; fix it."},
+    ]
     for i in range(steps):
-        out.append({"role": "assistant", "content": None, "tool_calls": [
-            {"id": f"call_{i}", "type": "function",
-             "function": {"name": "bash", "arguments": json.dumps({"cmd": f"grep -rn match src/{i}.c"})}}]})
-        out.append({"role": "tool", "tool_call_id": f"call_{i}",
-                    "content": "\n".join(f"src/{i}.c:{n}: case MATCH_ARM_{n}: bind(tuple_{n}, pattern);"
-                                         for n in range(180))})
+        out.append(
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": f"call_{i}",
+                        "type": "function",
+                        "function": {"name": "bash", "arguments": json.dumps({"cmd": f"grep -rn match src/{i}.c"})},
+                    }
+                ],
+            }
+        )
+        out.append(
+            {
+                "role": "tool",
+                "tool_call_id": f"call_{i}",
+                "content": "\n".join(
+                    f"src/{i}.c:{n}: case MATCH_ARM_{n}: bind(tuple_{n}, pattern);" for n in range(180)
+                ),
+            }
+        )
     out.append({"role": "user", "content": "Now apply the fix."})
     return out
 
@@ -84,8 +102,9 @@ def ledger_lines(session: Any) -> list[dict[str, Any]]:
 def test_a_stream_yields_the_chunks_and_records_the_final_usage_chunk(session: Any) -> None:
     with LLMServer() as server:
         server.script(reply(TEXT, chunk_chars=5))
-        stream = session.complete([{"role": "user", "content": "fix it"}], model=MODEL, stream=True,
-                                  api_base=server.base_url, api_key="k")
+        stream = session.complete(
+            [{"role": "user", "content": "fix it"}], model=MODEL, stream=True, api_base=server.base_url, api_key="k"
+        )
         chunks = list(stream)
         (request,) = server.requests
     assert content_of(chunks) == TEXT and stream.text == TEXT and not stream.recovered
@@ -99,8 +118,9 @@ def test_an_overflow_before_the_first_chunk_is_recovered(session: Any) -> None:
     history = long_history()
     with LLMServer() as server:
         server.script(context_length_error(limit=12000), reply(TEXT))
-        stream = session.complete(history, model=MODEL, stream=True, api_base=server.base_url, api_key="k",
-                                  num_retries=0)
+        stream = session.complete(
+            history, model=MODEL, stream=True, api_base=server.base_url, api_key="k", num_retries=0
+        )
         chunks = list(stream)
         first, second = server.requests
     assert content_of(chunks) == TEXT and stream.recovered
@@ -113,10 +133,20 @@ def test_an_overflow_before_the_first_chunk_is_recovered(session: Any) -> None:
 
 def test_an_error_after_the_first_chunk_is_raised_not_retried(session: Any) -> None:
     with LLMServer() as server:
-        server.script(stream_error("The fix", "This model's maximum context length is 100 tokens",
-                                   code="context_length_exceeded"), reply(TEXT))
-        stream = session.complete([{"role": "user", "content": "fix it"}], model=MODEL, stream=True,
-                                  api_base=server.base_url, api_key="k", num_retries=0)
+        server.script(
+            stream_error(
+                "The fix", "This model's maximum context length is 100 tokens", code="context_length_exceeded"
+            ),
+            reply(TEXT),
+        )
+        stream = session.complete(
+            [{"role": "user", "content": "fix it"}],
+            model=MODEL,
+            stream=True,
+            api_base=server.base_url,
+            api_key="k",
+            num_retries=0,
+        )
         seen: list[Any] = []
         with pytest.raises(CompletionFailed, match=r"model stream failed after \d+ chunk"):
             for chunk in stream:
@@ -130,16 +160,24 @@ def test_usage_is_counted_when_the_provider_sends_none(session: Any) -> None:
     with LLMServer() as server:
         server.script(reply(TEXT, usage=False), reply(TEXT, usage=False))
         # Asked for usage, the provider sends none: litellm counts it into a final usage chunk.
-        by_litellm = session.complete([{"role": "user", "content": "fix it"}], model=MODEL, stream=True,
-                                      api_base=server.base_url, api_key="k")
+        by_litellm = session.complete(
+            [{"role": "user", "content": "fix it"}], model=MODEL, stream=True, api_base=server.base_url, api_key="k"
+        )
         list(by_litellm)
         # Not asked (the caller's stream_options win): no usage chunk at all; ctxrules counts.
-        by_us = session.complete([{"role": "user", "content": "fix it"}], model=MODEL, stream=True,
-                                 api_base=server.base_url, api_key="k", stream_options={"include_usage": False})
+        by_us = session.complete(
+            [{"role": "user", "content": "fix it"}],
+            model=MODEL,
+            stream=True,
+            api_base=server.base_url,
+            api_key="k",
+            stream_options={"include_usage": False},
+        )
         list(by_us)
         sent = server.requests[1].body["messages"]
         assert "usage" not in json.dumps(server.requests[1].body.get("stream_options") or {}).replace(
-            '"include_usage": false', "")
+            '"include_usage": false', ""
+        )
     assert not by_litellm.usage_counted and by_litellm.record is not None
     assert by_litellm.record["tokens"]["completion"] > 0
     assert by_us.usage_counted and by_us.record is not None
@@ -151,8 +189,9 @@ def test_usage_is_counted_when_the_provider_sends_none(session: Any) -> None:
 def test_a_stream_closed_early_records_what_it_received(session: Any) -> None:
     with LLMServer() as server:
         server.script(reply(TEXT * 20, chunk_chars=4))
-        with session.complete([{"role": "user", "content": "fix it"}], model=MODEL, stream=True,
-                              api_base=server.base_url, api_key="k") as stream:
+        with session.complete(
+            [{"role": "user", "content": "fix it"}], model=MODEL, stream=True, api_base=server.base_url, api_key="k"
+        ) as stream:
             for n, _ in enumerate(stream):
                 if n == 3:
                     break
@@ -166,8 +205,7 @@ def test_acomplete_recovers_an_overflow_and_records_usage(session: Any) -> None:
     async def main() -> Any:
         with LLMServer() as server:
             server.script(context_length_error(limit=12000), reply(TEXT))
-            result = await session.acomplete(history, model=MODEL, api_base=server.base_url, api_key="k",
-                                             num_retries=0)
+            result = await session.acomplete(history, model=MODEL, api_base=server.base_url, api_key="k", num_retries=0)
             return result, server.requests
 
     result, requests = run(main())
@@ -181,14 +219,23 @@ def test_acomplete_streams_with_the_same_recovery_and_usage(session: Any) -> Non
 
     async def main() -> tuple[Any, list[Any], list[Any]]:
         with LLMServer() as server:
-            server.script(context_length_error(limit=12000), reply(TEXT, chunk_chars=6),
-                          stream_error("partial", "maximum context length is 10 tokens",
-                                       code="context_length_exceeded"))
-            stream = await session.acomplete(history, model=MODEL, stream=True, api_base=server.base_url,
-                                             api_key="k", num_retries=0)
+            server.script(
+                context_length_error(limit=12000),
+                reply(TEXT, chunk_chars=6),
+                stream_error("partial", "maximum context length is 10 tokens", code="context_length_exceeded"),
+            )
+            stream = await session.acomplete(
+                history, model=MODEL, stream=True, api_base=server.base_url, api_key="k", num_retries=0
+            )
             chunks = [c async for c in stream]
-            broken = await session.acomplete([{"role": "user", "content": "again"}], model=MODEL, stream=True,
-                                             api_base=server.base_url, api_key="k", num_retries=0)
+            broken = await session.acomplete(
+                [{"role": "user", "content": "again"}],
+                model=MODEL,
+                stream=True,
+                api_base=server.base_url,
+                api_key="k",
+                num_retries=0,
+            )
             with pytest.raises(CompletionFailed, match="model stream failed after"):
                 async for _ in broken:
                     pass

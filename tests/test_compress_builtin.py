@@ -67,8 +67,7 @@ def test_every_builtin_rule_keeps_key_lines_a_head_and_tail_would_cut(rule_id: s
             if start >= half and start + len(needle) <= len(text) - half and needle in result.text:
                 kept_from_the_middle.append(needle)
     assert kept_from_the_middle, (
-        f"no test of '{rule_id}' shows a key line that a plain head + tail of the same size "
-        "would have cut"
+        f"no test of '{rule_id}' shows a key line that a plain head + tail of the same size would have cut"
     )
 
 
@@ -114,9 +113,7 @@ def _rtk_files() -> list[Path]:
 
 
 def _rtk_command(name: str) -> str:
-    return next(
-        (cmd for pattern, cmd in _RTK_COMMANDS if re.search(pattern, name)), "cat output.txt"
-    )
+    return next((cmd for pattern, cmd in _RTK_COMMANDS if re.search(pattern, name)), "cat output.txt")
 
 
 @pytest.mark.corpus

@@ -40,8 +40,9 @@ def write_pack(tmp_path: Path, body: str) -> Path:
     return path
 
 
-def results_of(path: Path, *, require_tests: bool = False,
-               search_path: tuple[Path, ...] = ()) -> dict[str, tuple[bool, str]]:
+def results_of(
+    path: Path, *, require_tests: bool = False, search_path: tuple[Path, ...] = ()
+) -> dict[str, tuple[bool, str]]:
     pack = PackLoader(search_path).resolve(str(path))
     return {
         f"{r.compressor}::{r.id}": (r.passed, r.message)

@@ -24,7 +24,11 @@ SCRIPT = "seq 1 3000; echo partial-output; echo $$ > READY.tmp; mv READY.tmp REA
 def start(tmp_path: Path, script: str = SCRIPT) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
         [sys.executable, "-m", "ctxrules.cli.main", "compress", "--", "sh", "-c", script],
-        cwd=tmp_path, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        cwd=tmp_path,
+        env=ENV,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
 
 
 def wait_ready(tmp_path: Path, proc: subprocess.Popen[bytes]) -> int:
@@ -46,10 +50,8 @@ def group_gone(pgid: int, within: float = 10.0) -> bool:
     return False
 
 
-@pytest.mark.parametrize(("signum", "status"), [
-    (signal.SIGINT, 130), (signal.SIGTERM, 143), (signal.SIGHUP, 129)])
-def test_a_signal_is_forwarded_and_the_partial_output_kept(
-        tmp_path: Path, signum: int, status: int) -> None:
+@pytest.mark.parametrize(("signum", "status"), [(signal.SIGINT, 130), (signal.SIGTERM, 143), (signal.SIGHUP, 129)])
+def test_a_signal_is_forwarded_and_the_partial_output_kept(tmp_path: Path, signum: int, status: int) -> None:
     proc = start(tmp_path)
     pgid = wait_ready(tmp_path, proc)
     assert pgid != os.getpgrp()  # the command runs in a group of its own
@@ -62,8 +64,13 @@ def test_a_signal_is_forwarded_and_the_partial_output_kept(
     assert "partial-output" in text and "3000" in text and "[ctxrules:elided" in text
     vault_id = re.search(r"vault://([0-9a-f]{64})", text)
     assert vault_id is not None, text
-    full = subprocess.run([sys.executable, "-m", "ctxrules.cli.main", "vault", "get", vault_id.group(1)],
-                          cwd=tmp_path, env=ENV, capture_output=True, timeout=60)
+    full = subprocess.run(
+        [sys.executable, "-m", "ctxrules.cli.main", "vault", "get", vault_id.group(1)],
+        cwd=tmp_path,
+        env=ENV,
+        capture_output=True,
+        timeout=60,
+    )
     assert full.returncode == 0, full.stderr
     assert full.stdout == "".join(f"{i}\n" for i in range(1, 3001)).encode() + b"partial-output\n"
     assert group_gone(pgid), "a process of the command outlived ctxrules"
@@ -98,8 +105,7 @@ def test_ctrl_c_typed_at_a_terminal_reaches_the_command(tmp_path: Path) -> None:
     if pid == 0:  # the child: ctxrules with the pty as its controlling terminal
         os.chdir(tmp_path)
         os.environ.update(ENV)
-        os.execv(sys.executable, [sys.executable, "-m", "ctxrules.cli.main", "compress", "--", "sh", "-c",
-                                  SCRIPT])
+        os.execv(sys.executable, [sys.executable, "-m", "ctxrules.cli.main", "compress", "--", "sh", "-c", SCRIPT])
     buf = b""
     try:
         deadline = time.monotonic() + 60

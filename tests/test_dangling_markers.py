@@ -19,8 +19,13 @@ ENV = {**os.environ, "PYTHONPATH": str(ROOT / "engine")}
 BIG = "\n".join(f"line {i}: compiling module_{i % 97}.c with the usual flags" for i in range(20_000))
 HISTORY: list[dict[str, Any]] = [
     {"role": "user", "content": "Build it."},
-    {"role": "assistant", "content": "", "tool_calls": [
-        {"id": "c1", "type": "function", "function": {"name": "Bash", "arguments": '{"command": "make"}'}}]},
+    {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "Bash", "arguments": '{"command": "make"}'}}
+        ],
+    },
     {"role": "tool", "tool_call_id": "c1", "content": BIG},
     {"role": "assistant", "content": "Built."},
 ]
@@ -28,13 +33,30 @@ GROWN = [*HISTORY, {"role": "user", "content": "Thanks."}]
 
 
 def cli(tmp_path: Path, *argv: str, stdin: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
-    return subprocess.run([sys.executable, "-m", "ctxrules.cli.main", *argv], cwd=tmp_path, env=ENV,
-                          input=stdin, capture_output=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "ctxrules.cli.main", *argv],
+        cwd=tmp_path,
+        env=ENV,
+        input=stdin,
+        capture_output=True,
+        timeout=300,
+    )
 
 
 def run(tmp_path: Path, messages: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    proc = cli(tmp_path, "run", "--pack", "builtin:default", "--model", "gpt-4o", "--state", "state",
-               "--report", "report.json", stdin=json.dumps(messages).encode())
+    proc = cli(
+        tmp_path,
+        "run",
+        "--pack",
+        "builtin:default",
+        "--model",
+        "gpt-4o",
+        "--state",
+        "state",
+        "--report",
+        "report.json",
+        stdin=json.dumps(messages).encode(),
+    )
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout), json.loads((tmp_path / "report.json").read_text())
 
@@ -77,8 +99,13 @@ def test_a_marker_from_the_history_whose_item_is_gone_becomes_a_lost_marker(tmp_
     marker = f"[ctxrules:elided kind=lines count=40 ref=vault://{gone}]"
     history = [
         {"role": "user", "content": "What did the test print?"},
-        {"role": "assistant", "content": "", "tool_calls": [
-            {"id": "c1", "type": "function", "function": {"name": "Bash", "arguments": '{"command": "pytest"}'}}]},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "Bash", "arguments": '{"command": "pytest"}'}}
+            ],
+        },
         {"role": "tool", "tool_call_id": "c1", "content": f"FAILED test_x\n{marker}\n1 failed"},
     ]
     out, report = run(tmp_path, history)

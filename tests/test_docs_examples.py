@@ -22,8 +22,7 @@ import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
-DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")),
-        *sorted((REPO / "docs" / "reference").glob("*.md"))]
+DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), *sorted((REPO / "docs" / "reference").glob("*.md"))]
 HEADER = "apiVersion: ctxrules/v1\nkind: RulePack\nmetadata: {name: docs-example, version: 1.0.0}\n"
 _BLOCK = re.compile(r"^```ya?ml\n(.*?)^```", re.M | re.S)
 
@@ -70,7 +69,8 @@ def test_the_docs_hold_the_examples_this_test_runs() -> None:
 
 @pytest.mark.parametrize(("where", "body"), EXAMPLES, ids=[w for w, _ in EXAMPLES])
 def test_docs_example_validates_and_its_tests_pass(  # type: ignore[no-untyped-def]
-        cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str, body: str) -> None:
+    cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str, body: str
+) -> None:
     shutil.copytree(REPO / "rules" / "examples", tmp_path / "examples")
     shutil.copytree(REPO / "rules" / "compressors" / "fixtures", tmp_path / "fixtures")
     shutil.copytree(REPO / "rules" / "prompts", tmp_path / "prompts")

@@ -41,10 +41,16 @@ def transcript(seed: str) -> list[Msg]:
         {"role": "system", "content": "You are a careful coding agent."},
         {"role": "user", "content": f"Fix the parser in src/{seed}.py. " + words(seed, 900)},
         {"role": "assistant", "content": None, "tool_calls": [call("a1", "Bash", command="pytest -q")]},
-        {"role": "tool", "tool_call_id": "a1", "content": "FAILED test_x.py::test_p - boom\n"
-                                                        "1 failed, 3 passed in 0.2s\nExit code 1"},
-        {"role": "assistant", "content": None,
-         "tool_calls": [call("a2", "Edit", file_path=f"src/{seed}.py", old_string="a", new_string="b")]},
+        {
+            "role": "tool",
+            "tool_call_id": "a1",
+            "content": "FAILED test_x.py::test_p - boom\n1 failed, 3 passed in 0.2s\nExit code 1",
+        },
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [call("a2", "Edit", file_path=f"src/{seed}.py", old_string="a", new_string="b")],
+        },
         {"role": "tool", "tool_call_id": "a2", "content": "edited " + words("edit", 300)},
         {"role": "user", "content": "Now run the tests again."},
         {"role": "assistant", "content": "Done: 4 passed."},
@@ -111,8 +117,19 @@ def test_cost_and_cached_share_match_a_hand_computation(tmp_path: Path) -> None:
         path.write_text(json.dumps(transcript(seed)))
         inputs.append(path)
     out = tmp_path / "eval.json"
-    code = run_cli("eval", "--baseline", "none", "--model", "gpt-4o", "--window", "128000",
-                   "--json", str(out), "--quiet", *map(str, inputs))
+    code = run_cli(
+        "eval",
+        "--baseline",
+        "none",
+        "--model",
+        "gpt-4o",
+        "--window",
+        "128000",
+        "--json",
+        str(out),
+        "--quiet",
+        *map(str, inputs),
+    )
     assert code == 0
     data = json.loads(out.read_text())
     calls = [c for c in data["calls"] if c["plan"] == "none"]
@@ -147,16 +164,31 @@ def test_a_pack_that_changes_nothing_costs_what_the_raw_history_costs(tmp_path: 
     path = tmp_path / "t.json"
     path.write_text(json.dumps(transcript("gamma")))
     out = tmp_path / "eval.json"
-    assert run_cli("eval", "--pack", "builtin:default", "--baseline", "none", "--model", "gpt-4o",
-                   "--window", "128000", "--json", str(out), "--quiet", str(path)) == 0
+    assert (
+        run_cli(
+            "eval",
+            "--pack",
+            "builtin:default",
+            "--baseline",
+            "none",
+            "--model",
+            "gpt-4o",
+            "--window",
+            "128000",
+            "--json",
+            str(out),
+            "--quiet",
+            str(path),
+        )
+        == 0
+    )
     totals = {t["plan"]: t for t in json.loads(out.read_text())["totals"]}
     pack, raw = totals["builtin:default"], totals["none"]
     assert pack["tokens_sent"] == raw["tokens_sent"] and pack["usd"] == pytest.approx(raw["usd"])
     assert pack["compactions"] == 0 and pack["invariant_violations"] == 0
 
 
-def test_a_window_the_raw_history_does_not_fit_counts_overflows_and_loses_the_probes(
-        tmp_path: Path) -> None:
+def test_a_window_the_raw_history_does_not_fit_counts_overflows_and_loses_the_probes(tmp_path: Path) -> None:
     msgs = transcript("delta")
     path = tmp_path / "t.json"
     path.write_text(json.dumps(msgs))
@@ -164,15 +196,30 @@ def test_a_window_the_raw_history_does_not_fit_counts_overflows_and_loses_the_pr
     # The usable window (8192 reserved for the reply) holds the first call, not the others.
     window = 8192 + sum(counts[:2]) + 10
     out = tmp_path / "eval.json"
-    assert run_cli("eval", "--pack", "builtin:default", "--baseline", "none", "--model", "gpt-4o",
-                   "--window", str(window), "--json", str(out), "--quiet", str(path)) == 0
+    assert (
+        run_cli(
+            "eval",
+            "--pack",
+            "builtin:default",
+            "--baseline",
+            "none",
+            "--model",
+            "gpt-4o",
+            "--window",
+            str(window),
+            "--json",
+            str(out),
+            "--quiet",
+            str(path),
+        )
+        == 0
+    )
     data = json.loads(out.read_text())
     totals = {t["plan"]: t for t in data["totals"]}
     assert totals["none"]["overflows"] == 2 and totals["none"]["tokens_sent"] == sum(counts[:2])
     raw_calls = [c for c in data["calls"] if c["plan"] == "none" and not c["fits"]]
     assert len(raw_calls) == 2
-    assert all(c["usd"] == 0 and all(v["kept"] == 0 for v in c["retention"].values())
-               for c in raw_calls)
+    assert all(c["usd"] == 0 and all(v["kept"] == 0 for v in c["retention"].values()) for c in raw_calls)
 
 
 # --- probes and invariants ---------------------------------------------------------------------
@@ -192,10 +239,18 @@ def test_probes_come_from_the_original_transcript_and_markers_recover_them() -> 
     assert ("test_status", "1 failed, 3 passed in 0.2s") in probes
     # A context that lost the failing result but holds a marker whose vault item has it.
     vid = "ab" * 32
-    context = context_text([*msgs[:3], {"role": "tool", "tool_call_id": "a1", "content":
-                            f"[ctxrules:elided kind=lines count=3 ref=vault://{vid}]"}, *msgs[4:7]])
-    found = check_probes(extractor.probes(7), context,
-                         lambda v: msgs[3]["content"] if v == vid else None)
+    context = context_text(
+        [
+            *msgs[:3],
+            {
+                "role": "tool",
+                "tool_call_id": "a1",
+                "content": f"[ctxrules:elided kind=lines count=3 ref=vault://{vid}]",
+            },
+            *msgs[4:7],
+        ]
+    )
+    found = check_probes(extractor.probes(7), context, lambda v: msgs[3]["content"] if v == vid else None)
     assert found.recoverable["errors"] == 1 and found.recoverable["test_status"] == 1
     assert found.lost["errors"] == 0 and found.kept["anchor"] == 1
 
@@ -207,22 +262,40 @@ def test_the_invariant_checks_find_broken_pairing_and_lost_pins() -> None:
     assert any("answers no call" in p for p in pairing_problems(orphan))
     twice = [*msgs[:4], dict(msgs[3]), *msgs[4:]]
     assert any("answered 2 times" in p for p in pairing_problems(twice))
-    reused = [*msgs[:4], {**msgs[4], "tool_calls": [call("a1", "Bash", command="ls")]},
-              {"role": "tool", "tool_call_id": "a1", "content": "x"}]
+    reused = [
+        *msgs[:4],
+        {**msgs[4], "tool_calls": [call("a1", "Bash", command="ls")]},
+        {"role": "tool", "tool_call_id": "a1", "content": "x"},
+    ]
     assert any("used before" in p for p in pairing_problems(reused))
     assert pin_problems(msgs, [msgs[0], *msgs[2:]]) == ["the human anchor is not in the output unchanged"]
 
 
-def test_an_invariant_broken_on_a_call_of_a_pack_exits_1(tmp_path: Path,
-                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_invariant_broken_on_a_call_of_a_pack_exits_1(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import ctxrules.eval.replay as replay
 
     path = tmp_path / "t.json"
     path.write_text(json.dumps(transcript("eta")))
     monkeypatch.setattr(replay, "pairing_problems", lambda out: ["message 3: broken on purpose"])
     out = tmp_path / "e.json"
-    assert run_cli("eval", "--pack", "builtin:default", "--baseline", "none", "--model", "gpt-4o",
-                   "--window", "128000", "--quiet", "--json", str(out), str(path)) == 1
+    assert (
+        run_cli(
+            "eval",
+            "--pack",
+            "builtin:default",
+            "--baseline",
+            "none",
+            "--model",
+            "gpt-4o",
+            "--window",
+            "128000",
+            "--quiet",
+            "--json",
+            str(out),
+            str(path),
+        )
+        == 1
+    )
     totals = {t["plan"]: t for t in json.loads(out.read_text())["totals"]}
     assert totals["builtin:default"]["invariant_violations"] == 3  # one per call
     assert totals["none"]["invariant_violations"] == 0  # baselines are measured, not judged
@@ -256,9 +329,24 @@ def test_the_progress_bar_shows_on_a_terminal_and_quiet_turns_it_off(tmp_path: P
     def stderr_on_a_pty(*extra: str) -> tuple[str, str]:
         master, slave = pty.openpty()
         proc = subprocess.Popen(
-            [sys.executable, "-m", "ctxrules.cli.main", "eval", "--baseline", "none", "--model",
-             "gpt-4o", "--window", "128000", *extra, str(path)],
-            stdout=subprocess.PIPE, stderr=slave, env=_cli_env())
+            [
+                sys.executable,
+                "-m",
+                "ctxrules.cli.main",
+                "eval",
+                "--baseline",
+                "none",
+                "--model",
+                "gpt-4o",
+                "--window",
+                "128000",
+                *extra,
+                str(path),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=slave,
+            env=_cli_env(),
+        )
         os.close(slave)
         chunks = []
         while True:
@@ -287,8 +375,24 @@ def test_html_is_self_contained_and_renders_in_headless_chromium(tmp_path: Path)
         path.write_text(json.dumps(transcript(seed)))
         inputs.append(str(path))
     page = tmp_path / "eval.html"
-    assert run_cli("eval", "--pack", "builtin:default", "--baseline", "none", "--model", "gpt-4o",
-                   "--window", "128000", "--quiet", "--html", str(page), *inputs) == 0
+    assert (
+        run_cli(
+            "eval",
+            "--pack",
+            "builtin:default",
+            "--baseline",
+            "none",
+            "--model",
+            "gpt-4o",
+            "--window",
+            "128000",
+            "--quiet",
+            "--html",
+            str(page),
+            *inputs,
+        )
+        == 0
+    )
     text = page.read_text()
     assert text.count("<svg") == 3 and "<script" not in text
     for needle in ("http://", "https://", "src=", "@import", "url("):
@@ -298,18 +402,34 @@ def test_html_is_self_contained_and_renders_in_headless_chromium(tmp_path: Path)
             pytest.fail("CTXRULES_REQUIRE_CHROMIUM is set but chromium is missing")
         pytest.skip("Debian's chromium is not installed (CI installs it)")
     shot = tmp_path / "shot.png"
-    proc = subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
-                           "--no-first-run", "--disable-background-networking",
-                           "--disable-component-update", "--disable-sync",
-                           f"--user-data-dir={tmp_path / 'profile'}", "--enable-logging=stderr",
-                           "--v=0", "--window-size=1200,1400", f"--screenshot={shot}", page.as_uri()],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [
+            CHROMIUM,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-quic",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            f"--user-data-dir={tmp_path / 'profile'}",
+            "--enable-logging=stderr",
+            "--v=0",
+            "--window-size=1200,1400",
+            f"--screenshot={shot}",
+            page.as_uri(),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert not [ln for ln in proc.stderr.splitlines() if "Uncaught" in ln or "net::ERR" in ln]
     from test_report_html import decode_png
 
     _, _, bpp, rows = decode_png(shot.read_bytes())
-    pixels = {row[i:i + 3] for row in rows[::5] for i in range(0, len(row), bpp * 5)}
+    pixels = {row[i : i + 3] for row in rows[::5] for i in range(0, len(row), bpp * 5)}
     # The first two series colours of the charts are drawn.
     assert bytes.fromhex("2563eb") in pixels and bytes.fromhex("dc2626") in pixels
 
@@ -321,9 +441,26 @@ def test_two_real_transcripts_in_parallel_give_the_same_figures_as_one_process(t
     outs = []
     for jobs in ("1", "2"):
         out = tmp_path / f"e{jobs}.json"
-        assert run_cli("eval", "--pack", "builtin:default", "--baseline", "none", "--model",
-                       "gpt-4o", "--window", "32000", "--jobs", jobs, "--quiet", "--json", str(out),
-                       *inputs) == 0
+        assert (
+            run_cli(
+                "eval",
+                "--pack",
+                "builtin:default",
+                "--baseline",
+                "none",
+                "--model",
+                "gpt-4o",
+                "--window",
+                "32000",
+                "--jobs",
+                jobs,
+                "--quiet",
+                "--json",
+                str(out),
+                *inputs,
+            )
+            == 0
+        )
         data = json.loads(out.read_text())
         outs.append([{k: v for k, v in c.items() if k != "ms"} for c in data["calls"]])
     assert outs[0] == outs[1]
@@ -336,22 +473,42 @@ def test_the_judge_answers_from_the_prepared_context_and_is_graded(tmp_path: Pat
     msgs = transcript("lambda")
     path = tmp_path / "lambda.json"
     path.write_text(json.dumps(msgs))
-    answers = {"anchor": msgs[1]["content"], "latest_ask": "run the tests again",
-               "edited_files": "src/lambda.py", "errors": "no errors that I can see",
-               "commands": "pytest -q", "test_status": "1 failed, 3 passed"}
+    answers = {
+        "anchor": msgs[1]["content"],
+        "latest_ask": "run the tests again",
+        "edited_files": "src/lambda.py",
+        "errors": "no errors that I can see",
+        "commands": "pytest -q",
+        "test_status": "1 failed, 3 passed",
+    }
     out = tmp_path / "e.json"
     with LLMServer() as server:
         server.script(reply("Here you go: " + json.dumps(answers)))
-        code = run_cli("eval", "--baseline", "none", "--model", "gpt-4o", "--window", "128000",
-                       "--judge", "openai/test-model", "--judge-api-base", server.base_url,
-                       "--quiet", "--json", str(out), str(path))
+        code = run_cli(
+            "eval",
+            "--baseline",
+            "none",
+            "--model",
+            "gpt-4o",
+            "--window",
+            "128000",
+            "--judge",
+            "openai/test-model",
+            "--judge-api-base",
+            server.base_url,
+            "--quiet",
+            "--json",
+            str(out),
+            str(path),
+        )
         requests = server.requests
     assert code == 0
     (request,) = requests[:1]
     sent = request.body["messages"]
     # The prepared context of the last call (litellm leaves out an assistant's null content).
     assert [(m["role"], m.get("content")) for m in sent[: len(msgs) - 1]] == [
-        (m["role"], m.get("content")) for m in msgs[:-1]]
+        (m["role"], m.get("content")) for m in msgs[:-1]
+    ]
     assert "test_status" in sent[-1]["content"]
     (total,) = json.loads(out.read_text())["totals"]
     judge = total["judge"]
@@ -368,8 +525,24 @@ def test_the_trim_baseline_goes_through_litellms_trim_messages(tmp_path: Path) -
     counts = TokenCounter.for_model(lookup_model("gpt-4o")).count_each(msgs)
     window = 8192 + sum(counts[:2]) + 50
     out = tmp_path / "e.json"
-    assert run_cli("eval", "--baseline", "none", "--baseline", "trim", "--model", "gpt-4o",
-                   "--window", str(window), "--quiet", "--json", str(out), str(path)) == 0
+    assert (
+        run_cli(
+            "eval",
+            "--baseline",
+            "none",
+            "--baseline",
+            "trim",
+            "--model",
+            "gpt-4o",
+            "--window",
+            str(window),
+            "--quiet",
+            "--json",
+            str(out),
+            str(path),
+        )
+        == 0
+    )
     totals = {t["plan"]: t for t in json.loads(out.read_text())["totals"]}
     assert totals["none"]["overflows"] == 1  # the last call: the edit's long result
     # trim_messages keeps every request within the usable window.

@@ -24,10 +24,25 @@ def test_a_clone_without_the_corpus_collects_every_test(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "CTXRULES_CORPUS")}
     env["PYTHONPATH"] = str(clone / "engine")
     env["CTXRULES_CORPUS"] = str(tmp_path / "no-corpus-here")
-    proc = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:randomly",
-                           # nothing runs, so syrupy finds every snapshot unused: a warning here
-                           "--snapshot-warn-unused"],
-                          cwd=clone, env=env, capture_output=True, text=True, check=False, timeout=900)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "--collect-only",
+            "-q",
+            "-p",
+            "no:randomly",
+            # nothing runs, so syrupy finds every snapshot unused: a warning here
+            "--snapshot-warn-unused",
+        ],
+        cwd=clone,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=900,
+    )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
     # e.g. "1659 tests collected in 12.69s", or "..., 1 error in ..." when a module breaks

@@ -42,8 +42,10 @@ class Hang(Exception):
 @contextlib.contextmanager
 def watchdog(seconds: float) -> Iterator[None]:
     """Fail the example (instead of hanging the suite) when the body runs too long."""
+
     def fire(signum: int, frame: Any) -> None:
         raise Hang(f"no result after {seconds} s")
+
     old = signal.signal(signal.SIGALRM, fire)
     signal.setitimer(signal.ITIMER_REAL, seconds)
     try:
@@ -64,10 +66,18 @@ surrogates = st.characters(categories=["Cs"])
 chars = st.one_of(st.characters(), surrogates)
 texts = st.text(chars, max_size=30)
 leaves = st.one_of(
-    st.none(), st.booleans(), st.integers(-(10**20), 10**20), st.builds(pow, st.just(10), st.just(5000)),
-    st.floats(allow_nan=True, allow_infinity=True), texts)
-junk = st.recursive(leaves, lambda inner: st.one_of(
-    st.lists(inner, max_size=4), st.dictionaries(texts, inner, max_size=4)), max_leaves=15)
+    st.none(),
+    st.booleans(),
+    st.integers(-(10**20), 10**20),
+    st.builds(pow, st.just(10), st.just(5000)),
+    st.floats(allow_nan=True, allow_infinity=True),
+    texts,
+)
+junk = st.recursive(
+    leaves,
+    lambda inner: st.one_of(st.lists(inner, max_size=4), st.dictionaries(texts, inner, max_size=4)),
+    max_leaves=15,
+)
 deep = st.builds(nest, st.integers(0, 1500), leaves)
 anything = st.one_of(junk, junk, deep)
 ids = st.one_of(st.sampled_from(["c1", "c2", "c3", ""]), anything)
@@ -80,10 +90,17 @@ def calls(draw: Any) -> Any:
         call["id"] = draw(ids)
     if draw(st.integers(0, 4)):
         call["type"] = "function"
-    function = draw(st.one_of(
-        st.fixed_dictionaries({"name": st.one_of(st.sampled_from(["Bash", "Read", "Edit"]), anything),
-                               "arguments": st.one_of(st.just('{"command": "ls"}'), texts, anything)}),
-        anything))
+    function = draw(
+        st.one_of(
+            st.fixed_dictionaries(
+                {
+                    "name": st.one_of(st.sampled_from(["Bash", "Read", "Edit"]), anything),
+                    "arguments": st.one_of(st.just('{"command": "ls"}'), texts, anything),
+                }
+            ),
+            anything,
+        )
+    )
     if draw(st.integers(0, 5)):
         call["function"] = function
     return call if draw(st.integers(0, 6)) else draw(anything)
@@ -93,14 +110,21 @@ def calls(draw: Any) -> Any:
 def messages(draw: Any) -> Any:
     msg: dict[str, Any] = {}
     if draw(st.integers(0, 8)):
-        msg["role"] = draw(st.one_of(
-            st.sampled_from(["user", "assistant", "tool", "system", "developer"]),
-            st.sampled_from(["", "bogus", "USER"]), anything))
-    content = draw(st.one_of(
-        texts, st.none(),
-        st.lists(st.one_of(st.fixed_dictionaries({"type": st.just("text"), "text": texts}), anything),
-                 max_size=3),
-        anything))
+        msg["role"] = draw(
+            st.one_of(
+                st.sampled_from(["user", "assistant", "tool", "system", "developer"]),
+                st.sampled_from(["", "bogus", "USER"]),
+                anything,
+            )
+        )
+    content = draw(
+        st.one_of(
+            texts,
+            st.none(),
+            st.lists(st.one_of(st.fixed_dictionaries({"type": st.just("text"), "text": texts}), anything), max_size=3),
+            anything,
+        )
+    )
     if draw(st.integers(0, 6)):
         msg["content"] = content
     if draw(st.integers(0, 2)) == 0:
@@ -112,10 +136,14 @@ def messages(draw: Any) -> Any:
     return msg if draw(st.integers(0, 10)) else draw(anything)
 
 
-safe_leaves = st.one_of(st.none(), st.booleans(), st.integers(-(10**20), 10**20),
-                        st.floats(allow_nan=False, allow_infinity=False), texts)
-safe_junk = st.recursive(safe_leaves, lambda inner: st.one_of(
-    st.lists(inner, max_size=3), st.dictionaries(texts, inner, max_size=3)), max_leaves=8)
+safe_leaves = st.one_of(
+    st.none(), st.booleans(), st.integers(-(10**20), 10**20), st.floats(allow_nan=False, allow_infinity=False), texts
+)
+safe_junk = st.recursive(
+    safe_leaves,
+    lambda inner: st.one_of(st.lists(inner, max_size=3), st.dictionaries(texts, inner, max_size=3)),
+    max_leaves=8,
+)
 
 
 @st.composite
@@ -128,18 +156,25 @@ def plausible(draw: Any) -> dict[str, Any]:
         msg["content"] = draw(st.one_of(st.none(), texts))
         n = draw(st.integers(1, 3))
         msg["tool_calls"] = [
-            {**({"id": draw(st.sampled_from(["c1", "c2", "c3", "c1"]))} if draw(st.integers(0, 5)) else {}),
-             "type": "function",
-             "function": {"name": draw(st.sampled_from(["Bash", "Read", "Edit", "mcp__x__y"])),
-                          "arguments": draw(st.one_of(st.just('{"command": "ls"}'), texts))}}
-            for _ in range(n)]
+            {
+                **({"id": draw(st.sampled_from(["c1", "c2", "c3", "c1"]))} if draw(st.integers(0, 5)) else {}),
+                "type": "function",
+                "function": {
+                    "name": draw(st.sampled_from(["Bash", "Read", "Edit", "mcp__x__y"])),
+                    "arguments": draw(st.one_of(st.just('{"command": "ls"}'), texts)),
+                },
+            }
+            for _ in range(n)
+        ]
     elif role == "tool":
         msg["tool_call_id"] = draw(st.sampled_from(["c1", "c2", "c3", "ghost"]))
         msg["content"] = draw(st.one_of(texts, st.text(max_size=3000)))
     else:
-        msg["content"] = draw(st.one_of(
-            texts, st.lists(st.fixed_dictionaries({"type": st.just("text"), "text": texts}),
-                            min_size=1, max_size=2)))
+        msg["content"] = draw(
+            st.one_of(
+                texts, st.lists(st.fixed_dictionaries({"type": st.just("text"), "text": texts}), min_size=1, max_size=2)
+            )
+        )
     if draw(st.integers(0, 3)) == 0:
         msg[draw(texts)] = draw(safe_junk)
     return msg
@@ -147,8 +182,7 @@ def plausible(draw: Any) -> dict[str, Any]:
 
 # Half the histories hold only well-shaped messages (they reach the pipeline); the others mix
 # in anything at all (they mostly stop at validation, which must say why in one line).
-histories = st.one_of(st.lists(plausible(), max_size=10),
-                      st.lists(st.one_of(plausible(), messages()), max_size=10))
+histories = st.one_of(st.lists(plausible(), max_size=10), st.lists(st.one_of(plausible(), messages()), max_size=10))
 
 
 def check_output(out: list[dict[str, Any]]) -> None:
@@ -162,12 +196,20 @@ def engine() -> Engine:
     return Engine.load("builtin:default")
 
 
-@settings(max_examples=EXAMPLES, deadline=None,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture,
-                                 HealthCheck.data_too_large, HealthCheck.filter_too_much])
+@settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    suppress_health_check=[
+        HealthCheck.too_slow,
+        HealthCheck.function_scoped_fixture,
+        HealthCheck.data_too_large,
+        HealthCheck.filter_too_much,
+    ],
+)
 @given(history=histories, window=st.sampled_from([12000, 16000, 128000]))
-def test_prepare_never_crashes_or_hangs(engine: Engine, tmp_path_factory: pytest.TempPathFactory,
-                                        history: list[Any], window: int) -> None:
+def test_prepare_never_crashes_or_hangs(
+    engine: Engine, tmp_path_factory: pytest.TempPathFactory, history: list[Any], window: int
+) -> None:
     session = engine.session(tmp_path_factory.mktemp("s"), model="gpt-4o", window=window)
     # marshal (version 2: no back-references, which depend on refcounts), not ==: NaN is
     # unequal to itself, and repr refuses a 5,000-digit integer.
@@ -230,17 +272,36 @@ class _Raw:
         self.text = text
 
 
-@settings(max_examples=max(8, EXAMPLES // 4), deadline=None,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture,
-                                 HealthCheck.data_too_large])
+@settings(
+    max_examples=max(8, EXAMPLES // 4),
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture, HealthCheck.data_too_large],
+)
 @given(history=st.one_of(histories, anything, st.fixed_dictionaries({"messages": histories})))
 def test_ctxrules_run_never_prints_a_traceback(tmp_path_factory: pytest.TempPathFactory, history: Any) -> None:
     tmp = tmp_path_factory.mktemp("cli")
     (tmp / "in.json").write_bytes(_raw_json(history))
     proc = subprocess.run(
-        [sys.executable, "-m", "ctxrules.cli.main", "run", "--pack", "builtin:default", "--model", "gpt-4o",
-         "--window", "12000", "--input", str(tmp / "in.json"), "--state", str(tmp / "state")],
-        env={**os.environ, "PYTHONPATH": str(ROOT / "engine")}, capture_output=True, timeout=WATCHDOG_S * 2)
+        [
+            sys.executable,
+            "-m",
+            "ctxrules.cli.main",
+            "run",
+            "--pack",
+            "builtin:default",
+            "--model",
+            "gpt-4o",
+            "--window",
+            "12000",
+            "--input",
+            str(tmp / "in.json"),
+            "--state",
+            str(tmp / "state"),
+        ],
+        env={**os.environ, "PYTHONPATH": str(ROOT / "engine")},
+        capture_output=True,
+        timeout=WATCHDOG_S * 2,
+    )
     err = proc.stderr.decode("utf-8", "replace")
     assert proc.returncode in (0, 2), err
     assert "Traceback" not in err and "internal error" not in err, err

@@ -53,8 +53,7 @@ def watchdog(seconds: int = WATCHDOG_S) -> Iterator[None]:
 # -- the hostile grammar ----------------------------------------------------------------------
 
 _ATOMS = st.sampled_from(["a", "b", ".", r"\d", r"\w", r"\s", "[ab]", "[^b]", r"\b", "x", "(a|aa)", "(a|a)"])
-_QUANTIFIERS = st.sampled_from(["", "+", "*", "?", "{2,}", "{0,9999}", "{1000}", "{99999}", "+?", "*+",
-                                "{4294967294}"])
+_QUANTIFIERS = st.sampled_from(["", "+", "*", "?", "{2,}", "{0,9999}", "{1000}", "{99999}", "+?", "*+", "{4294967294}"])
 
 
 def _regex() -> st.SearchStrategy[str]:
@@ -70,8 +69,11 @@ def _regex() -> st.SearchStrategy[str]:
             st.builds(lambda a: f"({a})\\1", inner),
         )
 
-    return st.builds(lambda body, tail: body + tail, st.recursive(leaf, grow, max_leaves=8),
-                     st.sampled_from(["", "$", r"\Z", "b", "c$"]))
+    return st.builds(
+        lambda body, tail: body + tail,
+        st.recursive(leaf, grow, max_leaves=8),
+        st.sampled_from(["", "$", r"\Z", "b", "c$"]),
+    )
 
 
 _NUMBERS = st.sampled_from([3, 99, 9999, 100000, 99999999, 3000000000])
@@ -87,15 +89,23 @@ _EXPRESSIONS = st.one_of(
 
 
 def _template() -> st.SearchStrategy[str]:
-    leaf = st.one_of(st.builds(lambda e: "{{ " + e + " }}", _EXPRESSIONS), st.just("text "),
-                     st.sampled_from(['{% include "a" %}', '{% include "b" %}']))
+    leaf = st.one_of(
+        st.builds(lambda e: "{{ " + e + " }}", _EXPRESSIONS),
+        st.just("text "),
+        st.sampled_from(['{% include "a" %}', '{% include "b" %}']),
+    )
 
     def grow(inner: st.SearchStrategy[str]) -> st.SearchStrategy[str]:
         return st.one_of(
             st.builds(lambda n, body: f"{{% for i in range({n}) %}}{body}{{% endfor %}}", _NUMBERS, inner),
             st.builds(lambda a, b: a + b, inner, inner),
-            st.builds(lambda n: "{% set ns = namespace(x='ab') %}{% for i in range(" + str(n) + ") %}"
-                      "{% set ns.x = ns.x ~ ns.x %}{% endfor %}{{ ns.x|length }}", _NUMBERS),
+            st.builds(
+                lambda n: (
+                    "{% set ns = namespace(x='ab') %}{% for i in range(" + str(n) + ") %}"
+                    "{% set ns.x = ns.x ~ ns.x %}{% endfor %}{{ ns.x|length }}"
+                ),
+                _NUMBERS,
+            ),
             st.builds(lambda body: "{% macro f(n) %}" + body + "{{ f(n) }}{% endmacro %}{{ f(1) }}", inner),
         )
 
@@ -152,30 +162,60 @@ def _short_time_limit(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(patterns, "MATCH_TIME_LIMIT_S", 0.1)
 
 
-@settings(max_examples=20, deadline=None, derandomize=True,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture,
-                                 HealthCheck.data_too_large])
+@settings(
+    max_examples=20,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture, HealthCheck.data_too_large],
+)
 @given(regex=_regex(), template_a=_template(), template_b=_template())
-def test_no_hostile_pack_tracebacks_or_hangs(capsys: pytest.CaptureFixture[str], regex: str, template_a: str,
-                                             template_b: str) -> None:
+def test_no_hostile_pack_tracebacks_or_hangs(
+    capsys: pytest.CaptureFixture[str], regex: str, template_a: str, template_b: str
+) -> None:
     with tempfile.TemporaryDirectory(prefix="ctxrules-fuzz-") as tmp:
         root = Path(tmp)
         pack = root / "p.yaml"
         pack.write_text(_pack(regex, template_a, template_b), encoding="utf-8")
         (root / "out.txt").write_text(OUTPUT, encoding="utf-8")
         call = {"id": "c1", "type": "function", "function": {"name": "bash", "arguments": '{"command": "tool"}'}}
-        (root / "msgs.json").write_text(json.dumps([
-            {"role": "user", "content": "a" * 3000 + "b"},
-            {"role": "assistant", "content": None, "tool_calls": [call]},
-            {"role": "tool", "tool_call_id": "c1", "content": OUTPUT}]), encoding="utf-8")
+        (root / "msgs.json").write_text(
+            json.dumps(
+                [
+                    {"role": "user", "content": "a" * 3000 + "b"},
+                    {"role": "assistant", "content": None, "tool_calls": [call]},
+                    {"role": "tool", "tool_call_id": "c1", "content": OUTPUT},
+                ]
+            ),
+            encoding="utf-8",
+        )
         with watchdog():
             codes = [
                 _cli("validate", str(pack)),
                 _cli("assemble", "--pack", str(pack), "--mode", "fuzz", "--model", "gpt-4o"),
-                _cli("compress", "--pack", str(pack), "--command", "tool", "--input", str(root / "out.txt"),
-                     "--session", str(root / "s")),
-                _cli("run", "--pack", str(pack), "--model", "gpt-4o", "--input", str(root / "msgs.json"),
-                     "--session", str(root / "s"), "--output", str(root / "o.json")),
+                _cli(
+                    "compress",
+                    "--pack",
+                    str(pack),
+                    "--command",
+                    "tool",
+                    "--input",
+                    str(root / "out.txt"),
+                    "--session",
+                    str(root / "s"),
+                ),
+                _cli(
+                    "run",
+                    "--pack",
+                    str(pack),
+                    "--model",
+                    "gpt-4o",
+                    "--input",
+                    str(root / "msgs.json"),
+                    "--session",
+                    str(root / "s"),
+                    "--output",
+                    str(root / "o.json"),
+                ),
             ]
         out, err = capsys.readouterr()
         assert all(code in (0, 1, 2) for code in codes), (codes, err)

@@ -25,17 +25,39 @@ ROOT = Path(__file__).resolve().parents[1]
 BASE = [{"role": "user", "content": "hello"}, {"role": "assistant", "content": "hi"}]
 
 
-def run_cli(tmp_path: Path, raw: bytes | None = None, *, path: Path | None = None,
-            state: Path | None = None, preexec: Any = None) -> subprocess.CompletedProcess[bytes]:
+def run_cli(
+    tmp_path: Path,
+    raw: bytes | None = None,
+    *,
+    path: Path | None = None,
+    state: Path | None = None,
+    preexec: Any = None,
+) -> subprocess.CompletedProcess[bytes]:
     if path is None:
         path = tmp_path / "in.json"
         assert raw is not None
         path.write_bytes(raw)
     env = {**os.environ, "PYTHONPATH": str(ROOT / "engine")}
     return subprocess.run(
-        [sys.executable, "-m", "ctxrules.cli.main", "run", "--pack", "builtin:default",
-         "--model", "gpt-4o", "--input", str(path), "--state", str(state or tmp_path / "state")],
-        env=env, capture_output=True, timeout=300, preexec_fn=preexec)
+        [
+            sys.executable,
+            "-m",
+            "ctxrules.cli.main",
+            "run",
+            "--pack",
+            "builtin:default",
+            "--model",
+            "gpt-4o",
+            "--input",
+            str(path),
+            "--state",
+            str(state or tmp_path / "state"),
+        ],
+        env=env,
+        capture_output=True,
+        timeout=300,
+        preexec_fn=preexec,
+    )
 
 
 def assert_clean_error(proc: subprocess.CompletedProcess[bytes], *needles: str) -> str:
@@ -49,17 +71,22 @@ def assert_clean_error(proc: subprocess.CompletedProcess[bytes], *needles: str) 
     return err
 
 
-@pytest.mark.parametrize(("raw", "needles"), [
-    (b'[{"role": "user", "content": "x", "n": NaN}]', ["in.json: /0/n: NaN is not valid JSON"]),
-    (b'{"messages": [{"role": "user", "content": "x"}], "t": [Infinity]}', ["/t/0: Infinity"]),
-    (b'[{"role": "user", "content": "x", "n": -Infinity}]', ["/0/n: -Infinity"]),
-    (b'[{"role": "user", "content": "x", "n": 1e400}]', ["/0/n: inf is not a finite number"]),
-    (b'[{"role": "user", "content": "x", "n": ' + b"9" * 5000 + b"}]", ["more than 4300 digits"]),
-    (b'[{"role": "user", "content": "x", "a": ' + b"[" * 900 + b"]" * 900 + b"}]",
-     ["/0/a/0/0", "nested deeper than 100 levels"]),
-    (b"[" * 100_000 + b"]" * 100_000, ["nested too deep"]),
-], ids=["nan", "infinity-in-tools", "minus-infinity", "overflowing-float", "5000-digits",
-        "900-deep", "100000-deep"])
+@pytest.mark.parametrize(
+    ("raw", "needles"),
+    [
+        (b'[{"role": "user", "content": "x", "n": NaN}]', ["in.json: /0/n: NaN is not valid JSON"]),
+        (b'{"messages": [{"role": "user", "content": "x"}], "t": [Infinity]}', ["/t/0: Infinity"]),
+        (b'[{"role": "user", "content": "x", "n": -Infinity}]', ["/0/n: -Infinity"]),
+        (b'[{"role": "user", "content": "x", "n": 1e400}]', ["/0/n: inf is not a finite number"]),
+        (b'[{"role": "user", "content": "x", "n": ' + b"9" * 5000 + b"}]", ["more than 4300 digits"]),
+        (
+            b'[{"role": "user", "content": "x", "a": ' + b"[" * 900 + b"]" * 900 + b"}]",
+            ["/0/a/0/0", "nested deeper than 100 levels"],
+        ),
+        (b"[" * 100_000 + b"]" * 100_000, ["nested too deep"]),
+    ],
+    ids=["nan", "infinity-in-tools", "minus-infinity", "overflowing-float", "5000-digits", "900-deep", "100000-deep"],
+)
 def test_malformed_json_is_a_located_error(tmp_path: Path, raw: bytes, needles: list[str]) -> None:
     assert_clean_error(run_cli(tmp_path, raw), *needles)
 
@@ -88,8 +115,7 @@ def test_the_api_repairs_surrogates_warns_once_and_keeps_reusing(tmp_path: Path)
     first = session.prepare(history)
     assert first.messages[0]["content"] == "a\ufffdb"
     assert history[0]["content"] == "a\ud800b"  # the caller's message is not edited
-    assert first.report["warnings"] == [
-        "message 0 (user): a lone surrogate in /content was replaced with U+FFFD"]
+    assert first.report["warnings"] == ["message 0 (user): a lone surrogate in /content was replaced with U+FFFD"]
     grown = [*history, {"role": "user", "content": "next"}]
     second = session.prepare(grown)
     assert second.report["reused_messages"] == len(history)
@@ -97,12 +123,17 @@ def test_the_api_repairs_surrogates_warns_once_and_keeps_reusing(tmp_path: Path)
     json.dumps(second.messages, ensure_ascii=False).encode("utf-8")  # encodable
 
 
-@pytest.mark.parametrize(("bad", "match"), [
-    ({"role": "user", "content": "x", "score": float("nan")}, r"message 2 \(user\): /score: nan"),
-    ({"role": "user", "content": "x", "n": 10**5000}, r"/n: an integer of more than 4300 digits"),
-    ({"role": "user", "content": [{"type": "text", "text": "x", "d": json.loads("[" * 300 + "]" * 300)}]},
-     r"/content/0/d/0/.*nested deeper than 100 levels"),
-])
+@pytest.mark.parametrize(
+    ("bad", "match"),
+    [
+        ({"role": "user", "content": "x", "score": float("nan")}, r"message 2 \(user\): /score: nan"),
+        ({"role": "user", "content": "x", "n": 10**5000}, r"/n: an integer of more than 4300 digits"),
+        (
+            {"role": "user", "content": [{"type": "text", "text": "x", "d": json.loads("[" * 300 + "]" * 300)}]},
+            r"/content/0/d/0/.*nested deeper than 100 levels",
+        ),
+    ],
+)
 def test_the_api_rejects_unwritable_data_naming_the_field(tmp_path: Path, bad: dict[str, Any], match: str) -> None:
     session = Engine.load("builtin:default").session(tmp_path / "s", model="gpt-4o")
     with pytest.raises(MessagesError, match=match):
@@ -113,6 +144,7 @@ def _limit_file_size(limit: int) -> Any:
     def apply() -> None:
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails (EFBIG)
         resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
     return apply
 
 

@@ -22,22 +22,46 @@ ROOT = Path(__file__).resolve().parents[1]
 HISTORY: list[dict[str, Any]] = [
     {"role": "system", "content": "You are terse."},
     {"role": "user", "content": "List the files."},
-    {"role": "assistant", "content": "", "tool_calls": [
-        {"id": "c1", "type": "function", "function": {"name": "Bash", "arguments": '{"command": "ls"}'}}]},
+    {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "Bash", "arguments": '{"command": "ls"}'}}
+        ],
+    },
     {"role": "tool", "tool_call_id": "c1", "content": "a.txt\nb.txt\n"},
     {"role": "assistant", "content": "Two files: a.txt and b.txt."},
 ]
 
 
-def run_cli(tmp_path: Path, *argv: str, messages: Any = None, state: Path | None = None
-            ) -> subprocess.CompletedProcess[str]:
+def run_cli(
+    tmp_path: Path, *argv: str, messages: Any = None, state: Path | None = None
+) -> subprocess.CompletedProcess[str]:
     inp = tmp_path / "in.json"
     inp.write_text(json.dumps(HISTORY if messages is None else messages))
     env = {**os.environ, "PYTHONPATH": str(ROOT / "engine")}
     return subprocess.run(
-        [sys.executable, "-m", "ctxrules.cli.main", "run", "--pack", "builtin:default",
-         "--model", "gpt-4o", "--input", str(inp), "--state", str(state or tmp_path / "state"), *argv],
-        env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+        [
+            sys.executable,
+            "-m",
+            "ctxrules.cli.main",
+            "run",
+            "--pack",
+            "builtin:default",
+            "--model",
+            "gpt-4o",
+            "--input",
+            str(inp),
+            "--state",
+            str(state or tmp_path / "state"),
+            *argv,
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
 
 
 def victim(tmp_path: Path) -> Path:
@@ -136,15 +160,18 @@ def test_an_untouched_last_output_is_reused_by_a_new_session_object(tmp_path: Pa
     assert _session(tmp_path).prepare(grown).report["reused_messages"] == len(HISTORY)
 
 
-@pytest.mark.parametrize("damage", [
-    {"last": "not a dict"},
-    {"last": {"count": "5", "chain": 3, "output_count": [], "output_file": "x"}},
-    {"stages": ["a"]},
-    {"stages": {"pairs": 7}},
-    {"fingerprint": {"x": 1}},
-    {"last_clock": "yesterday"},
-    {"budget": 3},
-])
+@pytest.mark.parametrize(
+    "damage",
+    [
+        {"last": "not a dict"},
+        {"last": {"count": "5", "chain": 3, "output_count": [], "output_file": "x"}},
+        {"stages": ["a"]},
+        {"stages": {"pairs": 7}},
+        {"fingerprint": {"x": 1}},
+        {"last_clock": "yesterday"},
+        {"budget": 3},
+    ],
+)
 def test_a_mistyped_state_is_a_cache_miss(tmp_path: Path, damage: dict[str, Any]) -> None:
     assert run_cli(tmp_path).returncode == 0
     state_file = tmp_path / "state" / "default" / "state.json"
@@ -159,12 +186,16 @@ def test_a_mistyped_state_is_a_cache_miss(tmp_path: Path, damage: dict[str, Any]
     assert json.loads(proc.stdout)[-1] == HISTORY[-1]
 
 
-@pytest.mark.parametrize("content", [
-    b'{"version": 1, "stages": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",
-    b'{"version": 1, "last_clock": ' + b"9" * 5000 + b"}",
-    b"\xff\xfe garbage",
-    b'{"version": 1, "last_clock": NaN, "stages": {}}',
-], ids=["deep", "long-int", "not-utf8", "nan"])
+@pytest.mark.parametrize(
+    "content",
+    [
+        b'{"version": 1, "stages": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",
+        b'{"version": 1, "last_clock": ' + b"9" * 5000 + b"}",
+        b"\xff\xfe garbage",
+        b'{"version": 1, "last_clock": NaN, "stages": {}}',
+    ],
+    ids=["deep", "long-int", "not-utf8", "nan"],
+)
 def test_a_damaged_state_is_a_cache_miss(tmp_path: Path, content: bytes) -> None:
     assert run_cli(tmp_path).returncode == 0
     (tmp_path / "state" / "default" / "state.json").write_bytes(content)
@@ -184,10 +215,13 @@ def test_a_fifo_in_place_of_the_state_is_refused_without_hanging(tmp_path: Path)
     assert proc.returncode == 2 and "not a regular file" in proc.stderr
 
 
-@pytest.mark.parametrize(("name", "write"), [
-    ("notes.json", lambda s: s.notes.add("remember the flag")),
-    ("touched.json", lambda s: s.touch("src/app.py")),
-])
+@pytest.mark.parametrize(
+    ("name", "write"),
+    [
+        ("notes.json", lambda s: s.notes.add("remember the flag")),
+        ("touched.json", lambda s: s.touch("src/app.py")),
+    ],
+)
 def test_other_session_files_planted_as_links_are_refused(tmp_path: Path, name: str, write: Any) -> None:
     from ctxrules.errors import CtxrulesError
 

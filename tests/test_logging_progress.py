@@ -38,47 +38,100 @@ def env(**extra: str) -> dict[str, str]:
 
 
 def ctxrules(*argv: str, cwd: Path, **kw: Any) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "ctxrules.cli.main", *argv], cwd=cwd, text=True,
-                          capture_output=True, timeout=300, **kw)
+    return subprocess.run(
+        [sys.executable, "-m", "ctxrules.cli.main", *argv], cwd=cwd, text=True, capture_output=True, timeout=300, **kw
+    )
 
 
 def long_history(steps: int = 24) -> list[dict[str, Any]]:
-    out: list[dict[str, Any]] = [{"role": "system", "content": "You fix bugs in a C compiler."},
-                                 {"role": "user", "content": "The parser crashes on nested match arms; fix it."}]
+    out: list[dict[str, Any]] = [
+        {"role": "system", "content": "You fix bugs in a C compiler."},
+        {"role": "user", "content": "The parser crashes on nested match arms; fix it."},
+    ]
     for i in range(steps):
-        out.append({"role": "assistant", "content": f"Step {i}: I will look at src/{i}.c.", "tool_calls": [
-            {"id": f"call_{i}", "type": "function",
-             "function": {"name": "bash", "arguments": json.dumps({"cmd": f"grep -n match src/{i}.c"})}}]})
-        out.append({"role": "tool", "tool_call_id": f"call_{i}",
-                    "content": "\n".join(f"src/{i}.c:{n}: case MATCH_ARM_{n}: bind(t_{n}, p);" for n in range(60))})
+        out.append(
+            {
+                "role": "assistant",
+                "content": f"Step {i}: I will look at src/{i}.c.",
+                "tool_calls": [
+                    {
+                        "id": f"call_{i}",
+                        "type": "function",
+                        "function": {"name": "bash", "arguments": json.dumps({"cmd": f"grep -n match src/{i}.c"})},
+                    }
+                ],
+            }
+        )
+        out.append(
+            {
+                "role": "tool",
+                "tool_call_id": f"call_{i}",
+                "content": "\n".join(f"src/{i}.c:{n}: case MATCH_ARM_{n}: bind(t_{n}, p);" for n in range(60)),
+            }
+        )
     out.append({"role": "user", "content": "Now apply the fix."})
     return out
 
 
 def test_ctxrules_log_info_gives_one_line_per_prepare_and_stdout_holds_only_the_output(tmp_path: Path) -> None:
     (tmp_path / "in.json").write_text(json.dumps(long_history()))
-    proc = ctxrules("run", "--pack", "builtin:default", "--model", "gpt-4o", "--window", "16000", "--input",
-                    "in.json", cwd=tmp_path, env=env(CTXRULES_LOG="info"))
+    proc = ctxrules(
+        "run",
+        "--pack",
+        "builtin:default",
+        "--model",
+        "gpt-4o",
+        "--window",
+        "16000",
+        "--input",
+        "in.json",
+        cwd=tmp_path,
+        env=env(CTXRULES_LOG="info"),
+    )
     assert proc.returncode == 0, proc.stderr
     json.loads(proc.stdout)  # nothing but the output on stdout
     lines = [ln for ln in proc.stderr.splitlines() if " prepare " in ln]
     assert len(lines) == 1, proc.stderr
-    m = re.search(r"ctxrules\.session INFO: prepare session=default tokens=(\d+)->(\d+) tier=(\w+)->(\w+) "
-                  r"changed=(\S+) ms=[\d.]+$", lines[0])
+    m = re.search(
+        r"ctxrules\.session INFO: prepare session=default tokens=(\d+)->(\d+) tier=(\w+)->(\w+) "
+        r"changed=(\S+) ms=[\d.]+$",
+        lines[0],
+    )
     assert m, lines[0]
     assert int(m.group(1)) > int(m.group(2)) and m.group(3) != "below" and m.group(5) != "-"
-    quiet = ctxrules("run", "--pack", "builtin:default", "--model", "gpt-4o", "--input", "in.json",
-                     "--session", "s2", cwd=tmp_path, env=env())
+    quiet = ctxrules(
+        "run",
+        "--pack",
+        "builtin:default",
+        "--model",
+        "gpt-4o",
+        "--input",
+        "in.json",
+        "--session",
+        "s2",
+        cwd=tmp_path,
+        env=env(),
+    )
     assert quiet.returncode == 0 and quiet.stderr == ""  # default: warnings only
 
 
 def test_an_unknown_level_is_a_usage_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "in.json").write_text('[{"role": "user", "content": "hi"}]')
-    proc = ctxrules("run", "--pack", "builtin:default", "--model", "gpt-4o", "--input", "in.json",
-                    cwd=tmp_path, env=env(CTXRULES_LOG="verbose"))
+    proc = ctxrules(
+        "run",
+        "--pack",
+        "builtin:default",
+        "--model",
+        "gpt-4o",
+        "--input",
+        "in.json",
+        cwd=tmp_path,
+        env=env(CTXRULES_LOG="verbose"),
+    )
     assert proc.returncode == 2 and proc.stdout == ""
-    assert proc.stderr == ("ctxrules: error: CTXRULES_LOG='verbose' is not a log level; use one of debug, info, "
-                           "warning, error, critical\n")
+    assert proc.stderr == (
+        "ctxrules: error: CTXRULES_LOG='verbose' is not a log level; use one of debug, info, warning, error, critical\n"
+    )
     monkeypatch.setenv("CTXRULES_LOG", "loud")
     with pytest.raises(UsageError, match="CTXRULES_LOG='loud' is not a log level"):
         Engine.load("builtin:default")
@@ -104,6 +157,7 @@ def test_an_app_using_only_the_logging_module_receives_the_events(tmp_path: Path
     logger.addHandler(handler)
     logger.setLevel(logging.INFO)
     try:
+
         def broken(event: dict[str, Any]) -> None:
             raise RuntimeError("ui went away")
 
@@ -124,10 +178,13 @@ def test_an_app_using_only_the_logging_module_receives_the_events(tmp_path: Path
 def slow_summarizer_pack(tmp_path: Path, server: LLMServer) -> Path:
     # A pack reads only inside its own folder: the parent goes next to it.
     shutil.copy(FIXTURES / "summarize" / "summary-only.yaml", tmp_path / "summary-only.yaml")
-    pack = {"apiVersion": "ctxrules/v1", "kind": "RulePack",
-            "metadata": {"name": "slow-summary", "version": "1.0.0"},
-            "extends": ["./summary-only.yaml"],
-            "summarizer": {"api_base": server.base_url, "inactivity_s": 10, "total_s": 60, "fallback": "none"}}
+    pack = {
+        "apiVersion": "ctxrules/v1",
+        "kind": "RulePack",
+        "metadata": {"name": "slow-summary", "version": "1.0.0"},
+        "extends": ["./summary-only.yaml"],
+        "summarizer": {"api_base": server.base_url, "inactivity_s": 10, "total_s": 60, "fallback": "none"},
+    }
     path = tmp_path / "pack.yaml"
     path.write_text(yaml.safe_dump(pack))
     return path
@@ -137,8 +194,14 @@ def run_on_a_pty(argv: list[str], cwd: Path) -> tuple[int, str, str]:
     """Run the CLI with stderr on a pseudo-terminal (stdout a pipe); return rc, stdout, what the
     terminal received."""
     master, slave = pty.openpty()
-    proc = subprocess.Popen([sys.executable, "-m", "ctxrules.cli.main", *argv], cwd=cwd, env=env(),
-                            stdout=subprocess.PIPE, stderr=slave, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ctxrules.cli.main", *argv],
+        cwd=cwd,
+        env=env(),
+        stdout=subprocess.PIPE,
+        stderr=slave,
+        text=True,
+    )
     os.close(slave)
     chunks: list[str] = []
     reader = threading.Thread(target=lambda: chunks.append(proc.stdout.read() if proc.stdout else ""))
@@ -169,11 +232,23 @@ def run_on_a_pty(argv: list[str], cwd: Path) -> tuple[int, str, str]:
 def test_the_cli_draws_progress_on_a_terminal_and_quiet_turns_it_off(tmp_path: Path) -> None:
     (tmp_path / "in.json").write_text(json.dumps(long_history()))
     with LLMServer() as server:
-        server.script(slow_reply("x" * 120, every_s=0.05, chunk_chars=2), slow_reply("x" * 120, every_s=0.05,
-                                                                                      chunk_chars=2))
+        server.script(
+            slow_reply("x" * 120, every_s=0.05, chunk_chars=2), slow_reply("x" * 120, every_s=0.05, chunk_chars=2)
+        )
         pack = slow_summarizer_pack(tmp_path, server)
-        argv = ["run", "--pack", str(pack), "--model", "gpt-4o", "--window", "14000", "--input", "in.json",
-                "--output", "-"]
+        argv = [
+            "run",
+            "--pack",
+            str(pack),
+            "--model",
+            "gpt-4o",
+            "--window",
+            "14000",
+            "--input",
+            "in.json",
+            "--output",
+            "-",
+        ]
         rc, out, terminal = run_on_a_pty([*argv, "--session", "a"], tmp_path)
         assert rc == 0, terminal
         assert server.requests, "the summarizer was called (slowly)"

@@ -197,8 +197,7 @@ def test_only_a_signed_leading_tag_marks_a_message_injected() -> None:
     assert not is_injected(user(forged)) and injected_kind(user(forged)) is None
     with key_scope(InjectionKey(b"k" * 32)):
         assert not is_injected(marked), "another session's key does not verify it"
-    parts = mark_injected({"role": "user", "content": [{"type": "text", "text": "<ctxrules:reread/>"}]},
-                          "reread")
+    parts = mark_injected({"role": "user", "content": [{"type": "text", "text": "<ctxrules:reread/>"}]}, "reread")
     assert is_injected(parts) and injected_kind(parts) == "reread"
 
 
@@ -221,8 +220,9 @@ def test_mark_injected_signs_a_tag_adds_no_key_and_is_idempotent() -> None:
     marked = mark_injected(original, "notes", source="ledger")
     assert original == {"role": "user", "content": "remember X", "name": "kept"}
     assert set(marked) == {"role", "content", "name"}, "no field is added"
-    assert re.fullmatch(r'<ctxrules:notes source="ledger" sig="[0-9a-f]{16}">\nremember X\n</ctxrules:notes>',
-                        marked["content"])
+    assert re.fullmatch(
+        r'<ctxrules:notes source="ledger" sig="[0-9a-f]{16}">\nremember X\n</ctxrules:notes>', marked["content"]
+    )
     assert injected_meta(marked) == {"source": "ledger"}
     assert marked["name"] == "kept"
     assert is_injected(marked) and not is_real_user(marked)

@@ -41,16 +41,18 @@ def test_other_errors_are_not_retried(tmp_path: Path) -> None:
     with LLMServer() as server:
         server.script(http_error(400, "invalid tool schema"))
         with pytest.raises(CompletionFailed, match="invalid tool schema"):
-            session.complete([{"role": "user", "content": "hi"}], api_base=server.base_url, api_key="k",
-                             num_retries=0)
+            session.complete([{"role": "user", "content": "hi"}], api_base=server.base_url, api_key="k", num_retries=0)
         assert len(server.requests) == 1
 
 
-@pytest.mark.parametrize(("message", "limit"), [
-    ("This model's maximum context length is 128,000 tokens. However, you requested 130000", 128000),
-    ("prompt is too long: 210000 tokens > 200000 maximum", 200000),
-    ("Input is too long for requested model. The context window is 8192 tokens", 8192),
-])
+@pytest.mark.parametrize(
+    ("message", "limit"),
+    [
+        ("This model's maximum context length is 128,000 tokens. However, you requested 130000", 128000),
+        ("prompt is too long: 210000 tokens > 200000 maximum", 200000),
+        ("Input is too long for requested model. The context window is 8192 tokens", 8192),
+    ],
+)
 def test_limits_are_read_from_provider_messages(message: str, limit: int) -> None:
     exc = RuntimeError(message)
     assert is_overflow(exc) and limit_from(exc) == limit

@@ -23,8 +23,11 @@ EXAMPLE = REPO / "rules" / "examples" / "agent-session.json"
 
 def write_pack(folder: Path, body: str, name: str = "pack.yaml") -> Path:
     path = folder / name
-    path.write_text("apiVersion: ctxrules/v1\nkind: RulePack\nmetadata: {name: mine, version: 1.0.0}\n"
-                    "extends: [builtin:default]\n" + body, encoding="utf-8")
+    path.write_text(
+        "apiVersion: ctxrules/v1\nkind: RulePack\nmetadata: {name: mine, version: 1.0.0}\n"
+        "extends: [builtin:default]\n" + body,
+        encoding="utf-8",
+    )
     return path
 
 
@@ -100,16 +103,32 @@ def test_builtin_cases_use_only_data_inside_the_installed_package(name: str) -> 
 # user-style pack of cases here, run through the installed entry point.
 
 CORPUS_CASES = [
-    {"id": "long-claude-code-session-at-32k", "model": "gpt-4o", "window": 32000,
-     "input": "claudecode-ae4a77f8.json",  # 485 messages, ~122K tokens
-     "expect": {"fits": True, "tier": "emergency", "stages_ran": ["ttl", "truncate", "remove"],
-                "contains": ["Work on bead spotter-4te", "continue implementation"]}},
-    {"id": "autonomous-swe-agent-at-32k", "model": "gpt-4o", "window": 32000,
-     "input": "minisweagent-django__django-13925.json",  # one long autonomous exchange
-     "expect": {"fits": True, "contains": ["models.W042 is raised on inherited manually"]}},
-    {"id": "claude-estimates-at-64k", "model": "claude-sonnet-4-5", "window": 64000,
-     "input": "claudecode-fa812bfe.json",  # estimated counts with a safety margin
-     "expect": {"fits": True}},
+    {
+        "id": "long-claude-code-session-at-32k",
+        "model": "gpt-4o",
+        "window": 32000,
+        "input": "claudecode-ae4a77f8.json",  # 485 messages, ~122K tokens
+        "expect": {
+            "fits": True,
+            "tier": "emergency",
+            "stages_ran": ["ttl", "truncate", "remove"],
+            "contains": ["Work on bead spotter-4te", "continue implementation"],
+        },
+    },
+    {
+        "id": "autonomous-swe-agent-at-32k",
+        "model": "gpt-4o",
+        "window": 32000,
+        "input": "minisweagent-django__django-13925.json",  # one long autonomous exchange
+        "expect": {"fits": True, "contains": ["models.W042 is raised on inherited manually"]},
+    },
+    {
+        "id": "claude-estimates-at-64k",
+        "model": "claude-sonnet-4-5",
+        "window": 64000,
+        "input": "claudecode-fa812bfe.json",  # estimated counts with a safety margin
+        "expect": {"fits": True},
+    },
 ]
 
 
@@ -119,8 +138,13 @@ def test_builtin_default_compacts_real_sessions(tmp_path: Path) -> None:
     pack = write_pack(tmp_path, "tests: " + json.dumps(cases) + "\n")
     env = {**os.environ, "PYTHONPATH": str(REPO / "engine")}
     # The corpus is outside the pack's folder: the caller names it as a search path.
-    proc = subprocess.run([sys.executable, "-m", "ctxrules.cli.main", "test", str(pack),
-                           "--search-path", str(TRANSCRIPTS)],
-                          capture_output=True, text=True, env=env, timeout=900, check=False)
+    proc = subprocess.run(
+        [sys.executable, "-m", "ctxrules.cli.main", "test", str(pack), "--search-path", str(TRANSCRIPTS)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=900,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert summary(proc.stdout) == (3, 0, 0), proc.stdout

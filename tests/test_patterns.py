@@ -10,8 +10,34 @@ from hypothesis import strategies as st
 
 from ctxrules import patterns
 
-_PIECES = ["a", "b", "ab", ".", "[ab]", "[^a]", r"\d", r"\w", r"\s", r"\b", "^", "$", "x*", "a+", "b?", "(a|b)",
-           "(?:ab)+", "(a)", "|", "é", "\n", "[0-9]", "(?i)A", "{2}", "c{1,3}", "(?P<k>a+)"]
+_PIECES = [
+    "a",
+    "b",
+    "ab",
+    ".",
+    "[ab]",
+    "[^a]",
+    r"\d",
+    r"\w",
+    r"\s",
+    r"\b",
+    "^",
+    "$",
+    "x*",
+    "a+",
+    "b?",
+    "(a|b)",
+    "(?:ab)+",
+    "(a)",
+    "|",
+    "é",
+    "\n",
+    "[0-9]",
+    "(?i)A",
+    "{2}",
+    "c{1,3}",
+    "(?P<k>a+)",
+]
 _TEXT = st.text(alphabet="ab \nxé9_A-c", max_size=30)
 
 
@@ -25,8 +51,11 @@ def _pattern(parts: list[str]) -> str | None:
 
 
 @settings(max_examples=400, deadline=None)
-@given(parts=st.lists(st.sampled_from(_PIECES), min_size=1, max_size=5), text=_TEXT,
-       flags=st.sampled_from([0, re.MULTILINE, re.IGNORECASE, re.DOTALL]))
+@given(
+    parts=st.lists(st.sampled_from(_PIECES), min_size=1, max_size=5),
+    text=_TEXT,
+    flags=st.sampled_from([0, re.MULTILINE, re.IGNORECASE, re.DOTALL]),
+)
 def test_every_operation_agrees_with_re(parts: list[str], text: str, flags: int) -> None:
     source = _pattern(parts)
     if source is None:
@@ -48,11 +77,23 @@ def test_every_operation_agrees_with_re(parts: list[str], text: str, flags: int)
         assert ours.sub(r"[\1]", text) == theirs.sub(r"[\1]", text), source
 
 
-@pytest.mark.parametrize(("source", "engine"), [
-    ("error: ", "re2"), ("(?m)^FAIL .*$", "re2"), ("[0-9]+ passed", "re2"), ("(a+)+b", "re2"),
-    (r"\d+ passed", "regex"), ("done$", "regex"), (r"\bERROR\b", "regex"), (r"(a)\1", "regex"),
-    ("(?=x)y", "regex"), ("x{,5}", "regex"), ("[[:alpha:]]", "regex"), ("a{2000}", "regex"),
-])
+@pytest.mark.parametrize(
+    ("source", "engine"),
+    [
+        ("error: ", "re2"),
+        ("(?m)^FAIL .*$", "re2"),
+        ("[0-9]+ passed", "re2"),
+        ("(a+)+b", "re2"),
+        (r"\d+ passed", "regex"),
+        ("done$", "regex"),
+        (r"\bERROR\b", "regex"),
+        (r"(a)\1", "regex"),
+        ("(?=x)y", "regex"),
+        ("x{,5}", "regex"),
+        ("[[:alpha:]]", "regex"),
+        ("a{2000}", "regex"),
+    ],
+)
 def test_a_pattern_runs_on_re2_only_where_it_means_the_same(source: str, engine: str) -> None:
     assert patterns.compile(source).engine == engine
 
@@ -82,10 +123,18 @@ def test_a_timeout_is_remembered_in_the_state_and_skips_at_once(monkeypatch: pyt
     assert "earlier run" in memory.reports[0]
 
 
-@pytest.mark.parametrize(("source", "nested"), [
-    ("(a+)+$", True), (r"(\w+\s?)+$", True), (r"(.*,)+\d", True), (r"((ab)+c?)+\d", True),
-    (r"(\d+\.)+\d", False), (r"^\w+(?:\.\w+)*(?:Error|Exception)\b", False), (r"(?:\s*,\s*\w+)+$", False),
-    ("(a+)+b", False),  # RE2 runs it: linear time, no warning
-])
+@pytest.mark.parametrize(
+    ("source", "nested"),
+    [
+        ("(a+)+$", True),
+        (r"(\w+\s?)+$", True),
+        (r"(.*,)+\d", True),
+        (r"((ab)+c?)+\d", True),
+        (r"(\d+\.)+\d", False),
+        (r"^\w+(?:\.\w+)*(?:Error|Exception)\b", False),
+        (r"(?:\s*,\s*\w+)+$", False),
+        ("(a+)+b", False),  # RE2 runs it: linear time, no warning
+    ],
+)
 def test_nested_quantifier_warning(source: str, nested: bool) -> None:
     assert patterns.nested_quantifier(source) is nested

@@ -26,16 +26,23 @@ if shutil.which("pre-commit") is None:
     pytest.skip("needs the pre-commit tool (test extra)", allow_module_level=True)
 
 GOOD = "apiVersion: ctxrules/v1\nkind: RulePack\nmetadata: {name: good, version: 1.0.0}\nextends: [builtin:default]\n"
-BAD = ("apiVersion: ctxrules/v1\nkind: RulePack\nmetadata: {name: bad, version: 1.0.0}\nextends: [builtin:default]\n"
-       "context:\n  treshold: {full: 0.75}\n")
+BAD = (
+    "apiVersion: ctxrules/v1\nkind: RulePack\nmetadata: {name: bad, version: 1.0.0}\nextends: [builtin:default]\n"
+    "context:\n  treshold: {full: 0.75}\n"
+)
 WORKFLOW = "name: ci\non: [push]\njobs:\n  test:\n    runs-on: ubuntu-latest\n    steps:\n      - run: make test\n"
 COMPOSE = "services:\n  web:\n    image: nginx:1.27\n    ports: ['8080:80']\n"
 DEPENDABOT = "version: 2\nupdates:\n  - package-ecosystem: pip\n    directory: /\n    schedule: {interval: weekly}\n"
 
 
 def _index_reachable(tmp: Path) -> bool:
-    proc = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", str(tmp), "pyyaml"],
-                          capture_output=True, text=True, check=False, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", str(tmp), "pyyaml"],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    )
     return proc.returncode == 0
 
 
@@ -47,7 +54,7 @@ def test_the_hook_blocks_the_bad_pack_and_reports_nothing_else(tmp_path: Path) -
     sha = snapshot(hook_repo)
     files = {
         ".pre-commit-config.yaml": f"repos:\n  - repo: {hook_repo}\n    rev: {sha}\n    hooks:\n"
-                                   "      - id: ctxrules-validate\n",
+        "      - id: ctxrules-validate\n",
         "packs/good.yaml": GOOD,
         "packs/bad.yaml": BAD,
         ".github/workflows/ci.yml": WORKFLOW,
@@ -61,13 +68,21 @@ def test_the_hook_blocks_the_bad_pack_and_reports_nothing_else(tmp_path: Path) -
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "CTXRULES_DEBUG")}
     env["PRE_COMMIT_HOME"] = str(tmp_path / "pre-commit-home")
     env["PRE_COMMIT_COLOR"] = "never"
-    proc = subprocess.run(["pre-commit", "install"], cwd=work, env=env, capture_output=True, text=True,
-                          check=False, timeout=120)
+    proc = subprocess.run(
+        ["pre-commit", "install"], cwd=work, env=env, capture_output=True, text=True, check=False, timeout=120
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert git(work, "add", "-A").returncode == 0
 
-    proc = subprocess.run(["git", "-c", "user.email=ci@example.com", "-c", "user.name=ci", "commit", "-m", "add"],
-                          cwd=work, env=env, capture_output=True, text=True, check=False, timeout=1800)
+    proc = subprocess.run(
+        ["git", "-c", "user.email=ci@example.com", "-c", "user.name=ci", "commit", "-m", "add"],
+        cwd=work,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=1800,
+    )
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0, out
     assert git(work, "rev-parse", "--verify", "HEAD").returncode != 0, "the commit was blocked"
@@ -86,6 +101,13 @@ def test_the_hook_blocks_the_bad_pack_and_reports_nothing_else(tmp_path: Path) -
     # fixed, the same commit goes through
     (work / "packs/bad.yaml").write_text(BAD.replace("treshold", "thresholds"), encoding="utf-8")
     assert git(work, "add", "-A").returncode == 0
-    proc = subprocess.run(["git", "-c", "user.email=ci@example.com", "-c", "user.name=ci", "commit", "-m", "add"],
-                          cwd=work, env=env, capture_output=True, text=True, check=False, timeout=600)
+    proc = subprocess.run(
+        ["git", "-c", "user.email=ci@example.com", "-c", "user.name=ci", "commit", "-m", "add"],
+        cwd=work,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr

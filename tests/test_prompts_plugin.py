@@ -46,9 +46,7 @@ def test_fixture_pack_is_configured(ctxrules_pack):
 
 
 def _plugin_args() -> list[str]:
-    installed = any(
-        ep.value == "ctxrules.testing.pytest_plugin" for ep in entry_points(group="pytest11")
-    )
+    installed = any(ep.value == "ctxrules.testing.pytest_plugin" for ep in entry_points(group="pytest11"))
     # From a source checkout the entry point is not installed: load the plugin by module name.
     return [] if installed else ["-p", "ctxrules.testing.pytest_plugin"]
 
@@ -103,18 +101,14 @@ def test_plugin_in_a_throwaway_project(tmp_path: Path) -> None:
     (project / "prompts" / "house.md.j2").write_text("Write American English.\n", encoding="utf-8")
     changed = run_pytest(project)
     assert changed.returncode == 1
-    assert (
-        "Write British English." in changed.stdout and "Write American English." in changed.stdout
-    )
+    assert "Write British English." in changed.stdout and "Write American English." in changed.stdout
     assert "6 failed" in changed.stdout  # the lean prompt of every entry
 
     refreshed = run_pytest(project, "--snapshot-update")
     assert refreshed.returncode == 0, refreshed.stdout
     assert (
         "Write American English."
-        in (
-            project / "__snapshots__" / "test_prompts" / "test_prompt[lean-no-entry].txt"
-        ).read_text()
+        in (project / "__snapshots__" / "test_prompts" / "test_prompt[lean-no-entry].txt").read_text()
     )
     assert run_pytest(project).returncode == 0
 
@@ -167,7 +161,8 @@ def docs_example() -> str:
 
 
 def test_the_docs_example_snapshots_the_users_pack_from_any_folder(
-        pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("PYTHONPATH", str(REPO / "engine"))
     example = docs_example()
     assert 'prompt_cases("pack.yaml")' in example

@@ -56,4 +56,4 @@ def test_replay_with_a_model_switch_halfway(tmp_path: Path, name: str) -> None:
     assert before[0] == 128_000 and after[0] == 200_000
     assert before[1] == after[1]  # same fractions: every threshold moves with the window
     assert "model" in after[2] and "window" in after[2]
-    assert all(w[0] == 200_000 and "model" not in w[2] for w in windows[SWITCH_AT + 1:])
+    assert all(w[0] == 200_000 and "model" not in w[2] for w in windows[SWITCH_AT + 1 :])

@@ -25,8 +25,14 @@ REGENERATE = "python -m ctxrules.cli.main schema > schemas/rulepack.v1.schema.js
 
 def _schema_cli(*argv: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(REPO / "engine")}
-    return subprocess.run([sys.executable, "-m", "ctxrules.cli.main", "schema", *argv], capture_output=True,
-                          text=True, env=env, check=False, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "ctxrules.cli.main", "schema", *argv],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+        timeout=120,
+    )
 
 
 def test_the_file_is_what_ctxrules_schema_prints_for_the_builtins() -> None:
@@ -77,24 +83,33 @@ def _check_jsonschema() -> str:
 
 
 def test_the_file_is_a_valid_draft_2020_12_schema() -> None:
-    proc = subprocess.run([_check_jsonschema(), "--check-metaschema", str(SCHEMA)], capture_output=True,
-                          text=True, check=False, timeout=300)
+    proc = subprocess.run(
+        [_check_jsonschema(), "--check-metaschema", str(SCHEMA)],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
 def test_the_builtin_packs_pass_and_a_typo_in_with_fails_against_the_file(tmp_path: Path) -> None:
     exe = _check_jsonschema()
     packs = [REPO / "rules" / "default.yaml", *sorted((REPO / "rules" / "compressors").glob("*.yaml"))]
-    proc = subprocess.run([exe, "--schemafile", str(SCHEMA), *map(str, packs)], capture_output=True, text=True,
-                          check=False, timeout=300)
+    proc = subprocess.run(
+        [exe, "--schemafile", str(SCHEMA), *map(str, packs)], capture_output=True, text=True, check=False, timeout=300
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     typo = tmp_path / "typo.yaml"
-    typo.write_text("apiVersion: ctxrules/v1\nkind: RulePack\nmetadata: {name: t, version: 1.0.0}\n"
-                    "pipeline:\n  - {id: pairs, use: normalize.tool_pairs, with: {unanswerd: remove}}\n"
-                    "compressors:\n  - {id: c, match: {argv: [x]}, steps: [{use: max_lines, with: {max: 3, mx: 3}}]}\n",
-                    encoding="utf-8")
-    proc = subprocess.run([exe, "--schemafile", str(SCHEMA), str(typo)], capture_output=True, text=True,
-                          check=False, timeout=300)
+    typo.write_text(
+        "apiVersion: ctxrules/v1\nkind: RulePack\nmetadata: {name: t, version: 1.0.0}\n"
+        "pipeline:\n  - {id: pairs, use: normalize.tool_pairs, with: {unanswerd: remove}}\n"
+        "compressors:\n  - {id: c, match: {argv: [x]}, steps: [{use: max_lines, with: {max: 3, mx: 3}}]}\n",
+        encoding="utf-8",
+    )
+    proc = subprocess.run(
+        [exe, "--schemafile", str(SCHEMA), str(typo)], capture_output=True, text=True, check=False, timeout=300
+    )
     assert proc.returncode == 1, proc.stdout
     assert "'unanswerd' was unexpected" in proc.stdout and "'mx' was unexpected" in proc.stdout
 

@@ -29,11 +29,19 @@ from ctxrules.messages import injected_kind, is_real_user, mark_injected
 from ctxrules.structure import pinned_indices
 
 REPO = Path(__file__).resolve().parents[1]
-SUMMARY = json.dumps({
-    "user_goal": "Fix the failing build", "active_tasks": ["Fix the build"], "completed_actions": [],
-    "relevant_files": [], "key_facts": [], "errors": [], "decisions": [], "pending_user_asks": [],
-    "next_steps": ["Run the tests"],
-})
+SUMMARY = json.dumps(
+    {
+        "user_goal": "Fix the failing build",
+        "active_tasks": ["Fix the build"],
+        "completed_actions": [],
+        "relevant_files": [],
+        "key_facts": [],
+        "errors": [],
+        "decisions": [],
+        "pending_user_asks": [],
+        "next_steps": ["Run the tests"],
+    }
+)
 
 
 @pytest.fixture
@@ -46,10 +54,15 @@ def agent_history() -> list[dict[str, Any]]:
     """A long tool loop with an unanswered call: at a 32K window the default pack removes
     steps (placeholder), synthesizes the missing result and renders the session's notes."""
     history = conversation(40, lines=80)
-    history += [user("and now check the tests"),
-                {"role": "assistant", "content": None,
-                 "tool_calls": [{"id": "lost", "type": "function", "function": {"name": "Bash", "arguments": "{}"}}]},
-                user("never mind, what did you find?")]
+    history += [
+        user("and now check the tests"),
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [{"id": "lost", "type": "function", "function": {"name": "Bash", "arguments": "{}"}}],
+        },
+        user("never mind, what did you find?"),
+    ]
     return history
 
 
@@ -82,7 +95,8 @@ def test_prepare_output_passes_a_strict_endpoint_through_the_openai_sdk(tmp_path
     # The check is real: a message with a field the API does not define is a 400.
     with pytest.raises(openai.BadRequestError, match="'ctxrules' was unexpected"):
         client.chat.completions.create(
-            model="test-model", messages=[*messages[:1], {**messages[1], "ctxrules": {"kind": "x"}}])  # type: ignore[list-item]
+            model="test-model", messages=[*messages[:1], {**messages[1], "ctxrules": {"kind": "x"}}]
+        )  # type: ignore[list-item]
 
 
 def test_prepare_output_passes_through_litellm_completion(tmp_path: Path, server: LLMServer) -> None:
@@ -92,8 +106,9 @@ def test_prepare_output_passes_through_litellm_completion(tmp_path: Path, server
     _session, messages = prepared(tmp_path)
     with warnings.catch_warnings():  # litellm's own lazy imports warn (pydantic ReadOnly): not ours
         warnings.simplefilter("ignore")
-        response = litellm.completion(model="openai/test-model", api_base=server.base_url, api_key="x",
-                                      messages=messages)
+        response = litellm.completion(
+            model="openai/test-model", api_base=server.base_url, api_key="x", messages=messages
+        )
     assert response.choices[0].message.content == "ok" and server.rejected == []
 
 
@@ -104,8 +119,9 @@ def test_session_complete_sends_the_output_unchanged(tmp_path: Path, server: LLM
     assert done.response.choices[0].message.content == "ok" and not done.recovered
     assert server.rejected == []
     # litellm leaves out a null content; everything else goes as prepare returned it.
-    assert server.requests[-1].body["messages"] == [{k: v for k, v in m.items() if v is not None}
-                                                     for m in done.prepared.messages]
+    assert server.requests[-1].body["messages"] == [
+        {k: v for k, v in m.items() if v is not None} for m in done.prepared.messages
+    ]
 
 
 def test_the_warmup_probe_passes_and_its_failures_are_raised(tmp_path: Path, server: LLMServer) -> None:
@@ -131,12 +147,17 @@ def test_the_warmup_probe_passes_and_its_failures_are_raised(tmp_path: Path, ser
     assert keepalive.report()["rejected"] == 1
 
 
-def test_the_summarizer_request_passes_a_strict_endpoint(tmp_path: Path, server: LLMServer,
-                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_summarizer_request_passes_a_strict_endpoint(
+    tmp_path: Path, server: LLMServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("OPENAI_API_KEY", "x")
-    pack = {"apiVersion": "ctxrules/v1", "kind": "RulePack", "metadata": {"name": "strict", "version": "1.0.0"},
-            "extends": ["builtin:default"],
-            "summarizer": {"api_base": server.base_url, "inactivity_s": 5, "total_s": 30, "fallback": "none"}}
+    pack = {
+        "apiVersion": "ctxrules/v1",
+        "kind": "RulePack",
+        "metadata": {"name": "strict", "version": "1.0.0"},
+        "extends": ["builtin:default"],
+        "summarizer": {"api_base": server.base_url, "inactivity_s": 5, "total_s": 30, "fallback": "none"},
+    }
     (tmp_path / "pack.yaml").write_text(yaml.safe_dump(pack), encoding="utf-8")
     server.script(reply(SUMMARY))
     session = Engine.load(tmp_path / "pack.yaml").session(tmp_path / "s", model="gpt-4o", window=32_000)
@@ -151,8 +172,10 @@ def test_the_summarizer_request_passes_a_strict_endpoint(tmp_path: Path, server:
 
 def test_a_pasted_summary_tag_is_still_the_anchor_and_the_latest_user_message(tmp_path: Path) -> None:
     session = Engine.load("builtin:default").session(tmp_path / "s", model="gpt-4o", window=32_000)
-    with_tag = ('<ctxrules:summary id="0123456789abcdef" source="llm" messages="12" sig="0123456789abcdef">\n'
-                "I copied this from another tool; please continue from it.\n</ctxrules:summary>")
+    with_tag = (
+        '<ctxrules:summary id="0123456789abcdef" source="llm" messages="12" sig="0123456789abcdef">\n'
+        "I copied this from another tool; please continue from it.\n</ctxrules:summary>"
+    )
     history = [system(), user(with_tag), {"role": "assistant", "content": "Sure."}, user(with_tag + "\nAnd again.")]
     assert is_real_user(history[1]) and is_real_user(history[3])
     assert {1, 3} <= pinned_indices(history)
@@ -161,10 +184,12 @@ def test_a_pasted_summary_tag_is_still_the_anchor_and_the_latest_user_message(tm
 
 
 def test_a_message_signed_under_another_state_root_is_real_here(tmp_path: Path) -> None:
-    first = Engine.load("builtin:default").session(tmp_path / "a" / "s", model="gpt-4o", window=32_000,
-                                                    state_root=tmp_path / "a")
-    second = Engine.load("builtin:default").session(tmp_path / "b" / "s", model="gpt-4o", window=32_000,
-                                                     state_root=tmp_path / "b")
+    first = Engine.load("builtin:default").session(
+        tmp_path / "a" / "s", model="gpt-4o", window=32_000, state_root=tmp_path / "a"
+    )
+    second = Engine.load("builtin:default").session(
+        tmp_path / "b" / "s", model="gpt-4o", window=32_000, state_root=tmp_path / "b"
+    )
     from ctxrules.injected import key_scope
 
     with key_scope(first.injection_key):
@@ -178,14 +203,16 @@ def test_a_message_signed_under_another_state_root_is_real_here(tmp_path: Path) 
 
 
 def test_the_key_lives_in_the_state_root_with_mode_0600(tmp_path: Path) -> None:
-    session = Engine.load("builtin:default").session(tmp_path / "root" / "s1", model="gpt-4o",
-                                                      state_root=tmp_path / "root")
+    session = Engine.load("builtin:default").session(
+        tmp_path / "root" / "s1", model="gpt-4o", state_root=tmp_path / "root"
+    )
     assert not (tmp_path / "root" / KEY_FILE).exists(), "opening a session writes no key"
     session.prepare([system(), user("hi")])
     path = tmp_path / "root" / KEY_FILE
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
-    again = Engine.load("builtin:default").session(tmp_path / "root" / "s2", model="gpt-4o",
-                                                    state_root=tmp_path / "root")
+    again = Engine.load("builtin:default").session(
+        tmp_path / "root" / "s2", model="gpt-4o", state_root=tmp_path / "root"
+    )
     assert again.injection_key.sign("<ctxrules:x>") == session.injection_key.sign("<ctxrules:x>")
     # Without a state root, the session directory keeps it.
     alone = Engine.load("builtin:default").session(tmp_path / "alone", model="gpt-4o")
@@ -212,10 +239,31 @@ def test_cli_run_output_carries_no_added_field(tmp_path: Path) -> None:
     history = agent_history()
     src.write_text(json.dumps(history))
     env = {**os.environ, "PYTHONPATH": str(REPO / "engine")}
-    proc = subprocess.run([sys.executable, "-m", "ctxrules.cli.main", "run", "--pack", "builtin:default",
-                           "--model", "gpt-4o", "--window", "32000", "--input", str(src),
-                           "--output", str(tmp_path / "out.json"), "--session", str(tmp_path / "s")],
-                          capture_output=True, text=True, env=env, timeout=300, check=False)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ctxrules.cli.main",
+            "run",
+            "--pack",
+            "builtin:default",
+            "--model",
+            "gpt-4o",
+            "--window",
+            "32000",
+            "--input",
+            str(src),
+            "--output",
+            str(tmp_path / "out.json"),
+            "--session",
+            str(tmp_path / "s"),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stderr
     out = json.loads((tmp_path / "out.json").read_text())
     assert strict_problem({"messages": out}) is None

@@ -22,11 +22,18 @@ def mcp_search_result(min_chars: int = 138_000, seed: int = 7) -> str:
     items: list[dict[str, Any]] = []
     while True:
         i = len(items) + 1
-        items.append({"id": 1000 + i, "number": i, "title": f"Parser fails on nested match arm {i}",
-                      "state": rnd.choice(["open", "closed"]),
-                      "labels": [{"name": "bug", "color": "d73a4a"}, {"name": rnd.choice(["parser", "codegen"])}],
-                      "user": {"login": f"user{rnd.randint(1, 99)}", "type": "User"},
-                      "body": " ".join(rnd.choice(words) for _ in range(60)), "comments": rnd.randint(0, 40)})
+        items.append(
+            {
+                "id": 1000 + i,
+                "number": i,
+                "title": f"Parser fails on nested match arm {i}",
+                "state": rnd.choice(["open", "closed"]),
+                "labels": [{"name": "bug", "color": "d73a4a"}, {"name": rnd.choice(["parser", "codegen"])}],
+                "user": {"login": f"user{rnd.randint(1, 99)}", "type": "User"},
+                "body": " ".join(rnd.choice(words) for _ in range(60)),
+                "comments": rnd.randint(0, 40),
+            }
+        )
         text = json.dumps({"total_count": 4821, "incomplete_results": False, "items": items}, separators=(",", ":"))
         if len(text) >= min_chars:
             return text
@@ -85,8 +92,9 @@ def test_spill_takes_bytes_and_refuses_other_types(session: Any) -> None:
 
 def test_spill_summary_of_minified_json_shows_the_item_shape(session: Any) -> None:
     text = mcp_search_result()
-    summary, fmt = spill_summary(text, vault_id=text_vault_id(text), count=session.counter.count_text,
-                                 preview_tokens=1000)
+    summary, fmt = spill_summary(
+        text, vault_id=text_vault_id(text), count=session.counter.count_text, preview_tokens=1000
+    )
     assert fmt == "json" and session.counter.count_text(summary) <= 1100
     preview = json.loads(summary.splitlines()[2])
     assert preview["items"][0]["title"].startswith("Parser fails")
@@ -97,8 +105,11 @@ def test_prepare_spills_a_huge_mcp_answer_with_its_skeleton(session: Any) -> Non
     history = [
         {"role": "system", "content": "You triage issues."},
         {"role": "user", "content": "Find parser bugs."},
-        {"role": "assistant", "content": None, "tool_calls": [
-            {"id": "c1", "type": "function", "function": {"name": "github_search", "arguments": "{}"}}]},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "github_search", "arguments": "{}"}}],
+        },
         {"role": "tool", "tool_call_id": "c1", "content": text},
         {"role": "assistant", "content": "Found them."},
         {"role": "user", "content": "Thanks, now fix the first."},

@@ -50,9 +50,16 @@ def pins_unchanged(before: list[Msg], after: list[Msg], vault: Any = None) -> No
     for m in kept:
         if m in after:
             continue
-        twins = [o for o in after if o.get("role") == m.get("role") and o.get("tool_call_id") == m.get("tool_call_id")
-                 and any(mk.extra.get("reason") == "spill" and vault.get_text(mk.vault_id) == text_of(m)
-                         for mk in parse_markers(text_of(o)))]
+        twins = [
+            o
+            for o in after
+            if o.get("role") == m.get("role")
+            and o.get("tool_call_id") == m.get("tool_call_id")
+            and any(
+                mk.extra.get("reason") == "spill" and vault.get_text(mk.vault_id) == text_of(m)
+                for mk in parse_markers(text_of(o))
+            )
+        ]
         assert twins, f"pinned message changed without a spill: {str(m)[:200]}"
 
 
@@ -63,9 +70,13 @@ def test_below_target_and_emergency_nothing_happens(tmp_path: Path) -> None:
 
 
 def test_protected_critical_and_tail_content_is_cut_first(tmp_path: Path) -> None:
-    msgs = [system(), user("start"),
-            *[m for n in range(6) for m in step(f"s{n}", filler(260, f"big{n}"))],
-            user("continue"), *step("last", "ok")]
+    msgs = [
+        system(),
+        user("start"),
+        *[m for n in range(6) for m in step(f"s{n}", filler(260, f"big{n}"))],
+        user("continue"),
+        *step("last", "ok"),
+    ]
     window = int(make_ctx(tmp_path).count(msgs) / 0.95) + 8192
     ctx = emergency_ctx(tmp_path, window, tail_budget=0.6, protected=[id(m) for m in msgs])
     assert ctx.budget.tier(ctx.count(msgs)) == "emergency"
@@ -101,9 +112,12 @@ def test_whole_units_go_when_cuts_are_not_enough(tmp_path: Path) -> None:
 
 
 def test_pinned_too_big_for_the_threshold_is_spilled_first_and_keeps_the_history(tmp_path: Path) -> None:
-    msgs = [system(), user("start"),
-            *[m for n in range(10) for m in step(f"s{n}", filler(40, f"a{n}"))],
-            user("latest: " + filler(1290, "huge"))]  # floor ~22.5K: above 21.4K, below 23.8K
+    msgs = [
+        system(),
+        user("start"),
+        *[m for n in range(10) for m in step(f"s{n}", filler(40, f"a{n}"))],
+        user("latest: " + filler(1290, "huge")),
+    ]  # floor ~22.5K: above 21.4K, below 23.8K
     ctx = emergency_ctx(tmp_path, 32_000)
     out = Emergency({})(msgs, ctx)
     spills = [a for a in out.actions if a.kind == "spill_pinned"]
@@ -135,8 +149,7 @@ def test_pins_that_cannot_be_spilled_are_reported(tmp_path: Path) -> None:
     pins_unchanged(msgs, out.messages)
 
 
-@settings(max_examples=40, deadline=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     sizes=st.lists(st.integers(min_value=1, max_value=400), min_size=1, max_size=30),
     users=st.sets(st.integers(min_value=0, max_value=29), max_size=5),
@@ -145,8 +158,8 @@ def test_pins_that_cannot_be_spilled_are_reported(tmp_path: Path) -> None:
     window=st.sampled_from([16_000, 32_000, 64_000]),
 )
 def test_output_fits_whenever_the_pinned_floor_fits(
-        tmp_path: Path, sizes: list[int], users: set[int], protect: set[int], latest: int,
-        window: int) -> None:
+    tmp_path: Path, sizes: list[int], users: set[int], protect: set[int], latest: int, window: int
+) -> None:
     msgs: list[Msg] = [system(), user("the first ask")]
     for n, lines in enumerate(sizes):
         msgs += step(f"c{n}", filler(lines, f"r{n}"))
@@ -158,7 +171,8 @@ def test_output_fits_whenever_the_pinned_floor_fits(
     assert pairing_problems(out.messages) == []
     pins_unchanged(msgs, out.messages, ctx.vault)
     assert expand([m for m in out.messages], ctx.vault) == msgs or any(
-        a.kind in ("truncate", "spill_pinned") for a in out.actions)
+        a.kind in ("truncate", "spill_pinned") for a in out.actions
+    )
     # The pins are spilled until they fit: only a system prompt could keep the output over.
     assert ctx.budget.utilization(ctx.count(out.messages)) < ctx.budget.thresholds["emergency"]
     assert out.warnings == []
@@ -187,9 +201,13 @@ def test_end_to_end_with_everything_critical(tmp_path: Path) -> None:
     nothing to do; the emergency pass still brings the output under the threshold."""
     (tmp_path / "all-critical.yaml").write_text(PACK)
     engine = Engine.load(tmp_path / "all-critical.yaml")
-    msgs = [system(), user("start"),
-            *[m for n in range(30) for m in step(f"s{n}", filler(70, f"e{n}"))],
-            user("go on"), *step("last", "ok")]
+    msgs = [
+        system(),
+        user("start"),
+        *[m for n in range(30) for m in step(f"s{n}", filler(70, f"e{n}"))],
+        user("go on"),
+        *step("last", "ok"),
+    ]
     session = engine.session(tmp_path / "s", model="gpt-4o", window=32_000)
     assert session.budget.tier(session.counter.count_messages(msgs)) == "emergency"
     result = session.prepare(msgs)

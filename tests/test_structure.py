@@ -44,8 +44,10 @@ def message(draw: Callable[..., Any]) -> Msg:
         cid = draw(_ids)
         return {"role": "tool", "content": "ok", **({"tool_call_id": cid} if cid else {})}
     if kind == "image":
-        return {"role": "user", "content": [{"type": "text", "text": "see"},
-                                            {"type": "image_url", "image_url": {"url": "data:,"}}]}
+        return {
+            "role": "user",
+            "content": [{"type": "text", "text": "see"}, {"type": "image_url", "image_url": {"url": "data:,"}}],
+        }
     if kind == "function":
         return {"role": "function", "name": "f", "content": "r"}
     return {"role": "system", "content": "s"}
@@ -54,9 +56,18 @@ def message(draw: Callable[..., Any]) -> Msg:
 def _view(messages: list[Msg]) -> tuple[Any, ...]:
     made = shape(messages)
     pairing = pair_tool_calls(messages)
-    return (made.facts, dict(pairing.result_of), dict(pairing.call_of), pairing.orphans,
-            dict(pairing.duplicates), pairing.unanswered, pairing.positional, pinned_indices(messages),
-            steps(messages), exchanges(messages))
+    return (
+        made.facts,
+        dict(pairing.result_of),
+        dict(pairing.call_of),
+        pairing.orphans,
+        dict(pairing.duplicates),
+        pairing.unanswered,
+        pairing.positional,
+        pinned_indices(messages),
+        steps(messages),
+        exchanges(messages),
+    )
 
 
 def _fresh(messages: list[Msg]) -> tuple[Any, ...]:
@@ -65,10 +76,15 @@ def _fresh(messages: list[Msg]) -> tuple[Any, ...]:
 
 
 @settings(max_examples=300)
-@given(st.lists(message(), max_size=12), st.lists(message(), max_size=6), st.booleans(),
-       st.lists(st.tuples(st.integers(0, 17), st.booleans(), message()), max_size=4))
-def test_derived_shapes_equal_fresh_ones(first: list[Msg], tail: list[Msg], paired: bool,
-                                         replace: list[tuple[int, bool, Msg]]) -> None:
+@given(
+    st.lists(message(), max_size=12),
+    st.lists(message(), max_size=6),
+    st.booleans(),
+    st.lists(st.tuples(st.integers(0, 17), st.booleans(), message()), max_size=4),
+)
+def test_derived_shapes_equal_fresh_ones(
+    first: list[Msg], tail: list[Msg], paired: bool, replace: list[tuple[int, bool, Msg]]
+) -> None:
     structure.forget()
     base = list(first)
     if paired:
@@ -93,8 +109,10 @@ def test_a_warm_turn_resumes_instead_of_rescanning() -> None:
     history: list[Msg] = json.loads(TRANSCRIPT.read_text())
     structure.forget()
     first = pair_tool_calls(history)
-    turn = [{"role": "assistant", "content": "", "tool_calls": [_call("warm")]},
-            {"role": "tool", "tool_call_id": "warm", "content": "done"}]
+    turn = [
+        {"role": "assistant", "content": "", "tool_calls": [_call("warm")]},
+        {"role": "tool", "tool_call_id": "warm", "content": "done"},
+    ]
     grown = [*history, *turn]
     made = shape(grown)
     assert made._resume is not None  # derived from the scan of `history`

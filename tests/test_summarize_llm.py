@@ -43,13 +43,9 @@ def good_summary(**change: Any) -> str:
         {
             "user_goal": GOAL,
             "active_tasks": ["Fix the Django enum serializer"],
-            "completed_actions": [
-                "Read the pasted issues: seaborn scales, pytest capfd, sphinx mocks, sympy det"
-            ],
+            "completed_actions": ["Read the pasted issues: seaborn scales, pytest capfd, sphinx mocks, sympy det"],
             "relevant_files": ["django/db/migrations/serializer.py"],
-            "key_facts": [
-                "Migrations serialize Enum defaults by value, which breaks translated values"
-            ],
+            "key_facts": ["Migrations serialize Enum defaults by value, which breaks translated values"],
             "pending_user_asks": ["fix the Django enum serializer first"],
             "next_steps": [
                 "Patch EnumSerializer to write Status['GOOD']",
@@ -81,9 +77,7 @@ def chat() -> list[dict[str, Any]]:
 class Harness:
     """A pack pointing the summarizer at the test server, a session, and prepare()."""
 
-    def __init__(
-        self, tmp_path: Path, server: LLMServer, chat: list[dict[str, Any]], **summarizer: Any
-    ) -> None:
+    def __init__(self, tmp_path: Path, server: LLMServer, chat: list[dict[str, Any]], **summarizer: Any) -> None:
         settings = {
             "api_base": server.base_url,
             "inactivity_s": 1,
@@ -106,9 +100,7 @@ class Harness:
         self.session = self.engine.session(tmp_path / "session", model="gpt-4o", window=self.window)
         self.server = server
 
-    def prepare(
-        self, clock: float = 1000.0, variant: int = 0
-    ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    def prepare(self, clock: float = 1000.0, variant: int = 0) -> tuple[list[dict[str, Any]], dict[str, Any]]:
         history = self.chat
         if variant:
             # A history that does not extend the last one runs the whole pipeline again (on the
@@ -126,11 +118,7 @@ def attempts(stage: dict[str, Any]) -> list[str]:
 
 
 def breaker(stage: dict[str, Any], model: str) -> str:
-    return next(
-        a["detail"]
-        for a in stage["actions"]
-        if a["kind"] == "breaker" and a["detail"].startswith(model)
-    )
+    return next(a["detail"] for a in stage["actions"] if a["kind"] == "breaker" and a["detail"].startswith(model))
 
 
 def summary_of(messages: list[dict[str, Any]]) -> dict[str, Any]:
@@ -153,9 +141,7 @@ def test_a_good_summary_is_streamed_audited_and_injected(
     summary = summary_of(out)
     assert injected_meta(summary)["source"] == "llm" and injected_meta(summary)["model"] == "gpt-4o-mini"
     text = message_text(summary)
-    assert f"User goal: {GOAL}" in text and text.rstrip().endswith(
-        "2. Run the migrations tests\n</ctxrules:summary>"
-    )
+    assert f"User goal: {GOAL}" in text and text.rstrip().endswith("2. Run the migrations tests\n</ctxrules:summary>")
     assert "primary gpt-4o-mini: ok" in attempts(stage)[0]
     assert breaker(stage, "gpt-4o-mini") == "gpt-4o-mini: state=closed failures=0"
     assert not any(a["kind"] == "checkpoint" for a in stage["actions"])
@@ -174,11 +160,7 @@ def test_a_good_summary_is_streamed_audited_and_injected(
         (reply('{"user_goal": "fix it", "constraints": [}'), "invalid", "invalid JSON"),
         (http_error(500), "failed", "InternalServerError"),
         (
-            reply(
-                good_summary(
-                    user_goal="Deploy the billing service to Kubernetes and rotate its TLS certs"
-                )
-            ),
+            reply(good_summary(user_goal="Deploy the billing service to Kubernetes and rotate its TLS certs")),
             "rejected",
             "not grounded",
         ),
@@ -206,9 +188,7 @@ def test_a_failed_summary_falls_back_to_the_checkpoint(
     assert f"primary gpt-4o-mini: {outcome}" in attempt and detail in attempt
     assert injected_meta(summary_of(out))["source"] == "checkpoint"
     assert breaker(stage, "gpt-4o-mini") == "gpt-4o-mini: state=closed failures=1"
-    assert (
-        stage["tokens_after"] < stage["tokens_before"]
-    )  # the checkpoint still shrinks the context
+    assert stage["tokens_after"] < stage["tokens_before"]  # the checkpoint still shrinks the context
 
 
 @pytest.mark.corpus
@@ -287,9 +267,7 @@ def test_a_context_length_error_is_retried_once_with_half_the_input(
     h = Harness(tmp_path, server, chat)
     out, stage = h.prepare()
     first, second = server.requests
-    assert len(second.body["messages"][1]["content"]) < 0.7 * len(
-        first.body["messages"][1]["content"]
-    )
+    assert len(second.body["messages"][1]["content"]) < 0.7 * len(first.body["messages"][1]["content"])
     assert "messages omitted to fit" in second.body["messages"][1]["content"]
     assert injected_meta(summary_of(out))["source"] == "llm"
     assert any("context-length error" in w for w in stage["warnings"])
@@ -304,10 +282,7 @@ def test_the_fallback_model_summarizes_when_the_light_one_fails(
     out, stage = h.prepare()
     assert [r.body["model"] for r in server.requests] == ["gpt-4o-mini", "gpt-4o"]
     assert injected_meta(summary_of(out))["model"] == "gpt-4o"
-    assert (
-        "primary gpt-4o-mini: failed" in attempts(stage)[0]
-        and "fallback gpt-4o: ok" in attempts(stage)[1]
-    )
+    assert "primary gpt-4o-mini: failed" in attempts(stage)[0] and "fallback gpt-4o: ok" in attempts(stage)[1]
 
 
 @pytest.mark.corpus
@@ -331,13 +306,8 @@ def test_a_too_small_summarizer_reads_a_trimmed_input(
     h = Harness(tmp_path, server, chat, on_small_window="trim", window=9000, max_output_tokens=1024)
     out, stage = h.prepare()
     (request,) = server.requests
-    assert (
-        "messages omitted to fit the summarizer's window" in request.body["messages"][1]["content"]
-    )
-    assert any(
-        "summarizer input trimmed to fit gpt-4o-mini's window (9000)" in w
-        for w in stage["warnings"]
-    )
+    assert "messages omitted to fit the summarizer's window" in request.body["messages"][1]["content"]
+    assert any("summarizer input trimmed to fit gpt-4o-mini's window (9000)" in w for w in stage["warnings"])
     assert injected_meta(summary_of(out))["source"] == "llm"
     assert request.body["max_tokens"] == 1024
 
@@ -392,8 +362,14 @@ def test_health_is_red_while_the_breaker_is_open_even_on_turns_that_do_not_summa
     server.script(reply(good_summary()))
     third = h.prepare(clock=1200, variant=1)
     assert breaker(third[1], "gpt-4o-mini") == "gpt-4o-mini: state=closed failures=0"
-    fourth = h.session.prepare([*h.chat[:-1], {**h.chat[-1], "content": f"{h.chat[-1]['content']} (take 1)"},
-                                {"role": "user", "content": "ok"}], clock=1201)
+    fourth = h.session.prepare(
+        [
+            *h.chat[:-1],
+            {**h.chat[-1], "content": f"{h.chat[-1]['content']} (take 1)"},
+            {"role": "user", "content": "ok"},
+        ],
+        clock=1201,
+    )
     assert not any("circuit breaker" in r for r in fourth.report["health"]["reasons"])
 
 

@@ -98,9 +98,7 @@ def test_the_summary_message_is_a_marked_assistant_message_that_round_trips() ->
     assert set(msg) == {"role", "content"}, "nothing but the text marks it"
     assert injected_kind(msg) == "summary" and injected_meta(msg)["id"] == summary.id
     text = message_text(msg)
-    assert text.startswith(
-        f'<ctxrules:summary id="{summary.id}" source="llm" messages="12" model="gpt-4o-mini" sig="'
-    )
+    assert text.startswith(f'<ctxrules:summary id="{summary.id}" source="llm" messages="12" model="gpt-4o-mini" sig="')
     assert text.endswith("</ctxrules:summary>")
     assert [m.count for m in parse_markers(text)] == [12]
     back = parse_rendered(text)
@@ -147,10 +145,7 @@ def test_title_strips_code_urls_and_html(first: str, expected: str) -> None:
 
 
 def test_title_cuts_at_a_word_boundary_and_accepts_messages() -> None:
-    long = (
-        "Please refactor the payment reconciliation service so that retries are idempotent "
-        "and logged"
-    )
+    long = "Please refactor the payment reconciliation service so that retries are idempotent and logged"
     out = title({"role": "user", "content": [{"type": "text", "text": long}]}, max_chars=40)
     assert len(out) <= 40 and out.endswith("…") and not out[:-1].endswith(" ")
     assert long.startswith(out[:-1])
@@ -166,8 +161,4 @@ def test_title_of_every_real_first_message_is_short_and_code_free() -> None:
         out = title(first)
         assert 0 < len(out) <= 60, (path.name, out)
         assert "```" not in out and "http" not in out and "<" not in out, (path.name, out)
-        assert (
-            clean_for_title(first) == ""
-            or out in FALLBACK_TITLES.values()
-            or out[:10] in clean_for_title(first)
-        )
+        assert clean_for_title(first) == "" or out in FALLBACK_TITLES.values() or out[:10] in clean_for_title(first)

@@ -164,9 +164,7 @@ def litellm() -> Iterator[ModuleType]:
 
 def run_python(code: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     environ = {**os.environ, "PYTHONPATH": str(ENGINE), **(env or {})}
-    return subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, env=environ, check=False
-    )
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=environ, check=False)
 
 
 # --------------------------------------------------------------------------- tiny images
@@ -182,9 +180,7 @@ def png_bytes(width: int, height: int) -> bytes:
     header = struct.pack(">IIBBBBB", width, height, 1, 0, 0, 0, 0)
     row = b"\x00" + b"\x00" * ((width + 7) // 8)
     pixels = zlib.compress(row * height, 9)
-    return (
-        b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", pixels) + chunk(b"IEND", b"")
-    )
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", pixels) + chunk(b"IEND", b"")
 
 
 def jpeg_bytes(width: int, height: int) -> bytes:
@@ -419,13 +415,17 @@ def test_thinking_held_in_both_fields_counts_once() -> None:
     for joined in ("".join(parts), "\n".join(parts), "\n\n".join(parts)):
         assert counter.count_message({**only_blocks, "reasoning_content": joined}) == base + thinking
     # Thinking parts in the content are the same text too.
-    in_content = {"role": "assistant", "reasoning_content": "".join(parts),
-                  "content": [*blocks, {"type": "text", "text": "Done."}]}
+    in_content = {
+        "role": "assistant",
+        "reasoning_content": "".join(parts),
+        "content": [*blocks, {"type": "text", "text": "Done."}],
+    }
     assert counter.count_message(in_content) < base + 2 * thinking
     # Reasoning that says something else is counted on its own.
     other = "A different summary of the reasoning."
     assert counter.count_message({**only_blocks, "reasoning_content": other}) == (
-        base + thinking + counter.count_text(other))
+        base + thinking + counter.count_text(other)
+    )
 
 
 def test_non_object_message_is_an_error() -> None:
@@ -441,13 +441,9 @@ def test_long_text_is_counted_exactly() -> None:
     import tiktoken
 
     counter = TokenCounter.for_tokenizer("o200k_base")
-    text = "\n".join(
-        m["content"] for m in load(TRANSCRIPTS / "claudecode-ae4a77f8.json") if m["content"]
-    )
+    text = "\n".join(m["content"] for m in load(TRANSCRIPTS / "claudecode-ae4a77f8.json") if m["content"])
     assert len(text) > 10 * CHUNK_CHARS
-    assert counter.count_text(text) == len(
-        tiktoken.get_encoding("o200k_base").encode_ordinary(text)
-    )
+    assert counter.count_text(text) == len(tiktoken.get_encoding("o200k_base").encode_ordinary(text))
 
 
 def test_pathological_text_stays_fast() -> None:

@@ -130,18 +130,29 @@ def test_corpus_transcripts_are_unchanged(path: Path, policy: Any) -> None:
 
 
 def test_ids_reused_across_turns_are_renamed_with_their_results() -> None:
-    messages = [user(), asst("x"), tool("x", "first"), asst("x"), tool("x", "second"), user("more"),
-                asst("x"), tool("x", "third")]
+    messages = [
+        user(),
+        asst("x"),
+        tool("x", "first"),
+        asst("x"),
+        tool("x", "second"),
+        user("more"),
+        asst("x"),
+        tool("x", "third"),
+    ]
     out, actions = repair_tool_pairs(messages)
     assert_valid_pairs(out)
     assert out[:3] == messages[:3], "the first use keeps its id"
     assert [c["id"] for m in out for c in m.get("tool_calls") or []] == ["x", "x_2", "x_3"]
     assert [(m["tool_call_id"], m["content"]) for m in out if m["role"] == "tool"] == [
-        ("x", "first"), ("x_2", "second"), ("x_3", "third")]
+        ("x", "first"),
+        ("x_2", "second"),
+        ("x_3", "third"),
+    ]
     assert kinds(actions) == ["call_id_renamed", "call_id_renamed"]
     # Stable: appending a turn renames nothing earlier, and the output is left as it is.
     grown, _ = repair_tool_pairs([*messages, asst("x"), tool("x", "fourth")])
-    assert grown[:len(out)] == out and grown[-2]["tool_calls"][0]["id"] == "x_4"
+    assert grown[: len(out)] == out and grown[-2]["tool_calls"][0]["id"] == "x_4"
     assert repair_tool_pairs(out) == (out, [])
 
 
@@ -158,10 +169,14 @@ def test_invalid_json_arguments_go_to_the_vault_and_a_valid_object_says_so(tmp_p
     cut = '{"command": "grep -rn foo src/'
     messages = [user(), asst("a", "b", "c"), tool("a"), tool("b"), tool("c")]
     calls = messages[1]["tool_calls"]
-    messages[1] = {**messages[1], "tool_calls": [
-        {**calls[0], "function": {"name": "Bash", "arguments": cut}},
-        {**calls[1], "function": {"name": "Bash", "arguments": ""}},
-        calls[2]]}
+    messages[1] = {
+        **messages[1],
+        "tool_calls": [
+            {**calls[0], "function": {"name": "Bash", "arguments": cut}},
+            {**calls[1], "function": {"name": "Bash", "arguments": ""}},
+            calls[2],
+        ],
+    }
     ctx = make_ctx(tmp_path)
     outcome = ToolPairRepair({})(messages, ctx)
     fixed = outcome.messages[1]["tool_calls"]
@@ -183,16 +198,23 @@ def test_repaired_output_converts_to_anthropic_with_litellm() -> None:
         from litellm.litellm_core_utils.prompt_templates.factory import anthropic_messages_pt
 
     messages = [user(), asst("a", "a"), tool("a", "1"), tool("a", "2"), user("again"), asst("a"), tool("a", "3")]
-    messages[5] = {**messages[5], "tool_calls": [
-        {**messages[5]["tool_calls"][0], "function": {"name": "Bash", "arguments": '{"command": "ls'}}]}
+    messages[5] = {
+        **messages[5],
+        "tool_calls": [{**messages[5]["tool_calls"][0], "function": {"name": "Bash", "arguments": '{"command": "ls'}}],
+    }
     # Today's input is what litellm refuses ...
     with pytest.raises(ValueError, match="Failed to parse tool call arguments"):
         anthropic_messages_pt(messages, model="claude-sonnet-4-5", llm_provider="anthropic")
     out, _ = repair_tool_pairs(messages)
     converted = anthropic_messages_pt(out, model="claude-sonnet-4-5", llm_provider="anthropic")
     uses = [b for m in converted if m["role"] == "assistant" for b in m["content"] if b.get("type") == "tool_use"]
-    results = [b for m in converted if m["role"] == "user" for b in m["content"]
-               if isinstance(b, dict) and b.get("type") == "tool_result"]
+    results = [
+        b
+        for m in converted
+        if m["role"] == "user"
+        for b in m["content"]
+        if isinstance(b, dict) and b.get("type") == "tool_result"
+    ]
     assert len({u["id"] for u in uses}) == len(uses) == 3
     assert [r["tool_use_id"] for r in results] == [u["id"] for u in uses]
     assert "ctxrules_invalid_arguments" in uses[2]["input"]
@@ -422,9 +444,7 @@ def conversations(draw: Callable[..., Any]) -> list[Msg]:
     if draw(st.booleans()):
         messages.append({"role": "system", "content": "sys"})
     for n in range(draw(st.integers(0, 16))):
-        kind = draw(
-            st.sampled_from(["user", "injected", "asst", "asst", "tool", "tool", "tool", "plain"])
-        )
+        kind = draw(st.sampled_from(["user", "injected", "asst", "asst", "tool", "tool", "tool", "plain"]))
         if kind == "user":
             messages.append(user(f"u{n}"))
         elif kind == "injected":

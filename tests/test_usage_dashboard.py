@@ -32,27 +32,46 @@ def state(tmp_path: Path) -> Path:
     alpha = engine.session(root / "alpha", model="gpt-4o", state_root=root)
     beta = engine.session(root / "beta", model="claude-sonnet-4-5", state_root=root)
     for day, hour in ((6, 9), (7, 10), (7, 14), (9, 9)):
-        alpha.record_usage(TokenUsage.of(prompt=20_000, completion=800, cached=12_000), at=at(day, hour),
-                           tier="standard")
+        alpha.record_usage(
+            TokenUsage.of(prompt=20_000, completion=800, cached=12_000), at=at(day, hour), tier="standard"
+        )
     for day, hour in ((8, 22), (10, 3)):
-        beta.record_usage(TokenUsage.of(prompt=50_000, completion=2_000, cache_write=30_000),
-                          at=at(day, hour), tier="reasoning")
+        beta.record_usage(
+            TokenUsage.of(prompt=50_000, completion=2_000, cache_write=30_000), at=at(day, hour), tier="reasoning"
+        )
     worker = alpha.child("worker")
     worker.record_usage(TokenUsage.of(prompt=8_000, completion=400), at=at(9, 11), tier="simple")
-    code = cli_run(["usage", "add", "--session", str(root / "gamma"), "--state", str(root),
-                    "--model", "gpt-4o-mini", "--prompt", "1000", "--completion", "100",
-                    "--at", str(at(10, 8))])
+    code = cli_run(
+        [
+            "usage",
+            "add",
+            "--session",
+            str(root / "gamma"),
+            "--state",
+            str(root),
+            "--model",
+            "gpt-4o-mini",
+            "--prompt",
+            "1000",
+            "--completion",
+            "100",
+            "--at",
+            str(at(10, 8)),
+        ]
+    )
     assert code == 0
     # An older call outside a 7-day window.
     alpha.record_usage(TokenUsage.of(prompt=1_000, completion=10), at=at(1, 12))
     return root
 
 
-def test_the_page_holds_every_section_and_the_totals(state: Path, tmp_path: Path,
-                                                     capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_page_holds_every_section_and_the_totals(
+    state: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     page = tmp_path / "usage.html"
-    assert cli_run(["usage", "report", "--state", str(state), "--days", "7", "--until", UNTIL,
-                    "--html", str(page)]) == 0
+    assert (
+        cli_run(["usage", "report", "--state", str(state), "--days", "7", "--until", UNTIL, "--html", str(page)]) == 0
+    )
     assert "8 call(s) over 7 day(s)" in capsys.readouterr().out
     text = page.read_text()
     for needle in ("http://", "https://", "src=", "@import", "url(", "<script"):
@@ -81,26 +100,45 @@ def test_text_summary_and_bad_arguments(state: Path, capsys: pytest.CaptureFixtu
     assert cli_run(["usage", "report", "--state", str(state), "--until", "March"]) == 2
 
 
-@pytest.mark.skipif(not CHROMIUM and not os.environ.get("CTXRULES_REQUIRE_CHROMIUM"),
-                    reason="Debian's chromium is not installed (CI installs it)")
+@pytest.mark.skipif(
+    not CHROMIUM and not os.environ.get("CTXRULES_REQUIRE_CHROMIUM"),
+    reason="Debian's chromium is not installed (CI installs it)",
+)
 def test_the_dashboard_renders_in_headless_chromium(state: Path, tmp_path: Path) -> None:
     assert CHROMIUM, "CTXRULES_REQUIRE_CHROMIUM is set but chromium is missing"
     page = tmp_path / "usage.html"
-    assert cli_run(["usage", "report", "--state", str(state), "--days", "7", "--until", UNTIL,
-                    "--html", str(page)]) == 0
+    assert (
+        cli_run(["usage", "report", "--state", str(state), "--days", "7", "--until", UNTIL, "--html", str(page)]) == 0
+    )
     shot = tmp_path / "shot.png"
-    proc = subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
-                           "--no-first-run", "--disable-background-networking",
-                           "--disable-component-update", "--disable-sync",
-                           f"--user-data-dir={tmp_path / 'profile'}", "--enable-logging=stderr",
-                           "--v=0", "--window-size=1200,2400", f"--screenshot={shot}", page.as_uri()],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [
+            CHROMIUM,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-quic",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            f"--user-data-dir={tmp_path / 'profile'}",
+            "--enable-logging=stderr",
+            "--v=0",
+            "--window-size=1200,2400",
+            f"--screenshot={shot}",
+            page.as_uri(),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert not [ln for ln in proc.stderr.splitlines() if "Uncaught" in ln or "net::ERR" in ln]
     from test_report_html import decode_png
 
     _, _, bpp, rows = decode_png(shot.read_bytes())
-    pixels = {row[i:i + 3] for row in rows[::3] for i in range(0, len(row), bpp * 3)}
+    pixels = {row[i : i + 3] for row in rows[::3] for i in range(0, len(row), bpp * 3)}
     # The daily bars (#2563eb), the model bars (#9333ea) and the routing bars (#16a34a) are drawn.
     for colour in ("2563eb", "9333ea", "16a34a"):
         assert bytes.fromhex(colour) in pixels, colour

@@ -55,8 +55,14 @@ def test_openai_sdk_response_usage_and_last_stream_chunk_are_recorded(tmp_path: 
         server.script(reply(TEXT), reply(TEXT))
         client = openai.OpenAI(base_url=server.base_url, api_key="k", max_retries=0)
         resp = client.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "hi"}])
-        chunks = list(client.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "hi"}],
-                                                     stream=True, stream_options={"include_usage": True}))
+        chunks = list(
+            client.chat.completions.create(
+                model="gpt-4o",
+                messages=[{"role": "user", "content": "hi"}],
+                stream=True,
+                stream_options={"include_usage": True},
+            )
+        )
     whole = s.record_usage(resp)
     usage_only = s.record_usage(resp.usage)
     last = s.record_usage(chunks[-1])
@@ -77,11 +83,19 @@ def test_litellm_model_response_usage_and_stream_chunk_are_recorded(tmp_path: Pa
     s = session(tmp_path)
     with LLMServer() as server, quiet():
         server.script(reply(TEXT), reply(TEXT))
-        resp = litellm.completion(model="openai/gpt-4o", api_base=server.base_url, api_key="k",
-                                  messages=[{"role": "user", "content": "hi"}])
-        chunks = list(litellm.completion(model="openai/gpt-4o", api_base=server.base_url, api_key="k",
-                                         messages=[{"role": "user", "content": "hi"}], stream=True,
-                                         stream_options={"include_usage": True}))
+        resp = litellm.completion(
+            model="openai/gpt-4o", api_base=server.base_url, api_key="k", messages=[{"role": "user", "content": "hi"}]
+        )
+        chunks = list(
+            litellm.completion(
+                model="openai/gpt-4o",
+                api_base=server.base_url,
+                api_key="k",
+                messages=[{"role": "user", "content": "hi"}],
+                stream=True,
+                stream_options={"include_usage": True},
+            )
+        )
     assert type(resp).__name__ == "ModelResponse" and type(resp.usage).__name__ == "Usage"
     with_usage = [c for c in chunks if getattr(c, "usage", None) is not None]
     assert with_usage, "litellm passes the final usage chunk through"
@@ -92,47 +106,73 @@ def test_litellm_model_response_usage_and_stream_chunk_are_recorded(tmp_path: Pa
 
 def test_anthropic_message_usage_and_stream_events_are_recorded(tmp_path: Path) -> None:
     s = session(tmp_path)
-    usage = {"input_tokens": 100, "output_tokens": 40, "cache_read_input_tokens": 900,
-             "cache_creation_input_tokens": 0}
-    message = anthropic.types.Message.model_validate({
-        "id": "msg_1", "type": "message", "role": "assistant", "model": "claude-sonnet-4-5",
-        "content": [{"type": "text", "text": TEXT}], "stop_reason": "end_turn", "stop_sequence": None,
-        "usage": usage})
+    usage = {"input_tokens": 100, "output_tokens": 40, "cache_read_input_tokens": 900, "cache_creation_input_tokens": 0}
+    message = anthropic.types.Message.model_validate(
+        {
+            "id": "msg_1",
+            "type": "message",
+            "role": "assistant",
+            "model": "claude-sonnet-4-5",
+            "content": [{"type": "text", "text": TEXT}],
+            "stop_reason": "end_turn",
+            "stop_sequence": None,
+            "usage": usage,
+        }
+    )
     start = anthropic.types.RawMessageStartEvent.model_validate(
-        {"type": "message_start", "message": {**message.model_dump(), "usage": {**usage, "output_tokens": 1}}})
+        {"type": "message_start", "message": {**message.model_dump(), "usage": {**usage, "output_tokens": 1}}}
+    )
     delta = anthropic.types.RawMessageDeltaEvent.model_validate(
-        {"type": "message_delta", "delta": {"stop_reason": "end_turn", "stop_sequence": None},
-         "usage": {"output_tokens": 40}})
+        {
+            "type": "message_delta",
+            "delta": {"stop_reason": "end_turn", "stop_sequence": None},
+            "usage": {"output_tokens": 40},
+        }
+    )
     for obj in (message, message.usage):
         rec = s.record_usage(obj, model="claude-sonnet-4-5")
         assert rec is not None
         # Anthropic counts cached tokens apart; ctxrules' prompt includes them.
-        assert rec["tokens"] == {"prompt": 1000, "completion": 40, "cached": 900, "cache_write": 0,
-                                "reasoning": 0, "citation": 0, "total": 1040}
+        assert rec["tokens"] == {
+            "prompt": 1000,
+            "completion": 40,
+            "cached": 900,
+            "cache_write": 0,
+            "reasoning": 0,
+            "citation": 0,
+            "total": 1040,
+        }
     assert parse_usage(start).prompt == 1000
     assert parse_usage(delta).completion == 40
 
 
 def test_objects_without_model_dump_are_read_by_attribute(tmp_path: Path) -> None:
     s = session(tmp_path)
-    usage = types.SimpleNamespace(prompt_tokens=120, completion_tokens=30, total_tokens=150,
-                                  prompt_tokens_details=types.SimpleNamespace(cached_tokens=100))
+    usage = types.SimpleNamespace(
+        prompt_tokens=120,
+        completion_tokens=30,
+        total_tokens=150,
+        prompt_tokens_details=types.SimpleNamespace(cached_tokens=100),
+    )
     response = types.SimpleNamespace(id="r1", usage=usage)
     for obj in (usage, response):
         rec = s.record_usage(obj)
         assert rec is not None and rec["tokens"]["prompt"] == 120 and rec["tokens"]["cached"] == 100
 
 
-@pytest.mark.parametrize(("value", "words"), [
-    ("12 tokens", "got a string"),
-    (42, "got int"),
-    ([1, 2], "got a list"),
-    (None, "got null"),
-    (object(), "no usage, prompt_tokens or input_tokens attribute"),
-    ({"prompt_tokens": -3}, "must be a whole number >= 0"),
-    (types.SimpleNamespace(prompt_tokens="many"), "must be a whole number >= 0"),
-    ({"prompt_tokens": 10, "prompt_tokens_details": {"cached_tokens": 50}}, "exceed the prompt tokens"),
-])
+@pytest.mark.parametrize(
+    ("value", "words"),
+    [
+        ("12 tokens", "got a string"),
+        (42, "got int"),
+        ([1, 2], "got a list"),
+        (None, "got null"),
+        (object(), "no usage, prompt_tokens or input_tokens attribute"),
+        ({"prompt_tokens": -3}, "must be a whole number >= 0"),
+        (types.SimpleNamespace(prompt_tokens="many"), "must be a whole number >= 0"),
+        ({"prompt_tokens": 10, "prompt_tokens_details": {"cached_tokens": 50}}, "exceed the prompt tokens"),
+    ],
+)
 def test_bad_values_are_a_clear_usage_error(tmp_path: Path, value: Any, words: str) -> None:
     s = session(tmp_path)
     with pytest.raises(UsageError, match=words):

@@ -263,9 +263,7 @@ VID = _sha(b"marker")
 
 
 def test_format_marker_matches_the_design_grammar() -> None:
-    assert format_marker("lines", 120, VID) == (
-        f"[ctxrules:elided kind=lines count=120 ref=vault://{VID}]"
-    )
+    assert format_marker("lines", 120, VID) == (f"[ctxrules:elided kind=lines count=120 ref=vault://{VID}]")
     assert format_marker("lines", 3, VID, lines=(10, 12)) == (
         f"[ctxrules:elided kind=lines count=3 ref=vault://{VID}#L10-L12]"
     )
@@ -282,10 +280,7 @@ def test_parse_markers_finds_markers_in_text_with_spans() -> None:
 
 
 def test_parser_accepts_fields_in_any_order_and_quoted_values() -> None:
-    text = (
-        f'[ctxrules:elided note="two words ] here" ref=vault://{VID}#L2-L5 '
-        f"count=4 kind=lines tool=Bash]"
-    )
+    text = f'[ctxrules:elided note="two words ] here" ref=vault://{VID}#L2-L5 count=4 kind=lines tool=Bash]'
     (marker,) = parse_markers(text)
     assert marker == Marker(
         kind="lines",

@@ -33,15 +33,15 @@ if importlib.util.find_spec("hatchling") is None:  # the build backend, from the
 def _run(argv: list[str], **kwargs: object) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "CTXRULES_DEBUG")}
     env["PIP_DISABLE_PIP_VERSION_CHECK"] = "1"
-    return subprocess.run(argv, capture_output=True, text=True, timeout=600, env=env,
-                          check=False, **kwargs)  # type: ignore[call-overload,no-any-return]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=600, env=env, check=False, **kwargs)  # type: ignore[call-overload,no-any-return]
 
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("wheel")
-    proc = _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
-                 "-q", "-w", str(out), str(REPO)])
+    proc = _run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out), str(REPO)]
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     [built] = out.glob("ctxrules-*.whl")
     return built
@@ -75,8 +75,9 @@ def installed(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     # pip from the system site-packages, installing into the venv
     # --ignore-installed: CI has installed ctxrules in the base interpreter, which this venv
     # sees (system site-packages, for the dependencies); the wheel must still go into the venv.
-    proc = _run([str(python), "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--ignore-installed",
-                 str(wheel)])
+    proc = _run(
+        [str(python), "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--ignore-installed", str(wheel)]
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     proc = _run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"])
     site = Path(proc.stdout.strip())
@@ -102,11 +103,13 @@ def _cli(installed: Path, cwd: Path, *argv: str, stdin: str | None = None) -> su
 def test_every_verb_works_without_the_test_extras(installed: Path, tmp_path: Path) -> None:
     example = REPO / "rules" / "examples" / "agent-session.json"
     pack = tmp_path / "pack.yaml"
-    pack.write_text("apiVersion: ctxrules/v1\nkind: RulePack\nmetadata: {name: mine, version: 1.0.0}\n"
-                    "extends: [builtin:default]\n"
-                    f"tests:\n  - {{id: fits, model: gpt-4o, window: 32000, input: {example}, "
-                    "expect: {fits: true}}\n",
-                    encoding="utf-8")
+    pack.write_text(
+        "apiVersion: ctxrules/v1\nkind: RulePack\nmetadata: {name: mine, version: 1.0.0}\n"
+        "extends: [builtin:default]\n"
+        f"tests:\n  - {{id: fits, model: gpt-4o, window: 32000, input: {example}, "
+        "expect: {fits: true}}\n",
+        encoding="utf-8",
+    )
     ok = {
         "validate": ["validate", "pack.yaml"],
         "explain": ["explain", "pack.yaml"],
@@ -123,17 +126,35 @@ def test_every_verb_works_without_the_test_extras(installed: Path, tmp_path: Pat
     assert _cli(installed, tmp_path, *ok["test"]).stdout.endswith("1 passed, 0 failed\n")
 
     # run: the Quick start command, at a window small enough that outputs go to the vault
-    proc = _cli(installed, tmp_path, "run", "--pack", "builtin:default", "--model", "gpt-4o", "--window", "16000",
-                "--input", str(example), "--output", "out.json", "--report", "report.json",
-                "--session", "sess", "--explain")
+    proc = _cli(
+        installed,
+        tmp_path,
+        "run",
+        "--pack",
+        "builtin:default",
+        "--model",
+        "gpt-4o",
+        "--window",
+        "16000",
+        "--input",
+        str(example),
+        "--output",
+        "out.json",
+        "--report",
+        "report.json",
+        "--session",
+        "sess",
+        "--explain",
+    )
     assert proc.returncode == 0, proc.stderr
     out = (tmp_path / "out.json").read_text(encoding="utf-8")
     ref = re.search(r"vault://([0-9a-f]{12,})", out)
     assert ref, "the 16K run moves an output to the vault"
     proc = _cli(installed, tmp_path, "vault", "get", ref[1], "--session", "sess")
     assert proc.returncode == 0 and proc.stdout, proc.stderr
-    assert proc.stdout in example.read_text(encoding="utf-8") or json.dumps(proc.stdout)[1:-1] in \
-        example.read_text(encoding="utf-8")
+    assert proc.stdout in example.read_text(encoding="utf-8") or json.dumps(proc.stdout)[1:-1] in example.read_text(
+        encoding="utf-8"
+    )
     proc = _cli(installed, tmp_path, "report", "report.json")
     assert proc.returncode == 0 and "outputs" in proc.stdout, proc.stderr
     proc = _cli(installed, tmp_path, "report", "report.json", "--html", "report.html")
@@ -141,8 +162,19 @@ def test_every_verb_works_without_the_test_extras(installed: Path, tmp_path: Pat
 
     # compress: filter mode on a captured pytest run, and wrapping a real command
     failures = REPO / "rules" / "compressors" / "fixtures" / "pytest" / "failures.txt"
-    proc = _cli(installed, tmp_path, "compress", "--command", "pytest", "--exit-code", "1", "--input", str(failures),
-                "--session", "sess")
+    proc = _cli(
+        installed,
+        tmp_path,
+        "compress",
+        "--command",
+        "pytest",
+        "--exit-code",
+        "1",
+        "--input",
+        str(failures),
+        "--session",
+        "sess",
+    )
     assert proc.returncode == 0 and "FAILED" in proc.stdout, proc.stderr
     proc = _cli(installed, tmp_path, "compress", "--session", "sess", "--", sys.executable, "-c", "print('hi')")
     assert proc.returncode == 0 and "hi" in proc.stdout, proc.stderr
@@ -165,10 +197,15 @@ def test_wheel_bundles_rules_and_schemas(wheel: Path) -> None:
 
 
 def test_installed_ctxrules_comes_from_the_venv(installed: Path, tmp_path: Path) -> None:
-    proc = _run([str(installed / "python"), "-c",
-                 "import ctxrules, ctxrules.resources as r; print(ctxrules.__file__); "
-                 "print(r.rules_dir()); print(r.schema_path('rulepack.v1.schema.json'))"],
-                cwd=tmp_path)
+    proc = _run(
+        [
+            str(installed / "python"),
+            "-c",
+            "import ctxrules, ctxrules.resources as r; print(ctxrules.__file__); "
+            "print(r.rules_dir()); print(r.schema_path('rulepack.v1.schema.json'))",
+        ],
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr
     module, rules, schema = proc.stdout.split("\n")[:3]
     venv_root = installed.parent.resolve()
@@ -178,21 +215,25 @@ def test_installed_ctxrules_comes_from_the_venv(installed: Path, tmp_path: Path)
     assert rules.endswith(os.path.join("_data", "rules"))
 
 
-def test_installed_cli_validates_a_pack_extending_builtin_default(installed: Path,
-                                                                  tmp_path: Path) -> None:
+def test_installed_cli_validates_a_pack_extending_builtin_default(installed: Path, tmp_path: Path) -> None:
     pack = tmp_path / "my-pack.yaml"
-    pack.write_text("apiVersion: ctxrules/v1\nkind: RulePack\n"
-                    "metadata: {name: mine, version: 1.0.0}\n"
-                    "extends: builtin:default@^1\ncontext:\n  thresholds: {full: 0.75}\n",
-                    encoding="utf-8")
+    pack.write_text(
+        "apiVersion: ctxrules/v1\nkind: RulePack\n"
+        "metadata: {name: mine, version: 1.0.0}\n"
+        "extends: builtin:default@^1\ncontext:\n  thresholds: {full: 0.75}\n",
+        encoding="utf-8",
+    )
     ctxrules = str(installed / "ctxrules")
     proc = _run([ctxrules, "validate", "my-pack.yaml"], cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout == "1 file checked: 0 error(s), 0 warning(s)\n"
 
     # and a broken one is reported with its line, through the installed schema
-    pack.write_text("apiVersion: ctxrules/v1\nkind: RulePack\nextends: builtin:default\n"
-                    "context:\n  treshold: {}\nmetadata: {name: mine, version: 1.0.0}\n", encoding="utf-8")
+    pack.write_text(
+        "apiVersion: ctxrules/v1\nkind: RulePack\nextends: builtin:default\n"
+        "context:\n  treshold: {}\nmetadata: {name: mine, version: 1.0.0}\n",
+        encoding="utf-8",
+    )
     proc = _run([ctxrules, "validate", "--format", "json", "my-pack.yaml"], cwd=tmp_path)
     assert proc.returncode == 1, proc.stderr
     [d] = json.loads(proc.stdout)["diagnostics"]
@@ -200,8 +241,7 @@ def test_installed_cli_validates_a_pack_extending_builtin_default(installed: Pat
 
 
 def test_installed_cli_explains_builtin_default(installed: Path, tmp_path: Path) -> None:
-    proc = _run([str(installed / "ctxrules"), "explain", "builtin:default", "--origins"],
-                cwd=tmp_path)
+    proc = _run([str(installed / "ctxrules"), "explain", "builtin:default", "--origins"], cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     first = proc.stdout.splitlines()[0]
     assert first.startswith("# pack: default (files applied: builtin:")
@@ -214,8 +254,7 @@ def test_installed_cli_schema_and_builtin_rules(installed: Path, tmp_path: Path)
     proc = _run([str(installed / "ctxrules"), "schema"], cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["$id"].endswith("rulepack.v1.schema.json")
-    proc = _run([str(installed / "python"), "-c",
-                 "import ctxrules.resources as r; print(r.rules_dir())"], cwd=tmp_path)
+    proc = _run([str(installed / "python"), "-c", "import ctxrules.resources as r; print(r.rules_dir())"], cwd=tmp_path)
     bundled = proc.stdout.strip()
     proc = _run([str(installed / "ctxrules"), "validate", "--strict", bundled], cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr

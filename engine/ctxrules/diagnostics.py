@@ -88,15 +88,22 @@ class Reporter:
         o = self.origins.get(p)
         if o is None or (not o.pointer and p):
             return pointer
-        return o.pointer + pointer[len(p):]
+        return o.pointer + pointer[len(p) :]
 
-    def add(self, code: str, message: str, pointer: str, hint: str | None = None,
-            severity: Severity = "error", *, at_key: bool = False) -> None:
+    def add(
+        self,
+        code: str,
+        message: str,
+        pointer: str,
+        hint: str | None = None,
+        severity: Severity = "error",
+        *,
+        at_key: bool = False,
+    ) -> None:
         """A diagnostic at ``pointer``'s value (``at_key``: at its key, for an unknown option),
         with the pointer into the document of the file that wrote it."""
         o = self.origin(pointer)
         doc = self.pack.docs.get(o.file) if at_key and pointer in self.origins else None
         if doc is not None and o.pointer:
             o = doc.key_origin(o.pointer)
-        self.out.append(Diagnostic(code, severity, message, o.file, o.line, o.col,
-                                   self.file_pointer(pointer), hint))
+        self.out.append(Diagnostic(code, severity, message, o.file, o.line, o.col, self.file_pointer(pointer), hint))

@@ -62,12 +62,20 @@ from ctxrules.tracker import FileTracker
 from ctxrules.types import Message
 from ctxrules.vault import Vault
 
-__all__ = ["DEFAULT_STATE_ROOT", "Engine", "PrepareResult", "Session", "SessionIOError", "open_session",
-           "state_root_from_env"]
+__all__ = [
+    "DEFAULT_STATE_ROOT",
+    "Engine",
+    "PrepareResult",
+    "Session",
+    "SessionIOError",
+    "open_session",
+    "state_root_from_env",
+]
 
 
 class SessionIOError(CtxrulesError):
     """The session directory could not be written (``ENOSPC``, ``EROFS``, ...) during a run."""
+
 
 if TYPE_CHECKING:
     from ctxrules.runtime.streaming import AsyncCompletionStream, CompletionStream
@@ -87,8 +95,9 @@ class Engine:
         self.registry = registry
         self.plan = self._build_plan()
         # thinking.clean's preserved_thinking: pin extends the pins of every stage (structure).
-        self.pin_signed_prefix = any(p.type.name == "thinking.clean" and p.options.get("preserved_thinking") == "pin"
-                                     for p in self.plan)
+        self.pin_signed_prefix = any(
+            p.type.name == "thinking.clean" and p.options.get("preserved_thinking") == "pin" for p in self.plan
+        )
         canonical = json.dumps(pack.data, sort_keys=True, ensure_ascii=False, default=str)
         self.digest = hashlib.sha256(canonical.encode("utf-8")).hexdigest()
         self._stamps = _stamps(pack.real_paths.values())
@@ -103,23 +112,30 @@ class Engine:
             stamps = _stamps(self.pack.real_paths.values())
             if stamps == self._stamps:
                 return []
-            pack = resolve_and_validate(self.pack.real_paths[self.pack.files[-1]], self.registry,
-                                        loader=PackLoader(self.pack.search_path))
+            pack = resolve_and_validate(
+                self.pack.real_paths[self.pack.files[-1]], self.registry, loader=PackLoader(self.pack.search_path)
+            )
             errors = [d for d in pack.diagnostics if d.severity == "error"]
             if errors:
                 self._stamps = stamps  # report this edit once, not on every call
                 first = errors[0]
-                return [f"the pack changed on disk but is now invalid ({first.file}:{first.line}:{first.col}: "
-                        f"{first.code} {first.message}); still using the previous version"]
+                return [
+                    f"the pack changed on disk but is now invalid ({first.file}:{first.line}:{first.col}: "
+                    f"{first.code} {first.message}); still using the previous version"
+                ]
             fresh = Engine(pack, self.registry)
             self.pack, self.plan, self.digest, self._stamps = fresh.pack, fresh.plan, fresh.digest, fresh._stamps
             self.pin_signed_prefix = fresh.pin_signed_prefix
             return [f"the pack changed on disk and was reloaded ({', '.join(pack.files)})"]
 
     @classmethod
-    def load(cls, ref: str | Path = "builtin:default", *,
-             plugins: list[tuple[str, object]] | None = None,
-             search_path: Sequence[str | os.PathLike[str]] = ()) -> Engine:
+    def load(
+        cls,
+        ref: str | Path = "builtin:default",
+        *,
+        plugins: list[tuple[str, object]] | None = None,
+        search_path: Sequence[str | os.PathLike[str]] = (),
+    ) -> Engine:
         """Load and validate a pack (a path or ``builtin:NAME``); raises ``PackError``.
 
         ``plugins``: extra ``(name, plugin)`` pairs registered next to the installed ones.
@@ -141,21 +157,31 @@ class Engine:
                 stage = st.factory(options)
             except Exception as exc:  # validate reports these as CR061; keep the same words here
                 where = self.pack.origins().get(f"/pipeline/{len(plan)}")
-                raise PackError(f"{where or self.pack.name}: error[CR061] options of '{st.name}' are rejected: "
-                                f"{exc}") from exc
-            plan.append(PlannedStage(item["id"], st, stage, options,
-                                     dict(item.get("when") or {}), item.get("on_error", "skip")))
+                raise PackError(
+                    f"{where or self.pack.name}: error[CR061] options of '{st.name}' are rejected: {exc}"
+                ) from exc
+            plan.append(
+                PlannedStage(item["id"], st, stage, options, dict(item.get("when") or {}), item.get("on_error", "skip"))
+            )
             named.add(st.name)
         for name, st in sorted(self.registry.stages.items()):
             if st.essential and name not in named:
                 plan.append(PlannedStage(name, st, st.factory({}), {}, implicit=True))
         return plan
 
-    def session(self, path: str | Path | None = None, *, model: str, window: int | None = None,
-                session_id: str | None = None, cache_key: str | None = None,
-                on_event: Callable[[dict[str, Any]], None] | None = None,
-                goal: str | None = None, state_root: str | Path | None = None,
-                private: bool = False) -> Session:
+    def session(
+        self,
+        path: str | Path | None = None,
+        *,
+        model: str,
+        window: int | None = None,
+        session_id: str | None = None,
+        cache_key: str | None = None,
+        on_event: Callable[[dict[str, Any]], None] | None = None,
+        goal: str | None = None,
+        state_root: str | Path | None = None,
+        private: bool = False,
+    ) -> Session:
         """Open (or create) the session directory ``path`` for ``model``.
 
         ``cache_key``: the provider prompt-cache key to use instead of this session's id; a
@@ -166,9 +192,18 @@ class Engine:
         directory of this process, as pack tests use): ``prepare`` takes no cross-process lock."""
         if path is None:
             path = Path(DEFAULT_STATE_ROOT) / (session_id or "default")
-        return Session(self, Path(path), model=model, window=window, session_id=session_id,
-                       cache_key=cache_key, on_event=on_event, goal=goal, state_root=state_root,
-                       private=private)
+        return Session(
+            self,
+            Path(path),
+            model=model,
+            window=window,
+            session_id=session_id,
+            cache_key=cache_key,
+            on_event=on_event,
+            goal=goal,
+            state_root=state_root,
+            private=private,
+        )
 
     def assemble(self, mode: str, model: str, variables: dict[str, Any] | None = None) -> str:
         """The system prompt of ``mode`` for ``model`` (see ``ctxrules.prompts.assemble``):
@@ -180,11 +215,20 @@ class Engine:
 class Session:
     """One conversation's state: vault, stage states, the last compaction, the lock."""
 
-    def __init__(self, engine: Engine, path: Path, *, model: str, window: int | None,
-                 session_id: str | None, cache_key: str | None = None,
-                 on_event: Callable[[dict[str, Any]], None] | None = None,
-                 goal: str | None = None, state_root: str | Path | None = None,
-                 private: bool = False) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        path: Path,
+        *,
+        model: str,
+        window: int | None,
+        session_id: str | None,
+        cache_key: str | None = None,
+        on_event: Callable[[dict[str, Any]], None] | None = None,
+        goal: str | None = None,
+        state_root: str | Path | None = None,
+        private: bool = False,
+    ) -> None:
         # The session directory must be ctxrules' own: a link planted in its place (in a
         # repository, say) is refused before anything is read or written through it.
         check_dir(path)
@@ -202,14 +246,14 @@ class Session:
         self._fingerprint_memo: tuple[Any, dict[str, str], str] | None = None
         self._configure(model, window)
         # Cost ledger and budget level (docs/budgets.md); session.record_usage(...) records.
-        self.ledger = open_ledger(engine.pack.data, path, self.id, model, goal=goal,
-                                  state_root=state_root)
+        self.ledger = open_ledger(engine.pack.data, path, self.id, model, goal=goal, state_root=state_root)
         self.vault = Vault.for_session(path)
         self._thread_lock = threading.Lock()
         # A private directory needs no cross-process lock (and pack tests, which use one, then
         # never load the lock module).
         self._session_lock: contextlib.AbstractContextManager[Any] = (
-            contextlib.nullcontext() if private else SessionLock(path))
+            contextlib.nullcontext() if private else SessionLock(path)
+        )
         self._last_history: list[Message] | None = None
         self._last_output: list[Message] | None = None
         self._last_chain = HistoryChain()
@@ -232,8 +276,10 @@ class Session:
             # before the cut compaction (or, if the process died while writing it, a damaged
             # file that reads as empty state): continue from it.
             where = f"its input is in the vault: {backup}" if backup else "its input could not be kept"
-            self._notices.append(f"the previous compaction in this session was interrupted ({cut.reason}); "
-                                 f"continuing from the state before it; {where}")
+            self._notices.append(
+                f"the previous compaction in this session was interrupted ({cut.reason}); "
+                f"continuing from the state before it; {where}"
+            )
 
     @property
     def injection_key(self) -> InjectionKey:
@@ -255,8 +301,12 @@ class Session:
         self.window_override = window
         self._configured_digest = self.engine.digest
         self.budget: Budget = make_budget(
-            context, registry_window=self.model.window if window is None else None, override=window,
-            safety_margin=self.counter.safety_margin, model=model)
+            context,
+            registry_window=self.model.window if window is None else None,
+            override=window,
+            safety_margin=self.counter.safety_margin,
+            model=model,
+        )
 
     def switch(self, *, model: str | None = None, window: int | _Keep | None = _Keep.WINDOW) -> list[str]:
         """Hot switch: use another model (or window) from the next ``prepare`` on, no restart.
@@ -273,8 +323,10 @@ class Session:
             if model is not None and isinstance(window, _Keep) and override is not None:
                 own = self._own_window(name)
                 if own is not None and override > own:
-                    notes.append(f"switch to {name}: the window override {override} is above the model's own "
-                                 f"window {own}; using {own} (pass window=None to drop the override)")
+                    notes.append(
+                        f"switch to {name}: the window override {override} is above the model's own "
+                        f"window {own}; using {own} (pass window=None to drop the override)"
+                    )
                     override = own
             self._configure(name, override)
             self._last_history = None
@@ -295,15 +347,15 @@ class Session:
         except CtxrulesError:
             return None  # a model the registry does not know: nothing to cap at
 
-    def preflight(self, messages: Any, tools: list[dict[str, Any]] | None = None, *,
-                  refuse: bool = True) -> Preflight:
+    def preflight(self, messages: Any, tools: list[dict[str, Any]] | None = None, *, refuse: bool = True) -> Preflight:
         """Estimate a request against the window before calling the model. With ``refuse``,
         raise ``RequestRejected`` (with the numbers) when even the pinned messages and tool
         schemas cannot fit, instead of spending an API call."""
         listed, given_tools = split_input(messages)
         history = validate_messages(listed)
-        estimate = preflight(history, list(tools if tools is not None else given_tools or []),
-                             counter=self.counter, budget=self.budget)
+        estimate = preflight(
+            history, list(tools if tools is not None else given_tools or []), counter=self.counter, budget=self.budget
+        )
         if refuse:
             refuse_unless_fits(estimate, self.model.name)
         return estimate
@@ -312,11 +364,11 @@ class Session:
         """Store a large output (MCP result, hook output, background log; ``str`` or ``bytes``,
         anything else is a ``TypeError``) in the vault; return the marker and a preview within
         ``preview_tokens`` (default 2,500): a JSON document's skeleton, else head + tail lines."""
-        return spill(self.vault, text, kind=kind, counter=self.counter,
-                     preview_tokens=preview_tokens or DEFAULT_PREVIEW_TOKENS)
+        return spill(
+            self.vault, text, kind=kind, counter=self.counter, preview_tokens=preview_tokens or DEFAULT_PREVIEW_TOKENS
+        )
 
-    def record_usage(self, usage: Any, *, model: str | None = None,
-                     **options: Any) -> dict[str, Any] | None:
+    def record_usage(self, usage: Any, *, model: str | None = None, **options: Any) -> dict[str, Any] | None:
         """Record one successful model call in the session, day and goal ledgers (see
         ``SessionLedger.record``): ``usage`` is a provider usage object or whole response, or a
         ``TokenUsage``; an error body records nothing. Returns the ledger record."""
@@ -334,8 +386,13 @@ class Session:
         level and stops at EXCEEDED; ``decision.budget`` holds the status."""
         guards = self.engine.pack.data.get("guards") or {}
         config = guards.get("continuation") or {} if isinstance(guards, dict) else {}
-        return evaluate(config, state, self._continuation_memory,
-                        is_error=tool_roles(self.engine.pack.data).is_error, budget=self.ledger.status())
+        return evaluate(
+            config,
+            state,
+            self._continuation_memory,
+            is_error=tool_roles(self.engine.pack.data).is_error,
+            budget=self.ledger.status(),
+        )
 
     def child(self, name: str, *, model: str | None = None, window: int | None = None) -> Session:
         """A sub-agent session in ``<this>/children/<name>``: same pack, this session's prompt
@@ -344,10 +401,17 @@ class Session:
         ``budgets.max_descendants`` (default 20) caps how many child sessions one root may
         spawn across the tree; beyond it ``SpawnLimitExceeded`` is raised and nothing is created."""
         path = child_path(self.path, name)
-        sub = Session(self.engine, path, model=model or self.model.name,
-                      window=window if window is not None else self.window_override,
-                      session_id=f"{self.id}/{name}", cache_key=self.cache_key, on_event=self.on_event,
-                      goal=self.ledger.goal, state_root=self.ledger.state_root)
+        sub = Session(
+            self.engine,
+            path,
+            model=model or self.model.name,
+            window=window if window is not None else self.window_override,
+            session_id=f"{self.id}/{name}",
+            cache_key=self.cache_key,
+            on_event=self.on_event,
+            goal=self.ledger.goal,
+            state_root=self.ledger.state_root,
+        )
         sub.parent, sub.root = self, self.root
         sub._injection_key = self.injection_key  # one key per tree: a handover stays recognisable
         self.ledger.register_child(sub.ledger)  # the one spawn cap; its costs count in the root's budget
@@ -357,20 +421,38 @@ class Session:
     def handover(self, result: str) -> Handover:
         """This sub-agent's result, capped for the parent's context (see ``runtime.subagents``)."""
         cfg = subagent_settings(self.engine.pack.data)
-        return make_handover(result, vault=self.vault, counter=self.counter,
-                             max_result_tokens=cfg["max_result_tokens"], spill_chars=cfg["spill_chars"])
+        return make_handover(
+            result,
+            vault=self.vault,
+            counter=self.counter,
+            max_result_tokens=cfg["max_result_tokens"],
+            spill_chars=cfg["spill_chars"],
+        )
 
-    def complete(self, messages: Any, *, tools: list[dict[str, Any]] | None = None, model: str | None = None,
-                 stream: bool = False, **kwargs: Any) -> Completion | CompletionStream:
+    def complete(
+        self,
+        messages: Any,
+        *,
+        tools: list[dict[str, Any]] | None = None,
+        model: str | None = None,
+        stream: bool = False,
+        **kwargs: Any,
+    ) -> Completion | CompletionStream:
         """``prepare`` + ``litellm.completion`` with one context-overflow recovery (see
         ``ctxrules.runtime.overflow``); litellm is imported only here. Returns a ``Completion``;
         with ``stream=True`` a ``CompletionStream`` of the chunks (recovered when the overflow
         comes before the first chunk; usage recorded when the stream ends)."""
         return complete(self, messages, tools=tools, model=model, stream=stream, **kwargs)
 
-    async def acomplete(self, messages: Any, *, tools: list[dict[str, Any]] | None = None,
-                        model: str | None = None, stream: bool = False,
-                        **kwargs: Any) -> Completion | AsyncCompletionStream:
+    async def acomplete(
+        self,
+        messages: Any,
+        *,
+        tools: list[dict[str, Any]] | None = None,
+        model: str | None = None,
+        stream: bool = False,
+        **kwargs: Any,
+    ) -> Completion | AsyncCompletionStream:
         """``complete`` on the event loop (``aprepare`` + ``litellm.acompletion``); with
         ``stream=True`` an ``AsyncCompletionStream`` (``async for chunk in stream``)."""
         return await acomplete(self, messages, tools=tools, model=model, stream=stream, **kwargs)
@@ -408,9 +490,13 @@ class Session:
         ``recall.budget_tokens``. Raises ``RecallError`` (a ``CtxrulesError``) for a call it
         cannot answer."""
         allowed = referenced_ids(self.last_output(), self.vault)
-        return answer_recall(arguments, vault=self.vault, allowed=allowed,
-                             count=self.counter.count_text,
-                             settings=RecallSettings.from_pack(self.engine.pack.data))
+        return answer_recall(
+            arguments,
+            vault=self.vault,
+            allowed=allowed,
+            count=self.counter.count_text,
+            settings=RecallSettings.from_pack(self.engine.pack.data),
+        )
 
     def last_output(self) -> list[Message]:
         """What the last ``prepare`` of this session returned (read back from the session
@@ -439,15 +525,25 @@ class Session:
         key = (self.engine, self.engine.digest, self.model.name, self.budget)
         memo = self._fingerprint_memo
         if memo is None or memo[0] != key:
-            parts = {"pack": self.engine.digest, "model": self.model.name, "window": str(self.budget.window),
-                     "reserve_output": str(self.budget.reserve_output),
-                     "thresholds": ",".join(f"{k}={v}" for k, v in sorted(self.budget.thresholds.items())),
-                     "plugins": self.engine.registry.fingerprint()}
+            parts = {
+                "pack": self.engine.digest,
+                "model": self.model.name,
+                "window": str(self.budget.window),
+                "reserve_output": str(self.budget.reserve_output),
+                "thresholds": ",".join(f"{k}={v}" for k, v in sorted(self.budget.thresholds.items())),
+                "plugins": self.engine.registry.fingerprint(),
+            }
             memo = self._fingerprint_memo = (key, parts, _fingerprint_of(parts))
         return memo[1], memo[2]
 
-    def prepare(self, messages: Any, tools: list[dict[str, Any]] | None = None, *,
-                clock: float | None = None, format: str = "openai") -> PrepareResult:
+    def prepare(
+        self,
+        messages: Any,
+        tools: list[dict[str, Any]] | None = None,
+        *,
+        clock: float | None = None,
+        format: str = "openai",
+    ) -> PrepareResult:
         """Run the pipeline before a model call. ``messages`` is the full history (append-only);
         a JSON-style ``{"messages": [...], "tools": [...]}`` is accepted too.
 
@@ -461,8 +557,7 @@ class Session:
         result.body = openai_format.encode(result.messages, result.tools, original)
         return result
 
-    def _prepare_openai(self, messages: Any, tools: list[dict[str, Any]] | None,
-                        clock: float | None) -> PrepareResult:
+    def _prepare_openai(self, messages: Any, tools: list[dict[str, Any]] | None, clock: float | None) -> PrepareResult:
         listed, given_tools = split_input(messages)
         if tools is None:
             tools = given_tools
@@ -483,13 +578,15 @@ class Session:
                 self._last_history = self._last_output = None
                 raise SessionIOError(
                     f"cannot write the session {self.path}: {exc.strerror or exc}; the messages "
-                    "were not changed, and the next run starts from them") from exc
+                    "were not changed, and the next run starts from them"
+                ) from exc
             except BaseException:
                 self.store.forget()  # a run that did not finish may have changed the state in memory
                 raise
 
-    async def aprepare(self, messages: Any, tools: list[dict[str, Any]] | None = None, *,
-                       format: str = "openai") -> PrepareResult:
+    async def aprepare(
+        self, messages: Any, tools: list[dict[str, Any]] | None = None, *, format: str = "openai"
+    ) -> PrepareResult:
         """``prepare`` off the event loop."""
         return await asyncio.to_thread(functools.partial(self.prepare, messages, tools, format=format))
 
@@ -514,8 +611,7 @@ class Session:
         if self._repaired:
             # Messages whose lone surrogates an earlier turn replaced: the same repaired copy
             # again, so that the history still extends the one the last turn saw.
-            history = [r[1] if (r := self._repaired.get(id(m))) is not None and r[0] is m else m
-                       for m in history]
+            history = [r[1] if (r := self._repaired.get(id(m))) is not None and r[0] is m else m for m in history]
         reused, previous, chain = 0, [], HistoryChain()
         if same:
             reused, previous, chain = self._previous(history, state)
@@ -544,8 +640,10 @@ class Session:
             head = len(previous) if reused else 0
             tail, n_lost = replace_lost(pipeline_input[head:], lost)
             pipeline_input = [*pipeline_input[:head], *tail]
-            self._notices.append(f"{len(lost)} marker(s) in {n_lost} message(s) point at vault items "
-                                 "that are missing; they are marked as lost")
+            self._notices.append(
+                f"{len(lost)} marker(s) in {n_lost} message(s) point at vault items "
+                "that are missing; they are marked as lost"
+            )
         appended = sum(self.counter.count_each(history[reused:]))
         msgs_sum = (self._last_msgs_sum if reused else 0) + appended
         has_system = (self._last_has_system if reused else False) or _has_system(history[reused:])
@@ -562,8 +660,11 @@ class Session:
         changed = sorted(k for k, v in parts.items() if before_parts and before_parts.get(k) != v)
         state["fingerprint_parts"] = parts
         tier_in = budget.tier(known)
-        compacting = [p.id for p in self.engine.plan
-                      if p.phase == "content" and p.type.hysteresis and when_allows(p.when, tier_in)]
+        compacting = [
+            p.id
+            for p in self.engine.plan
+            if p.phase == "content" and p.type.hysteresis and when_allows(p.when, tier_in)
+        ]
         prefix = 0
         if compacting:
             self._emit({"event": "compacting", "stages": compacting, "tier": tier_in, "tokens": known})
@@ -573,19 +674,36 @@ class Session:
             # otherwise store its whole context in the vault on every turn.
             prefix = len(previous) if reused and self.store.holds(previous) else 0
             backup = self.vault.put_text(json.dumps(pipeline_input[prefix:], ensure_ascii=False))
-            checkpoint.begin(self.path, backup=backup, prefix=prefix, state=_clone(state),
-                             messages=len(pipeline_input), clock=clock)
+            checkpoint.begin(
+                self.path, backup=backup, prefix=prefix, state=_clone(state), messages=len(pipeline_input), clock=clock
+            )
         base = StageContext(
-            stage_id="", model=self.model, counter=self.counter, budget=budget, vault=self.vault,
-            tools=tools, pack=self.engine.pack.data, log=get_logger("ctxrules.pipeline", session=self.id),
-            session_id=self.id, clock=clock, cache_hot=cache_hot, hooks=self.engine.registry.hooks,
-            registry=self.engine.registry, cache_key=self.cache_key,
+            stage_id="",
+            model=self.model,
+            counter=self.counter,
+            budget=budget,
+            vault=self.vault,
+            tools=tools,
+            pack=self.engine.pack.data,
+            log=get_logger("ctxrules.pipeline", session=self.id),
+            session_id=self.id,
+            clock=clock,
+            cache_hot=cache_hot,
+            hooks=self.engine.registry.hooks,
+            registry=self.engine.registry,
+            cache_key=self.cache_key,
             valid_prefix=len(previous) if reused else 0,
         )
         pin_token = structure.PIN_SIGNED_PREFIX.set(self.engine.pin_signed_prefix)
         try:
-            outcome = run_pipeline(self.engine.plan, pipeline_input, base, state.setdefault("stages", {}),
-                                   known_tokens=known, on_event=self._emit if self.on_event else None)
+            outcome = run_pipeline(
+                self.engine.plan,
+                pipeline_input,
+                base,
+                state.setdefault("stages", {}),
+                known_tokens=known,
+                on_event=self._emit if self.on_event else None,
+            )
         except BaseException as exc:
             if compacting:
                 # This session may save again before anyone resumes: back up the whole input.
@@ -601,8 +719,9 @@ class Session:
         self._last_history = [*kept, *(_clone(m) for m in history[reused:])]
         self._last_output, self._last_chain = outcome.messages, chain
         # The vault ids the output may point at, checked before it is reused (_previous).
-        self._output_ids = ((self._output_ids | given_ids | set(vault_new)) - lost if reused
-                            else marker_ids(outcome.messages))
+        self._output_ids = (
+            (self._output_ids | given_ids | set(vault_new)) - lost if reused else marker_ids(outcome.messages)
+        )
         state["fingerprint"] = fingerprint
         state["last_clock"] = clock
         state["last"] = {"count": chain.count, "chain": chain.value}
@@ -611,9 +730,16 @@ class Session:
             # be gone before that file is written. Dying in the save costs one turn's reuse.
             checkpoint.complete(self.path)
         self.store.save(state, outcome.messages)
-        report = build_report(self._report_header(), budget=budget, history_tokens=tokens_in,
-                              history_len=len(history), reused=reused, outcome=outcome, vault_new=vault_new,
-                              ms=(time.perf_counter() - started) * 1000)
+        report = build_report(
+            self._report_header(),
+            budget=budget,
+            history_tokens=tokens_in,
+            history_len=len(history),
+            reused=reused,
+            outcome=outcome,
+            vault_new=vault_new,
+            ms=(time.perf_counter() - started) * 1000,
+        )
         report["fingerprint"] = {"value": fingerprint, "changed": changed}
         report["warnings"].extend(reload_notes + self._notices)
         self._notices = []
@@ -625,8 +751,14 @@ class Session:
                     self._emit({"event": "fallback", "stage": st["id"], "detail": action["detail"]})
                 elif action["kind"] == "breaker":
                     self._emit({"event": "breaker", "stage": st["id"], "detail": action["detail"]})
-        self._emit({"event": "prepare.end", "health": report["health"]["state"],
-                    "tokens_before": tokens_in, "tokens_after": outcome.tokens})
+        self._emit(
+            {
+                "event": "prepare.end",
+                "health": report["health"]["state"],
+                "tokens_before": tokens_in,
+                "tokens_after": outcome.tokens,
+            }
+        )
         _log_prepare(self.id, report)
         # New lists. Messages no stage changed are the caller's own objects (the session notices
         # if the caller edits them later); messages a stage made are copies, so that editing them
@@ -643,10 +775,16 @@ class Session:
         return report_header(
             pack={"name": pack.name, "digest": self.engine.digest, "files": pack.files},
             session={"id": self.id, "path": str(self.path.resolve())},  # absolute: read-back commands
-            model={"name": self.model.name, "registry_key": self.model.key, "provider": self.model.provider,
-                   "family": self.model.family, "tokenizer": self.model.tokenizer,
-                   "tokens_are_estimates": self.counter.is_estimate,
-                   "models_entry": (self.model_entry or {}).get("id")})
+            model={
+                "name": self.model.name,
+                "registry_key": self.model.key,
+                "provider": self.model.provider,
+                "family": self.model.family,
+                "tokenizer": self.model.tokenizer,
+                "tokens_are_estimates": self.counter.is_estimate,
+                "models_entry": (self.model_entry or {}).get("id"),
+            },
+        )
 
     def _emit(self, event: dict[str, Any]) -> None:
         """Hand an event to ``on_event``; a failing callback is logged, never fatal."""
@@ -707,11 +845,19 @@ def _log_prepare(session_id: str, report: dict[str, Any]) -> None:
     if not structlog.is_configured() and not logging.getLogger("ctxrules.session").isEnabledFor(logging.INFO):
         return  # nobody reads it: skip building the line
     before, after = report["before"], report["after"]
-    changed = [st["id"] for st in report["stages"]
-               if st.get("ran") and (st.get("tokens_before") != st.get("tokens_after") or st.get("actions"))]
-    log.info("prepare", session=session_id, tokens=f"{before['tokens']}->{after['tokens']}",
-             tier=f"{before['tier']}->{after['tier']}", changed=",".join(changed) or "-",
-             ms=round(report.get("ms", 0.0), 1))
+    changed = [
+        st["id"]
+        for st in report["stages"]
+        if st.get("ran") and (st.get("tokens_before") != st.get("tokens_after") or st.get("actions"))
+    ]
+    log.info(
+        "prepare",
+        session=session_id,
+        tokens=f"{before['tokens']}->{after['tokens']}",
+        tier=f"{before['tier']}->{after['tier']}",
+        changed=",".join(changed) or "-",
+        ms=round(report.get("ms", 0.0), 1),
+    )
 
 
 def _stamps(paths: Any) -> tuple[tuple[str, int, int], ...]:
@@ -743,8 +889,15 @@ def _clone(value: Any) -> Any:
     return value
 
 
-def open_session(pack: str, model: str, *, session: str | None = None, state: str | None = None,
-                 window: int | None = None, search_path: Sequence[str] = ()) -> Session:
+def open_session(
+    pack: str,
+    model: str,
+    *,
+    session: str | None = None,
+    state: str | None = None,
+    window: int | None = None,
+    search_path: Sequence[str] = (),
+) -> Session:
     """What ``ctxrules run`` does to get a session (CLI helper)."""
     engine = Engine.load(pack, search_path=search_path)
     if session is not None:

@@ -162,4 +162,3 @@ def ctxrules_route_judge(text: str, tier: str, score: float, reasons: list[str])
     Stops at the first non-None result (``firstresult=True``). Nothing implements this hook by
     default: routing is deterministic without it.
     """
-

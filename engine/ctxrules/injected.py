@@ -54,7 +54,7 @@ _MEMO_LIMIT = 4096
 # when present, is the last attribute.
 _ATTR = r'[a-z_][a-z0-9_.-]*=(?:"[^"\n]*"|[^\s"/>]+)'
 _HEAD_RE = re.compile(
-    rf'\s*<ctxrules:(?P<kind>[a-z][a-z0-9_.-]*)(?P<attrs>(?:[ \t]+{_ATTR})*?)'
+    rf"\s*<ctxrules:(?P<kind>[a-z][a-z0-9_.-]*)(?P<attrs>(?:[ \t]+{_ATTR})*?)"
     rf'(?P<sig>[ \t]+sig="(?P<hex>[0-9a-f]{{{SIG_HEX}}})")?[ \t]*(?P<close>/?)>'
 )
 _ATTR_RE = re.compile(r'([a-z_][a-z0-9_.-]*)=(?:"([^"\n]*)"|([^\s"/>]+))')
@@ -91,8 +91,7 @@ def format_attr(value: object) -> str:
 def _unescape(value: str) -> str:
     if "&" not in value:
         return value
-    return (value.replace("&quot;", '"').replace("&lt;", "<").replace("&gt;", ">")
-            .replace("&amp;", "&"))
+    return value.replace("&quot;", '"').replace("&lt;", "<").replace("&gt;", ">").replace("&amp;", "&")
 
 
 class InjectionKey:
@@ -218,8 +217,7 @@ _KNOWN: list[InjectionKey] = []
 # A new object whenever a key is added, so memos keyed on "the current key" notice.
 _ANY: list[_AnyKnownKey] = [_AnyKnownKey(_PROCESS_KEY, ())]
 _KNOWN_LIMIT = 64
-_CURRENT: contextvars.ContextVar[InjectionKey | None] = contextvars.ContextVar("ctxrules_injection_key",
-                                                                               default=None)
+_CURRENT: contextvars.ContextVar[InjectionKey | None] = contextvars.ContextVar("ctxrules_injection_key", default=None)
 
 
 def _known(key: InjectionKey) -> None:

@@ -71,15 +71,14 @@ class Scan:
 def pointer(path: Path) -> str:
     """The RFC 6901 JSON pointer of ``path`` (printable: a lone surrogate in a key shows as
     U+FFFD, as it will be after the repair)."""
-    return _SURROGATE.sub(
-        "\ufffd", "".join("/" + str(p).replace("~", "~0").replace("/", "~1") for p in path))
+    return _SURROGATE.sub("\ufffd", "".join("/" + str(p).replace("~", "~0").replace("/", "~1") for p in path))
 
 
 def short_pointer(path: Path, width: int = 80) -> str:
     """:func:`pointer`, its middle elided when it is longer than ``width`` (a path 100 levels
     deep would fill the screen)."""
     text = pointer(path) or "/"
-    return text if len(text) <= width else f"{text[: width // 2]}...{text[-width // 4:]}"
+    return text if len(text) <= width else f"{text[: width // 2]}...{text[-width // 4 :]}"
 
 
 def _has_surrogate(text: str) -> bool:
@@ -122,8 +121,7 @@ def scan(value: Any, *, max_depth: int = MAX_DEPTH, base: Path = ()) -> Scan:
             pass
         elif isinstance(obj, int):
             if obj.bit_length() >= _INT_BITS and abs(obj) >= _INT_LIMIT:
-                result.problems.append(
-                    Problem("int", path, f"an integer of more than {MAX_INT_DIGITS} digits"))
+                result.problems.append(Problem("int", path, f"an integer of more than {MAX_INT_DIGITS} digits"))
         elif isinstance(obj, float):
             if not math.isfinite(obj):
                 result.problems.append(Problem("nonfinite", path, f"{obj!r} is not a finite number"))

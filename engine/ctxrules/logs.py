@@ -27,8 +27,13 @@ from ctxrules.errors import UsageError
 
 __all__ = ["LEVELS", "configure", "get_logger"]
 
-LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING,
-          "error": logging.ERROR, "critical": logging.CRITICAL}
+LEVELS = {
+    "debug": logging.DEBUG,
+    "info": logging.INFO,
+    "warning": logging.WARNING,
+    "error": logging.ERROR,
+    "critical": logging.CRITICAL,
+}
 ROOT = "ctxrules"
 _FORMAT = "%(asctime)s %(name)s %(levelname)s: %(message)s"
 
@@ -103,7 +108,8 @@ def get_logger(name: str = ROOT, **bound: Any) -> Any:
         # Filtered at the stdlib logger's level, so a disabled debug event costs one call (a
         # session asks for a logger on every prepare; building one costs more than that).
         logger = structlog.wrap_logger(
-            std, wrapper_class=structlog.make_filtering_bound_logger(level), processors=[_render])
+            std, wrapper_class=structlog.make_filtering_bound_logger(level), processors=[_render]
+        )
         if len(_LOGGERS) > 64:
             _LOGGERS.clear()
         _LOGGERS[key] = logger

@@ -78,13 +78,10 @@ def split_input(obj: object) -> tuple[list[Any], list[Any] | None]:
             if not isinstance(tool, Mapping):
                 raise MessagesError(f"tool {i}: expected an object, got {_type_name(tool)}")
         return messages, tools
-    raise MessagesError(
-        f"expected a JSON list of chat messages or an object with 'messages', got {_type_name(obj)}"
-    )
+    raise MessagesError(f"expected a JSON list of chat messages or an object with 'messages', got {_type_name(obj)}")
 
 
-def validate_messages(obj: object, *, start: int = 0,
-                      warnings: list[str] | None = None) -> list[Message]:
+def validate_messages(obj: object, *, start: int = 0, warnings: list[str] | None = None) -> list[Message]:
     """Check the structure of a message list and return it as a new list (same dicts).
 
     Raises :class:`MessagesError` naming the message index for what no stage can repair: a
@@ -137,9 +134,7 @@ def _validate_message(index: int, message: object) -> None:
     if not isinstance(role, str):
         raise MessagesError(f"{where}: 'role' must be a string, got {_type_name(role)}")
     if role not in ROLES:
-        raise MessagesError(
-            f"{where}: unknown role {role!r} (expected one of {', '.join(sorted(ROLES))})"
-        )
+        raise MessagesError(f"{where}: unknown role {role!r} (expected one of {', '.join(sorted(ROLES))})")
     where = f"message {index} ({role})"
     content = message.get("content")
     if content is None:
@@ -150,18 +145,13 @@ def _validate_message(index: int, message: object) -> None:
         for part_index, part in enumerate(content):
             _validate_part(f"{where}, content part {part_index}", part)
     elif not isinstance(content, str):
-        raise MessagesError(
-            f"{where}: 'content' must be a string, a list of parts or null, "
-            f"got {_type_name(content)}"
-        )
+        raise MessagesError(f"{where}: 'content' must be a string, a list of parts or null, got {_type_name(content)}")
     tool_calls = message.get("tool_calls")
     if tool_calls is not None:
         if role != "assistant":
             raise MessagesError(f"{where}: 'tool_calls' is only valid on assistant messages")
         if not isinstance(tool_calls, list):
-            raise MessagesError(
-                f"{where}: 'tool_calls' must be a list, got {_type_name(tool_calls)}"
-            )
+            raise MessagesError(f"{where}: 'tool_calls' must be a list, got {_type_name(tool_calls)}")
         for call_index, call in enumerate(tool_calls):
             _validate_call(f"{where}, tool_calls[{call_index}]", call)
     call_id = message.get("tool_call_id")
@@ -202,17 +192,13 @@ def _validate_call(where: str, call: object) -> None:
         raise MessagesError(f"{where}: '{kind}.name' must be a string")
     arguments = function.get("arguments")
     if kind == "function" and not (arguments is None or isinstance(arguments, str | Mapping)):
-        raise MessagesError(
-            f"{where}: 'function.arguments' must be a string, got {_type_name(arguments)}"
-        )
+        raise MessagesError(f"{where}: 'function.arguments' must be a string, got {_type_name(arguments)}")
 
 
 def _type_name(value: object) -> str:
     if value is None:
         return "null"
-    return {dict: "object", list: "array", str: "string", bool: "boolean"}.get(
-        type(value), type(value).__name__
-    )
+    return {dict: "object", list: "array", str: "string", bool: "boolean"}.get(type(value), type(value).__name__)
 
 
 # --- text -----------------------------------------------------------------------------------
@@ -227,9 +213,7 @@ def message_text(msg: Mapping[str, Any]) -> str:
         return "\n".join(
             part["text"]
             for part in content
-            if isinstance(part, Mapping)
-            and part.get("type") == "text"
-            and isinstance(part.get("text"), str)
+            if isinstance(part, Mapping) and part.get("type") == "text" and isinstance(part.get("text"), str)
         )
     return ""
 

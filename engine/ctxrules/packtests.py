@@ -91,8 +91,9 @@ def run_case(engine: Engine, index: int, case: dict[str, Any]) -> CaseResult:
         if case.get("tools"):
             tools = _read_json(_input_path(engine, index, str(case["tools"]), "tools"))
         with tempfile.TemporaryDirectory(prefix="ctxrules-test-") as tmp:
-            session = engine.session(Path(tmp) / "session", model=str(case.get("model", "gpt-4o")),
-                                     window=case.get("window"), private=True)
+            session = engine.session(
+                Path(tmp) / "session", model=str(case.get("model", "gpt-4o")), window=case.get("window"), private=True
+            )
             result = session.prepare(data, tools)
     except (OutsideRoots, FileRefused) as exc:
         return done("failed", str(exc))
@@ -105,8 +106,9 @@ def _check(expect: dict[str, Any], messages: list[dict[str, Any]], report: dict[
     problems: list[str] = []
     after = report["after"]
     if "fits" in expect and bool(after["fits"]) != bool(expect["fits"]):
-        problems.append(f"fits is {after['fits']} ({after['tokens']} tokens, usable "
-                        f"{report['budget']['usable_window']})")
+        problems.append(
+            f"fits is {after['fits']} ({after['tokens']} tokens, usable {report['budget']['usable_window']})"
+        )
     text = _output_text(messages) if ("contains" in expect or "not_contains" in expect) else ""
     for s in expect.get("contains") or []:
         if s not in text:
@@ -117,8 +119,10 @@ def _check(expect: dict[str, Any], messages: list[dict[str, Any]], report: dict[
     ran = {st["id"] for st in report["stages"] if st["ran"]}
     for sid in expect.get("stages_ran") or []:
         if sid not in ran:
-            why = next((st.get("skipped") or st.get("error") for st in report["stages"] if st["id"] == sid),
-                       "not in the pipeline")
+            why = next(
+                (st.get("skipped") or st.get("error") for st in report["stages"] if st["id"] == sid),
+                "not in the pipeline",
+            )
             problems.append(f"stage {sid!r} did not run ({why})")
     if "max_tokens" in expect and after["tokens"] > expect["max_tokens"]:
         problems.append(f"{after['tokens']} tokens > max_tokens {expect['max_tokens']}")
@@ -142,5 +146,8 @@ def run_pack_tests(engine: Engine, *, inherited: bool = False) -> list[CaseResul
     """The ``tests:`` cases the pack's own file declares; with ``inherited``, its parents' too
     (a pack that extends ``builtin:default`` does not re-run the built-in cases as its own)."""
     origins = engine.pack.origins()
-    return [run_case(engine, i, case) for i, case in enumerate(engine.pack.data.get("tests") or [])
-            if isinstance(case, dict) and (inherited or declared_in(engine.pack, f"/tests/{i}", origins))]
+    return [
+        run_case(engine, i, case)
+        for i, case in enumerate(engine.pack.data.get("tests") or [])
+        if isinstance(case, dict) and (inherited or declared_in(engine.pack, f"/tests/{i}", origins))
+    ]

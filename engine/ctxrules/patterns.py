@@ -65,8 +65,12 @@ STATE_KEY = "timed_out_patterns"
 
 _REPEATS = ("MAX_REPEAT", "MIN_REPEAT", "POSSESSIVE_REPEAT")
 _CATEGORIES_DIFFERENT = {
-    "CATEGORY_DIGIT", "CATEGORY_NOT_DIGIT", "CATEGORY_WORD", "CATEGORY_NOT_WORD",
-    "CATEGORY_SPACE", "CATEGORY_NOT_SPACE",
+    "CATEGORY_DIGIT",
+    "CATEGORY_NOT_DIGIT",
+    "CATEGORY_WORD",
+    "CATEGORY_NOT_WORD",
+    "CATEGORY_SPACE",
+    "CATEGORY_NOT_SPACE",
 }
 
 
@@ -79,8 +83,11 @@ class PatternTimeout(Exception):
 
     def __init__(self, pattern: Pattern, earlier: bool = False, reason: str | None = None) -> None:
         shown = pattern.pattern if len(pattern.pattern) <= 80 else pattern.pattern[:77] + "..."
-        when = "timed out in an earlier run and is skipped" if earlier else (
-            f"took longer than {MATCH_TIME_LIMIT_S:g} s on one match and is skipped from now on")
+        when = (
+            "timed out in an earlier run and is skipped"
+            if earlier
+            else (f"took longer than {MATCH_TIME_LIMIT_S:g} s on one match and is skipped from now on")
+        )
         if reason is not None:
             when = f"cannot run ({reason}) and is skipped"
         super().__init__(f"pattern {shown!r} {when}")
@@ -100,6 +107,7 @@ class Match(Protocol):
 
 
 # -- the memory of timed-out patterns ------------------------------------------------------
+
 
 @dataclass
 class Memory:
@@ -208,8 +216,11 @@ def _analyse(pattern: str, flags: int) -> _Shape:
                 size += 1
             elif name == "AT":
                 at = str(av)
-                if ((at in ("AT_BOUNDARY", "AT_NON_BOUNDARY") and not ascii_only) or at == "AT_END_STRING"
-                        or (at == "AT_END" and not all_flags & _M)):
+                if (
+                    (at in ("AT_BOUNDARY", "AT_NON_BOUNDARY") and not ascii_only)
+                    or at == "AT_END_STRING"
+                    or (at == "AT_END" and not all_flags & _M)
+                ):
                     safe = False
                 size += 1
             else:
@@ -333,7 +344,7 @@ def _ambiguous_repeat(tree: Any, flags: int) -> bool:
         items = list(items)
         for i, (op, av) in enumerate(items):
             op = str(op)
-            rest_first, rest_empty = _first(items[i + 1:], flags)
+            rest_first, rest_empty = _first(items[i + 1 :], flags)
             after = rest_first | (follow if rest_empty else frozenset())
             if op in ("MAX_REPEAT", "MIN_REPEAT"):
                 _, hi, body = av
@@ -367,9 +378,14 @@ def nested_quantifier(pattern: str, flags: int = 0) -> bool:
 # -- compiled patterns ---------------------------------------------------------------------
 
 _RE2_FLAGS = ((re.IGNORECASE, "i"), (re.MULTILINE, "m"), (re.DOTALL, "s"))
-_REGEX_FLAGS = ((re.IGNORECASE, _regex.IGNORECASE), (re.MULTILINE, _regex.MULTILINE),
-                (re.DOTALL, _regex.DOTALL), (re.VERBOSE, _regex.VERBOSE), (re.ASCII, _regex.ASCII),
-                (re.UNICODE, _regex.UNICODE))
+_REGEX_FLAGS = (
+    (re.IGNORECASE, _regex.IGNORECASE),
+    (re.MULTILINE, _regex.MULTILINE),
+    (re.DOTALL, _regex.DOTALL),
+    (re.VERBOSE, _regex.VERBOSE),
+    (re.ASCII, _regex.ASCII),
+    (re.UNICODE, _regex.UNICODE),
+)
 
 
 class Pattern:
@@ -421,7 +437,8 @@ class Pattern:
         if self.shape.unrolled > MAX_UNROLLED:
             raise PatternError(
                 f"pattern is too large to run in bounded time: its repetitions expand to about "
-                f"{self.shape.unrolled:,} items (the limit is {MAX_UNROLLED:,})")
+                f"{self.shape.unrolled:,} items (the limit is {MAX_UNROLLED:,})"
+            )
         flags = 0
         for flag, theirs in _REGEX_FLAGS:
             if self.flags & flag:

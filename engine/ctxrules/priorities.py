@@ -115,8 +115,7 @@ class PriorityRules:
             out.append(self._first_match(index, msg, facts, starts))
         return out
 
-    def _first_match(self, index: int, msg: Mapping[str, Any], facts: _Facts,
-                     starts: list[int]) -> Priority:
+    def _first_match(self, index: int, msg: Mapping[str, Any], facts: _Facts, starts: list[int]) -> Priority:
         text: str | None = None
         error: bool | None = None
         for rule in self.rules:
@@ -127,10 +126,12 @@ class PriorityRules:
             if rule.injected is not None and is_injected(msg) != rule.injected:
                 continue
             if rule.tools is not None and not any(
-                    fnmatchcase(name, glob) for name in facts.names for glob in rule.tools):
+                fnmatchcase(name, glob) for name in facts.names for glob in rule.tools
+            ):
                 continue
             if rule.tool_role is not None and not any(
-                    self.roles.role_of(name) == rule.tool_role for name in facts.names):
+                self.roles.role_of(name) == rule.tool_role for name in facts.names
+            ):
                 continue
             if rule.error is not None or rule.contains is not None:
                 if text is None:
@@ -170,8 +171,7 @@ class PriorityRules:
     def _step_starts(messages: Sequence[Mapping[str, Any]]) -> list[int]:
         """Index of each step's assistant message, newest first (a step starts at its
         assistant message; pairing is not needed for the boundary)."""
-        return [i for i in range(len(messages) - 1, -1, -1)
-                if messages[i].get("role") == "assistant"]
+        return [i for i in range(len(messages) - 1, -1, -1) if messages[i].get("role") == "assistant"]
 
 
 def _role_matches(wanted: str, role: str) -> bool:
@@ -218,8 +218,7 @@ def _compile_rule(n: int, item: Mapping[str, Any]) -> PriorityRule:
     try:
         pattern = patterns_compile(contains) if isinstance(contains, str) else None
     except re.error as exc:
-        raise ValueError(f"priorities rule '{ident}': contains {contains!r} does not compile: "
-                         f"{exc}") from exc
+        raise ValueError(f"priorities rule '{ident}': contains {contains!r} does not compile: {exc}") from exc
     within = match.get("within_steps")
     return PriorityRule(
         id=ident,
@@ -234,7 +233,6 @@ def _compile_rule(n: int, item: Mapping[str, Any]) -> PriorityRule:
     )
 
 
-def evaluate_priorities(messages: Sequence[Mapping[str, Any]],
-                        pack: Mapping[str, Any]) -> list[Priority]:
+def evaluate_priorities(messages: Sequence[Mapping[str, Any]], pack: Mapping[str, Any]) -> list[Priority]:
     """Shortcut: ``priority_rules(pack).evaluate(messages)``."""
     return priority_rules(pack).evaluate(messages)

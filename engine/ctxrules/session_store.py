@@ -34,8 +34,15 @@ from ctxrules.private_files import (
 if TYPE_CHECKING:
     from ctxrules.locks import FileLock
 
-__all__ = ["DEFAULT_STATE_ROOT", "STATE_VERSION", "SessionLock", "SessionStore", "ensure_dir",
-           "state_root_from_env", "write_atomic"]
+__all__ = [
+    "DEFAULT_STATE_ROOT",
+    "STATE_VERSION",
+    "SessionLock",
+    "SessionStore",
+    "ensure_dir",
+    "state_root_from_env",
+    "write_atomic",
+]
 
 DEFAULT_STATE_ROOT = ".ctxrules"
 """Where sessions and the day and goal ledgers live when nothing else is said."""
@@ -44,6 +51,7 @@ DEFAULT_STATE_ROOT = ".ctxrules"
 def state_root_from_env() -> Path:
     """The state root: ``CTXRULES_STATE`` when set, else :data:`DEFAULT_STATE_ROOT`."""
     return Path(os.environ.get("CTXRULES_STATE", DEFAULT_STATE_ROOT))
+
 
 STATE_VERSION = 1
 
@@ -96,8 +104,7 @@ class SessionStore:
             return {"version": STATE_VERSION}
         wrong = _mistyped(data)
         if wrong is not None:
-            return {"version": STATE_VERSION,
-                    "recovered": f"state.json was damaged ({wrong}) and was reset"}
+            return {"version": STATE_VERSION, "recovered": f"state.json was damaged ({wrong}) and was reset"}
         return data
 
     def forget(self) -> None:
@@ -139,8 +146,12 @@ class SessionStore:
         """Whether ``last_output.jsonl`` is the file this object last wrote and holds exactly
         ``output`` (the same message objects), so its first lines can stand for them."""
         prev = self._written
-        return (prev is not None and len(prev) == len(output) and self._stat() == self._written_stat
-                and all(map(operator.is_, prev, output)))
+        return (
+            prev is not None
+            and len(prev) == len(output)
+            and self._stat() == self._written_stat
+            and all(map(operator.is_, prev, output))
+        )
 
     def save(self, state: dict[str, Any], output: list[dict[str, Any]]) -> None:
         state["version"] = STATE_VERSION
@@ -152,10 +163,15 @@ class SessionStore:
         self._written = self._written_stat = None
         self._state = self._state_stat = None
         # Append only to the file this object wrote last (another process may have rewritten it).
-        if (prev is not None and self._hash is not None and self._stat() == written_stat
-                and len(prev) <= len(output) and all(map(operator.is_, prev, output))):
+        if (
+            prev is not None
+            and self._hash is not None
+            and self._stat() == written_stat
+            and len(prev) <= len(output)
+            and all(map(operator.is_, prev, output))
+        ):
             if len(prev) < len(output):
-                data = _jsonl(output[len(prev):])
+                data = _jsonl(output[len(prev) :])
                 _write_all(self._output_handle.fd(), data)
                 # The digest follows the appended bytes: a warm turn hashes only what it wrote.
                 self._hash.update(data)
@@ -201,11 +217,20 @@ class SessionStore:
 # The top-level fields of state.json and their types; anything else in a field ctxrules reads
 # makes the whole file damaged cache (a cache miss), not a crash later in the turn.
 _STATE_FIELDS: dict[str, type | tuple[type, ...]] = {
-    "stages": dict, "fingerprint": str, "fingerprint_parts": dict, "last_clock": (int, float),
-    "last": dict, "budget": dict, "recovered": str,
+    "stages": dict,
+    "fingerprint": str,
+    "fingerprint_parts": dict,
+    "last_clock": (int, float),
+    "last": dict,
+    "budget": dict,
+    "recovered": str,
 }
 _LAST_FIELDS: dict[str, type | tuple[type, ...]] = {
-    "count": int, "chain": str, "output_count": int, "output_file": list, "output_digest": str,
+    "count": int,
+    "chain": str,
+    "output_count": int,
+    "output_file": list,
+    "output_digest": str,
 }
 
 
@@ -301,7 +326,8 @@ class SessionLock:
         self._lock.acquire()
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         if self._lock is not None and self._lock.is_locked:
             self._lock.release()

@@ -112,14 +112,24 @@ def _compute_facts(msg: Mapping[str, Any]) -> Facts:
     injected = is_injected(msg)
     calls = tuple(tool_call_id(c) for c in msg["tool_calls"]) if has_tool_calls(msg) else None
     result = msg.get("tool_call_id")
-    return Facts(role, injected, role == "user" and not injected, media, longest, calls,
-                 result if isinstance(result, str) and result else None,
-                 role == "assistant" and _has_signed_thinking(msg))
+    return Facts(
+        role,
+        injected,
+        role == "user" and not injected,
+        media,
+        longest,
+        calls,
+        result if isinstance(result, str) and result else None,
+        role == "assistant" and _has_signed_thinking(msg),
+    )
 
 
 def _has_signed_thinking(msg: Mapping[str, Any]) -> bool:
-    blocks = [*(msg.get("thinking_blocks") or []), *(msg.get("content") or [])] if isinstance(
-        msg.get("content") or [], list) else list(msg.get("thinking_blocks") or [])
+    blocks = (
+        [*(msg.get("thinking_blocks") or []), *(msg.get("content") or [])]
+        if isinstance(msg.get("content") or [], list)
+        else list(msg.get("thinking_blocks") or [])
+    )
     for block in blocks:
         if not isinstance(block, Mapping):
             continue
@@ -139,8 +149,13 @@ def facts_of(msg: Mapping[str, Any]) -> Facts:
     depends on the session's key, so the key is part of the memo."""
     hit = _FACTS.get(id(msg))
     key = current_key()
-    if (hit is not None and hit[0] is msg and hit[1] is msg.get("content") and hit[2] is msg.get("tool_calls")
-            and hit[3] is key):
+    if (
+        hit is not None
+        and hit[0] is msg
+        and hit[1] is msg.get("content")
+        and hit[2] is msg.get("tool_calls")
+        and hit[3] is key
+    ):
         return hit[4]
     facts = _compute_facts(msg)
     if len(_FACTS) >= _FACTS_LIMIT:
@@ -172,8 +187,20 @@ class ToolPairing:
 class _PairScan:
     """The pairing pass as a state that can be resumed on appended messages."""
 
-    __slots__ = ("_made", "block_owner", "call_of", "duplicates", "idless", "last_call", "open_calls",
-                 "orphans", "positional", "result_of", "stop", "unanswered")
+    __slots__ = (
+        "_made",
+        "block_owner",
+        "call_of",
+        "duplicates",
+        "idless",
+        "last_call",
+        "open_calls",
+        "orphans",
+        "positional",
+        "result_of",
+        "stop",
+        "unanswered",
+    )
 
     def __init__(self) -> None:
         self.open_calls: dict[str, list[CallKey]] = {}
@@ -259,9 +286,14 @@ class _PairScan:
     def pairing(self) -> ToolPairing:
         # The pairing shares the scan's dicts: a finished scan is never fed again, only copied.
         if self._made is None:
-            self._made = ToolPairing(result_of=self.result_of, call_of=self.call_of, orphans=tuple(self.orphans),
-                                     duplicates=self.duplicates, unanswered=tuple(self.unanswered),
-                                     positional=frozenset(self.positional))
+            self._made = ToolPairing(
+                result_of=self.result_of,
+                call_of=self.call_of,
+                orphans=tuple(self.orphans),
+                duplicates=self.duplicates,
+                unanswered=tuple(self.unanswered),
+                positional=frozenset(self.positional),
+            )
         return self._made
 
 
@@ -326,8 +358,7 @@ class Shape:
 
     __slots__ = ("_pins", "_results", "_resume", "_same_as", "_scan", "_signed_pins", "facts")
 
-    def __init__(self, facts: list[Facts], *, resume: _PairScan | None = None,
-                 same_as: Shape | None = None) -> None:
+    def __init__(self, facts: list[Facts], *, resume: _PairScan | None = None, same_as: Shape | None = None) -> None:
         self.facts = facts
         self._scan: _PairScan | None = None
         self._resume = resume  # the scan of a list this one extends
@@ -341,8 +372,11 @@ class Shape:
         """Indices of the tool and function results."""
         if self._results is None:
             same = self._same_as
-            self._results = same.results if same is not None else tuple(
-                i for i, f in enumerate(self.facts) if f.role in _RESULT_ROLES)
+            self._results = (
+                same.results
+                if same is not None
+                else tuple(i for i, f in enumerate(self.facts) if f.role in _RESULT_ROLES)
+            )
         return self._results
 
     def _scanned(self) -> _PairScan:
@@ -466,8 +500,12 @@ def shape(messages: Sequence[Mapping[str, Any]]) -> Shape:
     n = len(messages)
     key = current_key()
     for seen in _RECENT:
-        if (seen.messages is messages and seen.key is key and len(seen.snapshot) == n
-                and all(map(is_, seen.snapshot, messages))):
+        if (
+            seen.messages is messages
+            and seen.key is key
+            and len(seen.snapshot) == n
+            and all(map(is_, seen.snapshot, messages))
+        ):
             return seen.shape
     made = _derive(messages, key) or Shape([facts_of(m) for m in messages])
     _RECENT.insert(0, _Seen(messages, tuple(messages), made, key))
@@ -494,8 +532,7 @@ def _derive(messages: Sequence[Mapping[str, Any]], key: Any) -> Shape | None:
                 return Shape(facts, same_as=seen.shape)
             made = Shape(facts, resume=seen.shape.resumable())
             if seen.shape._results is not None:
-                made._results = seen.shape._results + tuple(
-                    i for i in range(m, n) if facts[i].role in _RESULT_ROLES)
+                made._results = seen.shape._results + tuple(i for i in range(m, n) if facts[i].role in _RESULT_ROLES)
             return made
         if n == m:
             changed = list(replaced(old, messages))

@@ -370,9 +370,7 @@ def _message_key(message: Mapping[str, Any]) -> tuple[object, ...]:
     role = get("role")
     content = get("content")
     if content is not None and type(content) is not str:
-        content = (
-            tuple([_part_key(p) for p in content]) if type(content) is list else _hashable(content)
-        )
+        content = tuple([_part_key(p) for p in content]) if type(content) is list else _hashable(content)
     calls = get("tool_calls")
     if calls is not None:
         if type(calls) is list:
@@ -424,9 +422,13 @@ def _repeats_thinking(reasoning: object, message: Mapping[str, Any]) -> bool:
     content = message.get("content")
     for source in (blocks, content):
         if isinstance(source, list):
-            texts.extend(b["thinking"] for b in source if isinstance(b, Mapping)
-                         and b.get("type", "thinking" if source is blocks else None) == "thinking"
-                         and isinstance(b.get("thinking"), str))
+            texts.extend(
+                b["thinking"]
+                for b in source
+                if isinstance(b, Mapping)
+                and b.get("type", "thinking" if source is blocks else None) == "thinking"
+                and isinstance(b.get("thinking"), str)
+            )
     if not texts or sum(map(len, texts)) > len(reasoning):
         return False
     # litellm joins the texts with ""; other clients with a newline or a blank line.
@@ -456,9 +458,7 @@ _TEXT_PART_FIELDS: Final[Mapping[str, str]] = {
     "output_text": "text",
     "thinking": "thinking",
 }
-_OPAQUE_SKIP: Final = frozenset(
-    {"type", "id", "tool_use_id", "cache_control", "is_error", "signature", "media_type"}
-)
+_OPAQUE_SKIP: Final = frozenset({"type", "id", "tool_use_id", "cache_control", "is_error", "signature", "media_type"})
 
 
 def _json_text(value: object) -> str:
@@ -666,8 +666,12 @@ class TokenCounter:
         pending: list[Mapping[str, Any]] = []
         for message in messages:
             hit = get(id(message))
-            if (hit is not None and hit[0] is message and hit[1] is message.get("content")
-                    and hit[2] is message.get("tool_calls")):
+            if (
+                hit is not None
+                and hit[0] is message
+                and hit[1] is message.get("content")
+                and hit[2] is message.get("tool_calls")
+            ):
                 results.append(hit[3])
             else:
                 missing.append(len(results))
@@ -690,9 +694,7 @@ class TokenCounter:
         pending: list[Mapping[str, Any]] = []
         for message in messages:
             if not isinstance(message, Mapping):
-                raise CtxrulesError(
-                    f"a message must be a JSON object, not {type(message).__name__}"
-                )
+                raise CtxrulesError(f"a message must be a JSON object, not {type(message).__name__}")
             key = _message_key(message)
             found = memo.get(key)
             keys.append(key)
@@ -854,9 +856,7 @@ def _render_properties(schema: Mapping[str, Any], indent: int) -> str:
     if not isinstance(properties, Mapping) or not properties:
         return ""
     required = schema.get("required")
-    required_names = (
-        [r for r in required if isinstance(r, str)] if isinstance(required, list) else []
-    )
+    required_names = [r for r in required if isinstance(r, str)] if isinstance(required, list) else []
     rendered: list[str] = []
     for key, prop in properties.items():
         description = prop.get("description") if isinstance(prop, Mapping) else None

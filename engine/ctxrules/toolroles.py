@@ -25,7 +25,8 @@ ROLE_ORDER: tuple[str, ...] = ("file_read", "file_edit", "shell", "subagent", "s
 COMMAND_ARGS: tuple[str, ...] = ("command", "cmd", "script", "commands", "input")
 # Text that marks a tool result as an error when no exit code says so.
 _ERROR_TEXT = re.compile(
-    r"(?im)^(?:error|fatal|traceback \(most recent call last\)|exception)\b|<tool_use_error>|\bis_error\b")
+    r"(?im)^(?:error|fatal|traceback \(most recent call last\)|exception)\b|<tool_use_error>|\bis_error\b"
+)
 
 
 @dataclass(frozen=True)

@@ -88,13 +88,9 @@ def _normalize_id(id_or_prefix: str) -> str:
     if not _HEX_RE.fullmatch(candidate):
         raise VaultError(f"invalid vault id {id_or_prefix!r}: expected hex digits (0-9, a-f)")
     if len(candidate) > _ID_LEN:
-        raise VaultError(
-            f"invalid vault id {id_or_prefix!r}: longer than a sha256 id ({_ID_LEN} hex digits)"
-        )
+        raise VaultError(f"invalid vault id {id_or_prefix!r}: longer than a sha256 id ({_ID_LEN} hex digits)")
     if len(candidate) < MIN_PREFIX:
-        raise VaultError(
-            f"vault id prefix {id_or_prefix!r} is too short: give at least {MIN_PREFIX} hex digits"
-        )
+        raise VaultError(f"vault id prefix {id_or_prefix!r} is too short: give at least {MIN_PREFIX} hex digits")
     return candidate
 
 
@@ -192,17 +188,17 @@ class Vault:
         if len(candidate) == _ID_LEN:
             if self._path(candidate).is_file():
                 return candidate
-            raise VaultError(f"vault item {candidate} is missing from {self._root} "
-                             "(not found: deleted, or never stored in this session)")
+            raise VaultError(
+                f"vault item {candidate} is missing from {self._root} "
+                "(not found: deleted, or never stored in this session)"
+            )
         matches = [vid for vid in self._ids_in_shard(candidate[:2]) if vid.startswith(candidate)]
         if not matches:
-            raise VaultError(f"vault item {candidate}... is missing from {self._root} "
-                             "(no entry starts with it)")
+            raise VaultError(f"vault item {candidate}... is missing from {self._root} (no entry starts with it)")
         if len(matches) > 1:
             shown = ", ".join(sorted(matches)[:5])
             raise VaultError(
-                f"vault id prefix {candidate} is ambiguous ({len(matches)} entries: {shown}); "
-                "give more digits"
+                f"vault id prefix {candidate} is ambiguous ({len(matches)} entries: {shown}); give more digits"
             )
         return matches[0]
 
@@ -216,8 +212,7 @@ class Vault:
         actual = hashlib.sha256(data).hexdigest()
         if actual != vault_id:
             raise VaultError(
-                f"vault entry {vault_id} is corrupt: its content hashes to {actual} "
-                f"({self._path(vault_id)})"
+                f"vault entry {vault_id} is corrupt: its content hashes to {actual} ({self._path(vault_id)})"
             )
         return data
 
@@ -231,10 +226,7 @@ class Vault:
             raise VaultError(f"invalid line range {first}-{last}: need 1 <= first <= last")
         lines = split_lines(self.get(id_or_prefix))
         if last > len(lines):
-            raise VaultError(
-                f"line range {first}-{last} is outside vault entry {id_or_prefix} "
-                f"({len(lines)} lines)"
-            )
+            raise VaultError(f"line range {first}-{last} is outside vault entry {id_or_prefix} ({len(lines)} lines)")
         return b"".join(lines[first - 1 : last])
 
     def media_type(self, id_or_prefix: str) -> str | None:
@@ -284,11 +276,7 @@ class Vault:
             names = os.listdir(directory)
         except (FileNotFoundError, NotADirectoryError):
             return []
-        return [
-            name
-            for name in names
-            if len(name) == _ID_LEN and name.startswith(shard) and _HEX_RE.fullmatch(name)
-        ]
+        return [name for name in names if len(name) == _ID_LEN and name.startswith(shard) and _HEX_RE.fullmatch(name)]
 
 
 # --- markers --------------------------------------------------------------------------------
@@ -417,15 +405,11 @@ def format_marker(
     so a marker is always a single line.
     """
     if kind not in MARKER_KINDS:
-        raise ValueError(
-            f"unknown marker kind {kind!r} (expected one of {', '.join(MARKER_KINDS)})"
-        )
+        raise ValueError(f"unknown marker kind {kind!r} (expected one of {', '.join(MARKER_KINDS)})")
     if isinstance(count, bool) or not isinstance(count, int) or count < 0:
         raise ValueError(f"marker count must be a non-negative int, got {count!r}")
     if len(vault_id) != _ID_LEN or not _HEX_RE.fullmatch(vault_id):
-        raise ValueError(
-            f"marker needs a full vault id (64 lowercase hex digits), got {vault_id!r}"
-        )
+        raise ValueError(f"marker needs a full vault id (64 lowercase hex digits), got {vault_id!r}")
     if lines is not None and not (
         isinstance(lines[0], int) and isinstance(lines[1], int) and 1 <= lines[0] <= lines[1]
     ):

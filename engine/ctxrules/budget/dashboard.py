@@ -78,25 +78,30 @@ def _money(value: float) -> str:
     return f"{sign}${value:,.4f}" if value < 100 else f"{sign}${value:,.2f}"
 
 
-def _bars(title: str, labels: Sequence[str], values: Sequence[float], *, unit: str,
-          color: str = _COLORS[0]) -> str:
+def _bars(title: str, labels: Sequence[str], values: Sequence[float], *, unit: str, color: str = _COLORS[0]) -> str:
     width, height, pad = 720, 220, 40
     top = max(values, default=0.0) or 1.0
     slot = (width - pad - 8) / max(1, len(values))
-    parts = [f'<figure><figcaption>{_esc(title)}</figcaption><svg viewBox="0 0 {width} {height}" '
-             f'role="img" aria-label="{_esc(title)}">',
-             f'<line x1="{pad}" y1="{height - 30}" x2="{width - 4}" y2="{height - 30}" stroke="#999"/>',
-             f'<text x="{pad - 4}" y="14" text-anchor="end" font-size="10">{_esc(unit)}{top:,.4g}</text>']
+    parts = [
+        f'<figure><figcaption>{_esc(title)}</figcaption><svg viewBox="0 0 {width} {height}" '
+        f'role="img" aria-label="{_esc(title)}">',
+        f'<line x1="{pad}" y1="{height - 30}" x2="{width - 4}" y2="{height - 30}" stroke="#999"/>',
+        f'<text x="{pad - 4}" y="14" text-anchor="end" font-size="10">{_esc(unit)}{top:,.4g}</text>',
+    ]
     every = max(1, len(labels) // 12)
     for i, (label, value) in enumerate(zip(labels, values, strict=True)):
         h = value / top * (height - 50)
         x = pad + i * slot
-        parts.append(f'<rect x="{x:.1f}" y="{height - 30 - h:.1f}" width="{max(1.0, slot * 0.8):.1f}" '
-                     f'height="{h:.1f}" fill="{color}"><title>{_esc(label)}: {_esc(unit)}{value:,.6g}'
-                     f'</title></rect>')
+        parts.append(
+            f'<rect x="{x:.1f}" y="{height - 30 - h:.1f}" width="{max(1.0, slot * 0.8):.1f}" '
+            f'height="{h:.1f}" fill="{color}"><title>{_esc(label)}: {_esc(unit)}{value:,.6g}'
+            f"</title></rect>"
+        )
         if i % every == 0:
-            parts.append(f'<text x="{x + slot * 0.4:.1f}" y="{height - 16}" text-anchor="middle" '
-                         f'font-size="9">{_esc(label)}</text>')
+            parts.append(
+                f'<text x="{x + slot * 0.4:.1f}" y="{height - 16}" text-anchor="middle" '
+                f'font-size="9">{_esc(label)}</text>'
+            )
     parts.append("</svg></figure>")
     return "".join(parts)
 
@@ -105,10 +110,11 @@ def _sparkline(values: Sequence[float], color: str) -> str:
     width, height = 160, 32
     top = max(values, default=0.0) or 1.0
     step = width / max(1, len(values) - 1)
-    points = " ".join(f"{i * step:.1f},{height - 2 - v / top * (height - 4):.1f}"
-                      for i, v in enumerate(values))
-    return (f'<svg class="spark" viewBox="0 0 {width} {height}" role="img" aria-label="daily spend">'
-            f'<polyline fill="none" stroke="{color}" stroke-width="1.5" points="{points}"/></svg>')
+    points = " ".join(f"{i * step:.1f},{height - 2 - v / top * (height - 4):.1f}" for i, v in enumerate(values))
+    return (
+        f'<svg class="spark" viewBox="0 0 {width} {height}" role="img" aria-label="daily spend">'
+        f'<polyline fill="none" stroke="{color}" stroke-width="1.5" points="{points}"/></svg>'
+    )
 
 
 def _heatmap(calls: Iterable[CallEntry]) -> str:
@@ -120,23 +126,30 @@ def _heatmap(calls: Iterable[CallEntry]) -> str:
         counts[moment.weekday()][moment.hour] += 1
     top = max((max(row) for row in grid), default=0.0) or 1.0
     cell, left, topm = 26, 40, 20
-    parts = ['<figure><figcaption>Spend by hour and weekday (UTC)</figcaption>'
-             f'<svg viewBox="0 0 {left + 24 * cell + 4} {topm + 7 * cell + 4}" role="img" '
-             'aria-label="hour by weekday heatmap">']
+    parts = [
+        "<figure><figcaption>Spend by hour and weekday (UTC)</figcaption>"
+        f'<svg viewBox="0 0 {left + 24 * cell + 4} {topm + 7 * cell + 4}" role="img" '
+        'aria-label="hour by weekday heatmap">'
+    ]
     for h in range(0, 24, 3):
-        parts.append(f'<text x="{left + h * cell + cell / 2}" y="14" text-anchor="middle" '
-                     f'font-size="10">{h:02d}</text>')
+        parts.append(
+            f'<text x="{left + h * cell + cell / 2}" y="14" text-anchor="middle" font-size="10">{h:02d}</text>'
+        )
     for d in range(7):
-        parts.append(f'<text x="{left - 6}" y="{topm + d * cell + cell * 0.65}" text-anchor="end" '
-                     f'font-size="10">{_WEEKDAYS[d]}</text>')
+        parts.append(
+            f'<text x="{left - 6}" y="{topm + d * cell + cell * 0.65}" text-anchor="end" '
+            f'font-size="10">{_WEEKDAYS[d]}</text>'
+        )
         for h in range(24):
             share = grid[d][h] / top
             # White to the first series colour (#2563eb), by spend.
             r, g, b = (int(255 + (c - 255) * share) for c in (0x25, 0x63, 0xEB))
-            parts.append(f'<rect class="cell" x="{left + h * cell}" y="{topm + d * cell}" '
-                         f'width="{cell - 2}" height="{cell - 2}" fill="#{r:02x}{g:02x}{b:02x}">'
-                         f'<title>{_WEEKDAYS[d]} {h:02d}:00 UTC: {counts[d][h]} call(s), '
-                         f'{_money(grid[d][h])}</title></rect>')
+            parts.append(
+                f'<rect class="cell" x="{left + h * cell}" y="{topm + d * cell}" '
+                f'width="{cell - 2}" height="{cell - 2}" fill="#{r:02x}{g:02x}{b:02x}">'
+                f"<title>{_WEEKDAYS[d]} {h:02d}:00 UTC: {counts[d][h]} call(s), "
+                f"{_money(grid[d][h])}</title></rect>"
+            )
     parts.append("</svg></figure>")
     return "".join(parts)
 
@@ -148,28 +161,33 @@ def _kinds_table(totals: Totals) -> str:
     cells = "".join(f"<td>{tokens.get(k, 0):,}</td>" for k in TOKEN_KINDS)
     usd = "".join(f"<td>{_money(v)}</td>" for v in cost.values())
     usd_head = "".join(f"<th>{_esc(k)}</th>" for k in cost)
-    return (f"<table><thead><tr><th></th>{head}</tr></thead><tbody><tr><th>tokens</th>{cells}"
-            f"</tr></tbody></table><table><thead><tr><th></th>{usd_head}</tr></thead><tbody><tr>"
-            f"<th>USD</th>{usd}</tr></tbody></table>")
+    return (
+        f"<table><thead><tr><th></th>{head}</tr></thead><tbody><tr><th>tokens</th>{cells}"
+        f"</tr></tbody></table><table><thead><tr><th></th>{usd_head}</tr></thead><tbody><tr>"
+        f"<th>USD</th>{usd}</tr></tbody></table>"
+    )
 
 
-def render_dashboard(calls: Sequence[CallEntry], period: Period, *, state_root: str,
-                     bad_lines: int = 0) -> str:
+def render_dashboard(calls: Sequence[CallEntry], period: Period, *, state_root: str, bad_lines: int = 0) -> str:
     """The page (see the module docstring)."""
     total = Totals.of(calls)
     by_day: dict[date, float] = defaultdict(float)
     for e in calls:
         by_day[_day(e.ts)] += _usd(e)
     dates = period.dates
-    daily = _bars("Daily spend (USD)", [d.isoformat()[5:] for d in dates],
-                  [by_day.get(d, 0.0) for d in dates], unit="$")
+    daily = _bars(
+        "Daily spend (USD)", [d.isoformat()[5:] for d in dates], [by_day.get(d, 0.0) for d in dates], unit="$"
+    )
     # Per model.
     models = sorted(total.by_model.items(), key=lambda kv: -kv[1]["usd"])
     model_rows = "".join(
         f"<tr><td>{_esc(name)}</td><td>{int(v['calls'])}</td><td>{int(v['tokens']):,}</td>"
-        f"<td>{_money(v['usd'])}</td></tr>" for name, v in models)
-    model_bars = _bars("Spend per model (USD)", [m for m, _ in models], [v["usd"] for _, v in models],
-                       unit="$", color=_COLORS[3])
+        f"<td>{_money(v['usd'])}</td></tr>"
+        for name, v in models
+    )
+    model_bars = _bars(
+        "Spend per model (USD)", [m for m, _ in models], [v["usd"] for _, v in models], unit="$", color=_COLORS[3]
+    )
     # Agents: one card per root session, with its sub-agents.
     sessions: dict[str, list[CallEntry]] = defaultdict(list)
     roots: dict[str, set[str]] = defaultdict(set)
@@ -186,11 +204,15 @@ def render_dashboard(calls: Sequence[CallEntry], period: Period, *, state_root: 
         t = Totals.of(member_calls)
         cards.append(
             f'<div class="card"><h3>{_esc(root)}</h3><p>{t.calls} call(s), {_money(t.usd)}'
-            f'{f", {len(subs)} sub-agent(s)" if subs else ""}</p>'
+            f"{f', {len(subs)} sub-agent(s)' if subs else ''}</p>"
             + _sparkline([spend.get(d, 0.0) for d in dates], _COLORS[n % len(_COLORS)])
-            + ("<ul>" + "".join(f"<li>{_esc(s)}: {_money(Totals.of(sessions[s]).usd)}</li>"
-                                for s in subs) + "</ul>" if subs else "")
-            + "</div>")
+            + (
+                "<ul>" + "".join(f"<li>{_esc(s)}: {_money(Totals.of(sessions[s]).usd)}</li>" for s in subs) + "</ul>"
+                if subs
+                else ""
+            )
+            + "</div>"
+        )
     # Sessions, drill-down.
     details = []
     for name in sorted(sessions, key=lambda s: -Totals.of(sessions[s]).usd):
@@ -200,18 +222,19 @@ def render_dashboard(calls: Sequence[CallEntry], period: Period, *, state_root: 
         details.append(
             f"<details><summary><b>{_esc(name)}</b> — {t.calls} call(s), {_money(t.usd)}, cache "
             f"savings {_money(t.cost.cache_savings)}{'' if root in ('', name) else f' (sub-agent of {_esc(root)})'}"
-            f"</summary><p>models: {_esc(used)}</p>{_kinds_table(t)}</details>")
+            f"</summary><p>models: {_esc(used)}</p>{_kinds_table(t)}</details>"
+        )
     # Routing tiers.
     tiers: dict[str, int] = defaultdict(int)
     for e in calls:
         tiers[e.tier or "unrouted"] += 1
     tier_names = sorted(tiers, key=lambda t: (t == "unrouted", t))
-    tier_bars = _bars("Requests per routing tier", tier_names, [float(tiers[t]) for t in tier_names],
-                      unit="", color=_COLORS[2])
-    warn = (f"<p class=\"warn\">{bad_lines} ledger line(s) could not be read and were skipped.</p>"
-            if bad_lines else "")
+    tier_bars = _bars(
+        "Requests per routing tier", tier_names, [float(tiers[t]) for t in tier_names], unit="", color=_COLORS[2]
+    )
+    warn = f'<p class="warn">{bad_lines} ledger line(s) could not be read and were skipped.</p>' if bad_lines else ""
     return (
-        "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>ctxrules usage</title>"
+        '<!doctype html><html lang="en"><head><meta charset="utf-8"><title>ctxrules usage</title>'
         "<style>body{font:14px system-ui,sans-serif;margin:24px;color:#111}table{border-collapse:"
         "collapse;margin:6px 0}td,th{border:1px solid #ddd;padding:3px 8px;text-align:right}"
         "td:first-child{text-align:left}figure{display:inline-block;margin:8px 16px 8px 0}"
@@ -226,19 +249,28 @@ def render_dashboard(calls: Sequence[CallEntry], period: Period, *, state_root: 
         f" ({total.cost.savings_share:.1%}).</p>{warn}"
         + daily
         + "<h2>Models</h2><table><thead><tr><th>model</th><th>calls</th><th>tokens</th><th>USD</th>"
-        f"</tr></thead><tbody>{model_rows}</tbody></table>" + model_bars
-        + "<h2>When</h2>" + _heatmap(calls)
-        + "<h2>Agents</h2><div class=\"cards\">" + "".join(cards) + "</div>"
-        + "<h2>Sessions</h2>" + "".join(details)
-        + "<h2>Routing</h2>" + tier_bars
-        + "</body></html>\n")
+        f"</tr></thead><tbody>{model_rows}</tbody></table>"
+        + model_bars
+        + "<h2>When</h2>"
+        + _heatmap(calls)
+        + '<h2>Agents</h2><div class="cards">'
+        + "".join(cards)
+        + "</div>"
+        + "<h2>Sessions</h2>"
+        + "".join(details)
+        + "<h2>Routing</h2>"
+        + tier_bars
+        + "</body></html>\n"
+    )
 
 
 def summary_text(calls: Sequence[CallEntry], period: Period) -> str:
     """The same figures in a few lines of text (``usage report`` without ``--html``)."""
     total = Totals.of(calls)
-    lines = [f"{period.days} day(s) to {period.last.isoformat()} (UTC): {total.calls} call(s), "
-             f"{_money(total.usd)}, {total.tokens.total:,} tokens"]
+    lines = [
+        f"{period.days} day(s) to {period.last.isoformat()} (UTC): {total.calls} call(s), "
+        f"{_money(total.usd)}, {total.tokens.total:,} tokens"
+    ]
     by_day: dict[date, float] = defaultdict(float)
     for e in calls:
         by_day[_day(e.ts)] += _usd(e)

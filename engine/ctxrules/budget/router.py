@@ -157,9 +157,7 @@ def _compile_rule(rid: str, spec: Mapping[str, Any]) -> _Rule:
         raise UsageError(f"router.rules.{rid}.regex does not compile: {exc}") from None
     words = [w for w in spec.get("keywords") or [] if isinstance(w, str) and w.strip()]
     keywords = (
-        re.compile(r"(?i)(?<!\w)(" + "|".join(re.escape(w.strip()) for w in words) + r")(?!\w)")
-        if words
-        else None
+        re.compile(r"(?i)(?<!\w)(" + "|".join(re.escape(w.strip()) for w in words) + r")(?!\w)") if words else None
     )
     return _Rule(
         rid,
@@ -172,9 +170,7 @@ def _compile_rule(rid: str, spec: Mapping[str, Any]) -> _Rule:
     )
 
 
-def privacy_findings(
-    text: str, pack: Mapping[str, Any], kinds: tuple[str, ...] = ("credential", "pii")
-) -> list[str]:
+def privacy_findings(text: str, pack: Mapping[str, Any], kinds: tuple[str, ...] = ("credential", "pii")) -> list[str]:
     """Ids of the pack's redaction patterns that flag ``text`` (``ctxrules.redaction``)."""
     try:
         redactor = redactor_for(pack)
@@ -193,16 +189,13 @@ class ComplexityRouter:
         self.enabled = isinstance(node, Mapping) and self.node.get("enabled", True) is not False
         self.hooks = hooks
         self.tiers: dict[str, Mapping[str, Any]] = {
-            t: v
-            for t, v in (self.node.get("tiers") or {}).items()
-            if t in TIERS and isinstance(v, Mapping)
+            t: v for t, v in (self.node.get("tiers") or {}).items() if t in TIERS and isinstance(v, Mapping)
         }
         cut = {**DEFAULT_CUTOFFS, **(self.node.get("cutoffs") or {})}
         self.cutoffs = (float(cut["standard"]), float(cut["reasoning"]))
         if self.cutoffs[0] > self.cutoffs[1]:
             raise UsageError(
-                f"router.cutoffs: standard ({self.cutoffs[0]}) must not be above reasoning "
-                f"({self.cutoffs[1]})"
+                f"router.cutoffs: standard ({self.cutoffs[0]}) must not be above reasoning ({self.cutoffs[1]})"
             )
         merged: dict[str, Mapping[str, Any]] = {k: dict(v) for k, v in DEFAULT_RULES.items()}
         for rid, spec in (self.node.get("rules") or {}).items():
@@ -210,9 +203,7 @@ class ComplexityRouter:
                 continue
             merged[rid] = {**merged.get(rid, {}), **spec}
         self.rules = [
-            _compile_rule(rid, spec)
-            for rid, spec in merged.items()
-            if spec.get("enabled", True) is not False
+            _compile_rule(rid, spec) for rid, spec in merged.items() if spec.get("enabled", True) is not False
         ]
         mom = self.node.get("momentum") or {}
         self.momentum_turns = int(mom.get("turns", 2))
@@ -293,11 +284,7 @@ class ComplexityRouter:
                 reasons.append(f"momentum: recent turns were {TIERS[floor]}")
             if regenerate:
                 regen_floor = TIERS.index(self.regen_min) if self.regen_min in TIERS else 1
-                last = (
-                    decisions[-1]["tier"]
-                    if decisions and decisions[-1].get("tier") in TIERS
-                    else None
-                )
+                last = decisions[-1]["tier"] if decisions and decisions[-1].get("tier") in TIERS else None
                 if self.regen_step_up and last is not None:
                     regen_floor = max(regen_floor, _clamp(TIERS.index(last) + 1))
                 if regen_floor > rank:
@@ -345,9 +332,7 @@ class ComplexityRouter:
         reasons: list[str],
     ) -> int:
         try:
-            answer = self.hooks.ctxrules_route_judge(
-                text=text, tier=tier, score=score, reasons=list(matched)
-            )
+            answer = self.hooks.ctxrules_route_judge(text=text, tier=tier, score=score, reasons=list(matched))
         except Exception as exc:  # a judge must never break routing
             reasons.append(f"judge failed ({type(exc).__name__}); kept {tier}")
             return rank
@@ -361,22 +346,16 @@ class ComplexityRouter:
         return TIERS.index(str(answer))
 
     def _privacy_rank(self, rank: int, flagged: list[str], reasons: list[str]) -> int:
-        safe = [
-            TIERS.index(t) for t, spec in self.tiers.items() if spec.get("privacy_safe") is True
-        ]
+        safe = [TIERS.index(t) for t, spec in self.tiers.items() if spec.get("privacy_safe") is True]
         if rank in safe:
-            reasons.append(
-                f"privacy: flagged ({', '.join(flagged)}); {TIERS[rank]} is privacy-safe"
-            )
+            reasons.append(f"privacy: flagged ({', '.join(flagged)}); {TIERS[rank]} is privacy-safe")
             return rank
         if not safe:
             reasons.append(f"privacy: flagged ({', '.join(flagged)}) but no tier is privacy_safe")
             return rank
         above = sorted(r for r in safe if r > rank)
         chosen = above[0] if above else max(safe)
-        reasons.append(
-            f"privacy: flagged ({', '.join(flagged)}) -> privacy-safe tier {TIERS[chosen]}"
-        )
+        reasons.append(f"privacy: flagged ({', '.join(flagged)}) -> privacy-safe tier {TIERS[chosen]}")
         return chosen
 
     # -- misroutes ---------------------------------------------------------------------------
@@ -422,8 +401,7 @@ class ComplexityRouter:
         from ctxrules.locks import FileLock
 
         with FileLock(path.with_name(path.name + ".lock")):
-            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0),
-                         0o600)
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o600)
             try:
                 os.write(fd, line)
             finally:
@@ -441,11 +419,7 @@ class ComplexityRouter:
                 ts, routed, wanted = float(rec["ts"]), rec["routed"], rec["wanted"]
             except (ValueError, TypeError, KeyError):
                 continue
-            if (
-                rec.get("rules_tier", routed) != rules_tier
-                or routed not in TIERS
-                or wanted not in TIERS
-            ):
+            if rec.get("rules_tier", routed) != rules_tier or routed not in TIERS or wanted not in TIERS:
                 continue
             age = now - ts
             if age < 0 or age >= self.decay_s:
@@ -491,18 +465,14 @@ class _StateFile:
     def __exit__(self, *exc: object) -> None:
         try:
             if exc[0] is None and json.dumps(self.data, sort_keys=True) != self._before:
-                write_atomic(
-                    self.path, json.dumps(self.data, sort_keys=True).encode("utf-8"), durable=False
-                )
+                write_atomic(self.path, json.dumps(self.data, sort_keys=True).encode("utf-8"), durable=False)
         finally:
             if self._lock is not None:
                 self._lock.release()
                 self._lock = None
 
 
-def route_for_session(
-    session: Any, text: Any, *, regenerate: bool = False, now: float | None = None
-) -> RouteDecision:
+def route_for_session(session: Any, text: Any, *, regenerate: bool = False, now: float | None = None) -> RouteDecision:
     """``Session.route``: route ``text`` (a string, or a message list whose latest real user
     message is routed) with the session's pack, plugin hooks, directory and state root."""
     if isinstance(text, list):

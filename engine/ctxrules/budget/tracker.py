@@ -144,9 +144,7 @@ class SessionLedger:
         name = model or self.model
         if not name:
             raise UsageError("record_usage needs the model that was called (model=...)")
-        rates = rates_for(
-            name, prompt_tokens=usage.prompt, service_tier=service_tier, prices=self.policy.prices
-        )
+        rates = rates_for(name, prompt_tokens=usage.prompt, service_tier=service_tier, prices=self.policy.prices)
         ts = self.clock() if at is None else float(at)
         rec = call_record(
             usage=usage,
@@ -187,11 +185,7 @@ class SessionLedger:
 
     def rates(self, model: str | None = None, prompt_tokens: int = 0) -> Rates | None:
         name = model or self.model
-        return (
-            None
-            if not name
-            else rates_for(name, prompt_tokens=prompt_tokens, prices=self.policy.prices)
-        )
+        return None if not name else rates_for(name, prompt_tokens=prompt_tokens, prices=self.policy.prices)
 
     # -- status ------------------------------------------------------------------------------
 
@@ -201,9 +195,7 @@ class SessionLedger:
         since = root.last_reset
         out = root.entries()
         for child_dir in self.descendants():
-            out.extend(
-                ledger(session_ledger_path(child_dir)).entries(start=since, honor_resets=False)
-            )
+            out.extend(ledger(session_ledger_path(child_dir)).entries(start=since, honor_resets=False))
         out.sort(key=lambda e: e.ts)
         return out
 
@@ -265,9 +257,7 @@ class SessionLedger:
             raise BudgetExceeded(st.refusal(), st)
         return st
 
-    def _pairs(
-        self, lim: DimensionLimit, scope: str, entries: list[CallEntry], now: float
-    ) -> list[DimensionStatus]:
+    def _pairs(self, lim: DimensionLimit, scope: str, entries: list[CallEntry], now: float) -> list[DimensionStatus]:
         burn = self._burn(entries, now)
         out = []
         for unit, limit, spent, rate in (
@@ -284,11 +274,7 @@ class SessionLedger:
             share = spent / limit if limit > 0 else 1.0
             remaining = max(0.0, limit - spent)
             eta = 0.0 if remaining <= 0 else (remaining / rate * 60.0 if rate > 0 else None)
-            out.append(
-                DimensionStatus(
-                    lim.name, scope, unit, float(limit), spent, lim.level_of(share), burn, eta
-                )
-            )
+            out.append(DimensionStatus(lim.name, scope, unit, float(limit), spent, lim.level_of(share), burn, eta))
         return out
 
     def _burn(self, entries: list[CallEntry], now: float) -> BurnRate:
@@ -326,16 +312,12 @@ class SessionLedger:
 
         The history stays in the ledger: a reset record makes totals count from it on."""
         if dimension not in DIMENSIONS:
-            raise UsageError(
-                f"unknown budget dimension {dimension!r}; one of: {', '.join(DIMENSIONS)}"
-            )
+            raise UsageError(f"unknown budget dimension {dimension!r}; one of: {', '.join(DIMENSIONS)}")
         ts = self.clock() if now is None else now
         if dimension == "session":
             target = ledger(session_ledger_path(self.root_dir))
         elif dimension == "day":
-            target = ledger(
-                day_ledger_path(self.state_root, datetime.fromtimestamp(ts, UTC).date())
-            )
+            target = ledger(day_ledger_path(self.state_root, datetime.fromtimestamp(ts, UTC).date()))
         else:
             if not self.goal:
                 raise UsageError("the goal dimension needs a goal (--goal NAME)")
@@ -376,8 +358,7 @@ class SessionLedger:
         from ctxrules.locks import FileLock
 
         with FileLock(registry.with_name(registry.name + ".lock")):
-            fd = os.open(registry, os.O_RDWR | os.O_APPEND | os.O_CREAT
-                         | getattr(os, "O_NOFOLLOW", 0), 0o600)
+            fd = os.open(registry, os.O_RDWR | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o600)
             try:
                 size = os.fstat(fd).st_size
                 known = [ln for ln in os.pread(fd, size, 0).split(b"\n") if ln.strip()]

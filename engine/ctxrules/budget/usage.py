@@ -148,9 +148,7 @@ def parse_usage(obj: object, fmt: UsageFormat = "auto") -> TokenUsage:
     """
     obj = as_mapping(obj)
     if is_failed_response(obj):
-        raise UsageError(
-            "the response is an error and carries no usage: a failed call records nothing"
-        )
+        raise UsageError("the response is an error and carries no usage: a failed call records nothing")
     inner = _usage_part(obj)
     detected = _detect(inner) if fmt == "auto" else fmt
     if detected is None:
@@ -174,14 +172,35 @@ def parse_usage(obj: object, fmt: UsageFormat = "auto") -> TokenUsage:
 
 # The usage attributes an SDK object may expose without ``model_dump`` (read by name).
 _USAGE_ATTRIBUTES: Final = (
-    "prompt_tokens", "completion_tokens", "total_tokens", "prompt_tokens_details",
-    "completion_tokens_details", "cache_read_input_tokens", "cache_creation_input_tokens",
-    "prompt_cache_hit_tokens", "reasoning_tokens", "citation_tokens", "input_tokens",
-    "output_tokens", "input_tokens_details", "output_tokens_details", "promptTokenCount",
-    "candidatesTokenCount", "thoughtsTokenCount", "cachedContentTokenCount", "totalTokenCount",
-    "toolUsePromptTokenCount", "prompt_token_count", "candidates_token_count",
-    "thoughts_token_count", "cached_content_token_count", "total_token_count",
-    "tool_use_prompt_token_count", "cached_tokens", "cache_creation_tokens", "cache_write_tokens",
+    "prompt_tokens",
+    "completion_tokens",
+    "total_tokens",
+    "prompt_tokens_details",
+    "completion_tokens_details",
+    "cache_read_input_tokens",
+    "cache_creation_input_tokens",
+    "prompt_cache_hit_tokens",
+    "reasoning_tokens",
+    "citation_tokens",
+    "input_tokens",
+    "output_tokens",
+    "input_tokens_details",
+    "output_tokens_details",
+    "promptTokenCount",
+    "candidatesTokenCount",
+    "thoughtsTokenCount",
+    "cachedContentTokenCount",
+    "totalTokenCount",
+    "toolUsePromptTokenCount",
+    "prompt_token_count",
+    "candidates_token_count",
+    "thoughts_token_count",
+    "cached_content_token_count",
+    "total_token_count",
+    "tool_use_prompt_token_count",
+    "cached_tokens",
+    "cache_creation_tokens",
+    "cache_write_tokens",
     *TOKEN_KINDS,
 )
 _CONTAINERS: Final = ("usage", "usageMetadata", "usage_metadata", "message")
@@ -201,8 +220,9 @@ def as_mapping(obj: object, *, depth: int = 0) -> Mapping[str, Any]:
         try:
             data = dump()
         except Exception as exc:  # a broken SDK object: say which, not a traceback from inside it
-            raise UsageError(f"could not read the usage of {type(obj).__name__}: model_dump() failed: "
-                             f"{type(exc).__name__}: {exc}") from exc
+            raise UsageError(
+                f"could not read the usage of {type(obj).__name__}: model_dump() failed: {type(exc).__name__}: {exc}"
+            ) from exc
         if isinstance(data, Mapping):
             return data
     if depth > 3:
@@ -240,9 +260,14 @@ def _usage_part(obj: Mapping[str, Any]) -> Mapping[str, Any]:
 
 def _is_stream_chunk(obj: Mapping[str, Any]) -> bool:
     kind = obj.get("object") or obj.get("type")
-    return kind in ("chat.completion.chunk", "content_block_delta", "content_block_start",
-                    "content_block_stop", "message_stop", "ping") or (
-        "choices" in obj and any(isinstance(c, Mapping) and "delta" in c for c in obj.get("choices") or []))
+    return kind in (
+        "chat.completion.chunk",
+        "content_block_delta",
+        "content_block_start",
+        "content_block_stop",
+        "message_stop",
+        "ping",
+    ) or ("choices" in obj and any(isinstance(c, Mapping) and "delta" in c for c in obj.get("choices") or []))
 
 
 # --- shapes -----------------------------------------------------------------------------------
@@ -256,9 +281,9 @@ def _detect(u: Mapping[str, Any]) -> UsageFormat | None:
     if "input_tokens" in u or "output_tokens" in u:
         # The Responses API counts cached tokens inside input_tokens and says so with details;
         # Anthropic counts them apart and names them cache_*_input_tokens.
-        if any(
-            k in u for k in ("input_tokens_details", "output_tokens_details", "total_tokens")
-        ) and not any(k in u for k in ("cache_read_input_tokens", "cache_creation_input_tokens")):
+        if any(k in u for k in ("input_tokens_details", "output_tokens_details", "total_tokens")) and not any(
+            k in u for k in ("cache_read_input_tokens", "cache_creation_input_tokens")
+        ):
             return "responses"
         return "anthropic"
     if "prompt" in u or "completion" in u:
@@ -270,12 +295,7 @@ def _int(u: Mapping[str, Any], key: str, where: str = "") -> int:
     value = u.get(key)
     if value is None:
         return 0
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int | float)
-        or value < 0
-        or value != int(value)
-    ):
+    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0 or value != int(value):
         raise UsageError(f"usage field '{where}{key}' must be a whole number >= 0, got {value!r}")
     return int(value)
 
@@ -315,9 +335,7 @@ def _openai(u: Mapping[str, Any]) -> TokenUsage:
         or _int(pd, "cache_write_tokens", "prompt_tokens_details.")
         or _int(u, "cache_creation_input_tokens")
     )
-    reasoning = _int(cd, "reasoning_tokens", "completion_tokens_details.") or _int(
-        u, "reasoning_tokens"
-    )
+    reasoning = _int(cd, "reasoning_tokens", "completion_tokens_details.") or _int(u, "reasoning_tokens")
     total = u.get("total_tokens")
     return TokenUsage.of(
         prompt=prompt,
@@ -334,9 +352,7 @@ def _responses(u: Mapping[str, Any]) -> TokenUsage:
     prompt = _int(u, "input_tokens")
     completion = _int(u, "output_tokens")
     cached = _int(_details(u, "input_tokens_details"), "cached_tokens", "input_tokens_details.")
-    reasoning = _int(
-        _details(u, "output_tokens_details"), "reasoning_tokens", "output_tokens_details."
-    )
+    reasoning = _int(_details(u, "output_tokens_details"), "reasoning_tokens", "output_tokens_details.")
     total = u.get("total_tokens")
     return TokenUsage.of(
         prompt=prompt,
@@ -393,6 +409,4 @@ _PARSERS: Final = {
 
 
 def _kind(value: object) -> str:
-    return {list: "a list", str: "a string", type(None): "null"}.get(
-        type(value), type(value).__name__
-    )
+    return {list: "a list", str: "a string", type(None): "null"}.get(type(value), type(value).__name__)

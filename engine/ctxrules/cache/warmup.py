@@ -87,8 +87,9 @@ class Probe:
     def rejected(self) -> bool:
         """The provider refused the request itself (4xx other than 408/409/429): sending it
         again fails the same way, and so will the real calls that share its messages."""
-        return not self.ok and self.status is not None and 400 <= self.status < 500 and \
-            self.status not in (408, 409, 429)
+        return (
+            not self.ok and self.status is not None and 400 <= self.status < 500 and self.status not in (408, 409, 429)
+        )
 
 
 class ProbeFailed(CtxrulesError):
@@ -136,9 +137,7 @@ def _usage_numbers(usage: Any) -> tuple[int, int, int, int]:
     completion = int(get(usage, "completion_tokens") or 0)
     details = get(usage, "prompt_tokens_details")
     cached = int(
-        (get(details, "cached_tokens") if details is not None else None)
-        or get(usage, "cache_read_input_tokens")
-        or 0
+        (get(details, "cached_tokens") if details is not None else None) or get(usage, "cache_read_input_tokens") or 0
     )
     written = int(get(usage, "cache_creation_input_tokens") or 0)
     return prompt, cached, written, completion
@@ -155,14 +154,8 @@ def probe_cost(model: str, prompt: int, cached: int, written: int, completion: i
     if info.input_cost_per_token is None:
         return None
     base = info.input_cost_per_token
-    read = (
-        info.cache_read_input_token_cost if info.cache_read_input_token_cost is not None else base
-    )
-    write = (
-        info.cache_creation_input_token_cost
-        if info.cache_creation_input_token_cost is not None
-        else base
-    )
+    read = info.cache_read_input_token_cost if info.cache_read_input_token_cost is not None else base
+    write = info.cache_creation_input_token_cost if info.cache_creation_input_token_cost is not None else base
     out = info.output_cost_per_token or 0.0
     uncached = max(prompt - cached - written, 0)
     return uncached * base + cached * read + written * write + completion * out
@@ -216,11 +209,7 @@ def send_probe(
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             response = litellm.completion(**kwargs)
-        usage = (
-            response.get("usage")
-            if isinstance(response, Mapping)
-            else getattr(response, "usage", None)
-        )
+        usage = response.get("usage") if isinstance(response, Mapping) else getattr(response, "usage", None)
         prompt, cached, written, completion = _usage_numbers(usage or {})
         if ledger is not None and usage is not None:
             ledger.record(response, model=model, source=kind)
@@ -234,8 +223,9 @@ def send_probe(
             error=f"{type(exc).__name__}: {exc}"[:2000],
             status=_status_of(exc),
         )
-        get_logger("ctxrules.cache").warning("probe.failed", kind=kind, reason=reason, model=model,
-                                             status=failed.status, error=failed.error)
+        get_logger("ctxrules.cache").warning(
+            "probe.failed", kind=kind, reason=reason, model=model, status=failed.status, error=failed.error
+        )
         if check:
             raise ProbeFailed(failed) from exc
         return failed
@@ -319,9 +309,7 @@ class KeepAlive:
     def start(self) -> KeepAlive:
         with self._cond:
             if self._thread is None:
-                self._thread = threading.Thread(
-                    target=self._run, name=f"ctxrules-keepalive-{self.model}", daemon=True
-                )
+                self._thread = threading.Thread(target=self._run, name=f"ctxrules-keepalive-{self.model}", daemon=True)
                 self._thread.start()
         return self
 
@@ -381,11 +369,7 @@ class KeepAlive:
         )
         first = not self._messages and not self._probes
         warm = "session start" if first else "after compaction" if compacted else None
-        extra = {
-            k: v
-            for k, v in (getattr(result, "request", {}) or {}).items()
-            if k == "prompt_cache_key"
-        }
+        extra = {k: v for k, v in (getattr(result, "request", {}) or {}).items() if k == "prompt_cache_key"}
         self.update(result.messages, result.tools, request=extra, warm=warm)
 
     @contextlib.contextmanager
@@ -440,9 +424,7 @@ class KeepAlive:
                     continue
                 else:
                     since = (
-                        self._last_activity
-                        if self._last_probe is None
-                        else max(self._last_activity, self._last_probe)
+                        self._last_activity if self._last_probe is None else max(self._last_activity, self._last_probe)
                     )
                     if max_idle is not None and now - self._last_activity >= max_idle:
                         self._cond.wait()  # idle too long: wait for the next call

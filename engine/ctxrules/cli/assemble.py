@@ -37,9 +37,7 @@ def register(sub: Any) -> None:
         default="builtin:default",
         help="pack path or builtin:NAME (default: builtin:default)",
     )
-    p.add_argument(
-        "--mode", help="prompt mode, e.g. full, lean, naked, search (with --matrix: only this mode)"
-    )
+    p.add_argument("--mode", help="prompt mode, e.g. full, lean, naked, search (with --matrix: only this mode)")
     p.add_argument("--model", help="model name, bare or provider-prefixed; picks the models: entry")
     p.add_argument(
         "--entry",
@@ -52,9 +50,7 @@ def register(sub: Any) -> None:
         metavar="K=V",
         help="set a declared prompt variable (repeatable)",
     )
-    p.add_argument(
-        "--matrix", action="store_true", help="every mode x models: entry, plus no entry"
-    )
+    p.add_argument("--matrix", action="store_true", help="every mode x models: entry, plus no entry")
     p.add_argument("--format", choices=("text", "json"), default="text")
     add_search_path(p)
     p.set_defaults(func=run)
@@ -122,10 +118,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     blocks = []
     for r in results:
-        header = (
-            f"=== mode={r.mode} entry={r.entry or NO_ENTRY} chars={len(r.text)} "
-            f"sha256={r.sha256[:16]} ==="
-        )
+        header = f"=== mode={r.mode} entry={r.entry or NO_ENTRY} chars={len(r.text)} sha256={r.sha256[:16]} ==="
         blocks.append(f"{header}\n{r.text}\n")
     sys.stdout.write("\n".join(blocks))
     return 0

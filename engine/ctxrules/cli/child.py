@@ -26,8 +26,7 @@ from typing import IO, Any
 __all__ = ["FORWARDED", "Child"]
 
 _POSIX = hasattr(os, "killpg")
-FORWARDED = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP")
-                  if hasattr(signal, name))
+FORWARDED = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name))
 
 
 class Child:
@@ -47,8 +46,11 @@ class Child:
             # process_group=0: the command leads a new group whose id is its pid.
             group: dict[str, Any] = {"process_group": 0} if _POSIX else {}
             self.proc = subprocess.Popen(
-                argv, stdout=subprocess.PIPE if capture else None,
-                stderr=subprocess.STDOUT if capture else None, **group)
+                argv,
+                stdout=subprocess.PIPE if capture else None,
+                stderr=subprocess.STDOUT if capture else None,
+                **group,
+            )
         except BaseException:
             self._restore()
             raise

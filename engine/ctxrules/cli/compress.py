@@ -60,28 +60,26 @@ def register(sub: Any) -> None:
         "captured earlier. The full output goes to the session's vault; every elided line "
         "leaves a [ctxrules:elided ...] marker that `ctxrules vault get` resolves.",
     )
-    p.add_argument("--pack", default="builtin:default",
-                   help="rule pack: a path or builtin:NAME (default builtin:default)")
-    p.add_argument("--raw", action="store_true",
-                   help="print the output unchanged (run the command, drop nothing)")
-    p.add_argument("--stream", action="store_true",
-                   help="also copy the output live to standard error while the command runs")
-    p.add_argument("--stats", action="store_true",
-                   help="print lines and tokens before and after on standard error")
-    p.add_argument("--model", default=DEFAULT_MODEL,
-                   help=f"tokenizer for --stats (default {DEFAULT_MODEL})")
-    p.add_argument("--always", action="store_true",
-                   help="compress even when the output feeds another command of a pipeline")
-    p.add_argument("--session", help="session directory whose vault keeps the full output "
-                   "(default: <state>/default)")
+    p.add_argument(
+        "--pack", default="builtin:default", help="rule pack: a path or builtin:NAME (default builtin:default)"
+    )
+    p.add_argument("--raw", action="store_true", help="print the output unchanged (run the command, drop nothing)")
+    p.add_argument(
+        "--stream", action="store_true", help="also copy the output live to standard error while the command runs"
+    )
+    p.add_argument("--stats", action="store_true", help="print lines and tokens before and after on standard error")
+    p.add_argument("--model", default=DEFAULT_MODEL, help=f"tokenizer for --stats (default {DEFAULT_MODEL})")
+    p.add_argument(
+        "--always", action="store_true", help="compress even when the output feeds another command of a pipeline"
+    )
+    p.add_argument("--session", help="session directory whose vault keeps the full output (default: <state>/default)")
     p.add_argument("--state", help="state root (default: .ctxrules or $CTXRULES_STATE)")
-    p.add_argument("--command", dest="command_line",
-                   help="filter mode: the command line that produced --input")
-    p.add_argument("--exit-code", type=int, default=None,
-                   help="filter mode: the command's exit code (default: unknown)")
+    p.add_argument("--command", dest="command_line", help="filter mode: the command line that produced --input")
+    p.add_argument(
+        "--exit-code", type=int, default=None, help="filter mode: the command's exit code (default: unknown)"
+    )
     p.add_argument("--input", help="filter mode: captured output, a file or - for stdin")
-    p.add_argument("argv", nargs=argparse.REMAINDER, metavar="-- CMD ARGS",
-                   help="the command to run")
+    p.add_argument("argv", nargs=argparse.REMAINDER, metavar="-- CMD ARGS", help="the command to run")
     add_search_path(p)
     p.set_defaults(func=run)
 
@@ -108,8 +106,9 @@ def _decode(raw: bytes) -> tuple[str, bool]:
         return raw.decode("utf-8", "replace"), False
 
 
-def _compress(args: argparse.Namespace, pack: dict[str, Any], counter: Any, command: str,
-              raw: bytes, exit_code: int | None) -> bytes:
+def _compress(
+    args: argparse.Namespace, pack: dict[str, Any], counter: Any, command: str, raw: bytes, exit_code: int | None
+) -> bytes:
     """The bytes to print: compressed (full output stored first) or ``raw`` when nothing applies."""
     text, exact = _decode(raw)
     vault_id = hashlib.sha256(raw).hexdigest()
@@ -121,8 +120,10 @@ def _compress(args: argparse.Namespace, pack: dict[str, Any], counter: Any, comm
     if result is None:
         if counter is not None:
             tokens = counter.count_text(text)
-            _note(f"no compressor applied to {command!r} (no rule matches, or it would not save "
-                  f"anything); {tokens:,} tokens ({args.model})")
+            _note(
+                f"no compressor applied to {command!r} (no rule matches, or it would not save "
+                f"anything); {tokens:,} tokens ({args.model})"
+            )
         return raw
     vault = Vault.for_session(_session_dir(args))
     stored = vault.put_text(text) if exact else vault.put_bytes(raw, "text/plain")
@@ -132,9 +133,11 @@ def _compress(args: argparse.Namespace, pack: dict[str, Any], counter: Any, comm
         before, after = counter.count_text(text), counter.count_text(result.text)
         kind = "estimate" if counter.is_estimate else "exact"
         saved = 100 * (before - after) / before if before else 0.0
-        _note(f"compressor '{result.rule_id}': {result.lines_before:,} -> {result.lines_after:,} "
-              f"lines, {before:,} -> {after:,} tokens (-{saved:.0f}%, {args.model}, {kind}); "
-              f"full output: vault://{vault_id}")
+        _note(
+            f"compressor '{result.rule_id}': {result.lines_before:,} -> {result.lines_after:,} "
+            f"lines, {before:,} -> {after:,} tokens (-{saved:.0f}%, {args.model}, {kind}); "
+            f"full output: vault://{vault_id}"
+        )
     return result.text.encode("utf-8", "surrogateescape" if exact else "replace")
 
 
@@ -193,8 +196,9 @@ def _proxy(args: argparse.Namespace, argv: list[str]) -> int:
     except CtxrulesError as exc:
         _note(f"error: {exc}")
         return EXIT_CTXRULES_FAILED
-    passthrough = args.raw or (not args.always and not sys.stdout.isatty()
-                               and stdout_feeds_pipeline(sys.stdout.fileno()))
+    passthrough = args.raw or (
+        not args.always and not sys.stdout.isatty() and stdout_feeds_pipeline(sys.stdout.fileno())
+    )
     try:
         child = _spawn(argv, capture=not passthrough)
     except _Exit as exc:
@@ -243,10 +247,9 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError("give either --command with --input, or a command after --, not both")
         return _filter(args)
     if args.input is not None or args.exit_code is not None:
-        raise UsageError("--input and --exit-code need --command \"CMD\"")
+        raise UsageError('--input and --exit-code need --command "CMD"')
     if not argv:
-        raise UsageError("nothing to run: ctxrules compress [OPTIONS] -- CMD ARGS... "
-                         "(or --command \"CMD\" --input FILE)")
+        raise UsageError('nothing to run: ctxrules compress [OPTIONS] -- CMD ARGS... (or --command "CMD" --input FILE)')
     try:
         return _proxy(args, argv)
     except BrokenPipeError:

@@ -19,27 +19,46 @@ from ctxrules.packs.validated import load_pack
 
 def register(sub: Any) -> None:
     p = sub.add_parser(
-        "eval", help="replay transcripts through packs and baselines: cost per task, cache, retention",
+        "eval",
+        help="replay transcripts through packs and baselines: cost per task, cache, retention",
         description="Replay each transcript call by call (prepare before every assistant message, "
-                    "one session per transcript and pack), model the provider's prompt cache, "
-                    "price it, and check retention probes and the invariants on every call. "
-                    "Exit 1 when an invariant broke on any call of a pack.")
+        "one session per transcript and pack), model the provider's prompt cache, "
+        "price it, and check retention probes and the invariants on every call. "
+        "Exit 1 when an invariant broke on any call of a pack.",
+    )
     p.add_argument("inputs", nargs="+", metavar="INPUT", help="transcript files or folders")
-    p.add_argument("--pack", action="append", default=[], metavar="P",
-                   help="a pack to evaluate (a path or builtin:NAME); repeat for more")
-    p.add_argument("--baseline", action="append", default=[], choices=("none", "trim"),
-                   help="also replay without ctxrules: none (the raw history) or trim "
-                        "(litellm.utils.trim_messages); repeatable")
+    p.add_argument(
+        "--pack",
+        action="append",
+        default=[],
+        metavar="P",
+        help="a pack to evaluate (a path or builtin:NAME); repeat for more",
+    )
+    p.add_argument(
+        "--baseline",
+        action="append",
+        default=[],
+        choices=("none", "trim"),
+        help="also replay without ctxrules: none (the raw history) or trim (litellm.utils.trim_messages); repeatable",
+    )
     p.add_argument("--model", required=True, metavar="M")
     p.add_argument("--window", type=int, metavar="N", help="override the model's window")
-    p.add_argument("--step-s", type=float, default=None, metavar="S",
-                   help="seconds between calls when messages carry no timestamps (default 20)")
+    p.add_argument(
+        "--step-s",
+        type=float,
+        default=None,
+        metavar="S",
+        help="seconds between calls when messages carry no timestamps (default 20)",
+    )
     p.add_argument("--jobs", type=int, default=1, metavar="N", help="worker processes (default 1)")
     p.add_argument("--json", metavar="FILE", help="write every call and the totals as JSON")
     p.add_argument("--html", metavar="FILE", help="write one self-contained page with charts")
-    p.add_argument("--judge", metavar="MODEL",
-                   help="also ask MODEL the probe questions from the prepared context of each "
-                        "transcript's last call, and grade its answers (needs the model's API)")
+    p.add_argument(
+        "--judge",
+        metavar="MODEL",
+        help="also ask MODEL the probe questions from the prepared context of each "
+        "transcript's last call, and grade its answers (needs the model's API)",
+    )
     p.add_argument("--judge-api-base", metavar="URL", help="the judge's OpenAI-compatible endpoint")
     p.add_argument("--quiet", action="store_true", help="no progress bar on stderr")
     p.set_defaults(func=run)
@@ -62,8 +81,10 @@ class _Bar:
         self.last = now
         width = 24
         filled = int(width * self.done / self.total)
-        line = (f"\r[{'#' * filled}{'.' * (width - filled)}] {self.done}/{self.total} "
-                f"{transcript[:36]} · {plan[:24]} · turn {turn}/{turns}")
+        line = (
+            f"\r[{'#' * filled}{'.' * (width - filled)}] {self.done}/{self.total} "
+            f"{transcript[:36]} · {plan[:24]} · turn {turn}/{turns}"
+        )
         self.stream.write(line[:160].ljust(100))
         self.stream.flush()
 
@@ -87,14 +108,29 @@ def run(args: argparse.Namespace) -> int:
         sys.stderr.write(f"ctxrules: note: {note}\n")
     plans = plans_from(args.pack, list(dict.fromkeys(args.baseline)))
     step_s = STEP_S if args.step_s is None else args.step_s
-    tasks = [Task(name, str(path), tuple(msgs), tuple(tools), plan, args.model, args.window, step_s,
-                  args.judge, args.judge_api_base)
-             for plan in plans for name, path, msgs, tools in transcripts]
+    tasks = [
+        Task(
+            name,
+            str(path),
+            tuple(msgs),
+            tuple(tools),
+            plan,
+            args.model,
+            args.window,
+            step_s,
+            args.judge,
+            args.judge_api_base,
+        )
+        for plan in plans
+        for name, path, msgs, tools in transcripts
+    ]
     names = [name for name, *_ in transcripts]
-    total_turns = sum(sum(1 for i, m in enumerate(msgs) if m.get("role") == "assistant" and i > 0)
-                      for _, _, msgs, _ in transcripts) * len(plans)
-    bar = _Bar(sys.stderr, total_turns) if (sys.stderr.isatty() and not args.quiet
-                                            and not os.environ.get("CI")) else None
+    total_turns = sum(
+        sum(1 for i, m in enumerate(msgs) if m.get("role") == "assistant" and i > 0) for _, _, msgs, _ in transcripts
+    ) * len(plans)
+    bar = (
+        _Bar(sys.stderr, total_turns) if (sys.stderr.isatty() and not args.quiet and not os.environ.get("CI")) else None
+    )
     started = time.perf_counter()
     try:
         results = run_tasks(tasks, jobs=args.jobs, progress=bar)
@@ -106,11 +142,11 @@ def run(args: argparse.Namespace) -> int:
     sys.stdout.write(eval_table(overall, each, names, model=args.model, window=args.window))
     sys.stdout.write(f"\n{total_turns} calls replayed in {seconds:.1f} s ({args.jobs} job(s))\n")
     if args.json:
-        write_text(args.json, dumps(eval_json(results, overall, each, model=args.model,
-                                              window=args.window, seconds=seconds)))
+        write_text(
+            args.json, dumps(eval_json(results, overall, each, model=args.model, window=args.window, seconds=seconds))
+        )
     if args.html:
-        write_text(args.html, eval_html(results, overall, each, names, model=args.model,
-                                        window=args.window))
+        write_text(args.html, eval_html(results, overall, each, names, model=args.model, window=args.window))
     broken = [p for p, t in overall.items() if not t.baseline and (t.violations or t.errors)]
     if broken:
         sys.stderr.write(f"ctxrules: invariants broke on calls of: {', '.join(broken)}\n")

@@ -38,8 +38,7 @@ def read_json(path: str) -> Any:
                 if not (stat.S_ISREG(st.st_mode) or stat.S_ISFIFO(st.st_mode)):
                     raise UsageError(f"{name}: not a regular file")
                 if st.st_size > limit:
-                    raise UsageError(f"{name}: {st.st_size} bytes is over the {_mb(limit)} limit "
-                                     "for a message file")
+                    raise UsageError(f"{name}: {st.st_size} bytes is over the {_mb(limit)} limit for a message file")
                 raw = fh.read(limit + 1)
     except FileNotFoundError:
         raise UsageError(f"{name}: no such file") from None
@@ -60,15 +59,13 @@ def read_json(path: str) -> Any:
     except RecursionError:
         raise UsageError(f"{name}: invalid input: nested too deep") from None
     except ValueError:  # the one other error json.loads raises: Python's integer digit limit
-        raise UsageError(f"{name}: invalid input: an integer literal of more than "
-                         f"{MAX_INT_DIGITS} digits") from None
+        raise UsageError(f"{name}: invalid input: an integer literal of more than {MAX_INT_DIGITS} digits") from None
     found = scan(data)
     if found.problems:
         first = found.problems[0]
         raise UsageError(f"{name}: {short_pointer(first.path)}: {first.detail}")
     for where in found.replaced:
-        sys.stderr.write(f"ctxrules: warning: {name}: {pointer(where)}: a lone surrogate was "
-                         "replaced with U+FFFD\n")
+        sys.stderr.write(f"ctxrules: warning: {name}: {pointer(where)}: a lone surrogate was replaced with U+FFFD\n")
     return found.value
 
 
@@ -94,7 +91,10 @@ def dump(value: Any) -> str:
 def add_search_path(parser: Any) -> None:
     """``--search-path DIR`` (repeatable) on a verb that loads packs."""
     parser.add_argument(
-        "--search-path", action="append", default=[], metavar="DIR",
+        "--search-path",
+        action="append",
+        default=[],
+        metavar="DIR",
         help="a folder, besides the pack's own, that packs may read from (extends:, template "
-             "file:, test inputs); repeatable",
+        "file:, test inputs); repeatable",
     )

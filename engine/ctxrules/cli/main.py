@@ -88,8 +88,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     except Exception as exc:  # a bug: say so in one line, keep the traceback for debugging
         if os.environ.get("CTXRULES_DEBUG"):
             raise
-        sys.stderr.write(f"ctxrules: internal error: {type(exc).__name__}: {exc}\n"
-                         "  (this is a bug in ctxrules; set CTXRULES_DEBUG=1 for a traceback)\n")
+        sys.stderr.write(
+            f"ctxrules: internal error: {type(exc).__name__}: {exc}\n"
+            "  (this is a bug in ctxrules; set CTXRULES_DEBUG=1 for a traceback)\n"
+        )
         code = 2
     sys.stdout.flush()
     raise SystemExit(code)

@@ -13,16 +13,26 @@ from ctxrules.integrations.mcp import serve
 
 def register(sub: Any) -> None:
     p = sub.add_parser(
-        "mcp", help="serve a session's recall tool over MCP (stdio)",
+        "mcp",
+        help="serve a session's recall tool over MCP (stdio)",
         description="Run an MCP server on stdin/stdout with one tool (the pack's recall: tool, "
-                    "default ctxrules_recall) that gives back the exact original lines behind "
-                    "the session's elision markers. Needs the MCP SDK: pip install "
-                    "\"ctxrules[mcp]\".")
+        "default ctxrules_recall) that gives back the exact original lines behind "
+        "the session's elision markers. Needs the MCP SDK: pip install "
+        '"ctxrules[mcp]".',
+    )
     p.add_argument("--session", required=True, metavar="DIR", help="the session directory")
-    p.add_argument("--pack", default="builtin:default", metavar="P",
-                   help="the pack whose recall: settings word the tool (default builtin:default)")
-    p.add_argument("--model", default="gpt-4o", metavar="M",
-                   help="the model whose tokenizer counts the answer budget (default gpt-4o)")
+    p.add_argument(
+        "--pack",
+        default="builtin:default",
+        metavar="P",
+        help="the pack whose recall: settings word the tool (default builtin:default)",
+    )
+    p.add_argument(
+        "--model",
+        default="gpt-4o",
+        metavar="M",
+        help="the model whose tokenizer counts the answer budget (default gpt-4o)",
+    )
     p.set_defaults(func=run)
 
 

@@ -33,8 +33,9 @@ def wanted(quiet: bool, stream: TextIO | None = None) -> bool:
 class TerminalProgress:
     """The status line (module docstring); a context manager around the work."""
 
-    def __init__(self, stream: TextIO | None = None, *, delay_s: float = 1.0, interval_s: float = 0.25,
-                 label: str = "ctxrules") -> None:
+    def __init__(
+        self, stream: TextIO | None = None, *, delay_s: float = 1.0, interval_s: float = 0.25, label: str = "ctxrules"
+    ) -> None:
         self.stream = stream or sys.stderr
         self.delay_s = delay_s
         self.interval_s = interval_s
@@ -66,8 +67,9 @@ class TerminalProgress:
         self._thread.start()
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self._done.set()
         self._thread.join(timeout=2)
         with self._lock:

@@ -15,9 +15,12 @@ from ctxrules.resources import schema_path
 
 
 def register(sub: Any) -> None:
-    p = sub.add_parser("report", help="show a run report as a table, or write it as an HTML page",
-                       description="Read a report written by `ctxrules run --report` and print it as a "
-                                   "table, or write one self-contained HTML page (no network).")
+    p = sub.add_parser(
+        "report",
+        help="show a run report as a table, or write it as an HTML page",
+        description="Read a report written by `ctxrules run --report` and print it as a "
+        "table, or write one self-contained HTML page (no network).",
+    )
     p.add_argument("report", metavar="REPORT.json")
     p.add_argument("--html", metavar="OUT.html", help="write the page here")
     p.set_defaults(func=run)
@@ -51,8 +54,15 @@ def load_report(path: str) -> dict[str, Any]:
 
 
 def _kind(value: Any) -> str:
-    return {dict: "an object", list: "an array", str: "a string", bool: "a boolean", int: "a number",
-            float: "a number", type(None): "null"}.get(type(value), type(value).__name__)
+    return {
+        dict: "an object",
+        list: "an array",
+        str: "a string",
+        bool: "a boolean",
+        int: "a number",
+        float: "a number",
+        type(None): "null",
+    }.get(type(value), type(value).__name__)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -12,14 +12,20 @@ from ctxrules.validation import full_schema as gen
 
 
 def register(sub: Any) -> None:
-    p = sub.add_parser("schema", help="print the full rule-pack JSON Schema, including plugins",
-                       description="Print the rule-pack JSON Schema (draft 2020-12) with the with: "
-                                   "options (and their defaults) of every registered stage type and "
-                                   "compressor action filled in. With only the built-in plugins "
-                                   "installed it is schemas/rulepack.v1.schema.json.")
-    p.add_argument("--path", action="store_true",
-                   help="print where the installed copy of schemas/rulepack.v1.schema.json is "
-                        "(for an editor's schema setting) instead of the schema")
+    p = sub.add_parser(
+        "schema",
+        help="print the full rule-pack JSON Schema, including plugins",
+        description="Print the rule-pack JSON Schema (draft 2020-12) with the with: "
+        "options (and their defaults) of every registered stage type and "
+        "compressor action filled in. With only the built-in plugins "
+        "installed it is schemas/rulepack.v1.schema.json.",
+    )
+    p.add_argument(
+        "--path",
+        action="store_true",
+        help="print where the installed copy of schemas/rulepack.v1.schema.json is "
+        "(for an editor's schema setting) instead of the schema",
+    )
     p.set_defaults(func=run)
 
 

@@ -40,11 +40,19 @@ def report_table(report: dict[str, Any]) -> str:
         lines.append(f"reused the previous compaction of {report['reused_messages']} messages")
     rows = [["stage", "type", "ran", "tokens before", "after", "saved", "ms", "actions / why not"]]
     for s in report["stages"]:
-        why = s.get("error") or s.get("skipped") or ", ".join(
-            sorted({a["kind"] for a in s["actions"]})) or "-"
-        rows.append([s["id"], s["type"], "yes" if s["ran"] else "no", str(s["tokens_before"]),
-                     str(s["tokens_after"]), str(s["tokens_before"] - s["tokens_after"]),
-                     f"{s['ms']:.1f}", why])
+        why = s.get("error") or s.get("skipped") or ", ".join(sorted({a["kind"] for a in s["actions"]})) or "-"
+        rows.append(
+            [
+                s["id"],
+                s["type"],
+                "yes" if s["ran"] else "no",
+                str(s["tokens_before"]),
+                str(s["tokens_after"]),
+                str(s["tokens_before"] - s["tokens_after"]),
+                f"{s['ms']:.1f}",
+                why,
+            ]
+        )
     lines.append("")
     lines.extend(_table(rows, {3, 4, 5, 6}))
     if report["vault_items"]:

@@ -54,9 +54,7 @@ def register(sub: Any) -> None:
             metavar="N",
             help=f"{kind} tokens" + (" (default: prompt + completion)" if kind == "total" else ""),
         )
-    a.add_argument(
-        "--response", metavar="FILE", help="a response or usage JSON file ('-' for stdin)"
-    )
+    a.add_argument("--response", metavar="FILE", help="a response or usage JSON file ('-' for stdin)")
     a.add_argument(
         "--shape",
         default="auto",
@@ -64,18 +62,14 @@ def register(sub: Any) -> None:
         help="the shape of --response (default: recognized by its keys)",
     )
     a.add_argument("--failed", action="store_true", help="the call failed: record nothing")
-    a.add_argument(
-        "--tier", help="the router tier the call was made at (simple, standard, reasoning)"
-    )
+    a.add_argument("--tier", help="the router tier the call was made at (simple, standard, reasoning)")
     a.add_argument(
         "--service-tier",
         default="standard",
         choices=["standard", "priority", "flex", "batch"],
         help="the provider's service tier (its prices apply)",
     )
-    a.add_argument(
-        "--at", type=float, metavar="EPOCH", help="when the call was made (default: now)"
-    )
+    a.add_argument("--at", type=float, metavar="EPOCH", help="when the call was made (default: now)")
     a.add_argument("--json", action="store_true", help="print the ledger record as JSON")
     a.set_defaults(func=run_add)
 
@@ -113,8 +107,9 @@ def register(sub: Any) -> None:
         "every call the state root's day ledgers hold (UTC).",
     )
     d.add_argument("--state", metavar="DIR", help="state root (default: .ctxrules or $CTXRULES_STATE)")
-    d.add_argument("--days", type=_count, default=30, metavar="N",
-                   help="how many days, up to today (default 30; e.g. 7, 30, 365)")
+    d.add_argument(
+        "--days", type=_count, default=30, metavar="N", help="how many days, up to today (default 30; e.g. 7, 30, 365)"
+    )
     d.add_argument("--until", metavar="YYYY-MM-DD", help="the last day shown (default: today, UTC)")
     d.add_argument("--html", metavar="OUT", help="write the page here (else a text summary)")
     d.set_defaults(func=run_report)
@@ -150,8 +145,7 @@ def _scope(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--state",
         metavar="DIR",
-        help="state root with day and goal ledgers "
-        "(default: the session's parent, else .ctxrules or $CTXRULES_STATE)",
+        help="state root with day and goal ledgers (default: the session's parent, else .ctxrules or $CTXRULES_STATE)",
     )
     p.add_argument("--goal", help="the goal the calls count against")
     p.add_argument("--pack", help="pack whose budgets: (limits, prices, time zone) apply")
@@ -202,9 +196,7 @@ def run_add(args: argparse.Namespace) -> int:
     if args.response:
         source = read_json(args.response)
         if is_failed_response(source):
-            sys.stdout.write(
-                "not recorded: the response is an error (a failed call records no usage)\n"
-            )
+            sys.stdout.write("not recorded: the response is an error (a failed call records no usage)\n")
             return 0
     elif given:
         source = TokenUsage.of(**given)
@@ -240,9 +232,7 @@ def run_show(args: argparse.Namespace) -> int:
     data: dict[str, Any] = {
         "session": {"path": str(ledger.dir), "root": ledger.root_id, **status.totals.as_dict()},
         "day": {"date": day_label, "timezone": ledger.policy.timezone, **Totals.of(day).as_dict()},
-        "goal": None
-        if not ledger.goal
-        else {"goal": ledger.goal, **Totals.of(ledger.goal_entries()).as_dict()},
+        "goal": None if not ledger.goal else {"goal": ledger.goal, **Totals.of(ledger.goal_entries()).as_dict()},
         "budget": status.as_dict(),
         "days": _days(ledger, now, args.days),
     }
@@ -258,9 +248,7 @@ def _days(ledger: Any, now: float, n: int) -> list[dict[str, Any]]:
     for i in range(n):
         entries, label = ledger.day_entries(now - 86_400 * i)
         t = Totals.of(entries)
-        out.append(
-            {"date": label, "calls": t.calls, "tokens": t.tokens.total, "usd": round(t.usd, 10)}
-        )
+        out.append({"date": label, "calls": t.calls, "tokens": t.tokens.total, "usd": round(t.usd, 10)})
     return out
 
 
@@ -301,9 +289,7 @@ def _render(data: dict[str, Any]) -> str:
             f"({d['share']:.0%}) {d['level'].upper()}, ETA {eta}"
         )
     for day in data["days"]:
-        lines.append(
-            f"  {day['date']}: {day['calls']} calls, {day['tokens']:,} tokens, ${day['usd']:.6f}"
-        )
+        lines.append(f"  {day['date']}: {day['calls']} calls, {day['tokens']:,} tokens, ${day['usd']:.6f}")
     return "\n".join(lines) + "\n"
 
 

@@ -110,8 +110,9 @@ def compress_text(
     hit = _RESULTS.get(key)
     if hit is not None and hit[0] is rules:
         return hit[1]
-    result = _compress_uncached(rules, pack, command, output, exit_code, vault_id=vault_id,
-                                lossless=lossless, rule_id=rule_id)
+    result = _compress_uncached(
+        rules, pack, command, output, exit_code, vault_id=vault_id, lossless=lossless, rule_id=rule_id
+    )
     if len(_RESULTS) >= _RESULTS_LIMIT:
         _RESULTS.clear()
     _RESULTS[key] = (rules, result)
@@ -127,8 +128,17 @@ _RESULTS: dict[tuple[Any, ...], tuple[Any, CompressResult | None]] = {}
 _RESULTS_LIMIT = 8192
 
 
-def _compress_uncached(rules: Any, pack: Mapping[str, Any], command: str, output: str, exit_code: int | None,
-                       *, vault_id: str | None, lossless: bool, rule_id: str | None) -> CompressResult | None:
+def _compress_uncached(
+    rules: Any,
+    pack: Mapping[str, Any],
+    command: str,
+    output: str,
+    exit_code: int | None,
+    *,
+    vault_id: str | None,
+    lossless: bool,
+    rule_id: str | None,
+) -> CompressResult | None:
     parsed = parse_command(command or "")
     failed = is_failure(exit_code, output)
     if rule_id is not None:

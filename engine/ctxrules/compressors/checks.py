@@ -27,9 +27,7 @@ if TYPE_CHECKING:
 __all__ = ["check_compressors"]
 
 
-def _check_step(
-    rep: Reporter, registry: Registry, rule_id: str, step: Mapping[str, Any], base: str
-) -> None:
+def _check_step(rep: Reporter, registry: Registry, rule_id: str, step: Mapping[str, Any], base: str) -> None:
     import jsonschema
 
     name = step.get("use")
@@ -41,16 +39,13 @@ def _check_step(
             "CR061",
             f"compressor '{rule_id}': unknown action '{name}'",
             f"{base}/use",
-            did_you_mean(name, list(registry.actions))
-            or "actions: " + ", ".join(sorted(registry.actions)),
+            did_you_mean(name, list(registry.actions)) or "actions: " + ", ".join(sorted(registry.actions)),
         )
         return
     options = step.get("with", {})
     if not isinstance(options, Mapping):
         return  # the schema reports the wrong type
-    validator = jsonschema.Draft202012Validator(
-        dict(action.options_schema), format_checker=format_checker()
-    )
+    validator = jsonschema.Draft202012Validator(dict(action.options_schema), format_checker=format_checker())
     errors = list(validator.iter_errors(dict(options)))
     for ptr, pattern in regex_values(action.options_schema, options, f"{base}/with"):
         check_pattern(rep, pattern, ptr, report_errors=False)
@@ -64,9 +59,7 @@ def _check_step(
                     f"action '{name}' has no option '{key}'",
                     f"{ptr}/{key}",
                     did_you_mean(key, known)
-                    or (
-                        "options: " + ", ".join(known) if known else "this action takes no options"
-                    ),
+                    or ("options: " + ", ".join(known) if known else "this action takes no options"),
                     at_key=True,
                 )
         elif err.validator == "format":
@@ -74,9 +67,7 @@ def _check_step(
             rep.add("CR070", f"regular expression {err.instance!r} does not compile: {detail}", ptr)
         elif err.validator == "required":
             missing = [k for k in err.validator_value if k not in err.instance]
-            rep.add(
-                "CR061", f"action '{name}' needs option '{missing[0] if missing else '?'}'", ptr
-            )
+            rep.add("CR061", f"action '{name}' needs option '{missing[0] if missing else '?'}'", ptr)
         else:
             where = ptr[len(base) + 5 :].lstrip("/") or "with"
             rep.add("CR061", f"option {where} of action '{name}': {err.message}", ptr)

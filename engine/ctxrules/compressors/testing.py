@@ -74,26 +74,17 @@ def _count_tokens(text: str) -> int:
     return TokenCounter.for_model(lookup_model(TOKEN_MODEL)).count_text(text)
 
 
-def check_invariants(
-    original: str, output: str, exit_code: int | None, vault_id: str, failure_tail: int
-) -> list[str]:
+def check_invariants(original: str, output: str, exit_code: int | None, vault_id: str, failure_tail: int) -> list[str]:
     """The engine's truthfulness rules, checked from the outside (empty list: all hold)."""
     problems: list[str] = []
-    if len(output.encode("utf-8", "surrogatepass")) > len(
-        original.encode("utf-8", "surrogatepass")
-    ):
+    if len(output.encode("utf-8", "surrogatepass")) > len(original.encode("utf-8", "surrogatepass")):
         problems.append("the output is larger than the input")
     total = len(split_output(original)[0])
     for marker in parse_markers(output):
         if marker.vault_id != vault_id:
-            problems.append(
-                f"marker points at {marker.vault_id}, not at the full output {vault_id}"
-            )
+            problems.append(f"marker points at {marker.vault_id}, not at the full output {vault_id}")
         elif marker.lines is not None and marker.lines[1] > total:
-            problems.append(
-                f"marker range L{marker.lines[0]}-L{marker.lines[1]} is past the "
-                f"output's {total} lines"
-            )
+            problems.append(f"marker range L{marker.lines[0]}-L{marker.lines[1]} is past the output's {total} lines")
     ours = sum(1 for m in parse_markers(output) if m.vault_id == vault_id)
     if output.count("[ctxrules:elided") - ours > original.count("[ctxrules:elided"):
         problems.append("the output holds a marker that does not parse")
@@ -143,9 +134,7 @@ def _origin_path(pack: ResolvedPack, origins: Mapping[str, Origin], pointer: str
     return pack.real_paths.get(shown, Path(shown))
 
 
-def _read_input(
-    pack: ResolvedPack, origins: Mapping[str, Origin], pointer: str, relative: str
-) -> str:
+def _read_input(pack: ResolvedPack, origins: Mapping[str, Origin], pointer: str, relative: str) -> str:
     from ctxrules.packs.confine import MAX_INPUT_BYTES, FileRefused, OutsideRoots, check_inside, read_limited
 
     base = _origin_path(pack, origins, pointer).parent
@@ -196,23 +185,17 @@ def _run_case(
         return fail(str(exc))
     command = case.get("command") or _default_command(rule)
     if not command:
-        return fail(
-            "give `command:`: the rule's argv has globs or alternatives, so there is no default"
-        )
+        return fail("give `command:`: the rule's argv has globs or alternatives, so there is no default")
     exit_code = case.get("exit_code", 0)
     parsed = parse_command(str(command))
     try:
         rules = compile_rules(pack.data, registry)
-        chosen = (
-            select_rule(rules, parsed, exit_code, is_failure(exit_code, text)) if parsed else None
-        )
+        chosen = select_rule(rules, parsed, exit_code, is_failure(exit_code, text)) if parsed else None
         if chosen is None or chosen.id != rule_id:
             what = f"compressor '{chosen.id}'" if chosen is not None else "no compressor"
             return fail(f"command {command!r} (exit {exit_code}) selects {what}, not '{rule_id}'")
         vault_id = text_id(text)
-        result = compress_text(
-            pack.data, str(command), text, exit_code, vault_id=vault_id, registry=registry
-        )
+        result = compress_text(pack.data, str(command), text, exit_code, vault_id=vault_id, registry=registry)
     except CompressorError as exc:
         return fail(str(exc))
     output = result.text if result is not None else text

@@ -83,8 +83,12 @@ def _strip(value: Any) -> tuple[Any, bool]:
     return value, False
 
 
-def blocks_of(messages: Sequence[Mapping[str, Any]], tokens: Sequence[int],
-              tools: Sequence[Mapping[str, Any]] = (), tool_tokens: int = 0) -> list[Block]:
+def blocks_of(
+    messages: Sequence[Mapping[str, Any]],
+    tokens: Sequence[int],
+    tools: Sequence[Mapping[str, Any]] = (),
+    tool_tokens: int = 0,
+) -> list[Block]:
     """The blocks of a request (``tokens``: each message's count)."""
     blocks: list[Block] = []
     chain = hashlib.sha256()
@@ -137,8 +141,7 @@ class BreakpointCache(CacheModel):
     the last block as a breakpoint when the request carries none (an agent that marks its own
     requests, as the baselines are assumed to)."""
 
-    def __init__(self, *, min_tokens: int = 1024, ttl_s: float = 300.0,
-                 implicit_last: bool = False) -> None:
+    def __init__(self, *, min_tokens: int = 1024, ttl_s: float = 300.0, implicit_last: bool = False) -> None:
         self.min_tokens = min_tokens
         self.ttl_s = ttl_s
         self.implicit_last = implicit_last

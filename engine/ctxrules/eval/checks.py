@@ -54,8 +54,7 @@ def pairing_problems(messages: Sequence[Mapping[str, Any]]) -> list[str]:
     return problems
 
 
-def pin_problems(history: Sequence[Mapping[str, Any]],
-                 output: Sequence[Mapping[str, Any]]) -> list[str]:
+def pin_problems(history: Sequence[Mapping[str, Any]], output: Sequence[Mapping[str, Any]]) -> list[str]:
     """The leading system messages, the human anchor and the latest real user message of
     ``history`` are in ``output``, unchanged."""
     problems: list[str] = []

@@ -36,9 +36,10 @@ _JSON = re.compile(r"\{.*\}", re.S)
 def judge_request(context: Sequence[Mapping[str, Any]], categories: Sequence[str]) -> list[dict[str, Any]]:
     """The messages of the judge call: the prepared context, then one question per category."""
     asked = {c: QUESTIONS[c] for c in categories}
-    question = ("Answer from the conversation above only, as one JSON object whose keys are "
-                f"{', '.join(asked)} and whose values are strings:\n"
-                + "\n".join(f"- {k}: {q}" for k, q in asked.items()))
+    question = (
+        "Answer from the conversation above only, as one JSON object whose keys are "
+        f"{', '.join(asked)} and whose values are strings:\n" + "\n".join(f"- {k}: {q}" for k, q in asked.items())
+    )
     return [*(dict(m) for m in context), {"role": "user", "content": question}]
 
 

@@ -40,7 +40,12 @@ __all__ = [
 ]
 
 CATEGORIES: tuple[str, ...] = (
-    "anchor", "latest_ask", "edited_files", "errors", "commands", "test_status",
+    "anchor",
+    "latest_ask",
+    "edited_files",
+    "errors",
+    "commands",
+    "test_status",
 )
 LAST_ERRORS = 2
 LAST_COMMANDS = 3
@@ -48,11 +53,10 @@ _PATH_KEYS = ("file_path", "path", "filename", "file", "notebook_path", "target_
 _TEST_COMMAND = re.compile(
     r"(?:^|[\s;&|(/])(?:pytest|py\.test|tox|nox|unittest|go\s+test|cargo\s+(?:test|nextest)|"
     r"npm\s+(?:run\s+)?test|yarn\s+test|pnpm\s+test|jest|vitest|mocha|rspec|ctest|"
-    r"make\s+(?:test|check)|runtests\.py|manage\.py\s+test|gradle\w*\s+test|mvn\s+test)\b")
-_SUMMARY_LINE = re.compile(r"^.*\b\d+\s+(?:passed|failed|errors?|tests?\s+(?:ran|passed|failed))\b.*$",
-                           re.M | re.I)
-_ERROR_LINE = re.compile(
-    r"^.*\b(?:error|exception|fatal|failed|failure|traceback|panic)\b.*$", re.M | re.I)
+    r"make\s+(?:test|check)|runtests\.py|manage\.py\s+test|gradle\w*\s+test|mvn\s+test)\b"
+)
+_SUMMARY_LINE = re.compile(r"^.*\b\d+\s+(?:passed|failed|errors?|tests?\s+(?:ran|passed|failed))\b.*$", re.M | re.I)
+_ERROR_LINE = re.compile(r"^.*\b(?:error|exception|fatal|failed|failure|traceback|panic)\b.*$", re.M | re.I)
 _MIN_PROBE_CHARS = 4
 
 
@@ -72,8 +76,7 @@ class Retention:
 
     @classmethod
     def empty(cls) -> Retention:
-        return cls({c: 0 for c in CATEGORIES}, {c: 0 for c in CATEGORIES},
-                   {c: 0 for c in CATEGORIES})
+        return cls({c: 0 for c in CATEGORIES}, {c: 0 for c in CATEGORIES}, {c: 0 for c in CATEGORIES})
 
     def add(self, other: Retention) -> None:
         for c in CATEGORIES:
@@ -95,8 +98,7 @@ class Retention:
         return good / total
 
     def as_dict(self) -> dict[str, dict[str, int]]:
-        return {c: {"kept": self.kept[c], "recoverable": self.recoverable[c], "lost": self.lost[c]}
-                for c in CATEGORIES}
+        return {c: {"kept": self.kept[c], "recoverable": self.recoverable[c], "lost": self.lost[c]} for c in CATEGORIES}
 
 
 def _error_line(text: str) -> str:
@@ -122,7 +124,7 @@ class ProbeExtractor:
 
     def probes(self, end: int) -> list[Probe]:
         """The probes of ``messages[:end]`` (``end`` never decreases between calls)."""
-        for msg in self.messages[self._at:end]:
+        for msg in self.messages[self._at : end]:
             self._see(msg)
         self._at = max(self._at, end)
         out: list[Probe] = []
@@ -215,8 +217,7 @@ def _strings(value: Any) -> Iterable[str]:
             yield from _strings(v)
 
 
-def check_probes(probes: Sequence[Probe], context: str,
-                 fetch: Callable[[str], str | None]) -> Retention:
+def check_probes(probes: Sequence[Probe], context: str, fetch: Callable[[str], str | None]) -> Retention:
     """Score ``probes`` against ``context``; ``fetch(vault_id)`` reads a marker's vault item
     (None when it cannot)."""
     result = Retention.empty()

@@ -119,8 +119,11 @@ def _usd(info: ModelInfo, uncached: int, read: int, write: int) -> float:
     rate = info.input_cost_per_token or 0.0
     read_rate = info.cache_read_input_token_cost
     write_rate = info.cache_creation_input_token_cost
-    return (uncached * rate + read * (rate if read_rate is None else read_rate)
-            + write * (rate if write_rate is None else write_rate))
+    return (
+        uncached * rate
+        + read * (rate if read_rate is None else read_rate)
+        + write * (rate if write_rate is None else write_rate)
+    )
 
 
 def _fetcher(read: Callable[[str], bytes]) -> Callable[[str], str | None]:
@@ -174,32 +177,51 @@ def replay(task: Task, progress: Progress | None = None) -> TaskResult:
             try:
                 out, out_tools, report = runner.call(history, tools, clock)
             except Exception as exc:  # a bug in ctxrules or the baseline: recorded, replay stops
-                return TaskResult(task.transcript, task.plan.name, task.plan.baseline, records,
-                                  usable, f"call {turn} (message {index}): {type(exc).__name__}: {exc}")
+                return TaskResult(
+                    task.transcript,
+                    task.plan.name,
+                    task.plan.baseline,
+                    records,
+                    usable,
+                    f"call {turn} (message {index}): {type(exc).__name__}: {exc}",
+                )
             ms = (time.perf_counter() - started) * 1000
             counts = history_counts[:index] if out is history else counter.count_each(out)
-            out_tool_tokens = tool_tokens if out_tools is tools else (
-                counter.count_tools(out_tools) if out_tools else 0)
+            out_tool_tokens = (
+                tool_tokens if out_tools is tools else (counter.count_tools(out_tools) if out_tools else 0)
+            )
             blocks = blocks_of(out, counts, out_tools, out_tool_tokens)
             use = cache.request(blocks, clock)
             fits = use.prompt <= usable
             probes = extractor.probes(index)
             # A request over the window is refused: the model sees none of it.
-            retention = (check_probes(probes, context_text(out), runner.fetch) if fits
-                         else lost_all(probes)).as_dict()
+            retention = (check_probes(probes, context_text(out), runner.fetch) if fits else lost_all(probes)).as_dict()
             violations: list[str] = []
             if not task.plan.baseline:
                 violations += pairing_problems(out) + pin_problems(history, out)
                 if not fits:
                     pinned = sum(history_counts[i] for i in pinned_indices(history)) + tool_tokens
                     if pinned <= usable:
-                        violations.append(f"does not fit ({use.prompt} > {usable} tokens) although "
-                                          f"the pinned messages alone do ({pinned})")
-            records.append(CallRecord(
-                turn=turn, index=index, prompt=use.prompt, read=use.read, write=use.write,
-                usd=_usd(info, use.uncached, use.read, use.write) if fits else 0.0, fits=fits,
-                ms=round(ms, 3), compacted=_compacted(report), cache_break=_cache_break(report),
-                retention=retention, violations=violations))
+                        violations.append(
+                            f"does not fit ({use.prompt} > {usable} tokens) although "
+                            f"the pinned messages alone do ({pinned})"
+                        )
+            records.append(
+                CallRecord(
+                    turn=turn,
+                    index=index,
+                    prompt=use.prompt,
+                    read=use.read,
+                    write=use.write,
+                    usd=_usd(info, use.uncached, use.read, use.write) if fits else 0.0,
+                    fits=fits,
+                    ms=round(ms, 3),
+                    compacted=_compacted(report),
+                    cache_break=_cache_break(report),
+                    retention=retention,
+                    violations=violations,
+                )
+            )
             if progress is not None:
                 progress(task.transcript, task.plan.name, turn + 1, len(turns))
             if task.judge and turn == len(turns) - 1:
@@ -210,8 +232,9 @@ def replay(task: Task, progress: Progress | None = None) -> TaskResult:
     return result
 
 
-def _judge(task: Task, context: list[Message],
-           probes: list[Any]) -> tuple[dict[str, dict[str, int]] | None, str | None]:
+def _judge(
+    task: Task, context: list[Message], probes: list[Any]
+) -> tuple[dict[str, dict[str, int]] | None, str | None]:
     categories = list(dict.fromkeys(p.category for p in probes))
     if not categories:
         return None, None
@@ -227,9 +250,10 @@ def _judge(task: Task, context: list[Message],
 def _compacted(report: Mapping[str, Any] | None) -> bool:
     if not report:
         return False
-    return any(s.get("ran") and s.get("tokens_saved", 0) > 0
-               and str(s.get("type", "")).startswith(("compress.", "summarize."))
-               for s in report.get("stages") or [])
+    return any(
+        s.get("ran") and s.get("tokens_saved", 0) > 0 and str(s.get("type", "")).startswith(("compress.", "summarize."))
+        for s in report.get("stages") or []
+    )
 
 
 def _cache_break(report: Mapping[str, Any] | None) -> str | None:
@@ -245,8 +269,9 @@ def _cache_break(report: Mapping[str, Any] | None) -> str | None:
 class _Runner:
     usable: int
 
-    def call(self, history: list[Message], tools: list[Message],
-             clock: float) -> tuple[list[Message], list[Message], dict[str, Any] | None]:
+    def call(
+        self, history: list[Message], tools: list[Message], clock: float
+    ) -> tuple[list[Message], list[Message], dict[str, Any] | None]:
         raise NotImplementedError  # pragma: no cover
 
     def fetch(self, vault_id: str) -> str | None:
@@ -256,12 +281,14 @@ class _Runner:
 class _PackRunner(_Runner):
     def __init__(self, task: Task, tmp: Path) -> None:
         self.session = engine_for(str(task.plan.ref)).session(
-            tmp / "session", model=task.model, window=task.window, private=True)
+            tmp / "session", model=task.model, window=task.window, private=True
+        )
         self.usable = self.session.budget.usable
         self._fetch = _fetcher(self.session.vault.get)
 
-    def call(self, history: list[Message], tools: list[Message],
-             clock: float) -> tuple[list[Message], list[Message], dict[str, Any] | None]:
+    def call(
+        self, history: list[Message], tools: list[Message], clock: float
+    ) -> tuple[list[Message], list[Message], dict[str, Any] | None]:
         result = self.session.prepare(history, tools=tools or None, clock=clock)
         return list(result.messages), list(result.tools or []), result.report
 
@@ -280,15 +307,15 @@ class _BaselineRunner(_Runner):
         self.kind = task.plan.kind
         self.model = task.model
 
-    def call(self, history: list[Message], tools: list[Message],
-             clock: float) -> tuple[list[Message], list[Message], dict[str, Any] | None]:
+    def call(
+        self, history: list[Message], tools: list[Message], clock: float
+    ) -> tuple[list[Message], list[Message], dict[str, Any] | None]:
         if self.kind == "none":
             return history, tools, None
         os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
         import litellm
 
-        trimmed = litellm.utils.trim_messages([dict(m) for m in history], model=self.model,
-                                              max_tokens=self.usable)
+        trimmed = litellm.utils.trim_messages([dict(m) for m in history], model=self.model, max_tokens=self.usable)
         return list(trimmed), tools, None
 
 

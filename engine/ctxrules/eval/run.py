@@ -29,8 +29,9 @@ def _messages_of(data: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]
     return None
 
 
-def _anthropic_or_openai(body: dict[str, Any], messages: list[dict[str, Any]],
-                         tools: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def _anthropic_or_openai(
+    body: dict[str, Any], messages: list[dict[str, Any]], tools: list[dict[str, Any]]
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     # An Anthropic request body is decoded by the codec when this ctxrules has one.
     import importlib
 
@@ -46,8 +47,9 @@ def _anthropic_or_openai(body: dict[str, Any], messages: list[dict[str, Any]],
     return list(decoded.messages), list(decoded.tools)
 
 
-def load_transcripts(inputs: Sequence[str | Path]) -> tuple[list[tuple[str, Path, list[dict[str, Any]],
-                                                                       list[dict[str, Any]]]], list[str]]:
+def load_transcripts(
+    inputs: Sequence[str | Path],
+) -> tuple[list[tuple[str, Path, list[dict[str, Any]], list[dict[str, Any]]]], list[str]]:
     """The transcripts named by ``inputs`` (files, or folders read for ``*.json``), sorted by
     name, and a note for every JSON file that is not a transcript."""
     files: list[Path] = []
@@ -70,8 +72,7 @@ def load_transcripts(inputs: Sequence[str | Path]) -> tuple[list[tuple[str, Path
             raise UsageError(f"{path}: not a JSON transcript ({type(exc).__name__}: {exc})") from None
         found = _messages_of(data)
         if found is None:
-            notes.append(f"{path}: skipped, not a transcript (a JSON list of chat messages, or "
-                         '{"messages": [...]})')
+            notes.append(f'{path}: skipped, not a transcript (a JSON list of chat messages, or {{"messages": [...]}})')
             continue
         out.append((path.stem, path, found[0], found[1]))
     if not out:
@@ -86,8 +87,7 @@ def _worker(task: Task, events: Any) -> TaskResult:
     return replay(task, progress)
 
 
-def run_tasks(tasks: Sequence[Task], *, jobs: int = 1,
-              progress: Progress | None = None) -> list[TaskResult]:
+def run_tasks(tasks: Sequence[Task], *, jobs: int = 1, progress: Progress | None = None) -> list[TaskResult]:
     """Every task's result, in the order of ``tasks``."""
     if jobs <= 1 or len(tasks) <= 1:
         return [replay(task, progress) for task in tasks]
@@ -119,8 +119,9 @@ def run_tasks(tasks: Sequence[Task], *, jobs: int = 1,
     return results
 
 
-def plans_from(packs: Sequence[str], baselines: Sequence[str],
-               name_of: Callable[[str], str] = lambda ref: ref) -> list[Plan]:
+def plans_from(
+    packs: Sequence[str], baselines: Sequence[str], name_of: Callable[[str], str] = lambda ref: ref
+) -> list[Plan]:
     """The plans of a run: each pack, then each baseline."""
     plans = [Plan(name_of(ref), "pack", ref) for ref in packs]
     plans.extend(Plan(b, b) for b in baselines)

@@ -91,9 +91,16 @@ class CtxrulesMiddleware(AgentMiddleware):
     :param recall: give the agent the recall tool and answer its calls.
     """
 
-    def __init__(self, pack: str | Path = "builtin:default", *, model: str,
-                 state: str | Path = ".ctxrules", window: int | None = None,
-                 session_id: str = DEFAULT_SESSION, recall: bool = True) -> None:
+    def __init__(
+        self,
+        pack: str | Path = "builtin:default",
+        *,
+        model: str,
+        state: str | Path = ".ctxrules",
+        window: int | None = None,
+        session_id: str = DEFAULT_SESSION,
+        recall: bool = True,
+    ) -> None:
         super().__init__()
         self.engine = Engine.load(pack)
         self.model_name = model
@@ -112,8 +119,9 @@ class CtxrulesMiddleware(AgentMiddleware):
         with self._lock:
             session = self._sessions.get(name)
             if session is None:
-                session = self.engine.session(self.state / name, model=self.model_name,
-                                              window=self.window, state_root=self.state)
+                session = self.engine.session(
+                    self.state / name, model=self.model_name, window=self.window, state_root=self.state
+                )
                 self._sessions[name] = session
             return session
 
@@ -180,5 +188,9 @@ class CtxrulesMiddleware(AgentMiddleware):
             return answer
 
         return StructuredTool.from_function(
-            func=recall, name=settings.name, description=settings.description,
-            args_schema=dict(PARAMETERS), handle_tool_error=True)
+            func=recall,
+            name=settings.name,
+            description=settings.description,
+            args_schema=dict(PARAMETERS),
+            handle_tool_error=True,
+        )

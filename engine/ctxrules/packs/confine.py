@@ -83,13 +83,13 @@ def check_inside(roots: Sequence[Path], base: Path, rel: str, what: str) -> Path
     if not roots or any(real == r or real.is_relative_to(r) for r in roots):
         return real
     via = "" if (base / rel).absolute() == real else f" (it leads to {real})"
-    raise OutsideRoots(
-        f"{what} {rel!r} is outside the pack's folder{via}; a pack reads only below "
-        f"{_shown(roots)}")
+    raise OutsideRoots(f"{what} {rel!r} is outside the pack's folder{via}; a pack reads only below {_shown(roots)}")
 
 
-HINT = ("move the file into the pack's folder, or let the caller allow its folder: "
-        "--search-path DIR on the command line, Engine.load(..., search_path=[DIR]) in Python")
+HINT = (
+    "move the file into the pack's folder, or let the caller allow its folder: "
+    "--search-path DIR on the command line, Engine.load(..., search_path=[DIR]) in Python"
+)
 
 
 def read_limited(path: Path, limit: int = MAX_PACK_BYTES, what: str = "file") -> bytes:
@@ -103,9 +103,15 @@ def read_limited(path: Path, limit: int = MAX_PACK_BYTES, what: str = "file") ->
         if stat.S_ISDIR(info.st_mode):
             raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(path))
         if not stat.S_ISREG(info.st_mode):
-            kind = ("a FIFO" if stat.S_ISFIFO(info.st_mode)
-                    else "a device" if stat.S_ISCHR(info.st_mode) or stat.S_ISBLK(info.st_mode)
-                    else "a socket" if stat.S_ISSOCK(info.st_mode) else "not a regular file")
+            kind = (
+                "a FIFO"
+                if stat.S_ISFIFO(info.st_mode)
+                else "a device"
+                if stat.S_ISCHR(info.st_mode) or stat.S_ISBLK(info.st_mode)
+                else "a socket"
+                if stat.S_ISSOCK(info.st_mode)
+                else "not a regular file"
+            )
             raise FileRefused(f"{what} is {kind}, not a regular file")
         if info.st_size > limit:
             raise FileRefused(f"{what} is {info.st_size:,} bytes; the limit is {limit:,}")
@@ -124,8 +130,9 @@ def read_limited(path: Path, limit: int = MAX_PACK_BYTES, what: str = "file") ->
         os.close(fd)
 
 
-def read_pack_text(roots: Sequence[Path], base: Path, rel: str, what: str,
-                   limit: int = MAX_PACK_BYTES) -> tuple[str | None, Path | None, str | None, str | None]:
+def read_pack_text(
+    roots: Sequence[Path], base: Path, rel: str, what: str, limit: int = MAX_PACK_BYTES
+) -> tuple[str | None, Path | None, str | None, str | None]:
     """``(text, path, code, problem)`` of a UTF-8 file a pack names relative to ``base``:
     the text, or the diagnostic code (CR100 outside the roots, CR101 refused, CR084 not
     readable or not UTF-8) and a one-line problem that never quotes the file."""

@@ -104,8 +104,18 @@ class PackLoader:
         try:
             raw = read_limited(path, what="the pack file")
         except FileRefused as exc:
-            return None, [Diagnostic("CR101", "error", f"not read: {exc}", shown, 1, 1, "",
-                                     f"a pack is a regular YAML file of at most {MAX_PACK_BYTES:,} bytes")]
+            return None, [
+                Diagnostic(
+                    "CR101",
+                    "error",
+                    f"not read: {exc}",
+                    shown,
+                    1,
+                    1,
+                    "",
+                    f"a pack is a regular YAML file of at most {MAX_PACK_BYTES:,} bytes",
+                )
+            ]
         except OSError as exc:
             return None, [Diagnostic("CR090", "error", f"cannot read: {exc.strerror or exc}", shown)]
         try:
@@ -144,8 +154,11 @@ class PackLoader:
             layer = annotate(doc)
             tree = merge_packs(tree if tree is not None else OMap(layer.origin), layer, problems, reuse_base=True)
         for mp in problems:
-            diagnostics.append(Diagnostic(mp.code, "error", mp.message, mp.origin.file,
-                                          mp.origin.line, mp.origin.col, mp.pointer, mp.hint))
+            diagnostics.append(
+                Diagnostic(
+                    mp.code, "error", mp.message, mp.origin.file, mp.origin.line, mp.origin.col, mp.pointer, mp.hint
+                )
+            )
         if tree is None:
             tree = OMap(Origin(display_path(path) if path else ref, 1, 1))
         tree.drop("extends")
@@ -154,12 +167,23 @@ class PackLoader:
         drop_disabled(tree)
         files = [display_path(p) for p in order]
         name = tree.get("metadata", {}).get("name") if isinstance(tree.get("metadata"), dict) else None
-        return ResolvedPack(str(name or ref), plain(tree), tree, files, _dedupe(diagnostics), disabled, docs,
-                            {display_path(p): p for p in order}, self._roots, self.search_path,
-                            disabled_at)
+        return ResolvedPack(
+            str(name or ref),
+            plain(tree),
+            tree,
+            files,
+            _dedupe(diagnostics),
+            disabled,
+            docs,
+            {display_path(p): p for p in order},
+            self._roots,
+            self.search_path,
+            disabled_at,
+        )
 
-    def _locate(self, ref: str, base: Path, at: tuple[Origin, str] | None,
-                diagnostics: list[Diagnostic]) -> Path | None:
+    def _locate(
+        self, ref: str, base: Path, at: tuple[Origin, str] | None, diagnostics: list[Diagnostic]
+    ) -> Path | None:
         def report(code: str, message: str, hint: str | None = None) -> None:
             if at is None:
                 diagnostics.append(Diagnostic(code, "error", message, ref, 1, 1, "", hint))
@@ -180,8 +204,7 @@ class PackLoader:
             path = builtin_path(m["name"])
             inside = path.resolve().is_relative_to(rules_dir().resolve())
             if not inside or not path.is_file():
-                report("CR030", f"no built-in pack named '{m['name']}'",
-                       did_you_mean(m["name"], builtin_names()))
+                report("CR030", f"no built-in pack named '{m['name']}'", did_you_mean(m["name"], builtin_names()))
                 return None
             if m["range"]:
                 self._check_range(path, m["range"], ref, report)
@@ -217,8 +240,9 @@ class PackLoader:
         elif not rng.contains(str(version)):
             report("CR032", f"'{ref}' asks for {text} but the pack is version {version}")
 
-    def _linearize(self, path: Path, stack: list[Path], done: set[Path], order: list[Path],
-                   diagnostics: list[Diagnostic]) -> None:
+    def _linearize(
+        self, path: Path, stack: list[Path], done: set[Path], order: list[Path], diagnostics: list[Diagnostic]
+    ) -> None:
         if path in done:
             return
         doc, _ = self.read(path)
@@ -236,9 +260,18 @@ class PackLoader:
             if parent is None:
                 continue
             if parent in stack:
-                cycle = " -> ".join(display_path(p) for p in [*stack[stack.index(parent):], parent])
-                diagnostics.append(Diagnostic("CR031", "error", f"extends forms a cycle: {cycle}",
-                                              origin.file, origin.line, origin.col, pointer))
+                cycle = " -> ".join(display_path(p) for p in [*stack[stack.index(parent) :], parent])
+                diagnostics.append(
+                    Diagnostic(
+                        "CR031",
+                        "error",
+                        f"extends forms a cycle: {cycle}",
+                        origin.file,
+                        origin.line,
+                        origin.col,
+                        pointer,
+                    )
+                )
                 continue
             self._linearize(parent, stack, done, order, diagnostics)
         stack.pop()

@@ -100,13 +100,17 @@ def _merge_id_list(base: OList, over: OList, key: str, problems: list[MergeProbl
             continue
         missing = [f for f in ID_LISTS[key] if f not in item]
         if missing:
-            problems.append(MergeProblem(
-                "CR041",
-                f"{key} item '{ident}' does not exist in any parent pack, and is missing "
-                + ", ".join(f"'{m}'" for m in missing) + " to be a new item",
-                origin, pointer,
-                hint=_hint_for(ident, list(positions), problems),
-            ))
+            problems.append(
+                MergeProblem(
+                    "CR041",
+                    f"{key} item '{ident}' does not exist in any parent pack, and is missing "
+                    + ", ".join(f"'{m}'" for m in missing)
+                    + " to be a new item",
+                    origin,
+                    pointer,
+                    hint=_hint_for(ident, list(positions), problems),
+                )
+            )
             continue
         if any(k in item for k in PLACEMENT_KEYS):
             _place(items, (clone(_without_placement(item)), origin), item, key, pointer, problems, positions)
@@ -147,18 +151,29 @@ def _without_placement(item: OMap) -> OMap:
     return out
 
 
-def _place(items: list[tuple[Any, Origin]], entry: tuple[Any, Origin], spec: OMap, key: str,
-           pointer: str, problems: list[MergeProblem], positions: dict[str, int]) -> None:
+def _place(
+    items: list[tuple[Any, Origin]],
+    entry: tuple[Any, Origin],
+    spec: OMap,
+    key: str,
+    pointer: str,
+    problems: list[MergeProblem],
+    positions: dict[str, int],
+) -> None:
     for where in PLACEMENT_KEYS:
         target = spec.get(where)
         if target is None:
             continue
         if target not in positions:
-            problems.append(MergeProblem(
-                "CR042", f"{where}: '{target}' names no {key} item",
-                spec.origins.get(where, spec.origin), f"{pointer}/{where}",
-                hint=_hint_for(str(target), list(positions), problems),
-            ))
+            problems.append(
+                MergeProblem(
+                    "CR042",
+                    f"{where}: '{target}' names no {key} item",
+                    spec.origins.get(where, spec.origin),
+                    f"{pointer}/{where}",
+                    hint=_hint_for(str(target), list(positions), problems),
+                )
+            )
             break
         pos = positions[target]
         items.insert(pos if where == "before" else pos + 1, entry)

@@ -65,9 +65,14 @@ class StageRecord:
 
     def as_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
-            "id": self.id, "type": self.type, "phase": self.phase, "ran": self.ran,
-            "tokens_before": self.tokens_before, "tokens_after": self.tokens_after,
-            "tokens_saved": self.tokens_before - self.tokens_after, "ms": round(self.ms, 3),
+            "id": self.id,
+            "type": self.type,
+            "phase": self.phase,
+            "ran": self.ran,
+            "tokens_before": self.tokens_before,
+            "tokens_after": self.tokens_after,
+            "tokens_saved": self.tokens_before - self.tokens_after,
+            "ms": round(self.ms, 3),
             "actions": self.actions,
         }
         if self.reason:
@@ -103,9 +108,15 @@ def _when_reason(when: dict[str, str], tier: str) -> str | None:
     return None
 
 
-def run_pipeline(plan: Sequence[PlannedStage], messages: list[Message], base: StageContext,
-                 states: dict[str, dict[str, Any]], *, known_tokens: int | None = None,
-                 on_event: Callable[[dict[str, Any]], None] | None = None) -> RunOutcome:
+def run_pipeline(
+    plan: Sequence[PlannedStage],
+    messages: list[Message],
+    base: StageContext,
+    states: dict[str, dict[str, Any]],
+    *,
+    known_tokens: int | None = None,
+    on_event: Callable[[dict[str, Any]], None] | None = None,
+) -> RunOutcome:
     """Run ``plan`` over ``messages``; ``states`` holds each stage's persistent state by id.
     ``known_tokens`` is the prompt size of ``messages`` with ``base.tools`` when the caller
     already knows it (the session does, for a history that was only appended to).
@@ -147,13 +158,27 @@ def run_pipeline(plan: Sequence[PlannedStage], messages: list[Message], base: St
             record.reason = reason
             return msgs
         ctx = StageContext(
-            stage_id=p.id, model=base.model, counter=base.counter, budget=base.budget, vault=base.vault,
-            tools=tools, pack=base.pack, log=base.log.bind(stage=p.id, stage_type=p.type.name),
-            tier=tier, utilization=base.budget.utilization(tokens), state=states.setdefault(p.id, {}),
-            session_id=base.session_id, protected=base.protected,
-            target=str(p.options.get("target", "monitor")), clock=base.clock, cache_hot=base.cache_hot,
-            hooks=base.hooks, valid_prefix=base.valid_prefix if msgs is initial else 0, compactions=tuple(compactions),
-            registry=base.registry, cache_key=base.cache_key,
+            stage_id=p.id,
+            model=base.model,
+            counter=base.counter,
+            budget=base.budget,
+            vault=base.vault,
+            tools=tools,
+            pack=base.pack,
+            log=base.log.bind(stage=p.id, stage_type=p.type.name),
+            tier=tier,
+            utilization=base.budget.utilization(tokens),
+            state=states.setdefault(p.id, {}),
+            session_id=base.session_id,
+            protected=base.protected,
+            target=str(p.options.get("target", "monitor")),
+            clock=base.clock,
+            cache_hot=base.cache_hot,
+            hooks=base.hooks,
+            valid_prefix=base.valid_prefix if msgs is initial else 0,
+            compactions=tuple(compactions),
+            registry=base.registry,
+            cache_key=base.cache_key,
         )
         started = time.perf_counter()
         ctx.log.debug("stage.start", tier=tier, tokens=tokens)
@@ -193,8 +218,15 @@ def run_pipeline(plan: Sequence[PlannedStage], messages: list[Message], base: St
                 tools = outcome.tools
         record.tokens_after = count(result)
         ctx.log.debug("stage.end", ms=round(record.ms, 3), saved=record.tokens_before - record.tokens_after)
-        emit("stage.end", stage=p.id, type=p.type.name, ms=round(record.ms, 3), tokens_before=record.tokens_before,
-             tokens_after=record.tokens_after, actions=len(record.actions))
+        emit(
+            "stage.end",
+            stage=p.id,
+            type=p.type.name,
+            ms=round(record.ms, 3),
+            tokens_before=record.tokens_before,
+            tokens_after=record.tokens_after,
+            actions=len(record.actions),
+        )
         return result
 
     def integrity_pass(msgs: list[Message]) -> list[Message]:
@@ -224,7 +256,7 @@ def _changed(a: list[Message], b: list[Message]) -> bool:
 def _finalize_guard(p: PlannedStage, before: list[Message], after: list[Message]) -> list[Message]:
     """Finalize stages may add markers (e.g. ``cache_control``) but never change text."""
     if len(before) != len(after) or any(
-            message_text(before[i]) != message_text(after[i])
-            for i in replaced(before, after)):
+        message_text(before[i]) != message_text(after[i]) for i in replaced(before, after)
+    ):
         raise TypeError(f"finalize stage '{p.id}' changed message text; finalize stages may only add markers")
     return after

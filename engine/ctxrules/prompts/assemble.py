@@ -259,23 +259,17 @@ class PromptSet:
         self.variables: dict[str, _Variable] = {}
         for name, spec in sorted((prompts.get("variables") or {}).items()):
             spec = spec if isinstance(spec, dict) else {}
-            self.variables[name] = _Variable(
-                name, spec.get("default"), bool(spec.get("required", False))
-            )
+            self.variables[name] = _Variable(name, spec.get("default"), bool(spec.get("required", False)))
         self.sections: dict[str, _Section] = {}
         problems: list[str] = []
         for name, spec in (prompts.get("sections") or {}).items():
             if not isinstance(spec, dict):
                 continue
-            source, origin, problem = read_template(
-                pack, spec, f"/prompts/sections/{name}", origins
-            )
+            source, origin, problem = read_template(pack, spec, f"/prompts/sections/{name}", origins)
             if problem:
                 problems.append(f"section '{name}': {problem}")
                 continue
-            self.sections[name] = _Section(
-                name, str(spec.get("tag") or name), tidy_source(source or ""), origin
-            )
+            self.sections[name] = _Section(name, str(spec.get("tag") or name), tidy_source(source or ""), origin)
         self.modes: dict[str, _Mode] = {}
         for name, spec in (prompts.get("modes") or {}).items():
             if isinstance(spec, list):
@@ -293,9 +287,7 @@ class PromptSet:
             disc = None
             spec = entry.get("discipline")
             if isinstance(spec, dict):
-                source, origin, problem = read_template(
-                    pack, spec, f"/models/{i}/discipline", origins
-                )
+                source, origin, problem = read_template(pack, spec, f"/models/{i}/discipline", origins)
                 if problem:
                     problems.append(f"models entry '{entry['id']}' discipline: {problem}")
                 else:
@@ -384,13 +376,10 @@ class PromptSet:
                 value = var.default
             if not isinstance(value, str | int | float | bool) and value is not None:
                 raise AssemblyError(
-                    f"prompt variable '{name}' must be a string, number, boolean or null, "
-                    f"not {type(value).__name__}"
+                    f"prompt variable '{name}' must be a string, number, boolean or null, not {type(value).__name__}"
                 )
             if isinstance(value, float) and not math.isfinite(value):
-                raise AssemblyError(
-                    f"prompt variable '{name}' must be a finite number, not {value}"
-                )
+                raise AssemblyError(f"prompt variable '{name}' must be a finite number, not {value}")
             out[name] = escape_variable(value) if isinstance(value, str) else value
         return out
 
@@ -412,25 +401,21 @@ class PromptSet:
             self._compiled[section.name] = compiled
         return compiled
 
-    def render(
-        self, mode: str, entry: _Entry | None, variables: Mapping[str, Scalar]
-    ) -> AssembledPrompt:
+    def render(self, mode: str, entry: _Entry | None, variables: Mapping[str, Scalar]) -> AssembledPrompt:
         """Render ``mode`` for ``entry`` with already-effective ``variables`` (no cache)."""
         import jinja2
 
         spec = self.modes.get(mode)
         if spec is None:
             raise AssemblyError(
-                f"no prompt mode '{mode}' (modes: {', '.join(self.modes) or 'none'})"
-                + _hint(mode, list(self.modes))
+                f"no prompt mode '{mode}' (modes: {', '.join(self.modes) or 'none'})" + _hint(mode, list(self.modes))
             )
         parts: list[_Section] = []
         for name in spec.sections:
             section = self.sections.get(name)
             if section is None:
                 raise AssemblyError(
-                    f"mode '{mode}' names section '{name}', which does not exist"
-                    + _hint(name, list(self.sections))
+                    f"mode '{mode}' names section '{name}', which does not exist" + _hint(name, list(self.sections))
                 )
             parts.append(section)
         if spec.discipline and entry is not None and entry.discipline is not None:
@@ -444,8 +429,7 @@ class PromptSet:
                     templates.append(self._template(section))
                 except jinja2.TemplateError as exc:
                     raise AssemblyError(
-                        f"section '{_label(section)}' ({section.origin}) does not compile: "
-                        f"{type(exc).__name__}: {exc}"
+                        f"section '{_label(section)}' ({section.origin}) does not compile: {type(exc).__name__}: {exc}"
                     ) from None
         for section, template in zip(parts, templates, strict=True):
             try:
@@ -462,8 +446,7 @@ class PromptSet:
                 ) from None
             except Exception as exc:  # template code is the pack's: any failure is the pack's
                 raise AssemblyError(
-                    f"section '{_label(section)}' ({section.origin}) does not render: "
-                    f"{type(exc).__name__}: {exc}"
+                    f"section '{_label(section)}' ({section.origin}) does not render: {type(exc).__name__}: {exc}"
                 ) from None
             if body:
                 rendered.append((section, body))
@@ -498,11 +481,7 @@ class PromptSet:
         variables: Mapping[str, Any] | None = None,
     ) -> AssembledPrompt:
         """The prompt for ``mode`` and ``model`` (or an explicit ``entry`` id), cached."""
-        chosen = (
-            self.entry(entry)
-            if entry is not None
-            else (self.select_entry(model) if model else None)
-        )
+        chosen = self.entry(entry) if entry is not None else (self.select_entry(model) if model else None)
         effective = self.effective_variables(variables)
         key = (
             self.digest,

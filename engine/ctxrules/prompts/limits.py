@@ -71,8 +71,9 @@ def _check_size(value: Any, what: str) -> Any:
 
 def _check_int(bits: int, what: str) -> None:
     if bits > MAX_INT_BITS:
-        raise RenderLimitError(f"{what} would have about {int(bits * 0.30103):,} digits; the limit is "
-                               f"{int(MAX_INT_BITS * 0.30103):,}")
+        raise RenderLimitError(
+            f"{what} would have about {int(bits * 0.30103):,} digits; the limit is {int(MAX_INT_BITS * 0.30103):,}"
+        )
 
 
 _WIDTH = re.compile(r"(\d{7,})")  # a width or precision of a million or more in a format string
@@ -113,14 +114,16 @@ class _Instrument(NodeTransformer):
 
     def visit_For(self, node: nodes.For) -> nodes.Node:
         self.generic_visit(node)
-        node.iter = nodes.Call(nodes.EnvironmentAttribute("ctxrules_counted"), [node.iter], [], None, None,
-                               lineno=node.lineno)
+        node.iter = nodes.Call(
+            nodes.EnvironmentAttribute("ctxrules_counted"), [node.iter], [], None, None, lineno=node.lineno
+        )
         return node
 
     def visit_Concat(self, node: nodes.Concat) -> nodes.Node:
         self.generic_visit(node)
-        return nodes.Call(nodes.EnvironmentAttribute("ctxrules_concat"), [nodes.List(node.nodes)], [], None, None,
-                          lineno=node.lineno)
+        return nodes.Call(
+            nodes.EnvironmentAttribute("ctxrules_concat"), [nodes.List(node.nodes)], [], None, None, lineno=node.lineno
+        )
 
 
 def _limited_filter(name: str, func: Callable[..., Any]) -> Callable[..., Any]:
@@ -163,8 +166,9 @@ class LimitedEnvironment(ImmutableSandboxedEnvironment):
             _BUDGET.reset(token)
 
     # -- compile-time instrumentation -----------------------------------------------------
-    def _generate(self, source: nodes.Template, name: str | None, filename: str | None,
-                  defer_init: bool = False) -> str:
+    def _generate(
+        self, source: nodes.Template, name: str | None, filename: str | None, defer_init: bool = False
+    ) -> str:
         return super()._generate(_Instrument().visit(source), name, filename, defer_init)
 
     def ctxrules_counted(self, iterable: Any) -> Any:
@@ -230,7 +234,7 @@ class LimitedEnvironment(ImmutableSandboxedEnvironment):
         _charge()
         _check_args(args, kwargs, f"{getattr(__obj, '__name__', 'a call')}()")
         if getattr(__obj, "__name__", None) in ("format", "format_map") and isinstance(
-                getattr(__obj, "__self__", None), str):
+            getattr(__obj, "__self__", None), str
+        ):
             _check_format(__obj.__self__)
         return _check_size(super().call(__context, __obj, *args, **kwargs), "a call's result")
-

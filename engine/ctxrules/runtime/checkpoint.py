@@ -61,15 +61,27 @@ def read(session: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
-def begin(session: Path, *, backup: str, state: dict[str, Any], messages: int, clock: float,
-          prefix: int = 0) -> None:
+def begin(session: Path, *, backup: str, state: dict[str, Any], messages: int, clock: float, prefix: int = 0) -> None:
     """``backup``: the vault id of the messages the compaction starts from, after the first
     ``prefix`` lines of ``last_output.jsonl`` (which the session does not write again before
     :func:`complete`)."""
-    write_atomic(_path(session), json.dumps({
-        "status": "running", "pid": os.getpid(), "started": clock, "written": time.time(),
-        "backup": backup, "prefix": prefix, "messages": messages, "state_before": state,
-    }, ensure_ascii=False).encode("utf-8"), durable=False)
+    write_atomic(
+        _path(session),
+        json.dumps(
+            {
+                "status": "running",
+                "pid": os.getpid(),
+                "started": clock,
+                "written": time.time(),
+                "backup": backup,
+                "prefix": prefix,
+                "messages": messages,
+                "state_before": state,
+            },
+            ensure_ascii=False,
+        ).encode("utf-8"),
+        durable=False,
+    )
 
 
 def _set_status(session: Path, status: str, **extra: Any) -> None:
@@ -137,8 +149,10 @@ def _backed_up(session: Path, data: dict[str, Any]) -> list[Any]:
     record = store.load().get("last") or {}
     head = store.load_output(prefix, record.get("output_file"), record.get("output_digest"))
     if head is None:
-        raise CtxrulesError(f"{session}: the checkpoint's backup starts after the first {prefix} messages of "
-                            "last_output.jsonl, and that file no longer holds them")
+        raise CtxrulesError(
+            f"{session}: the checkpoint's backup starts after the first {prefix} messages of "
+            "last_output.jsonl, and that file no longer holds them"
+        )
     return [*head, *tail]
 
 
@@ -164,8 +178,15 @@ def check(session: Path) -> Interrupted | None:
         reason = f"process {pid} ended during a compaction"
     else:
         return None
-    return Interrupted(session, str(status), pid if isinstance(pid, int) else None,
-                       data.get("started"), data.get("backup"), reason, _prefix(data))
+    return Interrupted(
+        session,
+        str(status),
+        pid if isinstance(pid, int) else None,
+        data.get("started"),
+        data.get("backup"),
+        reason,
+        _prefix(data),
+    )
 
 
 def scan(state_root: Path) -> list[Interrupted]:
@@ -188,8 +209,9 @@ def resume(session: Path) -> list[dict[str, Any]]:
         if hit is None and data.get("status") == "recovered":
             # Reopening the session already went on from the state before the cut; the
             # backup of what that compaction started from can still be had.
-            hit = Interrupted(session, "recovered", data.get("pid"), data.get("started"), data.get("backup"),
-                              "recovered")
+            hit = Interrupted(
+                session, "recovered", data.get("pid"), data.get("started"), data.get("backup"), "recovered"
+            )
         if hit is None:
             raise CtxrulesError(f"{session}: no interrupted compaction to resume")
         messages = _backed_up(session, data)  # before state.json is put back

@@ -62,8 +62,14 @@ def _file_digest(path: Path) -> str:
         return f"unreadable:{exc.strerror}"
 
 
-def evaluate(config: dict[str, Any], state: dict[str, Any], memory: dict[str, Any], *,
-             is_error: Callable[[str], bool], budget: BudgetStatus | None = None) -> Decision:
+def evaluate(
+    config: dict[str, Any],
+    state: dict[str, Any],
+    memory: dict[str, Any],
+    *,
+    is_error: Callable[[str], bool],
+    budget: BudgetStatus | None = None,
+) -> Decision:
     """Run every applicable check. ``memory`` persists between calls (file digests);
     ``budget`` is the session ledger's status."""
     cfg = {**DEFAULTS, **(config or {})}

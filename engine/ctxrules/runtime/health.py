@@ -23,8 +23,11 @@ def open_breakers(stage_states: Any) -> list[str]:
     for stage_id, st in sorted(stage_states.items()):
         breakers = st.get("breakers") if isinstance(st, dict) else None
         if isinstance(breakers, dict):
-            found.extend(f"{stage_id}/{model}" for model, b in sorted(breakers.items())
-                         if isinstance(b, dict) and b.get("state") == "open")
+            found.extend(
+                f"{stage_id}/{model}"
+                for model, b in sorted(breakers.items())
+                if isinstance(b, dict) and b.get("state") == "open"
+            )
     return found
 
 
@@ -33,8 +36,11 @@ def health(report: dict[str, Any], *, breakers: list[str] | None = None) -> dict
     after = report["after"]
     # The summary stage also reports each model's breaker as an action "breaker"
     # ("MODEL: state=open failures=2 retry_at=..."), for callers that pass no state.
-    acted = any(a.get("kind") == "breaker" and "state=open" in str(a.get("detail", "")).split()
-                for st in report["stages"] for a in st["actions"])
+    acted = any(
+        a.get("kind") == "breaker" and "state=open" in str(a.get("detail", "")).split()
+        for st in report["stages"]
+        for a in st["actions"]
+    )
     breaker = "open" if acted or breakers else None
     failed = [s["id"] for s in report["stages"] if s.get("error")]
     red: list[str] = []
@@ -52,9 +58,15 @@ def health(report: dict[str, Any], *, breakers: list[str] | None = None) -> dict
         yellow.append("stages failed: " + ", ".join(failed))
     state = "red" if red else "yellow" if yellow else "green"
     util = float(after["utilization"])
-    out: dict[str, Any] = {"state": state, "utilization": util, "reasons": red + yellow,
-                           "fork_suggested": util >= FORK_AT}
+    out: dict[str, Any] = {
+        "state": state,
+        "utilization": util,
+        "reasons": red + yellow,
+        "fork_suggested": util >= FORK_AT,
+    }
     if out["fork_suggested"]:
-        out["fork_hint"] = (f"utilization is {util:.0%} after the pipeline: consider forking the session "
-                            "(start a new one from a summary or a handover)")
+        out["fork_hint"] = (
+            f"utilization is {util:.0%} after the pipeline: consider forking the session "
+            "(start a new one from a summary or a handover)"
+        )
     return out

@@ -46,8 +46,11 @@ _LIMIT_PATTERNS = (
     re.compile(r"\d[\d,]* tokens? > (\d[\d,]*)", re.I),
     re.compile(r"context (?:window|length)[^\d]{0,40}(\d[\d,]*) tokens", re.I),
 )
-_OVERFLOW_TEXT = re.compile(r"context[_ ]length|context window|prompt is too long|too many tokens|"
-                            r"maximum context|reduce the length", re.I)
+_OVERFLOW_TEXT = re.compile(
+    r"context[_ ]length|context window|prompt is too long|too many tokens|"
+    r"maximum context|reduce the length",
+    re.I,
+)
 
 
 class _EngineView(Protocol):
@@ -116,8 +119,9 @@ def _pack_stage(session: OverflowSession, type_name: str) -> Stage | None:
     return st.factory({}) if st is not None else None
 
 
-def emergency_pass(session: OverflowSession, messages: list[dict[str, Any]], tools: list[dict[str, Any]],
-                   window: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]] | None:
+def emergency_pass(
+    session: OverflowSession, messages: list[dict[str, Any]], tools: list[dict[str, Any]], window: int
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]] | None:
     """Shrink ``messages`` to fit ``window`` (minus reserve_output): cut, then drop steps.
     None when the pack has no emergency stage to run."""
     emergency = _pack_stage(session, EMERGENCY_STAGE)
@@ -125,11 +129,21 @@ def emergency_pass(session: OverflowSession, messages: list[dict[str, Any]], too
         return None
     reserve = min(session.budget.reserve_output, max(window // 4, 1))
     budget = dataclasses.replace(session.budget, window=window, reserve_output=reserve, window_source="override")
-    ctx = StageContext(stage_id="overflow", model=session.model, counter=session.counter, budget=budget,
-                       vault=session.vault, tools=tools, pack=session.engine.pack.data,
-                       log=get_logger("ctxrules.overflow", session=session.id), tier="emergency",
-                       session_id=session.id, target="light", hooks=session.engine.registry.hooks,
-                       registry=session.engine.registry)
+    ctx = StageContext(
+        stage_id="overflow",
+        model=session.model,
+        counter=session.counter,
+        budget=budget,
+        vault=session.vault,
+        tools=tools,
+        pack=session.engine.pack.data,
+        log=get_logger("ctxrules.overflow", session=session.id),
+        tier="emergency",
+        session_id=session.id,
+        target="light",
+        hooks=session.engine.registry.hooks,
+        registry=session.engine.registry,
+    )
     pairing = _pack_stage(session, PAIRING_STAGE)
     with key_scope(session.injection_key):  # what it marks and recognises is the session's
         out = emergency(messages, ctx)
@@ -138,8 +152,15 @@ def emergency_pass(session: OverflowSession, messages: list[dict[str, Any]], too
     return repaired.messages, actions
 
 
-def complete(session: OverflowSession, messages: Any, *, tools: list[dict[str, Any]] | None = None,
-             model: str | None = None, stream: bool = False, **kwargs: Any) -> Completion | CompletionStream:
+def complete(
+    session: OverflowSession,
+    messages: Any,
+    *,
+    tools: list[dict[str, Any]] | None = None,
+    model: str | None = None,
+    stream: bool = False,
+    **kwargs: Any,
+) -> Completion | CompletionStream:
     """``litellm.completion`` on the prepared messages, with one overflow recovery; with
     ``stream``, a :class:`~ctxrules.runtime.streaming.CompletionStream` of the chunks."""
     litellm = load_litellm()
@@ -170,9 +191,15 @@ def complete(session: OverflowSession, messages: Any, *, tools: list[dict[str, A
     raise CompletionFailed("model call failed after the overflow recovery")  # pragma: no cover - loop returns
 
 
-async def acomplete(session: OverflowSession, messages: Any, *, tools: list[dict[str, Any]] | None = None,
-                    model: str | None = None, stream: bool = False,
-                    **kwargs: Any) -> Completion | AsyncCompletionStream:
+async def acomplete(
+    session: OverflowSession,
+    messages: Any,
+    *,
+    tools: list[dict[str, Any]] | None = None,
+    model: str | None = None,
+    stream: bool = False,
+    **kwargs: Any,
+) -> Completion | AsyncCompletionStream:
     """:func:`complete` on the event loop: ``aprepare``, ``litellm.acompletion``, the same
     overflow recovery (its emergency pass off the loop); with ``stream``, an
     :class:`~ctxrules.runtime.streaming.AsyncCompletionStream`."""
@@ -197,8 +224,7 @@ async def acomplete(session: OverflowSession, messages: Any, *, tools: list[dict
             continue
         attempts.append({"attempt": attempt + 1})
         if stream:
-            return AsyncCompletionStream(session, prepared, call_model, sent, attempts, response, first,
-                                         ended=ended)
+            return AsyncCompletionStream(session, prepared, call_model, sent, attempts, response, first, ended=ended)
         attempts[-1]["ok"] = True
         _record(session, call_model, response, ok=True)
         return Completion(response, prepared, recovered=attempt > 0, attempts=attempts)
@@ -216,8 +242,14 @@ def _options(prepared: PrepareResult, kwargs: dict[str, Any], stream: bool) -> d
     return options
 
 
-def _after_failure(session: OverflowSession, sent: list[dict[str, Any]], prepared: PrepareResult, exc: BaseException,
-                   attempt: int, attempts: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
+def _after_failure(
+    session: OverflowSession,
+    sent: list[dict[str, Any]],
+    prepared: PrepareResult,
+    exc: BaseException,
+    attempt: int,
+    attempts: list[dict[str, Any]],
+) -> list[dict[str, Any]] | None:
     """Note a failed attempt; the messages to retry with when it was the first attempt and the
     prompt was too long (after the emergency pass), else ``None`` (raise)."""
     tokens = session.counter.count_messages(sent, prepared.tools)
@@ -229,8 +261,13 @@ def _after_failure(session: OverflowSession, sent: list[dict[str, Any]], prepare
     if recovery is None:  # no emergency stage to run (its plugin is blocked): the error stands
         return None
     smaller, actions = recovery
-    attempts[-1].update(recovery={"window": limit, "actions": actions,
-                                  "tokens_after": session.counter.count_messages(smaller, prepared.tools)})
+    attempts[-1].update(
+        recovery={
+            "window": limit,
+            "actions": actions,
+            "tokens_after": session.counter.count_messages(smaller, prepared.tools),
+        }
+    )
     return smaller
 
 

@@ -51,8 +51,9 @@ class Spilled:
         return self.preview
 
 
-def spill(vault: Vault, text: str | bytes, *, kind: str, counter: TokenCounter,
-          preview_tokens: int = DEFAULT_PREVIEW_TOKENS) -> Spilled:
+def spill(
+    vault: Vault, text: str | bytes, *, kind: str, counter: TokenCounter, preview_tokens: int = DEFAULT_PREVIEW_TOKENS
+) -> Spilled:
     if isinstance(preview_tokens, bool) or not isinstance(preview_tokens, int) or preview_tokens < 1:
         raise ValueError(f"preview_tokens must be a positive whole number, got {preview_tokens!r}")
     if isinstance(text, bytes | bytearray | memoryview):
@@ -68,20 +69,22 @@ def spill(vault: Vault, text: str | bytes, *, kind: str, counter: TokenCounter,
     if before <= preview_tokens:
         marker = format_marker("lines", 0, vault_id, source=kind)
         return Spilled(vault_id, marker, text, len(lines), 0, before, before)
-    structured = _json_preview(text, vault_id, kind=kind, counter=counter, budget=preview_tokens,
-                               lines_total=len(lines), before=before)
+    structured = _json_preview(
+        text, vault_id, kind=kind, counter=counter, budget=preview_tokens, lines_total=len(lines), before=before
+    )
     if structured is not None:
         return structured
-    whole = _whole_lines(text, lines, vault_id, kind=kind, counter=counter, budget=preview_tokens,
-                         before=before)
+    whole = _whole_lines(text, lines, vault_id, kind=kind, counter=counter, budget=preview_tokens, before=before)
     if whole is not None:
         return whole
-    return _clipped_lines(text, vault_id, kind=kind, counter=counter, budget=preview_tokens,
-                          lines_total=len(lines), before=before)
+    return _clipped_lines(
+        text, vault_id, kind=kind, counter=counter, budget=preview_tokens, lines_total=len(lines), before=before
+    )
 
 
-def _json_preview(text: str, vault_id: str, *, kind: str, counter: TokenCounter, budget: int,
-                  lines_total: int, before: int) -> Spilled | None:
+def _json_preview(
+    text: str, vault_id: str, *, kind: str, counter: TokenCounter, budget: int, lines_total: int, before: int
+) -> Spilled | None:
     """The skeleton of a JSON document within ``budget`` (``None``: not JSON, or even the
     top level alone does not fit)."""
     if text.lstrip()[:1] not in ("{", "["):
@@ -94,18 +97,27 @@ def _json_preview(text: str, vault_id: str, *, kind: str, counter: TokenCounter,
     room = budget - counter.count_text(widest + "\n")
     if room < 1:
         return None
-    js = reduce_json(value, text, vault_id=vault_id, budget_tokens=room, count=counter.count_text,
-                     limits=PREVIEW_JSON_LIMITS, embed_marker=False)
+    js = reduce_json(
+        value,
+        text,
+        vault_id=vault_id,
+        budget_tokens=room,
+        count=counter.count_text,
+        limits=PREVIEW_JSON_LIMITS,
+        embed_marker=False,
+    )
     if js is None or counter.count_text(js.text) > room:
         return None
     marker = format_marker("json", js.elided, vault_id, source=kind, chars=len(text))
     preview = f"{marker}\n{js.text}"
-    return Spilled(vault_id, marker, preview, lines_total, lines_total, before, counter.count_text(preview),
-                   format="json")
+    return Spilled(
+        vault_id, marker, preview, lines_total, lines_total, before, counter.count_text(preview), format="json"
+    )
 
 
-def _whole_lines(text: str, lines: list[str], vault_id: str, *, kind: str, counter: TokenCounter,
-                 budget: int, before: int) -> Spilled | None:
+def _whole_lines(
+    text: str, lines: list[str], vault_id: str, *, kind: str, counter: TokenCounter, budget: int, before: int
+) -> Spilled | None:
     """Whole lines from the head (2/3) and the tail (1/3); ``None`` when not one line fits."""
     # The marker is part of the preview: its cost (at the widest line numbers) comes off first.
     widest = format_marker("lines", len(lines), vault_id, lines=(len(lines), len(lines)), source=kind)
@@ -122,7 +134,7 @@ def _whole_lines(text: str, lines: list[str], vault_id: str, *, kind: str, count
         used += cost
     tail: list[str] = []
     used = 0
-    for ln in reversed(lines[len(head):]):
+    for ln in reversed(lines[len(head) :]):
         cost = counter.count_text(ln)
         if used + cost > tail_budget:
             break
@@ -140,19 +152,37 @@ def _whole_lines(text: str, lines: list[str], vault_id: str, *, kind: str, count
     return Spilled(vault_id, marker, preview, len(lines), elided, before, counter.count_text(preview))
 
 
-def _clipped_lines(text: str, vault_id: str, *, kind: str, counter: TokenCounter, budget: int,
-                   lines_total: int, before: int) -> Spilled:
+def _clipped_lines(
+    text: str, vault_id: str, *, kind: str, counter: TokenCounter, budget: int, lines_total: int, before: int
+) -> Spilled:
     """Lines too long to keep whole: head + tail characters of each kept line, a marker for
     each clipped line and one for the lines in between (``reduce_lines``)."""
     from ctxrules.stages.reduce.text_lines import reduce_lines
 
-    reduced = reduce_lines(text, vault_id=vault_id, budget_tokens=budget, count=counter.count_text,
-                           head_share=2 / 3, marker_fields={"source": kind}, tokens=before)
+    reduced = reduce_lines(
+        text,
+        vault_id=vault_id,
+        budget_tokens=budget,
+        count=counter.count_text,
+        head_share=2 / 3,
+        marker_fields={"source": kind},
+        tokens=before,
+    )
     if reduced is None:  # pragma: no cover - the caller saw the text over the budget
         marker = format_marker("lines", 0, vault_id, source=kind)
         return Spilled(vault_id, marker, text, lines_total, 0, before, before)
     first = next(iter(parse_markers(reduced.text)), None)
-    marker = (reduced.text[first.span[0]:first.span[1]] if first is not None
-              else format_marker("lines", lines_total, vault_id, source=kind))
-    return Spilled(vault_id, marker, reduced.text, lines_total, reduced.lines_elided + reduced.lines_clipped,
-                   before, counter.count_text(reduced.text))
+    marker = (
+        reduced.text[first.span[0] : first.span[1]]
+        if first is not None
+        else format_marker("lines", lines_total, vault_id, source=kind)
+    )
+    return Spilled(
+        vault_id,
+        marker,
+        reduced.text,
+        lines_total,
+        reduced.lines_elided + reduced.lines_clipped,
+        before,
+        counter.count_text(reduced.text),
+    )

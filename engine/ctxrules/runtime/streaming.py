@@ -36,14 +36,21 @@ class Session(Protocol):
 
     def record_usage(self, usage: Any, *, model: str | None = None, **options: Any) -> Any: ...
 
+
 __all__ = ["AsyncCompletionStream", "CompletionStream"]
 
 
 class _StreamState:
     """What both stream kinds keep: the call, what came back, and whether usage was recorded."""
 
-    def __init__(self, session: Session, prepared: PrepareResult, model: str, sent: list[dict[str, Any]],
-                 attempts: list[dict[str, Any]]) -> None:
+    def __init__(
+        self,
+        session: Session,
+        prepared: PrepareResult,
+        model: str,
+        sent: list[dict[str, Any]],
+        attempts: list[dict[str, Any]],
+    ) -> None:
         self.session = session
         self.prepared = prepared
         self.model = model
@@ -97,14 +104,16 @@ class _StreamState:
         prompt = counter.count_messages(self.sent, self.prepared.tools)
         completion = counter.count_text(self.text) if self.text else 0
         self.usage_counted = True
-        self.record = self.session.record_usage(TokenUsage.of(prompt=prompt, completion=completion),
-                                                model=self.model, source="stream-counted")
+        self.record = self.session.record_usage(
+            TokenUsage.of(prompt=prompt, completion=completion), model=self.model, source="stream-counted"
+        )
 
     def failure(self, exc: BaseException) -> Exception:
         self.finish(failed=True)
         self.attempts[-1].update(error=f"{type(exc).__name__}: {exc}"[:500])
-        return CompletionFailed(f"model stream failed after {self.chunks} chunk(s): {type(exc).__name__}: "
-                                f"{str(exc)[:300]}")
+        return CompletionFailed(
+            f"model stream failed after {self.chunks} chunk(s): {type(exc).__name__}: {str(exc)[:300]}"
+        )
 
 
 class CompletionStream(_StreamState):
@@ -112,8 +121,18 @@ class CompletionStream(_StreamState):
     manager). ``text``, ``chunks``, ``recovered``, ``attempts``, ``prepared``; after the end,
     ``record`` (the ledger record) and ``usage_counted`` (no usage chunk came)."""
 
-    def __init__(self, session: Session, prepared: PrepareResult, model: str, sent: list[dict[str, Any]],
-                 attempts: list[dict[str, Any]], stream: Any, first: Any, *, ended: bool) -> None:
+    def __init__(
+        self,
+        session: Session,
+        prepared: PrepareResult,
+        model: str,
+        sent: list[dict[str, Any]],
+        attempts: list[dict[str, Any]],
+        stream: Any,
+        first: Any,
+        *,
+        ended: bool,
+    ) -> None:
         super().__init__(session, prepared, model, sent, attempts)
         self._stream = stream
         self._iter: Iterator[Any] = iter(stream) if not ended else iter(())
@@ -167,8 +186,18 @@ class AsyncCompletionStream(_StreamState):
     """The chunks of a streamed ``session.acomplete``: ``async for chunk in stream``, or
     ``async with``. Same attributes as :class:`CompletionStream`."""
 
-    def __init__(self, session: Session, prepared: PrepareResult, model: str, sent: list[dict[str, Any]],
-                 attempts: list[dict[str, Any]], stream: Any, first: Any, *, ended: bool) -> None:
+    def __init__(
+        self,
+        session: Session,
+        prepared: PrepareResult,
+        model: str,
+        sent: list[dict[str, Any]],
+        attempts: list[dict[str, Any]],
+        stream: Any,
+        first: Any,
+        *,
+        ended: bool,
+    ) -> None:
         super().__init__(session, prepared, model, sent, attempts)
         self._stream = stream
         self._iter: AsyncIterator[Any] | None = None if ended else stream.__aiter__()

@@ -64,8 +64,9 @@ def make_handover(result: str, *, vault: Any, counter: Any, max_result_tokens: i
     if len(result) <= spill_chars and before <= max_result_tokens:
         return Handover(result, False, None, before, before)
     vault_id = vault.put_text(result)
-    text, extracted = handover_text(result, vault_id=vault_id, keep_tokens=max(200, max_result_tokens // 2),
-                                    count=counter.count_text)
+    text, extracted = handover_text(
+        result, vault_id=vault_id, keep_tokens=max(200, max_result_tokens // 2), count=counter.count_text
+    )
     after = counter.count_text(text)
     if after > max_result_tokens:
         # The handover itself must respect the cap: keep its head, the pointer stays first.
@@ -78,5 +79,14 @@ def make_handover(result: str, *, vault: Any, counter: Any, max_result_tokens: i
             used += cost
         text = "".join(kept)
         after = counter.count_text(text)
-    return Handover(text, True, vault_id, before, after, list(extracted.done), list(extracted.todo),
-                    list(extracted.risks), list(extracted.files))
+    return Handover(
+        text,
+        True,
+        vault_id,
+        before,
+        after,
+        list(extracted.done),
+        list(extracted.todo),
+        list(extracted.risks),
+        list(extracted.files),
+    )

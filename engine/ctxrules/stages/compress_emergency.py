@@ -80,8 +80,9 @@ class Emergency:
             start, total = self._spill_pins(list(messages), view.total, ctx, actions)
             view = View.build(start, ctx)
             if view.below(view.total, target, ctx):
-                return StageOutcome(messages=list(start), actions=actions,
-                                    warnings=self._verdict(view.total, ctx, actions))
+                return StageOutcome(
+                    messages=list(start), actions=actions, warnings=self._verdict(view.total, ctx, actions)
+                )
         # Level 1: cut long contents everywhere but in the pins.
         total = view.total
         edits: list[Edit] = []
@@ -106,8 +107,9 @@ class Emergency:
         warnings = self._verdict(total, ctx, actions)
         return StageOutcome(messages=current, actions=actions, warnings=warnings)
 
-    def _spill_pins(self, messages: list[dict[str, Any]], total: int, ctx: StageContext,
-                    actions: list[Action]) -> tuple[list[dict[str, Any]], int]:
+    def _spill_pins(
+        self, messages: list[dict[str, Any]], total: int, ctx: StageContext, actions: list[Action]
+    ) -> tuple[list[dict[str, Any]], int]:
         out = list(messages)
         pins = pinned_indices(out)
         candidates: list[tuple[int, int, int | None]] = []  # (chars, index, part position)
@@ -119,13 +121,14 @@ class Emergency:
             if isinstance(content, str):
                 candidates.append((len(content), index, None))
             elif isinstance(content, list):
-                candidates.extend((len(p["text"]), index, pos) for pos, p in enumerate(content)
-                                  if isinstance(p, Mapping) and p.get("type") == "text"
-                                  and isinstance(p.get("text"), str))
+                candidates.extend(
+                    (len(p["text"]), index, pos)
+                    for pos, p in enumerate(content)
+                    if isinstance(p, Mapping) and p.get("type") == "text" and isinstance(p.get("text"), str)
+                )
         # Tool outputs and the newest assistant text go first (largest first); the human anchor
         # and the latest ask only when that was not enough: they say what the task is.
-        candidates.sort(key=lambda c: (out[c[1]].get("role") == "user", -c[0], c[1],
-                                       -1 if c[2] is None else c[2]))
+        candidates.sort(key=lambda c: (out[c[1]].get("role") == "user", -c[0], c[1], -1 if c[2] is None else c[2]))
         preview = self.spill_preview_tokens
         for chars, index, pos in candidates:
             if ctx.budget.utilization(total) < ctx.budget.thresholds["emergency"]:
@@ -137,8 +140,9 @@ class Emergency:
             text = content if pos is None else content[pos]["text"]
             vid = ctx.vault.put_text(text)
             what = "tool output" if msg.get("role") in ("tool", "function") else f"pinned {msg.get('role')} message"
-            summary, fmt = spill_summary(text, vault_id=vid, count=ctx.counter.count_text,
-                                         preview_tokens=preview, what=what)
+            summary, fmt = spill_summary(
+                text, vault_id=vid, count=ctx.counter.count_text, preview_tokens=preview, what=what
+            )
             if len(summary) >= chars:
                 continue
             if pos is None:
@@ -151,10 +155,16 @@ class Emergency:
             after = ctx.counter.count_message(new)
             out[index] = new
             total -= before - after
-            actions.append(Action("spill_pinned",
-                                  f"message {index} (pinned {msg.get('role')}): {chars:,} chars ({fmt}) "
-                                  "spilled to the vault: the pinned messages alone did not fit",
-                                  index=index, tokens_saved=before - after, vault_id=vid))
+            actions.append(
+                Action(
+                    "spill_pinned",
+                    f"message {index} (pinned {msg.get('role')}): {chars:,} chars ({fmt}) "
+                    "spilled to the vault: the pinned messages alone did not fit",
+                    index=index,
+                    tokens_saved=before - after,
+                    vault_id=vid,
+                )
+            )
         if out != messages:
             total = ctx.count(out)
         return out, total
@@ -168,14 +178,18 @@ class Emergency:
         spilled = any(a.kind == "spill_pinned" for a in actions)
         after = " after spilling their largest contents" if spilled else ""
         if budget.fits(total):
-            message = (f"the pinned messages alone take {total} tokens{after}, at or above the "
-                       f"emergency threshold ({limit} tokens); the output still fits the usable "
-                       f"window ({budget.usable} tokens)")
+            message = (
+                f"the pinned messages alone take {total} tokens{after}, at or above the "
+                f"emergency threshold ({limit} tokens); the output still fits the usable "
+                f"window ({budget.usable} tokens)"
+            )
         else:
-            message = (f"the pinned messages alone take {total} tokens{after} and do not fit the "
-                       f"usable window ({budget.usable} tokens of {budget.window}); the provider "
-                       "will reject this request: raise the window, lower reserve_output, or "
-                       "shorten the system prompt")
+            message = (
+                f"the pinned messages alone take {total} tokens{after} and do not fit the "
+                f"usable window ({budget.usable} tokens of {budget.window}); the provider "
+                "will reject this request: raise the window, lower reserve_output, or "
+                "shorten the system prompt"
+            )
         actions.append(Action("overflow", message))
         return [message]
 
@@ -193,6 +207,7 @@ def _label(view: View) -> Callable[[int, int], str]:
             if view.messages[i].get("role") == "user" and i not in view.step_of:
                 what.add("user message")
         return f" (including {', '.join(sorted(what))})" if what else ""
+
     return label
 
 
@@ -202,9 +217,9 @@ STAGE_TYPE = StageType(
     hysteresis=True,
     factory=Emergency,
     description="At the emergency tier, cuts and removes whatever is not pinned (protected, "
-                "critical and tail content included) until the output is below its target; "
-                "when the pinned messages alone do not fit, spills their largest contents to the "
-                "vault; warns when the output still does not fit.",
+    "critical and tail content included) until the output is below its target; "
+    "when the pinned messages alone do not fit, spills their largest contents to the "
+    "vault; warns when the output still does not fit.",
     options_schema={
         "type": "object",
         "title": "compress.emergency options",
@@ -214,16 +229,21 @@ STAGE_TYPE = StageType(
             "target": {
                 "title": "Target tier",
                 "description": "Stop as soon as utilization is below this tier. Default: full "
-                               "(protection is broken only as far as needed, with room left "
-                               "so the next turn does not re-trigger the pass).",
-                "enum": ["monitor", "light", "full", "emergency"], "default": "full",
+                "(protection is broken only as far as needed, with room left "
+                "so the next turn does not re-trigger the pass).",
+                "enum": ["monitor", "light", "full", "emergency"],
+                "default": "full",
             },
             **TRUNCATE_OPTIONS,
             "spill_preview_tokens": {
                 "title": "Pinned spill preview size",
-                "description": ("Tokens of the preview a pinned content leaves when the pinned "
-                                "messages alone do not fit and it is spilled (level 3)."),
-                "type": "integer", "minimum": 50, "default": 400,
+                "description": (
+                    "Tokens of the preview a pinned content leaves when the pinned "
+                    "messages alone do not fit and it is spilled (level 3)."
+                ),
+                "type": "integer",
+                "minimum": 50,
+                "default": 400,
             },
         },
     },

@@ -79,8 +79,10 @@ ID_RENAMED = "call_id_renamed"
 ARGUMENTS_REPLACED = "arguments_replaced"
 
 INVALID_ARGUMENTS_KEY = "ctxrules_invalid_arguments"
-_INVALID_NOTE = ("The model produced arguments for this call that are not valid JSON; the marker "
-                 "points at them, verbatim, in the vault.")
+_INVALID_NOTE = (
+    "The model produced arguments for this call that are not valid JSON; the marker "
+    "points at them, verbatim, in the vault."
+)
 
 
 @dataclass(frozen=True)
@@ -117,9 +119,7 @@ class _Repair:
 
     def __init__(self, messages: Sequence[Message], unanswered: UnansweredPolicy) -> None:
         if unanswered not in _POLICIES:
-            raise ValueError(
-                f"unanswered must be one of {', '.join(_POLICIES)}, got {unanswered!r}"
-            )
+            raise ValueError(f"unanswered must be one of {', '.join(_POLICIES)}, got {unanswered!r}")
         self.messages = messages
         self.unanswered = unanswered
         self.pairing = pair_tool_calls(messages)
@@ -147,9 +147,7 @@ class _Repair:
     def _without_empty_calls(self, index: int) -> list[Message]:
         # OpenAI rejects an empty tool_calls array; without the key the message is valid.
         msg = self.messages[index]
-        self.events.append(
-            _Event(EMPTY_CALLS_DROPPED, f"message {index}: removed an empty tool_calls list", index)
-        )
+        self.events.append(_Event(EMPTY_CALLS_DROPPED, f"message {index}: removed an empty tool_calls list", index))
         return [{k: v for k, v in msg.items() if k != "tool_calls"}]
 
     def _dropped_result(self, index: int, msg: Message) -> _Event:
@@ -240,8 +238,9 @@ class _Repair:
             out.append(new)
         return out
 
-    def _with_ids(self, index: int, calls: list[Any], call_ids: list[str], derived: list[str],
-                  fixed: list[tuple[str, str] | None]) -> list[Any]:
+    def _with_ids(
+        self, index: int, calls: list[Any], call_ids: list[str], derived: list[str], fixed: list[tuple[str, str] | None]
+    ) -> list[Any]:
         new_calls: list[Any] = []
         for pos, call in enumerate(calls):
             if not isinstance(call, Mapping):
@@ -252,8 +251,7 @@ class _Repair:
                 self.events.append(
                     _Event(
                         ID_ASSIGNED,
-                        f"message {index}: tool_calls[{pos}] ({_call_name(call)}) had no id; "
-                        f"assigned {derived[pos]}",
+                        f"message {index}: tool_calls[{pos}] ({_call_name(call)}) had no id; assigned {derived[pos]}",
                         index,
                     )
                 )
@@ -275,9 +273,8 @@ class _Repair:
                         ARGUMENTS_REPLACED,
                         f"message {index}: tool_calls[{pos}] ({_call_name(call)}): arguments were "
                         f"not valid JSON ({len(original)} chars); replaced by an object that says so"
-                        if original.strip() else
-                        f"message {index}: tool_calls[{pos}] ({_call_name(call)}): blank arguments "
-                        "became {}",
+                        if original.strip()
+                        else f"message {index}: tool_calls[{pos}] ({_call_name(call)}): blank arguments became {{}}",
                         index,
                         original if original.strip() else None,
                     )
@@ -296,8 +293,7 @@ class _Repair:
             self.events.append(
                 _Event(
                     RESULT_MOVED,
-                    f"message {result_index}: result for call {call_id!r} moved into the block "
-                    f"after message {index}",
+                    f"message {result_index}: result for call {call_id!r} moved into the block after message {index}",
                     result_index,
                 )
             )
@@ -332,8 +328,7 @@ class _Repair:
         self.events.append(
             _Event(
                 MESSAGE_DROPPED,
-                f"message {index}: dropped the assistant message: empty once its calls were "
-                "removed",
+                f"message {index}: dropped the assistant message: empty once its calls were removed",
                 index,
                 _json(self.messages[index]),
             )
@@ -412,9 +407,7 @@ def _is_empty_assistant(msg: Mapping[str, Any]) -> bool:
         return not content.strip()
     if isinstance(content, list):
         return all(
-            isinstance(part, Mapping)
-            and part.get("type") == "text"
-            and not str(part.get("text") or "").strip()
+            isinstance(part, Mapping) and part.get("type") == "text" and not str(part.get("text") or "").strip()
             for part in content
         )
     return content is None
@@ -505,8 +498,13 @@ def _ids_before(messages: Sequence[Mapping[str, Any]], end: int) -> frozenset[st
     for obj, n, ids in _PREFIX_IDS.values():
         if start < n <= end and messages[n - 1] is obj:
             start, base = n, ids
-    ids = base.union(cid for m in messages[start:end] if m.get("role") == "assistant"
-                     for cid in map(tool_call_id, m.get("tool_calls") or ()) if cid is not None)
+    ids = base.union(
+        cid
+        for m in messages[start:end]
+        if m.get("role") == "assistant"
+        for cid in map(tool_call_id, m.get("tool_calls") or ())
+        if cid is not None
+    )
     if len(_PREFIX_IDS) >= _PREFIX_IDS_KEEP:
         _PREFIX_IDS.clear()
     _PREFIX_IDS[id(last)] = (last, end, ids)
@@ -526,10 +524,7 @@ class ToolPairRepair:
             raise ValueError(f"normalize.tool_pairs: unknown option(s) {', '.join(unknown)}")
         policy = options.get("unanswered", "synthesize")
         if policy not in _POLICIES:
-            raise ValueError(
-                f"normalize.tool_pairs: unanswered must be one of {', '.join(_POLICIES)}, "
-                f"got {policy!r}"
-            )
+            raise ValueError(f"normalize.tool_pairs: unanswered must be one of {', '.join(_POLICIES)}, got {policy!r}")
         self.unanswered: UnansweredPolicy = policy
 
     def __repr__(self) -> str:
@@ -542,8 +537,7 @@ class ToolPairRepair:
             return StageOutcome(messages=list(messages))
         out, events = _Repair(messages, self.unanswered).run()
         actions = [
-            event.action(ctx.vault.put_text(event.payload) if event.payload is not None else None)
-            for event in events
+            event.action(ctx.vault.put_text(event.payload) if event.payload is not None else None) for event in events
         ]
         return StageOutcome(messages=out, actions=actions)
 

@@ -144,8 +144,8 @@ class ToolOutputFilter:
         self.max_keep: float = opts["max_keep_ratio"]
         if self.min_keep > self.max_keep:
             raise ValueError(
-                f"{STAGE_TYPE.name}: min_keep_ratio ({self.min_keep}) is above max_keep_ratio "
-                f"({self.max_keep})")
+                f"{STAGE_TYPE.name}: min_keep_ratio ({self.min_keep}) is above max_keep_ratio ({self.max_keep})"
+            )
         self.head_share: float = opts["head_share"]
         self.min_saving: int = opts["min_saving_tokens"]
         self.compressors: bool = opts["compressors"]
@@ -165,13 +165,18 @@ class ToolOutputFilter:
         self._epoch = 0
         self._generation = structure.generation()
         json_opts = {**_JSON_DEFAULTS, **opts.get("json", {})}
-        self.json_limits = JsonLimits(depth=json_opts["depth"], keys=json_opts["keys"],
-                                      items=json_opts["items"],
-                                      string_chars=json_opts["string_chars"])
+        self.json_limits = JsonLimits(
+            depth=json_opts["depth"],
+            keys=json_opts["keys"],
+            items=json_opts["items"],
+            string_chars=json_opts["string_chars"],
+        )
 
     def __repr__(self) -> str:
-        return (f"ToolOutputFilter(item_tokens={self.item_tokens}, turn_tokens={self.turn_tokens}, "
-                f"spill_chars={self.spill_chars})")
+        return (
+            f"ToolOutputFilter(item_tokens={self.item_tokens}, turn_tokens={self.turn_tokens}, "
+            f"spill_chars={self.spill_chars})"
+        )
 
     def __call__(self, messages: Sequence[Message], ctx: StageContext) -> StageOutcome:
         if self._generation != structure.generation():  # a message was edited in place
@@ -190,8 +195,7 @@ class ToolOutputFilter:
 class _Run:
     """One application of the stage to one message list."""
 
-    def __init__(self, stage: ToolOutputFilter, messages: Sequence[Message],
-                 ctx: StageContext) -> None:
+    def __init__(self, stage: ToolOutputFilter, messages: Sequence[Message], ctx: StageContext) -> None:
         self.stage = stage
         self.messages = messages
         self.ctx = ctx
@@ -219,8 +223,9 @@ class _Run:
         facts = self.shape.facts
         bypass = bypass_active(ctx, stage.options)
         sent = set(ctx.state.get("sent") or []) if bypass else set()
-        self.keep = keep_ratio(ctx.utilization, ctx.budget.thresholds.get("emergency", 0.9),
-                               stage.min_keep, stage.max_keep)
+        self.keep = keep_ratio(
+            ctx.utilization, ctx.budget.thresholds.get("emergency", 0.9), stage.min_keep, stage.max_keep
+        )
         limit = self.limit
         oversized = [i for i, f in enumerate(facts) if f.longest > limit]
         fresh, skipped_hot = self._unsettled(sent)
@@ -235,9 +240,14 @@ class _Run:
         relevant: list[Step] = []
         # A huge sub-agent result that may be handed over gets the handover (which also puts
         # it in the vault whole) rather than the spill preview: done/todo/risks say more.
-        handed = {i for i, r in results.items() if r.reducible and r.role == "subagent"
-                  and len(self.messages[i].get("content") or "") > stage.subagent_chars
-                  and isinstance(self.messages[i].get("content"), str)}
+        handed = {
+            i
+            for i, r in results.items()
+            if r.reducible
+            and r.role == "subagent"
+            and len(self.messages[i].get("content") or "") > stage.subagent_chars
+            and isinstance(self.messages[i].get("content"), str)
+        }
         for index in oversized:
             if index not in handed:
                 self._spill(index, self.messages[index])
@@ -265,16 +275,17 @@ class _Run:
                 if r.reducible and r.target is not None:
                     self._reduce(r)
         if skipped_hot:
-            self.actions.append(Action(
-                "hot_cache_bypass",
-                f"{skipped_hot} output(s) already sent while the prompt cache is hot were left "
-                "alone"))
+            self.actions.append(
+                Action(
+                    "hot_cache_bypass",
+                    f"{skipped_hot} output(s) already sent while the prompt cache is hot were left alone",
+                )
+            )
         self._settle(self._settle_at(examined, results, relevant))
         self._remember_sent()
         return StageOutcome(messages=self.out, actions=self.actions, warnings=self.warnings)
 
-    def _settle_at(self, examined: list[int], results: dict[int, _Result],
-                   relevant: list[Step]) -> dict[int, float]:
+    def _settle_at(self, examined: list[int], results: dict[int, _Result], relevant: list[Step]) -> dict[int, float]:
         """The keep ratio each examined output is settled at. What happened to it now stays so
         at this keep ratio or a laxer one; at *any* ratio (0) when no ratio could give it a
         target: it cannot be reduced (exempt, already marked, no text), or it and its whole
@@ -289,8 +300,10 @@ class _Run:
         for i in examined:
             r = results[i]
             lasting = not r.reducible or (
-                r.target is None and 0 <= r.tokens <= stage.item_tokens
-                and totals.get(i, stage.turn_tokens + 1) <= stage.turn_tokens)
+                r.target is None
+                and 0 <= r.tokens <= stage.item_tokens
+                and totals.get(i, stage.turn_tokens + 1) <= stage.turn_tokens
+            )
             out[i] = 0.0 if lasting else self.keep
         return out
 
@@ -356,8 +369,9 @@ class _Run:
             if owner in found:
                 continue
             calls = self.messages[owner].get("tool_calls") or []
-            members = sorted(pairing.result_of[(owner, pos)] for pos in range(len(calls))
-                             if (owner, pos) in pairing.result_of)
+            members = sorted(
+                pairing.result_of[(owner, pos)] for pos in range(len(calls)) if (owner, pos) in pairing.result_of
+            )
             found[owner] = Step(owner, tuple(members))
         if loose:  # unpaired results (orphans, legacy function results): the full walk
             for step in self.shape.steps():
@@ -410,8 +424,12 @@ class _Run:
             if self.out[index] is msg:
                 stage._settled[id(msg)] = (msg, keep, msg.get("content"))
         current, unsettled = self._scan
-        stage._last_scan = (current, self.keep, stage._epoch,
-                            frozenset(p for p in unsettled if not self._is_settled(current[p])))
+        stage._last_scan = (
+            current,
+            self.keep,
+            stage._epoch,
+            frozenset(p for p in unsettled if not self._is_settled(current[p])),
+        )
 
     # --- level (c): the hard spill, every message ------------------------------------------
 
@@ -422,8 +440,13 @@ class _Run:
         if isinstance(content, str):
             if len(content) > limit:
                 text, vid, fmt = self._spilled(content, what)
-                self._commit(index, {**msg, "content": text}, "spill",
-                             f"{len(content):,} chars ({fmt}) spilled to the vault", vid)
+                self._commit(
+                    index,
+                    {**msg, "content": text},
+                    "spill",
+                    f"{len(content):,} chars ({fmt}) spilled to the vault",
+                    vid,
+                )
             return
         if not isinstance(content, list):
             return
@@ -443,8 +466,9 @@ class _Run:
 
     def _spilled(self, text: str, what: str) -> tuple[str, str, str]:
         vid = self.ctx.vault.put_text(text)
-        summary, fmt = spill_summary(text, vault_id=vid, count=self.count,
-                                     preview_tokens=self.stage.spill_preview_tokens, what=what)
+        summary, fmt = spill_summary(
+            text, vault_id=vid, count=self.count, preview_tokens=self.stage.spill_preview_tokens, what=what
+        )
         return summary, vid, fmt
 
     # --- which results may be reduced ----------------------------------------------------------
@@ -481,13 +505,15 @@ class _Run:
         stage = self.stage
         if r.role == "subagent" and len(content) > stage.subagent_chars:
             vid = text_vault_id(content)
-            text, handover = handover_text(content, vault_id=vid, count=self.count,
-                                           keep_tokens=stage.subagent_keep_tokens,
-                                           tokens=r.tokens)
+            text, handover = handover_text(
+                content, vault_id=vid, count=self.count, keep_tokens=stage.subagent_keep_tokens, tokens=r.tokens
+            )
             self.ctx.vault.put_text(content)
-            detail = (f"sub-agent result of {len(content):,} chars: head + tail + handover "
-                      f"({len(handover.done)} done, {len(handover.todo)} todo, "
-                      f"{len(handover.risks)} risks, {len(handover.files)} files)")
+            detail = (
+                f"sub-agent result of {len(content):,} chars: head + tail + handover "
+                f"({len(handover.done)} done, {len(handover.todo)} todo, "
+                f"{len(handover.risks)} risks, {len(handover.files)} files)"
+            )
             self._commit(r.index, {**msg, "content": text}, "handover", detail, vid)
             r.reducible = False
             r.tokens = self.ctx.counter.count_message(self.out[r.index])
@@ -506,11 +532,11 @@ class _Run:
             return
         exit_code = tool_roles(self.ctx.pack).exit_code(content)
         try:
-            result = compress_tool_output(self.ctx.pack, command, content, exit_code,
-                                          self.ctx.vault, registry=registry)
+            result = compress_tool_output(self.ctx.pack, command, content, exit_code, self.ctx.vault, registry=registry)
         except Exception as exc:  # a broken compressor rule must not cost the other outputs
-            self.warnings.append(f"compressor failed on message {r.index} ({command[:60]!r}): "
-                                 f"{type(exc).__name__}: {exc}")
+            self.warnings.append(
+                f"compressor failed on message {r.index} ({command[:60]!r}): {type(exc).__name__}: {exc}"
+            )
             return
         if result is None or len(result.text) >= len(content):
             return
@@ -524,9 +550,13 @@ class _Run:
         new = {**msg, "content": text}
         if tokens_saved(self.ctx, msg, new) <= 0:
             return  # shorter in characters, not in tokens: not worth a marker
-        self._commit(r.index, new, "compress",
-                     f"compressor '{result.rule_id}': {result.lines_before} -> "
-                     f"{result.lines_after} lines", vid)
+        self._commit(
+            r.index,
+            new,
+            "compress",
+            f"compressor '{result.rule_id}': {result.lines_before} -> {result.lines_after} lines",
+            vid,
+        )
         r.units = _units(new)
         r.tokens = self.ctx.counter.count_message(new)
 
@@ -544,8 +574,7 @@ class _Run:
                 r.target = item_target
         for step in relevant:
             members = [results[i] for i in step.results if i in results]
-            sizes = {r.index: min(r.tokens, r.target) if r.target is not None else r.tokens
-                     for r in members}
+            sizes = {r.index: min(r.tokens, r.target) if r.target is not None else r.tokens for r in members}
             if sum(sizes.values()) <= stage.turn_tokens:
                 continue
             fixed = sum(sizes[r.index] for r in members if not r.reducible)
@@ -592,8 +621,13 @@ class _Run:
             if text_vault_id(unit.text) in vault_ids:
                 self.ctx.vault.put_text(unit.text)
         tool = f" ({r.tool})" if r.tool else ""
-        self._commit(r.index, new, "reduce", f"output{tool} of {r.tokens:,} tokens to a target of "
-                     f"{r.target:,}: " + "; ".join(details), vault_ids[0])
+        self._commit(
+            r.index,
+            new,
+            "reduce",
+            f"output{tool} of {r.tokens:,} tokens to a target of {r.target:,}: " + "; ".join(details),
+            vault_ids[0],
+        )
 
     def _reduce_text(self, unit: _Unit, budget: int) -> tuple[str, str, str] | None:
         vid = text_vault_id(unit.text)
@@ -602,10 +636,16 @@ class _Run:
             semantic = self._semantic(unit, budget, vid)
             if semantic is not None:
                 return semantic
-        reduced = reduce_structured(unit.text, vault_id=vid, budget_tokens=budget, count=self.count,
-                                    json_limits=self.stage.json_limits,
-                                    head_share=self.stage.head_share, detected=detected,
-                                    tokens=unit.tokens)
+        reduced = reduce_structured(
+            unit.text,
+            vault_id=vid,
+            budget_tokens=budget,
+            count=self.count,
+            json_limits=self.stage.json_limits,
+            head_share=self.stage.head_share,
+            detected=detected,
+            tokens=unit.tokens,
+        )
         if reduced is None or len(reduced.text) >= len(unit.text):
             return None
         return reduced.text, reduced.detail, vid
@@ -618,16 +658,16 @@ class _Run:
         try:
             answer = caller(text=unit.text, budget_tokens=budget, ctx=self.ctx)
         except Exception as exc:  # an LLM plugin failing must not cost the reduction
-            self.warnings.append(f"semantic filter failed: {type(exc).__name__}: {exc}; "
-                                 "used the structure-aware reduction")
+            self.warnings.append(
+                f"semantic filter failed: {type(exc).__name__}: {exc}; used the structure-aware reduction"
+            )
             return None
         if not isinstance(answer, str) or not answer.strip():
             return None
         removed = max(0, unit.tokens - self.count(answer))
         text = f"{format_marker('tokens', removed, vid, reason='semantic')}\n{answer}"
         if self.count(text) > budget * 1.1 or len(text) >= len(unit.text):
-            self.warnings.append("semantic filter returned more than its budget; used the "
-                                 "structure-aware reduction")
+            self.warnings.append("semantic filter returned more than its budget; used the structure-aware reduction")
             return None
         return text, "semantic filter", vid
 
@@ -638,8 +678,9 @@ class _Run:
         new = keep_mark(old, new)  # a spilled notes/reread/summary message is still ctxrules' own
         self.out[index] = new
         saved = tokens_saved(self.ctx, old, new)
-        self.actions.append(Action(kind, f"message {index}: {detail}", index=index,
-                                   tokens_saved=saved, vault_id=vault_id))
+        self.actions.append(
+            Action(kind, f"message {index}: {detail}", index=index, tokens_saved=saved, vault_id=vault_id)
+        )
 
 
 def _changed(old: Sequence[Any], new: Sequence[Any]) -> Iterable[int]:
@@ -653,9 +694,14 @@ def _units(msg: Mapping[str, Any]) -> list[_Unit]:
         return [_Unit(None, content)] if content else []
     if not isinstance(content, list):
         return []
-    return [_Unit(pos, part["text"]) for pos, part in enumerate(content)
-            if isinstance(part, Mapping) and part.get("type") == "text"
-            and isinstance(part.get("text"), str) and part["text"]]
+    return [
+        _Unit(pos, part["text"])
+        for pos, part in enumerate(content)
+        if isinstance(part, Mapping)
+        and part.get("type") == "text"
+        and isinstance(part.get("text"), str)
+        and part["text"]
+    ]
 
 
 def _water_level(sizes: list[int], room: int) -> int:
@@ -682,106 +728,165 @@ OPTIONS_SCHEMA: dict[str, Any] = {
         "item_tokens": {
             "title": "Single-output threshold",
             "description": "An output over this many tokens is reduced by its structure (level b).",
-            "type": "integer", "minimum": 1, "default": 5000,
+            "type": "integer",
+            "minimum": 1,
+            "default": 5000,
         },
         "turn_tokens": {
             "title": "Per-step threshold",
-            "description": ("When the outputs of one step total more than this many tokens, its "
-                            "reducible outputs are capped so the step fits (level b)."),
-            "type": "integer", "minimum": 1, "default": 15000,
+            "description": (
+                "When the outputs of one step total more than this many tokens, its "
+                "reducible outputs are capped so the step fits (level b)."
+            ),
+            "type": "integer",
+            "minimum": 1,
+            "default": 15000,
         },
         "spill_chars": {
             "title": "Hard spill threshold",
-            "description": ("Any single content over this many characters, in any message (pinned "
-                            "and protected ones included), goes to the vault whole and leaves a "
-                            "short summary with a pointer (level c)."),
-            "type": "integer", "minimum": 1, "default": 100000,
+            "description": (
+                "Any single content over this many characters, in any message (pinned "
+                "and protected ones included), goes to the vault whole and leaves a "
+                "short summary with a pointer (level c)."
+            ),
+            "type": "integer",
+            "minimum": 1,
+            "default": 100000,
         },
         "spill_window_share": {
             "title": "Hard spill share of the window",
-            "description": ("The spill limit scales with the window: a content over this share of "
-                            "the usable window (counted at 4 characters per token) is spilled too, "
-                            "when that is fewer characters than spill_chars."),
-            "type": "number", "exclusiveMinimum": 0, "maximum": 1, "default": 1.0,
+            "description": (
+                "The spill limit scales with the window: a content over this share of "
+                "the usable window (counted at 4 characters per token) is spilled too, "
+                "when that is fewer characters than spill_chars."
+            ),
+            "type": "number",
+            "exclusiveMinimum": 0,
+            "maximum": 1,
+            "default": 1.0,
         },
         "spill_preview_tokens": {
             "title": "Spill preview size",
-            "description": ("Tokens of the preview (skeleton or head/tail) a spilled content "
-                            "leaves."),
-            "type": "integer", "minimum": 50, "default": 400,
+            "description": ("Tokens of the preview (skeleton or head/tail) a spilled content leaves."),
+            "type": "integer",
+            "minimum": 50,
+            "default": 400,
         },
         "subagent_chars": {
             "title": "Sub-agent result threshold",
-            "description": ("A result of a 'subagent' tool over this many characters becomes "
-                            "its head and tail plus a structured handover (done, todo, risks, "
-                            "files)."),
-            "type": "integer", "minimum": 1, "default": 8000,
+            "description": (
+                "A result of a 'subagent' tool over this many characters becomes "
+                "its head and tail plus a structured handover (done, todo, risks, "
+                "files)."
+            ),
+            "type": "integer",
+            "minimum": 1,
+            "default": 8000,
         },
         "subagent_keep_tokens": {
             "title": "Sub-agent head + tail size",
             "description": "Tokens of the head and tail kept from a long sub-agent result.",
-            "type": "integer", "minimum": 50, "default": 1000,
+            "type": "integer",
+            "minimum": 50,
+            "default": 1000,
         },
         "max_keep_ratio": {
             "title": "Keep ratio with an empty window",
-            "description": ("Share of item_tokens / turn_tokens a reduced output keeps when the "
-                            "window is empty (predictive strength, see the docs)."),
-            "type": "number", "exclusiveMinimum": 0, "maximum": 1, "default": 0.6,
+            "description": (
+                "Share of item_tokens / turn_tokens a reduced output keeps when the "
+                "window is empty (predictive strength, see the docs)."
+            ),
+            "type": "number",
+            "exclusiveMinimum": 0,
+            "maximum": 1,
+            "default": 0.6,
         },
         "min_keep_ratio": {
             "title": "Keep ratio at the emergency tier",
-            "description": ("Share of item_tokens / turn_tokens a reduced output keeps once "
-                            "utilization reaches the emergency threshold."),
-            "type": "number", "exclusiveMinimum": 0, "maximum": 1, "default": 0.15,
+            "description": (
+                "Share of item_tokens / turn_tokens a reduced output keeps once "
+                "utilization reaches the emergency threshold."
+            ),
+            "type": "number",
+            "exclusiveMinimum": 0,
+            "maximum": 1,
+            "default": 0.15,
         },
         "head_share": {
             "title": "Head share",
-            "description": ("Share of a text or table reduction given to its first lines (the "
-                            "rest goes to its last lines)."),
-            "type": "number", "minimum": 0.2, "maximum": 0.8, "default": 0.6,
+            "description": (
+                "Share of a text or table reduction given to its first lines (the rest goes to its last lines)."
+            ),
+            "type": "number",
+            "minimum": 0.2,
+            "maximum": 0.8,
+            "default": 0.6,
         },
         "min_saving_tokens": {
             "title": "Minimum saving",
             "description": "A reduction that would save fewer tokens than this is not made.",
-            "type": "integer", "minimum": 0, "default": 200,
+            "type": "integer",
+            "minimum": 0,
+            "default": 200,
         },
         "json": {
             "title": "JSON skeleton limits",
-            "description": ("Starting limits of the JSON skeleton; they tighten until the "
-                            "skeleton fits its target."),
+            "description": ("Starting limits of the JSON skeleton; they tighten until the skeleton fits its target."),
             "type": "object",
             "additionalProperties": False,
             "properties": {
-                "depth": {"title": "Depth",
-                          "description": "Container levels shown (the root is 1).",
-                          "type": "integer", "minimum": 1, "default": 4},
-                "keys": {"title": "Keys", "description": "Keys shown per object.",
-                         "type": "integer", "minimum": 1, "default": 12},
-                "items": {"title": "Items", "description": "Items shown per list (first and last).",
-                          "type": "integer", "minimum": 1, "default": 6},
-                "string_chars": {"title": "String length",
-                                 "description": "Characters shown per string value.",
-                                 "type": "integer", "minimum": 8, "default": 200},
+                "depth": {
+                    "title": "Depth",
+                    "description": "Container levels shown (the root is 1).",
+                    "type": "integer",
+                    "minimum": 1,
+                    "default": 4,
+                },
+                "keys": {
+                    "title": "Keys",
+                    "description": "Keys shown per object.",
+                    "type": "integer",
+                    "minimum": 1,
+                    "default": 12,
+                },
+                "items": {
+                    "title": "Items",
+                    "description": "Items shown per list (first and last).",
+                    "type": "integer",
+                    "minimum": 1,
+                    "default": 6,
+                },
+                "string_chars": {
+                    "title": "String length",
+                    "description": "Characters shown per string value.",
+                    "type": "integer",
+                    "minimum": 8,
+                    "default": 200,
+                },
             },
             "default": dict(_JSON_DEFAULTS),
         },
         "compressors": {
             "title": "Use output compressors",
             "description": "Run shell-tool outputs through the pack's compressors (level a).",
-            "type": "boolean", "default": True,
+            "type": "boolean",
+            "default": True,
         },
         "semantic_filter": {
             "title": "Semantic filter plugin",
-            "description": ("Let a plugin implementing ctxrules_semantic_filter (e.g. an LLM) "
-                            "shorten large plain-text outputs; off by default, and the stage "
-                            "works offline without it."),
-            "type": "boolean", "default": False,
+            "description": (
+                "Let a plugin implementing ctxrules_semantic_filter (e.g. an LLM) "
+                "shorten large plain-text outputs; off by default, and the stage "
+                "works offline without it."
+            ),
+            "type": "boolean",
+            "default": False,
         },
         "exempt_roles": {
             "title": "Exempt tool roles",
-            "description": ("Tool roles whose outputs levels (a) and (b) leave alone (level c "
-                            "still applies)."),
-            "type": "array", "uniqueItems": True,
+            "description": ("Tool roles whose outputs levels (a) and (b) leave alone (level c still applies)."),
+            "type": "array",
+            "uniqueItems": True,
             "items": {"enum": list(ROLE_ORDER)},
             "default": ["file_read", "file_edit"],
         },
@@ -793,8 +898,10 @@ STAGE_TYPE = StageType(
     name="tool_output.filter",
     phase="content",
     factory=ToolOutputFilter,
-    description=("Compresses shell outputs, reduces large tool outputs by their structure, hands "
-                 "over long sub-agent results and spills any huge content to the vault."),
+    description=(
+        "Compresses shell outputs, reduces large tool outputs by their structure, hands "
+        "over long sub-agent results and spills any huge content to the vault."
+    ),
     options_schema=OPTIONS_SCHEMA,
 )
 
@@ -802,4 +909,3 @@ STAGE_TYPE = StageType(
 @hookimpl
 def ctxrules_register_stages(register: Callable[[StageType], None]) -> None:
     register(STAGE_TYPE)
-

@@ -45,8 +45,10 @@ _CONFIGS: list[pytest.Config] = []
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
-        "markers", f"{MARKER}(pack): the pack the ctxrules fixtures use for this test (a path "
-        "relative to the rootdir, or builtin:NAME)")
+        "markers",
+        f"{MARKER}(pack): the pack the ctxrules fixtures use for this test (a path "
+        "relative to the rootdir, or builtin:NAME)",
+    )
     _CONFIGS.append(config)
 
 
@@ -65,9 +67,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="pack the ctxrules fixtures assemble prompts from (path or builtin:NAME; "
         f"default: ini ctxrules_pack, else {DEFAULT_PACK})",
     )
-    parser.addini(
-        "ctxrules_pack", help=f"pack for the ctxrules fixtures (default {DEFAULT_PACK})", default=""
-    )
+    parser.addini("ctxrules_pack", help=f"pack for the ctxrules fixtures (default {DEFAULT_PACK})", default="")
 
 
 def _rootdir(config: pytest.Config | None = None) -> Path:
@@ -126,9 +126,7 @@ def ctxrules_pack(request: pytest.FixtureRequest) -> ResolvedPack:
 
 
 @pytest.fixture
-def assemble_prompt(
-    ctxrules_pack: ResolvedPack, request: pytest.FixtureRequest
-) -> Callable[..., AssembledPrompt]:
+def assemble_prompt(ctxrules_pack: ResolvedPack, request: pytest.FixtureRequest) -> Callable[..., AssembledPrompt]:
     """``assemble_prompt(mode, model=None, *, entry=None, variables=None, pack=None)``:
     the assembled prompt of the test's pack (see ``ctxrules_pack``); ``entry`` picks a
     ``models:`` entry by id (``"no-entry"``: none), ``pack`` another pack."""

@@ -44,8 +44,9 @@ CODES: dict[str, str] = {
     "CR082": "prompt mode names a section that does not exist",
     "CR083": "template uses a variable that prompts.variables does not declare",
     "CR084": "template file not found",
-    "CR085": ("system-prompt template uses a volatile value (date, time, id, counter, random) "
-              "that breaks prompt caching"),
+    "CR085": (
+        "system-prompt template uses a volatile value (date, time, id, counter, random) that breaks prompt caching"
+    ),
     "CR086": "prompt sections include each other in a cycle",
     "CR087": "a prompt mode does not assemble (trial render with the declared defaults)",
     "CR090": "a file or folder could not be read",

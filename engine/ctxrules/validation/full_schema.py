@@ -48,8 +48,7 @@ def _without_regex_format(node: Any) -> Any:
     patterns are Python's (``(?P<name>...)``, inline ``(?i)``): an editor would flag valid
     patterns. ``ctxrules validate`` compiles them with Python's ``re`` (CR070)."""
     if isinstance(node, Mapping):
-        return {k: _without_regex_format(v) for k, v in node.items()
-                if not (k == "format" and v == "regex")}
+        return {k: _without_regex_format(v) for k, v in node.items() if not (k == "format" and v == "regex")}
     if isinstance(node, list):
         return [_without_regex_format(v) for v in node]
     return node
@@ -57,8 +56,10 @@ def _without_regex_format(node: Any) -> Any:
 
 def _options_by_name(names_and_schemas: Mapping[str, Mapping[str, Any]]) -> list[dict[str, Any]]:
     return [
-        {"if": {"properties": {"use": {"const": name}}, "required": ["use"]},
-         "then": {"properties": {"with": _without_regex_format(options)}}}
+        {
+            "if": {"properties": {"use": {"const": name}}, "required": ["use"]},
+            "then": {"properties": {"with": _without_regex_format(options)}},
+        }
         for name, options in sorted(names_and_schemas.items())
     ]
 

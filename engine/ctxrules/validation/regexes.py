@@ -45,8 +45,7 @@ def format_checker() -> Any:
     return checker
 
 
-def check_pattern(rep: Reporter, pattern: object, pointer: str, *, flags: int = 0,
-                  report_errors: bool = True) -> bool:
+def check_pattern(rep: Reporter, pattern: object, pointer: str, *, flags: int = 0, report_errors: bool = True) -> bool:
     """Report a pattern that does not compile (CR070, unless ``report_errors`` is off because
     a schema check reports it already) or has nested quantifiers (CR102). True when usable."""
     problem = pattern_problem(pattern, flags)
@@ -56,11 +55,15 @@ def check_pattern(rep: Reporter, pattern: object, pointer: str, *, flags: int = 
         return False
     if isinstance(pattern, str) and patterns.nested_quantifier(pattern, flags):
         shown = pattern if len(pattern) <= 60 else pattern[:57] + "..."
-        rep.add("CR102", f"regular expression {shown!r} repeats a repetition (nested quantifiers) "
-                "and runs on the backtracking engine: some inputs make it exponentially slow",
-                pointer, "rewrite it without the outer repetition (e.g. (a+)+ is a+), or avoid "
-                r"\d \w \s \b, lookarounds and backreferences so that it runs on RE2 (linear time)",
-                severity="warning")
+        rep.add(
+            "CR102",
+            f"regular expression {shown!r} repeats a repetition (nested quantifiers) "
+            "and runs on the backtracking engine: some inputs make it exponentially slow",
+            pointer,
+            "rewrite it without the outer repetition (e.g. (a+)+ is a+), or avoid "
+            r"\d \w \s \b, lookarounds and backreferences so that it runs on RE2 (linear time)",
+            severity="warning",
+        )
     return True
 
 

@@ -48,8 +48,7 @@ def template_source(
     if not isinstance(rel, str):
         return None, None, ""
     base = pack.real_paths.get(origin_file)
-    text, _, code, problem = read_pack_text(pack.roots, base.parent if base else Path.cwd(), rel,
-                                            "template file")
+    text, _, code, problem = read_pack_text(pack.roots, base.parent if base else Path.cwd(), rel, "template file")
     return text, problem, code or ""
 
 
@@ -111,9 +110,7 @@ def check_prompts(rep: Reporter, pack: ResolvedPack, registry: Registry) -> None
         )
 
     templates: list[tuple[str, dict[str, Any]]] = [
-        (f"/prompts/sections/{name}", sec)
-        for name, sec in sections.items()
-        if isinstance(sec, dict)
+        (f"/prompts/sections/{name}", sec) for name, sec in sections.items() if isinstance(sec, dict)
     ]
     for i, entry in enumerate(data.get("models") or []):
         if isinstance(entry, dict) and isinstance(entry.get("discipline"), dict):
@@ -172,8 +169,7 @@ def check_prompts(rep: Reporter, pack: ResolvedPack, registry: Registry) -> None
                 f"template uses variable '{var}', which prompts.variables does not declare",
                 where.at(line),
                 at,
-                did_you_mean(var, list(declared))
-                or f"declare it: prompts.variables.{var}: {{default: ...}}",
+                did_you_mean(var, list(declared)) or f"declare it: prompts.variables.{var}: {{default: ...}}",
             )
         for use in find_volatile(ast, stable=stable):
             add(
@@ -204,11 +200,7 @@ def check_prompts(rep: Reporter, pack: ResolvedPack, registry: Registry) -> None
         names, base = (
             (spec, f"/prompts/modes/{mode}")
             if isinstance(spec, list)
-            else (
-                (spec.get("sections"), f"/prompts/modes/{mode}/sections")
-                if isinstance(spec, dict)
-                else (None, "")
-            )
+            else ((spec.get("sections"), f"/prompts/modes/{mode}/sections") if isinstance(spec, dict) else (None, ""))
         )
         if not isinstance(names, list):
             continue
@@ -240,9 +232,7 @@ def _filter_nodes(ast: nodes.Template) -> list[nodes.Filter]:
     return list(ast.find_all(nodes.Filter))
 
 
-def _undeclared(
-    ast: nodes.Template, declared: set[str], globals_: Collection[str] = ()
-) -> list[tuple[str, int]]:
+def _undeclared(ast: nodes.Template, declared: set[str], globals_: Collection[str] = ()) -> list[tuple[str, int]]:
     """(name, first template line) of every variable read but neither declared nor assigned."""
     from jinja2 import TemplateAssertionError, meta, nodes
 

@@ -84,7 +84,8 @@ def _check_named_files(rep: Reporter, pack: ResolvedPack) -> None:
 
 def _paths_of(loader: PackLoader, shown: str) -> list[Path]:
     return [p for p, doc in loader._docs.items() if doc is not None and doc.path == shown] or [
-        p for p, doc in loader._docs.items() if doc is None and str(p).endswith(shown)]
+        p for p, doc in loader._docs.items() if doc is None and str(p).endswith(shown)
+    ]
 
 
 def _sorted_unique(diags: list[Diagnostic]) -> list[Diagnostic]:
@@ -112,21 +113,33 @@ def _check_context(rep: Reporter, ctx: Any, base: str, own: dict[str, Any] | Non
     own_raw = (own or ctx).get("thresholds")
     own_th = own_raw if isinstance(own_raw, dict) else {}
     if isinstance(th, dict):
-        present = [(k, th[k]) for k in THRESHOLD_NAMES if isinstance(th.get(k), int | float)
-                   and not isinstance(th.get(k), bool)]
+        present = [
+            (k, th[k])
+            for k in THRESHOLD_NAMES
+            if isinstance(th.get(k), int | float) and not isinstance(th.get(k), bool)
+        ]
         for k, v in present:
             if not 0 < v < 1 and (own is None or k in own_th):
-                rep.add("CR050", f"threshold {k} is {v}; thresholds are fractions of the usable window in (0, 1)",
-                        f"{base}/thresholds/{k}", "use a fraction, e.g. 0.5 for 50%")
+                rep.add(
+                    "CR050",
+                    f"threshold {k} is {v}; thresholds are fractions of the usable window in (0, 1)",
+                    f"{base}/thresholds/{k}",
+                    "use a fraction, e.g. 0.5 for 50%",
+                )
         for (k1, v1), (k2, v2) in pairwise(present):
             if v1 >= v2 and 0 < v1 < 1 and 0 < v2 < 1:
                 at = _blame(rep, f"{base}/thresholds", k1, k2, own_th if own is not None else None)
-                rep.add("CR051", f"thresholds must increase: {k1} ({v1}) is not below {k2} ({v2})",
-                        f"{base}/thresholds/{at}", "monitor < light < full < emergency")
+                rep.add(
+                    "CR051",
+                    f"thresholds must increase: {k1} ({v1}) is not below {k2} ({v2})",
+                    f"{base}/thresholds/{at}",
+                    "monitor < light < full < emergency",
+                )
     window, reserve = ctx.get("window"), ctx.get("reserve_output")
     if isinstance(window, int) and isinstance(reserve, int) and reserve >= window:
-        rep.add("CR052", f"reserve_output ({reserve}) leaves no usable window of {window} tokens",
-                f"{base}/reserve_output")
+        rep.add(
+            "CR052", f"reserve_output ({reserve}) leaves no usable window of {window} tokens", f"{base}/reserve_output"
+        )
 
 
 def _blame(rep: Reporter, base: str, k1: str, k2: str, own: dict[str, Any] | None) -> str:
@@ -149,16 +162,23 @@ def _check_pipeline(rep: Reporter, data: dict[str, Any], pack: ResolvedPack, reg
         base = f"/pipeline/{i}"
         use = stage.get("use")
         if use is None:
-            rep.add("CR043", f"pipeline item '{stage.get('id')}' has no 'use' after merging", base,
-                    "give the stage type with use:, e.g. use: compress.dedup")
+            rep.add(
+                "CR043",
+                f"pipeline item '{stage.get('id')}' has no 'use' after merging",
+                base,
+                "give the stage type with use:, e.g. use: compress.dedup",
+            )
             continue
         if not isinstance(use, str):
             continue
         st = registry.stages.get(use)
         if st is None:
-            rep.add("CR060", f"unknown stage type '{use}'", f"{base}/use",
-                    did_you_mean(use, list(registry.stages)) or
-                    "registered: " + ", ".join(sorted(registry.stages)))
+            rep.add(
+                "CR060",
+                f"unknown stage type '{use}'",
+                f"{base}/use",
+                did_you_mean(use, list(registry.stages)) or "registered: " + ", ".join(sorted(registry.stages)),
+            )
             continue
         opts = stage.get("with", {})
         if isinstance(opts, dict):
@@ -179,23 +199,37 @@ def _check_pipeline(rep: Reporter, data: dict[str, Any], pack: ResolvedPack, reg
                 if err.validator == "additionalProperties":
                     known = list(err.schema.get("properties", {}))
                     for k in [k for k in err.instance if k not in known]:
-                        rep.add("CR061", f"stage type '{use}' has no option '{k}'", f"{ptr}/{k}",
-                                did_you_mean(k, known) or ("options: " + ", ".join(known) if known else
-                                                           "this stage type takes no options"), at_key=True)
+                        rep.add(
+                            "CR061",
+                            f"stage type '{use}' has no option '{k}'",
+                            f"{ptr}/{k}",
+                            did_you_mean(k, known)
+                            or ("options: " + ", ".join(known) if known else "this stage type takes no options"),
+                            at_key=True,
+                        )
                 elif err.validator == "format":
                     rep.add("CR070", f"regular expression does not compile: {err.instance!r}", ptr)
                 else:
-                    rep.add("CR061", f"option {ptr[len(base) + 5:] or 'with'} of '{use}': {err.message}", ptr)
+                    rep.add("CR061", f"option {ptr[len(base) + 5 :] or 'with'} of '{use}': {err.message}", ptr)
         if use in essential and stage.get("when"):
-            rep.add("CR062", f"'{use}' is essential: it runs after every content stage and takes no when:",
-                    f"{base}/when")
+            rep.add(
+                "CR062", f"'{use}' is essential: it runs after every content stage and takes no when:", f"{base}/when"
+            )
     disabled_essential = [i for i in pack.disabled.get("pipeline", []) if _uses_essential(pack, i, essential)]
     for ident in disabled_essential:
         o = pack.disabled_at.get("pipeline", {}).get(ident) or rep.origin("/pipeline")
-        rep.out.append(Diagnostic("CR062", "error",
-                                  f"pipeline item '{ident}' runs an essential stage and cannot be disabled",
-                                  o.file, o.line, o.col, o.pointer or "/pipeline",
-                                  "essential stages run whether or not a pack names them"))
+        rep.out.append(
+            Diagnostic(
+                "CR062",
+                "error",
+                f"pipeline item '{ident}' runs an essential stage and cannot be disabled",
+                o.file,
+                o.line,
+                o.col,
+                o.pointer or "/pipeline",
+                "essential stages run whether or not a pack names them",
+            )
+        )
 
 
 def _uses_essential(pack: ResolvedPack, ident: str, essential: set[str]) -> bool:
@@ -213,8 +247,12 @@ def _check_regexes(rep: Reporter, data: dict[str, Any]) -> None:
         if not check_pattern(rep, pattern, pointer):
             return
         if need_group and isinstance(pattern, str) and patterns.compile(pattern).groups < 1:
-            rep.add("CR070", f"exit-code pattern {pattern!r} needs a group that captures the code", pointer,
-                    r"e.g. 'Exit code (\d+)'")
+            rep.add(
+                "CR070",
+                f"exit-code pattern {pattern!r} needs a group that captures the code",
+                pointer,
+                r"e.g. 'Exit code (\d+)'",
+            )
 
     tools = data.get("tools") or {}
     for i, pat in enumerate(tools.get("exit_code") or [] if isinstance(tools, dict) else []):
@@ -235,6 +273,7 @@ def _check_regexes(rep: Reporter, data: dict[str, Any]) -> None:
 
 # -- files and folders -------------------------------------------------------------------
 
+
 def is_pack_file(path: Path) -> bool:
     """In a folder, a YAML file is a pack when it says so at top level (other YAML is skipped)."""
     try:
@@ -244,8 +283,7 @@ def is_pack_file(path: Path) -> bool:
     return bool(re.search(r"^(apiVersion:\s*['\"]?ctxrules/|kind:\s*['\"]?RulePack\b)", head, re.M))
 
 
-def collect_files(paths: list[str], *, skip_non_packs: bool = False,
-                  skipped: list[Path] | None = None) -> list[Path]:
+def collect_files(paths: list[str], *, skip_non_packs: bool = False, skipped: list[Path] | None = None) -> list[Path]:
     """Files named directly, plus the pack files found below named folders (sorted).
     ``skip_non_packs`` also skips named YAML files that do not declare themselves packs
     (for the pre-commit hook, which passes every changed YAML file); the files passed over
@@ -258,8 +296,13 @@ def collect_files(paths: list[str], *, skip_non_packs: bool = False,
         except OSError as exc:  # e.g. a name too long for the file system
             raise UsageError(f"cannot use {raw!r}: {exc.strerror or exc}") from None
         if is_dir:
-            found = sorted(q for q in p.rglob("*") if q.suffix in (".yaml", ".yml") and q.is_file()
-                           and not any(part.startswith(".") for part in q.relative_to(p).parts))
+            found = sorted(
+                q
+                for q in p.rglob("*")
+                if q.suffix in (".yaml", ".yml")
+                and q.is_file()
+                and not any(part.startswith(".") for part in q.relative_to(p).parts)
+            )
             out.extend(q for q in found if is_pack_file(q))
         elif exists and skip_non_packs and not is_pack_file(p):
             if skipped is not None:
@@ -278,8 +321,9 @@ class ValidationRun(NamedTuple):
     files_skipped: int = 0  # named YAML files that are not packs (--skip-non-packs)
 
 
-def validate_paths(paths: list[str], registry: Registry, *, skip_non_packs: bool = False,
-                   search_path: Sequence[str] = ()) -> ValidationRun:
+def validate_paths(
+    paths: list[str], registry: Registry, *, skip_non_packs: bool = False, search_path: Sequence[str] = ()
+) -> ValidationRun:
     """Diagnostics for every pack under ``paths`` (each resolved with its parents), the number
     of files checked and skipped, and the real path behind each displayed file name. A pack
     found below a named folder may read from anywhere in that folder; a named file, from its own
@@ -304,6 +348,7 @@ def validate_paths(paths: list[str], registry: Registry, *, skip_non_packs: bool
 
 # -- stream timeouts (ctxrules.timeouts; docs/timeouts.md) ---------------------------------
 
+
 def _check_timeouts(rep: Reporter, data: dict[str, Any]) -> None:
     """CR091-CR093: overrides that cannot take effect, compaction not allowed for in the
     step, a heartbeat too slow for the chunk limit. Warnings: the pack still loads."""
@@ -312,6 +357,7 @@ def _check_timeouts(rep: Reporter, data: dict[str, Any]) -> None:
 
 
 # -- sub-agents (docs/budgets.md "Sub-agents") ------------------------------------------------
+
 
 def _check_spawn_cap(rep: Reporter, data: dict[str, Any]) -> None:
     """CR125: the spawn cap has one key, ``budgets.max_descendants``; the guard key is read as
@@ -323,11 +369,19 @@ def _check_spawn_cap(rep: Reporter, data: dict[str, Any]) -> None:
     budgets = data.get("budgets")
     own = budgets.get("max_descendants") if isinstance(budgets, dict) else None
     if own is None:
-        rep.add("CR125", "guards.subagents.max_descendants is deprecated: it is read as "
-                "budgets.max_descendants, the one spawn cap", "/guards/subagents/max_descendants",
-                f"move it: budgets: {{max_descendants: {sub['max_descendants']}}}", severity="warning")
+        rep.add(
+            "CR125",
+            "guards.subagents.max_descendants is deprecated: it is read as budgets.max_descendants, the one spawn cap",
+            "/guards/subagents/max_descendants",
+            f"move it: budgets: {{max_descendants: {sub['max_descendants']}}}",
+            severity="warning",
+        )
     else:
-        rep.add("CR125", f"guards.subagents.max_descendants ({sub['max_descendants']}) is deprecated and "
-                f"ignored: budgets.max_descendants ({own}) is the spawn cap",
-                "/guards/subagents/max_descendants", "remove guards.subagents.max_descendants",
-                severity="warning")
+        rep.add(
+            "CR125",
+            f"guards.subagents.max_descendants ({sub['max_descendants']}) is deprecated and "
+            f"ignored: budgets.max_descendants ({own}) is the spawn cap",
+            "/guards/subagents/max_descendants",
+            "remove guards.subagents.max_descendants",
+            severity="warning",
+        )

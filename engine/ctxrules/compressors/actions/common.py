@@ -10,9 +10,7 @@ from ctxrules.compressors.lines import Line, Lines
 from ctxrules.patterns import Match, Pattern
 from ctxrules.patterns import compile as patterns_compile
 
-ActionSpec: TypeAlias = tuple[
-    str, Callable[[Mapping[str, Any]], Callable[[Lines], list[str]]], dict[str, Any], str
-]
+ActionSpec: TypeAlias = tuple[str, Callable[[Mapping[str, Any]], Callable[[Lines], list[str]]], dict[str, Any], str]
 """What a built-in action module lists: name, factory, options schema, description."""
 
 # What a failure looks like in any tool's output; the default `unless` of short_circuit and
@@ -48,8 +46,9 @@ def count(title: str, description: str, minimum: int = 0) -> dict[str, Any]:
     return {"type": "integer", "minimum": minimum, "title": title, "description": description}
 
 
-def object_schema(properties: Mapping[str, Any], required: Sequence[str] = (),
-                  defaults: Mapping[str, Any] | None = None) -> dict[str, Any]:
+def object_schema(
+    properties: Mapping[str, Any], required: Sequence[str] = (), defaults: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
     """An action's options schema; ``defaults`` are the values the factory uses for options left
     out, written into the schema (editors show them; the published schema file carries them)."""
     props = {k: dict(v) for k, v in properties.items()}

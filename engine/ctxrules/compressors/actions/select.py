@@ -209,8 +209,7 @@ class ShortCircuit:
 
 _PATTERNS = regex_list(
     "Patterns",
-    "Regular expressions (Python syntax, searched anywhere in the "
-    "line); a line matches when any of them does.",
+    "Regular expressions (Python syntax, searched anywhere in the line); a line matches when any of them does.",
 )
 
 ACTIONS: list[ActionSpec] = [
@@ -220,9 +219,7 @@ ACTIONS: list[ActionSpec] = [
         object_schema(
             {
                 "patterns": _PATTERNS,
-                "before": count(
-                    "Lines before", "Context lines kept before each match (default 2)."
-                ),
+                "before": count("Lines before", "Context lines kept before each match (default 2)."),
                 "after": count("Lines after", "Context lines kept after each match (default 2)."),
                 "head": count("Head", "Also keep this many first lines (default 0)."),
                 "tail": count("Tail", "Also keep this many last lines (default 0)."),
@@ -234,8 +231,7 @@ ACTIONS: list[ActionSpec] = [
                 "if_none": {
                     "enum": ["keep", "drop"],
                     "title": "If nothing matches",
-                    "description": "keep: leave the output as it is (default); drop: keep only "
-                    "head and tail.",
+                    "description": "keep: leave the output as it is (default); drop: keep only head and tail.",
                 },
             },
             ["patterns"],
@@ -288,19 +284,14 @@ ACTIONS: list[ActionSpec] = [
         LimitBlocks,
         object_schema(
             {
-                "start": regex(
-                    "Start", "A line matching this starts a block (e.g. '^diff --git ')."
-                ),
+                "start": regex("Start", "A line matching this starts a block (e.g. '^diff --git ')."),
                 "max": count("Most lines", "Lines kept per block.", 1),
-                "tail": count(
-                    "Tail", "Of those, how many come from the end of the block (default 0)."
-                ),
+                "tail": count("Tail", "Of those, how many come from the end of the block (default 0)."),
                 "protect": {
                     "type": "array",
                     "items": {"type": "string", "format": "regex", "minLength": 1},
                     "title": "Protect",
-                    "description": "Lines of a block matching these are kept "
-                    "beyond the cap (e.g. hunk headers).",
+                    "description": "Lines of a block matching these are kept beyond the cap (e.g. hunk headers).",
                 },
                 "only": regex(
                     "Only",
@@ -319,8 +310,7 @@ ACTIONS: list[ActionSpec] = [
             {
                 "when": regex(
                     "When",
-                    "Searched in the whole output (multiline); its named groups can "
-                    "be used in the message.",
+                    "Searched in the whole output (multiline); its named groups can be used in the message.",
                 ),
                 "unless": {
                     "type": "array",
@@ -333,8 +323,7 @@ ACTIONS: list[ActionSpec] = [
                     "type": "string",
                     "minLength": 1,
                     "title": "Message",
-                    "description": "The one line that replaces the output; {name} inserts a "
-                    "named group of `when`.",
+                    "description": "The one line that replaces the output; {name} inserts a named group of `when`.",
                 },
             },
             ["when", "message"],

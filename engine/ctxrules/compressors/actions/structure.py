@@ -28,9 +28,7 @@ class Group:
     def __init__(self, options: Mapping[str, Any]) -> None:
         self.pattern = patterns_compile(options["pattern"])
         if "key" not in self.pattern.groupindex:
-            raise ValueError(
-                "the pattern needs a named group 'key', e.g. (?P<key>[^:]+):(?P<rest>.*)"
-            )
+            raise ValueError("the pattern needs a named group 'key', e.g. (?P<key>[^:]+):(?P<rest>.*)")
         self.header = str(options.get("header", "{key}"))
         self.header.format(key="")
         self.indent = str(options.get("indent", "  "))
@@ -122,11 +120,7 @@ class Carry:
             if pending is not None:
                 head = pending
                 pending = None
-                contiguous = (
-                    isinstance(head, Line)
-                    and isinstance(line, Line)
-                    and head.src[1] + 1 == line.src[0]
-                )
+                contiguous = isinstance(head, Line) and isinstance(line, Line) and head.src[1] + 1 == line.src[0]
                 if contiguous:
                     assert isinstance(head, Line) and isinstance(line, Line)
                     new = Line(text, (head.src[0], line.src[1]))
@@ -305,8 +299,7 @@ class JsonCompact:
                 first, last = lines[0], lines[-1]
                 assert isinstance(first, Line) and isinstance(last, Line)
                 contiguous = all(
-                    isinstance(b, Line) and isinstance(a, Line) and b.src[0] == a.src[1] + 1
-                    for a, b in pairwise(lines)
+                    isinstance(b, Line) and isinstance(a, Line) and b.src[0] == a.src[1] + 1 for a, b in pairwise(lines)
                 )
                 if contiguous:
                     return [Line(_compact(stripped), (first.src[0], last.src[1]))]
@@ -347,8 +340,7 @@ ACTIONS: list[ActionSpec] = [
                 "header": {
                     "type": "string",
                     "title": "Header",
-                    "description": "The header line of a group; {key} inserts the key "
-                    "(default '{key}').",
+                    "description": "The header line of a group; {key} inserts the key (default '{key}').",
                 },
                 "indent": {
                     "type": "string",
@@ -376,15 +368,12 @@ ACTIONS: list[ActionSpec] = [
                     "A line naming what the lines below it belong to; its named groups "
                     "(e.g. file) are available to `with`.",
                 ),
-                "pattern": regex(
-                    "Pattern", "The lines below a header to rewrite; its named groups too."
-                ),
+                "pattern": regex("Pattern", "The lines below a header to rewrite; its named groups too."),
                 "with": {
                     "type": "string",
                     "minLength": 1,
                     "title": "With",
-                    "description": "The rewritten line: {name} inserts a named group of the "
-                    "header or the line.",
+                    "description": "The rewritten line: {name} inserts a named group of the header or the line.",
                 },
                 "absorb": {
                     "type": "boolean",
@@ -442,13 +431,11 @@ ACTIONS: list[ActionSpec] = [
                 "ndjson": {
                     "type": "boolean",
                     "title": "NDJSON",
-                    "description": "Also compact each line that is a JSON document on its own "
-                    "(default true).",
+                    "description": "Also compact each line that is a JSON document on its own (default true).",
                 },
                 "min_lines": count(
                     "Fewest lines",
-                    "Compact a whole JSON document only when it spans at "
-                    "least this many lines (default 2).",
+                    "Compact a whole JSON document only when it spans at least this many lines (default 2).",
                     1,
                 ),
             },

@@ -23,9 +23,7 @@ from ctxrules.patterns import compile as patterns_compile
 
 # CSI (colors, cursor moves), OSC (titles, hyperlinks: ESC ] ... BEL or ESC \), other
 # two-byte escapes, and backspace overstrikes (`man`-style bold: "b\bb").
-_ANSI = re.compile(
-    r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b[@-Z\\-_]|.\x08"
-)
+_ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b[@-Z\\-_]|.\x08")
 
 
 def _rewrite(line: str, text: str) -> str:
@@ -93,9 +91,7 @@ class Replace:
         for ref in re.findall(r"\\(\d+)|\\g<([^>]*)>", self.replacement):
             name = ref[0] or ref[1]
             if name not in groups:
-                raise ValueError(
-                    f"'with' refers to group {name!r}, which the pattern does not define"
-                )
+                raise ValueError(f"'with' refers to group {name!r}, which the pattern does not define")
 
     def __call__(self, lines: Lines) -> list[str]:
         return [_rewrite(line, self.pattern.sub(self.replacement, line)) for line in lines]
@@ -223,8 +219,7 @@ class SqueezeBlank:
 
 _PATTERNS = regex_list(
     "Patterns",
-    "Regular expressions (Python syntax, searched anywhere in the "
-    "line); a line matches when any of them does.",
+    "Regular expressions (Python syntax, searched anywhere in the line); a line matches when any of them does.",
 )
 
 ACTIONS: list[ActionSpec] = [
@@ -236,8 +231,7 @@ ACTIONS: list[ActionSpec] = [
                 "carriage_returns": {
                     "type": "boolean",
                     "title": "Resolve carriage returns",
-                    "description": "Keep only what a terminal finally shows of a line "
-                    "redrawn with \\r (default true).",
+                    "description": "Keep only what a terminal finally shows of a line redrawn with \\r (default true).",
                 },
             },
             defaults={"carriage_returns": True},
@@ -265,8 +259,7 @@ ACTIONS: list[ActionSpec] = [
                 "with": {
                     "type": "string",
                     "title": "Replacement",
-                    "description": "Replacement text; \\1 or \\g<name> insert groups "
-                    "(default: empty).",
+                    "description": "Replacement text; \\1 or \\g<name> insert groups (default: empty).",
                 },
             },
             ["pattern"],
@@ -279,9 +272,7 @@ ACTIONS: list[ActionSpec] = [
         CollapseRepeats,
         object_schema(
             {
-                "min_run": count(
-                    "Shortest run", "Fold runs of at least this many equal lines (default 2).", 2
-                ),
+                "min_run": count("Shortest run", "Fold runs of at least this many equal lines (default 2).", 2),
                 "ignore": regex(
                     "Ignore",
                     "Parts of a line not compared (timestamps, counters); folding "
@@ -290,8 +281,7 @@ ACTIONS: list[ActionSpec] = [
                 "format": {
                     "type": "string",
                     "title": "Format",
-                    "description": "The folded line; {line} and {count} "
-                    "(default '{line} (x{count})').",
+                    "description": "The folded line; {line} and {count} (default '{line} (x{count})').",
                 },
             },
             defaults={"min_run": 2, "format": "{line} (x{count})"},
