@@ -14,6 +14,7 @@ import importlib.util
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import venv
@@ -101,12 +102,14 @@ def _cli(installed: Path, cwd: Path, *argv: str, stdin: str | None = None) -> su
 
 
 def test_every_verb_works_without_the_test_extras(installed: Path, tmp_path: Path) -> None:
-    example = REPO / "rules" / "examples" / "agent-session.json"
+    # A pack reads only inside its own folder: the input goes next to it, as a user's would.
+    example = tmp_path / "agent-session.json"
+    shutil.copy(REPO / "rules" / "examples" / "agent-session.json", example)
     pack = tmp_path / "pack.yaml"
     pack.write_text(
         "apiVersion: ctxrules/v1\nkind: RulePack\nmetadata: {name: mine, version: 1.0.0}\n"
         "extends: [builtin:default]\n"
-        f"tests:\n  - {{id: fits, model: gpt-4o, window: 32000, input: {example}, "
+        "tests:\n  - {id: fits, model: gpt-4o, window: 32000, input: ./agent-session.json, "
         "expect: {fits: true}}\n",
         encoding="utf-8",
     )
