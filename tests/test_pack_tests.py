@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -23,6 +24,8 @@ EXAMPLE = REPO / "rules" / "examples" / "agent-session.json"
 
 def write_pack(folder: Path, body: str, name: str = "pack.yaml") -> Path:
     path = folder / name
+    # A pack reads only inside its own folder: its test input goes next to it.
+    shutil.copy(EXAMPLE, folder / EXAMPLE.name)
     path.write_text(
         "apiVersion: ctxrules/v1\nkind: RulePack\nmetadata: {name: mine, version: 1.0.0}\n"
         "extends: [builtin:default]\n" + body,
@@ -42,7 +45,7 @@ tests:
   - id: mine-fits
     model: gpt-4o
     window: 32000
-    input: {EXAMPLE}
+    input: ./{EXAMPLE.name}
     expect: {{fits: true}}
 """
 
