@@ -60,6 +60,24 @@ def run_cli(*args: str) -> int:
     return cli_run(list(args))
 
 
+def eval_json(tmp_path: Path, transcripts: dict[str, list[Msg]], *args: str, code: int = 0) -> dict[str, Any]:
+    """Write ``transcripts`` (name -> messages) as files, run ``ctxrules eval ARGS --quiet
+    --json`` on them, check its exit code, and return the JSON it wrote."""
+    paths = []
+    for name, msgs in transcripts.items():
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps(msgs))
+        paths.append(str(path))
+    out = tmp_path / "eval.json"
+    assert run_cli("eval", *args, "--quiet", "--json", str(out), *paths) == code
+    data: dict[str, Any] = json.loads(out.read_text())
+    return data
+
+
+def by_plan(data: dict[str, Any]) -> dict[str, Any]:
+    return {t["plan"]: t for t in data["totals"]}
+
+
 # --- the cache rules ---------------------------------------------------------------------------
 
 
@@ -110,27 +128,16 @@ def test_cost_and_cached_share_match_a_hand_computation(tmp_path: Path) -> None:
     # The known price: gpt-4o input $2.50 / M tokens, cached input $1.25 / M.
     assert (info.input_cost_per_token, info.cache_read_input_token_cost) == (2.5e-06, 1.25e-06)
     counter = TokenCounter.for_model(info)
-    inputs = []
-    for seed in ("alpha", "beta"):
-        path = tmp_path / f"{seed}.json"
-        path.write_text(json.dumps(transcript(seed)))
-        inputs.append(path)
-    out = tmp_path / "eval.json"
-    code = run_cli(
-        "eval",
+    data = eval_json(
+        tmp_path,
+        {seed: transcript(seed) for seed in ("alpha", "beta")},
         "--baseline",
         "none",
         "--model",
         "gpt-4o",
         "--window",
         "128000",
-        "--json",
-        str(out),
-        "--quiet",
-        *map(str, inputs),
     )
-    assert code == 0
-    data = json.loads(out.read_text())
     calls = [c for c in data["calls"] if c["plan"] == "none"]
     expected_usd = 0.0
     expected_sent = expected_read = 0
@@ -160,12 +167,10 @@ def test_cost_and_cached_share_match_a_hand_computation(tmp_path: Path) -> None:
 
 
 def test_a_pack_that_changes_nothing_costs_what_the_raw_history_costs(tmp_path: Path) -> None:
-    path = tmp_path / "t.json"
-    path.write_text(json.dumps(transcript("gamma")))
-    out = tmp_path / "eval.json"
-    assert (
-        run_cli(
-            "eval",
+    totals = by_plan(
+        eval_json(
+            tmp_path,
+            {"t": transcript("gamma")},
             "--pack",
             "builtin:default",
             "--baseline",
@@ -174,14 +179,8 @@ def test_a_pack_that_changes_nothing_costs_what_the_raw_history_costs(tmp_path: 
             "gpt-4o",
             "--window",
             "128000",
-            "--json",
-            str(out),
-            "--quiet",
-            str(path),
         )
-        == 0
     )
-    totals = {t["plan"]: t for t in json.loads(out.read_text())["totals"]}
     pack, raw = totals["builtin:default"], totals["none"]
     assert pack["tokens_sent"] == raw["tokens_sent"] and pack["usd"] == pytest.approx(raw["usd"])
     assert pack["compactions"] == 0 and pack["invariant_violations"] == 0
@@ -189,32 +188,22 @@ def test_a_pack_that_changes_nothing_costs_what_the_raw_history_costs(tmp_path: 
 
 def test_a_window_the_raw_history_does_not_fit_counts_overflows_and_loses_the_probes(tmp_path: Path) -> None:
     msgs = transcript("delta")
-    path = tmp_path / "t.json"
-    path.write_text(json.dumps(msgs))
     counts = TokenCounter.for_model(lookup_model("gpt-4o")).count_each(msgs)
     # The usable window (8192 reserved for the reply) holds the first call, not the others.
     window = 8192 + sum(counts[:2]) + 10
-    out = tmp_path / "eval.json"
-    assert (
-        run_cli(
-            "eval",
-            "--pack",
-            "builtin:default",
-            "--baseline",
-            "none",
-            "--model",
-            "gpt-4o",
-            "--window",
-            str(window),
-            "--json",
-            str(out),
-            "--quiet",
-            str(path),
-        )
-        == 0
+    data = eval_json(
+        tmp_path,
+        {"t": msgs},
+        "--pack",
+        "builtin:default",
+        "--baseline",
+        "none",
+        "--model",
+        "gpt-4o",
+        "--window",
+        str(window),
     )
-    data = json.loads(out.read_text())
-    totals = {t["plan"]: t for t in data["totals"]}
+    totals = by_plan(data)
     assert totals["none"]["overflows"] == 2 and totals["none"]["tokens_sent"] == sum(counts[:2])
     raw_calls = [c for c in data["calls"] if c["plan"] == "none" and not c["fits"]]
     assert len(raw_calls) == 2
@@ -273,13 +262,11 @@ def test_the_invariant_checks_find_broken_pairing_and_lost_pins() -> None:
 def test_an_invariant_broken_on_a_call_of_a_pack_exits_1(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import ctxrules.eval.replay as replay
 
-    path = tmp_path / "t.json"
-    path.write_text(json.dumps(transcript("eta")))
     monkeypatch.setattr(replay, "pairing_problems", lambda out: ["message 3: broken on purpose"])
-    out = tmp_path / "e.json"
-    assert (
-        run_cli(
-            "eval",
+    totals = by_plan(
+        eval_json(
+            tmp_path,
+            {"t": transcript("eta")},
             "--pack",
             "builtin:default",
             "--baseline",
@@ -288,14 +275,9 @@ def test_an_invariant_broken_on_a_call_of_a_pack_exits_1(tmp_path: Path, monkeyp
             "gpt-4o",
             "--window",
             "128000",
-            "--quiet",
-            "--json",
-            str(out),
-            str(path),
+            code=1,
         )
-        == 1
     )
-    totals = {t["plan"]: t for t in json.loads(out.read_text())["totals"]}
     assert totals["builtin:default"]["invariant_violations"] == 3  # one per call
     assert totals["none"]["invariant_violations"] == 0  # baselines are measured, not judged
 
@@ -487,14 +469,12 @@ def test_the_judge_answers_from_the_prepared_context_and_is_graded(tmp_path: Pat
 
 def test_the_trim_baseline_goes_through_litellms_trim_messages(tmp_path: Path) -> None:
     msgs = transcript("mu")
-    path = tmp_path / "mu.json"
-    path.write_text(json.dumps(msgs))
     counts = TokenCounter.for_model(lookup_model("gpt-4o")).count_each(msgs)
     window = 8192 + sum(counts[:2]) + 50
-    out = tmp_path / "e.json"
-    assert (
-        run_cli(
-            "eval",
+    totals = by_plan(
+        eval_json(
+            tmp_path,
+            {"mu": msgs},
             "--baseline",
             "none",
             "--baseline",
@@ -503,14 +483,8 @@ def test_the_trim_baseline_goes_through_litellms_trim_messages(tmp_path: Path) -
             "gpt-4o",
             "--window",
             str(window),
-            "--quiet",
-            "--json",
-            str(out),
-            str(path),
         )
-        == 0
     )
-    totals = {t["plan"]: t for t in json.loads(out.read_text())["totals"]}
     assert totals["none"]["overflows"] == 1  # the last call: the edit's long result
     # trim_messages keeps every request within the usable window.
     assert totals["trim"]["overflows"] == 0 and totals["trim"]["calls"] == 3
