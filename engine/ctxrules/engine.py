@@ -724,7 +724,14 @@ class Session:
         )
         state["fingerprint"] = fingerprint
         state["last_clock"] = clock
-        state["last"] = {"count": chain.count, "chain": chain.value}
+        # The counts of this history and of the output: a new process continuing the session
+        # takes them instead of loading the tokenizer to count the same messages again.
+        state["last"] = {
+            "count": chain.count,
+            "chain": chain.value,
+            "tokens": msgs_sum,
+            "output_counts": self.counter.count_each(outcome.messages),
+        }
         if compacting:
             # Before the save: a checkpoint whose backup names lines of last_output.jsonl must
             # be gone before that file is written. Dying in the save costs one turn's reuse.
@@ -828,7 +835,12 @@ class Session:
             return 0, [], HistoryChain()
         self._output_ids = ids
         self._last_history = [_clone(m) for m in history[:n]]
-        self._last_msgs_sum = sum(self.counter.count_each(history[:n]))
+        tokens, counts = record.get("tokens"), record.get("output_counts")
+        if isinstance(counts, list) and len(counts) == len(output):
+            self.counter.remember(output, counts)  # ignores anything that is not a count
+        self._last_msgs_sum = (
+            tokens if type(tokens) is int and tokens >= 0 else sum(self.counter.count_each(history[:n]))
+        )
         self._last_has_system = _has_system(history[:n])
         self._last_out_tokens = None
         return n, output, chain

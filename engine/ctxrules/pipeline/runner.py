@@ -141,8 +141,14 @@ def run_pipeline(
 
     def count(msgs: list[Message]) -> int:
         # Lists are never mutated once made, so a list counted before has the same count.
-        if counted and counted[-1][0] is msgs and counted[-1][1] is tools:
-            return counted[-1][2]
+        if counted and counted[-1][1] is tools:
+            last, _, tokens = counted[-1]
+            if last is msgs:
+                return tokens
+            delta = _count_delta(base.counter, last, msgs)
+            if delta is not None:
+                counted[:] = [(msgs, tools, tokens + delta)]
+                return tokens + delta
         tokens = base.counter.count_messages(msgs, tools)
         counted[:] = [(msgs, tools, tokens)]
         return tokens
@@ -246,6 +252,23 @@ def run_pipeline(
     for p in finalize:
         current = run_one(p, current)
     return RunOutcome(current, tools, request, records, warnings, count(current))
+
+
+def _count_delta(counter: Any, old: list[Message], new: list[Message]) -> int | None:
+    """How many tokens ``new`` has more than ``old`` when it holds the same number of messages
+    and only some were replaced: just those are counted (a stage that changes a few messages
+    costs a few counts, not a pass over the list). None when the lengths differ or a replaced
+    message is (or was) a system message, which changes what the tool schemas cost."""
+    if len(old) != len(new):
+        return None
+    changed = list(replaced(old, new))
+    if not changed:
+        return 0
+    before = [old[i] for i in changed]
+    after = [new[i] for i in changed]
+    if any(m.get("role") == "system" for m in (*before, *after)):
+        return None
+    return sum(counter.count_each(after)) - sum(counter.count_each(before))
 
 
 def _changed(a: list[Message], b: list[Message]) -> bool:
