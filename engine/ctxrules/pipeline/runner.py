@@ -21,6 +21,7 @@ from ctxrules.patterns import remembering
 from ctxrules.pipeline.context import StageContext
 from ctxrules.stages.base import Message, Stage, StageOutcome, StageType
 from ctxrules.structure import replaced
+from ctxrules.tokens import TokenCounter
 from ctxrules.types import tier_rank
 
 
@@ -254,7 +255,7 @@ def run_pipeline(
     return RunOutcome(current, tools, request, records, warnings, count(current))
 
 
-def _count_delta(counter: Any, old: list[Message], new: list[Message]) -> int | None:
+def _count_delta(counter: TokenCounter, old: list[Message], new: list[Message]) -> int | None:
     """How many tokens ``new`` has more than ``old`` when it holds the same number of messages
     and only some were replaced: just those are counted (a stage that changes a few messages
     costs a few counts, not a pass over the list). None when the lengths differ or a replaced
