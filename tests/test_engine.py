@@ -361,6 +361,8 @@ def test_one_prepare_at_a_time_across_processes(tmp_path: Path) -> None:
         "import sys, time; sys.path.insert(0, sys.argv[2])\n"
         "from pathlib import Path\n"
         "from ctxrules.session_store import SessionLock\n"
+        "import ctxrules.locks\n"
+        "print('ready', flush=True)\n"
         "t = time.monotonic()\n"
         "with SessionLock(Path(sys.argv[1])): print(time.monotonic() - t)\n"
     )
@@ -369,6 +371,9 @@ def test_one_prepare_at_a_time_across_processes(tmp_path: Path) -> None:
         proc = subprocess.Popen([sys.executable, "-c", script, str(tmp_path / "s"), engine_dir],
                                 stdout=subprocess.PIPE, text=True)
         import time
+        assert proc.stdout is not None
+        # Timed from when the child is about to acquire (its start-up time varies with load).
+        assert proc.stdout.readline() == "ready\n"
         time.sleep(1.0)
         assert proc.poll() is None  # still waiting for the lock
     out, _ = proc.communicate(timeout=30)

@@ -196,3 +196,70 @@ def test_an_old_message_naming_the_focus_file_survives_the_full_tier(tmp_path: P
     assert "intent" not in [p.id for p in off.plan]
     result = off.session(tmp_path / "off", model="gpt-4o", window=32_000).prepare(msgs)
     assert msgs[2] not in result.messages, "without the intent the old message is compressed"
+
+
+# --- what the latest ask names ranks first ----------------------------------------------------
+
+
+def _ask_history(incidental_steps: int = 32) -> list[Msg]:
+    """An early read of the file the latest ask names, then many newer steps whose outputs
+    mention another file the assistant keeps talking about (incidental mentions)."""
+    target = filler(200, "target-src")  # ~2,400 tokens: the file's content
+    msgs: list[Msg] = [system(), user("Get the project building."),
+                       *step("read-target", target, name="Read", file_path="/repo/src/target.py")]
+    for i in range(incidental_steps):
+        msgs += step(f"b{i}", filler(45, f"util{i}") + "see lib/util.py for details\n",
+                     text="Checking lib/util.py again")
+    msgs += [user("Please fix the bug in src/target.py"),
+             *step("last", "ok", text="Looking at lib/util.py first")]
+    return msgs
+
+
+def test_the_file_the_latest_ask_names_survives_when_incidental_mentions_use_up_the_cap(
+        tmp_path: Path) -> None:
+    msgs = _ask_history()
+    target = msgs[3]["content"]
+    engine = Engine.load("builtin:default")
+    session = engine.session(tmp_path / "s", model="gpt-4o", window=32_000)
+    result = session.prepare(msgs)
+    report = result.report
+    # The incidental mentions alone are over the protection cap, and the conversation had to be
+    # compressed: otherwise this test would prove nothing.
+    assert report["before"]["tier"] in ("full", "emergency"), report["before"]
+    intent = next(s for s in report["stages"] if s["id"] == "intent")
+    assert any("over the cap" in a["detail"] for a in intent["actions"]), intent
+    # The read of the asked-about file is in the output verbatim (not reduced, archived or
+    # removed), and so is the call that produced it.
+    assert any(m.get("content") == target for m in result.messages)
+    assert any(m.get("role") == "assistant" and any(
+        c["id"] == "read-target" for c in m.get("tool_calls") or []) for m in result.messages)
+    # Warm turns keep it while that ask is the latest.
+    more = [*msgs, *step("later", "still fine", text="Now lib/util.py")]
+    assert any(m.get("content") == target for m in session.prepare(more).messages)
+
+
+def test_incidental_mentions_still_lose_the_read_without_the_ask_naming_it(
+        tmp_path: Path) -> None:
+    # The same history, but the latest ask names no file: the old read is fair game, which
+    # shows the test above depends on the ask's ranking, not on the read being small.
+    msgs = _ask_history()
+    msgs[-3] = user("Please fix the bug.")
+    target = msgs[3]["content"]
+    session = Engine.load("builtin:default").session(tmp_path / "s", model="gpt-4o",
+                                                      window=32_000)
+    assert not any(m.get("content") == target for m in session.prepare(msgs).messages)
+
+
+def test_ask_matches_rank_before_incidental_ones_under_the_cap(tmp_path: Path) -> None:
+    msgs = _ask_history(incidental_steps=6)
+    # A second, older read of the asked-about file: under the cap, it comes before the newer
+    # incidental matches.
+    msgs[2:2] = step("read-old", filler(30, "target-old") + "src/target.py\n", name="Read",
+                     file_path="/repo/src/target.py")
+    # A cap that holds both reads and one incidental step, not all six of them.
+    ctx = make_ctx(tmp_path, window=8192 + 10_000)
+    IntentStage({"max_share": 0.5})(msgs, ctx)
+    protected = {m.get("tool_call_id") for m in msgs if id(m) in ctx.protected}
+    assert {"read-old", "read-target", "b5"} <= protected
+    assert not {"b0", "b1"} & protected
+    assert ctx.state["intent"]["asked"] == ["src/target.py"]

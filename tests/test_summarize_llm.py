@@ -181,9 +181,10 @@ def test_a_good_summary_is_streamed_audited_and_injected(
             "not grounded",
         ),
         (
-            reply(good_summary(next_steps=["a", "b", "c", "d", "e", "f"])),
+            # Every list field unusable: dropped one by one, nothing is left to keep.
+            reply(json.dumps({"user_goal": GOAL, "active_tasks": [{"task": "x"}]})),
             "rejected",
-            "schema: next_steps",
+            "empty: no list field",
         ),
     ],
 )
@@ -206,6 +207,28 @@ def test_a_failed_summary_falls_back_to_the_checkpoint(
     assert (
         stage["tokens_after"] < stage["tokens_before"]
     )  # the checkpoint still shrinks the context
+
+
+def test_type_slips_are_put_right_and_a_bad_field_is_dropped_alone(
+    tmp_path: Path, server: LLMServer, chat: list[dict[str, Any]]
+) -> None:
+    data = json.loads(good_summary())
+    data["tool_state"] = "tests last run: 2 failed"  # a string where a list is expected
+    data["next_steps"] = ["a", "b", "c", "d", "e", "f"]  # over the limit of 5
+    data["decisions"] = [{"what": "an object where text is expected"}]
+    del data["risks"]
+    server.script(reply(json.dumps(data)))
+    out, stage = Harness(tmp_path, server, chat).prepare()
+    (attempt,) = attempts(stage)
+    assert "primary gpt-4o-mini: ok" in attempt
+    assert "tool_state: a string, read as a list of 1" in attempt
+    assert "next_steps: kept the first 5 of 6 entries" in attempt
+    assert "dropped decisions" in attempt and "risks: missing" in attempt
+    summary = summary_of(out)
+    assert summary["ctxrules"]["source"] == "llm"
+    text = message_text(summary)
+    assert "tests last run: 2 failed" in text and "5. e\n</ctxrules:summary>" in text
+    assert "an object where text is expected" not in text
 
 
 def test_a_slow_but_alive_stream_does_not_time_out(

@@ -27,7 +27,8 @@ from ctxrules.messages import injected_kind, is_injected, is_real_user, message_
 from ctxrules.pipeline.context import StageContext
 from ctxrules.redaction import default_redactor
 from ctxrules.stages.summarize_structured import StructuredSummary
-from ctxrules.summarize import CompactionLock, protected_head_end
+from ctxrules.summarize import protected_head_end
+from ctxrules.summarize.lock import CompactionLock
 from ctxrules.vault import parse_markers
 
 SUMMARY_ONLY = FIXTURES / "summarize" / "summary-only.yaml"
@@ -491,3 +492,56 @@ _MARKER_TEXT = re.compile(r"\[ctxrules:elided [^\]]*\]")
 
 def _bare(m: dict[str, Any]) -> str:
     return _MARKER_TEXT.sub("", message_text(m)).strip()
+
+
+def _history_of_small_steps() -> list[dict[str, Any]]:
+    """Many small steps: the span the size estimate picks overshoots the target by what the
+    real summary is smaller than the estimate, several steps' worth."""
+    msgs: list[dict[str, Any]] = [
+        {"role": "system", "content": "You are a careful coding agent."},
+        {"role": "user", "content": "Make the importer handle the new CSV dialect in src/io.py."},
+    ]
+
+    def add_step(cid: str, lines: int) -> None:
+        msgs.append({"role": "assistant", "content": f"Running check {cid}.",
+                     "tool_calls": [{"id": cid, "type": "function", "function": {
+                         "name": "Bash", "arguments": json.dumps({"command": f"check {cid}"})}}]})
+        msgs.append({"role": "tool", "tool_call_id": cid, "content": "".join(
+            f"{cid}: row {i:05d} parsed, value={(i * 7919) % 10007} ok\n" for i in range(lines))})
+
+    for i in range(90):
+        add_step(f"s{i}", 25)
+    return msgs
+
+
+def test_the_summary_replaces_only_as_many_old_messages_as_the_target_needs(
+    tmp_path: Path,
+) -> None:
+    msgs = _history_of_small_steps()
+    session = engine(str(SUMMARY_ONLY)).session(tmp_path / "s", model="gpt-4o", window=8192 + 24_000)
+    result = session.prepare(msgs)
+    report = result.report
+    assert report["before"]["tier"] == "emergency", report["before"]
+    stage = next(s for s in report["stages"] if s["id"] == "summary")
+    action = next(a for a in stage["actions"] if a["kind"] == "summary")
+    first, last = map(int, re.search(r"#(\d+)-#(\d+)", action["detail"]).groups())
+    target = session.budget.tokens_at("monitor")
+    after = report["after"]["tokens"]
+    assert after <= target, (after, target)
+    # The oldest messages went, the newer ones stayed verbatim ...
+    assert first == 2 and last < len(msgs) - 1
+    kept_real = [m for m in result.messages if not is_injected(m)]
+    assert kept_real[2:] == msgs[last + 1:]
+    # ... and no fewer would have done: giving back the newest replaced step overshoots.
+    assert msgs[last]["role"] == "tool" and msgs[last - 1]["role"] == "assistant"
+    assert after + sum(session.counter.count_each(msgs[last - 1 : last + 1])) > target - 50
+
+
+@pytest.mark.skipif(not transcript_paths(), reason="the real transcript corpus is absent")
+def test_the_checkpoint_of_a_real_session_lands_just_below_the_target(tmp_path: Path) -> None:
+    msgs = load("claudecode-ae4a77f8.json")
+    session = engine(str(SUMMARY_ONLY)).session(tmp_path / "s", model="gpt-4o", window=32_000)
+    after = session.prepare(msgs).report["after"]
+    # The target tier is monitor (40%): a summary that replaced everything up to the tail would
+    # land near 20% (it did: 19.6%, 459 of 485 messages).
+    assert 0.30 <= after["utilization"] < 0.40, after

@@ -6,6 +6,7 @@ See docs/reference/concepts.md "Python API". The CLI is a thin layer over this m
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import hashlib
 import itertools
@@ -127,17 +128,21 @@ class Engine:
     def session(self, path: str | Path | None = None, *, model: str, window: int | None = None,
                 session_id: str | None = None, cache_key: str | None = None,
                 on_event: Callable[[dict[str, Any]], None] | None = None,
-                goal: str | None = None, state_root: str | Path | None = None) -> Session:
+                goal: str | None = None, state_root: str | Path | None = None,
+                private: bool = False) -> Session:
         """Open (or create) the session directory ``path`` for ``model``.
 
         ``cache_key``: the provider prompt-cache key to use instead of this session's id; a
         sub-agent's session passes its parent's ``session.cache_key`` to inherit it.
         ``goal``: the goal whose budget this session's calls count against; ``state_root``:
-        where day and goal ledgers live (default: the session directory's parent)."""
+        where day and goal ledgers live (default: the session directory's parent).
+        ``private``: ``path`` is a fresh directory no other process knows of (a temporary
+        directory of this process, as pack tests use): ``prepare`` takes no cross-process lock."""
         if path is None:
             path = Path(DEFAULT_STATE_ROOT) / (session_id or "default")
         return Session(self, Path(path), model=model, window=window, session_id=session_id,
-                       cache_key=cache_key, on_event=on_event, goal=goal, state_root=state_root)
+                       cache_key=cache_key, on_event=on_event, goal=goal, state_root=state_root,
+                       private=private)
 
     def assemble(self, mode: str, model: str, variables: dict[str, Any] | None = None) -> str:
         """The system prompt of ``mode`` for ``model`` (see ``ctxrules.prompts.assemble``):
@@ -152,7 +157,8 @@ class Session:
     def __init__(self, engine: Engine, path: Path, *, model: str, window: int | None,
                  session_id: str | None, cache_key: str | None = None,
                  on_event: Callable[[dict[str, Any]], None] | None = None,
-                 goal: str | None = None, state_root: str | Path | None = None) -> None:
+                 goal: str | None = None, state_root: str | Path | None = None,
+                 private: bool = False) -> None:
         self.engine = engine
         self.path = path
         self.id = session_id or path.resolve().name
@@ -167,7 +173,10 @@ class Session:
                                   state_root=state_root)
         self.vault = Vault.for_session(path)
         self._thread_lock = threading.Lock()
-        self._session_lock = SessionLock(path)
+        # A private directory needs no cross-process lock (and pack tests, which use one, then
+        # never load the lock module).
+        self._session_lock: contextlib.AbstractContextManager[Any] = (
+            contextlib.nullcontext() if private else SessionLock(path))
         self._last_history: list[Message] | None = None
         self._last_output: list[Message] | None = None
         self._last_chain = HistoryChain()

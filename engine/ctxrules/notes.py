@@ -10,7 +10,7 @@ API (``session.notes`` is a :class:`SessionNotes`)::
     session.notes.list()          # [Note(id='n1', text=..., tags=(...), created=..., updated=...)]
 
 Storage: ``<session>/notes.json`` (``{"version": 1, "next": N, "notes": [...]}``), written
-atomically with mode 0600. Writers take ``<session>/.notes.lock`` (``flock``) so two processes
+atomically with mode 0600. Writers take ``<session>/.notes.lock`` (a ``ctxrules.locks`` lock) so two processes
 never lose each other's notes; readers need no lock (the file is replaced atomically). Ids are
 given by the caller (letters, digits, ``_.-``; up to 64 characters) or assigned as ``n1``,
 ``n2``, ... and never reused.
@@ -20,9 +20,7 @@ from __future__ import annotations
 
 import builtins
 import contextlib
-import fcntl
 import json
-import os
 import re
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -224,13 +222,16 @@ class SessionNotes:
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[tuple[int, builtins.list[Note]]]:
+        from ctxrules.locks import FileLock, LockError
+
         try:
             ensure_dir(self.path)
-            fd = os.open(self.path / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o600)
-        except OSError as exc:
-            raise NotesError(f"cannot use session directory {self.path}: {exc.strerror}") from exc
+            lock = FileLock(self.path / LOCK_FILE)
+            lock.acquire()
+        except (OSError, LockError) as exc:
+            why = exc.strerror if isinstance(exc, OSError) else str(exc)
+            raise NotesError(f"cannot use session directory {self.path}: {why}") from exc
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
             try:
                 raw = self.file.read_bytes()
             except FileNotFoundError:
@@ -238,8 +239,7 @@ class SessionNotes:
             else:
                 yield _parse(raw, self.file)
         finally:
-            fcntl.flock(fd, fcntl.LOCK_UN)
-            os.close(fd)
+            lock.release()
 
     def _write(self, next_seq: int, notes: builtins.list[Note]) -> None:
         data = {"version": NOTES_VERSION, "next": next_seq, "notes": [n.as_dict() for n in notes]}

@@ -71,7 +71,7 @@ def run_case(engine: Engine, index: int, case: dict[str, Any]) -> CaseResult:
             tools = json.loads(_input_path(engine, index, str(case["tools"])).read_text(encoding="utf-8"))
         with tempfile.TemporaryDirectory(prefix="ctxrules-test-") as tmp:
             session = engine.session(Path(tmp) / "session", model=str(case.get("model", "gpt-4o")),
-                                     window=case.get("window"))
+                                     window=case.get("window"), private=True)
             result = session.prepare(data, tools)
     except (OSError, ValueError, CtxrulesError) as exc:
         return done("failed", f"{type(exc).__name__}: {exc}")

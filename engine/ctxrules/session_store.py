@@ -2,17 +2,16 @@
 
 Layout (docs/reference/api.md "Sessions and the vault"): ``state.json`` (stage states,
 fingerprint, a chained digest of the last history), ``last_output.jsonl`` (what the last
-``prepare`` returned, a message per line),
-``vault/``, ``.lock``. Files have mode 0600, directories 0700. Both files are caches: losing
-them costs the reuse of the last compaction, never the conversation. ``last_output.jsonl`` is
-replaced by rename or appended to (the state says how many of its lines count), and
-``state.json`` is rewritten in place through a handle kept open (:meth:`SessionStore._write_state`).
+``prepare`` returned, a message per line), ``vault/``, ``.lock``. Files have mode 0600,
+directories 0700. Both files are caches: losing them costs the reuse of the last compaction,
+never the conversation. ``last_output.jsonl`` is replaced by rename or appended to (the state
+says how many of its lines count), and ``state.json`` is rewritten in place through a handle
+kept open (:meth:`SessionStore._write_state`).
 """
 
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import operator
 import os
@@ -20,7 +19,7 @@ import tempfile
 import weakref
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ctxrules.errors import CtxrulesError
 
@@ -31,6 +30,10 @@ DEFAULT_STATE_ROOT = ".ctxrules"
 def state_root_from_env() -> Path:
     """The state root: ``CTXRULES_STATE`` when set, else :data:`DEFAULT_STATE_ROOT`."""
     return Path(os.environ.get("CTXRULES_STATE", DEFAULT_STATE_ROOT))
+
+
+if TYPE_CHECKING:
+    from ctxrules.locks import FileLock
 
 STATE_VERSION = 1
 
@@ -193,7 +196,7 @@ class _Handle:
         except FileNotFoundError:
             ident = None
         # The pid is part of the identity: after a fork the child needs its own open file
-        # description, or its flock would be the parent's.
+        # description (a handle shared across a fork would share its file offset and state).
         if self._fd is not None and ident == self._ident:
             return self._fd
         if self._close is not None:
@@ -233,25 +236,23 @@ def _jsonl(messages: list[dict[str, Any]]) -> bytes:
 
 class SessionLock:
     """One ``prepare`` at a time per session, across threads of one process (the caller holds
-    a thread lock too) and across processes (``flock`` on ``<session>/.lock``). The lock file
-    stays open between uses, so a session that keeps its lock object pays one ``stat``."""
+    a thread lock too) and across processes (:class:`ctxrules.locks.FileLock` on
+    ``<session>/.lock``). The lock module is imported on first use, so loading a session store
+    to read it (``explain``, pack tests) does not load it."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self._handle = _Handle(path / ".lock", os.O_RDWR | os.O_CREAT)
-        self._fd: int | None = None
+        self._lock: FileLock | None = None
 
     def __enter__(self) -> SessionLock:
-        try:
-            fd = self._handle.fd()
-        except OSError as exc:
-            raise CtxrulesError(f"cannot use session directory {self.path}: {exc.strerror}") from exc
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        self._fd = fd
+        if self._lock is None:
+            from ctxrules.locks import FileLock
+
+            self._lock = FileLock(self.path / ".lock")
+        self._lock.acquire()
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
-        if self._fd is not None:
-            fcntl.flock(self._fd, fcntl.LOCK_UN)
-            self._fd = None
+        if self._lock is not None and self._lock.is_locked:
+            self._lock.release()

@@ -3,7 +3,7 @@
 Two sources feed it:
 
 - the caller: ``session.touch(*paths)`` (Python) or ``ctxrules run --touched FILE...`` (CLI)
-  records paths in ``<session>/touched.json`` (atomic writes, mode 0600, ``flock`` on
+  records paths in ``<session>/touched.json`` (atomic writes, mode 0600, a ``ctxrules.locks`` lock on
   ``<session>/.tracker.lock`` for writers). Paths are stored absolute (``~`` expanded, relative
   paths taken from the current directory) and may name files that do not exist yet;
 - the history: :func:`edited_paths` reads the file paths of tool calls whose tool has the
@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import builtins
 import contextlib
-import fcntl
 import json
 import os
 import re
@@ -129,17 +128,19 @@ class FileTracker:
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[builtins.list[TrackedFile]]:
+        from ctxrules.locks import FileLock, LockError
+
         try:
             ensure_dir(self.path)
-            fd = os.open(self.path / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o600)
-        except OSError as exc:
-            raise TrackerError(f"cannot use session directory {self.path}: {exc.strerror}") from exc
+            lock = FileLock(self.path / LOCK_FILE)
+            lock.acquire()
+        except (OSError, LockError) as exc:
+            why = exc.strerror if isinstance(exc, OSError) else str(exc)
+            raise TrackerError(f"cannot use session directory {self.path}: {why}") from exc
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
             yield load_tracked(self.path)
         finally:
-            fcntl.flock(fd, fcntl.LOCK_UN)
-            os.close(fd)
+            lock.release()
 
     def _write(self, files: Sequence[TrackedFile]) -> None:
         data = {"version": 1, "files": [{"path": f.path, "touched": f.touched, "seq": f.seq}

@@ -11,7 +11,7 @@ One JSON object per line: ``{"type": "call", ...}`` for a call (see :func:`call_
 ``{"type": "reset", ...}`` for a budget reset (``ctxrules usage reset``): totals count only the
 calls after the last reset, and the history stays in the file.
 
-**Concurrency.** A writer appends one whole line under an exclusive ``flock`` on the file and
+**Concurrency.** A writer appends one whole line under an exclusive lock (``<ledger>.lock``) and
 fsyncs it (the ledger is money: it must survive a crash). If a crashed writer left a partial
 last line, the next writer ends it first, so the damage stays one unreadable line that readers
 count and skip. Readers take no lock: they consume complete lines only, and remember how far
@@ -20,8 +20,6 @@ they read, so a process that asks again reads only what was appended since.
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import json
 import os
 import re
@@ -38,6 +36,9 @@ from ctxrules.budget.pricing import Cost, Rates
 from ctxrules.budget.usage import TOKEN_KINDS, TokenUsage
 from ctxrules.errors import CtxrulesError, UsageError
 from ctxrules.session_store import ensure_dir
+
+# A ledger is never a symbolic link: one planted there would send the appends elsewhere.
+_NOFOLLOW: Final = getattr(os, "O_NOFOLLOW", 0)
 
 __all__ = [
     "CallEntry",
@@ -283,27 +284,25 @@ class LedgerFile:
             json.dumps(record, ensure_ascii=False, sort_keys=True, allow_nan=False).encode("utf-8")
             + b"\n"
         )
+        from ctxrules.locks import FileLock
+
         try:
             ensure_dir(self.path.parent)
-            fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o600)
+            with FileLock(self.path.with_name(self.path.name + ".lock")):
+                fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT | _NOFOLLOW, 0o600)
+                try:
+                    size = os.fstat(fd).st_size
+                    if size and os.pread(fd, 1, size - 1) != b"\n":
+                        line = b"\n" + line  # end a line a crashed writer left unfinished
+                    view = memoryview(line)
+                    while view:
+                        written = os.write(fd, view)
+                        view = view[written:]
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
         except OSError as exc:
             raise CtxrulesError(f"cannot write the ledger {self.path}: {exc.strerror}") from exc
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            size = os.fstat(fd).st_size
-            if size and os.pread(fd, 1, size - 1) != b"\n":
-                line = b"\n" + line  # end a line a crashed writer left unfinished
-            view = memoryview(line)
-            while view:
-                written = os.write(fd, view)
-                view = view[written:]
-            os.fsync(fd)
-        except OSError as exc:
-            raise CtxrulesError(f"cannot write the ledger {self.path}: {exc.strerror}") from exc
-        finally:
-            with contextlib.suppress(OSError):
-                fcntl.flock(fd, fcntl.LOCK_UN)
-            os.close(fd)
 
     def refresh(self) -> None:
         """Read what was appended since the last call (all of it when the file was replaced)."""

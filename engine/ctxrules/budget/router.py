@@ -25,8 +25,6 @@ clock.
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import json
 import math
 import os
@@ -416,14 +414,15 @@ class ComplexityRouter:
             ).encode("utf-8")
             + b"\n"
         )
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            os.write(fd, line)
-        finally:
-            with contextlib.suppress(OSError):
-                fcntl.flock(fd, fcntl.LOCK_UN)
-            os.close(fd)
+        from ctxrules.locks import FileLock
+
+        with FileLock(path.with_name(path.name + ".lock")):
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0),
+                         0o600)
+            try:
+                os.write(fd, line)
+            finally:
+                os.close(fd)
 
     def _misroute_shift(self, rules_tier: str, root: Path, now: float) -> int:
         try:
@@ -462,14 +461,14 @@ class _StateFile:
 
     path: Path
     data: dict[str, Any] = field(default_factory=dict)
-    _fd: int | None = None
+    _lock: Any = None
 
     def __enter__(self) -> dict[str, Any]:
+        from ctxrules.locks import FileLock
+
         ensure_dir(self.path.parent)
-        self._fd = os.open(
-            self.path.with_name(self.path.name + ".lock"), os.O_RDWR | os.O_CREAT, 0o600
-        )
-        fcntl.flock(self._fd, fcntl.LOCK_EX)
+        self._lock = FileLock(self.path.with_name(self.path.name + ".lock"))
+        self._lock.acquire()
         try:
             loaded = json.loads(self.path.read_bytes())
             self.data = loaded if isinstance(loaded, dict) else {}
@@ -485,10 +484,9 @@ class _StateFile:
                     self.path, json.dumps(self.data, sort_keys=True).encode("utf-8"), durable=False
                 )
         finally:
-            if self._fd is not None:
-                fcntl.flock(self._fd, fcntl.LOCK_UN)
-                os.close(self._fd)
-                self._fd = None
+            if self._lock is not None:
+                self._lock.release()
+                self._lock = None
 
 
 def route_for_session(

@@ -13,7 +13,6 @@ the whole tree, so runaway spawning stops.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import os
 import time
@@ -365,29 +364,30 @@ class SessionLedger:
         """
         registry = self.root_dir / "descendants.jsonl"
         ensure_dir(self.root_dir)
-        fd = os.open(registry, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            size = os.fstat(fd).st_size
-            known = [ln for ln in os.pread(fd, size, 0).split(b"\n") if ln.strip()]
-            child_path = str(child.dir.resolve())
-            if any(_path_of(ln) == child_path for ln in known):
-                return
-            limit = self.policy.max_descendants
-            if len(known) >= limit:
-                raise SpawnLimitExceeded(
-                    f"root task {self.root_id} already has {len(known)} sub-agents "
-                    f"(max_descendants {limit}); finish with the agents you have or raise "
-                    "budgets.max_descendants"
-                )
-            entry = {"id": child.id, "path": child_path, "parent": self.id, "ts": self.clock()}
-            prefix = b"" if not size or os.pread(fd, 1, size - 1) == b"\n" else b"\n"
-            os.write(fd, prefix + json.dumps(entry, sort_keys=True).encode("utf-8") + b"\n")
-            os.fsync(fd)
-        finally:
-            with contextlib.suppress(OSError):
-                fcntl.flock(fd, fcntl.LOCK_UN)
-            os.close(fd)
+        from ctxrules.locks import FileLock
+
+        with FileLock(registry.with_name(registry.name + ".lock")):
+            fd = os.open(registry, os.O_RDWR | os.O_APPEND | os.O_CREAT
+                         | getattr(os, "O_NOFOLLOW", 0), 0o600)
+            try:
+                size = os.fstat(fd).st_size
+                known = [ln for ln in os.pread(fd, size, 0).split(b"\n") if ln.strip()]
+                child_path = str(child.dir.resolve())
+                if any(_path_of(ln) == child_path for ln in known):
+                    return
+                limit = self.policy.max_descendants
+                if len(known) >= limit:
+                    raise SpawnLimitExceeded(
+                        f"root task {self.root_id} already has {len(known)} sub-agents "
+                        f"(max_descendants {limit}); finish with the agents you have or raise "
+                        "budgets.max_descendants"
+                    )
+                entry = {"id": child.id, "path": child_path, "parent": self.id, "ts": self.clock()}
+                prefix = b"" if not size or os.pread(fd, 1, size - 1) == b"\n" else b"\n"
+                os.write(fd, prefix + json.dumps(entry, sort_keys=True).encode("utf-8") + b"\n")
+                os.fsync(fd)
+            finally:
+                os.close(fd)
         link = {
             "root_id": self.root_id,
             "root_dir": str(self.root_dir.resolve()),

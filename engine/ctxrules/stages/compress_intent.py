@@ -16,10 +16,14 @@ result of a matching call (the file's content after ``Read src/x.py``) and the c
 matching result. Failed calls and their results are protected too. A module ``a.b.c`` also
 matches the path ``a/b/c`` (``a/b/c.py``, ``a/b/c/__init__.py``).
 
-Protection is capped (``max_share`` of the usable window): matches are taken newest first and
-the first one over the cap ends the protection, so that a latest message naming many files
-cannot freeze the whole history. Every later stage except the
-emergency pass skips protected messages.
+What the latest ask names ranks first. The newest message that mentions each file or module of
+the latest real user message (with the other half of its tool call) is always protected, so
+what the user just asked about is never reduced, archived or removed while that ask is the
+latest; only the emergency pass may move it to the vault, leaving a pointer. Every other match
+is capped (``max_share`` of the usable window): matches of the ask's terms come first, then the
+incidental ones (the assistant's recent text, failed calls), each newest first, and the first
+match over the cap ends the protection, so that a latest message naming many files cannot freeze
+the whole history. Every later stage except the emergency pass skips protected messages.
 """
 
 from __future__ import annotations
@@ -113,22 +117,34 @@ class Intent:
     files: list[str] = field(default_factory=list)
     modules: list[str] = field(default_factory=list)
     failed_calls: list[str] = field(default_factory=list)
+    # The files and modules the latest real user message itself names (a subset of the above).
+    asked: list[str] = field(default_factory=list)
 
     def pattern(self) -> re.Pattern[str] | None:
         """One regex that finds any focus term (a module also as its path form)."""
-        terms = set(self.files) | set(self.modules)
-        terms |= {m.replace(".", "/") for m in self.modules}
-        if not terms:
-            return None
-        alternatives = "|".join(re.escape(t) for t in sorted(terms, key=len, reverse=True))
-        return re.compile(rf"(?<![\w-])(?:{alternatives})(?![\w-])")
+        return _terms_pattern(tuple(self.needles()))
 
     def needles(self) -> tuple[str, ...]:
         """The literal strings :meth:`pattern` looks for (a cheap prefilter)."""
         return (*self.files, *self.modules, *(m.replace(".", "/") for m in self.modules))
 
+    def asked_needles(self) -> dict[str, tuple[str, ...]]:
+        """Each asked term with the literal strings that find it (a module also as its path)."""
+        modules = set(self.modules)
+        return {t: (t, t.replace(".", "/")) if t in modules else (t,) for t in self.asked}
+
     def as_dict(self) -> dict[str, list[str]]:
-        return {"files": self.files, "modules": self.modules, "failed_calls": self.failed_calls}
+        return {"files": self.files, "modules": self.modules, "failed_calls": self.failed_calls,
+                "asked": self.asked}
+
+
+@lru_cache(maxsize=256)
+def _terms_pattern(terms: tuple[str, ...]) -> re.Pattern[str] | None:
+    # Remembered per term set: the same ask is matched again on every warm turn.
+    if not terms:
+        return None
+    alternatives = "|".join(re.escape(t) for t in sorted(set(terms), key=len, reverse=True))
+    return re.compile(rf"(?<![\w-])(?:{alternatives})(?![\w-])")
 
 
 def build_intent(messages: Sequence[Mapping[str, Any]], pack: Mapping[str, Any], *,
@@ -140,6 +156,8 @@ def build_intent(messages: Sequence[Mapping[str, Any]], pack: Mapping[str, Any],
     texts: list[str] = []
     if latest is not None:
         texts.append(message_text(messages[latest]))
+        asked_files, asked_modules = extract_terms(texts[0], limit=max_terms)
+        intent.asked = [*asked_files, *asked_modules]
     # The newest assistant messages, as many as either option looks at (newest first).
     wanted = max(history_steps, failed_steps, 1)
     assistants: list[int] = []
@@ -196,20 +214,27 @@ class IntentStage:
         intent = build_intent(messages, ctx.pack, history_steps=self.history_steps,
                               failed_steps=self.failed_steps, max_terms=self.max_terms)
         ctx.state["intent"] = intent.as_dict()
-        matched = sorted(self._matches(messages, intent), reverse=True)
-        pinned = pinned_indices(messages) if matched else frozenset()
+        hits, asked_of = self._matches(messages, intent)
+        # The ask's matches first, then the incidental ones; each newest first.
+        ranked = [*sorted(asked_of, reverse=True), *sorted(hits - asked_of.keys(), reverse=True)]
+        always = _newest_per_term(asked_of)
+        pinned = pinned_indices(messages) if ranked else frozenset()
         cap = int(self.max_share * ctx.budget.usable)
-        counts = dict(zip(matched, ctx.counter.count_each([messages[i] for i in matched]),
+        counts = dict(zip(ranked, ctx.counter.count_each([messages[i] for i in ranked]),
                           strict=True))
         used = 0
         protected: list[int] = []
         skipped = 0
-        # Newest first, and a prefix of the matches: the first one over the cap ends the
-        # protection. (Skipping it and protecting older, smaller ones would make protection
-        # depend on sizes that later stages change, and a run on its own output could then
-        # compress what the first run kept: invariant 4.)
-        for index in matched:
-            if index in pinned or id(messages[index]) in ctx.protected:
+        for index in sorted(always, reverse=True):
+            if index not in pinned and id(messages[index]) not in ctx.protected:
+                used += counts[index]
+                protected.append(index)
+        # A prefix of the ranked matches: the first one over the cap ends the protection.
+        # (Skipping it and protecting older, smaller ones would make protection depend on sizes
+        # that later stages change, and a run on its own output could then compress what the
+        # first run kept: invariant 4.)
+        for index in ranked:
+            if index in always or index in pinned or id(messages[index]) in ctx.protected:
                 continue
             if skipped or used + counts[index] > cap:
                 skipped += 1
@@ -222,20 +247,27 @@ class IntentStage:
             focus = ", ".join([*intent.files, *intent.modules][:12]) or "-"
             detail = (f"focus: {focus}; failed calls: {len(intent.failed_calls)}; protected "
                       f"{len(protected)} message(s), {used} tokens")
+            if always:
+                detail += f" ({len(always)} always, for what the latest ask names)"
             if skipped:
                 detail += f"; {skipped} more matched over the cap of {cap} tokens (max_share)"
             actions.append(Action("intent", detail))
         return StageOutcome(messages=list(messages), actions=actions)
 
     @staticmethod
-    def _matches(messages: Sequence[Mapping[str, Any]], intent: Intent) -> set[int]:
+    def _matches(messages: Sequence[Mapping[str, Any]],
+                 intent: Intent) -> tuple[set[int], dict[int, frozenset[str]]]:
+        """Every matching index, and for those that match what the latest ask names, which of
+        its terms they mention (a call's result shares its call's terms and the reverse)."""
         pattern = intent.pattern()
         failed = set(intent.failed_calls)
         if pattern is None and not failed:
-            return set()
+            return set(), {}
         # A plain substring test first (C speed); the regex only confirms the boundaries.
         needles = intent.needles()
+        asked = intent.asked_needles()
         hits: set[int] = set()
+        asked_of: dict[int, frozenset[str]] = {}
         for index, f in enumerate(shape(messages).facts):
             if f.injected:
                 continue
@@ -243,29 +275,65 @@ class IntentStage:
             cid = msg.get("tool_call_id")
             if msg.get("role") == "tool" and isinstance(cid, str) and cid in failed:
                 hits.add(index)
-                continue
             if pattern is None:
                 continue
             for text in (message_text(msg), _arguments_text(msg)):
                 if any(n in text for n in needles) and pattern.search(text):
                     hits.add(index)
-                    break
+                    terms = _asked_in(text, asked)
+                    if terms:
+                        asked_of[index] = asked_of.get(index, frozenset()) | terms
         if not hits:
-            return hits
+            return hits, asked_of
         pairing = pair_tool_calls(messages)
         # The other half of each matched call: a call's result, a result's call.
         for index in list(hits):
             key = pairing.call_of.get(index)
             if key is not None:
                 hits.add(key[0])
+                if index in asked_of:
+                    asked_of[key[0]] = asked_of.get(key[0], frozenset()) | asked_of[index]
             if messages[index].get("role") == "assistant":
                 calls = messages[index].get("tool_calls") or []
                 for pos in range(len(calls)):
                     result = pairing.result_of.get((index, pos))
-                    if result is not None and pattern is not None and pattern.search(
-                            _arguments_text({"tool_calls": [calls[pos]]})):
+                    if result is None or pattern is None:
+                        continue
+                    args = _arguments_text({"tool_calls": [calls[pos]]})
+                    if pattern.search(args):
                         hits.add(result)
-        return hits
+                        terms = _asked_in(args, asked)
+                        if terms:
+                            asked_of[result] = asked_of.get(result, frozenset()) | terms
+        return hits, asked_of
+
+
+def _asked_in(text: str, asked: Mapping[str, tuple[str, ...]]) -> frozenset[str]:
+    """The asked terms ``text`` mentions, on the same word boundaries as the focus pattern."""
+    found = set()
+    for term, forms in asked.items():
+        present = tuple(f for f in forms if f in text)
+        if present:
+            pattern = _terms_pattern(present)
+            if pattern is not None and pattern.search(text):
+                found.add(term)
+    return frozenset(found)
+
+
+def _newest_per_term(asked_of: Mapping[int, frozenset[str]]) -> set[int]:
+    """For each asked term, the newest message that mentions it, with the other half of its
+    tool call when that half mentions the term too (a read's call and its result)."""
+    newest: dict[str, int] = {}
+    for index in sorted(asked_of, reverse=True):
+        for term in asked_of[index]:
+            newest.setdefault(term, index)
+    keep = set(newest.values())
+    # A call and its result are adjacent halves of one step; keep both when both name the term.
+    for term, index in newest.items():
+        for other in (index - 1, index + 1):
+            if term in asked_of.get(other, frozenset()):
+                keep.add(other)
+    return keep
 
 
 STAGE_TYPE = StageType(

@@ -29,17 +29,18 @@ import hashlib
 import json
 import re
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from ctxrules.errors import CtxrulesError
 from ctxrules.hookspecs import hookimpl
 from ctxrules.messages import injected_kind, is_injected, is_real_user, message_text
-from ctxrules.redaction import redactor_for
+from ctxrules.redaction import Redactor, redactor_for
 from ctxrules.stages.base import Action, Message, StageOutcome, StageType
 from ctxrules.structure import pinned_indices
+from ctxrules.summarize.checkpoint import build_checkpoint
 from ctxrules.summarize.config import SummarizerConfig
 from ctxrules.summarize.llm import Completion
-from ctxrules.summarize.lock import CompactionBusy, CompactionLock
 from ctxrules.summarize.merge import merge_summaries
 from ctxrules.summarize.model import Summary, validate_summary
 from ctxrules.summarize.render import (
@@ -50,7 +51,7 @@ from ctxrules.summarize.render import (
     summary_message,
 )
 from ctxrules.summarize.span import SpanPlan, plan_span
-from ctxrules.summarize.summarizer import Summarizer
+from ctxrules.summarize.summarizer import Summarizer, SummarizeResult
 from ctxrules.toolroles import tool_roles
 from ctxrules.vault import VaultError, format_marker
 
@@ -65,6 +66,7 @@ KEEP_SUMMARIES = 8
 SUMMARY_ESTIMATE_CAP = 2048
 """Tokens a summary is assumed to take when choosing the span (at most ``max_output_tokens``)."""
 _MESSAGE_OVERHEAD = 200  # the tag, the marker, the note and a possible bridge turn
+_BRIDGE_ALLOWANCE = 40  # the marked bridge turns that may go around a real summary message
 _ID_ATTR = re.compile(r'<ctxrules:summary\b[^>]*\bid="([0-9a-f]{6,64})"')
 
 
@@ -109,6 +111,8 @@ class StructuredSummary:
         if plan is None or not plan.remove:
             notes = list(plan.notes) if plan is not None else ["nothing follows the protected head"]
             return StageOutcome(list(messages), warnings=[f"no compaction: {n}" for n in notes])
+        from ctxrules.summarize.lock import CompactionBusy, CompactionLock
+
         try:
             with CompactionLock(ctx.vault.root.parent):
                 return self._compact(messages, ctx, plan, config, current)
@@ -134,24 +138,14 @@ class StructuredSummary:
                 "backup", f"pre-compaction messages ({len(messages)}) stored", vault_id=backup_id
             )
         )
-        removed_at = plan.removed_indices
-        removed = [messages[i] for i in removed_at]
-        span_id = ctx.vault.put_text(json.dumps(removed, ensure_ascii=False))
-        marker = format_marker("message", len(removed), span_id)
-
         previous = self._previous(messages, plan, ctx.state)
-        # With the earlier summary known, its message is represented by it, not re-read.
-        span = [
-            m
-            for m in removed
-            if previous is None or injected_kind(m) not in (SUMMARY_KIND, BRIDGE_KIND)
-        ]
         user_texts = [message_text(m) for m in messages if is_real_user(m)]
+        roles = tool_roles(ctx.pack)
         summarizer = Summarizer(
             config,
             ctx.model,
             redactor=redactor,
-            roles=tool_roles(ctx.pack),
+            roles=roles,
             breaker_states=ctx.state.setdefault("breakers", {}),
             now=ctx.clock,
             count_for=_count_for(ctx),
@@ -159,13 +153,32 @@ class StructuredSummary:
             marker_exists=_exists(ctx),
         )
         result = summarizer.summarize(
-            span, user_messages=user_texts, previous=previous, first_index=plan.head_end
+            _span(messages, plan, previous),
+            user_messages=user_texts,
+            previous=previous,
+            first_index=plan.head_end,
         )
         actions.extend(Action("summarizer", a.describe()) for a in result.attempts)
         actions.extend(
             Action("breaker", f"{model}: {state}") for model, state in result.breakers.items()
         )
         warnings.extend(result.warnings)
+        # The span was chosen with an estimate of the summary's size; with the real one known,
+        # the newest units it took that are not needed to reach the target stay verbatim.
+        for _ in range(3):
+            draft = self._message(previous, result, redactor, plan, "")
+            smaller = _give_back(plan, ctx.count([draft]), ctx.budget.tokens_at(ctx.target))
+            if smaller is plan:
+                break
+            plan = smaller
+            if result.source == "checkpoint":  # a pure function of the span: rebuild it
+                checkpoint = build_checkpoint(
+                    _span(messages, plan, previous), user_messages=user_texts, roles=roles
+                )
+                result.summary = Summary.from_dict(redactor.redact_data(checkpoint.as_dict()))
+        removed_at = plan.removed_indices
+        removed = [messages[i] for i in removed_at]
+        span_id = ctx.vault.put_text(json.dumps(removed, ensure_ascii=False))
         if result.source == "checkpoint":
             actions.append(
                 Action("checkpoint", f"deterministic checkpoint used: {result.checkpoint_reason}")
@@ -174,7 +187,6 @@ class StructuredSummary:
                 f"the deterministic checkpoint replaced {len(removed)} messages: "
                 f"{result.checkpoint_reason}"
             )
-
         merged = merge_summaries(previous, result.summary)
         summary = Summary.from_dict(redactor.redact_data(merged.summary.as_dict()))
         problems = validate_summary(summary.as_dict())
@@ -192,7 +204,7 @@ class StructuredSummary:
 
         message = summary_message(
             summary,
-            marker=marker,
+            marker=format_marker("message", len(removed), span_id),
             source=result.source,
             removed=len(removed),
             model=result.model,
@@ -228,6 +240,28 @@ class StructuredSummary:
             ctx.clock,
         )
         return StageOutcome(out, actions, warnings=warnings)
+
+    @staticmethod
+    def _message(
+        previous: Summary | None,
+        result: SummarizeResult,
+        redactor: Redactor,
+        plan: SpanPlan,
+        span_id: str,
+    ) -> Message:
+        """The summary message as it would be injected (for its size; the vault id is a
+        placeholder of the same length)."""
+        merged = merge_summaries(previous, result.summary).summary
+        summary = Summary.from_dict(redactor.redact_data(merged.as_dict()))
+        ref = span_id or "0" * 64
+        return summary_message(
+            summary,
+            marker=format_marker("message", len(plan.removed_indices), ref),
+            source=result.source,
+            removed=len(plan.removed_indices),
+            model=result.model,
+            extra_meta={"ref": ref, "backup": ref},
+        )
 
     @staticmethod
     def _assemble(messages: Sequence[Message], plan: SpanPlan, message: Message) -> list[Message]:
@@ -289,6 +323,43 @@ class StructuredSummary:
             }
         )
         state["summaries"] = entries[-KEEP_SUMMARIES:]
+
+
+def _span(messages: Sequence[Message], plan: SpanPlan, previous: Summary | None) -> list[Message]:
+    """The messages the summary is written from: the removed ones, except an earlier summary
+    (and its bridges) when that summary is known and merged instead of re-read."""
+    return [
+        messages[i]
+        for i in plan.removed_indices
+        if previous is None or injected_kind(messages[i]) not in (SUMMARY_KIND, BRIDGE_KIND)
+    ]
+
+
+def _give_back(plan: SpanPlan, summary_tokens: int, target_tokens: int) -> SpanPlan:
+    """``plan`` without its newest removed units that the target does not need, now that the
+    summary's real size is known (``plan`` itself when none can stay). Units leave the span from
+    its newest end only, so the summary still replaces the oldest messages; earlier summaries and
+    bridges always stay in it (they are merged), and at least one real unit is still replaced."""
+    remove = list(plan.remove)
+    summary_tokens += _BRIDGE_ALLOWANCE
+    after = plan.estimate - plan.summary_estimate + summary_tokens
+    while len(remove) > 1 and remove[-1].kind in ("step", "message"):
+        unit = remove[-1]
+        if after + unit.tokens > target_tokens:
+            break
+        if not any(u.kind in ("step", "message") for u in remove[:-1]):
+            break
+        remove.pop()
+        after += unit.tokens
+    if len(remove) == len(plan.remove):
+        return plan
+    return replace(
+        plan,
+        remove=tuple(remove),
+        estimate=after,
+        reaches_target=after <= target_tokens,
+        summary_estimate=summary_tokens,
+    )
 
 
 def _fingerprint(msg: Mapping[str, Any]) -> str:

@@ -33,7 +33,6 @@ from ctxrules.summarize.llm import (
     TotalTimeout,
     stream_completion,
 )
-from ctxrules.summarize.lock import CompactionBusy, CompactionLock
 from ctxrules.summarize.merge import MergeResult, merge_summaries
 from ctxrules.summarize.model import FIELDS, Summary, summary_schema, validate_summary
 from ctxrules.summarize.render import parse_rendered, render_summary, summary_message
@@ -48,8 +47,6 @@ __all__ = [
     "CallFailed",
     "Candidate",
     "CircuitBreaker",
-    "CompactionBusy",
-    "CompactionLock",
     "InactivityTimeout",
     "MergeResult",
     "ProgressClock",
@@ -78,3 +75,12 @@ __all__ = [
     "title",
     "validate_summary",
 ]
+
+
+def __getattr__(name: str) -> object:
+    # The compaction lock is loaded on use: verbs that only read packs import no lock module.
+    if name in ("CompactionBusy", "CompactionLock"):
+        from ctxrules.summarize import lock
+
+        return getattr(lock, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

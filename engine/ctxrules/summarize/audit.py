@@ -1,18 +1,24 @@
 """``SummaryAuditor``: accept a summary only when it is valid, says something, and claims
 nothing the user did not ask.
 
-Checks, in order (the first failing one rejects the summary):
+A reply that is not a JSON object is rejected. Otherwise the audit keeps what it can, field by
+field, and every fix is a note of the result (the report shows them):
 
-1. **schema** — the object validates against ``summary.v1.schema.json`` (14 fields, strings,
-   ``blocked_items`` ≤ 3, ``next_steps`` ≤ 5, nothing else);
-2. **empty** — at least one of the 13 list fields holds an entry (a goal alone says nothing
-   about the compacted span);
-3. **goal grounding** — ``user_goal`` scores at least :data:`GOAL_THRESHOLD` (0.5) against the
-   *grounding source*: the newest real user message, plus — while that text holds fewer than
-   :data:`SOURCE_MIN_WORDS` distinct content words — the next older distinct real user
-   messages (so "yes, go ahead" is read with the request it answers);
-4. **claimed requests** — every ``pending_user_asks`` entry scores at least
-   :data:`ASK_THRESHOLD` (0.5) against some real user message.
+1. **coercion** — simple type slips are put right first (:func:`coerce_summary`: a string
+   where a list is expected, numbers as text, a missing list, a list over its limit);
+2. **schema, per field** — a list field that still does not validate against
+   ``summary.v1.schema.json`` is dropped alone (emptied), not the whole summary;
+3. **goal grounding** — ``user_goal`` must score at least :data:`GOAL_THRESHOLD` (0.5) against
+   the *grounding source*: the newest real user message, plus — while that text holds fewer
+   than :data:`SOURCE_MIN_WORDS` distinct content words — the next older distinct real user
+   messages (so "yes, go ahead" is read with the request it answers). A goal of the wrong form
+   (empty, not text) is replaced by the newest real user message, quoted; a well-formed goal
+   that is not grounded rejects the whole summary — it is about something the user did not ask
+   (another task, an injected instruction), so none of its fields can be trusted;
+4. **claimed requests** — a ``pending_user_asks`` entry that scores under
+   :data:`ASK_THRESHOLD` (0.5) against every real user message is dropped alone;
+5. **empty** — what is left must hold an entry in at least one of the 13 list fields (a goal
+   alone says nothing about the compacted span); else the summary is rejected.
 
 The score (:class:`ctxrules.summarize.grounding.GroundingSource`) is the weighted share of the
 claim's content words found in the best 80-word passage of the source, everyday words weighing
@@ -27,12 +33,13 @@ are replaced by ``[unresolved vault pointer]`` (a model may garble a pointer it 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from ctxrules.summarize.checkpoint import excerpt
 from ctxrules.summarize.grounding import GroundingSource, content_words
-from ctxrules.summarize.model import LIST_FIELDS, Summary, validate_summary
+from ctxrules.summarize.model import LIST_FIELDS, Summary, coerce_summary, field_problems
 from ctxrules.vault import MARKER_RE, parse_markers
 
 __all__ = [
@@ -111,31 +118,48 @@ class SummaryAuditor:
         self._marker_exists = marker_exists
 
     def audit(self, data: object) -> AuditResult:
-        errors = validate_summary(data)
-        if errors:
-            shown = errors[:5] + ([f"... and {len(errors) - 5} more"] if len(errors) > 5 else [])
-            return AuditResult(False, problems=tuple(f"schema: {e}" for e in shown))
-        assert isinstance(data, dict)  # validate_summary accepts mappings only
-        summary = Summary.from_dict(data)
-        if summary.items() == 0:
-            return AuditResult(False, problems=("empty: no list field holds an entry",))
-        notes: list[str] = []
+        if not isinstance(data, Mapping):
+            return AuditResult(
+                False, problems=(f"schema: expected a JSON object, got {type(data).__name__}",)
+            )
+        fixed, notes = coerce_summary(data)
+        problems = field_problems(fixed)
+        for name, problem in problems.items():
+            if name != "user_goal":
+                notes.append(f"dropped {name}: {problem}")
+                fixed[name] = []
+        if "user_goal" in problems:
+            # A goal of the wrong form (empty, an object) is a slip: the user's own words stand in.
+            problem = f"user_goal: {problems['user_goal']}"
+            if not self.user_messages:
+                return AuditResult(False, problems=(problem,), notes=tuple(notes))
+            fixed["user_goal"] = f"Latest user message: «{excerpt(self.user_messages[-1], 400)}»"
+            notes.append(f"{problem}; replaced by the newest user message")
+        elif self.user_messages:
+            # A well-formed goal that the user never asked for is no slip: the summary is about
+            # something else (another task, an injected instruction), and none of it is kept.
+            ungrounded = self._goal_problem(str(fixed["user_goal"]))
+            if ungrounded:
+                return AuditResult(False, problems=(ungrounded,), notes=tuple(notes))
+        summary = Summary.from_dict(fixed)
         if not self.user_messages:
             notes.append("no real user message to ground against: grounding skipped")
         else:
-            problem = self._goal_problem(summary.user_goal)
-            if problem:
-                return AuditResult(False, problems=(problem,))
+            asks = []
             for i, ask in enumerate(summary.pending_user_asks):
-                if not self._ask_grounded(ask):
-                    return AuditResult(
-                        False,
-                        problems=(
-                            f"pending_user_asks[{i}] claims a request no real user message "
-                            "contains: "
-                            f"{_short(ask)!r}",
-                        ),
+                if self._ask_grounded(ask):
+                    asks.append(ask)
+                else:
+                    notes.append(
+                        f"dropped pending_user_asks[{i}]: it claims a request no real user "
+                        f"message contains: {_short(ask)!r}"
                     )
+            if len(asks) != len(summary.pending_user_asks):
+                summary = replace(summary, pending_user_asks=tuple(asks))
+        if summary.items() == 0:
+            return AuditResult(
+                False, problems=("empty: no list field holds an entry",), notes=tuple(notes)
+            )
         return AuditResult(True, self._sanitize(summary, notes), notes=tuple(notes))
 
     def goal_score(self, goal: str) -> float:

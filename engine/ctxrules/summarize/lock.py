@@ -2,17 +2,20 @@
 
 ``Session.prepare`` already runs one at a time per session; this lock also covers code that
 compacts outside ``prepare`` (the Python API) and another process that opened the same session
-directory with a different engine. It is an ``flock`` on ``<session>/.compaction.lock``, taken
-without waiting: a compaction that finds it held is skipped (the context stays as it is, and the
-next turn tries again) rather than stacking a second summarization on top of the first.
+directory with a different engine. It is a :class:`ctxrules.locks.FileLock` on
+``<session>/.compaction.lock``, taken without waiting: a compaction that finds it held is
+skipped (the context stays as it is, and the next turn tries again) rather than stacking a
+second summarization on top of the first.
 """
 
 from __future__ import annotations
 
-import fcntl
-import os
 from pathlib import Path
 from types import TracebackType
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ctxrules.locks import FileLock
 
 __all__ = ["CompactionBusy", "CompactionLock"]
 
@@ -28,17 +31,18 @@ class CompactionLock:
 
     def __init__(self, session_dir: Path) -> None:
         self.path = Path(session_dir) / LOCK_NAME
-        self._fd: int | None = None
+        self._lock: FileLock | None = None
 
     def __enter__(self) -> CompactionLock:
-        self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        # Imported here: a pack that merely declares a summarizer loads this module.
+        from ctxrules.locks import FileLock, LockTimeout
+
+        lock = FileLock(self.path, timeout=0)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
+            lock.acquire()
+        except LockTimeout:
             raise CompactionBusy(f"another compaction of {self.path.parent} is running") from None
-        self._fd = fd
+        self._lock = lock
         return self
 
     def __exit__(
@@ -47,7 +51,6 @@ class CompactionLock:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        if self._fd is not None:
-            fcntl.flock(self._fd, fcntl.LOCK_UN)
-            os.close(self._fd)
-            self._fd = None
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None

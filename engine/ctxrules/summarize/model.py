@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from functools import cache
@@ -22,7 +23,9 @@ __all__ = [
     "LIST_FIELDS",
     "SCHEMA_NAME",
     "Summary",
+    "coerce_summary",
     "field_descriptions",
+    "field_problems",
     "list_limit",
     "summary_schema",
     "validate_summary",
@@ -119,6 +122,96 @@ def validate_summary(data: object) -> list[str]:
             message = message[:200] + "…"
         errors.append(f"{where}: {message}")
     return errors
+
+
+_BULLET = re.compile(r"^\s*(?:[-*•]|\d+[.)])\s+")
+
+
+def coerce_summary(data: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """``data`` with the simple type slips a model makes put right, and what was put right.
+
+    A string where a list of strings is expected becomes a list (one entry per bullet line when
+    it is a bulleted list, else one entry); numbers and booleans become strings; a missing or
+    null list is empty; blank entries are dropped; a list over its ``maxItems`` keeps its first
+    entries; an unknown key is dropped. Anything else (an object where a string is expected,
+    say) is left for :func:`field_problems` to report.
+    """
+    notes: list[str] = []
+    out: dict[str, Any] = {}
+    for key in data:
+        if key not in FIELDS:
+            notes.append(f"dropped the unknown field {str(key)[:60]!r}")
+    goal = data.get("user_goal")
+    if isinstance(goal, int | float) and not isinstance(goal, bool):
+        goal = str(goal)
+        notes.append("user_goal: a number, read as text")
+    elif isinstance(goal, list) and goal and all(isinstance(g, str) for g in goal):
+        goal = "; ".join(g.strip() for g in goal if g.strip())
+        notes.append("user_goal: a list, joined into one text")
+    out["user_goal"] = goal
+    for name in LIST_FIELDS:
+        value = data.get(name)
+        if value is None:
+            if name in data:
+                notes.append(f"{name}: null, read as an empty list")
+            else:
+                notes.append(f"{name}: missing, read as an empty list")
+            value = []
+        elif isinstance(value, str):
+            lines = [ln for ln in value.splitlines() if ln.strip()]
+            if len(lines) > 1 and all(_BULLET.match(ln) for ln in lines):
+                value = [_BULLET.sub("", ln).strip() for ln in lines]
+            else:
+                value = [value]
+            notes.append(f"{name}: a string, read as a list of {len(value)}")
+        elif isinstance(value, int | float | bool):
+            notes.append(f"{name}: a {type(value).__name__}, read as a list of one")
+            value = [str(value).lower() if isinstance(value, bool) else str(value)]
+        if isinstance(value, list):
+            items = []
+            for item in value:
+                if isinstance(item, bool):
+                    item = str(item).lower()
+                elif isinstance(item, int | float):
+                    item = str(item)
+                if isinstance(item, str) and not item.strip():
+                    continue
+                items.append(item)
+            if len(items) != len(value):
+                notes.append(f"{name}: entries that were not text were read as text or dropped")
+            limit = list_limit(name)
+            if limit is not None and len(items) > limit:
+                notes.append(f"{name}: kept the first {limit} of {len(items)} entries")
+                items = items[:limit]
+            value = items
+        out[name] = value
+    return out, notes
+
+
+@cache
+def _field_validators() -> dict[str, Any]:
+    import jsonschema
+
+    schema = summary_schema()
+    return {
+        name: jsonschema.Draft202012Validator({**prop, "$defs": schema.get("$defs", {})})
+        for name, prop in schema["properties"].items()
+    }
+
+
+def field_problems(data: Mapping[str, Any]) -> dict[str, str]:
+    """For each field of ``data`` that does not validate on its own, the first problem."""
+    problems: dict[str, str] = {}
+    for name, validator in _field_validators().items():
+        if name not in data:
+            problems[name] = "missing"
+            continue
+        error = next(iter(validator.iter_errors(data[name])), None)
+        if error is not None:
+            where = "/".join(str(p) for p in error.absolute_path)
+            message = error.message if len(error.message) <= 200 else error.message[:200] + "…"
+            problems[name] = f"{where + ': ' if where else ''}{message}"
+    return problems
 
 
 def list_limit(name: str) -> int | None:

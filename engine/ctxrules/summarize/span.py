@@ -59,6 +59,7 @@ class SpanPlan:
     reaches_target: bool
     tail_start: int
     notes: tuple[str, ...] = field(default_factory=tuple)
+    summary_estimate: int = 0  # the summary's size that ``estimate`` assumes
 
     @property
     def removed_indices(self) -> list[int]:
@@ -179,4 +180,11 @@ def plan_span(
                 f"is expected to take ({summary_estimate})",
             ),
         )
-    return SpanPlan(head_end, tuple(remove), estimate, estimate <= target_tokens, tail_start)
+    return SpanPlan(
+        head_end,
+        tuple(remove),
+        estimate,
+        estimate <= target_tokens,
+        tail_start,
+        summary_estimate=summary_estimate,
+    )

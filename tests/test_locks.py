@@ -1,0 +1,143 @@
+"""ctxrules.locks: one portable lock (filelock) for every writer of shared state.
+
+Exclusion across threads and processes, timeouts, a planted symbolic link refused, no ``fcntl``
+left in the package, and the read-only verbs importing no lock module at all.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from ctxrules.locks import FileLock, LockError, LockTimeout
+
+ROOT = Path(__file__).resolve().parents[1]
+ENGINE = ROOT / "engine"
+LOCK_MODULES = ("ctxrules.locks", "filelock", "ctxrules.summarize.lock")
+
+# Runs the real CLI entry point in this interpreter and, at exit, writes which lock modules
+# the run loaded to the file named first (stdout belongs to the command).
+_WRAPPER = (
+    "import atexit, json, sys\n"
+    "out = sys.argv.pop(1)\n"
+    f"mods = {LOCK_MODULES!r}\n"
+    "atexit.register(lambda: open(out, 'w').write(json.dumps([m for m in mods if m in sys.modules])))\n"
+    "from ctxrules.cli.main import main\n"
+    "sys.argv[0] = 'ctxrules'\n"
+    "main()\n"
+)
+
+
+def _cli(tmp_path: Path, *argv: str) -> tuple[subprocess.CompletedProcess[str], list[str]]:
+    record = tmp_path / "modules.json"
+    env = {**os.environ, "PYTHONPATH": str(ENGINE), "CTXRULES_STATE": str(tmp_path / "state")}
+    proc = subprocess.run([sys.executable, "-c", _WRAPPER, str(record), *argv], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=600)
+    return proc, json.loads(record.read_text())
+
+
+@pytest.mark.parametrize("argv", [
+    ("validate", "rules/"),
+    ("explain", "rules/default.yaml"),
+    ("assemble", "--pack", "builtin:default", "--mode", "full", "--model", "gpt-4o"),
+    ("test", "rules/"),
+])
+def test_read_only_verbs_import_no_lock_module(tmp_path: Path, argv: tuple[str, ...]) -> None:
+    proc, loaded = _cli(tmp_path, *argv)
+    assert proc.returncode == 0, proc.stderr
+    assert loaded == []
+
+
+def test_run_does_use_the_lock_module(tmp_path: Path) -> None:
+    """The check above can fail: a verb that writes a session does load it."""
+    inp = tmp_path / "in.json"
+    inp.write_text(json.dumps([{"role": "user", "content": "hello"}]))
+    proc, loaded = _cli(tmp_path, "run", "--pack", "builtin:default", "--model", "gpt-4o",
+                        "--input", str(inp))
+    assert proc.returncode == 0, proc.stderr
+    assert "ctxrules.locks" in loaded and "filelock" in loaded
+    assert (tmp_path / "state" / "default" / ".lock").is_file()
+
+
+def test_no_module_of_the_package_uses_fcntl() -> None:
+    """fcntl does not exist on Windows: the package locks through ctxrules.locks only."""
+    offenders = [str(p.relative_to(ENGINE)) for p in (ENGINE / "ctxrules").rglob("*.py")
+                 if "import fcntl" in p.read_text(encoding="utf-8")]
+    assert offenders == []
+
+
+def test_threads_exclude_one_another_through_one_lock_object(tmp_path: Path) -> None:
+    lock = FileLock(tmp_path / "x.lock")
+    inside: list[int] = []
+    overlaps: list[int] = []
+
+    def work(n: int) -> None:
+        for _ in range(20):
+            with lock:
+                if inside:
+                    overlaps.append(n)
+                inside.append(n)
+                time.sleep(0.001)
+                inside.pop()
+
+    threads = [threading.Thread(target=work, args=(n,)) for n in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert overlaps == [] and not any(t.is_alive() for t in threads)
+
+
+def test_another_process_holding_the_lock_times_out(tmp_path: Path) -> None:
+    path = tmp_path / "s" / ".lock"
+    holder = subprocess.Popen(
+        [sys.executable, "-c",
+         "import sys, time; from ctxrules.locks import FileLock\n"
+         "with FileLock(sys.argv[1]):\n    print('held', flush=True); time.sleep(30)\n", str(path)],
+        env={**os.environ, "PYTHONPATH": str(ENGINE)}, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+        t = time.monotonic()
+        with pytest.raises(LockTimeout, match="held by another process"):
+            FileLock(path, timeout=0.3).acquire()
+        assert time.monotonic() - t >= 0.25
+        with pytest.raises(LockTimeout):
+            FileLock(path, timeout=0).acquire()
+    finally:
+        holder.kill()
+        holder.communicate()
+    with FileLock(path, timeout=5):  # released when the holder died
+        pass
+    assert oct(path.stat().st_mode & 0o777) == "0o600"
+    assert oct(path.parent.stat().st_mode & 0o777) == "0o700"
+
+
+def test_a_symlinked_lock_file_is_refused_and_its_target_untouched(tmp_path: Path) -> None:
+    target = tmp_path / "elsewhere"
+    (tmp_path / "s").mkdir()
+    (tmp_path / "s" / ".lock").symlink_to(target)
+    with pytest.raises(LockError, match="symbolic link"):
+        FileLock(tmp_path / "s" / ".lock").acquire()
+    assert not target.exists()
+
+
+def test_run_refuses_a_session_whose_lock_is_a_symlink(tmp_path: Path) -> None:
+    target = tmp_path / "victim.txt"
+    target.write_text("precious\n")
+    session = tmp_path / "state" / "default"
+    session.mkdir(parents=True)
+    (session / ".lock").symlink_to(target)
+    inp = tmp_path / "in.json"
+    inp.write_text(json.dumps([{"role": "user", "content": "hello"}]))
+    proc, _ = _cli(tmp_path, "run", "--pack", "builtin:default", "--model", "gpt-4o",
+                   "--input", str(inp))
+    assert proc.returncode == 2
+    assert "symbolic link" in proc.stderr and "internal error" not in proc.stderr
+    assert target.read_text() == "precious\n"
