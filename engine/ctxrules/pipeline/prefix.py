@@ -14,9 +14,14 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ctxrules.messages import message_digest
+from ctxrules.messages import clone_json, message_digest
+
+if TYPE_CHECKING:
+    from ctxrules.session_store import SessionStore
+    from ctxrules.tokens import TokenCounter
+    from ctxrules.types import Message
 
 
 class HistoryChain:
@@ -45,3 +50,68 @@ class HistoryChain:
     @property
     def value(self) -> str:
         return self._hash.hexdigest()
+
+
+class PrefixCache:
+    """What a session's last ``prepare`` saw and returned, so that a history that only appends
+    runs the pipeline on the last output plus the new messages.
+
+    ``history`` is the session's own copy of the last history (sharing leaf strings with what
+    the caller passed), ``output`` the pipeline's output for it, ``chain`` its
+    :class:`HistoryChain`; ``msgs_sum`` and ``out_tokens`` are the token counts of the history's
+    messages and of the output (with ``tools``), ``has_system`` whether the history holds a
+    system message. They let a warm turn count only the appended messages.
+    """
+
+    def __init__(self) -> None:
+        self.history: list[Message] | None = None
+        self.output: list[Message] | None = None
+        self.chain = HistoryChain()
+        self.msgs_sum = 0
+        self.out_tokens: int | None = None
+        self.tools: list[dict[str, Any]] = []
+        self.has_system = False
+
+    def clear(self) -> None:
+        """Forget the last history and output (a model switch or a pack reload)."""
+        self.history = self.output = None
+
+    def match(self, history: list[Message], state: Mapping[str, Any], store: SessionStore,
+              counter: TokenCounter) -> tuple[int, list[Message], HistoryChain]:
+        """(messages reused, the previous output, the chain of the reused history) when
+        ``history`` extends the last one; (0, [], empty chain) otherwise. Without a copy in
+        memory (another process prepared last), the chain stored in ``state`` is compared and
+        the output is read back from ``store``."""
+        last = self.history
+        if last is not None and self.output is not None:
+            # Our copies share leaf strings with what the caller passed, so `==` mostly meets
+            # identical objects and stays cheap; a message edited in place compares unequal.
+            n = len(last)
+            if n <= len(history) and last == history[:n]:
+                return n, self.output, self.chain
+            return 0, [], HistoryChain()
+        record = state.get("last") or {}
+        count = record.get("count")
+        value = record.get("chain")
+        if not isinstance(count, int) or not isinstance(value, str) or not 0 < count <= len(history):
+            return 0, [], HistoryChain()
+        chain = HistoryChain().extended(history[:count])
+        if chain.value != value:
+            return 0, [], HistoryChain()
+        output = store.load_output(int(record.get("output_count", -1)), record.get("output_file"))
+        if output is None:
+            return 0, [], HistoryChain()
+        self.history = [clone_json(m) for m in history[:count]]
+        self.msgs_sum = sum(counter.count_each(history[:count]))
+        self.has_system = any(m.get("role") == "system" for m in history[:count])
+        self.out_tokens = None
+        return count, output, chain
+
+    def remember(self, history: list[Message], reused: int, output: list[Message], chain: HistoryChain, *,
+                 msgs_sum: int, out_tokens: int, tools: list[dict[str, Any]]) -> None:
+        """Keep ``history`` (its first ``reused`` messages are the copy held already) and the
+        pipeline's ``output`` for the next turn."""
+        self.msgs_sum, self.out_tokens, self.tools = msgs_sum, out_tokens, tools
+        kept = self.history[:reused] if reused and self.history else []
+        self.history = [*kept, *(clone_json(m) for m in history[reused:])]
+        self.output, self.chain = output, chain
