@@ -33,6 +33,7 @@ from ctxrules.stages.base import Action, StageOutcome, StageType
 from ctxrules.stages.compress_common import Edit, View, apply_edits
 from ctxrules.stages.compress_remove import apply_removal, plan_removal
 from ctxrules.stages.compress_truncate import TRUNCATE_OPTIONS, TruncateSettings
+from ctxrules.types import THRESHOLD_NAMES
 
 if TYPE_CHECKING:
     from ctxrules.pipeline.context import StageContext
@@ -126,7 +127,7 @@ STAGE_TYPE = StageType(
                 "description": "Stop as soon as utilization is below this tier. Default: full "
                                "(protection is broken only as far as needed, with room left "
                                "so the next turn does not re-trigger the pass).",
-                "enum": ["monitor", "light", "full", "emergency"], "default": "full",
+                "enum": list(THRESHOLD_NAMES), "default": "full",
             },
             **TRUNCATE_OPTIONS,
         },

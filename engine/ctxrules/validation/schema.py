@@ -30,6 +30,17 @@ def rulepack_schema() -> dict[str, Any]:
 
 
 @cache
+def context_defaults() -> dict[str, Any]:
+    """The default of every ``context:`` key, as the pack schema declares it (``default:``):
+    the one place they are written. ``thresholds`` maps each tier to its default; a key
+    without a declared default (``safety_margin``: the tokenizer's) is absent."""
+    props = rulepack_schema()["properties"]["context"]["properties"]
+    out: dict[str, Any] = {k: v["default"] for k, v in props.items() if "default" in v}
+    out["thresholds"] = {k: v["default"] for k, v in props["thresholds"]["properties"].items()}
+    return out
+
+
+@cache
 def _validator() -> Any:
     import jsonschema
 
