@@ -49,3 +49,27 @@ def test_stage_tier_options_offer_exactly_the_threshold_tiers() -> None:
             enum = spec.get("enum") if isinstance(spec, dict) else None
             if enum and set(enum) & set(THRESHOLD_NAMES):
                 assert enum == list(THRESHOLD_NAMES), (name, key)
+
+
+# Options whose absence means "none" (no cap, nothing ignored, every block, no extra patterns).
+_NO_DEFAULT = {("context", "max_matches"), ("collapse_repeats", "ignore"), ("limit_blocks", "only"),
+               ("collapse_progress", "patterns")}
+
+
+def test_compressor_action_options_declare_their_defaults_in_their_schema() -> None:
+    missing = []
+    for name, action in sorted(default_registry().actions.items()):
+        schema = action.options_schema
+        required = set(schema.get("required", []))
+        for key, spec in schema.get("properties", {}).items():
+            if key not in required and "default" not in spec and (name, key) not in _NO_DEFAULT:
+                missing.append(f"{name}.{key}")
+    assert missing == []
+
+
+def test_an_action_gets_its_schema_defaults_filled_in() -> None:
+    action = default_registry().actions["squeeze_blank"]
+    out = action.configure({})(["a  ", "", "", "", "b"])  # max_run 1, rstrip true by default
+    assert [str(line) for line in out] == ["a", "", "b"]
+    assert [str(line) for line in action.configure({"max_run": 2, "rstrip": False})(["a  ", "", "", "", "b"])] == [
+        "a  ", "", "", "b"]

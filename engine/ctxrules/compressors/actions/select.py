@@ -29,12 +29,12 @@ class Context:
 
     def __init__(self, options: Mapping[str, Any]) -> None:
         self.matcher = compile_all(options["patterns"])
-        self.before = int(options.get("before", 2))
-        self.after = int(options.get("after", 2))
-        self.head = int(options.get("head", 0))
-        self.tail = int(options.get("tail", 0))
-        self.max_matches: int | None = options.get("max_matches")
-        self.if_none = str(options.get("if_none", "keep"))
+        self.before = int(options["before"])
+        self.after = int(options["after"])
+        self.head = int(options["head"])
+        self.tail = int(options["tail"])
+        self.max_matches: int | None = options.get("max_matches")  # no default: all matches
+        self.if_none = str(options["if_none"])
 
     def __call__(self, lines: Lines) -> list[str]:
         matcher = self.matcher
@@ -86,9 +86,9 @@ class MaxLines:
 
     def __init__(self, options: Mapping[str, Any]) -> None:
         self.max = int(options["max"])
-        patterns = options.get("protect", [FAILURE_PATTERN])
+        patterns = options["protect"]
         self.protect = [re.compile(p) for p in patterns]
-        self.head_share = float(options.get("head_share", 0.5))
+        self.head_share = float(options["head_share"])
 
     def __call__(self, lines: Lines) -> list[str]:
         n = len(lines)
@@ -141,8 +141,8 @@ class LimitBlocks:
     def __init__(self, options: Mapping[str, Any]) -> None:
         self.start = re.compile(options["start"])
         self.max = int(options["max"])
-        self.tail = min(int(options.get("tail", 0)), self.max - 1)
-        self.protect = compile_all(options.get("protect", []))
+        self.tail = min(int(options["tail"]), self.max - 1)
+        self.protect = compile_all(options["protect"])
         only = options.get("only")
         self.only = re.compile(only) if only else None
 
@@ -182,7 +182,7 @@ class ShortCircuit:
 
     def __init__(self, options: Mapping[str, Any]) -> None:
         self.when = re.compile(options["when"], re.MULTILINE)
-        self.unless = compile_all(options.get("unless", [FAILURE_PATTERN]))
+        self.unless = compile_all(options["unless"])
         self.message = str(options["message"])
         known = set(self.when.groupindex)
         for name in re.findall(r"\{([^{}:!]*)", self.message):
@@ -220,11 +220,11 @@ ACTIONS: list[ActionSpec] = [
             {
                 "patterns": _PATTERNS,
                 "before": count(
-                    "Lines before", "Context lines kept before each match (default 2)."
+                    "Lines before", "Context lines kept before each match (default 2).", default=2
                 ),
-                "after": count("Lines after", "Context lines kept after each match (default 2)."),
-                "head": count("Head", "Also keep this many first lines (default 0)."),
-                "tail": count("Tail", "Also keep this many last lines (default 0)."),
+                "after": count("Lines after", "Context lines kept after each match (default 2).", default=2),
+                "head": count("Head", "Also keep this many first lines (default 0).", default=0),
+                "tail": count("Tail", "Also keep this many last lines (default 0).", default=0),
                 "max_matches": count(
                     "Most matches",
                     "Keep context around at most this many matches (the first ones; default all).",
@@ -235,6 +235,7 @@ ACTIONS: list[ActionSpec] = [
                     "title": "If nothing matches",
                     "description": "keep: leave the output as it is (default); drop: keep only "
                     "head and tail.",
+                    "default": "keep",
                 },
             },
             ["patterns"],
@@ -266,6 +267,7 @@ ACTIONS: list[ActionSpec] = [
                     "description": "Lines matching these are kept first, up to half the "
                     "budget, the first pattern's lines before the second's (default: a generic "
                     "failure pattern; [] for none).",
+                    "default": [FAILURE_PATTERN],
                 },
                 "head_share": {
                     "type": "number",
@@ -274,6 +276,7 @@ ACTIONS: list[ActionSpec] = [
                     "title": "Head share",
                     "description": "Share of the remaining budget given to the first lines; "
                     "the tail gets the rest (default 0.5).",
+                    "default": 0.5,
                 },
             },
             ["max"],
@@ -290,14 +293,15 @@ ACTIONS: list[ActionSpec] = [
                 ),
                 "max": count("Most lines", "Lines kept per block.", 1),
                 "tail": count(
-                    "Tail", "Of those, how many come from the end of the block (default 0)."
+                    "Tail", "Of those, how many come from the end of the block (default 0).", default=0
                 ),
                 "protect": {
                     "type": "array",
                     "items": {"type": "string", "format": "regex", "minLength": 1},
                     "title": "Protect",
                     "description": "Lines of a block matching these are kept "
-                    "beyond the cap (e.g. hunk headers).",
+                    "beyond the cap (e.g. hunk headers; default none).",
+                    "default": [],
                 },
                 "only": regex(
                     "Only",
@@ -324,6 +328,7 @@ ACTIONS: list[ActionSpec] = [
                     "title": "Unless",
                     "description": "Do nothing when any line matches one of "
                     "these (default: a generic failure pattern).",
+                    "default": [FAILURE_PATTERN],
                 },
                 "message": {
                     "type": "string",

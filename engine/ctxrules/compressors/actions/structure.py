@@ -28,10 +28,10 @@ class Group:
             raise ValueError(
                 "the pattern needs a named group 'key', e.g. (?P<key>[^:]+):(?P<rest>.*)"
             )
-        self.header = str(options.get("header", "{key}"))
+        self.header = str(options["header"])
         self.header.format(key="")
-        self.indent = str(options.get("indent", "  "))
-        self.min_size = int(options.get("min_size", 2))
+        self.indent = str(options["indent"])
+        self.min_size = int(options["min_size"])
 
     def _rest(self, line: str, found: re.Match[str]) -> str:
         if "rest" in self.pattern.groupindex and found.group("rest") is not None:
@@ -84,8 +84,8 @@ class JsonCompact:
     """
 
     def __init__(self, options: Mapping[str, Any]) -> None:
-        self.ndjson = bool(options.get("ndjson", True))
-        self.min_lines = int(options.get("min_lines", 2))
+        self.ndjson = bool(options["ndjson"])
+        self.min_lines = int(options["min_lines"])
 
     def __call__(self, lines: Lines) -> list[str]:
         if len(lines) >= self.min_lines and all(isinstance(line, Line) for line in lines):
@@ -139,16 +139,19 @@ ACTIONS: list[ActionSpec] = [
                     "title": "Header",
                     "description": "The header line of a group; {key} inserts the key "
                     "(default '{key}').",
+                    "default": "{key}",
                 },
                 "indent": {
                     "type": "string",
                     "title": "Indent",
                     "description": "Written before each grouped line (default two spaces).",
+                    "default": "  ",
                 },
                 "min_size": count(
                     "Smallest group",
                     "Groups with fewer lines are left as they were (default 2).",
                     1,
+                    2,
                 ),
             },
             ["pattern"],
@@ -165,12 +168,14 @@ ACTIONS: list[ActionSpec] = [
                     "title": "NDJSON",
                     "description": "Also compact each line that is a JSON document on its own "
                     "(default true).",
+                    "default": True,
                 },
                 "min_lines": count(
                     "Fewest lines",
                     "Compact a whole JSON document only when it spans at "
                     "least this many lines (default 2).",
                     1,
+                    2,
                 ),
             }
         ),
