@@ -323,6 +323,37 @@ class Session:
         """Record files the agent changed, for ``reread.recent_files``; returns them absolute."""
         return FileTracker(self.path).touch(*paths)
 
+    # --- recall: the agent reads back what was moved out (ctxrules.recall) ---------------
+
+    def recall_tool(self, format: str = "openai") -> dict[str, Any]:
+        """The recall tool's definition (``openai`` or ``anthropic`` tools format), worded by
+        the pack's ``recall:``. Offer it from the first call on: the tools layer of the cached
+        prefix then never changes mid-session."""
+        from ctxrules.recall import RecallSettings, tool_definition
+
+        return tool_definition(RecallSettings.from_pack(self.engine.pack.data), format)
+
+    def recall(self, arguments: Any) -> str:
+        """The answer to one recall call (``{"id": ..., "lines": "A:B"}``, or its JSON string):
+        the exact original lines of an item this session's markers reference, paged within
+        ``recall.budget_tokens``. Raises ``RecallError`` (a ``CtxrulesError``) for a call it
+        cannot answer."""
+        from ctxrules.recall import RecallSettings, answer_recall, referenced_ids
+
+        allowed = referenced_ids(self.last_output(), self.vault)
+        return answer_recall(arguments, vault=self.vault, allowed=allowed,
+                             count=self.counter.count_text,
+                             settings=RecallSettings.from_pack(self.engine.pack.data))
+
+    def last_output(self) -> list[Message]:
+        """What the last ``prepare`` of this session returned (read back from the session
+        directory in a new process; empty when there is none)."""
+        if self._prefix.output is not None:
+            return list(self._prefix.output)
+        record = self.store.load().get("last") or {}
+        output = self.store.load_output(int(record.get("output_count", -1)), record.get("output_file"))
+        return output or []
+
     def fingerprint_parts(self) -> dict[str, str]:
         """Everything that shapes the output of ``prepare``."""
         return dict(self._fingerprint()[0])

@@ -23,6 +23,9 @@ from typing import TYPE_CHECKING, Any
 
 from ctxrules.errors import CtxrulesError
 
+if TYPE_CHECKING:
+    from ctxrules.locks import FileLock
+
 DEFAULT_STATE_ROOT = ".ctxrules"
 """Where sessions and the day and goal ledgers live when nothing else is said."""
 
@@ -31,9 +34,6 @@ def state_root_from_env() -> Path:
     """The state root: ``CTXRULES_STATE`` when set, else :data:`DEFAULT_STATE_ROOT`."""
     return Path(os.environ.get("CTXRULES_STATE", DEFAULT_STATE_ROOT))
 
-
-if TYPE_CHECKING:
-    from ctxrules.locks import FileLock
 
 STATE_VERSION = 1
 

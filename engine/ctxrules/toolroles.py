@@ -83,11 +83,20 @@ def _role_of(roles: ToolRoles, name: str) -> str | None:
     return None
 
 
+RECALL_TOOL = "ctxrules_recall"
+"""The recall tool's name when the pack's ``recall.name`` does not set one."""
+
+
 def tool_roles(pack: Mapping[str, Any]) -> ToolRoles:
-    """Compile ``pack['tools']`` (validated already: patterns compile)."""
+    """Compile ``pack['tools']`` (validated already: patterns compile). The recall tool
+    (``recall.name``) always has the ``file_read`` role: a recalled output is never reduced."""
     tools = pack.get("tools") or {}
-    roles = tools.get("roles") or {}
-    return _compile(tuple(sorted((k, tuple(v)) for k, v in roles.items())), tuple(tools.get("exit_code") or ()))
+    roles = {k: tuple(v) for k, v in (tools.get("roles") or {}).items()}
+    recall = pack.get("recall") or {}
+    name = str(recall.get("name", RECALL_TOOL)) if isinstance(recall, Mapping) else RECALL_TOOL
+    if name not in roles.get("file_read", ()):
+        roles["file_read"] = (*roles.get("file_read", ()), name)
+    return _compile(tuple(sorted(roles.items())), tuple(tools.get("exit_code") or ()))
 
 
 @lru_cache(maxsize=64)

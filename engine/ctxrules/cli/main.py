@@ -30,6 +30,7 @@ VERBS: dict[str, str] = {
     "report": "ctxrules.cli.report",
     "sessions": "ctxrules.cli.sessions",
     "usage": "ctxrules.cli.usage",
+    "mcp": "ctxrules.cli.mcp",
 }
 
 

@@ -1,0 +1,186 @@
+"""A LangChain v1 agent middleware that runs ``Session.prepare`` before every model call.
+
+::
+
+    from langchain.agents import create_agent
+    from ctxrules.integrations.langchain import CtxrulesMiddleware
+
+    agent = create_agent(model, tools=tools, middleware=[CtxrulesMiddleware(model="gpt-4o")])
+    agent.invoke({"messages": [...]}, {"configurable": {"thread_id": "run-42"}})
+
+The middleware works in ``wrap_model_call`` / ``awrap_model_call``: the graph state keeps the
+full history, and only the model sees the prepared one. The session is the run's ``thread_id``
+(used as it is when it matches ``[A-Za-z0-9._-]{1,128}``, else its sha256), a directory under
+the state root. Messages no stage changed reach the model as the original LangChain objects; the
+rest are converted with ``langchain_core``'s converters. The system prompt
+(``request.system_message``) goes through ``prepare`` as the leading system message, so it counts
+and stays pinned. With ``recall=True`` (the default) the middleware also gives the agent the
+recall tool (``session.recall``), from the first call on, so the tools layer of the cached
+prefix never changes mid-session. The pack decides everything else. Needs ``ctxrules[langchain]``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from ctxrules.integrations import session_name
+
+try:
+    from langchain.agents.middleware import AgentMiddleware
+    from langchain_core.messages import (
+        BaseMessage,
+        SystemMessage,
+        convert_to_messages,
+        convert_to_openai_messages,
+    )
+    from langchain_core.tools import StructuredTool, ToolException
+except ImportError as exc:  # pragma: no cover - only without the extra
+    raise ImportError('the LangChain middleware needs LangChain v1: pip install "ctxrules[langchain]"') from exc
+
+__all__ = ["CtxrulesMiddleware"]
+
+DEFAULT_SESSION = "default"
+
+
+def _thread_id(request: Any) -> str | None:
+    info = getattr(getattr(request, "runtime", None), "execution_info", None)
+    thread = getattr(info, "thread_id", None)
+    if thread:
+        return str(thread)
+    return _config_thread_id()
+
+
+def _config_thread_id() -> str | None:
+    try:
+        from langgraph.config import get_config
+
+        config = get_config()
+    except (ImportError, RuntimeError):
+        return None
+    thread = (config.get("configurable") or {}).get("thread_id")
+    return str(thread) if thread else None
+
+
+def _tool_dict(tool: Any) -> dict[str, Any] | None:
+    """An OpenAI tool definition of a LangChain tool (for counting its tokens)."""
+    if isinstance(tool, dict):
+        return tool
+    try:
+        from langchain_core.utils.function_calling import convert_to_openai_tool
+
+        return convert_to_openai_tool(tool)
+    except Exception:  # a tool LangChain itself cannot describe is not ours to count
+        return None
+
+
+class CtxrulesMiddleware(AgentMiddleware):
+    """``prepare`` before every model call of a LangChain v1 agent (see the module docstring).
+
+    :param pack: the rule pack (a path or ``builtin:NAME``).
+    :param model: the model name ctxrules counts and sizes the window for (the LangChain model
+        object does not say it reliably).
+    :param state: the state root; each thread is a session directory under it.
+    :param window: override the model's window.
+    :param session_id: the session to use when a run has no ``thread_id``.
+    :param recall: give the agent the recall tool and answer its calls.
+    """
+
+    def __init__(self, pack: str | Path = "builtin:default", *, model: str,
+                 state: str | Path = ".ctxrules", window: int | None = None,
+                 session_id: str = DEFAULT_SESSION, recall: bool = True) -> None:
+        super().__init__()
+        from ctxrules.engine import Engine
+
+        self.engine = Engine.load(pack)
+        self.model_name = model
+        self.state = Path(state)
+        self.window = window
+        self.default_session = session_name(session_id)
+        self._sessions: dict[str, Any] = {}
+        self._lock = threading.Lock()
+        self.tools = [self._recall_tool()] if recall else []
+
+    # --- sessions ----------------------------------------------------------------------------
+
+    def session_for(self, thread_id: str | None) -> Any:
+        """The ctxrules session of a thread (opened once per middleware and thread)."""
+        name = session_name(thread_id) if thread_id else self.default_session
+        with self._lock:
+            session = self._sessions.get(name)
+            if session is None:
+                session = self.engine.session(self.state / name, model=self.model_name,
+                                              window=self.window, state_root=self.state)
+                self._sessions[name] = session
+            return session
+
+    # --- the model call ----------------------------------------------------------------------
+
+    def _prepare(self, request: Any) -> Any:
+        session = self.session_for(_thread_id(request))
+        originals: dict[int, BaseMessage] = {}
+        by_call: dict[str, BaseMessage] = {}
+        history: list[dict[str, Any]] = []
+        system = request.system_message
+        system_dict: dict[str, Any] | None = None
+        if system is not None:
+            system_dict = convert_to_openai_messages(system)
+            history.append(system_dict)
+        for message in request.messages:
+            converted = convert_to_openai_messages(message)
+            originals[id(converted)] = message
+            call_id = getattr(message, "tool_call_id", None)
+            if call_id:
+                by_call[str(call_id)] = message
+            history.append(converted)
+        tools = [t for t in (_tool_dict(tool) for tool in request.tools or []) if t is not None]
+        result = session.prepare(history, tools=tools)
+        out: list[BaseMessage] = []
+        new_system = system
+        for position, msg in enumerate(result.messages):
+            if position == 0 and system_dict is not None and msg.get("role") == "system":
+                if msg is not system_dict:
+                    new_system = SystemMessage(content=msg.get("content") or "")
+                continue
+            original = originals.get(id(msg))
+            if original is not None:
+                out.append(original)
+                continue
+            (made,) = convert_to_messages([msg])
+            twin = by_call.get(str(msg.get("tool_call_id"))) if msg.get("role") == "tool" else None
+            if twin is not None and getattr(twin, "id", None):
+                made.id = twin.id
+            out.append(made)
+        return request.override(messages=out, system_message=new_system)
+
+    def wrap_model_call(self, request: Any, handler: Callable[[Any], Any]) -> Any:
+        return handler(self._prepare(request))
+
+    async def awrap_model_call(self, request: Any, handler: Callable[[Any], Awaitable[Any]]) -> Any:
+        # prepare is CPU work on local files: off the event loop, so other runs go on.
+        prepared = await asyncio.to_thread(self._prepare, request)
+        return await handler(prepared)
+
+    # --- the recall tool ---------------------------------------------------------------------
+
+    def _recall_tool(self) -> Any:
+        from ctxrules.recall import PARAMETERS, RecallError, RecallSettings
+
+        settings = RecallSettings.from_pack(self.engine.pack.data)
+
+        def recall(id: str, lines: str | None = None) -> str:
+            arguments: dict[str, Any] = {"id": id}
+            if lines:
+                arguments["lines"] = lines
+            try:
+                answer: str = self.session_for(_config_thread_id()).recall(arguments)
+            except RecallError as exc:
+                raise ToolException(str(exc)) from None
+            return answer
+
+        return StructuredTool.from_function(
+            func=recall, name=settings.name, description=settings.description,
+            args_schema=dict(PARAMETERS), handle_tool_error=True)

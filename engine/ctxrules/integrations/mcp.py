@@ -1,0 +1,66 @@
+"""An MCP server (the official ``mcp`` SDK, stdio) that answers the recall tool for a session.
+
+``ctxrules mcp --session DIR`` serves one tool, named and worded by the pack's ``recall:``
+(default ``ctxrules_recall``): given the id of a ``[ctxrules:elided ...]`` marker of that
+session (and optionally ``lines: "A:B"``), it returns the exact original lines, paged within the
+answer budget. An MCP-capable agent (Claude Code, an IDE, any MCP client) can then read back what
+ctxrules moved out of its context. The SDK is imported here only: install ``ctxrules[mcp]``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ctxrules.recall import PARAMETERS, RecallError, RecallSettings
+
+if TYPE_CHECKING:
+    from ctxrules.engine import Session
+
+__all__ = ["build_server", "serve"]
+
+_EXTRA = 'the MCP server needs the official MCP SDK: pip install "ctxrules[mcp]"'
+
+
+def _sdk() -> tuple[Any, Any]:
+    """``(server class, tool error class)`` of the installed SDK (2.x ``MCPServer``, or 1.x
+    ``FastMCP``)."""
+    import importlib
+
+    for server_module, server_name, errors_module in (
+        ("mcp.server.mcpserver", "MCPServer", "mcp.server.mcpserver.exceptions"),
+        ("mcp.server.fastmcp", "FastMCP", "mcp.server.fastmcp.exceptions"),
+    ):
+        try:
+            server = getattr(importlib.import_module(server_module), server_name)
+            error = importlib.import_module(errors_module).ToolError
+        except (ImportError, AttributeError):
+            continue
+        return server, error
+    raise ImportError(_EXTRA)
+
+
+def build_server(session: Session) -> Any:
+    """The MCP server object for ``session`` (not started)."""
+    server_cls, tool_error = _sdk()
+    settings = RecallSettings.from_pack(session.engine.pack.data)
+    server = server_cls(name="ctxrules", instructions=settings.description)
+    id_help = PARAMETERS["properties"]["id"]["description"]
+    lines_help = PARAMETERS["properties"]["lines"]["description"]
+
+    def recall(id: str, lines: str | None = None) -> str:
+        arguments: dict[str, Any] = {"id": id}
+        if lines:
+            arguments["lines"] = lines
+        try:
+            return session.recall(arguments)
+        except RecallError as exc:
+            raise tool_error(str(exc)) from None
+
+    recall.__doc__ = f"{settings.description}\n\nid: {id_help}\nlines: {lines_help}"
+    server.tool(name=settings.name, description=settings.description)(recall)
+    return server
+
+
+def serve(session: Session) -> None:
+    """Serve the recall tool of ``session`` on stdin/stdout until the client goes away."""
+    build_server(session).run("stdio")

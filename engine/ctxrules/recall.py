@@ -1,0 +1,232 @@
+"""The recall tool: the agent reads back what ctxrules moved out of its context.
+
+Every elision leaves a marker ``[ctxrules:elided kind=... count=N ref=vault://ID#La-Lb]``. The
+recall tool takes such an ``id`` (a full vault id, a unique prefix of at least 12 hex digits,
+or the marker's ``vault://ID#La-Lb``), optionally ``lines: "A:B"`` (1-based, inclusive), and
+answers with the **exact original lines**, as many as fit the answer budget; when more remain, the
+answer ends with a marker for the next page. Only ids that this session's markers reference are
+answered (the markers of the last output, and the markers inside the items those reference):
+a recall can never read any other vault item. A span of removed messages is answered one message
+per line (the exact JSON of each), so ``lines`` counts messages there.
+
+The pack's ``recall:`` key words the tool (``name``, ``description``) and sets the answer budget
+(``budget_tokens``). Results of the tool have the ``file_read`` role, so ctxrules never reduces a
+recalled output again.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ctxrules.errors import CtxrulesError
+from ctxrules.messages import message_text
+from ctxrules.toolroles import RECALL_TOOL
+from ctxrules.vault import MIN_PREFIX, Vault, VaultError, parse_markers
+
+__all__ = [
+    "DEFAULT_BUDGET_TOKENS",
+    "DEFAULT_DESCRIPTION",
+    "DEFAULT_NAME",
+    "RecallError",
+    "RecallSettings",
+    "answer_recall",
+    "referenced_ids",
+    "tool_definition",
+]
+
+DEFAULT_NAME = RECALL_TOOL
+DEFAULT_DESCRIPTION = (
+    "Read back content that was moved out of this conversation to save space. Markers such as "
+    "[ctxrules:elided kind=lines count=120 ref=vault://3f2a...#L10-L129] show where; pass the "
+    "ref's id (and, to read only part of it, lines as \"A:B\") to get the exact original text. "
+    "A long answer ends with a marker for the next page."
+)
+DEFAULT_BUDGET_TOKENS = 4000
+_NESTING = 3  # markers inside recalled items are followed this deep
+_LINES = re.compile(r"^\s*(\d*)\s*(?::\s*(\d*))?\s*$")
+_REF = re.compile(r"^(?:vault://)?([0-9a-fA-F]+)(?:#L(\d+)-L(\d+))?$")
+
+
+class RecallError(CtxrulesError):
+    """A recall call that cannot be answered (unknown id, bad lines); the message says why."""
+
+
+@dataclass(frozen=True)
+class RecallSettings:
+    """The pack's ``recall:`` section."""
+
+    name: str = DEFAULT_NAME
+    description: str = DEFAULT_DESCRIPTION
+    budget_tokens: int = DEFAULT_BUDGET_TOKENS
+
+    @classmethod
+    def from_pack(cls, pack: Mapping[str, Any]) -> RecallSettings:
+        raw = pack.get("recall") or {}
+        return cls(
+            name=str(raw.get("name", DEFAULT_NAME)),
+            description=str(raw.get("description", DEFAULT_DESCRIPTION)),
+            budget_tokens=int(raw.get("budget_tokens", DEFAULT_BUDGET_TOKENS)),
+        )
+
+
+PARAMETERS: Mapping[str, Any] = {
+    "type": "object",
+    "properties": {
+        "id": {
+            "type": "string",
+            "description": "The vault id of a [ctxrules:elided ...] marker's ref (vault://ID or "
+                           "ID; a prefix of 12 or more hex digits is enough).",
+        },
+        "lines": {
+            "type": "string",
+            "description": "Which lines to read, \"A:B\" (1-based, inclusive; \"A:\" to the end). "
+                           "Default: the marker's own range, else from the first line.",
+        },
+    },
+    "required": ["id"],
+    "additionalProperties": False,
+}
+
+
+def tool_definition(settings: RecallSettings, fmt: str = "openai") -> dict[str, Any]:
+    """The tool's definition for the OpenAI (``openai``) or Anthropic (``anthropic``) API."""
+    if fmt == "openai":
+        return {"type": "function", "function": {
+            "name": settings.name, "description": settings.description,
+            "parameters": json.loads(json.dumps(PARAMETERS))}}
+    if fmt == "anthropic":
+        return {"name": settings.name, "description": settings.description,
+                "input_schema": json.loads(json.dumps(PARAMETERS))}
+    raise ValueError(f"unknown tool format {fmt!r}: use 'openai' or 'anthropic'")
+
+
+def _texts(messages: Iterable[Mapping[str, Any]]) -> Iterable[str]:
+    for msg in messages:
+        yield message_text(msg)
+        for call in msg.get("tool_calls") or []:
+            fn = call.get("function") if isinstance(call, Mapping) else None
+            args = fn.get("arguments") if isinstance(fn, Mapping) else None
+            if isinstance(args, str):
+                yield args
+
+
+def referenced_ids(messages: Iterable[Mapping[str, Any]], vault: Vault) -> set[str]:
+    """The vault ids the markers in ``messages`` reference, and those referenced from inside
+    those items (a step archived, then removed, points at the archived form)."""
+    found: set[str] = set()
+    frontier = {m.vault_id for text in _texts(messages) if "[ctxrules:" in text
+                for m in parse_markers(text)}
+    for _ in range(_NESTING):
+        frontier -= found
+        if not frontier:
+            break
+        found |= frontier
+        nested: set[str] = set()
+        for vid in frontier:
+            try:
+                data = vault.get(vid)
+            except VaultError:
+                continue
+            if b"[ctxrules:" in data:
+                nested |= {m.vault_id for m in parse_markers(data.decode("utf-8", "replace"))}
+        frontier = nested
+    return found
+
+
+def _parse_lines(text: str | None) -> tuple[int | None, int | None]:
+    if text is None or text == "":
+        return None, None
+    match = _LINES.match(str(text))
+    if match is None:
+        raise RecallError(f"lines {text!r} is not of the form \"A:B\" (1-based, inclusive)")
+    a = int(match.group(1)) if match.group(1) else None
+    b = int(match.group(2)) if match.group(2) else (a if match.group(0).find(":") < 0 else None)
+    if (a is not None and a < 1) or (b is not None and b < 1) or (a and b and b < a):
+        raise RecallError(f"lines {text!r}: give 1 <= A <= B")
+    return a, b
+
+
+def _lines_of(text: str) -> list[str]:
+    """The item's lines; a span of messages (stored as their JSON list) is one message per
+    line, each the exact JSON of that message, so paging never cuts a message in two."""
+    if text.startswith("[{"):
+        try:
+            value = json.loads(text)
+        except ValueError:
+            value = None
+        if isinstance(value, list) and value and all(isinstance(m, dict) for m in value):
+            return [json.dumps(m, ensure_ascii=False) + "\n" for m in value]
+    return text.splitlines(keepends=True)
+
+
+def answer_recall(arguments: Mapping[str, Any] | str, *, vault: Vault, allowed: set[str],
+                  count: Callable[[str], int], settings: RecallSettings) -> str:
+    """The answer to one recall call (see the module docstring); raises :class:`RecallError`."""
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments or "{}")
+        except ValueError:
+            raise RecallError("the arguments are not a JSON object") from None
+    if not isinstance(arguments, Mapping):
+        raise RecallError("the arguments are not a JSON object")
+    ref = arguments.get("id")
+    if not isinstance(ref, str) or not ref.strip():
+        raise RecallError("give the id of a [ctxrules:elided ...] marker's ref")
+    match = _REF.match(ref.strip())
+    if match is None:
+        raise RecallError(f"{ref!r} is not a vault id (hex digits, or vault://ID#La-Lb)")
+    prefix = match.group(1).lower()
+    if len(prefix) < MIN_PREFIX:
+        raise RecallError(f"give at least {MIN_PREFIX} hex digits of the id")
+    candidates = [vid for vid in allowed if vid.startswith(prefix)]
+    if not candidates:
+        raise RecallError(f"no marker of this conversation refers to {prefix[:16]}…")
+    if len(candidates) > 1:
+        raise RecallError(f"{prefix} is ambiguous: give more digits")
+    vault_id = candidates[0]
+    a, b = _parse_lines(arguments.get("lines"))
+    if a is None and b is None and match.group(2):
+        a, b = int(match.group(2)), int(match.group(3))
+    try:
+        data = vault.get(vault_id)
+    except VaultError as exc:
+        raise RecallError(f"the item {vault_id[:16]}… is missing from the vault: {exc}") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        return (f"[ctxrules:recall binary item vault://{vault_id}: {len(data)} bytes (an image "
+                "or other media), which cannot be shown as text]")
+    lines = _lines_of(text)
+    first = a or 1
+    last = min(b or len(lines), len(lines))
+    if first > len(lines):
+        raise RecallError(f"the item has {len(lines)} line(s); line {first} does not exist")
+    out: list[str] = []
+    used = 0
+    n = first
+    while n <= last:
+        cost = count(lines[n - 1])
+        if out and used + cost > settings.budget_tokens:
+            break
+        if not out and cost > settings.budget_tokens:
+            # One line longer than the whole budget: its head, by characters, then a pointer.
+            share = max(1, len(lines[n - 1]) * settings.budget_tokens // max(cost, 1))
+            out.append(lines[n - 1][:share].rstrip("\n"))
+            out.append(f"\n[ctxrules:recall line {n} is cut after {share} of "
+                       f"{len(lines[n - 1])} characters: it is longer than the answer budget]")
+            n += 1
+            break
+        out.append(lines[n - 1])
+        used += cost
+        n += 1
+    answer = "".join(out)
+    if n <= last:
+        remaining = last - n + 1
+        if not answer.endswith("\n"):
+            answer += "\n"
+        answer += f"[ctxrules:elided kind=lines count={remaining} ref=vault://{vault_id}#L{n}-L{last}]"
+    return answer

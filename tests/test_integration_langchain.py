@@ -1,0 +1,174 @@
+"""The LangChain v1 middleware with LangChain's real agent (``create_agent``), a fake chat model
+that records every request, and a tool with large outputs; and the recall tool read back."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+langchain = pytest.importorskip(
+    "langchain", reason='the LangChain extra is not installed: pip install "ctxrules[langchain]"')
+
+from invariants import pairing_problems  # noqa: E402
+from langchain.agents import create_agent  # noqa: E402
+from langchain_core.callbacks import CallbackManagerForLLMRun  # noqa: E402
+from langchain_core.language_models import BaseChatModel  # noqa: E402
+from langchain_core.messages import (  # noqa: E402
+    AIMessage,
+    BaseMessage,
+    HumanMessage,
+    ToolMessage,
+    convert_to_openai_messages,
+)
+from langchain_core.outputs import ChatGeneration, ChatResult  # noqa: E402
+from langchain_core.tools import tool  # noqa: E402
+from langgraph.checkpoint.memory import InMemorySaver  # noqa: E402
+
+from ctxrules.integrations.langchain import CtxrulesMiddleware  # noqa: E402
+from ctxrules.models import lookup_model  # noqa: E402
+from ctxrules.tokens import TokenCounter  # noqa: E402
+
+TURNS = 60
+WINDOW = 24_000
+MARKER = re.compile(r"\[ctxrules:elided kind=(\w+) count=\d+ ref=vault://([0-9a-f]{64})")
+
+
+def big_output(n: int) -> str:
+    """A long, realistic log: distinct lines the pack will reduce (head + tail + marker)."""
+    return "".join(f"[{n:03d}] worker {i % 7}: processed batch {i:05d} in {(i * 37) % 997} ms, ok\n"
+                   for i in range(700))
+
+
+@tool
+def run_job(n: int) -> str:
+    """Run job number n and return its log."""
+    return big_output(n)
+
+
+class RecordingModel(BaseChatModel):
+    """Answers with a tool call for ``TURNS`` turns, asks to recall a marker once, then stops;
+    records the messages of every request."""
+
+    requests: list[list[BaseMessage]] = []  # noqa: RUF012 - a pydantic field, copied per instance
+    recall_name: str = "ctxrules_recall"
+    recalled: dict[str, Any] = {}  # noqa: RUF012 - a pydantic field, copied per instance
+
+    @property
+    def _llm_type(self) -> str:
+        return "recording-fake"
+
+    def bind_tools(self, tools: Any, **kwargs: Any) -> RecordingModel:
+        return self
+
+    def _generate(self, messages: list[BaseMessage], stop: list[str] | None = None,
+                  run_manager: CallbackManagerForLLMRun | None = None, **kwargs: Any) -> ChatResult:
+        self.requests.append(list(messages))
+        turn = len(self.requests)
+        if turn == TURNS // 2 and not self.recalled:
+            # Ask for the lines behind the first marker the model can see.
+            for msg in messages:
+                found = MARKER.search(msg.content if isinstance(msg.content, str) else "")
+                if found:
+                    self.recalled.update(kind=found.group(1), id=found.group(2), turn=turn)
+                    call = {"id": f"recall-{turn}", "name": self.recall_name,
+                            "args": {"id": found.group(2)[:16], "lines": "1:4"}}
+                    return ChatResult(generations=[ChatGeneration(message=AIMessage("", tool_calls=[call]))])
+        job = turn - (1 if self.recalled.get("turn", turn) < turn else 0)
+        if job <= TURNS:
+            call = {"id": f"call-{job}", "name": "run_job", "args": {"n": job}}
+            return ChatResult(generations=[ChatGeneration(message=AIMessage(f"Running job {job}.", tool_calls=[call]))])
+        return ChatResult(generations=[ChatGeneration(message=AIMessage("All jobs ran."))])
+
+
+def _check_requests(requests: list[list[BaseMessage]], middleware: CtxrulesMiddleware) -> None:
+    counter = TokenCounter.for_model(lookup_model("gpt-4o"))
+    usable = middleware.session_for("t-1").budget.usable
+    for n, messages in enumerate(requests, 1):
+        dicts = [convert_to_openai_messages(m) for m in messages]
+        assert pairing_problems(dicts) == [], n
+        assert counter.count_messages(dicts) <= usable, (n, counter.count_messages(dicts), usable)
+
+
+def test_every_request_fits_with_valid_pairing_and_the_state_keeps_everything(tmp_path: Path) -> None:
+    model = RecordingModel()
+    model.requests = []
+    model.recalled = {}
+    middleware = CtxrulesMiddleware(model="gpt-4o", window=WINDOW, state=tmp_path / "state")
+    agent = create_agent(model, tools=[run_job], middleware=[middleware],
+                         system_prompt="You run batch jobs.", checkpointer=InMemorySaver())
+    config = {"configurable": {"thread_id": "t-1"}, "recursion_limit": 1000}
+    state = agent.invoke({"messages": [HumanMessage("Run the jobs one by one.")]}, config)
+    assert len(model.requests) == TURNS + 2  # 60 jobs, one recall, the final answer
+    _check_requests(model.requests, middleware)
+    # The graph state still holds every message, tool outputs verbatim.
+    tool_messages = [m for m in state["messages"] if isinstance(m, ToolMessage)]
+    jobs = [m for m in tool_messages if m.tool_call_id.startswith("call-")]
+    assert len(jobs) == TURNS
+    assert all(m.content == big_output(int(m.tool_call_id.split("-")[1])) for m in jobs)
+    # The model saw the compacted history: later requests are far smaller than the state.
+    last = model.requests[-1]
+    assert sum(len(str(m.content)) for m in last) < sum(len(str(m.content)) for m in state["messages"]) / 5
+    # The system prompt reached the model, and unchanged messages are the state's own objects.
+    assert last[0].type == "system" and last[0].content == "You run batch jobs."
+    state_ids = {id(m) for m in state["messages"]}
+    assert any(id(m) in state_ids for m in last[1:])
+    # The recall tool gave back the exact originals behind the marker: for removed steps, one
+    # message per line, each the exact JSON of the message as it was.
+    recalled = model.recalled
+    assert recalled and recalled["kind"] == "message", recalled
+    (answer,) = [m for m in tool_messages if m.tool_call_id == f"recall-{recalled['turn']}"]
+    lines = answer.content.splitlines()
+    assert len(lines) == 4
+    first = [json.loads(line) for line in lines]
+    assert [m["role"] for m in first] == ["assistant", "tool", "assistant", "tool"]
+    assert first[1]["tool_call_id"] == "call-1" and first[3]["tool_call_id"] == "call-2"
+    # The step was removed as the model last saw it: its output already reduced, with a marker
+    # of its own, which the recall tool follows too (nested markers are this session's).
+    session = middleware.session_for("t-1")
+    for n, content in ((1, first[1]["content"]), (2, first[3]["content"])):
+        original = big_output(n).splitlines(keepends=True)
+        inner = re.search(r"ref=vault://([0-9a-f]{64})#L(\d+)-L(\d+)", content)
+        assert inner, content[-300:]
+        a = int(inner.group(2))
+        page = session.recall({"id": inner.group(1), "lines": f"{a}:{a + 19}"})
+        assert page == "".join(original[a - 1:a + 19])
+        assert content.startswith("".join(original[: a - 1]))
+    # A recalled output has the file_read role: the model saw it whole on the next call.
+    nxt = model.requests[recalled["turn"]]
+    assert any(isinstance(m, ToolMessage) and m.content == answer.content for m in nxt)
+
+
+def test_the_async_path_prepares_the_same_way(tmp_path: Path) -> None:
+    model = RecordingModel()
+    model.requests = []
+    model.recalled = {"skip": True}  # no recall on this run
+    middleware = CtxrulesMiddleware(model="gpt-4o", window=WINDOW, state=tmp_path / "state", recall=False)
+    agent = create_agent(model, tools=[run_job], middleware=[middleware], checkpointer=InMemorySaver())
+    config = {"configurable": {"thread_id": "t-1"}, "recursion_limit": 1000}
+    state = asyncio.run(agent.ainvoke({"messages": [HumanMessage("Run the jobs.")]}, config))
+    assert len(model.requests) == TURNS + 1
+    _check_requests(model.requests, middleware)
+    assert len([m for m in state["messages"] if isinstance(m, ToolMessage)]) == TURNS
+
+
+def test_threads_are_sessions_named_by_the_id_rule(tmp_path: Path) -> None:
+    middleware = CtxrulesMiddleware(model="gpt-4o", state=tmp_path / "state", recall=False)
+    plain = middleware.session_for("run-42")
+    odd = middleware.session_for("user@example.com/thread 7")
+    assert plain.path == tmp_path / "state" / "run-42"
+    assert re.fullmatch(r"[0-9a-f]{64}", odd.path.name)
+    assert middleware.session_for(None).path.name == "default"
+    assert middleware.session_for("run-42") is plain
+
+
+def test_the_recall_tool_is_offered_from_the_first_call(tmp_path: Path) -> None:
+    middleware = CtxrulesMiddleware(model="gpt-4o", state=tmp_path / "state")
+    (recall,) = middleware.tools
+    assert recall.name == "ctxrules_recall"
+    schema = json.loads(json.dumps(recall.args_schema))
+    assert schema["required"] == ["id"]

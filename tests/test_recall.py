@@ -1,0 +1,188 @@
+"""The recall tool: definitions, answers (exact lines, paging, budgets), the ids it refuses,
+the pack's ``recall:`` key, and the MCP server driven by the SDK's own client."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import REPO
+
+from ctxrules import Engine
+from ctxrules.messages import message_text
+from ctxrules.recall import RecallError
+from ctxrules.toolroles import tool_roles
+from ctxrules.vault import parse_markers
+
+Msg = dict[str, Any]
+
+
+def log(n: int) -> str:
+    return "".join(f"line {i:04d} of job {n}: value={(i * 7919) % 10007}\n" for i in range(1, 1201))
+
+
+def history(steps: int = 6) -> list[Msg]:
+    msgs: list[Msg] = [{"role": "system", "content": "You are an agent."},
+                       {"role": "user", "content": "Run the jobs."}]
+    for n in range(1, steps + 1):
+        msgs.append({"role": "assistant", "content": None, "tool_calls": [{
+            "id": f"c{n}", "type": "function",
+            "function": {"name": "Bash", "arguments": json.dumps({"command": f"job {n}"})}}]})
+        msgs.append({"role": "tool", "tool_call_id": f"c{n}", "content": log(n)})
+    msgs.append({"role": "user", "content": "What did job 1 print on line 500?"})
+    return msgs
+
+
+def prepared(tmp_path: Path, pack: str = "builtin:default") -> tuple[Any, list[Msg]]:
+    session = Engine.load(pack).session(tmp_path / "s", model="gpt-4o", window=200_000)
+    out = session.prepare(history()).messages
+    return session, out
+
+
+def line_markers(messages: list[Msg]) -> list[Any]:
+    return [m for msg in messages for m in parse_markers(message_text(msg)) if m.lines]
+
+
+def test_an_agent_loop_reads_back_the_exact_lines_behind_a_marker(tmp_path: Path) -> None:
+    session, out = prepared(tmp_path)
+    marker = line_markers(out)[0]
+    a, b = marker.lines
+    # The model calls the tool with the marker's ref, as it appears in the text.
+    call = {"id": f"vault://{marker.vault_id}#L{a}-L{b}"}
+    answer = session.recall(json.dumps(call))
+    original = next(m["content"] for m in history() if m.get("role") == "tool"
+                    and f"vault://{marker.vault_id}" in json.dumps(out))
+    lines = original.splitlines(keepends=True)
+    body, _, tail = answer.rpartition("[ctxrules:elided")
+    # A page within the budget, then a marker for the rest.
+    assert body and lines[a - 1:].__len__() > 0
+    assert original.find(body) >= 0 and body.startswith(lines[a - 1])
+    nxt = parse_markers("[ctxrules:elided" + tail)[0]
+    assert nxt.vault_id == marker.vault_id and nxt.lines is not None and nxt.lines[1] == b
+    assert session.counter.count_text(body) <= 4000
+    # Following the next-page markers gives back every line of the range, in order.
+    pages = [body]
+    while True:
+        page = session.recall({"id": nxt.vault_id, "lines": f"{nxt.lines[0]}:{nxt.lines[1]}"})
+        text, sep, rest = page.rpartition("[ctxrules:elided")
+        if not sep:
+            pages.append(page)
+            break
+        pages.append(text)
+        nxt = parse_markers(sep + rest)[0]
+    assert "".join(pages) == "".join(lines[a - 1:b])
+
+
+def test_lines_and_prefixes(tmp_path: Path) -> None:
+    session, out = prepared(tmp_path)
+    marker = line_markers(out)[0]
+    original = session.vault.get(marker.vault_id).decode().splitlines(keepends=True)
+    assert session.recall({"id": marker.vault_id[:12], "lines": "3:5"}) == "".join(original[2:5])
+    assert session.recall({"id": marker.vault_id, "lines": "7"}) == original[6]
+    with pytest.raises(RecallError, match="lines"):
+        session.recall({"id": marker.vault_id, "lines": "5:3"})
+    with pytest.raises(RecallError, match="does not exist"):
+        session.recall({"id": marker.vault_id, "lines": f"{len(original) + 5}:"})
+    with pytest.raises(RecallError, match="at least 12"):
+        session.recall({"id": marker.vault_id[:8]})
+    with pytest.raises(RecallError, match="JSON object"):
+        session.recall("not json")
+
+
+def test_only_ids_this_sessions_markers_reference_are_answered(tmp_path: Path) -> None:
+    session, out = prepared(tmp_path)
+    referenced = {m.vault_id for msg in out for m in parse_markers(message_text(msg))}
+    stored = {p.name for p in (session.path / "vault").rglob("*") if p.is_file() and len(p.name) == 64}
+    unreferenced = stored - referenced
+    secret = session.vault.put_text("a secret the agent was never pointed at")
+    for vid in [*unreferenced, secret]:
+        with pytest.raises(RecallError, match="no marker of this conversation"):
+            session.recall({"id": vid})
+    # Another session's items are not this session's either.
+    _, other_out = prepared(tmp_path / "other")
+    foreign = line_markers(other_out)[0].vault_id
+    with pytest.raises(RecallError):
+        Engine.load("builtin:default").session(tmp_path / "empty", model="gpt-4o").recall({"id": foreign})
+
+
+def test_a_new_process_answers_from_the_session_directory(tmp_path: Path) -> None:
+    session, out = prepared(tmp_path)
+    marker = line_markers(out)[0]
+    again = Engine.load("builtin:default").session(session.path, model="gpt-4o")
+    assert again.recall({"id": marker.vault_id, "lines": "1:2"}) == session.recall(
+        {"id": marker.vault_id, "lines": "1:2"})
+
+
+def test_the_pack_words_the_tool_and_sets_the_budget(tmp_path: Path) -> None:
+    pack = tmp_path / "pack.yaml"
+    pack.write_text("apiVersion: ctxrules/v1\nkind: RulePack\nmetadata: {name: p, version: 1.0.0}\n"
+                    "extends: [builtin:default]\n"
+                    "recall: {name: read_back, description: Read back moved-out text., budget_tokens: 200}\n")
+    session, out = prepared(tmp_path, str(pack))
+    tool = session.recall_tool()
+    assert tool["function"]["name"] == "read_back"
+    assert tool["function"]["description"] == "Read back moved-out text."
+    assert session.recall_tool("anthropic")["input_schema"]["required"] == ["id"]
+    marker = line_markers(out)[0]
+    answer = session.recall({"id": marker.vault_id})
+    body = answer.rpartition("[ctxrules:elided")[0]
+    assert 0 < session.counter.count_text(body) <= 200
+    # The renamed tool keeps the file_read role: its outputs are never reduced again.
+    assert tool_roles(session.engine.pack.data).role_of("read_back") == "file_read"
+    assert tool_roles(Engine.load("builtin:default").pack.data).role_of("ctxrules_recall") == "file_read"
+
+
+def test_a_bad_recall_key_is_a_located_diagnostic(tmp_path: Path) -> None:
+    from ctxrules.cli.main import run
+
+    pack = tmp_path / "pack.yaml"
+    pack.write_text("apiVersion: ctxrules/v1\nkind: RulePack\nmetadata: {name: p, version: 1.0.0}\n"
+                    "recall: {name: 'bad name!', budget_tokens: 0, colour: red}\n")
+    assert run(["validate", str(pack), "--format", "json"]) == 1
+
+
+# --- the MCP server, driven by the SDK's own client ----------------------------------------------
+
+
+mcp = pytest.importorskip("mcp", reason='the MCP SDK is not installed: pip install "ctxrules[mcp]"')
+
+
+def test_the_mcp_server_answers_the_recall_tool(tmp_path: Path) -> None:
+    from mcp.client.session import ClientSession
+    from mcp.client.stdio import StdioServerParameters, stdio_client
+
+    session, out = prepared(tmp_path)
+    marker = line_markers(out)[0]
+    expected = session.recall({"id": marker.vault_id, "lines": "10:12"})
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(REPO / "engine") + os.pathsep + env.get("PYTHONPATH", "")
+
+    async def talk() -> tuple[list[str], Any, Any]:
+        params = StdioServerParameters(command=sys.executable, env=env, args=[
+            "-m", "ctxrules.cli.main", "mcp", "--session", str(session.path)])
+        async with stdio_client(params) as (read, write), ClientSession(read, write) as client:
+            await client.initialize()
+            tools = await client.list_tools()
+            good = await client.call_tool("ctxrules_recall", {"id": marker.vault_id, "lines": "10:12"})
+            bad = await client.call_tool("ctxrules_recall", {"id": "ab" * 32})
+            return [t.name for t in tools.tools], good, bad
+
+    names, good, bad = asyncio.run(asyncio.wait_for(talk(), timeout=60))
+    assert names == ["ctxrules_recall"]
+    assert not _is_error(good) and good.content[0].text == expected
+    assert _is_error(bad) and "no marker of this conversation" in bad.content[0].text
+
+
+def _is_error(result: Any) -> bool:
+    return bool(getattr(result, "is_error", getattr(result, "isError", False)))
+
+
+def test_mcp_without_a_session_directory_is_a_usage_error(tmp_path: Path) -> None:
+    from ctxrules.cli.main import run
+
+    assert run(["mcp", "--session", str(tmp_path / "missing")]) == 2
