@@ -3,6 +3,7 @@ installed wheel is tested on its own in ``test_wheel.py``."""
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -11,7 +12,8 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "engine"))
 
-CORPUS = REPO.parent / "shared" / "corpus"
+# The real test data (agent transcripts, command outputs); never copied into the repository.
+CORPUS = Path(os.environ.get("CTXRULES_CORPUS") or REPO.parent / "shared" / "corpus")
 TRANSCRIPTS = CORPUS / "transcripts"
 COMMAND_OUTPUTS = CORPUS / "command-outputs"
 FIXTURES = Path(__file__).resolve().parent / "fixtures"

@@ -53,7 +53,7 @@ def test_stage_tier_options_offer_exactly_the_threshold_tiers() -> None:
 
 # Options whose absence means "none" (no cap, nothing ignored, every block, no extra patterns).
 _NO_DEFAULT = {("context", "max_matches"), ("collapse_repeats", "ignore"), ("limit_blocks", "only"),
-               ("collapse_progress", "patterns")}
+               ("collapse_progress", "patterns"), ("paths", "header")}
 
 
 def test_compressor_action_options_declare_their_defaults_in_their_schema() -> None:

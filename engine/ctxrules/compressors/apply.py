@@ -11,9 +11,13 @@
    marker whose range spans them (it may include shown lines; ``count`` is what was elided).
    The line that reports the exit code (one the pack's ``tools.exit_code`` patterns find) is
    kept the same way.
-3. **Lossless means lossless.** For ``lossless: true`` rules every dropped line is put back
+3. **Failure lines are never elided.** Every original line matching one of the rule's
+   ``failures`` patterns (:mod:`ctxrules.compressors.failures`) is put back, up to
+   ``failures_max``; a marker whose range holds failure lines beyond the cap says how many
+   (``failures=N``).
+4. **Lossless means lossless.** For ``lossless: true`` rules every dropped line is put back
    (rewrites and folds of identical lines stay).
-4. **Never larger.** A result that is not smaller than the input, in UTF-8 bytes, is no
+5. **Never larger.** A result that is not smaller than the input, in UTF-8 bytes, is no
    result: the caller keeps the original.
 
 Put-back lines are placed after the last output line that comes from earlier in the
@@ -28,6 +32,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from ctxrules.compressors.failures import failure_lines
 from ctxrules.compressors.lines import Line, Lines, RunInfo
 from ctxrules.compressors.rules import CompiledRule, CompressorError
 from ctxrules.vault import format_marker
@@ -182,12 +187,12 @@ def apply_rule(
     shown = bytearray(n + 2)
     for item in items:
         if isinstance(item, Line):
-            a, b = item.src
-            if not 1 <= a <= b <= n:
-                raise CompressorError(
-                    f"compressor '{rule.id}': a line claims original lines {a}-{b} of {n}"
-                )
-            shown[a : b + 1] = b"\x01" * (b - a + 1)
+            for a, b in item.ranges() if item.also else (item.src,):
+                if not 1 <= a <= b <= n:
+                    raise CompressorError(
+                        f"compressor '{rule.id}': a line claims original lines {a}-{b} of {n}"
+                    )
+                shown[a : b + 1] = b"\x01" * (b - a + 1)
 
     placer = _Placer(items)
     inserts: list[tuple[int, float, str]] = []
@@ -215,13 +220,33 @@ def apply_rule(
                 if not shown[line_no] and any(p.search(originals[line_no - 1]) for p in keep):
                     put_back(line_no, verbatim=False)
 
+    # Failure lines survive every budget: put back what the steps dropped, in the rule's
+    # priority order, until the rule's cap; the markers name the ones beyond it.
+    hidden_failures: list[int] = []
+    if rule.failures:
+        hits = failure_lines(rule.failures, originals)
+        room = rule.failures_max  # lines put back; the ones the steps kept are free
+        for line_no in hits:
+            if shown[line_no]:
+                continue
+            if room > 0:
+                put_back(line_no, verbatim=False)
+                room -= 1
+            else:
+                hidden_failures.append(line_no)
+        hidden_failures.sort()
+
     missing = [i for i in range(1, n + 1) if not shown[i]]
     runs = [
         r for r in _runs(missing) if any(originals[i - 1].strip() for i in range(r[0], r[1] + 1))
     ]
     runs = _coalesce(runs, rule.max_markers)
     for first, last, count in runs:
-        marker = format_marker("lines", count, vault_id, lines=(first, last))
+        inside = bisect.bisect_right(hidden_failures, last) - bisect.bisect_left(
+            hidden_failures, first
+        )
+        extra = {"failures": inside} if inside else {}
+        marker = format_marker("lines", count, vault_id, lines=(first, last), **extra)
         inserts.append((placer.position(first), first - 0.5, marker))
     final = _insert(items, inserts)
     text = "\n".join(final) + ("\n" if trailing and final else "")

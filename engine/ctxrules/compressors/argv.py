@@ -16,8 +16,12 @@ so the command whose output we see is found like this (docs/compressors.md "Matc
 4. Redirections (``2>&1``, ``> out.txt``), leading ``VAR=value`` assignments and wrappers
    (``sudo``, ``env``, ``time``, ``timeout 60``, ``nice``, ``nohup``, ``stdbuf``, ``command``,
    ``exec``, ``xargs``, ``uv run``, ``poetry run``, ``pipenv run``, ``pdm run``, ``hatch run``,
-   ``rye run``, ``npx``, ``bunx``, ``pnpm exec|dlx``, ``yarn dlx``, ``python -m``) are removed:
+   ``rye run``, ``pipx run``, ``bundle exec``, ``npx``, ``bunx``, ``pnpm exec|dlx``,
+   ``yarn dlx``, ``python -m``) are removed:
    ``npx jest`` is ``jest`` and ``python3 -m pytest`` is ``pytest``.
+5. A shell given a script (``sh -c '...'``, ``bash -lc '...'``, ``zsh -ec '...'``) is the
+   script: it is parsed by these same steps (nested shells too, a few levels deep), so
+   ``bash -lc 'cd /repo && pytest -v 2>&1 | tail -n 50'`` is a pytest run.
 """
 
 from __future__ import annotations
@@ -70,6 +74,8 @@ _RUNNERS: dict[str, frozenset[str]] = {
     "pdm": frozenset({"run"}),
     "hatch": frozenset({"run"}),
     "rye": frozenset({"run"}),
+    "pipx": frozenset({"run"}),
+    "bundle": frozenset({"exec"}),
     "pnpm": frozenset({"exec", "dlx"}),
     "yarn": frozenset({"dlx", "exec"}),
     "bun": frozenset({"x"}),
@@ -91,6 +97,10 @@ _RUNNER_VALUE_OPTS = frozenset(
         "--package",
     }
 )
+_SHELLS = frozenset({"sh", "bash", "dash", "zsh", "ksh", "mksh", "ash", "fish"})
+# Shell options that take a value (`bash -o pipefail -c ...`, `bash --rcfile f -c ...`).
+_SHELL_VALUE_OPTS = frozenset({"-o", "+o", "-O", "+O", "--rcfile", "--init-file"})
+_MAX_SHELL_DEPTH = 4
 _PYTHON = re.compile(r"python(?:\d+(?:\.\d+)*)?(?:\.exe)?|pypy\d*")
 
 
@@ -278,7 +288,31 @@ def _normalized(argv: list[str]) -> tuple[str, ...]:
     return (program, *argv[1:])
 
 
-def parse_command(command: str) -> CommandLine | None:
+def _shell_script(argv: list[str]) -> str | None:
+    """The script of ``sh -c SCRIPT`` (any option cluster holding ``c``: ``-lc``, ``-ec``),
+    or None when ``argv`` is not a shell running a script given on its command line."""
+    if not argv or os.path.basename(argv[0]) not in _SHELLS:
+        return None
+    i, wants_script = 1, False
+    while i < len(argv):
+        arg = argv[i]
+        if arg in _SHELL_VALUE_OPTS:
+            i += 2
+            continue
+        if arg == "--":
+            i += 1
+            break
+        if arg in ("-c", "--command") or (
+            len(arg) > 1 and arg[0] == "-" and arg[1] != "-" and "c" in arg[1:]
+        ):
+            wants_script = True
+        elif not (arg.startswith(("-", "+")) and len(arg) > 1):
+            break
+        i += 1
+    return argv[i] if wants_script and i < len(argv) else None
+
+
+def parse_command(command: str, _depth: int = 0) -> CommandLine | None:
     """The command whose output ends ``command``'s result, or None for an empty line."""
     if not isinstance(command, str) or not command.strip():
         return None
@@ -298,10 +332,16 @@ def parse_command(command: str) -> CommandLine | None:
             commands.pop()
             continue
         if len(pipeline) == 1:
-            return CommandLine(_normalized(pipeline[0]))
-        later = {os.path.basename(stage[0]) for stage in pipeline[1:]}
-        producer = pipeline[0] if later <= _TRANSPARENT else pipeline[-1]
-        return CommandLine(_normalized(producer), piped=True)
+            producer, piped = pipeline[0], False
+        else:
+            later = {os.path.basename(stage[0]) for stage in pipeline[1:]}
+            producer = pipeline[0] if later <= _TRANSPARENT else pipeline[-1]
+            piped = True
+        script = _shell_script(producer) if _depth < _MAX_SHELL_DEPTH else None
+        inner = parse_command(script, _depth + 1) if script is not None else None
+        if inner is not None:
+            return CommandLine(inner.argv, piped=piped or inner.piped)
+        return CommandLine(_normalized(producer), piped=piped)
     return None
 
 

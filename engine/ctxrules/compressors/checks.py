@@ -8,7 +8,9 @@ merged result:
   match the action's option schema, or the action rejects its options when built;
 - CR070: a regular expression option (``format: regex``) does not compile;
 - CR013: a test gives both ``input`` and ``input_text``;
-- CR040: two tests of one compressor share an id.
+- CR040: two tests of one compressor share an id;
+- CR130: a ``failures`` pattern does not compile;
+- CR131: a ``failures`` pattern matches an empty line, so it would protect every line.
 """
 
 from __future__ import annotations
@@ -112,6 +114,33 @@ def _check_tests(rep: Reporter, rule_id: str, tests: list[Any], base: str) -> No
                 seen[ident] = k
 
 
+def _check_failures(rep: Reporter, rule_id: str, patterns: list[Any], base: str) -> None:
+    import re
+
+    for k, entry in enumerate(patterns):
+        pattern = entry.get("pattern") if isinstance(entry, Mapping) else entry
+        if not isinstance(pattern, str):
+            continue  # the schema reports the type
+        where = f"{base}/{k}" + ("/pattern" if isinstance(entry, Mapping) else "")
+        try:
+            compiled = re.compile(pattern)
+        except re.error as exc:
+            rep.add(
+                "CR130",
+                f"compressor '{rule_id}': failure pattern {pattern!r} does not compile: {exc}",
+                where,
+            )
+            continue
+        if compiled.search("") is not None:
+            rep.add(
+                "CR131",
+                f"compressor '{rule_id}': failure pattern {pattern!r} matches an empty line, "
+                "so every line would be protected",
+                where,
+                "anchor it on what a failure line holds, e.g. '^FAILED '",
+            )
+
+
 def check_compressors(rep: Reporter, data: Mapping[str, Any], registry: Registry) -> None:
     """Report every problem of ``data['compressors']`` through ``rep.add``."""
     compressors = data.get("compressors")
@@ -142,6 +171,9 @@ def check_compressors(rep: Reporter, data: Mapping[str, Any], registry: Registry
             for j, step in enumerate(steps):
                 if isinstance(step, Mapping):
                     _check_step(rep, registry, rule_id, step, f"{base}/steps/{j}")
+        failures = rule.get("failures")
+        if isinstance(failures, list):
+            _check_failures(rep, rule_id, failures, f"{base}/failures")
         tests = rule.get("tests")
         if isinstance(tests, list):
             _check_tests(rep, rule_id, tests, f"{base}/tests")

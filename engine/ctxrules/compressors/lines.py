@@ -5,7 +5,8 @@ action, keep the truthfulness rules, every line of the original output enters th
 as a :class:`Line`: a ``str`` that also carries ``src``, the 1-based, inclusive range of
 original lines it stands for. An action that keeps a line returns the same object; one that
 rewrites a line returns ``line.derive(new_text)`` (same ``src``); one that folds identical
-lines into one returns a line whose ``src`` spans them. A plain ``str`` is a line the action
+lines into one returns a line whose ``src`` spans them; one that gathers lines from several
+places onto one line gives the other ranges in ``also``. A plain ``str`` is a line the action
 made up (a header, a summary): it stands for no original line.
 
 Whatever original line no output line stands for has been *elided*: the engine writes the
@@ -27,19 +28,29 @@ class Line(str):
     """
 
     src: tuple[int, int]
+    also: tuple[tuple[int, int], ...]
+    """Further ranges the line stands for, away from ``src`` (a directory's names gathered on
+    one line from wherever they were); empty for almost every line."""
 
-    def __new__(cls, text: str, src: tuple[int, int]) -> Line:
+    def __new__(
+        cls, text: str, src: tuple[int, int], also: tuple[tuple[int, int], ...] = ()
+    ) -> Line:
         obj = super().__new__(cls, text)
         obj.src = src
+        obj.also = also
         return obj
 
     def derive(self, text: str) -> Line:
         """A rewritten version of this line that stands for the same original lines."""
-        return Line(text, self.src)
+        return Line(text, self.src, self.also)
+
+    def ranges(self) -> tuple[tuple[int, int], ...]:
+        """Every original range the line stands for, ``src`` first."""
+        return (self.src, *self.also)
 
     def __reduce__(self) -> tuple[object, ...]:
         # str subclasses pickle as plain str otherwise; keep src (multiprocessing, caches).
-        return (Line, (str(self), self.src))
+        return (Line, (str(self), self.src, self.also))
 
 
 def source_range(line: str) -> tuple[int, int] | None:

@@ -15,12 +15,19 @@ overrides a built-in rule by giving a more specific one, or by reusing its id.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from typing import TYPE_CHECKING, Any
 
 from ctxrules.compressors.argv import CommandLine, positionals
+from ctxrules.compressors.failures import (
+    DEFAULT_FAILURES,
+    FAILURES_MAX,
+    FailurePattern,
+    compile_failures,
+)
 from ctxrules.diagnostics import did_you_mean
 from ctxrules.errors import CtxrulesError
 
@@ -111,6 +118,8 @@ class CompiledRule:
     lossless: bool
     failure_tail: int
     max_markers: int
+    failures: tuple[FailurePattern, ...] = ()
+    failures_max: int = FAILURES_MAX
 
     @property
     def specificity(self) -> int:
@@ -167,6 +176,14 @@ def _compile(compressors: list[Any], registry: Registry) -> tuple[CompiledRule, 
         argv = match.get("argv") if isinstance(match, Mapping) else None
         if not argv:
             continue  # a rule without argv patterns matches nothing (validate reports it)
+        declared = item.get("failures")
+        patterns = DEFAULT_FAILURES if declared is None else list(declared)
+        try:
+            failures = compile_failures(patterns)
+        except (re.error, ValueError) as exc:  # validate reports it as CR130 with the pointer
+            raise CompressorError(
+                f"compressor '{rule_id}': failure pattern does not compile: {exc}"
+            ) from exc
         rules.append(
             CompiledRule(
                 id=rule_id,
@@ -177,6 +194,8 @@ def _compile(compressors: list[Any], registry: Registry) -> tuple[CompiledRule, 
                 lossless=bool(item.get("lossless", False)),
                 failure_tail=max(FAILURE_TAIL, int(item.get("failure_tail", FAILURE_TAIL))),
                 max_markers=max(1, int(item.get("max_markers", DEFAULT_MAX_MARKERS))),
+                failures=failures,
+                failures_max=max(1, int(item.get("failures_max", FAILURES_MAX))),
             )
         )
     return tuple(rules)

@@ -6,7 +6,9 @@ passes when
 
 - the command selects *this* compressor (a test of a rule that another rule shadows fails);
 - the engine's truthfulness rules hold on the result: never larger than the input, every
-  marker parses and points at the full output, a failing run keeps its last lines;
+  marker parses and points at the full output, a failing run keeps its last lines, every
+  line matching the rule's ``failures`` patterns is in the output (its words, in order: a
+  rewrite may squeeze or carry them) or inside a marker that counts failure lines;
 - every ``contains`` text appears, no ``not_contains`` text does, the output equals
   ``expected`` (``{vault_id}`` stands for the full output's id) and compressed tokens /
   original tokens (gpt-4o tokenizer) is at most ``max_ratio``.
@@ -28,7 +30,8 @@ from typing import TYPE_CHECKING, Any
 from ctxrules.compressors.api import compress_text, text_id
 from ctxrules.compressors.apply import is_failure, split_output
 from ctxrules.compressors.argv import parse_command
-from ctxrules.compressors.rules import CompressorError, compile_rules, select_rule
+from ctxrules.compressors.failures import failure_lines
+from ctxrules.compressors.rules import CompiledRule, CompressorError, compile_rules, select_rule
 from ctxrules.errors import CtxrulesError
 from ctxrules.models import lookup_model
 from ctxrules.tokens import TokenCounter
@@ -39,7 +42,13 @@ if TYPE_CHECKING:
     from ctxrules.packs.source import Origin
     from ctxrules.plugins import Registry
 
-__all__ = ["TOKEN_MODEL", "CaseResult", "check_invariants", "run_compressor_tests"]
+__all__ = [
+    "TOKEN_MODEL",
+    "CaseResult",
+    "check_failures",
+    "check_invariants",
+    "run_compressor_tests",
+]
 
 TOKEN_MODEL = "gpt-4o"
 """The tokenizer ``max_ratio`` is measured with (o200k_base, exact and offline)."""
@@ -98,6 +107,33 @@ def check_invariants(
                     f"failing run lost one of its last {failure_tail} lines "
                     f"(marker L{marker.lines[0]}-L{marker.lines[1]})"
                 )
+    return problems
+
+
+_WORDS = re.compile(r"\w+")
+_ESCAPES = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]")
+
+
+def _words(text: str) -> str:
+    return " ".join(_WORDS.findall(_ESCAPES.sub("", text)))
+
+
+def check_failures(original: str, output: str, rule: CompiledRule) -> list[str]:
+    """Failure lines of ``original`` that ``output`` neither shows nor counts in a marker."""
+    originals, _ = split_output(original)
+    hits = failure_lines(rule.failures, originals)
+    if not hits:
+        return []
+    words = _words(output)
+    counted = [m.lines for m in parse_markers(output) if m.lines and "failures" in m.extra]
+    problems: list[str] = []
+    for line_no in sorted(hits):
+        line = originals[line_no - 1]
+        if _words(line) in words or any(a <= line_no <= b for a, b in counted):
+            continue
+        problems.append(f"failure line {line_no} is neither kept nor counted: {line.strip()!r}")
+        if len(problems) >= 3:
+            break
     return problems
 
 
@@ -177,6 +213,7 @@ def _run_case(
         return fail(str(exc))
     output = result.text if result is not None else text
     problems = check_invariants(text, output, exit_code, vault_id, chosen.failure_tail)
+    problems.extend(check_failures(text, output, chosen))
     for needle in case.get("contains") or []:
         if needle not in output:
             problems.append(f"output lacks {needle!r}")

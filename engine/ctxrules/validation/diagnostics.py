@@ -52,4 +52,6 @@ CODES: dict[str, str] = {
     "CR091": "a timeout override cannot take effect: another limit (e.g. the global chunk_ms) ends the tool first",
     "CR092": "compaction time (summarizer.total_s) is not allowed for in the step limit (compaction_allowance_ms)",
     "CR093": "a heartbeat interval is not below the chunk limit it must keep from firing",
+    "CR130": "a compressor's failure pattern does not compile",
+    "CR131": "a compressor's failure pattern matches an empty line (it would protect every line)",
 }

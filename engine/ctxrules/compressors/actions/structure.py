@@ -1,4 +1,5 @@
-"""Structure-aware actions: group (lines by file or prefix) and json (compaction)."""
+"""Structure-aware actions: group (lines by file or prefix), carry (a header's file onto the
+lines below it), paths (file names packed per directory) and json (compaction)."""
 
 from __future__ import annotations
 
@@ -64,6 +65,213 @@ class Group:
             for member, found in members:
                 text = self.indent + self._rest(member, found).lstrip()
                 out.append(member.derive(text) if isinstance(member, Line) else text)
+        return out
+
+
+class Carry:
+    """Rewrite the lines below a header with what the header names, so each one stands alone.
+
+    Tools that print a file once and its diagnostics below it (eslint's stylish format,
+    shellcheck's ``In x.sh line 3:``) leave lines an agent cannot jump by. ``header``
+    captures named groups (``file``, ``line``...); every later line matching ``pattern`` is
+    rewritten to ``with``, a format string over the header's and the line's named groups
+    (``{file}:{pos} {rest}``), until the next header. With ``absorb``, a header directly
+    followed by a rewritten line is folded into that line (which then stands for both), since
+    everything it said is on the line now.
+    """
+
+    def __init__(self, options: Mapping[str, Any]) -> None:
+        self.header = re.compile(options["header"])
+        self.pattern = re.compile(options["pattern"])
+        self.template = str(options["with"])
+        self.absorb = bool(options["absorb"])
+        names = set(self.header.groupindex) | set(self.pattern.groupindex)
+        for name in re.findall(r"\{([^{}:!]*)", self.template):
+            if name not in names:
+                raise ValueError(
+                    f"'with' uses {{{name}}}, which neither header nor pattern captures "
+                    f"(named groups: {', '.join(sorted(names)) or 'none'})"
+                )
+
+    def __call__(self, lines: Lines) -> list[str]:
+        out: list[str] = []
+        context: dict[str, str] | None = None
+        pending: str | None = None  # the header just seen, not yet written out
+        for line in lines:
+            found = self.header.search(line)
+            if found is not None:
+                if pending is not None:
+                    out.append(pending)
+                context = {k: v or "" for k, v in found.groupdict().items()}
+                pending = line if self.absorb else None
+                if not self.absorb:
+                    out.append(line)
+                continue
+            hit = self.pattern.search(line) if context is not None else None
+            if hit is None or context is None:
+                if pending is not None:
+                    out.append(pending)
+                    pending = None
+                out.append(line)
+                continue
+            fields = {**context, **{k: v or "" for k, v in hit.groupdict().items()}}
+            text = self.template.format(**fields)
+            new = line.derive(text) if isinstance(line, Line) else text
+            if pending is not None:
+                head = pending
+                pending = None
+                contiguous = (
+                    isinstance(head, Line)
+                    and isinstance(line, Line)
+                    and head.src[1] + 1 == line.src[0]
+                )
+                if contiguous:
+                    assert isinstance(head, Line) and isinstance(line, Line)
+                    new = Line(text, (head.src[0], line.src[1]))
+                else:
+                    out.append(head)
+            out.append(new)
+        if pending is not None:
+            out.append(pending)
+        return out
+
+
+_NEEDS_QUOTES = re.compile(r"[\s'\"\\]")
+
+
+def _shell_word(name: str) -> str:
+    """``name`` as one space-separated word: quoted when it holds spaces or quotes."""
+    if name and not _NEEDS_QUOTES.search(name):
+        return name
+    return "'" + name.replace("'", "'\\''") + "'"
+
+
+class Paths:
+    """Pack file names onto one line per directory: ``dir/: a.py b.py c/``.
+
+    Every line matching ``pattern`` (a named group ``path``) is a path; the others stay where
+    they were (errors, totals). Paths are gathered by directory (within a block, when
+    ``header`` starts blocks: ``ls`` of several directories), each directory's line at the
+    place of its first path, its names in output order, wrapped at ``width`` characters.
+    Gathered lines stand for every original they name, wherever it was.
+
+    When the packed listing is longer than ``max_chars``, directories give way largest first:
+    the largest keeps the names that fit its share and says how many more it holds
+    (``... +312 more``), so every directory still appears and the elided names are marked.
+    """
+
+    def __init__(self, options: Mapping[str, Any]) -> None:
+        self.pattern = re.compile(options["pattern"])
+        if "path" not in self.pattern.groupindex:
+            raise ValueError("the pattern needs a named group 'path', e.g. ^(?P<path>\\S.*)$")
+        header = options.get("header")  # no default: one block
+        self.header = re.compile(header) if header else None
+        self.width = int(options["width"])
+        self.max_chars = int(options["max_chars"])
+        self.min_paths = int(options["min_paths"])
+        self.split = bool(options["split"])
+
+    def __call__(self, lines: Lines) -> list[str]:
+        # slots: plain lines, or a directory key whose packed lines go there
+        slots: list[str | tuple[int, str]] = []
+        dirs: dict[tuple[int, str], list[tuple[str, str]]] = {}
+        block = 0
+        found_paths = 0
+        for line in lines:
+            if self.header is not None and self.header.search(line) is not None:
+                block += 1
+                slots.append(line)
+                continue
+            found = self.pattern.search(line)
+            path = found.group("path") if found is not None else None
+            if not path:
+                slots.append(line)
+                continue
+            found_paths += 1
+            if self.split:
+                head, sep, name = path.rstrip("/").rpartition("/")
+                name = name + ("/" if path.endswith("/") and name else "")
+            else:
+                head, sep, name = "", "", path
+            key = (block, head + sep)
+            if key not in dirs:
+                dirs[key] = []
+                slots.append(key)
+            dirs[key].append((line, name or path))
+        if found_paths < self.min_paths:
+            return list(lines)
+        shares = self._shares(dirs)
+        out: list[str] = []
+        for slot in slots:
+            if isinstance(slot, str):
+                out.append(slot)
+            else:
+                out.extend(self._pack(slot[1], dirs[slot], shares[slot]))
+        return out
+
+    def _cost(self, prefix: str, names: list[tuple[str, str]]) -> int:
+        return len(prefix) + 2 + sum(len(_shell_word(n)) + 1 for _, n in names)
+
+    def _shares(self, dirs: Mapping[tuple[int, str], list[tuple[str, str]]]) -> dict[Any, int]:
+        """How many names each directory shows: all, unless the listing is over budget; then
+        the smallest directories first, and the budget left split among the larger ones."""
+        shares = {key: len(names) for key, names in dirs.items()}
+        total = sum(self._cost(key[1], names) for key, names in dirs.items())
+        if total <= self.max_chars:
+            return shares
+        budget = self.max_chars
+        order = sorted(dirs, key=lambda k: self._cost(k[1], dirs[k]))
+        for index, key in enumerate(order):
+            names = dirs[key]
+            fair = budget // max(1, len(order) - index)
+            cost = self._cost(key[1], names)
+            if cost <= fair:
+                budget -= cost
+                continue
+            room = fair - len(key[1]) - 16
+            kept = 0
+            for _, name in names:
+                room -= len(_shell_word(name)) + 1
+                if room < 0:
+                    break
+                kept += 1
+            shares[key] = kept
+            budget -= max(0, fair)
+        return shares
+
+    def _pack(self, prefix: str, names: list[tuple[str, str]], share: int) -> list[str]:
+        shown, rest = names[:share], names[share:]
+        label = prefix + ":" if prefix else ""
+        out: list[str] = []
+        words: list[str] = []
+        members: list[str] = []
+        indent = "  " if label else ""  # names of a labelled directory line up under it
+
+        def flush(final: bool) -> None:
+            if not words and not final:
+                return
+            lead = label if not out else indent
+            text = lead + (" " if words and lead else "") + " ".join(words)
+            if final and rest:
+                text += f" ... +{len(rest)} more"
+            ranges = [r for m in members if isinstance(m, Line) for r in m.ranges()]
+            if ranges:
+                out.append(Line(text, ranges[0], tuple(ranges[1:])))
+            else:
+                out.append(text)
+            words.clear()
+            members.clear()
+
+        length = len(label)
+        for line, name in shown:
+            word = _shell_word(name)
+            if words and length + len(word) + 1 > self.width:
+                flush(final=False)
+                length = len(indent)
+            words.append(word)
+            members.append(line)
+            length += len(word) + 1
+        flush(final=True)
         return out
 
 
@@ -157,6 +365,81 @@ ACTIONS: list[ActionSpec] = [
             ["pattern"],
         ),
         "Group lines by file or prefix under one header.",
+    ),
+    (
+        "carry",
+        Carry,
+        object_schema(
+            {
+                "header": regex(
+                    "Header",
+                    "A line naming what the lines below it belong to; its named groups "
+                    "(e.g. file) are available to `with`.",
+                ),
+                "pattern": regex(
+                    "Pattern", "The lines below a header to rewrite; its named groups too."
+                ),
+                "with": {
+                    "type": "string",
+                    "minLength": 1,
+                    "title": "With",
+                    "description": "The rewritten line: {name} inserts a named group of the "
+                    "header or the line.",
+                },
+                "absorb": {
+                    "type": "boolean",
+                    "title": "Absorb",
+                    "description": "Fold a header into the rewritten line right below it "
+                    "(default false: headers stay).",
+                    "default": False,
+                },
+            },
+            ["header", "pattern", "with"],
+        ),
+        "Carry a header's file (or other fields) onto each line below it.",
+    ),
+    (
+        "paths",
+        Paths,
+        object_schema(
+            {
+                "pattern": {
+                    **regex(
+                        "Pattern",
+                        "Lines that are paths: a named group 'path' (default: every line that "
+                        "does not start with a space).",
+                    ),
+                    "default": r"^(?P<path>\S.*)$",
+                },
+                "header": regex(
+                    "Header",
+                    "A line matching this starts a new block (e.g. ls's 'dir:' lines); "
+                    "directories are not merged across blocks.",
+                ),
+                "width": count("Width", "Longest packed line, in characters (default 160).", 20, 160),
+                "max_chars": count(
+                    "Most characters",
+                    "Budget of the packed listing (default 8000); over it, the largest "
+                    "directories show the names that fit and count the others.",
+                    100,
+                    8000,
+                ),
+                "split": {
+                    "type": "boolean",
+                    "title": "Split",
+                    "description": "Gather by the directory part of each path (default true); "
+                    "false: the lines are names (ls), gathered per block.",
+                    "default": True,
+                },
+                "min_paths": count(
+                    "Fewest paths",
+                    "Outputs with fewer paths are left as they are (default 8).",
+                    1,
+                    8,
+                ),
+            }
+        ),
+        "Pack file names per directory on one line; count the rest when over budget.",
     ),
     (
         "json",

@@ -1,0 +1,122 @@
+"""Failure lines: the lines of an output no compressor may elide (docs/compressors.md).
+
+Every compressor rule declares its ``failures:`` patterns, in priority order (a test's
+summary line before its assertion lines). After a rule's steps have run, the engine puts back
+every original line that matches one of them and that no output line stands for, so a budget
+(``max_lines``, ``limit_blocks``, ``head``...) never hides a failure. Only when the failure
+lines the steps dropped are more than ``failures_max`` does the engine stop: it puts them back
+in priority order up to the cap, and the markers of the elided runs name how many failure
+lines each one holds (``failures=N``), so the count and the vault range are always in the
+output.
+
+A pattern is a regular expression, or ``{pattern: RE, before: N, after: M}`` to also protect
+the lines around each match: a traceback's exception line with ``before: 2`` keeps the last
+frame (its ``File "...", line N`` line and the source line) with it.
+
+A rule without ``failures:`` gets :data:`DEFAULT_FAILURES`; ``failures: []`` opts out (a rule
+whose every line would match, such as a search, protects nothing instead of everything).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ctxrules.compressors.actions.common import Matcher
+
+__all__ = [
+    "DEFAULT_FAILURES",
+    "FAILURES_MAX",
+    "FailurePattern",
+    "compile_failures",
+    "failure_lines",
+]
+
+DEFAULT_FAILURES: tuple[str, ...] = (
+    # Outcome words as tools print them: upper-case verdicts and lower-case severities at the
+    # start of a diagnostic; "0 errors" or a test named test_error_path is no failure.
+    r"\b(?:FAIL|FAILED|FAILURE|ERROR|ERRORS|FATAL|PANIC)\b",
+    r"(?:^|\s)(?:[A-Z]\w*)?(?:Error|Exception|Failure):(?:\s|$)",
+    r"^Traceback \(most recent call last\):",
+    # Pods and containers that keep failing (kubectl, docker ps, helm status...).
+    r"\b(?:CrashLoopBackOff|ImagePullBackOff|ErrImagePull|OOMKilled|CreateContainerConfigError)\b",
+    r"\bpanic(?:ked)?\b",
+    r"(?i)^\s*(?:\S+:\s*)?(?:fatal|error)(?:\[\w+\])?:",
+    # A location: path:line: or path:line:col: with a file extension (what editors jump by).
+    r"^\s*[\w./~+@-]*\w\.\w+:\d+(?::\d+)?:(?:\s|$)",
+)
+"""The failure patterns of a rule that declares none (and of ``generic``)."""
+
+FAILURES_MAX = 200
+"""Failure lines the engine puts back into one output at most (a rule may ask for more or
+less); the ones the rule's steps kept do not count."""
+
+_ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b[@-Z\\-_]")
+
+
+@dataclass(frozen=True)
+class FailurePattern:
+    """One declared failure pattern and the lines around a match it also protects."""
+
+    regex: re.Pattern[str]
+    before: int = 0
+    after: int = 0
+
+
+def compile_failures(patterns: Sequence[Any]) -> tuple[FailurePattern, ...]:
+    """The compiled patterns; raises ``re.error`` for the first that does not compile and
+    ``ValueError`` for an entry that is neither a string nor ``{pattern, before, after}``."""
+    out: list[FailurePattern] = []
+    for entry in patterns:
+        if isinstance(entry, str):
+            out.append(FailurePattern(re.compile(entry)))
+        elif isinstance(entry, Mapping) and isinstance(entry.get("pattern"), str):
+            before, after = entry.get("before", 0), entry.get("after", 0)
+            if not (isinstance(before, int) and isinstance(after, int)) or min(before, after) < 0:
+                raise ValueError("before and after of a failure pattern are counts (>= 0)")
+            out.append(FailurePattern(re.compile(entry["pattern"]), before, after))
+        else:
+            raise ValueError(f"a failure pattern is a string or {{pattern: ...}}, got {entry!r}")
+    return tuple(out)
+
+
+@lru_cache(maxsize=256)
+def _combined(regexes: tuple[re.Pattern[str], ...]) -> Matcher:
+    from ctxrules.compressors.actions.common import compile_all
+
+    matcher = compile_all([r.pattern for r in regexes])
+    assert matcher is not None
+    return matcher
+
+
+def failure_lines(patterns: Sequence[FailurePattern], lines: Sequence[str]) -> list[int]:
+    """1-based numbers of the lines matching ``patterns``, in priority order: the lines of the
+    first pattern in output order, then those of the second that the first did not take...
+
+    Lines are matched without their terminal escapes (a red ``FAILED`` is still ``FAILED``).
+    """
+    if not patterns:
+        return []
+    plain = [_ANSI.sub("", line) if "\x1b" in line else line for line in lines]
+    taken: set[int] = set()
+    order: list[int] = []
+    n = len(plain)
+    # One pass with all patterns as one alternation finds the few candidate lines; the
+    # priority order is then worked out on those alone.
+    anyone = _combined(tuple(p.regex for p in patterns))
+    candidates = [(i, text) for i, text in enumerate(plain, 1) if anyone.search(text)]
+    for pattern in patterns:
+        search = pattern.regex.search
+        for index, text in candidates:
+            if search(text) is None:
+                continue
+            first, last = max(1, index - pattern.before), min(n, index + pattern.after)
+            for line_no in range(first, last + 1):
+                if line_no not in taken:
+                    taken.add(line_no)
+                    order.append(line_no)
+    return order
