@@ -98,7 +98,8 @@ def test_there_are_enough_fixtures() -> None:
 def test_every_code_a_pack_can_trigger_has_a_fixture() -> None:
     covered = {e.code for p in fixture_files() for e in expectations(p)}
     # CR090 (a file that cannot be read) cannot live in a fixture: see test_unreadable_file.
-    missing = set(CODES) - covered - {"CR090"}
+    # CR140/CR141 are found in requests, not packs (ctxrules.formats): test_formats_anthropic.py.
+    missing = set(CODES) - covered - {"CR090", "CR140", "CR141"}
     assert not missing, f"no fixture triggers {sorted(missing)}"
     assert covered <= set(CODES), f"fixtures expect unknown codes {sorted(covered - set(CODES))}"
 

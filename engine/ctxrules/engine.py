@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import functools
 import hashlib
 import itertools
 import json
@@ -24,6 +25,8 @@ from ctxrules import structure
 from ctxrules.budget.gate import finish_prepare, open_ledger, start_prepare
 from ctxrules.budget.router import route_for_session
 from ctxrules.errors import PackError, UsageError
+from ctxrules.formats import openai as openai_format
+from ctxrules.formats.request import prepare_request
 from ctxrules.logs import get_logger
 from ctxrules.messages import clone_json, split_input, validate_messages
 from ctxrules.models import lookup_model
@@ -93,6 +96,9 @@ class Engine:
         self.pack = pack
         self.registry = registry
         self.plan = self._build_plan()
+        # thinking.clean's preserved_thinking: pin extends the pins of every stage (structure).
+        self.pin_signed_prefix = any(p.type.name == "thinking.clean" and p.options.get("preserved_thinking") == "pin"
+                                     for p in self.plan)
         canonical = json.dumps(pack.data, sort_keys=True, ensure_ascii=False, default=str)
         self.digest = hashlib.sha256(canonical.encode("utf-8")).hexdigest()
         self._stamps = _stamps(pack.real_paths.values())
@@ -116,6 +122,7 @@ class Engine:
                         f"{first.code} {first.message}); still using the previous version"]
             fresh = Engine(pack, self.registry)
             self.pack, self.plan, self.digest, self._stamps = fresh.pack, fresh.plan, fresh.digest, fresh._stamps
+            self.pin_signed_prefix = fresh.pin_signed_prefix
             return [f"the pack changed on disk and was reloaded ({', '.join(pack.files)})"]
 
     @classmethod
@@ -376,9 +383,22 @@ class Session:
         return memo[1], memo[2]
 
     def prepare(self, messages: Any, tools: list[dict[str, Any]] | None = None, *,
-                clock: float | None = None) -> PrepareResult:
+                clock: float | None = None, format: str = "openai") -> PrepareResult:
         """Run the pipeline before a model call. ``messages`` is the full history (append-only);
-        a JSON-style ``{"messages": [...], "tools": [...]}`` is accepted too."""
+        a JSON-style ``{"messages": [...], "tools": [...]}`` is accepted too.
+
+        ``format``: ``openai`` (the default), ``anthropic`` (``messages`` is a whole Anthropic
+        Messages request body) or ``auto`` (:func:`ctxrules.formats.detect`). ``result.body``
+        is the request in that format; ``result.messages`` the internal OpenAI form."""
+        if format != "openai":
+            return prepare_request(self, messages, tools, clock=clock, format=format)
+        result = self._prepare_openai(messages, tools, clock)
+        original = messages if isinstance(messages, dict) else None
+        result.body = openai_format.encode(result.messages, result.tools, original)
+        return result
+
+    def _prepare_openai(self, messages: Any, tools: list[dict[str, Any]] | None,
+                        clock: float | None) -> PrepareResult:
         listed, given_tools = split_input(messages)
         if tools is None:
             tools = given_tools
@@ -394,9 +414,10 @@ class Session:
                 self.store.forget()  # a run that did not finish may have changed the state in memory
                 raise
 
-    async def aprepare(self, messages: Any, tools: list[dict[str, Any]] | None = None) -> PrepareResult:
+    async def aprepare(self, messages: Any, tools: list[dict[str, Any]] | None = None, *,
+                       format: str = "openai") -> PrepareResult:
         """``prepare`` off the event loop."""
-        return await asyncio.to_thread(self.prepare, messages, tools)
+        return await asyncio.to_thread(functools.partial(self.prepare, messages, tools, format=format))
 
     def _prepare(self, history: list[Message], tools: list[dict[str, Any]], clock: float) -> PrepareResult:
         started = time.perf_counter()
@@ -490,6 +511,7 @@ class Session:
             registry=self.engine.registry, cache_key=self.cache_key,
             valid_prefix=len(turn.previous) if turn.reused else 0,
         )
+        pin_token = structure.PIN_SIGNED_PREFIX.set(self.engine.pin_signed_prefix)
         try:
             return run_pipeline(self.engine.plan, turn.pipeline_input, base, turn.state.setdefault("stages", {}),
                                 known_tokens=turn.known, on_event=self._emit if self.on_event else None)
@@ -500,6 +522,8 @@ class Session:
                         if turn.prefix else None)
                 checkpoint.interrupted(self.path, f"{type(exc).__name__}: {exc}", backup=full)
             raise
+        finally:
+            structure.PIN_SIGNED_PREFIX.reset(pin_token)
 
     def _remember(self, turn: _Turn, outcome: RunOutcome) -> None:
         """Keep the turn for the next one (in memory and in state.json) and save the session."""

@@ -11,9 +11,12 @@ from ctxrules.types import Message
 
 @dataclass
 class PrepareResult:
-    """What ``prepare`` returns: new lists (the input is untouched), call options, the report."""
+    """What ``prepare`` returns: new lists (the input is untouched), call options, the report,
+    and ``body``: the request in the format it came in (``prepare(..., format=...)``)."""
 
     messages: list[Message]
     tools: list[dict[str, Any]]
     request: dict[str, Any]
     report: dict[str, Any]
+    body: Any = None
+    format: str = "openai"

@@ -28,10 +28,16 @@ from __future__ import annotations
 import itertools
 import operator
 from collections.abc import Iterator, Mapping, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from ctxrules.messages import has_tool_calls, is_injected, tool_call_id
+
+PIN_SIGNED_PREFIX: ContextVar[bool] = ContextVar("ctxrules_pin_signed_prefix", default=False)
+"""Set while a pack's ``thinking.clean`` has ``preserved_thinking: pin``: every message up to
+the newest one with signed thinking is pinned too (a preserved-thinking signature covers its
+whole prefix, so no stage may change it)."""
 
 __all__ = [
     "Exchange",
@@ -76,11 +82,13 @@ class Facts(NamedTuple):
     """The ids of its tool calls (``None`` for one without a usable id) when it has any."""
     result_id: str | None
     """A tool result's ``tool_call_id`` when it is a non-empty string."""
+    signed: bool = False
+    """An assistant message with signed thinking (a signature, or redacted thinking data)."""
 
     @property
     def structure(self) -> tuple[Any, ...]:
         """What pairing, steps and pins depend on."""
-        return (self.role, self.real_user, self.calls, self.result_id)
+        return (self.role, self.real_user, self.calls, self.result_id, self.signed)
 
 
 def _compute_facts(msg: Mapping[str, Any]) -> Facts:
@@ -104,7 +112,20 @@ def _compute_facts(msg: Mapping[str, Any]) -> Facts:
     calls = tuple(tool_call_id(c) for c in msg["tool_calls"]) if has_tool_calls(msg) else None
     result = msg.get("tool_call_id")
     return Facts(role, injected, role == "user" and not injected, media, longest, calls,
-                 result if isinstance(result, str) and result else None)
+                 result if isinstance(result, str) and result else None,
+                 role == "assistant" and _has_signed_thinking(msg))
+
+
+def _has_signed_thinking(msg: Mapping[str, Any]) -> bool:
+    blocks = [*(msg.get("thinking_blocks") or []), *(msg.get("content") or [])] if isinstance(
+        msg.get("content") or [], list) else list(msg.get("thinking_blocks") or [])
+    for block in blocks:
+        if not isinstance(block, Mapping):
+            continue
+        kind = block.get("type")
+        if (kind == "thinking" and block.get("signature")) or (kind == "redacted_thinking" and block.get("data")):
+            return True
+    return False
 
 
 _FACTS: dict[int, tuple[Mapping[str, Any], Any, Any, Facts]] = {}
@@ -299,7 +320,7 @@ class Exchange:
 class Shape:
     """The facts of one message list, with its pairing and pins computed when first asked."""
 
-    __slots__ = ("_pins", "_results", "_resume", "_same_as", "_scan", "facts")
+    __slots__ = ("_pins", "_results", "_resume", "_same_as", "_scan", "_signed_pins", "facts")
 
     def __init__(self, facts: list[Facts], *, resume: _PairScan | None = None,
                  same_as: Shape | None = None) -> None:
@@ -308,6 +329,7 @@ class Shape:
         self._resume = resume  # the scan of a list this one extends
         self._same_as = same_as  # a list with the same structure
         self._pins: frozenset[int] | None = None
+        self._signed_pins: frozenset[int] | None = None
         self._results: tuple[int, ...] | None = None
 
     @property
@@ -344,7 +366,18 @@ class Shape:
     def pins(self) -> frozenset[int]:
         if self._pins is None:
             same = self._same_as
-            self._pins = same.pins if same is not None else self._compute_pins()
+            self._pins = same._base_pins() if same is not None else self._compute_pins()
+        if not PIN_SIGNED_PREFIX.get():
+            return self._pins
+        if self._signed_pins is None:
+            newest = next((j for j in range(len(self.facts) - 1, -1, -1) if self.facts[j].signed), None)
+            self._signed_pins = self._pins if newest is None else self._pins | frozenset(range(newest + 1))
+        return self._signed_pins
+
+    def _base_pins(self) -> frozenset[int]:
+        if self._pins is None:
+            same = self._same_as
+            self._pins = same._base_pins() if same is not None else self._compute_pins()
         return self._pins
 
     def _compute_pins(self) -> frozenset[int]:
@@ -493,7 +526,8 @@ def pinned_indices(messages: Sequence[Mapping[str, Any]]) -> frozenset[int]:
     """Indices that never leave the context (docs/reference/concepts.md "pinned"); remembered per list.
 
     The leading system/developer messages, the human anchor (first real user message), the
-    latest real user message, and every message of the newest step.
+    latest real user message, and every message of the newest step; with
+    :data:`PIN_SIGNED_PREFIX` set, also every message up to the newest with signed thinking.
     """
     return shape(messages).pins
 

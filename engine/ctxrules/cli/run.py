@@ -9,13 +9,17 @@ from typing import Any
 from ctxrules.cli.io import dump, read_json, write_text
 from ctxrules.cli.tables import report_table
 from ctxrules.engine import open_session
+from ctxrules.errors import UsageError
+from ctxrules.formats import FormatError, detect
+from ctxrules.formats import anthropic as anthropic_format
 from ctxrules.messages import split_input
 
 
 def register(sub: Any) -> None:
     p = sub.add_parser("run", help="run the pipeline over messages",
                        description="Run a pack's pipeline over a JSON list of OpenAI chat messages "
-                                   '(or {"messages": [...], "tools": [...]}) and write the result.')
+                                   '(or {"messages": [...], "tools": [...]}), or over an Anthropic '
+                                   "Messages request, and write the result in the same format.")
     p.add_argument("--pack", required=True, help="pack path or builtin:NAME")
     p.add_argument("--model", required=True, help="model name, bare or provider-prefixed")
     p.add_argument("--window", type=int, help="window in tokens (overrides pack and registry)")
@@ -24,6 +28,10 @@ def register(sub: Any) -> None:
     p.add_argument("--report", help="write the JSON run report here")
     p.add_argument("--session", help="session directory (default: STATE/default)")
     p.add_argument("--state", help="state root (default: .ctxrules or $CTXRULES_STATE)")
+    p.add_argument("--format", choices=("openai", "anthropic", "auto"), default="auto",
+                   help="input format: OpenAI chat messages, an Anthropic Messages request, or auto "
+                        "(a top-level 'system', tool_use/tool_result blocks or tools with input_schema "
+                        "mean Anthropic); the output is in the input's format (default: auto)")
     p.add_argument("--explain", action="store_true", help="print a readable table of what each stage did")
     p.add_argument("--touched", nargs="+", metavar="FILE", default=[],
                    help="files the agent changed since the last run (recorded in the session for "
@@ -41,20 +49,29 @@ def run(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGTERM, _on_sigterm)
     data = read_json(args.input)
-    messages, tools = split_input(data)
+    name = "<stdin>" if args.input == "-" else args.input
+    # The whole input is read in its format before a session is opened: an input that is not
+    # readable is an error, never half-processed.
+    try:
+        kind = detect(data) if args.format == "auto" else args.format
+        if kind == "anthropic":
+            anthropic_format.decode(data)
+        elif args.format == "openai" and isinstance(data, dict) and detect(data) == "anthropic":
+            raise FormatError("this is an Anthropic Messages request (top-level 'system', tool_use/tool_result "
+                              "blocks or tools with input_schema); use --format anthropic or auto")
+        else:
+            messages, tools = split_input(data)
+    except FormatError as exc:
+        raise UsageError(f"{name}: {exc}") from None
     session = open_session(args.pack, args.model, session=args.session, state=args.state, window=args.window)
     if args.touched:
         session.touch(*args.touched)
-    result = session.prepare(messages, tools)
-    if isinstance(data, dict):
-        out: Any = {**{k: v for k, v in data.items() if k not in ("messages", "tools")},
-                    "messages": result.messages}
-        if tools is not None:
-            out["tools"] = result.tools
-        if result.request:
-            out["request"] = result.request
+    if kind == "anthropic":
+        result = session.prepare(data, format="anthropic")
+        out: Any = result.body
     else:
-        out = result.messages
+        result = session.prepare(messages, tools)
+        out = _openai_output(data, tools, result)
     write_text(args.output, dump(out))
     if args.report:
         write_text(args.report, dump(result.report))
@@ -62,3 +79,15 @@ def run(args: argparse.Namespace) -> int:
         stream = sys.stderr if args.output == "-" else sys.stdout
         stream.write(report_table(result.report))
     return 0
+
+
+def _openai_output(data: Any, tools: Any, result: Any) -> Any:
+    if isinstance(data, dict):
+        out: Any = {**{k: v for k, v in data.items() if k not in ("messages", "tools")},
+                    "messages": result.messages}
+        if tools is not None:
+            out["tools"] = result.tools
+        if result.request:
+            out["request"] = result.request
+        return out
+    return result.messages

@@ -342,6 +342,17 @@ OPTIONS_SCHEMA: dict[str, Any] = {
             "type": "boolean",
             "default": True,
         },
+        "preserved_thinking": {
+            "title": "Preserved thinking",
+            "description": ("For models that keep earlier turns' thinking, whose signature covers "
+                            "everything before it. drop: thinking after a changed prefix is "
+                            "moved to the vault (strip_changed_prefix). pin: every stage treats "
+                            "all messages up to the newest one with signed thinking as pinned, "
+                            "so no signature's prefix changes (only what follows can be "
+                            "compacted)."),
+            "enum": ["drop", "pin"],
+            "default": "drop",
+        },
     },
 }
 

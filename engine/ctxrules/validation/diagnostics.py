@@ -54,4 +54,6 @@ CODES: dict[str, str] = {
     "CR093": "a heartbeat interval is not below the chunk limit it must keep from firing",
     "CR130": "a compressor's failure pattern does not compile",
     "CR131": "a compressor's failure pattern matches an empty line (it would protect every line)",
+    "CR140": "a request breaks a rule of its provider's API (ctxrules.formats validators)",
+    "CR141": "a request cannot be read in the format given (neither OpenAI nor Anthropic with --format auto)",
 }

@@ -1,0 +1,311 @@
+"""litellm: a ``CustomLogger`` that runs a pack's pipeline in front of every model call.
+
+- **Proxy** (``litellm --config``): ``async_pre_call_hook`` handles ``completion``/
+  ``acompletion`` (OpenAI messages) and ``anthropic_messages`` (``/v1/messages``, through the
+  Anthropic codec); any other call type passes through with one debug line.
+- **Async SDK** (``litellm.acompletion``, the Router): ``async_pre_call_deployment_hook``.
+- **Sync SDK**: litellm's sync path fires neither hook; :func:`completion` prepares the
+  messages and calls ``litellm.completion``.
+
+Sessions come from ``litellm_session_id``, ``metadata.session_id`` or the
+``x-litellm-trace-id`` header (:func:`ctxrules.integrations.session_name`); proxy sessions live
+under a hash of the caller's API key, so two keys never share one. Without an id a request is
+compacted on its own: no session state is kept, and what leaves the context goes to the state
+root's shared vault. Both hooks may fire for one request (and for ``/v1/messages`` routed to
+an OpenAI model the deployment hook fires twice): a request equal to an output this hook
+produced passes unchanged, with no state written. A request the gateway guard refuses is a
+``litellm.BadRequestError`` (HTTP 400 from the proxy) and one an exceeded budget refuses a
+``litellm.RateLimitError`` (429), both with ctxrules' message; any other failure of ctxrules
+passes the request on unchanged with a logged warning (``on_error="pass"``, the default) or
+refuses it (``on_error="reject"``, 500) — a request is never lost because ctxrules failed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+# litellm reaches for the network on import unless told to use its bundled model map.
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+try:
+    from litellm.integrations.custom_logger import CustomLogger
+except ImportError as exc:  # pragma: no cover - litellm is a core dependency; a broken install
+    raise ImportError('ctxrules.integrations.litellm needs litellm and its proxy: '
+                      'pip install "ctxrules[litellm-proxy]"') from exc
+
+from ctxrules.integrations import session_name
+from ctxrules.logs import get_logger
+
+if TYPE_CHECKING:
+    from ctxrules.engine import Engine, Session
+
+__all__ = ["ContextHook", "completion"]
+
+Kind = Literal["openai", "anthropic"]
+_OPENAI_CALLS = frozenset({"completion", "acompletion"})
+_ANTHROPIC_CALLS = frozenset({"anthropic_messages"})
+_ANTHROPIC_KEYS = ("system", "messages", "tools")
+_PRODUCED_LIMIT = 4096
+
+
+class ContextHook(CustomLogger):
+    """Run ``pack`` on every request; sessions under ``state`` (the state root).
+
+    ``model``/``window``: the model whose facts (window, tokenizer) apply, when the request's
+    model name is a proxy alias ctxrules does not know; ``on_error``: ``pass`` or ``reject``;
+    ``max_sessions``: sessions kept open in memory (older ones reopen from disk)."""
+
+    def __init__(self, pack: str | Path = "builtin:default", state: str | Path = ".ctxrules", *,
+                 model: str | None = None, window: int | None = None,
+                 on_error: Literal["pass", "reject"] = "pass", max_sessions: int = 256) -> None:
+        super().__init__()
+        from ctxrules.engine import Engine
+
+        if on_error not in ("pass", "reject"):
+            raise ValueError(f"on_error must be 'pass' or 'reject', got {on_error!r}")
+        self.engine: Engine = Engine.load(pack)
+        self.state_root = Path(state)
+        self.model = model
+        self.window = window
+        self.on_error = on_error
+        self.max_sessions = max_sessions
+        self.stats = {"prepared": 0, "unchanged": 0, "passed": 0, "failed": 0}
+        self._sessions: OrderedDict[Path, Session] = OrderedDict()
+        self._produced: OrderedDict[str, None] = OrderedDict()
+        self._lock = threading.Lock()
+        self._log = get_logger("ctxrules.litellm")
+
+    # -- the hooks litellm calls (defined on this class: the proxy checks vars(cls)) ------------
+
+    async def async_pre_call_hook(self, user_api_key_dict: Any, cache: Any, data: dict[str, Any],
+                                  call_type: Any) -> dict[str, Any] | None:
+        """Proxy: before the router picks a deployment. ``cache`` is the proxy's auth cache;
+        nothing is kept there."""
+        key = getattr(user_api_key_dict, "token", None) or getattr(user_api_key_dict, "api_key", None)
+        return await self._hook(data, call_type, api_key=str(key) if key else None)
+
+    async def async_pre_call_deployment_hook(self, kwargs: dict[str, Any], call_type: Any) -> dict[str, Any] | None:
+        """Async SDK (and the proxy, after a deployment was picked)."""
+        metadata = _metadata(kwargs)
+        key = metadata.get("user_api_key_hash") or metadata.get("user_api_key")
+        return await self._hook(kwargs, call_type, api_key=str(key) if key else None)
+
+    async def async_log_success_event(self, kwargs: dict[str, Any], response_obj: Any, start_time: Any,
+                                      end_time: Any) -> None:
+        """After a successful call (proxy and async SDK): its usage goes to the session's ledger,
+        so the pack's budgets see what the calls cost."""
+        await asyncio.to_thread(self._record, kwargs, response_obj)
+
+    def log_success_event(self, kwargs: dict[str, Any], response_obj: Any, start_time: Any, end_time: Any) -> None:
+        """The same for litellm's sync path (``completion`` with this hook in ``litellm.callbacks``)."""
+        self._record(kwargs, response_obj)
+
+    def _record(self, kwargs: Mapping[str, Any], response: Any) -> None:
+        try:
+            params = kwargs.get("litellm_params")
+            params = params if isinstance(params, Mapping) else {}
+            metadata = {**_metadata(kwargs), **_metadata(params)}
+            probe = {"litellm_session_id": params.get("litellm_session_id") or kwargs.get("litellm_session_id"),
+                     "metadata": metadata, "proxy_server_request": params.get("proxy_server_request")}
+            raw = _session_id(probe)
+            if raw is None:
+                return  # stateless: there is no session ledger to count against
+            key = metadata.get("user_api_key_hash") or metadata.get("user_api_key")
+            model = self.model or str(kwargs.get("model") or "")
+            # The logged model may be the deployment's name: no switch (it would drop the
+            # session's in-memory reuse of its last compaction).
+            session = self._session(self._session_path(raw, str(key) if key else None), model, switch=False)
+            dump = getattr(response, "model_dump", None)  # litellm's pydantic responses
+            session.record_usage(dump() if callable(dump) else response)
+        except Exception as exc:  # the call succeeded; a ledger problem must not turn it into an error
+            self._log.warning("litellm.usage_error", error=f"{type(exc).__name__}: {exc}")
+
+    def _session_path(self, raw: str, api_key: str | None) -> Path:
+        base = self.state_root
+        if api_key is not None:
+            base = base / "keys" / hashlib.sha256(api_key.encode()).hexdigest()[:16]
+        return base / session_name(raw)
+
+    # -- the work ------------------------------------------------------------------------------
+
+    async def _hook(self, data: dict[str, Any], call_type: Any, *, api_key: str | None) -> dict[str, Any] | None:
+        name = str(getattr(call_type, "value", call_type))
+        kind: Kind | None = "openai" if name in _OPENAI_CALLS else "anthropic" if name in _ANTHROPIC_CALLS else None
+        if kind is None or not isinstance(data.get("messages"), list):
+            self.stats["passed"] += 1
+            self._log.debug("litellm.passthrough", call_type=name)
+            return data
+        return await asyncio.to_thread(self.process, data, kind, api_key=api_key)
+
+    def process(self, data: dict[str, Any], kind: Kind, *, api_key: str | None = None) -> dict[str, Any]:
+        """``data`` (a litellm request) with its messages prepared; the same object when it
+        equals an output this hook produced. Raises litellm's BadRequestError (guard) or
+        RateLimitError (budget); other failures follow ``on_error``."""
+        from ctxrules.budget.tracker import BudgetExceeded
+        from ctxrules.runtime.guards import RequestRejected
+
+        if self._digest(kind, data) in self._produced:
+            self.stats["unchanged"] += 1
+            self._log.debug("litellm.unchanged", kind=kind, detail="equals an output of this hook")
+            return data
+        started = time.perf_counter()
+        try:
+            out, label, report = self._prepare(data, kind, api_key)
+        except RequestRejected as exc:
+            raise _litellm_error("BadRequestError", f"ctxrules: {exc}", data) from None
+        except BudgetExceeded as exc:
+            raise _litellm_error("RateLimitError", f"ctxrules: {exc}", data) from None
+        except Exception as exc:
+            self.stats["failed"] += 1
+            if self.on_error == "reject":
+                raise _litellm_error("InternalServerError", f"ctxrules failed: {type(exc).__name__}: {exc}",
+                                     data) from None
+            self._log.warning("litellm.error", error=f"{type(exc).__name__}: {exc}",
+                              detail="the request goes on unchanged (on_error: pass)")
+            return data
+        self.stats["prepared"] += 1
+        self._remember(self._digest(kind, out))
+        self._log.debug("litellm.prepared", kind=kind, session=label, tokens_before=report["before"]["tokens"],
+                        tokens_after=report["after"]["tokens"], ms=round((time.perf_counter() - started) * 1000, 1))
+        return out
+
+    def _prepare(self, data: dict[str, Any], kind: Kind,
+                 api_key: str | None) -> tuple[dict[str, Any], str, dict[str, Any]]:
+        model = self.model or str(data.get("model") or "")
+        raw = _session_id(data)
+        if raw is None:
+            return self._stateless(data, kind, model)
+        path = self._session_path(raw, api_key)
+        out, report = _apply(self._session(path, model), data, kind)
+        return out, str(path.relative_to(self.state_root)), report
+
+    def _stateless(self, data: dict[str, Any], kind: Kind, model: str) -> tuple[dict[str, Any], str, dict[str, Any]]:
+        from ctxrules.vault import Vault
+
+        scratch = self.state_root / ".stateless"
+        scratch.mkdir(parents=True, exist_ok=True, mode=0o700)
+        path = Path(tempfile.mkdtemp(dir=scratch))
+        try:
+            session = self.engine.session(path, model=model, window=self.window, state_root=self.state_root)
+            session.vault = Vault(self.state_root / "vault")  # what leaves the context stays findable
+            out, report = _apply(session, data, kind)
+            return out, "(stateless)", report
+        finally:
+            shutil.rmtree(path, ignore_errors=True)
+
+    def _session(self, path: Path, model: str, *, switch: bool = True) -> Session:
+        with self._lock:
+            session = self._sessions.get(path)
+            if session is None:
+                path.mkdir(parents=True, exist_ok=True, mode=0o700)
+                session = self.engine.session(path, model=model, window=self.window, state_root=self.state_root)
+                self._sessions[path] = session
+                while len(self._sessions) > self.max_sessions:
+                    self._sessions.popitem(last=False)
+            else:
+                self._sessions.move_to_end(path)
+        if switch and session.model.name != model:
+            session.switch(model=model, window=self.window)
+        return session
+
+    def _digest(self, kind: Kind, data: Mapping[str, Any]) -> str:
+        keys = _ANTHROPIC_KEYS if kind == "anthropic" else ("messages",)
+        view = {k: data.get(k) for k in keys}
+        text = json.dumps(view, sort_keys=True, ensure_ascii=False, default=str)
+        return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+
+    def _remember(self, digest: str) -> None:
+        with self._lock:
+            self._produced[digest] = None
+            self._produced.move_to_end(digest)
+            while len(self._produced) > _PRODUCED_LIMIT:
+                self._produced.popitem(last=False)
+
+
+def _apply(session: Session, data: dict[str, Any], kind: Kind) -> tuple[dict[str, Any], dict[str, Any]]:
+    if kind == "anthropic":
+        body = {k: data[k] for k in _ANTHROPIC_KEYS if k in data}
+        result = session.prepare(body, format="anthropic")
+        out = {k: v for k, v in data.items() if k not in _ANTHROPIC_KEYS}
+        out.update(result.body)
+        return out, result.report
+    tools = data.get("tools")
+    result = session.prepare(data["messages"], tools if isinstance(tools, list) else None)
+    out = {**data, "messages": result.messages}
+    if isinstance(tools, list):
+        out["tools"] = result.tools
+    for key, value in result.request.items():
+        out.setdefault(key, value)  # call options (prompt_cache_key, ...) the caller did not set
+    return out, result.report
+
+
+def _metadata(data: Mapping[str, Any]) -> dict[str, Any]:
+    for key in ("metadata", "litellm_metadata"):
+        value = data.get(key)
+        if isinstance(value, Mapping):
+            return dict(value)
+    return {}
+
+
+def _session_id(data: Mapping[str, Any]) -> str | None:
+    """``litellm_session_id``, else ``metadata.session_id``, else the ``x-litellm-trace-id``
+    header of the proxied request."""
+    found = data.get("litellm_session_id")
+    if isinstance(found, str) and found:
+        return found
+    for key in ("metadata", "litellm_metadata"):
+        value = data.get(key)
+        if isinstance(value, Mapping) and isinstance(value.get("session_id"), str) and value["session_id"]:
+            return str(value["session_id"])
+    request = data.get("proxy_server_request")
+    headers = request.get("headers") if isinstance(request, Mapping) else None
+    if isinstance(headers, Mapping):
+        for name, value in headers.items():
+            if isinstance(name, str) and name.lower() == "x-litellm-trace-id" and isinstance(value, str) and value:
+                return value
+    return None
+
+
+def _litellm_error(name: str, message: str, data: Mapping[str, Any]) -> Exception:
+    import litellm
+
+    cls = getattr(litellm, name)
+    error: Exception = cls(message=message, model=str(data.get("model") or ""), llm_provider="ctxrules")
+    return error
+
+
+_DEFAULT: ContextHook | None = None
+_DEFAULT_LOCK = threading.Lock()
+
+
+def completion(*args: Any, hook: ContextHook | None = None, **kwargs: Any) -> Any:
+    """``litellm.completion`` with the messages prepared first (litellm's sync path fires no
+    hook). ``hook``: the :class:`ContextHook` to use; default one built from ``CTXRULES_PACK``
+    (default ``builtin:default``) and ``CTXRULES_STATE`` (default ``.ctxrules``)."""
+    import litellm
+
+    global _DEFAULT
+    if hook is None:
+        with _DEFAULT_LOCK:
+            if _DEFAULT is None:
+                _DEFAULT = ContextHook(os.environ.get("CTXRULES_PACK", "builtin:default"),
+                                       os.environ.get("CTXRULES_STATE", ".ctxrules"))
+            hook = _DEFAULT
+    if args:
+        kwargs.setdefault("model", args[0])
+        if len(args) > 1:
+            kwargs.setdefault("messages", args[1])
+    started = time.perf_counter()
+    data = hook.process(kwargs, "openai")
+    hook._log.debug("litellm.prepared", ms=round((time.perf_counter() - started) * 1000, 1))
+    return litellm.completion(**data)

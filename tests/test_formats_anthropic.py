@@ -1,0 +1,339 @@
+"""The Anthropic Messages codec and validator: lossless round trips of valid requests (generated
+and real), detection, clear errors, and the whole corpus through the pipeline in Anthropic form."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import REPO, transcript_paths
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from invariants import lost_contents, markers_resolve, pairing_problems
+
+from ctxrules import Engine
+from ctxrules.formats import FormatError, detect
+from ctxrules.formats import anthropic as A
+
+EPHEMERAL = {"type": "ephemeral"}
+
+
+def canon(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, ensure_ascii=False)
+
+
+# --- a generator of valid requests -------------------------------------------------------------
+
+texts = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), min_size=1, max_size=40)
+cache = st.one_of(st.none(), st.just(EPHEMERAL), st.just({"type": "ephemeral", "ttl": "1h"}))
+json_values = st.recursive(
+    st.one_of(st.none(), st.booleans(), st.integers(-10**12, 10**12),
+              st.floats(allow_nan=False, allow_infinity=False), texts),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(texts, inner, max_size=3), max_leaves=8)
+
+
+def with_cache(block: dict[str, Any], marker: dict[str, Any] | None) -> dict[str, Any]:
+    return {**block, "cache_control": marker} if marker else block
+
+
+@st.composite
+def text_block(draw: st.DrawFn) -> dict[str, Any]:
+    return with_cache({"type": "text", "text": draw(texts)}, draw(cache))
+
+
+@st.composite
+def media_block(draw: st.DrawFn) -> dict[str, Any]:
+    kind = draw(st.sampled_from(["image", "image_url", "document", "document_text"]))
+    if kind == "image":
+        block = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}}
+    elif kind == "image_url":
+        block = {"type": "image", "source": {"type": "url", "url": "https://example.com/a.png"}}
+    elif kind == "document":
+        block = {"type": "document", "source": {"type": "base64", "media_type": "application/pdf",
+                                                "data": "JVBERi0xLjQK"}, "title": draw(texts)}
+    else:
+        block = {"type": "document", "source": {"type": "text", "media_type": "text/plain", "data": draw(texts)},
+                 "citations": {"enabled": draw(st.booleans())}}
+    return with_cache(block, draw(cache))
+
+
+@st.composite
+def thinking_block(draw: st.DrawFn) -> dict[str, Any]:
+    if draw(st.booleans()):
+        return {"type": "thinking", "thinking": draw(texts), "signature": "sig-" + draw(texts)}
+    return {"type": "redacted_thinking", "data": "red-" + draw(texts)}
+
+
+@st.composite
+def requests(draw: st.DrawFn) -> dict[str, Any]:
+    """A request Anthropic accepts: alternating turns, every tool_use answered first thing in
+    the next user turn, unique ids, ≤ 4 cache breakpoints."""
+    ids = iter(f"toolu_{n:04d}" for n in range(10_000))
+    request: dict[str, Any] = {"model": "claude-sonnet-4-5", "max_tokens": draw(st.integers(1, 64_000))}
+    if draw(st.booleans()):
+        request["system"] = draw(st.one_of(texts, st.lists(text_block(), min_size=1, max_size=2)))
+    if draw(st.booleans()):
+        request["tools"] = [with_cache({"name": f"tool_{k}", **({"description": draw(texts)} if draw(st.booleans())
+                                                               else {}),
+                                        "input_schema": {"type": "object", "properties": {"x": {"type": "string"}}}},
+                                       draw(cache))
+                            for k in range(draw(st.integers(1, 3)))]
+        if draw(st.booleans()):
+            request["tools"].append({"type": "web_search_20250305", "name": "web_search", "max_uses": 3})
+    if draw(st.booleans()):
+        request["thinking"] = {"type": "enabled", "budget_tokens": 2048}
+    messages: list[dict[str, Any]] = []
+    pending: list[str] = []
+    for turn in range(draw(st.integers(1, 7))):
+        if turn % 2 == 0:  # user
+            results = [with_cache({"type": "tool_result", "tool_use_id": call_id,
+                                   **draw(st.sampled_from([{}, {"content": "out"}, {"content": [{"type": "text",
+                                                                                                  "text": "o"}]}])),
+                                   **draw(st.sampled_from([{}, {"is_error": True}, {"is_error": False}]))},
+                                  draw(cache))
+                       for call_id in pending]
+            rest = draw(st.lists(st.one_of(text_block(), media_block()), max_size=2))
+            if results or rest or draw(st.booleans()):
+                content: Any = [*results, *rest] or [{"type": "text", "text": "go"}]
+            else:
+                content = draw(texts)
+            messages.append({"role": "user", "content": content})
+            pending = []
+        else:
+            if draw(st.booleans()):
+                messages.append({"role": "assistant", "content": draw(texts)})
+                continue
+            blocks: list[dict[str, Any]] = draw(st.lists(thinking_block(), max_size=2))
+            blocks += draw(st.lists(text_block(), max_size=2))
+            for _ in range(draw(st.integers(0, 2))):
+                call_id = next(ids)
+                pending.append(call_id)
+                blocks.append(with_cache({"type": "tool_use", "id": call_id, "name": "tool_0",
+                                          "input": draw(st.dictionaries(texts, json_values, max_size=3))},
+                                         draw(cache)))
+            if draw(st.booleans()):
+                blocks = draw(st.permutations(blocks))  # interleaved thinking keeps its order
+            messages.append({"role": "assistant", "content": blocks or [{"type": "text", "text": "ok"}]})
+    if pending:
+        messages.append({"role": "user", "content": [{"type": "tool_result", "tool_use_id": c} for c in pending]})
+    request["messages"] = messages
+    if A._count_cache(request) > A.MAX_BREAKPOINTS:
+        request = A.strip_private(_uncache(request))
+    return request
+
+
+def _uncache(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _uncache(v) for k, v in value.items() if k != "cache_control"}
+    if isinstance(value, list):
+        return [_uncache(v) for v in value]
+    return value
+
+
+@given(requests())
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_a_valid_request_round_trips_byte_identical(request: dict[str, Any]) -> None:
+    assert A.validate(request) == []
+    decoded = A.decode(request)
+    assert canon(A.encode(decoded.messages, decoded.tools, decoded.request)) == canon(request)
+    assert detect(request) == "anthropic" or not ("system" in request or "tools" in request)
+
+
+@pytest.mark.parametrize("path", transcript_paths(), ids=lambda p: p.stem)
+def test_a_real_transcript_in_anthropic_form_round_trips(path: Path) -> None:
+    history = json.loads(path.read_text())
+    request = A.encode(history, None, {"model": "claude-sonnet-4-5", "max_tokens": 4096})
+    assert A.validate(request) == [], path.name
+    decoded = A.decode(request)
+    assert canon(A.encode(decoded.messages, decoded.tools, decoded.request)) == canon(request)
+
+
+# --- detection and errors ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("request_", "kind"), [
+    ([{"role": "user", "content": "hi"}], "openai"),
+    ({"messages": [{"role": "user", "content": "hi"}]}, "openai"),
+    ({"system": "s", "messages": []}, "anthropic"),
+    ({"messages": [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "a"}]}]}, "anthropic"),
+    ({"messages": [], "tools": [{"name": "x", "input_schema": {}}]}, "anthropic"),
+])
+def test_detection_follows_the_documented_signs(request_: Any, kind: str) -> None:
+    assert detect(request_) == kind
+
+
+@pytest.mark.parametrize(("request_", "message"), [
+    ("text", "expected a JSON list"),
+    ({"model": "m"}, "no 'messages' key"),
+    ({"system": "s", "messages": [{"role": "tool", "content": "x"}]}, "messages[0].role"),
+    ({"system": "s", "messages": [{"role": "user", "content": 3}]}, "messages[0].content"),
+    ({"system": 5, "messages": []}, "system:"),
+    ({"system": "s", "messages": [{"role": "assistant", "content": [{"type": "tool_use", "id": "a",
+                                                                      "name": "b", "input": "x"}]}]}, "input"),
+])
+def test_unreadable_requests_are_a_format_error(request_: Any, message: str) -> None:
+    with pytest.raises(FormatError, match="CR141") as caught:
+        A.decode(request_) if isinstance(request_, dict) and "messages" in request_ else detect(request_)
+    assert message in str(caught.value)
+
+
+# --- the validator -----------------------------------------------------------------------------
+
+
+def _req(*messages: dict[str, Any], **top: Any) -> dict[str, Any]:
+    return {"model": "claude-sonnet-4-5", "max_tokens": 10, **top, "messages": list(messages)}
+
+
+USE = {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "Bash", "input": {}}]}
+RESULT = {"type": "tool_result", "tool_use_id": "t1", "content": "ok"}
+
+
+@pytest.mark.parametrize(("request_", "found"), [
+    (_req({"role": "assistant", "content": "hi"}), "first message"),
+    (_req({"role": "user", "content": "a"}, {"role": "user", "content": "b"}), "in a row"),
+    (_req({"role": "user", "content": "a"}, USE, {"role": "user", "content": "b"}), "not answered"),
+    (_req({"role": "user", "content": "a"}, USE, {"role": "user", "content": [{"type": "text", "text": "x"}, RESULT]}),
+     "must come first"),
+    (_req({"role": "user", "content": [RESULT]}), "answers no tool_use"),
+    (_req({"role": "user", "content": "a"}, USE, {"role": "user", "content": [RESULT]}, USE,
+          {"role": "user", "content": [RESULT]}), "reused"),
+    (_req(*[{"role": r, "content": [{"type": "text", "text": "x", "cache_control": EPHEMERAL}]}
+            for r in ("user", "assistant", "user")],
+          system=[{"type": "text", "text": "s", "cache_control": EPHEMERAL}],
+          tools=[{"name": "x", "input_schema": {}, "cache_control": EPHEMERAL}]), "5 cache_control"),
+    (_req({"role": "user", "content": "a"},
+          {"role": "assistant", "content": [{"type": "thinking", "thinking": "t"}, {"type": "text", "text": "x"}]},
+          {"role": "user", "content": "b"}), "signature"),
+    (_req({"role": "user", "content": [{"type": "text", "text": ""}]}), "non-empty"),
+    (_req({"role": "user", "content": "a", "name": "x"}), "does not accept: name"),
+])
+def test_the_validator_names_each_broken_rule(request_: dict[str, Any], found: str) -> None:
+    problems = A.validate(request_)
+    assert any(found in str(p) for p in problems), problems
+    assert all(p.code == "CR140" for p in problems)
+
+
+def test_the_validator_checks_signed_thinking_against_the_original() -> None:
+    think = {"type": "thinking", "thinking": "plan", "signature": "sig"}
+    original = _req({"role": "user", "content": "a"},
+                    {"role": "assistant", "content": [think, {"type": "text", "text": "x"}]},
+                    {"role": "user", "content": "b"},
+                    {"role": "assistant", "content": [{**think, "signature": "sig2"}, {"type": "text", "text": "y"}]},
+                    {"role": "user", "content": "c"})
+    assert A.validate(original, original=original, preserved_thinking=True) == []
+    edited = json.loads(json.dumps(original))
+    edited["messages"][3]["content"][0]["thinking"] = "changed"
+    assert any("edited" in str(p) for p in A.validate(edited, original=original))
+    assert any("latest assistant turn" in str(p) for p in A.validate(edited, original=original))
+    prefix = json.loads(json.dumps(original))
+    prefix["messages"][2]["content"] = "b, shortened"
+    assert A.validate(prefix, original=original) == []
+    assert any("prefix changed" in str(p) for p in A.validate(prefix, original=original, preserved_thinking=True))
+
+
+# --- through the pipeline ----------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def engine() -> Engine:
+    return Engine.load("builtin:default")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", transcript_paths(), ids=lambda p: p.stem)
+def test_the_corpus_in_anthropic_form_stays_valid_at_32k(engine: Engine, path: Path, tmp_path: Path) -> None:
+    history = json.loads(path.read_text())
+    request = A.encode(history, None, {"model": "claude-sonnet-4-5", "max_tokens": 4096})
+    session = engine.session(tmp_path / "s", model="claude-sonnet-4-5", window=32_000)
+    result = session.prepare(request, format="anthropic")
+    assert A.validate(result.body, original=request) == [], path.name
+    # The same invariants as in OpenAI form, on the internal messages the body was made from.
+    assert pairing_problems(result.messages) == []
+    assert markers_resolve(result.messages, session.vault) == []
+    assert lost_contents(A.decode(request).messages, result.messages, session.vault) == []
+    assert not any(s.get("error") for s in result.report["stages"]), result.report["stages"]
+    assert A.PRIVATE not in json.dumps(result.body) + json.dumps(result.messages)
+    # Idempotent: the output again, in the same session, changes nothing.
+    again = session.prepare(result.body, format="anthropic")
+    assert canon(again.body) == canon(result.body)
+
+
+def test_a_long_anthropic_request_is_compacted_like_its_openai_form(engine: Engine, tmp_path: Path) -> None:
+    """The issue's case: a 485-message session in Anthropic form at 32K came out with tool_use
+    removed and its tool_result left behind; now it is compacted and valid."""
+    path = next(p for p in transcript_paths() if p.name == "claudecode-ae4a77f8.json")
+    history = json.loads(path.read_text())
+    request = A.encode(history, None, {"model": "claude-sonnet-4-5", "max_tokens": 4096})
+    result = engine.session(tmp_path / "a", model="claude-sonnet-4-5", window=32_000).prepare(
+        request, format="anthropic")
+    openai = engine.session(tmp_path / "o", model="claude-sonnet-4-5", window=32_000).prepare(history)
+    assert A.validate(result.body) == []
+    assert result.report["after"]["fits"] and result.report["before"]["tokens"] > 100_000
+    after, openai_after = result.report["after"]["tokens"], openai.report["after"]["tokens"]
+    assert abs(after - openai_after) < 0.15 * openai_after
+
+
+def test_cli_run_auto_detects_anthropic_and_answers_in_it(tmp_path: Path) -> None:
+    path = next(p for p in transcript_paths() if p.name == "claudecode-ae4a77f8.json")
+    request = A.encode(json.loads(path.read_text()), None, {"model": "claude-sonnet-4-5", "max_tokens": 4096})
+    src, out = tmp_path / "in.json", tmp_path / "out.json"
+    src.write_text(json.dumps(request))
+    env = {**os.environ, "PYTHONPATH": str(REPO / "engine")}
+    proc = subprocess.run([sys.executable, "-m", "ctxrules.cli.main", "run", "--pack", "builtin:default",
+                           "--model", "claude-sonnet-4-5", "--window", "32000", "--input", str(src),
+                           "--output", str(out), "--session", str(tmp_path / "s")],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    body = json.loads(out.read_text())
+    assert body["model"] == "claude-sonnet-4-5" and body["max_tokens"] == 4096
+    assert A.validate(body) == []
+    assert len(body["messages"]) < len(request["messages"])
+
+
+@pytest.mark.parametrize(("argv", "payload", "message"), [
+    (["--format", "auto"], {"system": "s", "messages": [{"role": "tool", "content": "x"}]}, "messages[0].role"),
+    (["--format", "anthropic"], [{"role": "user", "content": "x"}], "is a JSON object"),
+    (["--format", "openai"], {"system": "s", "messages": [{"role": "user", "content": "x"}]}, "use --format"),
+    (["--format", "auto"], {"model": "x"}, "neither OpenAI nor Anthropic"),
+])
+def test_cli_run_refuses_what_it_cannot_read(tmp_path: Path, argv: list[str], payload: Any, message: str) -> None:
+    src = tmp_path / "in.json"
+    src.write_text(json.dumps(payload))
+    env = {**os.environ, "PYTHONPATH": str(REPO / "engine")}
+    proc = subprocess.run([sys.executable, "-m", "ctxrules.cli.main", "run", "--pack", "builtin:default",
+                           "--model", "claude-sonnet-4-5", "--input", str(src), "--session", str(tmp_path / "s"),
+                           *argv], capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert message in proc.stderr and str(src) in proc.stderr and "Traceback" not in proc.stderr
+    assert proc.stdout == ""
+    assert not (tmp_path / "s").exists()  # nothing was half-done
+
+
+def test_preserved_thinking_pin_keeps_every_signed_prefix(tmp_path: Path) -> None:
+    """thinking.clean's preserved_thinking: pin — no stage changes what comes before the newest
+    signed thinking, so the request validates under the preserved-thinking rule; the default
+    (drop) compacts that prefix."""
+    path = next(p for p in transcript_paths() if p.name == "claudecode-ae4a77f8.json")
+    history = json.loads(path.read_text())
+    assistants = [i for i, m in enumerate(history) if m["role"] == "assistant"]
+    signed = assistants[len(assistants) // 2]
+    history[signed] = {**history[signed],
+                       "thinking_blocks": [{"type": "thinking", "thinking": "plan", "signature": "sig-mid"}]}
+    request = A.encode(history, None, {"model": "claude-sonnet-4-5", "max_tokens": 4096})
+    pack = tmp_path / "pin.yaml"
+    pack.write_text("apiVersion: ctxrules/v1\nkind: RulePack\nmetadata: {name: pin, version: 1.0.0}\n"
+                    "extends: [builtin:default]\npipeline:\n  - {id: thinking, with: {preserved_thinking: pin}}\n")
+    pinned = Engine.load(pack).session(tmp_path / "p", model="claude-sonnet-4-5", window=200_000).prepare(
+        request, format="anthropic")
+    assert A.validate(pinned.body, original=request, preserved_thinking=True) == []
+    kept = next(i for i, m in enumerate(pinned.body["messages"])
+                if any(b.get("signature") == "sig-mid" for b in m["content"] if isinstance(m["content"], list)))
+    assert A._canon(pinned.body["messages"][:kept]) == A._canon(request["messages"][:kept])
+    dropped = Engine.load("builtin:default").session(tmp_path / "d", model="claude-sonnet-4-5",
+                                                      window=200_000).prepare(request, format="anthropic")
+    assert pinned.report["after"]["tokens"] > dropped.report["after"]["tokens"]

@@ -1,0 +1,182 @@
+"""The litellm hook in the SDK (async deployment hook, the sync wrapper) and its rules: session
+ids, stateless calls, idempotence, refusals and ctxrules' own failures."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # before litellm is imported: no network
+
+import asyncio
+import hashlib
+import importlib
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import litellm
+import pytest
+from conftest import transcript_paths
+from invariants import pairing_problems
+from proxy_kit import FakeUpstream
+
+from ctxrules.formats import anthropic as A
+from ctxrules.integrations import session_name
+from ctxrules.integrations.litellm import ContextHook, completion
+
+# litellm's own pydantic models warn while they build (its code, not ours).
+pytestmark = pytest.mark.filterwarnings("ignore:Items? .* using the `ReadOnly` qualifier:UserWarning")
+
+
+@pytest.fixture
+def upstream() -> Any:
+    with FakeUpstream() as server:
+        yield server
+
+
+def long_history() -> list[dict[str, Any]]:
+    path = next(p for p in transcript_paths() if p.name == "claudecode-4d5611e5.json")
+    return json.loads(path.read_text())
+
+
+def pack(tmp_path: Path, extra: str) -> str:
+    path = tmp_path / "pack.yaml"
+    path.write_text("apiVersion: ctxrules/v1\nkind: RulePack\nmetadata: {name: t, version: 1.0.0}\n"
+                    f"extends: [builtin:default]\n{extra}")
+    return str(path)
+
+
+@pytest.mark.parametrize(("raw", "name"), [
+    ("run-42", "run-42"), ("a.b_c-D9", "a.b_c-D9"), ("x" * 128, "x" * 128),
+    ("x" * 129, hashlib.sha256(b"x" * 129).hexdigest()), ("a/b", hashlib.sha256(b"a/b").hexdigest()),
+    ("..", hashlib.sha256(b"..").hexdigest()), ("", hashlib.sha256(b"").hexdigest()),
+])
+def test_session_ids_are_used_as_they_are_or_hashed(raw: str, name: str) -> None:
+    assert session_name(raw) == name
+
+
+def test_the_async_sdk_hook_compacts_what_reaches_the_provider(tmp_path: Path, upstream: FakeUpstream) -> None:
+    hook = ContextHook("builtin:default", tmp_path / "state", window=32_000)
+    history = long_history()
+
+    async def call() -> Any:
+        litellm.callbacks = [hook]
+        try:
+            answer = await litellm.acompletion(model="openai/gpt-4o", api_base=f"{upstream.url}/v1",
+                                               api_key="sk-x", messages=history, litellm_session_id="sdk-1")
+            ledger = tmp_path / "state" / "sdk-1"
+            for _ in range(100):  # litellm logs success in a background task
+                if (ledger / "ledger.jsonl").is_file():
+                    break
+                await asyncio.sleep(0.05)
+            return answer
+        finally:
+            litellm.callbacks = []
+
+    answer = asyncio.run(call())
+    assert answer.choices[0].message.content == "ok"
+    sent = upstream.requests[-1][1]["messages"]
+    assert len(sent) < len(history) / 2 and pairing_problems(sent) == []
+    assert hook.stats["prepared"] == 1
+    assert (tmp_path / "state" / "sdk-1" / "state.json").is_file()  # no API key in the SDK: no namespace
+    # The success callback recorded the call's usage in the session's ledger (budgets see it).
+    entries = hook._session(tmp_path / "state" / "sdk-1", "openai/gpt-4o").ledger.root_entries()
+    assert [e.tokens.prompt for e in entries] == [1]
+
+
+def test_the_sync_wrapper_prepares_before_litellm_completion(tmp_path: Path, upstream: FakeUpstream) -> None:
+    hook = ContextHook("builtin:default", tmp_path / "state", window=32_000)
+    history = long_history()
+    answer = completion(model="openai/gpt-4o", api_base=f"{upstream.url}/v1", api_key="sk-x", messages=history,
+                        metadata={"session_id": "sync-1"}, hook=hook)
+    assert answer.choices[0].message.content == "ok"
+    assert len(upstream.requests[-1][1]["messages"]) < len(history) / 2
+    assert (tmp_path / "state" / "sync-1" / "state.json").is_file()
+
+
+def test_its_own_output_passes_unchanged_without_a_state_write(tmp_path: Path) -> None:
+    hook = ContextHook("builtin:default", tmp_path / "state", window=32_000)
+    data = {"model": "gpt-4o", "messages": long_history(), "litellm_session_id": "idem"}
+    out = hook.process(data, "openai", api_key="key-1")
+    state = next((tmp_path / "state" / "keys").glob("*/idem/state.json"))
+    before = (state.stat().st_mtime_ns, state.read_bytes())
+    again = hook.process(out, "openai", api_key="key-1")
+    assert again is out
+    assert (state.stat().st_mtime_ns, state.read_bytes()) == before
+    assert hook.stats == {"prepared": 1, "unchanged": 1, "passed": 0, "failed": 0}
+
+
+def test_two_api_keys_never_share_a_session(tmp_path: Path) -> None:
+    hook = ContextHook("builtin:default", tmp_path / "state", window=32_000)
+    for key in ("key-a", "key-b"):
+        hook.process({"model": "gpt-4o", "messages": [{"role": "user", "content": key}],
+                      "litellm_session_id": "same"}, "openai", api_key=key)
+    assert len(list((tmp_path / "state" / "keys").glob("*/same/state.json"))) == 2
+
+
+def test_without_a_session_id_nothing_but_the_shared_vault_is_kept(tmp_path: Path) -> None:
+    hook = ContextHook("builtin:default", tmp_path / "state", window=32_000)
+    out = hook.process({"model": "gpt-4o", "messages": long_history()}, "openai")
+    assert len(out["messages"]) < len(long_history()) / 2
+    assert not list((tmp_path / "state").rglob("state.json"))
+    assert list((tmp_path / "state" / ".stateless").iterdir()) == []
+    vault = tmp_path / "state" / "vault"
+    assert vault.is_dir() and any(p.is_file() for p in vault.rglob("*"))
+
+
+def test_anthropic_requests_come_back_in_anthropic_form(tmp_path: Path) -> None:
+    hook = ContextHook("builtin:default", tmp_path / "state", window=32_000)
+    request = A.encode(long_history(), None, {"model": "claude-sonnet-4-5", "max_tokens": 100})
+    out = hook.process({**request, "litellm_session_id": "anth"}, "anthropic")
+    assert out["model"] == "claude-sonnet-4-5" and out["litellm_session_id"] == "anth"
+    assert A.validate({k: out[k] for k in ("messages", "system") if k in out}) == []
+    assert len(out["messages"]) < len(request["messages"]) / 4
+
+
+def test_other_call_types_pass_through(tmp_path: Path) -> None:
+    hook = ContextHook("builtin:default", tmp_path / "state")
+    data = {"model": "gpt-4o", "input": "hello"}
+    assert asyncio.run(hook.async_pre_call_deployment_hook(data, "aembedding")) is data
+    assert hook.stats["passed"] == 1
+
+
+def test_the_proxy_hook_is_defined_on_the_class_itself() -> None:
+    # litellm's proxy only dispatches async_pre_call_hook when vars(cls) has it.
+    assert "async_pre_call_hook" in vars(ContextHook)
+    assert "async_pre_call_deployment_hook" in vars(ContextHook)
+
+
+def test_the_gateway_guard_is_a_bad_request(tmp_path: Path) -> None:
+    hook = ContextHook(pack(tmp_path, "guards: {max_request_tokens: 1000}\n"), tmp_path / "state")
+    with pytest.raises(litellm.BadRequestError, match="gateway guard") as caught:
+        hook.process({"model": "gpt-4o", "messages": [{"role": "user", "content": "word " * 5000}]}, "openai")
+    assert caught.value.status_code == 400
+
+
+def test_an_exceeded_budget_is_a_rate_limit(tmp_path: Path) -> None:
+    hook = ContextHook(pack(tmp_path, "budgets: {session: {tokens: 100}}\n"), tmp_path / "state")
+    hook._session(tmp_path / "state" / "spent", "gpt-4o").record_usage({"prompt_tokens": 500, "completion_tokens": 1})
+    with pytest.raises(litellm.RateLimitError, match="budget exceeded") as caught:
+        hook.process({"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}],
+                      "litellm_session_id": "spent"}, "openai")
+    assert caught.value.status_code == 429
+
+
+def test_a_failure_of_ctxrules_passes_the_request_on_or_rejects_it(tmp_path: Path,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    data = {"model": "not-a-model-ctxrules-knows", "messages": [{"role": "user", "content": "hi"}]}
+    passing = ContextHook("builtin:default", tmp_path / "state")
+    assert passing.process(data, "openai") is data
+    assert passing.stats["failed"] == 1
+    assert "on_error: pass" in capsys.readouterr().err
+    rejecting = ContextHook("builtin:default", tmp_path / "state", on_error="reject")
+    with pytest.raises(litellm.InternalServerError, match="ctxrules failed"):
+        rejecting.process(data, "openai")
+
+
+def test_a_missing_litellm_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "litellm.integrations.custom_logger", None)
+    monkeypatch.delitem(sys.modules, "ctxrules.integrations.litellm")
+    with pytest.raises(ImportError, match=r'pip install "ctxrules\[litellm-proxy\]"'):
+        importlib.import_module("ctxrules.integrations.litellm")
