@@ -56,9 +56,7 @@ def main() -> None:
     for mode in ps.mode_names():
         assemble(pack, mode=mode, model="claude-sonnet-4-5", variables={"agent_name": "Ada"})
     repeat_us = timed(
-        lambda: assemble(
-            pack, mode="full", model="claude-sonnet-4-5", variables={"agent_name": "Ada"}
-        ),
+        lambda: assemble(pack, mode="full", model="claude-sonnet-4-5", variables={"agent_name": "Ada"}),
         20_000,
     )
     per_repeat = statistics.median(repeat_us)

@@ -29,9 +29,7 @@ def main(n: int) -> None:
         {"budgets": {"session": {"usd": 1e6}, "day": {"usd": 1e6}, "goal": {"tokens": 10**12}}}
     )
     with tempfile.TemporaryDirectory() as tmp:
-        s = SessionLedger(
-            Path(tmp) / "st" / "s", "s", model="claude-sonnet-4-5", policy=policy, goal="g"
-        )
+        s = SessionLedger(Path(tmp) / "st" / "s", "s", model="claude-sonnet-4-5", policy=policy, goal="g")
         usage = TokenUsage.of(prompt=40_000, completion=800, cached=35_000, cache_write=2_000)
         t0 = time.perf_counter()
         for _ in range(n):
@@ -57,9 +55,7 @@ def main(n: int) -> None:
     print(f"calls in the ledgers:           {n}")
     print(f"record one call (3 fsynced appends): {per_record * 1e3:8.3f} ms")
     print(f"baseline json.loads of {n} lines:  {baseline * 1e3:8.3f} ms")
-    print(
-        f"status, cold (parse all):        {cold * 1e3:8.3f} ms  ({cold / baseline:.1f}x baseline)"
-    )
+    print(f"status, cold (parse all):        {cold * 1e3:8.3f} ms  ({cold / baseline:.1f}x baseline)")
     print(f"status, warm (1 new call):       {warm * 1e3:8.3f} ms")
     print(f"level {st.level.label}, {st.totals.calls} calls, ${st.totals.usd:.2f}")
 

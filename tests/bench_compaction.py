@@ -31,7 +31,10 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "engine"))
 sys.path.insert(0, str(HERE))
-TRANSCRIPT = HERE.parents[1] / "shared" / "corpus" / "transcripts" / "claudecode-ae4a77f8.json"
+from conftest import TRANSCRIPTS  # noqa: E402  (the corpus folder: $CTXRULES_CORPUS)
+
+# The longest Claude Code session of the corpus (485 messages, ~122K tokens)
+TRANSCRIPT = TRANSCRIPTS / "claudecode-ae4a77f8.json"
 WINDOW = 32_000
 MODEL = "gpt-4o"
 
@@ -84,7 +87,8 @@ def main() -> int:
     litellm.suppress_debug_info = True
     litellm.utils.trim_messages(history, model=MODEL, max_tokens=goal)  # warm its tokenizer
     theirs_ms, trimmed = median_ms(
-        lambda: litellm.utils.trim_messages(history, model=MODEL, max_tokens=goal), args.reps)
+        lambda: litellm.utils.trim_messages(history, model=MODEL, max_tokens=goal), args.reps
+    )
 
     first_user = next(m for m in history if is_real_user(m))
     last_user = next(m for m in reversed(history) if is_real_user(m))
@@ -97,12 +101,17 @@ def main() -> int:
         ("unanswered calls / orphan results", orphans(ours), orphans(theirs)),
         ("first user message kept", first_user in ours, first_user in theirs),
         ("latest user message kept", last_user in ours, last_user in theirs),
-        ("removed messages recoverable", f"{len(restored)}/{len(history)} (vault)",
-         f"{len(theirs)}/{len(history)} (no copy)"),
+        (
+            "removed messages recoverable",
+            f"{len(restored)}/{len(history)} (vault)",
+            f"{len(theirs)}/{len(history)} (no copy)",
+        ),
     ]
-    print(f"input: {TRANSCRIPT.name}, {len(history)} messages, "
-          f"{counter.count_messages(history)} tokens; window {WINDOW}, reserve "
-          f"{budget.reserve_output}, target below {goal} tokens (light); reps {args.reps}")
+    print(
+        f"input: {TRANSCRIPT.name}, {len(history)} messages, "
+        f"{counter.count_messages(history)} tokens; window {WINDOW}, reserve "
+        f"{budget.reserve_output}, target below {goal} tokens (light); reps {args.reps}"
+    )
     print(f"{'':36s} {'ctxrules':>24s} {'litellm.trim_messages':>24s}")
     for label, a, b in rows:
         print(f"{label:36s} {a!s:>24s} {b!s:>24s}")

@@ -144,15 +144,11 @@ def main() -> None:
         row[0] += 1
         row[1] += counter.count_text(text)
         row[2] += counter.count_text(output)
-        failures = (
-            given.get(ident, []) if given else failure_line_numbers(pack, command, text, code)
-        )
+        failures = given.get(ident, []) if given else failure_line_numbers(pack, command, text, code)
         dumped[ident] = failures
         originals = text.split("\n")
         ours = words(output)
-        counted_ranges = [
-            m.lines for m in parse_markers(output) if m.lines and "failures" in m.extra
-        ]
+        counted_ranges = [m.lines for m in parse_markers(output) if m.lines and "failures" in m.extra]
         for n in failures:
             row[3] += 1
             if words(ANSI.sub("", originals[n - 1])) in ours:

@@ -50,8 +50,12 @@ def main() -> int:
     from ctxrules.stages.tool_output_filter import ToolOutputFilter
     from ctxrules.stages.ttl_prune import TtlPrune
 
-    stages = {"thinking.clean": ThinkingClean({}), "media.window": MediaWindow({}),
-              "tool_output.filter": ToolOutputFilter({}), "ttl.prune": TtlPrune({})}
+    stages = {
+        "thinking.clean": ThinkingClean({}),
+        "media.window": MediaWindow({}),
+        "tool_output.filter": ToolOutputFilter({}),
+        "ttl.prune": TtlPrune({}),
+    }
     totals: dict[str, list[float]] = {name: [0.0, 0.0, 0.0, 0] for name in stages}  # type: ignore[misc]
     worst: dict[str, tuple[float, str]] = {name: (0.0, "") for name in stages}
     baseline_total = 0.0
@@ -64,8 +68,7 @@ def main() -> int:
             base_ms, _ = _ms(lambda h=history, c=probe.counter: _cold_count(c, h))
             baseline_total += base_ms
             for name, stage in stages.items():
-                ctx = make_ctx(Path(tmp) / path.stem / name, model="gpt-4o", utilization=0.8,
-                               tier="full")
+                ctx = make_ctx(Path(tmp) / path.stem / name, model="gpt-4o", utilization=0.8, tier="full")
                 first = stage(history, ctx)
                 cold_ms, _ = _ms(lambda s=stage, c=ctx, h=history: s(h, c))
                 warm_ms, again = _ms(lambda s=stage, c=ctx, o=first.messages: s(o, c))
@@ -82,13 +85,16 @@ def main() -> int:
                 row[2] = max(row[2], warm_ms / base_ms if base_ms else 0.0)
         failed |= _synthetic(Path(tmp))
     n = len(transcript_paths())
-    print(f"corpus: {n} transcripts; baseline (one cold token count of each history): "
-          f"{baseline_total:.1f} ms in total")
-    print(f"{'stage':20} {'cold ms':>9} {'own output ms':>14} {'worst own/base':>15} "
-          f"{'tokens saved':>13}  slowest transcript")
+    print(f"corpus: {n} transcripts; baseline (one cold token count of each history): {baseline_total:.1f} ms in total")
+    print(
+        f"{'stage':20} {'cold ms':>9} {'own output ms':>14} {'worst own/base':>15} "
+        f"{'tokens saved':>13}  slowest transcript"
+    )
     for name, (cold, warm, ratio, saved) in totals.items():
-        print(f"{name:20} {cold:9.1f} {warm:14.1f} {ratio:15.2f} {int(saved):13d}  "
-              f"{worst[name][1]} ({worst[name][0]:.1f} ms)")
+        print(
+            f"{name:20} {cold:9.1f} {warm:14.1f} {ratio:15.2f} {int(saved):13d}  "
+            f"{worst[name][1]} ({worst[name][0]:.1f} ms)"
+        )
         if ratio >= 1.0:
             print(f"  ! {name}: a run on its own output costs more than the baseline count")
             failed = True
@@ -106,18 +112,29 @@ def _synthetic(tmp: Path) -> bool:
 
     path = max(transcript_paths(), key=lambda p: len(json.loads(p.read_text())))
     history = json.loads(path.read_text())
-    thinking = [{**m, "reasoning_content": f"thought {i}", "thinking_blocks": [
-        {"type": "thinking", "thinking": f"thought {i}", "signature": f"sig{i}"}]}
-        if m["role"] == "assistant" else m for i, m in enumerate(history)]
+    thinking = [
+        {
+            **m,
+            "reasoning_content": f"thought {i}",
+            "thinking_blocks": [{"type": "thinking", "thinking": f"thought {i}", "signature": f"sig{i}"}],
+        }
+        if m["role"] == "assistant"
+        else m
+        for i, m in enumerate(history)
+    ]
     shot = data_url(png_bytes(320, 200))
-    media = [{**m, "content": [{"type": "text", "text": m["content"]},
-                               {"type": "image_url", "image_url": {"url": shot}}]}
-             if m["role"] == "tool" else m for m in history]
+    media = [
+        {**m, "content": [{"type": "text", "text": m["content"]}, {"type": "image_url", "image_url": {"url": shot}}]}
+        if m["role"] == "tool"
+        else m
+        for m in history
+    ]
     failed = False
     print(f"synthetic shapes on {path.stem} ({len(history)} messages):")
-    for label, stage, msgs, model in (("thinking.clean (anthropic)", ThinkingClean({}), thinking,
-                                       "claude-sonnet-4-5"),
-                                      ("media.window", MediaWindow({}), media, "gpt-4o")):
+    for label, stage, msgs, model in (
+        ("thinking.clean (anthropic)", ThinkingClean({}), thinking, "claude-sonnet-4-5"),
+        ("media.window", MediaWindow({}), media, "gpt-4o"),
+    ):
         probe = make_ctx(tmp / "probe-syn", model=model)
 
         base_ms, _ = _ms(lambda h=msgs, c=probe.counter: _cold_count(c, h))
@@ -126,8 +143,10 @@ def _synthetic(tmp: Path) -> bool:
         cold_ms, _ = _ms(lambda s=stage, c=ctx, m=msgs: s(m, c))
         warm_ms, again = _ms(lambda s=stage, c=ctx, o=first.messages: s(o, c))
         saved = sum(a.tokens_saved for a in first.actions)
-        print(f"  {label:28} cold {cold_ms:7.1f} ms, own output {warm_ms:7.1f} ms, baseline count "
-              f"{base_ms:7.1f} ms, {len(first.actions)} actions, {saved} tokens saved")
+        print(
+            f"  {label:28} cold {cold_ms:7.1f} ms, own output {warm_ms:7.1f} ms, baseline count "
+            f"{base_ms:7.1f} ms, {len(first.actions)} actions, {saved} tokens saved"
+        )
         if again.actions or warm_ms >= base_ms:
             print(f"  ! {label}: not idempotent or slower than the baseline on its own output")
             failed = True

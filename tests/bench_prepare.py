@@ -24,15 +24,29 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "engine"))
-TRANSCRIPT = HERE.parents[1] / "shared" / "corpus" / "transcripts" / "claudecode-ae4a77f8.json"
+sys.path.insert(0, str(HERE))
+from conftest import TRANSCRIPTS  # noqa: E402  (the corpus folder: $CTXRULES_CORPUS)
+
+# The longest Claude Code session of the corpus (485 messages, ~122K tokens)
+TRANSCRIPT = TRANSCRIPTS / "claudecode-ae4a77f8.json"
 REPS = 21
 
 
 def turn(i: int) -> list[dict[str, object]]:
-    return [{"role": "assistant", "content": f"Next I will check item {i}.", "tool_calls": [
-        {"id": f"bench_{i}", "type": "function",
-         "function": {"name": "Bash", "arguments": json.dumps({"command": f"ls {i}"})}}]},
-        {"role": "tool", "tool_call_id": f"bench_{i}", "content": f"file_{i}.txt\n" * 20}]
+    return [
+        {
+            "role": "assistant",
+            "content": f"Next I will check item {i}.",
+            "tool_calls": [
+                {
+                    "id": f"bench_{i}",
+                    "type": "function",
+                    "function": {"name": "Bash", "arguments": json.dumps({"command": f"ls {i}"})},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": f"bench_{i}", "content": f"file_{i}.txt\n" * 20},
+    ]
 
 
 def main() -> int:
@@ -71,17 +85,23 @@ def main() -> int:
     count_ms = statistics.median(counts)
     cold, warm, first, _last = results["400K"]
     print(f"transcript: {TRANSCRIPT.name}, {len(history)} messages, {first['before']['tokens']} tokens (gpt-4o)")
-    print(f"litellm.token_counter, one call on the same messages: {count_ms:8.2f} ms (median of {REPS}, "
-          "each right after a warm turn)")
-    print(f"400K window, tier {first['before']['tier']}: first prepare {cold:8.2f} ms; "
-          f"warm prepare after one appended step {warm:8.2f} ms (median of {REPS})")
+    print(
+        f"litellm.token_counter, one call on the same messages: {count_ms:8.2f} ms (median of {REPS}, "
+        "each right after a warm turn)"
+    )
+    print(
+        f"400K window, tier {first['before']['tier']}: first prepare {cold:8.2f} ms; "
+        f"warm prepare after one appended step {warm:8.2f} ms (median of {REPS})"
+    )
     ratio = warm / count_ms
     print(f"  warm prepare / one token count = {ratio:.3f} (target < 0.100): {'OK' if ratio < 0.1 else 'MISSED'}")
     cold32, warm32, first32, last32 = results["32K"]
-    print(f"32K window: first prepare (compaction) {cold32:8.2f} ms, {first32['before']['tokens']} -> "
-          f"{first32['after']['tokens']} tokens; warm per-turn {warm32:8.2f} ms "
-          f"(reused {last32['reused_messages']} messages, stages that ran on the warm turn: "
-          f"{[s['id'] for s in last32['stages'] if s['ran']]})")
+    print(
+        f"32K window: first prepare (compaction) {cold32:8.2f} ms, {first32['before']['tokens']} -> "
+        f"{first32['after']['tokens']} tokens; warm per-turn {warm32:8.2f} ms "
+        f"(reused {last32['reused_messages']} messages, stages that ran on the warm turn: "
+        f"{[s['id'] for s in last32['stages'] if s['ran']]})"
+    )
     return 0 if ratio < 0.1 else 1
 
 

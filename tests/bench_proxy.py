@@ -24,8 +24,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from conftest import transcript_paths
 from proxy_kit import FakeUpstream, missing_proxy_modules, post, running_proxy, write_config
 
-HOOK = ("from ctxrules.integrations.litellm import ContextHook\n\n"
-        "hook = ContextHook('builtin:default', {state!r}, window={window})\n")
+HOOK = (
+    "from ctxrules.integrations.litellm import ContextHook\n\n"
+    "hook = ContextHook('builtin:default', {state!r}, window={window})\n"
+)
 
 
 def prefix_at_step(history: list[dict], n: int) -> list[dict]:
@@ -58,8 +60,9 @@ def main() -> int:
         (root / "plain").mkdir()
         (root / "hooked").mkdir()
         plain_cfg = write_config(root / "plain", upstream.url, hook=None)
-        hooked_cfg = write_config(root / "hooked", upstream.url,
-                                  hook=HOOK.format(state=str(root / "state"), window=args.window))
+        hooked_cfg = write_config(
+            root / "hooked", upstream.url, hook=HOOK.format(state=str(root / "state"), window=args.window)
+        )
         with running_proxy(plain_cfg) as plain, running_proxy(hooked_cfg) as hooked:
             timings: dict[str, list[float]] = {"plain": [], "hooked": []}
             sent: dict[str, list[int]] = {"plain": [], "hooked": []}
@@ -79,23 +82,38 @@ def main() -> int:
             cold: dict[str, float] = {}
             for name, base in (("plain", plain), ("hooked", hooked)):
                 started = time.perf_counter()
-                post(base, "/v1/chat/completions", {"model": "gpt-4o", "messages": history,
-                                                    "litellm_session_id": "bench-cold"})
+                post(
+                    base,
+                    "/v1/chat/completions",
+                    {"model": "gpt-4o", "messages": history, "litellm_session_id": "bench-cold"},
+                )
                 cold[name] = (time.perf_counter() - started) * 1000
     plain_ms, hooked_ms = timings["plain"], timings["hooked"]
     added = [h - p for h, p in zip(hooked_ms, plain_ms, strict=True)]
-    print(f"transcript {args.transcript}: {len(sizes)} requests of {sizes[0]}..{sizes[-1]} messages, "
-          f"window {args.window}, one session")
-    print(f"  messages reaching the upstream: without hook {sent['plain'][-1]}, with hook {sent['hooked'][-1]} "
-          f"(last request)")
-    print(f"  proxy without hook (baseline): median {statistics.median(plain_ms):8.1f} ms   "
-          f"mean {statistics.mean(plain_ms):8.1f} ms")
-    print(f"  proxy with ctxrules hook:      median {statistics.median(hooked_ms):8.1f} ms   "
-          f"mean {statistics.mean(hooked_ms):8.1f} ms")
-    print(f"  added per request (warm session): median {statistics.median(added):8.1f} ms   "
-          f"p90 {sorted(added)[int(0.9 * (len(added) - 1))]:8.1f} ms")
-    print(f"  cold request, whole transcript ({len(history)} messages, new session): "
-          f"{cold['plain']:.1f} ms without, {cold['hooked']:.1f} ms with (+{cold['hooked'] - cold['plain']:.1f} ms)")
+    print(
+        f"transcript {args.transcript}: {len(sizes)} requests of {sizes[0]}..{sizes[-1]} messages, "
+        f"window {args.window}, one session"
+    )
+    print(
+        f"  messages reaching the upstream: without hook {sent['plain'][-1]}, with hook {sent['hooked'][-1]} "
+        f"(last request)"
+    )
+    print(
+        f"  proxy without hook (baseline): median {statistics.median(plain_ms):8.1f} ms   "
+        f"mean {statistics.mean(plain_ms):8.1f} ms"
+    )
+    print(
+        f"  proxy with ctxrules hook:      median {statistics.median(hooked_ms):8.1f} ms   "
+        f"mean {statistics.mean(hooked_ms):8.1f} ms"
+    )
+    print(
+        f"  added per request (warm session): median {statistics.median(added):8.1f} ms   "
+        f"p90 {sorted(added)[int(0.9 * (len(added) - 1))]:8.1f} ms"
+    )
+    print(
+        f"  cold request, whole transcript ({len(history)} messages, new session): "
+        f"{cold['plain']:.1f} ms without, {cold['hooked']:.1f} ms with (+{cold['hooked'] - cold['plain']:.1f} ms)"
+    )
     return 0
 
 

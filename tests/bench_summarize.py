@@ -27,7 +27,9 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "engine"))
-CORPUS = HERE.parents[1] / "shared" / "corpus" / "transcripts"
+sys.path.insert(0, str(HERE))
+from conftest import TRANSCRIPTS as CORPUS  # noqa: E402  (the corpus folder: $CTXRULES_CORPUS)
+
 SUMMARY_ONLY = HERE / "fixtures" / "summarize" / "summary-only.yaml"
 REPS = 5
 
@@ -65,10 +67,7 @@ def main() -> int:
     )
 
     engine = Engine.load(str(SUMMARY_ONLY))
-    print(
-        f"\n{'transcript':48} {'msgs':>5} {'tokens':>7} {'stage ms':>9} {'prepare ms':>11} "
-        f"{'saved':>7}"
-    )
+    print(f"\n{'transcript':48} {'msgs':>5} {'tokens':>7} {'stage ms':>9} {'prepare ms':>11} {'saved':>7}")
     for name, messages in transcripts.items():
         probe = engine.session(None, model="gpt-4o", window=10**6, session_id="probe")
         tokens = probe.counter.count_messages(messages, [])
@@ -82,9 +81,7 @@ def main() -> int:
                 started = time.perf_counter()
                 result = session.prepare(messages, clock=1.0)
                 prepare_ms.append((time.perf_counter() - started) * 1000)
-                stage = next(
-                    s for s in result.report["stages"] if s["type"] == "summarize.structured"
-                )
+                stage = next(s for s in result.report["stages"] if s["type"] == "summarize.structured")
                 stage_ms.append(stage["ms"])
                 saved = stage["tokens_saved"]
         print(

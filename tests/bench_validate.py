@@ -47,16 +47,22 @@ def _env() -> dict[str, str]:
 
 def _time(argv: list[str], env: dict[str, str]) -> tuple[float, int, str]:
     start = time.perf_counter()
-    proc = subprocess.run(argv, cwd=REPO, env=env, stdout=subprocess.DEVNULL,
-                          stderr=subprocess.PIPE, text=True, check=False)
+    proc = subprocess.run(
+        argv, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, check=False
+    )
     return time.perf_counter() - start, proc.returncode, proc.stderr
 
 
 def _heaviest_imports(env: dict[str, str], top: int = 8) -> list[tuple[int, str]]:
     """The slowest imports of one validate run (cumulative microseconds), from -X importtime."""
-    proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "ctxrules.cli.main",
-                           "validate", "rules/"], cwd=REPO, env=env, capture_output=True,
-                          text=True, check=False)
+    proc = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "ctxrules.cli.main", "validate", "rules/"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     rows = []
     for line in proc.stderr.splitlines():
         if not line.startswith("import time:") or "cumulative" in line:
@@ -88,8 +94,14 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         times["validate"].append(t)
 
-    probe = subprocess.run([sys.executable, "-c", _PROBE.format(forbidden=FORBIDDEN)], cwd=REPO,
-                           env=env, capture_output=True, text=True, check=False)
+    probe = subprocess.run(
+        [sys.executable, "-c", _PROBE.format(forbidden=FORBIDDEN)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     if probe.returncode != 0:
         print(f"FAIL: the import probe crashed\n{probe.stderr}")
         return 1
@@ -98,13 +110,13 @@ def main(argv: list[str] | None = None) -> int:
     med_v, med_f = statistics.median(times["validate"]), statistics.median(times["floor"])
     print(f"python {sys.version.split()[0]} on {sys.platform}, {args.runs} fresh processes each")
     print(f"{'':38} {'median':>8} {'min':>8} {'max':>8}")
-    for label, key in (("ctxrules validate rules/", "validate"),
-                       ('python -c "import yaml, jsonschema"', "floor")):
+    for label, key in (("ctxrules validate rules/", "validate"), ('python -c "import yaml, jsonschema"', "floor")):
         ts = times[key]
-        print(f"{label:38} {statistics.median(ts) * 1000:7.0f}ms {min(ts) * 1000:7.0f}ms "
-              f"{max(ts) * 1000:7.0f}ms")
-    print(f"validate costs {med_v / med_f:.2f}x the import floor "
-          f"(+{(med_v - med_f) * 1000:.0f} ms); {found['modules']} modules loaded")
+        print(f"{label:38} {statistics.median(ts) * 1000:7.0f}ms {min(ts) * 1000:7.0f}ms {max(ts) * 1000:7.0f}ms")
+    print(
+        f"validate costs {med_v / med_f:.2f}x the import floor "
+        f"(+{(med_v - med_f) * 1000:.0f} ms); {found['modules']} modules loaded"
+    )
     print("heaviest top-level imports (cumulative):")
     for micros, name in _heaviest_imports(env):
         print(f"  {micros / 1000:7.1f} ms  {name}")

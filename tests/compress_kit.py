@@ -18,6 +18,7 @@ from typing import Any
 
 import structlog
 
+from ctxrules.messages import injected_kind
 from ctxrules.models import lookup_model
 from ctxrules.pipeline.budget import DEFAULT_THRESHOLDS, Budget
 from ctxrules.pipeline.context import StageContext
@@ -43,20 +44,35 @@ def default_pack() -> dict[str, Any]:
     return json.loads(_default_pack_json())  # type: ignore[no-any-return]
 
 
-def make_ctx(tmp_path: Path, *, window: int = 32_000, pack: dict[str, Any] | None = None,
-             state: dict[str, Any] | None = None, protected: Iterable[int] = (),
-             target: str = "monitor", compactions: tuple[str, ...] = (),
-             tail_budget: float = 0.20, model: str = "gpt-4o", tools: list[Any] | None = None,
-             session: str = "session") -> StageContext:
+def make_ctx(
+    tmp_path: Path,
+    *,
+    window: int = 32_000,
+    pack: dict[str, Any] | None = None,
+    state: dict[str, Any] | None = None,
+    protected: Iterable[int] = (),
+    target: str = "monitor",
+    compactions: tuple[str, ...] = (),
+    tail_budget: float = 0.20,
+    model: str = "gpt-4o",
+    tools: list[Any] | None = None,
+    session: str = "session",
+) -> StageContext:
     info = lookup_model(model, window=window)
     counter = TokenCounter.for_model(info)
-    budget = Budget(window=window, reserve_output=8192, thresholds=dict(DEFAULT_THRESHOLDS),
-                    tail_budget=tail_budget)
+    budget = Budget(window=window, reserve_output=8192, thresholds=dict(DEFAULT_THRESHOLDS), tail_budget=tail_budget)
     return StageContext(
-        stage_id="test", model=info, counter=counter, budget=budget,
-        vault=Vault.for_session(tmp_path / session), tools=tools or [],
-        pack=default_pack() if pack is None else pack, log=structlog.get_logger(),
-        state={} if state is None else state, protected=set(protected), target=target,
+        stage_id="test",
+        model=info,
+        counter=counter,
+        budget=budget,
+        vault=Vault.for_session(tmp_path / session),
+        tools=tools or [],
+        pack=default_pack() if pack is None else pack,
+        log=structlog.get_logger(),
+        state={} if state is None else state,
+        protected=set(protected),
+        target=target,
         compactions=compactions,
     )
 
@@ -65,15 +81,19 @@ def make_ctx(tmp_path: Path, *, window: int = 32_000, pack: dict[str, Any] | Non
 
 
 def call(cid: str, name: str = "Bash", **arguments: Any) -> Msg:
-    return {"id": cid, "type": "function",
-            "function": {"name": name, "arguments": json.dumps(arguments or {"command": "ls"})}}
+    return {
+        "id": cid,
+        "type": "function",
+        "function": {"name": name, "arguments": json.dumps(arguments or {"command": "ls"})},
+    }
 
 
-def step(cid: str, output: str, name: str = "Bash", text: str | None = None,
-         **arguments: Any) -> list[Msg]:
+def step(cid: str, output: str, name: str = "Bash", text: str | None = None, **arguments: Any) -> list[Msg]:
     """An assistant message with one call and its result."""
-    return [{"role": "assistant", "content": text, "tool_calls": [call(cid, name, **arguments)]},
-            {"role": "tool", "tool_call_id": cid, "content": output}]
+    return [
+        {"role": "assistant", "content": text, "tool_calls": [call(cid, name, **arguments)]},
+        {"role": "tool", "tool_call_id": cid, "content": output},
+    ]
 
 
 def user(text: str = "go on") -> Msg:
@@ -86,12 +106,10 @@ def system(text: str = "You are a careful coding agent.") -> Msg:
 
 def filler(lines: int, seed: str = "x") -> str:
     """Distinct, realistic-looking lines (about 12 tokens each): no two seeds share a line."""
-    return "".join(f"{seed}: line {i:05d} of the output, value={(i * 7919) % 10007} ok\n"
-                   for i in range(lines))
+    return "".join(f"{seed}: line {i:05d} of the output, value={(i * 7919) % 10007} ok\n" for i in range(lines))
 
 
-def conversation(n_steps: int, lines: int = 60, *,
-                 ask: str = "Fix the failing build.") -> list[Msg]:
+def conversation(n_steps: int, lines: int = 60, *, ask: str = "Fix the failing build.") -> list[Msg]:
     """system, one real user message, then ``n_steps`` Bash steps with distinct outputs."""
     out: list[Msg] = [system(), user(ask)]
     for n in range(n_steps):
@@ -114,10 +132,10 @@ def restore(text: str, vault: Vault) -> str:
             continue
         lines = vault.get_lines(ref.group(1), int(ref.group(2)), int(ref.group(3)))
         elided = lines.decode("utf-8", "surrogatepass")
-        out.append(text[pos:match.start()])
+        out.append(text[pos : match.start()])
         out.append(elided)
         pos = match.end()
-        if elided.endswith("\n") and text[pos:pos + 1] == "\n":
+        if elided.endswith("\n") and text[pos : pos + 1] == "\n":
             pos += 1
     out.append(text[pos:])
     return "".join(out)
@@ -143,8 +161,9 @@ def recovers(original: str, shortened: str, vault: Vault, depth: int = 0) -> boo
         return True
     for vid in refs(shortened):
         stored = vault.get(vid).decode("utf-8", "surrogatepass")
-        if stored == original or (stored != shortened and MARKER.search(stored)
-                                  and recovers(original, stored, vault, depth + 1)):
+        if stored == original or (
+            stored != shortened and MARKER.search(stored) and recovers(original, stored, vault, depth + 1)
+        ):
             return True
     return False
 
@@ -153,9 +172,8 @@ def expand(messages: list[Msg], vault: Vault) -> list[Msg]:
     """Messages with every removed-steps placeholder replaced by the messages it stands for."""
     out: list[Msg] = []
     for msg in messages:
-        meta = msg.get("ctxrules")
         text = msg.get("content") if isinstance(msg.get("content"), str) else ""
-        if isinstance(meta, dict) and meta.get("kind") == "removed":
+        if injected_kind(msg) == "removed":
             kinds = [_KIND.search(m.group(0)) for m in MARKER.finditer(text)]
             refs = [_REF.search(m.group(0)) for m in MARKER.finditer(text)]
             for kind, ref in zip(kinds, refs, strict=True):
@@ -171,8 +189,7 @@ def text_of(msg: Msg) -> str:
     if isinstance(content, str):
         return content
     if isinstance(content, list):
-        return "\n".join(p.get("text", "") for p in content if isinstance(p, dict)
-                         and p.get("type") == "text")
+        return "\n".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text")
     return ""
 
 

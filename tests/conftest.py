@@ -12,15 +12,51 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "engine"))
 
-# The real test data (agent transcripts, command outputs); never copied into the repository.
+# The real test data: 22 recorded agent sessions (transcripts/*.json, OpenAI chat messages) and
+# real command outputs (command-outputs/). It is not part of the repository. CTXRULES_CORPUS
+# names its folder; the default is where the development checkout keeps it, and this is the
+# only place that default is written.
 CORPUS = Path(os.environ.get("CTXRULES_CORPUS") or REPO.parent / "shared" / "corpus")
 TRANSCRIPTS = CORPUS / "transcripts"
 COMMAND_OUTPUTS = CORPUS / "command-outputs"
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 
 
+def corpus_present() -> bool:
+    return TRANSCRIPTS.is_dir() and COMMAND_OUTPUTS.is_dir()
+
+
 def transcript_paths() -> list[Path]:
     return sorted(p for p in TRANSCRIPTS.glob("*.json") if p.name != "stats.json")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # The plugin registers its marker itself; a source checkout without the entry point
+    # installed imports its fixtures directly (tests/test_prompts_snapshots.py).
+    config.addinivalue_line("markers", "ctxrules_pack(pack): the pack the ctxrules fixtures use")
+    config.addinivalue_line(
+        "markers",
+        "corpus: needs the real corpus named by CTXRULES_CORPUS (skipped without it; "
+        "under CI=true its absence fails the test)",
+    )
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Tests marked ``corpus`` skip with one reason per module when the corpus is absent, and
+    fail instead under ``CI=true`` (CI has the corpus: a silent skip there would hide a loss of
+    coverage). Runs before pytest's own skip marks, so an empty parameter set built from the
+    absent corpus fails under CI too."""
+    if item.get_closest_marker("corpus") is None or corpus_present():
+        return
+    module = item.path.name
+    reason = (
+        f"{module} replays the real corpus (agent transcripts and command outputs); "
+        f"set CTXRULES_CORPUS to its folder (not found: {CORPUS})"
+    )
+    if os.environ.get("CI", "").lower() == "true":
+        pytest.fail(f"CI=true but the corpus is missing: {reason}", pytrace=False)
+    pytest.skip(reason)
 
 
 @pytest.fixture

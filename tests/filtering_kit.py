@@ -43,33 +43,57 @@ DEFAULT_PACK = {
 MARKER = re.compile(r"\[ctxrules:elided [^\]]*?ref=vault://([0-9a-f]{64})(?:#L(\d+)-L(\d+))?[^\]]*\]")
 
 
-def make_ctx(tmp_path: Path, *, model: str = "gpt-4o", window: int = 128_000,
-             utilization: float | None = None, tier: str = "below", cache_hot: bool = False,
-             state: dict[str, Any] | None = None, pack: dict[str, Any] | None = None,
-             protected: Iterable[int] = (), clock: float = 1_700_000_000.0,
-             hooks: Any = None) -> StageContext:
+def make_ctx(
+    tmp_path: Path,
+    *,
+    model: str = "gpt-4o",
+    window: int = 128_000,
+    utilization: float | None = None,
+    tier: str = "below",
+    cache_hot: bool = False,
+    state: dict[str, Any] | None = None,
+    pack: dict[str, Any] | None = None,
+    protected: Iterable[int] = (),
+    clock: float = 1_700_000_000.0,
+    hooks: Any = None,
+) -> StageContext:
     info = lookup_model(model, window=window)
     counter = TokenCounter.for_model(info)
     budget = Budget(window=window, reserve_output=8192)
     return StageContext(
-        stage_id="test", model=info, counter=counter, budget=budget,
-        vault=Vault.for_session(tmp_path / "session"), tools=[],
-        pack=DEFAULT_PACK if pack is None else pack, log=structlog.get_logger(),
-        tier=tier, utilization=0.0 if utilization is None else utilization,
-        state={} if state is None else state, protected=set(protected), clock=clock,
-        cache_hot=cache_hot, hooks=hooks, registry=default_registry(),
+        stage_id="test",
+        model=info,
+        counter=counter,
+        budget=budget,
+        vault=Vault.for_session(tmp_path / "session"),
+        tools=[],
+        pack=DEFAULT_PACK if pack is None else pack,
+        log=structlog.get_logger(),
+        tier=tier,
+        utilization=0.0 if utilization is None else utilization,
+        state={} if state is None else state,
+        protected=set(protected),
+        clock=clock,
+        cache_hot=cache_hot,
+        hooks=hooks,
+        registry=default_registry(),
     )
 
 
 def call(cid: str, name: str = "Bash", **arguments: Any) -> Msg:
-    return {"id": cid, "type": "function",
-            "function": {"name": name, "arguments": json.dumps(arguments or {"command": "ls"})}}
+    return {
+        "id": cid,
+        "type": "function",
+        "function": {"name": name, "arguments": json.dumps(arguments or {"command": "ls"})},
+    }
 
 
 def step(cid: str, output: str, name: str = "Bash", **arguments: Any) -> list[Msg]:
     """An assistant message with one call and its result."""
-    return [{"role": "assistant", "content": None, "tool_calls": [call(cid, name, **arguments)]},
-            {"role": "tool", "tool_call_id": cid, "content": output}]
+    return [
+        {"role": "assistant", "content": None, "tool_calls": [call(cid, name, **arguments)]},
+        {"role": "tool", "tool_call_id": cid, "content": output},
+    ]
 
 
 def user(text: str = "go on") -> Msg:
@@ -78,16 +102,18 @@ def user(text: str = "go on") -> Msg:
 
 def png_bytes(width: int, height: int, seed: int = 0) -> bytes:
     """A real, decodable PNG (RGB, 8 bit) built with zlib and struct."""
-    raw = b"".join(b"\x00" + bytes((seed + x * 7 + y * 13) % 256 for x in range(width * 3))
-                   for y in range(height))
+    raw = b"".join(b"\x00" + bytes((seed + x * 7 + y * 13) % 256 for x in range(width * 3)) for y in range(height))
 
     def chunk(kind: bytes, data: bytes) -> bytes:
         crc = struct.pack(">I", zlib.crc32(kind + data))
         return struct.pack(">I", len(data)) + kind + data + crc
 
-    return (b"\x89PNG\r\n\x1a\n"
-            + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))
-            + chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b""))
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))
+        + chunk(b"IDAT", zlib.compress(raw))
+        + chunk(b"IEND", b"")
+    )
 
 
 def data_url(data: bytes, media_type: str = "image/png") -> str:
@@ -134,5 +160,5 @@ def original_lines(text: str) -> list[str]:
             if start < len(text):
                 out.append(text[start:])
             return out
-        out.append(text[start:end + 1])
+        out.append(text[start : end + 1])
         start = end + 1

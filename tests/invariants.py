@@ -51,9 +51,52 @@ def text_of(m: dict[str, Any]) -> str:
     return ""
 
 
+_SIGNED_TAG = re.compile(r'\s*<ctxrules:[a-z][a-z0-9_.-]*[^>\n]* sig="[0-9a-f]{16}"/?>')
+
+
 def real_user_indices(messages: list[dict[str, Any]]) -> list[int]:
-    return [i for i, m in enumerate(messages) if m.get("role") == "user" and "ctxrules" not in m
-            and not text_of(m).lstrip().startswith("<ctxrules:")]
+    """User messages that do not open with a signed ``<ctxrules:KIND ... sig="...">`` tag (the
+    signature itself is not checked here: generated inputs do not forge one)."""
+    return [i for i, m in enumerate(messages) if m.get("role") == "user" and not _SIGNED_TAG.match(text_of(m))]
+
+
+# Fields of the OpenAI chat message schema a repair may set on a message it builds.
+_SCHEMA_FIELDS = frozenset({"role", "content", "tool_calls", "tool_call_id", "name"})
+
+
+def added_fields(before: list[dict[str, Any]], after: list[dict[str, Any]]) -> list[str]:
+    """Invariant 8: no output message carries a field that no input message had (beyond the
+    schema's own), in the message or in its tool calls."""
+    known = set(_SCHEMA_FIELDS).union(*(m.keys() for m in before))
+    known_call = {"id", "type", "function"}.union(
+        *(c.keys() for m in before for c in m.get("tool_calls") or [] if isinstance(c, dict))
+    )
+    problems = []
+    for i, m in enumerate(after):
+        extra = sorted(set(m) - known)
+        extra_calls = sorted({k for c in m.get("tool_calls") or [] if isinstance(c, dict) for k in c} - known_call)
+        if extra or extra_calls:
+            problems.append(f"message {i}: added fields {extra + extra_calls}")
+    return problems
+
+
+def id_problems(messages: list[dict[str, Any]]) -> list[str]:
+    """Invariant 7: tool-call ids unique across the whole output; arguments valid JSON."""
+    problems = []
+    seen: dict[str, int] = {}
+    for i, m in enumerate(messages):
+        for call in m.get("tool_calls") or []:
+            cid = call.get("id")
+            if cid in seen:
+                problems.append(f"message {i}: call id {cid!r} already used in message {seen[cid]}")
+            seen[cid] = i
+            args = (call.get("function") or {}).get("arguments")
+            if isinstance(args, str):
+                try:
+                    json.loads(args)
+                except ValueError:
+                    problems.append(f"message {i}: call {cid!r}: arguments are not valid JSON")
+    return problems
 
 
 def pinned_of(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -71,7 +114,9 @@ def pinned_of(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     if last_assistant is not None:
         out.append(messages[last_assistant])
         ids = {c.get("id") for c in messages[last_assistant].get("tool_calls") or []}
-        out.extend(m for m in messages[last_assistant + 1:] if m.get("role") == "tool" and m.get("tool_call_id") in ids)
+        out.extend(
+            m for m in messages[last_assistant + 1 :] if m.get("role") == "tool" and m.get("tool_call_id") in ids
+        )
     return out
 
 
@@ -81,8 +126,7 @@ def without_cache_markers(m: dict[str, Any]) -> dict[str, Any]:
     out = {k: v for k, v in m.items() if k != "cache_control"}
     content = out.get("content")
     if isinstance(content, list):
-        parts = [{k: v for k, v in p.items() if k != "cache_control"} if isinstance(p, dict) else p
-                 for p in content]
+        parts = [{k: v for k, v in p.items() if k != "cache_control"} if isinstance(p, dict) else p for p in content]
         out["content"] = parts
         if len(parts) == 1 and isinstance(parts[0], dict) and set(parts[0]) == {"type", "text"}:
             out["content"] = parts[0]["text"]

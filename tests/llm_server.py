@@ -27,6 +27,16 @@ Behaviours (frozen dataclasses; build them with the helper functions):
 - :func:`http_error` — an HTTP error status with an OpenAI-style error body.
 - :func:`context_length_error` — the 400 ``context_length_exceeded`` error providers send
   when the prompt does not fit.
+- :func:`stream_error` — a stream that sends ``prefix`` and then an error event (``data:
+  {"error": ...}``, as OpenAI-compatible servers report a failure mid-stream).
+
+``reply(..., usage=False)`` streams without the final usage chunk (providers that send none).
+
+``LLMServer(strict=True)`` checks every request's messages the way OpenAI does: a message key
+its role does not define (or a tool-call key other than ``id``/``type``/``function``) is
+answered with a 400 ``Additional properties are not allowed ('<key>' was unexpected) -
+'messages.<n>'`` without consuming a behaviour (:attr:`LLMServer.rejected` lists them);
+``allow=`` adds keys the test's caller itself passes.
 
 Every loop is bounded: a reply ends with its text, a silent stream after ``hold_s`` (capped at
 :data:`MAX_HOLD_S`), and :meth:`LLMServer.stop` wakes every waiting handler at once.
@@ -56,10 +66,47 @@ __all__ = [
     "reply",
     "silent",
     "slow_reply",
+    "stream_error",
+    "strict_problem",
 ]
 
 MAX_HOLD_S = 60.0
 """The longest a silent behaviour holds a connection, whatever it was asked for."""
+
+# The chat-completions message schema, per role (what OpenAI accepts; anything else is a 400).
+STRICT_MESSAGE_KEYS: dict[str, frozenset[str]] = {
+    "system": frozenset({"role", "content", "name"}),
+    "developer": frozenset({"role", "content", "name"}),
+    "user": frozenset({"role", "content", "name"}),
+    "assistant": frozenset({"role", "content", "name", "tool_calls", "refusal", "audio", "function_call"}),
+    "tool": frozenset({"role", "content", "tool_call_id"}),
+    "function": frozenset({"role", "content", "name"}),
+}
+STRICT_CALL_KEYS = frozenset({"id", "type", "function"})
+
+
+def strict_problem(body: dict[str, Any], allow: frozenset[str] = frozenset()) -> str | None:
+    """What a strict endpoint says about ``body``'s messages (``None`` when it accepts them)."""
+    messages = body.get("messages")
+    if not isinstance(messages, list):
+        return "'messages' is a required property"
+    for i, msg in enumerate(messages):
+        if not isinstance(msg, dict):
+            return f"{msg!r} is not of type 'object' - 'messages.{i}'"
+        allowed = STRICT_MESSAGE_KEYS.get(str(msg.get("role")))
+        if allowed is None:
+            return f"{msg.get('role')!r} is not one of the roles - 'messages.{i}.role'"
+        for key in msg:
+            if key not in allowed and key not in allow:
+                return f"Additional properties are not allowed ('{key}' was unexpected) - 'messages.{i}'"
+        for j, call in enumerate(msg.get("tool_calls") or []):
+            for key in call if isinstance(call, dict) else ():
+                if key not in STRICT_CALL_KEYS:
+                    return (
+                        f"Additional properties are not allowed ('{key}' was unexpected) - "
+                        f"'messages.{i}.tool_calls.{j}'"
+                    )
+    return None
 
 
 @dataclass(frozen=True)
@@ -70,6 +117,7 @@ class Reply:
     chunk_chars: int = 8
     interval_s: float = 0.0
     finish_reason: str = "stop"
+    usage: bool = True
 
 
 @dataclass(frozen=True)
@@ -90,12 +138,30 @@ class HTTPError:
     code: str | None = None
 
 
-Behaviour = Reply | Silent | HTTPError
+@dataclass(frozen=True)
+class StreamError:
+    """Stream ``prefix``, then an error event (see :func:`stream_error`)."""
+
+    prefix: str = "partial"
+    message: str = "internal server error"
+    code: str | None = None
 
 
-def reply(text: str, *, chunk_chars: int = 8, finish_reason: str = "stop") -> Reply:
-    """A completion whose content is ``text``, streamed ``chunk_chars`` characters at a time."""
-    return Reply(text, chunk_chars=max(1, chunk_chars), finish_reason=finish_reason)
+Behaviour = Reply | Silent | HTTPError | StreamError
+
+
+def reply(text: str, *, chunk_chars: int = 8, finish_reason: str = "stop", usage: bool = True) -> Reply:
+    """A completion whose content is ``text``, streamed ``chunk_chars`` characters at a time;
+    ``usage=False``: the stream ends without a usage chunk."""
+    return Reply(text, chunk_chars=max(1, chunk_chars), finish_reason=finish_reason, usage=usage)
+
+
+def stream_error(
+    prefix: str = "partial", message: str = "internal server error", *, code: str | None = None
+) -> StreamError:
+    """A stream that sends ``prefix`` as content, then ``{"error": {"message", "code"}}``.
+    A non-streaming request gets the error as an HTTP 500."""
+    return StreamError(prefix, message, code)
 
 
 def slow_reply(text: str, *, every_s: float, chunk_chars: int = 8) -> Reply:
@@ -153,8 +219,18 @@ class LLMServer:
     script is used up. Thread-safe: tests may script and read ``requests`` while calls run.
     """
 
-    def __init__(self, *, model: str = "test-model", default: Behaviour | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        model: str = "test-model",
+        default: Behaviour | None = None,
+        strict: bool = False,
+        allow: frozenset[str] = frozenset(),
+    ) -> None:
         self.model = model
+        self.strict = strict
+        self.allow = allow
+        self._rejected: list[tuple[dict[str, Any], str]] = []
         self.default: Behaviour = default or http_error(500, "no scripted behaviour left")
         self._script: deque[Behaviour] = deque()
         self._requests: list[RecordedRequest] = []
@@ -236,6 +312,16 @@ class LLMServer:
             return list(self._requests)
 
     @property
+    def rejected(self) -> list[tuple[dict[str, Any], str]]:
+        """``(body, message)`` of the requests the strict check answered with a 400 (a copy)."""
+        with self._lock:
+            return list(self._rejected)
+
+    def _reject(self, body: dict[str, Any], message: str) -> None:
+        with self._lock:
+            self._rejected.append((body, message))
+
+    @property
     def pending(self) -> int:
         """Scripted behaviours not used yet."""
         with self._lock:
@@ -257,32 +343,32 @@ def _make_handler(server: LLMServer) -> type[BaseHTTPRequestHandler]:
 
         def do_GET(self) -> None:
             if self.path.rstrip("/").endswith("/models"):
-                self._json(
-                    200, {"object": "list", "data": [{"id": server.model, "object": "model"}]}
-                )
+                self._json(200, {"object": "list", "data": [{"id": server.model, "object": "model"}]})
             else:
-                self._json(
-                    404, {"error": {"message": f"no route {self.path}", "type": "not_found"}}
-                )
+                self._json(404, {"error": {"message": f"no route {self.path}", "type": "not_found"}})
 
         def do_POST(self) -> None:
             length = int(self.headers.get("Content-Length") or 0)
             raw = self.rfile.read(length) if length else b""
             if not self.path.rstrip("/").endswith("/chat/completions"):
-                self._json(
-                    404, {"error": {"message": f"no route {self.path}", "type": "not_found"}}
-                )
+                self._json(404, {"error": {"message": f"no route {self.path}", "type": "not_found"}})
                 return
             try:
                 body = json.loads(raw or b"{}")
             except ValueError:
-                self._json(
-                    400, {"error": {"message": "body is not JSON", "type": "invalid_request_error"}}
-                )
+                self._json(400, {"error": {"message": "body is not JSON", "type": "invalid_request_error"}})
                 return
             if not isinstance(body, dict):
                 body = {"_raw": body}
             headers = {k.lower(): v for k, v in self.headers.items()}
+            problem = strict_problem(body, server.allow) if server.strict else None
+            if problem is not None:
+                server._reject(body, problem)
+                self._json(
+                    400,
+                    {"error": {"message": problem, "type": "invalid_request_error", "code": None, "param": "messages"}},
+                )
+                return
             behaviour = server._next(self.path, body, headers)
             stream = bool(body.get("stream"))
             try:
@@ -300,6 +386,8 @@ def _make_handler(server: LLMServer) -> type[BaseHTTPRequestHandler]:
                     )
                 elif isinstance(behaviour, Silent):
                     self._silent(behaviour, stream)
+                elif isinstance(behaviour, StreamError):
+                    self._stream_error(behaviour, stream)
                 elif stream:
                     self._stream(behaviour)
                 else:
@@ -361,9 +449,7 @@ def _make_handler(server: LLMServer) -> type[BaseHTTPRequestHandler]:
             self.wfile.write(b"0\r\n\r\n")
             self.wfile.flush()
 
-        def _delta(
-            self, content: str | None, finish: str | None = None, role: bool = False
-        ) -> dict[str, Any]:
+        def _delta(self, content: str | None, finish: str | None = None, role: bool = False) -> dict[str, Any]:
             delta: dict[str, Any] = {}
             if role:
                 delta["role"] = "assistant"
@@ -386,9 +472,21 @@ def _make_handler(server: LLMServer) -> type[BaseHTTPRequestHandler]:
                     return
                 self._event(self._delta(text[start : start + behaviour.chunk_chars]))
             final = self._delta(None, behaviour.finish_reason)
-            final["usage"] = _usage(text)
+            if behaviour.usage:
+                final["usage"] = _usage(text)
             self._event(final)
             self._event("[DONE]")
+            self._end_stream()
+
+        def _stream_error(self, behaviour: StreamError, stream: bool) -> None:
+            error = {"message": behaviour.message, "type": "server_error", "code": behaviour.code}
+            if not stream:
+                self._json(500, {"error": error})
+                return
+            self._start_stream()
+            self._event(self._delta("", role=True))
+            self._event(self._delta(behaviour.prefix))
+            self._event({"error": error})
             self._end_stream()
 
         def _silent(self, behaviour: Silent, stream: bool) -> None:

@@ -25,8 +25,22 @@ from conftest import REPO
 
 MASTER_KEY = "sk-ctxrules-test-master"
 # What `litellm --config` imports at start-up beyond litellm itself (the litellm-proxy extra).
-PROXY_MODULES = ("fastapi", "uvicorn", "orjson", "backoff", "apscheduler", "jwt", "multipart", "redis",
-                 "semver", "expression", "fastapi_sso", "mcp", "soundfile", "uvloop")
+PROXY_MODULES = (
+    "fastapi",
+    "uvicorn",
+    "orjson",
+    "backoff",
+    "apscheduler",
+    "jwt",
+    "multipart",
+    "redis",
+    "semver",
+    "expression",
+    "fastapi_sso",
+    "mcp",
+    "soundfile",
+    "uvloop",
+)
 
 
 def missing_proxy_modules() -> list[str]:
@@ -50,24 +64,52 @@ class FakeUpstream:
                     upstream.requests.append((self.path, body))
                 if self.path.endswith("/responses"):
                     answer: dict[str, Any] = {
-                        "id": "resp_fake", "object": "response", "created_at": 0, "status": "completed",
-                        "model": body.get("model"), "output": [
-                            {"type": "message", "id": "msg_fake", "status": "completed", "role": "assistant",
-                             "content": [{"type": "output_text", "text": "ok", "annotations": []}]}],
-                        "usage": {"input_tokens": upstream.usage_tokens, "output_tokens": 1,
-                                  "total_tokens": upstream.usage_tokens + 1}}
+                        "id": "resp_fake",
+                        "object": "response",
+                        "created_at": 0,
+                        "status": "completed",
+                        "model": body.get("model"),
+                        "output": [
+                            {
+                                "type": "message",
+                                "id": "msg_fake",
+                                "status": "completed",
+                                "role": "assistant",
+                                "content": [{"type": "output_text", "text": "ok", "annotations": []}],
+                            }
+                        ],
+                        "usage": {
+                            "input_tokens": upstream.usage_tokens,
+                            "output_tokens": 1,
+                            "total_tokens": upstream.usage_tokens + 1,
+                        },
+                    }
                 elif self.path.endswith("/messages"):
                     answer = {
-                        "id": "msg_fake", "type": "message", "role": "assistant", "model": body.get("model"),
-                        "content": [{"type": "text", "text": "ok"}], "stop_reason": "end_turn",
-                        "stop_sequence": None, "usage": {"input_tokens": upstream.usage_tokens, "output_tokens": 1}}
+                        "id": "msg_fake",
+                        "type": "message",
+                        "role": "assistant",
+                        "model": body.get("model"),
+                        "content": [{"type": "text", "text": "ok"}],
+                        "stop_reason": "end_turn",
+                        "stop_sequence": None,
+                        "usage": {"input_tokens": upstream.usage_tokens, "output_tokens": 1},
+                    }
                 else:
-                    answer = {"id": "chatcmpl-fake", "object": "chat.completion", "created": 0,
-                              "model": body.get("model"),
-                              "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"},
-                                           "finish_reason": "stop"}],
-                              "usage": {"prompt_tokens": upstream.usage_tokens, "completion_tokens": 1,
-                                        "total_tokens": upstream.usage_tokens + 1}}
+                    answer = {
+                        "id": "chatcmpl-fake",
+                        "object": "chat.completion",
+                        "created": 0,
+                        "model": body.get("model"),
+                        "choices": [
+                            {"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}
+                        ],
+                        "usage": {
+                            "prompt_tokens": upstream.usage_tokens,
+                            "completion_tokens": 1,
+                            "total_tokens": upstream.usage_tokens + 1,
+                        },
+                    }
                 data = json.dumps(answer).encode()
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")
@@ -125,14 +167,35 @@ def write_config(folder: Path, upstream: str, *, hook: str | None) -> Path:
 def running_proxy(config: Path, *, timeout_s: float = 120.0) -> Iterator[str]:
     """``litellm --config`` on a free port; yields its base URL once /health/liveliness answers."""
     port = free_port()
-    env = {**os.environ, "LITELLM_MASTER_KEY": MASTER_KEY, "LITELLM_OFFLINE_MODE": "true",
-           "LITELLM_LOCAL_MODEL_COST_MAP": "True", "PYTHONPATH": str(REPO / "engine"),
-           "NO_PROXY": "127.0.0.1,localhost", "no_proxy": "127.0.0.1,localhost", "CTXRULES_LOG": "debug"}
+    env = {
+        **os.environ,
+        "LITELLM_MASTER_KEY": MASTER_KEY,
+        "LITELLM_OFFLINE_MODE": "true",
+        "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+        "PYTHONPATH": str(REPO / "engine"),
+        "NO_PROXY": "127.0.0.1,localhost",
+        "no_proxy": "127.0.0.1,localhost",
+        "CTXRULES_LOG": "debug",
+    }
     log = config.parent / "proxy.log"
     with log.open("wb") as out:
-        proc = subprocess.Popen([litellm_executable(), "--config", str(config), "--host", "127.0.0.1",
-                                 "--port", str(port), "--num_workers", "1"],
-                                stdout=out, stderr=subprocess.STDOUT, env=env, cwd=config.parent)
+        proc = subprocess.Popen(
+            [
+                litellm_executable(),
+                "--config",
+                str(config),
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--num_workers",
+                "1",
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=config.parent,
+        )
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + timeout_s
@@ -158,11 +221,15 @@ def running_proxy(config: Path, *, timeout_s: float = 120.0) -> Iterator[str]:
             proc.wait(timeout=15)
 
 
-def post(base: str, path: str, body: dict[str, Any], headers: dict[str, str] | None = None,
-         timeout: float = 300.0) -> tuple[int, dict[str, Any]]:
-    request = urllib.request.Request(f"{base}{path}", data=json.dumps(body).encode(), method="POST",
-                                     headers={"Content-Type": "application/json",
-                                              "Authorization": f"Bearer {MASTER_KEY}", **(headers or {})})
+def post(
+    base: str, path: str, body: dict[str, Any], headers: dict[str, str] | None = None, timeout: float = 300.0
+) -> tuple[int, dict[str, Any]]:
+    request = urllib.request.Request(
+        f"{base}{path}",
+        data=json.dumps(body).encode(),
+        method="POST",
+        headers={"Content-Type": "application/json", "Authorization": f"Bearer {MASTER_KEY}", **(headers or {})},
+    )
     try:
         with urllib.request.urlopen(request, timeout=timeout) as answer:
             return answer.status, json.loads(answer.read() or b"{}")

@@ -180,9 +180,7 @@ def test_cost_matches_the_registry_with_cached_tokens(provider: str) -> None:
     e = RAW[model]
     # Cache reads are priced below input for every one of these providers: a real saving.
     assert cost.cache_read == pytest.approx(30_000 * e["cache_read_input_token_cost"])
-    assert cost.cache_savings == pytest.approx(
-        30_000 * (e["input_cost_per_token"] - e["cache_read_input_token_cost"])
-    )
+    assert cost.cache_savings == pytest.approx(30_000 * (e["input_cost_per_token"] - e["cache_read_input_token_cost"]))
     assert 0 < cost.savings_share < 1
 
 
@@ -265,10 +263,7 @@ def test_same_numbers_as_litellms_own_calculator() -> None:
     """An independent oracle: litellm's cost calculator on the same usage. It runs in a child
     process, so importing litellm cannot disturb other tests (nor reach for the network)."""
     u = TokenUsage.of(prompt=12_000, completion=900, cached=8_000, reasoning=300)
-    cases = [
-        [prov, model, u.prompt, u.completion, u.cached, u.reasoning]
-        for prov, model in PROVIDERS.items()
-    ]
+    cases = [[prov, model, u.prompt, u.completion, u.cached, u.reasoning] for prov, model in PROVIDERS.items()]
     proc = subprocess.run(
         [sys.executable, "-c", ORACLE, json.dumps(cases)],
         capture_output=True,
@@ -387,9 +382,7 @@ def test_concurrent_writers_lose_no_record(tmp_path: Path) -> None:
     script = tmp_path / "writer.py"
     script.write_text(WRITER.format(engine=str(REPO / "engine"), session=str(session)))
     workers, per = 6, 40
-    procs = [
-        subprocess.Popen([sys.executable, str(script), str(w), str(per)]) for w in range(workers)
-    ]
+    procs = [subprocess.Popen([sys.executable, str(script), str(w), str(per)]) for w in range(workers)]
     assert all(p.wait(timeout=120) == 0 for p in procs)
     for path in (session_ledger_path(session), goal_ledger_path(tmp_path / "state", "g")):
         lines = path.read_bytes().split(b"\n")
@@ -397,9 +390,7 @@ def test_concurrent_writers_lose_no_record(tmp_path: Path) -> None:
         records = [json.loads(ln) for ln in lines[:-1]]  # every line parses: no interleaving
         assert len(records) == workers * per
         assert len({r["id"] for r in records}) == workers * per
-        assert sum(r["tokens"]["prompt"] for r in records) == sum(
-            (1000 + w) * per for w in range(workers)
-        )
+        assert sum(r["tokens"]["prompt"] for r in records) == sum((1000 + w) * per for w in range(workers))
         assert sum(r["tokens"]["completion"] for r in records) == workers * sum(range(per))
 
 
@@ -412,9 +403,7 @@ def test_unknown_model_calls_are_recorded_unpriced(tmp_path: Path) -> None:
 
 
 def test_pack_prices_price_a_private_model(tmp_path: Path) -> None:
-    policy = BudgetPolicy.from_pack(
-        {"budgets": {"prices": {"my-*": {"input": 2.0, "output": 4.0}}}}
-    )
+    policy = BudgetPolicy.from_pack({"budgets": {"prices": {"my-*": {"input": 2.0, "output": 4.0}}}})
     s = SessionLedger(tmp_path / "st" / "x", "x", model="my-private-llm", policy=policy)
     rec = s.record(TokenUsage.of(prompt=1_000_000, completion=500_000))
     assert rec is not None and rec["usd"]["total"] == pytest.approx(4.0)

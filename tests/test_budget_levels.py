@@ -188,16 +188,12 @@ def test_no_budget_still_reports_cost(tmp_path: Path) -> None:
     s = e.session(tmp_path / "state" / "s1", model="claude-sonnet-4-5")
     s.record_usage({"input_tokens": 10, "output_tokens": 5, "cache_read_input_tokens": 2000})
     st = s.prepare(convo(5)).report["budget_status"]
-    assert (
-        st["level"] == "ok" and st["dimensions"] == [] and st["totals"]["tokens"]["cached"] == 2000
-    )
+    assert st["level"] == "ok" and st["dimensions"] == [] and st["totals"]["tokens"]["cached"] == 2000
     assert st["totals"]["cache_savings_usd"] > 0
 
 
 def test_day_budget_follows_the_time_zone_and_resets(tmp_path: Path) -> None:
-    policy = BudgetPolicy.from_pack(
-        {"budgets": {"day": {"tokens": 1000, "timezone": "Asia/Tokyo"}}}
-    )
+    policy = BudgetPolicy.from_pack({"budgets": {"day": {"tokens": 1000, "timezone": "Asia/Tokyo"}}})
     state = tmp_path / "state"
     a = SessionLedger(state / "a", "a", model=MODEL, policy=policy)
     b = SessionLedger(state / "b", "b", model=MODEL, policy=policy)
@@ -213,12 +209,7 @@ def test_day_budget_follows_the_time_zone_and_resets(tmp_path: Path) -> None:
     )
     assert b.status(now=t + 3600).dimensions[0].spent == 0  # a new day in Tokyo
     # Both sessions wrote the same UTC day file.
-    assert (
-        len(
-            day_ledger_path(state, __import__("datetime").date(2024, 1, 1)).read_text().splitlines()
-        )
-        == 2
-    )
+    assert len(day_ledger_path(state, __import__("datetime").date(2024, 1, 1)).read_text().splitlines()) == 2
     b.reset("day", now=t + 180)
     assert b.status(now=t + 200).level is Level.OK
 
@@ -226,9 +217,7 @@ def test_day_budget_follows_the_time_zone_and_resets(tmp_path: Path) -> None:
 def test_goal_budget_spans_sessions(tmp_path: Path) -> None:
     policy = BudgetPolicy.from_pack({"budgets": {"goal": {"tokens": 100}}})
     state = tmp_path / "state"
-    SessionLedger(state / "a", "a", model=MODEL, policy=policy, goal="fix-ci").record(
-        TokenUsage.of(prompt=60)
-    )
+    SessionLedger(state / "a", "a", model=MODEL, policy=policy, goal="fix-ci").record(TokenUsage.of(prompt=60))
     b = SessionLedger(state / "b", "b", model=MODEL, policy=policy, goal="fix-ci")
     b.record(TokenUsage.of(prompt=45))
     assert b.status().level is Level.EXCEEDED
@@ -273,9 +262,7 @@ def test_strip_tool_calls_keeps_the_text() -> None:
     msg = {
         "role": "assistant",
         "content": None,
-        "tool_calls": [
-            {"id": "a", "type": "function", "function": {"name": "Bash", "arguments": "{}"}}
-        ],
+        "tool_calls": [{"id": "a", "type": "function", "function": {"name": "Bash", "arguments": "{}"}}],
     }
     out = strip_tool_calls(msg)
     assert out == {"role": "assistant", "content": ""} and "tool_calls" in msg
@@ -300,9 +287,7 @@ def test_strip_tool_calls_keeps_the_text() -> None:
 
 def test_bad_policy_values_are_clear_errors() -> None:
     with pytest.raises(UsageError, match=r"warning .* below finalization"):
-        BudgetPolicy.from_pack(
-            {"budgets": {"session": {"usd": 1, "warning": 0.9, "finalization": 0.5}}}
-        )
+        BudgetPolicy.from_pack({"budgets": {"session": {"usd": 1, "warning": 0.9, "finalization": 0.5}}})
     with pytest.raises(UsageError, match="time zone"):
         BudgetPolicy.from_pack({"budgets": {"day": {"usd": 1, "timezone": "Mars/Olympus"}}})
 
@@ -320,13 +305,9 @@ def test_bad_policy_values_are_clear_errors() -> None:
         ("timeouts:\n  chunk_ms: '120s'\n", "CR011"),
     ],
 )
-def test_the_schema_checks_budgets_router_and_timeouts(
-    cli, tmp_path: Path, node: str, code: str
-) -> None:  # type: ignore[no-untyped-def]
+def test_the_schema_checks_budgets_router_and_timeouts(cli, tmp_path: Path, node: str, code: str) -> None:  # type: ignore[no-untyped-def]
     p = tmp_path / "pack.yaml"
-    p.write_text(
-        "apiVersion: ctxrules/v1\nkind: RulePack\nmetadata: {name: b, version: 1.0.0}\n" + node
-    )
+    p.write_text("apiVersion: ctxrules/v1\nkind: RulePack\nmetadata: {name: b, version: 1.0.0}\n" + node)
     rc, out, _ = cli("validate", "--format", "json", str(p))
     assert rc == 1 and code in {d["code"] for d in json.loads(out)["diagnostics"]}, out
 

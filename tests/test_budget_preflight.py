@@ -36,9 +36,7 @@ def test_call_formulas(mode: str, counts: dict[str, int], calls: int) -> None:
     assert count_calls(mode, **counts) == calls
     est = preflight(mode, model=MODEL, per_call=PER_CALL, **counts)
     assert est.calls == calls
-    assert (
-        est.tokens.total == calls * PER_CALL.total and est.tokens.cached == calls * PER_CALL.cached
-    )
+    assert est.tokens.total == calls * PER_CALL.total and est.tokens.cached == calls * PER_CALL.cached
     assert est.usd == pytest.approx(calls * one_call_usd())
     assert est.fits and est.fits_against == ()
 

@@ -36,10 +36,7 @@ def router(**over: Any) -> ComplexityRouter:
 
 def test_rules_score_each_tier_and_map_it_to_the_pack_model(tmp_path: Path) -> None:
     r = router()
-    got = {
-        t: r.route(t, session_dir=tmp_path / f"s{i}", now=T0)
-        for i, t in enumerate((HI, TASK, HARD))
-    }
+    got = {t: r.route(t, session_dir=tmp_path / f"s{i}", now=T0) for i, t in enumerate((HI, TASK, HARD))}
     assert [(d.tier, d.model) for d in got.values()] == [
         ("simple", "gpt-4o-mini"),
         ("standard", "claude-sonnet-4-5"),
@@ -60,24 +57,56 @@ def test_pack_rules_merge_over_the_builtins(tmp_path: Path) -> None:
         router(rules={"bad": {"regex": "(", "score": 1}})
 
 
-def test_momentum_keeps_follow_ups_at_the_recent_tier(tmp_path: Path) -> None:
-    r = router()
+def test_momentum_keeps_follow_ups_at_the_recent_tier_then_releases(tmp_path: Path) -> None:
+    r = router()  # momentum.turns defaults to 2
     s = tmp_path / "s"
     assert r.route(HARD, session_dir=s, now=T0).tier == "reasoning"
     follow = r.route(HI, session_dir=s, now=T0 + 60)
     assert follow.tier == "reasoning" and follow.rules_tier == "simple"
     assert any(x.startswith("momentum") for x in follow.reasons)
-    # Two simple turns later the reasoning turn is out of the momentum window of 2 turns.
+    # The reasoning turn is one of the last 2 decisions: the floor holds once more.
     assert r.route(HI, session_dir=s, now=T0 + 120).tier == "reasoning"
-    assert (
-        r.route(HI, session_dir=s, now=T0 + 180).tier == "reasoning"
-    )  # floor from the turns above
-    # After the time window passes, a simple message is simple again.
-    assert r.route(HI, session_dir=s, now=T0 + 180 + 901).tier == "simple"
+    # Then it is out of the last 2 turns; the turns momentum raised do not count, so five
+    # "thanks" in a row fall back to simple after the declared turns.
+    assert [r.route(HI, session_dir=s, now=T0 + 180 + i).tier for i in range(3)] == ["simple"] * 3
+    # After the time window passes, a simple message is simple even right after a hard one.
+    r.route(HARD, session_dir=s, now=T0 + 400)
+    assert r.route(HI, session_dir=s, now=T0 + 400 + 901).tier == "simple"
     # Momentum off: no inheritance.
     r0 = router(momentum={"turns": 0})
     r0.route(HARD, session_dir=tmp_path / "t", now=T0)
     assert r0.route(HI, session_dir=tmp_path / "t", now=T0 + 1).tier == "simple"
+
+
+@pytest.mark.parametrize("turns", [1, 3, 5])
+def test_momentum_lasts_exactly_the_declared_turns(tmp_path: Path, turns: int) -> None:
+    r = router(momentum={"turns": turns})
+    s = tmp_path / "s"
+    r.route(HARD, session_dir=s, now=T0)
+    tiers = [r.route(HI, session_dir=s, now=T0 + 1 + i).tier for i in range(turns + 3)]
+    assert tiers == ["reasoning"] * turns + ["simple"] * 3
+
+
+def test_a_regenerated_or_momentum_tier_does_not_feed_momentum(tmp_path: Path) -> None:
+    r = router(momentum={"turns": 1}, regenerate={"min_tier": "reasoning", "step_up": False})
+    s = tmp_path / "s"
+    assert r.route(HI, session_dir=s, now=T0, regenerate=True).tier == "reasoning"
+    assert r.route(HI, session_dir=s, now=T0 + 1).tier == "simple"  # the regeneration asked, not the text
+
+
+def test_decisions_written_before_own_tier_count_their_rules_tier(tmp_path: Path) -> None:
+    import json
+
+    s = tmp_path / "s"
+    s.mkdir()
+    old = [
+        {"ts": T0, "tier": "reasoning", "rules_tier": "reasoning", "score": 9, "regenerate": False},
+        {"ts": T0 + 1, "tier": "reasoning", "rules_tier": "simple", "score": 0, "regenerate": False},
+    ]
+    (s / "router.json").write_text(json.dumps({"decisions": old}))
+    r = router()
+    assert r.route(HI, session_dir=s, now=T0 + 2).tier == "reasoning"  # the first one is in the last 2
+    assert r.route(HI, session_dir=s, now=T0 + 3).tier == "simple"
 
 
 def test_momentum_survives_a_restart(tmp_path: Path) -> None:
@@ -91,12 +120,8 @@ def test_regeneration_floor_steps_up(tmp_path: Path) -> None:
     s = tmp_path / "s"
     assert r.route(HI, session_dir=s, now=T0).tier == "simple"
     regen = r.route(HI, session_dir=s, now=T0 + 1, regenerate=True)
-    assert regen.tier == "standard" and any(
-        x.startswith("regeneration floor") for x in regen.reasons
-    )
-    assert (
-        r.route(HI, session_dir=s, now=T0 + 2, regenerate=True).tier == "reasoning"
-    )  # again: one more up
+    assert regen.tier == "standard" and any(x.startswith("regeneration floor") for x in regen.reasons)
+    assert r.route(HI, session_dir=s, now=T0 + 2, regenerate=True).tier == "reasoning"  # again: one more up
     assert r.route(HI, session_dir=s, now=T0 + 3, regenerate=True).tier == "reasoning"  # capped
     low = router(momentum={"turns": 0}, regenerate={"min_tier": "simple", "step_up": False})
     assert low.route(HI, session_dir=tmp_path / "u", now=T0, regenerate=True).tier == "simple"
@@ -136,10 +161,7 @@ def test_privacy_routing_uses_the_redaction_patterns(tmp_path: Path) -> None:
     assert d.privacy and d.tier == "standard" and d.model == "local-llama"
     assert any("privacy" in x for x in d.reasons)
     # An e-mail address is PII: a simple message goes up to the privacy-safe tier.
-    assert (
-        r.route("mail bob.smith@acme-corp.com thanks?", session_dir=tmp_path / "t", now=T0).model
-        == "local-llama"
-    )
+    assert r.route("mail bob.smith@acme-corp.com thanks?", session_dir=tmp_path / "t", now=T0).model == "local-llama"
     assert not r.route(HARD, session_dir=tmp_path / "u", now=T0).privacy
     off = ComplexityRouter({"router": {"tiers": tiers, "privacy": {"enabled": False}}})
     assert off.route(secret, session_dir=tmp_path / "v", now=T0).tier == "reasoning"
@@ -167,9 +189,7 @@ def judged_session(tmp_path: Path, judge: Judge) -> Any:
         "router:\n  tiers:\n    simple: {model: gpt-4o-mini}\n    standard: {model: gpt-4o}\n"
         "    reasoning: {model: o3}\n  judge: {enabled: true, band: 1}\n  momentum: {turns: 0}\n"
     )
-    return Engine.load(p, plugins=[("judge", judge.plugin)]).session(
-        tmp_path / "st" / "s", model="gpt-4o"
-    )
+    return Engine.load(p, plugins=[("judge", judge.plugin)]).session(tmp_path / "st" / "s", model="gpt-4o")
 
 
 def test_llm_judge_hook_decides_ambiguous_cases_only(tmp_path: Path) -> None:
@@ -177,9 +197,7 @@ def test_llm_judge_hook_decides_ambiguous_cases_only(tmp_path: Path) -> None:
     s = judged_session(tmp_path, judge)
     d = s.route(TASK)  # score 1: on the standard cutoff, ambiguous
     assert d.tier == "reasoning" and "judge: reasoning" in d.reasons and len(judge.calls) == 1
-    far = s.route(
-        "x " * 10 + HARD + "\n```py\nprint(1)\n```\n" + "more " * 500
-    )  # far above every cutoff
+    far = s.route("x " * 10 + HARD + "\n```py\nprint(1)\n```\n" + "more " * 500)  # far above every cutoff
     assert far.tier == "reasoning" and len(judge.calls) == 1
     # The history form routes the latest real user message.
     assert (

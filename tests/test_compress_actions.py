@@ -187,9 +187,7 @@ def test_limit_blocks_caps_each_block_and_keeps_protected_lines() -> None:
         "diff --git a/small b/small",
         "+one",
     ]
-    out = act(
-        "limit_blocks", lines_of(*texts), start="^diff --git ", max=5, tail=1, protect=["^@@ "]
-    )
+    out = act("limit_blocks", lines_of(*texts), start="^diff --git ", max=5, tail=1, protect=["^@@ "])
     assert out == [
         "preamble",
         "diff --git a/big b/big",

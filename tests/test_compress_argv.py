@@ -37,9 +37,7 @@ from ctxrules.compressors.rules import ArgvPattern
         ("echo hi", ("echo", "hi"), False),
     ],
 )
-def test_the_command_whose_output_we_see_is_found(
-    line: str, argv: tuple[str, ...], piped: bool
-) -> None:
+def test_the_command_whose_output_we_see_is_found(line: str, argv: tuple[str, ...], piped: bool) -> None:
     assert parse_command(line) == CommandLine(argv, piped)
 
 

@@ -67,8 +67,7 @@ def test_every_builtin_rule_keeps_key_lines_a_head_and_tail_would_cut(rule_id: s
             if start >= half and start + len(needle) <= len(text) - half and needle in result.text:
                 kept_from_the_middle.append(needle)
     assert kept_from_the_middle, (
-        f"no test of '{rule_id}' shows a key line that a plain head + tail of the same size "
-        "would have cut"
+        f"no test of '{rule_id}' shows a key line that a plain head + tail of the same size would have cut"
     )
 
 
@@ -114,12 +113,10 @@ def _rtk_files() -> list[Path]:
 
 
 def _rtk_command(name: str) -> str:
-    return next(
-        (cmd for pattern, cmd in _RTK_COMMANDS if re.search(pattern, name)), "cat output.txt"
-    )
+    return next((cmd for pattern, cmd in _RTK_COMMANDS if re.search(pattern, name)), "cat output.txt")
 
 
-@pytest.mark.skipif(not _rtk_files(), reason="the shared RTK corpus is not next to this checkout")
+@pytest.mark.corpus
 @pytest.mark.parametrize("path", _rtk_files(), ids=lambda p: p.name)
 def test_rtk_corpus_outputs_keep_their_failure_lines(path: Path) -> None:
     text = path.read_text(encoding="utf-8", errors="surrogateescape")
@@ -136,10 +133,11 @@ def test_rtk_corpus_outputs_keep_their_failure_lines(path: Path) -> None:
             assert plain in result.text or plain.split(":", 1)[-1].strip() in result.text, plain
 
 
+@pytest.mark.corpus
 def test_rtk_pytest_failure_through_uv_keeps_the_failing_test() -> None:
     path = RTK / "uv_run_pytest_failure.txt"
     if not path.is_file():
-        pytest.skip("the shared RTK corpus is not next to this checkout")
+        pytest.fail("the corpus has no command-outputs/rtk/*.txt", pytrace=False)
     text = path.read_text(encoding="utf-8")
     command = "cd app && uv run pytest"
     rules = compile_rules(default_pack(), default_registry())
@@ -175,9 +173,7 @@ def _shell_results() -> list[tuple[str, str, str, int | None]]:
     return out
 
 
-@pytest.mark.skipif(
-    not transcript_paths(), reason="the transcript corpus is not next to this checkout"
-)
+@pytest.mark.corpus
 def test_transcript_shell_results_stay_truthful() -> None:
     results = _shell_results()
     assert len(results) > 100

@@ -34,9 +34,7 @@ def ctxrules(
             timeout=120,
             check=False,
         )
-    return subprocess.run(
-        base, capture_output=True, env=env, cwd=tmp, input=stdin, timeout=120, check=False
-    )
+    return subprocess.run(base, capture_output=True, env=env, cwd=tmp, input=stdin, timeout=120, check=False)
 
 
 def _quote(arg: str) -> str:
@@ -123,9 +121,7 @@ def test_stats_go_to_stderr_with_real_token_counts(tmp_path: Path, noisy: Path) 
 
 
 def test_a_pipeline_gets_the_real_lines(tmp_path: Path, noisy: Path) -> None:
-    piped = ctxrules(
-        "compress", "--", sys.executable, str(noisy), "0", tmp=tmp_path, shell_suffix="| cat"
-    )
+    piped = ctxrules("compress", "--", sys.executable, str(noisy), "0", tmp=tmp_path, shell_suffix="| cat")
     assert piped.stdout.decode().count("copying asset number") == 300
     forced = ctxrules(
         "compress",
@@ -173,8 +169,7 @@ def test_stream_copies_live_to_stderr(tmp_path: Path, noisy: Path) -> None:
 def test_non_utf8_output_is_kept_byte_for_byte(tmp_path: Path) -> None:
     script = tmp_path / "bytes.py"
     script.write_text(
-        "import sys\nfor i in range(200):\n"
-        "    sys.stdout.buffer.write(b'row %d caf\\xe9 latin-1 bytes here\\n' % i)\n",
+        "import sys\nfor i in range(200):\n    sys.stdout.buffer.write(b'row %d caf\\xe9 latin-1 bytes here\\n' % i)\n",
         encoding="utf-8",
     )
     proc = ctxrules("compress", "--", sys.executable, str(script), tmp=tmp_path)
@@ -193,9 +188,7 @@ def test_non_utf8_output_is_kept_byte_for_byte(tmp_path: Path) -> None:
 def test_a_vault_that_cannot_be_written_prints_the_full_output(tmp_path: Path, noisy: Path) -> None:
     blocker = tmp_path / "not-a-dir"
     blocker.write_text("x", encoding="utf-8")
-    proc = ctxrules(
-        "compress", "--session", str(blocker), "--", sys.executable, str(noisy), "5", tmp=tmp_path
-    )
+    proc = ctxrules("compress", "--session", str(blocker), "--", sys.executable, str(noisy), "5", tmp=tmp_path)
     assert proc.returncode == 5
     assert proc.stdout.decode().count("copying asset number") == 300
     assert b"output not compressed" in proc.stderr

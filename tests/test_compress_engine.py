@@ -20,9 +20,7 @@ from ctxrules.vault import Vault, parse_markers, split_lines
 REGISTRY = default_registry()  # the built-in actions; a test with a plugin builds its own
 
 
-def rule(
-    steps: list[dict[str, Any]], argv: list[str] | None = None, **extra: Any
-) -> dict[str, Any]:
+def rule(steps: list[dict[str, Any]], argv: list[str] | None = None, **extra: Any) -> dict[str, Any]:
     return {
         "id": extra.pop("id", "r"),
         "match": {"argv": argv or ["tool"]},
@@ -113,9 +111,7 @@ def test_lossless_rules_drop_nothing() -> None:
         {"use": "drop", "with": {"patterns": ["noise"]}},
         {"use": "collapse_repeats"},
     ]
-    output = (
-        "\x1b[1mtitle\x1b[0m\n" + "noise line that is long enough to matter\n" * 3 + "same\n" * 40
-    )
+    output = "\x1b[1mtitle\x1b[0m\n" + "noise line that is long enough to matter\n" * 3 + "same\n" * 40
     result = compress_text(pack(rule(steps, lossless=True)), "tool", output, 0, registry=REGISTRY)
     assert result is not None
     assert parse_markers(result.text) == []
@@ -150,9 +146,7 @@ def test_blank_lines_leave_without_a_marker() -> None:
 
 
 def test_many_elided_runs_share_at_most_max_markers() -> None:
-    output = "".join(
-        ("drop me, I am noise number %d\n" if i % 5 == 0 else "keep %d\n") % i for i in range(300)
-    )
+    output = "".join(("drop me, I am noise number %d\n" if i % 5 == 0 else "keep %d\n") % i for i in range(300))
     steps = [{"use": "drop", "with": {"patterns": ["^drop me"]}}]
     for limit in (1, 2, 5):
         result = compress_text(pack(rule(steps, max_markers=limit)), "tool", output, 0, registry=REGISTRY)
@@ -261,7 +255,8 @@ def test_odd_text_round_trips_through_the_vault(tmp_path: Path) -> None:
 def test_the_exit_code_line_is_never_elided() -> None:
     p = {**pack(rule(HEAD5)), "tools": {"exit_code": [r"Exit code:? (\d+)"]}}
     output = "Exit code 0\n" + numbered(100)
-    result = compress_text({**p, "compressors": [rule([{"use": "tail", "with": {"lines": 3}}])]},
-                           "tool", output, 0, registry=REGISTRY)
+    result = compress_text(
+        {**p, "compressors": [rule([{"use": "tail", "with": {"lines": 3}}])]}, "tool", output, 0, registry=REGISTRY
+    )
     assert result is not None and result.text.startswith("Exit code 0\n")
     assert "line 100 " in result.text and "line 50 " not in result.text

@@ -34,13 +34,16 @@ def test_builtin_default_runs_every_inherited_compressor_test() -> None:
 def write_pack(tmp_path: Path, body: str) -> Path:
     path = tmp_path / "pack.yaml"
     path.write_text(
-        "apiVersion: ctxrules/v1\nkind: RulePack\ncompressors:\n" + body, encoding="utf-8"
+        "apiVersion: ctxrules/v1\nkind: RulePack\nmetadata: {name: t, version: 1.0.0}\ncompressors:\n" + body,
+        encoding="utf-8",
     )
     return path
 
 
-def results_of(path: Path, *, require_tests: bool = False) -> dict[str, tuple[bool, str]]:
-    pack = PackLoader().resolve(str(path))
+def results_of(
+    path: Path, *, require_tests: bool = False, search_path: tuple[Path, ...] = ()
+) -> dict[str, tuple[bool, str]]:
+    pack = PackLoader(search_path).resolve(str(path))
     return {
         f"{r.compressor}::{r.id}": (r.passed, r.message)
         for r in run_compressor_tests(pack, require_tests=require_tests, registry=default_registry())
@@ -127,9 +130,10 @@ def test_input_files_are_relative_to_the_declaring_pack(tmp_path: Path) -> None:
     child = tmp_path / "child" / "pack.yaml"
     child.parent.mkdir()
     child.write_text(
-        "apiVersion: ctxrules/v1\nkind: RulePack\nextends: [../pack.yaml]\n", encoding="utf-8"
+        "apiVersion: ctxrules/v1\nkind: RulePack\nmetadata: {name: t, version: 1.0.0}\nextends: [../pack.yaml]\n",
+        encoding="utf-8",
     )
-    got = results_of(child)
+    got = results_of(child, search_path=(tmp_path,))
     assert got["cut::found"] == (True, "")
     assert got["cut::missing"][0] is False and "input file not found" in got["cut::missing"][1]
 

@@ -80,9 +80,7 @@ _FRAGMENTS = [
 
 line = st.one_of(
     st.sampled_from(_FRAGMENTS),
-    st.text(
-        alphabet=st.characters(blacklist_characters="\n", blacklist_categories=("Cs",)), max_size=60
-    ),
+    st.text(alphabet=st.characters(blacklist_characters="\n", blacklist_categories=("Cs",)), max_size=60),
 )
 output = st.builds(
     lambda lines, end: "\n".join(lines) + end,
@@ -110,9 +108,7 @@ def test_never_larger_and_markers_resolve(command: str, text: str, code: int | N
     result = compress_text(default_pack(), command, text, code, registry=default_registry())
     if result is None:
         return
-    assert len(result.text.encode("utf-8", "surrogatepass")) < len(
-        text.encode("utf-8", "surrogatepass")
-    )
+    assert len(result.text.encode("utf-8", "surrogatepass")) < len(text.encode("utf-8", "surrogatepass"))
     problems = check_invariants(text, result.text, code, text_id(text), FAILURE_TAIL)
     assert problems == []
     total = len(split_output(text)[0])

@@ -16,7 +16,8 @@ SCHEMA = Path(__file__).resolve().parents[1] / "schemas" / "rulepack.v1.schema.j
 
 def _context_schema() -> dict[str, dict[str, object]]:
     props: dict[str, dict[str, object]] = json.loads(SCHEMA.read_text(encoding="utf-8"))["properties"]["context"][
-        "properties"]
+        "properties"
+    ]
     return props
 
 
@@ -32,8 +33,9 @@ def test_every_context_key_declares_its_default_in_the_schema() -> None:
 
 def test_a_pack_without_context_gets_the_schema_defaults(tmp_path: Path) -> None:
     pack = tmp_path / "bare.yaml"
-    pack.write_text("apiVersion: ctxrules/v1\nkind: RulePack\nmetadata: {name: bare, version: 1.0.0}\n",
-                    encoding="utf-8")
+    pack.write_text(
+        "apiVersion: ctxrules/v1\nkind: RulePack\nmetadata: {name: bare, version: 1.0.0}\n", encoding="utf-8"
+    )
     props = _context_schema()
     session = Engine.load(pack).session(tmp_path / "s", model="gpt-4o")
     budget = session.budget
@@ -52,8 +54,13 @@ def test_stage_tier_options_offer_exactly_the_threshold_tiers() -> None:
 
 
 # Options whose absence means "none" (no cap, nothing ignored, every block, no extra patterns).
-_NO_DEFAULT = {("context", "max_matches"), ("collapse_repeats", "ignore"), ("limit_blocks", "only"),
-               ("collapse_progress", "patterns"), ("paths", "header")}
+_NO_DEFAULT = {
+    ("context", "max_matches"),
+    ("collapse_repeats", "ignore"),
+    ("limit_blocks", "only"),
+    ("collapse_progress", "patterns"),
+    ("paths", "header"),
+}
 
 
 def test_compressor_action_options_declare_their_defaults_in_their_schema() -> None:
@@ -72,4 +79,8 @@ def test_an_action_gets_its_schema_defaults_filled_in() -> None:
     out = action.configure({})(["a  ", "", "", "", "b"])  # max_run 1, rstrip true by default
     assert [str(line) for line in out] == ["a", "", "b"]
     assert [str(line) for line in action.configure({"max_run": 2, "rstrip": False})(["a  ", "", "", "", "b"])] == [
-        "a  ", "", "", "b"]
+        "a  ",
+        "",
+        "",
+        "b",
+    ]

@@ -15,7 +15,8 @@ import pytest
 
 from ctxrules import Engine, PackError, UsageError
 from ctxrules.hookspecs import hookimpl
-from ctxrules.messages import replace_text
+from ctxrules.injected import key_scope
+from ctxrules.messages import mark_injected, replace_text
 from ctxrules.models import UnknownModelError
 from ctxrules.resources import schema_path
 from ctxrules.stages.base import Action, StageOutcome, StageType
@@ -27,8 +28,15 @@ REPORT_SCHEMA = json.loads(schema_path("report.v1.schema.json").read_text())
 def convo(n_steps: int = 3, size: int = 200) -> list[dict[str, Any]]:
     msgs: list[dict[str, Any]] = [{"role": "system", "content": "sys"}, {"role": "user", "content": "do it"}]
     for i in range(n_steps):
-        msgs.append({"role": "assistant", "content": f"step {i}", "tool_calls": [
-            {"id": f"c{i}", "type": "function", "function": {"name": "Bash", "arguments": '{"command": "ls"}'}}]})
+        msgs.append(
+            {
+                "role": "assistant",
+                "content": f"step {i}",
+                "tool_calls": [
+                    {"id": f"c{i}", "type": "function", "function": {"name": "Bash", "arguments": '{"command": "ls"}'}}
+                ],
+            }
+        )
         msgs.append({"role": "tool", "tool_call_id": f"c{i}", "content": ("line\n" * size)})
     msgs.append({"role": "assistant", "content": "done"})
     return msgs
@@ -49,13 +57,16 @@ class Recorder:
             raise RuntimeError("boom")
         if self.mode == "shorten":
             pinned = pinned_indices(messages)
-            out = [replace_text(m, "short") if m.get("role") == "tool" and i not in pinned else m
-                   for i, m in enumerate(messages)]
+            out = [
+                replace_text(m, "short") if m.get("role") == "tool" and i not in pinned else m
+                for i, m in enumerate(messages)
+            ]
             return StageOutcome(out, [Action("shorten", "tool outputs", tokens_saved=1)])
         if self.mode == "orphan":
             # Leave an orphan result behind: the integrity stage must repair it next.
-            return StageOutcome([*messages[:-1], {"role": "tool", "tool_call_id": "nope", "content": "x"},
-                                 messages[-1]])
+            return StageOutcome(
+                [*messages[:-1], {"role": "tool", "tool_call_id": "nope", "content": "x"}, messages[-1]]
+            )
         if self.mode == "edit-text":
             return StageOutcome([replace_text(m, "changed") for m in messages])
         if self.mode == "request":
@@ -64,8 +75,11 @@ class Recorder:
 
 
 def _plugin() -> Any:
-    schema = {"type": "object", "additionalProperties": False,
-              "properties": {"mode": {"type": "string"}, "tag": {"type": "string"}}}
+    schema = {
+        "type": "object",
+        "additionalProperties": False,
+        "properties": {"mode": {"type": "string"}, "tag": {"type": "string"}},
+    }
 
     @hookimpl
     def ctxrules_register_stages(register: Any) -> None:
@@ -77,8 +91,9 @@ def _plugin() -> Any:
 
 def pack(tmp_path: Path, pipeline: str, extra: str = "") -> Path:
     p = tmp_path / "pack.yaml"
-    p.write_text(f"apiVersion: ctxrules/v1\nkind: RulePack\nmetadata: {{name: t, version: 1.0.0}}\n"
-                 f"pipeline:\n{pipeline}{extra}")
+    p.write_text(
+        f"apiVersion: ctxrules/v1\nkind: RulePack\nmetadata: {{name: t, version: 1.0.0}}\npipeline:\n{pipeline}{extra}"
+    )
     return p
 
 
@@ -105,24 +120,26 @@ def test_integrity_runs_after_a_content_stage_that_changed_messages(tmp_path: Pa
 
 
 def test_when_is_evaluated_on_the_current_tier(tmp_path: Path) -> None:
-    e = engine(tmp_path, "  - {id: hi, use: test.content, when: {at_least: full}}\n"
-                         "  - {id: lo, use: test.content, when: {below: light}}\n")
+    e = engine(
+        tmp_path,
+        "  - {id: hi, use: test.content, when: {at_least: full}}\n"
+        "  - {id: lo, use: test.content, when: {below: light}}\n",
+    )
     msgs = convo(3, 200)
     s = e.session(tmp_path / "s", model="gpt-4o", window=8192 + 1000)
     r = s.prepare(msgs)
     stages = {st["id"]: st for st in r.report["stages"]}
     assert r.report["before"]["tier"] == "emergency"
     assert stages["hi"]["ran"] and not stages["lo"]["ran"]
-    assert "is not below light" in stages["lo"]["skipped"]
+    assert "is not under `light`" in stages["lo"]["skipped"]
     s2 = e.session(tmp_path / "s2", model="gpt-4o", window=400000)
     stages = {st["id"]: st for st in s2.prepare(msgs).report["stages"]}
-    assert not stages["hi"]["ran"] and "below full" in stages["hi"]["skipped"]
+    assert not stages["hi"]["ran"] and "is under `full`" in stages["hi"]["skipped"]
     assert stages["lo"]["ran"]
 
 
 def test_failing_stage_is_skipped_and_reported_and_nothing_is_lost(tmp_path: Path) -> None:
-    e = engine(tmp_path, "  - {id: bad, use: test.content, with: {mode: raise}}\n"
-                         "  - {id: after, use: test.content}\n")
+    e = engine(tmp_path, "  - {id: bad, use: test.content, with: {mode: raise}}\n  - {id: after, use: test.content}\n")
     msgs = convo()
     r = e.session(tmp_path / "s", model="gpt-4o").prepare(msgs)
     bad = next(s for s in r.report["stages"] if s["id"] == "bad")
@@ -198,7 +215,8 @@ def test_a_part_edited_in_place_is_seen_afresh(tmp_path: Path) -> None:
     s = e.session(tmp_path / "s", model="gpt-4o")
     s.prepare(msgs)
     assert facts_of(msgs[1]).real_user  # the human anchor
-    msgs[1]["content"][0]["text"] = "<ctxrules:summary>\nearlier\n</ctxrules:summary>"
+    with key_scope(s.injection_key):  # signed as this session would sign it
+        msgs[1]["content"][0]["text"] = mark_injected({"role": "user", "content": "earlier"}, "summary")["content"]
     r = s.prepare(msgs)
     assert r.report["reused_messages"] == 0 and facts_of(msgs[1]).injected
     # The same with a model switch in between (the switch alone discards the reuse).
@@ -220,8 +238,9 @@ def test_appended_history_reuses_the_previous_compaction(tmp_path: Path) -> None
     # Counts kept incrementally agree with counting from scratch.
     assert second.report["before"]["tokens"] == s.counter.count_messages(more)
     assert second.report["after"]["tokens"] == s.counter.count_messages(second.messages)
-    assert next(st for st in second.report["stages"] if st["id"] == "cut")["tokens_before"] == \
-        s.counter.count_messages([*first.messages, more[-1]])
+    assert next(st for st in second.report["stages"] if st["id"] == "cut")["tokens_before"] == s.counter.count_messages(
+        [*first.messages, more[-1]]
+    )
     # A history that is not an extension is processed from scratch.
     edited = copy.deepcopy(more)
     edited[1]["content"] = "do something else"
@@ -329,9 +348,12 @@ def test_window_resolution_and_usage_errors(tmp_path: Path) -> None:
 
 
 def test_pack_window_applies_to_unknown_models_and_models_entries_merge(tmp_path: Path) -> None:
-    e = engine(tmp_path, "  - {id: a, use: test.content}\n",
-               "context: {window: 30000, thresholds: {full: 0.75}}\n"
-               "models:\n  - {id: big, match: ['claude-*'], context: {window: 100000, reserve_output: 1000}}\n")
+    e = engine(
+        tmp_path,
+        "  - {id: a, use: test.content}\n",
+        "context: {window: 30000, thresholds: {full: 0.75}}\n"
+        "models:\n  - {id: big, match: ['claude-*'], context: {window: 100000, reserve_output: 1000}}\n",
+    )
     s = e.session(tmp_path / "a", model="some-private-model")
     assert (s.budget.window, s.budget.thresholds["full"]) == (30000, 0.75)
     c = e.session(tmp_path / "b", model="anthropic/claude-sonnet-4-5")
@@ -368,9 +390,11 @@ def test_one_prepare_at_a_time_across_processes(tmp_path: Path) -> None:
     )
     engine_dir = str(Path(__file__).resolve().parents[1] / "engine")
     with SessionLock(tmp_path / "s"):
-        proc = subprocess.Popen([sys.executable, "-c", script, str(tmp_path / "s"), engine_dir],
-                                stdout=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(
+            [sys.executable, "-c", script, str(tmp_path / "s"), engine_dir], stdout=subprocess.PIPE, text=True
+        )
         import time
+
         assert proc.stdout is not None
         # Timed from when the child is about to acquire (its start-up time varies with load).
         assert proc.stdout.readline() == "ready\n"

@@ -29,8 +29,11 @@ def test_explain_builtin_default_loads_back(cli) -> None:  # type: ignore[no-unt
     assert yaml.safe_load(body(out)) == PackLoader().resolve("builtin:default").data
 
 
-def test_explain_origins_of_builtin_default(cli, tmp_path: Path,  # type: ignore[no-untyped-def]
-                                           monkeypatch: pytest.MonkeyPatch) -> None:
+def test_explain_origins_of_builtin_default(
+    cli,
+    tmp_path: Path,  # type: ignore[no-untyped-def]
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     monkeypatch.chdir(tmp_path)  # outside the checkout the bundled pack shows as builtin:default
     code, out, _ = cli("explain", "builtin:default", "--origins")
     assert code == 0
@@ -52,19 +55,27 @@ def test_explain_origins_of_builtin_default(cli, tmp_path: Path,  # type: ignore
             assert f"{m[1]}:" in text[int(m[2]) - 1], ln
 
 
-def test_explain_origins_still_loads_as_yaml(cli, tmp_path: Path,  # type: ignore[no-untyped-def]
-                                             monkeypatch: pytest.MonkeyPatch) -> None:
+def test_explain_origins_still_loads_as_yaml(
+    cli,
+    tmp_path: Path,  # type: ignore[no-untyped-def]
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     monkeypatch.chdir(tmp_path)
     _, with_origins, _ = cli("explain", "builtin:default", "--origins")
     _, plain, _ = cli("explain", "builtin:default")
     assert yaml.safe_load(body(with_origins)) == yaml.safe_load(body(plain))
 
 
-def test_explain_model_shows_the_entry_and_its_context(cli, tmp_path: Path,  # type: ignore[no-untyped-def]
-                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    (tmp_path / "p.yaml").write_text("""\
+def test_explain_model_shows_the_entry_and_its_context(
+    cli,
+    tmp_path: Path,  # type: ignore[no-untyped-def]
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    (tmp_path / "p.yaml").write_text(
+        """\
 apiVersion: ctxrules/v1
 kind: RulePack
+metadata: {name: t, version: 1.0.0}
 context:
   reserve_output: 8192
   thresholds: {monitor: 0.4, light: 0.5, full: 0.7, emergency: 0.9}
@@ -74,15 +85,17 @@ models:
   - id: claude
     match: ["claude-*", "anthropic/*"]
     context: {thresholds: {full: 0.75}, reserve_output: 16000}
-""", encoding="utf-8")
+""",
+        encoding="utf-8",
+    )
     monkeypatch.chdir(tmp_path)
     code, out, err = cli("explain", "p.yaml", "--model", "anthropic/claude-sonnet-4-5")
     assert code == 0, err
-    assert "# model anthropic/claude-sonnet-4-5: models entry 'claude' applies (p.yaml:9)" in out
+    assert "# model anthropic/claude-sonnet-4-5: models entry 'claude' applies (p.yaml:10)" in out
     indented = [ln[4:] for ln in out.splitlines() if ln.startswith("#   ")]
     effective = yaml.safe_load("\n".join(indented))
     assert effective["context"]["thresholds"]["full"] == 0.75
-    assert effective["context"]["thresholds"]["monitor"] == 0.4      # inherited from the pack
+    assert effective["context"]["thresholds"]["monitor"] == 0.4  # inherited from the pack
     assert effective["context"]["reserve_output"] == 16000
     # first match wins; the bare name matches too
     _, out, _ = cli("explain", "p.yaml", "--model", "openai/gpt-4o")
@@ -91,17 +104,25 @@ models:
     assert "# model mistral-large: no models: entry matches" in out
 
 
-@pytest.mark.parametrize(("argv", "code", "words"), [
-    (["explain", "nope.yaml"], 2, "no such pack file"),
-    (["explain", "builtin:nope"], 2, "no built-in pack"),
-    (["explain"], 2, "PACK"),
-    (["explain", "builtin:default", "--bogus"], 2, "unrecognized"),
-    (["explain", "builtin:default@^2"], 1, "CR032"),
-    (["explain", "tests/fixtures/packs/bad/cr050-threshold-above-one.yaml"], 1, "CR050"),
-    (["explain", "tests/fixtures/packs/bad/cr001-tab-indentation.yaml"], 1, "CR001"),
-])
-def test_explain_errors(cli, monkeypatch: pytest.MonkeyPatch, argv: list[str], code: int,  # type: ignore[no-untyped-def]
-                        words: str) -> None:
+@pytest.mark.parametrize(
+    ("argv", "code", "words"),
+    [
+        (["explain", "nope.yaml"], 2, "no such pack file"),
+        (["explain", "builtin:nope"], 2, "no built-in pack"),
+        (["explain"], 2, "PACK"),
+        (["explain", "builtin:default", "--bogus"], 2, "unrecognized"),
+        (["explain", "builtin:default@^2"], 1, "CR032"),
+        (["explain", "tests/fixtures/packs/bad/cr050-threshold-above-one.yaml"], 1, "CR050"),
+        (["explain", "tests/fixtures/packs/bad/cr001-tab-indentation.yaml"], 1, "CR001"),
+    ],
+)
+def test_explain_errors(
+    cli,
+    monkeypatch: pytest.MonkeyPatch,
+    argv: list[str],
+    code: int,  # type: ignore[no-untyped-def]
+    words: str,
+) -> None:
     monkeypatch.chdir(REPO)
     got, out, err = cli(*argv)
     assert got == code
@@ -109,12 +130,16 @@ def test_explain_errors(cli, monkeypatch: pytest.MonkeyPatch, argv: list[str], c
     assert words in err and "Traceback" not in err
 
 
-def test_explain_reports_every_error_count(cli, tmp_path: Path,  # type: ignore[no-untyped-def]
-                                          monkeypatch: pytest.MonkeyPatch) -> None:
+def test_explain_reports_every_error_count(
+    cli,
+    tmp_path: Path,  # type: ignore[no-untyped-def]
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     (tmp_path / "p.yaml").write_text(
-        "apiVersion: ctxrules/v1\nkind: RulePack\n"
+        "apiVersion: ctxrules/v1\nkind: RulePack\nmetadata: {name: t, version: 1.0.0}\n"
         "context:\n  reserve_output: -1\n  tail_budget: 2\n",
-        encoding="utf-8")
+        encoding="utf-8",
+    )
     monkeypatch.chdir(tmp_path)
     code, _, err = cli("explain", "p.yaml")
     assert code == 1
@@ -124,16 +149,55 @@ def test_explain_reports_every_error_count(cli, tmp_path: Path,  # type: ignore[
 # -- the renderer ------------------------------------------------------------------------------
 
 _text = st.text(alphabet=st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=30)
-_scalars = st.one_of(st.none(), st.booleans(), st.integers(-10**12, 10**12),
-                     st.floats(allow_nan=False), _text,
-                     st.sampled_from(["yes", "no", "on", "off", "null", "~", "1.0", "0x10", "1e3",
-                                      "- x", "a: b", "#c", "'", '"', "", " lead", "trail ", "&a",
-                                      "*a", "!t", "%x", "@x", "`x", "a\nb", "a\n", "\n", "\t",
-                                      "x\r\ny", "\u2028", "ä", "2001-01-01", "<<"]))
-_keys = st.one_of(_text.filter(bool), st.sampled_from(["on", "yes", "null", "1", "a/b", "a~b",
-                                                         "- x", "k: v", "#"]))
-_values = st.recursive(_scalars, lambda inner: st.one_of(
-    st.lists(inner, max_size=4), st.dictionaries(_keys, inner, max_size=4)), max_leaves=25)
+_scalars = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(10**12), 10**12),
+    st.floats(allow_nan=False),
+    _text,
+    st.sampled_from(
+        [
+            "yes",
+            "no",
+            "on",
+            "off",
+            "null",
+            "~",
+            "1.0",
+            "0x10",
+            "1e3",
+            "- x",
+            "a: b",
+            "#c",
+            "'",
+            '"',
+            "",
+            " lead",
+            "trail ",
+            "&a",
+            "*a",
+            "!t",
+            "%x",
+            "@x",
+            "`x",
+            "a\nb",
+            "a\n",
+            "\n",
+            "\t",
+            "x\r\ny",
+            "\u2028",
+            "ä",
+            "2001-01-01",
+            "<<",
+        ]
+    ),
+)
+_keys = st.one_of(_text.filter(bool), st.sampled_from(["on", "yes", "null", "1", "a/b", "a~b", "- x", "k: v", "#"]))
+_values = st.recursive(
+    _scalars,
+    lambda inner: st.one_of(st.lists(inner, max_size=4), st.dictionaries(_keys, inner, max_size=4)),
+    max_leaves=25,
+)
 
 
 @settings(max_examples=400, deadline=None)

@@ -48,9 +48,7 @@ class StreamRuntime:
                     break
                 except TimeoutError:
                     await tool.aclose()
-                    raise ChunkTimeout(
-                        f"Chunk timeout of {self.chunk_s * 1000:.0f}ms exceeded"
-                    ) from None
+                    raise ChunkTimeout(f"Chunk timeout of {self.chunk_s * 1000:.0f}ms exceeded") from None
                 now = time.monotonic()
                 self.gaps.append(now - last)
                 last = now
@@ -90,9 +88,7 @@ def test_heartbeat_keeps_a_scaled_chunk_timer_from_firing() -> None:
         rt_beat, rt_plain = StreamRuntime(CHUNK_S, STEP_S), StreamRuntime(CHUNK_S, STEP_S)
         wrapped = heartbeat(beating("make build"), interval_s=BEAT_S, preliminary=shell_preliminary)
         started = time.monotonic()
-        results = await asyncio.gather(
-            rt_beat.run(wrapped), rt_plain.run(_plain(plain)), return_exceptions=True
-        )
+        results = await asyncio.gather(rt_beat.run(wrapped), rt_plain.run(_plain(plain)), return_exceptions=True)
         elapsed = time.monotonic() - started
         return (results, (beating, plain, rt_beat, rt_plain, elapsed))
 

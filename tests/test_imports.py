@@ -155,7 +155,8 @@ def test_few_imports_of_ctxrules_modules_inside_functions() -> None:
     assert density <= MAX_FUNCTION_LEVEL_PER_10K, (
         f"{len(sites)} function-level imports of ctxrules modules in {lines} lines ({density:.1f} per 10K; "
         f"at most {MAX_FUNCTION_LEVEL_PER_10K}): import at module level, or cut the cycle that forces it:\n"
-        + "\n".join(sites))
+        + "\n".join(sites)
+    )
 
 
 _PROBE = """
@@ -168,37 +169,57 @@ print(json.dumps({"code": code, "modules": sorted(sys.modules)}))
 
 def test_validate_does_not_import_the_tokenizer_or_the_pipeline(tmp_path: Path) -> None:
     pack = Path(__file__).resolve().parents[1] / "rules"
-    proc = subprocess.run([sys.executable, "-c", _PROBE, "validate", "--format", "json", str(pack)],
-                          capture_output=True, text=True, timeout=120,
-                          env={"PYTHONPATH": str(ENGINE), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)})
+    proc = subprocess.run(
+        [sys.executable, "-c", _PROBE, "validate", "--format", "json", str(pack)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"PYTHONPATH": str(ENGINE), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)},
+    )
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["code"] == 0
     loaded = result["modules"]
     assert "ctxrules.validation.validate" in loaded  # the probe did run the validation
-    heavy = [m for m in loaded if m == "ctxrules.tokens" or m.startswith(("ctxrules.pipeline", "ctxrules.engine",
-                                                                           "ctxrules.runtime"))
-             or m.split(".")[0] in ("tiktoken", "tokenizers", "litellm")]
+    heavy = [
+        m
+        for m in loaded
+        if m == "ctxrules.tokens"
+        or m.startswith(("ctxrules.pipeline", "ctxrules.engine", "ctxrules.runtime"))
+        or m.split(".")[0] in ("tiktoken", "tokenizers", "litellm")
+    ]
     assert heavy == []
 
 
 def test_a_verb_loads_only_its_own_cli_module(tmp_path: Path) -> None:
-    proc = subprocess.run([sys.executable, "-c", _PROBE, "schema"], capture_output=True, text=True, timeout=120,
-                          env={"PYTHONPATH": str(ENGINE), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)})
+    proc = subprocess.run(
+        [sys.executable, "-c", _PROBE, "schema"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"PYTHONPATH": str(ENGINE), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)},
+    )
     assert proc.returncode == 0, proc.stderr
     loaded = json.loads(proc.stdout.strip().splitlines()[-1])["modules"]
     assert sorted(m for m in loaded if m.startswith("ctxrules.cli.")) == ["ctxrules.cli.main", "ctxrules.cli.schema"]
 
 
 def test_import_ctxrules_is_cheap_and_the_plugin_api_is_at_the_top_level(tmp_path: Path) -> None:
-    probe = ("import json, sys, ctxrules\n"
-             "before = sorted(m for m in sys.modules if m.startswith('ctxrules'))\n"
-             "from ctxrules import hookimpl, StageType, StageOutcome, StageContext, Message\n"
-             "from ctxrules.hookspecs import hookimpl as spec_impl\n"
-             "print(json.dumps({'before': before, 'same': hookimpl is spec_impl,\n"
-             "                  'all': sorted(ctxrules.__all__)}))\n")
-    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120,
-                          env={"PYTHONPATH": str(ENGINE), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)})
+    probe = (
+        "import json, sys, ctxrules\n"
+        "before = sorted(m for m in sys.modules if m.startswith('ctxrules'))\n"
+        "from ctxrules import hookimpl, StageType, StageOutcome, StageContext, Message\n"
+        "from ctxrules.hookspecs import hookimpl as spec_impl\n"
+        "print(json.dumps({'before': before, 'same': hookimpl is spec_impl,\n"
+        "                  'all': sorted(ctxrules.__all__)}))\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", probe],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"PYTHONPATH": str(ENGINE), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)},
+    )
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout)
     assert result["before"] == ["ctxrules", "ctxrules._version", "ctxrules.errors"]

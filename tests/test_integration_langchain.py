@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 
 langchain = pytest.importorskip(
-    "langchain", reason='the LangChain extra is not installed: pip install "ctxrules[langchain]"')
+    "langchain", reason='the LangChain extra is not installed: pip install "ctxrules[langchain]"'
+)
 
 from invariants import pairing_problems  # noqa: E402
 from langchain.agents import create_agent  # noqa: E402
@@ -40,8 +41,9 @@ MARKER = re.compile(r"\[ctxrules:elided kind=(\w+) count=\d+ ref=vault://([0-9a-
 
 def big_output(n: int) -> str:
     """A long, realistic log: distinct lines the pack will reduce (head + tail + marker)."""
-    return "".join(f"[{n:03d}] worker {i % 7}: processed batch {i:05d} in {(i * 37) % 997} ms, ok\n"
-                   for i in range(700))
+    return "".join(
+        f"[{n:03d}] worker {i % 7}: processed batch {i:05d} in {(i * 37) % 997} ms, ok\n" for i in range(700)
+    )
 
 
 @tool
@@ -65,8 +67,13 @@ class RecordingModel(BaseChatModel):
     def bind_tools(self, tools: Any, **kwargs: Any) -> RecordingModel:
         return self
 
-    def _generate(self, messages: list[BaseMessage], stop: list[str] | None = None,
-                  run_manager: CallbackManagerForLLMRun | None = None, **kwargs: Any) -> ChatResult:
+    def _generate(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: CallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> ChatResult:
         self.requests.append(list(messages))
         turn = len(self.requests)
         if turn == TURNS // 2 and not self.recalled:
@@ -75,8 +82,11 @@ class RecordingModel(BaseChatModel):
                 found = MARKER.search(msg.content if isinstance(msg.content, str) else "")
                 if found:
                     self.recalled.update(kind=found.group(1), id=found.group(2), turn=turn)
-                    call = {"id": f"recall-{turn}", "name": self.recall_name,
-                            "args": {"id": found.group(2)[:16], "lines": "1:4"}}
+                    call = {
+                        "id": f"recall-{turn}",
+                        "name": self.recall_name,
+                        "args": {"id": found.group(2)[:16], "lines": "1:4"},
+                    }
                     return ChatResult(generations=[ChatGeneration(message=AIMessage("", tool_calls=[call]))])
         job = turn - (1 if self.recalled.get("turn", turn) < turn else 0)
         if job <= TURNS:
@@ -99,8 +109,13 @@ def test_every_request_fits_with_valid_pairing_and_the_state_keeps_everything(tm
     model.requests = []
     model.recalled = {}
     middleware = CtxrulesMiddleware(model="gpt-4o", window=WINDOW, state=tmp_path / "state")
-    agent = create_agent(model, tools=[run_job], middleware=[middleware],
-                         system_prompt="You run batch jobs.", checkpointer=InMemorySaver())
+    agent = create_agent(
+        model,
+        tools=[run_job],
+        middleware=[middleware],
+        system_prompt="You run batch jobs.",
+        checkpointer=InMemorySaver(),
+    )
     config = {"configurable": {"thread_id": "t-1"}, "recursion_limit": 1000}
     state = agent.invoke({"messages": [HumanMessage("Run the jobs one by one.")]}, config)
     assert len(model.requests) == TURNS + 2  # 60 jobs, one recall, the final answer
@@ -136,7 +151,7 @@ def test_every_request_fits_with_valid_pairing_and_the_state_keeps_everything(tm
         assert inner, content[-300:]
         a = int(inner.group(2))
         page = session.recall({"id": inner.group(1), "lines": f"{a}:{a + 19}"})
-        assert page == "".join(original[a - 1:a + 19])
+        assert page == "".join(original[a - 1 : a + 19])
         assert content.startswith("".join(original[: a - 1]))
     # A recalled output has the file_read role: the model saw it whole on the next call.
     nxt = model.requests[recalled["turn"]]

@@ -16,9 +16,10 @@ from proxy_kit import FakeUpstream, missing_proxy_modules, post, running_proxy, 
 
 from ctxrules.formats import anthropic as A
 
-pytestmark = pytest.mark.skipif(bool(missing_proxy_modules()),
-                                reason=f'the litellm proxy needs {", ".join(missing_proxy_modules())}: '
-                                       'pip install "ctxrules[litellm-proxy]"')
+pytestmark = pytest.mark.skipif(
+    bool(missing_proxy_modules()),
+    reason=f'the litellm proxy needs {", ".join(missing_proxy_modules())}: pip install "ctxrules[litellm-proxy]"',
+)
 
 HOOK = """\
 from ctxrules.integrations.litellm import ContextHook
@@ -50,8 +51,7 @@ def proxy(tmp_path_factory: pytest.TempPathFactory) -> Any:
     (folder / "pack.yaml").write_text(PACK)
     state = folder / "state"
     with FakeUpstream(usage_tokens=1000) as upstream:
-        config = write_config(folder, upstream.url, hook=HOOK.format(pack=str(folder / "pack.yaml"),
-                                                                   state=str(state)))
+        config = write_config(folder, upstream.url, hook=HOOK.format(pack=str(folder / "pack.yaml"), state=str(state)))
         with running_proxy(config) as base:
             yield base, upstream, state
 
@@ -87,8 +87,9 @@ def test_chat_completions_reach_the_upstream_compacted(proxy: Any) -> None:
     history = transcript("claudecode-ae4a77f8.json")
     tag = "chat-long-1"
     start = log_size(state)
-    status, answer = post(base, "/v1/chat/completions", {"model": "gpt-4o", "messages": history},
-                          headers={"x-litellm-trace-id": tag})
+    status, answer = post(
+        base, "/v1/chat/completions", {"model": "gpt-4o", "messages": history}, headers={"x-litellm-trace-id": tag}
+    )
     assert status == 200, answer
     body = received(upstream, "/chat/completions", history[1]["content"][:200])
     sent = body["messages"]
@@ -112,8 +113,12 @@ def test_messages_to_an_openai_model_are_compacted_once(proxy: Any) -> None:
     history = transcript("claudecode-subagent-afc096d.json")
     request = A.encode(history, None, {"model": "gpt-4o", "max_tokens": 1024})
     start = log_size(state)
-    status, answer = post(base, "/v1/messages", {**request, "metadata": {"session_id": "to openai #1"}},
-                          headers={"anthropic-version": "2023-06-01"})
+    status, answer = post(
+        base,
+        "/v1/messages",
+        {**request, "metadata": {"session_id": "to openai #1"}},
+        headers={"anthropic-version": "2023-06-01"},
+    )
     assert status == 200, answer
     body = received(upstream, "/responses", history[0]["content"][:200])
     assert len(json.dumps(body)) < 0.75 * len(json.dumps(request))
@@ -130,8 +135,12 @@ def test_messages_reach_the_upstream_compacted_and_valid(proxy: Any) -> None:
     base, upstream, _state = proxy
     history = transcript("claudecode-4d5611e5.json")
     request = A.encode(history, None, {"model": "claude-sonnet-4-5", "max_tokens": 1024})
-    status, answer = post(base, "/v1/messages", {**request, "litellm_session_id": "messages-long-1"},
-                          headers={"anthropic-version": "2023-06-01"})
+    status, answer = post(
+        base,
+        "/v1/messages",
+        {**request, "litellm_session_id": "messages-long-1"},
+        headers={"anthropic-version": "2023-06-01"},
+    )
     assert status == 200, answer
     body = received(upstream, "/messages", history[0]["content"][:200])
     assert len(body["messages"]) < len(request["messages"]) / 4
@@ -146,11 +155,14 @@ def test_two_sessions_in_parallel_stay_apart(proxy: Any) -> None:
     results: dict[str, int] = {}
 
     def send(name: str, history: list[dict[str, Any]]) -> None:
-        results[name] = post(base, "/v1/chat/completions", {"model": "gpt-4o", "messages": history,
-                                                             "litellm_session_id": name})[0]
+        results[name] = post(
+            base, "/v1/chat/completions", {"model": "gpt-4o", "messages": history, "litellm_session_id": name}
+        )[0]
 
-    threads = [threading.Thread(target=send, args=("par-a", first)),
-               threading.Thread(target=send, args=("par-b", second))]
+    threads = [
+        threading.Thread(target=send, args=("par-a", first)),
+        threading.Thread(target=send, args=("par-b", second)),
+    ]
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -168,13 +180,15 @@ def test_the_same_request_again_is_not_compacted_twice(proxy: Any) -> None:
     """Both hooks fire per request; a history extended by one turn reuses the session."""
     base, upstream, _state = proxy
     history = transcript("claudecode-258c7280.json")
-    status, _ = post(base, "/v1/chat/completions", {"model": "gpt-4o", "messages": history,
-                                                    "litellm_session_id": "again"})
+    status, _ = post(
+        base, "/v1/chat/completions", {"model": "gpt-4o", "messages": history, "litellm_session_id": "again"}
+    )
     assert status == 200
     first = received(upstream, "/chat/completions", history[0]["content"][:200])
     longer = [*history, {"role": "assistant", "content": "ok"}, {"role": "user", "content": "and now?"}]
-    status, _ = post(base, "/v1/chat/completions", {"model": "gpt-4o", "messages": longer,
-                                                    "litellm_session_id": "again"})
+    status, _ = post(
+        base, "/v1/chat/completions", {"model": "gpt-4o", "messages": longer, "litellm_session_id": "again"}
+    )
     assert status == 200
     hits = [b for p, b in upstream.requests if history[0]["content"][:200] in json.dumps(b)]
     assert len(hits) == 2
@@ -197,8 +211,10 @@ def test_other_endpoints_pass_through(proxy: Any, tmp_path: Path) -> None:
     status, _answer = post(base, "/v1/embeddings", {"model": "gpt-4o", "input": "hello"})
     # The fake upstream answers embeddings with a chat body; what matters is that the hook let
     # the call through to it untouched.
-    assert any(p.endswith("/embeddings") and b.get("input") in ("hello", ["hello"]) for p, b in upstream.requests), \
-        (status, [p for p, _ in upstream.requests])
+    assert any(p.endswith("/embeddings") and b.get("input") in ("hello", ["hello"]) for p, b in upstream.requests), (
+        status,
+        [p for p, _ in upstream.requests],
+    )
 
 
 def test_an_exceeded_session_budget_is_a_429(proxy: Any) -> None:
@@ -207,9 +223,15 @@ def test_an_exceeded_session_budget_is_a_429(proxy: Any) -> None:
     base, upstream, state = proxy
     statuses = []
     for turn in range(4):
-        status, answer = post(base, "/v1/chat/completions",
-                              {"model": "gpt-4o", "litellm_session_id": "budget",
-                               "messages": [{"role": "user", "content": f"turn {turn}"}]})
+        status, answer = post(
+            base,
+            "/v1/chat/completions",
+            {
+                "model": "gpt-4o",
+                "litellm_session_id": "budget",
+                "messages": [{"role": "user", "content": f"turn {turn}"}],
+            },
+        )
         statuses.append(status)
         # litellm runs success callbacks after the response is sent: wait for the record.
         deadline = time.monotonic() + 30

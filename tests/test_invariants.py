@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import copy
+import json
 import os
 import struct
 import zlib
@@ -15,7 +16,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from invariants import lost_contents, markers_resolve, pairing_problems, pinned_of
+from invariants import added_fields, id_problems, lost_contents, markers_resolve, pairing_problems, pinned_of
 
 from ctxrules import Engine
 
@@ -24,10 +25,16 @@ BUILTIN_PACKS = ["builtin:default"]
 
 def png(width: int, height: int, seed: int) -> str:
     raw = b"".join(b"\x00" + bytes((seed + x + y) % 256 for x in range(width * 3)) for y in range(height))
+
     def chunk(kind: bytes, data: bytes) -> bytes:
         return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
-    data = (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))
-            + chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b""))
+
+    data = (
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))
+        + chunk(b"IDAT", zlib.compress(raw))
+        + chunk(b"IEND", b"")
+    )
     return "data:image/png;base64," + base64.b64encode(data).decode()
 
 
@@ -42,14 +49,14 @@ def outputs(draw: Any) -> str:
         return draw(words)
     if kind == "lines":
         n = draw(st.integers(1, 800))
-        return "\n".join(f"{i}: {draw(st.sampled_from(['ok', 'warning: x', 'src/a.py:3 E'] ))}" for i in range(n))
+        return "\n".join(f"{i}: {draw(st.sampled_from(['ok', 'warning: x', 'src/a.py:3 E']))}" for i in range(n))
     if kind == "json":
         n = draw(st.integers(1, 300))
         items = ",".join(f'{{"id": {i}, "name": "item{i}", "tags": ["a", "b"]}}' for i in range(n))
         return '{"items": [' + items + "]}"
     if kind == "huge":
         return ("x" * 99 + "\n") * draw(st.integers(500, 1300))
-    return "Traceback (most recent call last):\n  File \"src/x.py\", line 3\nValueError: bad\nExit code 1"
+    return 'Traceback (most recent call last):\n  File "src/x.py", line 3\nValueError: bad\nExit code 1'
 
 
 @st.composite
@@ -66,21 +73,40 @@ def conversations(draw: Any) -> list[dict[str, Any]]:
         elif kind == "reply":
             msgs.append({"role": "assistant", "content": draw(words) or "ok", "x_unknown": {"keep": [1, 2]}})
         elif kind == "orphan":
-            msgs.append({"role": "tool", "tool_call_id": draw(st.sampled_from([*id_pool, "ghost"])),
-                         "content": draw(words)})
+            msgs.append(
+                {"role": "tool", "tool_call_id": draw(st.sampled_from([*id_pool, "ghost"])), "content": draw(words)}
+            )
         elif kind == "image":
-            msgs.append({"role": "user", "content": [
-                {"type": "text", "text": "see this"},
-                {"type": "image_url", "image_url": {"url": png(8, 8, len(msgs))}}]})
+            msgs.append(
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "text", "text": "see this"},
+                        {"type": "image_url", "image_url": {"url": png(8, 8, len(msgs))}},
+                    ],
+                }
+            )
         else:
             n = draw(st.integers(1, 3))
             ids = [draw(st.sampled_from(id_pool)) for _ in range(n)]
-            calls = [{"id": cid, "type": "function", "function": {
-                "name": draw(st.sampled_from(TOOLS)),
-                "arguments": draw(st.sampled_from(['{"command": "pytest -q"}', '{"file_path": "src/app.py"}',
-                                                   "not json", "{}"]))}} for cid in ids]
-            msgs.append({"role": "assistant", "content": draw(st.sampled_from([None, "", "working"])),
-                         "tool_calls": calls})
+            calls = [
+                {
+                    "id": cid,
+                    "type": "function",
+                    "function": {
+                        "name": draw(st.sampled_from(TOOLS)),
+                        "arguments": draw(
+                            st.sampled_from(
+                                ['{"command": "pytest -q"}', '{"file_path": "src/app.py"}', "not json", "{}"]
+                            )
+                        ),
+                    },
+                }
+                for cid in ids
+            ]
+            msgs.append(
+                {"role": "assistant", "content": draw(st.sampled_from([None, "", "working"])), "tool_calls": calls}
+            )
             answered = draw(st.lists(st.sampled_from(ids), max_size=n + 1)) if draw(st.booleans()) else ids
             for cid in answered:
                 msgs.append({"role": "tool", "tool_call_id": cid, "content": draw(outputs())})
@@ -93,12 +119,19 @@ def engines() -> dict[str, Engine]:
 
 
 @pytest.mark.parametrize("ref", BUILTIN_PACKS)
-@settings(max_examples=int(os.environ.get("CTXRULES_PROPERTY_EXAMPLES", "60")), deadline=None,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=int(os.environ.get("CTXRULES_PROPERTY_EXAMPLES", "60")),
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
 @given(history=conversations(), window=st.sampled_from([12000, 20000, 64000]))
-def test_invariants_hold_for_generated_conversations(engines: dict[str, Engine], ref: str,
-                                                     tmp_path_factory: pytest.TempPathFactory,
-                                                     history: list[dict[str, Any]], window: int) -> None:
+def test_invariants_hold_for_generated_conversations(
+    engines: dict[str, Engine],
+    ref: str,
+    tmp_path_factory: pytest.TempPathFactory,
+    history: list[dict[str, Any]],
+    window: int,
+) -> None:
     engine = engines[ref]
     session = engine.session(Path(tmp_path_factory.mktemp("s")), model="gpt-4o", window=window)
     frozen = copy.deepcopy(history)
@@ -106,8 +139,10 @@ def test_invariants_hold_for_generated_conversations(engines: dict[str, Engine],
     out = result.messages
     # 5: the caller's objects are untouched.
     assert history == frozen
-    # 1: valid pairing.
+    # 1: valid pairing; 7: unique ids, JSON arguments; 8: no field ctxrules adds.
     assert pairing_problems(out) == []
+    assert id_problems(out) == []
+    assert added_fields(frozen, out) == []
     # 2: pinned messages survive unchanged (a hard spill over spill_chars is the one exception).
     spill = 100_000
     for m in pinned_of(frozen):
@@ -128,12 +163,15 @@ def _ran(report: dict[str, Any]) -> list[tuple[Any, ...]]:
     """What each stage did, for the failure message of invariant 4."""
     return [report["before"]["tokens"], report["before"]["tier"]] + [
         (s["id"], s["tokens_before"], s["tokens_after"], [a["kind"] for a in s["actions"]][:4])
-        for s in report["stages"] if s["ran"] and (s["actions"] or s["tokens_before"] != s["tokens_after"])]
+        for s in report["stages"]
+        if s["ran"] and (s["actions"] or s["tokens_before"] != s["tokens_after"])
+    ]
 
 
 def _repaired(m: dict[str, Any], history: list[dict[str, Any]]) -> bool:
-    """Pinned messages the pair repair may legitimately change: orphan/duplicate results and
-    assistant messages with unanswered or id-less calls."""
+    """Pinned messages the pair repair may legitimately change: orphan/duplicate/renamed
+    results and assistant messages with unanswered, id-less or reused-id calls, or arguments
+    that are not JSON."""
     if m.get("role") == "tool":
         return True
     if m.get("role") == "assistant" and m.get("tool_calls"):
@@ -143,5 +181,21 @@ def _repaired(m: dict[str, Any], history: list[dict[str, Any]]) -> bool:
         while start < len(history) and history[start].get("role") == "tool":
             block.append(history[start].get("tool_call_id"))
             start += 1
-        return sorted(block) != sorted(ids) or len(set(ids)) != len(ids)
+        earlier = {c.get("id") for h in history[: history.index(m)] for c in h.get("tool_calls") or []}
+        return (
+            sorted(block) != sorted(ids)
+            or len(set(ids)) != len(ids)
+            or bool(earlier & set(ids))
+            or not all(_is_json(c["function"].get("arguments")) for c in m["tool_calls"])
+        )
     return False
+
+
+def _is_json(text: Any) -> bool:
+    if not isinstance(text, str):
+        return True
+    try:
+        json.loads(text)
+    except ValueError:
+        return False
+    return True

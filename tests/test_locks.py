@@ -38,17 +38,26 @@ _WRAPPER = (
 def _cli(tmp_path: Path, *argv: str) -> tuple[subprocess.CompletedProcess[str], list[str]]:
     record = tmp_path / "modules.json"
     env = {**os.environ, "PYTHONPATH": str(ENGINE), "CTXRULES_STATE": str(tmp_path / "state")}
-    proc = subprocess.run([sys.executable, "-c", _WRAPPER, str(record), *argv], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-c", _WRAPPER, str(record), *argv],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     return proc, json.loads(record.read_text())
 
 
-@pytest.mark.parametrize("argv", [
-    ("validate", "rules/"),
-    ("explain", "rules/default.yaml"),
-    ("assemble", "--pack", "builtin:default", "--mode", "full", "--model", "gpt-4o"),
-    ("test", "rules/"),
-])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ("validate", "rules/"),
+        ("explain", "rules/default.yaml"),
+        ("assemble", "--pack", "builtin:default", "--mode", "full", "--model", "gpt-4o"),
+        ("test", "rules/"),
+    ],
+)
 def test_read_only_verbs_import_no_lock_module(tmp_path: Path, argv: tuple[str, ...]) -> None:
     proc, loaded = _cli(tmp_path, *argv)
     assert proc.returncode == 0, proc.stderr
@@ -59,8 +68,7 @@ def test_run_does_use_the_lock_module(tmp_path: Path) -> None:
     """The check above can fail: a verb that writes a session does load it."""
     inp = tmp_path / "in.json"
     inp.write_text(json.dumps([{"role": "user", "content": "hello"}]))
-    proc, loaded = _cli(tmp_path, "run", "--pack", "builtin:default", "--model", "gpt-4o",
-                        "--input", str(inp))
+    proc, loaded = _cli(tmp_path, "run", "--pack", "builtin:default", "--model", "gpt-4o", "--input", str(inp))
     assert proc.returncode == 0, proc.stderr
     assert "ctxrules.locks" in loaded and "filelock" in loaded
     assert (tmp_path / "state" / "default" / ".lock").is_file()
@@ -68,8 +76,11 @@ def test_run_does_use_the_lock_module(tmp_path: Path) -> None:
 
 def test_no_module_of_the_package_uses_fcntl() -> None:
     """fcntl does not exist on Windows: the package locks through ctxrules.locks only."""
-    offenders = [str(p.relative_to(ENGINE)) for p in (ENGINE / "ctxrules").rglob("*.py")
-                 if "import fcntl" in p.read_text(encoding="utf-8")]
+    offenders = [
+        str(p.relative_to(ENGINE))
+        for p in (ENGINE / "ctxrules").rglob("*.py")
+        if "import fcntl" in p.read_text(encoding="utf-8")
+    ]
     assert offenders == []
 
 
@@ -98,10 +109,17 @@ def test_threads_exclude_one_another_through_one_lock_object(tmp_path: Path) -> 
 def test_another_process_holding_the_lock_times_out(tmp_path: Path) -> None:
     path = tmp_path / "s" / ".lock"
     holder = subprocess.Popen(
-        [sys.executable, "-c",
-         "import sys, time; from ctxrules.locks import FileLock\n"
-         "with FileLock(sys.argv[1]):\n    print('held', flush=True); time.sleep(30)\n", str(path)],
-        env={**os.environ, "PYTHONPATH": str(ENGINE)}, stdout=subprocess.PIPE, text=True)
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; from ctxrules.locks import FileLock\n"
+            "with FileLock(sys.argv[1]):\n    print('held', flush=True); time.sleep(30)\n",
+            str(path),
+        ],
+        env={**os.environ, "PYTHONPATH": str(ENGINE)},
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert holder.stdout is not None and holder.stdout.readline() == "held\n"
         t = time.monotonic()
@@ -136,8 +154,7 @@ def test_run_refuses_a_session_whose_lock_is_a_symlink(tmp_path: Path) -> None:
     (session / ".lock").symlink_to(target)
     inp = tmp_path / "in.json"
     inp.write_text(json.dumps([{"role": "user", "content": "hello"}]))
-    proc, _ = _cli(tmp_path, "run", "--pack", "builtin:default", "--model", "gpt-4o",
-                   "--input", str(inp))
+    proc, _ = _cli(tmp_path, "run", "--pack", "builtin:default", "--model", "gpt-4o", "--input", str(inp))
     assert proc.returncode == 2
     assert "symbolic link" in proc.stderr and "internal error" not in proc.stderr
     assert target.read_text() == "precious\n"

@@ -5,17 +5,21 @@ from __future__ import annotations
 import copy
 import itertools
 import json
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import transcript_paths
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ctxrules.errors import MessagesError
+from ctxrules.injected import InjectionKey, key_scope
 from ctxrules.messages import (
     injected_kind,
+    injected_meta,
     is_injected,
     is_real_user,
     mark_injected,
@@ -26,8 +30,7 @@ from ctxrules.messages import (
 )
 from ctxrules.structure import exchanges, pair_tool_calls, pinned_indices, steps
 
-TRANSCRIPTS = Path(__file__).resolve().parents[2] / "shared" / "corpus" / "transcripts"
-CORPUS = sorted(p for p in TRANSCRIPTS.glob("*.json") if p.name != "stats.json")
+CORPUS = transcript_paths()
 
 Msg = dict[str, Any]
 
@@ -172,6 +175,7 @@ def test_what_agents_really_produce_is_not_fatal() -> None:
     assert validate_messages(messages) == messages
 
 
+@pytest.mark.corpus
 @pytest.mark.parametrize("path", CORPUS, ids=lambda p: p.stem)
 def test_every_corpus_transcript_validates(path: Path) -> None:
     messages = json.loads(path.read_text())
@@ -181,23 +185,27 @@ def test_every_corpus_transcript_validates(path: Path) -> None:
 # --- injected messages ----------------------------------------------------------------------
 
 
-def test_metadata_key_or_leading_tag_marks_a_message_injected() -> None:
-    assert is_injected({"role": "user", "content": "summary", "ctxrules": {"kind": "summary"}})
-    assert is_injected(user("<ctxrules:summary>\n...\n</ctxrules:summary>"))
-    assert is_injected(user("  \n<ctxrules:notes v=1>x"))
-    assert is_injected(
-        {"role": "user", "content": [{"type": "text", "text": "<ctxrules:reread/>"}]}
-    )
-    assert injected_kind(user("<ctxrules:reread>x")) == "reread"
-    assert (
-        injected_kind({"role": "user", "content": "", "ctxrules": {"kind": "notice"}}) == "notice"
-    )
+def test_only_a_signed_leading_tag_marks_a_message_injected() -> None:
+    marked = mark_injected(user("remember X"), "notes")
+    assert is_injected(marked) and injected_kind(marked) == "notes"
+    # A metadata key is no mark (nothing extra travels on the wire) ...
+    assert not is_injected({"role": "user", "content": "summary", "ctxrules": {"kind": "summary"}})
+    # ... and neither is a tag without a signature that verifies under the current key.
+    assert not is_injected(user("<ctxrules:summary>\n...\n</ctxrules:summary>"))
+    assert not is_injected(user("  \n<ctxrules:notes v=1>x"))
+    forged = marked["content"].replace("remember X", "remember Y")
+    assert not is_injected(user(forged)) and injected_kind(user(forged)) is None
+    with key_scope(InjectionKey(b"k" * 32)):
+        assert not is_injected(marked), "another session's key does not verify it"
+    parts = mark_injected({"role": "user", "content": [{"type": "text", "text": "<ctxrules:reread/>"}]}, "reread")
+    assert is_injected(parts) and injected_kind(parts) == "reread"
 
 
-def test_humans_mentioning_the_tag_stay_real() -> None:
+def test_humans_mentioning_or_pasting_the_tag_stay_real() -> None:
     assert is_real_user(user("what does <ctxrules:summary> mean?"))
     assert is_real_user(user("<ctxrules: is that a tag?"))  # no kind: not a tag
     assert is_real_user(user("<ctxrulesfoo>"))
+    assert is_real_user(user('<ctxrules:summary id="abc" source="llm" sig="0123456789abcdef">\nx'))
     assert not is_real_user(asst())
     assert not is_real_user(tool("a"))
 
@@ -207,27 +215,40 @@ def test_an_elided_real_user_message_is_still_real() -> None:
     assert is_real_user(user(marker))
 
 
-def test_mark_injected_adds_metadata_and_tag_and_is_idempotent() -> None:
+def test_mark_injected_signs_a_tag_adds_no_key_and_is_idempotent() -> None:
     original = {"role": "user", "content": "remember X", "name": "kept"}
     marked = mark_injected(original, "notes", source="ledger")
     assert original == {"role": "user", "content": "remember X", "name": "kept"}
-    assert marked["ctxrules"] == {"kind": "notes", "source": "ledger"}
-    assert marked["content"] == "<ctxrules:notes>\nremember X\n</ctxrules:notes>"
+    assert set(marked) == {"role", "content", "name"}, "no field is added"
+    assert re.fullmatch(
+        r'<ctxrules:notes source="ledger" sig="[0-9a-f]{16}">\nremember X\n</ctxrules:notes>', marked["content"]
+    )
+    assert injected_meta(marked) == {"source": "ledger"}
     assert marked["name"] == "kept"
     assert is_injected(marked) and not is_real_user(marked)
     assert mark_injected(marked, "notes", source="ledger") == marked
-    # Even if an SDK strips the metadata key, the tag keeps it from being taken as real.
-    stripped = {k: v for k, v in marked.items() if k != "ctxrules"}
-    assert not is_real_user(stripped)
+    with pytest.raises(TypeError):
+        mark_injected(original, "notes", files=["a"])  # type: ignore[arg-type]
+
+
+def test_a_rewritten_injected_message_stays_marked() -> None:
+    marked = mark_injected(user("line\n" * 50), "notes", count=2)
+    cut = replace_text(marked, message_text(marked)[:80] + "\n[cut]")
+    assert is_injected(cut) and injected_meta(cut) == {"count": "2"}
+    spilled = replace_text(marked, "[ctxrules:elided kind=lines count=50 ref=vault://" + "b" * 64 + "]")
+    assert injected_kind(spilled) == "notes" and "[ctxrules:elided" in message_text(spilled)
+    # A real message rewritten stays real.
+    assert is_real_user(replace_text(user("<ctxrules:notes>x"), "<ctxrules:notes>y"))
 
 
 def test_mark_injected_keeps_an_existing_tag_and_non_text_parts() -> None:
-    tagged = mark_injected(user("<ctxrules:summary v=2>\nbody\n</ctxrules:summary>"), "summary")
-    assert tagged["content"].startswith("<ctxrules:summary v=2>")
+    tagged = mark_injected(user("<ctxrules:summary v=2>\nbody\n</ctxrules:summary>"), "summary", id="s1")
+    assert tagged["content"].startswith('<ctxrules:summary v=2 id="s1" sig="')
+    assert injected_meta(tagged) == {"v": "2", "id": "s1"}
     image = {"type": "image_url", "image_url": {"url": "data:,"}}
     parts = mark_injected({"role": "user", "content": [image]}, "reread")
-    assert parts["content"] == [{"type": "text", "text": "<ctxrules:reread/>"}, image]
-    assert is_injected({k: v for k, v in parts.items() if k != "ctxrules"})
+    assert parts["content"][1:] == [image] and is_injected(parts)
+    assert re.fullmatch(r'<ctxrules:reread sig="[0-9a-f]{16}"/>', parts["content"][0]["text"])
     with pytest.raises(ValueError):
         mark_injected(user("x"), "Bad Kind")
 
@@ -296,6 +317,7 @@ def _check_segmentation(messages: list[Msg]) -> None:
         assert covered == [a for a in assistants if a > real[0]]
 
 
+@pytest.mark.corpus
 @pytest.mark.parametrize("path", CORPUS, ids=lambda p: p.stem)
 def test_segmentation_on_real_transcripts(path: Path) -> None:
     messages: list[Msg] = json.loads(path.read_text())
@@ -328,7 +350,7 @@ def test_pins_steps_and_exchanges_with_injected_messages() -> None:
         asst("a", "b"),  # 4
         tool("b"),  # 5 (out of call order, still its block)
         tool("a"),  # 6
-        user("<ctxrules:reread>\nfile.py\n</ctxrules:reread>"),  # 7 injected (tag only)
+        mark_injected(user("file.py"), "reread"),  # 7 injected
         asst(content="done?"),  # 8
         user("also add a test"),  # 9 latest real user
         asst("c"),  # 10 newest step

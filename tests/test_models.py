@@ -32,9 +32,7 @@ def registry_json() -> dict[str, Any]:
 
 def run_python(code: str, **env: str) -> subprocess.CompletedProcess[str]:
     environ = {**os.environ, "PYTHONPATH": str(ENGINE), **env}
-    return subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, env=environ, check=False
-    )
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=environ, check=False)
 
 
 # --------------------------------------------------------------------------- facts
@@ -108,9 +106,7 @@ def test_window_falls_back_to_max_tokens() -> None:
         ("ft:gpt-4o-mini:acme::abc123", "gpt-4o-mini"),
     ],
 )
-def test_provider_prefixed_and_loose_names(
-    name: str, key: str, registry_json: dict[str, Any]
-) -> None:
+def test_provider_prefixed_and_loose_names(name: str, key: str, registry_json: dict[str, Any]) -> None:
     assert key in registry_json, "registry changed: pick another example"
     info = lookup_model(name)
     assert info.key == key
@@ -136,9 +132,7 @@ def test_provider_form_found_in_the_registry(registry_json: dict[str, Any]) -> N
 
 
 def test_a_named_provider_is_kept_when_listed(registry_json: dict[str, Any]) -> None:
-    assert (
-        lookup_model("azure/gpt-4o").provider == registry_json["azure/gpt-4o"]["litellm_provider"]
-    )
+    assert lookup_model("azure/gpt-4o").provider == registry_json["azure/gpt-4o"]["litellm_provider"]
 
 
 # --------------------------------------------------------------------------- unknown models

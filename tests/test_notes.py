@@ -51,19 +51,22 @@ def test_file_is_private_and_valid_json(tmp_path: Path) -> None:
     assert not [p for p in path.parent.iterdir() if p.name.endswith(".tmp")]
 
 
-@pytest.mark.parametrize(("call", "message"), [
-    (lambda n: n.add(""), "must not be empty"),
-    (lambda n: n.add(42), "must be a string"),
-    (lambda n: n.add("x" * 20_001), "limited to 20000"),
-    (lambda n: n.add("bad \ud800 text"), "valid Unicode"),
-    (lambda n: n.add("x", tags="testing"), "not the string"),
-    (lambda n: n.add("x", tags=["a,b"]), "invalid tag"),
-    (lambda n: n.add("x", id="has space"), "invalid note id"),
-    (lambda n: n.update("nope", "x"), "no note with id 'nope'"),
-    (lambda n: n.update("nope"), "needs a new text or new tags"),
-    (lambda n: n.remove("nope"), "no note with id"),
-    (lambda n: n.get("nope"), "no note with id"),
-])
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda n: n.add(""), "must not be empty"),
+        (lambda n: n.add(42), "must be a string"),
+        (lambda n: n.add("x" * 20_001), "limited to 20000"),
+        (lambda n: n.add("bad \ud800 text"), "valid Unicode"),
+        (lambda n: n.add("x", tags="testing"), "not the string"),
+        (lambda n: n.add("x", tags=["a,b"]), "invalid tag"),
+        (lambda n: n.add("x", id="has space"), "invalid note id"),
+        (lambda n: n.update("nope", "x"), "no note with id 'nope'"),
+        (lambda n: n.update("nope"), "needs a new text or new tags"),
+        (lambda n: n.remove("nope"), "no note with id"),
+        (lambda n: n.get("nope"), "no note with id"),
+    ],
+)
 def test_bad_input_is_a_clear_error(tmp_path: Path, call: Any, message: str) -> None:
     with pytest.raises(NotesError, match=message):
         call(SessionNotes(tmp_path / "s"))
@@ -124,7 +127,7 @@ def test_renders_one_marked_message_at_the_end(tmp_path: Path) -> None:
     msg = out.messages[at]
     assert msg["role"] == "user" and not is_real_user(msg)
     text = text_of(msg)
-    assert text.startswith("<ctxrules:notes>")
+    assert text.startswith('<ctxrules:notes count="2" sig="')
     assert "- [n1] use tabs\n  not spaces\n  tags: style" in text
     assert "- [n2] the DB is sqlite" in text
 

@@ -15,6 +15,7 @@ from ctxrules import Engine
 from ctxrules.runtime.overflow import CompletionFailed, is_overflow, limit_from
 
 
+@pytest.mark.corpus
 def test_overflow_is_recovered_once_and_retried(tmp_path: Path) -> None:
     source = next(p for p in transcript_paths() if p.name == "openhands-ponylang__ponyc-4588.json")
     history = json.loads(source.read_text())
@@ -40,27 +41,34 @@ def test_other_errors_are_not_retried(tmp_path: Path) -> None:
     with LLMServer() as server:
         server.script(http_error(400, "invalid tool schema"))
         with pytest.raises(CompletionFailed, match="invalid tool schema"):
-            session.complete([{"role": "user", "content": "hi"}], api_base=server.base_url, api_key="k",
-                             num_retries=0)
+            session.complete([{"role": "user", "content": "hi"}], api_base=server.base_url, api_key="k", num_retries=0)
         assert len(server.requests) == 1
 
 
-@pytest.mark.parametrize(("message", "limit"), [
-    ("This model's maximum context length is 128,000 tokens. However, you requested 130000", 128000),
-    ("prompt is too long: 210000 tokens > 200000 maximum", 200000),
-    ("Input is too long for requested model. The context window is 8192 tokens", 8192),
-])
+@pytest.mark.parametrize(
+    ("message", "limit"),
+    [
+        ("This model's maximum context length is 128,000 tokens. However, you requested 130000", 128000),
+        ("prompt is too long: 210000 tokens > 200000 maximum", 200000),
+        ("Input is too long for requested model. The context window is 8192 tokens", 8192),
+    ],
+)
 def test_limits_are_read_from_provider_messages(message: str, limit: int) -> None:
     exc = RuntimeError(message)
     assert is_overflow(exc) and limit_from(exc) == limit
 
 
 def _long_history(steps: int = 40) -> list[dict[str, object]]:
-    history: list[dict[str, object]] = [{"role": "system", "content": "You are a coding agent."},
-                                        {"role": "user", "content": "Fix the failing build."}]
+    history: list[dict[str, object]] = [
+        {"role": "system", "content": "You are a coding agent."},
+        {"role": "user", "content": "Fix the failing build."},
+    ]
     for i in range(steps):
-        call = {"id": f"c{i}", "type": "function",
-                "function": {"name": "Read", "arguments": json.dumps({"path": f"src/mod{i}.py"})}}
+        call = {
+            "id": f"c{i}",
+            "type": "function",
+            "function": {"name": "Read", "arguments": json.dumps({"path": f"src/mod{i}.py"})},
+        }
         history.append({"role": "assistant", "content": f"Reading module {i}.", "tool_calls": [call]})
         body = "\n".join(f"def function_{i}_{j}(value):  # line {j} of module {i}" for j in range(60))
         history.append({"role": "tool", "tool_call_id": f"c{i}", "content": body})
@@ -70,8 +78,11 @@ def _long_history(steps: int = 40) -> list[dict[str, object]]:
 
 def _pack(tmp_path: Path, body: str) -> Path:
     path = tmp_path / "pack.yaml"
-    path.write_text("apiVersion: ctxrules/v1\nkind: RulePack\nmetadata: {name: o, version: 1.0.0}\n"
-                    "extends: builtin:default\n" + body, encoding="utf-8")
+    path.write_text(
+        "apiVersion: ctxrules/v1\nkind: RulePack\nmetadata: {name: o, version: 1.0.0}\n"
+        "extends: builtin:default\n" + body,
+        encoding="utf-8",
+    )
     return path
 
 
@@ -108,6 +119,7 @@ def test_a_blocked_emergency_plugin_means_no_recovery(tmp_path: Path, monkeypatc
     with LLMServer() as server:
         server.script(context_length_error(limit=9000), reply("ok"))
         with pytest.raises(CompletionFailed, match="maximum context length"):
-            session.complete(_long_history(), api_base=server.base_url, api_key="k", model="openai/gpt-4o",
-                             num_retries=0)
+            session.complete(
+                _long_history(), api_base=server.base_url, api_key="k", model="openai/gpt-4o", num_retries=0
+            )
         assert len(server.requests) == 1

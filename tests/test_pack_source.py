@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -67,20 +68,23 @@ def _at(doc: SourceDoc, pointer: str) -> object:
     return value
 
 
-@pytest.mark.parametrize(("pointer", "line", "col"), [
-    ("", 1, 1),
-    ("/apiVersion", 1, 13),
-    ("/context", 4, 3),                      # a block mapping starts at its first key
-    ("/context/thresholds", 4, 15),          # a flow mapping starts at its brace
-    ("/context/thresholds/monitor", 4, 25),
-    ("/context/thresholds/light", 4, 37),
-    ("/pipeline/0", 6, 5),
-    ("/pipeline/0/id", 6, 9),
-    ("/pipeline/0/use", 7, 10),
-    ("/pipeline/1", 8, 5),
-    ("/pipeline/1/use", 8, 22),
-    ("/tools/exit_code/0", 11, 7),
-])
+@pytest.mark.parametrize(
+    ("pointer", "line", "col"),
+    [
+        ("", 1, 1),
+        ("/apiVersion", 1, 13),
+        ("/context", 4, 3),  # a block mapping starts at its first key
+        ("/context/thresholds", 4, 15),  # a flow mapping starts at its brace
+        ("/context/thresholds/monitor", 4, 25),
+        ("/context/thresholds/light", 4, 37),
+        ("/pipeline/0", 6, 5),
+        ("/pipeline/0/id", 6, 9),
+        ("/pipeline/0/use", 7, 10),
+        ("/pipeline/1", 8, 5),
+        ("/pipeline/1/use", 8, 22),
+        ("/tools/exit_code/0", 11, 7),
+    ],
+)
 def test_value_positions(pointer: str, line: int, col: int) -> None:
     doc = parse_yaml(BLOCK, "p.yaml")
     assert doc.positions[pointer] == (line, col)
@@ -88,12 +92,15 @@ def test_value_positions(pointer: str, line: int, col: int) -> None:
     assert (o.file, o.line, o.col) == ("p.yaml", line, col)
 
 
-@pytest.mark.parametrize(("pointer", "line", "col"), [
-    ("/context", 3, 1),
-    ("/context/thresholds", 4, 3),
-    ("/context/thresholds/light", 4, 30),
-    ("/pipeline/0/use", 7, 5),
-])
+@pytest.mark.parametrize(
+    ("pointer", "line", "col"),
+    [
+        ("/context", 3, 1),
+        ("/context/thresholds", 4, 3),
+        ("/context/thresholds/light", 4, 30),
+        ("/pipeline/0/use", 7, 5),
+    ],
+)
 def test_key_positions(pointer: str, line: int, col: int) -> None:
     doc = parse_yaml(BLOCK, "p.yaml")
     o = doc.key_origin(pointer)
@@ -127,15 +134,19 @@ def test_yaml_11_booleans_as_keys_stay_strings() -> None:
 
 # -- duplicate keys ------------------------------------------------------------------------
 
-@pytest.mark.parametrize(("text", "key", "line", "col", "first"), [
-    ("a: 1\nb: 2\na: 3\n", "a", 3, 1, 1),
-    ("m:\n  x: 1\n  y: 2\n  x: 3\n", "x", 4, 3, 2),
-    ("m: {x: 1, y: 2, x: 3}\n", "x", 1, 17, 1),
-    ("l:\n  - {id: a, id: b}\n", "id", 2, 13, 2),
-    ("l:\n  - id: a\n    use: x\n    use: y\n", "use", 4, 5, 3),
-    ("deep:\n  a:\n    b:\n      c: 1\n      c: 1\n", "c", 5, 7, 4),
-    ('"q": 1\nq: 2\n', "q", 2, 1, 1),          # quoting does not make a different key
-])
+
+@pytest.mark.parametrize(
+    ("text", "key", "line", "col", "first"),
+    [
+        ("a: 1\nb: 2\na: 3\n", "a", 3, 1, 1),
+        ("m:\n  x: 1\n  y: 2\n  x: 3\n", "x", 4, 3, 2),
+        ("m: {x: 1, y: 2, x: 3}\n", "x", 1, 17, 1),
+        ("l:\n  - {id: a, id: b}\n", "id", 2, 13, 2),
+        ("l:\n  - id: a\n    use: x\n    use: y\n", "use", 4, 5, 3),
+        ("deep:\n  a:\n    b:\n      c: 1\n      c: 1\n", "c", 5, 7, 4),
+        ('"q": 1\nq: 2\n', "q", 2, 1, 1),  # quoting does not make a different key
+    ],
+)
 def test_duplicate_keys_are_errors(text: str, key: str, line: int, col: int, first: int) -> None:
     p = problem(text)
     assert p.code == "CR003"
@@ -152,6 +163,7 @@ def test_pyyaml_alone_would_have_kept_the_last_value() -> None:
 
 
 # -- merge keys ----------------------------------------------------------------------------
+
 
 def test_merge_key_with_explicit_override_is_allowed() -> None:
     text = """\
@@ -204,12 +216,16 @@ def test_alias_bomb_is_refused_quickly() -> None:
 
 # -- syntax, tabs, shapes ------------------------------------------------------------------
 
-@pytest.mark.parametrize(("text", "line", "col", "words"), [
-    ("a:\n\tb: 1\n", 2, 1, "indentation"),
-    ("a:\n  b: 1\n  \tc: 2\n", 3, 3, "indentation"),
-    ("l:\n\t- 1\n", 2, 1, "indentation"),
-    ("a:\tb\n", 1, 3, "expects a space"),
-])
+
+@pytest.mark.parametrize(
+    ("text", "line", "col", "words"),
+    [
+        ("a:\n\tb: 1\n", 2, 1, "indentation"),
+        ("a:\n  b: 1\n  \tc: 2\n", 3, 3, "indentation"),
+        ("l:\n\t- 1\n", 2, 1, "indentation"),
+        ("a:\tb\n", 1, 3, "expects a space"),
+    ],
+)
 def test_tabs(text: str, line: int, col: int, words: str) -> None:
     p = problem(text)
     assert (p.code, p.line, p.col) == ("CR001", line, col)
@@ -222,14 +238,17 @@ def test_tabs_inside_values_are_fine() -> None:
     assert doc.data == {"a": "x\ty", "b": "x\ty"}
 
 
-@pytest.mark.parametrize(("text", "line", "col"), [
-    ('a: "open\n', 1, 4),                 # unclosed quote: where it opens, not the end of file
-    ("a: [1, 2\n", 1, 4),
-    ("a: 1\n b: 2\n", 2, 3),
-    ("a: *nothing\n", 1, 4),
-    ("a: !!python/object:os.system x\n", 1, 4),
-    ("a: b\x07\n", 1, 5),                 # a control character
-])
+@pytest.mark.parametrize(
+    ("text", "line", "col"),
+    [
+        ('a: "open\n', 1, 4),  # unclosed quote: where it opens, not the end of file
+        ("a: [1, 2\n", 1, 4),
+        ("a: 1\n b: 2\n", 2, 3),
+        ("a: *nothing\n", 1, 4),
+        ("a: !!python/object:os.system x\n", 1, 4),
+        ("a: b\x07\n", 1, 5),  # a control character
+    ],
+)
 def test_syntax_errors_have_positions(text: str, line: int, col: int) -> None:
     p = problem(text)
     assert (p.code, p.line, p.col) == ("CR001", line, col)
@@ -263,6 +282,7 @@ def test_complex_keys_are_refused() -> None:
 
 # -- through the loader: encoding, shapes ---------------------------------------------------
 
+
 def _read(tmp_path: Path, content: bytes) -> list[tuple[str, int, int, str]]:
     path = tmp_path / "p.yaml"
     path.write_bytes(content)
@@ -270,15 +290,18 @@ def _read(tmp_path: Path, content: bytes) -> list[tuple[str, int, int, str]]:
     return [(d.code, d.line, d.col, d.message) for d in diags]
 
 
-@pytest.mark.parametrize(("content", "line"), [
-    (b"apiVersion: ctxrules/v1\nkind: RulePack\n", None),
-    (b"- a\n- b\n", 1),
-    (b"\n\n- a\n", 3),
-    (b"just text\n", 1),
-    (b"42\n", 1),
-    (b"", 1),
-    (b"# nothing\n", 1),
-])
+@pytest.mark.parametrize(
+    ("content", "line"),
+    [
+        (b"apiVersion: ctxrules/v1\nkind: RulePack\nmetadata: {name: t, version: 1.0.0}\n", None),
+        (b"- a\n- b\n", 1),
+        (b"\n\n- a\n", 3),
+        (b"just text\n", 1),
+        (b"42\n", 1),
+        (b"", 1),
+        (b"# nothing\n", 1),
+    ],
+)
 def test_top_level_must_be_a_mapping(tmp_path: Path, content: bytes, line: int | None) -> None:
     diags = _read(tmp_path, content)
     if line is None:
@@ -299,8 +322,9 @@ def test_not_utf8_is_reported_at_the_line(tmp_path: Path) -> None:
 
 
 def test_utf8_with_bom_and_non_ascii_text_is_fine(tmp_path: Path) -> None:
-    content = ("\ufeffapiVersion: ctxrules/v1\nkind: RulePack\n"
-               "metadata: {name: café, description: 上下文}\n")
+    content = (
+        "\ufeffapiVersion: ctxrules/v1\nkind: RulePack\nmetadata: {name: café, version: 1.0.0, description: 上下文}\n"
+    )
     assert _read(tmp_path, content.encode("utf-8")) == []
 
 
@@ -313,14 +337,16 @@ def test_crlf_line_endings_keep_positions(tmp_path: Path) -> None:
 def test_each_file_is_read_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = tmp_path / "p.yaml"
     path.write_text("apiVersion: ctxrules/v1\nkind: RulePack\n", encoding="utf-8")
+    from ctxrules.packs import loader as loader_module
+
     reads: list[Path] = []
-    real = Path.read_bytes
+    real = loader_module.read_limited
 
-    def counting(self: Path) -> bytes:
-        reads.append(self)
-        return real(self)
+    def counting(path: Path, *args: Any, **kwargs: Any) -> bytes:
+        reads.append(path)
+        return real(path, *args, **kwargs)
 
-    monkeypatch.setattr(Path, "read_bytes", counting)
+    monkeypatch.setattr(loader_module, "read_limited", counting)
     loader = PackLoader()
     first = loader.read(path)
     assert loader.read(tmp_path / "." / "p.yaml") is not None
@@ -331,12 +357,18 @@ def test_each_file_is_read_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
 # -- agreement with PyYAML where PyYAML is right ---------------------------------------------
 
 _keys = st.text(alphabet="abcdefghij_", min_size=1, max_size=6)
-_scalars = st.one_of(st.integers(-10**6, 10**6), st.booleans(), st.none(),
-                     st.text(alphabet=st.characters(codec="utf-8", exclude_categories=("Cs", "Cc")),
-                             max_size=20),
-                     st.floats(allow_nan=False, allow_infinity=False, width=32))
-_values = st.recursive(_scalars, lambda children: st.one_of(
-    st.lists(children, max_size=4), st.dictionaries(_keys, children, max_size=4)), max_leaves=20)
+_scalars = st.one_of(
+    st.integers(-(10**6), 10**6),
+    st.booleans(),
+    st.none(),
+    st.text(alphabet=st.characters(codec="utf-8", exclude_categories=("Cs", "Cc")), max_size=20),
+    st.floats(allow_nan=False, allow_infinity=False, width=32),
+)
+_values = st.recursive(
+    _scalars,
+    lambda children: st.one_of(st.lists(children, max_size=4), st.dictionaries(_keys, children, max_size=4)),
+    max_leaves=20,
+)
 
 
 @settings(max_examples=200, deadline=None)
@@ -362,8 +394,9 @@ needs_libyaml = pytest.mark.skipif(not yaml.__with_libyaml__, reason="PyYAML wit
 
 
 @needs_libyaml
-@pytest.mark.parametrize("path", sorted(Path(__file__).resolve().parents[1].joinpath("rules")
-                                        .rglob("*.yaml")), ids=lambda p: p.name)
+@pytest.mark.parametrize(
+    "path", sorted(Path(__file__).resolve().parents[1].joinpath("rules").rglob("*.yaml")), ids=lambda p: p.name
+)
 def test_fast_path_reads_builtin_packs_exactly_like_the_pure_parser(path: Path) -> None:
     text = path.read_text(encoding="utf-8")
     fast = source._parse_fast(text, "p.yaml")
@@ -373,9 +406,19 @@ def test_fast_path_reads_builtin_packs_exactly_like_the_pure_parser(path: Path) 
 
 
 @needs_libyaml
-@pytest.mark.parametrize("text", ["a: 1\na: 2\n", "a:\tb\n", "k: v\t\n", "a: [1\n",
-                                  "a: 1\n---\nb: 1\n", "a: b\x07\n", "a: &x {b: *x}\n",
-                                  "? [a]\n: 1\n"])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "a: 1\na: 2\n",
+        "a:\tb\n",
+        "k: v\t\n",
+        "a: [1\n",
+        "a: 1\n---\nb: 1\n",
+        "a: b\x07\n",
+        "a: &x {b: *x}\n",
+        "? [a]\n: 1\n",
+    ],
+)
 def test_fast_path_leaves_every_problem_to_the_pure_parser(text: str) -> None:
     """Tabs included: libyaml accepts 'a:<TAB>b', PyYAML does not; the answer must not depend
     on whether libyaml is installed."""

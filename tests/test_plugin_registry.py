@@ -45,7 +45,9 @@ class Shout:
 
 
 def test_a_plugin_template_filter_validates_and_renders(tmp_path: Path) -> None:
-    pack = _pack(tmp_path, """
+    pack = _pack(
+        tmp_path,
+        """
         prompts:
           variables:
             name: {default: ada}
@@ -53,7 +55,8 @@ def test_a_plugin_template_filter_validates_and_renders(tmp_path: Path) -> None:
             hello: {template: "Hello {{ name | shout }}"}
           modes:
             main: [hello]
-        """)
+        """,
+    )
     with pytest.raises(PackError, match=r"CR080.*'shout'"):
         Engine.load(pack)  # without the plugin, the filter does not exist
     before = Shout.calls
@@ -74,15 +77,22 @@ class FirstLines:
             keep = int(options["keep"])
             return lambda lines: lines[:keep]
 
-        register(ActionType("acme_first", factory,
-                            {"type": "object", "additionalProperties": False,
-                             "properties": {"keep": {"type": "integer", "minimum": 1, "default": 3}}},
-                            "keep the first lines"))
+        register(
+            ActionType(
+                "acme_first",
+                factory,
+                {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "properties": {"keep": {"type": "integer", "minimum": 1, "default": 3}},
+                },
+                "keep the first lines",
+            )
+        )
 
 
 def _shell_history(output: str) -> list[dict[str, Any]]:
-    call = {"id": "c1", "type": "function",
-            "function": {"name": "Bash", "arguments": '{"command": "acme-tool build"}'}}
+    call = {"id": "c1", "type": "function", "function": {"name": "Bash", "arguments": '{"command": "acme-tool build"}'}}
     return [
         {"role": "system", "content": "You are a coding agent."},
         {"role": "user", "content": "build it"},
@@ -94,7 +104,9 @@ def _shell_history(output: str) -> list[dict[str, Any]]:
 
 
 def test_a_plugin_compressor_action_runs_in_prepare(tmp_path: Path) -> None:
-    pack = _pack(tmp_path, """
+    pack = _pack(
+        tmp_path,
+        """
         tools:
           roles: {shell: [Bash]}
         pipeline:
@@ -105,7 +117,8 @@ def test_a_plugin_compressor_action_runs_in_prepare(tmp_path: Path) -> None:
             match: {argv: [acme-tool]}
             steps:
               - {use: acme_first, with: {keep: 2}}
-        """)
+        """,
+    )
     with pytest.raises(PackError, match="acme_first"):
         Engine.load(pack)  # unknown action without the plugin
     engine = Engine.load(pack, plugins=[("acme", FirstLines())])
@@ -132,27 +145,42 @@ class Limited:
 class LimitedPlugin:
     @hookimpl
     def ctxrules_register_stages(self, register: Callable[[StageType], None]) -> None:
-        register(StageType(name="acme.limited", phase="content", factory=Limited,
-                           options_schema={"type": "object", "additionalProperties": False,
-                                           "properties": {"limit": {"type": "integer", "minimum": 1}}}))
+        register(
+            StageType(
+                name="acme.limited",
+                phase="content",
+                factory=Limited,
+                options_schema={
+                    "type": "object",
+                    "additionalProperties": False,
+                    "properties": {"limit": {"type": "integer", "minimum": 1}},
+                },
+            )
+        )
 
 
 def test_a_plugin_stage_with_a_bad_option_is_cr061_not_cr060(tmp_path: Path) -> None:
-    pack = _pack(tmp_path, """
+    pack = _pack(
+        tmp_path,
+        """
         pipeline:
           - id: mine
             use: acme.limited
             with: {limit: 0}
-        """)
+        """,
+    )
     with pytest.raises(PackError) as err:
         Engine.load(pack, plugins=[("acme", LimitedPlugin())])
     assert "CR061" in str(err.value) and "CR060" not in str(err.value)
     assert [d.code for d in err.value.diagnostics] == ["CR061"]
-    good = _pack(tmp_path, """
+    good = _pack(
+        tmp_path,
+        """
         pipeline:
           - id: mine
             use: acme.limited
             with: {limit: 5}
-        """)
+        """,
+    )
     engine = Engine.load(good, plugins=[("acme", LimitedPlugin())])
     assert engine.plan[0].type.name == "acme.limited"

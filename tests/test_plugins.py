@@ -16,8 +16,12 @@ from ctxrules.stages.base import StageOutcome, StageType
 
 
 def _stage_type(name: str = "acme.noop", **kw: Any) -> StageType:
-    return StageType(name=name, phase=kw.pop("phase", "content"),
-                     factory=lambda opts: (lambda msgs, ctx: StageOutcome(list(msgs))), **kw)
+    return StageType(
+        name=name,
+        phase=kw.pop("phase", "content"),
+        factory=lambda opts: lambda msgs, ctx: StageOutcome(list(msgs)),
+        **kw,
+    )
 
 
 def _plugin(*stage_types: StageType) -> types.SimpleNamespace:
@@ -54,11 +58,14 @@ def test_two_plugins_registering_one_name_is_an_error_naming_both() -> None:
         _registry(("acme", _plugin(_stage_type())), ("other", _plugin(_stage_type())))
 
 
-@pytest.mark.parametrize(("st", "message"), [
-    (_stage_type("nodot"), "must look like 'group.name'"),
-    (_stage_type(phase="later"), "phase 'later'"),
-    (_stage_type(options_schema={"type": "objekt"}), "options schema is invalid"),
-])
+@pytest.mark.parametrize(
+    ("st", "message"),
+    [
+        (_stage_type("nodot"), "must look like 'group.name'"),
+        (_stage_type(phase="later"), "phase 'later'"),
+        (_stage_type(options_schema={"type": "objekt"}), "options schema is invalid"),
+    ],
+)
 def test_invalid_registrations_name_plugin_and_hook(st: StageType, message: str) -> None:
     with pytest.raises(PluginError, match=rf"plugin 'acme', hook ctxrules_register_stages: .*{message}"):
         _registry(("acme", _plugin(st)))

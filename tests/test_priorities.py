@@ -20,8 +20,7 @@ from ctxrules.priorities import (
 Msg = dict[str, Any]
 
 
-def rule(ident: str, match: dict[str, Any], priority: str = "critical",
-         **extra: Any) -> dict[str, Any]:
+def rule(ident: str, match: dict[str, Any], priority: str = "critical", **extra: Any) -> dict[str, Any]:
     return {"id": ident, "match": match, "priority": priority, **extra}
 
 
@@ -35,7 +34,8 @@ def history() -> list[Msg]:
     """0 system, 1 user, then steps: 2-3 Read ok, 4-5 Bash error, 6-7 Bash ok, 8 user,
     9-10 Grep ok, 11-12 Bash error."""
     return [
-        system(), user("Fix src/app.py please"),
+        system(),
+        user("Fix src/app.py please"),
         *step("c1", "def main(): ...", name="Read", file_path="src/app.py"),
         *step("c2", "Traceback (most recent call last):\n  boom\nExit code 1"),
         *step("c3", "all good\nExit code 0"),
@@ -71,33 +71,38 @@ def test_unmatched_messages_are_standard_and_no_rules_means_standard() -> None:
     assert evaluate_priorities(msgs, pack_with()) == ["standard"] * len(msgs)
 
 
-@pytest.mark.parametrize(("match", "expected"), [
-    ({"role": "tool"}, {3, 5, 7, 10, 12}),
-    ({"role": "user"}, {1, 8}),
-    ({"error": True}, {5, 12}),
-    ({"error": True, "within_steps": 1}, {12}),
-    ({"error": False, "role": "tool"}, {3, 7, 10}),
-    ({"within_steps": 0}, set()),
-    ({"within_steps": 2}, {9, 10, 11, 12}),
-    ({"within_steps": 99}, set(range(2, 13))),
-    ({"tool": "Read"}, {2, 3}),
-    ({"tool": ["Gr*", "Read"]}, {2, 3, 9, 10}),
-    ({"tool_role": "shell"}, {4, 5, 6, 7, 11, 12}),
-    ({"tool_role": "search", "role": "assistant"}, {9}),
-    ({"contains": r"src/app\.py"}, {1}),  # text only: the Read call names it in arguments
-    ({"contains": r"(?i)traceback"}, {5}),
-    ({"injected": True}, set()),
-])
+@pytest.mark.parametrize(
+    ("match", "expected"),
+    [
+        ({"role": "tool"}, {3, 5, 7, 10, 12}),
+        ({"role": "user"}, {1, 8}),
+        ({"error": True}, {5, 12}),
+        ({"error": True, "within_steps": 1}, {12}),
+        ({"error": False, "role": "tool"}, {3, 7, 10}),
+        ({"within_steps": 0}, set()),
+        ({"within_steps": 2}, {9, 10, 11, 12}),
+        ({"within_steps": 99}, set(range(2, 13))),
+        ({"tool": "Read"}, {2, 3}),
+        ({"tool": ["Gr*", "Read"]}, {2, 3, 9, 10}),
+        ({"tool_role": "shell"}, {4, 5, 6, 7, 11, 12}),
+        ({"tool_role": "search", "role": "assistant"}, {9}),
+        ({"contains": r"src/app\.py"}, {1}),  # text only: the Read call names it in arguments
+        ({"contains": r"(?i)traceback"}, {5}),
+        ({"injected": True}, set()),
+    ],
+)
 def test_each_condition(match: dict[str, Any], expected: set[int]) -> None:
     got = evaluate_priorities(history(), pack_with(rule("r", match)))
     assert {i for i, p in enumerate(got) if p == "critical"} == expected
 
 
 def test_injected_and_legacy_function_results() -> None:
-    msgs = [user("go"), mark_injected({"role": "user", "content": "notes"}, "notes"),
-            {"role": "assistant", "content": None,
-             "function_call": {"name": "f", "arguments": "{}"}},
-            {"role": "function", "name": "f", "content": "Exit code 3"}]
+    msgs = [
+        user("go"),
+        mark_injected({"role": "user", "content": "notes"}, "notes"),
+        {"role": "assistant", "content": None, "function_call": {"name": "f", "arguments": "{}"}},
+        {"role": "function", "name": "f", "content": "Exit code 3"},
+    ]
     errors = rule("t", {"role": "tool", "error": True}, "important")
     got = evaluate_priorities(msgs, pack_with(rule("i", {"injected": True}), errors))
     assert got == ["standard", "critical", "standard", "important"]
@@ -120,11 +125,16 @@ def test_rules_are_compiled_once_per_pack_content() -> None:
 
 
 def test_tool_names_come_from_the_answered_call_even_with_several_calls() -> None:
-    msgs = [user("go"),
-            {"role": "assistant", "content": "", "tool_calls": [call("a", "Read", file_path="x"),
-                                                                call("b", "Bash", command="ls")]},
-            {"role": "tool", "tool_call_id": "b", "content": "bash out"},
-            {"role": "tool", "tool_call_id": "a", "content": "file"}]
+    msgs = [
+        user("go"),
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [call("a", "Read", file_path="x"), call("b", "Bash", command="ls")],
+        },
+        {"role": "tool", "tool_call_id": "b", "content": "bash out"},
+        {"role": "tool", "tool_call_id": "a", "content": "file"},
+    ]
     got = evaluate_priorities(msgs, pack_with(rule("r", {"tool": "Read", "role": "tool"})))
     assert got == ["standard", "standard", "standard", "critical"]
 
@@ -133,6 +143,7 @@ def test_rank_orders_the_three_priorities() -> None:
     assert [priority_rank(p) for p in PRIORITIES] == [2, 1, 0]
 
 
+@pytest.mark.corpus
 def test_golden_minisweagent_transcript() -> None:
     """A real transcript: errors in the newest 3 steps are critical, the newest 5 steps
     important, the rest standard; numbers checked against an independent count."""
@@ -140,10 +151,13 @@ def test_golden_minisweagent_transcript() -> None:
     got = evaluate_priorities(msgs, default_pack())
     assistants = [i for i, m in enumerate(msgs) if m["role"] == "assistant"]
     b3, b5 = assistants[-3], assistants[-5]
+
     def failed(m: Msg) -> bool:
         import re
+
         code = re.search(r"<returncode>(-?\d+)</returncode>", m["content"])
         return m["role"] == "tool" and code is not None and code.group(1) != "0"
+
     for i, m in enumerate(msgs):
         if i >= b3 and failed(m):
             assert got[i] == "critical", i

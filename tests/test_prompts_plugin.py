@@ -10,6 +10,8 @@ import textwrap
 from importlib.metadata import entry_points
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 
 PACK = """\
@@ -44,9 +46,7 @@ def test_fixture_pack_is_configured(ctxrules_pack):
 
 
 def _plugin_args() -> list[str]:
-    installed = any(
-        ep.value == "ctxrules.testing.pytest_plugin" for ep in entry_points(group="pytest11")
-    )
+    installed = any(ep.value == "ctxrules.testing.pytest_plugin" for ep in entry_points(group="pytest11"))
     # From a source checkout the entry point is not installed: load the plugin by module name.
     return [] if installed else ["-p", "ctxrules.testing.pytest_plugin"]
 
@@ -101,25 +101,21 @@ def test_plugin_in_a_throwaway_project(tmp_path: Path) -> None:
     (project / "prompts" / "house.md.j2").write_text("Write American English.\n", encoding="utf-8")
     changed = run_pytest(project)
     assert changed.returncode == 1
-    assert (
-        "Write British English." in changed.stdout and "Write American English." in changed.stdout
-    )
+    assert "Write British English." in changed.stdout and "Write American English." in changed.stdout
     assert "6 failed" in changed.stdout  # the lean prompt of every entry
 
     refreshed = run_pytest(project, "--snapshot-update")
     assert refreshed.returncode == 0, refreshed.stdout
     assert (
         "Write American English."
-        in (
-            project / "__snapshots__" / "test_prompts" / "test_prompt[lean-no-entry].txt"
-        ).read_text()
+        in (project / "__snapshots__" / "test_prompts" / "test_prompt[lean-no-entry].txt").read_text()
     )
     assert run_pytest(project).returncode == 0
 
 
 def test_plugin_reports_a_broken_pack_without_a_traceback(tmp_path: Path) -> None:
     (tmp_path / "pack.yaml").write_text(
-        "apiVersion: ctxrules/v1\nkind: RulePack\nprompts: {modes: {m: [nope]}}\n"
+        "apiVersion: ctxrules/v1\nkind: RulePack\nmetadata: {name: t, version: 1.0.0}\nprompts: {modes: {m: [nope]}}\n"
     )
     (tmp_path / "test_x.py").write_text(
         textwrap.dedent("""\
@@ -131,3 +127,70 @@ def test_plugin_reports_a_broken_pack_without_a_traceback(tmp_path: Path) -> Non
     assert result.returncode != 0
     out = result.stdout + result.stderr
     assert "cannot load pack pack.yaml" in out and "CR082" in out
+
+
+def test_no_entry_is_the_assemblers_name_for_no_entry() -> None:
+    from ctxrules.prompts import assemble
+    from ctxrules.testing import pytest_plugin
+
+    assert pytest_plugin.NO_ENTRY == assemble.NO_ENTRY
+
+
+# -- the docs/prompts.md example, exactly as written ------------------------------------------
+
+pytest_plugins = ["pytester"]
+
+USER_PACK = """\
+apiVersion: ctxrules/v1
+kind: RulePack
+metadata: {name: acme, version: 1.0.0}
+extends: [builtin:default]
+prompts:
+  sections:
+    review_rules: {tag: review_rules, template: "Review the diff; never push."}
+  modes:
+    review: [identity, review_rules]
+"""
+
+
+def docs_example() -> str:
+    """The Python block of docs/prompts.md's "Snapshot tests" section."""
+    text = (REPO / "docs" / "prompts.md").read_text(encoding="utf-8")
+    section = text.split("## Snapshot tests (pytest plugin)", 1)[1]
+    return section.split("```python\n", 1)[1].split("```", 1)[0]
+
+
+def test_the_docs_example_snapshots_the_users_pack_from_any_folder(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PYTHONPATH", str(REPO / "engine"))
+    example = docs_example()
+    assert 'prompt_cases("pack.yaml")' in example
+    pytester.makeini("[pytest]\n")
+    (pytester.path / "pack.yaml").write_text(USER_PACK, encoding="utf-8")
+    tests = pytester.mkdir("tests")
+    (tests / "test_prompts.py").write_text(example, encoding="utf-8")
+
+    first = pytester.runpytest_subprocess(*_plugin_args(), "-p", "no:cacheprovider", "--snapshot-update")
+    assert first.ret == 0, first.stdout.str()
+    snaps = tests / "__snapshots__" / "test_prompts"
+    review = (snaps / "test_prompt[review-no-entry].txt").read_text(encoding="utf-8")
+    assert "<review_rules>\nReview the diff; never push.\n</review_rules>" in review, "the user's own mode"
+    full = (snaps / "test_prompt[full-claude].txt").read_text(encoding="utf-8")
+    assert "<execution_discipline>" in full
+    # five modes (the built-in four and review) x (four built-in entries + no entry)
+    assert len(list(snaps.glob("*.txt"))) == 5 * 5
+
+    # started from the tests folder, the same pack and the same snapshots
+    monkeypatch.chdir(tests)
+    again = pytester.runpytest_subprocess(*_plugin_args(), "-p", "no:cacheprovider")
+    assert again.ret == 0, again.stdout.str()
+    again.assert_outcomes(passed=25)
+
+    # a change to the user's pack is a failing diff, not a silent pass on builtin:default
+    monkeypatch.chdir(pytester.path)
+    (pytester.path / "pack.yaml").write_text(USER_PACK.replace("never push", "never force-push"), encoding="utf-8")
+    changed = pytester.runpytest_subprocess(*_plugin_args(), "-p", "no:cacheprovider")
+    assert changed.ret == 1
+    changed.assert_outcomes(passed=20, failed=5)
+    assert "never force-push" in changed.stdout.str()

@@ -23,8 +23,6 @@ prompt_snapshot = pytest_plugin.prompt_snapshot
 
 
 @pytest.mark.parametrize(("mode", "entry"), prompt_cases("builtin:default"))
-def test_builtin_default_prompt(
-    mode: str, entry: str, assemble_prompt: Any, prompt_snapshot: Any
-) -> None:
+def test_builtin_default_prompt(mode: str, entry: str, assemble_prompt: Any, prompt_snapshot: Any) -> None:
     prompt = assemble_prompt(mode, entry=entry)
     assert prompt == prompt_snapshot

@@ -27,12 +27,21 @@ def log(n: int) -> str:
 
 
 def history(steps: int = 6) -> list[Msg]:
-    msgs: list[Msg] = [{"role": "system", "content": "You are an agent."},
-                       {"role": "user", "content": "Run the jobs."}]
+    msgs: list[Msg] = [{"role": "system", "content": "You are an agent."}, {"role": "user", "content": "Run the jobs."}]
     for n in range(1, steps + 1):
-        msgs.append({"role": "assistant", "content": None, "tool_calls": [{
-            "id": f"c{n}", "type": "function",
-            "function": {"name": "Bash", "arguments": json.dumps({"command": f"job {n}"})}}]})
+        msgs.append(
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": f"c{n}",
+                        "type": "function",
+                        "function": {"name": "Bash", "arguments": json.dumps({"command": f"job {n}"})},
+                    }
+                ],
+            }
+        )
         msgs.append({"role": "tool", "tool_call_id": f"c{n}", "content": log(n)})
     msgs.append({"role": "user", "content": "What did job 1 print on line 500?"})
     return msgs
@@ -55,12 +64,13 @@ def test_an_agent_loop_reads_back_the_exact_lines_behind_a_marker(tmp_path: Path
     # The model calls the tool with the marker's ref, as it appears in the text.
     call = {"id": f"vault://{marker.vault_id}#L{a}-L{b}"}
     answer = session.recall(json.dumps(call))
-    original = next(m["content"] for m in history() if m.get("role") == "tool"
-                    and f"vault://{marker.vault_id}" in json.dumps(out))
+    original = next(
+        m["content"] for m in history() if m.get("role") == "tool" and f"vault://{marker.vault_id}" in json.dumps(out)
+    )
     lines = original.splitlines(keepends=True)
     body, _, tail = answer.rpartition("[ctxrules:elided")
     # A page within the budget, then a marker for the rest.
-    assert body and lines[a - 1:].__len__() > 0
+    assert body and lines[a - 1 :].__len__() > 0
     assert original.find(body) >= 0 and body.startswith(lines[a - 1])
     nxt = parse_markers("[ctxrules:elided" + tail)[0]
     assert nxt.vault_id == marker.vault_id and nxt.lines is not None and nxt.lines[1] == b
@@ -75,7 +85,7 @@ def test_an_agent_loop_reads_back_the_exact_lines_behind_a_marker(tmp_path: Path
             break
         pages.append(text)
         nxt = parse_markers(sep + rest)[0]
-    assert "".join(pages) == "".join(lines[a - 1:b])
+    assert "".join(pages) == "".join(lines[a - 1 : b])
 
 
 def test_lines_and_prefixes(tmp_path: Path) -> None:
@@ -115,14 +125,17 @@ def test_a_new_process_answers_from_the_session_directory(tmp_path: Path) -> Non
     marker = line_markers(out)[0]
     again = Engine.load("builtin:default").session(session.path, model="gpt-4o")
     assert again.recall({"id": marker.vault_id, "lines": "1:2"}) == session.recall(
-        {"id": marker.vault_id, "lines": "1:2"})
+        {"id": marker.vault_id, "lines": "1:2"}
+    )
 
 
 def test_the_pack_words_the_tool_and_sets_the_budget(tmp_path: Path) -> None:
     pack = tmp_path / "pack.yaml"
-    pack.write_text("apiVersion: ctxrules/v1\nkind: RulePack\nmetadata: {name: p, version: 1.0.0}\n"
-                    "extends: [builtin:default]\n"
-                    "recall: {name: read_back, description: Read back moved-out text., budget_tokens: 200}\n")
+    pack.write_text(
+        "apiVersion: ctxrules/v1\nkind: RulePack\nmetadata: {name: p, version: 1.0.0}\n"
+        "extends: [builtin:default]\n"
+        "recall: {name: read_back, description: Read back moved-out text., budget_tokens: 200}\n"
+    )
     session, out = prepared(tmp_path, str(pack))
     tool = session.recall_tool()
     assert tool["function"]["name"] == "read_back"
@@ -141,8 +154,10 @@ def test_a_bad_recall_key_is_a_located_diagnostic(tmp_path: Path) -> None:
     from ctxrules.cli.main import run
 
     pack = tmp_path / "pack.yaml"
-    pack.write_text("apiVersion: ctxrules/v1\nkind: RulePack\nmetadata: {name: p, version: 1.0.0}\n"
-                    "recall: {name: 'bad name!', budget_tokens: 0, colour: red}\n")
+    pack.write_text(
+        "apiVersion: ctxrules/v1\nkind: RulePack\nmetadata: {name: p, version: 1.0.0}\n"
+        "recall: {name: 'bad name!', budget_tokens: 0, colour: red}\n"
+    )
     assert run(["validate", str(pack), "--format", "json"]) == 1
 
 
@@ -163,8 +178,9 @@ def test_the_mcp_server_answers_the_recall_tool(tmp_path: Path) -> None:
     env["PYTHONPATH"] = str(REPO / "engine") + os.pathsep + env.get("PYTHONPATH", "")
 
     async def talk() -> tuple[list[str], Any, Any]:
-        params = StdioServerParameters(command=sys.executable, env=env, args=[
-            "-m", "ctxrules.cli.main", "mcp", "--session", str(session.path)])
+        params = StdioServerParameters(
+            command=sys.executable, env=env, args=["-m", "ctxrules.cli.main", "mcp", "--session", str(session.path)]
+        )
         async with stdio_client(params) as (read, write), ClientSession(read, write) as client:
             await client.initialize()
             tools = await client.list_tools()

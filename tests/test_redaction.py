@@ -37,8 +37,7 @@ PLANTED: dict[str, str] = {
     "huggingface-token": "hf_Xq7vR2mKp9LwT4sN8bYc1ZdF6hJ3gA0eU5",
     "npm-token": "npm_Xq7vR2mKp9LwT4sN8bYc1ZdF6hJ3gA0eU5iO",
     "sendgrid-key": "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",
-    "jwt": "eyJhbGciOiJIUzI1NiIsInR5cCI6IkpXVCJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0."
-    "SflKxwRJSMeKKF2QT4fwpMeJf36POk6yJV",
+    "jwt": "eyJhbGciOiJIUzI1NiIsInR5cCI6IkpXVCJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.SflKxwRJSMeKKF2QT4fwpMeJf36POk6yJV",
     "bearer-token": "Authorization: Bearer 9f8e7d6c5b4a39abcDEF1234567890xyz",
     "basic-auth": "Authorization: Basic dXNlcjpodW50ZXIy",
     "url-password": "postgres://app:S3cretPassw0rd@db.internal:5432/app",
@@ -155,9 +154,7 @@ def test_pack_section_defaults_disabled_and_extra_patterns() -> None:
     assert "gone" not in [p.id for p in r.patterns] and "phone" not in [p.id for p in r.patterns]
     out = r("EMP-123456 DB_PASS=hunter2 call +1 415 555 0132 jane.doe@acme-corp.com")
     assert out == "[REDACTED:employee-id] DB_PASS=*** call +1 415 555 0132 [REDACTED:email]"
-    only_extra = redactor_for(
-        {"redaction": {"defaults": False, "patterns": [{"id": "x", "regex": "abc"}]}}
-    )
+    only_extra = redactor_for({"redaction": {"defaults": False, "patterns": [{"id": "x", "regex": "abc"}]}})
     assert [p.id for p in only_extra.patterns] == ["x"]
     assert redactor_for({}).patterns == default_redactor().patterns
 
@@ -194,6 +191,7 @@ def _corpus_texts() -> list[str]:
     return texts
 
 
+@pytest.mark.corpus
 def test_false_positives_of_the_defaults_on_the_real_transcripts() -> None:
     findings = [f for text in _corpus_texts() for f in default_redactor().findings(text)]
     by_pattern = Counter(f.pattern for f in findings)
@@ -214,6 +212,7 @@ def test_false_positives_of_the_defaults_on_the_real_transcripts() -> None:
     assert by_pattern["email"] <= EXPECTED_TRUE_EMAILS
 
 
+@pytest.mark.corpus
 def test_planted_secrets_in_a_real_transcript_are_all_found() -> None:
     path = next(p for p in transcript_paths() if "sweagent-pydicom" in p.name)
     messages = json.loads(path.read_text(encoding="utf-8"))

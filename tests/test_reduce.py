@@ -42,27 +42,42 @@ def _depth(value: Any) -> int:
 
 def _records(n: int) -> str:
     owner = {"name": "x" * 30, "deep": {"deeper": [1, 2]}}
-    return json.dumps({"total": n, "items": [
-        {"id": i, "name": f"item-{i}", "tags": ["a", "b", "c"], "meta": {"owner": owner},
-         **{f"k{j}": j for j in range(20)}} for i in range(n)]}, indent=2)
+    return json.dumps(
+        {
+            "total": n,
+            "items": [
+                {
+                    "id": i,
+                    "name": f"item-{i}",
+                    "tags": ["a", "b", "c"],
+                    "meta": {"owner": owner},
+                    **{f"k{j}": j for j in range(20)},
+                }
+                for i in range(n)
+            ],
+        },
+        indent=2,
+    )
 
 
 # --- detection ------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("text", "fmt"), [
-    ('{"a": 1}', "json"),
-    ("[1, 2, 3]", "json"),
-    ('{"a": 1} trailing', "text"),
-    ("<root><a>1</a></root>", "xml"),
-    ('<?xml version="1.0"?><!DOCTYPE x [<!ENTITY e "boom">]><x>&e;</x>', "text"),
-    ("<div><p>unclosed</div>", "text"),
-    ("a,b,c\n1,2,3\n4,5,6\n7,8,9\n10,11,12\n", "csv"),
-    ("a\tb\n1\t2\n3\t4\n5\t6\n7\t8\n", "csv"),
-    ("Hello, world.\nThis is prose, with commas, here and there.\nAnd more.\nok\nfine, yes\n",
-     "text"),
-    ("just text\n", "text"),
-])
+@pytest.mark.parametrize(
+    ("text", "fmt"),
+    [
+        ('{"a": 1}', "json"),
+        ("[1, 2, 3]", "json"),
+        ('{"a": 1} trailing', "text"),
+        ("<root><a>1</a></root>", "xml"),
+        ('<?xml version="1.0"?><!DOCTYPE x [<!ENTITY e "boom">]><x>&e;</x>', "text"),
+        ("<div><p>unclosed</div>", "text"),
+        ("a,b,c\n1,2,3\n4,5,6\n7,8,9\n10,11,12\n", "csv"),
+        ("a\tb\n1\t2\n3\t4\n5\t6\n7\t8\n", "csv"),
+        ("Hello, world.\nThis is prose, with commas, here and there.\nAnd more.\nok\nfine, yes\n", "text"),
+        ("just text\n", "text"),
+    ],
+)
 def test_detect_tells_formats_apart(text: str, fmt: str) -> None:
     assert detect(text).format == fmt
 
@@ -71,8 +86,11 @@ def test_detect_tells_formats_apart(text: str, fmt: str) -> None:
 
 
 def test_json_skeleton_respects_depth_keys_items_and_says_what_was_cut() -> None:
-    value = {"items": [{"k": list(range(10)), **{f"f{i}": i for i in range(20)}} for i in range(9)],
-             "deep": {"a": {"b": {"c": {"d": {"e": 1}}}}}, "s": "y" * 500}
+    value = {
+        "items": [{"k": list(range(10)), **{f"f{i}": i for i in range(20)}} for i in range(9)],
+        "deep": {"a": {"b": {"c": {"d": {"e": 1}}}}},
+        "s": "y" * 500,
+    }
     skel, elided = skeleton(value, JsonLimits(depth=4, keys=12, items=6, string_chars=200))
     assert _depth(skel) <= 4
     items = skel["items"]
@@ -84,13 +102,13 @@ def test_json_skeleton_respects_depth_keys_items_and_says_what_was_cut() -> None
     assert elided > 0
 
 
-def test_reduce_json_stays_valid_json_with_an_embedded_marker_resolving_to_the_original(
-        tmp_path: Path) -> None:
+def test_reduce_json_stays_valid_json_with_an_embedded_marker_resolving_to_the_original(tmp_path: Path) -> None:
     original = _records(200)
     vault = Vault(tmp_path / "v")
     vid = vault.put_text(original)
-    reduced = reduce_json(json.loads(original), original, vault_id=vid, budget_tokens=1500,
-                          count=COUNT, limits=JsonLimits())
+    reduced = reduce_json(
+        json.loads(original), original, vault_id=vid, budget_tokens=1500, count=COUNT, limits=JsonLimits()
+    )
     assert reduced is not None
     doc = json.loads(reduced.text)  # still valid JSON
     assert COUNT(reduced.text) <= 1500
@@ -103,10 +121,12 @@ def test_reduce_json_stays_valid_json_with_an_embedded_marker_resolving_to_the_o
 
 def test_reduce_json_tightens_limits_until_the_budget_holds() -> None:
     original = _records(300)
-    loose = reduce_json(json.loads(original), original, vault_id="0" * 64, budget_tokens=4000,
-                        count=COUNT, limits=JsonLimits())
-    tight = reduce_json(json.loads(original), original, vault_id="0" * 64, budget_tokens=300,
-                        count=COUNT, limits=JsonLimits())
+    loose = reduce_json(
+        json.loads(original), original, vault_id="0" * 64, budget_tokens=4000, count=COUNT, limits=JsonLimits()
+    )
+    tight = reduce_json(
+        json.loads(original), original, vault_id="0" * 64, budget_tokens=300, count=COUNT, limits=JsonLimits()
+    )
     assert loose is not None and tight is not None
     assert COUNT(tight.text) <= 300 < COUNT(loose.text)
     assert tight.limits.keys < loose.limits.keys
@@ -114,8 +134,7 @@ def test_reduce_json_tightens_limits_until_the_budget_holds() -> None:
 
 def test_reduce_json_on_a_top_level_list_puts_the_marker_first() -> None:
     original = json.dumps([{"n": i} for i in range(500)])
-    reduced = reduce_json(json.loads(original), original, vault_id="a" * 64, budget_tokens=200,
-                          count=COUNT)
+    reduced = reduce_json(json.loads(original), original, vault_id="a" * 64, budget_tokens=200, count=COUNT)
     assert reduced is not None
     doc = json.loads(reduced.text)
     assert doc[0].startswith("[ctxrules:elided kind=json")
@@ -124,13 +143,16 @@ def test_reduce_json_on_a_top_level_list_puts_the_marker_first() -> None:
 
 def test_reduce_json_leaves_a_document_within_limits_and_budget_alone() -> None:
     original = json.dumps({"a": [1, 2], "b": "x"})
-    assert reduce_json(json.loads(original), original, vault_id="a" * 64, budget_tokens=100,
-                       count=COUNT) is None
+    assert reduce_json(json.loads(original), original, vault_id="a" * 64, budget_tokens=100, count=COUNT) is None
 
 
-@given(st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=300),
-                    lambda children: st.lists(children, max_size=12)
-                    | st.dictionaries(st.text(max_size=8), children, max_size=15), max_leaves=300))
+@given(
+    st.recursive(
+        st.none() | st.booleans() | st.integers() | st.text(max_size=300),
+        lambda children: st.lists(children, max_size=12) | st.dictionaries(st.text(max_size=8), children, max_size=15),
+        max_leaves=300,
+    )
+)
 @settings(max_examples=80, deadline=None)
 def test_json_skeleton_of_any_document_is_valid_json_within_the_limits(value: Any) -> None:
     limits = JsonLimits(depth=3, keys=4, items=3, string_chars=40)
@@ -171,8 +193,10 @@ def _rebuild(reduced: str, vault: Vault) -> str:
 
 
 def test_text_head_and_tail_cut_whole_lines_that_come_back_byte_identical(tmp_path: Path) -> None:
-    original = "".join(f"line {i}: {'x' * (i % 50)}\r\n" if i % 7 == 0 else f"line {i}\n"
-                       for i in range(2000)) + "the end, no newline"
+    original = (
+        "".join(f"line {i}: {'x' * (i % 50)}\r\n" if i % 7 == 0 else f"line {i}\n" for i in range(2000))
+        + "the end, no newline"
+    )
     vault = Vault(tmp_path / "v")
     vid = vault.put_text(original)
     reduced = reduce_lines(original, vault_id=vid, budget_tokens=600, count=COUNT)
@@ -180,18 +204,17 @@ def test_text_head_and_tail_cut_whole_lines_that_come_back_byte_identical(tmp_pa
     assert COUNT(reduced.text) <= 600
     assert reduced.text.startswith("line 0: \r\nline 1\n")
     assert reduced.text.endswith("the end, no newline")
-    (first, last), = reduced.ranges
-    cut = "".join(original_lines(original)[first - 1:last])
+    ((first, last),) = reduced.ranges
+    cut = "".join(original_lines(original)[first - 1 : last])
     assert vault.get_lines(vid, first, last).decode() == cut
     assert _rebuild(reduced.text, vault) == original
 
 
 def test_text_keeps_more_head_than_tail_by_head_share() -> None:
     original = "".join(f"row {i}\n" for i in range(5000))
-    reduced = reduce_lines(original, vault_id="b" * 64, budget_tokens=500, count=COUNT,
-                           head_share=0.75)
+    reduced = reduce_lines(original, vault_id="b" * 64, budget_tokens=500, count=COUNT, head_share=0.75)
     assert reduced is not None
-    (first, last), = reduced.ranges
+    ((first, last),) = reduced.ranges
     head, tail = first - 1, 5000 - last
     assert head > 2 * tail > 0
 
@@ -229,8 +252,9 @@ def test_csv_keeps_the_header_and_first_and_last_rows(tmp_path: Path) -> None:
     original = "id,name,score\n" + "".join(f"{i},name {i},{i * 3}\n" for i in range(3000))
     vault = Vault(tmp_path / "v")
     vid = vault.put_text(original)
-    reduced = reduce_structured(original, vault_id=vid, budget_tokens=400, count=COUNT,
-                                json_limits=JsonLimits(), head_share=0.6)
+    reduced = reduce_structured(
+        original, vault_id=vid, budget_tokens=400, count=COUNT, json_limits=JsonLimits(), head_share=0.6
+    )
     assert reduced is not None and reduced.format == "csv"
     shown = reduced.text.splitlines()
     assert shown[0] == "id,name,score" and shown[1] == "0,name 0,0"
@@ -242,14 +266,14 @@ def test_csv_keeps_the_header_and_first_and_last_rows(tmp_path: Path) -> None:
 
 
 def test_xml_keeps_the_tree_shape_and_stays_well_formed(tmp_path: Path) -> None:
-    items = "".join(f'<item id="{i}"><name>n{i}</name><desc>{"d" * 300}</desc></item>'
-                    for i in range(400))
+    items = "".join(f'<item id="{i}"><name>n{i}</name><desc>{"d" * 300}</desc></item>' for i in range(400))
     meta = "<meta><a><b><c><d>deep</d></c></b></a></meta>"
     original = f'<?xml version="1.0"?><catalog version="2">{meta}{items}</catalog>'
     vault = Vault(tmp_path / "v")
     vid = vault.put_text(original)
-    reduced = reduce_structured(original, vault_id=vid, budget_tokens=800, count=COUNT,
-                                json_limits=JsonLimits(), head_share=0.6)
+    reduced = reduce_structured(
+        original, vault_id=vid, budget_tokens=800, count=COUNT, json_limits=JsonLimits(), head_share=0.6
+    )
     assert reduced is not None and reduced.format == "xml"
     root = ET.fromstring(reduced.text)  # well-formed (the leading marker is a comment)
     assert root.tag == "catalog" and root.get("version") == "2"
@@ -306,15 +330,13 @@ def test_handover_extracts_done_todo_risks_and_files() -> None:
     assert "Updated docs/usage.md" in h.done
     assert any("Wire the CLI" in t for t in h.todo) and any("benchmark" in t for t in h.todo)
     assert any("Parser.parse" in r for r in h.risks) and any("3.10" in r for r in h.risks)
-    assert h.files[:4] == ["src/parser/core.py", "tests/test_parser.py", "docs/usage.md",
-                           "src/cli/main.py"]
+    assert h.files[:4] == ["src/parser/core.py", "tests/test_parser.py", "docs/usage.md", "src/cli/main.py"]
     assert "lib/legacy.py" in h.files
     assert not any("example.com" in f or f.startswith("3.") for f in h.files)
 
 
 def test_handover_falls_back_to_past_tense_lines_for_done() -> None:
-    h = extract_handover("Fixed the flaky test in tests/a_test.go\nRan the suite: all green\n"
-                         "nothing else")
+    h = extract_handover("Fixed the flaky test in tests/a_test.go\nRan the suite: all green\nnothing else")
     assert h.done == ["Fixed the flaky test in tests/a_test.go", "Ran the suite: all green"]
     assert h.todo == [] and h.files == ["tests/a_test.go"]
 
@@ -329,15 +351,18 @@ def test_handover_text_keeps_head_tail_and_a_pointer(tmp_path: Path) -> None:
     assert {m.vault_id for m in parse_markers(text)} == {vid}
 
 
-@pytest.mark.parametrize("name", ["pytest9_all_import_errors.txt", "mvn_test_fail_slice_raw.txt",
-                                  "gradlew_build_failed_raw.txt"])
+@pytest.mark.corpus
+@pytest.mark.parametrize(
+    "name", ["pytest9_all_import_errors.txt", "mvn_test_fail_slice_raw.txt", "gradlew_build_failed_raw.txt"]
+)
 def test_real_command_outputs_reduce_within_budget(name: str, tmp_path: Path) -> None:
     original = (COMMAND_OUTPUTS / "rtk" / name).read_text()
     vault = Vault(tmp_path / "v")
     vid = vault.put_text(original)
     budget = max(200, COUNT(original) // 4)
-    reduced = reduce_structured(original, vault_id=vid, budget_tokens=budget, count=COUNT,
-                                json_limits=JsonLimits(), head_share=0.6)
+    reduced = reduce_structured(
+        original, vault_id=vid, budget_tokens=budget, count=COUNT, json_limits=JsonLimits(), head_share=0.6
+    )
     if COUNT(original) <= budget:
         assert reduced is None
         return

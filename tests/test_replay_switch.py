@@ -24,6 +24,7 @@ def call_points(history: list[dict[str, Any]]) -> list[int]:
     return [i for i, m in enumerate(history) if m.get("role") == "assistant" and i > 0]
 
 
+@pytest.mark.corpus
 @pytest.mark.parametrize("name", ["claudecode-ae4a77f8.json"])
 def test_replay_with_a_model_switch_halfway(tmp_path: Path, name: str) -> None:
     history = json.loads(next(p for p in transcript_paths() if p.name == name).read_text())
@@ -55,4 +56,4 @@ def test_replay_with_a_model_switch_halfway(tmp_path: Path, name: str) -> None:
     assert before[0] == 128_000 and after[0] == 200_000
     assert before[1] == after[1]  # same fractions: every threshold moves with the window
     assert "model" in after[2] and "window" in after[2]
-    assert all(w[0] == 200_000 and "model" not in w[2] for w in windows[SWITCH_AT + 1:])
+    assert all(w[0] == 200_000 and "model" not in w[2] for w in windows[SWITCH_AT + 1 :])

@@ -35,8 +35,8 @@ def decode_png(data: bytes) -> tuple[int, int, int, list[bytes]]:
     assert data[:8] == b"\x89PNG\r\n\x1a\n"
     pos, idat, width = 8, b"", 0
     while pos < len(data):
-        length, kind = struct.unpack(">I4s", data[pos:pos + 8])
-        body = data[pos + 8:pos + 8 + length]
+        length, kind = struct.unpack(">I4s", data[pos : pos + 8])
+        body = data[pos + 8 : pos + 8 + length]
         if kind == b"IHDR":
             width, height, depth, color = struct.unpack(">IIBB", body[:10])
             assert depth == 8 and color in (2, 6)
@@ -50,7 +50,7 @@ def decode_png(data: bytes) -> tuple[int, int, int, list[bytes]]:
     prev = bytearray(stride)
     for y in range(height):
         f = raw[y * (stride + 1)]
-        line = bytearray(raw[y * (stride + 1) + 1:(y + 1) * (stride + 1)])
+        line = bytearray(raw[y * (stride + 1) + 1 : (y + 1) * (stride + 1)])
         for i in range(stride):
             a = line[i - bpp] if i >= bpp else 0
             b, c = prev[i], prev[i - bpp] if i >= bpp else 0
@@ -92,24 +92,43 @@ def test_html_is_self_contained_and_escaped(tmp_path: Path, cli: Any) -> None:
     assert page.count("<svg") == 3  # two rings and the waterfall
 
 
-@pytest.mark.skipif(not CHROMIUM and not os.environ.get("CTXRULES_REQUIRE_CHROMIUM"),
-                    reason="Debian's chromium is not installed (CI installs it)")
+@pytest.mark.skipif(
+    not CHROMIUM and not os.environ.get("CTXRULES_REQUIRE_CHROMIUM"),
+    reason="Debian's chromium is not installed (CI installs it)",
+)
 def test_html_renders_in_headless_chromium(tmp_path: Path, cli: Any) -> None:
     assert CHROMIUM, "CTXRULES_REQUIRE_CHROMIUM is set but chromium is missing"
     page = tmp_path / "r.html"
     cli("report", str(_report(tmp_path)), "--html", str(page))
     shot = tmp_path / "shot.png"
-    proc = subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
-                           "--no-first-run", "--disable-background-networking", "--disable-component-update",
-                           "--disable-sync", f"--user-data-dir={tmp_path / 'profile'}", "--enable-logging=stderr",
-                           "--v=0", "--window-size=1000,1400", f"--screenshot={shot}", page.as_uri()],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [
+            CHROMIUM,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-quic",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            f"--user-data-dir={tmp_path / 'profile'}",
+            "--enable-logging=stderr",
+            "--v=0",
+            "--window-size=1000,1400",
+            f"--screenshot={shot}",
+            page.as_uri(),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     console = [ln for ln in proc.stderr.splitlines() if "CONSOLE" in ln or "Uncaught" in ln or "net::ERR" in ln]
     assert console == []
     width, height, bpp, rows = decode_png(shot.read_bytes())
     assert (width, height) == (1000, 1400)
-    pixels = [row[i:i + 3] for row in rows[::5] for i in range(0, len(row), bpp * 5)]
+    pixels = [row[i : i + 3] for row in rows[::5] for i in range(0, len(row), bpp * 5)]
     assert len(set(pixels)) > 20, "the screenshot is (nearly) blank"
     # The emergency-tier colour of the 'before' ring is on the page.
     assert bytes.fromhex("c62828") in pixels

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import stat
 from pathlib import Path
 from typing import Any
@@ -14,7 +15,7 @@ import pytest
 from compress_kit import conversation, default_pack, make_ctx, step, system, text_of, user
 from conftest import TRANSCRIPTS
 
-from ctxrules.messages import injected_kind, is_injected, is_real_user
+from ctxrules.messages import injected_kind, injected_meta, is_injected, is_real_user
 from ctxrules.pipeline.context import StageContext
 from ctxrules.stages.base import options_schema_for
 from ctxrules.stages.compress_remove import Remove
@@ -33,6 +34,11 @@ def write(path: Path, text: str, mtime: float) -> Path:
     return path
 
 
+def file_paths(msg: dict[str, Any]) -> list[str]:
+    """The paths of the files a reread message holds, in order (from its ``<file>`` blocks)."""
+    return re.findall(r'^<file path="([^"]*)"', text_of(msg), flags=re.M)
+
+
 def reread_messages(messages: list[Msg]) -> list[int]:
     return [i for i, m in enumerate(messages) if is_injected(m) and injected_kind(m) == "reread"]
 
@@ -45,8 +51,7 @@ def ctx_for(tmp_path: Path, **kw: Any) -> StageContext:
 # --- tracker ------------------------------------------------------------------------------------
 
 
-def test_touch_records_absolute_paths_most_recent_first(tmp_path: Path,
-                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_touch_records_absolute_paths_most_recent_first(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
     tracker = FileTracker(tmp_path / "s", clock=lambda: 5.0)
     stored = tracker.touch("a.py", Path("sub/b.py"))
@@ -58,13 +63,13 @@ def test_touch_records_absolute_paths_most_recent_first(tmp_path: Path,
     assert stat.S_IMODE((tmp_path / "s" / TRACKER_FILE).stat().st_mode) == 0o600
 
 
-@pytest.mark.parametrize(("bad", "message"), [("", "must not be empty"), ("a\x00b", "NUL"),
-                                              (42, "string or a path")])
+@pytest.mark.parametrize(("bad", "message"), [("", "must not be empty"), ("a\x00b", "NUL"), (42, "string or a path")])
 def test_touch_rejects_bad_paths(tmp_path: Path, bad: Any, message: str) -> None:
     with pytest.raises(TrackerError, match=message):
         FileTracker(tmp_path / "s").touch(bad)
 
 
+@pytest.mark.corpus
 def test_edited_paths_from_a_claude_code_transcript() -> None:
     msgs = json.loads((TRANSCRIPTS / "claudecode-ae4a77f8.json").read_text())
     expected: dict[str, None] = {}
@@ -80,13 +85,19 @@ def test_edited_paths_from_a_claude_code_transcript() -> None:
 
 
 def test_edited_paths_skip_views_and_read_patches() -> None:
-    msgs = [user("go"),
-            *step("v", "file", name="str_replace_editor", command="view", path="/r/a.py"),
-            *step("e", "ok", name="str_replace_editor", command="str_replace", path="/r/b.py"),
-            *step("p", "ok", name="apply_patch",
-                  input="*** Begin Patch\n*** Update File: src/c.py\n@@\n-x\n+y\n"
-                        "*** Add File: src/d.py\n+new\n*** End Patch\n"),
-            *step("r", "text", name="Read", file_path="/r/e.py")]
+    msgs = [
+        user("go"),
+        *step("v", "file", name="str_replace_editor", command="view", path="/r/a.py"),
+        *step("e", "ok", name="str_replace_editor", command="str_replace", path="/r/b.py"),
+        *step(
+            "p",
+            "ok",
+            name="apply_patch",
+            input="*** Begin Patch\n*** Update File: src/c.py\n@@\n-x\n+y\n"
+            "*** Add File: src/d.py\n+new\n*** End Patch\n",
+        ),
+        *step("r", "text", name="Read", file_path="/r/e.py"),
+    ]
     assert edited_paths(msgs, default_pack()) == ["/r/b.py", "src/c.py", "src/d.py"]
 
 
@@ -118,7 +129,7 @@ def test_after_a_compaction_the_newest_files_come_back_once(tmp_path: Path) -> N
     text = text_of(msg)
     assert text.index(str(b)) < text.index(str(a)), "newest modification first"
     assert "def a():\n    return 1\n</file>" in text and "B = 2\n</file>" in text
-    assert [f["path"] for f in msg["ctxrules"]["files"]] == [str(b), str(a)]
+    assert file_paths(msg) == [str(b), str(a)] and injected_meta(msg) == {"files": "2"}
     # The same versions are never injected again ...
     again = Reread({})(out.messages, ctx_for(tmp_path, state=state))
     assert reread_messages(again.messages) == [at]
@@ -135,10 +146,13 @@ def test_files_from_history_edits_within_roots_only(tmp_path: Path) -> None:
     repo = tmp_path / "repo"
     inside = write(repo / "src" / "x.py", "X = 1\n", 1000)
     outside = write(tmp_path / "secret" / "key.txt", "TOPSECRET\n", 2000)
-    msgs = [system(), user("edit"),
-            *step("e1", "ok", name="Edit", file_path="src/x.py", old_string="a", new_string="b"),
-            *step("e2", "ok", name="Write", file_path=str(outside), content="TOPSECRET\n"),
-            *step("e3", "ok", name="Edit", file_path=str(repo / "missing.py"))]
+    msgs = [
+        system(),
+        user("edit"),
+        *step("e1", "ok", name="Edit", file_path="src/x.py", old_string="a", new_string="b"),
+        *step("e2", "ok", name="Write", file_path=str(outside), content="TOPSECRET\n"),
+        *step("e3", "ok", name="Edit", file_path=str(repo / "missing.py")),
+    ]
     ctx = ctx_for(tmp_path)
     out = Reread({"base_dir": str(repo)})(msgs, ctx)
     [at] = reread_messages(out.messages)
@@ -160,11 +174,10 @@ def test_top_n_binary_and_oversized_files(tmp_path: Path) -> None:
     big = write(repo / "big.txt", "y" * 5000, 6000)
     ctx = ctx_for(tmp_path)
     FileTracker(ctx.vault.root.parent).touch(*files, binary, big)
-    out = Reread({"top_n": 3, "max_file_bytes": 4000})(
-        [system(), user("go"), *step("a", "ok")], ctx)
-    meta = out.messages[reread_messages(out.messages)[0]]["ctxrules"]["files"]
+    out = Reread({"top_n": 3, "max_file_bytes": 4000})([system(), user("go"), *step("a", "ok")], ctx)
+    paths = file_paths(out.messages[reread_messages(out.messages)[0]])
     # big.txt (too large) and blob.bin (binary) are newer but not files to re-read.
-    assert [Path(f["path"]).name for f in meta] == ["f6.py", "f5.py", "f4.py"]
+    assert [Path(p).name for p in paths] == ["f6.py", "f5.py", "f4.py"]
 
 
 def test_budget_cuts_a_large_file_to_its_head(tmp_path: Path) -> None:
@@ -172,8 +185,7 @@ def test_budget_cuts_a_large_file_to_its_head(tmp_path: Path) -> None:
     f = write(tmp_path / "repo" / "big.py", content, 1000)
     ctx = ctx_for(tmp_path)
     FileTracker(ctx.vault.root.parent).touch(f)
-    out = Reread({"budget_tokens": 3000, "min_partial_tokens": 500})(
-        [system(), user("go"), *step("a", "ok")], ctx)
+    out = Reread({"budget_tokens": 3000, "min_partial_tokens": 500})([system(), user("go"), *step("a", "ok")], ctx)
     msg = out.messages[reread_messages(out.messages)[0]]
     assert ctx.counter.count_message(msg) <= 3200
     text = text_of(msg)
@@ -196,13 +208,15 @@ def test_never_lifts_utilization_to_the_ceiling(tmp_path: Path) -> None:
 def test_edits_inside_removed_steps_are_found_through_the_vault(tmp_path: Path) -> None:
     repo = tmp_path / "repo"
     f = write(repo / "core.py", "CORE = True\n", 1000)
-    msgs = [system(), user("go"),
-            *step("e", "ok", name="Edit", file_path=str(f), old_string="a", new_string="b"),
-            *[m for n in range(20) for m in step(f"s{n}", f"out {n}\n" * 80)]]
+    msgs = [
+        system(),
+        user("go"),
+        *step("e", "ok", name="Edit", file_path=str(f), old_string="a", new_string="b"),
+        *[m for n in range(20) for m in step(f"s{n}", f"out {n}\n" * 80)],
+    ]
     ctx = make_ctx(tmp_path, window=20_000, target="light")
     removed = Remove({"min_saving_ratio": 0})(msgs, ctx).messages
-    assert not any(m.get("tool_calls", [{}])[0].get("id") == "e" for m in removed
-                   if m.get("role") == "assistant")
+    assert not any(m.get("tool_calls", [{}])[0].get("id") == "e" for m in removed if m.get("role") == "assistant")
     out = Reread({"base_dir": str(repo)})(removed, ctx_for(tmp_path, window=64_000))
     assert "CORE = True" in text_of(out.messages[reread_messages(out.messages)[0]])
 
@@ -212,11 +226,25 @@ def test_cli_touched_reinjects_after_a_real_compaction(tmp_path: Path, cli: Any)
     history = conversation(40, lines=60, ask="Refactor main.py")
     src = tmp_path / "in.json"
     src.write_text(json.dumps(history))
-    code, _, err = cli("run", "--pack", "builtin:default", "--model", "gpt-4o",
-                       "--window", "32000",
-                       "--input", str(src), "--output", str(tmp_path / "out.json"),
-                       "--report", str(tmp_path / "r.json"), "--session", str(tmp_path / "s"),
-                       "--touched", str(f))
+    code, _, err = cli(
+        "run",
+        "--pack",
+        "builtin:default",
+        "--model",
+        "gpt-4o",
+        "--window",
+        "32000",
+        "--input",
+        str(src),
+        "--output",
+        str(tmp_path / "out.json"),
+        "--report",
+        str(tmp_path / "r.json"),
+        "--session",
+        str(tmp_path / "s"),
+        "--touched",
+        str(f),
+    )
     assert code == 0, err
     out = json.loads((tmp_path / "out.json").read_text())
     [at] = reread_messages(out)

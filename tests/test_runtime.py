@@ -37,13 +37,19 @@ def write_pack(tmp_path: Path, body: str, name: str = "pack.yaml") -> Path:
 def history(n: int = 4, size: int = 50) -> list[dict[str, Any]]:
     msgs: list[dict[str, Any]] = [{"role": "system", "content": "sys"}, {"role": "user", "content": "task"}]
     for i in range(n):
-        msgs += [{"role": "assistant", "content": f"s{i}", "tool_calls": [
-            {"id": f"c{i}", "type": "function", "function": {"name": "Bash", "arguments": "{}"}}]},
-                 {"role": "tool", "tool_call_id": f"c{i}", "content": "out\n" * size}]
+        msgs += [
+            {
+                "role": "assistant",
+                "content": f"s{i}",
+                "tool_calls": [{"id": f"c{i}", "type": "function", "function": {"name": "Bash", "arguments": "{}"}}],
+            },
+            {"role": "tool", "tool_call_id": f"c{i}", "content": "out\n" * size},
+        ]
     return msgs
 
 
 # -- gateway and preflight ----------------------------------------------------------------
+
 
 def test_gateway_guard_rejects_before_any_stage(tmp_path: Path) -> None:
     engine = Engine.load(write_pack(tmp_path, "extends: builtin:default\nguards: {max_request_tokens: 500}\n"))
@@ -60,9 +66,26 @@ def test_gateway_guard_cli_exits_1_with_one_line(tmp_path: Path) -> None:
     src = tmp_path / "in.json"
     src.write_text(json.dumps(history(3, 100)))
     env = {**os.environ, "PYTHONPATH": str(REPO / "engine")}
-    proc = subprocess.run([sys.executable, "-m", "ctxrules.cli.main", "run", "--pack", str(pack), "--model",
-                           "gpt-4o", "--input", str(src), "--session", str(tmp_path / "s")],
-                          capture_output=True, text=True, env=env, timeout=120)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ctxrules.cli.main",
+            "run",
+            "--pack",
+            str(pack),
+            "--model",
+            "gpt-4o",
+            "--input",
+            str(src),
+            "--session",
+            str(tmp_path / "s"),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert proc.returncode == 1
     assert proc.stderr.count("\n") == 1 and "gateway guard" in proc.stderr and "Traceback" not in proc.stderr
 
@@ -73,13 +96,15 @@ def test_preflight_refuses_only_what_no_compaction_can_fit(tmp_path: Path) -> No
     estimate = s.preflight(big)
     assert not estimate.fits_now and estimate.can_fit  # old steps can go
     pinned_too_big = [{"role": "user", "content": "word " * 9000}]
-    with pytest.raises(RequestRejected,
-                       match=r"cannot fit gpt-4o's window even after compaction.*usable window is 1808"):
+    with pytest.raises(
+        RequestRejected, match=r"cannot fit gpt-4o's window even after compaction.*usable window is 1808"
+    ):
         s.preflight(pinned_too_big)
     assert not s.preflight(pinned_too_big, refuse=False).can_fit
 
 
 # -- spill ----------------------------------------------------------------------------------
+
 
 def test_spill_returns_marker_and_preview_and_keeps_everything(tmp_path: Path) -> None:
     s = Engine.load("builtin:default").session(tmp_path / "s", model="gpt-4o")
@@ -90,13 +115,14 @@ def test_spill_returns_marker_and_preview_and_keeps_everything(tmp_path: Path) -
     assert marker.vault_id == out.vault_id and marker.extra["source"] == "mcp"
     a, b = marker.lines
     assert s.vault.get(out.vault_id) == text.encode()
-    assert s.vault.get_lines(out.vault_id, a, b).decode() == "".join(text.splitlines(keepends=True)[a - 1:b])
+    assert s.vault.get_lines(out.vault_id, a, b).decode() == "".join(text.splitlines(keepends=True)[a - 1 : b])
     assert out.preview.startswith("line 0:") and out.preview.rstrip().endswith(f"line 2999: {'x' * 40}")
     small = s.spill("short", kind="hook")
     assert small.preview == "short" and s.vault.get(small.vault_id) == b"short"
 
 
 # -- events, health -------------------------------------------------------------------------
+
 
 def test_events_and_health(tmp_path: Path) -> None:
     events: list[dict[str, Any]] = []
@@ -106,8 +132,12 @@ def test_events_and_health(tmp_path: Path) -> None:
     jsonschema.validate(r.report, REPORT_SCHEMA)
     names = [e["event"] for e in events]
     assert "stage.start" in names and "stage.end" in names and names[-1] == "prepare.end"
-    assert r.report["health"] == {"state": "green", "utilization": r.report["after"]["utilization"],
-                                  "reasons": [], "fork_suggested": False}
+    assert r.report["health"] == {
+        "state": "green",
+        "utilization": r.report["after"]["utilization"],
+        "reasons": [],
+        "fork_suggested": False,
+    }
 
 
 def test_failing_event_callback_is_not_fatal(tmp_path: Path) -> None:
@@ -120,12 +150,15 @@ def test_failing_event_callback_is_not_fatal(tmp_path: Path) -> None:
 
 def test_health_red_and_fork_suggestion_when_it_does_not_fit(tmp_path: Path) -> None:
     s = Engine.load("builtin:default").session(tmp_path / "s", model="gpt-4o", window=9000)
-    r = s.prepare([{"role": "user", "content": "word " * 5000}])
+    # Tool schemas are never spilled (a 5,000-word message would be: the pins are spilled first).
+    tools = [{"type": "function", "function": {"name": f"t{i}", "description": "word " * 40}} for i in range(40)]
+    r = s.prepare([{"role": "user", "content": "word " * 500}], tools)
     assert r.report["health"]["state"] == "red" and r.report["health"]["fork_suggested"]
     assert "fork" in r.report["health"]["fork_hint"]
 
 
 # -- hot switch -----------------------------------------------------------------------------
+
 
 def test_model_switch_rescales_thresholds_without_restart(tmp_path: Path) -> None:
     s = Engine.load("builtin:default").session(tmp_path / "s", model="gpt-4o")
@@ -161,6 +194,7 @@ def test_pack_edit_is_picked_up_on_the_next_call(tmp_path: Path) -> None:
 
 # -- sub-agents -----------------------------------------------------------------------------
 
+
 def test_child_sessions_inherit_pack_and_cache_key_and_are_capped(tmp_path: Path) -> None:
     pack = write_pack(tmp_path, "extends: builtin:default\nguards: {subagents: {max_descendants: 3}}\n")
     root = Engine.load(pack).session(tmp_path / "root", model="gpt-4o")
@@ -174,6 +208,7 @@ def test_child_sessions_inherit_pack_and_cache_key_and_are_capped(tmp_path: Path
         b.child("d")
     assert root.child("a").path == a.path  # reopening an existing child is not a new descendant
     from ctxrules.errors import UsageError
+
     with pytest.raises(UsageError):
         root.child("../escape")
 
@@ -183,9 +218,11 @@ def test_child_handover_spills_large_results_with_structure(tmp_path: Path) -> N
     child = root.child("worker")
     small = child.handover("All tests pass.")
     assert not small.spilled and small.text == "All tests pass."
-    report = ("## Summary\nFixed the parser in src/parse.py and added tests/test_parse.py.\n"
-              + "".join(f"log line {i}\n" for i in range(3000))
-              + "## Next steps\n- update docs/usage.md\n## Risks\n- the cache format changed\n")
+    report = (
+        "## Summary\nFixed the parser in src/parse.py and added tests/test_parse.py.\n"
+        + "".join(f"log line {i}\n" for i in range(3000))
+        + "## Next steps\n- update docs/usage.md\n## Risks\n- the cache format changed\n"
+    )
     out = child.handover(report)
     assert out.spilled and out.tokens_after <= 4000 and len(report) > 8000
     assert child.vault.get(out.vault_id).decode() == report
@@ -232,6 +269,7 @@ session.prepare(history)
 """
 
 
+@pytest.mark.corpus
 @pytest.mark.parametrize("how", ["SIGKILL", "SIGTERM"])
 def test_killed_compaction_is_found_and_resumed(tmp_path: Path, how: str) -> None:
     pack = write_pack(tmp_path, "pipeline:\n  - {id: slow, use: test.slow, when: {at_least: light}}\n")
@@ -240,8 +278,11 @@ def test_killed_compaction_is_found_and_resumed(tmp_path: Path, how: str) -> Non
     script.write_text(SLOW_CHILD)
     root = tmp_path / "state"
     session_dir = root / "run-1"
-    with subprocess.Popen([sys.executable, str(script), str(REPO / "engine"), str(pack), str(session_dir),
-                           str(src)], stdout=subprocess.PIPE, text=True) as proc:
+    with subprocess.Popen(
+        [sys.executable, str(script), str(REPO / "engine"), str(pack), str(session_dir), str(src)],
+        stdout=subprocess.PIPE,
+        text=True,
+    ) as proc:
         assert proc.stdout is not None
         assert proc.stdout.readline().strip() == "compacting"
         assert checkpoint.read(session_dir)["status"] == "running"
@@ -259,6 +300,7 @@ def test_killed_compaction_is_found_and_resumed(tmp_path: Path, how: str) -> Non
     assert checkpoint.scan(root) == []
 
 
+@pytest.mark.corpus
 def test_a_compaction_killed_on_a_warm_turn_is_resumed_from_the_last_output(tmp_path: Path) -> None:
     """On a warm turn the backup holds only the appended messages; the rest are the first lines
     of last_output.jsonl, which the session does not write while the checkpoint exists."""
@@ -268,8 +310,11 @@ def test_a_compaction_killed_on_a_warm_turn_is_resumed_from_the_last_output(tmp_
     script.write_text(SLOW_CHILD)
     session_dir = tmp_path / "state" / "run-1"
     first_out = tmp_path / "first.json"
-    with subprocess.Popen([sys.executable, str(script), str(REPO / "engine"), str(pack), str(session_dir),
-                           str(src), str(first_out)], stdout=subprocess.PIPE, text=True) as proc:
+    with subprocess.Popen(
+        [sys.executable, str(script), str(REPO / "engine"), str(pack), str(session_dir), str(src), str(first_out)],
+        stdout=subprocess.PIPE,
+        text=True,
+    ) as proc:
         assert proc.stdout is not None
         assert proc.stdout.readline().strip() == "compacting"
         data = checkpoint.read(session_dir)
@@ -278,9 +323,9 @@ def test_a_compaction_killed_on_a_warm_turn_is_resumed_from_the_last_output(tmp_
         proc.wait(timeout=30)
     history = json.loads(src.read_text())
     first = json.loads(first_out.read_text())
-    expected = [*first, *history[len(history) - 4:]]
+    expected = [*first, *history[len(history) - 4 :]]
     tail = json.loads(Vault.for_session(session_dir).get_text(data["backup"]))
-    assert tail == history[len(history) - 4:] and data["prefix"] == len(first)
+    assert tail == history[len(history) - 4 :] and data["prefix"] == len(first)
     [hit] = checkpoint.scan(tmp_path / "state")
     assert hit.prefix == len(first)
     assert checkpoint.resume(session_dir) == expected
@@ -296,6 +341,7 @@ def test_a_compaction_killed_on_a_warm_turn_is_resumed_from_the_last_output(tmp_
     assert checkpoint.resume(session_dir) == expected
 
 
+@pytest.mark.corpus
 def test_a_compaction_that_raises_on_a_warm_turn_keeps_a_whole_backup(tmp_path: Path) -> None:
     """The session lives on after a handled interruption and may write last_output.jsonl again,
     so the checkpoint gets a backup of the whole input, not one that needs that file."""
@@ -321,8 +367,9 @@ def test_a_compaction_that_raises_on_a_warm_turn_keeps_a_whole_backup(tmp_path: 
         register(StageType("test.fails", "content", FailsOnTheSecond, hysteresis=True))
 
     pack = write_pack(tmp_path, "pipeline:\n  - {id: f, use: test.fails, when: {at_least: light}, on_error: fail}\n")
-    engine = Engine.load(str(pack), plugins=[
-        ("fails", types.SimpleNamespace(ctxrules_register_stages=ctxrules_register_stages))])
+    engine = Engine.load(
+        str(pack), plugins=[("fails", types.SimpleNamespace(ctxrules_register_stages=ctxrules_register_stages))]
+    )
     src = next(p for p in transcript_paths() if p.name == "sweagent-test-repo-i1.json")
     full = json.loads(src.read_text())
     session = engine.session(tmp_path / "s", model="gpt-4o", window=12000)
@@ -331,11 +378,12 @@ def test_a_compaction_that_raises_on_a_warm_turn_keeps_a_whole_backup(tmp_path: 
         session.prepare(full)
     data = checkpoint.read(tmp_path / "s")
     assert data is not None and data["status"] == "interrupted" and not data.get("prefix")
-    expected = [*first, *full[len(full) - 4:]]
+    expected = [*first, *full[len(full) - 4 :]]
     assert json.loads(session.vault.get_text(data["backup"])) == expected
     assert checkpoint.resume(tmp_path / "s") == expected
 
 
+@pytest.mark.corpus
 def test_cli_sigterm_marks_the_compaction_interrupted(tmp_path: Path) -> None:
     """`ctxrules run` turns SIGTERM into an orderly stop that records the interruption."""
     plugin_dir = tmp_path / "plug"
@@ -346,17 +394,38 @@ def test_cli_sigterm_marks_the_compaction_interrupted(tmp_path: Path) -> None:
         "class Slow:\n    def __init__(self, o): pass\n    def __call__(self, m, ctx):\n"
         "        print('compacting', flush=True)\n        time.sleep(60)\n        return StageOutcome(list(m))\n"
         "@hookimpl\ndef ctxrules_register_stages(register):\n"
-        "    register(StageType('test.slow', 'content', Slow, hysteresis=True))\n")
+        "    register(StageType('test.slow', 'content', Slow, hysteresis=True))\n"
+    )
     (plugin_dir / "slowplug-0.dist-info").mkdir()
     (plugin_dir / "slowplug-0.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: slowplug\nVersion: 0\n")
     (plugin_dir / "slowplug-0.dist-info" / "entry_points.txt").write_text("[ctxrules]\nslowplug = slowplug\n")
     pack = write_pack(tmp_path, "pipeline:\n  - {id: slow, use: test.slow, when: {at_least: light}}\n")
     src = next(p for p in transcript_paths() if p.name == "sweagent-test-repo-i1.json")
     env = {**os.environ, "PYTHONPATH": f"{REPO / 'engine'}{os.pathsep}{plugin_dir}"}
-    with subprocess.Popen([sys.executable, "-m", "ctxrules.cli.main", "run", "--pack", str(pack), "--model",
-                           "gpt-4o", "--window", "12000", "--input", str(src), "--output", str(tmp_path / "o.json"),
-                           "--session", str(tmp_path / "s")], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                          text=True, env=env) as proc:
+    with subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "ctxrules.cli.main",
+            "run",
+            "--pack",
+            str(pack),
+            "--model",
+            "gpt-4o",
+            "--window",
+            "12000",
+            "--input",
+            str(src),
+            "--output",
+            str(tmp_path / "o.json"),
+            "--session",
+            str(tmp_path / "s"),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    ) as proc:
         assert proc.stdout is not None and proc.stdout.readline().strip() == "compacting"
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=30)
@@ -371,11 +440,15 @@ def test_cli_sigterm_marks_the_compaction_interrupted(tmp_path: Path) -> None:
 
 # -- continuation guards ---------------------------------------------------------------------
 
+
 def test_continuation_guards(tmp_path: Path) -> None:
     (tmp_path / "keep.txt").write_text("v1")
-    pack = write_pack(tmp_path, "extends: builtin:default\nguards:\n  continuation:\n"
-                                "    max_identical_errors: 3\n    drift_every_steps: 2\n"
-                                "    protected_files: [keep.txt]\n")
+    pack = write_pack(
+        tmp_path,
+        "extends: builtin:default\nguards:\n  continuation:\n"
+        "    max_identical_errors: 3\n    drift_every_steps: 2\n"
+        "    protected_files: [keep.txt]\n",
+    )
     s = Engine.load(pack).session(tmp_path / "s", model="gpt-4o")
     msgs = history(2)
     assert s.should_continue({"messages": msgs, "cwd": str(tmp_path)})
@@ -385,10 +458,18 @@ def test_continuation_guards(tmp_path: Path) -> None:
     assert not d and d.reason == "the run was cancelled"
     assert not s.should_continue({"messages": msgs, "budget_ok": False, "cwd": str(tmp_path)})
     err = "Traceback (most recent call last):\nValueError: x\nExit code 1"
-    looping = msgs + [m for i in range(3) for m in (
-        {"role": "assistant", "content": "", "tool_calls": [{"id": f"e{i}", "type": "function",
-                                                             "function": {"name": "Bash", "arguments": "{}"}}]},
-        {"role": "tool", "tool_call_id": f"e{i}", "content": err})]
+    looping = msgs + [
+        m
+        for i in range(3)
+        for m in (
+            {
+                "role": "assistant",
+                "content": "",
+                "tool_calls": [{"id": f"e{i}", "type": "function", "function": {"name": "Bash", "arguments": "{}"}}],
+            },
+            {"role": "tool", "tool_call_id": f"e{i}", "content": err},
+        )
+    ]
     d = s.should_continue({"messages": looping, "cwd": str(tmp_path)})
     assert not d and "same error" in str(d.reason)
     drift = s.should_continue({"messages": history(4), "cwd": str(tmp_path), "drift_check": lambda m: "off task"})
@@ -398,6 +479,7 @@ def test_continuation_guards(tmp_path: Path) -> None:
     assert not d and "keep.txt" in str(d.reason)
 
 
+@pytest.mark.corpus
 def test_fallback_and_breaker_events_reach_the_callback(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Offline, the summarizer falls back to the checkpoint: the UI hears about it."""
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
@@ -412,6 +494,7 @@ def test_fallback_and_breaker_events_reach_the_callback(tmp_path: Path, monkeypa
     assert any(a["kind"] == "checkpoint" for s in report["stages"] for a in s["actions"])
 
 
+@pytest.mark.corpus
 def test_a_finished_compaction_leaves_no_checkpoint(tmp_path: Path) -> None:
     src = next(p for p in transcript_paths() if p.name == "sweagent-test-repo-i1.json")
     session = Engine.load("builtin:default").session(tmp_path / "s", model="gpt-4o", window=12000)

@@ -110,8 +110,10 @@ def test_dedup_skips_protected_critical_and_tail(tmp_path: Path) -> None:
     idx = {m.get("tool_call_id"): i for i, m in enumerate(msgs)}
     # dup_1 is answered by another tool, which a priority rule makes critical.
     a1 = idx["dup_1"] - 1
-    msgs[a1] = {**msgs[a1], "tool_calls": [{**msgs[a1]["tool_calls"][0], "function": {
-        "name": "Shell2", "arguments": "{}"}}]}
+    msgs[a1] = {
+        **msgs[a1],
+        "tool_calls": [{**msgs[a1]["tool_calls"][0], "function": {"name": "Shell2", "arguments": "{}"}}],
+    }
     critical = [{"id": "c", "match": {"tool": "Shell2"}, "priority": "critical"}]
     ctx = make_ctx(tmp_path, window=16_000, tail_budget=0.02, protected=[id(msgs[idx["dup_0"]])])
     ctx.pack["priorities"] = critical
@@ -119,7 +121,7 @@ def test_dedup_skips_protected_critical_and_tail(tmp_path: Path) -> None:
     assert changed(msgs, out.messages) == [idx["dup_2"]]
     # A tail that reaches back to dup_2's step keeps it too.
     counts = ctx.counter.count_each(msgs)
-    share = (sum(counts[idx["dup_2"] - 1:]) + 10) / ctx.budget.usable
+    share = (sum(counts[idx["dup_2"] - 1 :]) + 10) / ctx.budget.usable
     ctx = make_ctx(tmp_path, window=16_000, tail_budget=share, protected=[id(msgs[idx["dup_0"]])])
     ctx.pack["priorities"] = critical
     assert View.build(msgs, ctx).tail_start == idx["dup_2"] - 1
@@ -173,15 +175,19 @@ def test_truncate_cuts_one_long_line_by_characters(tmp_path: Path) -> None:
     assert marker.kind == "tokens" and marker.lines is None
     a, b = (int(x) for x in marker.extra["chars"].split("-"))
     assert ctx.vault.get_text(marker.vault_id) == blob
-    assert new.startswith(blob[:a - 1]) and new.endswith(blob[b:])
+    assert new.startswith(blob[: a - 1]) and new.endswith(blob[b:])
     assert recovers(blob, new, ctx.vault)
 
 
 def test_truncate_shortens_tool_call_arguments_and_keeps_them_json(tmp_path: Path) -> None:
     content = filler(300, "file")
-    msgs = [system(), user("write it"),
-            *step("w1", "File created", name="Write", file_path="src/big.py", content=content),
-            *step("c2", "ok"), user("thanks")]
+    msgs = [
+        system(),
+        user("write it"),
+        *step("w1", "File created", name="Write", file_path="src/big.py", content=content),
+        *step("c2", "ok"),
+        user("thanks"),
+    ]
     ctx = make_ctx(tmp_path, window=16_000, tail_budget=0.01)
     out = run(Truncate(NO_GUARD), msgs, ctx)
     call = out.messages[2]["tool_calls"][0]
@@ -193,27 +199,36 @@ def test_truncate_shortens_tool_call_arguments_and_keeps_them_json(tmp_path: Pat
 
 
 def test_truncate_standard_before_important(tmp_path: Path) -> None:
-    msgs = [system(), user("go"), *step("old", filler(200, "old")),
-            *step("new", filler(200, "new")),
-            *step("tail", "ok")]
+    msgs = [
+        system(),
+        user("go"),
+        *step("old", filler(200, "old")),
+        *step("new", filler(200, "new")),
+        *step("tail", "ok"),
+    ]
     ctx = make_ctx(tmp_path, window=window_for(msgs, tmp_path, 1500), tail_budget=0.01)
-    ctx.pack["priorities"] = [{"id": "i", "match": {"contains": "new: line"},
-                               "priority": "important"},
-                              {"id": "s", "match": {}, "priority": "standard"}]
+    ctx.pack["priorities"] = [
+        {"id": "i", "match": {"contains": "new: line"}, "priority": "important"},
+        {"id": "s", "match": {}, "priority": "standard"},
+    ]
     out = run(Truncate(NO_GUARD), msgs, ctx)
     assert changed(msgs, out.messages) == [3]
 
 
 def test_truncate_never_touches_pinned_protected_critical_or_tail(tmp_path: Path) -> None:
-    msgs = [system(filler(150, "sys")), user(filler(150, "anchor")),
-            *step("p", filler(150, "prot")),
-            *step("c", filler(150, "crit") + "CRITICAL"), *step("t1", filler(150, "tail")),
-            user(filler(150, "latest")), *step("n", filler(150, "newest"))]
+    msgs = [
+        system(filler(150, "sys")),
+        user(filler(150, "anchor")),
+        *step("p", filler(150, "prot")),
+        *step("c", filler(150, "crit") + "CRITICAL"),
+        *step("t1", filler(150, "tail")),
+        user(filler(150, "latest")),
+        *step("n", filler(150, "newest")),
+    ]
     probe = make_ctx(tmp_path, window=40_000)
     share = (sum(probe.counter.count_each(msgs[6:])) + 10) / probe.budget.usable
     ctx = make_ctx(tmp_path, window=40_000, tail_budget=share, protected=[id(msgs[3])])
-    ctx.pack["priorities"] = [{"id": "c", "match": {"contains": "CRITICAL"},
-                               "priority": "critical"}]
+    ctx.pack["priorities"] = [{"id": "c", "match": {"contains": "CRITICAL"}, "priority": "critical"}]
     assert not ctx.below(msgs, "monitor")
     view = View.build(msgs, ctx)
     assert view.tail_start == 6
@@ -257,7 +272,7 @@ def test_remove_drops_whole_steps_oldest_first_with_one_placeholder(tmp_path: Pa
     # Hysteresis: one step fewer would not have been enough.
     assert len(out.actions) == 1 and out.actions[0].kind == "remove"
     removed_steps = (len(msgs) - (len(new) - 1)) // 2
-    kept_one_more = [*msgs[:2], placeholders[0], *msgs[2 + 2 * (removed_steps - 1):]]
+    kept_one_more = [*msgs[:2], placeholders[0], *msgs[2 + 2 * (removed_steps - 1) :]]
     assert not ctx.below(kept_one_more, "light")
 
 
@@ -265,18 +280,19 @@ def test_remove_keeps_pins_tail_protected_and_critical_steps(tmp_path: Path) -> 
     msgs = conversation(24, lines=60)
     protected_step = msgs[6]  # the assistant message of step 2
     ctx = make_ctx(tmp_path, window=32_000, target="monitor", protected=[id(protected_step)])
-    ctx.pack["priorities"] = [{"id": "c", "match": {"contains": "s4: line"},
-                               "priority": "critical"},
-                              {"id": "r", "match": {}, "priority": "standard"}]
+    ctx.pack["priorities"] = [
+        {"id": "c", "match": {"contains": "s4: line"}, "priority": "critical"},
+        {"id": "r", "match": {}, "priority": "standard"},
+    ]
     view = View.build(msgs, ctx)
     out = run(Remove(NO_GUARD), msgs, ctx)
     new = out.messages
     assert pairing_problems(new) == []
-    assert protected_step in new and msgs[7] in new           # protected step, whole
-    assert msgs[11] in new and msgs[10] in new                 # critical result and its call
+    assert protected_step in new and msgs[7] in new  # protected step, whole
+    assert msgs[11] in new and msgs[10] in new  # critical result and its call
     for i in pinned_indices(msgs):
         assert msgs[i] in new
-    for m in msgs[view.tail_start:]:
+    for m in msgs[view.tail_start :]:
         assert m in new
     # Kept steps split the removed ones into separate runs.
     assert sum(1 for m in new if is_injected(m)) == 3
@@ -294,7 +310,7 @@ def test_remove_merges_a_neighbouring_placeholder_into_one_flat_run(tmp_path: Pa
     (marker,) = [mk for mk in parse_markers(text_of(placeholders[0])) if mk.kind == "message"]
     stored = json.loads(ctx.vault.get_text(marker.vault_id))
     assert not any(is_injected(m) for m in stored), "earlier placeholder was flattened"
-    assert expand(second, ctx.vault) == [*msgs, *grown[len(first):]]
+    assert expand(second, ctx.vault) == [*msgs, *grown[len(first) :]]
 
 
 def test_remove_in_one_long_autonomous_exchange(tmp_path: Path) -> None:
@@ -342,11 +358,9 @@ def test_guard_skips_small_cycles_counts_them_and_warns(tmp_path: Path) -> None:
 def test_guard_ratio_scales_with_the_window(tmp_path: Path) -> None:
     msgs = dup_history(copies=2, lines=20)
     window = window_for(msgs, tmp_path, 100)
-    out = run(Dedup({"min_saving_ratio": 0.2}), msgs, make_ctx(tmp_path, window=window,
-                                                                  tail_budget=0.01))
+    out = run(Dedup({"min_saving_ratio": 0.2}), msgs, make_ctx(tmp_path, window=window, tail_budget=0.01))
     assert changed(msgs, out.messages) == [] and out.actions[0].kind == "ineffective"
-    out = run(Dedup({"min_saving_ratio": 0.02}), msgs, make_ctx(tmp_path, window=window,
-                                                                   tail_budget=0.01))
+    out = run(Dedup({"min_saving_ratio": 0.02}), msgs, make_ctx(tmp_path, window=window, tail_budget=0.01))
     assert changed(msgs, out.messages) == [3]
 
 
@@ -370,6 +384,7 @@ def test_option_schema_documents_every_option(stage_type: Any) -> None:
 # --- golden on real transcripts -----------------------------------------------------------------
 
 
+@pytest.mark.corpus
 def test_golden_dedup_on_openhands_transcript(tmp_path: Path) -> None:
     msgs = json.loads((TRANSCRIPTS / "openhands-ponylang__ponyc-4595.json").read_text())
     ctx = make_ctx(tmp_path, window=32_000, tail_budget=0.01)
@@ -378,8 +393,11 @@ def test_golden_dedup_on_openhands_transcript(tmp_path: Path) -> None:
     assert done
     # Independently: each replaced result has an identical/near-identical newer tool result.
     for i in done:
-        later = [j for j in range(i + 1, len(msgs)) if msgs[j]["role"] == "tool"
-                 and normalized_digest(text_of(msgs[j])) == normalized_digest(text_of(msgs[i]))]
+        later = [
+            j
+            for j in range(i + 1, len(msgs))
+            if msgs[j]["role"] == "tool" and normalized_digest(text_of(msgs[j])) == normalized_digest(text_of(msgs[i]))
+        ]
         assert later
         (marker,) = parse_markers(text_of(out.messages[i]))
         assert marker.extra["duplicate_of"] == msgs[later[-1]]["tool_call_id"]
@@ -387,6 +405,7 @@ def test_golden_dedup_on_openhands_transcript(tmp_path: Path) -> None:
     assert sum(a.tokens_saved for a in out.actions) == ctx.count(msgs) - ctx.count(out.messages)
 
 
+@pytest.mark.corpus
 def test_golden_remove_on_the_largest_claude_code_transcript(tmp_path: Path) -> None:
     msgs = json.loads((TRANSCRIPTS / "claudecode-ae4a77f8.json").read_text())
     ctx = make_ctx(tmp_path, window=128_000, target="light")
@@ -396,11 +415,12 @@ def test_golden_remove_on_the_largest_claude_code_transcript(tmp_path: Path) -> 
     assert pairing_problems(out.messages) == []
     assert expand(out.messages, ctx.vault) == msgs
     kept = {id(m) for m in out.messages}
-    assert all(id(m) in kept for m in msgs[view.tail_start:])
+    assert all(id(m) in kept for m in msgs[view.tail_start :])
     assert all(id(msgs[i]) in kept for i in pinned_indices(msgs))
     assert all(id(m) in kept for m in msgs if is_real_user(m))
 
 
+@pytest.mark.corpus
 def test_golden_truncate_on_claude_code_texts_and_arguments(tmp_path: Path) -> None:
     msgs = json.loads((TRANSCRIPTS / "claudecode-ae4a77f8.json").read_text())
     ctx = make_ctx(tmp_path, window=64_000, tail_budget=0.05)

@@ -23,11 +23,11 @@ from hypothesis import strategies as st
 from invariants import pairing_problems
 
 from ctxrules import Engine
-from ctxrules.messages import is_injected
 from ctxrules.pipeline.context import StageContext
 from ctxrules.stages.base import options_schema_for
 from ctxrules.stages.compress_emergency import STAGE_TYPE, Emergency
 from ctxrules.structure import pinned_indices
+from ctxrules.vault import parse_markers
 
 Msg = dict[str, Any]
 ALL_CRITICAL = [{"id": "all", "match": {}, "priority": "critical"}]
@@ -39,9 +39,28 @@ def emergency_ctx(tmp_path: Path, window: int, **kw: Any) -> StageContext:
     return ctx
 
 
-def pins_unchanged(before: list[Msg], after: list[Msg]) -> None:
+def pins_unchanged(before: list[Msg], after: list[Msg], vault: Any = None) -> None:
+    """Every pinned message is in the output unchanged — or, given the ``vault``, spilled
+    (level 3: the pins alone did not fit): same role and call id, its text in the vault whole
+    behind a spill marker."""
     kept = [before[i] for i in sorted(pinned_indices(before))]
-    assert [m for m in after if m in kept] == kept
+    if vault is None:
+        assert [m for m in after if m in kept] == kept
+        return
+    for m in kept:
+        if m in after:
+            continue
+        twins = [
+            o
+            for o in after
+            if o.get("role") == m.get("role")
+            and o.get("tool_call_id") == m.get("tool_call_id")
+            and any(
+                mk.extra.get("reason") == "spill" and vault.get_text(mk.vault_id) == text_of(m)
+                for mk in parse_markers(text_of(o))
+            )
+        ]
+        assert twins, f"pinned message changed without a spill: {str(m)[:200]}"
 
 
 def test_below_target_and_emergency_nothing_happens(tmp_path: Path) -> None:
@@ -51,9 +70,13 @@ def test_below_target_and_emergency_nothing_happens(tmp_path: Path) -> None:
 
 
 def test_protected_critical_and_tail_content_is_cut_first(tmp_path: Path) -> None:
-    msgs = [system(), user("start"),
-            *[m for n in range(6) for m in step(f"s{n}", filler(260, f"big{n}"))],
-            user("continue"), *step("last", "ok")]
+    msgs = [
+        system(),
+        user("start"),
+        *[m for n in range(6) for m in step(f"s{n}", filler(260, f"big{n}"))],
+        user("continue"),
+        *step("last", "ok"),
+    ]
     window = int(make_ctx(tmp_path).count(msgs) / 0.95) + 8192
     ctx = emergency_ctx(tmp_path, window, tail_budget=0.6, protected=[id(m) for m in msgs])
     assert ctx.budget.tier(ctx.count(msgs)) == "emergency"
@@ -88,29 +111,45 @@ def test_whole_units_go_when_cuts_are_not_enough(tmp_path: Path) -> None:
     assert out.warnings == []
 
 
-def test_pinned_too_big_for_the_threshold_but_within_the_window(tmp_path: Path) -> None:
-    msgs = [system(), user("start"),
-            *[m for n in range(10) for m in step(f"s{n}", filler(40, f"a{n}"))],
-            user("latest: " + filler(1290, "huge"))]  # floor ~22.5K: above 21.4K, below 23.8K
+def test_pinned_too_big_for_the_threshold_is_spilled_first_and_keeps_the_history(tmp_path: Path) -> None:
+    msgs = [
+        system(),
+        user("start"),
+        *[m for n in range(10) for m in step(f"s{n}", filler(40, f"a{n}"))],
+        user("latest: " + filler(1290, "huge")),
+    ]  # floor ~22.5K: above 21.4K, below 23.8K
     ctx = emergency_ctx(tmp_path, 32_000)
     out = Emergency({})(msgs, ctx)
-    floor = [msgs[i] for i in sorted(pinned_indices(msgs))]
-    assert floor == [msgs[0], msgs[1], msgs[-3], msgs[-2], msgs[-1]]
-    assert [m for m in out.messages if not is_injected(m)] == floor
-    assert len(out.warnings) == 1 and "still fits the usable window" in out.warnings[0]
-    assert out.actions[-1].kind == "overflow"
+    spills = [a for a in out.actions if a.kind == "spill_pinned"]
+    # The newest step's output is too small to save anything: the latest ask goes.
+    assert [a.index for a in spills] == [len(msgs) - 1] and out.warnings == []
+    assert ctx.vault.get_text(spills[-1].vault_id) == msgs[-1]["content"]
+    assert out.messages[:-1] == msgs[:-1], "the pins were spilled first: no step had to go"
+    assert ctx.budget.utilization(ctx.count(out.messages)) < ctx.budget.thresholds["emergency"]
+    pins_unchanged(msgs, out.messages, ctx.vault)
 
 
-def test_pinned_larger_than_the_window_is_reported(tmp_path: Path) -> None:
+def test_a_newest_result_larger_than_the_window_is_spilled(tmp_path: Path) -> None:
     msgs = [system(), user("start"), *step("a", "ok"), *step("b", filler(1600, "newest"))]
     ctx = emergency_ctx(tmp_path, 32_000)
     out = Emergency({})(msgs, ctx)
+    assert [a.index for a in out.actions if a.kind == "spill_pinned"] == [len(msgs) - 1]
+    assert out.warnings == [] and ctx.budget.fits(ctx.count(out.messages))
+    pins_unchanged(msgs, out.messages, ctx.vault)
+    assert pairing_problems(out.messages) == []
+
+
+def test_pins_that_cannot_be_spilled_are_reported(tmp_path: Path) -> None:
+    # The instructions are never spilled: a system prompt larger than the window stays and is reported.
+    msgs = [system(filler(2500, "rules")), user("start"), *step("a", "ok")]
+    ctx = emergency_ctx(tmp_path, 32_000)
+    out = Emergency({})(msgs, ctx)
     assert out.warnings and "do not fit the usable window" in out.warnings[0]
+    assert not [a for a in out.actions if a.kind == "spill_pinned"]
     pins_unchanged(msgs, out.messages)
 
 
-@settings(max_examples=40, deadline=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     sizes=st.lists(st.integers(min_value=1, max_value=400), min_size=1, max_size=30),
     users=st.sets(st.integers(min_value=0, max_value=29), max_size=5),
@@ -119,8 +158,8 @@ def test_pinned_larger_than_the_window_is_reported(tmp_path: Path) -> None:
     window=st.sampled_from([16_000, 32_000, 64_000]),
 )
 def test_output_fits_whenever_the_pinned_floor_fits(
-        tmp_path: Path, sizes: list[int], users: set[int], protect: set[int], latest: int,
-        window: int) -> None:
+    tmp_path: Path, sizes: list[int], users: set[int], protect: set[int], latest: int, window: int
+) -> None:
     msgs: list[Msg] = [system(), user("the first ask")]
     for n, lines in enumerate(sizes):
         msgs += step(f"c{n}", filler(lines, f"r{n}"))
@@ -130,16 +169,13 @@ def test_output_fits_whenever_the_pinned_floor_fits(
     ctx = emergency_ctx(tmp_path, window, protected=[id(msgs[i]) for i in protect if i < len(msgs)])
     out = Emergency({})(msgs, ctx)
     assert pairing_problems(out.messages) == []
-    pins_unchanged(msgs, out.messages)
+    pins_unchanged(msgs, out.messages, ctx.vault)
     assert expand([m for m in out.messages], ctx.vault) == msgs or any(
-        a.kind == "truncate" for a in out.actions)
-    if ctx.budget.utilization(ctx.count(out.messages)) >= ctx.budget.thresholds["emergency"]:
-        # Only the floor is left: the pins and at most one placeholder per gap between them.
-        pinned = [msgs[i] for i in sorted(pinned_indices(msgs))]
-        assert [m for m in out.messages if not is_injected(m)] == pinned
-        gaps = len(pinned) + 1
-        assert sum(1 for m in out.messages if is_injected(m)) <= gaps
-        assert out.warnings
+        a.kind in ("truncate", "spill_pinned") for a in out.actions
+    )
+    # The pins are spilled until they fit: only a system prompt could keep the output over.
+    assert ctx.budget.utilization(ctx.count(out.messages)) < ctx.budget.thresholds["emergency"]
+    assert out.warnings == []
 
 
 PACK = """\
@@ -165,9 +201,13 @@ def test_end_to_end_with_everything_critical(tmp_path: Path) -> None:
     nothing to do; the emergency pass still brings the output under the threshold."""
     (tmp_path / "all-critical.yaml").write_text(PACK)
     engine = Engine.load(tmp_path / "all-critical.yaml")
-    msgs = [system(), user("start"),
-            *[m for n in range(30) for m in step(f"s{n}", filler(70, f"e{n}"))],
-            user("go on"), *step("last", "ok")]
+    msgs = [
+        system(),
+        user("start"),
+        *[m for n in range(30) for m in step(f"s{n}", filler(70, f"e{n}"))],
+        user("go on"),
+        *step("last", "ok"),
+    ]
     session = engine.session(tmp_path / "s", model="gpt-4o", window=32_000)
     assert session.budget.tier(session.counter.count_messages(msgs)) == "emergency"
     result = session.prepare(msgs)
@@ -189,9 +229,11 @@ def test_option_schema_documents_every_option() -> None:
         jsonschema.validate({"max_tokens": "big"}, schema)
 
 
+@pytest.mark.corpus
 def test_golden_sympy_transcript_whose_newest_result_cannot_fit(tmp_path: Path) -> None:
     """minisweagent-sympy ends with an 85K-character tool result (~56K tokens) in the pinned
-    newest step: at 32K nothing can make it fit, and the report says so."""
+    newest step: at 32K the pins alone cannot fit, so that result is spilled (whole, to the
+    vault) before anything else, and the rest of the session stays."""
     import json
 
     from conftest import TRANSCRIPTS
@@ -199,10 +241,10 @@ def test_golden_sympy_transcript_whose_newest_result_cannot_fit(tmp_path: Path) 
     msgs = json.loads((TRANSCRIPTS / "minisweagent-sympy__sympy-13877.json").read_text())
     ctx = make_ctx(tmp_path, window=32_000)
     out = Emergency({})(msgs, ctx)
-    pins_unchanged(msgs, out.messages)
-    assert [m for m in out.messages if not is_injected(m)] == [
-        msgs[i] for i in sorted(pinned_indices(msgs))]
-    assert len(out.warnings) == 1 and "do not fit the usable window" in out.warnings[0]
+    pins_unchanged(msgs, out.messages, ctx.vault)
+    big = max(range(len(msgs)), key=lambda i: len(text_of(msgs[i])))
+    assert [a.index for a in out.actions if a.kind == "spill_pinned"] == [big]
+    assert out.warnings == [] and ctx.budget.utilization(ctx.count(out.messages)) < ctx.budget.thresholds["emergency"]
     restored = expand(out.messages, ctx.vault)
     assert len(restored) == len(msgs)
     for old, new in zip(msgs, restored, strict=True):

@@ -23,20 +23,21 @@ Msg = dict[str, Any]
 # --- extraction ---------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("text", "files", "modules"), [
-    ("Please fix src/x.py", ["src/x.py"], []),
-    ("see a/b/c.ts and ./run.sh", ["a/b/c.ts", "run.sh"], []),
-    ("/abs/path/Makefile.am, ../up.py and ~/h.toml",
-     ["/abs/path/Makefile.am", "../up.py", "~/h.toml"], []),
-    ("edit setup.cfg then README.md.", ["setup.cfg", "README.md"], []),
-    ("import ctxrules.stages.base and django.db.models", [],
-     ["ctxrules.stages.base", "django.db.models"]),
-    ("e.g. self.value, ds.Rows, np.array(x), github.com, v1.2.3, i.e. done", [], []),
-    ("https://github.com/o/r/blob/main/x.py is a URL", [], []),
-    ("src/x.pyc is not src/x.py", ["src/x.pyc", "src/x.py"], []),
-    ("the notes.txt", ["notes.txt"], []),
-    ("nothing here at all", [], []),
-])
+@pytest.mark.parametrize(
+    ("text", "files", "modules"),
+    [
+        ("Please fix src/x.py", ["src/x.py"], []),
+        ("see a/b/c.ts and ./run.sh", ["a/b/c.ts", "run.sh"], []),
+        ("/abs/path/Makefile.am, ../up.py and ~/h.toml", ["/abs/path/Makefile.am", "../up.py", "~/h.toml"], []),
+        ("edit setup.cfg then README.md.", ["setup.cfg", "README.md"], []),
+        ("import ctxrules.stages.base and django.db.models", [], ["ctxrules.stages.base", "django.db.models"]),
+        ("e.g. self.value, ds.Rows, np.array(x), github.com, v1.2.3, i.e. done", [], []),
+        ("https://github.com/o/r/blob/main/x.py is a URL", [], []),
+        ("src/x.pyc is not src/x.py", ["src/x.pyc", "src/x.py"], []),
+        ("the notes.txt", ["notes.txt"], []),
+        ("nothing here at all", [], []),
+    ],
+)
 def test_extract_terms(text: str, files: list[str], modules: list[str]) -> None:
     assert extract_terms(text) == (files, modules)
 
@@ -47,12 +48,15 @@ def test_extract_terms_caps_the_number_of_terms() -> None:
 
 
 def test_intent_reads_the_latest_real_user_message_recent_steps_and_failures() -> None:
-    msgs = [system(), user("Look at old/first.py"),
-            *step("a", "ok", text="I will check lib/util.py next"),
-            *step("b", "Traceback (most recent call last):\nboom\nExit code 1"),
-            user("Now fix src/x.py in package app.core.parser"),
-            mark_injected(user("<ctxrules:notes> mentions secret/ignored.py"), "notes"),
-            *step("c", "fine", text="Editing src/y.py")]
+    msgs = [
+        system(),
+        user("Look at old/first.py"),
+        *step("a", "ok", text="I will check lib/util.py next"),
+        *step("b", "Traceback (most recent call last):\nboom\nExit code 1"),
+        user("Now fix src/x.py in package app.core.parser"),
+        mark_injected(user("<ctxrules:notes> mentions secret/ignored.py"), "notes"),
+        *step("c", "fine", text="Editing src/y.py"),
+    ]
     pack = make_ctx(Path("/nonexistent")).pack
     intent = build_intent(msgs, pack)
     # The ask first, then the assistant's text in the newest 3 steps, newest first.
@@ -68,14 +72,18 @@ def test_intent_reads_the_latest_real_user_message_recent_steps_and_failures() -
 
 
 def history(old_lines: int = 40) -> list[Msg]:
-    return [system(), user("Get started."),
-            *step("r1", filler(old_lines, "xpy") + "def parse(): pass  # src/x.py\n", name="Read",
-                  file_path="/repo/src/x.py"),
-            *step("r2", filler(old_lines, "other"), name="Read", file_path="/repo/src/other.py"),
-            *step("g1", "src/x.py:10: match\nsrc/z.py:3: match", name="Grep", pattern="parse"),
-            *step("b1", filler(old_lines, "bash")),
-            user("Now change src/x.py and app.mod"),
-            *step("n1", "app/mod.py imported fine")]
+    return [
+        system(),
+        user("Get started."),
+        *step(
+            "r1", filler(old_lines, "xpy") + "def parse(): pass  # src/x.py\n", name="Read", file_path="/repo/src/x.py"
+        ),
+        *step("r2", filler(old_lines, "other"), name="Read", file_path="/repo/src/other.py"),
+        *step("g1", "src/x.py:10: match\nsrc/z.py:3: match", name="Grep", pattern="parse"),
+        *step("b1", filler(old_lines, "bash")),
+        user("Now change src/x.py and app.mod"),
+        *step("n1", "app/mod.py imported fine"),
+    ]
 
 
 def test_matching_messages_and_their_call_halves_are_protected(tmp_path: Path) -> None:
@@ -92,28 +100,45 @@ def test_matching_messages_and_their_call_halves_are_protected(tmp_path: Path) -
 
 
 def test_module_matches_its_path_form(tmp_path: Path) -> None:
-    msgs = [system(), user("hi"), *step("a", "loaded app/mod.py ok"), *step("b", "other"),
-            user("what does app.mod do?")]
+    msgs = [
+        system(),
+        user("hi"),
+        *step("a", "loaded app/mod.py ok"),
+        *step("b", "other"),
+        user("what does app.mod do?"),
+    ]
     ctx = make_ctx(tmp_path)
     IntentStage({})(msgs, ctx)
     assert {i for i, m in enumerate(msgs) if id(m) in ctx.protected} == {2, 3}
 
 
 def test_failed_calls_are_protected_within_the_window(tmp_path: Path) -> None:
-    msgs = [system(), user("go"), *step("old", "Error: bad\nExit code 1"),
-            *[m for n in range(6) for m in step(f"s{n}", "ok")],
-            *step("new", "fatal: not a repo\nExit code 128"), *step("last", "ok")]
+    msgs = [
+        system(),
+        user("go"),
+        *step("old", "Error: bad\nExit code 1"),
+        *[m for n in range(6) for m in step(f"s{n}", "ok")],
+        *step("new", "fatal: not a repo\nExit code 128"),
+        *step("last", "ok"),
+    ]
     ctx = make_ctx(tmp_path)
     IntentStage({"failed_steps": 3})(msgs, ctx)
-    protected = {msgs[i].get("tool_call_id") or msgs[i]["tool_calls"][0]["id"]
-                 for i, m in enumerate(msgs) if id(m) in ctx.protected}
+    protected = {
+        msgs[i].get("tool_call_id") or msgs[i]["tool_calls"][0]["id"]
+        for i, m in enumerate(msgs)
+        if id(m) in ctx.protected
+    }
     assert protected == {"new"}
 
 
 def test_protection_is_capped_newest_first(tmp_path: Path) -> None:
-    msgs = [system(), user("start"),
-            *[m for n in range(12) for m in step(f"s{n}", filler(60, f"n{n}") + "see src/x.py\n")],
-            *step("z", "ok"), user("fix src/x.py")]
+    msgs = [
+        system(),
+        user("start"),
+        *[m for n in range(12) for m in step(f"s{n}", filler(60, f"n{n}") + "see src/x.py\n")],
+        *step("z", "ok"),
+        user("fix src/x.py"),
+    ]
     ctx = make_ctx(tmp_path, window=32_000)
     out = IntentStage({"max_share": 0.1})(msgs, ctx)
     counts = ctx.counter.count_each(msgs)
@@ -141,6 +166,7 @@ def test_option_schema_documents_every_option() -> None:
         jsonschema.validate({"max_share": 2}, schema)
 
 
+@pytest.mark.corpus
 def test_golden_openhands_transcript(tmp_path: Path) -> None:
     """The SDK transcript works on telemetry/hello.py: its ask and the steps that touch the
     file are the intent."""
@@ -169,8 +195,11 @@ def proof_history() -> list[Msg]:
     """An old assistant message that names src/x.py, then enough steps to reach the full tier
     of a 32K window, then a latest ask that names src/x.py again."""
     old_text = "Notes on src/x.py: the tokenizer splits on spaces only.\n" + filler(90, "analysis")
-    msgs: list[Msg] = [system(), user("Get familiar with the parser package."),
-                       *step("old", "listing done", text=old_text, command="ls src")]
+    msgs: list[Msg] = [
+        system(),
+        user("Get familiar with the parser package."),
+        *step("old", "listing done", text=old_text, command="ls src"),
+    ]
     for n in range(26):
         msgs += step(f"s{n}", filler(36, f"step{n}"), command=f"make check-{n}")
     msgs.append(user("Now change src/x.py so that the tokenizer handles tabs."))
@@ -191,7 +220,8 @@ def test_an_old_message_naming_the_focus_file_survives_the_full_tier(tmp_path: P
         "apiVersion: ctxrules/v1\nkind: RulePack\n"
         "metadata: {name: no-intent, version: 1.0.0}\n"
         "extends: [builtin:default]\n"
-        "pipeline:\n  - {id: intent, enabled: false}\n")
+        "pipeline:\n  - {id: intent, enabled: false}\n"
+    )
     off = Engine.load(tmp_path / "no-intent.yaml")
     assert "intent" not in [p.id for p in off.plan]
     result = off.session(tmp_path / "off", model="gpt-4o", window=32_000).prepare(msgs)
@@ -205,18 +235,20 @@ def _ask_history(incidental_steps: int = 32) -> list[Msg]:
     """An early read of the file the latest ask names, then many newer steps whose outputs
     mention another file the assistant keeps talking about (incidental mentions)."""
     target = filler(200, "target-src")  # ~2,400 tokens: the file's content
-    msgs: list[Msg] = [system(), user("Get the project building."),
-                       *step("read-target", target, name="Read", file_path="/repo/src/target.py")]
+    msgs: list[Msg] = [
+        system(),
+        user("Get the project building."),
+        *step("read-target", target, name="Read", file_path="/repo/src/target.py"),
+    ]
     for i in range(incidental_steps):
-        msgs += step(f"b{i}", filler(45, f"util{i}") + "see lib/util.py for details\n",
-                     text="Checking lib/util.py again")
-    msgs += [user("Please fix the bug in src/target.py"),
-             *step("last", "ok", text="Looking at lib/util.py first")]
+        msgs += step(
+            f"b{i}", filler(45, f"util{i}") + "see lib/util.py for details\n", text="Checking lib/util.py again"
+        )
+    msgs += [user("Please fix the bug in src/target.py"), *step("last", "ok", text="Looking at lib/util.py first")]
     return msgs
 
 
-def test_the_file_the_latest_ask_names_survives_when_incidental_mentions_use_up_the_cap(
-        tmp_path: Path) -> None:
+def test_the_file_the_latest_ask_names_survives_when_incidental_mentions_use_up_the_cap(tmp_path: Path) -> None:
     msgs = _ask_history()
     target = msgs[3]["content"]
     engine = Engine.load("builtin:default")
@@ -231,22 +263,22 @@ def test_the_file_the_latest_ask_names_survives_when_incidental_mentions_use_up_
     # The read of the asked-about file is in the output verbatim (not reduced, archived or
     # removed), and so is the call that produced it.
     assert any(m.get("content") == target for m in result.messages)
-    assert any(m.get("role") == "assistant" and any(
-        c["id"] == "read-target" for c in m.get("tool_calls") or []) for m in result.messages)
+    assert any(
+        m.get("role") == "assistant" and any(c["id"] == "read-target" for c in m.get("tool_calls") or [])
+        for m in result.messages
+    )
     # Warm turns keep it while that ask is the latest.
     more = [*msgs, *step("later", "still fine", text="Now lib/util.py")]
     assert any(m.get("content") == target for m in session.prepare(more).messages)
 
 
-def test_incidental_mentions_still_lose_the_read_without_the_ask_naming_it(
-        tmp_path: Path) -> None:
+def test_incidental_mentions_still_lose_the_read_without_the_ask_naming_it(tmp_path: Path) -> None:
     # The same history, but the latest ask names no file: the old read is fair game, which
     # shows the test above depends on the ask's ranking, not on the read being small.
     msgs = _ask_history()
     msgs[-3] = user("Please fix the bug.")
     target = msgs[3]["content"]
-    session = Engine.load("builtin:default").session(tmp_path / "s", model="gpt-4o",
-                                                      window=32_000)
+    session = Engine.load("builtin:default").session(tmp_path / "s", model="gpt-4o", window=32_000)
     assert not any(m.get("content") == target for m in session.prepare(msgs).messages)
 
 
@@ -254,8 +286,9 @@ def test_ask_matches_rank_before_incidental_ones_under_the_cap(tmp_path: Path) -
     msgs = _ask_history(incidental_steps=6)
     # A second, older read of the asked-about file: under the cap, it comes before the newer
     # incidental matches.
-    msgs[2:2] = step("read-old", filler(30, "target-old") + "src/target.py\n", name="Read",
-                     file_path="/repo/src/target.py")
+    msgs[2:2] = step(
+        "read-old", filler(30, "target-old") + "src/target.py\n", name="Read", file_path="/repo/src/target.py"
+    )
     # A cap that holds both reads and one incidental step, not all six of them.
     ctx = make_ctx(tmp_path, window=8192 + 10_000)
     IntentStage({"max_share": 0.5})(msgs, ctx)

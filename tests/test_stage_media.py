@@ -24,13 +24,17 @@ def shot(i: int, text: str = "screenshot", detail: str | None = None) -> Msg:
     image: dict[str, Any] = {"url": data_url(PNGS[i])}
     if detail:
         image["detail"] = detail
-    return {"role": "user", "content": [{"type": "text", "text": f"{text} {i}"},
-                                        {"type": "image_url", "image_url": image}]}
+    return {
+        "role": "user",
+        "content": [{"type": "text", "text": f"{text} {i}"}, {"type": "image_url", "image_url": image}],
+    }
 
 
 def screenshots(n: int = 4) -> list[Msg]:
-    msgs: list[Msg] = [{"role": "system", "content": "You operate a browser."},
-                       {"role": "user", "content": "Log in to the dashboard."}]
+    msgs: list[Msg] = [
+        {"role": "system", "content": "You operate a browser."},
+        {"role": "user", "content": "Log in to the dashboard."},
+    ]
     for i in range(n):
         msgs.extend(step(f"c{i}", f"clicked {i}", "browser", action="click"))
         msgs.append(shot(i))
@@ -38,8 +42,9 @@ def screenshots(n: int = 4) -> list[Msg]:
     return msgs
 
 
-def run(messages: list[Msg], tmp_path: Path, options: dict[str, Any] | None = None,
-        **ctx_args: Any) -> tuple[list[Msg], Any, Any]:
+def run(
+    messages: list[Msg], tmp_path: Path, options: dict[str, Any] | None = None, **ctx_args: Any
+) -> tuple[list[Msg], Any, Any]:
     ctx = make_ctx(tmp_path, **ctx_args)
     outcome = MediaWindow(options)(messages, ctx)
     return outcome.messages, outcome, ctx
@@ -47,8 +52,7 @@ def run(messages: list[Msg], tmp_path: Path, options: dict[str, Any] | None = No
 
 def images(msg: Msg) -> int:
     content = msg.get("content")
-    return sum(1 for p in content if p.get("type") in ("image_url", "image")) \
-        if isinstance(content, list) else 0
+    return sum(1 for p in content if p.get("type") in ("image_url", "image")) if isinstance(content, list) else 0
 
 
 def test_only_the_newest_two_media_messages_keep_their_images(tmp_path: Path) -> None:
@@ -120,10 +124,15 @@ def test_anthropic_style_image_parts_and_tool_results_with_images(tmp_path: Path
     import base64
 
     messages = screenshots(2)
-    anthropic_part = {"type": "image", "source": {"type": "base64", "media_type": "image/png",
-                                                  "data": base64.b64encode(PNGS[3]).decode()}}
-    messages[6] = {"role": "tool", "tool_call_id": "c1",
-                   "content": [{"type": "text", "text": "clicked 1"}, anthropic_part]}
+    anthropic_part = {
+        "type": "image",
+        "source": {"type": "base64", "media_type": "image/png", "data": base64.b64encode(PNGS[3]).decode()},
+    }
+    messages[6] = {
+        "role": "tool",
+        "tool_call_id": "c1",
+        "content": [{"type": "text", "text": "clicked 1"}, anthropic_part],
+    }
     messages.insert(4, {"role": "user", "content": [anthropic_part]})  # another media message
     assert pairing_problems(messages) == []
     out, outcome, ctx = run(messages, tmp_path)
@@ -140,8 +149,7 @@ def test_detail_is_recorded_in_the_marker(tmp_path: Path) -> None:
     assert parse_markers(text_of(out[4]))[0].extra["detail"] == "low"
 
 
-def test_input_not_mutated_unchanged_messages_are_the_same_objects_and_rerun_is_a_no_op(
-        tmp_path: Path) -> None:
+def test_input_not_mutated_unchanged_messages_are_the_same_objects_and_rerun_is_a_no_op(tmp_path: Path) -> None:
     messages = screenshots(5)
     frozen = copy.deepcopy(messages)
     ctx = make_ctx(tmp_path)
@@ -156,9 +164,11 @@ def test_input_not_mutated_unchanged_messages_are_the_same_objects_and_rerun_is_
 
 def test_through_the_engine_with_a_pack(tmp_path: Path) -> None:
     pack = tmp_path / "pack.yaml"
-    pack.write_text("apiVersion: ctxrules/v1\nkind: RulePack\nmetadata: {name: t, version: 1.0.0}\n"
-                    "extends: [builtin:default]\n"
-                    "pipeline:\n  - {id: media, with: {keep_last: 1}}\n")
+    pack.write_text(
+        "apiVersion: ctxrules/v1\nkind: RulePack\nmetadata: {name: t, version: 1.0.0}\n"
+        "extends: [builtin:default]\n"
+        "pipeline:\n  - {id: media, with: {keep_last: 1}}\n"
+    )
     session = Engine.load(pack).session(tmp_path / "s", model="gpt-4o")
     history = screenshots(3)
     result = session.prepare(history)
@@ -182,7 +192,9 @@ def test_options_are_checked(tmp_path: Path, cli: Any) -> None:
     for name, prop in STAGE_TYPE.options_schema["properties"].items():
         assert prop.get("title") and prop.get("description"), name
     pack = tmp_path / "pack.yaml"
-    pack.write_text("apiVersion: ctxrules/v1\nkind: RulePack\nmetadata: {name: t, version: 1.0.0}\n"
-                    "pipeline:\n  - {id: media, use: media.window, with: {keep: 2}}\n")
+    pack.write_text(
+        "apiVersion: ctxrules/v1\nkind: RulePack\nmetadata: {name: t, version: 1.0.0}\n"
+        "pipeline:\n  - {id: media, use: media.window, with: {keep: 2}}\n"
+    )
     code, out, err = cli("validate", str(pack))
     assert code == 1 and "CR061" in out + err and "keep_last" in out + err

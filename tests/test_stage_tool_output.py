@@ -34,8 +34,9 @@ from ctxrules.structure import pinned_indices
 from ctxrules.vault import parse_markers
 
 BIG_TEXT = "".join(f"collecting item {i} ... ok\n" for i in range(3000))  # 85K chars, ~24K tokens
-BIG_JSON = json.dumps({"results": [{"id": i, "path": f"src/m{i}.py", "score": i / 3,
-                                    "tags": ["x", "y"]} for i in range(1000)]})
+BIG_JSON = json.dumps(
+    {"results": [{"id": i, "path": f"src/m{i}.py", "score": i / 3, "tags": ["x", "y"]} for i in range(1000)]}
+)
 
 
 def convo(*steps_: list[Msg], tail: bool = True) -> list[Msg]:
@@ -47,8 +48,9 @@ def convo(*steps_: list[Msg], tail: bool = True) -> list[Msg]:
     return msgs
 
 
-def run(messages: list[Msg], tmp_path: Path, options: dict[str, Any] | None = None,
-        **ctx_args: Any) -> tuple[list[Msg], Any, Any]:
+def run(
+    messages: list[Msg], tmp_path: Path, options: dict[str, Any] | None = None, **ctx_args: Any
+) -> tuple[list[Msg], Any, Any]:
     ctx = make_ctx(tmp_path, **ctx_args)
     outcome = ToolOutputFilter(options)(messages, ctx)
     return outcome.messages, outcome, ctx
@@ -61,8 +63,7 @@ def kinds(outcome: Any) -> list[str]:
 # --- level (b): single outputs ---------------------------------------------------------------
 
 
-def test_a_big_text_output_is_reduced_to_head_and_tail_with_the_original_in_the_vault(
-        tmp_path: Path) -> None:
+def test_a_big_text_output_is_reduced_to_head_and_tail_with_the_original_in_the_vault(tmp_path: Path) -> None:
     messages = convo(step("a", BIG_TEXT, command="pytest -q"))
     out, outcome, ctx = run(messages, tmp_path, {"compressors": False})
     assert kinds(outcome) == ["reduce"]
@@ -77,7 +78,7 @@ def test_a_big_text_output_is_reduced_to_head_and_tail_with_the_original_in_the_
     cut = ctx.vault.get_lines(marker.vault_id, *marker.lines).decode()
     head, _, tail = reduced.partition(marker.ref)
     head = head[: head.rindex("\n") + 1]
-    tail = tail[tail.index("\n") + 1:]
+    tail = tail[tail.index("\n") + 1 :]
     assert head + cut + tail == BIG_TEXT
 
 
@@ -102,9 +103,14 @@ def test_outputs_under_the_item_threshold_are_left_alone(tmp_path: Path) -> None
 
 def test_a_step_whose_outputs_together_exceed_turn_tokens_is_capped(tmp_path: Path) -> None:
     part = "".join(f"entry {i} of a moderately long listing\n" for i in range(450))  # ~4.5K tokens
-    calls = [{"id": f"p{i}", "type": "function",
-              "function": {"name": "Bash", "arguments": json.dumps({"command": f"ls {i}"})}}
-             for i in range(5)]
+    calls = [
+        {
+            "id": f"p{i}",
+            "type": "function",
+            "function": {"name": "Bash", "arguments": json.dumps({"command": f"ls {i}"})},
+        }
+        for i in range(5)
+    ]
     parallel: list[Msg] = [{"role": "assistant", "content": None, "tool_calls": calls}]
     parallel += [{"role": "tool", "tool_call_id": f"p{i}", "content": part} for i in range(5)]
     messages = convo(parallel)
@@ -120,12 +126,13 @@ def test_a_step_whose_outputs_together_exceed_turn_tokens_is_capped(tmp_path: Pa
 def test_exempt_outputs_count_toward_the_turn_but_are_not_reduced(tmp_path: Path) -> None:
     file_text = "".join(f"    code line {i}\n" for i in range(1600))  # ~8K tokens, a file read
     log = "".join(f"log entry {i}: something happened\n" for i in range(700))  # ~4.9K tokens
-    calls = [call("r", "Read", file_path="a.py"), call("b", command="make"),
-             call("c", command="make")]
-    block: list[Msg] = [{"role": "assistant", "content": None, "tool_calls": calls},
-                        {"role": "tool", "tool_call_id": "r", "content": file_text},
-                        {"role": "tool", "tool_call_id": "b", "content": log},
-                        {"role": "tool", "tool_call_id": "c", "content": log + "more\n"}]
+    calls = [call("r", "Read", file_path="a.py"), call("b", command="make"), call("c", command="make")]
+    block: list[Msg] = [
+        {"role": "assistant", "content": None, "tool_calls": calls},
+        {"role": "tool", "tool_call_id": "r", "content": file_text},
+        {"role": "tool", "tool_call_id": "b", "content": log},
+        {"role": "tool", "tool_call_id": "c", "content": log + "more\n"},
+    ]
     messages = convo(block)
     out, outcome, _ = run(messages, tmp_path, {"compressors": False})
     assert out[3] is messages[3]  # the Read result is exempt
@@ -134,8 +141,10 @@ def test_exempt_outputs_count_toward_the_turn_but_are_not_reduced(tmp_path: Path
 
 
 def test_file_read_and_edit_outputs_are_exempt_even_when_huge(tmp_path: Path) -> None:
-    messages = convo(step("r", BIG_TEXT, "Read", file_path="x.py"),
-                     step("e", BIG_TEXT + "!", "str_replace_editor", command="view", path="/x"))
+    messages = convo(
+        step("r", BIG_TEXT, "Read", file_path="x.py"),
+        step("e", BIG_TEXT + "!", "str_replace_editor", command="view", path="/x"),
+    )
     out, outcome, _ = run(messages, tmp_path)
     assert outcome.actions == [] and out[3] is messages[3] and out[5] is messages[5]
 
@@ -151,8 +160,7 @@ def test_exempt_roles_can_be_changed(tmp_path: Path) -> None:
 
 def test_pinned_outputs_are_not_reduced_but_are_spilled_over_spill_chars(tmp_path: Path) -> None:
     huge = "".join(f"{i:08d} " + "data " * 20 + "\n" for i in range(1200))  # ~130K chars
-    messages = [{"role": "system", "content": "sys"}, user("go"), *step("a", BIG_TEXT),
-                *step("n", huge)]
+    messages = [{"role": "system", "content": "sys"}, user("go"), *step("a", BIG_TEXT), *step("n", huge)]
     pins = pinned_indices(messages)
     assert {4, 5} <= pins and 3 not in pins
     out, outcome, ctx = run(messages, tmp_path, {"compressors": False})
@@ -168,8 +176,7 @@ def test_pinned_outputs_are_not_reduced_but_are_spilled_over_spill_chars(tmp_pat
 def test_the_hard_spill_applies_to_every_message_role_and_to_protected_ones(tmp_path: Path) -> None:
     huge = "x" * 120_000
     system = {"role": "system", "content": huge}
-    anchor = {"role": "user", "content": [{"type": "text", "text": "short"},
-                                          {"type": "text", "text": huge}]}
+    anchor = {"role": "user", "content": [{"type": "text", "text": "short"}, {"type": "text", "text": huge}]}
     reply = {"role": "assistant", "content": huge}
     messages = [system, anchor, reply, user("latest")]
     out, outcome, _ctx = run(messages, tmp_path, protected=[id(reply)])
@@ -187,10 +194,11 @@ def test_protected_outputs_are_not_reduced(tmp_path: Path) -> None:
 
 # --- sub-agent handover ----------------------------------------------------------------------
 
-REPORT = ("Done with the investigation.\n\n## Changes made\n- Fixed `src/app/db.py` pooling\n"
-          "- Added tests/test_db.py\n\n## Next steps\n- Roll out to staging\n\n"
-          "## Risks\n- Migration 0042 is irreversible\n\n"
-          + "".join(f"trace {i}: detail detail detail\n" for i in range(400)))
+REPORT = (
+    "Done with the investigation.\n\n## Changes made\n- Fixed `src/app/db.py` pooling\n"
+    "- Added tests/test_db.py\n\n## Next steps\n- Roll out to staging\n\n"
+    "## Risks\n- Migration 0042 is irreversible\n\n" + "".join(f"trace {i}: detail detail detail\n" for i in range(400))
+)
 
 
 def test_a_long_subagent_result_becomes_head_tail_pointer_and_handover(tmp_path: Path) -> None:
@@ -230,10 +238,12 @@ def test_a_short_subagent_result_is_kept(tmp_path: Path) -> None:
 # --- level (a): compressors -------------------------------------------------------------------
 
 
-def _fake_compressors(monkeypatch: pytest.MonkeyPatch, seen: list[tuple[Any, ...]],
-                      with_marker: bool = False, raise_: bool = False) -> None:
-    def fake(pack: dict[str, Any], command: str, output: str, exit_code: int | None,
-             vault: Any, *, registry: Any) -> CompressResult | None:
+def _fake_compressors(
+    monkeypatch: pytest.MonkeyPatch, seen: list[tuple[Any, ...]], with_marker: bool = False, raise_: bool = False
+) -> None:
+    def fake(
+        pack: dict[str, Any], command: str, output: str, exit_code: int | None, vault: Any, *, registry: Any
+    ) -> CompressResult | None:
         assert registry is default_registry()  # the context's registry reaches the compressors
         seen.append((command, exit_code))
         if raise_:
@@ -244,21 +254,26 @@ def _fake_compressors(monkeypatch: pytest.MonkeyPatch, seen: list[tuple[Any, ...
         text = "M src/a.py (3 files changed)"
         if with_marker:
             text += f"\n[ctxrules:elided kind=lines count=40 ref=vault://{vid}]"
-        return CompressResult(text=text, rule_id="git-status", vault_id=vid,
-                              lines_before=len(output.splitlines()), lines_after=1)
+        return CompressResult(
+            text=text, rule_id="git-status", vault_id=vid, lines_before=len(output.splitlines()), lines_after=1
+        )
 
     monkeypatch.setattr("ctxrules.stages.tool_output_filter.compress_tool_output", fake)
 
 
 def test_shell_outputs_go_through_the_compressors_with_command_and_exit_code(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     seen: list[tuple[Any, ...]] = []
     _fake_compressors(monkeypatch, seen)
     status = "".join(f"\tmodified:   src/f{i}.py\n" for i in range(40)) + "Exit code 0"
     loud = "".join(f"hello {i}\n" for i in range(150)) + "Exit code 3"
-    messages = convo(step("g", status, command="git status"), step("h", loud, command="echo hello"),
-                     step("t", "hi\nExit code 0", command="echo hi"),
-                     step("m", status, "mcp__git__status", command="git status"))
+    messages = convo(
+        step("g", status, command="git status"),
+        step("h", loud, command="echo hello"),
+        step("t", "hi\nExit code 0", command="echo hi"),
+        step("m", status, "mcp__git__status", command="git status"),
+    )
     out, outcome, ctx = run(messages, tmp_path)
     # Shell role only, and not outputs within min_saving_tokens (they cannot save that much).
     assert seen == [("git status", 0), ("echo hello", 3)]
@@ -270,16 +285,14 @@ def test_shell_outputs_go_through_the_compressors_with_command_and_exit_code(
     assert ctx.vault.get_text(marker.vault_id) == status
 
 
-def test_a_compressor_marker_is_not_doubled(tmp_path: Path,
-                                            monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_compressor_marker_is_not_doubled(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     _fake_compressors(monkeypatch, [], with_marker=True)
     messages = convo(step("g", "modified: some/file.py\n" * 40, command="git status"))
     out, _, _ = run(messages, tmp_path)
     assert len(parse_markers(out[3]["content"])) == 1
 
 
-def test_a_failing_compressor_is_a_warning_not_a_lost_run(tmp_path: Path,
-                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_failing_compressor_is_a_warning_not_a_lost_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     _fake_compressors(monkeypatch, [], raise_=True)
     messages = convo(step("g", BIG_TEXT, command="git status"))
     _out, outcome, _ = run(messages, tmp_path)
@@ -310,18 +323,20 @@ def test_already_sent_outputs_are_left_alone_while_the_cache_is_hot(tmp_path: Pa
     assert out[3] is messages[3] and kinds(outcome) == ["hot_cache_bypass"]
     # Cold cache, or the bypass off, or utilization at bypass_below: reduced.
     cases: list[tuple[dict[str, Any], dict[str, Any]]] = [
-        ({}, {"cache_hot": False}), ({"hot_cache_bypass": False}, {"cache_hot": True}),
-        ({}, {"cache_hot": True, "tier": "full"})]
+        ({}, {"cache_hot": False}),
+        ({"hot_cache_bypass": False}, {"cache_hot": True}),
+        ({}, {"cache_hot": True, "tier": "full"}),
+    ]
     for extra, ctx_args in cases:
-        out, outcome, _ = run(messages, tmp_path, {"compressors": False, **extra},
-                              state=copy.deepcopy(state), **ctx_args)
+        out, outcome, _ = run(
+            messages, tmp_path, {"compressors": False, **extra}, state=copy.deepcopy(state), **ctx_args
+        )
         assert kinds(outcome) == ["reduce"], (extra, ctx_args)
 
 
 def test_a_new_output_is_reduced_even_when_the_cache_is_hot(tmp_path: Path) -> None:
     messages = convo(step("a", BIG_TEXT))
-    _out, outcome, _ = run(messages, tmp_path, {"compressors": False}, state={"sent": []},
-                          cache_hot=True)
+    _out, outcome, _ = run(messages, tmp_path, {"compressors": False}, state={"sent": []}, cache_hot=True)
     assert kinds(outcome) == ["reduce"]
 
 
@@ -340,8 +355,7 @@ def test_outputs_no_keep_ratio_can_touch_stay_settled_when_trimming_gets_harder(
     assert later.messages == first.messages and kinds(later) == []
     # A fresh instance examines the marked output once (it is not "hot"), then settles it.
     fresh = ToolOutputFilter({"compressors": False})
-    again = fresh(first.messages, make_ctx(tmp_path, state=copy.deepcopy(state), utilization=0.85,
-                                           cache_hot=True))
+    again = fresh(first.messages, make_ctx(tmp_path, state=copy.deepcopy(state), utilization=0.85, cache_hot=True))
     assert kinds(again) == ["hot_cache_bypass"] and "2 output(s)" in again.actions[0].detail
 
 
@@ -355,8 +369,7 @@ def test_the_less_budget_remains_the_harder_it_trims(tmp_path: Path) -> None:
     messages = convo(step("a", BIG_TEXT))
     sizes = []
     for utilization in (0.1, 0.5, 0.85):
-        out, _, ctx = run(messages, tmp_path / str(utilization), {"compressors": False},
-                          utilization=utilization)
+        out, _, ctx = run(messages, tmp_path / str(utilization), {"compressors": False}, utilization=utilization)
         sizes.append(ctx.counter.count_text(out[3]["content"]))
     assert sizes[0] > sizes[1] > sizes[2]
     assert sizes[0] <= 5000 * keep_ratio(0.1, 0.9, 0.15, 0.6)
@@ -385,18 +398,19 @@ def _hooks(plugin: Any) -> Any:
     return pm.hook
 
 
-@pytest.mark.parametrize(("answer", "used"), [
-    ("SUMMARY: 4000 items collected, all ok", True),
-    (None, False),
-    (RuntimeError("llm down"), False),
-    ("x" * 200_000, False),  # over its budget
-])
-def test_the_semantic_filter_plugin_is_used_only_when_enabled_and_sane(
-        tmp_path: Path, answer: Any, used: bool) -> None:
+@pytest.mark.parametrize(
+    ("answer", "used"),
+    [
+        ("SUMMARY: 4000 items collected, all ok", True),
+        (None, False),
+        (RuntimeError("llm down"), False),
+        ("x" * 200_000, False),  # over its budget
+    ],
+)
+def test_the_semantic_filter_plugin_is_used_only_when_enabled_and_sane(tmp_path: Path, answer: Any, used: bool) -> None:
     plugin = _Semantic(answer)
     messages = convo(step("a", BIG_TEXT))
-    out, outcome, ctx = run(messages, tmp_path, {"compressors": False, "semantic_filter": True},
-                            hooks=_hooks(plugin))
+    out, outcome, ctx = run(messages, tmp_path, {"compressors": False, "semantic_filter": True}, hooks=_hooks(plugin))
     assert plugin.calls and plugin.calls[0] <= 3000
     text = out[3]["content"]
     if used:
@@ -409,8 +423,7 @@ def test_the_semantic_filter_plugin_is_used_only_when_enabled_and_sane(
         assert outcome.warnings
 
 
-def test_the_semantic_filter_is_not_called_when_off_or_for_structured_output(
-        tmp_path: Path) -> None:
+def test_the_semantic_filter_is_not_called_when_off_or_for_structured_output(tmp_path: Path) -> None:
     plugin = _Semantic()
     run(convo(step("a", BIG_TEXT)), tmp_path, {"compressors": False}, hooks=_hooks(plugin))
     run(convo(step("a", BIG_JSON)), tmp_path, {"semantic_filter": True}, hooks=_hooks(plugin))
@@ -420,9 +433,11 @@ def test_the_semantic_filter_is_not_called_when_off_or_for_structured_output(
 def test_the_semantic_filter_hook_works_through_engine_plugins(tmp_path: Path) -> None:
     plugin = _Semantic()
     pack = tmp_path / "pack.yaml"
-    pack.write_text("apiVersion: ctxrules/v1\nkind: RulePack\nmetadata: {name: t, version: 1.0.0}\n"
-                    "pipeline:\n  - {id: outputs, use: tool_output.filter, "
-                    "with: {semantic_filter: true, compressors: false}}\n")
+    pack.write_text(
+        "apiVersion: ctxrules/v1\nkind: RulePack\nmetadata: {name: t, version: 1.0.0}\n"
+        "pipeline:\n  - {id: outputs, use: tool_output.filter, "
+        "with: {semantic_filter: true, compressors: false}}\n"
+    )
     engine = Engine.load(pack, plugins=[("semantic", plugin)])
     result = engine.session(tmp_path / "s", model="gpt-4o").prepare(convo(step("a", BIG_TEXT)))
     assert result.messages[3]["content"].endswith("SUMMARY: 4000 items collected, all ok")
@@ -431,10 +446,14 @@ def test_the_semantic_filter_hook_works_through_engine_plugins(tmp_path: Path) -
 # --- invariants -------------------------------------------------------------------------------
 
 
-def test_input_is_not_mutated_unchanged_messages_are_the_same_objects_and_rerun_is_a_no_op(
-        tmp_path: Path) -> None:
-    messages = convo(step("a", BIG_TEXT), step("j", BIG_JSON, "mcp__x"), step("t", REPORT, "Task"),
-                     step("s", "small"), step("h", "y" * 150_000))
+def test_input_is_not_mutated_unchanged_messages_are_the_same_objects_and_rerun_is_a_no_op(tmp_path: Path) -> None:
+    messages = convo(
+        step("a", BIG_TEXT),
+        step("j", BIG_JSON, "mcp__x"),
+        step("t", REPORT, "Task"),
+        step("s", "small"),
+        step("h", "y" * 150_000),
+    )
     frozen = copy.deepcopy(messages)
     ctx = make_ctx(tmp_path)
     stage = ToolOutputFilter({"compressors": False})
@@ -447,14 +466,26 @@ def test_input_is_not_mutated_unchanged_messages_are_the_same_objects_and_rerun_
     assert assert_markers_resolve(out, ctx.vault) >= 5
 
 
-_OUTPUTS = st.sampled_from(["ok", "".join(f"row {i}: value\n" for i in range(1500)), BIG_JSON,
-                             "".join(f"collecting item {i} ... ok\n" for i in range(600))])
+_OUTPUTS = st.sampled_from(
+    [
+        "ok",
+        "".join(f"row {i}: value\n" for i in range(1500)),
+        BIG_JSON,
+        "".join(f"collecting item {i} ... ok\n" for i in range(600)),
+    ]
+)
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(turns=st.lists(st.tuples(st.lists(_OUTPUTS, min_size=1, max_size=3),
-                                st.sampled_from([0.0, 0.3, 0.85]), st.booleans(), st.booleans()),
-                      min_size=2, max_size=6))
+@given(
+    turns=st.lists(
+        st.tuples(
+            st.lists(_OUTPUTS, min_size=1, max_size=3), st.sampled_from([0.0, 0.3, 0.85]), st.booleans(), st.booleans()
+        ),
+        min_size=2,
+        max_size=6,
+    )
+)
 def test_a_warm_stage_decides_like_a_fresh_one(tmp_path: Path, turns: list[Any]) -> None:
     """The stage carries what it examined from call to call; a new instance on the same input
     (and the same state) must decide exactly the same on every turn."""
@@ -465,20 +496,23 @@ def test_a_warm_stage_decides_like_a_fresh_one(tmp_path: Path, turns: list[Any])
         history = list(history)
         calls = [call(f"t{n}_{k}") for k in range(len(outputs))]
         history.append({"role": "assistant", "content": None, "tool_calls": calls})
-        history.extend({"role": "tool", "tool_call_id": c["id"], "content": o}
-                       for c, o in zip(calls, outputs, strict=True))
+        history.extend(
+            {"role": "tool", "tool_call_id": c["id"], "content": o} for c, o in zip(calls, outputs, strict=True)
+        )
         protected = [id(history[-1])] if protect and len(history) > 6 else []
         fresh_state = copy.deepcopy(state)
-        got = warm(history, make_ctx(tmp_path, utilization=utilization, cache_hot=hot, state=state,
-                                     protected=protected))
+        got = warm(
+            history, make_ctx(tmp_path, utilization=utilization, cache_hot=hot, state=state, protected=protected)
+        )
         want = ToolOutputFilter({"compressors": False})(
-            history, make_ctx(tmp_path, utilization=utilization, cache_hot=hot, state=fresh_state,
-                              protected=protected))
+            history, make_ctx(tmp_path, utilization=utilization, cache_hot=hot, state=fresh_state, protected=protected)
+        )
         assert got.messages == want.messages
         # The hot-cache count differs on purpose: the warm stage knows which outputs it left
         # alone before and counts only the ones a cold cache would have let it examine.
-        assert [(a.kind, a.detail) for a in got.actions if a.kind != "hot_cache_bypass"] == \
-            [(a.kind, a.detail) for a in want.actions if a.kind != "hot_cache_bypass"]
+        assert [(a.kind, a.detail) for a in got.actions if a.kind != "hot_cache_bypass"] == [
+            (a.kind, a.detail) for a in want.actions if a.kind != "hot_cache_bypass"
+        ]
         assert state == fresh_state
         history = got.messages
 
@@ -493,12 +527,22 @@ def test_options_are_checked(tmp_path: Path) -> None:
         assert prop.get("title") and prop.get("description"), name
 
 
-@pytest.mark.parametrize("options", ["{item_tokens: -5}", "{spill_char: 10}", "{json: {depth: 0}}",
-                                     "{exempt_roles: [reader]}", "{bypass_below: never}"])
+@pytest.mark.parametrize(
+    "options",
+    [
+        "{item_tokens: -5}",
+        "{spill_char: 10}",
+        "{json: {depth: 0}}",
+        "{exempt_roles: [reader]}",
+        "{bypass_below: never}",
+    ],
+)
 def test_bad_options_are_rejected_by_validate(tmp_path: Path, cli: Any, options: str) -> None:
     pack = tmp_path / "pack.yaml"
-    pack.write_text("apiVersion: ctxrules/v1\nkind: RulePack\nmetadata: {name: t, version: 1.0.0}\n"
-                    f"pipeline:\n  - {{id: outputs, use: tool_output.filter, with: {options}}}\n")
+    pack.write_text(
+        "apiVersion: ctxrules/v1\nkind: RulePack\nmetadata: {name: t, version: 1.0.0}\n"
+        f"pipeline:\n  - {{id: outputs, use: tool_output.filter, with: {options}}}\n"
+    )
     code, out, err = cli("validate", str(pack))
     assert code == 1 and "CR061" in out + err
 
@@ -508,17 +552,27 @@ def test_bad_options_are_rejected_by_validate(tmp_path: Path, cli: Any, options:
 
 def _filter_pack(tmp_path: Path) -> Path:
     pack = tmp_path / "pack.yaml"
-    pack.write_text("apiVersion: ctxrules/v1\nkind: RulePack\nmetadata: {name: t, version: 1.0.0}\n"
-                    "extends: [builtin:default]\npipeline:\n"
-                    "  - {id: outputs, with: {item_tokens: 3000, turn_tokens: 9000}}\n")
+    pack.write_text(
+        "apiVersion: ctxrules/v1\nkind: RulePack\nmetadata: {name: t, version: 1.0.0}\n"
+        "extends: [builtin:default]\npipeline:\n"
+        "  - {id: outputs, with: {item_tokens: 3000, turn_tokens: 9000}}\n"
+    )
     return pack
 
 
-@pytest.mark.parametrize("name", ["claudecode-fa812bfe", "claudecode-subagent-afc096d",
-                                  "openhands-ponylang__ponyc-4595",
-                                  "minisweagent-mwaskom__seaborn-3069"])
+@pytest.mark.corpus
+@pytest.mark.parametrize(
+    "name",
+    [
+        "claudecode-fa812bfe",
+        "claudecode-subagent-afc096d",
+        "openhands-ponylang__ponyc-4595",
+        "minisweagent-mwaskom__seaborn-3069",
+    ],
+)
 def test_real_transcripts_reduce_only_what_they_may_and_every_ref_is_the_exact_original(
-        tmp_path: Path, name: str) -> None:
+    tmp_path: Path, name: str
+) -> None:
     path = next(p for p in transcript_paths() if p.stem == name)
     history = json.loads(path.read_text())
     frozen = copy.deepcopy(history)
@@ -545,10 +599,12 @@ def test_real_transcripts_reduce_only_what_they_may_and_every_ref_is_the_exact_o
             assert after == before, i
     assert_markers_resolve(result.messages, session.vault)
     # Shell outputs may be compressed (level a) before they need a reduction (level b).
-    expected = {"claudecode-fa812bfe": {"handover"},
-                "claudecode-subagent-afc096d": {"reduce", "compress"},
-                "openhands-ponylang__ponyc-4595": set(),
-                "minisweagent-mwaskom__seaborn-3069": {"reduce", "compress"}}[name]
+    expected = {
+        "claudecode-fa812bfe": {"handover"},
+        "claudecode-subagent-afc096d": {"reduce", "compress"},
+        "openhands-ponylang__ponyc-4595": set(),
+        "minisweagent-mwaskom__seaborn-3069": {"reduce", "compress"},
+    }[name]
     found = {a["kind"] for a in outputs["actions"]}
     assert (found & expected) if expected else not found - {"compress"}
     # Invariant 4 through the session: preparing the same history again changes nothing.
@@ -556,6 +612,7 @@ def test_real_transcripts_reduce_only_what_they_may_and_every_ref_is_the_exact_o
     assert again.messages == result.messages
 
 
+@pytest.mark.corpus
 def test_the_claudecode_bash_output_of_28k_chars_is_reduced_structure_aware(tmp_path: Path) -> None:
     path = next(p for p in transcript_paths() if p.stem == "claudecode-subagent-afc096d")
     history = json.loads(path.read_text())
@@ -573,6 +630,7 @@ def test_the_claudecode_bash_output_of_28k_chars_is_reduced_structure_aware(tmp_
             assert ctx.vault.get_lines(marker.vault_id, *marker.lines)
 
 
+@pytest.mark.corpus
 def test_every_transcript_passes_through_the_stage_without_error(tmp_path: Path) -> None:
     stage = ToolOutputFilter({"compressors": False})
     for path in transcript_paths():
@@ -612,22 +670,34 @@ def _output(draw: Any) -> str:
     return draw(_line)
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow,
-                                                                 HealthCheck.function_scoped_fixture])
-@given(outputs=st.lists(st.tuples(st.sampled_from(["Bash", "Read", "Task", "mcp__x", "Grep"]),
-                                  _output()), min_size=1, max_size=8),
-       utilization=st.floats(0, 1.2))
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
+)
+@given(
+    outputs=st.lists(
+        st.tuples(st.sampled_from(["Bash", "Read", "Task", "mcp__x", "Grep"]), _output()), min_size=1, max_size=8
+    ),
+    utilization=st.floats(0, 1.2),
+)
 def test_any_outputs_filter_safely_and_come_back_from_the_vault(
-        tmp_path_factory: pytest.TempPathFactory, outputs: list[tuple[str, str]],
-        utilization: float) -> None:
+    tmp_path_factory: pytest.TempPathFactory, outputs: list[tuple[str, str]], utilization: float
+) -> None:
     messages: list[Msg] = [{"role": "system", "content": "s"}, user("go")]
     for n, (tool, text) in enumerate(outputs):
         messages.extend(step(f"c{n}", text, tool, command="cat x"))
     frozen = copy.deepcopy(messages)
     ctx = make_ctx(tmp_path_factory.mktemp("p"), utilization=utilization)
-    stage = ToolOutputFilter({"item_tokens": 60, "turn_tokens": 150, "spill_chars": 3000,
-                              "subagent_chars": 400, "subagent_keep_tokens": 60,
-                              "min_saving_tokens": 1, "compressors": False})
+    stage = ToolOutputFilter(
+        {
+            "item_tokens": 60,
+            "turn_tokens": 150,
+            "spill_chars": 3000,
+            "subagent_chars": 400,
+            "subagent_keep_tokens": 60,
+            "min_saving_tokens": 1,
+            "compressors": False,
+        }
+    )
     outcome = stage(messages, ctx)
     assert messages == frozen
     assert pairing_problems(outcome.messages) == []
@@ -641,21 +711,30 @@ def test_any_outputs_filter_safely_and_come_back_from_the_vault(
             assert outcome.messages[i] is messages[i]
     assert_markers_resolve(outcome.messages, ctx.vault)
     again = stage(outcome.messages, ctx)
-    assert again.actions == [] and all(a is b for a, b in zip(outcome.messages, again.messages,
-                                                                strict=True))
+    assert again.actions == [] and all(a is b for a, b in zip(outcome.messages, again.messages, strict=True))
 
 
 def test_cli_run_then_vault_get_lines_returns_the_cut_lines(tmp_path: Path, cli: Any) -> None:
     history = convo(step("a", BIG_TEXT, command="pytest -q"))
     src, dst, session = tmp_path / "in.json", tmp_path / "out.json", tmp_path / "s"
     src.write_text(json.dumps(history))
-    code, _, err = cli("run", "--pack", str(_filter_pack(tmp_path)), "--model", "gpt-4o",
-                       "--input", str(src), "--output", str(dst), "--session", str(session))
+    code, _, err = cli(
+        "run",
+        "--pack",
+        str(_filter_pack(tmp_path)),
+        "--model",
+        "gpt-4o",
+        "--input",
+        str(src),
+        "--output",
+        str(dst),
+        "--session",
+        str(session),
+    )
     assert code == 0, err
     reduced = json.loads(dst.read_text())[3]["content"]
     marker = next(m for m in parse_markers(reduced) if m.lines is not None)
     first, last = marker.lines
-    code, out, err = cli("vault", "get", marker.vault_id[:12], "--lines", f"{first}:{last}",
-                         "--session", str(session))
+    code, out, err = cli("vault", "get", marker.vault_id[:12], "--lines", f"{first}:{last}", "--session", str(session))
     assert code == 0, err
-    assert out == "".join(BIG_TEXT.splitlines(keepends=True)[first - 1:last])
+    assert out == "".join(BIG_TEXT.splitlines(keepends=True)[first - 1 : last])

@@ -29,8 +29,9 @@ def history(n_steps: int, output: str = OUTPUT) -> list[Msg]:
     return msgs
 
 
-def run(messages: list[Msg], tmp_path: Path, options: dict[str, Any] | None = None,
-        **ctx_args: Any) -> tuple[list[Msg], Any, Any]:
+def run(
+    messages: list[Msg], tmp_path: Path, options: dict[str, Any] | None = None, **ctx_args: Any
+) -> tuple[list[Msg], Any, Any]:
     ctx = make_ctx(tmp_path, **ctx_args)
     outcome = TtlPrune(options)(messages, ctx)
     return outcome.messages, outcome, ctx
@@ -66,8 +67,7 @@ def test_pinned_protected_and_small_results_are_never_archived(tmp_path: Path) -
     messages = history(6)
     messages[3] = {**messages[3], "content": "ok"}  # small
     results = result_indices(messages)
-    out, outcome, _ = run(messages, tmp_path, {"max_age_steps": 1},
-                          protected=[id(messages[results[1]])])
+    out, outcome, _ = run(messages, tmp_path, {"max_age_steps": 1}, protected=[id(messages[results[1]])])
     archived = {a.index for a in outcome.actions}
     assert archived == set(results[2:5])
     assert results[-1] in pinned_indices(messages) and out[results[-1]] is messages[results[-1]]
@@ -84,30 +84,54 @@ def test_message_timestamps_give_the_age_in_seconds(tmp_path: Path) -> None:
     out, outcome, _ = run(messages, tmp_path, {"max_age_s": 1800}, clock=now)
     assert [a.index for a in outcome.actions] == results[:2]
     assert out[results[0]]["timestamp"] == now - 7200  # other fields are kept
-    assert "age_s=7200" in out[results[0]]["content"]
+    # The marker holds the message's own time, never an age that depends on the clock.
+    assert f"produced={int(now - 7200)}" in out[results[0]]["content"]
+    assert " age_s=" not in out[results[0]]["content"]
 
 
-@pytest.mark.parametrize(("value", "expected"), [
-    (1_700_000_000, 1_700_000_000.0),
-    (1_700_000_000_500, 1_700_000_000.5),
-    ("2023-11-14T22:13:20+00:00", 1_700_000_000.0),
-    ("2023-11-14T22:13:20", 1_700_000_000.0),
-    ("yesterday", None),
-    (True, None),
-    (-5, None),
-])
-def test_message_time_reads_epoch_seconds_milliseconds_and_iso(value: Any,
-                                                               expected: float | None) -> None:
+def test_markers_do_not_depend_on_the_clock_a_cold_rerun_gives_the_same_bytes(tmp_path: Path) -> None:
+    """Two cold runs of the same timestamped input an hour apart archive the same results with
+    the same markers (an age in seconds in the marker would differ)."""
+    pack = tmp_path / "pack.yaml"
+    pack.write_text(
+        "apiVersion: ctxrules/v1\nkind: RulePack\nmetadata: {name: t, version: 1.0.0}\n"
+        "pipeline:\n  - {id: ttl, use: ttl.prune, with: {max_age_s: 600, "
+        "hot_cache_bypass: false}}\n"
+    )
+    messages = history(4)
+    for n, index in enumerate(result_indices(messages)):
+        messages[index] = {**messages[index], "timestamp": 1_000_000 + n}
+    outs = []
+    for n, clock in enumerate((1_010_000.0, 1_013_600.0)):
+        session = Engine.load(pack).session(tmp_path / f"cold{n}", model="gpt-4o")
+        outs.append(json.dumps(session.prepare(messages, clock=clock).messages))
+    assert "reason=ttl" in outs[0] and outs[0] == outs[1]
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        (1_700_000_000, 1_700_000_000.0),
+        (1_700_000_000_500, 1_700_000_000.5),
+        ("2023-11-14T22:13:20+00:00", 1_700_000_000.0),
+        ("2023-11-14T22:13:20", 1_700_000_000.0),
+        ("yesterday", None),
+        (True, None),
+        (-5, None),
+    ],
+)
+def test_message_time_reads_epoch_seconds_milliseconds_and_iso(value: Any, expected: float | None) -> None:
     assert message_time({"role": "tool", "timestamp": value}) == expected
     assert message_time({"role": "tool", "created_at": value}) == expected
 
 
-def test_without_timestamps_the_age_counts_from_the_first_prepare_that_saw_a_result(
-        tmp_path: Path) -> None:
+def test_without_timestamps_the_age_counts_from_the_first_prepare_that_saw_a_result(tmp_path: Path) -> None:
     pack = tmp_path / "pack.yaml"
-    pack.write_text("apiVersion: ctxrules/v1\nkind: RulePack\nmetadata: {name: t, version: 1.0.0}\n"
-                    "pipeline:\n  - {id: ttl, use: ttl.prune, with: {max_age_s: 600, "
-                    "hot_cache_bypass: false}}\n")
+    pack.write_text(
+        "apiVersion: ctxrules/v1\nkind: RulePack\nmetadata: {name: t, version: 1.0.0}\n"
+        "pipeline:\n  - {id: ttl, use: ttl.prune, with: {max_age_s: 600, "
+        "hot_cache_bypass: false}}\n"
+    )
     session = Engine.load(pack).session(tmp_path / "s", model="gpt-4o")
     h1 = history(3)
     session.prepare(h1, clock=1000.0)
@@ -130,8 +154,7 @@ def test_skipped_while_the_prompt_cache_is_hot(tmp_path: Path) -> None:
     assert all(a is b for a, b in zip(out, messages, strict=True))
     _, outcome, _ = run(messages, tmp_path, {"max_age_steps": 2}, cache_hot=True, tier="full")
     assert {a.kind for a in outcome.actions} == {"ttl_archived"}
-    _, outcome, _ = run(messages, tmp_path, {"max_age_steps": 2, "hot_cache_bypass": False},
-                        cache_hot=True)
+    _, outcome, _ = run(messages, tmp_path, {"max_age_steps": 2, "hot_cache_bypass": False}, cache_hot=True)
     assert {a.kind for a in outcome.actions} == {"ttl_archived"}
 
 
@@ -185,13 +208,16 @@ def test_builtin_default_prunes_under_pressure_only() -> None:
     assert ttl.options["max_age_steps"] == 30
 
 
+@pytest.mark.corpus
 def test_a_real_transcript_under_pressure(tmp_path: Path) -> None:
     path = next(p for p in transcript_paths() if p.stem == "claudecode-ae4a77f8")
     original = json.loads(path.read_text())
     pack = tmp_path / "pack.yaml"
-    pack.write_text("apiVersion: ctxrules/v1\nkind: RulePack\nmetadata: {name: t, version: 1.0.0}\n"
-                    "pipeline:\n  - {id: ttl, use: ttl.prune, when: {at_least: light}, "
-                    "with: {max_age_steps: 30, min_tokens: 200}}\n")
+    pack.write_text(
+        "apiVersion: ctxrules/v1\nkind: RulePack\nmetadata: {name: t, version: 1.0.0}\n"
+        "pipeline:\n  - {id: ttl, use: ttl.prune, when: {at_least: light}, "
+        "with: {max_age_steps: 30, min_tokens: 200}}\n"
+    )
     session = Engine.load(pack).session(tmp_path / "s", model="gpt-4o", window=160_000)
     result = session.prepare(original)
     ttl = next(s for s in result.report["stages"] if s["id"] == "ttl")
@@ -209,7 +235,9 @@ def test_options_are_checked(tmp_path: Path, cli: Any) -> None:
     for name, prop in STAGE_TYPE.options_schema["properties"].items():
         assert prop.get("title") and prop.get("description"), name
     pack = tmp_path / "pack.yaml"
-    pack.write_text("apiVersion: ctxrules/v1\nkind: RulePack\nmetadata: {name: t, version: 1.0.0}\n"
-                    "pipeline:\n  - {id: ttl, use: ttl.prune, with: {max_age_s: -1}}\n")
+    pack.write_text(
+        "apiVersion: ctxrules/v1\nkind: RulePack\nmetadata: {name: t, version: 1.0.0}\n"
+        "pipeline:\n  - {id: ttl, use: ttl.prune, with: {max_age_s: -1}}\n"
+    )
     code, out, err = cli("validate", str(pack))
     assert code == 1 and "CR061" in out + err

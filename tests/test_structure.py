@@ -5,9 +5,10 @@ from __future__ import annotations
 import copy
 import json
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
+import pytest
+from conftest import TRANSCRIPTS
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -16,7 +17,8 @@ from ctxrules.messages import mark_injected
 from ctxrules.structure import exchanges, facts_of, pair_tool_calls, pinned_indices, shape, steps
 
 Msg = dict[str, Any]
-TRANSCRIPT = Path(__file__).resolve().parents[2] / "shared" / "corpus" / "transcripts" / "claudecode-ae4a77f8.json"
+
+TRANSCRIPT = TRANSCRIPTS / "claudecode-ae4a77f8.json"
 
 _ids = st.sampled_from(["a", "b", "c", None])
 
@@ -42,8 +44,10 @@ def message(draw: Callable[..., Any]) -> Msg:
         cid = draw(_ids)
         return {"role": "tool", "content": "ok", **({"tool_call_id": cid} if cid else {})}
     if kind == "image":
-        return {"role": "user", "content": [{"type": "text", "text": "see"},
-                                            {"type": "image_url", "image_url": {"url": "data:,"}}]}
+        return {
+            "role": "user",
+            "content": [{"type": "text", "text": "see"}, {"type": "image_url", "image_url": {"url": "data:,"}}],
+        }
     if kind == "function":
         return {"role": "function", "name": "f", "content": "r"}
     return {"role": "system", "content": "s"}
@@ -52,9 +56,18 @@ def message(draw: Callable[..., Any]) -> Msg:
 def _view(messages: list[Msg]) -> tuple[Any, ...]:
     made = shape(messages)
     pairing = pair_tool_calls(messages)
-    return (made.facts, dict(pairing.result_of), dict(pairing.call_of), pairing.orphans,
-            dict(pairing.duplicates), pairing.unanswered, pairing.positional, pinned_indices(messages),
-            steps(messages), exchanges(messages))
+    return (
+        made.facts,
+        dict(pairing.result_of),
+        dict(pairing.call_of),
+        pairing.orphans,
+        dict(pairing.duplicates),
+        pairing.unanswered,
+        pairing.positional,
+        pinned_indices(messages),
+        steps(messages),
+        exchanges(messages),
+    )
 
 
 def _fresh(messages: list[Msg]) -> tuple[Any, ...]:
@@ -63,10 +76,15 @@ def _fresh(messages: list[Msg]) -> tuple[Any, ...]:
 
 
 @settings(max_examples=300)
-@given(st.lists(message(), max_size=12), st.lists(message(), max_size=6), st.booleans(),
-       st.lists(st.tuples(st.integers(0, 17), st.booleans(), message()), max_size=4))
-def test_derived_shapes_equal_fresh_ones(first: list[Msg], tail: list[Msg], paired: bool,
-                                         replace: list[tuple[int, bool, Msg]]) -> None:
+@given(
+    st.lists(message(), max_size=12),
+    st.lists(message(), max_size=6),
+    st.booleans(),
+    st.lists(st.tuples(st.integers(0, 17), st.booleans(), message()), max_size=4),
+)
+def test_derived_shapes_equal_fresh_ones(
+    first: list[Msg], tail: list[Msg], paired: bool, replace: list[tuple[int, bool, Msg]]
+) -> None:
     structure.forget()
     base = list(first)
     if paired:
@@ -86,12 +104,15 @@ def test_derived_shapes_equal_fresh_ones(first: list[Msg], tail: list[Msg], pair
     assert derived == _fresh(edited)
 
 
+@pytest.mark.corpus
 def test_a_warm_turn_resumes_instead_of_rescanning() -> None:
     history: list[Msg] = json.loads(TRANSCRIPT.read_text())
     structure.forget()
     first = pair_tool_calls(history)
-    turn = [{"role": "assistant", "content": "", "tool_calls": [_call("warm")]},
-            {"role": "tool", "tool_call_id": "warm", "content": "done"}]
+    turn = [
+        {"role": "assistant", "content": "", "tool_calls": [_call("warm")]},
+        {"role": "tool", "tool_call_id": "warm", "content": "done"},
+    ]
     grown = [*history, *turn]
     made = shape(grown)
     assert made._resume is not None  # derived from the scan of `history`
@@ -108,7 +129,7 @@ def test_a_warm_turn_resumes_instead_of_rescanning() -> None:
 def test_facts_notice_a_new_content_object() -> None:
     msg: Msg = {"role": "user", "content": "hello"}
     assert facts_of(msg).real_user and facts_of(msg).longest == 5
-    msg["content"] = "<ctxrules:summary>\nx\n</ctxrules:summary>"
+    msg["content"] = mark_injected({"role": "user", "content": "x"}, "summary")["content"]
     assert facts_of(msg).injected and not facts_of(msg).real_user
     structure.forget()
     assert facts_of(msg).injected

@@ -25,9 +25,7 @@ from ctxrules.summarize.audit import GOAL_THRESHOLD, UNRESOLVED_POINTER
 from ctxrules.summarize.merge import CAPS, resolved_by
 from ctxrules.toolroles import tool_roles
 
-GOALS: dict[str, dict[str, str]] = json.loads((FIXTURES / "summarize" / "goals.json").read_text())[
-    "goals"
-]
+GOALS: dict[str, dict[str, str]] = json.loads((FIXTURES / "summarize" / "goals.json").read_text())["goals"]
 INVENTED_GOALS = [
     "Deploy the billing service to the Kubernetes cluster and rotate its TLS certificates",
     "Translate the marketing website into Spanish and set up a newsletter signup form",
@@ -54,10 +52,12 @@ def summary_dict(goal: str, **fields: list[str]) -> dict[str, Any]:
     return data
 
 
+@pytest.mark.corpus
 def test_the_fixture_covers_every_transcript() -> None:
     assert set(GOALS) == {p.name for p in transcript_paths()}
 
 
+@pytest.mark.corpus
 @pytest.mark.parametrize("name", sorted(GOALS))
 def test_a_faithful_goal_is_accepted_and_goals_of_other_projects_are_rejected(name: str) -> None:
     auditor = SummaryAuditor(user_texts(name))
@@ -71,6 +71,7 @@ def test_a_faithful_goal_is_accepted_and_goals_of_other_projects_are_rejected(na
         assert "not grounded" in verdict.reason
 
 
+@pytest.mark.corpus
 @pytest.mark.parametrize("name", sorted(GOALS))
 def test_an_invented_goal_is_rejected(name: str) -> None:
     auditor = SummaryAuditor(user_texts(name))
@@ -79,6 +80,7 @@ def test_an_invented_goal_is_rejected(name: str) -> None:
         assert not verdict.accepted and verdict.problems[0].startswith("user_goal is not grounded")
 
 
+@pytest.mark.corpus
 def test_grounding_margin_on_the_corpus() -> None:
     own = [SummaryAuditor(user_texts(n)).goal_score(e["goal"]) for n, e in GOALS.items()]
     cross = [
@@ -88,12 +90,12 @@ def test_grounding_margin_on_the_corpus() -> None:
         if e["project"] != GOALS[n]["project"]
     ]
     print(
-        f"\ngrounding scores: own min {min(own):.2f}, other projects max {max(cross):.2f}, "
-        f"threshold {GOAL_THRESHOLD}"
+        f"\ngrounding scores: own min {min(own):.2f}, other projects max {max(cross):.2f}, threshold {GOAL_THRESHOLD}"
     )
     assert min(own) >= GOAL_THRESHOLD + 0.1 and max(cross) <= GOAL_THRESHOLD - 0.05
 
 
+@pytest.mark.corpus
 def test_a_short_newest_message_is_read_with_the_request_it_answers() -> None:
     # "did you push?" alone grounds nothing; the source reaches back to the earlier messages.
     name = "claudecode-258c7280.json"
@@ -101,21 +103,16 @@ def test_a_short_newest_message_is_read_with_the_request_it_answers() -> None:
     assert users[-1] == "did you push?"
     source = grounding_source(users)
     assert source.endswith("did you push?") and len(source) > 1000
-    assert (
-        SummaryAuditor(users)
-        .audit(summary_dict("Push the spotter-gqc branch after the tests pass"))
-        .accepted
-    )
+    assert SummaryAuditor(users).audit(summary_dict("Push the spotter-gqc branch after the tests pass")).accepted
 
 
+@pytest.mark.corpus
 def test_pending_asks_must_come_from_a_real_user_message() -> None:
     name = "openhands-ponylang__ponyc-4595.json"
     auditor = SummaryAuditor(user_texts(name))
     goal = GOALS[name]["goal"]
     real = auditor.audit(
-        summary_dict(
-            goal, pending_user_asks=["make ponyc stop segfaulting on a single element tuple match"]
-        )
+        summary_dict(goal, pending_user_asks=["make ponyc stop segfaulting on a single element tuple match"])
     )
     assert real.accepted, real.problems
     invented = auditor.audit(
@@ -129,12 +126,11 @@ def test_pending_asks_must_come_from_a_real_user_message() -> None:
     )
     # The invented ask is dropped alone; the real one and the rest of the summary stay.
     assert invented.accepted and invented.summary is not None
-    assert invented.summary.pending_user_asks == (
-        "make ponyc stop segfaulting on a single element tuple match",
-    )
+    assert invented.summary.pending_user_asks == ("make ponyc stop segfaulting on a single element tuple match",)
     assert any(n.startswith("dropped pending_user_asks[0]") for n in invented.notes)
 
 
+@pytest.mark.corpus
 def test_slips_are_coerced_bad_fields_dropped_alone_and_empty_summaries_rejected() -> None:
     auditor = SummaryAuditor(user_texts("sweagent-test-repo-i1.json"))
     goal = GOALS["sweagent-test-repo-i1.json"]["goal"]
@@ -143,8 +139,12 @@ def test_slips_are_coerced_bad_fields_dropped_alone_and_empty_summaries_rejected
     assert too_many.summary.blocked_items == ("a", "b", "c")
     assert "blocked_items: kept the first 3 of 4 entries" in too_many.notes
     slips = summary_dict(goal)
-    slips.update(tool_state="tests last run: 2 failed", errors="- E1 boom\n- E2 bang",
-                 key_facts=[42, True, "  "], decisions={"not": "a list"})
+    slips.update(
+        tool_state="tests last run: 2 failed",
+        errors="- E1 boom\n- E2 bang",
+        key_facts=[42, True, "  "],
+        decisions={"not": "a list"},
+    )
     fixed = auditor.audit(slips)
     assert fixed.accepted and fixed.summary is not None
     assert fixed.summary.tool_state == ("tests last run: 2 failed",)
@@ -161,17 +161,14 @@ def test_slips_are_coerced_bad_fields_dropped_alone_and_empty_summaries_rejected
     assert not verdict.accepted and verdict.problems == ("empty: no list field holds an entry",)
 
 
+@pytest.mark.corpus
 def test_accepted_summaries_are_made_safe_to_inject() -> None:
     known = "ab" * 32
-    auditor = SummaryAuditor(
-        user_texts("sweagent-test-repo-i1.json"), marker_exists=lambda vid: vid == known
-    )
+    auditor = SummaryAuditor(user_texts("sweagent-test-repo-i1.json"), marker_exists=lambda vid: vid == known)
     goal = GOALS["sweagent-test-repo-i1.json"]["goal"]
     good = f"[ctxrules:elided kind=lines count=3 ref=vault://{known}]"
     bad = f"[ctxrules:elided kind=lines count=3 ref=vault://{'cd' * 32}]"
-    verdict = auditor.audit(
-        summary_dict(goal, key_facts=[f"log at {good} and {bad}", "</ctxrules:summary> oops"])
-    )
+    verdict = auditor.audit(summary_dict(goal, key_facts=[f"log at {good} and {bad}", "</ctxrules:summary> oops"]))
     assert verdict.accepted and verdict.summary is not None
     facts = verdict.summary.key_facts
     assert good in facts[0] and bad not in facts[0] and UNRESOLVED_POINTER in facts[0]
@@ -184,19 +181,15 @@ def test_without_user_messages_grounding_is_skipped_not_failed() -> None:
     assert verdict.accepted and "grounding skipped" in verdict.notes[0]
 
 
+@pytest.mark.corpus
 @pytest.mark.parametrize("path", transcript_paths(), ids=lambda p: p.name)
 def test_the_checkpoint_of_every_transcript_is_valid_and_accepted(path: Path) -> None:
     messages = messages_of(path.name)
     users = user_texts(path.name)
-    checkpoint = build_checkpoint(
-        messages[1:], user_messages=users, roles=tool_roles(_default_pack())
-    )
+    checkpoint = build_checkpoint(messages[1:], user_messages=users, roles=tool_roles(_default_pack()))
     assert validate_summary(checkpoint.as_dict()) == []
     assert SummaryAuditor(users).audit(checkpoint.as_dict()).accepted
-    assert (
-        build_checkpoint(messages[1:], user_messages=users, roles=tool_roles(_default_pack()))
-        == checkpoint
-    )
+    assert build_checkpoint(messages[1:], user_messages=users, roles=tool_roles(_default_pack())) == checkpoint
     if any(m.get("tool_calls") for m in messages[1:]):
         assert "tool calls in the compacted messages" in checkpoint.completed_actions[0]
 
@@ -211,6 +204,7 @@ def _default_pack() -> dict[str, Any]:
 # --- merge ---------------------------------------------------------------------------------------
 
 
+@pytest.mark.corpus
 def test_merge_drops_resolved_blockers_and_done_steps_on_a_real_session() -> None:
     name = "minisweagent-django__django-11815.json"
     messages = messages_of(name)
@@ -269,18 +263,13 @@ def test_merge_caps_keep_the_newest_history_and_the_freshest_state() -> None:
     new = Summary(user_goal="g2", completed_actions=("new action",), next_steps=("b1", "b2", "b3"))
     merged = merge_summaries(old, new).summary
     assert len(merged.completed_actions) == CAPS["completed_actions"]
-    assert (
-        merged.completed_actions[-1] == "new action"
-        and "old action 0" not in merged.completed_actions
-    )
+    assert merged.completed_actions[-1] == "new action" and "old action 0" not in merged.completed_actions
     assert merged.next_steps == ("b1", "b2", "b3", "a1 step", "a2 step")
     assert merged.tool_state == ("server on :4000",)  # the new summary said nothing about it
     assert merge_summaries(None, new).summary == new
 
 
 def test_resolution_needs_real_overlap_not_one_shared_word() -> None:
-    assert resolved_by(
-        "Fix the flaky payment test", ["Fixed the flaky payment test in test_pay.py"]
-    )
+    assert resolved_by("Fix the flaky payment test", ["Fixed the flaky payment test in test_pay.py"])
     assert resolved_by("Fix the flaky payment test", ["Fixed the README typo"]) is None
     assert resolved_by("CI red", ["Investigated CI red on main: flaky"]) is not None

@@ -30,7 +30,7 @@ from test_summarize_stage import (
 )
 
 from ctxrules import Engine
-from ctxrules.messages import injected_kind, message_text
+from ctxrules.messages import injected_kind, injected_meta, message_text
 from ctxrules.redaction import default_redactor
 from ctxrules.summarize import FIELDS
 
@@ -43,13 +43,9 @@ def good_summary(**change: Any) -> str:
         {
             "user_goal": GOAL,
             "active_tasks": ["Fix the Django enum serializer"],
-            "completed_actions": [
-                "Read the pasted issues: seaborn scales, pytest capfd, sphinx mocks, sympy det"
-            ],
+            "completed_actions": ["Read the pasted issues: seaborn scales, pytest capfd, sphinx mocks, sympy det"],
             "relevant_files": ["django/db/migrations/serializer.py"],
-            "key_facts": [
-                "Migrations serialize Enum defaults by value, which breaks translated values"
-            ],
+            "key_facts": ["Migrations serialize Enum defaults by value, which breaks translated values"],
             "pending_user_asks": ["fix the Django enum serializer first"],
             "next_steps": [
                 "Patch EnumSerializer to write Status['GOOD']",
@@ -81,9 +77,7 @@ def chat() -> list[dict[str, Any]]:
 class Harness:
     """A pack pointing the summarizer at the test server, a session, and prepare()."""
 
-    def __init__(
-        self, tmp_path: Path, server: LLMServer, chat: list[dict[str, Any]], **summarizer: Any
-    ) -> None:
+    def __init__(self, tmp_path: Path, server: LLMServer, chat: list[dict[str, Any]], **summarizer: Any) -> None:
         settings = {
             "api_base": server.base_url,
             "inactivity_s": 1,
@@ -106,9 +100,7 @@ class Harness:
         self.session = self.engine.session(tmp_path / "session", model="gpt-4o", window=self.window)
         self.server = server
 
-    def prepare(
-        self, clock: float = 1000.0, variant: int = 0
-    ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    def prepare(self, clock: float = 1000.0, variant: int = 0) -> tuple[list[dict[str, Any]], dict[str, Any]]:
         history = self.chat
         if variant:
             # A history that does not extend the last one runs the whole pipeline again (on the
@@ -126,17 +118,14 @@ def attempts(stage: dict[str, Any]) -> list[str]:
 
 
 def breaker(stage: dict[str, Any], model: str) -> str:
-    return next(
-        a["detail"]
-        for a in stage["actions"]
-        if a["kind"] == "breaker" and a["detail"].startswith(model)
-    )
+    return next(a["detail"] for a in stage["actions"] if a["kind"] == "breaker" and a["detail"].startswith(model))
 
 
 def summary_of(messages: list[dict[str, Any]]) -> dict[str, Any]:
     return next(m for m in messages if injected_kind(m) == "summary")
 
 
+@pytest.mark.corpus
 def test_a_good_summary_is_streamed_audited_and_injected(
     tmp_path: Path, server: LLMServer, chat: list[dict[str, Any]]
 ) -> None:
@@ -150,17 +139,16 @@ def test_a_good_summary_is_streamed_audited_and_injected(
     assert all(f'"{name}"' in system["content"] for name in FIELDS)
     assert "USER MESSAGES" in user["content"] and "CONVERSATION" in user["content"]
     summary = summary_of(out)
-    assert summary["ctxrules"]["source"] == "llm" and summary["ctxrules"]["model"] == "gpt-4o-mini"
+    assert injected_meta(summary)["source"] == "llm" and injected_meta(summary)["model"] == "gpt-4o-mini"
     text = message_text(summary)
-    assert f"User goal: {GOAL}" in text and text.rstrip().endswith(
-        "2. Run the migrations tests\n</ctxrules:summary>"
-    )
+    assert f"User goal: {GOAL}" in text and text.rstrip().endswith("2. Run the migrations tests\n</ctxrules:summary>")
     assert "primary gpt-4o-mini: ok" in attempts(stage)[0]
     assert breaker(stage, "gpt-4o-mini") == "gpt-4o-mini: state=closed failures=0"
     assert not any(a["kind"] == "checkpoint" for a in stage["actions"])
     assert alternation_problems(out) == []
 
 
+@pytest.mark.corpus
 @pytest.mark.parametrize(
     ("behaviour", "outcome", "detail"),
     [
@@ -172,11 +160,7 @@ def test_a_good_summary_is_streamed_audited_and_injected(
         (reply('{"user_goal": "fix it", "constraints": [}'), "invalid", "invalid JSON"),
         (http_error(500), "failed", "InternalServerError"),
         (
-            reply(
-                good_summary(
-                    user_goal="Deploy the billing service to Kubernetes and rotate its TLS certs"
-                )
-            ),
+            reply(good_summary(user_goal="Deploy the billing service to Kubernetes and rotate its TLS certs")),
             "rejected",
             "not grounded",
         ),
@@ -202,13 +186,12 @@ def test_a_failed_summary_falls_back_to_the_checkpoint(
     assert len(server.requests) == 1  # no blind retries: the breaker and the fallback handle it
     (attempt,) = attempts(stage)
     assert f"primary gpt-4o-mini: {outcome}" in attempt and detail in attempt
-    assert summary_of(out)["ctxrules"]["source"] == "checkpoint"
+    assert injected_meta(summary_of(out))["source"] == "checkpoint"
     assert breaker(stage, "gpt-4o-mini") == "gpt-4o-mini: state=closed failures=1"
-    assert (
-        stage["tokens_after"] < stage["tokens_before"]
-    )  # the checkpoint still shrinks the context
+    assert stage["tokens_after"] < stage["tokens_before"]  # the checkpoint still shrinks the context
 
 
+@pytest.mark.corpus
 def test_type_slips_are_put_right_and_a_bad_field_is_dropped_alone(
     tmp_path: Path, server: LLMServer, chat: list[dict[str, Any]]
 ) -> None:
@@ -225,12 +208,13 @@ def test_type_slips_are_put_right_and_a_bad_field_is_dropped_alone(
     assert "next_steps: kept the first 5 of 6 entries" in attempt
     assert "dropped decisions" in attempt and "risks: missing" in attempt
     summary = summary_of(out)
-    assert summary["ctxrules"]["source"] == "llm"
+    assert injected_meta(summary)["source"] == "llm"
     text = message_text(summary)
     assert "tests last run: 2 failed" in text and "5. e\n</ctxrules:summary>" in text
     assert "an object where text is expected" not in text
 
 
+@pytest.mark.corpus
 def test_a_slow_but_alive_stream_does_not_time_out(
     tmp_path: Path, server: LLMServer, chat: list[dict[str, Any]]
 ) -> None:
@@ -240,9 +224,10 @@ def test_a_slow_but_alive_stream_does_not_time_out(
     started = time.monotonic()
     out, stage = h.prepare()
     assert time.monotonic() - started > 2.0  # longer than the inactivity limit, yet alive
-    assert summary_of(out)["ctxrules"]["source"] == "llm", attempts(stage)
+    assert injected_meta(summary_of(out))["source"] == "llm", attempts(stage)
 
 
+@pytest.mark.corpus
 @pytest.mark.parametrize("prefix", ["", '{"user_goal": "List which'])
 def test_a_silent_stream_times_out_at_the_inactivity_limit(
     tmp_path: Path, server: LLMServer, chat: list[dict[str, Any]], prefix: str
@@ -256,9 +241,10 @@ def test_a_silent_stream_times_out_at_the_inactivity_limit(
     assert "failed" in attempt and "inactivity: no token for 1 s" in attempt
     seconds = float(attempt.split(" after ")[1].split(" s")[0])
     assert 0.9 <= seconds <= 2.5
-    assert summary_of(out)["ctxrules"]["source"] == "checkpoint"
+    assert injected_meta(summary_of(out))["source"] == "checkpoint"
 
 
+@pytest.mark.corpus
 def test_the_total_ceiling_stops_a_stream_that_never_ends(
     tmp_path: Path, server: LLMServer, chat: list[dict[str, Any]]
 ) -> None:
@@ -270,9 +256,10 @@ def test_the_total_ceiling_stops_a_stream_that_never_ends(
     assert "total: the summarization's 2 s ceiling was reached" in attempt
     seconds = float(attempt.split(" after ")[1].split(" s")[0])
     assert 1.9 <= seconds <= 3.5
-    assert summary_of(out)["ctxrules"]["source"] == "checkpoint"
+    assert injected_meta(summary_of(out))["source"] == "checkpoint"
 
 
+@pytest.mark.corpus
 def test_a_context_length_error_is_retried_once_with_half_the_input(
     tmp_path: Path, server: LLMServer, chat: list[dict[str, Any]]
 ) -> None:
@@ -280,14 +267,13 @@ def test_a_context_length_error_is_retried_once_with_half_the_input(
     h = Harness(tmp_path, server, chat)
     out, stage = h.prepare()
     first, second = server.requests
-    assert len(second.body["messages"][1]["content"]) < 0.7 * len(
-        first.body["messages"][1]["content"]
-    )
+    assert len(second.body["messages"][1]["content"]) < 0.7 * len(first.body["messages"][1]["content"])
     assert "messages omitted to fit" in second.body["messages"][1]["content"]
-    assert summary_of(out)["ctxrules"]["source"] == "llm"
+    assert injected_meta(summary_of(out))["source"] == "llm"
     assert any("context-length error" in w for w in stage["warnings"])
 
 
+@pytest.mark.corpus
 def test_the_fallback_model_summarizes_when_the_light_one_fails(
     tmp_path: Path, server: LLMServer, chat: list[dict[str, Any]]
 ) -> None:
@@ -295,13 +281,11 @@ def test_the_fallback_model_summarizes_when_the_light_one_fails(
     h = Harness(tmp_path, server, chat, fallback="main")
     out, stage = h.prepare()
     assert [r.body["model"] for r in server.requests] == ["gpt-4o-mini", "gpt-4o"]
-    assert summary_of(out)["ctxrules"]["model"] == "gpt-4o"
-    assert (
-        "primary gpt-4o-mini: failed" in attempts(stage)[0]
-        and "fallback gpt-4o: ok" in attempts(stage)[1]
-    )
+    assert injected_meta(summary_of(out))["model"] == "gpt-4o"
+    assert "primary gpt-4o-mini: failed" in attempts(stage)[0] and "fallback gpt-4o: ok" in attempts(stage)[1]
 
 
+@pytest.mark.corpus
 def test_a_too_small_summarizer_yields_to_the_main_model(
     tmp_path: Path, server: LLMServer, chat: list[dict[str, Any]]
 ) -> None:
@@ -311,9 +295,10 @@ def test_a_too_small_summarizer_yields_to_the_main_model(
     assert [r.body["model"] for r in server.requests] == ["gpt-4o"]
     assert any("gpt-4o-mini (window 2048) is too small" in w for w in stage["warnings"])
     assert "skipped (window too small)" in attempts(stage)[0]
-    assert summary_of(out)["ctxrules"]["source"] == "llm"
+    assert injected_meta(summary_of(out))["source"] == "llm"
 
 
+@pytest.mark.corpus
 def test_a_too_small_summarizer_reads_a_trimmed_input(
     tmp_path: Path, server: LLMServer, chat: list[dict[str, Any]]
 ) -> None:
@@ -321,17 +306,13 @@ def test_a_too_small_summarizer_reads_a_trimmed_input(
     h = Harness(tmp_path, server, chat, on_small_window="trim", window=9000, max_output_tokens=1024)
     out, stage = h.prepare()
     (request,) = server.requests
-    assert (
-        "messages omitted to fit the summarizer's window" in request.body["messages"][1]["content"]
-    )
-    assert any(
-        "summarizer input trimmed to fit gpt-4o-mini's window (9000)" in w
-        for w in stage["warnings"]
-    )
-    assert summary_of(out)["ctxrules"]["source"] == "llm"
+    assert "messages omitted to fit the summarizer's window" in request.body["messages"][1]["content"]
+    assert any("summarizer input trimmed to fit gpt-4o-mini's window (9000)" in w for w in stage["warnings"])
+    assert injected_meta(summary_of(out))["source"] == "llm"
     assert request.body["max_tokens"] == 1024
 
 
+@pytest.mark.corpus
 def test_the_breaker_opens_lets_one_probe_through_and_closes(
     tmp_path: Path, server: LLMServer, chat: list[dict[str, Any]]
 ) -> None:
@@ -345,7 +326,7 @@ def test_the_breaker_opens_lets_one_probe_through_and_closes(
     out, stage = h.prepare(clock=1050, variant=3)
     assert len(server.requests) == 2
     assert "skipped (circuit breaker open" in attempts(stage)[0]
-    assert summary_of(out)["ctxrules"]["source"] == "checkpoint"
+    assert injected_meta(summary_of(out))["source"] == "checkpoint"
     # After the cool-down: one half-open probe; it fails, the breaker opens again.
     server.script(http_error(500))
     _, stage = h.prepare(clock=1102, variant=4)
@@ -356,7 +337,7 @@ def test_the_breaker_opens_lets_one_probe_through_and_closes(
     out, stage = h.prepare(clock=1203, variant=5)
     assert len(server.requests) == 4
     assert breaker(stage, "gpt-4o-mini") == "gpt-4o-mini: state=closed failures=0"
-    assert summary_of(out)["ctxrules"]["source"] == "llm"
+    assert injected_meta(summary_of(out))["source"] == "llm"
     state = json.loads((tmp_path / "session" / "state.json").read_text())
     assert state["stages"]["summary"]["breakers"]["gpt-4o-mini"] == {
         "state": "closed",
@@ -364,6 +345,35 @@ def test_the_breaker_opens_lets_one_probe_through_and_closes(
     }
 
 
+def test_health_is_red_while_the_breaker_is_open_even_on_turns_that_do_not_summarize(
+    tmp_path: Path, server: LLMServer, chat: list[dict[str, Any]]
+) -> None:
+    h = Harness(tmp_path, server, chat, breaker={"failures": 1, "cooldown_s": 100})
+    server.script(http_error(500))
+    first = h.session.prepare(h.chat, clock=1000)
+    assert first.report["health"]["state"] == "red"
+    assert "the summarizer's circuit breaker is open (summary/gpt-4o-mini)" in first.report["health"]["reasons"]
+    # The next turn only appends and fits: no summary runs, and the breaker is still open.
+    grown = [*h.chat, {"role": "user", "content": "and now?"}]
+    second = h.session.prepare(grown, clock=1010)
+    assert not summary_stage(second.report)["ran"]
+    assert second.report["health"]["state"] == "red"
+    # A successful probe after the cool-down closes it: health follows.
+    server.script(reply(good_summary()))
+    third = h.prepare(clock=1200, variant=1)
+    assert breaker(third[1], "gpt-4o-mini") == "gpt-4o-mini: state=closed failures=0"
+    fourth = h.session.prepare(
+        [
+            *h.chat[:-1],
+            {**h.chat[-1], "content": f"{h.chat[-1]['content']} (take 1)"},
+            {"role": "user", "content": "ok"},
+        ],
+        clock=1201,
+    )
+    assert not any("circuit breaker" in r for r in fourth.report["health"]["reasons"])
+
+
+@pytest.mark.corpus
 def test_the_summarizer_is_sent_no_secrets_and_what_it_echoes_is_masked(
     tmp_path: Path, server: LLMServer, chat: list[dict[str, Any]], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -9,7 +9,7 @@ import jsonschema
 import pytest
 from conftest import REPO, transcript_paths
 
-from ctxrules.messages import is_injected, is_real_user, message_text
+from ctxrules.messages import injected_kind, injected_meta, is_injected, is_real_user, message_text
 from ctxrules.summarize import (
     FIELDS,
     Summary,
@@ -95,18 +95,18 @@ def test_the_summary_message_is_a_marked_assistant_message_that_round_trips() ->
     marker = f"[ctxrules:elided kind=message count=12 ref=vault://{'a' * 64}]"
     msg = summary_message(summary, marker=marker, source="llm", removed=12, model="gpt-4o-mini")
     assert msg["role"] == "assistant" and is_injected(msg) and not is_real_user(msg)
-    assert msg["ctxrules"]["kind"] == "summary" and msg["ctxrules"]["id"] == summary.id
+    assert set(msg) == {"role", "content"}, "nothing but the text marks it"
+    assert injected_kind(msg) == "summary" and injected_meta(msg)["id"] == summary.id
     text = message_text(msg)
-    assert text.startswith(
-        f'<ctxrules:summary id="{summary.id}" source="llm" messages="12" model="gpt-4o-mini">'
-    )
+    assert text.startswith(f'<ctxrules:summary id="{summary.id}" source="llm" messages="12" model="gpt-4o-mini" sig="')
     assert text.endswith("</ctxrules:summary>")
     assert [m.count for m in parse_markers(text)] == [12]
     back = parse_rendered(text)
     assert back is not None
     assert back.as_dict() == {**summary.as_dict(), "errors": ["multi line"]}
-    # The tag alone is enough to recognize it when metadata is stripped by a strict SDK.
+    # The signed tag survives a round trip through a strict SDK model; an edit breaks it.
     assert is_injected({"role": "assistant", "content": text})
+    assert not is_injected({"role": "assistant", "content": text.replace("Patch it", "Patch that")})
 
 
 def test_bridges_are_marked_user_turns_never_real_users() -> None:
@@ -145,15 +145,13 @@ def test_title_strips_code_urls_and_html(first: str, expected: str) -> None:
 
 
 def test_title_cuts_at_a_word_boundary_and_accepts_messages() -> None:
-    long = (
-        "Please refactor the payment reconciliation service so that retries are idempotent "
-        "and logged"
-    )
+    long = "Please refactor the payment reconciliation service so that retries are idempotent and logged"
     out = title({"role": "user", "content": [{"type": "text", "text": long}]}, max_chars=40)
     assert len(out) <= 40 and out.endswith("…") and not out[:-1].endswith(" ")
     assert long.startswith(out[:-1])
 
 
+@pytest.mark.corpus
 def test_title_of_every_real_first_message_is_short_and_code_free() -> None:
     for path in transcript_paths():
         messages = json.loads(Path(path).read_text(encoding="utf-8"))
@@ -163,8 +161,4 @@ def test_title_of_every_real_first_message_is_short_and_code_free() -> None:
         out = title(first)
         assert 0 < len(out) <= 60, (path.name, out)
         assert "```" not in out and "http" not in out and "<" not in out, (path.name, out)
-        assert (
-            clean_for_title(first) == ""
-            or out in FALLBACK_TITLES.values()
-            or out[:10] in clean_for_title(first)
-        )
+        assert clean_for_title(first) == "" or out in FALLBACK_TITLES.values() or out[:10] in clean_for_title(first)

@@ -22,8 +22,9 @@ from invariants import lost_contents, markers_resolve, pairing_problems, pinned_
 from test_invariants import conversations
 
 from ctxrules import Engine
+from ctxrules.injected import key_for_session
 from ctxrules.logs import get_logger
-from ctxrules.messages import injected_kind, is_injected, is_real_user, message_text
+from ctxrules.messages import injected_kind, injected_meta, is_injected, is_real_user, message_text
 from ctxrules.pipeline.context import StageContext
 from ctxrules.redaction import default_redactor
 from ctxrules.stages.summarize_structured import StructuredSummary
@@ -76,11 +77,7 @@ def chat_from_corpus() -> list[dict[str, Any]]:
                 continue
             if msg["role"] == "user" and len(content) >= 1200:
                 users.append(content[:2400])
-            elif (
-                msg["role"] == "assistant"
-                and 200 <= len(content) <= 1500
-                and not msg.get("tool_calls")
-            ):
+            elif msg["role"] == "assistant" and 200 <= len(content) <= 1500 and not msg.get("tool_calls"):
                 replies.append(content)
     messages: list[dict[str, Any]] = []
     for n, text in enumerate(users):
@@ -132,6 +129,7 @@ def alternation_problems(messages: list[dict[str, Any]]) -> list[str]:
 # --- the real CLI, offline -----------------------------------------------------------------------
 
 
+@pytest.mark.corpus
 def test_cli_run_builtin_default_offline_completes_with_the_checkpoint(tmp_path: Path) -> None:
     messages = chat_from_corpus()
     source = tmp_path / "chat.json"
@@ -182,15 +180,13 @@ def test_cli_run_builtin_default_offline_completes_with_the_checkpoint(tmp_path:
     kinds = [a["kind"] for a in stage["actions"]]
     assert kinds[0] == "backup" and "checkpoint" in kinds and kinds[-1] == "summary"
     checkpoint = next(a for a in stage["actions"] if a["kind"] == "checkpoint")
-    assert (
-        "no summarizer credentials" in checkpoint["detail"]
-        and "OPENAI_API_KEY unset" in checkpoint["detail"]
-    )
+    assert "no summarizer credentials" in checkpoint["detail"] and "OPENAI_API_KEY unset" in checkpoint["detail"]
     assert any("deterministic checkpoint" in w for w in report["warnings"])
     out = json.loads((tmp_path / "out.json").read_text())
+    key_for_session(tmp_path / "session", None)  # the run's key: this process now recognises its tags
     assert out[0] == messages[0]  # the anchor, unchanged
     assert out[1]["role"] == "assistant" and injected_kind(out[1]) == "summary"
-    assert out[1]["ctxrules"]["source"] == "checkpoint"
+    assert injected_meta(out[1])["source"] == "checkpoint"
     assert alternation_problems(out) == []
     assert report["after"]["fits"]
 
@@ -206,6 +202,7 @@ CASES = [
 ]
 
 
+@pytest.mark.corpus
 @pytest.mark.parametrize("name", CASES)
 def test_compaction_of_a_real_session_keeps_every_invariant(name: str, tmp_path: Path) -> None:
     messages = load(name)
@@ -235,24 +232,23 @@ def test_compaction_of_a_real_session_keeps_every_invariant(name: str, tmp_path:
     (marker,) = parse_markers(message_text(summary))
     removed = json.loads(session.vault.get_text(marker.vault_id))
     assert len(removed) == marker.count and all(m in messages for m in removed)
-    backup = json.loads(session.vault.get_text(summary["ctxrules"]["backup"]))
+    backup = json.loads(session.vault.get_text(injected_meta(summary)["backup"]))
     assert backup == messages
     # The stored summary is the one in the message.
     state = json.loads((tmp_path / "s" / "state.json").read_text())
     stored = state["stages"]["summary"]["summaries"][-1]
-    assert stored["id"] == summary["ctxrules"]["id"] and stored["ref"] == marker.vault_id
+    assert stored["id"] == injected_meta(summary)["id"] and stored["ref"] == marker.vault_id
     # Invariant 4: the pipeline on its own output (same state, same clock) changes nothing.
     again = session.prepare(out, clock=1000.0)
     assert [message_text(m) for m in again.messages] == [message_text(m) for m in out]
     assert [m["role"] for m in again.messages] == [m["role"] for m in out]
 
 
+@pytest.mark.corpus
 def test_a_second_compaction_merges_into_the_first(tmp_path: Path) -> None:
     messages = load("minisweagent-mwaskom__seaborn-3069.json")
     eng = engine(str(SUMMARY_ONLY))
-    counts = eng.session(None, model="gpt-4o", window=10**6, session_id="probe").counter.count_each(
-        messages
-    )
+    counts = eng.session(None, model="gpt-4o", window=10**6, session_id="probe").counter.count_each(messages)
     # Cut where ~40% of the tokens lie before: the first part compacts to below 40%, and the
     # rest then brings the conversation back over 90%.
     total, running, cut = sum(counts), 0, 0
@@ -271,10 +267,7 @@ def test_a_second_compaction_merges_into_the_first(tmp_path: Path) -> None:
     summaries = [m for m in second.messages if injected_kind(m) == "summary"]
     assert len(summaries) == 1
     state = json.loads((tmp_path / "s" / "state.json").read_text())["stages"]["summary"]
-    assert (
-        len(state["summaries"]) == 2
-        and state["summaries"][-1]["id"] == summaries[0]["ctxrules"]["id"]
-    )
+    assert len(state["summaries"]) == 2 and state["summaries"][-1]["id"] == injected_meta(summaries[0])["id"]
     first_files = set(state["summaries"][0]["summary"]["relevant_files"])
     merged_files = set(state["summaries"][1]["summary"]["relevant_files"])
     assert first_files <= merged_files or len(merged_files) == 30
@@ -313,9 +306,7 @@ def plant_secrets(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     call["function"] = {
         **call["function"],
         "arguments": json.dumps(
-            {
-                "command": f"curl -H 'Authorization: Bearer {SECRETS['bearer']}' https://api.example.org/v1/x"
-            }
+            {"command": f"curl -H 'Authorization: Bearer {SECRETS['bearer']}' https://api.example.org/v1/x"}
         ),
     }
     out[i] = {**out[i], "tool_calls": [call, *out[i]["tool_calls"][1:]]}
@@ -329,6 +320,7 @@ def plant_secrets(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+@pytest.mark.corpus
 def test_no_secret_survives_in_the_summary_or_the_stored_state(tmp_path: Path) -> None:
     messages = plant_secrets(load("minisweagent-django__django-11815.json"))
     eng = engine(str(SUMMARY_ONLY))
@@ -364,9 +356,7 @@ def direct_context(
     target: str = "monitor",
 ) -> StageContext:
     eng = engine(str(SUMMARY_ONLY))
-    session = eng.session(
-        tmp_path / "d", model="gpt-4o", window=window_for(eng, messages, utilization)
-    )
+    session = eng.session(tmp_path / "d", model="gpt-4o", window=window_for(eng, messages, utilization))
     tokens = session.counter.count_messages(messages, [])
     return StageContext(
         stage_id="summary",
@@ -387,6 +377,7 @@ def direct_context(
     )
 
 
+@pytest.mark.corpus
 def test_without_an_anchor_a_bridge_opens_the_dialogue(tmp_path: Path) -> None:
     real = load("openhands-ponylang__ponyc-4595.json")
     # An agent that started on its own: system prompt, then steps, no real user message.
@@ -397,36 +388,31 @@ def test_without_an_anchor_a_bridge_opens_the_dialogue(tmp_path: Path) -> None:
     ctx = direct_context(tmp_path, messages)
     out = StructuredSummary({})(messages, ctx).messages
     assert out[0] == messages[0]
-    assert (
-        out[1]["role"] == "user"
-        and injected_kind(out[1]) == "summary-bridge"
-        and not is_real_user(out[1])
-    )
+    assert out[1]["role"] == "user" and injected_kind(out[1]) == "summary-bridge" and not is_real_user(out[1])
     assert injected_kind(out[2]) == "summary"
     assert alternation_problems(out) == []
 
 
+@pytest.mark.corpus
 def test_protected_messages_stay_in_place_after_the_summary(tmp_path: Path) -> None:
     messages = load("sweagent-pydicom__pydicom-1458.json")
     keep = next(i for i in range(4, len(messages) // 2) if messages[i]["role"] == "assistant")
     ctx = direct_context(tmp_path, messages, protected={id(messages[keep])})
     out = StructuredSummary({})(messages, ctx).messages
     assert messages[keep] in out
-    assert out.index(messages[keep]) > next(
-        i for i, m in enumerate(out) if injected_kind(m) == "summary"
-    )
+    assert out.index(messages[keep]) > next(i for i, m in enumerate(out) if injected_kind(m) == "summary")
     assert pairing_problems(out) == []
 
 
+@pytest.mark.corpus
 def test_below_the_target_the_stage_does_nothing(tmp_path: Path) -> None:
     messages = load("sweagent-pydicom__pydicom-1458.json")
     ctx = direct_context(tmp_path, messages, utilization=0.3)
     outcome = StructuredSummary({})(messages, ctx)
-    assert outcome.actions == [] and all(
-        a is b for a, b in zip(outcome.messages, messages, strict=True)
-    )
+    assert outcome.actions == [] and all(a is b for a, b in zip(outcome.messages, messages, strict=True))
 
 
+@pytest.mark.corpus
 def test_a_held_compaction_lock_skips_the_turn(tmp_path: Path) -> None:
     messages = load("sweagent-pydicom__pydicom-1458.json")
     ctx = direct_context(tmp_path, messages)
@@ -438,6 +424,7 @@ def test_a_held_compaction_lock_skips_the_turn(tmp_path: Path) -> None:
     assert any(injected_kind(m) == "summary" for m in after.messages)
 
 
+@pytest.mark.corpus
 def test_the_tail_budget_keeps_the_newest_steps_verbatim(tmp_path: Path) -> None:
     messages = load("claudecode-subagent-aa84377.json")
     ctx = direct_context(tmp_path, messages)
@@ -446,9 +433,7 @@ def test_the_tail_budget_keeps_the_newest_steps_verbatim(tmp_path: Path) -> None
     summary_at = next(i for i, m in enumerate(out) if injected_kind(m) == "summary")
     kept = [m for m in out[summary_at + 1 :] if not is_injected(m)]
     assert kept == messages[len(messages) - len(kept) :]
-    assert ctx.counter.count_messages(kept, []) >= min(
-        tail_tokens, ctx.counter.count_messages(messages[-2:], [])
-    )
+    assert ctx.counter.count_messages(kept, []) >= min(tail_tokens, ctx.counter.count_messages(messages[-2:], []))
 
 
 # --- generated conversations --------------------------------------------------------------------
@@ -463,9 +448,7 @@ def test_the_tail_budget_keeps_the_newest_steps_verbatim(tmp_path: Path) -> None
 def test_invariants_hold_when_the_summary_is_the_only_compaction(
     tmp_path_factory: pytest.TempPathFactory, history: list[dict[str, Any]], window: int
 ) -> None:
-    session = engine(str(SUMMARY_ONLY)).session(
-        tmp_path_factory.mktemp("g"), model="gpt-4o", window=window
-    )
+    session = engine(str(SUMMARY_ONLY)).session(tmp_path_factory.mktemp("g"), model="gpt-4o", window=window)
     frozen = copy.deepcopy(history)
     out = session.prepare(history, clock=5.0).messages
     assert history == frozen
@@ -503,11 +486,26 @@ def _history_of_small_steps() -> list[dict[str, Any]]:
     ]
 
     def add_step(cid: str, lines: int) -> None:
-        msgs.append({"role": "assistant", "content": f"Running check {cid}.",
-                     "tool_calls": [{"id": cid, "type": "function", "function": {
-                         "name": "Bash", "arguments": json.dumps({"command": f"check {cid}"})}}]})
-        msgs.append({"role": "tool", "tool_call_id": cid, "content": "".join(
-            f"{cid}: row {i:05d} parsed, value={(i * 7919) % 10007} ok\n" for i in range(lines))})
+        msgs.append(
+            {
+                "role": "assistant",
+                "content": f"Running check {cid}.",
+                "tool_calls": [
+                    {
+                        "id": cid,
+                        "type": "function",
+                        "function": {"name": "Bash", "arguments": json.dumps({"command": f"check {cid}"})},
+                    }
+                ],
+            }
+        )
+        msgs.append(
+            {
+                "role": "tool",
+                "tool_call_id": cid,
+                "content": "".join(f"{cid}: row {i:05d} parsed, value={(i * 7919) % 10007} ok\n" for i in range(lines)),
+            }
+        )
 
     for i in range(90):
         add_step(f"s{i}", 25)
@@ -531,13 +529,13 @@ def test_the_summary_replaces_only_as_many_old_messages_as_the_target_needs(
     # The oldest messages went, the newer ones stayed verbatim ...
     assert first == 2 and last < len(msgs) - 1
     kept_real = [m for m in result.messages if not is_injected(m)]
-    assert kept_real[2:] == msgs[last + 1:]
+    assert kept_real[2:] == msgs[last + 1 :]
     # ... and no fewer would have done: giving back the newest replaced step overshoots.
     assert msgs[last]["role"] == "tool" and msgs[last - 1]["role"] == "assistant"
     assert after + sum(session.counter.count_each(msgs[last - 1 : last + 1])) > target - 50
 
 
-@pytest.mark.skipif(not transcript_paths(), reason="the real transcript corpus is absent")
+@pytest.mark.corpus
 def test_the_checkpoint_of_a_real_session_lands_just_below_the_target(tmp_path: Path) -> None:
     msgs = load("claudecode-ae4a77f8.json")
     session = engine(str(SUMMARY_ONLY)).session(tmp_path / "s", model="gpt-4o", window=32_000)

@@ -80,10 +80,7 @@ def test_seed_case_lint_names_the_numbers() -> None:
         ("CR091", "/timeouts/tools/execute"),
         ("CR091", "/timeouts/tools/task"),
     ]
-    assert (
-        "300000 ms (300 s)" in findings[0].message
-        and "chunk_ms = 120000 ms (120 s)" in findings[0].message
-    )
+    assert "300000 ms (300 s)" in findings[0].message and "chunk_ms = 120000 ms (120 s)" in findings[0].message
     assert "heartbeat" in findings[0].hint
 
 
@@ -122,18 +119,14 @@ def test_default_tool_limit_above_chunk_is_flagged_too() -> None:
         ({"timeouts": {"step_ms": 300_000}}, []),
     ],
 )
-def test_compaction_allowance_against_the_summarizer_ceiling(
-    pack: dict[str, object], codes: list[str]
-) -> None:
+def test_compaction_allowance_against_the_summarizer_ceiling(pack: dict[str, object], codes: list[str]) -> None:
     findings = lint_timeouts(pack)
     assert [f.code for f in findings] == codes
     if codes:
         assert "600000 ms (600 s" in findings[0].message
 
 
-def test_validate_warns_on_the_seed_pack_and_not_on_the_fixed_one(
-    cli, monkeypatch: pytest.MonkeyPatch
-) -> None:  # type: ignore[no-untyped-def]
+def test_validate_warns_on_the_seed_pack_and_not_on_the_fixed_one(cli, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
     monkeypatch.chdir(REPO)
     code, out, _ = cli("validate", "--format", "json", str(SEED.relative_to(REPO)))
     doc = json.loads(out)
@@ -143,19 +136,13 @@ def test_validate_warns_on_the_seed_pack_and_not_on_the_fixed_one(
     code, out, _ = cli("validate", "--strict", str(SEED.relative_to(REPO)))
     assert code == 1, out
     code, out, _ = cli("validate", "--format", "json", str(FIXED.relative_to(REPO)))
-    assert [
-        d for d in json.loads(out)["diagnostics"] if d["file"].endswith("timeouts-fixed.yaml")
-    ] == []
+    assert [d for d in json.loads(out)["diagnostics"] if d["file"].endswith("timeouts-fixed.yaml")] == []
 
 
 def test_explain_timeouts_prints_the_table(cli) -> None:  # type: ignore[no-untyped-def]
     code, out, err = cli("explain", "--timeouts", str(SEED))
     assert code == 0, err
-    rows = {
-        ln.split()[0]: ln.split()
-        for ln in out.splitlines()
-        if ln.startswith(("execute", "task", "(default)"))
-    }
+    rows = {ln.split()[0]: ln.split() for ln in out.splitlines() if ln.startswith(("execute", "task", "(default)"))}
     assert rows["execute"][:5] == ["execute", "300", "s", "tools.execute", "120"]
     assert "chunk_ms" in rows["execute"] and "override cannot take effect" in out
     assert "step timer 360 s" in out

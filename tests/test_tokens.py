@@ -17,6 +17,7 @@ from types import ModuleType
 from typing import Any
 
 import pytest
+from conftest import TRANSCRIPTS, transcript_paths
 
 from ctxrules.errors import CtxrulesError
 from ctxrules.models import lookup_model
@@ -34,8 +35,8 @@ from ctxrules.tokens import (
 
 REPO = Path(__file__).resolve().parents[1]
 ENGINE = REPO / "engine"
-TRANSCRIPTS = Path(__file__).resolve().parents[1].parent / "shared" / "corpus" / "transcripts"
-TRANSCRIPT_FILES = sorted(p for p in TRANSCRIPTS.glob("*.json") if p.name != "stats.json")
+
+TRANSCRIPT_FILES = transcript_paths()
 
 TOOLS: list[dict[str, Any]] = [
     {
@@ -163,9 +164,7 @@ def litellm() -> Iterator[ModuleType]:
 
 def run_python(code: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     environ = {**os.environ, "PYTHONPATH": str(ENGINE), **(env or {})}
-    return subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, env=environ, check=False
-    )
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=environ, check=False)
 
 
 # --------------------------------------------------------------------------- tiny images
@@ -181,9 +180,7 @@ def png_bytes(width: int, height: int) -> bytes:
     header = struct.pack(">IIBBBBB", width, height, 1, 0, 0, 0, 0)
     row = b"\x00" + b"\x00" * ((width + 7) // 8)
     pixels = zlib.compress(row * height, 9)
-    return (
-        b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", pixels) + chunk(b"IEND", b"")
-    )
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", pixels) + chunk(b"IEND", b"")
 
 
 def jpeg_bytes(width: int, height: int) -> bytes:
@@ -230,6 +227,7 @@ def image_message(url: str, detail: str | None = None) -> dict[str, Any]:
 # --------------------------------------------------------------------------- litellm agreement
 
 
+@pytest.mark.corpus
 @pytest.mark.parametrize("model", ["gpt-4o", "gpt-4"])
 @pytest.mark.parametrize("path", TRANSCRIPT_FILES, ids=lambda p: p.stem)
 def test_corpus_agrees_with_litellm(path: Path, model: str, litellm: ModuleType) -> None:
@@ -246,6 +244,7 @@ def test_corpus_agrees_with_litellm(path: Path, model: str, litellm: ModuleType)
     assert ours_tools - ours == reference_tools - reference  # schema accounting is the same
 
 
+@pytest.mark.corpus
 def test_corpus_is_present() -> None:
     assert len(TRANSCRIPT_FILES) >= 20
 
@@ -320,6 +319,7 @@ def test_anthropic_shaped_tools_are_counted() -> None:
 # --------------------------------------------------------------------------- memo
 
 
+@pytest.mark.corpus
 def test_memo_serves_unchanged_messages() -> None:
     counter = TokenCounter("o200k_base")
     messages = load(TRANSCRIPTS / "claudecode-ae4a77f8.json")
@@ -402,6 +402,32 @@ def test_reasoning_and_thinking_blocks_count() -> None:
     assert counter.count_message(redacted) == base
 
 
+def test_thinking_held_in_both_fields_counts_once() -> None:
+    """litellm returns Anthropic thinking as ``thinking_blocks`` *and* their texts joined in
+    ``reasoning_content``: the provider gets the text once, so it is counted once."""
+    counter = TokenCounter("o200k_base")
+    parts = ["First check the imports. " * 40, "Then rerun the failing test. " * 40]
+    blocks = [{"type": "thinking", "thinking": t, "signature": f"sig{i}"} for i, t in enumerate(parts)]
+    only_blocks = {"role": "assistant", "content": "Done.", "thinking_blocks": blocks}
+    thinking = sum(counter.count_text(t) for t in parts)
+    base = counter.count_message({"role": "assistant", "content": "Done."})
+    assert counter.count_message(only_blocks) == base + thinking
+    for joined in ("".join(parts), "\n".join(parts), "\n\n".join(parts)):
+        assert counter.count_message({**only_blocks, "reasoning_content": joined}) == base + thinking
+    # Thinking parts in the content are the same text too.
+    in_content = {
+        "role": "assistant",
+        "reasoning_content": "".join(parts),
+        "content": [*blocks, {"type": "text", "text": "Done."}],
+    }
+    assert counter.count_message(in_content) < base + 2 * thinking
+    # Reasoning that says something else is counted on its own.
+    other = "A different summary of the reasoning."
+    assert counter.count_message({**only_blocks, "reasoning_content": other}) == (
+        base + thinking + counter.count_text(other)
+    )
+
+
 def test_non_object_message_is_an_error() -> None:
     with pytest.raises(CtxrulesError):
         TokenCounter.for_tokenizer("o200k_base").count_messages(["not a message"])  # type: ignore[list-item]
@@ -410,17 +436,14 @@ def test_non_object_message_is_an_error() -> None:
 # --------------------------------------------------------------------------- text
 
 
+@pytest.mark.corpus
 def test_long_text_is_counted_exactly() -> None:
     import tiktoken
 
     counter = TokenCounter.for_tokenizer("o200k_base")
-    text = "\n".join(
-        m["content"] for m in load(TRANSCRIPTS / "claudecode-ae4a77f8.json") if m["content"]
-    )
+    text = "\n".join(m["content"] for m in load(TRANSCRIPTS / "claudecode-ae4a77f8.json") if m["content"])
     assert len(text) > 10 * CHUNK_CHARS
-    assert counter.count_text(text) == len(
-        tiktoken.get_encoding("o200k_base").encode_ordinary(text)
-    )
+    assert counter.count_text(text) == len(tiktoken.get_encoding("o200k_base").encode_ordinary(text))
 
 
 def test_pathological_text_stays_fast() -> None:
@@ -462,6 +485,7 @@ def test_counters_are_shared_per_tokenizer() -> None:
     assert TokenCounter.for_model(lookup_model("gemini-2.5-pro")).tokenizer == "approx"
 
 
+@pytest.mark.corpus
 @pytest.mark.parametrize("path", TRANSCRIPT_FILES, ids=lambda p: p.stem)
 def test_estimates_are_plausible(path: Path) -> None:
     messages = load(path)

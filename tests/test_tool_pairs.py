@@ -12,18 +12,19 @@ from typing import Any, cast
 import jsonschema
 import pytest
 import structlog
+from conftest import transcript_paths
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from invariants import id_problems
 
-from ctxrules.messages import is_injected, mark_injected
+from ctxrules.messages import injected_kind, is_injected, mark_injected
 from ctxrules.pipeline.context import StageContext
 from ctxrules.stages.base import Action
-from ctxrules.stages.normalize_tool_pairs import STAGE_TYPE, ToolPairRepair, repair_tool_pairs
+from ctxrules.stages.normalize_tool_pairs import STAGE_TYPE, ToolPairRepair, _fixed_arguments, repair_tool_pairs
 from ctxrules.structure import pair_tool_calls, pinned_indices
-from ctxrules.vault import Vault
+from ctxrules.vault import Vault, parse_marker
 
-TRANSCRIPTS = Path(__file__).resolve().parents[2] / "shared" / "corpus" / "transcripts"
-CORPUS = sorted(p for p in TRANSCRIPTS.glob("*.json") if p.name != "stats.json")
+CORPUS = transcript_paths()
 
 Msg = dict[str, Any]
 
@@ -112,6 +113,7 @@ def test_valid_history_comes_back_identical() -> None:
     assert out is not messages
 
 
+@pytest.mark.corpus
 @pytest.mark.parametrize("path", CORPUS, ids=lambda p: p.stem)
 @pytest.mark.parametrize("policy", ["synthesize", "remove"])
 def test_corpus_transcripts_are_unchanged(path: Path, policy: Any) -> None:
@@ -127,10 +129,95 @@ def test_corpus_transcripts_are_unchanged(path: Path, policy: Any) -> None:
 # --- pairing by id --------------------------------------------------------------------------
 
 
-def test_ids_reused_across_turns_pair_with_the_most_recent_open_call() -> None:
-    messages = [user(), asst("x"), tool("x", "first"), asst("x"), tool("x", "second")]
+def test_ids_reused_across_turns_are_renamed_with_their_results() -> None:
+    messages = [
+        user(),
+        asst("x"),
+        tool("x", "first"),
+        asst("x"),
+        tool("x", "second"),
+        user("more"),
+        asst("x"),
+        tool("x", "third"),
+    ]
     out, actions = repair_tool_pairs(messages)
-    assert out == messages and actions == []
+    assert_valid_pairs(out)
+    assert out[:3] == messages[:3], "the first use keeps its id"
+    assert [c["id"] for m in out for c in m.get("tool_calls") or []] == ["x", "x_2", "x_3"]
+    assert [(m["tool_call_id"], m["content"]) for m in out if m["role"] == "tool"] == [
+        ("x", "first"),
+        ("x_2", "second"),
+        ("x_3", "third"),
+    ]
+    assert kinds(actions) == ["call_id_renamed", "call_id_renamed"]
+    # Stable: appending a turn renames nothing earlier, and the output is left as it is.
+    grown, _ = repair_tool_pairs([*messages, asst("x"), tool("x", "fourth")])
+    assert grown[: len(out)] == out and grown[-2]["tool_calls"][0]["id"] == "x_4"
+    assert repair_tool_pairs(out) == (out, [])
+
+
+def test_duplicate_ids_inside_one_message_are_renamed_in_order() -> None:
+    messages = [user(), asst("a", "a", "b"), tool("a", "A1"), tool("a", "A2"), tool("b", "B")]
+    out, actions = repair_tool_pairs(messages)
+    assert_valid_pairs(out)
+    assert [c["id"] for c in out[1]["tool_calls"]] == ["a", "a_2", "b"]
+    assert [(m["tool_call_id"], m["content"]) for m in out[2:]] == [("a", "A1"), ("a_2", "A2"), ("b", "B")]
+    assert kinds(actions) == ["call_id_renamed"]
+
+
+def test_invalid_json_arguments_go_to_the_vault_and_a_valid_object_says_so(tmp_path: Path) -> None:
+    cut = '{"command": "grep -rn foo src/'
+    messages = [user(), asst("a", "b", "c"), tool("a"), tool("b"), tool("c")]
+    calls = messages[1]["tool_calls"]
+    messages[1] = {
+        **messages[1],
+        "tool_calls": [
+            {**calls[0], "function": {"name": "Bash", "arguments": cut}},
+            {**calls[1], "function": {"name": "Bash", "arguments": ""}},
+            calls[2],
+        ],
+    }
+    ctx = make_ctx(tmp_path)
+    outcome = ToolPairRepair({})(messages, ctx)
+    fixed = outcome.messages[1]["tool_calls"]
+    replaced = json.loads(fixed[0]["function"]["arguments"])
+    marker = parse_marker(replaced["ctxrules_invalid_arguments"])
+    assert marker.kind == "json" and ctx.vault.get_text(marker.vault_id) == cut
+    assert "not valid JSON" in replaced["note"]
+    assert fixed[1]["function"]["arguments"] == "{}" and fixed[2] is calls[2]
+    action = next(a for a in outcome.actions if a.kind == "arguments_replaced" and a.vault_id)
+    assert action.vault_id == marker.vault_id
+    assert ToolPairRepair({})(outcome.messages, ctx).actions == []
+
+
+def test_repaired_output_converts_to_anthropic_with_litellm() -> None:
+    import warnings
+
+    with warnings.catch_warnings():  # litellm's own import-time warnings are not ours
+        warnings.simplefilter("ignore")
+        from litellm.litellm_core_utils.prompt_templates.factory import anthropic_messages_pt
+
+    messages = [user(), asst("a", "a"), tool("a", "1"), tool("a", "2"), user("again"), asst("a"), tool("a", "3")]
+    messages[5] = {
+        **messages[5],
+        "tool_calls": [{**messages[5]["tool_calls"][0], "function": {"name": "Bash", "arguments": '{"command": "ls'}}],
+    }
+    # Today's input is what litellm refuses ...
+    with pytest.raises(ValueError, match="Failed to parse tool call arguments"):
+        anthropic_messages_pt(messages, model="claude-sonnet-4-5", llm_provider="anthropic")
+    out, _ = repair_tool_pairs(messages)
+    converted = anthropic_messages_pt(out, model="claude-sonnet-4-5", llm_provider="anthropic")
+    uses = [b for m in converted if m["role"] == "assistant" for b in m["content"] if b.get("type") == "tool_use"]
+    results = [
+        b
+        for m in converted
+        if m["role"] == "user"
+        for b in m["content"]
+        if isinstance(b, dict) and b.get("type") == "tool_result"
+    ]
+    assert len({u["id"] for u in uses}) == len(uses) == 3
+    assert [r["tool_use_id"] for r in results] == [u["id"] for u in uses]
+    assert "ctxrules_invalid_arguments" in uses[2]["input"]
 
 
 def test_misplaced_results_move_into_their_block_in_call_order() -> None:
@@ -193,9 +280,9 @@ def test_unanswered_call_gets_a_marked_interrupted_result() -> None:
     assert_valid_pairs(out)
     synthesized = out[2]
     assert synthesized["tool_call_id"] == "a"
-    assert synthesized["ctxrules"]["kind"] == "interrupted"
+    assert injected_kind(synthesized) == "interrupted" and set(synthesized) == {"role", "content", "tool_call_id"}
     assert "[ctxrules:interrupted] tool call was not answered" in synthesized["content"]
-    assert synthesized["content"].startswith("<ctxrules:interrupted>")
+    assert synthesized["content"].startswith("<ctxrules:interrupted sig=")
     assert is_injected(synthesized)
     assert out[3] is messages[2]
     assert kinds(actions) == ["result_synthesized"]
@@ -352,14 +439,12 @@ _ids = st.sampled_from(["a", "b", "c", "d"]) | st.none()
 @st.composite
 def conversations(draw: Callable[..., Any]) -> list[Msg]:
     """Random roles, parallel calls, reused and missing ids, orphans, duplicates, misplaced
-    and missing results, injected messages."""
+    and missing results, injected messages, arguments that are not JSON."""
     messages: list[Msg] = []
     if draw(st.booleans()):
         messages.append({"role": "system", "content": "sys"})
     for n in range(draw(st.integers(0, 16))):
-        kind = draw(
-            st.sampled_from(["user", "injected", "asst", "asst", "tool", "tool", "tool", "plain"])
-        )
+        kind = draw(st.sampled_from(["user", "injected", "asst", "asst", "tool", "tool", "tool", "plain"]))
         if kind == "user":
             messages.append(user(f"u{n}"))
         elif kind == "injected":
@@ -367,7 +452,12 @@ def conversations(draw: Callable[..., Any]) -> list[Msg]:
         elif kind == "asst":
             ids = draw(st.lists(_ids, min_size=1, max_size=3))
             content = draw(st.sampled_from(["", None, "text", "  "]))
-            messages.append(asst(*ids, content=content))
+            made = asst(*ids, content=content)
+            bad = draw(st.sampled_from([None, None, None, '{"command": "ls', "ls -la", ""]))
+            if bad is not None:  # a model cut off mid-call, or prose instead of JSON
+                first = made["tool_calls"][0]
+                made["tool_calls"][0] = {**first, "function": {**first["function"], "arguments": bad}}
+            messages.append(made)
         elif kind == "tool":
             messages.append(tool(draw(_ids), f"r{n}"))
         else:
@@ -382,6 +472,7 @@ def _pinned_must_survive(messages: list[Msg]) -> list[int]:
     get the call's id, and orphan or duplicate results are dropped.
     """
     pairing = pair_tool_calls(messages)
+    renamed = _renamed(messages)
     keep = []
     for i in sorted(pinned_indices(messages)):
         msg = messages[i]
@@ -391,8 +482,28 @@ def _pinned_must_survive(messages: list[Msg]) -> list[int]:
             continue
         if msg.get("tool_calls") == []:
             continue
+        if i in renamed or any(_fixed_arguments(c) is not None for c in msg.get("tool_calls") or []):
+            continue
         keep.append(i)
     return keep
+
+
+def _renamed(messages: list[Msg]) -> set[int]:
+    """Assistant messages with a call id used before (earlier, or twice in it), and the results
+    of those calls: the repair renames them (the third documented exception)."""
+    pairing = pair_tool_calls(messages)
+    seen: set[Any] = set()
+    out: set[int] = set()
+    for i, msg in enumerate(messages):
+        for pos, call in enumerate(msg.get("tool_calls") or []):
+            cid = call.get("id")
+            if cid in seen:
+                out.add(i)
+                result = pairing.result_of.get((i, pos))
+                if result is not None:
+                    out.add(result)
+            seen.add(cid)
+    return out
 
 
 @settings(max_examples=400, suppress_health_check=[HealthCheck.too_slow])
@@ -401,8 +512,9 @@ def test_repair_properties(messages: list[Msg], policy: Any) -> None:
     snapshot = copy.deepcopy(messages)
     out, actions = repair_tool_pairs(messages, unanswered=policy)
 
-    # invariant 1, checked independently
+    # invariants 1 and 7, checked independently
     assert_valid_pairs(out)
+    assert id_problems(out) == []
     # input never mutated
     assert messages == snapshot
     # idempotent
@@ -418,8 +530,8 @@ def test_repair_properties(messages: list[Msg], policy: Any) -> None:
         if id(msg) not in originals:
             changed = msg["role"] == "assistant" or "tool_call_id" in msg
             assert changed
-            if msg["role"] == "tool" and msg.get("ctxrules"):
-                assert msg["ctxrules"]["kind"] == "interrupted"
+            if msg["role"] == "tool" and is_injected(msg):
+                assert injected_kind(msg) == "interrupted"
     # every input tool result is either in the output or reported as dropped
     dropped = {a.index for a in actions if a.kind in ("orphan_dropped", "duplicate_dropped")}
     out_contents = Counter(m["content"] for m in out if m["role"] == "tool")

@@ -55,9 +55,7 @@ def test_add_and_show_round_trip(cli, tmp_path: Path) -> None:  # type: ignore[n
             }
         )
     )
-    code, out, err = cli(
-        "usage", "add", "--state", state, "--model", "claude-sonnet-4-5", "--response", str(resp)
-    )
+    code, out, err = cli("usage", "add", "--state", state, "--model", "claude-sonnet-4-5", "--response", str(resp))
     assert code == 0, err
     assert "3520 prompt (3000 cached, 500 written)" in out
     data = show(cli, "--state", state)
@@ -86,17 +84,11 @@ def test_add_and_show_round_trip(cli, tmp_path: Path) -> None:  # type: ignore[n
 
 def test_failed_calls_record_no_usage(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     state = str(tmp_path / "st")
-    code, out, _ = cli(
-        "usage", "add", "--state", state, "--model", "gpt-4o", "--prompt", "900", "--failed"
-    )
+    code, out, _ = cli("usage", "add", "--state", state, "--model", "gpt-4o", "--prompt", "900", "--failed")
     assert code == 0 and "not recorded" in out
     err_body = tmp_path / "err.json"
-    err_body.write_text(
-        json.dumps({"error": {"message": "Overloaded", "type": "overloaded_error"}})
-    )
-    code, out, _ = cli(
-        "usage", "add", "--state", state, "--model", "gpt-4o", "--response", str(err_body)
-    )
+    err_body.write_text(json.dumps({"error": {"message": "Overloaded", "type": "overloaded_error"}}))
+    code, out, _ = cli("usage", "add", "--state", state, "--model", "gpt-4o", "--response", str(err_body))
     assert code == 0 and "not recorded" in out
     assert show(cli, "--state", state)["session"]["calls"] == 0
     assert not (tmp_path / "st" / "default" / "ledger.jsonl").exists()

@@ -22,6 +22,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -58,9 +59,15 @@ def expectations(path: Path) -> list[Expected]:
         m = _EXPECT.match(raw)
         assert m, f"{path.name}: malformed header line {raw!r}"
         target = path.parent / m["file"].decode() if m["file"] else path
-        out.append(Expected((m["severity"] or b"error").decode(), m["code"].decode(),
-                            target.relative_to(REPO).as_posix(), int(m["line"]),
-                            int(m["col"]) if m["col"] else None))
+        out.append(
+            Expected(
+                (m["severity"] or b"error").decode(),
+                m["code"].decode(),
+                target.relative_to(REPO).as_posix(),
+                int(m["line"]),
+                int(m["col"]) if m["col"] else None,
+            )
+        )
     return out
 
 
@@ -89,6 +96,7 @@ def validate_json(cli, *paths: str) -> tuple[int, dict]:  # type: ignore[no-unty
 
 # -- the fixtures --------------------------------------------------------------------------
 
+
 def test_there_are_enough_fixtures() -> None:
     bad = list(BAD.glob("*.yaml"))
     assert len(bad) >= 45
@@ -97,16 +105,18 @@ def test_there_are_enough_fixtures() -> None:
 
 def test_every_code_a_pack_can_trigger_has_a_fixture() -> None:
     covered = {e.code for p in fixture_files() for e in expectations(p)}
-    # CR090 (a file that cannot be read) cannot live in a fixture: see test_unreadable_file.
+    # CR090 (a file that cannot be read) cannot live in a fixture: see test_unreadable_file;
+    # nor CR101 (a FIFO, a device, a file over 1 MB): see tests/test_hostile_packs.py.
     # CR140/CR141 are found in requests, not packs (ctxrules.formats): test_formats_anthropic.py.
-    missing = set(CODES) - covered - {"CR090", "CR140", "CR141"}
+    missing = set(CODES) - covered - {"CR090", "CR101", "CR140", "CR141"}
     assert not missing, f"no fixture triggers {sorted(missing)}"
     assert covered <= set(CODES), f"fixtures expect unknown codes {sorted(covered - set(CODES))}"
 
 
 @pytest.mark.parametrize("fixture", fixture_files(), ids=_id)
 def test_fixture_gives_exactly_the_expected_diagnostics(  # type: ignore[no-untyped-def]
-        cli, in_repo: Path, fixture: Path) -> None:
+    cli, in_repo: Path, fixture: Path
+) -> None:
     expected = expectations(fixture)
     rel = fixture.relative_to(REPO).as_posix()
     code, doc = validate_json(cli, rel)
@@ -117,8 +127,11 @@ def test_fixture_gives_exactly_the_expected_diagnostics(  # type: ignore[no-unty
     assert (doc["errors"], doc["warnings"]) == (errors, len(expected) - errors), summary
     assert len(got) == len(expected), summary
     for exp in expected:
-        hits = [d for d in got if (d["severity"], d["code"], d["file"], d["line"])
-                == (exp.severity, exp.code, exp.file, exp.line)]
+        hits = [
+            d
+            for d in got
+            if (d["severity"], d["code"], d["file"], d["line"]) == (exp.severity, exp.code, exp.file, exp.line)
+        ]
         assert hits, f"expected {exp} in {summary}"
         if exp.col is not None:
             assert any(d["col"] == exp.col for d in hits), f"expected column {exp.col} in {summary}"
@@ -131,7 +144,8 @@ def test_fixture_gives_exactly_the_expected_diagnostics(  # type: ignore[no-unty
 
 @pytest.mark.parametrize("fixture", fixture_files(), ids=_id)
 def test_fixture_text_output_points_at_the_line(  # type: ignore[no-untyped-def]
-        cli, in_repo: Path, fixture: Path) -> None:
+    cli, in_repo: Path, fixture: Path
+) -> None:
     expected = expectations(fixture)
     code, out, err = cli("validate", fixture.relative_to(REPO).as_posix())
     assert err == ""
@@ -148,7 +162,8 @@ def test_fixture_text_output_points_at_the_line(  # type: ignore[no-untyped-def]
 
 
 def test_the_whole_fixture_tree_validates_without_crashing(  # type: ignore[no-untyped-def]
-        cli, in_repo: Path) -> None:
+    cli, in_repo: Path
+) -> None:
     code, doc = validate_json(cli, "tests/fixtures/packs")
     assert code == 1
     # Folders are searched recursively; YAML that does not even claim to be a pack is skipped.
@@ -162,7 +177,8 @@ def test_the_whole_fixture_tree_validates_without_crashing(  # type: ignore[no-u
 
 @pytest.mark.parametrize("folder", ["cycle", "order-broken-by-child"])
 def test_a_problem_found_through_a_child_survives_validating_its_parent_too(  # type: ignore[no-untyped-def]
-        cli, in_repo: Path, folder: str) -> None:
+    cli, in_repo: Path, folder: str
+) -> None:
     """Validating parent and child together must report what validating the child alone does."""
     where = EXTENDS / folder
     alone = set()
@@ -176,23 +192,31 @@ def test_a_problem_found_through_a_child_survives_validating_its_parent_too(  # 
 
 # -- the four things a new user gets wrong first -------------------------------------------
 
-NEW_USER = {
-    "cr010-typo-in-context.yaml": ("CR010", 6, "did you mean 'thresholds'"),
-    "cr001-tab-indentation.yaml": ("CR001", 5, "tab"),
-    "cr003-duplicate-nested.yaml": ("CR003", 7, "first defined at line 5"),
-    "cr050-threshold-above-one.yaml": ("CR050", 7, "(0, 1)"),
+NEW_USER = {  # the line is the fixture's own `# expect:` header
+    "cr010-typo-in-context.yaml": ("CR010", "did you mean 'thresholds'"),
+    "cr001-tab-indentation.yaml": ("CR001", "tab"),
+    "cr003-duplicate-nested.yaml": ("CR003", "first defined at line"),
+    "cr050-threshold-above-one.yaml": ("CR050", "(0, 1)"),
 }
 
 
 @pytest.mark.parametrize("name", sorted(NEW_USER))
 def test_new_user_mistake_gives_one_clear_diagnostic(name: str) -> None:
     """Through the real entry point in a fresh process, as a user runs it."""
-    code_expected, line, words = NEW_USER[name]
+    code_expected, words = NEW_USER[name]
+    [expected] = expectations(BAD / name)
+    line = expected.line
     env = {**os.environ, "PYTHONPATH": str(REPO / "engine")}
     env.pop("CTXRULES_DEBUG", None)
     rel = f"tests/fixtures/packs/bad/{name}"
-    proc = subprocess.run([sys.executable, "-m", "ctxrules.cli.main", "validate", rel],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "ctxrules.cli.main", "validate", rel],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 1, proc.stderr
     assert "Traceback" not in proc.stderr and proc.stderr == ""
     finding = re.compile(r"^\S+:\d+:\d+: (error|warning)\[")
@@ -208,19 +232,23 @@ def test_new_user_mistake_gives_one_clear_diagnostic(name: str) -> None:
 
 # -- files that cannot be read ----------------------------------------------------------------
 
+
 def test_unreadable_file(  # type: ignore[no-untyped-def]
-        cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """CR090: tests run as root, where chmod 000 still reads; simulate the OS refusing."""
     pack = tmp_path / "locked.yaml"
-    pack.write_text("apiVersion: ctxrules/v1\nkind: RulePack\n", encoding="utf-8")
-    real_read_bytes = Path.read_bytes
+    pack.write_text("apiVersion: ctxrules/v1\nkind: RulePack\nmetadata: {name: t, version: 1.0.0}\n", encoding="utf-8")
+    from ctxrules.packs import loader
 
-    def refuse(self: Path) -> bytes:
-        if self.name == "locked.yaml":
-            raise PermissionError(13, "Permission denied", str(self))
-        return real_read_bytes(self)
+    real_read = loader.read_limited
 
-    monkeypatch.setattr(Path, "read_bytes", refuse)
+    def refuse(path: Path, *args: Any, **kwargs: Any) -> bytes:
+        if path.name == "locked.yaml":
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_read(path, *args, **kwargs)
+
+    monkeypatch.setattr(loader, "read_limited", refuse)
     monkeypatch.chdir(tmp_path)
     code, doc = validate_json(cli, "locked.yaml")
     assert code == 1
@@ -230,19 +258,25 @@ def test_unreadable_file(  # type: ignore[no-untyped-def]
 
 
 def test_unreadable_parent_is_reported(  # type: ignore[no-untyped-def]
-        cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    (tmp_path / "locked.yaml").write_text("apiVersion: ctxrules/v1\nkind: RulePack\n",
-                                          encoding="utf-8")
+    cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "locked.yaml").write_text(
+        "apiVersion: ctxrules/v1\nkind: RulePack\nmetadata: {name: t, version: 1.0.0}\n", encoding="utf-8"
+    )
     (tmp_path / "child.yaml").write_text(
-        "apiVersion: ctxrules/v1\nkind: RulePack\nextends: ./locked.yaml\n", encoding="utf-8")
-    real_read_bytes = Path.read_bytes
+        "apiVersion: ctxrules/v1\nkind: RulePack\nextends: ./locked.yaml\nmetadata: {name: t, version: 1.0.0}\n",
+        encoding="utf-8",
+    )
+    from ctxrules.packs import loader
 
-    def refuse(self: Path) -> bytes:
-        if self.name == "locked.yaml":
-            raise PermissionError(13, "Permission denied", str(self))
-        return real_read_bytes(self)
+    real_read = loader.read_limited
 
-    monkeypatch.setattr(Path, "read_bytes", refuse)
+    def refuse(path: Path, *args: Any, **kwargs: Any) -> bytes:
+        if path.name == "locked.yaml":
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_read(path, *args, **kwargs)
+
+    monkeypatch.setattr(loader, "read_limited", refuse)
     monkeypatch.chdir(tmp_path)
     code, doc = validate_json(cli, "child.yaml")
     assert code == 1
@@ -260,10 +294,13 @@ def test_loader_reports_a_directory_as_unreadable(tmp_path: Path) -> None:
 
 
 def test_extends_naming_a_directory_is_not_found(  # type: ignore[no-untyped-def]
-        cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     (tmp_path / "parent.yaml").mkdir()
     (tmp_path / "child.yaml").write_text(
-        "apiVersion: ctxrules/v1\nkind: RulePack\nextends: ./parent.yaml\n", encoding="utf-8")
+        "apiVersion: ctxrules/v1\nkind: RulePack\nextends: ./parent.yaml\nmetadata: {name: t, version: 1.0.0}\n",
+        encoding="utf-8",
+    )
     monkeypatch.chdir(tmp_path)
     code, doc = validate_json(cli, "child.yaml")
     assert code == 1
@@ -273,25 +310,58 @@ def test_extends_naming_a_directory_is_not_found(  # type: ignore[no-untyped-def
 # -- no traceback, whatever the pack --------------------------------------------------------
 
 _SOURCES = [(REPO / "rules" / "default.yaml").read_text(encoding="utf-8")] + [
-    p.read_bytes().decode("utf-8", errors="replace") for p in sorted(BAD.glob("*.yaml"))
-    if p.stat().st_size < 4000]
-_SNIPPETS = ["\t", ":", "- ", "{", "}", "[", "]", "'", '"', "&a ", "*a", "<<: ", "---\n", "\n  ",
-             "!!", "%", "@", "?", "|", ">", "\\", "\x00", "null", "1.5", "-1", "id: pairs\n",
-             "enabled: false\n", "~", "2001-01-01", ".inf", "1e400", "extends: builtin:default\n",
-             "{% include 'x' %}", "{{ y }}", "before: pairs\n", "with: {a: 1}\n"]
-_EDITS = st.lists(st.tuples(st.floats(0, 1), st.integers(0, 12), st.sampled_from(_SNIPPETS)),
-                  min_size=1, max_size=4)
+    p.read_bytes().decode("utf-8", errors="replace") for p in sorted(BAD.glob("*.yaml")) if p.stat().st_size < 4000
+]
+_SNIPPETS = [
+    "\t",
+    ":",
+    "- ",
+    "{",
+    "}",
+    "[",
+    "]",
+    "'",
+    '"',
+    "&a ",
+    "*a",
+    "<<: ",
+    "---\n",
+    "\n  ",
+    "!!",
+    "%",
+    "@",
+    "?",
+    "|",
+    ">",
+    "\\",
+    "\x00",
+    "null",
+    "1.5",
+    "-1",
+    "id: pairs\n",
+    "enabled: false\n",
+    "~",
+    "2001-01-01",
+    ".inf",
+    "1e400",
+    "extends: builtin:default\n",
+    "{% include 'x' %}",
+    "{{ y }}",
+    "before: pairs\n",
+    "with: {a: 1}\n",
+]
+_EDITS = st.lists(st.tuples(st.floats(0, 1), st.integers(0, 12), st.sampled_from(_SNIPPETS)), min_size=1, max_size=4)
 
 
-@settings(max_examples=200, deadline=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(base=st.sampled_from(_SOURCES), edits=_EDITS)
 def test_mangled_packs_never_crash(  # type: ignore[no-untyped-def]
-        cli, tmp_path: Path, base: str, edits: list[tuple[float, int, str]]) -> None:
+    cli, tmp_path: Path, base: str, edits: list[tuple[float, int, str]]
+) -> None:
     text = base
     for where, cut, insert in edits:
         at = int(where * len(text))
-        text = text[:at] + insert + text[at + cut:]
+        text = text[:at] + insert + text[at + cut :]
     path = tmp_path / "mangled.yaml"
     path.write_text(text, encoding="utf-8")
     code, out, err = cli("validate", "--format", "json", str(path))

@@ -126,19 +126,12 @@ def test_warm_up_sends_the_prefix_with_one_output_token(server: Any, tmp_path: P
             {"role": "user", "content": "hello"},
         ]
     )
-    probe = send_probe(
-        "openai/gpt-4o", result.messages, request={**request_for(base), **result.request}
-    )
+    probe = send_probe("openai/gpt-4o", result.messages, request={**request_for(base), **result.request})
     assert probe.ok, probe.error
     ((_, body),) = handler.calls
     assert body["max_tokens"] == 1 and body["prompt_cache_key"] == "s"
     assert body["messages"] == result.messages
-    assert (
-        probe.prompt_tokens > 0
-        and probe.cached_tokens == 0
-        and probe.cost_usd
-        and probe.cost_usd > 0
-    )
+    assert probe.prompt_tokens > 0 and probe.cached_tokens == 0 and probe.cost_usd and probe.cost_usd > 0
 
 
 def test_keep_alive_schedule_on_a_scaled_clock(server: Any) -> None:
@@ -183,16 +176,10 @@ def test_keep_alive_schedule_on_a_scaled_clock(server: Any) -> None:
     assert (first_after - resumed) / SCALE >= INTERVAL - 1
     assert all(body["max_tokens"] == 1 for _, body in handler.calls)
     report = ka.report()
-    assert (
-        report["warmups"] == 1 and report["keepalives"] == len(probes) - 1 and report["failed"] == 0
-    )
+    assert report["warmups"] == 1 and report["keepalives"] == len(probes) - 1 and report["failed"] == 0
     assert report["cost_usd"] is not None and report["cost_usd"] > 0
     # The keep-alives hit the cache the warm-up wrote: they are cheaper.
-    assert (
-        probes[1].cached_tokens > 0
-        and probes[1].cost_usd is not None
-        and probes[0].cost_usd is not None
-    )
+    assert probes[1].cached_tokens > 0 and probes[1].cost_usd is not None and probes[0].cost_usd is not None
     assert probes[1].cost_usd < probes[0].cost_usd
 
 
@@ -230,9 +217,7 @@ def test_after_prepare_warms_at_start_and_after_compaction(server: Any) -> None:
     with ka:
         ka.after_prepare(Result([{"role": "user", "content": "a"}], 0))
         wait_for(lambda: len(sent) == 1)
-        ka.after_prepare(
-            Result([{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}], 0)
-        )
+        ka.after_prepare(Result([{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}], 0))
         ka.after_prepare(Result([{"role": "user", "content": "summary"}], 500))
         wait_for(lambda: len(sent) == 2)
     assert [p.reason for p in sent] == ["session start", "after compaction"]

@@ -3,7 +3,9 @@
 Builds the wheel from this checkout, installs it into a fresh virtual environment and runs the
 installed ``ctxrules`` from a folder outside the repository, so nothing can come from the
 source tree by accident. The venv sees the system site-packages for the dependencies
-(no network here); ctxrules itself comes only from the wheel.
+(no network here); ctxrules itself comes only from the wheel. The test extras are there too, so
+the venv carries an import guard that makes them unimportable: every verb must work on a plain
+``pip install ctxrules``.
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
+import shutil
 import subprocess
 import sys
 import venv
@@ -30,18 +34,36 @@ if importlib.util.find_spec("hatchling") is None:  # the build backend, from the
 def _run(argv: list[str], **kwargs: object) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "CTXRULES_DEBUG")}
     env["PIP_DISABLE_PIP_VERSION_CHECK"] = "1"
-    return subprocess.run(argv, capture_output=True, text=True, timeout=600, env=env,
-                          check=False, **kwargs)  # type: ignore[call-overload,no-any-return]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=600, env=env, check=False, **kwargs)  # type: ignore[call-overload,no-any-return]
 
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("wheel")
-    proc = _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
-                 "-q", "-w", str(out), str(REPO)])
+    proc = _run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out), str(REPO)]
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     [built] = out.glob("ctxrules-*.whl")
     return built
+
+
+# Installed as a .pth hook in the venv: from interpreter start-up on, importing one of the
+# test extras fails as if it were not installed (the system site-packages hold them).
+TEST_EXTRAS = ("pytest", "_pytest", "syrupy", "hypothesis")
+GUARD = f"""\
+import sys
+
+class _NoTestExtras:
+    refused = {TEST_EXTRAS!r}
+
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in self.refused:
+            raise ModuleNotFoundError(f"No module named {{name!r}} (refused by the test guard)", name=name)
+        return None
+
+sys.meta_path.insert(0, _NoTestExtras())
+"""
 
 
 @pytest.fixture(scope="module")
@@ -54,10 +76,111 @@ def installed(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     # pip from the system site-packages, installing into the venv
     # --ignore-installed: CI has installed ctxrules in the base interpreter, which this venv
     # sees (system site-packages, for the dependencies); the wheel must still go into the venv.
-    proc = _run([str(python), "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--ignore-installed",
-                 str(wheel)])
+    proc = _run(
+        [str(python), "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--ignore-installed", str(wheel)]
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    proc = _run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"])
+    site = Path(proc.stdout.strip())
+    (site / "_ctxrules_no_test_extras.py").write_text(GUARD, encoding="utf-8")
+    (site / "_ctxrules_no_test_extras.pth").write_text("import _ctxrules_no_test_extras\n", encoding="utf-8")
     return bindir
+
+
+def test_the_venv_cannot_import_the_test_extras(installed: Path, tmp_path: Path) -> None:
+    for name in TEST_EXTRAS:
+        proc = _run([str(installed / "python"), "-c", f"import {name}"], cwd=tmp_path)
+        assert proc.returncode == 1 and "ModuleNotFoundError" in proc.stderr, (name, proc.stderr)
+    proc = _run([str(installed / "python"), "-c", "import yaml, jsonschema, jinja2"], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr  # the runtime dependencies are still there
+
+
+def _cli(installed: Path, cwd: Path, *argv: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    proc = _run([str(installed / "ctxrules"), *argv], cwd=cwd, input=stdin)
+    assert "Traceback" not in proc.stderr and "internal error" not in proc.stderr, proc.stderr
+    return proc
+
+
+def test_every_verb_works_without_the_test_extras(installed: Path, tmp_path: Path) -> None:
+    # A pack reads only inside its own folder: the input goes next to it, as a user's would.
+    example = tmp_path / "agent-session.json"
+    shutil.copy(REPO / "rules" / "examples" / "agent-session.json", example)
+    pack = tmp_path / "pack.yaml"
+    pack.write_text(
+        "apiVersion: ctxrules/v1\nkind: RulePack\nmetadata: {name: mine, version: 1.0.0}\n"
+        "extends: [builtin:default]\n"
+        "tests:\n  - {id: fits, model: gpt-4o, window: 32000, input: ./agent-session.json, "
+        "expect: {fits: true}}\n",
+        encoding="utf-8",
+    )
+    ok = {
+        "validate": ["validate", "pack.yaml"],
+        "explain": ["explain", "pack.yaml"],
+        "assemble": ["assemble", "--pack", "builtin:default", "--mode", "full", "--model", "gpt-4o"],
+        "test": ["test", "pack.yaml"],
+        "schema": ["schema"],
+        "plugins": ["plugins", "--all"],
+    }
+    for verb, argv in ok.items():
+        proc = _cli(installed, tmp_path, *argv)
+        assert proc.returncode == 0, (verb, proc.stdout, proc.stderr)
+        assert proc.stdout.strip(), verb
+    assert "<identity>" in _cli(installed, tmp_path, *ok["assemble"]).stdout
+    assert _cli(installed, tmp_path, *ok["test"]).stdout.endswith("1 passed, 0 failed\n")
+
+    # run: the Quick start command, at a window small enough that outputs go to the vault
+    proc = _cli(
+        installed,
+        tmp_path,
+        "run",
+        "--pack",
+        "builtin:default",
+        "--model",
+        "gpt-4o",
+        "--window",
+        "16000",
+        "--input",
+        str(example),
+        "--output",
+        "out.json",
+        "--report",
+        "report.json",
+        "--session",
+        "sess",
+        "--explain",
+    )
+    assert proc.returncode == 0, proc.stderr
+    out = (tmp_path / "out.json").read_text(encoding="utf-8")
+    ref = re.search(r"vault://([0-9a-f]{12,})", out)
+    assert ref, "the 16K run moves an output to the vault"
+    proc = _cli(installed, tmp_path, "vault", "get", ref[1], "--session", "sess")
+    assert proc.returncode == 0 and proc.stdout, proc.stderr
+    assert proc.stdout in example.read_text(encoding="utf-8") or json.dumps(proc.stdout)[1:-1] in example.read_text(
+        encoding="utf-8"
+    )
+    proc = _cli(installed, tmp_path, "report", "report.json")
+    assert proc.returncode == 0 and "outputs" in proc.stdout, proc.stderr
+    proc = _cli(installed, tmp_path, "report", "report.json", "--html", "report.html")
+    assert proc.returncode == 0 and (tmp_path / "report.html").stat().st_size > 1000, proc.stderr
+
+    # compress: filter mode on a captured pytest run, and wrapping a real command
+    failures = REPO / "rules" / "compressors" / "fixtures" / "pytest" / "failures.txt"
+    proc = _cli(
+        installed,
+        tmp_path,
+        "compress",
+        "--command",
+        "pytest",
+        "--exit-code",
+        "1",
+        "--input",
+        str(failures),
+        "--session",
+        "sess",
+    )
+    assert proc.returncode == 0 and "FAILED" in proc.stdout, proc.stderr
+    proc = _cli(installed, tmp_path, "compress", "--session", "sess", "--", sys.executable, "-c", "print('hi')")
+    assert proc.returncode == 0 and "hi" in proc.stdout, proc.stderr
 
 
 def test_wheel_bundles_rules_and_schemas(wheel: Path) -> None:
@@ -77,10 +200,15 @@ def test_wheel_bundles_rules_and_schemas(wheel: Path) -> None:
 
 
 def test_installed_ctxrules_comes_from_the_venv(installed: Path, tmp_path: Path) -> None:
-    proc = _run([str(installed / "python"), "-c",
-                 "import ctxrules, ctxrules.resources as r; print(ctxrules.__file__); "
-                 "print(r.rules_dir()); print(r.schema_path('rulepack.v1.schema.json'))"],
-                cwd=tmp_path)
+    proc = _run(
+        [
+            str(installed / "python"),
+            "-c",
+            "import ctxrules, ctxrules.resources as r; print(ctxrules.__file__); "
+            "print(r.rules_dir()); print(r.schema_path('rulepack.v1.schema.json'))",
+        ],
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr
     module, rules, schema = proc.stdout.split("\n")[:3]
     venv_root = installed.parent.resolve()
@@ -90,21 +218,25 @@ def test_installed_ctxrules_comes_from_the_venv(installed: Path, tmp_path: Path)
     assert rules.endswith(os.path.join("_data", "rules"))
 
 
-def test_installed_cli_validates_a_pack_extending_builtin_default(installed: Path,
-                                                                  tmp_path: Path) -> None:
+def test_installed_cli_validates_a_pack_extending_builtin_default(installed: Path, tmp_path: Path) -> None:
     pack = tmp_path / "my-pack.yaml"
-    pack.write_text("apiVersion: ctxrules/v1\nkind: RulePack\n"
-                    "metadata: {name: mine, version: 1.0.0}\n"
-                    "extends: builtin:default@^1\ncontext:\n  thresholds: {full: 0.75}\n",
-                    encoding="utf-8")
+    pack.write_text(
+        "apiVersion: ctxrules/v1\nkind: RulePack\n"
+        "metadata: {name: mine, version: 1.0.0}\n"
+        "extends: builtin:default@^1\ncontext:\n  thresholds: {full: 0.75}\n",
+        encoding="utf-8",
+    )
     ctxrules = str(installed / "ctxrules")
     proc = _run([ctxrules, "validate", "my-pack.yaml"], cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout == "1 file checked: 0 error(s), 0 warning(s)\n"
 
     # and a broken one is reported with its line, through the installed schema
-    pack.write_text("apiVersion: ctxrules/v1\nkind: RulePack\nextends: builtin:default\n"
-                    "context:\n  treshold: {}\n", encoding="utf-8")
+    pack.write_text(
+        "apiVersion: ctxrules/v1\nkind: RulePack\nextends: builtin:default\n"
+        "context:\n  treshold: {}\nmetadata: {name: mine, version: 1.0.0}\n",
+        encoding="utf-8",
+    )
     proc = _run([ctxrules, "validate", "--format", "json", "my-pack.yaml"], cwd=tmp_path)
     assert proc.returncode == 1, proc.stderr
     [d] = json.loads(proc.stdout)["diagnostics"]
@@ -112,8 +244,7 @@ def test_installed_cli_validates_a_pack_extending_builtin_default(installed: Pat
 
 
 def test_installed_cli_explains_builtin_default(installed: Path, tmp_path: Path) -> None:
-    proc = _run([str(installed / "ctxrules"), "explain", "builtin:default", "--origins"],
-                cwd=tmp_path)
+    proc = _run([str(installed / "ctxrules"), "explain", "builtin:default", "--origins"], cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     first = proc.stdout.splitlines()[0]
     assert first.startswith("# pack: default (files applied: builtin:")
@@ -126,8 +257,7 @@ def test_installed_cli_schema_and_builtin_rules(installed: Path, tmp_path: Path)
     proc = _run([str(installed / "ctxrules"), "schema"], cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["$id"].endswith("rulepack.v1.schema.json")
-    proc = _run([str(installed / "python"), "-c",
-                 "import ctxrules.resources as r; print(r.rules_dir())"], cwd=tmp_path)
+    proc = _run([str(installed / "python"), "-c", "import ctxrules.resources as r; print(r.rules_dir())"], cwd=tmp_path)
     bundled = proc.stdout.strip()
     proc = _run([str(installed / "ctxrules"), "validate", "--strict", bundled], cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr

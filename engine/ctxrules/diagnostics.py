@@ -13,7 +13,7 @@ from collections.abc import Collection
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, Protocol
 
-from ctxrules.packs.source import Origin
+from ctxrules.packs.source import Origin, SourceDoc
 
 Severity = Literal["error", "warning", "note"]
 
@@ -56,6 +56,9 @@ class PackView(Protocol):
     @property
     def files(self) -> list[str]: ...
 
+    @property
+    def docs(self) -> dict[str, SourceDoc]: ...
+
     def origins(self) -> dict[str, Origin]: ...
 
 
@@ -75,7 +78,32 @@ class Reporter:
             p = p.rsplit("/", 1)[0]
         return self.origins.get(p, Origin(self.pack.files[-1] if self.pack.files else "<pack>", 1, 1))
 
-    def add(self, code: str, message: str, pointer: str, hint: str | None = None,
-            severity: Severity = "error") -> None:
+    def file_pointer(self, pointer: str) -> str:
+        """``pointer`` (into the merged pack) as a pointer into the document of the file that
+        wrote it: the nearest value that has an origin, in that file's numbering, plus the rest
+        of the path (a key the file leaves to its default)."""
+        p = pointer
+        while p not in self.origins and p:
+            p = p.rsplit("/", 1)[0]
+        o = self.origins.get(p)
+        if o is None or (not o.pointer and p):
+            return pointer
+        return o.pointer + pointer[len(p) :]
+
+    def add(
+        self,
+        code: str,
+        message: str,
+        pointer: str,
+        hint: str | None = None,
+        severity: Severity = "error",
+        *,
+        at_key: bool = False,
+    ) -> None:
+        """A diagnostic at ``pointer``'s value (``at_key``: at its key, for an unknown option),
+        with the pointer into the document of the file that wrote it."""
         o = self.origin(pointer)
-        self.out.append(Diagnostic(code, severity, message, o.file, o.line, o.col, pointer, hint))
+        doc = self.pack.docs.get(o.file) if at_key and pointer in self.origins else None
+        if doc is not None and o.pointer:
+            o = doc.key_origin(o.pointer)
+        self.out.append(Diagnostic(code, severity, message, o.file, o.line, o.col, self.file_pointer(pointer), hint))

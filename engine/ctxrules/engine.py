@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import enum
 import functools
 import hashlib
 import itertools
@@ -16,22 +17,24 @@ import operator
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ctxrules import structure
 from ctxrules.budget.gate import finish_prepare, open_ledger, start_prepare
 from ctxrules.budget.router import route_for_session
-from ctxrules.errors import PackError, UsageError
+from ctxrules.dangling import marker_ids, missing, replace_lost
+from ctxrules.errors import CtxrulesError, PackError, UsageError
 from ctxrules.formats import openai as openai_format
 from ctxrules.formats.request import prepare_request
-from ctxrules.logs import get_logger
+from ctxrules.injected import InjectionKey, key_for_session, key_scope
+from ctxrules.logs import configure, get_logger
 from ctxrules.messages import clone_json, split_input, validate_messages
 from ctxrules.models import lookup_model
 from ctxrules.notes import SessionNotes
-from ctxrules.packs.loader import ResolvedPack
+from ctxrules.packs.loader import PackLoader, ResolvedPack
 from ctxrules.packs.models_match import effective_context, select_model_entry
 from ctxrules.packs.validated import raise_for_errors, resolve_and_validate
 from ctxrules.pipeline.budget import Budget, make_budget
@@ -40,21 +43,18 @@ from ctxrules.pipeline.prefix import HistoryChain, PrefixCache
 from ctxrules.pipeline.report import build_report, report_header
 from ctxrules.pipeline.runner import PlannedStage, RunOutcome, run_pipeline, when_allows
 from ctxrules.plugins import Registry, build_plugin_manager, collect, default_registry
+from ctxrules.private_files import check_dir
+from ctxrules.progress import listening
 from ctxrules.prompts.assemble import assemble
+from ctxrules.recall import RecallSettings, answer_recall, referenced_ids, tool_definition
 from ctxrules.results import PrepareResult
 from ctxrules.runtime import checkpoint
 from ctxrules.runtime.continuation import Decision, evaluate
 from ctxrules.runtime.guards import Preflight, check_gateway, preflight, refuse_unless_fits
-from ctxrules.runtime.health import health
-from ctxrules.runtime.overflow import Completion, complete
+from ctxrules.runtime.health import health, open_breakers
+from ctxrules.runtime.overflow import Completion, acomplete, complete
 from ctxrules.runtime.spill import DEFAULT_PREVIEW_TOKENS, Spilled, spill
-from ctxrules.runtime.subagents import (
-    Handover,
-    TooManyDescendants,
-    child_path,
-    count_descendants,
-    make_handover,
-)
+from ctxrules.runtime.subagents import Handover, child_path, make_handover
 from ctxrules.runtime.subagents import settings as subagent_settings
 from ctxrules.session_store import DEFAULT_STATE_ROOT, SessionLock, SessionStore, state_root_from_env
 from ctxrules.tokens import REPLY_PRIMING_TOKENS, TokenCounter, trusted_objects
@@ -63,7 +63,23 @@ from ctxrules.tracker import FileTracker
 from ctxrules.types import Message
 from ctxrules.vault import Vault
 
-__all__ = ["DEFAULT_STATE_ROOT", "Engine", "PrepareResult", "Session", "open_session", "state_root_from_env"]
+__all__ = [
+    "DEFAULT_STATE_ROOT",
+    "Engine",
+    "PrepareResult",
+    "Session",
+    "SessionIOError",
+    "open_session",
+    "state_root_from_env",
+]
+
+
+class SessionIOError(CtxrulesError):
+    """The session directory could not be written (``ENOSPC``, ``EROFS``, ...) during a run."""
+
+
+if TYPE_CHECKING:
+    from ctxrules.runtime.streaming import AsyncCompletionStream, CompletionStream
 
 
 @dataclass
@@ -82,11 +98,20 @@ class _Turn:
     chain: HistoryChain = field(default_factory=HistoryChain)
     pipeline_input: list[Message] = field(default_factory=list)
     changed: list[str] = field(default_factory=list)  # fingerprint parts that changed
+    given_ids: set[str] = field(default_factory=set)  # vault ids the new messages' markers name
+    lost: set[str] = field(default_factory=set)  # ... whose vault item is gone
     msgs_sum: int = 0
     tokens_in: int = 0
     known: int = 0  # tokens of the pipeline input
     compacting: list[str] = field(default_factory=list)
     prefix: int = 0  # leading input messages the checkpoint does not back up
+    vault_new: list[str] = field(default_factory=list)  # vault ids the stages added
+
+
+class _Keep(enum.Enum):
+    """``switch(window=...)`` not given: keep the session's window override."""
+
+    WINDOW = "keep"
 
 
 class Engine:
@@ -97,8 +122,9 @@ class Engine:
         self.registry = registry
         self.plan = self._build_plan()
         # thinking.clean's preserved_thinking: pin extends the pins of every stage (structure).
-        self.pin_signed_prefix = any(p.type.name == "thinking.clean" and p.options.get("preserved_thinking") == "pin"
-                                     for p in self.plan)
+        self.pin_signed_prefix = any(
+            p.type.name == "thinking.clean" and p.options.get("preserved_thinking") == "pin" for p in self.plan
+        )
         canonical = json.dumps(pack.data, sort_keys=True, ensure_ascii=False, default=str)
         self.digest = hashlib.sha256(canonical.encode("utf-8")).hexdigest()
         self._stamps = _stamps(pack.real_paths.values())
@@ -113,28 +139,40 @@ class Engine:
             stamps = _stamps(self.pack.real_paths.values())
             if stamps == self._stamps:
                 return []
-            pack = resolve_and_validate(self.pack.real_paths[self.pack.files[-1]], self.registry)
+            pack = resolve_and_validate(
+                self.pack.real_paths[self.pack.files[-1]], self.registry, loader=PackLoader(self.pack.search_path)
+            )
             errors = [d for d in pack.diagnostics if d.severity == "error"]
             if errors:
                 self._stamps = stamps  # report this edit once, not on every call
                 first = errors[0]
-                return [f"the pack changed on disk but is now invalid ({first.file}:{first.line}:{first.col}: "
-                        f"{first.code} {first.message}); still using the previous version"]
+                return [
+                    f"the pack changed on disk but is now invalid ({first.file}:{first.line}:{first.col}: "
+                    f"{first.code} {first.message}); still using the previous version"
+                ]
             fresh = Engine(pack, self.registry)
             self.pack, self.plan, self.digest, self._stamps = fresh.pack, fresh.plan, fresh.digest, fresh._stamps
             self.pin_signed_prefix = fresh.pin_signed_prefix
             return [f"the pack changed on disk and was reloaded ({', '.join(pack.files)})"]
 
     @classmethod
-    def load(cls, ref: str | Path = "builtin:default", *,
-             plugins: list[tuple[str, object]] | None = None) -> Engine:
+    def load(
+        cls,
+        ref: str | Path = "builtin:default",
+        *,
+        plugins: list[tuple[str, object]] | None = None,
+        search_path: Sequence[str | os.PathLike[str]] = (),
+    ) -> Engine:
         """Load and validate a pack (a path or ``builtin:NAME``); raises ``PackError``.
 
         ``plugins``: extra ``(name, plugin)`` pairs registered next to the installed ones.
+        ``search_path``: folders besides the pack's own that the pack may read from
+        (``extends:``, template ``file:``, test inputs); anything else it names is CR100.
         """
+        configure()  # CTXRULES_LOG: an unknown level is a UsageError here, not a silent default
         registry = collect(*build_plugin_manager(plugins)) if plugins else default_registry()
         # Validated once, against the registry the engine will run with.
-        return cls(raise_for_errors(resolve_and_validate(ref, registry)), registry)
+        return cls(raise_for_errors(resolve_and_validate(ref, registry, loader=PackLoader(search_path))), registry)
 
     def _build_plan(self) -> list[PlannedStage]:
         plan: list[PlannedStage] = []
@@ -146,21 +184,31 @@ class Engine:
                 stage = st.factory(options)
             except Exception as exc:  # validate reports these as CR061; keep the same words here
                 where = self.pack.origins().get(f"/pipeline/{len(plan)}")
-                raise PackError(f"{where or self.pack.name}: error[CR061] options of '{st.name}' are rejected: "
-                                f"{exc}") from exc
-            plan.append(PlannedStage(item["id"], st, stage, options,
-                                     dict(item.get("when") or {}), item.get("on_error", "skip")))
+                raise PackError(
+                    f"{where or self.pack.name}: error[CR061] options of '{st.name}' are rejected: {exc}"
+                ) from exc
+            plan.append(
+                PlannedStage(item["id"], st, stage, options, dict(item.get("when") or {}), item.get("on_error", "skip"))
+            )
             named.add(st.name)
         for name, st in sorted(self.registry.stages.items()):
             if st.essential and name not in named:
                 plan.append(PlannedStage(name, st, st.factory({}), {}, implicit=True))
         return plan
 
-    def session(self, path: str | Path | None = None, *, model: str, window: int | None = None,
-                session_id: str | None = None, cache_key: str | None = None,
-                on_event: Callable[[dict[str, Any]], None] | None = None,
-                goal: str | None = None, state_root: str | Path | None = None,
-                private: bool = False) -> Session:
+    def session(
+        self,
+        path: str | Path | None = None,
+        *,
+        model: str,
+        window: int | None = None,
+        session_id: str | None = None,
+        cache_key: str | None = None,
+        on_event: Callable[[dict[str, Any]], None] | None = None,
+        goal: str | None = None,
+        state_root: str | Path | None = None,
+        private: bool = False,
+    ) -> Session:
         """Open (or create) the session directory ``path`` for ``model``.
 
         ``cache_key``: the provider prompt-cache key to use instead of this session's id; a
@@ -171,9 +219,18 @@ class Engine:
         directory of this process, as pack tests use): ``prepare`` takes no cross-process lock."""
         if path is None:
             path = Path(DEFAULT_STATE_ROOT) / (session_id or "default")
-        return Session(self, Path(path), model=model, window=window, session_id=session_id,
-                       cache_key=cache_key, on_event=on_event, goal=goal, state_root=state_root,
-                       private=private)
+        return Session(
+            self,
+            Path(path),
+            model=model,
+            window=window,
+            session_id=session_id,
+            cache_key=cache_key,
+            on_event=on_event,
+            goal=goal,
+            state_root=state_root,
+            private=private,
+        )
 
     def assemble(self, mode: str, model: str, variables: dict[str, Any] | None = None) -> str:
         """The system prompt of ``mode`` for ``model`` (see ``ctxrules.prompts.assemble``):
@@ -185,11 +242,23 @@ class Engine:
 class Session:
     """One conversation's state: vault, stage states, the last compaction, the lock."""
 
-    def __init__(self, engine: Engine, path: Path, *, model: str, window: int | None,
-                 session_id: str | None, cache_key: str | None = None,
-                 on_event: Callable[[dict[str, Any]], None] | None = None,
-                 goal: str | None = None, state_root: str | Path | None = None,
-                 private: bool = False) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        path: Path,
+        *,
+        model: str,
+        window: int | None,
+        session_id: str | None,
+        cache_key: str | None = None,
+        on_event: Callable[[dict[str, Any]], None] | None = None,
+        goal: str | None = None,
+        state_root: str | Path | None = None,
+        private: bool = False,
+    ) -> None:
+        # The session directory must be ctxrules' own: a link planted in its place (in a
+        # repository, say) is refused before anything is read or written through it.
+        check_dir(path)
         self.engine = engine
         self.path = path
         self.id = session_id or path.resolve().name
@@ -197,17 +266,21 @@ class Session:
         self.cache_key = cache_key or self.id
         self.on_event = on_event
         self.store = SessionStore(path)
+        # The key that signs injected messages' tags: the state root's, else this session's
+        # (ctxrules.injected); loaded on the first prepare, so opening a session writes nothing.
+        self._state_root = Path(state_root) if state_root is not None else None
+        self._injection_key: InjectionKey | None = None
         self._fingerprint_memo: tuple[Any, dict[str, str], str] | None = None
         self._configure(model, window)
         # Cost ledger and budget level (docs/budgets.md); session.record_usage(...) records.
-        self.ledger = open_ledger(engine.pack.data, path, self.id, model, goal=goal,
-                                  state_root=state_root)
+        self.ledger = open_ledger(engine.pack.data, path, self.id, model, goal=goal, state_root=state_root)
         self.vault = Vault.for_session(path)
         self._thread_lock = threading.Lock()
         # A private directory needs no cross-process lock (and pack tests, which use one, then
         # never load the lock module).
         self._session_lock: contextlib.AbstractContextManager[Any] = (
-            contextlib.nullcontext() if private else SessionLock(path))
+            contextlib.nullcontext() if private else SessionLock(path)
+        )
         # What the last prepare saw and returned (an append-only history reuses it).
         self._prefix = PrefixCache()
         self._prepared = False
@@ -223,8 +296,17 @@ class Session:
             # before the cut compaction (or, if the process died while writing it, a damaged
             # file that reads as empty state): continue from it.
             where = f"its input is in the vault: {backup}" if backup else "its input could not be kept"
-            self._notices.append(f"the previous compaction in this session was interrupted ({cut.reason}); "
-                                 f"continuing from the state before it; {where}")
+            self._notices.append(
+                f"the previous compaction in this session was interrupted ({cut.reason}); "
+                f"continuing from the state before it; {where}"
+            )
+
+    @property
+    def injection_key(self) -> InjectionKey:
+        """The key this session signs and verifies injected messages with."""
+        if self._injection_key is None:
+            self._injection_key = key_for_session(self.path, self._state_root)
+        return self._injection_key
 
     def _configure(self, model: str, window: int | None) -> None:
         """Model facts, token counter and budget for ``model`` under the current pack; thresholds
@@ -239,37 +321,73 @@ class Session:
         self.window_override = window
         self._configured_digest = self.engine.digest
         self.budget: Budget = make_budget(
-            context, registry_window=self.model.window if window is None else None, override=window,
-            safety_margin=self.counter.safety_margin, model=model)
+            context,
+            registry_window=self.model.window if window is None else None,
+            override=window,
+            safety_margin=self.counter.safety_margin,
+            model=model,
+        )
 
-    def switch(self, *, model: str | None = None, window: int | None = None) -> None:
+    def switch(self, *, model: str | None = None, window: int | _Keep | None = _Keep.WINDOW) -> list[str]:
         """Hot switch: use another model (or window) from the next ``prepare`` on, no restart.
-        The next report's ``fingerprint.changed`` says what changed."""
-        with self._thread_lock:
-            self._configure(model or self.model.name, window if window is not None or model else self.window_override)
-            self._prefix.clear()
+        The next report's ``fingerprint.changed`` says what changed.
 
-    def preflight(self, messages: Any, tools: list[dict[str, Any]] | None = None, *,
-                  refuse: bool = True) -> Preflight:
+        An explicit window override (``session(..., window=N)`` or ``switch(window=N)``) is kept
+        across ``switch(model=...)``; ``window=None`` drops it (the pack's or the registry's
+        window applies again). A kept override above the new model's own window is capped at
+        that window. Returns the warnings, which the next report's ``warnings`` carry too."""
+        with self._thread_lock:
+            name = model or self.model.name
+            override = self.window_override if isinstance(window, _Keep) else window
+            notes: list[str] = []
+            if model is not None and isinstance(window, _Keep) and override is not None:
+                own = self._own_window(name)
+                if own is not None and override > own:
+                    notes.append(
+                        f"switch to {name}: the window override {override} is above the model's own "
+                        f"window {own}; using {own} (pass window=None to drop the override)"
+                    )
+                    override = own
+            self._configure(name, override)
+            self._prefix.clear()
+            for note in notes:
+                get_logger("ctxrules", session=self.id).warning("switch.window_capped", detail=note)
+            self._notices.extend(notes)
+            return notes
+
+    def _own_window(self, model: str) -> int | None:
+        """``model``'s window without any override: its pack ``models:`` entry, else the registry."""
+        hit = select_model_entry(self.engine.pack.data, model)
+        pack_window = effective_context(self.engine.pack.data, hit[1] if hit else None).get("window")
+        if isinstance(pack_window, int) and not isinstance(pack_window, bool):
+            return pack_window
+        try:
+            return lookup_model(model).window
+        except CtxrulesError:
+            return None  # a model the registry does not know: nothing to cap at
+
+    def preflight(self, messages: Any, tools: list[dict[str, Any]] | None = None, *, refuse: bool = True) -> Preflight:
         """Estimate a request against the window before calling the model. With ``refuse``,
         raise ``RequestRejected`` (with the numbers) when even the pinned messages and tool
         schemas cannot fit, instead of spending an API call."""
         listed, given_tools = split_input(messages)
         history = validate_messages(listed)
-        estimate = preflight(history, list(tools if tools is not None else given_tools or []),
-                             counter=self.counter, budget=self.budget)
+        estimate = preflight(
+            history, list(tools if tools is not None else given_tools or []), counter=self.counter, budget=self.budget
+        )
         if refuse:
             refuse_unless_fits(estimate, self.model.name)
         return estimate
 
-    def spill(self, text: str, *, kind: str = "output", preview_tokens: int | None = None) -> Spilled:
-        """Store a large output (MCP result, hook output, background log) in the vault; return
-        the marker and a head + tail preview within ``preview_tokens`` (default 2,500)."""
-        return spill(self.vault, text, kind=kind, counter=self.counter,
-                     preview_tokens=preview_tokens or DEFAULT_PREVIEW_TOKENS)
+    def spill(self, text: str | bytes, *, kind: str = "output", preview_tokens: int | None = None) -> Spilled:
+        """Store a large output (MCP result, hook output, background log; ``str`` or ``bytes``,
+        anything else is a ``TypeError``) in the vault; return the marker and a preview within
+        ``preview_tokens`` (default 2,500): a JSON document's skeleton, else head + tail lines."""
+        return spill(
+            self.vault, text, kind=kind, counter=self.counter, preview_tokens=preview_tokens or DEFAULT_PREVIEW_TOKENS
+        )
 
-    def record_usage(self, usage: Any, *, model: str | None = None,
-                     **options: Any) -> dict[str, Any] | None:
+    def record_usage(self, usage: Any, *, model: str | None = None, **options: Any) -> dict[str, Any] | None:
         """Record one successful model call in the session, day and goal ledgers (see
         ``SessionLedger.record``): ``usage`` is a provider usage object or whole response, or a
         ``TokenUsage``; an error body records nothing. Returns the ledger record."""
@@ -282,42 +400,89 @@ class Session:
 
     def should_continue(self, state: dict[str, Any]) -> Decision:
         """The pack's continuation guards (``guards.continuation``) on an agent loop's state:
-        ``messages``, ``cancel``, ``budget_ok``, ``drift_check``, ``cwd``."""
+        ``messages``, ``cancel``, ``budget_ok``, ``drift_check``, ``cwd``. The budget check
+        reads this session's ledger (the root's tree, the day and the goal): it reports the
+        level and stops at EXCEEDED; ``decision.budget`` holds the status."""
         guards = self.engine.pack.data.get("guards") or {}
         config = guards.get("continuation") or {} if isinstance(guards, dict) else {}
-        return evaluate(config, state, self._continuation_memory,
-                        is_error=tool_roles(self.engine.pack.data).is_error)
+        return evaluate(
+            config,
+            state,
+            self._continuation_memory,
+            is_error=tool_roles(self.engine.pack.data).is_error,
+            budget=self.ledger.status(),
+        )
 
     def child(self, name: str, *, model: str | None = None, window: int | None = None) -> Session:
         """A sub-agent session in ``<this>/children/<name>``: same pack, this session's prompt
-        cache key, this session's root as budget root; ``guards.subagents.max_descendants``
-        (default 20) caps how many one root may spawn."""
-        cfg = subagent_settings(self.engine.pack.data)
+        cache key, state root and goal, and this session's root as budget root: its calls count
+        in the root's session budget and in the day and goal ledgers of the state root.
+        ``budgets.max_descendants`` (default 20) caps how many child sessions one root may
+        spawn across the tree; beyond it ``SpawnLimitExceeded`` is raised and nothing is created."""
         path = child_path(self.path, name)
-        if not path.exists():
-            spawned = count_descendants(self.root.path)
-            if spawned >= cfg["max_descendants"]:
-                raise TooManyDescendants(f"session {self.root.id} already has {spawned} sub-agent sessions "
-                                         f"(guards.subagents.max_descendants = {cfg['max_descendants']})")
-        sub = Session(self.engine, path, model=model or self.model.name,
-                      window=window if window is not None else self.window_override,
-                      session_id=f"{self.id}/{name}", cache_key=self.cache_key, on_event=self.on_event)
+        sub = Session(
+            self.engine,
+            path,
+            model=model or self.model.name,
+            window=window if window is not None else self.window_override,
+            session_id=f"{self.id}/{name}",
+            cache_key=self.cache_key,
+            on_event=self.on_event,
+            goal=self.ledger.goal,
+            state_root=self.ledger.state_root,
+        )
         sub.parent, sub.root = self, self.root
-        self.ledger.register_child(sub.ledger)  # its costs count in the root task's budget
+        sub._injection_key = self.injection_key  # one key per tree: a handover stays recognisable
+        self.ledger.register_child(sub.ledger)  # the one spawn cap; its costs count in the root's budget
         path.mkdir(parents=True, exist_ok=True, mode=0o700)
         return sub
 
     def handover(self, result: str) -> Handover:
         """This sub-agent's result, capped for the parent's context (see ``runtime.subagents``)."""
         cfg = subagent_settings(self.engine.pack.data)
-        return make_handover(result, vault=self.vault, counter=self.counter,
-                             max_result_tokens=cfg["max_result_tokens"], spill_chars=cfg["spill_chars"])
+        return make_handover(
+            result,
+            vault=self.vault,
+            counter=self.counter,
+            max_result_tokens=cfg["max_result_tokens"],
+            spill_chars=cfg["spill_chars"],
+        )
 
-    def complete(self, messages: Any, *, tools: list[dict[str, Any]] | None = None, model: str | None = None,
-                 **kwargs: Any) -> Completion:
+    def complete(
+        self,
+        messages: Any,
+        *,
+        tools: list[dict[str, Any]] | None = None,
+        model: str | None = None,
+        stream: bool = False,
+        **kwargs: Any,
+    ) -> Completion | CompletionStream:
         """``prepare`` + ``litellm.completion`` with one context-overflow recovery (see
-        ``ctxrules.runtime.overflow``); litellm is imported only here."""
-        return complete(self, messages, tools=tools, model=model, **kwargs)
+        ``ctxrules.runtime.overflow``); litellm is imported only here. Returns a ``Completion``;
+        with ``stream=True`` a ``CompletionStream`` of the chunks (recovered when the overflow
+        comes before the first chunk; usage recorded when the stream ends)."""
+        return complete(self, messages, tools=tools, model=model, stream=stream, **kwargs)
+
+    async def acomplete(
+        self,
+        messages: Any,
+        *,
+        tools: list[dict[str, Any]] | None = None,
+        model: str | None = None,
+        stream: bool = False,
+        **kwargs: Any,
+    ) -> Completion | AsyncCompletionStream:
+        """``complete`` on the event loop (``aprepare`` + ``litellm.acompletion``); with
+        ``stream=True`` an ``AsyncCompletionStream`` (``async for chunk in stream``)."""
+        return await acomplete(self, messages, tools=tools, model=model, stream=stream, **kwargs)
+
+    def keepalive(self, *, model: str | None = None, **options: Any) -> Any:
+        """A ``ctxrules.cache.warmup.KeepAlive`` for this session: its warm-up and keep-alive
+        probes are recorded in this session's ledger and count in its budgets. ``options`` are
+        KeepAlive's (``request``, ``interval_s``, ``max_idle_s``, ...)."""
+        from ctxrules.cache.warmup import KeepAlive
+
+        return KeepAlive(model or self.model.name, ledger=self.ledger, **options)
 
     @property
     def notes(self) -> SessionNotes:
@@ -336,8 +501,6 @@ class Session:
         """The recall tool's definition (``openai`` or ``anthropic`` tools format), worded by
         the pack's ``recall:``. Offer it from the first call on: the tools layer of the cached
         prefix then never changes mid-session."""
-        from ctxrules.recall import RecallSettings, tool_definition
-
         return tool_definition(RecallSettings.from_pack(self.engine.pack.data), format)
 
     def recall(self, arguments: Any) -> str:
@@ -345,12 +508,14 @@ class Session:
         the exact original lines of an item this session's markers reference, paged within
         ``recall.budget_tokens``. Raises ``RecallError`` (a ``CtxrulesError``) for a call it
         cannot answer."""
-        from ctxrules.recall import RecallSettings, answer_recall, referenced_ids
-
         allowed = referenced_ids(self.last_output(), self.vault)
-        return answer_recall(arguments, vault=self.vault, allowed=allowed,
-                             count=self.counter.count_text,
-                             settings=RecallSettings.from_pack(self.engine.pack.data))
+        return answer_recall(
+            arguments,
+            vault=self.vault,
+            allowed=allowed,
+            count=self.counter.count_text,
+            settings=RecallSettings.from_pack(self.engine.pack.data),
+        )
 
     def last_output(self) -> list[Message]:
         """What the last ``prepare`` of this session returned (read back from the session
@@ -358,7 +523,11 @@ class Session:
         if self._prefix.output is not None:
             return list(self._prefix.output)
         record = self.store.load().get("last") or {}
-        output = self.store.load_output(int(record.get("output_count", -1)), record.get("output_file"))
+        count = record.get("output_count")
+        if not isinstance(count, int):  # no output yet, or a state that was damaged and reset
+            return []
+        # The digest is checked: a tampered file must not widen what recall may hand out.
+        output = self.store.load_output(count, record.get("output_file"), record.get("output_digest"))
         return output or []
 
     def fingerprint_parts(self) -> dict[str, str]:
@@ -375,15 +544,25 @@ class Session:
         key = (self.engine, self.engine.digest, self.model.name, self.budget)
         memo = self._fingerprint_memo
         if memo is None or memo[0] != key:
-            parts = {"pack": self.engine.digest, "model": self.model.name, "window": str(self.budget.window),
-                     "reserve_output": str(self.budget.reserve_output),
-                     "thresholds": ",".join(f"{k}={v}" for k, v in sorted(self.budget.thresholds.items())),
-                     "plugins": self.engine.registry.fingerprint()}
+            parts = {
+                "pack": self.engine.digest,
+                "model": self.model.name,
+                "window": str(self.budget.window),
+                "reserve_output": str(self.budget.reserve_output),
+                "thresholds": ",".join(f"{k}={v}" for k, v in sorted(self.budget.thresholds.items())),
+                "plugins": self.engine.registry.fingerprint(),
+            }
             memo = self._fingerprint_memo = (key, parts, _fingerprint_of(parts))
         return memo[1], memo[2]
 
-    def prepare(self, messages: Any, tools: list[dict[str, Any]] | None = None, *,
-                clock: float | None = None, format: str = "openai") -> PrepareResult:
+    def prepare(
+        self,
+        messages: Any,
+        tools: list[dict[str, Any]] | None = None,
+        *,
+        clock: float | None = None,
+        format: str = "openai",
+    ) -> PrepareResult:
         """Run the pipeline before a model call. ``messages`` is the full history (append-only);
         a JSON-style ``{"messages": [...], "tools": [...]}`` is accepted too.
 
@@ -397,25 +576,36 @@ class Session:
         result.body = openai_format.encode(result.messages, result.tools, original)
         return result
 
-    def _prepare_openai(self, messages: Any, tools: list[dict[str, Any]] | None,
-                        clock: float | None) -> PrepareResult:
+    def _prepare_openai(self, messages: Any, tools: list[dict[str, Any]] | None, clock: float | None) -> PrepareResult:
         listed, given_tools = split_input(messages)
         if tools is None:
             tools = given_tools
         if not isinstance(listed, list):
             listed = validate_messages(listed)
         tool_list = list(tools or [])
+        # Progress notes from deep inside (the summarizer's stream) reach on_event too.
+        notes = listening(self._emit) if self.on_event is not None else contextlib.nullcontext()
         # Messages are not edited while a prepare runs, and the session notices edits between
         # calls (structure.forget): token counts may be looked up by message object.
-        with self._thread_lock, self._session_lock, trusted_objects():
+        with self._thread_lock, self._session_lock, trusted_objects(), notes, key_scope(self.injection_key):
             try:
                 return self._prepare(listed, tool_list, time.time() if clock is None else clock)
+            except OSError as exc:
+                # A full disk, a read-only or vanished session directory: the caller's messages
+                # are untouched and the session files read as a cache miss (SessionStore.save).
+                self.store.forget()
+                self._prefix.clear()
+                raise SessionIOError(
+                    f"cannot write the session {self.path}: {exc.strerror or exc}; the messages "
+                    "were not changed, and the next run starts from them"
+                ) from exc
             except BaseException:
                 self.store.forget()  # a run that did not finish may have changed the state in memory
                 raise
 
-    async def aprepare(self, messages: Any, tools: list[dict[str, Any]] | None = None, *,
-                       format: str = "openai") -> PrepareResult:
+    async def aprepare(
+        self, messages: Any, tools: list[dict[str, Any]] | None = None, *, format: str = "openai"
+    ) -> PrepareResult:
         """``prepare`` off the event loop."""
         return await asyncio.to_thread(functools.partial(self.prepare, messages, tools, format=format))
 
@@ -423,10 +613,13 @@ class Session:
         started = time.perf_counter()
         reload_notes = self._reload_pack()
         state = self.store.load()
+        if isinstance(state.get("recovered"), str):  # damaged cache: say so, then go on cold
+            self._notices.append(state["recovered"])
         # Budget level before any stage runs: EXCEEDED raises BudgetExceeded; WARNING's eco
         # mode hands the pipeline scaled thresholds (docs/budgets.md).
         budget_status, budget = start_prepare(self.ledger, self.budget, state, clock)
         turn = self._reuse(history, tools, state, clock)
+        self._heal_markers(turn)
         self._measure(turn)
         self._begin_compaction(turn, budget)
         outcome = self._run(turn, budget)
@@ -443,18 +636,21 @@ class Session:
             self._prefix.clear()
         return notes
 
-    def _reuse(self, history: list[Message], tools: list[dict[str, Any]], state: dict[str, Any],
-               clock: float) -> _Turn:
+    def _reuse(self, history: list[Message], tools: list[dict[str, Any]], state: dict[str, Any], clock: float) -> _Turn:
         """The turn: how much of ``history`` extends what the last prepare saw (same
-        fingerprint), the pipeline input, and whether the provider's cache is likely hot."""
+        fingerprint), the validated history, and whether the provider's cache is likely hot."""
         parts, fingerprint = self._fingerprint()
-        turn = _Turn(history=history, tools=tools, state=state, clock=clock, fingerprint=fingerprint,
-                     parts=dict(parts))
+        turn = _Turn(history=history, tools=tools, state=state, clock=clock, fingerprint=fingerprint, parts=dict(parts))
         same = state.get("fingerprint") == fingerprint
         last_clock = state.get("last_clock")
         turn.cache_hot = same and isinstance(last_clock, int | float) and 0 <= clock - last_clock < CACHE_TTL_S
+        # Messages whose lone surrogates an earlier turn replaced: the same repaired copy again,
+        # so that the history still extends the one the last turn saw.
+        history = self._prefix.with_repairs(history)
         if same:
-            turn.reused, turn.previous, turn.chain = self._prefix.match(history, state, self.store, self.counter)
+            turn.reused, turn.previous, turn.chain = self._prefix.match(
+                history, state, self.store, self.counter, self.vault
+            )
         else:
             state["stages"] = {}
         if not turn.reused and self._prepared:
@@ -463,17 +659,36 @@ class Session:
             structure.forget()
         self._prepared = True
         # The reused prefix equals a history that was validated already.
-        turn.history = validate_messages(history, start=turn.reused)
-        turn.pipeline_input = [*turn.previous, *turn.history[turn.reused:]] if turn.reused else turn.history
+        notes: list[str] = []
+        turn.history = validate_messages(history, start=turn.reused, warnings=notes)
+        if notes:
+            self._notices.extend(notes)
+            self._prefix.note_repairs(history, turn.history, turn.reused)
+        turn.pipeline_input = [*turn.previous, *turn.history[turn.reused :]] if turn.reused else turn.history
         before = state.get("fingerprint_parts") or {}
         turn.changed = sorted(k for k, v in turn.parts.items() if before and before.get(k) != v)
         state["fingerprint_parts"] = turn.parts
         return turn
 
+    def _heal_markers(self, turn: _Turn) -> None:
+        """Markers the caller's new messages hold whose vault item is gone cannot be re-derived:
+        they become lost markers (dangling ones of our own output forced a cold run instead)."""
+        turn.given_ids = marker_ids(turn.history[turn.reused :])
+        turn.lost = missing(self.vault, turn.given_ids) if turn.given_ids else set()
+        if not turn.lost:
+            return
+        head = len(turn.previous) if turn.reused else 0
+        tail, n_lost = replace_lost(turn.pipeline_input[head:], turn.lost)
+        turn.pipeline_input = [*turn.pipeline_input[:head], *tail]
+        self._notices.append(
+            f"{len(turn.lost)} marker(s) in {n_lost} message(s) point at vault items that are missing; "
+            "they are marked as lost"
+        )
+
     def _measure(self, turn: _Turn) -> None:
         """Tokens in (the caller's history and tools) and of the pipeline input; a warm turn
         counts only the appended messages. Refuses what the gateway limit does not admit."""
-        cache, appended_messages = self._prefix, turn.history[turn.reused:]
+        cache, appended_messages = self._prefix, turn.history[turn.reused :]
         appended = sum(self.counter.count_each(appended_messages))
         turn.msgs_sum = (cache.msgs_sum if turn.reused else 0) + appended
         cache.has_system = (cache.has_system if turn.reused else False) or _has_system(appended_messages)
@@ -488,8 +703,11 @@ class Session:
     def _begin_compaction(self, turn: _Turn, budget: Budget) -> None:
         """When a compacting stage will run at this tier: say so, and checkpoint its input."""
         tier_in = budget.tier(turn.known)
-        turn.compacting = [p.id for p in self.engine.plan
-                           if p.phase == "content" and p.type.hysteresis and when_allows(p.when, tier_in)]
+        turn.compacting = [
+            p.id
+            for p in self.engine.plan
+            if p.phase == "content" and p.type.hysteresis and when_allows(p.when, tier_in)
+        ]
         if not turn.compacting:
             return
         self._emit({"event": "compacting", "stages": turn.compacting, "tier": tier_in, "tokens": turn.known})
@@ -498,28 +716,49 @@ class Session:
         # before the checkpoint is gone); a session that stays at a compacting tier would
         # otherwise store its whole context in the vault on every turn.
         turn.prefix = len(turn.previous) if turn.reused and self.store.holds(turn.previous) else 0
-        backup = self.vault.put_text(json.dumps(turn.pipeline_input[turn.prefix:], ensure_ascii=False))
-        checkpoint.begin(self.path, backup=backup, prefix=turn.prefix, state=clone_json(turn.state),
-                         messages=len(turn.pipeline_input), clock=turn.clock)
+        backup = self.vault.put_text(json.dumps(turn.pipeline_input[turn.prefix :], ensure_ascii=False))
+        checkpoint.begin(
+            self.path,
+            backup=backup,
+            prefix=turn.prefix,
+            state=clone_json(turn.state),
+            messages=len(turn.pipeline_input),
+            clock=turn.clock,
+        )
 
     def _run(self, turn: _Turn, budget: Budget) -> RunOutcome:
         """The pipeline on the turn's input; an interrupted compaction is marked as such."""
         base = StageContext(
-            stage_id="", model=self.model, counter=self.counter, budget=budget, vault=self.vault,
-            tools=turn.tools, pack=self.engine.pack.data, log=get_logger("ctxrules.pipeline", session=self.id),
-            session_id=self.id, clock=turn.clock, cache_hot=turn.cache_hot, hooks=self.engine.registry.hooks,
-            registry=self.engine.registry, cache_key=self.cache_key,
+            stage_id="",
+            model=self.model,
+            counter=self.counter,
+            budget=budget,
+            vault=self.vault,
+            tools=turn.tools,
+            pack=self.engine.pack.data,
+            log=get_logger("ctxrules.pipeline", session=self.id),
+            session_id=self.id,
+            clock=turn.clock,
+            cache_hot=turn.cache_hot,
+            hooks=self.engine.registry.hooks,
+            registry=self.engine.registry,
+            cache_key=self.cache_key,
             valid_prefix=len(turn.previous) if turn.reused else 0,
         )
         pin_token = structure.PIN_SIGNED_PREFIX.set(self.engine.pin_signed_prefix)
         try:
-            return run_pipeline(self.engine.plan, turn.pipeline_input, base, turn.state.setdefault("stages", {}),
-                                known_tokens=turn.known, on_event=self._emit if self.on_event else None)
+            return run_pipeline(
+                self.engine.plan,
+                turn.pipeline_input,
+                base,
+                turn.state.setdefault("stages", {}),
+                known_tokens=turn.known,
+                on_event=self._emit if self.on_event else None,
+            )
         except BaseException as exc:
             if turn.compacting:
                 # This session may save again before anyone resumes: back up the whole input.
-                full = (self.vault.put_text(json.dumps(turn.pipeline_input, ensure_ascii=False))
-                        if turn.prefix else None)
+                full = self.vault.put_text(json.dumps(turn.pipeline_input, ensure_ascii=False)) if turn.prefix else None
                 checkpoint.interrupted(self.path, f"{type(exc).__name__}: {exc}", backup=full)
             raise
         finally:
@@ -527,9 +766,19 @@ class Session:
 
     def _remember(self, turn: _Turn, outcome: RunOutcome) -> None:
         """Keep the turn for the next one (in memory and in state.json) and save the session."""
-        turn.chain = turn.chain.extended(turn.history[turn.reused:])
-        self._prefix.remember(turn.history, turn.reused, outcome.messages, turn.chain,
-                              msgs_sum=turn.msgs_sum, out_tokens=outcome.tokens, tools=turn.tools)
+        turn.chain = turn.chain.extended(turn.history[turn.reused :])
+        turn.vault_new = sorted({a["vault_id"] for r in outcome.records for a in r.actions if a.get("vault_id")})
+        self._prefix.remember(
+            turn.history,
+            turn.reused,
+            outcome.messages,
+            turn.chain,
+            msgs_sum=turn.msgs_sum,
+            out_tokens=outcome.tokens,
+            tools=turn.tools,
+            new_ids=turn.given_ids | set(turn.vault_new),
+            lost=turn.lost,
+        )
         state = turn.state
         state["fingerprint"] = turn.fingerprint
         state["last_clock"] = turn.clock
@@ -540,37 +789,57 @@ class Session:
             checkpoint.complete(self.path)
         self.store.save(state, outcome.messages)
 
-    def _report(self, turn: _Turn, outcome: RunOutcome, budget: Budget, reload_notes: list[str],
-                started: float) -> dict[str, Any]:
-        """The run report, and the events that go with it."""
-        vault_new = sorted({a["vault_id"] for r in outcome.records for a in r.actions if a.get("vault_id")})
-        report = build_report(self._report_header(), budget=budget, history_tokens=turn.tokens_in,
-                              history_len=len(turn.history), reused=turn.reused, outcome=outcome,
-                              vault_new=vault_new, ms=(time.perf_counter() - started) * 1000)
+    def _report(
+        self, turn: _Turn, outcome: RunOutcome, budget: Budget, reload_notes: list[str], started: float
+    ) -> dict[str, Any]:
+        """The run report, and the events and the log line that go with it."""
+        report = build_report(
+            self._report_header(),
+            budget=budget,
+            history_tokens=turn.tokens_in,
+            history_len=len(turn.history),
+            reused=turn.reused,
+            outcome=outcome,
+            vault_new=turn.vault_new,
+            ms=(time.perf_counter() - started) * 1000,
+        )
         report["fingerprint"] = {"value": turn.fingerprint, "changed": turn.changed}
         report["warnings"].extend(reload_notes + self._notices)
         self._notices = []
         report["compacting"] = turn.compacting
-        report["health"] = health(report)
+        report["health"] = health(report, breakers=open_breakers(turn.state.get("stages")))
         for st in report["stages"]:
             for action in st["actions"]:
                 if action["kind"] == "checkpoint":  # the summarizer fell back to the checkpoint
                     self._emit({"event": "fallback", "stage": st["id"], "detail": action["detail"]})
                 elif action["kind"] == "breaker":
                     self._emit({"event": "breaker", "stage": st["id"], "detail": action["detail"]})
-        self._emit({"event": "prepare.end", "health": report["health"]["state"],
-                    "tokens_before": turn.tokens_in, "tokens_after": outcome.tokens})
+        self._emit(
+            {
+                "event": "prepare.end",
+                "health": report["health"]["state"],
+                "tokens_before": turn.tokens_in,
+                "tokens_after": outcome.tokens,
+            }
+        )
+        _log_prepare(self.id, report)
         return report
 
     def _report_header(self) -> dict[str, Any]:
         pack = self.engine.pack
         return report_header(
             pack={"name": pack.name, "digest": self.engine.digest, "files": pack.files},
-            session={"id": self.id, "path": str(self.path)},
-            model={"name": self.model.name, "registry_key": self.model.key, "provider": self.model.provider,
-                   "family": self.model.family, "tokenizer": self.model.tokenizer,
-                   "tokens_are_estimates": self.counter.is_estimate,
-                   "models_entry": (self.model_entry or {}).get("id")})
+            session={"id": self.id, "path": str(self.path.resolve())},  # absolute: read-back commands
+            model={
+                "name": self.model.name,
+                "registry_key": self.model.key,
+                "provider": self.model.provider,
+                "family": self.model.family,
+                "tokenizer": self.model.tokenizer,
+                "tokens_are_estimates": self.counter.is_estimate,
+                "models_entry": (self.model_entry or {}).get("id"),
+            },
+        )
 
     def _emit(self, event: dict[str, Any]) -> None:
         """Hand an event to ``on_event``; a failing callback is logged, never fatal."""
@@ -580,6 +849,32 @@ class Session:
             self.on_event({"session": self.id, **event})
         except Exception as exc:  # the UI's problem must not cost the agent its context
             get_logger("ctxrules").warning("on_event.error", error=f"{type(exc).__name__}: {exc}")
+
+
+def _log_prepare(session_id: str, report: dict[str, Any]) -> None:
+    """One info line per prepare (``CTXRULES_LOG=info``): tokens and tier before → after, the
+    stages that changed something, the time."""
+    import logging
+
+    import structlog
+
+    log = get_logger("ctxrules.session")
+    if not structlog.is_configured() and not logging.getLogger("ctxrules.session").isEnabledFor(logging.INFO):
+        return  # nobody reads it: skip building the line
+    before, after = report["before"], report["after"]
+    changed = [
+        st["id"]
+        for st in report["stages"]
+        if st.get("ran") and (st.get("tokens_before") != st.get("tokens_after") or st.get("actions"))
+    ]
+    log.info(
+        "prepare",
+        session=session_id,
+        tokens=f"{before['tokens']}->{after['tokens']}",
+        tier=f"{before['tier']}->{after['tier']}",
+        changed=",".join(changed) or "-",
+        ms=round(report.get("ms", 0.0), 1),
+    )
 
 
 def _stamps(paths: Any) -> tuple[tuple[str, int, int], ...]:
@@ -613,10 +908,17 @@ def _own_copies(history: list[Message], output: list[Message]) -> list[Message]:
     return out
 
 
-def open_session(pack: str, model: str, *, session: str | None = None, state: str | None = None,
-                 window: int | None = None) -> Session:
+def open_session(
+    pack: str,
+    model: str,
+    *,
+    session: str | None = None,
+    state: str | None = None,
+    window: int | None = None,
+    search_path: Sequence[str] = (),
+) -> Session:
     """What ``ctxrules run`` does to get a session (CLI helper)."""
-    engine = Engine.load(pack)
+    engine = Engine.load(pack, search_path=search_path)
     if session is not None:
         path = Path(session)
     else:

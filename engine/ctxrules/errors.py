@@ -32,3 +32,10 @@ class MessagesError(CtxrulesError):
     """The message list is malformed in a way no stage can repair."""
 
     exit_code = 2
+
+
+class CompletionFailed(CtxrulesError):
+    """A model call through ``session.complete``/``acomplete`` failed (after the one overflow
+    recovery, when the error was an overflow)."""
+
+    exit_code = 2

@@ -108,9 +108,7 @@ def with_heartbeat(
     def wrap(tool: Callable[P, Awaitable[T]]) -> Callable[P, AsyncIterator[Any]]:
         @functools.wraps(tool)
         async def run(*args: P.args, **kwargs: P.kwargs) -> AsyncIterator[Any]:
-            async for value in heartbeat(
-                tool(*args, **kwargs), interval_s=interval_s, preliminary=preliminary
-            ):
+            async for value in heartbeat(tool(*args, **kwargs), interval_s=interval_s, preliminary=preliminary):
                 yield value
 
         return run

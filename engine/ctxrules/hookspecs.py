@@ -60,7 +60,7 @@ def with_defaults(schema: Mapping[str, Any], options: Mapping[str, Any]) -> dict
     """``options`` plus the declared ``default`` of each top-level property they leave out."""
     out = dict(options)
     properties = schema.get("properties")
-    for key, spec in (properties.items() if isinstance(properties, Mapping) else ()):
+    for key, spec in properties.items() if isinstance(properties, Mapping) else ():
         if key not in out and isinstance(spec, Mapping) and "default" in spec:
             out[key] = copy.deepcopy(spec["default"])  # a mutable default is never shared
     return out
@@ -178,4 +178,3 @@ def ctxrules_route_judge(text: str, tier: str, score: float, reasons: list[str])
     Stops at the first non-None result (``firstresult=True``). Nothing implements this hook by
     default: routing is deterministic without it.
     """
-

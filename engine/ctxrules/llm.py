@@ -27,6 +27,9 @@ def load_litellm() -> Any:
         import litellm
 
         litellm.telemetry = False
+        # litellm prints a "Give Feedback / Get Help" banner to stdout on every failed call: a
+        # CLI's stdout holds only its output, and the error reaches the caller anyway.
+        litellm.suppress_debug_info = True
         return litellm
 
 

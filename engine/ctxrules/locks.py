@@ -56,9 +56,7 @@ class FileLock:
     def _native(self) -> filelock.FileLock:
         # filelock refuses an instance inherited across a fork: a forked child gets its own.
         self._pid = os.getpid()
-        return filelock.FileLock(
-            self.path, timeout=-1 if self.timeout is None else self.timeout, mode=0o600
-        )
+        return filelock.FileLock(self.path, timeout=-1 if self.timeout is None else self.timeout, mode=0o600)
 
     @property
     def is_locked(self) -> bool:

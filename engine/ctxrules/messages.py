@@ -4,15 +4,14 @@ Messages are OpenAI chat-completions messages as plain dicts. Nothing here mutat
 helpers that "change" one return a new dict and leave unknown fields untouched (invariant 5,
 docs/reference/concepts.md).
 
-**Injected messages.** Everything ctxrules puts into a conversation carries the metadata key
-``"ctxrules"`` (a dict such as ``{"kind": "summary"}``) *and* opens its text with a
-``<ctxrules:KIND ...>`` tag. A message counts as injected when *either* is present: callers
-that round-trip history through strict SDK models lose unknown keys, and the tag is what
-survives. A human message that merely *contains* ``<ctxrules:`` stays real; one that *starts*
-with such a tag is taken as injected, because mistaking an injected message for the human
-anchor (invariant 2) is the worse error. An elision marker (``[ctxrules:elided ...]``, square
-brackets) does not make a message injected: a real user message whose content went to the
-vault is still the real user message.
+**Injected messages.** Everything ctxrules puts into a conversation opens its text with a
+``<ctxrules:KIND ... sig="...">`` tag whose signature is keyed (:mod:`ctxrules.injected`); no
+extra key is added to the message, so the output is sendable as it is. A message counts as
+injected only when its tag verifies: a human message that contains, or even starts with, a
+``<ctxrules:...>`` text it pasted stays real (it can be the anchor). A stage that rewrites an
+injected message's text keeps the mark (:func:`replace_text` re-signs). An elision marker
+(``[ctxrules:elided ...]``, square brackets) does not make a message injected: a real user
+message whose content went to the vault is still the real user message.
 
 **Pairing, steps, exchanges and pins** are in :mod:`ctxrules.structure`.
 """
@@ -26,14 +25,16 @@ from collections.abc import Mapping
 from typing import Any
 
 from ctxrules.errors import MessagesError
+from ctxrules.injected import TagHead, current_key, format_attr, parse_head
 
 __all__ = [
-    "INJECTED_KEY",
     "ROLES",
     "has_tool_calls",
     "injected_kind",
+    "injected_meta",
     "is_injected",
     "is_real_user",
+    "keep_mark",
     "mark_injected",
     "message_text",
     "replace_text",
@@ -45,12 +46,9 @@ __all__ = [
 Message = dict[str, Any]
 
 ROLES: frozenset[str] = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
-INJECTED_KEY = "ctxrules"
+_KIND_RE = re.compile(r"[a-z][a-z0-9_.-]*")
 _LEADING_ROLES = frozenset({"system", "developer"})
 _RESULT_ROLES = frozenset({"tool", "function"})
-# A tag is "<ctxrules:" + a kind + something that ends the name; "<ctxrules:" followed by
-# prose is not a tag.
-_TAG_RE = re.compile(r"\s*<ctxrules:[a-z][a-z0-9_.-]*[\s/>]")
 
 
 # --- validation -----------------------------------------------------------------------------
@@ -80,12 +78,10 @@ def split_input(obj: object) -> tuple[list[Any], list[Any] | None]:
             if not isinstance(tool, Mapping):
                 raise MessagesError(f"tool {i}: expected an object, got {_type_name(tool)}")
         return messages, tools
-    raise MessagesError(
-        f"expected a JSON list of chat messages or an object with 'messages', got {_type_name(obj)}"
-    )
+    raise MessagesError(f"expected a JSON list of chat messages or an object with 'messages', got {_type_name(obj)}")
 
 
-def validate_messages(obj: object, *, start: int = 0) -> list[Message]:
+def validate_messages(obj: object, *, start: int = 0, warnings: list[str] | None = None) -> list[Message]:
     """Check the structure of a message list and return it as a new list (same dicts).
 
     Raises :class:`MessagesError` naming the message index for what no stage can repair: a
@@ -94,11 +90,38 @@ def validate_messages(obj: object, *, start: int = 0) -> list[Message]:
     really produce and a stage repairs is accepted: ``function.arguments`` that are not JSON,
     tool results whose call never appeared (``normalize.tool_pairs`` handles those).
     ``start`` skips messages already known to be valid (a history's unchanged prefix).
+    Data no JSON writer can take back (see :mod:`ctxrules.json_limits`) is rejected, except
+    lone surrogates, replaced in a copy of the message (a note for each goes to ``warnings``).
     """
     messages, _tools = split_input(obj)
+    out: list[Message] | None = None
     for index in range(start, len(messages)):
         _validate_message(index, messages[index])
-    return list(messages)
+        fixed = _within_limits(index, messages[index], warnings)
+        if fixed is not messages[index]:
+            if out is None:
+                out = list(messages)
+            out[index] = fixed
+    return out if out is not None else list(messages)
+
+
+def _within_limits(index: int, message: Message, warnings: list[str] | None) -> Message:
+    """``message``, or a repaired copy when it holds lone surrogates (each replaced with
+    U+FFFD, with a warning naming the message and field: rejecting would fail every later
+    call of an append-only conversation). Nesting too deep, an integer too long to write out
+    and a non-finite number raise :class:`MessagesError` naming the field."""
+    from ctxrules.json_limits import pointer, scan, short_pointer
+
+    found = scan(message)
+    where = f"message {index} ({message.get('role')})"
+    if found.problems:
+        first = found.problems[0]
+        raise MessagesError(f"{where}: {short_pointer(first.path)}: {first.detail}")
+    if found.replaced and warnings is not None:
+        fields = ", ".join(pointer(p) for p in found.replaced[:5])
+        more = f" and {len(found.replaced) - 5} more" if len(found.replaced) > 5 else ""
+        warnings.append(f"{where}: a lone surrogate in {fields}{more} was replaced with U+FFFD")
+    return found.value  # type: ignore[no-any-return]
 
 
 def _validate_message(index: int, message: object) -> None:
@@ -111,9 +134,7 @@ def _validate_message(index: int, message: object) -> None:
     if not isinstance(role, str):
         raise MessagesError(f"{where}: 'role' must be a string, got {_type_name(role)}")
     if role not in ROLES:
-        raise MessagesError(
-            f"{where}: unknown role {role!r} (expected one of {', '.join(sorted(ROLES))})"
-        )
+        raise MessagesError(f"{where}: unknown role {role!r} (expected one of {', '.join(sorted(ROLES))})")
     where = f"message {index} ({role})"
     content = message.get("content")
     if content is None:
@@ -124,18 +145,13 @@ def _validate_message(index: int, message: object) -> None:
         for part_index, part in enumerate(content):
             _validate_part(f"{where}, content part {part_index}", part)
     elif not isinstance(content, str):
-        raise MessagesError(
-            f"{where}: 'content' must be a string, a list of parts or null, "
-            f"got {_type_name(content)}"
-        )
+        raise MessagesError(f"{where}: 'content' must be a string, a list of parts or null, got {_type_name(content)}")
     tool_calls = message.get("tool_calls")
     if tool_calls is not None:
         if role != "assistant":
             raise MessagesError(f"{where}: 'tool_calls' is only valid on assistant messages")
         if not isinstance(tool_calls, list):
-            raise MessagesError(
-                f"{where}: 'tool_calls' must be a list, got {_type_name(tool_calls)}"
-            )
+            raise MessagesError(f"{where}: 'tool_calls' must be a list, got {_type_name(tool_calls)}")
         for call_index, call in enumerate(tool_calls):
             _validate_call(f"{where}, tool_calls[{call_index}]", call)
     call_id = message.get("tool_call_id")
@@ -176,17 +192,13 @@ def _validate_call(where: str, call: object) -> None:
         raise MessagesError(f"{where}: '{kind}.name' must be a string")
     arguments = function.get("arguments")
     if kind == "function" and not (arguments is None or isinstance(arguments, str | Mapping)):
-        raise MessagesError(
-            f"{where}: 'function.arguments' must be a string, got {_type_name(arguments)}"
-        )
+        raise MessagesError(f"{where}: 'function.arguments' must be a string, got {_type_name(arguments)}")
 
 
 def _type_name(value: object) -> str:
     if value is None:
         return "null"
-    return {dict: "object", list: "array", str: "string", bool: "boolean"}.get(
-        type(value), type(value).__name__
-    )
+    return {dict: "object", list: "array", str: "string", bool: "boolean"}.get(type(value), type(value).__name__)
 
 
 # --- text -----------------------------------------------------------------------------------
@@ -201,9 +213,7 @@ def message_text(msg: Mapping[str, Any]) -> str:
         return "\n".join(
             part["text"]
             for part in content
-            if isinstance(part, Mapping)
-            and part.get("type") == "text"
-            and isinstance(part.get("text"), str)
+            if isinstance(part, Mapping) and part.get("type") == "text" and isinstance(part.get("text"), str)
         )
     return ""
 
@@ -219,6 +229,10 @@ def replace_text(msg: Mapping[str, Any], new_text: str) -> Message:
     part at the position of the first one (its other keys, e.g. ``cache_control``, kept);
     without a text part, one is put first.
     """
+    return keep_mark(msg, _replace_text(msg, new_text))
+
+
+def _replace_text(msg: Mapping[str, Any], new_text: str) -> Message:
     content = msg.get("content")
     if not isinstance(content, list):
         return {**msg, "content": new_text}
@@ -249,25 +263,30 @@ def _first_text(msg: Mapping[str, Any]) -> str:
 # --- injected messages ----------------------------------------------------------------------
 
 
-def is_injected(msg: Mapping[str, Any]) -> bool:
-    """Whether ctxrules produced ``msg`` (metadata key, or text that opens with a tag)."""
-    if msg.get(INJECTED_KEY) is not None:
-        return True
+def _signed_head(msg: Mapping[str, Any]) -> TagHead | None:
     text = _first_text(msg)
     # Most texts do not open with "<" (after white space): decided without the regex. lstrip
     # returns the same string object when there is nothing to strip.
-    return text.lstrip().startswith("<ctxrules:") and _TAG_RE.match(text) is not None
+    if not text.lstrip().startswith("<ctxrules:"):
+        return None
+    return current_key().verified(text)
+
+
+def is_injected(msg: Mapping[str, Any]) -> bool:
+    """Whether ctxrules produced ``msg``: its text opens with a tag signed under the current key."""
+    return _signed_head(msg) is not None
 
 
 def injected_kind(msg: Mapping[str, Any]) -> str | None:
-    """The ``kind`` of an injected message (from the metadata, else from the tag)."""
-    meta = msg.get(INJECTED_KEY)
-    if isinstance(meta, Mapping) and isinstance(meta.get("kind"), str):
-        return str(meta["kind"])
-    match = re.match(r"\s*<ctxrules:([a-z][a-z0-9_.-]*)", _first_text(msg))
-    if match is not None:
-        return match.group(1)
-    return None
+    """The ``kind`` of an injected message (``None`` for any other message)."""
+    head = _signed_head(msg)
+    return head.kind if head is not None else None
+
+
+def injected_meta(msg: Mapping[str, Any]) -> dict[str, str]:
+    """The attributes of an injected message's tag (strings; ``{}`` for any other message)."""
+    head = _signed_head(msg)
+    return dict(head.attrs) if head is not None else {}
 
 
 def is_real_user(msg: Mapping[str, Any]) -> bool:
@@ -275,25 +294,72 @@ def is_real_user(msg: Mapping[str, Any]) -> bool:
     return msg.get("role") == "user" and not is_injected(msg)
 
 
-def mark_injected(msg: Mapping[str, Any], kind: str, **meta: Any) -> Message:
-    """A copy of ``msg`` marked as injected: metadata ``{"kind": kind, **meta}`` and a tag.
+def mark_injected(msg: Mapping[str, Any], kind: str, **meta: str | int | float | bool | None) -> Message:
+    """A copy of ``msg`` marked as injected: its text opens with a signed ``<ctxrules:KIND>`` tag
+    whose attributes hold ``meta`` (scalars, ``None`` left out; read back as strings with
+    :func:`injected_meta`).
 
-    Text that already opens with a ``<ctxrules:...>`` tag is kept as it is (so marking twice
-    changes nothing); otherwise it is wrapped in ``<ctxrules:KIND>`` ... ``</ctxrules:KIND>``.
+    Text that already opens with a ``<ctxrules:KIND ...>`` tag keeps it (its attributes win;
+    ``meta`` adds the missing ones) and is only signed, so marking twice changes nothing;
+    otherwise the text is wrapped in ``<ctxrules:KIND ...>`` ... ``</ctxrules:KIND>``. No key is
+    added to the message: the output stays sendable as it is (invariant 8).
     """
-    if not re.fullmatch(r"[a-z][a-z0-9_.-]*", kind):
+    if not _KIND_RE.fullmatch(kind):
         raise ValueError(f"invalid injected kind {kind!r}: use lowercase letters, digits, _.-")
-    old_meta = msg.get(INJECTED_KEY)
-    merged = {**(old_meta if isinstance(old_meta, Mapping) else {}), **meta, "kind": kind}
-    marked: Message = {**msg, INJECTED_KEY: merged}
-    if _TAG_RE.match(_first_text(msg)) is not None:
-        return marked
+    meta = {k: v for k, v in meta.items() if v is not None}
+    for name, value in meta.items():
+        if not isinstance(value, str | int | float | bool) or not _KIND_RE.fullmatch(name) or name == "sig":
+            raise TypeError(f"injected-message attribute {name}={value!r}: expected a scalar")
+    key = current_key()
+    text = _first_text(msg)
+    head = parse_head(text)
+    if head is not None and head.kind == kind:
+        missing = {k: v for k, v in meta.items() if k not in head.attrs}
+        if missing:
+            at = head.end - 1 - len(head.close)
+            if head.sig_span is not None:
+                at = head.sig_span[0]
+            text = text[:at] + "".join(f" {k}={format_attr(v)}" for k, v in missing.items()) + text[at:]
+        elif head.sig is not None and key.verified(text) is not None:
+            return dict(msg)
+        return _with_first_text(msg, key.sign(text))
+    attrs = "".join(f" {k}={format_attr(v)}" for k, v in meta.items())
     content = msg.get("content")
     if isinstance(content, list) and not any(_is_text_part(part) for part in content):
         # Keep non-text parts as they are; a leading text part carries the tag.
-        return {**marked, "content": [{"type": "text", "text": f"<ctxrules:{kind}/>"}, *content]}
-    text = _first_text(msg)
-    return replace_text(marked, f"<ctxrules:{kind}>\n{text}\n</ctxrules:{kind}>")
+        tag = key.sign(f"<ctxrules:{kind}{attrs}/>")
+        return {**msg, "content": [{"type": "text", "text": tag}, *content]}
+    return _with_first_text(msg, key.sign(f"<ctxrules:{kind}{attrs}>\n{text}\n</ctxrules:{kind}>"))
+
+
+def _with_first_text(msg: Mapping[str, Any], text: str) -> Message:
+    """``msg`` with its first text replaced (string content, or the first text part)."""
+    content = msg.get("content")
+    if not isinstance(content, list):
+        return {**msg, "content": text}
+    parts = list(content)
+    for i, part in enumerate(parts):
+        if _is_text_part(part) and isinstance(part.get("text"), str):
+            parts[i] = {**part, "text": text}
+            return {**msg, "content": parts}
+    return {**msg, "content": [{"type": "text", "text": text}, *parts]}
+
+
+def keep_mark(old: Mapping[str, Any], new: Message) -> Message:
+    """``new`` (a stage's rewrite of ``old``) still marked as injected when ``old`` was.
+
+    A rewrite of an injected message's text (a cut, a spill) invalidates its signature; the
+    rewritten message is still ctxrules' own: it is signed again, and re-tagged when the tag
+    itself was cut away."""
+    head = _signed_head(old)
+    if head is None or new is old:
+        return new
+    text = _first_text(new)
+    if text.lstrip().startswith("<ctxrules:") and current_key().verified(text) is not None:
+        return new
+    if parse_head(text) is not None:
+        return _with_first_text(new, current_key().sign(text))
+    return mark_injected(new, head.kind, **head.attrs)
 
 
 # --- tool calls and their results -----------------------------------------------------------

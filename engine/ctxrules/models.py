@@ -161,9 +161,7 @@ def registry() -> Mapping[str, Mapping[str, Any]]:
                 raise CtxrulesError(f"the model registry {path} is not valid JSON: {exc}") from exc
             if not isinstance(raw, dict):
                 raise CtxrulesError(f"the model registry {path} is not a JSON object")
-            _REGISTRY = {
-                str(k): v for k, v in raw.items() if k != "sample_spec" and isinstance(v, dict)
-            }
+            _REGISTRY = {str(k): v for k, v in raw.items() if k != "sample_spec" and isinstance(v, dict)}
         return _REGISTRY
 
 
@@ -190,9 +188,7 @@ def _index(casefold: bool) -> _Index:
             by_suffix.setdefault(spelled.rsplit("/", 1)[1], []).append(key)
         by_base.setdefault(_plain_name(spelled), []).append(key)
     providers = frozenset(
-        str(entry["litellm_provider"])
-        for entry in reg.values()
-        if isinstance(entry.get("litellm_provider"), str)
+        str(entry["litellm_provider"]) for entry in reg.values() if isinstance(entry.get("litellm_provider"), str)
     )
     return _Index(
         exact,
@@ -332,9 +328,7 @@ def _pick(name: str, keys: tuple[str, ...], casefold: bool) -> str:
     def score(key: str) -> tuple[int, int, int, int, int, str]:
         entry = reg[key]
         segments = (key.lower() if casefold else key).split("/")
-        named = first is not None and (
-            segments[0] == first or entry.get("litellm_provider") == first
-        )
+        named = first is not None and (segments[0] == first or entry.get("litellm_provider") == first)
         has_window = _as_int(entry.get("max_input_tokens")) or _as_int(entry.get("max_tokens"))
         vendors = segments[-1].lower().split(".")[:-1]
         is_native = bool(native.intersection(s.lower() for s in segments[:-1] + vendors))
@@ -355,9 +349,7 @@ def _resolve_in(name: str, casefold: bool) -> str | None:
             for suffix in _suffixes(variant):
                 bare = suffix.rsplit("/", 1)[-1]
                 keys = tuple(
-                    k
-                    for k in index.by_suffix.get(bare, ())
-                    if (k.lower() if casefold else k).endswith("/" + suffix)
+                    k for k in index.by_suffix.get(bare, ()) if (k.lower() if casefold else k).endswith("/" + suffix)
                 )
                 if keys:
                     return _pick(variant, keys, casefold)

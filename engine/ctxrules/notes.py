@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from ctxrules.errors import CtxrulesError
-from ctxrules.session_store import ensure_dir, write_atomic
+from ctxrules.private_files import ensure_dir, read_private, write_atomic
 
 __all__ = ["MAX_NOTE_CHARS", "NOTES_FILE", "Note", "NotesError", "SessionNotes", "load_notes"]
 
@@ -58,8 +58,13 @@ class Note:
     updated: float = 0.0
 
     def as_dict(self) -> dict[str, Any]:
-        return {"id": self.id, "text": self.text, "tags": list(self.tags),
-                "created": self.created, "updated": self.updated}
+        return {
+            "id": self.id,
+            "text": self.text,
+            "tags": list(self.tags),
+            "created": self.created,
+            "updated": self.updated,
+        }
 
 
 def _check_text(text: object) -> str:
@@ -72,8 +77,10 @@ def _check_text(text: object) -> str:
     except UnicodeEncodeError as exc:
         raise NotesError(f"a note's text must be valid Unicode text ({exc.reason})") from exc
     if len(text) > MAX_NOTE_CHARS:
-        raise NotesError(f"a note's text is limited to {MAX_NOTE_CHARS} characters, got "
-                         f"{len(text)}; keep long material in a file and note its path")
+        raise NotesError(
+            f"a note's text is limited to {MAX_NOTE_CHARS} characters, got "
+            f"{len(text)}; keep long material in a file and note its path"
+        )
     return text
 
 
@@ -85,8 +92,7 @@ def _check_tags(tags: object) -> tuple[str, ...]:
     out: list[str] = []
     for tag in tags:
         if not isinstance(tag, str) or not _TAG_RE.fullmatch(tag):
-            raise NotesError(f"invalid tag {tag!r}: 1-40 characters, no comma or line break, "
-                             "not starting with a space")
+            raise NotesError(f"invalid tag {tag!r}: 1-40 characters, no comma or line break, not starting with a space")
         if tag not in out:
             out.append(tag)
     return tuple(out)
@@ -94,8 +100,9 @@ def _check_tags(tags: object) -> tuple[str, ...]:
 
 def _check_id(note_id: object) -> str:
     if not isinstance(note_id, str) or not _ID_RE.fullmatch(note_id):
-        raise NotesError(f"invalid note id {note_id!r}: letters, digits, '_', '.', '-' "
-                         "(up to 64, starting with a letter or digit)")
+        raise NotesError(
+            f"invalid note id {note_id!r}: letters, digits, '_', '.', '-' (up to 64, starting with a letter or digit)"
+        )
     return note_id
 
 
@@ -103,16 +110,21 @@ def _parse(raw: bytes, path: Path) -> tuple[int, list[Note]]:
     try:
         data = json.loads(raw)
     except ValueError as exc:
-        raise NotesError(f"the notes file {path} is not valid JSON ({exc}); "
-                         "fix or delete it") from exc
+        raise NotesError(f"the notes file {path} is not valid JSON ({exc}); fix or delete it") from exc
     if not isinstance(data, dict) or not isinstance(data.get("notes"), list):
         raise NotesError(f"the notes file {path} has no 'notes' list; fix or delete it")
     notes: list[Note] = []
     for n, item in enumerate(data["notes"]):
         try:
-            notes.append(Note(_check_id(item["id"]), _check_text(item["text"]),
-                              _check_tags(item.get("tags", ())), float(item.get("created", 0)),
-                              float(item.get("updated", 0))))
+            notes.append(
+                Note(
+                    _check_id(item["id"]),
+                    _check_text(item["text"]),
+                    _check_tags(item.get("tags", ())),
+                    float(item.get("created", 0)),
+                    float(item.get("updated", 0)),
+                )
+            )
         except (KeyError, TypeError, ValueError, NotesError) as exc:
             raise NotesError(f"the notes file {path}: note {n} is malformed ({exc})") from exc
     next_seq = data.get("next", 1)
@@ -123,7 +135,7 @@ def load_notes(session_dir: Path) -> list[Note]:
     """The notes of the session directory ``session_dir`` (``[]`` when it has none)."""
     path = Path(session_dir) / NOTES_FILE
     try:
-        raw = path.read_bytes()
+        raw = read_private(path)
     except FileNotFoundError:
         return []
     except OSError as exc:
@@ -188,8 +200,7 @@ class SessionNotes:
             self._write(next_seq, [*notes, note])
         return note
 
-    def update(self, note_id: str, text: str | None = None, *,
-               tags: Iterable[str] | None = None) -> Note:
+    def update(self, note_id: str, text: str | None = None, *, tags: Iterable[str] | None = None) -> Note:
         """Replace a note's text (and/or its tags); it keeps its place and id."""
         if text is None and tags is None:
             raise NotesError("update() needs a new text or new tags")
@@ -198,10 +209,14 @@ class SessionNotes:
         with self._locked() as (next_seq, notes):
             for n, note in enumerate(notes):
                 if note.id == note_id:
-                    changed = Note(note.id, new_text if new_text is not None else note.text,
-                                   new_tags if new_tags is not None else note.tags,
-                                   note.created, self._clock())
-                    self._write(next_seq, [*notes[:n], changed, *notes[n + 1:]])
+                    changed = Note(
+                        note.id,
+                        new_text if new_text is not None else note.text,
+                        new_tags if new_tags is not None else note.tags,
+                        note.created,
+                        self._clock(),
+                    )
+                    self._write(next_seq, [*notes[:n], changed, *notes[n + 1 :]])
                     return changed
         raise NotesError(f"no note with id {note_id!r}")
 
@@ -210,7 +225,7 @@ class SessionNotes:
         with self._locked() as (next_seq, notes):
             for n, note in enumerate(notes):
                 if note.id == note_id:
-                    self._write(next_seq, [*notes[:n], *notes[n + 1:]])
+                    self._write(next_seq, [*notes[:n], *notes[n + 1 :]])
                     return note
         raise NotesError(f"no note with id {note_id!r}")
 
@@ -233,7 +248,7 @@ class SessionNotes:
             raise NotesError(f"cannot use session directory {self.path}: {why}") from exc
         try:
             try:
-                raw = self.file.read_bytes()
+                raw = read_private(self.file)
             except FileNotFoundError:
                 yield 1, []
             else:

@@ -4,8 +4,9 @@ A case runs the pack's pipeline on an input file (relative to the pack file that
 case) in a fresh temporary session and checks ``expect``: ``fits`` (the output fits the usable
 window), ``contains`` / ``not_contains`` (strings in the output messages' text), ``stages_ran``
 (pipeline ids that ran), ``max_tokens`` (prompt tokens after the run), ``tier`` (the tier
-measured before the run). ``skip_if_missing: true`` skips a case whose input file is absent
-(built-in cases on the shared corpus, for instance) instead of failing it.
+measured before the run). ``ctxrules test PACK`` runs the cases the pack's own file declares
+(``--inherited`` adds its parents'). ``skip_if_missing: true`` skips a case whose input file is absent
+(cases on data that only some checkouts have, for instance) instead of failing it.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from ctxrules.messages import message_text
 
 if TYPE_CHECKING:
     from ctxrules.engine import Engine
+    from ctxrules.packs.loader import ResolvedPack
+    from ctxrules.packs.source import Origin
 
 
 @dataclass
@@ -44,11 +47,20 @@ def _output_text(messages: list[dict[str, Any]]) -> str:
     return "\n".join(parts)
 
 
-def _input_path(engine: Engine, case_index: int, rel: str) -> Path:
-    origin = engine.pack.origins().get(f"/tests/{case_index}/input")
+def _input_path(engine: Engine, case_index: int, rel: str, key: str = "input") -> Path:
+    """The file a case names, resolved; raises OutsideRoots when it is outside the pack."""
+    from ctxrules.packs.confine import check_inside
+
+    origin = engine.pack.origins().get(f"/tests/{case_index}/{key}")
     real = engine.pack.real_paths.get(origin.file) if origin else None
     base = real.parent if real else engine.pack.base_dir()
-    return (base / rel).resolve()
+    return check_inside(engine.pack.roots, base, rel, f"test {key}")
+
+
+def _read_json(path: Path) -> Any:
+    from ctxrules.packs.confine import MAX_INPUT_BYTES, read_limited
+
+    return json.loads(read_limited(path, MAX_INPUT_BYTES, what=f"test input {path.name!r}").decode("utf-8"))
 
 
 def run_case(engine: Engine, index: int, case: dict[str, Any]) -> CaseResult:
@@ -59,20 +71,32 @@ def run_case(engine: Engine, index: int, case: dict[str, Any]) -> CaseResult:
     def done(status: str, message: str = "") -> CaseResult:
         return CaseResult(pack, ident, status, message, (time.perf_counter() - started) * 1000)
 
-    path = _input_path(engine, index, str(case.get("input")))
-    if not path.is_file():
+    from ctxrules.packs.confine import FileRefused, OutsideRoots
+
+    try:
+        path = _input_path(engine, index, str(case.get("input")))
+    except OutsideRoots as exc:
+        if case.get("skip_if_missing"):
+            return done("skipped", f"{exc} (allow its folder with --search-path DIR to run it)")
+        return done("failed", str(exc))
+    except (OSError, ValueError) as exc:
+        return done("failed", f"input {case.get('input')!r} is not a usable path ({exc})")
+    if not path.exists():
         if case.get("skip_if_missing"):
             return done("skipped", f"input not found: {path}")
         return done("failed", f"input not found: {path}")
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = _read_json(path)
         tools = None
         if case.get("tools"):
-            tools = json.loads(_input_path(engine, index, str(case["tools"])).read_text(encoding="utf-8"))
+            tools = _read_json(_input_path(engine, index, str(case["tools"]), "tools"))
         with tempfile.TemporaryDirectory(prefix="ctxrules-test-") as tmp:
-            session = engine.session(Path(tmp) / "session", model=str(case.get("model", "gpt-4o")),
-                                     window=case.get("window"), private=True)
+            session = engine.session(
+                Path(tmp) / "session", model=str(case.get("model", "gpt-4o")), window=case.get("window"), private=True
+            )
             result = session.prepare(data, tools)
+    except (OutsideRoots, FileRefused) as exc:
+        return done("failed", str(exc))
     except (OSError, ValueError, CtxrulesError) as exc:
         return done("failed", f"{type(exc).__name__}: {exc}")
     return done(*_check(case.get("expect") or {}, result.messages, result.report))
@@ -82,8 +106,9 @@ def _check(expect: dict[str, Any], messages: list[dict[str, Any]], report: dict[
     problems: list[str] = []
     after = report["after"]
     if "fits" in expect and bool(after["fits"]) != bool(expect["fits"]):
-        problems.append(f"fits is {after['fits']} ({after['tokens']} tokens, usable "
-                        f"{report['budget']['usable_window']})")
+        problems.append(
+            f"fits is {after['fits']} ({after['tokens']} tokens, usable {report['budget']['usable_window']})"
+        )
     text = _output_text(messages) if ("contains" in expect or "not_contains" in expect) else ""
     for s in expect.get("contains") or []:
         if s not in text:
@@ -94,8 +119,10 @@ def _check(expect: dict[str, Any], messages: list[dict[str, Any]], report: dict[
     ran = {st["id"] for st in report["stages"] if st["ran"]}
     for sid in expect.get("stages_ran") or []:
         if sid not in ran:
-            why = next((st.get("skipped") or st.get("error") for st in report["stages"] if st["id"] == sid),
-                       "not in the pipeline")
+            why = next(
+                (st.get("skipped") or st.get("error") for st in report["stages"] if st["id"] == sid),
+                "not in the pipeline",
+            )
             problems.append(f"stage {sid!r} did not run ({why})")
     if "max_tokens" in expect and after["tokens"] > expect["max_tokens"]:
         problems.append(f"{after['tokens']} tokens > max_tokens {expect['max_tokens']}")
@@ -104,6 +131,23 @@ def _check(expect: dict[str, Any], messages: list[dict[str, Any]], report: dict[
     return ("failed", "; ".join(problems)) if problems else ("passed", "")
 
 
-def run_pack_tests(engine: Engine) -> list[CaseResult]:
-    return [run_case(engine, i, case) for i, case in enumerate(engine.pack.data.get("tests") or [])
-            if isinstance(case, dict)]
+def declared_in(pack: ResolvedPack, pointer: str, origins: dict[str, Origin] | None = None) -> bool:
+    """Whether the pack's own file (the last one applied) wrote the item at ``pointer`` or any
+    field of it: a case a child overrides is the child's case too."""
+    if not pack.files:
+        return True
+    own = pack.files[-1]
+    origins = origins if origins is not None else pack.origins()
+    prefix = pointer + "/"
+    return any(o.file == own for p, o in origins.items() if p == pointer or p.startswith(prefix))
+
+
+def run_pack_tests(engine: Engine, *, inherited: bool = False) -> list[CaseResult]:
+    """The ``tests:`` cases the pack's own file declares; with ``inherited``, its parents' too
+    (a pack that extends ``builtin:default`` does not re-run the built-in cases as its own)."""
+    origins = engine.pack.origins()
+    return [
+        run_case(engine, i, case)
+        for i, case in enumerate(engine.pack.data.get("tests") or [])
+        if isinstance(case, dict) and (inherited or declared_in(engine.pack, f"/tests/{i}", origins))
+    ]

@@ -114,8 +114,9 @@ def _dist_version(module: object) -> str | None:
         return getattr(module, "__version__", None)
 
 
-def build_plugin_manager(extra: list[tuple[str, object]] | None = None,
-                         *, entry_points: bool = True) -> tuple[pluggy.PluginManager, list[PluginInfo]]:
+def build_plugin_manager(
+    extra: list[tuple[str, object]] | None = None, *, entry_points: bool = True
+) -> tuple[pluggy.PluginManager, list[PluginInfo]]:
     """A plugin manager with the built-ins, entry-point plugins and ``extra`` (name, plugin)."""
     pm = pluggy.PluginManager(hookspecs.PROJECT_NAME)
     pm.add_hookspecs(hookspecs)
@@ -195,8 +196,14 @@ def _add_stage(reg: Registry, info: PluginInfo, st: object) -> None:
     info.stages.append(st.name)
 
 
-def _add_action(reg: Registry, info: PluginInfo, name: Any, factory: Any = None,
-                schema: Mapping[str, Any] | None = None, description: str = "") -> None:
+def _add_action(
+    reg: Registry,
+    info: PluginInfo,
+    name: Any,
+    factory: Any = None,
+    schema: Mapping[str, Any] | None = None,
+    description: str = "",
+) -> None:
     hook = "ctxrules_register_actions"
     if isinstance(name, ActionType):  # the one-object form every registration hook takes
         name, factory, schema, description = name.name, name.factory, name.options_schema, name.description

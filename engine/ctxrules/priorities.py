@@ -42,6 +42,8 @@ from functools import lru_cache
 from typing import Any, Literal, TypeAlias
 
 from ctxrules.messages import is_injected, message_text
+from ctxrules.patterns import Pattern
+from ctxrules.patterns import compile as patterns_compile
 from ctxrules.structure import pair_tool_calls
 from ctxrules.toolroles import ToolRoles, call_name, tool_roles
 
@@ -77,7 +79,7 @@ class PriorityRule:
     within_steps: int | None = None
     tools: tuple[str, ...] | None = None
     tool_role: str | None = None
-    contains: re.Pattern[str] | None = None
+    contains: Pattern | None = None
     injected: bool | None = None
 
 
@@ -113,8 +115,7 @@ class PriorityRules:
             out.append(self._first_match(index, msg, facts, starts))
         return out
 
-    def _first_match(self, index: int, msg: Mapping[str, Any], facts: _Facts,
-                     starts: list[int]) -> Priority:
+    def _first_match(self, index: int, msg: Mapping[str, Any], facts: _Facts, starts: list[int]) -> Priority:
         text: str | None = None
         error: bool | None = None
         for rule in self.rules:
@@ -125,10 +126,12 @@ class PriorityRules:
             if rule.injected is not None and is_injected(msg) != rule.injected:
                 continue
             if rule.tools is not None and not any(
-                    fnmatchcase(name, glob) for name in facts.names for glob in rule.tools):
+                fnmatchcase(name, glob) for name in facts.names for glob in rule.tools
+            ):
                 continue
             if rule.tool_role is not None and not any(
-                    self.roles.role_of(name) == rule.tool_role for name in facts.names):
+                self.roles.role_of(name) == rule.tool_role for name in facts.names
+            ):
                 continue
             if rule.error is not None or rule.contains is not None:
                 if text is None:
@@ -168,8 +171,7 @@ class PriorityRules:
     def _step_starts(messages: Sequence[Mapping[str, Any]]) -> list[int]:
         """Index of each step's assistant message, newest first (a step starts at its
         assistant message; pairing is not needed for the boundary)."""
-        return [i for i in range(len(messages) - 1, -1, -1)
-                if messages[i].get("role") == "assistant"]
+        return [i for i in range(len(messages) - 1, -1, -1) if messages[i].get("role") == "assistant"]
 
 
 def _role_matches(wanted: str, role: str) -> bool:
@@ -214,10 +216,9 @@ def _compile_rule(n: int, item: Mapping[str, Any]) -> PriorityRule:
         tools = [tools]
     contains = match.get("contains")
     try:
-        pattern = re.compile(contains) if isinstance(contains, str) else None
+        pattern = patterns_compile(contains) if isinstance(contains, str) else None
     except re.error as exc:
-        raise ValueError(f"priorities rule '{ident}': contains {contains!r} does not compile: "
-                         f"{exc}") from exc
+        raise ValueError(f"priorities rule '{ident}': contains {contains!r} does not compile: {exc}") from exc
     within = match.get("within_steps")
     return PriorityRule(
         id=ident,
@@ -232,7 +233,6 @@ def _compile_rule(n: int, item: Mapping[str, Any]) -> PriorityRule:
     )
 
 
-def evaluate_priorities(messages: Sequence[Mapping[str, Any]],
-                        pack: Mapping[str, Any]) -> list[Priority]:
+def evaluate_priorities(messages: Sequence[Mapping[str, Any]], pack: Mapping[str, Any]) -> list[Priority]:
     """Shortcut: ``priority_rules(pack).evaluate(messages)``."""
     return priority_rules(pack).evaluate(messages)

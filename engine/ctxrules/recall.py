@@ -42,7 +42,7 @@ DEFAULT_NAME = RECALL_TOOL
 DEFAULT_DESCRIPTION = (
     "Read back content that was moved out of this conversation to save space. Markers such as "
     "[ctxrules:elided kind=lines count=120 ref=vault://3f2a...#L10-L129] show where; pass the "
-    "ref's id (and, to read only part of it, lines as \"A:B\") to get the exact original text. "
+    'ref\'s id (and, to read only part of it, lines as "A:B") to get the exact original text. '
     "A long answer ends with a marker for the next page."
 )
 DEFAULT_BUDGET_TOKENS = 4000
@@ -79,12 +79,12 @@ PARAMETERS: Mapping[str, Any] = {
         "id": {
             "type": "string",
             "description": "The vault id of a [ctxrules:elided ...] marker's ref (vault://ID or "
-                           "ID; a prefix of 12 or more hex digits is enough).",
+            "ID; a prefix of 12 or more hex digits is enough).",
         },
         "lines": {
             "type": "string",
-            "description": "Which lines to read, \"A:B\" (1-based, inclusive; \"A:\" to the end). "
-                           "Default: the marker's own range, else from the first line.",
+            "description": 'Which lines to read, "A:B" (1-based, inclusive; "A:" to the end). '
+            "Default: the marker's own range, else from the first line.",
         },
     },
     "required": ["id"],
@@ -95,12 +95,20 @@ PARAMETERS: Mapping[str, Any] = {
 def tool_definition(settings: RecallSettings, fmt: str = "openai") -> dict[str, Any]:
     """The tool's definition for the OpenAI (``openai``) or Anthropic (``anthropic``) API."""
     if fmt == "openai":
-        return {"type": "function", "function": {
-            "name": settings.name, "description": settings.description,
-            "parameters": json.loads(json.dumps(PARAMETERS))}}
+        return {
+            "type": "function",
+            "function": {
+                "name": settings.name,
+                "description": settings.description,
+                "parameters": json.loads(json.dumps(PARAMETERS)),
+            },
+        }
     if fmt == "anthropic":
-        return {"name": settings.name, "description": settings.description,
-                "input_schema": json.loads(json.dumps(PARAMETERS))}
+        return {
+            "name": settings.name,
+            "description": settings.description,
+            "input_schema": json.loads(json.dumps(PARAMETERS)),
+        }
     raise ValueError(f"unknown tool format {fmt!r}: use 'openai' or 'anthropic'")
 
 
@@ -118,8 +126,7 @@ def referenced_ids(messages: Iterable[Mapping[str, Any]], vault: Vault) -> set[s
     """The vault ids the markers in ``messages`` reference, and those referenced from inside
     those items (a step archived, then removed, points at the archived form)."""
     found: set[str] = set()
-    frontier = {m.vault_id for text in _texts(messages) if "[ctxrules:" in text
-                for m in parse_markers(text)}
+    frontier = {m.vault_id for text in _texts(messages) if "[ctxrules:" in text for m in parse_markers(text)}
     for _ in range(_NESTING):
         frontier -= found
         if not frontier:
@@ -142,7 +149,7 @@ def _parse_lines(text: str | None) -> tuple[int | None, int | None]:
         return None, None
     match = _LINES.match(str(text))
     if match is None:
-        raise RecallError(f"lines {text!r} is not of the form \"A:B\" (1-based, inclusive)")
+        raise RecallError(f'lines {text!r} is not of the form "A:B" (1-based, inclusive)')
     a = int(match.group(1)) if match.group(1) else None
     b = int(match.group(2)) if match.group(2) else (a if match.group(0).find(":") < 0 else None)
     if (a is not None and a < 1) or (b is not None and b < 1) or (a and b and b < a):
@@ -163,8 +170,14 @@ def _lines_of(text: str) -> list[str]:
     return text.splitlines(keepends=True)
 
 
-def answer_recall(arguments: Mapping[str, Any] | str, *, vault: Vault, allowed: set[str],
-                  count: Callable[[str], int], settings: RecallSettings) -> str:
+def answer_recall(
+    arguments: Mapping[str, Any] | str,
+    *,
+    vault: Vault,
+    allowed: set[str],
+    count: Callable[[str], int],
+    settings: RecallSettings,
+) -> str:
     """The answer to one recall call (see the module docstring); raises :class:`RecallError`."""
     if isinstance(arguments, str):
         try:
@@ -198,8 +211,10 @@ def answer_recall(arguments: Mapping[str, Any] | str, *, vault: Vault, allowed: 
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError:
-        return (f"[ctxrules:recall binary item vault://{vault_id}: {len(data)} bytes (an image "
-                "or other media), which cannot be shown as text]")
+        return (
+            f"[ctxrules:recall binary item vault://{vault_id}: {len(data)} bytes (an image "
+            "or other media), which cannot be shown as text]"
+        )
     lines = _lines_of(text)
     first = a or 1
     last = min(b or len(lines), len(lines))
@@ -216,8 +231,10 @@ def answer_recall(arguments: Mapping[str, Any] | str, *, vault: Vault, allowed: 
             # One line longer than the whole budget: its head, by characters, then a pointer.
             share = max(1, len(lines[n - 1]) * settings.budget_tokens // max(cost, 1))
             out.append(lines[n - 1][:share].rstrip("\n"))
-            out.append(f"\n[ctxrules:recall line {n} is cut after {share} of "
-                       f"{len(lines[n - 1])} characters: it is longer than the answer budget]")
+            out.append(
+                f"\n[ctxrules:recall line {n} is cut after {share} of "
+                f"{len(lines[n - 1])} characters: it is longer than the answer budget]"
+            )
             n += 1
             break
         out.append(lines[n - 1])

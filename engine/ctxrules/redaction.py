@@ -42,6 +42,9 @@ from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import Any, Literal
 
+from ctxrules.patterns import Match, Pattern
+from ctxrules.patterns import compile as patterns_compile
+
 __all__ = [
     "DEFAULT_PATTERNS",
     "DEFAULT_PATTERN_IDS",
@@ -93,9 +96,7 @@ def _card_number(match: str) -> bool:
         # Written with separators: the usual 4-4-4-4(-3) or Amex 4-6-5 layouts only, so that a
         # run of small numbers ("1 2 3 4 ...") is never read as a card.
         sizes = [len(g) for g in groups]
-        if sizes not in ([4, 6, 5], [4, 6, 4]) and not (
-            all(s == 4 for s in sizes[:-1]) and 1 <= sizes[-1] <= 4
-        ):
+        if sizes not in ([4, 6, 5], [4, 6, 4]) and not (all(s == 4 for s in sizes[:-1]) and 1 <= sizes[-1] <= 4):
             return False
     return luhn_valid(digits)
 
@@ -144,7 +145,7 @@ class RedactionPattern:
     """
 
     id: str
-    regex: re.Pattern[str]
+    regex: re.Pattern[str] | Pattern  # built-in ones on `re`, a pack's on ctxrules.patterns
     kind: Kind = "credential"
     replacement: str | None = None
     check: Callable[[str], bool] | None = None
@@ -208,8 +209,7 @@ _PATTERNS: tuple[RedactionPattern, ...] = (
     ),
     _p(
         "aws-secret-key",
-        r"(?i)\baws_?secret_?(?:access_?)?key\b[\"']?\s*[:=]\s*[\"']?(?P<secret>[A-Za-z0-9/+=]{40})"
-        + _E,
+        r"(?i)\baws_?secret_?(?:access_?)?key\b[\"']?\s*[:=]\s*[\"']?(?P<secret>[A-Za-z0-9/+=]{40})" + _E,
         description="AWS secret access keys in an assignment",
     ),
     _p(
@@ -324,8 +324,7 @@ _HINTS: dict[str, tuple[tuple[str, ...], bool]] = {
     "email": (("@",), False),
 }
 DEFAULT_PATTERNS: tuple[RedactionPattern, ...] = tuple(
-    replace(p, hints=_HINTS[p.id][0], hints_casefold=_HINTS[p.id][1]) if p.id in _HINTS else p
-    for p in _PATTERNS
+    replace(p, hints=_HINTS[p.id][0], hints_casefold=_HINTS[p.id][1]) if p.id in _HINTS else p for p in _PATTERNS
 )
 DEFAULT_PATTERN_IDS: tuple[str, ...] = tuple(p.id for p in DEFAULT_PATTERNS)
 
@@ -448,7 +447,7 @@ class _Folded:
         return self._folded
 
 
-def _secret_span(pattern: RedactionPattern, match: re.Match[str]) -> tuple[int, int]:
+def _secret_span(pattern: RedactionPattern, match: re.Match[str] | Match) -> tuple[int, int]:
     if SECRET_GROUP in pattern.regex.groupindex and match.group(SECRET_GROUP) is not None:
         return match.span(SECRET_GROUP)
     return match.span()
@@ -457,7 +456,7 @@ def _secret_span(pattern: RedactionPattern, match: re.Match[str]) -> tuple[int, 
 def _apply(pattern: RedactionPattern, text: str) -> tuple[str, int]:
     count = 0
 
-    def replace(match: re.Match[str]) -> str:
+    def replace(match: re.Match[str] | Match) -> str:
         nonlocal count
         whole = match.group(0)
         if pattern.check is not None and not pattern.check(whole):
@@ -495,27 +494,21 @@ def redactor_for(pack: Mapping[str, Any]) -> Redactor:
             continue
         kind = item.get("kind") if item.get("kind") in ("credential", "pii") else "credential"
         replacement = item.get("replacement")
-        extra.append(
-            (ident, regex, str(kind), replacement if isinstance(replacement, str) else None)
-        )
+        extra.append((ident, regex, str(kind), replacement if isinstance(replacement, str) else None))
     return _build(defaults, disabled, tuple(extra))
 
 
 @lru_cache(maxsize=64)
-def _build(
-    defaults: bool, disabled: tuple[str, ...], extra: tuple[tuple[str, str, str, str | None], ...]
-) -> Redactor:
+def _build(defaults: bool, disabled: tuple[str, ...], extra: tuple[tuple[str, str, str, str | None], ...]) -> Redactor:
     # A pack's own patterns run first: they are the more specific ones, and their masks are
     # then left alone by the broader built-in patterns.
     patterns: list[RedactionPattern] = []
     for ident, regex, kind, replacement in extra:
         try:
-            compiled = re.compile(regex)
+            compiled = patterns_compile(regex)
         except re.error as exc:
             raise ValueError(f"redaction pattern '{ident}': regex does not compile: {exc}") from exc
-        patterns.append(
-            RedactionPattern(ident, compiled, "pii" if kind == "pii" else "credential", replacement)
-        )
+        patterns.append(RedactionPattern(ident, compiled, "pii" if kind == "pii" else "credential", replacement))
     if defaults:
         patterns.extend(p for p in DEFAULT_PATTERNS if p.id not in disabled)
     return Redactor(patterns)

@@ -10,8 +10,9 @@ import math
 from html import escape
 from typing import Any
 
-TIER_COLORS = {"below": "#2e7d32", "monitor": "#558b2f", "light": "#f9a825", "full": "#ef6c00",
-               "emergency": "#c62828"}
+from ctxrules.cli.tables import read_back_command
+
+TIER_COLORS = {"below": "#2e7d32", "monitor": "#558b2f", "light": "#f9a825", "full": "#ef6c00", "emergency": "#c62828"}
 
 
 def _ring(utilization: float, tier: str, label: str) -> str:
@@ -39,24 +40,33 @@ def _waterfall(report: dict[str, Any]) -> str:
     rows = [("input", 0, start, "#546e7a")]
     for s in stages:
         a, b = s["tokens_before"], s["tokens_after"]
-        rows.append((f"{s['id']} ({s['type']})", min(a, b), max(a, b), "#2e7d32" if b < a else
-                     ("#c62828" if b > a else "#90a4ae")))
+        rows.append(
+            (
+                f"{s['id']} ({s['type']})",
+                min(a, b),
+                max(a, b),
+                "#2e7d32" if b < a else ("#c62828" if b > a else "#90a4ae"),
+            )
+        )
     rows.append(("output", 0, report["after"]["tokens"], "#1565c0"))
     height = len(rows) * (bar_h + gap) + 30
     scale = (width - left - 80) / top
-    parts = [f'<svg class="waterfall" viewBox="0 0 {width} {height}" role="img" '
-             f'aria-label="tokens per stage">']
+    parts = [f'<svg class="waterfall" viewBox="0 0 {width} {height}" role="img" aria-label="tokens per stage">']
     x_usable = left + usable * scale
-    parts.append(f'<line x1="{x_usable:.1f}" y1="0" x2="{x_usable:.1f}" y2="{height - 20}" '
-                 f'stroke="#c62828" stroke-dasharray="4 3"/>'
-                 f'<text x="{x_usable:.1f}" y="{height - 6}" text-anchor="middle" class="small">usable window</text>')
+    parts.append(
+        f'<line x1="{x_usable:.1f}" y1="0" x2="{x_usable:.1f}" y2="{height - 20}" '
+        f'stroke="#c62828" stroke-dasharray="4 3"/>'
+        f'<text x="{x_usable:.1f}" y="{height - 6}" text-anchor="middle" class="small">usable window</text>'
+    )
     for i, (name, lo, hi, color) in enumerate(rows):
         y = i * (bar_h + gap) + 4
         w = max((hi - lo) * scale, 1.5)
         delta = hi - lo if name not in ("input", "output") else hi
-        parts.append(f'<text x="{left - 8}" y="{y + 15}" text-anchor="end" class="small">{escape(name)}</text>'
-                     f'<rect x="{left + lo * scale:.1f}" y="{y}" width="{w:.1f}" height="{bar_h}" fill="{color}"/>'
-                     f'<text x="{left + hi * scale + 6:.1f}" y="{y + 15}" class="small">{delta:,}</text>')
+        parts.append(
+            f'<text x="{left - 8}" y="{y + 15}" text-anchor="end" class="small">{escape(name)}</text>'
+            f'<rect x="{left + lo * scale:.1f}" y="{y}" width="{w:.1f}" height="{bar_h}" fill="{color}"/>'
+            f'<text x="{left + hi * scale + 6:.1f}" y="{y + 15}" class="small">{delta:,}</text>'
+        )
     parts.append("</svg>")
     return "".join(parts)
 
@@ -69,22 +79,39 @@ def _table(headers: list[str], rows: list[list[str]]) -> str:
 
 def render_html(report: dict[str, Any]) -> str:
     b, a, m = report["before"], report["after"], report["model"]
-    stage_rows = [[s["id"], s["type"], s["phase"], "yes" if s["ran"] else "no", f"{s['tokens_before']:,}",
-                   f"{s['tokens_after']:,}", f"{s['tokens_before'] - s['tokens_after']:,}", f"{s['ms']:.1f}",
-                   s.get("error") or s.get("skipped") or ", ".join(sorted({x["kind"] for x in s["actions"]}))]
-                  for s in report["stages"]]
+    stage_rows = [
+        [
+            s["id"],
+            s["type"],
+            s["phase"],
+            "yes" if s["ran"] else "no",
+            f"{s['tokens_before']:,}",
+            f"{s['tokens_after']:,}",
+            f"{s['tokens_before'] - s['tokens_after']:,}",
+            f"{s['ms']:.1f}",
+            s.get("error") or s.get("skipped") or ", ".join(sorted({x["kind"] for x in s["actions"]})),
+        ]
+        for s in report["stages"]
+    ]
     cache_actions = [x for s in report["stages"] if s["type"].startswith("cache.") for x in s["actions"]]
-    cache_html = _table(["kind", "detail"], [[x["kind"], x["detail"]] for x in cache_actions]) \
-        if cache_actions else "<p>No cache stage ran.</p>"
+    cache_html = (
+        _table(["kind", "detail"], [[x["kind"], x["detail"]] for x in cache_actions])
+        if cache_actions
+        else "<p>No cache stage ran.</p>"
+    )
     request = report.get("request") or {}
     if request:
         cache_html += _table(["request option", "value"], [[k, str(v)] for k, v in sorted(request.items())])
     vault = report["vault_items"]
-    vault_html = (_table(["vault id", "read back with"], [[v, f"ctxrules vault get {v[:12]}"] for v in vault])
-                  if vault else "<p>Nothing was moved to the vault.</p>")
+    vault_html = (
+        _table(["vault id", "read back with"], [[v, read_back_command(report, v)] for v in vault])
+        if vault
+        else "<p>Nothing was moved to the vault.</p>"
+    )
     warnings = report["warnings"]
-    warn_html = ("<ul>" + "".join(f"<li>{escape(w)}</li>" for w in warnings) + "</ul>") if warnings \
-        else "<p>No warnings.</p>"
+    warn_html = (
+        ("<ul>" + "".join(f"<li>{escape(w)}</li>" for w in warnings) + "</ul>") if warnings else "<p>No warnings.</p>"
+    )
     est = " (estimates)" if m["tokens_are_estimates"] else ""
     title = f"ctxrules report: {report['pack']['name']} on {m['name']}"
     return f"""<!DOCTYPE html>
@@ -106,17 +133,17 @@ th {{ background: #eeeeee; }} td:nth-child(n+5):nth-child(-n+8) {{ text-align: r
 </style></head>
 <body>
 <h1>{escape(title)}</h1>
-<p class="meta">session {escape(report['session']['id'])} · ctxrules {escape(report['ctxrules'])} ·
-window {report['budget']['window']:,} ({escape(str(report['budget'].get('window_source', '')))}),
-usable {report['budget']['usable_window']:,} · tokenizer {escape(m['tokenizer'])}{escape(est)}</p>
-<div class="rings">{_ring(b['utilization'], b['tier'], 'before')}{_ring(a['utilization'], a['tier'], 'after')}
-<div class="stat">before: {b['messages']} messages, {b['tokens']:,} tokens<br>
-after: {a['messages']} messages, {a['tokens']:,} tokens<br>
-saved: {b['tokens'] - a['tokens']:,} tokens · fits: {'yes' if a.get('fits', True) else 'NO'}<br>
-reused messages: {report.get('reused_messages', 0)}</div></div>
+<p class="meta">session {escape(report["session"]["id"])} · ctxrules {escape(report["ctxrules"])} ·
+window {report["budget"]["window"]:,} ({escape(str(report["budget"].get("window_source", "")))}),
+usable {report["budget"]["usable_window"]:,} · tokenizer {escape(m["tokenizer"])}{escape(est)}</p>
+<div class="rings">{_ring(b["utilization"], b["tier"], "before")}{_ring(a["utilization"], a["tier"], "after")}
+<div class="stat">before: {b["messages"]} messages, {b["tokens"]:,} tokens<br>
+after: {a["messages"]} messages, {a["tokens"]:,} tokens<br>
+saved: {b["tokens"] - a["tokens"]:,} tokens · fits: {"yes" if a.get("fits", True) else "NO"}<br>
+reused messages: {report.get("reused_messages", 0)}</div></div>
 <h2>Tokens per stage</h2>
 {_waterfall(report)}
-{_table(['stage', 'type', 'phase', 'ran', 'tokens before', 'after', 'saved', 'ms', 'actions / why not'], stage_rows)}
+{_table(["stage", "type", "phase", "ran", "tokens before", "after", "saved", "ms", "actions / why not"], stage_rows)}
 <h2>Prompt cache</h2>
 {cache_html}
 <h2>Vault items ({len(vault)})</h2>

@@ -1,30 +1,48 @@
 """A session directory on disk: state file, last output, and the cross-process lock.
 
 Layout (docs/reference/api.md "Sessions and the vault"): ``state.json`` (stage states,
-fingerprint, a chained digest of the last history), ``last_output.jsonl`` (what the last
-``prepare`` returned, a message per line), ``vault/``, ``.lock``. Files have mode 0600,
-directories 0700. Both files are caches: losing them costs the reuse of the last compaction,
-never the conversation. ``last_output.jsonl`` is replaced by rename or appended to (the state
-says how many of its lines count), and ``state.json`` is rewritten in place through a handle
-kept open (:meth:`SessionStore._write_state`).
+fingerprint, a chained digest of the last history, the sha256 of ``last_output.jsonl``),
+``last_output.jsonl`` (what the last ``prepare`` returned, a message per line), ``vault/``,
+``.lock``. Every file is opened through :mod:`ctxrules.private_files` (no link followed, a
+regular file of ours). Files have mode 0600, directories 0700. Both files are caches: losing
+them costs the reuse of the last compaction, never the conversation. ``last_output.jsonl`` is
+replaced by rename or appended to (the state says how many of its lines count), and
+``state.json`` is rewritten in place through a handle kept open
+(:meth:`SessionStore._write_state`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import operator
 import os
-import tempfile
 import weakref
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from ctxrules.errors import CtxrulesError
+from ctxrules.private_files import (
+    ensure_dir,
+    open_private,
+    read_private,
+    write_atomic,
+)
 
 if TYPE_CHECKING:
     from ctxrules.locks import FileLock
+
+__all__ = [
+    "DEFAULT_STATE_ROOT",
+    "STATE_VERSION",
+    "SessionLock",
+    "SessionStore",
+    "ensure_dir",
+    "state_root_from_env",
+    "write_atomic",
+]
 
 DEFAULT_STATE_ROOT = ".ctxrules"
 """Where sessions and the day and goal ledgers live when nothing else is said."""
@@ -36,29 +54,6 @@ def state_root_from_env() -> Path:
 
 
 STATE_VERSION = 1
-
-
-def ensure_dir(path: Path) -> None:
-    path.mkdir(parents=True, exist_ok=True, mode=0o700)
-
-
-def write_atomic(path: Path, data: bytes, *, durable: bool = True) -> None:
-    """Write ``data`` so that readers see the old or the new file, never a mix. ``durable``
-    also survives a power loss (fsync); caches that can be rebuilt skip that cost."""
-    ensure_dir(path.parent)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            if durable:
-                os.fsync(fh.fileno())
-        os.chmod(tmp, 0o600)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
 
 
 class SessionStore:
@@ -73,6 +68,7 @@ class SessionStore:
         self._written_stat: tuple[int, int] | None = None
         self._state: dict[str, Any] | None = None
         self._state_stat: tuple[int, int] | None = None
+        self._hash: Any = None  # sha256 of what this object wrote to last_output.jsonl
         # Handles kept open between turns (opening, and above all creating, a file costs more
         # than a warm turn's stages): state.json, and last_output.jsonl for appending.
         self._state_handle = _Handle(self.state_file, os.O_RDWR | os.O_CREAT)
@@ -92,45 +88,57 @@ class SessionStore:
         if self._state is not None and self._state_stat == _stat(self.state_file):
             return self._state
         try:
-            raw = self.state_file.read_bytes()
+            raw = read_private(self.state_file)
         except FileNotFoundError:
             return {"version": STATE_VERSION}
         except OSError as exc:
             raise CtxrulesError(f"cannot read session state {self.state_file}: {exc.strerror}") from exc
         try:
             # The first JSON value: a writer stopped between writing the new state and cutting
-            # the file to its length leaves the end of the old one behind it.
+            # the file to its length leaves the end of the old one behind it. Nesting deeper
+            # than Python's recursion limit, or an integer too long to convert, is damage too.
             data, _end = json.JSONDecoder().raw_decode(raw.decode("utf-8"))
-        except ValueError:
+        except (ValueError, RecursionError):
             return {"version": STATE_VERSION, "recovered": "state.json was unreadable and was reset"}
         if not isinstance(data, dict) or data.get("version") != STATE_VERSION:
             return {"version": STATE_VERSION}
+        wrong = _mistyped(data)
+        if wrong is not None:
+            return {"version": STATE_VERSION, "recovered": f"state.json was damaged ({wrong}) and was reset"}
         return data
 
     def forget(self) -> None:
         """Drop the in-memory state (after a run that failed part-way changed it)."""
         self._state = self._state_stat = None
 
-    def load_output(self, count: int, written: Any = None) -> list[dict[str, Any]] | None:
+    def load_output(self, count: int, written: Any = None, digest: Any = None) -> list[dict[str, Any]] | None:
         """The first ``count`` messages of the last output, or None when they are not all there
         or the file is not the one the state was saved with (``written``: the state's
-        ``last.output_file``, inode and size; a process that died between writing the output
-        and writing the state leaves a file the state does not describe)."""
-        out: list[dict[str, Any]] = []
+        ``last.output_file``, inode and size; ``digest``: its ``last.output_digest``, the
+        sha256 of those bytes). A process that died between writing the output and writing
+        the state leaves a file the state does not describe; a file edited behind our back
+        (even to the same size and mtime) fails the digest. Either costs the reuse, never
+        puts text the session did not write into the context."""
+        if not isinstance(digest, str) or not isinstance(written, list) or len(written) != 2:
+            return None
         try:
-            with self.output_file.open("rb") as fh:
-                if written is not None:
-                    st = os.fstat(fh.fileno())
-                    if written != [st.st_ino, st.st_size]:
-                        return None
-                for line in fh:
-                    if len(out) == count:
-                        break
-                    msg = json.loads(line)
-                    if not isinstance(msg, dict):
-                        return None
-                    out.append(msg)
-        except (OSError, ValueError):
+            fd = open_private(self.output_file, os.O_RDONLY)
+            with os.fdopen(fd, "rb") as fh:
+                st = os.fstat(fh.fileno())
+                if written != [st.st_ino, st.st_size]:
+                    return None
+                raw = fh.read(st.st_size)
+            if hashlib.sha256(raw).hexdigest() != digest:
+                return None
+            out: list[dict[str, Any]] = []
+            for line in raw.splitlines():
+                if len(out) == count:
+                    break
+                msg = json.loads(line)
+                if not isinstance(msg, dict):
+                    return None
+                out.append(msg)
+        except (OSError, ValueError, RecursionError, CtxrulesError):
             return None
         return out if len(out) == count else None
 
@@ -138,26 +146,54 @@ class SessionStore:
         """Whether ``last_output.jsonl`` is the file this object last wrote and holds exactly
         ``output`` (the same message objects), so its first lines can stand for them."""
         prev = self._written
-        return (prev is not None and len(prev) == len(output) and self._stat() == self._written_stat
-                and all(map(operator.is_, prev, output)))
+        return (
+            prev is not None
+            and len(prev) == len(output)
+            and self._stat() == self._written_stat
+            and all(map(operator.is_, prev, output))
+        )
 
     def save(self, state: dict[str, Any], output: list[dict[str, Any]]) -> None:
         state["version"] = STATE_VERSION
         state.pop("recovered", None)
         state.setdefault("last", {})["output_count"] = len(output)
-        prev = self._written
+        prev, written_stat = self._written, self._written_stat
+        # Until both files are written, nothing this object remembers about them holds: a
+        # write cut short (a full disk) must lead to a whole rewrite, never an append.
+        self._written = self._written_stat = None
+        self._state = self._state_stat = None
         # Append only to the file this object wrote last (another process may have rewritten it).
-        if (prev is not None and self._stat() == self._written_stat and len(prev) <= len(output)
-                and all(map(operator.is_, prev, output))):
+        if (
+            prev is not None
+            and self._hash is not None
+            and self._stat() == written_stat
+            and len(prev) <= len(output)
+            and all(map(operator.is_, prev, output))
+        ):
             if len(prev) < len(output):
-                _write_all(self._output_handle.fd(), _jsonl(output[len(prev):]))
+                data = _jsonl(output[len(prev) :])
+                _write_all(self._output_handle.fd(), data)
+                # The digest follows the appended bytes: a warm turn hashes only what it wrote.
+                self._hash.update(data)
         else:
-            write_atomic(self.output_file, _jsonl(output), durable=False)
+            data = _jsonl(output)
+            self._hash = None  # until the new file is in place
+            write_atomic(self.output_file, data, durable=False)
+            self._hash = hashlib.sha256(data)
         self._written = list(output)
-        st = os.stat(self.output_file)
+        st = os.lstat(self.output_file)
         self._written_stat = (st.st_size, st.st_mtime_ns)
         state["last"]["output_file"] = [st.st_ino, st.st_size]
-        self._write_state(json.dumps(state, ensure_ascii=False, sort_keys=True).encode("utf-8"))
+        state["last"]["output_digest"] = self._hash.hexdigest()
+        data = json.dumps(state, ensure_ascii=False, sort_keys=True).encode("utf-8")
+        try:
+            self._write_state(data)
+        except OSError:
+            # A state cut short could hold the start of the new one over the end of the old:
+            # an empty file instead reads as a cache miss (cutting a file needs no space).
+            with contextlib.suppress(OSError):
+                os.ftruncate(self._state_handle.fd(), 0)
+            raise
         self._state, self._state_stat = state, _stat(self.state_file)
 
     def _write_state(self, data: bytes) -> None:
@@ -178,6 +214,43 @@ class SessionStore:
         return _stat(self.output_file)
 
 
+# The top-level fields of state.json and their types; anything else in a field ctxrules reads
+# makes the whole file damaged cache (a cache miss), not a crash later in the turn.
+_STATE_FIELDS: dict[str, type | tuple[type, ...]] = {
+    "stages": dict,
+    "fingerprint": str,
+    "fingerprint_parts": dict,
+    "last_clock": (int, float),
+    "last": dict,
+    "budget": dict,
+    "recovered": str,
+}
+_LAST_FIELDS: dict[str, type | tuple[type, ...]] = {
+    "count": int,
+    "chain": str,
+    "output_count": int,
+    "output_file": list,
+    "output_digest": str,
+}
+
+
+def _mistyped(data: dict[str, Any]) -> str | None:
+    """The first field of a loaded state whose type is wrong, or None."""
+    for fields, where, obj in ((_STATE_FIELDS, "", data), (_LAST_FIELDS, "last.", data.get("last"))):
+        if not isinstance(obj, dict):
+            continue
+        for key, kind in fields.items():
+            value = obj.get(key)
+            if key in obj and (not isinstance(value, kind) or isinstance(value, bool)):
+                return f"{where}{key} is a {type(value).__name__}"
+    stages = data.get("stages")
+    if isinstance(stages, dict):
+        for key, value in stages.items():
+            if not isinstance(value, dict):
+                return f"stages.{key} is a {type(value).__name__}"
+    return None
+
+
 class _Handle:
     """A file descriptor kept open between turns, reopened when the file at ``path`` is no
     longer the one it refers to (replaced by rename, or removed); closed when the handle is
@@ -191,7 +264,8 @@ class _Handle:
 
     def fd(self) -> int:
         try:
-            st = os.stat(self.path)
+            # lstat: a link swapped in for the file is a new identity, and reopening refuses it.
+            st = os.lstat(self.path)
             ident: tuple[int, int, int] | None = (st.st_dev, st.st_ino, os.getpid())
         except FileNotFoundError:
             ident = None
@@ -203,10 +277,10 @@ class _Handle:
             self._close()
             self._fd = self._close = None
         try:
-            fd = os.open(self.path, self.flags | os.O_CLOEXEC, 0o600)
+            fd = open_private(self.path, self.flags)
         except FileNotFoundError:
             ensure_dir(self.path.parent)
-            fd = os.open(self.path, self.flags | os.O_CLOEXEC, 0o600)
+            fd = open_private(self.path, self.flags)
         self._fd, self._close = fd, weakref.finalize(self, os.close, fd)
         st = os.fstat(fd)
         self._ident = (st.st_dev, st.st_ino, os.getpid())
@@ -224,7 +298,7 @@ def _write_all(fd: int, data: bytes, *, offset: int | None = None) -> None:
 
 def _stat(path: Path) -> tuple[int, int] | None:
     try:
-        st = path.stat()
+        st = os.lstat(path)
     except OSError:
         return None
     return (st.st_size, st.st_mtime_ns)
@@ -252,7 +326,8 @@ class SessionLock:
         self._lock.acquire()
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         if self._lock is not None and self._lock.is_locked:
             self._lock.release()

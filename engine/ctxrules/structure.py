@@ -32,6 +32,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from ctxrules.injected import current_key
 from ctxrules.messages import has_tool_calls, is_injected, tool_call_id
 
 PIN_SIGNED_PREFIX: ContextVar[bool] = ContextVar("ctxrules_pin_signed_prefix", default=False)
@@ -111,14 +112,24 @@ def _compute_facts(msg: Mapping[str, Any]) -> Facts:
     injected = is_injected(msg)
     calls = tuple(tool_call_id(c) for c in msg["tool_calls"]) if has_tool_calls(msg) else None
     result = msg.get("tool_call_id")
-    return Facts(role, injected, role == "user" and not injected, media, longest, calls,
-                 result if isinstance(result, str) and result else None,
-                 role == "assistant" and _has_signed_thinking(msg))
+    return Facts(
+        role,
+        injected,
+        role == "user" and not injected,
+        media,
+        longest,
+        calls,
+        result if isinstance(result, str) and result else None,
+        role == "assistant" and _has_signed_thinking(msg),
+    )
 
 
 def _has_signed_thinking(msg: Mapping[str, Any]) -> bool:
-    blocks = [*(msg.get("thinking_blocks") or []), *(msg.get("content") or [])] if isinstance(
-        msg.get("content") or [], list) else list(msg.get("thinking_blocks") or [])
+    blocks = (
+        [*(msg.get("thinking_blocks") or []), *(msg.get("content") or [])]
+        if isinstance(msg.get("content") or [], list)
+        else list(msg.get("thinking_blocks") or [])
+    )
     for block in blocks:
         if not isinstance(block, Mapping):
             continue
@@ -128,20 +139,28 @@ def _has_signed_thinking(msg: Mapping[str, Any]) -> bool:
     return False
 
 
-_FACTS: dict[int, tuple[Mapping[str, Any], Any, Any, Facts]] = {}
+_FACTS: dict[int, tuple[Mapping[str, Any], Any, Any, Any, Facts]] = {}
 _FACTS_LIMIT = 200_000
 
 
 def facts_of(msg: Mapping[str, Any]) -> Facts:
     """The facts of one message, remembered per message object (holding the object keeps its
-    id from being reused; a new ``content`` or ``tool_calls`` object is noticed)."""
+    id from being reused; a new ``content`` or ``tool_calls`` object is noticed). "Injected"
+    depends on the session's key, so the key is part of the memo."""
     hit = _FACTS.get(id(msg))
-    if hit is not None and hit[0] is msg and hit[1] is msg.get("content") and hit[2] is msg.get("tool_calls"):
-        return hit[3]
+    key = current_key()
+    if (
+        hit is not None
+        and hit[0] is msg
+        and hit[1] is msg.get("content")
+        and hit[2] is msg.get("tool_calls")
+        and hit[3] is key
+    ):
+        return hit[4]
     facts = _compute_facts(msg)
     if len(_FACTS) >= _FACTS_LIMIT:
         _FACTS.clear()
-    _FACTS[id(msg)] = (msg, msg.get("content"), msg.get("tool_calls"), facts)
+    _FACTS[id(msg)] = (msg, msg.get("content"), msg.get("tool_calls"), key, facts)
     return facts
 
 
@@ -168,8 +187,20 @@ class ToolPairing:
 class _PairScan:
     """The pairing pass as a state that can be resumed on appended messages."""
 
-    __slots__ = ("_made", "block_owner", "call_of", "duplicates", "idless", "last_call", "open_calls",
-                 "orphans", "positional", "result_of", "stop", "unanswered")
+    __slots__ = (
+        "_made",
+        "block_owner",
+        "call_of",
+        "duplicates",
+        "idless",
+        "last_call",
+        "open_calls",
+        "orphans",
+        "positional",
+        "result_of",
+        "stop",
+        "unanswered",
+    )
 
     def __init__(self) -> None:
         self.open_calls: dict[str, list[CallKey]] = {}
@@ -255,9 +286,14 @@ class _PairScan:
     def pairing(self) -> ToolPairing:
         # The pairing shares the scan's dicts: a finished scan is never fed again, only copied.
         if self._made is None:
-            self._made = ToolPairing(result_of=self.result_of, call_of=self.call_of, orphans=tuple(self.orphans),
-                                     duplicates=self.duplicates, unanswered=tuple(self.unanswered),
-                                     positional=frozenset(self.positional))
+            self._made = ToolPairing(
+                result_of=self.result_of,
+                call_of=self.call_of,
+                orphans=tuple(self.orphans),
+                duplicates=self.duplicates,
+                unanswered=tuple(self.unanswered),
+                positional=frozenset(self.positional),
+            )
         return self._made
 
 
@@ -322,8 +358,7 @@ class Shape:
 
     __slots__ = ("_pins", "_results", "_resume", "_same_as", "_scan", "_signed_pins", "facts")
 
-    def __init__(self, facts: list[Facts], *, resume: _PairScan | None = None,
-                 same_as: Shape | None = None) -> None:
+    def __init__(self, facts: list[Facts], *, resume: _PairScan | None = None, same_as: Shape | None = None) -> None:
         self.facts = facts
         self._scan: _PairScan | None = None
         self._resume = resume  # the scan of a list this one extends
@@ -337,8 +372,11 @@ class Shape:
         """Indices of the tool and function results."""
         if self._results is None:
             same = self._same_as
-            self._results = same.results if same is not None else tuple(
-                i for i, f in enumerate(self.facts) if f.role in _RESULT_ROLES)
+            self._results = (
+                same.results
+                if same is not None
+                else tuple(i for i, f in enumerate(self.facts) if f.role in _RESULT_ROLES)
+            )
         return self._results
 
     def _scanned(self) -> _PairScan:
@@ -445,6 +483,8 @@ class _Seen(NamedTuple):
     messages: Sequence[Mapping[str, Any]]
     snapshot: tuple[Mapping[str, Any], ...]
     shape: Shape
+    key: Any
+    """The injection key the facts were computed under (see :func:`facts_of`)."""
 
 
 _RECENT: list[_Seen] = []
@@ -458,11 +498,17 @@ def shape(messages: Sequence[Mapping[str, Any]]) -> Shape:
     and the identity of every message in it) and derived from one of them when it can be."""
     is_ = operator.is_
     n = len(messages)
+    key = current_key()
     for seen in _RECENT:
-        if seen.messages is messages and len(seen.snapshot) == n and all(map(is_, seen.snapshot, messages)):
+        if (
+            seen.messages is messages
+            and seen.key is key
+            and len(seen.snapshot) == n
+            and all(map(is_, seen.snapshot, messages))
+        ):
             return seen.shape
-    made = _derive(messages) or Shape([facts_of(m) for m in messages])
-    _RECENT.insert(0, _Seen(messages, tuple(messages), made))
+    made = _derive(messages, key) or Shape([facts_of(m) for m in messages])
+    _RECENT.insert(0, _Seen(messages, tuple(messages), made, key))
     del _RECENT[_RECENT_KEEP:]
     return made
 
@@ -473,9 +519,11 @@ def replaced(old: Sequence[Any], new: Sequence[Any]) -> Iterator[int]:
     return itertools.compress(range(min(len(old), len(new))), map(operator.is_not, old, new))
 
 
-def _derive(messages: Sequence[Mapping[str, Any]]) -> Shape | None:
+def _derive(messages: Sequence[Mapping[str, Any]], key: Any) -> Shape | None:
     n = len(messages)
     for seen in _RECENT[:_DERIVE_FROM]:
+        if seen.key is not key:
+            continue
         old = seen.snapshot
         m = len(old)
         if n >= m and all(map(operator.is_, old, messages)):
@@ -484,8 +532,7 @@ def _derive(messages: Sequence[Mapping[str, Any]]) -> Shape | None:
                 return Shape(facts, same_as=seen.shape)
             made = Shape(facts, resume=seen.shape.resumable())
             if seen.shape._results is not None:
-                made._results = seen.shape._results + tuple(
-                    i for i in range(m, n) if facts[i].role in _RESULT_ROLES)
+                made._results = seen.shape._results + tuple(i for i in range(m, n) if facts[i].role in _RESULT_ROLES)
             return made
         if n == m:
             changed = list(replaced(old, messages))

@@ -67,9 +67,7 @@ class EffectiveLimit:
     def ineffective(self) -> bool:
         """The configured tool limit is above what another limit allows: it cannot take effect."""
         return (
-            self.configured_ms is not None
-            and self.effective_ms is not None
-            and self.configured_ms > self.effective_ms
+            self.configured_ms is not None and self.effective_ms is not None and self.configured_ms > self.effective_ms
         )
 
     def as_dict(self) -> dict[str, Any]:
@@ -164,16 +162,12 @@ class TimeoutPolicy:
         if self.total_ms is not None:
             applies["total_ms"] = self.total_ms
         if not applies:
-            return EffectiveLimit(
-                tool or DEFAULT_ROW, configured, by, None, None, applies, heartbeat
-            )
+            return EffectiveLimit(tool or DEFAULT_ROW, configured, by, None, None, applies, heartbeat)
         # Ties go to the limit the user cannot raise per tool (chunk, step, total), since that
         # is the one an override would have to get past.
         order = {"chunk_ms": 0, "step_ms": 1, "total_ms": 2}
         bound = min(applies, key=lambda k: (applies[k], order.get(k, 3)))
-        return EffectiveLimit(
-            tool or DEFAULT_ROW, configured, by, applies[bound], bound, applies, heartbeat
-        )
+        return EffectiveLimit(tool or DEFAULT_ROW, configured, by, applies[bound], bound, applies, heartbeat)
 
 
 def _ms(value: Any) -> int | None:
@@ -215,13 +209,9 @@ def lint_timeouts(data: Mapping[str, Any]) -> list[TimeoutFinding]:
     for row in timeouts_table(policy):
         if not row.ineffective or row.configured_ms is None or row.effective_ms is None:
             continue
-        pointer = (
-            "/timeouts/tool_ms" if row.configured_by == "tool_ms" else f"/timeouts/tools/{row.tool}"
-        )
+        pointer = "/timeouts/tool_ms" if row.configured_by == "tool_ms" else f"/timeouts/tools/{row.tool}"
         what = (
-            "the default tool limit tool_ms"
-            if row.configured_by == "tool_ms"
-            else f"the override {row.configured_by}"
+            "the default tool limit tool_ms" if row.configured_by == "tool_ms" else f"the override {row.configured_by}"
         )
         message = (
             f"{what} = {row.configured_ms} ms ({format_ms(row.configured_ms)}) cannot take effect: "
@@ -264,11 +254,7 @@ def _compaction_finding(policy: TimeoutPolicy, data: Mapping[str, Any]) -> Timeo
     if allowance >= ceiling or policy.step_ms is None:
         return None
     declared = data.get("timeouts") or {}
-    pointer = (
-        "/timeouts/compaction_allowance_ms"
-        if "compaction_allowance_ms" in declared
-        else "/timeouts/step_ms"
-    )
+    pointer = "/timeouts/compaction_allowance_ms" if "compaction_allowance_ms" in declared else "/timeouts/step_ms"
     message = (
         f"compaction may run {ceiling} ms ({format_ms(ceiling)}, summarizer.total_s) "
         f"inside a step, but compaction_allowance_ms allows {allowance} ms "

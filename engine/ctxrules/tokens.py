@@ -26,7 +26,9 @@ Message accounting (the same as ``litellm.token_counter`` for OpenAI models)
   ``tool_call_id``, ``refusal``, ``reasoning_content``, and of the ``arguments`` string of each
   ``tool_calls[i].function`` (and of a legacy ``function_call``);
 * ``reasoning_content`` and the text of ``thinking_blocks`` (``thinking`` blocks; redacted
-  blocks are opaque and count 0) count in full: agents send them back to the provider.
+  blocks are opaque and count 0) count in full: agents send them back to the provider — except
+  a ``reasoning_content`` that is exactly the message's thinking texts joined (litellm returns
+  Anthropic thinking in both fields): the same text counts once.
 * content parts: ``text`` / ``input_text`` / ``output_text`` / ``thinking`` count their text;
   images by the rule below; any other part counts the text of its string fields (``type``,
   ids, ``cache_control`` and ``signature`` excluded), inline ``data:`` payloads a flat
@@ -368,9 +370,7 @@ def _message_key(message: Mapping[str, Any]) -> tuple[object, ...]:
     role = get("role")
     content = get("content")
     if content is not None and type(content) is not str:
-        content = (
-            tuple([_part_key(p) for p in content]) if type(content) is list else _hashable(content)
-        )
+        content = tuple([_part_key(p) for p in content]) if type(content) is list else _hashable(content)
     calls = get("tool_calls")
     if calls is not None:
         if type(calls) is list:
@@ -411,6 +411,30 @@ def _message_key(message: Mapping[str, Any]) -> tuple[object, ...]:
 # --------------------------------------------------------------------------- accounting
 
 
+def _repeats_thinking(reasoning: object, message: Mapping[str, Any]) -> bool:
+    """``reasoning_content`` that only repeats the message's thinking texts (litellm returns
+    Anthropic thinking in both ``reasoning_content`` and ``thinking_blocks``): the provider
+    receives the text once, so it is counted once (in the blocks)."""
+    if not isinstance(reasoning, str) or not reasoning:
+        return False
+    texts: list[str] = []
+    blocks = message.get("thinking_blocks")
+    content = message.get("content")
+    for source in (blocks, content):
+        if isinstance(source, list):
+            texts.extend(
+                b["thinking"]
+                for b in source
+                if isinstance(b, Mapping)
+                and b.get("type", "thinking" if source is blocks else None) == "thinking"
+                and isinstance(b.get("thinking"), str)
+            )
+    if not texts or sum(map(len, texts)) > len(reasoning):
+        return False
+    # litellm joins the texts with ""; other clients with a newline or a blank line.
+    return any(reasoning == sep.join(texts) for sep in ("", "\n", "\n\n"))
+
+
 class _Tally:
     """Tokens of one message: a fixed part plus texts still to be tokenized."""
 
@@ -434,9 +458,7 @@ _TEXT_PART_FIELDS: Final[Mapping[str, str]] = {
     "output_text": "text",
     "thinking": "thinking",
 }
-_OPAQUE_SKIP: Final = frozenset(
-    {"type", "id", "tool_use_id", "cache_control", "is_error", "signature", "media_type"}
-)
+_OPAQUE_SKIP: Final = frozenset({"type", "id", "tool_use_id", "cache_control", "is_error", "signature", "media_type"})
 
 
 def _json_text(value: object) -> str:
@@ -600,8 +622,11 @@ class TokenCounter:
         if name is not None:
             tally.text(name)
             tally.fixed += TOKENS_PER_NAME
-        for field in ("tool_call_id", "refusal", "reasoning_content"):
+        for field in ("tool_call_id", "refusal"):
             tally.text(message.get(field))
+        reasoning = message.get("reasoning_content")
+        if reasoning is not None and not _repeats_thinking(reasoning, message):
+            tally.text(reasoning)
         calls = message.get("tool_calls")
         if isinstance(calls, list):
             for call in calls:
@@ -641,8 +666,12 @@ class TokenCounter:
         pending: list[Mapping[str, Any]] = []
         for message in messages:
             hit = get(id(message))
-            if (hit is not None and hit[0] is message and hit[1] is message.get("content")
-                    and hit[2] is message.get("tool_calls")):
+            if (
+                hit is not None
+                and hit[0] is message
+                and hit[1] is message.get("content")
+                and hit[2] is message.get("tool_calls")
+            ):
                 results.append(hit[3])
             else:
                 missing.append(len(results))
@@ -665,9 +694,7 @@ class TokenCounter:
         pending: list[Mapping[str, Any]] = []
         for message in messages:
             if not isinstance(message, Mapping):
-                raise CtxrulesError(
-                    f"a message must be a JSON object, not {type(message).__name__}"
-                )
+                raise CtxrulesError(f"a message must be a JSON object, not {type(message).__name__}")
             key = _message_key(message)
             found = memo.get(key)
             keys.append(key)
@@ -829,9 +856,7 @@ def _render_properties(schema: Mapping[str, Any], indent: int) -> str:
     if not isinstance(properties, Mapping) or not properties:
         return ""
     required = schema.get("required")
-    required_names = (
-        [r for r in required if isinstance(r, str)] if isinstance(required, list) else []
-    )
+    required_names = [r for r in required if isinstance(r, str)] if isinstance(required, list) else []
     rendered: list[str] = []
     for key, prop in properties.items():
         description = prop.get("description") if isinstance(prop, Mapping) else None

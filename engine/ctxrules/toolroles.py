@@ -16,6 +16,8 @@ from fnmatch import fnmatchcase
 from functools import lru_cache
 from typing import Any
 
+from ctxrules.patterns import Pattern, PatternTimeout
+from ctxrules.patterns import compile as patterns_compile
 from ctxrules.structure import pair_tool_calls
 
 ROLE_ORDER: tuple[str, ...] = ("file_read", "file_edit", "shell", "subagent", "search", "browser", "mcp")
@@ -23,7 +25,8 @@ ROLE_ORDER: tuple[str, ...] = ("file_read", "file_edit", "shell", "subagent", "s
 COMMAND_ARGS: tuple[str, ...] = ("command", "cmd", "script", "commands", "input")
 # Text that marks a tool result as an error when no exit code says so.
 _ERROR_TEXT = re.compile(
-    r"(?im)^(?:error|fatal|traceback \(most recent call last\)|exception)\b|<tool_use_error>|\bis_error\b")
+    r"(?im)^(?:error|fatal|traceback \(most recent call last\)|exception)\b|<tool_use_error>|\bis_error\b"
+)
 
 
 @dataclass(frozen=True)
@@ -31,7 +34,7 @@ class ToolRoles:
     """The pack's ``tools:`` section, compiled."""
 
     roles: tuple[tuple[str, tuple[str, ...]], ...]
-    exit_patterns: tuple[re.Pattern[str], ...]
+    exit_patterns: tuple[Pattern, ...]
     # Tool name -> role, filled as names are met (stages ask for every tool result on every
     # call; hashing this whole object for an lru_cache key would cost more than the lookup).
     _memo: dict[str, str | None] = field(default_factory=dict, compare=False, hash=False, repr=False)
@@ -52,7 +55,10 @@ class ToolRoles:
     def exit_code(self, text: str) -> int | None:
         """The exit code a shell result reports, from the pack's patterns (None if none match)."""
         for pat in self.exit_patterns:
-            m = pat.search(text)
+            try:
+                m = pat.search(text)
+            except PatternTimeout:  # reported by the pattern's memory; it reads no code
+                continue
             if m:
                 try:
                     return int(m.group(1))
@@ -101,7 +107,7 @@ def tool_roles(pack: Mapping[str, Any]) -> ToolRoles:
 
 @lru_cache(maxsize=64)
 def _compile(roles: tuple[tuple[str, tuple[str, ...]], ...], patterns: tuple[str, ...]) -> ToolRoles:
-    return ToolRoles(roles, tuple(re.compile(p) for p in patterns))
+    return ToolRoles(roles, tuple(patterns_compile(p) for p in patterns))
 
 
 def call_arguments(call: Mapping[str, Any]) -> dict[str, Any]:

@@ -26,17 +26,15 @@ from pathlib import Path
 from typing import Any
 
 from ctxrules.errors import CtxrulesError
-from ctxrules.session_store import ensure_dir, write_atomic
+from ctxrules.private_files import ensure_dir, read_private, write_atomic
 from ctxrules.toolroles import call_arguments, call_name, tool_roles
 
-__all__ = ["TRACKER_FILE", "FileTracker", "TrackedFile", "TrackerError", "edited_paths",
-           "load_tracked"]
+__all__ = ["TRACKER_FILE", "FileTracker", "TrackedFile", "TrackerError", "edited_paths", "load_tracked"]
 
 TRACKER_FILE = "touched.json"
 LOCK_FILE = ".tracker.lock"
 MAX_TRACKED = 500
-PATH_ARGS: tuple[str, ...] = ("file_path", "path", "filename", "notebook_path", "target_file",
-                              "file")
+PATH_ARGS: tuple[str, ...] = ("file_path", "path", "filename", "notebook_path", "target_file", "file")
 READ_ONLY_COMMANDS = frozenset({"view", "read", "cat", "show", "list"})
 _PATCH_FILE = re.compile(r"^\*\*\* (?:Update|Add) File: (.+?)\s*$", re.MULTILINE)
 _PATCH_MOVE = re.compile(r"^\*\*\* Move to: (.+?)\s*$", re.MULTILINE)
@@ -69,18 +67,16 @@ def _absolute(path: object) -> str:
 def _parse(raw: bytes, path: Path) -> list[TrackedFile]:
     try:
         data = json.loads(raw)
-        return [TrackedFile(str(item["path"]), float(item["touched"]), int(item["seq"]))
-                for item in data["files"]]
+        return [TrackedFile(str(item["path"]), float(item["touched"]), int(item["seq"])) for item in data["files"]]
     except (ValueError, KeyError, TypeError) as exc:
-        raise TrackerError(f"the tracker file {path} is malformed ({exc}); "
-                           "fix or delete it") from exc
+        raise TrackerError(f"the tracker file {path} is malformed ({exc}); fix or delete it") from exc
 
 
 def load_tracked(session_dir: Path) -> list[TrackedFile]:
     """Touched files of a session, most recently touched first."""
     path = Path(session_dir) / TRACKER_FILE
     try:
-        raw = path.read_bytes()
+        raw = read_private(path)
     except FileNotFoundError:
         return []
     except OSError as exc:
@@ -143,11 +139,9 @@ class FileTracker:
             lock.release()
 
     def _write(self, files: Sequence[TrackedFile]) -> None:
-        data = {"version": 1, "files": [{"path": f.path, "touched": f.touched, "seq": f.seq}
-                                        for f in files]}
+        data = {"version": 1, "files": [{"path": f.path, "touched": f.touched, "seq": f.seq} for f in files]}
         try:
-            write_atomic(self.path / TRACKER_FILE,
-                         json.dumps(data, ensure_ascii=False, indent=1).encode("utf-8"))
+            write_atomic(self.path / TRACKER_FILE, json.dumps(data, ensure_ascii=False, indent=1).encode("utf-8"))
         except OSError as exc:
             raise TrackerError(f"cannot write the tracker file: {exc.strerror}") from exc
 
@@ -174,8 +168,7 @@ def _call_paths(call: Mapping[str, Any]) -> list[str]:
     command = args.get("command")
     if isinstance(command, str) and command.strip().lower() in READ_ONLY_COMMANDS:
         return []
-    found = [value for key in PATH_ARGS
-             if isinstance(value := args.get(key), str) and value.strip()]
+    found = [value for key in PATH_ARGS if isinstance(value := args.get(key), str) and value.strip()]
     if found:
         return found[:1]
     patch = next((v for k in ("input", "patch", "diff") if isinstance(v := args.get(k), str)), None)

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ctxrules.errors import CtxrulesError
+from ctxrules.private_files import UnsafePathError, ensure_dir, read_private
 
 __all__ = [
     "MARKER_KINDS",
@@ -87,30 +88,10 @@ def _normalize_id(id_or_prefix: str) -> str:
     if not _HEX_RE.fullmatch(candidate):
         raise VaultError(f"invalid vault id {id_or_prefix!r}: expected hex digits (0-9, a-f)")
     if len(candidate) > _ID_LEN:
-        raise VaultError(
-            f"invalid vault id {id_or_prefix!r}: longer than a sha256 id ({_ID_LEN} hex digits)"
-        )
+        raise VaultError(f"invalid vault id {id_or_prefix!r}: longer than a sha256 id ({_ID_LEN} hex digits)")
     if len(candidate) < MIN_PREFIX:
-        raise VaultError(
-            f"vault id prefix {id_or_prefix!r} is too short: give at least {MIN_PREFIX} hex digits"
-        )
+        raise VaultError(f"vault id prefix {id_or_prefix!r} is too short: give at least {MIN_PREFIX} hex digits")
     return candidate
-
-
-def _ensure_dir(path: Path) -> None:
-    """Create ``path`` and missing parents as 0700: the vault holds unredacted originals."""
-    missing: list[Path] = []
-    probe = path
-    while not probe.exists():
-        missing.append(probe)
-        if probe.parent == probe:
-            break
-        probe = probe.parent
-    for directory in reversed(missing):
-        with contextlib.suppress(FileExistsError):  # a concurrent writer may win the race
-            directory.mkdir(mode=0o700)
-            # mkdir's mode is filtered by the umask; set it explicitly so it is exactly 0700.
-            os.chmod(directory, 0o700)
 
 
 class Vault:
@@ -160,19 +141,25 @@ class Vault:
         path = self._path(vault_id)
         if not self._intact(path, vault_id):
             # Missing, or corrupt: rewriting repairs it, and the bytes are the same either way.
-            _ensure_dir(path.parent)
+            # Every directory from the session's down is checked: a planted ``vault`` link
+            # would otherwise receive the originals.
+            ensure_dir(path.parent, inside=self._root.parent)
             self._write_atomic(path, data)
         if media_type is not None:
             meta = json.dumps({"media_type": media_type}, sort_keys=True).encode("utf-8")
             meta_path = path.with_name(path.name + _META_SUFFIX)
-            if not meta_path.is_file() or meta_path.read_bytes() != meta:
+            try:
+                current: bytes | None = read_private(meta_path)
+            except FileNotFoundError:
+                current = None
+            if current != meta:
                 self._write_atomic(meta_path, meta)
         return vault_id
 
     @staticmethod
     def _intact(path: Path, vault_id: str) -> bool:
         try:
-            return hashlib.sha256(path.read_bytes()).hexdigest() == vault_id
+            return hashlib.sha256(read_private(path)).hexdigest() == vault_id
         except FileNotFoundError:
             return False
 
@@ -201,15 +188,17 @@ class Vault:
         if len(candidate) == _ID_LEN:
             if self._path(candidate).is_file():
                 return candidate
-            raise VaultError(f"vault id {candidate} not found in {self._root}")
+            raise VaultError(
+                f"vault item {candidate} is missing from {self._root} "
+                "(not found: deleted, or never stored in this session)"
+            )
         matches = [vid for vid in self._ids_in_shard(candidate[:2]) if vid.startswith(candidate)]
         if not matches:
-            raise VaultError(f"no vault entry starts with {candidate} in {self._root}")
+            raise VaultError(f"vault item {candidate}... is missing from {self._root} (no entry starts with it)")
         if len(matches) > 1:
             shown = ", ".join(sorted(matches)[:5])
             raise VaultError(
-                f"vault id prefix {candidate} is ambiguous ({len(matches)} entries: {shown}); "
-                "give more digits"
+                f"vault id prefix {candidate} is ambiguous ({len(matches)} entries: {shown}); give more digits"
             )
         return matches[0]
 
@@ -217,14 +206,13 @@ class Vault:
         """The exact stored bytes, verified against their id."""
         vault_id = self.resolve(id_or_prefix)
         try:
-            data = self._path(vault_id).read_bytes()
-        except OSError as exc:
+            data = read_private(self._path(vault_id))
+        except (OSError, UnsafePathError) as exc:
             raise VaultError(f"cannot read vault entry {vault_id}: {exc}") from exc
         actual = hashlib.sha256(data).hexdigest()
         if actual != vault_id:
             raise VaultError(
-                f"vault entry {vault_id} is corrupt: its content hashes to {actual} "
-                f"({self._path(vault_id)})"
+                f"vault entry {vault_id} is corrupt: its content hashes to {actual} ({self._path(vault_id)})"
             )
         return data
 
@@ -238,10 +226,7 @@ class Vault:
             raise VaultError(f"invalid line range {first}-{last}: need 1 <= first <= last")
         lines = split_lines(self.get(id_or_prefix))
         if last > len(lines):
-            raise VaultError(
-                f"line range {first}-{last} is outside vault entry {id_or_prefix} "
-                f"({len(lines)} lines)"
-            )
+            raise VaultError(f"line range {first}-{last} is outside vault entry {id_or_prefix} ({len(lines)} lines)")
         return b"".join(lines[first - 1 : last])
 
     def media_type(self, id_or_prefix: str) -> str | None:
@@ -249,7 +234,7 @@ class Vault:
         vault_id = self.resolve(id_or_prefix)
         meta_path = self._path(vault_id).with_name(vault_id + _META_SUFFIX)
         try:
-            meta = json.loads(meta_path.read_bytes())
+            meta = json.loads(read_private(meta_path))
         except FileNotFoundError:
             return None
         value = meta.get("media_type") if isinstance(meta, dict) else None
@@ -291,11 +276,7 @@ class Vault:
             names = os.listdir(directory)
         except (FileNotFoundError, NotADirectoryError):
             return []
-        return [
-            name
-            for name in names
-            if len(name) == _ID_LEN and name.startswith(shard) and _HEX_RE.fullmatch(name)
-        ]
+        return [name for name in names if len(name) == _ID_LEN and name.startswith(shard) and _HEX_RE.fullmatch(name)]
 
 
 # --- markers --------------------------------------------------------------------------------
@@ -424,15 +405,11 @@ def format_marker(
     so a marker is always a single line.
     """
     if kind not in MARKER_KINDS:
-        raise ValueError(
-            f"unknown marker kind {kind!r} (expected one of {', '.join(MARKER_KINDS)})"
-        )
+        raise ValueError(f"unknown marker kind {kind!r} (expected one of {', '.join(MARKER_KINDS)})")
     if isinstance(count, bool) or not isinstance(count, int) or count < 0:
         raise ValueError(f"marker count must be a non-negative int, got {count!r}")
     if len(vault_id) != _ID_LEN or not _HEX_RE.fullmatch(vault_id):
-        raise ValueError(
-            f"marker needs a full vault id (64 lowercase hex digits), got {vault_id!r}"
-        )
+        raise ValueError(f"marker needs a full vault id (64 lowercase hex digits), got {vault_id!r}")
     if lines is not None and not (
         isinstance(lines[0], int) and isinstance(lines[1], int) and 1 <= lines[0] <= lines[1]
     ):

@@ -81,8 +81,7 @@ def check_goal(goal: str) -> str:
     """A goal name is also a file name: letters, digits, ``.``, ``_``, ``-`` (at most 128)."""
     if not isinstance(goal, str) or not _GOAL_RE.fullmatch(goal):
         raise UsageError(
-            f"invalid goal name {goal!r}: use 1-128 letters, digits, '.', '_' or '-', "
-            "starting with a letter or digit"
+            f"invalid goal name {goal!r}: use 1-128 letters, digits, '.', '_' or '-', starting with a letter or digit"
         )
     return goal
 
@@ -280,10 +279,7 @@ class LedgerFile:
 
     def append(self, record: dict[str, Any]) -> None:
         """Append one record as one line (exclusive lock, fsync)."""
-        line = (
-            json.dumps(record, ensure_ascii=False, sort_keys=True, allow_nan=False).encode("utf-8")
-            + b"\n"
-        )
+        line = json.dumps(record, ensure_ascii=False, sort_keys=True, allow_nan=False).encode("utf-8") + b"\n"
         from ctxrules.locks import FileLock
 
         try:

@@ -34,11 +34,7 @@ def budget_notice(text: str, level: str) -> Message:
 
 def append_notice(messages: list[Message], notice: Message) -> list[Message]:
     """``messages`` with ``notice`` last, unless the same notice already ends them."""
-    if (
-        messages
-        and injected_kind(messages[-1]) == NOTICE_KIND
-        and messages[-1].get("content") == notice["content"]
-    ):
+    if messages and injected_kind(messages[-1]) == NOTICE_KIND and messages[-1].get("content") == notice["content"]:
         return messages
     return [*messages, notice]
 

@@ -131,9 +131,7 @@ class BudgetPolicy:
         if not isinstance(node, Mapping):
             raise UsageError("budgets: must be a mapping")
         levels = node.get("levels") or {}
-        warning = _share(
-            levels.get("warning", {}).get("at", DEFAULT_WARNING), "budgets.levels.warning.at"
-        )
+        warning = _share(levels.get("warning", {}).get("at", DEFAULT_WARNING), "budgets.levels.warning.at")
         final = _share(
             levels.get("finalization", {}).get("at", DEFAULT_FINALIZATION),
             "budgets.levels.finalization.at",
@@ -170,20 +168,13 @@ class BudgetPolicy:
             refuse=bool(ex.get("refuse", True)),
         )
         if not 0 < actions.eco_factor <= 1:
-            raise UsageError(
-                f"budgets.levels.warning.eco_factor must be in (0, 1], got {actions.eco_factor}"
-            )
-        tz = (
-            str((node.get("day") or {}).get("timezone", "UTC"))
-            if isinstance(node.get("day"), Mapping)
-            else "UTC"
-        )
+            raise UsageError(f"budgets.levels.warning.eco_factor must be in (0, 1], got {actions.eco_factor}")
+        tz = str((node.get("day") or {}).get("timezone", "UTC")) if isinstance(node.get("day"), Mapping) else "UTC"
         try:
             ZoneInfo(tz)
         except (ZoneInfoNotFoundError, ValueError):
             raise UsageError(
-                f"budgets.day.timezone: unknown time zone {tz!r} (use an IANA name such as "
-                "'Europe/Berlin' or 'UTC')"
+                f"budgets.day.timezone: unknown time zone {tz!r} (use an IANA name such as 'Europe/Berlin' or 'UTC')"
             ) from None
         return cls(
             limits=tuple(limits),

@@ -81,14 +81,7 @@ class Cost:
 
     @property
     def total(self) -> float:
-        return (
-            self.input
-            + self.cache_read
-            + self.cache_write
-            + self.output
-            + self.reasoning
-            + self.citation
-        )
+        return self.input + self.cache_read + self.cache_write + self.output + self.reasoning + self.citation
 
     @property
     def savings_share(self) -> float:
@@ -129,9 +122,7 @@ def _rate(entry: Mapping[str, Any], key: str, suffix: str) -> float | None:
     return None
 
 
-def _registry_rates(
-    entry: Mapping[str, Any], key: str, prompt_tokens: int, service_tier: str
-) -> Rates | None:
+def _registry_rates(entry: Mapping[str, Any], key: str, prompt_tokens: int, service_tier: str) -> Rates | None:
     suffix = _TIER_SUFFIX[service_tier]
     base_in = _rate(entry, "input_cost_per_token", suffix)
     base_out = _rate(entry, "output_cost_per_token", suffix)
@@ -153,9 +144,7 @@ def _registry_rates(
         if over and (passed is None or threshold > passed):
             passed = threshold
     if passed is not None:
-        tag = (
-            f"_above_{passed // 1000}k_tokens" if passed % 1000 == 0 else f"_above_{passed}_tokens"
-        )
+        tag = f"_above_{passed // 1000}k_tokens" if passed % 1000 == 0 else f"_above_{passed}_tokens"
         alt = [f"_above_{passed}_tokens"] if passed % 1000 == 0 else []
 
         def tiered(base: str, fallback: float | None) -> float | None:
@@ -224,9 +213,7 @@ def rates_for(
     """The rates that apply to a call of ``model`` with ``prompt_tokens`` of input, or ``None``
     when neither the pack nor the registry prices the model (the call is then unpriced)."""
     if service_tier not in _TIER_SUFFIX:
-        raise UsageError(
-            f"unknown service tier {service_tier!r}; one of: {', '.join(SERVICE_TIERS)}"
-        )
+        raise UsageError(f"unknown service tier {service_tier!r}; one of: {', '.join(SERVICE_TIERS)}")
     try:
         info = lookup_model(model)
     except UnknownModelError:

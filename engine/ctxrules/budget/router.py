@@ -11,8 +11,10 @@ A decision, in order (docs/budgets.md "Routing"):
    linearly; a summed weight of ``threshold`` (0.5) or more shifts by one tier (rounded).
 3. **Judge** (optional): the ``ctxrules_route_judge`` plugin hook, when the score is within
    ``judge.band`` of a cutoff.
-4. **Momentum**: a follow-up never routes below the highest tier of the last ``momentum.turns``
-   decisions made within ``momentum.window_s``.
+4. **Momentum**: a follow-up never routes below the highest tier the rules (with misroutes and
+   the judge) gave one of the last ``momentum.turns`` decisions made within ``momentum.window_s``.
+   Only those tiers count, never a tier that momentum, a regeneration or privacy raised: a floor
+   that counted its own output would hold one reasoning turn forever.
 5. **Regeneration floor**: a regeneration gets at least ``regenerate.min_tier`` and (with
    ``step_up``) one tier above the previous decision.
 6. **Privacy**: when the pack's redaction patterns flag the text (credentials, PII) and the
@@ -37,8 +39,10 @@ from typing import Any, Final
 
 from ctxrules.errors import UsageError
 from ctxrules.messages import is_real_user, message_text
+from ctxrules.patterns import Pattern
+from ctxrules.patterns import compile as patterns_compile
+from ctxrules.private_files import ensure_dir, read_private, write_atomic
 from ctxrules.redaction import redactor_for
-from ctxrules.session_store import ensure_dir, write_atomic
 
 __all__ = ["DEFAULT_RULES", "TIERS", "ComplexityRouter", "RouteDecision", "privacy_findings"]
 
@@ -128,7 +132,7 @@ class RouteDecision:
 class _Rule:
     id: str
     score: float
-    regex: re.Pattern[str] | None = None
+    regex: Pattern | None = None
     keywords: re.Pattern[str] | None = None
     min_chars: int | None = None
     max_chars: int | None = None
@@ -148,14 +152,12 @@ class _Rule:
 
 def _compile_rule(rid: str, spec: Mapping[str, Any]) -> _Rule:
     try:
-        regex = re.compile(spec["regex"]) if isinstance(spec.get("regex"), str) else None
+        regex = patterns_compile(spec["regex"]) if isinstance(spec.get("regex"), str) else None
     except re.error as exc:
         raise UsageError(f"router.rules.{rid}.regex does not compile: {exc}") from None
     words = [w for w in spec.get("keywords") or [] if isinstance(w, str) and w.strip()]
     keywords = (
-        re.compile(r"(?i)(?<!\w)(" + "|".join(re.escape(w.strip()) for w in words) + r")(?!\w)")
-        if words
-        else None
+        re.compile(r"(?i)(?<!\w)(" + "|".join(re.escape(w.strip()) for w in words) + r")(?!\w)") if words else None
     )
     return _Rule(
         rid,
@@ -168,9 +170,7 @@ def _compile_rule(rid: str, spec: Mapping[str, Any]) -> _Rule:
     )
 
 
-def privacy_findings(
-    text: str, pack: Mapping[str, Any], kinds: tuple[str, ...] = ("credential", "pii")
-) -> list[str]:
+def privacy_findings(text: str, pack: Mapping[str, Any], kinds: tuple[str, ...] = ("credential", "pii")) -> list[str]:
     """Ids of the pack's redaction patterns that flag ``text`` (``ctxrules.redaction``)."""
     try:
         redactor = redactor_for(pack)
@@ -189,16 +189,13 @@ class ComplexityRouter:
         self.enabled = isinstance(node, Mapping) and self.node.get("enabled", True) is not False
         self.hooks = hooks
         self.tiers: dict[str, Mapping[str, Any]] = {
-            t: v
-            for t, v in (self.node.get("tiers") or {}).items()
-            if t in TIERS and isinstance(v, Mapping)
+            t: v for t, v in (self.node.get("tiers") or {}).items() if t in TIERS and isinstance(v, Mapping)
         }
         cut = {**DEFAULT_CUTOFFS, **(self.node.get("cutoffs") or {})}
         self.cutoffs = (float(cut["standard"]), float(cut["reasoning"]))
         if self.cutoffs[0] > self.cutoffs[1]:
             raise UsageError(
-                f"router.cutoffs: standard ({self.cutoffs[0]}) must not be above reasoning "
-                f"({self.cutoffs[1]})"
+                f"router.cutoffs: standard ({self.cutoffs[0]}) must not be above reasoning ({self.cutoffs[1]})"
             )
         merged: dict[str, Mapping[str, Any]] = {k: dict(v) for k, v in DEFAULT_RULES.items()}
         for rid, spec in (self.node.get("rules") or {}).items():
@@ -206,9 +203,7 @@ class ComplexityRouter:
                 continue
             merged[rid] = {**merged.get(rid, {}), **spec}
         self.rules = [
-            _compile_rule(rid, spec)
-            for rid, spec in merged.items()
-            if spec.get("enabled", True) is not False
+            _compile_rule(rid, spec) for rid, spec in merged.items() if spec.get("enabled", True) is not False
         ]
         mom = self.node.get("momentum") or {}
         self.momentum_turns = int(mom.get("turns", 2))
@@ -272,6 +267,8 @@ class ComplexityRouter:
             reasons.append(f"misroutes: {shift:+d} tier(s) -> {TIERS[rank]}")
         if self.judge_enabled and self.hooks is not None and self._ambiguous(score):
             rank = self._ask_judge(text, TIERS[rank], score, matched, rank, reasons)
+        # What this message itself asks for: the only tier later decisions' momentum counts.
+        own_tier = TIERS[rank]
         with _StateFile(session_dir / "router.json") as state:
             decisions = [d for d in state.get("decisions", []) if isinstance(d, dict)]
             recent = [
@@ -281,19 +278,13 @@ class ComplexityRouter:
                 and isinstance(d.get("ts"), int | float)
                 and 0 <= now - d["ts"] <= self.momentum_window_s
             ]
-            floor = max(
-                (TIERS.index(d["tier"]) for d in recent if d.get("tier") in TIERS), default=0
-            )
+            floor = max((TIERS.index(t) for t in map(_own_tier, recent) if t in TIERS), default=0)
             if floor > rank:
                 rank = floor
                 reasons.append(f"momentum: recent turns were {TIERS[floor]}")
             if regenerate:
                 regen_floor = TIERS.index(self.regen_min) if self.regen_min in TIERS else 1
-                last = (
-                    decisions[-1]["tier"]
-                    if decisions and decisions[-1].get("tier") in TIERS
-                    else None
-                )
+                last = decisions[-1]["tier"] if decisions and decisions[-1].get("tier") in TIERS else None
                 if self.regen_step_up and last is not None:
                     regen_floor = max(regen_floor, _clamp(TIERS.index(last) + 1))
                 if regen_floor > rank:
@@ -320,6 +311,7 @@ class ComplexityRouter:
                         "ts": now,
                         "tier": decision.tier,
                         "rules_tier": rules_tier,
+                        "own_tier": own_tier,
                         "score": score,
                         "regenerate": regenerate,
                     }
@@ -340,9 +332,7 @@ class ComplexityRouter:
         reasons: list[str],
     ) -> int:
         try:
-            answer = self.hooks.ctxrules_route_judge(
-                text=text, tier=tier, score=score, reasons=list(matched)
-            )
+            answer = self.hooks.ctxrules_route_judge(text=text, tier=tier, score=score, reasons=list(matched))
         except Exception as exc:  # a judge must never break routing
             reasons.append(f"judge failed ({type(exc).__name__}); kept {tier}")
             return rank
@@ -356,22 +346,16 @@ class ComplexityRouter:
         return TIERS.index(str(answer))
 
     def _privacy_rank(self, rank: int, flagged: list[str], reasons: list[str]) -> int:
-        safe = [
-            TIERS.index(t) for t, spec in self.tiers.items() if spec.get("privacy_safe") is True
-        ]
+        safe = [TIERS.index(t) for t, spec in self.tiers.items() if spec.get("privacy_safe") is True]
         if rank in safe:
-            reasons.append(
-                f"privacy: flagged ({', '.join(flagged)}); {TIERS[rank]} is privacy-safe"
-            )
+            reasons.append(f"privacy: flagged ({', '.join(flagged)}); {TIERS[rank]} is privacy-safe")
             return rank
         if not safe:
             reasons.append(f"privacy: flagged ({', '.join(flagged)}) but no tier is privacy_safe")
             return rank
         above = sorted(r for r in safe if r > rank)
         chosen = above[0] if above else max(safe)
-        reasons.append(
-            f"privacy: flagged ({', '.join(flagged)}) -> privacy-safe tier {TIERS[chosen]}"
-        )
+        reasons.append(f"privacy: flagged ({', '.join(flagged)}) -> privacy-safe tier {TIERS[chosen]}")
         return chosen
 
     # -- misroutes ---------------------------------------------------------------------------
@@ -417,8 +401,7 @@ class ComplexityRouter:
         from ctxrules.locks import FileLock
 
         with FileLock(path.with_name(path.name + ".lock")):
-            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0),
-                         0o600)
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o600)
             try:
                 os.write(fd, line)
             finally:
@@ -426,7 +409,7 @@ class ComplexityRouter:
 
     def _misroute_shift(self, rules_tier: str, root: Path, now: float) -> int:
         try:
-            raw = (root / "router" / "misroutes.jsonl").read_bytes()
+            raw = read_private(root / "router" / "misroutes.jsonl")
         except OSError:
             return 0
         total = 0.0
@@ -436,11 +419,7 @@ class ComplexityRouter:
                 ts, routed, wanted = float(rec["ts"]), rec["routed"], rec["wanted"]
             except (ValueError, TypeError, KeyError):
                 continue
-            if (
-                rec.get("rules_tier", routed) != rules_tier
-                or routed not in TIERS
-                or wanted not in TIERS
-            ):
+            if rec.get("rules_tier", routed) != rules_tier or routed not in TIERS or wanted not in TIERS:
                 continue
             age = now - ts
             if age < 0 or age >= self.decay_s:
@@ -449,6 +428,12 @@ class ComplexityRouter:
         if abs(total) < self.threshold:
             return 0
         return int(math.copysign(max(1, math.floor(abs(total) + 0.5)), total))
+
+
+def _own_tier(decision: Mapping[str, Any]) -> Any:
+    """The tier a remembered decision's own message asked for (rules, misroutes, judge); a record
+    written before ``own_tier`` existed counts its rules' tier."""
+    return decision.get("own_tier", decision.get("rules_tier"))
 
 
 def _clamp(rank: int) -> int:
@@ -470,7 +455,7 @@ class _StateFile:
         self._lock = FileLock(self.path.with_name(self.path.name + ".lock"))
         self._lock.acquire()
         try:
-            loaded = json.loads(self.path.read_bytes())
+            loaded = json.loads(read_private(self.path))
             self.data = loaded if isinstance(loaded, dict) else {}
         except (OSError, ValueError):
             self.data = {}
@@ -480,18 +465,14 @@ class _StateFile:
     def __exit__(self, *exc: object) -> None:
         try:
             if exc[0] is None and json.dumps(self.data, sort_keys=True) != self._before:
-                write_atomic(
-                    self.path, json.dumps(self.data, sort_keys=True).encode("utf-8"), durable=False
-                )
+                write_atomic(self.path, json.dumps(self.data, sort_keys=True).encode("utf-8"), durable=False)
         finally:
             if self._lock is not None:
                 self._lock.release()
                 self._lock = None
 
 
-def route_for_session(
-    session: Any, text: Any, *, regenerate: bool = False, now: float | None = None
-) -> RouteDecision:
+def route_for_session(session: Any, text: Any, *, regenerate: bool = False, now: float | None = None) -> RouteDecision:
     """``Session.route``: route ``text`` (a string, or a message list whose latest real user
     message is routed) with the session's pack, plugin hooks, directory and state root."""
     if isinstance(text, list):

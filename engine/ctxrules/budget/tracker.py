@@ -5,8 +5,9 @@ ledger, the day ledger and (when the session works for a goal) the goal ledger, 
 a :class:`BudgetStatus` from them: spend per dimension, level, burn rate, ETA.
 
 **Root tasks.** A sub-agent's session is registered with its parent (``register_child``); it
-records into its own ledger, and the root's session dimension adds the ledgers of every
-descendant. Registration is refused beyond ``max_descendants`` (20) per root, counted across
+records into its own ledger and into the day and goal ledgers of the root's state root, and
+the root's session dimension adds the ledgers of every descendant. Registration is refused
+beyond ``max_descendants`` (20) per root, counted across
 the whole tree, so runaway spawning stops.
 """
 
@@ -39,9 +40,9 @@ from ctxrules.budget.policy import DIMENSIONS, BudgetPolicy, DimensionLimit, Lev
 from ctxrules.budget.preflight import PreflightEstimate, preflight
 from ctxrules.budget.pricing import Rates, price_call, rates_for
 from ctxrules.budget.status import BudgetStatus, BurnRate, DimensionStatus
-from ctxrules.budget.usage import TokenUsage, UsageFormat, is_failed_response, parse_usage
+from ctxrules.budget.usage import TokenUsage, UsageFormat, as_mapping, is_failed_response, parse_usage
 from ctxrules.errors import CtxrulesError, UsageError
-from ctxrules.session_store import ensure_dir, write_atomic
+from ctxrules.private_files import ensure_dir, read_private, write_atomic
 
 __all__ = [
     "BudgetExceeded",
@@ -99,11 +100,18 @@ class SessionLedger:
     ) -> None:
         self.dir = Path(session_dir)
         self.id = session_id
-        self.state_root = Path(state_root) if state_root is not None else self.dir.resolve().parent
         self.policy = policy or BudgetPolicy()
         self.model = model
         self.clock = clock
         link = self._read_link()
+        # A sub-agent reopened on its own (a restart, `usage show --session CHILD`) still counts
+        # in its root's state root: the link written at registration names it.
+        if state_root is not None:
+            self.state_root = Path(state_root)
+        elif link.get("state_root"):
+            self.state_root = Path(link["state_root"])
+        else:
+            self.state_root = self.dir.resolve().parent
         self.root_id: str = link.get("root_id") or session_id
         self.root_dir = Path(link["root_dir"]) if link.get("root_dir") else self.dir
         self.goal = check_goal(goal) if goal is not None else link.get("goal")
@@ -113,7 +121,7 @@ class SessionLedger:
 
     def record(
         self,
-        usage: TokenUsage | Mapping[str, Any],
+        usage: TokenUsage | Mapping[str, Any] | object,
         *,
         model: str | None = None,
         source: str = "api",
@@ -129,15 +137,14 @@ class SessionLedger:
         the ledger never counts usage a failed call did not have.
         """
         if not isinstance(usage, TokenUsage):
-            if is_failed_response(usage):
+            data = as_mapping(usage)  # SDK objects are read once (model_dump)
+            if is_failed_response(data):
                 return None
-            usage = parse_usage(usage, fmt)
+            usage = parse_usage(data, fmt)
         name = model or self.model
         if not name:
             raise UsageError("record_usage needs the model that was called (model=...)")
-        rates = rates_for(
-            name, prompt_tokens=usage.prompt, service_tier=service_tier, prices=self.policy.prices
-        )
+        rates = rates_for(name, prompt_tokens=usage.prompt, service_tier=service_tier, prices=self.policy.prices)
         ts = self.clock() if at is None else float(at)
         rec = call_record(
             usage=usage,
@@ -178,11 +185,7 @@ class SessionLedger:
 
     def rates(self, model: str | None = None, prompt_tokens: int = 0) -> Rates | None:
         name = model or self.model
-        return (
-            None
-            if not name
-            else rates_for(name, prompt_tokens=prompt_tokens, prices=self.policy.prices)
-        )
+        return None if not name else rates_for(name, prompt_tokens=prompt_tokens, prices=self.policy.prices)
 
     # -- status ------------------------------------------------------------------------------
 
@@ -192,9 +195,7 @@ class SessionLedger:
         since = root.last_reset
         out = root.entries()
         for child_dir in self.descendants():
-            out.extend(
-                ledger(session_ledger_path(child_dir)).entries(start=since, honor_resets=False)
-            )
+            out.extend(ledger(session_ledger_path(child_dir)).entries(start=since, honor_resets=False))
         out.sort(key=lambda e: e.ts)
         return out
 
@@ -256,9 +257,7 @@ class SessionLedger:
             raise BudgetExceeded(st.refusal(), st)
         return st
 
-    def _pairs(
-        self, lim: DimensionLimit, scope: str, entries: list[CallEntry], now: float
-    ) -> list[DimensionStatus]:
+    def _pairs(self, lim: DimensionLimit, scope: str, entries: list[CallEntry], now: float) -> list[DimensionStatus]:
         burn = self._burn(entries, now)
         out = []
         for unit, limit, spent, rate in (
@@ -275,11 +274,7 @@ class SessionLedger:
             share = spent / limit if limit > 0 else 1.0
             remaining = max(0.0, limit - spent)
             eta = 0.0 if remaining <= 0 else (remaining / rate * 60.0 if rate > 0 else None)
-            out.append(
-                DimensionStatus(
-                    lim.name, scope, unit, float(limit), spent, lim.level_of(share), burn, eta
-                )
-            )
+            out.append(DimensionStatus(lim.name, scope, unit, float(limit), spent, lim.level_of(share), burn, eta))
         return out
 
     def _burn(self, entries: list[CallEntry], now: float) -> BurnRate:
@@ -317,16 +312,12 @@ class SessionLedger:
 
         The history stays in the ledger: a reset record makes totals count from it on."""
         if dimension not in DIMENSIONS:
-            raise UsageError(
-                f"unknown budget dimension {dimension!r}; one of: {', '.join(DIMENSIONS)}"
-            )
+            raise UsageError(f"unknown budget dimension {dimension!r}; one of: {', '.join(DIMENSIONS)}")
         ts = self.clock() if now is None else now
         if dimension == "session":
             target = ledger(session_ledger_path(self.root_dir))
         elif dimension == "day":
-            target = ledger(
-                day_ledger_path(self.state_root, datetime.fromtimestamp(ts, UTC).date())
-            )
+            target = ledger(day_ledger_path(self.state_root, datetime.fromtimestamp(ts, UTC).date()))
         else:
             if not self.goal:
                 raise UsageError("the goal dimension needs a goal (--goal NAME)")
@@ -338,7 +329,7 @@ class SessionLedger:
 
     def _read_link(self) -> dict[str, Any]:
         try:
-            data = json.loads((self.dir / "root.json").read_bytes())
+            data = json.loads(read_private(self.dir / "root.json"))
         except (OSError, ValueError):
             return {}
         return data if isinstance(data, dict) else {}
@@ -347,7 +338,7 @@ class SessionLedger:
         """Session directories registered under this session's root task."""
         path = self.root_dir / "descendants.jsonl"
         try:
-            raw = path.read_bytes()
+            raw = read_private(path)
         except OSError:
             return []
         out = []
@@ -367,8 +358,7 @@ class SessionLedger:
         from ctxrules.locks import FileLock
 
         with FileLock(registry.with_name(registry.name + ".lock")):
-            fd = os.open(registry, os.O_RDWR | os.O_APPEND | os.O_CREAT
-                         | getattr(os, "O_NOFOLLOW", 0), 0o600)
+            fd = os.open(registry, os.O_RDWR | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o600)
             try:
                 size = os.fstat(fd).st_size
                 known = [ln for ln in os.pread(fd, size, 0).split(b"\n") if ln.strip()]
@@ -378,9 +368,9 @@ class SessionLedger:
                 limit = self.policy.max_descendants
                 if len(known) >= limit:
                     raise SpawnLimitExceeded(
-                        f"root task {self.root_id} already has {len(known)} sub-agents "
-                        f"(max_descendants {limit}); finish with the agents you have or raise "
-                        "budgets.max_descendants"
+                        f"root task {self.root_id} already has {len(known)} sub-agent sessions "
+                        f"(budgets.max_descendants {limit}); finish with the agents you have or "
+                        "raise budgets.max_descendants"
                     )
                 entry = {"id": child.id, "path": child_path, "parent": self.id, "ts": self.clock()}
                 prefix = b"" if not size or os.pread(fd, 1, size - 1) == b"\n" else b"\n"
@@ -393,9 +383,11 @@ class SessionLedger:
             "root_dir": str(self.root_dir.resolve()),
             "parent_id": self.id,
             "goal": self.goal,
+            "state_root": str(self.state_root.resolve()),
         }
         write_atomic(child.dir / "root.json", json.dumps(link, sort_keys=True).encode("utf-8"))
         child.root_id, child.root_dir = self.root_id, self.root_dir.resolve()
+        child.state_root = self.state_root
         if child.goal is None:
             child.goal = self.goal
 

@@ -24,7 +24,7 @@ from typing import Any, Final, Literal
 
 from ctxrules.errors import UsageError
 
-__all__ = ["TOKEN_KINDS", "TokenUsage", "UsageFormat", "is_failed_response", "parse_usage"]
+__all__ = ["TOKEN_KINDS", "TokenUsage", "UsageFormat", "as_mapping", "is_failed_response", "parse_usage"]
 
 TOKEN_KINDS: Final = (
     "prompt",
@@ -129,7 +129,10 @@ class TokenUsage:
 def is_failed_response(obj: object) -> bool:
     """Whether ``obj`` is the body of a failed call (an ``error`` and no usage): record nothing."""
     if not isinstance(obj, Mapping):
-        return False
+        try:
+            obj = as_mapping(obj)
+        except UsageError:
+            return False
     has_usage = any(k in obj for k in ("usage", "usageMetadata", "usage_metadata"))
     return not has_usage and obj.get("error") not in (None, False, "")
 
@@ -138,22 +141,24 @@ def parse_usage(obj: object, fmt: UsageFormat = "auto") -> TokenUsage:
     """The usage of a response (or of a bare usage object) in ctxrules' convention.
 
     ``fmt`` names the shape when the keys alone are ambiguous; ``auto`` recognizes it by its
-    keys. Raises :class:`UsageError` naming what was wrong when nothing usable is there.
+    keys. ``obj`` may be a dict or an SDK object (litellm's ``ModelResponse`` / ``Usage``, the
+    openai and anthropic SDKs' responses, usage objects and streaming events): see
+    :func:`as_mapping`. Raises :class:`UsageError` naming what was wrong when nothing usable is
+    there.
     """
-    if not isinstance(obj, Mapping):
-        raise UsageError(f"usage must be a JSON object, got {_kind(obj)}")
+    obj = as_mapping(obj)
     if is_failed_response(obj):
-        raise UsageError(
-            "the response is an error and carries no usage: a failed call records nothing"
-        )
-    inner = obj
-    for key in ("usage", "usageMetadata", "usage_metadata"):
-        if isinstance(obj.get(key), Mapping):
-            inner = obj[key]
-            break
+        raise UsageError("the response is an error and carries no usage: a failed call records nothing")
+    inner = _usage_part(obj)
     detected = _detect(inner) if fmt == "auto" else fmt
     if detected is None:
         keys = ", ".join(sorted(str(k) for k in inner)) or "none"
+        if _is_stream_chunk(obj):
+            raise UsageError(
+                "this streaming chunk carries no usage: only the stream's last chunk does "
+                "(OpenAI: stream_options={'include_usage': True}; Anthropic: the message_delta "
+                "event); record that one"
+            )
         raise UsageError(
             "no token counts found (keys: " + keys + "); expected e.g. prompt_tokens/"
             "completion_tokens (OpenAI), input_tokens/output_tokens (Anthropic), "
@@ -161,6 +166,108 @@ def parse_usage(obj: object, fmt: UsageFormat = "auto") -> TokenUsage:
         )
     parser = _PARSERS[detected]
     return parser(inner)
+
+
+# --- objects ----------------------------------------------------------------------------------
+
+# The usage attributes an SDK object may expose without ``model_dump`` (read by name).
+_USAGE_ATTRIBUTES: Final = (
+    "prompt_tokens",
+    "completion_tokens",
+    "total_tokens",
+    "prompt_tokens_details",
+    "completion_tokens_details",
+    "cache_read_input_tokens",
+    "cache_creation_input_tokens",
+    "prompt_cache_hit_tokens",
+    "reasoning_tokens",
+    "citation_tokens",
+    "input_tokens",
+    "output_tokens",
+    "input_tokens_details",
+    "output_tokens_details",
+    "promptTokenCount",
+    "candidatesTokenCount",
+    "thoughtsTokenCount",
+    "cachedContentTokenCount",
+    "totalTokenCount",
+    "toolUsePromptTokenCount",
+    "prompt_token_count",
+    "candidates_token_count",
+    "thoughts_token_count",
+    "cached_content_token_count",
+    "total_token_count",
+    "tool_use_prompt_token_count",
+    "cached_tokens",
+    "cache_creation_tokens",
+    "cache_write_tokens",
+    *TOKEN_KINDS,
+)
+_CONTAINERS: Final = ("usage", "usageMetadata", "usage_metadata", "message")
+
+
+def as_mapping(obj: object, *, depth: int = 0) -> Mapping[str, Any]:
+    """``obj`` as plain JSON-like data: a Mapping as it is; a pydantic object (litellm, openai,
+    anthropic SDKs) through ``model_dump()``; any other object through its usage attributes
+    (``usage``, ``prompt_tokens``, ``input_tokens``, ...). Raises :class:`UsageError` for
+    anything else (a string, a number, a list, an object with none of those attributes)."""
+    if isinstance(obj, Mapping):
+        return obj
+    if obj is None or isinstance(obj, str | bytes | int | float | list | tuple):
+        raise UsageError(f"usage must be a JSON object or a response/usage object, got {_kind(obj)}")
+    dump = getattr(obj, "model_dump", None)
+    if callable(dump):
+        try:
+            data = dump()
+        except Exception as exc:  # a broken SDK object: say which, not a traceback from inside it
+            raise UsageError(
+                f"could not read the usage of {type(obj).__name__}: model_dump() failed: {type(exc).__name__}: {exc}"
+            ) from exc
+        if isinstance(data, Mapping):
+            return data
+    if depth > 3:
+        raise UsageError(f"usage must be a JSON object or a response/usage object, got {_kind(obj)}")
+    out: dict[str, Any] = {}
+    for name in (*_CONTAINERS, *_USAGE_ATTRIBUTES, "type", "error"):
+        try:
+            value = getattr(obj, name, None)
+        except Exception:  # a property that raises is as good as absent
+            continue
+        if value is None or callable(value):
+            continue
+        if isinstance(value, bool | int | float | str | Mapping):
+            out[name] = value
+        else:
+            out[name] = as_mapping(value, depth=depth + 1)
+    if not out:
+        raise UsageError(
+            f"usage must be a JSON object or a response/usage object, got {_kind(obj)} "
+            "(it has no usage, prompt_tokens or input_tokens attribute)"
+        )
+    return out
+
+
+def _usage_part(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The usage inside a response, a streaming chunk or an Anthropic ``message_start`` event."""
+    for key in ("usage", "usageMetadata", "usage_metadata"):
+        if isinstance(obj.get(key), Mapping):
+            return obj[key]  # type: ignore[no-any-return]  # Mapping[str, Any] by the check
+    message = obj.get("message")
+    if obj.get("type") == "message_start" and isinstance(message, Mapping):
+        return _usage_part(message)
+    return obj
+
+
+def _is_stream_chunk(obj: Mapping[str, Any]) -> bool:
+    kind = obj.get("object") or obj.get("type")
+    return kind in (
+        "chat.completion.chunk",
+        "content_block_delta",
+        "content_block_start",
+        "content_block_stop",
+        "message_stop",
+        "ping",
+    ) or ("choices" in obj and any(isinstance(c, Mapping) and "delta" in c for c in obj.get("choices") or []))
 
 
 # --- shapes -----------------------------------------------------------------------------------
@@ -174,9 +281,9 @@ def _detect(u: Mapping[str, Any]) -> UsageFormat | None:
     if "input_tokens" in u or "output_tokens" in u:
         # The Responses API counts cached tokens inside input_tokens and says so with details;
         # Anthropic counts them apart and names them cache_*_input_tokens.
-        if any(
-            k in u for k in ("input_tokens_details", "output_tokens_details", "total_tokens")
-        ) and not any(k in u for k in ("cache_read_input_tokens", "cache_creation_input_tokens")):
+        if any(k in u for k in ("input_tokens_details", "output_tokens_details", "total_tokens")) and not any(
+            k in u for k in ("cache_read_input_tokens", "cache_creation_input_tokens")
+        ):
             return "responses"
         return "anthropic"
     if "prompt" in u or "completion" in u:
@@ -188,12 +295,7 @@ def _int(u: Mapping[str, Any], key: str, where: str = "") -> int:
     value = u.get(key)
     if value is None:
         return 0
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int | float)
-        or value < 0
-        or value != int(value)
-    ):
+    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0 or value != int(value):
         raise UsageError(f"usage field '{where}{key}' must be a whole number >= 0, got {value!r}")
     return int(value)
 
@@ -233,9 +335,7 @@ def _openai(u: Mapping[str, Any]) -> TokenUsage:
         or _int(pd, "cache_write_tokens", "prompt_tokens_details.")
         or _int(u, "cache_creation_input_tokens")
     )
-    reasoning = _int(cd, "reasoning_tokens", "completion_tokens_details.") or _int(
-        u, "reasoning_tokens"
-    )
+    reasoning = _int(cd, "reasoning_tokens", "completion_tokens_details.") or _int(u, "reasoning_tokens")
     total = u.get("total_tokens")
     return TokenUsage.of(
         prompt=prompt,
@@ -252,9 +352,7 @@ def _responses(u: Mapping[str, Any]) -> TokenUsage:
     prompt = _int(u, "input_tokens")
     completion = _int(u, "output_tokens")
     cached = _int(_details(u, "input_tokens_details"), "cached_tokens", "input_tokens_details.")
-    reasoning = _int(
-        _details(u, "output_tokens_details"), "reasoning_tokens", "output_tokens_details."
-    )
+    reasoning = _int(_details(u, "output_tokens_details"), "reasoning_tokens", "output_tokens_details.")
     total = u.get("total_tokens")
     return TokenUsage.of(
         prompt=prompt,
@@ -311,6 +409,4 @@ _PARSERS: Final = {
 
 
 def _kind(value: object) -> str:
-    return {list: "a list", str: "a string", type(None): "null"}.get(
-        type(value), type(value).__name__
-    )
+    return {list: "a list", str: "a string", type(None): "null"}.get(type(value), type(value).__name__)

@@ -6,15 +6,20 @@ rewrote the messages) and a pause longer than the TTL. This module covers both:
 
 - :func:`send_probe` sends the prefix once with ``max_tokens`` 1 (0 where a provider accepts
   it: :data:`ZERO_MAX_TOKENS_PROVIDERS`), so the provider writes (or refreshes) its cache
-  entry; it never raises, and returns a :class:`Probe` with the tokens read from and written to
-  the cache and the probe's cost;
+  entry; it returns a :class:`Probe` with the tokens read from and written to the cache and the
+  probe's cost. A failure is logged as a warning and returned in the probe (``ok`` false,
+  ``error``, ``status``); with ``check=True`` it raises :class:`ProbeFailed` instead;
 - :class:`KeepAlive` runs in a background thread: it warms the prefix after session start and
   after a compaction (:meth:`KeepAlive.after_prepare` tells them apart from the run report),
   and while the session is idle sends a probe every ``interval_s`` (240 s: below the 5-minute
   TTL). A call in flight (``with keepalive.active():``) pauses it, the idle timer restarts when
   the call ends, and :meth:`KeepAlive.stop` (or leaving ``with KeepAlive(...)``) ends it. After
   ``max_idle_s`` without activity it stops probing until the next call: a forgotten session
-  does not pay for keep-alives forever.
+  does not pay for keep-alives forever. A probe the provider *rejects* (an HTTP 4xx other than
+  408/409/429: the request itself is wrong, so the real calls will fail the same way) stops the
+  probing until the next :meth:`KeepAlive.update`, and is raised as :class:`ProbeFailed` from
+  the caller's next ``update``/``after_prepare`` (and from leaving the ``with``) — once;
+  transient failures (timeouts, 5xx, rate limits) are logged and retried on schedule.
 
 ``import litellm`` is slow and reaches for the network unless ``LITELLM_LOCAL_MODEL_COST_MAP``
 is set, so it is imported on the first probe only, with that variable set first.
@@ -30,16 +35,21 @@ import time
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ctxrules.budget.tracker import SessionLedger
 
 from ctxrules.errors import CtxrulesError
 from ctxrules.llm import load_litellm as load
+from ctxrules.logs import get_logger
 from ctxrules.models import lookup_model
 
 __all__ = [
     "ZERO_MAX_TOKENS_PROVIDERS",
     "KeepAlive",
     "Probe",
+    "ProbeFailed",
     "load_litellm",
     "probe_cost",
     "probe_messages",
@@ -68,9 +78,39 @@ class Probe:
     completion_tokens: int = 0
     cost_usd: float | None = None
     error: str | None = None
+    status: int | None = None  # the HTTP status of a failed probe, when the provider sent one
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    @property
+    def rejected(self) -> bool:
+        """The provider refused the request itself (4xx other than 408/409/429): sending it
+        again fails the same way, and so will the real calls that share its messages."""
+        return (
+            not self.ok and self.status is not None and 400 <= self.status < 500 and self.status not in (408, 409, 429)
+        )
+
+
+class ProbeFailed(CtxrulesError):
+    """A warm-up or keep-alive probe failed (``check=True``) or was rejected (``KeepAlive``)."""
+
+    exit_code = 2
+
+    def __init__(self, probe: Probe) -> None:
+        what = f"HTTP {probe.status}: " if probe.status is not None else ""
+        super().__init__(f"{probe.kind} probe failed: {what}{probe.error}")
+        self.probe = probe
+
+
+def _status_of(exc: BaseException) -> int | None:
+    for name in ("status_code", "status"):
+        value = getattr(exc, name, None)
+        if isinstance(value, int):
+            return value
+    response = getattr(exc, "response", None)
+    value = getattr(response, "status_code", None)
+    return value if isinstance(value, int) else None
 
 
 def load_litellm() -> Any:
@@ -97,9 +137,7 @@ def _usage_numbers(usage: Any) -> tuple[int, int, int, int]:
     completion = int(get(usage, "completion_tokens") or 0)
     details = get(usage, "prompt_tokens_details")
     cached = int(
-        (get(details, "cached_tokens") if details is not None else None)
-        or get(usage, "cache_read_input_tokens")
-        or 0
+        (get(details, "cached_tokens") if details is not None else None) or get(usage, "cache_read_input_tokens") or 0
     )
     written = int(get(usage, "cache_creation_input_tokens") or 0)
     return prompt, cached, written, completion
@@ -116,14 +154,8 @@ def probe_cost(model: str, prompt: int, cached: int, written: int, completion: i
     if info.input_cost_per_token is None:
         return None
     base = info.input_cost_per_token
-    read = (
-        info.cache_read_input_token_cost if info.cache_read_input_token_cost is not None else base
-    )
-    write = (
-        info.cache_creation_input_token_cost
-        if info.cache_creation_input_token_cost is not None
-        else base
-    )
+    read = info.cache_read_input_token_cost if info.cache_read_input_token_cost is not None else base
+    write = info.cache_creation_input_token_cost if info.cache_creation_input_token_cost is not None else base
     out = info.output_cost_per_token or 0.0
     uncached = max(prompt - cached - written, 0)
     return uncached * base + cached * read + written * write + completion * out
@@ -140,18 +172,29 @@ def send_probe(
     max_tokens: int | None = None,
     timeout_s: float = 30.0,
     at: float = 0.0,
+    ledger: SessionLedger | None = None,
+    check: bool = False,
 ) -> Probe:
-    """Send the prefix once to warm or refresh the provider's cache; never raises.
+    """Send the prefix once to warm or refresh the provider's cache.
+
+    A failure is logged (warning ``probe.failed``) and returned as a probe with ``ok`` false;
+    ``check=True`` raises it as :class:`ProbeFailed`.
 
     ``request`` holds extra litellm arguments: ``api_base``, ``api_key``, and what
     ``result.request`` carries (``prompt_cache_key``, ``tool_choice``), so the probe hits the
-    same cache entry and routing as the real calls.
+    same cache entry and routing as the real calls. With ``ledger`` (``session.ledger``) the
+    probe's usage is recorded there (``source`` = the probe's kind), so it counts in the
+    session, day and goal budgets, and no probe is sent once the budget refuses calls.
     """
     extra = dict(request or {})
     provider = model.split("/", 1)[0] if "/" in model else ""
     if max_tokens is None:
         max_tokens = 0 if provider in ZERO_MAX_TOKENS_PROVIDERS else 1
     started = time.perf_counter()
+    if ledger is not None:
+        status = ledger.status()
+        if status.refuses:
+            return Probe(kind, reason, at, False, 0.0, error=f"not sent: {status.refusal()}")
     try:
         litellm = load_litellm()
         kwargs: dict[str, Any] = {
@@ -166,21 +209,26 @@ def send_probe(
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             response = litellm.completion(**kwargs)
-        usage = (
-            response.get("usage")
-            if isinstance(response, Mapping)
-            else getattr(response, "usage", None)
-        )
+        usage = response.get("usage") if isinstance(response, Mapping) else getattr(response, "usage", None)
         prompt, cached, written, completion = _usage_numbers(usage or {})
-    except Exception as exc:  # a probe is best effort: report it, never break the session
-        return Probe(
+        if ledger is not None and usage is not None:
+            ledger.record(response, model=model, source=kind)
+    except Exception as exc:  # best effort: reported (log, probe, ProbeFailed), never swallowed
+        failed = Probe(
             kind,
             reason,
             at,
             False,
             time.perf_counter() - started,
-            error=f"{type(exc).__name__}: {exc}",
+            error=f"{type(exc).__name__}: {exc}"[:2000],
+            status=_status_of(exc),
         )
+        get_logger("ctxrules.cache").warning(
+            "probe.failed", kind=kind, reason=reason, model=model, status=failed.status, error=failed.error
+        )
+        if check:
+            raise ProbeFailed(failed) from exc
+        return failed
     cost = probe_cost(
         model.split("/", 1)[1] if provider == "openai" else model,
         prompt,
@@ -206,6 +254,8 @@ class KeepAlive:
     """Warm-up and idle keep-alive for one session's prefix (see the module docstring).
 
     ``send`` replaces :func:`send_probe` (same signature), e.g. to route probes elsewhere.
+    ``ledger`` (``session.ledger``, or use ``session.keepalive(...)``): every probe's usage is
+    recorded there and counts in the budgets; probes stop while the budget refuses calls.
     """
 
     def __init__(
@@ -219,6 +269,8 @@ class KeepAlive:
         max_tokens: int | None = None,
         timeout_s: float = 30.0,
         send: Callable[..., Probe] | None = None,
+        ledger: SessionLedger | None = None,
+        raise_rejections: bool = True,
     ) -> None:
         if interval_s <= 0 or time_scale <= 0:
             raise ValueError("interval_s and time_scale must be positive")
@@ -230,6 +282,7 @@ class KeepAlive:
         self.max_tokens = max_tokens
         self.timeout_s = timeout_s
         self._send = send or send_probe
+        self.ledger = ledger  # probes count in this session's budgets (send_probe's ledger=)
         self._cond = threading.Condition()
         self._messages: list[dict[str, Any]] = []
         self._tools: list[dict[str, Any]] = []
@@ -241,6 +294,9 @@ class KeepAlive:
         self._last_probe: float | None = None
         self._probes: list[Probe] = []
         self._thread: threading.Thread | None = None
+        self.raise_rejections = raise_rejections
+        self._rejected: Probe | None = None  # the last rejected probe; probing waits for an update
+        self._unraised: Probe | None = None  # ... not yet raised to the caller
 
     # -- clock ------------------------------------------------------------------
     def _now(self) -> float:
@@ -253,9 +309,7 @@ class KeepAlive:
     def start(self) -> KeepAlive:
         with self._cond:
             if self._thread is None:
-                self._thread = threading.Thread(
-                    target=self._run, name=f"ctxrules-keepalive-{self.model}", daemon=True
-                )
+                self._thread = threading.Thread(target=self._run, name=f"ctxrules-keepalive-{self.model}", daemon=True)
                 self._thread.start()
         return self
 
@@ -270,8 +324,16 @@ class KeepAlive:
     def __enter__(self) -> KeepAlive:
         return self.start()
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, exc_type: object, *exc: object) -> None:
         self.stop()
+        if exc_type is None:
+            self._raise_rejection()
+
+    def _raise_rejection(self) -> None:
+        with self._cond:
+            probe, self._unraised = self._unraised, None
+        if probe is not None and self.raise_rejections:
+            raise ProbeFailed(probe)
 
     def update(
         self,
@@ -289,8 +351,11 @@ class KeepAlive:
                 self.request.update(request)
             if warm:
                 self._pending = warm
+            self._rejected = None  # new messages: worth probing again
             self._last_activity = self._now()
             self._cond.notify_all()
+        # A rejection the thread saw reaches the caller here, on its own thread, once.
+        self._raise_rejection()
 
     def after_prepare(self, result: Any) -> None:
         """Feed a ``PrepareResult``: the first one warms the prefix ("session start"), one whose
@@ -304,11 +369,7 @@ class KeepAlive:
         )
         first = not self._messages and not self._probes
         warm = "session start" if first else "after compaction" if compacted else None
-        extra = {
-            k: v
-            for k, v in (getattr(result, "request", {}) or {}).items()
-            if k == "prompt_cache_key"
-        }
+        extra = {k: v for k, v in (getattr(result, "request", {}) or {}).items() if k == "prompt_cache_key"}
         self.update(result.messages, result.tools, request=extra, warm=warm)
 
     @contextlib.contextmanager
@@ -342,6 +403,7 @@ class KeepAlive:
             "warmups": sum(p.kind == "warmup" for p in probes),
             "keepalives": sum(p.kind == "keepalive" for p in probes),
             "failed": sum(not p.ok for p in probes),
+            "rejected": sum(p.rejected for p in probes),
             "cost_usd": sum(costs) if costs else None,
         }
 
@@ -357,14 +419,12 @@ class KeepAlive:
                 kind = reason = None
                 if self._pending and self._messages and not self._active:
                     kind, reason, self._pending = "warmup", self._pending, None
-                elif self._active or not self._messages:
+                elif self._active or not self._messages or self._rejected is not None:
                     self._cond.wait()
                     continue
                 else:
                     since = (
-                        self._last_activity
-                        if self._last_probe is None
-                        else max(self._last_activity, self._last_probe)
+                        self._last_activity if self._last_probe is None else max(self._last_activity, self._last_probe)
                     )
                     if max_idle is not None and now - self._last_activity >= max_idle:
                         self._cond.wait()  # idle too long: wait for the next call
@@ -380,6 +440,8 @@ class KeepAlive:
                     dict(self.request),
                 )
                 at = self._virtual(now)
+            # A custom ``send`` need not take ``ledger``: passed only when there is one.
+            extra: dict[str, Any] = {"ledger": self.ledger} if self.ledger is not None else {}
             probe = self._send(
                 self.model,
                 messages,
@@ -390,7 +452,10 @@ class KeepAlive:
                 max_tokens=self.max_tokens,
                 timeout_s=self.timeout_s,
                 at=at,
+                **extra,
             )
             with self._cond:
                 self._probes.append(probe)
                 self._last_probe = self._now()
+                if probe.rejected:
+                    self._rejected = self._unraised = probe

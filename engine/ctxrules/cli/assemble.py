@@ -14,11 +14,11 @@ import json
 import sys
 from typing import Any
 
+from ctxrules.cli.io import add_search_path
 from ctxrules.errors import UsageError
 from ctxrules.packs.validated import load_pack
 from ctxrules.plugins import default_registry
-from ctxrules.prompts.assemble import prompt_set
-from ctxrules.testing.pytest_plugin import NO_ENTRY
+from ctxrules.prompts.assemble import NO_ENTRY, prompt_set
 
 _TRUE = {"true", "yes", "on", "1"}
 _FALSE = {"false", "no", "off", "0"}
@@ -37,9 +37,7 @@ def register(sub: Any) -> None:
         default="builtin:default",
         help="pack path or builtin:NAME (default: builtin:default)",
     )
-    p.add_argument(
-        "--mode", help="prompt mode, e.g. full, lean, naked, search (with --matrix: only this mode)"
-    )
+    p.add_argument("--mode", help="prompt mode, e.g. full, lean, naked, search (with --matrix: only this mode)")
     p.add_argument("--model", help="model name, bare or provider-prefixed; picks the models: entry")
     p.add_argument(
         "--entry",
@@ -52,10 +50,9 @@ def register(sub: Any) -> None:
         metavar="K=V",
         help="set a declared prompt variable (repeatable)",
     )
-    p.add_argument(
-        "--matrix", action="store_true", help="every mode x models: entry, plus no entry"
-    )
+    p.add_argument("--matrix", action="store_true", help="every mode x models: entry, plus no entry")
     p.add_argument("--format", choices=("text", "json"), default="text")
+    add_search_path(p)
     p.set_defaults(func=run)
 
 
@@ -94,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("assemble needs --model (or --entry, or --matrix)")
     if args.matrix and (args.model or args.entry):
         raise UsageError("--matrix renders every models: entry; leave out --model and --entry")
-    pack = load_pack(args.pack)
+    pack = load_pack(args.pack, search_path=args.search_path)
     ps = prompt_set(pack, default_registry())
     defaults = {name: var.default for name, var in ps.variables.items()}
     variables = parse_vars(args.var, defaults)
@@ -121,10 +118,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     blocks = []
     for r in results:
-        header = (
-            f"=== mode={r.mode} entry={r.entry or NO_ENTRY} chars={len(r.text)} "
-            f"sha256={r.sha256[:16]} ==="
-        )
+        header = f"=== mode={r.mode} entry={r.entry or NO_ENTRY} chars={len(r.text)} sha256={r.sha256[:16]} ==="
         blocks.append(f"{header}\n{r.text}\n")
     sys.stdout.write("\n".join(blocks))
     return 0

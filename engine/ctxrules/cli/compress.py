@@ -7,7 +7,9 @@ output in the session's vault and exits with CMD's exit code (128+N when a signa
 it). Exit 125 when ctxrules itself cannot start (bad pack, bad option), 126 when CMD is not
 executable and 127 when it is not found, as ``env`` and ``timeout`` do. A failure of ctxrules
 *after* CMD ran (a rule that misbehaves, a vault that cannot be written) prints the full,
-uncompressed output, warns on standard error, and still exits with CMD's code.
+uncompressed output, warns on standard error, and still exits with CMD's code. CMD runs in its
+own process group; SIGINT, SIGTERM and SIGHUP are forwarded to it (:mod:`ctxrules.cli.child`),
+and what it wrote before a signal ended it is still compressed, vaulted and printed.
 
 Filter mode: ``ctxrules compress --command "CMD" [--exit-code N] --input FILE|-`` compresses
 output captured earlier; it exits 0, or 2 on a usage error.
@@ -23,13 +25,12 @@ import argparse
 import hashlib
 import os
 import shlex
-import signal
-import subprocess
 import sys
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
-from ctxrules.compressors.api import compress_text
+from ctxrules.cli.io import add_search_path
+from ctxrules.compressors.api import CompressorSkipped, compress_text
 from ctxrules.compressors.pipes import stdout_feeds_pipeline
 from ctxrules.errors import CtxrulesError, UsageError
 from ctxrules.models import lookup_model
@@ -38,6 +39,9 @@ from ctxrules.plugins import default_registry
 from ctxrules.session_store import state_root_from_env
 from ctxrules.tokens import TokenCounter
 from ctxrules.vault import Vault
+
+if TYPE_CHECKING:
+    from ctxrules.cli.child import Child
 
 DEFAULT_MODEL = "gpt-4o"
 """Tokenizer for ``--stats``: o200k_base, exact and offline, the most common agent family."""
@@ -56,28 +60,27 @@ def register(sub: Any) -> None:
         "captured earlier. The full output goes to the session's vault; every elided line "
         "leaves a [ctxrules:elided ...] marker that `ctxrules vault get` resolves.",
     )
-    p.add_argument("--pack", default="builtin:default",
-                   help="rule pack: a path or builtin:NAME (default builtin:default)")
-    p.add_argument("--raw", action="store_true",
-                   help="print the output unchanged (run the command, drop nothing)")
-    p.add_argument("--stream", action="store_true",
-                   help="also copy the output live to standard error while the command runs")
-    p.add_argument("--stats", action="store_true",
-                   help="print lines and tokens before and after on standard error")
-    p.add_argument("--model", default=DEFAULT_MODEL,
-                   help=f"tokenizer for --stats (default {DEFAULT_MODEL})")
-    p.add_argument("--always", action="store_true",
-                   help="compress even when the output feeds another command of a pipeline")
-    p.add_argument("--session", help="session directory whose vault keeps the full output "
-                   "(default: <state>/default)")
+    p.add_argument(
+        "--pack", default="builtin:default", help="rule pack: a path or builtin:NAME (default builtin:default)"
+    )
+    p.add_argument("--raw", action="store_true", help="print the output unchanged (run the command, drop nothing)")
+    p.add_argument(
+        "--stream", action="store_true", help="also copy the output live to standard error while the command runs"
+    )
+    p.add_argument("--stats", action="store_true", help="print lines and tokens before and after on standard error")
+    p.add_argument("--model", default=DEFAULT_MODEL, help=f"tokenizer for --stats (default {DEFAULT_MODEL})")
+    p.add_argument(
+        "--always", action="store_true", help="compress even when the output feeds another command of a pipeline"
+    )
+    p.add_argument("--session", help="session directory whose vault keeps the full output (default: <state>/default)")
     p.add_argument("--state", help="state root (default: .ctxrules or $CTXRULES_STATE)")
-    p.add_argument("--command", dest="command_line",
-                   help="filter mode: the command line that produced --input")
-    p.add_argument("--exit-code", type=int, default=None,
-                   help="filter mode: the command's exit code (default: unknown)")
+    p.add_argument("--command", dest="command_line", help="filter mode: the command line that produced --input")
+    p.add_argument(
+        "--exit-code", type=int, default=None, help="filter mode: the command's exit code (default: unknown)"
+    )
     p.add_argument("--input", help="filter mode: captured output, a file or - for stdin")
-    p.add_argument("argv", nargs=argparse.REMAINDER, metavar="-- CMD ARGS",
-                   help="the command to run")
+    p.add_argument("argv", nargs=argparse.REMAINDER, metavar="-- CMD ARGS", help="the command to run")
+    add_search_path(p)
     p.set_defaults(func=run)
 
 
@@ -88,7 +91,7 @@ def _session_dir(args: argparse.Namespace) -> Path:
 
 
 def _load(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
-    pack = load_pack(args.pack)
+    pack = load_pack(args.pack, search_path=args.search_path)
     counter = TokenCounter.for_model(lookup_model(args.model)) if args.stats else None
     return pack.data, counter
 
@@ -103,17 +106,24 @@ def _decode(raw: bytes) -> tuple[str, bool]:
         return raw.decode("utf-8", "replace"), False
 
 
-def _compress(args: argparse.Namespace, pack: dict[str, Any], counter: Any, command: str,
-              raw: bytes, exit_code: int | None) -> bytes:
+def _compress(
+    args: argparse.Namespace, pack: dict[str, Any], counter: Any, command: str, raw: bytes, exit_code: int | None
+) -> bytes:
     """The bytes to print: compressed (full output stored first) or ``raw`` when nothing applies."""
     text, exact = _decode(raw)
     vault_id = hashlib.sha256(raw).hexdigest()
-    result = compress_text(pack, command, text, exit_code, vault_id=vault_id, registry=default_registry())
+    try:
+        result = compress_text(pack, command, text, exit_code, vault_id=vault_id, registry=default_registry())
+    except CompressorSkipped as exc:  # a pack pattern timed out: the output goes out as it is
+        _note(f"warning: {exc}")
+        result = None
     if result is None:
         if counter is not None:
             tokens = counter.count_text(text)
-            _note(f"no compressor applied to {command!r} (no rule matches, or it would not save "
-                  f"anything); {tokens:,} tokens ({args.model})")
+            _note(
+                f"no compressor applied to {command!r} (no rule matches, or it would not save "
+                f"anything); {tokens:,} tokens ({args.model})"
+            )
         return raw
     vault = Vault.for_session(_session_dir(args))
     stored = vault.put_text(text) if exact else vault.put_bytes(raw, "text/plain")
@@ -123,9 +133,11 @@ def _compress(args: argparse.Namespace, pack: dict[str, Any], counter: Any, comm
         before, after = counter.count_text(text), counter.count_text(result.text)
         kind = "estimate" if counter.is_estimate else "exact"
         saved = 100 * (before - after) / before if before else 0.0
-        _note(f"compressor '{result.rule_id}': {result.lines_before:,} -> {result.lines_after:,} "
-              f"lines, {before:,} -> {after:,} tokens (-{saved:.0f}%, {args.model}, {kind}); "
-              f"full output: vault://{vault_id}")
+        _note(
+            f"compressor '{result.rule_id}': {result.lines_before:,} -> {result.lines_after:,} "
+            f"lines, {before:,} -> {after:,} tokens (-{saved:.0f}%, {args.model}, {kind}); "
+            f"full output: vault://{vault_id}"
+        )
     return result.text.encode("utf-8", "surrogateescape" if exact else "replace")
 
 
@@ -145,11 +157,11 @@ def _code_of(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
 
 
-def _spawn(argv: list[str], capture: bool) -> subprocess.Popen[bytes]:
+def _spawn(argv: list[str], capture: bool) -> Child:
+    from ctxrules.cli.child import Child
+
     try:
-        if capture:
-            return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-        return subprocess.Popen(argv)
+        return Child(argv, capture=capture)
     except FileNotFoundError:
         raise _Exit(EXIT_NOT_FOUND, f"{argv[0]}: command not found") from None
     except PermissionError:
@@ -164,23 +176,18 @@ class _Exit(Exception):
         self.code = code
 
 
-def _collect(proc: subprocess.Popen[bytes], stream: bool) -> bytes:
-    assert proc.stdout is not None
-    if not stream:
-        data, _ = proc.communicate()
-        return data
-    chunks: list[bytes] = []
+def _echo(chunk: bytes) -> None:
     err = sys.stderr.buffer
-    while True:
-        # os.read returns what is there (at most 64 KiB) instead of waiting for a full buffer.
-        chunk = os.read(proc.stdout.fileno(), 65536)
-        if not chunk:
-            break
-        chunks.append(chunk)
-        err.write(chunk)
-        err.flush()
-    proc.wait()
-    return b"".join(chunks)
+    err.write(chunk)
+    err.flush()
+
+
+def _status(child: Child, returncode: int) -> int:
+    """The command's status; after a forwarded signal, 128+N even if the command exited 0."""
+    code = _code_of(returncode)
+    if child.signal is not None and code == 0:
+        return 128 + child.signal
+    return code
 
 
 def _proxy(args: argparse.Namespace, argv: list[str]) -> int:
@@ -189,47 +196,27 @@ def _proxy(args: argparse.Namespace, argv: list[str]) -> int:
     except CtxrulesError as exc:
         _note(f"error: {exc}")
         return EXIT_CTXRULES_FAILED
-    passthrough = args.raw or (not args.always and not sys.stdout.isatty()
-                               and stdout_feeds_pipeline(sys.stdout.fileno()))
+    passthrough = args.raw or (
+        not args.always and not sys.stdout.isatty() and stdout_feeds_pipeline(sys.stdout.fileno())
+    )
     try:
-        proc = _spawn(argv, capture=not passthrough)
+        child = _spawn(argv, capture=not passthrough)
     except _Exit as exc:
         _note(str(exc))
         return exc.code
+    # SIGINT, SIGTERM and SIGHUP go to the command's process group while it runs; what it
+    # wrote before it ended is kept, compressed, vaulted and printed like any output.
+    raw, returncode = child.run(_echo if args.stream else None)
+    code = _status(child, returncode)
     if passthrough:
-        return _code_of(_wait_forwarding(proc))
-    interrupted = False
-    try:
-        raw = _collect(proc, args.stream)
-    except KeyboardInterrupt:
-        # The command got the same SIGINT; keep what it printed before it stopped.
-        interrupted = True
-        raw = _drain(proc)
-    code = _code_of(proc.returncode if proc.returncode is not None else -signal.SIGINT)
+        return code
     try:
         out = _compress(args, pack, counter, shlex.join(argv), raw, code)
     except CtxrulesError as exc:
         _note(f"warning: output not compressed: {exc}")
         out = raw
     _write(out)
-    return 130 if interrupted and code == 0 else code
-
-
-def _wait_forwarding(proc: subprocess.Popen[bytes]) -> int:
-    while True:
-        try:
-            return proc.wait()
-        except KeyboardInterrupt:
-            continue  # the child got the SIGINT too; its exit code tells what happened
-
-
-def _drain(proc: subprocess.Popen[bytes]) -> bytes:
-    assert proc.stdout is not None
-    try:
-        data = proc.stdout.read()
-    finally:
-        proc.wait()
-    return data
+    return code
 
 
 def _filter(args: argparse.Namespace) -> int:
@@ -260,10 +247,9 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError("give either --command with --input, or a command after --, not both")
         return _filter(args)
     if args.input is not None or args.exit_code is not None:
-        raise UsageError("--input and --exit-code need --command \"CMD\"")
+        raise UsageError('--input and --exit-code need --command "CMD"')
     if not argv:
-        raise UsageError("nothing to run: ctxrules compress [OPTIONS] -- CMD ARGS... "
-                         "(or --command \"CMD\" --input FILE)")
+        raise UsageError('nothing to run: ctxrules compress [OPTIONS] -- CMD ARGS... (or --command "CMD" --input FILE)')
     try:
         return _proxy(args, argv)
     except BrokenPipeError:

@@ -6,6 +6,7 @@ import argparse
 import sys
 from typing import Any
 
+from ctxrules.cli.io import add_search_path
 from ctxrules.errors import UsageError
 from ctxrules.packs.loader import _BUILTIN_REF, BUILTIN_PREFIX, builtin_names, builtin_path
 from ctxrules.packs.models_match import effective_context, select_model_entry
@@ -15,20 +16,24 @@ from ctxrules.timeouts import TimeoutPolicy, lint_timeouts, render_table
 
 
 def register(sub: Any) -> None:
-    p = sub.add_parser("explain", help="print the resolved pack as YAML",
-                       description="Resolve a pack with all its parents and print the result as YAML. "
-                                   "PACK is a path or builtin:NAME.")
+    p = sub.add_parser(
+        "explain",
+        help="print the resolved pack as YAML",
+        description="Resolve a pack with all its parents and print the result as YAML. PACK is a path or builtin:NAME.",
+    )
     p.add_argument("pack", metavar="PACK")
     p.add_argument("--model", help="show which models: entry applies and the context it yields")
     p.add_argument("--origins", action="store_true", help="add the file:line each value came from")
-    p.add_argument("--timeouts", action="store_true",
-                   help="print each tool's effective stream timeout instead (docs/timeouts.md)")
+    p.add_argument(
+        "--timeouts", action="store_true", help="print each tool's effective stream timeout instead (docs/timeouts.md)"
+    )
+    add_search_path(p)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     _check_exists(args.pack)
-    pack = load_pack(args.pack)
+    pack = load_pack(args.pack, search_path=args.search_path)
     if getattr(args, "timeouts", False):
         return _print_timeouts(pack)
     origins = pack.origins() if args.origins else None
@@ -41,11 +46,13 @@ def run(args: argparse.Namespace) -> int:
         else:
             i, entry = hit
             where = pack.origins().get(f"/models/{i}")
-            out.append(f"# model {args.model}: models entry '{entry.get('id')}' applies"
-                       + (f" ({where})" if where else ""))
+            out.append(
+                f"# model {args.model}: models entry '{entry.get('id')}' applies" + (f" ({where})" if where else "")
+            )
             out.append("# effective context for this model:")
-            out.extend("#   " + ln for ln in to_yaml({"context": effective_context(pack.data, entry)})
-                       .rstrip("\n").split("\n"))
+            out.extend(
+                "#   " + ln for ln in to_yaml({"context": effective_context(pack.data, entry)}).rstrip("\n").split("\n")
+            )
     for d in pack.diagnostics:
         out.append(f"# {d.severity}[{d.code}] {d.file}:{d.line}:{d.col}: {d.message}")
     sys.stdout.write("\n".join(out) + "\n" + to_yaml(pack.data, origins))
@@ -59,8 +66,9 @@ def _check_exists(ref: str) -> None:
     if ref.startswith(BUILTIN_PREFIX):
         m = _BUILTIN_REF.match(ref)
         if m is None or not builtin_path(m["name"]).is_file():
-            raise UsageError(f"no built-in pack '{ref}' (there are: "
-                             + ", ".join(BUILTIN_PREFIX + n for n in builtin_names()) + ")")
+            raise UsageError(
+                f"no built-in pack '{ref}' (there are: " + ", ".join(BUILTIN_PREFIX + n for n in builtin_names()) + ")"
+            )
     elif not Path(ref).is_file():
         raise UsageError(f"no such pack file: {ref}")
 
@@ -70,8 +78,9 @@ def _print_timeouts(pack: Any) -> int:
     policy = TimeoutPolicy.from_pack(pack.data)
     head = f"# pack: {pack.name} (files applied: {', '.join(pack.files)})\n"
     if policy is None:
-        sys.stdout.write(head + "# no timeouts: declared (stream timeouts belong to the agent "
-                         "runtime; see docs/timeouts.md)\n")
+        sys.stdout.write(
+            head + "# no timeouts: declared (stream timeouts belong to the agent runtime; see docs/timeouts.md)\n"
+        )
         return 0
     sys.stdout.write(head + render_table(policy, lint_timeouts(pack.data)))
     return 0

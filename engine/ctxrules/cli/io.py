@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import stat
 import sys
 from pathlib import Path
 from typing import Any
@@ -11,24 +13,64 @@ from ctxrules.errors import UsageError
 
 
 def read_json(path: str) -> Any:
-    """Parse a JSON file (or stdin for ``-``); errors name the file, line and column."""
+    """Parse a JSON file (or stdin for ``-``); errors name the file, line and column, or the
+    JSON pointer of the value at fault.
+
+    Refused: a file over :data:`~ctxrules.json_limits.MAX_INPUT_BYTES`, anything that is not
+    a regular file or a pipe (a FIFO is read like stdin, up to the same limit), ``NaN`` and
+    ``Infinity`` (not JSON), nesting deeper than :data:`~ctxrules.json_limits.MAX_DEPTH` and
+    integers of more than :data:`~ctxrules.json_limits.MAX_INT_DIGITS` digits. Lone
+    surrogates (``"\\ud800"``, valid JSON text but not encodable) are replaced with U+FFFD,
+    with a warning on stderr naming where.
+    """
+    from ctxrules.json_limits import MAX_INPUT_BYTES, MAX_INT_DIGITS, NonFinite, pointer, scan, short_pointer
+
     name = "<stdin>" if path == "-" else path
+    limit = MAX_INPUT_BYTES
     try:
-        raw = sys.stdin.buffer.read() if path == "-" else Path(path).read_bytes()
+        if path == "-":
+            raw = sys.stdin.buffer.read(limit + 1)
+        else:
+            with open(path, "rb") as fh:
+                st = os.fstat(fh.fileno())
+                if stat.S_ISDIR(st.st_mode):
+                    raise IsADirectoryError
+                if not (stat.S_ISREG(st.st_mode) or stat.S_ISFIFO(st.st_mode)):
+                    raise UsageError(f"{name}: not a regular file")
+                if st.st_size > limit:
+                    raise UsageError(f"{name}: {st.st_size} bytes is over the {_mb(limit)} limit for a message file")
+                raw = fh.read(limit + 1)
     except FileNotFoundError:
         raise UsageError(f"{name}: no such file") from None
     except IsADirectoryError:
         raise UsageError(f"{name}: is a directory, expected a JSON file") from None
     except OSError as exc:
         raise UsageError(f"{name}: cannot read: {exc.strerror}") from None
+    if len(raw) > limit:
+        raise UsageError(f"{name}: over the {_mb(limit)} limit for a message file")
     try:
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
         raise UsageError(f"{name}: not UTF-8 (byte {exc.start})") from None
     try:
-        return json.loads(text)
+        data = json.loads(text, parse_constant=NonFinite)
     except json.JSONDecodeError as exc:
         raise UsageError(f"{name}:{exc.lineno}:{exc.colno}: invalid JSON: {exc.msg}") from None
+    except RecursionError:
+        raise UsageError(f"{name}: invalid input: nested too deep") from None
+    except ValueError:  # the one other error json.loads raises: Python's integer digit limit
+        raise UsageError(f"{name}: invalid input: an integer literal of more than {MAX_INT_DIGITS} digits") from None
+    found = scan(data)
+    if found.problems:
+        first = found.problems[0]
+        raise UsageError(f"{name}: {short_pointer(first.path)}: {first.detail}")
+    for where in found.replaced:
+        sys.stderr.write(f"ctxrules: warning: {name}: {pointer(where)}: a lone surrogate was replaced with U+FFFD\n")
+    return found.value
+
+
+def _mb(n: int) -> str:
+    return f"{n // (1024 * 1024)} MiB"
 
 
 def write_text(path: str, text: str) -> None:
@@ -44,3 +86,15 @@ def write_text(path: str, text: str) -> None:
 
 def dump(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, indent=2) + "\n"
+
+
+def add_search_path(parser: Any) -> None:
+    """``--search-path DIR`` (repeatable) on a verb that loads packs."""
+    parser.add_argument(
+        "--search-path",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="a folder, besides the pack's own, that packs may read from (extends:, template "
+        "file:, test inputs); repeatable",
+    )

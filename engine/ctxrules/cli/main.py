@@ -31,6 +31,7 @@ VERBS: dict[str, str] = {
     "sessions": "ctxrules.cli.sessions",
     "usage": "ctxrules.cli.usage",
     "mcp": "ctxrules.cli.mcp",
+    "eval": "ctxrules.cli.eval",
 }
 
 
@@ -64,6 +65,9 @@ def run(argv: Sequence[str] | None = None) -> int:
     parser = build_parser(_verb_in(arguments))
     args = parser.parse_args(arguments)
     try:
+        from ctxrules.logs import configure
+
+        configure()  # an unknown CTXRULES_LOG level is a usage error before any work
         code: int = args.func(args)
     except CtxrulesError as exc:
         sys.stderr.write(f"ctxrules: error: {exc}\n")
@@ -84,8 +88,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     except Exception as exc:  # a bug: say so in one line, keep the traceback for debugging
         if os.environ.get("CTXRULES_DEBUG"):
             raise
-        sys.stderr.write(f"ctxrules: internal error: {type(exc).__name__}: {exc}\n"
-                         "  (this is a bug in ctxrules; set CTXRULES_DEBUG=1 for a traceback)\n")
+        sys.stderr.write(
+            f"ctxrules: internal error: {type(exc).__name__}: {exc}\n"
+            "  (this is a bug in ctxrules; set CTXRULES_DEBUG=1 for a traceback)\n"
+        )
         code = 2
     sys.stdout.flush()
     raise SystemExit(code)

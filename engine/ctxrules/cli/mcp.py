@@ -8,20 +8,31 @@ from typing import Any
 
 from ctxrules.engine import Engine
 from ctxrules.errors import UsageError
+from ctxrules.integrations.mcp import serve
 
 
 def register(sub: Any) -> None:
     p = sub.add_parser(
-        "mcp", help="serve a session's recall tool over MCP (stdio)",
+        "mcp",
+        help="serve a session's recall tool over MCP (stdio)",
         description="Run an MCP server on stdin/stdout with one tool (the pack's recall: tool, "
-                    "default ctxrules_recall) that gives back the exact original lines behind "
-                    "the session's elision markers. Needs the MCP SDK: pip install "
-                    "\"ctxrules[mcp]\".")
+        "default ctxrules_recall) that gives back the exact original lines behind "
+        "the session's elision markers. Needs the MCP SDK: pip install "
+        '"ctxrules[mcp]".',
+    )
     p.add_argument("--session", required=True, metavar="DIR", help="the session directory")
-    p.add_argument("--pack", default="builtin:default", metavar="P",
-                   help="the pack whose recall: settings word the tool (default builtin:default)")
-    p.add_argument("--model", default="gpt-4o", metavar="M",
-                   help="the model whose tokenizer counts the answer budget (default gpt-4o)")
+    p.add_argument(
+        "--pack",
+        default="builtin:default",
+        metavar="P",
+        help="the pack whose recall: settings word the tool (default builtin:default)",
+    )
+    p.add_argument(
+        "--model",
+        default="gpt-4o",
+        metavar="M",
+        help="the model whose tokenizer counts the answer budget (default gpt-4o)",
+    )
     p.set_defaults(func=run)
 
 
@@ -29,10 +40,6 @@ def run(args: argparse.Namespace) -> int:
     path = Path(args.session)
     if not path.is_dir():
         raise UsageError(f"--session {path}: no such session directory")
-    try:
-        from ctxrules.integrations.mcp import serve
-    except ImportError as exc:  # pragma: no cover - only without the extra
-        raise UsageError(str(exc)) from None
     session = Engine.load(args.pack).session(path, model=args.model)
     try:
         serve(session)

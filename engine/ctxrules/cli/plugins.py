@@ -19,9 +19,16 @@ def register(sub: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     reg = default_registry()
     out = [
-        {"name": p.name, "version": p.version, "builtin": p.builtin, "stages": p.stages,
-         "actions": p.actions, "filters": p.filters}
-        for p in reg.plugins if args.all or not p.builtin
+        {
+            "name": p.name,
+            "version": p.version,
+            "builtin": p.builtin,
+            "stages": p.stages,
+            "actions": p.actions,
+            "filters": p.filters,
+        }
+        for p in reg.plugins
+        if args.all or not p.builtin
     ]
     sys.stdout.write(json.dumps(out, indent=2) + "\n")
     return 0

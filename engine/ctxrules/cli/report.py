@@ -15,24 +15,54 @@ from ctxrules.resources import schema_path
 
 
 def register(sub: Any) -> None:
-    p = sub.add_parser("report", help="show a run report as a table, or write it as an HTML page",
-                       description="Read a report written by `ctxrules run --report` and print it as a "
-                                   "table, or write one self-contained HTML page (no network).")
+    p = sub.add_parser(
+        "report",
+        help="show a run report as a table, or write it as an HTML page",
+        description="Read a report written by `ctxrules run --report` and print it as a "
+        "table, or write one self-contained HTML page (no network).",
+    )
     p.add_argument("report", metavar="REPORT.json")
     p.add_argument("--html", metavar="OUT.html", help="write the page here")
     p.set_defaults(func=run)
 
 
 def load_report(path: str) -> dict[str, Any]:
+    """The report in ``path``, checked against its schema; a file that is not one is a
+    one-line ``UsageError`` that says what was expected (never an echo of the file)."""
     import jsonschema
 
     data = read_json(path)
     schema = json.loads(schema_path("report.v1.schema.json").read_text(encoding="utf-8"))
+    expected = "expected the JSON object `ctxrules run --report FILE` writes"
+    if not isinstance(data, dict):
+        raise UsageError(f"{path}: not a ctxrules run report ({expected}; this file holds {_kind(data)})")
+    missing = [k for k in schema.get("required", []) if k not in data]
+    if missing:
+        hint = "; it looks like a conversation: give it to `ctxrules run --input`" if "messages" in data else ""
+        shown = ", ".join(missing[:4]) + (f" and {len(missing) - 4} more" if len(missing) > 4 else "")
+        raise UsageError(f"{path}: not a ctxrules run report ({expected}; missing keys: {shown}){hint}")
     errors = sorted(jsonschema.Draft202012Validator(schema).iter_errors(data), key=lambda e: list(e.path))
     if errors:
-        where = "/".join(str(p) for p in errors[0].absolute_path) or "(top level)"
-        raise UsageError(f"{path}: not a ctxrules run report: at {where}: {errors[0].message}")
-    return data  # type: ignore[no-any-return]
+        first = errors[0]
+        where = "/".join(str(p) for p in first.absolute_path) or "(top level)"
+        if first.validator == "type":
+            what = f"expected {first.validator_value}, found {_kind(first.instance)}"
+        else:
+            what = first.message if len(first.message) <= 160 else first.message[:157] + "..."
+        raise UsageError(f"{path}: not a valid ctxrules run report: at {where}: {what}")
+    return data
+
+
+def _kind(value: Any) -> str:
+    return {
+        dict: "an object",
+        list: "an array",
+        str: "a string",
+        bool: "a boolean",
+        int: "a number",
+        float: "a number",
+        type(None): "null",
+    }.get(type(value), type(value).__name__)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -6,7 +6,8 @@ import argparse
 import sys
 from typing import Any
 
-from ctxrules.cli.io import dump, read_json, write_text
+from ctxrules.cli.io import add_search_path, dump, read_json, write_text
+from ctxrules.cli.progress import TerminalProgress, wanted
 from ctxrules.cli.tables import report_table
 from ctxrules.engine import open_session
 from ctxrules.errors import UsageError
@@ -16,10 +17,13 @@ from ctxrules.messages import split_input
 
 
 def register(sub: Any) -> None:
-    p = sub.add_parser("run", help="run the pipeline over messages",
-                       description="Run a pack's pipeline over a JSON list of OpenAI chat messages "
-                                   '(or {"messages": [...], "tools": [...]}), or over an Anthropic '
-                                   "Messages request, and write the result in the same format.")
+    p = sub.add_parser(
+        "run",
+        help="run the pipeline over messages",
+        description="Run a pack's pipeline over a JSON list of OpenAI chat messages "
+        '(or {"messages": [...], "tools": [...]}), or over an Anthropic '
+        "Messages request, and write the result in the same format.",
+    )
     p.add_argument("--pack", required=True, help="pack path or builtin:NAME")
     p.add_argument("--model", required=True, help="model name, bare or provider-prefixed")
     p.add_argument("--window", type=int, help="window in tokens (overrides pack and registry)")
@@ -28,14 +32,28 @@ def register(sub: Any) -> None:
     p.add_argument("--report", help="write the JSON run report here")
     p.add_argument("--session", help="session directory (default: STATE/default)")
     p.add_argument("--state", help="state root (default: .ctxrules or $CTXRULES_STATE)")
-    p.add_argument("--format", choices=("openai", "anthropic", "auto"), default="auto",
-                   help="input format: OpenAI chat messages, an Anthropic Messages request, or auto "
-                        "(a top-level 'system', tool_use/tool_result blocks or tools with input_schema "
-                        "mean Anthropic); the output is in the input's format (default: auto)")
+    p.add_argument(
+        "--format",
+        choices=("openai", "anthropic", "auto"),
+        default="auto",
+        help="input format: OpenAI chat messages, an Anthropic Messages request, or auto "
+        "(a top-level 'system', tool_use/tool_result blocks or tools with input_schema "
+        "mean Anthropic); the output is in the input's format (default: auto)",
+    )
     p.add_argument("--explain", action="store_true", help="print a readable table of what each stage did")
-    p.add_argument("--touched", nargs="+", metavar="FILE", default=[],
-                   help="files the agent changed since the last run (recorded in the session for "
-                        "reread.recent_files)")
+    p.add_argument(
+        "--quiet",
+        action="store_true",
+        help="no progress line on stderr (shown only on a terminal, for work over about 1 s)",
+    )
+    p.add_argument(
+        "--touched",
+        nargs="+",
+        metavar="FILE",
+        default=[],
+        help="files the agent changed since the last run (recorded in the session for reread.recent_files)",
+    )
+    add_search_path(p)
     p.set_defaults(func=run)
 
 
@@ -52,39 +70,60 @@ def run(args: argparse.Namespace) -> int:
     name = "<stdin>" if args.input == "-" else args.input
     # The whole input is read in its format before a session is opened: an input that is not
     # readable is an error, never half-processed.
+    messages: Any = None
+    tools: Any = None
     try:
         kind = detect(data) if args.format == "auto" else args.format
         if kind == "anthropic":
             anthropic_format.decode(data)
         elif args.format == "openai" and isinstance(data, dict) and detect(data) == "anthropic":
-            raise FormatError("this is an Anthropic Messages request (top-level 'system', tool_use/tool_result "
-                              "blocks or tools with input_schema); use --format anthropic or auto")
+            raise FormatError(
+                "this is an Anthropic Messages request (top-level 'system', tool_use/tool_result "
+                "blocks or tools with input_schema); use --format anthropic or auto"
+            )
         else:
             messages, tools = split_input(data)
     except FormatError as exc:
         raise UsageError(f"{name}: {exc}") from None
-    session = open_session(args.pack, args.model, session=args.session, state=args.state, window=args.window)
+    session = open_session(
+        args.pack, args.model, session=args.session, state=args.state, window=args.window, search_path=args.search_path
+    )
     if args.touched:
         session.touch(*args.touched)
-    if kind == "anthropic":
-        result = session.prepare(data, format="anthropic")
-        out: Any = result.body
+    if wanted(args.quiet):
+        display = TerminalProgress()
+        session.on_event = display.on_event  # stage events, and the summarizer's stream notes
+        with display:
+            result, out = _prepare(session, kind, data, messages, tools)
     else:
-        result = session.prepare(messages, tools)
-        out = _openai_output(data, tools, result)
+        result, out = _prepare(session, kind, data, messages, tools)
     write_text(args.output, dump(out))
     if args.report:
         write_text(args.report, dump(result.report))
     if args.explain:
         stream = sys.stderr if args.output == "-" else sys.stdout
         stream.write(report_table(result.report))
+    after = result.report["after"]
+    if not after.get("fits", True):
+        # The output and the report are written as usual (the caller may still inspect or
+        # send them); the exit code says the provider will reject this request.
+        sys.stderr.write(f"ctxrules: does not fit: {after.get('reason', 'the output exceeds the usable window')}\n")
+        return 1
     return 0
+
+
+def _prepare(session: Any, kind: str, data: Any, messages: Any, tools: Any) -> tuple[Any, Any]:
+    """The prepare result and the output to write, in the input's format."""
+    if kind == "anthropic":
+        result = session.prepare(data, format="anthropic")
+        return result, result.body
+    result = session.prepare(messages, tools)
+    return result, _openai_output(data, tools, result)
 
 
 def _openai_output(data: Any, tools: Any, result: Any) -> Any:
     if isinstance(data, dict):
-        out: Any = {**{k: v for k, v in data.items() if k not in ("messages", "tools")},
-                    "messages": result.messages}
+        out: Any = {**{k: v for k, v in data.items() if k not in ("messages", "tools")}, "messages": result.messages}
         if tools is not None:
             out["tools"] = result.tools
         if result.request:

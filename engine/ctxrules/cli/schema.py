@@ -1,39 +1,41 @@
-"""``ctxrules schema``: the rule-pack schema with every installed stage's option schema."""
+"""``ctxrules schema``: the rule-pack schema with every installed stage's and action's options."""
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from typing import Any
 
 from ctxrules.plugins import default_registry
-from ctxrules.stages.base import options_schema_for
-from ctxrules.validation.schema import rulepack_schema
+from ctxrules.resources import schema_path
+from ctxrules.validation import full_schema as gen
 
 
 def register(sub: Any) -> None:
-    p = sub.add_parser("schema", help="print the full rule-pack JSON Schema, including plugins",
-                       description="Print the rule-pack JSON Schema (draft 2020-12) with the with: "
-                                   "options of every registered stage type filled in.")
+    p = sub.add_parser(
+        "schema",
+        help="print the full rule-pack JSON Schema, including plugins",
+        description="Print the rule-pack JSON Schema (draft 2020-12) with the with: "
+        "options (and their defaults) of every registered stage type and "
+        "compressor action filled in. With only the built-in plugins "
+        "installed it is schemas/rulepack.v1.schema.json.",
+    )
+    p.add_argument(
+        "--path",
+        action="store_true",
+        help="print where the installed copy of schemas/rulepack.v1.schema.json is "
+        "(for an editor's schema setting) instead of the schema",
+    )
     p.set_defaults(func=run)
 
 
 def full_schema() -> dict[str, Any]:
-    import copy
-
-    schema = copy.deepcopy(rulepack_schema())
-    reg = default_registry()
-    stage = schema["$defs"]["stage"]
-    stage["properties"]["use"]["enum"] = sorted(reg.stages)
-    stage["allOf"] = [
-        {"if": {"properties": {"use": {"const": name}}, "required": ["use"]},
-         "then": {"properties": {"with": options_schema_for(st)}}}
-        for name, st in sorted(reg.stages.items())
-    ]
-    return schema
+    return gen.full_schema(default_registry())
 
 
 def run(args: argparse.Namespace) -> int:
-    sys.stdout.write(json.dumps(full_schema(), indent=2) + "\n")
+    if args.path:
+        sys.stdout.write(str(schema_path("rulepack.v1.schema.json").resolve()) + "\n")
+        return 0
+    sys.stdout.write(gen.dumps(full_schema()))
     return 0

@@ -20,8 +20,11 @@ def register(sub: Any) -> None:
     s = ssub.add_parser("scan", help="list sessions under the state root whose last compaction was cut short")
     s.add_argument("--state", help="state root (default: .ctxrules or $CTXRULES_STATE)")
     s.set_defaults(func=run_scan)
-    r = ssub.add_parser("resume", help="restore a session to the state before its interrupted compaction "
-                                       "and print the messages that compaction started from")
+    r = ssub.add_parser(
+        "resume",
+        help="restore a session to the state before its interrupted compaction "
+        "and print the messages that compaction started from",
+    )
     r.add_argument("session", metavar="DIR")
     r.add_argument("--output", default="-", help="where to write the messages (default: stdout)")
     r.set_defaults(func=run_resume)

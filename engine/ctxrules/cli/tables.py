@@ -16,6 +16,16 @@ def _table(rows: list[list[str]], right: set[int]) -> list[str]:
     return out
 
 
+def read_back_command(report: dict[str, Any], vault_id: str) -> str:
+    """The command that prints a vault item of this run, from any directory: it names the
+    session, whose vault holds the item (a bare id only works from the run's directory)."""
+    import shlex
+
+    session = (report.get("session") or {}).get("path")
+    where = f" --session {shlex.quote(str(session))}" if session else ""
+    return f"ctxrules vault get {vault_id[:12]}{where}"
+
+
 def report_table(report: dict[str, Any]) -> str:
     b, a, m, bud = report["before"], report["after"], report["model"], report["budget"]
     est = " (estimate)" if m["tokens_are_estimates"] else ""
@@ -30,15 +40,24 @@ def report_table(report: dict[str, Any]) -> str:
         lines.append(f"reused the previous compaction of {report['reused_messages']} messages")
     rows = [["stage", "type", "ran", "tokens before", "after", "saved", "ms", "actions / why not"]]
     for s in report["stages"]:
-        why = s.get("error") or s.get("skipped") or ", ".join(
-            sorted({a["kind"] for a in s["actions"]})) or "-"
-        rows.append([s["id"], s["type"], "yes" if s["ran"] else "no", str(s["tokens_before"]),
-                     str(s["tokens_after"]), str(s["tokens_before"] - s["tokens_after"]),
-                     f"{s['ms']:.1f}", why])
+        why = s.get("error") or s.get("skipped") or ", ".join(sorted({a["kind"] for a in s["actions"]})) or "-"
+        rows.append(
+            [
+                s["id"],
+                s["type"],
+                "yes" if s["ran"] else "no",
+                str(s["tokens_before"]),
+                str(s["tokens_after"]),
+                str(s["tokens_before"] - s["tokens_after"]),
+                f"{s['ms']:.1f}",
+                why,
+            ]
+        )
     lines.append("")
     lines.extend(_table(rows, {3, 4, 5, 6}))
     if report["vault_items"]:
-        lines.append(f"\nvault items: {len(report['vault_items'])}")
+        lines.append(f"\nvault items: {len(report['vault_items'])} (read back with the command beside each)")
+        lines.extend(f"  {vid[:12]}  {read_back_command(report, vid)}" for vid in report["vault_items"])
     for w in report["warnings"]:
         lines.append(f"warning: {w}")
     return "\n".join(lines) + "\n"

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ctxrules.cli.io import add_search_path
 from ctxrules.compressors.testing import run_compressor_tests
 from ctxrules.engine import Engine
 from ctxrules.errors import PackError
@@ -15,12 +16,18 @@ from ctxrules.validation.validate import collect_files
 
 
 def register(sub: Any) -> None:
-    p = sub.add_parser("test", help="run the tests packs carry",
-                       description="Run pack-level test cases (tests:) of each PACK (a file, a folder "
-                                   "searched for pack files, or builtin:NAME). Exit 1 when a case fails.")
+    p = sub.add_parser(
+        "test",
+        help="run the tests packs carry",
+        description="Run the test cases each PACK (a file, a folder searched for pack "
+        "files, or builtin:NAME) declares in its own file: pack-level "
+        "cases (tests:) and its compressors' inline tests. Exit 1 when a "
+        "case fails.",
+    )
     p.add_argument("packs", nargs="+", metavar="PACK")
-    p.add_argument("--require-tests", action="store_true",
-                   help="fail a pack whose own file declares no test cases")
+    p.add_argument("--inherited", action="store_true", help="also run the cases the packs it extends declare")
+    p.add_argument("--require-tests", action="store_true", help="fail a pack whose own file declares no test cases")
+    add_search_path(p)
     p.set_defaults(func=run)
 
 
@@ -34,20 +41,22 @@ def _expand(refs: list[str]) -> list[str]:
     return out
 
 
-def _compressor_cases(engine: Any, require_tests: bool,
-                      seen: set[tuple[str, str, str]]) -> list[Any]:
+def _compressor_cases(engine: Any, require_tests: bool, inherited: bool, seen: set[tuple[str, str, str]]) -> list[Any]:
     """The inline tests of the pack's compressors (ctxrules.compressors.testing); a test that
     several packs inherit (each fragment and builtin:default) runs once per invocation."""
     out: list[CaseResult] = []
-    cases = run_compressor_tests(engine.pack, require_tests=require_tests, registry=engine.registry)
+    cases = run_compressor_tests(
+        engine.pack, require_tests=require_tests, registry=engine.registry, inherited=inherited
+    )
     for case in cases:
         key = (case.source, case.compressor, case.id)
         if key in seen:
             continue
         seen.add(key)
         status = "passed" if case.passed else "failed"
-        out.append(CaseResult(f"compressor:{case.compressor}", case.id, status, case.message,
-                              case.ms, kind="compressor"))
+        out.append(
+            CaseResult(f"compressor:{case.compressor}", case.id, status, case.message, case.ms, kind="compressor")
+        )
     return out
 
 
@@ -57,17 +66,20 @@ def run(args: argparse.Namespace) -> int:
     for ref in _expand(args.packs):
         shown = ref if ref.startswith("builtin:") else Path(ref).as_posix()
         try:
-            engine = Engine.load(ref)
+            engine = Engine.load(ref, search_path=args.search_path)
         except PackError as exc:
             results.append(CaseResult(shown, "(load)", "failed", str(exc)))
             continue
         own = engine.pack.docs.get(engine.pack.files[-1]) if engine.pack.files else None
         declared = bool(own and isinstance(own.data, dict) and own.data.get("tests"))
         # A compressor fragment's tests are its compressors' inline tests.
-        declared = declared or bool(own and isinstance(own.data, dict) and any(
-            isinstance(c, dict) and c.get("tests") for c in own.data.get("compressors") or []))
-        cases = run_pack_tests(engine)
-        cases.extend(_compressor_cases(engine, args.require_tests, seen))
+        declared = declared or bool(
+            own
+            and isinstance(own.data, dict)
+            and any(isinstance(c, dict) and c.get("tests") for c in own.data.get("compressors") or [])
+        )
+        cases = run_pack_tests(engine, inherited=args.inherited)
+        cases.extend(_compressor_cases(engine, args.require_tests, args.inherited, seen))
         if args.require_tests and not declared:
             cases.append(CaseResult(engine.pack.name, "(tests)", "failed", f"{shown} declares no tests"))
         results.extend(cases)

@@ -1,10 +1,11 @@
-"""``ctxrules usage add|show|reset``: record model usage in the ledgers and show spend.
+"""``ctxrules usage add|show|reset|report``: record model usage in the ledgers and show spend.
 
 ``add`` records one successful call (counts as options, or a provider response / usage JSON
 with ``--response``); a failed call (``--failed``, or an error body) records nothing.
 ``show`` prints the session (root task), today's and the goal's totals, and with ``--pack``
 the budget level, burn rate and ETA. ``reset`` starts a budget dimension afresh (the history
-stays in the ledger). See docs/budgets.md.
+stays in the ledger). ``report`` draws the usage dashboard from the day ledgers. See
+docs/budgets.md.
 """
 
 from __future__ import annotations
@@ -14,11 +15,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ctxrules.budget.dashboard import Period, load_calls, render_dashboard, summary_text
 from ctxrules.budget.ledger import Totals
 from ctxrules.budget.policy import BudgetPolicy
 from ctxrules.budget.tracker import SessionLedger
 from ctxrules.budget.usage import TokenUsage, is_failed_response
-from ctxrules.cli.io import dump, read_json
+from ctxrules.cli.io import add_search_path, dump, read_json, write_text
 from ctxrules.errors import UsageError
 from ctxrules.packs.validated import load_pack
 from ctxrules.session_store import state_root_from_env
@@ -52,9 +54,7 @@ def register(sub: Any) -> None:
             metavar="N",
             help=f"{kind} tokens" + (" (default: prompt + completion)" if kind == "total" else ""),
         )
-    a.add_argument(
-        "--response", metavar="FILE", help="a response or usage JSON file ('-' for stdin)"
-    )
+    a.add_argument("--response", metavar="FILE", help="a response or usage JSON file ('-' for stdin)")
     a.add_argument(
         "--shape",
         default="auto",
@@ -62,18 +62,14 @@ def register(sub: Any) -> None:
         help="the shape of --response (default: recognized by its keys)",
     )
     a.add_argument("--failed", action="store_true", help="the call failed: record nothing")
-    a.add_argument(
-        "--tier", help="the router tier the call was made at (simple, standard, reasoning)"
-    )
+    a.add_argument("--tier", help="the router tier the call was made at (simple, standard, reasoning)")
     a.add_argument(
         "--service-tier",
         default="standard",
         choices=["standard", "priority", "flex", "batch"],
         help="the provider's service tier (its prices apply)",
     )
-    a.add_argument(
-        "--at", type=float, metavar="EPOCH", help="when the call was made (default: now)"
-    )
+    a.add_argument("--at", type=float, metavar="EPOCH", help="when the call was made (default: now)")
     a.add_argument("--json", action="store_true", help="print the ledger record as JSON")
     a.set_defaults(func=run_add)
 
@@ -103,17 +99,57 @@ def register(sub: Any) -> None:
     r.add_argument("--dimension", required=True, choices=["session", "day", "goal"])
     r.set_defaults(func=run_reset)
 
+    d = usub.add_parser(
+        "report",
+        help="a usage dashboard from the day ledgers (one self-contained HTML page)",
+        description="Daily spend, a drill-down per session, a per-model breakdown, an hour x "
+        "weekday heatmap, per-agent cards with sparklines and requests per routing tier, from "
+        "every call the state root's day ledgers hold (UTC).",
+    )
+    d.add_argument("--state", metavar="DIR", help="state root (default: .ctxrules or $CTXRULES_STATE)")
+    d.add_argument(
+        "--days", type=_count, default=30, metavar="N", help="how many days, up to today (default 30; e.g. 7, 30, 365)"
+    )
+    d.add_argument("--until", metavar="YYYY-MM-DD", help="the last day shown (default: today, UTC)")
+    d.add_argument("--html", metavar="OUT", help="write the page here (else a text summary)")
+    d.set_defaults(func=run_report)
+
+
+def run_report(args: argparse.Namespace) -> int:
+    from datetime import UTC, date, datetime
+
+    if args.days < 1:
+        raise UsageError("--days must be at least 1")
+    state = Path(args.state) if args.state else state_root_from_env()
+    if not state.is_dir():
+        raise UsageError(f"{state}: no such state root (give --state DIR)")
+    if args.until:
+        try:
+            last = date.fromisoformat(args.until)
+        except ValueError:
+            raise UsageError(f"--until {args.until!r} is not a date (YYYY-MM-DD)") from None
+    else:
+        last = datetime.now(UTC).date()
+    period = Period(last, args.days)
+    calls, bad = load_calls(state, period)
+    if args.html:
+        write_text(args.html, render_dashboard(calls, period, state_root=str(state), bad_lines=bad))
+        sys.stdout.write(f"wrote {args.html}: {len(calls)} call(s) over {args.days} day(s)\n")
+    else:
+        sys.stdout.write(summary_text(calls, period))
+    return 0
+
 
 def _scope(p: argparse.ArgumentParser) -> None:
     p.add_argument("--session", metavar="DIR", help="session directory (default: STATE/default)")
     p.add_argument(
         "--state",
         metavar="DIR",
-        help="state root with day and goal ledgers "
-        "(default: the session's parent, else .ctxrules or $CTXRULES_STATE)",
+        help="state root with day and goal ledgers (default: the session's parent, else .ctxrules or $CTXRULES_STATE)",
     )
     p.add_argument("--goal", help="the goal the calls count against")
     p.add_argument("--pack", help="pack whose budgets: (limits, prices, time zone) apply")
+    add_search_path(p)
 
 
 def _count(text: str) -> int:
@@ -129,7 +165,7 @@ def _count(text: str) -> int:
 def _ledger(args: argparse.Namespace) -> Any:
     policy = BudgetPolicy()
     if args.pack:
-        policy = BudgetPolicy.from_pack(load_pack(args.pack).data)
+        policy = BudgetPolicy.from_pack(load_pack(args.pack, search_path=args.search_path).data)
     if args.session:
         session = Path(args.session)
         state = Path(args.state) if args.state else None
@@ -160,9 +196,7 @@ def run_add(args: argparse.Namespace) -> int:
     if args.response:
         source = read_json(args.response)
         if is_failed_response(source):
-            sys.stdout.write(
-                "not recorded: the response is an error (a failed call records no usage)\n"
-            )
+            sys.stdout.write("not recorded: the response is an error (a failed call records no usage)\n")
             return 0
     elif given:
         source = TokenUsage.of(**given)
@@ -198,9 +232,7 @@ def run_show(args: argparse.Namespace) -> int:
     data: dict[str, Any] = {
         "session": {"path": str(ledger.dir), "root": ledger.root_id, **status.totals.as_dict()},
         "day": {"date": day_label, "timezone": ledger.policy.timezone, **Totals.of(day).as_dict()},
-        "goal": None
-        if not ledger.goal
-        else {"goal": ledger.goal, **Totals.of(ledger.goal_entries()).as_dict()},
+        "goal": None if not ledger.goal else {"goal": ledger.goal, **Totals.of(ledger.goal_entries()).as_dict()},
         "budget": status.as_dict(),
         "days": _days(ledger, now, args.days),
     }
@@ -216,9 +248,7 @@ def _days(ledger: Any, now: float, n: int) -> list[dict[str, Any]]:
     for i in range(n):
         entries, label = ledger.day_entries(now - 86_400 * i)
         t = Totals.of(entries)
-        out.append(
-            {"date": label, "calls": t.calls, "tokens": t.tokens.total, "usd": round(t.usd, 10)}
-        )
+        out.append({"date": label, "calls": t.calls, "tokens": t.tokens.total, "usd": round(t.usd, 10)})
     return out
 
 
@@ -259,9 +289,7 @@ def _render(data: dict[str, Any]) -> str:
             f"({d['share']:.0%}) {d['level'].upper()}, ETA {eta}"
         )
     for day in data["days"]:
-        lines.append(
-            f"  {day['date']}: {day['calls']} calls, {day['tokens']:,} tokens, ${day['usd']:.6f}"
-        )
+        lines.append(f"  {day['date']}: {day['calls']} calls, {day['tokens']:,} tokens, ${day['usd']:.6f}")
     return "\n".join(lines) + "\n"
 
 

@@ -17,10 +17,13 @@ def register(sub: Any) -> None:
     p = sub.add_parser("vault", help="read what stages moved out of the context")
     vsub = p.add_subparsers(dest="vault_verb", metavar="ACTION", parser_class=type(p))
     vsub.required = True
-    g = vsub.add_parser("get", help="print a vault item's exact bytes",
-                        description="Print the exact original bytes of a vault item. ID is the full "
-                                    "sha256 or a unique prefix of at least 12 hex digits; a marker's "
-                                    "ref (vault://ID#L3-L9) is accepted too.")
+    g = vsub.add_parser(
+        "get",
+        help="print a vault item's exact bytes",
+        description="Print the exact original bytes of a vault item. ID is the full "
+        "sha256 or a unique prefix of at least 12 hex digits; a marker's "
+        "ref (vault://ID#L3-L9) is accepted too.",
+    )
     g.add_argument("id", metavar="ID")
     g.add_argument("--lines", help="only lines A:B (1-based, inclusive)")
     g.add_argument("--session", help="session directory (default: search every session under the state root)")
@@ -47,7 +50,12 @@ def run_get(args: argparse.Namespace) -> int:
             raise UsageError(f"no such session directory: {args.session}")
     else:
         root = Path(args.state) if args.state else state_root_from_env()
-        candidates = sorted(p.parent for p in root.glob("*/vault")) if root.is_dir() else []
+        # A session whose vault was removed still counts: its items are "missing".
+        candidates = (
+            sorted({p.parent for name in ("vault", "state.json") for p in root.glob(f"*/{name}")})
+            if root.is_dir()
+            else []
+        )
         if not candidates:
             raise UsageError(f"no sessions under {root}; give --session DIR")
     errors = []
@@ -63,4 +71,4 @@ def run_get(args: argparse.Namespace) -> int:
         return 0
     if len(candidates) == 1:
         raise UsageError(errors[0])
-    raise UsageError(f"vault item {ident} not found in {len(candidates)} sessions")
+    raise UsageError(f"vault item {ident} is missing from all {len(candidates)} sessions (not found)")

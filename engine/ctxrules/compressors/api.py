@@ -19,12 +19,14 @@ from typing import TYPE_CHECKING, Any
 from ctxrules.compressors.apply import apply_rule, is_failure
 from ctxrules.compressors.argv import parse_command
 from ctxrules.compressors.rules import CompressorError, compile_rules, select_rule
+from ctxrules.patterns import Pattern, PatternTimeout
+from ctxrules.patterns import compile as patterns_compile
 
 if TYPE_CHECKING:
     from ctxrules.plugins import Registry
     from ctxrules.vault import Vault
 
-__all__ = ["CompressResult", "CompressorError", "compress_text", "compress_tool_output", "text_id"]
+__all__ = ["CompressResult", "CompressorError", "CompressorSkipped", "compress_text", "compress_tool_output", "text_id"]
 
 
 @dataclass(frozen=True)
@@ -57,7 +59,7 @@ def text_id(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
 
 
-def _exit_code_patterns(pack: Mapping[str, Any]) -> tuple[re.Pattern[str], ...]:
+def _exit_code_patterns(pack: Mapping[str, Any]) -> tuple[Pattern, ...]:
     """The pack's ``tools.exit_code`` regexes (validated already; a bad one is skipped)."""
     tools = pack.get("tools")
     patterns = tools.get("exit_code") if isinstance(tools, Mapping) else None
@@ -67,11 +69,11 @@ def _exit_code_patterns(pack: Mapping[str, Any]) -> tuple[re.Pattern[str], ...]:
 
 
 @lru_cache(maxsize=32)
-def _compiled(patterns: tuple[str, ...]) -> tuple[re.Pattern[str], ...]:
+def _compiled(patterns: tuple[str, ...]) -> tuple[Pattern, ...]:
     out = []
     for pattern in patterns:
         try:
-            out.append(re.compile(pattern))
+            out.append(patterns_compile(pattern))
         except re.error:
             continue
     return tuple(out)
@@ -108,20 +110,35 @@ def compress_text(
     hit = _RESULTS.get(key)
     if hit is not None and hit[0] is rules:
         return hit[1]
-    result = _compress_uncached(rules, pack, command, output, exit_code, vault_id=vault_id,
-                                lossless=lossless, rule_id=rule_id)
+    result = _compress_uncached(
+        rules, pack, command, output, exit_code, vault_id=vault_id, lossless=lossless, rule_id=rule_id
+    )
     if len(_RESULTS) >= _RESULTS_LIMIT:
         _RESULTS.clear()
     _RESULTS[key] = (rules, result)
     return result
 
 
+class CompressorSkipped(CompressorError):
+    """A rule's pattern timed out on this output (see :mod:`ctxrules.patterns`): nothing is
+    compressed, and the caller keeps the original."""
+
+
 _RESULTS: dict[tuple[Any, ...], tuple[Any, CompressResult | None]] = {}
 _RESULTS_LIMIT = 8192
 
 
-def _compress_uncached(rules: Any, pack: Mapping[str, Any], command: str, output: str, exit_code: int | None,
-                       *, vault_id: str | None, lossless: bool, rule_id: str | None) -> CompressResult | None:
+def _compress_uncached(
+    rules: Any,
+    pack: Mapping[str, Any],
+    command: str,
+    output: str,
+    exit_code: int | None,
+    *,
+    vault_id: str | None,
+    lossless: bool,
+    rule_id: str | None,
+) -> CompressResult | None:
     parsed = parse_command(command or "")
     failed = is_failure(exit_code, output)
     if rule_id is not None:
@@ -134,16 +151,19 @@ def _compress_uncached(rules: Any, pack: Mapping[str, Any], command: str, output
         rule = select_rule(rules, parsed, exit_code, failed)
         if rule is None:
             return None
-    applied = apply_rule(
-        rule,
-        output,
-        command=command or "",
-        argv=parsed.argv if parsed else (),
-        exit_code=exit_code,
-        vault_id=vault_id or text_id(output),
-        lossless=lossless,
-        keep=_exit_code_patterns(pack),
-    )
+    try:
+        applied = apply_rule(
+            rule,
+            output,
+            command=command or "",
+            argv=parsed.argv if parsed else (),
+            exit_code=exit_code,
+            vault_id=vault_id or text_id(output),
+            lossless=lossless,
+            keep=_exit_code_patterns(pack),
+        )
+    except PatternTimeout as exc:  # the output stays as it is; the next call skips at once
+        raise CompressorSkipped(f"compressor '{rule.id}' skipped: {exc}") from None
     after = len(applied.text.encode("utf-8", "surrogatepass")) + MARKER_SURCHARGE * applied.markers
     if after >= len(output.encode("utf-8", "surrogatepass")):
         return None

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from ctxrules.compressors.failures import failure_lines
 from ctxrules.compressors.lines import Line, Lines, RunInfo
 from ctxrules.compressors.rules import CompiledRule, CompressorError
+from ctxrules.patterns import Pattern, PatternTimeout
 from ctxrules.vault import format_marker
 
 __all__ = ["FAILURE_TEXT", "Applied", "apply_rule", "looks_failed", "split_output"]
@@ -83,12 +84,11 @@ def _run_steps(rule: CompiledRule, items: list[str], run: RunInfo) -> list[str]:
     for index, step in enumerate(rule.steps, 1):
         try:
             result = step.run(Lines(items, run))
-        except CompressorError:
-            raise
+        except (CompressorError, PatternTimeout):
+            raise  # a timed-out pack pattern skips the rule (compressors.api)
         except Exception as exc:  # an action bug must name itself, not surface as a traceback
             raise CompressorError(
-                f"compressor '{rule.id}', step {index} ({step.action}) failed: "
-                f"{type(exc).__name__}: {exc}"
+                f"compressor '{rule.id}', step {index} ({step.action}) failed: {type(exc).__name__}: {exc}"
             ) from exc
         if not isinstance(result, list | tuple) or not all(isinstance(x, str) for x in result):
             raise CompressorError(
@@ -175,7 +175,7 @@ def apply_rule(
     exit_code: int | None,
     vault_id: str,
     lossless: bool = False,
-    keep: Sequence[re.Pattern[str]] = (),
+    keep: Sequence[Pattern] = (),
 ) -> Applied:
     """The compressed output of ``rule`` on ``output``, with the engine's rules enforced."""
     originals, trailing = split_output(output)
@@ -189,9 +189,7 @@ def apply_rule(
         if isinstance(item, Line):
             for a, b in item.ranges() if item.also else (item.src,):
                 if not 1 <= a <= b <= n:
-                    raise CompressorError(
-                        f"compressor '{rule.id}': a line claims original lines {a}-{b} of {n}"
-                    )
+                    raise CompressorError(f"compressor '{rule.id}': a line claims original lines {a}-{b} of {n}")
                 shown[a : b + 1] = b"\x01" * (b - a + 1)
 
     placer = _Placer(items)
@@ -237,14 +235,10 @@ def apply_rule(
         hidden_failures.sort()
 
     missing = [i for i in range(1, n + 1) if not shown[i]]
-    runs = [
-        r for r in _runs(missing) if any(originals[i - 1].strip() for i in range(r[0], r[1] + 1))
-    ]
+    runs = [r for r in _runs(missing) if any(originals[i - 1].strip() for i in range(r[0], r[1] + 1))]
     runs = _coalesce(runs, rule.max_markers)
     for first, last, count in runs:
-        inside = bisect.bisect_right(hidden_failures, last) - bisect.bisect_left(
-            hidden_failures, first
-        )
+        inside = bisect.bisect_right(hidden_failures, last) - bisect.bisect_left(hidden_failures, first)
         extra = {"failures": inside} if inside else {}
         marker = format_marker("lines", count, vault_id, lines=(first, last), **extra)
         inserts.append((placer.position(first), first - 0.5, marker))

@@ -175,9 +175,7 @@ def _strip_heredocs(command: str) -> str:
 
 
 def _words(command: str) -> list[str]:
-    lexer = shlex.shlex(
-        _strip_comments(_strip_heredocs(command)), posix=True, punctuation_chars=_PUNCT
-    )
+    lexer = shlex.shlex(_strip_comments(_strip_heredocs(command)), posix=True, punctuation_chars=_PUNCT)
     lexer.whitespace = " \t\r"
     lexer.whitespace_split = True
     lexer.commenters = ""
@@ -302,9 +300,7 @@ def _shell_script(argv: list[str]) -> str | None:
         if arg == "--":
             i += 1
             break
-        if arg in ("-c", "--command") or (
-            len(arg) > 1 and arg[0] == "-" and arg[1] != "-" and "c" in arg[1:]
-        ):
+        if arg in ("-c", "--command") or (len(arg) > 1 and arg[0] == "-" and arg[1] != "-" and "c" in arg[1:]):
             wants_script = True
         elif not (arg.startswith(("-", "+")) and len(arg) > 1):
             break

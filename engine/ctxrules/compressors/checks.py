@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from ctxrules.diagnostics import Reporter, did_you_mean
+from ctxrules.validation.regexes import check_pattern, format_checker, pattern_problem, regex_values
 
 if TYPE_CHECKING:
     from ctxrules.plugins import Registry
@@ -26,9 +27,7 @@ if TYPE_CHECKING:
 __all__ = ["check_compressors"]
 
 
-def _check_step(
-    rep: Reporter, registry: Registry, rule_id: str, step: Mapping[str, Any], base: str
-) -> None:
+def _check_step(rep: Reporter, registry: Registry, rule_id: str, step: Mapping[str, Any], base: str) -> None:
     import jsonschema
 
     name = step.get("use")
@@ -40,17 +39,16 @@ def _check_step(
             "CR061",
             f"compressor '{rule_id}': unknown action '{name}'",
             f"{base}/use",
-            did_you_mean(name, list(registry.actions))
-            or "actions: " + ", ".join(sorted(registry.actions)),
+            did_you_mean(name, list(registry.actions)) or "actions: " + ", ".join(sorted(registry.actions)),
         )
         return
     options = step.get("with", {})
     if not isinstance(options, Mapping):
         return  # the schema reports the wrong type
-    validator = jsonschema.Draft202012Validator(
-        dict(action.options_schema), format_checker=jsonschema.FormatChecker(["regex"])
-    )
+    validator = jsonschema.Draft202012Validator(dict(action.options_schema), format_checker=format_checker())
     errors = list(validator.iter_errors(dict(options)))
+    for ptr, pattern in regex_values(action.options_schema, options, f"{base}/with"):
+        check_pattern(rep, pattern, ptr, report_errors=False)
     for err in errors:
         ptr = f"{base}/with" + "".join(f"/{p}" for p in err.absolute_path)
         if err.validator == "additionalProperties":
@@ -61,25 +59,15 @@ def _check_step(
                     f"action '{name}' has no option '{key}'",
                     f"{ptr}/{key}",
                     did_you_mean(key, known)
-                    or (
-                        "options: " + ", ".join(known) if known else "this action takes no options"
-                    ),
+                    or ("options: " + ", ".join(known) if known else "this action takes no options"),
+                    at_key=True,
                 )
         elif err.validator == "format":
-            import re
-
-            try:
-                re.compile(err.instance)
-            except re.error as exc:
-                detail = str(exc)
-            else:  # pragma: no cover - the format checker and re agree
-                detail = "invalid"
+            detail = pattern_problem(err.instance) or "invalid"
             rep.add("CR070", f"regular expression {err.instance!r} does not compile: {detail}", ptr)
         elif err.validator == "required":
             missing = [k for k in err.validator_value if k not in err.instance]
-            rep.add(
-                "CR061", f"action '{name}' needs option '{missing[0] if missing else '?'}'", ptr
-            )
+            rep.add("CR061", f"action '{name}' needs option '{missing[0] if missing else '?'}'", ptr)
         else:
             where = ptr[len(base) + 5 :].lstrip("/") or "with"
             rep.add("CR061", f"option {where} of action '{name}': {err.message}", ptr)

@@ -32,9 +32,7 @@ class Line(str):
     """Further ranges the line stands for, away from ``src`` (a directory's names gathered on
     one line from wherever they were); empty for almost every line."""
 
-    def __new__(
-        cls, text: str, src: tuple[int, int], also: tuple[tuple[int, int], ...] = ()
-    ) -> Line:
+    def __new__(cls, text: str, src: tuple[int, int], also: tuple[tuple[int, int], ...] = ()) -> Line:
         obj = super().__new__(cls, text)
         obj.src = src
         obj.also = also

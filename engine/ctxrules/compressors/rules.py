@@ -94,9 +94,7 @@ class ArgvPattern:
             pos = positionals(argv)
             if len(pos) < len(self.subcommands):
                 return False
-            if not all(
-                _glob_any(arg, alts) for arg, alts in zip(pos, self.subcommands, strict=False)
-            ):
+            if not all(_glob_any(arg, alts) for arg, alts in zip(pos, self.subcommands, strict=False)):
                 return False
         if self.flags:
             options = [a for a in argv[1:] if a.startswith("-")]
@@ -144,16 +142,13 @@ def _build_steps(rule_id: str, steps: Sequence[Any], registry: Registry) -> tupl
     built: list[Step] = []
     for i, step in enumerate(steps):
         if not isinstance(step, Mapping) or not isinstance(step.get("use"), str):
-            raise CompressorError(
-                f"compressor '{rule_id}', step {i + 1}: a step is {{use: ACTION, with: {{...}}}}"
-            )
+            raise CompressorError(f"compressor '{rule_id}', step {i + 1}: a step is {{use: ACTION, with: {{...}}}}")
         name = step["use"]
         action = registry.actions.get(name)
         if action is None:
             hint = did_you_mean(name, list(registry.actions))
             raise CompressorError(
-                f"compressor '{rule_id}', step {i + 1}: unknown action '{name}'"
-                + (f"; {hint}" if hint else "")
+                f"compressor '{rule_id}', step {i + 1}: unknown action '{name}'" + (f"; {hint}" if hint else "")
             )
         options = dict(step.get("with") or {})
         try:
@@ -181,9 +176,7 @@ def _compile(compressors: list[Any], registry: Registry) -> tuple[CompiledRule, 
         try:
             failures = compile_failures(patterns)
         except (re.error, ValueError) as exc:  # validate reports it as CR130 with the pointer
-            raise CompressorError(
-                f"compressor '{rule_id}': failure pattern does not compile: {exc}"
-            ) from exc
+            raise CompressorError(f"compressor '{rule_id}': failure pattern does not compile: {exc}") from exc
         rules.append(
             CompiledRule(
                 id=rule_id,
@@ -225,9 +218,7 @@ def compile_rules(pack: Mapping[str, Any], registry: Registry) -> tuple[Compiled
 
 def _compile_cached(compressors: list[Any], registry: Registry) -> tuple[CompiledRule, ...]:
     stripped = [
-        {k: v for k, v in c.items() if k not in ("tests", "description")}
-        if isinstance(c, Mapping)
-        else c
+        {k: v for k, v in c.items() if k not in ("tests", "description")} if isinstance(c, Mapping) else c
         for c in compressors
     ]
     key = (id(registry), json.dumps(stripped, sort_keys=True, default=str))

@@ -74,26 +74,17 @@ def _count_tokens(text: str) -> int:
     return TokenCounter.for_model(lookup_model(TOKEN_MODEL)).count_text(text)
 
 
-def check_invariants(
-    original: str, output: str, exit_code: int | None, vault_id: str, failure_tail: int
-) -> list[str]:
+def check_invariants(original: str, output: str, exit_code: int | None, vault_id: str, failure_tail: int) -> list[str]:
     """The engine's truthfulness rules, checked from the outside (empty list: all hold)."""
     problems: list[str] = []
-    if len(output.encode("utf-8", "surrogatepass")) > len(
-        original.encode("utf-8", "surrogatepass")
-    ):
+    if len(output.encode("utf-8", "surrogatepass")) > len(original.encode("utf-8", "surrogatepass")):
         problems.append("the output is larger than the input")
     total = len(split_output(original)[0])
     for marker in parse_markers(output):
         if marker.vault_id != vault_id:
-            problems.append(
-                f"marker points at {marker.vault_id}, not at the full output {vault_id}"
-            )
+            problems.append(f"marker points at {marker.vault_id}, not at the full output {vault_id}")
         elif marker.lines is not None and marker.lines[1] > total:
-            problems.append(
-                f"marker range L{marker.lines[0]}-L{marker.lines[1]} is past the "
-                f"output's {total} lines"
-            )
+            problems.append(f"marker range L{marker.lines[0]}-L{marker.lines[1]} is past the output's {total} lines")
     ours = sum(1 for m in parse_markers(output) if m.vault_id == vault_id)
     if output.count("[ctxrules:elided") - ours > original.count("[ctxrules:elided"):
         problems.append("the output holds a marker that does not parse")
@@ -143,15 +134,17 @@ def _origin_path(pack: ResolvedPack, origins: Mapping[str, Origin], pointer: str
     return pack.real_paths.get(shown, Path(shown))
 
 
-def _read_input(
-    pack: ResolvedPack, origins: Mapping[str, Origin], pointer: str, relative: str
-) -> str:
+def _read_input(pack: ResolvedPack, origins: Mapping[str, Origin], pointer: str, relative: str) -> str:
+    from ctxrules.packs.confine import MAX_INPUT_BYTES, FileRefused, OutsideRoots, check_inside, read_limited
+
     base = _origin_path(pack, origins, pointer).parent
-    path = base / relative
     try:
-        raw = path.read_bytes()
+        path = check_inside(pack.roots, base, relative, "test input")
+        raw = read_limited(path, MAX_INPUT_BYTES, what=f"input {relative}")
+    except (OutsideRoots, FileRefused) as exc:
+        raise CtxrulesError(str(exc)) from None
     except FileNotFoundError:
-        raise CtxrulesError(f"input file not found: {relative} (looked for {path})") from None
+        raise CtxrulesError(f"input file not found: {relative} (looked for {base / relative})") from None
     except OSError as exc:
         raise CtxrulesError(f"cannot read input {relative}: {exc.strerror or exc}") from None
     return raw.decode("utf-8", "surrogateescape")
@@ -192,23 +185,17 @@ def _run_case(
         return fail(str(exc))
     command = case.get("command") or _default_command(rule)
     if not command:
-        return fail(
-            "give `command:`: the rule's argv has globs or alternatives, so there is no default"
-        )
+        return fail("give `command:`: the rule's argv has globs or alternatives, so there is no default")
     exit_code = case.get("exit_code", 0)
     parsed = parse_command(str(command))
     try:
         rules = compile_rules(pack.data, registry)
-        chosen = (
-            select_rule(rules, parsed, exit_code, is_failure(exit_code, text)) if parsed else None
-        )
+        chosen = select_rule(rules, parsed, exit_code, is_failure(exit_code, text)) if parsed else None
         if chosen is None or chosen.id != rule_id:
             what = f"compressor '{chosen.id}'" if chosen is not None else "no compressor"
             return fail(f"command {command!r} (exit {exit_code}) selects {what}, not '{rule_id}'")
         vault_id = text_id(text)
-        result = compress_text(
-            pack.data, str(command), text, exit_code, vault_id=vault_id, registry=registry
-        )
+        result = compress_text(pack.data, str(command), text, exit_code, vault_id=vault_id, registry=registry)
     except CompressorError as exc:
         return fail(str(exc))
     output = result.text if result is not None else text
@@ -236,21 +223,30 @@ def _run_case(
 
 
 def run_compressor_tests(
-    pack: ResolvedPack, *, require_tests: bool, registry: Registry
+    pack: ResolvedPack,
+    *,
+    require_tests: bool,
+    registry: Registry,
+    inherited: bool = True,
 ) -> list[CaseResult]:
     """Every inline test of every compressor in ``pack`` (resolved: inherited ones included),
-    with the actions of ``registry`` (the engine's, so that a plugin's actions are tested too).
+    with the actions of ``registry`` (the engine's, so that a plugin's actions are tested too);
+    with ``inherited=False`` only the tests the pack's own file declares.
 
-    With ``require_tests``, a compressor without tests yields one failed case ``<missing>``.
+    With ``require_tests``, a compressor without tests yields one failed case ``<missing>``
+    (without ``inherited``: only a compressor the pack's own file declares).
     """
+    from ctxrules.packtests import declared_in
+
     results: list[CaseResult] = []
     origins = pack.origins()
     for index, rule in enumerate(pack.data.get("compressors") or []):
         if not isinstance(rule, Mapping):
             continue
         cases = [c for c in rule.get("tests") or [] if isinstance(c, Mapping)]
+        mine = inherited or declared_in(pack, f"/compressors/{index}", origins)
         if not cases:
-            if require_tests:
+            if require_tests and mine:
                 origin = origins.get(f"/compressors/{index}")
                 results.append(
                     CaseResult(
@@ -263,6 +259,8 @@ def run_compressor_tests(
                 )
             continue
         for case_index, case in enumerate(cases):
+            if not (inherited or declared_in(pack, f"/compressors/{index}/tests/{case_index}", origins)):
+                continue
             started = time.perf_counter()
             result = _run_case(pack, origins, registry, index, rule, case_index, case)
             ms = (time.perf_counter() - started) * 1000

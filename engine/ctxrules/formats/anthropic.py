@@ -215,8 +215,7 @@ def _decode_assistant(where: str, content: str | list[Any], extra: dict[str, Any
         else:
             parts.append(block)
             layout.append(_C)
-    msg: Message = {"role": "assistant",
-                    "content": parts if parts or not (thinking or calls) else None}
+    msg: Message = {"role": "assistant", "content": parts if parts or not (thinking or calls) else None}
     if calls:
         msg["tool_calls"] = calls
     if thinking:
@@ -234,7 +233,8 @@ def _canonical(t: int, c: int, u: int) -> str:
 
 def _decode_call(block: Mapping[str, Any]) -> dict[str, Any]:
     call: dict[str, Any] = {
-        "id": block["id"], "type": "function",
+        "id": block["id"],
+        "type": "function",
         "function": {"name": block["name"], "arguments": json.dumps(block["input"], ensure_ascii=False)},
     }
     if CACHE in block:
@@ -266,8 +266,11 @@ def _decode_tool(where: str, tool: Mapping[str, Any]) -> dict[str, Any]:
 # --- encode ------------------------------------------------------------------------------------
 
 
-def encode(messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None = None,
-           request: Mapping[str, Any] | None = None) -> dict[str, Any]:
+def encode(
+    messages: Sequence[Mapping[str, Any]],
+    tools: Sequence[Mapping[str, Any]] | None = None,
+    request: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
     """An Anthropic request body from internal messages and tools. ``request``'s other keys
     (``model``, ``max_tokens``, ``thinking``, ...) are kept in their order; ``tools`` is written
     when given non-empty or when ``request`` had it."""
@@ -349,7 +352,8 @@ def _encode_part(part: Mapping[str, Any]) -> dict[str, Any]:
         url = image.get("url") if isinstance(image, Mapping) else image
         match = _DATA_URL.fullmatch(url) if isinstance(url, str) else None
         source: dict[str, Any] = (
-            {"type": "base64", "media_type": match["type"], "data": match["data"]} if match
+            {"type": "base64", "media_type": match["type"], "data": match["data"]}
+            if match
             else {"type": "url", "url": url}
         )
         block: dict[str, Any] = {"type": "image", "source": source}
@@ -360,8 +364,10 @@ def _encode_part(part: Mapping[str, Any]) -> dict[str, Any]:
         data = part["file"].get("file_data")
         match = _DATA_URL.fullmatch(data) if isinstance(data, str) else None
         if match:
-            return {"type": "document", "source": {"type": "base64", "media_type": match["type"],
-                                                   "data": match["data"]}}
+            return {
+                "type": "document",
+                "source": {"type": "base64", "media_type": match["type"], "data": match["data"]},
+            }
     return dict(part)
 
 
@@ -483,8 +489,9 @@ def strip_private(value: Any) -> Any:
 # --- validate ----------------------------------------------------------------------------------
 
 
-def validate(request: object, *, original: Mapping[str, Any] | None = None,
-             preserved_thinking: bool = False) -> list[Problem]:
+def validate(
+    request: object, *, original: Mapping[str, Any] | None = None, preserved_thinking: bool = False
+) -> list[Problem]:
     """The rules of Anthropic's Messages API that a request (as sent) breaks.
 
     - the first message is ``user``; roles alternate (only ``user``/``assistant``);
@@ -536,8 +543,10 @@ def validate(request: object, *, original: Mapping[str, Any] | None = None,
         results = [b for b in blocks if isinstance(b, Mapping) and b.get("type") == "tool_result"]
         answered = [b.get("tool_use_id") for b in results]
         if role == "user":
-            first_other = next((k for k, b in enumerate(blocks)
-                                if not (isinstance(b, Mapping) and b.get("type") == "tool_result")), len(blocks))
+            first_other = next(
+                (k for k, b in enumerate(blocks) if not (isinstance(b, Mapping) and b.get("type") == "tool_result")),
+                len(blocks),
+            )
             if any(isinstance(b, Mapping) and b.get("type") == "tool_result" for b in blocks[first_other:]):
                 problems.append(Problem(f"{where}.content", "tool_result blocks must come first in the turn"))
             for call_id in previous_calls:
@@ -563,20 +572,28 @@ def validate(request: object, *, original: Mapping[str, Any] | None = None,
                 if role != "assistant":
                     problems.append(Problem(f"{where}.content[{j}]", "tool_use in a user turn"))
                 if use_id in seen_ids:
-                    problems.append(Problem(f"{where}.content[{j}]",
-                                            f"tool_use id {use_id} reused (first at {seen_ids[use_id]})"))
+                    problems.append(
+                        Problem(f"{where}.content[{j}]", f"tool_use id {use_id} reused (first at {seen_ids[use_id]})")
+                    )
                 else:
                     seen_ids[use_id] = f"{where}.content[{j}]"
                 calls.append(use_id)
         previous_calls = calls if role == "assistant" else []
         previous_role = role if isinstance(role, str) else None
     if previous_calls:
-        problems.append(Problem(f"messages[{len(messages) - 1}]",
-                                "the request ends with unanswered tool_use (assistant prefill cannot call tools)"))
+        problems.append(
+            Problem(
+                f"messages[{len(messages) - 1}]",
+                "the request ends with unanswered tool_use (assistant prefill cannot call tools)",
+            )
+        )
     breakpoints = _count_cache(request.get("tools")) + _count_cache(request.get("system")) + _count_cache(messages)
     if breakpoints > MAX_BREAKPOINTS:
-        problems.append(Problem("", f"{breakpoints} cache_control breakpoints (at most {MAX_BREAKPOINTS}, "
-                                    "counting tools and system)"))
+        problems.append(
+            Problem(
+                "", f"{breakpoints} cache_control breakpoints (at most {MAX_BREAKPOINTS}, counting tools and system)"
+            )
+        )
     if original is not None:
         _check_thinking(request, original, preserved_thinking, problems)
     return problems
@@ -617,8 +634,12 @@ def _check_block(where: str, block: object, role: object, problems: list[Problem
         if isinstance(inner, list):
             for k, sub in enumerate(inner):
                 if not isinstance(sub, Mapping) or sub.get("type") not in _RESULT_CONTENT:
-                    problems.append(Problem(f"{where}.content[{k}]",
-                                            "tool_result content holds only text, image, document or search_result"))
+                    problems.append(
+                        Problem(
+                            f"{where}.content[{k}]",
+                            "tool_result content holds only text, image, document or search_result",
+                        )
+                    )
                 elif sub.get("type") == "text" and not sub.get("text"):
                     problems.append(Problem(f"{where}.content[{k}]", "text blocks must be non-empty"))
     elif kind == "tool_use" and not isinstance(block.get("input"), Mapping):
@@ -662,8 +683,9 @@ def _uncached(value: Any) -> Any:
     return value
 
 
-def _check_thinking(request: Mapping[str, Any], original: Mapping[str, Any], preserved: bool,
-                    problems: list[Problem]) -> None:
+def _check_thinking(
+    request: Mapping[str, Any], original: Mapping[str, Any], preserved: bool, problems: list[Problem]
+) -> None:
     before: dict[str, tuple[int, str]] = {}
     original_messages = list(original.get("messages") or [])
     for i, thinking in _thinking_turns(original):
@@ -683,15 +705,18 @@ def _check_thinking(request: Mapping[str, Any], original: Mapping[str, Any], pre
             at, exact = before[signature]
             if _canon(block) != exact:
                 problems.append(Problem(f"messages[{i}]", "a signed thinking block was edited"))
-            if preserved and (_canon(messages[:i]) != _canon(original_messages[:at])
-                              or _canon(request.get("system")) != _canon(original.get("system"))):
+            if preserved and (
+                _canon(messages[:i]) != _canon(original_messages[:at])
+                or _canon(request.get("system")) != _canon(original.get("system"))
+            ):
                 problems.append(Problem(f"messages[{i}]", "signed thinking kept after its prefix changed"))
     latest = _thinking_turns(original)
-    last_assistant = max((k for k, m in enumerate(original_messages)
-                          if isinstance(m, Mapping) and m.get("role") == "assistant"), default=None)
+    last_assistant = max(
+        (k for k, m in enumerate(original_messages) if isinstance(m, Mapping) and m.get("role") == "assistant"),
+        default=None,
+    )
     if latest and latest[-1][0] == last_assistant:
         want = [_canon(b) for b in latest[-1][1]]
-        kept = [t for t in _thinking_turns(request)
-                if [_canon(b) for b in t[1]] == want]
+        kept = [t for t in _thinking_turns(request) if [_canon(b) for b in t[1]] == want]
         if not kept:
             problems.append(Problem("messages", "the thinking of the latest assistant turn was changed or dropped"))

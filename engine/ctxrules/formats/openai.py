@@ -16,12 +16,14 @@ __all__ = ["decode", "encode", "validate"]
 def decode(request: object) -> Decoded:
     """Messages and tools of a list of messages or a ``{"messages": [...], ...}`` body."""
     messages, tools = split_input(request)
-    return Decoded(list(messages), None if tools is None else list(tools),
-                   dict(request) if isinstance(request, Mapping) else {})
+    return Decoded(
+        list(messages), None if tools is None else list(tools), dict(request) if isinstance(request, Mapping) else {}
+    )
 
 
-def encode(messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None,
-           request: Mapping[str, Any] | None) -> Any:
+def encode(
+    messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None, request: Mapping[str, Any] | None
+) -> Any:
     """The body in the shape it came in: a list for a list, else the object with its
     ``messages`` (and ``tools``, when it had them) replaced."""
     if request is None or not request:

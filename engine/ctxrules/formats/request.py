@@ -15,15 +15,23 @@ __all__ = ["prepare_request"]
 class _Preparer(Protocol):
     """What of a ``Session`` this module uses (a protocol: ``engine`` imports this module)."""
 
-    def prepare(self, messages: Any, tools: list[dict[str, Any]] | None = None, *,
-                clock: float | None = None, format: str = "openai") -> PrepareResult: ...
+    def prepare(
+        self,
+        messages: Any,
+        tools: list[dict[str, Any]] | None = None,
+        *,
+        clock: float | None = None,
+        format: str = "openai",
+    ) -> PrepareResult: ...
 
-    def _prepare_openai(self, messages: Any, tools: list[dict[str, Any]] | None,
-                        clock: float | None) -> PrepareResult: ...
+    def _prepare_openai(
+        self, messages: Any, tools: list[dict[str, Any]] | None, clock: float | None
+    ) -> PrepareResult: ...
 
 
-def prepare_request(session: _Preparer, request: Any, tools: list[dict[str, Any]] | None, *,
-                    clock: float | None, format: str) -> PrepareResult:
+def prepare_request(
+    session: _Preparer, request: Any, tools: list[dict[str, Any]] | None, *, clock: float | None, format: str
+) -> PrepareResult:
     """The whole request in ``format`` (or the detected one) through ``session``'s pipeline:
     the request is decoded completely before any stage runs (a request that does not decode
     is a ``FormatError``, nothing half-done), and ``result.body`` is the same format again."""
@@ -37,8 +45,7 @@ def prepare_request(session: _Preparer, request: Any, tools: list[dict[str, Any]
     if tools is not None:
         given = anthropic_format.decode({"messages": [], "tools": tools}).tools
     result = session._prepare_openai(decoded.messages, given, clock)
-    result.body = anthropic_format.encode(result.messages, result.tools if given is not None else None,
-                                          decoded.request)
+    result.body = anthropic_format.encode(result.messages, result.tools if given is not None else None, decoded.request)
     result.messages = anthropic_format.strip_private(result.messages)
     result.tools = anthropic_format.strip_private(result.tools)
     result.format = "anthropic"

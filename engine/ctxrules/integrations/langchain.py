@@ -27,7 +27,9 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+from ctxrules.engine import Engine
 from ctxrules.integrations import session_name
+from ctxrules.recall import PARAMETERS, RecallError, RecallSettings
 
 try:
     from langchain.agents.middleware import AgentMiddleware
@@ -89,12 +91,17 @@ class CtxrulesMiddleware(AgentMiddleware):
     :param recall: give the agent the recall tool and answer its calls.
     """
 
-    def __init__(self, pack: str | Path = "builtin:default", *, model: str,
-                 state: str | Path = ".ctxrules", window: int | None = None,
-                 session_id: str = DEFAULT_SESSION, recall: bool = True) -> None:
+    def __init__(
+        self,
+        pack: str | Path = "builtin:default",
+        *,
+        model: str,
+        state: str | Path = ".ctxrules",
+        window: int | None = None,
+        session_id: str = DEFAULT_SESSION,
+        recall: bool = True,
+    ) -> None:
         super().__init__()
-        from ctxrules.engine import Engine
-
         self.engine = Engine.load(pack)
         self.model_name = model
         self.state = Path(state)
@@ -112,8 +119,9 @@ class CtxrulesMiddleware(AgentMiddleware):
         with self._lock:
             session = self._sessions.get(name)
             if session is None:
-                session = self.engine.session(self.state / name, model=self.model_name,
-                                              window=self.window, state_root=self.state)
+                session = self.engine.session(
+                    self.state / name, model=self.model_name, window=self.window, state_root=self.state
+                )
                 self._sessions[name] = session
             return session
 
@@ -167,8 +175,6 @@ class CtxrulesMiddleware(AgentMiddleware):
     # --- the recall tool ---------------------------------------------------------------------
 
     def _recall_tool(self) -> Any:
-        from ctxrules.recall import PARAMETERS, RecallError, RecallSettings
-
         settings = RecallSettings.from_pack(self.engine.pack.data)
 
         def recall(id: str, lines: str | None = None) -> str:
@@ -182,5 +188,9 @@ class CtxrulesMiddleware(AgentMiddleware):
             return answer
 
         return StructuredTool.from_function(
-            func=recall, name=settings.name, description=settings.description,
-            args_schema=dict(PARAMETERS), handle_tool_error=True)
+            func=recall,
+            name=settings.name,
+            description=settings.description,
+            args_schema=dict(PARAMETERS),
+            handle_tool_error=True,
+        )

@@ -40,8 +40,9 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 try:
     from litellm.integrations.custom_logger import CustomLogger
 except ImportError as exc:  # pragma: no cover - litellm is a core dependency; a broken install
-    raise ImportError('ctxrules.integrations.litellm needs litellm and its proxy: '
-                      'pip install "ctxrules[litellm-proxy]"') from exc
+    raise ImportError(
+        'ctxrules.integrations.litellm needs litellm and its proxy: pip install "ctxrules[litellm-proxy]"'
+    ) from exc
 
 from ctxrules.integrations import session_name
 from ctxrules.logs import get_logger
@@ -65,9 +66,16 @@ class ContextHook(CustomLogger):
     model name is a proxy alias ctxrules does not know; ``on_error``: ``pass`` or ``reject``;
     ``max_sessions``: sessions kept open in memory (older ones reopen from disk)."""
 
-    def __init__(self, pack: str | Path = "builtin:default", state: str | Path = ".ctxrules", *,
-                 model: str | None = None, window: int | None = None,
-                 on_error: Literal["pass", "reject"] = "pass", max_sessions: int = 256) -> None:
+    def __init__(
+        self,
+        pack: str | Path = "builtin:default",
+        state: str | Path = ".ctxrules",
+        *,
+        model: str | None = None,
+        window: int | None = None,
+        on_error: Literal["pass", "reject"] = "pass",
+        max_sessions: int = 256,
+    ) -> None:
         super().__init__()
         from ctxrules.engine import Engine
 
@@ -87,8 +95,9 @@ class ContextHook(CustomLogger):
 
     # -- the hooks litellm calls (defined on this class: the proxy checks vars(cls)) ------------
 
-    async def async_pre_call_hook(self, user_api_key_dict: Any, cache: Any, data: dict[str, Any],
-                                  call_type: Any) -> dict[str, Any] | None:
+    async def async_pre_call_hook(
+        self, user_api_key_dict: Any, cache: Any, data: dict[str, Any], call_type: Any
+    ) -> dict[str, Any] | None:
         """Proxy: before the router picks a deployment. ``cache`` is the proxy's auth cache;
         nothing is kept there."""
         key = getattr(user_api_key_dict, "token", None) or getattr(user_api_key_dict, "api_key", None)
@@ -100,8 +109,9 @@ class ContextHook(CustomLogger):
         key = metadata.get("user_api_key_hash") or metadata.get("user_api_key")
         return await self._hook(kwargs, call_type, api_key=str(key) if key else None)
 
-    async def async_log_success_event(self, kwargs: dict[str, Any], response_obj: Any, start_time: Any,
-                                      end_time: Any) -> None:
+    async def async_log_success_event(
+        self, kwargs: dict[str, Any], response_obj: Any, start_time: Any, end_time: Any
+    ) -> None:
         """After a successful call (proxy and async SDK): its usage goes to the session's ledger,
         so the pack's budgets see what the calls cost."""
         await asyncio.to_thread(self._record, kwargs, response_obj)
@@ -115,8 +125,11 @@ class ContextHook(CustomLogger):
             params = kwargs.get("litellm_params")
             params = params if isinstance(params, Mapping) else {}
             metadata = {**_metadata(kwargs), **_metadata(params)}
-            probe = {"litellm_session_id": params.get("litellm_session_id") or kwargs.get("litellm_session_id"),
-                     "metadata": metadata, "proxy_server_request": params.get("proxy_server_request")}
+            probe = {
+                "litellm_session_id": params.get("litellm_session_id") or kwargs.get("litellm_session_id"),
+                "metadata": metadata,
+                "proxy_server_request": params.get("proxy_server_request"),
+            }
             raw = _session_id(probe)
             if raw is None:
                 return  # stateless: there is no session ledger to count against
@@ -168,19 +181,30 @@ class ContextHook(CustomLogger):
         except Exception as exc:
             self.stats["failed"] += 1
             if self.on_error == "reject":
-                raise _litellm_error("InternalServerError", f"ctxrules failed: {type(exc).__name__}: {exc}",
-                                     data) from None
-            self._log.warning("litellm.error", error=f"{type(exc).__name__}: {exc}",
-                              detail="the request goes on unchanged (on_error: pass)")
+                raise _litellm_error(
+                    "InternalServerError", f"ctxrules failed: {type(exc).__name__}: {exc}", data
+                ) from None
+            self._log.warning(
+                "litellm.error",
+                error=f"{type(exc).__name__}: {exc}",
+                detail="the request goes on unchanged (on_error: pass)",
+            )
             return data
         self.stats["prepared"] += 1
         self._remember(self._digest(kind, out))
-        self._log.debug("litellm.prepared", kind=kind, session=label, tokens_before=report["before"]["tokens"],
-                        tokens_after=report["after"]["tokens"], ms=round((time.perf_counter() - started) * 1000, 1))
+        self._log.debug(
+            "litellm.prepared",
+            kind=kind,
+            session=label,
+            tokens_before=report["before"]["tokens"],
+            tokens_after=report["after"]["tokens"],
+            ms=round((time.perf_counter() - started) * 1000, 1),
+        )
         return out
 
-    def _prepare(self, data: dict[str, Any], kind: Kind,
-                 api_key: str | None) -> tuple[dict[str, Any], str, dict[str, Any]]:
+    def _prepare(
+        self, data: dict[str, Any], kind: Kind, api_key: str | None
+    ) -> tuple[dict[str, Any], str, dict[str, Any]]:
         model = self.model or str(data.get("model") or "")
         raw = _session_id(data)
         if raw is None:
@@ -298,8 +322,9 @@ def completion(*args: Any, hook: ContextHook | None = None, **kwargs: Any) -> An
     if hook is None:
         with _DEFAULT_LOCK:
             if _DEFAULT is None:
-                _DEFAULT = ContextHook(os.environ.get("CTXRULES_PACK", "builtin:default"),
-                                       os.environ.get("CTXRULES_STATE", ".ctxrules"))
+                _DEFAULT = ContextHook(
+                    os.environ.get("CTXRULES_PACK", "builtin:default"), os.environ.get("CTXRULES_STATE", ".ctxrules")
+                )
             hook = _DEFAULT
     if args:
         kwargs.setdefault("model", args[0])

@@ -6,12 +6,16 @@ resolved pack, and ``load_pack``, are in ``ctxrules.packs.validated``.
 
 from __future__ import annotations
 
+import os
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ctxrules.diagnostics import Diagnostic, did_you_mean
+from ctxrules.packs.confine import HINT as CONFINE_HINT
+from ctxrules.packs.confine import MAX_PACK_BYTES, FileRefused, OutsideRoots, check_inside, make_roots, read_limited
 from ctxrules.packs.merge import ID_LISTS, MergeProblem, drop_disabled, merge_packs
 from ctxrules.packs.semver import RangeError, is_semver, parse_range
 from ctxrules.packs.source import Origin, SourceDoc, YamlProblem, parse_yaml
@@ -36,6 +40,13 @@ class ResolvedPack:
     disabled: dict[str, list[str]] = field(default_factory=dict)
     docs: dict[str, SourceDoc] = field(default_factory=dict)
     real_paths: dict[str, Path] = field(default_factory=dict)
+    roots: tuple[Path, ...] = ()
+    """Folders the pack may read from (:mod:`ctxrules.packs.confine`)."""
+    search_path: tuple[str, ...] = ()
+    """The extra roots the caller gave (kept to reload the pack the same way)."""
+    # Where each disabled item was switched off: list key -> id -> the origin of the item (in
+    # the file that wrote ``enabled: false``, with that file's own pointer).
+    disabled_at: dict[str, dict[str, Origin]] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -75,9 +86,11 @@ def display_path(path: Path) -> str:
 class PackLoader:
     """Reads packs and caches parsed files; one loader resolves one or many packs."""
 
-    def __init__(self) -> None:
+    def __init__(self, search_path: Sequence[str | os.PathLike[str]] = ()) -> None:
         self._docs: dict[Path, SourceDoc | None] = {}
         self._doc_problems: dict[Path, list[Diagnostic]] = {}
+        self.search_path = tuple(str(p) for p in search_path)
+        self._roots: tuple[Path, ...] = ()
 
     # -- reading -----------------------------------------------------------------------
     def read(self, path: Path) -> tuple[SourceDoc | None, list[Diagnostic]]:
@@ -89,7 +102,20 @@ class PackLoader:
     def _read(self, path: Path) -> tuple[SourceDoc | None, list[Diagnostic]]:
         shown = display_path(path)
         try:
-            raw = path.read_bytes()
+            raw = read_limited(path, what="the pack file")
+        except FileRefused as exc:
+            return None, [
+                Diagnostic(
+                    "CR101",
+                    "error",
+                    f"not read: {exc}",
+                    shown,
+                    1,
+                    1,
+                    "",
+                    f"a pack is a regular YAML file of at most {MAX_PACK_BYTES:,} bytes",
+                )
+            ]
         except OSError as exc:
             return None, [Diagnostic("CR090", "error", f"cannot read: {exc.strerror or exc}", shown)]
         try:
@@ -104,10 +130,16 @@ class PackLoader:
         return doc, check_document(doc)
 
     # -- resolving ---------------------------------------------------------------------
-    def resolve(self, ref: str, *, base: Path | None = None) -> ResolvedPack:
-        """Resolve ``ref`` (a path or ``builtin:NAME[@range]``) with all its parents."""
+    def resolve(self, ref: str, *, base: Path | None = None, root: Path | None = None) -> ResolvedPack:
+        """Resolve ``ref`` (a path or ``builtin:NAME[@range]``) with all its parents.
+
+        What the pack names must lie below ``root`` (default: the folder of ``ref``'s file),
+        the loader's ``search_path`` or the built-in packs (:mod:`ctxrules.packs.confine`)."""
         diagnostics: list[Diagnostic] = []
+        self._roots = ()  # the caller named ref: it is not confined
         path = self._locate(ref, base or Path.cwd(), None, diagnostics)
+        first = root if root is not None else path.parent if path is not None else None
+        self._roots = make_roots([first] if first is not None else [], self.search_path)
         order: list[Path] = []
         if path is not None:
             self._linearize(path, [], set(), order, diagnostics)
@@ -120,22 +152,38 @@ class PackLoader:
                 continue
             docs[doc.path] = doc
             layer = annotate(doc)
-            tree = merge_packs(tree if tree is not None else OMap(layer.origin), layer, problems)
+            tree = merge_packs(tree if tree is not None else OMap(layer.origin), layer, problems, reuse_base=True)
         for mp in problems:
-            diagnostics.append(Diagnostic(mp.code, "error", mp.message, mp.origin.file,
-                                          mp.origin.line, mp.origin.col, mp.pointer, mp.hint))
+            diagnostics.append(
+                Diagnostic(
+                    mp.code, "error", mp.message, mp.origin.file, mp.origin.line, mp.origin.col, mp.pointer, mp.hint
+                )
+            )
         if tree is None:
             tree = OMap(Origin(display_path(path) if path else ref, 1, 1))
         tree.drop("extends")
         disabled = _disabled_ids(tree)
+        disabled_at = _disabled_origins(tree, docs)
         drop_disabled(tree)
         files = [display_path(p) for p in order]
         name = tree.get("metadata", {}).get("name") if isinstance(tree.get("metadata"), dict) else None
-        return ResolvedPack(str(name or ref), plain(tree), tree, files, _dedupe(diagnostics), disabled, docs,
-                            {display_path(p): p for p in order})
+        return ResolvedPack(
+            str(name or ref),
+            plain(tree),
+            tree,
+            files,
+            _dedupe(diagnostics),
+            disabled,
+            docs,
+            {display_path(p): p for p in order},
+            self._roots,
+            self.search_path,
+            disabled_at,
+        )
 
-    def _locate(self, ref: str, base: Path, at: tuple[Origin, str] | None,
-                diagnostics: list[Diagnostic]) -> Path | None:
+    def _locate(
+        self, ref: str, base: Path, at: tuple[Origin, str] | None, diagnostics: list[Diagnostic]
+    ) -> Path | None:
         def report(code: str, message: str, hint: str | None = None) -> None:
             if at is None:
                 diagnostics.append(Diagnostic(code, "error", message, ref, 1, 1, "", hint))
@@ -154,16 +202,21 @@ class PackLoader:
                 report("CR030", f"'{ref}' is not a built-in reference (builtin:NAME[@RANGE])")
                 return None
             path = builtin_path(m["name"])
-            if not path.is_file():
-                report("CR030", f"no built-in pack named '{m['name']}'",
-                       did_you_mean(m["name"], builtin_names()))
+            inside = path.resolve().is_relative_to(rules_dir().resolve())
+            if not inside or not path.is_file():
+                report("CR030", f"no built-in pack named '{m['name']}'", did_you_mean(m["name"], builtin_names()))
                 return None
             if m["range"]:
                 self._check_range(path, m["range"], ref, report)
             return path
         try:
+            if self._roots:
+                check_inside(self._roots, base, ref, "extends")
             path = (base / ref).resolve()
-            found = path.is_file()
+            found = path.exists() and not path.is_dir()
+        except OutsideRoots as exc:
+            report("CR100", str(exc), CONFINE_HINT)
+            return None
         except (OSError, ValueError) as exc:  # a NUL byte, a name too long for the OS, ...
             report("CR030", f"pack file not found: {ref!r} is not a usable path ({exc})")
             return None
@@ -187,8 +240,9 @@ class PackLoader:
         elif not rng.contains(str(version)):
             report("CR032", f"'{ref}' asks for {text} but the pack is version {version}")
 
-    def _linearize(self, path: Path, stack: list[Path], done: set[Path], order: list[Path],
-                   diagnostics: list[Diagnostic]) -> None:
+    def _linearize(
+        self, path: Path, stack: list[Path], done: set[Path], order: list[Path], diagnostics: list[Diagnostic]
+    ) -> None:
         if path in done:
             return
         doc, _ = self.read(path)
@@ -206,9 +260,18 @@ class PackLoader:
             if parent is None:
                 continue
             if parent in stack:
-                cycle = " -> ".join(display_path(p) for p in [*stack[stack.index(parent):], parent])
-                diagnostics.append(Diagnostic("CR031", "error", f"extends forms a cycle: {cycle}",
-                                              origin.file, origin.line, origin.col, pointer))
+                cycle = " -> ".join(display_path(p) for p in [*stack[stack.index(parent) :], parent])
+                diagnostics.append(
+                    Diagnostic(
+                        "CR031",
+                        "error",
+                        f"extends forms a cycle: {cycle}",
+                        origin.file,
+                        origin.line,
+                        origin.col,
+                        pointer,
+                    )
+                )
                 continue
             self._linearize(parent, stack, done, order, diagnostics)
         stack.pop()
@@ -224,6 +287,25 @@ def _disabled_ids(tree: OMap) -> dict[str, list[str]]:
             ids = [str(i.get("id")) for i in lst if isinstance(i, dict) and i.get("enabled") is False]
             if ids:
                 out[key] = ids
+    return out
+
+
+def _disabled_origins(tree: OMap, docs: dict[str, SourceDoc]) -> dict[str, dict[str, Origin]]:
+    """The item that says ``enabled: false``, in the file that says it (the merged item keeps
+    the origin of the parent that introduced it)."""
+    out: dict[str, dict[str, Origin]] = {}
+    for key in ID_LISTS:
+        lst = tree.get(key)
+        if not isinstance(lst, OList):
+            continue
+        for item, origin in zip(lst, lst.origins, strict=False):
+            if not (isinstance(item, OMap) and item.get("enabled") is False):
+                continue
+            said = item.origins.get("enabled", origin)
+            doc = docs.get(said.file)
+            item_pointer = said.pointer.rsplit("/", 1)[0] if said.pointer.endswith("/enabled") else ""
+            at = doc.origin(item_pointer) if doc is not None and item_pointer else said
+            out.setdefault(key, {})[str(item.get("id"))] = at
     return out
 
 

@@ -41,9 +41,13 @@ class MergeProblem:
     hint: str | None = None
 
 
-def merge_packs(base: OMap, child: OMap, problems: list[MergeProblem]) -> OMap:
-    """``child`` applied over ``base``; neither is modified. Problems are appended."""
-    out: OMap = clone(base)
+def merge_packs(base: OMap, child: OMap, problems: list[MergeProblem], *, reuse_base: bool = False) -> OMap:
+    """``child`` applied over ``base``; neither is modified. Problems are appended.
+
+    ``reuse_base``: ``base`` is the caller's own intermediate result and may become part of the
+    answer (the loader folds a pack's files one by one: copying what it has merged so far for
+    each file would make resolving quadratic in the number of files)."""
+    out: OMap = base if reuse_base else clone(base)
     for key in NOT_INHERITED:
         out.drop(key)
     for key, value in child.items():
@@ -74,6 +78,9 @@ def _item_id(item: Any) -> str | None:
 
 def _merge_id_list(base: OList, over: OList, key: str, problems: list[MergeProblem]) -> OList:
     items: list[tuple[OMap | Any, Origin]] = list(zip(base, base.origins, strict=False))
+    # Position of each id in `items`, kept up to date on appends and rebuilt after a move: a
+    # lookup per item keeps merging linear in the number of items (140,000 rules included).
+    positions = _positions(items)
     for index, item in enumerate(over):
         pointer = f"/{key}/{index}"
         origin = over.origins[index] if index < len(over.origins) else over.origin
@@ -82,33 +89,58 @@ def _merge_id_list(base: OList, over: OList, key: str, problems: list[MergeProbl
             # Schema validation reports items without an id; keep them so nothing is silently lost.
             items.append((clone(item), origin))
             continue
-        ids = [_item_id(i) for i, _ in items]
-        if ident in ids:
-            pos = ids.index(ident)
+        if ident in positions:
+            pos = positions[ident]
             merged = _merge_value(items[pos][0], _without_placement(item))
             items[pos] = (merged, items[pos][1])
             if any(k in item for k in PLACEMENT_KEYS):
                 moved = items.pop(pos)
-                _place(items, moved, item, key, pointer, problems)
+                _place(items, moved, item, key, pointer, problems, _positions(items))
+                positions = _positions(items)
             continue
         missing = [f for f in ID_LISTS[key] if f not in item]
         if missing:
-            problems.append(MergeProblem(
-                "CR041",
-                f"{key} item '{ident}' does not exist in any parent pack, and is missing "
-                + ", ".join(f"'{m}'" for m in missing) + " to be a new item",
-                origin, pointer,
-                hint=_hint_for(ident, [i for i in ids if i]),
-            ))
+            problems.append(
+                MergeProblem(
+                    "CR041",
+                    f"{key} item '{ident}' does not exist in any parent pack, and is missing "
+                    + ", ".join(f"'{m}'" for m in missing)
+                    + " to be a new item",
+                    origin,
+                    pointer,
+                    hint=_hint_for(ident, list(positions), problems),
+                )
+            )
             continue
-        _place(items, (clone(_without_placement(item)), origin), item, key, pointer, problems)
+        if any(k in item for k in PLACEMENT_KEYS):
+            _place(items, (clone(_without_placement(item)), origin), item, key, pointer, problems, positions)
+            positions = _positions(items)
+        else:
+            positions.setdefault(ident, len(items))
+            items.append((clone(_without_placement(item)), origin))
     out = OList(over.origin)
     for value, origin in items:
         out.add(value, origin)
     return out
 
 
-def _hint_for(ident: str, ids: list[str]) -> str | None:
+def _positions(items: list[tuple[Any, Origin]]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for pos, (item, _) in enumerate(items):
+        ident = _item_id(item)
+        if ident is not None:
+            out.setdefault(ident, pos)
+    return out
+
+
+_HINTS = 20
+"""Did-you-mean hints per merge: each compares against every id, so a pack with thousands of
+unknown ids gets its first hints, not a quadratic validation."""
+
+
+def _hint_for(ident: str, ids: list[str], problems: list[MergeProblem]) -> str | None:
+    if sum(p.hint is not None for p in problems) >= _HINTS:
+        return None
     return did_you_mean(ident, ids)
 
 
@@ -119,21 +151,31 @@ def _without_placement(item: OMap) -> OMap:
     return out
 
 
-def _place(items: list[tuple[Any, Origin]], entry: tuple[Any, Origin], spec: OMap, key: str,
-           pointer: str, problems: list[MergeProblem]) -> None:
-    ids = [_item_id(i) for i, _ in items]
+def _place(
+    items: list[tuple[Any, Origin]],
+    entry: tuple[Any, Origin],
+    spec: OMap,
+    key: str,
+    pointer: str,
+    problems: list[MergeProblem],
+    positions: dict[str, int],
+) -> None:
     for where in PLACEMENT_KEYS:
         target = spec.get(where)
         if target is None:
             continue
-        if target not in ids:
-            problems.append(MergeProblem(
-                "CR042", f"{where}: '{target}' names no {key} item",
-                spec.origins.get(where, spec.origin), f"{pointer}/{where}",
-                hint=_hint_for(str(target), [i for i in ids if i]),
-            ))
+        if target not in positions:
+            problems.append(
+                MergeProblem(
+                    "CR042",
+                    f"{where}: '{target}' names no {key} item",
+                    spec.origins.get(where, spec.origin),
+                    f"{pointer}/{where}",
+                    hint=_hint_for(str(target), list(positions), problems),
+                )
+            )
             break
-        pos = ids.index(target)
+        pos = positions[target]
         items.insert(pos if where == "before" else pos + 1, entry)
         return
     items.append(entry)

@@ -15,8 +15,9 @@ def name_candidates(model: str, provider: str | None = None) -> list[str]:
     return list(dict.fromkeys(out))
 
 
-def select_model_entry(data: dict[str, Any], model: str, provider: str | None = None
-                       ) -> tuple[int, dict[str, Any]] | None:
+def select_model_entry(
+    data: dict[str, Any], model: str, provider: str | None = None
+) -> tuple[int, dict[str, Any]] | None:
     """(index, entry) of the first ``models:`` entry matching ``model``, or None."""
     names = name_candidates(model, provider)
     for i, entry in enumerate(data.get("models") or []):

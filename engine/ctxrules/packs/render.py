@@ -24,8 +24,7 @@ def _scalar(value: Any) -> str:
 
 # What a literal block (``|``) cannot hold: characters YAML does not print, and line breaks
 # other than '\n' (YAML would read them as line breaks and change the text).
-_NOT_IN_BLOCK = re.compile(
-    "[^\t\n\x20-\x7e\xa0-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]|[\u2028\u2029\ufeff]")
+_NOT_IN_BLOCK = re.compile("[^\t\n\x20-\x7e\xa0-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]|[\u2028\u2029\ufeff]")
 
 
 def _as_block(value: Any) -> bool:
@@ -33,8 +32,12 @@ def _as_block(value: Any) -> bool:
     if not isinstance(value, str):
         return False
     body = value.removesuffix("\n")
-    return ("\n" in body and not body.startswith((" ", "\t", "\n")) and not body.endswith("\n")
-            and _NOT_IN_BLOCK.search(value) is None)
+    return (
+        "\n" in body
+        and not body.startswith((" ", "\t", "\n"))
+        and not body.endswith("\n")
+        and _NOT_IN_BLOCK.search(value) is None
+    )
 
 
 def to_yaml(data: Any, origins: dict[str, Origin] | None = None) -> str:
@@ -67,7 +70,7 @@ def to_yaml(data: Any, origins: dict[str, Origin] | None = None) -> str:
                     start = len(lines)
                     emit(v, indent + 1, child)
                     first = lines[start]
-                    lines[start] = f"{pad}- {first[len(pad) + 2:]}"
+                    lines[start] = f"{pad}- {first[len(pad) + 2 :]}"
                 elif isinstance(v, list) and v:
                     lines.append(f"{pad}-{note(child)}")
                     emit(v, indent + 1, child)

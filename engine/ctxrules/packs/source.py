@@ -7,6 +7,7 @@ values from it, recording ``(line, column)`` (1-based) for every JSON pointer on
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,11 +16,13 @@ import yaml
 
 @dataclass(frozen=True, order=True)
 class Origin:
-    """Where a value was written: a file and a 1-based line and column."""
+    """Where a value was written: a file, a 1-based line and column, and the value's JSON
+    pointer in that file's own document (a merged pack numbers list items differently)."""
 
     file: str
     line: int
     col: int
+    pointer: str = ""
 
     def __str__(self) -> str:
         return f"{self.file}:{self.line}"
@@ -28,8 +31,9 @@ class Origin:
 class YamlProblem(Exception):
     """A YAML document that cannot become a pack: syntax error, duplicate key, bad shape."""
 
-    def __init__(self, code: str, message: str, line: int, col: int, pointer: str = "",
-                 hint: str | None = None) -> None:
+    def __init__(
+        self, code: str, message: str, line: int, col: int, pointer: str = "", hint: str | None = None
+    ) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
@@ -54,7 +58,7 @@ class SourceDoc:
         while True:
             pos = self.positions.get(p)
             if pos is not None:
-                return Origin(self.path, pos[0], pos[1])
+                return Origin(self.path, pos[0], pos[1], p)
             if not p:
                 return Origin(self.path, 1, 1)
             p = p.rsplit("/", 1)[0]
@@ -63,7 +67,7 @@ class SourceDoc:
         """Origin of the *key* that introduces ``pointer`` (for 'unknown key' diagnostics)."""
         pos = self.positions.get(pointer + "#key")
         if pos is not None:
-            return Origin(self.path, pos[0], pos[1])
+            return Origin(self.path, pos[0], pos[1], pointer)
         return self.origin(pointer)
 
 
@@ -93,12 +97,14 @@ class _Builder:
         if self.count > MAX_VALUES:
             # Aliases of aliases expand exponentially ("billion laughs"); no pack is this big.
             raise YamlProblem(
-                "CR001", f"YAML: the document expands to more than {MAX_VALUES} values "
-                         "(aliases referring to aliases?)", *_pos(node), pointer)
+                "CR001",
+                f"YAML: the document expands to more than {MAX_VALUES} values (aliases referring to aliases?)",
+                *_pos(node),
+                pointer,
+            )
         if isinstance(node, yaml.MappingNode | yaml.SequenceNode):
             if id(node) in self.open:
-                raise YamlProblem("CR001", "YAML: an alias refers to the collection holding it",
-                                  *_pos(node), pointer)
+                raise YamlProblem("CR001", "YAML: an alias refers to the collection holding it", *_pos(node), pointer)
             self.open.add(id(node))
             try:
                 if isinstance(node, yaml.MappingNode):
@@ -106,7 +112,25 @@ class _Builder:
                 return [self.build(item, f"{pointer}/{i}") for i, item in enumerate(node.value)]
             finally:
                 self.open.discard(id(node))
-        return self.loader.construct_object(node, deep=True)
+        try:
+            value = self.loader.construct_object(node, deep=True)
+        except ValueError:  # int() refuses more than sys.get_int_max_str_digits() digits
+            raise YamlProblem(
+                "CR104",
+                f"YAML: the integer has {len(str(node.value)):,} characters; "
+                "no pack value needs more than a few digits",
+                *_pos(node),
+                pointer,
+            ) from None
+        if isinstance(value, float) and not math.isfinite(value):
+            raise YamlProblem(
+                "CR104",
+                f"YAML: {node.value} is not a finite number",
+                *_pos(node),
+                pointer,
+                hint="write a finite number (or leave the key out for the default)",
+            )
+        return value
 
     def _mapping(self, node: yaml.MappingNode, pointer: str) -> dict[str, Any]:
         # Anchors with `<<:` merge keys are legitimate YAML; flatten them the way PyYAML would,
@@ -133,7 +157,9 @@ class _Builder:
                 raise YamlProblem(
                     "CR003",
                     f"duplicate key '{key}' (first defined at line {first_explicit[key][0]})",
-                    line, col, f"{pointer}/{escape_token(key)}",
+                    line,
+                    col,
+                    f"{pointer}/{escape_token(key)}",
                     hint="YAML keeps only one of them; remove or rename the other",
                 )
             first_explicit[key] = _pos(key_node)
@@ -188,9 +214,13 @@ def _parse_pure(text: str, path: str) -> SourceDoc:
     except yaml.reader.ReaderError as exc:  # a control character such as NUL
         at = exc.position
         line, col = text.count("\n", 0, at) + 1, at - text.rfind("\n", 0, at)
-        raise YamlProblem("CR001", f"YAML: character {exc.character:#06x} is not allowed in YAML",
-                          line, col, hint="remove it, or write it as an escape in a double-quoted "
-                                          "string (e.g. \"\\x00\")") from None
+        raise YamlProblem(
+            "CR001",
+            f"YAML: character {exc.character:#06x} is not allowed in YAML",
+            line,
+            col,
+            hint='remove it, or write it as an escape in a double-quoted string (e.g. "\\x00")',
+        ) from None
     try:
         try:
             node = loader.get_single_node()
@@ -199,17 +229,18 @@ def _parse_pure(text: str, path: str) -> SourceDoc:
             line, col = (mark.line + 1, mark.column + 1) if mark else (1, 1)
             if "single document" in str(exc.context):
                 raise YamlProblem(
-                    "CR002", "the file holds several YAML documents; a pack is one document",
-                    line, col, hint="remove the '---' line and what follows, or split the packs "
-                                    "into separate files",
+                    "CR002",
+                    "the file holds several YAML documents; a pack is one document",
+                    line,
+                    col,
+                    hint="remove the '---' line and what follows, or split the packs into separate files",
                 ) from None
             raise YamlProblem("CR001", f"YAML: {exc.problem or exc}", line, col) from None
         except yaml.MarkedYAMLError as exc:
             raise _syntax_problem(exc, text) from None
         except RecursionError:
             mark = loader.get_mark()
-            raise YamlProblem("CR001", "YAML: values are nested too deeply", mark.line + 1,
-                              mark.column + 1) from None
+            raise YamlProblem("CR001", "YAML: values are nested too deeply", mark.line + 1, mark.column + 1) from None
         if node is None:
             return SourceDoc(path, text, None, {"": (1, 1)})
         builder = _Builder(loader)

@@ -56,7 +56,10 @@ def annotate(doc: SourceDoc) -> Any:
             out = OMap(doc.origin(pointer))
             for k, v in value.items():
                 child = f"{pointer}/{escape_token(k)}"
-                out.put(k, walk(v, child), doc.origin(child))
+                # A section (a mapping or list under its key) was written where its key is: a
+                # block value's own position is its first child's line.
+                where = doc.key_origin(child) if isinstance(v, dict | list) else doc.origin(child)
+                out.put(k, walk(v, child), where)
             return out
         if isinstance(value, list):
             lst = OList(doc.origin(pointer))

@@ -6,6 +6,8 @@ and ``Engine.refresh`` use it with the engine's registry, ``load_pack`` raises o
 
 from __future__ import annotations
 
+import os
+from collections.abc import Sequence
 from pathlib import Path
 
 from ctxrules.errors import PackError
@@ -30,15 +32,26 @@ def raise_for_errors(pack: ResolvedPack) -> ResolvedPack:
     if errors:
         first = errors[0]
         more = f" (and {len(errors) - 1} more; run `ctxrules validate`)" if len(errors) > 1 else ""
-        raise PackError(f"{first.file}:{first.line}:{first.col}: error[{first.code}] {first.message}{more}",
-                        list(errors))
+        raise PackError(
+            f"{first.file}:{first.line}:{first.col}: error[{first.code}] {first.message}{more}", list(errors)
+        )
     return pack
 
 
-def load_pack(ref: str | Path, *, loader: PackLoader | None = None, registry: Registry | None = None) -> ResolvedPack:
+def load_pack(
+    ref: str | Path,
+    *,
+    loader: PackLoader | None = None,
+    registry: Registry | None = None,
+    search_path: Sequence[str | os.PathLike[str]] = (),
+) -> ResolvedPack:
     """Resolve and fully validate a pack; raises :class:`PackError` when it has errors.
 
     ``registry``: the plugins the pack may use; without it, the installed ones (this function
-    is an entry point, like ``Engine.load``)."""
-    return raise_for_errors(resolve_and_validate(ref, registry if registry is not None else default_registry(),
-                                                 loader=loader))
+    is an entry point, like ``Engine.load``). ``search_path``: folders besides the pack's own
+    that it may read from (ctxrules.packs.confine)."""
+    return raise_for_errors(
+        resolve_and_validate(
+            ref, registry if registry is not None else default_registry(), loader=loader or PackLoader(search_path)
+        )
+    )

@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ctxrules.errors import UsageError
+from ctxrules.packs.defaults import context_defaults
 from ctxrules.types import THRESHOLD_NAMES
-from ctxrules.validation.schema import context_defaults
 
 # The defaults of context: are declared once, in the pack schema (schemas/rulepack.v1.schema.json).
 _DEFAULTS = context_defaults()
@@ -71,14 +71,20 @@ class Budget:
         return self.effective(tokens) <= self.usable
 
     def as_dict(self) -> dict[str, Any]:
-        return {"window": self.window, "window_source": self.window_source,
-                "reserve_output": self.reserve_output, "usable_window": self.usable,
-                "thresholds": dict(self.thresholds), "tail_budget": self.tail_budget,
-                "safety_margin": self.safety_margin}
+        return {
+            "window": self.window,
+            "window_source": self.window_source,
+            "reserve_output": self.reserve_output,
+            "usable_window": self.usable,
+            "thresholds": dict(self.thresholds),
+            "tail_budget": self.tail_budget,
+            "safety_margin": self.safety_margin,
+        }
 
 
-def make_budget(context: dict[str, Any], *, registry_window: int | None, override: int | None,
-                safety_margin: float, model: str) -> Budget:
+def make_budget(
+    context: dict[str, Any], *, registry_window: int | None, override: int | None, safety_margin: float, model: str
+) -> Budget:
     """Build the budget from the effective ``context:`` (pack merged with the model entry)."""
     pack_window = context.get("window", _DEFAULTS["window"])
     if override is not None:
@@ -93,10 +99,11 @@ def make_budget(context: dict[str, Any], *, registry_window: int | None, overrid
         raise UsageError(f"window must be positive, got {window}")
     reserve = int(context.get("reserve_output", DEFAULT_RESERVE))
     if window - reserve <= 0:
-        raise UsageError(f"reserve_output ({reserve}) leaves no usable window of {window} tokens; "
-                         "raise the window or lower context.reserve_output")
+        raise UsageError(
+            f"reserve_output ({reserve}) leaves no usable window of {window} tokens; "
+            "raise the window or lower context.reserve_output"
+        )
     thresholds = dict(DEFAULT_THRESHOLDS)
-    thresholds.update({k: float(v) for k, v in (context.get("thresholds") or {}).items()
-                       if k in DEFAULT_THRESHOLDS})
+    thresholds.update({k: float(v) for k, v in (context.get("thresholds") or {}).items() if k in DEFAULT_THRESHOLDS})
     margin = float(context.get("safety_margin", safety_margin))
     return Budget(window, reserve, thresholds, float(context.get("tail_budget", DEFAULT_TAIL)), margin, source)

@@ -20,8 +20,17 @@ def report_header(*, pack: dict[str, Any], session: dict[str, Any], model: dict[
     return {"pack": dict(pack), "session": dict(session), "model": dict(model)}
 
 
-def build_report(header: dict[str, Any], *, budget: Budget, history_tokens: int, history_len: int, reused: int,
-                 outcome: RunOutcome, vault_new: list[str], ms: float) -> dict[str, Any]:
+def build_report(
+    header: dict[str, Any],
+    *,
+    budget: Budget,
+    history_tokens: int,
+    history_len: int,
+    reused: int,
+    outcome: RunOutcome,
+    vault_new: list[str],
+    ms: float,
+) -> dict[str, Any]:
     """The run report; ``budget`` is the one the pipeline used (the eco-mode one when scaled)."""
     tokens_after = outcome.tokens
     util_before = budget.utilization(history_tokens)
@@ -32,8 +41,24 @@ def build_report(header: dict[str, Any], *, budget: Budget, history_tokens: int,
     # order is the report's documented one.
     model["safety_margin"] = budget.safety_margin
     model["models_entry"] = header["model"].get("models_entry")
-    if not budget.fits(tokens_after):
-        warnings.append(f"the output ({tokens_after} tokens) does not fit the usable window of {budget.usable}")
+    after: dict[str, Any] = {
+        "messages": len(outcome.messages),
+        "tokens": tokens_after,
+        "utilization": round(util_after, 6),
+        "tier": budget.tier_of(util_after),
+        "fits": budget.fits(tokens_after),
+    }
+    if not after["fits"]:
+        reason = (
+            f"the output ({tokens_after} tokens) does not fit the usable window of {budget.usable} "
+            f"tokens ({budget.window} - reserve_output {budget.reserve_output})"
+        )
+        # The emergency pass says why (what the pinned messages alone take, what it spilled).
+        overflow = next(
+            (a["detail"] for r in reversed(outcome.records) for a in r.actions if a["kind"] == "overflow"), None
+        )
+        after["reason"] = f"{reason}: {overflow}" if overflow else reason
+        warnings.append(reason)
     return {
         "version": REPORT_VERSION,
         "ctxrules": __version__,
@@ -41,10 +66,13 @@ def build_report(header: dict[str, Any], *, budget: Budget, history_tokens: int,
         "session": header["session"],
         "model": model,
         "budget": budget.as_dict(),
-        "before": {"messages": history_len, "tokens": history_tokens, "utilization": round(util_before, 6),
-                   "tier": budget.tier_of(util_before)},
-        "after": {"messages": len(outcome.messages), "tokens": tokens_after, "utilization": round(util_after, 6),
-                  "tier": budget.tier_of(util_after), "fits": budget.fits(tokens_after)},
+        "before": {
+            "messages": history_len,
+            "tokens": history_tokens,
+            "utilization": round(util_before, 6),
+            "tier": budget.tier_of(util_before),
+        },
+        "after": after,
         "reused_messages": reused,
         "stages": [r.as_dict() for r in outcome.records],
         "vault_items": vault_new,

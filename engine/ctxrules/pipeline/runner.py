@@ -17,6 +17,7 @@ from typing import Any
 
 from ctxrules.errors import CtxrulesError
 from ctxrules.messages import message_text
+from ctxrules.patterns import remembering
 from ctxrules.pipeline.context import StageContext
 from ctxrules.stages.base import Message, Stage, StageOutcome, StageType
 from ctxrules.structure import replaced
@@ -64,9 +65,14 @@ class StageRecord:
 
     def as_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
-            "id": self.id, "type": self.type, "phase": self.phase, "ran": self.ran,
-            "tokens_before": self.tokens_before, "tokens_after": self.tokens_after,
-            "tokens_saved": self.tokens_before - self.tokens_after, "ms": round(self.ms, 3),
+            "id": self.id,
+            "type": self.type,
+            "phase": self.phase,
+            "ran": self.ran,
+            "tokens_before": self.tokens_before,
+            "tokens_after": self.tokens_after,
+            "tokens_saved": self.tokens_before - self.tokens_after,
+            "ms": round(self.ms, 3),
             "actions": self.actions,
         }
         if self.reason:
@@ -96,15 +102,21 @@ def when_allows(when: dict[str, str], tier: str) -> bool:
 def _when_reason(when: dict[str, str], tier: str) -> str | None:
     at_least, below = when.get("at_least"), when.get("below")
     if at_least and tier_rank(tier) < tier_rank(at_least):
-        return f"tier {tier} is below {at_least}"
+        return f"tier `{tier}` is under `{at_least}`"
     if below and tier_rank(tier) >= tier_rank(below):
-        return f"tier {tier} is not below {below}"
+        return f"tier `{tier}` is not under `{below}`"
     return None
 
 
-def run_pipeline(plan: Sequence[PlannedStage], messages: list[Message], base: StageContext,
-                 states: dict[str, dict[str, Any]], *, known_tokens: int | None = None,
-                 on_event: Callable[[dict[str, Any]], None] | None = None) -> RunOutcome:
+def run_pipeline(
+    plan: Sequence[PlannedStage],
+    messages: list[Message],
+    base: StageContext,
+    states: dict[str, dict[str, Any]],
+    *,
+    known_tokens: int | None = None,
+    on_event: Callable[[dict[str, Any]], None] | None = None,
+) -> RunOutcome:
     """Run ``plan`` over ``messages``; ``states`` holds each stage's persistent state by id.
     ``known_tokens`` is the prompt size of ``messages`` with ``base.tools`` when the caller
     already knows it (the session does, for a history that was only appended to).
@@ -115,9 +127,15 @@ def run_pipeline(plan: Sequence[PlannedStage], messages: list[Message], base: St
 class _Run:
     """One run of a plan: the messages and tools as they stand, what each stage did."""
 
-    def __init__(self, plan: Sequence[PlannedStage], messages: list[Message], base: StageContext,
-                 states: dict[str, dict[str, Any]], known_tokens: int | None,
-                 on_event: Callable[[dict[str, Any]], None] | None) -> None:
+    def __init__(
+        self,
+        plan: Sequence[PlannedStage],
+        messages: list[Message],
+        base: StageContext,
+        states: dict[str, dict[str, Any]],
+        known_tokens: int | None,
+        on_event: Callable[[dict[str, Any]], None] | None,
+    ) -> None:
         self.plan, self.base, self.states, self.on_event = plan, base, states, on_event
         self.records: list[StageRecord] = []
         self.warnings: list[str] = []
@@ -163,13 +181,27 @@ class _Run:
     def _context(self, p: PlannedStage, msgs: list[Message], tier: str, tokens: int) -> StageContext:
         base = self.base
         return StageContext(
-            stage_id=p.id, model=base.model, counter=base.counter, budget=base.budget, vault=base.vault,
-            tools=self.tools, pack=base.pack, log=base.log.bind(stage=p.id, stage_type=p.type.name),
-            tier=tier, utilization=base.budget.utilization(tokens), state=self.states.setdefault(p.id, {}),
-            session_id=base.session_id, protected=base.protected,
-            target=str(p.options.get("target", "monitor")), clock=base.clock, cache_hot=base.cache_hot,
-            hooks=base.hooks, valid_prefix=base.valid_prefix if msgs is self.initial else 0,
-            compactions=tuple(self.compactions), registry=base.registry, cache_key=base.cache_key,
+            stage_id=p.id,
+            model=base.model,
+            counter=base.counter,
+            budget=base.budget,
+            vault=base.vault,
+            tools=self.tools,
+            pack=base.pack,
+            log=base.log.bind(stage=p.id, stage_type=p.type.name),
+            tier=tier,
+            utilization=base.budget.utilization(tokens),
+            state=self.states.setdefault(p.id, {}),
+            session_id=base.session_id,
+            protected=base.protected,
+            target=str(p.options.get("target", "monitor")),
+            clock=base.clock,
+            cache_hot=base.cache_hot,
+            hooks=base.hooks,
+            valid_prefix=base.valid_prefix if msgs is self.initial else 0,
+            compactions=tuple(self.compactions),
+            registry=base.registry,
+            cache_key=base.cache_key,
         )
 
     def _one(self, p: PlannedStage, msgs: list[Message]) -> list[Message]:
@@ -186,8 +218,12 @@ class _Run:
         started = time.perf_counter()
         ctx.log.debug("stage.start", tier=tier, tokens=tokens)
         self._emit("stage.start", stage=p.id, type=p.type.name, phase=p.phase, tier=tier, tokens=tokens)
+        memory = None
         try:
-            outcome = p.stage(msgs, ctx)
+            # Pack patterns that time out are remembered in the stage's state: a rerun skips
+            # them at once instead of timing out (or not) again, whatever the machine's load.
+            with remembering(ctx.state) as memory:
+                outcome = p.stage(msgs, ctx)
             if not isinstance(outcome, StageOutcome):
                 raise TypeError(f"stage returned {type(outcome).__name__}, expected StageOutcome")
             result = outcome.messages if p.phase != "finalize" else _finalize_guard(p, msgs, outcome.messages)
@@ -201,27 +237,44 @@ class _Run:
             if p.on_error == "fail":
                 raise StageFailed(f"stage '{p.id}' ({p.type.name}) failed: {record.error}") from exc
             self.warnings.append(f"stage '{p.id}' failed and was skipped: {record.error}")
+            if memory is not None:
+                record.warnings = list(memory.reports)
+                self.warnings.extend(f"{p.id}: {w}" for w in memory.reports if w not in record.error)
             return msgs
-        self._ran(p, record, outcome, result, started, ctx)
+        self._ran(p, record, outcome, result, started, ctx, memory.reports if memory is not None else [])
         return result
 
-    def _ran(self, p: PlannedStage, record: StageRecord, outcome: StageOutcome, result: list[Message],
-             started: float, ctx: StageContext) -> None:
+    def _ran(
+        self,
+        p: PlannedStage,
+        record: StageRecord,
+        outcome: StageOutcome,
+        result: list[Message],
+        started: float,
+        ctx: StageContext,
+        timed_out: list[str],
+    ) -> None:
         """Record what a stage that ran did; a finalize stage's request options and tools apply."""
         record.ran = True
         record.ms = (time.perf_counter() - started) * 1000
         record.actions = [a.as_dict() for a in outcome.actions]
-        record.warnings = list(outcome.warnings)
-        self.warnings.extend(f"{p.id}: {w}" for w in outcome.warnings)
+        record.warnings = list(outcome.warnings) + [w for w in timed_out if w not in outcome.warnings]
+        self.warnings.extend(f"{p.id}: {w}" for w in record.warnings)
         if p.phase == "finalize":
             self.request.update(outcome.request)
             if outcome.tools is not None:
                 self.tools = outcome.tools
         record.tokens_after = self._count(result)
         ctx.log.debug("stage.end", ms=round(record.ms, 3), saved=record.tokens_before - record.tokens_after)
-        self._emit("stage.end", stage=p.id, type=p.type.name, ms=round(record.ms, 3),
-                   tokens_before=record.tokens_before, tokens_after=record.tokens_after,
-                   actions=len(record.actions))
+        self._emit(
+            "stage.end",
+            stage=p.id,
+            type=p.type.name,
+            ms=round(record.ms, 3),
+            tokens_before=record.tokens_before,
+            tokens_after=record.tokens_after,
+            actions=len(record.actions),
+        )
 
 
 def _changed(a: list[Message], b: list[Message]) -> bool:
@@ -232,7 +285,7 @@ def _changed(a: list[Message], b: list[Message]) -> bool:
 def _finalize_guard(p: PlannedStage, before: list[Message], after: list[Message]) -> list[Message]:
     """Finalize stages may add markers (e.g. ``cache_control``) but never change text."""
     if len(before) != len(after) or any(
-            message_text(before[i]) != message_text(after[i])
-            for i in replaced(before, after)):
+        message_text(before[i]) != message_text(after[i]) for i in replaced(before, after)
+    ):
         raise TypeError(f"finalize stage '{p.id}' changed message text; finalize stages may only add markers")
     return after

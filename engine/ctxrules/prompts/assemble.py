@@ -27,6 +27,7 @@ own tags is an error, which keeps "each tag exactly once" true for every prompt.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -45,16 +46,18 @@ from ctxrules.packs.loader import display_path
 from ctxrules.packs.models_match import name_candidates
 from ctxrules.plugins import Registry, default_registry
 from ctxrules.prompts.environment import make_environment
+from ctxrules.prompts.limits import RenderLimitError
 from ctxrules.resources import rules_dir
 
 if TYPE_CHECKING:
     from jinja2 import Template
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
 
     from ctxrules.packs.loader import ResolvedPack
+    from ctxrules.prompts.limits import LimitedEnvironment
 
 __all__ = [
     "DEFAULT_DISCIPLINE_TAG",
+    "NO_ENTRY",
     "AssembledPrompt",
     "AssemblyError",
     "PromptSet",
@@ -68,6 +71,8 @@ __all__ = [
 ]
 
 DEFAULT_DISCIPLINE_TAG = "execution_discipline"
+NO_ENTRY = "no-entry"
+"""The name of "no models: entry" where an entry id is expected (CLI ``--entry``, snapshot ids)."""
 Scalar = str | int | float | bool | None
 
 # A "<" that could begin markup: a tag name (ASCII or not), a closing slash, "<!" or "<?".
@@ -78,9 +83,14 @@ _CACHE_SIZE = 4096
 
 
 class AssemblyError(CtxrulesError):
-    """A prompt cannot be assembled: unknown mode or variable, or a template that fails."""
+    """A prompt cannot be assembled: unknown mode or variable, or a template that fails.
+    ``limit`` is True when a template exceeded a rendering limit (ctxrules.prompts.limits)."""
 
     exit_code = 2
+
+    def __init__(self, message: str, *, limit: bool = False) -> None:
+        super().__init__(message)
+        self.limit = limit
 
 
 def escape_variable(value: str) -> str:
@@ -202,17 +212,14 @@ def read_template(
     rel = spec.get("file")
     if not isinstance(rel, str):
         return None, pointer, None
+    from ctxrules.packs.confine import read_pack_text
+
     o = origins.get(f"{pointer}/file") or origins.get(pointer)
     base = pack.real_paths.get(o.file) if o else None
-    path = (base.parent if base else pack.base_dir()) / rel
-    try:
-        raw = path.read_bytes()
-        text = raw.decode("utf-8")
-    except (OSError, ValueError) as exc:
-        reason = getattr(exc, "strerror", None) or (
-            "not UTF-8" if isinstance(exc, UnicodeDecodeError) else exc
-        )
-        return None, str(path), f"template file {rel!r} cannot be read ({reason})"
+    folder = base.parent if base else pack.base_dir()
+    text, path, _, problem = read_pack_text(pack.roots, folder, rel, "template file")
+    if text is None or path is None:
+        return None, str(path or folder / rel), problem
     return text, display_template_path(path), None
 
 
@@ -252,23 +259,17 @@ class PromptSet:
         self.variables: dict[str, _Variable] = {}
         for name, spec in sorted((prompts.get("variables") or {}).items()):
             spec = spec if isinstance(spec, dict) else {}
-            self.variables[name] = _Variable(
-                name, spec.get("default"), bool(spec.get("required", False))
-            )
+            self.variables[name] = _Variable(name, spec.get("default"), bool(spec.get("required", False)))
         self.sections: dict[str, _Section] = {}
         problems: list[str] = []
         for name, spec in (prompts.get("sections") or {}).items():
             if not isinstance(spec, dict):
                 continue
-            source, origin, problem = read_template(
-                pack, spec, f"/prompts/sections/{name}", origins
-            )
+            source, origin, problem = read_template(pack, spec, f"/prompts/sections/{name}", origins)
             if problem:
                 problems.append(f"section '{name}': {problem}")
                 continue
-            self.sections[name] = _Section(
-                name, str(spec.get("tag") or name), tidy_source(source or ""), origin
-            )
+            self.sections[name] = _Section(name, str(spec.get("tag") or name), tidy_source(source or ""), origin)
         self.modes: dict[str, _Mode] = {}
         for name, spec in (prompts.get("modes") or {}).items():
             if isinstance(spec, list):
@@ -286,9 +287,7 @@ class PromptSet:
             disc = None
             spec = entry.get("discipline")
             if isinstance(spec, dict):
-                source, origin, problem = read_template(
-                    pack, spec, f"/models/{i}/discipline", origins
-                )
+                source, origin, problem = read_template(pack, spec, f"/models/{i}/discipline", origins)
                 if problem:
                     problems.append(f"models entry '{entry['id']}' discipline: {problem}")
                 else:
@@ -304,7 +303,7 @@ class PromptSet:
             raise AssemblyError("; ".join(problems))
         self._filters = dict(registry.filters)
         self.digest = self._digest(registry.fingerprint())
-        self._env: ImmutableSandboxedEnvironment | None = None
+        self._env: LimitedEnvironment | None = None
         self._compiled: dict[str, Template] = {}
         self._entry_memo: dict[str, _Entry | None] = {}
         self._lock = threading.Lock()
@@ -377,18 +376,15 @@ class PromptSet:
                 value = var.default
             if not isinstance(value, str | int | float | bool) and value is not None:
                 raise AssemblyError(
-                    f"prompt variable '{name}' must be a string, number, boolean or null, "
-                    f"not {type(value).__name__}"
+                    f"prompt variable '{name}' must be a string, number, boolean or null, not {type(value).__name__}"
                 )
             if isinstance(value, float) and not math.isfinite(value):
-                raise AssemblyError(
-                    f"prompt variable '{name}' must be a finite number, not {value}"
-                )
+                raise AssemblyError(f"prompt variable '{name}' must be a finite number, not {value}")
             out[name] = escape_variable(value) if isinstance(value, str) else value
         return out
 
     # -- rendering -----------------------------------------------------------------------------
-    def _environment(self) -> ImmutableSandboxedEnvironment:
+    def _environment(self) -> LimitedEnvironment:
         if self._env is None:
             sources = {n: s.source for n, s in self.sections.items()}
             self._env = make_environment(_SectionLoader(sources).make(), self._filters)
@@ -405,25 +401,21 @@ class PromptSet:
             self._compiled[section.name] = compiled
         return compiled
 
-    def render(
-        self, mode: str, entry: _Entry | None, variables: Mapping[str, Scalar]
-    ) -> AssembledPrompt:
+    def render(self, mode: str, entry: _Entry | None, variables: Mapping[str, Scalar]) -> AssembledPrompt:
         """Render ``mode`` for ``entry`` with already-effective ``variables`` (no cache)."""
         import jinja2
 
         spec = self.modes.get(mode)
         if spec is None:
             raise AssemblyError(
-                f"no prompt mode '{mode}' (modes: {', '.join(self.modes) or 'none'})"
-                + _hint(mode, list(self.modes))
+                f"no prompt mode '{mode}' (modes: {', '.join(self.modes) or 'none'})" + _hint(mode, list(self.modes))
             )
         parts: list[_Section] = []
         for name in spec.sections:
             section = self.sections.get(name)
             if section is None:
                 raise AssemblyError(
-                    f"mode '{mode}' names section '{name}', which does not exist"
-                    + _hint(name, list(self.sections))
+                    f"mode '{mode}' names section '{name}', which does not exist" + _hint(name, list(self.sections))
                 )
             parts.append(section)
         if spec.discipline and entry is not None and entry.discipline is not None:
@@ -437,21 +429,24 @@ class PromptSet:
                     templates.append(self._template(section))
                 except jinja2.TemplateError as exc:
                     raise AssemblyError(
-                        f"section '{_label(section)}' ({section.origin}) does not compile: "
-                        f"{type(exc).__name__}: {exc}"
+                        f"section '{_label(section)}' ({section.origin}) does not compile: {type(exc).__name__}: {exc}"
                     ) from None
         for section, template in zip(parts, templates, strict=True):
             try:
-                body = tidy(template.render(context))
+                body = tidy(self._environment().render_limited(functools.partial(template.render, context)))
+            except RenderLimitError as exc:
+                raise AssemblyError(
+                    f"section '{_label(section)}' ({section.origin}) exceeds a rendering limit: {exc}",
+                    limit=True,
+                ) from None
             except RecursionError:
                 raise AssemblyError(
-                    f"section '{_label(section)}' ({section.origin}) includes itself "
-                    "(directly or through other sections)"
+                    f"section '{_label(section)}' ({section.origin}) recurses without end: it "
+                    "includes itself (directly or through other sections), or a macro calls itself"
                 ) from None
             except Exception as exc:  # template code is the pack's: any failure is the pack's
                 raise AssemblyError(
-                    f"section '{_label(section)}' ({section.origin}) does not render: "
-                    f"{type(exc).__name__}: {exc}"
+                    f"section '{_label(section)}' ({section.origin}) does not render: {type(exc).__name__}: {exc}"
                 ) from None
             if body:
                 rendered.append((section, body))
@@ -486,11 +481,7 @@ class PromptSet:
         variables: Mapping[str, Any] | None = None,
     ) -> AssembledPrompt:
         """The prompt for ``mode`` and ``model`` (or an explicit ``entry`` id), cached."""
-        chosen = (
-            self.entry(entry)
-            if entry is not None
-            else (self.select_entry(model) if model else None)
-        )
+        chosen = self.entry(entry) if entry is not None else (self.select_entry(model) if model else None)
         effective = self.effective_variables(variables)
         key = (
             self.digest,

@@ -6,6 +6,9 @@ Sandboxed (templates come from packs, which are code review material, not truste
 lines; a trailing newline is kept (the assembler then tidies every body, see
 ``ctxrules.prompts.assemble.tidy``). ``{% include "NAME" %}`` includes another section by name.
 
+Limits: rendering is counted in operations and characters (:mod:`ctxrules.prompts.limits`), so
+no template can hang or exhaust the engine, and the verdict is the same on every machine.
+
 Determinism: an assembled prompt must be byte-identical in every process, so the two things
 Jinja offers that are random by design are removed: the ``lipsum`` global and the ``random``
 filter. A template that uses them fails to compile, and ``validate`` says why (CR085).
@@ -16,7 +19,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 
 from jinja2 import BaseLoader, StrictUndefined
-from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from ctxrules.prompts.limits import LimitedEnvironment
 
 # Variables every template may use without declaring them in prompts.variables.
 BUILTIN_VARIABLES: frozenset[str] = frozenset({"mode", "model_entry"})
@@ -27,8 +31,8 @@ RANDOM_FILTERS: frozenset[str] = frozenset({"random"})
 
 def make_environment(
     loader: BaseLoader | None = None, filters: Mapping[str, Callable[..., object]] | None = None
-) -> ImmutableSandboxedEnvironment:
-    env = ImmutableSandboxedEnvironment(
+) -> LimitedEnvironment:
+    env = LimitedEnvironment(
         loader=loader,
         undefined=StrictUndefined,
         trim_blocks=True,
@@ -42,4 +46,5 @@ def make_environment(
         env.filters.pop(name, None)
     if filters:
         env.filters.update(filters)
+    env.wrap_filters()  # counted and size-checked, built-in and plugin filters alike
     return env

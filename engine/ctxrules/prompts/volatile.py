@@ -182,10 +182,6 @@ def find_volatile(ast: nodes.Template, *, stable: Collection[str] = ()) -> list[
             add(attr, f"'.{attr.attr}'", "it reads a clock or a random source")
     for call in ast.find_all(nodes.Call):
         target = call.node
-        if (
-            isinstance(target, nodes.Name)
-            and target.name in _VOLATILE_CALLS
-            and target.name not in assigned
-        ):
+        if isinstance(target, nodes.Name) and target.name in _VOLATILE_CALLS and target.name not in assigned:
             add(call, f"'{target.name}()'", "it reads a clock or a random source")
     return sorted(found.values(), key=lambda u: (u.line, u.what))

@@ -29,7 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from ctxrules.errors import CtxrulesError
-from ctxrules.session_store import SessionLock, SessionStore, write_atomic
+from ctxrules.private_files import read_private, write_atomic
+from ctxrules.session_store import SessionLock, SessionStore
 from ctxrules.vault import Vault
 
 CHECKPOINT_FILE = "checkpoint.json"
@@ -54,21 +55,33 @@ def _path(session: Path) -> Path:
 
 def read(session: Path) -> dict[str, Any] | None:
     try:
-        data = json.loads(_path(session).read_bytes())
-    except (OSError, ValueError):
+        data = json.loads(read_private(_path(session)))
+    except (OSError, ValueError, RecursionError, CtxrulesError):
         return None
     return data if isinstance(data, dict) else None
 
 
-def begin(session: Path, *, backup: str, state: dict[str, Any], messages: int, clock: float,
-          prefix: int = 0) -> None:
+def begin(session: Path, *, backup: str, state: dict[str, Any], messages: int, clock: float, prefix: int = 0) -> None:
     """``backup``: the vault id of the messages the compaction starts from, after the first
     ``prefix`` lines of ``last_output.jsonl`` (which the session does not write again before
     :func:`complete`)."""
-    write_atomic(_path(session), json.dumps({
-        "status": "running", "pid": os.getpid(), "started": clock, "written": time.time(),
-        "backup": backup, "prefix": prefix, "messages": messages, "state_before": state,
-    }, ensure_ascii=False).encode("utf-8"), durable=False)
+    write_atomic(
+        _path(session),
+        json.dumps(
+            {
+                "status": "running",
+                "pid": os.getpid(),
+                "started": clock,
+                "written": time.time(),
+                "backup": backup,
+                "prefix": prefix,
+                "messages": messages,
+                "state_before": state,
+            },
+            ensure_ascii=False,
+        ).encode("utf-8"),
+        durable=False,
+    )
 
 
 def _set_status(session: Path, status: str, **extra: Any) -> None:
@@ -134,10 +147,12 @@ def _backed_up(session: Path, data: dict[str, Any]) -> list[Any]:
         return tail
     store = SessionStore(session)
     record = store.load().get("last") or {}
-    head = store.load_output(prefix, record.get("output_file"))
+    head = store.load_output(prefix, record.get("output_file"), record.get("output_digest"))
     if head is None:
-        raise CtxrulesError(f"{session}: the checkpoint's backup starts after the first {prefix} messages of "
-                            "last_output.jsonl, and that file no longer holds them")
+        raise CtxrulesError(
+            f"{session}: the checkpoint's backup starts after the first {prefix} messages of "
+            "last_output.jsonl, and that file no longer holds them"
+        )
     return [*head, *tail]
 
 
@@ -163,8 +178,15 @@ def check(session: Path) -> Interrupted | None:
         reason = f"process {pid} ended during a compaction"
     else:
         return None
-    return Interrupted(session, str(status), pid if isinstance(pid, int) else None,
-                       data.get("started"), data.get("backup"), reason, _prefix(data))
+    return Interrupted(
+        session,
+        str(status),
+        pid if isinstance(pid, int) else None,
+        data.get("started"),
+        data.get("backup"),
+        reason,
+        _prefix(data),
+    )
 
 
 def scan(state_root: Path) -> list[Interrupted]:
@@ -187,8 +209,9 @@ def resume(session: Path) -> list[dict[str, Any]]:
         if hit is None and data.get("status") == "recovered":
             # Reopening the session already went on from the state before the cut; the
             # backup of what that compaction started from can still be had.
-            hit = Interrupted(session, "recovered", data.get("pid"), data.get("started"), data.get("backup"),
-                              "recovered")
+            hit = Interrupted(
+                session, "recovered", data.get("pid"), data.get("started"), data.get("backup"), "recovered"
+            )
         if hit is None:
             raise CtxrulesError(f"{session}: no interrupted compaction to resume")
         messages = _backed_up(session, data)  # before state.json is put back

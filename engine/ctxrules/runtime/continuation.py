@@ -5,7 +5,9 @@ Declared in the pack under ``guards.continuation`` and evaluated by
 
 - ``cancellation``: ``state["cancel"]`` is set (a ``threading.Event``/``asyncio.Event``, an
   object with a true ``cancelled`` attribute or ``is_set()``, or simply ``True``);
-- ``budget``: ``state["budget_ok"]`` is not False (the budget module sets it from the ledger);
+- ``budget``: the session's ledger is below EXCEEDED (``session.should_continue`` reads the
+  level from the ledger; the check reports it: ``ok``, ``warning``, ``finalization``, or
+  ``stop`` at EXCEEDED), and ``state["budget_ok"]`` is not False (a caller's own budget);
 - ``convergence``: the newest ``max_identical_errors`` tool results are the same error (the
   agent is looping on one failure);
 - ``drift``: every ``drift_every_steps`` steps, ``state["drift_check"](messages)`` is called;
@@ -22,6 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ctxrules.budget.policy import Level
+from ctxrules.budget.status import BudgetStatus
 from ctxrules.messages import message_text
 from ctxrules.structure import steps
 
@@ -33,6 +37,8 @@ class Decision:
     proceed: bool
     reason: str | None = None
     checks: dict[str, str] = field(default_factory=dict)
+    budget: dict[str, Any] | None = None
+    """The ledger's budget status when the session has one (``BudgetStatus.as_dict()``)."""
 
     def __bool__(self) -> bool:
         return self.proceed
@@ -56,9 +62,16 @@ def _file_digest(path: Path) -> str:
         return f"unreadable:{exc.strerror}"
 
 
-def evaluate(config: dict[str, Any], state: dict[str, Any], memory: dict[str, Any], *,
-             is_error: Callable[[str], bool]) -> Decision:
-    """Run every applicable check. ``memory`` persists between calls (file digests)."""
+def evaluate(
+    config: dict[str, Any],
+    state: dict[str, Any],
+    memory: dict[str, Any],
+    *,
+    is_error: Callable[[str], bool],
+    budget: BudgetStatus | None = None,
+) -> Decision:
+    """Run every applicable check. ``memory`` persists between calls (file digests);
+    ``budget`` is the session ledger's status."""
     cfg = {**DEFAULTS, **(config or {})}
     messages: Sequence[dict[str, Any]] = state.get("messages") or []
     checks: dict[str, str] = {}
@@ -75,8 +88,10 @@ def evaluate(config: dict[str, Any], state: dict[str, Any], memory: dict[str, An
         checks["cancellation"] = "ok"
     if state.get("budget_ok") is False:
         fail("budget", str(state.get("budget_reason") or "the budget is used up"))
+    elif budget is not None and budget.level >= Level.EXCEEDED:
+        fail("budget", budget.refusal())
     else:
-        checks["budget"] = "ok"
+        checks["budget"] = budget.level.label if budget is not None else "ok"
     n = int(cfg["max_identical_errors"] or 0)
     results = [message_text(m) for m in messages if m.get("role") == "tool"]
     if n > 1 and len(results) >= n:
@@ -111,4 +126,4 @@ def evaluate(config: dict[str, Any], state: dict[str, Any], memory: dict[str, An
             fail("protected_files", "protected files changed: " + ", ".join(changed))
         else:
             checks["protected_files"] = "ok"
-    return Decision(stop is None, stop, checks)
+    return Decision(stop is None, stop, checks, None if budget is None else budget.as_dict())

@@ -44,8 +44,10 @@ def check_gateway(pack: dict[str, Any], tokens: int) -> None:
     limit = gateway_limit(pack)
     if limit is not None and tokens > limit:
         raise RequestRejected(
-            f"request rejected by the gateway guard: {tokens} prompt tokens > guards.max_request_tokens "
-            f"{limit}", tokens=tokens, limit=limit)
+            f"request rejected by the gateway guard: {tokens} prompt tokens > guards.max_request_tokens {limit}",
+            tokens=tokens,
+            limit=limit,
+        )
 
 
 @dataclass(frozen=True)
@@ -65,21 +67,35 @@ class Preflight:
         return self.window - self.reserve_output
 
     def as_dict(self) -> dict[str, Any]:
-        return {"request_tokens": self.request_tokens, "pinned_tokens": self.pinned_tokens,
-                "tools_tokens": self.tools_tokens, "reserve_output": self.reserve_output,
-                "window": self.window, "usable_window": self.usable, "fits_now": self.fits_now,
-                "can_fit": self.can_fit}
+        return {
+            "request_tokens": self.request_tokens,
+            "pinned_tokens": self.pinned_tokens,
+            "tools_tokens": self.tools_tokens,
+            "reserve_output": self.reserve_output,
+            "window": self.window,
+            "usable_window": self.usable,
+            "fits_now": self.fits_now,
+            "can_fit": self.can_fit,
+        }
 
 
-def preflight(messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]], *,
-              counter: TokenCounter, budget: Budget) -> Preflight:
+def preflight(
+    messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]], *, counter: TokenCounter, budget: Budget
+) -> Preflight:
     has_system = any(m.get("role") == "system" for m in messages)
     per = counter.count_each(messages)
     tools_tokens = counter.count_tools(list(tools), has_system_message=has_system)
     request = sum(per) + REPLY_PRIMING_TOKENS + tools_tokens
     pinned = sum(per[i] for i in pinned_indices(messages)) + REPLY_PRIMING_TOKENS + tools_tokens
-    return Preflight(request, pinned, tools_tokens, budget.reserve_output, budget.window,
-                     fits_now=budget.fits(request), can_fit=budget.fits(pinned))
+    return Preflight(
+        request,
+        pinned,
+        tools_tokens,
+        budget.reserve_output,
+        budget.window,
+        fits_now=budget.fits(request),
+        can_fit=budget.fits(pinned),
+    )
 
 
 def refuse_unless_fits(check: Preflight, model: str) -> None:
@@ -88,4 +104,6 @@ def refuse_unless_fits(check: Preflight, model: str) -> None:
             f"preflight: this request cannot fit {model}'s window even after compaction: the pinned "
             f"messages and tool schemas alone are {check.pinned_tokens} tokens, the usable window is "
             f"{check.usable} ({check.window} - reserve_output {check.reserve_output})",
-            tokens=check.pinned_tokens, limit=check.usable)
+            tokens=check.pinned_tokens,
+            limit=check.usable,
+        )

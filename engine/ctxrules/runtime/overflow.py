@@ -1,7 +1,7 @@
 """``session.complete(...)``: a litellm call with context-overflow recovery.
 
-The call sends what ``prepare`` returns (our ``ctxrules`` metadata key stripped, the request
-options such as ``prompt_cache_key`` merged in). When the provider answers that the prompt is
+The call sends what ``prepare`` returns as it is (it carries no field ctxrules adds), with the
+request options such as ``prompt_cache_key`` merged in. When the provider answers that the prompt is
 too long, an emergency pass runs at the limit the provider named (or, when it names none, at
 80 % of what was sent) — the pack's own ``compress.emergency`` stage with its ``with:`` options
 (phase 1 cuts long contents to head + tail, phase 2 drops the oldest steps, both into the vault),
@@ -9,6 +9,8 @@ then the pack's pairing stage repairs the tool pairs — and the call is retried
 without a ``compress.emergency`` entry gets the registered stage type with its defaults; when
 that plugin is blocked (``CTXRULES_BLOCK_PLUGINS``), there is no recovery and the error stands.
 What happened is returned with the response; usage goes to the ledger when the session has one.
+``acomplete`` is the same on the event loop; ``stream=True`` (both) returns the chunks with the
+same recovery before the first chunk (``ctxrules.runtime.streaming``).
 """
 
 from __future__ import annotations
@@ -18,12 +20,13 @@ import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ctxrules.errors import CtxrulesError
+from ctxrules.errors import CompletionFailed
+from ctxrules.injected import InjectionKey, key_scope
 from ctxrules.llm import load_litellm, quiet
 from ctxrules.logs import get_logger
-from ctxrules.messages import INJECTED_KEY
 from ctxrules.pipeline.context import StageContext
 from ctxrules.results import PrepareResult
+from ctxrules.runtime.streaming import AsyncCompletionStream, CompletionStream
 
 if TYPE_CHECKING:
     from ctxrules.models import ModelInfo
@@ -43,12 +46,11 @@ _LIMIT_PATTERNS = (
     re.compile(r"\d[\d,]* tokens? > (\d[\d,]*)", re.I),
     re.compile(r"context (?:window|length)[^\d]{0,40}(\d[\d,]*) tokens", re.I),
 )
-_OVERFLOW_TEXT = re.compile(r"context[_ ]length|context window|prompt is too long|too many tokens|"
-                            r"maximum context|reduce the length", re.I)
-
-
-class CompletionFailed(CtxrulesError):
-    exit_code = 2
+_OVERFLOW_TEXT = re.compile(
+    r"context[_ ]length|context window|prompt is too long|too many tokens|"
+    r"maximum context|reduce the length",
+    re.I,
+)
 
 
 class _EngineView(Protocol):
@@ -75,8 +77,14 @@ class OverflowSession(Protocol):
     def budget(self) -> Budget: ...
     @property
     def vault(self) -> Vault: ...
+    @property
+    def injection_key(self) -> InjectionKey: ...
 
     def prepare(self, messages: Any, tools: list[dict[str, Any]] | None = None) -> PrepareResult: ...
+
+    async def aprepare(self, messages: Any, tools: list[dict[str, Any]] | None = None) -> PrepareResult: ...
+
+    def record_usage(self, usage: Any, *, model: str | None = None, **options: Any) -> Any: ...
 
 
 @dataclass
@@ -101,11 +109,6 @@ def limit_from(exc: BaseException) -> int | None:
     return None
 
 
-def _wire(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Messages as a provider takes them: without our metadata key (the tag stays in the text)."""
-    return [{k: v for k, v in m.items() if k != INJECTED_KEY} if INJECTED_KEY in m else m for m in messages]
-
-
 def _pack_stage(session: OverflowSession, type_name: str) -> Stage | None:
     """The pack's configured stage of ``type_name`` (its ``with:`` options applied), else the
     registered type with its defaults, else None (not registered: e.g. a blocked plugin)."""
@@ -116,8 +119,9 @@ def _pack_stage(session: OverflowSession, type_name: str) -> Stage | None:
     return st.factory({}) if st is not None else None
 
 
-def emergency_pass(session: OverflowSession, messages: list[dict[str, Any]], tools: list[dict[str, Any]],
-                   window: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]] | None:
+def emergency_pass(
+    session: OverflowSession, messages: list[dict[str, Any]], tools: list[dict[str, Any]], window: int
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]] | None:
     """Shrink ``messages`` to fit ``window`` (minus reserve_output): cut, then drop steps.
     None when the pack has no emergency stage to run."""
     emergency = _pack_stage(session, EMERGENCY_STAGE)
@@ -125,21 +129,40 @@ def emergency_pass(session: OverflowSession, messages: list[dict[str, Any]], too
         return None
     reserve = min(session.budget.reserve_output, max(window // 4, 1))
     budget = dataclasses.replace(session.budget, window=window, reserve_output=reserve, window_source="override")
-    ctx = StageContext(stage_id="overflow", model=session.model, counter=session.counter, budget=budget,
-                       vault=session.vault, tools=tools, pack=session.engine.pack.data,
-                       log=get_logger("ctxrules.overflow", session=session.id), tier="emergency",
-                       session_id=session.id, target="light", hooks=session.engine.registry.hooks,
-                       registry=session.engine.registry)
-    out = emergency(messages, ctx)
+    ctx = StageContext(
+        stage_id="overflow",
+        model=session.model,
+        counter=session.counter,
+        budget=budget,
+        vault=session.vault,
+        tools=tools,
+        pack=session.engine.pack.data,
+        log=get_logger("ctxrules.overflow", session=session.id),
+        tier="emergency",
+        session_id=session.id,
+        target="light",
+        hooks=session.engine.registry.hooks,
+        registry=session.engine.registry,
+    )
     pairing = _pack_stage(session, PAIRING_STAGE)
-    repaired = pairing(out.messages, ctx) if pairing is not None else out
+    with key_scope(session.injection_key):  # what it marks and recognises is the session's
+        out = emergency(messages, ctx)
+        repaired = pairing(out.messages, ctx) if pairing is not None else out
     actions = [a.as_dict() for a in [*out.actions, *(repaired.actions if repaired is not out else [])]]
     return repaired.messages, actions
 
 
-def complete(session: OverflowSession, messages: Any, *, tools: list[dict[str, Any]] | None = None,
-             model: str | None = None, **kwargs: Any) -> Completion:
-    """``litellm.completion`` on the prepared messages, with one overflow recovery."""
+def complete(
+    session: OverflowSession,
+    messages: Any,
+    *,
+    tools: list[dict[str, Any]] | None = None,
+    model: str | None = None,
+    stream: bool = False,
+    **kwargs: Any,
+) -> Completion | CompletionStream:
+    """``litellm.completion`` on the prepared messages, with one overflow recovery; with
+    ``stream``, a :class:`~ctxrules.runtime.streaming.CompletionStream` of the chunks."""
     litellm = load_litellm()
 
     prepared = session.prepare(messages, tools)
@@ -147,30 +170,120 @@ def complete(session: OverflowSession, messages: Any, *, tools: list[dict[str, A
     sent = prepared.messages
     attempts: list[dict[str, Any]] = []
     for attempt in range(2):
-        options = {**prepared.request, **kwargs}
-        if prepared.tools:
-            options.setdefault("tools", prepared.tools)
+        options = _options(prepared, kwargs, stream)
         try:
             with quiet():
-                response = litellm.completion(model=call_model, messages=_wire(sent), **options)
+                response = litellm.completion(model=call_model, messages=sent, **options)
+                # A stream's errors may come with its first event: that one is still recoverable.
+                first, ended = _first_chunk(response) if stream else (None, False)
         except Exception as exc:
-            tokens = session.counter.count_messages(sent, prepared.tools)
-            attempts.append({"attempt": attempt + 1, "error": f"{type(exc).__name__}: {exc}"[:500], "tokens": tokens})
-            _record(session, call_model, None, ok=False)
-            recovery = None
-            if attempt == 0 and is_overflow(exc):
-                limit = limit_from(exc) or int(tokens * 0.8)
-                recovery = emergency_pass(session, sent, prepared.tools, min(limit, session.budget.window))
-            if recovery is not None:
-                sent, actions = recovery
-                attempts[-1].update(recovery={"window": limit, "actions": actions,
-                                              "tokens_after": session.counter.count_messages(sent, prepared.tools)})
-                continue
-            raise CompletionFailed(f"model call failed: {type(exc).__name__}: {str(exc)[:300]}") from exc
-        attempts.append({"attempt": attempt + 1, "ok": True})
+            retry = _after_failure(session, sent, prepared, exc, attempt, attempts)
+            if retry is None:
+                raise CompletionFailed(f"model call failed: {type(exc).__name__}: {str(exc)[:300]}") from exc
+            sent = retry
+            continue
+        attempts.append({"attempt": attempt + 1})
+        if stream:
+            return CompletionStream(session, prepared, call_model, sent, attempts, response, first, ended=ended)
+        attempts[-1]["ok"] = True
         _record(session, call_model, response, ok=True)
         return Completion(response, prepared, recovered=attempt > 0, attempts=attempts)
     raise CompletionFailed("model call failed after the overflow recovery")  # pragma: no cover - loop returns
+
+
+async def acomplete(
+    session: OverflowSession,
+    messages: Any,
+    *,
+    tools: list[dict[str, Any]] | None = None,
+    model: str | None = None,
+    stream: bool = False,
+    **kwargs: Any,
+) -> Completion | AsyncCompletionStream:
+    """:func:`complete` on the event loop: ``aprepare``, ``litellm.acompletion``, the same
+    overflow recovery (its emergency pass off the loop); with ``stream``, an
+    :class:`~ctxrules.runtime.streaming.AsyncCompletionStream`."""
+    import asyncio
+
+    litellm = await asyncio.to_thread(load_litellm)  # the first import takes seconds
+    prepared = await session.aprepare(messages, tools)
+    call_model = model or session.model.name
+    sent = prepared.messages
+    attempts: list[dict[str, Any]] = []
+    for attempt in range(2):
+        options = _options(prepared, kwargs, stream)
+        try:
+            with quiet():
+                response = await litellm.acompletion(model=call_model, messages=sent, **options)
+                first, ended = await _afirst_chunk(response) if stream else (None, False)
+        except Exception as exc:
+            retry = await asyncio.to_thread(_after_failure, session, sent, prepared, exc, attempt, attempts)
+            if retry is None:
+                raise CompletionFailed(f"model call failed: {type(exc).__name__}: {str(exc)[:300]}") from exc
+            sent = retry
+            continue
+        attempts.append({"attempt": attempt + 1})
+        if stream:
+            return AsyncCompletionStream(session, prepared, call_model, sent, attempts, response, first, ended=ended)
+        attempts[-1]["ok"] = True
+        _record(session, call_model, response, ok=True)
+        return Completion(response, prepared, recovered=attempt > 0, attempts=attempts)
+    raise CompletionFailed("model call failed after the overflow recovery")  # pragma: no cover - loop returns
+
+
+def _options(prepared: PrepareResult, kwargs: dict[str, Any], stream: bool) -> dict[str, Any]:
+    options = {**prepared.request, **kwargs}
+    if prepared.tools:
+        options.setdefault("tools", prepared.tools)
+    if stream:
+        options["stream"] = True
+        # The final usage chunk is what the ledger records; without it usage is only counted.
+        options.setdefault("stream_options", {"include_usage": True})
+    return options
+
+
+def _after_failure(
+    session: OverflowSession,
+    sent: list[dict[str, Any]],
+    prepared: PrepareResult,
+    exc: BaseException,
+    attempt: int,
+    attempts: list[dict[str, Any]],
+) -> list[dict[str, Any]] | None:
+    """Note a failed attempt; the messages to retry with when it was the first attempt and the
+    prompt was too long (after the emergency pass), else ``None`` (raise)."""
+    tokens = session.counter.count_messages(sent, prepared.tools)
+    attempts.append({"attempt": attempt + 1, "error": f"{type(exc).__name__}: {exc}"[:500], "tokens": tokens})
+    if attempt != 0 or not is_overflow(exc):
+        return None
+    limit = limit_from(exc) or int(tokens * 0.8)
+    recovery = emergency_pass(session, sent, prepared.tools, min(limit, session.budget.window))
+    if recovery is None:  # no emergency stage to run (its plugin is blocked): the error stands
+        return None
+    smaller, actions = recovery
+    attempts[-1].update(
+        recovery={
+            "window": limit,
+            "actions": actions,
+            "tokens_after": session.counter.count_messages(smaller, prepared.tools),
+        }
+    )
+    return smaller
+
+
+def _first_chunk(response: Any) -> tuple[Any, bool]:
+    """The stream's first chunk (``(None, True)`` for an empty stream)."""
+    try:
+        return next(iter(response)), False
+    except StopIteration:
+        return None, True
+
+
+async def _afirst_chunk(response: Any) -> tuple[Any, bool]:
+    try:
+        return await response.__aiter__().__anext__(), False
+    except StopAsyncIteration:
+        return None, True
 
 
 def _record(session: OverflowSession, model: str, response: Any, *, ok: bool) -> None:
@@ -178,8 +291,5 @@ def _record(session: OverflowSession, model: str, response: Any, *, ok: bool) ->
     recorder = getattr(session, "record_usage", None)
     if not ok or recorder is None or response is None:
         return
-    usage = getattr(response, "usage", None)
-    if usage is not None:
-        # litellm's Usage is a pydantic model; the ledger takes plain JSON-like data.
-        dump = getattr(usage, "model_dump", None)
-        recorder(dump() if callable(dump) else usage, model=model)
+    if getattr(response, "usage", None) is not None:
+        recorder(response, model=model)  # the ledger reads litellm's ModelResponse itself

@@ -1,9 +1,11 @@
 """Sub-agent sessions and the handover of their results.
 
 ``session.child(name)`` opens ``<parent>/children/<name>``: the same pack, the parent's prompt
-cache routing key (sub-agents reuse the parent's provider cache), and the root session as the
-budget root. ``guards.subagents.max_descendants`` (default 20) caps how many sessions one root
-may spawn in all, counted on disk so that it holds across processes.
+cache routing key (sub-agents reuse the parent's provider cache), state root and goal, and the
+root session as the budget root. ``budgets.max_descendants`` (default 20; the older
+``guards.subagents.max_descendants`` is read as a deprecated alias) caps how many child
+sessions one root may spawn in all, counted in the root's registry of child sessions
+(``descendants.jsonl``, under a file lock) so that it holds across processes.
 
 ``child.handover(result)`` caps what goes back to the parent: a result within
 ``max_result_tokens`` (default 4,000) and ``spill_chars`` (default 8,000) is returned as it is;
@@ -18,15 +20,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ctxrules.errors import CtxrulesError, UsageError
+from ctxrules.budget.tracker import SpawnLimitExceeded
+from ctxrules.errors import UsageError
 from ctxrules.stages.reduce import handover_text
 
 DEFAULTS = {"max_descendants": 20, "max_result_tokens": 4000, "spill_chars": 8000}
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 
 
-class TooManyDescendants(CtxrulesError):
-    exit_code = 1
+TooManyDescendants = SpawnLimitExceeded
+"""The older name of :class:`ctxrules.budget.tracker.SpawnLimitExceeded` (one spawn cap, one error)."""
 
 
 def settings(pack: dict[str, Any]) -> dict[str, int]:
@@ -39,10 +42,6 @@ def child_path(parent: Path, name: str) -> Path:
     if not _NAME.match(name) or name in (".", ".."):
         raise UsageError(f"sub-agent name {name!r}: use letters, digits, '.', '_' and '-' (at most 100)")
     return parent / "children" / name
-
-
-def count_descendants(root: Path) -> int:
-    return sum(1 for d in root.rglob("children/*") if d.is_dir() and d.parent.name == "children")
 
 
 @dataclass
@@ -65,8 +64,9 @@ def make_handover(result: str, *, vault: Any, counter: Any, max_result_tokens: i
     if len(result) <= spill_chars and before <= max_result_tokens:
         return Handover(result, False, None, before, before)
     vault_id = vault.put_text(result)
-    text, extracted = handover_text(result, vault_id=vault_id, keep_tokens=max(200, max_result_tokens // 2),
-                                    count=counter.count_text)
+    text, extracted = handover_text(
+        result, vault_id=vault_id, keep_tokens=max(200, max_result_tokens // 2), count=counter.count_text
+    )
     after = counter.count_text(text)
     if after > max_result_tokens:
         # The handover itself must respect the cap: keep its head, the pointer stays first.
@@ -79,5 +79,14 @@ def make_handover(result: str, *, vault: Any, counter: Any, max_result_tokens: i
             used += cost
         text = "".join(kept)
         after = counter.count_text(text)
-    return Handover(text, True, vault_id, before, after, list(extracted.done), list(extracted.todo),
-                    list(extracted.risks), list(extracted.files))
+    return Handover(
+        text,
+        True,
+        vault_id,
+        before,
+        after,
+        list(extracted.done),
+        list(extracted.todo),
+        list(extracted.risks),
+        list(extracted.files),
+    )

@@ -20,8 +20,17 @@ if TYPE_CHECKING:
     from ctxrules.pipeline.context import StageContext
 
 __all__ = [
-    "EMPTY_OPTIONS_SCHEMA", "PHASES", "TIERS", "Action", "Message", "Phase", "Stage", "StageFactory",
-    "StageOutcome", "StageType", "options_schema_for",
+    "EMPTY_OPTIONS_SCHEMA",
+    "PHASES",
+    "TIERS",
+    "Action",
+    "Message",
+    "Phase",
+    "Stage",
+    "StageFactory",
+    "StageOutcome",
+    "StageType",
+    "options_schema_for",
 ]
 
 EMPTY_OPTIONS_SCHEMA: Mapping[str, Any] = {
@@ -99,7 +108,7 @@ class StageType:
 _TARGET_SCHEMA: Mapping[str, Any] = {
     "title": "Target tier",
     "description": "Stop as soon as utilization is below this tier (hysteresis: keeps the next "
-                   "turn from re-triggering). Default: monitor.",
+    "turn from re-triggering). Default: monitor.",
     "enum": list(THRESHOLD_NAMES),
 }
 

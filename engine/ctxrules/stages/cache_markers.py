@@ -177,28 +177,20 @@ def _digest(value: Any) -> str:
     return hashlib.sha256(data.encode("utf-8")).hexdigest()
 
 
-def stable_prefix_bytes(
-    messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]]
-) -> bytes:
+def stable_prefix_bytes(messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]]) -> bytes:
     """The bytes of the stable prefix *as sent* (markers included): the tool schemas and the
     messages up to and including the first real user message, as canonical JSON."""
     layers = prefix_layers(messages)
     body = {"tools": list(tools), "messages": list(messages[: layers.prefix_stop])}
-    return json.dumps(body, sort_keys=True, ensure_ascii=False, separators=(",", ":")).encode(
-        "utf-8"
-    )
+    return json.dumps(body, sort_keys=True, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
 
 
-def count_markers(
-    messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] = ()
-) -> int:
+def count_markers(messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] = ()) -> int:
     """Cache breakpoints in a request: ``cache_control`` on messages, their parts and tools."""
 
     def count(value: Any) -> int:
         if isinstance(value, Mapping):
-            return (MARKER_KEY in value) + sum(
-                count(v) for k, v in value.items() if k != MARKER_KEY
-            )
+            return (MARKER_KEY in value) + sum(count(v) for k, v in value.items() if k != MARKER_KEY)
         if isinstance(value, list):
             return sum(count(v) for v in value)
         return 0
@@ -212,12 +204,7 @@ def count_markers(
 def _markable_part(content: list[Any]) -> int | None:
     for j in range(len(content) - 1, -1, -1):
         part = content[j]
-        if (
-            isinstance(part, dict)
-            and part.get("type") == "text"
-            and isinstance(part.get("text"), str)
-            and part["text"]
-        ):
+        if isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str) and part["text"]:
             return j
     return None
 
@@ -467,7 +454,7 @@ class CacheMarkers:
             old, shorts = last[0], list(last[1])
             for i in structure.replaced(old, messages):
                 shorts[i] = self._short(messages[i])
-            shorts.extend(self._short(m) for m in messages[len(old):])
+            shorts.extend(self._short(m) for m in messages[len(old) :])
         else:
             shorts = [self._short(m) for m in messages]
         self._last_history = (tuple(messages), shorts)
@@ -488,8 +475,7 @@ class CacheMarkers:
 
     def _allowed_tools_supported(self, ctx: StageContext) -> bool:
         return (
-            ctx.model.family in ALLOWED_TOOLS_FAMILIES
-            and (ctx.model.provider or "openai") in ALLOWED_TOOLS_PROVIDERS
+            ctx.model.family in ALLOWED_TOOLS_FAMILIES and (ctx.model.provider or "openai") in ALLOWED_TOOLS_PROVIDERS
         )
 
     # -- the call -------------------------------------------------------------------------------
@@ -526,8 +512,7 @@ class CacheMarkers:
             actions.append(
                 Action(
                     "allowed_tools",
-                    f"no tool allowed: tool_choice=none, {len(tools)} "
-                    "schemas kept for the cached prefix",
+                    f"no tool allowed: tool_choice=none, {len(tools)} schemas kept for the cached prefix",
                 )
             )
         elif allowed is not None:
@@ -563,20 +548,14 @@ class CacheMarkers:
         )
 
     # -- tools ------------------------------------------------------------------------------------
-    def _tools(
-        self, ctx: StageContext, actions: list[Action]
-    ) -> tuple[list[dict[str, Any]], list[str] | None]:
+    def _tools(self, ctx: StageContext, actions: list[Action]) -> tuple[list[dict[str, Any]], list[str] | None]:
         """The tool list to send and, when the caller narrowed it, the names it passed."""
         opts = self.options
         given = [t for t in ctx.tools if isinstance(t, dict)]
         tools = normalize_tools(given) if opts.normalize_tools else list(given)
         if opts.normalize_tools and tools != given:
-            actions.append(
-                Action("tools_normalized", f"{len(tools)} tool schemas sorted and normalized")
-            )
-        keep = opts.stable_tools == "always" or (
-            opts.stable_tools == "auto" and self._allowed_tools_supported(ctx)
-        )
+            actions.append(Action("tools_normalized", f"{len(tools)} tool schemas sorted and normalized"))
+        keep = opts.stable_tools == "always" or (opts.stable_tools == "auto" and self._allowed_tools_supported(ctx))
         previous_id = ctx.state.get("tools_vault")
         if not keep or not previous_id or (not tools and not ctx.state.get("tool_names")):
             return self._remember(tools, ctx), None
@@ -590,11 +569,7 @@ class CacheMarkers:
             if isinstance(previous, list):
                 merged = {_tool_name(t): t for t in previous if isinstance(t, dict)}
                 merged.update({_tool_name(t): t for t in tools})
-                kept = (
-                    normalize_tools(list(merged.values()))
-                    if opts.normalize_tools
-                    else list(merged.values())
-                )
+                kept = normalize_tools(list(merged.values())) if opts.normalize_tools else list(merged.values())
                 dropped = sorted(set(prev_names) - set(names))
                 actions.append(
                     Action(
@@ -612,15 +587,11 @@ class CacheMarkers:
         if names != ctx.state.get("tool_names"):
             ctx.state["tool_names"] = names
             ctx.state["tools_vault"] = (
-                ctx.vault.put_text(json.dumps(tools, sort_keys=True, ensure_ascii=False))
-                if tools
-                else None
+                ctx.vault.put_text(json.dumps(tools, sort_keys=True, ensure_ascii=False)) if tools else None
             )
         return tools
 
-    def _allowed(
-        self, tools: list[dict[str, Any]], narrowed_to: list[str] | None
-    ) -> list[str] | None:
+    def _allowed(self, tools: list[dict[str, Any]], narrowed_to: list[str] | None) -> list[str] | None:
         globs = self.options.allowed_tools
         if globs is None and narrowed_to is None:
             return None
@@ -631,9 +602,7 @@ class CacheMarkers:
         return sorted(allowed)
 
     # -- markers ----------------------------------------------------------------------------------
-    def _remove_own_markers(
-        self, messages: Sequence[Message], state: dict[str, Any]
-    ) -> list[Message]:
+    def _remove_own_markers(self, messages: Sequence[Message], state: dict[str, Any]) -> list[Message]:
         out = list(messages)
         for rec in state.get("ours") or []:
             i = rec.get("i") if isinstance(rec, dict) else None
@@ -686,12 +655,8 @@ class CacheMarkers:
                     return j
             return None
 
-        system_end = (
-            markable_at_or_before(layers.workspace_stop - 1, 0) if layers.workspace_stop else None
-        )
-        prefix_end = (
-            markable_at_or_before(layers.prefix_stop - 1, 0) if layers.prefix_stop else None
-        )
+        system_end = markable_at_or_before(layers.workspace_stop - 1, 0) if layers.workspace_stop else None
+        prefix_end = markable_at_or_before(layers.prefix_stop - 1, 0) if layers.prefix_stop else None
         candidates: list[tuple[str, int | None]] = []
         if strategy == "anthropic":
             tail = markable_at_or_before(len(out) - 1, 0)
@@ -734,8 +699,7 @@ class CacheMarkers:
             actions.append(
                 Action(
                     "cache_breakpoint",
-                    f"{chosen[i]}: cache_control after message {i} "
-                    f"(caches a {cumulative[i]}-token prefix)",
+                    f"{chosen[i]}: cache_control after message {i} (caches a {cumulative[i]}-token prefix)",
                     index=i,
                 )
             )
@@ -775,9 +739,7 @@ class CacheMarkers:
             "history": self._shorts(out[layers.history_start :]),
             "history_start": layers.history_start,
         }
-        fp["stable"] = _digest(
-            [fp["model"], fp["tools"], fp["system"], fp["workspace"], fp["first_user"]]
-        )
+        fp["stable"] = _digest([fp["model"], fp["tools"], fp["system"], fp["workspace"], fp["first_user"]])
         return fp
 
     def _report_breaks(
@@ -792,8 +754,7 @@ class CacheMarkers:
             actions.append(
                 Action(
                     "cache_prefix",
-                    f"first call of this session: prefix {cur['stable'][:12]} "
-                    "will be written to the provider's cache",
+                    f"first call of this session: prefix {cur['stable'][:12]} will be written to the provider's cache",
                 )
             )
             return
@@ -801,15 +762,9 @@ class CacheMarkers:
         if prev.get("model") != cur["model"]:
             layers.append(f"model changed ({prev.get('model')} -> {cur['model']})")
         if prev.get("tools") != cur["tools"]:
-            layers.append(
-                "tools changed ("
-                + _tool_diff(prev.get("tool_digests") or {}, cur["tool_digests"])
-                + ")"
-            )
+            layers.append("tools changed (" + _tool_diff(prev.get("tool_digests") or {}, cur["tool_digests"]) + ")")
         if prev.get("system") != cur["system"]:
-            layers.append(
-                f"system prompt changed ({prev.get('system_chars')} -> {cur['system_chars']} chars)"
-            )
+            layers.append(f"system prompt changed ({prev.get('system_chars')} -> {cur['system_chars']} chars)")
         if prev.get("workspace") != cur["workspace"]:
             layers.append(
                 f"workspace rules changed ({prev.get('workspace_count')} -> "
@@ -851,8 +806,7 @@ class CacheMarkers:
             actions.append(
                 Action(
                     "cache_break",
-                    f"history rewritten from message {at} (compaction or an "
-                    "edit): the cached prefix ends before it",
+                    f"history rewritten from message {at} (compaction or an edit): the cached prefix ends before it",
                     index=at,
                 )
             )

@@ -24,9 +24,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ctxrules.messages import (
-    INJECTED_KEY,
     injected_kind,
     is_injected,
+    keep_mark,
     mark_injected,
     message_text,
     replace_text,
@@ -173,21 +173,26 @@ GUARD_OPTIONS: dict[str, Any] = {
     "min_saving_tokens": {
         "title": "Minimum saving (tokens)",
         "description": "Skip a cycle that would save fewer tokens than this (anti-thrashing: a "
-                       "small compaction is not worth a broken prompt-cache prefix). The "
-                       "effective minimum is the larger of this and min_saving_ratio.",
-        "type": "integer", "minimum": 0, "default": 0,
+        "small compaction is not worth a broken prompt-cache prefix). The "
+        "effective minimum is the larger of this and min_saving_ratio.",
+        "type": "integer",
+        "minimum": 0,
+        "default": 0,
     },
     "min_saving_ratio": {
         "title": "Minimum saving (share of the usable window)",
-        "description": "Skip a cycle that would save less than this share of the usable "
-                       "window (0.02 = 2%).",
-        "type": "number", "minimum": 0, "maximum": 0.5, "default": 0.02,
+        "description": "Skip a cycle that would save less than this share of the usable window (0.02 = 2%).",
+        "type": "number",
+        "minimum": 0,
+        "maximum": 0.5,
+        "default": 0.02,
     },
     "warn_after": {
         "title": "Warn after N ineffective cycles",
-        "description": "Add a warning to the report once this many consecutive cycles were "
-                       "skipped as ineffective.",
-        "type": "integer", "minimum": 1, "default": 3,
+        "description": "Add a warning to the report once this many consecutive cycles were skipped as ineffective.",
+        "type": "integer",
+        "minimum": 1,
+        "default": 3,
     },
 }
 
@@ -206,15 +211,16 @@ class ThrashGuard:
 
     @classmethod
     def from_options(cls, options: Mapping[str, Any]) -> ThrashGuard:
-        return cls(int(options.get("min_saving_tokens", 0)),
-                   float(options.get("min_saving_ratio", 0.02)),
-                   int(options.get("warn_after", 3)))
+        return cls(
+            int(options.get("min_saving_tokens", 0)),
+            float(options.get("min_saving_ratio", 0.02)),
+            int(options.get("warn_after", 3)),
+        )
 
     def minimum(self, ctx: StageContext) -> int:
         return max(self.min_tokens, math.ceil(self.min_ratio * ctx.budget.usable))
 
-    def check(self, saved: int, ctx: StageContext,
-              what: str) -> tuple[bool, list[Action], list[str]]:
+    def check(self, saved: int, ctx: StageContext, what: str) -> tuple[bool, list[Action], list[str]]:
         """``(go, actions, warnings)``: whether to apply a cycle that saves ``saved`` tokens."""
         minimum = self.minimum(ctx)
         state = ctx.state
@@ -225,14 +231,18 @@ class ThrashGuard:
         streak = int(state.get("ineffective_streak", 0)) + 1
         state["ineffective_streak"] = streak
         state["ineffective_total"] = int(state.get("ineffective_total", 0)) + 1
-        detail = (f"skipped: {what} would save {saved} tokens, less than the minimum of "
-                  f"{minimum} (ineffective cycle {streak} in a row, "
-                  f"{state['ineffective_total']} in this session)")
+        detail = (
+            f"skipped: {what} would save {saved} tokens, less than the minimum of "
+            f"{minimum} (ineffective cycle {streak} in a row, "
+            f"{state['ineffective_total']} in this session)"
+        )
         warnings = []
         if streak >= self.warn_after:
-            warnings.append(f"{streak} consecutive ineffective compression cycles: {what} keeps "
-                            f"saving less than {minimum} tokens; the remaining content is "
-                            "protected, critical, pinned or in the tail")
+            warnings.append(
+                f"{streak} consecutive ineffective compression cycles: {what} keeps "
+                f"saving less than {minimum} tokens; the remaining content is "
+                "protected, critical, pinned or in the tail"
+            )
         return False, [Action("ineffective", detail, tokens_saved=0)], warnings
 
 
@@ -251,16 +261,18 @@ class Edit:
     detail: str
 
 
-def apply_edits(messages: Sequence[Message], edits: Sequence[Edit],
-                ctx: StageContext) -> tuple[list[Message], list[Action]]:
+def apply_edits(
+    messages: Sequence[Message], edits: Sequence[Edit], ctx: StageContext
+) -> tuple[list[Message], list[Action]]:
     """The new list (unchanged messages are the same objects) and one action per edit."""
     out = list(messages)
     actions: list[Action] = []
     for edit in edits:
         ids = [ctx.vault.put_text(text) for text in edit.stored]
-        out[edit.index] = edit.message
-        actions.append(Action(edit.kind, edit.detail, index=edit.index, tokens_saved=edit.saved,
-                              vault_id=ids[0] if ids else None))
+        out[edit.index] = keep_mark(messages[edit.index], edit.message)
+        actions.append(
+            Action(edit.kind, edit.detail, index=edit.index, tokens_saved=edit.saved, vault_id=ids[0] if ids else None)
+        )
     return out, actions
 
 
@@ -278,8 +290,9 @@ class Cut:
     unit: str
 
 
-def cut_text(text: str, head_tokens: int, tail_tokens: int, chars_per_token: float,
-             count_text: Any = None) -> Cut | None:
+def cut_text(
+    text: str, head_tokens: int, tail_tokens: int, chars_per_token: float, count_text: Any = None
+) -> Cut | None:
     """Keep about ``head_tokens`` at the start and ``tail_tokens`` at the end of ``text``.
 
     Whole lines are kept when the text has lines short enough: the marker line
@@ -304,25 +317,23 @@ def cut_text(text: str, head_tokens: int, tail_tokens: int, chars_per_token: flo
         used += len(with_ends[head_n])
         head_n += 1
     tail_n, used_tail = 0, 0
-    while (tail_n < len(with_ends) - head_n
-           and used_tail + len(with_ends[-1 - tail_n]) <= tail_chars):
+    while tail_n < len(with_ends) - head_n and used_tail + len(with_ends[-1 - tail_n]) <= tail_chars:
         used_tail += len(with_ends[-1 - tail_n])
         tail_n += 1
-    elided_lines = with_ends[head_n:len(with_ends) - tail_n]
+    elided_lines = with_ends[head_n : len(with_ends) - tail_n]
     elided_chars = sum(len(line) for line in elided_lines)
     # Lines mode only when whole lines keep a fair share of the budget; a 20 KB single line
     # would otherwise leave nothing to read.
-    if (elided_lines and elided_chars >= _MIN_ELIDED_CHARS
-            and used + used_tail >= 0.5 * (head_chars + tail_chars)):
+    if elided_lines and elided_chars >= _MIN_ELIDED_CHARS and used + used_tail >= 0.5 * (head_chars + tail_chars):
         first, last = head_n + 1, head_n + len(elided_lines)
         marker = format_marker("lines", len(elided_lines), vault_id, lines=(first, last))
         ending = "\n" if elided_lines[-1].endswith("\n") else ""
-        kept_tail = "".join(with_ends[len(with_ends) - tail_n:])
+        kept_tail = "".join(with_ends[len(with_ends) - tail_n :])
         new = "".join(with_ends[:head_n]) + marker + ending + kept_tail
         return Cut(new, text, len(elided_lines), "lines")
     head = _soft_cut_head(text, head_chars)
     tail_begin = _soft_cut_tail(text, len(text) - tail_chars, len(head))
-    elided = text[len(head):tail_begin]
+    elided = text[len(head) : tail_begin]
     if len(elided) < _MIN_ELIDED_CHARS:
         return None
     tokens = int(count_text(elided)) if callable(count_text) else math.ceil(len(elided) / chars_per_token)
@@ -335,14 +346,14 @@ def _soft_cut_head(text: str, limit: int) -> str:
     cut = text[:limit]
     space = max(cut.rfind(" "), cut.rfind("\n"))
     if space >= int(limit * 0.8):
-        return cut[:space + 1]
+        return cut[: space + 1]
     return cut
 
 
 def _soft_cut_tail(text: str, begin: int, floor: int) -> int:
     """Start of the kept tail: ``begin``, moved forward to a whitespace boundary when near."""
     begin = max(begin, floor)
-    window = text[begin:begin + max(1, (len(text) - begin) // 5)]
+    window = text[begin : begin + max(1, (len(text) - begin) // 5)]
     for i, ch in enumerate(window):
         if ch in " \n":
             return begin + i + 1
@@ -366,8 +377,9 @@ def _argument_strings(msg: Mapping[str, Any]) -> list[str]:
     return out
 
 
-def truncate_message(msg: Message, tokens: int, *, max_tokens: int, head_tokens: int,
-                     tail_tokens: int, count_text: Any) -> tuple[Message, list[str], int] | None:
+def truncate_message(
+    msg: Message, tokens: int, *, max_tokens: int, head_tokens: int, tail_tokens: int, count_text: Any
+) -> tuple[Message, list[str], int] | None:
     """``msg`` with its long text and long tool-call argument strings cut to head + tail.
 
     Returns ``(new message, vault payloads, pieces cut)`` or ``None`` when nothing is long
@@ -390,8 +402,7 @@ def truncate_message(msg: Message, tokens: int, *, max_tokens: int, head_tokens:
         new_calls: list[Any] = []
         changed = False
         for call in calls:
-            replaced = _truncate_call(call, limit_chars, head_tokens, tail_tokens, cpt,
-                                      count_text, stored)
+            replaced = _truncate_call(call, limit_chars, head_tokens, tail_tokens, cpt, count_text, stored)
             changed = changed or replaced is not call
             new_calls.append(replaced)
         if changed:
@@ -401,8 +412,9 @@ def truncate_message(msg: Message, tokens: int, *, max_tokens: int, head_tokens:
     return new, stored, len(stored)
 
 
-def _truncate_call(call: Any, limit_chars: float, head: int, tail: int, cpt: float,
-                   count_text: Any, stored: list[str]) -> Any:
+def _truncate_call(
+    call: Any, limit_chars: float, head: int, tail: int, cpt: float, count_text: Any, stored: list[str]
+) -> Any:
     fn = call.get("function") if isinstance(call, Mapping) else None
     raw = fn.get("arguments") if isinstance(fn, Mapping) else None
     if not isinstance(raw, str) or len(raw) <= limit_chars:
@@ -419,8 +431,9 @@ def _truncate_call(call: Any, limit_chars: float, head: int, tail: int, cpt: flo
     return {**call, "function": {**fn, "arguments": json.dumps(shortened, ensure_ascii=False)}}
 
 
-def _truncate_json(value: Any, limit_chars: float, head: int, tail: int, cpt: float,
-                   count_text: Any, stored: list[str]) -> Any:
+def _truncate_json(
+    value: Any, limit_chars: float, head: int, tail: int, cpt: float, count_text: Any, stored: list[str]
+) -> Any:
     if isinstance(value, str):
         if len(value) <= limit_chars:
             return value
@@ -430,8 +443,7 @@ def _truncate_json(value: Any, limit_chars: float, head: int, tail: int, cpt: fl
         stored.append(cut.stored)
         return cut.new
     if isinstance(value, dict):
-        return {k: _truncate_json(v, limit_chars, head, tail, cpt, count_text, stored)
-                for k, v in value.items()}
+        return {k: _truncate_json(v, limit_chars, head, tail, cpt, count_text, stored) for k, v in value.items()}
     if isinstance(value, list):
         return [_truncate_json(v, limit_chars, head, tail, cpt, count_text, stored) for v in value]
     return value
@@ -454,15 +466,18 @@ class RemovalPlan:
     removed: set[int] = field(default_factory=set)
     units: int = 0
     estimate: int = 0
-    _run_end: dict[int, int] = field(default_factory=dict)    # run start -> run end
+    _run_end: dict[int, int] = field(default_factory=dict)  # run start -> run end
     _run_start: dict[int, int] = field(default_factory=dict)  # run end -> run start
 
     def __post_init__(self) -> None:
         self.estimate = self.view.total
 
     def _placeholder_at(self, index: int) -> bool:
-        return (0 <= index < len(self.view.messages) and index not in self.removed
-                and is_placeholder(self.view.messages[index]))
+        return (
+            0 <= index < len(self.view.messages)
+            and index not in self.removed
+            and is_placeholder(self.view.messages[index])
+        )
 
     def add(self, indices: Sequence[int]) -> None:
         """Remove one unit: contiguous ``indices`` (a step, or a loose message)."""
@@ -505,7 +520,7 @@ class RemovalPlan:
         messages = self.view.messages
         for start, end in runs:
             out.extend(messages[pos:start])
-            placeholder, payload = make_placeholder(messages[start:end + 1], vault)
+            placeholder, payload = make_placeholder(messages[start : end + 1], vault)
             out.append(placeholder)
             made.append((start, end, placeholder, payload))
             pos = end + 1
@@ -527,23 +542,26 @@ def make_placeholder(run: Sequence[Message], vault: Any) -> tuple[Message, str]:
     payload = json.dumps(originals, ensure_ascii=False)
     vault_id = text_id(payload)
     n_steps = sum(1 for m in originals if m.get("role") == "assistant")
-    tools = Counter(name for m in originals if m.get("role") == "assistant"
-                    for c in (m.get("tool_calls") or []) if isinstance(c, Mapping)
-                    and (name := call_name(c)))
+    tools = Counter(
+        name
+        for m in originals
+        if m.get("role") == "assistant"
+        for c in (m.get("tool_calls") or [])
+        if isinstance(c, Mapping) and (name := call_name(c))
+    )
     marker = format_marker("message", len(originals), vault_id, steps=n_steps)
     what = f"{n_steps} earlier step{'s' if n_steps != 1 else ''}" if n_steps else "earlier messages"
     if tools:
-        listed = ", ".join(f"{name} x{n}" if n > 1 else name for name, n in sorted(
-            tools.items(), key=lambda kv: (-kv[1], kv[0]))[:6])
+        listed = ", ".join(
+            f"{name} x{n}" if n > 1 else name for name, n in sorted(tools.items(), key=lambda kv: (-kv[1], kv[0]))[:6]
+        )
         what += f" (tool calls: {listed})"
-    body = (f"{marker}\n{what} were moved out of the context to make room; the vault entry "
-            "above holds them unchanged.")
+    body = f"{marker}\n{what} were moved out of the context to make room; the vault entry above holds them unchanged."
     # A user-role message: after a tool result or a user message it merges into that user
     # turn (Anthropic) or is a valid user message (OpenAI), and before the next step's
     # assistant message it keeps user/assistant alternation. An assistant-role placeholder
     # would merge into the next assistant turn and push text ahead of its thinking blocks.
-    msg = mark_injected({"role": "user", "content": body}, PLACEHOLDER_KIND,
-                        steps=n_steps, messages=len(originals))
+    msg = mark_injected({"role": "user", "content": body}, PLACEHOLDER_KIND, steps=n_steps, messages=len(originals))
     return msg, payload
 
 
@@ -583,8 +601,3 @@ def removal_units(view: View, *, force: bool) -> Iterator[tuple[tuple[int, int, 
         if not force and not (is_injected(msg) and injected_kind(msg) not in OWNED_KINDS):
             continue
         yield view.order_key(index, force=force), [index]
-
-
-def placeholder_meta(msg: Mapping[str, Any]) -> Mapping[str, Any]:
-    meta = msg.get(INJECTED_KEY)
-    return meta if isinstance(meta, Mapping) else {}

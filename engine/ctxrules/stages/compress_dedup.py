@@ -41,7 +41,8 @@ _RESULT_ROLES = frozenset({"tool", "function"})
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
 _TIMESTAMP = re.compile(
     r"\b\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}(?::\d{2}(?:[.,]\d+)?)?(?:Z|[+-]\d{2}:?\d{2})?\b"
-    r"|\b\d{1,2}:\d{2}:\d{2}(?:[.,]\d+)?\b")
+    r"|\b\d{1,2}:\d{2}:\d{2}(?:[.,]\d+)?\b"
+)
 _DURATION = re.compile(r"\b\d+(?:\.\d+)?\s?(?:ms|s|sec|secs|seconds)\b")
 _SPACES = re.compile(r"[ \t]+")
 
@@ -116,8 +117,9 @@ class Dedup:
                 continue
             total -= saved
             exact = "identical" if text == message_text(keeper) else "near-identical"
-            edits.append(Edit(index, new, saved, [text], "dedup",
-                              f"message {index}: {exact} to the newer result of {same_as}"))
+            edits.append(
+                Edit(index, new, saved, [text], "dedup", f"message {index}: {exact} to the newer result of {same_as}")
+            )
         return edits
 
 
@@ -127,26 +129,28 @@ STAGE_TYPE = StageType(
     hysteresis=True,
     factory=Dedup,
     description="Replaces older copies of identical or near-identical tool outputs by a marker "
-                "that points at the vault and names the newer copy.",
+    "that points at the vault and names the newer copy.",
     options_schema={
         "type": "object",
         "title": "compress.dedup options",
-        "description": "Which repeated tool outputs count as duplicates, and when a cycle is "
-                       "worth it.",
+        "description": "Which repeated tool outputs count as duplicates, and when a cycle is worth it.",
         "additionalProperties": False,
         "properties": {
             "min_tokens": {
                 "title": "Minimum size (tokens)",
                 "description": "Tool results smaller than this are never deduplicated: the "
-                               "marker would cost about as much.",
-                "type": "integer", "minimum": 1, "default": 100,
+                "marker would cost about as much.",
+                "type": "integer",
+                "minimum": 1,
+                "default": 100,
             },
             "normalize": {
                 "title": "Near-identical matching",
                 "description": "Compare outputs after removing ANSI codes, trailing and repeated "
-                               "whitespace, blank lines, timestamps and durations; false "
-                               "compares exact text only.",
-                "type": "boolean", "default": True,
+                "whitespace, blank lines, timestamps and durations; false "
+                "compares exact text only.",
+                "type": "boolean",
+                "default": True,
             },
             **GUARD_OPTIONS,
         },

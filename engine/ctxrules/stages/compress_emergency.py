@@ -13,14 +13,25 @@ does not re-trigger it at once):
    and every unpinned loose message (old real user messages, notes, summaries) too — each
    run becoming one placeholder that points at the vault.
 
+3. **spill pins**: when the pins alone reach the emergency threshold (a newest step holding a
+   56K-token tool output at a 32K window) — checked first, so that levels 1 and 2 then keep
+   what history still fits, and again after level 2 — their largest
+   contents are spilled, largest first — a tool output, a user's paste, the newest assistant
+   text; never a system/developer message — each going to the vault whole and leaving the
+   spill marker and a short preview (``spill_preview_tokens``), until the pins are below the
+   emergency threshold. Like the hard spill of ``tool_output.filter``, this is an exception
+   to "pinned messages survive unchanged" (docs/reference/concepts.md), taken only because the
+   provider would reject the request otherwise.
+
 **Guarantee.** After level 2 only the pinned messages (leading system messages, the human
 anchor, the latest real user message, the newest step) remain, with at most one placeholder in
-each gap between them: the *pinned floor*. Hence the output is below the emergency threshold
-whenever the pinned floor is — "the pinned messages alone fit". When they do not, the stage
-says so in the report's warnings: whether the output still fits the usable window (window -
-reserve_output) or not even that. Later stages (``notes.render``, ``reread.recent_files``)
-keep their injections below the emergency threshold, so the guarantee holds for the pipeline's
-output.
+each gap between them: the *pinned floor*; level 3 shrinks the pins themselves. Hence the
+output is below the emergency threshold unless the system messages (or contents too small to
+spill) alone reach it. When it is not, the stage says so in the report's warnings and in an
+``overflow`` action: whether the output still fits the usable window (window -
+reserve_output) or not even that — the report's ``after.fits`` is false with that reason, and
+``ctxrules run`` exits 1. Later stages (``notes.render``, ``reread.recent_files``) keep their
+injections below the emergency threshold, so the guarantee holds for the pipeline's output.
 """
 
 from __future__ import annotations
@@ -33,7 +44,14 @@ from ctxrules.stages.base import Action, StageOutcome, StageType
 from ctxrules.stages.compress_common import Edit, View, apply_edits
 from ctxrules.stages.compress_remove import apply_removal, plan_removal
 from ctxrules.stages.compress_truncate import TRUNCATE_OPTIONS, TruncateSettings
+from ctxrules.stages.reduce import spill_summary
+from ctxrules.structure import pinned_indices
 from ctxrules.types import THRESHOLD_NAMES
+
+# The instructions are never spilled: without them the request is not the agent's any more.
+_NEVER_SPILLED = frozenset({"system", "developer"})
+# A spill leaves a marker and a preview; below this size it would not save enough to matter.
+_MIN_SPILL_CHARS = 2000
 
 if TYPE_CHECKING:
     from ctxrules.pipeline.context import StageContext
@@ -44,6 +62,7 @@ class Emergency:
 
     def __init__(self, options: Mapping[str, Any]) -> None:
         self.settings = TruncateSettings(options, "compress.emergency")
+        self.spill_preview_tokens = int(options.get("spill_preview_tokens", 400))
         # Not the runner's generic default (monitor): breaking protection is the last resort,
         # so by default it goes only as far as below `full`.
         self.target = str(options.get("target", "full"))
@@ -53,6 +72,18 @@ class Emergency:
         target = self.target
         if view.below(view.total, target, ctx) and view.below(view.total, "emergency", ctx):
             return StageOutcome(messages=list(messages))
+        actions: list[Action] = []
+        start: Sequence[dict[str, Any]] = messages
+        floor = view.total - sum(c for i, c in enumerate(view.counts) if i not in view.pinned)
+        if not view.below(floor, "emergency", ctx):
+            # Level 3 first: the pins alone cannot fit, so spilling them is unavoidable, and
+            # doing it before levels 1-2 keeps whatever history then still fits.
+            start, total = self._spill_pins(list(messages), view.total, ctx, actions)
+            view = View.build(start, ctx)
+            if view.below(view.total, target, ctx):
+                return StageOutcome(
+                    messages=list(start), actions=actions, warnings=self._verdict(view.total, ctx, actions)
+                )
         # Level 1: cut long contents everywhere but in the pins.
         total = view.total
         edits: list[Edit] = []
@@ -61,7 +92,8 @@ class Emergency:
                 break
             edits.append(edit)
             total -= edit.saved
-        current, actions = apply_edits(messages, edits, ctx)
+        current, cut = apply_edits(start, edits, ctx)
+        actions += cut
         if not view.below(total, target, ctx):
             # Level 2: remove whole units, protected and tail ones included.
             view = View.build(current, ctx)
@@ -70,8 +102,73 @@ class Emergency:
                 actions += apply_removal(view, built, ctx, label=_label(view))
                 current = built.messages
                 total = built.total
+        if not view.below(total, "emergency", ctx):
+            # Level 3 (again): what the placeholders and the pins take together still does not fit.
+            current, total = self._spill_pins(current, total, ctx, actions)
         warnings = self._verdict(total, ctx, actions)
         return StageOutcome(messages=current, actions=actions, warnings=warnings)
+
+    def _spill_pins(
+        self, messages: list[dict[str, Any]], total: int, ctx: StageContext, actions: list[Action]
+    ) -> tuple[list[dict[str, Any]], int]:
+        out = list(messages)
+        pins = pinned_indices(out)
+        candidates: list[tuple[int, int, int | None]] = []  # (chars, index, part position)
+        for index in pins:
+            msg = out[index]
+            if msg.get("role") in _NEVER_SPILLED:
+                continue
+            content = msg.get("content")
+            if isinstance(content, str):
+                candidates.append((len(content), index, None))
+            elif isinstance(content, list):
+                candidates.extend(
+                    (len(p["text"]), index, pos)
+                    for pos, p in enumerate(content)
+                    if isinstance(p, Mapping) and p.get("type") == "text" and isinstance(p.get("text"), str)
+                )
+        # Tool outputs and the newest assistant text go first (largest first); the human anchor
+        # and the latest ask only when that was not enough: they say what the task is.
+        candidates.sort(key=lambda c: (out[c[1]].get("role") == "user", -c[0], c[1], -1 if c[2] is None else c[2]))
+        preview = self.spill_preview_tokens
+        for chars, index, pos in candidates:
+            if ctx.budget.utilization(total) < ctx.budget.thresholds["emergency"]:
+                break
+            if chars < _MIN_SPILL_CHARS:
+                continue  # too small for a marker and a preview to save anything
+            msg = out[index]
+            content = msg["content"]
+            text = content if pos is None else content[pos]["text"]
+            vid = ctx.vault.put_text(text)
+            what = "tool output" if msg.get("role") in ("tool", "function") else f"pinned {msg.get('role')} message"
+            summary, fmt = spill_summary(
+                text, vault_id=vid, count=ctx.counter.count_text, preview_tokens=preview, what=what
+            )
+            if len(summary) >= chars:
+                continue
+            if pos is None:
+                new = {**msg, "content": summary}
+            else:
+                parts = list(content)
+                parts[pos] = {**parts[pos], "text": summary}
+                new = {**msg, "content": parts}
+            before = ctx.counter.count_message(msg)
+            after = ctx.counter.count_message(new)
+            out[index] = new
+            total -= before - after
+            actions.append(
+                Action(
+                    "spill_pinned",
+                    f"message {index} (pinned {msg.get('role')}): {chars:,} chars ({fmt}) "
+                    "spilled to the vault: the pinned messages alone did not fit",
+                    index=index,
+                    tokens_saved=before - after,
+                    vault_id=vid,
+                )
+            )
+        if out != messages:
+            total = ctx.count(out)
+        return out, total
 
     @staticmethod
     def _verdict(total: int, ctx: StageContext, actions: list[Action]) -> list[str]:
@@ -79,15 +176,21 @@ class Emergency:
         if budget.utilization(total) < budget.thresholds["emergency"]:
             return []
         limit = budget.tokens_at("emergency")
+        spilled = any(a.kind == "spill_pinned" for a in actions)
+        after = " after spilling their largest contents" if spilled else ""
         if budget.fits(total):
-            message = (f"the pinned messages alone take {total} tokens, at or above the emergency "
-                       f"threshold ({limit} tokens); the output still fits the usable window "
-                       f"({budget.usable} tokens)")
+            message = (
+                f"the pinned messages alone take {total} tokens{after}, at or above the "
+                f"emergency threshold ({limit} tokens); the output still fits the usable "
+                f"window ({budget.usable} tokens)"
+            )
         else:
-            message = (f"the pinned messages alone take {total} tokens and do not fit the "
-                       f"usable window ({budget.usable} tokens of {budget.window}); the provider "
-                       "will reject this request: raise the window, lower reserve_output, or "
-                       "spill the newest tool result")
+            message = (
+                f"the pinned messages alone take {total} tokens{after} and do not fit the "
+                f"usable window ({budget.usable} tokens of {budget.window}); the provider "
+                "will reject this request: raise the window, lower reserve_output, or "
+                "shorten the system prompt"
+            )
         actions.append(Action("overflow", message))
         return [message]
 
@@ -105,6 +208,7 @@ def _label(view: View) -> Callable[[int, int], str]:
             if view.messages[i].get("role") == "user" and i not in view.step_of:
                 what.add("user message")
         return f" (including {', '.join(sorted(what))})" if what else ""
+
     return label
 
 
@@ -114,8 +218,9 @@ STAGE_TYPE = StageType(
     hysteresis=True,
     factory=Emergency,
     description="At the emergency tier, cuts and removes whatever is not pinned (protected, "
-                "critical and tail content included) until the output is below its target; "
-                "warns when even the pinned messages do not fit.",
+    "critical and tail content included) until the output is below its target; "
+    "when the pinned messages alone do not fit, spills their largest contents to the "
+    "vault; warns when the output still does not fit.",
     options_schema={
         "type": "object",
         "title": "compress.emergency options",
@@ -125,11 +230,22 @@ STAGE_TYPE = StageType(
             "target": {
                 "title": "Target tier",
                 "description": "Stop as soon as utilization is below this tier. Default: full "
-                               "(protection is broken only as far as needed, with room left "
-                               "so the next turn does not re-trigger the pass).",
-                "enum": list(THRESHOLD_NAMES), "default": "full",
+                "(protection is broken only as far as needed, with room left "
+                "so the next turn does not re-trigger the pass).",
+                "enum": list(THRESHOLD_NAMES),
+                "default": "full",
             },
             **TRUNCATE_OPTIONS,
+            "spill_preview_tokens": {
+                "title": "Pinned spill preview size",
+                "description": (
+                    "Tokens of the preview a pinned content leaves when the pinned "
+                    "messages alone do not fit and it is spilled (level 3)."
+                ),
+                "type": "integer",
+                "minimum": 50,
+                "default": 400,
+            },
         },
     },
 )

@@ -47,31 +47,139 @@ __all__ = ["Intent", "IntentStage", "build_intent", "extract_terms"]
 
 # File extensions a bare name ("setup.cfg") must end with to count as a file; paths with a
 # directory part accept any extension.
-CODE_EXTENSIONS = frozenset((
-    "py", "pyi", "pyx", "ipynb", "js", "jsx", "mjs", "cjs", "ts", "tsx", "vue", "svelte", "java",
-    "kt", "kts", "scala", "groovy", "go", "rs", "c", "h", "cc", "cpp", "cxx", "hpp", "hh", "m",
-    "mm", "swift", "rb", "php", "pl", "pm", "lua", "r", "jl", "ex", "exs", "erl", "hrl", "hs",
-    "ml", "mli", "fs", "fsx", "cs", "vb", "dart", "zig", "nim", "pony", "sh", "bash", "zsh",
-    "fish", "ps1", "bat", "sql", "graphql", "proto", "thrift", "json", "jsonl", "yaml", "yml",
-    "toml", "ini", "cfg", "conf", "env", "xml", "html", "htm", "css", "scss", "sass", "less",
-    "md", "rst", "txt", "csv", "tsv", "lock", "gradle", "cmake", "mk", "make", "dockerfile", "tf",
-    "hcl", "nix",
-))
+CODE_EXTENSIONS = frozenset(
+    (
+        "py",
+        "pyi",
+        "pyx",
+        "ipynb",
+        "js",
+        "jsx",
+        "mjs",
+        "cjs",
+        "ts",
+        "tsx",
+        "vue",
+        "svelte",
+        "java",
+        "kt",
+        "kts",
+        "scala",
+        "groovy",
+        "go",
+        "rs",
+        "c",
+        "h",
+        "cc",
+        "cpp",
+        "cxx",
+        "hpp",
+        "hh",
+        "m",
+        "mm",
+        "swift",
+        "rb",
+        "php",
+        "pl",
+        "pm",
+        "lua",
+        "r",
+        "jl",
+        "ex",
+        "exs",
+        "erl",
+        "hrl",
+        "hs",
+        "ml",
+        "mli",
+        "fs",
+        "fsx",
+        "cs",
+        "vb",
+        "dart",
+        "zig",
+        "nim",
+        "pony",
+        "sh",
+        "bash",
+        "zsh",
+        "fish",
+        "ps1",
+        "bat",
+        "sql",
+        "graphql",
+        "proto",
+        "thrift",
+        "json",
+        "jsonl",
+        "yaml",
+        "yml",
+        "toml",
+        "ini",
+        "cfg",
+        "conf",
+        "env",
+        "xml",
+        "html",
+        "htm",
+        "css",
+        "scss",
+        "sass",
+        "less",
+        "md",
+        "rst",
+        "txt",
+        "csv",
+        "tsv",
+        "lock",
+        "gradle",
+        "cmake",
+        "mk",
+        "make",
+        "dockerfile",
+        "tf",
+        "hcl",
+        "nix",
+    )
+)
 _NOT_MODULE_FIRST = frozenset({"self", "cls", "this", "e", "i", "eg", "ie", "etc", "vs", "cf"})
-_TLDS = frozenset({"com", "org", "net", "io", "dev", "ai", "co", "uk", "de", "fr", "edu", "gov",
-                   "app", "me", "info", "us", "cn", "jp", "ru", "html", "htm", "php"})
+_TLDS = frozenset(
+    {
+        "com",
+        "org",
+        "net",
+        "io",
+        "dev",
+        "ai",
+        "co",
+        "uk",
+        "de",
+        "fr",
+        "edu",
+        "gov",
+        "app",
+        "me",
+        "info",
+        "us",
+        "cn",
+        "jp",
+        "ru",
+        "html",
+        "htm",
+        "php",
+    }
+)
 
 _SEGMENT = r"[\w@+-][\w@+.-]*"
 _FILE = r"[\w@+-][\w@+.-]*\.[A-Za-z][A-Za-z0-9]{0,9}"
 _PATH_RE = re.compile(
     r"(?<![\w@+.~/-])("
-    rf"(?:~|\.{{1,2}})?/(?:{_SEGMENT}/)*{_FILE}"   # /abs/x.py, ./x.py, ../x.py, ~/x.py
-    rf"|(?:{_SEGMENT}/)+{_FILE}"                    # src/x.py
-    r")(?![\w/-])")
-_BARE_FILE_RE = re.compile(
-    r"(?<![\w@+.~/-])([\w@+-][\w@+-]*(?:\.[\w@+-]+)*\.([A-Za-z][A-Za-z0-9]{0,9}))(?![\w/-])")
-_MODULE_RE = re.compile(
-    r"(?<![\w./:@-])([A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)+)(?![\w(/-])")
+    rf"(?:~|\.{{1,2}})?/(?:{_SEGMENT}/)*{_FILE}"  # /abs/x.py, ./x.py, ../x.py, ~/x.py
+    rf"|(?:{_SEGMENT}/)+{_FILE}"  # src/x.py
+    r")(?![\w/-])"
+)
+_BARE_FILE_RE = re.compile(r"(?<![\w@+.~/-])([\w@+-][\w@+-]*(?:\.[\w@+-]+)*\.([A-Za-z][A-Za-z0-9]{0,9}))(?![\w/-])")
+_MODULE_RE = re.compile(r"(?<![\w./:@-])([A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)+)(?![\w(/-])")
 
 
 def extract_terms(text: str, *, limit: int = 64) -> tuple[list[str], list[str]]:
@@ -134,8 +242,7 @@ class Intent:
         return {t: (t, t.replace(".", "/")) if t in modules else (t,) for t in self.asked}
 
     def as_dict(self) -> dict[str, list[str]]:
-        return {"files": self.files, "modules": self.modules, "failed_calls": self.failed_calls,
-                "asked": self.asked}
+        return {"files": self.files, "modules": self.modules, "failed_calls": self.failed_calls, "asked": self.asked}
 
 
 @lru_cache(maxsize=256)
@@ -147,8 +254,14 @@ def _terms_pattern(terms: tuple[str, ...]) -> re.Pattern[str] | None:
     return re.compile(rf"(?<![\w-])(?:{alternatives})(?![\w-])")
 
 
-def build_intent(messages: Sequence[Mapping[str, Any]], pack: Mapping[str, Any], *,
-                 history_steps: int = 3, failed_steps: int = 5, max_terms: int = 64) -> Intent:
+def build_intent(
+    messages: Sequence[Mapping[str, Any]],
+    pack: Mapping[str, Any],
+    *,
+    history_steps: int = 3,
+    failed_steps: int = 5,
+    max_terms: int = 64,
+) -> Intent:
     """The intent of ``messages``: see the module docstring."""
     intent = Intent()
     facts = shape(messages).facts
@@ -183,8 +296,7 @@ def build_intent(messages: Sequence[Mapping[str, Any]], pack: Mapping[str, Any],
         for index in range(boundary, len(messages)):
             msg = messages[index]
             cid = msg.get("tool_call_id")
-            if msg.get("role") == "tool" and isinstance(cid, str) and cid and roles.is_error(
-                    message_text(msg)):
+            if msg.get("role") == "tool" and isinstance(cid, str) and cid and roles.is_error(message_text(msg)):
                 intent.failed_calls.append(cid)
     return intent
 
@@ -211,8 +323,13 @@ class IntentStage:
         self.max_terms = int(options.get("max_terms", 64))
 
     def __call__(self, messages: Sequence[dict[str, Any]], ctx: StageContext) -> StageOutcome:
-        intent = build_intent(messages, ctx.pack, history_steps=self.history_steps,
-                              failed_steps=self.failed_steps, max_terms=self.max_terms)
+        intent = build_intent(
+            messages,
+            ctx.pack,
+            history_steps=self.history_steps,
+            failed_steps=self.failed_steps,
+            max_terms=self.max_terms,
+        )
         ctx.state["intent"] = intent.as_dict()
         hits, asked_of = self._matches(messages, intent)
         # The ask's matches first, then the incidental ones; each newest first.
@@ -220,8 +337,7 @@ class IntentStage:
         always = _newest_per_term(asked_of)
         pinned = pinned_indices(messages) if ranked else frozenset()
         cap = int(self.max_share * ctx.budget.usable)
-        counts = dict(zip(ranked, ctx.counter.count_each([messages[i] for i in ranked]),
-                          strict=True))
+        counts = dict(zip(ranked, ctx.counter.count_each([messages[i] for i in ranked]), strict=True))
         used = 0
         protected: list[int] = []
         skipped = 0
@@ -245,8 +361,10 @@ class IntentStage:
         actions = []
         if intent.files or intent.modules or intent.failed_calls:
             focus = ", ".join([*intent.files, *intent.modules][:12]) or "-"
-            detail = (f"focus: {focus}; failed calls: {len(intent.failed_calls)}; protected "
-                      f"{len(protected)} message(s), {used} tokens")
+            detail = (
+                f"focus: {focus}; failed calls: {len(intent.failed_calls)}; protected "
+                f"{len(protected)} message(s), {used} tokens"
+            )
             if always:
                 detail += f" ({len(always)} always, for what the latest ask names)"
             if skipped:
@@ -255,8 +373,7 @@ class IntentStage:
         return StageOutcome(messages=list(messages), actions=actions)
 
     @staticmethod
-    def _matches(messages: Sequence[Mapping[str, Any]],
-                 intent: Intent) -> tuple[set[int], dict[int, frozenset[str]]]:
+    def _matches(messages: Sequence[Mapping[str, Any]], intent: Intent) -> tuple[set[int], dict[int, frozenset[str]]]:
         """Every matching index, and for those that match what the latest ask names, which of
         its terms they mention (a call's result shares its call's terms and the reverse)."""
         pattern = intent.pattern()
@@ -341,8 +458,8 @@ STAGE_TYPE = StageType(
     phase="content",
     factory=IntentStage,
     description="Builds the compression intent (files and modules the latest ask and recent "
-                "steps mention, recently failed tool calls) and protects the messages that "
-                "match it from every later stage except the emergency pass.",
+    "steps mention, recently failed tool calls) and protects the messages that "
+    "match it from every later stage except the emergency pass.",
     options_schema={
         "type": "object",
         "title": "compress.intent options",
@@ -352,26 +469,34 @@ STAGE_TYPE = StageType(
             "history_steps": {
                 "title": "Assistant steps scanned",
                 "description": "File paths and modules in the assistant's text of the newest N "
-                               "steps join the focus (0: the latest user message only).",
-                "type": "integer", "minimum": 0, "default": 3,
+                "steps join the focus (0: the latest user message only).",
+                "type": "integer",
+                "minimum": 0,
+                "default": 3,
             },
             "failed_steps": {
                 "title": "Failed calls looked at (steps)",
                 "description": "Tool calls that failed within the newest N steps are protected "
-                               "with their results (0: none).",
-                "type": "integer", "minimum": 0, "default": 5,
+                "with their results (0: none).",
+                "type": "integer",
+                "minimum": 0,
+                "default": 5,
             },
             "max_share": {
                 "title": "Most protected (share of the usable window)",
                 "description": "Protection stops, newest matches first, once the protected "
-                               "messages reach this share of the usable window.",
-                "type": "number", "minimum": 0, "maximum": 1, "default": 0.25,
+                "messages reach this share of the usable window.",
+                "type": "number",
+                "minimum": 0,
+                "maximum": 1,
+                "default": 0.25,
             },
             "max_terms": {
                 "title": "Most focus terms",
-                "description": "At most this many file paths and this many module names make "
-                               "up the focus.",
-                "type": "integer", "minimum": 1, "default": 64,
+                "description": "At most this many file paths and this many module names make up the focus.",
+                "type": "integer",
+                "minimum": 1,
+                "default": 64,
             },
         },
     },

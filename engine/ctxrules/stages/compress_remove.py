@@ -74,21 +74,28 @@ def plan_removal(view: View, ctx: StageContext, tier: str, *, force: bool) -> Bu
         position += 1
 
 
-def apply_removal(view: View, built: BuiltRemoval, ctx: StageContext,
-                  label: Callable[[int, int], str] | None = None) -> list[Action]:
+def apply_removal(
+    view: View, built: BuiltRemoval, ctx: StageContext, label: Callable[[int, int], str] | None = None
+) -> list[Action]:
     """Write the removed runs to the vault; one action per run."""
     actions: list[Action] = []
     for start, end, placeholder, payload in built.runs:
         vault_id = ctx.vault.put_text(payload)
-        before = sum(view.counts[start:end + 1])
+        before = sum(view.counts[start : end + 1])
         saved = before - ctx.counter.count_message(placeholder)
-        n_steps = sum(1 for i in range(start, end + 1)
-                      if view.messages[i].get("role") == "assistant")
+        n_steps = sum(1 for i in range(start, end + 1) if view.messages[i].get("role") == "assistant")
         note = label(start, end) if label else ""
-        actions.append(Action("remove", f"messages {start}-{end}: {n_steps} step(s), "
-                                        f"{end - start + 1} message(s) replaced by one "
-                                        f"placeholder{note}",
-                              index=start, tokens_saved=saved, vault_id=vault_id))
+        actions.append(
+            Action(
+                "remove",
+                f"messages {start}-{end}: {n_steps} step(s), "
+                f"{end - start + 1} message(s) replaced by one "
+                f"placeholder{note}",
+                index=start,
+                tokens_saved=saved,
+                vault_id=vault_id,
+            )
+        )
     return actions
 
 
@@ -115,12 +122,11 @@ STAGE_TYPE = StageType(
     hysteresis=True,
     factory=Remove,
     description="Removes whole steps, oldest and lowest priority first, leaving one marked "
-                "placeholder per run whose vault entry holds the removed messages.",
+    "placeholder per run whose vault entry holds the removed messages.",
     options_schema={
         "type": "object",
         "title": "compress.remove options",
-        "description": "When a removal cycle is worth it (the target tier is the runner's "
-                       "'target' option).",
+        "description": "When a removal cycle is worth it (the target tier is the runner's 'target' option).",
         "additionalProperties": False,
         "properties": {**GUARD_OPTIONS},
     },

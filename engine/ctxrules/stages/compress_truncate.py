@@ -49,26 +49,39 @@ class TruncateSettings:
         self.tail_tokens = int(options.get("tail_tokens", 200))
         if self.head_tokens + self.tail_tokens >= self.max_tokens:
             # A pack error, reported in one line: JSON Schema cannot compare two options.
-            raise PackError(f"{stage}: head_tokens + tail_tokens "
-                            f"({self.head_tokens + self.tail_tokens}) must be below max_tokens "
-                            f"({self.max_tokens}), or nothing would ever be cut")
+            raise PackError(
+                f"{stage}: head_tokens + tail_tokens "
+                f"({self.head_tokens + self.tail_tokens}) must be below max_tokens "
+                f"({self.max_tokens}), or nothing would ever be cut"
+            )
 
-    def edits(self, view: View, ctx: StageContext, *, force: bool = False,
-              order: Sequence[int] | None = None) -> Iterator[Edit]:
+    def edits(
+        self, view: View, ctx: StageContext, *, force: bool = False, order: Sequence[int] | None = None
+    ) -> Iterator[Edit]:
         """Lazily, one edit per candidate in ``order`` (default: every eligible message in
         priority order) that gets shorter; the caller stops when below its target."""
         if order is None:
-            order = sorted((i for i in range(len(view.messages))
-                            if view.eligible(i, force=force) and self.applies(view, i, force)),
-                           key=lambda i: view.order_key(i, force=force))
+            order = sorted(
+                (
+                    i
+                    for i in range(len(view.messages))
+                    if view.eligible(i, force=force) and self.applies(view, i, force)
+                ),
+                key=lambda i: view.order_key(i, force=force),
+            )
         for index in order:
             tokens = view.counts[index]
             if tokens <= self.max_tokens:
                 continue
             msg = view.messages[index]
-            result = truncate_message(msg, tokens, max_tokens=self.max_tokens,
-                                      head_tokens=self.head_tokens, tail_tokens=self.tail_tokens,
-                                      count_text=ctx.counter.count_text)
+            result = truncate_message(
+                msg,
+                tokens,
+                max_tokens=self.max_tokens,
+                head_tokens=self.head_tokens,
+                tail_tokens=self.tail_tokens,
+                count_text=ctx.counter.count_text,
+            )
             if result is None:
                 continue
             new, stored, pieces = result
@@ -81,9 +94,15 @@ class TruncateSettings:
             if force and index >= view.tail_start:
                 why.append("tail")
             note = f" ({', '.join(why)})" if why else ""
-            yield Edit(index, new, saved, stored, "truncate",
-                       f"message {index} ({msg.get('role')}, {view.priorities[index]}){note}: "
-                       f"{pieces} piece{'s' if pieces != 1 else ''} cut to head + tail")
+            yield Edit(
+                index,
+                new,
+                saved,
+                stored,
+                "truncate",
+                f"message {index} ({msg.get('role')}, {view.priorities[index]}){note}: "
+                f"{pieces} piece{'s' if pieces != 1 else ''} cut to head + tail",
+            )
 
     @staticmethod
     def applies(view: View, index: int, force: bool) -> bool:
@@ -123,21 +142,26 @@ class Truncate:
 TRUNCATE_OPTIONS: dict[str, Any] = {
     "max_tokens": {
         "title": "Longest untouched content (tokens)",
-        "description": "A message text (or a tool-call argument string) over this many tokens "
-                       "is cut to head + tail.",
-        "type": "integer", "minimum": 50, "default": 1000,
+        "description": "A message text (or a tool-call argument string) over this many tokens is cut to head + tail.",
+        "type": "integer",
+        "minimum": 50,
+        "default": 1000,
     },
     "head_tokens": {
         "title": "Head kept (tokens)",
         "description": "About this many tokens are kept at the start of a cut content (whole "
-                       "lines when the text has lines).",
-        "type": "integer", "minimum": 0, "default": 300,
+        "lines when the text has lines).",
+        "type": "integer",
+        "minimum": 0,
+        "default": 300,
     },
     "tail_tokens": {
         "title": "Tail kept (tokens)",
         "description": "About this many tokens are kept at the end of a cut content (where "
-                       "errors and summaries usually are).",
-        "type": "integer", "minimum": 0, "default": 200,
+        "errors and summaries usually are).",
+        "type": "integer",
+        "minimum": 0,
+        "default": 200,
     },
 }
 
@@ -147,7 +171,7 @@ STAGE_TYPE = StageType(
     hysteresis=True,
     factory=Truncate,
     description="Cuts long message texts and tool-call arguments to head + tail around an "
-                "elision marker; the vault keeps the original.",
+    "elision marker; the vault keeps the original.",
     options_schema={
         "type": "object",
         "title": "compress.truncate options",

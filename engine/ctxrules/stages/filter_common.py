@@ -101,8 +101,7 @@ def result_digest(msg: Mapping[str, Any]) -> str:
 
 def _result_digest(msg: Mapping[str, Any]) -> str:
     content = msg.get("content")
-    body = content if isinstance(content, str) else json.dumps(
-        content, sort_keys=True, ensure_ascii=False, default=str)
+    body = content if isinstance(content, str) else json.dumps(content, sort_keys=True, ensure_ascii=False, default=str)
     seed = f"{msg.get('tool_call_id') or msg.get('name') or ''}\x1f{body}"
     return hashlib.sha256(seed.encode("utf-8", "surrogatepass")).hexdigest()[:32]
 
@@ -112,8 +111,7 @@ def tokens_saved(ctx: StageContext, old: Message, new: Message) -> int:
     return max(0, ctx.counter.count_message(old) - ctx.counter.count_message(new))
 
 
-def check_options(stage: str, schema: Mapping[str, Any],
-                  options: Mapping[str, Any] | None) -> dict[str, Any]:
+def check_options(stage: str, schema: Mapping[str, Any], options: Mapping[str, Any] | None) -> dict[str, Any]:
     """``options`` checked against ``schema`` with defaults filled in; ``ValueError`` otherwise.
 
     Packs are validated before a stage is built, but stages are also built directly (tests,

@@ -83,7 +83,7 @@ def _read(part: Mapping[str, Any]) -> _Image:
     detail_text = detail if isinstance(detail, str) else None
     match = _DATA_URL.match(url_text)
     if match is not None and ";base64" in match.group("params").lower():
-        data = _b64(url_text[match.end():])
+        data = _b64(url_text[match.end() :])
         if data is not None:
             return _Image(data, match.group("type") or None, None, detail_text)
     return _Image(None, None, url_text, detail_text)
@@ -143,7 +143,7 @@ class MediaWindow:
         with_media = [i for i, f in enumerate(shape(messages).facts) if f.media]
         if len(with_media) <= self.keep_last:
             return StageOutcome(messages=list(messages))
-        kept = set(with_media[len(with_media) - self.keep_last:]) if self.keep_last else set()
+        kept = set(with_media[len(with_media) - self.keep_last :]) if self.keep_last else set()
         pins = pinned_indices(messages)
         out = list(messages)
         actions: list[Action] = []
@@ -155,11 +155,16 @@ class MediaWindow:
             if not vault_ids:
                 continue
             out[index] = new
-            actions.append(Action(
-                "media_elided",
-                f"message {index}: {len(vault_ids)} image(s) outside the newest {self.keep_last} "
-                "media messages moved to the vault",
-                index=index, tokens_saved=tokens_saved(ctx, msg, new), vault_id=vault_ids[0]))
+            actions.append(
+                Action(
+                    "media_elided",
+                    f"message {index}: {len(vault_ids)} image(s) outside the newest {self.keep_last} "
+                    "media messages moved to the vault",
+                    index=index,
+                    tokens_saved=tokens_saved(ctx, msg, new),
+                    vault_id=vault_ids[0],
+                )
+            )
         return StageOutcome(messages=out, actions=actions)
 
     def _strip(self, msg: Message, vault: Vault) -> tuple[Message, list[str]]:
@@ -188,17 +193,21 @@ OPTIONS_SCHEMA: dict[str, Any] = {
     "properties": {
         "keep_last": {
             "title": "Media messages kept",
-            "description": ("Images stay in the newest this-many messages that contain any; "
-                            "older images go to the vault, leaving a marker. 0 keeps none "
-                            "(pinned messages always keep theirs)."),
+            "description": (
+                "Images stay in the newest this-many messages that contain any; "
+                "older images go to the vault, leaving a marker. 0 keeps none "
+                "(pinned messages always keep theirs)."
+            ),
             "type": "integer",
             "minimum": 0,
             "default": 2,
         },
         "remote": {
             "title": "Remote images",
-            "description": ("replace: an older image given by URL is replaced by a marker too "
-                            "(the URL goes to the vault); keep: remote images are left alone."),
+            "description": (
+                "replace: an older image given by URL is replaced by a marker too "
+                "(the URL goes to the vault); keep: remote images are left alone."
+            ),
             "enum": ["replace", "keep"],
             "default": "replace",
         },
@@ -209,8 +218,9 @@ STAGE_TYPE = StageType(
     name="media.window",
     phase="content",
     factory=MediaWindow,
-    description=("Keeps images only in the newest media messages; older images go to the vault "
-                 "as raw bytes and leave a marker."),
+    description=(
+        "Keeps images only in the newest media messages; older images go to the vault as raw bytes and leave a marker."
+    ),
     options_schema=OPTIONS_SCHEMA,
 )
 

@@ -15,13 +15,23 @@ How it repairs (pairing rule: :mod:`ctxrules.messages`, "Pairing"):
   calls is dropped;
 - a call without an id gets one derived from its position, name and arguments, so the same
   history always gets the same id; a result without ``tool_call_id`` in that message's block
-  is matched to such calls in order.
+  is matched to such calls in order;
+- a call id already used by an earlier call — in the same assistant message or an earlier step
+  (Anthropic rejects both) — is renamed ``<id>_<n>`` (the smallest ``n`` ≥ 2 not used yet), and
+  its result with it; the first use keeps the id. The renaming depends only on what comes
+  before, so appending messages never renames an earlier call (the prompt-cache prefix holds);
+- ``function.arguments`` that are not valid JSON (a model cut off mid-call, prose instead of
+  JSON) are kept verbatim in the vault and replaced by a JSON object saying so, with the
+  marker that brings them back: ``{"ctxrules_invalid_arguments": "[ctxrules:elided kind=json
+  ...]", "note": ...}``; blank arguments become ``{}``. Providers that convert the arguments
+  (Anthropic's ``tool_use.input``) would reject the request otherwise.
 
 Pinned messages (:func:`ctxrules.structure.pinned_indices`) are kept unchanged: under
 ``remove``, a pinned assistant message's unanswered calls are answered with a synthesized
-result instead. Validity wins over pinning in two cases only, because the request would be
-rejected otherwise: an id-less call gets its id, and a pinned orphan or duplicate result is
-dropped. The stage is idempotent: its output is valid, and a valid list is returned as is.
+result instead. Validity wins over pinning in these cases only, because the request would be
+rejected otherwise: an id-less call gets its id, a reused id is renamed (with its result),
+invalid arguments are replaced, and a pinned orphan or duplicate result is dropped. The stage
+is idempotent: its output is valid, and a valid list is returned as is.
 
 Nothing is lost: :func:`repair_tool_pairs` is pure, and the stage stores every dropped result
 and removed call in the session vault, recording the vault id in the action.
@@ -38,7 +48,9 @@ from typing import TYPE_CHECKING, Any, Literal, get_args
 from ctxrules.hookspecs import hookimpl
 from ctxrules.messages import mark_injected, tool_call_id
 from ctxrules.stages.base import Action, Message, StageOutcome, StageType
+from ctxrules.stages.compress_common import text_id
 from ctxrules.structure import pair_tool_calls, pinned_indices
+from ctxrules.vault import format_marker
 
 if TYPE_CHECKING:
     from ctxrules.pipeline.context import StageContext
@@ -63,6 +75,14 @@ RESULT_SYNTHESIZED = "result_synthesized"
 CALL_REMOVED = "call_removed"
 MESSAGE_DROPPED = "message_dropped"
 EMPTY_CALLS_DROPPED = "empty_tool_calls_dropped"
+ID_RENAMED = "call_id_renamed"
+ARGUMENTS_REPLACED = "arguments_replaced"
+
+INVALID_ARGUMENTS_KEY = "ctxrules_invalid_arguments"
+_INVALID_NOTE = (
+    "The model produced arguments for this call that are not valid JSON; the marker "
+    "points at them, verbatim, in the vault."
+)
 
 
 @dataclass(frozen=True)
@@ -99,14 +119,14 @@ class _Repair:
 
     def __init__(self, messages: Sequence[Message], unanswered: UnansweredPolicy) -> None:
         if unanswered not in _POLICIES:
-            raise ValueError(
-                f"unanswered must be one of {', '.join(_POLICIES)}, got {unanswered!r}"
-            )
+            raise ValueError(f"unanswered must be one of {', '.join(_POLICIES)}, got {unanswered!r}")
         self.messages = messages
         self.unanswered = unanswered
         self.pairing = pair_tool_calls(messages)
         self.pins = pinned_indices(messages)
         self.events: list[_Event] = []
+        self.used: set[str] = set()
+        """Call ids emitted so far: a later call with one of them is renamed."""
 
     def run(self) -> tuple[list[Message], list[_Event]]:
         out: list[Message] = []
@@ -127,9 +147,7 @@ class _Repair:
     def _without_empty_calls(self, index: int) -> list[Message]:
         # OpenAI rejects an empty tool_calls array; without the key the message is valid.
         msg = self.messages[index]
-        self.events.append(
-            _Event(EMPTY_CALLS_DROPPED, f"message {index}: removed an empty tool_calls list", index)
-        )
+        self.events.append(_Event(EMPTY_CALLS_DROPPED, f"message {index}: removed an empty tool_calls list", index))
         return [{k: v for k, v in msg.items() if k != "tool_calls"}]
 
     def _dropped_result(self, index: int, msg: Message) -> _Event:
@@ -161,23 +179,28 @@ class _Repair:
         block = range(index + 1, block_end)
         results = [self.pairing.result_of.get((index, pos)) for pos in range(len(calls))]
         ids = [tool_call_id(call) for call in calls]
+        derived = [
+            cid if cid is not None else _derived_id(call, pos)
+            for pos, (call, cid) in enumerate(zip(calls, ids, strict=True))
+        ]
+        call_ids = self._unique(derived)
+        fixed = [_fixed_arguments(call) for call in calls]
         if (
             None not in ids
             and None not in results
             and set(results) == set(block)
             and not self.pairing.positional.intersection(block)
+            and call_ids == ids
+            and not any(fixed)
         ):
             # Already valid: keep the block verbatim, in its own order, so that a valid history
             # comes back identical (and the stage is idempotent).
             return [msg, *(self.messages[j] for j in block)]
 
-        call_ids = [
-            cid if cid is not None else _derived_id(call, pos)
-            for pos, (call, cid) in enumerate(zip(calls, ids, strict=True))
-        ]
         assistant = msg
-        if None in ids:
-            assistant = {**msg, "tool_calls": self._with_ids(index, calls, call_ids)}
+        if None in ids or call_ids != derived or any(fixed):
+            assistant = {**msg, "tool_calls": self._with_ids(index, calls, call_ids, derived, fixed)}
+            calls = assistant["tool_calls"]
 
         missing = [pos for pos, result in enumerate(results) if result is None]
         if missing and self.unanswered == "remove" and index not in self.pins:
@@ -202,33 +225,75 @@ class _Repair:
             )
         return emitted
 
-    def _with_ids(self, index: int, calls: list[Any], call_ids: list[str]) -> list[Any]:
+    def _unique(self, ids: list[str]) -> list[str]:
+        """``ids`` with every id already used (earlier, or earlier in this list) renamed."""
+        out: list[str] = []
+        for cid in ids:
+            new = cid
+            n = 2
+            while new in self.used:
+                new = f"{cid}_{n}"
+                n += 1
+            self.used.add(new)
+            out.append(new)
+        return out
+
+    def _with_ids(
+        self, index: int, calls: list[Any], call_ids: list[str], derived: list[str], fixed: list[tuple[str, str] | None]
+    ) -> list[Any]:
         new_calls: list[Any] = []
         for pos, call in enumerate(calls):
-            if tool_call_id(call) is not None:
+            if not isinstance(call, Mapping):
                 new_calls.append(call)
                 continue
-            new_calls.append({**call, "id": call_ids[pos]} if isinstance(call, Mapping) else call)
-            self.events.append(
-                _Event(
-                    ID_ASSIGNED,
-                    f"message {index}: tool_calls[{pos}] ({_call_name(call)}) had no id; "
-                    f"assigned {call_ids[pos]}",
-                    index,
+            new = dict(call)
+            if tool_call_id(call) is None:
+                self.events.append(
+                    _Event(
+                        ID_ASSIGNED,
+                        f"message {index}: tool_calls[{pos}] ({_call_name(call)}) had no id; assigned {derived[pos]}",
+                        index,
+                    )
                 )
-            )
+            if call_ids[pos] != derived[pos]:
+                self.events.append(
+                    _Event(
+                        ID_RENAMED,
+                        f"message {index}: tool_calls[{pos}] ({_call_name(call)}) reused the id "
+                        f"{derived[pos]!r} of an earlier call; renamed it {call_ids[pos]!r} (and its result)",
+                        index,
+                    )
+                )
+            new["id"] = call_ids[pos]
+            if fixed[pos] is not None:
+                original, replacement = fixed[pos]  # type: ignore[misc]
+                new["function"] = {**call["function"], "arguments": replacement}
+                self.events.append(
+                    _Event(
+                        ARGUMENTS_REPLACED,
+                        f"message {index}: tool_calls[{pos}] ({_call_name(call)}): arguments were "
+                        f"not valid JSON ({len(original)} chars); replaced by an object that says so"
+                        if original.strip()
+                        else f"message {index}: tool_calls[{pos}] ({_call_name(call)}): blank arguments became {{}}",
+                        index,
+                        original if original.strip() else None,
+                    )
+                )
+            if new == call:
+                new_calls.append(call)
+            else:
+                new_calls.append(new)
         return new_calls
 
     def _placed(self, result_index: int, index: int, call_id: str, block: range) -> Message:
         result = self.messages[result_index]
-        if result_index in self.pairing.positional:
+        if result.get("tool_call_id") != call_id:  # id-less, or its call was renamed
             result = {**result, "tool_call_id": call_id}
         if result_index not in block:
             self.events.append(
                 _Event(
                     RESULT_MOVED,
-                    f"message {result_index}: result for call {call_id!r} moved into the block "
-                    f"after message {index}",
+                    f"message {result_index}: result for call {call_id!r} moved into the block after message {index}",
                     result_index,
                 )
             )
@@ -263,8 +328,7 @@ class _Repair:
         self.events.append(
             _Event(
                 MESSAGE_DROPPED,
-                f"message {index}: dropped the assistant message: empty once its calls were "
-                "removed",
+                f"message {index}: dropped the assistant message: empty once its calls were removed",
                 index,
                 _json(self.messages[index]),
             )
@@ -286,6 +350,31 @@ def _derived_id(call: object, pos: int) -> str:
     arguments = function.get("arguments") if isinstance(function, Mapping) else None
     seed = json.dumps([pos, name, arguments], ensure_ascii=False, sort_keys=True, default=str)
     return "call_ctxrules_" + hashlib.sha256(seed.encode("utf-8", "surrogatepass")).hexdigest()[:24]
+
+
+def _fixed_arguments(call: object) -> tuple[str, str] | None:
+    """``(original, replacement)`` when the call's ``function.arguments`` string is not JSON."""
+    function = call.get("function") if isinstance(call, Mapping) else None
+    arguments = function.get("arguments") if isinstance(function, Mapping) else None
+    if not isinstance(arguments, str) or (arguments[:1] in _JSON_OPENERS and _is_json(arguments)):
+        return None
+    if not arguments.strip():
+        return arguments, "{}"
+    if _is_json(arguments):
+        return None
+    marker = format_marker("json", len(arguments), text_id(arguments), reason="invalid_arguments")
+    return arguments, json.dumps({INVALID_ARGUMENTS_KEY: marker, "note": _INVALID_NOTE}, ensure_ascii=False)
+
+
+_JSON_OPENERS = frozenset("{[")
+
+
+def _is_json(text: str) -> bool:
+    try:
+        json.loads(text)
+    except ValueError:
+        return False
+    return True
 
 
 def _call_name(call: object) -> str:
@@ -318,9 +407,7 @@ def _is_empty_assistant(msg: Mapping[str, Any]) -> bool:
         return not content.strip()
     if isinstance(content, list):
         return all(
-            isinstance(part, Mapping)
-            and part.get("type") == "text"
-            and not str(part.get("text") or "").strip()
+            isinstance(part, Mapping) and part.get("type") == "text" and not str(part.get("text") or "").strip()
             for part in content
         )
     return content is None
@@ -339,10 +426,10 @@ def _json(value: object) -> str:
 
 
 def already_valid(messages: Sequence[Mapping[str, Any]], start: int = 0) -> bool:
-    """True when invariant 1 already holds and nothing else needs repair: every call has a
-    distinct-in-its-message id answered exactly once in the block right after it, no tool
-    result stands elsewhere, no ``tool_calls`` list is empty and no assistant message is
-    empty. Conservative: False only means "run the full repair"."""
+    """True when invariants 1 and 7 already hold and nothing else needs repair: every call has
+    an id used by no other call, answered exactly once in the block right after it, with JSON
+    arguments; no tool result stands elsewhere, no ``tool_calls`` list is empty and no
+    assistant message is empty. Conservative: False only means "run the full repair"."""
     n = len(messages)
     i = min(max(start, 0), n)
     # Messages before ``start`` are known valid; scanning resumes at the assistant message whose
@@ -351,6 +438,7 @@ def already_valid(messages: Sequence[Mapping[str, Any]], start: int = 0) -> bool
         i -= 1
     if i > 0 and messages[i - 1].get("role") == "assistant":
         i -= 1
+    used: set[str] | None = None  # call ids before the scan, gathered when a call needs them
     while i < n:
         msg = messages[i]
         role = msg.get("role")
@@ -365,12 +453,15 @@ def already_valid(messages: Sequence[Mapping[str, Any]], start: int = 0) -> bool
                 continue
             if not calls:
                 return False
+            if used is None:
+                used = set(_ids_before(messages, i))
             ids = []
             for call in calls:
                 cid = call.get("id") if isinstance(call, Mapping) else None
-                if not isinstance(cid, str) or not cid:
+                if not isinstance(cid, str) or not cid or cid in used or _fixed_arguments(call) is not None:
                     return False
                 ids.append(cid)
+                used.add(cid)
             j = i + 1
             answered = []
             while j < n and messages[j].get("role") in ("tool", "function"):
@@ -386,6 +477,40 @@ def already_valid(messages: Sequence[Mapping[str, Any]], start: int = 0) -> bool
     return True
 
 
+_PREFIX_IDS: dict[int, tuple[Mapping[str, Any], int, frozenset[str]]] = {}
+_PREFIX_IDS_KEEP = 16
+
+
+def _ids_before(messages: Sequence[Mapping[str, Any]], end: int) -> frozenset[str]:
+    """The call ids of ``messages[:end]``, remembered by the last message object and ``end``:
+    on a warm turn the scan asks about the same valid prefix after every content stage, and a
+    prefix of hundreds of steps would otherwise be walked each time. (A prefix whose last
+    object and length match but whose earlier steps were removed yields extra ids: a
+    conservative "run the full repair".)"""
+    if end <= 0:
+        return frozenset()
+    last = messages[end - 1]
+    hit = _PREFIX_IDS.get(id(last))
+    if hit is not None and hit[0] is last and hit[1] == end:
+        return hit[2]
+    start, base = 0, frozenset[str]()
+    # The next turn's prefix extends this turn's: add the ids of the appended messages only.
+    for obj, n, ids in _PREFIX_IDS.values():
+        if start < n <= end and messages[n - 1] is obj:
+            start, base = n, ids
+    ids = base.union(
+        cid
+        for m in messages[start:end]
+        if m.get("role") == "assistant"
+        for cid in map(tool_call_id, m.get("tool_calls") or ())
+        if cid is not None
+    )
+    if len(_PREFIX_IDS) >= _PREFIX_IDS_KEEP:
+        _PREFIX_IDS.clear()
+    _PREFIX_IDS[id(last)] = (last, end, ids)
+    return ids
+
+
 class ToolPairRepair:
     """The ``normalize.tool_pairs`` stage: :func:`repair_tool_pairs` plus the vault.
 
@@ -399,10 +524,7 @@ class ToolPairRepair:
             raise ValueError(f"normalize.tool_pairs: unknown option(s) {', '.join(unknown)}")
         policy = options.get("unanswered", "synthesize")
         if policy not in _POLICIES:
-            raise ValueError(
-                f"normalize.tool_pairs: unanswered must be one of {', '.join(_POLICIES)}, "
-                f"got {policy!r}"
-            )
+            raise ValueError(f"normalize.tool_pairs: unanswered must be one of {', '.join(_POLICIES)}, got {policy!r}")
         self.unanswered: UnansweredPolicy = policy
 
     def __repr__(self) -> str:
@@ -415,8 +537,7 @@ class ToolPairRepair:
             return StageOutcome(messages=list(messages))
         out, events = _Repair(messages, self.unanswered).run()
         actions = [
-            event.action(ctx.vault.put_text(event.payload) if event.payload is not None else None)
-            for event in events
+            event.action(ctx.vault.put_text(event.payload) if event.payload is not None else None) for event in events
         ]
         return StageOutcome(messages=out, actions=actions)
 

@@ -42,8 +42,7 @@ if TYPE_CHECKING:
     from ctxrules.pipeline.context import StageContext
 
 KIND = "notes"
-_HEADER = ("Session notes (kept with the notes API; context for the task, not a new request). "
-           "Ids in brackets.")
+_HEADER = "Session notes (kept with the notes API; context for the task, not a new request). Ids in brackets."
 # Role, tags and the per-message overhead a marked message adds to its text.
 _MESSAGE_OVERHEAD = 16
 
@@ -91,8 +90,7 @@ class NotesRender:
             notes = load_notes(ctx.vault.root.parent)
         except NotesError as exc:
             return StageOutcome(messages=list(messages), warnings=[str(exc)])
-        existing = [i for i, f in enumerate(shape(messages).facts)
-                    if f.injected and injected_kind(messages[i]) == KIND]
+        existing = [i for i, f in enumerate(shape(messages).facts) if f.injected and injected_kind(messages[i]) == KIND]
         if not notes and not existing:
             return StageOutcome(messages=list(messages))
         skip = set(existing)
@@ -103,48 +101,61 @@ class NotesRender:
         if notes:
             new_msg, stored, dropped = self._render(notes, rest, ctx)
             if new_msg is None:
-                warnings.append(f"{len(notes)} session note(s) not rendered: no room below the "
-                                f"{self.max_tier} threshold")
+                warnings.append(
+                    f"{len(notes)} session note(s) not rendered: no room below the {self.max_tier} threshold"
+                )
             elif stored is not None:
                 vault_id = ctx.vault.put_text(stored)
-                actions.append(Action("omit", f"{dropped} older note(s) over the notes budget "
-                                              "left out of the rendering", vault_id=vault_id))
-        if (new_msg is not None and len(existing) == 1
-                and message_text(messages[existing[0]]) == message_text(new_msg)
-                and (self.placement == "end"
-                     or existing[0] == insertion_point(rest, self.placement))):
+                actions.append(
+                    Action(
+                        "omit",
+                        f"{dropped} older note(s) over the notes budget left out of the rendering",
+                        vault_id=vault_id,
+                    )
+                )
+        if (
+            new_msg is not None
+            and len(existing) == 1
+            and message_text(messages[existing[0]]) == message_text(new_msg)
+            and (self.placement == "end" or existing[0] == insertion_point(rest, self.placement))
+        ):
             # Unchanged notes stay where they are: the cached prefix is not touched.
             return StageOutcome(messages=list(messages), actions=actions, warnings=warnings)
         for i in existing:
             vault_id = ctx.vault.put_text(message_text(messages[i]))
-            actions.append(Action("replace" if new_msg is not None else "remove",
-                                  f"message {i}: earlier notes rendering", index=i,
-                                  vault_id=vault_id))
+            actions.append(
+                Action(
+                    "replace" if new_msg is not None else "remove",
+                    f"message {i}: earlier notes rendering",
+                    index=i,
+                    vault_id=vault_id,
+                )
+            )
         out = list(rest)
         if new_msg is not None:
             at = insertion_point(out, self.placement)
             out.insert(at, new_msg)
-            actions.append(Action("render", f"{len(notes)} note(s) rendered at message {at}",
-                                  index=at))
+            actions.append(Action("render", f"{len(notes)} note(s) rendered at message {at}", index=at))
         return StageOutcome(messages=out, actions=actions, warnings=warnings)
 
-    def _render(self, notes: list[Note], rest: Sequence[Message],
-                ctx: StageContext) -> tuple[Message | None, str | None, int]:
+    def _render(
+        self, notes: list[Note], rest: Sequence[Message], ctx: StageContext
+    ) -> tuple[Message | None, str | None, int]:
         """``(message, vault text of omitted notes, how many omitted)``; the message is
         ``None`` when not even one note fits."""
         room = ctx.budget.tokens_at(self.max_tier) - ctx.count(rest) - _MESSAGE_OVERHEAD
         limit = min(self.max_tokens, room)
         kept = list(notes)
         while kept:
-            dropped = notes[:len(notes) - len(kept)]
+            dropped = notes[: len(notes) - len(kept)]
             stored = "\n".join(render_note(n) for n in dropped) if dropped else None
             omitted = None
             if stored is not None:
-                omitted = (format_marker("lines", line_count(stored), text_id(stored),
-                                         notes=len(dropped))
-                           + f" ({len(dropped)} older note(s) left out; the notes file keeps them)")
-            msg = mark_injected({"role": "user", "content": render_notes(kept, omitted)}, KIND,
-                                count=len(kept))
+                omitted = (
+                    format_marker("lines", line_count(stored), text_id(stored), notes=len(dropped))
+                    + f" ({len(dropped)} older note(s) left out; the notes file keeps them)"
+                )
+            msg = mark_injected({"role": "user", "content": render_notes(kept, omitted)}, KIND, count=len(kept))
             if ctx.counter.count_message(msg) <= limit:
                 return msg, stored, len(dropped)
             kept.pop(0)
@@ -155,8 +166,7 @@ STAGE_TYPE = StageType(
     name="notes.render",
     phase="content",
     factory=NotesRender,
-    description="Renders the session notes (session.notes) into the context as one marked "
-                "message; no LLM call.",
+    description="Renders the session notes (session.notes) into the context as one marked message; no LLM call.",
     options_schema={
         "type": "object",
         "title": "notes.render options",
@@ -166,21 +176,25 @@ STAGE_TYPE = StageType(
             "placement": {
                 "title": "Placement",
                 "description": "'end': appended after the history and kept in place while the "
-                               "notes do not change (cache-friendly); 'after_system': right "
-                               "after the leading system messages.",
-                "enum": ["end", "after_system"], "default": "end",
+                "notes do not change (cache-friendly); 'after_system': right "
+                "after the leading system messages.",
+                "enum": ["end", "after_system"],
+                "default": "end",
             },
             "max_tokens": {
                 "title": "Largest rendering (tokens)",
                 "description": "The notes message is at most this many tokens; older notes are "
-                               "left out (with a marker) when they do not fit.",
-                "type": "integer", "minimum": 50, "default": 2000,
+                "left out (with a marker) when they do not fit.",
+                "type": "integer",
+                "minimum": 50,
+                "default": 2000,
             },
             "max_tier": {
                 "title": "Ceiling tier",
                 "description": "The notes never lift utilization to this tier (default: "
-                               "emergency, so the emergency guarantee holds).",
-                "enum": list(THRESHOLD_NAMES), "default": "emergency",
+                "emergency, so the emergency guarantee holds).",
+                "enum": list(THRESHOLD_NAMES),
+                "default": "emergency",
             },
         },
     },

@@ -47,8 +47,10 @@ if TYPE_CHECKING:
     from ctxrules.pipeline.context import StageContext
 
 KIND = "reread"
-_HEADER = ("Current content of files changed recently, re-read from disk after the context was "
-           "compacted; copies of them earlier in the conversation may be stale.")
+_HEADER = (
+    "Current content of files changed recently, re-read from disk after the context was "
+    "compacted; copies of them earlier in the conversation may be stale."
+)
 _PER_FILE_OVERHEAD = 40
 _MAX_DIGESTS_PER_FILE = 16
 
@@ -106,11 +108,17 @@ class Reread:
             body, partial = text, False
             if tokens > room:
                 if room < self.min_partial_tokens:
-                    actions.append(Action("skip", f"{cand.path}: {tokens} tokens, {max(room, 0)} "
-                                                  "left in the reread budget"))
+                    actions.append(
+                        Action("skip", f"{cand.path}: {tokens} tokens, {max(room, 0)} left in the reread budget")
+                    )
                     continue
-                cut = cut_text(text, room - _PER_FILE_OVERHEAD - 60, 0,
-                               max(1.0, len(text) / max(1, tokens)), ctx.counter.count_text)
+                cut = cut_text(
+                    text,
+                    room - _PER_FILE_OVERHEAD - 60,
+                    0,
+                    max(1.0, len(text) / max(1, tokens)),
+                    ctx.counter.count_text,
+                )
                 if cut is None:
                     continue
                 body, partial = cut.new, True
@@ -123,21 +131,25 @@ class Reread:
         if not blocks:
             return StageOutcome(messages=list(messages), actions=actions, warnings=warnings)
         content = _HEADER + "\n\n" + "\n\n".join(blocks)
-        msg: Message = mark_injected({"role": "user", "content": content}, KIND, files=files_meta)
+        msg: Message = mark_injected({"role": "user", "content": content}, KIND, files=len(files_meta))
         vault_ids = [ctx.vault.put_text(s) for s in stored]
         out = list(messages)
         at = insertion_point(out, "end")
         out.insert(at, msg)
         paths = ", ".join(f["path"] for f in files_meta)
-        actions.append(Action("reread", f"{len(files_meta)} file(s) re-read after "
-                                        f"{', '.join(sorted(set(compactions)))}: {paths}",
-                              index=at, vault_id=vault_ids[0] if vault_ids else None))
+        actions.append(
+            Action(
+                "reread",
+                f"{len(files_meta)} file(s) re-read after {', '.join(sorted(set(compactions)))}: {paths}",
+                index=at,
+                vault_id=vault_ids[0] if vault_ids else None,
+            )
+        )
         return StageOutcome(messages=out, actions=actions, warnings=warnings)
 
     # --- candidates ---------------------------------------------------------------------------
 
-    def _candidates(self, messages: Sequence[Mapping[str, Any]],
-                    ctx: StageContext) -> list[Candidate]:
+    def _candidates(self, messages: Sequence[Mapping[str, Any]], ctx: StageContext) -> list[Candidate]:
         base = Path(self.base_dir).expanduser() if self.base_dir else Path.cwd()
         roots = [Path(r).expanduser() for r in self.roots] or [base]
         roots = [(base / r if not r.is_absolute() else r).resolve() for r in roots]
@@ -194,8 +206,7 @@ def _file_block(path: str, digest: str, body: str, partial: bool) -> str:
     lines = body.count("\n") + (0 if body.endswith("\n") else 1)
     extra = ' partial="true"' if partial else ""
     ending = "" if body.endswith("\n") else "\n"
-    return (f'<file path="{path}" sha256="{digest[:16]}" lines="{lines}"{extra}>\n'
-            f"{body}{ending}</file>")
+    return f'<file path="{path}" sha256="{digest[:16]}" lines="{lines}"{extra}>\n{body}{ending}</file>'
 
 
 STAGE_TYPE = StageType(
@@ -203,7 +214,7 @@ STAGE_TYPE = StageType(
     phase="content",
     factory=Reread,
     description="After a compaction, re-injects the current on-disk content of the most "
-                "recently changed files as one marked user message, within a token budget.",
+    "recently changed files as one marked user message, within a token budget.",
     options_schema={
         "type": "object",
         "title": "reread.recent_files options",
@@ -213,49 +224,60 @@ STAGE_TYPE = StageType(
             "top_n": {
                 "title": "Files",
                 "description": "Re-read at most this many files (the most recently modified).",
-                "type": "integer", "minimum": 1, "default": 5,
+                "type": "integer",
+                "minimum": 1,
+                "default": 5,
             },
             "budget_tokens": {
                 "title": "Budget (tokens)",
                 "description": "Most tokens all re-read files may take together.",
-                "type": "integer", "minimum": 1, "default": 50000,
+                "type": "integer",
+                "minimum": 1,
+                "default": 50000,
             },
             "max_tier": {
                 "title": "Ceiling tier",
                 "description": "The reread never lifts utilization to this tier (default: full, "
-                               "so it cannot trigger the removal it follows).",
-                "enum": list(THRESHOLD_NAMES), "default": "full",
+                "so it cannot trigger the removal it follows).",
+                "enum": list(THRESHOLD_NAMES),
+                "default": "full",
             },
             "after": {
                 "title": "Compactions that trigger a reread",
                 "description": "Stage type globs; a reread happens when a stage of a matching "
-                               "type shortened the messages earlier in the same run.",
-                "type": "array", "items": {"type": "string", "minLength": 1},
+                "type shortened the messages earlier in the same run.",
+                "type": "array",
+                "items": {"type": "string", "minLength": 1},
                 "default": ["compress.*", "summarize.*"],
             },
             "base_dir": {
                 "title": "Base directory",
-                "description": "Relative paths in tool calls are taken from here (default: the "
-                               "current directory).",
-                "type": "string", "minLength": 1,
+                "description": "Relative paths in tool calls are taken from here (default: the current directory).",
+                "type": "string",
+                "minLength": 1,
             },
             "roots": {
                 "title": "Allowed roots",
                 "description": "Files named in the history are re-read only under these "
-                               "directories (default: the base directory); touched files are "
-                               "always allowed.",
-                "type": "array", "items": {"type": "string", "minLength": 1},
+                "directories (default: the base directory); touched files are "
+                "always allowed.",
+                "type": "array",
+                "items": {"type": "string", "minLength": 1},
             },
             "max_file_bytes": {
                 "title": "Largest file (bytes)",
                 "description": "Larger files are not re-read.",
-                "type": "integer", "minimum": 1, "default": 1000000,
+                "type": "integer",
+                "minimum": 1,
+                "default": 1000000,
             },
             "min_partial_tokens": {
                 "title": "Smallest partial file (tokens)",
                 "description": "A file that does not fit whole is included by its head when at "
-                               "least this many tokens of the budget remain.",
-                "type": "integer", "minimum": 1, "default": 1000,
+                "least this many tokens of the budget remain.",
+                "type": "integer",
+                "minimum": 1,
+                "default": 1000,
             },
         },
     },

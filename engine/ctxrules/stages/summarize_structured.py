@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from ctxrules.errors import CtxrulesError
 from ctxrules.hookspecs import hookimpl
-from ctxrules.messages import injected_kind, is_injected, is_real_user, message_text
+from ctxrules.messages import injected_kind, injected_meta, is_injected, is_real_user, message_text
 from ctxrules.redaction import Redactor, redactor_for
 from ctxrules.stages.base import Action, Message, StageOutcome, StageType
 from ctxrules.structure import pinned_indices
@@ -105,8 +105,7 @@ class StructuredSummary:
             keep=keep,
             tail_tokens=int(tail_share * ctx.budget.usable),
             target_tokens=ctx.budget.tokens_at(ctx.target),
-            summary_estimate=min(config.max_output_tokens, SUMMARY_ESTIMATE_CAP)
-            + _MESSAGE_OVERHEAD,
+            summary_estimate=min(config.max_output_tokens, SUMMARY_ESTIMATE_CAP) + _MESSAGE_OVERHEAD,
         )
         if plan is None or not plan.remove:
             notes = list(plan.notes) if plan is not None else ["nothing follows the protected head"]
@@ -133,11 +132,7 @@ class StructuredSummary:
         actions: list[Action] = []
         warnings: list[str] = []
         backup_id = ctx.vault.put_text(json.dumps(list(messages), ensure_ascii=False))
-        actions.append(
-            Action(
-                "backup", f"pre-compaction messages ({len(messages)}) stored", vault_id=backup_id
-            )
-        )
+        actions.append(Action("backup", f"pre-compaction messages ({len(messages)}) stored", vault_id=backup_id))
         previous = self._previous(messages, plan, ctx.state)
         user_texts = [message_text(m) for m in messages if is_real_user(m)]
         roles = tool_roles(ctx.pack)
@@ -159,9 +154,7 @@ class StructuredSummary:
             first_index=plan.head_end,
         )
         actions.extend(Action("summarizer", a.describe()) for a in result.attempts)
-        actions.extend(
-            Action("breaker", f"{model}: {state}") for model, state in result.breakers.items()
-        )
+        actions.extend(Action("breaker", f"{model}: {state}") for model, state in result.breakers.items())
         warnings.extend(result.warnings)
         # The span was chosen with an estimate of the summary's size; with the real one known,
         # the newest units it took that are not needed to reach the target stay verbatim.
@@ -172,20 +165,15 @@ class StructuredSummary:
                 break
             plan = smaller
             if result.source == "checkpoint":  # a pure function of the span: rebuild it
-                checkpoint = build_checkpoint(
-                    _span(messages, plan, previous), user_messages=user_texts, roles=roles
-                )
+                checkpoint = build_checkpoint(_span(messages, plan, previous), user_messages=user_texts, roles=roles)
                 result.summary = Summary.from_dict(redactor.redact_data(checkpoint.as_dict()))
         removed_at = plan.removed_indices
         removed = [messages[i] for i in removed_at]
         span_id = ctx.vault.put_text(json.dumps(removed, ensure_ascii=False))
         if result.source == "checkpoint":
-            actions.append(
-                Action("checkpoint", f"deterministic checkpoint used: {result.checkpoint_reason}")
-            )
+            actions.append(Action("checkpoint", f"deterministic checkpoint used: {result.checkpoint_reason}"))
             warnings.append(
-                f"the deterministic checkpoint replaced {len(removed)} messages: "
-                f"{result.checkpoint_reason}"
+                f"the deterministic checkpoint replaced {len(removed)} messages: {result.checkpoint_reason}"
             )
         merged = merge_summaries(previous, result.summary)
         summary = Summary.from_dict(redactor.redact_data(merged.summary.as_dict()))
@@ -278,16 +266,13 @@ class StructuredSummary:
         return out
 
     @staticmethod
-    def _previous(
-        messages: Sequence[Message], plan: SpanPlan, state: Mapping[str, Any]
-    ) -> Summary | None:
+    def _previous(messages: Sequence[Message], plan: SpanPlan, state: Mapping[str, Any]) -> Summary | None:
         stored = {e.get("id"): e for e in state.get("summaries") or [] if isinstance(e, Mapping)}
         found: Summary | None = None
         for index in plan.prior_summaries:
             msg = messages[index]
-            meta = msg.get("ctxrules")
-            sid = meta.get("id") if isinstance(meta, Mapping) else None
-            if not isinstance(sid, str):
+            sid = injected_meta(msg).get("id")
+            if sid is None:
                 match = _ID_ATTR.search(message_text(msg))
                 sid = match.group(1) if match else None
             entry = stored.get(sid)

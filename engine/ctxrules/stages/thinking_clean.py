@@ -33,7 +33,9 @@ signed ``thinking`` / ``redacted_thinking`` blocks; also accepted as parts of a 
   - nothing is changed (OpenAI, Gemini and others do not take reasoning back).
 
 ``provider: auto`` reads the session's model (:attr:`ModelInfo.family`, provider and name);
-set it to override. Pinned and protected messages are never cleaned.
+set it to override. Pinned and protected messages are never cleaned, with one exception for
+protected ones: signed thinking after a changed prefix is stripped from them too, because the
+provider rejects (or silently drops) it — protection keeps content, not an invalid signature.
 """
 
 from __future__ import annotations
@@ -59,8 +61,9 @@ __all__ = ["STAGE_TYPE", "ThinkingClean", "ctxrules_register_stages", "resolve_p
 PROVIDERS = ("auto", "anthropic", "deepseek", "kimi", "none")
 _THINKING_PART_TYPES = frozenset({"thinking", "redacted_thinking"})
 # Providers (litellm names) and model-name hints that follow the reasoning_content convention.
-_REASONING_PROVIDERS = frozenset({"deepseek", "moonshot", "dashscope", "zai", "xiaomi_mimo",
-                                  "volcengine", "siliconflow"})
+_REASONING_PROVIDERS = frozenset(
+    {"deepseek", "moonshot", "dashscope", "zai", "xiaomi_mimo", "volcengine", "siliconflow"}
+)
 _REASONING_NAMES = re.compile(r"deepseek|kimi|moonshot|qwen|qwq|glm|mimo", re.I)
 _THINKING_NAMES = re.compile(r"reason|think|(?:^|[-_/])r1(?:$|[-_.])|qwq|deepseek-v3\.[12]", re.I)
 
@@ -90,8 +93,7 @@ def _blocks(msg: Mapping[str, Any]) -> list[Mapping[str, Any]]:
         found.extend(b for b in blocks if isinstance(b, Mapping))
     content = msg.get("content")
     if isinstance(content, list):
-        found.extend(p for p in content
-                     if isinstance(p, Mapping) and p.get("type") in _THINKING_PART_TYPES)
+        found.extend(p for p in content if isinstance(p, Mapping) and p.get("type") in _THINKING_PART_TYPES)
     return found
 
 
@@ -109,8 +111,9 @@ def _signature_key(msg: Mapping[str, Any]) -> str | None:
 
 
 def _is_duplicate(reasoning: str, blocks: list[Mapping[str, Any]]) -> bool:
-    texts = [b["thinking"] for b in blocks
-             if b.get("type", "thinking") == "thinking" and isinstance(b.get("thinking"), str)]
+    texts = [
+        b["thinking"] for b in blocks if b.get("type", "thinking") == "thinking" and isinstance(b.get("thinking"), str)
+    ]
     if not blocks:
         return False
     # litellm joins the thinking texts with "" when it builds reasoning_content; other
@@ -158,11 +161,15 @@ class ThinkingClean:
 
     # --- anthropic ---------------------------------------------------------------------------
 
-    def _anthropic(self, messages: Sequence[Message], out: list[Message], actions: list[Action],
-                   ctx: StageContext) -> None:
+    def _anthropic(
+        self, messages: Sequence[Message], out: list[Message], actions: list[Action], ctx: StageContext
+    ) -> None:
         pins = pinned_indices(messages)
-        signed = {i: key for i, m in enumerate(messages)
-                  if m.get("role") == "assistant" and (key := _signature_key(m)) is not None}
+        signed = {
+            i: key
+            for i, m in enumerate(messages)
+            if m.get("role") == "assistant" and (key := _signature_key(m)) is not None
+        }
         recorded: dict[str, str] = dict(ctx.state.get("prefixes") or {})
         prefixes = _prefix_digests(messages) if signed else []
         changed_from: int | None = None
@@ -171,21 +178,29 @@ class ThinkingClean:
             if seen is not None and seen != prefixes[index] and changed_from is None:
                 changed_from = index
         for index, msg in enumerate(messages):
-            if msg.get("role") != "assistant" or index in pins or id(msg) in ctx.protected:
+            if msg.get("role") != "assistant" or index in pins:
                 continue
-            if (self.strip_changed_prefix and changed_from is not None and index >= changed_from
-                    and index in signed):
-                self._strip_thinking(index, msg, out, actions, ctx, changed_from)
+            # Protection keeps a message's content, not what the provider will reject: signed
+            # thinking whose prefix changed is stripped from protected messages too.
+            if self.strip_changed_prefix and changed_from is not None and index >= changed_from and index in signed:
+                self._strip_thinking(index, msg, out, actions, ctx, changed_from, protected=id(msg) in ctx.protected)
+                continue
+            if id(msg) in ctx.protected:
                 continue
             reasoning = msg.get("reasoning_content")
             if isinstance(reasoning, str) and reasoning and _is_duplicate(reasoning, _blocks(msg)):
                 new = {k: v for k, v in msg.items() if k != "reasoning_content"}
                 vid = ctx.vault.put_text(reasoning)
                 out[index] = new
-                actions.append(Action(
-                    "reasoning_duplicate_dropped",
-                    f"message {index}: reasoning_content duplicated its thinking_blocks",
-                    index=index, tokens_saved=tokens_saved(ctx, msg, new), vault_id=vid))
+                actions.append(
+                    Action(
+                        "reasoning_duplicate_dropped",
+                        f"message {index}: reasoning_content duplicated its thinking_blocks",
+                        index=index,
+                        tokens_saved=tokens_saved(ctx, msg, new),
+                        vault_id=vid,
+                    )
+                )
         # Remember the prefix each signed message was first seen after; a stripped message
         # loses its signatures and drops out, so the record stays as small as the history.
         keep: dict[str, str] = {}
@@ -194,43 +209,54 @@ class ThinkingClean:
                 keep[key] = recorded.get(key, prefixes[index])
         ctx.state["prefixes"] = keep
 
-    def _strip_thinking(self, index: int, msg: Message, out: list[Message],
-                        actions: list[Action], ctx: StageContext, changed_from: int) -> None:
+    def _strip_thinking(
+        self,
+        index: int,
+        msg: Message,
+        out: list[Message],
+        actions: list[Action],
+        ctx: StageContext,
+        changed_from: int,
+        *,
+        protected: bool = False,
+    ) -> None:
         removed: dict[str, Any] = {}
-        new: Message = {k: v for k, v in msg.items()
-                        if k not in ("thinking_blocks", "reasoning_content")}
+        new: Message = {k: v for k, v in msg.items() if k not in ("thinking_blocks", "reasoning_content")}
         for key in ("thinking_blocks", "reasoning_content"):
             if key in msg:
                 removed[key] = msg[key]
         content = msg.get("content")
         if isinstance(content, list):
-            parts = [p for p in content
-                     if not (isinstance(p, Mapping) and p.get("type") in _THINKING_PART_TYPES)]
+            parts = [p for p in content if not (isinstance(p, Mapping) and p.get("type") in _THINKING_PART_TYPES)]
             if len(parts) != len(content):
                 removed["content_thinking_parts"] = [p for p in content if p not in parts]
                 new["content"] = parts
         vid = ctx.vault.put_text(_dumps(removed))
         before = ctx.counter.count_message(msg)
         stripped = ctx.counter.count_message(new)
-        marker = format_marker("tokens", max(0, before - stripped), vid, field="thinking",
-                               reason="prefix_changed")
+        marker = format_marker("tokens", max(0, before - stripped), vid, field="thinking", reason="prefix_changed")
         new = _with_marker(new, marker)
         out[index] = new
-        where = ("its own prefix" if changed_from == index
-                 else f"the prefix at message {changed_from}")
-        actions.append(Action(
-            "thinking_stripped",
-            f"message {index}: signed thinking moved to the vault: a compaction changed "
-            f"{where}, so its signature no longer verifies",
-            index=index, tokens_saved=tokens_saved(ctx, msg, new), vault_id=vid))
+        where = "its own prefix" if changed_from == index else f"the prefix at message {changed_from}"
+        note = " (a protected message: its content is kept, the invalid signature is not)" if protected else ""
+        actions.append(
+            Action(
+                "thinking_stripped",
+                f"message {index}: signed thinking moved to the vault: a compaction changed "
+                f"{where}, so its signature no longer verifies{note}",
+                index=index,
+                tokens_saved=tokens_saved(ctx, msg, new),
+                vault_id=vid,
+            )
+        )
 
     # --- deepseek / kimi ---------------------------------------------------------------------
 
-    def _reasoning_content(self, messages: Sequence[Message], out: list[Message],
-                           actions: list[Action], ctx: StageContext) -> None:
+    def _reasoning_content(
+        self, messages: Sequence[Message], out: list[Message], actions: list[Action], ctx: StageContext
+    ) -> None:
         pins = pinned_indices(messages)
-        last_user = next((i for i in range(len(messages) - 1, -1, -1)
-                          if is_real_user(messages[i])), None)
+        last_user = next((i for i in range(len(messages) - 1, -1, -1) if is_real_user(messages[i])), None)
         for index in range(last_user or 0):
             msg = messages[index]
             if msg.get("role") != "assistant" or index in pins or id(msg) in ctx.protected:
@@ -240,14 +266,18 @@ class ThinkingClean:
                 continue
             vid = ctx.vault.put_text(reasoning)
             new = {k: v for k, v in msg.items() if k != "reasoning_content"}
-            marker = format_marker("tokens", ctx.counter.count_text(reasoning), vid,
-                                   field="reasoning_content")
+            marker = format_marker("tokens", ctx.counter.count_text(reasoning), vid, field="reasoning_content")
             new = _with_marker(new, marker)
             out[index] = new
-            actions.append(Action(
-                "reasoning_dropped",
-                f"message {index}: reasoning_content of an earlier exchange moved to the vault",
-                index=index, tokens_saved=tokens_saved(ctx, msg, new), vault_id=vid))
+            actions.append(
+                Action(
+                    "reasoning_dropped",
+                    f"message {index}: reasoning_content of an earlier exchange moved to the vault",
+                    index=index,
+                    tokens_saved=tokens_saved(ctx, msg, new),
+                    vault_id=vid,
+                )
+            )
         if self._thinking_active(messages, ctx):
             self._backfill(out, actions, ctx)
 
@@ -263,19 +293,24 @@ class ThinkingClean:
     def _backfill(self, out: list[Message], actions: list[Action], ctx: StageContext) -> None:
         filled: list[int] = []
         for index, msg in enumerate(out):
-            if msg.get("role") == "assistant" and msg.get("tool_calls") \
-                    and "reasoning_content" not in msg:
+            if msg.get("role") == "assistant" and msg.get("tool_calls") and "reasoning_content" not in msg:
                 out[index] = {**msg, "reasoning_content": ""}
                 filled.append(index)
         if filled:
             previous = ctx.state.get("model")
-            switch = (f" (model switched from {previous} to {ctx.model.name})"
-                      if isinstance(previous, str) and previous != ctx.model.name else "")
+            switch = (
+                f" (model switched from {previous} to {ctx.model.name})"
+                if isinstance(previous, str) and previous != ctx.model.name
+                else ""
+            )
             shown = ", ".join(map(str, filled[:10])) + (" ..." if len(filled) > 10 else "")
-            actions.append(Action(
-                "reasoning_backfilled",
-                f"empty reasoning_content added to {len(filled)} tool-call message(s) "
-                f"[{shown}]: a thinking model demands it{switch}"))
+            actions.append(
+                Action(
+                    "reasoning_backfilled",
+                    f"empty reasoning_content added to {len(filled)} tool-call message(s) "
+                    f"[{shown}]: a thinking model demands it{switch}",
+                )
+            )
 
 
 def _signed_view(msg: Mapping[str, Any]) -> dict[str, Any]:
@@ -288,8 +323,9 @@ def _signed_view(msg: Mapping[str, Any]) -> dict[str, Any]:
     view: dict[str, Any] = {"role": msg.get("role")}
     content = msg.get("content")
     if isinstance(content, list):
-        view["content"] = [{k: v for k, v in p.items() if k != "cache_control"}
-                           if isinstance(p, Mapping) else p for p in content]
+        view["content"] = [
+            {k: v for k, v in p.items() if k != "cache_control"} if isinstance(p, Mapping) else p for p in content
+        ]
     else:
         # A string is one text block to Anthropic: cache.markers turns it into that list.
         view["content"] = [{"type": "text", "text": content}] if content else []
@@ -317,39 +353,47 @@ OPTIONS_SCHEMA: dict[str, Any] = {
     "properties": {
         "provider": {
             "title": "Provider convention",
-            "description": ("auto: from the session's model (Claude -> anthropic; DeepSeek, "
-                            "Kimi, Qwen, GLM, MiMo -> deepseek; others -> none). anthropic: "
-                            "drop duplicate reasoning_content, strip thinking whose prefix "
-                            "changed. deepseek / kimi: drop reasoning_content of earlier "
-                            "exchanges except on tool-call messages. none: change nothing."),
+            "description": (
+                "auto: from the session's model (Claude -> anthropic; DeepSeek, "
+                "Kimi, Qwen, GLM, MiMo -> deepseek; others -> none). anthropic: "
+                "drop duplicate reasoning_content, strip thinking whose prefix "
+                "changed. deepseek / kimi: drop reasoning_content of earlier "
+                "exchanges except on tool-call messages. none: change nothing."
+            ),
             "enum": list(PROVIDERS),
             "default": "auto",
         },
         "backfill_reasoning": {
             "title": "Backfill empty reasoning_content",
-            "description": ("deepseek/kimi only. auto: when the model thinks (its name says so, "
-                            "or the latest assistant message carries reasoning), give every "
-                            "tool-call message without reasoning_content an empty one, as these "
-                            "APIs demand in thinking mode; always; never."),
+            "description": (
+                "deepseek/kimi only. auto: when the model thinks (its name says so, "
+                "or the latest assistant message carries reasoning), give every "
+                "tool-call message without reasoning_content an empty one, as these "
+                "APIs demand in thinking mode; always; never."
+            ),
             "enum": ["auto", "always", "never"],
             "default": "auto",
         },
         "strip_changed_prefix": {
             "title": "Strip thinking after a changed prefix",
-            "description": ("anthropic only. Move the signed thinking of earlier steps whose "
-                            "prefix was changed by a compaction to the vault (the signature "
-                            "no longer verifies)."),
+            "description": (
+                "anthropic only. Move the signed thinking of earlier steps whose "
+                "prefix was changed by a compaction to the vault (the signature "
+                "no longer verifies)."
+            ),
             "type": "boolean",
             "default": True,
         },
         "preserved_thinking": {
             "title": "Preserved thinking",
-            "description": ("For models that keep earlier turns' thinking, whose signature covers "
-                            "everything before it. drop: thinking after a changed prefix is "
-                            "moved to the vault (strip_changed_prefix). pin: every stage treats "
-                            "all messages up to the newest one with signed thinking as pinned, "
-                            "so no signature's prefix changes (only what follows can be "
-                            "compacted)."),
+            "description": (
+                "For models that keep earlier turns' thinking, whose signature covers "
+                "everything before it. drop: thinking after a changed prefix is "
+                "moved to the vault (strip_changed_prefix). pin: every stage treats "
+                "all messages up to the newest one with signed thinking as pinned, "
+                "so no signature's prefix changes (only what follows can be "
+                "compacted)."
+            ),
             "enum": ["drop", "pin"],
             "default": "drop",
         },
@@ -360,9 +404,11 @@ STAGE_TYPE = StageType(
     name="thinking.clean",
     phase="content",
     factory=ThinkingClean,
-    description=("Drops redundant or stale reasoning per provider convention (Anthropic thinking "
-                 "blocks, DeepSeek/Kimi reasoning_content) and backfills what thinking APIs "
-                 "demand; everything removed goes to the vault."),
+    description=(
+        "Drops redundant or stale reasoning per provider convention (Anthropic thinking "
+        "blocks, DeepSeek/Kimi reasoning_content) and backfills what thinking APIs "
+        "demand; everything removed goes to the vault."
+    ),
     options_schema=OPTIONS_SCHEMA,
 )
 

@@ -12,9 +12,14 @@ Three levels, in this order (docs/reference/concepts.md "Reference numbers"):
     ``ctxrules_semantic_filter`` may shorten plain text instead. A ``subagent`` result over
     ``subagent_chars`` (8,000) becomes its head and tail plus a structured handover
     (done, todo, risks, files) extracted from it.
-(c) **Hard spill** — any single content over ``spill_chars`` (100,000) characters, in *any*
-    message (pinned and protected ones included: the one exception to pinning), goes to
-    the vault whole and leaves a short summary with a pointer.
+(c) **Hard spill** — any single content over the spill limit, in *any* message (pinned and
+    protected ones included: an exception to pinning), goes to the vault whole and leaves a
+    short summary with a pointer. The limit scales with the window: ``spill_chars`` (100,000)
+    characters, or ``spill_window_share`` (1.0) of the usable window at 4 characters per token
+    when that is less (a 16K window with the default reserve: 31,232 characters): a content
+    longer than the whole window can never stay. What is smaller but still too large in tokens
+    (dense output runs near 1.5 characters per token) is for ``compress.emergency``, which spills
+    the largest pinned contents when the pins alone do not fit.
 
 Who is exempt: tools with a role in ``exempt_roles`` (``file_read``, ``file_edit``: shortening a
 file the agent reads makes it read again), pinned and protected messages, and — with the
@@ -48,6 +53,7 @@ from typing import TYPE_CHECKING, Any
 from ctxrules import structure
 from ctxrules.compressors.api import compress_tool_output
 from ctxrules.hookspecs import hookimpl
+from ctxrules.messages import keep_mark
 from ctxrules.stages.base import Action, Message, StageOutcome, StageType
 from ctxrules.stages.filter_common import (
     BYPASS_PROPERTIES,
@@ -83,6 +89,15 @@ _RESULT_ROLES = frozenset({"tool", "function"})
 KEEP_STEP = 0.05
 """The headroom is taken in steps of 5 %: targets change when utilization crosses a step, not a
 little on every turn, so outputs left alone stay alone (and cached prefixes stay put)."""
+
+
+CHARS_PER_TOKEN_FOR_SPILL = 4
+
+
+def spill_limit(spill_chars: int, window_share: float, usable_tokens: int) -> int:
+    """The hard-spill limit in characters: ``spill_chars``, or ``window_share`` of the usable
+    window at :data:`CHARS_PER_TOKEN_FOR_SPILL` characters per token when that is less."""
+    return max(1, min(spill_chars, int(window_share * usable_tokens * CHARS_PER_TOKEN_FOR_SPILL)))
 
 
 def keep_ratio(utilization: float, emergency: float, min_keep: float, max_keep: float) -> float:
@@ -121,6 +136,7 @@ class ToolOutputFilter:
         self.item_tokens: int = opts["item_tokens"]
         self.turn_tokens: int = opts["turn_tokens"]
         self.spill_chars: int = opts["spill_chars"]
+        self.spill_window_share: float = opts["spill_window_share"]
         self.spill_preview_tokens: int = opts["spill_preview_tokens"]
         self.subagent_chars: int = opts["subagent_chars"]
         self.subagent_keep_tokens: int = opts["subagent_keep_tokens"]
@@ -128,8 +144,8 @@ class ToolOutputFilter:
         self.max_keep: float = opts["max_keep_ratio"]
         if self.min_keep > self.max_keep:
             raise ValueError(
-                f"{STAGE_TYPE.name}: min_keep_ratio ({self.min_keep}) is above max_keep_ratio "
-                f"({self.max_keep})")
+                f"{STAGE_TYPE.name}: min_keep_ratio ({self.min_keep}) is above max_keep_ratio ({self.max_keep})"
+            )
         self.head_share: float = opts["head_share"]
         self.min_saving: int = opts["min_saving_tokens"]
         self.compressors: bool = opts["compressors"]
@@ -149,13 +165,18 @@ class ToolOutputFilter:
         self._epoch = 0
         self._generation = structure.generation()
         json_opts = {**_JSON_DEFAULTS, **opts.get("json", {})}
-        self.json_limits = JsonLimits(depth=json_opts["depth"], keys=json_opts["keys"],
-                                      items=json_opts["items"],
-                                      string_chars=json_opts["string_chars"])
+        self.json_limits = JsonLimits(
+            depth=json_opts["depth"],
+            keys=json_opts["keys"],
+            items=json_opts["items"],
+            string_chars=json_opts["string_chars"],
+        )
 
     def __repr__(self) -> str:
-        return (f"ToolOutputFilter(item_tokens={self.item_tokens}, turn_tokens={self.turn_tokens}, "
-                f"spill_chars={self.spill_chars})")
+        return (
+            f"ToolOutputFilter(item_tokens={self.item_tokens}, turn_tokens={self.turn_tokens}, "
+            f"spill_chars={self.spill_chars})"
+        )
 
     def __call__(self, messages: Sequence[Message], ctx: StageContext) -> StageOutcome:
         if self._generation != structure.generation():  # a message was edited in place
@@ -174,8 +195,7 @@ class ToolOutputFilter:
 class _Run:
     """One application of the stage to one message list."""
 
-    def __init__(self, stage: ToolOutputFilter, messages: Sequence[Message],
-                 ctx: StageContext) -> None:
+    def __init__(self, stage: ToolOutputFilter, messages: Sequence[Message], ctx: StageContext) -> None:
         self.stage = stage
         self.messages = messages
         self.ctx = ctx
@@ -185,6 +205,7 @@ class _Run:
         self.count: Callable[[str], int] = ctx.counter.count_text
         self.shape = shape(messages)
         self.roles = tool_roles(ctx.pack)
+        self.limit = spill_limit(stage.spill_chars, stage.spill_window_share, ctx.budget.usable)
 
     def call(self, index: int) -> Mapping[str, Any] | None:
         """The call the tool result at ``index`` answers."""
@@ -202,9 +223,8 @@ class _Run:
         facts = self.shape.facts
         bypass = bypass_active(ctx, stage.options)
         sent = set(ctx.state.get("sent") or []) if bypass else set()
-        self.keep = keep_ratio(ctx.utilization, ctx.budget.thresholds["emergency"],
-                               stage.min_keep, stage.max_keep)
-        limit = stage.spill_chars
+        self.keep = keep_ratio(ctx.utilization, ctx.budget.thresholds["emergency"], stage.min_keep, stage.max_keep)
+        limit = self.limit
         oversized = [i for i, f in enumerate(facts) if f.longest > limit]
         fresh, skipped_hot = self._unsettled(sent)
         if not oversized and not fresh and not skipped_hot:
@@ -218,9 +238,14 @@ class _Run:
         relevant: list[Step] = []
         # A huge sub-agent result that may be handed over gets the handover (which also puts
         # it in the vault whole) rather than the spill preview: done/todo/risks say more.
-        handed = {i for i, r in results.items() if r.reducible and r.role == "subagent"
-                  and len(self.messages[i].get("content") or "") > stage.subagent_chars
-                  and isinstance(self.messages[i].get("content"), str)}
+        handed = {
+            i
+            for i, r in results.items()
+            if r.reducible
+            and r.role == "subagent"
+            and len(self.messages[i].get("content") or "") > stage.subagent_chars
+            and isinstance(self.messages[i].get("content"), str)
+        }
         for index in oversized:
             if index not in handed:
                 self._spill(index, self.messages[index])
@@ -248,16 +273,17 @@ class _Run:
                 if r.reducible and r.target is not None:
                     self._reduce(r)
         if skipped_hot:
-            self.actions.append(Action(
-                "hot_cache_bypass",
-                f"{skipped_hot} output(s) already sent while the prompt cache is hot were left "
-                "alone"))
+            self.actions.append(
+                Action(
+                    "hot_cache_bypass",
+                    f"{skipped_hot} output(s) already sent while the prompt cache is hot were left alone",
+                )
+            )
         self._settle(self._settle_at(examined, results, relevant))
         self._remember_sent()
         return StageOutcome(messages=self.out, actions=self.actions, warnings=self.warnings)
 
-    def _settle_at(self, examined: list[int], results: dict[int, _Result],
-                   relevant: list[Step]) -> dict[int, float]:
+    def _settle_at(self, examined: list[int], results: dict[int, _Result], relevant: list[Step]) -> dict[int, float]:
         """The keep ratio each examined output is settled at. What happened to it now stays so
         at this keep ratio or a laxer one; at *any* ratio (0) when no ratio could give it a
         target: it cannot be reduced (exempt, already marked, no text), or it and its whole
@@ -272,8 +298,10 @@ class _Run:
         for i in examined:
             r = results[i]
             lasting = not r.reducible or (
-                r.target is None and 0 <= r.tokens <= stage.item_tokens
-                and totals.get(i, stage.turn_tokens + 1) <= stage.turn_tokens)
+                r.target is None
+                and 0 <= r.tokens <= stage.item_tokens
+                and totals.get(i, stage.turn_tokens + 1) <= stage.turn_tokens
+            )
             out[i] = 0.0 if lasting else self.keep
         return out
 
@@ -339,8 +367,9 @@ class _Run:
             if owner in found:
                 continue
             calls = self.messages[owner].get("tool_calls") or []
-            members = sorted(pairing.result_of[(owner, pos)] for pos in range(len(calls))
-                             if (owner, pos) in pairing.result_of)
+            members = sorted(
+                pairing.result_of[(owner, pos)] for pos in range(len(calls)) if (owner, pos) in pairing.result_of
+            )
             found[owner] = Step(owner, tuple(members))
         if loose:  # unpaired results (orphans, legacy function results): the full walk
             for step in self.shape.steps():
@@ -393,20 +422,29 @@ class _Run:
             if self.out[index] is msg:
                 stage._settled[id(msg)] = (msg, keep, msg.get("content"))
         current, unsettled = self._scan
-        stage._last_scan = (current, self.keep, stage._epoch,
-                            frozenset(p for p in unsettled if not self._is_settled(current[p])))
+        stage._last_scan = (
+            current,
+            self.keep,
+            stage._epoch,
+            frozenset(p for p in unsettled if not self._is_settled(current[p])),
+        )
 
     # --- level (c): the hard spill, every message ------------------------------------------
 
     def _spill(self, index: int, msg: Message) -> None:
-        limit = self.stage.spill_chars
+        limit = self.limit
         content = msg.get("content")
         what = "tool output" if msg.get("role") in _RESULT_ROLES else f"{msg.get('role')} message"
         if isinstance(content, str):
             if len(content) > limit:
                 text, vid, fmt = self._spilled(content, what)
-                self._commit(index, {**msg, "content": text}, "spill",
-                             f"{len(content):,} chars ({fmt}) spilled to the vault", vid)
+                self._commit(
+                    index,
+                    {**msg, "content": text},
+                    "spill",
+                    f"{len(content):,} chars ({fmt}) spilled to the vault",
+                    vid,
+                )
             return
         if not isinstance(content, list):
             return
@@ -426,8 +464,9 @@ class _Run:
 
     def _spilled(self, text: str, what: str) -> tuple[str, str, str]:
         vid = self.ctx.vault.put_text(text)
-        summary, fmt = spill_summary(text, vault_id=vid, count=self.count,
-                                     preview_tokens=self.stage.spill_preview_tokens, what=what)
+        summary, fmt = spill_summary(
+            text, vault_id=vid, count=self.count, preview_tokens=self.stage.spill_preview_tokens, what=what
+        )
         return summary, vid, fmt
 
     # --- which results may be reduced ----------------------------------------------------------
@@ -464,13 +503,15 @@ class _Run:
         stage = self.stage
         if r.role == "subagent" and len(content) > stage.subagent_chars:
             vid = text_vault_id(content)
-            text, handover = handover_text(content, vault_id=vid, count=self.count,
-                                           keep_tokens=stage.subagent_keep_tokens,
-                                           tokens=r.tokens)
+            text, handover = handover_text(
+                content, vault_id=vid, count=self.count, keep_tokens=stage.subagent_keep_tokens, tokens=r.tokens
+            )
             self.ctx.vault.put_text(content)
-            detail = (f"sub-agent result of {len(content):,} chars: head + tail + handover "
-                      f"({len(handover.done)} done, {len(handover.todo)} todo, "
-                      f"{len(handover.risks)} risks, {len(handover.files)} files)")
+            detail = (
+                f"sub-agent result of {len(content):,} chars: head + tail + handover "
+                f"({len(handover.done)} done, {len(handover.todo)} todo, "
+                f"{len(handover.risks)} risks, {len(handover.files)} files)"
+            )
             self._commit(r.index, {**msg, "content": text}, "handover", detail, vid)
             r.reducible = False
             r.tokens = self.ctx.counter.count_message(self.out[r.index])
@@ -489,11 +530,11 @@ class _Run:
             return
         exit_code = tool_roles(self.ctx.pack).exit_code(content)
         try:
-            result = compress_tool_output(self.ctx.pack, command, content, exit_code,
-                                          self.ctx.vault, registry=registry)
+            result = compress_tool_output(self.ctx.pack, command, content, exit_code, self.ctx.vault, registry=registry)
         except Exception as exc:  # a broken compressor rule must not cost the other outputs
-            self.warnings.append(f"compressor failed on message {r.index} ({command[:60]!r}): "
-                                 f"{type(exc).__name__}: {exc}")
+            self.warnings.append(
+                f"compressor failed on message {r.index} ({command[:60]!r}): {type(exc).__name__}: {exc}"
+            )
             return
         if result is None or len(result.text) >= len(content):
             return
@@ -507,9 +548,13 @@ class _Run:
         new = {**msg, "content": text}
         if tokens_saved(self.ctx, msg, new) <= 0:
             return  # shorter in characters, not in tokens: not worth a marker
-        self._commit(r.index, new, "compress",
-                     f"compressor '{result.rule_id}': {result.lines_before} -> "
-                     f"{result.lines_after} lines", vid)
+        self._commit(
+            r.index,
+            new,
+            "compress",
+            f"compressor '{result.rule_id}': {result.lines_before} -> {result.lines_after} lines",
+            vid,
+        )
         r.units = _units(new)
         r.tokens = self.ctx.counter.count_message(new)
 
@@ -527,8 +572,7 @@ class _Run:
                 r.target = item_target
         for step in relevant:
             members = [results[i] for i in step.results if i in results]
-            sizes = {r.index: min(r.tokens, r.target) if r.target is not None else r.tokens
-                     for r in members}
+            sizes = {r.index: min(r.tokens, r.target) if r.target is not None else r.tokens for r in members}
             if sum(sizes.values()) <= stage.turn_tokens:
                 continue
             fixed = sum(sizes[r.index] for r in members if not r.reducible)
@@ -575,8 +619,13 @@ class _Run:
             if text_vault_id(unit.text) in vault_ids:
                 self.ctx.vault.put_text(unit.text)
         tool = f" ({r.tool})" if r.tool else ""
-        self._commit(r.index, new, "reduce", f"output{tool} of {r.tokens:,} tokens to a target of "
-                     f"{r.target:,}: " + "; ".join(details), vault_ids[0])
+        self._commit(
+            r.index,
+            new,
+            "reduce",
+            f"output{tool} of {r.tokens:,} tokens to a target of {r.target:,}: " + "; ".join(details),
+            vault_ids[0],
+        )
 
     def _reduce_text(self, unit: _Unit, budget: int) -> tuple[str, str, str] | None:
         vid = text_vault_id(unit.text)
@@ -585,10 +634,16 @@ class _Run:
             semantic = self._semantic(unit, budget, vid)
             if semantic is not None:
                 return semantic
-        reduced = reduce_structured(unit.text, vault_id=vid, budget_tokens=budget, count=self.count,
-                                    json_limits=self.stage.json_limits,
-                                    head_share=self.stage.head_share, detected=detected,
-                                    tokens=unit.tokens)
+        reduced = reduce_structured(
+            unit.text,
+            vault_id=vid,
+            budget_tokens=budget,
+            count=self.count,
+            json_limits=self.stage.json_limits,
+            head_share=self.stage.head_share,
+            detected=detected,
+            tokens=unit.tokens,
+        )
         if reduced is None or len(reduced.text) >= len(unit.text):
             return None
         return reduced.text, reduced.detail, vid
@@ -601,16 +656,16 @@ class _Run:
         try:
             answer = caller(text=unit.text, budget_tokens=budget, ctx=self.ctx)
         except Exception as exc:  # an LLM plugin failing must not cost the reduction
-            self.warnings.append(f"semantic filter failed: {type(exc).__name__}: {exc}; "
-                                 "used the structure-aware reduction")
+            self.warnings.append(
+                f"semantic filter failed: {type(exc).__name__}: {exc}; used the structure-aware reduction"
+            )
             return None
         if not isinstance(answer, str) or not answer.strip():
             return None
         removed = max(0, unit.tokens - self.count(answer))
         text = f"{format_marker('tokens', removed, vid, reason='semantic')}\n{answer}"
         if self.count(text) > budget * 1.1 or len(text) >= len(unit.text):
-            self.warnings.append("semantic filter returned more than its budget; used the "
-                                 "structure-aware reduction")
+            self.warnings.append("semantic filter returned more than its budget; used the structure-aware reduction")
             return None
         return text, "semantic filter", vid
 
@@ -618,10 +673,12 @@ class _Run:
 
     def _commit(self, index: int, new: Message, kind: str, detail: str, vault_id: str) -> None:
         old = self.out[index]
+        new = keep_mark(old, new)  # a spilled notes/reread/summary message is still ctxrules' own
         self.out[index] = new
         saved = tokens_saved(self.ctx, old, new)
-        self.actions.append(Action(kind, f"message {index}: {detail}", index=index,
-                                   tokens_saved=saved, vault_id=vault_id))
+        self.actions.append(
+            Action(kind, f"message {index}: {detail}", index=index, tokens_saved=saved, vault_id=vault_id)
+        )
 
 
 def _changed(old: Sequence[Any], new: Sequence[Any]) -> Iterable[int]:
@@ -635,9 +692,14 @@ def _units(msg: Mapping[str, Any]) -> list[_Unit]:
         return [_Unit(None, content)] if content else []
     if not isinstance(content, list):
         return []
-    return [_Unit(pos, part["text"]) for pos, part in enumerate(content)
-            if isinstance(part, Mapping) and part.get("type") == "text"
-            and isinstance(part.get("text"), str) and part["text"]]
+    return [
+        _Unit(pos, part["text"])
+        for pos, part in enumerate(content)
+        if isinstance(part, Mapping)
+        and part.get("type") == "text"
+        and isinstance(part.get("text"), str)
+        and part["text"]
+    ]
 
 
 def _water_level(sizes: list[int], room: int) -> int:
@@ -664,99 +726,165 @@ OPTIONS_SCHEMA: dict[str, Any] = {
         "item_tokens": {
             "title": "Single-output threshold",
             "description": "An output over this many tokens is reduced by its structure (level b).",
-            "type": "integer", "minimum": 1, "default": 5000,
+            "type": "integer",
+            "minimum": 1,
+            "default": 5000,
         },
         "turn_tokens": {
             "title": "Per-step threshold",
-            "description": ("When the outputs of one step total more than this many tokens, its "
-                            "reducible outputs are capped so the step fits (level b)."),
-            "type": "integer", "minimum": 1, "default": 15000,
+            "description": (
+                "When the outputs of one step total more than this many tokens, its "
+                "reducible outputs are capped so the step fits (level b)."
+            ),
+            "type": "integer",
+            "minimum": 1,
+            "default": 15000,
         },
         "spill_chars": {
             "title": "Hard spill threshold",
-            "description": ("Any single content over this many characters, in any message (pinned "
-                            "and protected ones included), goes to the vault whole and leaves a "
-                            "short summary with a pointer (level c)."),
-            "type": "integer", "minimum": 1, "default": 100000,
+            "description": (
+                "Any single content over this many characters, in any message (pinned "
+                "and protected ones included), goes to the vault whole and leaves a "
+                "short summary with a pointer (level c)."
+            ),
+            "type": "integer",
+            "minimum": 1,
+            "default": 100000,
+        },
+        "spill_window_share": {
+            "title": "Hard spill share of the window",
+            "description": (
+                "The spill limit scales with the window: a content over this share of "
+                "the usable window (counted at 4 characters per token) is spilled too, "
+                "when that is fewer characters than spill_chars."
+            ),
+            "type": "number",
+            "exclusiveMinimum": 0,
+            "maximum": 1,
+            "default": 1.0,
         },
         "spill_preview_tokens": {
             "title": "Spill preview size",
-            "description": ("Tokens of the preview (skeleton or head/tail) a spilled content "
-                            "leaves."),
-            "type": "integer", "minimum": 50, "default": 400,
+            "description": ("Tokens of the preview (skeleton or head/tail) a spilled content leaves."),
+            "type": "integer",
+            "minimum": 50,
+            "default": 400,
         },
         "subagent_chars": {
             "title": "Sub-agent result threshold",
-            "description": ("A result of a 'subagent' tool over this many characters becomes "
-                            "its head and tail plus a structured handover (done, todo, risks, "
-                            "files)."),
-            "type": "integer", "minimum": 1, "default": 8000,
+            "description": (
+                "A result of a 'subagent' tool over this many characters becomes "
+                "its head and tail plus a structured handover (done, todo, risks, "
+                "files)."
+            ),
+            "type": "integer",
+            "minimum": 1,
+            "default": 8000,
         },
         "subagent_keep_tokens": {
             "title": "Sub-agent head + tail size",
             "description": "Tokens of the head and tail kept from a long sub-agent result.",
-            "type": "integer", "minimum": 50, "default": 1000,
+            "type": "integer",
+            "minimum": 50,
+            "default": 1000,
         },
         "max_keep_ratio": {
             "title": "Keep ratio with an empty window",
-            "description": ("Share of item_tokens / turn_tokens a reduced output keeps when the "
-                            "window is empty (predictive strength, see the docs)."),
-            "type": "number", "exclusiveMinimum": 0, "maximum": 1, "default": 0.6,
+            "description": (
+                "Share of item_tokens / turn_tokens a reduced output keeps when the "
+                "window is empty (predictive strength, see the docs)."
+            ),
+            "type": "number",
+            "exclusiveMinimum": 0,
+            "maximum": 1,
+            "default": 0.6,
         },
         "min_keep_ratio": {
             "title": "Keep ratio at the emergency tier",
-            "description": ("Share of item_tokens / turn_tokens a reduced output keeps once "
-                            "utilization reaches the emergency threshold."),
-            "type": "number", "exclusiveMinimum": 0, "maximum": 1, "default": 0.15,
+            "description": (
+                "Share of item_tokens / turn_tokens a reduced output keeps once "
+                "utilization reaches the emergency threshold."
+            ),
+            "type": "number",
+            "exclusiveMinimum": 0,
+            "maximum": 1,
+            "default": 0.15,
         },
         "head_share": {
             "title": "Head share",
-            "description": ("Share of a text or table reduction given to its first lines (the "
-                            "rest goes to its last lines)."),
-            "type": "number", "minimum": 0.2, "maximum": 0.8, "default": 0.6,
+            "description": (
+                "Share of a text or table reduction given to its first lines (the rest goes to its last lines)."
+            ),
+            "type": "number",
+            "minimum": 0.2,
+            "maximum": 0.8,
+            "default": 0.6,
         },
         "min_saving_tokens": {
             "title": "Minimum saving",
             "description": "A reduction that would save fewer tokens than this is not made.",
-            "type": "integer", "minimum": 0, "default": 200,
+            "type": "integer",
+            "minimum": 0,
+            "default": 200,
         },
         "json": {
             "title": "JSON skeleton limits",
-            "description": ("Starting limits of the JSON skeleton; they tighten until the "
-                            "skeleton fits its target."),
+            "description": ("Starting limits of the JSON skeleton; they tighten until the skeleton fits its target."),
             "type": "object",
             "additionalProperties": False,
             "properties": {
-                "depth": {"title": "Depth",
-                          "description": "Container levels shown (the root is 1).",
-                          "type": "integer", "minimum": 1, "default": 4},
-                "keys": {"title": "Keys", "description": "Keys shown per object.",
-                         "type": "integer", "minimum": 1, "default": 12},
-                "items": {"title": "Items", "description": "Items shown per list (first and last).",
-                          "type": "integer", "minimum": 1, "default": 6},
-                "string_chars": {"title": "String length",
-                                 "description": "Characters shown per string value.",
-                                 "type": "integer", "minimum": 8, "default": 200},
+                "depth": {
+                    "title": "Depth",
+                    "description": "Container levels shown (the root is 1).",
+                    "type": "integer",
+                    "minimum": 1,
+                    "default": 4,
+                },
+                "keys": {
+                    "title": "Keys",
+                    "description": "Keys shown per object.",
+                    "type": "integer",
+                    "minimum": 1,
+                    "default": 12,
+                },
+                "items": {
+                    "title": "Items",
+                    "description": "Items shown per list (first and last).",
+                    "type": "integer",
+                    "minimum": 1,
+                    "default": 6,
+                },
+                "string_chars": {
+                    "title": "String length",
+                    "description": "Characters shown per string value.",
+                    "type": "integer",
+                    "minimum": 8,
+                    "default": 200,
+                },
             },
             "default": dict(_JSON_DEFAULTS),
         },
         "compressors": {
             "title": "Use output compressors",
             "description": "Run shell-tool outputs through the pack's compressors (level a).",
-            "type": "boolean", "default": True,
+            "type": "boolean",
+            "default": True,
         },
         "semantic_filter": {
             "title": "Semantic filter plugin",
-            "description": ("Let a plugin implementing ctxrules_semantic_filter (e.g. an LLM) "
-                            "shorten large plain-text outputs; off by default, and the stage "
-                            "works offline without it."),
-            "type": "boolean", "default": False,
+            "description": (
+                "Let a plugin implementing ctxrules_semantic_filter (e.g. an LLM) "
+                "shorten large plain-text outputs; off by default, and the stage "
+                "works offline without it."
+            ),
+            "type": "boolean",
+            "default": False,
         },
         "exempt_roles": {
             "title": "Exempt tool roles",
-            "description": ("Tool roles whose outputs levels (a) and (b) leave alone (level c "
-                            "still applies)."),
-            "type": "array", "uniqueItems": True,
+            "description": ("Tool roles whose outputs levels (a) and (b) leave alone (level c still applies)."),
+            "type": "array",
+            "uniqueItems": True,
             "items": {"enum": list(ROLE_ORDER)},
             "default": ["file_read", "file_edit"],
         },
@@ -768,8 +896,10 @@ STAGE_TYPE = StageType(
     name="tool_output.filter",
     phase="content",
     factory=ToolOutputFilter,
-    description=("Compresses shell outputs, reduces large tool outputs by their structure, hands "
-                 "over long sub-agent results and spills any huge content to the vault."),
+    description=(
+        "Compresses shell outputs, reduces large tool outputs by their structure, hands "
+        "over long sub-agent results and spills any huge content to the vault."
+    ),
     options_schema=OPTIONS_SCHEMA,
 )
 
@@ -777,4 +907,3 @@ STAGE_TYPE = StageType(
 @hookimpl
 def ctxrules_register_stages(register: Callable[[StageType], None]) -> None:
     register(STAGE_TYPE)
-

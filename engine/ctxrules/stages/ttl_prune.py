@@ -17,6 +17,9 @@ list otherwise), on one line::
     [ctxrules:elided kind=lines count=120 ref=vault://<id> reason=ttl tool=Bash
      age_steps=31 tokens=2140]
 
+Its fields depend on the input only (``produced``, epoch seconds, appears when the message
+carries its own time): a cold rerun of the same input gives the same bytes.
+
 Never touched: pinned and protected messages, results of ``min_tokens`` or fewer (the
 placeholder would cost about as much), and results that are a placeholder already (nothing but
 one marker). A result another stage shortened (head, tail and a marker) is archived like any
@@ -120,9 +123,15 @@ class TtlPrune:
         # clock is recorded even on a bypassed run, so ages stay true.
         ctx.state["first_seen"] = seen_now
         if bypass_active(ctx, self.options):
-            return StageOutcome(messages=out, actions=[Action(
-                "hot_cache_bypass", "skipped: the prompt cache is hot and utilization is below "
-                f"{self.options['bypass_below']}")])
+            return StageOutcome(
+                messages=out,
+                actions=[
+                    Action(
+                        "hot_cache_bypass",
+                        f"skipped: the prompt cache is hot and utilization is below {self.options['bypass_below']}",
+                    )
+                ],
+            )
         ages = self._step_ages(messages)
         pins = pinned_indices(messages)
         calls = calls_by_result(messages)
@@ -138,13 +147,18 @@ class TtlPrune:
                 continue
             call = calls.get(index)
             tool = call_name(call) if call is not None else msg.get("name")
-            new, vid = self._archive(msg, ctx, ages.get(index, 0), ctx.clock - born,
-                                     tool if isinstance(tool, str) else None)
+            new, vid = self._archive(msg, ctx, ages.get(index, 0), tool if isinstance(tool, str) else None)
             out[index] = new
             seen_now.pop(result_digest(msg), None)
-            actions.append(Action("ttl_archived", f"message {index}: tool result {reason}",
-                                  index=index, tokens_saved=tokens_saved(ctx, msg, new),
-                                  vault_id=vid))
+            actions.append(
+                Action(
+                    "ttl_archived",
+                    f"message {index}: tool result {reason}",
+                    index=index,
+                    tokens_saved=tokens_saved(ctx, msg, new),
+                    vault_id=vid,
+                )
+            )
         return StageOutcome(messages=out, actions=actions)
 
     def _expired(self, age_steps: int, age_s: float) -> str | None:
@@ -161,8 +175,7 @@ class TtlPrune:
         return {result: last - n for n, step in enumerate(all_steps) for result in step.results}
 
     @staticmethod
-    def _archive(msg: Message, ctx: StageContext, age_steps: int, age_s: float,
-                 tool: str | None) -> tuple[Message, str]:
+    def _archive(msg: Message, ctx: StageContext, age_steps: int, tool: str | None) -> tuple[Message, str]:
         content = msg.get("content")
         if isinstance(content, str):
             vid = ctx.vault.put_text(content)
@@ -173,9 +186,13 @@ class TtlPrune:
         fields: dict[str, object] = {"reason": "ttl"}
         if tool:
             fields["tool"] = tool
+        # Only fields the input decides: the age in steps, and the message's own time when it
+        # carries one. An age in seconds (or the clock of the run) would make a cold rerun of
+        # the same input give other bytes, and change the cached prefix on every turn.
         fields["age_steps"] = age_steps
-        if age_s >= 1:
-            fields["age_s"] = int(age_s)
+        produced = message_time(msg)
+        if produced is not None:
+            fields["produced"] = int(produced)
         fields["tokens"] = ctx.counter.count_message(msg)
         return {**msg, "content": format_marker(kind, count, vid, lines=None, **fields)}, vid
 
@@ -183,29 +200,35 @@ class TtlPrune:
 OPTIONS_SCHEMA: dict[str, Any] = {
     "type": "object",
     "title": "ttl.prune options",
-    "description": ("How old a tool result may get before it is archived. Without either age "
-                    f"option, max_age_steps {DEFAULT_MAX_AGE_STEPS} applies."),
+    "description": (
+        "How old a tool result may get before it is archived. Without either age "
+        f"option, max_age_steps {DEFAULT_MAX_AGE_STEPS} applies."
+    ),
     "additionalProperties": False,
     "properties": {
         "max_age_steps": {
             "title": "Maximum age in steps",
-            "description": ("A tool result is archived once at least this many steps came after "
-                            "its own (the newest step has age 0)."),
+            "description": (
+                "A tool result is archived once at least this many steps came after "
+                "its own (the newest step has age 0)."
+            ),
             "type": "integer",
             "minimum": 1,
         },
         "max_age_s": {
             "title": "Maximum age in seconds",
-            "description": ("A tool result is archived this many seconds after it was produced "
-                            "(its timestamp/created_at field, else the first prepare that saw "
-                            "it)."),
+            "description": (
+                "A tool result is archived this many seconds after it was produced "
+                "(its timestamp/created_at field, else the first prepare that saw "
+                "it)."
+            ),
             "type": "number",
             "exclusiveMinimum": 0,
         },
         "min_tokens": {
             "title": "Smallest result archived",
             "description": "Results of at most this many tokens are left alone (a placeholder "
-                           "would cost about as much).",
+            "would cost about as much).",
             "type": "integer",
             "minimum": 0,
             "default": 200,
@@ -218,8 +241,10 @@ STAGE_TYPE = StageType(
     name="ttl.prune",
     phase="content",
     factory=TtlPrune,
-    description=("Archives tool results older than a number of steps or seconds to the vault, "
-                 "leaving a placeholder marker; skipped while the prompt cache is hot."),
+    description=(
+        "Archives tool results older than a number of steps or seconds to the vault, "
+        "leaving a placeholder marker; skipped while the prompt cache is hot."
+    ),
     options_schema=OPTIONS_SCHEMA,
 )
 

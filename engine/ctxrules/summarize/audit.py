@@ -119,9 +119,7 @@ class SummaryAuditor:
 
     def audit(self, data: object) -> AuditResult:
         if not isinstance(data, Mapping):
-            return AuditResult(
-                False, problems=(f"schema: expected a JSON object, got {type(data).__name__}",)
-            )
+            return AuditResult(False, problems=(f"schema: expected a JSON object, got {type(data).__name__}",))
         fixed, notes = coerce_summary(data)
         problems = field_problems(fixed)
         for name, problem in problems.items():
@@ -157,9 +155,7 @@ class SummaryAuditor:
             if len(asks) != len(summary.pending_user_asks):
                 summary = replace(summary, pending_user_asks=tuple(asks))
         if summary.items() == 0:
-            return AuditResult(
-                False, problems=("empty: no list field holds an entry",), notes=tuple(notes)
-            )
+            return AuditResult(False, problems=("empty: no list field holds an entry",), notes=tuple(notes))
         return AuditResult(True, self._sanitize(summary, notes), notes=tuple(notes))
 
     def goal_score(self, goal: str) -> float:
@@ -199,9 +195,7 @@ class SummaryAuditor:
     def _clean(self, text: str, notes: list[str]) -> str:
         out = text
         if "<ctxrules:" in out or "</ctxrules:" in out:
-            out = out.replace("</ctxrules:", "&lt;/ctxrules:").replace(
-                "<ctxrules:", "&lt;ctxrules:"
-            )
+            out = out.replace("</ctxrules:", "&lt;/ctxrules:").replace("<ctxrules:", "&lt;ctxrules:")
             notes.append("escaped a <ctxrules:...> tag inside the summary")
         if self._marker_exists is not None and "[ctxrules:elided" in out:
             exists = self._marker_exists

@@ -62,9 +62,7 @@ def _paths(args: Mapping[str, Any]) -> list[str]:
 
 
 def _looks_like_path(value: str) -> bool:
-    return (
-        0 < len(value) < 300 and "\n" not in value and not value.startswith(("http://", "https://"))
-    )
+    return 0 < len(value) < 300 and "\n" not in value and not value.startswith(("http://", "https://"))
 
 
 _ERROR_LINE = re.compile(r"(?im)^.*\b(?:error|exception|fatal|failed|failure|traceback|panic)\b.*$")
@@ -76,9 +74,7 @@ def _error_line(text: str) -> str:
     return excerpt(line, 240)
 
 
-def build_checkpoint(
-    span: Sequence[Mapping[str, Any]], *, user_messages: Sequence[str], roles: ToolRoles
-) -> Summary:
+def build_checkpoint(span: Sequence[Mapping[str, Any]], *, user_messages: Sequence[str], roles: ToolRoles) -> Summary:
     """The checkpoint of the compacted ``span`` (ctxrules' own injected messages are skipped).
 
     ``user_messages`` are the texts of every real user message of the conversation, oldest
@@ -141,9 +137,7 @@ def build_checkpoint(
     completed: list[str] = []
     if counts:
         total = sum(counts.values())
-        tally = ", ".join(
-            f"{name} x{n}" for name, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
-        )
+        tally = ", ".join(f"{name} x{n}" for name, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
         completed.append(f"{total} tool calls in the compacted messages: {tally}")
     completed.extend(actions[-_LAST_ACTIONS:])
     if not completed:

@@ -174,9 +174,7 @@ def _resolve_name(spec: str, main: ModelInfo, config: SummarizerConfig) -> tuple
         lite = config.lite_models.get(main.family)
         if lite:
             return lite, []
-        return main.name, [
-            f"no lite model for the {main.family} family: the session model summarizes"
-        ]
+        return main.name, [f"no lite model for the {main.family} family: the session model summarizes"]
     return spec, []
 
 
@@ -253,9 +251,7 @@ def _candidate(
     )
 
 
-def resolve_chain(
-    config: SummarizerConfig, main: ModelInfo, env: Mapping[str, str] | None = None
-) -> list[Candidate]:
+def resolve_chain(config: SummarizerConfig, main: ModelInfo, env: Mapping[str, str] | None = None) -> list[Candidate]:
     """The models to try, in order: the summarizer model, then its fallback (when different
     and not ``none``)."""
     env = os.environ if env is None else env

@@ -42,9 +42,7 @@ __all__ = [
     "word_sequence",
 ]
 
-_TOKEN = re.compile(
-    r"[A-Za-z0-9_]+(?:[./-][A-Za-z0-9_]+)*|[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af]"
-)
+_TOKEN = re.compile(r"[A-Za-z0-9_]+(?:[./-][A-Za-z0-9_]+)*|[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af]")
 _CJK = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af]")
 
 # Function words and the verbs every request uses ("please make it work"): sharing them says
@@ -273,12 +271,7 @@ def _stem(word: str) -> str:
             stem = word[: len(word) - len(suffix)] + keep
             if suffix == "es" and not re.search(r"(?:ss|sh|ch|x|z)$", stem):
                 stem = word[:-1]  # "files" -> "file", but "fixes" -> "fix"
-            if (
-                suffix in ("ing", "ed")
-                and len(stem) >= 2
-                and stem[-1] == stem[-2]
-                and stem[-1] not in "lsz"
-            ):
+            if suffix in ("ing", "ed") and len(stem) >= 2 and stem[-1] == stem[-2] and stem[-1] not in "lsz":
                 stem = stem[:-1]  # "running" -> "run", "stopped" -> "stop"
             return stem
     return word
@@ -359,9 +352,7 @@ tool top true try type types under update use used user using valid value values
 version view want way well what when where whether which while why will window with within
 without work working works world would write wrong yes yet
 """
-COMMON_WORDS: frozenset[str] = frozenset(
-    {_stem(w) for w in _COMMON_TEXT.split()} | set(_COMMON_TEXT.split())
-)
+COMMON_WORDS: frozenset[str] = frozenset({_stem(w) for w in _COMMON_TEXT.split()} | set(_COMMON_TEXT.split()))
 """Everyday English and generic programming words: they weigh little in grounding."""
 COMMON_WEIGHT = 0.1
 PASSAGE_WORDS = 80

@@ -30,6 +30,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ctxrules.progress import note
+
 __all__ = [
     "CallFailed",
     "InactivityTimeout",
@@ -208,9 +210,7 @@ def _classify(exc: BaseException, partial: str) -> CallFailed:
         return CallFailed(label, kind="context_length", partial=partial)
     if names & {"Timeout", "APITimeoutError", "ReadTimeout", "TimeoutException"}:
         # The socket's read timeout: nothing at all arrived for longer than the inactivity limit.
-        return InactivityTimeout(
-            f"no byte within the connection's read timeout ({label})", partial=partial
-        )
+        return InactivityTimeout(f"no byte within the connection's read timeout ({label})", partial=partial)
     return CallFailed(label, partial=partial)
 
 
@@ -276,14 +276,12 @@ def stream_completion(
             idle_left = progress.last + limits.inactivity_s - now
             if total_left <= 0:
                 raise TotalTimeout(
-                    f"the call ran past its {limits.total_s:g} s ceiling "
-                    f"({progress.tokens} tokens received)",
+                    f"the call ran past its {limits.total_s:g} s ceiling ({progress.tokens} tokens received)",
                     partial="".join(parts),
                 )
             if idle_left <= 0:
                 raise InactivityTimeout(
-                    f"no token for {limits.inactivity_s:g} s "
-                    f"({progress.tokens} tokens received before)",
+                    f"no token for {limits.inactivity_s:g} s ({progress.tokens} tokens received before)",
                     partial="".join(parts),
                 )
             try:
@@ -300,6 +298,12 @@ def stream_completion(
                 parts.append(text)
             if progressed:
                 progress.touch()
+                note(
+                    "summarizer.stream",
+                    model=str(kwargs.get("model", "")),
+                    tokens=progress.tokens,
+                    seconds=round(progress.elapsed(), 1),
+                )
             finish = chunk_finish or finish
             if chunk_usage:
                 usage = chunk_usage

@@ -132,9 +132,7 @@ def merge_summaries(previous: Summary | None, new: Summary) -> MergeResult:
         fresh = list(getattr(new, name))
         kept: list[str] = []
         if previous is not None:
-            evidence = [
-                e for source in _EVIDENCE.get(name, _DEFAULT_EVIDENCE) for e in getattr(new, source)
-            ]
+            evidence = [e for source in _EVIDENCE.get(name, _DEFAULT_EVIDENCE) for e in getattr(new, source)]
             for item in getattr(previous, name):
                 if resolved_by(item, evidence) is not None:
                     dropped.setdefault(name, []).append(item)

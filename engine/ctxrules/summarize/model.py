@@ -86,9 +86,7 @@ class Summary:
     @property
     def id(self) -> str:
         """A stable short id: sha256 of the canonical JSON, 16 hex digits."""
-        canonical = json.dumps(
-            self.as_dict(), sort_keys=True, ensure_ascii=False, separators=(",", ":")
-        )
+        canonical = json.dumps(self.as_dict(), sort_keys=True, ensure_ascii=False, separators=(",", ":"))
         return hashlib.sha256(canonical.encode("utf-8")).hexdigest()[:16]
 
     def items(self) -> int:
@@ -113,9 +111,7 @@ def validate_summary(data: object) -> list[str]:
     if not isinstance(data, Mapping):
         return [f"expected a JSON object, got {type(data).__name__}"]
     errors = []
-    for err in sorted(
-        _validator().iter_errors(dict(data)), key=lambda e: list(map(str, e.absolute_path))
-    ):
+    for err in sorted(_validator().iter_errors(dict(data)), key=lambda e: list(map(str, e.absolute_path))):
         where = "/".join(str(p) for p in err.absolute_path) or "summary"
         message = err.message
         if len(message) > 200:

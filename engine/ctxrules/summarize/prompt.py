@@ -111,11 +111,7 @@ def render_entries(
                 continue
             function = call.get("function") or call.get("custom") or {}
             called = function.get("name") if isinstance(function, Mapping) else None
-            args = (
-                function.get("arguments", function.get("input"))
-                if isinstance(function, Mapping)
-                else None
-            )
+            args = function.get("arguments", function.get("input")) if isinstance(function, Mapping) else None
             if not isinstance(args, str):
                 args = json.dumps(args, ensure_ascii=False) if args is not None else ""
             parts.append(f"-> calls {called}: {redact(_cut(args, ARGS_CHARS))}")
@@ -157,30 +153,23 @@ def build_prompt(
     """The summarizer's messages, trimmed to ``budget`` prompt tokens (``None``: no limit)."""
     system = system_prompt()
     previous_block = (
-        "PREVIOUS SUMMARY (fold it in):\n"
-        + json.dumps(previous.as_dict(), ensure_ascii=False, indent=1)
+        "PREVIOUS SUMMARY (fold it in):\n" + json.dumps(previous.as_dict(), ensure_ascii=False, indent=1)
         if previous is not None
         else ""
     )
     keep_users = len(user_messages)
 
-    def assemble(
-        kept: Sequence[str], dropped: int, users_keep: int
-    ) -> tuple[list[dict[str, str]], int]:
+    def assemble(kept: Sequence[str], dropped: int, users_keep: int) -> tuple[list[dict[str, str]], int]:
         transcript = list(kept)
         if dropped:
             position = min(2, len(transcript))
-            transcript.insert(
-                position, f"…[{dropped} messages omitted to fit the summarizer's window]…"
-            )
+            transcript.insert(position, f"…[{dropped} messages omitted to fit the summarizer's window]…")
         blocks = [
             b
             for b in (
                 previous_block,
-                "USER MESSAGES (verbatim, oldest first):\n"
-                + _users_block(user_messages, redact, users_keep),
-                f"CONVERSATION{(' ' + span_note) if span_note else ''}:\n"
-                + "\n\n".join(transcript),
+                "USER MESSAGES (verbatim, oldest first):\n" + _users_block(user_messages, redact, users_keep),
+                f"CONVERSATION{(' ' + span_note) if span_note else ''}:\n" + "\n\n".join(transcript),
                 "Write the JSON summary now.",
             )
             if b

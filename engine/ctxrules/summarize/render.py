@@ -78,13 +78,7 @@ def render_summary(summary: Summary) -> str:
 
 
 def _attr(value: object) -> str:
-    text = (
-        str(value)
-        .replace("&", "&amp;")
-        .replace('"', "&quot;")
-        .replace("<", "&lt;")
-        .replace(">", "&gt;")
-    )
+    text = str(value).replace("&", "&amp;").replace('"', "&quot;").replace("<", "&lt;").replace(">", "&gt;")
     return f'"{text}"'
 
 

@@ -66,9 +66,7 @@ class Attempt:
 
     def describe(self) -> str:
         took = f" after {self.seconds:.1f} s" if self.seconds else ""
-        return f"{self.role} {self.model}: {self.outcome}{took}" + (
-            f" ({self.detail})" if self.detail else ""
-        )
+        return f"{self.role} {self.model}: {self.outcome}{took}" + (f" ({self.detail})" if self.detail else "")
 
 
 @dataclass
@@ -168,9 +166,8 @@ class Summarizer:
                 result.breakers[cand.name] = self.breaker(cand.name).describe()
         if result.source == "checkpoint":
             if not result.checkpoint_reason:
-                result.checkpoint_reason = (
-                    "every summarizer model failed or was skipped: "
-                    + "; ".join(a.describe() for a in result.attempts)
+                result.checkpoint_reason = "every summarizer model failed or was skipped: " + "; ".join(
+                    a.describe() for a in result.attempts
                 )
             checkpoint = build_checkpoint(span, user_messages=user_messages, roles=self.roles)
             result.summary = Summary.from_dict(self.redactor.redact_data(checkpoint.as_dict()))
@@ -223,9 +220,7 @@ class Summarizer:
                         f"summarizer {cand.name} (window {cand.window}) is too small for the input "
                         f"({prompt.tokens} tokens): {later.name} summarizes instead"
                     )
-                    result.attempts.append(
-                        Attempt(cand.name, cand.role, "skipped", "window too small")
-                    )
+                    result.attempts.append(Attempt(cand.name, cand.role, "skipped", "window too small"))
                     continue
                 prompt = build_prompt(
                     entries,
@@ -334,9 +329,7 @@ class Summarizer:
                 return None
             limits = StreamLimits(self.config.inactivity_s, remaining)
             try:
-                reply = stream_completion(
-                    self._request(cand, prompt), limits, completion=self.completion
-                )
+                reply = stream_completion(self._request(cand, prompt), limits, completion=self.completion)
             except CallFailed as exc:
                 took = exc.seconds
                 if exc.kind == "context_length" and not retried and prompt.tokens > 1000:
@@ -359,9 +352,7 @@ class Summarizer:
                     # The call's own limit was what was left of the summarization's ceiling.
                     message = f"the summarization's {self.config.total_s:g} s ceiling was reached"
                 breaker.failure(self.now, message)
-                result.attempts.append(
-                    Attempt(cand.name, cand.role, "failed", f"{exc.kind}: {message}", took)
-                )
+                result.attempts.append(Attempt(cand.name, cand.role, "failed", f"{exc.kind}: {message}", took))
                 return None
             took = reply.seconds
             data, why = parse_reply(reply.text)
@@ -372,9 +363,7 @@ class Summarizer:
             verdict = auditor.audit(self.redactor.redact_data(data))
             if not verdict.accepted or verdict.summary is None:
                 breaker.failure(self.now, verdict.reason)
-                result.attempts.append(
-                    Attempt(cand.name, cand.role, "rejected", verdict.reason, took)
-                )
+                result.attempts.append(Attempt(cand.name, cand.role, "rejected", verdict.reason, took))
                 return None
             breaker.success()
             detail = "; ".join(verdict.notes)

@@ -32,9 +32,7 @@ _INLINE_FENCE = re.compile(r"```.*?```", re.S)
 _INDENTED = re.compile(r"(?m)(?:^(?: {4}|\t).*\n?){2,}")
 _URL = re.compile(r"(?i)\b(?:https?|ftp|file)://\S+|\bwww\.\S+")
 _TAG = re.compile(r"</?[A-Za-z][\w:.-]*(?:\s[^<>]*)?/?>|<!--.*?-->|<!DOCTYPE[^>]*>", re.S)
-_MD = re.compile(
-    r"(?m)^\s{0,3}(?:#{1,6}\s+|>\s?|[-*+]\s+|\d+[.)]\s+)|[*_~]{1,3}(?=\S)|(?<=\S)[*_~]{1,3}"
-)
+_MD = re.compile(r"(?m)^\s{0,3}(?:#{1,6}\s+|>\s?|[-*+]\s+|\d+[.)]\s+)|[*_~]{1,3}(?=\S)|(?<=\S)[*_~]{1,3}")
 _BACKTICK = re.compile(r"`([^`\n]*)`")
 _MD_LINK = re.compile(r"!?\[([^\]]*)\]\([^)]*\)")
 

@@ -3,9 +3,11 @@
 Installed with ctxrules (entry point ``pytest11``), so any project that has ctxrules and
 pytest gets these without configuration:
 
-- option ``--ctxrules-pack PACK`` / ini ``ctxrules_pack`` (default ``builtin:default``): the
-  pack the fixtures use; a relative path is taken from the rootdir;
-- fixture ``ctxrules_pack`` (session): that pack, resolved and validated;
+- the pack the fixtures use, the first of: the marker ``@pytest.mark.ctxrules_pack(PACK)`` on
+  the test (its class or module), which :func:`prompt_cases` puts on every case it makes; the
+  option ``--ctxrules-pack PACK``; the ini key ``ctxrules_pack``; ``builtin:default``. A
+  relative path is always taken from the pytest rootdir, wherever pytest is started;
+- fixture ``ctxrules_pack``: that pack, resolved and validated;
 - fixture ``assemble_prompt``: ``assemble_prompt(mode, model=None, *, entry=None,
   variables=None, pack=None) -> AssembledPrompt``;
 - fixture ``prompt_snapshot``: syrupy's ``snapshot`` storing each prompt as a ``.txt`` file
@@ -30,9 +32,29 @@ if TYPE_CHECKING:
 
 __all__ = ["NO_ENTRY", "assemble_prompt", "ctxrules_pack", "prompt_cases", "prompt_snapshot"]
 
+# ctxrules.prompts.assemble.NO_ENTRY, spelled out: this module loads nothing of the engine until
+# a fixture runs (tests/test_prompts_plugin.py checks the two agree).
 NO_ENTRY = "no-entry"
 DEFAULT_PACK = "builtin:default"
+MARKER = "ctxrules_pack"
 _PACKS: dict[str, ResolvedPack] = {}
+# The configs of the pytest sessions running in this process (pytester nests them): the rootdir
+# of the innermost one is where prompt_cases, called while modules are collected, resolves paths.
+_CONFIGS: list[pytest.Config] = []
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        f"{MARKER}(pack): the pack the ctxrules fixtures use for this test (a path "
+        "relative to the rootdir, or builtin:NAME)",
+    )
+    _CONFIGS.append(config)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if config in _CONFIGS:
+        _CONFIGS.remove(config)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -45,23 +67,37 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="pack the ctxrules fixtures assemble prompts from (path or builtin:NAME; "
         f"default: ini ctxrules_pack, else {DEFAULT_PACK})",
     )
-    parser.addini(
-        "ctxrules_pack", help=f"pack for the ctxrules fixtures (default {DEFAULT_PACK})", default=""
-    )
+    parser.addini("ctxrules_pack", help=f"pack for the ctxrules fixtures (default {DEFAULT_PACK})", default="")
+
+
+def _rootdir(config: pytest.Config | None = None) -> Path:
+    config = config or (_CONFIGS[-1] if _CONFIGS else None)
+    return Path(str(config.rootpath)) if config is not None else Path.cwd()
+
+
+def _key(ref: str, rootdir: Path) -> str:
+    if ref.startswith("builtin:") or Path(ref).is_absolute():
+        return ref
+    return str((rootdir / ref).resolve())
 
 
 def load(ref: str, rootdir: Path | None = None) -> ResolvedPack:
-    """The validated pack ``ref`` (memoized per process); relative paths from ``rootdir``."""
+    """The validated pack ``ref`` (memoized per process); a relative path is taken from
+    ``rootdir`` (default: the running pytest's rootdir, else the working directory)."""
     from ctxrules.packs.validated import load_pack
 
-    if not ref.startswith("builtin:") and rootdir is not None and not Path(ref).is_absolute():
-        ref = str(rootdir / ref)
-    if ref not in _PACKS:
-        _PACKS[ref] = load_pack(ref)
-    return _PACKS[ref]
+    key = _key(ref, rootdir if rootdir is not None else _rootdir())
+    if key not in _PACKS:
+        _PACKS[key] = load_pack(key)
+    return _PACKS[key]
 
 
-def _configured(config: pytest.Config) -> str:
+def _configured(config: pytest.Config, node: pytest.Item | None = None) -> str:
+    marker = node.get_closest_marker(MARKER) if node is not None else None
+    if marker is not None:
+        if len(marker.args) != 1 or not isinstance(marker.args[0], str | Path):
+            raise pytest.UsageError(f"@pytest.mark.{MARKER} takes one pack: a path or builtin:NAME")
+        return str(marker.args[0])
     given = config.getoption("ctxrules_pack", default=None)
     if given:
         return str(given)
@@ -72,28 +108,31 @@ def _configured(config: pytest.Config) -> str:
     return str(ini) if ini else DEFAULT_PACK
 
 
-@pytest.fixture(scope="session")
-def ctxrules_pack(request: pytest.FixtureRequest) -> ResolvedPack:
-    """The pack named by ``--ctxrules-pack`` / ``ctxrules_pack`` (default builtin:default)."""
+def _load_for(config: pytest.Config, ref: str) -> ResolvedPack:
     from ctxrules.errors import CtxrulesError
 
-    ref = _configured(request.config)
     try:
-        return load(ref, Path(str(request.config.rootpath)))
+        return load(ref, _rootdir(config))
     except CtxrulesError as exc:
         raise pytest.UsageError(f"ctxrules: cannot load pack {ref}: {exc}") from None
 
 
 @pytest.fixture
-def assemble_prompt(
-    ctxrules_pack: ResolvedPack, request: pytest.FixtureRequest
-) -> Callable[..., AssembledPrompt]:
+def ctxrules_pack(request: pytest.FixtureRequest) -> ResolvedPack:
+    """The test's pack: its ``ctxrules_pack`` marker, else ``--ctxrules-pack``, else the
+    ``ctxrules_pack`` ini key, else builtin:default (loaded once per process)."""
+    node = request.node if isinstance(request.node, pytest.Item) else None
+    return _load_for(request.config, _configured(request.config, node))
+
+
+@pytest.fixture
+def assemble_prompt(ctxrules_pack: ResolvedPack, request: pytest.FixtureRequest) -> Callable[..., AssembledPrompt]:
     """``assemble_prompt(mode, model=None, *, entry=None, variables=None, pack=None)``:
-    the assembled prompt; ``entry`` picks a ``models:`` entry by id (``"no-entry"``: none),
-    ``pack`` another pack than the configured one."""
+    the assembled prompt of the test's pack (see ``ctxrules_pack``); ``entry`` picks a
+    ``models:`` entry by id (``"no-entry"``: none), ``pack`` another pack."""
     from ctxrules.prompts.assemble import assemble
 
-    rootdir = Path(str(request.config.rootpath))
+    config = request.config
 
     def run(
         mode: str,
@@ -103,7 +142,7 @@ def assemble_prompt(
         variables: Mapping[str, Any] | None = None,
         pack: str | None = None,
     ) -> AssembledPrompt:
-        resolved = load(pack, rootdir) if pack else ctxrules_pack
+        resolved = _load_for(config, pack) if pack else ctxrules_pack
         chosen = None if entry == NO_ENTRY else entry
         return assemble(resolved, mode=mode, model=model, entry=chosen, variables=variables)
 
@@ -121,14 +160,24 @@ def prompt_snapshot(snapshot: Any) -> Any:
 def prompt_cases(pack: str = DEFAULT_PACK, *, rootdir: str | Path | None = None) -> list[Any]:
     """``pytest.param(mode, entry, id="MODE-ENTRY")`` for every mode x ``models:`` entry of
     ``pack``, plus ``"no-entry"`` for models that match none. Use with
-    ``@pytest.mark.parametrize(("mode", "entry"), prompt_cases("path/to/pack.yaml"))``."""
+    ``@pytest.mark.parametrize(("mode", "entry"), prompt_cases("path/to/pack.yaml"))``.
+
+    Each case carries ``@pytest.mark.ctxrules_pack(pack)``, so the fixtures of that test use
+    the same pack. A relative ``pack`` is taken from the pytest rootdir (``rootdir`` overrides
+    it), as the fixtures take it: starting pytest from a subfolder changes nothing."""
+    from ctxrules.errors import CtxrulesError
     from ctxrules.plugins import default_registry
     from ctxrules.prompts.assemble import prompt_set
 
-    resolved = load(pack, Path(rootdir) if rootdir is not None else Path.cwd())
+    base = Path(rootdir) if rootdir is not None else _rootdir()
+    try:
+        resolved = load(pack, base)
+    except CtxrulesError as exc:
+        raise pytest.UsageError(f"ctxrules: cannot load pack {pack}: {exc}") from None
     ps = prompt_set(resolved, default_registry())
+    mark = getattr(pytest.mark, MARKER)(_key(pack, base))
     return [
-        pytest.param(mode, entry, id=f"{mode}-{entry}")
+        pytest.param(mode, entry, id=f"{mode}-{entry}", marks=mark)
         for mode in ps.mode_names()
         for entry in [*ps.entry_ids(), NO_ENTRY]
     ]

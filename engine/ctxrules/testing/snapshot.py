@@ -26,8 +26,5 @@ class PromptSnapshotExtension(SingleFileSnapshotExtension):
         if isinstance(data, AssembledPrompt):
             data = data.text
         if not isinstance(data, str):
-            raise TypeError(
-                f"prompt snapshots hold text; got {type(data).__name__} "
-                "(pass an AssembledPrompt or a str)"
-            )
+            raise TypeError(f"prompt snapshots hold text; got {type(data).__name__} (pass an AssembledPrompt or a str)")
         return data if data.endswith("\n") else data + "\n"

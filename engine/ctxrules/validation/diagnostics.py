@@ -44,16 +44,23 @@ CODES: dict[str, str] = {
     "CR082": "prompt mode names a section that does not exist",
     "CR083": "template uses a variable that prompts.variables does not declare",
     "CR084": "template file not found",
-    "CR085": ("system-prompt template uses a volatile value (date, time, id, counter, random) "
-              "that breaks prompt caching"),
+    "CR085": (
+        "system-prompt template uses a volatile value (date, time, id, counter, random) that breaks prompt caching"
+    ),
     "CR086": "prompt sections include each other in a cycle",
     "CR087": "a prompt mode does not assemble (trial render with the declared defaults)",
     "CR090": "a file or folder could not be read",
     "CR091": "a timeout override cannot take effect: another limit (e.g. the global chunk_ms) ends the tool first",
     "CR092": "compaction time (summarizer.total_s) is not allowed for in the step limit (compaction_allowance_ms)",
     "CR093": "a heartbeat interval is not below the chunk limit it must keep from firing",
+    "CR100": "a path the pack names (extends, template file, test input) is outside the pack's folder and search path",
+    "CR101": "a pack or template file is not read: not a regular file (FIFO, device), or over the size limit",
+    "CR102": "a regular expression repeats a repetition ambiguously (nested quantifiers) on the backtracking engine",
+    "CR103": "a template exceeds a rendering limit (operations, characters, integer size) in the trial render",
+    "CR104": "a number in the pack is not usable: an integer with too many digits, or .nan / .inf",
     "CR130": "a compressor's failure pattern does not compile",
     "CR131": "a compressor's failure pattern matches an empty line (it would protect every line)",
     "CR140": "a request breaks a rule of its provider's API (ctxrules.formats validators)",
     "CR141": "a request cannot be read in the format given (neither OpenAI nor Anthropic with --format auto)",
+    "CR125": "deprecated key: guards.subagents.max_descendants is an alias of budgets.max_descendants",
 }

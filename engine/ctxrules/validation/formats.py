@@ -15,10 +15,12 @@ SourceReader = Callable[[str], list[str] | None]
 
 def _read_lines(cache: dict[str, list[str] | None], file: str, real: dict[str, Path]) -> list[str] | None:
     if file not in cache:
+        from ctxrules.packs.confine import FileRefused, read_limited
+
         path = real.get(file, Path(file))
-        try:
-            cache[file] = path.read_text(encoding="utf-8").splitlines()
-        except (OSError, UnicodeDecodeError):
+        try:  # the same rules as for reading the pack: never block on a FIFO, never a huge file
+            cache[file] = read_limited(path).decode("utf-8").splitlines()
+        except (OSError, UnicodeDecodeError, FileRefused):
             cache[file] = None
     return cache[file]
 
@@ -29,10 +31,12 @@ def _excerpt(src: str, at: int, width: int = 100) -> tuple[str, int]:
         return src, at
     start = max(0, min(at - width // 2, len(src) - width))
     head, tail = ("…" if start else ""), ("…" if start + width < len(src) else "")
-    return head + src[start:start + width] + tail, at - start + len(head)
+    return head + src[start : start + width] + tail, at - start + len(head)
 
 
-def format_text(diags: list[Diagnostic], files_checked: int, real_paths: dict[str, Path] | None = None) -> str:
+def format_text(
+    diags: list[Diagnostic], files_checked: int, real_paths: dict[str, Path] | None = None, files_skipped: int = 0
+) -> str:
     cache: dict[str, list[str] | None] = {}
     out: list[str] = []
     for d in diags:
@@ -48,14 +52,16 @@ def format_text(diags: list[Diagnostic], files_checked: int, real_paths: dict[st
     errors = sum(d.severity == "error" for d in diags)
     warnings = sum(d.severity == "warning" for d in diags)
     noun = "file" if files_checked == 1 else "files"
-    out.append(f"{files_checked} {noun} checked: {errors} error(s), {warnings} warning(s)")
+    skipped = f", {files_skipped} skipped (not rule packs)" if files_skipped else ""
+    out.append(f"{files_checked} {noun} checked{skipped}: {errors} error(s), {warnings} warning(s)")
     return "\n".join(out) + "\n"
 
 
-def format_json(diags: list[Diagnostic], files_checked: int) -> str:
+def format_json(diags: list[Diagnostic], files_checked: int, files_skipped: int = 0) -> str:
     doc = {
         "version": 1,
         "files_checked": files_checked,
+        "files_skipped": files_skipped,
         "errors": sum(d.severity == "error" for d in diags),
         "warnings": sum(d.severity == "warning" for d in diags),
         "diagnostics": [d.as_dict() for d in diags],
@@ -75,8 +81,10 @@ def format_github(diags: list[Diagnostic], files_checked: int) -> str:
     for d in diags:
         level = {"error": "error", "warning": "warning"}.get(d.severity, "notice")
         msg = d.message + (f" (help: {d.hint})" if d.hint else "")
-        out.append(f"::{level} file={_gh_escape(d.file, True)},line={d.line},col={d.col},"
-                   f"title={_gh_escape(d.code, True)}::{_gh_escape(msg)}")
+        out.append(
+            f"::{level} file={_gh_escape(d.file, True)},line={d.line},col={d.col},"
+            f"title={_gh_escape(d.code, True)}::{_gh_escape(msg)}"
+        )
     return "\n".join(out) + ("\n" if out else "")
 
 
@@ -99,25 +107,33 @@ def format_sarif(diags: list[Diagnostic], files_checked: int) -> str:
     results: list[dict[str, Any]] = []
     for d in diags:
         msg = d.message + (f"\nhelp: {d.hint}" if d.hint else "")
-        results.append({
-            "ruleId": d.code,
-            "ruleIndex": index[d.code],
-            "level": {"error": "error", "warning": "warning"}.get(d.severity, "note"),
-            "message": {"text": msg},
-            "locations": [{"physicalLocation": {
-                "artifactLocation": {"uri": _sarif_uri(d.file)},
-                "region": {"startLine": d.line, "startColumn": d.col},
-            }}],
-            "properties": {"jsonPointer": d.pointer},
-        })
+        results.append(
+            {
+                "ruleId": d.code,
+                "ruleIndex": index[d.code],
+                "level": {"error": "error", "warning": "warning"}.get(d.severity, "note"),
+                "message": {"text": msg},
+                "locations": [
+                    {
+                        "physicalLocation": {
+                            "artifactLocation": {"uri": _sarif_uri(d.file)},
+                            "region": {"startLine": d.line, "startColumn": d.col},
+                        }
+                    }
+                ],
+                "properties": {"jsonPointer": d.pointer},
+            }
+        )
     doc = {
         "$schema": "https://json.schemastore.org/sarif-2.1.0.json",
         "version": "2.1.0",
-        "runs": [{
-            "tool": {"driver": {"name": "ctxrules", "version": __version__, "rules": rules}},
-            "columnKind": "unicodeCodePoints",  # our columns count characters, as YAML marks do
-            "results": results,
-        }],
+        "runs": [
+            {
+                "tool": {"driver": {"name": "ctxrules", "version": __version__, "rules": rules}},
+                "columnKind": "unicodeCodePoints",  # our columns count characters, as YAML marks do
+                "results": results,
+            }
+        ],
     }
     return json.dumps(doc, indent=2) + "\n"
 

@@ -18,26 +18,27 @@ from ctxrules.packs.semver import RangeError, check_requires, is_semver, parse_r
 from ctxrules.packs.source import SourceDoc, escape_token
 from ctxrules.resources import schema_path
 
-_TYPE_NAMES = {"object": "a mapping", "array": "a list", "string": "a string", "integer": "an integer",
-               "number": "a number", "boolean": "true or false", "null": "null"}
+_TYPE_NAMES = {
+    "object": "a mapping",
+    "array": "a list",
+    "string": "a string",
+    "integer": "an integer",
+    "number": "a number",
+    "boolean": "true or false",
+    "null": "null",
+}
 
 
 @cache
 def rulepack_schema() -> dict[str, Any]:
+    """The schema one pack file is checked against: the shipped file without its registry part
+    (stage and action options are checked after merging, against the installed plugins;
+    see :mod:`ctxrules.validation.full_schema`)."""
+    from ctxrules.validation.full_schema import strip_registry
+
     with schema_path("rulepack.v1.schema.json").open(encoding="utf-8") as fh:
         data: dict[str, Any] = json.load(fh)
-    return data
-
-
-@cache
-def context_defaults() -> dict[str, Any]:
-    """The default of every ``context:`` key, as the pack schema declares it (``default:``):
-    the one place they are written. ``thresholds`` maps each tier to its default; a key
-    without a declared default (``safety_margin``: the tokenizer's) is absent."""
-    props = rulepack_schema()["properties"]["context"]["properties"]
-    out: dict[str, Any] = {k: v["default"] for k, v in props.items() if "default" in v}
-    out["thresholds"] = {k: v["default"] for k, v in props["thresholds"]["properties"].items()}
-    return out
+    return strip_registry(data)
 
 
 @cache
@@ -95,12 +96,17 @@ def _convert(doc: SourceDoc, err: Any, base: str) -> list[Diagnostic]:
     if v == "additionalProperties":
         known = list(err.schema.get("properties", {}))
         extra = [k for k in err.instance if k not in known] if isinstance(err.instance, dict) else []
-        return [diag("CR010", f"unknown key '{k}' in {where}", did_you_mean(k, known) or
-                     ("allowed keys: " + ", ".join(known) if known else None),
-                     at=f"{pointer}/{escape_token(k)}") for k in extra]
+        return [
+            diag(
+                "CR010",
+                f"unknown key '{k}' in {where}",
+                did_you_mean(k, known) or ("allowed keys: " + ", ".join(known) if known else None),
+                at=f"{pointer}/{escape_token(k)}",
+            )
+            for k in extra
+        ]
     if v == "type":
-        return [diag("CR011", f"{where} must be {_expected(err.validator_value)}, "
-                              f"not {_type_name(err.instance)}")]
+        return [diag("CR011", f"{where} must be {_expected(err.validator_value)}, not {_type_name(err.instance)}")]
     if v == "const":
         if pointer in ("/apiVersion", "/kind"):
             return [diag("CR015", f"{pointer[1:]} must be '{err.validator_value}', not {err.instance!r}")]
@@ -112,8 +118,25 @@ def _convert(doc: SourceDoc, err: Any, base: str) -> list[Diagnostic]:
     if v == "required":
         missing = err.message.split("'")[1] if "'" in err.message else err.message
         if pointer == "" and missing in ("apiVersion", "kind"):
-            return [diag("CR015", f"not a rule pack: '{missing}' is missing",
-                         "a pack starts with `apiVersion: ctxrules/v1` and `kind: RulePack`")]
+            return [
+                diag(
+                    "CR015",
+                    f"not a rule pack: '{missing}' is missing",
+                    "a pack starts with `apiVersion: ctxrules/v1` and `kind: RulePack`",
+                )
+            ]
+        if pointer in ("", "/metadata") and missing in ("metadata", "name", "version"):
+            # Every pack names itself and carries a semantic version: reports, extends ranges
+            # and snapshot names depend on them. Point at the metadata key when there is one.
+            field = "metadata" if missing == "metadata" else f"metadata.{missing}"
+            return [
+                diag(
+                    "CR013",
+                    f"{field} is required: a pack declares metadata.name and metadata.version",
+                    "e.g. metadata: {name: my-pack, version: 1.0.0}",
+                    at="/metadata" if pointer else None,
+                )
+            ]
         return [diag("CR013", f"{where} needs '{missing}'")]
     if v == "oneOf" and isinstance(err.instance, dict) and {"template", "file"} & set(err.schema.get("properties", {})):
         has = [k for k in ("template", "file") if k in err.instance]
@@ -159,8 +182,7 @@ def check_document(doc: SourceDoc) -> list[Diagnostic]:
     if not isinstance(doc.data, dict):
         o = doc.origin("")
         what = f", not {_type_name(doc.data)}" if doc.data is not None else " (the file is empty)"
-        return [Diagnostic("CR002", "error", "a rule pack must be a YAML mapping" + what,
-                           doc.path, o.line, o.col)]
+        return [Diagnostic("CR002", "error", "a rule pack must be a YAML mapping" + what, doc.path, o.line, o.col)]
     out = schema_errors(doc, doc.data, _validator())
     out.extend(_duplicate_ids(doc))
     meta = doc.data.get("metadata")
@@ -168,22 +190,39 @@ def check_document(doc: SourceDoc) -> list[Diagnostic]:
         version = meta.get("version")
         if isinstance(version, str) and not is_semver(version):
             o = doc.origin("/metadata/version")
-            out.append(Diagnostic("CR020", "error", f"metadata.version '{version}' is not a semantic version",
-                                  doc.path, o.line, o.col, "/metadata/version",
-                                  "write MAJOR.MINOR.PATCH, e.g. 1.0.0"))
+            out.append(
+                Diagnostic(
+                    "CR020",
+                    "error",
+                    f"metadata.version '{version}' is not a semantic version",
+                    doc.path,
+                    o.line,
+                    o.col,
+                    "/metadata/version",
+                    "write MAJOR.MINOR.PATCH, e.g. 1.0.0",
+                )
+            )
         requires = meta.get("requires")
         if isinstance(requires, str):
             o = doc.origin("/metadata/requires")
             try:
                 parse_range(requires)
             except RangeError as exc:
-                out.append(Diagnostic("CR022", "error", f"metadata.requires does not parse: {exc}",
-                                      doc.path, o.line, o.col, "/metadata/requires"))
+                out.append(
+                    Diagnostic(
+                        "CR022",
+                        "error",
+                        f"metadata.requires does not parse: {exc}",
+                        doc.path,
+                        o.line,
+                        o.col,
+                        "/metadata/requires",
+                    )
+                )
             else:
                 problem = check_requires(requires)
                 if problem:
-                    out.append(Diagnostic("CR021", "error", problem, doc.path, o.line, o.col,
-                                          "/metadata/requires"))
+                    out.append(Diagnostic("CR021", "error", problem, doc.path, o.line, o.col, "/metadata/requires"))
     return out
 
 
@@ -201,10 +240,19 @@ def _duplicate_ids(doc: SourceDoc) -> list[Diagnostic]:
             if ident in seen:
                 o = doc.origin(f"/{key}/{i}/id")
                 first = doc.origin(f"/{key}/{seen[ident]}/id")
-                out.append(Diagnostic("CR040", "error", f"duplicate {key} id '{ident}' (first at line {first.line})",
-                                      doc.path, o.line, o.col, f"/{key}/{i}/id",
-                                      "ids must be unique within a list; to change an inherited item, "
-                                      "write it once with the fields to override"))
+                out.append(
+                    Diagnostic(
+                        "CR040",
+                        "error",
+                        f"duplicate {key} id '{ident}' (first at line {first.line})",
+                        doc.path,
+                        o.line,
+                        o.col,
+                        f"/{key}/{i}/id",
+                        "ids must be unique within a list; to change an inherited item, "
+                        "write it once with the fields to override",
+                    )
+                )
             else:
                 seen[ident] = i
     return out

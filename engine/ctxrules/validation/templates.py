@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ctxrules.diagnostics import Diagnostic, Reporter, Severity, did_you_mean
+from ctxrules.packs.confine import HINT, read_pack_text
 from ctxrules.prompts.assemble import AssemblyError, PromptSet, display_template_path
 from ctxrules.prompts.environment import BUILTIN_VARIABLES, RANDOM_FILTERS, make_environment
 from ctxrules.prompts.volatile import find_volatile
@@ -38,22 +39,17 @@ if TYPE_CHECKING:
 
 def template_source(
     pack: ResolvedPack, section: dict[str, Any], pointer: str, origin_file: str
-) -> tuple[str | None, str | None]:
-    """(source, problem) of a section: its inline template or its file next to the pack."""
+) -> tuple[str | None, str | None, str]:
+    """(source, problem, code) of a section: its inline template or its file next to the
+    pack (confined to the pack's roots, see :mod:`ctxrules.packs.confine`)."""
     if isinstance(section.get("template"), str):
-        return section["template"], None
+        return section["template"], None, ""
     rel = section.get("file")
     if not isinstance(rel, str):
-        return None, None
+        return None, None, ""
     base = pack.real_paths.get(origin_file)
-    path = (base.parent if base else Path.cwd()) / rel
-    try:
-        return path.read_text(encoding="utf-8"), None
-    except (OSError, UnicodeDecodeError) as exc:
-        return (
-            None,
-            f"template file {rel!r} cannot be read ({getattr(exc, 'strerror', None) or exc})",
-        )
+    text, _, code, problem = read_pack_text(pack.roots, base.parent if base else Path.cwd(), rel, "template file")
+    return text, problem, code or ""
 
 
 class _Where:
@@ -137,8 +133,9 @@ def _templates_of(data: dict[str, Any], sections: dict[str, Any]) -> list[tuple[
     return templates
 
 
-def _check_template(rep: Reporter, pack: ResolvedPack, scope: _Scope, pointer: str,
-                    sec: dict[str, Any]) -> list[str] | None:
+def _check_template(
+    rep: Reporter, pack: ResolvedPack, scope: _Scope, pointer: str, sec: dict[str, Any]
+) -> list[str] | None:
     """CR080/CR081/CR083/CR084/CR085 of one template; the sections it includes (None when it
     could not be read or parsed)."""
     import jinja2
@@ -147,50 +144,65 @@ def _check_template(rep: Reporter, pack: ResolvedPack, scope: _Scope, pointer: s
     key = "template" if "template" in sec else "file"
     at = f"{pointer}/{key}"
     origin = rep.origin(at)
-    source, problem = template_source(pack, sec, at, origin.file)
+    source, problem, code = template_source(pack, sec, at, origin.file)
     if problem:
-        rep.add("CR084", problem, at)
+        rep.add(code, problem, at, HINT if code == "CR100" else None)
         return None
     if source is None:
         return None
     where = _Where(pack, origin, key == "template", sec.get("file") if key == "file" else None)
 
-    def add(code: str, message: str, line: int | None, hint: str | None = None,
-            severity: Severity = "error") -> None:
+    def add(code: str, message: str, line: int | None, hint: str | None = None, severity: Severity = "error") -> None:
         file, row, col = where.at(line)
-        rep.out.append(Diagnostic(code, severity, message, file, row, col, at, hint))
+        rep.out.append(Diagnostic(code, severity, message, file, row, col, rep.file_pointer(at), hint))
 
     env = scope.env
     try:
         ast = env.parse(source)
     except jinja2.TemplateSyntaxError as exc:
-        if key == "template":
-            rep.add("CR080", f"template does not parse (template line {exc.lineno}): {exc.message}", at)
-        else:
-            add("CR080", f"template does not parse: {exc.message}", exc.lineno)
+        # at the template's own line: in its file, or in the pack (a block scalar's lines are
+        # the template's lines)
+        detail = f" (template line {exc.lineno})" if key == "template" else ""
+        add("CR080", f"template does not parse{detail}: {exc.message}", exc.lineno)
         return None
     for filt in _filter_nodes(ast):
         if filt.name not in env.filters:
-            hint = ("it is random, and prompts must be the same in every process"
-                    if filt.name in RANDOM_FILTERS else did_you_mean(filt.name, list(env.filters)))
+            hint = (
+                "it is random, and prompts must be the same in every process"
+                if filt.name in RANDOM_FILTERS
+                else did_you_mean(filt.name, list(env.filters))
+            )
             add("CR080", f"template uses filter '{filt.name}', which does not exist", filt.lineno, hint)
     refs = sorted(r for r in meta.find_referenced_templates(ast) if r is not None)
     for ref in refs:
         if ref not in scope.sections:
-            rep.add("CR081", f"template includes section '{ref}', which does not exist", at,
-                    did_you_mean(ref, list(scope.sections)))
+            rep.add(
+                "CR081",
+                f"template includes section '{ref}', which does not exist",
+                at,
+                did_you_mean(ref, list(scope.sections)),
+            )
     for var, line in _undeclared(ast, scope.declared, env.globals):
-        add("CR083", f"template uses variable '{var}', which prompts.variables does not declare", line,
-            did_you_mean(var, list(scope.declared)) or f"declare it: prompts.variables.{var}: {{default: ...}}")
+        add(
+            "CR083",
+            f"template uses variable '{var}', which prompts.variables does not declare",
+            line,
+            did_you_mean(var, list(scope.declared)) or f"declare it: prompts.variables.{var}: {{default: ...}}",
+        )
     for use in find_volatile(ast, stable=scope.stable):
-        add("CR085",
+        add(
+            "CR085",
             f"system-prompt template uses {use.what}: {use.why}; a value that changes breaks "
             "the provider's prompt cache on every call",
             use.line,
             "keep the system prompt static and put dynamic content in a user message"
-            + (" (or declare the variable `stable: true` if it never changes within a session)"
-               if use.what.startswith("variable") else ""),
-            severity="warning")
+            + (
+                " (or declare the variable `stable: true` if it never changes within a session)"
+                if use.what.startswith("variable")
+                else ""
+            ),
+            severity="warning",
+        )
     return refs
 
 
@@ -208,8 +220,12 @@ def _check_modes(rep: Reporter, modes: dict[str, Any], sections: dict[str, Any])
             continue
         for j, name in enumerate(names):
             if isinstance(name, str) and name not in sections:
-                rep.add("CR082", f"mode '{mode}' names section '{name}', which does not exist",
-                        f"{base}/{j}", did_you_mean(name, list(sections)))
+                rep.add(
+                    "CR082",
+                    f"mode '{mode}' names section '{name}', which does not exist",
+                    f"{base}/{j}",
+                    did_you_mean(name, list(sections)),
+                )
 
 
 def _mapping(value: object) -> dict[str, Any]:
@@ -226,9 +242,7 @@ def _filter_nodes(ast: nodes.Template) -> list[nodes.Filter]:
     return list(ast.find_all(nodes.Filter))
 
 
-def _undeclared(
-    ast: nodes.Template, declared: set[str], globals_: Collection[str] = ()
-) -> list[tuple[str, int]]:
+def _undeclared(ast: nodes.Template, declared: set[str], globals_: Collection[str] = ()) -> list[tuple[str, int]]:
     """(name, first template line) of every variable read but neither declared nor assigned."""
     from jinja2 import TemplateAssertionError, meta, nodes
 
@@ -289,7 +303,7 @@ def _trial_render(rep: Reporter, pack: ResolvedPack, registry: Registry, modes: 
                 reported.add(message)
                 who = f"models entry '{entry.id}'" if entry else "a model with no models: entry"
                 rep.add(
-                    "CR087",
+                    "CR103" if exc.limit else "CR087",
                     f"mode '{mode}' does not assemble for {who}: {message}",
                     f"/prompts/modes/{mode}",
                 )

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from itertools import pairwise
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import jsonschema
 
@@ -13,9 +14,11 @@ from ctxrules.compressors.checks import check_compressors
 from ctxrules.diagnostics import Diagnostic, Reporter, did_you_mean
 from ctxrules.errors import UsageError
 from ctxrules.packs.loader import PackLoader, ResolvedPack
+from ctxrules.packs.source import escape_token
 from ctxrules.stages.base import options_schema_for
 from ctxrules.timeouts import lint_timeouts
 from ctxrules.types import THRESHOLD_NAMES
+from ctxrules.validation.regexes import check_pattern, format_checker, regex_values
 from ctxrules.validation.templates import check_prompts
 
 if TYPE_CHECKING:
@@ -29,7 +32,7 @@ def validate_resolved(pack: ResolvedPack, loader: PackLoader, registry: Registry
     for doc_path in pack.files:
         for p in _paths_of(loader, doc_path):
             out.extend(loader.read(p)[1])
-    if any(d.severity == "error" and d.code in ("CR001", "CR002", "CR003", "CR090") for d in out):
+    if any(d.severity == "error" and d.code in ("CR001", "CR002", "CR003", "CR090", "CR101", "CR104") for d in out):
         return _sorted_unique(out)
     rep = Reporter(pack)
     rep.schema_ok = not any(d.severity == "error" for d in out)
@@ -45,12 +48,44 @@ def validate_resolved(pack: ResolvedPack, loader: PackLoader, registry: Registry
     check_compressors(rep, data, registry)
     check_prompts(rep, pack, registry)
     _check_timeouts(rep, data)
+    _check_spawn_cap(rep, data)
+    _check_named_files(rep, pack)
     return _sorted_unique(out + rep.out)
+
+
+def _check_named_files(rep: Reporter, pack: ResolvedPack) -> None:
+    """CR100 for test inputs that lie outside the pack's roots (templates and parents are
+    checked where they are read)."""
+    from ctxrules.packs.confine import HINT, OutsideRoots, check_inside
+
+    def check(value: Any, pointer: str, what: str) -> None:
+        if not isinstance(value, str) or not value:
+            return
+        origin = rep.origin(pointer)
+        real = pack.real_paths.get(origin.file)
+        try:
+            check_inside(pack.roots, real.parent if real else pack.base_dir(), value, what)
+        except OutsideRoots as exc:
+            rep.add("CR100", str(exc), pointer, HINT)
+        except (OSError, ValueError):
+            pass  # not a usable path: the test run says so
+
+    for i, case in enumerate(pack.data.get("tests") or []):
+        # A case that may be skipped is skipped when its input is outside (ctxrules test says
+        # so): built-in packs carry such cases on a corpus the caller may allow.
+        if isinstance(case, dict) and case.get("skip_if_missing") is not True:
+            for key in ("input", "tools"):
+                check(case.get(key), f"/tests/{i}/{key}", f"test {key}")
+    for i, rule in enumerate(pack.data.get("compressors") or []):
+        for k, case in enumerate(rule.get("tests") or [] if isinstance(rule, dict) else []):
+            if isinstance(case, dict):
+                check(case.get("input"), f"/compressors/{i}/tests/{k}/input", "test input")
 
 
 def _paths_of(loader: PackLoader, shown: str) -> list[Path]:
     return [p for p, doc in loader._docs.items() if doc is not None and doc.path == shown] or [
-        p for p, doc in loader._docs.items() if doc is None and str(p).endswith(shown)]
+        p for p, doc in loader._docs.items() if doc is None and str(p).endswith(shown)
+    ]
 
 
 def _sorted_unique(diags: list[Diagnostic]) -> list[Diagnostic]:
@@ -78,21 +113,33 @@ def _check_context(rep: Reporter, ctx: Any, base: str, own: dict[str, Any] | Non
     own_raw = (own or ctx).get("thresholds")
     own_th = own_raw if isinstance(own_raw, dict) else {}
     if isinstance(th, dict):
-        present = [(k, th[k]) for k in THRESHOLD_NAMES if isinstance(th.get(k), int | float)
-                   and not isinstance(th.get(k), bool)]
+        present = [
+            (k, th[k])
+            for k in THRESHOLD_NAMES
+            if isinstance(th.get(k), int | float) and not isinstance(th.get(k), bool)
+        ]
         for k, v in present:
             if not 0 < v < 1 and (own is None or k in own_th):
-                rep.add("CR050", f"threshold {k} is {v}; thresholds are fractions of the usable window in (0, 1)",
-                        f"{base}/thresholds/{k}", "use a fraction, e.g. 0.5 for 50%")
+                rep.add(
+                    "CR050",
+                    f"threshold {k} is {v}; thresholds are fractions of the usable window in (0, 1)",
+                    f"{base}/thresholds/{k}",
+                    "use a fraction, e.g. 0.5 for 50%",
+                )
         for (k1, v1), (k2, v2) in pairwise(present):
             if v1 >= v2 and 0 < v1 < 1 and 0 < v2 < 1:
                 at = _blame(rep, f"{base}/thresholds", k1, k2, own_th if own is not None else None)
-                rep.add("CR051", f"thresholds must increase: {k1} ({v1}) is not below {k2} ({v2})",
-                        f"{base}/thresholds/{at}", "monitor < light < full < emergency")
+                rep.add(
+                    "CR051",
+                    f"thresholds must increase: {k1} ({v1}) is not below {k2} ({v2})",
+                    f"{base}/thresholds/{at}",
+                    "monitor < light < full < emergency",
+                )
     window, reserve = ctx.get("window"), ctx.get("reserve_output")
     if isinstance(window, int) and isinstance(reserve, int) and reserve >= window:
-        rep.add("CR052", f"reserve_output ({reserve}) leaves no usable window of {window} tokens",
-                f"{base}/reserve_output")
+        rep.add(
+            "CR052", f"reserve_output ({reserve}) leaves no usable window of {window} tokens", f"{base}/reserve_output"
+        )
 
 
 def _blame(rep: Reporter, base: str, k1: str, k2: str, own: dict[str, Any] | None) -> str:
@@ -115,22 +162,31 @@ def _check_pipeline(rep: Reporter, data: dict[str, Any], pack: ResolvedPack, reg
         base = f"/pipeline/{i}"
         use = stage.get("use")
         if use is None:
-            rep.add("CR043", f"pipeline item '{stage.get('id')}' has no 'use' after merging", base,
-                    "give the stage type with use:, e.g. use: compress.dedup")
+            rep.add(
+                "CR043",
+                f"pipeline item '{stage.get('id')}' has no 'use' after merging",
+                base,
+                "give the stage type with use:, e.g. use: compress.dedup",
+            )
             continue
         if not isinstance(use, str):
             continue
         st = registry.stages.get(use)
         if st is None:
-            rep.add("CR060", f"unknown stage type '{use}'", f"{base}/use",
-                    did_you_mean(use, list(registry.stages)) or
-                    "registered: " + ", ".join(sorted(registry.stages)))
+            rep.add(
+                "CR060",
+                f"unknown stage type '{use}'",
+                f"{base}/use",
+                did_you_mean(use, list(registry.stages)) or "registered: " + ", ".join(sorted(registry.stages)),
+            )
             continue
         opts = stage.get("with", {})
         if isinstance(opts, dict):
-            validator = jsonschema.Draft202012Validator(options_schema_for(st),
-                                                        format_checker=jsonschema.FormatChecker(["regex"]))
+            schema = options_schema_for(st)
+            validator = jsonschema.Draft202012Validator(schema, format_checker=format_checker())
             errors = list(validator.iter_errors(opts))
+            for ptr, pattern in regex_values(schema, opts, f"{base}/with"):
+                check_pattern(rep, pattern, ptr, report_errors=False)
             if not errors:
                 # A schema checks each option on its own; the stage's factory also checks how
                 # they go together (e.g. head + tail within a maximum), so build it once here.
@@ -143,20 +199,37 @@ def _check_pipeline(rep: Reporter, data: dict[str, Any], pack: ResolvedPack, reg
                 if err.validator == "additionalProperties":
                     known = list(err.schema.get("properties", {}))
                     for k in [k for k in err.instance if k not in known]:
-                        rep.add("CR061", f"stage type '{use}' has no option '{k}'", f"{ptr}/{k}",
-                                did_you_mean(k, known) or ("options: " + ", ".join(known) if known else
-                                                           "this stage type takes no options"))
+                        rep.add(
+                            "CR061",
+                            f"stage type '{use}' has no option '{k}'",
+                            f"{ptr}/{k}",
+                            did_you_mean(k, known)
+                            or ("options: " + ", ".join(known) if known else "this stage type takes no options"),
+                            at_key=True,
+                        )
                 elif err.validator == "format":
                     rep.add("CR070", f"regular expression does not compile: {err.instance!r}", ptr)
                 else:
-                    rep.add("CR061", f"option {ptr[len(base) + 5:] or 'with'} of '{use}': {err.message}", ptr)
+                    rep.add("CR061", f"option {ptr[len(base) + 5 :] or 'with'} of '{use}': {err.message}", ptr)
         if use in essential and stage.get("when"):
-            rep.add("CR062", f"'{use}' is essential: it runs after every content stage and takes no when:",
-                    f"{base}/when")
+            rep.add(
+                "CR062", f"'{use}' is essential: it runs after every content stage and takes no when:", f"{base}/when"
+            )
     disabled_essential = [i for i in pack.disabled.get("pipeline", []) if _uses_essential(pack, i, essential)]
     for ident in disabled_essential:
-        rep.add("CR062", f"pipeline item '{ident}' runs an essential stage and cannot be disabled",
-                "/pipeline", "essential stages run whether or not a pack names them")
+        o = pack.disabled_at.get("pipeline", {}).get(ident) or rep.origin("/pipeline")
+        rep.out.append(
+            Diagnostic(
+                "CR062",
+                "error",
+                f"pipeline item '{ident}' runs an essential stage and cannot be disabled",
+                o.file,
+                o.line,
+                o.col,
+                o.pointer or "/pipeline",
+                "essential stages run whether or not a pack names them",
+            )
+        )
 
 
 def _uses_essential(pack: ResolvedPack, ident: str, essential: set[str]) -> bool:
@@ -167,24 +240,19 @@ def _uses_essential(pack: ResolvedPack, ident: str, essential: set[str]) -> bool
     return False
 
 
-def _regex_problem(pattern: Any) -> str | None:
-    if not isinstance(pattern, str):
-        return None
-    try:
-        re.compile(pattern)
-    except re.error as exc:
-        return str(exc)
-    return None
-
-
 def _check_regexes(rep: Reporter, data: dict[str, Any]) -> None:
+    from ctxrules import patterns
+
     def check(pattern: Any, pointer: str, need_group: bool = False) -> None:
-        problem = _regex_problem(pattern)
-        if problem:
-            rep.add("CR070", f"regular expression {pattern!r} does not compile: {problem}", pointer)
-        elif need_group and isinstance(pattern, str) and re.compile(pattern).groups < 1:
-            rep.add("CR070", f"exit-code pattern {pattern!r} needs a group that captures the code", pointer,
-                    r"e.g. 'Exit code (\d+)'")
+        if not check_pattern(rep, pattern, pointer):
+            return
+        if need_group and isinstance(pattern, str) and patterns.compile(pattern).groups < 1:
+            rep.add(
+                "CR070",
+                f"exit-code pattern {pattern!r} needs a group that captures the code",
+                pointer,
+                r"e.g. 'Exit code (\d+)'",
+            )
 
     tools = data.get("tools") or {}
     for i, pat in enumerate(tools.get("exit_code") or [] if isinstance(tools, dict) else []):
@@ -196,9 +264,15 @@ def _check_regexes(rep: Reporter, data: dict[str, Any]) -> None:
     for i, pat in enumerate(red.get("patterns") or [] if isinstance(red, dict) else []):
         if isinstance(pat, dict):
             check(pat.get("regex"), f"/redaction/patterns/{i}/regex")
+    router = data.get("router")
+    rules = router.get("rules") if isinstance(router, dict) else None
+    for rid, rule in (rules or {}).items() if isinstance(rules, dict) else ():
+        if isinstance(rule, dict):
+            check(rule.get("regex"), f"/router/rules/{escape_token(str(rid))}/regex")
 
 
 # -- files and folders -------------------------------------------------------------------
+
 
 def is_pack_file(path: Path) -> bool:
     """In a folder, a YAML file is a pack when it says so at top level (other YAML is skipped)."""
@@ -209,10 +283,11 @@ def is_pack_file(path: Path) -> bool:
     return bool(re.search(r"^(apiVersion:\s*['\"]?ctxrules/|kind:\s*['\"]?RulePack\b)", head, re.M))
 
 
-def collect_files(paths: list[str], *, skip_non_packs: bool = False) -> list[Path]:
+def collect_files(paths: list[str], *, skip_non_packs: bool = False, skipped: list[Path] | None = None) -> list[Path]:
     """Files named directly, plus the pack files found below named folders (sorted).
     ``skip_non_packs`` also skips named YAML files that do not declare themselves packs
-    (for the pre-commit hook, which passes every changed YAML file)."""
+    (for the pre-commit hook, which passes every changed YAML file); the files passed over
+    that way are appended to ``skipped``."""
     out: list[Path] = []
     for raw in paths:
         p = Path(raw)
@@ -221,9 +296,17 @@ def collect_files(paths: list[str], *, skip_non_packs: bool = False) -> list[Pat
         except OSError as exc:  # e.g. a name too long for the file system
             raise UsageError(f"cannot use {raw!r}: {exc.strerror or exc}") from None
         if is_dir:
-            found = sorted(q for q in p.rglob("*") if q.suffix in (".yaml", ".yml") and q.is_file()
-                           and not any(part.startswith(".") for part in q.relative_to(p).parts))
+            found = sorted(
+                q
+                for q in p.rglob("*")
+                if q.suffix in (".yaml", ".yml")
+                and q.is_file()
+                and not any(part.startswith(".") for part in q.relative_to(p).parts)
+            )
             out.extend(q for q in found if is_pack_file(q))
+        elif exists and skip_non_packs and not is_pack_file(p):
+            if skipped is not None:
+                skipped.append(p)
         elif exists:
             out.append(p)
         else:
@@ -231,28 +314,74 @@ def collect_files(paths: list[str], *, skip_non_packs: bool = False) -> list[Pat
     return out
 
 
-def validate_paths(paths: list[str], registry: Registry, *,
-                   skip_non_packs: bool = False) -> tuple[list[Diagnostic], int, dict[str, Path]]:
+class ValidationRun(NamedTuple):
+    diagnostics: list[Diagnostic]
+    files_checked: int
+    real_paths: dict[str, Path]  # the real path behind each displayed file name
+    files_skipped: int = 0  # named YAML files that are not packs (--skip-non-packs)
+
+
+def validate_paths(
+    paths: list[str], registry: Registry, *, skip_non_packs: bool = False, search_path: Sequence[str] = ()
+) -> ValidationRun:
     """Diagnostics for every pack under ``paths`` (each resolved with its parents), the number
-    of files checked, and the real path behind each displayed file name."""
-    loader = PackLoader()
-    files = collect_files(paths, skip_non_packs=skip_non_packs)
+    of files checked and skipped, and the real path behind each displayed file name. A pack
+    found below a named folder may read from anywhere in that folder; a named file, from its own
+    folder (plus ``search_path`` for both, see :mod:`ctxrules.packs.confine`)."""
+    loader = PackLoader(search_path)
+    skipped: list[Path] = []
+    files: list[tuple[Path, Path | None]] = []
+    for raw in paths:
+        folder = Path(raw) if Path(raw).is_dir() else None
+        files.extend((f, folder) for f in collect_files([raw], skip_non_packs=skip_non_packs, skipped=skipped))
     out: list[Diagnostic] = []
     real: dict[str, Path] = {}
-    for f in files:
-        pack = loader.resolve(str(f.resolve()))
+    for f, folder in files:
+        pack = loader.resolve(str(f.resolve()), root=folder)
         real.update(pack.real_paths)
         # A parent's own problems come back identical from each child and are reported once;
         # what only shows when a child is resolved (a cycle, an order the child breaks) may sit
         # in a parent's lines and must not be dropped for it.
         out.extend(validate_resolved(pack, loader, registry))
-    return _sorted_unique(out), len(files), real
+    return ValidationRun(_sorted_unique(out), len(files), real, len(skipped))
 
 
 # -- stream timeouts (ctxrules.timeouts; docs/timeouts.md) ---------------------------------
+
 
 def _check_timeouts(rep: Reporter, data: dict[str, Any]) -> None:
     """CR091-CR093: overrides that cannot take effect, compaction not allowed for in the
     step, a heartbeat too slow for the chunk limit. Warnings: the pack still loads."""
     for f in lint_timeouts(data):
         rep.add(f.code, f.message, f.pointer, f.hint, severity="warning")
+
+
+# -- sub-agents (docs/budgets.md "Sub-agents") ------------------------------------------------
+
+
+def _check_spawn_cap(rep: Reporter, data: dict[str, Any]) -> None:
+    """CR125: the spawn cap has one key, ``budgets.max_descendants``; the guard key is read as
+    its alias (when the budgets key is absent) and flagged so the pack can move."""
+    guards = data.get("guards")
+    sub = guards.get("subagents") if isinstance(guards, dict) else None
+    if not isinstance(sub, dict) or "max_descendants" not in sub:
+        return
+    budgets = data.get("budgets")
+    own = budgets.get("max_descendants") if isinstance(budgets, dict) else None
+    if own is None:
+        rep.add(
+            "CR125",
+            "guards.subagents.max_descendants is deprecated: it is read as budgets.max_descendants, the one spawn cap",
+            "/guards/subagents/max_descendants",
+            f"move it: budgets: {{max_descendants: {sub['max_descendants']}}}",
+            severity="warning",
+        )
+    else:
+        rep.add(
+            "CR125",
+            f"guards.subagents.max_descendants ({sub['max_descendants']}) is deprecated and "
+            f"ignored: budgets.max_descendants ({own}) is the spawn cap",
+            "/guards/subagents/max_descendants",
+            "remove guards.subagents.max_descendants",
+            severity="warning",
+        )

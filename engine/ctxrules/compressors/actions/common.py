@@ -7,10 +7,10 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol, TypeAlias
 
 from ctxrules.compressors.lines import Line, Lines
+from ctxrules.patterns import Match, Pattern
+from ctxrules.patterns import compile as patterns_compile
 
-ActionSpec: TypeAlias = tuple[
-    str, Callable[[Mapping[str, Any]], Callable[[Lines], list[str]]], dict[str, Any], str
-]
+ActionSpec: TypeAlias = tuple[str, Callable[[Mapping[str, Any]], Callable[[Lines], list[str]]], dict[str, Any], str]
 """What a built-in action module lists: name, factory, options schema, description."""
 
 # What a failure looks like in any tool's output; the default `unless` of short_circuit and
@@ -49,11 +49,18 @@ def count(title: str, description: str, minimum: int = 0, default: int | None = 
     return schema
 
 
-def object_schema(properties: Mapping[str, Any], required: Sequence[str] = ()) -> dict[str, Any]:
+def object_schema(
+    properties: Mapping[str, Any], required: Sequence[str] = (), defaults: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """An action's options schema; ``defaults`` are the values the factory uses for options left
+    out, written into the schema (editors show them; the published schema file carries them)."""
+    props = {k: dict(v) for k, v in properties.items()}
+    for key, value in (defaults or {}).items():
+        props[key]["default"] = value
     schema: dict[str, Any] = {
         "type": "object",
         "additionalProperties": False,
-        "properties": dict(properties),
+        "properties": props,
     }
     if required:
         schema["required"] = list(required)
@@ -63,7 +70,7 @@ def object_schema(properties: Mapping[str, Any], required: Sequence[str] = ()) -
 class Matcher(Protocol):
     """Anything with ``search`` like a compiled pattern."""
 
-    def search(self, text: str) -> re.Match[str] | None: ...
+    def search(self, text: str) -> Match | None: ...
 
 
 def compile_all(patterns: Sequence[str]) -> Matcher | None:
@@ -71,13 +78,13 @@ def compile_all(patterns: Sequence[str]) -> Matcher | None:
     if not patterns:
         return None
     if len(patterns) == 1:
-        return re.compile(patterns[0])
-    compiled = [re.compile(p) for p in patterns]
+        return patterns_compile(patterns[0])
+    compiled = [patterns_compile(p) for p in patterns]
     # One alternation is much faster than trying each pattern in turn. A leading global flag
     # group ("(?i)...") is an error in the middle of an alternation, so it becomes a scoped
     # one ("(?i:...)"); patterns that still do not combine are tried one by one.
     try:
-        return re.compile("|".join(_scoped(p) for p in patterns))
+        return patterns_compile("|".join(_scoped(p) for p in patterns))
     except re.error:
         return _AnyOf(compiled)
 
@@ -98,10 +105,10 @@ def _scoped(pattern: str) -> str:
 class _AnyOf:
     """Quacks like a compiled pattern for ``search``: matches when any member does."""
 
-    def __init__(self, patterns: list[re.Pattern[str]]) -> None:
+    def __init__(self, patterns: list[Pattern]) -> None:
         self.patterns = patterns
 
-    def search(self, text: str) -> re.Match[str] | None:
+    def search(self, text: str) -> Match | None:
         for pattern in self.patterns:
             found = pattern.search(text)
             if found is not None:

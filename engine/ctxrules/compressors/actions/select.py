@@ -17,6 +17,7 @@ from ctxrules.compressors.actions.common import (
 )
 from ctxrules.compressors.lines import Lines
 from ctxrules.hookspecs import hookimpl
+from ctxrules.patterns import compile as patterns_compile
 
 
 def _pick(lines: Lines, keep: list[bool]) -> list[str]:
@@ -87,7 +88,7 @@ class MaxLines:
     def __init__(self, options: Mapping[str, Any]) -> None:
         self.max = int(options["max"])
         patterns = options["protect"]
-        self.protect = [re.compile(p) for p in patterns]
+        self.protect = [patterns_compile(p) for p in patterns]
         self.head_share = float(options["head_share"])
 
     def __call__(self, lines: Lines) -> list[str]:
@@ -139,12 +140,12 @@ class LimitBlocks:
     """
 
     def __init__(self, options: Mapping[str, Any]) -> None:
-        self.start = re.compile(options["start"])
+        self.start = patterns_compile(options["start"])
         self.max = int(options["max"])
         self.tail = min(int(options["tail"]), self.max - 1)
         self.protect = compile_all(options["protect"])
         only = options.get("only")
-        self.only = re.compile(only) if only else None
+        self.only = patterns_compile(only) if only else None
 
     def _limit(self, block: list[str]) -> list[str]:
         if len(block) <= self.max:
@@ -181,7 +182,7 @@ class ShortCircuit:
     pattern does. Never on a failed run: the engine's verdict (``lines.run.failed``) wins."""
 
     def __init__(self, options: Mapping[str, Any]) -> None:
-        self.when = re.compile(options["when"], re.MULTILINE)
+        self.when = patterns_compile(options["when"], re.MULTILINE)
         self.unless = compile_all(options["unless"])
         self.message = str(options["message"])
         known = set(self.when.groupindex)
@@ -208,8 +209,7 @@ class ShortCircuit:
 
 _PATTERNS = regex_list(
     "Patterns",
-    "Regular expressions (Python syntax, searched anywhere in the "
-    "line); a line matches when any of them does.",
+    "Regular expressions (Python syntax, searched anywhere in the line); a line matches when any of them does.",
 )
 
 ACTIONS: list[ActionSpec] = [
@@ -219,9 +219,7 @@ ACTIONS: list[ActionSpec] = [
         object_schema(
             {
                 "patterns": _PATTERNS,
-                "before": count(
-                    "Lines before", "Context lines kept before each match (default 2).", default=2
-                ),
+                "before": count("Lines before", "Context lines kept before each match (default 2).", default=2),
                 "after": count("Lines after", "Context lines kept after each match (default 2).", default=2),
                 "head": count("Head", "Also keep this many first lines (default 0).", default=0),
                 "tail": count("Tail", "Also keep this many last lines (default 0).", default=0),
@@ -233,12 +231,12 @@ ACTIONS: list[ActionSpec] = [
                 "if_none": {
                     "enum": ["keep", "drop"],
                     "title": "If nothing matches",
-                    "description": "keep: leave the output as it is (default); drop: keep only "
-                    "head and tail.",
+                    "description": "keep: leave the output as it is (default); drop: keep only head and tail.",
                     "default": "keep",
                 },
             },
             ["patterns"],
+            {"before": 2, "after": 2, "head": 0, "tail": 0, "if_none": "keep"},
         ),
         "Keep matching lines with context around them; elide the rest.",
     ),
@@ -280,6 +278,7 @@ ACTIONS: list[ActionSpec] = [
                 },
             },
             ["max"],
+            {"protect": [FAILURE_PATTERN], "head_share": 0.5},
         ),
         "Cap the number of lines, keeping failures, the head and the tail.",
     ),
@@ -288,13 +287,9 @@ ACTIONS: list[ActionSpec] = [
         LimitBlocks,
         object_schema(
             {
-                "start": regex(
-                    "Start", "A line matching this starts a block (e.g. '^diff --git ')."
-                ),
+                "start": regex("Start", "A line matching this starts a block (e.g. '^diff --git ')."),
                 "max": count("Most lines", "Lines kept per block.", 1),
-                "tail": count(
-                    "Tail", "Of those, how many come from the end of the block (default 0).", default=0
-                ),
+                "tail": count("Tail", "Of those, how many come from the end of the block (default 0).", default=0),
                 "protect": {
                     "type": "array",
                     "items": {"type": "string", "format": "regex", "minLength": 1},
@@ -309,6 +304,7 @@ ACTIONS: list[ActionSpec] = [
                 ),
             },
             ["start", "max"],
+            {"tail": 0, "protect": []},
         ),
         "Cap every block (file in a diff, failure in a report) at N lines.",
     ),
@@ -319,8 +315,7 @@ ACTIONS: list[ActionSpec] = [
             {
                 "when": regex(
                     "When",
-                    "Searched in the whole output (multiline); its named groups can "
-                    "be used in the message.",
+                    "Searched in the whole output (multiline); its named groups can be used in the message.",
                 ),
                 "unless": {
                     "type": "array",
@@ -334,11 +329,11 @@ ACTIONS: list[ActionSpec] = [
                     "type": "string",
                     "minLength": 1,
                     "title": "Message",
-                    "description": "The one line that replaces the output; {name} inserts a "
-                    "named group of `when`.",
+                    "description": "The one line that replaces the output; {name} inserts a named group of `when`.",
                 },
             },
             ["when", "message"],
+            {"unless": [FAILURE_PATTERN]},
         ),
         "Replace a successful output by a one-line message.",
     ),

@@ -12,6 +12,8 @@ from typing import Any
 from ctxrules.compressors.actions.common import ActionSpec, count, object_schema, regex
 from ctxrules.compressors.lines import Line, Lines
 from ctxrules.hookspecs import hookimpl
+from ctxrules.patterns import Match
+from ctxrules.patterns import compile as patterns_compile
 
 
 class Group:
@@ -24,23 +26,21 @@ class Group:
     """
 
     def __init__(self, options: Mapping[str, Any]) -> None:
-        self.pattern = re.compile(options["pattern"])
+        self.pattern = patterns_compile(options["pattern"])
         if "key" not in self.pattern.groupindex:
-            raise ValueError(
-                "the pattern needs a named group 'key', e.g. (?P<key>[^:]+):(?P<rest>.*)"
-            )
+            raise ValueError("the pattern needs a named group 'key', e.g. (?P<key>[^:]+):(?P<rest>.*)")
         self.header = str(options["header"])
         self.header.format(key="")
         self.indent = str(options["indent"])
         self.min_size = int(options["min_size"])
 
-    def _rest(self, line: str, found: re.Match[str]) -> str:
+    def _rest(self, line: str, found: Match) -> str:
         if "rest" in self.pattern.groupindex and found.group("rest") is not None:
-            return found.group("rest")
+            return str(found.group("rest"))
         return line[: found.start("key")] + line[found.end("key") :]
 
     def __call__(self, lines: Lines) -> list[str]:
-        groups: dict[str, list[tuple[str, re.Match[str]]]] = {}
+        groups: dict[str, list[tuple[str, Match]]] = {}
         order: list[tuple[str, str | None]] = []  # (line, key of the group that starts here)
         for line in lines:
             found = self.pattern.search(line)
@@ -81,8 +81,8 @@ class Carry:
     """
 
     def __init__(self, options: Mapping[str, Any]) -> None:
-        self.header = re.compile(options["header"])
-        self.pattern = re.compile(options["pattern"])
+        self.header = patterns_compile(options["header"])
+        self.pattern = patterns_compile(options["pattern"])
         self.template = str(options["with"])
         self.absorb = bool(options["absorb"])
         names = set(self.header.groupindex) | set(self.pattern.groupindex)
@@ -120,11 +120,7 @@ class Carry:
             if pending is not None:
                 head = pending
                 pending = None
-                contiguous = (
-                    isinstance(head, Line)
-                    and isinstance(line, Line)
-                    and head.src[1] + 1 == line.src[0]
-                )
+                contiguous = isinstance(head, Line) and isinstance(line, Line) and head.src[1] + 1 == line.src[0]
                 if contiguous:
                     assert isinstance(head, Line) and isinstance(line, Line)
                     new = Line(text, (head.src[0], line.src[1]))
@@ -161,11 +157,11 @@ class Paths:
     """
 
     def __init__(self, options: Mapping[str, Any]) -> None:
-        self.pattern = re.compile(options["pattern"])
+        self.pattern = patterns_compile(options["pattern"])
         if "path" not in self.pattern.groupindex:
             raise ValueError("the pattern needs a named group 'path', e.g. ^(?P<path>\\S.*)$")
         header = options.get("header")  # no default: one block
-        self.header = re.compile(header) if header else None
+        self.header = patterns_compile(header) if header else None
         self.width = int(options["width"])
         self.max_chars = int(options["max_chars"])
         self.min_paths = int(options["min_paths"])
@@ -303,8 +299,7 @@ class JsonCompact:
                 first, last = lines[0], lines[-1]
                 assert isinstance(first, Line) and isinstance(last, Line)
                 contiguous = all(
-                    isinstance(b, Line) and isinstance(a, Line) and b.src[0] == a.src[1] + 1
-                    for a, b in pairwise(lines)
+                    isinstance(b, Line) and isinstance(a, Line) and b.src[0] == a.src[1] + 1 for a, b in pairwise(lines)
                 )
                 if contiguous:
                     return [Line(_compact(stripped), (first.src[0], last.src[1]))]
@@ -345,8 +340,7 @@ ACTIONS: list[ActionSpec] = [
                 "header": {
                     "type": "string",
                     "title": "Header",
-                    "description": "The header line of a group; {key} inserts the key "
-                    "(default '{key}').",
+                    "description": "The header line of a group; {key} inserts the key (default '{key}').",
                     "default": "{key}",
                 },
                 "indent": {
@@ -363,6 +357,7 @@ ACTIONS: list[ActionSpec] = [
                 ),
             },
             ["pattern"],
+            {"header": "{key}", "indent": "  ", "min_size": 2},
         ),
         "Group lines by file or prefix under one header.",
     ),
@@ -376,15 +371,12 @@ ACTIONS: list[ActionSpec] = [
                     "A line naming what the lines below it belong to; its named groups "
                     "(e.g. file) are available to `with`.",
                 ),
-                "pattern": regex(
-                    "Pattern", "The lines below a header to rewrite; its named groups too."
-                ),
+                "pattern": regex("Pattern", "The lines below a header to rewrite; its named groups too."),
                 "with": {
                     "type": "string",
                     "minLength": 1,
                     "title": "With",
-                    "description": "The rewritten line: {name} inserts a named group of the "
-                    "header or the line.",
+                    "description": "The rewritten line: {name} inserts a named group of the header or the line.",
                 },
                 "absorb": {
                     "type": "boolean",
@@ -449,18 +441,17 @@ ACTIONS: list[ActionSpec] = [
                 "ndjson": {
                     "type": "boolean",
                     "title": "NDJSON",
-                    "description": "Also compact each line that is a JSON document on its own "
-                    "(default true).",
+                    "description": "Also compact each line that is a JSON document on its own (default true).",
                     "default": True,
                 },
                 "min_lines": count(
                     "Fewest lines",
-                    "Compact a whole JSON document only when it spans at "
-                    "least this many lines (default 2).",
+                    "Compact a whole JSON document only when it spans at least this many lines (default 2).",
                     1,
                     2,
                 ),
-            }
+            },
+            defaults={"ndjson": True, "min_lines": 2},
         ),
         "Compact JSON and NDJSON: same values, valid JSON, no whitespace.",
     ),

@@ -19,12 +19,11 @@ from ctxrules.compressors.actions.common import (
 )
 from ctxrules.compressors.lines import Line, Lines
 from ctxrules.hookspecs import hookimpl
+from ctxrules.patterns import compile as patterns_compile
 
 # CSI (colors, cursor moves), OSC (titles, hyperlinks: ESC ] ... BEL or ESC \), other
 # two-byte escapes, and backspace overstrikes (`man`-style bold: "b\bb").
-_ANSI = re.compile(
-    r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b[@-Z\\-_]|.\x08"
-)
+_ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b[@-Z\\-_]|.\x08")
 
 
 def _rewrite(line: str, text: str) -> str:
@@ -85,16 +84,14 @@ class Replace:
     """``re.sub`` on every line (``with`` may use ``\\1`` / ``\\g<name>``)."""
 
     def __init__(self, options: Mapping[str, Any]) -> None:
-        self.pattern = re.compile(options["pattern"])
+        self.pattern = patterns_compile(options["pattern"])
         self.replacement = str(options["with"])
         # Fail at load time, not on the first matching line, when a group does not exist.
         groups = {str(i) for i in range(self.pattern.groups + 1)} | set(self.pattern.groupindex)
         for ref in re.findall(r"\\(\d+)|\\g<([^>]*)>", self.replacement):
             name = ref[0] or ref[1]
             if name not in groups:
-                raise ValueError(
-                    f"'with' refers to group {name!r}, which the pattern does not define"
-                )
+                raise ValueError(f"'with' refers to group {name!r}, which the pattern does not define")
 
     def __call__(self, lines: Lines) -> list[str]:
         return [_rewrite(line, self.pattern.sub(self.replacement, line)) for line in lines]
@@ -111,7 +108,7 @@ class CollapseRepeats:
     def __init__(self, options: Mapping[str, Any]) -> None:
         self.min_run = int(options["min_run"])
         ignore = options.get("ignore")
-        self.ignore = re.compile(ignore) if ignore else None
+        self.ignore = patterns_compile(ignore) if ignore else None
         self.format = str(options["format"])
         self.format.format(line="", count=0)  # a bad placeholder fails at load time
 
@@ -222,8 +219,7 @@ class SqueezeBlank:
 
 _PATTERNS = regex_list(
     "Patterns",
-    "Regular expressions (Python syntax, searched anywhere in the "
-    "line); a line matches when any of them does.",
+    "Regular expressions (Python syntax, searched anywhere in the line); a line matches when any of them does.",
 )
 
 ACTIONS: list[ActionSpec] = [
@@ -235,11 +231,11 @@ ACTIONS: list[ActionSpec] = [
                 "carriage_returns": {
                     "type": "boolean",
                     "title": "Resolve carriage returns",
-                    "description": "Keep only what a terminal finally shows of a line "
-                    "redrawn with \\r (default true).",
+                    "description": "Keep only what a terminal finally shows of a line redrawn with \\r (default true).",
                     "default": True,
                 },
-            }
+            },
+            defaults={"carriage_returns": True},
         ),
         "Remove colours and other terminal escape sequences.",
     ),
@@ -264,12 +260,12 @@ ACTIONS: list[ActionSpec] = [
                 "with": {
                     "type": "string",
                     "title": "Replacement",
-                    "description": "Replacement text; \\1 or \\g<name> insert groups "
-                    "(default: empty).",
+                    "description": "Replacement text; \\1 or \\g<name> insert groups (default: empty).",
                     "default": "",
                 },
             },
             ["pattern"],
+            {"with": ""},
         ),
         "Rewrite each line with a regular expression substitution.",
     ),
@@ -278,9 +274,7 @@ ACTIONS: list[ActionSpec] = [
         CollapseRepeats,
         object_schema(
             {
-                "min_run": count(
-                    "Shortest run", "Fold runs of at least this many equal lines (default 2).", 2, 2
-                ),
+                "min_run": count("Shortest run", "Fold runs of at least this many equal lines (default 2).", 2, 2),
                 "ignore": regex(
                     "Ignore",
                     "Parts of a line not compared (timestamps, counters); folding "
@@ -289,11 +283,11 @@ ACTIONS: list[ActionSpec] = [
                 "format": {
                     "type": "string",
                     "title": "Format",
-                    "description": "The folded line; {line} and {count} "
-                    "(default '{line} (x{count})').",
+                    "description": "The folded line; {line} and {count} (default '{line} (x{count})').",
                     "default": "{line} (x{count})",
                 },
-            }
+            },
+            defaults={"min_run": 2, "format": "{line} (x{count})"},
         ),
         "Fold runs of repeated lines into one line with (xN).",
     ),
@@ -309,7 +303,8 @@ ACTIONS: list[ActionSpec] = [
                     "description": "Use only `patterns`, not the built-in progress patterns.",
                     "default": False,
                 },
-            }
+            },
+            defaults={"replace_defaults": False},
         ),
         "Keep only the last state of progress bars and spinners.",
     ),
@@ -325,7 +320,8 @@ ACTIONS: list[ActionSpec] = [
                     "description": "Remove trailing whitespace from every line (default true).",
                     "default": True,
                 },
-            }
+            },
+            defaults={"max_run": 1, "rstrip": True},
         ),
         "Fold runs of blank lines and trim trailing whitespace.",
     ),

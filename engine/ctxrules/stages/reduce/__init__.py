@@ -96,75 +96,130 @@ def reduce_structured(
     """``text`` reduced to about ``budget_tokens``, by its format; ``None`` when it fits."""
     found = detected or detect(text)
     if found.format == "json":
-        js = reduce_json(found.parsed, text, vault_id=vault_id, budget_tokens=budget_tokens,
-                         count=count, limits=json_limits, marker_fields={"format": "json"})
+        js = reduce_json(
+            found.parsed,
+            text,
+            vault_id=vault_id,
+            budget_tokens=budget_tokens,
+            count=count,
+            limits=json_limits,
+            marker_fields={"format": "json"},
+        )
         if js is not None:
             limits = js.limits
-            return Reduced(js.text, "json", js.elided,
-                           f"JSON skeleton (depth {limits.depth}, {limits.keys} keys, "
-                           f"{limits.items} items), {js.elided} values elided")
+            return Reduced(
+                js.text,
+                "json",
+                js.elided,
+                f"JSON skeleton (depth {limits.depth}, {limits.keys} keys, "
+                f"{limits.items} items), {js.elided} values elided",
+            )
     elif found.format == "xml":
-        xr = reduce_xml(found.parsed, text, vault_id=vault_id, budget_tokens=budget_tokens,
-                        count=count, limits=XmlLimits(depth=json_limits.depth))
+        xr = reduce_xml(
+            found.parsed,
+            text,
+            vault_id=vault_id,
+            budget_tokens=budget_tokens,
+            count=count,
+            limits=XmlLimits(depth=json_limits.depth),
+        )
         if xr is not None:
-            return Reduced(xr.text, "xml", xr.elided,
-                           f"XML tree shape, {xr.elided} elements elided")
+            return Reduced(xr.text, "xml", xr.elided, f"XML tree shape, {xr.elided} elements elided")
     elif found.format == "csv":
         table = found.parsed
-        tr = reduce_table(text, table, vault_id=vault_id, budget_tokens=budget_tokens, count=count,
-                          head_share=head_share, tokens=tokens)
+        tr = reduce_table(
+            text,
+            table,
+            vault_id=vault_id,
+            budget_tokens=budget_tokens,
+            count=count,
+            head_share=head_share,
+            tokens=tokens,
+        )
         if tr is not None:
-            return Reduced(tr.text, "csv", tr.lines_elided,
-                           f"table header and first/last rows, {tr.lines_elided} of "
-                           f"{table.rows} rows elided")
+            return Reduced(
+                tr.text,
+                "csv",
+                tr.lines_elided,
+                f"table header and first/last rows, {tr.lines_elided} of {table.rows} rows elided",
+            )
         return None
-    lr = reduce_lines(text, vault_id=vault_id, budget_tokens=budget_tokens, count=count,
-                      head_share=head_share, tokens=tokens)
+    lr = reduce_lines(
+        text, vault_id=vault_id, budget_tokens=budget_tokens, count=count, head_share=head_share, tokens=tokens
+    )
     if lr is None:
         return None
-    return Reduced(lr.text, "text", lr.lines_elided,
-                   f"head and tail, {lr.lines_elided} of {lr.lines_total} lines elided"
-                   + (f", {lr.lines_clipped} long lines clipped" if lr.lines_clipped else ""))
+    return Reduced(
+        lr.text,
+        "text",
+        lr.lines_elided,
+        f"head and tail, {lr.lines_elided} of {lr.lines_total} lines elided"
+        + (f", {lr.lines_clipped} long lines clipped" if lr.lines_clipped else ""),
+    )
 
 
-_SPILL_JSON = JsonLimits(depth=2, keys=8, items=3, string_chars=60)
+# A spilled document's preview starts from the item shape (depth 4) and tightens to the budget:
+# a depth-2 view of an MCP answer shows only '"{…} 9 keys"' for every item.
+_SPILL_JSON = JsonLimits(depth=4, keys=12, items=4, string_chars=80)
 
 
-def spill_summary(text: str, *, vault_id: str, count: Count, preview_tokens: int,
-                  what: str = "output") -> tuple[str, Format]:
+def spill_summary(
+    text: str, *, vault_id: str, count: Count, preview_tokens: int, what: str = "output"
+) -> tuple[str, Format]:
     """The stand-in for a content spilled whole: a marker for all of it and a short preview."""
     found = detect(text)
     total_lines = len(text_lines(text))
-    header = format_marker("lines", total_lines, vault_id, reason="spill", chars=len(text),
-                           format=found.format)
-    intro = (f"This {what} ({len(text):,} chars, {total_lines:,} lines, {found.format}) was "
-             "moved to the vault whole; the marker above points to it. Preview:")
+    header = format_marker("lines", total_lines, vault_id, reason="spill", chars=len(text), format=found.format)
+    intro = (
+        f"This {what} ({len(text):,} chars, {total_lines:,} lines, {found.format}) was "
+        "moved to the vault whole; the marker above points to it. Preview:"
+    )
     preview = ""
     if found.format == "json":
-        js = reduce_json(found.parsed, text, vault_id=vault_id, budget_tokens=preview_tokens,
-                         count=count, limits=_SPILL_JSON, embed_marker=False)
+        js = reduce_json(
+            found.parsed,
+            text,
+            vault_id=vault_id,
+            budget_tokens=preview_tokens,
+            count=count,
+            limits=_SPILL_JSON,
+            embed_marker=False,
+        )
         preview = js.text if js is not None else ""
     elif found.format == "xml":
-        xr = reduce_xml(found.parsed, text, vault_id=vault_id, budget_tokens=preview_tokens,
-                        count=count, limits=XmlLimits(depth=2, children=3, text_chars=60))
+        xr = reduce_xml(
+            found.parsed,
+            text,
+            vault_id=vault_id,
+            budget_tokens=preview_tokens,
+            count=count,
+            limits=XmlLimits(depth=2, children=3, text_chars=60),
+        )
         preview = xr.text if xr is not None else ""
     if not preview:
-        lr = reduce_lines(text, vault_id=vault_id, budget_tokens=preview_tokens, count=count,
-                          head_share=0.6, keep_first=1 if found.format == "csv" else 0)
+        lr = reduce_lines(
+            text,
+            vault_id=vault_id,
+            budget_tokens=preview_tokens,
+            count=count,
+            head_share=0.6,
+            keep_first=1 if found.format == "csv" else 0,
+        )
         preview = lr.text if lr is not None else text
     return f"{header}\n{intro}\n{preview}", found.format
 
 
-def handover_text(text: str, *, vault_id: str, keep_tokens: int, count: Count,
-                  max_items: int = 8, tokens: int | None = None) -> tuple[str, Handover]:
+def handover_text(
+    text: str, *, vault_id: str, keep_tokens: int, count: Count, max_items: int = 8, tokens: int | None = None
+) -> tuple[str, Handover]:
     """A sub-agent result as a structured handover plus its head and tail (``tokens``: the
     result's size when the caller knows it)."""
     handover = extract_handover(text, max_items=max_items)
-    lr = reduce_lines(text, vault_id=vault_id, budget_tokens=keep_tokens, count=count,
-                      head_share=0.6, tokens=tokens)
+    lr = reduce_lines(text, vault_id=vault_id, budget_tokens=keep_tokens, count=count, head_share=0.6, tokens=tokens)
     body = lr.text if lr is not None else text
-    header = format_marker("lines", len(text_lines(text)), vault_id, reason="subagent",
-                           chars=len(text))
-    return (f"{header}\nSub-agent result ({len(text):,} chars) shortened by ctxrules; full text "
-            f"behind the marker above. Structured handover (extracted, not summarized):\n"
-            f"{render_handover(handover)}\n--- head and tail of the result ---\n{body}"), handover
+    header = format_marker("lines", len(text_lines(text)), vault_id, reason="subagent", chars=len(text))
+    return (
+        f"{header}\nSub-agent result ({len(text):,} chars) shortened by ctxrules; full text "
+        f"behind the marker above. Structured handover (extracted, not summarized):\n"
+        f"{render_handover(handover)}\n--- head and tail of the result ---\n{body}"
+    ), handover

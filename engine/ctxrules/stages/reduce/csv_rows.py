@@ -54,8 +54,16 @@ def detect_table(text: str) -> Table | None:
     return None
 
 
-def reduce_table(text: str, table: Table, *, vault_id: str, budget_tokens: int, count: Count,
-                 head_share: float, tokens: int | None = None) -> LineReduction | None:
+def reduce_table(
+    text: str,
+    table: Table,
+    *,
+    vault_id: str,
+    budget_tokens: int,
+    count: Count,
+    head_share: float,
+    tokens: int | None = None,
+) -> LineReduction | None:
     """Header, first rows and last rows; the rows between go behind a ``#L`` marker."""
     return reduce_lines(
         text,

@@ -29,29 +29,36 @@ _SECTION_WORDS: dict[str, re.Pattern[str]] = {
     "todo": re.compile(
         r"\b(to-?dos?|next steps?|remaining|follow[- ]?ups?|pending|open (items|questions)|"
         r"recommend\w*|still (needed|to do)|not (yet )?(done|implemented)|action items|"
-        r"what'?s left|left to do|suggest\w*|future work)\b", re.I),
+        r"what'?s left|left to do|suggest\w*|future work)\b",
+        re.I,
+    ),
     "risks": re.compile(
         r"\b(risks?|caveats?|warnings?|issues?|concerns?|limitations?|known (issues|problems)|"
-        r"blockers?|blocked|gotchas?|problems?|failures?|errors?|breaking)\b", re.I),
+        r"blockers?|blocked|gotchas?|problems?|failures?|errors?|breaking)\b",
+        re.I,
+    ),
     "done": re.compile(
         r"\b(done|completed?|finished|summary|changes( made)?|what (i|was) (did|done|changed)|"
         r"implemented|implementation|fixe[sd]|accomplished|results?|findings|work performed|"
-        r"modifications?|created|updated|added)\b", re.I),
+        r"modifications?|created|updated|added)\b",
+        re.I,
+    ),
 }
 _HEADING = re.compile(
     r"^\s*(?:#{1,6}\s+(?P<md>.+?)\s*#*\s*$|\*\*(?P<bold>[^*]{2,80})\*\*:?\s*$|"
-    r"(?P<colon>[A-Z][\w ./&'()-]{1,60}):\s*$)")
+    r"(?P<colon>[A-Z][\w ./&'()-]{1,60}):\s*$)"
+)
 _BULLET = re.compile(r"^\s*(?:[-*•+]|\d{1,3}[.)])\s+(?P<body>.+)$")
 _CHECKED = re.compile(r"^\s*(?:[-*+]\s+)?\[[xX]\]\s+(?P<body>.+)$|^\s*(?:✅|✓|✔)\s*(?P<mark>.+)$")
-_UNCHECKED = re.compile(
-    r"^\s*(?:[-*+]\s+)?\[ \]\s+(?P<body>.+)$|\b(?:TODO|FIXME)\b:?\s*(?P<todo>.+)$")
+_UNCHECKED = re.compile(r"^\s*(?:[-*+]\s+)?\[ \]\s+(?P<body>.+)$|\b(?:TODO|FIXME)\b:?\s*(?P<todo>.+)$")
 _RISK = re.compile(
-    r"^\s*(?:[-*+]\s+)?(?:⚠️?|\*\*)?\s*(?:warning|risk|caveat|careful|danger)\b\**:\s*(?P<body>.+)$",
-    re.I)
+    r"^\s*(?:[-*+]\s+)?(?:⚠️?|\*\*)?\s*(?:warning|risk|caveat|careful|danger)\b\**:\s*(?P<body>.+)$", re.I
+)
 _DONE_VERB = re.compile(
     r"^\s*(?:[-*•+]|\d{1,3}[.)])?\s*(?:\*\*)?(?P<body>(?:Added|Created|Fixed|Implemented|Updated|"
     r"Removed|Refactored|Renamed|Moved|Wrote|Ran|Verified|Tested|Replaced|Deleted|Migrated|"
-    r"Installed|Configured|Changed|Extracted|Merged|Resolved|Completed)\b.+)$")
+    r"Installed|Configured|Changed|Extracted|Merged|Resolved|Completed)\b.+)$"
+)
 
 _EXTENSIONS = (
     "py|pyi|js|jsx|mjs|cjs|ts|tsx|go|rs|rb|ex|exs|erl|java|kt|kts|scala|c|h|cc|cpp|hpp|cs|"
@@ -61,7 +68,8 @@ _EXTENSIONS = (
 )
 _PATH = re.compile(
     r"(?<![\w/.:@-])(?P<path>(?:\.{1,2}/|/|~/)?(?:[\w@.+-]+/)*[\w@+-][\w@.+-]*\.(?P<ext>[A-Za-z0-9]{1,10}))"
-    r"(?::\d+(?::\d+)?)?(?![\w/])")
+    r"(?::\d+(?::\d+)?)?(?![\w/])"
+)
 _KNOWN_EXT = re.compile(rf"(?:{_EXTENSIONS})", re.I)
 _VERSION = re.compile(r"^v?\d+(?:\.\d+)+$")
 
@@ -135,8 +143,7 @@ def extract_handover(text: str, *, max_items: int = 8, max_files: int = 20) -> H
     if not found.items["done"]:
         for line in verbs:
             found.add("done", line)
-    return Handover(found.items["done"], found.items["todo"], found.items["risks"],
-                    _files(text, max_files))
+    return Handover(found.items["done"], found.items["todo"], found.items["risks"], _files(text, max_files))
 
 
 def _files(text: str, limit: int) -> list[str]:
@@ -145,7 +152,7 @@ def _files(text: str, limit: int) -> list[str]:
     for match in _PATH.finditer(text):
         path = match.group("path")
         ext = match.group("ext")
-        if "://" in text[max(0, match.start() - 12):match.end()]:
+        if "://" in text[max(0, match.start() - 12) : match.end()]:
             continue  # part of a URL
         if ext.isdigit() or _VERSION.match(path):
             continue  # 3.11, v1.2.3

@@ -109,7 +109,7 @@ class _Skeleton:
         more = len(value) - head - tail
         self.elided += more
         kept_head = [self.value(item, level + 1) for item in value[:head]]
-        kept_tail = [self.value(item, level + 1) for item in value[len(value) - tail:]]
+        kept_tail = [self.value(item, level + 1) for item in value[len(value) - tail :]]
         if not tail:
             kept_tail = []
         return [*kept_head, f"… {more} more items", *kept_tail]
@@ -176,13 +176,15 @@ def reduce_json(
     if best is not None and best.limits.depth > 1:
         # Even the strictest key/item limits were too big: show only the top level.
         skel, elided = skeleton(value, replace(best.limits, depth=1))
-        best = JsonReduction(_render(skel, elided, vault_id, False, marker_fields or {},
-                                     embed_marker), elided, replace(best.limits, depth=1))
+        best = JsonReduction(
+            _render(skel, elided, vault_id, False, marker_fields or {}, embed_marker),
+            elided,
+            replace(best.limits, depth=1),
+        )
     return best
 
 
-def _render(skel: Any, elided: int, vault_id: str, pretty: bool, fields: dict[str, object],
-            embed_marker: bool) -> str:
+def _render(skel: Any, elided: int, vault_id: str, pretty: bool, fields: dict[str, object], embed_marker: bool) -> str:
     if embed_marker:
         marker = format_marker("json", elided, vault_id, lines=None, **fields)
         if isinstance(skel, dict):

@@ -73,8 +73,7 @@ def reduce_lines(
     best: LineReduction | None = None
     smallest: LineReduction | None = None
     for _ in range(_ROUNDS):
-        layout = _layout(lines, vault_id, chars, chars_per_token, head_share, keep_first,
-                         marker_fields or {})
+        layout = _layout(lines, vault_id, chars, chars_per_token, head_share, keep_first, marker_fields or {})
         used = max(1, count(layout.text))
         if used <= budget_tokens:
             if best is None or len(layout.text) > len(best.text):
@@ -135,7 +134,7 @@ def _layout(
         out.append(piece)
         clipped += was_clipped
     first_cut = head[-1] + 2
-    last_cut = (tail[0] if tail else n)
+    last_cut = tail[0] if tail else n
     ranges: list[tuple[int, int]] = []
     elided = 0
     if first_cut <= last_cut:
@@ -158,13 +157,11 @@ def _shown(line: str, number: int, vault_id: str, clip: int, ratio: float) -> tu
         return line, 0
     body = line[:-1] if line.endswith("\n") else line
     rest = len(body) - clip
-    marker = format_marker("tokens", max(1, round(rest / ratio)), vault_id,
-                           lines=(number, number), chars=rest)
+    marker = format_marker("tokens", max(1, round(rest / ratio)), vault_id, lines=(number, number), chars=rest)
     return f"{body[:clip]}… {marker}" + ("\n" if line.endswith("\n") else ""), 1
 
 
-def _single_line(line: str, vault_id: str, chars: int, ratio: float,
-                 head_share: float) -> LineReduction:
+def _single_line(line: str, vault_id: str, chars: int, ratio: float, head_share: float) -> LineReduction:
     """One huge line (minified data, a base64 blob): its start and end around a marker."""
     head = max(1, int(chars * head_share))
     tail = max(0, chars - head)
@@ -173,5 +170,5 @@ def _single_line(line: str, vault_id: str, chars: int, ratio: float,
         return LineReduction(line, 1, 0, 0, ())
     cut = len(body) - head - tail
     marker = format_marker("tokens", max(1, round(cut / ratio)), vault_id, lines=(1, 1), chars=cut)
-    text = f"{body[:head]}\n{marker}\n{body[len(body) - tail:] if tail else ''}"
+    text = f"{body[:head]}\n{marker}\n{body[len(body) - tail :] if tail else ''}"
     return LineReduction(text, 1, 0, 1, ())

@@ -82,7 +82,7 @@ def _prune(elem: ET.Element, level: int, limits: XmlLimits, counter: list[int]) 
     if len(children) > limit:
         n_head = max(1, limit - limit // 3)
         head = children[:n_head]
-        tail = children[len(children) - (limit - n_head):] if limit > n_head else []
+        tail = children[len(children) - (limit - n_head) :] if limit > n_head else []
     for child in head:
         kept = _prune(child, level + 1, limits, counter)
         kept.tail = None
@@ -90,7 +90,7 @@ def _prune(elem: ET.Element, level: int, limits: XmlLimits, counter: list[int]) 
     more = len(children) - len(head) - len(tail)
     if more > 0:
         counter[0] += more
-        elided = children[len(head): len(children) - len(tail)]
+        elided = children[len(head) : len(children) - len(tail)]
         out.append(_comment(f"{more} more elements: {_tags(elided)}"))
     for child in tail:
         kept = _prune(child, level + 1, limits, counter)
@@ -104,8 +104,9 @@ def _tags(elements: list[ET.Element]) -> str:
     return ", ".join(f"<{tag}> x{n}" for tag, n in counts.most_common(6))
 
 
-def reduce_xml(root: ET.Element, original: str, *, vault_id: str, budget_tokens: int, count: Count,
-               limits: XmlLimits | None = None) -> XmlReduction | None:
+def reduce_xml(
+    root: ET.Element, original: str, *, vault_id: str, budget_tokens: int, count: Count, limits: XmlLimits | None = None
+) -> XmlReduction | None:
     """The pruned tree of ``root`` within ``budget_tokens`` (limits tighten until it fits)."""
     current = limits or XmlLimits()
     original_tokens = count(original)

@@ -1,0 +1,164 @@
+"""The command ``ctxrules compress`` runs: its own process group, signals forwarded to it.
+
+The command runs in a process group of its own, so that a signal reaches everything it started
+(``sh -c 'make; sleep 30'`` has ``sleep`` as a grandchild) and nothing it started outlives
+ctxrules. While it runs, SIGINT, SIGTERM and SIGHUP sent to ctxrules (by a terminal's Ctrl-C, an
+agent's timeout, a closed terminal) are forwarded to that group; a second one is SIGKILL. Output
+read before the command ended is kept, so it can still be compressed, printed and vaulted.
+
+When standard input is a terminal whose foreground group is ours, the command's group gets the
+terminal for as long as it runs (as a shell gives it to a job): a command that reads the terminal
+is not stopped, and Ctrl-C goes straight to it. The terminal is handed back afterwards.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import select
+import signal
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from types import FrameType
+from typing import IO, Any
+
+__all__ = ["FORWARDED", "Child"]
+
+_POSIX = hasattr(os, "killpg")
+FORWARDED = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name))
+
+
+class Child:
+    """``Child(argv, capture=True)`` starts the command; :meth:`run` forwards signals while
+    it reads its output (stderr merged into stdout) and waits for it."""
+
+    def __init__(self, argv: list[str], *, capture: bool) -> None:
+        self.signal: int | None = None  # the first signal forwarded
+        self._killed = False
+        self.proc: subprocess.Popen[bytes] | None = None
+        # The handlers go in before the command starts: a signal in between is not lost, and
+        # the command starts with the default action for each (an exec resets a caught signal,
+        # while an ignored one, as a shell's background job has for SIGINT, would stay ignored
+        # and make the forwarded signal a no-op).
+        self._previous = {signum: signal.signal(signum, self._forward) for signum in FORWARDED}
+        try:
+            # process_group=0: the command leads a new group whose id is its pid.
+            group: dict[str, Any] = {"process_group": 0} if _POSIX else {}
+            self.proc = subprocess.Popen(
+                argv,
+                stdout=subprocess.PIPE if capture else None,
+                stderr=subprocess.STDOUT if capture else None,
+                **group,
+            )
+        except BaseException:
+            self._restore()
+            raise
+        self._tty = _foreground_tty() if _POSIX else None
+        if self._tty is not None:
+            _set_foreground(self._tty, self.proc.pid)
+        if self.signal is not None:  # arrived while the command was starting
+            self._send(self.signal)
+
+    def run(self, on_chunk: Callable[[bytes], None] | None = None) -> tuple[bytes, int]:
+        """(everything the command wrote, its return code: negative for a signal)."""
+        assert self.proc is not None
+        chunks: list[bytes] = []
+        try:
+            if self.proc.stdout is not None:
+                for chunk in self._chunks(self.proc.stdout):
+                    chunks.append(chunk)
+                    if on_chunk is not None:
+                        on_chunk(chunk)
+            code = self._wait()
+        finally:
+            if self.proc.returncode is None:  # ctxrules itself failed: take the group along
+                self._kill()
+                self.proc.wait()
+            self._finish()
+            self._restore()
+        return b"".join(chunks), code
+
+    def _restore(self) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+        self._previous = {}
+
+    # --- internals ---------------------------------------------------------------------
+
+    def _chunks(self, stream: IO[bytes]) -> Iterator[bytes]:
+        assert self.proc is not None
+        fd = stream.fileno()
+        while True:
+            if _POSIX:
+                # Wake up now and then: after a forwarded signal, something the command left
+                # running may keep the pipe open; once the command itself has ended, end it.
+                ready, _, _ = select.select([fd], [], [], 0.2)
+                if not ready:
+                    if self.signal is not None and self.proc.poll() is not None:
+                        self._kill()
+                    continue
+            # os.read returns what is there (at most 64 KiB) instead of waiting for more.
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                stream.close()
+                return
+            yield chunk
+
+    def _wait(self) -> int:
+        assert self.proc is not None
+        while True:
+            try:
+                return self.proc.wait(timeout=0.2 if self.signal is not None else None)
+            except subprocess.TimeoutExpired:
+                continue
+
+    def _kill(self) -> None:
+        self._killed = True
+        self._send(getattr(signal, "SIGKILL", signal.SIGTERM))
+
+    def _send(self, signum: int) -> None:
+        if self.proc is None:
+            return
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            if _POSIX:
+                os.killpg(self.proc.pid, signum)
+            else:  # no process groups to signal: the command alone
+                self.proc.send_signal(signum)
+
+    def _forward(self, signum: int, frame: FrameType | None) -> None:
+        if self.signal is not None:
+            self._kill()  # the second signal: do not wait any longer
+            return
+        self.signal = signum
+        self._send(signum)
+
+    def _finish(self) -> None:
+        # Whatever the command left in its group (a daemon it started with &) ends with it
+        # when it was signalled; a command that ended by itself keeps its background jobs.
+        if self.signal is not None and not self._killed:
+            self._kill()
+        if self._tty is not None:
+            _set_foreground(self._tty, os.getpgrp())
+            self._tty = None
+
+
+def _foreground_tty() -> int | None:
+    """The fd of standard input when it is a terminal whose foreground group is ours."""
+    try:
+        fd = sys.stdin.fileno()
+        if os.isatty(fd) and os.tcgetpgrp(fd) == os.getpgrp():
+            return fd
+    except (OSError, ValueError, AttributeError):
+        pass
+    return None
+
+
+def _set_foreground(fd: int, pgid: int) -> None:
+    # A background group that calls tcsetpgrp gets SIGTTOU: ignore it for the call.
+    old = signal.signal(signal.SIGTTOU, signal.SIG_IGN)
+    try:
+        with contextlib.suppress(OSError):
+            os.tcsetpgrp(fd, pgid)
+    finally:
+        signal.signal(signal.SIGTTOU, old)

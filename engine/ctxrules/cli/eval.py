@@ -1,0 +1,154 @@
+"""``ctxrules eval``: replay transcripts through packs and baselines; cost, cache, retention."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from typing import Any, TextIO
+
+from ctxrules.cli.io import write_text
+from ctxrules.errors import UsageError
+from ctxrules.eval.replay import STEP_S, Task
+from ctxrules.eval.report import dumps, eval_html, eval_json, eval_table, totals_of
+from ctxrules.eval.run import load_transcripts, plans_from, run_tasks
+from ctxrules.models import lookup_model
+from ctxrules.packs.validated import load_pack
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser(
+        "eval",
+        help="replay transcripts through packs and baselines: cost per task, cache, retention",
+        description="Replay each transcript call by call (prepare before every assistant message, "
+        "one session per transcript and pack), model the provider's prompt cache, "
+        "price it, and check retention probes and the invariants on every call. "
+        "Exit 1 when an invariant broke on any call of a pack.",
+    )
+    p.add_argument("inputs", nargs="+", metavar="INPUT", help="transcript files or folders")
+    p.add_argument(
+        "--pack",
+        action="append",
+        default=[],
+        metavar="P",
+        help="a pack to evaluate (a path or builtin:NAME); repeat for more",
+    )
+    p.add_argument(
+        "--baseline",
+        action="append",
+        default=[],
+        choices=("none", "trim"),
+        help="also replay without ctxrules: none (the raw history) or trim (litellm.utils.trim_messages); repeatable",
+    )
+    p.add_argument("--model", required=True, metavar="M")
+    p.add_argument("--window", type=int, metavar="N", help="override the model's window")
+    p.add_argument(
+        "--step-s",
+        type=float,
+        default=None,
+        metavar="S",
+        help="seconds between calls when messages carry no timestamps (default 20)",
+    )
+    p.add_argument("--jobs", type=int, default=1, metavar="N", help="worker processes (default 1)")
+    p.add_argument("--json", metavar="FILE", help="write every call and the totals as JSON")
+    p.add_argument("--html", metavar="FILE", help="write one self-contained page with charts")
+    p.add_argument(
+        "--judge",
+        metavar="MODEL",
+        help="also ask MODEL the probe questions from the prepared context of each "
+        "transcript's last call, and grade its answers (needs the model's API)",
+    )
+    p.add_argument("--judge-api-base", metavar="URL", help="the judge's OpenAI-compatible endpoint")
+    p.add_argument("--quiet", action="store_true", help="no progress bar on stderr")
+    p.set_defaults(func=run)
+
+
+class _Bar:
+    """A one-line progress bar on a terminal: the transcript, the plan and the turn."""
+
+    def __init__(self, stream: TextIO, total: int) -> None:
+        self.stream = stream
+        self.total = max(1, total)
+        self.done = 0
+        self.last = 0.0
+
+    def __call__(self, transcript: str, plan: str, turn: int, turns: int) -> None:
+        self.done += 1
+        now = time.monotonic()
+        if now - self.last < 0.1 and self.done < self.total:
+            return
+        self.last = now
+        width = 24
+        filled = int(width * self.done / self.total)
+        line = (
+            f"\r[{'#' * filled}{'.' * (width - filled)}] {self.done}/{self.total} "
+            f"{transcript[:36]} · {plan[:24]} · turn {turn}/{turns}"
+        )
+        self.stream.write(line[:160].ljust(100))
+        self.stream.flush()
+
+    def close(self) -> None:
+        self.stream.write("\r" + " " * 100 + "\r")
+        self.stream.flush()
+
+
+def run(args: argparse.Namespace) -> int:
+    if not args.pack and not args.baseline:
+        raise UsageError("name at least one --pack or --baseline")
+    if args.jobs < 1:
+        raise UsageError("--jobs must be at least 1")
+    if args.window is not None and args.window <= 0:
+        raise UsageError("--window must be a positive number of tokens")
+    lookup_model(args.model, window=args.window)  # an unknown model is a usage error up front
+    for ref in args.pack:
+        load_pack(ref)  # an invalid pack fails here, with its diagnostics, before any replay
+    transcripts, notes = load_transcripts(args.inputs)
+    for note in notes:
+        sys.stderr.write(f"ctxrules: note: {note}\n")
+    plans = plans_from(args.pack, list(dict.fromkeys(args.baseline)))
+    step_s = STEP_S if args.step_s is None else args.step_s
+    tasks = [
+        Task(
+            name,
+            str(path),
+            tuple(msgs),
+            tuple(tools),
+            plan,
+            args.model,
+            args.window,
+            step_s,
+            args.judge,
+            args.judge_api_base,
+        )
+        for plan in plans
+        for name, path, msgs, tools in transcripts
+    ]
+    names = [name for name, *_ in transcripts]
+    total_turns = sum(
+        sum(1 for i, m in enumerate(msgs) if m.get("role") == "assistant" and i > 0) for _, _, msgs, _ in transcripts
+    ) * len(plans)
+    bar = (
+        _Bar(sys.stderr, total_turns) if (sys.stderr.isatty() and not args.quiet and not os.environ.get("CI")) else None
+    )
+    started = time.perf_counter()
+    try:
+        results = run_tasks(tasks, jobs=args.jobs, progress=bar)
+    finally:
+        if bar is not None:
+            bar.close()
+    seconds = time.perf_counter() - started
+    overall, each = totals_of(results, [p.name for p in plans], {p.name: p.baseline for p in plans})
+    sys.stdout.write(eval_table(overall, each, names, model=args.model, window=args.window))
+    sys.stdout.write(f"\n{total_turns} calls replayed in {seconds:.1f} s ({args.jobs} job(s))\n")
+    if args.json:
+        write_text(
+            args.json, dumps(eval_json(results, overall, each, model=args.model, window=args.window, seconds=seconds))
+        )
+    if args.html:
+        write_text(args.html, eval_html(results, overall, each, names, model=args.model, window=args.window))
+    broken = [p for p, t in overall.items() if not t.baseline and (t.violations or t.errors)]
+    if broken:
+        sys.stderr.write(f"ctxrules: invariants broke on calls of: {', '.join(broken)}\n")
+        return 1
+    return 0

@@ -1,0 +1,244 @@
+"""Keyed tags: how ctxrules knows a message is one it injected, with nothing extra on the wire.
+
+Every message ctxrules puts into a conversation (summary, notes, reread, notices, placeholders,
+synthetic tool results) opens its text with a tag such as::
+
+    <ctxrules:notes count="3" sig="3f9a0c1d5e7b2a64">
+
+``sig`` is an HMAC-SHA256 (truncated to 16 hex digits) of the message's first text with the
+`` sig="..."`` attribute taken out, under a key only ctxrules holds. A message is injected
+when its tag verifies; a tagged text whose signature does not verify (a user pasting an earlier
+summary, a tool printing ``<ctxrules:summary ...>``) is an ordinary message. Nothing but the
+text carries the mark, so the output is sendable to endpoints that reject unknown message
+fields (invariant 8, docs/reference/concepts.md).
+
+**The key** is 32 random bytes in ``injection.key`` (hex, mode 0600, created on first use) in the
+state root when the session has one, else in the session directory. Sessions that share a
+state root share the key, so history moved between them keeps its marks. A session's
+``prepare`` runs under its key (:func:`key_scope`); code outside any session (a stage called on
+its own) signs with a per-process key and recognises what any session of the process signed.
+
+**Cost.** Most texts do not start with ``<ctxrules:`` and are decided without hashing. A
+tagged text is verified once and remembered per key (by the text string, whose hash Python
+caches), so the warm path does not hash the same summary on every stage.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import hmac
+import os
+import re
+import secrets
+from collections.abc import Iterator
+from pathlib import Path
+
+from ctxrules.errors import UsageError
+
+__all__ = [
+    "KEY_FILE",
+    "InjectionKey",
+    "TagHead",
+    "current_key",
+    "key_for_session",
+    "key_scope",
+    "parse_head",
+]
+
+KEY_FILE = "injection.key"
+SIG_HEX = 16
+_MEMO_LIMIT = 4096
+
+# "<ctxrules:" + kind + attributes (quoted or bare values) + optional "/" + ">". The signature,
+# when present, is the last attribute.
+_ATTR = r'[a-z_][a-z0-9_.-]*=(?:"[^"\n]*"|[^\s"/>]+)'
+_HEAD_RE = re.compile(
+    rf"\s*<ctxrules:(?P<kind>[a-z][a-z0-9_.-]*)(?P<attrs>(?:[ \t]+{_ATTR})*?)"
+    rf'(?P<sig>[ \t]+sig="(?P<hex>[0-9a-f]{{{SIG_HEX}}})")?[ \t]*(?P<close>/?)>'
+)
+_ATTR_RE = re.compile(r'([a-z_][a-z0-9_.-]*)=(?:"([^"\n]*)"|([^\s"/>]+))')
+
+
+class TagHead:
+    """A parsed opening tag: kind, attributes (unescaped), where the signature sits."""
+
+    __slots__ = ("attrs", "close", "end", "kind", "sig", "sig_span")
+
+    def __init__(self, match: re.Match[str]) -> None:
+        self.kind = match.group("kind")
+        self.attrs = {
+            m.group(1): _unescape(m.group(2) if m.group(2) is not None else m.group(3))
+            for m in _ATTR_RE.finditer(match.group("attrs"))
+        }
+        self.sig = match.group("hex")
+        self.sig_span = match.span("sig") if self.sig is not None else None
+        self.close = match.group("close")
+        self.end = match.end()
+
+
+def parse_head(text: str) -> TagHead | None:
+    """The opening ``<ctxrules:KIND ...>`` tag of ``text`` (signed or not), or ``None``."""
+    match = _HEAD_RE.match(text)
+    return TagHead(match) if match is not None else None
+
+
+def format_attr(value: object) -> str:
+    text = str(value).replace("&", "&amp;").replace('"', "&quot;")
+    return '"' + text.replace("<", "&lt;").replace(">", "&gt;") + '"'
+
+
+def _unescape(value: str) -> str:
+    if "&" not in value:
+        return value
+    return value.replace("&quot;", '"').replace("&lt;", "<").replace("&gt;", ">").replace("&amp;", "&")
+
+
+class InjectionKey:
+    """The secret that signs and verifies tags, with a memo of texts already verified."""
+
+    __slots__ = ("_memo", "_secret")
+
+    def __init__(self, secret: bytes) -> None:
+        if len(secret) < 16:
+            raise ValueError("an injection key needs at least 16 bytes")
+        self._secret = secret
+        self._memo: dict[str, TagHead | None] = {}
+
+    def __repr__(self) -> str:  # never show the secret
+        return "InjectionKey(...)"
+
+    def _digest(self, payload: str) -> str:
+        return hmac.digest(self._secret, payload.encode("utf-8", "surrogatepass"), "sha256").hex()[:SIG_HEX]
+
+    def sign(self, text: str) -> str:
+        """``text`` (which must open with a tag) with its signature set for its current content."""
+        head = parse_head(text)
+        if head is None:
+            raise ValueError("only a text that opens with a <ctxrules:KIND> tag can be signed")
+        if head.sig_span is not None:
+            a, b = head.sig_span
+            text = text[:a] + text[b:]
+            head = parse_head(text)
+            assert head is not None
+        at = head.end - 1 - len(head.close)
+        signed = f'{text[:at]} sig="{self._digest(text)}"{text[at:]}'
+        self._remember(signed, parse_head(signed))
+        return signed
+
+    def verified(self, text: str) -> TagHead | None:
+        """The head of ``text`` when it opens with a tag signed under this key, else ``None``."""
+        memo = self._memo
+        if text in memo:
+            return memo[text]
+        head = parse_head(text)
+        good: TagHead | None = None
+        if head is not None and head.sig_span is not None:
+            a, b = head.sig_span
+            if hmac.compare_digest(self._digest(text[:a] + text[b:]), head.sig or ""):
+                good = head
+        self._remember(text, good)
+        return good
+
+    def _remember(self, text: str, head: TagHead | None) -> None:
+        if len(self._memo) >= _MEMO_LIMIT:
+            self._memo.clear()
+        self._memo[text] = head
+
+    @classmethod
+    def load_or_create(cls, path: Path) -> InjectionKey:
+        """The key in ``path``; a new random one is written there (mode 0600) when it is absent.
+
+        Two processes creating it at once agree: the file is created exclusively and the loser
+        reads the winner's key. Symlinks are not followed."""
+        try:
+            return cls(_read_key(path))
+        except FileNotFoundError:
+            pass
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        secret = secrets.token_bytes(32)
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
+        except FileExistsError:
+            return cls(_read_key(path))
+        except OSError as exc:
+            raise UsageError(f"{path}: cannot create the injection key: {exc.strerror or exc}") from None
+        with os.fdopen(fd, "w", encoding="ascii") as handle:
+            handle.write(secret.hex() + "\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+        return cls(secret)
+
+
+def _read_key(path: Path) -> bytes:
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        raise UsageError(f"{path}: cannot read the injection key: {exc.strerror or exc}") from None
+    with os.fdopen(fd, "r", encoding="ascii", errors="replace") as handle:
+        text = handle.read(200).strip()
+    # An empty file is a creation that died before writing: not a key, and not ours to guess.
+    if not re.fullmatch(r"[0-9a-f]{32,128}", text):
+        raise UsageError(f"{path}: not an injection key (expected hex digits); delete it to make a new one")
+    return bytes.fromhex(text)
+
+
+def key_for_session(session_dir: Path, state_root: Path | None) -> InjectionKey:
+    """The key a session signs with: the state root's when it has one, else its own."""
+    key = InjectionKey.load_or_create((state_root if state_root is not None else session_dir) / KEY_FILE)
+    _known(key)
+    return key
+
+
+class _AnyKnownKey(InjectionKey):
+    """Outside a session's ``prepare``: signs with the process key and recognises what any
+    session of this process signed, so code that inspects a ``prepare`` output afterwards (an
+    application, a test) needs no scope. Inside ``prepare`` only the session's key counts."""
+
+    __slots__ = ("_keys",)
+
+    def __init__(self, process: InjectionKey, keys: tuple[InjectionKey, ...]) -> None:
+        super().__init__(process._secret)
+        self._keys = keys
+
+    def verified(self, text: str) -> TagHead | None:
+        head = super().verified(text)
+        for key in self._keys:
+            if head is not None:
+                break
+            head = key.verified(text)
+        return head
+
+
+_PROCESS_KEY = InjectionKey(secrets.token_bytes(32))
+_KNOWN: list[InjectionKey] = []
+# A new object whenever a key is added, so memos keyed on "the current key" notice.
+_ANY: list[_AnyKnownKey] = [_AnyKnownKey(_PROCESS_KEY, ())]
+_KNOWN_LIMIT = 64
+_CURRENT: contextvars.ContextVar[InjectionKey | None] = contextvars.ContextVar("ctxrules_injection_key", default=None)
+
+
+def _known(key: InjectionKey) -> None:
+    if any(k._secret == key._secret for k in _KNOWN):
+        return
+    _KNOWN.append(key)
+    del _KNOWN[:-_KNOWN_LIMIT]
+    _ANY[0] = _AnyKnownKey(_PROCESS_KEY, tuple(_KNOWN))
+
+
+def current_key() -> InjectionKey:
+    """The key of the session whose ``prepare`` is running; outside one, a key that signs with
+    the process key and recognises every key this process loaded."""
+    return _CURRENT.get() or _ANY[0]
+
+
+@contextlib.contextmanager
+def key_scope(key: InjectionKey) -> Iterator[InjectionKey]:
+    """Run the enclosed code (a ``prepare``) with ``key`` as the current key."""
+    token = _CURRENT.set(key)
+    try:
+        yield key
+    finally:
+        _CURRENT.reset(token)

@@ -1,0 +1,173 @@
+"""Limits on JSON-like data from outside: message files, message lists, session state.
+
+Python's own limits turn hostile data into crashes deep inside the engine: nesting a thousand
+levels deep is a ``RecursionError`` in whatever walks it next, an integer of 5,000 digits a
+``ValueError`` when it is written out, a lone surrogate (``"\\ud800"``, valid in JSON text) a
+``UnicodeEncodeError`` when it is encoded, and ``NaN`` is accepted by ``json`` but is not JSON.
+:func:`scan` finds all of them in one iterative walk (no recursion of its own), so each caller
+can reject or repair them with a message that says where.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+__all__ = [
+    "MAX_DEPTH",
+    "MAX_INPUT_BYTES",
+    "MAX_INT_DIGITS",
+    "NonFinite",
+    "Problem",
+    "Scan",
+    "pointer",
+    "scan",
+    "short_pointer",
+]
+
+# Arrays and objects inside one another. Real agent messages nest a few levels (content parts,
+# tool-call arguments given as objects, JSON schemas in tools: a few dozen at most).
+MAX_DEPTH: Final = 100
+# What Python converts between int and str by default (sys.get_int_max_str_digits).
+MAX_INT_DIGITS: Final = 4300
+# A message file larger than this is refused before it is read (a whole agent session with
+# every tool output verbatim is tens of MB; a gigabyte would take the machine's memory).
+MAX_INPUT_BYTES: Final = 256 * 1024 * 1024
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+_INT_LIMIT: Final = 10**MAX_INT_DIGITS  # the smallest integer of MAX_INT_DIGITS + 1 digits
+_INT_BITS: Final = _INT_LIMIT.bit_length() - 1
+
+
+class NonFinite:
+    """What :func:`json.loads` gives for ``NaN``/``Infinity`` through ``parse_constant``, so
+    that :func:`scan` can say where it was."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+
+Path = tuple[str | int, ...]
+
+
+@dataclass
+class Problem:
+    kind: str  # "depth" | "int" | "nonfinite"
+    path: Path
+    detail: str
+
+
+@dataclass
+class Scan:
+    value: Any  # the data with lone surrogates replaced (the very same object when none were)
+    problems: list[Problem] = field(default_factory=list)
+    replaced: list[Path] = field(default_factory=list)  # where surrogates were replaced
+
+
+def pointer(path: Path) -> str:
+    """The RFC 6901 JSON pointer of ``path`` (printable: a lone surrogate in a key shows as
+    U+FFFD, as it will be after the repair)."""
+    return _SURROGATE.sub("\ufffd", "".join("/" + str(p).replace("~", "~0").replace("/", "~1") for p in path))
+
+
+def short_pointer(path: Path, width: int = 80) -> str:
+    """:func:`pointer`, its middle elided when it is longer than ``width`` (a path 100 levels
+    deep would fill the screen)."""
+    text = pointer(path) or "/"
+    return text if len(text) <= width else f"{text[: width // 2]}...{text[-width // 4 :]}"
+
+
+def _has_surrogate(text: str) -> bool:
+    if text.isascii():  # the common case, and cheap
+        return False
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+def scan(value: Any, *, max_depth: int = MAX_DEPTH, base: Path = ()) -> Scan:
+    """Walk ``value`` (dicts, lists, scalars) without recursion: report nesting deeper than
+    ``max_depth``, integers of more than :data:`MAX_INT_DIGITS` digits, non-finite floats and
+    :class:`NonFinite` markers; return it with lone surrogates (in strings and in keys)
+    replaced by U+FFFD, in copies of just the containers on the way to them."""
+    result = Scan(value)
+    key_fixes: list[Path] = []  # paths of dict keys to rename (the path ends with the old key)
+    stack: list[tuple[Any, Path, int]] = [(value, (), 0)]
+    while stack:
+        obj, path, depth = stack.pop()
+        if isinstance(obj, str):
+            if _has_surrogate(obj):
+                result.replaced.append(path)
+        elif isinstance(obj, dict):
+            if depth >= max_depth:
+                result.problems.append(Problem("depth", path, f"nested deeper than {max_depth} levels"))
+                continue
+            for key, child in obj.items():
+                if isinstance(key, str) and _has_surrogate(key):
+                    key_fixes.append((*path, key))
+                stack.append((child, (*path, key), depth + 1))
+        elif isinstance(obj, list):
+            if depth >= max_depth:
+                result.problems.append(Problem("depth", path, f"nested deeper than {max_depth} levels"))
+                continue
+            stack.extend((child, (*path, i), depth + 1) for i, child in enumerate(obj))
+        elif isinstance(obj, bool) or obj is None:
+            pass
+        elif isinstance(obj, int):
+            if obj.bit_length() >= _INT_BITS and abs(obj) >= _INT_LIMIT:
+                result.problems.append(Problem("int", path, f"an integer of more than {MAX_INT_DIGITS} digits"))
+        elif isinstance(obj, float):
+            if not math.isfinite(obj):
+                result.problems.append(Problem("nonfinite", path, f"{obj!r} is not a finite number"))
+        elif isinstance(obj, NonFinite):
+            result.problems.append(Problem("nonfinite", path, f"{obj.name} is not valid JSON"))
+    if result.replaced or key_fixes:
+        result.value = _repaired(value, result.replaced, key_fixes)
+        result.replaced = sorted([*result.replaced, *key_fixes], key=pointer)
+    result.problems.sort(key=lambda p: pointer(p.path))
+    if base:
+        result.replaced = [(*base, *p) for p in result.replaced]
+        for problem in result.problems:
+            problem.path = (*base, *problem.path)
+    return result
+
+
+def _repaired(value: Any, strings: list[Path], keys: list[Path]) -> Any:
+    """``value`` with the strings at ``strings`` and the keys at ``keys`` repaired; every
+    container on the way to one is copied, the rest shared."""
+    copies: dict[Path, Any] = {}
+
+    def copy_of(path: Path) -> Any:
+        if path in copies:
+            return copies[path]
+        if not path:
+            node = value
+        else:
+            parent = copy_of(path[:-1])
+            node = parent[path[-1]]
+        node = dict(node) if isinstance(node, dict) else list(node)
+        if path:
+            copies[path[:-1]][path[-1]] = node
+        copies[path] = node
+        return node
+
+    for path in strings:
+        if not path:
+            return _SURROGATE.sub("\ufffd", value)
+        parent = copy_of(path[:-1])
+        parent[path[-1]] = _SURROGATE.sub("\ufffd", parent[path[-1]])
+    # Keys last, deepest first: renaming a key changes the paths below it.
+    for path in sorted(keys, key=len, reverse=True):
+        parent = copy_of(path[:-1])
+        old = path[-1]
+        assert isinstance(old, str)
+        renamed = {(_SURROGATE.sub("\ufffd", k) if k == old else k): v for k, v in parent.items()}
+        parent.clear()
+        parent.update(renamed)  # in place (the copy is linked into its parent), order kept
+    return copies.get((), value)

@@ -1,0 +1,564 @@
+"""Every regular expression a pack provides is compiled and matched here.
+
+The pattern language is Python's ``re`` (a pattern that ``re`` rejects is a CR070 error), but
+``re`` backtracks without limit: ``(a+)+$`` on 40,000 ``a`` and a ``b`` never ends. So a pack
+pattern runs on one of two engines:
+
+- **RE2** (``google-re2``, linear time) when it compiles there *and* means the same thing. RE2's
+  ``\\d \\w \\s \\b`` (and their negations) are ASCII-only where Python's are Unicode, and its
+  ``$`` (without ``(?m)``) does not match before a final newline; a pattern using any of them,
+  a POSIX-looking class (``[[:``), or flags RE2 has no equivalent for stays off RE2. Iterating
+  operations (``finditer``, ``sub``, ``split``, ``findall``) use RE2 only for patterns that
+  cannot match the empty string (where empty-match rules are the same everywhere), and ``sub``
+  only with a replacement that is a function or a plain string without backslashes.
+- otherwise the **regex** module, with a time limit on every call (:data:`MATCH_TIME_LIMIT_S`).
+  Before compiling there, the pattern's unrolled size is estimated: ``regex`` expands counted
+  repetitions when it compiles (``x{4294967294}`` would take hours), so a pattern beyond
+  :data:`MAX_UNROLLED` is refused (CR070).
+
+A call that hits the limit raises :class:`PatternTimeout`; the pattern is then *remembered*
+as timed out (:func:`remembering` keeps that memory in a stage's persistent state) and every
+later call raises at once, so a rerun behaves the same whatever the machine's load was.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import hashlib
+import re
+import warnings
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any, Protocol
+
+import regex as _regex  # type: ignore[import-untyped]
+
+try:  # google-re2 is a dependency; without it every pattern runs on `regex` (still bounded)
+    import re2 as _re2  # type: ignore[import-untyped]
+except ImportError:  # pragma: no cover - exercised only on a broken install
+    _re2 = None
+
+__all__ = [
+    "MATCH_TIME_LIMIT_S",
+    "MAX_UNROLLED",
+    "STATE_KEY",
+    "Match",
+    "Memory",
+    "Pattern",
+    "PatternError",
+    "PatternTimeout",
+    "compile",
+    "nested_quantifier",
+    "remembering",
+]
+
+MATCH_TIME_LIMIT_S = 1.0
+"""Seconds one call of a pattern on the backtracking engine may take."""
+
+MAX_UNROLLED = 100_000
+"""Largest estimated size of a pattern once counted repetitions are expanded."""
+
+STATE_KEY = "timed_out_patterns"
+"""Where :func:`remembering` keeps the patterns that timed out, in a stage's state dict."""
+
+_REPEATS = ("MAX_REPEAT", "MIN_REPEAT", "POSSESSIVE_REPEAT")
+_CATEGORIES_DIFFERENT = {
+    "CATEGORY_DIGIT",
+    "CATEGORY_NOT_DIGIT",
+    "CATEGORY_WORD",
+    "CATEGORY_NOT_WORD",
+    "CATEGORY_SPACE",
+    "CATEGORY_NOT_SPACE",
+}
+
+
+class PatternError(re.error):
+    """A pattern ``re`` accepts but that cannot run in bounded time (too large to unroll)."""
+
+
+class PatternTimeout(Exception):
+    """A pattern took longer than :data:`MATCH_TIME_LIMIT_S` (now, or in an earlier run)."""
+
+    def __init__(self, pattern: Pattern, earlier: bool = False, reason: str | None = None) -> None:
+        shown = pattern.pattern if len(pattern.pattern) <= 80 else pattern.pattern[:77] + "..."
+        when = (
+            "timed out in an earlier run and is skipped"
+            if earlier
+            else (f"took longer than {MATCH_TIME_LIMIT_S:g} s on one match and is skipped from now on")
+        )
+        if reason is not None:
+            when = f"cannot run ({reason}) and is skipped"
+        super().__init__(f"pattern {shown!r} {when}")
+        self.pattern = pattern
+
+
+class Match(Protocol):
+    """What callers may use of a match (``re``, ``regex`` and RE2 matches all have it)."""
+
+    def group(self, *args: int | str) -> Any: ...
+    def groups(self, default: Any = None) -> tuple[Any, ...]: ...
+    def groupdict(self, default: Any = None) -> dict[str, Any]: ...
+    def start(self, group: int | str = 0) -> int: ...
+    def end(self, group: int | str = 0) -> int: ...
+    def span(self, group: int | str = 0) -> tuple[int, int]: ...
+    def __getitem__(self, group: int | str) -> Any: ...
+
+
+# -- the memory of timed-out patterns ------------------------------------------------------
+
+
+@dataclass
+class Memory:
+    """Keys of the patterns that timed out, and what was reported about them since."""
+
+    keys: set[str] = field(default_factory=set)
+    reports: list[str] = field(default_factory=list)
+
+    def report(self, message: str) -> None:
+        if message not in self.reports:
+            self.reports.append(message)
+
+
+_UNSET: Any = object()
+_PROCESS_MEMORY = Memory()  # outside any session (validate, a bare compress): this process
+_MEMORY: contextvars.ContextVar[Memory] = contextvars.ContextVar("ctxrules_timed_out")
+
+
+def _memory() -> Memory:
+    return _MEMORY.get(_PROCESS_MEMORY)
+
+
+@contextlib.contextmanager
+def remembering(state: dict[str, Any]) -> Iterator[Memory]:
+    """Within the block, patterns listed in ``state[STATE_KEY]`` count as timed out, and
+    patterns that time out are added there (a sorted list of keys, JSON-serializable), so a
+    later run in the same session skips them without trying. ``reports`` of the memory says
+    which patterns timed out or were skipped in the block (for the stage's warnings)."""
+    listed = state.get(STATE_KEY)
+    known = {k for k in listed if isinstance(k, str)} if isinstance(listed, list) else set()
+    memory = Memory(known | _PROCESS_MEMORY.keys)
+    token = _MEMORY.set(memory)
+    try:
+        yield memory
+    finally:
+        _MEMORY.reset(token)
+        _PROCESS_MEMORY.keys |= memory.keys
+        if memory.keys - known:
+            state[STATE_KEY] = sorted(memory.keys)
+
+
+# -- analysis ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Shape:
+    re2_safe: bool  # means the same on RE2 (given the flags)
+    min_width: int
+    unrolled: int
+    nested: bool
+
+
+_PLAIN = re.compile(r"[^\\.^$*+?{}\[\]|()]*")
+_I, _M, _S, _A, _X, _L = (int(f) for f in (re.IGNORECASE, re.MULTILINE, re.DOTALL, re.ASCII, re.VERBOSE, re.LOCALE))
+
+
+def _analyse(pattern: str, flags: int) -> _Shape:
+    from re import _parser  # type: ignore[attr-defined]
+
+    if not flags & (_X | _L) and _PLAIN.fullmatch(pattern):  # plain text: most `contains:` rules
+        return _Shape(True, len(pattern), len(pattern), False)
+    tree = _parser.parse(pattern, flags)
+    all_flags = int(tree.state.flags)
+    ascii_only = bool(all_flags & _A)
+    # `[[:alpha:]]` is a POSIX class to RE2 and a set of characters to `re`; `x{,5}` is a
+    # repetition to `re` and text to RE2.
+    safe = not (all_flags & (_X | _L)) and "[:" not in pattern and "{," not in pattern
+    if ascii_only and all_flags & _I:
+        safe = False  # Python folds ASCII only, RE2 all of Unicode
+    repeats = 0
+
+    def walk(items: Any, depth_repeat: bool) -> int:
+        nonlocal safe, repeats
+        size = 0
+        for op, av in items:
+            name = str(op)
+            if name in _REPEATS:
+                lo, hi, sub = av
+                repeats += 1
+                inner = walk(sub, depth_repeat or (hi > 1 and name != "POSSESSIVE_REPEAT"))
+                count = lo if hi == _parser.MAXREPEAT else hi
+                if count > 1000:
+                    safe = False  # RE2 refuses such counts, or reads `x{4294967294}` as text
+                size += max(inner, 1) * max(count, 1)
+            elif name == "SUBPATTERN":
+                size += walk(av[-1], depth_repeat)
+            elif name == "BRANCH":
+                size += sum(walk(b, depth_repeat) for b in av[1])
+            elif name in ("ASSERT", "ASSERT_NOT"):
+                safe = False
+                size += walk(av[1], depth_repeat)
+            elif name == "GROUPREF_EXISTS":
+                safe = False
+                size += sum(walk(b, depth_repeat) for b in av[1:] if b is not None)
+            elif name == "ATOMIC_GROUP":
+                safe = False
+                size += walk(av, depth_repeat)
+            elif name == "IN":
+                for iop, iav in av:
+                    if str(iop) == "CATEGORY" and str(iav) in _CATEGORIES_DIFFERENT and not ascii_only:
+                        safe = False
+                size += 1
+            elif name == "CATEGORY":
+                if str(av) in _CATEGORIES_DIFFERENT and not ascii_only:
+                    safe = False
+                size += 1
+            elif name == "AT":
+                at = str(av)
+                if (
+                    (at in ("AT_BOUNDARY", "AT_NON_BOUNDARY") and not ascii_only)
+                    or at == "AT_END_STRING"
+                    or (at == "AT_END" and not all_flags & _M)
+                ):
+                    safe = False
+                size += 1
+            else:
+                if name.startswith("GROUPREF"):
+                    safe = False
+                size += 1
+        return size
+
+    unrolled = walk(tree, False)
+    low, _ = tree.getwidth()
+    # A nested repetition needs two of them.
+    return _Shape(safe, low, unrolled, repeats > 1 and _ambiguous_repeat(tree, all_flags))
+
+
+# A sample of characters stands for "what an item can match": enough to tell \d from '.',
+# \w from ' ' and letters from digits in the scripts packs meet.
+_SAMPLE = (*(chr(i) for i in range(128)), "\xa0", "\xe9", "\xdf", "\u0416", "\u0663", "\u2028", "\u4e2d")
+_ALL = frozenset(_SAMPLE)
+
+
+def _category(name: str, ch: str, flags: int) -> bool:
+    probe = {"DIGIT": r"\d", "WORD": r"\w", "SPACE": r"\s"}
+    negated = "_NOT_" in name
+    for key, cls in probe.items():
+        if key in name:
+            hit = re.match(cls, ch, re.ASCII if flags & re.ASCII else 0) is not None
+            return hit != negated
+    return True
+
+
+def _chars(op: str, av: Any, flags: int) -> frozenset[str]:
+    """The sample characters one item can consume (any position), for the ambiguity test."""
+    if op == "LITERAL":
+        return frozenset({chr(av)} | ({chr(av).swapcase()} if flags & re.IGNORECASE else set()))
+    if op == "NOT_LITERAL":
+        return _ALL - {chr(av)}
+    if op == "ANY":
+        return _ALL if flags & re.DOTALL else _ALL - {"\n"}
+    if op == "IN":
+        out = set()
+        negate = any(str(o) == "NEGATE" for o, _ in av)
+        for ch in _SAMPLE:
+            hit = False
+            for o, a in av:
+                o = str(o)
+                if o == "LITERAL":
+                    hit = hit or ch == chr(a) or bool(flags & re.IGNORECASE and ch.lower() == chr(a).lower())
+                elif o == "RANGE":
+                    cased = {ch, ch.lower(), ch.upper()} if flags & re.IGNORECASE else {ch}
+                    hit = hit or any(len(c) == 1 and a[0] <= ord(c) <= a[1] for c in cased)  # 'ß'.upper() is 'SS'
+                elif o == "CATEGORY":
+                    hit = hit or _category(str(a), ch, flags)
+                elif o != "NEGATE":
+                    hit = True  # RANGE_UNI_IGNORE, CHARSET...: assume it may
+            if hit != negate:
+                out.add(ch)
+        return frozenset(out)
+    if op == "CATEGORY":
+        return frozenset(ch for ch in _SAMPLE if _category(str(av), ch, flags))
+    if op in _REPEATS:
+        return _seq_chars(av[2], flags)
+    if op == "SUBPATTERN":
+        return _seq_chars(av[-1], flags)
+    if op == "ATOMIC_GROUP":
+        return _seq_chars(av, flags)
+    if op == "BRANCH":
+        return frozenset().union(*(_seq_chars(b, flags) for b in av[1]))
+    if op in ("AT", "ASSERT", "ASSERT_NOT"):
+        return frozenset()
+    return _ALL  # a backreference, a conditional: anything
+
+
+def _seq_chars(items: Any, flags: int) -> frozenset[str]:
+    return frozenset().union(*(_chars(str(op), av, flags) for op, av in items))
+
+
+def _first(items: Any, flags: int) -> tuple[frozenset[str], bool]:
+    """(characters a match of ``items`` can start with, whether it can be empty)."""
+    out: frozenset[str] = frozenset()
+    for op, av in items:
+        op = str(op)
+        if op == "AT" and str(av) == "AT_END_STRING":
+            return out, False  # \Z: nothing can follow
+        if op == "AT" and str(av) in ("AT_END", "AT_END_LINE"):
+            return out | {"\n"}, False  # $: at most a line break follows
+        if op in ("AT", "ASSERT", "ASSERT_NOT"):
+            continue
+        if op in _REPEATS:
+            chars, empty = _first(av[2], flags)
+            out |= chars
+            if av[0] > 0 and not empty:
+                return out, False
+            continue
+        if op in ("SUBPATTERN", "ATOMIC_GROUP"):
+            chars, empty = _first(av[-1] if op == "SUBPATTERN" else av, flags)
+            out |= chars
+            if not empty:
+                return out, False
+            continue
+        if op == "BRANCH":
+            parts = [_first(b, flags) for b in av[1]]
+            out = out.union(*(p[0] for p in parts))
+            if not any(p[1] for p in parts):
+                return out, False
+            continue
+        return out | _chars(op, av, flags), False
+    return out, True
+
+
+def _ambiguous_repeat(tree: Any, flags: int) -> bool:
+    r"""Whether a repetition sits inside another one so that the text it could consume may
+    instead start what follows it, or the next round of the outer repetition (``(a+)+``,
+    ``(\w+\s?)*``, ``(.*,)+``): the shape that makes a backtracking engine try exponentially
+    many ways to split an input that fails at the end. ``(\d+\.)+`` or ``(?:\.\w+)*`` are
+    not: a delimiter the inner repetition cannot consume separates the rounds."""
+
+    # ``follow``: what may come right after ``items`` within the innermost enclosing round
+    # (the round's own start when nothing else does); what follows the outer repetition as a
+    # whole only makes for polynomial retries, which the time limit absorbs.
+    def scan(items: Any, follow: frozenset[str], inside: bool) -> bool:
+        items = list(items)
+        for i, (op, av) in enumerate(items):
+            op = str(op)
+            rest_first, rest_empty = _first(items[i + 1 :], flags)
+            after = rest_first | (follow if rest_empty else frozenset())
+            if op in ("MAX_REPEAT", "MIN_REPEAT"):
+                _, hi, body = av
+                if hi > 1:
+                    if inside and _seq_chars(body, flags) & after:
+                        return True
+                    if scan(body, _first(body, flags)[0], True):
+                        return True
+                elif scan(body, after, inside):
+                    return True
+            elif op == "SUBPATTERN":
+                if scan(av[-1], after, inside):
+                    return True
+            elif op == "BRANCH" and any(scan(b, after, inside) for b in av[1]):
+                return True
+        return False
+
+    return scan(tree, frozenset(), False)
+
+
+def nested_quantifier(pattern: str, flags: int = 0) -> bool:
+    """Whether ``pattern`` repeats something that itself repeats (``(a+)+``) *and* runs on the
+    backtracking engine: such patterns can take exponential time there (RE2 cannot)."""
+    try:
+        compiled = compile(pattern, flags)
+    except re.error:
+        return False
+    return compiled.shape.nested and compiled.may_backtrack
+
+
+# -- compiled patterns ---------------------------------------------------------------------
+
+_RE2_FLAGS = ((re.IGNORECASE, "i"), (re.MULTILINE, "m"), (re.DOTALL, "s"))
+_REGEX_FLAGS = (
+    (re.IGNORECASE, _regex.IGNORECASE),
+    (re.MULTILINE, _regex.MULTILINE),
+    (re.DOTALL, _regex.DOTALL),
+    (re.VERBOSE, _regex.VERBOSE),
+    (re.ASCII, _regex.ASCII),
+    (re.UNICODE, _regex.UNICODE),
+)
+
+
+class Pattern:
+    """A pack pattern: the ``re`` interface subset the engine uses, bounded in time."""
+
+    __slots__ = ("_re2_compiled", "_regex", "flags", "groupindex", "groups", "key", "pattern", "shape")
+
+    def __init__(self, pattern: str, flags: int) -> None:
+        with warnings.catch_warnings():
+            # "Possible nested set" and similar FutureWarnings are about the pattern, not us.
+            warnings.simplefilter("ignore")
+            try:
+                checked = re.compile(pattern, flags)  # the language is `re`: its verdict first
+            except (OverflowError, RecursionError) as exc:  # a count beyond 2**32, deep nesting
+                raise PatternError(str(exc) or type(exc).__name__) from None
+        self.pattern = pattern
+        self.flags = flags
+        self.groups = checked.groups
+        self.groupindex = dict(checked.groupindex)
+        self.key = hashlib.sha256(f"{flags}:{pattern}".encode("utf-8", "surrogatepass")).hexdigest()[:24]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            self.shape = _analyse(pattern, flags)
+        # Both engines compile on first use (validating 140,000 rules matches none of them);
+        # what decides whether the pattern is usable at all is settled now.
+        self._re2_compiled: Any = _UNSET if self.shape.re2_safe else None
+        self._regex: Any = None
+        if self.shape.unrolled > MAX_UNROLLED and self._re2 is None:
+            self._compile_regex()  # raises PatternError: too large for the backtracking engine
+
+    @property
+    def _re2(self) -> Any:
+        if self._re2_compiled is _UNSET:
+            self._re2_compiled = self._compile_re2()
+        return self._re2_compiled
+
+    def _compile_re2(self) -> Any:
+        if _re2 is None:
+            return None
+        inline = "".join(f for flag, f in _RE2_FLAGS if self.flags & flag)
+        options = _re2.Options()
+        options.log_errors = False  # RE2 would print its refusals on stderr
+        try:
+            return _re2.compile((f"(?{inline})" if inline else "") + self.pattern, options)
+        except Exception:  # not RE2 syntax, too large, a surrogate: the other engine runs it
+            return None
+
+    def _compile_regex(self) -> Any:
+        if self.shape.unrolled > MAX_UNROLLED:
+            raise PatternError(
+                f"pattern is too large to run in bounded time: its repetitions expand to about "
+                f"{self.shape.unrolled:,} items (the limit is {MAX_UNROLLED:,})"
+            )
+        flags = 0
+        for flag, theirs in _REGEX_FLAGS:
+            if self.flags & flag:
+                flags |= theirs
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                return _regex.compile(self.pattern, flags | _regex.VERSION0)
+        except _regex.error as exc:
+            raise PatternError(f"pattern cannot be run safely: {exc}") from None
+
+    @property
+    def engine(self) -> str:
+        return "re2" if self._re2 is not None else "regex"
+
+    @property
+    def may_backtrack(self) -> bool:
+        """Whether some operation runs this pattern on the backtracking engine."""
+        return self._re2 is None or self.shape.min_width == 0
+
+    def __repr__(self) -> str:
+        return f"<ctxrules pattern {self.pattern!r} on {self.engine}>"
+
+    # -- engines ----------------------------------------------------------------------------
+    def _backtracking(self) -> Any:
+        memory = _memory()
+        if self.key in memory.keys:
+            error = PatternTimeout(self, earlier=True)
+            memory.report(str(error))
+            raise error
+        if self._regex is None:
+            try:
+                self._regex = self._compile_regex()
+            except PatternError as exc:  # `re` took it, `regex` does not: never run it
+                memory.keys.add(self.key)
+                error = PatternTimeout(self, earlier=False, reason=str(exc))
+                memory.report(str(error))
+                raise error from None
+        return self._regex
+
+    def _timed(self, call: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        try:
+            return call(*args, timeout=MATCH_TIME_LIMIT_S, **kwargs)
+        except TimeoutError:
+            memory = _memory()
+            memory.keys.add(self.key)
+            error = PatternTimeout(self)
+            memory.report(str(error))
+            raise error from None
+
+    def _on_re2(self, text: str, iterating: bool) -> bool:
+        if self._re2 is None or (iterating and self.shape.min_width == 0):
+            return False
+        # RE2 works on UTF-8: text with a lone surrogate cannot go there.
+        return text.isascii() or _encodable(text)
+
+    # -- the `re` interface -----------------------------------------------------------------
+    def search(self, text: str) -> Match | None:
+        text = _plain(text)
+        if self._on_re2(text, False):
+            return self._re2.search(text)  # type: ignore[no-any-return]
+        return self._timed(self._backtracking().search, text)  # type: ignore[no-any-return]
+
+    def match(self, text: str) -> Match | None:
+        text = _plain(text)
+        if self._on_re2(text, False):
+            return self._re2.match(text)  # type: ignore[no-any-return]
+        return self._timed(self._backtracking().match, text)  # type: ignore[no-any-return]
+
+    def fullmatch(self, text: str) -> Match | None:
+        text = _plain(text)
+        if self._on_re2(text, False):
+            return self._re2.fullmatch(text)  # type: ignore[no-any-return]
+        return self._timed(self._backtracking().fullmatch, text)  # type: ignore[no-any-return]
+
+    def finditer(self, text: str) -> Iterator[Match]:
+        text = _plain(text)
+        if self._on_re2(text, True):
+            return iter(list(self._re2.finditer(text)))
+        return iter(self._timed(lambda t, timeout: list(self._backtracking().finditer(t, timeout=timeout)), text))
+
+    def findall(self, text: str) -> list[Any]:
+        text = _plain(text)
+        if self._on_re2(text, True):
+            return list(self._re2.findall(text))
+        return list(self._timed(self._backtracking().findall, text))
+
+    def split(self, text: str, maxsplit: int = 0) -> list[str]:
+        text = _plain(text)
+        if self._on_re2(text, True):
+            return list(self._re2.split(text, maxsplit))
+        return list(self._timed(self._backtracking().split, text, maxsplit))
+
+    def subn(self, repl: str | Callable[[Any], str], text: str, count: int = 0) -> tuple[str, int]:
+        text = _plain(text)
+        if self._on_re2(text, True) and (callable(repl) or "\\" not in repl):
+            fn = repl if callable(repl) else (lambda _m, r=repl: r)
+            return self._re2.subn(fn, text, count)  # type: ignore[no-any-return]
+        return self._timed(self._backtracking().subn, repl, text, count)  # type: ignore[no-any-return]
+
+    def sub(self, repl: str | Callable[[Any], str], text: str, count: int = 0) -> str:
+        return self.subn(repl, text, count)[0]
+
+
+def _plain(text: str) -> str:
+    # `regex` builds results of the argument's own type: a str subclass (the compressors'
+    # numbered lines) would be called with arguments it does not take.
+    return text if type(text) is str else str(text)
+
+
+def _encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+@lru_cache(maxsize=4096)
+def compile(pattern: str, flags: int = 0) -> Pattern:
+    """The :class:`Pattern` of ``pattern``; raises ``re.error`` (or :class:`PatternError`, a
+    subclass) when it does not compile or cannot run in bounded time."""
+    return Pattern(pattern, flags)

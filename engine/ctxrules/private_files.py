@@ -1,0 +1,156 @@
+"""Files and directories that only ctxrules writes: session directories and what they hold.
+
+A session directory may sit inside a repository someone else controls, so nothing in it is
+trusted to be what its name says. Every file is opened without following a symbolic link
+(``O_NOFOLLOW``) and checked through its descriptor (``fstat``: a regular file, owned by this
+user) before a byte is read or written; every directory below the state root must be a real
+directory of this user (the state root itself may be a link, say to a larger disk). A link, a
+FIFO or a device where a ctxrules file belongs is refused with :class:`UnsafePathError`, and
+nothing is written through it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import stat
+import tempfile
+from pathlib import Path
+from typing import Final
+
+from ctxrules.errors import CtxrulesError
+
+__all__ = [
+    "NOFOLLOW",
+    "UnsafePathError",
+    "check_file",
+    "ensure_dir",
+    "open_private",
+    "read_private",
+    "write_atomic",
+]
+
+NOFOLLOW: Final = getattr(os, "O_NOFOLLOW", 0)
+# Opening a FIFO for reading would wait for a writer; the fstat check refuses it after.
+_NONBLOCK: Final = getattr(os, "O_NONBLOCK", 0)
+_CLOEXEC: Final = getattr(os, "O_CLOEXEC", 0)
+_LINK_ERRNOS: Final = frozenset(
+    e for e in (errno.ELOOP, getattr(errno, "EMLINK", None), getattr(errno, "EFTYPE", None)) if e
+)
+
+
+class UnsafePathError(CtxrulesError):
+    """Something that is not ctxrules' own (a link, another user's file, a FIFO) sits where a
+    session file or directory belongs."""
+
+
+def _owner_ok(st: os.stat_result) -> bool:
+    geteuid = getattr(os, "geteuid", None)
+    return geteuid is None or st.st_uid == geteuid()
+
+
+def _refuse(path: Path, what: str) -> UnsafePathError:
+    return UnsafePathError(
+        f"refusing to use {path}: {what}; a session directory holds only files ctxrules "
+        "created (remove it, or point --session/--state elsewhere)"
+    )
+
+
+def check_dir(path: Path) -> bool:
+    """Whether ``path`` exists as a real directory of this user; raises when something else
+    (a link, a file, another user's directory) is there."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return False
+    if stat.S_ISLNK(st.st_mode):
+        raise _refuse(path, "it is a symbolic link")
+    if not stat.S_ISDIR(st.st_mode):
+        raise _refuse(path, "it is not a directory")
+    if not _owner_ok(st):
+        raise _refuse(path, "it belongs to another user")
+    return True
+
+
+def ensure_dir(path: Path, *, inside: Path | None = None) -> None:
+    """Create ``path`` (mode 0700) with every missing directory between ``inside`` (default:
+    the parent of ``path``, which may be anything, a link included) and it; every directory
+    in that range, existing or new, must be a real directory of this user."""
+    path = Path(path)
+    top = Path(inside) if inside is not None else path.parent
+    chain: list[Path] = []
+    probe = path
+    while probe != top and probe != probe.parent:
+        chain.append(probe)
+        probe = probe.parent
+    if probe != top:  # ``path`` is not below ``inside``: check just ``path``
+        chain = [path]
+    top.mkdir(parents=True, exist_ok=True, mode=0o700)
+    for directory in reversed(chain):
+        if check_dir(directory):
+            continue
+        with contextlib.suppress(FileExistsError):  # a concurrent writer may win the race
+            os.mkdir(directory, 0o700)
+        check_dir(directory)
+
+
+def check_file(path: Path, fd: int) -> os.stat_result:
+    """``fstat`` of an open ``fd``: a regular file of this user, else :class:`UnsafePathError`."""
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        raise _refuse(path, "it is not a regular file")
+    if not _owner_ok(st):
+        raise _refuse(path, "it belongs to another user")
+    return st
+
+
+def open_private(path: Path, flags: int, mode: int = 0o600) -> int:
+    """``os.open`` that refuses a link and anything but this user's regular file."""
+    try:
+        fd = os.open(path, flags | NOFOLLOW | _NONBLOCK | _CLOEXEC, mode)
+    except OSError as exc:
+        if exc.errno in _LINK_ERRNOS:
+            raise _refuse(path, "it is a symbolic link") from None
+        raise
+    try:
+        check_file(path, fd)
+        if _NONBLOCK:
+            os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def read_private(path: Path, *, limit: int | None = None) -> bytes:
+    """The bytes of ``path`` (through :func:`open_private`); ``FileNotFoundError`` propagates.
+    ``limit``: read at most that many bytes."""
+    fd = open_private(path, os.O_RDONLY)
+    with os.fdopen(fd, "rb") as fh:
+        return fh.read() if limit is None else fh.read(limit)
+
+
+def write_atomic(path: Path, data: bytes, *, durable: bool = True) -> None:
+    """Replace ``path`` with ``data`` so readers see the old or the new file, never a mix: a
+    temporary file in the same directory, renamed over it. ``durable`` also survives a power
+    loss (fsync); caches that can be rebuilt skip that cost. A link at ``path`` is refused
+    (the rename would replace the link, not write through it, but it is not ours to remove)."""
+    path = Path(path)
+    ensure_dir(path.parent)
+    with contextlib.suppress(FileNotFoundError):
+        if stat.S_ISLNK(os.lstat(path).st_mode):
+            raise _refuse(path, "it is a symbolic link")
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            if durable:
+                os.fsync(fh.fileno())
+        os.chmod(tmp, 0o600)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise

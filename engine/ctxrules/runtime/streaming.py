@@ -1,0 +1,248 @@
+"""``session.complete(..., stream=True)`` and ``session.acomplete(..., stream=True)``.
+
+The stream is opened with the same overflow recovery as a plain call: a context-length error
+that comes **before the first chunk** (at the request, or as the stream's first event) runs the
+emergency pass and retries once; the caller never sees the failed attempt. An error **after**
+the first chunk has reached the caller cannot be undone (the caller holds part of an answer)
+and is raised as ``CompletionFailed``.
+
+Usage is recorded when the stream ends: from the provider's final usage chunk (ctxrules asks
+for it with ``stream_options={"include_usage": True}`` unless the caller set stream_options),
+or, when the provider sends none, counted with the session's tokenizer — the prompt that was
+sent and the text, reasoning and tool-call arguments that came back (``source`` ``stream`` or
+``stream-counted`` in the ledger). A stream the caller closes early records what it received;
+a stream that failed records nothing, like a failed call.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Iterator
+from typing import TYPE_CHECKING, Any, Protocol
+
+from ctxrules.budget.usage import TokenUsage
+from ctxrules.errors import CompletionFailed
+
+if TYPE_CHECKING:
+    from ctxrules.results import PrepareResult
+    from ctxrules.tokens import TokenCounter
+
+
+class Session(Protocol):
+    """What a stream needs of its session (``ctxrules.Session`` is one)."""
+
+    @property
+    def counter(self) -> TokenCounter: ...
+
+    def record_usage(self, usage: Any, *, model: str | None = None, **options: Any) -> Any: ...
+
+
+__all__ = ["AsyncCompletionStream", "CompletionStream"]
+
+
+class _StreamState:
+    """What both stream kinds keep: the call, what came back, and whether usage was recorded."""
+
+    def __init__(
+        self,
+        session: Session,
+        prepared: PrepareResult,
+        model: str,
+        sent: list[dict[str, Any]],
+        attempts: list[dict[str, Any]],
+    ) -> None:
+        self.session = session
+        self.prepared = prepared
+        self.model = model
+        self.sent = sent
+        self.attempts = attempts
+        self.recovered = len(attempts) > 1
+        self.chunks = 0
+        self.text_parts: list[str] = []
+        self.usage_chunk: Any = None
+        self.record: dict[str, Any] | None = None
+        self.usage_counted = False
+        self.finished = False
+
+    @property
+    def text(self) -> str:
+        """The content streamed so far (text, reasoning and tool-call arguments, in order)."""
+        return "".join(self.text_parts)
+
+    def observe(self, chunk: Any) -> None:
+        self.chunks += 1
+        usage = _get(chunk, "usage")
+        if usage is not None and (_get(usage, "prompt_tokens") or _get(usage, "completion_tokens")):
+            self.usage_chunk = chunk
+        for choice in _get(chunk, "choices") or []:
+            delta = _get(choice, "delta")
+            if delta is None:
+                continue
+            for key in ("reasoning_content", "content"):
+                piece = _get(delta, key)
+                if isinstance(piece, str):
+                    self.text_parts.append(piece)
+            for call in _get(delta, "tool_calls") or []:
+                fn = _get(call, "function")
+                args = _get(fn, "arguments") if fn is not None else None
+                name = _get(fn, "name") if fn is not None else None
+                self.text_parts.extend(p for p in (name, args) if isinstance(p, str))
+
+    def finish(self, *, failed: bool = False) -> None:
+        """Record the call's usage once (nothing for a failed stream)."""
+        if self.finished:
+            return
+        self.finished = True
+        if failed:
+            self.attempts[-1].update(ok=False)
+            return
+        self.attempts[-1].update(ok=True, chunks=self.chunks)
+        if self.usage_chunk is not None:
+            self.record = self.session.record_usage(self.usage_chunk, model=self.model, source="stream")
+            return
+        counter = self.session.counter
+        prompt = counter.count_messages(self.sent, self.prepared.tools)
+        completion = counter.count_text(self.text) if self.text else 0
+        self.usage_counted = True
+        self.record = self.session.record_usage(
+            TokenUsage.of(prompt=prompt, completion=completion), model=self.model, source="stream-counted"
+        )
+
+    def failure(self, exc: BaseException) -> Exception:
+        self.finish(failed=True)
+        self.attempts[-1].update(error=f"{type(exc).__name__}: {exc}"[:500])
+        return CompletionFailed(
+            f"model stream failed after {self.chunks} chunk(s): {type(exc).__name__}: {str(exc)[:300]}"
+        )
+
+
+class CompletionStream(_StreamState):
+    """The chunks of a streamed ``session.complete``; iterate it (or use it as a context
+    manager). ``text``, ``chunks``, ``recovered``, ``attempts``, ``prepared``; after the end,
+    ``record`` (the ledger record) and ``usage_counted`` (no usage chunk came)."""
+
+    def __init__(
+        self,
+        session: Session,
+        prepared: PrepareResult,
+        model: str,
+        sent: list[dict[str, Any]],
+        attempts: list[dict[str, Any]],
+        stream: Any,
+        first: Any,
+        *,
+        ended: bool,
+    ) -> None:
+        super().__init__(session, prepared, model, sent, attempts)
+        self._stream = stream
+        self._iter: Iterator[Any] = iter(stream) if not ended else iter(())
+        self._pending = first
+        self._ended = ended
+
+    def __iter__(self) -> CompletionStream:
+        return self
+
+    def __next__(self) -> Any:
+        from ctxrules.llm import quiet
+
+        if self._pending is not None:
+            chunk, self._pending = self._pending, None
+        elif self._ended:
+            self.finish()
+            raise StopIteration
+        else:
+            try:
+                with quiet():
+                    chunk = next(self._iter)
+            except StopIteration:
+                self._ended = True
+                self.finish()
+                raise
+            except Exception as exc:
+                self._ended = True
+                raise self.failure(exc) from exc
+        self.observe(chunk)
+        return chunk
+
+    def close(self) -> None:
+        """Stop reading; records the usage of what was received."""
+        if not self._ended:
+            self._ended = True
+            closer = getattr(self._stream, "close", None)
+            if callable(closer):
+                with contextlib.suppress(Exception):  # the provider's connection is gone either way
+                    closer()
+        self.finish()
+
+    def __enter__(self) -> CompletionStream:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if not self.finished:
+            self.close()
+
+
+class AsyncCompletionStream(_StreamState):
+    """The chunks of a streamed ``session.acomplete``: ``async for chunk in stream``, or
+    ``async with``. Same attributes as :class:`CompletionStream`."""
+
+    def __init__(
+        self,
+        session: Session,
+        prepared: PrepareResult,
+        model: str,
+        sent: list[dict[str, Any]],
+        attempts: list[dict[str, Any]],
+        stream: Any,
+        first: Any,
+        *,
+        ended: bool,
+    ) -> None:
+        super().__init__(session, prepared, model, sent, attempts)
+        self._stream = stream
+        self._iter: AsyncIterator[Any] | None = None if ended else stream.__aiter__()
+        self._pending = first
+        self._ended = ended
+
+    def __aiter__(self) -> AsyncCompletionStream:
+        return self
+
+    async def __anext__(self) -> Any:
+        if self._pending is not None:
+            chunk, self._pending = self._pending, None
+        elif self._ended or self._iter is None:
+            self.finish()
+            raise StopAsyncIteration
+        else:
+            try:
+                chunk = await self._iter.__anext__()
+            except StopAsyncIteration:
+                self._ended = True
+                self.finish()
+                raise
+            except Exception as exc:
+                self._ended = True
+                raise self.failure(exc) from exc
+        self.observe(chunk)
+        return chunk
+
+    async def aclose(self) -> None:
+        """Stop reading; records the usage of what was received."""
+        if not self._ended:
+            self._ended = True
+            closer = getattr(self._stream, "aclose", None)
+            if callable(closer):
+                with contextlib.suppress(Exception):  # the provider's connection is gone either way
+                    await closer()
+        self.finish()
+
+    async def __aenter__(self) -> AsyncCompletionStream:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if not self.finished:
+            await self.aclose()
+
+
+def _get(obj: Any, name: str) -> Any:
+    return obj.get(name) if isinstance(obj, dict) else getattr(obj, name, None)

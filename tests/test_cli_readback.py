@@ -1,0 +1,108 @@
+"""Small things on the way: the read-back command of `--explain` and the HTML report works when
+pasted from another directory; `ctxrules report` on a wrong file says what it expected in one
+line; skip reasons name tiers readably."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+from html import unescape
+from pathlib import Path
+
+from conftest import REPO
+
+ENV = {**os.environ, "PYTHONPATH": str(REPO / "engine")}
+
+
+def ctxrules(*argv: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "ctxrules.cli.main", *argv],
+        cwd=cwd,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def big_history() -> list[dict[str, object]]:
+    out = "\n".join(f"test_{i} PASSED in {i}ms" for i in range(20_000))
+    return [
+        {"role": "system", "content": "You run tests."},
+        {"role": "user", "content": "Run the tests."},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "bash", "arguments": '{"cmd": "pytest"}'}}
+            ],
+        },
+        {"role": "tool", "tool_call_id": "c1", "content": out},
+        {"role": "assistant", "content": "All pass."},
+        {"role": "user", "content": "Good, now lint."},
+    ]
+
+
+def test_the_read_back_commands_work_from_another_directory(tmp_path: Path) -> None:
+    work, elsewhere = tmp_path / "project", tmp_path / "elsewhere"
+    work.mkdir()
+    elsewhere.mkdir()
+    (work / "in.json").write_text(json.dumps(big_history()))
+    run = ctxrules(
+        "run",
+        "--pack",
+        "builtin:default",
+        "--model",
+        "gpt-4o",
+        "--input",
+        "in.json",
+        "--output",
+        "out.json",
+        "--report",
+        "report.json",
+        "--explain",
+        cwd=work,
+    )
+    assert run.returncode == 0, run.stderr
+    commands = re.findall(r"ctxrules vault get .+", run.stdout)
+    assert commands, run.stdout
+    html = ctxrules("report", str(work / "report.json"), "--html", str(work / "page.html"), cwd=work)
+    assert html.returncode == 0, html.stderr
+    page = (work / "page.html").read_text()
+    from_html = [unescape(c) for c in re.findall(r"<td>(ctxrules vault get [^<]+)</td>", page)]
+    assert from_html and from_html[0] == commands[0].strip()
+    for command in (commands[0], from_html[0]):
+        argv = shlex.split(command)[1:]
+        assert "--session" in argv
+        got = ctxrules(*argv, cwd=elsewhere)
+        assert got.returncode == 0, got.stderr
+        assert "test_0 PASSED" in got.stdout and "test_19999 PASSED" in got.stdout
+
+
+def test_report_on_a_wrong_file_says_what_it_expected_in_one_line(tmp_path: Path, cli) -> None:  # type: ignore[no-untyped-def]
+    conversation = tmp_path / "conversation.json"
+    conversation.write_text(json.dumps({"messages": big_history()}))
+    code, out, err = cli("report", str(conversation))
+    assert code == 2 and out == ""
+    assert err.count("\n") == 1 and len(err) < 400, err
+    assert "expected the JSON object `ctxrules run --report FILE` writes" in err
+    assert "missing keys: version" in err and "ctxrules run --input" in err
+    assert "test_0 PASSED" not in err  # the file is not echoed
+    listing = tmp_path / "list.json"
+    listing.write_text(json.dumps(big_history()))
+    code, _, err = cli("report", str(listing))
+    assert code == 2 and "this file holds an array" in err and err.count("\n") == 1 and "PASSED" not in err
+
+
+def test_skip_reasons_name_tiers_readably(tmp_path: Path) -> None:
+    from ctxrules import Engine
+
+    s = Engine.load("builtin:default").session(tmp_path / "s", model="gpt-4o")
+    report = s.prepare([{"role": "user", "content": "hi"}]).report
+    reasons = [st["skipped"] for st in report["stages"] if st.get("skipped")]
+    assert any("tier `below` is under `" in r for r in reasons), reasons
+    assert not any(re.search(r"tier below is below", r) for r in reasons)

@@ -1,0 +1,247 @@
+"""`session.acomplete` and `stream=True` against the local HTTP server (real HTTP, SSE): the
+same overflow recovery before the first chunk, an error after it raised, usage recorded from the
+final usage chunk or counted when the provider sends none."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from invariants import pairing_problems
+from llm_server import LLMServer, context_length_error, reply, stream_error
+
+from ctxrules import Engine
+from ctxrules.runtime.overflow import CompletionFailed
+
+TEXT = "Done: the fix is in src/parser.c, the match arm now binds the tuple."
+MODEL = "openai/gpt-4o"
+
+
+@pytest.fixture(autouse=True)
+def close_litellms_stray_loop() -> Iterator[None]:
+    """litellm's sync call path asks for the thread's event loop (``asyncio.get_event_loop``),
+    which makes one in the main thread and never closes it; a later ``asyncio.run`` elsewhere
+    in the suite drops it and it is collected unclosed (a ResourceWarning in an unrelated test).
+    Close it here, after each test of this module."""
+    yield
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        try:
+            loop = asyncio.get_event_loop_policy().get_event_loop()
+        except RuntimeError:
+            return
+    if not loop.is_running() and not loop.is_closed():
+        loop.close()
+    asyncio.set_event_loop(None)
+
+
+def long_history(steps: int = 20) -> list[dict[str, Any]]:
+    """A real-looking agent history of about 40K tokens: each step a tool call and its output."""
+    out: list[dict[str, Any]] = [
+        {"role": "system", "content": "You fix bugs in a C compiler."},
+        {"role": "user", "content": "The parser crashes on nested match arms; fix it."},
+    ]
+    for i in range(steps):
+        out.append(
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": f"call_{i}",
+                        "type": "function",
+                        "function": {"name": "bash", "arguments": json.dumps({"cmd": f"grep -rn match src/{i}.c"})},
+                    }
+                ],
+            }
+        )
+        out.append(
+            {
+                "role": "tool",
+                "tool_call_id": f"call_{i}",
+                "content": "\n".join(
+                    f"src/{i}.c:{n}: case MATCH_ARM_{n}: bind(tuple_{n}, pattern);" for n in range(180)
+                ),
+            }
+        )
+    out.append({"role": "user", "content": "Now apply the fix."})
+    return out
+
+
+@pytest.fixture
+def session(tmp_path: Path) -> Any:
+    return Engine.load("builtin:default").session(tmp_path / "s", model="gpt-4o", window=128000)
+
+
+def run(coro: Any) -> Any:
+    """Run ``coro`` on a loop of its own. Not ``asyncio.run``: that unsets the thread's current
+    loop, and litellm's sync streaming path leaves one there (``get_event_loop``), which would
+    then be collected unclosed in the middle of another test."""
+    loop = asyncio.new_event_loop()
+    try:
+        return loop.run_until_complete(coro)
+    finally:
+        loop.run_until_complete(loop.shutdown_asyncgens())
+        loop.close()
+
+
+def content_of(chunks: list[Any]) -> str:
+    return "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+
+
+def ledger_lines(session: Any) -> list[dict[str, Any]]:
+    path = session.path / "ledger.jsonl"
+    return [json.loads(ln) for ln in path.read_text().splitlines()] if path.exists() else []
+
+
+def test_a_stream_yields_the_chunks_and_records_the_final_usage_chunk(session: Any) -> None:
+    with LLMServer() as server:
+        server.script(reply(TEXT, chunk_chars=5))
+        stream = session.complete(
+            [{"role": "user", "content": "fix it"}], model=MODEL, stream=True, api_base=server.base_url, api_key="k"
+        )
+        chunks = list(stream)
+        (request,) = server.requests
+    assert content_of(chunks) == TEXT and stream.text == TEXT and not stream.recovered
+    assert request.stream and request.body["stream_options"] == {"include_usage": True}
+    assert not stream.usage_counted and stream.record is not None
+    assert stream.record["tokens"]["prompt"] == 10 and stream.record["tokens"]["completion"] == len(TEXT) // 4
+    assert [rec["source"] for rec in ledger_lines(session)] == ["stream"]
+
+
+def test_an_overflow_before_the_first_chunk_is_recovered(session: Any) -> None:
+    history = long_history()
+    with LLMServer() as server:
+        server.script(context_length_error(limit=12000), reply(TEXT))
+        stream = session.complete(
+            history, model=MODEL, stream=True, api_base=server.base_url, api_key="k", num_retries=0
+        )
+        chunks = list(stream)
+        first, second = server.requests
+    assert content_of(chunks) == TEXT and stream.recovered
+    assert stream.attempts[0]["recovery"]["window"] == 12000
+    assert stream.attempts[0]["recovery"]["tokens_after"] <= 12000 and stream.attempts[1]["ok"]
+    assert len(json.dumps(second.body["messages"])) < len(json.dumps(first.body["messages"]))
+    assert pairing_problems(second.body["messages"]) == [] and second.stream
+    assert len(ledger_lines(session)) == 1  # the failed attempt records nothing
+
+
+def test_an_error_after_the_first_chunk_is_raised_not_retried(session: Any) -> None:
+    with LLMServer() as server:
+        server.script(
+            stream_error(
+                "The fix", "This model's maximum context length is 100 tokens", code="context_length_exceeded"
+            ),
+            reply(TEXT),
+        )
+        stream = session.complete(
+            [{"role": "user", "content": "fix it"}],
+            model=MODEL,
+            stream=True,
+            api_base=server.base_url,
+            api_key="k",
+            num_retries=0,
+        )
+        seen: list[Any] = []
+        with pytest.raises(CompletionFailed, match=r"model stream failed after \d+ chunk"):
+            for chunk in stream:
+                seen.append(chunk)
+        assert len(server.requests) == 1 and server.pending == 1
+    assert "The fix" in content_of(seen)
+    assert ledger_lines(session) == []  # a failed call records nothing
+
+
+def test_usage_is_counted_when_the_provider_sends_none(session: Any) -> None:
+    with LLMServer() as server:
+        server.script(reply(TEXT, usage=False), reply(TEXT, usage=False))
+        # Asked for usage, the provider sends none: litellm counts it into a final usage chunk.
+        by_litellm = session.complete(
+            [{"role": "user", "content": "fix it"}], model=MODEL, stream=True, api_base=server.base_url, api_key="k"
+        )
+        list(by_litellm)
+        # Not asked (the caller's stream_options win): no usage chunk at all; ctxrules counts.
+        by_us = session.complete(
+            [{"role": "user", "content": "fix it"}],
+            model=MODEL,
+            stream=True,
+            api_base=server.base_url,
+            api_key="k",
+            stream_options={"include_usage": False},
+        )
+        list(by_us)
+        sent = server.requests[1].body["messages"]
+        assert "usage" not in json.dumps(server.requests[1].body.get("stream_options") or {}).replace(
+            '"include_usage": false', ""
+        )
+    assert not by_litellm.usage_counted and by_litellm.record is not None
+    assert by_litellm.record["tokens"]["completion"] > 0
+    assert by_us.usage_counted and by_us.record is not None
+    assert by_us.record["tokens"]["completion"] == session.counter.count_text(TEXT)
+    assert by_us.record["tokens"]["prompt"] == session.counter.count_messages(sent, [])
+    assert [rec["source"] for rec in ledger_lines(session)] == ["stream", "stream-counted"]
+
+
+def test_a_stream_closed_early_records_what_it_received(session: Any) -> None:
+    with LLMServer() as server:
+        server.script(reply(TEXT * 20, chunk_chars=4))
+        with session.complete(
+            [{"role": "user", "content": "fix it"}], model=MODEL, stream=True, api_base=server.base_url, api_key="k"
+        ) as stream:
+            for n, _ in enumerate(stream):
+                if n == 3:
+                    break
+    assert stream.finished and stream.usage_counted and stream.record is not None
+    assert 0 < stream.record["tokens"]["completion"] < session.counter.count_text(TEXT * 20)
+
+
+def test_acomplete_recovers_an_overflow_and_records_usage(session: Any) -> None:
+    history = long_history()
+
+    async def main() -> Any:
+        with LLMServer() as server:
+            server.script(context_length_error(limit=12000), reply(TEXT))
+            result = await session.acomplete(history, model=MODEL, api_base=server.base_url, api_key="k", num_retries=0)
+            return result, server.requests
+
+    result, requests = run(main())
+    assert result.recovered and result.response.choices[0].message.content == TEXT and len(requests) == 2
+    assert result.attempts[0]["recovery"]["tokens_after"] <= 12000
+    assert [rec["source"] for rec in ledger_lines(session)] == ["api"]
+
+
+def test_acomplete_streams_with_the_same_recovery_and_usage(session: Any) -> None:
+    history = long_history()
+
+    async def main() -> tuple[Any, list[Any], list[Any]]:
+        with LLMServer() as server:
+            server.script(
+                context_length_error(limit=12000),
+                reply(TEXT, chunk_chars=6),
+                stream_error("partial", "maximum context length is 10 tokens", code="context_length_exceeded"),
+            )
+            stream = await session.acomplete(
+                history, model=MODEL, stream=True, api_base=server.base_url, api_key="k", num_retries=0
+            )
+            chunks = [c async for c in stream]
+            broken = await session.acomplete(
+                [{"role": "user", "content": "again"}],
+                model=MODEL,
+                stream=True,
+                api_base=server.base_url,
+                api_key="k",
+                num_retries=0,
+            )
+            with pytest.raises(CompletionFailed, match="model stream failed after"):
+                async for _ in broken:
+                    pass
+            return stream, chunks, server.requests
+
+    stream, chunks, requests = run(main())
+    assert content_of(chunks) == TEXT and stream.recovered and len(requests) == 3
+    assert stream.record is not None and stream.record["tokens"]["completion"] == len(TEXT) // 4
+    assert [rec["source"] for rec in ledger_lines(session)] == ["stream"]

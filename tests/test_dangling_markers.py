@@ -1,0 +1,119 @@
+"""A marker whose vault item is missing heals: re-derived from the history when the original is
+still there, else replaced with a lost marker; ``vault get`` says "missing" (exit 2)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from ctxrules import Engine
+from ctxrules.dangling import LOST_PREFIX, marker_ids
+
+ROOT = Path(__file__).resolve().parents[1]
+ENV = {**os.environ, "PYTHONPATH": str(ROOT / "engine")}
+BIG = "\n".join(f"line {i}: compiling module_{i % 97}.c with the usual flags" for i in range(20_000))
+HISTORY: list[dict[str, Any]] = [
+    {"role": "user", "content": "Build it."},
+    {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "Bash", "arguments": '{"command": "make"}'}}
+        ],
+    },
+    {"role": "tool", "tool_call_id": "c1", "content": BIG},
+    {"role": "assistant", "content": "Built."},
+]
+GROWN = [*HISTORY, {"role": "user", "content": "Thanks."}]
+
+
+def cli(tmp_path: Path, *argv: str, stdin: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run(
+        [sys.executable, "-m", "ctxrules.cli.main", *argv],
+        cwd=tmp_path,
+        env=ENV,
+        input=stdin,
+        capture_output=True,
+        timeout=300,
+    )
+
+
+def run(tmp_path: Path, messages: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    proc = cli(
+        tmp_path,
+        "run",
+        "--pack",
+        "builtin:default",
+        "--model",
+        "gpt-4o",
+        "--state",
+        "state",
+        "--report",
+        "report.json",
+        stdin=json.dumps(messages).encode(),
+    )
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout), json.loads((tmp_path / "report.json").read_text())
+
+
+def vault_get(tmp_path: Path, vault_id: str) -> subprocess.CompletedProcess[bytes]:
+    return cli(tmp_path, "vault", "get", vault_id, "--state", "state")
+
+
+def test_a_deleted_vault_is_re_derived_from_the_history_by_the_next_run(tmp_path: Path) -> None:
+    first, _ = run(tmp_path, HISTORY)
+    ids = marker_ids(first)
+    assert ids, "the big output should have been elided"
+    shutil.rmtree(tmp_path / "state" / "default" / "vault")
+    for vault_id in ids:
+        gone = vault_get(tmp_path, vault_id)
+        assert gone.returncode == 2 and b"missing" in gone.stderr and b"Traceback" not in gone.stderr
+    out, report = run(tmp_path, GROWN)
+    assert report["reused_messages"] == 0  # the output with the dangling marker was not reused
+    for vault_id in marker_ids(out):
+        back = vault_get(tmp_path, vault_id)
+        assert back.returncode == 0 and back.stdout == BIG.encode()
+    assert LOST_PREFIX not in json.dumps(out)
+
+
+def test_the_same_session_object_notices_a_deleted_vault(tmp_path: Path) -> None:
+    session = Engine.load("builtin:default").session(tmp_path / "s", model="gpt-4o")
+    first = session.prepare(HISTORY)
+    (ids,) = [marker_ids(first.messages)]
+    shutil.rmtree(tmp_path / "s" / "vault")
+    second = session.prepare(GROWN)
+    assert second.report["reused_messages"] == 0
+    assert marker_ids(second.messages) == ids
+    assert all(session.vault.get(i) == BIG.encode() for i in ids)
+    third = session.prepare([*GROWN, {"role": "assistant", "content": "You are welcome."}])
+    assert third.report["reused_messages"] == len(GROWN)  # healed: reused again
+
+
+def test_a_marker_from_the_history_whose_item_is_gone_becomes_a_lost_marker(tmp_path: Path) -> None:
+    gone = "ab" * 32
+    marker = f"[ctxrules:elided kind=lines count=40 ref=vault://{gone}]"
+    history = [
+        {"role": "user", "content": "What did the test print?"},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "Bash", "arguments": '{"command": "pytest"}'}}
+            ],
+        },
+        {"role": "tool", "tool_call_id": "c1", "content": f"FAILED test_x\n{marker}\n1 failed"},
+    ]
+    out, report = run(tmp_path, history)
+    text = json.dumps(out)
+    assert gone not in marker_ids(out) and "[ctxrules:elided" not in text
+    assert f"{LOST_PREFIX} kind=lines count=40 was=vault://{gone} reason=vault-item-missing]" in text
+    assert any("marked as lost" in w for w in report["warnings"])
+    again, _ = run(tmp_path, history)  # deterministic: the same bytes on a rerun
+    assert again == out
+    missing = vault_get(tmp_path, gone)
+    assert missing.returncode == 2 and b"missing" in missing.stderr

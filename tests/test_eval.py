@@ -1,0 +1,490 @@
+"""``ctxrules eval``: the cache model's rules, the cost and cache figures against a computation
+by hand, retention probes, the invariants' exit code, the outputs people read."""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from browser_kit import screenshot_pixels
+from conftest import REPO, TRANSCRIPTS
+
+from ctxrules.cli.main import run as cli_run
+from ctxrules.eval.caching import AutomaticPrefixCache, Block, BreakpointCache, blocks_of
+from ctxrules.eval.checks import pairing_problems, pin_problems
+from ctxrules.eval.probes import ProbeExtractor, check_probes, context_text
+from ctxrules.models import lookup_model
+from ctxrules.tokens import TokenCounter
+from ctxrules.toolroles import tool_roles
+
+Msg = dict[str, Any]
+
+
+def words(seed: str, n: int) -> str:
+    """About ``n`` tokens of distinct words (o200k: one token per " wNNN" chunk or so)."""
+    return " ".join(f"{seed}{i}" for i in range(n))
+
+
+def call(cid: str, name: str, **args: Any) -> Msg:
+    return {"id": cid, "type": "function", "function": {"name": name, "arguments": json.dumps(args)}}
+
+
+def transcript(seed: str) -> list[Msg]:
+    return [
+        {"role": "system", "content": "You are a careful coding agent."},
+        {"role": "user", "content": f"Fix the parser in src/{seed}.py. " + words(seed, 900)},
+        {"role": "assistant", "content": None, "tool_calls": [call("a1", "Bash", command="pytest -q")]},
+        {
+            "role": "tool",
+            "tool_call_id": "a1",
+            "content": "FAILED test_x.py::test_p - boom\n1 failed, 3 passed in 0.2s\nExit code 1",
+        },
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [call("a2", "Edit", file_path=f"src/{seed}.py", old_string="a", new_string="b")],
+        },
+        {"role": "tool", "tool_call_id": "a2", "content": "edited " + words("edit", 300)},
+        {"role": "user", "content": "Now run the tests again."},
+        {"role": "assistant", "content": "Done: 4 passed."},
+    ]
+
+
+def run_cli(*args: str) -> int:
+    return cli_run(list(args))
+
+
+def eval_json(tmp_path: Path, transcripts: dict[str, list[Msg]], *args: str, code: int = 0) -> dict[str, Any]:
+    """Write ``transcripts`` (name -> messages) as files, run ``ctxrules eval ARGS --quiet
+    --json`` on them, check its exit code, and return the JSON it wrote."""
+    paths = []
+    for name, msgs in transcripts.items():
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps(msgs))
+        paths.append(str(path))
+    out = tmp_path / "eval.json"
+    assert run_cli("eval", *args, "--quiet", "--json", str(out), *paths) == code
+    data: dict[str, Any] = json.loads(out.read_text())
+    return data
+
+
+def by_plan(data: dict[str, Any]) -> dict[str, Any]:
+    return {t["plan"]: t for t in data["totals"]}
+
+
+# --- the cache rules ---------------------------------------------------------------------------
+
+
+def test_automatic_prefix_caching_counts_from_1024_tokens_in_128_token_steps() -> None:
+    cache = AutomaticPrefixCache()
+    first = [Block("p1", 600, False), Block("p2", 500, False), Block("p3", 900, False)]
+    assert cache.request(first, 0.0).read == 0  # nothing seen yet
+    # 1,100 shared tokens (two blocks): read in 128-token steps from 1,024.
+    use = cache.request([*first[:2], Block("q3", 50, False)], 10.0)
+    assert (use.prompt, use.read, use.write) == (1150, 1024, 0)
+    assert cache.request(first, 20.0).read == 1920  # 2,000 shared -> 15 * 128
+    assert cache.request([Block("p1", 600, False), Block("r2", 10, False)], 30.0).read == 0  # < 1,024
+    # Entries expire after ten minutes without use.
+    assert cache.request(first, 30.0 + 601).read == 0
+
+
+def test_breakpoint_caching_reads_and_writes_up_to_cache_control_breakpoints() -> None:
+    cache = BreakpointCache()
+    one = [Block("s", 1000, False), Block("m1", 500, True), Block("m2", 600, True)]
+    use = cache.request(one, 0.0)
+    assert (use.read, use.write, use.uncached) == (0, 2100, 0)
+    two = [*one[:2], Block("m2", 600, False), Block("m3", 300, True)]
+    use = cache.request(two, 60.0)
+    # The longest earlier breakpoint prefix it still has ends at m1 (m2 lost its breakpoint,
+    # but m3's chain covers it: it is written now).
+    assert (use.read, use.write, use.uncached) == (1500, 900, 0)
+    # Five minutes without a hit: the entries are gone.
+    assert cache.request(two, 60.0 + 301).read == 0
+    # A prefix under 1,024 tokens is never cached.
+    small = BreakpointCache()
+    tiny = [Block("t", 900, True)]
+    assert small.request(tiny, 0).write == 0 and small.request(tiny, 1).read == 0
+
+
+def test_blocks_ignore_where_the_breakpoints_are() -> None:
+    msg = {"role": "user", "content": [{"type": "text", "text": "hi"}]}
+    marked = {"role": "user", "content": [{"type": "text", "text": "hi", "cache_control": {"type": "ephemeral"}}]}
+    plain, with_mark = blocks_of([msg], [5]), blocks_of([marked], [5])
+    assert plain[0].chain == with_mark[0].chain
+    assert not plain[0].breakpoint and with_mark[0].breakpoint
+
+
+# --- figures against a computation by hand -----------------------------------------------------
+
+
+def test_cost_and_cached_share_match_a_hand_computation(tmp_path: Path) -> None:
+    info = lookup_model("gpt-4o")
+    # The known price: gpt-4o input $2.50 / M tokens, cached input $1.25 / M.
+    assert (info.input_cost_per_token, info.cache_read_input_token_cost) == (2.5e-06, 1.25e-06)
+    counter = TokenCounter.for_model(info)
+    data = eval_json(
+        tmp_path,
+        {seed: transcript(seed) for seed in ("alpha", "beta")},
+        "--baseline",
+        "none",
+        "--model",
+        "gpt-4o",
+        "--window",
+        "128000",
+    )
+    calls = [c for c in data["calls"] if c["plan"] == "none"]
+    expected_usd = 0.0
+    expected_sent = expected_read = 0
+    for seed in ("alpha", "beta"):
+        msgs = transcript(seed)
+        counts = counter.count_each(msgs)
+        # Assistant messages at 2, 4 and 7: calls send msgs[:2], msgs[:4], msgs[:7]; each call
+        # extends the last, so the shared prefix is the whole previous request.
+        prompts = [sum(counts[:2]), sum(counts[:4]), sum(counts[:7])]
+        reads = [0]
+        for prev in prompts[:-1]:
+            reads.append(prev // 128 * 128 if prev >= 1024 else 0)
+        mine = [c for c in calls if c["transcript"] == seed]
+        assert [c["prompt"] for c in mine] == prompts
+        assert [c["read"] for c in mine] == reads
+        for prompt, read, c in zip(prompts, reads, mine, strict=True):
+            usd = (prompt - read) * 2.5e-06 + read * 1.25e-06
+            assert c["usd"] == pytest.approx(usd, rel=1e-9)
+            expected_usd += usd
+        expected_sent += sum(prompts)
+        expected_read += sum(reads)
+    (total,) = data["totals"]
+    assert total["tokens_sent"] == expected_sent and total["cache_read"] == expected_read
+    assert total["cached_share"] == pytest.approx(expected_read / expected_sent, abs=1e-6)
+    assert total["usd"] == pytest.approx(expected_usd, abs=1e-6)
+    assert total["overflows"] == 0 and total["calls"] == 6
+
+
+def test_a_pack_that_changes_nothing_costs_what_the_raw_history_costs(tmp_path: Path) -> None:
+    totals = by_plan(
+        eval_json(
+            tmp_path,
+            {"t": transcript("gamma")},
+            "--pack",
+            "builtin:default",
+            "--baseline",
+            "none",
+            "--model",
+            "gpt-4o",
+            "--window",
+            "128000",
+        )
+    )
+    pack, raw = totals["builtin:default"], totals["none"]
+    assert pack["tokens_sent"] == raw["tokens_sent"] and pack["usd"] == pytest.approx(raw["usd"])
+    assert pack["compactions"] == 0 and pack["invariant_violations"] == 0
+
+
+def test_a_window_the_raw_history_does_not_fit_counts_overflows_and_loses_the_probes(tmp_path: Path) -> None:
+    msgs = transcript("delta")
+    counts = TokenCounter.for_model(lookup_model("gpt-4o")).count_each(msgs)
+    # The usable window (8192 reserved for the reply) holds the first call, not the others.
+    window = 8192 + sum(counts[:2]) + 10
+    data = eval_json(
+        tmp_path,
+        {"t": msgs},
+        "--pack",
+        "builtin:default",
+        "--baseline",
+        "none",
+        "--model",
+        "gpt-4o",
+        "--window",
+        str(window),
+    )
+    totals = by_plan(data)
+    assert totals["none"]["overflows"] == 2 and totals["none"]["tokens_sent"] == sum(counts[:2])
+    raw_calls = [c for c in data["calls"] if c["plan"] == "none" and not c["fits"]]
+    assert len(raw_calls) == 2
+    assert all(c["usd"] == 0 and all(v["kept"] == 0 for v in c["retention"].values()) for c in raw_calls)
+
+
+# --- probes and invariants ---------------------------------------------------------------------
+
+
+def test_probes_come_from_the_original_transcript_and_markers_recover_them() -> None:
+    from ctxrules.packs.validated import load_pack
+
+    msgs = transcript("eps")
+    extractor = ProbeExtractor(msgs, tool_roles(load_pack("builtin:default").data))
+    probes = {(p.category, p.text) for p in extractor.probes(7)}
+    assert ("anchor", msgs[1]["content"]) in probes
+    assert ("latest_ask", "Now run the tests again.") in probes
+    assert ("edited_files", "src/eps.py") in probes
+    assert ("commands", "pytest -q") in probes
+    assert ("errors", "FAILED test_x.py::test_p - boom") in probes
+    assert ("test_status", "1 failed, 3 passed in 0.2s") in probes
+    # A context that lost the failing result but holds a marker whose vault item has it.
+    vid = "ab" * 32
+    context = context_text(
+        [
+            *msgs[:3],
+            {
+                "role": "tool",
+                "tool_call_id": "a1",
+                "content": f"[ctxrules:elided kind=lines count=3 ref=vault://{vid}]",
+            },
+            *msgs[4:7],
+        ]
+    )
+    found = check_probes(extractor.probes(7), context, lambda v: msgs[3]["content"] if v == vid else None)
+    assert found.recoverable["errors"] == 1 and found.recoverable["test_status"] == 1
+    assert found.lost["errors"] == 0 and found.kept["anchor"] == 1
+
+
+def test_the_invariant_checks_find_broken_pairing_and_lost_pins() -> None:
+    msgs = transcript("zeta")
+    assert pairing_problems(msgs) == [] and pin_problems(msgs, msgs) == []
+    orphan = [*msgs[:2], msgs[3], *msgs[4:]]
+    assert any("answers no call" in p for p in pairing_problems(orphan))
+    twice = [*msgs[:4], dict(msgs[3]), *msgs[4:]]
+    assert any("answered 2 times" in p for p in pairing_problems(twice))
+    reused = [
+        *msgs[:4],
+        {**msgs[4], "tool_calls": [call("a1", "Bash", command="ls")]},
+        {"role": "tool", "tool_call_id": "a1", "content": "x"},
+    ]
+    assert any("used before" in p for p in pairing_problems(reused))
+    assert pin_problems(msgs, [msgs[0], *msgs[2:]]) == ["the human anchor is not in the output unchanged"]
+
+
+def test_an_invariant_broken_on_a_call_of_a_pack_exits_1(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import ctxrules.eval.replay as replay
+
+    monkeypatch.setattr(replay, "pairing_problems", lambda out: ["message 3: broken on purpose"])
+    totals = by_plan(
+        eval_json(
+            tmp_path,
+            {"t": transcript("eta")},
+            "--pack",
+            "builtin:default",
+            "--baseline",
+            "none",
+            "--model",
+            "gpt-4o",
+            "--window",
+            "128000",
+            code=1,
+        )
+    )
+    assert totals["builtin:default"]["invariant_violations"] == 3  # one per call
+    assert totals["none"]["invariant_violations"] == 0  # baselines are measured, not judged
+
+
+def test_bad_inputs_are_usage_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert run_cli("eval", "--model", "gpt-4o", str(tmp_path)) == 2
+    assert "at least one --pack or --baseline" in capsys.readouterr().err
+    (tmp_path / "x.json").write_text('{"not": "a transcript"}')
+    assert run_cli("eval", "--baseline", "none", "--model", "gpt-4o", str(tmp_path)) == 2
+    err = capsys.readouterr().err
+    assert "not a transcript" in err and "no transcript among the inputs" in err
+    assert run_cli("eval", "--baseline", "none", "--model", "gpt-4o", str(tmp_path / "gone")) == 2
+    assert run_cli("eval", "--baseline", "none", "--model", "no-such-model-xyz", str(tmp_path)) == 2
+
+
+# --- outputs people read -----------------------------------------------------------------------
+
+
+def _cli_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(REPO / "engine") + os.pathsep + env.get("PYTHONPATH", "")
+    env.pop("CI", None)
+    return env
+
+
+def test_the_progress_bar_shows_on_a_terminal_and_quiet_turns_it_off(tmp_path: Path) -> None:
+    path = tmp_path / "theta.json"
+    path.write_text(json.dumps(transcript("theta")))
+
+    def stderr_on_a_pty(*extra: str) -> tuple[str, str]:
+        master, slave = pty.openpty()
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "ctxrules.cli.main",
+                "eval",
+                "--baseline",
+                "none",
+                "--model",
+                "gpt-4o",
+                "--window",
+                "128000",
+                *extra,
+                str(path),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=slave,
+            env=_cli_env(),
+        )
+        os.close(slave)
+        chunks = []
+        while True:
+            try:
+                data = os.read(master, 4096)
+            except OSError:
+                break
+            if not data:
+                break
+            chunks.append(data)
+        out, _ = proc.communicate(timeout=120)
+        os.close(master)
+        return out.decode(), b"".join(chunks).decode(errors="replace")
+
+    out, err = stderr_on_a_pty()
+    assert "[####" in err and "theta · none · turn 1/3" in err
+    assert "[#" not in out and "baseline none" in out  # stdout carries the table only
+    _, quiet = stderr_on_a_pty("--quiet")
+    assert "[#" not in quiet
+
+
+def test_html_is_self_contained_and_renders_in_headless_chromium(tmp_path: Path) -> None:
+    inputs = []
+    for seed in ("iota", "kappa"):
+        path = tmp_path / f"{seed}.json"
+        path.write_text(json.dumps(transcript(seed)))
+        inputs.append(str(path))
+    page = tmp_path / "eval.html"
+    assert (
+        run_cli(
+            "eval",
+            "--pack",
+            "builtin:default",
+            "--baseline",
+            "none",
+            "--model",
+            "gpt-4o",
+            "--window",
+            "128000",
+            "--quiet",
+            "--html",
+            str(page),
+            *inputs,
+        )
+        == 0
+    )
+    text = page.read_text()
+    assert text.count("<svg") == 3 and "<script" not in text
+    for needle in ("http://", "https://", "src=", "@import", "url("):
+        assert needle not in text, needle
+    pixels = screenshot_pixels(page, tmp_path, width=1200, height=1400, every=5)
+    # The first two series colours of the charts are drawn.
+    assert bytes.fromhex("2563eb") in pixels and bytes.fromhex("dc2626") in pixels
+
+
+@pytest.mark.skipif(not TRANSCRIPTS.is_dir(), reason="the real transcript corpus is absent")
+def test_two_real_transcripts_in_parallel_give_the_same_figures_as_one_process(tmp_path: Path) -> None:
+    names = ["minisweagent-django__django-11815.json", "openhands-ponylang__ponyc-4595.json"]
+    inputs = [str(TRANSCRIPTS / n) for n in names]
+    outs = []
+    for jobs in ("1", "2"):
+        out = tmp_path / f"e{jobs}.json"
+        assert (
+            run_cli(
+                "eval",
+                "--pack",
+                "builtin:default",
+                "--baseline",
+                "none",
+                "--model",
+                "gpt-4o",
+                "--window",
+                "32000",
+                "--jobs",
+                jobs,
+                "--quiet",
+                "--json",
+                str(out),
+                *inputs,
+            )
+            == 0
+        )
+        data = json.loads(out.read_text())
+        outs.append([{k: v for k, v in c.items() if k != "ms"} for c in data["calls"]])
+    assert outs[0] == outs[1]
+    assert any(c["compacted"] for c in outs[0] if c["plan"] == "builtin:default")
+
+
+def test_the_judge_answers_from_the_prepared_context_and_is_graded(tmp_path: Path) -> None:
+    from llm_server import LLMServer, reply
+
+    msgs = transcript("lambda")
+    path = tmp_path / "lambda.json"
+    path.write_text(json.dumps(msgs))
+    answers = {
+        "anchor": msgs[1]["content"],
+        "latest_ask": "run the tests again",
+        "edited_files": "src/lambda.py",
+        "errors": "no errors that I can see",
+        "commands": "pytest -q",
+        "test_status": "1 failed, 3 passed",
+    }
+    out = tmp_path / "e.json"
+    with LLMServer() as server:
+        server.script(reply("Here you go: " + json.dumps(answers)))
+        code = run_cli(
+            "eval",
+            "--baseline",
+            "none",
+            "--model",
+            "gpt-4o",
+            "--window",
+            "128000",
+            "--judge",
+            "openai/test-model",
+            "--judge-api-base",
+            server.base_url,
+            "--quiet",
+            "--json",
+            str(out),
+            str(path),
+        )
+        requests = server.requests
+    assert code == 0
+    (request,) = requests[:1]
+    sent = request.body["messages"]
+    # The prepared context of the last call (litellm leaves out an assistant's null content).
+    assert [(m["role"], m.get("content")) for m in sent[: len(msgs) - 1]] == [
+        (m["role"], m.get("content")) for m in msgs[:-1]
+    ]
+    assert "test_status" in sent[-1]["content"]
+    (total,) = json.loads(out.read_text())["totals"]
+    judge = total["judge"]
+    assert judge["anchor"] == {"passed": 1, "failed": 0}
+    assert judge["edited_files"] == {"passed": 1, "failed": 0}
+    assert judge["errors"] == {"passed": 0, "failed": 1}  # graded against the original line
+    assert judge["test_status"] == {"passed": 1, "failed": 0}
+
+
+def test_the_trim_baseline_goes_through_litellms_trim_messages(tmp_path: Path) -> None:
+    msgs = transcript("mu")
+    counts = TokenCounter.for_model(lookup_model("gpt-4o")).count_each(msgs)
+    window = 8192 + sum(counts[:2]) + 50
+    totals = by_plan(
+        eval_json(
+            tmp_path,
+            {"mu": msgs},
+            "--baseline",
+            "none",
+            "--baseline",
+            "trim",
+            "--model",
+            "gpt-4o",
+            "--window",
+            str(window),
+        )
+    )
+    assert totals["none"]["overflows"] == 1  # the last call: the edit's long result
+    # trim_messages keeps every request within the usable window.
+    assert totals["trim"]["overflows"] == 0 and totals["trim"]["calls"] == 3

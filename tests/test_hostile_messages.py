@@ -1,0 +1,186 @@
+"""Malformed message data is a clear error (exit 2), never an internal error; lone surrogates
+are repaired with a warning; a full disk during a run keeps the conversation.
+
+Each input is fed to the real CLI (``ctxrules run``) or to ``Session.prepare``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ctxrules import Engine, MessagesError
+from ctxrules.errors import CtxrulesError
+from ctxrules.json_limits import MAX_INPUT_BYTES
+
+ROOT = Path(__file__).resolve().parents[1]
+BASE = [{"role": "user", "content": "hello"}, {"role": "assistant", "content": "hi"}]
+
+
+def run_cli(
+    tmp_path: Path,
+    raw: bytes | None = None,
+    *,
+    path: Path | None = None,
+    state: Path | None = None,
+    preexec: Any = None,
+) -> subprocess.CompletedProcess[bytes]:
+    if path is None:
+        path = tmp_path / "in.json"
+        assert raw is not None
+        path.write_bytes(raw)
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "engine")}
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ctxrules.cli.main",
+            "run",
+            "--pack",
+            "builtin:default",
+            "--model",
+            "gpt-4o",
+            "--input",
+            str(path),
+            "--state",
+            str(state or tmp_path / "state"),
+        ],
+        env=env,
+        capture_output=True,
+        timeout=300,
+        preexec_fn=preexec,
+    )
+
+
+def assert_clean_error(proc: subprocess.CompletedProcess[bytes], *needles: str) -> str:
+    err = proc.stderr.decode("utf-8", "replace")
+    assert proc.returncode == 2, err
+    assert "internal error" not in err and "Traceback" not in err
+    assert err.count("\n") == 1, err  # one line
+    for needle in needles:
+        assert needle in err, err
+    assert proc.stdout == b""
+    return err
+
+
+@pytest.mark.parametrize(
+    ("raw", "needles"),
+    [
+        (b'[{"role": "user", "content": "x", "n": NaN}]', ["in.json: /0/n: NaN is not valid JSON"]),
+        (b'{"messages": [{"role": "user", "content": "x"}], "t": [Infinity]}', ["/t/0: Infinity"]),
+        (b'[{"role": "user", "content": "x", "n": -Infinity}]', ["/0/n: -Infinity"]),
+        (b'[{"role": "user", "content": "x", "n": 1e400}]', ["/0/n: inf is not a finite number"]),
+        (b'[{"role": "user", "content": "x", "n": ' + b"9" * 5000 + b"}]", ["more than 4300 digits"]),
+        (
+            b'[{"role": "user", "content": "x", "a": ' + b"[" * 900 + b"]" * 900 + b"}]",
+            ["/0/a/0/0", "nested deeper than 100 levels"],
+        ),
+        (b"[" * 100_000 + b"]" * 100_000, ["nested too deep"]),
+    ],
+    ids=["nan", "infinity-in-tools", "minus-infinity", "overflowing-float", "5000-digits", "900-deep", "100000-deep"],
+)
+def test_malformed_json_is_a_located_error(tmp_path: Path, raw: bytes, needles: list[str]) -> None:
+    assert_clean_error(run_cli(tmp_path, raw), *needles)
+
+
+def test_a_message_file_over_the_limit_is_refused_before_it_is_read(tmp_path: Path) -> None:
+    big = tmp_path / "big.json"
+    with open(big, "wb") as fh:  # sparse: no 256 MB written
+        fh.truncate(MAX_INPUT_BYTES + 1)
+    assert_clean_error(run_cli(tmp_path, path=big), "big.json", "over the 256 MiB limit")
+
+
+def test_a_lone_surrogate_is_replaced_with_a_warning_naming_where(tmp_path: Path) -> None:
+    raw = b'[{"role": "user", "content": "a\\ud800b"}, {"role": "assistant", "content": "ok", "\\udc00k": 1}]'
+    proc = run_cli(tmp_path, raw)
+    err = proc.stderr.decode()
+    assert proc.returncode == 0, err
+    assert "/0/content: a lone surrogate was replaced with U+FFFD" in err
+    assert "/1/\ufffdk: a lone surrogate" in err
+    out = json.loads(proc.stdout.decode("utf-8"))  # valid UTF-8 all through
+    assert out[0]["content"] == "a\ufffdb" and "\ufffdk" in out[1]
+
+
+def test_the_api_repairs_surrogates_warns_once_and_keeps_reusing(tmp_path: Path) -> None:
+    session = Engine.load("builtin:default").session(tmp_path / "s", model="gpt-4o")
+    history = [{"role": "user", "content": "a\ud800b"}, {"role": "assistant", "content": "ok"}]
+    first = session.prepare(history)
+    assert first.messages[0]["content"] == "a\ufffdb"
+    assert history[0]["content"] == "a\ud800b"  # the caller's message is not edited
+    assert first.report["warnings"] == ["message 0 (user): a lone surrogate in /content was replaced with U+FFFD"]
+    grown = [*history, {"role": "user", "content": "next"}]
+    second = session.prepare(grown)
+    assert second.report["reused_messages"] == len(history)
+    assert second.report["warnings"] == []
+    json.dumps(second.messages, ensure_ascii=False).encode("utf-8")  # encodable
+
+
+@pytest.mark.parametrize(
+    ("bad", "match"),
+    [
+        ({"role": "user", "content": "x", "score": float("nan")}, r"message 2 \(user\): /score: nan"),
+        ({"role": "user", "content": "x", "n": 10**5000}, r"/n: an integer of more than 4300 digits"),
+        (
+            {"role": "user", "content": [{"type": "text", "text": "x", "d": json.loads("[" * 300 + "]" * 300)}]},
+            r"/content/0/d/0/.*nested deeper than 100 levels",
+        ),
+    ],
+)
+def test_the_api_rejects_unwritable_data_naming_the_field(tmp_path: Path, bad: dict[str, Any], match: str) -> None:
+    session = Engine.load("builtin:default").session(tmp_path / "s", model="gpt-4o")
+    with pytest.raises(MessagesError, match=match):
+        session.prepare([*BASE, bad])
+
+
+def _limit_file_size(limit: int) -> Any:
+    def apply() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails (EFBIG)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    return apply
+
+
+def test_a_full_disk_during_a_warm_turn_keeps_the_conversation(tmp_path: Path) -> None:
+    """RLIMIT_FSIZE makes every write past a size fail, as a full disk does: the turn that
+    hits it is a clear error, and the next run gives what a cold run of its input gives."""
+    first = json.dumps(BASE).encode()
+    assert run_cli(tmp_path, first).returncode == 0
+    out_file = tmp_path / "state" / "default" / "last_output.jsonl"
+    grown = json.dumps([*BASE, {"role": "user", "content": "x" * 20_000}]).encode()
+    proc = run_cli(tmp_path, grown, preexec=_limit_file_size(out_file.stat().st_size + 100))
+    assert_clean_error(proc, "cannot write the session", "the messages were not changed")
+    again = run_cli(tmp_path, grown)
+    assert again.returncode == 0, again.stderr
+    cold = run_cli(tmp_path, grown, state=tmp_path / "fresh")
+    assert json.loads(again.stdout) == json.loads(cold.stdout)
+
+
+def test_a_state_write_cut_short_reads_as_a_cache_miss(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    session = Engine.load("builtin:default").session(tmp_path / "s", model="gpt-4o")
+    session.prepare(BASE)
+    real_pwrite = os.pwrite
+
+    def half_then_enospc(fd: int, data: Any, offset: int) -> int:
+        if offset == 0 and len(data) > 8:  # write half of the new state, then the disk is full
+            real_pwrite(fd, bytes(data[: len(data) // 2]), offset)
+        raise OSError(28, "No space left on device")
+
+    grown = [*BASE, {"role": "user", "content": "more"}]
+    monkeypatch.setattr(os, "pwrite", half_then_enospc)
+    with pytest.raises(CtxrulesError, match="No space left on device; the messages were not changed"):
+        session.prepare(grown)
+    monkeypatch.setattr(os, "pwrite", real_pwrite)
+    assert (tmp_path / "s" / "state.json").read_bytes() == b""  # no torn state behind
+    fresh = Engine.load("builtin:default").session(tmp_path / "s", model="gpt-4o")
+    result = fresh.prepare(grown)
+    cold = Engine.load("builtin:default").session(tmp_path / "cold", model="gpt-4o").prepare(grown)
+    assert result.messages == cold.messages
+    assert session.prepare(grown).messages == cold.messages  # the failed session object recovers

@@ -1,0 +1,351 @@
+"""Hostile packs through the real CLI: nothing outside the pack is read, nothing hangs.
+
+Each test writes a pack an attacker could commit to a repository, runs ``python -m
+ctxrules.cli.main`` on it in a subprocess (with a generous timeout: a hang fails the test) and
+checks the clean outcome: the documented exit code, a one-line located message, no traceback,
+and none of the target's content in the output.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from ctxrules import patterns
+
+REPO = Path(__file__).resolve().parents[1]
+HEAD = "apiVersion: ctxrules/v1\nkind: RulePack\nmetadata: {name: hostile, version: 1.0.0}\n"
+SECRET = "ctxrules-s3cret-value-4711"  # planted in the environment and in files outside the pack
+
+
+def ctxrules(*argv: str, cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO / "engine"),
+        "CTXRULES_STATE": str(cwd / "state"),
+        "CTXRULES_TEST_SECRET": SECRET,
+    }
+    env.pop("CTXRULES_DEBUG", None)
+    return subprocess.run(
+        [sys.executable, "-m", "ctxrules.cli.main", *argv],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def clean(proc: subprocess.CompletedProcess[str]) -> str:
+    """stdout+stderr, after checking that neither holds a traceback or a leaked secret."""
+    both = proc.stdout + proc.stderr
+    assert "Traceback" not in both and "internal error" not in both, both
+    assert SECRET not in both, "content from outside the pack was printed"
+    assert "root:x:0:0" not in both, "/etc/passwd was printed"
+    return both
+
+
+def write(folder: Path, name: str, body: str) -> Path:
+    path = folder / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(HEAD + textwrap.dedent(body), encoding="utf-8")
+    return path
+
+
+@pytest.fixture
+def outside(tmp_path: Path) -> Path:
+    """A file next to (not inside) the pack's folder, holding the secret."""
+    secret = tmp_path / "private" / "notes.md"
+    secret.parent.mkdir()
+    secret.write_text(f"{SECRET}\n", encoding="utf-8")
+    return secret
+
+
+def _template_pack(folder: Path, target: str) -> Path:
+    return write(
+        folder,
+        "pack/p.yaml",
+        f"""\
+        prompts:
+          sections:
+            identity: {{tag: identity, file: {json.dumps(target)}}}
+          modes:
+            full: [identity]
+        """,
+    )
+
+
+# -- 1. confinement ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "target",
+    ["/etc/passwd", "/proc/self/environ", "../private/notes.md", "../../../../../../../../../../etc/passwd", "link.md"],
+)
+def test_a_template_file_outside_the_pack_is_refused(tmp_path: Path, outside: Path, target: str) -> None:
+    pack = _template_pack(tmp_path, target)
+    (pack.parent / "link.md").symlink_to(outside)  # a symlink inside the pack, to outside
+    for argv in (
+        ["assemble", "--pack", "pack/p.yaml", "--mode", "full", "--model", "gpt-4o"],
+        ["validate", "pack/p.yaml"],
+    ):
+        proc = ctxrules(*argv, cwd=tmp_path)
+        out = clean(proc)
+        assert proc.returncode == 1, out
+        assert "CR100" in out and "outside the pack's folder" in out, out
+
+
+def test_the_callers_search_path_allows_a_folder(tmp_path: Path, outside: Path) -> None:
+    _template_pack(tmp_path, "../private/notes.md")
+    proc = ctxrules(
+        "assemble",
+        "--pack",
+        "pack/p.yaml",
+        "--mode",
+        "full",
+        "--model",
+        "gpt-4o",
+        "--search-path",
+        str(outside.parent),
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert SECRET in proc.stdout, "the caller allowed that folder"
+
+
+@pytest.mark.parametrize("target", ["/etc/passwd", "/etc/shadow", "../private/notes.md", "link.yaml"])
+def test_extends_outside_the_pack_is_refused_without_echoing_the_file(
+    tmp_path: Path, outside: Path, target: str
+) -> None:
+    pack = write(tmp_path, "pack/p.yaml", f"extends: {json.dumps(target)}\n")
+    (pack.parent / "link.yaml").symlink_to(outside)
+    proc = ctxrules("validate", "pack/p.yaml", cwd=tmp_path)
+    out = clean(proc)
+    assert proc.returncode == 1
+    assert "error[CR100]" in out and "p.yaml:4:" in out, out
+
+
+def test_a_builtin_name_cannot_climb_out_of_the_package(tmp_path: Path) -> None:
+    write(tmp_path, "p.yaml", "extends: ['builtin:../../../../../../etc/passwd']\n")
+    proc = ctxrules("validate", "p.yaml", cwd=tmp_path)
+    out = clean(proc)
+    assert proc.returncode == 1 and "CR030" in out, out
+
+
+def test_pack_test_inputs_outside_the_pack_are_not_read(tmp_path: Path, outside: Path) -> None:
+    messages = tmp_path / "private" / "msgs.json"
+    messages.write_text(json.dumps([{"role": "user", "content": SECRET}]), encoding="utf-8")
+    write(
+        tmp_path,
+        "pack/p.yaml",
+        """\
+        tests:
+          - {id: leak, input: ../private/msgs.json, expect: {contains: [nothing]}}
+        compressors:
+          - id: cut
+            match: {argv: [tool]}
+            steps: [{use: head, with: {lines: 1}}]
+            tests:
+              - {id: leak2, input: ../private/notes.md, contains: [nothing]}
+        """,
+    )
+    proc = ctxrules("validate", "pack/p.yaml", cwd=tmp_path)
+    out = clean(proc)
+    assert proc.returncode == 1 and out.count("error[CR100]") == 2, out
+    proc = ctxrules("test", "pack/p.yaml", cwd=tmp_path)
+    out = clean(proc)
+    assert proc.returncode == 1, out
+
+
+# -- 3. no pack can hang or exhaust the engine -----------------------------------------------
+
+EVIL = "(a+)+$"
+OUTPUT = "a" * 40_000 + "b\n"
+
+
+def test_a_catastrophic_compressor_pattern_is_skipped_not_hung(tmp_path: Path) -> None:
+    write(
+        tmp_path,
+        "p.yaml",
+        f"""\
+        compressors:
+          - id: evil
+            match: {{argv: [tool]}}
+            steps:
+              - use: drop
+                with: {{patterns: ['{EVIL}']}}
+          - id: evil-short
+            match: {{argv: [other]}}
+            steps:
+              - use: short_circuit
+                with: {{when: '(a+)+\\d', message: done, unless: ['x']}}
+          - id: linear
+            match: {{argv: [third]}}
+            steps:
+              - use: short_circuit
+                with: {{when: '{EVIL}', message: done, unless: ['x']}}
+        """,
+    )
+    (tmp_path / "out.txt").write_text(OUTPUT, encoding="utf-8")
+    for command, evil in (("tool", EVIL), ("other", "(a+)+\\d"), ("third", None)):
+        started = time.monotonic()
+        proc = ctxrules(
+            "compress", "--pack", "p.yaml", "--command", command, "--input", "out.txt", cwd=tmp_path, timeout=60
+        )
+        out = clean(proc)
+        assert proc.returncode == 0, out
+        assert proc.stdout == OUTPUT, "the output goes out as it was"
+        if evil is None:  # `when` is multi-line: `$` means the same on RE2, which is linear
+            assert proc.stderr == ""
+        else:
+            assert "skipped" in proc.stderr and repr(evil) in proc.stderr, proc.stderr
+        assert time.monotonic() - started < 40
+
+
+def test_validate_warns_about_nested_quantifiers(tmp_path: Path) -> None:
+    write(
+        tmp_path,
+        "p.yaml",
+        f"""\
+        priorities:
+          - {{id: evil, match: {{contains: '{EVIL}'}}, priority: critical}}
+        """,
+    )
+    proc = ctxrules("validate", "p.yaml", cwd=tmp_path)
+    out = clean(proc)
+    assert proc.returncode == 0 and "warning[CR102]" in out and "p.yaml:5:" in out, out
+    assert ctxrules("validate", "--strict", "p.yaml", cwd=tmp_path).returncode == 1
+
+
+def _messages(tmp_path: Path) -> Path:
+    call = {"id": "c1", "type": "function", "function": {"name": "bash", "arguments": json.dumps({"command": "tool"})}}
+    msgs = [
+        {"role": "system", "content": "You help."},
+        {"role": "user", "content": "go"},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "c1", "content": OUTPUT},
+        {"role": "user", "content": "a" * 30_000 + "b"},
+    ]
+    path = tmp_path / "msgs.json"
+    path.write_text(json.dumps(msgs), encoding="utf-8")
+    return path
+
+
+def test_run_survives_catastrophic_patterns_and_remembers_them(tmp_path: Path) -> None:
+    write(
+        tmp_path,
+        "p.yaml",
+        f"""\
+        extends: builtin:default
+        tools:
+          exit_code: ['{EVIL[:-1]}(\\d+)$']
+        priorities:
+          - {{id: evil, match: {{contains: '{EVIL}'}}, priority: critical}}
+        """,
+    )
+    _messages(tmp_path)
+    argv = (
+        "run",
+        "--pack",
+        "p.yaml",
+        "--model",
+        "gpt-4o",
+        "--input",
+        "msgs.json",
+        "--report",
+        "r.json",
+        "--session",
+        "s",
+    )
+    started = time.monotonic()
+    first = ctxrules(*argv, cwd=tmp_path, timeout=120)
+    first_s = time.monotonic() - started
+    clean(first)
+    assert first.returncode == 0, first.stderr
+    report = json.loads((tmp_path / "r.json").read_text(encoding="utf-8"))
+    warned = [w for st in report["stages"] for w in st.get("warnings", [])] + [
+        st.get("error") or "" for st in report["stages"]
+    ]
+    assert any("took longer than" in w for w in warned), warned
+    assert json.loads(first.stdout), "the conversation is still there"
+    state = json.loads((tmp_path / "s" / "state.json").read_text(encoding="utf-8"))
+    assert patterns.STATE_KEY in json.dumps(state), "the timeout is remembered with the session"
+    started = time.monotonic()
+    second = ctxrules(*argv, cwd=tmp_path, timeout=120)
+    clean(second)
+    assert second.returncode == 0
+    report = json.loads((tmp_path / "r.json").read_text(encoding="utf-8"))
+    warned = [w for st in report["stages"] for w in st.get("warnings", [])] + [
+        st.get("error") or "" for st in report["stages"]
+    ]
+    assert any("timed out in an earlier run" in w for w in warned), warned
+    assert time.monotonic() - started < first_s + 30
+
+
+@pytest.mark.parametrize(
+    ("template", "what"),
+    [
+        ("{{ 9**99999999 }}", "digits"),
+        ("{{ 'x' * 3000000000 }}", "characters"),
+        ("{% for a in range(100000) %}{% for b in range(100000) %}{% endfor %}{% endfor %}", "operations"),
+        ("{{ 'x'|center(3000000000) }}", "limited"),
+        (
+            "{% set ns = namespace(x='ab') %}{% for i in range(64) %}{% set ns.x = ns.x ~ ns.x %}{% endfor %}",
+            "characters",
+        ),
+    ],
+)
+def test_templates_cannot_exhaust_the_engine(tmp_path: Path, template: str, what: str) -> None:
+    write(
+        tmp_path,
+        "p.yaml",
+        f"""\
+        prompts:
+          sections:
+            identity: {{tag: identity, template: {json.dumps(template)}}}
+          modes:
+            full: [identity]
+        """,
+    )
+    for argv in (["validate", "p.yaml"], ["assemble", "--pack", "p.yaml", "--mode", "full", "--model", "x"]):
+        proc = ctxrules(*argv, cwd=tmp_path, timeout=90)
+        out = clean(proc)
+        assert proc.returncode == 1, out
+        assert "CR103" in out and "exceeds a rendering limit" in out and what in out, out
+        first = out.strip().splitlines()[0]
+        assert first.startswith(("p.yaml:", "ctxrules: error: p.yaml:")), first
+
+
+def test_a_fifo_a_device_and_a_huge_file_are_refused_before_parsing(tmp_path: Path) -> None:
+    fifo = tmp_path / "fifo.yaml"
+    os.mkfifo(fifo)
+    big = tmp_path / "big.yaml"
+    big.write_text(HEAD + "# " + "x" * 1_100_000 + "\n", encoding="utf-8")
+    for name in ("fifo.yaml", "big.yaml"):
+        proc = ctxrules("validate", name, cwd=tmp_path, timeout=60)
+        out = clean(proc)
+        assert proc.returncode == 1 and "error[CR101]" in out, out
+    (tmp_path / "pack").mkdir()
+    os.mkfifo(tmp_path / "pack" / "t.md")
+    (tmp_path / "pack" / "zero.md").symlink_to("/dev/zero")
+    for target, code in (("t.md", "CR101"), ("zero.md", "CR100"), ("/dev/zero", "CR100")):
+        _template_pack(tmp_path, target)
+        proc = ctxrules("assemble", "--pack", "pack/p.yaml", "--mode", "full", "--model", "x", cwd=tmp_path, timeout=60)
+        out = clean(proc)
+        assert proc.returncode == 1 and code in out, out
+
+
+@pytest.mark.parametrize("value", ["9" * 5000, ".nan", ".inf", "-.inf"])
+def test_unusable_numbers_are_a_located_error(tmp_path: Path, value: str) -> None:
+    write(tmp_path, "p.yaml", f"context:\n  window: {value}\n")
+    proc = ctxrules("validate", "p.yaml", cwd=tmp_path)
+    out = clean(proc)
+    assert proc.returncode == 1 and "p.yaml:5:11: error[CR104]" in out, out

@@ -1,0 +1,236 @@
+"""Session directories are ctxrules' own: planted links are refused, nothing outside is written,
+a tampered cache is never trusted, and damaged state is a cache miss.
+
+Each test plants the hostile file the way a repository could (a committed ``.ctxrules/...``)
+and runs the real CLI or the public API over it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ctxrules import Engine
+
+ROOT = Path(__file__).resolve().parents[1]
+HISTORY: list[dict[str, Any]] = [
+    {"role": "system", "content": "You are terse."},
+    {"role": "user", "content": "List the files."},
+    {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "Bash", "arguments": '{"command": "ls"}'}}
+        ],
+    },
+    {"role": "tool", "tool_call_id": "c1", "content": "a.txt\nb.txt\n"},
+    {"role": "assistant", "content": "Two files: a.txt and b.txt."},
+]
+
+
+def run_cli(
+    tmp_path: Path, *argv: str, messages: Any = None, state: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    inp = tmp_path / "in.json"
+    inp.write_text(json.dumps(HISTORY if messages is None else messages))
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "engine")}
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ctxrules.cli.main",
+            "run",
+            "--pack",
+            "builtin:default",
+            "--model",
+            "gpt-4o",
+            "--input",
+            str(inp),
+            "--state",
+            str(state or tmp_path / "state"),
+            *argv,
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
+
+
+def victim(tmp_path: Path) -> Path:
+    path = tmp_path / "home" / "somefile"
+    path.parent.mkdir()
+    path.write_text("precious\n")
+    return path
+
+
+def assert_refused(proc: subprocess.CompletedProcess[str], what: str) -> None:
+    assert proc.returncode == 2, proc.stderr
+    assert "symbolic link" in proc.stderr and what in proc.stderr
+    assert "internal error" not in proc.stderr and "Traceback" not in proc.stderr
+    assert proc.stderr.count("\n") == 1  # one line
+
+
+@pytest.mark.parametrize("name", ["state.json", "last_output.jsonl", ".lock"])
+def test_a_planted_link_in_the_session_is_refused(tmp_path: Path, name: str) -> None:
+    target = victim(tmp_path)
+    session = tmp_path / "state" / "default"
+    session.mkdir(parents=True)
+    (session / name).symlink_to(target)
+    assert_refused(run_cli(tmp_path), name)
+    assert target.read_text() == "precious\n"
+
+
+def test_a_link_swapped_in_after_a_run_is_refused(tmp_path: Path) -> None:
+    """The second process finds last_output.jsonl replaced by a link: no reuse, no write."""
+    assert run_cli(tmp_path).returncode == 0
+    target = victim(tmp_path)
+    out = tmp_path / "state" / "default" / "last_output.jsonl"
+    out.unlink()
+    out.symlink_to(target)
+    assert_refused(run_cli(tmp_path), "last_output.jsonl")
+    assert target.read_text() == "precious\n"
+
+
+def test_a_session_directory_that_is_a_link_is_refused(tmp_path: Path) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (tmp_path / "state").mkdir()
+    (tmp_path / "state" / "default").symlink_to(elsewhere)
+    assert_refused(run_cli(tmp_path), "default")
+    assert list(elsewhere.iterdir()) == []
+
+
+def test_a_planted_vault_link_receives_nothing(tmp_path: Path) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    session = tmp_path / "state" / "s"
+    session.mkdir(parents=True)
+    (session / "vault").symlink_to(elsewhere)
+    s = Engine.load("builtin:default").session(session, model="gpt-4o")
+    from ctxrules.errors import CtxrulesError
+
+    with pytest.raises(CtxrulesError, match=r"vault.*symbolic link"):
+        s.spill("x" * 50_000)
+    assert list(elsewhere.iterdir()) == []
+
+
+def test_the_state_root_itself_may_be_a_link(tmp_path: Path) -> None:
+    real = tmp_path / "bigdisk"
+    real.mkdir()
+    (tmp_path / "state").symlink_to(real)
+    proc = run_cli(tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert (real / "default" / "state.json").is_file()
+
+
+def _session(tmp_path: Path) -> Any:
+    return Engine.load("builtin:default").session(tmp_path / "s", model="gpt-4o")
+
+
+def test_a_last_output_tampered_to_the_same_size_and_mtime_is_not_reused(tmp_path: Path) -> None:
+    first = _session(tmp_path).prepare(HISTORY)
+    out = tmp_path / "s" / "last_output.jsonl"
+    raw = out.read_bytes()
+    assert b"Two files" in raw
+    st = out.stat()
+    tampered = raw.replace(b"Two files", b"RM -RF /!")
+    assert len(tampered) == len(raw)
+    with open(out, "r+b") as fh:  # in place: same inode, same size
+        fh.write(tampered)
+    os.utime(out, ns=(st.st_atime_ns, st.st_mtime_ns))
+    grown = [*HISTORY, {"role": "user", "content": "Thanks."}]
+    again = _session(tmp_path).prepare(grown)  # a new process would do the same
+    assert again.report["reused_messages"] == 0
+    assert "RM -RF" not in json.dumps(again.messages)
+    assert json.dumps(again.messages[: len(first.messages)]) == json.dumps(first.messages)
+
+
+def test_an_untouched_last_output_is_reused_by_a_new_session_object(tmp_path: Path) -> None:
+    """The digest check above must not cost the reuse when nothing was touched."""
+    _session(tmp_path).prepare(HISTORY)
+    grown = [*HISTORY, {"role": "user", "content": "Thanks."}]
+    assert _session(tmp_path).prepare(grown).report["reused_messages"] == len(HISTORY)
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        {"last": "not a dict"},
+        {"last": {"count": "5", "chain": 3, "output_count": [], "output_file": "x"}},
+        {"stages": ["a"]},
+        {"stages": {"pairs": 7}},
+        {"fingerprint": {"x": 1}},
+        {"last_clock": "yesterday"},
+        {"budget": 3},
+    ],
+)
+def test_a_mistyped_state_is_a_cache_miss(tmp_path: Path, damage: dict[str, Any]) -> None:
+    assert run_cli(tmp_path).returncode == 0
+    state_file = tmp_path / "state" / "default" / "state.json"
+    state = json.loads(state_file.read_text())
+    state.update(damage)
+    state_file.write_text(json.dumps(state))
+    proc = run_cli(tmp_path, "--report", str(tmp_path / "r.json"))
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["reused_messages"] == 0
+    assert any("state.json was damaged" in w for w in report["warnings"])
+    assert json.loads(proc.stdout)[-1] == HISTORY[-1]
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        b'{"version": 1, "stages": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",
+        b'{"version": 1, "last_clock": ' + b"9" * 5000 + b"}",
+        b"\xff\xfe garbage",
+        b'{"version": 1, "last_clock": NaN, "stages": {}}',
+    ],
+    ids=["deep", "long-int", "not-utf8", "nan"],
+)
+def test_a_damaged_state_is_a_cache_miss(tmp_path: Path, content: bytes) -> None:
+    assert run_cli(tmp_path).returncode == 0
+    (tmp_path / "state" / "default" / "state.json").write_bytes(content)
+    proc = run_cli(tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)[-1] == HISTORY[-1]
+    # ...and the turn after it writes a sound state again.
+    saved = json.loads((tmp_path / "state" / "default" / "state.json").read_text())
+    assert isinstance(saved["last"]["output_digest"], str)
+
+
+def test_a_fifo_in_place_of_the_state_is_refused_without_hanging(tmp_path: Path) -> None:
+    session = tmp_path / "state" / "default"
+    session.mkdir(parents=True)
+    os.mkfifo(session / "state.json")
+    proc = run_cli(tmp_path)
+    assert proc.returncode == 2 and "not a regular file" in proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("name", "write"),
+    [
+        ("notes.json", lambda s: s.notes.add("remember the flag")),
+        ("touched.json", lambda s: s.touch("src/app.py")),
+    ],
+)
+def test_other_session_files_planted_as_links_are_refused(tmp_path: Path, name: str, write: Any) -> None:
+    from ctxrules.errors import CtxrulesError
+
+    target = victim(tmp_path)
+    session_dir = tmp_path / "s"
+    session_dir.mkdir()
+    (session_dir / name).symlink_to(target)
+    session = Engine.load("builtin:default").session(session_dir, model="gpt-4o")
+    with pytest.raises(CtxrulesError, match="symbolic link"):
+        write(session)
+    assert target.read_text() == "precious\n"
+    assert (session_dir / name).is_symlink()  # refused, not replaced
