@@ -210,6 +210,70 @@ def test_a_catastrophic_compressor_pattern_is_skipped_not_hung(tmp_path: Path) -
         assert time.monotonic() - started < 40
 
 
+def test_compress_remembers_a_timed_out_pattern_across_processes(tmp_path: Path) -> None:
+    """Two separate `ctxrules compress` processes: the first times the pattern out, the second
+    skips it without running it (its own words on stderr), and both print the same bytes."""
+    write(
+        tmp_path,
+        "p.yaml",
+        f"""\
+        compressors:
+          - id: evil
+            match: {{argv: [tool]}}
+            steps:
+              - use: drop
+                with: {{patterns: ['{EVIL}']}}
+        """,
+    )
+    (tmp_path / "out.txt").write_text(OUTPUT, encoding="utf-8")
+    argv = ("compress", "--pack", "p.yaml", "--command", "tool", "--input", "out.txt")
+    first = ctxrules(*argv, cwd=tmp_path, timeout=60)
+    clean(first)
+    assert first.returncode == 0 and first.stdout == OUTPUT, first.stderr
+    assert "took longer than" in first.stderr and "earlier run" not in first.stderr, first.stderr
+    state = json.loads((tmp_path / "state" / "default" / "state.json").read_text(encoding="utf-8"))
+    assert state["compress"][patterns.STATE_KEY] == [patterns.compile(EVIL).key]
+    second = ctxrules(*argv, cwd=tmp_path, timeout=60)
+    clean(second)
+    assert second.returncode == 0 and second.stdout == first.stdout
+    assert "timed out in an earlier run and is skipped" in second.stderr, second.stderr
+    assert "took longer than" not in second.stderr, "the second process ran the pattern again"
+    # Proxy mode (running the command) reads the same memory.
+    tool = tmp_path / "bin" / "tool"
+    tool.parent.mkdir()
+    tool.write_text(f"#!/bin/sh\ncat '{tmp_path / 'out.txt'}'\n", encoding="utf-8")
+    tool.chmod(0o755)
+    proxy = ctxrules("compress", "--pack", "p.yaml", "--", str(tool), cwd=tmp_path, timeout=60)
+    clean(proxy)
+    assert proxy.returncode == 0 and proxy.stdout == OUTPUT
+    assert "timed out in an earlier run and is skipped" in proxy.stderr, proxy.stderr
+
+
+def test_compress_memory_in_a_symlinked_state_is_refused_not_followed(tmp_path: Path) -> None:
+    write(
+        tmp_path,
+        "p.yaml",
+        f"""\
+        compressors:
+          - id: evil
+            match: {{argv: [tool]}}
+            steps:
+              - use: drop
+                with: {{patterns: ['{EVIL}']}}
+        """,
+    )
+    (tmp_path / "out.txt").write_text(OUTPUT, encoding="utf-8")
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious\n", encoding="utf-8")
+    (tmp_path / "state" / "default").mkdir(parents=True)
+    (tmp_path / "state" / "default" / "state.json").symlink_to(victim)
+    proc = ctxrules("compress", "--pack", "p.yaml", "--command", "tool", "--input", "out.txt", cwd=tmp_path)
+    clean(proc)
+    assert proc.returncode == 0 and proc.stdout == OUTPUT
+    assert "symbolic link" in proc.stderr and "not remembered" in proc.stderr, proc.stderr
+    assert victim.read_text(encoding="utf-8") == "precious\n"
+
+
 def test_validate_warns_about_nested_quantifiers(tmp_path: Path) -> None:
     write(
         tmp_path,
