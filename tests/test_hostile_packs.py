@@ -388,6 +388,63 @@ def test_templates_cannot_exhaust_the_engine(tmp_path: Path, template: str, what
         assert first.startswith(("p.yaml:", "ctxrules: error: p.yaml:")), first
 
 
+@pytest.mark.parametrize(
+    "template",
+    [
+        "{{ ('x' * 100000)|replace('x', 'y' * 100000) }}",
+        "{{ ('x' * 100000).replace('x', 'y' * 100000) }}",
+        "{{ ('a' * 1000000)|join('b' * 1000000) }}",
+        "{{ ('y' * 100000).join('x' * 100000) }}",
+        "{{ ('x' * 100000)|list|map('upper')|join('y' * 100000) }}",
+        "{{ ('x\\n' * 300000)|indent(1000000) }}",
+        "{{ ('x ' * 300000)|wordwrap(1, wrapstring='y' * 100000) }}",
+        "{{ ('\\t' * 100000).expandtabs(1000000) }}",
+        "{{ ('x' * 100000).translate({120: 'y' * 100000}) }}",
+        "{{ ('{0}' * 300000).format('x' * 1000000) }}",
+        "{{ ('%s' * 300000) % (('x' * 1000000,) * 300000) }}",
+        "{{ (range(1000000)|list)|tojson(indent=1000000) }}",
+        "{{ ['x' * 1000000] * 100000 }}",
+        "{% set ns = namespace(l=[]) %}{% for i in range(100000) %}{% set ns.l = ns.l + ['x' * 1000000] %}"
+        "{% endfor %}{{ ns.l|length }}",
+    ],
+)
+def test_templates_are_bounded_before_they_allocate(tmp_path: Path, template: str) -> None:
+    """Operations whose result is much larger than their input are refused on a bound computed
+    from the arguments, before the allocation: under a 2 GB address-space cap, each would be a
+    MemoryError (or the machine's memory) if it ran first."""
+    import resource
+
+    write(
+        tmp_path,
+        "p.yaml",
+        f"""\
+        prompts:
+          sections:
+            identity: {{tag: identity, template: {json.dumps(template)}}}
+          modes:
+            full: [identity]
+        """,
+    )
+    cap = 2 * 1024**3
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "ctxrules.cli.main", "validate", "p.yaml"],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(REPO / "engine")},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        preexec_fn=limit,
+        check=False,
+    )
+    out = clean(proc)
+    assert proc.returncode == 1, out
+    assert "CR103" in out and "exceeds a rendering limit" in out and "MemoryError" not in out, out
+
+
 def test_a_fifo_a_device_and_a_huge_file_are_refused_before_parsing(tmp_path: Path) -> None:
     fifo = tmp_path / "fifo.yaml"
     os.mkfifo(fifo)
