@@ -154,11 +154,12 @@ def _compress(
 
 def _remembered(session: Path) -> dict[str, Any]:
     """The ``compress`` section of the session's state (empty when there is none). A state
-    that cannot be read (a link where ``state.json`` belongs) costs the memory, not the run."""
+    that cannot be read (a link where ``state.json`` belongs) costs the memory, not the run;
+    it is reported only when there is something to remember (:func:`_remember`), so that a
+    command's output does not carry the same warning on every call."""
     try:
         section = SessionStore(session).load().get("compress")
-    except CtxrulesError as exc:
-        _note(f"warning: timed-out patterns are not remembered: {exc}")
+    except CtxrulesError:
         return {}
     return dict(section) if isinstance(section, dict) else {}
 
