@@ -299,3 +299,45 @@ def test_the_cli_repairs_a_surrogate_in_a_tool_naming_the_field(tmp_path: Path) 
     assert proc.returncode == 0, err
     assert "in.json: /tools/0/description: a lone surrogate was replaced with U+FFFD" in err
     assert json.loads(proc.stdout.decode("utf-8"))["tools"][0]["description"] == "Run \ufffd it"
+
+
+def _anthropic_call(tool_input: Any, **top: Any) -> dict[str, Any]:
+    use = {"type": "tool_use", "id": "toolu_1", "name": "bash", "input": tool_input}
+    return {
+        "model": "claude-sonnet-4-5",
+        "max_tokens": 100,
+        **top,
+        "messages": [
+            {"role": "user", "content": "go"},
+            {"role": "assistant", "content": [use]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "ok"}]},
+        ],
+    }
+
+
+@pytest.mark.parametrize(
+    ("body", "match"),
+    [
+        (_anthropic_call({"n": float("nan")}), r"request /messages/1/content/0/input/n: nan is not a finite number"),
+        (_anthropic_call(_deep_schema(1200)), r"request /messages/1/content/0/input/.*nested deeper than 100 levels"),
+        (_anthropic_call({"n": 10**5000}), r"input/n: an integer of more than 4300 digits"),
+        (_anthropic_call({}, temperature=float("inf")), r"request /temperature: inf is not a finite number"),
+    ],
+    ids=["nan-in-tool-input", "1200-deep-input", "5000-digits", "inf-temperature"],
+)
+def test_an_anthropic_body_is_checked_before_it_is_decoded(tmp_path: Path, body: dict[str, Any], match: str) -> None:
+    session = Engine.load("builtin:default").session(tmp_path / "s", model="claude-sonnet-4-5")
+    with pytest.raises(MessagesError, match=match):
+        session.prepare(body, format="anthropic")
+
+
+def test_an_anthropic_body_with_surrogates_is_repaired_naming_the_message(tmp_path: Path) -> None:
+    session = Engine.load("builtin:default").session(tmp_path / "s", model="claude-sonnet-4-5")
+    body = _anthropic_call({"pa\ud800th": "a\udc00b"}, system="be \ud83d brief")
+    result = session.prepare(body, format="anthropic")
+    warnings = result.report["warnings"]
+    assert "message 1: a lone surrogate in /content/0/input/pa\ufffdth was replaced with U+FFFD" in warnings
+    assert "request field /system: a lone surrogate was replaced with U+FFFD" in warnings
+    assert result.body["messages"][1]["content"][0]["input"] == {"pa\ufffdth": "a\ufffdb"}
+    assert result.body["system"] == "be \ufffd brief"
+    json.dumps(result.body, ensure_ascii=False).encode("utf-8")

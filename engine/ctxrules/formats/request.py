@@ -81,10 +81,10 @@ def _within_limits(request: Any, notes: list[str]) -> Any:
         shown = pointer(tuple(path[len(head) :]))
         if shown not in fields.setdefault(head, []):
             fields[head].append(shown)
-    for head, shown in fields.items():
+    for head, names in fields.items():
         what = f"message {head[1]}" if len(head) == 2 else f"request field {pointer(head)}"
-        listed = ", ".join(s or "/" for s in shown[:5]) + (f" and {len(shown) - 5} more" if len(shown) > 5 else "")
-        notes.append(f"{what}: a lone surrogate in {listed} was replaced with U+FFFD")
+        listed = ", ".join(n for n in names[:5] if n) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+        notes.append(f"{what}: a lone surrogate{f' in {listed}' if listed else ''} was replaced with U+FFFD")
     if found.replaced:
         body.update(found.value)
     return body
