@@ -8,7 +8,8 @@ from typing import Any, Protocol
 from ctxrules.errors import MessagesError, UsageError
 from ctxrules.formats import FORMATS, detect
 from ctxrules.formats import anthropic as anthropic_format
-from ctxrules.json_limits import pointer, scan, short_pointer
+from ctxrules.json_limits import Path as JsonPath
+from ctxrules.json_limits import Scan, pointer, scan, short_pointer
 from ctxrules.messages import validate_tools
 from ctxrules.results import PrepareResult
 
@@ -59,24 +60,60 @@ def prepare_request(
 
 
 def _within_limits(request: Any, notes: list[str]) -> Any:
-    """``request`` checked like a message list before the codec walks it (its ``json.dumps``
-    of a ``tool_use`` input would recurse, or write ``NaN``): nesting, long integers and
-    non-finite numbers raise :class:`MessagesError` with the JSON pointer in the request (tools
-    by :func:`validate_tools`, naming the tool); lone surrogates are replaced with U+FFFD,
-    each noted in ``notes``. Not an object: the codec says what it expected."""
+    """``request`` checked before the codec walks it: the fields besides ``messages`` (tools by
+    :func:`validate_tools`, naming the tool) and every ``tool_use`` input (the codec writes it
+    out with ``json.dumps``, which would recurse without end, fail on a long integer, or write
+    ``NaN``). Nesting, long integers and non-finite numbers raise :class:`MessagesError` with
+    the JSON pointer in the request; lone surrogates are replaced with U+FFFD, each message or
+    field noted in ``notes``. The rest of each message is checked after decoding, like any
+    message (only new messages of a session: a warm turn does not walk the whole history).
+    Not an object: the codec says what it expected."""
     if not isinstance(request, Mapping):
         return request
     body = dict(request)
     if isinstance(body.get("tools"), list):
         body["tools"] = validate_tools(body["tools"], warnings=notes)
-    rest = {k: v for k, v in body.items() if k != "tools"}
+    rest = {k: v for k, v in body.items() if k not in ("tools", "messages")}
     found = scan(rest)
+    _refuse(found)
+    replaced = list(found.replaced)
+    if found.replaced:
+        body.update(found.value)
+    messages = body.get("messages")
+    if isinstance(messages, list):
+        fixed: list[Any] | None = None
+        for i, message in enumerate(messages):
+            content = message.get("content") if isinstance(message, Mapping) else None
+            if not isinstance(content, list):
+                continue
+            for j, block in enumerate(content):
+                if not (isinstance(block, Mapping) and block.get("type") == "tool_use" and "input" in block):
+                    continue
+                inner = scan(block["input"], base=("messages", i, "content", j, "input"))
+                _refuse(inner)
+                if inner.replaced:
+                    fixed = fixed if fixed is not None else list(messages)
+                    copy = dict(fixed[i])
+                    copy["content"] = blocks = list(copy["content"])
+                    blocks[j] = {**blocks[j], "input": inner.value}
+                    fixed[i] = copy
+                    replaced.extend(inner.replaced)
+        if fixed is not None:
+            body["messages"] = fixed
+    _note_repairs(replaced, notes)
+    return body
+
+
+def _refuse(found: Scan) -> None:
     if found.problems:
         first = found.problems[0]
         raise MessagesError(f"request {short_pointer(first.path)}: {first.detail}")
-    # One note per message (or top-level field), naming its fields, as for a message list.
+
+
+def _note_repairs(paths: list[JsonPath], notes: list[str]) -> None:
+    """One note per message (or top-level field), naming its fields, as for a message list."""
     fields: dict[tuple[Any, ...], list[str]] = {}
-    for path in found.replaced:
+    for path in paths:
         head = tuple(path[:2]) if path[:1] == ("messages",) and len(path) > 1 else tuple(path[:1])
         shown = pointer(tuple(path[len(head) :]))
         if shown not in fields.setdefault(head, []):
@@ -85,6 +122,3 @@ def _within_limits(request: Any, notes: list[str]) -> Any:
         what = f"message {head[1]}" if len(head) == 2 else f"request field {pointer(head)}"
         listed = ", ".join(n for n in names[:5] if n) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
         notes.append(f"{what}: a lone surrogate{f' in {listed}' if listed else ''} was replaced with U+FFFD")
-    if found.replaced:
-        body.update(found.value)
-    return body
