@@ -38,6 +38,7 @@ __all__ = [
     "Marker",
     "Vault",
     "VaultError",
+    "VaultWriter",
     "format_marker",
     "format_ref",
     "parse_marker",
@@ -155,6 +156,15 @@ class Vault:
             if current != meta:
                 self._write_atomic(meta_path, meta)
         return vault_id
+
+    def open_writer(self) -> VaultWriter:
+        """A new entry written piece by piece (an output too large to hold in memory); its id
+        is known once :meth:`VaultWriter.commit` has stored it."""
+        try:
+            ensure_dir(self._root, inside=self._root.parent)
+            return VaultWriter(self)
+        except OSError as exc:
+            raise VaultError(f"cannot write to the vault at {self._root}: {exc}") from exc
 
     @staticmethod
     def _intact(path: Path, vault_id: str) -> bool:
@@ -277,6 +287,67 @@ class Vault:
         except (FileNotFoundError, NotADirectoryError):
             return []
         return [name for name in names if len(name) == _ID_LEN and name.startswith(shard) and _HEX_RE.fullmatch(name)]
+
+
+class VaultWriter:
+    """An entry being written in pieces: a private temporary file in the vault's root, hashed as
+    it grows. :meth:`commit` makes it durable (fsync) and then visible under its id, as
+    :meth:`Vault.put_bytes` does for bytes held in memory; :meth:`discard` removes it. Until
+    then it is readable at :attr:`path` (a reader of the whole output that must not hold it)."""
+
+    def __init__(self, vault: Vault) -> None:
+        self._vault = vault
+        fd, name = tempfile.mkstemp(prefix=_TMP_PREFIX, dir=vault.root)
+        self.path = Path(name)
+        # Unbuffered: what write() accepted is in the file, so a caller can take it back.
+        self._handle = os.fdopen(fd, "wb", buffering=0)
+        os.fchmod(fd, 0o600)
+        self._hash = hashlib.sha256()
+        self.size = 0
+        self._done = False
+
+    def write(self, data: bytes) -> None:
+        """Append ``data``; on failure (a full disk) :attr:`size` bytes are in the file."""
+        view = memoryview(data)
+        while view:
+            try:
+                written = self._handle.write(view) or 0
+            except OSError as exc:
+                raise VaultError(f"cannot write to the vault at {self._vault.root}: {exc}") from exc
+            self._hash.update(view[:written])
+            self.size += written
+            view = view[written:]
+
+    @property
+    def vault_id(self) -> str:
+        """The id the entry gets (the sha256 of what was written so far)."""
+        return self._hash.hexdigest()
+
+    def commit(self) -> str:
+        """Store the entry under its id and return it. On failure the bytes stay readable at
+        :attr:`path` until :meth:`discard`."""
+        vault_id = self.vault_id
+        try:
+            os.fsync(self._handle.fileno())  # durable before visible, as _write_atomic
+            target = self._vault._path(vault_id)
+            ensure_dir(target.parent, inside=self._vault.root.parent)
+            os.replace(self.path, target)  # an entry already there has the same bytes
+        except OSError as exc:
+            raise VaultError(f"cannot write to the vault at {self._vault.root}: {exc}") from exc
+        self._done = True
+        with contextlib.suppress(OSError):
+            self._handle.close()
+        return vault_id
+
+    def discard(self) -> None:
+        """Drop the entry (nothing refers to it); harmless after :meth:`commit`."""
+        if self._done:
+            return
+        self._done = True
+        with contextlib.suppress(OSError):
+            self._handle.close()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path)
 
 
 # --- markers --------------------------------------------------------------------------------
