@@ -388,7 +388,16 @@ def _result_id(msg: Mapping[str, Any]) -> str | None:
 def message_digest(message: Mapping[str, Any]) -> str:
     """A stable digest of a message across processes (canonical JSON, sha256)."""
     data = json.dumps(message, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
-    return hashlib.sha256(data.encode("utf-8", errors="surrogatepass")).hexdigest()
+    if len(data) <= _DIGEST_SLICE:
+        return hashlib.sha256(data.encode("utf-8", errors="surrogatepass")).hexdigest()
+    # A 50 MB tool result: hashed a slice at a time, not copied whole into UTF-8 as well.
+    digest = hashlib.sha256()
+    for start in range(0, len(data), _DIGEST_SLICE):
+        digest.update(data[start : start + _DIGEST_SLICE].encode("utf-8", errors="surrogatepass"))
+    return digest.hexdigest()
+
+
+_DIGEST_SLICE = 1 << 20
 
 
 def clone_json(value: Any) -> Any:

@@ -150,6 +150,7 @@ OPAQUE_MEDIA_TOKENS: Final = 1600
 
 MEMO_LIMIT: Final = 200_000
 CHUNK_CHARS: Final = 16_384
+_BATCH_MIN_AVERAGE: Final = 1_000  # mean characters per text below which texts are encoded in a loop
 GROUP_CHARS: Final = 1 << 20
 """Characters of a long text handed to the tokenizer at a time."""
 _CHUNK_TARGET: Final = 8_192
@@ -194,10 +195,13 @@ def _load_tiktoken(name: str) -> BatchCounter:
         raise CtxrulesError(f"cannot load the {name} tokenizer from {cache_dir}: {exc}") from exc
 
     def count(texts: Sequence[str]) -> list[int]:
-        # The batch API hands work to a thread pool; for the few texts of a warm turn that
-        # costs more than it saves.
-        if len(texts) <= 8 or sum(map(len, texts)) < 50_000:
-            return [len(encoding.encode_ordinary(t)) for t in texts]
+        # The batch API hands each text to a thread pool as its own task (about 50 us each):
+        # worth it for long texts, not for the few texts of a warm turn or for thousands of
+        # short messages (20,000 of them spent seconds submitting tasks).
+        size = sum(map(len, texts))
+        if len(texts) <= 8 or size < 50_000 or size < _BATCH_MIN_AVERAGE * len(texts):
+            encode = encoding.encode_ordinary
+            return [len(encode(t)) for t in texts]
         return [len(ids) for ids in encoding.encode_ordinary_batch(list(texts))]
 
     return count
@@ -215,7 +219,8 @@ def _load_hf(kind: str) -> BatchCounter:
         raise CtxrulesError(f"cannot load the {kind} tokenizer {path}: {exc}") from exc
 
     def count(texts: Sequence[str]) -> list[int]:
-        if len(texts) <= 8 or sum(map(len, texts)) < 50_000:
+        size = sum(map(len, texts))
+        if len(texts) <= 8 or size < 50_000 or size < _BATCH_MIN_AVERAGE * len(texts):
             return [len(tokenizer.encode(t, add_special_tokens=False)) for t in texts]
         encoded = tokenizer.encode_batch(list(texts), add_special_tokens=False)
         return [len(e) for e in encoded]

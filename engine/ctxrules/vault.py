@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ctxrules.errors import CtxrulesError
-from ctxrules.private_files import UnsafePathError, ensure_dir, read_private
+from ctxrules.private_files import UnsafePathError, ensure_dir, open_private, read_private
 
 __all__ = [
     "MARKER_KINDS",
@@ -54,6 +54,7 @@ _ID_LEN = 64
 _HEX_RE = re.compile(r"[0-9a-f]+")
 _META_SUFFIX = ".meta"
 _TMP_PREFIX = ".tmp-"
+_SLICE_CHARS = 1 << 20  # texts longer than this are encoded and written in slices
 # Lone surrogates survive json.loads; "surrogatepass" keeps them storable and round-trippable
 # instead of failing a stage on a transcript that contains one.
 _TEXT_ERRORS = "surrogatepass"
@@ -122,7 +123,29 @@ class Vault:
 
     def put_text(self, text: str) -> str:
         """Store ``text`` as its UTF-8 bytes; return the id (sha256 hex of those bytes)."""
+        if len(text) > _SLICE_CHARS:
+            return self._put_long_text(text)
         return self._put(text.encode("utf-8", _TEXT_ERRORS), None)
+
+    def _put_long_text(self, text: str) -> str:
+        """:meth:`put_text` for a long text, encoded a slice at a time (never whole in memory)."""
+        slices = range(0, len(text), _SLICE_CHARS)
+        digest = hashlib.sha256()
+        for start in slices:
+            digest.update(text[start : start + _SLICE_CHARS].encode("utf-8", _TEXT_ERRORS))
+        vault_id = digest.hexdigest()
+        try:
+            if self._intact_file(self._path(vault_id), vault_id):
+                return vault_id
+        except OSError as exc:
+            raise VaultError(f"cannot write to the vault at {self._root}: {exc}") from exc
+        writer = self.open_writer()
+        try:
+            for start in slices:
+                writer.write(text[start : start + _SLICE_CHARS].encode("utf-8", _TEXT_ERRORS))
+            return writer.commit()
+        finally:
+            writer.discard()
 
     def put_bytes(self, data: bytes, media_type: str | None = None) -> str:
         """Store raw bytes (media); return the id (sha256 hex of ``data``)."""
@@ -165,6 +188,19 @@ class Vault:
             return VaultWriter(self)
         except OSError as exc:
             raise VaultError(f"cannot write to the vault at {self._root}: {exc}") from exc
+
+    @staticmethod
+    def _intact_file(path: Path, vault_id: str) -> bool:
+        """:meth:`_intact`, reading the file a block at a time."""
+        digest = hashlib.sha256()
+        try:
+            fd = open_private(path, os.O_RDONLY)
+        except FileNotFoundError:
+            return False
+        with os.fdopen(fd, "rb") as handle:
+            while block := handle.read(1 << 20):
+                digest.update(block)
+        return digest.hexdigest() == vault_id
 
     @staticmethod
     def _intact(path: Path, vault_id: str) -> bool:
