@@ -32,7 +32,7 @@ from itertools import accumulate
 from pathlib import Path
 from typing import Any
 
-from ctxrules.compressors.failures import FailurePattern
+from ctxrules.compressors.failures import FailurePattern, _combined
 from ctxrules.errors import CtxrulesError
 from ctxrules.patterns import Pattern
 from ctxrules.vault import VaultWriter
@@ -213,13 +213,19 @@ def scan_middle(
     before = max((p.before for p in failures), default=0)
     after = max((p.after for p in failures), default=0)
     prefilter = _prefilter(tuple(r.pattern for r in regexes) + tuple(p.pattern for p in keep))
-    searches = [r.search for r in regexes] + [p.search for p in keep]
+    # As failure_lines does: the pack's patterns as one bounded alternation (RE2, or `regex`
+    # with a time limit) first, Python's `re` only on the lines it finds.
+    anyone = _combined(tuple(regexes)) if regexes else None
 
     def matches(text: str) -> bool:
         plain = _ANSI.sub("", text) if "\x1b" in text else text
-        return any(search(plain) for search in searches[: len(regexes)]) or any(
-            search(text) for search in searches[len(regexes) :]
-        )
+        if anyone is not None and anyone.search(plain) and any(r.search(plain) for r in regexes):
+            return True
+        return any(p.search(text) for p in keep)
+
+    def piece_matches(text: str) -> bool:  # a piece of a huge line: the bounded matchers only
+        plain = _ANSI.sub("", text) if "\x1b" in text else text
+        return (anyone is not None and anyone.search(plain) is not None) or any(p.search(text) for p in keep)
 
     recent: list[tuple[int, str]] = []  # the last `before` lines of the previous block
     owed = 0  # lines still to keep after a match at the end of the previous block
@@ -229,7 +235,7 @@ def scan_middle(
     room = max_kept * (1 + before + after)
     for kind, text in _blocks(path, span, block):
         if kind != "lines":  # a piece of one line too long to hold: only its number is kept
-            huge_hit = huge_hit or matches(text)
+            huge_hit = huge_hit or piece_matches(text)
             if kind == "line-end":
                 if huge_hit:
                     lost.append(line_no)

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from ctxrules.errors import CtxrulesError
+from ctxrules.json_stream import write_json
 from ctxrules.private_files import read_private, write_atomic
 from ctxrules.session_store import SessionLock, SessionStore
 from ctxrules.vault import Vault
@@ -49,38 +50,16 @@ class Interrupted:
     ``last_output.jsonl`` (the last output, which the compaction started from)."""
 
 
-_SLICE = 1 << 20
-
-
 def put_backup(vault: Vault, messages: list[Any]) -> str:
     """Store ``messages`` as ``vault.put_text(json.dumps(messages, ensure_ascii=False))`` does
-    (the same bytes, the same id), one message at a time: a 50 MB tool result is serialised
-    once and written in slices, never held as the whole list's text and its UTF-8 copy."""
+    (the same bytes, the same id), written in pieces: a 50 MB tool result is never held as the
+    whole list's text and its UTF-8 copy (:mod:`ctxrules.json_stream`)."""
     writer = vault.open_writer()
     try:
-        pending: list[str] = ["["]
-        size = 1
-        for index, message in enumerate(messages):
-            text = json.dumps(message, ensure_ascii=False)
-            if index:
-                pending.append(", ")
-            if len(text) > _SLICE:
-                writer.write("".join(pending).encode("utf-8", "surrogatepass"))
-                pending, size = [], 0
-                for start in range(0, len(text), _SLICE):
-                    writer.write(text[start : start + _SLICE].encode("utf-8", "surrogatepass"))
-                continue
-            pending.append(text)
-            size += len(text)
-            if size >= _SLICE:
-                writer.write("".join(pending).encode("utf-8", "surrogatepass"))
-                pending, size = [], 0
-        pending.append("]")
-        writer.write("".join(pending).encode("utf-8", "surrogatepass"))
+        write_json(writer.write, messages)
         return writer.commit()
-    except BaseException:
+    finally:
         writer.discard()
-        raise
 
 
 def _path(session: Path) -> Path:
