@@ -163,11 +163,18 @@ def reduce_structured(
 _SPILL_JSON = JsonLimits(depth=4, keys=12, items=4, string_chars=80)
 
 
+PARSE_CHARS = 8 * 1024 * 1024
+"""A spilled JSON document longer than this is previewed by its head and tail, not parsed."""
+
+
 def spill_summary(
     text: str, *, vault_id: str, count: Count, preview_tokens: int, what: str = "output"
 ) -> tuple[str, Format]:
     """The stand-in for a content spilled whole: a marker for all of it and a short preview."""
-    found = detect(text)
+    # Parsing a 50 MB document for its skeleton would take several times its size in Python
+    # objects: its head and tail characters are the preview.
+    huge_json = len(text) > PARSE_CHARS and text[:4096].lstrip()[:1] in ("{", "[")
+    found = Detected("json") if huge_json else detect(text)
     total_lines = line_count(text)
     header = format_marker("lines", total_lines, vault_id, reason="spill", chars=len(text), format=found.format)
     intro = (
@@ -175,7 +182,7 @@ def spill_summary(
         "moved to the vault whole; the marker above points to it. Preview:"
     )
     preview = ""
-    if found.format == "json":
+    if found.format == "json" and found.parsed is not None:
         js = reduce_json(
             found.parsed,
             text,
