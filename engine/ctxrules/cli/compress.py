@@ -9,7 +9,9 @@ executable and 127 when it is not found, as ``env`` and ``timeout`` do. A failur
 *after* CMD ran (a rule that misbehaves, a vault that cannot be written) prints the full,
 uncompressed output, warns on standard error, and still exits with CMD's code. CMD runs in its
 own process group; SIGINT, SIGTERM and SIGHUP are forwarded to it (:mod:`ctxrules.cli.child`),
-and what it wrote before a signal ended it is still compressed, vaulted and printed.
+and what it wrote before a signal ended it is still compressed, vaulted and printed. A pack
+pattern that times out is recorded in the session's ``state.json`` (``compress`` section), so
+later ``compress`` processes of the session skip it at once (:mod:`ctxrules.patterns`).
 
 Filter mode: ``ctxrules compress --command "CMD" [--exit-code N] --input FILE|-`` compresses
 output captured earlier; it exits 0, or 2 on a usage error.
@@ -37,8 +39,9 @@ from ctxrules.compressors.pipes import stdout_feeds_pipeline
 from ctxrules.errors import CtxrulesError, UsageError
 from ctxrules.models import lookup_model
 from ctxrules.packs.validated import load_pack
+from ctxrules.patterns import STATE_KEY, remembering
 from ctxrules.plugins import default_registry
-from ctxrules.session_store import state_root_from_env
+from ctxrules.session_store import SessionLock, SessionStore, state_root_from_env
 from ctxrules.tokens import TokenCounter
 from ctxrules.vault import Vault
 
@@ -114,11 +117,19 @@ def _compress(
     """The bytes to print: compressed (full output stored first) or ``raw`` when nothing applies."""
     text, exact = _decode(raw)
     vault_id = hashlib.sha256(raw).hexdigest()
+    session = _session_dir(args)
+    # Patterns that timed out in an earlier compress of this session are skipped at once, so
+    # the outcome does not depend on how loaded the machine was (ctxrules.patterns).
+    section = _remembered(session)
+    known = list(section.get(STATE_KEY) or [])
     try:
-        result = compress_text(pack, command, text, exit_code, vault_id=vault_id, registry=default_registry())
+        with remembering(section):
+            result = compress_text(pack, command, text, exit_code, vault_id=vault_id, registry=default_registry())
     except CompressorSkipped as exc:  # a pack pattern timed out: the output goes out as it is
         _note(f"warning: {exc}")
         result = None
+    if section.get(STATE_KEY, known) != known:
+        _remember(session, section[STATE_KEY])
     if result is None:
         if counter is not None:
             tokens = counter.count_text(text)
@@ -127,7 +138,7 @@ def _compress(
                 f"anything); {tokens:,} tokens ({args.model})"
             )
         return raw
-    vault = Vault.for_session(_session_dir(args))
+    vault = Vault.for_session(session)
     stored = vault.put_text(text) if exact else vault.put_bytes(raw, "text/plain")
     if stored != vault_id:  # pragma: no cover - the vault's id is the sha256 of these bytes
         raise CtxrulesError(f"vault stored the output as {stored}, markers say {vault_id}")
@@ -141,6 +152,37 @@ def _compress(
             f"full output: vault://{vault_id}"
         )
     return result.text.encode("utf-8", "surrogateescape" if exact else "replace")
+
+
+def _remembered(session: Path) -> dict[str, Any]:
+    """The ``compress`` section of the session's state (empty when there is none). A state
+    that cannot be read (a link where ``state.json`` belongs) costs the memory, not the run;
+    it is reported only when there is something to remember (:func:`_remember`), so that a
+    command's output does not carry the same warning on every call."""
+    try:
+        section = SessionStore(session).load().get("compress")
+    except CtxrulesError:
+        return {}
+    return dict(section) if isinstance(section, dict) else {}
+
+
+def _remember(session: Path, keys: list[str]) -> None:
+    """Add ``keys`` (timed-out patterns) to the session state, under the session lock: the
+    state is loaded again there, so what a concurrent ``run`` wrote is kept."""
+    try:
+        with SessionLock(session):
+            store = SessionStore(session)
+            state = store.load()
+            section = state.get("compress")
+            section = dict(section) if isinstance(section, dict) else {}
+            listed = section.get(STATE_KEY)
+            old = {k for k in listed if isinstance(k, str)} if isinstance(listed, list) else set()
+            section[STATE_KEY] = sorted(old | set(keys))
+            state["compress"] = section
+            store.save_state(state)
+    except (CtxrulesError, OSError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+        _note(f"warning: timed-out patterns are not remembered: {reason}")
 
 
 def _note(message: str) -> None:
@@ -248,8 +290,12 @@ def _emit_large(
     """An output held in part: compressed from its windows, the vault entry kept; or, when no
     compressor applies, copied out whole from the entry being written, which is then dropped."""
     writer = large.writer
+    session = _session_dir(args)
+    section = _remembered(session)  # timed-out patterns, as for an output held whole
+    known = list(section.get(STATE_KEY) or [])
     try:
-        result = compress_large(pack, command, large, code, registry=default_registry())
+        with remembering(section):
+            result = compress_large(pack, command, large, code, registry=default_registry())
         stored = writer.commit() if result is not None else None
     except CompressorSkipped as exc:  # a pack pattern timed out: the output goes out as it is
         _note(f"warning: {exc}")
@@ -257,6 +303,8 @@ def _emit_large(
     except CtxrulesError as exc:
         _note(f"warning: output not compressed: {exc}")
         result = stored = None
+    if section.get(STATE_KEY, known) != known:
+        _remember(session, section[STATE_KEY])
     if result is None or stored is None:
         if counter is not None and result is None:
             _note(f"no compressor applied to {command!r}; ~{_count_file(counter, writer.path):,} tokens ({args.model})")
@@ -264,7 +312,7 @@ def _emit_large(
         writer.discard()
         return
     if counter is not None:
-        before, after = _count_file(counter, Vault.for_session(_session_dir(args)).root / stored[:2] / stored), (
+        before, after = _count_file(counter, Vault.for_session(session).root / stored[:2] / stored), (
             counter.count_text(result.text)
         )
         saved = 100 * (before - after) / before if before else 0.0
