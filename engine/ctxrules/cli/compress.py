@@ -312,8 +312,9 @@ def _emit_large(
         writer.discard()
         return
     if counter is not None:
-        before, after = _count_file(counter, Vault.for_session(session).root / stored[:2] / stored), (
-            counter.count_text(result.text)
+        before, after = (
+            _count_file(counter, Vault.for_session(session).root / stored[:2] / stored),
+            (counter.count_text(result.text)),
         )
         saved = 100 * (before - after) / before if before else 0.0
         _note(
