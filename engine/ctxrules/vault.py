@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ctxrules.errors import CtxrulesError
-from ctxrules.private_files import UnsafePathError, ensure_dir, read_private
+from ctxrules.private_files import UnsafePathError, ensure_dir, open_private, read_private
 
 __all__ = [
     "MARKER_KINDS",
@@ -38,6 +38,7 @@ __all__ = [
     "Marker",
     "Vault",
     "VaultError",
+    "VaultWriter",
     "format_marker",
     "format_ref",
     "parse_marker",
@@ -53,6 +54,7 @@ _ID_LEN = 64
 _HEX_RE = re.compile(r"[0-9a-f]+")
 _META_SUFFIX = ".meta"
 _TMP_PREFIX = ".tmp-"
+_SLICE_CHARS = 1 << 20  # texts longer than this are encoded and written in slices
 # Lone surrogates survive json.loads; "surrogatepass" keeps them storable and round-trippable
 # instead of failing a stage on a transcript that contains one.
 _TEXT_ERRORS = "surrogatepass"
@@ -121,7 +123,29 @@ class Vault:
 
     def put_text(self, text: str) -> str:
         """Store ``text`` as its UTF-8 bytes; return the id (sha256 hex of those bytes)."""
+        if len(text) > _SLICE_CHARS:
+            return self._put_long_text(text)
         return self._put(text.encode("utf-8", _TEXT_ERRORS), None)
+
+    def _put_long_text(self, text: str) -> str:
+        """:meth:`put_text` for a long text, encoded a slice at a time (never whole in memory)."""
+        slices = range(0, len(text), _SLICE_CHARS)
+        digest = hashlib.sha256()
+        for start in slices:
+            digest.update(text[start : start + _SLICE_CHARS].encode("utf-8", _TEXT_ERRORS))
+        vault_id = digest.hexdigest()
+        try:
+            if self._intact_file(self._path(vault_id), vault_id):
+                return vault_id
+        except OSError as exc:
+            raise VaultError(f"cannot write to the vault at {self._root}: {exc}") from exc
+        writer = self.open_writer()
+        try:
+            for start in slices:
+                writer.write(text[start : start + _SLICE_CHARS].encode("utf-8", _TEXT_ERRORS))
+            return writer.commit()
+        finally:
+            writer.discard()
 
     def put_bytes(self, data: bytes, media_type: str | None = None) -> str:
         """Store raw bytes (media); return the id (sha256 hex of ``data``)."""
@@ -155,6 +179,28 @@ class Vault:
             if current != meta:
                 self._write_atomic(meta_path, meta)
         return vault_id
+
+    def open_writer(self) -> VaultWriter:
+        """A new entry written piece by piece (an output too large to hold in memory); its id
+        is known once :meth:`VaultWriter.commit` has stored it."""
+        try:
+            ensure_dir(self._root, inside=self._root.parent)
+            return VaultWriter(self)
+        except OSError as exc:
+            raise VaultError(f"cannot write to the vault at {self._root}: {exc}") from exc
+
+    @staticmethod
+    def _intact_file(path: Path, vault_id: str) -> bool:
+        """:meth:`_intact`, reading the file a block at a time."""
+        digest = hashlib.sha256()
+        try:
+            fd = open_private(path, os.O_RDONLY)
+        except FileNotFoundError:
+            return False
+        with os.fdopen(fd, "rb") as handle:
+            while block := handle.read(1 << 20):
+                digest.update(block)
+        return digest.hexdigest() == vault_id
 
     @staticmethod
     def _intact(path: Path, vault_id: str) -> bool:
@@ -277,6 +323,67 @@ class Vault:
         except (FileNotFoundError, NotADirectoryError):
             return []
         return [name for name in names if len(name) == _ID_LEN and name.startswith(shard) and _HEX_RE.fullmatch(name)]
+
+
+class VaultWriter:
+    """An entry being written in pieces: a private temporary file in the vault's root, hashed as
+    it grows. :meth:`commit` makes it durable (fsync) and then visible under its id, as
+    :meth:`Vault.put_bytes` does for bytes held in memory; :meth:`discard` removes it. Until
+    then it is readable at :attr:`path` (a reader of the whole output that must not hold it)."""
+
+    def __init__(self, vault: Vault) -> None:
+        self._vault = vault
+        fd, name = tempfile.mkstemp(prefix=_TMP_PREFIX, dir=vault.root)
+        self.path = Path(name)
+        # Unbuffered: what write() accepted is in the file, so a caller can take it back.
+        self._handle = os.fdopen(fd, "wb", buffering=0)
+        os.fchmod(fd, 0o600)
+        self._hash = hashlib.sha256()
+        self.size = 0
+        self._done = False
+
+    def write(self, data: bytes) -> None:
+        """Append ``data``; on failure (a full disk) :attr:`size` bytes are in the file."""
+        view = memoryview(data)
+        while view:
+            try:
+                written = self._handle.write(view) or 0
+            except OSError as exc:
+                raise VaultError(f"cannot write to the vault at {self._vault.root}: {exc}") from exc
+            self._hash.update(view[:written])
+            self.size += written
+            view = view[written:]
+
+    @property
+    def vault_id(self) -> str:
+        """The id the entry gets (the sha256 of what was written so far)."""
+        return self._hash.hexdigest()
+
+    def commit(self) -> str:
+        """Store the entry under its id and return it. On failure the bytes stay readable at
+        :attr:`path` until :meth:`discard`."""
+        vault_id = self.vault_id
+        try:
+            os.fsync(self._handle.fileno())  # durable before visible, as _write_atomic
+            target = self._vault._path(vault_id)
+            ensure_dir(target.parent, inside=self._vault.root.parent)
+            os.replace(self.path, target)  # an entry already there has the same bytes
+        except OSError as exc:
+            raise VaultError(f"cannot write to the vault at {self._vault.root}: {exc}") from exc
+        self._done = True
+        with contextlib.suppress(OSError):
+            self._handle.close()
+        return vault_id
+
+    def discard(self) -> None:
+        """Drop the entry (nothing refers to it); harmless after :meth:`commit`."""
+        if self._done:
+            return
+        self._done = True
+        with contextlib.suppress(OSError):
+            self._handle.close()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path)
 
 
 # --- markers --------------------------------------------------------------------------------

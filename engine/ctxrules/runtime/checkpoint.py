@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from ctxrules.errors import CtxrulesError
+from ctxrules.json_stream import write_json
 from ctxrules.private_files import read_private, write_atomic
 from ctxrules.session_store import SessionLock, SessionStore
 from ctxrules.vault import Vault
@@ -47,6 +48,18 @@ class Interrupted:
     prefix: int = 0
     """When not 0: the backup holds the messages after the first ``prefix`` lines of
     ``last_output.jsonl`` (the last output, which the compaction started from)."""
+
+
+def put_backup(vault: Vault, messages: list[Any]) -> str:
+    """Store ``messages`` as ``vault.put_text(json.dumps(messages, ensure_ascii=False))`` does
+    (the same bytes, the same id), written in pieces: a 50 MB tool result is never held as the
+    whole list's text and its UTF-8 copy (:mod:`ctxrules.json_stream`)."""
+    writer = vault.open_writer()
+    try:
+        write_json(writer.write, messages)
+        return writer.commit()
+    finally:
+        writer.discard()
 
 
 def _path(session: Path) -> Path:
