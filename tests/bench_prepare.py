@@ -6,7 +6,7 @@
    messages) with gpt-4o at a 400K window. After a first `prepare`, one step is appended and
    `prepare` runs again; its cost is reported next to ONE `litellm.token_counter` call on the
    same messages, each count made right after its turn (interleaved, so both see the machine
-   in the same state). Target: under a tenth of that single count.
+   in the same state). Goal: at most 0.03 of that single count.
 2. The warm per-turn cost at a 32K window once the session has compacted: the next turn must
    reuse the compaction, not redo it.
 Prints medians over several repetitions; exits 1 when the target of (1) is missed.
@@ -30,6 +30,7 @@ from conftest import TRANSCRIPTS  # noqa: E402  (the corpus folder: $CTXRULES_CO
 # The longest Claude Code session of the corpus (485 messages, ~122K tokens)
 TRANSCRIPT = TRANSCRIPTS / "claudecode-ae4a77f8.json"
 REPS = 21
+GOAL_RATIO = 0.03
 
 
 def turn(i: int) -> list[dict[str, object]]:
@@ -94,7 +95,10 @@ def main() -> int:
         f"warm prepare after one appended step {warm:8.2f} ms (median of {REPS})"
     )
     ratio = warm / count_ms
-    print(f"  warm prepare / one token count = {ratio:.3f} (target < 0.100): {'OK' if ratio < 0.1 else 'MISSED'}")
+    print(
+        f"  warm prepare / one token count = {ratio:.3f} (goal <= {GOAL_RATIO}): "
+        f"{'OK' if ratio <= GOAL_RATIO else 'MISSED'}"
+    )
     cold32, warm32, first32, last32 = results["32K"]
     print(
         f"32K window: first prepare (compaction) {cold32:8.2f} ms, {first32['before']['tokens']} -> "
@@ -102,7 +106,7 @@ def main() -> int:
         f"(reused {last32['reused_messages']} messages, stages that ran on the warm turn: "
         f"{[s['id'] for s in last32['stages'] if s['ran']]})"
     )
-    return 0 if ratio < 0.1 else 1
+    return 0 if ratio <= GOAL_RATIO else 1
 
 
 if __name__ == "__main__":

@@ -162,3 +162,20 @@ def test_builtin_stage_types_live_in_modules_named_after_them() -> None:
         module = inspect.getmodule(st.factory) if callable(st.factory) else None
         path = Path(inspect.getfile(module)) if module else None
         assert path is not None and path.name == name.replace(".", "_") + ".py", (name, path)
+
+
+def test_every_builtin_options_schema_is_a_valid_json_schema() -> None:
+    # Registration skips the meta-schema check for built-in plugins (start-up time): this test
+    # is that check. A third-party plugin's schema is still checked when it registers.
+    import jsonschema
+
+    reg = default_registry()
+    schemas = {f"stage {n}": st.options_schema for n, st in reg.stages.items()}
+    schemas |= {f"action {n}": a.options_schema for n, a in reg.actions.items()}
+    assert len(schemas) > 20
+    for name, schema in schemas.items():
+        try:
+            jsonschema.Draft202012Validator.check_schema(dict(schema))
+        except jsonschema.SchemaError as exc:  # pragma: no cover - the failure message
+            pytest.fail(f"{name}: {exc.message}")
+

@@ -5,7 +5,6 @@ See docs/reference/concepts.md "Python API". The CLI is a thin layer over this m
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import copy
 import enum
@@ -30,7 +29,7 @@ from ctxrules.errors import CtxrulesError, PackError, UsageError
 from ctxrules.formats import openai as openai_format
 from ctxrules.formats.request import prepare_request
 from ctxrules.injected import InjectionKey, key_for_session, key_scope
-from ctxrules.logs import configure, get_logger
+from ctxrules.logs import configure, get_logger, structlog_configured
 from ctxrules.messages import clone_json, split_input, validate_messages, validate_tools
 from ctxrules.models import lookup_model
 from ctxrules.notes import SessionNotes
@@ -630,6 +629,8 @@ class Session:
         self, messages: Any, tools: list[dict[str, Any]] | None = None, *, format: str = "openai"
     ) -> PrepareResult:
         """``prepare`` off the event loop."""
+        import asyncio  # here: a synchronous caller (the CLI) never pays for importing it
+
         return await asyncio.to_thread(functools.partial(self.prepare, messages, tools, format=format))
 
     def _prepare(self, history: list[Message], tools: list[dict[str, Any]], clock: float) -> PrepareResult:
@@ -805,7 +806,14 @@ class Session:
         state = turn.state
         state["fingerprint"] = turn.fingerprint
         state["last_clock"] = turn.clock
-        state["last"] = {"count": turn.chain.count, "chain": turn.chain.value}
+        # The counts of this history and of the output: a new process continuing the session
+        # takes them instead of loading the tokenizer to count the same messages again.
+        state["last"] = {
+            "count": turn.chain.count,
+            "chain": turn.chain.value,
+            "tokens": turn.msgs_sum,
+            "output_counts": self.counter.count_each(outcome.messages),
+        }
         if turn.compacting:
             # Before the save: a checkpoint whose backup names lines of last_output.jsonl must
             # be gone before that file is written. Dying in the save costs one turn's reuse.
@@ -879,10 +887,8 @@ def _log_prepare(session_id: str, report: dict[str, Any]) -> None:
     stages that changed something, the time."""
     import logging
 
-    import structlog
-
     log = get_logger("ctxrules.session")
-    if not structlog.is_configured() and not logging.getLogger("ctxrules.session").isEnabledFor(logging.INFO):
+    if not structlog_configured() and not logging.getLogger("ctxrules.session").isEnabledFor(logging.INFO):
         return  # nobody reads it: skip building the line
     before, after = report["before"], report["after"]
     changed = [

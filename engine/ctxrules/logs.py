@@ -21,11 +21,9 @@ import sys
 from collections.abc import MutableMapping
 from typing import Any
 
-import structlog
-
 from ctxrules.errors import UsageError
 
-__all__ = ["LEVELS", "configure", "get_logger"]
+__all__ = ["LEVELS", "configure", "get_logger", "structlog_configured"]
 
 LEVELS = {
     "debug": logging.DEBUG,
@@ -94,10 +92,20 @@ def _value(value: Any) -> str:
 _LOGGERS: dict[tuple[str, int], Any] = {}
 
 
+def structlog_configured() -> bool:
+    """Whether the application configured structlog (never imports it: unimported, it is not)."""
+    structlog = sys.modules.get("structlog")
+    return structlog is not None and bool(structlog.is_configured())
+
+
 def get_logger(name: str = ROOT, **bound: Any) -> Any:
     """A structlog logger: the application's structlog configuration when it has one, else one
     that forwards to the standard ``logging`` logger ``name`` (module docstring)."""
-    if structlog.is_configured():
+    # Not imported by anyone: nobody configured it, and importing it (with asyncio, which it
+    # pulls in) would cost a tenth of a `ctxrules validate` start. The stand-in logs the same lines.
+    if structlog_configured():
+        import structlog
+
         return structlog.get_logger(name, **bound)
     configure()
     std = logging.getLogger(name)
@@ -107,10 +115,74 @@ def get_logger(name: str = ROOT, **bound: Any) -> Any:
     if logger is None:
         # Filtered at the stdlib logger's level, so a disabled debug event costs one call (a
         # session asks for a logger on every prepare; building one costs more than that).
-        logger = structlog.wrap_logger(
-            std, wrapper_class=structlog.make_filtering_bound_logger(level), processors=[_render]
-        )
+        logger = _StdLogger(std, level, {})
         if len(_LOGGERS) > 64:
             _LOGGERS.clear()
         _LOGGERS[key] = logger
     return logger.bind(**bound) if bound else logger
+
+
+class _StdLogger:
+    """The part of structlog's filtering bound logger ctxrules and stage plugins use (``bind``,
+    ``new``, ``unbind``, ``debug`` ... ``critical``, ``exception``, ``log``), writing ``event
+    key=value ...`` lines (:func:`_render`) to a standard ``logging`` logger; events below the
+    level it was made for cost one call, as with structlog's."""
+
+    __slots__ = ("_context", "_level", "_std")
+
+    def __init__(self, std: logging.Logger, level: int, context: dict[str, Any]) -> None:
+        self._std, self._level, self._context = std, level, context
+
+    def bind(self, **values: Any) -> _StdLogger:
+        return _StdLogger(self._std, self._level, {**self._context, **values})
+
+    def new(self, **values: Any) -> _StdLogger:
+        return _StdLogger(self._std, self._level, dict(values))
+
+    def unbind(self, *keys: str) -> _StdLogger:
+        missing = [k for k in keys if k not in self._context]
+        if missing:
+            raise KeyError(missing[0])
+        return self.try_unbind(*keys)
+
+    def try_unbind(self, *keys: str) -> _StdLogger:
+        return _StdLogger(self._std, self._level, {k: v for k, v in self._context.items() if k not in keys})
+
+    def is_enabled_for(self, level: int) -> bool:
+        return level >= self._level
+
+    def _emit(self, level: int, event: Any, args: tuple[Any, ...], values: dict[str, Any]) -> None:
+        if level < self._level:
+            return
+        text = str(event) % args if args else event
+        self._std.log(level, _render(None, "", {**self._context, **values, "event": text}))
+
+    def debug(self, event: Any = None, *args: Any, **values: Any) -> None:
+        self._emit(logging.DEBUG, event, args, values)
+
+    def info(self, event: Any = None, *args: Any, **values: Any) -> None:
+        self._emit(logging.INFO, event, args, values)
+
+    msg = info
+
+    def warning(self, event: Any = None, *args: Any, **values: Any) -> None:
+        self._emit(logging.WARNING, event, args, values)
+
+    warn = warning
+
+    def error(self, event: Any = None, *args: Any, **values: Any) -> None:
+        self._emit(logging.ERROR, event, args, values)
+
+    err = error
+
+    def exception(self, event: Any = None, *args: Any, **values: Any) -> None:
+        values.setdefault("exc_info", True)
+        self._emit(logging.ERROR, event, args, values)
+
+    def critical(self, event: Any = None, *args: Any, **values: Any) -> None:
+        self._emit(logging.CRITICAL, event, args, values)
+
+    fatal = critical
+
+    def log(self, level: int, event: Any = None, *args: Any, **values: Any) -> None:
+        self._emit(level, event, args, values)

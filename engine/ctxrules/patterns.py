@@ -164,12 +164,33 @@ _PLAIN = re.compile(r"[^\\.^$*+?{}\[\]|()]*")
 _I, _M, _S, _A, _X, _L = (int(f) for f in (re.IGNORECASE, re.MULTILINE, re.DOTALL, re.ASCII, re.VERBOSE, re.LOCALE))
 
 
-def _analyse(pattern: str, flags: int) -> _Shape:
+def _plain_text(pattern: str, flags: int) -> bool:
+    return not flags & (_X | _L) and _PLAIN.fullmatch(pattern) is not None
+
+
+def _parse(pattern: str, flags: int) -> Any:
+    """``re``'s parse tree of ``pattern`` (raises ``re.error`` as ``re.compile`` would)."""
     from re import _parser  # type: ignore[attr-defined]
 
-    if not flags & (_X | _L) and _PLAIN.fullmatch(pattern):  # plain text: most `contains:` rules
+    return _parser.parse(pattern, flags)
+
+
+def _compile_parsed(tree: Any, flags: int) -> re.Pattern[str]:
+    """``re.compile`` of an already parsed pattern: the verdict of ``re`` (errors its compiler
+    raises, such as a variable-width look-behind, included) without parsing it a second time
+    (parsing was half the cost of judging the hundreds of patterns of a pack)."""
+    from re import _compiler  # type: ignore[attr-defined]
+
+    return _compiler.compile(tree, flags)  # type: ignore[no-any-return]
+
+
+def _analyse(pattern: str, flags: int, tree: Any = None) -> _Shape:
+    from re import _parser  # type: ignore[attr-defined]
+
+    if _plain_text(pattern, flags):  # plain text: most `contains:` rules
         return _Shape(True, len(pattern), len(pattern), False)
-    tree = _parser.parse(pattern, flags)
+    if tree is None:
+        tree = _parse(pattern, flags)
     all_flags = int(tree.state.flags)
     ascii_only = bool(all_flags & _A)
     # `[[:alpha:]]` is a POSIX class to RE2 and a set of characters to `re`; `x{,5}` is a
@@ -251,6 +272,36 @@ def _category(name: str, ch: str, flags: int) -> bool:
     return True
 
 
+# The sample characters an item of a class can match, per item and per relevant flag: the same
+# few items (\d, \w, a-z, ...) recur in hundreds of pack patterns, and testing each of the 135
+# sample characters against each item again dominated the validation of a pack.
+@lru_cache(maxsize=4096)
+def _category_chars(name: str, flags: int) -> frozenset[str]:
+    return frozenset(ch for ch in _SAMPLE if _category(name, ch, flags))
+
+
+@lru_cache(maxsize=4096)
+def _class_item_chars(op: str, av: Any, flags: int) -> frozenset[str]:
+    """The sample characters one item of a ``[...]`` class matches (``flags``: I and ASCII)."""
+    if op == "LITERAL":
+        lit = chr(av)
+        if flags & re.IGNORECASE:
+            folded = lit.lower()
+            return frozenset(ch for ch in _SAMPLE if ch == lit or ch.lower() == folded)
+        return frozenset({lit}) & _ALL
+    if op == "RANGE":
+        lo, hi = av
+
+        def within(ch: str) -> bool:
+            cased = {ch, ch.lower(), ch.upper()} if flags & re.IGNORECASE else {ch}
+            return any(len(c) == 1 and lo <= ord(c) <= hi for c in cased)  # 'ß'.upper() is 'SS'
+
+        return frozenset(ch for ch in _SAMPLE if within(ch))
+    if op == "CATEGORY":
+        return _category_chars(str(av), flags)
+    return _ALL  # RANGE_UNI_IGNORE, CHARSET...: assume it may
+
+
 def _chars(op: str, av: Any, flags: int) -> frozenset[str]:
     """The sample characters one item can consume (any position), for the ambiguity test."""
     if op == "LITERAL":
@@ -260,26 +311,18 @@ def _chars(op: str, av: Any, flags: int) -> frozenset[str]:
     if op == "ANY":
         return _ALL if flags & re.DOTALL else _ALL - {"\n"}
     if op == "IN":
-        out = set()
-        negate = any(str(o) == "NEGATE" for o, _ in av)
-        for ch in _SAMPLE:
-            hit = False
-            for o, a in av:
-                o = str(o)
-                if o == "LITERAL":
-                    hit = hit or ch == chr(a) or bool(flags & re.IGNORECASE and ch.lower() == chr(a).lower())
-                elif o == "RANGE":
-                    cased = {ch, ch.lower(), ch.upper()} if flags & re.IGNORECASE else {ch}
-                    hit = hit or any(len(c) == 1 and a[0] <= ord(c) <= a[1] for c in cased)  # 'ß'.upper() is 'SS'
-                elif o == "CATEGORY":
-                    hit = hit or _category(str(a), ch, flags)
-                elif o != "NEGATE":
-                    hit = True  # RANGE_UNI_IGNORE, CHARSET...: assume it may
-            if hit != negate:
-                out.add(ch)
-        return frozenset(out)
+        relevant = flags & (re.IGNORECASE | re.ASCII)
+        hits: frozenset[str] = frozenset()
+        negate = False
+        for o, a in av:
+            name = str(o)
+            if name == "NEGATE":
+                negate = True
+                continue
+            hits = hits | _class_item_chars(name, a if name != "CATEGORY" else str(a), relevant)
+        return _ALL - hits if negate else hits
     if op == "CATEGORY":
-        return frozenset(ch for ch in _SAMPLE if _category(str(av), ch, flags))
+        return _category_chars(str(av), flags & re.ASCII)
     if op in _REPEATS:
         return _seq_chars(av[2], flags)
     if op == "SUBPATTERN":
@@ -398,17 +441,17 @@ class Pattern:
             # "Possible nested set" and similar FutureWarnings are about the pattern, not us.
             warnings.simplefilter("ignore")
             try:
-                checked = re.compile(pattern, flags)  # the language is `re`: its verdict first
+                # The language is `re`: its verdict first. Parsed once, for it and the analysis.
+                tree = None if _plain_text(pattern, flags) else _parse(pattern, flags)
+                checked = re.compile(pattern, flags) if tree is None else _compile_parsed(tree, flags)
             except (OverflowError, RecursionError) as exc:  # a count beyond 2**32, deep nesting
                 raise PatternError(str(exc) or type(exc).__name__) from None
+            self.shape = _analyse(pattern, flags, tree)
         self.pattern = pattern
         self.flags = flags
         self.groups = checked.groups
         self.groupindex = dict(checked.groupindex)
         self.key = hashlib.sha256(f"{flags}:{pattern}".encode("utf-8", "surrogatepass")).hexdigest()[:24]
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            self.shape = _analyse(pattern, flags)
         # Both engines compile on first use (validating 140,000 rules matches none of them);
         # what decides whether the pattern is usable at all is settled now.
         self._re2_compiled: Any = _UNSET if self.shape.re2_safe else None

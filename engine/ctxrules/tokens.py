@@ -805,6 +805,17 @@ class TokenCounter:
 
     def count_message(self, message: Mapping[str, Any]) -> int:
         """Tokens of one message, its per-message overhead included."""
+        # Stages ask message by message, hundreds of times per run: the object memo first.
+        if _TRUSTED.get() and self._by_object_generation == structure.generation():
+            hit = self._by_object.get(id(message))
+            if (
+                hit is not None
+                and hit[0] is message
+                and hit[1] is message.get("content")
+                and hit[2] is message.get("tool_calls")
+            ):
+                self.memo_hits += 1
+                return hit[3]
         return self.count_each([message])[0]
 
     def count_messages(
@@ -819,6 +830,21 @@ class TokenCounter:
             has_system = any(m.get("role") == "system" for m in listed)
             total += self.count_tools(tools, has_system_message=has_system)
         return total
+
+    def remember(self, messages: Sequence[Mapping[str, Any]], counts: Sequence[int]) -> None:
+        """Take ``counts[i]`` as the tokens of ``messages[i]`` (overhead included) without
+        tokenizing: for counts this counter made earlier for the same messages, which a session
+        keeps next to its last output, so that a new process continuing the session does not
+        load the tokenizer to count messages it counted before. Like a count, it goes into the
+        memo keyed by the counted fields, so only a message with exactly these fields matches."""
+        if len(messages) != len(counts):
+            raise ValueError(f"{len(messages)} messages but {len(counts)} counts")
+        memo = self._memo
+        if len(memo) + len(messages) > MEMO_LIMIT:
+            memo.clear()
+        for message, count in zip(messages, counts, strict=True):
+            if isinstance(message, Mapping) and type(count) is int and count >= 0:
+                memo.setdefault(_message_key(message), count)
 
     # -- tools --------------------------------------------------------------------------
 

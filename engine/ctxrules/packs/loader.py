@@ -92,6 +92,11 @@ class PackLoader:
         self.search_path = tuple(str(p) for p in search_path)
         self._roots: tuple[Path, ...] = ()
 
+    @property
+    def fresh(self) -> bool:
+        """Nothing read yet (a cached resolution of the same files may stand in for it)."""
+        return not self._docs
+
     # -- reading -----------------------------------------------------------------------
     def read(self, path: Path) -> tuple[SourceDoc | None, list[Diagnostic]]:
         path = path.resolve()

@@ -128,7 +128,12 @@ class PrefixCache:
             return 0, [], HistoryChain()
         self.output_ids = ids
         self.history = [clone_json(m) for m in history[:count]]
-        self.msgs_sum = sum(counter.count_each(history[:count]))
+        # The counts the session saved with the output (engine: ``state["last"]``): no
+        # tokenizer is needed for messages counted before.
+        tokens, counts = record.get("tokens"), record.get("output_counts")
+        if isinstance(counts, list) and len(counts) == len(output):
+            counter.remember(output, counts)  # ignores anything that is not a count
+        self.msgs_sum = tokens if type(tokens) is int and tokens >= 0 else sum(counter.count_each(history[:count]))
         self.has_system = any(m.get("role") == "system" for m in history[:count])
         self.out_tokens = None
         return count, output, chain

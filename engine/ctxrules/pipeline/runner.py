@@ -23,6 +23,7 @@ from ctxrules.patterns import remembering
 from ctxrules.pipeline.context import StageContext
 from ctxrules.stages.base import Message, Stage, StageOutcome, StageType
 from ctxrules.structure import replaced
+from ctxrules.tokens import TokenCounter
 from ctxrules.types import tier_rank
 
 
@@ -180,8 +181,14 @@ class _Run:
     def _count(self, msgs: list[Message]) -> int:
         # Lists are never mutated once made, so a list counted before has the same count.
         counted = self.counted
-        if counted and counted[-1][0] is msgs and counted[-1][1] is self.tools:
-            return counted[-1][2]
+        if counted and counted[-1][1] is self.tools:
+            last, _, tokens = counted[-1]
+            if last is msgs:
+                return tokens
+            delta = _count_delta(self.base.counter, last, msgs)
+            if delta is not None:
+                counted[:] = [(msgs, self.tools, tokens + delta)]
+                return tokens + delta
         tokens = self.base.counter.count_messages(msgs, self.tools)
         counted[:] = [(msgs, self.tools, tokens)]
         return tokens
@@ -287,6 +294,23 @@ class _Run:
             tokens_after=record.tokens_after,
             actions=len(record.actions),
         )
+
+
+def _count_delta(counter: TokenCounter, old: list[Message], new: list[Message]) -> int | None:
+    """How many tokens ``new`` has more than ``old`` when it holds the same number of messages
+    and only some were replaced: just those are counted (a stage that changes a few messages
+    costs a few counts, not a pass over the list). None when the lengths differ or a replaced
+    message is (or was) a system message, which changes what the tool schemas cost."""
+    if len(old) != len(new):
+        return None
+    changed = list(replaced(old, new))
+    if not changed:
+        return 0
+    before = [old[i] for i in changed]
+    after = [new[i] for i in changed]
+    if any(m.get("role") == "system" for m in (*before, *after)):
+        return None
+    return sum(counter.count_each(after)) - sum(counter.count_each(before))
 
 
 def _changed(a: list[Message], b: list[Message]) -> bool:

@@ -39,6 +39,7 @@ and removed call in the session vault, recording the vault id in the action.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from collections.abc import Callable, Mapping, Sequence
@@ -370,11 +371,23 @@ _JSON_OPENERS = frozenset("{[")
 
 
 def _is_json(text: str) -> bool:
+    # The integrity pass runs after every content stage that changed something, over the same
+    # unchanged arguments strings: each is parsed once.
+    if len(text) > _JSON_MEMO_MAX_CHARS:
+        return _parses(text)
+    return _parses_memo(text)
+
+
+def _parses(text: str) -> bool:
     try:
         json.loads(text)
     except ValueError:
         return False
     return True
+
+
+_JSON_MEMO_MAX_CHARS = 65_536
+_parses_memo = functools.lru_cache(maxsize=4096)(_parses)
 
 
 def _call_name(call: object) -> str:
