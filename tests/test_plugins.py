@@ -178,4 +178,3 @@ def test_every_builtin_options_schema_is_a_valid_json_schema() -> None:
             jsonschema.Draft202012Validator.check_schema(dict(schema))
         except jsonschema.SchemaError as exc:  # pragma: no cover - the failure message
             pytest.fail(f"{name}: {exc.message}")
-
