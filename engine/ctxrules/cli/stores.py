@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 from ctxrules.session_store import state_root_from_env
 from ctxrules.stores import Store, open_store, store_from_options
@@ -41,7 +41,7 @@ def store_of(args: argparse.Namespace) -> Store:
     return open_store(url)
 
 
-def is_filesystem(store: Store) -> bool:
+def is_filesystem(store: Store) -> TypeGuard[FilesystemStore]:
     return isinstance(store, FilesystemStore)
 
 
