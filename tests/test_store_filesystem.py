@@ -49,7 +49,8 @@ def test_turn_round_trip_and_a_tampered_output_is_a_miss(tmp_path: Path) -> None
     store.commit_turn(key, state, MSGS)
     turn = FilesystemStore(tmp_path / "state").load_turn(key)  # another process, in effect
     assert turn.output == MSGS and turn.state["last"]["output_count"] == 2
-    assert turn.state["last"]["output_digest"] == hashlib.sha256(Path(key, "last_output.jsonl").read_bytes()).hexdigest()
+    written = Path(key, "last_output.jsonl").read_bytes()
+    assert turn.state["last"]["output_digest"] == hashlib.sha256(written).hexdigest()
     # The same size, other bytes: the digest refuses it.
     out = Path(key, "last_output.jsonl")
     out.write_bytes(out.read_bytes().replace(b"hello", b"HELLO"))
