@@ -9,6 +9,7 @@ from typing import Any
 from ctxrules.cli.stores import add_store_options, is_filesystem, session_key, store_of
 from ctxrules.errors import UsageError
 from ctxrules.integrations.mcp import open_session, serve
+from ctxrules.stores import StoreUsageError
 
 
 def register(sub: Any) -> None:
@@ -49,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         key = session_key(store, args.session)
         if not store.exists(key):
-            raise UsageError(f"--session {args.session}: no such session in {store.url}")
+            raise StoreUsageError("CR147", f"--session {args.session}: no such session in {store.url}")
         session = open_session(key, store=store, pack=args.pack, model=args.model)
     try:
         serve(session)
