@@ -18,7 +18,7 @@ def lines_of(*texts: str, failed: bool = False) -> Lines:
 
 def act(name: str, given: Lines, **options: Any) -> list[str]:
     action = default_registry().actions[name]
-    return list(action.factory(options)(given))
+    return list(action.configure(options)(given))
 
 
 def srcs(out: list[str]) -> list[tuple[int, int] | None]:

@@ -202,3 +202,26 @@ def test_a_verb_loads_only_its_own_cli_module(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     loaded = json.loads(proc.stdout.strip().splitlines()[-1])["modules"]
     assert sorted(m for m in loaded if m.startswith("ctxrules.cli.")) == ["ctxrules.cli.main", "ctxrules.cli.schema"]
+
+
+def test_import_ctxrules_is_cheap_and_the_plugin_api_is_at_the_top_level(tmp_path: Path) -> None:
+    probe = (
+        "import json, sys, ctxrules\n"
+        "before = sorted(m for m in sys.modules if m.startswith('ctxrules'))\n"
+        "from ctxrules import hookimpl, StageType, StageOutcome, StageContext, Message\n"
+        "from ctxrules.hookspecs import hookimpl as spec_impl\n"
+        "print(json.dumps({'before': before, 'same': hookimpl is spec_impl,\n"
+        "                  'all': sorted(ctxrules.__all__)}))\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", probe],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"PYTHONPATH": str(ENGINE), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)},
+    )
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout)
+    assert result["before"] == ["ctxrules", "ctxrules._version", "ctxrules.errors"]
+    assert result["same"]
+    assert {"hookimpl", "StageType", "StageOutcome", "StageContext", "Message"} <= set(result["all"])

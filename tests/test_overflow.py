@@ -56,3 +56,70 @@ def test_other_errors_are_not_retried(tmp_path: Path) -> None:
 def test_limits_are_read_from_provider_messages(message: str, limit: int) -> None:
     exc = RuntimeError(message)
     assert is_overflow(exc) and limit_from(exc) == limit
+
+
+def _long_history(steps: int = 40) -> list[dict[str, object]]:
+    history: list[dict[str, object]] = [
+        {"role": "system", "content": "You are a coding agent."},
+        {"role": "user", "content": "Fix the failing build."},
+    ]
+    for i in range(steps):
+        call = {
+            "id": f"c{i}",
+            "type": "function",
+            "function": {"name": "Read", "arguments": json.dumps({"path": f"src/mod{i}.py"})},
+        }
+        history.append({"role": "assistant", "content": f"Reading module {i}.", "tool_calls": [call]})
+        body = "\n".join(f"def function_{i}_{j}(value):  # line {j} of module {i}" for j in range(60))
+        history.append({"role": "tool", "tool_call_id": f"c{i}", "content": body})
+    history.append({"role": "user", "content": "What did you find?"})
+    return history
+
+
+def _pack(tmp_path: Path, body: str) -> Path:
+    path = tmp_path / "pack.yaml"
+    path.write_text(
+        "apiVersion: ctxrules/v1\nkind: RulePack\nmetadata: {name: o, version: 1.0.0}\n"
+        "extends: builtin:default\n" + body,
+        encoding="utf-8",
+    )
+    return path
+
+
+def _recovered_tokens(tmp_path: Path, pack: Path, name: str) -> int:
+    session = Engine.load(pack).session(tmp_path / name, model="openai/gpt-4o", window=128000)
+    with LLMServer() as server:
+        server.script(context_length_error(limit=9000), reply("ok"))
+        result = session.complete(_long_history(), api_base=server.base_url, api_key="k", model="openai/gpt-4o")
+    assert result.recovered
+    tokens: int = result.attempts[0]["recovery"]["tokens_after"]
+    return tokens
+
+
+def test_the_recovery_uses_the_packs_own_emergency_options(tmp_path: Path) -> None:
+    # The pack's `with:` reaches the recovery: a lower target tier leaves less behind.
+    lax = _pack(tmp_path, "pipeline:\n  - {id: emergency, with: {target: full}}\n")
+    strict = tmp_path / "strict"
+    strict.mkdir()
+    strict_pack = _pack(strict, "pipeline:\n  - {id: emergency, with: {target: monitor}}\n")
+    assert _recovered_tokens(tmp_path, strict_pack, "strict") < _recovered_tokens(tmp_path, lax, "lax")
+
+
+def test_a_blocked_emergency_plugin_means_no_recovery(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # CTXRULES_BLOCK_PLUGINS is honoured: no fresh, hard-coded emergency pass behind its back.
+    monkeypatch.setenv("CTXRULES_BLOCK_PLUGINS", "ctxrules.stages.compress_emergency")
+    pack = _pack(tmp_path, "pipeline:\n  - {id: emergency, enabled: false}\n")
+
+    class Nothing:
+        """No hooks: only here so that Engine.load builds a registry under the block list."""
+
+    engine = Engine.load(pack, plugins=[("nothing", Nothing())])
+    assert "compress.emergency" not in engine.registry.stages
+    session = engine.session(tmp_path / "s", model="openai/gpt-4o", window=128000)
+    with LLMServer() as server:
+        server.script(context_length_error(limit=9000), reply("ok"))
+        with pytest.raises(CompletionFailed, match="maximum context length"):
+            session.complete(
+                _long_history(), api_base=server.base_url, api_key="k", model="openai/gpt-4o", num_retries=0
+            )
+        assert len(server.requests) == 1

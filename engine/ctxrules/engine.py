@@ -18,6 +18,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -30,7 +31,7 @@ from ctxrules.formats import openai as openai_format
 from ctxrules.formats.request import prepare_request
 from ctxrules.injected import InjectionKey, key_for_session, key_scope
 from ctxrules.logs import configure, get_logger
-from ctxrules.messages import split_input, validate_messages
+from ctxrules.messages import clone_json, split_input, validate_messages
 from ctxrules.models import lookup_model
 from ctxrules.notes import SessionNotes
 from ctxrules.packs.loader import PackLoader, ResolvedPack
@@ -38,9 +39,9 @@ from ctxrules.packs.models_match import effective_context, select_model_entry
 from ctxrules.packs.validated import raise_for_errors, resolve_and_validate
 from ctxrules.pipeline.budget import Budget, make_budget
 from ctxrules.pipeline.context import CACHE_TTL_S, StageContext
-from ctxrules.pipeline.prefix import HistoryChain
+from ctxrules.pipeline.prefix import HistoryChain, PrefixCache
 from ctxrules.pipeline.report import build_report, report_header
-from ctxrules.pipeline.runner import PlannedStage, run_pipeline, when_allows
+from ctxrules.pipeline.runner import PlannedStage, RunOutcome, run_pipeline, when_allows
 from ctxrules.plugins import Registry, build_plugin_manager, collect, default_registry
 from ctxrules.private_files import check_dir
 from ctxrules.progress import listening
@@ -79,6 +80,32 @@ class SessionIOError(CtxrulesError):
 
 if TYPE_CHECKING:
     from ctxrules.runtime.streaming import AsyncCompletionStream, CompletionStream
+
+
+@dataclass
+class _Turn:
+    """What one ``prepare`` works with, handed from step to step."""
+
+    history: list[Message]
+    tools: list[dict[str, Any]]
+    state: dict[str, Any]
+    clock: float
+    fingerprint: str
+    parts: dict[str, str]
+    cache_hot: bool = False
+    reused: int = 0  # leading messages of history that the last prepare saw
+    previous: list[Message] = field(default_factory=list)  # the last output, when reused
+    chain: HistoryChain = field(default_factory=HistoryChain)
+    pipeline_input: list[Message] = field(default_factory=list)
+    changed: list[str] = field(default_factory=list)  # fingerprint parts that changed
+    given_ids: set[str] = field(default_factory=set)  # vault ids the new messages' markers name
+    lost: set[str] = field(default_factory=set)  # ... whose vault item is gone
+    msgs_sum: int = 0
+    tokens_in: int = 0
+    known: int = 0  # tokens of the pipeline input
+    compacting: list[str] = field(default_factory=list)
+    prefix: int = 0  # leading input messages the checkpoint does not back up
+    vault_new: list[str] = field(default_factory=list)  # vault ids the stages added
 
 
 class _Keep(enum.Enum):
@@ -254,20 +281,13 @@ class Session:
         self._session_lock: contextlib.AbstractContextManager[Any] = (
             contextlib.nullcontext() if private else SessionLock(path)
         )
-        self._last_history: list[Message] | None = None
-        self._last_output: list[Message] | None = None
-        self._last_chain = HistoryChain()
+        # What the last prepare saw and returned (an append-only history reuses it).
+        self._prefix = PrefixCache()
         self._prepared = False
-        self._last_msgs_sum = 0
-        self._last_out_tokens: int | None = None
-        self._last_tools: list[dict[str, Any]] = []
-        self._last_has_system = False
         self._continuation_memory: dict[str, Any] = {}
         self.parent: Session | None = None
         self.root: Session = self
         self._notices: list[str] = []
-        self._repaired: dict[int, tuple[Message, Message]] = {}  # id(given) -> (given, repaired)
-        self._output_ids: set[str] = set()  # vault ids the last output's markers may name
         self._notes: SessionNotes | None = None
         cut = checkpoint.check(path)
         if cut is not None:
@@ -329,8 +349,7 @@ class Session:
                     )
                     override = own
             self._configure(name, override)
-            self._last_history = None
-            self._last_output = None
+            self._prefix.clear()
             for note in notes:
                 get_logger("ctxrules", session=self.id).warning("switch.window_capped", detail=note)
             self._notices.extend(notes)
@@ -501,8 +520,8 @@ class Session:
     def last_output(self) -> list[Message]:
         """What the last ``prepare`` of this session returned (read back from the session
         directory in a new process; empty when there is none)."""
-        if self._last_output is not None:
-            return list(self._last_output)
+        if self._prefix.output is not None:
+            return list(self._prefix.output)
         record = self.store.load().get("last") or {}
         count = record.get("output_count")
         if not isinstance(count, int):  # no output yet, or a state that was damaged and reset
@@ -575,7 +594,7 @@ class Session:
                 # A full disk, a read-only or vanished session directory: the caller's messages
                 # are untouched and the session files read as a cache miss (SessionStore.save).
                 self.store.forget()
-                self._last_history = self._last_output = None
+                self._prefix.clear()
                 raise SessionIOError(
                     f"cannot write the session {self.path}: {exc.strerror or exc}; the messages "
                     "were not changed, and the next run starts from them"
@@ -592,159 +611,203 @@ class Session:
 
     def _prepare(self, history: list[Message], tools: list[dict[str, Any]], clock: float) -> PrepareResult:
         started = time.perf_counter()
-        reload_notes = self.engine.refresh()
-        if reload_notes and self.engine.digest != self._configured_digest:
-            self._configure(self.model.name, self.window_override)
-            self._last_history = self._last_output = None
+        reload_notes = self._reload_pack()
         state = self.store.load()
         if isinstance(state.get("recovered"), str):  # damaged cache: say so, then go on cold
             self._notices.append(state["recovered"])
         # Budget level before any stage runs: EXCEEDED raises BudgetExceeded; WARNING's eco
         # mode hands the pipeline scaled thresholds (docs/budgets.md).
         budget_status, budget = start_prepare(self.ledger, self.budget, state, clock)
+        turn = self._reuse(history, tools, state, clock)
+        self._heal_markers(turn)
+        self._measure(turn)
+        self._begin_compaction(turn, budget)
+        outcome = self._run(turn, budget)
+        self._remember(turn, outcome)
+        report = self._report(turn, outcome, budget, reload_notes, started)
+        out = finish_prepare(budget_status, _own_copies(turn.history, outcome.messages), report)
+        return PrepareResult(out, clone_json(outcome.tools), clone_json(outcome.request), report)
+
+    def _reload_pack(self) -> list[str]:
+        """Pick up an edited pack (hot switch); the notes go into the report's warnings."""
+        notes = self.engine.refresh()
+        if notes and self.engine.digest != self._configured_digest:
+            self._configure(self.model.name, self.window_override)
+            self._prefix.clear()
+        return notes
+
+    def _reuse(self, history: list[Message], tools: list[dict[str, Any]], state: dict[str, Any], clock: float) -> _Turn:
+        """The turn: how much of ``history`` extends what the last prepare saw (same
+        fingerprint), the validated history, and whether the provider's cache is likely hot."""
         parts, fingerprint = self._fingerprint()
-        parts = dict(parts)
+        turn = _Turn(history=history, tools=tools, state=state, clock=clock, fingerprint=fingerprint, parts=dict(parts))
         same = state.get("fingerprint") == fingerprint
         last_clock = state.get("last_clock")
-        cache_hot = same and isinstance(last_clock, int | float) and 0 <= clock - last_clock < CACHE_TTL_S
-        previous: list[Message]
-        if self._repaired:
-            # Messages whose lone surrogates an earlier turn replaced: the same repaired copy
-            # again, so that the history still extends the one the last turn saw.
-            history = [r[1] if (r := self._repaired.get(id(m))) is not None and r[0] is m else m for m in history]
-        reused, previous, chain = 0, [], HistoryChain()
+        turn.cache_hot = same and isinstance(last_clock, int | float) and 0 <= clock - last_clock < CACHE_TTL_S
+        # Messages whose lone surrogates an earlier turn replaced: the same repaired copy again,
+        # so that the history still extends the one the last turn saw.
+        history = self._prefix.with_repairs(history)
         if same:
-            reused, previous, chain = self._previous(history, state)
+            turn.reused, turn.previous, turn.chain = self._prefix.match(
+                history, state, self.store, self.counter, self.vault
+            )
         else:
             state["stages"] = {}
-        if not reused and self._prepared:
+        if not turn.reused and self._prepared:
             # Not an extension of what this session saw (or a switch): a message may have been
             # edited in place, which per-object memos of message facts and counts cannot see.
             structure.forget()
         self._prepared = True
         # The reused prefix equals a history that was validated already.
         notes: list[str] = []
-        given = history
-        history = validate_messages(given, start=reused, warnings=notes)
+        turn.history = validate_messages(history, start=turn.reused, warnings=notes)
         if notes:
             self._notices.extend(notes)
-            for i in range(reused, len(given)):
-                if history[i] is not given[i]:
-                    self._repaired[id(given[i])] = (given[i], history[i])
-        pipeline_input = [*previous, *history[reused:]] if reused else history
-        # Markers the caller's messages hold whose vault item is gone cannot be re-derived:
-        # they become lost markers (dangling ones of our own output forced a cold run instead).
-        given_ids = marker_ids(history[reused:])
-        lost = missing(self.vault, given_ids) if given_ids else set()
-        if lost:
-            head = len(previous) if reused else 0
-            tail, n_lost = replace_lost(pipeline_input[head:], lost)
-            pipeline_input = [*pipeline_input[:head], *tail]
-            self._notices.append(
-                f"{len(lost)} marker(s) in {n_lost} message(s) point at vault items "
-                "that are missing; they are marked as lost"
-            )
-        appended = sum(self.counter.count_each(history[reused:]))
-        msgs_sum = (self._last_msgs_sum if reused else 0) + appended
-        has_system = (self._last_has_system if reused else False) or _has_system(history[reused:])
-        self._last_has_system = has_system
-        tools_tokens = self.counter.count_tools(tools, has_system_message=has_system)
-        tokens_in = msgs_sum + REPLY_PRIMING_TOKENS + tools_tokens
-        check_gateway(self.engine.pack.data, tokens_in)
-        known = None
-        if reused and self._last_out_tokens is not None and tools == self._last_tools:
-            known = self._last_out_tokens + appended
-        if known is None:
-            known = self.counter.count_messages(pipeline_input, tools)
-        before_parts = state.get("fingerprint_parts") or {}
-        changed = sorted(k for k, v in parts.items() if before_parts and before_parts.get(k) != v)
-        state["fingerprint_parts"] = parts
-        tier_in = budget.tier(known)
-        compacting = [
+            self._prefix.note_repairs(history, turn.history, turn.reused)
+        turn.pipeline_input = [*turn.previous, *turn.history[turn.reused :]] if turn.reused else turn.history
+        before = state.get("fingerprint_parts") or {}
+        turn.changed = sorted(k for k, v in turn.parts.items() if before and before.get(k) != v)
+        state["fingerprint_parts"] = turn.parts
+        return turn
+
+    def _heal_markers(self, turn: _Turn) -> None:
+        """Markers the caller's new messages hold whose vault item is gone cannot be re-derived:
+        they become lost markers (dangling ones of our own output forced a cold run instead)."""
+        turn.given_ids = marker_ids(turn.history[turn.reused :])
+        turn.lost = missing(self.vault, turn.given_ids) if turn.given_ids else set()
+        if not turn.lost:
+            return
+        head = len(turn.previous) if turn.reused else 0
+        tail, n_lost = replace_lost(turn.pipeline_input[head:], turn.lost)
+        turn.pipeline_input = [*turn.pipeline_input[:head], *tail]
+        self._notices.append(
+            f"{len(turn.lost)} marker(s) in {n_lost} message(s) point at vault items that are missing; "
+            "they are marked as lost"
+        )
+
+    def _measure(self, turn: _Turn) -> None:
+        """Tokens in (the caller's history and tools) and of the pipeline input; a warm turn
+        counts only the appended messages. Refuses what the gateway limit does not admit."""
+        cache, appended_messages = self._prefix, turn.history[turn.reused :]
+        appended = sum(self.counter.count_each(appended_messages))
+        turn.msgs_sum = (cache.msgs_sum if turn.reused else 0) + appended
+        cache.has_system = (cache.has_system if turn.reused else False) or _has_system(appended_messages)
+        tools_tokens = self.counter.count_tools(turn.tools, has_system_message=cache.has_system)
+        turn.tokens_in = turn.msgs_sum + REPLY_PRIMING_TOKENS + tools_tokens
+        check_gateway(self.engine.pack.data, turn.tokens_in)
+        if turn.reused and cache.out_tokens is not None and turn.tools == cache.tools:
+            turn.known = cache.out_tokens + appended
+        else:
+            turn.known = self.counter.count_messages(turn.pipeline_input, turn.tools)
+
+    def _begin_compaction(self, turn: _Turn, budget: Budget) -> None:
+        """When a compacting stage will run at this tier: say so, and checkpoint its input."""
+        tier_in = budget.tier(turn.known)
+        turn.compacting = [
             p.id
             for p in self.engine.plan
             if p.phase == "content" and p.type.hysteresis and when_allows(p.when, tier_in)
         ]
-        prefix = 0
-        if compacting:
-            self._emit({"event": "compacting", "stages": compacting, "tier": tier_in, "tokens": known})
-            # The backup of what the compaction starts from: the appended messages only, when the
-            # rest is the last output and last_output.jsonl holds it (it is not written again
-            # before the checkpoint is gone); a session that stays at a compacting tier would
-            # otherwise store its whole context in the vault on every turn.
-            prefix = len(previous) if reused and self.store.holds(previous) else 0
-            backup = self.vault.put_text(json.dumps(pipeline_input[prefix:], ensure_ascii=False))
-            checkpoint.begin(
-                self.path, backup=backup, prefix=prefix, state=_clone(state), messages=len(pipeline_input), clock=clock
-            )
+        if not turn.compacting:
+            return
+        self._emit({"event": "compacting", "stages": turn.compacting, "tier": tier_in, "tokens": turn.known})
+        # The backup of what the compaction starts from: the appended messages only, when the
+        # rest is the last output and last_output.jsonl holds it (it is not written again
+        # before the checkpoint is gone); a session that stays at a compacting tier would
+        # otherwise store its whole context in the vault on every turn.
+        turn.prefix = len(turn.previous) if turn.reused and self.store.holds(turn.previous) else 0
+        backup = self.vault.put_text(json.dumps(turn.pipeline_input[turn.prefix :], ensure_ascii=False))
+        checkpoint.begin(
+            self.path,
+            backup=backup,
+            prefix=turn.prefix,
+            state=clone_json(turn.state),
+            messages=len(turn.pipeline_input),
+            clock=turn.clock,
+        )
+
+    def _run(self, turn: _Turn, budget: Budget) -> RunOutcome:
+        """The pipeline on the turn's input; an interrupted compaction is marked as such."""
         base = StageContext(
             stage_id="",
             model=self.model,
             counter=self.counter,
             budget=budget,
             vault=self.vault,
-            tools=tools,
+            tools=turn.tools,
             pack=self.engine.pack.data,
             log=get_logger("ctxrules.pipeline", session=self.id),
             session_id=self.id,
-            clock=clock,
-            cache_hot=cache_hot,
+            clock=turn.clock,
+            cache_hot=turn.cache_hot,
             hooks=self.engine.registry.hooks,
             registry=self.engine.registry,
             cache_key=self.cache_key,
-            valid_prefix=len(previous) if reused else 0,
+            valid_prefix=len(turn.previous) if turn.reused else 0,
         )
         pin_token = structure.PIN_SIGNED_PREFIX.set(self.engine.pin_signed_prefix)
         try:
-            outcome = run_pipeline(
+            return run_pipeline(
                 self.engine.plan,
-                pipeline_input,
+                turn.pipeline_input,
                 base,
-                state.setdefault("stages", {}),
-                known_tokens=known,
+                turn.state.setdefault("stages", {}),
+                known_tokens=turn.known,
                 on_event=self._emit if self.on_event else None,
             )
         except BaseException as exc:
-            if compacting:
+            if turn.compacting:
                 # This session may save again before anyone resumes: back up the whole input.
-                full = self.vault.put_text(json.dumps(pipeline_input, ensure_ascii=False)) if prefix else None
+                full = self.vault.put_text(json.dumps(turn.pipeline_input, ensure_ascii=False)) if turn.prefix else None
                 checkpoint.interrupted(self.path, f"{type(exc).__name__}: {exc}", backup=full)
             raise
         finally:
             structure.PIN_SIGNED_PREFIX.reset(pin_token)
-        self._last_msgs_sum, self._last_out_tokens, self._last_tools = msgs_sum, outcome.tokens, tools
-        vault_new = sorted({a["vault_id"] for r in outcome.records for a in r.actions if a.get("vault_id")})
-        chain = chain.extended(history[reused:])
-        kept = self._last_history[:reused] if reused and self._last_history else []
-        self._last_history = [*kept, *(_clone(m) for m in history[reused:])]
-        self._last_output, self._last_chain = outcome.messages, chain
-        # The vault ids the output may point at, checked before it is reused (_previous).
-        self._output_ids = (
-            (self._output_ids | given_ids | set(vault_new)) - lost if reused else marker_ids(outcome.messages)
+
+    def _remember(self, turn: _Turn, outcome: RunOutcome) -> None:
+        """Keep the turn for the next one (in memory and in state.json) and save the session."""
+        turn.chain = turn.chain.extended(turn.history[turn.reused :])
+        turn.vault_new = sorted({a["vault_id"] for r in outcome.records for a in r.actions if a.get("vault_id")})
+        self._prefix.remember(
+            turn.history,
+            turn.reused,
+            outcome.messages,
+            turn.chain,
+            msgs_sum=turn.msgs_sum,
+            out_tokens=outcome.tokens,
+            tools=turn.tools,
+            new_ids=turn.given_ids | set(turn.vault_new),
+            lost=turn.lost,
         )
-        state["fingerprint"] = fingerprint
-        state["last_clock"] = clock
-        state["last"] = {"count": chain.count, "chain": chain.value}
-        if compacting:
+        state = turn.state
+        state["fingerprint"] = turn.fingerprint
+        state["last_clock"] = turn.clock
+        state["last"] = {"count": turn.chain.count, "chain": turn.chain.value}
+        if turn.compacting:
             # Before the save: a checkpoint whose backup names lines of last_output.jsonl must
             # be gone before that file is written. Dying in the save costs one turn's reuse.
             checkpoint.complete(self.path)
         self.store.save(state, outcome.messages)
+
+    def _report(
+        self, turn: _Turn, outcome: RunOutcome, budget: Budget, reload_notes: list[str], started: float
+    ) -> dict[str, Any]:
+        """The run report, and the events and the log line that go with it."""
         report = build_report(
             self._report_header(),
             budget=budget,
-            history_tokens=tokens_in,
-            history_len=len(history),
-            reused=reused,
+            history_tokens=turn.tokens_in,
+            history_len=len(turn.history),
+            reused=turn.reused,
             outcome=outcome,
-            vault_new=vault_new,
+            vault_new=turn.vault_new,
             ms=(time.perf_counter() - started) * 1000,
         )
-        report["fingerprint"] = {"value": fingerprint, "changed": changed}
+        report["fingerprint"] = {"value": turn.fingerprint, "changed": turn.changed}
         report["warnings"].extend(reload_notes + self._notices)
         self._notices = []
-        report["compacting"] = compacting
-        report["health"] = health(report, breakers=open_breakers(state.get("stages")))
+        report["compacting"] = turn.compacting
+        report["health"] = health(report, breakers=open_breakers(turn.state.get("stages")))
         for st in report["stages"]:
             for action in st["actions"]:
                 if action["kind"] == "checkpoint":  # the summarizer fell back to the checkpoint
@@ -755,20 +818,12 @@ class Session:
             {
                 "event": "prepare.end",
                 "health": report["health"]["state"],
-                "tokens_before": tokens_in,
+                "tokens_before": turn.tokens_in,
                 "tokens_after": outcome.tokens,
             }
         )
         _log_prepare(self.id, report)
-        # New lists. Messages no stage changed are the caller's own objects (the session notices
-        # if the caller edits them later); messages a stage made are copies, so that editing them
-        # cannot corrupt the session's record of its last output.
-        own = set(map(id, history))
-        out = list(outcome.messages)
-        for i in itertools.compress(range(len(out)), map(operator.not_, map(own.__contains__, map(id, out)))):
-            out[i] = _clone(out[i])
-        out = finish_prepare(budget_status, out, report)
-        return PrepareResult(out, _clone(outcome.tools), _clone(outcome.request), report)
+        return report
 
     def _report_header(self) -> dict[str, Any]:
         pack = self.engine.pack
@@ -794,44 +849,6 @@ class Session:
             self.on_event({"session": self.id, **event})
         except Exception as exc:  # the UI's problem must not cost the agent its context
             get_logger("ctxrules").warning("on_event.error", error=f"{type(exc).__name__}: {exc}")
-
-    def _previous(self, history: list[Message], state: dict[str, Any]) -> tuple[int, list[Message], HistoryChain]:
-        """(messages reused, the previous output, the chain of the reused history) when
-        ``history`` extends the one the last ``prepare`` saw; (0, [], empty chain) otherwise."""
-        last = self._last_history
-        if last is not None and self._last_output is not None:
-            # Our copies share leaf strings with what the caller passed, so `==` mostly meets
-            # identical objects and stays cheap; a message edited in place compares unequal.
-            n = len(last)
-            if n <= len(history) and last == history[:n] and not missing(self.vault, self._output_ids):
-                return n, self._last_output, self._last_chain
-            return 0, [], HistoryChain()
-        record = state.get("last") or {}
-        count = record.get("count")
-        value = record.get("chain")
-        if not isinstance(count, int) or not isinstance(value, str) or not 0 < count <= len(history):
-            return 0, [], HistoryChain()
-        n = count
-        chain = HistoryChain().extended(history[:n])
-        if chain.value != value:
-            return 0, [], HistoryChain()
-        output_count = record.get("output_count")
-        if not isinstance(output_count, int):
-            return 0, [], HistoryChain()
-        output = self.store.load_output(output_count, record.get("output_file"), record.get("output_digest"))
-        if output is None:
-            return 0, [], HistoryChain()
-        ids = marker_ids(output)
-        if missing(self.vault, ids):
-            # A marker of the last output points at a vault item that is gone: computing the
-            # output again from the history stores the originals it still has (same ids).
-            return 0, [], HistoryChain()
-        self._output_ids = ids
-        self._last_history = [_clone(m) for m in history[:n]]
-        self._last_msgs_sum = sum(self.counter.count_each(history[:n]))
-        self._last_has_system = _has_system(history[:n])
-        self._last_out_tokens = None
-        return n, output, chain
 
 
 def _log_prepare(session_id: str, report: dict[str, Any]) -> None:
@@ -880,13 +897,15 @@ def _has_system(messages: list[Message]) -> bool:
     return any(m.get("role") == "system" for m in messages)
 
 
-def _clone(value: Any) -> Any:
-    """A copy of JSON-like data; much cheaper than ``copy.deepcopy`` (no memo, no reduce)."""
-    if isinstance(value, dict):
-        return {k: _clone(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_clone(v) for v in value]
-    return value
+def _own_copies(history: list[Message], output: list[Message]) -> list[Message]:
+    """A new list. Messages no stage changed are the caller's own objects (the session notices
+    if the caller edits them later); messages a stage made are copies, so that editing them
+    cannot corrupt the session's record of its last output."""
+    own = set(map(id, history))
+    out = list(output)
+    for i in itertools.compress(range(len(out)), map(operator.not_, map(own.__contains__, map(id, out)))):
+        out[i] = clone_json(out[i])
+    return out
 
 
 def open_session(

@@ -19,6 +19,7 @@ A plugin imports what it needs from the top level::
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -48,6 +49,21 @@ class ActionType:
     factory: Callable[[Mapping[str, Any]], Callable[[list[str]], list[str]]]
     options_schema: Mapping[str, Any]
     description: str = ""
+
+    def configure(self, options: Mapping[str, Any]) -> Callable[[list[str]], list[str]]:
+        """The action for a step's ``with:`` ``options``: each option it leaves out is set to
+        the ``default`` the options schema declares (the one place defaults are written)."""
+        return self.factory(with_defaults(self.options_schema, options))
+
+
+def with_defaults(schema: Mapping[str, Any], options: Mapping[str, Any]) -> dict[str, Any]:
+    """``options`` plus the declared ``default`` of each top-level property they leave out."""
+    out = dict(options)
+    properties = schema.get("properties")
+    for key, spec in properties.items() if isinstance(properties, Mapping) else ():
+        if key not in out and isinstance(spec, Mapping) and "default" in spec:
+            out[key] = copy.deepcopy(spec["default"])  # a mutable default is never shared
+    return out
 
 
 @dataclass(frozen=True)

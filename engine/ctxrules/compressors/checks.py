@@ -74,7 +74,7 @@ def _check_step(rep: Reporter, registry: Registry, rule_id: str, step: Mapping[s
     if errors:
         return
     try:
-        action.factory(dict(options))
+        action.configure(options)
     except Exception as exc:  # the action's own check (a group the pattern lacks, ...)
         rep.add("CR061", f"action '{name}' rejects its options: {exc}", f"{base}/with")
 

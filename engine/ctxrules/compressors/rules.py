@@ -152,7 +152,7 @@ def _build_steps(rule_id: str, steps: Sequence[Any], registry: Registry) -> tupl
             )
         options = dict(step.get("with") or {})
         try:
-            fn = action.factory(options)
+            fn = action.configure(options)
         except CtxrulesError:
             raise
         except Exception as exc:  # a bad option the schema could not catch (e.g. a regex group)

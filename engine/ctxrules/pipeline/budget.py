@@ -16,11 +16,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ctxrules.errors import UsageError
+from ctxrules.packs.defaults import context_defaults
 from ctxrules.types import THRESHOLD_NAMES
 
-DEFAULT_THRESHOLDS = {"monitor": 0.40, "light": 0.50, "full": 0.70, "emergency": 0.90}
-DEFAULT_RESERVE = 8192
-DEFAULT_TAIL = 0.20
+# The defaults of context: are declared once, in the pack schema (schemas/rulepack.v1.schema.json).
+_DEFAULTS = context_defaults()
+DEFAULT_THRESHOLDS: dict[str, float] = {name: float(_DEFAULTS["thresholds"][name]) for name in THRESHOLD_NAMES}
+DEFAULT_RESERVE: int = int(_DEFAULTS["reserve_output"])
+DEFAULT_TAIL: float = float(_DEFAULTS["tail_budget"])
 
 
 @dataclass(frozen=True)
@@ -83,7 +86,7 @@ def make_budget(
     context: dict[str, Any], *, registry_window: int | None, override: int | None, safety_margin: float, model: str
 ) -> Budget:
     """Build the budget from the effective ``context:`` (pack merged with the model entry)."""
-    pack_window = context.get("window", "auto")
+    pack_window = context.get("window", _DEFAULTS["window"])
     if override is not None:
         window, source = override, "override"
     elif isinstance(pack_window, int) and not isinstance(pack_window, bool):

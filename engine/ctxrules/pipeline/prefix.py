@@ -14,9 +14,16 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ctxrules.messages import message_digest
+from ctxrules.dangling import marker_ids, missing
+from ctxrules.messages import clone_json, message_digest
+
+if TYPE_CHECKING:
+    from ctxrules.session_store import SessionStore
+    from ctxrules.tokens import TokenCounter
+    from ctxrules.types import Message
+    from ctxrules.vault import Vault
 
 
 class HistoryChain:
@@ -45,3 +52,105 @@ class HistoryChain:
     @property
     def value(self) -> str:
         return self._hash.hexdigest()
+
+
+class PrefixCache:
+    """What a session's last ``prepare`` saw and returned, so that a history that only appends
+    runs the pipeline on the last output plus the new messages.
+
+    ``history`` is the session's own copy of the last history (sharing leaf strings with what
+    the caller passed), ``output`` the pipeline's output for it, ``chain`` its
+    :class:`HistoryChain`; ``msgs_sum`` and ``out_tokens`` are the token counts of the history's
+    messages and of the output (with ``tools``), ``has_system`` whether the history holds a
+    system message. They let a warm turn count only the appended messages. ``output_ids`` are
+    the vault ids the output's markers may name: reuse is refused when one of them is gone.
+    """
+
+    def __init__(self) -> None:
+        self.history: list[Message] | None = None
+        self.output: list[Message] | None = None
+        self.chain = HistoryChain()
+        self.msgs_sum = 0
+        self.out_tokens: int | None = None
+        self.tools: list[dict[str, Any]] = []
+        self.has_system = False
+        self.output_ids: set[str] = set()
+        self._repaired: dict[int, tuple[Message, Message]] = {}  # id(given) -> (given, repaired)
+
+    def clear(self) -> None:
+        """Forget the last history and output (a model switch, a pack reload, a failed write)."""
+        self.history = self.output = None
+
+    def with_repairs(self, history: list[Message]) -> list[Message]:
+        """``history`` with the repaired copy of each message an earlier turn repaired (lone
+        surrogates replaced), so that it still extends the history the last turn saw."""
+        if not self._repaired:
+            return history
+        return [r[1] if (r := self._repaired.get(id(m))) is not None and r[0] is m else m for m in history]
+
+    def note_repairs(self, given: list[Message], validated: list[Message], start: int) -> None:
+        """Remember the messages from ``start`` on that validation replaced with a repaired copy."""
+        for i in range(start, len(given)):
+            if validated[i] is not given[i]:
+                self._repaired[id(given[i])] = (given[i], validated[i])
+
+    def match(
+        self, history: list[Message], state: Mapping[str, Any], store: SessionStore, counter: TokenCounter, vault: Vault
+    ) -> tuple[int, list[Message], HistoryChain]:
+        """(messages reused, the previous output, the chain of the reused history) when
+        ``history`` extends the last one; (0, [], empty chain) otherwise. Without a copy in
+        memory (another process prepared last), the chain stored in ``state`` is compared and
+        the output is read back from ``store`` (its digest checked). An output one of whose
+        markers points at a vault item that is gone is not reused: computing it again from the
+        history stores the originals it still has (same ids)."""
+        last = self.history
+        if last is not None and self.output is not None:
+            # Our copies share leaf strings with what the caller passed, so `==` mostly meets
+            # identical objects and stays cheap; a message edited in place compares unequal.
+            n = len(last)
+            if n <= len(history) and last == history[:n] and not missing(vault, self.output_ids):
+                return n, self.output, self.chain
+            return 0, [], HistoryChain()
+        record = state.get("last") or {}
+        count, value, output_count = record.get("count"), record.get("chain"), record.get("output_count")
+        if not isinstance(count, int) or not isinstance(value, str) or not 0 < count <= len(history):
+            return 0, [], HistoryChain()
+        if not isinstance(output_count, int):
+            return 0, [], HistoryChain()
+        chain = HistoryChain().extended(history[:count])
+        if chain.value != value:
+            return 0, [], HistoryChain()
+        output = store.load_output(output_count, record.get("output_file"), record.get("output_digest"))
+        if output is None:
+            return 0, [], HistoryChain()
+        ids = marker_ids(output)
+        if missing(vault, ids):
+            return 0, [], HistoryChain()
+        self.output_ids = ids
+        self.history = [clone_json(m) for m in history[:count]]
+        self.msgs_sum = sum(counter.count_each(history[:count]))
+        self.has_system = any(m.get("role") == "system" for m in history[:count])
+        self.out_tokens = None
+        return count, output, chain
+
+    def remember(
+        self,
+        history: list[Message],
+        reused: int,
+        output: list[Message],
+        chain: HistoryChain,
+        *,
+        msgs_sum: int,
+        out_tokens: int,
+        tools: list[dict[str, Any]],
+        new_ids: set[str],
+        lost: set[str],
+    ) -> None:
+        """Keep ``history`` (its first ``reused`` messages are the copy held already) and the
+        pipeline's ``output`` for the next turn. ``new_ids``: vault ids this turn's new messages
+        and stages added to the output; ``lost``: ids marked as lost this turn."""
+        self.msgs_sum, self.out_tokens, self.tools = msgs_sum, out_tokens, tools
+        kept = self.history[:reused] if reused and self.history else []
+        self.history = [*kept, *(clone_json(m) for m in history[reused:])]
+        self.output, self.chain = output, chain
+        self.output_ids = (self.output_ids | new_ids) - lost if reused else marker_ids(output)

@@ -121,68 +121,103 @@ def run_pipeline(
     ``known_tokens`` is the prompt size of ``messages`` with ``base.tools`` when the caller
     already knows it (the session does, for a history that was only appended to).
     ``on_event`` receives ``stage.start`` / ``stage.end`` / ``stage.error`` events."""
+    return _Run(plan, messages, base, states, known_tokens, on_event).run()
 
-    def emit(event: str, **fields: Any) -> None:
-        if on_event is not None:
-            on_event({"event": event, **fields})
 
-    integrity = [p for p in plan if p.phase == "integrity"]
-    content = [p for p in plan if p.phase == "content"]
-    finalize = [p for p in plan if p.phase == "finalize"]
-    records: list[StageRecord] = []
-    warnings: list[str] = []
-    request: dict[str, Any] = {}
-    tools = list(base.tools)
-    current = list(messages)
-    initial = current  # the first integrity pass may rely on base.valid_prefix
-    counted: list[tuple[list[Message], list[dict[str, Any]], int]] = []
-    if known_tokens is not None:
-        counted.append((current, tools, known_tokens))
+class _Run:
+    """One run of a plan: the messages and tools as they stand, what each stage did."""
 
-    def count(msgs: list[Message]) -> int:
+    def __init__(
+        self,
+        plan: Sequence[PlannedStage],
+        messages: list[Message],
+        base: StageContext,
+        states: dict[str, dict[str, Any]],
+        known_tokens: int | None,
+        on_event: Callable[[dict[str, Any]], None] | None,
+    ) -> None:
+        self.plan, self.base, self.states, self.on_event = plan, base, states, on_event
+        self.records: list[StageRecord] = []
+        self.warnings: list[str] = []
+        self.request: dict[str, Any] = {}
+        self.tools = list(base.tools)
+        self.initial = list(messages)  # the first integrity pass may rely on base.valid_prefix
+        self.compactions: list[str] = []
+        self.counted: list[tuple[list[Message], list[dict[str, Any]], int]] = []
+        if known_tokens is not None:
+            self.counted.append((self.initial, self.tools, known_tokens))
+
+    def run(self) -> RunOutcome:
+        integrity = [p for p in self.plan if p.phase == "integrity"]
+        current = self._each(integrity, self.initial)
+        for p in (p for p in self.plan if p.phase == "content"):
+            before = current
+            current = self._one(p, current)
+            if self.records[-1].ran and self.records[-1].tokens_after < self.records[-1].tokens_before:
+                self.compactions.append(p.type.name)
+            if _changed(before, current):
+                current = self._each(integrity, current)
+        current = self._each([p for p in self.plan if p.phase == "finalize"], current)
+        return RunOutcome(current, self.tools, self.request, self.records, self.warnings, self._count(current))
+
+    def _each(self, stages: list[PlannedStage], msgs: list[Message]) -> list[Message]:
+        for p in stages:
+            msgs = self._one(p, msgs)
+        return msgs
+
+    def _count(self, msgs: list[Message]) -> int:
         # Lists are never mutated once made, so a list counted before has the same count.
-        if counted and counted[-1][0] is msgs and counted[-1][1] is tools:
+        counted = self.counted
+        if counted and counted[-1][0] is msgs and counted[-1][1] is self.tools:
             return counted[-1][2]
-        tokens = base.counter.count_messages(msgs, tools)
-        counted[:] = [(msgs, tools, tokens)]
+        tokens = self.base.counter.count_messages(msgs, self.tools)
+        counted[:] = [(msgs, self.tools, tokens)]
         return tokens
 
-    def run_one(p: PlannedStage, msgs: list[Message]) -> list[Message]:
-        nonlocal tools
-        tokens = count(msgs)
-        tier = base.budget.tier(tokens)
-        record = StageRecord(p.id, p.type.name, p.phase, ran=False, tokens_before=tokens, tokens_after=tokens)
-        records.append(record)
-        reason = _when_reason(p.when, tier)
-        if reason:
-            record.reason = reason
-            return msgs
-        ctx = StageContext(
+    def _emit(self, event: str, **fields: Any) -> None:
+        if self.on_event is not None:
+            self.on_event({"event": event, **fields})
+
+    def _context(self, p: PlannedStage, msgs: list[Message], tier: str, tokens: int) -> StageContext:
+        base = self.base
+        return StageContext(
             stage_id=p.id,
             model=base.model,
             counter=base.counter,
             budget=base.budget,
             vault=base.vault,
-            tools=tools,
+            tools=self.tools,
             pack=base.pack,
             log=base.log.bind(stage=p.id, stage_type=p.type.name),
             tier=tier,
             utilization=base.budget.utilization(tokens),
-            state=states.setdefault(p.id, {}),
+            state=self.states.setdefault(p.id, {}),
             session_id=base.session_id,
             protected=base.protected,
             target=str(p.options.get("target", "monitor")),
             clock=base.clock,
             cache_hot=base.cache_hot,
             hooks=base.hooks,
-            valid_prefix=base.valid_prefix if msgs is initial else 0,
-            compactions=tuple(compactions),
+            valid_prefix=base.valid_prefix if msgs is self.initial else 0,
+            compactions=tuple(self.compactions),
             registry=base.registry,
             cache_key=base.cache_key,
         )
+
+    def _one(self, p: PlannedStage, msgs: list[Message]) -> list[Message]:
+        """Run one stage (when its ``when:`` allows); a failure is contained unless on_error: fail."""
+        tokens = self._count(msgs)
+        tier = self.base.budget.tier(tokens)
+        record = StageRecord(p.id, p.type.name, p.phase, ran=False, tokens_before=tokens, tokens_after=tokens)
+        self.records.append(record)
+        reason = _when_reason(p.when, tier)
+        if reason:
+            record.reason = reason
+            return msgs
+        ctx = self._context(p, msgs, tier, tokens)
         started = time.perf_counter()
         ctx.log.debug("stage.start", tier=tier, tokens=tokens)
-        emit("stage.start", stage=p.id, type=p.type.name, phase=p.phase, tier=tier, tokens=tokens)
+        self._emit("stage.start", stage=p.id, type=p.type.name, phase=p.phase, tier=tier, tokens=tokens)
         memory = None
         try:
             # Pack patterns that time out are remembered in the stage's state: a rerun skips
@@ -198,27 +233,40 @@ def run_pipeline(
             record.ms = (time.perf_counter() - started) * 1000
             record.error = f"{type(exc).__name__}: {exc}"
             ctx.log.warning("stage.error", error=record.error)
-            emit("stage.error", stage=p.id, type=p.type.name, error=record.error)
+            self._emit("stage.error", stage=p.id, type=p.type.name, error=record.error)
             if p.on_error == "fail":
                 raise StageFailed(f"stage '{p.id}' ({p.type.name}) failed: {record.error}") from exc
-            warnings.append(f"stage '{p.id}' failed and was skipped: {record.error}")
+            self.warnings.append(f"stage '{p.id}' failed and was skipped: {record.error}")
             if memory is not None:
                 record.warnings = list(memory.reports)
-                warnings.extend(f"{p.id}: {w}" for w in memory.reports if w not in record.error)
+                self.warnings.extend(f"{p.id}: {w}" for w in memory.reports if w not in record.error)
             return msgs
+        self._ran(p, record, outcome, result, started, ctx, memory.reports if memory is not None else [])
+        return result
+
+    def _ran(
+        self,
+        p: PlannedStage,
+        record: StageRecord,
+        outcome: StageOutcome,
+        result: list[Message],
+        started: float,
+        ctx: StageContext,
+        timed_out: list[str],
+    ) -> None:
+        """Record what a stage that ran did; a finalize stage's request options and tools apply."""
         record.ran = True
         record.ms = (time.perf_counter() - started) * 1000
         record.actions = [a.as_dict() for a in outcome.actions]
-        timed_out = memory.reports if memory is not None else []
         record.warnings = list(outcome.warnings) + [w for w in timed_out if w not in outcome.warnings]
-        warnings.extend(f"{p.id}: {w}" for w in record.warnings)
+        self.warnings.extend(f"{p.id}: {w}" for w in record.warnings)
         if p.phase == "finalize":
-            request.update(outcome.request)
+            self.request.update(outcome.request)
             if outcome.tools is not None:
-                tools = outcome.tools
-        record.tokens_after = count(result)
+                self.tools = outcome.tools
+        record.tokens_after = self._count(result)
         ctx.log.debug("stage.end", ms=round(record.ms, 3), saved=record.tokens_before - record.tokens_after)
-        emit(
+        self._emit(
             "stage.end",
             stage=p.id,
             type=p.type.name,
@@ -227,25 +275,6 @@ def run_pipeline(
             tokens_after=record.tokens_after,
             actions=len(record.actions),
         )
-        return result
-
-    def integrity_pass(msgs: list[Message]) -> list[Message]:
-        for p in integrity:
-            msgs = run_one(p, msgs)
-        return msgs
-
-    compactions: list[str] = []
-    current = integrity_pass(current)
-    for p in content:
-        before = current
-        current = run_one(p, current)
-        if records[-1].ran and records[-1].tokens_after < records[-1].tokens_before:
-            compactions.append(p.type.name)
-        if _changed(before, current):
-            current = integrity_pass(current)
-    for p in finalize:
-        current = run_one(p, current)
-    return RunOutcome(current, tools, request, records, warnings, count(current))
 
 
 def _changed(a: list[Message], b: list[Message]) -> bool:

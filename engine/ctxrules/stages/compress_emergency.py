@@ -46,6 +46,7 @@ from ctxrules.stages.compress_remove import apply_removal, plan_removal
 from ctxrules.stages.compress_truncate import TRUNCATE_OPTIONS, TruncateSettings
 from ctxrules.stages.reduce import spill_summary
 from ctxrules.structure import pinned_indices
+from ctxrules.types import THRESHOLD_NAMES
 
 # The instructions are never spilled: without them the request is not the agent's any more.
 _NEVER_SPILLED = frozenset({"system", "developer"})
@@ -231,7 +232,7 @@ STAGE_TYPE = StageType(
                 "description": "Stop as soon as utilization is below this tier. Default: full "
                 "(protection is broken only as far as needed, with room left "
                 "so the next turn does not re-trigger the pass).",
-                "enum": ["monitor", "light", "full", "emergency"],
+                "enum": list(THRESHOLD_NAMES),
                 "default": "full",
             },
             **TRUNCATE_OPTIONS,

@@ -35,6 +35,7 @@ from ctxrules.notes import Note, NotesError, load_notes
 from ctxrules.stages.base import Action, Message, StageOutcome, StageType
 from ctxrules.stages.compress_common import line_count, text_id
 from ctxrules.structure import shape
+from ctxrules.types import THRESHOLD_NAMES
 from ctxrules.vault import format_marker
 
 if TYPE_CHECKING:
@@ -192,7 +193,7 @@ STAGE_TYPE = StageType(
                 "title": "Ceiling tier",
                 "description": "The notes never lift utilization to this tier (default: "
                 "emergency, so the emergency guarantee holds).",
-                "enum": ["monitor", "light", "full", "emergency"],
+                "enum": list(THRESHOLD_NAMES),
                 "default": "emergency",
             },
         },

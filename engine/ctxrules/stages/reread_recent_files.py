@@ -41,6 +41,7 @@ from ctxrules.stages.base import Action, Message, StageOutcome, StageType
 from ctxrules.stages.compress_common import cut_text, is_placeholder, restore_placeholder
 from ctxrules.stages.notes_render import insertion_point
 from ctxrules.tracker import TrackerError, edited_paths, load_tracked
+from ctxrules.types import THRESHOLD_NAMES
 
 if TYPE_CHECKING:
     from ctxrules.pipeline.context import StageContext
@@ -238,7 +239,7 @@ STAGE_TYPE = StageType(
                 "title": "Ceiling tier",
                 "description": "The reread never lifts utilization to this tier (default: full, "
                 "so it cannot trigger the removal it follows).",
-                "enum": ["monitor", "light", "full", "emergency"],
+                "enum": list(THRESHOLD_NAMES),
                 "default": "full",
             },
             "after": {

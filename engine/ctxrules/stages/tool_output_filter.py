@@ -223,9 +223,7 @@ class _Run:
         facts = self.shape.facts
         bypass = bypass_active(ctx, stage.options)
         sent = set(ctx.state.get("sent") or []) if bypass else set()
-        self.keep = keep_ratio(
-            ctx.utilization, ctx.budget.thresholds.get("emergency", 0.9), stage.min_keep, stage.max_keep
-        )
+        self.keep = keep_ratio(ctx.utilization, ctx.budget.thresholds["emergency"], stage.min_keep, stage.max_keep)
         limit = self.limit
         oversized = [i for i, f in enumerate(facts) if f.longest > limit]
         fresh, skipped_hot = self._unsettled(sent)

@@ -17,10 +17,12 @@ Findings inside a template point at the template's own line: the template file a
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ctxrules.diagnostics import Diagnostic, Reporter, Severity, did_you_mean
+from ctxrules.packs.confine import HINT, read_pack_text
 from ctxrules.prompts.assemble import AssemblyError, PromptSet, display_template_path
 from ctxrules.prompts.environment import BUILTIN_VARIABLES, RANDOM_FILTERS, make_environment
 from ctxrules.prompts.volatile import find_volatile
@@ -40,8 +42,6 @@ def template_source(
 ) -> tuple[str | None, str | None, str]:
     """(source, problem, code) of a section: its inline template or its file next to the
     pack (confined to the pack's roots, see :mod:`ctxrules.packs.confine`)."""
-    from ctxrules.packs.confine import read_pack_text
-
     if isinstance(section.get("template"), str):
         return section["template"], None, ""
     rel = section.get("file")
@@ -84,109 +84,22 @@ class _Where:
 
 def check_prompts(rep: Reporter, pack: ResolvedPack, registry: Registry) -> None:
     """Report the CR08x findings of ``pack``'s prompts; templates may use ``registry``'s filters."""
-    import jinja2
-    from jinja2 import meta
-
     data = pack.data
     prompts = _mapping(data.get("prompts"))
     sections = _mapping(prompts.get("sections"))
     variables = _mapping(prompts.get("variables"))
-    declared = set(variables) | BUILTIN_VARIABLES
-    stable = {k for k, v in variables.items() if isinstance(v, dict) and v.get("stable") is True}
-    filters = list(registry.filters)
-    env = make_environment(filters={n: _noop for n in filters})
+    scope = _Scope(
+        sections=sections,
+        declared=set(variables) | BUILTIN_VARIABLES,
+        stable={k for k, v in variables.items() if isinstance(v, dict) and v.get("stable") is True},
+        env=make_environment(filters={n: _noop for n in registry.filters}),
+    )
     errors_before = sum(d.severity == "error" for d in rep.out)
-
-    def add(
-        code: str,
-        message: str,
-        where: tuple[str, int, int],
-        pointer: str,
-        hint: str | None = None,
-        severity: Severity = "error",
-    ) -> None:
-        rep.out.append(
-            Diagnostic(code, severity, message, where[0], where[1], where[2], rep.file_pointer(pointer), hint)
-        )
-
-    templates: list[tuple[str, dict[str, Any]]] = [
-        (f"/prompts/sections/{name}", sec) for name, sec in sections.items() if isinstance(sec, dict)
-    ]
-    for i, entry in enumerate(data.get("models") or []):
-        if isinstance(entry, dict) and isinstance(entry.get("discipline"), dict):
-            templates.append((f"/models/{i}/discipline", entry["discipline"]))
-
     includes: dict[str, list[str]] = {}
-    for pointer, sec in templates:
-        key = "template" if "template" in sec else "file"
-        at = f"{pointer}/{key}"
-        origin = rep.origin(at)
-        source, problem, code = template_source(pack, sec, at, origin.file)
-        if problem:
-            from ctxrules.packs.confine import HINT
-
-            rep.add(code, problem, at, HINT if code == "CR100" else None)
-            continue
-        if source is None:
-            continue
-        where = _Where(pack, origin, key == "template", sec.get("file") if key == "file" else None)
-        try:
-            ast = env.parse(source)
-        except jinja2.TemplateSyntaxError as exc:
-            # at the template's own line: in its file, or in the pack (a block scalar's lines
-            # are the template's lines)
-            detail = f" (template line {exc.lineno})" if key == "template" else ""
-            add("CR080", f"template does not parse{detail}: {exc.message}", where.at(exc.lineno), at)
-            continue
-        for filt in _filter_nodes(ast):
-            if filt.name not in env.filters:
-                hint = (
-                    "it is random, and prompts must be the same in every process"
-                    if filt.name in RANDOM_FILTERS
-                    else did_you_mean(filt.name, list(env.filters))
-                )
-                add(
-                    "CR080",
-                    f"template uses filter '{filt.name}', which does not exist",
-                    where.at(filt.lineno),
-                    at,
-                    hint,
-                )
-        refs = sorted(r for r in meta.find_referenced_templates(ast) if r is not None)
-        if pointer.startswith("/prompts/sections/"):
+    for pointer, sec in _templates_of(data, sections):
+        refs = _check_template(rep, pack, scope, pointer, sec)
+        if refs is not None and pointer.startswith("/prompts/sections/"):
             includes[pointer.rsplit("/", 1)[1]] = refs
-        for ref in refs:
-            if ref not in sections:
-                rep.add(
-                    "CR081",
-                    f"template includes section '{ref}', which does not exist",
-                    at,
-                    did_you_mean(ref, list(sections)),
-                )
-        for var, line in _undeclared(ast, declared, env.globals):
-            add(
-                "CR083",
-                f"template uses variable '{var}', which prompts.variables does not declare",
-                where.at(line),
-                at,
-                did_you_mean(var, list(declared)) or f"declare it: prompts.variables.{var}: {{default: ...}}",
-            )
-        for use in find_volatile(ast, stable=stable):
-            add(
-                "CR085",
-                f"system-prompt template uses {use.what}: {use.why}; a value that changes breaks "
-                "the provider's prompt cache on every call",
-                where.at(use.line),
-                at,
-                "keep the system prompt static and put dynamic content in a user message"
-                + (
-                    " (or declare the variable `stable: true` if it never changes within a session)"
-                    if use.what.startswith("variable")
-                    else ""
-                ),
-                severity="warning",
-            )
-
     for cycle in _cycles(includes):
         rep.add(
             "CR086",
@@ -194,14 +107,115 @@ def check_prompts(rep: Reporter, pack: ResolvedPack, registry: Registry) -> None
             f"/prompts/sections/{cycle[0]}",
             "an include cycle would never finish rendering",
         )
-
     modes = _mapping(prompts.get("modes"))
-    for mode, spec in modes.items():
-        names, base = (
-            (spec, f"/prompts/modes/{mode}")
-            if isinstance(spec, list)
-            else ((spec.get("sections"), f"/prompts/modes/{mode}/sections") if isinstance(spec, dict) else (None, ""))
+    _check_modes(rep, modes, sections)
+    # A trial render needs the shape the schema promises (modes: a mapping, ...).
+    if rep.schema_ok and sum(d.severity == "error" for d in rep.out) == errors_before:
+        _trial_render(rep, pack, registry, modes)
+
+
+@dataclass(frozen=True)
+class _Scope:
+    """What every template of a pack is checked against."""
+
+    sections: dict[str, Any]
+    declared: set[str]
+    stable: set[str]
+    env: Any  # the sandboxed Jinja environment, with the registry's filters
+
+
+def _templates_of(data: dict[str, Any], sections: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """(pointer, spec) of every template: the prompt sections, then the models' disciplines."""
+    templates = [(f"/prompts/sections/{name}", sec) for name, sec in sections.items() if isinstance(sec, dict)]
+    for i, entry in enumerate(data.get("models") or []):
+        if isinstance(entry, dict) and isinstance(entry.get("discipline"), dict):
+            templates.append((f"/models/{i}/discipline", entry["discipline"]))
+    return templates
+
+
+def _check_template(
+    rep: Reporter, pack: ResolvedPack, scope: _Scope, pointer: str, sec: dict[str, Any]
+) -> list[str] | None:
+    """CR080/CR081/CR083/CR084/CR085 of one template; the sections it includes (None when it
+    could not be read or parsed)."""
+    import jinja2
+    from jinja2 import meta
+
+    key = "template" if "template" in sec else "file"
+    at = f"{pointer}/{key}"
+    origin = rep.origin(at)
+    source, problem, code = template_source(pack, sec, at, origin.file)
+    if problem:
+        rep.add(code, problem, at, HINT if code == "CR100" else None)
+        return None
+    if source is None:
+        return None
+    where = _Where(pack, origin, key == "template", sec.get("file") if key == "file" else None)
+
+    def add(code: str, message: str, line: int | None, hint: str | None = None, severity: Severity = "error") -> None:
+        file, row, col = where.at(line)
+        rep.out.append(Diagnostic(code, severity, message, file, row, col, rep.file_pointer(at), hint))
+
+    env = scope.env
+    try:
+        ast = env.parse(source)
+    except jinja2.TemplateSyntaxError as exc:
+        # at the template's own line: in its file, or in the pack (a block scalar's lines are
+        # the template's lines)
+        detail = f" (template line {exc.lineno})" if key == "template" else ""
+        add("CR080", f"template does not parse{detail}: {exc.message}", exc.lineno)
+        return None
+    for filt in _filter_nodes(ast):
+        if filt.name not in env.filters:
+            hint = (
+                "it is random, and prompts must be the same in every process"
+                if filt.name in RANDOM_FILTERS
+                else did_you_mean(filt.name, list(env.filters))
+            )
+            add("CR080", f"template uses filter '{filt.name}', which does not exist", filt.lineno, hint)
+    refs = sorted(r for r in meta.find_referenced_templates(ast) if r is not None)
+    for ref in refs:
+        if ref not in scope.sections:
+            rep.add(
+                "CR081",
+                f"template includes section '{ref}', which does not exist",
+                at,
+                did_you_mean(ref, list(scope.sections)),
+            )
+    for var, line in _undeclared(ast, scope.declared, env.globals):
+        add(
+            "CR083",
+            f"template uses variable '{var}', which prompts.variables does not declare",
+            line,
+            did_you_mean(var, list(scope.declared)) or f"declare it: prompts.variables.{var}: {{default: ...}}",
         )
+    for use in find_volatile(ast, stable=scope.stable):
+        add(
+            "CR085",
+            f"system-prompt template uses {use.what}: {use.why}; a value that changes breaks "
+            "the provider's prompt cache on every call",
+            use.line,
+            "keep the system prompt static and put dynamic content in a user message"
+            + (
+                " (or declare the variable `stable: true` if it never changes within a session)"
+                if use.what.startswith("variable")
+                else ""
+            ),
+            severity="warning",
+        )
+    return refs
+
+
+def _check_modes(rep: Reporter, modes: dict[str, Any], sections: dict[str, Any]) -> None:
+    """CR082: a mode names a section that does not exist."""
+    for mode, spec in modes.items():
+        names: Any
+        if isinstance(spec, list):
+            names, base = spec, f"/prompts/modes/{mode}"
+        elif isinstance(spec, dict):
+            names, base = spec.get("sections"), f"/prompts/modes/{mode}/sections"
+        else:
+            continue
         if not isinstance(names, list):
             continue
         for j, name in enumerate(names):
@@ -212,10 +226,6 @@ def check_prompts(rep: Reporter, pack: ResolvedPack, registry: Registry) -> None
                     f"{base}/{j}",
                     did_you_mean(name, list(sections)),
                 )
-
-    # A trial render needs the shape the schema promises (modes: a mapping, ...).
-    if rep.schema_ok and sum(d.severity == "error" for d in rep.out) == errors_before:
-        _trial_render(rep, pack, registry, modes)
 
 
 def _mapping(value: object) -> dict[str, Any]:

@@ -42,8 +42,11 @@ def regex_list(title: str, description: str) -> dict[str, Any]:
     }
 
 
-def count(title: str, description: str, minimum: int = 0) -> dict[str, Any]:
-    return {"type": "integer", "minimum": minimum, "title": title, "description": description}
+def count(title: str, description: str, minimum: int = 0, default: int | None = None) -> dict[str, Any]:
+    schema: dict[str, Any] = {"type": "integer", "minimum": minimum, "title": title, "description": description}
+    if default is not None:
+        schema["default"] = default  # filled in before the action is built (ActionType.configure)
+    return schema
 
 
 def object_schema(

@@ -30,12 +30,12 @@ class Context:
 
     def __init__(self, options: Mapping[str, Any]) -> None:
         self.matcher = compile_all(options["patterns"])
-        self.before = int(options.get("before", 2))
-        self.after = int(options.get("after", 2))
-        self.head = int(options.get("head", 0))
-        self.tail = int(options.get("tail", 0))
-        self.max_matches: int | None = options.get("max_matches")
-        self.if_none = str(options.get("if_none", "keep"))
+        self.before = int(options["before"])
+        self.after = int(options["after"])
+        self.head = int(options["head"])
+        self.tail = int(options["tail"])
+        self.max_matches: int | None = options.get("max_matches")  # no default: all matches
+        self.if_none = str(options["if_none"])
 
     def __call__(self, lines: Lines) -> list[str]:
         matcher = self.matcher
@@ -87,9 +87,9 @@ class MaxLines:
 
     def __init__(self, options: Mapping[str, Any]) -> None:
         self.max = int(options["max"])
-        patterns = options.get("protect", [FAILURE_PATTERN])
+        patterns = options["protect"]
         self.protect = [patterns_compile(p) for p in patterns]
-        self.head_share = float(options.get("head_share", 0.5))
+        self.head_share = float(options["head_share"])
 
     def __call__(self, lines: Lines) -> list[str]:
         n = len(lines)
@@ -142,8 +142,8 @@ class LimitBlocks:
     def __init__(self, options: Mapping[str, Any]) -> None:
         self.start = patterns_compile(options["start"])
         self.max = int(options["max"])
-        self.tail = min(int(options.get("tail", 0)), self.max - 1)
-        self.protect = compile_all(options.get("protect", []))
+        self.tail = min(int(options["tail"]), self.max - 1)
+        self.protect = compile_all(options["protect"])
         only = options.get("only")
         self.only = patterns_compile(only) if only else None
 
@@ -183,7 +183,7 @@ class ShortCircuit:
 
     def __init__(self, options: Mapping[str, Any]) -> None:
         self.when = patterns_compile(options["when"], re.MULTILINE)
-        self.unless = compile_all(options.get("unless", [FAILURE_PATTERN]))
+        self.unless = compile_all(options["unless"])
         self.message = str(options["message"])
         known = set(self.when.groupindex)
         for name in re.findall(r"\{([^{}:!]*)", self.message):
@@ -219,10 +219,10 @@ ACTIONS: list[ActionSpec] = [
         object_schema(
             {
                 "patterns": _PATTERNS,
-                "before": count("Lines before", "Context lines kept before each match (default 2)."),
-                "after": count("Lines after", "Context lines kept after each match (default 2)."),
-                "head": count("Head", "Also keep this many first lines (default 0)."),
-                "tail": count("Tail", "Also keep this many last lines (default 0)."),
+                "before": count("Lines before", "Context lines kept before each match (default 2).", default=2),
+                "after": count("Lines after", "Context lines kept after each match (default 2).", default=2),
+                "head": count("Head", "Also keep this many first lines (default 0).", default=0),
+                "tail": count("Tail", "Also keep this many last lines (default 0).", default=0),
                 "max_matches": count(
                     "Most matches",
                     "Keep context around at most this many matches (the first ones; default all).",
@@ -232,6 +232,7 @@ ACTIONS: list[ActionSpec] = [
                     "enum": ["keep", "drop"],
                     "title": "If nothing matches",
                     "description": "keep: leave the output as it is (default); drop: keep only head and tail.",
+                    "default": "keep",
                 },
             },
             ["patterns"],
@@ -264,6 +265,7 @@ ACTIONS: list[ActionSpec] = [
                     "description": "Lines matching these are kept first, up to half the "
                     "budget, the first pattern's lines before the second's (default: a generic "
                     "failure pattern; [] for none).",
+                    "default": [FAILURE_PATTERN],
                 },
                 "head_share": {
                     "type": "number",
@@ -272,6 +274,7 @@ ACTIONS: list[ActionSpec] = [
                     "title": "Head share",
                     "description": "Share of the remaining budget given to the first lines; "
                     "the tail gets the rest (default 0.5).",
+                    "default": 0.5,
                 },
             },
             ["max"],
@@ -286,12 +289,14 @@ ACTIONS: list[ActionSpec] = [
             {
                 "start": regex("Start", "A line matching this starts a block (e.g. '^diff --git ')."),
                 "max": count("Most lines", "Lines kept per block.", 1),
-                "tail": count("Tail", "Of those, how many come from the end of the block (default 0)."),
+                "tail": count("Tail", "Of those, how many come from the end of the block (default 0).", default=0),
                 "protect": {
                     "type": "array",
                     "items": {"type": "string", "format": "regex", "minLength": 1},
                     "title": "Protect",
-                    "description": "Lines of a block matching these are kept beyond the cap (e.g. hunk headers).",
+                    "description": "Lines of a block matching these are kept "
+                    "beyond the cap (e.g. hunk headers; default none).",
+                    "default": [],
                 },
                 "only": regex(
                     "Only",
@@ -318,6 +323,7 @@ ACTIONS: list[ActionSpec] = [
                     "title": "Unless",
                     "description": "Do nothing when any line matches one of "
                     "these (default: a generic failure pattern).",
+                    "default": [FAILURE_PATTERN],
                 },
                 "message": {
                     "type": "string",

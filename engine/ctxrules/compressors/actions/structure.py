@@ -29,10 +29,10 @@ class Group:
         self.pattern = patterns_compile(options["pattern"])
         if "key" not in self.pattern.groupindex:
             raise ValueError("the pattern needs a named group 'key', e.g. (?P<key>[^:]+):(?P<rest>.*)")
-        self.header = str(options.get("header", "{key}"))
+        self.header = str(options["header"])
         self.header.format(key="")
-        self.indent = str(options.get("indent", "  "))
-        self.min_size = int(options.get("min_size", 2))
+        self.indent = str(options["indent"])
+        self.min_size = int(options["min_size"])
 
     def _rest(self, line: str, found: Match) -> str:
         if "rest" in self.pattern.groupindex and found.group("rest") is not None:
@@ -81,10 +81,10 @@ class Carry:
     """
 
     def __init__(self, options: Mapping[str, Any]) -> None:
-        self.header = re.compile(options["header"])
-        self.pattern = re.compile(options["pattern"])
+        self.header = patterns_compile(options["header"])
+        self.pattern = patterns_compile(options["pattern"])
         self.template = str(options["with"])
-        self.absorb = bool(options.get("absorb", False))
+        self.absorb = bool(options["absorb"])
         names = set(self.header.groupindex) | set(self.pattern.groupindex)
         for name in re.findall(r"\{([^{}:!]*)", self.template):
             if name not in names:
@@ -157,15 +157,15 @@ class Paths:
     """
 
     def __init__(self, options: Mapping[str, Any]) -> None:
-        self.pattern = re.compile(options.get("pattern", r"^(?P<path>\S.*)$"))
+        self.pattern = patterns_compile(options["pattern"])
         if "path" not in self.pattern.groupindex:
             raise ValueError("the pattern needs a named group 'path', e.g. ^(?P<path>\\S.*)$")
-        header = options.get("header")
-        self.header = re.compile(header) if header else None
-        self.width = int(options.get("width", 160))
-        self.max_chars = int(options.get("max_chars", 8000))
-        self.min_paths = int(options.get("min_paths", 8))
-        self.split = bool(options.get("split", True))
+        header = options.get("header")  # no default: one block
+        self.header = patterns_compile(header) if header else None
+        self.width = int(options["width"])
+        self.max_chars = int(options["max_chars"])
+        self.min_paths = int(options["min_paths"])
+        self.split = bool(options["split"])
 
     def __call__(self, lines: Lines) -> list[str]:
         # slots: plain lines, or a directory key whose packed lines go there
@@ -288,8 +288,8 @@ class JsonCompact:
     """
 
     def __init__(self, options: Mapping[str, Any]) -> None:
-        self.ndjson = bool(options.get("ndjson", True))
-        self.min_lines = int(options.get("min_lines", 2))
+        self.ndjson = bool(options["ndjson"])
+        self.min_lines = int(options["min_lines"])
 
     def __call__(self, lines: Lines) -> list[str]:
         if len(lines) >= self.min_lines and all(isinstance(line, Line) for line in lines):
@@ -341,16 +341,19 @@ ACTIONS: list[ActionSpec] = [
                     "type": "string",
                     "title": "Header",
                     "description": "The header line of a group; {key} inserts the key (default '{key}').",
+                    "default": "{key}",
                 },
                 "indent": {
                     "type": "string",
                     "title": "Indent",
                     "description": "Written before each grouped line (default two spaces).",
+                    "default": "  ",
                 },
                 "min_size": count(
                     "Smallest group",
                     "Groups with fewer lines are left as they were (default 2).",
                     1,
+                    2,
                 ),
             },
             ["pattern"],
@@ -380,6 +383,7 @@ ACTIONS: list[ActionSpec] = [
                     "title": "Absorb",
                     "description": "Fold a header into the rewritten line right below it "
                     "(default false: headers stay).",
+                    "default": False,
                 },
             },
             ["header", "pattern", "with"],
@@ -391,33 +395,39 @@ ACTIONS: list[ActionSpec] = [
         Paths,
         object_schema(
             {
-                "pattern": regex(
-                    "Pattern",
-                    "Lines that are paths: a named group 'path' (default: every line that "
-                    "does not start with a space).",
-                ),
+                "pattern": {
+                    **regex(
+                        "Pattern",
+                        "Lines that are paths: a named group 'path' (default: every line that "
+                        "does not start with a space).",
+                    ),
+                    "default": r"^(?P<path>\S.*)$",
+                },
                 "header": regex(
                     "Header",
                     "A line matching this starts a new block (e.g. ls's 'dir:' lines); "
                     "directories are not merged across blocks.",
                 ),
-                "width": count("Width", "Longest packed line, in characters (default 160).", 20),
+                "width": count("Width", "Longest packed line, in characters (default 160).", 20, 160),
                 "max_chars": count(
                     "Most characters",
                     "Budget of the packed listing (default 8000); over it, the largest "
                     "directories show the names that fit and count the others.",
                     100,
+                    8000,
                 ),
                 "split": {
                     "type": "boolean",
                     "title": "Split",
                     "description": "Gather by the directory part of each path (default true); "
                     "false: the lines are names (ls), gathered per block.",
+                    "default": True,
                 },
                 "min_paths": count(
                     "Fewest paths",
                     "Outputs with fewer paths are left as they are (default 8).",
                     1,
+                    8,
                 ),
             }
         ),
@@ -432,11 +442,13 @@ ACTIONS: list[ActionSpec] = [
                     "type": "boolean",
                     "title": "NDJSON",
                     "description": "Also compact each line that is a JSON document on its own (default true).",
+                    "default": True,
                 },
                 "min_lines": count(
                     "Fewest lines",
                     "Compact a whole JSON document only when it spans at least this many lines (default 2).",
                     1,
+                    2,
                 ),
             },
             defaults={"ndjson": True, "min_lines": 2},

@@ -44,7 +44,7 @@ class StripAnsi:
     """Remove terminal escape sequences; optionally resolve carriage-return redraws."""
 
     def __init__(self, options: Mapping[str, Any]) -> None:
-        self.carriage_returns = bool(options.get("carriage_returns", True))
+        self.carriage_returns = bool(options["carriage_returns"])
 
     def __call__(self, lines: Lines) -> list[str]:
         out: list[str] = []
@@ -85,7 +85,7 @@ class Replace:
 
     def __init__(self, options: Mapping[str, Any]) -> None:
         self.pattern = patterns_compile(options["pattern"])
-        self.replacement = str(options.get("with", ""))
+        self.replacement = str(options["with"])
         # Fail at load time, not on the first matching line, when a group does not exist.
         groups = {str(i) for i in range(self.pattern.groups + 1)} | set(self.pattern.groupindex)
         for ref in re.findall(r"\\(\d+)|\\g<([^>]*)>", self.replacement):
@@ -106,10 +106,10 @@ class CollapseRepeats:
     """
 
     def __init__(self, options: Mapping[str, Any]) -> None:
-        self.min_run = int(options.get("min_run", 2))
+        self.min_run = int(options["min_run"])
         ignore = options.get("ignore")
         self.ignore = patterns_compile(ignore) if ignore else None
-        self.format = str(options.get("format", "{line} (x{count})"))
+        self.format = str(options["format"])
         self.format.format(line="", count=0)  # a bad placeholder fails at load time
 
     def _key(self, line: str) -> str:
@@ -166,7 +166,7 @@ class CollapseProgress:
 
     def __init__(self, options: Mapping[str, Any]) -> None:
         extra = list(options.get("patterns", []))
-        defaults = not options.get("replace_defaults")
+        defaults = not options["replace_defaults"]
         self.matcher = compile_all([*_PROGRESS, *extra] if defaults else extra)
         self.percent = compile_all(_PROGRESS_PERCENT) if defaults else None
 
@@ -196,8 +196,8 @@ class SqueezeBlank:
     """Fold runs of blank lines to ``max_run`` and drop leading and trailing blank lines."""
 
     def __init__(self, options: Mapping[str, Any]) -> None:
-        self.max_run = int(options.get("max_run", 1))
-        self.rstrip = bool(options.get("rstrip", True))
+        self.max_run = int(options["max_run"])
+        self.rstrip = bool(options["rstrip"])
 
     def __call__(self, lines: Lines) -> list[str]:
         out: list[str] = []
@@ -232,6 +232,7 @@ ACTIONS: list[ActionSpec] = [
                     "type": "boolean",
                     "title": "Resolve carriage returns",
                     "description": "Keep only what a terminal finally shows of a line redrawn with \\r (default true).",
+                    "default": True,
                 },
             },
             defaults={"carriage_returns": True},
@@ -260,6 +261,7 @@ ACTIONS: list[ActionSpec] = [
                     "type": "string",
                     "title": "Replacement",
                     "description": "Replacement text; \\1 or \\g<name> insert groups (default: empty).",
+                    "default": "",
                 },
             },
             ["pattern"],
@@ -272,7 +274,7 @@ ACTIONS: list[ActionSpec] = [
         CollapseRepeats,
         object_schema(
             {
-                "min_run": count("Shortest run", "Fold runs of at least this many equal lines (default 2).", 2),
+                "min_run": count("Shortest run", "Fold runs of at least this many equal lines (default 2).", 2, 2),
                 "ignore": regex(
                     "Ignore",
                     "Parts of a line not compared (timestamps, counters); folding "
@@ -282,6 +284,7 @@ ACTIONS: list[ActionSpec] = [
                     "type": "string",
                     "title": "Format",
                     "description": "The folded line; {line} and {count} (default '{line} (x{count})').",
+                    "default": "{line} (x{count})",
                 },
             },
             defaults={"min_run": 2, "format": "{line} (x{count})"},
@@ -298,6 +301,7 @@ ACTIONS: list[ActionSpec] = [
                     "type": "boolean",
                     "title": "Replace defaults",
                     "description": "Use only `patterns`, not the built-in progress patterns.",
+                    "default": False,
                 },
             },
             defaults={"replace_defaults": False},
@@ -309,11 +313,12 @@ ACTIONS: list[ActionSpec] = [
         SqueezeBlank,
         object_schema(
             {
-                "max_run": count("Longest blank run", "Blank lines kept in a row (default 1).", 0),
+                "max_run": count("Longest blank run", "Blank lines kept in a row (default 1).", 0, 1),
                 "rstrip": {
                     "type": "boolean",
                     "title": "Strip trailing spaces",
                     "description": "Remove trailing whitespace from every line (default true).",
+                    "default": True,
                 },
             },
             defaults={"max_run": 1, "rstrip": True},
