@@ -42,6 +42,7 @@ __all__ = [
     "InjectionKey",
     "TagHead",
     "current_key",
+    "existing_secret",
     "key_for_session",
     "key_in_store",
     "key_scope",
@@ -160,16 +161,39 @@ class InjectionKey:
 
 
 def key_for_session(session_dir: Path, state_root: Path | None) -> InjectionKey:
-    """The key a session signs with: the state root's when it has one, else its own."""
+    """The key a session signs with: its own when it has one (a session moved here by
+    ``sessions import`` brings the key its history was signed with), else the state root's when
+    it has one, else a new one of its own."""
     from ctxrules.stores.filesystem import FilesystemStore
 
-    return key_in_store(FilesystemStore(state_root if state_root is not None else session_dir), None)
+    if state_root is None:
+        return key_in_store(FilesystemStore(session_dir), None)
+    return key_in_store(FilesystemStore(state_root), str(session_dir))
+
+
+class _Absent(Exception):
+    """No such secret yet (and the caller does not want one made)."""
+
+
+def _absent() -> bytes:
+    raise _Absent
+
+
+def existing_secret(store: Store, session: str | None) -> bytes | None:
+    """The injection key ``store`` holds for ``session`` (None: the store's), without making one."""
+    try:
+        return store.secret(session, KEY_FILE, _absent)
+    except _Absent:
+        return None
 
 
 def key_in_store(store: Store, session: str | None) -> InjectionKey:
-    """The key a session signs with, kept in ``store``: the store's own (``session`` None: every
-    worker of a shared store signs alike) or the session's."""
-    key = InjectionKey(store.secret(session, KEY_FILE, lambda: secrets.token_bytes(32)))
+    """The key a session signs with, kept in ``store``: the session's own when it has one, else
+    the store's (every worker of a shared store signs alike), made on first use."""
+    secret = existing_secret(store, session) if session is not None else None
+    if secret is None:
+        secret = store.secret(None, KEY_FILE, lambda: secrets.token_bytes(32))
+    key = InjectionKey(secret)
     _known(key)
     return key
 

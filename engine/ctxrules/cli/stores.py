@@ -17,7 +17,7 @@ from ctxrules.session_store import state_root_from_env
 from ctxrules.stores import Store, open_store, store_from_options
 from ctxrules.stores.filesystem import FilesystemStore
 
-__all__ = ["add_store_options", "session_key", "store_of"]
+__all__ = ["add_store_options", "named_store", "session_key", "store_of"]
 
 STORE_HELP = (
     "where sessions live: file://DIR, redis://HOST:PORT/DB, rediss://..., unix:///PATH "
@@ -39,6 +39,13 @@ def store_of(args: argparse.Namespace) -> Store:
     if url is None:
         return FilesystemStore(state_root_from_env())
     return open_store(url)
+
+
+def named_store(args: argparse.Namespace) -> Store | None:
+    """The store the options or ``$CTXRULES_STORE`` name, or None when nothing names one (then a
+    session directory keeps its day and goal ledgers in its parent, as always)."""
+    url = store_from_options(getattr(args, "store", None), getattr(args, "state", None))
+    return open_store(url) if url is not None else None
 
 
 def is_filesystem(store: Store) -> TypeGuard[FilesystemStore]:

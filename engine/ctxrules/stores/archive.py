@@ -8,12 +8,14 @@ The archive is JSON lines (UTF-8), one record per line::
     {"kind": "turn", "state": {...}, "output": [...] | null}
     {"kind": "blob", "id": SHA256, "media_type": null | "...", "data": BASE64}   one per blob
     {"kind": "doc", "name": "notes" | "touched" | ..., "data": BASE64}           one per document
+    {"kind": "secret", "name": "injection.key", "data": BASE64}  the key its injected tags are signed with
     {"kind": "ledger", "lines": [LINE, ...]}                  the session's own ledger, as written
     {"kind": "end", "blobs": N, "docs": N, "ledger": N}
 
 Vault blobs keep their exact bytes (and so their ids); an import checks every blob against its
 id and refuses a truncated archive (no ``end`` record) before it writes anything. The day and
-goal ledgers are the store's own history and stay where they are.
+goal ledgers are the store's own history and stay where they are. The archive holds the whole
+conversation and the session's signing key: keep it as private as the session itself.
 """
 
 from __future__ import annotations
@@ -38,7 +40,8 @@ def _bad(message: str) -> StoreUsageError:
 
 
 def _line(obj: dict[str, Any]) -> bytes:
-    return json.dumps(obj, ensure_ascii=False, sort_keys=True).encode("utf-8") + b"\n"
+    # Key order kept: the last output goes back byte for byte (a provider cache keys on bytes).
+    return json.dumps(obj, ensure_ascii=False).encode("utf-8") + b"\n"
 
 
 def export_session(store: Store, session: str, out: IO[bytes], *, name: str | None = None) -> dict[str, int]:
@@ -70,6 +73,13 @@ def export_session(store: Store, session: str, out: IO[bytes], *, name: str | No
             if raw is not None:
                 out.write(_line({"kind": "doc", "name": doc, "data": base64.b64encode(raw).decode()}))
                 counts["docs"] += 1
+        # The key the session's injected messages are signed with: without it they would read
+        # as the caller's own messages in the other store.
+        from ctxrules.injected import existing_secret
+
+        secret = existing_secret(store, session) or existing_secret(store, None)
+        if secret is not None:
+            out.write(_line({"kind": "secret", "name": "injection.key", "data": base64.b64encode(secret).decode()}))
         lines = _all_lines(store, Log("session", session))
         out.write(_line({"kind": "ledger", "lines": [ln.decode("utf-8", "replace") for ln in lines]}))
         counts["ledger"] = len(lines)
@@ -111,7 +121,7 @@ def read_archive(lines: Iterable[bytes], where: str) -> tuple[dict[str, Any], li
         kind = obj.get("kind")
         if kind == "end":
             ended = True
-        elif kind not in ("turn", "blob", "doc", "ledger"):
+        elif kind not in ("turn", "blob", "doc", "ledger", "secret"):
             raise _bad(f"{where}:{n}: unknown record kind {kind!r}")
         obj["_line"] = n
         records.append(obj)
@@ -138,6 +148,7 @@ def import_session(store: Store, session: str, lines: Iterable[bytes], *, where:
     docs: list[tuple[Any, bytes]] = []
     ledger: list[dict[str, Any]] = []
     turn: dict[str, Any] | None = None
+    secret: bytes | None = None
     for obj in records:
         kind, n = obj["kind"], obj["_line"]
         if kind == "blob":
@@ -158,6 +169,10 @@ def import_session(store: Store, session: str, lines: Iterable[bytes], *, where:
                     continue  # a line the source ledger could not read either
                 if isinstance(rec, dict):
                     ledger.append(rec)
+        elif kind == "secret":
+            if obj.get("name") != "injection.key":
+                raise _bad(f"{where}:{n}: unknown secret {obj.get('name')!r}")
+            secret = _decode(obj, where)
         elif kind == "turn":
             state, output = obj.get("state"), obj.get("output")
             if not isinstance(state, dict) or not (output is None or isinstance(output, list)):
@@ -166,6 +181,9 @@ def import_session(store: Store, session: str, lines: Iterable[bytes], *, where:
     if store.exists(session):
         raise _bad(f"{store.describe(session)} exists already; import into another session (--session NAME)")
     with store.prepare_lock(session):
+        if secret is not None:
+            value = secret
+            store.secret(session, "injection.key", lambda: value)
         for data, media in blobs:
             store.put_blob(session, data, media)
         for name, data in docs:

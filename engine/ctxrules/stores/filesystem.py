@@ -456,8 +456,8 @@ class FilesystemStore:
             return _read_secret(path)
         except FileNotFoundError:
             pass
+        value = make()  # first: a caller that only asks (make raises) creates nothing
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        value = make()
         try:
             fd = open_private(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
         except FileExistsError:
