@@ -86,7 +86,11 @@ class RedisServer:
         while time.monotonic() < deadline:
             if self.proc is not None and self.proc.poll() is not None:
                 err = self.proc.stderr.read().decode(errors="replace") if self.proc.stderr else ""
-                log = (self.folder / "redis.log").read_text(errors="replace") if (self.folder / "redis.log").exists() else ""
+                log = (
+                    (self.folder / "redis.log").read_text(errors="replace")
+                    if (self.folder / "redis.log").exists()
+                    else ""
+                )
                 raise RuntimeError(f"redis-server exited with {self.proc.returncode}: {err}{log[-2000:]}")
             if self.ping():
                 return
