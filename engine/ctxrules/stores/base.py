@@ -140,8 +140,10 @@ class Store(Protocol):
     (:mod:`ctxrules.stores.redis`). Every method is safe to call from several threads and
     several processes (or machines, for a network store) at once."""
 
-    url: str
-    """Where the store is, as a URL without credentials (``file:///abs/dir``, ``redis://h:6379/0``)."""
+    @property
+    def url(self) -> str:
+        """Where the store is, as a URL without credentials (``file:///abs/dir``, ``redis://h:6379/0``)."""
+        ...
 
     # --- sessions -------------------------------------------------------------------------------
 
