@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from redis_server import redis_server, redis_url  # noqa: F401  (fixtures)
 
 from ctxrules.stores.base import Log, Store, StoreLockTimeout
 from ctxrules.summarize.lock import CompactionBusy
