@@ -18,18 +18,16 @@ byte-exact whatever the line endings are. Stages that count lines for a marker u
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
-import json
-import os
 import re
-import tempfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ctxrules.errors import CtxrulesError
-from ctxrules.private_files import UnsafePathError, ensure_dir, read_private
+
+if TYPE_CHECKING:
+    from ctxrules.stores.base import Store
 
 __all__ = [
     "MARKER_KINDS",
@@ -51,8 +49,6 @@ MIN_PREFIX = 12
 
 _ID_LEN = 64
 _HEX_RE = re.compile(r"[0-9a-f]+")
-_META_SUFFIX = ".meta"
-_TMP_PREFIX = ".tmp-"
 # Lone surrogates survive json.loads; "surrogatepass" keeps them storable and round-trippable
 # instead of failing a stage on a transcript that contains one.
 _TEXT_ERRORS = "surrogatepass"
@@ -95,15 +91,32 @@ def _normalize_id(id_or_prefix: str) -> str:
 
 
 class Vault:
-    """A content-addressed store rooted at ``root`` (a session's ``vault/`` directory).
+    """The vault of one session in a :class:`ctxrules.stores.Store`: ids, prefixes, text, line
+    ranges and media types over the store's content-addressed blobs.
 
-    Nothing is created until the first ``put``; reading an empty or missing vault reports
-    "not found". Writes are atomic (temporary file in the target directory, then
-    ``os.replace``), so a reader never sees a half-written file, and idempotent.
+    ``Vault(root)`` is the filesystem vault in the directory ``root`` (a session's ``vault/``);
+    ``Vault.of(store, session)`` the vault of a session in any store. Nothing is created until
+    the first ``put``; reading an empty or missing vault reports "not found". Writes are atomic
+    and durable before an id is handed out, and idempotent.
     """
 
-    def __init__(self, root: Path) -> None:
-        self._root = Path(root)
+    def __init__(self, root: Path | None = None, *, store: Store | None = None, session: str | None = None) -> None:
+        if store is None:
+            if root is None:
+                raise TypeError("Vault() needs a directory, or store= and session=")
+            from ctxrules.stores.filesystem import FilesystemStore
+
+            root = Path(root)
+            store, session = FilesystemStore(root.parent, vault_name=root.name), str(root.parent)
+        elif session is None:
+            raise TypeError("Vault(store=...) needs session=")
+        self.store: Store = store
+        self.session: str = session
+
+    @classmethod
+    def of(cls, store: Store, session: str) -> Vault:
+        """The vault of ``session`` in ``store``."""
+        return cls(store=store, session=session)
 
     @classmethod
     def for_session(cls, session_dir: Path) -> Vault:
@@ -112,73 +125,33 @@ class Vault:
 
     @property
     def root(self) -> Path:
-        return self._root
+        """The vault's directory (filesystem stores only)."""
+        vault_dir = getattr(self.store, "vault_dir", None)
+        if vault_dir is None:
+            raise VaultError(f"the vault of {self.where} is not a directory (store {self.store.url})")
+        path: Path = vault_dir(self.session)
+        return path
+
+    @property
+    def where(self) -> str:
+        """How messages name this vault."""
+        vault_dir = getattr(self.store, "vault_dir", None)
+        return str(vault_dir(self.session)) if vault_dir is not None else self.store.describe(self.session)
 
     def __repr__(self) -> str:
-        return f"Vault({str(self._root)!r})"
+        return f"Vault({self.where!r})"
 
     # --- writing ----------------------------------------------------------------------------
 
     def put_text(self, text: str) -> str:
         """Store ``text`` as its UTF-8 bytes; return the id (sha256 hex of those bytes)."""
-        return self._put(text.encode("utf-8", _TEXT_ERRORS), None)
+        return self.store.put_blob(self.session, text.encode("utf-8", _TEXT_ERRORS))
 
     def put_bytes(self, data: bytes, media_type: str | None = None) -> str:
         """Store raw bytes (media); return the id (sha256 hex of ``data``)."""
         if not isinstance(data, bytes | bytearray | memoryview):
             raise TypeError(f"put_bytes() needs bytes, got {type(data).__name__}")
-        return self._put(bytes(data), media_type)
-
-    def _put(self, data: bytes, media_type: str | None) -> str:
-        try:
-            return self._put_unchecked(data, media_type)
-        except OSError as exc:
-            # A full disk or a read-only session directory is the user's to fix, not a bug.
-            raise VaultError(f"cannot write to the vault at {self._root}: {exc}") from exc
-
-    def _put_unchecked(self, data: bytes, media_type: str | None) -> str:
-        vault_id = hashlib.sha256(data).hexdigest()
-        path = self._path(vault_id)
-        if not self._intact(path, vault_id):
-            # Missing, or corrupt: rewriting repairs it, and the bytes are the same either way.
-            # Every directory from the session's down is checked: a planted ``vault`` link
-            # would otherwise receive the originals.
-            ensure_dir(path.parent, inside=self._root.parent)
-            self._write_atomic(path, data)
-        if media_type is not None:
-            meta = json.dumps({"media_type": media_type}, sort_keys=True).encode("utf-8")
-            meta_path = path.with_name(path.name + _META_SUFFIX)
-            try:
-                current: bytes | None = read_private(meta_path)
-            except FileNotFoundError:
-                current = None
-            if current != meta:
-                self._write_atomic(meta_path, meta)
-        return vault_id
-
-    @staticmethod
-    def _intact(path: Path, vault_id: str) -> bool:
-        try:
-            return hashlib.sha256(read_private(path)).hexdigest() == vault_id
-        except FileNotFoundError:
-            return False
-
-    @staticmethod
-    def _write_atomic(path: Path, data: bytes) -> None:
-        fd, tmp_name = tempfile.mkstemp(prefix=_TMP_PREFIX, dir=path.parent)
-        try:
-            with os.fdopen(fd, "wb") as handle:
-                os.fchmod(handle.fileno(), 0o600)
-                handle.write(data)
-                handle.flush()
-                # Durable before visible: after a crash the id either resolves to the full
-                # content or not at all.
-                os.fsync(handle.fileno())
-            os.replace(tmp_name, path)
-        except BaseException:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp_name)
-            raise
+        return self.store.put_blob(self.session, bytes(data), media_type)
 
     # --- reading ----------------------------------------------------------------------------
 
@@ -186,15 +159,15 @@ class Vault:
         """The full id for an id or a unique prefix (≥ 12 hex digits, ``vault://`` allowed)."""
         candidate = _normalize_id(id_or_prefix)
         if len(candidate) == _ID_LEN:
-            if self._path(candidate).is_file():
+            if self.store.has_blob(self.session, candidate):
                 return candidate
             raise VaultError(
-                f"vault item {candidate} is missing from {self._root} "
+                f"vault item {candidate} is missing from {self.where} "
                 "(not found: deleted, or never stored in this session)"
             )
-        matches = [vid for vid in self._ids_in_shard(candidate[:2]) if vid.startswith(candidate)]
+        matches = self.store.blob_ids(self.session, candidate)
         if not matches:
-            raise VaultError(f"vault item {candidate}... is missing from {self._root} (no entry starts with it)")
+            raise VaultError(f"vault item {candidate}... is missing from {self.where} (no entry starts with it)")
         if len(matches) > 1:
             shown = ", ".join(sorted(matches)[:5])
             raise VaultError(
@@ -204,17 +177,7 @@ class Vault:
 
     def get(self, id_or_prefix: str) -> bytes:
         """The exact stored bytes, verified against their id."""
-        vault_id = self.resolve(id_or_prefix)
-        try:
-            data = read_private(self._path(vault_id))
-        except (OSError, UnsafePathError) as exc:
-            raise VaultError(f"cannot read vault entry {vault_id}: {exc}") from exc
-        actual = hashlib.sha256(data).hexdigest()
-        if actual != vault_id:
-            raise VaultError(
-                f"vault entry {vault_id} is corrupt: its content hashes to {actual} ({self._path(vault_id)})"
-            )
-        return data
+        return self.store.get_blob(self.session, self.resolve(id_or_prefix))
 
     def get_text(self, id_or_prefix: str) -> str:
         """The stored text (inverse of :meth:`put_text`)."""
@@ -231,14 +194,7 @@ class Vault:
 
     def media_type(self, id_or_prefix: str) -> str | None:
         """The media type recorded by :meth:`put_bytes`, if any."""
-        vault_id = self.resolve(id_or_prefix)
-        meta_path = self._path(vault_id).with_name(vault_id + _META_SUFFIX)
-        try:
-            meta = json.loads(read_private(meta_path))
-        except FileNotFoundError:
-            return None
-        value = meta.get("media_type") if isinstance(meta, dict) else None
-        return value if isinstance(value, str) else None
+        return self.store.blob_media_type(self.session, self.resolve(id_or_prefix))
 
     def exists(self, id_or_prefix: str) -> bool:
         """Whether an entry has this id (or starts with this prefix).
@@ -248,35 +204,19 @@ class Vault:
         """
         candidate = _normalize_id(id_or_prefix)
         if len(candidate) == _ID_LEN:
-            return self._path(candidate).is_file()
-        return any(vid.startswith(candidate) for vid in self._ids_in_shard(candidate[:2]))
+            return self.store.has_blob(self.session, candidate)
+        return bool(self.store.blob_ids(self.session, candidate))
+
+    def missing(self, ids: Iterable[str]) -> set[str]:
+        """The full ids of ``ids`` this vault does not hold (one store round trip)."""
+        return self.store.missing_blobs(self.session, list(ids))
 
     def list_ids(self) -> list[str]:
         """Every stored id, sorted."""
-        if not self._root.is_dir():
-            return []
-        ids: list[str] = []
-        for shard in self._root.iterdir():
-            if shard.is_dir() and len(shard.name) == 2 and _HEX_RE.fullmatch(shard.name):
-                ids.extend(self._ids_in_shard(shard.name))
-        return sorted(ids)
+        return self.store.blob_ids(self.session)
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.list_ids())
-
-    # --- paths ------------------------------------------------------------------------------
-
-    def _path(self, vault_id: str) -> Path:
-        # Sharding by two hex digits keeps directories small (256 shards) for long sessions.
-        return self._root / vault_id[:2] / vault_id
-
-    def _ids_in_shard(self, shard: str) -> list[str]:
-        directory = self._root / shard
-        try:
-            names = os.listdir(directory)
-        except (FileNotFoundError, NotADirectoryError):
-            return []
-        return [name for name in names if len(name) == _ID_LEN and name.startswith(shard) and _HEX_RE.fullmatch(name)]
 
 
 # --- markers --------------------------------------------------------------------------------

@@ -43,6 +43,7 @@ __all__ = [
     "Turn",
     "open_store",
     "session_id_for",
+    "store_and_session",
     "store_from_options",
 ]
 
@@ -116,6 +117,23 @@ def store_from_options(store: str | None, state: str | None) -> str | None:
         return file_url(state)
     env = os.environ.get(STORE_ENV)
     return env or None
+
+
+def store_and_session(
+    session_dir: str | os.PathLike[str] | None, store: Store | None, session: str | None
+) -> tuple[Store, str]:
+    """``(store, session key)`` for the constructors that take either a session directory (the
+    filesystem store, as before) or ``store=`` and ``session=``."""
+    if store is not None:
+        if session is None:
+            raise TypeError("store= needs session=")
+        return store, session
+    if session_dir is None:
+        raise TypeError("give a session directory, or store= and session=")
+    from ctxrules.stores.filesystem import FilesystemStore
+
+    path = Path(session_dir)
+    return FilesystemStore(path.parent), str(path)
 
 
 def _redacted(url: str) -> str:

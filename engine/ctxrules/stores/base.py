@@ -253,6 +253,14 @@ class Store(Protocol):
         and add a ``"type": "call"`` record's tokens and USD to the logs' totals."""
         ...
 
+    def append_once(
+        self, log: Log, record: Mapping[str, Any], *, key: str, limit: int
+    ) -> Literal["added", "present", "full"]:
+        """Atomically: ``present`` when a record of ``log`` has the same ``record[key]``, else
+        ``full`` when the log holds ``limit`` records, else append ``record`` and ``added``
+        (the sub-agent registry and its spawn cap)."""
+        ...
+
     def read_log(self, log: Log, cursor: Any = None) -> LogChunk:
         """The records appended after ``cursor`` (None: from the start)."""
         ...
