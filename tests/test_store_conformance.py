@@ -259,3 +259,25 @@ def test_a_secret_is_made_once_for_every_worker(opener: Opener) -> None:
     assert b.secret(None, "injection-key", lambda: key_b) == first == key_a
     s = a.session_key("conv-secret")
     assert b.secret(s, "injection-key", lambda: key_a) == a.secret(s, "injection-key", lambda: key_b) == key_a
+
+
+def test_append_once_checks_and_appends_under_one_lock(opener: Opener) -> None:
+    stores = [opener() for _ in range(4)]
+    root = stores[0].session_key("conv-root")
+    log = Log("descendants", root)
+    outcomes: list[str] = []
+
+    def worker(n: int, store: Store) -> None:
+        for i in range(6):
+            # Every worker tries the same six children: each is added once, then the cap holds.
+            outcomes.append(store.append_once(log, {"path": f"child-{i}", "by": n}, key="path", limit=5))
+
+    threads = [threading.Thread(target=worker, args=(n, st)) for n, st in enumerate(stores)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert outcomes.count("added") == 5
+    assert outcomes.count("full") >= 1
+    lines = stores[0].read_log(log).lines
+    assert len(lines) == 5

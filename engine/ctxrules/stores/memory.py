@@ -15,7 +15,7 @@ import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from ctxrules.stores.base import (
     SESSION_ID_RE,
@@ -204,6 +204,21 @@ class MemoryStore:
                             for k, v in values.items():
                                 if isinstance(v, int | float) and not isinstance(v, bool):
                                     _add(entry.totals, f"{group}.{k}", v)
+
+    def append_once(
+        self, log: Log, record: Mapping[str, Any], *, key: str, limit: int
+    ) -> Literal["added", "present", "full"]:
+        with self._mutex:
+            entry = self._logs.setdefault(log, _Log())
+            wanted = record.get(key)
+            for line in entry.lines:
+                obj = json.loads(line)
+                if isinstance(obj, dict) and obj.get(key) == wanted:
+                    return "present"
+            if len(entry.lines) >= limit:
+                return "full"
+            entry.lines.append(json.dumps(dict(record), ensure_ascii=False, sort_keys=True).encode("utf-8"))
+            return "added"
 
     def read_log(self, log: Log, cursor: Any = None) -> LogChunk:
         with self._mutex:

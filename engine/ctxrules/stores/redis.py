@@ -265,6 +265,26 @@ end
 return redis.call('GET', KEYS[3])
 """
 
+# Append unless a record has the same value at ARGV[2] (compared as ARGV[4] says: a string or a
+# number), or the log already holds ARGV[5] records. KEYS: records, gen.
+_APPEND_ONCE = """
+local wanted = ARGV[3]
+if ARGV[4] == 'n' then wanted = tonumber(wanted) end
+local lines = redis.call('LRANGE', KEYS[1], 0, -1)
+for _, line in ipairs(lines) do
+  local ok, obj = pcall(cjson.decode, line)
+  if ok and type(obj) == 'table' and obj[ARGV[2]] == wanted then return 'present' end
+end
+if #lines >= tonumber(ARGV[5]) then return 'full' end
+redis.call('SET', KEYS[2], ARGV[6], 'NX')
+redis.call('RPUSH', KEYS[1], ARGV[1])
+if tonumber(ARGV[7]) > 0 then
+  redis.call('PEXPIRE', KEYS[1], ARGV[7])
+  redis.call('PEXPIRE', KEYS[2], ARGV[7])
+end
+return 'added'
+"""
+
 # Read a log after a cursor: the records and the log's generation (a new one: it was replaced).
 _READ_LOG = """
 local gen = redis.call('GET', KEYS[2]) or ''
@@ -377,6 +397,7 @@ class RedisStore:
                 ("release", _RELEASE),
                 ("append", _APPEND),
                 ("read_log", _READ_LOG),
+                ("append_once", _APPEND_ONCE),
             )
         }
         self._lock = threading.RLock()
@@ -885,6 +906,37 @@ class RedisStore:
                 pipe.execute()
 
         self._call(op, lambda m: m.append(logs, record))
+
+    def append_once(
+        self, log: Log, record: Mapping[str, Any], *, key: str, limit: int
+    ) -> Literal["added", "present", "full"]:
+        wanted = record.get(key)
+        if isinstance(wanted, bool) or not isinstance(wanted, str | int | float):
+            raise StoreError(f"append_once: record[{key!r}] must be a string or a number, got {wanted!r}")
+        base = _log_base(log)
+        line = json.dumps(dict(record), ensure_ascii=False, sort_keys=True, allow_nan=False).encode("utf-8")
+        session_log = log.kind in ("session", "descendants")
+        ttl = self._ttl_ms if session_log else self._log_ttl_ms
+        args: list[bytes | str] = [
+            line,
+            key,
+            str(wanted),
+            "s" if isinstance(wanted, str) else "n",
+            str(limit),
+            secrets.token_hex(8),
+        ]
+
+        def op() -> Literal["added", "present", "full"]:
+            got = self._scripts["append_once"](keys=[base + ":records", base + ":gen"], args=[*args, str(ttl)])
+            outcome = got.decode() if isinstance(got, bytes) else str(got)
+            if session_log:
+                pipe = self._client.pipeline(transaction=True)
+                self._touch_commands(pipe, log.name)
+                pipe.execute()
+            assert outcome in ("added", "present", "full")
+            return outcome  # type: ignore[return-value]
+
+        return self._call(op, lambda m: m.append_once(log, record, key=key, limit=limit))
 
     def read_log(self, log: Log, cursor: Any = None) -> LogChunk:
         gen, offset = cursor if isinstance(cursor, tuple) and len(cursor) == 2 else ("", 0)
