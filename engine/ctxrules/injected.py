@@ -28,13 +28,14 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import hmac
-import os
 import re
 import secrets
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from ctxrules.errors import UsageError
+if TYPE_CHECKING:
+    from ctxrules.stores.base import Store
 
 __all__ = [
     "KEY_FILE",
@@ -42,6 +43,7 @@ __all__ = [
     "TagHead",
     "current_key",
     "key_for_session",
+    "key_in_store",
     "key_scope",
     "parse_head",
 ]
@@ -150,44 +152,24 @@ class InjectionKey:
         """The key in ``path``; a new random one is written there (mode 0600) when it is absent.
 
         Two processes creating it at once agree: the file is created exclusively and the loser
-        reads the winner's key. Symlinks are not followed."""
-        try:
-            return cls(_read_key(path))
-        except FileNotFoundError:
-            pass
-        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        secret = secrets.token_bytes(32)
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
-        except FileExistsError:
-            return cls(_read_key(path))
-        except OSError as exc:
-            raise UsageError(f"{path}: cannot create the injection key: {exc.strerror or exc}") from None
-        with os.fdopen(fd, "w", encoding="ascii") as handle:
-            handle.write(secret.hex() + "\n")
-            handle.flush()
-            os.fsync(handle.fileno())
-        return cls(secret)
+        reads the winner's key. Symlinks are not followed (the filesystem store's secrets)."""
+        from ctxrules.stores.filesystem import FilesystemStore
 
-
-def _read_key(path: Path) -> bytes:
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
-    except FileNotFoundError:
-        raise
-    except OSError as exc:
-        raise UsageError(f"{path}: cannot read the injection key: {exc.strerror or exc}") from None
-    with os.fdopen(fd, "r", encoding="ascii", errors="replace") as handle:
-        text = handle.read(200).strip()
-    # An empty file is a creation that died before writing: not a key, and not ours to guess.
-    if not re.fullmatch(r"[0-9a-f]{32,128}", text):
-        raise UsageError(f"{path}: not an injection key (expected hex digits); delete it to make a new one")
-    return bytes.fromhex(text)
+        path = Path(path)
+        return cls(FilesystemStore(path.parent).secret(None, path.name, lambda: secrets.token_bytes(32)))
 
 
 def key_for_session(session_dir: Path, state_root: Path | None) -> InjectionKey:
     """The key a session signs with: the state root's when it has one, else its own."""
-    key = InjectionKey.load_or_create((state_root if state_root is not None else session_dir) / KEY_FILE)
+    from ctxrules.stores.filesystem import FilesystemStore
+
+    return key_in_store(FilesystemStore(state_root if state_root is not None else session_dir), None)
+
+
+def key_in_store(store: Store, session: str | None) -> InjectionKey:
+    """The key a session signs with, kept in ``store``: the store's own (``session`` None: every
+    worker of a shared store signs alike) or the session's."""
+    key = InjectionKey(store.secret(session, KEY_FILE, lambda: secrets.token_bytes(32)))
     _known(key)
     return key
 

@@ -261,6 +261,6 @@ def resume(session: Path | str, *, store: Store | None = None) -> list[dict[str,
         messages = _backed_up(st, key, data)  # before the state is put back
         state = data.get("state_before")
         if isinstance(state, dict):
-            st.restore_state(key, state)
+            st.save_state(key, state)
         _set_status(st, key, "resumed", resumed=time.time())
     return messages

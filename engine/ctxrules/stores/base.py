@@ -193,9 +193,10 @@ class Store(Protocol):
         """Drop what this object caches of ``session`` (after a run that failed part-way)."""
         ...
 
-    def restore_state(self, session: str, state: dict[str, Any]) -> None:
-        """Put ``state`` back as it is (``sessions resume``: the state from before a cut-short
-        compaction), leaving the last output alone."""
+    def save_state(self, session: str, state: dict[str, Any]) -> None:
+        """Replace the state alone, leaving the last output as it is (``sessions resume`` puts
+        back the state from before a cut-short compaction; ``compress`` keeps its own section).
+        The caller holds the prepare lock."""
         ...
 
     # --- the vault ------------------------------------------------------------------------------

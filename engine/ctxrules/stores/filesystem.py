@@ -169,7 +169,7 @@ class FilesystemStore:
     def forget(self, session: str) -> None:
         self._turn_files(session).forget()
 
-    def restore_state(self, session: str, state: dict[str, Any]) -> None:
+    def save_state(self, session: str, state: dict[str, Any]) -> None:
         files = self._turn_files(session)
         write_atomic(files.state_file, json.dumps(state, ensure_ascii=False, sort_keys=True).encode("utf-8"))
         files.forget()
