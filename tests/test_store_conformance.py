@@ -111,7 +111,7 @@ def test_output_holds_only_what_this_object_wrote(opener: Opener) -> None:
     assert not a.output_holds(s, out[:2])
 
 
-def test_restore_state_keeps_the_output(opener: Opener) -> None:
+def test_save_state_keeps_the_output(opener: Opener) -> None:
     a = opener()
     s = a.session_key("conv-restore")
     out = _messages(2)
@@ -120,7 +120,7 @@ def test_restore_state_keeps_the_output(opener: Opener) -> None:
     saved = a.load_turn(s).state
     with a.prepare_lock(s):
         a.commit_turn(s, {"fingerprint": "two"}, out)
-        a.restore_state(s, saved)
+        a.save_state(s, saved)
     b = opener()
     turn = b.load_turn(s)
     assert turn.state["fingerprint"] == "one"

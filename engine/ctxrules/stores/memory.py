@@ -15,7 +15,7 @@ import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from ctxrules.stores.base import (
     SESSION_ID_RE,
@@ -126,7 +126,7 @@ class MemoryStore:
     def forget(self, session: str) -> None:
         self._written.pop(session, None)
 
-    def restore_state(self, session: str, state: dict[str, Any]) -> None:
+    def save_state(self, session: str, state: dict[str, Any]) -> None:
         s = self._s(session)
         with self._mutex:
             s.state = json.dumps(state, ensure_ascii=False, sort_keys=True).encode("utf-8")
@@ -291,3 +291,10 @@ class _ThreadLock:
 
     def renew(self) -> None:
         pass
+
+
+if TYPE_CHECKING:
+    from ctxrules.stores.base import Store
+
+    def _conforms(store: MemoryStore) -> Store:
+        return store  # mypy checks that MemoryStore is a Store

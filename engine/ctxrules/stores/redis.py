@@ -710,7 +710,7 @@ class RedisStore:
         if self._local is not None:
             self._local.forget(session)
 
-    def restore_state(self, session: str, state: dict[str, Any]) -> None:
+    def save_state(self, session: str, state: dict[str, Any]) -> None:
         raw = json.dumps(state, ensure_ascii=False, sort_keys=True).encode("utf-8")
 
         def op() -> None:
@@ -721,7 +721,7 @@ class RedisStore:
             pipe.execute()
             self.forget(session)
 
-        self._call(op, lambda m: m.restore_state(session, state))
+        self._call(op, lambda m: m.save_state(session, state))
 
     # --- the vault --------------------------------------------------------------------------
 
@@ -1228,3 +1228,10 @@ class _Renewer:
                 with contextlib.suppress(redis.RedisError):
                     store._renew(lease)
             del store
+
+
+if TYPE_CHECKING:
+    from ctxrules.stores.base import Store
+
+    def _conforms(store: RedisStore) -> Store:
+        return store  # mypy checks that RedisStore is a Store
