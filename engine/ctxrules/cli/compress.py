@@ -30,13 +30,14 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 from ctxrules.cli.io import add_search_path
+from ctxrules.cli.stores import add_store_options, session_key, store_of
 from ctxrules.compressors.api import CompressorSkipped, compress_text
 from ctxrules.compressors.pipes import stdout_feeds_pipeline
 from ctxrules.errors import CtxrulesError, UsageError
 from ctxrules.models import lookup_model
 from ctxrules.packs.validated import load_pack
 from ctxrules.plugins import default_registry
-from ctxrules.session_store import state_root_from_env
+from ctxrules.stores import store_from_options
 from ctxrules.tokens import TokenCounter
 from ctxrules.vault import Vault
 
@@ -72,8 +73,12 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--always", action="store_true", help="compress even when the output feeds another command of a pipeline"
     )
-    p.add_argument("--session", help="session directory whose vault keeps the full output (default: <state>/default)")
-    p.add_argument("--state", help="state root (default: .ctxrules or $CTXRULES_STATE)")
+    p.add_argument(
+        "--session",
+        help="session directory (the session id with a --store URL) whose vault keeps the full output "
+        "(default: <state>/default)",
+    )
+    add_store_options(p)
     p.add_argument("--command", dest="command_line", help="filter mode: the command line that produced --input")
     p.add_argument(
         "--exit-code", type=int, default=None, help="filter mode: the command's exit code (default: unknown)"
@@ -84,10 +89,9 @@ def register(sub: Any) -> None:
     p.set_defaults(func=run)
 
 
-def _session_dir(args: argparse.Namespace) -> Path:
-    if args.session:
-        return Path(args.session)
-    return (Path(args.state) if args.state else state_root_from_env()) / "default"
+def _vault(args: argparse.Namespace) -> Vault:
+    store = store_of(args)
+    return Vault.of(store, session_key(store, args.session))
 
 
 def _load(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
@@ -125,7 +129,7 @@ def _compress(
                 f"anything); {tokens:,} tokens ({args.model})"
             )
         return raw
-    vault = Vault.for_session(_session_dir(args))
+    vault = _vault(args)
     stored = vault.put_text(text) if exact else vault.put_bytes(raw, "text/plain")
     if stored != vault_id:  # pragma: no cover - the vault's id is the sha256 of these bytes
         raise CtxrulesError(f"vault stored the output as {stored}, markers say {vault_id}")
@@ -239,6 +243,8 @@ def _filter(args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    # The store is named before any command runs: a bad --store is a usage error up front.
+    store_from_options(args.store, args.state)
     argv = list(args.argv)
     if argv and argv[0] == "--":
         argv = argv[1:]
