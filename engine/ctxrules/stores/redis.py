@@ -203,13 +203,14 @@ redis.call('SET', KEYS[1], ARGV[1])
 return redis.call('INCR', KEYS[3])
 """
 
-# Read the turn: the output only when its revision is not the one the client holds.
+# Read the turn. ARGV[1]: the revision the client holds (state, and output when ARGV[2] asks for
+# it); then nothing but the revision comes back: a warm turn on the worker that committed the
+# last one transfers and parses nothing.
 _LOAD = """
-local st = redis.call('GET', KEYS[1])
 local rev = redis.call('GET', KEYS[2]) or '0'
-if ARGV[2] == '1' and rev ~= ARGV[1] then
-  return {st or false, rev, redis.call('LRANGE', KEYS[3], 0, -1)}
-end
+if rev == ARGV[1] then return {'=', rev} end
+local st = redis.call('GET', KEYS[1])
+if ARGV[2] == '1' then return {st or false, rev, redis.call('LRANGE', KEYS[3], 0, -1)} end
 return {st or false, rev}
 """
 
@@ -351,6 +352,7 @@ class _Cached:
     output: list[dict[str, Any]] | None = None
     digest: Any = None  # sha256 object over the output's JSON lines
     seen: bool = False  # the session existed when this object last looked
+    output_known: bool = False  # output is what the store holds (None: it failed the digest)
 
 
 @dataclass
@@ -521,12 +523,16 @@ class RedisStore:
 
         def op() -> Turn:
             cached = self._cache.get(session)
-            rev_known = cached.rev if cached is not None and cached.output is not None else -1
+            holds = cached is not None and cached.state is not None and (cached.output_known or not output)
             reply = self._scripts["load"](
                 keys=[_skey(session, "state"), _skey(session, "rev"), _skey(session, "output")],
-                args=[str(rev_known), "1" if output else "0"],
+                args=[str(cached.rev) if holds and cached is not None else "-1", "1" if output else "0"],
             )
-            raw_state, rev = reply[0], int(reply[1])
+            rev = int(reply[1])
+            if reply[0] == b"=" and cached is not None and cached.state is not None:
+                # What this object committed or verified last is still the session's turn.
+                return Turn(cached.state, cached.output if output else None, notes)
+            raw_state = reply[0]
             if raw_state is None:
                 with self._lock:
                     if cached is not None and cached.seen:
@@ -538,16 +544,10 @@ class RedisStore:
                     self._cache[session] = _Cached(seen=False)
                 return Turn({"version": STATE_VERSION}, None, notes)
             state = _parse_state(raw_state)
-            if cached is None or cached.rev != rev or len(reply) > 2:
-                lines = reply[2] if len(reply) > 2 else None
-                cached = self._verified(state, rev, lines)
-                with self._lock:
-                    self._cache[session] = cached
-            cached.seen = True
-            turn_output = cached.output if output and cached.rev == rev and cached.output is not None else None
-            if output and turn_output is None and "recovered" not in state:
-                _log.debug("store_output_miss", session=session)
-            return Turn(state, turn_output, notes)
+            entry = self._verified(state, rev, reply[2] if len(reply) > 2 else None)
+            with self._lock:
+                self._cache[session] = entry
+            return Turn(state, entry.output if output else None, notes)
 
         turn = self._call(op, lambda m: m.load_turn(session, output=output))
         if self._local_note is not None:
@@ -560,6 +560,7 @@ class RedisStore:
         entry = _Cached(rev=rev, state=state, seen=True)
         if lines is None:
             return entry
+        entry.output_known = True
         found = state.get("last")
         last: dict[str, Any] = found if isinstance(found, dict) else {}
         digest = hashlib.sha256()
@@ -665,7 +666,7 @@ class RedisStore:
             gpipe.execute()
         if rev >= 0:
             with self._lock:
-                self._cache[session] = _Cached(rev=rev, state=state, output=list(output), digest=digest, seen=True)
+                self._cache[session] = _Cached(rev, state, list(output), digest, seen=True, output_known=True)
         self._maybe_extend_blobs(session, replies[-1])
 
     def _commit_replace(self, session: str, state: dict[str, Any], output: list[dict[str, Any]], token: str) -> None:
@@ -688,7 +689,7 @@ class RedisStore:
                 "the turn was not saved"
             )
         with self._lock:
-            self._cache[session] = _Cached(rev=rev, state=state, output=list(output), digest=digest, seen=True)
+            self._cache[session] = _Cached(rev, state, list(output), digest, seen=True, output_known=True)
 
     def output_holds(self, session: str, output: list[dict[str, Any]]) -> bool:
         cached = self._cache.get(session)
