@@ -5,7 +5,8 @@ Each server listens on no TCP port (``--port 0``), keeps nothing on disk (``--sa
 
 - ``redis_server``: one server per test module (a :class:`RedisServer`);
 - ``redis_url``: that server emptied (``FLUSHALL``) before the test, as a ``unix://`` URL;
-- ``own_redis``: a server of the test's own, for the fault tests that restart it.
+- ``own_redis``: a server of the test's own, for the fault tests that restart it;
+- ``redis_cluster_url``: a three-node Redis Cluster (one module's), emptied before the test.
 
 When the binary is missing the tests skip with the reason, or fail under
 ``CTXRULES_REQUIRE_REDIS=1`` (set by ``.ci/run`` on CI, where a skip would hide lost coverage).
@@ -25,9 +26,20 @@ from pathlib import Path
 
 import pytest
 
-__all__ = ["REDIS_SERVER", "RedisServer", "own_redis", "redis_server", "redis_url", "require_redis"]
+__all__ = [
+    "REDIS_SERVER",
+    "RedisCluster",
+    "RedisServer",
+    "own_redis",
+    "redis_cluster",
+    "redis_cluster_url",
+    "redis_server",
+    "redis_url",
+    "require_redis",
+]
 
 REDIS_SERVER = shutil.which("redis-server")
+REDIS_CLI = shutil.which("redis-cli")
 
 
 def require_redis() -> None:
@@ -172,3 +184,111 @@ def own_redis() -> Iterator[RedisServer]:
     require_redis()
     with running_redis() as server:
         yield server
+
+
+class RedisCluster:
+    """Three ``redis-server`` primaries in cluster mode on free TCP ports of 127.0.0.1 (a cluster
+    node needs a TCP port, and its bus the port + 10000), slots spread by ``redis-cli``."""
+
+    def __init__(self) -> None:
+        self.folder = Path(tempfile.mkdtemp(prefix="ctxr-cluster-"))
+        self.ports = _free_ports(3)
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.ports[0]}/0?cluster=yes"
+
+    def start(self) -> None:
+        assert REDIS_SERVER is not None and REDIS_CLI is not None
+        for port in self.ports:
+            argv = [REDIS_SERVER, "--port", str(port), "--bind", "127.0.0.1", "--cluster-enabled", "yes"]
+            argv += ["--cluster-config-file", str(self.folder / f"nodes-{port}.conf")]
+            argv += ["--save", "", "--appendonly", "no", "--dir", str(self.folder)]
+            argv += ["--logfile", str(self.folder / f"{port}.log")]
+            self.procs.append(
+                subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            )
+        deadline = time.monotonic() + 10
+        while not all(_answers(port) for port in self.ports):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the cluster nodes on {self.ports} did not start")
+            time.sleep(0.01)
+        nodes = [f"127.0.0.1:{port}" for port in self.ports]
+        subprocess.run(
+            [REDIS_CLI, "--cluster", "create", *nodes, "--cluster-replicas", "0", "--cluster-yes"],
+            check=True,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            timeout=30,
+        )
+        while not all(b"cluster_state:ok" in _command(port, b"CLUSTER INFO") for port in self.ports):
+            if time.monotonic() > deadline + 20:
+                raise RuntimeError("the cluster did not reach cluster_state:ok")
+            time.sleep(0.05)
+
+    def flush(self) -> None:
+        for port in self.ports:
+            _command(port, b"FLUSHALL")
+
+    def close(self) -> None:
+        for proc in self.procs:
+            proc.terminate()
+        for proc in self.procs:
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def _free_ports(n: int) -> list[int]:
+    """``n`` ports whose port + 10000 (the cluster bus) is free too."""
+    import random
+
+    found: list[int] = []
+    while len(found) < n:
+        port = random.randint(20000, 50000)
+        if port in found:
+            continue
+        try:
+            for p in (port, port + 10000):
+                with socket.socket() as probe:
+                    probe.bind(("127.0.0.1", p))
+        except OSError:
+            continue
+        found.append(port)
+    return found
+
+
+def _command(port: int, command: bytes) -> bytes:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=1.0) as sock:
+            sock.sendall(command + b"\r\n")
+            return sock.recv(65536)
+    except OSError:
+        return b""
+
+
+def _answers(port: int) -> bool:
+    return _command(port, b"PING").startswith(b"+PONG")
+
+
+@pytest.fixture(scope="module")
+def redis_cluster() -> Iterator[RedisCluster]:
+    require_redis()
+    if REDIS_CLI is None:
+        pytest.skip("redis-cli is not installed (Debian: apt-get install redis-tools), needed to form a cluster")
+    cluster = RedisCluster()
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.close()
+
+
+@pytest.fixture
+def redis_cluster_url(redis_cluster: RedisCluster) -> str:
+    redis_cluster.flush()
+    return redis_cluster.url

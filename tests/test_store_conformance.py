@@ -1,5 +1,6 @@
 """The Store protocol's behaviour, the same tests against every backend: the filesystem store,
-the Redis store on a real ``redis-server`` (tests/redis_server.py) and the in-memory store.
+the Redis store on a real ``redis-server`` (tests/redis_server.py) and on a real three-node
+Redis Cluster (``cluster=yes``), and the in-memory store.
 
 "Two workers" are two store objects on the same backend (two FilesystemStore objects on one
 directory, two RedisStore clients of one server); the in-memory store has only itself.
@@ -22,7 +23,7 @@ from ctxrules.vault import VaultError
 Opener = Callable[[], Store]
 
 
-@pytest.fixture(params=["file", "redis", "memory"])
+@pytest.fixture(params=["file", "redis", "redis-cluster", "memory"])
 def opener(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Opener]:
     opened: list[Store] = []
     if request.param == "file":
@@ -33,13 +34,16 @@ def opener(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Opener]:
             opened.append(store)
             return store
 
-    elif request.param == "redis":
+    elif request.param in ("redis", "redis-cluster"):
         from ctxrules.stores.redis import RedisStore
 
-        url = request.getfixturevalue("redis_url")
+        if request.param == "redis":
+            url = request.getfixturevalue("redis_url") + "?lock_ttl_s=2"
+        else:  # three primaries: a session's keys on one node, its blobs and the ledgers on others
+            url = request.getfixturevalue("redis_cluster_url") + "&lock_ttl_s=2"
 
         def make() -> Store:
-            store = RedisStore.from_url(url + "?lock_ttl_s=2")
+            store = RedisStore.from_url(url)
             opened.append(store)
             return store
 

@@ -55,6 +55,7 @@ from typing import TYPE_CHECKING, Any, Final, Literal, TypeVar
 from urllib.parse import parse_qsl, urlencode, urlsplit
 
 import redis
+import redis.exceptions
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
@@ -83,9 +84,16 @@ _UNREACHABLE: Final = "CR148"
 _LOCK_CODE: Final = "CR149"
 _BLOB_TTL_FACTOR: Final = 2
 _PREPARES_KEPT: Final = 1000
-_LUA_CHUNK: Final = 1000  # Lua's unpack() and C stack limit the arguments of one command
 
 _log = get_logger("ctxrules.store")
+# What a server that cannot be reached (or a Cluster that lost a slot's node) raises.
+_UNREACHABLE_ERRORS: Final = (
+    TimeoutError,
+    OSError,
+    redis.ConnectionError,
+    redis.TimeoutError,
+    redis.exceptions.ClusterDownError,
+)
 T = TypeVar("T")
 
 
@@ -103,6 +111,7 @@ class RedisStoreSettings:
     lock_timeout_s: float = 120.0
     lock_ttl_s: float = 30.0
     on_error: Literal["fail", "local"] = "fail"
+    cluster: bool = False
 
     def __post_init__(self) -> None:
         for name in ("ttl_s", "connect_timeout_s", "socket_timeout_s", "lock_ttl_s"):
@@ -162,6 +171,11 @@ def _split_url(url: str) -> tuple[str, dict[str, Any]]:
             if key == "on_error":
                 ours[key] = value
                 continue
+            if key == "cluster":
+                if value.lower() not in ("1", "0", "yes", "no", "true", "false"):
+                    raise _bad(f"cluster={value!r} in {redacted(url)!r}: give cluster=yes or cluster=no")
+                ours[key] = value.lower() in ("1", "yes", "true")
+                continue
             try:
                 ours[key] = float(value)
             except ValueError:
@@ -181,26 +195,37 @@ def _base(url: str) -> str:
 
 # --- Lua ------------------------------------------------------------------------------------
 
-# The turn: refuse when the caller's lock token is no longer the lock's (a worker paused past its
-# lease must not overwrite the turn of the worker that took over); append to the output only
-# when nobody committed since this client's last commit (else the client sends all of it).
+# The turn, one script on the session's slot: refuse when the caller's lock token is no longer
+# the lock's (a worker paused past its lease must not overwrite the turn of the worker that took
+# over); append to the output only when nobody committed since this client's last commit (else
+# the client sends all of it); then mark the session used and push the expiry of every one of
+# its keys out, but the lock's (it keeps its lease).
+# KEYS: state, output, rev, lock, meta, then every other key of the session. ARGV: state, mode
+# (1 append, 0 replace), the revision an append expects, the lock token ('' none), ttl in ms,
+# the time, then the output lines. Returns {rev, or -1 (lock lost) or -2 (append refused);
+# when the session's blobs last had their TTLs extended}.
 _COMMIT = """
-if ARGV[4] ~= '' and redis.call('GET', KEYS[4]) ~= ARGV[4] then return -1 end
+if ARGV[4] ~= '' and redis.call('GET', KEYS[4]) ~= ARGV[4] then return {-1, false} end
 local rev = tonumber(redis.call('GET', KEYS[3]) or '0')
 if ARGV[2] == '1' then
-  if rev ~= tonumber(ARGV[3]) then return -2 end
+  if rev ~= tonumber(ARGV[3]) then return {-2, false} end
 else
   redis.call('DEL', KEYS[2])
 end
 local n = #ARGV
-local i = 6
+local i = 7
 while i <= n do
-  local j = math.min(i + tonumber(ARGV[5]) - 1, n)
+  local j = math.min(i + 999, n)
   redis.call('RPUSH', KEYS[2], unpack(ARGV, i, j))
   i = j + 1
 end
 redis.call('SET', KEYS[1], ARGV[1])
-return redis.call('INCR', KEYS[3])
+rev = redis.call('INCR', KEYS[3])
+redis.call('HSET', KEYS[5], 'used', ARGV[6])
+for k = 1, #KEYS do
+  if k ~= 4 then redis.call('PEXPIRE', KEYS[k], ARGV[5]) end
+end
+return {rev, redis.call('HGET', KEYS[5], 'blobs_extended')}
 """
 
 # Read the turn. ARGV[1]: the revision the client holds (state, and output when ARGV[2] asks for
@@ -240,30 +265,6 @@ if KEYS[2] then
   redis.call('PEXPIRE', KEYS[2], ARGV[5])
 end
 return 1
-"""
-
-# Append one record to a log, with the totals as atomic counters beside it (a reset record
-# clears them: totals count the calls after the last reset). KEYS: records, totals, gen.
-_APPEND = """
-redis.call('SET', KEYS[3], ARGV[2], 'NX')
-redis.call('RPUSH', KEYS[1], ARGV[1])
-if ARGV[4] == 'reset' then
-  redis.call('DEL', KEYS[2])
-elseif ARGV[4] == 'call' then
-  local i = 5
-  while i + 2 <= #ARGV do
-    if ARGV[i] == 'i' then
-      redis.call('HINCRBY', KEYS[2], ARGV[i + 1], ARGV[i + 2])
-    else
-      redis.call('HINCRBYFLOAT', KEYS[2], ARGV[i + 1], ARGV[i + 2])
-    end
-    i = i + 3
-  end
-end
-if tonumber(ARGV[3]) > 0 then
-  for k = 1, 3 do redis.call('PEXPIRE', KEYS[k], ARGV[3]) end
-end
-return redis.call('GET', KEYS[3])
 """
 
 # Append unless a record has the same value at ARGV[2] (compared as ARGV[4] says: a string or a
@@ -388,20 +389,11 @@ class RedisStore:
         self._log_ttl_ms = int(self.settings.log_ttl_s * 1000)
         self._lease_ms = max(int(self.settings.lock_ttl_s * 1000), 100)
         # Any: the client's replies are typed as sync-or-async unions; this module checks them.
-        self._client: Any = client if client is not None else self._connect()
-        self._scripts = {
-            name: self._client.register_script(src)
-            for name, src in (
-                ("commit", _COMMIT),
-                ("load", _LOAD),
-                ("acquire", _ACQUIRE),
-                ("renew", _RENEW),
-                ("release", _RELEASE),
-                ("append", _APPEND),
-                ("read_log", _READ_LOG),
-                ("append_once", _APPEND_ONCE),
-            )
-        }
+        # Made on first use (a Cluster client connects when built): a server down at start-up is
+        # then reported, or served from memory, like one that goes down later.
+        self._given = client
+        self._made: Any = None
+        self._made_scripts: dict[str, Any] = {}
         self._lock = threading.RLock()
         self._cache: dict[str, _Cached] = {}
         self._held: dict[str, _Lease] = {}  # session -> the prepare lock this object holds
@@ -412,6 +404,31 @@ class RedisStore:
         self._local_note: str | None = None
         self._closed = False
 
+    @property
+    def _client(self) -> Any:
+        # Any: the client's replies are typed as sync-or-async unions; this module checks them.
+        if self._made is None:
+            self._made = self._given if self._given is not None else self._connect()
+        return self._made
+
+    @property
+    def _scripts(self) -> dict[str, Any]:
+        if not self._made_scripts:
+            client = self._client
+            self._made_scripts = {
+                name: client.register_script(src)
+                for name, src in (
+                    ("commit", _COMMIT),
+                    ("load", _LOAD),
+                    ("acquire", _ACQUIRE),
+                    ("renew", _RENEW),
+                    ("release", _RELEASE),
+                    ("read_log", _READ_LOG),
+                    ("append_once", _APPEND_ONCE),
+                )
+            }
+        return self._made_scripts
+
     @classmethod
     def from_url(cls, url: str, **options: Any) -> RedisStore:
         return cls(url, **options)
@@ -419,9 +436,19 @@ class RedisStore:
     def __repr__(self) -> str:
         return f"RedisStore({self.url!r})"
 
-    def _connect(self) -> redis.Redis:
+    def _connect(self) -> Any:
         s = self.settings
         try:
+            if s.cluster:
+                from redis.cluster import RedisCluster
+
+                # Any node's address: the client learns the others and routes each key to its slot.
+                return RedisCluster.from_url(
+                    self._client_url,
+                    socket_connect_timeout=s.connect_timeout_s,
+                    socket_timeout=s.socket_timeout_s,
+                    retry=Retry(NoBackoff(), 0),
+                )
             return redis.Redis.from_url(
                 self._client_url,
                 socket_connect_timeout=s.connect_timeout_s,
@@ -452,7 +479,12 @@ class RedisStore:
             return local(self._local)
         try:
             return op()
-        except (TimeoutError, redis.ConnectionError, redis.TimeoutError, OSError) as exc:
+        except _UNREACHABLE_ERRORS as exc:
+            if self.settings.on_error != "local" or local is None:
+                raise self._unavailable(exc) from None
+            return local(self._fall_back(exc))
+        except redis.exceptions.RedisClusterException as exc:
+            # What the Cluster client raises when no node it knows answers.
             if self.settings.on_error != "local" or local is None:
                 raise self._unavailable(exc) from None
             return local(self._fall_back(exc))
@@ -631,65 +663,35 @@ class RedisStore:
                 f"[{_LOCK_CODE}] {self.describe(session)}: this worker's prepare lock expired and another "
                 "worker may have taken it; the turn was not saved (raise lock_ttl_s if prepares run long)"
             )
-        global_logs: list[tuple[Log, Mapping[str, Any]]] = []
-        pipe = self._client.pipeline(transaction=True)
-        mode = "1" if base is not None else "0"
-        self._scripts["commit"](
-            keys=[_skey(session, "state"), _skey(session, "output"), _skey(session, "rev"), _skey(session, "lock")],
-            args=[raw_state, mode, str(base.rev if base else 0), token, str(_LUA_CHUNK), *new_lines],
-            client=pipe,
-        )
-        for logs, record in records:
-            for log in logs:
-                if _log_in_session_slot(log, session):
-                    self._append_command(pipe, log, record)
-                else:
-                    global_logs.append((log, record))
-        self._touch_commands(pipe, session)
-        pipe.hget(_skey(session, "meta"), "blobs_extended")
-        replies = pipe.execute()
-        rev = int(replies[0])
+        rev, extended = self._commit_script(session, raw_state, new_lines, base.rev if base else None, token)
         if rev == -2:
             # Someone committed since this object's last commit: send the whole output.
             self._cache.pop(session, None)
-            self._commit_replace(session, state, output, token)
-            rev = -3
-        elif rev == -1:
+            lines = [_line(m) for m in output]
+            digest = hashlib.sha256(b"".join(line + b"\n" for line in lines))
+            last["output_digest"] = digest.hexdigest()
+            raw_state = json.dumps(state, ensure_ascii=False, sort_keys=True).encode("utf-8")
+            rev, extended = self._commit_script(session, raw_state, lines, None, token)
+        if rev == -1:
             raise StoreError(
                 f"[{_LOCK_CODE}] {self.describe(session)}: the prepare lock is held by another worker now "
                 "(this worker's lease ran out); the turn was not saved"
             )
-        if global_logs:
-            gpipe = self._client.pipeline(transaction=False)
-            for log, record in global_logs:
-                self._append_command(gpipe, log, record)
-            gpipe.execute()
-        if rev >= 0:
-            with self._lock:
-                self._cache[session] = _Cached(rev, state, list(output), digest, seen=True, output_known=True)
-        self._maybe_extend_blobs(session, replies[-1])
-
-    def _commit_replace(self, session: str, state: dict[str, Any], output: list[dict[str, Any]], token: str) -> None:
-        lines = [_line(m) for m in output]
-        digest = hashlib.sha256()
-        for line in lines:
-            digest.update(line)
-            digest.update(b"\n")
-        state["last"]["output_digest"] = digest.hexdigest()
-        raw_state = json.dumps(state, ensure_ascii=False, sort_keys=True).encode("utf-8")
-        rev = int(
-            self._scripts["commit"](
-                keys=[_skey(session, "state"), _skey(session, "output"), _skey(session, "rev"), _skey(session, "lock")],
-                args=[raw_state, "0", "0", token, str(_LUA_CHUNK), *lines],
-            )
-        )
-        if rev == -1:
-            raise StoreError(
-                f"[{_LOCK_CODE}] {self.describe(session)}: the prepare lock is held by another worker now; "
-                "the turn was not saved"
-            )
         with self._lock:
             self._cache[session] = _Cached(rev, state, list(output), digest, seen=True, output_known=True)
+        for logs, record in records:
+            self._append(logs, record)
+        self._maybe_extend_blobs(session, extended)
+
+    def _commit_script(
+        self, session: str, raw_state: bytes, lines: list[bytes], append_to: int | None, token: str
+    ) -> tuple[int, bytes | None]:
+        keys = [_skey(session, p) for p in ("state", "output", "rev", "lock", "meta")]
+        keys += [_skey(session, p) for p in _SESSION_PARTS if p not in ("state", "output", "rev", "meta")]
+        mode, expect = ("1", str(append_to)) if append_to is not None else ("0", "0")
+        args: list[bytes | str] = [raw_state, mode, expect, token, str(self._ttl_ms), f"{time.time():.6f}", *lines]
+        reply = self._scripts["commit"](keys=keys, args=args)
+        return int(reply[0]), reply[1]
 
     def output_holds(self, session: str, output: list[dict[str, Any]]) -> bool:
         cached = self._cache.get(session)
@@ -868,45 +870,57 @@ class RedisStore:
     # --- logs -------------------------------------------------------------------------------
 
     def _append_command(self, pipe: Any, log: Log, record: Mapping[str, Any]) -> None:
+        """Queue the commands that append ``record`` to ``log`` in a ``MULTI`` (plain commands, not
+        a script: a Cluster pipeline runs no scripts): the record, and the totals as atomic
+        counters beside it (a reset record clears them: totals count the calls after the last)."""
         base = _log_base(log)
         line = json.dumps(record, ensure_ascii=False, sort_keys=True, allow_nan=False).encode("utf-8")
         kind = record.get("type")
-        increments: list[str] = []
-        if kind == "call":
-            increments += ["i", "calls", "1"]
+        pipe.set(base + ":gen", secrets.token_hex(8), nx=True)
+        pipe.rpush(base + ":records", line)
+        if kind == "reset":
+            pipe.delete(base + ":totals")
+        elif kind == "call":
+            pipe.hincrby(base + ":totals", "calls", 1)
             tokens = record.get("tokens")
             if isinstance(tokens, Mapping):
                 for name, value in sorted(tokens.items()):
                     if isinstance(value, int) and not isinstance(value, bool):
-                        increments += ["i", f"tokens.{name}", str(value)]
+                        pipe.hincrby(base + ":totals", f"tokens.{name}", value)
             usd = record.get("usd")
             if isinstance(usd, Mapping):
                 for name, value in sorted(usd.items()):
                     if isinstance(value, int | float) and not isinstance(value, bool):
-                        increments += ["f", f"usd.{name}", repr(float(value))]
+                        pipe.hincrbyfloat(base + ":totals", f"usd.{name}", float(value))
         session_log = log.kind in ("session", "descendants")
         ttl = self._ttl_ms if session_log else self._log_ttl_ms
-        self._scripts["append"](
-            keys=[base + ":records", base + ":totals", base + ":gen"],
-            args=[line, secrets.token_hex(8), str(ttl), str(kind), *increments],
-            client=pipe,
-        )
+        if ttl > 0:
+            for suffix in (":records", ":totals", ":gen"):
+                pipe.pexpire(base + suffix, ttl)
         if session_log:
             self._touch_commands(pipe, log.name)
 
-    def append(self, logs: Sequence[Log], record: Mapping[str, Any]) -> None:
-        def op() -> None:
-            by_slot: dict[str, list[Log]] = {}
+    def _append(self, logs: Sequence[Log], record: Mapping[str, Any]) -> None:
+        if not logs:
+            return
+        if not self.settings.cluster:
+            # One server: one transaction for every log, one round trip.
+            pipe = self._client.pipeline(transaction=True)
             for log in logs:
-                by_slot.setdefault(_log_base(log).split("}", 1)[0], []).append(log)
-            # One MULTI per slot; the slots' transactions travel in one pipeline each.
-            for group in by_slot.values():
-                pipe = self._client.pipeline(transaction=True)
-                for log in group:
-                    self._append_command(pipe, log, record)
-                pipe.execute()
+                self._append_command(pipe, log, record)
+            pipe.execute()
+            return
+        by_slot: dict[str, list[Log]] = {}
+        for log in logs:
+            by_slot.setdefault(_log_base(log).split("}", 1)[0], []).append(log)
+        for group in by_slot.values():  # a Cluster transaction stays on one slot
+            pipe = self._client.pipeline(transaction=True)
+            for log in group:
+                self._append_command(pipe, log, record)
+            pipe.execute()
 
-        self._call(op, lambda m: m.append(logs, record))
+    def append(self, logs: Sequence[Log], record: Mapping[str, Any]) -> None:
+        self._call(lambda: self._append(logs, record), lambda m: m.append(logs, record))
 
     def append_once(
         self, log: Log, record: Mapping[str, Any], *, key: str, limit: int
@@ -1095,18 +1109,15 @@ class RedisStore:
             renewer, self._renewer = self._renewer, None
         if renewer is not None:
             renewer.stop()
-        with contextlib.suppress(redis.RedisError):
-            self._client.close()
+        if self._made is not None:
+            with contextlib.suppress(redis.RedisError):
+                self._made.close()
 
     def __enter__(self) -> RedisStore:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _log_in_session_slot(log: Log, session: str) -> bool:
-    return log.kind in ("session", "descendants") and log.name == session
 
 
 def _line(message: Mapping[str, Any]) -> bytes:
