@@ -10,6 +10,7 @@ from typing import Any
 
 from ctxrules.cli.stores import add_store_options, describe_store, is_filesystem, session_key, store_of
 from ctxrules.errors import UsageError
+from ctxrules.stores import StoreUsageError
 from ctxrules.vault import Vault, VaultError, parse_ref
 
 
@@ -53,7 +54,7 @@ def run_get(args: argparse.Namespace) -> int:
         if is_filesystem(store) and not Path(key).is_dir():
             raise UsageError(f"no such session directory: {args.session}")
         if not is_filesystem(store) and not store.exists(key):
-            raise UsageError(f"no session {args.session!r} in {store.url}")
+            raise StoreUsageError("CR147", f"no session {args.session!r} in {store.url}")
         candidates = [key]
     else:
         # A session whose vault was removed still counts: its items are "missing".

@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Final
 from urllib.parse import unquote, urlsplit
 
-from ctxrules.errors import UsageError
 from ctxrules.integrations import session_name
 from ctxrules.stores.base import (
     DOCS,
@@ -25,6 +24,7 @@ from ctxrules.stores.base import (
     StoreError,
     StoreLockTimeout,
     StoreUnavailable,
+    StoreUsageError,
     Turn,
 )
 
@@ -40,6 +40,7 @@ __all__ = [
     "StoreError",
     "StoreLockTimeout",
     "StoreUnavailable",
+    "StoreUsageError",
     "Turn",
     "open_store",
     "session_id_for",
@@ -78,15 +79,17 @@ def open_store(url: str | os.PathLike[str] | Store) -> Store:
     backend = BACKENDS.get(scheme)
     if backend is None:
         known = ", ".join(f"{s}://" for s in BACKENDS)
-        raise UsageError(f"unknown store URL {_redacted(text)!r}: the scheme must be one of {known}")
+        raise StoreUsageError("CR145", f"unknown store URL {_redacted(text)!r}: the scheme must be one of {known}")
     module_name, class_name = backend
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
-        if module_name == "ctxrules.stores.redis" and exc.name in ("redis", "hiredis"):
-            raise UsageError(
-                f"the store {_redacted(text)} needs the redis client: pip install \"ctxrules[redis]\""
+        if exc.name in ("redis", "hiredis"):
+            raise StoreUsageError(
+                "CR145", f"the store {_redacted(text)} needs the redis client: pip install \"ctxrules[redis]\""
             ) from None
+        if exc.name == module_name:
+            raise StoreUsageError("CR145", f"the store {_redacted(text)}: this build has no {module_name}") from None
         raise
     built: Store = getattr(module, class_name).from_url(text)
     return built
@@ -101,7 +104,7 @@ def file_path(url: str) -> Path:
     """The directory of a ``file://`` URL (``file://rel/dir`` is taken relative, as users write it)."""
     parts = urlsplit(url)
     if parts.query or parts.fragment:
-        raise UsageError(f"store URL {url!r}: a file:// store takes no options")
+        raise StoreUsageError("CR145", f"store URL {url!r}: a file:// store takes no options")
     return Path(unquote(parts.netloc + parts.path))
 
 
@@ -110,7 +113,7 @@ def store_from_options(store: str | None, state: str | None) -> str | None:
     None for the default (``--state``'s default, ``.ctxrules`` or ``$CTXRULES_STATE``). Giving
     both flags is a usage error."""
     if store is not None and state is not None:
-        raise UsageError("give --store URL or --state DIR, not both (--state DIR means --store file://DIR)")
+        raise StoreUsageError("CR145", "give --store URL or --state DIR, not both (--state DIR means --store file://DIR)")
     if store is not None:
         return store
     if state is not None:

@@ -25,13 +25,16 @@ import time
 from collections.abc import Iterable, Iterator
 from typing import IO, Any, Final
 
-from ctxrules.errors import UsageError
-from ctxrules.stores.base import DOCS, Log, Store
+from ctxrules.stores.base import DOCS, Log, Store, StoreUsageError
 
 __all__ = ["ARCHIVE_FORMAT", "export_session", "import_session", "read_archive"]
 
 ARCHIVE_FORMAT: Final = "ctxrules-session"
 ARCHIVE_VERSION: Final = 1
+
+
+def _bad(message: str) -> StoreUsageError:
+    return StoreUsageError("CR146", message)
 
 
 def _line(obj: dict[str, Any]) -> bytes:
@@ -43,7 +46,7 @@ def export_session(store: Store, session: str, out: IO[bytes], *, name: str | No
     snapshot is one turn's); returns the counts written. ``name``: the session id recorded
     (default: the last part of the key)."""
     if not store.exists(session):
-        raise UsageError(f"no session {store.describe(session)} to export")
+        raise StoreUsageError("CR147", f"no session {store.describe(session)} to export")
     counts = {"blobs": 0, "docs": 0, "ledger": 0}
     with store.prepare_lock(session):
         turn = store.load_turn(session)
@@ -93,29 +96,29 @@ def read_archive(lines: Iterable[bytes], where: str) -> tuple[dict[str, Any], li
         try:
             obj = json.loads(raw)
         except ValueError as exc:
-            raise UsageError(f"{where}:{n}: not a ctxrules session archive line ({exc})") from None
+            raise _bad(f"{where}:{n}: not a ctxrules session archive line ({exc})") from None
         if not isinstance(obj, dict):
-            raise UsageError(f"{where}:{n}: not a ctxrules session archive line (not an object)")
+            raise _bad(f"{where}:{n}: not a ctxrules session archive line (not an object)")
         if header is None:
             if obj.get("format") != ARCHIVE_FORMAT:
-                raise UsageError(f"{where}:{n}: not a ctxrules session archive (no format header)")
+                raise _bad(f"{where}:{n}: not a ctxrules session archive (no format header)")
             if obj.get("version") != ARCHIVE_VERSION:
-                raise UsageError(f"{where}:{n}: archive version {obj.get('version')!r} is not supported (need 1)")
+                raise _bad(f"{where}:{n}: archive version {obj.get('version')!r} is not supported (need 1)")
             header = obj
             continue
         if ended:
-            raise UsageError(f"{where}:{n}: data after the end record")
+            raise _bad(f"{where}:{n}: data after the end record")
         kind = obj.get("kind")
         if kind == "end":
             ended = True
         elif kind not in ("turn", "blob", "doc", "ledger"):
-            raise UsageError(f"{where}:{n}: unknown record kind {kind!r}")
+            raise _bad(f"{where}:{n}: unknown record kind {kind!r}")
         obj["_line"] = n
         records.append(obj)
     if header is None:
-        raise UsageError(f"{where}: empty file, not a ctxrules session archive")
+        raise _bad(f"{where}: empty file, not a ctxrules session archive")
     if not ended:
-        raise UsageError(f"{where}: the archive is truncated (no end record); nothing was imported")
+        raise _bad(f"{where}: the archive is truncated (no end record); nothing was imported")
     return header, records
 
 
@@ -123,7 +126,7 @@ def _decode(obj: dict[str, Any], where: str) -> bytes:
     try:
         return base64.b64decode(str(obj["data"]), validate=True)
     except (KeyError, ValueError) as exc:
-        raise UsageError(f"{where}:{obj['_line']}: bad base64 data ({exc})") from None
+        raise _bad(f"{where}:{obj['_line']}: bad base64 data ({exc})") from None
 
 
 def import_session(store: Store, session: str, lines: Iterable[bytes], *, where: str) -> dict[str, int]:
@@ -140,12 +143,12 @@ def import_session(store: Store, session: str, lines: Iterable[bytes], *, where:
         if kind == "blob":
             data = _decode(obj, where)
             if hashlib.sha256(data).hexdigest() != obj.get("id"):
-                raise UsageError(f"{where}:{n}: blob {obj.get('id')} does not hash to its id (a damaged archive)")
+                raise _bad(f"{where}:{n}: blob {obj.get('id')} does not hash to its id (a damaged archive)")
             media = obj.get("media_type")
             blobs.append((data, media if isinstance(media, str) else None))
         elif kind == "doc":
             if obj.get("name") not in DOCS:
-                raise UsageError(f"{where}:{n}: unknown document {obj.get('name')!r}")
+                raise _bad(f"{where}:{n}: unknown document {obj.get('name')!r}")
             docs.append((obj["name"], _decode(obj, where)))
         elif kind == "ledger":
             for raw in obj.get("lines") or []:
@@ -158,10 +161,10 @@ def import_session(store: Store, session: str, lines: Iterable[bytes], *, where:
         elif kind == "turn":
             state, output = obj.get("state"), obj.get("output")
             if not isinstance(state, dict) or not (output is None or isinstance(output, list)):
-                raise UsageError(f"{where}:{n}: the turn record needs a state object and an output list or null")
+                raise _bad(f"{where}:{n}: the turn record needs a state object and an output list or null")
             turn = obj
     if store.exists(session):
-        raise UsageError(f"{store.describe(session)} exists already; import into another session (--session NAME)")
+        raise _bad(f"{store.describe(session)} exists already; import into another session (--session NAME)")
     with store.prepare_lock(session):
         for data, media in blobs:
             store.put_blob(session, data, media)

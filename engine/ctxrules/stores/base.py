@@ -37,7 +37,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal, Protocol, runtime_checkable
 
-from ctxrules.errors import CtxrulesError
+from ctxrules.errors import CtxrulesError, UsageError
 
 __all__ = [
     "DOCS",
@@ -50,6 +50,7 @@ __all__ = [
     "StoreError",
     "StoreLockTimeout",
     "StoreUnavailable",
+    "StoreUsageError",
     "Turn",
 ]
 
@@ -69,6 +70,17 @@ LOG_KINDS: Final[tuple[LogKind, ...]] = ("session", "day", "goal", "misroutes", 
 
 class StoreError(CtxrulesError):
     """A store cannot do what was asked (a bad URL, a damaged record, an unsafe path)."""
+
+
+class StoreUsageError(UsageError):
+    """A store named wrongly (``[CR145]``: an unknown URL scheme, ``--store`` with ``--state``,
+    options a ``file://`` store does not take, a backend whose extra is missing), a session
+    archive that cannot be imported (``[CR146]``), or a session that is not in the store
+    (``[CR147]``). Exit code 2."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(f"[{code}] {message}")
+        self.code = code
 
 
 class StoreUnavailable(StoreError):
