@@ -310,16 +310,29 @@ def test_a_server_that_never_answers_fails_within_the_timeout() -> None:
 def test_on_error_local_serves_the_call_from_memory_and_says_so(own_redis: RedisServer) -> None:
     store = _store(own_redis.url + "?on_error=local&connect_timeout_s=0.5")
     own_redis.stop()
-    turn = store.load_turn("conv-local")
-    assert any("on_error=local" in n and own_redis.url in n for n in turn.notes)
+    # A call as a prepare makes it: the lock, the turn, the vault, the commit, the release.
     with store.prepare_lock("conv-local"):
+        turn = store.load_turn("conv-local")
+        assert any("on_error=local" in n and own_redis.url in n for n in turn.notes)
+        blob = store.put_blob("conv-local", b"in memory")
+        assert store.get_blob("conv-local", blob) == b"in memory"
         store.commit_turn("conv-local", turn.state, [{"role": "user", "content": "served anyway"}])
-    blob = store.put_blob("conv-local", b"in memory")
-    assert store.get_blob("conv-local", blob) == b"in memory"
     # The next call tries Redis again; back up, it is served from Redis (and nothing was kept).
     own_redis.start()
-    again = store.load_turn("conv-local")
-    assert again.notes == [] and again.output is None
+    with store.prepare_lock("conv-local"):
+        again = store.load_turn("conv-local")
+        assert again.notes == [] and again.output is None
+        store.commit_turn("conv-local", again.state, [{"role": "user", "content": "on redis"}])
+    assert _store(own_redis.url).load_turn("conv-local").output == [{"role": "user", "content": "on redis"}]
+    store.close()
+
+
+def test_without_on_error_local_an_unreachable_lock_is_cr148(own_redis: RedisServer) -> None:
+    store = _store(own_redis.url + "?connect_timeout_s=0.5")
+    own_redis.stop()
+    with pytest.raises(StoreUnavailable, match=r"\[CR148\]"), store.prepare_lock("conv-down"):
+        pass
+    assert store._active == 0  # a failed acquire leaves no call open
     store.close()
 
 

@@ -147,6 +147,12 @@ class _BadOption(StoreError):
     pass
 
 
+class _Unreachable(StoreUnavailable):
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason  # what the client said, for the on_error=local note
+
+
 def _bad(message: str) -> StoreError:
     return _BadOption(f"[{_UNREACHABLE}] Redis store option: {message}")
 
@@ -402,6 +408,7 @@ class RedisStore:
         self._secrets: dict[tuple[str | None, str], bytes] = {}
         self._local: MemoryStore | None = None  # the store serving this call when Redis is unreachable
         self._local_note: str | None = None
+        self._active = 0  # prepare locks held through this object (a call in progress)
         self._closed = False
 
     @property
@@ -462,14 +469,15 @@ class RedisStore:
 
     # --- errors and the local fallback ------------------------------------------------------
 
-    def _unavailable(self, exc: Exception) -> StoreUnavailable:
+    def _unavailable(self, exc: Exception) -> _Unreachable:
         what = str(exc) or type(exc).__name__
         if isinstance(exc, redis.TimeoutError):
             what = f"no answer within {self.settings.socket_timeout_s:g}s ({what})"
-        return StoreUnavailable(
+        return _Unreachable(
+            what,
             f"[{_UNREACHABLE}] cannot reach the Redis store {self.url}: {what} "
             f"(connect timeout {self.settings.connect_timeout_s:g}s; on_error=local would use an "
-            "in-memory store for the call)"
+            "in-memory store for the call)",
         )
 
     def _call(self, op: Callable[[], T], local: Callable[[MemoryStore], T] | None = None) -> T:
@@ -493,7 +501,7 @@ class RedisStore:
         except redis.RedisError as exc:
             raise StoreError(f"[{_UNREACHABLE}] the Redis store {self.url} failed: {exc}") from None
 
-    def _fall_back(self, exc: Exception) -> MemoryStore:
+    def _fall_back(self, exc: object) -> MemoryStore:
         from ctxrules.stores.memory import MemoryStore
 
         with self._lock:
@@ -547,9 +555,10 @@ class RedisStore:
     # --- the turn ---------------------------------------------------------------------------
 
     def load_turn(self, session: str, *, output: bool = True) -> Turn:
-        if self._local is not None:
-            # A new call: try Redis again; the in-memory store of the last call is dropped.
-            with self._lock:
+        with self._lock:
+            if self._local is not None and not self._active:
+                # A new call without the lock (a read): try Redis again; what the last call
+                # kept in memory is dropped.
                 self._local = self._local_note = None
         notes: list[str] = []
 
@@ -1156,18 +1165,36 @@ class _PrepareLock:
             self._depth += 1
             return self
         store = self.store
-        if store._local is not None:
-            self._local = store._local.prepare_lock(self.session)
-            self._local.__enter__()
-            self._depth = 1
-            return self
-        lease = store._acquire(_skey(self.session, "lock"), self.wait)
-        if lease is None:
-            raise StoreLockTimeout(
-                f"[{_LOCK_CODE}] the prepare lock of {store.describe(self.session)} stayed held by another "
-                f"worker for {self.wait:g}s (lock_timeout_s); a worker that died holding it frees it within "
-                f"lock_ttl_s={store.settings.lock_ttl_s:g}s"
-            )
+        with store._lock:
+            if not store._active:
+                # A new call (a prepare starts with its lock): Redis is tried again, and whatever
+                # the last call kept in memory because Redis was unreachable is dropped.
+                store._local = store._local_note = None
+            store._active += 1
+        try:
+            lease = None
+            if store._local is None:
+                try:
+                    lease = store._acquire(_skey(self.session, "lock"), self.wait)
+                except _Unreachable as exc:
+                    if store.settings.on_error != "local":
+                        raise
+                    store._fall_back(exc.reason)
+            if store._local is not None:
+                self._local = store._local.prepare_lock(self.session)
+                self._local.__enter__()
+                self._depth = 1
+                return self
+            if lease is None:
+                raise StoreLockTimeout(
+                    f"[{_LOCK_CODE}] the prepare lock of {store.describe(self.session)} stayed held by another "
+                    f"worker for {self.wait:g}s (lock_timeout_s); a worker that died holding it frees it within "
+                    f"lock_ttl_s={store.settings.lock_ttl_s:g}s"
+                )
+        except BaseException:
+            with store._lock:
+                store._active -= 1
+            raise
         self._lease = lease
         with store._lock:
             store._held[self.session] = lease
@@ -1178,6 +1205,8 @@ class _PrepareLock:
         self._depth -= 1
         if self._depth:
             return
+        with self.store._lock:
+            self.store._active -= 1
         if self._local is not None:
             local, self._local = self._local, None
             local.__exit__(*exc)
