@@ -115,3 +115,76 @@ def test_a_bad_store_option_is_one_line_and_exit_2(tmp_path: Path) -> None:
     out = ctxrules("sessions", "scan", "--store", "redis://localhost:6379/0?ttl=5", cwd=tmp_path)
     assert out.returncode == 2
     assert out.stderr.count("\n") == 1 and "[CR148]" in out.stderr and "unknown option 'ttl'" in out.stderr
+
+
+_COMPACTING_WORKER = r"""
+import json, sys, time
+from ctxrules.runtime import checkpoint
+from ctxrules.stores.redis import RedisStore
+
+url, history = sys.argv[1], json.loads(sys.argv[2])
+store = RedisStore.from_url(url)
+with store.prepare_lock("conv-cut"):
+    turn = store.load_turn("conv-cut")
+    store.commit_turn("conv-cut", {"fingerprint": "before"}, history[:2])
+with store.prepare_lock("conv-cut"):
+    turn = store.load_turn("conv-cut")
+    # As Session.prepare does before a compaction: the appended messages backed up in the vault,
+    # the first two being the last output, then the checkpoint.
+    backup = store.put_blob("conv-cut", json.dumps(history[2:]).encode())
+    checkpoint.begin("conv-cut", backup=backup, state=turn.state, messages=len(history), clock=1.0,
+                     prefix=2, store=store)
+    print("compacting", flush=True)
+    time.sleep(600)
+"""
+
+
+def test_a_compaction_cut_short_on_a_worker_is_found_and_resumed_through_the_cli(
+    redis_url: str, tmp_path: Path
+) -> None:
+    """A worker SIGKILLed while compacting (holding the lock) leaves a ``running`` checkpoint;
+    ``sessions scan --store URL`` finds it once its writer is gone, ``sessions resume`` puts the
+    state from before back and prints the messages the compaction started from."""
+    from ctxrules.runtime import checkpoint
+    from ctxrules.stores.redis import RedisStore
+
+    history = [{"role": "user", "content": f"message {i} ✓"} for i in range(6)]
+    env = {**os.environ, "PYTHONPATH": str(REPO / "engine")}
+    url = redis_url + "?lock_ttl_s=1"
+    with subprocess.Popen(
+        [sys.executable, "-c", _COMPACTING_WORKER, url, json.dumps(history)], stdout=subprocess.PIPE, env=env
+    ) as worker:
+        assert worker.stdout is not None and worker.stdout.readline().strip() == b"compacting"
+        scan = ctxrules("sessions", "scan", "--store", url, cwd=tmp_path)
+        assert scan.returncode == 0 and "0 interrupted session(s)" in scan.stdout  # still running
+        worker.kill()
+        worker.wait(30)
+    scan = ctxrules("sessions", "scan", "--store", url, cwd=tmp_path)
+    assert scan.returncode == 0, scan.stderr
+    assert f"{redis_url}#conv-cut\t" in scan.stdout and "1 interrupted session(s)" in scan.stdout
+    assert "after the first 2 messages" in scan.stdout
+    resumed = ctxrules("sessions", "resume", "conv-cut", "--store", url, cwd=tmp_path)  # waits out the lease
+    assert resumed.returncode == 0, resumed.stderr
+    assert json.loads(resumed.stdout) == history
+    store = RedisStore.from_url(redis_url)
+    assert store.load_turn("conv-cut").state["fingerprint"] == "before"
+    assert checkpoint.check("conv-cut", store=store) is None
+    scan = ctxrules("sessions", "scan", "--store", url, cwd=tmp_path)
+    assert "0 interrupted session(s)" in scan.stdout
+    store.close()
+
+
+def test_a_checkpoint_from_another_host_counts_as_cut_short_only_when_the_lock_is_free(redis_url: str) -> None:
+    from ctxrules.runtime import checkpoint
+    from ctxrules.stores.redis import RedisStore
+
+    store = RedisStore.from_url(redis_url + "?lock_ttl_s=1")
+    doc = {"status": "running", "pid": 4242, "host": "worker-7.elsewhere", "backup": "0" * 64, "prefix": 0}
+    store.write_doc("conv-remote", "checkpoint", json.dumps(doc).encode())
+    other = RedisStore.from_url(redis_url + "?lock_ttl_s=1")
+    with other.prepare_lock("conv-remote"):  # the remote worker, alive: it holds the lock
+        assert checkpoint.check("conv-remote", store=store) is None
+    hit = checkpoint.check("conv-remote", store=store)
+    assert hit is not None and "worker-7.elsewhere" in hit.reason
+    store.close()
+    other.close()
