@@ -26,6 +26,7 @@ from ctxrules.stores.base import (
     StoreLockTimeout,
     Turn,
 )
+from ctxrules.vault import VaultError
 
 __all__ = ["MemoryStore"]
 
@@ -144,8 +145,6 @@ class MemoryStore:
         return blob_id
 
     def get_blob(self, session: str, blob_id: str) -> bytes:
-        from ctxrules.vault import VaultError
-
         with self._mutex:
             data = self._blobs.get(blob_id) if blob_id in self._s(session).blobs else None
         if data is None:

@@ -60,6 +60,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from ctxrules.logs import get_logger
+from ctxrules.session_store import _mistyped  # the filesystem store's check of a state's fields
 from ctxrules.stores.base import (
     DOCS,
     SESSION_ID_RE,
@@ -72,9 +73,8 @@ from ctxrules.stores.base import (
     StoreUnavailable,
     Turn,
 )
-
-if TYPE_CHECKING:
-    from ctxrules.stores.memory import MemoryStore
+from ctxrules.stores.memory import MemoryStore
+from ctxrules.vault import VaultError
 
 __all__ = ["RedisStore", "RedisStoreSettings"]
 
@@ -341,8 +341,6 @@ _HEX: Final = frozenset("0123456789abcdef")
 
 def _check_blob_id(blob_id: str) -> str:
     if len(blob_id) != 64 or not set(blob_id) <= _HEX:
-        from ctxrules.vault import VaultError
-
         raise VaultError(f"invalid vault id {blob_id!r}: expected a full sha256 id (64 hex digits)")
     return blob_id
 
@@ -502,8 +500,6 @@ class RedisStore:
             raise StoreError(f"[{_UNREACHABLE}] the Redis store {self.url} failed: {exc}") from None
 
     def _fall_back(self, exc: object) -> MemoryStore:
-        from ctxrules.stores.memory import MemoryStore
-
         with self._lock:
             if self._local is None:
                 self._local = MemoryStore()
@@ -759,8 +755,6 @@ class RedisStore:
         return self._call(op, lambda m: m.put_blob(session, data, media_type))
 
     def get_blob(self, session: str, blob_id: str) -> bytes:
-        from ctxrules.vault import VaultError
-
         _check_blob_id(blob_id)
 
         def op() -> bytes:
@@ -1136,8 +1130,6 @@ def _line(message: Mapping[str, Any]) -> bytes:
 def _parse_state(raw: bytes) -> dict[str, Any]:
     """The state as the filesystem store reads it: an unreadable or mistyped one is a new
     session that says why (a cache miss, never a crash later in the turn)."""
-    from ctxrules.session_store import _mistyped
-
     try:
         data = json.loads(raw)
     except (ValueError, RecursionError):
