@@ -86,7 +86,7 @@ def open_store(url: str | os.PathLike[str] | Store) -> Store:
     except ImportError as exc:
         if exc.name in ("redis", "hiredis"):
             raise StoreUsageError(
-                "CR145", f"the store {_redacted(text)} needs the redis client: pip install \"ctxrules[redis]\""
+                "CR145", f'the store {_redacted(text)} needs the redis client: pip install "ctxrules[redis]"'
             ) from None
         if exc.name == module_name:
             raise StoreUsageError("CR145", f"the store {_redacted(text)}: this build has no {module_name}") from None
@@ -113,7 +113,9 @@ def store_from_options(store: str | None, state: str | None) -> str | None:
     None for the default (``--state``'s default, ``.ctxrules`` or ``$CTXRULES_STATE``). Giving
     both flags is a usage error."""
     if store is not None and state is not None:
-        raise StoreUsageError("CR145", "give --store URL or --state DIR, not both (--state DIR means --store file://DIR)")
+        raise StoreUsageError(
+            "CR145", "give --store URL or --state DIR, not both (--state DIR means --store file://DIR)"
+        )
     if store is not None:
         return store
     if state is not None:

@@ -553,4 +553,3 @@ def for_session_dir(path: str | os.PathLike[str], state_root: str | os.PathLike[
     """The store a session directory opened by path belongs to: ``state_root`` when given, else
     the directory's parent (where day and goal ledgers have always lived)."""
     return FilesystemStore(Path(state_root) if state_root is not None else Path(path).resolve().parent)
-
