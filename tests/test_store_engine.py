@@ -9,10 +9,12 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 import pytest
 
 from ctxrules.engine import Engine
 from ctxrules.errors import UsageError
+from ctxrules.resources import schema_path
 from ctxrules.stores import Store, open_store
 from ctxrules.stores.filesystem import FilesystemStore
 from ctxrules.stores.memory import MemoryStore
@@ -98,7 +100,11 @@ def test_a_store_session_gives_the_outputs_of_a_session_directory(
     ids = marker_ids(expected[-1])
     assert ids and all(again.vault.exists(i) for i in ids)
     report = again.prepare([*histories[-1], {"role": "assistant", "content": "ok"}], clock=2000.0).report
-    assert report["session"]["store"] == store.url and report["session"]["id"] == "conv-1"
+    assert report["session"]["store"] == store.url and report["session"]["key"] == "conv-1"
+    jsonschema.validate(report, json.loads(schema_path("report.v1.schema.json").read_text()))
+    from ctxrules.cli.tables import read_back_command
+
+    assert read_back_command(report, "ab" * 32).endswith(f"--store {store.url} --session conv-1")
 
 
 class _Spy:
