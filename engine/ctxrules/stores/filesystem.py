@@ -51,6 +51,7 @@ from ctxrules.private_files import (
 from ctxrules.session_store import SessionLock, SessionStore
 from ctxrules.stores.base import (
     LOG_KINDS,
+    BlobWriter,
     CompactionBusy,
     DocName,
     Log,
@@ -211,6 +212,15 @@ class FilesystemStore:
             if current != meta:
                 _write_durable(meta_path, meta)
         return blob_id
+
+    def open_blob_writer(self, session: str) -> BlobWriter:
+        """A temporary file in the vault directory, renamed to its id on commit (no copy)."""
+        root = self.vault_dir(session)
+        try:
+            ensure_dir(root, inside=Path(session))
+            return _FileBlobWriter(self, session)
+        except OSError as exc:
+            raise VaultError(f"cannot write to the vault at {root}: {exc}") from exc
 
     def get_blob(self, session: str, blob_id: str) -> bytes:
         path = self._blob_path(session, blob_id)
@@ -540,10 +550,72 @@ def _field(line: bytes, key: str) -> Any:
 
 
 def _intact(path: Path, blob_id: str) -> bool:
+    """Whether ``path`` holds the bytes of ``blob_id`` (read a block at a time: a blob may be
+    a huge command output)."""
+    digest = hashlib.sha256()
     try:
-        return hashlib.sha256(read_private(path)).hexdigest() == blob_id
+        fd = open_private(path, os.O_RDONLY)
     except FileNotFoundError:
         return False
+    with os.fdopen(fd, "rb") as handle:
+        while block := handle.read(1 << 20):
+            digest.update(block)
+    return digest.hexdigest() == blob_id
+
+
+class _FileBlobWriter:
+    """A blob written in pieces: a private temporary file in the vault directory, hashed as it
+    grows; :meth:`commit` makes it durable (fsync) and then visible under its id."""
+
+    def __init__(self, store: FilesystemStore, session: str) -> None:
+        self._store, self._session = store, session
+        root = store.vault_dir(session)
+        fd, name = tempfile.mkstemp(prefix=_TMP_PREFIX, dir=root)
+        self.path = Path(name)
+        # Unbuffered: what write() accepted is in the file, so a caller can take it back.
+        self._handle = os.fdopen(fd, "wb", buffering=0)
+        os.fchmod(fd, 0o600)
+        self._hash = hashlib.sha256()
+        self.size = 0
+        self._done = False
+
+    @property
+    def vault_id(self) -> str:
+        return self._hash.hexdigest()
+
+    def write(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            try:
+                written = self._handle.write(view) or 0
+            except OSError as exc:
+                raise VaultError(f"cannot write to the vault at {self._store.vault_dir(self._session)}: {exc}") from exc
+            self._hash.update(view[:written])
+            self.size += written
+            view = view[written:]
+
+    def commit(self) -> str:
+        blob_id = self.vault_id
+        try:
+            os.fsync(self._handle.fileno())  # durable before visible, as every blob
+            target = self._store._blob_path(self._session, blob_id)
+            ensure_dir(target.parent, inside=Path(self._session))
+            os.replace(self.path, target)  # a blob already there has the same bytes
+        except OSError as exc:
+            raise VaultError(f"cannot write to the vault at {self._store.vault_dir(self._session)}: {exc}") from exc
+        self._done = True
+        with contextlib.suppress(OSError):
+            self._handle.close()
+        return blob_id
+
+    def discard(self) -> None:
+        if self._done:
+            return
+        self._done = True
+        with contextlib.suppress(OSError):
+            self._handle.close()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path)
 
 
 def _write_durable(path: Path, data: bytes) -> None:
