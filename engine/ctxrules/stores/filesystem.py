@@ -35,12 +35,12 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
+from types import ModuleType
 from typing import Any, Final, Literal
 from urllib.parse import unquote, urlsplit
 
 from ctxrules.errors import CtxrulesError, UsageError
 from ctxrules.integrations import session_name
-from ctxrules.locks import FileLock, LockError, LockTimeout
 from ctxrules.private_files import (
     UnsafePathError,
     ensure_dir,
@@ -299,9 +299,9 @@ class FilesystemStore:
         path, lock_path = self._doc_path(session, name)
         try:
             ensure_dir(path.parent)
-            lock = FileLock(lock_path or path.with_name(path.name + ".lock"))
+            lock = _locks().FileLock(lock_path or path.with_name(path.name + ".lock"))
             lock.acquire()
-        except (OSError, LockError) as exc:
+        except (OSError, _locks().LockError) as exc:
             why = exc.strerror if isinstance(exc, OSError) else str(exc)
             raise StoreError(f"cannot use session directory {path.parent}: {why}") from exc
         try:
@@ -369,7 +369,7 @@ class FilesystemStore:
         wanted = record.get(key)
         try:
             ensure_dir(path.parent)
-            with FileLock(path.with_name(path.name + ".lock")):
+            with _locks().FileLock(path.with_name(path.name + ".lock")):
                 fd = open_private(path, os.O_RDWR | os.O_APPEND | os.O_CREAT)
                 try:
                     size = os.fstat(fd).st_size
@@ -391,7 +391,7 @@ class FilesystemStore:
     def _append_line(path: Path, line: bytes, *, durable: bool) -> None:
         try:
             ensure_dir(path.parent)
-            with FileLock(path.with_name(path.name + ".lock")):
+            with _locks().FileLock(path.with_name(path.name + ".lock")):
                 fd = open_private(path, os.O_RDWR | os.O_APPEND | os.O_CREAT)
                 try:
                     size = os.fstat(fd).st_size
@@ -483,7 +483,7 @@ class _PrepareLock:
     def __enter__(self) -> _PrepareLock:
         try:
             self._lock.__enter__()
-        except LockTimeout:
+        except _locks().LockTimeout:
             raise StoreLockTimeout(
                 f"the session {self.path} stayed locked by another process for the whole wait"
             ) from None
@@ -501,13 +501,13 @@ class _CompactionLock:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self._lock: FileLock | None = None
+        self._lock: Any = None
 
     def __enter__(self) -> _CompactionLock:
-        lock = FileLock(self.path, timeout=0)
+        lock = _locks().FileLock(self.path, timeout=0)
         try:
             lock.acquire()
-        except LockTimeout:
+        except _locks().LockTimeout:
             raise CompactionBusy(f"another compaction of {self.path.parent} is running") from None
         self._lock = lock
         return self
@@ -516,6 +516,14 @@ class _CompactionLock:
         if self._lock is not None:
             self._lock.release()
             self._lock = None
+
+
+def _locks() -> ModuleType:
+    """:mod:`ctxrules.locks`, imported on the first lock taken: verbs that only read packs
+    (``validate``, ``explain``, ``assemble``, ``test``) never load it, nor ``filelock``."""
+    from ctxrules import locks
+
+    return locks
 
 
 def file_path(url: str) -> Path:
