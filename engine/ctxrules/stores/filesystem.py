@@ -461,7 +461,7 @@ class FilesystemStore:
         except FileExistsError:
             return _read_secret(path)
         except OSError as exc:
-            raise UsageError(f"{path}: cannot create the {name}: {exc.strerror or exc}") from None
+            raise UsageError(f"{path}: cannot create the {_what(path)}: {exc.strerror or exc}") from None
         with os.fdopen(fd, "w", encoding="ascii") as handle:
             handle.write(value.hex() + "\n")
             handle.flush()
@@ -534,6 +534,10 @@ def file_path(url: str) -> Path:
     return Path(unquote(parts.netloc + parts.path))
 
 
+def _what(path: Path) -> str:
+    return "injection key" if path.name.endswith(".key") else f"secret {path.name}"
+
+
 def _read_secret(path: Path) -> bytes:
     try:
         raw = read_private(path, limit=200)
@@ -541,7 +545,7 @@ def _read_secret(path: Path) -> bytes:
         raise
     except (OSError, UnsafePathError) as exc:
         why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-        raise UsageError(f"{path}: cannot read the secret: {why}") from None
+        raise UsageError(f"{path}: cannot read the {_what(path)}: {why}") from None
     text = raw.decode("ascii", "replace").strip()
     # An empty file is a creation that died before writing: not a key, and not ours to guess.
     if not re.fullmatch(r"[0-9a-f]{32,128}", text):
