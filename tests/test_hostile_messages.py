@@ -184,3 +184,160 @@ def test_a_state_write_cut_short_reads_as_a_cache_miss(tmp_path: Path, monkeypat
     cold = Engine.load("builtin:default").session(tmp_path / "cold", model="gpt-4o").prepare(grown)
     assert result.messages == cold.messages
     assert session.prepare(grown).messages == cold.messages  # the failed session object recovers
+
+
+# -- tool definitions are data from outside too ------------------------------------------------
+
+
+def _deep_schema(levels: int) -> dict[str, Any]:
+    schema: dict[str, Any] = {"type": "string"}
+    for _ in range(levels):
+        schema = {"type": "object", "properties": {"x": schema}}
+    return schema
+
+
+def _openai_tool(parameters: dict[str, Any], description: str = "Run a command.") -> dict[str, Any]:
+    return {"type": "function", "function": {"name": "bash", "description": description, "parameters": parameters}}
+
+
+def _anthropic_tool(schema: dict[str, Any], description: str = "Run a command.") -> dict[str, Any]:
+    return {"name": "bash", "description": description, "input_schema": schema}
+
+
+HOSTILE_SCHEMAS = [
+    ({"type": "number", "maximum": float("nan")}, r"tool 0 \(bash\): .*/maximum: nan is not a finite number"),
+    ({"type": "number", "minimum": float("-inf")}, r"tool 0 \(bash\): .*/minimum: -inf is not a finite number"),
+    ({"type": "integer", "maximum": 10**5000}, r"tool 0 \(bash\): .*/maximum: an integer of more than 4300 digits"),
+    (_deep_schema(1200), r"tool 0 \(bash\): .*/properties/x/.*nested deeper than 100 levels"),
+]
+
+
+@pytest.mark.parametrize(("schema", "match"), HOSTILE_SCHEMAS, ids=["nan", "-inf", "5000-digits", "1200-deep"])
+@pytest.mark.parametrize("shape", ["openai-argument", "openai-body", "anthropic-body", "anthropic-argument"])
+def test_the_api_rejects_unwritable_tools_naming_the_tool(
+    tmp_path: Path, schema: dict[str, Any], match: str, shape: str
+) -> None:
+    session = Engine.load("builtin:default").session(tmp_path / "s", model="claude-sonnet-4-5")
+    with pytest.raises(MessagesError, match=match):
+        if shape == "openai-argument":
+            session.prepare(BASE, tools=[_openai_tool(schema)])
+        elif shape == "openai-body":
+            session.prepare({"messages": BASE, "tools": [_openai_tool(schema)]})
+        else:
+            body = {"model": "claude-sonnet-4-5", "max_tokens": 100, "messages": [BASE[0]]}
+            if shape == "anthropic-body":
+                session.prepare({**body, "tools": [_anthropic_tool(schema)]}, format="anthropic")
+            else:
+                session.prepare(body, tools=[_anthropic_tool(schema)], format="anthropic")
+    assert not (tmp_path / "s" / "state.json").exists(), "refused before any stage ran"
+
+
+@pytest.mark.parametrize("shape", ["openai", "anthropic"])
+def test_the_api_repairs_surrogates_in_tools_with_a_warning(tmp_path: Path, shape: str) -> None:
+    session = Engine.load("builtin:default").session(tmp_path / "s", model="claude-sonnet-4-5")
+    schema = {"type": "object", "properties": {"pa\udc00th": {"type": "string", "description": "a file \ud800"}}}
+    if shape == "openai":
+        tools = [_openai_tool(schema, "Run \ud83d a command.")]
+        result = session.prepare(BASE, tools=tools)
+        out = result.tools[0]["function"]
+        assert tools[0]["function"]["description"] == "Run \ud83d a command."  # the caller's is not edited
+        prefix = "/function"
+        props = out["parameters"]["properties"]
+    else:
+        body = {"model": "claude-sonnet-4-5", "max_tokens": 100, "messages": [BASE[0]]}
+        tools = [_anthropic_tool(schema, "Run \ud83d a command.")]
+        result = session.prepare({**body, "tools": tools}, format="anthropic")
+        out = result.body["tools"][0]
+        prefix = ""
+        props = out["input_schema"]["properties"]
+    assert out["description"] == "Run \ufffd a command."
+    assert props == {"pa\ufffdth": {"type": "string", "description": "a file \ufffd"}}
+    schema_key = "parameters" if shape == "openai" else "input_schema"
+    (warning,) = [w for w in result.report["warnings"] if "surrogate" in w]
+    assert warning.startswith("tool 0 (bash): a lone surrogate in "), warning
+    for field in (f"{prefix}/description", f"{prefix}/{schema_key}/properties/pa\ufffdth/description"):
+        assert field in warning, warning
+    json.dumps(result.body, ensure_ascii=False).encode("utf-8")  # encodable all through
+    # The same tools on the next call: no new warning (as for an unchanged message).
+    grown = [*BASE, {"role": "user", "content": "next"}]
+    if shape == "openai":
+        again = session.prepare(grown, tools=tools)
+        assert not [w for w in again.report["warnings"] if "surrogate" in w]
+
+
+@pytest.mark.parametrize(
+    ("raw", "needles"),
+    [
+        (
+            b'{"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function", "function": '
+            b'{"name": "bash", "parameters": {"type": "number", "maximum": NaN}}}]}',
+            ["in.json: /tools/0/function/parameters/maximum: NaN is not valid JSON"],
+        ),
+        (
+            b'{"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "x"}], "tools": [{"name": '
+            b'"bash", "input_schema": {"type": "integer", "maximum": ' + b"9" * 5000 + b"}}]}",
+            ["in.json: invalid input: an integer literal of more than 4300 digits"],
+        ),
+        (
+            json.dumps({"messages": BASE, "tools": [_openai_tool(_deep_schema(150))]}).encode(),
+            ["in.json: /tools/0/function/parameters/properties/", "nested deeper than 100 levels"],
+        ),
+    ],
+    ids=["nan", "5000-digits", "150-deep"],
+)
+def test_the_cli_rejects_unwritable_tools(tmp_path: Path, raw: bytes, needles: list[str]) -> None:
+    assert_clean_error(run_cli(tmp_path, raw), *needles)
+
+
+def test_the_cli_repairs_a_surrogate_in_a_tool_naming_the_field(tmp_path: Path) -> None:
+    raw = (
+        b'{"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "x"}], "tools": [{"name": '
+        b'"bash", "description": "Run \\ud800 it", "input_schema": {"type": "object"}}]}'
+    )
+    proc = run_cli(tmp_path, raw)
+    err = proc.stderr.decode()
+    assert proc.returncode == 0, err
+    assert "in.json: /tools/0/description: a lone surrogate was replaced with U+FFFD" in err
+    assert json.loads(proc.stdout.decode("utf-8"))["tools"][0]["description"] == "Run \ufffd it"
+
+
+def _anthropic_call(tool_input: Any, **top: Any) -> dict[str, Any]:
+    use = {"type": "tool_use", "id": "toolu_1", "name": "bash", "input": tool_input}
+    return {
+        "model": "claude-sonnet-4-5",
+        "max_tokens": 100,
+        **top,
+        "messages": [
+            {"role": "user", "content": "go"},
+            {"role": "assistant", "content": [use]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "ok"}]},
+        ],
+    }
+
+
+@pytest.mark.parametrize(
+    ("body", "match"),
+    [
+        (_anthropic_call({"n": float("nan")}), r"request /messages/1/content/0/input/n: nan is not a finite number"),
+        (_anthropic_call(_deep_schema(1200)), r"request /messages/1/content/0/input/.*nested deeper than 100 levels"),
+        (_anthropic_call({"n": 10**5000}), r"input/n: an integer of more than 4300 digits"),
+        (_anthropic_call({}, temperature=float("inf")), r"request /temperature: inf is not a finite number"),
+    ],
+    ids=["nan-in-tool-input", "1200-deep-input", "5000-digits", "inf-temperature"],
+)
+def test_an_anthropic_body_is_checked_before_it_is_decoded(tmp_path: Path, body: dict[str, Any], match: str) -> None:
+    session = Engine.load("builtin:default").session(tmp_path / "s", model="claude-sonnet-4-5")
+    with pytest.raises(MessagesError, match=match):
+        session.prepare(body, format="anthropic")
+
+
+def test_an_anthropic_body_with_surrogates_is_repaired_naming_the_message(tmp_path: Path) -> None:
+    session = Engine.load("builtin:default").session(tmp_path / "s", model="claude-sonnet-4-5")
+    body = _anthropic_call({"pa\ud800th": "a\udc00b"}, system="be \ud83d brief")
+    result = session.prepare(body, format="anthropic")
+    warnings = result.report["warnings"]
+    assert "message 1: a lone surrogate in /content/0/input/pa\ufffdth was replaced with U+FFFD" in warnings
+    assert "request field /system: a lone surrogate was replaced with U+FFFD" in warnings
+    assert result.body["messages"][1]["content"][0]["input"] == {"pa\ufffdth": "a\ufffdb"}
+    assert result.body["system"] == "be \ufffd brief"
+    json.dumps(result.body, ensure_ascii=False).encode("utf-8")

@@ -210,6 +210,70 @@ def test_a_catastrophic_compressor_pattern_is_skipped_not_hung(tmp_path: Path) -
         assert time.monotonic() - started < 40
 
 
+def test_compress_remembers_a_timed_out_pattern_across_processes(tmp_path: Path) -> None:
+    """Two separate `ctxrules compress` processes: the first times the pattern out, the second
+    skips it without running it (its own words on stderr), and both print the same bytes."""
+    write(
+        tmp_path,
+        "p.yaml",
+        f"""\
+        compressors:
+          - id: evil
+            match: {{argv: [tool]}}
+            steps:
+              - use: drop
+                with: {{patterns: ['{EVIL}']}}
+        """,
+    )
+    (tmp_path / "out.txt").write_text(OUTPUT, encoding="utf-8")
+    argv = ("compress", "--pack", "p.yaml", "--command", "tool", "--input", "out.txt")
+    first = ctxrules(*argv, cwd=tmp_path, timeout=60)
+    clean(first)
+    assert first.returncode == 0 and first.stdout == OUTPUT, first.stderr
+    assert "took longer than" in first.stderr and "earlier run" not in first.stderr, first.stderr
+    state = json.loads((tmp_path / "state" / "default" / "state.json").read_text(encoding="utf-8"))
+    assert state["compress"][patterns.STATE_KEY] == [patterns.compile(EVIL).key]
+    second = ctxrules(*argv, cwd=tmp_path, timeout=60)
+    clean(second)
+    assert second.returncode == 0 and second.stdout == first.stdout
+    assert "timed out in an earlier run and is skipped" in second.stderr, second.stderr
+    assert "took longer than" not in second.stderr, "the second process ran the pattern again"
+    # Proxy mode (running the command) reads the same memory.
+    tool = tmp_path / "bin" / "tool"
+    tool.parent.mkdir()
+    tool.write_text(f"#!/bin/sh\ncat '{tmp_path / 'out.txt'}'\n", encoding="utf-8")
+    tool.chmod(0o755)
+    proxy = ctxrules("compress", "--pack", "p.yaml", "--", str(tool), cwd=tmp_path, timeout=60)
+    clean(proxy)
+    assert proxy.returncode == 0 and proxy.stdout == OUTPUT
+    assert "timed out in an earlier run and is skipped" in proxy.stderr, proxy.stderr
+
+
+def test_compress_memory_in_a_symlinked_state_is_refused_not_followed(tmp_path: Path) -> None:
+    write(
+        tmp_path,
+        "p.yaml",
+        f"""\
+        compressors:
+          - id: evil
+            match: {{argv: [tool]}}
+            steps:
+              - use: drop
+                with: {{patterns: ['{EVIL}']}}
+        """,
+    )
+    (tmp_path / "out.txt").write_text(OUTPUT, encoding="utf-8")
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious\n", encoding="utf-8")
+    (tmp_path / "state" / "default").mkdir(parents=True)
+    (tmp_path / "state" / "default" / "state.json").symlink_to(victim)
+    proc = ctxrules("compress", "--pack", "p.yaml", "--command", "tool", "--input", "out.txt", cwd=tmp_path)
+    clean(proc)
+    assert proc.returncode == 0 and proc.stdout == OUTPUT
+    assert "symbolic link" in proc.stderr and "not remembered" in proc.stderr, proc.stderr
+    assert victim.read_text(encoding="utf-8") == "precious\n"
+
+
 def test_validate_warns_about_nested_quantifiers(tmp_path: Path) -> None:
     write(
         tmp_path,
@@ -322,6 +386,63 @@ def test_templates_cannot_exhaust_the_engine(tmp_path: Path, template: str, what
         assert "CR103" in out and "exceeds a rendering limit" in out and what in out, out
         first = out.strip().splitlines()[0]
         assert first.startswith(("p.yaml:", "ctxrules: error: p.yaml:")), first
+
+
+@pytest.mark.parametrize(
+    "template",
+    [
+        "{{ ('x' * 100000)|replace('x', 'y' * 100000) }}",
+        "{{ ('x' * 100000).replace('x', 'y' * 100000) }}",
+        "{{ ('a' * 1000000)|join('b' * 1000000) }}",
+        "{{ ('y' * 100000).join('x' * 100000) }}",
+        "{{ ('x' * 100000)|list|map('upper')|join('y' * 100000) }}",
+        "{{ ('x\\n' * 300000)|indent(1000000) }}",
+        "{{ ('x ' * 300000)|wordwrap(1, wrapstring='y' * 100000) }}",
+        "{{ ('\\t' * 100000).expandtabs(1000000) }}",
+        "{{ ('x' * 100000).translate({120: 'y' * 100000}) }}",
+        "{{ ('{0}' * 300000).format('x' * 1000000) }}",
+        "{{ ('%s' * 300000) % (('x' * 1000000,) * 300000) }}",
+        "{{ (range(1000000)|list)|tojson(indent=1000000) }}",
+        "{{ ['x' * 1000000] * 100000 }}",
+        "{% set ns = namespace(l=[]) %}{% for i in range(100000) %}{% set ns.l = ns.l + ['x' * 1000000] %}"
+        "{% endfor %}{{ ns.l|length }}",
+    ],
+)
+def test_templates_are_bounded_before_they_allocate(tmp_path: Path, template: str) -> None:
+    """Operations whose result is much larger than their input are refused on a bound computed
+    from the arguments, before the allocation: under a 2 GB address-space cap, each would be a
+    MemoryError (or the machine's memory) if it ran first."""
+    import resource
+
+    write(
+        tmp_path,
+        "p.yaml",
+        f"""\
+        prompts:
+          sections:
+            identity: {{tag: identity, template: {json.dumps(template)}}}
+          modes:
+            full: [identity]
+        """,
+    )
+    cap = 2 * 1024**3
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "ctxrules.cli.main", "validate", "p.yaml"],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(REPO / "engine")},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        preexec_fn=limit,
+        check=False,
+    )
+    out = clean(proc)
+    assert proc.returncode == 1, out
+    assert "CR103" in out and "exceeds a rendering limit" in out and "MemoryError" not in out, out
 
 
 def test_a_fifo_a_device_and_a_huge_file_are_refused_before_parsing(tmp_path: Path) -> None:

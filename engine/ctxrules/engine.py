@@ -31,7 +31,7 @@ from ctxrules.formats import openai as openai_format
 from ctxrules.formats.request import prepare_request
 from ctxrules.injected import InjectionKey, key_for_session, key_in_store, key_scope
 from ctxrules.logs import configure, get_logger
-from ctxrules.messages import clone_json, split_input, validate_messages
+from ctxrules.messages import clone_json, split_input, validate_messages, validate_tools
 from ctxrules.models import lookup_model
 from ctxrules.notes import SessionNotes
 from ctxrules.packs.loader import PackLoader, ResolvedPack
@@ -318,6 +318,7 @@ class Session:
         self.parent: Session | None = None
         self.root: Session = self
         self._notices: list[str] = []
+        self._tools_checked: tuple[Any, list[dict[str, Any]]] | None = None
         self._notes: SessionNotes | None = None
         cut = checkpoint.check(self.key, store=store)
         if cut is not None:
@@ -405,9 +406,8 @@ class Session:
         schemas cannot fit, instead of spending an API call."""
         listed, given_tools = split_input(messages)
         history = validate_messages(listed)
-        estimate = preflight(
-            history, list(tools if tools is not None else given_tools or []), counter=self.counter, budget=self.budget
-        )
+        tool_list = validate_tools(tools if tools is not None else given_tools)
+        estimate = preflight(history, tool_list, counter=self.counter, budget=self.budget)
         if refuse:
             refuse_unless_fits(estimate, self.model.name)
         return estimate
@@ -614,12 +614,14 @@ class Session:
             tools = given_tools
         if not isinstance(listed, list):
             listed = validate_messages(listed)
-        tool_list = list(tools or [])
+        tool_notes: list[str] = []
+        tool_list = self._checked_tools(tools, tool_notes)  # before anything runs: a bad one raises
         # Progress notes from deep inside (the summarizer's stream) reach on_event too.
         notes = listening(self._emit) if self.on_event is not None else contextlib.nullcontext()
         # Messages are not edited while a prepare runs, and the session notices edits between
         # calls (structure.forget): token counts may be looked up by message object.
         with self._thread_lock, self._session_lock, trusted_objects(), notes, key_scope(self.injection_key):
+            self._notices.extend(tool_notes)
             try:
                 return self._prepare(listed, tool_list, time.time() if clock is None else clock)
             except OSError as exc:
@@ -634,6 +636,18 @@ class Session:
             except BaseException:
                 self.store.forget(self.key)  # a run that did not finish may have changed the state in memory
                 raise
+
+    def _checked_tools(self, tools: Any, notes: list[str]) -> list[dict[str, Any]]:
+        """:func:`validate_tools` of ``tools``; the same tools come with every call, so a list
+        equal to the last one checked is not walked again (nor warned about again, like an
+        unchanged message). The copy kept is the caller's list as it was, deep: a list edited
+        in place between calls is not mistaken for the one checked."""
+        seen = self._tools_checked
+        if seen is not None and tools == seen[0]:
+            return list(seen[1])
+        checked = validate_tools(tools, warnings=notes)
+        self._tools_checked = (copy.deepcopy(tools), checked)
+        return list(checked)
 
     async def aprepare(
         self, messages: Any, tools: list[dict[str, Any]] | None = None, *, format: str = "openai"

@@ -41,6 +41,7 @@ __all__ = [
     "split_input",
     "tool_call_id",
     "validate_messages",
+    "validate_tools",
 ]
 
 Message = dict[str, Any]
@@ -122,6 +123,45 @@ def _within_limits(index: int, message: Message, warnings: list[str] | None) -> 
         more = f" and {len(found.replaced) - 5} more" if len(found.replaced) > 5 else ""
         warnings.append(f"{where}: a lone surrogate in {fields}{more} was replaced with U+FFFD")
     return found.value  # type: ignore[no-any-return]
+
+
+def validate_tools(tools: object, *, warnings: list[str] | None = None) -> list[dict[str, Any]]:
+    """Check tool definitions (OpenAI ``{"type": "function", "function": {...}}`` or Anthropic
+    ``{"name", "input_schema"}``) as messages are checked, and return them as a new list.
+
+    A JSON schema is data from outside like a message: nesting deeper than
+    :data:`~ctxrules.json_limits.MAX_DEPTH`, an integer too long to write out and a non-finite
+    number raise :class:`MessagesError` naming the tool and the field; lone surrogates are
+    replaced with U+FFFD in a copy of the tool, with a warning naming the tool and field.
+    ``None`` is no tools."""
+    from ctxrules.json_limits import pointer, scan, short_pointer
+
+    if tools is None:
+        return []
+    if not isinstance(tools, list | tuple):
+        raise MessagesError(f"'tools' must be a list, got {_type_name(tools)}")
+    out: list[dict[str, Any]] = []
+    for index, tool in enumerate(tools):
+        if not isinstance(tool, Mapping):
+            raise MessagesError(f"tool {index}: expected an object, got {_type_name(tool)}")
+        found = scan(tool)
+        if found.problems or found.replaced:
+            where = f"tool {index}" + (f" ({name})" if (name := _tool_name(found.value)) else "")
+            if found.problems:
+                first = found.problems[0]
+                raise MessagesError(f"{where}: {short_pointer(first.path)}: {first.detail}")
+            if warnings is not None:
+                fields = ", ".join(pointer(p) for p in found.replaced[:5])
+                more = f" and {len(found.replaced) - 5} more" if len(found.replaced) > 5 else ""
+                warnings.append(f"{where}: a lone surrogate in {fields}{more} was replaced with U+FFFD")
+        out.append(found.value)
+    return out
+
+
+def _tool_name(tool: Mapping[str, Any]) -> str | None:
+    function = tool.get("function")
+    name = function.get("name") if isinstance(function, Mapping) else tool.get("name")
+    return name if isinstance(name, str) and name else None
 
 
 def _validate_message(index: int, message: object) -> None:

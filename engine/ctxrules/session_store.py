@@ -196,6 +196,21 @@ class SessionStore:
             raise
         self._state, self._state_stat = state, _stat(self.state_file)
 
+    def save_state(self, state: dict[str, Any]) -> None:
+        """Rewrite ``state.json`` alone, ``last_output.jsonl`` untouched: for a verb that keeps
+        a section of its own there (``compress``'s timed-out patterns). The caller holds the
+        session lock and passes the state it loaded under it, so no other field is lost."""
+        state["version"] = STATE_VERSION
+        data = json.dumps(state, ensure_ascii=False, sort_keys=True).encode("utf-8")
+        self._state = self._state_stat = None
+        try:
+            self._write_state(data)
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.ftruncate(self._state_handle.fd(), 0)  # as in save: a miss, never a mix
+            raise
+        self._state, self._state_stat = state, _stat(self.state_file)
+
     def _write_state(self, data: bytes) -> None:
         """Rewrite ``state.json`` in place: the new state from offset 0, then the file cut to
         its length.
@@ -223,6 +238,7 @@ _STATE_FIELDS: dict[str, type | tuple[type, ...]] = {
     "last_clock": (int, float),
     "last": dict,
     "budget": dict,
+    "compress": dict,
     "recovered": str,
 }
 _LAST_FIELDS: dict[str, type | tuple[type, ...]] = {

@@ -9,7 +9,9 @@ executable and 127 when it is not found, as ``env`` and ``timeout`` do. A failur
 *after* CMD ran (a rule that misbehaves, a vault that cannot be written) prints the full,
 uncompressed output, warns on standard error, and still exits with CMD's code. CMD runs in its
 own process group; SIGINT, SIGTERM and SIGHUP are forwarded to it (:mod:`ctxrules.cli.child`),
-and what it wrote before a signal ended it is still compressed, vaulted and printed.
+and what it wrote before a signal ended it is still compressed, vaulted and printed. A pack
+pattern that times out is recorded in the session's ``state.json`` (``compress`` section), so
+later ``compress`` processes of the session skip it at once (:mod:`ctxrules.patterns`).
 
 Filter mode: ``ctxrules compress --command "CMD" [--exit-code N] --input FILE|-`` compresses
 output captured earlier; it exits 0, or 2 on a usage error.
@@ -36,8 +38,9 @@ from ctxrules.compressors.pipes import stdout_feeds_pipeline
 from ctxrules.errors import CtxrulesError, UsageError
 from ctxrules.models import lookup_model
 from ctxrules.packs.validated import load_pack
+from ctxrules.patterns import STATE_KEY, remembering
 from ctxrules.plugins import default_registry
-from ctxrules.stores import store_from_options
+from ctxrules.stores import Store, store_from_options
 from ctxrules.tokens import TokenCounter
 from ctxrules.vault import Vault
 
@@ -89,9 +92,11 @@ def register(sub: Any) -> None:
     p.set_defaults(func=run)
 
 
-def _vault(args: argparse.Namespace) -> Vault:
+def _session(args: argparse.Namespace) -> tuple[Store, str]:
+    """The store and the session whose vault keeps the full output (and whose state remembers
+    timed-out patterns)."""
     store = store_of(args)
-    return Vault.of(store, session_key(store, args.session))
+    return store, session_key(store, args.session)
 
 
 def _load(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
@@ -116,11 +121,19 @@ def _compress(
     """The bytes to print: compressed (full output stored first) or ``raw`` when nothing applies."""
     text, exact = _decode(raw)
     vault_id = hashlib.sha256(raw).hexdigest()
+    store, session = _session(args)
+    # Patterns that timed out in an earlier compress of this session are skipped at once, so
+    # the outcome does not depend on how loaded the machine was (ctxrules.patterns).
+    section = _remembered(store, session)
+    known = list(section.get(STATE_KEY) or [])
     try:
-        result = compress_text(pack, command, text, exit_code, vault_id=vault_id, registry=default_registry())
+        with remembering(section):
+            result = compress_text(pack, command, text, exit_code, vault_id=vault_id, registry=default_registry())
     except CompressorSkipped as exc:  # a pack pattern timed out: the output goes out as it is
         _note(f"warning: {exc}")
         result = None
+    if section.get(STATE_KEY, known) != known:
+        _remember(store, session, section[STATE_KEY])
     if result is None:
         if counter is not None:
             tokens = counter.count_text(text)
@@ -129,7 +142,7 @@ def _compress(
                 f"anything); {tokens:,} tokens ({args.model})"
             )
         return raw
-    vault = _vault(args)
+    vault = Vault.of(store, session)
     stored = vault.put_text(text) if exact else vault.put_bytes(raw, "text/plain")
     if stored != vault_id:  # pragma: no cover - the vault's id is the sha256 of these bytes
         raise CtxrulesError(f"vault stored the output as {stored}, markers say {vault_id}")
@@ -143,6 +156,36 @@ def _compress(
             f"full output: vault://{vault_id}"
         )
     return result.text.encode("utf-8", "surrogateescape" if exact else "replace")
+
+
+def _remembered(store: Store, session: str) -> dict[str, Any]:
+    """The ``compress`` section of the session's state (empty when there is none). A state
+    that cannot be read (a link where ``state.json`` belongs) costs the memory, not the run;
+    it is reported only when there is something to remember (:func:`_remember`), so that a
+    command's output does not carry the same warning on every call."""
+    try:
+        section = store.load_turn(session, output=False).state.get("compress")
+    except CtxrulesError:
+        return {}
+    return dict(section) if isinstance(section, dict) else {}
+
+
+def _remember(store: Store, session: str, keys: list[str]) -> None:
+    """Add ``keys`` (timed-out patterns) to the session state, under the session lock: the
+    state is loaded again there, so what a concurrent ``run`` wrote is kept."""
+    try:
+        with store.prepare_lock(session):
+            state = store.load_turn(session, output=False).state
+            section = state.get("compress")
+            section = dict(section) if isinstance(section, dict) else {}
+            listed = section.get(STATE_KEY)
+            old = {k for k in listed if isinstance(k, str)} if isinstance(listed, list) else set()
+            section[STATE_KEY] = sorted(old | set(keys))
+            state["compress"] = section
+            store.save_state(session, state)
+    except (CtxrulesError, OSError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+        _note(f"warning: timed-out patterns are not remembered: {reason}")
 
 
 def _note(message: str) -> None:

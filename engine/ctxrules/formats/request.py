@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Protocol
 
-from ctxrules.errors import UsageError
+from ctxrules.errors import MessagesError, UsageError
 from ctxrules.formats import FORMATS, detect
 from ctxrules.formats import anthropic as anthropic_format
+from ctxrules.json_limits import Path as JsonPath
+from ctxrules.json_limits import Scan, pointer, scan, short_pointer
+from ctxrules.messages import validate_tools
 from ctxrules.results import PrepareResult
 
 __all__ = ["prepare_request"]
@@ -40,13 +44,81 @@ def prepare_request(
     kind = detect(request) if format == "auto" else format
     if kind == "openai":
         return session.prepare(request, tools, clock=clock)
+    notes: list[str] = []
+    request = _within_limits(request, notes)
     decoded = anthropic_format.decode(request)
     given = decoded.tools
     if tools is not None:
-        given = anthropic_format.decode({"messages": [], "tools": tools}).tools
+        given = anthropic_format.decode({"messages": [], "tools": validate_tools(tools, warnings=notes)}).tools
     result = session._prepare_openai(decoded.messages, given, clock)
+    result.report["warnings"][:0] = notes
     result.body = anthropic_format.encode(result.messages, result.tools if given is not None else None, decoded.request)
     result.messages = anthropic_format.strip_private(result.messages)
     result.tools = anthropic_format.strip_private(result.tools)
     result.format = "anthropic"
     return result
+
+
+def _within_limits(request: Any, notes: list[str]) -> Any:
+    """``request`` checked before the codec walks it: the fields besides ``messages`` (tools by
+    :func:`validate_tools`, naming the tool) and every ``tool_use`` input (the codec writes it
+    out with ``json.dumps``, which would recurse without end, fail on a long integer, or write
+    ``NaN``). Nesting, long integers and non-finite numbers raise :class:`MessagesError` with
+    the JSON pointer in the request; lone surrogates are replaced with U+FFFD, each message or
+    field noted in ``notes``. The rest of each message is checked after decoding, like any
+    message (only new messages of a session: a warm turn does not walk the whole history).
+    Not an object: the codec says what it expected."""
+    if not isinstance(request, Mapping):
+        return request
+    body = dict(request)
+    if isinstance(body.get("tools"), list):
+        body["tools"] = validate_tools(body["tools"], warnings=notes)
+    rest = {k: v for k, v in body.items() if k not in ("tools", "messages")}
+    found = scan(rest)
+    _refuse(found)
+    replaced = list(found.replaced)
+    if found.replaced:
+        body.update(found.value)
+    messages = body.get("messages")
+    if isinstance(messages, list):
+        fixed: list[Any] | None = None
+        for i, message in enumerate(messages):
+            content = message.get("content") if isinstance(message, Mapping) else None
+            if not isinstance(content, list):
+                continue
+            for j, block in enumerate(content):
+                if not (isinstance(block, Mapping) and block.get("type") == "tool_use" and "input" in block):
+                    continue
+                inner = scan(block["input"], base=("messages", i, "content", j, "input"))
+                _refuse(inner)
+                if inner.replaced:
+                    fixed = fixed if fixed is not None else list(messages)
+                    copy = dict(fixed[i])
+                    copy["content"] = blocks = list(copy["content"])
+                    blocks[j] = {**blocks[j], "input": inner.value}
+                    fixed[i] = copy
+                    replaced.extend(inner.replaced)
+        if fixed is not None:
+            body["messages"] = fixed
+    _note_repairs(replaced, notes)
+    return body
+
+
+def _refuse(found: Scan) -> None:
+    if found.problems:
+        first = found.problems[0]
+        raise MessagesError(f"request {short_pointer(first.path)}: {first.detail}")
+
+
+def _note_repairs(paths: list[JsonPath], notes: list[str]) -> None:
+    """One note per message (or top-level field), naming its fields, as for a message list."""
+    fields: dict[tuple[Any, ...], list[str]] = {}
+    for path in paths:
+        head = tuple(path[:2]) if path[:1] == ("messages",) and len(path) > 1 else tuple(path[:1])
+        shown = pointer(tuple(path[len(head) :]))
+        if shown not in fields.setdefault(head, []):
+            fields[head].append(shown)
+    for head, names in fields.items():
+        what = f"message {head[1]}" if len(head) == 2 else f"request field {pointer(head)}"
+        listed = ", ".join(n for n in names[:5] if n) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+        notes.append(f"{what}: a lone surrogate{f' in {listed}' if listed else ''} was replaced with U+FFFD")

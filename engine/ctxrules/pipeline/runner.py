@@ -1,7 +1,9 @@
 """The pipeline runner: stages in order, phases enforced, failures contained.
 
 Order: the integrity stages first (the input may be malformed), then each content stage in
-pack order — followed by the integrity stages whenever it changed the messages — then the
+pack order — followed by the integrity stages whenever it changed the messages — then, for
+content stage types marked ``after_compaction``, a second run on the result when a stage after
+them changed it (``thinking.clean`` strips signatures whose prefix this call changed), then the
 finalize stages. ``when:`` is evaluated on the utilization measured just before each stage. A
 stage that raises is reported and skipped (``on_error: skip``) or stops the run with the
 messages as they were before it (``on_error: fail``); the conversation is never lost.
@@ -150,13 +152,23 @@ class _Run:
     def run(self) -> RunOutcome:
         integrity = [p for p in self.plan if p.phase == "integrity"]
         current = self._each(integrity, self.initial)
+        settled: list[tuple[PlannedStage, list[Message]]] = []  # after_compaction stages, what they left
         for p in (p for p in self.plan if p.phase == "content"):
             before = current
             current = self._one(p, current)
-            if self.records[-1].ran and self.records[-1].tokens_after < self.records[-1].tokens_before:
+            record = self.records[-1]
+            if record.ran and record.tokens_after < record.tokens_before:
                 self.compactions.append(p.type.name)
             if _changed(before, current):
                 current = self._each(integrity, current)
+            if p.type.after_compaction and record.ran and not record.error:
+                settled.append((p, current))
+        for p, left in settled:
+            if _changed(left, current):
+                before = current
+                current = self._one(p, current)
+                if _changed(before, current):
+                    current = self._each(integrity, current)
         current = self._each([p for p in self.plan if p.phase == "finalize"], current)
         return RunOutcome(current, self.tools, self.request, self.records, self.warnings, self._count(current))
 

@@ -8,7 +8,12 @@ the machine's load, so every limit here is a count, the same on every machine:
 - :data:`MAX_OPERATIONS` operations per render: each arithmetic operator, function, method or
   filter call, ``~`` concatenation and loop iteration costs one;
 - :data:`MAX_CHARS` characters (or items) for any string or sequence a template builds, and
-  for the rendered output;
+  for the rendered output; operations that multiply their input (``replace``, ``join``,
+  ``indent``, ``wordwrap``, ``expandtabs``, ``translate``, ``format`` and ``%``, ``tojson``,
+  ``sum``, writing out a list) are checked *before* they run, on a bound computed from their
+  arguments, so no single step allocates more than that;
+- :data:`MAX_TOTAL_CHARS` characters for all the strings and sequences one render builds
+  together (a loop that keeps a million-character string per iteration stops there);
 - :data:`MAX_INT_BITS` bits for an integer (``**`` and ``*`` are checked before computing);
 - ``range`` is counted item by item (and Jinja's own cap of 100,000 items holds).
 
@@ -29,11 +34,19 @@ from jinja2.exceptions import SecurityError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from jinja2.visitor import NodeTransformer
 
-__all__ = ["MAX_CHARS", "MAX_INT_BITS", "MAX_OPERATIONS", "LimitedEnvironment", "RenderLimitError"]
+__all__ = [
+    "MAX_CHARS",
+    "MAX_INT_BITS",
+    "MAX_OPERATIONS",
+    "MAX_TOTAL_CHARS",
+    "LimitedEnvironment",
+    "RenderLimitError",
+]
 
 MAX_OPERATIONS = 1_000_000
 MAX_CHARS = 1_000_000
 MAX_INT_BITS = 14_000  # about 4,300 decimal digits: what Python itself will print of an int
+MAX_TOTAL_CHARS = 100 * MAX_CHARS
 
 
 class RenderLimitError(SecurityError):
@@ -43,14 +56,27 @@ class RenderLimitError(SecurityError):
 _BUDGET: contextvars.ContextVar[list[int]] = contextvars.ContextVar("ctxrules_render_budget")
 
 
-def _charge(n: int = 1) -> None:
+def _budget() -> list[int]:
     budget = _BUDGET.get(None)
     if budget is None:  # rendering outside LimitedEnvironment.render_limited: still bounded
-        budget = [MAX_OPERATIONS]
+        budget = [MAX_OPERATIONS, MAX_TOTAL_CHARS]
         _BUDGET.set(budget)
+    return budget
+
+
+def _charge(n: int = 1) -> None:
+    budget = _budget()
     budget[0] -= n
     if budget[0] < 0:
         raise RenderLimitError(f"the template does more than {MAX_OPERATIONS:,} operations")
+
+
+def _spend(size: int) -> None:
+    """Count ``size`` characters (or items) a render built against :data:`MAX_TOTAL_CHARS`."""
+    budget = _budget()
+    budget[1] -= size
+    if budget[1] < 0:
+        raise RenderLimitError(f"the template builds more than {MAX_TOTAL_CHARS:,} characters or items in all")
 
 
 def _sized(value: Any) -> int | None:
@@ -66,7 +92,94 @@ def _check_size(value: Any, what: str) -> Any:
     size = _sized(value)
     if size is not None:
         _check_length(size, what)
+        _spend(size)
     return value
+
+
+def _weight(value: Any, limit: int = MAX_CHARS) -> int:
+    """About how many characters ``str(value)`` has (strings, numbers, and containers of them),
+    counted without building it; stops counting once past ``limit``."""
+    total = 0
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str | bytes):
+            total += len(item)
+        elif isinstance(item, bool) or item is None:
+            total += 5
+        elif isinstance(item, int):
+            total += int(item.bit_length() * 0.30103) + 2
+        elif isinstance(item, list | tuple | set | frozenset):
+            total += 2 * len(item) + 2  # brackets, separators
+            if total <= limit:
+                stack.extend(item)
+        elif isinstance(item, dict):
+            total += 4 * len(item) + 2
+            if total <= limit:
+                stack.extend(item.keys())
+                stack.extend(item.values())
+        else:
+            total += 24  # a float, an undefined, a Markup-free object: a short text
+        if total > limit:
+            return total
+    return total
+
+
+def _bound(name: str, value: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any], method: bool) -> int | None:
+    """An upper bound of the size of ``name(value, *args, **kwargs)`` (a filter, or with
+    ``method`` a method of the string ``value``) for the operations whose result can be much
+    larger than their input; None for the rest (their result is checked after)."""
+
+    def arg(i: int, key: str, default: Any) -> Any:
+        return args[i] if len(args) > i else kwargs.get(key, default)
+
+    if name == "replace" and isinstance(value, str):
+        old, new, count = str(arg(0, "old", "")), str(arg(1, "new", "")), arg(2, "count", None)
+        times = value.count(old) if old else len(value) + 1
+        if isinstance(count, int) and count >= 0:
+            times = min(times, count)
+        return len(value) + times * max(0, len(new) - len(old))
+    if name == "join":
+        sep, items = (value, arg(0, "iterable", ())) if method else (str(arg(0, "d", "")), value)
+        if isinstance(items, str):
+            return len(items) * (1 + len(sep))
+        if isinstance(items, list | tuple):
+            return _weight(items, MAX_CHARS + 1) + len(sep) * max(0, len(items) - 1)
+        return None
+    if name == "indent" and isinstance(value, str):
+        width = arg(0, "width", 4)
+        pad = len(width) if isinstance(width, str) else width if isinstance(width, int) else 4
+        return len(value) + max(0, pad) * (value.count("\n") + 1)
+    if name == "wordwrap" and isinstance(value, str):
+        wrap = arg(3, "wrapstring", None)
+        return len(value) * (1 + (len(wrap) if isinstance(wrap, str) else 1)) + 1
+    if name == "expandtabs" and isinstance(value, str):
+        size = arg(0, "tabsize", 8)
+        return len(value) + value.count("\t") * (size if isinstance(size, int) else 8)
+    if name == "translate" and isinstance(value, str):
+        table = arg(0, "table", {})
+        texts = [v for v in table.values() if isinstance(v, str)] if isinstance(table, dict) else []
+        return len(value) * max(1, *map(len, texts))
+    if name in ("format", "format_map") and isinstance(value, str):
+        # A filter `format` is printf-style; the method `str.format` uses braces.
+        widest = max((_weight(a, MAX_CHARS + 1) for a in [*args, *kwargs.values()]), default=0)
+        return len(value) + (value.count("%") + value.count("{")) * widest
+    if name in ("tojson", "pprint", "string"):
+        indent = arg(0, "indent", None) if name == "tojson" else None
+        depth_pad = indent if isinstance(indent, int) and indent > 0 else 0
+        weight = _weight(value, MAX_CHARS + 1)
+        return weight * (1 + depth_pad) if depth_pad else weight
+    if name == "sum" and isinstance(value, list | tuple):
+        return sum(len(v) for v in value if isinstance(v, list | tuple | str))
+    return None
+
+
+def _check_bound(
+    name: str, value: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any], what: str, *, method: bool = False
+) -> None:
+    bound = _bound(name, value, args, kwargs, method)
+    if bound is not None:
+        _check_length(bound, what)
 
 
 def _check_int(bits: int, what: str) -> None:
@@ -92,6 +205,14 @@ def _check_args(args: Iterable[Any], kwargs: Mapping[str, Any], what: str) -> No
     for value in [*args, *kwargs.values()]:
         if isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_CHARS:
             raise RenderLimitError(f"{what} is given {value:,}; arguments are limited to {MAX_CHARS:,}")
+
+
+def _finalize(value: Any) -> Any:
+    """Every ``{{ ... }}`` value before it is written out: a list of a million references to
+    a million-character string is small, its text is not."""
+    if not isinstance(value, str):
+        _check_length(_weight(value, MAX_CHARS + 1), "a value written out")
+    return value
 
 
 class _Counted:
@@ -127,12 +248,22 @@ class _Instrument(NodeTransformer):
 
 
 def _limited_filter(name: str, func: Callable[..., Any]) -> Callable[..., Any]:
+    # pass_context, pass_eval_context and pass_environment filters get that object first.
+    skip = 2 if getattr(func, "jinja_pass_arg", None) is not None else 1
+
     @functools.wraps(func)  # keeps jinja_pass_arg (pass_context & co.)
     def call(*args: Any, **kwargs: Any) -> Any:
         _charge()
-        _check_args(args[1:], kwargs, f"filter '{name}'")
-        if name == "format" and args:
-            _check_format(args[0])
+        _check_args(args[skip:], kwargs, f"filter '{name}'")
+        if len(args) >= skip:
+            value = args[skip - 1]
+            if name in ("join", "sum") and not isinstance(value, list | tuple | str | dict):
+                # A generator (map, select): its items are needed to bound the result.
+                value = _check_size(list(_Counted(value)), f"the input of filter '{name}'")
+                args = (*args[: skip - 1], value, *args[skip:])
+            if name == "format":
+                _check_format(value)
+            _check_bound(name, value, args[skip:], kwargs, f"the result of filter '{name}'")
         return _check_size(func(*args, **kwargs), f"the result of filter '{name}'")
 
     return call
@@ -145,6 +276,7 @@ class LimitedEnvironment(ImmutableSandboxedEnvironment):
     intercepted_unops = frozenset({"-", "+"})
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("finalize", _finalize)
         super().__init__(*args, **kwargs)
         self.globals["range"] = self._range
         self.concat = self._concat_output  # type: ignore[method-assign]
@@ -159,7 +291,7 @@ class LimitedEnvironment(ImmutableSandboxedEnvironment):
 
     def render_limited(self, render: Callable[[], str]) -> str:
         """``render()`` with a fresh operation budget."""
-        token = _BUDGET.set([MAX_OPERATIONS])
+        token = _BUDGET.set([MAX_OPERATIONS, MAX_TOTAL_CHARS])
         try:
             return render()
         finally:
@@ -179,6 +311,7 @@ class LimitedEnvironment(ImmutableSandboxedEnvironment):
         total = 0
         texts = []
         for part in parts:
+            _check_length(total + _weight(part, MAX_CHARS + 1), "a '~' concatenation")
             text = str(part)
             total += len(text)
             if total > MAX_CHARS:
@@ -194,6 +327,7 @@ class LimitedEnvironment(ImmutableSandboxedEnvironment):
             if total > MAX_CHARS:
                 raise RenderLimitError(f"the rendered text would be over {MAX_CHARS:,} characters")
             out.append(piece)
+        _spend(total)
         return "".join(out)
 
     def _range(self, *args: int) -> _Counted:
@@ -203,9 +337,17 @@ class LimitedEnvironment(ImmutableSandboxedEnvironment):
     # -- run-time checks ------------------------------------------------------------------
     def wrap_str_format(self, value: Any) -> Callable[..., str] | None:
         wrapped = super().wrap_str_format(value)
-        if wrapped is not None:
-            _check_format(value.__self__)  # before the sandbox formats: a width is an allocation
-        return wrapped
+        if wrapped is None:
+            return None
+        fmt, name = value.__self__, value.__name__
+        _check_format(fmt)  # before the sandbox formats: a width is an allocation
+
+        def checked(*args: Any, **kwargs: Any) -> str:
+            # "{0}" * 300,000 formatting a long text is a small call with a huge result.
+            _check_bound(name, fmt, args, kwargs, f"the result of str.{name}()", method=True)
+            return wrapped(*args, **kwargs)
+
+        return checked
 
     def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
         _charge()
@@ -224,7 +366,8 @@ class LimitedEnvironment(ImmutableSandboxedEnvironment):
                 _check_length(a + b, "a sum")
         elif operator == "%" and isinstance(left, str):
             _check_format(left)
-        return super().call_binop(context, operator, left, right)
+            _check_length(len(left) + left.count("%") * _weight(right, MAX_CHARS + 1), "a '%' format")
+        return _check_size(super().call_binop(context, operator, left, right), f"a '{operator}' result")
 
     def call_unop(self, context: Any, operator: str, arg: Any) -> Any:
         _charge()
@@ -233,8 +376,12 @@ class LimitedEnvironment(ImmutableSandboxedEnvironment):
     def call(__self, __context: Any, __obj: Any, *args: Any, **kwargs: Any) -> Any:
         _charge()
         _check_args(args, kwargs, f"{getattr(__obj, '__name__', 'a call')}()")
-        if getattr(__obj, "__name__", None) in ("format", "format_map") and isinstance(
-            getattr(__obj, "__self__", None), str
-        ):
-            _check_format(__obj.__self__)
+        owner = getattr(__obj, "__self__", None)
+        if isinstance(owner, str):
+            name = getattr(__obj, "__name__", "")
+            if name in ("format", "format_map"):
+                _check_format(owner)
+            if name == "join" and args and not isinstance(args[0], list | tuple | str | dict):
+                args = (_check_size(list(_Counted(args[0])), "the input of str.join()"), *args[1:])
+            _check_bound(name, owner, args, kwargs, f"the result of str.{name}()", method=True)
         return _check_size(super().call(__context, __obj, *args, **kwargs), "a call's result")

@@ -93,7 +93,9 @@ class StageType:
     ``hysteresis`` marks stage types (``compress.*``, ``summarize.*``) that accept a ``target``
     tier and stop as soon as utilization is below it; the runner adds ``target`` to their
     option schema. ``essential`` stage types run even when a pack does not name them and
-    cannot be disabled.
+    cannot be disabled. ``after_compaction`` content stage types run once more after the last
+    content stage when a stage after them changed the messages (``thinking.clean``: a
+    compaction in this very call may have changed the prefix a signature covers).
     """
 
     name: str
@@ -103,6 +105,7 @@ class StageType:
     description: str = ""
     essential: bool = False
     hysteresis: bool = False
+    after_compaction: bool = False
 
 
 _TARGET_SCHEMA: Mapping[str, Any] = {

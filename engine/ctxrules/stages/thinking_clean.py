@@ -17,8 +17,11 @@ signed ``thinking`` / ``redacted_thinking`` blocks; also accepted as parts of a 
     the vault, leaving a marker in the message text. *Prefix changed* is detected through the
     stage state: the first time a signed message is seen, the digest of everything before it
     is recorded (keyed by its signatures); when a later run finds a different prefix before
-    it, the prefix was changed (by a compaction stage of an earlier run, or by this stage
-    stripping an earlier step, which changes every later prefix in turn).
+    it, the prefix was changed (by a compaction stage of an earlier call, or by this stage
+    stripping an earlier step, which changes every later prefix in turn). The stage type is
+    ``after_compaction``: when a later stage of the same call changed the messages, the runner
+    runs it once more on the result, so thinking whose prefix *this* call's compaction changed
+    is stripped before the request goes out, not on the next call.
 **deepseek**, **kimi** (the ``reasoning_content`` convention)
   - ``reasoning_content`` of assistant messages before the latest real user message is moved
     to the vault (marker in the text), except on messages with tool calls: these APIs demand
@@ -50,7 +53,7 @@ from ctxrules.hookspecs import hookimpl
 from ctxrules.messages import is_real_user, message_digest
 from ctxrules.stages.base import Action, Message, StageOutcome, StageType
 from ctxrules.stages.filter_common import check_options, tokens_saved
-from ctxrules.structure import pinned_indices
+from ctxrules.structure import PIN_SIGNED_PREFIX, pinned_indices
 from ctxrules.vault import format_marker
 
 if TYPE_CHECKING:
@@ -165,6 +168,11 @@ class ThinkingClean:
         self, messages: Sequence[Message], out: list[Message], actions: list[Action], ctx: StageContext
     ) -> None:
         pins = pinned_indices(messages)
+        # What keeps a message's thinking from being stripped: the ordinary pins (the newest
+        # step's thinking goes back byte-exact). preserved_thinking: pin's extension of them
+        # does not: when even the pinned part did not fit and the emergency pass spilled some
+        # of it, the signatures after the spill are stale like any other.
+        own_pins = _own_pins(messages)
         signed = {
             i: key
             for i, m in enumerate(messages)
@@ -178,14 +186,14 @@ class ThinkingClean:
             if seen is not None and seen != prefixes[index] and changed_from is None:
                 changed_from = index
         for index, msg in enumerate(messages):
-            if msg.get("role") != "assistant" or index in pins:
+            if msg.get("role") != "assistant" or index in own_pins:
                 continue
             # Protection keeps a message's content, not what the provider will reject: signed
             # thinking whose prefix changed is stripped from protected messages too.
             if self.strip_changed_prefix and changed_from is not None and index >= changed_from and index in signed:
                 self._strip_thinking(index, msg, out, actions, ctx, changed_from, protected=id(msg) in ctx.protected)
                 continue
-            if id(msg) in ctx.protected:
+            if index in pins or id(msg) in ctx.protected:
                 continue
             reasoning = msg.get("reasoning_content")
             if isinstance(reasoning, str) and reasoning and _is_duplicate(reasoning, _blocks(msg)):
@@ -313,6 +321,15 @@ class ThinkingClean:
             )
 
 
+def _own_pins(messages: Sequence[Message]) -> frozenset[int]:
+    """The pins of ``messages`` without ``preserved_thinking: pin``'s signed prefix."""
+    token = PIN_SIGNED_PREFIX.set(False)
+    try:
+        return pinned_indices(messages)
+    finally:
+        PIN_SIGNED_PREFIX.reset(token)
+
+
 def _signed_view(msg: Mapping[str, Any]) -> dict[str, Any]:
     """What of a message Anthropic sees, hence what a signature after it covers.
 
@@ -410,6 +427,10 @@ STAGE_TYPE = StageType(
         "demand; everything removed goes to the vault."
     ),
     options_schema=OPTIONS_SCHEMA,
+    # A signed block whose prefix a later stage of this same call changed must not go out:
+    # the runner runs the stage again on the compacted messages, where the recorded prefixes
+    # no longer match.
+    after_compaction=True,
 )
 
 

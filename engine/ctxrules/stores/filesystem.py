@@ -173,9 +173,8 @@ class FilesystemStore:
         self._turn_files(session).forget()
 
     def save_state(self, session: str, state: dict[str, Any]) -> None:
-        files = self._turn_files(session)
-        write_atomic(files.state_file, json.dumps(state, ensure_ascii=False, sort_keys=True).encode("utf-8"))
-        files.forget()
+        # In place, as a turn's state is written (ctxrules.session_store.SessionStore.save_state).
+        self._turn_files(session).save_state(state)
 
     # --- the vault ------------------------------------------------------------------------------
 
