@@ -203,6 +203,20 @@ def test_two_litellm_hooks_on_one_store_act_as_one(make_store: Callable[[], Stor
         ContextHook("builtin:default", "dir", store=MemoryStore())
 
 
+def test_a_litellm_hook_on_a_file_url_is_the_hook_on_that_directory(tmp_path: Path) -> None:
+    from ctxrules.integrations.litellm import ContextHook
+
+    FilesystemStore(tmp_path / "st").secret(None, "injection.key", lambda: KEY)
+    by_url = ContextHook("builtin:default", store=f"file://{tmp_path}/st", window=20000)
+    by_dir = ContextHook("builtin:default", str(tmp_path / "st2"), window=20000)
+    FilesystemStore(tmp_path / "st2").secret(None, "injection.key", lambda: KEY)
+    data = {"model": "gpt-4o", "messages": turns(1)[0], "litellm_session_id": "chat-1"}
+    a = by_url.process(json.loads(json.dumps(data)), "openai")
+    b = by_dir.process(json.loads(json.dumps(data)), "openai")
+    assert a["messages"] == b["messages"]
+    assert (tmp_path / "st" / "chat-1" / "state.json").is_file() and not Path(".ctxrules", "chat-1").exists()
+
+
 def test_the_langchain_middleware_takes_a_store() -> None:
     pytest.importorskip("langchain")
     from ctxrules.integrations.langchain import CtxrulesMiddleware

@@ -95,6 +95,8 @@ class ContextHook(CustomLogger):
         self.store: Store = open_store(store) if store is not None else FilesystemStore(self.state_root)
         # The filesystem store keeps sessions as directories, named as they always were.
         self._files = isinstance(self.store, FilesystemStore)
+        if isinstance(self.store, FilesystemStore):
+            self.state_root = self.store.root  # store="file://DIR" is state="DIR"
         self.model = model
         self.window = window
         self.on_error = on_error
