@@ -36,7 +36,7 @@ import hashlib
 import os
 import re
 import tempfile
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -311,7 +311,7 @@ class Store(Protocol):
 
     def get_blob(self, session: str, blob_id: str) -> bytes:
         """The bytes of a full id ``session`` references, verified against the id; raises
-        ``ctxrules.vault.VaultError`` when missing or corrupt."""
+        :class:`VaultError` when missing or corrupt."""
         ...
 
     def open_blob_writer(self, session: str) -> BlobWriter:
@@ -391,7 +391,7 @@ class Store(Protocol):
 
     def compaction_lock(self, session: str) -> AbstractContextManager[Any]:
         """The session's compaction lock, taken without waiting: entering raises
-        ``ctxrules.summarize.lock.CompactionBusy`` when another compaction holds it."""
+        :class:`CompactionBusy` when another compaction holds it."""
         ...
 
     # --- secrets --------------------------------------------------------------------------------
@@ -406,9 +406,3 @@ class Store(Protocol):
     def close(self) -> None:
         """Release connections and handles; the store may not be used afterwards."""
         ...
-
-
-def iter_logs(store: Store, kinds: Sequence[LogKind]) -> Iterator[Log]:
-    """Every log of ``kinds`` in ``store``."""
-    for kind in kinds:
-        yield from store.logs(kind)
