@@ -59,7 +59,7 @@ from ctxrules.runtime.subagents import settings as subagent_settings
 from ctxrules.session_store import DEFAULT_STATE_ROOT, state_root_from_env
 from ctxrules.stores import Store, open_store
 from ctxrules.stores.filesystem import FilesystemStore
-from ctxrules.tokens import REPLY_PRIMING_TOKENS, TokenCounter, trusted_objects
+from ctxrules.tokens import REPLY_PRIMING_TOKENS, TokenCounter, token_ceiling, trusted_objects
 from ctxrules.toolroles import tool_roles
 from ctxrules.tracker import FileTracker
 from ctxrules.types import Message
@@ -620,7 +620,16 @@ class Session:
         notes = listening(self._emit) if self.on_event is not None else contextlib.nullcontext()
         # Messages are not edited while a prepare runs, and the session notices edits between
         # calls (structure.forget): token counts may be looked up by message object.
-        with self._thread_lock, self._session_lock, trusted_objects(), notes, key_scope(self.injection_key):
+        # A text over the window counts by an upper bound past it (tokens.token_ceiling): it
+        # cannot be sent whole whatever its exact count, and tokenizing 50 MB would take seconds.
+        with (
+            self._thread_lock,
+            self._session_lock,
+            trusted_objects(),
+            token_ceiling(self.budget.window),
+            notes,
+            key_scope(self.injection_key),
+        ):
             self._notices.extend(tool_notes)
             try:
                 return self._prepare(listed, tool_list, time.time() if clock is None else clock)
@@ -766,7 +775,7 @@ class Session:
         # before the checkpoint is gone); a session that stays at a compacting tier would
         # otherwise store its whole context in the vault on every turn.
         turn.prefix = len(turn.previous) if turn.reused and self.store.output_holds(self.key, turn.previous) else 0
-        backup = self.vault.put_text(json.dumps(turn.pipeline_input[turn.prefix :], ensure_ascii=False))
+        backup = checkpoint.put_backup(self.vault, turn.pipeline_input[turn.prefix :])
         checkpoint.begin(
             self.key,
             store=self.store,
@@ -809,7 +818,7 @@ class Session:
         except BaseException as exc:
             if turn.compacting:
                 # This session may save again before anyone resumes: back up the whole input.
-                full = self.vault.put_text(json.dumps(turn.pipeline_input, ensure_ascii=False)) if turn.prefix else None
+                full = checkpoint.put_backup(self.vault, turn.pipeline_input) if turn.prefix else None
                 checkpoint.interrupted(self.key, f"{type(exc).__name__}: {exc}", backup=full, store=self.store)
             raise
         finally:

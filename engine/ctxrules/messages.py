@@ -18,14 +18,13 @@ message whose content went to the vault is still the real user message.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import re
 from collections.abc import Mapping
 from typing import Any
 
 from ctxrules.errors import MessagesError
 from ctxrules.injected import TagHead, current_key, format_attr, parse_head
+from ctxrules.json_stream import json_sha256
 
 __all__ = [
     "ROLES",
@@ -427,8 +426,8 @@ def _result_id(msg: Mapping[str, Any]) -> str | None:
 
 def message_digest(message: Mapping[str, Any]) -> str:
     """A stable digest of a message across processes (canonical JSON, sha256)."""
-    data = json.dumps(message, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
-    return hashlib.sha256(data.encode("utf-8", errors="surrogatepass")).hexdigest()
+    # A 50 MB tool result is hashed in slices (json_stream), not serialised and copied whole.
+    return json_sha256(message, sort_keys=True, separators=(",", ":"))
 
 
 def clone_json(value: Any) -> Any:

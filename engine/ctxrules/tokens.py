@@ -79,6 +79,16 @@ inside a message is noticed by the session, which calls :func:`ctxrules.structur
 that empties this memo too. Outside the scope only the key memo is used, so code that edits a
 message in place and counts it again always gets the new count.
 
+Texts over the window
+---------------------
+Inside :func:`token_ceiling` (a session's ``prepare`` runs in it, with the session's window) a
+text is tokenized only until its count passes the ceiling; the rest of it counts its UTF-8 byte
+length, an upper bound (no token is shorter than a byte). A 50 MB tool result then costs a
+window's worth of tokenizing, not 50 MB of it, and every decision taken on the count is on
+the safe side: the text is over the window whatever its exact count, and the pipeline spills
+it. Such counts are remembered per ceiling, apart from the exact ones. Long texts are tokenized
+:data:`GROUP_CHARS` at a time, so the tokenizer's lists of token ids stay small.
+
 Importing this module is cheap: tiktoken and tokenizers are imported on the first count, and
 litellm is never imported.
 """
@@ -110,6 +120,7 @@ __all__ = [
     "image_size_from_url",
     "openai_image_tokens",
     "render_openai_functions",
+    "token_ceiling",
     "tokenizer_dir",
 ]
 
@@ -139,6 +150,9 @@ OPAQUE_MEDIA_TOKENS: Final = 1600
 
 MEMO_LIMIT: Final = 200_000
 CHUNK_CHARS: Final = 16_384
+_BATCH_MIN_AVERAGE: Final = 1_000  # mean characters per text below which texts are encoded in a loop
+GROUP_CHARS: Final = 1 << 20
+"""Characters of a long text handed to the tokenizer at a time."""
 _CHUNK_TARGET: Final = 8_192
 
 _TIKTOKEN_BLOBS: Final[Mapping[str, str]] = {
@@ -181,10 +195,13 @@ def _load_tiktoken(name: str) -> BatchCounter:
         raise CtxrulesError(f"cannot load the {name} tokenizer from {cache_dir}: {exc}") from exc
 
     def count(texts: Sequence[str]) -> list[int]:
-        # The batch API hands work to a thread pool; for the few texts of a warm turn that
-        # costs more than it saves.
-        if len(texts) <= 8 or sum(map(len, texts)) < 50_000:
-            return [len(encoding.encode_ordinary(t)) for t in texts]
+        # The batch API hands each text to a thread pool as its own task (about 50 us each):
+        # worth it for long texts, not for the few texts of a warm turn or for thousands of
+        # short messages (20,000 of them spent seconds submitting tasks).
+        size = sum(map(len, texts))
+        if len(texts) <= 8 or size < 50_000 or size < _BATCH_MIN_AVERAGE * len(texts):
+            encode = encoding.encode_ordinary
+            return [len(encode(t)) for t in texts]
         return [len(ids) for ids in encoding.encode_ordinary_batch(list(texts))]
 
     return count
@@ -202,7 +219,8 @@ def _load_hf(kind: str) -> BatchCounter:
         raise CtxrulesError(f"cannot load the {kind} tokenizer {path}: {exc}") from exc
 
     def count(texts: Sequence[str]) -> list[int]:
-        if len(texts) <= 8 or sum(map(len, texts)) < 50_000:
+        size = sum(map(len, texts))
+        if len(texts) <= 8 or size < 50_000 or size < _BATCH_MIN_AVERAGE * len(texts):
             return [len(tokenizer.encode(t, add_special_tokens=False)) for t in texts]
         encoded = tokenizer.encode_batch(list(texts), add_special_tokens=False)
         return [len(e) for e in encoded]
@@ -240,7 +258,11 @@ def _split_long(text: str) -> list[str]:
     so counting the pieces gives the same total; only text without either falls back to a
     hard cut (at most one token of drift per cut).
     """
-    pieces: list[str] = []
+    return [text[a:b] for a, b in _cuts(text)]
+
+
+def _cuts(text: str) -> Iterator[tuple[int, int]]:
+    """The ``(start, end)`` of each piece :func:`_split_long` makes, one at a time."""
     start = 0
     size = len(text)
     while size - start > CHUNK_CHARS:
@@ -262,10 +284,17 @@ def _split_long(text: str) -> list[str]:
                 pos = text.rfind(" ", floor, pos)
         if cut == -1:
             cut = limit
-        pieces.append(text[start:cut])
+        yield start, cut
         start = cut
-    pieces.append(text[start:])
-    return pieces
+    yield start, size
+
+
+def _utf8_length(text: str, start: int) -> int:
+    """UTF-8 bytes of ``text[start:]`` (lone surrogates as 3), without encoding it whole."""
+    if text.isascii():
+        return len(text) - start
+    step = 1 << 20
+    return sum(len(text[i : i + step].encode("utf-8", "surrogatepass")) for i in range(start, len(text), step))
 
 
 # --------------------------------------------------------------------------- images
@@ -489,6 +518,7 @@ class TokenCounter:
         self._by_object: dict[int, tuple[Mapping[str, Any], Any, Any, int]] = {}
         self._by_object_generation = structure.generation()
         self._tools_memo: dict[object, int] = {}
+        self._bounds: dict[tuple[object, int | None], int] = {}
         self._count_batch: BatchCounter | None = None
 
     # -- construction -------------------------------------------------------------------
@@ -515,25 +545,53 @@ class TokenCounter:
     # -- text ---------------------------------------------------------------------------
 
     def _batch(self, texts: Sequence[str]) -> list[int]:
+        return self._counts(texts)[0]
+
+    def _counts(self, texts: Sequence[str]) -> tuple[list[int], set[int]]:
+        """Tokens of each text, and the indexes of those counted as more than the ceiling
+        (:func:`token_ceiling`): an upper bound, not their exact count."""
         counter = self._count_batch
         if counter is None:
             counter = self._count_batch = _backend(self.tokenizer)
         self.texts_tokenized += len(texts)
         if all(len(t) <= CHUNK_CHARS for t in texts):
-            return counter(texts)
-        pieces: list[str] = []
-        owners: list[int] = []
-        for i, text in enumerate(texts):
-            parts = _split_long(text) if len(text) > CHUNK_CHARS else [text]
-            pieces.extend(parts)
-            owners.extend([i] * len(parts))
+            return counter(texts), set()
         totals = [0] * len(texts)
-        for owner, count in zip(owners, counter(pieces), strict=True):
-            totals[owner] += count
-        return totals
+        bounded: set[int] = set()
+        short = [i for i, text in enumerate(texts) if len(text) <= CHUNK_CHARS]
+        if short:
+            for i, count in zip(short, counter([texts[i] for i in short]), strict=True):
+                totals[i] = count
+        ceiling = _CEILING.get()
+        for i, text in enumerate(texts):
+            if len(text) > CHUNK_CHARS:
+                totals[i], over = self._count_long(counter, text, ceiling)
+                if over:
+                    bounded.add(i)
+        return totals, bounded
+
+    @staticmethod
+    def _count_long(counter: BatchCounter, text: str, ceiling: int | None) -> tuple[int, bool]:
+        """Tokens of a long text, counted :data:`GROUP_CHARS` at a time (the tokenizer's token
+        lists for 50 MB of text would take gigabytes); past ``ceiling`` tokens the rest counts
+        its UTF-8 byte length (every token is at least one byte), and the flag says so."""
+        total = 0
+        group: list[str] = []
+        size = 0
+        for start, end in _cuts(text):
+            group.append(text[start:end])
+            size += end - start
+            if size < GROUP_CHARS and end < len(text):
+                continue
+            total += sum(counter(group))
+            group, size = [], 0
+            if ceiling is not None and total > ceiling and end < len(text):
+                return total + _utf8_length(text, end), True
+        return total, False
 
     def count_text(self, text: str) -> int:
-        """Tokens of a bare string (no message overhead, not memoized)."""
+        """Tokens of a bare string (no message overhead, not memoized); within
+        :func:`token_ceiling`, an upper bound for a text over the ceiling."""
         if not text:
             return 0
         return self._batch([text])[0]
@@ -643,11 +701,21 @@ class TokenCounter:
                     tally.text(block.get("thinking"))
         return tally
 
-    def _count_new(self, messages: Sequence[Mapping[str, Any]]) -> list[int]:
+    def _count_new(self, messages: Sequence[Mapping[str, Any]]) -> tuple[list[int], set[int]]:
+        """Tokens of each message, and the indexes of those holding a text over the ceiling."""
         tallies = [self._tally_message(m) for m in messages]
         texts = [t for tally in tallies for t in tally.texts]
-        counts = iter(self._batch(texts)) if texts else iter(())
-        return [tally.fixed + sum(next(counts) for _ in tally.texts) for tally in tallies]
+        counted, over = self._counts(texts) if texts else ([], set())
+        counts = iter(counted)
+        results = [tally.fixed + sum(next(counts) for _ in tally.texts) for tally in tallies]
+        bounded: set[int] = set()
+        if over:
+            position = 0
+            for index, tally in enumerate(tallies):
+                if any(position + k in over for k in range(len(tally.texts))):
+                    bounded.add(index)
+                position += len(tally.texts)
+        return results, bounded
 
     def count_each(self, messages: Iterable[Mapping[str, Any]]) -> list[int]:
         """Tokens of each message (overhead included), from the memo when unchanged."""
@@ -680,14 +748,24 @@ class TokenCounter:
         if pending:
             if len(by_object) + len(pending) > MEMO_LIMIT:
                 by_object.clear()
-            for index, message, count in zip(missing, pending, self._count_each(pending), strict=True):
+            counts, bounded = self._count_each_bounded(pending)
+            for k, (index, message, count) in enumerate(zip(missing, pending, counts, strict=True)):
                 results[index] = count
-                by_object[id(message)] = (message, message.get("content"), message.get("tool_calls"), count)
+                if k not in bounded:  # a bound holds for one ceiling only: not kept by object
+                    by_object[id(message)] = (message, message.get("content"), message.get("tool_calls"), count)
         self.memo_hits += len(results) - len(missing)
         return results
 
     def _count_each(self, messages: Iterable[Mapping[str, Any]]) -> list[int]:
+        return self._count_each_bounded(messages)[0]
+
+    def _count_each_bounded(self, messages: Iterable[Mapping[str, Any]]) -> tuple[list[int], set[int]]:
+        """:meth:`count_each`, and the positions whose count is a bound (:func:`token_ceiling`);
+        a bound is remembered with its ceiling, apart from the exact counts."""
         memo = self._memo
+        ceiling = _CEILING.get()
+        bounds = self._bounds
+        bounded: set[int] = set()
         keys: list[tuple[object, ...]] = []
         results: list[int] = []
         missing: list[int] = []
@@ -698,6 +776,10 @@ class TokenCounter:
             key = _message_key(message)
             found = memo.get(key)
             keys.append(key)
+            if found is None and bounds and ceiling is not None:
+                found = bounds.get((key, ceiling))
+                if found is not None:
+                    bounded.add(len(results))
             if found is None:
                 missing.append(len(results))
                 pending.append(message)
@@ -709,10 +791,17 @@ class TokenCounter:
             self.memo_misses += len(pending)
             if len(memo) + len(pending) > MEMO_LIMIT:
                 memo.clear()
-            for index, count in zip(missing, self._count_new(pending), strict=True):
+            counts, over = self._count_new(pending)
+            for k, (index, count) in enumerate(zip(missing, counts, strict=True)):
                 results[index] = count
-                memo[keys[index]] = count
-        return results
+                if k in over:
+                    if len(bounds) > 256:
+                        bounds.clear()
+                    bounds[(keys[index], ceiling)] = count
+                    bounded.add(index)
+                else:
+                    memo[keys[index]] = count
+        return results, bounded
 
     def count_message(self, message: Mapping[str, Any]) -> int:
         """Tokens of one message, its per-message overhead included."""
@@ -770,11 +859,26 @@ class TokenCounter:
 
     def clear_memo(self) -> None:
         self._memo.clear()
+        self._bounds.clear()
         self._by_object.clear()
         self._tools_memo.clear()
 
 
 _TRUSTED: ContextVar[bool] = ContextVar("ctxrules_trusted_objects", default=False)
+_CEILING: ContextVar[int | None] = ContextVar("ctxrules_token_ceiling", default=None)
+
+
+@contextmanager
+def token_ceiling(tokens: int | None) -> Iterator[None]:
+    """Within this scope a text longer than ``tokens`` tokens is not tokenized to its end: it
+    counts its exact tokens up to past the ceiling plus the UTF-8 byte length of the rest, an
+    upper bound (see the module docstring, "Texts over the window"). A session sets its window:
+    such a text can never be sent whole, and only its size over the window matters."""
+    token = _CEILING.set(tokens)
+    try:
+        yield
+    finally:
+        _CEILING.reset(token)
 
 
 @contextmanager

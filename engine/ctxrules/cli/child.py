@@ -62,14 +62,24 @@ class Child:
 
     def run(self, on_chunk: Callable[[bytes], None] | None = None) -> tuple[bytes, int]:
         """(everything the command wrote, its return code: negative for a signal)."""
-        assert self.proc is not None
         chunks: list[bytes] = []
+
+        def sink(chunk: bytes) -> None:
+            chunks.append(chunk)
+            if on_chunk is not None:
+                on_chunk(chunk)
+
+        code = self.run_into(sink)
+        return b"".join(chunks), code
+
+    def run_into(self, sink: Callable[[bytes], None]) -> int:
+        """Hand each piece of the output to ``sink`` as it comes (nothing is held here);
+        the command's return code (negative for a signal)."""
+        assert self.proc is not None
         try:
             if self.proc.stdout is not None:
                 for chunk in self._chunks(self.proc.stdout):
-                    chunks.append(chunk)
-                    if on_chunk is not None:
-                        on_chunk(chunk)
+                    sink(chunk)
             code = self._wait()
         finally:
             if self.proc.returncode is None:  # ctxrules itself failed: take the group along
@@ -77,7 +87,7 @@ class Child:
                 self.proc.wait()
             self._finish()
             self._restore()
-        return b"".join(chunks), code
+        return code
 
     def _restore(self) -> None:
         for signum, handler in self._previous.items():

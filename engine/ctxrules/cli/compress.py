@@ -27,13 +27,15 @@ import argparse
 import hashlib
 import os
 import shlex
+import shutil
 import sys
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 from ctxrules.cli.io import add_search_path
 from ctxrules.cli.stores import add_store_options, session_key, store_of
-from ctxrules.compressors.api import CompressorSkipped, compress_text
+from ctxrules.compressors.api import CompressorSkipped, compress_large, compress_text
+from ctxrules.compressors.large import Capture, Large
 from ctxrules.compressors.pipes import stdout_feeds_pipeline
 from ctxrules.errors import CtxrulesError, UsageError
 from ctxrules.models import lookup_model
@@ -253,36 +255,138 @@ def _proxy(args: argparse.Namespace, argv: list[str]) -> int:
         return exc.code
     # SIGINT, SIGTERM and SIGHUP go to the command's process group while it runs; what it
     # wrote before it ended is kept, compressed, vaulted and printed like any output.
-    raw, returncode = child.run(_echo if args.stream else None)
-    code = _status(child, returncode)
     if passthrough:
-        return code
+        return _status(child, child.run()[1])
+    capture = _capture(args)
+
+    def sink(chunk: bytes) -> None:
+        capture.write(chunk)
+        if args.stream:
+            _echo(chunk)
+
+    code = _status(child, child.run_into(sink))
+    _emit(args, pack, counter, shlex.join(argv), capture, code)
+    return code
+
+
+def _capture(args: argparse.Namespace) -> Capture:
+    """Where the output goes as it comes: memory, then (when large) the session's vault."""
+    return Capture(lambda: Vault.of(*_session(args)).open_writer())
+
+
+def _emit(
+    args: argparse.Namespace, pack: dict[str, Any], counter: Any, command: str, capture: Capture, code: int | None
+) -> None:
+    captured = capture.finish()
+    if isinstance(captured, Large):
+        _emit_large(args, pack, counter, command, captured, code)
+        return
     try:
-        out = _compress(args, pack, counter, shlex.join(argv), raw, code)
+        out = _compress(args, pack, counter, command, captured, code)
     except CtxrulesError as exc:
         _note(f"warning: output not compressed: {exc}")
-        out = raw
+        out = captured
     _write(out)
-    return code
+
+
+def _emit_large(
+    args: argparse.Namespace, pack: dict[str, Any], counter: Any, command: str, large: Large, code: int | None
+) -> None:
+    """An output held in part: compressed from its windows, the vault entry kept; or, when no
+    compressor applies, copied out whole from the entry being written, which is then dropped."""
+    writer = large.writer
+    store, session = _session(args)
+    section = _remembered(store, session)  # timed-out patterns, as for an output held whole
+    known = list(section.get(STATE_KEY) or [])
+    try:
+        with remembering(section):
+            result = compress_large(pack, command, large, code, registry=default_registry())
+        # Counted before the commit: the entry is a local file until then, whatever the store.
+        before = _count_file(counter, Path(writer.path)) if counter is not None and result is not None else 0
+        stored = writer.commit() if result is not None else None
+    except CompressorSkipped as exc:  # a pack pattern timed out: the output goes out as it is
+        _note(f"warning: {exc}")
+        result = stored = None
+    except CtxrulesError as exc:
+        _note(f"warning: output not compressed: {exc}")
+        result = stored = None
+    if section.get(STATE_KEY, known) != known:
+        _remember(store, session, section[STATE_KEY])
+    if result is None or stored is None:
+        if counter is not None and result is None:
+            _note(f"no compressor applied to {command!r}; ~{_count_file(counter, writer.path):,} tokens ({args.model})")
+        _copy_out(writer.path)
+        writer.discard()
+        return
+    if counter is not None:
+        after = counter.count_text(result.text)
+        saved = 100 * (before - after) / before if before else 0.0
+        _note(
+            f"compressor '{result.rule_id}': {result.lines_before:,} -> {result.lines_after:,} "
+            f"lines, ~{before:,} -> {after:,} tokens (-{saved:.0f}%, {args.model}; the output was "
+            f"{large.size:,} bytes, compressed from its first and last lines); full output: vault://{stored}"
+        )
+    _write(result.text.encode("utf-8", "replace"))
+
+
+def _count_file(counter: Any, path: Path) -> int:
+    """Tokens of a file too large to tokenize at once, counted in pieces cut at line ends (a
+    piece boundary can shift the count by a token, hence the ``~`` where it is shown)."""
+    total = 0
+    carry = b""
+    with open(path, "rb") as handle:
+        while True:
+            data = handle.read(1 << 20)
+            if not data:
+                break
+            data = carry + data
+            cut = data.rfind(b"\n") + 1 or len(data)
+            total += counter.count_text(data[:cut].decode("utf-8", "replace"))
+            carry = data[cut:]
+    if carry:
+        total += counter.count_text(carry.decode("utf-8", "replace"))
+    return total
+
+
+def _copy_out(path: Path) -> None:
+    out: IO[bytes] = sys.stdout.buffer
+    with open(path, "rb") as handle:
+        shutil.copyfileobj(handle, out, 1 << 20)
+    out.flush()
 
 
 def _filter(args: argparse.Namespace) -> int:
     if not args.input:
         raise UsageError("--command needs --input FILE (or - for standard input)")
     pack, counter = _load(args)
+    capture = _capture(args)
     if args.input == "-":
-        raw = sys.stdin.buffer.read()
+        _read_into(sys.stdin.buffer, capture)
     else:
         try:
-            raw = Path(args.input).read_bytes()
+            with open(args.input, "rb") as handle:
+                _read_into(handle, capture)
         except FileNotFoundError:
             raise UsageError(f"{args.input}: no such file") from None
         except IsADirectoryError:
             raise UsageError(f"{args.input}: is a directory") from None
         except OSError as exc:
+            capture.discard()
             raise UsageError(f"{args.input}: cannot read: {exc.strerror}") from None
-    _write(_compress(args, pack, counter, args.command_line, raw, args.exit_code))
+    captured = capture.finish()
+    if isinstance(captured, Large):
+        _emit_large(args, pack, counter, args.command_line, captured, args.exit_code)
+    else:
+        _write(_compress(args, pack, counter, args.command_line, captured, args.exit_code))
     return 0
+
+
+def _read_into(handle: IO[bytes], capture: Capture) -> None:
+    while True:
+        data = handle.read(1 << 20)
+        if not data:
+            return
+        capture.write(data)
 
 
 def run(args: argparse.Namespace) -> int:

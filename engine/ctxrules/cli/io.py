@@ -39,7 +39,9 @@ def read_json(path: str) -> Any:
                     raise UsageError(f"{name}: not a regular file")
                 if st.st_size > limit:
                     raise UsageError(f"{name}: {st.st_size} bytes is over the {_mb(limit)} limit for a message file")
-                raw = fh.read(limit + 1)
+                # read(n) allocates n bytes up front: ask for what the file holds (+1 to see
+                # a file that grew past the limit meanwhile), not for the limit.
+                raw = fh.read(min(limit, st.st_size) + 1 if stat.S_ISREG(st.st_mode) else limit + 1)
     except FileNotFoundError:
         raise UsageError(f"{name}: no such file") from None
     except IsADirectoryError:
@@ -52,6 +54,7 @@ def read_json(path: str) -> Any:
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
         raise UsageError(f"{name}: not UTF-8 (byte {exc.start})") from None
+    del raw  # not needed while parsing (a 50 MB file would be held three times)
     try:
         data = json.loads(text, parse_constant=NonFinite)
     except json.JSONDecodeError as exc:

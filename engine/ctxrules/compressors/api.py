@@ -16,8 +16,9 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
-from ctxrules.compressors.apply import apply_rule, is_failure
+from ctxrules.compressors.apply import Window, apply_rule, apply_rule_window, is_failure, split_output
 from ctxrules.compressors.argv import parse_command
+from ctxrules.compressors.large import Large, scan_middle
 from ctxrules.compressors.rules import CompressorError, compile_rules, select_rule
 from ctxrules.patterns import Pattern, PatternTimeout
 from ctxrules.patterns import compile as patterns_compile
@@ -26,7 +27,15 @@ if TYPE_CHECKING:
     from ctxrules.plugins import Registry
     from ctxrules.vault import Vault
 
-__all__ = ["CompressResult", "CompressorError", "CompressorSkipped", "compress_text", "compress_tool_output", "text_id"]
+__all__ = [
+    "CompressResult",
+    "CompressorError",
+    "CompressorSkipped",
+    "compress_large",
+    "compress_text",
+    "compress_tool_output",
+    "text_id",
+]
 
 
 @dataclass(frozen=True)
@@ -205,3 +214,54 @@ def compress_tool_output(
     if stored != result.vault_id:  # cannot happen unless the vault's id scheme changes
         raise CompressorError(f"vault stored the output as {stored}, markers say {result.vault_id}")
     return result
+
+
+def compress_large(
+    pack: Mapping[str, Any], command: str, large: Large, exit_code: int | None, *, registry: Registry
+) -> CompressResult | None:
+    """:func:`compress_text` for an output held in part (:mod:`ctxrules.compressors.large`):
+    the rule's steps see its head and tail windows, the engine's rules the whole of it. The
+    markers point into ``large.writer``'s entry, which the caller commits when it uses the
+    result."""
+    rules = compile_rules(pack, registry)
+    parsed = parse_command(command or "")
+    if not rules or parsed is None:
+        return None
+    head, _ = split_output(large.head.decode("utf-8", "replace"))
+    tail_text = large.tail.decode("utf-8", "replace")
+    tail, _ = split_output(tail_text)
+    if not head and not tail:  # lines longer than the windows: nothing a rule could work on
+        return None
+    rule = select_rule(rules, parsed, exit_code, is_failure(exit_code, tail_text))
+    if rule is None:
+        return None
+    keep = _exit_code_patterns(pack)
+    try:
+        extra, lost = scan_middle(large.writer.path, large.middle, large.head_lines + 1, rule.failures, keep)
+        window = Window(
+            lines=[*enumerate(head, 1), *enumerate(tail, large.tail_first)],
+            extra=extra,
+            lost=lost,
+            total=large.total_lines,
+            trailing=large.trailing,
+            tail=tail_text,
+        )
+        applied = apply_rule_window(
+            rule, window, command=command, argv=parsed.argv, exit_code=exit_code, vault_id=large.vault_id, keep=keep
+        )
+    except PatternTimeout as exc:
+        raise CompressorSkipped(f"compressor '{rule.id}' skipped: {exc}") from None
+    after = len(applied.text.encode("utf-8", "surrogatepass")) + MARKER_SURCHARGE * applied.markers
+    if after >= large.size:
+        return None
+    return CompressResult(
+        text=applied.text,
+        rule_id=rule.id,
+        vault_id=large.vault_id,
+        lines_before=applied.lines_before,
+        lines_after=applied.lines_after,
+        elided=applied.elided,
+        markers=applied.markers,
+        failed=applied.failed,
+        exit_code=exit_code,
+    )

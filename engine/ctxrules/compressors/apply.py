@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import bisect
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from ctxrules.compressors.failures import failure_lines
@@ -38,7 +38,7 @@ from ctxrules.compressors.rules import CompiledRule, CompressorError
 from ctxrules.patterns import Pattern, PatternTimeout
 from ctxrules.vault import format_marker
 
-__all__ = ["FAILURE_TEXT", "Applied", "apply_rule", "looks_failed", "split_output"]
+__all__ = ["FAILURE_TEXT", "Applied", "Window", "apply_rule", "apply_rule_window", "looks_failed", "split_output"]
 
 FAILURE_TEXT = re.compile(
     r"(?im)^.*(?:\b(?:error|fatal|panic|panicked|failed|failure|exception)\b"
@@ -139,17 +139,6 @@ def _insert(items: list[str], inserts: list[tuple[int, float, str]]) -> list[str
     return out
 
 
-def _runs(missing: Sequence[int]) -> list[list[int]]:
-    runs: list[list[int]] = []
-    for line_no in missing:
-        if runs and runs[-1][1] == line_no - 1:
-            runs[-1][1] = line_no
-            runs[-1][2] += 1
-        else:
-            runs.append([line_no, line_no, 1])
-    return runs
-
-
 def _coalesce(runs: list[list[int]], limit: int) -> list[list[int]]:
     """At most ``limit`` runs: merge across the smallest separations first."""
     if len(runs) <= limit:
@@ -164,6 +153,24 @@ def _coalesce(runs: list[list[int]], limit: int) -> list[list[int]]:
         else:
             merged.append(list(run))
     return merged
+
+
+@dataclass(frozen=True)
+class Window:
+    """The part of an output the engine holds when the whole would not fit in memory
+    (:mod:`ctxrules.compressors.large`): the rule's steps see ``lines`` (the head and the tail
+    of the output, ``(number, text)`` in order), the engine's rules also see ``extra`` (lines of
+    the middle that match a failure or exit-code pattern, and the lines around them), and
+    ``lost`` holds the numbers of further matching lines whose text was not kept. Every other
+    line of the middle is elided."""
+
+    lines: Sequence[tuple[int, str]]
+    extra: Mapping[int, str]
+    lost: Sequence[int]
+    total: int
+    trailing: bool
+    tail: str
+    """The end of the output, for the failure verdict when the exit code is unknown."""
 
 
 def apply_rule(
@@ -181,8 +188,101 @@ def apply_rule(
     originals, trailing = split_output(output)
     n = len(originals)
     failed = is_failure(exit_code, output)
+    return _apply(
+        rule,
+        [Line(text, (i, i)) for i, text in enumerate(originals, 1)],
+        _Known(originals),
+        total=n,
+        trailing=trailing,
+        failed=failed,
+        command=command,
+        argv=argv,
+        exit_code=exit_code,
+        vault_id=vault_id,
+        lossless=lossless,
+        keep=keep,
+    )
+
+
+def apply_rule_window(
+    rule: CompiledRule,
+    window: Window,
+    *,
+    command: str,
+    argv: tuple[str, ...],
+    exit_code: int | None,
+    vault_id: str,
+    lossless: bool = False,
+    keep: Sequence[Pattern] = (),
+) -> Applied:
+    """:func:`apply_rule` for an output of which only ``window`` is held."""
+    known = dict(window.lines)
+    known.update(window.extra)
+    failed = is_failure(exit_code, window.tail)
+    return _apply(
+        rule,
+        [Line(text, (i, i)) for i, text in window.lines],
+        _Sparse(known, window.lost),
+        total=window.total,
+        trailing=window.trailing,
+        failed=failed,
+        command=command,
+        argv=argv,
+        exit_code=exit_code,
+        vault_id=vault_id,
+        lossless=lossless,
+        keep=keep,
+    )
+
+
+class _Known:
+    """Every line of the output (the ordinary case)."""
+
+    lost: Sequence[int] = ()
+
+    def __init__(self, originals: list[str]) -> None:
+        self.originals = originals
+
+    def text(self, line_no: int) -> str | None:
+        return self.originals[line_no - 1]
+
+    def numbered(self) -> tuple[list[int] | None, list[str]]:
+        return None, self.originals
+
+
+class _Sparse:
+    """Some lines of an output held only in part; the others are unknown (None)."""
+
+    def __init__(self, known: dict[int, str], lost: Sequence[int]) -> None:
+        self.known = known
+        self.lost = lost
+
+    def text(self, line_no: int) -> str | None:
+        return self.known.get(line_no)
+
+    def numbered(self) -> tuple[list[int] | None, list[str]]:
+        numbers = sorted(self.known)
+        return numbers, [self.known[i] for i in numbers]
+
+
+def _apply(
+    rule: CompiledRule,
+    lines: list[Line],
+    source: _Known | _Sparse,
+    *,
+    total: int,
+    trailing: bool,
+    failed: bool,
+    command: str,
+    argv: tuple[str, ...],
+    exit_code: int | None,
+    vault_id: str,
+    lossless: bool,
+    keep: Sequence[Pattern],
+) -> Applied:
+    n = total
     run = RunInfo(command, argv, exit_code, failed, n)
-    items = _run_steps(rule, [Line(text, (i, i)) for i, text in enumerate(originals, 1)], run)
+    items = _run_steps(rule, list(lines), run)
 
     shown = bytearray(n + 2)
     for item in items:
@@ -194,13 +294,17 @@ def apply_rule(
 
     placer = _Placer(items)
     inserts: list[tuple[int, float, str]] = []
+    numbers, texts = source.numbered()
 
-    def put_back(line_no: int, verbatim: bool) -> None:
-        text = originals[line_no - 1]
+    def put_back(line_no: int, verbatim: bool) -> bool:
+        text = source.text(line_no)
+        if text is None:  # a line of the middle of an output held in part: it stays elided
+            return False
         if "\x1b" in text and not verbatim:
             text = _ANSI.sub("", text)
         inserts.append((placer.position(line_no), line_no, Line(text, (line_no, line_no))))
         shown[line_no] = 1
+        return True
 
     if lossless or rule.lossless:
         for line_no in range(1, n + 1):
@@ -214,28 +318,28 @@ def apply_rule(
         if keep:
             # The line that reports the exit code (the pack's tools.exit_code patterns) stays:
             # whoever reads the result later must still see how the command ended.
-            for line_no in range(1, n + 1):
-                if not shown[line_no] and any(p.search(originals[line_no - 1]) for p in keep):
+            for line_no, text in zip(numbers or range(1, n + 1), texts, strict=True):
+                if not shown[line_no] and any(p.search(text) for p in keep):
                     put_back(line_no, verbatim=False)
 
     # Failure lines survive every budget: put back what the steps dropped, in the rule's
     # priority order, until the rule's cap; the markers name the ones beyond it.
     hidden_failures: list[int] = []
     if rule.failures:
-        hits = failure_lines(rule.failures, originals)
+        hits = failure_lines(rule.failures, texts, numbers, n)
         room = rule.failures_max  # lines put back; the ones the steps kept are free
         for line_no in hits:
             if shown[line_no]:
                 continue
-            if room > 0:
-                put_back(line_no, verbatim=False)
+            if room > 0 and put_back(line_no, verbatim=False):
                 room -= 1
             else:
                 hidden_failures.append(line_no)
+        hidden_failures.extend(line_no for line_no in source.lost if not shown[line_no])
         hidden_failures.sort()
 
-    missing = [i for i in range(1, n + 1) if not shown[i]]
-    runs = [r for r in _runs(missing) if any(originals[i - 1].strip() for i in range(r[0], r[1] + 1))]
+    elided = n - shown.count(1, 1, n + 1)
+    runs = [r for r in _missing_runs(shown, n) if _has_text(source, r[0], r[1])]
     runs = _coalesce(runs, rule.max_markers)
     for first, last, count in runs:
         inside = bisect.bisect_right(hidden_failures, last) - bisect.bisect_left(hidden_failures, first)
@@ -248,7 +352,34 @@ def apply_rule(
         text=text,
         lines_before=n,
         lines_after=len(final),
-        elided=len(missing),
+        elided=elided,
         markers=len(runs),
         failed=failed,
     )
+
+
+def _missing_runs(shown: bytearray, n: int) -> list[list[int]]:
+    """``[first, last, count]`` of each run of lines no output line stands for (found with
+    ``bytearray.find``: an output of millions of lines needs no list of their numbers)."""
+    runs: list[list[int]] = []
+    pos, end = 1, n + 1
+    while pos < end:
+        first = shown.find(0, pos, end)
+        if first == -1:
+            break
+        after = shown.find(1, first, end)
+        if after == -1:
+            after = end
+        runs.append([first, after - 1, after - first])
+        pos = after
+    return runs
+
+
+def _has_text(source: _Known | _Sparse, first: int, last: int) -> bool:
+    """Whether lines ``first``..``last`` hold more than blank lines (which need no marker); a
+    line whose text is not held counts as text."""
+    for line_no in range(first, last + 1):
+        text = source.text(line_no)
+        if text is None or text.strip():
+            return True
+    return False

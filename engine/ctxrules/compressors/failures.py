@@ -93,22 +93,31 @@ def _combined(regexes: tuple[re.Pattern[str], ...]) -> Matcher:
     return matcher
 
 
-def failure_lines(patterns: Sequence[FailurePattern], lines: Sequence[str]) -> list[int]:
+def failure_lines(
+    patterns: Sequence[FailurePattern],
+    lines: Sequence[str],
+    numbers: Sequence[int] | None = None,
+    total: int | None = None,
+) -> list[int]:
     """1-based numbers of the lines matching ``patterns``, in priority order: the lines of the
     first pattern in output order, then those of the second that the first did not take...
 
     Lines are matched without their terminal escapes (a red ``FAILED`` is still ``FAILED``).
+    ``numbers`` (ascending) and ``total`` are for a part of an output: ``lines[i]`` is line
+    ``numbers[i]`` of ``total`` (an output too large to hold, see
+    :mod:`ctxrules.compressors.large`); by default the lines are the whole output.
     """
     if not patterns:
         return []
     plain = [_ANSI.sub("", line) if "\x1b" in line else line for line in lines]
     taken: set[int] = set()
     order: list[int] = []
-    n = len(plain)
+    n = len(plain) if total is None else total
     # One pass with all patterns as one alternation finds the few candidate lines; the
     # priority order is then worked out on those alone.
     anyone = _combined(tuple(p.regex for p in patterns))
-    candidates = [(i, text) for i, text in enumerate(plain, 1) if anyone.search(text)]
+    numbered = enumerate(plain, 1) if numbers is None else zip(numbers, plain, strict=True)
+    candidates = [(i, text) for i, text in numbered if anyone.search(text)]
     for pattern in patterns:
         search = pattern.regex.search
         for index, text in candidates:

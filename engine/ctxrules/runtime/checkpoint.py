@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ctxrules.errors import CtxrulesError
+from ctxrules.json_stream import write_json
 from ctxrules.stores import store_and_session
 from ctxrules.vault import Vault
 
@@ -56,6 +57,18 @@ def _where(session: Path | str, store: Store | None) -> tuple[Store, str]:
     if store is not None:
         return store, str(session)
     return store_and_session(Path(session), None, None)
+
+
+def put_backup(vault: Vault, messages: list[Any]) -> str:
+    """Store ``messages`` as ``vault.put_text(json.dumps(messages, ensure_ascii=False))`` does
+    (the same bytes, the same id), written in pieces: a 50 MB tool result is never held as the
+    whole list's text and its UTF-8 copy (:mod:`ctxrules.json_stream`)."""
+    writer = vault.open_writer()
+    try:
+        write_json(writer.write, messages)
+        return writer.commit()
+    finally:
+        writer.discard()
 
 
 def read(session: Path | str, *, store: Store | None = None) -> dict[str, Any] | None:

@@ -88,6 +88,7 @@ def build_checkpoint(span: Sequence[Mapping[str, Any]], *, user_messages: Sequen
     results = calls_by_result(span)
     errors: list[str] = []
     said: list[str] = []
+    said_set: set[str] = set()
     last_note = ""
     pointers = 0
     for index, msg in enumerate(span):
@@ -99,7 +100,8 @@ def build_checkpoint(span: Sequence[Mapping[str, Any]], *, user_messages: Sequen
         role = msg.get("role")
         if role == "user":
             text = message_text(msg).strip()
-            if text and text not in said:
+            if text and text not in said_set:  # a set beside the list: 10,000 user messages
+                said_set.add(text)
                 said.append(text)
         elif role == "assistant":
             text = message_text(msg).strip()

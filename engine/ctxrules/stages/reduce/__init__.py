@@ -17,7 +17,7 @@ from typing import Any, Literal
 from ctxrules.stages.reduce.csv_rows import detect_table, reduce_table
 from ctxrules.stages.reduce.handover import Handover, extract_handover, render_handover
 from ctxrules.stages.reduce.json_skeleton import JsonLimits, parse_json_document, reduce_json
-from ctxrules.stages.reduce.text_lines import Count, reduce_lines, text_lines
+from ctxrules.stages.reduce.text_lines import Count, line_count, reduce_lines, text_lines
 from ctxrules.stages.reduce.xml_tree import XmlLimits, parse_xml_document, reduce_xml
 from ctxrules.vault import format_marker
 
@@ -163,19 +163,26 @@ def reduce_structured(
 _SPILL_JSON = JsonLimits(depth=4, keys=12, items=4, string_chars=80)
 
 
+PARSE_CHARS = 8 * 1024 * 1024
+"""A spilled JSON document longer than this is previewed by its head and tail, not parsed."""
+
+
 def spill_summary(
     text: str, *, vault_id: str, count: Count, preview_tokens: int, what: str = "output"
 ) -> tuple[str, Format]:
     """The stand-in for a content spilled whole: a marker for all of it and a short preview."""
-    found = detect(text)
-    total_lines = len(text_lines(text))
+    # Parsing a 50 MB document for its skeleton would take several times its size in Python
+    # objects: its head and tail characters are the preview.
+    huge_json = len(text) > PARSE_CHARS and text[:4096].lstrip()[:1] in ("{", "[")
+    found = Detected("json") if huge_json else detect(text)
+    total_lines = line_count(text)
     header = format_marker("lines", total_lines, vault_id, reason="spill", chars=len(text), format=found.format)
     intro = (
         f"This {what} ({len(text):,} chars, {total_lines:,} lines, {found.format}) was "
         "moved to the vault whole; the marker above points to it. Preview:"
     )
     preview = ""
-    if found.format == "json":
+    if found.format == "json" and found.parsed is not None:
         js = reduce_json(
             found.parsed,
             text,
@@ -204,9 +211,23 @@ def spill_summary(
             count=count,
             head_share=0.6,
             keep_first=1 if found.format == "csv" else 0,
+            tokens=_estimated_tokens(text, count),
         )
         preview = lr.text if lr is not None else text
     return f"{header}\n{intro}\n{preview}", found.format
+
+
+_SAMPLE_CHARS = 256 * 1024
+
+
+def _estimated_tokens(text: str, count: Count) -> int | None:
+    """For a text spilled whole that is too long to tokenize for a preview's sake, its tokens
+    extrapolated from its head and tail (the preview's own tokens are counted exactly; the
+    estimate only sets where its layout starts); ``None``: count it."""
+    if len(text) <= 4 * _SAMPLE_CHARS:
+        return None
+    sample = count(text[:_SAMPLE_CHARS]) + count(text[-_SAMPLE_CHARS:])
+    return max(1, round(sample * len(text) / (2 * _SAMPLE_CHARS)))
 
 
 def handover_text(

@@ -11,7 +11,7 @@ import csv
 from collections import Counter
 from dataclasses import dataclass
 
-from ctxrules.stages.reduce.text_lines import Count, LineReduction, reduce_lines, text_lines
+from ctxrules.stages.reduce.text_lines import Count, LineReduction, lines_of, reduce_lines
 
 __all__ = ["Table", "detect_table", "reduce_table"]
 
@@ -37,20 +37,22 @@ def _fields(line: str, delimiter: str) -> int:
 
 def detect_table(text: str) -> Table | None:
     """The table shape of ``text``, or ``None`` when it is not a delimited table."""
-    lines = [line.rstrip("\r\n") for line in text_lines(text)]
-    while lines and not lines[-1].strip():
-        lines.pop()
-    if len(lines) < _MIN_LINES:
+    every = lines_of(text)  # a long text's lines are cut out only for the sample
+    n = len(every)
+    while n and not every[n - 1].strip():
+        n -= 1
+    if n < _MIN_LINES:
         return None
     half = _SAMPLE // 2
-    sample = lines if len(lines) <= _SAMPLE else lines[:half] + lines[-half:]
+    picked = range(n) if n <= _SAMPLE else [*range(half), *range(n - half, n)]
+    sample = [every[i].rstrip("\r\n") for i in picked]
     for delimiter in DELIMITERS:
         if not any(delimiter in line for line in sample[:3]):
             continue
         counts = Counter(_fields(line, delimiter) for line in sample)
         columns, agreeing = counts.most_common(1)[0]
         if columns >= 2 and agreeing >= _AGREEMENT * len(sample):
-            return Table(delimiter, columns, len(lines) - 1)
+            return Table(delimiter, columns, n - 1)
     return None
 
 

@@ -8,12 +8,14 @@ A line that is too long to show whole is clipped and followed by a marker for th
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import overload
 
 from ctxrules.vault import format_marker
 
-__all__ = ["Count", "LineReduction", "reduce_lines", "text_lines"]
+__all__ = ["Count", "LineIndex", "LineReduction", "line_count", "lines_of", "reduce_lines", "text_lines"]
 
 Count = Callable[[str], int]
 """Tokens of a string (the session's tokenizer)."""
@@ -46,6 +48,54 @@ def text_lines(text: str) -> list[str]:
     return lines
 
 
+LARGE_CHARS = 1 << 20
+"""Texts longer than this are split by :class:`LineIndex` (offsets), not into strings."""
+
+
+class LineIndex(Sequence[str]):
+    """The lines of ``text`` exactly as :func:`text_lines` gives them, cut out when asked for:
+    a 50 MB text's half a million lines are an array of offsets, not half a million strings."""
+
+    def __init__(self, text: str) -> None:
+        self._text = text
+        ends = array("q")
+        find = text.find
+        pos = find("\n")
+        while pos != -1:
+            ends.append(pos + 1)
+            pos = find("\n", pos + 1)
+        if text and (not ends or ends[-1] != len(text)):
+            ends.append(len(text))
+        self._ends = ends
+
+    def __len__(self) -> int:
+        return len(self._ends)
+
+    @overload
+    def __getitem__(self, index: int) -> str: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[str]: ...
+    def __getitem__(self, index: int | slice) -> str | list[str]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        if index < 0:
+            index += len(self._ends)
+        if not 0 <= index < len(self._ends):
+            raise IndexError(index)
+        start = self._ends[index - 1] if index else 0
+        return self._text[start : self._ends[index]]
+
+
+def lines_of(text: str) -> Sequence[str]:
+    """:func:`text_lines`, or for a long text the same lines as a :class:`LineIndex`."""
+    return LineIndex(text) if len(text) > LARGE_CHARS else text_lines(text)
+
+
+def line_count(text: str) -> int:
+    """``len(text_lines(text))`` without splitting."""
+    return text.count("\n") + (1 if text and not text.endswith("\n") else 0)
+
+
 def reduce_lines(
     text: str,
     *,
@@ -62,7 +112,7 @@ def reduce_lines(
     ``keep_first`` lines (a CSV header) are always kept. ``marker_fields`` are added to the
     marker of the elided middle. Returns ``None`` when the text already fits the budget.
     """
-    lines = text_lines(text)
+    lines = lines_of(text)
     if not lines:
         return None
     total_tokens = count(text) if tokens is None else tokens

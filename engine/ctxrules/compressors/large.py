@@ -1,0 +1,360 @@
+"""Outputs too large to hold: captured into the vault as they stream, compressed from windows.
+
+``ctxrules compress`` keeps a command's output in memory up to :data:`SPILL_BYTES`; beyond
+that, :class:`Capture` streams it into a vault entry being written (a temporary file, hashed as
+it grows, see :class:`ctxrules.vault.VaultWriter`) and holds only bounded parts of it:
+
+- the **head** and the **tail** windows (:data:`WINDOW_BYTES` each, cut at line ends): the
+  rule's steps run on those lines alone, with their true line numbers;
+- from the **middle**, read back from the file once the rule is known (:func:`scan_middle`),
+  the lines that match one of the rule's failure patterns or the pack's exit-code patterns,
+  with the lines around them the patterns protect, so the engine's rules (failure lines put
+  back, the exit-code line kept; :mod:`ctxrules.compressors.apply`) still hold for the whole
+  output. At most :data:`MAX_KEPT` such lines keep their text; the numbers of further matches
+  are kept, and the markers count them (``failures=N``). Every other line of the middle is
+  elided, and its marker points into the vault entry, which holds the exact bytes.
+
+The middle is searched in blocks of :data:`BLOCK_BYTES`: a block of plain ASCII text goes
+through RE2 first (linear time; on such text its classes mean what Python's do), which finds the
+few candidate lines the patterns are then tried on one by one. Patterns RE2 cannot take, or
+that look beyond the end of a line (``\\A``, ``\\Z``, lookarounds), and blocks with other
+characters are searched line by line.
+"""
+
+from __future__ import annotations
+
+import bisect
+import re
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+from itertools import accumulate
+from pathlib import Path
+from typing import Any
+
+from ctxrules.compressors.failures import FailurePattern, _combined
+from ctxrules.errors import CtxrulesError
+from ctxrules.patterns import Pattern
+from ctxrules.vault import VaultWriter
+
+try:  # a dependency of ctxrules (ctxrules.patterns); without it every block goes line by line
+    import re2 as _re2  # type: ignore[import-untyped]
+except ImportError:  # pragma: no cover - a broken install
+    _re2 = None
+
+__all__ = ["BLOCK_BYTES", "MAX_KEPT", "SPILL_BYTES", "WINDOW_BYTES", "Capture", "Large", "scan_middle"]
+
+SPILL_BYTES = 8 * 1024 * 1024
+"""Output up to this size is held in memory and compressed whole; larger output streams to
+the vault and is compressed from its windows."""
+
+WINDOW_BYTES = 1024 * 1024
+"""Size of the head and of the tail window of a large output (whole lines)."""
+
+BLOCK_BYTES = 1024 * 1024
+"""How much of the middle is read and searched at a time."""
+
+MAX_KEPT = 10_000
+"""Matching lines of the middle whose text is held at most (the lines around them come on top)."""
+
+_ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b[@-Z\\-_]")
+# ASCII characters Python's \s matches and RE2's does not, and the escape that starts terminal
+# sequences (lines are matched without those): a block holding one is searched line by line.
+_NOT_RE2_SAFE = re.compile(r"[\x0b\x1b\x1c-\x1f]")
+_LOOKS_PAST_LINE = re.compile(r"\\[AZz]|\(\?<?[=!]|\[\[:")
+_SCOPABLE = re.compile(r"^\(\?([imsx]+)\)")
+
+
+@dataclass
+class Large:
+    """A captured output held in part; ``writer`` holds all of it (not yet committed)."""
+
+    writer: VaultWriter
+    size: int
+    head: bytes
+    """Whole lines from the start (lines 1..``head_lines``)."""
+    head_lines: int
+    tail: bytes
+    """Whole lines from the end (lines ``tail_first``..``total_lines``)."""
+    tail_first: int
+    total_lines: int
+    trailing: bool
+    """Whether the output ends with a newline."""
+
+    @property
+    def vault_id(self) -> str:
+        return self.writer.vault_id
+
+    @property
+    def middle(self) -> tuple[int, int]:
+        """Byte range of the lines between the windows."""
+        return len(self.head), self.size - len(self.tail)
+
+
+class Capture:
+    """Collects an output chunk by chunk: in memory up to ``limit`` bytes, then into the vault
+    entry that ``open_writer`` starts (with bounded head and tail windows in memory).
+
+    When the vault cannot be written, everything stays in memory (:attr:`error` says why), so
+    the output is never lost: the caller prints it whole.
+    """
+
+    def __init__(
+        self, open_writer: Callable[[], VaultWriter], *, limit: int = SPILL_BYTES, window: int = WINDOW_BYTES
+    ) -> None:
+        if limit < 2 * window:
+            raise ValueError("the spill limit must hold both windows")
+        self._open_writer = open_writer
+        self._limit = limit
+        self._window = window
+        self._chunks: list[bytes] = []
+        self._held = 0
+        self._writer: VaultWriter | None = None
+        self._head = b""
+        self._tail = bytearray()
+        self._newlines = 0
+        self._last = b""
+        self.size = 0
+        self.error: CtxrulesError | None = None
+
+    def write(self, chunk: bytes) -> None:
+        if not chunk:
+            return
+        self.size += len(chunk)
+        self._last = chunk[-1:]
+        if self._writer is None:
+            self._chunks.append(chunk)
+            self._held += len(chunk)
+            if self._held > self._limit and self.error is None:
+                self._spill()
+            return
+        self._stream(chunk)
+
+    def finish(self) -> bytes | Large:
+        """The whole output (held in memory), or a :class:`Large` one."""
+        writer = self._writer
+        if writer is None:
+            data = b"".join(self._chunks)
+            self._chunks = []
+            return data
+        trailing = self._last == b"\n"
+        total = self._newlines + (0 if trailing else 1)
+        head = self._head[: self._head.rfind(b"\n") + 1]
+        tail = bytes(self._tail[-self._window :])
+        # The window starts inside a line unless it starts the output: keep whole lines only.
+        tail = tail[tail.find(b"\n") + 1 :] if b"\n" in tail[:-1] else b""
+        tail_newlines = tail.count(b"\n")
+        tail_first = self._newlines - tail_newlines + 1 if tail else total + 1
+        return Large(writer, self.size, head, head.count(b"\n"), tail, tail_first, total, trailing)
+
+    def discard(self) -> None:
+        """Drop the vault entry being written (the output went out in full)."""
+        if self._writer is not None:
+            self._writer.discard()
+
+    # -- internals -------------------------------------------------------------------------
+
+    def _spill(self) -> None:
+        try:
+            writer = self._open_writer()
+        except CtxrulesError as exc:
+            self.error = exc
+            return
+        data = b"".join(self._chunks)
+        self._chunks = []
+        self._held = 0
+        self._writer = writer
+        self._head = data[: self._window]
+        self._stream(data)
+
+    def _stream(self, data: bytes) -> None:
+        writer = self._writer
+        assert writer is not None
+        before = writer.size
+        try:
+            writer.write(data)
+        except CtxrulesError as exc:
+            # A full disk: take back what reached the file and hold everything from now on.
+            self.error = exc
+            self._writer = None
+            written = Path(writer.path).read_bytes()[: writer.size] if writer.size else b""
+            rest = data[writer.size - before :]
+            writer.discard()
+            self._chunks = [written, rest]
+            self._held = len(written) + len(rest)
+            return
+        self._newlines += data.count(b"\n")
+        self._tail += data
+        if len(self._tail) > 2 * self._window:
+            del self._tail[: len(self._tail) - self._window]
+
+
+# -- the middle -----------------------------------------------------------------------------
+
+
+def scan_middle(
+    path: Path,
+    span: tuple[int, int],
+    first_line: int,
+    failures: Sequence[FailurePattern],
+    keep: Sequence[Pattern],
+    *,
+    max_kept: int = MAX_KEPT,
+    block: int = BLOCK_BYTES,
+) -> tuple[dict[int, str], list[int]]:
+    """The lines of bytes ``span`` of ``path`` (its first line is number ``first_line``) that
+    match a failure or exit-code pattern, with the lines around them the patterns protect:
+    ``({number: text}, [numbers of further matches whose text is not held])``."""
+    kept: dict[int, str] = {}
+    lost: list[int] = []
+    regexes = [p.regex for p in failures]
+    if not regexes and not keep:
+        return kept, lost
+    before = max((p.before for p in failures), default=0)
+    after = max((p.after for p in failures), default=0)
+    prefilter = _prefilter(tuple(r.pattern for r in regexes) + tuple(p.pattern for p in keep))
+    # As failure_lines does: the pack's patterns as one bounded alternation (RE2, or `regex`
+    # with a time limit) first, Python's `re` only on the lines it finds.
+    anyone = _combined(tuple(regexes)) if regexes else None
+
+    def matches(text: str) -> bool:
+        plain = _ANSI.sub("", text) if "\x1b" in text else text
+        if anyone is not None and anyone.search(plain) and any(r.search(plain) for r in regexes):
+            return True
+        return any(p.search(text) for p in keep)
+
+    def piece_matches(text: str) -> bool:  # a piece of a huge line: the bounded matchers only
+        plain = _ANSI.sub("", text) if "\x1b" in text else text
+        return (anyone is not None and anyone.search(plain) is not None) or any(p.search(text) for p in keep)
+
+    recent: list[tuple[int, str]] = []  # the last `before` lines of the previous block
+    owed = 0  # lines still to keep after a match at the end of the previous block
+    line_no = first_line
+    huge_hit = False
+    held = 0  # matches whose text is held; the lines around them come on top, within `room`
+    room = max_kept * (1 + before + after)
+    for kind, text in _blocks(path, span, block):
+        if kind != "lines":  # a piece of one line too long to hold: only its number is kept
+            huge_hit = huge_hit or piece_matches(text)
+            if kind == "line-end":
+                if huge_hit:
+                    lost.append(line_no)
+                line_no += 1
+                recent, owed, huge_hit = [], 0, False
+            continue
+        lines = text.split("\n")
+        if lines and lines[-1] == "":
+            lines.pop()
+        for j in range(min(owed, len(lines))):
+            _keep(kept, line_no + j, lines[j], room)
+        owed = max(0, owed - len(lines))
+        for j in _candidates(text, lines, prefilter):
+            if not matches(lines[j]):
+                continue
+            number = line_no + j
+            if held >= max_kept:
+                lost.append(number)
+                continue
+            held += 1
+            kept[number] = lines[j]
+            for k in range(j - before, j):
+                if k >= 0:
+                    _keep(kept, line_no + k, lines[k], room)
+            for n, t in recent:
+                if number - before <= n:
+                    _keep(kept, n, t, room)
+            for k in range(j + 1, min(len(lines), j + 1 + after)):
+                _keep(kept, line_no + k, lines[k], room)
+            owed = max(owed, j + 1 + after - len(lines))
+        recent = [(line_no + k, lines[k]) for k in range(max(0, len(lines) - before), len(lines))]
+        line_no += len(lines)
+    return kept, lost
+
+
+def _keep(kept: dict[int, str], number: int, text: str, limit: int) -> None:
+    """Hold the text of a line around a match (when there is room; it is not a match)."""
+    if number not in kept and len(kept) < limit:
+        kept[number] = text
+
+
+def _blocks(path: Path, span: tuple[int, int], block: int) -> Iterator[tuple[str, str]]:
+    """The text of ``span``: ``("lines", text)`` pieces of about ``block`` bytes that end at
+    line ends, and for a line longer than four blocks ``("line-part", text)`` pieces that
+    overlap a little (a match across a cut is still found) and a last ``("line-end", text)``."""
+    start, end = span
+    overlap = 4096
+    with open(path, "rb") as handle:
+        handle.seek(start)
+        left = end - start
+        carry = b""
+        long_line = False
+        while left > 0 or carry:
+            data = handle.read(min(block, left)) if left > 0 else b""
+            left -= len(data)
+            data = carry + data
+            carry = b""
+            if long_line:
+                cut = data.find(b"\n")
+                if cut == -1 and left > 0:
+                    yield "line-part", data.decode("utf-8", "replace")
+                    carry = data[-overlap:]
+                    continue
+                cut = len(data) if cut == -1 else cut
+                yield "line-end", data[:cut].decode("utf-8", "replace")
+                long_line = False
+                data = data[cut + 1 :]
+                if not data:
+                    continue
+            cut = len(data) if left <= 0 else data.rfind(b"\n") + 1
+            if cut == 0:
+                if len(data) <= 4 * block:
+                    carry = data
+                    continue
+                long_line = True
+                yield "line-part", data.decode("utf-8", "replace")
+                carry = data[-overlap:]
+                continue
+            carry = data[cut:]
+            # Invalid UTF-8 becomes U+FFFD; a newline is never part of a multi-byte sequence,
+            # so the line numbers stay those of the bytes in the vault.
+            yield "lines", data[:cut].decode("utf-8", "replace")
+
+
+def _candidates(text: str, lines: list[str], prefilter: Any) -> list[int]:
+    """Indexes of the lines of ``text`` (``lines``) that may match: all of them, or the ones
+    the RE2 pre-filter's matches touch."""
+    if prefilter is None or not text.isascii() or _NOT_RE2_SAFE.search(text):
+        return list(range(len(lines)))
+    found = list(prefilter.finditer(text))
+    if not found:
+        return []
+    starts = list(accumulate((len(line) + 1 for line in lines), initial=0))
+    out: set[int] = set()
+    for match in found:
+        first = bisect.bisect_right(starts, match.start()) - 1
+        last = bisect.bisect_right(starts, max(match.start(), match.end() - 1)) - 1
+        out.update(range(first, min(last, len(lines) - 1) + 1))
+    return sorted(out)
+
+
+@lru_cache(maxsize=64)
+def _prefilter(patterns: tuple[str, ...]) -> Any:
+    """One RE2 multi-line alternation of ``patterns``, or None when one of them cannot go."""
+    if _re2 is None or not patterns or any(_LOOKS_PAST_LINE.search(p) for p in patterns):
+        return None
+    parts = []
+    for pattern in patterns:
+        flags = _SCOPABLE.match(pattern)
+        if flags is not None:
+            pattern = f"(?{flags.group(1)}:{pattern[flags.end() :]})"
+        elif pattern.startswith("(?") and re.match(r"\(\?[aiLmsux]+\)", pattern):
+            return None
+        else:
+            pattern = f"(?:{pattern})"
+        parts.append(pattern)
+    options = _re2.Options()
+    options.log_errors = False
+    try:
+        return _re2.compile("(?m)" + "|".join(parts), options)
+    except Exception:  # not RE2 syntax: line by line
+        return None

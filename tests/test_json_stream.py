@@ -1,0 +1,60 @@
+"""ctxrules.json_stream writes exactly what json.dumps writes, without the whole text at once."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import tracemalloc
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import ctxrules.json_stream as json_stream
+from ctxrules.json_stream import json_pieces, json_sha256, write_json
+
+TEXT = st.text(alphabet=st.sampled_from(["a", '"', "\\", "\n", "\x00", "é", "\ud800", "😀", "\t", "\x1f", " "]))
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | TEXT,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(TEXT, inner, max_size=4),
+    max_leaves=20,
+)
+OPTIONS: list[dict[str, Any]] = [{}, {"sort_keys": True, "separators": (",", ":")}]
+
+
+@settings(max_examples=300, deadline=None)
+@given(JSON)
+def test_pieces_join_to_json_dumps(value: Any) -> None:
+    original = json_stream.LONG_STRING
+    json_stream.LONG_STRING = 4  # every longer string goes slice by slice
+    try:
+        for options in OPTIONS:
+            expected = json.dumps(value, ensure_ascii=False, **options)
+            assert "".join(json_pieces(value, **options)) == expected
+            data = expected.encode("utf-8", "surrogatepass")
+            assert json_sha256(value, **options) == hashlib.sha256(data).hexdigest()
+            written: list[bytes] = []
+            write_json(written.append, value, **options)
+            assert b"".join(written) == data
+    finally:
+        json_stream.LONG_STRING = original
+
+
+def test_dict_keys_json_dumps_converts_are_left_to_it() -> None:
+    value = {"content": "x" * (json_stream.LONG_STRING + 10), "n": {1: "a", None: 2}}
+    assert "".join(json_pieces(value)) == json.dumps(value, ensure_ascii=False)
+
+
+@pytest.mark.parametrize("sort_keys", [False, True])
+def test_a_long_string_is_never_copied_whole(sort_keys: bool) -> None:
+    message = {"role": "tool", "tool_call_id": "c1", "content": 'line "x"\n' * 3_000_000}  # 27 MB
+    expected = hashlib.sha256(json.dumps(message, ensure_ascii=False, sort_keys=sort_keys).encode()).hexdigest()
+    tracemalloc.start()
+    try:
+        got = json_sha256(message, sort_keys=sort_keys)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert got == expected
+    assert peak < 16 * 1024 * 1024  # slices of 1 MiB (escaped, then UTF-8), not 27 MB copies
