@@ -228,3 +228,18 @@ def test_every_session_verb_takes_a_redis_store(tmp_path: Path, redis_url: str) 
     missing = ctxrules("mcp", *store, "--session", "nobody", cwd=tmp_path)
     assert missing.returncode == 2 and "[CR147]" in missing.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.json", "log.txt", "out.json", "report.json"]
+
+
+def test_a_large_output_streams_into_a_redis_vault(tmp_path: Path, redis_url: str) -> None:
+    # Over the 8 MB a capture holds in memory: the entry is written in pieces through the store.
+    lines = [f"ok {i} " + "x" * 90 for i in range(100_000)] + ["FAILED: boom"]
+    (tmp_path / "big.txt").write_text("\n".join(lines) + "\n")
+    store = ("--store", redis_url, "--session", "conv-big")
+    squeezed = ctxrules(
+        "compress", *store, "--stats", "--command", "make test", "--exit-code", "1", "--input", "big.txt", cwd=tmp_path
+    )
+    assert squeezed.returncode == 0, squeezed.stderr
+    assert "FAILED: boom" in squeezed.stdout and "tokens" in squeezed.stderr
+    ref = squeezed.stdout.split("vault://")[1][:64]
+    back = ctxrules("vault", "get", ref, *store, cwd=tmp_path)
+    assert back.returncode == 0 and back.stdout == (tmp_path / "big.txt").read_text()
