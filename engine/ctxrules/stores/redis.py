@@ -1150,7 +1150,7 @@ class _PrepareLock:
         self._lease: _Lease | None = None
         self._depth = 0
         self._local: Any = None
-        self.holder = f"{socket.gethostname()}:{os.getpid()}:{threading.get_ident()}"
+        self.holder = ""
 
     def __enter__(self) -> _PrepareLock:
         if self._depth:
@@ -1188,6 +1188,8 @@ class _PrepareLock:
                 store._active -= 1
             raise
         self._lease = lease
+        # Who held it, for prepares(): this object may be entered by another thread next time.
+        self.holder = f"{socket.gethostname()}:{os.getpid()}:{threading.get_ident()}"
         with store._lock:
             store._held[self.session] = lease
         self._depth = 1
