@@ -18,7 +18,9 @@ ENV.pop("CTXRULES_STORE", None)
 ENV.pop("CTXRULES_STATE", None)
 
 
-def ctxrules(*argv: str, cwd: Path, env: dict[str, str] | None = None, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+def ctxrules(
+    *argv: str, cwd: Path, env: dict[str, str] | None = None, stdin: str | None = None
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "ctxrules.cli.main", *argv],
         cwd=cwd,
@@ -38,7 +40,9 @@ def history(extra: int = 0) -> list[dict[str, object]]:
         {
             "role": "assistant",
             "content": None,
-            "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "bash", "arguments": '{"cmd": "pytest"}'}}],
+            "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "bash", "arguments": '{"cmd": "pytest"}'}}
+            ],
         },
         {"role": "tool", "tool_call_id": "c1", "content": out},
         {"role": "assistant", "content": "All pass."},
@@ -120,9 +124,11 @@ def test_export_then_import_moves_a_session_byte_for_byte(tmp_path: Path) -> Non
     usage = ctxrules("usage", "add", "--model", "gpt-4o", "--prompt", "1000", "--completion", "10",
                      "--session", "A/conv-1", "--state", "A", cwd=tmp_path)  # fmt: skip
     assert usage.returncode == 0, usage.stderr
-    note = "import json, sys\nfrom ctxrules.notes import SessionNotes\nSessionNotes(sys.argv[1]).add('keep me', tags=['x'])"
+    note = "import sys\nfrom ctxrules.notes import SessionNotes\nSessionNotes(sys.argv[1]).add('keep me', tags=['x'])"
     subprocess.run([sys.executable, "-c", note, "A/conv-1"], cwd=tmp_path, env=ENV, check=True)
-    exported = ctxrules("sessions", "export", "A/conv-1", "--store", f"file://{tmp_path}/A", "--to", "conv.ctxs", cwd=tmp_path)
+    exported = ctxrules(
+        "sessions", "export", "A/conv-1", "--store", f"file://{tmp_path}/A", "--to", "conv.ctxs", cwd=tmp_path
+    )
     assert exported.returncode == 0, exported.stderr
     assert "vault item(s)" in exported.stderr and (tmp_path / "conv.ctxs").is_file()
     imported = ctxrules("sessions", "import", "conv.ctxs", "--store", f"file://{tmp_path}/B", cwd=tmp_path)
@@ -138,7 +144,10 @@ def test_export_then_import_moves_a_session_byte_for_byte(tmp_path: Path) -> Non
     assert '"calls": 1' in shown.stdout
     # The moved session goes on as the original would.
     for root in ("A", "B"):
-        nxt = ctxrules(*run_args(tmp_path, "--state", root, "--session", f"{root}/conv-1", extra=1, out=f"n{root}.json"), cwd=tmp_path)
+        nxt = ctxrules(
+            *run_args(tmp_path, "--state", root, "--session", f"{root}/conv-1", extra=1, out=f"n{root}.json"),
+            cwd=tmp_path,
+        )
         assert nxt.returncode == 0, nxt.stderr
     assert (tmp_path / "nA.json").read_text() == (tmp_path / "nB.json").read_text()
     # Importing again is refused: an existing session is never overwritten.

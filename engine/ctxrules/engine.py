@@ -869,7 +869,7 @@ class Session:
             # absolute: read-back commands; a URL store names the store and the session id
             session={"id": self.id, "path": str(self.path.resolve())}
             if self._files
-            else {"id": self.id, "path": self.store.describe(self.key), "store": self.store.url},
+            else {"id": self.id, "path": self.store.describe(self.key), "store": self.store.url, "key": self.key},
             model={
                 "name": self.model.name,
                 "registry_key": self.model.key,

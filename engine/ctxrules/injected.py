@@ -34,6 +34,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ctxrules.stores.filesystem import FilesystemStore
+
 if TYPE_CHECKING:
     from ctxrules.stores.base import Store
 
@@ -154,8 +156,6 @@ class InjectionKey:
 
         Two processes creating it at once agree: the file is created exclusively and the loser
         reads the winner's key. Symlinks are not followed (the filesystem store's secrets)."""
-        from ctxrules.stores.filesystem import FilesystemStore
-
         path = Path(path)
         return cls(FilesystemStore(path.parent).secret(None, path.name, lambda: secrets.token_bytes(32)))
 
@@ -164,8 +164,6 @@ def key_for_session(session_dir: Path, state_root: Path | None) -> InjectionKey:
     """The key a session signs with: its own when it has one (a session moved here by
     ``sessions import`` brings the key its history was signed with), else the state root's when
     it has one, else a new one of its own."""
-    from ctxrules.stores.filesystem import FilesystemStore
-
     if state_root is None:
         return key_in_store(FilesystemStore(session_dir), None)
     return key_in_store(FilesystemStore(state_root), str(session_dir))

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ctxrules.errors import CtxrulesError
+from ctxrules.stores import StoreError, store_and_session
 
 if TYPE_CHECKING:
     from ctxrules.stores.base import Store
@@ -139,8 +140,6 @@ def load_notes(
 ) -> list[Note]:
     """The notes of the session directory ``session_dir`` (or of ``session`` in ``store``;
     ``[]`` when it has none)."""
-    from ctxrules.stores import StoreError, store_and_session
-
     store, session = store_and_session(session_dir, store, session)
     try:
         raw = store.read_doc(session, "notes")
@@ -164,8 +163,6 @@ class SessionNotes:
         store: Store | None = None,
         session: str | None = None,
     ) -> None:
-        from ctxrules.stores import store_and_session
-
         self.store, self.session = store_and_session(session_dir, store, session)
         self._clock = clock
 
@@ -267,8 +264,6 @@ class SessionNotes:
     def _change(self, change: Callable[[int, builtins.list[Note]], tuple[int, builtins.list[Note], _R]]) -> _R:
         """Apply ``change(next, notes) -> (next, notes, result)`` under the document's lock (two
         processes never lose each other's notes); returns ``result``."""
-        from ctxrules.stores import StoreError
-
         out: list[_R] = []
 
         def update(raw: bytes | None) -> bytes:

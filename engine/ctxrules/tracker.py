@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ctxrules.errors import CtxrulesError
+from ctxrules.stores import StoreError, store_and_session
 from ctxrules.toolroles import call_arguments, call_name, tool_roles
 
 if TYPE_CHECKING:
@@ -78,8 +79,6 @@ def load_tracked(
 ) -> list[TrackedFile]:
     """Touched files of a session (a directory, or ``session`` in ``store``), most recently
     touched first."""
-    from ctxrules.stores import StoreError, store_and_session
-
     store, session = store_and_session(session_dir, store, session)
     where = store.doc_location(session, "touched")
     try:
@@ -103,8 +102,6 @@ class FileTracker:
         store: Store | None = None,
         session: str | None = None,
     ) -> None:
-        from ctxrules.stores import store_and_session
-
         self.store, self.session = store_and_session(session_dir, store, session)
         self._clock = clock
 
@@ -152,8 +149,6 @@ class FileTracker:
     def _change(self, change: Callable[[builtins.list[TrackedFile]], Sequence[TrackedFile]]) -> int:
         """Rewrite the tracked files as ``change(files)`` under the document's lock; returns how
         many are kept."""
-        from ctxrules.stores import StoreError
-
         where = self.store.doc_location(self.session, "touched")
         kept: builtins.list[int] = []
 

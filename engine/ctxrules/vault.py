@@ -24,7 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ctxrules.errors import CtxrulesError
+from ctxrules.stores.base import VaultError
+from ctxrules.stores.filesystem import FilesystemStore
 
 if TYPE_CHECKING:
     from ctxrules.stores.base import Store
@@ -52,10 +53,6 @@ _HEX_RE = re.compile(r"[0-9a-f]+")
 # Lone surrogates survive json.loads; "surrogatepass" keeps them storable and round-trippable
 # instead of failing a stage on a transcript that contains one.
 _TEXT_ERRORS = "surrogatepass"
-
-
-class VaultError(CtxrulesError):
-    """A vault id is malformed, unknown, ambiguous, or its content is corrupt."""
 
 
 def split_lines(data: bytes) -> list[bytes]:
@@ -104,8 +101,6 @@ class Vault:
         if store is None:
             if root is None:
                 raise TypeError("Vault() needs a directory, or store= and session=")
-            from ctxrules.stores.filesystem import FilesystemStore
-
             root = Path(root)
             store, session = FilesystemStore(root.parent, vault_name=root.name), str(root.parent)
         elif session is None:

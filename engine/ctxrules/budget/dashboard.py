@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 from ctxrules.budget.ledger import CallEntry, Totals, ledger_of
 from ctxrules.stores.base import Log
+from ctxrules.stores.filesystem import FilesystemStore
 
 if TYPE_CHECKING:
     from ctxrules.stores.base import Store
@@ -53,8 +54,6 @@ class Period:
 def load_calls(state_root: Path | Store, period: Period) -> tuple[list[CallEntry], int]:
     """Every call recorded in ``period`` (resets do not hide history here), and how many ledger
     lines could not be read. ``state_root``: a state directory, or any store."""
-    from ctxrules.stores.filesystem import FilesystemStore
-
     store = FilesystemStore(state_root) if isinstance(state_root, str | os.PathLike) else state_root
     calls: list[CallEntry] = []
     bad = 0

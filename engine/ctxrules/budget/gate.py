@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from ctxrules.budget.notices import append_notice, budget_notice
 from ctxrules.budget.policy import BudgetPolicy
 from ctxrules.budget.tracker import BudgetStatus, SessionLedger
+from ctxrules.stores.filesystem import FilesystemStore
 
 if TYPE_CHECKING:
     from ctxrules.pipeline.budget import Budget
@@ -38,8 +39,6 @@ def open_ledger(
 ) -> SessionLedger:
     """The ledger of a session under ``pack``'s ``budgets:`` policy; with ``store`` the session
     ``session`` of that store (else the session directory, as before)."""
-    from ctxrules.stores.filesystem import FilesystemStore
-
     if store is not None and not isinstance(store, FilesystemStore):
         return SessionLedger(
             None, session_id, store=store, session=session, policy=BudgetPolicy.from_pack(pack), goal=goal, model=model

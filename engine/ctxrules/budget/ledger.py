@@ -37,6 +37,7 @@ from ctxrules.budget.pricing import Cost, Rates
 from ctxrules.budget.usage import TOKEN_KINDS, TokenUsage
 from ctxrules.errors import UsageError
 from ctxrules.stores.base import Log, LogKind
+from ctxrules.stores.filesystem import FilesystemStore
 
 if TYPE_CHECKING:
     from ctxrules.stores.base import Store
@@ -377,8 +378,6 @@ _FILES_LOCK = threading.Lock()
 
 def ledger_of(store: Store, log: Log) -> LedgerFile:
     """The process-wide :class:`LedgerFile` of ``log`` in ``store`` (so its read cache is shared)."""
-    from ctxrules.stores.filesystem import FilesystemStore
-
     with _FILES_LOCK:
         if isinstance(store, FilesystemStore):
             key = ("file", os.path.abspath(store.log_location(log)))
@@ -399,8 +398,6 @@ def ledger(path: Path) -> LedgerFile:
 
 
 def _file_log(path: Path) -> tuple[Store, Log]:
-    from ctxrules.stores.filesystem import FilesystemStore
-
     path = Path(os.path.abspath(path))
     if path.parent.name in ("days", "goals") and path.parent.parent.name == "ledger" and path.suffix == ".jsonl":
         kind: LogKind = "day" if path.parent.name == "days" else "goal"

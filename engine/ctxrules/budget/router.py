@@ -42,6 +42,7 @@ from ctxrules.patterns import Pattern
 from ctxrules.patterns import compile as patterns_compile
 from ctxrules.redaction import redactor_for
 from ctxrules.stores.base import Log
+from ctxrules.stores.filesystem import FilesystemStore
 
 if TYPE_CHECKING:
     from ctxrules.stores.base import Store
@@ -395,8 +396,6 @@ class ComplexityRouter:
             )
             if root is None:
                 raise UsageError("record_misroute needs state_root (or session_dir)")
-            from ctxrules.stores.filesystem import FilesystemStore
-
             store = FilesystemStore(root)
         ts = time.time() if now is None else now
         record = {"ts": ts, "routed": routed, "wanted": wanted, "rules_tier": rules_tier or routed}
@@ -444,8 +443,6 @@ def _where(
         return store, session
     if session_dir is None:
         raise UsageError("route() needs session_dir (or store= and session=)")
-    from ctxrules.stores.filesystem import FilesystemStore
-
     return FilesystemStore(state_root if state_root is not None else session_dir.resolve().parent), str(session_dir)
 
 

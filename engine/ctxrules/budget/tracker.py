@@ -38,6 +38,7 @@ from ctxrules.budget.status import BudgetStatus, BurnRate, DimensionStatus
 from ctxrules.budget.usage import TokenUsage, UsageFormat, as_mapping, is_failed_response, parse_usage
 from ctxrules.errors import CtxrulesError, UsageError
 from ctxrules.stores.base import Log
+from ctxrules.stores.filesystem import FilesystemStore
 
 if TYPE_CHECKING:
     from ctxrules.stores.base import Store
@@ -98,8 +99,6 @@ class SessionLedger:
         store: Store | None = None,
         session: str | None = None,
     ) -> None:
-        from ctxrules.stores.filesystem import FilesystemStore
-
         if store is None:
             if session_dir is None:
                 raise TypeError("SessionLedger needs a session directory, or store= and session=")
@@ -378,8 +377,6 @@ class SessionLedger:
 
         Raises :class:`SpawnLimitExceeded` when the root already has ``max_descendants``.
         """
-        from ctxrules.stores.filesystem import FilesystemStore
-
         filesystem = isinstance(self.store, FilesystemStore)
         # Filesystem keys are paths, recorded absolute (the registry outlives the cwd).
         child_key = str(Path(child.key).resolve()) if filesystem else child.key

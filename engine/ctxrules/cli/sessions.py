@@ -13,6 +13,8 @@ from ctxrules.cli.io import write_text
 from ctxrules.cli.stores import add_store_options, describe_store, is_filesystem, session_key, store_of
 from ctxrules.errors import UsageError
 from ctxrules.runtime.checkpoint import resume, scan
+from ctxrules.stores import session_id_for
+from ctxrules.stores.archive import export_session, import_session, read_archive
 
 
 def register(sub: Any) -> None:
@@ -79,8 +81,6 @@ def run_resume(args: argparse.Namespace) -> int:
 
 
 def run_export(args: argparse.Namespace) -> int:
-    from ctxrules.stores.archive import export_session
-
     store = store_of(args)
     key = session_key(store, args.session)
     name = Path(key).resolve().name if is_filesystem(store) else key
@@ -106,8 +106,6 @@ def run_export(args: argparse.Namespace) -> int:
 
 
 def run_import(args: argparse.Namespace) -> int:
-    from ctxrules.stores.archive import import_session, read_archive
-
     store = store_of(args)
     if args.archive == "-":
         raw, where = sys.stdin.buffer.read(), "<stdin>"
@@ -123,8 +121,6 @@ def run_import(args: argparse.Namespace) -> int:
         exported = header.get("session")
         if not isinstance(exported, str) or not exported:
             raise UsageError(f"{where}: the archive names no session; give --session")
-        from ctxrules.stores import session_id_for
-
         name = str(store.root / session_id_for(exported)) if is_filesystem(store) else exported
     key = session_key(store, name)
     counts = import_session(store, key, lines, where=where)

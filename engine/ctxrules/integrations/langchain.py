@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 from ctxrules.engine import Engine
 from ctxrules.integrations import session_name
 from ctxrules.recall import PARAMETERS, RecallError, RecallSettings
+from ctxrules.stores import open_store
 
 if TYPE_CHECKING:
     from ctxrules.stores.base import Store
@@ -108,8 +109,6 @@ class CtxrulesMiddleware(AgentMiddleware):
         recall: bool = True,
     ) -> None:
         super().__init__()
-        from ctxrules.stores import open_store
-
         if store is not None and state is not None:
             raise ValueError("give state (a directory) or store (a Store or URL), not both")
         self.engine = Engine.load(pack)

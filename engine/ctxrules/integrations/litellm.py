@@ -47,6 +47,8 @@ except ImportError as exc:  # pragma: no cover - litellm is a core dependency; a
 
 from ctxrules.integrations import session_name
 from ctxrules.logs import get_logger
+from ctxrules.stores import open_store
+from ctxrules.stores.filesystem import FilesystemStore
 
 if TYPE_CHECKING:
     from ctxrules.engine import Engine, Session
@@ -86,9 +88,6 @@ class ContextHook(CustomLogger):
 
         if on_error not in ("pass", "reject"):
             raise ValueError(f"on_error must be 'pass' or 'reject', got {on_error!r}")
-        from ctxrules.stores import open_store
-        from ctxrules.stores.filesystem import FilesystemStore
-
         if store is not None and state is not None:
             raise ValueError("give state (a directory) or store (a Store or URL), not both")
         self.engine: Engine = Engine.load(pack)

@@ -11,7 +11,7 @@ import importlib
 import os
 from pathlib import Path
 from typing import Final
-from urllib.parse import unquote, urlsplit
+from urllib.parse import urlsplit
 
 from ctxrules.integrations import session_name
 from ctxrules.stores.base import (
@@ -27,6 +27,7 @@ from ctxrules.stores.base import (
     StoreUsageError,
     Turn,
 )
+from ctxrules.stores.filesystem import FilesystemStore, file_path
 
 __all__ = [
     "BACKENDS",
@@ -42,6 +43,7 @@ __all__ = [
     "StoreUnavailable",
     "StoreUsageError",
     "Turn",
+    "file_path",
     "open_store",
     "session_id_for",
     "store_and_session",
@@ -73,8 +75,6 @@ def open_store(url: str | os.PathLike[str] | Store) -> Store:
     text = os.fspath(url)
     scheme = urlsplit(text).scheme.lower() if "://" in text else ""
     if not scheme:
-        from ctxrules.stores.filesystem import FilesystemStore
-
         return FilesystemStore(Path(text))
     backend = BACKENDS.get(scheme)
     if backend is None:
@@ -86,7 +86,7 @@ def open_store(url: str | os.PathLike[str] | Store) -> Store:
     except ImportError as exc:
         if exc.name in ("redis", "hiredis"):
             raise StoreUsageError(
-                "CR145", f"the store {_redacted(text)} needs the redis client: pip install \"ctxrules[redis]\""
+                "CR145", f'the store {_redacted(text)} needs the redis client: pip install "ctxrules[redis]"'
             ) from None
         if exc.name == module_name:
             raise StoreUsageError("CR145", f"the store {_redacted(text)}: this build has no {module_name}") from None
@@ -100,20 +100,14 @@ def file_url(directory: str | os.PathLike[str]) -> str:
     return Path(os.path.abspath(directory)).as_uri()
 
 
-def file_path(url: str) -> Path:
-    """The directory of a ``file://`` URL (``file://rel/dir`` is taken relative, as users write it)."""
-    parts = urlsplit(url)
-    if parts.query or parts.fragment:
-        raise StoreUsageError("CR145", f"store URL {url!r}: a file:// store takes no options")
-    return Path(unquote(parts.netloc + parts.path))
-
-
 def store_from_options(store: str | None, state: str | None) -> str | None:
     """The store URL the CLI flags (``--store``, ``--state``) and ``CTXRULES_STORE`` name, or
     None for the default (``--state``'s default, ``.ctxrules`` or ``$CTXRULES_STATE``). Giving
     both flags is a usage error."""
     if store is not None and state is not None:
-        raise StoreUsageError("CR145", "give --store URL or --state DIR, not both (--state DIR means --store file://DIR)")
+        raise StoreUsageError(
+            "CR145", "give --store URL or --state DIR, not both (--state DIR means --store file://DIR)"
+        )
     if store is not None:
         return store
     if state is not None:
@@ -133,8 +127,6 @@ def store_and_session(
         return store, session
     if session_dir is None:
         raise TypeError("give a session directory, or store= and session=")
-    from ctxrules.stores.filesystem import FilesystemStore
-
     path = Path(session_dir)
     return FilesystemStore(path.parent), str(path)
 

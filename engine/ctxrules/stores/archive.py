@@ -27,6 +27,7 @@ import time
 from collections.abc import Iterable, Iterator
 from typing import IO, Any, Final
 
+from ctxrules.injected import existing_secret
 from ctxrules.stores.base import DOCS, Log, Store, StoreUsageError
 
 __all__ = ["ARCHIVE_FORMAT", "export_session", "import_session", "read_archive"]
@@ -75,8 +76,6 @@ def export_session(store: Store, session: str, out: IO[bytes], *, name: str | No
                 counts["docs"] += 1
         # The key the session's injected messages are signed with: without it they would read
         # as the caller's own messages in the other store.
-        from ctxrules.injected import existing_secret
-
         secret = existing_secret(store, session) or existing_secret(store, None)
         if secret is not None:
             out.write(_line({"kind": "secret", "name": "injection.key", "data": base64.b64encode(secret).decode()}))

@@ -43,6 +43,7 @@ __all__ = [
     "DOCS",
     "LOG_KINDS",
     "SESSION_ID_RE",
+    "CompactionBusy",
     "Log",
     "LogChunk",
     "PrepareLock",
@@ -52,6 +53,7 @@ __all__ = [
     "StoreUnavailable",
     "StoreUsageError",
     "Turn",
+    "VaultError",
 ]
 
 SESSION_ID_RE: Final = re.compile(r"[A-Za-z0-9._-]{1,128}")
@@ -66,6 +68,16 @@ compaction, ctxrules.runtime.checkpoint), ``root`` (a sub-agent's link to its ro
 
 LogKind = Literal["session", "day", "goal", "misroutes", "descendants"]
 LOG_KINDS: Final[tuple[LogKind, ...]] = ("session", "day", "goal", "misroutes", "descendants")
+
+
+class VaultError(CtxrulesError):
+    """A vault id is malformed, unknown, ambiguous, or its content is corrupt (also
+    ``ctxrules.vault.VaultError``)."""
+
+
+class CompactionBusy(Exception):
+    """Another compaction of this session holds the compaction lock (also
+    ``ctxrules.summarize.lock.CompactionBusy``)."""
 
 
 class StoreError(CtxrulesError):

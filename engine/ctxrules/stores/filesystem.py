@@ -36,8 +36,11 @@ from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any, Final, Literal
+from urllib.parse import unquote, urlsplit
 
-from ctxrules.errors import CtxrulesError
+from ctxrules.errors import CtxrulesError, UsageError
+from ctxrules.integrations import session_name
+from ctxrules.locks import FileLock, LockError, LockTimeout
 from ctxrules.private_files import (
     UnsafePathError,
     ensure_dir,
@@ -48,6 +51,7 @@ from ctxrules.private_files import (
 from ctxrules.session_store import SessionLock, SessionStore
 from ctxrules.stores.base import (
     LOG_KINDS,
+    CompactionBusy,
     DocName,
     Log,
     LogChunk,
@@ -55,10 +59,12 @@ from ctxrules.stores.base import (
     PrepareLock,
     StoreError,
     StoreLockTimeout,
+    StoreUsageError,
     Turn,
+    VaultError,
 )
 
-__all__ = ["FilesystemStore", "for_session_dir"]
+__all__ = ["FilesystemStore", "file_path", "for_session_dir"]
 
 _ID_LEN: Final = 64
 _HEX_RE: Final = re.compile(r"[0-9a-f]+")
@@ -91,8 +97,6 @@ class FilesystemStore:
 
     @classmethod
     def from_url(cls, url: str) -> FilesystemStore:
-        from ctxrules.stores import file_path
-
         return cls(file_path(url))
 
     @property
@@ -107,9 +111,7 @@ class FilesystemStore:
     def session_key(self, name: str) -> str:
         if os.sep in name or (os.altsep and os.altsep in name) or name in (".", ".."):
             return name
-        from ctxrules.stores import session_id_for
-
-        return str(self.root / session_id_for(name))
+        return str(self.root / session_name(name))
 
     def session_dir(self, session: str) -> Path:
         return Path(session)
@@ -184,8 +186,6 @@ class FilesystemStore:
         return self.vault_dir(session) / blob_id[:2] / blob_id
 
     def put_blob(self, session: str, data: bytes, media_type: str | None = None) -> str:
-        from ctxrules.vault import VaultError
-
         try:
             return self._put_blob(session, data, media_type)
         except OSError as exc:
@@ -213,8 +213,6 @@ class FilesystemStore:
         return blob_id
 
     def get_blob(self, session: str, blob_id: str) -> bytes:
-        from ctxrules.vault import VaultError
-
         path = self._blob_path(session, blob_id)
         try:
             data = read_private(path)
@@ -288,8 +286,6 @@ class FilesystemStore:
             return None
 
     def update_doc(self, session: str, name: DocName, update: Callable[[bytes | None], bytes | None]) -> None:
-        from ctxrules.locks import FileLock, LockError
-
         path, lock_path = self._doc_path(session, name)
         try:
             ensure_dir(path.parent)
@@ -359,8 +355,6 @@ class FilesystemStore:
     def append_once(
         self, log: Log, record: Mapping[str, Any], *, key: str, limit: int
     ) -> Literal["added", "present", "full"]:
-        from ctxrules.locks import FileLock
-
         path = self.log_path(log)
         wanted = record.get(key)
         try:
@@ -385,8 +379,6 @@ class FilesystemStore:
 
     @staticmethod
     def _append_line(path: Path, line: bytes, *, durable: bool) -> None:
-        from ctxrules.locks import FileLock
-
         try:
             ensure_dir(path.parent)
             with FileLock(path.with_name(path.name + ".lock")):
@@ -440,17 +432,13 @@ class FilesystemStore:
         return _PrepareLock(Path(session), timeout)
 
     def compaction_lock(self, session: str) -> AbstractContextManager[Any]:
-        from ctxrules.summarize.lock import CompactionLock
-
-        return CompactionLock(Path(session))
+        return _CompactionLock(Path(session) / ".compaction.lock")
 
     # --- secrets --------------------------------------------------------------------------------
 
     def secret(self, session: str | None, name: str, make: Callable[[], bytes]) -> bytes:
         """``<root or session>/<name>``, hex text, created exclusively (two creators agree: the
         loser reads the winner's) and fsynced."""
-        from ctxrules.errors import UsageError
-
         path = (self.root if session is None else Path(session)) / name
         try:
             return _read_secret(path)
@@ -483,8 +471,6 @@ class _PrepareLock:
         self._lock = SessionLock(path, timeout=timeout)
 
     def __enter__(self) -> _PrepareLock:
-        from ctxrules.locks import LockTimeout
-
         try:
             self._lock.__enter__()
         except LockTimeout:
@@ -500,9 +486,37 @@ class _PrepareLock:
         """A file lock is held until release: nothing to renew."""
 
 
-def _read_secret(path: Path) -> bytes:
-    from ctxrules.errors import UsageError
+class _CompactionLock:
+    """``<session>/.compaction.lock``, taken without waiting (:class:`CompactionBusy` when held)."""
 
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._lock: FileLock | None = None
+
+    def __enter__(self) -> _CompactionLock:
+        lock = FileLock(self.path, timeout=0)
+        try:
+            lock.acquire()
+        except LockTimeout:
+            raise CompactionBusy(f"another compaction of {self.path.parent} is running") from None
+        self._lock = lock
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
+
+
+def file_path(url: str) -> Path:
+    """The directory of a ``file://`` URL (``file://rel/dir`` is taken relative, as users write it)."""
+    parts = urlsplit(url)
+    if parts.query or parts.fragment:
+        raise StoreUsageError("CR145", f"store URL {url!r}: a file:// store takes no options")
+    return Path(unquote(parts.netloc + parts.path))
+
+
+def _read_secret(path: Path) -> bytes:
     try:
         raw = read_private(path, limit=200)
     except FileNotFoundError:
@@ -553,4 +567,3 @@ def for_session_dir(path: str | os.PathLike[str], state_root: str | os.PathLike[
     """The store a session directory opened by path belongs to: ``state_root`` when given, else
     the directory's parent (where day and goal ledgers have always lived)."""
     return FilesystemStore(Path(state_root) if state_root is not None else Path(path).resolve().parent)
-
