@@ -19,14 +19,15 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from ctxrules.stores.base import (
     SESSION_ID_RE,
+    CompactionBusy,
     DocName,
     Log,
     LogChunk,
     LogKind,
     StoreLockTimeout,
     Turn,
+    VaultError,
 )
-from ctxrules.vault import VaultError
 
 __all__ = ["MemoryStore"]
 
@@ -251,8 +252,6 @@ class MemoryStore:
 
     @contextlib.contextmanager
     def _compaction(self, session: str) -> Iterator[None]:
-        from ctxrules.summarize.lock import CompactionBusy
-
         lock = self._s(session).compaction
         if not lock.acquire(blocking=False):
             raise CompactionBusy(f"another compaction of {self.describe(session)} is running")

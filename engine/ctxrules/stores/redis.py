@@ -64,6 +64,7 @@ from ctxrules.session_store import _mistyped  # the filesystem store's check of 
 from ctxrules.stores.base import (
     DOCS,
     SESSION_ID_RE,
+    CompactionBusy,
     DocName,
     Log,
     LogChunk,
@@ -72,9 +73,9 @@ from ctxrules.stores.base import (
     StoreLockTimeout,
     StoreUnavailable,
     Turn,
+    VaultError,
 )
 from ctxrules.stores.memory import MemoryStore
-from ctxrules.vault import VaultError
 
 __all__ = ["RedisStore", "RedisStoreSettings"]
 
@@ -1083,8 +1084,6 @@ class RedisStore:
 
     @contextlib.contextmanager
     def _compaction(self, session: str) -> Iterator[None]:
-        from ctxrules.summarize.lock import CompactionBusy
-
         if self._local is not None:
             with self._local.compaction_lock(session):
                 yield
