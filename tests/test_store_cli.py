@@ -194,3 +194,37 @@ def test_sessions_scan_with_a_store_url_finds_a_half_written_checkpoint(tmp_path
     assert "1 interrupted session(s)" in got.stdout
     resumed = ctxrules("sessions", "resume", "S/conv-1", "--store", f"file://{tmp_path}/S", cwd=tmp_path)
     assert resumed.returncode == 0 and json.loads(resumed.stdout) == []
+
+
+def test_every_session_verb_takes_a_redis_store(tmp_path: Path, redis_url: str) -> None:
+    store = ("--store", redis_url)
+    made = ctxrules(*run_args(tmp_path, *store, "--session", "conv-r", "--report", "report.json"), cwd=tmp_path)
+    assert made.returncode == 0, made.stderr
+    out = json.loads((tmp_path / "out.json").read_text())
+    ref = next(part[:64] for part in json.dumps(out).split("vault://")[1:])
+    got = ctxrules("vault", "get", ref, *store, "--session", "conv-r", cwd=tmp_path)
+    assert got.returncode == 0 and "test_0 PASSED" in got.stdout, got.stderr
+    anywhere = ctxrules("vault", "get", ref, *store, cwd=tmp_path)  # searched in every session of the store
+    assert anywhere.returncode == 0 and anywhere.stdout == got.stdout, anywhere.stderr
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["session"]["key"] == "conv-r" and report["session"]["store"].startswith(("redis", "unix"))
+    added = ctxrules(
+        "usage", "add", "--model", "gpt-4o", "--prompt", "500", "--completion", "5", *store, "--session", "conv-r",
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert added.returncode == 0, added.stderr
+    shown = ctxrules("usage", "show", *store, "--session", "conv-r", "--format", "json", cwd=tmp_path)
+    assert shown.returncode == 0 and '"calls": 1' in shown.stdout, shown.stderr
+    (tmp_path / "log.txt").write_text("\n".join(f"ok {i}" for i in range(3000)) + "\nFAILED: boom\n")
+    squeezed = ctxrules(
+        "compress", *store, "--session", "conv-r", "--command", "make test", "--exit-code", "1", "--input", "log.txt",
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert squeezed.returncode == 0, squeezed.stderr
+    assert "FAILED: boom" in squeezed.stdout and "vault://" in squeezed.stdout
+    full = squeezed.stdout.split("vault://")[1][:64]
+    back = ctxrules("vault", "get", full, *store, "--session", "conv-r", cwd=tmp_path)
+    assert back.returncode == 0 and back.stdout == (tmp_path / "log.txt").read_text()
+    missing = ctxrules("mcp", *store, "--session", "nobody", cwd=tmp_path)
+    assert missing.returncode == 2 and "[CR147]" in missing.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.json", "log.txt", "out.json", "report.json"]

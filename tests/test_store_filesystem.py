@@ -312,3 +312,29 @@ def _as_written_in_place(session: Path) -> None:
     state_file.write_text(json.dumps(state))
     for path in session.rglob("*"):
         os.chmod(path, 0o700 if path.is_dir() else 0o600)
+
+
+@pytest.mark.parametrize("kind", ["file", "memory"])
+def test_a_blob_written_in_pieces(tmp_path: Path, kind: str) -> None:
+    from ctxrules.stores.memory import MemoryStore
+
+    store = FilesystemStore(tmp_path / "state") if kind == "file" else MemoryStore()
+    key = store.session_key("s1")
+    vault = Vault.of(store, key)
+    writer = vault.open_writer()
+    for part in (b"one\n", b"two\n", b"three\n"):
+        writer.write(part)
+    assert Path(writer.path).read_bytes() == b"one\ntwo\nthree\n" and writer.size == 14
+    assert stat.S_IMODE(os.stat(writer.path).st_mode) == 0o600
+    blob = writer.commit()
+    assert blob == hashlib.sha256(b"one\ntwo\nthree\n").hexdigest() == writer.vault_id
+    assert vault.get(blob) == b"one\ntwo\nthree\n"
+    writer.discard()  # harmless after commit
+    dropped = vault.open_writer()
+    dropped.write(b"never stored")
+    dropped.discard()
+    assert not Path(dropped.path).exists() and vault.list_ids() == [blob]
+    text = "é" * ((1 << 20) + 5)  # over the slice size: encoded and hashed in slices
+    long_id = vault.put_text(text)
+    assert long_id == hashlib.sha256(text.encode()).hexdigest() and vault.get_text(long_id) == text
+    assert vault.put_text(text) == long_id

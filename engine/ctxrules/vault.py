@@ -18,13 +18,14 @@ byte-exact whatever the line endings are. Stages that count lines for a marker u
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ctxrules.stores.base import VaultError
+from ctxrules.stores.base import BlobWriter, SpooledBlobWriter, VaultError
 from ctxrules.stores.filesystem import FilesystemStore
 
 if TYPE_CHECKING:
@@ -37,6 +38,7 @@ __all__ = [
     "Marker",
     "Vault",
     "VaultError",
+    "VaultWriter",
     "format_marker",
     "format_ref",
     "parse_marker",
@@ -50,6 +52,10 @@ MIN_PREFIX = 12
 
 _ID_LEN = 64
 _HEX_RE = re.compile(r"[0-9a-f]+")
+_SLICE_CHARS = 1 << 20  # texts longer than this are encoded and written in slices
+VaultWriter = BlobWriter
+"""An entry being written in pieces (:class:`ctxrules.stores.BlobWriter`): ``write``, ``size``,
+``path`` (readable until commit), ``vault_id``, ``commit``, ``discard``."""
 # Lone surrogates survive json.loads; "surrogatepass" keeps them storable and round-trippable
 # instead of failing a stage on a transcript that contains one.
 _TEXT_ERRORS = "surrogatepass"
@@ -140,7 +146,35 @@ class Vault:
 
     def put_text(self, text: str) -> str:
         """Store ``text`` as its UTF-8 bytes; return the id (sha256 hex of those bytes)."""
+        if len(text) > _SLICE_CHARS:
+            return self._put_long_text(text)
         return self.store.put_blob(self.session, text.encode("utf-8", _TEXT_ERRORS))
+
+    def _put_long_text(self, text: str) -> str:
+        """:meth:`put_text` for a long text, encoded a slice at a time (never whole in memory)."""
+        slices = range(0, len(text), _SLICE_CHARS)
+        digest = hashlib.sha256()
+        for start in slices:
+            digest.update(text[start : start + _SLICE_CHARS].encode("utf-8", _TEXT_ERRORS))
+        vault_id = digest.hexdigest()
+        if self.store.has_blob(self.session, vault_id):
+            return vault_id
+        writer = self.open_writer()
+        try:
+            for start in slices:
+                writer.write(text[start : start + _SLICE_CHARS].encode("utf-8", _TEXT_ERRORS))
+            return writer.commit()
+        finally:
+            writer.discard()
+
+    def open_writer(self) -> VaultWriter:
+        """A new entry written piece by piece (an output too large to hold in memory); its id
+        is known once :meth:`VaultWriter.commit` has stored it."""
+        opener = getattr(self.store, "open_blob_writer", None)
+        if opener is None:  # a store of an earlier protocol version: spool to a local file
+            return SpooledBlobWriter(self.store, self.session)
+        writer: VaultWriter = opener(self.session)
+        return writer
 
     def put_bytes(self, data: bytes, media_type: str | None = None) -> str:
         """Store raw bytes (media); return the id (sha256 hex of ``data``)."""

@@ -31,10 +31,15 @@ parameters (``redis://host/0?ttl_s=86400``), never pack keys.
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import os
 import re
+import tempfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Final, Literal, Protocol, runtime_checkable
 
 from ctxrules.errors import CtxrulesError, UsageError
@@ -43,10 +48,12 @@ __all__ = [
     "DOCS",
     "LOG_KINDS",
     "SESSION_ID_RE",
+    "BlobWriter",
     "CompactionBusy",
     "Log",
     "LogChunk",
     "PrepareLock",
+    "SpooledBlobWriter",
     "Store",
     "StoreError",
     "StoreLockTimeout",
@@ -144,6 +151,78 @@ class Turn:
 
 
 @runtime_checkable
+class BlobWriter(Protocol):
+    """A vault blob written in pieces (an output too large to hold in memory), hashed as it
+    grows. Until :meth:`commit` or :meth:`discard` the bytes written so far are readable at
+    :attr:`path`, a private local file (``size`` bytes)."""
+
+    path: Path
+    size: int
+
+    @property
+    def vault_id(self) -> str:
+        """The id the blob gets: the sha256 of what was written so far."""
+        ...
+
+    def write(self, data: bytes) -> None:
+        """Append ``data`` (raises ``VaultError`` on failure; then ``size`` bytes are in :attr:`path`)."""
+        ...
+
+    def commit(self) -> str:
+        """Store the blob (durably) under its id and return the id."""
+        ...
+
+    def discard(self) -> None:
+        """Drop it (harmless after :meth:`commit`)."""
+        ...
+
+
+class SpooledBlobWriter:
+    """A :class:`BlobWriter` for any store: the pieces go to a private temporary file (mode
+    0600) and :meth:`commit` hands the whole to :meth:`Store.put_blob`. The filesystem store
+    writes in its vault directory instead and renames on commit (no copy)."""
+
+    def __init__(self, store: Store, session: str) -> None:
+        self._store, self._session = store, session
+        fd, name = tempfile.mkstemp(prefix="ctxrules-blob-")
+        self.path = Path(name)
+        self._handle = os.fdopen(fd, "wb", buffering=0)  # what write() accepted is in the file
+        self._hash = hashlib.sha256()
+        self.size = 0
+        self._done = False
+
+    @property
+    def vault_id(self) -> str:
+        return self._hash.hexdigest()
+
+    def write(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            try:
+                written = self._handle.write(view) or 0
+            except OSError as exc:
+                raise VaultError(f"cannot spool a vault blob to {self.path}: {exc}") from exc
+            self._hash.update(view[:written])
+            self.size += written
+            view = view[written:]
+
+    def commit(self) -> str:
+        with open(self.path, "rb") as fh:
+            blob_id = self._store.put_blob(self._session, fh.read())
+        self.discard()
+        return blob_id
+
+    def discard(self) -> None:
+        if self._done:
+            return
+        self._done = True
+        with contextlib.suppress(OSError):
+            self._handle.close()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path)
+
+
+@runtime_checkable
 class PrepareLock(Protocol):
     """The per-session prepare lock: ``with lock: ...``; :meth:`renew` extends a lease-based lock
     while a long compaction runs (a no-op for a lock held until release, as a file lock is)."""
@@ -233,6 +312,11 @@ class Store(Protocol):
     def get_blob(self, session: str, blob_id: str) -> bytes:
         """The bytes of a full id ``session`` references, verified against the id; raises
         ``ctxrules.vault.VaultError`` when missing or corrupt."""
+        ...
+
+    def open_blob_writer(self, session: str) -> BlobWriter:
+        """A blob of ``session`` written in pieces (see :class:`BlobWriter`); a store without a
+        better way returns :class:`SpooledBlobWriter` ``(self, session)``."""
         ...
 
     def has_blob(self, session: str, blob_id: str) -> bool:

@@ -35,12 +35,12 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
+from types import ModuleType
 from typing import Any, Final, Literal
 from urllib.parse import unquote, urlsplit
 
 from ctxrules.errors import CtxrulesError, UsageError
 from ctxrules.integrations import session_name
-from ctxrules.locks import FileLock, LockError, LockTimeout
 from ctxrules.private_files import (
     UnsafePathError,
     ensure_dir,
@@ -51,6 +51,7 @@ from ctxrules.private_files import (
 from ctxrules.session_store import SessionLock, SessionStore
 from ctxrules.stores.base import (
     LOG_KINDS,
+    BlobWriter,
     CompactionBusy,
     DocName,
     Log,
@@ -212,6 +213,15 @@ class FilesystemStore:
                 _write_durable(meta_path, meta)
         return blob_id
 
+    def open_blob_writer(self, session: str) -> BlobWriter:
+        """A temporary file in the vault directory, renamed to its id on commit (no copy)."""
+        root = self.vault_dir(session)
+        try:
+            ensure_dir(root, inside=Path(session))
+            return _FileBlobWriter(self, session)
+        except OSError as exc:
+            raise VaultError(f"cannot write to the vault at {root}: {exc}") from exc
+
     def get_blob(self, session: str, blob_id: str) -> bytes:
         path = self._blob_path(session, blob_id)
         try:
@@ -289,9 +299,9 @@ class FilesystemStore:
         path, lock_path = self._doc_path(session, name)
         try:
             ensure_dir(path.parent)
-            lock = FileLock(lock_path or path.with_name(path.name + ".lock"))
+            lock = _locks().FileLock(lock_path or path.with_name(path.name + ".lock"))
             lock.acquire()
-        except (OSError, LockError) as exc:
+        except (OSError, _locks().LockError) as exc:
             why = exc.strerror if isinstance(exc, OSError) else str(exc)
             raise StoreError(f"cannot use session directory {path.parent}: {why}") from exc
         try:
@@ -359,7 +369,7 @@ class FilesystemStore:
         wanted = record.get(key)
         try:
             ensure_dir(path.parent)
-            with FileLock(path.with_name(path.name + ".lock")):
+            with _locks().FileLock(path.with_name(path.name + ".lock")):
                 fd = open_private(path, os.O_RDWR | os.O_APPEND | os.O_CREAT)
                 try:
                     size = os.fstat(fd).st_size
@@ -381,7 +391,7 @@ class FilesystemStore:
     def _append_line(path: Path, line: bytes, *, durable: bool) -> None:
         try:
             ensure_dir(path.parent)
-            with FileLock(path.with_name(path.name + ".lock")):
+            with _locks().FileLock(path.with_name(path.name + ".lock")):
                 fd = open_private(path, os.O_RDWR | os.O_APPEND | os.O_CREAT)
                 try:
                     size = os.fstat(fd).st_size
@@ -473,7 +483,7 @@ class _PrepareLock:
     def __enter__(self) -> _PrepareLock:
         try:
             self._lock.__enter__()
-        except LockTimeout:
+        except _locks().LockTimeout:
             raise StoreLockTimeout(
                 f"the session {self.path} stayed locked by another process for the whole wait"
             ) from None
@@ -491,13 +501,13 @@ class _CompactionLock:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self._lock: FileLock | None = None
+        self._lock: Any = None
 
     def __enter__(self) -> _CompactionLock:
-        lock = FileLock(self.path, timeout=0)
+        lock = _locks().FileLock(self.path, timeout=0)
         try:
             lock.acquire()
-        except LockTimeout:
+        except _locks().LockTimeout:
             raise CompactionBusy(f"another compaction of {self.path.parent} is running") from None
         self._lock = lock
         return self
@@ -506,6 +516,14 @@ class _CompactionLock:
         if self._lock is not None:
             self._lock.release()
             self._lock = None
+
+
+def _locks() -> ModuleType:
+    """:mod:`ctxrules.locks`, imported on the first lock taken: verbs that only read packs
+    (``validate``, ``explain``, ``assemble``, ``test``) never load it, nor ``filelock``."""
+    from ctxrules import locks
+
+    return locks
 
 
 def file_path(url: str) -> Path:
@@ -540,10 +558,72 @@ def _field(line: bytes, key: str) -> Any:
 
 
 def _intact(path: Path, blob_id: str) -> bool:
+    """Whether ``path`` holds the bytes of ``blob_id`` (read a block at a time: a blob may be
+    a huge command output)."""
+    digest = hashlib.sha256()
     try:
-        return hashlib.sha256(read_private(path)).hexdigest() == blob_id
+        fd = open_private(path, os.O_RDONLY)
     except FileNotFoundError:
         return False
+    with os.fdopen(fd, "rb") as handle:
+        while block := handle.read(1 << 20):
+            digest.update(block)
+    return digest.hexdigest() == blob_id
+
+
+class _FileBlobWriter:
+    """A blob written in pieces: a private temporary file in the vault directory, hashed as it
+    grows; :meth:`commit` makes it durable (fsync) and then visible under its id."""
+
+    def __init__(self, store: FilesystemStore, session: str) -> None:
+        self._store, self._session = store, session
+        root = store.vault_dir(session)
+        fd, name = tempfile.mkstemp(prefix=_TMP_PREFIX, dir=root)
+        self.path = Path(name)
+        # Unbuffered: what write() accepted is in the file, so a caller can take it back.
+        self._handle = os.fdopen(fd, "wb", buffering=0)
+        os.fchmod(fd, 0o600)
+        self._hash = hashlib.sha256()
+        self.size = 0
+        self._done = False
+
+    @property
+    def vault_id(self) -> str:
+        return self._hash.hexdigest()
+
+    def write(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            try:
+                written = self._handle.write(view) or 0
+            except OSError as exc:
+                raise VaultError(f"cannot write to the vault at {self._store.vault_dir(self._session)}: {exc}") from exc
+            self._hash.update(view[:written])
+            self.size += written
+            view = view[written:]
+
+    def commit(self) -> str:
+        blob_id = self.vault_id
+        try:
+            os.fsync(self._handle.fileno())  # durable before visible, as every blob
+            target = self._store._blob_path(self._session, blob_id)
+            ensure_dir(target.parent, inside=Path(self._session))
+            os.replace(self.path, target)  # a blob already there has the same bytes
+        except OSError as exc:
+            raise VaultError(f"cannot write to the vault at {self._store.vault_dir(self._session)}: {exc}") from exc
+        self._done = True
+        with contextlib.suppress(OSError):
+            self._handle.close()
+        return blob_id
+
+    def discard(self) -> None:
+        if self._done:
+            return
+        self._done = True
+        with contextlib.suppress(OSError):
+            self._handle.close()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path)
 
 
 def _write_durable(path: Path, data: bytes) -> None:

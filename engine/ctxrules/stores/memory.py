@@ -24,6 +24,7 @@ from ctxrules.stores.base import (
     Log,
     LogChunk,
     LogKind,
+    SpooledBlobWriter,
     StoreLockTimeout,
     Turn,
     VaultError,
@@ -133,6 +134,10 @@ class MemoryStore:
         with self._mutex:
             s.state = json.dumps(state, ensure_ascii=False, sort_keys=True).encode("utf-8")
         self.forget(session)
+
+    def open_blob_writer(self, session: str) -> SpooledBlobWriter:
+        """Pieces spooled to a private local file, stored whole on commit."""
+        return SpooledBlobWriter(self, session)
 
     def put_blob(self, session: str, data: bytes, media_type: str | None = None) -> str:
         data = bytes(data)

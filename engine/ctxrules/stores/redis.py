@@ -69,6 +69,7 @@ from ctxrules.stores.base import (
     Log,
     LogChunk,
     LogKind,
+    SpooledBlobWriter,
     StoreError,
     StoreLockTimeout,
     StoreUnavailable,
@@ -773,6 +774,10 @@ class RedisStore:
         self._call(op, lambda m: m.save_state(session, state))
 
     # --- the vault --------------------------------------------------------------------------
+
+    def open_blob_writer(self, session: str) -> SpooledBlobWriter:
+        """Pieces spooled to a private local file, stored whole on commit."""
+        return SpooledBlobWriter(self, session)
 
     def put_blob(self, session: str, data: bytes, media_type: str | None = None) -> str:
         data = bytes(data)
