@@ -364,3 +364,43 @@ def test_the_lease_is_renewed_while_a_long_holder_runs(redis_url: str, raw: Any)
     assert renewer is not None and renewer.thread.is_alive()
     store.close()
     assert not renewer.thread.is_alive()  # a closed store stops its renewer thread
+
+
+def test_a_prepare_reads_turn_notes_and_ledgers_in_the_round_trip_that_takes_its_lock(redis_url: str) -> None:
+    """What a prepare reads right after taking the lock comes with the lock; what this worker
+    writes meanwhile is read back as written, and what other workers append is seen by the
+    next prepare."""
+    store, other = _store(redis_url), _store(redis_url)
+    s, day = "conv-prefetch", Log("day", "2026-12-01")
+    _turn(store, s, [{"role": "user", "content": "one"}])
+    other.append([day], {"type": "call", "id": "a", "tokens": {"prompt": 1}})
+    cursor = store.read_log(day).cursor
+    other.write_doc(s, "notes", b"v1")
+    import redis.connection as rc
+
+    sent: list[int] = []
+    original = rc.AbstractConnection.send_packed_command
+
+    def counting(self: Any, *args: Any, **kwargs: Any) -> Any:
+        sent.append(1)
+        return original(self, *args, **kwargs)
+
+    rc.AbstractConnection.send_packed_command = counting  # type: ignore[method-assign]
+    try:
+        with store.prepare_lock(s):
+            after_lock = len(sent)
+            turn = store.load_turn(s, output=False)
+            assert store.read_doc(s, "notes") == b"v1"
+            assert store.read_log(day, cursor).lines == []
+            assert len(sent) == after_lock  # all three came with the lock
+            other.append([day], {"type": "call", "id": "b", "tokens": {"prompt": 2}})
+            store.write_doc(s, "notes", b"v2")
+            assert store.read_doc(s, "notes") == b"v2"  # this worker's own write, read back
+            store.commit_turn(s, turn.state, [{"role": "user", "content": "one"}, {"role": "user", "content": "two"}])
+    finally:
+        rc.AbstractConnection.send_packed_command = original  # type: ignore[method-assign]
+    with store.prepare_lock(s):
+        chunk = store.read_log(day, cursor)
+        assert [json.loads(line)["id"] for line in chunk.lines] == ["b"]  # the next prepare sees it
+    store.close()
+    other.close()

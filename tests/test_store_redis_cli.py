@@ -188,3 +188,22 @@ def test_a_checkpoint_from_another_host_counts_as_cut_short_only_when_the_lock_i
     assert hit is not None and "worker-7.elsewhere" in hit.reason
     store.close()
     other.close()
+
+
+def test_the_deployment_example_runs_two_workers_on_one_session(redis_url: str, tmp_path: Path) -> None:
+    """examples/redis-workers/run.py as its README runs it (here against the test's server)."""
+    env = {**os.environ, "PYTHONPATH": str(REPO / "engine"), "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
+    run = subprocess.run(
+        [sys.executable, str(REPO / "examples" / "redis-workers" / "run.py"), "--redis", redis_url, "--turns", "4"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    rows = [line.split() for line in run.stdout.splitlines() if line.split() and line.split()[0].isdigit()]
+    assert [int(r[0]) for r in rows] == [0, 1, 2, 3]
+    assert len({r[1] for r in rows}) == 2  # two worker processes took turns
+    assert rows[1][1] != rows[0][1] and rows[2][1] == rows[0][1]
+    assert "ledger: 4 calls" in run.stdout and "by 2 workers, 0 overlapping" in run.stdout

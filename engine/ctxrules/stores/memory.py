@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from ctxrules.stores.base import (
     SESSION_ID_RE,
+    CompactionBusy,
     DocName,
     Log,
     LogChunk,
@@ -26,8 +27,8 @@ from ctxrules.stores.base import (
     SpooledBlobWriter,
     StoreLockTimeout,
     Turn,
+    VaultError,
 )
-from ctxrules.vault import VaultError
 
 __all__ = ["MemoryStore"]
 
@@ -256,8 +257,6 @@ class MemoryStore:
 
     @contextlib.contextmanager
     def _compaction(self, session: str) -> Iterator[None]:
-        from ctxrules.summarize.lock import CompactionBusy
-
         lock = self._s(session).compaction
         if not lock.acquire(blocking=False):
             raise CompactionBusy(f"another compaction of {self.describe(session)} is running")

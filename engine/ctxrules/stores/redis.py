@@ -64,6 +64,7 @@ from ctxrules.session_store import _mistyped  # the filesystem store's check of 
 from ctxrules.stores.base import (
     DOCS,
     SESSION_ID_RE,
+    CompactionBusy,
     DocName,
     Log,
     LogChunk,
@@ -73,9 +74,9 @@ from ctxrules.stores.base import (
     StoreLockTimeout,
     StoreUnavailable,
     Turn,
+    VaultError,
 )
 from ctxrules.stores.memory import MemoryStore
-from ctxrules.vault import VaultError
 
 __all__ = ["RedisStore", "RedisStoreSettings"]
 
@@ -358,6 +359,7 @@ class _Cached:
     output: list[dict[str, Any]] | None = None
     digest: Any = None  # sha256 object over the output's JSON lines
     seen: bool = False  # the session existed when this object last looked
+    confirmed: str = ""  # the lock token under which this is known to be the stored turn
     output_known: bool = False  # output is what the store holds (None: it failed the digest)
 
 
@@ -367,6 +369,7 @@ class _Lease:
     token: str
     lease_ms: int
     lost: bool = False
+    acquired: str = "0"  # when, in the server's clock
 
 
 class RedisStore:
@@ -408,6 +411,12 @@ class RedisStore:
         self._local: MemoryStore | None = None  # the store serving this call when Redis is unreachable
         self._local_note: str | None = None
         self._active = 0  # prepare locks held through this object (a call in progress)
+        # Read in the round trip that took a session's prepare lock (by the lock's token): the
+        # load_turn reply, and the generation and length of the ledgers this object reads.
+        self._prefetched: dict[str, tuple[str, Any]] = {}
+        self._log_lengths: dict[Log, tuple[str, str, int]] = {}
+        self._logs_read: dict[Log, None] = {}  # the ledgers to ask about (the last 32 read)
+        self._docs_prefetched: dict[str, tuple[str, dict[str, bytes | None]]] = {}
         self._closed = False
 
     @property
@@ -543,13 +552,27 @@ class RedisStore:
     def exists(self, session: str) -> bool:
         return self._call(lambda: bool(self._client.exists(_skey(session, "meta"))), lambda m: m.exists(session))
 
-    def _touch_commands(self, pipe: Any, session: str) -> None:
-        """Mark the session used and push every one of its keys' expiry out by ``ttl_s``."""
-        pipe.hset(_skey(session, "meta"), "used", f"{time.time():.6f}")
-        for part in _SESSION_PARTS:
+    def _touch_commands(self, pipe: Any, session: str, *parts: str) -> None:
+        """Mark the session used and push the expiry of ``parts`` (the keys this write touched)
+        out by ``ttl_s``; every commit pushes out all of the session's keys."""
+        meta = _skey(session, "meta")
+        pipe.hset(meta, "used", f"{time.time():.6f}")
+        pipe.pexpire(meta, self._ttl_ms)
+        for part in parts:
             pipe.pexpire(_skey(session, part), self._ttl_ms)
 
     # --- the turn ---------------------------------------------------------------------------
+
+    def _load_args(self, session: str, *, output: bool) -> tuple[list[str], list[str]]:
+        """The keys and arguments of the read of the turn: it returns nothing but the revision
+        when this object holds that revision."""
+        cached = self._cache.get(session)
+        holds = cached is not None and cached.state is not None and (cached.output_known or not output)
+        keys = [_skey(session, "state"), _skey(session, "rev"), _skey(session, "output")]
+        return keys, [str(cached.rev) if holds and cached is not None else "-1", "1" if output else "0"]
+
+    def _evalsha(self, pipe: Any, name: str, keys: Sequence[str], args: Sequence[str | bytes]) -> None:
+        pipe.evalsha(self._scripts[name].sha, len(keys), *keys, *args)
 
     def load_turn(self, session: str, *, output: bool = True) -> Turn:
         with self._lock:
@@ -561,14 +584,25 @@ class RedisStore:
 
         def op() -> Turn:
             cached = self._cache.get(session)
-            holds = cached is not None and cached.state is not None and (cached.output_known or not output)
-            reply = self._scripts["load"](
-                keys=[_skey(session, "state"), _skey(session, "rev"), _skey(session, "output")],
-                args=[str(cached.rev) if holds and cached is not None else "-1", "1" if output else "0"],
-            )
+            held = self._held.get(session)
+            reply = None
+            with self._lock:
+                early = self._prefetched.pop(session, None)
+            # Read when this prepare took the lock (output=False): still the session's turn, since
+            # nobody commits without the lock.
+            fresh = early is not None and held is not None and early[0] == held.token
+            if fresh and early is not None:
+                unchanged = early[1][0] == b"=" and cached is not None and cached.output_known
+                if not output or unchanged:
+                    reply = early[1]
+            if reply is None:
+                keys, args = self._load_args(session, output=output)
+                reply = self._scripts["load"](keys=keys, args=args)
             rev = int(reply[1])
             if reply[0] == b"=" and cached is not None and cached.state is not None:
                 # What this object committed or verified last is still the session's turn.
+                if held is not None:
+                    cached.confirmed = held.token
                 return Turn(cached.state, cached.output if output else None, notes)
             raw_state = reply[0]
             if raw_state is None:
@@ -583,6 +617,8 @@ class RedisStore:
                 return Turn({"version": STATE_VERSION}, None, notes)
             state = _parse_state(raw_state)
             entry = self._verified(state, rev, reply[2] if len(reply) > 2 else None)
+            if held is not None:
+                entry.confirmed = held.token
             with self._lock:
                 self._cache[session] = entry
             return Turn(state, entry.output if output else None, notes)
@@ -684,7 +720,8 @@ class RedisStore:
                 "(this worker's lease ran out); the turn was not saved"
             )
         with self._lock:
-            self._cache[session] = _Cached(rev, state, list(output), digest, seen=True, output_known=True)
+            entry = _Cached(rev, state, list(output), digest, seen=True, confirmed=token, output_known=True)
+            self._cache[session] = entry
         for logs, record in records:
             self._append(logs, record)
         self._maybe_extend_blobs(session, extended)
@@ -706,6 +743,10 @@ class RedisStore:
         if not all(a is b for a, b in zip(cached.output, output, strict=True)):
             return False
 
+        held = self._held.get(session)
+        if held is not None and not held.lost and cached.confirmed == held.token:
+            return True  # read or written under this hold of the lock: nobody else wrote since
+
         def op() -> bool:
             return int(self._client.get(_skey(session, "rev")) or 0) == cached.rev
 
@@ -726,7 +767,7 @@ class RedisStore:
             pipe = self._client.pipeline(transaction=True)
             pipe.set(_skey(session, "state"), raw)
             pipe.incr(_skey(session, "rev"))
-            self._touch_commands(pipe, session)
+            self._touch_commands(pipe, session, "state", "rev")
             pipe.execute()
             self.forget(session)
 
@@ -743,18 +784,21 @@ class RedisStore:
         blob_id = hashlib.sha256(data).hexdigest()
 
         def op() -> str:
-            # The bytes live in the blob's own slot: one pipeline for them, one MULTI for the
-            # session's reference to them (two slots, so never one transaction).
-            bpipe = self._client.pipeline(transaction=False)
-            bpipe.set(_blob_key(blob_id), data, nx=True, ex=self._blob_ttl_s)
-            bpipe.expire(_blob_key(blob_id), self._blob_ttl_s, gt=True)
-            bpipe.execute()
-            spipe = self._client.pipeline(transaction=True)
-            spipe.sadd(_skey(session, "blobs"), blob_id)
+            blob = _blob_key(blob_id)
+            # The bytes first, then the session's reference to them. One server runs a pipeline
+            # in order: one round trip. A Cluster sends a pipeline's commands to their nodes in
+            # parallel, so there the bytes go in a round trip of their own, before the reference.
+            pipe = self._client.pipeline(transaction=False)
+            pipe.set(blob, data, nx=True, ex=self._blob_ttl_s)
+            pipe.expire(blob, self._blob_ttl_s, gt=True)  # already there: it lives on
+            if self.settings.cluster:
+                pipe.execute()
+                pipe = self._client.pipeline(transaction=True)
+            pipe.sadd(_skey(session, "blobs"), blob_id)
             if media_type is not None:
-                spipe.hset(_skey(session, "media"), blob_id, media_type)
-            self._touch_commands(spipe, session)
-            spipe.execute()
+                pipe.hset(_skey(session, "media"), blob_id, media_type)
+            self._touch_commands(pipe, session, "blobs", "media")
+            pipe.execute()
             return blob_id
 
         return self._call(op, lambda m: m.put_blob(session, data, media_type))
@@ -829,6 +873,13 @@ class RedisStore:
     # --- documents --------------------------------------------------------------------------
 
     def read_doc(self, session: str, name: DocName) -> bytes | None:
+        held = self._held.get(session)
+        with self._lock:
+            early = self._docs_prefetched.get(session)
+            if early is not None and held is not None and early[0] == held.token and name in early[1]:
+                # Read in the round trip that took this prepare's lock; once (a second read asks).
+                return early[1].pop(name)
+
         def op() -> bytes | None:
             value = self._client.get(_skey(session, f"doc:{name}"))
             return bytes(value) if value is not None else None
@@ -837,6 +888,7 @@ class RedisStore:
 
     def update_doc(self, session: str, name: DocName, update: Callable[[bytes | None], bytes | None]) -> None:
         key = _skey(session, f"doc:{name}")
+        self._forget_doc(session, name)
 
         def op() -> None:
             # Optimistic: WATCH the document, compute, MULTI; a writer that got in between makes
@@ -852,7 +904,7 @@ class RedisStore:
                             return
                         pipe.multi()
                         pipe.set(key, new)
-                        self._touch_commands(pipe, session)
+                        self._touch_commands(pipe, session, f"doc:{name}")
                         pipe.execute()
                         return
                     except redis.WatchError:
@@ -860,14 +912,22 @@ class RedisStore:
 
         self._call(op, lambda m: m.update_doc(session, name, update))
 
+    def _forget_doc(self, session: str, name: str) -> None:
+        with self._lock:
+            early = self._docs_prefetched.get(session)
+            if early is not None:
+                early[1].pop(name, None)
+
     def write_doc(self, session: str, name: DocName, data: bytes | None) -> None:
+        self._forget_doc(session, name)
+
         def op() -> None:
             pipe = self._client.pipeline(transaction=True)
             if data is None:
                 pipe.delete(_skey(session, f"doc:{name}"))
             else:
                 pipe.set(_skey(session, f"doc:{name}"), data)
-                self._touch_commands(pipe, session)
+                self._touch_commands(pipe, session, f"doc:{name}")
             pipe.execute()
 
         self._call(op, lambda m: m.write_doc(session, name, data))
@@ -964,6 +1024,18 @@ class RedisStore:
     def read_log(self, log: Log, cursor: Any = None) -> LogChunk:
         gen, offset = cursor if isinstance(cursor, tuple) and len(cursor) == 2 else ("", 0)
         base = _log_base(log)
+        with self._lock:
+            self._logs_read[log] = None
+            if len(self._logs_read) > 32:
+                del self._logs_read[next(iter(self._logs_read))]
+            known = self._log_lengths.get(log)
+        if known is not None and self._active:
+            token, known_gen, length = known
+            # (A log that does not exist reads as generation "" and length 0, cursor or not.)
+            if (known_gen, length) == (gen, offset) and any(h.token == token for h in self._held.values()):
+                # Unchanged when this prepare took its lock (read in that round trip): a ledger
+                # read within one prepare sees the ledgers as of the moment it took the lock.
+                return LogChunk([], cursor, False)
 
         def op() -> LogChunk:
             reply = self._scripts["read_log"](keys=[base + ":records", base + ":gen"], args=[gen, str(offset)])
@@ -1017,8 +1089,6 @@ class RedisStore:
 
     @contextlib.contextmanager
     def _compaction(self, session: str) -> Iterator[None]:
-        from ctxrules.summarize.lock import CompactionBusy
-
         if self._local is not None:
             with self._local.compaction_lock(session):
                 yield
@@ -1032,17 +1102,64 @@ class RedisStore:
         finally:
             self._release(lease, None, "")
 
-    def _acquire(self, key: str, wait: float) -> _Lease | None:
+    def _acquire(self, key: str, wait: float, session: str | None = None) -> _Lease | None:
         """Take the lock at ``key``, waiting up to ``wait`` seconds; the lease is renewed in the
-        background until released. None when the wait ran out."""
+        background until released. None when the wait ran out.
+
+        ``session`` (the prepare lock, on one server): the same round trip also reads what the
+        prepare asks next — the session's revision (and state, if another worker committed) and
+        the length of every ledger this object has read — so that ``load_turn`` and unchanged
+        ``read_log`` calls of that prepare need no round trip of their own."""
         token = secrets.token_hex(16)
         deadline = time.monotonic() + wait
         pause = 0.002
+        prefetch = session is not None and not self.settings.cluster
         while True:
-            got = self._call(lambda: self._scripts["acquire"](keys=[key], args=[token, str(self._lease_ms)]))
+
+            def op() -> list[Any]:
+                if not prefetch:  # one script, no pipeline (a Cluster pipeline runs no scripts)
+                    return [self._scripts["acquire"](keys=[key], args=[token, str(self._lease_ms)]), []]
+                pipe = self._client.pipeline(transaction=False)
+                # EVALSHA itself, not Script objects: a pipeline of those first asks the server
+                # whether it has the scripts (SCRIPT EXISTS), a round trip of its own.
+                self._evalsha(pipe, "acquire", [key], [token, str(self._lease_ms)])
+                logs: list[Log] = []
+                if session is not None:
+                    self._evalsha(pipe, "load", *self._load_args(session, output=False))
+                    pipe.mget([_skey(session, f"doc:{name}") for name in DOCS])
+                    logs = list(self._logs_read)
+                    for log in logs:
+                        base = _log_base(log)
+                        pipe.get(base + ":gen")
+                        pipe.llen(base + ":records")
+                try:
+                    replies: list[Any] = pipe.execute()
+                except redis.exceptions.NoScriptError:
+                    # A restarted server has no scripts: load them; the next round retries.
+                    for script in self._scripts.values():
+                        self._client.script_load(script.script)
+                    return [None, None, None, []]
+                replies.append(logs)
+                return replies
+
+            replies = self._call(op)
+            got = replies[0]
             if got is not None:
                 lease = _Lease(key, token, self._lease_ms)
-                lease.acquired = got.decode() if isinstance(got, bytes) else str(got)  # type: ignore[attr-defined]
+                lease.acquired = got.decode() if isinstance(got, bytes) else str(got)
+                if prefetch and session is not None:
+                    logs = replies[-1]
+                    lengths = replies[3:-1]
+                    with self._lock:
+                        self._prefetched[session] = (token, replies[1])
+                        docs: dict[str, bytes | None] = {
+                            name: (bytes(v) if v is not None else None)
+                            for name, v in zip(DOCS, replies[2], strict=True)
+                        }
+                        self._docs_prefetched[session] = (token, docs)
+                        for i, log in enumerate(logs):
+                            gen = lengths[2 * i]
+                            self._log_lengths[log] = (token, gen.decode() if gen else "", int(lengths[2 * i + 1]))
                 self._renew_in_background(lease)
                 return lease
             left = deadline - time.monotonic()
@@ -1055,7 +1172,7 @@ class RedisStore:
         with self._lock:
             self._leases.pop(lease.token, None)
         keys = [lease.key] if record_key is None else [lease.key, record_key]
-        args = [lease.token, getattr(lease, "acquired", "0"), holder, str(_PREPARES_KEPT), str(self._ttl_ms)]
+        args = [lease.token, lease.acquired, holder, str(_PREPARES_KEPT), str(self._ttl_ms)]
         try:
             return bool(self._call(lambda: self._scripts["release"](keys=keys, args=args)))
         except StoreError:
@@ -1155,7 +1272,7 @@ class _PrepareLock:
         self._lease: _Lease | None = None
         self._depth = 0
         self._local: Any = None
-        self.holder = f"{socket.gethostname()}:{os.getpid()}:{threading.get_ident()}"
+        self.holder = ""
 
     def __enter__(self) -> _PrepareLock:
         if self._depth:
@@ -1172,7 +1289,7 @@ class _PrepareLock:
             lease = None
             if store._local is None:
                 try:
-                    lease = store._acquire(_skey(self.session, "lock"), self.wait)
+                    lease = store._acquire(_skey(self.session, "lock"), self.wait, self.session)
                 except _Unreachable as exc:
                     if store.settings.on_error != "local":
                         raise
@@ -1193,6 +1310,8 @@ class _PrepareLock:
                 store._active -= 1
             raise
         self._lease = lease
+        # Who held it, for prepares(): this object may be entered by another thread next time.
+        self.holder = f"{socket.gethostname()}:{os.getpid()}:{threading.get_ident()}"
         with store._lock:
             store._held[self.session] = lease
         self._depth = 1
