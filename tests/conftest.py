@@ -9,6 +9,9 @@ from pathlib import Path
 
 import pytest
 
+# The real redis-server fixtures (redis_server, redis_url, own_redis) for the Redis store's tests.
+from redis_server import own_redis, redis_cluster, redis_cluster_url, redis_server, redis_url  # noqa: F401
+
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "engine"))
 

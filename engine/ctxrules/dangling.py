@@ -11,7 +11,6 @@ replaced with a *lost* marker that says so — not a marker any more, so nothing
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -53,8 +52,7 @@ def marker_ids(messages: Iterable[Any]) -> set[str]:
 
 def missing(vault: Vault, ids: Iterable[str]) -> set[str]:
     """The ids of ``ids`` the vault does not hold (full ids only: a marker always has one)."""
-    root = vault.root
-    return {i for i in ids if not os.path.lexists(root / i[:2] / i)}
+    return vault.missing(ids)
 
 
 def _replace_in(text: str, gone: set[str]) -> str:

@@ -28,7 +28,7 @@ from ctxrules.dangling import marker_ids, missing, replace_lost
 from ctxrules.errors import CtxrulesError, PackError, UsageError
 from ctxrules.formats import openai as openai_format
 from ctxrules.formats.request import prepare_request
-from ctxrules.injected import InjectionKey, key_for_session, key_scope
+from ctxrules.injected import InjectionKey, key_for_session, key_in_store, key_scope
 from ctxrules.logs import configure, get_logger, structlog_configured
 from ctxrules.messages import clone_json, split_input, validate_messages, validate_tools
 from ctxrules.models import lookup_model
@@ -55,7 +55,9 @@ from ctxrules.runtime.overflow import Completion, acomplete, complete
 from ctxrules.runtime.spill import DEFAULT_PREVIEW_TOKENS, Spilled, spill
 from ctxrules.runtime.subagents import Handover, child_path, make_handover
 from ctxrules.runtime.subagents import settings as subagent_settings
-from ctxrules.session_store import DEFAULT_STATE_ROOT, SessionLock, SessionStore, state_root_from_env
+from ctxrules.session_store import DEFAULT_STATE_ROOT, state_root_from_env
+from ctxrules.stores import Store, open_store
+from ctxrules.stores.filesystem import FilesystemStore
 from ctxrules.tokens import REPLY_PRIMING_TOKENS, TokenCounter, token_ceiling, trusted_objects
 from ctxrules.toolroles import tool_roles
 from ctxrules.tracker import FileTracker
@@ -207,8 +209,12 @@ class Engine:
         goal: str | None = None,
         state_root: str | Path | None = None,
         private: bool = False,
+        store: Store | str | os.PathLike[str] | None = None,
     ) -> Session:
-        """Open (or create) the session directory ``path`` for ``model``.
+        """Open (or create) the session directory ``path`` for ``model`` — or, with ``store``
+        (a :class:`ctxrules.stores.Store` or a URL such as ``redis://host:6379/0``), the session
+        ``path`` (or ``session_id``, default ``default``) names in that store
+        (``store.session_key``: an id matching ``[A-Za-z0-9._-]{1,128}`` as it is, else its sha256).
 
         ``cache_key``: the provider prompt-cache key to use instead of this session's id; a
         sub-agent's session passes its parent's ``session.cache_key`` to inherit it.
@@ -216,11 +222,25 @@ class Engine:
         where day and goal ledgers live (default: the session directory's parent).
         ``private``: ``path`` is a fresh directory no other process knows of (a temporary
         directory of this process, as pack tests use): ``prepare`` takes no cross-process lock."""
-        if path is None:
-            path = Path(DEFAULT_STATE_ROOT) / (session_id or "default")
+        if store is not None:
+            if state_root is not None:
+                raise UsageError("give state_root (a directory) or store (a Store or URL), not both")
+            opened = open_store(store)
+            key = opened.session_key(os.fspath(path) if path is not None else session_id or "default")
+            if isinstance(opened, FilesystemStore):
+                state_root = opened.root  # its sessions share its ledgers and injection key
+        else:
+            if path is None:
+                path = Path(DEFAULT_STATE_ROOT) / (session_id or "default")
+            # A directory opened by path: the filesystem store of its state root (day and goal
+            # ledgers), by default the directory's parent, as always.
+            opened = FilesystemStore(Path(state_root) if state_root is not None else Path(path).resolve().parent)
+            key = str(path)
         return Session(
             self,
-            Path(path),
+            Path(key),
+            store=opened,
+            key=key,
             model=model,
             window=window,
             session_id=session_id,
@@ -254,17 +274,25 @@ class Session:
         goal: str | None = None,
         state_root: str | Path | None = None,
         private: bool = False,
+        store: Store | None = None,
+        key: str | None = None,
     ) -> None:
-        # The session directory must be ctxrules' own: a link planted in its place (in a
-        # repository, say) is refused before anything is read or written through it.
-        check_dir(path)
+        if store is None:
+            store = FilesystemStore(Path(state_root) if state_root is not None else path.resolve().parent)
+        # Everything the session persists goes through its store (ctxrules.stores).
+        self.store: Store = store
+        self.key: str = key if key is not None else str(path)
+        self._files = isinstance(store, FilesystemStore)
+        if self._files:
+            # The session directory must be ctxrules' own: a link planted in its place (in a
+            # repository, say) is refused before anything is read or written through it.
+            check_dir(path)
         self.engine = engine
         self.path = path
-        self.id = session_id or path.resolve().name
+        self.id = session_id or (path.resolve().name if self._files else self.key)
         # Provider prompt-cache routing key (cache.markers): a sub-agent inherits its parent's.
         self.cache_key = cache_key or self.id
         self.on_event = on_event
-        self.store = SessionStore(path)
         # The key that signs injected messages' tags: the state root's, else this session's
         # (ctxrules.injected); loaded on the first prepare, so opening a session writes nothing.
         self._state_root = Path(state_root) if state_root is not None else None
@@ -272,13 +300,15 @@ class Session:
         self._fingerprint_memo: tuple[Any, dict[str, str], str] | None = None
         self._configure(model, window)
         # Cost ledger and budget level (docs/budgets.md); session.record_usage(...) records.
-        self.ledger = open_ledger(engine.pack.data, path, self.id, model, goal=goal, state_root=state_root)
-        self.vault = Vault.for_session(path)
+        self.ledger = open_ledger(
+            engine.pack.data, path, self.id, model, goal=goal, state_root=state_root, store=store, session=self.key
+        )
+        self.vault = Vault.of(store, self.key)
         self._thread_lock = threading.Lock()
         # A private directory needs no cross-process lock (and pack tests, which use one, then
         # never load the lock module).
         self._session_lock: contextlib.AbstractContextManager[Any] = (
-            contextlib.nullcontext() if private else SessionLock(path)
+            contextlib.nullcontext() if private else store.prepare_lock(self.key)
         )
         # What the last prepare saw and returned (an append-only history reuses it).
         self._prefix = PrefixCache()
@@ -289,9 +319,9 @@ class Session:
         self._notices: list[str] = []
         self._tools_checked: tuple[Any, list[dict[str, Any]]] | None = None
         self._notes: SessionNotes | None = None
-        cut = checkpoint.check(path)
+        cut = checkpoint.check(self.key, store=store)
         if cut is not None:
-            backup = checkpoint.recovered(path)
+            backup = checkpoint.recovered(self.key, store=store)
             # state.json is written only after a run, so the state on disk is the one from
             # before the cut compaction (or, if the process died while writing it, a damaged
             # file that reads as empty state): continue from it.
@@ -305,7 +335,10 @@ class Session:
     def injection_key(self) -> InjectionKey:
         """The key this session signs and verifies injected messages with."""
         if self._injection_key is None:
-            self._injection_key = key_for_session(self.path, self._state_root)
+            if self._files:
+                self._injection_key = key_for_session(self.path, self._state_root)
+            else:  # one key per store (every worker signs alike), or the session's own
+                self._injection_key = key_in_store(self.store, self.key)
         return self._injection_key
 
     def _configure(self, model: str, window: int | None) -> None:
@@ -422,6 +455,8 @@ class Session:
         sub = Session(
             self.engine,
             path,
+            store=self.store,
+            key=str(path) if self._files else f"{self.key}/children/{name}",
             model=model or self.model.name,
             window=window if window is not None else self.window_override,
             session_id=f"{self.id}/{name}",
@@ -433,7 +468,8 @@ class Session:
         sub.parent, sub.root = self, self.root
         sub._injection_key = self.injection_key  # one key per tree: a handover stays recognisable
         self.ledger.register_child(sub.ledger)  # the one spawn cap; its costs count in the root's budget
-        path.mkdir(parents=True, exist_ok=True, mode=0o700)
+        if self._files:
+            path.mkdir(parents=True, exist_ok=True, mode=0o700)
         return sub
 
     def handover(self, result: str) -> Handover:
@@ -487,12 +523,12 @@ class Session:
     def notes(self) -> SessionNotes:
         """The session's notes (``add/update/remove/list``), rendered by ``notes.render``."""
         if self._notes is None:
-            self._notes = SessionNotes(self.path)
+            self._notes = SessionNotes(store=self.store, session=self.key)
         return self._notes
 
     def touch(self, *paths: str | os.PathLike[str]) -> list[str]:
         """Record files the agent changed, for ``reread.recent_files``; returns them absolute."""
-        return FileTracker(self.path).touch(*paths)
+        return FileTracker(store=self.store, session=self.key).touch(*paths)
 
     # --- recall: the agent reads back what was moved out (ctxrules.recall) ---------------
 
@@ -521,12 +557,8 @@ class Session:
         directory in a new process; empty when there is none)."""
         if self._prefix.output is not None:
             return list(self._prefix.output)
-        record = self.store.load().get("last") or {}
-        count = record.get("output_count")
-        if not isinstance(count, int):  # no output yet, or a state that was damaged and reset
-            return []
         # The digest is checked: a tampered file must not widen what recall may hand out.
-        output = self.store.load_output(count, record.get("output_file"), record.get("output_digest"))
+        output = self.store.load_turn(self.key).output
         return output or []
 
     def fingerprint_parts(self) -> dict[str, str]:
@@ -603,14 +635,14 @@ class Session:
             except OSError as exc:
                 # A full disk, a read-only or vanished session directory: the caller's messages
                 # are untouched and the session files read as a cache miss (SessionStore.save).
-                self.store.forget()
+                self.store.forget(self.key)
                 self._prefix.clear()
                 raise SessionIOError(
-                    f"cannot write the session {self.path}: {exc.strerror or exc}; the messages "
+                    f"cannot write the session {self.store.describe(self.key)}: {exc.strerror or exc}; the messages "
                     "were not changed, and the next run starts from them"
                 ) from exc
             except BaseException:
-                self.store.forget()  # a run that did not finish may have changed the state in memory
+                self.store.forget(self.key)  # a run that did not finish may have changed the state in memory
                 raise
 
     def _checked_tools(self, tools: Any, notes: list[str]) -> list[dict[str, Any]]:
@@ -636,7 +668,11 @@ class Session:
     def _prepare(self, history: list[Message], tools: list[dict[str, Any]], clock: float) -> PrepareResult:
         started = time.perf_counter()
         reload_notes = self._reload_pack()
-        state = self.store.load()
+        # Every turn asks the store (cheap when this object wrote last): another worker may have
+        # committed a turn since, and then the copy in memory is not the session's last one.
+        loaded = self.store.load_turn(self.key, output=False)
+        state = loaded.state
+        self._notices.extend(loaded.notes)
         if isinstance(state.get("recovered"), str):  # damaged cache: say so, then go on cold
             self._notices.append(state["recovered"])
         # Budget level before any stage runs: EXCEEDED raises BudgetExceeded; WARNING's eco
@@ -673,7 +709,7 @@ class Session:
         history = self._prefix.with_repairs(history)
         if same:
             turn.reused, turn.previous, turn.chain = self._prefix.match(
-                history, state, self.store, self.counter, self.vault
+                history, state, lambda: self.store.load_turn(self.key).output, self.counter, self.vault
             )
         else:
             state["stages"] = {}
@@ -739,10 +775,11 @@ class Session:
         # rest is the last output and last_output.jsonl holds it (it is not written again
         # before the checkpoint is gone); a session that stays at a compacting tier would
         # otherwise store its whole context in the vault on every turn.
-        turn.prefix = len(turn.previous) if turn.reused and self.store.holds(turn.previous) else 0
+        turn.prefix = len(turn.previous) if turn.reused and self.store.output_holds(self.key, turn.previous) else 0
         backup = checkpoint.put_backup(self.vault, turn.pipeline_input[turn.prefix :])
         checkpoint.begin(
-            self.path,
+            self.key,
+            store=self.store,
             backup=backup,
             prefix=turn.prefix,
             state=clone_json(turn.state),
@@ -783,7 +820,7 @@ class Session:
             if turn.compacting:
                 # This session may save again before anyone resumes: back up the whole input.
                 full = checkpoint.put_backup(self.vault, turn.pipeline_input) if turn.prefix else None
-                checkpoint.interrupted(self.path, f"{type(exc).__name__}: {exc}", backup=full)
+                checkpoint.interrupted(self.key, f"{type(exc).__name__}: {exc}", backup=full, store=self.store)
             raise
         finally:
             structure.PIN_SIGNED_PREFIX.reset(pin_token)
@@ -817,8 +854,8 @@ class Session:
         if turn.compacting:
             # Before the save: a checkpoint whose backup names lines of last_output.jsonl must
             # be gone before that file is written. Dying in the save costs one turn's reuse.
-            checkpoint.complete(self.path)
-        self.store.save(state, outcome.messages)
+            checkpoint.complete(self.key, store=self.store)
+        self.store.commit_turn(self.key, state, outcome.messages)
 
     def _report(
         self, turn: _Turn, outcome: RunOutcome, budget: Budget, reload_notes: list[str], started: float
@@ -860,7 +897,10 @@ class Session:
         pack = self.engine.pack
         return report_header(
             pack={"name": pack.name, "digest": self.engine.digest, "files": pack.files},
-            session={"id": self.id, "path": str(self.path.resolve())},  # absolute: read-back commands
+            # absolute: read-back commands; a URL store names the store and the session id
+            session={"id": self.id, "path": str(self.path.resolve())}
+            if self._files
+            else {"id": self.id, "path": self.store.describe(self.key), "store": self.store.url, "key": self.key},
             model={
                 "name": self.model.name,
                 "registry_key": self.model.key,
@@ -945,14 +985,20 @@ def open_session(
     state: str | None = None,
     window: int | None = None,
     search_path: Sequence[str] = (),
+    store: Store | None = None,
 ) -> Session:
-    """What ``ctxrules run`` does to get a session (CLI helper)."""
+    """What ``ctxrules run`` does to get a session (CLI helper). ``store``: the store ``--store``
+    named; with the filesystem store ``session`` is a directory, with the others an id."""
+    if window is not None and window <= 0:
+        raise UsageError(f"--window must be a positive number of tokens, got {window}")
     engine = Engine.load(pack, search_path=search_path)
+    if store is not None and not isinstance(store, FilesystemStore):
+        return engine.session(session or "default", store=store, model=model, window=window)
+    if store is not None:
+        state = str(store.root)
     if session is not None:
         path = Path(session)
     else:
         path = Path(state) / "default" if state else state_root_from_env() / "default"
-    if window is not None and window <= 0:
-        raise UsageError(f"--window must be a positive number of tokens, got {window}")
     # Day and goal ledgers live in the state root: --state, else the session's parent directory.
     return engine.session(path, model=model, window=window, state_root=state)

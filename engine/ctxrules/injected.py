@@ -28,20 +28,25 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import hmac
-import os
 import re
 import secrets
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from ctxrules.errors import UsageError
+from ctxrules.stores.filesystem import FilesystemStore
+
+if TYPE_CHECKING:
+    from ctxrules.stores.base import Store
 
 __all__ = [
     "KEY_FILE",
     "InjectionKey",
     "TagHead",
     "current_key",
+    "existing_secret",
     "key_for_session",
+    "key_in_store",
     "key_scope",
     "parse_head",
 ]
@@ -150,44 +155,43 @@ class InjectionKey:
         """The key in ``path``; a new random one is written there (mode 0600) when it is absent.
 
         Two processes creating it at once agree: the file is created exclusively and the loser
-        reads the winner's key. Symlinks are not followed."""
-        try:
-            return cls(_read_key(path))
-        except FileNotFoundError:
-            pass
-        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        secret = secrets.token_bytes(32)
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
-        except FileExistsError:
-            return cls(_read_key(path))
-        except OSError as exc:
-            raise UsageError(f"{path}: cannot create the injection key: {exc.strerror or exc}") from None
-        with os.fdopen(fd, "w", encoding="ascii") as handle:
-            handle.write(secret.hex() + "\n")
-            handle.flush()
-            os.fsync(handle.fileno())
-        return cls(secret)
-
-
-def _read_key(path: Path) -> bytes:
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
-    except FileNotFoundError:
-        raise
-    except OSError as exc:
-        raise UsageError(f"{path}: cannot read the injection key: {exc.strerror or exc}") from None
-    with os.fdopen(fd, "r", encoding="ascii", errors="replace") as handle:
-        text = handle.read(200).strip()
-    # An empty file is a creation that died before writing: not a key, and not ours to guess.
-    if not re.fullmatch(r"[0-9a-f]{32,128}", text):
-        raise UsageError(f"{path}: not an injection key (expected hex digits); delete it to make a new one")
-    return bytes.fromhex(text)
+        reads the winner's key. Symlinks are not followed (the filesystem store's secrets)."""
+        path = Path(path)
+        return cls(FilesystemStore(path.parent).secret(None, path.name, lambda: secrets.token_bytes(32)))
 
 
 def key_for_session(session_dir: Path, state_root: Path | None) -> InjectionKey:
-    """The key a session signs with: the state root's when it has one, else its own."""
-    key = InjectionKey.load_or_create((state_root if state_root is not None else session_dir) / KEY_FILE)
+    """The key a session signs with: its own when it has one (a session moved here by
+    ``sessions import`` brings the key its history was signed with), else the state root's when
+    it has one, else a new one of its own."""
+    if state_root is None:
+        return key_in_store(FilesystemStore(session_dir), None)
+    return key_in_store(FilesystemStore(state_root), str(session_dir))
+
+
+class _Absent(Exception):
+    """No such secret yet (and the caller does not want one made)."""
+
+
+def _absent() -> bytes:
+    raise _Absent
+
+
+def existing_secret(store: Store, session: str | None) -> bytes | None:
+    """The injection key ``store`` holds for ``session`` (None: the store's), without making one."""
+    try:
+        return store.secret(session, KEY_FILE, _absent)
+    except _Absent:
+        return None
+
+
+def key_in_store(store: Store, session: str | None) -> InjectionKey:
+    """The key a session signs with, kept in ``store``: the session's own when it has one, else
+    the store's (every worker of a shared store signs alike), made on first use."""
+    secret = existing_secret(store, session) if session is not None else None
+    if secret is None:
+        secret = store.secret(None, KEY_FILE, lambda: secrets.token_bytes(32))
+    key = InjectionKey(secret)
     _known(key)
     return key
 

@@ -19,17 +19,21 @@ given by the caller (letters, digits, ``_.-``; up to 64 characters) or assigned 
 from __future__ import annotations
 
 import builtins
-import contextlib
 import json
 import re
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ctxrules.errors import CtxrulesError
-from ctxrules.private_files import ensure_dir, read_private, write_atomic
+from ctxrules.stores import StoreError, store_and_session
+
+if TYPE_CHECKING:
+    from ctxrules.stores.base import Store
+
+_R = TypeVar("_R")
 
 __all__ = ["MAX_NOTE_CHARS", "NOTES_FILE", "Note", "NotesError", "SessionNotes", "load_notes"]
 
@@ -106,7 +110,7 @@ def _check_id(note_id: object) -> str:
     return note_id
 
 
-def _parse(raw: bytes, path: Path) -> tuple[int, list[Note]]:
+def _parse(raw: bytes, path: object) -> tuple[int, list[Note]]:
     try:
         data = json.loads(raw)
     except ValueError as exc:
@@ -131,38 +135,55 @@ def _parse(raw: bytes, path: Path) -> tuple[int, list[Note]]:
     return (next_seq if isinstance(next_seq, int) and next_seq > 0 else 1), notes
 
 
-def load_notes(session_dir: Path) -> list[Note]:
-    """The notes of the session directory ``session_dir`` (``[]`` when it has none)."""
-    path = Path(session_dir) / NOTES_FILE
+def load_notes(
+    session_dir: Path | None = None, *, store: Store | None = None, session: str | None = None
+) -> list[Note]:
+    """The notes of the session directory ``session_dir`` (or of ``session`` in ``store``;
+    ``[]`` when it has none)."""
+    store, session = store_and_session(session_dir, store, session)
     try:
-        raw = read_private(path)
-    except FileNotFoundError:
+        raw = store.read_doc(session, "notes")
+    except (OSError, StoreError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) else str(exc)
+        raise NotesError(f"cannot read the notes file {store.doc_location(session, 'notes')}: {why}") from exc
+    if raw is None:
         return []
-    except OSError as exc:
-        raise NotesError(f"cannot read the notes file {path}: {exc.strerror}") from exc
-    return _parse(raw, path)[1]
+    return _parse(raw, store.doc_location(session, "notes"))[1]
 
 
 class SessionNotes:
     """The notes of one session directory; every call reads the file afresh, so notes added
     by another process are seen at once."""
 
-    def __init__(self, session_dir: Path, *, clock: Callable[[], float] = time.time) -> None:
-        self.path = Path(session_dir)
+    def __init__(
+        self,
+        session_dir: Path | None = None,
+        *,
+        clock: Callable[[], float] = time.time,
+        store: Store | None = None,
+        session: str | None = None,
+    ) -> None:
+        self.store, self.session = store_and_session(session_dir, store, session)
         self._clock = clock
 
     @property
-    def file(self) -> Path:
-        return self.path / NOTES_FILE
+    def path(self) -> Path:
+        """The session directory (filesystem stores)."""
+        return Path(self.session)
+
+    @property
+    def file(self) -> str:
+        """Where the notes are (a path for the filesystem store)."""
+        return self.store.doc_location(self.session, "notes")
 
     def __repr__(self) -> str:
-        return f"SessionNotes({str(self.path)!r})"
+        return f"SessionNotes({self.file!r})"
 
     # --- reading ----------------------------------------------------------------------------
 
     def list(self) -> builtins.list[Note]:
         """Every note, oldest first."""
-        return load_notes(self.path)
+        return load_notes(store=self.store, session=self.session)
 
     def get(self, note_id: str) -> Note:
         for note in self.list():
@@ -184,7 +205,9 @@ class SessionNotes:
         checked_tags = _check_tags(tags)
         if id is not None:
             _check_id(id)
-        with self._locked() as (next_seq, notes):
+
+        def change(next_seq: int, notes: builtins.list[Note]) -> tuple[int, builtins.list[Note], Note]:
+            nonlocal id
             if len(notes) >= MAX_NOTES:
                 raise NotesError(f"a session holds at most {MAX_NOTES} notes; remove some first")
             taken = {n.id for n in notes}
@@ -197,8 +220,9 @@ class SessionNotes:
                 raise NotesError(f"a note with id {id!r} exists already; use update()")
             now = self._clock()
             note = Note(id, text, checked_tags, now, now)
-            self._write(next_seq, [*notes, note])
-        return note
+            return next_seq, [*notes, note], note
+
+        return self._change(change)
 
     def update(self, note_id: str, text: str | None = None, *, tags: Iterable[str] | None = None) -> Note:
         """Replace a note's text (and/or its tags); it keeps its place and id."""
@@ -206,7 +230,8 @@ class SessionNotes:
             raise NotesError("update() needs a new text or new tags")
         new_text = _check_text(text) if text is not None else None
         new_tags = _check_tags(tags) if tags is not None else None
-        with self._locked() as (next_seq, notes):
+
+        def change(next_seq: int, notes: builtins.list[Note]) -> tuple[int, builtins.list[Note], Note]:
             for n, note in enumerate(notes):
                 if note.id == note_id:
                     changed = Note(
@@ -216,49 +241,42 @@ class SessionNotes:
                         note.created,
                         self._clock(),
                     )
-                    self._write(next_seq, [*notes[:n], changed, *notes[n + 1 :]])
-                    return changed
-        raise NotesError(f"no note with id {note_id!r}")
+                    return next_seq, [*notes[:n], changed, *notes[n + 1 :]], changed
+            raise NotesError(f"no note with id {note_id!r}")
+
+        return self._change(change)
 
     def remove(self, note_id: str) -> Note:
         """Delete a note; returns what it held."""
-        with self._locked() as (next_seq, notes):
+
+        def change(next_seq: int, notes: builtins.list[Note]) -> tuple[int, builtins.list[Note], Note]:
             for n, note in enumerate(notes):
                 if note.id == note_id:
-                    self._write(next_seq, [*notes[:n], *notes[n + 1 :]])
-                    return note
-        raise NotesError(f"no note with id {note_id!r}")
+                    return next_seq, [*notes[:n], *notes[n + 1 :]], note
+            raise NotesError(f"no note with id {note_id!r}")
+
+        return self._change(change)
 
     def clear(self) -> int:
         """Delete every note; returns how many there were."""
-        with self._locked() as (next_seq, notes):
-            self._write(next_seq, [])
-            return len(notes)
+        return self._change(lambda next_seq, notes: (next_seq, [], len(notes)))
 
-    @contextlib.contextmanager
-    def _locked(self) -> Iterator[tuple[int, builtins.list[Note]]]:
-        from ctxrules.locks import FileLock, LockError
+    def _change(self, change: Callable[[int, builtins.list[Note]], tuple[int, builtins.list[Note], _R]]) -> _R:
+        """Apply ``change(next, notes) -> (next, notes, result)`` under the document's lock (two
+        processes never lose each other's notes); returns ``result``."""
+        out: list[_R] = []
+
+        def update(raw: bytes | None) -> bytes:
+            next_seq, notes = _parse(raw, self.file) if raw is not None else (1, [])
+            next_seq, notes, result = change(next_seq, notes)
+            out.append(result)
+            data = {"version": NOTES_VERSION, "next": next_seq, "notes": [n.as_dict() for n in notes]}
+            return json.dumps(data, ensure_ascii=False, indent=1).encode("utf-8")
 
         try:
-            ensure_dir(self.path)
-            lock = FileLock(self.path / LOCK_FILE)
-            lock.acquire()
-        except (OSError, LockError) as exc:
-            why = exc.strerror if isinstance(exc, OSError) else str(exc)
-            raise NotesError(f"cannot use session directory {self.path}: {why}") from exc
-        try:
-            try:
-                raw = read_private(self.file)
-            except FileNotFoundError:
-                yield 1, []
-            else:
-                yield _parse(raw, self.file)
-        finally:
-            lock.release()
-
-    def _write(self, next_seq: int, notes: builtins.list[Note]) -> None:
-        data = {"version": NOTES_VERSION, "next": next_seq, "notes": [n.as_dict() for n in notes]}
-        try:
-            write_atomic(self.file, json.dumps(data, ensure_ascii=False, indent=1).encode("utf-8"))
+            self.store.update_doc(self.session, "notes", update)
         except OSError as exc:
             raise NotesError(f"cannot write the notes file {self.file}: {exc.strerror}") from exc
+        except StoreError as exc:
+            raise NotesError(str(exc)) from exc
+        return out[0]

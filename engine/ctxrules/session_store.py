@@ -330,15 +330,16 @@ class SessionLock:
     ``<session>/.lock``). The lock module is imported on first use, so loading a session store
     to read it (``explain``, pack tests) does not load it."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, *, timeout: float | None = None) -> None:
         self.path = path
+        self.timeout = timeout
         self._lock: FileLock | None = None
 
     def __enter__(self) -> SessionLock:
         if self._lock is None:
             from ctxrules.locks import FileLock
 
-            self._lock = FileLock(self.path / ".lock")
+            self._lock = FileLock(self.path / ".lock", timeout=self.timeout)
         self._lock.acquire()
         return self
 

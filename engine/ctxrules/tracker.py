@@ -15,19 +15,21 @@ Two sources feed it:
 from __future__ import annotations
 
 import builtins
-import contextlib
 import json
 import os
 import re
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ctxrules.errors import CtxrulesError
-from ctxrules.private_files import ensure_dir, read_private, write_atomic
+from ctxrules.stores import StoreError, store_and_session
 from ctxrules.toolroles import call_arguments, call_name, tool_roles
+
+if TYPE_CHECKING:
+    from ctxrules.stores.base import Store
 
 __all__ = ["TRACKER_FILE", "FileTracker", "TrackedFile", "TrackerError", "edited_paths", "load_tracked"]
 
@@ -64,7 +66,7 @@ def _absolute(path: object) -> str:
     return os.path.abspath(os.path.expanduser(text))
 
 
-def _parse(raw: bytes, path: Path) -> list[TrackedFile]:
+def _parse(raw: bytes, path: object) -> list[TrackedFile]:
     try:
         data = json.loads(raw)
         return [TrackedFile(str(item["path"]), float(item["touched"]), int(item["seq"])) for item in data["files"]]
@@ -72,78 +74,98 @@ def _parse(raw: bytes, path: Path) -> list[TrackedFile]:
         raise TrackerError(f"the tracker file {path} is malformed ({exc}); fix or delete it") from exc
 
 
-def load_tracked(session_dir: Path) -> list[TrackedFile]:
-    """Touched files of a session, most recently touched first."""
-    path = Path(session_dir) / TRACKER_FILE
+def load_tracked(
+    session_dir: Path | None = None, *, store: Store | None = None, session: str | None = None
+) -> list[TrackedFile]:
+    """Touched files of a session (a directory, or ``session`` in ``store``), most recently
+    touched first."""
+    store, session = store_and_session(session_dir, store, session)
+    where = store.doc_location(session, "touched")
     try:
-        raw = read_private(path)
-    except FileNotFoundError:
+        raw = store.read_doc(session, "touched")
+    except (OSError, StoreError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) else str(exc)
+        raise TrackerError(f"cannot read the tracker file {where}: {why}") from exc
+    if raw is None:
         return []
-    except OSError as exc:
-        raise TrackerError(f"cannot read the tracker file {path}: {exc.strerror}") from exc
-    return sorted(_parse(raw, path), key=lambda f: f.seq, reverse=True)
+    return sorted(_parse(raw, where), key=lambda f: f.seq, reverse=True)
 
 
 class FileTracker:
-    """The touched files of one session directory."""
+    """The touched files of one session (a directory, or ``session`` in ``store``)."""
 
-    def __init__(self, session_dir: Path, *, clock: Callable[[], float] = time.time) -> None:
-        self.path = Path(session_dir)
+    def __init__(
+        self,
+        session_dir: Path | None = None,
+        *,
+        clock: Callable[[], float] = time.time,
+        store: Store | None = None,
+        session: str | None = None,
+    ) -> None:
+        self.store, self.session = store_and_session(session_dir, store, session)
         self._clock = clock
 
+    @property
+    def path(self) -> Path:
+        return Path(self.session)
+
     def __repr__(self) -> str:
-        return f"FileTracker({str(self.path)!r})"
+        return f"FileTracker({self.session!r})"
 
     def touch(self, *paths: str | os.PathLike[str]) -> list[str]:
         """Record that ``paths`` changed (now); returns them as stored (absolute)."""
         absolute = [_absolute(p) for p in paths]
         if not absolute:
             return []
-        with self._locked() as files:
+
+        def change(files: builtins.list[TrackedFile]) -> builtins.list[TrackedFile]:
             by_path = {f.path: f for f in files}
             seq = max((f.seq for f in files), default=0)
             now = self._clock()
             for p in absolute:
                 seq += 1
                 by_path[p] = TrackedFile(p, now, seq)
-            kept = sorted(by_path.values(), key=lambda f: f.seq, reverse=True)[:MAX_TRACKED]
-            self._write(kept)
+            return sorted(by_path.values(), key=lambda f: f.seq, reverse=True)[:MAX_TRACKED]
+
+        self._change(change)
         return absolute
 
     def list(self) -> builtins.list[TrackedFile]:
         """Touched files, most recently touched first."""
-        return load_tracked(self.path)
+        return load_tracked(store=self.store, session=self.session)
 
     def forget(self, *paths: str | os.PathLike[str]) -> int:
         """Stop tracking ``paths``; returns how many were tracked."""
         gone = {_absolute(p) for p in paths}
-        with self._locked() as files:
-            kept = [f for f in files if f.path not in gone]
-            self._write(kept)
-            return len(files) - len(kept)
+        before: builtins.list[int] = []
 
-    @contextlib.contextmanager
-    def _locked(self) -> Iterator[builtins.list[TrackedFile]]:
-        from ctxrules.locks import FileLock, LockError
+        def change(files: builtins.list[TrackedFile]) -> builtins.list[TrackedFile]:
+            before.append(len(files))
+            return [f for f in files if f.path not in gone]
+
+        after = self._change(change)
+        return before[0] - after
+
+    def _change(self, change: Callable[[builtins.list[TrackedFile]], Sequence[TrackedFile]]) -> int:
+        """Rewrite the tracked files as ``change(files)`` under the document's lock; returns how
+        many are kept."""
+        where = self.store.doc_location(self.session, "touched")
+        kept: builtins.list[int] = []
+
+        def update(raw: bytes | None) -> bytes:
+            files = sorted(_parse(raw, where), key=lambda f: f.seq, reverse=True) if raw is not None else []
+            new = change(files)
+            kept.append(len(new))
+            data = {"version": 1, "files": [{"path": f.path, "touched": f.touched, "seq": f.seq} for f in new]}
+            return json.dumps(data, ensure_ascii=False, indent=1).encode("utf-8")
 
         try:
-            ensure_dir(self.path)
-            lock = FileLock(self.path / LOCK_FILE)
-            lock.acquire()
-        except (OSError, LockError) as exc:
-            why = exc.strerror if isinstance(exc, OSError) else str(exc)
-            raise TrackerError(f"cannot use session directory {self.path}: {why}") from exc
-        try:
-            yield load_tracked(self.path)
-        finally:
-            lock.release()
-
-    def _write(self, files: Sequence[TrackedFile]) -> None:
-        data = {"version": 1, "files": [{"path": f.path, "touched": f.touched, "seq": f.seq} for f in files]}
-        try:
-            write_atomic(self.path / TRACKER_FILE, json.dumps(data, ensure_ascii=False, indent=1).encode("utf-8"))
+            self.store.update_doc(self.session, "touched", update)
         except OSError as exc:
             raise TrackerError(f"cannot write the tracker file: {exc.strerror}") from exc
+        except StoreError as exc:
+            raise TrackerError(str(exc)) from exc
+        return kept[0]
 
 
 def edited_paths(messages: Sequence[Mapping[str, Any]], pack: Mapping[str, Any]) -> list[str]:

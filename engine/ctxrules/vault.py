@@ -18,18 +18,18 @@ byte-exact whatever the line endings are. Stages that count lines for a marker u
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
-import json
-import os
 import re
-import tempfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from ctxrules.errors import CtxrulesError
-from ctxrules.private_files import UnsafePathError, ensure_dir, open_private, read_private
+from ctxrules.stores.base import BlobWriter, SpooledBlobWriter, VaultError
+from ctxrules.stores.filesystem import FilesystemStore
+
+if TYPE_CHECKING:
+    from ctxrules.stores.base import Store
 
 __all__ = [
     "MARKER_KINDS",
@@ -52,16 +52,13 @@ MIN_PREFIX = 12
 
 _ID_LEN = 64
 _HEX_RE = re.compile(r"[0-9a-f]+")
-_META_SUFFIX = ".meta"
-_TMP_PREFIX = ".tmp-"
 _SLICE_CHARS = 1 << 20  # texts longer than this are encoded and written in slices
+VaultWriter = BlobWriter
+"""An entry being written in pieces (:class:`ctxrules.stores.BlobWriter`): ``write``, ``size``,
+``path`` (readable until commit), ``vault_id``, ``commit``, ``discard``."""
 # Lone surrogates survive json.loads; "surrogatepass" keeps them storable and round-trippable
 # instead of failing a stage on a transcript that contains one.
 _TEXT_ERRORS = "surrogatepass"
-
-
-class VaultError(CtxrulesError):
-    """A vault id is malformed, unknown, ambiguous, or its content is corrupt."""
 
 
 def split_lines(data: bytes) -> list[bytes]:
@@ -97,15 +94,30 @@ def _normalize_id(id_or_prefix: str) -> str:
 
 
 class Vault:
-    """A content-addressed store rooted at ``root`` (a session's ``vault/`` directory).
+    """The vault of one session in a :class:`ctxrules.stores.Store`: ids, prefixes, text, line
+    ranges and media types over the store's content-addressed blobs.
 
-    Nothing is created until the first ``put``; reading an empty or missing vault reports
-    "not found". Writes are atomic (temporary file in the target directory, then
-    ``os.replace``), so a reader never sees a half-written file, and idempotent.
+    ``Vault(root)`` is the filesystem vault in the directory ``root`` (a session's ``vault/``);
+    ``Vault.of(store, session)`` the vault of a session in any store. Nothing is created until
+    the first ``put``; reading an empty or missing vault reports "not found". Writes are atomic
+    and durable before an id is handed out, and idempotent.
     """
 
-    def __init__(self, root: Path) -> None:
-        self._root = Path(root)
+    def __init__(self, root: Path | None = None, *, store: Store | None = None, session: str | None = None) -> None:
+        if store is None:
+            if root is None:
+                raise TypeError("Vault() needs a directory, or store= and session=")
+            root = Path(root)
+            store, session = FilesystemStore(root.parent, vault_name=root.name), str(root.parent)
+        elif session is None:
+            raise TypeError("Vault(store=...) needs session=")
+        self.store: Store = store
+        self.session: str = session
+
+    @classmethod
+    def of(cls, store: Store, session: str) -> Vault:
+        """The vault of ``session`` in ``store``."""
+        return cls(store=store, session=session)
 
     @classmethod
     def for_session(cls, session_dir: Path) -> Vault:
@@ -114,10 +126,21 @@ class Vault:
 
     @property
     def root(self) -> Path:
-        return self._root
+        """The vault's directory (filesystem stores only)."""
+        vault_dir = getattr(self.store, "vault_dir", None)
+        if vault_dir is None:
+            raise VaultError(f"the vault of {self.where} is not a directory (store {self.store.url})")
+        path: Path = vault_dir(self.session)
+        return path
+
+    @property
+    def where(self) -> str:
+        """How messages name this vault."""
+        vault_dir = getattr(self.store, "vault_dir", None)
+        return str(vault_dir(self.session)) if vault_dir is not None else self.store.describe(self.session)
 
     def __repr__(self) -> str:
-        return f"Vault({str(self._root)!r})"
+        return f"Vault({self.where!r})"
 
     # --- writing ----------------------------------------------------------------------------
 
@@ -125,7 +148,7 @@ class Vault:
         """Store ``text`` as its UTF-8 bytes; return the id (sha256 hex of those bytes)."""
         if len(text) > _SLICE_CHARS:
             return self._put_long_text(text)
-        return self._put(text.encode("utf-8", _TEXT_ERRORS), None)
+        return self.store.put_blob(self.session, text.encode("utf-8", _TEXT_ERRORS))
 
     def _put_long_text(self, text: str) -> str:
         """:meth:`put_text` for a long text, encoded a slice at a time (never whole in memory)."""
@@ -134,11 +157,8 @@ class Vault:
         for start in slices:
             digest.update(text[start : start + _SLICE_CHARS].encode("utf-8", _TEXT_ERRORS))
         vault_id = digest.hexdigest()
-        try:
-            if self._intact_file(self._path(vault_id), vault_id):
-                return vault_id
-        except OSError as exc:
-            raise VaultError(f"cannot write to the vault at {self._root}: {exc}") from exc
+        if self.store.has_blob(self.session, vault_id):
+            return vault_id
         writer = self.open_writer()
         try:
             for start in slices:
@@ -147,84 +167,20 @@ class Vault:
         finally:
             writer.discard()
 
+    def open_writer(self) -> VaultWriter:
+        """A new entry written piece by piece (an output too large to hold in memory); its id
+        is known once :meth:`VaultWriter.commit` has stored it."""
+        opener = getattr(self.store, "open_blob_writer", None)
+        if opener is None:  # a store of an earlier protocol version: spool to a local file
+            return SpooledBlobWriter(self.store, self.session)
+        writer: VaultWriter = opener(self.session)
+        return writer
+
     def put_bytes(self, data: bytes, media_type: str | None = None) -> str:
         """Store raw bytes (media); return the id (sha256 hex of ``data``)."""
         if not isinstance(data, bytes | bytearray | memoryview):
             raise TypeError(f"put_bytes() needs bytes, got {type(data).__name__}")
-        return self._put(bytes(data), media_type)
-
-    def _put(self, data: bytes, media_type: str | None) -> str:
-        try:
-            return self._put_unchecked(data, media_type)
-        except OSError as exc:
-            # A full disk or a read-only session directory is the user's to fix, not a bug.
-            raise VaultError(f"cannot write to the vault at {self._root}: {exc}") from exc
-
-    def _put_unchecked(self, data: bytes, media_type: str | None) -> str:
-        vault_id = hashlib.sha256(data).hexdigest()
-        path = self._path(vault_id)
-        if not self._intact(path, vault_id):
-            # Missing, or corrupt: rewriting repairs it, and the bytes are the same either way.
-            # Every directory from the session's down is checked: a planted ``vault`` link
-            # would otherwise receive the originals.
-            ensure_dir(path.parent, inside=self._root.parent)
-            self._write_atomic(path, data)
-        if media_type is not None:
-            meta = json.dumps({"media_type": media_type}, sort_keys=True).encode("utf-8")
-            meta_path = path.with_name(path.name + _META_SUFFIX)
-            try:
-                current: bytes | None = read_private(meta_path)
-            except FileNotFoundError:
-                current = None
-            if current != meta:
-                self._write_atomic(meta_path, meta)
-        return vault_id
-
-    def open_writer(self) -> VaultWriter:
-        """A new entry written piece by piece (an output too large to hold in memory); its id
-        is known once :meth:`VaultWriter.commit` has stored it."""
-        try:
-            ensure_dir(self._root, inside=self._root.parent)
-            return VaultWriter(self)
-        except OSError as exc:
-            raise VaultError(f"cannot write to the vault at {self._root}: {exc}") from exc
-
-    @staticmethod
-    def _intact_file(path: Path, vault_id: str) -> bool:
-        """:meth:`_intact`, reading the file a block at a time."""
-        digest = hashlib.sha256()
-        try:
-            fd = open_private(path, os.O_RDONLY)
-        except FileNotFoundError:
-            return False
-        with os.fdopen(fd, "rb") as handle:
-            while block := handle.read(1 << 20):
-                digest.update(block)
-        return digest.hexdigest() == vault_id
-
-    @staticmethod
-    def _intact(path: Path, vault_id: str) -> bool:
-        try:
-            return hashlib.sha256(read_private(path)).hexdigest() == vault_id
-        except FileNotFoundError:
-            return False
-
-    @staticmethod
-    def _write_atomic(path: Path, data: bytes) -> None:
-        fd, tmp_name = tempfile.mkstemp(prefix=_TMP_PREFIX, dir=path.parent)
-        try:
-            with os.fdopen(fd, "wb") as handle:
-                os.fchmod(handle.fileno(), 0o600)
-                handle.write(data)
-                handle.flush()
-                # Durable before visible: after a crash the id either resolves to the full
-                # content or not at all.
-                os.fsync(handle.fileno())
-            os.replace(tmp_name, path)
-        except BaseException:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp_name)
-            raise
+        return self.store.put_blob(self.session, bytes(data), media_type)
 
     # --- reading ----------------------------------------------------------------------------
 
@@ -232,15 +188,15 @@ class Vault:
         """The full id for an id or a unique prefix (≥ 12 hex digits, ``vault://`` allowed)."""
         candidate = _normalize_id(id_or_prefix)
         if len(candidate) == _ID_LEN:
-            if self._path(candidate).is_file():
+            if self.store.has_blob(self.session, candidate):
                 return candidate
             raise VaultError(
-                f"vault item {candidate} is missing from {self._root} "
+                f"vault item {candidate} is missing from {self.where} "
                 "(not found: deleted, or never stored in this session)"
             )
-        matches = [vid for vid in self._ids_in_shard(candidate[:2]) if vid.startswith(candidate)]
+        matches = self.store.blob_ids(self.session, candidate)
         if not matches:
-            raise VaultError(f"vault item {candidate}... is missing from {self._root} (no entry starts with it)")
+            raise VaultError(f"vault item {candidate}... is missing from {self.where} (no entry starts with it)")
         if len(matches) > 1:
             shown = ", ".join(sorted(matches)[:5])
             raise VaultError(
@@ -250,17 +206,7 @@ class Vault:
 
     def get(self, id_or_prefix: str) -> bytes:
         """The exact stored bytes, verified against their id."""
-        vault_id = self.resolve(id_or_prefix)
-        try:
-            data = read_private(self._path(vault_id))
-        except (OSError, UnsafePathError) as exc:
-            raise VaultError(f"cannot read vault entry {vault_id}: {exc}") from exc
-        actual = hashlib.sha256(data).hexdigest()
-        if actual != vault_id:
-            raise VaultError(
-                f"vault entry {vault_id} is corrupt: its content hashes to {actual} ({self._path(vault_id)})"
-            )
-        return data
+        return self.store.get_blob(self.session, self.resolve(id_or_prefix))
 
     def get_text(self, id_or_prefix: str) -> str:
         """The stored text (inverse of :meth:`put_text`)."""
@@ -277,14 +223,7 @@ class Vault:
 
     def media_type(self, id_or_prefix: str) -> str | None:
         """The media type recorded by :meth:`put_bytes`, if any."""
-        vault_id = self.resolve(id_or_prefix)
-        meta_path = self._path(vault_id).with_name(vault_id + _META_SUFFIX)
-        try:
-            meta = json.loads(read_private(meta_path))
-        except FileNotFoundError:
-            return None
-        value = meta.get("media_type") if isinstance(meta, dict) else None
-        return value if isinstance(value, str) else None
+        return self.store.blob_media_type(self.session, self.resolve(id_or_prefix))
 
     def exists(self, id_or_prefix: str) -> bool:
         """Whether an entry has this id (or starts with this prefix).
@@ -294,96 +233,19 @@ class Vault:
         """
         candidate = _normalize_id(id_or_prefix)
         if len(candidate) == _ID_LEN:
-            return self._path(candidate).is_file()
-        return any(vid.startswith(candidate) for vid in self._ids_in_shard(candidate[:2]))
+            return self.store.has_blob(self.session, candidate)
+        return bool(self.store.blob_ids(self.session, candidate))
+
+    def missing(self, ids: Iterable[str]) -> set[str]:
+        """The full ids of ``ids`` this vault does not hold (one store round trip)."""
+        return self.store.missing_blobs(self.session, list(ids))
 
     def list_ids(self) -> list[str]:
         """Every stored id, sorted."""
-        if not self._root.is_dir():
-            return []
-        ids: list[str] = []
-        for shard in self._root.iterdir():
-            if shard.is_dir() and len(shard.name) == 2 and _HEX_RE.fullmatch(shard.name):
-                ids.extend(self._ids_in_shard(shard.name))
-        return sorted(ids)
+        return self.store.blob_ids(self.session)
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.list_ids())
-
-    # --- paths ------------------------------------------------------------------------------
-
-    def _path(self, vault_id: str) -> Path:
-        # Sharding by two hex digits keeps directories small (256 shards) for long sessions.
-        return self._root / vault_id[:2] / vault_id
-
-    def _ids_in_shard(self, shard: str) -> list[str]:
-        directory = self._root / shard
-        try:
-            names = os.listdir(directory)
-        except (FileNotFoundError, NotADirectoryError):
-            return []
-        return [name for name in names if len(name) == _ID_LEN and name.startswith(shard) and _HEX_RE.fullmatch(name)]
-
-
-class VaultWriter:
-    """An entry being written in pieces: a private temporary file in the vault's root, hashed as
-    it grows. :meth:`commit` makes it durable (fsync) and then visible under its id, as
-    :meth:`Vault.put_bytes` does for bytes held in memory; :meth:`discard` removes it. Until
-    then it is readable at :attr:`path` (a reader of the whole output that must not hold it)."""
-
-    def __init__(self, vault: Vault) -> None:
-        self._vault = vault
-        fd, name = tempfile.mkstemp(prefix=_TMP_PREFIX, dir=vault.root)
-        self.path = Path(name)
-        # Unbuffered: what write() accepted is in the file, so a caller can take it back.
-        self._handle = os.fdopen(fd, "wb", buffering=0)
-        os.fchmod(fd, 0o600)
-        self._hash = hashlib.sha256()
-        self.size = 0
-        self._done = False
-
-    def write(self, data: bytes) -> None:
-        """Append ``data``; on failure (a full disk) :attr:`size` bytes are in the file."""
-        view = memoryview(data)
-        while view:
-            try:
-                written = self._handle.write(view) or 0
-            except OSError as exc:
-                raise VaultError(f"cannot write to the vault at {self._vault.root}: {exc}") from exc
-            self._hash.update(view[:written])
-            self.size += written
-            view = view[written:]
-
-    @property
-    def vault_id(self) -> str:
-        """The id the entry gets (the sha256 of what was written so far)."""
-        return self._hash.hexdigest()
-
-    def commit(self) -> str:
-        """Store the entry under its id and return it. On failure the bytes stay readable at
-        :attr:`path` until :meth:`discard`."""
-        vault_id = self.vault_id
-        try:
-            os.fsync(self._handle.fileno())  # durable before visible, as _write_atomic
-            target = self._vault._path(vault_id)
-            ensure_dir(target.parent, inside=self._vault.root.parent)
-            os.replace(self.path, target)  # an entry already there has the same bytes
-        except OSError as exc:
-            raise VaultError(f"cannot write to the vault at {self._vault.root}: {exc}") from exc
-        self._done = True
-        with contextlib.suppress(OSError):
-            self._handle.close()
-        return vault_id
-
-    def discard(self) -> None:
-        """Drop the entry (nothing refers to it); harmless after :meth:`commit`."""
-        if self._done:
-            return
-        self._done = True
-        with contextlib.suppress(OSError):
-            self._handle.close()
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.path)
 
 
 # --- markers --------------------------------------------------------------------------------

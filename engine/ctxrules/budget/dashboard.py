@@ -9,13 +9,20 @@ included) and drawn as inline SVG and HTML tables: no script, no network. Days a
 from __future__ import annotations
 
 import html
+import os
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from ctxrules.budget.ledger import CallEntry, Totals, day_ledger_path, ledger
+from ctxrules.budget.ledger import CallEntry, Totals, ledger_of
+from ctxrules.stores.base import Log
+from ctxrules.stores.filesystem import FilesystemStore
+
+if TYPE_CHECKING:
+    from ctxrules.stores.base import Store
 from ctxrules.budget.usage import TOKEN_KINDS
 
 __all__ = ["Period", "load_calls", "render_dashboard", "summary_text"]
@@ -44,16 +51,17 @@ class Period:
         return datetime.combine(self.last + timedelta(days=1), datetime.min.time(), UTC).timestamp()
 
 
-def load_calls(state_root: Path, period: Period) -> tuple[list[CallEntry], int]:
+def load_calls(state_root: Path | Store, period: Period) -> tuple[list[CallEntry], int]:
     """Every call recorded in ``period`` (resets do not hide history here), and how many ledger
-    lines could not be read."""
+    lines could not be read. ``state_root``: a state directory, or any store."""
+    store = FilesystemStore(state_root) if isinstance(state_root, str | os.PathLike) else state_root
     calls: list[CallEntry] = []
     bad = 0
+    held = {log.name for log in store.logs("day")}
     for day in period.dates:
-        path = day_ledger_path(state_root, day)
-        if not path.is_file():
+        if day.isoformat() not in held:
             continue
-        file = ledger(path)
+        file = ledger_of(store, Log("day", day.isoformat()))
         calls.extend(e for e in file.entries(period.start, period.end, honor_resets=False))
         bad += file.bad_lines
     calls.sort(key=lambda e: (e.ts, e.call_id))

@@ -15,9 +15,11 @@ from typing import TYPE_CHECKING, Any
 from ctxrules.budget.notices import append_notice, budget_notice
 from ctxrules.budget.policy import BudgetPolicy
 from ctxrules.budget.tracker import BudgetStatus, SessionLedger
+from ctxrules.stores.filesystem import FilesystemStore
 
 if TYPE_CHECKING:
     from ctxrules.pipeline.budget import Budget
+    from ctxrules.stores.base import Store
 
 __all__ = ["finish_prepare", "open_ledger", "start_prepare"]
 
@@ -32,8 +34,15 @@ def open_ledger(
     *,
     goal: str | None = None,
     state_root: str | Path | None = None,
+    store: Store | None = None,
+    session: str | None = None,
 ) -> SessionLedger:
-    """The ledger of a session under ``pack``'s ``budgets:`` policy."""
+    """The ledger of a session under ``pack``'s ``budgets:`` policy; with ``store`` the session
+    ``session`` of that store (else the session directory, as before)."""
+    if store is not None and not isinstance(store, FilesystemStore):
+        return SessionLedger(
+            None, session_id, store=store, session=session, policy=BudgetPolicy.from_pack(pack), goal=goal, model=model
+        )
     return SessionLedger(
         session_dir,
         session_id,

@@ -26,19 +26,21 @@ import re
 import threading
 import time
 import uuid
+import weakref
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from ctxrules.budget.pricing import Cost, Rates
 from ctxrules.budget.usage import TOKEN_KINDS, TokenUsage
-from ctxrules.errors import CtxrulesError, UsageError
-from ctxrules.session_store import ensure_dir
+from ctxrules.errors import UsageError
+from ctxrules.stores.base import Log, LogKind
+from ctxrules.stores.filesystem import FilesystemStore
 
-# A ledger is never a symbolic link: one planted there would send the appends elsewhere.
-_NOFOLLOW: Final = getattr(os, "O_NOFOLLOW", 0)
+if TYPE_CHECKING:
+    from ctxrules.stores.base import Store
 
 __all__ = [
     "CallEntry",
@@ -48,7 +50,9 @@ __all__ = [
     "check_goal",
     "day_ledger_path",
     "goal_ledger_path",
+    "ledger",
     "ledger_files_between",
+    "ledger_of",
     "reset_record",
     "session_ledger_path",
 ]
@@ -265,73 +269,45 @@ class Totals:
 
 
 class LedgerFile:
-    """One append-only ledger file. Thread-safe; safe across processes (module docstring)."""
+    """One append-only ledger (a :class:`ctxrules.stores.Log` in a store), with a read cache
+    that only reads what was appended since. Thread-safe; safe across processes (module
+    docstring)."""
 
-    def __init__(self, path: Path) -> None:
-        self.path = path
+    def __init__(self, store: Store | Path, log: Log | None = None) -> None:
+        if isinstance(store, str | os.PathLike):
+            store, log = _file_log(Path(store))
+        elif log is None:
+            raise TypeError("LedgerFile(store, log)")
+        self.store = store
+        self.log = log
         self._lock = threading.Lock()
-        self._ident: tuple[int, int] | None = None
-        self._offset = 0
-        self._size = -1  # bytes of the file read so far (-1: not read)
+        self._cursor: Any = None
         self._entries: list[CallEntry] = []
         self._resets: list[float] = []
         self._bad = 0
 
+    @property
+    def path(self) -> Path:
+        """Where the ledger is (a file for the filesystem store; else the store's name for it)."""
+        return Path(self.store.log_location(self.log))
+
+    @property
+    def location(self) -> str:
+        return self.store.log_location(self.log)
+
     def append(self, record: dict[str, Any]) -> None:
         """Append one record as one line (exclusive lock, fsync)."""
-        line = json.dumps(record, ensure_ascii=False, sort_keys=True, allow_nan=False).encode("utf-8") + b"\n"
-        from ctxrules.locks import FileLock
-
-        try:
-            ensure_dir(self.path.parent)
-            with FileLock(self.path.with_name(self.path.name + ".lock")):
-                fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT | _NOFOLLOW, 0o600)
-                try:
-                    size = os.fstat(fd).st_size
-                    if size and os.pread(fd, 1, size - 1) != b"\n":
-                        line = b"\n" + line  # end a line a crashed writer left unfinished
-                    view = memoryview(line)
-                    while view:
-                        written = os.write(fd, view)
-                        view = view[written:]
-                    os.fsync(fd)
-                finally:
-                    os.close(fd)
-        except OSError as exc:
-            raise CtxrulesError(f"cannot write the ledger {self.path}: {exc.strerror}") from exc
+        self.store.append([self.log], record)
 
     def refresh(self) -> None:
-        """Read what was appended since the last call (all of it when the file was replaced)."""
+        """Read what was appended since the last call (all of it when the ledger was replaced)."""
         with self._lock:
-            try:
-                # A stat first: every prepare asks, and the file rarely grew since.
-                st = os.stat(self.path)
-                if (st.st_dev, st.st_ino) == self._ident and st.st_size == self._size:
-                    return
-                fh = self.path.open("rb")
-            except FileNotFoundError:
-                self._reset_cache(None)
-                return
-            except OSError as exc:
-                raise CtxrulesError(f"cannot read the ledger {self.path}: {exc.strerror}") from exc
-            with fh:
-                st = os.fstat(fh.fileno())
-                ident = (st.st_dev, st.st_ino)
-                if ident != self._ident or st.st_size < self._offset:
-                    self._reset_cache(ident)
-                fh.seek(self._offset)
-                data = fh.read()
-                self._size = self._offset + len(data)
-            end = data.rfind(b"\n")
-            if end < 0:
-                return
-            for raw in data[:end].split(b"\n"):
+            chunk = self.store.read_log(self.log, self._cursor)
+            if chunk.restarted or chunk.cursor is None:
+                self._entries, self._resets, self._bad = [], [], 0
+            for raw in chunk.lines:
                 self._ingest(raw)
-            self._offset += end + 1
-
-    def _reset_cache(self, ident: tuple[int, int] | None) -> None:
-        self._ident, self._offset, self._entries, self._resets, self._bad = ident, 0, [], [], 0
-        self._size = -1
+            self._cursor = chunk.cursor
 
     def _ingest(self, raw: bytes) -> None:
         if not raw.strip():
@@ -350,7 +326,7 @@ class LedgerFile:
                 self._resets.append(float(ts))
             else:
                 raise ValueError(f"unknown record type {kind!r}")
-        except (ValueError, KeyError, TypeError, AttributeError):
+        except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
             self._bad += 1
 
     def entries(
@@ -393,18 +369,42 @@ class LedgerFile:
             yield from list(self._entries)
 
 
-_FILES: dict[Path, LedgerFile] = {}
+# Read caches shared process-wide: by file for filesystem stores (any two store objects over
+# the same directory see the same files), by store object for the others.
+_FILES: dict[tuple[str, str], LedgerFile] = {}
+_BY_STORE: weakref.WeakKeyDictionary[Any, dict[Log, LedgerFile]] = weakref.WeakKeyDictionary()
 _FILES_LOCK = threading.Lock()
 
 
-def ledger(path: Path) -> LedgerFile:
-    """The process-wide :class:`LedgerFile` of ``path`` (so its read cache is shared)."""
-    key = Path(os.path.abspath(path))
+def ledger_of(store: Store, log: Log) -> LedgerFile:
+    """The process-wide :class:`LedgerFile` of ``log`` in ``store`` (so its read cache is shared)."""
     with _FILES_LOCK:
-        found = _FILES.get(key)
+        if isinstance(store, FilesystemStore):
+            key = ("file", os.path.abspath(store.log_location(log)))
+            found = _FILES.get(key)
+            if found is None:
+                found = _FILES[key] = LedgerFile(store, log)
+            return found
+        per_store = _BY_STORE.setdefault(store, {})
+        found = per_store.get(log)
         if found is None:
-            found = _FILES[key] = LedgerFile(key)
+            found = per_store[log] = LedgerFile(store, log)
         return found
+
+
+def ledger(path: Path) -> LedgerFile:
+    """The :class:`LedgerFile` of a ledger file of the filesystem layout (module docstring)."""
+    return ledger_of(*_file_log(path))
+
+
+def _file_log(path: Path) -> tuple[Store, Log]:
+    path = Path(os.path.abspath(path))
+    if path.parent.name in ("days", "goals") and path.parent.parent.name == "ledger" and path.suffix == ".jsonl":
+        kind: LogKind = "day" if path.parent.name == "days" else "goal"
+        return FilesystemStore(path.parent.parent.parent), Log(kind, path.stem)
+    if path.name == "ledger.jsonl":
+        return FilesystemStore(path.parent.parent), Log("session", str(path.parent))
+    raise UsageError(f"{path} is not a ledger of the state layout (<session>/ledger.jsonl, ledger/days|goals/*.jsonl)")
 
 
 def now() -> float:

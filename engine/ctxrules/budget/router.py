@@ -29,20 +29,23 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import re
 import time
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
-from ctxrules.errors import UsageError
+from ctxrules.errors import CtxrulesError, UsageError
 from ctxrules.messages import is_real_user, message_text
 from ctxrules.patterns import Pattern
 from ctxrules.patterns import compile as patterns_compile
-from ctxrules.private_files import ensure_dir, read_private, write_atomic
 from ctxrules.redaction import redactor_for
+from ctxrules.stores.base import Log
+from ctxrules.stores.filesystem import FilesystemStore
+
+if TYPE_CHECKING:
+    from ctxrules.stores.base import Store
 
 __all__ = ["DEFAULT_RULES", "TIERS", "ComplexityRouter", "RouteDecision", "privacy_findings"]
 
@@ -248,15 +251,19 @@ class ComplexityRouter:
         self,
         text: str,
         *,
-        session_dir: Path,
+        session_dir: Path | None = None,
         state_root: Path | None = None,
         regenerate: bool = False,
         now: float | None = None,
         remember: bool = True,
+        store: Store | None = None,
+        session: str | None = None,
     ) -> RouteDecision:
-        """Decide the tier of ``text`` for the session in ``session_dir`` (and remember it)."""
+        """Decide the tier of ``text`` for the session in ``session_dir`` (or ``session`` in
+        ``store``) and remember it."""
         now = time.time() if now is None else now
-        root = state_root if state_root is not None else session_dir.resolve().parent
+        store, session = _where(store, session, session_dir, state_root)
+        root = store
         score, matched = self.score(text)
         rules_tier = self.tier_of(score)
         rank = TIERS.index(rules_tier)
@@ -269,7 +276,9 @@ class ComplexityRouter:
             rank = self._ask_judge(text, TIERS[rank], score, matched, rank, reasons)
         # What this message itself asks for: the only tier later decisions' momentum counts.
         own_tier = TIERS[rank]
-        with _StateFile(session_dir / "router.json") as state:
+
+        def decide(state: dict[str, Any]) -> RouteDecision:
+            nonlocal rank
             decisions = [d for d in state.get("decisions", []) if isinstance(d, dict)]
             recent = [
                 d
@@ -317,7 +326,9 @@ class ComplexityRouter:
                     }
                 )
                 state["decisions"] = decisions[-_MAX_DECISIONS:]
-        return decision
+            return decision
+
+        return _update_state(store, session, decide)
 
     def _ambiguous(self, score: float) -> bool:
         return any(abs(score - c) <= self.judge_band for c in self.cutoffs)
@@ -369,6 +380,7 @@ class ComplexityRouter:
         session_dir: Path | None = None,
         state_root: Path | None = None,
         now: float | None = None,
+        store: Store | None = None,
     ) -> None:
         """Note that a call routed to ``routed`` should have gone to ``wanted``.
 
@@ -377,43 +389,26 @@ class ComplexityRouter:
         for t in (routed, wanted, rules_tier or routed):
             if t not in TIERS:
                 raise UsageError(f"unknown tier {t!r}; one of: {', '.join(TIERS)}")
-        root = (
-            state_root
-            if state_root is not None
-            else (session_dir.resolve().parent if session_dir is not None else None)
-        )
-        if root is None:
-            raise UsageError("record_misroute needs state_root (or session_dir)")
-        path = root / "router" / "misroutes.jsonl"
-        ensure_dir(path.parent)
-        line = (
-            json.dumps(
-                {
-                    "ts": time.time() if now is None else now,
-                    "routed": routed,
-                    "wanted": wanted,
-                    "rules_tier": rules_tier or routed,
-                },
-                sort_keys=True,
-            ).encode("utf-8")
-            + b"\n"
-        )
-        from ctxrules.locks import FileLock
+        if store is None:
+            root = (
+                state_root
+                if state_root is not None
+                else (session_dir.resolve().parent if session_dir is not None else None)
+            )
+            if root is None:
+                raise UsageError("record_misroute needs state_root (or session_dir)")
+            store = FilesystemStore(root)
+        ts = time.time() if now is None else now
+        record = {"ts": ts, "routed": routed, "wanted": wanted, "rules_tier": rules_tier or routed}
+        store.append([Log("misroutes")], record)
 
-        with FileLock(path.with_name(path.name + ".lock")):
-            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o600)
-            try:
-                os.write(fd, line)
-            finally:
-                os.close(fd)
-
-    def _misroute_shift(self, rules_tier: str, root: Path, now: float) -> int:
+    def _misroute_shift(self, rules_tier: str, root: Store, now: float) -> int:
         try:
-            raw = read_private(root / "router" / "misroutes.jsonl")
-        except OSError:
+            lines = root.read_log(Log("misroutes")).lines
+        except (OSError, CtxrulesError):
             return 0
         total = 0.0
-        for line in raw.split(b"\n"):
+        for line in lines:
             try:
                 rec = json.loads(line)
                 ts, routed, wanted = float(rec["ts"]), rec["routed"], rec["wanted"]
@@ -440,36 +435,36 @@ def _clamp(rank: int) -> int:
     return max(0, min(len(TIERS) - 1, rank))
 
 
-@dataclass
-class _StateFile:
-    """A small JSON file read and rewritten under an exclusive lock (one decision at a time)."""
+def _where(
+    store: Store | None, session: str | None, session_dir: Path | None, state_root: Path | None
+) -> tuple[Store, str]:
+    if store is not None:
+        if session is None:
+            raise UsageError("route(store=...) needs session=")
+        return store, session
+    if session_dir is None:
+        raise UsageError("route() needs session_dir (or store= and session=)")
+    return FilesystemStore(state_root if state_root is not None else session_dir.resolve().parent), str(session_dir)
 
-    path: Path
-    data: dict[str, Any] = field(default_factory=dict)
-    _lock: Any = None
 
-    def __enter__(self) -> dict[str, Any]:
-        from ctxrules.locks import FileLock
+def _update_state(store: Store, session: str, decide: Callable[[dict[str, Any]], RouteDecision]) -> RouteDecision:
+    """``decide(state)`` under the router document's lock (one decision at a time); the state is
+    written back when ``decide`` changed it."""
+    out: list[RouteDecision] = []
 
-        ensure_dir(self.path.parent)
-        self._lock = FileLock(self.path.with_name(self.path.name + ".lock"))
-        self._lock.acquire()
+    def update(raw: bytes | None) -> bytes | None:
         try:
-            loaded = json.loads(read_private(self.path))
-            self.data = loaded if isinstance(loaded, dict) else {}
-        except (OSError, ValueError):
-            self.data = {}
-        self._before = json.dumps(self.data, sort_keys=True)
-        return self.data
+            loaded = json.loads(raw) if raw is not None else {}
+        except ValueError:
+            loaded = {}
+        state = loaded if isinstance(loaded, dict) else {}
+        before = json.dumps(state, sort_keys=True)
+        out.append(decide(state))
+        after = json.dumps(state, sort_keys=True)
+        return after.encode("utf-8") if after != before else None
 
-    def __exit__(self, *exc: object) -> None:
-        try:
-            if exc[0] is None and json.dumps(self.data, sort_keys=True) != self._before:
-                write_atomic(self.path, json.dumps(self.data, sort_keys=True).encode("utf-8"), durable=False)
-        finally:
-            if self._lock is not None:
-                self._lock.release()
-                self._lock = None
+    store.update_doc(session, "router", update)
+    return out[0]
 
 
 def route_for_session(session: Any, text: Any, *, regenerate: bool = False, now: float | None = None) -> RouteDecision:
@@ -481,10 +476,4 @@ def route_for_session(session: Any, text: Any, *, regenerate: bool = False, now:
     if not isinstance(text, str):
         raise UsageError(f"route() takes a string or a message list, not {type(text).__name__}")
     router = ComplexityRouter(session.engine.pack.data, hooks=session.engine.registry.hooks)
-    return router.route(
-        text,
-        session_dir=session.path,
-        state_root=session.ledger.state_root,
-        regenerate=regenerate,
-        now=now,
-    )
+    return router.route(text, store=session.store, session=session.key, regenerate=regenerate, now=now)

@@ -15,13 +15,12 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ctxrules.budget.ledger import (
     CallEntry,
@@ -29,12 +28,8 @@ from ctxrules.budget.ledger import (
     Totals,
     call_record,
     check_goal,
-    day_ledger_path,
-    goal_ledger_path,
-    ledger,
-    ledger_files_between,
+    ledger_of,
     reset_record,
-    session_ledger_path,
 )
 from ctxrules.budget.policy import DIMENSIONS, BudgetPolicy, DimensionLimit, Level
 from ctxrules.budget.preflight import PreflightEstimate, preflight
@@ -42,7 +37,11 @@ from ctxrules.budget.pricing import Rates, price_call, rates_for
 from ctxrules.budget.status import BudgetStatus, BurnRate, DimensionStatus
 from ctxrules.budget.usage import TokenUsage, UsageFormat, as_mapping, is_failed_response, parse_usage
 from ctxrules.errors import CtxrulesError, UsageError
-from ctxrules.private_files import ensure_dir, read_private, write_atomic
+from ctxrules.stores.base import Log
+from ctxrules.stores.filesystem import FilesystemStore
+
+if TYPE_CHECKING:
+    from ctxrules.stores.base import Store
 
 __all__ = [
     "BudgetExceeded",
@@ -89,7 +88,7 @@ class SessionLedger:
 
     def __init__(
         self,
-        session_dir: Path,
+        session_dir: Path | None,
         session_id: str,
         *,
         state_root: Path | None = None,
@@ -97,25 +96,53 @@ class SessionLedger:
         goal: str | None = None,
         model: str | None = None,
         clock: Callable[[], float] = time.time,
+        store: Store | None = None,
+        session: str | None = None,
     ) -> None:
-        self.dir = Path(session_dir)
+        if store is None:
+            if session_dir is None:
+                raise TypeError("SessionLedger needs a session directory, or store= and session=")
+            session = str(session_dir)
+            # The link is a file of the session directory: any filesystem store reads it.
+            link = _read_link(FilesystemStore(Path(session_dir).parent), session)
+            # A sub-agent reopened on its own (a restart, `usage show --session CHILD`) still
+            # counts in its root's state root: the link written at registration names it.
+            if state_root is not None:
+                root = Path(state_root)
+            elif link.get("state_root"):
+                root = Path(link["state_root"])
+            else:
+                root = Path(session_dir).resolve().parent
+            store = FilesystemStore(root)
+        elif session is None:
+            raise TypeError("SessionLedger(store=...) needs session=")
+        else:
+            link = _read_link(store, session)
+        self.store: Store = store
+        self.key: str = session
         self.id = session_id
         self.policy = policy or BudgetPolicy()
         self.model = model
         self.clock = clock
-        link = self._read_link()
-        # A sub-agent reopened on its own (a restart, `usage show --session CHILD`) still counts
-        # in its root's state root: the link written at registration names it.
-        if state_root is not None:
-            self.state_root = Path(state_root)
-        elif link.get("state_root"):
-            self.state_root = Path(link["state_root"])
-        else:
-            self.state_root = self.dir.resolve().parent
         self.root_id: str = link.get("root_id") or session_id
-        self.root_dir = Path(link["root_dir"]) if link.get("root_dir") else self.dir
+        self.root_key: str = str(link.get("root_dir") or session)
         self.goal = check_goal(goal) if goal is not None else link.get("goal")
-        self.own = ledger(session_ledger_path(self.dir))
+        self.own = ledger_of(store, Log("session", session))
+
+    @property
+    def dir(self) -> Path:
+        """The session directory (filesystem stores)."""
+        return Path(self.key)
+
+    @property
+    def root_dir(self) -> Path:
+        return Path(self.root_key)
+
+    @property
+    def state_root(self) -> Path | None:
+        """Where the day and goal ledgers are (filesystem stores; None for the others)."""
+        root = getattr(self.store, "root", None)
+        return Path(root) if root is not None else None
 
     # -- recording ---------------------------------------------------------------------------
 
@@ -159,18 +186,18 @@ class SessionLedger:
             tier=tier,
             service_tier=service_tier,
         )
-        for target in self._targets(ts):
-            target.append(rec)
+        # One call for the three ledgers: one round trip for a network store.
+        self.store.append(self._logs(ts), rec)
         return rec
 
-    def _targets(self, ts: float) -> list[LedgerFile]:
-        out = [
-            self.own,
-            ledger(day_ledger_path(self.state_root, datetime.fromtimestamp(ts, UTC).date())),
-        ]
+    def _logs(self, ts: float) -> list[Log]:
+        out = [Log("session", self.key), Log("day", datetime.fromtimestamp(ts, UTC).date().isoformat())]
         if self.goal:
-            out.append(ledger(goal_ledger_path(self.state_root, self.goal)))
+            out.append(Log("goal", self.goal))
         return out
+
+    def _targets(self, ts: float) -> list[LedgerFile]:
+        return [ledger_of(self.store, log) for log in self._logs(ts)]
 
     @contextlib.contextmanager
     def track(self, model: str | None = None, **options: Any) -> Iterator[TrackedCall]:
@@ -191,11 +218,11 @@ class SessionLedger:
 
     def root_entries(self) -> list[CallEntry]:
         """Calls of the root task since its last session reset: the root and every descendant."""
-        root = ledger(session_ledger_path(self.root_dir))
+        root = ledger_of(self.store, Log("session", self.root_key))
         since = root.last_reset
         out = root.entries()
-        for child_dir in self.descendants():
-            out.extend(ledger(session_ledger_path(child_dir)).entries(start=since, honor_resets=False))
+        for child in self.descendant_keys():
+            out.extend(ledger_of(self.store, Log("session", child)).entries(start=since, honor_resets=False))
         out.sort(key=lambda e: e.ts)
         return out
 
@@ -208,7 +235,7 @@ class SessionLedger:
 
     def day_entries(self, now: float) -> tuple[list[CallEntry], str]:
         start, end, label = self.day_window(now)
-        files = [ledger(p) for p in ledger_files_between(self.state_root, start, end)]
+        files = [ledger_of(self.store, Log("day", d)) for d in _utc_dates(start, end)]
         resets = [r for f in files for r in f.resets_in(start, end)]
         lo = max([start, *resets])
         out = [e for f in files for e in f.entries(lo, end, honor_resets=False)]
@@ -218,7 +245,7 @@ class SessionLedger:
     def goal_entries(self) -> list[CallEntry]:
         if not self.goal:
             return []
-        return ledger(goal_ledger_path(self.state_root, self.goal)).entries()
+        return ledger_of(self.store, Log("goal", self.goal)).entries()
 
     def status(self, now: float | None = None, *, turn_from: int | None = None) -> BudgetStatus:
         """The budget status at ``now``; ``turn_from`` = own calls counted at the last prepare."""
@@ -307,7 +334,7 @@ class SessionLedger:
 
     # -- resets ------------------------------------------------------------------------------
 
-    def reset(self, dimension: str, now: float | None = None) -> Path:
+    def reset(self, dimension: str, now: float | None = None) -> str:
         """Start ``dimension`` afresh from now; returns the ledger written.
 
         The history stays in the ledger: a reset record makes totals count from it on."""
@@ -315,81 +342,91 @@ class SessionLedger:
             raise UsageError(f"unknown budget dimension {dimension!r}; one of: {', '.join(DIMENSIONS)}")
         ts = self.clock() if now is None else now
         if dimension == "session":
-            target = ledger(session_ledger_path(self.root_dir))
+            log = Log("session", self.root_key)
         elif dimension == "day":
-            target = ledger(day_ledger_path(self.state_root, datetime.fromtimestamp(ts, UTC).date()))
+            log = Log("day", datetime.fromtimestamp(ts, UTC).date().isoformat())
         else:
             if not self.goal:
                 raise UsageError("the goal dimension needs a goal (--goal NAME)")
-            target = ledger(goal_ledger_path(self.state_root, self.goal))
-        target.append(reset_record(ts=ts))
-        return target.path
+            log = Log("goal", self.goal)
+        self.store.append([log], reset_record(ts=ts))
+        location: str = self.store.log_location(log)
+        return location
 
     # -- sub-agents --------------------------------------------------------------------------
 
-    def _read_link(self) -> dict[str, Any]:
+    def descendant_keys(self) -> list[str]:
+        """Session keys registered under this session's root task."""
         try:
-            data = json.loads(read_private(self.dir / "root.json"))
-        except (OSError, ValueError):
-            return {}
-        return data if isinstance(data, dict) else {}
+            chunk = self.store.read_log(Log("descendants", self.root_key))
+        except (OSError, CtxrulesError):
+            return []
+        out = []
+        for line in chunk.lines:
+            key = _path_of(line)
+            if key is not None:
+                out.append(key)
+        return out
 
     def descendants(self) -> list[Path]:
         """Session directories registered under this session's root task."""
-        path = self.root_dir / "descendants.jsonl"
-        try:
-            raw = read_private(path)
-        except OSError:
-            return []
-        out = []
-        for line in raw.split(b"\n"):
-            with contextlib.suppress(ValueError, TypeError, KeyError):
-                obj = json.loads(line)
-                out.append(Path(obj["path"]))
-        return out
+        return [Path(k) for k in self.descendant_keys()]
 
     def register_child(self, child: SessionLedger) -> None:
         """Make ``child`` a sub-agent of this session's root task; its calls count there.
 
         Raises :class:`SpawnLimitExceeded` when the root already has ``max_descendants``.
         """
-        registry = self.root_dir / "descendants.jsonl"
-        ensure_dir(self.root_dir)
-        from ctxrules.locks import FileLock
-
-        with FileLock(registry.with_name(registry.name + ".lock")):
-            fd = os.open(registry, os.O_RDWR | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o600)
-            try:
-                size = os.fstat(fd).st_size
-                known = [ln for ln in os.pread(fd, size, 0).split(b"\n") if ln.strip()]
-                child_path = str(child.dir.resolve())
-                if any(_path_of(ln) == child_path for ln in known):
-                    return
-                limit = self.policy.max_descendants
-                if len(known) >= limit:
-                    raise SpawnLimitExceeded(
-                        f"root task {self.root_id} already has {len(known)} sub-agent sessions "
-                        f"(budgets.max_descendants {limit}); finish with the agents you have or "
-                        "raise budgets.max_descendants"
-                    )
-                entry = {"id": child.id, "path": child_path, "parent": self.id, "ts": self.clock()}
-                prefix = b"" if not size or os.pread(fd, 1, size - 1) == b"\n" else b"\n"
-                os.write(fd, prefix + json.dumps(entry, sort_keys=True).encode("utf-8") + b"\n")
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+        filesystem = isinstance(self.store, FilesystemStore)
+        # Filesystem keys are paths, recorded absolute (the registry outlives the cwd).
+        child_key = str(Path(child.key).resolve()) if filesystem else child.key
+        root_key = str(Path(self.root_key).resolve()) if filesystem else self.root_key
+        entry = {"id": child.id, "path": child_key, "parent": self.id, "ts": self.clock()}
+        limit = self.policy.max_descendants
+        outcome = self.store.append_once(Log("descendants", self.root_key), entry, key="path", limit=limit)
+        if outcome == "present":
+            return
+        if outcome == "full":
+            raise SpawnLimitExceeded(
+                f"root task {self.root_id} already has {limit} sub-agent sessions "
+                f"(budgets.max_descendants {limit}); finish with the agents you have or "
+                "raise budgets.max_descendants"
+            )
+        state_root = self.state_root
         link = {
             "root_id": self.root_id,
-            "root_dir": str(self.root_dir.resolve()),
+            "root_dir": root_key,
             "parent_id": self.id,
             "goal": self.goal,
-            "state_root": str(self.state_root.resolve()),
+            "state_root": str(state_root.resolve()) if state_root is not None else self.store.url,
         }
-        write_atomic(child.dir / "root.json", json.dumps(link, sort_keys=True).encode("utf-8"))
-        child.root_id, child.root_dir = self.root_id, self.root_dir.resolve()
-        child.state_root = self.state_root
+        child.store.write_doc(child.key, "root", json.dumps(link, sort_keys=True).encode("utf-8"))
+        child.root_id, child.root_key = self.root_id, root_key
+        child.store = self.store
+        child.own = ledger_of(self.store, Log("session", child.key))
         if child.goal is None:
             child.goal = self.goal
+
+
+def _read_link(store: Store, session: str) -> dict[str, Any]:
+    try:
+        raw = store.read_doc(session, "root")
+        data = json.loads(raw) if raw is not None else {}
+    except (OSError, ValueError, CtxrulesError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _utc_dates(start: float, end: float) -> list[str]:
+    """The UTC dates (day ledgers) that can hold calls made in ``[start, end)``."""
+    first = datetime.fromtimestamp(start, UTC).date()
+    last = datetime.fromtimestamp(max(start, end - 1e-6), UTC).date()
+    out = []
+    d = first
+    while d <= last:
+        out.append(d.isoformat())
+        d += timedelta(days=1)
+    return out
 
 
 def _path_of(line: bytes) -> str | None:

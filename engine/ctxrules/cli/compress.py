@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 from ctxrules.cli.io import add_search_path
+from ctxrules.cli.stores import add_store_options, session_key, store_of
 from ctxrules.compressors.api import CompressorSkipped, compress_large, compress_text
 from ctxrules.compressors.large import Capture, Large
 from ctxrules.compressors.pipes import stdout_feeds_pipeline
@@ -41,7 +42,7 @@ from ctxrules.models import lookup_model
 from ctxrules.packs.validated import load_pack
 from ctxrules.patterns import STATE_KEY, remembering
 from ctxrules.plugins import default_registry
-from ctxrules.session_store import SessionLock, SessionStore, state_root_from_env
+from ctxrules.stores import Store, store_from_options
 from ctxrules.tokens import TokenCounter
 from ctxrules.vault import Vault
 
@@ -77,8 +78,12 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--always", action="store_true", help="compress even when the output feeds another command of a pipeline"
     )
-    p.add_argument("--session", help="session directory whose vault keeps the full output (default: <state>/default)")
-    p.add_argument("--state", help="state root (default: .ctxrules or $CTXRULES_STATE)")
+    p.add_argument(
+        "--session",
+        help="session directory (the session id with a --store URL) whose vault keeps the full output "
+        "(default: <state>/default)",
+    )
+    add_store_options(p)
     p.add_argument("--command", dest="command_line", help="filter mode: the command line that produced --input")
     p.add_argument(
         "--exit-code", type=int, default=None, help="filter mode: the command's exit code (default: unknown)"
@@ -89,10 +94,11 @@ def register(sub: Any) -> None:
     p.set_defaults(func=run)
 
 
-def _session_dir(args: argparse.Namespace) -> Path:
-    if args.session:
-        return Path(args.session)
-    return (Path(args.state) if args.state else state_root_from_env()) / "default"
+def _session(args: argparse.Namespace) -> tuple[Store, str]:
+    """The store and the session whose vault keeps the full output (and whose state remembers
+    timed-out patterns)."""
+    store = store_of(args)
+    return store, session_key(store, args.session)
 
 
 def _load(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
@@ -117,10 +123,10 @@ def _compress(
     """The bytes to print: compressed (full output stored first) or ``raw`` when nothing applies."""
     text, exact = _decode(raw)
     vault_id = hashlib.sha256(raw).hexdigest()
-    session = _session_dir(args)
+    store, session = _session(args)
     # Patterns that timed out in an earlier compress of this session are skipped at once, so
     # the outcome does not depend on how loaded the machine was (ctxrules.patterns).
-    section = _remembered(session)
+    section = _remembered(store, session)
     known = list(section.get(STATE_KEY) or [])
     try:
         with remembering(section):
@@ -129,7 +135,7 @@ def _compress(
         _note(f"warning: {exc}")
         result = None
     if section.get(STATE_KEY, known) != known:
-        _remember(session, section[STATE_KEY])
+        _remember(store, session, section[STATE_KEY])
     if result is None:
         if counter is not None:
             tokens = counter.count_text(text)
@@ -138,7 +144,7 @@ def _compress(
                 f"anything); {tokens:,} tokens ({args.model})"
             )
         return raw
-    vault = Vault.for_session(session)
+    vault = Vault.of(store, session)
     stored = vault.put_text(text) if exact else vault.put_bytes(raw, "text/plain")
     if stored != vault_id:  # pragma: no cover - the vault's id is the sha256 of these bytes
         raise CtxrulesError(f"vault stored the output as {stored}, markers say {vault_id}")
@@ -154,32 +160,31 @@ def _compress(
     return result.text.encode("utf-8", "surrogateescape" if exact else "replace")
 
 
-def _remembered(session: Path) -> dict[str, Any]:
+def _remembered(store: Store, session: str) -> dict[str, Any]:
     """The ``compress`` section of the session's state (empty when there is none). A state
     that cannot be read (a link where ``state.json`` belongs) costs the memory, not the run;
     it is reported only when there is something to remember (:func:`_remember`), so that a
     command's output does not carry the same warning on every call."""
     try:
-        section = SessionStore(session).load().get("compress")
+        section = store.load_turn(session, output=False).state.get("compress")
     except CtxrulesError:
         return {}
     return dict(section) if isinstance(section, dict) else {}
 
 
-def _remember(session: Path, keys: list[str]) -> None:
+def _remember(store: Store, session: str, keys: list[str]) -> None:
     """Add ``keys`` (timed-out patterns) to the session state, under the session lock: the
     state is loaded again there, so what a concurrent ``run`` wrote is kept."""
     try:
-        with SessionLock(session):
-            store = SessionStore(session)
-            state = store.load()
+        with store.prepare_lock(session):
+            state = store.load_turn(session, output=False).state
             section = state.get("compress")
             section = dict(section) if isinstance(section, dict) else {}
             listed = section.get(STATE_KEY)
             old = {k for k in listed if isinstance(k, str)} if isinstance(listed, list) else set()
             section[STATE_KEY] = sorted(old | set(keys))
             state["compress"] = section
-            store.save_state(state)
+            store.save_state(session, state)
     except (CtxrulesError, OSError) as exc:
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
         _note(f"warning: timed-out patterns are not remembered: {reason}")
@@ -266,7 +271,7 @@ def _proxy(args: argparse.Namespace, argv: list[str]) -> int:
 
 def _capture(args: argparse.Namespace) -> Capture:
     """Where the output goes as it comes: memory, then (when large) the session's vault."""
-    return Capture(lambda: Vault.for_session(_session_dir(args)).open_writer())
+    return Capture(lambda: Vault.of(*_session(args)).open_writer())
 
 
 def _emit(
@@ -290,12 +295,14 @@ def _emit_large(
     """An output held in part: compressed from its windows, the vault entry kept; or, when no
     compressor applies, copied out whole from the entry being written, which is then dropped."""
     writer = large.writer
-    session = _session_dir(args)
-    section = _remembered(session)  # timed-out patterns, as for an output held whole
+    store, session = _session(args)
+    section = _remembered(store, session)  # timed-out patterns, as for an output held whole
     known = list(section.get(STATE_KEY) or [])
     try:
         with remembering(section):
             result = compress_large(pack, command, large, code, registry=default_registry())
+        # Counted before the commit: the entry is a local file until then, whatever the store.
+        before = _count_file(counter, Path(writer.path)) if counter is not None and result is not None else 0
         stored = writer.commit() if result is not None else None
     except CompressorSkipped as exc:  # a pack pattern timed out: the output goes out as it is
         _note(f"warning: {exc}")
@@ -304,7 +311,7 @@ def _emit_large(
         _note(f"warning: output not compressed: {exc}")
         result = stored = None
     if section.get(STATE_KEY, known) != known:
-        _remember(session, section[STATE_KEY])
+        _remember(store, session, section[STATE_KEY])
     if result is None or stored is None:
         if counter is not None and result is None:
             _note(f"no compressor applied to {command!r}; ~{_count_file(counter, writer.path):,} tokens ({args.model})")
@@ -312,10 +319,7 @@ def _emit_large(
         writer.discard()
         return
     if counter is not None:
-        before, after = (
-            _count_file(counter, Vault.for_session(session).root / stored[:2] / stored),
-            (counter.count_text(result.text)),
-        )
+        after = counter.count_text(result.text)
         saved = 100 * (before - after) / before if before else 0.0
         _note(
             f"compressor '{result.rule_id}': {result.lines_before:,} -> {result.lines_after:,} "
@@ -386,6 +390,8 @@ def _read_into(handle: IO[bytes], capture: Capture) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # The store is named before any command runs: a bad --store is a usage error up front.
+    store_from_options(args.store, args.state)
     argv = list(args.argv)
     if argv and argv[0] == "--":
         argv = argv[1:]

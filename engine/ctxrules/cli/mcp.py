@@ -6,9 +6,10 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from ctxrules.engine import Engine
+from ctxrules.cli.stores import add_store_options, is_filesystem, session_key, store_of
 from ctxrules.errors import UsageError
-from ctxrules.integrations.mcp import serve
+from ctxrules.integrations.mcp import open_session, serve
+from ctxrules.stores import StoreUsageError
 
 
 def register(sub: Any) -> None:
@@ -20,7 +21,10 @@ def register(sub: Any) -> None:
         "the session's elision markers. Needs the MCP SDK: pip install "
         '"ctxrules[mcp]".',
     )
-    p.add_argument("--session", required=True, metavar="DIR", help="the session directory")
+    p.add_argument(
+        "--session", required=True, metavar="DIR", help="the session directory (the session id with a --store URL)"
+    )
+    add_store_options(p)
     p.add_argument(
         "--pack",
         default="builtin:default",
@@ -37,10 +41,17 @@ def register(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    path = Path(args.session)
-    if not path.is_dir():
-        raise UsageError(f"--session {path}: no such session directory")
-    session = Engine.load(args.pack).session(path, model=args.model)
+    store = store_of(args)
+    if is_filesystem(store):
+        path = Path(args.session)
+        if not path.is_dir():
+            raise UsageError(f"--session {path}: no such session directory")
+        session = open_session(str(path), pack=args.pack, model=args.model)
+    else:
+        key = session_key(store, args.session)
+        if not store.exists(key):
+            raise StoreUsageError("CR147", f"--session {args.session}: no such session in {store.url}")
+        session = open_session(key, store=store, pack=args.pack, model=args.model)
     try:
         serve(session)
     except ImportError as exc:

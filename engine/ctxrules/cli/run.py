@@ -8,6 +8,7 @@ from typing import Any
 
 from ctxrules.cli.io import add_search_path, dump, read_json, write_text
 from ctxrules.cli.progress import TerminalProgress, wanted
+from ctxrules.cli.stores import add_store_options, named_store
 from ctxrules.cli.tables import report_table
 from ctxrules.engine import open_session
 from ctxrules.errors import UsageError
@@ -30,8 +31,8 @@ def register(sub: Any) -> None:
     p.add_argument("--input", default="-", help="message file (default: stdin)")
     p.add_argument("--output", default="-", help="where to write the messages (default: stdout)")
     p.add_argument("--report", help="write the JSON run report here")
-    p.add_argument("--session", help="session directory (default: STATE/default)")
-    p.add_argument("--state", help="state root (default: .ctxrules or $CTXRULES_STATE)")
+    p.add_argument("--session", help="session directory, or the session id with a --store URL (default: STATE/default)")
+    add_store_options(p)
     p.add_argument(
         "--format",
         choices=("openai", "anthropic", "auto"),
@@ -66,6 +67,7 @@ def run(args: argparse.Namespace) -> int:
     import signal
 
     signal.signal(signal.SIGTERM, _on_sigterm)
+    store = named_store(args)  # a bad --store is a usage error before any input is read
     data = read_json(args.input)
     name = "<stdin>" if args.input == "-" else args.input
     # The whole input is read in its format before a session is opened: an input that is not
@@ -86,7 +88,12 @@ def run(args: argparse.Namespace) -> int:
     except FormatError as exc:
         raise UsageError(f"{name}: {exc}") from None
     session = open_session(
-        args.pack, args.model, session=args.session, state=args.state, window=args.window, search_path=args.search_path
+        args.pack,
+        args.model,
+        session=args.session,
+        window=args.window,
+        search_path=args.search_path,
+        store=store,
     )
     if args.touched:
         session.touch(*args.touched)

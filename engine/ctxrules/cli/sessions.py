@@ -1,4 +1,5 @@
-"""``ctxrules sessions scan [--state DIR]`` / ``ctxrules sessions resume DIR``."""
+"""``ctxrules sessions scan|resume|export|import``: interrupted compactions, and moving a
+session between stores."""
 
 from __future__ import annotations
 
@@ -9,38 +10,122 @@ from pathlib import Path
 from typing import Any
 
 from ctxrules.cli.io import write_text
+from ctxrules.cli.stores import add_store_options, describe_store, is_filesystem, session_key, store_of
+from ctxrules.errors import UsageError
 from ctxrules.runtime.checkpoint import resume, scan
-from ctxrules.session_store import state_root_from_env
+from ctxrules.stores import session_id_for
+from ctxrules.stores.archive import export_session, import_session, read_archive
 
 
 def register(sub: Any) -> None:
-    p = sub.add_parser("sessions", help="find and resume sessions whose compaction was interrupted")
+    p = sub.add_parser("sessions", help="find and resume interrupted sessions; move sessions between stores")
     ssub = p.add_subparsers(dest="sessions_verb", metavar="ACTION", parser_class=type(p))
     ssub.required = True
-    s = ssub.add_parser("scan", help="list sessions under the state root whose last compaction was cut short")
-    s.add_argument("--state", help="state root (default: .ctxrules or $CTXRULES_STATE)")
+    s = ssub.add_parser("scan", help="list the sessions of a store whose last compaction was cut short")
+    add_store_options(s)
     s.set_defaults(func=run_scan)
     r = ssub.add_parser(
         "resume",
         help="restore a session to the state before its interrupted compaction "
         "and print the messages that compaction started from",
     )
-    r.add_argument("session", metavar="DIR")
+    r.add_argument("session", metavar="SESSION", help="the session directory (the session id with a --store URL)")
     r.add_argument("--output", default="-", help="where to write the messages (default: stdout)")
+    add_store_options(r)
     r.set_defaults(func=run_resume)
+    e = ssub.add_parser(
+        "export",
+        help="write a session (state, last output, vault, notes, ledger) to one portable file",
+        description="Write a session to a JSON-lines archive that `ctxrules sessions import` reads into "
+        "any store (filesystem or Redis); vault items keep their exact bytes.",
+    )
+    e.add_argument("session", metavar="SESSION", help="the session directory (the session id with a --store URL)")
+    e.add_argument("--to", required=True, metavar="FILE", help="the archive to write, or - for stdout")
+    add_store_options(e)
+    e.set_defaults(func=run_export)
+    i = ssub.add_parser(
+        "import",
+        help="read a session archive (from `sessions export`) into a store",
+        description="Read an archive written by `ctxrules sessions export` into a store, as a new "
+        "session (an existing one is never overwritten).",
+    )
+    i.add_argument("archive", metavar="FILE", help="the archive, or - for stdin")
+    i.add_argument(
+        "--session",
+        metavar="SESSION",
+        help="the session to create: a directory, or an id with a --store URL (default: the exported session's id)",
+    )
+    add_store_options(i)
+    i.set_defaults(func=run_import)
 
 
 def run_scan(args: argparse.Namespace) -> int:
-    root = Path(args.state) if args.state else state_root_from_env()
-    found = scan(root)
+    store = store_of(args)
+    found = scan(store.root) if is_filesystem(store) else scan(store)
     for hit in found:
         after = f" (after the first {hit.prefix} messages of last_output.jsonl)" if hit.prefix else ""
-        sys.stdout.write(f"{hit.session}\t{hit.reason}\tbackup={hit.backup}{after}\n")
-    sys.stdout.write(f"{len(found)} interrupted session(s) under {root}\n")
+        where = hit.session if is_filesystem(store) else store.describe(str(hit.session))
+        sys.stdout.write(f"{where}\t{hit.reason}\tbackup={hit.backup}{after}\n")
+    sys.stdout.write(f"{len(found)} interrupted session(s) under {describe_store(store)}\n")
     return 0
 
 
 def run_resume(args: argparse.Namespace) -> int:
-    messages = resume(Path(args.session))
+    store = store_of(args)
+    if is_filesystem(store):
+        messages = resume(Path(args.session))
+    else:
+        messages = resume(session_key(store, args.session), store=store)
     write_text(args.output, json.dumps(messages, ensure_ascii=False, indent=2) + "\n")
+    return 0
+
+
+def run_export(args: argparse.Namespace) -> int:
+    store = store_of(args)
+    key = session_key(store, args.session)
+    name = Path(key).resolve().name if is_filesystem(store) else key
+    if args.to == "-":
+        counts = export_session(store, key, sys.stdout.buffer, name=name)
+    else:
+        target = Path(args.to)
+        if target.exists() and not target.is_file():
+            raise UsageError(f"--to {target}: not a regular file")
+        tmp = target.with_name(f".{target.name}.partial")
+        try:
+            with open(tmp, "wb") as out:
+                counts = export_session(store, key, out, name=name)
+            tmp.replace(target)  # a reader never sees half an archive
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+    sys.stderr.write(
+        f"exported {store.describe(key)}: {counts['blobs']} vault item(s), {counts['docs']} document(s), "
+        f"{counts['ledger']} ledger record(s)\n"
+    )
+    return 0
+
+
+def run_import(args: argparse.Namespace) -> int:
+    store = store_of(args)
+    if args.archive == "-":
+        raw, where = sys.stdin.buffer.read(), "<stdin>"
+    else:
+        try:
+            raw, where = Path(args.archive).read_bytes(), args.archive
+        except OSError as exc:
+            raise UsageError(f"{args.archive}: cannot read: {exc.strerror or exc}") from None
+    lines = raw.split(b"\n")
+    name = args.session
+    if name is None:
+        header, _records = read_archive(lines, where)
+        exported = header.get("session")
+        if not isinstance(exported, str) or not exported:
+            raise UsageError(f"{where}: the archive names no session; give --session")
+        name = str(store.root / session_id_for(exported)) if is_filesystem(store) else exported
+    key = session_key(store, name)
+    counts = import_session(store, key, lines, where=where)
+    sys.stdout.write(
+        f"imported {store.describe(key)}: {counts['blobs']} vault item(s), {counts['docs']} document(s), "
+        f"{counts['ledger']} ledger record(s)\n"
+    )
     return 0

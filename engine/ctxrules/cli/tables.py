@@ -21,8 +21,12 @@ def read_back_command(report: dict[str, Any], vault_id: str) -> str:
     session, whose vault holds the item (a bare id only works from the run's directory)."""
     import shlex
 
-    session = (report.get("session") or {}).get("path")
-    where = f" --session {shlex.quote(str(session))}" if session else ""
+    info = report.get("session") or {}
+    session = info.get("path")
+    if info.get("store") and info.get("key"):  # a session in a URL store, by its key
+        where = f" --store {shlex.quote(str(info['store']))} --session {shlex.quote(str(info['key']))}"
+    else:
+        where = f" --session {shlex.quote(str(session))}" if session else ""
     return f"ctxrules vault get {vault_id[:12]}{where}"
 
 

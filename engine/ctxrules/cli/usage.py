@@ -21,9 +21,11 @@ from ctxrules.budget.policy import BudgetPolicy
 from ctxrules.budget.tracker import SessionLedger
 from ctxrules.budget.usage import TokenUsage, is_failed_response
 from ctxrules.cli.io import add_search_path, dump, read_json, write_text
+from ctxrules.cli.stores import add_store_options, describe_store, is_filesystem, session_key, store_of
 from ctxrules.errors import UsageError
 from ctxrules.packs.validated import load_pack
 from ctxrules.session_store import state_root_from_env
+from ctxrules.stores import open_store, store_from_options
 
 KINDS = ("prompt", "completion", "cached", "cache_write", "reasoning", "citation", "total")
 
@@ -106,7 +108,7 @@ def register(sub: Any) -> None:
         "weekday heatmap, per-agent cards with sparklines and requests per routing tier, from "
         "every call the state root's day ledgers hold (UTC).",
     )
-    d.add_argument("--state", metavar="DIR", help="state root (default: .ctxrules or $CTXRULES_STATE)")
+    add_store_options(d)
     d.add_argument(
         "--days", type=_count, default=30, metavar="N", help="how many days, up to today (default 30; e.g. 7, 30, 365)"
     )
@@ -120,9 +122,9 @@ def run_report(args: argparse.Namespace) -> int:
 
     if args.days < 1:
         raise UsageError("--days must be at least 1")
-    state = Path(args.state) if args.state else state_root_from_env()
-    if not state.is_dir():
-        raise UsageError(f"{state}: no such state root (give --state DIR)")
+    store = store_of(args)
+    if is_filesystem(store) and not store.root.is_dir():
+        raise UsageError(f"{store.root}: no such state root (give --state DIR)")
     if args.until:
         try:
             last = date.fromisoformat(args.until)
@@ -131,9 +133,9 @@ def run_report(args: argparse.Namespace) -> int:
     else:
         last = datetime.now(UTC).date()
     period = Period(last, args.days)
-    calls, bad = load_calls(state, period)
+    calls, bad = load_calls(store, period)
     if args.html:
-        write_text(args.html, render_dashboard(calls, period, state_root=str(state), bad_lines=bad))
+        write_text(args.html, render_dashboard(calls, period, state_root=str(describe_store(store)), bad_lines=bad))
         sys.stdout.write(f"wrote {args.html}: {len(calls)} call(s) over {args.days} day(s)\n")
     else:
         sys.stdout.write(summary_text(calls, period))
@@ -141,11 +143,15 @@ def run_report(args: argparse.Namespace) -> int:
 
 
 def _scope(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--session", metavar="DIR", help="session directory (default: STATE/default)")
     p.add_argument(
-        "--state",
+        "--session",
         metavar="DIR",
-        help="state root with day and goal ledgers (default: the session's parent, else .ctxrules or $CTXRULES_STATE)",
+        help="session directory, or the session id with a --store URL (default: STATE/default)",
+    )
+    add_store_options(
+        p,
+        state_help="state root with day and goal ledgers (default: the session's parent, else .ctxrules or "
+        "$CTXRULES_STATE); the same as --store file://DIR",
     )
     p.add_argument("--goal", help="the goal the calls count against")
     p.add_argument("--pack", help="pack whose budgets: (limits, prices, time zone) apply")
@@ -166,11 +172,24 @@ def _ledger(args: argparse.Namespace) -> Any:
     policy = BudgetPolicy()
     if args.pack:
         policy = BudgetPolicy.from_pack(load_pack(args.pack, search_path=args.search_path).data)
+    url = store_from_options(args.store, args.state)
+    store = open_store(url) if url is not None else None
+    if store is not None and not is_filesystem(store):
+        key = session_key(store, args.session)
+        return SessionLedger(
+            None,
+            key,
+            store=store,
+            session=key,
+            policy=policy,
+            goal=args.goal,
+            model=getattr(args, "model", None),
+        )
     if args.session:
         session = Path(args.session)
-        state = Path(args.state) if args.state else None
+        state = store.root if store is not None else None
     else:
-        state = Path(args.state) if args.state else state_root_from_env()
+        state = store.root if store is not None else state_root_from_env()
         session = state / "default"
     if session.exists() and not session.is_dir():
         raise UsageError(f"--session {session} is not a directory")
@@ -230,7 +249,7 @@ def run_show(args: argparse.Namespace) -> int:
     status = ledger.status(now)
     day, day_label = ledger.day_entries(now)
     data: dict[str, Any] = {
-        "session": {"path": str(ledger.dir), "root": ledger.root_id, **status.totals.as_dict()},
+        "session": {"path": ledger.store.describe(ledger.key), "root": ledger.root_id, **status.totals.as_dict()},
         "day": {"date": day_label, "timezone": ledger.policy.timezone, **Totals.of(day).as_dict()},
         "goal": None if not ledger.goal else {"goal": ledger.goal, **Totals.of(ledger.goal_entries()).as_dict()},
         "budget": status.as_dict(),

@@ -8,8 +8,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ctxrules.cli.stores import add_store_options, describe_store, is_filesystem, session_key, store_of
 from ctxrules.errors import UsageError
-from ctxrules.session_store import state_root_from_env
+from ctxrules.stores import StoreUsageError
 from ctxrules.vault import Vault, VaultError, parse_ref
 
 
@@ -26,8 +27,11 @@ def register(sub: Any) -> None:
     )
     g.add_argument("id", metavar="ID")
     g.add_argument("--lines", help="only lines A:B (1-based, inclusive)")
-    g.add_argument("--session", help="session directory (default: search every session under the state root)")
-    g.add_argument("--state", help="state root (default: .ctxrules or $CTXRULES_STATE)")
+    g.add_argument(
+        "--session",
+        help="session directory, or the session id with a --store URL (default: search every session of the store)",
+    )
+    add_store_options(g)
     g.set_defaults(func=run_get)
 
 
@@ -44,23 +48,22 @@ def run_get(args: argparse.Namespace) -> int:
         ident, lines = parse_ref(ident)
     if args.lines:
         lines = _parse_lines(args.lines)
+    store = store_of(args)
     if args.session:
-        candidates = [Path(args.session)]
-        if not candidates[0].is_dir():
+        key = session_key(store, args.session)
+        if is_filesystem(store) and not Path(key).is_dir():
             raise UsageError(f"no such session directory: {args.session}")
+        if not is_filesystem(store) and not store.exists(key):
+            raise StoreUsageError("CR147", f"no session {args.session!r} in {store.url}")
+        candidates = [key]
     else:
-        root = Path(args.state) if args.state else state_root_from_env()
         # A session whose vault was removed still counts: its items are "missing".
-        candidates = (
-            sorted({p.parent for name in ("vault", "state.json") for p in root.glob(f"*/{name}")})
-            if root.is_dir()
-            else []
-        )
+        candidates = store.sessions()
         if not candidates:
-            raise UsageError(f"no sessions under {root}; give --session DIR")
+            raise UsageError(f"no sessions in {describe_store(store)}; give --session DIR")
     errors = []
     for session in candidates:
-        vault = Vault.for_session(session)
+        vault = Vault.of(store, session)
         try:
             data = vault.get_lines(ident, *lines) if lines else vault.get(ident)
         except VaultError as exc:

@@ -25,11 +25,15 @@ import asyncio
 import threading
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ctxrules.engine import Engine
 from ctxrules.integrations import session_name
 from ctxrules.recall import PARAMETERS, RecallError, RecallSettings
+from ctxrules.stores import open_store
+
+if TYPE_CHECKING:
+    from ctxrules.stores.base import Store
 
 try:
     from langchain.agents.middleware import AgentMiddleware
@@ -86,6 +90,8 @@ class CtxrulesMiddleware(AgentMiddleware):
     :param model: the model name ctxrules counts and sizes the window for (the LangChain model
         object does not say it reliably).
     :param state: the state root; each thread is a session directory under it.
+    :param store: instead of ``state``, a :class:`ctxrules.stores.Store` or a store URL
+        (``redis://host:6379/0``): each thread is a session id in it, shared by every worker.
     :param window: override the model's window.
     :param session_id: the session to use when a run has no ``thread_id``.
     :param recall: give the agent the recall tool and answer its calls.
@@ -96,15 +102,19 @@ class CtxrulesMiddleware(AgentMiddleware):
         pack: str | Path = "builtin:default",
         *,
         model: str,
-        state: str | Path = ".ctxrules",
+        state: str | Path | None = None,
+        store: Store | str | None = None,
         window: int | None = None,
         session_id: str = DEFAULT_SESSION,
         recall: bool = True,
     ) -> None:
         super().__init__()
+        if store is not None and state is not None:
+            raise ValueError("give state (a directory) or store (a Store or URL), not both")
         self.engine = Engine.load(pack)
         self.model_name = model
-        self.state = Path(state)
+        self.state = Path(state if state is not None else ".ctxrules")
+        self.store: Store | None = open_store(store) if store is not None else None
         self.window = window
         self.default_session = session_name(session_id)
         self._sessions: dict[str, Any] = {}
@@ -119,9 +129,12 @@ class CtxrulesMiddleware(AgentMiddleware):
         with self._lock:
             session = self._sessions.get(name)
             if session is None:
-                session = self.engine.session(
-                    self.state / name, model=self.model_name, window=self.window, state_root=self.state
-                )
+                if self.store is not None:
+                    session = self.engine.session(name, store=self.store, model=self.model_name, window=self.window)
+                else:
+                    session = self.engine.session(
+                        self.state / name, model=self.model_name, window=self.window, state_root=self.state
+                    )
                 self._sessions[name] = session
             return session
 

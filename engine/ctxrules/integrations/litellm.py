@@ -30,6 +30,7 @@ import shutil
 import tempfile
 import threading
 import time
+import uuid
 from collections import OrderedDict
 from collections.abc import Mapping
 from pathlib import Path
@@ -46,9 +47,12 @@ except ImportError as exc:  # pragma: no cover - litellm is a core dependency; a
 
 from ctxrules.integrations import session_name
 from ctxrules.logs import get_logger
+from ctxrules.stores import open_store
+from ctxrules.stores.filesystem import FilesystemStore
 
 if TYPE_CHECKING:
     from ctxrules.engine import Engine, Session
+    from ctxrules.stores.base import Store
 
 __all__ = ["ContextHook", "completion"]
 
@@ -60,7 +64,9 @@ _PRODUCED_LIMIT = 4096
 
 
 class ContextHook(CustomLogger):
-    """Run ``pack`` on every request; sessions under ``state`` (the state root).
+    """Run ``pack`` on every request; sessions under ``state`` (the state root), or in ``store``
+    (a :class:`ctxrules.stores.Store` or a URL such as ``redis://host:6379/0``, so that proxy
+    replicas share sessions; not both).
 
     ``model``/``window``: the model whose facts (window, tokenizer) apply, when the request's
     model name is a proxy alias ctxrules does not know; ``on_error``: ``pass`` or ``reject``;
@@ -69,8 +75,9 @@ class ContextHook(CustomLogger):
     def __init__(
         self,
         pack: str | Path = "builtin:default",
-        state: str | Path = ".ctxrules",
+        state: str | Path | None = None,
         *,
+        store: Store | str | None = None,
         model: str | None = None,
         window: int | None = None,
         on_error: Literal["pass", "reject"] = "pass",
@@ -81,14 +88,21 @@ class ContextHook(CustomLogger):
 
         if on_error not in ("pass", "reject"):
             raise ValueError(f"on_error must be 'pass' or 'reject', got {on_error!r}")
+        if store is not None and state is not None:
+            raise ValueError("give state (a directory) or store (a Store or URL), not both")
         self.engine: Engine = Engine.load(pack)
-        self.state_root = Path(state)
+        self.state_root = Path(state if state is not None else ".ctxrules")
+        self.store: Store = open_store(store) if store is not None else FilesystemStore(self.state_root)
+        # The filesystem store keeps sessions as directories, named as they always were.
+        self._files = isinstance(self.store, FilesystemStore)
+        if isinstance(self.store, FilesystemStore):
+            self.state_root = self.store.root  # store="file://DIR" is state="DIR"
         self.model = model
         self.window = window
         self.on_error = on_error
         self.max_sessions = max_sessions
         self.stats = {"prepared": 0, "unchanged": 0, "passed": 0, "failed": 0}
-        self._sessions: OrderedDict[Path, Session] = OrderedDict()
+        self._sessions: OrderedDict[str, Session] = OrderedDict()
         self._produced: OrderedDict[str, None] = OrderedDict()
         self._lock = threading.Lock()
         self._log = get_logger("ctxrules.litellm")
@@ -137,17 +151,21 @@ class ContextHook(CustomLogger):
             model = self.model or str(kwargs.get("model") or "")
             # The logged model may be the deployment's name: no switch (it would drop the
             # session's in-memory reuse of its last compaction).
-            session = self._session(self._session_path(raw, str(key) if key else None), model, switch=False)
+            session = self._session(self._session_key(raw, str(key) if key else None), model, switch=False)
             dump = getattr(response, "model_dump", None)  # litellm's pydantic responses
             session.record_usage(dump() if callable(dump) else response)
         except Exception as exc:  # the call succeeded; a ledger problem must not turn it into an error
             self._log.warning("litellm.usage_error", error=f"{type(exc).__name__}: {exc}")
 
-    def _session_path(self, raw: str, api_key: str | None) -> Path:
-        base = self.state_root
-        if api_key is not None:
-            base = base / "keys" / hashlib.sha256(api_key.encode()).hexdigest()[:16]
-        return base / session_name(raw)
+    def _session_key(self, raw: str, api_key: str | None) -> str:
+        """The session of a request: namespaced by a hash of the caller's API key, so two keys
+        never share a session."""
+        tenant = hashlib.sha256(api_key.encode()).hexdigest()[:16] if api_key is not None else None
+        if self._files:
+            base = self.state_root if tenant is None else self.state_root / "keys" / tenant
+            return str(base / session_name(raw))
+        name = session_name(raw)
+        return self.store.session_key(name if tenant is None else f"{tenant}.{name}")
 
     # -- the work ------------------------------------------------------------------------------
 
@@ -209,13 +227,22 @@ class ContextHook(CustomLogger):
         raw = _session_id(data)
         if raw is None:
             return self._stateless(data, kind, model)
-        path = self._session_path(raw, api_key)
-        out, report = _apply(self._session(path, model), data, kind)
-        return out, str(path.relative_to(self.state_root)), report
+        key = self._session_key(raw, api_key)
+        out, report = _apply(self._session(key, model), data, kind)
+        label = str(Path(key).relative_to(self.state_root)) if self._files else key
+        return out, label, report
 
     def _stateless(self, data: dict[str, Any], kind: Kind, model: str) -> tuple[dict[str, Any], str, dict[str, Any]]:
         from ctxrules.vault import Vault
 
+        if not self._files:
+            # A one-off session in the shared store (its TTL collects it); the vault it writes to
+            # is one every worker reads, so what leaves the context stays findable.
+            name = f"stateless-{uuid.uuid4().hex}"
+            session = self.engine.session(name, store=self.store, model=model, window=self.window)
+            session.vault = Vault.of(self.store, self.store.session_key("stateless"))
+            out, report = _apply(session, data, kind)
+            return out, "(stateless)", report
         scratch = self.state_root / ".stateless"
         scratch.mkdir(parents=True, exist_ok=True, mode=0o700)
         path = Path(tempfile.mkdtemp(dir=scratch))
@@ -227,17 +254,21 @@ class ContextHook(CustomLogger):
         finally:
             shutil.rmtree(path, ignore_errors=True)
 
-    def _session(self, path: Path, model: str, *, switch: bool = True) -> Session:
+    def _session(self, key: str, model: str, *, switch: bool = True) -> Session:
         with self._lock:
-            session = self._sessions.get(path)
+            session = self._sessions.get(key)
             if session is None:
-                path.mkdir(parents=True, exist_ok=True, mode=0o700)
-                session = self.engine.session(path, model=model, window=self.window, state_root=self.state_root)
-                self._sessions[path] = session
+                if self._files:
+                    path = Path(key)
+                    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+                    session = self.engine.session(path, model=model, window=self.window, state_root=self.state_root)
+                else:
+                    session = self.engine.session(key, store=self.store, model=model, window=self.window)
+                self._sessions[key] = session
                 while len(self._sessions) > self.max_sessions:
                     self._sessions.popitem(last=False)
             else:
-                self._sessions.move_to_end(path)
+                self._sessions.move_to_end(key)
         if switch and session.model.name != model:
             session.switch(model=model, window=self.window)
         return session
@@ -315,15 +346,20 @@ _DEFAULT_LOCK = threading.Lock()
 def completion(*args: Any, hook: ContextHook | None = None, **kwargs: Any) -> Any:
     """``litellm.completion`` with the messages prepared first (litellm's sync path fires no
     hook). ``hook``: the :class:`ContextHook` to use; default one built from ``CTXRULES_PACK``
-    (default ``builtin:default``) and ``CTXRULES_STATE`` (default ``.ctxrules``)."""
+    (default ``builtin:default``) and ``CTXRULES_STORE`` (a store URL), else ``CTXRULES_STATE``
+    (default ``.ctxrules``)."""
     import litellm
 
     global _DEFAULT
     if hook is None:
         with _DEFAULT_LOCK:
             if _DEFAULT is None:
-                _DEFAULT = ContextHook(
-                    os.environ.get("CTXRULES_PACK", "builtin:default"), os.environ.get("CTXRULES_STATE", ".ctxrules")
+                pack = os.environ.get("CTXRULES_PACK", "builtin:default")
+                url = os.environ.get("CTXRULES_STORE")
+                _DEFAULT = (
+                    ContextHook(pack, store=url)
+                    if url
+                    else ContextHook(pack, os.environ.get("CTXRULES_STATE", ".ctxrules"))
                 )
             hook = _DEFAULT
     if args:

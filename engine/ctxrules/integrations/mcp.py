@@ -9,14 +9,16 @@ ctxrules moved out of its context. The SDK is imported here only: install ``ctxr
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ctxrules.recall import PARAMETERS, RecallError, RecallSettings
 
 if TYPE_CHECKING:
     from ctxrules.engine import Session
+    from ctxrules.stores.base import Store
 
-__all__ = ["build_server", "serve"]
+__all__ = ["build_server", "open_session", "serve"]
 
 _EXTRA = 'the MCP server needs the official MCP SDK: pip install "ctxrules[mcp]"'
 
@@ -39,8 +41,21 @@ def _sdk() -> tuple[Any, Any]:
     raise ImportError(_EXTRA)
 
 
+def open_session(
+    session: str, *, store: Store | str | None = None, pack: str = "builtin:default", model: str = "gpt-4o"
+) -> Session:
+    """The session the server answers for: a session directory, or (``store``: a Store or a URL
+    such as ``redis://host:6379/0``) a session id in that store."""
+    from ctxrules.engine import Engine
+
+    engine = Engine.load(pack)
+    if store is None:
+        return engine.session(Path(session), model=model)
+    return engine.session(session, store=store, model=model)
+
+
 def build_server(session: Session) -> Any:
-    """The MCP server object for ``session`` (not started)."""
+    """The MCP server object for ``session`` (not started; :func:`open_session` opens one)."""
     server_cls, tool_error = _sdk()
     settings = RecallSettings.from_pack(session.engine.pack.data)
     server = server_cls(name="ctxrules", instructions=settings.description)

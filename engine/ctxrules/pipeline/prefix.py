@@ -13,14 +13,13 @@ first messages with the one stored in ``state.json`` (:class:`HistoryChain`).
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from ctxrules.dangling import marker_ids, missing
 from ctxrules.messages import clone_json, message_digest
 
 if TYPE_CHECKING:
-    from ctxrules.session_store import SessionStore
     from ctxrules.tokens import TokenCounter
     from ctxrules.types import Message
     from ctxrules.vault import Vault
@@ -95,23 +94,29 @@ class PrefixCache:
                 self._repaired[id(given[i])] = (given[i], validated[i])
 
     def match(
-        self, history: list[Message], state: Mapping[str, Any], store: SessionStore, counter: TokenCounter, vault: Vault
+        self,
+        history: list[Message],
+        state: Mapping[str, Any],
+        load_output: Callable[[], list[Message] | None],
+        counter: TokenCounter,
+        vault: Vault,
     ) -> tuple[int, list[Message], HistoryChain]:
         """(messages reused, the previous output, the chain of the reused history) when
         ``history`` extends the last one; (0, [], empty chain) otherwise. Without a copy in
-        memory (another process prepared last), the chain stored in ``state`` is compared and
-        the output is read back from ``store`` (its digest checked). An output one of whose
+        memory, or when the state's chain is not the one this object saved (another process or
+        worker prepared since), the chain stored in ``state`` is compared and the output is read
+        back with ``load_output`` (the store checks its digest). An output one of whose
         markers points at a vault item that is gone is not reused: computing it again from the
         history stores the originals it still has (same ids)."""
         last = self.history
-        if last is not None and self.output is not None:
+        record = state.get("last") or {}
+        if last is not None and self.output is not None and record.get("chain") == self.chain.value:
             # Our copies share leaf strings with what the caller passed, so `==` mostly meets
             # identical objects and stays cheap; a message edited in place compares unequal.
             n = len(last)
             if n <= len(history) and last == history[:n] and not missing(vault, self.output_ids):
                 return n, self.output, self.chain
             return 0, [], HistoryChain()
-        record = state.get("last") or {}
         count, value, output_count = record.get("count"), record.get("chain"), record.get("output_count")
         if not isinstance(count, int) or not isinstance(value, str) or not 0 < count <= len(history):
             return 0, [], HistoryChain()
@@ -120,8 +125,8 @@ class PrefixCache:
         chain = HistoryChain().extended(history[:count])
         if chain.value != value:
             return 0, [], HistoryChain()
-        output = store.load_output(output_count, record.get("output_file"), record.get("output_digest"))
-        if output is None:
+        output = load_output()
+        if output is None or len(output) != output_count:
             return 0, [], HistoryChain()
         ids = marker_ids(output)
         if missing(vault, ids):

@@ -20,26 +20,29 @@ checkpoint is what lets a caller know a compaction was cut short and restore fro
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
+import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ctxrules.errors import CtxrulesError
 from ctxrules.json_stream import write_json
-from ctxrules.private_files import read_private, write_atomic
-from ctxrules.session_store import SessionLock, SessionStore
+from ctxrules.stores import store_and_session
 from ctxrules.vault import Vault
+
+if TYPE_CHECKING:
+    from ctxrules.stores.base import Store
 
 CHECKPOINT_FILE = "checkpoint.json"
 
 
 @dataclass(frozen=True)
 class Interrupted:
-    session: Path
+    session: Path | str
+    """The session directory (filesystem store) or the session's key in its store."""
     status: str
     pid: int | None
     started: float | None
@@ -48,6 +51,12 @@ class Interrupted:
     prefix: int = 0
     """When not 0: the backup holds the messages after the first ``prefix`` lines of
     ``last_output.jsonl`` (the last output, which the compaction started from)."""
+
+
+def _where(session: Path | str, store: Store | None) -> tuple[Store, str]:
+    if store is not None:
+        return store, str(session)
+    return store_and_session(Path(session), None, None)
 
 
 def put_backup(vault: Vault, messages: list[Any]) -> str:
@@ -62,78 +71,90 @@ def put_backup(vault: Vault, messages: list[Any]) -> str:
         writer.discard()
 
 
-def _path(session: Path) -> Path:
-    return session / CHECKPOINT_FILE
-
-
-def read(session: Path) -> dict[str, Any] | None:
+def read(session: Path | str, *, store: Store | None = None) -> dict[str, Any] | None:
+    st, key = _where(session, store)
     try:
-        data = json.loads(read_private(_path(session)))
+        raw = st.read_doc(key, "checkpoint")
+        data = json.loads(raw) if raw is not None else None
     except (OSError, ValueError, RecursionError, CtxrulesError):
         return None
     return data if isinstance(data, dict) else None
 
 
-def begin(session: Path, *, backup: str, state: dict[str, Any], messages: int, clock: float, prefix: int = 0) -> None:
+def _write(st: Store, key: str, data: dict[str, Any]) -> None:
+    st.write_doc(key, "checkpoint", json.dumps(data, ensure_ascii=False).encode("utf-8"))
+
+
+def begin(
+    session: Path | str,
+    *,
+    backup: str,
+    state: dict[str, Any],
+    messages: int,
+    clock: float,
+    prefix: int = 0,
+    store: Store | None = None,
+) -> None:
     """``backup``: the vault id of the messages the compaction starts from, after the first
     ``prefix`` lines of ``last_output.jsonl`` (which the session does not write again before
     :func:`complete`)."""
-    write_atomic(
-        _path(session),
-        json.dumps(
-            {
-                "status": "running",
-                "pid": os.getpid(),
-                "started": clock,
-                "written": time.time(),
-                "backup": backup,
-                "prefix": prefix,
-                "messages": messages,
-                "state_before": state,
-            },
-            ensure_ascii=False,
-        ).encode("utf-8"),
-        durable=False,
+    st, key = _where(session, store)
+    _write(
+        st,
+        key,
+        {
+            "status": "running",
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "started": clock,
+            "written": time.time(),
+            "backup": backup,
+            "prefix": prefix,
+            "messages": messages,
+            "state_before": state,
+        },
     )
 
 
-def _set_status(session: Path, status: str, **extra: Any) -> None:
-    data = read(session)
+def _set_status(st: Store, key: str, status: str, **extra: Any) -> None:
+    data = read(key, store=st)
     if data is None:
         return
     data.update(status=status, **extra)
-    write_atomic(_path(session), json.dumps(data, ensure_ascii=False).encode("utf-8"), durable=False)
+    _write(st, key, data)
 
 
-def complete(session: Path) -> None:
+def complete(session: Path | str, *, store: Store | None = None) -> None:
     """The compaction finished: nothing is left to resume, so the checkpoint goes (cheaper than
     rewriting it, on every turn of a session that stays at a compacting tier)."""
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(_path(session))
+    st, key = _where(session, store)
+    st.write_doc(key, "checkpoint", None)
 
 
-def interrupted(session: Path, reason: str, *, backup: str | None = None) -> None:
+def interrupted(session: Path | str, reason: str, *, backup: str | None = None, store: Store | None = None) -> None:
     """A handled interruption; ``backup`` (the whole input) replaces a backup that needs
     ``last_output.jsonl``, which the still running session may write again."""
+    st, key = _where(session, store)
     extra: dict[str, Any] = {"backup": backup, "prefix": 0} if backup else {}
-    _set_status(session, "interrupted", reason=reason, finished=time.time(), **extra)
+    _set_status(st, key, "interrupted", reason=reason, finished=time.time(), **extra)
 
 
-def recovered(session: Path) -> str | None:
+def recovered(session: Path | str, *, store: Store | None = None) -> str | None:
     """The session was reopened after an interrupted compaction and goes on from before it.
     A backup that needs ``last_output.jsonl`` is made whole first (the reopened session will
     write that file). Returns the vault id of the backup of the whole input (None: lost)."""
-    data = read(session) or {}
+    st, key = _where(session, store)
+    data = read(key, store=st) or {}
     if _prefix(data):
         try:
-            messages = _backed_up(session, data)
-            full: str | None = Vault.for_session(session).put_text(json.dumps(messages, ensure_ascii=False))
+            messages = _backed_up(st, key, data)
+            full: str | None = Vault.of(st, key).put_text(json.dumps(messages, ensure_ascii=False))
         except (CtxrulesError, OSError, ValueError) as exc:
-            _set_status(session, "recovered", recovered=time.time(), backup_lost=str(exc))
+            _set_status(st, key, "recovered", recovered=time.time(), backup_lost=str(exc))
             return None
-        _set_status(session, "recovered", recovered=time.time(), backup=full, prefix=0)
+        _set_status(st, key, "recovered", recovered=time.time(), backup=full, prefix=0)
         return full
-    _set_status(session, "recovered", recovered=time.time())
+    _set_status(st, key, "recovered", recovered=time.time())
     backup = data.get("backup")
     return str(backup) if backup else None
 
@@ -143,27 +164,27 @@ def _prefix(data: dict[str, Any]) -> int:
     return prefix if isinstance(prefix, int) and prefix > 0 else 0
 
 
-def _backed_up(session: Path, data: dict[str, Any]) -> list[Any]:
+def _backed_up(st: Store, key: str, data: dict[str, Any]) -> list[Any]:
     """The messages the interrupted compaction started from: the first ``prefix`` lines of
     ``last_output.jsonl`` (checked against the state saved with them) and the backup."""
+    where = st.describe(key)
     backup = data.get("backup")
     if not backup:
-        raise CtxrulesError(f"{session}: the checkpoint has no backup of the messages")
+        raise CtxrulesError(f"{where}: the checkpoint has no backup of the messages")
     try:
-        tail = json.loads(Vault.for_session(session).get_text(str(backup)))
+        tail = json.loads(Vault.of(st, key).get_text(str(backup)))
     except ValueError as exc:
-        raise CtxrulesError(f"{session}: the checkpoint backup is not JSON: {exc}") from exc
+        raise CtxrulesError(f"{where}: the checkpoint backup is not JSON: {exc}") from exc
     if not isinstance(tail, list):
-        raise CtxrulesError(f"{session}: the checkpoint backup is not a message list")
+        raise CtxrulesError(f"{where}: the checkpoint backup is not a message list")
     prefix = _prefix(data)
     if not prefix:
         return tail
-    store = SessionStore(session)
-    record = store.load().get("last") or {}
-    head = store.load_output(prefix, record.get("output_file"), record.get("output_digest"))
+    turn = st.load_turn(key)
+    head = turn.output[:prefix] if turn.output is not None and len(turn.output) >= prefix else None
     if head is None:
         raise CtxrulesError(
-            f"{session}: the checkpoint's backup starts after the first {prefix} messages of "
+            f"{where}: the checkpoint's backup starts after the first {prefix} messages of "
             "last_output.jsonl, and that file no longer holds them"
         )
     return [*head, *tail]
@@ -179,20 +200,38 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def check(session: Path) -> Interrupted | None:
+def _writer_gone(st: Store, key: str, data: dict[str, Any]) -> str | None:
+    """Why the process that wrote a ``running`` checkpoint is gone (None: it may be running).
+    On this host its pid tells; a checkpoint from another host (a shared store) counts as cut
+    short when the session's prepare lock is free: a running compaction holds it."""
+    pid, host = data.get("pid"), data.get("host")
+    if host is None or host == socket.gethostname():
+        if isinstance(pid, int) and not _alive(pid):
+            return f"process {pid} ended during a compaction"
+        return None
+    try:
+        with st.prepare_lock(key, timeout=0):
+            pass
+    except CtxrulesError:
+        return None
+    return f"process {pid} on {host} ended during a compaction (the session's lock is free)"
+
+
+def check(session: Path | str, *, store: Store | None = None) -> Interrupted | None:
     """The session's interrupted compaction, if it has one."""
-    data = read(session)
+    st, key = _where(session, store)
+    data = read(key, store=st)
     if not data:
         return None
     status, pid = data.get("status"), data.get("pid")
     if status == "interrupted":
         reason = str(data.get("reason") or "interrupted")
-    elif status == "running" and isinstance(pid, int) and not _alive(pid):
-        reason = f"process {pid} ended during a compaction"
+    elif status == "running" and (gone := _writer_gone(st, key, data)) is not None:
+        reason = gone
     else:
         return None
     return Interrupted(
-        session,
+        session if store is None else key,
         str(status),
         pid if isinstance(pid, int) else None,
         data.get("started"),
@@ -202,35 +241,39 @@ def check(session: Path) -> Interrupted | None:
     )
 
 
-def scan(state_root: Path) -> list[Interrupted]:
-    """Every session under ``state_root`` whose last compaction was cut short."""
-    if not state_root.is_dir():
-        return []
-    found = []
-    for cp in sorted(state_root.glob(f"**/{CHECKPOINT_FILE}")):
-        hit = check(cp.parent)
-        if hit is not None:
-            found.append(hit)
-    return found
+def scan(state_root: Path | Store) -> list[Interrupted]:
+    """Every session under ``state_root`` (a directory, or every session of a store) whose last
+    compaction was cut short."""
+    if isinstance(state_root, str | os.PathLike):
+        root = Path(state_root)
+        if not root.is_dir():
+            return []
+        found = []
+        for cp in sorted(root.glob(f"**/{CHECKPOINT_FILE}")):
+            hit = check(cp.parent)
+            if hit is not None:
+                found.append(hit)
+        return found
+    store = state_root
+    return [hit for key in store.sessions() if (hit := check(key, store=store)) is not None]
 
 
-def resume(session: Path) -> list[dict[str, Any]]:
+def resume(session: Path | str, *, store: Store | None = None) -> list[dict[str, Any]]:
     """Restore the state from before the interrupted compaction; return the backed-up messages."""
-    with SessionLock(session):
-        hit = check(session)
-        data = read(session) or {}
+    st, key = _where(session, store)
+    with st.prepare_lock(key):
+        hit = check(key, store=st)
+        data = read(key, store=st) or {}
+        where = st.describe(key)
         if hit is None and data.get("status") == "recovered":
             # Reopening the session already went on from the state before the cut; the
             # backup of what that compaction started from can still be had.
-            hit = Interrupted(
-                session, "recovered", data.get("pid"), data.get("started"), data.get("backup"), "recovered"
-            )
+            hit = Interrupted(key, "recovered", data.get("pid"), data.get("started"), data.get("backup"), "recovered")
         if hit is None:
-            raise CtxrulesError(f"{session}: no interrupted compaction to resume")
-        messages = _backed_up(session, data)  # before state.json is put back
+            raise CtxrulesError(f"{where}: no interrupted compaction to resume")
+        messages = _backed_up(st, key, data)  # before the state is put back
         state = data.get("state_before")
-        store = SessionStore(session)
         if isinstance(state, dict):
-            write_atomic(store.state_file, json.dumps(state, ensure_ascii=False, sort_keys=True).encode("utf-8"))
-        _set_status(session, "resumed", resumed=time.time())
+            st.save_state(key, state)
+        _set_status(st, key, "resumed", resumed=time.time())
     return messages

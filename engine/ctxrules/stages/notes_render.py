@@ -87,7 +87,7 @@ class NotesRender:
 
     def __call__(self, messages: Sequence[dict[str, Any]], ctx: StageContext) -> StageOutcome:
         try:
-            notes = load_notes(ctx.vault.root.parent)
+            notes = load_notes(store=ctx.vault.store, session=ctx.vault.session)
         except NotesError as exc:
             return StageOutcome(messages=list(messages), warnings=[str(exc)])
         existing = [i for i, f in enumerate(shape(messages).facts) if f.injected and injected_kind(messages[i]) == KIND]

@@ -165,7 +165,7 @@ class Reread:
             if _under(Path(path), roots):
                 mentioned[path] = (n, False)
         offset = len(mentioned)
-        for n, tracked in enumerate(reversed(load_tracked(ctx.vault.root.parent))):
+        for n, tracked in enumerate(reversed(load_tracked(store=ctx.vault.store, session=ctx.vault.session))):
             mentioned[tracked.path] = (offset + n, True)
         out: list[Candidate] = []
         for path, (order, touched) in mentioned.items():

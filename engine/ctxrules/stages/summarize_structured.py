@@ -110,10 +110,10 @@ class StructuredSummary:
         if plan is None or not plan.remove:
             notes = list(plan.notes) if plan is not None else ["nothing follows the protected head"]
             return StageOutcome(list(messages), warnings=[f"no compaction: {n}" for n in notes])
-        from ctxrules.summarize.lock import CompactionBusy, CompactionLock
+        from ctxrules.summarize.lock import CompactionBusy
 
         try:
-            with CompactionLock(ctx.vault.root.parent):
+            with ctx.vault.store.compaction_lock(ctx.vault.session):
                 return self._compact(messages, ctx, plan, config, current)
         except CompactionBusy as exc:
             return StageOutcome(list(messages), warnings=[f"{exc}: this turn is not compacted"])

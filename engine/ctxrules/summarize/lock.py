@@ -14,16 +14,14 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING
 
+from ctxrules.stores.base import CompactionBusy
+
 if TYPE_CHECKING:
     from ctxrules.locks import FileLock
 
 __all__ = ["CompactionBusy", "CompactionLock"]
 
 LOCK_NAME = ".compaction.lock"
-
-
-class CompactionBusy(Exception):
-    """Another compaction of this session holds the lock."""
 
 
 class CompactionLock:

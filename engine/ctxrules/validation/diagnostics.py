@@ -62,5 +62,10 @@ CODES: dict[str, str] = {
     "CR131": "a compressor's failure pattern matches an empty line (it would protect every line)",
     "CR140": "a request breaks a rule of its provider's API (ctxrules.formats validators)",
     "CR141": "a request cannot be read in the format given (neither OpenAI nor Anthropic with --format auto)",
+    "CR145": "a store cannot be selected (unknown URL scheme, --store with --state, a missing backend extra)",
+    "CR146": "a session archive cannot be imported (not an archive, truncated, damaged, or the session exists)",
+    "CR147": "the session named is not in the store (sessions export, vault get --session, mcp --session)",
+    "CR148": "the Redis store cannot be used (unreachable, no answer in time, a refused command, a bad URL option)",
+    "CR149": "a session's prepare lock on the Redis store: held elsewhere past lock_timeout_s, or its lease lost",
     "CR125": "deprecated key: guards.subagents.max_descendants is an alias of budgets.max_descendants",
 }

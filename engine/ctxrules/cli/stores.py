@@ -1,0 +1,66 @@
+"""``--store URL`` and ``--state DIR`` for every verb that touches a session or the vault.
+
+``--state DIR`` is ``--store file://DIR``; giving both is a usage error (exit 2). Without either,
+``$CTXRULES_STORE`` names the store, else the filesystem store in ``$CTXRULES_STATE`` or
+``.ctxrules``. With the filesystem store ``--session`` names a session directory (as it always
+has); with any other store it names a session id (``[A-Za-z0-9._-]{1,128}`` as it is, anything
+else by its sha256).
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any, TypeGuard
+
+from ctxrules.session_store import state_root_from_env
+from ctxrules.stores import Store, open_store, store_from_options
+from ctxrules.stores.filesystem import FilesystemStore
+
+__all__ = ["add_store_options", "named_store", "session_key", "store_of"]
+
+STORE_HELP = (
+    "where sessions live: file://DIR, redis://HOST:PORT/DB, rediss://..., unix:///PATH "
+    "(default: $CTXRULES_STORE, else the --state directory)"
+)
+STATE_HELP = "state root directory; the same as --store file://DIR (default: .ctxrules or $CTXRULES_STATE)"
+
+
+def add_store_options(p: argparse.ArgumentParser, *, state_help: str = STATE_HELP) -> None:
+    """Add ``--store URL`` and ``--state DIR``."""
+    p.add_argument("--store", metavar="URL", help=STORE_HELP)
+    p.add_argument("--state", metavar="DIR", help=state_help)
+
+
+def store_of(args: argparse.Namespace) -> Store:
+    """The store the options name (a usage error for both flags, an unknown scheme, a missing
+    client library)."""
+    url = store_from_options(getattr(args, "store", None), getattr(args, "state", None))
+    if url is None:
+        return FilesystemStore(state_root_from_env())
+    return open_store(url)
+
+
+def named_store(args: argparse.Namespace) -> Store | None:
+    """The store the options or ``$CTXRULES_STORE`` name, or None when nothing names one (then a
+    session directory keeps its day and goal ledgers in its parent, as always)."""
+    url = store_from_options(getattr(args, "store", None), getattr(args, "state", None))
+    return open_store(url) if url is not None else None
+
+
+def is_filesystem(store: Store) -> TypeGuard[FilesystemStore]:
+    return isinstance(store, FilesystemStore)
+
+
+def session_key(store: Store, name: str | None) -> str:
+    """The session ``--session`` names (default: ``default``): a directory for the filesystem
+    store (as given, relative to the current directory; the default is ``STATE/default``), a
+    session id for the others."""
+    if isinstance(store, FilesystemStore):
+        return str(Path(name)) if name else str(store.root / "default")
+    return store.session_key(name or "default")
+
+
+def describe_store(store: Store) -> Any:
+    """How a summary line names the store: its directory, or its URL."""
+    return store.root if isinstance(store, FilesystemStore) else store.url

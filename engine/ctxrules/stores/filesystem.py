@@ -1,0 +1,652 @@
+"""The filesystem store: sessions as directories, the default backend.
+
+The layout is the one ctxrules has always written (docs/reference/api.md "Sessions and the
+vault"); a session directory written by an earlier version is read as it is::
+
+    <root>/                       the state root (``--state``; default .ctxrules)
+      injection.key               the key that signs injected messages' tags
+      ledger/days/<date>.jsonl    every call of a UTC date     (+ .lock)
+      ledger/goals/<goal>.jsonl   every call made for a goal   (+ .lock)
+      router/misroutes.jsonl      the router's misroute reports (+ .lock)
+      <session>/                  a session directory (anywhere: the key is its path)
+        state.json, last_output.jsonl   the last turn (ctxrules.session_store)
+        vault/ab/ab12...          vault blobs by sha256 (+ .meta for a media type)
+        notes.json, touched.json, router.json, checkpoint.json, root.json
+        ledger.jsonl, descendants.jsonl
+        .lock, .compaction.lock, .notes.lock, .tracker.lock, router.json.lock, *.jsonl.lock
+
+Guarantees: every file is opened without following a link and checked through its descriptor
+(:mod:`ctxrules.private_files`): a regular file of this user, mode 0600, in directories of this
+user, mode 0700; whole-file writes go to a temporary file in the same directory, renamed over
+the old one; vault blobs and ledger records are fsynced before they count; ledger appends and
+document updates hold a :class:`ctxrules.locks.FileLock`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import re
+import stat
+import tempfile
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Final, Literal
+from urllib.parse import unquote, urlsplit
+
+from ctxrules.errors import CtxrulesError, UsageError
+from ctxrules.integrations import session_name
+from ctxrules.private_files import (
+    UnsafePathError,
+    ensure_dir,
+    open_private,
+    read_private,
+    write_atomic,
+)
+from ctxrules.session_store import SessionLock, SessionStore
+from ctxrules.stores.base import (
+    LOG_KINDS,
+    BlobWriter,
+    CompactionBusy,
+    DocName,
+    Log,
+    LogChunk,
+    LogKind,
+    PrepareLock,
+    StoreError,
+    StoreLockTimeout,
+    StoreUsageError,
+    Turn,
+    VaultError,
+)
+
+__all__ = ["FilesystemStore", "file_path", "for_session_dir"]
+
+_ID_LEN: Final = 64
+_HEX_RE: Final = re.compile(r"[0-9a-f]+")
+_META_SUFFIX: Final = ".meta"
+_TMP_PREFIX: Final = ".tmp-"
+
+# document -> (file in the session directory, lock file or None: written under the prepare lock)
+_DOC_FILES: Final[dict[str, tuple[str, str | None]]] = {
+    "notes": ("notes.json", ".notes.lock"),
+    "touched": ("touched.json", ".tracker.lock"),
+    "router": ("router.json", "router.json.lock"),
+    "checkpoint": ("checkpoint.json", None),
+    "root": ("root.json", None),
+}
+# What marks a directory as a session (for listing and scans).
+_SESSION_FILES: Final = ("state.json", "last_output.jsonl", "checkpoint.json", "ledger.jsonl", "notes.json")
+_SKIP_DIRS: Final = frozenset({"vault", "ledger", "router", "keys"})
+
+
+class FilesystemStore:
+    """Sessions as directories under (or outside) the state root ``root``; see the module
+    docstring. A session key is the session directory's path; :meth:`session_key` maps a plain
+    id to ``root/<id>``."""
+
+    def __init__(self, root: str | os.PathLike[str] = ".ctxrules", *, vault_name: str = "vault") -> None:
+        self.root = Path(root)
+        self._vault_name = vault_name
+        self._sessions: dict[str, SessionStore] = {}
+        self._mutex = threading.Lock()
+
+    @classmethod
+    def from_url(cls, url: str) -> FilesystemStore:
+        return cls(file_path(url))
+
+    @property
+    def url(self) -> str:
+        return Path(os.path.abspath(self.root)).as_uri()
+
+    def __repr__(self) -> str:
+        return f"FilesystemStore({str(self.root)!r})"
+
+    # --- sessions -------------------------------------------------------------------------------
+
+    def session_key(self, name: str) -> str:
+        if os.sep in name or (os.altsep and os.altsep in name) or name in (".", ".."):
+            return name
+        return str(self.root / session_name(name))
+
+    def session_dir(self, session: str) -> Path:
+        return Path(session)
+
+    def describe(self, session: str) -> str:
+        return str(session)
+
+    def sessions(self) -> list[str]:
+        found: list[str] = []
+        if not self.root.is_dir():
+            return found
+        for dirpath, dirnames, filenames in os.walk(self.root, followlinks=False):
+            here = Path(dirpath)
+            dirnames[:] = sorted(d for d in dirnames if d not in _SKIP_DIRS and not d.startswith("."))
+            if here != self.root and (any(f in filenames for f in _SESSION_FILES) or "vault" in os.listdir(here)):
+                found.append(str(here))
+        return sorted(found)
+
+    def exists(self, session: str) -> bool:
+        path = Path(session)
+        return path.is_dir() and any((path / f).exists() for f in (*_SESSION_FILES, "vault"))
+
+    # --- the turn -------------------------------------------------------------------------------
+
+    def _turn_files(self, session: str) -> SessionStore:
+        with self._mutex:
+            found = self._sessions.get(session)
+            if found is None:
+                found = self._sessions[session] = SessionStore(Path(session))
+            return found
+
+    def load_turn(self, session: str, *, output: bool = True) -> Turn:
+        files = self._turn_files(session)
+        state = files.load()
+        turn = Turn(state)
+        record = state.get("last") or {}
+        count = record.get("output_count")
+        if output and isinstance(count, int):
+            turn.output = files.load_output(count, record.get("output_file"), record.get("output_digest"))
+        return turn
+
+    def commit_turn(
+        self,
+        session: str,
+        state: dict[str, Any],
+        output: list[dict[str, Any]],
+        *,
+        records: Sequence[tuple[Sequence[Log], Mapping[str, Any]]] = (),
+    ) -> None:
+        self._turn_files(session).save(state, output)
+        for logs, record in records:
+            self.append(logs, record)
+
+    def output_holds(self, session: str, output: list[dict[str, Any]]) -> bool:
+        return self._turn_files(session).holds(output)
+
+    def forget(self, session: str) -> None:
+        self._turn_files(session).forget()
+
+    def save_state(self, session: str, state: dict[str, Any]) -> None:
+        # In place, as a turn's state is written (ctxrules.session_store.SessionStore.save_state).
+        self._turn_files(session).save_state(state)
+
+    # --- the vault ------------------------------------------------------------------------------
+
+    def vault_dir(self, session: str) -> Path:
+        return Path(session) / self._vault_name
+
+    def _blob_path(self, session: str, blob_id: str) -> Path:
+        # Sharding by two hex digits keeps directories small (256 shards) for long sessions.
+        return self.vault_dir(session) / blob_id[:2] / blob_id
+
+    def put_blob(self, session: str, data: bytes, media_type: str | None = None) -> str:
+        try:
+            return self._put_blob(session, data, media_type)
+        except OSError as exc:
+            # A full disk or a read-only session directory is the user's to fix, not a bug.
+            raise VaultError(f"cannot write to the vault at {self.vault_dir(session)}: {exc}") from exc
+
+    def _put_blob(self, session: str, data: bytes, media_type: str | None) -> str:
+        blob_id = hashlib.sha256(data).hexdigest()
+        path = self._blob_path(session, blob_id)
+        if not _intact(path, blob_id):
+            # Missing, or corrupt: rewriting repairs it, and the bytes are the same either way.
+            # Every directory from the session's down is checked: a planted ``vault`` link
+            # would otherwise receive the originals.
+            ensure_dir(path.parent, inside=Path(session))
+            _write_durable(path, data)
+        if media_type is not None:
+            meta = json.dumps({"media_type": media_type}, sort_keys=True).encode("utf-8")
+            meta_path = path.with_name(path.name + _META_SUFFIX)
+            try:
+                current: bytes | None = read_private(meta_path)
+            except FileNotFoundError:
+                current = None
+            if current != meta:
+                _write_durable(meta_path, meta)
+        return blob_id
+
+    def open_blob_writer(self, session: str) -> BlobWriter:
+        """A temporary file in the vault directory, renamed to its id on commit (no copy)."""
+        root = self.vault_dir(session)
+        try:
+            ensure_dir(root, inside=Path(session))
+            return _FileBlobWriter(self, session)
+        except OSError as exc:
+            raise VaultError(f"cannot write to the vault at {root}: {exc}") from exc
+
+    def get_blob(self, session: str, blob_id: str) -> bytes:
+        path = self._blob_path(session, blob_id)
+        try:
+            data = read_private(path)
+        except FileNotFoundError:
+            raise VaultError(
+                f"vault item {blob_id} is missing from {self.vault_dir(session)} "
+                "(not found: deleted, or never stored in this session)"
+            ) from None
+        except (OSError, UnsafePathError) as exc:
+            raise VaultError(f"cannot read vault entry {blob_id}: {exc}") from exc
+        actual = hashlib.sha256(data).hexdigest()
+        if actual != blob_id:
+            raise VaultError(f"vault entry {blob_id} is corrupt: its content hashes to {actual} ({path})")
+        return data
+
+    def has_blob(self, session: str, blob_id: str) -> bool:
+        return self._blob_path(session, blob_id).is_file()
+
+    def missing_blobs(self, session: str, blob_ids: Sequence[str]) -> set[str]:
+        # lexists: one system call per id (a warm turn asks for every marker of its output).
+        root = self.vault_dir(session)
+        return {b for b in blob_ids if not os.path.lexists(root / b[:2] / b)}
+
+    def blob_ids(self, session: str, prefix: str = "") -> list[str]:
+        root = self.vault_dir(session)
+        if len(prefix) >= 2:
+            shards = [prefix[:2]]
+        else:
+            try:
+                shards = [s for s in os.listdir(root) if len(s) == 2 and _HEX_RE.fullmatch(s)]
+            except (FileNotFoundError, NotADirectoryError):
+                return []
+            shards = [s for s in shards if s.startswith(prefix) and (root / s).is_dir()]
+        ids: list[str] = []
+        for shard in shards:
+            try:
+                names = os.listdir(root / shard)
+            except (FileNotFoundError, NotADirectoryError):
+                continue
+            ids.extend(
+                n
+                for n in names
+                if len(n) == _ID_LEN and n.startswith(shard) and n.startswith(prefix) and _HEX_RE.fullmatch(n)
+            )
+        return sorted(ids)
+
+    def blob_media_type(self, session: str, blob_id: str) -> str | None:
+        meta_path = self._blob_path(session, blob_id).with_name(blob_id + _META_SUFFIX)
+        try:
+            meta = json.loads(read_private(meta_path))
+        except FileNotFoundError:
+            return None
+        value = meta.get("media_type") if isinstance(meta, dict) else None
+        return value if isinstance(value, str) else None
+
+    # --- documents ------------------------------------------------------------------------------
+
+    def _doc_path(self, session: str, name: DocName) -> tuple[Path, Path | None]:
+        file, lock = _DOC_FILES[name]
+        base = Path(session)
+        return base / file, (base / lock if lock else None)
+
+    def doc_location(self, session: str, name: DocName) -> str:
+        return str(self._doc_path(session, name)[0])
+
+    def read_doc(self, session: str, name: DocName) -> bytes | None:
+        path, _lock = self._doc_path(session, name)
+        try:
+            return read_private(path)
+        except FileNotFoundError:
+            return None
+
+    def update_doc(self, session: str, name: DocName, update: Callable[[bytes | None], bytes | None]) -> None:
+        path, lock_path = self._doc_path(session, name)
+        try:
+            ensure_dir(path.parent)
+            lock = _locks().FileLock(lock_path or path.with_name(path.name + ".lock"))
+            lock.acquire()
+        except (OSError, _locks().LockError) as exc:
+            why = exc.strerror if isinstance(exc, OSError) else str(exc)
+            raise StoreError(f"cannot use session directory {path.parent}: {why}") from exc
+        try:
+            try:
+                current: bytes | None = read_private(path)
+            except FileNotFoundError:
+                current = None
+            new = update(current)
+            if new is not None and new != current:
+                # Notes and touched files are the user's: durable. Router state is a cache.
+                write_atomic(path, new, durable=name != "router")
+        finally:
+            lock.release()
+
+    def write_doc(self, session: str, name: DocName, data: bytes | None) -> None:
+        path, _lock = self._doc_path(session, name)
+        if data is None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+            return
+        # The checkpoint only has to outlive the process (ctxrules.runtime.checkpoint): no fsync.
+        write_atomic(path, data, durable=name != "checkpoint")
+
+    # --- logs -----------------------------------------------------------------------------------
+
+    def log_path(self, log: Log) -> Path:
+        if log.kind == "session":
+            return Path(log.name) / "ledger.jsonl"
+        if log.kind == "descendants":
+            return Path(log.name) / "descendants.jsonl"
+        if log.kind == "day":
+            return self.root / "ledger" / "days" / f"{log.name}.jsonl"
+        if log.kind == "goal":
+            return self.root / "ledger" / "goals" / f"{log.name}.jsonl"
+        if log.kind == "misroutes":
+            return self.root / "router" / "misroutes.jsonl"
+        raise StoreError(f"unknown log kind {log.kind!r}; one of: {', '.join(LOG_KINDS)}")
+
+    def log_location(self, log: Log) -> str:
+        return str(self.log_path(log))
+
+    def logs(self, kind: LogKind) -> list[Log]:
+        if kind in ("day", "goal"):
+            folder = self.root / "ledger" / ("days" if kind == "day" else "goals")
+            try:
+                names = sorted(n for n in os.listdir(folder) if n.endswith(".jsonl"))
+            except (FileNotFoundError, NotADirectoryError):
+                return []
+            return [Log(kind, n[: -len(".jsonl")]) for n in names]
+        if kind == "misroutes":
+            return [Log("misroutes")] if self.log_path(Log("misroutes")).is_file() else []
+        file = "ledger.jsonl" if kind == "session" else "descendants.jsonl"
+        return [Log(kind, s) for s in self.sessions() if (Path(s) / file).is_file()]
+
+    def append(self, logs: Sequence[Log], record: Mapping[str, Any]) -> None:
+        line = json.dumps(record, ensure_ascii=False, sort_keys=True, allow_nan=False).encode("utf-8") + b"\n"
+        for log in logs:
+            # Misroute reports steer a heuristic: losing the last one to a power cut costs nothing.
+            self._append_line(self.log_path(log), line, durable=log.kind != "misroutes")
+
+    def append_once(
+        self, log: Log, record: Mapping[str, Any], *, key: str, limit: int
+    ) -> Literal["added", "present", "full"]:
+        path = self.log_path(log)
+        wanted = record.get(key)
+        try:
+            ensure_dir(path.parent)
+            with _locks().FileLock(path.with_name(path.name + ".lock")):
+                fd = open_private(path, os.O_RDWR | os.O_APPEND | os.O_CREAT)
+                try:
+                    size = os.fstat(fd).st_size
+                    known = [ln for ln in os.pread(fd, size, 0).split(b"\n") if ln.strip()]
+                    if any(_field(ln, key) == wanted for ln in known):
+                        return "present"
+                    if len(known) >= limit:
+                        return "full"
+                    prefix = b"" if not size or os.pread(fd, 1, size - 1) == b"\n" else b"\n"
+                    os.write(fd, prefix + json.dumps(dict(record), sort_keys=True).encode("utf-8") + b"\n")
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+        except OSError as exc:
+            raise CtxrulesError(f"cannot write {path}: {exc.strerror}") from exc
+        return "added"
+
+    @staticmethod
+    def _append_line(path: Path, line: bytes, *, durable: bool) -> None:
+        try:
+            ensure_dir(path.parent)
+            with _locks().FileLock(path.with_name(path.name + ".lock")):
+                fd = open_private(path, os.O_RDWR | os.O_APPEND | os.O_CREAT)
+                try:
+                    size = os.fstat(fd).st_size
+                    if size and os.pread(fd, 1, size - 1) != b"\n":
+                        line = b"\n" + line  # end a line a crashed writer left unfinished
+                    view = memoryview(line)
+                    while view:
+                        written = os.write(fd, view)
+                        view = view[written:]
+                    if durable:
+                        os.fsync(fd)
+                finally:
+                    os.close(fd)
+        except OSError as exc:
+            raise CtxrulesError(f"cannot write the ledger {path}: {exc.strerror}") from exc
+
+    def read_log(self, log: Log, cursor: Any = None) -> LogChunk:
+        """Cursor: ``(device, inode, offset, size)`` of the file as last read. Readers take no
+        lock: they consume complete lines only. A link where the log belongs is refused."""
+        path = self.log_path(log)
+        ident = offset = size = None
+        if isinstance(cursor, tuple) and len(cursor) == 4:
+            ident, offset, size = (cursor[0], cursor[1]), cursor[2], cursor[3]
+        try:
+            # An lstat first: every prepare asks, and the file rarely grew since.
+            st = os.lstat(path)
+            if ident == (st.st_dev, st.st_ino) and st.st_size == size and stat.S_ISREG(st.st_mode):
+                return LogChunk([], cursor)
+            fd = open_private(path, os.O_RDONLY)
+        except FileNotFoundError:
+            return LogChunk([], None, restarted=cursor is not None)
+        except OSError as exc:
+            raise CtxrulesError(f"cannot read the ledger {path}: {exc.strerror}") from exc
+        with os.fdopen(fd, "rb") as fh:
+            st = os.fstat(fh.fileno())
+            restarted = (st.st_dev, st.st_ino) != ident or offset is None or st.st_size < offset
+            start = 0 if restarted else int(offset or 0)
+            fh.seek(start)
+            data = fh.read()
+        end = data.rfind(b"\n")
+        lines = data[:end].split(b"\n") if end >= 0 else []
+        new_offset = start + end + 1 if end >= 0 else start
+        return LogChunk(lines, (st.st_dev, st.st_ino, new_offset, start + len(data)), restarted)
+
+    # --- locks ----------------------------------------------------------------------------------
+
+    def prepare_lock(self, session: str, *, timeout: float | None = None) -> PrepareLock:
+        return _PrepareLock(Path(session), timeout)
+
+    def compaction_lock(self, session: str) -> AbstractContextManager[Any]:
+        return _CompactionLock(Path(session) / ".compaction.lock")
+
+    # --- secrets --------------------------------------------------------------------------------
+
+    def secret(self, session: str | None, name: str, make: Callable[[], bytes]) -> bytes:
+        """``<root or session>/<name>``, hex text, created exclusively (two creators agree: the
+        loser reads the winner's) and fsynced."""
+        path = (self.root if session is None else Path(session)) / name
+        try:
+            return _read_secret(path)
+        except FileNotFoundError:
+            pass
+        value = make()  # first: a caller that only asks (make raises) creates nothing
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        try:
+            fd = open_private(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+        except FileExistsError:
+            return _read_secret(path)
+        except OSError as exc:
+            raise UsageError(f"{path}: cannot create the {_what(path)}: {exc.strerror or exc}") from None
+        with os.fdopen(fd, "w", encoding="ascii") as handle:
+            handle.write(value.hex() + "\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+        return value
+
+    def close(self) -> None:
+        with self._mutex:
+            self._sessions.clear()
+
+
+class _PrepareLock:
+    """The session's ``.lock`` (:class:`ctxrules.session_store.SessionLock`), with a wait timeout."""
+
+    def __init__(self, path: Path, timeout: float | None) -> None:
+        self.path = path
+        self._lock = SessionLock(path, timeout=timeout)
+
+    def __enter__(self) -> _PrepareLock:
+        try:
+            self._lock.__enter__()
+        except _locks().LockTimeout:
+            raise StoreLockTimeout(
+                f"the session {self.path} stayed locked by another process for the whole wait"
+            ) from None
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._lock.__exit__(None, None, None)
+
+    def renew(self) -> None:
+        """A file lock is held until release: nothing to renew."""
+
+
+class _CompactionLock:
+    """``<session>/.compaction.lock``, taken without waiting (:class:`CompactionBusy` when held)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._lock: Any = None
+
+    def __enter__(self) -> _CompactionLock:
+        lock = _locks().FileLock(self.path, timeout=0)
+        try:
+            lock.acquire()
+        except _locks().LockTimeout:
+            raise CompactionBusy(f"another compaction of {self.path.parent} is running") from None
+        self._lock = lock
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
+
+
+def _locks() -> ModuleType:
+    """:mod:`ctxrules.locks`, imported on the first lock taken: verbs that only read packs
+    (``validate``, ``explain``, ``assemble``, ``test``) never load it, nor ``filelock``."""
+    from ctxrules import locks
+
+    return locks
+
+
+def file_path(url: str) -> Path:
+    """The directory of a ``file://`` URL (``file://rel/dir`` is taken relative, as users write it)."""
+    parts = urlsplit(url)
+    if parts.query or parts.fragment:
+        raise StoreUsageError("CR145", f"store URL {url!r}: a file:// store takes no options")
+    return Path(unquote(parts.netloc + parts.path))
+
+
+def _what(path: Path) -> str:
+    return "injection key" if path.name.endswith(".key") else f"secret {path.name}"
+
+
+def _read_secret(path: Path) -> bytes:
+    try:
+        raw = read_private(path, limit=200)
+    except FileNotFoundError:
+        raise
+    except (OSError, UnsafePathError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise UsageError(f"{path}: cannot read the {_what(path)}: {why}") from None
+    text = raw.decode("ascii", "replace").strip()
+    # An empty file is a creation that died before writing: not a key, and not ours to guess.
+    if not re.fullmatch(r"[0-9a-f]{32,128}", text):
+        raise UsageError(f"{path}: not an injection key (expected hex digits); delete it to make a new one")
+    return bytes.fromhex(text)
+
+
+def _field(line: bytes, key: str) -> Any:
+    try:
+        obj = json.loads(line)
+    except ValueError:
+        return None
+    return obj.get(key) if isinstance(obj, dict) else None
+
+
+def _intact(path: Path, blob_id: str) -> bool:
+    """Whether ``path`` holds the bytes of ``blob_id`` (read a block at a time: a blob may be
+    a huge command output)."""
+    digest = hashlib.sha256()
+    try:
+        fd = open_private(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return False
+    with os.fdopen(fd, "rb") as handle:
+        while block := handle.read(1 << 20):
+            digest.update(block)
+    return digest.hexdigest() == blob_id
+
+
+class _FileBlobWriter:
+    """A blob written in pieces: a private temporary file in the vault directory, hashed as it
+    grows; :meth:`commit` makes it durable (fsync) and then visible under its id."""
+
+    def __init__(self, store: FilesystemStore, session: str) -> None:
+        self._store, self._session = store, session
+        root = store.vault_dir(session)
+        fd, name = tempfile.mkstemp(prefix=_TMP_PREFIX, dir=root)
+        self.path = Path(name)
+        # Unbuffered: what write() accepted is in the file, so a caller can take it back.
+        self._handle = os.fdopen(fd, "wb", buffering=0)
+        os.fchmod(fd, 0o600)
+        self._hash = hashlib.sha256()
+        self.size = 0
+        self._done = False
+
+    @property
+    def vault_id(self) -> str:
+        return self._hash.hexdigest()
+
+    def write(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            try:
+                written = self._handle.write(view) or 0
+            except OSError as exc:
+                raise VaultError(f"cannot write to the vault at {self._store.vault_dir(self._session)}: {exc}") from exc
+            self._hash.update(view[:written])
+            self.size += written
+            view = view[written:]
+
+    def commit(self) -> str:
+        blob_id = self.vault_id
+        try:
+            os.fsync(self._handle.fileno())  # durable before visible, as every blob
+            target = self._store._blob_path(self._session, blob_id)
+            ensure_dir(target.parent, inside=Path(self._session))
+            os.replace(self.path, target)  # a blob already there has the same bytes
+        except OSError as exc:
+            raise VaultError(f"cannot write to the vault at {self._store.vault_dir(self._session)}: {exc}") from exc
+        self._done = True
+        with contextlib.suppress(OSError):
+            self._handle.close()
+        return blob_id
+
+    def discard(self) -> None:
+        if self._done:
+            return
+        self._done = True
+        with contextlib.suppress(OSError):
+            self._handle.close()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path)
+
+
+def _write_durable(path: Path, data: bytes) -> None:
+    fd, tmp_name = tempfile.mkstemp(prefix=_TMP_PREFIX, dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            os.fchmod(handle.fileno(), 0o600)
+            handle.write(data)
+            handle.flush()
+            # Durable before visible: after a crash the id either resolves to the full
+            # content or not at all.
+            os.fsync(handle.fileno())
+        os.replace(tmp_name, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp_name)
+        raise
+
+
+def for_session_dir(path: str | os.PathLike[str], state_root: str | os.PathLike[str] | None = None) -> FilesystemStore:
+    """The store a session directory opened by path belongs to: ``state_root`` when given, else
+    the directory's parent (where day and goal ledgers have always lived)."""
+    return FilesystemStore(Path(state_root) if state_root is not None else Path(path).resolve().parent)

@@ -1,0 +1,1394 @@
+"""The Redis store: sessions shared by many workers (docs/stores.md).
+
+``RedisStore.from_url("redis://host:6379/0?ttl_s=86400")`` (also ``rediss://`` and
+``unix:///run/redis.sock``). Every key starts ``ctxrules:v1:``; one session's keys carry the
+hash tag ``{<session>}`` so they live in one Redis Cluster slot::
+
+    ctxrules:v1:{S}:state         the turn's state (JSON)
+    ctxrules:v1:{S}:output        the last output, a list of JSON messages (a warm turn appends)
+    ctxrules:v1:{S}:rev           a counter bumped by every commit (readers' cache key)
+    ctxrules:v1:{S}:meta          a hash: when the session was last used, blob TTL upkeep
+    ctxrules:v1:{S}:blobs         the set of vault ids the session references
+    ctxrules:v1:{S}:media         vault id -> media type
+    ctxrules:v1:{S}:doc:<name>    notes, touched, router, checkpoint, root
+    ctxrules:v1:{S}:log:<kind>:records|totals|gen   the session ledger (and descendants)
+    ctxrules:v1:{S}:lock          the prepare lock (a random token, SET NX PX)
+    ctxrules:v1:{S}:prepares      when each prepare held the lock (server clock), the last 1000
+    ctxrules:v1:{S}:compaction    the compaction lock
+    ctxrules:v1:{S}:secret:<name> a session's secrets
+    ctxrules:v1:blob:<sha256>     vault bytes, shared by every session that references them
+    ctxrules:v1:{log:day:D}:…     the day ledger of D (and {log:goal:G}, {log:misroutes})
+    ctxrules:v1:{secret}:<name>   store-wide secrets (the injection key)
+
+Writes of one session go in one ``MULTI`` on its slot (a Lua script for the turn itself, which
+checks the lock token and appends or replaces the output); vault blobs, which live in other
+slots, are written ``SET NX EX`` in a pipeline of their own. A warm turn is one round trip to
+read (the state, and the output only when another worker wrote it) and one to write.
+
+TTLs: every session key expires ``ttl_s`` (default 7 days) after the session's last commit;
+blobs get twice that and are extended (``EXPIRE GT``) whenever a session reads or writes them
+and, at most every ``ttl_s / 2``, for every blob a live session references, so a blob outlives
+every session that references it. Nothing newer than Redis 7.0 is used.
+
+Settings are URL query parameters or constructor options (never pack keys): ``ttl_s``,
+``log_ttl_s`` (day/goal ledgers, default 90 days, 0 keeps them), ``connect_timeout_s``,
+``socket_timeout_s``, ``lock_timeout_s`` (how long a prepare waits for another worker's lock),
+``lock_ttl_s`` (the lease, renewed while held), ``on_error`` (``fail``, or ``local``: an
+in-memory store for the call when Redis cannot be reached).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import secrets
+import socket
+import threading
+import time
+import weakref
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Final, Literal, TypeVar
+from urllib.parse import parse_qsl, urlencode, urlsplit
+
+import redis
+import redis.exceptions
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from ctxrules.logs import get_logger
+from ctxrules.session_store import _mistyped  # the filesystem store's check of a state's fields
+from ctxrules.stores.base import (
+    DOCS,
+    SESSION_ID_RE,
+    CompactionBusy,
+    DocName,
+    Log,
+    LogChunk,
+    LogKind,
+    SpooledBlobWriter,
+    StoreError,
+    StoreLockTimeout,
+    StoreUnavailable,
+    Turn,
+    VaultError,
+)
+from ctxrules.stores.memory import MemoryStore
+
+__all__ = ["RedisStore", "RedisStoreSettings"]
+
+PREFIX: Final = "ctxrules:v1:"
+STATE_VERSION: Final = 1
+_UNREACHABLE: Final = "CR148"
+_LOCK_CODE: Final = "CR149"
+_BLOB_TTL_FACTOR: Final = 2
+_PREPARES_KEPT: Final = 1000
+
+_log = get_logger("ctxrules.store")
+# What a server that cannot be reached (or a Cluster that lost a slot's node) raises.
+_UNREACHABLE_ERRORS: Final = (
+    TimeoutError,
+    OSError,
+    redis.ConnectionError,
+    redis.TimeoutError,
+    redis.exceptions.ClusterDownError,
+)
+T = TypeVar("T")
+
+
+# --- settings -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RedisStoreSettings:
+    """What a ``redis://`` URL's query (or the constructor) may set; see the module docstring."""
+
+    ttl_s: float = 7 * 24 * 3600.0
+    log_ttl_s: float = 90 * 24 * 3600.0
+    connect_timeout_s: float = 2.0
+    socket_timeout_s: float = 5.0
+    lock_timeout_s: float = 120.0
+    lock_ttl_s: float = 30.0
+    on_error: Literal["fail", "local"] = "fail"
+    cluster: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("ttl_s", "connect_timeout_s", "socket_timeout_s", "lock_ttl_s"):
+            if not getattr(self, name) > 0:
+                raise _bad(f"{name} must be a number of seconds above 0, got {getattr(self, name)!r}")
+        for name in ("log_ttl_s", "lock_timeout_s"):
+            if not getattr(self, name) >= 0:
+                raise _bad(f"{name} must be a number of seconds (0 or more), got {getattr(self, name)!r}")
+        if self.on_error not in ("fail", "local"):
+            raise _bad(f"on_error must be 'fail' or 'local', got {self.on_error!r}")
+
+
+_OURS: Final = frozenset(RedisStoreSettings.__dataclass_fields__)
+# The redis client's own URL options that make sense for a store; anything else is refused
+# (the client would pass an unknown one on as a keyword and fail at the first command).
+_CLIENT_OPTIONS: Final = frozenset(
+    {
+        "db",
+        "client_name",
+        "health_check_interval",
+        "ssl_cert_reqs",
+        "ssl_ca_certs",
+        "ssl_ca_path",
+        "ssl_certfile",
+        "ssl_keyfile",
+        "ssl_check_hostname",
+        "ssl_min_version",
+    }
+)
+
+
+class _BadOption(StoreError):
+    pass
+
+
+class _Unreachable(StoreUnavailable):
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason  # what the client said, for the on_error=local note
+
+
+def _bad(message: str) -> StoreError:
+    return _BadOption(f"[{_UNREACHABLE}] Redis store option: {message}")
+
+
+def redacted(url: str) -> str:
+    """``url`` without a password (``redis://u:secret@h`` -> ``redis://u:***@h``)."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    return parts._replace(netloc=parts.netloc.replace(f":{parts.password}@", ":***@", 1)).geturl()
+
+
+def _split_url(url: str) -> tuple[str, dict[str, Any]]:
+    """The URL the client gets (its own options only) and our settings from the query."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("redis", "rediss", "unix"):
+        raise _bad(f"{redacted(url)!r} is not a redis://, rediss:// or unix:// URL")
+    ours: dict[str, Any] = {}
+    theirs: list[tuple[str, str]] = []
+    for key, value in parse_qsl(parts.query, keep_blank_values=True):
+        if key in _OURS:
+            if key == "on_error":
+                ours[key] = value
+                continue
+            if key == "cluster":
+                if value.lower() not in ("1", "0", "yes", "no", "true", "false"):
+                    raise _bad(f"cluster={value!r} in {redacted(url)!r}: give cluster=yes or cluster=no")
+                ours[key] = value.lower() in ("1", "yes", "true")
+                continue
+            try:
+                ours[key] = float(value)
+            except ValueError:
+                raise _bad(f"{key}={value!r} in {redacted(url)!r} is not a number of seconds") from None
+        elif key in _CLIENT_OPTIONS:
+            theirs.append((key, value))
+        else:
+            known = ", ".join(sorted(_OURS | _CLIENT_OPTIONS))
+            raise _bad(f"unknown option {key!r} in {redacted(url)!r} (known: {known})")
+    return _base(url) + ("?" + urlencode(theirs) if theirs else ""), ours
+
+
+def _base(url: str) -> str:
+    # Not urlunsplit: it writes ``unix:///path`` back as ``unix:/path``, which the client refuses.
+    return url.split("#", 1)[0].split("?", 1)[0]
+
+
+# --- Lua ------------------------------------------------------------------------------------
+
+# The turn, one script on the session's slot: refuse when the caller's lock token is no longer
+# the lock's (a worker paused past its lease must not overwrite the turn of the worker that took
+# over); append to the output only when nobody committed since this client's last commit (else
+# the client sends all of it); then mark the session used and push the expiry of every one of
+# its keys out, but the lock's (it keeps its lease).
+# KEYS: state, output, rev, lock, meta, then every other key of the session. ARGV: state, mode
+# (1 append, 0 replace), the revision an append expects, the lock token ('' none), ttl in ms,
+# the time, then the output lines. Returns {rev, or -1 (lock lost) or -2 (append refused);
+# when the session's blobs last had their TTLs extended}.
+_COMMIT = """
+if ARGV[4] ~= '' and redis.call('GET', KEYS[4]) ~= ARGV[4] then return {-1, false} end
+local rev = tonumber(redis.call('GET', KEYS[3]) or '0')
+if ARGV[2] == '1' then
+  if rev ~= tonumber(ARGV[3]) then return {-2, false} end
+else
+  redis.call('DEL', KEYS[2])
+end
+local n = #ARGV
+local i = 7
+while i <= n do
+  local j = math.min(i + 999, n)
+  redis.call('RPUSH', KEYS[2], unpack(ARGV, i, j))
+  i = j + 1
+end
+redis.call('SET', KEYS[1], ARGV[1])
+rev = redis.call('INCR', KEYS[3])
+redis.call('HSET', KEYS[5], 'used', ARGV[6])
+for k = 1, #KEYS do
+  if k ~= 4 then redis.call('PEXPIRE', KEYS[k], ARGV[5]) end
+end
+return {rev, redis.call('HGET', KEYS[5], 'blobs_extended')}
+"""
+
+# Read the turn. ARGV[1]: the revision the client holds (state, and output when ARGV[2] asks for
+# it); then nothing but the revision comes back: a warm turn on the worker that committed the
+# last one transfers and parses nothing.
+_LOAD = """
+local rev = redis.call('GET', KEYS[2]) or '0'
+if rev == ARGV[1] then return {'=', rev} end
+local st = redis.call('GET', KEYS[1])
+if ARGV[2] == '1' then return {st or false, rev, redis.call('LRANGE', KEYS[3], 0, -1)} end
+return {st or false, rev}
+"""
+
+# Take a lock; on success, the server's time (one clock for every worker).
+_ACQUIRE = """
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  local t = redis.call('TIME')
+  return t[1] .. '.' .. string.format('%06d', t[2])
+end
+return false
+"""
+
+# Extend a lock only while it is still ours.
+_RENEW = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+return 0
+"""
+
+# Release a lock only while it is still ours (compare-and-delete), recording the hold.
+_RELEASE = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+redis.call('DEL', KEYS[1])
+if KEYS[2] then
+  local t = redis.call('TIME')
+  redis.call('RPUSH', KEYS[2], ARGV[2] .. ' ' .. t[1] .. '.' .. string.format('%06d', t[2]) .. ' ' .. ARGV[3])
+  redis.call('LTRIM', KEYS[2], -tonumber(ARGV[4]), -1)
+  redis.call('PEXPIRE', KEYS[2], ARGV[5])
+end
+return 1
+"""
+
+# Append unless a record has the same value at ARGV[2] (compared as ARGV[4] says: a string or a
+# number), or the log already holds ARGV[5] records. KEYS: records, gen.
+_APPEND_ONCE = """
+local wanted = ARGV[3]
+if ARGV[4] == 'n' then wanted = tonumber(wanted) end
+local lines = redis.call('LRANGE', KEYS[1], 0, -1)
+for _, line in ipairs(lines) do
+  local ok, obj = pcall(cjson.decode, line)
+  if ok and type(obj) == 'table' and obj[ARGV[2]] == wanted then return 'present' end
+end
+if #lines >= tonumber(ARGV[5]) then return 'full' end
+redis.call('SET', KEYS[2], ARGV[6], 'NX')
+redis.call('RPUSH', KEYS[1], ARGV[1])
+if tonumber(ARGV[7]) > 0 then
+  redis.call('PEXPIRE', KEYS[1], ARGV[7])
+  redis.call('PEXPIRE', KEYS[2], ARGV[7])
+end
+return 'added'
+"""
+
+# Read a log after a cursor: the records and the log's generation (a new one: it was replaced).
+_READ_LOG = """
+local gen = redis.call('GET', KEYS[2]) or ''
+local from = tonumber(ARGV[2])
+if gen ~= ARGV[1] then from = 0 end
+return {gen, redis.call('LRANGE', KEYS[1], from, -1)}
+"""
+
+
+# --- keys -----------------------------------------------------------------------------------
+
+
+def _skey(session: str, part: str) -> str:
+    return f"{PREFIX}{{{session}}}:{part}"
+
+
+def _blob_key(blob_id: str) -> str:
+    return f"{PREFIX}blob:{blob_id}"
+
+
+def _log_base(log: Log) -> str:
+    if log.kind == "session":
+        return _skey(log.name, "log:session")
+    if log.kind == "descendants":
+        return _skey(log.name, "log:descendants")
+    tag = f"log:{log.kind}" if log.kind == "misroutes" else f"log:{log.kind}:{log.name}"
+    return f"{PREFIX}{{{tag}}}:log"
+
+
+_SESSION_PARTS: Final = (
+    "state",
+    "output",
+    "rev",
+    "meta",
+    "blobs",
+    "media",
+    "prepares",
+    *(f"doc:{name}" for name in DOCS),
+    *(f"log:{kind}:{suffix}" for kind in ("session", "descendants") for suffix in ("records", "totals", "gen")),
+)
+"""Every key of a session that expires with it (locks carry their own lease; secrets are set
+with the TTL when made)."""
+
+_HEX: Final = frozenset("0123456789abcdef")
+
+
+def _check_blob_id(blob_id: str) -> str:
+    if len(blob_id) != 64 or not set(blob_id) <= _HEX:
+        raise VaultError(f"invalid vault id {blob_id!r}: expected a full sha256 id (64 hex digits)")
+    return blob_id
+
+
+# --- the store ------------------------------------------------------------------------------
+
+
+@dataclass
+class _Cached:
+    """What this store object knows of a session's last turn (it wrote or verified it)."""
+
+    rev: int = 0
+    state: dict[str, Any] | None = None
+    output: list[dict[str, Any]] | None = None
+    digest: Any = None  # sha256 object over the output's JSON lines
+    seen: bool = False  # the session existed when this object last looked
+    confirmed: str = ""  # the lock token under which this is known to be the stored turn
+    output_known: bool = False  # output is what the store holds (None: it failed the digest)
+
+
+@dataclass
+class _Lease:
+    key: str
+    token: str
+    lease_ms: int
+    lost: bool = False
+    acquired: str = "0"  # when, in the server's clock
+
+
+class RedisStore:
+    """The :class:`ctxrules.stores.base.Store` on a Redis server (module docstring)."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        client: redis.Redis | None = None,
+        **options: Any,
+    ) -> None:
+        client_url, from_query = _split_url(url)
+        unknown = set(options) - _OURS
+        if unknown:
+            raise _bad(f"unknown option(s) {', '.join(sorted(unknown))} (known: {', '.join(sorted(_OURS))})")
+        try:
+            self.settings = RedisStoreSettings(**{**from_query, **options})
+        except TypeError as exc:
+            raise _bad(str(exc)) from None
+        self.url = redacted(_base(url))
+        self._client_url = client_url
+        self._ttl_ms = int(self.settings.ttl_s * 1000)
+        self._blob_ttl_s = int(self.settings.ttl_s * _BLOB_TTL_FACTOR) or 1
+        self._log_ttl_ms = int(self.settings.log_ttl_s * 1000)
+        self._lease_ms = max(int(self.settings.lock_ttl_s * 1000), 100)
+        # Any: the client's replies are typed as sync-or-async unions; this module checks them.
+        # Made on first use (a Cluster client connects when built): a server down at start-up is
+        # then reported, or served from memory, like one that goes down later.
+        self._given = client
+        self._made: Any = None
+        self._made_scripts: dict[str, Any] = {}
+        self._lock = threading.RLock()
+        self._cache: dict[str, _Cached] = {}
+        self._held: dict[str, _Lease] = {}  # session -> the prepare lock this object holds
+        self._leases: dict[str, _Lease] = {}  # every lease to renew, by token
+        self._renewer: _Renewer | None = None
+        self._secrets: dict[tuple[str | None, str], bytes] = {}
+        self._local: MemoryStore | None = None  # the store serving this call when Redis is unreachable
+        self._local_note: str | None = None
+        self._active = 0  # prepare locks held through this object (a call in progress)
+        # Read in the round trip that took a session's prepare lock (by the lock's token): the
+        # load_turn reply, and the generation and length of the ledgers this object reads.
+        self._prefetched: dict[str, tuple[str, Any]] = {}
+        self._log_lengths: dict[Log, tuple[str, str, int]] = {}
+        self._logs_read: dict[Log, None] = {}  # the ledgers to ask about (the last 32 read)
+        self._docs_prefetched: dict[str, tuple[str, dict[str, bytes | None]]] = {}
+        self._closed = False
+
+    @property
+    def _client(self) -> Any:
+        # Any: the client's replies are typed as sync-or-async unions; this module checks them.
+        if self._made is None:
+            self._made = self._given if self._given is not None else self._connect()
+        return self._made
+
+    @property
+    def _scripts(self) -> dict[str, Any]:
+        if not self._made_scripts:
+            client = self._client
+            self._made_scripts = {
+                name: client.register_script(src)
+                for name, src in (
+                    ("commit", _COMMIT),
+                    ("load", _LOAD),
+                    ("acquire", _ACQUIRE),
+                    ("renew", _RENEW),
+                    ("release", _RELEASE),
+                    ("read_log", _READ_LOG),
+                    ("append_once", _APPEND_ONCE),
+                )
+            }
+        return self._made_scripts
+
+    @classmethod
+    def from_url(cls, url: str, **options: Any) -> RedisStore:
+        return cls(url, **options)
+
+    def __repr__(self) -> str:
+        return f"RedisStore({self.url!r})"
+
+    def _connect(self) -> Any:
+        s = self.settings
+        try:
+            if s.cluster:
+                from redis.cluster import RedisCluster
+
+                # Any node's address: the client learns the others and routes each key to its slot.
+                return RedisCluster.from_url(
+                    self._client_url,
+                    socket_connect_timeout=s.connect_timeout_s,
+                    socket_timeout=s.socket_timeout_s,
+                    retry=Retry(NoBackoff(), 0),
+                )
+            return redis.Redis.from_url(
+                self._client_url,
+                socket_connect_timeout=s.connect_timeout_s,
+                socket_timeout=s.socket_timeout_s,
+                # No retries: an unreachable server must be reported within the connect timeout.
+                retry=Retry(NoBackoff(), 0),
+                retry_on_timeout=False,
+            )
+        except ValueError as exc:
+            raise _bad(f"{self.url}: {exc}") from None
+
+    # --- errors and the local fallback ------------------------------------------------------
+
+    def _unavailable(self, exc: Exception) -> _Unreachable:
+        what = str(exc) or type(exc).__name__
+        if isinstance(exc, redis.TimeoutError):
+            what = f"no answer within {self.settings.socket_timeout_s:g}s ({what})"
+        return _Unreachable(
+            what,
+            f"[{_UNREACHABLE}] cannot reach the Redis store {self.url}: {what} "
+            f"(connect timeout {self.settings.connect_timeout_s:g}s; on_error=local would use an "
+            "in-memory store for the call)",
+        )
+
+    def _call(self, op: Callable[[], T], local: Callable[[MemoryStore], T] | None = None) -> T:
+        """Run ``op`` against Redis; a connection failure is :class:`StoreUnavailable`, or with
+        ``on_error=local`` the same operation on the in-memory store (``local``)."""
+        if self._local is not None and local is not None:
+            return local(self._local)
+        try:
+            return op()
+        except _UNREACHABLE_ERRORS as exc:
+            if self.settings.on_error != "local" or local is None:
+                raise self._unavailable(exc) from None
+            return local(self._fall_back(exc))
+        except redis.exceptions.RedisClusterException as exc:
+            # What the Cluster client raises when no node it knows answers.
+            if self.settings.on_error != "local" or local is None:
+                raise self._unavailable(exc) from None
+            return local(self._fall_back(exc))
+        except redis.ResponseError as exc:
+            raise StoreError(f"[{_UNREACHABLE}] the Redis store {self.url} refused a command: {exc}") from None
+        except redis.RedisError as exc:
+            raise StoreError(f"[{_UNREACHABLE}] the Redis store {self.url} failed: {exc}") from None
+
+    def _fall_back(self, exc: object) -> MemoryStore:
+        with self._lock:
+            if self._local is None:
+                self._local = MemoryStore()
+                self._local_note = (
+                    f"the Redis store {self.url} is unreachable ({exc or type(exc).__name__}); "
+                    "on_error=local: this call used an in-memory store and nothing of it was kept"
+                )
+                _log.warning("store_fallback", url=self.url, error=str(exc))
+            return self._local
+
+    @property
+    def fell_back(self) -> str | None:
+        """Why this store serves the current call from memory (None: it is on Redis)."""
+        return self._local_note
+
+    # --- sessions ---------------------------------------------------------------------------
+
+    def session_key(self, name: str) -> str:
+        if SESSION_ID_RE.fullmatch(name) and name.strip("."):
+            return name
+        return hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()
+
+    def describe(self, session: str) -> str:
+        return f"{self.url}#{session}"
+
+    def _scan(self, pattern: str) -> list[str]:
+        return [k.decode() for k in self._client.scan_iter(match=pattern, count=1000)]
+
+    def sessions(self) -> list[str]:
+        def op() -> list[str]:
+            found = set()
+            for key in self._scan(PREFIX + "{*}:meta"):
+                tag = key[len(PREFIX) + 1 : key.index("}", len(PREFIX))]
+                if ":" not in tag and tag != "secret":
+                    found.add(tag)
+            return sorted(found)
+
+        return self._call(op, lambda m: m.sessions())
+
+    def exists(self, session: str) -> bool:
+        return self._call(lambda: bool(self._client.exists(_skey(session, "meta"))), lambda m: m.exists(session))
+
+    def _touch_commands(self, pipe: Any, session: str, *parts: str) -> None:
+        """Mark the session used and push the expiry of ``parts`` (the keys this write touched)
+        out by ``ttl_s``; every commit pushes out all of the session's keys."""
+        meta = _skey(session, "meta")
+        pipe.hset(meta, "used", f"{time.time():.6f}")
+        pipe.pexpire(meta, self._ttl_ms)
+        for part in parts:
+            pipe.pexpire(_skey(session, part), self._ttl_ms)
+
+    # --- the turn ---------------------------------------------------------------------------
+
+    def _load_args(self, session: str, *, output: bool) -> tuple[list[str], list[str]]:
+        """The keys and arguments of the read of the turn: it returns nothing but the revision
+        when this object holds that revision."""
+        cached = self._cache.get(session)
+        holds = cached is not None and cached.state is not None and (cached.output_known or not output)
+        keys = [_skey(session, "state"), _skey(session, "rev"), _skey(session, "output")]
+        return keys, [str(cached.rev) if holds and cached is not None else "-1", "1" if output else "0"]
+
+    def _evalsha(self, pipe: Any, name: str, keys: Sequence[str], args: Sequence[str | bytes]) -> None:
+        pipe.evalsha(self._scripts[name].sha, len(keys), *keys, *args)
+
+    def load_turn(self, session: str, *, output: bool = True) -> Turn:
+        with self._lock:
+            if self._local is not None and not self._active:
+                # A new call without the lock (a read): try Redis again; what the last call
+                # kept in memory is dropped.
+                self._local = self._local_note = None
+        notes: list[str] = []
+
+        def op() -> Turn:
+            cached = self._cache.get(session)
+            held = self._held.get(session)
+            reply = None
+            with self._lock:
+                early = self._prefetched.pop(session, None)
+            # Read when this prepare took the lock (output=False): still the session's turn, since
+            # nobody commits without the lock.
+            fresh = early is not None and held is not None and early[0] == held.token
+            if fresh and early is not None:
+                unchanged = early[1][0] == b"=" and cached is not None and cached.output_known
+                if not output or unchanged:
+                    reply = early[1]
+            if reply is None:
+                keys, args = self._load_args(session, output=output)
+                reply = self._scripts["load"](keys=keys, args=args)
+            rev = int(reply[1])
+            if reply[0] == b"=" and cached is not None and cached.state is not None:
+                # What this object committed or verified last is still the session's turn.
+                if held is not None:
+                    cached.confirmed = held.token
+                return Turn(cached.state, cached.output if output else None, notes)
+            raw_state = reply[0]
+            if raw_state is None:
+                with self._lock:
+                    if cached is not None and cached.seen:
+                        notes.append(
+                            f"the Redis store {self.url} no longer holds session {session} "
+                            "(restarted without persistence, flushed, or expired): recomputed from the full history"
+                        )
+                        _log.warning("store_session_lost", url=self.url, session=session)
+                    self._cache[session] = _Cached(seen=False)
+                return Turn({"version": STATE_VERSION}, None, notes)
+            state = _parse_state(raw_state)
+            entry = self._verified(state, rev, reply[2] if len(reply) > 2 else None)
+            if held is not None:
+                entry.confirmed = held.token
+            with self._lock:
+                self._cache[session] = entry
+            return Turn(state, entry.output if output else None, notes)
+
+        turn = self._call(op, lambda m: m.load_turn(session, output=output))
+        if self._local_note is not None:
+            turn.notes.append(self._local_note)
+        return turn
+
+    def _verified(self, state: dict[str, Any], rev: int, lines: list[bytes] | None) -> _Cached:
+        """The cache entry for a turn read from Redis: the output only when it is what the state
+        says was written (its count and sha256)."""
+        entry = _Cached(rev=rev, state=state, seen=True)
+        if lines is None:
+            return entry
+        entry.output_known = True
+        found = state.get("last")
+        last: dict[str, Any] = found if isinstance(found, dict) else {}
+        digest = hashlib.sha256()
+        for line in lines:
+            digest.update(line)
+            digest.update(b"\n")
+        if last.get("output_count") != len(lines) or last.get("output_digest") != digest.hexdigest():
+            return entry
+        try:
+            messages = [json.loads(line) for line in lines]
+        except (ValueError, RecursionError):
+            return entry
+        if not all(isinstance(m, dict) for m in messages):
+            return entry
+        entry.output, entry.digest = messages, digest
+        return entry
+
+    def commit_turn(
+        self,
+        session: str,
+        state: dict[str, Any],
+        output: list[dict[str, Any]],
+        *,
+        records: Sequence[tuple[Sequence[Log], Mapping[str, Any]]] = (),
+    ) -> None:
+        def op() -> None:
+            cached = self._cache.get(session)
+            prev = cached.output if cached is not None else None
+            append = (
+                cached is not None
+                and prev is not None
+                and cached.digest is not None
+                and len(prev) <= len(output)
+                and all(a is b for a, b in zip(prev, output, strict=False))
+            )
+            self._commit(session, state, output, records, cached if append else None)
+
+        self._call(op, lambda m: m.commit_turn(session, state, output, records=records))
+
+    def _commit(
+        self,
+        session: str,
+        state: dict[str, Any],
+        output: list[dict[str, Any]],
+        records: Sequence[tuple[Sequence[Log], Mapping[str, Any]]],
+        base: _Cached | None,
+    ) -> None:
+        if base is not None and base.output is not None:
+            new_lines = [_line(m) for m in output[len(base.output) :]]
+            digest = base.digest.copy()
+        else:
+            new_lines = [_line(m) for m in output]
+            digest = hashlib.sha256()
+        for line in new_lines:
+            digest.update(line)
+            digest.update(b"\n")
+        state["version"] = STATE_VERSION
+        state.pop("recovered", None)
+        last = state.setdefault("last", {})
+        last["output_count"] = len(output)
+        last["output_digest"] = digest.hexdigest()
+        last.pop("output_file", None)  # the filesystem store's inode and size mean nothing here
+        raw_state = json.dumps(state, ensure_ascii=False, sort_keys=True).encode("utf-8")
+        held = self._held.get(session)
+        token = held.token if held is not None else ""
+        if held is not None and held.lost:
+            raise StoreError(
+                f"[{_LOCK_CODE}] {self.describe(session)}: this worker's prepare lock expired and another "
+                "worker may have taken it; the turn was not saved (raise lock_ttl_s if prepares run long)"
+            )
+        rev, extended = self._commit_script(session, raw_state, new_lines, base.rev if base else None, token)
+        if rev == -2:
+            # Someone committed since this object's last commit: send the whole output.
+            self._cache.pop(session, None)
+            lines = [_line(m) for m in output]
+            digest = hashlib.sha256(b"".join(line + b"\n" for line in lines))
+            last["output_digest"] = digest.hexdigest()
+            raw_state = json.dumps(state, ensure_ascii=False, sort_keys=True).encode("utf-8")
+            rev, extended = self._commit_script(session, raw_state, lines, None, token)
+        if rev == -1:
+            raise StoreError(
+                f"[{_LOCK_CODE}] {self.describe(session)}: the prepare lock is held by another worker now "
+                "(this worker's lease ran out); the turn was not saved"
+            )
+        with self._lock:
+            entry = _Cached(rev, state, list(output), digest, seen=True, confirmed=token, output_known=True)
+            self._cache[session] = entry
+        for logs, record in records:
+            self._append(logs, record)
+        self._maybe_extend_blobs(session, extended)
+
+    def _commit_script(
+        self, session: str, raw_state: bytes, lines: list[bytes], append_to: int | None, token: str
+    ) -> tuple[int, bytes | None]:
+        keys = [_skey(session, p) for p in ("state", "output", "rev", "lock", "meta")]
+        keys += [_skey(session, p) for p in _SESSION_PARTS if p not in ("state", "output", "rev", "meta")]
+        mode, expect = ("1", str(append_to)) if append_to is not None else ("0", "0")
+        args: list[bytes | str] = [raw_state, mode, expect, token, str(self._ttl_ms), f"{time.time():.6f}", *lines]
+        reply = self._scripts["commit"](keys=keys, args=args)
+        return int(reply[0]), reply[1]
+
+    def output_holds(self, session: str, output: list[dict[str, Any]]) -> bool:
+        cached = self._cache.get(session)
+        if cached is None or cached.output is None or len(cached.output) != len(output):
+            return False
+        if not all(a is b for a, b in zip(cached.output, output, strict=True)):
+            return False
+
+        held = self._held.get(session)
+        if held is not None and not held.lost and cached.confirmed == held.token:
+            return True  # read or written under this hold of the lock: nobody else wrote since
+
+        def op() -> bool:
+            return int(self._client.get(_skey(session, "rev")) or 0) == cached.rev
+
+        return self._call(op, lambda m: m.output_holds(session, output))
+
+    def forget(self, session: str) -> None:
+        with self._lock:
+            cached = self._cache.pop(session, None)
+            if cached is not None and cached.seen:
+                self._cache[session] = _Cached(seen=True)
+        if self._local is not None:
+            self._local.forget(session)
+
+    def save_state(self, session: str, state: dict[str, Any]) -> None:
+        raw = json.dumps(state, ensure_ascii=False, sort_keys=True).encode("utf-8")
+
+        def op() -> None:
+            pipe = self._client.pipeline(transaction=True)
+            pipe.set(_skey(session, "state"), raw)
+            pipe.incr(_skey(session, "rev"))
+            self._touch_commands(pipe, session, "state", "rev")
+            pipe.execute()
+            self.forget(session)
+
+        self._call(op, lambda m: m.save_state(session, state))
+
+    # --- the vault --------------------------------------------------------------------------
+
+    def open_blob_writer(self, session: str) -> SpooledBlobWriter:
+        """Pieces spooled to a private local file, stored whole on commit."""
+        return SpooledBlobWriter(self, session)
+
+    def put_blob(self, session: str, data: bytes, media_type: str | None = None) -> str:
+        data = bytes(data)
+        blob_id = hashlib.sha256(data).hexdigest()
+
+        def op() -> str:
+            blob = _blob_key(blob_id)
+            # The bytes first, then the session's reference to them. One server runs a pipeline
+            # in order: one round trip. A Cluster sends a pipeline's commands to their nodes in
+            # parallel, so there the bytes go in a round trip of their own, before the reference.
+            pipe = self._client.pipeline(transaction=False)
+            pipe.set(blob, data, nx=True, ex=self._blob_ttl_s)
+            pipe.expire(blob, self._blob_ttl_s, gt=True)  # already there: it lives on
+            if self.settings.cluster:
+                pipe.execute()
+                pipe = self._client.pipeline(transaction=True)
+            pipe.sadd(_skey(session, "blobs"), blob_id)
+            if media_type is not None:
+                pipe.hset(_skey(session, "media"), blob_id, media_type)
+            self._touch_commands(pipe, session, "blobs", "media")
+            pipe.execute()
+            return blob_id
+
+        return self._call(op, lambda m: m.put_blob(session, data, media_type))
+
+    def get_blob(self, session: str, blob_id: str) -> bytes:
+        _check_blob_id(blob_id)
+
+        def op() -> bytes:
+            pipe = self._client.pipeline(transaction=False)
+            pipe.sismember(_skey(session, "blobs"), blob_id)
+            pipe.get(_blob_key(blob_id))
+            pipe.expire(_blob_key(blob_id), self._blob_ttl_s, gt=True)
+            member, data, _ = pipe.execute()
+            if not member or data is None:
+                why = "the session does not reference it" if not member else "its bytes expired or were removed"
+                raise VaultError(f"vault item {blob_id} is missing from {self.describe(session)} (not found: {why})")
+            actual = hashlib.sha256(data).hexdigest()
+            if actual != blob_id:
+                raise VaultError(
+                    f"vault entry {blob_id} is corrupt: its content hashes to {actual} ({self.describe(session)})"
+                )
+            return bytes(data)
+
+        return self._call(op, lambda m: m.get_blob(session, blob_id))
+
+    def has_blob(self, session: str, blob_id: str) -> bool:
+        return blob_id not in self.missing_blobs(session, [blob_id])
+
+    def missing_blobs(self, session: str, blob_ids: Sequence[str]) -> set[str]:
+        ids = [_check_blob_id(b) for b in blob_ids]
+        if not ids:
+            return set()
+
+        def op() -> set[str]:
+            pipe = self._client.pipeline(transaction=False)
+            pipe.smismember(_skey(session, "blobs"), ids)
+            for blob_id in ids:
+                pipe.exists(_blob_key(blob_id))
+            replies = pipe.execute()
+            members, present = replies[0], replies[1:]
+            return {b for b, m, p in zip(ids, members, present, strict=True) if not m or not p}
+
+        return self._call(op, lambda m: m.missing_blobs(session, ids))
+
+    def blob_ids(self, session: str, prefix: str = "") -> list[str]:
+        def op() -> list[str]:
+            ids = (m.decode() for m in self._client.smembers(_skey(session, "blobs")))
+            return sorted(i for i in ids if i.startswith(prefix))
+
+        return self._call(op, lambda m: m.blob_ids(session, prefix))
+
+    def blob_media_type(self, session: str, blob_id: str) -> str | None:
+        def op() -> str | None:
+            value = self._client.hget(_skey(session, "media"), blob_id)
+            return value.decode() if value is not None else None
+
+        return self._call(op, lambda m: m.blob_media_type(session, blob_id))
+
+    def _maybe_extend_blobs(self, session: str, extended: bytes | None) -> None:
+        """Every ``ttl_s / 2`` of a session's life, push the expiry of every blob it references
+        out to twice ``ttl_s`` from now (``EXPIRE GT`` never shortens one another session set)."""
+        now = time.time()
+        if extended is not None and now - float(extended) < self.settings.ttl_s / 2:
+            return
+        ids = list(self._client.smembers(_skey(session, "blobs")))
+        pipe = self._client.pipeline(transaction=False)
+        for blob_id in ids:
+            pipe.expire(_blob_key(blob_id.decode()), self._blob_ttl_s, gt=True)
+        pipe.hset(_skey(session, "meta"), "blobs_extended", f"{now:.6f}")
+        pipe.execute()
+
+    # --- documents --------------------------------------------------------------------------
+
+    def read_doc(self, session: str, name: DocName) -> bytes | None:
+        held = self._held.get(session)
+        with self._lock:
+            early = self._docs_prefetched.get(session)
+            if early is not None and held is not None and early[0] == held.token and name in early[1]:
+                # Read in the round trip that took this prepare's lock; once (a second read asks).
+                return early[1].pop(name)
+
+        def op() -> bytes | None:
+            value = self._client.get(_skey(session, f"doc:{name}"))
+            return bytes(value) if value is not None else None
+
+        return self._call(op, lambda m: m.read_doc(session, name))
+
+    def update_doc(self, session: str, name: DocName, update: Callable[[bytes | None], bytes | None]) -> None:
+        key = _skey(session, f"doc:{name}")
+        self._forget_doc(session, name)
+
+        def op() -> None:
+            # Optimistic: WATCH the document, compute, MULTI; a writer that got in between makes
+            # EXEC fail and the update is computed again from what that writer left.
+            with self._client.pipeline(transaction=True) as pipe:
+                while True:
+                    try:
+                        pipe.watch(key)
+                        current = pipe.get(key)
+                        new = update(bytes(current) if current is not None else None)
+                        if new is None:
+                            pipe.unwatch()
+                            return
+                        pipe.multi()
+                        pipe.set(key, new)
+                        self._touch_commands(pipe, session, f"doc:{name}")
+                        pipe.execute()
+                        return
+                    except redis.WatchError:
+                        continue
+
+        self._call(op, lambda m: m.update_doc(session, name, update))
+
+    def _forget_doc(self, session: str, name: str) -> None:
+        with self._lock:
+            early = self._docs_prefetched.get(session)
+            if early is not None:
+                early[1].pop(name, None)
+
+    def write_doc(self, session: str, name: DocName, data: bytes | None) -> None:
+        self._forget_doc(session, name)
+
+        def op() -> None:
+            pipe = self._client.pipeline(transaction=True)
+            if data is None:
+                pipe.delete(_skey(session, f"doc:{name}"))
+            else:
+                pipe.set(_skey(session, f"doc:{name}"), data)
+                self._touch_commands(pipe, session, f"doc:{name}")
+            pipe.execute()
+
+        self._call(op, lambda m: m.write_doc(session, name, data))
+
+    def doc_location(self, session: str, name: DocName) -> str:
+        return f"{self.describe(session)}/{name}"
+
+    # --- logs -------------------------------------------------------------------------------
+
+    def _append_command(self, pipe: Any, log: Log, record: Mapping[str, Any]) -> None:
+        """Queue the commands that append ``record`` to ``log`` in a ``MULTI`` (plain commands, not
+        a script: a Cluster pipeline runs no scripts): the record, and the totals as atomic
+        counters beside it (a reset record clears them: totals count the calls after the last)."""
+        base = _log_base(log)
+        line = json.dumps(record, ensure_ascii=False, sort_keys=True, allow_nan=False).encode("utf-8")
+        kind = record.get("type")
+        pipe.set(base + ":gen", secrets.token_hex(8), nx=True)
+        pipe.rpush(base + ":records", line)
+        if kind == "reset":
+            pipe.delete(base + ":totals")
+        elif kind == "call":
+            pipe.hincrby(base + ":totals", "calls", 1)
+            tokens = record.get("tokens")
+            if isinstance(tokens, Mapping):
+                for name, value in sorted(tokens.items()):
+                    if isinstance(value, int) and not isinstance(value, bool):
+                        pipe.hincrby(base + ":totals", f"tokens.{name}", value)
+            usd = record.get("usd")
+            if isinstance(usd, Mapping):
+                for name, value in sorted(usd.items()):
+                    if isinstance(value, int | float) and not isinstance(value, bool):
+                        pipe.hincrbyfloat(base + ":totals", f"usd.{name}", float(value))
+        session_log = log.kind in ("session", "descendants")
+        ttl = self._ttl_ms if session_log else self._log_ttl_ms
+        if ttl > 0:
+            for suffix in (":records", ":totals", ":gen"):
+                pipe.pexpire(base + suffix, ttl)
+        if session_log:
+            self._touch_commands(pipe, log.name)
+
+    def _append(self, logs: Sequence[Log], record: Mapping[str, Any]) -> None:
+        if not logs:
+            return
+        if not self.settings.cluster:
+            # One server: one transaction for every log, one round trip.
+            pipe = self._client.pipeline(transaction=True)
+            for log in logs:
+                self._append_command(pipe, log, record)
+            pipe.execute()
+            return
+        by_slot: dict[str, list[Log]] = {}
+        for log in logs:
+            by_slot.setdefault(_log_base(log).split("}", 1)[0], []).append(log)
+        for group in by_slot.values():  # a Cluster transaction stays on one slot
+            pipe = self._client.pipeline(transaction=True)
+            for log in group:
+                self._append_command(pipe, log, record)
+            pipe.execute()
+
+    def append(self, logs: Sequence[Log], record: Mapping[str, Any]) -> None:
+        self._call(lambda: self._append(logs, record), lambda m: m.append(logs, record))
+
+    def append_once(
+        self, log: Log, record: Mapping[str, Any], *, key: str, limit: int
+    ) -> Literal["added", "present", "full"]:
+        wanted = record.get(key)
+        if isinstance(wanted, bool) or not isinstance(wanted, str | int | float):
+            raise StoreError(f"append_once: record[{key!r}] must be a string or a number, got {wanted!r}")
+        base = _log_base(log)
+        line = json.dumps(dict(record), ensure_ascii=False, sort_keys=True, allow_nan=False).encode("utf-8")
+        session_log = log.kind in ("session", "descendants")
+        ttl = self._ttl_ms if session_log else self._log_ttl_ms
+        args: list[bytes | str] = [
+            line,
+            key,
+            str(wanted),
+            "s" if isinstance(wanted, str) else "n",
+            str(limit),
+            secrets.token_hex(8),
+        ]
+
+        def op() -> Literal["added", "present", "full"]:
+            got = self._scripts["append_once"](keys=[base + ":records", base + ":gen"], args=[*args, str(ttl)])
+            outcome = got.decode() if isinstance(got, bytes) else str(got)
+            if session_log:
+                pipe = self._client.pipeline(transaction=True)
+                self._touch_commands(pipe, log.name)
+                pipe.execute()
+            assert outcome in ("added", "present", "full")
+            return outcome  # type: ignore[return-value]
+
+        return self._call(op, lambda m: m.append_once(log, record, key=key, limit=limit))
+
+    def read_log(self, log: Log, cursor: Any = None) -> LogChunk:
+        gen, offset = cursor if isinstance(cursor, tuple) and len(cursor) == 2 else ("", 0)
+        base = _log_base(log)
+        with self._lock:
+            self._logs_read[log] = None
+            if len(self._logs_read) > 32:
+                del self._logs_read[next(iter(self._logs_read))]
+            known = self._log_lengths.get(log)
+        if known is not None and self._active:
+            token, known_gen, length = known
+            # (A log that does not exist reads as generation "" and length 0, cursor or not.)
+            if (known_gen, length) == (gen, offset) and any(h.token == token for h in self._held.values()):
+                # Unchanged when this prepare took its lock (read in that round trip): a ledger
+                # read within one prepare sees the ledgers as of the moment it took the lock.
+                return LogChunk([], cursor, False)
+
+        def op() -> LogChunk:
+            reply = self._scripts["read_log"](keys=[base + ":records", base + ":gen"], args=[gen, str(offset)])
+            new_gen = reply[0].decode() if isinstance(reply[0], bytes) else str(reply[0])
+            lines = [bytes(x) for x in reply[1]]
+            restarted = cursor is not None and new_gen != gen
+            start = 0 if new_gen != gen else offset
+            return LogChunk(lines, (new_gen, start + len(lines)), restarted)
+
+        return self._call(op, lambda m: m.read_log(log, cursor))
+
+    def totals(self, log: Log) -> dict[str, float]:
+        """The log's atomic totals since its last reset: ``calls``, ``tokens.<kind>``,
+        ``usd.<part>`` (what HINCRBY/HINCRBYFLOAT summed as the records were appended)."""
+
+        def op() -> dict[str, float]:
+            raw = self._client.hgetall(_log_base(log) + ":totals")
+            return {k.decode(): float(v) for k, v in raw.items()}
+
+        return self._call(op, lambda m: m.totals(log))
+
+    def log_location(self, log: Log) -> str:
+        name = f"/{log.name}" if log.name else ""
+        return f"{self.url}#ledger/{log.kind}{name}"
+
+    def logs(self, kind: LogKind) -> list[Log]:
+        def op() -> list[Log]:
+            found: list[Log] = []
+            if kind in ("session", "descendants"):
+                for key in self._scan(f"{PREFIX}{{*}}:log:{kind}:records"):
+                    found.append(Log(kind, key[len(PREFIX) + 1 : key.index("}", len(PREFIX))]))
+            elif kind == "misroutes":
+                if self._client.exists(_log_base(Log("misroutes")) + ":records"):
+                    found.append(Log("misroutes"))
+            else:
+                head = f"{PREFIX}{{log:{kind}:"
+                for key in self._scan(head + "*}:log:records"):
+                    found.append(Log(kind, key[len(head) : key.index("}", len(head))]))
+            return sorted(found, key=lambda lg: lg.name)
+
+        return self._call(op, lambda m: m.logs(kind))
+
+    # --- locks ------------------------------------------------------------------------------
+
+    def prepare_lock(self, session: str, *, timeout: float | None = None) -> _PrepareLock:
+        wait = self.settings.lock_timeout_s if timeout is None else timeout
+        return _PrepareLock(self, session, wait)
+
+    def compaction_lock(self, session: str) -> AbstractContextManager[Any]:
+        return self._compaction(session)
+
+    @contextlib.contextmanager
+    def _compaction(self, session: str) -> Iterator[None]:
+        if self._local is not None:
+            with self._local.compaction_lock(session):
+                yield
+            return
+        key = _skey(session, "compaction")
+        lease = self._acquire(key, wait=0.0)
+        if lease is None:
+            raise CompactionBusy(f"another compaction of {self.describe(session)} is running")
+        try:
+            yield
+        finally:
+            self._release(lease, None, "")
+
+    def _acquire(self, key: str, wait: float, session: str | None = None) -> _Lease | None:
+        """Take the lock at ``key``, waiting up to ``wait`` seconds; the lease is renewed in the
+        background until released. None when the wait ran out.
+
+        ``session`` (the prepare lock, on one server): the same round trip also reads what the
+        prepare asks next — the session's revision (and state, if another worker committed) and
+        the length of every ledger this object has read — so that ``load_turn`` and unchanged
+        ``read_log`` calls of that prepare need no round trip of their own."""
+        token = secrets.token_hex(16)
+        deadline = time.monotonic() + wait
+        pause = 0.002
+        prefetch = session is not None and not self.settings.cluster
+        while True:
+
+            def op() -> list[Any]:
+                if not prefetch:  # one script, no pipeline (a Cluster pipeline runs no scripts)
+                    return [self._scripts["acquire"](keys=[key], args=[token, str(self._lease_ms)]), []]
+                pipe = self._client.pipeline(transaction=False)
+                # EVALSHA itself, not Script objects: a pipeline of those first asks the server
+                # whether it has the scripts (SCRIPT EXISTS), a round trip of its own.
+                self._evalsha(pipe, "acquire", [key], [token, str(self._lease_ms)])
+                logs: list[Log] = []
+                if session is not None:
+                    self._evalsha(pipe, "load", *self._load_args(session, output=False))
+                    pipe.mget([_skey(session, f"doc:{name}") for name in DOCS])
+                    logs = list(self._logs_read)
+                    for log in logs:
+                        base = _log_base(log)
+                        pipe.get(base + ":gen")
+                        pipe.llen(base + ":records")
+                try:
+                    replies: list[Any] = pipe.execute()
+                except redis.exceptions.NoScriptError:
+                    # A restarted server has no scripts: load them; the next round retries.
+                    for script in self._scripts.values():
+                        self._client.script_load(script.script)
+                    return [None, None, None, []]
+                replies.append(logs)
+                return replies
+
+            replies = self._call(op)
+            got = replies[0]
+            if got is not None:
+                lease = _Lease(key, token, self._lease_ms)
+                lease.acquired = got.decode() if isinstance(got, bytes) else str(got)
+                if prefetch and session is not None:
+                    logs = replies[-1]
+                    lengths = replies[3:-1]
+                    with self._lock:
+                        self._prefetched[session] = (token, replies[1])
+                        docs: dict[str, bytes | None] = {
+                            name: (bytes(v) if v is not None else None)
+                            for name, v in zip(DOCS, replies[2], strict=True)
+                        }
+                        self._docs_prefetched[session] = (token, docs)
+                        for i, log in enumerate(logs):
+                            gen = lengths[2 * i]
+                            self._log_lengths[log] = (token, gen.decode() if gen else "", int(lengths[2 * i + 1]))
+                self._renew_in_background(lease)
+                return lease
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            time.sleep(min(pause, left))
+            pause = min(pause * 2, 0.05)
+
+    def _release(self, lease: _Lease, record_key: str | None, holder: str) -> bool:
+        with self._lock:
+            self._leases.pop(lease.token, None)
+        keys = [lease.key] if record_key is None else [lease.key, record_key]
+        args = [lease.token, lease.acquired, holder, str(_PREPARES_KEPT), str(self._ttl_ms)]
+        try:
+            return bool(self._call(lambda: self._scripts["release"](keys=keys, args=args)))
+        except StoreError:
+            # Unreachable now: the lease runs out on its own; the turn's outcome stands.
+            _log.warning("store_unlock_failed", url=self.url, key=lease.key)
+            return False
+
+    def _renew_in_background(self, lease: _Lease) -> None:
+        with self._lock:
+            self._leases[lease.token] = lease
+            if self._renewer is None or not self._renewer.alive():
+                self._renewer = _Renewer(self)
+
+    def _renew(self, lease: _Lease) -> bool:
+        ok = bool(self._scripts["renew"](keys=[lease.key], args=[lease.token, str(lease.lease_ms)]))
+        if not ok:
+            lease.lost = True
+        return ok
+
+    def prepares(self, session: str) -> list[tuple[float, float, str]]:
+        """When each recent prepare of ``session`` held its lock: ``(acquired, released, holder)``
+        in the server's clock, oldest first (the last 1000)."""
+        raw = self._call(lambda: self._client.lrange(_skey(session, "prepares"), 0, -1))
+        out = []
+        for item in raw:
+            start, end, holder = item.decode().split(" ", 2)
+            out.append((float(start), float(end), holder))
+        return out
+
+    # --- secrets ----------------------------------------------------------------------------
+
+    def secret(self, session: str | None, name: str, make: Callable[[], bytes]) -> bytes:
+        cached = self._secrets.get((session, name))
+        if cached is not None:
+            return cached
+        key = _skey(session, f"secret:{name}") if session is not None else f"{PREFIX}{{secret}}:{name}"
+
+        def op() -> bytes:
+            candidate = make()
+            # SET NX GET (Redis 7.0): the first writer's bytes win, and every caller gets them.
+            old = self._client.set(key, candidate, nx=True, get=True)
+            value = bytes(old) if old is not None else candidate
+            if session is not None:
+                self._client.pexpire(key, self._ttl_ms, gt=False)
+            return value
+
+        value = self._call(op, lambda m: m.secret(session, name, make))
+        if self._local is None:
+            self._secrets[(session, name)] = value
+        return value
+
+    # --- lifetime ---------------------------------------------------------------------------
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        with self._lock:
+            renewer, self._renewer = self._renewer, None
+        if renewer is not None:
+            renewer.stop()
+        if self._made is not None:
+            with contextlib.suppress(redis.RedisError):
+                self._made.close()
+
+    def __enter__(self) -> RedisStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _line(message: Mapping[str, Any]) -> bytes:
+    return json.dumps(message, ensure_ascii=False).encode("utf-8", "surrogatepass")
+
+
+def _parse_state(raw: bytes) -> dict[str, Any]:
+    """The state as the filesystem store reads it: an unreadable or mistyped one is a new
+    session that says why (a cache miss, never a crash later in the turn)."""
+    try:
+        data = json.loads(raw)
+    except (ValueError, RecursionError):
+        return {"version": STATE_VERSION, "recovered": "the stored state was unreadable and was reset"}
+    if not isinstance(data, dict) or data.get("version") != STATE_VERSION:
+        return {"version": STATE_VERSION}
+    wrong = _mistyped(data)
+    if wrong is not None:
+        return {"version": STATE_VERSION, "recovered": f"the stored state was damaged ({wrong}) and was reset"}
+    return data
+
+
+class _PrepareLock:
+    """The prepare lock of one session on a :class:`RedisStore` (``SET NX PX`` + token)."""
+
+    def __init__(self, store: RedisStore, session: str, wait: float) -> None:
+        self.store, self.session, self.wait = store, session, wait
+        self._lease: _Lease | None = None
+        self._depth = 0
+        self._local: Any = None
+        self.holder = ""
+
+    def __enter__(self) -> _PrepareLock:
+        if self._depth:
+            self._depth += 1
+            return self
+        store = self.store
+        with store._lock:
+            if not store._active:
+                # A new call (a prepare starts with its lock): Redis is tried again, and whatever
+                # the last call kept in memory because Redis was unreachable is dropped.
+                store._local = store._local_note = None
+            store._active += 1
+        try:
+            lease = None
+            if store._local is None:
+                try:
+                    lease = store._acquire(_skey(self.session, "lock"), self.wait, self.session)
+                except _Unreachable as exc:
+                    if store.settings.on_error != "local":
+                        raise
+                    store._fall_back(exc.reason)
+            if store._local is not None:
+                self._local = store._local.prepare_lock(self.session)
+                self._local.__enter__()
+                self._depth = 1
+                return self
+            if lease is None:
+                raise StoreLockTimeout(
+                    f"[{_LOCK_CODE}] the prepare lock of {store.describe(self.session)} stayed held by another "
+                    f"worker for {self.wait:g}s (lock_timeout_s); a worker that died holding it frees it within "
+                    f"lock_ttl_s={store.settings.lock_ttl_s:g}s"
+                )
+        except BaseException:
+            with store._lock:
+                store._active -= 1
+            raise
+        self._lease = lease
+        # Who held it, for prepares(): this object may be entered by another thread next time.
+        self.holder = f"{socket.gethostname()}:{os.getpid()}:{threading.get_ident()}"
+        with store._lock:
+            store._held[self.session] = lease
+        self._depth = 1
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._depth -= 1
+        if self._depth:
+            return
+        with self.store._lock:
+            self.store._active -= 1
+        if self._local is not None:
+            local, self._local = self._local, None
+            local.__exit__(*exc)
+            return
+        lease, self._lease = self._lease, None
+        if lease is None:
+            return
+        with self.store._lock:
+            if self.store._held.get(self.session) is lease:
+                del self.store._held[self.session]
+        self.store._release(lease, _skey(self.session, "prepares"), self.holder)
+
+    def renew(self) -> None:
+        lease = self._lease
+        if lease is None:
+            return
+        if lease.lost or not self.store._call(lambda: self.store._renew(lease)):
+            raise StoreError(
+                f"[{_LOCK_CODE}] {self.store.describe(self.session)}: the prepare lock was lost to another "
+                "worker (its lease ran out)"
+            )
+
+
+@dataclass
+class _Renewer:
+    """One daemon thread per store that extends every held lease every third of its length, so
+    a long compaction keeps its lock while a worker that died loses it within ``lock_ttl_s``."""
+
+    store_ref: weakref.ReferenceType[RedisStore]
+    stop_event: threading.Event = field(default_factory=threading.Event)
+    pid: int = field(default_factory=os.getpid)
+    interval: float = 1.0
+
+    def __init__(self, store: RedisStore) -> None:
+        self.store_ref = weakref.ref(store)
+        self.stop_event = threading.Event()
+        self.pid = os.getpid()
+        self.interval = store._lease_ms / 3000
+        self.thread = threading.Thread(target=self._run, name="ctxrules-redis-lease", daemon=True)
+        self.thread.start()
+
+    def alive(self) -> bool:
+        # A forked child has the object but not the thread.
+        return self.pid == os.getpid() and self.thread.is_alive()
+
+    def stop(self) -> None:
+        self.stop_event.set()
+        if self.thread is not threading.current_thread() and self.pid == os.getpid():
+            self.thread.join(timeout=2)
+
+    def _run(self) -> None:
+        while not self.stop_event.wait(self.interval):
+            store = self.store_ref()
+            if store is None:
+                return
+            with store._lock:
+                leases = list(store._leases.values())
+            for lease in leases:
+                # Unreachable for now: the next round tries again, the lease may still hold.
+                with contextlib.suppress(redis.RedisError):
+                    store._renew(lease)
+            del store
+
+
+if TYPE_CHECKING:
+    from ctxrules.stores.base import Store
+
+    def _conforms(store: RedisStore) -> Store:
+        return store  # mypy checks that RedisStore is a Store

@@ -1,0 +1,245 @@
+"""Store selection through the real CLI (subprocesses): ``--store URL``, ``--state DIR``,
+``CTXRULES_STORE``, the usage errors, ``sessions export``/``import`` between two filesystem
+stores, and ``sessions scan --store`` finding a half-written compaction checkpoint."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import REPO
+
+ENV = {**os.environ, "PYTHONPATH": str(REPO / "engine")}
+ENV.pop("CTXRULES_STORE", None)
+ENV.pop("CTXRULES_STATE", None)
+
+
+def ctxrules(
+    *argv: str, cwd: Path, env: dict[str, str] | None = None, stdin: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "ctxrules.cli.main", *argv],
+        cwd=cwd,
+        env=env or ENV,
+        capture_output=True,
+        text=True,
+        input=stdin,
+        timeout=300,
+    )
+
+
+def history(extra: int = 0) -> list[dict[str, object]]:
+    out = "\n".join(f"test_{i} PASSED in {i}ms" for i in range(6000))
+    msgs: list[dict[str, object]] = [
+        {"role": "system", "content": "You run tests."},
+        {"role": "user", "content": "Run the tests."},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "bash", "arguments": '{"cmd": "pytest"}'}}
+            ],
+        },
+        {"role": "tool", "tool_call_id": "c1", "content": out},
+        {"role": "assistant", "content": "All pass."},
+        {"role": "user", "content": "Good."},
+    ]
+    for i in range(extra):
+        msgs += [{"role": "assistant", "content": f"step {i}"}, {"role": "user", "content": f"go on {i}"}]
+    return msgs
+
+
+def run_args(tmp_path: Path, *store: str, extra: int = 0, out: str = "out.json") -> list[str]:
+    (tmp_path / "in.json").write_text(json.dumps(history(extra)))
+    return ["run", "--pack", "builtin:default", "--model", "gpt-4o", "--window", "20000",
+            "--input", "in.json", "--output", out, *store]  # fmt: skip
+
+
+BOTH = ("--store", "file://a", "--state", "b")
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        pytest.param(["compress", *BOTH, "--command", "echo hi", "--input", "in.txt"], id="compress"),
+        pytest.param(["vault", "get", "0123456789ab", *BOTH], id="vault-get"),
+        pytest.param(["usage", "show", *BOTH], id="usage-show"),
+        pytest.param(["usage", "report", *BOTH], id="usage-report"),
+        pytest.param(["sessions", "scan", *BOTH], id="sessions-scan"),
+        pytest.param(["sessions", "export", "s", "--to", "x.ctxs", *BOTH], id="sessions-export"),
+        pytest.param(["sessions", "import", "x.ctxs", *BOTH], id="sessions-import"),
+        pytest.param(["mcp", "--session", "s", *BOTH], id="mcp"),
+    ],
+)
+def test_store_and_state_together_is_a_usage_error(tmp_path: Path, argv: list[str]) -> None:
+    (tmp_path / "in.txt").write_text("hi\n")
+    got = ctxrules(*argv, cwd=tmp_path)
+    assert got.returncode == 2, got
+    assert "[CR145] give --store URL or --state DIR, not both" in got.stderr
+    assert "Traceback" not in got.stderr
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+def test_run_with_store_and_state_is_a_usage_error_before_reading_anything(tmp_path: Path) -> None:
+    got = ctxrules(*run_args(tmp_path, *BOTH), cwd=tmp_path)
+    assert got.returncode == 2 and "[CR145]" in got.stderr and "Traceback" not in got.stderr
+    assert not (tmp_path / "out.json").exists()
+
+
+def test_an_unknown_scheme_is_a_usage_error_naming_the_schemes(tmp_path: Path) -> None:
+    got = ctxrules("vault", "get", "0123456789ab", "--store", "memcache://u:pw@h/1", cwd=tmp_path)
+    assert got.returncode == 2
+    assert "[CR145] unknown store URL 'memcache://u:***@h/1'" in got.stderr and "pw" not in got.stderr
+    assert "file://, redis://, rediss://, unix://" in got.stderr
+
+
+def test_store_file_url_and_the_environment_select_the_same_store_as_state(tmp_path: Path) -> None:
+    by_state = ctxrules(*run_args(tmp_path, "--state", "s1", out="o1.json"), cwd=tmp_path)
+    assert by_state.returncode == 0, by_state.stderr
+    by_url = ctxrules(*run_args(tmp_path, "--store", f"file://{tmp_path}/s2", out="o2.json"), cwd=tmp_path)
+    assert by_url.returncode == 0, by_url.stderr
+    env = {**ENV, "CTXRULES_STORE": (tmp_path / "s3").as_uri()}
+    by_env = ctxrules(*run_args(tmp_path, out="o3.json"), cwd=tmp_path, env=env)
+    assert by_env.returncode == 0, by_env.stderr
+    outputs = [json.loads((tmp_path / f"o{i}.json").read_text()) for i in (1, 2, 3)]
+    assert outputs[0] == outputs[1] == outputs[2]
+    for root in ("s1", "s2", "s3"):
+        assert (tmp_path / root / "default" / "state.json").is_file()
+    # A marker of that output resolves through each way of naming the store.
+    ref = next(m for m in json.dumps(outputs[0]).split("vault://")[1:])[:64]
+    for store in (["--state", "s1"], ["--store", f"file://{tmp_path}/s2"]):
+        got = ctxrules("vault", "get", ref, *store, cwd=tmp_path)
+        assert got.returncode == 0 and "test_0 PASSED" in got.stdout, got.stderr
+    got = ctxrules("vault", "get", ref, cwd=tmp_path, env=env)
+    assert got.returncode == 0 and "test_0 PASSED" in got.stdout, got.stderr
+
+
+def test_export_then_import_moves_a_session_byte_for_byte(tmp_path: Path) -> None:
+    first = ctxrules(*run_args(tmp_path, "--state", "A", "--session", "A/conv-1"), cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    usage = ctxrules("usage", "add", "--model", "gpt-4o", "--prompt", "1000", "--completion", "10",
+                     "--session", "A/conv-1", "--state", "A", cwd=tmp_path)  # fmt: skip
+    assert usage.returncode == 0, usage.stderr
+    note = "import sys\nfrom ctxrules.notes import SessionNotes\nSessionNotes(sys.argv[1]).add('keep me', tags=['x'])"
+    subprocess.run([sys.executable, "-c", note, "A/conv-1"], cwd=tmp_path, env=ENV, check=True)
+    exported = ctxrules(
+        "sessions", "export", "A/conv-1", "--store", f"file://{tmp_path}/A", "--to", "conv.ctxs", cwd=tmp_path
+    )
+    assert exported.returncode == 0, exported.stderr
+    assert "vault item(s)" in exported.stderr and (tmp_path / "conv.ctxs").is_file()
+    imported = ctxrules("sessions", "import", "conv.ctxs", "--store", f"file://{tmp_path}/B", cwd=tmp_path)
+    assert imported.returncode == 0, imported.stderr
+    a, b = tmp_path / "A" / "conv-1", tmp_path / "B" / "conv-1"
+    vault_a = {p.relative_to(a): p.read_bytes() for p in (a / "vault").rglob("*") if p.is_file()}
+    vault_b = {p.relative_to(b): p.read_bytes() for p in (b / "vault").rglob("*") if p.is_file()}
+    assert vault_a and vault_a == vault_b
+    assert (a / "last_output.jsonl").read_bytes() == (b / "last_output.jsonl").read_bytes()
+    assert json.loads((b / "notes.json").read_text())["notes"][0]["text"] == "keep me"
+    shown = ctxrules("usage", "show", "--session", "B/conv-1", "--state", "B", "--format", "json", cwd=tmp_path)
+    assert shown.returncode == 0, shown.stderr
+    assert '"calls": 1' in shown.stdout
+    # The moved session goes on as the original would.
+    for root in ("A", "B"):
+        nxt = ctxrules(
+            *run_args(tmp_path, "--state", root, "--session", f"{root}/conv-1", extra=1, out=f"n{root}.json"),
+            cwd=tmp_path,
+        )
+        assert nxt.returncode == 0, nxt.stderr
+    assert (tmp_path / "nA.json").read_text() == (tmp_path / "nB.json").read_text()
+    # Importing again is refused: an existing session is never overwritten.
+    again = ctxrules("sessions", "import", "conv.ctxs", "--store", f"file://{tmp_path}/B", cwd=tmp_path)
+    assert again.returncode == 2 and "[CR146]" in again.stderr and "exists already" in again.stderr
+    # A truncated archive writes nothing.
+    lines = (tmp_path / "conv.ctxs").read_bytes().splitlines(keepends=True)
+    (tmp_path / "cut.ctxs").write_bytes(b"".join(lines[:-1]))
+    cut = ctxrules("sessions", "import", "cut.ctxs", "--store", f"file://{tmp_path}/C", cwd=tmp_path)
+    assert cut.returncode == 2 and "truncated" in cut.stderr and not (tmp_path / "C").exists()
+    # Through stdout and stdin too.
+    piped = ctxrules("sessions", "export", "A/conv-1", "--state", "A", "--to", "-", cwd=tmp_path)
+    assert piped.returncode == 0
+    into = ctxrules("sessions", "import", "-", "--state", "D", "--session", "D/x", cwd=tmp_path, stdin=piped.stdout)
+    assert into.returncode == 0, into.stderr
+    assert (tmp_path / "D" / "x" / "last_output.jsonl").read_bytes() == (a / "last_output.jsonl").read_bytes()
+
+
+def test_exporting_a_session_that_is_not_there_is_a_usage_error(tmp_path: Path) -> None:
+    got = ctxrules("sessions", "export", "nope", "--state", "A", "--to", "x.ctxs", cwd=tmp_path)
+    assert got.returncode == 2 and "[CR147] no session nope to export" in got.stderr
+    assert not (tmp_path / "x.ctxs").exists()
+
+
+def test_sessions_scan_with_a_store_url_finds_a_half_written_checkpoint(tmp_path: Path) -> None:
+    made = ctxrules(*run_args(tmp_path, "--state", "S", "--session", "S/conv-1"), cwd=tmp_path)
+    assert made.returncode == 0, made.stderr
+    # A compaction that died half-way: its checkpoint says running, its process is gone.
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    pid = int(gone.stdout)
+    write = (
+        "import sys\nfrom pathlib import Path\nfrom ctxrules.runtime import checkpoint\n"
+        "from ctxrules.stores.filesystem import FilesystemStore\nfrom ctxrules.vault import Vault\n"
+        "store = FilesystemStore(Path('S')); key = 'S/conv-1'\n"
+        "backup = Vault.of(store, key).put_text('[]')\n"
+        "checkpoint.begin(key, store=store, backup=backup, state={}, messages=0, clock=1.0)\n"
+        "import json; p = Path(key, 'checkpoint.json'); d = json.loads(p.read_text()); d['pid'] = int(sys.argv[1])\n"
+        "p.write_text(json.dumps(d))\n"
+    )
+    subprocess.run([sys.executable, "-c", write, str(pid)], cwd=tmp_path, env=ENV, check=True)
+    got = ctxrules("sessions", "scan", "--store", f"file://{tmp_path}/S", cwd=tmp_path)
+    assert got.returncode == 0, got.stderr
+    assert f"process {pid} ended during a compaction" in got.stdout
+    assert "1 interrupted session(s)" in got.stdout
+    resumed = ctxrules("sessions", "resume", "S/conv-1", "--store", f"file://{tmp_path}/S", cwd=tmp_path)
+    assert resumed.returncode == 0 and json.loads(resumed.stdout) == []
+
+
+def test_every_session_verb_takes_a_redis_store(tmp_path: Path, redis_url: str) -> None:
+    store = ("--store", redis_url)
+    made = ctxrules(*run_args(tmp_path, *store, "--session", "conv-r", "--report", "report.json"), cwd=tmp_path)
+    assert made.returncode == 0, made.stderr
+    out = json.loads((tmp_path / "out.json").read_text())
+    ref = next(part[:64] for part in json.dumps(out).split("vault://")[1:])
+    got = ctxrules("vault", "get", ref, *store, "--session", "conv-r", cwd=tmp_path)
+    assert got.returncode == 0 and "test_0 PASSED" in got.stdout, got.stderr
+    anywhere = ctxrules("vault", "get", ref, *store, cwd=tmp_path)  # searched in every session of the store
+    assert anywhere.returncode == 0 and anywhere.stdout == got.stdout, anywhere.stderr
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["session"]["key"] == "conv-r" and report["session"]["store"].startswith(("redis", "unix"))
+    added = ctxrules(
+        "usage", "add", "--model", "gpt-4o", "--prompt", "500", "--completion", "5", *store, "--session", "conv-r",
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert added.returncode == 0, added.stderr
+    shown = ctxrules("usage", "show", *store, "--session", "conv-r", "--format", "json", cwd=tmp_path)
+    assert shown.returncode == 0 and '"calls": 1' in shown.stdout, shown.stderr
+    (tmp_path / "log.txt").write_text("\n".join(f"ok {i}" for i in range(3000)) + "\nFAILED: boom\n")
+    squeezed = ctxrules(
+        "compress", *store, "--session", "conv-r", "--command", "make test", "--exit-code", "1", "--input", "log.txt",
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert squeezed.returncode == 0, squeezed.stderr
+    assert "FAILED: boom" in squeezed.stdout and "vault://" in squeezed.stdout
+    full = squeezed.stdout.split("vault://")[1][:64]
+    back = ctxrules("vault", "get", full, *store, "--session", "conv-r", cwd=tmp_path)
+    assert back.returncode == 0 and back.stdout == (tmp_path / "log.txt").read_text()
+    missing = ctxrules("mcp", *store, "--session", "nobody", cwd=tmp_path)
+    assert missing.returncode == 2 and "[CR147]" in missing.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.json", "log.txt", "out.json", "report.json"]
+
+
+def test_a_large_output_streams_into_a_redis_vault(tmp_path: Path, redis_url: str) -> None:
+    # Over the 8 MB a capture holds in memory: the entry is written in pieces through the store.
+    lines = [f"ok {i} " + "x" * 90 for i in range(100_000)] + ["FAILED: boom"]
+    (tmp_path / "big.txt").write_text("\n".join(lines) + "\n")
+    store = ("--store", redis_url, "--session", "conv-big")
+    squeezed = ctxrules(
+        "compress", *store, "--stats", "--command", "make test", "--exit-code", "1", "--input", "big.txt", cwd=tmp_path
+    )
+    assert squeezed.returncode == 0, squeezed.stderr
+    assert "FAILED: boom" in squeezed.stdout and "tokens" in squeezed.stderr
+    ref = squeezed.stdout.split("vault://")[1][:64]
+    back = ctxrules("vault", "get", ref, *store, cwd=tmp_path)
+    assert back.returncode == 0 and back.stdout == (tmp_path / "big.txt").read_text()

@@ -1,0 +1,340 @@
+"""The filesystem store: the Store protocol over session directories, with today's layout and
+guarantees (no link followed, private modes, atomic and durable writes, locks across processes),
+and a state root written before sessions went behind the protocol read as it is."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import multiprocessing
+import os
+import shutil
+import stat
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+from conftest import FIXTURES, REPO
+
+from ctxrules.errors import UsageError
+from ctxrules.private_files import UnsafePathError
+from ctxrules.stores import Log, StoreLockTimeout, open_store, store_from_options
+from ctxrules.stores.filesystem import FilesystemStore
+from ctxrules.summarize.lock import CompactionBusy
+from ctxrules.vault import Vault, VaultError
+
+MSGS = [{"role": "user", "content": "hello"}, {"role": "assistant", "content": "hi"}]
+
+
+def _store(tmp_path: Path) -> tuple[FilesystemStore, str]:
+    store = FilesystemStore(tmp_path / "state")
+    return store, store.session_key("s1")
+
+
+def test_a_plain_name_is_a_directory_under_the_root_and_a_path_stays_a_path(tmp_path: Path) -> None:
+    store = FilesystemStore(tmp_path)
+    assert store.session_key("abc") == str(tmp_path / "abc")
+    assert store.session_key("x/y") == "x/y"
+    odd = "a b/../c"  # has a separator: a path, as the caller wrote it
+    assert store.session_key(odd) == odd
+    assert store.session_key("é" * 3) == str(tmp_path / hashlib.sha256(("é" * 3).encode()).hexdigest())
+
+
+def test_turn_round_trip_and_a_tampered_output_is_a_miss(tmp_path: Path) -> None:
+    store, key = _store(tmp_path)
+    assert store.load_turn(key).state == {"version": 1}
+    state = {"fingerprint": "f", "last": {"count": 2, "chain": "c"}}
+    store.commit_turn(key, state, MSGS)
+    turn = FilesystemStore(tmp_path / "state").load_turn(key)  # another process, in effect
+    assert turn.output == MSGS and turn.state["last"]["output_count"] == 2
+    written = Path(key, "last_output.jsonl").read_bytes()
+    assert turn.state["last"]["output_digest"] == hashlib.sha256(written).hexdigest()
+    # The same size, other bytes: the digest refuses it.
+    out = Path(key, "last_output.jsonl")
+    out.write_bytes(out.read_bytes().replace(b"hello", b"HELLO"))
+    assert FilesystemStore(tmp_path / "state").load_turn(key).output is None
+    for path in (Path(key, "state.json"), out):
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert stat.S_IMODE(Path(key).stat().st_mode) == 0o700
+
+
+def test_a_damaged_state_reads_as_new_with_the_reason(tmp_path: Path) -> None:
+    store, key = _store(tmp_path)
+    store.commit_turn(key, {"fingerprint": "f"}, MSGS)
+    Path(key, "state.json").write_text('{"version": 1, "fingerprint": 7}')
+    turn = FilesystemStore(tmp_path / "state").load_turn(key)
+    assert "fingerprint is a int" in turn.state["recovered"] and turn.output is None
+
+
+def test_save_state_leaves_the_output_alone(tmp_path: Path) -> None:
+    store, key = _store(tmp_path)
+    store.commit_turn(key, {"fingerprint": "f"}, MSGS)
+    before = Path(key, "last_output.jsonl").read_bytes()
+    state = store.load_turn(key).state
+    store.save_state(key, {**state, "compress": {"timed_out_patterns": ["x"]}})
+    assert Path(key, "last_output.jsonl").read_bytes() == before
+    turn = FilesystemStore(tmp_path / "state").load_turn(key)
+    assert turn.state["compress"] == {"timed_out_patterns": ["x"]} and turn.output == MSGS
+
+
+def test_blobs_are_content_addressed_verified_and_listed(tmp_path: Path) -> None:
+    store, key = _store(tmp_path)
+    blob = store.put_blob(key, b"abc\n")
+    assert blob == hashlib.sha256(b"abc\n").hexdigest()
+    assert store.put_blob(key, b"abc\n") == blob  # idempotent
+    png = store.put_blob(key, b"\x89PNG", "image/png")
+    assert store.get_blob(key, blob) == b"abc\n"
+    assert store.blob_media_type(key, png) == "image/png" and store.blob_media_type(key, blob) is None
+    assert store.blob_ids(key) == sorted([blob, png])
+    assert store.blob_ids(key, blob[:12]) == [blob]
+    assert store.missing_blobs(key, [blob, "0" * 64]) == {"0" * 64}
+    path = Path(key, "vault", blob[:2], blob)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    path.write_bytes(b"abd\n")
+    with pytest.raises(VaultError, match="corrupt"):
+        store.get_blob(key, blob)
+    assert store.put_blob(key, b"abc\n") == blob and store.get_blob(key, blob) == b"abc\n"  # a put repairs it
+    # The Vault front reads any store through the same calls.
+    assert Vault.of(store, key).get_lines(blob[:12], 1, 1) == b"abc\n"
+
+
+def test_a_planted_vault_link_receives_nothing(tmp_path: Path) -> None:
+    store, key = _store(tmp_path)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    Path(key).mkdir(parents=True)
+    os.symlink(elsewhere, Path(key, "vault"))
+    with pytest.raises(UnsafePathError, match="symbolic link"):
+        store.put_blob(key, b"secret")
+    assert list(elsewhere.iterdir()) == []
+
+
+def test_documents_update_under_their_lock_across_processes(tmp_path: Path) -> None:
+    store, key = _store(tmp_path)
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=_add_notes, args=(key, w)) for w in range(4)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+        assert p.exitcode == 0
+    notes = json.loads(store.read_doc(key, "notes") or b"{}")["notes"]
+    assert sorted(n["text"] for n in notes) == sorted(f"w{w} n{i}" for w in range(4) for i in range(10))
+    assert Path(key, ".notes.lock").is_file()  # the same lock file as before
+
+
+def _add_notes(key: str, worker: int) -> None:
+    from ctxrules.notes import SessionNotes
+
+    notes = SessionNotes(store=FilesystemStore(Path(key).parent), session=key)
+    for i in range(10):
+        notes.add(f"w{worker} n{i}")
+
+
+def test_update_doc_leaves_the_document_when_update_returns_none(tmp_path: Path) -> None:
+    store, key = _store(tmp_path)
+    store.update_doc(key, "router", lambda raw: b'{"decisions": []}')
+    mtime = Path(key, "router.json").stat().st_mtime_ns
+    store.update_doc(key, "router", lambda raw: None)
+    assert Path(key, "router.json").stat().st_mtime_ns == mtime
+    store.write_doc(key, "checkpoint", b"{}")
+    assert store.read_doc(key, "checkpoint") == b"{}"
+    store.write_doc(key, "checkpoint", None)
+    assert store.read_doc(key, "checkpoint") is None
+
+
+def test_logs_read_incrementally_and_end_a_torn_line(tmp_path: Path) -> None:
+    store, key = _store(tmp_path)
+    log = Log("session", key)
+    store.append([log, Log("day", "2026-01-01")], {"type": "call", "n": 1})
+    chunk = store.read_log(log)
+    assert [json.loads(x)["n"] for x in chunk.lines] == [1]
+    with open(Path(key, "ledger.jsonl"), "ab") as fh:
+        fh.write(b'{"type": "call", "n"')  # a writer that died mid-line
+    assert store.read_log(log, chunk.cursor).lines == []  # incomplete lines wait
+    store.append([log], {"type": "call", "n": 2})
+    later = store.read_log(log, chunk.cursor)
+    assert [x for x in later.lines] == [b'{"type": "call", "n"', b'{"n": 2, "type": "call"}']
+    assert store.read_log(log, later.cursor).lines == []
+    assert store.logs("day") == [Log("day", "2026-01-01")]
+    assert (tmp_path / "state" / "ledger" / "days" / "2026-01-01.jsonl").is_file()
+
+
+def test_a_ledger_link_is_refused_when_read_too(tmp_path: Path) -> None:
+    store, key = _store(tmp_path)
+    target = tmp_path / "other.jsonl"
+    target.write_text('{"type": "call"}\n')
+    Path(key).mkdir(parents=True)
+    os.symlink(target, Path(key, "ledger.jsonl"))
+    with pytest.raises(UnsafePathError, match="symbolic link"):
+        store.read_log(Log("session", key))
+    with pytest.raises(UnsafePathError, match="symbolic link"):
+        store.append([Log("session", key)], {"type": "call"})
+    assert target.read_text() == '{"type": "call"}\n'
+
+
+def test_append_once_is_check_and_append(tmp_path: Path) -> None:
+    store, key = _store(tmp_path)
+    log = Log("descendants", key)
+    assert store.append_once(log, {"path": "a"}, key="path", limit=2) == "added"
+    assert store.append_once(log, {"path": "a"}, key="path", limit=2) == "present"
+    assert store.append_once(log, {"path": "b"}, key="path", limit=2) == "added"
+    assert store.append_once(log, {"path": "c"}, key="path", limit=2) == "full"
+    assert len(store.read_log(log).lines) == 2
+
+
+def test_the_prepare_lock_waits_then_times_out_with_a_clear_error(tmp_path: Path) -> None:
+    store, key = _store(tmp_path)
+    Path(key).mkdir(parents=True)
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; from ctxrules.locks import FileLock\n"
+            f"l = FileLock({str(Path(key, '.lock'))!r}); l.acquire(); print('held', flush=True); time.sleep(30)",
+        ],
+        env={**os.environ, "PYTHONPATH": str(REPO / "engine")},
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        with pytest.raises(StoreLockTimeout, match="stayed locked"), store.prepare_lock(key, timeout=0.2):
+            pass
+    finally:
+        holder.kill()
+        holder.wait()
+        if holder.stdout is not None:
+            holder.stdout.close()
+    with store.prepare_lock(key, timeout=5) as lock:
+        lock.renew()  # a file lock is held until release: renew is a no-op
+
+
+def test_the_compaction_lock_is_taken_without_waiting(tmp_path: Path) -> None:
+    store, key = _store(tmp_path)
+    seen: list[str] = []
+    with store.compaction_lock(key):
+        worker = threading.Thread(target=lambda: _try_compaction(store, key, seen))
+        worker.start()
+        worker.join(10)
+    assert seen == ["busy"]
+
+
+def _try_compaction(store: FilesystemStore, key: str, seen: list[str]) -> None:
+    try:
+        with store.compaction_lock(key):
+            seen.append("got it")
+    except CompactionBusy:
+        seen.append("busy")
+
+
+def test_a_secret_is_made_once_and_a_link_is_refused(tmp_path: Path) -> None:
+    store, _key = _store(tmp_path)
+    first = store.secret(None, "injection.key", lambda: b"\x01" * 32)
+    assert store.secret(None, "injection.key", lambda: b"\x02" * 32) == first
+    assert (tmp_path / "state" / "injection.key").read_text() == "01" * 32 + "\n"
+    other = FilesystemStore(tmp_path / "o")
+    (tmp_path / "o").mkdir()
+    os.symlink(tmp_path / "state" / "injection.key", tmp_path / "o" / "injection.key")
+    with pytest.raises(UsageError, match="symbolic link"):
+        other.secret(None, "injection.key", lambda: b"\x03" * 32)
+
+
+def test_sessions_lists_every_session_directory_children_too(tmp_path: Path) -> None:
+    store = FilesystemStore(tmp_path)
+    for name in ("a", "b/sub/child"):
+        store.commit_turn(str(tmp_path / name), {}, MSGS)
+    store.append([Log("day", "2026-01-01")], {"type": "call"})  # ledger/ is not a session
+    assert store.sessions() == [str(tmp_path / "a"), str(tmp_path / "b/sub/child")]
+    assert store.exists(str(tmp_path / "a")) and not store.exists(str(tmp_path / "zz"))
+
+
+def test_store_urls(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert isinstance(open_store(f"file://{tmp_path}"), FilesystemStore)
+    assert open_store(f"file://{tmp_path}").root == tmp_path  # type: ignore[attr-defined]
+    assert open_store(str(tmp_path)).root == tmp_path  # type: ignore[attr-defined]
+    with pytest.raises(UsageError, match="unknown store URL 'ftp://u:\\*\\*\\*@h/x'"):
+        open_store("ftp://u:pw@h/x")
+    with pytest.raises(UsageError, match="not both"):
+        store_from_options("file:///x", "/y")
+    monkeypatch.setenv("CTXRULES_STORE", "file:///from-env")
+    assert store_from_options(None, None) == "file:///from-env"
+    assert store_from_options(None, str(tmp_path)) == tmp_path.as_uri()
+
+
+# --- a state root written before the Store -------------------------------------------------------
+
+
+def test_a_state_root_written_by_the_previous_code_is_read_as_it_is(tmp_path: Path) -> None:
+    from ctxrules.budget.tracker import SessionLedger
+    from ctxrules.dangling import marker_ids
+    from ctxrules.engine import Engine
+    from ctxrules.notes import load_notes
+    from ctxrules.tracker import load_tracked
+
+    src = FIXTURES / "sessions" / "v1"
+    shutil.copytree(src / "state", tmp_path / "state")
+    os.chmod(tmp_path / "state", 0o700)
+    key = str(tmp_path / "state" / "s1")
+    _as_written_in_place(Path(key))
+    store = FilesystemStore(tmp_path / "state")
+    turn = store.load_turn(key)
+    assert "recovered" not in turn.state
+    expected = [json.loads(line) for line in Path(key, "last_output.jsonl").read_text().splitlines()]
+    assert turn.output == expected
+    ids = marker_ids(expected)
+    assert ids and store.missing_blobs(key, sorted(ids)) == set()
+    for blob in ids:
+        assert hashlib.sha256(store.get_blob(key, blob)).hexdigest() == blob
+    assert [n.text for n in load_notes(Path(key))] == ["tests live in tests/unit"]
+    assert [t.path for t in load_tracked(Path(key))] == ["/tmp/example.py"]
+    ledger = SessionLedger(Path(key), "s1", state_root=tmp_path / "state")
+    assert ledger.status(now=1764547300.0).totals.calls == 1
+    assert ledger.day_entries(1764547300.0)[0][0].tokens.prompt == 1000
+    # The session goes on: a new prepare over the same history, markers resolvable.
+    history = json.loads((src / "history.json").read_text())
+    session = Engine.load("builtin:default").session(Path(key), model="gpt-4o", window=20000)
+    out = session.prepare([*history, {"role": "assistant", "content": "next"}]).messages
+    vault = Vault.for_session(Path(key))
+    assert all(vault.exists(i) for i in marker_ids(out))
+    assert session.notes.list()[0].tags == ("testing",)
+
+
+def _as_written_in_place(session: Path) -> None:
+    """A checkout copies files to new inodes; the state names its output file by inode and size
+    (plus the sha256 the new code checks): point it at the copy, as if written here."""
+    state_file = session / "state.json"
+    state = json.loads(state_file.read_text())
+    st = (session / "last_output.jsonl").stat()
+    state["last"]["output_file"] = [st.st_ino, st.st_size]
+    state_file.write_text(json.dumps(state))
+    for path in session.rglob("*"):
+        os.chmod(path, 0o700 if path.is_dir() else 0o600)
+
+
+@pytest.mark.parametrize("kind", ["file", "memory"])
+def test_a_blob_written_in_pieces(tmp_path: Path, kind: str) -> None:
+    from ctxrules.stores.memory import MemoryStore
+
+    store = FilesystemStore(tmp_path / "state") if kind == "file" else MemoryStore()
+    key = store.session_key("s1")
+    vault = Vault.of(store, key)
+    writer = vault.open_writer()
+    for part in (b"one\n", b"two\n", b"three\n"):
+        writer.write(part)
+    assert Path(writer.path).read_bytes() == b"one\ntwo\nthree\n" and writer.size == 14
+    assert stat.S_IMODE(os.stat(writer.path).st_mode) == 0o600
+    blob = writer.commit()
+    assert blob == hashlib.sha256(b"one\ntwo\nthree\n").hexdigest() == writer.vault_id
+    assert vault.get(blob) == b"one\ntwo\nthree\n"
+    writer.discard()  # harmless after commit
+    dropped = vault.open_writer()
+    dropped.write(b"never stored")
+    dropped.discard()
+    assert not Path(dropped.path).exists() and vault.list_ids() == [blob]
+    text = "é" * ((1 << 20) + 5)  # over the slice size: encoded and hashed in slices
+    long_id = vault.put_text(text)
+    assert long_id == hashlib.sha256(text.encode()).hexdigest() and vault.get_text(long_id) == text
+    assert vault.put_text(text) == long_id

@@ -1,0 +1,209 @@
+"""The Redis store through the real CLI (``python -m ctxrules.cli.main`` in a subprocess, as a
+user runs it) against a real ``redis-server``: moving a session between Redis and the
+filesystem with ``sessions export``/``import`` and back, byte for byte; one-line errors."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from redis_server import RedisServer
+
+from ctxrules.stores.base import Log
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def ctxrules(*argv: str, cwd: Path, stdin: bytes | None = None) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(REPO / "engine"), "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
+    env.pop("CTXRULES_STORE", None)
+    return subprocess.run(
+        [sys.executable, "-m", "ctxrules.cli.main", *argv],
+        cwd=cwd,
+        env=env,
+        input=stdin.decode() if stdin is not None else None,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def _vault(store: Any, session: str) -> dict[str, bytes]:
+    return {blob_id: store.get_blob(session, blob_id) for blob_id in store.blob_ids(session)}
+
+
+def _populate(url: str) -> dict[str, bytes]:
+    from ctxrules.stores.redis import RedisStore
+
+    store = RedisStore.from_url(url)
+    s = "conv-move"
+    blobs = [
+        "line one\r\nline two\n\ttabbed ✓ ünïcode\n".encode(),
+        bytes(range(256)) * 40,  # binary, every byte value
+        b"",  # the empty blob
+    ]
+    for data in blobs[:2] + blobs[2:]:
+        store.put_blob(s, data)
+    store.put_blob(s, b"\x89PNG\r\n\x1a\n" + b"\x00" * 64, media_type="image/png")
+    out = [{"role": "user", "content": "hello"}, {"role": "assistant", "content": "hi"}]
+    with store.prepare_lock(s):
+        store.commit_turn(s, {"fingerprint": "fp", "stages": {"a": {"n": 1}}}, out)
+    store.write_doc(s, "notes", json.dumps({"version": 1, "next": 2, "notes": [{"id": "n1", "text": "x"}]}).encode())
+    store.append([Log("session", s)], {"type": "call", "id": "c1", "ts": 1.0, "tokens": {"input": 9}})
+    vault = _vault(store, s)
+    store.close()
+    return vault
+
+
+def test_a_session_moves_from_redis_to_the_filesystem_and_back_byte_for_byte(
+    redis_server: RedisServer, redis_url: str, tmp_path: Path
+) -> None:
+    from ctxrules.stores.filesystem import FilesystemStore
+    from ctxrules.stores.redis import RedisStore
+
+    original = _populate(redis_url)
+    assert len(original) == 4
+    out = ctxrules("sessions", "export", "conv-move", "--store", redis_url, "--to", "a.jsonl", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert "4 vault item(s)" in out.stderr
+    state = tmp_path / "state"
+    got = ctxrules("sessions", "import", "a.jsonl", "--store", f"file://{state}", cwd=tmp_path)
+    assert got.returncode == 0, got.stderr
+    fs = FilesystemStore(state)
+    [session_dir] = fs.sessions()
+    assert _vault(fs, session_dir) == original
+    # The bytes on disk are the bytes Redis held, each named by its sha256.
+    for blob_id, data in original.items():
+        assert hashlib.sha256(data).hexdigest() == blob_id
+    assert fs.blob_media_type(session_dir, hashlib.sha256(b"\x89PNG\r\n\x1a\n" + b"\x00" * 64).hexdigest()) == (
+        "image/png"
+    )
+    assert fs.load_turn(session_dir).output == [
+        {"role": "user", "content": "hello"},
+        {"role": "assistant", "content": "hi"},
+    ]
+    # And back into Redis, as another session id.
+    back = ctxrules("sessions", "export", session_dir, "--state", str(state), "--to", "b.jsonl", cwd=tmp_path)
+    assert back.returncode == 0, back.stderr
+    again = ctxrules("sessions", "import", "b.jsonl", "--store", redis_url, "--session", "conv-back", cwd=tmp_path)
+    assert again.returncode == 0, again.stderr
+    store = RedisStore.from_url(redis_url)
+    assert _vault(store, "conv-back") == original
+    turn = store.load_turn("conv-back")
+    assert turn.output == [{"role": "user", "content": "hello"}, {"role": "assistant", "content": "hi"}]
+    assert turn.state["fingerprint"] == "fp"
+    assert store.read_doc("conv-back", "notes") == store.read_doc("conv-move", "notes")
+    assert len(store.read_log(Log("session", "conv-back")).lines) == 1
+    store.close()
+
+
+def test_an_unreachable_store_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    url = f"unix://{tmp_path}/no-redis.sock"
+    out = ctxrules("sessions", "scan", "--store", url + "?connect_timeout_s=0.5", cwd=tmp_path)
+    assert out.returncode == 2
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in out.stderr
+    assert "[CR148]" in lines[0] and url in lines[0]
+
+
+def test_a_bad_store_option_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    out = ctxrules("sessions", "scan", "--store", "redis://localhost:6379/0?ttl=5", cwd=tmp_path)
+    assert out.returncode == 2
+    assert out.stderr.count("\n") == 1 and "[CR148]" in out.stderr and "unknown option 'ttl'" in out.stderr
+
+
+_COMPACTING_WORKER = r"""
+import json, sys, time
+from ctxrules.runtime import checkpoint
+from ctxrules.stores.redis import RedisStore
+
+url, history = sys.argv[1], json.loads(sys.argv[2])
+store = RedisStore.from_url(url)
+with store.prepare_lock("conv-cut"):
+    turn = store.load_turn("conv-cut")
+    store.commit_turn("conv-cut", {"fingerprint": "before"}, history[:2])
+with store.prepare_lock("conv-cut"):
+    turn = store.load_turn("conv-cut")
+    # As Session.prepare does before a compaction: the appended messages backed up in the vault,
+    # the first two being the last output, then the checkpoint.
+    backup = store.put_blob("conv-cut", json.dumps(history[2:]).encode())
+    checkpoint.begin("conv-cut", backup=backup, state=turn.state, messages=len(history), clock=1.0,
+                     prefix=2, store=store)
+    print("compacting", flush=True)
+    time.sleep(600)
+"""
+
+
+def test_a_compaction_cut_short_on_a_worker_is_found_and_resumed_through_the_cli(
+    redis_url: str, tmp_path: Path
+) -> None:
+    """A worker SIGKILLed while compacting (holding the lock) leaves a ``running`` checkpoint;
+    ``sessions scan --store URL`` finds it once its writer is gone, ``sessions resume`` puts the
+    state from before back and prints the messages the compaction started from."""
+    from ctxrules.runtime import checkpoint
+    from ctxrules.stores.redis import RedisStore
+
+    history = [{"role": "user", "content": f"message {i} ✓"} for i in range(6)]
+    env = {**os.environ, "PYTHONPATH": str(REPO / "engine")}
+    url = redis_url + "?lock_ttl_s=1"
+    with subprocess.Popen(
+        [sys.executable, "-c", _COMPACTING_WORKER, url, json.dumps(history)], stdout=subprocess.PIPE, env=env
+    ) as worker:
+        assert worker.stdout is not None and worker.stdout.readline().strip() == b"compacting"
+        scan = ctxrules("sessions", "scan", "--store", url, cwd=tmp_path)
+        assert scan.returncode == 0 and "0 interrupted session(s)" in scan.stdout  # still running
+        worker.kill()
+        worker.wait(30)
+    scan = ctxrules("sessions", "scan", "--store", url, cwd=tmp_path)
+    assert scan.returncode == 0, scan.stderr
+    assert f"{redis_url}#conv-cut\t" in scan.stdout and "1 interrupted session(s)" in scan.stdout
+    assert "after the first 2 messages" in scan.stdout
+    resumed = ctxrules("sessions", "resume", "conv-cut", "--store", url, cwd=tmp_path)  # waits out the lease
+    assert resumed.returncode == 0, resumed.stderr
+    assert json.loads(resumed.stdout) == history
+    store = RedisStore.from_url(redis_url)
+    assert store.load_turn("conv-cut").state["fingerprint"] == "before"
+    assert checkpoint.check("conv-cut", store=store) is None
+    scan = ctxrules("sessions", "scan", "--store", url, cwd=tmp_path)
+    assert "0 interrupted session(s)" in scan.stdout
+    store.close()
+
+
+def test_a_checkpoint_from_another_host_counts_as_cut_short_only_when_the_lock_is_free(redis_url: str) -> None:
+    from ctxrules.runtime import checkpoint
+    from ctxrules.stores.redis import RedisStore
+
+    store = RedisStore.from_url(redis_url + "?lock_ttl_s=1")
+    doc = {"status": "running", "pid": 4242, "host": "worker-7.elsewhere", "backup": "0" * 64, "prefix": 0}
+    store.write_doc("conv-remote", "checkpoint", json.dumps(doc).encode())
+    other = RedisStore.from_url(redis_url + "?lock_ttl_s=1")
+    with other.prepare_lock("conv-remote"):  # the remote worker, alive: it holds the lock
+        assert checkpoint.check("conv-remote", store=store) is None
+    hit = checkpoint.check("conv-remote", store=store)
+    assert hit is not None and "worker-7.elsewhere" in hit.reason
+    store.close()
+    other.close()
+
+
+def test_the_deployment_example_runs_two_workers_on_one_session(redis_url: str, tmp_path: Path) -> None:
+    """examples/redis-workers/run.py as its README runs it (here against the test's server)."""
+    env = {**os.environ, "PYTHONPATH": str(REPO / "engine"), "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
+    run = subprocess.run(
+        [sys.executable, str(REPO / "examples" / "redis-workers" / "run.py"), "--redis", redis_url, "--turns", "4"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    rows = [line.split() for line in run.stdout.splitlines() if line.split() and line.split()[0].isdigit()]
+    assert [int(r[0]) for r in rows] == [0, 1, 2, 3]
+    assert len({r[1] for r in rows}) == 2  # two worker processes took turns
+    assert rows[1][1] != rows[0][1] and rows[2][1] == rows[0][1]
+    assert "ledger: 4 calls" in run.stdout and "by 2 workers, 0 overlapping" in run.stdout

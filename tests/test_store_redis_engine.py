@@ -1,0 +1,139 @@
+"""Sessions on a real ``redis-server`` through the public API and the real CLI: a restart
+mid-session, an unreachable server (and ``on_error=local``), and ``ctxrules run --store``."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import TRANSCRIPTS
+from redis_server import RedisServer
+
+from ctxrules import Engine
+from ctxrules.errors import CtxrulesError
+from ctxrules.vault import parse_markers
+
+REPO = Path(__file__).resolve().parents[1]
+NAME = "minisweagent-mwaskom__seaborn-3069.json"
+CLOCK = 1_780_000_000.0
+KEY = bytes(range(32))
+
+
+def _history() -> list[dict[str, Any]]:
+    path = TRANSCRIPTS / NAME
+    if not path.is_file():
+        pytest.skip(f"the corpus transcript {NAME} is missing (set CTXRULES_CORPUS)")
+    return list(json.loads(path.read_text()))
+
+
+def _cuts(history: list[dict[str, Any]], n: int) -> list[int]:
+    points = [i for i, m in enumerate(history) if m.get("role") == "assistant" and i > 0]
+    step = (len(points) - 1) / (n - 1)
+    return [points[round(k * step)] for k in range(n)]
+
+
+@pytest.fixture
+def engine() -> Engine:
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    return Engine.load("builtin:default")
+
+
+def _markers(messages: list[dict[str, Any]]) -> set[str]:
+    return {
+        m.vault_id for msg in messages if isinstance(msg.get("content"), str) for m in parse_markers(msg["content"])
+    }
+
+
+@pytest.mark.corpus
+def test_a_restart_mid_session_recomputes_from_the_full_history_and_says_so(
+    engine: Engine, own_redis: RedisServer, tmp_path: Path
+) -> None:
+    from ctxrules.stores.filesystem import FilesystemStore
+    from ctxrules.stores.redis import RedisStore
+
+    history = _history()
+    cuts = _cuts(history, 4)
+    RedisStore.from_url(own_redis.url).secret(None, "injection.key", lambda: KEY)
+    session = engine.session("conv-restart", store=own_redis.url, model="gpt-4o", window=16_000)
+    for turn, upto in enumerate(cuts[:2]):
+        session.prepare(history[:upto], clock=CLOCK + 60 * turn)
+    own_redis.restart()  # every key gone: state, last output, vault, ledgers
+    RedisStore.from_url(own_redis.url).secret(None, "injection.key", lambda: KEY)
+    after = session.prepare(history[: cuts[2]], clock=CLOCK + 120)
+    assert any("no longer holds session conv-restart" in w for w in after.report["warnings"])
+    assert after.report["reused_messages"] == 0  # recomputed, not reused
+    # What a fresh session makes of the full history: the same context, nothing lost.
+    state = tmp_path / "fresh"
+    FilesystemStore(state).secret(None, "injection.key", lambda: KEY)
+    fresh = engine.session("conv-fresh", store=f"file://{state}", model="gpt-4o", window=16_000)
+    assert after.messages == fresh.prepare(history[: cuts[2]], clock=CLOCK + 120).messages
+    # The recomputed turn's markers resolve again (the originals were stored anew).
+    for vault_id in _markers(after.messages):
+        assert session.vault.exists(vault_id)
+    nxt = session.prepare(history[: cuts[3]], clock=CLOCK + 180)
+    assert not any("no longer holds" in w for w in nxt.report["warnings"])  # said once, then warm again
+    assert nxt.report["reused_messages"] > 0
+
+
+def test_an_unreachable_store_is_a_clear_error_and_on_error_local_serves_the_call(
+    engine: Engine, tmp_path: Path
+) -> None:
+    url = f"unix://{tmp_path}/down.sock"
+    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello"}]
+    session = engine.session("conv-down", store=url + "?connect_timeout_s=0.5", model="gpt-4o")
+    with pytest.raises(CtxrulesError, match=rf"\[CR148\] cannot reach the Redis store {url}"):
+        session.prepare(messages)
+    local = engine.session("conv-down", store=url + "?on_error=local", model="gpt-4o")
+    result = local.prepare(messages)
+    assert result.messages == messages
+    assert any("on_error=local" in w and url in w for w in result.report["warnings"])
+
+
+def _ctxrules(*argv: str, cwd: Path, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(REPO / "engine"), "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
+    env.pop("CTXRULES_STORE", None)
+    return subprocess.run(
+        [sys.executable, "-m", "ctxrules.cli.main", *argv],
+        cwd=cwd,
+        env=env,
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+@pytest.mark.corpus
+def test_run_with_a_redis_store_through_the_cli(redis_url: str, tmp_path: Path) -> None:
+    """Two ``ctxrules run --store unix://… --session ID`` processes, one turn each: the second
+    reuses the first's work, and ``vault get`` from a third process returns every marker's
+    original."""
+    history = _history()
+    cuts = _cuts(history, 3)
+    common = ["--pack", "builtin:default", "--model", "gpt-4o", "--window", "16000"]
+    common += ["--store", redis_url, "--session", "conv-cli"]
+    for i, upto in enumerate(cuts[1:]):
+        (tmp_path / f"in{i}.json").write_text(json.dumps(history[:upto]))
+        out = _ctxrules(
+            "run", *common, "--input", f"in{i}.json", "--output", f"out{i}.json", "--report", f"r{i}.json", cwd=tmp_path
+        )
+        assert out.returncode == 0, out.stderr
+    second = json.loads((tmp_path / "r1.json").read_text())
+    assert second["reused_messages"] > 0  # the second process started from the first's turn
+    assert second["session"].get("store") == redis_url
+    output = json.loads((tmp_path / "out1.json").read_text())
+    ids = _markers(output)
+    assert ids, "the session compacted at a 16K window: there are markers"
+    for vault_id in sorted(ids)[:5]:
+        got = _ctxrules("vault", "get", vault_id, "--store", redis_url, "--session", "conv-cli", cwd=tmp_path)
+        assert got.returncode == 0, got.stderr
+        assert hashlib.sha256(got.stdout.encode()).hexdigest() == vault_id  # the exact original
+    # A session that is not in the store: one line, exit 2.
+    missing = _ctxrules("vault", "get", "a" * 64, "--store", redis_url, "--session", "conv-none", cwd=tmp_path)
+    assert missing.returncode == 2 and missing.stderr.count("\n") == 1 and "Traceback" not in missing.stderr
