@@ -184,12 +184,20 @@ class SpooledBlobWriter:
 
     def __init__(self, store: Store, session: str) -> None:
         self._store, self._session = store, session
-        fd, name = tempfile.mkstemp(prefix="ctxrules-blob-")
+        fd, name = self._temporary()
         self.path = Path(name)
         self._handle = os.fdopen(fd, "wb", buffering=0)  # what write() accepted is in the file
+        os.fchmod(fd, 0o600)
         self._hash = hashlib.sha256()
         self.size = 0
         self._done = False
+
+    def _temporary(self) -> tuple[int, str]:
+        """(fd, path) of the file the pieces go to."""
+        return tempfile.mkstemp(prefix="ctxrules-blob-")
+
+    def _write_failed(self, exc: OSError) -> VaultError:
+        return VaultError(f"cannot spool a vault blob to {self.path}: {exc}")
 
     @property
     def vault_id(self) -> str:
@@ -201,7 +209,7 @@ class SpooledBlobWriter:
             try:
                 written = self._handle.write(view) or 0
             except OSError as exc:
-                raise VaultError(f"cannot spool a vault blob to {self.path}: {exc}") from exc
+                raise self._write_failed(exc) from exc
             self._hash.update(view[:written])
             self.size += written
             view = view[written:]

@@ -58,6 +58,7 @@ from ctxrules.stores.base import (
     LogChunk,
     LogKind,
     PrepareLock,
+    SpooledBlobWriter,
     StoreError,
     StoreLockTimeout,
     StoreUsageError,
@@ -574,59 +575,34 @@ def _intact(path: Path, blob_id: str) -> bool:
     return digest.hexdigest() == blob_id
 
 
-class _FileBlobWriter:
+class _FileBlobWriter(SpooledBlobWriter):
     """A blob written in pieces: a private temporary file in the vault directory, hashed as it
-    grows; :meth:`commit` makes it durable (fsync) and then visible under its id."""
+    grows; :meth:`commit` makes it durable (fsync) and then visible under its id (a rename, no
+    copy)."""
 
     def __init__(self, store: FilesystemStore, session: str) -> None:
-        self._store, self._session = store, session
-        root = store.vault_dir(session)
-        fd, name = tempfile.mkstemp(prefix=_TMP_PREFIX, dir=root)
-        self.path = Path(name)
-        # Unbuffered: what write() accepted is in the file, so a caller can take it back.
-        self._handle = os.fdopen(fd, "wb", buffering=0)
-        os.fchmod(fd, 0o600)
-        self._hash = hashlib.sha256()
-        self.size = 0
-        self._done = False
+        self._fs = store
+        super().__init__(store, session)
 
-    @property
-    def vault_id(self) -> str:
-        return self._hash.hexdigest()
+    def _temporary(self) -> tuple[int, str]:
+        return tempfile.mkstemp(prefix=_TMP_PREFIX, dir=self._fs.vault_dir(self._session))
 
-    def write(self, data: bytes) -> None:
-        view = memoryview(data)
-        while view:
-            try:
-                written = self._handle.write(view) or 0
-            except OSError as exc:
-                raise VaultError(f"cannot write to the vault at {self._store.vault_dir(self._session)}: {exc}") from exc
-            self._hash.update(view[:written])
-            self.size += written
-            view = view[written:]
+    def _write_failed(self, exc: OSError) -> VaultError:
+        return VaultError(f"cannot write to the vault at {self._fs.vault_dir(self._session)}: {exc}")
 
     def commit(self) -> str:
         blob_id = self.vault_id
         try:
             os.fsync(self._handle.fileno())  # durable before visible, as every blob
-            target = self._store._blob_path(self._session, blob_id)
+            target = self._fs._blob_path(self._session, blob_id)
             ensure_dir(target.parent, inside=Path(self._session))
             os.replace(self.path, target)  # a blob already there has the same bytes
         except OSError as exc:
-            raise VaultError(f"cannot write to the vault at {self._store.vault_dir(self._session)}: {exc}") from exc
+            raise self._write_failed(exc) from exc
         self._done = True
         with contextlib.suppress(OSError):
             self._handle.close()
         return blob_id
-
-    def discard(self) -> None:
-        if self._done:
-            return
-        self._done = True
-        with contextlib.suppress(OSError):
-            self._handle.close()
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.path)
 
 
 def _write_durable(path: Path, data: bytes) -> None:
