@@ -32,7 +32,7 @@ import re
 import stat
 import tempfile
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
 from types import ModuleType
@@ -368,21 +368,14 @@ class FilesystemStore:
         path = self.log_path(log)
         wanted = record.get(key)
         try:
-            ensure_dir(path.parent)
-            with _locks().FileLock(path.with_name(path.name + ".lock")):
-                fd = open_private(path, os.O_RDWR | os.O_APPEND | os.O_CREAT)
-                try:
-                    size = os.fstat(fd).st_size
-                    known = [ln for ln in os.pread(fd, size, 0).split(b"\n") if ln.strip()]
-                    if any(_field(ln, key) == wanted for ln in known):
-                        return "present"
-                    if len(known) >= limit:
-                        return "full"
-                    prefix = b"" if not size or os.pread(fd, 1, size - 1) == b"\n" else b"\n"
-                    os.write(fd, prefix + json.dumps(dict(record), sort_keys=True).encode("utf-8") + b"\n")
-                    os.fsync(fd)
-                finally:
-                    os.close(fd)
+            with _locked_log(path) as fd:
+                known = [ln for ln in os.pread(fd, os.fstat(fd).st_size, 0).split(b"\n") if ln.strip()]
+                if any(_field(ln, key) == wanted for ln in known):
+                    return "present"
+                if len(known) >= limit:
+                    return "full"
+                _append_to(fd, json.dumps(dict(record), sort_keys=True).encode("utf-8") + b"\n")
+                os.fsync(fd)
         except OSError as exc:
             raise CtxrulesError(f"cannot write {path}: {exc.strerror}") from exc
         return "added"
@@ -390,21 +383,10 @@ class FilesystemStore:
     @staticmethod
     def _append_line(path: Path, line: bytes, *, durable: bool) -> None:
         try:
-            ensure_dir(path.parent)
-            with _locks().FileLock(path.with_name(path.name + ".lock")):
-                fd = open_private(path, os.O_RDWR | os.O_APPEND | os.O_CREAT)
-                try:
-                    size = os.fstat(fd).st_size
-                    if size and os.pread(fd, 1, size - 1) != b"\n":
-                        line = b"\n" + line  # end a line a crashed writer left unfinished
-                    view = memoryview(line)
-                    while view:
-                        written = os.write(fd, view)
-                        view = view[written:]
-                    if durable:
-                        os.fsync(fd)
-                finally:
-                    os.close(fd)
+            with _locked_log(path) as fd:
+                _append_to(fd, line)
+                if durable:
+                    os.fsync(fd)
         except OSError as exc:
             raise CtxrulesError(f"cannot write the ledger {path}: {exc.strerror}") from exc
 
@@ -603,6 +585,28 @@ class _FileBlobWriter(SpooledBlobWriter):
         with contextlib.suppress(OSError):
             self._handle.close()
         return blob_id
+
+
+@contextlib.contextmanager
+def _locked_log(path: Path) -> Iterator[int]:
+    """A log file open for appending (never through a link), under its sibling lock file."""
+    ensure_dir(path.parent)
+    with _locks().FileLock(path.with_name(path.name + ".lock")):
+        fd = open_private(path, os.O_RDWR | os.O_APPEND | os.O_CREAT)
+        try:
+            yield fd
+        finally:
+            os.close(fd)
+
+
+def _append_to(fd: int, line: bytes) -> None:
+    """Append ``line`` whole, first ending a line a crashed writer left unfinished."""
+    size = os.fstat(fd).st_size
+    if size and os.pread(fd, 1, size - 1) != b"\n":
+        line = b"\n" + line
+    view = memoryview(line)
+    while view:
+        view = view[os.write(fd, view) :]
 
 
 def _write_durable(path: Path, data: bytes) -> None:
