@@ -210,9 +210,8 @@ def test_a_catastrophic_compressor_pattern_is_skipped_not_hung(tmp_path: Path) -
         assert time.monotonic() - started < 40
 
 
-def test_compress_remembers_a_timed_out_pattern_across_processes(tmp_path: Path) -> None:
-    """Two separate `ctxrules compress` processes: the first times the pattern out, the second
-    skips it without running it (its own words on stderr), and both print the same bytes."""
+def _evil_compressor(tmp_path: Path) -> None:
+    """p.yaml: a compressor for `tool` whose one pattern backtracks on OUTPUT; out.txt: OUTPUT."""
     write(
         tmp_path,
         "p.yaml",
@@ -226,6 +225,12 @@ def test_compress_remembers_a_timed_out_pattern_across_processes(tmp_path: Path)
         """,
     )
     (tmp_path / "out.txt").write_text(OUTPUT, encoding="utf-8")
+
+
+def test_compress_remembers_a_timed_out_pattern_across_processes(tmp_path: Path) -> None:
+    """Two separate `ctxrules compress` processes: the first times the pattern out, the second
+    skips it without running it (its own words on stderr), and both print the same bytes."""
+    _evil_compressor(tmp_path)
     argv = ("compress", "--pack", "p.yaml", "--command", "tool", "--input", "out.txt")
     first = ctxrules(*argv, cwd=tmp_path, timeout=60)
     clean(first)
@@ -250,19 +255,7 @@ def test_compress_remembers_a_timed_out_pattern_across_processes(tmp_path: Path)
 
 
 def test_compress_memory_in_a_symlinked_state_is_refused_not_followed(tmp_path: Path) -> None:
-    write(
-        tmp_path,
-        "p.yaml",
-        f"""\
-        compressors:
-          - id: evil
-            match: {{argv: [tool]}}
-            steps:
-              - use: drop
-                with: {{patterns: ['{EVIL}']}}
-        """,
-    )
-    (tmp_path / "out.txt").write_text(OUTPUT, encoding="utf-8")
+    _evil_compressor(tmp_path)
     victim = tmp_path / "victim.txt"
     victim.write_text("precious\n", encoding="utf-8")
     (tmp_path / "state" / "default").mkdir(parents=True)
