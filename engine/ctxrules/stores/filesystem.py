@@ -42,6 +42,7 @@ from urllib.parse import unquote, urlsplit
 from ctxrules.errors import CtxrulesError, UsageError
 from ctxrules.integrations import session_name
 from ctxrules.private_files import (
+    NOFOLLOW,
     UnsafePathError,
     ensure_dir,
     open_private,
@@ -72,6 +73,7 @@ _ID_LEN: Final = 64
 _HEX_RE: Final = re.compile(r"[0-9a-f]+")
 _META_SUFFIX: Final = ".meta"
 _TMP_PREFIX: Final = ".tmp-"
+_CLOEXEC: Final = getattr(os, "O_CLOEXEC", 0)
 
 # document -> (file in the session directory, lock file or None: written under the prepare lock)
 _DOC_FILES: Final[dict[str, tuple[str, str | None]]] = {
@@ -96,6 +98,10 @@ class FilesystemStore:
         self._vault_name = vault_name
         self._sessions: dict[str, SessionStore] = {}
         self._mutex = threading.Lock()
+        # Vault shard directories (session, shard) checked to be real directories of this
+        # user since the session's last commit_turn: a turn storing 70 items checks each of
+        # its directories once, not on every write, and every turn checks them again.
+        self._checked_shards: set[tuple[str, str]] = set()
 
     @classmethod
     def from_url(cls, url: str) -> FilesystemStore:
@@ -164,6 +170,7 @@ class FilesystemStore:
         records: Sequence[tuple[Sequence[Log], Mapping[str, Any]]] = (),
     ) -> None:
         self._turn_files(session).save(state, output)
+        self._forget_checks(session)  # the next turn checks the vault's directories again
         for logs, record in records:
             self.append(logs, record)
 
@@ -172,6 +179,7 @@ class FilesystemStore:
 
     def forget(self, session: str) -> None:
         self._turn_files(session).forget()
+        self._forget_checks(session)
 
     def save_state(self, session: str, state: dict[str, Any]) -> None:
         # In place, as a turn's state is written (ctxrules.session_store.SessionStore.save_state).
@@ -195,23 +203,55 @@ class FilesystemStore:
 
     def _put_blob(self, session: str, data: bytes, media_type: str | None) -> str:
         blob_id = hashlib.sha256(data).hexdigest()
-        path = self._blob_path(session, blob_id)
+        # Plain strings, not Path objects: a compaction stores dozens of small items, and
+        # building paths cost more than the system calls.
+        shard = os.path.join(self._vault_path(session), blob_id[:2])
+        path = os.path.join(shard, blob_id)
         if not _intact(path, blob_id):
             # Missing, or corrupt: rewriting repairs it, and the bytes are the same either way.
-            # Every directory from the session's down is checked: a planted ``vault`` link
-            # would otherwise receive the originals.
-            ensure_dir(path.parent, inside=Path(session))
-            _write_durable(path, data)
+            self._write_blob(session, shard, path, data)
         if media_type is not None:
             meta = json.dumps({"media_type": media_type}, sort_keys=True).encode("utf-8")
-            meta_path = path.with_name(path.name + _META_SUFFIX)
+            meta_path = path + _META_SUFFIX
             try:
-                current: bytes | None = read_private(meta_path)
+                current: bytes | None = read_private(Path(meta_path))
             except FileNotFoundError:
                 current = None
             if current != meta:
-                _write_durable(meta_path, meta)
+                self._write_blob(session, shard, meta_path, meta)
         return blob_id
+
+    def _vault_path(self, session: str) -> str:
+        return os.path.join(session, self._vault_name)
+
+    def _write_blob(self, session: str, shard: str, path: str, data: bytes) -> None:
+        """``data`` made durable at ``path`` in the vault directory ``shard``. Every directory
+        from the session's down is checked (a planted ``vault`` link would otherwise receive
+        the originals), once per turn: a directory removed since is created again."""
+        key = (session, shard)
+        if key not in self._checked_shards:
+            self._ensure_shard(key)
+        try:
+            _write_durable(shard, path, data)
+        except FileNotFoundError:
+            # The directory went away since it was checked (a user removed the vault): check
+            # and create it again, then write once more.
+            self._checked_shards.discard(key)
+            self._ensure_shard(key)
+            _write_durable(shard, path, data)
+
+    def _ensure_shard(self, key: tuple[str, str]) -> None:
+        ensure_dir(Path(key[1]), inside=Path(key[0]))
+        checked = self._checked_shards
+        if len(checked) > 4096:  # a store serving many sessions: bounded
+            checked.clear()
+        checked.add(key)
+
+    def _forget_checks(self, session: str) -> None:
+        """Directories of ``session`` are checked again before the next vault write."""
+        checked = self._checked_shards
+        if checked:
+            checked.difference_update([k for k in checked if k[0] == session])
 
     def open_blob_writer(self, session: str) -> BlobWriter:
         """A temporary file in the vault directory, renamed to its id on commit (no copy)."""
@@ -543,7 +583,7 @@ def _field(line: bytes, key: str) -> Any:
     return obj.get(key) if isinstance(obj, dict) else None
 
 
-def _intact(path: Path, blob_id: str) -> bool:
+def _intact(path: str | Path, blob_id: str) -> bool:
     """Whether ``path`` holds the bytes of ``blob_id`` (read a block at a time: a blob may be
     a huge command output)."""
     digest = hashlib.sha256()
@@ -577,8 +617,15 @@ class _FileBlobWriter(SpooledBlobWriter):
         try:
             os.fsync(self._handle.fileno())  # durable before visible, as every blob
             target = self._fs._blob_path(self._session, blob_id)
-            ensure_dir(target.parent, inside=Path(self._session))
-            os.replace(self.path, target)  # a blob already there has the same bytes
+            key = (self._session, str(target.parent))
+            if key not in self._fs._checked_shards:
+                self._fs._ensure_shard(key)
+            try:
+                os.replace(self.path, target)  # a blob already there has the same bytes
+            except FileNotFoundError:  # the shard went away since it was checked
+                self._fs._checked_shards.discard(key)
+                self._fs._ensure_shard(key)
+                os.replace(self.path, target)
         except OSError as exc:
             raise self._write_failed(exc) from exc
         self._done = True
@@ -609,16 +656,27 @@ def _append_to(fd: int, line: bytes) -> None:
         view = view[os.write(fd, view) :]
 
 
-def _write_durable(path: Path, data: bytes) -> None:
-    fd, tmp_name = tempfile.mkstemp(prefix=_TMP_PREFIX, dir=path.parent)
+def _write_durable(directory: str, path: str, data: bytes) -> None:
+    """``data`` at ``path`` (in ``directory``), durable before visible: after a crash the id
+    either resolves to the full content or not at all. A temporary file of this user (mode
+    0600, created exclusively, never through a link), written, fsynced, renamed over ``path``."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | NOFOLLOW | _CLOEXEC
+    while True:
+        tmp_name = os.path.join(directory, _TMP_PREFIX + os.urandom(8).hex())
+        try:
+            fd = os.open(tmp_name, flags, 0o600)
+            break
+        except FileExistsError:  # 64 random bits taken: try another name
+            continue
     try:
-        with os.fdopen(fd, "wb") as handle:
-            os.fchmod(handle.fileno(), 0o600)
-            handle.write(data)
-            handle.flush()
-            # Durable before visible: after a crash the id either resolves to the full
-            # content or not at all.
-            os.fsync(handle.fileno())
+        try:
+            os.fchmod(fd, 0o600)  # whatever the umask
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
         os.replace(tmp_name, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
