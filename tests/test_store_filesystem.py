@@ -111,6 +111,28 @@ def test_a_planted_vault_link_receives_nothing(tmp_path: Path) -> None:
     assert list(elsewhere.iterdir()) == []
 
 
+def test_a_vault_removed_or_linked_after_a_write_is_checked_again(tmp_path: Path) -> None:
+    """The vault's directories are checked once per turn, not per write: a vault removed
+    between two writes is created again, and a link planted after a turn's commit is refused."""
+    store, key = _store(tmp_path)
+    first = store.put_blob(key, b"one")
+    shutil.rmtree(Path(key, "vault"))
+    second = store.put_blob(key, b"two")
+    assert store.get_blob(key, second) == b"two" and store.missing_blobs(key, [first]) == {first}
+    writer = Vault.of(store, key).open_writer()
+    writer.write(b"three")
+    shutil.rmtree(Path(key, "vault", second[:2]))
+    assert store.get_blob(key, writer.commit()) == b"three"  # the shard is made again too
+    store.commit_turn(key, {}, [])
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    shutil.rmtree(Path(key, "vault"))
+    os.symlink(elsewhere, Path(key, "vault"))
+    with pytest.raises(UnsafePathError, match="symbolic link"):
+        store.put_blob(key, b"one")
+    assert list(elsewhere.iterdir()) == []
+
+
 def test_documents_update_under_their_lock_across_processes(tmp_path: Path) -> None:
     store, key = _store(tmp_path)
     ctx = multiprocessing.get_context("spawn")

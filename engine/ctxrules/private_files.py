@@ -24,6 +24,7 @@ from ctxrules.errors import CtxrulesError
 __all__ = [
     "NOFOLLOW",
     "UnsafePathError",
+    "check_dir",
     "check_file",
     "ensure_dir",
     "open_private",

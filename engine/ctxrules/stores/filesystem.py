@@ -44,6 +44,7 @@ from ctxrules.integrations import session_name
 from ctxrules.private_files import (
     NOFOLLOW,
     UnsafePathError,
+    check_dir,
     ensure_dir,
     open_private,
     read_private,
@@ -236,16 +237,26 @@ class FilesystemStore:
         except FileNotFoundError:
             # The directory went away since it was checked (a user removed the vault): check
             # and create it again, then write once more.
-            self._checked_shards.discard(key)
+            self._forget_checks(session)
             self._ensure_shard(key)
             _write_durable(shard, path, data)
 
     def _ensure_shard(self, key: tuple[str, str]) -> None:
-        ensure_dir(Path(key[1]), inside=Path(key[0]))
+        session, shard = key
         checked = self._checked_shards
+        parent = (session, os.path.dirname(shard))
+        made = False
+        if parent in checked:
+            # The vault directory was checked this turn: only the shard is new (a fresh
+            # session creates one for almost every item it stores).
+            with contextlib.suppress(FileExistsError, FileNotFoundError):  # not found: no vault
+                os.mkdir(shard, 0o700)
+            made = check_dir(Path(shard))
+        if not made:
+            ensure_dir(Path(shard), inside=Path(session))
         if len(checked) > 4096:  # a store serving many sessions: bounded
             checked.clear()
-        checked.add(key)
+        checked.update((parent, key))
 
     def _forget_checks(self, session: str) -> None:
         """Directories of ``session`` are checked again before the next vault write."""
@@ -257,7 +268,10 @@ class FilesystemStore:
         """A temporary file in the vault directory, renamed to its id on commit (no copy)."""
         root = self.vault_dir(session)
         try:
-            ensure_dir(root, inside=Path(session))
+            key = (session, self._vault_path(session))
+            if key not in self._checked_shards:
+                ensure_dir(root, inside=Path(session))
+                self._checked_shards.add(key)
             return _FileBlobWriter(self, session)
         except OSError as exc:
             raise VaultError(f"cannot write to the vault at {root}: {exc}") from exc
@@ -616,14 +630,15 @@ class _FileBlobWriter(SpooledBlobWriter):
         blob_id = self.vault_id
         try:
             os.fsync(self._handle.fileno())  # durable before visible, as every blob
-            target = self._fs._blob_path(self._session, blob_id)
-            key = (self._session, str(target.parent))
+            shard = os.path.join(self._fs._vault_path(self._session), blob_id[:2])
+            target = os.path.join(shard, blob_id)
+            key = (self._session, shard)
             if key not in self._fs._checked_shards:
                 self._fs._ensure_shard(key)
             try:
                 os.replace(self.path, target)  # a blob already there has the same bytes
             except FileNotFoundError:  # the shard went away since it was checked
-                self._fs._checked_shards.discard(key)
+                self._fs._forget_checks(self._session)
                 self._fs._ensure_shard(key)
                 os.replace(self.path, target)
         except OSError as exc:
