@@ -29,6 +29,7 @@ from ctxrules.errors import CtxrulesError, PackError, UsageError
 from ctxrules.formats import openai as openai_format
 from ctxrules.formats.request import prepare_request
 from ctxrules.injected import InjectionKey, key_for_session, key_in_store, key_scope
+from ctxrules.json_stream import serialise_once
 from ctxrules.logs import configure, get_logger, structlog_configured
 from ctxrules.messages import clone_json, split_input, validate_messages, validate_tools
 from ctxrules.models import lookup_model
@@ -626,6 +627,7 @@ class Session:
             self._session_lock,
             trusted_objects(),
             token_ceiling(self.budget.window),
+            serialise_once(),  # each message's JSON made once: backup, vault entries, last output
             notes,
             key_scope(self.injection_key),
         ):

@@ -58,7 +58,7 @@ def _refuse(path: Path | str, what: str) -> UnsafePathError:
     )
 
 
-def check_dir(path: Path) -> bool:
+def check_dir(path: Path | str) -> bool:
     """Whether ``path`` exists as a real directory of this user; raises when something else
     (a link, a file, another user's directory) is there."""
     try:

@@ -251,7 +251,7 @@ class FilesystemStore:
             # session creates one for almost every item it stores).
             with contextlib.suppress(FileExistsError, FileNotFoundError):  # not found: no vault
                 os.mkdir(shard, 0o700)
-            made = check_dir(Path(shard))
+            made = check_dir(shard)
         if not made:
             ensure_dir(Path(shard), inside=Path(session))
         if len(checked) > 4096:  # a store serving many sessions: bounded
