@@ -38,6 +38,17 @@ LONG_STRING = 1 << 20
 """Strings longer than this are escaped a slice at a time."""
 
 _escape: Callable[[str], str] = json.encoder.encode_basestring
+_ENCODERS: dict[tuple[bool, tuple[str, str]], json.JSONEncoder] = {}
+
+
+def _encoder(sort_keys: bool = False, separators: tuple[str, str] = (", ", ": ")) -> json.JSONEncoder:
+    """The encoder ``json.dumps(..., ensure_ascii=False, sort_keys=..., separators=...)`` would
+    build on every call (thousands per prepare), built once."""
+    key = (sort_keys, (separators[0], separators[1]))
+    found = _ENCODERS.get(key)
+    if found is None:
+        found = _ENCODERS[key] = json.JSONEncoder(ensure_ascii=False, sort_keys=sort_keys, separators=separators)
+    return found
 
 
 def _has_long_string(value: Any, depth: int = 0) -> bool:
@@ -117,7 +128,7 @@ def write_json_list(write: Callable[[bytes], Any], values: Iterable[Any]) -> Non
 def json_sha256(value: Any, **options: Any) -> str:
     """sha256 hex of the UTF-8 of ``json.dumps(value, ensure_ascii=False, **options)``."""
     if not _has_long_string(value):  # the common case, without the pieces' generators
-        text = json.dumps(value, ensure_ascii=False, **options)
+        text = _encoder(**options).encode(value)
         return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
     digest = hashlib.sha256()
     for data in _utf8(json_pieces(value, **options)):
@@ -150,7 +161,7 @@ def dumps_once(value: Any) -> str:
     hit = memo.get(id(value))
     if hit is not None and hit[0] is value:
         return hit[1]
-    text = json.dumps(value, ensure_ascii=False)
+    text = _encoder().encode(value)
     if len(text) <= LONG_STRING:
         memo[id(value)] = (value, text)
     return text
