@@ -28,7 +28,9 @@ __all__ = [
     "dumps_once",
     "json_pieces",
     "json_sha256",
+    "known_value",
     "list_pieces",
+    "remember_value",
     "serialise_once",
     "write_json",
     "write_json_list",
@@ -136,8 +138,17 @@ def json_sha256(value: Any, **options: Any) -> str:
     return digest.hexdigest()
 
 
-# id(object) -> (the object, its JSON); holding the object keeps its id from being reused.
-_ONCE: ContextVar[dict[int, tuple[Any, str]] | None] = ContextVar("ctxrules_serialise_once", default=None)
+class _Scope:
+    __slots__ = ("texts", "values")
+
+    def __init__(self) -> None:
+        # id(object) -> (the object, its JSON); holding the object keeps its id from being reused.
+        self.texts: dict[int, tuple[Any, str]] = {}
+        # the id of a text made in the scope -> the value it was made of (remember_value)
+        self.values: dict[str, Any] = {}
+
+
+_ONCE: ContextVar[_Scope | None] = ContextVar("ctxrules_serialise_once", default=None)
 
 
 @contextmanager
@@ -145,19 +156,35 @@ def serialise_once() -> Iterator[None]:
     """Within this scope :func:`dumps_once` serialises each object once. For code that does not
     edit the objects it serialises while inside (a session's ``prepare``); the texts are
     dropped when the scope ends."""
-    token = _ONCE.set({})
+    token = _ONCE.set(_Scope())
     try:
         yield
     finally:
         _ONCE.reset(token)
 
 
+def remember_value(text_id: str, value: Any) -> None:
+    """Inside :func:`serialise_once`: ``value`` is what the text ``text_id`` names (a vault
+    entry made of it in this scope), so that :func:`known_value` hands it back instead of the
+    text being read and parsed again in the same scope."""
+    scope = _ONCE.get()
+    if scope is not None:
+        scope.values[text_id] = value
+
+
+def known_value(text_id: str) -> Any | None:
+    """The value :func:`remember_value` recorded for ``text_id`` in this scope, else None."""
+    scope = _ONCE.get()
+    return scope.values.get(text_id) if scope is not None else None
+
+
 def dumps_once(value: Any) -> str:
     """``json.dumps(value, ensure_ascii=False)``; inside :func:`serialise_once`, the text made
     for this very object earlier in the scope."""
-    memo = _ONCE.get()
-    if memo is None:
+    scope = _ONCE.get()
+    if scope is None:
         return json.dumps(value, ensure_ascii=False)
+    memo = scope.texts
     hit = memo.get(id(value))
     if hit is not None and hit[0] is value:
         return hit[1]

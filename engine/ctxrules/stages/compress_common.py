@@ -18,15 +18,13 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import threading
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ctxrules.json_stream import list_pieces
+from ctxrules.json_stream import known_value, list_pieces, remember_value
 from ctxrules.messages import (
-    clone_json,
     injected_kind,
     is_injected,
     keep_mark,
@@ -544,7 +542,8 @@ def make_placeholder(run: Sequence[Message], vault: Any) -> tuple[Message, str]:
         originals.append(msg)
     payload = "".join(list_pieces(originals))  # json.dumps(originals), each message's text made once
     vault_id = text_id(payload)
-    _remember_run(vault_id, [clone_json(m) for m in originals])  # a copy: callers may edit theirs later
+    # Restored in this prepare (reread.recent_files) without reading back and parsing the entry.
+    remember_value(vault_id, originals)
     n_steps = sum(1 for m in originals if m.get("role") == "assistant")
     tools = Counter(
         name
@@ -569,33 +568,15 @@ def make_placeholder(run: Sequence[Message], vault: Any) -> tuple[Message, str]:
     return msg, payload
 
 
-# The messages of the placeholders made lately, by vault id: ``reread.recent_files`` (and a
-# later removal that swallows a placeholder) restores the runs ``compress.remove`` just moved
-# out in the same prepare; reading back, verifying and parsing the JSON it has in memory cost
-# milliseconds. The id is the payload's sha256, so an entry is the item's content for every
-# vault; the item must still be in the vault asked, as without the memo. Bounded.
-_RUNS: dict[str, list[Message]] = {}
-_RUNS_KEPT = 32
-_RUNS_LOCK = threading.Lock()
-
-
-def _remember_run(vault_id: str, originals: list[Message]) -> None:
-    with _RUNS_LOCK:
-        _RUNS.pop(vault_id, None)
-        if len(_RUNS) >= _RUNS_KEPT:
-            del _RUNS[next(iter(_RUNS))]  # the oldest
-        _RUNS[vault_id] = originals
-
-
 def restore_placeholder(msg: Mapping[str, Any], vault: Any) -> list[Message] | None:
     """The messages an earlier placeholder stands for (``None`` when the vault lacks them).
-    Callers only read them (a run made lately is handed out from memory, not copied again)."""
+    Callers only read them (a run made in this prepare is handed out as it was made)."""
     for marker in parse_markers(message_text(msg)):
         if marker.kind != "message" or marker.lines is not None:
             continue
-        known = _RUNS.get(marker.vault_id)
+        known = known_value(marker.vault_id)  # made in this prepare (messages are not edited in it)
         try:
-            if known is not None and vault.exists(marker.vault_id):
+            if isinstance(known, list) and vault.exists(marker.vault_id):
                 return known
             data = json.loads(vault.get_text(marker.vault_id))
         except (VaultError, ValueError):
