@@ -133,6 +133,25 @@ def test_a_vault_removed_or_linked_after_a_write_is_checked_again(tmp_path: Path
     assert list(elsewhere.iterdir()) == []
 
 
+def test_a_vault_link_planted_outside_a_turn_is_refused_once_the_check_is_old(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Writers outside a turn (no commit_turn) get their directories checked again too, once
+    the last check is older than a moment."""
+    import ctxrules.stores.filesystem as filesystem
+
+    store, key = _store(tmp_path)
+    store.put_blob(key, b"one")
+    monkeypatch.setattr(filesystem, "_CHECK_S", 0.0)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    shutil.rmtree(Path(key, "vault"))
+    os.symlink(elsewhere, Path(key, "vault"))
+    with pytest.raises(UnsafePathError, match="symbolic link"):
+        store.put_blob(key, b"two")
+    assert list(elsewhere.iterdir()) == []
+
+
 def test_documents_update_under_their_lock_across_processes(tmp_path: Path) -> None:
     store, key = _store(tmp_path)
     ctx = multiprocessing.get_context("spawn")

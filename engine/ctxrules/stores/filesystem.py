@@ -32,6 +32,7 @@ import re
 import stat
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
@@ -75,6 +76,7 @@ _HEX_RE: Final = re.compile(r"[0-9a-f]+")
 _META_SUFFIX: Final = ".meta"
 _TMP_PREFIX: Final = ".tmp-"
 _CLOEXEC: Final = getattr(os, "O_CLOEXEC", 0)
+_CHECK_S: Final = 2.0  # a vault directory checked longer ago than this is checked again
 
 # document -> (file in the session directory, lock file or None: written under the prepare lock)
 _DOC_FILES: Final[dict[str, tuple[str, str | None]]] = {
@@ -99,10 +101,11 @@ class FilesystemStore:
         self._vault_name = vault_name
         self._sessions: dict[str, SessionStore] = {}
         self._mutex = threading.Lock()
-        # Vault shard directories (session, shard) checked to be real directories of this
-        # user since the session's last commit_turn: a turn storing 70 items checks each of
-        # its directories once, not on every write, and every turn checks them again.
-        self._checked_shards: set[tuple[str, str]] = set()
+        # Vault directories (session, directory) checked to be real directories of this user,
+        # with the time of the check: a turn storing 70 items checks each of its directories
+        # once, not on every write; every turn checks them again (commit_turn forgets them),
+        # and so does a write more than _CHECK_S after the check (writers outside a turn).
+        self._checked_shards: dict[tuple[str, str], float] = {}
 
     @classmethod
     def from_url(cls, url: str) -> FilesystemStore:
@@ -230,7 +233,7 @@ class FilesystemStore:
         from the session's down is checked (a planted ``vault`` link would otherwise receive
         the originals), once per turn: a directory removed since is created again."""
         key = (session, shard)
-        if key not in self._checked_shards:
+        if not self._checked(key):
             self._ensure_shard(key)
         try:
             _write_durable(shard, path, data)
@@ -241,12 +244,16 @@ class FilesystemStore:
             self._ensure_shard(key)
             _write_durable(shard, path, data)
 
+    def _checked(self, key: tuple[str, str]) -> bool:
+        when = self._checked_shards.get(key)
+        return when is not None and time.monotonic() - when < _CHECK_S
+
     def _ensure_shard(self, key: tuple[str, str]) -> None:
         session, shard = key
         checked = self._checked_shards
         parent = (session, os.path.dirname(shard))
         made = False
-        if parent in checked:
+        if self._checked(parent):
             # The vault directory was checked this turn: only the shard is new (a fresh
             # session creates one for almost every item it stores).
             with contextlib.suppress(FileExistsError, FileNotFoundError):  # not found: no vault
@@ -256,22 +263,25 @@ class FilesystemStore:
             ensure_dir(Path(shard), inside=Path(session))
         if len(checked) > 4096:  # a store serving many sessions: bounded
             checked.clear()
-        checked.update((parent, key))
+        now = time.monotonic()
+        checked.setdefault(parent, now)
+        checked[key] = now
 
     def _forget_checks(self, session: str) -> None:
         """Directories of ``session`` are checked again before the next vault write."""
         checked = self._checked_shards
         if checked:
-            checked.difference_update([k for k in checked if k[0] == session])
+            for key in [k for k in tuple(checked) if k[0] == session]:  # tuple(): a copy in one step
+                checked.pop(key, None)
 
     def open_blob_writer(self, session: str) -> BlobWriter:
         """A temporary file in the vault directory, renamed to its id on commit (no copy)."""
         root = self.vault_dir(session)
         try:
             key = (session, self._vault_path(session))
-            if key not in self._checked_shards:
+            if not self._checked(key):
                 ensure_dir(root, inside=Path(session))
-                self._checked_shards.add(key)
+                self._checked_shards[key] = time.monotonic()
             return _FileBlobWriter(self, session)
         except OSError as exc:
             raise VaultError(f"cannot write to the vault at {root}: {exc}") from exc
@@ -633,7 +643,7 @@ class _FileBlobWriter(SpooledBlobWriter):
             shard = os.path.join(self._fs._vault_path(self._session), blob_id[:2])
             target = os.path.join(shard, blob_id)
             key = (self._session, shard)
-            if key not in self._fs._checked_shards:
+            if not self._fs._checked(key):
                 self._fs._ensure_shard(key)
             try:
                 os.replace(self.path, target)  # a blob already there has the same bytes
