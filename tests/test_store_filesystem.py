@@ -379,3 +379,41 @@ def test_a_blob_written_in_pieces(tmp_path: Path, kind: str) -> None:
     long_id = vault.put_text(text)
     assert long_id == hashlib.sha256(text.encode()).hexdigest() and vault.get_text(long_id) == text
     assert vault.put_text(text) == long_id
+
+
+@pytest.mark.corpus
+def test_a_prepare_fsyncs_every_vault_item_before_it_saves_the_output(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The vault items of a turn are fsynced together (files, then their directories), and
+    all of them before the output that names them is saved; the backup before the compaction."""
+    from conftest import TRANSCRIPTS
+
+    from ctxrules import Engine
+    from ctxrules.session_store import SessionStore
+
+    events: list[int | str] = []  # inodes fsynced (a rename keeps it), and "SAVE"
+    real_fsync, real_save = os.fsync, SessionStore.save
+
+    def fsync(fd: int) -> None:
+        events.append(os.fstat(fd).st_ino)
+        real_fsync(fd)
+
+    def save(self: SessionStore, state: dict[str, object], output: list[dict[str, object]]) -> None:
+        events.append("SAVE")
+        real_save(self, state, output)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(SessionStore, "save", save)
+    history = json.loads((TRANSCRIPTS / "claudecode-ae4a77f8.json").read_text())
+    session = Engine.load("builtin:default").session(tmp_path / "s", model="gpt-4o", window=32_000)
+    result = session.prepare(history)
+    assert len(result.report["vault_items"]) > 10
+    vault = tmp_path / "s" / "vault"
+    items = {p.stat().st_ino for p in vault.glob("*/*") if p.is_file()}
+    shards = {p.stat().st_ino for p in vault.iterdir() if p.is_dir()}
+    saved = events.index("SAVE")
+    before = set(events[:saved])
+    assert items and items <= before  # every item, before the output naming it
+    assert shards <= before  # the directories holding them too (the renames)
+    assert len(events) - 1 >= len(items) + len(shards)

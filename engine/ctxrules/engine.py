@@ -58,7 +58,7 @@ from ctxrules.runtime.subagents import Handover, child_path, make_handover
 from ctxrules.runtime.subagents import settings as subagent_settings
 from ctxrules.session_store import DEFAULT_STATE_ROOT, state_root_from_env
 from ctxrules.stores import Store, open_store
-from ctxrules.stores.filesystem import FilesystemStore
+from ctxrules.stores.filesystem import FilesystemStore, durable_at_commit
 from ctxrules.tokens import REPLY_PRIMING_TOKENS, TokenCounter, token_ceiling, trusted_objects
 from ctxrules.toolroles import tool_roles
 from ctxrules.tracker import FileTracker
@@ -628,6 +628,7 @@ class Session:
             trusted_objects(),
             token_ceiling(self.budget.window),
             serialise_once(),  # each message's JSON made once: backup, vault entries, last output
+            durable_at_commit(self.store, self.key),  # the turn's vault items fsynced together
             notes,
             key_scope(self.injection_key),
         ):

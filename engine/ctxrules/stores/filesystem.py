@@ -69,13 +69,14 @@ from ctxrules.stores.base import (
     VaultError,
 )
 
-__all__ = ["FilesystemStore", "file_path", "for_session_dir"]
+__all__ = ["FilesystemStore", "durable_at_commit", "file_path", "for_session_dir"]
 
 _ID_LEN: Final = 64
 _HEX_RE: Final = re.compile(r"[0-9a-f]+")
 _META_SUFFIX: Final = ".meta"
 _TMP_PREFIX: Final = ".tmp-"
 _CLOEXEC: Final = getattr(os, "O_CLOEXEC", 0)
+_DIRECTORY: Final = getattr(os, "O_DIRECTORY", 0)
 _CHECK_S: Final = 2.0  # a vault directory checked longer ago than this is checked again
 
 # document -> (file in the session directory, lock file or None: written under the prepare lock)
@@ -106,6 +107,9 @@ class FilesystemStore:
         # once, not on every write; every turn checks them again (commit_turn forgets them),
         # and so does a write more than _CHECK_S after the check (writers outside a turn).
         self._checked_shards: dict[tuple[str, str], float] = {}
+        # Sessions inside durable_at_commit, and per session the vault files written but not
+        # yet fsynced there and their directories.
+        self._unsynced: dict[str, tuple[list[str], set[str]]] = {}
 
     @classmethod
     def from_url(cls, url: str) -> FilesystemStore:
@@ -173,6 +177,7 @@ class FilesystemStore:
         *,
         records: Sequence[tuple[Sequence[Log], Mapping[str, Any]]] = (),
     ) -> None:
+        self._sync_vault(session)  # every item the output may name is on disk before it is saved
         self._turn_files(session).save(state, output)
         self._forget_checks(session)  # the next turn checks the vault's directories again
         for logs, record in records:
@@ -229,20 +234,63 @@ class FilesystemStore:
         return os.path.join(session, self._vault_name)
 
     def _write_blob(self, session: str, shard: str, path: str, data: bytes) -> None:
-        """``data`` made durable at ``path`` in the vault directory ``shard``. Every directory
-        from the session's down is checked (a planted ``vault`` link would otherwise receive
-        the originals), once per turn: a directory removed since is created again."""
+        """``data`` made durable at ``path`` in the vault directory ``shard`` (inside
+        :meth:`durable_at_commit`: by the commit). Every directory from the session's down is
+        checked (a planted ``vault`` link would otherwise receive the originals), once per
+        turn: a directory removed since is created again."""
         key = (session, shard)
         if not self._checked(key):
             self._ensure_shard(key)
+        unsynced = self._unsynced.get(session)
         try:
-            _write_durable(shard, path, data)
+            _write_durable(shard, path, data, sync=unsynced is None)
         except FileNotFoundError:
             # The directory went away since it was checked (a user removed the vault): check
             # and create it again, then write once more.
             self._forget_checks(session)
             self._ensure_shard(key)
-            _write_durable(shard, path, data)
+            _write_durable(shard, path, data, sync=unsynced is None)
+        if unsynced is not None:
+            unsynced[0].append(path)
+            unsynced[1].add(shard)
+
+    @contextlib.contextmanager
+    def durable_at_commit(self, session: str) -> Iterator[None]:
+        """Within this scope (a session's ``prepare``, under its prepare lock) vault items are
+        written and visible at once but fsynced together, files then their directories, before
+        :meth:`commit_turn` saves the output that names them, or when the scope ends: one disk
+        flush for a compaction's dozens of items instead of one each. A crash before that can
+        leave an item cut short, which nothing saved names yet: reads verify the digest
+        (a clear error), and the next write of the same bytes repairs it."""
+        if session in self._unsynced:  # nested: the outer scope syncs
+            yield
+            return
+        self._unsynced[session] = ([], set())
+        try:
+            yield
+        except BaseException:
+            with contextlib.suppress(OSError, CtxrulesError):  # the error that ended the turn counts
+                self._sync_vault(session)
+            raise
+        else:
+            self._sync_vault(session)
+        finally:
+            self._unsynced.pop(session, None)
+
+    def _sync_vault(self, session: str) -> None:
+        unsynced = self._unsynced.get(session)
+        if unsynced is None or not (unsynced[0] or unsynced[1]):
+            return
+        paths, dirs = unsynced
+        try:
+            for path in paths:
+                _fsync_path(path, os.O_RDONLY | NOFOLLOW)
+            for directory in sorted(dirs):  # the renames
+                _fsync_path(directory, os.O_RDONLY | _DIRECTORY)
+        except OSError as exc:
+            raise VaultError(f"cannot write to the vault at {self.vault_dir(session)}: {exc}") from exc
+        paths.clear()
+        dirs.clear()
 
     def _checked(self, key: tuple[str, str]) -> bool:
         when = self._checked_shards.get(key)
@@ -653,6 +701,9 @@ class _FileBlobWriter(SpooledBlobWriter):
                 os.replace(self.path, target)
         except OSError as exc:
             raise self._write_failed(exc) from exc
+        unsynced = self._fs._unsynced.get(self._session)
+        if unsynced is not None:
+            unsynced[1].add(shard)  # the rename, with the turn's other directories
         self._done = True
         with contextlib.suppress(OSError):
             self._handle.close()
@@ -681,10 +732,19 @@ def _append_to(fd: int, line: bytes) -> None:
         view = view[os.write(fd, view) :]
 
 
-def _write_durable(directory: str, path: str, data: bytes) -> None:
+def _fsync_path(path: str, flags: int) -> None:
+    fd = os.open(path, flags | _CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_durable(directory: str, path: str, data: bytes, *, sync: bool = True) -> None:
     """``data`` at ``path`` (in ``directory``), durable before visible: after a crash the id
     either resolves to the full content or not at all. A temporary file of this user (mode
-    0600, created exclusively, never through a link), written, fsynced, renamed over ``path``."""
+    0600, created exclusively, never through a link), written, fsynced, renamed over ``path``.
+    ``sync=False``: not fsynced here; the caller does it (``durable_at_commit``)."""
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | NOFOLLOW | _CLOEXEC
     while True:
         tmp_name = os.path.join(directory, _TMP_PREFIX + os.urandom(8).hex())
@@ -699,7 +759,8 @@ def _write_durable(directory: str, path: str, data: bytes) -> None:
             view = memoryview(data)
             while view:
                 view = view[os.write(fd, view) :]
-            os.fsync(fd)
+            if sync:
+                os.fsync(fd)
         finally:
             os.close(fd)
         os.replace(tmp_name, path)
@@ -707,6 +768,14 @@ def _write_durable(directory: str, path: str, data: bytes) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp_name)
         raise
+
+
+def durable_at_commit(store: object, session: str) -> AbstractContextManager[None]:
+    """:meth:`FilesystemStore.durable_at_commit` for a filesystem store; other stores write
+    each item as they are told (nothing to batch)."""
+    if isinstance(store, FilesystemStore):
+        return store.durable_at_commit(session)
+    return contextlib.nullcontext()
 
 
 def for_session_dir(path: str | os.PathLike[str], state_root: str | os.PathLike[str] | None = None) -> FilesystemStore:
