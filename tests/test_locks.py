@@ -190,7 +190,11 @@ def test_a_kept_descriptor_follows_a_lock_file_replaced_between_acquires(tmp_pat
     path.unlink()
     with lock:
         assert path.is_file()
-        code = "import sys; from ctxrules.locks import FileLock, LockTimeout\ntry:\n    FileLock(sys.argv[1], timeout=0).acquire()\nexcept LockTimeout:\n    print('busy')\n"
+        code = (
+            "import sys; from ctxrules.locks import FileLock, LockTimeout\n"
+            "try:\n    FileLock(sys.argv[1], timeout=0).acquire()\n"
+            "except LockTimeout:\n    print('busy')\n"
+        )
         out = subprocess.run(
             [sys.executable, "-c", code, str(path)],
             env={**os.environ, "PYTHONPATH": str(ENGINE)},
