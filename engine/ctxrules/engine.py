@@ -128,16 +128,19 @@ class Engine:
         )
         canonical = json.dumps(pack.data, sort_keys=True, ensure_ascii=False, default=str)
         self.digest = hashlib.sha256(canonical.encode("utf-8")).hexdigest()
-        self._stamps = _stamps(pack.real_paths.values())
+        # The pack's files as strings: every prepare stats them all (a hot reload), and a str
+        # path skips the conversion of a Path on each of those calls.
+        self._paths = tuple(os.fspath(p) for p in pack.real_paths.values())
+        self._stamps = _stamps(self._paths)
         self._refresh_lock = threading.Lock()
 
     def refresh(self) -> list[str]:
         """Reload the pack when one of its files changed on disk (hot switch: no restart).
         An edit that makes the pack invalid keeps the pack in use and returns a warning."""
-        if _stamps(self.pack.real_paths.values()) == self._stamps:
+        if _stamps(self._paths) == self._stamps:
             return []
         with self._refresh_lock:
-            stamps = _stamps(self.pack.real_paths.values())
+            stamps = _stamps(self._paths)
             if stamps == self._stamps:
                 return []
             pack = resolve_and_validate(
@@ -153,6 +156,7 @@ class Engine:
                 ]
             fresh = Engine(pack, self.registry)
             self.pack, self.plan, self.digest, self._stamps = fresh.pack, fresh.plan, fresh.digest, fresh._stamps
+            self._paths = fresh._paths
             self.pin_signed_prefix = fresh.pin_signed_prefix
             return [f"the pack changed on disk and was reloaded ({', '.join(pack.files)})"]
 
@@ -829,6 +833,7 @@ class Session:
         """Keep the turn for the next one (in memory and in state.json) and save the session."""
         turn.chain = turn.chain.extended(turn.history[turn.reused :])
         turn.vault_new = sorted({a["vault_id"] for r in outcome.records for a in r.actions if a.get("vault_id")})
+        output_counts = self._prefix.counts_of(outcome.messages, turn.reused, self.counter)
         self._prefix.remember(
             turn.history,
             turn.reused,
@@ -836,6 +841,7 @@ class Session:
             turn.chain,
             msgs_sum=turn.msgs_sum,
             out_tokens=outcome.tokens,
+            output_counts=output_counts,
             tools=turn.tools,
             new_ids=turn.given_ids | set(turn.vault_new),
             lost=turn.lost,
@@ -849,7 +855,7 @@ class Session:
             "count": turn.chain.count,
             "chain": turn.chain.value,
             "tokens": turn.msgs_sum,
-            "output_counts": self.counter.count_each(outcome.messages),
+            "output_counts": output_counts[1],
         }
         if turn.compacting:
             # Before the save: a checkpoint whose backup names lines of last_output.jsonl must
@@ -948,13 +954,15 @@ def _log_prepare(session_id: str, report: dict[str, Any]) -> None:
 
 def _stamps(paths: Any) -> tuple[tuple[str, int, int], ...]:
     out = []
+    stat = os.stat
     for p in paths:
+        name = p if isinstance(p, str) else os.fspath(p)
         try:
-            st = os.stat(p)
+            st = stat(name)
         except OSError:
-            out.append((str(p), -1, -1))
+            out.append((name, -1, -1))
             continue
-        out.append((str(p), st.st_mtime_ns, st.st_size))
+        out.append((name, st.st_mtime_ns, st.st_size))
     return tuple(out)
 
 
