@@ -316,6 +316,7 @@ class Session:
         )
         # What the last prepare saw and returned (an append-only history reuses it).
         self._prefix = PrefixCache()
+        self._own_copies = _OwnCopies()
         self._prepared = False
         self._continuation_memory: dict[str, Any] = {}
         self.parent: Session | None = None
@@ -689,7 +690,7 @@ class Session:
         outcome = self._run(turn, budget)
         self._remember(turn, outcome)
         report = self._report(turn, outcome, budget, reload_notes, started)
-        out = finish_prepare(budget_status, _own_copies(turn.history, outcome.messages), report)
+        out = finish_prepare(budget_status, self._own_copies(turn.history, outcome.messages), report)
         return PrepareResult(out, clone_json(outcome.tools), clone_json(outcome.request), report)
 
     def _reload_pack(self) -> list[str]:
@@ -974,15 +975,57 @@ def _has_system(messages: list[Message]) -> bool:
     return any(m.get("role") == "system" for m in messages)
 
 
-def _own_copies(history: list[Message], output: list[Message]) -> list[Message]:
-    """A new list. Messages no stage changed are the caller's own objects (the session notices
-    if the caller edits them later); messages a stage made are copies, so that editing them
-    cannot corrupt the session's record of its last output."""
-    own = set(map(id, history))
-    out = list(output)
-    for i in itertools.compress(range(len(out)), map(operator.not_, map(own.__contains__, map(id, out)))):
-        out[i] = clone_json(out[i])
-    return out
+class _OwnCopies:
+    """The output a caller gets: a new list. Messages no stage changed are the caller's own
+    objects (the session notices if the caller edits them later); messages a stage made are
+    copies, so that editing them cannot corrupt the session's record of its last output.
+
+    Which output messages are not the caller's is remembered from the last turn: when this
+    turn's history starts with the same objects as the last one's and the output with the same
+    objects as the last output, only the new messages of each are looked at (a warm turn
+    handles its tail, not a set of every message's id)."""
+
+    __slots__ = ("_foreign", "_history", "_output")
+
+    def __init__(self) -> None:
+        self._history: list[Message] = []
+        self._output: list[Message] = []
+        self._foreign: list[int] = []  # positions of self._output that are not caller objects
+
+    def __call__(self, history: list[Message], output: list[Message]) -> list[Message]:
+        foreign = self._foreign_of(history, output)
+        self._history, self._output, self._foreign = history, output, foreign
+        out = list(output)
+        for i in foreign:
+            out[i] = clone_json(out[i])
+        return out
+
+    def _foreign_of(self, history: list[Message], output: list[Message]) -> list[int]:
+        seen_history, seen_output = self._history, self._output
+        if not (
+            seen_output
+            and len(seen_history) <= len(history)
+            and len(seen_output) <= len(output)
+            and all(map(operator.is_, seen_history, history))
+            and all(map(operator.is_, seen_output, output))
+        ):
+            own = set(map(id, history))
+            theirs = map(own.__contains__, map(id, output))
+            return list(itertools.compress(range(len(output)), map(operator.not_, theirs)))
+        added = set(map(id, history[len(seen_history) :]))
+        # A message a stage made last turn stays one unless the caller now passes that very
+        # object (say, from last_output()); new output messages are the new history's or new.
+        foreign = [i for i in self._foreign if id(output[i]) not in added]
+        everyone: set[int] | None = None
+        for i in range(len(seen_output), len(output)):
+            key = id(output[i])
+            if key in added:
+                continue
+            if everyone is None:
+                everyone = set(map(id, history))
+            if key not in everyone:
+                foreign.append(i)
+        return foreign
 
 
 def open_session(

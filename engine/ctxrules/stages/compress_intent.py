@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from ctxrules.hookspecs import hookimpl
 from ctxrules.messages import message_text
-from ctxrules.stages.base import Action, StageOutcome, StageType
+from ctxrules.stages.base import Action, StageOutcome, StageType, unchanged
 from ctxrules.structure import pair_tool_calls, pinned_indices, shape
 from ctxrules.toolroles import tool_roles
 
@@ -370,7 +370,7 @@ class IntentStage:
             if skipped:
                 detail += f"; {skipped} more matched over the cap of {cap} tokens (max_share)"
             actions.append(Action("intent", detail))
-        return StageOutcome(messages=list(messages), actions=actions)
+        return StageOutcome(messages=unchanged(messages), actions=actions)
 
     @staticmethod
     def _matches(messages: Sequence[Mapping[str, Any]], intent: Intent) -> tuple[set[int], dict[int, frozenset[str]]]:

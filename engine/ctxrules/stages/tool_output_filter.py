@@ -54,7 +54,7 @@ from ctxrules import structure
 from ctxrules.compressors.api import compress_tool_output
 from ctxrules.hookspecs import hookimpl
 from ctxrules.messages import keep_mark
-from ctxrules.stages.base import Action, Message, StageOutcome, StageType
+from ctxrules.stages.base import Action, Message, StageOutcome, StageType, unchanged
 from ctxrules.stages.filter_common import (
     BYPASS_PROPERTIES,
     bypass_active,
@@ -232,7 +232,7 @@ class _Run:
             # and nothing is over the spill limit, so nothing can change.
             self._settle({})
             self._remember_sent()
-            return StageOutcome(messages=self.out)
+            return StageOutcome(messages=unchanged(self.messages))
         results = {i: self._result(i) for i in fresh}
         examined = list(results)
         relevant: list[Step] = []
