@@ -317,6 +317,8 @@ class Session:
         # What the last prepare saw and returned (an append-only history reuses it).
         self._prefix = PrefixCache()
         self._own_copies = _OwnCopies()
+        self._log_memo: tuple[Any, Any] | None = None
+        self._path_memo: tuple[str, str] | None = None
         self._prepared = False
         self._continuation_memory: dict[str, Any] = {}
         self.parent: Session | None = None
@@ -802,7 +804,7 @@ class Session:
             vault=self.vault,
             tools=turn.tools,
             pack=self.engine.pack.data,
-            log=get_logger("ctxrules.pipeline", session=self.id),
+            log=self._pipeline_log(),
             session_id=self.id,
             clock=turn.clock,
             cache_hot=turn.cache_hot,
@@ -829,6 +831,15 @@ class Session:
             raise
         finally:
             structure.PIN_SIGNED_PREFIX.reset(pin_token)
+
+    def _pipeline_log(self) -> Any:
+        """The pipeline's logger bound to this session: the same object turn after turn while
+        the logging configuration stays (the stages' loggers are bound from it once)."""
+        root = get_logger("ctxrules.pipeline")
+        memo = self._log_memo
+        if memo is None or memo[0] is not root:
+            memo = self._log_memo = (root, root.bind(session=self.id))
+        return memo[1]
 
     def _remember(self, turn: _Turn, outcome: RunOutcome) -> None:
         """Keep the turn for the next one (in memory and in state.json) and save the session."""
@@ -905,7 +916,7 @@ class Session:
         return report_header(
             pack={"name": pack.name, "digest": self.engine.digest, "files": pack.files},
             # absolute: read-back commands; a URL store names the store and the session id
-            session={"id": self.id, "path": str(self.path.resolve())}
+            session={"id": self.id, "path": self._resolved_path()}
             if self._files
             else {"id": self.id, "path": self.store.describe(self.key), "store": self.store.url, "key": self.key},
             model={
@@ -918,6 +929,15 @@ class Session:
                 "models_entry": (self.model_entry or {}).get("id"),
             },
         )
+
+    def _resolved_path(self) -> str:
+        """The session directory's absolute path, resolved once per working directory (it is in
+        every report; resolving walks every component of the path)."""
+        cwd = os.getcwd()
+        memo = self._path_memo
+        if memo is None or memo[0] != cwd:
+            memo = self._path_memo = (cwd, str(self.path.resolve()))
+        return memo[1]
 
     def _emit(self, event: dict[str, Any]) -> None:
         """Hand an event to ``on_event``; a failing callback is logged, never fatal."""
