@@ -173,7 +173,9 @@ def test_one_object_nests_in_a_thread_and_two_objects_are_an_error_not_a_deadloc
             assert lock.is_locked
         assert lock.is_locked  # the outer hold is still there
         with pytest.raises(LockError, match="another lock object"):
-            FileLock(path, timeout=5).acquire()
+            FileLock(path).acquire()  # waiting for itself: an error, never a deadlock
+        with pytest.raises(LockTimeout):
+            FileLock(path, timeout=5).acquire()  # with a timeout: held, as by anyone else
     assert not lock.is_locked
     with FileLock(path, timeout=0):  # released: another object takes it at once
         pass

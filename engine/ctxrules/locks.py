@@ -48,7 +48,8 @@ class FileLock:
     does not inherit the hold: its first acquire opens a descriptor of its own, which waits for
     the parent like any other process.
     Acquiring twice in one thread through the same object nests; through two objects for the
-    same path it is an error rather than a deadlock.
+    same path it is an error rather than a deadlock (:class:`LockTimeout` with a timeout, as
+    for any other holder).
 
     ``timeout``: ``None`` waits as long as it takes, ``0`` tries once, otherwise seconds;
     :class:`LockTimeout` when it runs out.
@@ -160,7 +161,11 @@ class _FlockLock:
             with _held_mutex:
                 owner = _held.get(ident)
             if owner == _me():
-                raise LockError(f"cannot lock {self.path}: this thread holds it through another lock object")
+                # Waiting would be for this very thread: forever without a timeout (an error,
+                # not a deadlock), in vain with one (held, as for any other holder).
+                if deadline is None:
+                    raise LockError(f"cannot lock {self.path}: this thread holds it through another lock object")
+                raise LockTimeout(f"{self.path} is held by another lock object of this thread")
             try:
                 self._flock(fd, deadline)
             except OSError as exc:

@@ -264,8 +264,10 @@ def build_intent(
 ) -> Intent:
     """The intent of ``messages``: see the module docstring."""
     intent = Intent()
-    facts = shape(messages).facts
-    latest = next((i for i in range(len(facts) - 1, -1, -1) if facts[i].real_user), None)
+    known = shape(messages)
+    facts = known.facts
+    users = known.where("real_user")
+    latest = users[-1] if users else None
     texts: list[str] = []
     if latest is not None:
         texts.append(message_text(messages[latest]))

@@ -140,7 +140,7 @@ class MediaWindow:
         return f"MediaWindow(keep_last={self.keep_last}, remote={self.remote!r})"
 
     def __call__(self, messages: Sequence[Message], ctx: StageContext) -> StageOutcome:
-        with_media = [i for i, f in enumerate(shape(messages).facts) if f.media]
+        with_media = list(shape(messages).where("media"))
         if len(with_media) <= self.keep_last:
             return StageOutcome(messages=unchanged(messages))
         kept = set(with_media[len(with_media) - self.keep_last :]) if self.keep_last else set()

@@ -90,7 +90,7 @@ class NotesRender:
             notes = load_notes(store=ctx.vault.store, session=ctx.vault.session)
         except NotesError as exc:
             return StageOutcome(messages=unchanged(messages), warnings=[str(exc)])
-        existing = [i for i, f in enumerate(shape(messages).facts) if f.injected and injected_kind(messages[i]) == KIND]
+        existing = [i for i in shape(messages).where("injected") if injected_kind(messages[i]) == KIND]
         if not notes and not existing:
             return StageOutcome(messages=unchanged(messages))
         skip = set(existing)

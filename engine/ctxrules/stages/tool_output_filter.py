@@ -225,7 +225,7 @@ class _Run:
         sent = set(ctx.state.get("sent") or []) if bypass else set()
         self.keep = keep_ratio(ctx.utilization, ctx.budget.thresholds["emergency"], stage.min_keep, stage.max_keep)
         limit = self.limit
-        oversized = [i for i, f in enumerate(facts) if f.longest > limit]
+        oversized = [i for i, f in enumerate(facts) if f.longest > limit] if self.shape.longest > limit else []
         fresh, skipped_hot = self._unsettled(sent)
         if not oversized and not fresh and not skipped_hot:
             # A warm turn: every output was examined before (or is pinned, protected, exempt)
