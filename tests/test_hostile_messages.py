@@ -341,3 +341,25 @@ def test_an_anthropic_body_with_surrogates_is_repaired_naming_the_message(tmp_pa
     assert result.body["messages"][1]["content"][0]["input"] == {"pa\ufffdth": "a\ufffdb"}
     assert result.body["system"] == "be \ufffd brief"
     json.dumps(result.body, ensure_ascii=False).encode("utf-8")
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        {"role": "user", "content": "fine é 😀"},
+        {"role": "user", "content": "\ud800"},
+        {"role": "user", "content": [{"type": "text", "text": "x", "\udc00": 1}]},
+        {"role": "tool", "content": 10**4400},
+        {"role": "tool", "content": float("nan")},
+        {"role": "tool", "content": [True, None, 1.5, -3, {"a": [[]]}]},
+        {"role": "tool", "content": "x", "deep": json.loads("[" * 120 + "]" * 120)},
+    ],
+)
+def test_the_quick_check_agrees_with_the_scan(value: dict[str, Any]) -> None:
+    """json_limits.is_plain (the common case, no paths built) is True only when scan finds
+    nothing to reject or repair."""
+    from ctxrules.json_limits import is_plain, scan
+
+    found = scan(value)
+    clean = not found.problems and not found.replaced
+    assert is_plain(value) == clean

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import tracemalloc
@@ -12,7 +13,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import ctxrules.json_stream as json_stream
-from ctxrules.json_stream import json_pieces, json_sha256, write_json
+from ctxrules.json_stream import (
+    dumps_once,
+    json_pieces,
+    json_sha256,
+    list_pieces,
+    serialise_once,
+    write_json,
+    write_json_list,
+)
 
 TEXT = st.text(alphabet=st.sampled_from(["a", '"', "\\", "\n", "\x00", "é", "\ud800", "😀", "\t", "\x1f", " "]))
 JSON = st.recursive(
@@ -58,3 +67,33 @@ def test_a_long_string_is_never_copied_whole(sort_keys: bool) -> None:
         tracemalloc.stop()
     assert got == expected
     assert peak < 16 * 1024 * 1024  # slices of 1 MiB (escaped, then UTF-8), not 27 MB copies
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(JSON, max_size=5))
+def test_a_list_from_its_items_texts_is_json_dumps_of_the_list(values: list[Any]) -> None:
+    original = json_stream.LONG_STRING
+    json_stream.LONG_STRING = 4  # items with a longer string go piece by piece
+    try:
+        expected = json.dumps(values, ensure_ascii=False)
+        for scope in (serialise_once, contextlib.nullcontext):
+            with scope():
+                assert "".join(list_pieces(values)) == expected
+                assert "".join(list_pieces(values)) == expected  # the kept texts again
+                written: list[bytes] = []
+                write_json_list(written.append, values)
+                assert b"".join(written) == expected.encode("utf-8", "surrogatepass")
+    finally:
+        json_stream.LONG_STRING = original
+
+
+def test_dumps_once_serialises_an_object_once_per_scope() -> None:
+    message = {"role": "user", "content": "hello"}
+    with serialise_once():
+        first = dumps_once(message)
+        assert dumps_once(message) is first  # kept for the scope
+        assert dumps_once(dict(message)) == first and dumps_once(dict(message)) is not first
+    assert dumps_once(message) == first and dumps_once(message) is not first  # dropped after it
+    with serialise_once():
+        long = {"content": "x" * (json_stream.LONG_STRING + 1)}
+        assert dumps_once(long) is not dumps_once(long)  # long texts are not kept

@@ -441,3 +441,26 @@ def test_golden_truncate_on_claude_code_texts_and_arguments(tmp_path: Path) -> N
     assert cut_args > 0, "Write/Edit arguments are cut too"
     assert sum(a.tokens_saved for a in out.actions) == ctx.count(msgs) - ctx.count(out.messages)
     assert pairing_problems(out.messages) == []
+
+
+def test_a_placeholder_restores_its_run_only_while_the_vault_holds_it(tmp_path: Path) -> None:
+    """Within one prepare (json_stream.serialise_once) a run just moved out is handed back as it
+    was made, but only from a vault that holds it (a removed entry restores nothing, as a read
+    of the vault would); after the prepare it is read back from the vault."""
+    from ctxrules.json_stream import serialise_once
+    from ctxrules.stages.compress_common import make_placeholder, restore_placeholder
+    from ctxrules.vault import Vault
+
+    run = [{"role": "assistant", "content": "step one"}, {"role": "user", "content": "ok"}]
+    vault = Vault(tmp_path / "vault")
+    with serialise_once():
+        placeholder, payload = make_placeholder(run, vault=None)
+        assert restore_placeholder(placeholder, vault) is None  # not stored in this vault
+        vault_id = vault.put_text(payload)
+        assert restore_placeholder(placeholder, vault) == run
+        assert restore_placeholder(placeholder, Vault(tmp_path / "other")) is None
+    run[0]["content"] = "edited later"  # after the prepare: the vault's copy counts
+    assert restore_placeholder(placeholder, vault) == json.loads(payload)
+    assert json.loads(payload)[0]["content"] == "step one"
+    (vault.root / vault_id[:2] / vault_id).unlink()
+    assert restore_placeholder(placeholder, vault) is None

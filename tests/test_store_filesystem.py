@@ -111,6 +111,47 @@ def test_a_planted_vault_link_receives_nothing(tmp_path: Path) -> None:
     assert list(elsewhere.iterdir()) == []
 
 
+def test_a_vault_removed_or_linked_after_a_write_is_checked_again(tmp_path: Path) -> None:
+    """The vault's directories are checked once per turn, not per write: a vault removed
+    between two writes is created again, and a link planted after a turn's commit is refused."""
+    store, key = _store(tmp_path)
+    first = store.put_blob(key, b"one")
+    shutil.rmtree(Path(key, "vault"))
+    second = store.put_blob(key, b"two")
+    assert store.get_blob(key, second) == b"two" and store.missing_blobs(key, [first]) == {first}
+    writer = Vault.of(store, key).open_writer()
+    writer.write(b"three")
+    shutil.rmtree(Path(key, "vault", second[:2]))
+    assert store.get_blob(key, writer.commit()) == b"three"  # the shard is made again too
+    store.commit_turn(key, {}, [])
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    shutil.rmtree(Path(key, "vault"))
+    os.symlink(elsewhere, Path(key, "vault"))
+    with pytest.raises(UnsafePathError, match="symbolic link"):
+        store.put_blob(key, b"one")
+    assert list(elsewhere.iterdir()) == []
+
+
+def test_a_vault_link_planted_outside_a_turn_is_refused_once_the_check_is_old(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Writers outside a turn (no commit_turn) get their directories checked again too, once
+    the last check is older than a moment."""
+    import ctxrules.stores.filesystem as filesystem
+
+    store, key = _store(tmp_path)
+    store.put_blob(key, b"one")
+    monkeypatch.setattr(filesystem, "_CHECK_S", 0.0)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    shutil.rmtree(Path(key, "vault"))
+    os.symlink(elsewhere, Path(key, "vault"))
+    with pytest.raises(UnsafePathError, match="symbolic link"):
+        store.put_blob(key, b"two")
+    assert list(elsewhere.iterdir()) == []
+
+
 def test_documents_update_under_their_lock_across_processes(tmp_path: Path) -> None:
     store, key = _store(tmp_path)
     ctx = multiprocessing.get_context("spawn")
@@ -338,3 +379,41 @@ def test_a_blob_written_in_pieces(tmp_path: Path, kind: str) -> None:
     long_id = vault.put_text(text)
     assert long_id == hashlib.sha256(text.encode()).hexdigest() and vault.get_text(long_id) == text
     assert vault.put_text(text) == long_id
+
+
+@pytest.mark.corpus
+def test_a_prepare_fsyncs_every_vault_item_before_it_saves_the_output(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The vault items of a turn are fsynced together (files, then their directories), and
+    all of them before the output that names them is saved; the backup before the compaction."""
+    from conftest import TRANSCRIPTS
+
+    from ctxrules import Engine
+    from ctxrules.session_store import SessionStore
+
+    events: list[int | str] = []  # inodes fsynced (a rename keeps it), and "SAVE"
+    real_fsync, real_save = os.fsync, SessionStore.save
+
+    def fsync(fd: int) -> None:
+        events.append(os.fstat(fd).st_ino)
+        real_fsync(fd)
+
+    def save(self: SessionStore, state: dict[str, object], output: list[dict[str, object]]) -> None:
+        events.append("SAVE")
+        real_save(self, state, output)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(SessionStore, "save", save)
+    history = json.loads((TRANSCRIPTS / "claudecode-ae4a77f8.json").read_text())
+    session = Engine.load("builtin:default").session(tmp_path / "s", model="gpt-4o", window=32_000)
+    result = session.prepare(history)
+    assert len(result.report["vault_items"]) > 10
+    vault = tmp_path / "s" / "vault"
+    items = {p.stat().st_ino for p in vault.glob("*/*") if p.is_file()}
+    shards = {p.stat().st_ino for p in vault.iterdir() if p.is_dir()}
+    saved = events.index("SAVE")
+    before = set(events[:saved])
+    assert items and items <= before  # every item, before the output naming it
+    assert shards <= before  # the directories holding them too (the renames)
+    assert len(events) - 1 >= len(items) + len(shards)

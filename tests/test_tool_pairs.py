@@ -576,3 +576,24 @@ def test_validity_from_a_known_valid_prefix_agrees_with_a_full_check(head: list[
         return  # e.g. one message repeating a call id: repaired as it is, never "already valid"
     joined = [*prefix, *tail]
     assert already_valid(joined, len(prefix)) == already_valid(joined)
+
+
+def test_a_list_derived_from_a_valid_one_is_checked_again_where_it_could_break(tmp_path: Path) -> None:
+    """The stage remembers the last list it found valid; a list that only replaced results'
+    text is valid without a scan, but one whose replaced result answers another call, or
+    whose assistant message got other calls, is repaired as always."""
+    stage, ctx = ToolPairRepair(), make_ctx(tmp_path)
+    call = {"id": "c1", "type": "function", "function": {"name": "Bash", "arguments": "{}"}}
+    valid = [
+        {"role": "user", "content": "go"},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "c1", "content": "long output"},
+        {"role": "user", "content": "next"},
+    ]
+    assert stage(valid, ctx).actions == []
+    shortened = [*valid[:2], {**valid[2], "content": "[cut]"}, valid[3]]
+    assert stage(shortened, ctx).messages == shortened
+    orphan = [*valid[:2], {**valid[2], "tool_call_id": "c9"}, valid[3]]
+    assert stage(orphan, ctx).messages != orphan  # c1 unanswered, c9 an orphan: repaired
+    other_calls = [valid[0], {**valid[1], "tool_calls": [{**call, "id": "c2"}]}, *valid[2:]]
+    assert stage(valid, ctx).actions == [] and stage(other_calls, ctx).messages != other_calls

@@ -29,6 +29,7 @@ from ctxrules.errors import CtxrulesError, PackError, UsageError
 from ctxrules.formats import openai as openai_format
 from ctxrules.formats.request import prepare_request
 from ctxrules.injected import InjectionKey, key_for_session, key_in_store, key_scope
+from ctxrules.json_stream import serialise_once
 from ctxrules.logs import configure, get_logger, structlog_configured
 from ctxrules.messages import clone_json, split_input, validate_messages, validate_tools
 from ctxrules.models import lookup_model
@@ -57,7 +58,7 @@ from ctxrules.runtime.subagents import Handover, child_path, make_handover
 from ctxrules.runtime.subagents import settings as subagent_settings
 from ctxrules.session_store import DEFAULT_STATE_ROOT, state_root_from_env
 from ctxrules.stores import Store, open_store
-from ctxrules.stores.filesystem import FilesystemStore
+from ctxrules.stores.filesystem import FilesystemStore, durable_at_commit
 from ctxrules.tokens import REPLY_PRIMING_TOKENS, TokenCounter, token_ceiling, trusted_objects
 from ctxrules.toolroles import tool_roles
 from ctxrules.tracker import FileTracker
@@ -633,6 +634,8 @@ class Session:
             self._session_lock,
             trusted_objects(),
             token_ceiling(self.budget.window),
+            serialise_once(),  # each message's JSON made once: backup, vault entries, last output
+            durable_at_commit(self.store, self.key),  # the turn's vault items fsynced together
             notes,
             key_scope(self.injection_key),
         ):

@@ -22,6 +22,7 @@ __all__ = [
     "NonFinite",
     "Problem",
     "Scan",
+    "is_plain",
     "pointer",
     "scan",
     "short_pointer",
@@ -89,6 +90,43 @@ def _has_surrogate(text: str) -> bool:
     except UnicodeEncodeError:
         return True
     return False
+
+
+def is_plain(value: Any, *, max_depth: int = MAX_DEPTH) -> bool:
+    """Whether :func:`scan` would find nothing in ``value`` (no problem, no lone surrogate):
+    the same walk without the paths, for the common case of data that is fine (every message
+    of every call is checked). False only means "scan it"."""
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    pop, push = stack.pop, stack.append
+    while stack:
+        obj, depth = pop()
+        kind = type(obj)
+        if kind is str:
+            if not obj.isascii() and _has_surrogate(obj):
+                return False
+        elif kind is dict:
+            if depth >= max_depth:
+                return False
+            for key, child in obj.items():
+                if type(key) is str and not key.isascii() and _has_surrogate(key):
+                    return False
+                push((child, depth + 1))
+        elif kind is list:
+            if depth >= max_depth:
+                return False
+            for child in obj:
+                push((child, depth + 1))
+        elif kind is bool or obj is None:
+            pass
+        elif kind is int:
+            if obj.bit_length() >= _INT_BITS:
+                return False
+        elif kind is float:
+            if not math.isfinite(obj):
+                return False
+        else:  # subclasses, NonFinite, anything else: the full walk decides
+            return False
+    return True
 
 
 def scan(value: Any, *, max_depth: int = MAX_DEPTH, base: Path = ()) -> Scan:

@@ -5,21 +5,52 @@ third copy. :func:`json_pieces` yields the same text piece by piece: containers 
 values through ``json.dumps`` itself, a long string escaped a slice at a time (JSON escapes each
 character on its own, so the slices join to exactly what ``json.dumps`` writes).
 :func:`write_json` and :func:`json_sha256` feed those pieces to a file or a hash as UTF-8.
+
+One ``prepare`` writes the same messages as JSON several times: the compaction backup (the
+whole input), the vault entries of removed runs, the lines of ``last_output.jsonl``. Inside
+:func:`serialise_once` (the session enters it for a prepare, while no message is edited in
+place), :func:`dumps_once` serialises each message object once and hands the same text out
+again; :func:`list_pieces` builds a list's JSON from those texts (``json.dumps`` of a list is its
+items' texts joined by ``", "``). Texts over :data:`LONG_STRING` are not kept.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 
-__all__ = ["LONG_STRING", "json_pieces", "json_sha256", "write_json"]
+__all__ = [
+    "LONG_STRING",
+    "dumps_once",
+    "json_pieces",
+    "json_sha256",
+    "known_value",
+    "list_pieces",
+    "remember_value",
+    "serialise_once",
+    "write_json",
+    "write_json_list",
+]
 
 LONG_STRING = 1 << 20
 """Strings longer than this are escaped a slice at a time."""
 
 _escape: Callable[[str], str] = json.encoder.encode_basestring
+_ENCODERS: dict[tuple[bool, tuple[str, str]], json.JSONEncoder] = {}
+
+
+def _encoder(sort_keys: bool = False, separators: tuple[str, str] = (", ", ": ")) -> json.JSONEncoder:
+    """The encoder ``json.dumps(..., ensure_ascii=False, sort_keys=..., separators=...)`` would
+    build on every call (thousands per prepare), built once."""
+    key = (sort_keys, (separators[0], separators[1]))
+    found = _ENCODERS.get(key)
+    if found is None:
+        found = _ENCODERS[key] = json.JSONEncoder(ensure_ascii=False, sort_keys=sort_keys, separators=separators)
+    return found
 
 
 def _has_long_string(value: Any, depth: int = 0) -> bool:
@@ -90,9 +121,88 @@ def write_json(write: Callable[[bytes], Any], value: Any, **options: Any) -> Non
         write(data)
 
 
+def write_json_list(write: Callable[[bytes], Any], values: Iterable[Any]) -> None:
+    """:func:`write_json` of a list, its items serialised through :func:`dumps_once`."""
+    for data in _utf8(list_pieces(values)):
+        write(data)
+
+
 def json_sha256(value: Any, **options: Any) -> str:
     """sha256 hex of the UTF-8 of ``json.dumps(value, ensure_ascii=False, **options)``."""
+    if not _has_long_string(value):  # the common case, without the pieces' generators
+        text = _encoder(**options).encode(value)
+        return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
     digest = hashlib.sha256()
     for data in _utf8(json_pieces(value, **options)):
         digest.update(data)
     return digest.hexdigest()
+
+
+class _Scope:
+    __slots__ = ("texts", "values")
+
+    def __init__(self) -> None:
+        # id(object) -> (the object, its JSON); holding the object keeps its id from being reused.
+        self.texts: dict[int, tuple[Any, str]] = {}
+        # the id of a text made in the scope -> the value it was made of (remember_value)
+        self.values: dict[str, Any] = {}
+
+
+_ONCE: ContextVar[_Scope | None] = ContextVar("ctxrules_serialise_once", default=None)
+
+
+@contextmanager
+def serialise_once() -> Iterator[None]:
+    """Within this scope :func:`dumps_once` serialises each object once. For code that does not
+    edit the objects it serialises while inside (a session's ``prepare``); the texts are
+    dropped when the scope ends."""
+    token = _ONCE.set(_Scope())
+    try:
+        yield
+    finally:
+        _ONCE.reset(token)
+
+
+def remember_value(text_id: str, value: Any) -> None:
+    """Inside :func:`serialise_once`: ``value`` is what the text ``text_id`` names (a vault
+    entry made of it in this scope), so that :func:`known_value` hands it back instead of the
+    text being read and parsed again in the same scope."""
+    scope = _ONCE.get()
+    if scope is not None:
+        scope.values[text_id] = value
+
+
+def known_value(text_id: str) -> Any | None:
+    """The value :func:`remember_value` recorded for ``text_id`` in this scope, else None."""
+    scope = _ONCE.get()
+    return scope.values.get(text_id) if scope is not None else None
+
+
+def dumps_once(value: Any) -> str:
+    """``json.dumps(value, ensure_ascii=False)``; inside :func:`serialise_once`, the text made
+    for this very object earlier in the scope."""
+    scope = _ONCE.get()
+    if scope is None:
+        return json.dumps(value, ensure_ascii=False)
+    memo = scope.texts
+    hit = memo.get(id(value))
+    if hit is not None and hit[0] is value:
+        return hit[1]
+    text = _encoder().encode(value)
+    if len(text) <= LONG_STRING:
+        memo[id(value)] = (value, text)
+    return text
+
+
+def list_pieces(values: Iterable[Any]) -> Iterator[str]:
+    """The pieces of ``json.dumps(list(values), ensure_ascii=False)``: each item through
+    :func:`dumps_once`, or piece by piece (:func:`json_pieces`) when it holds a long string."""
+    yield "["
+    for index, value in enumerate(values):
+        if index:
+            yield ", "
+        if _has_long_string(value):
+            yield from _pieces(value, False, (", ", ": "))
+        else:
+            yield dumps_once(value)
+    yield "]"

@@ -110,8 +110,10 @@ def _within_limits(index: int, message: Message, warnings: list[str] | None) -> 
     U+FFFD, with a warning naming the message and field: rejecting would fail every later
     call of an append-only conversation). Nesting too deep, an integer too long to write out
     and a non-finite number raise :class:`MessagesError` naming the field."""
-    from ctxrules.json_limits import pointer, scan, short_pointer
+    from ctxrules.json_limits import is_plain, pointer, scan, short_pointer
 
+    if is_plain(message):  # nearly every message: nothing to report, no paths to build
+        return message
     found = scan(message)
     where = f"message {index} ({message.get('role')})"
     if found.problems:

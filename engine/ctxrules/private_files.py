@@ -24,6 +24,7 @@ from ctxrules.errors import CtxrulesError
 __all__ = [
     "NOFOLLOW",
     "UnsafePathError",
+    "check_dir",
     "check_file",
     "ensure_dir",
     "open_private",
@@ -50,14 +51,14 @@ def _owner_ok(st: os.stat_result) -> bool:
     return geteuid is None or st.st_uid == geteuid()
 
 
-def _refuse(path: Path, what: str) -> UnsafePathError:
+def _refuse(path: Path | str, what: str) -> UnsafePathError:
     return UnsafePathError(
         f"refusing to use {path}: {what}; a session directory holds only files ctxrules "
         "created (remove it, or point --session/--state elsewhere)"
     )
 
 
-def check_dir(path: Path) -> bool:
+def check_dir(path: Path | str) -> bool:
     """Whether ``path`` exists as a real directory of this user; raises when something else
     (a link, a file, another user's directory) is there."""
     try:
@@ -95,7 +96,7 @@ def ensure_dir(path: Path, *, inside: Path | None = None) -> None:
         check_dir(directory)
 
 
-def check_file(path: Path, fd: int) -> os.stat_result:
+def check_file(path: Path | str, fd: int) -> os.stat_result:
     """``fstat`` of an open ``fd``: a regular file of this user, else :class:`UnsafePathError`."""
     st = os.fstat(fd)
     if not stat.S_ISREG(st.st_mode):
@@ -105,7 +106,7 @@ def check_file(path: Path, fd: int) -> os.stat_result:
     return st
 
 
-def open_private(path: Path, flags: int, mode: int = 0o600) -> int:
+def open_private(path: Path | str, flags: int, mode: int = 0o600) -> int:
     """``os.open`` that refuses a link and anything but this user's regular file."""
     try:
         fd = os.open(path, flags | NOFOLLOW | _NONBLOCK | _CLOEXEC, mode)

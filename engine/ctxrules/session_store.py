@@ -24,6 +24,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from ctxrules.errors import CtxrulesError
+from ctxrules.json_stream import dumps_once
 from ctxrules.private_files import (
     ensure_dir,
     open_private,
@@ -321,7 +322,8 @@ def _stat(path: Path) -> tuple[int, int] | None:
 
 
 def _jsonl(messages: list[dict[str, Any]]) -> bytes:
-    return b"".join(json.dumps(m, ensure_ascii=False).encode("utf-8") + b"\n" for m in messages)
+    # dumps_once: within a prepare, the text the backup or a vault entry made of the message
+    return b"".join(dumps_once(m).encode("utf-8") + b"\n" for m in messages)
 
 
 class SessionLock:

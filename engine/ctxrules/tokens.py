@@ -816,7 +816,43 @@ class TokenCounter:
             ):
                 self.memo_hits += 1
                 return hit[3]
-        return self.count_each([message])[0]
+        return self._count_one(message)
+
+    def _count_one(self, message: Mapping[str, Any]) -> int:
+        """:meth:`count_each` of one message, without the list machinery: stages count the
+        messages they make one at a time, hundreds per compaction. A message holding a text
+        over :data:`CHUNK_CHARS` (which may count by a bound) takes the general path."""
+        if not isinstance(message, Mapping):
+            return self.count_each([message])[0]  # the error count_each gives
+        key = _message_key(message)
+        count = self._memo.get(key)
+        if count is not None:
+            self.memo_hits += 1
+        else:
+            tally = self._tally_message(message)
+            texts = tally.texts
+            for text in texts:
+                if len(text) > CHUNK_CHARS:
+                    return self.count_each([message])[0]
+            counter = self._count_batch
+            if counter is None:
+                counter = self._count_batch = _backend(self.tokenizer)
+            self.memo_misses += 1
+            self.texts_tokenized += len(texts)
+            count = tally.fixed + (sum(counter(texts)) if texts else 0)
+            memo = self._memo
+            if len(memo) >= MEMO_LIMIT:
+                memo.clear()
+            memo[key] = count
+        if _TRUSTED.get():  # known by its object from now on, as count_each would keep it
+            if self._by_object_generation != structure.generation():
+                self._by_object.clear()
+                self._by_object_generation = structure.generation()
+            by_object = self._by_object
+            if len(by_object) >= MEMO_LIMIT:
+                by_object.clear()
+            by_object[id(message)] = (message, message.get("content"), message.get("tool_calls"), count)
+        return count
 
     def count_messages(
         self,

@@ -100,7 +100,9 @@ class Vault:
     ``Vault(root)`` is the filesystem vault in the directory ``root`` (a session's ``vault/``);
     ``Vault.of(store, session)`` the vault of a session in any store. Nothing is created until
     the first ``put``; reading an empty or missing vault reports "not found". Writes are atomic
-    and durable before an id is handed out, and idempotent.
+    and durable before an id is handed out (within a session's ``prepare``, on the filesystem
+    store: before the output naming it is saved, all of the turn's items in one flush), and
+    idempotent.
     """
 
     def __init__(self, root: Path | None = None, *, store: Store | None = None, session: str | None = None) -> None:

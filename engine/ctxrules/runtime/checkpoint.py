@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ctxrules.errors import CtxrulesError
-from ctxrules.json_stream import write_json
+from ctxrules.json_stream import write_json_list
 from ctxrules.stores import store_and_session
 from ctxrules.vault import Vault
 
@@ -62,10 +62,11 @@ def _where(session: Path | str, store: Store | None) -> tuple[Store, str]:
 def put_backup(vault: Vault, messages: list[Any]) -> str:
     """Store ``messages`` as ``vault.put_text(json.dumps(messages, ensure_ascii=False))`` does
     (the same bytes, the same id), written in pieces: a 50 MB tool result is never held as the
-    whole list's text and its UTF-8 copy (:mod:`ctxrules.json_stream`)."""
+    whole list's text and its UTF-8 copy (:mod:`ctxrules.json_stream`). Within a prepare each
+    message's text is kept for the other writes of the same message (``serialise_once``)."""
     writer = vault.open_writer()
     try:
-        write_json(writer.write, messages)
+        write_json_list(writer.write, messages)
         return writer.commit()
     finally:
         writer.discard()

@@ -23,6 +23,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from ctxrules.json_stream import known_value, list_pieces, remember_value
 from ctxrules.messages import (
     injected_kind,
     is_injected,
@@ -539,8 +540,10 @@ def make_placeholder(run: Sequence[Message], vault: Any) -> tuple[Message, str]:
                 originals.extend(restored)
                 continue
         originals.append(msg)
-    payload = json.dumps(originals, ensure_ascii=False)
+    payload = "".join(list_pieces(originals))  # json.dumps(originals), each message's text made once
     vault_id = text_id(payload)
+    # Restored in this prepare (reread.recent_files) without reading back and parsing the entry.
+    remember_value(vault_id, originals)
     n_steps = sum(1 for m in originals if m.get("role") == "assistant")
     tools = Counter(
         name
@@ -566,11 +569,15 @@ def make_placeholder(run: Sequence[Message], vault: Any) -> tuple[Message, str]:
 
 
 def restore_placeholder(msg: Mapping[str, Any], vault: Any) -> list[Message] | None:
-    """The messages an earlier placeholder stands for (``None`` when the vault lacks them)."""
+    """The messages an earlier placeholder stands for (``None`` when the vault lacks them).
+    Callers only read them (a run made in this prepare is handed out as it was made)."""
     for marker in parse_markers(message_text(msg)):
         if marker.kind != "message" or marker.lines is not None:
             continue
+        known = known_value(marker.vault_id)  # made in this prepare (messages are not edited in it)
         try:
+            if isinstance(known, list) and vault.exists(marker.vault_id):
+                return known
             data = json.loads(vault.get_text(marker.vault_id))
         except (VaultError, ValueError):
             return None

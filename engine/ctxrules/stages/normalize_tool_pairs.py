@@ -42,10 +42,12 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import operator
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
+from ctxrules import structure
 from ctxrules.hookspecs import hookimpl
 from ctxrules.messages import mark_injected, tool_call_id
 from ctxrules.stages.base import Action, Message, StageOutcome, StageType, unchanged
@@ -490,6 +492,37 @@ def already_valid(messages: Sequence[Mapping[str, Any]], start: int = 0) -> bool
     return True
 
 
+# The last list this stage found valid (and the structure generation then): the pipeline runs
+# the stage again after every content stage that changed something, and a stage that only
+# rewrote results' or messages' text left the pairing as it was.
+_LAST_VALID: list[tuple[list[Mapping[str, Any]], int]] = []
+
+
+def _follows_valid(messages: Sequence[Mapping[str, Any]]) -> bool:
+    """Whether ``messages`` is the last list found valid with some messages replaced by ones
+    that cannot break what :func:`already_valid` checks: a result answering the same call, an
+    assistant message with the very same ``tool_calls`` (or none, and not empty), any other
+    message of the same role. Conservative: False only means "scan"."""
+    if not _LAST_VALID:
+        return False
+    last, generation = _LAST_VALID[0]
+    if generation != structure.generation() or len(last) != len(messages):
+        return False
+    for i in [i for i, same in enumerate(map(operator.is_, last, messages)) if not same]:
+        old, new = last[i], messages[i]
+        role = new.get("role")
+        if role != old.get("role"):
+            return False
+        if role in ("tool", "function"):
+            if new.get("tool_call_id") != old.get("tool_call_id"):
+                return False
+        elif role == "assistant":
+            calls = new.get("tool_calls")
+            if calls is not old.get("tool_calls") or (calls is None and _is_empty_assistant(new)):
+                return False
+    return True
+
+
 _PREFIX_IDS: dict[int, tuple[Mapping[str, Any], int, frozenset[str]]] = {}
 _PREFIX_IDS_KEEP = 16
 
@@ -544,7 +577,8 @@ class ToolPairRepair:
         return f"ToolPairRepair(unanswered={self.unanswered!r})"
 
     def __call__(self, messages: Sequence[Message], ctx: StageContext) -> StageOutcome:
-        if already_valid(messages, ctx.valid_prefix):
+        if _follows_valid(messages) or already_valid(messages, ctx.valid_prefix):
+            _LAST_VALID[:] = [(list(messages), structure.generation())]
             # The common case on every call: nothing to repair. A single cheap scan keeps the
             # warm path of `prepare` fast; the full pairing only runs when something is off.
             return StageOutcome(messages=unchanged(messages))

@@ -46,7 +46,6 @@ from ctxrules.stages.filter_common import (
     result_digest,
     tokens_saved,
 )
-from ctxrules.stages.reduce import text_lines
 from ctxrules.structure import pinned_indices, steps
 from ctxrules.toolroles import call_name, calls_by_result
 from ctxrules.vault import VaultError, format_marker, parse_marker
@@ -135,7 +134,7 @@ class TtlPrune:
         ages = self._step_ages(messages)
         pins = pinned_indices(messages)
         calls = calls_by_result(messages)
-        actions: list[Action] = []
+        archived: list[tuple[int, str, Message, Message, str]] = []
         for index, born in born_at.items():
             msg = messages[index]
             if index in pins or id(msg) in ctx.protected:
@@ -150,15 +149,20 @@ class TtlPrune:
             new, vid = self._archive(msg, ctx, ages.get(index, 0), tool if isinstance(tool, str) else None)
             out[index] = new
             seen_now.pop(result_digest(msg), None)
-            actions.append(
-                Action(
-                    "ttl_archived",
-                    f"message {index}: tool result {reason}",
-                    index=index,
-                    tokens_saved=tokens_saved(ctx, msg, new),
-                    vault_id=vid,
-                )
+            archived.append((index, reason, msg, new, vid))
+        # The placeholders counted in one call (dozens of short texts): tokens_saved below and
+        # the runner's recount find them counted.
+        ctx.counter.count_each([new for _, _, _, new, _ in archived])
+        actions = [
+            Action(
+                "ttl_archived",
+                f"message {index}: tool result {reason}",
+                index=index,
+                tokens_saved=tokens_saved(ctx, msg, new),
+                vault_id=vid,
             )
+            for index, reason, msg, new, vid in archived
+        ]
         return StageOutcome(messages=out, actions=actions)
 
     def _expired(self, age_steps: int, age_s: float) -> str | None:
@@ -179,7 +183,8 @@ class TtlPrune:
         content = msg.get("content")
         if isinstance(content, str):
             vid = ctx.vault.put_text(content)
-            kind, count = "lines", len(text_lines(content))
+            # len(text_lines(content)), without making the lines
+            kind, count = "lines", content.count("\n") + (0 if not content or content.endswith("\n") else 1)
         else:
             vid = ctx.vault.put_text(json.dumps(content, ensure_ascii=False))
             kind, count = "message", 1

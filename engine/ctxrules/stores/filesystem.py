@@ -32,6 +32,7 @@ import re
 import stat
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
@@ -42,7 +43,9 @@ from urllib.parse import unquote, urlsplit
 from ctxrules.errors import CtxrulesError, UsageError
 from ctxrules.integrations import session_name
 from ctxrules.private_files import (
+    NOFOLLOW,
     UnsafePathError,
+    check_dir,
     ensure_dir,
     open_private,
     read_private,
@@ -66,12 +69,15 @@ from ctxrules.stores.base import (
     VaultError,
 )
 
-__all__ = ["FilesystemStore", "file_path", "for_session_dir"]
+__all__ = ["FilesystemStore", "durable_at_commit", "file_path", "for_session_dir"]
 
 _ID_LEN: Final = 64
 _HEX_RE: Final = re.compile(r"[0-9a-f]+")
 _META_SUFFIX: Final = ".meta"
 _TMP_PREFIX: Final = ".tmp-"
+_CLOEXEC: Final = getattr(os, "O_CLOEXEC", 0)
+_DIRECTORY: Final = getattr(os, "O_DIRECTORY", 0)
+_CHECK_S: Final = 2.0  # a vault directory checked longer ago than this is checked again
 
 # document -> (file in the session directory, lock file or None: written under the prepare lock)
 _DOC_FILES: Final[dict[str, tuple[str, str | None]]] = {
@@ -96,6 +102,14 @@ class FilesystemStore:
         self._vault_name = vault_name
         self._sessions: dict[str, SessionStore] = {}
         self._mutex = threading.Lock()
+        # Vault directories (session, directory) checked to be real directories of this user,
+        # with the time of the check: a turn storing 70 items checks each of its directories
+        # once, not on every write; every turn checks them again (commit_turn forgets them),
+        # and so does a write more than _CHECK_S after the check (writers outside a turn).
+        self._checked_shards: dict[tuple[str, str], float] = {}
+        # Sessions inside durable_at_commit, and per session the vault files written but not
+        # yet fsynced there and their directories.
+        self._unsynced: dict[str, tuple[list[str], set[str]]] = {}
         # log -> its path, and the path as a string: the budget gate reads every ledger of the
         # session on every prepare (one lstat each), and building the Path cost more than that.
         self._log_paths: dict[tuple[str, str], tuple[Path, str]] = {}
@@ -166,7 +180,9 @@ class FilesystemStore:
         *,
         records: Sequence[tuple[Sequence[Log], Mapping[str, Any]]] = (),
     ) -> None:
+        self._sync_vault(session)  # every item the output may name is on disk before it is saved
         self._turn_files(session).save(state, output)
+        self._forget_checks(session)  # the next turn checks the vault's directories again
         for logs, record in records:
             self.append(logs, record)
 
@@ -175,6 +191,7 @@ class FilesystemStore:
 
     def forget(self, session: str) -> None:
         self._turn_files(session).forget()
+        self._forget_checks(session)
 
     def save_state(self, session: str, state: dict[str, Any]) -> None:
         # In place, as a turn's state is written (ctxrules.session_store.SessionStore.save_state).
@@ -198,29 +215,124 @@ class FilesystemStore:
 
     def _put_blob(self, session: str, data: bytes, media_type: str | None) -> str:
         blob_id = hashlib.sha256(data).hexdigest()
-        path = self._blob_path(session, blob_id)
+        # Plain strings, not Path objects: a compaction stores dozens of small items, and
+        # building paths cost more than the system calls.
+        shard = os.path.join(self._vault_path(session), blob_id[:2])
+        path = os.path.join(shard, blob_id)
         if not _intact(path, blob_id):
             # Missing, or corrupt: rewriting repairs it, and the bytes are the same either way.
-            # Every directory from the session's down is checked: a planted ``vault`` link
-            # would otherwise receive the originals.
-            ensure_dir(path.parent, inside=Path(session))
-            _write_durable(path, data)
+            self._write_blob(session, shard, path, data)
         if media_type is not None:
             meta = json.dumps({"media_type": media_type}, sort_keys=True).encode("utf-8")
-            meta_path = path.with_name(path.name + _META_SUFFIX)
+            meta_path = path + _META_SUFFIX
             try:
-                current: bytes | None = read_private(meta_path)
+                current: bytes | None = read_private(Path(meta_path))
             except FileNotFoundError:
                 current = None
             if current != meta:
-                _write_durable(meta_path, meta)
+                self._write_blob(session, shard, meta_path, meta)
         return blob_id
+
+    def _vault_path(self, session: str) -> str:
+        return os.path.join(session, self._vault_name)
+
+    def _write_blob(self, session: str, shard: str, path: str, data: bytes) -> None:
+        """``data`` made durable at ``path`` in the vault directory ``shard`` (inside
+        :meth:`durable_at_commit`: by the commit). Every directory from the session's down is
+        checked (a planted ``vault`` link would otherwise receive the originals), once per
+        turn: a directory removed since is created again."""
+        key = (session, shard)
+        if not self._checked(key):
+            self._ensure_shard(key)
+        unsynced = self._unsynced.get(session)
+        try:
+            _write_durable(shard, path, data, sync=unsynced is None)
+        except FileNotFoundError:
+            # The directory went away since it was checked (a user removed the vault): check
+            # and create it again, then write once more.
+            self._forget_checks(session)
+            self._ensure_shard(key)
+            _write_durable(shard, path, data, sync=unsynced is None)
+        if unsynced is not None:
+            unsynced[0].append(path)
+            unsynced[1].add(shard)
+
+    @contextlib.contextmanager
+    def durable_at_commit(self, session: str) -> Iterator[None]:
+        """Within this scope (a session's ``prepare``, under its prepare lock) vault items are
+        written and visible at once but fsynced together, files then their directories, before
+        :meth:`commit_turn` saves the output that names them, or when the scope ends: one disk
+        flush for a compaction's dozens of items instead of one each. A crash before that can
+        leave an item cut short, which nothing saved names yet: reads verify the digest
+        (a clear error), and the next write of the same bytes repairs it."""
+        if session in self._unsynced:  # nested: the outer scope syncs
+            yield
+            return
+        self._unsynced[session] = ([], set())
+        try:
+            yield
+        except BaseException:
+            with contextlib.suppress(OSError, CtxrulesError):  # the error that ended the turn counts
+                self._sync_vault(session)
+            raise
+        else:
+            self._sync_vault(session)
+        finally:
+            self._unsynced.pop(session, None)
+
+    def _sync_vault(self, session: str) -> None:
+        unsynced = self._unsynced.get(session)
+        if unsynced is None or not (unsynced[0] or unsynced[1]):
+            return
+        paths, dirs = unsynced
+        try:
+            for path in paths:
+                _fsync_path(path, os.O_RDONLY | NOFOLLOW)
+            for directory in sorted(dirs):  # the renames
+                _fsync_path(directory, os.O_RDONLY | _DIRECTORY)
+        except OSError as exc:
+            raise VaultError(f"cannot write to the vault at {self.vault_dir(session)}: {exc}") from exc
+        paths.clear()
+        dirs.clear()
+
+    def _checked(self, key: tuple[str, str]) -> bool:
+        when = self._checked_shards.get(key)
+        return when is not None and time.monotonic() - when < _CHECK_S
+
+    def _ensure_shard(self, key: tuple[str, str]) -> None:
+        session, shard = key
+        checked = self._checked_shards
+        parent = (session, os.path.dirname(shard))
+        made = False
+        if self._checked(parent):
+            # The vault directory was checked this turn: only the shard is new (a fresh
+            # session creates one for almost every item it stores).
+            with contextlib.suppress(FileExistsError, FileNotFoundError):  # not found: no vault
+                os.mkdir(shard, 0o700)
+            made = check_dir(shard)
+        if not made:
+            ensure_dir(Path(shard), inside=Path(session))
+        if len(checked) > 4096:  # a store serving many sessions: bounded
+            checked.clear()
+        now = time.monotonic()
+        checked.setdefault(parent, now)
+        checked[key] = now
+
+    def _forget_checks(self, session: str) -> None:
+        """Directories of ``session`` are checked again before the next vault write."""
+        checked = self._checked_shards
+        if checked:
+            for key in [k for k in tuple(checked) if k[0] == session]:  # tuple(): a copy in one step
+                checked.pop(key, None)
 
     def open_blob_writer(self, session: str) -> BlobWriter:
         """A temporary file in the vault directory, renamed to its id on commit (no copy)."""
         root = self.vault_dir(session)
         try:
-            ensure_dir(root, inside=Path(session))
+            key = (session, self._vault_path(session))
+            if not self._checked(key):
+                ensure_dir(root, inside=Path(session))
+                self._checked_shards[key] = time.monotonic()
             return _FileBlobWriter(self, session)
         except OSError as exc:
             raise VaultError(f"cannot write to the vault at {root}: {exc}") from exc
@@ -559,7 +671,7 @@ def _field(line: bytes, key: str) -> Any:
     return obj.get(key) if isinstance(obj, dict) else None
 
 
-def _intact(path: Path, blob_id: str) -> bool:
+def _intact(path: str | Path, blob_id: str) -> bool:
     """Whether ``path`` holds the bytes of ``blob_id`` (read a block at a time: a blob may be
     a huge command output)."""
     digest = hashlib.sha256()
@@ -592,11 +704,22 @@ class _FileBlobWriter(SpooledBlobWriter):
         blob_id = self.vault_id
         try:
             os.fsync(self._handle.fileno())  # durable before visible, as every blob
-            target = self._fs._blob_path(self._session, blob_id)
-            ensure_dir(target.parent, inside=Path(self._session))
-            os.replace(self.path, target)  # a blob already there has the same bytes
+            shard = os.path.join(self._fs._vault_path(self._session), blob_id[:2])
+            target = os.path.join(shard, blob_id)
+            key = (self._session, shard)
+            if not self._fs._checked(key):
+                self._fs._ensure_shard(key)
+            try:
+                os.replace(self.path, target)  # a blob already there has the same bytes
+            except FileNotFoundError:  # the shard went away since it was checked
+                self._fs._forget_checks(self._session)
+                self._fs._ensure_shard(key)
+                os.replace(self.path, target)
         except OSError as exc:
             raise self._write_failed(exc) from exc
+        unsynced = self._fs._unsynced.get(self._session)
+        if unsynced is not None:
+            unsynced[1].add(shard)  # the rename, with the turn's other directories
         self._done = True
         with contextlib.suppress(OSError):
             self._handle.close()
@@ -625,21 +748,50 @@ def _append_to(fd: int, line: bytes) -> None:
         view = view[os.write(fd, view) :]
 
 
-def _write_durable(path: Path, data: bytes) -> None:
-    fd, tmp_name = tempfile.mkstemp(prefix=_TMP_PREFIX, dir=path.parent)
+def _fsync_path(path: str, flags: int) -> None:
+    fd = os.open(path, flags | _CLOEXEC)
     try:
-        with os.fdopen(fd, "wb") as handle:
-            os.fchmod(handle.fileno(), 0o600)
-            handle.write(data)
-            handle.flush()
-            # Durable before visible: after a crash the id either resolves to the full
-            # content or not at all.
-            os.fsync(handle.fileno())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_durable(directory: str, path: str, data: bytes, *, sync: bool = True) -> None:
+    """``data`` at ``path`` (in ``directory``), durable before visible: after a crash the id
+    either resolves to the full content or not at all. A temporary file of this user (mode
+    0600, created exclusively, never through a link), written, fsynced, renamed over ``path``.
+    ``sync=False``: not fsynced here; the caller does it (``durable_at_commit``)."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | NOFOLLOW | _CLOEXEC
+    while True:
+        tmp_name = os.path.join(directory, _TMP_PREFIX + os.urandom(8).hex())
+        try:
+            fd = os.open(tmp_name, flags, 0o600)
+            break
+        except FileExistsError:  # 64 random bits taken: try another name
+            continue
+    try:
+        try:
+            os.fchmod(fd, 0o600)  # whatever the umask
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            if sync:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
         os.replace(tmp_name, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp_name)
         raise
+
+
+def durable_at_commit(store: object, session: str) -> AbstractContextManager[None]:
+    """:meth:`FilesystemStore.durable_at_commit` for a filesystem store; other stores write
+    each item as they are told (nothing to batch)."""
+    if isinstance(store, FilesystemStore):
+        return store.durable_at_commit(session)
+    return contextlib.nullcontext()
 
 
 def for_session_dir(path: str | os.PathLike[str], state_root: str | os.PathLike[str] | None = None) -> FilesystemStore:
