@@ -30,15 +30,27 @@ import re
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cache, lru_cache
 from typing import Any, Protocol
 
-import regex as _regex  # type: ignore[import-untyped]
 
-try:  # google-re2 is a dependency; without it every pattern runs on `regex` (still bounded)
-    import re2 as _re2  # type: ignore[import-untyped]
-except ImportError:  # pragma: no cover - exercised only on a broken install
-    _re2 = None
+# Both engines are imported on the first pattern that runs on them, not with this module:
+# judging a pack's patterns (``ctxrules validate``) needs only ``re``'s parser, and the two
+# imports were a tenth of validating the built-in pack.
+@cache
+def _regex_module() -> Any:
+    import regex  # type: ignore[import-untyped]
+
+    return regex
+
+
+@cache
+def _re2_module() -> Any:
+    try:  # google-re2 is a dependency; without it every pattern runs on `regex` (still bounded)
+        import re2  # type: ignore[import-untyped]
+    except ImportError:  # pragma: no cover - exercised only on a broken install
+        return None
+    return re2
 
 __all__ = [
     "MATCH_TIME_LIMIT_S",
@@ -421,14 +433,7 @@ def nested_quantifier(pattern: str, flags: int = 0) -> bool:
 # -- compiled patterns ---------------------------------------------------------------------
 
 _RE2_FLAGS = ((re.IGNORECASE, "i"), (re.MULTILINE, "m"), (re.DOTALL, "s"))
-_REGEX_FLAGS = (
-    (re.IGNORECASE, _regex.IGNORECASE),
-    (re.MULTILINE, _regex.MULTILINE),
-    (re.DOTALL, _regex.DOTALL),
-    (re.VERBOSE, _regex.VERBOSE),
-    (re.ASCII, _regex.ASCII),
-    (re.UNICODE, _regex.UNICODE),
-)
+_REGEX_FLAGS = ("IGNORECASE", "MULTILINE", "DOTALL", "VERBOSE", "ASCII", "UNICODE")  # same names in `regex`
 
 
 class Pattern:
@@ -466,6 +471,7 @@ class Pattern:
         return self._re2_compiled
 
     def _compile_re2(self) -> Any:
+        _re2 = _re2_module()
         if _re2 is None:
             return None
         inline = "".join(f for flag, f in _RE2_FLAGS if self.flags & flag)
@@ -482,10 +488,11 @@ class Pattern:
                 f"pattern is too large to run in bounded time: its repetitions expand to about "
                 f"{self.shape.unrolled:,} items (the limit is {MAX_UNROLLED:,})"
             )
+        _regex = _regex_module()
         flags = 0
-        for flag, theirs in _REGEX_FLAGS:
-            if self.flags & flag:
-                flags |= theirs
+        for name in _REGEX_FLAGS:
+            if self.flags & getattr(re, name):
+                flags |= getattr(_regex, name)
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
@@ -600,8 +607,17 @@ def _encodable(text: str) -> bool:
     return True
 
 
-@lru_cache(maxsize=4096)
 def compile(pattern: str, flags: int = 0) -> Pattern:
     """The :class:`Pattern` of ``pattern``; raises ``re.error`` (or :class:`PatternError`, a
-    subclass) when it does not compile or cannot run in bounded time."""
+    subclass) when it does not compile or cannot run in bounded time. One object per distinct
+    (pattern, flags) in a process: a pattern is judged once however many packs, checks and
+    actions name it (a pack that extends twelve fragments validated in the same run names
+    each of their patterns twice)."""
+    return _compiled(pattern, int(flags))
+
+
+# Keyed by the two values alone (``compile(p)`` and ``compile(p, 0)`` are one entry; an
+# lru_cache on ``compile`` itself keys them apart). Patterns are immutable once built.
+@lru_cache(maxsize=8192)
+def _compiled(pattern: str, flags: int) -> Pattern:
     return Pattern(pattern, flags)

@@ -81,6 +81,10 @@ class Registry:
     # The manager's hook relay, for the hooks stages call while they run
     # (``ctxrules_semantic_filter``); None for a registry built by hand.
     hooks: Any = None
+    # What validation found for a value checked against these plugins' schemas and factories
+    # (a compressor step's options, ...), and the compiled validators: the verdicts depend on
+    # the plugins and the value alone, and one `validate` run meets most values twice.
+    checked: dict[Any, Any] = field(default_factory=dict, repr=False, compare=False)
 
     def stage(self, name: str) -> StageType:
         return self.stages[name]
