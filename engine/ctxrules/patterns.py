@@ -173,6 +173,8 @@ class _Shape:
 
 
 _PLAIN = re.compile(r"[^\\.^$*+?{}\[\]|()]*")
+# Plain ints: `flags & re.IGNORECASE` goes through enum.Flag's Python-level operators, and the
+# analysis tests flags thousands of times per pack.
 _I, _M, _S, _A, _X, _L = (int(f) for f in (re.IGNORECASE, re.MULTILINE, re.DOTALL, re.ASCII, re.VERBOSE, re.LOCALE))
 
 
@@ -279,7 +281,7 @@ def _category(name: str, ch: str, flags: int) -> bool:
     negated = "_NOT_" in name
     for key, cls in probe.items():
         if key in name:
-            hit = re.match(cls, ch, re.ASCII if flags & re.ASCII else 0) is not None
+            hit = re.match(cls, ch, _A if flags & _A else 0) is not None
             return hit != negated
     return True
 
@@ -297,7 +299,7 @@ def _class_item_chars(op: str, av: Any, flags: int) -> frozenset[str]:
     """The sample characters one item of a ``[...]`` class matches (``flags``: I and ASCII)."""
     if op == "LITERAL":
         lit = chr(av)
-        if flags & re.IGNORECASE:
+        if flags & _I:
             folded = lit.lower()
             return frozenset(ch for ch in _SAMPLE if ch == lit or ch.lower() == folded)
         return frozenset({lit}) & _ALL
@@ -305,7 +307,7 @@ def _class_item_chars(op: str, av: Any, flags: int) -> frozenset[str]:
         lo, hi = av
 
         def within(ch: str) -> bool:
-            cased = {ch, ch.lower(), ch.upper()} if flags & re.IGNORECASE else {ch}
+            cased = {ch, ch.lower(), ch.upper()} if flags & _I else {ch}
             return any(len(c) == 1 and lo <= ord(c) <= hi for c in cased)  # 'ß'.upper() is 'SS'
 
         return frozenset(ch for ch in _SAMPLE if within(ch))
@@ -317,13 +319,13 @@ def _class_item_chars(op: str, av: Any, flags: int) -> frozenset[str]:
 def _chars(op: str, av: Any, flags: int) -> frozenset[str]:
     """The sample characters one item can consume (any position), for the ambiguity test."""
     if op == "LITERAL":
-        return frozenset({chr(av)} | ({chr(av).swapcase()} if flags & re.IGNORECASE else set()))
+        return frozenset({chr(av)} | ({chr(av).swapcase()} if flags & _I else set()))
     if op == "NOT_LITERAL":
         return _ALL - {chr(av)}
     if op == "ANY":
-        return _ALL if flags & re.DOTALL else _ALL - {"\n"}
+        return _ALL if flags & _S else _ALL - {"\n"}
     if op == "IN":
-        relevant = flags & (re.IGNORECASE | re.ASCII)
+        relevant = flags & (_I | _A)
         hits: frozenset[str] = frozenset()
         negate = False
         for o, a in av:
@@ -334,7 +336,7 @@ def _chars(op: str, av: Any, flags: int) -> frozenset[str]:
             hits = hits | _class_item_chars(name, a if name != "CATEGORY" else str(a), relevant)
         return _ALL - hits if negate else hits
     if op == "CATEGORY":
-        return _category_chars(str(av), flags & re.ASCII)
+        return _category_chars(str(av), flags & _A)
     if op in _REPEATS:
         return _seq_chars(av[2], flags)
     if op == "SUBPATTERN":

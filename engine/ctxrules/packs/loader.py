@@ -48,13 +48,19 @@ class ResolvedPack:
     # Where each disabled item was switched off: list key -> id -> the origin of the item (in
     # the file that wrote ``enabled: false``, with that file's own pointer).
     disabled_at: dict[str, dict[str, Origin]] = field(default_factory=dict)
+    _origins: dict[str, Origin] | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def ok(self) -> bool:
         return not any(d.severity == "error" for d in self.diagnostics)
 
     def origins(self) -> dict[str, Origin]:
-        return origins_by_pointer(self.tree)
+        """Where each value of the merged pack was written, by JSON pointer (read-only: the
+        tree does not change once resolved, so the walk is done once; the validator, the
+        prompt checks and the test runner each ask for it)."""
+        if self._origins is None:
+            self._origins = origins_by_pointer(self.tree)
+        return self._origins
 
     def base_dir(self) -> Path:
         return Path(self.files[-1]).parent if self.files else Path.cwd()
@@ -100,6 +106,9 @@ class PackLoader:
         self.search_path = tuple(str(p) for p in search_path)
         self._roots: tuple[Path, ...] = ()
         self._shown: dict[tuple[Path, str], str] = {}
+        # What the checks of one run (``ctxrules validate``) found about a value they meet in
+        # several packs, such as a path a fragment names (see validation.validate).
+        self.verdicts: dict[Any, Any] = {}
 
     @property
     def fresh(self) -> bool:
