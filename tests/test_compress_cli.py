@@ -166,6 +166,17 @@ def test_stream_copies_live_to_stderr(tmp_path: Path, noisy: Path) -> None:
     assert parse_markers(proc.stdout.decode())
 
 
+def test_a_note_after_the_live_copy_starts_on_its_own_line(tmp_path: Path) -> None:
+    # The command's last line has no newline; --stats then writes its note to the same stderr.
+    script = "import sys; sys.stdout.write('first\\nno newline at the end')"
+    proc = ctxrules("compress", "--stream", "--stats", "--", sys.executable, "-c", script, tmp=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    err = proc.stderr.decode()
+    assert err.startswith("first\nno newline at the end\nctxrules: "), err
+    assert err.count("\n") == 3, err  # the copied lines, then one line of note: no blank line
+    assert proc.stdout == b"first\nno newline at the end"  # stdout is the command's, unchanged
+
+
 def test_non_utf8_output_is_kept_byte_for_byte(tmp_path: Path) -> None:
     script = tmp_path / "bytes.py"
     script.write_text(

@@ -190,8 +190,17 @@ def _remember(store: Store, session: str, keys: list[str]) -> None:
         _note(f"warning: timed-out patterns are not remembered: {reason}")
 
 
+class _Stderr:
+    """Standard error is shared by the live copy (``--stream``) and ctxrules's own notes: a note
+    must start on a line of its own even when the command's last line had no newline."""
+
+    line_open = False
+
+
 def _note(message: str) -> None:
-    sys.stderr.write(f"ctxrules: {message}\n")
+    lead = "\n" if _Stderr.line_open else ""
+    _Stderr.line_open = False
+    sys.stderr.write(f"{lead}ctxrules: {message}\n")
     sys.stderr.flush()
 
 
@@ -226,9 +235,12 @@ class _Exit(Exception):
 
 
 def _echo(chunk: bytes) -> None:
+    if not chunk:
+        return
     err = sys.stderr.buffer
     err.write(chunk)
     err.flush()
+    _Stderr.line_open = not chunk.endswith(b"\n")
 
 
 def _status(child: Child, returncode: int) -> int:
