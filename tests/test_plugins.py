@@ -254,3 +254,31 @@ def test_validate_without_plugins_installed_reads_no_distribution_metadata(tmp_p
     env["PYTHONPATH"] = os.pathsep.join([engine, str(plugin_dir)])
     out = subprocess.run([sys.executable, "-c", probe, str(pack)], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["0", "True", "['acme.dist']"]
+
+
+@pytest.mark.parametrize("layout", ["egg folder", "egg-info", "zip"])
+def test_the_quick_look_never_misses_what_importlib_metadata_finds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, layout: str
+) -> None:
+    import sys
+    import zipfile
+
+    text = "[ctxrules]\nacme = acme_plugin\n"
+    if layout == "egg folder":
+        entry = tmp_path / "acme-0-py3.egg"
+        (entry / "EGG-INFO").mkdir(parents=True)
+        (entry / "EGG-INFO" / "PKG-INFO").write_text("Metadata-Version: 1.1\nName: acme\nVersion: 0\n")
+        (entry / "EGG-INFO" / "entry_points.txt").write_text(text)
+    elif layout == "egg-info":
+        entry = tmp_path
+        (entry / "acme.egg-info").mkdir()
+        (entry / "acme.egg-info" / "PKG-INFO").write_text("Metadata-Version: 1.1\nName: acme\nVersion: 0\n")
+        (entry / "acme.egg-info" / "entry_points.txt").write_text(text)
+    else:
+        entry = tmp_path / "site.zip"
+        with zipfile.ZipFile(entry, "w") as zf:
+            zf.writestr("acme-0.dist-info/METADATA", "Metadata-Version: 2.1\nName: acme\nVersion: 0\n")
+            zf.writestr("acme-0.dist-info/entry_points.txt", text)
+    monkeypatch.setattr(sys, "path", [str(entry), *(p for p in sys.path if p)])
+    assert _declares(str(entry))  # importlib.metadata finds the declaration ...
+    assert plugins._may_declare_plugins()  # ... and so the quick look says "maybe"

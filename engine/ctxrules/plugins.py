@@ -176,10 +176,13 @@ def _may_declare_plugins() -> bool:
     if any(hasattr(f, "find_distributions") and f is not PathFinder for f in sys.meta_path):
         return True
     for entry in sys.path:
+        if not isinstance(entry, str):
+            return True  # not a folder name this look can read
         folder = entry or "."
+        egg = folder.lower().rstrip("/\\").endswith(".egg")  # an egg folder: its EGG-INFO counts
         try:
             with os.scandir(folder) as found:
-                infos = [e.path for e in found if e.name.lower().endswith((".dist-info", ".egg-info")) and e.is_dir()]
+                infos = [e.path for e in found if _is_info(e.name.lower(), egg) and e.is_dir()]
         except NotADirectoryError:
             return True  # a zip (or an egg) on sys.path
         except OSError:
@@ -192,6 +195,11 @@ def _may_declare_plugins() -> bool:
             except OSError:
                 continue  # no entry points
     return False
+
+
+def _is_info(name: str, in_egg: bool) -> bool:
+    """Whether a folder named ``name`` (lower case) holds a distribution's metadata."""
+    return name.endswith((".dist-info", ".egg-info")) or (in_egg and name == "egg-info")
 
 
 def _register(pm: pluggy.PluginManager, name: str, plugin: object) -> None:
