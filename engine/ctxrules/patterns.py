@@ -38,19 +38,22 @@ from typing import Any, Protocol
 # judging a pack's patterns (``ctxrules validate``) needs only ``re``'s parser, and the two
 # imports were a tenth of validating the built-in pack.
 @cache
-def _regex_module() -> Any:
+def regex_module() -> Any:
+    """The ``regex`` module (the bounded backtracking engine), imported on first use."""
     import regex  # type: ignore[import-untyped]
 
     return regex
 
 
 @cache
-def _re2_module() -> Any:
+def re2_module() -> Any:
+    """The ``re2`` module (google-re2), imported on first use; None when it is missing."""
     try:  # google-re2 is a dependency; without it every pattern runs on `regex` (still bounded)
         import re2  # type: ignore[import-untyped]
     except ImportError:  # pragma: no cover - exercised only on a broken install
         return None
     return re2
+
 
 __all__ = [
     "MATCH_TIME_LIMIT_S",
@@ -63,6 +66,8 @@ __all__ = [
     "PatternTimeout",
     "compile",
     "nested_quantifier",
+    "re2_module",
+    "regex_module",
     "remembering",
 ]
 
@@ -473,7 +478,7 @@ class Pattern:
         return self._re2_compiled
 
     def _compile_re2(self) -> Any:
-        _re2 = _re2_module()
+        _re2 = re2_module()
         if _re2 is None:
             return None
         inline = "".join(f for flag, f in _RE2_FLAGS if self.flags & flag)
@@ -490,7 +495,7 @@ class Pattern:
                 f"pattern is too large to run in bounded time: its repetitions expand to about "
                 f"{self.shape.unrolled:,} items (the limit is {MAX_UNROLLED:,})"
             )
-        _regex = _regex_module()
+        _regex = regex_module()
         flags = 0
         for name in _REGEX_FLAGS:
             if self.flags & getattr(re, name):
