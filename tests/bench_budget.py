@@ -43,6 +43,7 @@ def main(n: int) -> None:
         assert len(rows) == n
 
         ledger_mod._FILES.clear()  # as a new process would see it
+        ledger_mod._BY_STORE.clear()
         cold_owner = SessionLedger(s.dir, "s", model="claude-sonnet-4-5", policy=policy, goal="g")
         t0 = time.perf_counter()
         st = cold_owner.status()

@@ -70,18 +70,23 @@ def test_run_does_use_the_lock_module(tmp_path: Path) -> None:
     inp.write_text(json.dumps([{"role": "user", "content": "hello"}]))
     proc, loaded = _cli(tmp_path, "run", "--pack", "builtin:default", "--model", "gpt-4o", "--input", str(inp))
     assert proc.returncode == 0, proc.stderr
-    assert "ctxrules.locks" in loaded and "filelock" in loaded
+    assert "ctxrules.locks" in loaded
+    # POSIX locks with flock directly; filelock is the Windows implementation.
+    assert ("filelock" in loaded) == (sys.platform == "win32")
     assert (tmp_path / "state" / "default" / ".lock").is_file()
 
 
 def test_no_module_of_the_package_uses_fcntl() -> None:
-    """fcntl does not exist on Windows: the package locks through ctxrules.locks only."""
+    """fcntl does not exist on Windows: the package locks through ctxrules.locks only, which
+    imports it on POSIX alone (filelock on Windows)."""
     offenders = [
         str(p.relative_to(ENGINE))
         for p in (ENGINE / "ctxrules").rglob("*.py")
         if "import fcntl" in p.read_text(encoding="utf-8")
     ]
-    assert offenders == []
+    assert offenders == [str(Path("ctxrules") / "locks.py")]
+    source = (ENGINE / "ctxrules" / "locks.py").read_text(encoding="utf-8")
+    assert 'if sys.platform != "win32":\n    import fcntl' in source
 
 
 def test_threads_exclude_one_another_through_one_lock_object(tmp_path: Path) -> None:
@@ -158,3 +163,73 @@ def test_run_refuses_a_session_whose_lock_is_a_symlink(tmp_path: Path) -> None:
     assert proc.returncode == 2
     assert "symbolic link" in proc.stderr and "internal error" not in proc.stderr
     assert target.read_text() == "precious\n"
+
+
+def test_one_object_nests_in_a_thread_and_two_objects_are_an_error_not_a_deadlock(tmp_path: Path) -> None:
+    path = tmp_path / "n.lock"
+    lock = FileLock(path)
+    with lock:
+        with lock:
+            assert lock.is_locked
+        assert lock.is_locked  # the outer hold is still there
+        with pytest.raises(LockError, match="another lock object"):
+            FileLock(path).acquire()  # waiting for itself: an error, never a deadlock
+        with pytest.raises(LockTimeout):
+            FileLock(path, timeout=5).acquire()  # with a timeout: held, as by anyone else
+    assert not lock.is_locked
+    with FileLock(path, timeout=0):  # released: another object takes it at once
+        pass
+
+
+def test_a_kept_descriptor_follows_a_lock_file_replaced_between_acquires(tmp_path: Path) -> None:
+    """The lock keeps its descriptor open between acquires; when the file at the path is
+    removed or replaced meanwhile, the next acquire locks the file that is there now, so that
+    another process opening the path is excluded."""
+    path = tmp_path / "s" / ".lock"
+    lock = FileLock(path)
+    with lock:
+        pass
+    path.unlink()
+    with lock:
+        assert path.is_file()
+        code = (
+            "import sys; from ctxrules.locks import FileLock, LockTimeout\n"
+            "try:\n    FileLock(sys.argv[1], timeout=0).acquire()\n"
+            "except LockTimeout:\n    print('busy')\n"
+        )
+        out = subprocess.run(
+            [sys.executable, "-c", code, str(path)],
+            env={**os.environ, "PYTHONPATH": str(ENGINE)},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert out.stdout == "busy\n", out.stderr
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_child_does_not_inherit_the_hold(tmp_path: Path) -> None:
+    path = tmp_path / "f.lock"
+    lock = FileLock(path, timeout=0.2)
+    with lock:
+        pid = os.fork()
+        if pid == 0:  # the child: its acquire must wait for the parent, and time out
+            try:
+                lock.acquire()
+                os._exit(1)
+            except LockTimeout:
+                os._exit(0)
+            except BaseException:
+                os._exit(2)
+        _, status = os.waitpid(pid, 0)
+        assert os.WEXITSTATUS(status) == 0
+        assert lock.is_locked  # the child closing its copy left the parent's lock in place
+    pid = os.fork()
+    if pid == 0:  # released now: the child takes it
+        try:
+            with lock:
+                os._exit(0)
+        except BaseException:
+            os._exit(3)
+    _, status = os.waitpid(pid, 0)
+    assert os.WEXITSTATUS(status) == 0

@@ -128,16 +128,19 @@ class Engine:
         )
         canonical = json.dumps(pack.data, sort_keys=True, ensure_ascii=False, default=str)
         self.digest = hashlib.sha256(canonical.encode("utf-8")).hexdigest()
-        self._stamps = _stamps(pack.real_paths.values())
+        # The pack's files as strings: every prepare stats them all (a hot reload), and a str
+        # path skips the conversion of a Path on each of those calls.
+        self._paths = tuple(os.fspath(p) for p in pack.real_paths.values())
+        self._stamps = _stamps(self._paths)
         self._refresh_lock = threading.Lock()
 
     def refresh(self) -> list[str]:
         """Reload the pack when one of its files changed on disk (hot switch: no restart).
         An edit that makes the pack invalid keeps the pack in use and returns a warning."""
-        if _stamps(self.pack.real_paths.values()) == self._stamps:
+        if _stamps(self._paths) == self._stamps:
             return []
         with self._refresh_lock:
-            stamps = _stamps(self.pack.real_paths.values())
+            stamps = _stamps(self._paths)
             if stamps == self._stamps:
                 return []
             pack = resolve_and_validate(
@@ -153,6 +156,7 @@ class Engine:
                 ]
             fresh = Engine(pack, self.registry)
             self.pack, self.plan, self.digest, self._stamps = fresh.pack, fresh.plan, fresh.digest, fresh._stamps
+            self._paths = fresh._paths
             self.pin_signed_prefix = fresh.pin_signed_prefix
             return [f"the pack changed on disk and was reloaded ({', '.join(pack.files)})"]
 
@@ -312,6 +316,9 @@ class Session:
         )
         # What the last prepare saw and returned (an append-only history reuses it).
         self._prefix = PrefixCache()
+        self._own_copies = _OwnCopies()
+        self._log_memo: tuple[Any, Any] | None = None
+        self._path_memo: tuple[str, str] | None = None
         self._prepared = False
         self._continuation_memory: dict[str, Any] = {}
         self.parent: Session | None = None
@@ -685,7 +692,7 @@ class Session:
         outcome = self._run(turn, budget)
         self._remember(turn, outcome)
         report = self._report(turn, outcome, budget, reload_notes, started)
-        out = finish_prepare(budget_status, _own_copies(turn.history, outcome.messages), report)
+        out = finish_prepare(budget_status, self._own_copies(turn.history, outcome.messages), report)
         return PrepareResult(out, clone_json(outcome.tools), clone_json(outcome.request), report)
 
     def _reload_pack(self) -> list[str]:
@@ -797,7 +804,7 @@ class Session:
             vault=self.vault,
             tools=turn.tools,
             pack=self.engine.pack.data,
-            log=get_logger("ctxrules.pipeline", session=self.id),
+            log=self._pipeline_log(),
             session_id=self.id,
             clock=turn.clock,
             cache_hot=turn.cache_hot,
@@ -825,10 +832,20 @@ class Session:
         finally:
             structure.PIN_SIGNED_PREFIX.reset(pin_token)
 
+    def _pipeline_log(self) -> Any:
+        """The pipeline's logger bound to this session: the same object turn after turn while
+        the logging configuration stays (the stages' loggers are bound from it once)."""
+        root = get_logger("ctxrules.pipeline")
+        memo = self._log_memo
+        if memo is None or memo[0] is not root:
+            memo = self._log_memo = (root, root.bind(session=self.id))
+        return memo[1]
+
     def _remember(self, turn: _Turn, outcome: RunOutcome) -> None:
         """Keep the turn for the next one (in memory and in state.json) and save the session."""
         turn.chain = turn.chain.extended(turn.history[turn.reused :])
         turn.vault_new = sorted({a["vault_id"] for r in outcome.records for a in r.actions if a.get("vault_id")})
+        output_counts = self._prefix.counts_of(outcome.messages, turn.reused, self.counter)
         self._prefix.remember(
             turn.history,
             turn.reused,
@@ -836,6 +853,7 @@ class Session:
             turn.chain,
             msgs_sum=turn.msgs_sum,
             out_tokens=outcome.tokens,
+            output_counts=output_counts,
             tools=turn.tools,
             new_ids=turn.given_ids | set(turn.vault_new),
             lost=turn.lost,
@@ -849,7 +867,7 @@ class Session:
             "count": turn.chain.count,
             "chain": turn.chain.value,
             "tokens": turn.msgs_sum,
-            "output_counts": self.counter.count_each(outcome.messages),
+            "output_counts": output_counts[1],
         }
         if turn.compacting:
             # Before the save: a checkpoint whose backup names lines of last_output.jsonl must
@@ -898,7 +916,7 @@ class Session:
         return report_header(
             pack={"name": pack.name, "digest": self.engine.digest, "files": pack.files},
             # absolute: read-back commands; a URL store names the store and the session id
-            session={"id": self.id, "path": str(self.path.resolve())}
+            session={"id": self.id, "path": self._resolved_path()}
             if self._files
             else {"id": self.id, "path": self.store.describe(self.key), "store": self.store.url, "key": self.key},
             model={
@@ -911,6 +929,15 @@ class Session:
                 "models_entry": (self.model_entry or {}).get("id"),
             },
         )
+
+    def _resolved_path(self) -> str:
+        """The session directory's absolute path, resolved once per working directory (it is in
+        every report; resolving walks every component of the path)."""
+        cwd = os.getcwd()
+        memo = self._path_memo
+        if memo is None or memo[0] != cwd:
+            memo = self._path_memo = (cwd, str(self.path.resolve()))
+        return memo[1]
 
     def _emit(self, event: dict[str, Any]) -> None:
         """Hand an event to ``on_event``; a failing callback is logged, never fatal."""
@@ -948,13 +975,15 @@ def _log_prepare(session_id: str, report: dict[str, Any]) -> None:
 
 def _stamps(paths: Any) -> tuple[tuple[str, int, int], ...]:
     out = []
+    stat = os.stat
     for p in paths:
+        name = p if isinstance(p, str) else os.fspath(p)
         try:
-            st = os.stat(p)
+            st = stat(name)
         except OSError:
-            out.append((str(p), -1, -1))
+            out.append((name, -1, -1))
             continue
-        out.append((str(p), st.st_mtime_ns, st.st_size))
+        out.append((name, st.st_mtime_ns, st.st_size))
     return tuple(out)
 
 
@@ -966,15 +995,57 @@ def _has_system(messages: list[Message]) -> bool:
     return any(m.get("role") == "system" for m in messages)
 
 
-def _own_copies(history: list[Message], output: list[Message]) -> list[Message]:
-    """A new list. Messages no stage changed are the caller's own objects (the session notices
-    if the caller edits them later); messages a stage made are copies, so that editing them
-    cannot corrupt the session's record of its last output."""
-    own = set(map(id, history))
-    out = list(output)
-    for i in itertools.compress(range(len(out)), map(operator.not_, map(own.__contains__, map(id, out)))):
-        out[i] = clone_json(out[i])
-    return out
+class _OwnCopies:
+    """The output a caller gets: a new list. Messages no stage changed are the caller's own
+    objects (the session notices if the caller edits them later); messages a stage made are
+    copies, so that editing them cannot corrupt the session's record of its last output.
+
+    Which output messages are not the caller's is remembered from the last turn: when this
+    turn's history starts with the same objects as the last one's and the output with the same
+    objects as the last output, only the new messages of each are looked at (a warm turn
+    handles its tail, not a set of every message's id)."""
+
+    __slots__ = ("_foreign", "_history", "_output")
+
+    def __init__(self) -> None:
+        self._history: list[Message] = []
+        self._output: list[Message] = []
+        self._foreign: list[int] = []  # positions of self._output that are not caller objects
+
+    def __call__(self, history: list[Message], output: list[Message]) -> list[Message]:
+        foreign = self._foreign_of(history, output)
+        self._history, self._output, self._foreign = history, output, foreign
+        out = list(output)
+        for i in foreign:
+            out[i] = clone_json(out[i])
+        return out
+
+    def _foreign_of(self, history: list[Message], output: list[Message]) -> list[int]:
+        seen_history, seen_output = self._history, self._output
+        if not (
+            seen_output
+            and len(seen_history) <= len(history)
+            and len(seen_output) <= len(output)
+            and all(map(operator.is_, seen_history, history))
+            and all(map(operator.is_, seen_output, output))
+        ):
+            own = set(map(id, history))
+            theirs = map(own.__contains__, map(id, output))
+            return list(itertools.compress(range(len(output)), map(operator.not_, theirs)))
+        added = set(map(id, history[len(seen_history) :]))
+        # A message a stage made last turn stays one unless the caller now passes that very
+        # object (say, from last_output()); new output messages are the new history's or new.
+        foreign = [i for i in self._foreign if id(output[i]) not in added]
+        everyone: set[int] | None = None
+        for i in range(len(seen_output), len(output)):
+            key = id(output[i])
+            if key in added:
+                continue
+            if everyone is None:
+                everyone = set(map(id, history))
+            if key not in everyone:
+                foreign.append(i)
+        return foreign
 
 
 def open_session(

@@ -356,7 +356,7 @@ class Exchange:
 class Shape:
     """The facts of one message list, with its pairing and pins computed when first asked."""
 
-    __slots__ = ("_pins", "_results", "_resume", "_same_as", "_scan", "_signed_pins", "facts")
+    __slots__ = ("_longest", "_pins", "_results", "_resume", "_same_as", "_scan", "_signed_pins", "_where", "facts")
 
     def __init__(self, facts: list[Facts], *, resume: _PairScan | None = None, same_as: Shape | None = None) -> None:
         self.facts = facts
@@ -366,6 +366,26 @@ class Shape:
         self._pins: frozenset[int] | None = None
         self._signed_pins: frozenset[int] | None = None
         self._results: tuple[int, ...] | None = None
+        self._where: dict[str, tuple[int, ...]] = {}  # boolean fact -> indices where it holds
+        self._longest: int | None = None
+
+    def where(self, fact: str) -> tuple[int, ...]:
+        """Indices of the messages whose boolean fact ``fact`` (``injected``, ``real_user``,
+        ``media``, ``signed``) holds; a list that extends a remembered one looks only at its
+        new messages."""
+        found = self._where.get(fact)
+        if found is None:
+            found = self._where[fact] = tuple(
+                itertools.compress(range(len(self.facts)), map(operator.attrgetter(fact), self.facts))
+            )
+        return found
+
+    @property
+    def longest(self) -> int:
+        """The longest text of any message (characters; 0 for none)."""
+        if self._longest is None:
+            self._longest = max(map(operator.attrgetter("longest"), self.facts), default=0)
+        return self._longest
 
     @property
     def results(self) -> tuple[int, ...]:
@@ -428,10 +448,10 @@ class Shape:
         while i < n and facts[i].role in _LEADING_ROLES:
             pinned.add(i)
             i += 1
-        first_user = next((j for j in range(n) if facts[j].real_user), None)
-        if first_user is not None:
-            pinned.add(first_user)
-            pinned.add(next(j for j in range(n - 1, -1, -1) if facts[j].real_user))
+        users = self.where("real_user")
+        if users:
+            pinned.add(users[0])  # the human anchor
+            pinned.add(users[-1])  # the latest ask
         last_assistant = next((j for j in range(n - 1, -1, -1) if facts[j].role == "assistant"), None)
         if last_assistant is not None:
             pinned.update(self._newest_step(last_assistant).indices)
@@ -529,10 +549,19 @@ def _derive(messages: Sequence[Mapping[str, Any]], key: Any) -> Shape | None:
         if n >= m and all(map(operator.is_, old, messages)):
             facts = [*seen.shape.facts, *(facts_of(messages[i]) for i in range(m, n))]
             if n == m:
-                return Shape(facts, same_as=seen.shape)
+                made = Shape(facts, same_as=seen.shape)
+                made._where, made._longest = dict(seen.shape._where), seen.shape._longest
+                return made
             made = Shape(facts, resume=seen.shape.resumable())
             if seen.shape._results is not None:
                 made._results = seen.shape._results + tuple(i for i in range(m, n) if facts[i].role in _RESULT_ROLES)
+            # What the old list's facts gave, extended by the new messages' alone.
+            made._where = {
+                fact: found + tuple(i for i in range(m, n) if getattr(facts[i], fact))
+                for fact, found in seen.shape._where.items()
+            }
+            if seen.shape._longest is not None:
+                made._longest = max(seen.shape._longest, *(facts[i].longest for i in range(m, n)))
             return made
         if n == m:
             changed = list(replaced(old, messages))

@@ -379,16 +379,21 @@ _FILES_LOCK = threading.Lock()
 def ledger_of(store: Store, log: Log) -> LedgerFile:
     """The process-wide :class:`LedgerFile` of ``log`` in ``store`` (so its read cache is shared)."""
     with _FILES_LOCK:
+        per_store = _BY_STORE.setdefault(store, {})
+        found = per_store.get(log)
+        if found is not None:
+            return found
         if isinstance(store, FilesystemStore):
+            # Shared by every store object naming the same file (a session and its ledger
+            # may be opened through different roots); remembered per store too, so the next
+            # lookup builds no path.
             key = ("file", os.path.abspath(store.log_location(log)))
             found = _FILES.get(key)
             if found is None:
                 found = _FILES[key] = LedgerFile(store, log)
-            return found
-        per_store = _BY_STORE.setdefault(store, {})
-        found = per_store.get(log)
-        if found is None:
-            found = per_store[log] = LedgerFile(store, log)
+        else:
+            found = LedgerFile(store, log)
+        per_store[log] = found
         return found
 
 

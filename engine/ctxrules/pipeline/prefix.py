@@ -13,6 +13,8 @@ first messages with the one stored in ``state.json`` (:class:`HistoryChain`).
 from __future__ import annotations
 
 import hashlib
+import itertools
+import operator
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -23,6 +25,28 @@ if TYPE_CHECKING:
     from ctxrules.tokens import TokenCounter
     from ctxrules.types import Message
     from ctxrules.vault import Vault
+
+
+def counts_text(counts: list[int]) -> str:
+    """Per-message token counts as state.json keeps them: decimal numbers joined by commas. A
+    string, not a JSON list: writing the state each turn encodes one string instead of an
+    integer per message, and a warm turn appends the counts of its new messages to it."""
+    return ",".join(map(str, counts))
+
+
+def parse_counts(value: Any) -> list[int] | None:
+    """The counts :func:`counts_text` wrote (or a list of them, as earlier versions saved);
+    None for anything else."""
+    if isinstance(value, str):
+        if not value:
+            return []
+        parts = value.split(",")
+        if not all(p.isdigit() and p.isascii() for p in parts):
+            return None
+        return [int(p) for p in parts]
+    if isinstance(value, list) and all(type(c) is int and c >= 0 for c in value):
+        return value
+    return None
 
 
 class HistoryChain:
@@ -74,6 +98,8 @@ class PrefixCache:
         self.tools: list[dict[str, Any]] = []
         self.has_system = False
         self.output_ids: set[str] = set()
+        self.output_counts: list[int] | None = None  # tokens of each output message, when known
+        self.output_counts_text: str | None = None  # the same, as state.json keeps them
         self._repaired: dict[int, tuple[Message, Message]] = {}  # id(given) -> (given, repaired)
 
     def clear(self) -> None:
@@ -135,13 +161,38 @@ class PrefixCache:
         self.history = [clone_json(m) for m in history[:count]]
         # The counts the session saved with the output (engine: ``state["last"]``): no
         # tokenizer is needed for messages counted before.
-        tokens, counts = record.get("tokens"), record.get("output_counts")
-        if isinstance(counts, list) and len(counts) == len(output):
-            counter.remember(output, counts)  # ignores anything that is not a count
+        tokens, counts = record.get("tokens"), parse_counts(record.get("output_counts"))
+        self.output_counts = self.output_counts_text = None
+        if counts is not None and len(counts) == len(output):
+            counter.remember(output, counts)
+            self.output_counts, self.output_counts_text = counts, counts_text(counts)
         self.msgs_sum = tokens if type(tokens) is int and tokens >= 0 else sum(counter.count_each(history[:count]))
         self.has_system = any(m.get("role") == "system" for m in history[:count])
         self.out_tokens = None
         return count, output, chain
+
+    def counts_of(self, output: list[Message], reused: int, counter: TokenCounter) -> tuple[list[int], str]:
+        """The tokens of each message of ``output``, and the same as state.json keeps them
+        (:func:`counts_text`). A message that is the very object at the same position of the
+        last output (the session's own, on a turn that reused it) keeps its count; only the
+        others are counted, and when just messages were appended, just their counts are
+        appended to the text (a warm turn handles its new tail, not the whole output)."""
+        last, counts, text = self.output, self.output_counts, self.output_counts_text
+        if not reused or last is None or counts is None or text is None or len(counts) != len(last):
+            fresh_counts = counter.count_each(output)
+            return fresh_counts, counts_text(fresh_counts)
+        same = list(map(operator.is_, last, output))  # the common length only
+        if all(same) and len(output) >= len(last):
+            added = counter.count_each(output[len(last) :])
+            if not added:
+                return counts, text
+            return [*counts, *added], f"{text},{counts_text(added)}" if text else counts_text(added)
+        same.extend([False] * (len(output) - len(same)))
+        fresh = list(itertools.compress(range(len(output)), map(operator.not_, same)))
+        out = [*counts[: len(output)], *[0] * (len(output) - len(counts))]
+        for i, n in zip(fresh, counter.count_each([output[i] for i in fresh]), strict=True):
+            out[i] = n
+        return out, counts_text(out)
 
     def remember(
         self,
@@ -152,6 +203,7 @@ class PrefixCache:
         *,
         msgs_sum: int,
         out_tokens: int,
+        output_counts: tuple[list[int], str],
         tools: list[dict[str, Any]],
         new_ids: set[str],
         lost: set[str],
@@ -160,6 +212,7 @@ class PrefixCache:
         pipeline's ``output`` for the next turn. ``new_ids``: vault ids this turn's new messages
         and stages added to the output; ``lost``: ids marked as lost this turn."""
         self.msgs_sum, self.out_tokens, self.tools = msgs_sum, out_tokens, tools
+        self.output_counts, self.output_counts_text = output_counts
         kept = self.history[:reused] if reused and self.history else []
         self.history = [*kept, *(clone_json(m) for m in history[reused:])]
         self.output, self.chain = output, chain

@@ -44,6 +44,15 @@ class PlannedStage:
     when: dict[str, str] = field(default_factory=dict)
     on_error: str = "skip"
     implicit: bool = False
+    # (the run's logger, this stage's logger bound from it): a warm turn builds no new one.
+    _log: tuple[Any, Any] | None = field(default=None, repr=False, compare=False)
+
+    def logger(self, base: Any) -> Any:
+        """``base`` bound to this stage (remembered while the run's logger is the same)."""
+        memo = self._log
+        if memo is None or memo[0] is not base:
+            memo = self._log = (base, base.bind(stage=self.id, stage_type=self.type.name))
+        return memo[1]
 
     @property
     def phase(self) -> str:
@@ -207,7 +216,7 @@ class _Run:
             vault=base.vault,
             tools=self.tools,
             pack=base.pack,
-            log=base.log.bind(stage=p.id, stage_type=p.type.name),
+            log=p.logger(base.log),
             tier=tier,
             utilization=base.budget.utilization(tokens),
             state=self.states.setdefault(p.id, {}),

@@ -31,6 +31,7 @@ __all__ = [
     "StageOutcome",
     "StageType",
     "options_schema_for",
+    "unchanged",
 ]
 
 EMPTY_OPTIONS_SCHEMA: Mapping[str, Any] = {
@@ -75,6 +76,13 @@ class StageOutcome:
     request: dict[str, Any] = field(default_factory=dict)
     tools: list[dict[str, Any]] | None = None
     warnings: list[str] = field(default_factory=list)
+
+
+def unchanged(messages: Sequence[Message]) -> list[Message]:
+    """What a stage that changed nothing returns: its input list itself (a copy only when the
+    input is not a list). The runner then knows at once that nothing changed, instead of
+    comparing the messages one by one; lists are never mutated once made, so sharing one is safe."""
+    return messages if isinstance(messages, list) else list(messages)
 
 
 class Stage(Protocol):

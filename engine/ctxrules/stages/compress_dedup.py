@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from ctxrules.hookspecs import hookimpl
 from ctxrules.messages import message_text, replace_text
-from ctxrules.stages.base import StageOutcome, StageType
+from ctxrules.stages.base import StageOutcome, StageType, unchanged
 from ctxrules.stages.compress_common import (
     GUARD_OPTIONS,
     Edit,
@@ -75,12 +75,12 @@ class Dedup:
     def __call__(self, messages: Sequence[dict[str, Any]], ctx: StageContext) -> StageOutcome:
         view = View.build(messages, ctx)
         if view.below(view.total, ctx.target, ctx):
-            return StageOutcome(messages=list(messages))
+            return StageOutcome(messages=unchanged(messages))
         edits = list(self._plan(view, ctx))
         saved = sum(e.saved for e in edits)
         go, actions, warnings = self.guard.check(saved, ctx, "dedup")
         if not go:
-            return StageOutcome(messages=list(messages), actions=actions, warnings=warnings)
+            return StageOutcome(messages=unchanged(messages), actions=actions, warnings=warnings)
         out, actions = apply_edits(messages, edits, ctx)
         return StageOutcome(messages=out, actions=actions)
 

@@ -40,7 +40,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ctxrules.hookspecs import hookimpl
-from ctxrules.stages.base import Action, StageOutcome, StageType
+from ctxrules.stages.base import Action, StageOutcome, StageType, unchanged
 from ctxrules.stages.compress_common import Edit, View, apply_edits
 from ctxrules.stages.compress_remove import apply_removal, plan_removal
 from ctxrules.stages.compress_truncate import TRUNCATE_OPTIONS, TruncateSettings
@@ -71,7 +71,7 @@ class Emergency:
         view = View.build(messages, ctx)
         target = self.target
         if view.below(view.total, target, ctx) and view.below(view.total, "emergency", ctx):
-            return StageOutcome(messages=list(messages))
+            return StageOutcome(messages=unchanged(messages))
         actions: list[Action] = []
         start: Sequence[dict[str, Any]] = messages
         floor = view.total - sum(c for i, c in enumerate(view.counts) if i not in view.pinned)

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from ctxrules.hookspecs import hookimpl
 from ctxrules.messages import message_text
-from ctxrules.stages.base import Action, StageOutcome, StageType
+from ctxrules.stages.base import Action, StageOutcome, StageType, unchanged
 from ctxrules.structure import pair_tool_calls, pinned_indices, shape
 from ctxrules.toolroles import tool_roles
 
@@ -264,8 +264,10 @@ def build_intent(
 ) -> Intent:
     """The intent of ``messages``: see the module docstring."""
     intent = Intent()
-    facts = shape(messages).facts
-    latest = next((i for i in range(len(facts) - 1, -1, -1) if facts[i].real_user), None)
+    known = shape(messages)
+    facts = known.facts
+    users = known.where("real_user")
+    latest = users[-1] if users else None
     texts: list[str] = []
     if latest is not None:
         texts.append(message_text(messages[latest]))
@@ -370,7 +372,7 @@ class IntentStage:
             if skipped:
                 detail += f"; {skipped} more matched over the cap of {cap} tokens (max_share)"
             actions.append(Action("intent", detail))
-        return StageOutcome(messages=list(messages), actions=actions)
+        return StageOutcome(messages=unchanged(messages), actions=actions)
 
     @staticmethod
     def _matches(messages: Sequence[Mapping[str, Any]], intent: Intent) -> tuple[set[int], dict[int, frozenset[str]]]:

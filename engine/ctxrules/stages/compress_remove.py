@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ctxrules.hookspecs import hookimpl
-from ctxrules.stages.base import Action, Message, StageOutcome, StageType
+from ctxrules.stages.base import Action, Message, StageOutcome, StageType, unchanged
 from ctxrules.stages.compress_common import (
     GUARD_OPTIONS,
     RemovalPlan,
@@ -108,11 +108,11 @@ class Remove:
     def __call__(self, messages: Sequence[dict[str, Any]], ctx: StageContext) -> StageOutcome:
         view = View.build(messages, ctx)
         if view.below(view.total, ctx.target, ctx):
-            return StageOutcome(messages=list(messages))
+            return StageOutcome(messages=unchanged(messages))
         built = plan_removal(view, ctx, ctx.target, force=False)
         go, actions, warnings = self.guard.check(view.total - built.total, ctx, "remove")
         if not go:
-            return StageOutcome(messages=list(messages), actions=actions, warnings=warnings)
+            return StageOutcome(messages=unchanged(messages), actions=actions, warnings=warnings)
         return StageOutcome(messages=built.messages, actions=apply_removal(view, built, ctx))
 
 

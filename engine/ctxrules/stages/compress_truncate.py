@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from ctxrules.errors import PackError
 from ctxrules.hookspecs import hookimpl
 from ctxrules.messages import injected_kind, is_injected
-from ctxrules.stages.base import StageOutcome, StageType
+from ctxrules.stages.base import StageOutcome, StageType, unchanged
 from ctxrules.stages.compress_common import (
     GUARD_OPTIONS,
     OWNED_KINDS,
@@ -124,7 +124,7 @@ class Truncate:
     def __call__(self, messages: Sequence[dict[str, Any]], ctx: StageContext) -> StageOutcome:
         view = View.build(messages, ctx)
         if view.below(view.total, ctx.target, ctx):
-            return StageOutcome(messages=list(messages))
+            return StageOutcome(messages=unchanged(messages))
         total = view.total
         edits: list[Edit] = []
         for edit in self.settings.edits(view, ctx):
@@ -134,7 +134,7 @@ class Truncate:
             total -= edit.saved
         go, actions, warnings = self.guard.check(view.total - total, ctx, "truncate")
         if not go:
-            return StageOutcome(messages=list(messages), actions=actions, warnings=warnings)
+            return StageOutcome(messages=unchanged(messages), actions=actions, warnings=warnings)
         out, actions = apply_edits(messages, edits, ctx)
         return StageOutcome(messages=out, actions=actions)
 

@@ -34,7 +34,7 @@ from urllib.parse import urlsplit
 
 from ctxrules.hookspecs import hookimpl
 from ctxrules.images import image_size
-from ctxrules.stages.base import Action, Message, StageOutcome, StageType
+from ctxrules.stages.base import Action, Message, StageOutcome, StageType, unchanged
 from ctxrules.stages.filter_common import check_options, tokens_saved
 from ctxrules.structure import pinned_indices, shape
 from ctxrules.vault import format_marker
@@ -140,9 +140,9 @@ class MediaWindow:
         return f"MediaWindow(keep_last={self.keep_last}, remote={self.remote!r})"
 
     def __call__(self, messages: Sequence[Message], ctx: StageContext) -> StageOutcome:
-        with_media = [i for i, f in enumerate(shape(messages).facts) if f.media]
+        with_media = list(shape(messages).where("media"))
         if len(with_media) <= self.keep_last:
-            return StageOutcome(messages=list(messages))
+            return StageOutcome(messages=unchanged(messages))
         kept = set(with_media[len(with_media) - self.keep_last :]) if self.keep_last else set()
         pins = pinned_indices(messages)
         out = list(messages)

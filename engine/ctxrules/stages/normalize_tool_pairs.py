@@ -48,7 +48,7 @@ from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from ctxrules.hookspecs import hookimpl
 from ctxrules.messages import mark_injected, tool_call_id
-from ctxrules.stages.base import Action, Message, StageOutcome, StageType
+from ctxrules.stages.base import Action, Message, StageOutcome, StageType, unchanged
 from ctxrules.stages.compress_common import text_id
 from ctxrules.structure import pair_tool_calls, pinned_indices
 from ctxrules.vault import format_marker
@@ -547,7 +547,7 @@ class ToolPairRepair:
         if already_valid(messages, ctx.valid_prefix):
             # The common case on every call: nothing to repair. A single cheap scan keeps the
             # warm path of `prepare` fast; the full pairing only runs when something is off.
-            return StageOutcome(messages=list(messages))
+            return StageOutcome(messages=unchanged(messages))
         out, events = _Repair(messages, self.unanswered).run()
         actions = [
             event.action(ctx.vault.put_text(event.payload) if event.payload is not None else None) for event in events

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 from ctxrules.hookspecs import hookimpl
 from ctxrules.messages import injected_kind, is_real_user, mark_injected, message_text
 from ctxrules.notes import Note, NotesError, load_notes
-from ctxrules.stages.base import Action, Message, StageOutcome, StageType
+from ctxrules.stages.base import Action, Message, StageOutcome, StageType, unchanged
 from ctxrules.stages.compress_common import line_count, text_id
 from ctxrules.structure import shape
 from ctxrules.types import THRESHOLD_NAMES
@@ -89,10 +89,10 @@ class NotesRender:
         try:
             notes = load_notes(store=ctx.vault.store, session=ctx.vault.session)
         except NotesError as exc:
-            return StageOutcome(messages=list(messages), warnings=[str(exc)])
-        existing = [i for i, f in enumerate(shape(messages).facts) if f.injected and injected_kind(messages[i]) == KIND]
+            return StageOutcome(messages=unchanged(messages), warnings=[str(exc)])
+        existing = [i for i in shape(messages).where("injected") if injected_kind(messages[i]) == KIND]
         if not notes and not existing:
-            return StageOutcome(messages=list(messages))
+            return StageOutcome(messages=unchanged(messages))
         skip = set(existing)
         rest = [m for i, m in enumerate(messages) if i not in skip]
         actions: list[Action] = []
@@ -120,7 +120,7 @@ class NotesRender:
             and (self.placement == "end" or existing[0] == insertion_point(rest, self.placement))
         ):
             # Unchanged notes stay where they are: the cached prefix is not touched.
-            return StageOutcome(messages=list(messages), actions=actions, warnings=warnings)
+            return StageOutcome(messages=unchanged(messages), actions=actions, warnings=warnings)
         for i in existing:
             vault_id = ctx.vault.put_text(message_text(messages[i]))
             actions.append(

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 from ctxrules.hookspecs import hookimpl
 from ctxrules.messages import mark_injected
-from ctxrules.stages.base import Action, Message, StageOutcome, StageType
+from ctxrules.stages.base import Action, Message, StageOutcome, StageType, unchanged
 from ctxrules.stages.compress_common import cut_text, is_placeholder, restore_placeholder
 from ctxrules.stages.notes_render import insertion_point
 from ctxrules.tracker import TrackerError, edited_paths, load_tracked
@@ -79,12 +79,12 @@ class Reread:
     def __call__(self, messages: Sequence[dict[str, Any]], ctx: StageContext) -> StageOutcome:
         compactions = [c for c in ctx.compactions if any(fnmatchcase(c, g) for g in self.after)]
         if not compactions:
-            return StageOutcome(messages=list(messages))
+            return StageOutcome(messages=unchanged(messages))
         warnings: list[str] = []
         try:
             candidates = self._candidates(messages, ctx)
         except TrackerError as exc:
-            return StageOutcome(messages=list(messages), warnings=[str(exc)])
+            return StageOutcome(messages=unchanged(messages), warnings=[str(exc)])
         room = min(self.budget_tokens, ctx.budget.tokens_at(self.max_tier) - ctx.count(messages))
         seen: dict[str, list[str]] = ctx.state.setdefault("injected", {})
         blocks: list[str] = []
@@ -129,7 +129,7 @@ class Reread:
             files_meta.append({"path": cand.path, "sha256": digest, "partial": partial})
             seen[cand.path] = [*seen.get(cand.path, []), digest][-_MAX_DIGESTS_PER_FILE:]
         if not blocks:
-            return StageOutcome(messages=list(messages), actions=actions, warnings=warnings)
+            return StageOutcome(messages=unchanged(messages), actions=actions, warnings=warnings)
         content = _HEADER + "\n\n" + "\n\n".join(blocks)
         msg: Message = mark_injected({"role": "user", "content": content}, KIND, files=len(files_meta))
         vault_ids = [ctx.vault.put_text(s) for s in stored]

@@ -51,7 +51,7 @@ from typing import TYPE_CHECKING, Any
 
 from ctxrules.hookspecs import hookimpl
 from ctxrules.messages import is_real_user, message_digest
-from ctxrules.stages.base import Action, Message, StageOutcome, StageType
+from ctxrules.stages.base import Action, Message, StageOutcome, StageType, unchanged
 from ctxrules.stages.filter_common import check_options, tokens_saved
 from ctxrules.structure import PIN_SIGNED_PREFIX, pinned_indices
 from ctxrules.vault import format_marker
@@ -153,6 +153,9 @@ class ThinkingClean:
     def __call__(self, messages: Sequence[Message], ctx: StageContext) -> StageOutcome:
         model = ctx.model
         behaviour = resolve_provider(self.provider, model.family, model.provider, model.name)
+        if behaviour not in ("anthropic", "deepseek"):
+            ctx.state["model"] = model.name
+            return StageOutcome(messages=unchanged(messages))  # no reasoning convention to apply
         out = list(messages)
         actions: list[Action] = []
         if behaviour == "anthropic":

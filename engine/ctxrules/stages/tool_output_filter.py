@@ -54,7 +54,7 @@ from ctxrules import structure
 from ctxrules.compressors.api import compress_tool_output
 from ctxrules.hookspecs import hookimpl
 from ctxrules.messages import keep_mark
-from ctxrules.stages.base import Action, Message, StageOutcome, StageType
+from ctxrules.stages.base import Action, Message, StageOutcome, StageType, unchanged
 from ctxrules.stages.filter_common import (
     BYPASS_PROPERTIES,
     bypass_active,
@@ -225,14 +225,14 @@ class _Run:
         sent = set(ctx.state.get("sent") or []) if bypass else set()
         self.keep = keep_ratio(ctx.utilization, ctx.budget.thresholds["emergency"], stage.min_keep, stage.max_keep)
         limit = self.limit
-        oversized = [i for i, f in enumerate(facts) if f.longest > limit]
+        oversized = [i for i, f in enumerate(facts) if f.longest > limit] if self.shape.longest > limit else []
         fresh, skipped_hot = self._unsettled(sent)
         if not oversized and not fresh and not skipped_hot:
             # A warm turn: every output was examined before (or is pinned, protected, exempt)
             # and nothing is over the spill limit, so nothing can change.
             self._settle({})
             self._remember_sent()
-            return StageOutcome(messages=self.out)
+            return StageOutcome(messages=unchanged(self.messages))
         results = {i: self._result(i) for i in fresh}
         examined = list(results)
         relevant: list[Step] = []

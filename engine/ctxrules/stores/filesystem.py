@@ -96,6 +96,9 @@ class FilesystemStore:
         self._vault_name = vault_name
         self._sessions: dict[str, SessionStore] = {}
         self._mutex = threading.Lock()
+        # log -> its path, and the path as a string: the budget gate reads every ledger of the
+        # session on every prepare (one lstat each), and building the Path cost more than that.
+        self._log_paths: dict[tuple[str, str], tuple[Path, str]] = {}
 
     @classmethod
     def from_url(cls, url: str) -> FilesystemStore:
@@ -328,6 +331,19 @@ class FilesystemStore:
     # --- logs -----------------------------------------------------------------------------------
 
     def log_path(self, log: Log) -> Path:
+        return self._log_path(log)[0]
+
+    def _log_path(self, log: Log) -> tuple[Path, str]:
+        key = (log.kind, log.name)  # a dataclass hashes in Python, a tuple of two strings in C
+        found = self._log_paths.get(key)
+        if found is None:
+            if len(self._log_paths) > 4096:  # one per ledger a process reads: bounded all the same
+                self._log_paths.clear()
+            path = self._new_log_path(log)
+            found = self._log_paths[key] = (path, os.fspath(path))
+        return found
+
+    def _new_log_path(self, log: Log) -> Path:
         if log.kind == "session":
             return Path(log.name) / "ledger.jsonl"
         if log.kind == "descendants":
@@ -341,7 +357,7 @@ class FilesystemStore:
         raise StoreError(f"unknown log kind {log.kind!r}; one of: {', '.join(LOG_KINDS)}")
 
     def log_location(self, log: Log) -> str:
-        return str(self.log_path(log))
+        return self._log_path(log)[1]
 
     def logs(self, kind: LogKind) -> list[Log]:
         if kind in ("day", "goal"):
@@ -393,13 +409,13 @@ class FilesystemStore:
     def read_log(self, log: Log, cursor: Any = None) -> LogChunk:
         """Cursor: ``(device, inode, offset, size)`` of the file as last read. Readers take no
         lock: they consume complete lines only. A link where the log belongs is refused."""
-        path = self.log_path(log)
+        path, where = self._log_path(log)
         ident = offset = size = None
         if isinstance(cursor, tuple) and len(cursor) == 4:
             ident, offset, size = (cursor[0], cursor[1]), cursor[2], cursor[3]
         try:
             # An lstat first: every prepare asks, and the file rarely grew since.
-            st = os.lstat(path)
+            st = os.lstat(where)
             if ident == (st.st_dev, st.st_ino) and st.st_size == size and stat.S_ISREG(st.st_mode):
                 return LogChunk([], cursor)
             fd = open_private(path, os.O_RDONLY)
