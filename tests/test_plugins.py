@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from ctxrules import plugins
 from ctxrules.hookspecs import hookimpl
 from ctxrules.plugins import PluginError, build_plugin_manager, collect, default_registry
 from ctxrules.stages.base import StageOutcome, StageType
@@ -116,6 +117,7 @@ def test_entry_point_plugins_are_loaded_and_can_be_blocked(monkeypatch: pytest.M
     ep = md.EntryPoint(name="acme", value="acme_plugin", group="ctxrules")
     real = md.entry_points
     monkeypatch.setattr(md, "entry_points", lambda **kw: [ep] if kw.get("group") == "ctxrules" else real(**kw))
+    monkeypatch.setattr(plugins, "_may_declare_plugins", lambda: True)  # no real distribution declares it
     pm, infos = build_plugin_manager()
     assert "acme.ep" in collect(pm, infos).stages
     monkeypatch.setenv("CTXRULES_BLOCK_PLUGINS", "acme")
@@ -128,6 +130,7 @@ def test_broken_entry_point_names_itself(monkeypatch: pytest.MonkeyPatch) -> Non
 
     ep = md.EntryPoint(name="broken", value="no_such_module_xyz", group="ctxrules")
     monkeypatch.setattr(md, "entry_points", lambda **kw: [ep])
+    monkeypatch.setattr(plugins, "_may_declare_plugins", lambda: True)
     with pytest.raises(PluginError, match=r"plugin 'broken', hook load: cannot import no_such_module_xyz"):
         build_plugin_manager()
 
@@ -178,3 +181,104 @@ def test_every_builtin_options_schema_is_a_valid_json_schema() -> None:
             jsonschema.Draft202012Validator.check_schema(dict(schema))
         except jsonschema.SchemaError as exc:  # pragma: no cover - the failure message
             pytest.fail(f"{name}: {exc.message}")
+
+
+def _install(folder: Path, name: str, entry_points: str) -> None:
+    """A distribution as pip leaves it: ``NAME-0.dist-info`` with METADATA and entry points."""
+    info = folder / f"{name}-0.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 0\n", encoding="utf-8")
+    (info / "entry_points.txt").write_text(entry_points, encoding="utf-8")
+
+
+def test_an_installed_distribution_declaring_the_group_is_seen(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    _install(tmp_path, "other", "[console_scripts]\nother = other:main\n\n[pytest11]\nctxrules = x\n")
+    monkeypatch.setattr(sys, "path", [str(tmp_path), *sys.path])
+    before = plugins._may_declare_plugins()
+    (tmp_path / "acme_dist_plugin.py").write_text(
+        "from ctxrules.hookspecs import hookimpl\nfrom ctxrules.stages.base import StageOutcome, StageType\n"
+        "@hookimpl\ndef ctxrules_register_stages(register):\n"
+        "    register(StageType('acme.dist', 'content', lambda o: (lambda m, c: StageOutcome(list(m)))))\n",
+        encoding="utf-8",
+    )
+    _install(tmp_path, "acme", "[console_scripts]\nacme = acme:main\n\n[ctxrules]\nacme = acme_dist_plugin\n")
+    assert plugins._may_declare_plugins()
+    pm, infos = build_plugin_manager()
+    assert "acme.dist" in collect(pm, infos).stages
+    assert [i.name for i in infos if not i.builtin] == ["acme"]
+    # "no" only where importlib.metadata finds no declaration either (the other distribution
+    # names ctxrules only as a pytest plugin)
+    assert before or not any(_declares(p) for p in sys.path[1:])
+
+
+def _declares(folder: str) -> bool:
+    """What importlib.metadata itself says about ``folder``."""
+    from importlib.metadata import distributions
+
+    return any(ep.group == "ctxrules" for d in distributions(path=[folder]) for ep in d.entry_points)
+
+
+def test_validate_without_plugins_installed_reads_no_distribution_metadata(tmp_path: Path) -> None:
+    """With no distribution declaring the group, the CLI does not import importlib.metadata
+    (its import and scan were a tenth of `ctxrules validate`); with one, the plugin loads."""
+    import os
+    import subprocess
+    import sys
+
+    engine = str(Path(__file__).resolve().parents[1] / "engine")
+    probe = (
+        "import contextlib, io, sys\nfrom ctxrules.cli.main import run\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n    code = run(['validate', sys.argv[1]])\n"
+        "from ctxrules.plugins import default_registry\n"
+        "acme = sorted(s for s in default_registry().stages if s.startswith('acme'))\n"
+        "print(code, 'importlib.metadata' in sys.modules, acme)\n"
+    )
+    pack = tmp_path / "p.yaml"
+    pack.write_text("apiVersion: ctxrules/v1\nkind: RulePack\nmetadata: {name: p, version: 1.0.0}\n", encoding="utf-8")
+    env = {**os.environ, "PYTHONPATH": engine}
+    if any(_declares(p) for p in sys.path if p):
+        pytest.skip("a distribution on this interpreter's path declares a ctxrules plugin")
+    out = subprocess.run([sys.executable, "-c", probe, str(pack)], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["0", "False", "[]"]
+    plugin_dir = tmp_path / "site"
+    plugin_dir.mkdir()
+    (plugin_dir / "acme_dist_plugin.py").write_text(
+        "from ctxrules.hookspecs import hookimpl\nfrom ctxrules.stages.base import StageOutcome, StageType\n"
+        "@hookimpl\ndef ctxrules_register_stages(register):\n"
+        "    register(StageType('acme.dist', 'content', lambda o: (lambda m, c: StageOutcome(list(m)))))\n",
+        encoding="utf-8",
+    )
+    _install(plugin_dir, "acme", "[ctxrules]\nacme = acme_dist_plugin\n")
+    env["PYTHONPATH"] = os.pathsep.join([engine, str(plugin_dir)])
+    out = subprocess.run([sys.executable, "-c", probe, str(pack)], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["0", "True", "['acme.dist']"]
+
+
+@pytest.mark.parametrize("layout", ["egg folder", "egg-info", "zip"])
+def test_the_quick_look_never_misses_what_importlib_metadata_finds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, layout: str
+) -> None:
+    import sys
+    import zipfile
+
+    text = "[ctxrules]\nacme = acme_plugin\n"
+    if layout == "egg folder":
+        entry = tmp_path / "acme-0-py3.egg"
+        (entry / "EGG-INFO").mkdir(parents=True)
+        (entry / "EGG-INFO" / "PKG-INFO").write_text("Metadata-Version: 1.1\nName: acme\nVersion: 0\n")
+        (entry / "EGG-INFO" / "entry_points.txt").write_text(text)
+    elif layout == "egg-info":
+        entry = tmp_path
+        (entry / "acme.egg-info").mkdir()
+        (entry / "acme.egg-info" / "PKG-INFO").write_text("Metadata-Version: 1.1\nName: acme\nVersion: 0\n")
+        (entry / "acme.egg-info" / "entry_points.txt").write_text(text)
+    else:
+        entry = tmp_path / "site.zip"
+        with zipfile.ZipFile(entry, "w") as zf:
+            zf.writestr("acme-0.dist-info/METADATA", "Metadata-Version: 2.1\nName: acme\nVersion: 0\n")
+            zf.writestr("acme-0.dist-info/entry_points.txt", text)
+    monkeypatch.setattr(sys, "path", [str(entry), *(p for p in sys.path if p)])
+    assert _declares(str(entry))  # importlib.metadata finds the declaration ...
+    assert plugins._may_declare_plugins()  # ... and so the quick look says "maybe"

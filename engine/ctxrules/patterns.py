@@ -30,15 +30,30 @@ import re
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cache, lru_cache
 from typing import Any, Protocol
 
-import regex as _regex  # type: ignore[import-untyped]
 
-try:  # google-re2 is a dependency; without it every pattern runs on `regex` (still bounded)
-    import re2 as _re2  # type: ignore[import-untyped]
-except ImportError:  # pragma: no cover - exercised only on a broken install
-    _re2 = None
+# Both engines are imported on the first pattern that runs on them, not with this module:
+# judging a pack's patterns (``ctxrules validate``) needs only ``re``'s parser, and the two
+# imports were a tenth of validating the built-in pack.
+@cache
+def regex_module() -> Any:
+    """The ``regex`` module (the bounded backtracking engine), imported on first use."""
+    import regex  # type: ignore[import-untyped]
+
+    return regex
+
+
+@cache
+def re2_module() -> Any:
+    """The ``re2`` module (google-re2), imported on first use; None when it is missing."""
+    try:  # google-re2 is a dependency; without it every pattern runs on `regex` (still bounded)
+        import re2  # type: ignore[import-untyped]
+    except ImportError:  # pragma: no cover - exercised only on a broken install
+        return None
+    return re2
+
 
 __all__ = [
     "MATCH_TIME_LIMIT_S",
@@ -51,6 +66,8 @@ __all__ = [
     "PatternTimeout",
     "compile",
     "nested_quantifier",
+    "re2_module",
+    "regex_module",
     "remembering",
 ]
 
@@ -161,6 +178,8 @@ class _Shape:
 
 
 _PLAIN = re.compile(r"[^\\.^$*+?{}\[\]|()]*")
+# Plain ints: `flags & re.IGNORECASE` goes through enum.Flag's Python-level operators, and the
+# analysis tests flags thousands of times per pack.
 _I, _M, _S, _A, _X, _L = (int(f) for f in (re.IGNORECASE, re.MULTILINE, re.DOTALL, re.ASCII, re.VERBOSE, re.LOCALE))
 
 
@@ -267,7 +286,7 @@ def _category(name: str, ch: str, flags: int) -> bool:
     negated = "_NOT_" in name
     for key, cls in probe.items():
         if key in name:
-            hit = re.match(cls, ch, re.ASCII if flags & re.ASCII else 0) is not None
+            hit = re.match(cls, ch, _A if flags & _A else 0) is not None
             return hit != negated
     return True
 
@@ -285,7 +304,7 @@ def _class_item_chars(op: str, av: Any, flags: int) -> frozenset[str]:
     """The sample characters one item of a ``[...]`` class matches (``flags``: I and ASCII)."""
     if op == "LITERAL":
         lit = chr(av)
-        if flags & re.IGNORECASE:
+        if flags & _I:
             folded = lit.lower()
             return frozenset(ch for ch in _SAMPLE if ch == lit or ch.lower() == folded)
         return frozenset({lit}) & _ALL
@@ -293,7 +312,7 @@ def _class_item_chars(op: str, av: Any, flags: int) -> frozenset[str]:
         lo, hi = av
 
         def within(ch: str) -> bool:
-            cased = {ch, ch.lower(), ch.upper()} if flags & re.IGNORECASE else {ch}
+            cased = {ch, ch.lower(), ch.upper()} if flags & _I else {ch}
             return any(len(c) == 1 and lo <= ord(c) <= hi for c in cased)  # 'ß'.upper() is 'SS'
 
         return frozenset(ch for ch in _SAMPLE if within(ch))
@@ -305,13 +324,13 @@ def _class_item_chars(op: str, av: Any, flags: int) -> frozenset[str]:
 def _chars(op: str, av: Any, flags: int) -> frozenset[str]:
     """The sample characters one item can consume (any position), for the ambiguity test."""
     if op == "LITERAL":
-        return frozenset({chr(av)} | ({chr(av).swapcase()} if flags & re.IGNORECASE else set()))
+        return frozenset({chr(av)} | ({chr(av).swapcase()} if flags & _I else set()))
     if op == "NOT_LITERAL":
         return _ALL - {chr(av)}
     if op == "ANY":
-        return _ALL if flags & re.DOTALL else _ALL - {"\n"}
+        return _ALL if flags & _S else _ALL - {"\n"}
     if op == "IN":
-        relevant = flags & (re.IGNORECASE | re.ASCII)
+        relevant = flags & (_I | _A)
         hits: frozenset[str] = frozenset()
         negate = False
         for o, a in av:
@@ -322,7 +341,7 @@ def _chars(op: str, av: Any, flags: int) -> frozenset[str]:
             hits = hits | _class_item_chars(name, a if name != "CATEGORY" else str(a), relevant)
         return _ALL - hits if negate else hits
     if op == "CATEGORY":
-        return _category_chars(str(av), flags & re.ASCII)
+        return _category_chars(str(av), flags & _A)
     if op in _REPEATS:
         return _seq_chars(av[2], flags)
     if op == "SUBPATTERN":
@@ -421,14 +440,7 @@ def nested_quantifier(pattern: str, flags: int = 0) -> bool:
 # -- compiled patterns ---------------------------------------------------------------------
 
 _RE2_FLAGS = ((re.IGNORECASE, "i"), (re.MULTILINE, "m"), (re.DOTALL, "s"))
-_REGEX_FLAGS = (
-    (re.IGNORECASE, _regex.IGNORECASE),
-    (re.MULTILINE, _regex.MULTILINE),
-    (re.DOTALL, _regex.DOTALL),
-    (re.VERBOSE, _regex.VERBOSE),
-    (re.ASCII, _regex.ASCII),
-    (re.UNICODE, _regex.UNICODE),
-)
+_REGEX_FLAGS = ("IGNORECASE", "MULTILINE", "DOTALL", "VERBOSE", "ASCII", "UNICODE")  # same names in `regex`
 
 
 class Pattern:
@@ -466,6 +478,7 @@ class Pattern:
         return self._re2_compiled
 
     def _compile_re2(self) -> Any:
+        _re2 = re2_module()
         if _re2 is None:
             return None
         inline = "".join(f for flag, f in _RE2_FLAGS if self.flags & flag)
@@ -482,10 +495,11 @@ class Pattern:
                 f"pattern is too large to run in bounded time: its repetitions expand to about "
                 f"{self.shape.unrolled:,} items (the limit is {MAX_UNROLLED:,})"
             )
+        _regex = regex_module()
         flags = 0
-        for flag, theirs in _REGEX_FLAGS:
-            if self.flags & flag:
-                flags |= theirs
+        for name in _REGEX_FLAGS:
+            if self.flags & getattr(re, name):
+                flags |= getattr(_regex, name)
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
@@ -600,8 +614,17 @@ def _encodable(text: str) -> bool:
     return True
 
 
-@lru_cache(maxsize=4096)
 def compile(pattern: str, flags: int = 0) -> Pattern:
     """The :class:`Pattern` of ``pattern``; raises ``re.error`` (or :class:`PatternError`, a
-    subclass) when it does not compile or cannot run in bounded time."""
+    subclass) when it does not compile or cannot run in bounded time. One object per distinct
+    (pattern, flags) in a process: a pattern is judged once however many packs, checks and
+    actions name it (a pack that extends twelve fragments validated in the same run names
+    each of their patterns twice)."""
+    return _compiled(pattern, int(flags))
+
+
+# Keyed by the two values alone (``compile(p)`` and ``compile(p, 0)`` are one entry; an
+# lru_cache on ``compile`` itself keys them apart). Patterns are immutable once built.
+@lru_cache(maxsize=8192)
+def _compiled(pattern: str, flags: int) -> Pattern:
     return Pattern(pattern, flags)

@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import importlib
 import os
+import re
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import cache
+from importlib.machinery import PathFinder
 from types import ModuleType
 from typing import Any
 
@@ -81,6 +84,10 @@ class Registry:
     # The manager's hook relay, for the hooks stages call while they run
     # (``ctxrules_semantic_filter``); None for a registry built by hand.
     hooks: Any = None
+    # What validation found for a value checked against these plugins' schemas and factories
+    # (a compressor step's options, ...), and the compiled validators: the verdicts depend on
+    # the plugins and the value alone, and one `validate` run meets most values twice.
+    checked: dict[Any, Any] = field(default_factory=dict, repr=False, compare=False)
 
     def stage(self, name: str) -> StageType:
         return self.stages[name]
@@ -129,9 +136,7 @@ def build_plugin_manager(
         _register(pm, modname, module)
         infos.append(PluginInfo(modname, __version__, True))
     if entry_points:
-        from importlib.metadata import entry_points as eps
-
-        for ep in sorted(eps(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
+        for ep in _installed_entry_points():
             if ep.name in blocked:
                 continue
             try:
@@ -144,6 +149,57 @@ def build_plugin_manager(
         _register(pm, name, plugin)
         infos.append(PluginInfo(name, _dist_version(plugin), False))
     return pm, infos
+
+
+def _installed_entry_points() -> list[Any]:
+    """The ``ctxrules`` entry points of the installed distributions, by name."""
+    if not _may_declare_plugins():
+        return []
+    from importlib.metadata import entry_points
+
+    return sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name)
+
+
+_GROUP_HEADER = re.compile(rb"^[ \t]*\[[ \t]*" + re.escape(ENTRY_POINT_GROUP.encode()) + rb"[ \t]*\][ \t]*\r?$", re.M)
+
+
+def _may_declare_plugins() -> bool:
+    """Whether an installed distribution may declare a ``ctxrules`` entry point.
+
+    A look at the ``entry_points.txt`` of each ``*.dist-info`` / ``*.egg-info`` folder in the
+    ``sys.path`` folders, which is where importlib.metadata finds distributions: importing it
+    and letting it read every distribution's metadata was a tenth of ``ctxrules validate``, on
+    a machine where no plugin is installed. What this look cannot see into (a zip file on
+    ``sys.path``, a distribution finder other than the standard one) counts as "maybe", and
+    importlib.metadata decides.
+    """
+    if any(hasattr(f, "find_distributions") and f is not PathFinder for f in sys.meta_path):
+        return True
+    for entry in sys.path:
+        if not isinstance(entry, str):
+            return True  # not a folder name this look can read
+        folder = entry or "."
+        egg = folder.lower().rstrip("/\\").endswith(".egg")  # an egg folder: its EGG-INFO counts
+        try:
+            with os.scandir(folder) as found:
+                infos = [e.path for e in found if _is_info(e.name.lower(), egg) and e.is_dir()]
+        except NotADirectoryError:
+            return True  # a zip (or an egg) on sys.path
+        except OSError:
+            continue  # a folder that does not exist: nothing is installed there
+        for info in infos:
+            try:
+                with open(os.path.join(info, "entry_points.txt"), "rb") as fh:
+                    if _GROUP_HEADER.search(fh.read()):
+                        return True
+            except OSError:
+                continue  # no entry points
+    return False
+
+
+def _is_info(name: str, in_egg: bool) -> bool:
+    """Whether a folder named ``name`` (lower case) holds a distribution's metadata."""
+    return name.endswith((".dist-info", ".egg-info")) or (in_egg and name == "egg-info")
 
 
 def _register(pm: pluggy.PluginManager, name: str, plugin: object) -> None:

@@ -15,21 +15,21 @@ merged result:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Hashable, Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ctxrules.diagnostics import Reporter, did_you_mean
+from ctxrules.diagnostics import Reporter, Severity, did_you_mean
 from ctxrules.validation.regexes import check_pattern, format_checker, pattern_problem, regex_values
 
 if TYPE_CHECKING:
+    from ctxrules.hookspecs import ActionType
     from ctxrules.plugins import Registry
 
 __all__ = ["check_compressors"]
 
 
 def _check_step(rep: Reporter, registry: Registry, rule_id: str, step: Mapping[str, Any], base: str) -> None:
-    import jsonschema
-
     name = step.get("use")
     if not isinstance(name, str):
         return  # the schema reports a missing or non-string `use`
@@ -45,12 +45,94 @@ def _check_step(rep: Reporter, registry: Registry, rule_id: str, step: Mapping[s
     options = step.get("with", {})
     if not isinstance(options, Mapping):
         return  # the schema reports the wrong type
-    validator = jsonschema.Draft202012Validator(dict(action.options_schema), format_checker=format_checker())
+    for finding in _step_findings(registry, name, action, options):
+        finding.replay(rep, base)
+
+
+@dataclass(frozen=True)
+class _Finding:
+    """One diagnostic of a step, its pointer relative to the step."""
+
+    code: str
+    message: str
+    pointer: str
+    hint: str | None
+    severity: Severity
+    at_key: bool
+
+    def replay(self, rep: Reporter, base: str) -> None:
+        rep.add(self.code, self.message, base + self.pointer, self.hint, self.severity, at_key=self.at_key)
+
+
+class _Recorder:
+    """A :class:`~ctxrules.validation.regexes.Findings` that keeps what is added."""
+
+    def __init__(self) -> None:
+        self.found: list[_Finding] = []
+
+    def add(
+        self,
+        code: str,
+        message: str,
+        pointer: str,
+        hint: str | None = None,
+        severity: Severity = "error",
+        *,
+        at_key: bool = False,
+    ) -> None:
+        self.found.append(_Finding(code, message, pointer, hint, severity, at_key))
+
+
+def _frozen(value: Any) -> Hashable:
+    """``value`` (plain YAML data) as a hashable key that tells apart what JSON Schema does
+    (``1``, ``1.0`` and ``True``; a key ``1`` and a key ``'1'``) and keeps mapping order."""
+    if isinstance(value, Mapping):
+        return ("{", tuple((_frozen(k), _frozen(v)) for k, v in value.items()))
+    if isinstance(value, list | tuple):
+        return ("[", tuple(_frozen(v) for v in value))
+    return (type(value).__name__, value)
+
+
+def _step_findings(
+    registry: Registry, name: str, action: ActionType, options: Mapping[str, Any]
+) -> tuple[_Finding, ...]:
+    """What checking ``options`` against ``action`` finds, with pointers relative to the step.
+    Remembered on the registry by (action, options): a pack that extends fragments validated
+    in the same run names each of their steps twice, and the verdict depends on nothing else."""
+    try:
+        key: Hashable = ("compressor step", name, _frozen(options))
+        hash(key)
+    except TypeError:  # an unhashable scalar cannot come from YAML; check it afresh
+        key = None
+    if key is not None and key in registry.checked:
+        found: tuple[_Finding, ...] = registry.checked[key]
+        return found
+    rec = _Recorder()
+    _judge_step(rec, _validator(registry, name, action), name, action, options)
+    found = tuple(rec.found)
+    if key is not None:
+        registry.checked[key] = found
+    return found
+
+
+def _validator(registry: Registry, name: str, action: ActionType) -> Any:
+    """The compiled JSON-schema validator of ``action``'s options, one per registry."""
+    key = ("action validator", name)
+    validator = registry.checked.get(key)
+    if validator is None:
+        import jsonschema
+
+        validator = jsonschema.Draft202012Validator(dict(action.options_schema), format_checker=format_checker())
+        registry.checked[key] = validator
+    return validator
+
+
+def _judge_step(rep: _Recorder, validator: Any, name: str, action: ActionType, options: Mapping[str, Any]) -> None:
     errors = list(validator.iter_errors(dict(options)))
-    for ptr, pattern in regex_values(action.options_schema, options, f"{base}/with"):
+    for ptr, pattern in regex_values(action.options_schema, options, "/with"):
         check_pattern(rep, pattern, ptr, report_errors=False)
     for err in errors:
-        ptr = f"{base}/with" + "".join(f"/{p}" for p in err.absolute_path)
+        ptr = "/with" + "".join(f"/{p}" for p in err.absolute_path)
         if err.validator == "additionalProperties":
             known = list(err.schema.get("properties", {}))
             for key in [k for k in err.instance if k not in known]:
@@ -69,14 +151,14 @@ def _check_step(rep: Reporter, registry: Registry, rule_id: str, step: Mapping[s
             missing = [k for k in err.validator_value if k not in err.instance]
             rep.add("CR061", f"action '{name}' needs option '{missing[0] if missing else '?'}'", ptr)
         else:
-            where = ptr[len(base) + 5 :].lstrip("/") or "with"
+            where = ptr[5:].lstrip("/") or "with"
             rep.add("CR061", f"option {where} of action '{name}': {err.message}", ptr)
     if errors:
         return
     try:
         action.configure(options)
     except Exception as exc:  # the action's own check (a group the pattern lacks, ...)
-        rep.add("CR061", f"action '{name}' rejects its options: {exc}", f"{base}/with")
+        rep.add("CR061", f"action '{name}' rejects its options: {exc}", "/with")
 
 
 def _check_tests(rep: Reporter, rule_id: str, tests: list[Any], base: str) -> None:

@@ -34,13 +34,8 @@ from typing import Any
 
 from ctxrules.compressors.failures import FailurePattern, _combined
 from ctxrules.errors import CtxrulesError
-from ctxrules.patterns import Pattern
+from ctxrules.patterns import Pattern, re2_module
 from ctxrules.vault import VaultWriter
-
-try:  # a dependency of ctxrules (ctxrules.patterns); without it every block goes line by line
-    import re2 as _re2  # type: ignore[import-untyped]
-except ImportError:  # pragma: no cover - a broken install
-    _re2 = None
 
 __all__ = ["BLOCK_BYTES", "MAX_KEPT", "SPILL_BYTES", "WINDOW_BYTES", "Capture", "Large", "scan_middle"]
 
@@ -339,7 +334,9 @@ def _candidates(text: str, lines: list[str], prefilter: Any) -> list[int]:
 
 @lru_cache(maxsize=64)
 def _prefilter(patterns: tuple[str, ...]) -> Any:
-    """One RE2 multi-line alternation of ``patterns``, or None when one of them cannot go."""
+    """One RE2 multi-line alternation of ``patterns``, or None when one of them cannot go
+    (or RE2 is missing: a dependency of ctxrules, but then every block goes line by line)."""
+    _re2 = re2_module()  # imported on first use, not on every CLI start
     if _re2 is None or not patterns or any(_LOOKS_PAST_LINE.search(p) for p in patterns):
         return None
     parts = []

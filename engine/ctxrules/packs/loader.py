@@ -10,6 +10,7 @@ import os
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -47,13 +48,19 @@ class ResolvedPack:
     # Where each disabled item was switched off: list key -> id -> the origin of the item (in
     # the file that wrote ``enabled: false``, with that file's own pointer).
     disabled_at: dict[str, dict[str, Origin]] = field(default_factory=dict)
+    _origins: dict[str, Origin] | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def ok(self) -> bool:
         return not any(d.severity == "error" for d in self.diagnostics)
 
     def origins(self) -> dict[str, Origin]:
-        return origins_by_pointer(self.tree)
+        """Where each value of the merged pack was written, by JSON pointer (read-only: the
+        tree does not change once resolved, so the walk is done once; the validator, the
+        prompt checks and the test runner each ask for it)."""
+        if self._origins is None:
+            self._origins = origins_by_pointer(self.tree)
+        return self._origins
 
     def base_dir(self) -> Path:
         return Path(self.files[-1]).parent if self.files else Path.cwd()
@@ -71,16 +78,23 @@ def builtin_names() -> list[str]:
 def display_path(path: Path) -> str:
     """Paths in diagnostics: relative to the working directory when below it, else absolute;
     built-in packs as ``builtin:NAME`` (the wheel's location means nothing to a user)."""
+    # Each resolve() is a system call per path component: once each here.
+    real, cwd = path.resolve(), Path.cwd().resolve()
     try:
-        rel = path.resolve().relative_to(rules_dir().resolve())
-        if Path.cwd().resolve() not in path.resolve().parents:
+        rel = real.relative_to(_real_rules_dir())
+        if cwd not in real.parents:
             return BUILTIN_PREFIX + rel.with_suffix("").as_posix()
     except ValueError:
         pass
     try:
-        return path.resolve().relative_to(Path.cwd().resolve()).as_posix()
+        return real.relative_to(cwd).as_posix()
     except ValueError:
         return str(path)
+
+
+@cache
+def _real_rules_dir() -> Path:
+    return rules_dir().resolve()  # the package's own folder: it does not move while we run
 
 
 class PackLoader:
@@ -91,11 +105,24 @@ class PackLoader:
         self._doc_problems: dict[Path, list[Diagnostic]] = {}
         self.search_path = tuple(str(p) for p in search_path)
         self._roots: tuple[Path, ...] = ()
+        self._shown: dict[tuple[Path, str], str] = {}
+        # What the checks of one run (``ctxrules validate``) found about a value they meet in
+        # several packs, such as a path a fragment names (see validation.validate).
+        self.verdicts: dict[Any, Any] = {}
 
     @property
     def fresh(self) -> bool:
         """Nothing read yet (a cached resolution of the same files may stand in for it)."""
         return not self._docs
+
+    def display_path(self, path: Path) -> str:
+        """:func:`display_path`, once per path and working directory for this loader: a pack
+        and the dozen fragments it extends name each file several times while resolving."""
+        key = (path, os.getcwd())
+        shown = self._shown.get(key)
+        if shown is None:
+            shown = self._shown[key] = display_path(path)
+        return shown
 
     # -- reading -----------------------------------------------------------------------
     def read(self, path: Path) -> tuple[SourceDoc | None, list[Diagnostic]]:
@@ -105,7 +132,7 @@ class PackLoader:
         return self._docs[path], self._doc_problems[path]
 
     def _read(self, path: Path) -> tuple[SourceDoc | None, list[Diagnostic]]:
-        shown = display_path(path)
+        shown = self.display_path(path)
         try:
             raw = read_limited(path, what="the pack file")
         except FileRefused as exc:
@@ -165,12 +192,12 @@ class PackLoader:
                 )
             )
         if tree is None:
-            tree = OMap(Origin(display_path(path) if path else ref, 1, 1))
+            tree = OMap(Origin(self.display_path(path) if path else ref, 1, 1))
         tree.drop("extends")
         disabled = _disabled_ids(tree)
         disabled_at = _disabled_origins(tree, docs)
         drop_disabled(tree)
-        files = [display_path(p) for p in order]
+        files = [self.display_path(p) for p in order]
         name = tree.get("metadata", {}).get("name") if isinstance(tree.get("metadata"), dict) else None
         return ResolvedPack(
             str(name or ref),
@@ -180,7 +207,7 @@ class PackLoader:
             _dedupe(diagnostics),
             disabled,
             docs,
-            {display_path(p): p for p in order},
+            {self.display_path(p): p for p in order},
             self._roots,
             self.search_path,
             disabled_at,
@@ -207,7 +234,7 @@ class PackLoader:
                 report("CR030", f"'{ref}' is not a built-in reference (builtin:NAME[@RANGE])")
                 return None
             path = builtin_path(m["name"])
-            inside = path.resolve().is_relative_to(rules_dir().resolve())
+            inside = path.resolve().is_relative_to(_real_rules_dir())
             if not inside or not path.is_file():
                 report("CR030", f"no built-in pack named '{m['name']}'", did_you_mean(m["name"], builtin_names()))
                 return None
@@ -265,7 +292,7 @@ class PackLoader:
             if parent is None:
                 continue
             if parent in stack:
-                cycle = " -> ".join(display_path(p) for p in [*stack[stack.index(parent) :], parent])
+                cycle = " -> ".join(self.display_path(p) for p in [*stack[stack.index(parent) :], parent])
                 diagnostics.append(
                     Diagnostic(
                         "CR031",

@@ -113,11 +113,11 @@ def _merge_id_list(base: OList, over: OList, key: str, problems: list[MergeProbl
             )
             continue
         if any(k in item for k in PLACEMENT_KEYS):
-            _place(items, (clone(_without_placement(item)), origin), item, key, pointer, problems, positions)
+            _place(items, (_without_placement(item), origin), item, key, pointer, problems, positions)
             positions = _positions(items)
         else:
             positions.setdefault(ident, len(items))
-            items.append((clone(_without_placement(item)), origin))
+            items.append((_without_placement(item), origin))
     out = OList(over.origin)
     for value, origin in items:
         out.add(value, origin)
@@ -145,6 +145,7 @@ def _hint_for(ident: str, ids: list[str], problems: list[MergeProblem]) -> str |
 
 
 def _without_placement(item: OMap) -> OMap:
+    """A copy of ``item`` (a new tree, as merging needs) without its placement keys."""
     out: OMap = clone(item)
     for k in PLACEMENT_KEYS:
         out.drop(k)

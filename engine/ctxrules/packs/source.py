@@ -8,7 +8,7 @@ values from it, recording ``(line, column)`` (1-based) for every JSON pointer on
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import yaml
@@ -51,9 +51,18 @@ class SourceDoc:
     text: str
     data: Any
     positions: dict[str, tuple[int, int]]
+    # Origins are immutable and a document is annotated once per pack that reads it (a
+    # fragment: once alone, once in each pack extending it): each is built once.
+    _origins: dict[str, Origin] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def origin(self, pointer: str) -> Origin:
         """Origin of ``pointer``, or of its nearest ancestor that has one."""
+        found = self._origins.get(pointer)
+        if found is None:
+            found = self._origins[pointer] = self._find_origin(pointer)
+        return found
+
+    def _find_origin(self, pointer: str) -> Origin:
         p = pointer
         while True:
             pos = self.positions.get(p)

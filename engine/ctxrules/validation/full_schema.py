@@ -15,7 +15,6 @@ a change to the hand-written part survives it::
 
 from __future__ import annotations
 
-import copy
 import json
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
@@ -35,11 +34,24 @@ def _step_node(schema: dict[str, Any]) -> dict[str, Any]:
 
 
 def strip_registry(schema: Mapping[str, Any]) -> dict[str, Any]:
-    """``schema`` without its registry part (a deep copy)."""
-    out = copy.deepcopy(dict(schema))
-    for node in (_stage_node(out), _step_node(out)):
-        node.pop("allOf", None)
-        node["properties"]["use"].pop("enum", None)
+    """``schema`` without its registry part. The nodes on the way to the stage and step nodes
+    are copies (callers fill those nodes in again); the rest is shared with ``schema`` (a deep
+    copy of the whole schema cost a few milliseconds of every ``ctxrules validate``)."""
+    out = dict(schema)
+    defs = out["$defs"] = dict(out["$defs"])
+    defs["stage"] = _stripped(defs["stage"])
+    compressor = defs["compressor"] = dict(defs["compressor"])
+    props = compressor["properties"] = dict(compressor["properties"])
+    steps = props["steps"] = dict(props["steps"])
+    steps["items"] = _stripped(steps["items"])
+    return out
+
+
+def _stripped(node: Mapping[str, Any]) -> dict[str, Any]:
+    """A stage or step node without ``allOf`` and without the ``enum`` of its ``use``."""
+    out = {k: v for k, v in node.items() if k != "allOf"}
+    props = out["properties"] = dict(out["properties"])
+    props["use"] = {k: v for k, v in props["use"].items() if k != "enum"}
     return out
 
 

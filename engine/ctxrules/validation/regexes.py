@@ -11,12 +11,29 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator, Mapping
-from typing import Any
+from functools import cache
+from typing import Any, Protocol
 
 from ctxrules import patterns
-from ctxrules.diagnostics import Reporter
+from ctxrules.diagnostics import Severity
 
-__all__ = ["check_pattern", "format_checker", "pattern_problem", "regex_values"]
+__all__ = ["Findings", "check_pattern", "format_checker", "pattern_problem", "regex_values"]
+
+
+class Findings(Protocol):
+    """Where a check adds what it finds: a :class:`~ctxrules.diagnostics.Reporter`, or a
+    recorder whose findings are replayed for each place the same value is checked."""
+
+    def add(
+        self,
+        code: str,
+        message: str,
+        pointer: str,
+        hint: str | None = None,
+        severity: Severity = "error",
+        *,
+        at_key: bool = False,
+    ) -> None: ...
 
 
 def pattern_problem(pattern: object, flags: int = 0) -> str | None:
@@ -30,8 +47,10 @@ def pattern_problem(pattern: object, flags: int = 0) -> str | None:
     return None
 
 
+@cache
 def format_checker() -> Any:
-    """A JSON-schema format checker whose ``regex`` format is :func:`pattern_problem`'s."""
+    """A JSON-schema format checker whose ``regex`` format is :func:`pattern_problem`'s (one
+    per process: it holds no state, and its verdicts come from the pattern memo)."""
     import jsonschema
 
     checker = jsonschema.FormatChecker([])
@@ -45,7 +64,7 @@ def format_checker() -> Any:
     return checker
 
 
-def check_pattern(rep: Reporter, pattern: object, pointer: str, *, flags: int = 0, report_errors: bool = True) -> bool:
+def check_pattern(rep: Findings, pattern: object, pointer: str, *, flags: int = 0, report_errors: bool = True) -> bool:
     """Report a pattern that does not compile (CR070, unless ``report_errors`` is off because
     a schema check reports it already) or has nested quantifiers (CR102). True when usable."""
     problem = pattern_problem(pattern, flags)

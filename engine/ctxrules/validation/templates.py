@@ -88,15 +88,17 @@ def check_prompts(rep: Reporter, pack: ResolvedPack, registry: Registry) -> None
     prompts = _mapping(data.get("prompts"))
     sections = _mapping(prompts.get("sections"))
     variables = _mapping(prompts.get("variables"))
+    templates = _templates_of(data, sections)
     scope = _Scope(
         sections=sections,
         declared=set(variables) | BUILTIN_VARIABLES,
         stable={k for k, v in variables.items() if isinstance(v, dict) and v.get("stable") is True},
-        env=make_environment(filters={n: _noop for n in registry.filters}),
+        # (a pack without templates, such as a compressor fragment, needs no environment)
+        env=make_environment(filters={n: _noop for n in registry.filters}) if templates else None,
     )
     errors_before = sum(d.severity == "error" for d in rep.out)
     includes: dict[str, list[str]] = {}
-    for pointer, sec in _templates_of(data, sections):
+    for pointer, sec in templates:
         refs = _check_template(rep, pack, scope, pointer, sec)
         if refs is not None and pointer.startswith("/prompts/sections/"):
             includes[pointer.rsplit("/", 1)[1]] = refs

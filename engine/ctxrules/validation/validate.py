@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Sequence
 from itertools import pairwise
@@ -49,26 +50,37 @@ def validate_resolved(pack: ResolvedPack, loader: PackLoader, registry: Registry
     check_prompts(rep, pack, registry)
     _check_timeouts(rep, data)
     _check_spawn_cap(rep, data)
-    _check_named_files(rep, pack)
+    _check_named_files(rep, pack, loader.verdicts)
     return _sorted_unique(out + rep.out)
 
 
-def _check_named_files(rep: Reporter, pack: ResolvedPack) -> None:
+def _check_named_files(rep: Reporter, pack: ResolvedPack, verdicts: dict[Any, Any]) -> None:
     """CR100 for test inputs that lie outside the pack's roots (templates and parents are
-    checked where they are read)."""
+    checked where they are read). ``verdicts`` keeps each path's verdict for the run: a
+    fragment's test inputs are checked again in every pack that extends it."""
     from ctxrules.packs.confine import HINT, OutsideRoots, check_inside
+
+    def verdict(base: Path, value: str, what: str) -> str | None:
+        key = ("named file", pack.roots, base, value, what, os.getcwd())  # base may be relative
+        if key not in verdicts:
+            try:
+                check_inside(pack.roots, base, value, what)
+                verdicts[key] = None
+            except OutsideRoots as exc:
+                verdicts[key] = str(exc)
+            except (OSError, ValueError):
+                verdicts[key] = None  # not a usable path: the test run says so
+        found: str | None = verdicts[key]
+        return found
 
     def check(value: Any, pointer: str, what: str) -> None:
         if not isinstance(value, str) or not value:
             return
         origin = rep.origin(pointer)
         real = pack.real_paths.get(origin.file)
-        try:
-            check_inside(pack.roots, real.parent if real else pack.base_dir(), value, what)
-        except OutsideRoots as exc:
-            rep.add("CR100", str(exc), pointer, HINT)
-        except (OSError, ValueError):
-            pass  # not a usable path: the test run says so
+        problem = verdict(real.parent if real else pack.base_dir(), value, what)
+        if problem is not None:
+            rep.add("CR100", problem, pointer, HINT)
 
     for i, case in enumerate(pack.data.get("tests") or []):
         # A case that may be skipped is skipped when its input is outside (ctxrules test says

@@ -79,14 +79,7 @@ def compile_all(patterns: Sequence[str]) -> Matcher | None:
         return None
     if len(patterns) == 1:
         return patterns_compile(patterns[0])
-    compiled = [patterns_compile(p) for p in patterns]
-    # One alternation is much faster than trying each pattern in turn. A leading global flag
-    # group ("(?i)...") is an error in the middle of an alternation, so it becomes a scoped
-    # one ("(?i:...)"); patterns that still do not combine are tried one by one.
-    try:
-        return patterns_compile("|".join(_scoped(p) for p in patterns))
-    except re.error:
-        return _AnyOf(compiled)
+    return _Alternation([patterns_compile(p) for p in patterns])
 
 
 _GLOBAL_FLAGS = re.compile(r"^\(\?([aiLmsux]+)\)")
@@ -100,6 +93,32 @@ def _scoped(pattern: str) -> str:
     if "a" in flags or "L" in flags or "u" in flags:
         raise re.error("flag cannot be scoped")  # only in the global form: keep separate
     return f"(?{flags}:{pattern[found.end() :]})"
+
+
+class _Alternation:
+    """Quacks like a compiled pattern for ``search``: one alternation of its members, built on
+    the first search. One alternation is much faster than trying each pattern in turn, but
+    building it costs as much as judging its members again, and an action built only to check
+    its options (``ctxrules validate`` builds every step of a pack) never searches."""
+
+    def __init__(self, patterns: list[Pattern]) -> None:
+        self.patterns = patterns
+        self._matcher: Matcher | None = None
+
+    def search(self, text: str) -> Match | None:
+        if self._matcher is None:
+            self._matcher = _combine(self.patterns)
+        return self._matcher.search(text)
+
+
+def _combine(compiled: list[Pattern]) -> Matcher:
+    # A leading global flag group ("(?i)...") is an error in the middle of an alternation, so
+    # it becomes a scoped one ("(?i:...)"); patterns that still do not combine are tried one
+    # by one.
+    try:
+        return patterns_compile("|".join(_scoped(p.pattern) for p in compiled))
+    except re.error:
+        return _AnyOf(compiled)
 
 
 class _AnyOf:
