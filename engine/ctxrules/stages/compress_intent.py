@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
+from ctxrules.carry import Carry
 from ctxrules.hookspecs import hookimpl
 from ctxrules.messages import message_text
 from ctxrules.stages.base import Action, StageOutcome, StageType, unchanged
@@ -323,6 +324,9 @@ class IntentStage:
         self.failed_steps = int(options.get("failed_steps", 5))
         self.max_share = float(options.get("max_share", 0.25))
         self.max_terms = int(options.get("max_terms", 64))
+        # Per session, what the last list's messages matched (see _matches).
+        self._text_carry: Carry[tuple[tuple[int, ...], dict[int, frozenset[str]]]] = Carry()
+        self._ids_carry: Carry[dict[str, tuple[int, ...]]] = Carry()
 
     def __call__(self, messages: Sequence[dict[str, Any]], ctx: StageContext) -> StageOutcome:
         intent = build_intent(
@@ -333,7 +337,7 @@ class IntentStage:
             max_terms=self.max_terms,
         )
         ctx.state["intent"] = intent.as_dict()
-        hits, asked_of = self._matches(messages, intent)
+        hits, asked_of = self._matches(messages, intent, ctx.session_id)
         # The ask's matches first, then the incidental ones; each newest first.
         ranked = [*sorted(asked_of, reverse=True), *sorted(hits - asked_of.keys(), reverse=True)]
         always = _newest_per_term(asked_of)
@@ -374,34 +378,49 @@ class IntentStage:
             actions.append(Action("intent", detail))
         return StageOutcome(messages=unchanged(messages), actions=actions)
 
-    @staticmethod
-    def _matches(messages: Sequence[Mapping[str, Any]], intent: Intent) -> tuple[set[int], dict[int, frozenset[str]]]:
+    def _matches(
+        self, messages: Sequence[Mapping[str, Any]], intent: Intent, session: str = ""
+    ) -> tuple[set[int], dict[int, frozenset[str]]]:
         """Every matching index, and for those that match what the latest ask names, which of
-        its terms they mention (a call's result shares its call's terms and the reverse)."""
+        its terms they mention (a call's result shares its call's terms and the reverse).
+
+        What a message matches depends on it and the intent's terms alone: on a list that
+        extends the last one of this session (a warm turn) under the same terms, the older
+        messages' matches are carried over and only the new messages are searched."""
         pattern = intent.pattern()
         failed = set(intent.failed_calls)
         if pattern is None and not failed:
             return set(), {}
-        # A plain substring test first (C speed); the regex only confirms the boundaries.
-        needles = intent.needles()
+        facts = shape(messages).facts
         asked = intent.asked_needles()
         hits: set[int] = set()
         asked_of: dict[int, frozenset[str]] = {}
-        for index, f in enumerate(shape(messages).facts):
-            if f.injected:
-                continue
-            msg = messages[index]
-            cid = msg.get("tool_call_id")
-            if msg.get("role") == "tool" and isinstance(cid, str) and cid in failed:
-                hits.add(index)
-            if pattern is None:
-                continue
-            for text in (message_text(msg), _arguments_text(msg)):
-                if any(n in text for n in needles) and pattern.search(text):
-                    hits.add(index)
-                    terms = _asked_in(text, asked)
-                    if terms:
-                        asked_of[index] = asked_of.get(index, frozenset()) | terms
+        if failed:
+            by_id = self._results_by_id(messages, facts, session)
+            for cid in failed:
+                hits.update(by_id.get(cid, ()))
+        if pattern is not None:
+            # A plain substring test first (C speed); the regex only confirms the boundaries.
+            needles = intent.needles()
+            terms_key = (needles, tuple(asked.items()))
+            start, carried = self._text_carry.resume(session, messages, terms_key)
+            found, found_asked = (list(carried[0]), dict(carried[1])) if carried is not None else ([], {})
+            for index in range(start, len(messages)):
+                if facts[index].injected:
+                    continue
+                msg = messages[index]
+                matched = False
+                for text in (message_text(msg), _arguments_text(msg)):
+                    if any(n in text for n in needles) and pattern.search(text):
+                        matched = True
+                        terms = _asked_in(text, asked)
+                        if terms:
+                            found_asked[index] = found_asked.get(index, frozenset()) | terms
+                if matched:
+                    found.append(index)
+            self._text_carry.keep(session, messages, terms_key, (tuple(found), found_asked))
+            hits.update(found)
+            asked_of = dict(found_asked)  # the pairing below adds to it: the carried one stays
         if not hits:
             return hits, asked_of
         pairing = pair_tool_calls(messages)
@@ -425,6 +444,21 @@ class IntentStage:
                         if terms:
                             asked_of[result] = asked_of.get(result, frozenset()) | terms
         return hits, asked_of
+
+    def _results_by_id(
+        self, messages: Sequence[Mapping[str, Any]], facts: Sequence[Any], session: str
+    ) -> Mapping[str, tuple[int, ...]]:
+        """The tool results (not injected) by the call id they carry; carried over like the
+        text matches, so a warm turn looks only at the new messages."""
+        start, carried = self._ids_carry.resume(session, messages, ())
+        by_id = dict(carried) if carried is not None else {}
+        for index in range(start, len(messages)):
+            msg = messages[index]
+            cid = msg.get("tool_call_id")
+            if not facts[index].injected and msg.get("role") == "tool" and isinstance(cid, str):
+                by_id[cid] = (*by_id.get(cid, ()), index)
+        self._ids_carry.keep(session, messages, (), by_id)
+        return by_id
 
 
 def _asked_in(text: str, asked: Mapping[str, tuple[str, ...]]) -> frozenset[str]:

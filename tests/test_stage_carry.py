@@ -1,0 +1,82 @@
+"""A stage that carries its per-message work from one turn to the next (ctxrules.carry)
+reaches exactly what a full pass over the same list reaches.
+
+Real transcripts are replayed a few messages at a time, each new list holding the last one's
+message objects with the new ones appended (what a warm turn hands the stages). At every cut,
+one long-lived stage instance (carrying over) and a fresh instance (a full pass) run on the
+same list; what they protect, report and keep in their state must be the same.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from compress_kit import make_ctx
+from conftest import TRANSCRIPTS
+
+from ctxrules.carry import Carry
+from ctxrules.stages.compress_intent import IntentStage
+
+pytestmark = pytest.mark.corpus
+
+# Sessions whose asks and steps name files and modules (the intent has terms and failed calls).
+TRANSCRIPT_NAMES = ["claudecode-ae4a77f8", "claudecode-258c7280", "minisweagent-django__django-11815"]
+STEPS = (1, 2, 3)
+
+
+def _history(name: str) -> list[dict[str, Any]]:
+    path = TRANSCRIPTS / f"{name}.json"
+    if not path.is_file():
+        pytest.skip(f"{path.name} is not in the corpus")
+    data = json.loads(path.read_text(encoding="utf-8"))
+    assert isinstance(data, list)
+    return data
+
+
+def _intent_run(stage: IntentStage, messages: list[dict[str, Any]], tmp_path: Path) -> dict[str, Any]:
+    ctx = make_ctx(tmp_path, window=400_000, session="s")
+    ctx.session_id = "s"
+    out = stage(messages, ctx)
+    return {
+        "protected": sorted(i for i, m in enumerate(messages) if id(m) in ctx.protected),
+        "state": ctx.state,
+        "actions": [a.as_dict() for a in out.actions],
+    }
+
+
+def _cuts(n: int, start: int) -> list[int]:
+    cuts, at, k = [], start, 0
+    while at < n:
+        at = min(n, at + STEPS[k % len(STEPS)])
+        cuts.append(at)
+        k += 1
+    return cuts
+
+
+@pytest.mark.parametrize("name", TRANSCRIPT_NAMES)
+def test_intent_carried_over_equals_a_full_pass(name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    history = _history(name)
+    warm = IntentStage({})
+    resumed: list[int] = []
+    real_resume = Carry.resume
+
+    def spying(self: Carry[Any], session: str, messages: Any, key: Any) -> Any:
+        got = real_resume(self, session, messages, key)
+        resumed.append(got[0])
+        return got
+
+    monkeypatch.setattr(Carry, "resume", spying)
+    current: list[dict[str, Any]] = []
+    with_terms = 0
+    for cut in _cuts(len(history), min(10, len(history))):
+        current = [*current, *history[len(current) : cut]]  # the same objects, new ones appended
+        got = _intent_run(warm, current, tmp_path)
+        want = _intent_run(IntentStage({}), current, tmp_path)
+        assert got == want, f"{name}: the carried-over intent differs from a full pass at {cut} messages"
+        with_terms += bool(got["protected"])
+    # The comparison means something: the intent protected messages, and the carry was used.
+    assert with_terms > 0
+    assert any(start > 0 for start in resumed)
