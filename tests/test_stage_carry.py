@@ -80,3 +80,37 @@ def test_intent_carried_over_equals_a_full_pass(name: str, tmp_path: Path, monke
     # The comparison means something: the intent protected messages, and the carry was used.
     assert with_terms > 0
     assert any(start > 0 for start in resumed)
+
+
+def _plain(messages: list[dict[str, Any]]) -> str:
+    return json.dumps(messages, sort_keys=True, default=str)
+
+
+@pytest.mark.parametrize("name", TRANSCRIPT_NAMES)
+@pytest.mark.parametrize("window", [400_000, 32_000])
+def test_tool_output_filter_carried_over_equals_a_full_pass(name: str, window: int, tmp_path: Path) -> None:
+    """The filter keeps the outputs it examined and the digests it sent from the last call;
+    its result on the next list (the last output with new messages appended) must be the one
+    a fresh instance computes on the same list with the same saved state."""
+    from ctxrules.stages.tool_output_filter import ToolOutputFilter
+
+    history = _history(name)
+    # Low caps, so that outputs are reduced (and settled, and left alone next time) all along.
+    options = {"item_tokens": 400, "turn_tokens": 1500}
+    warm = ToolOutputFilter(options)
+    current: list[dict[str, Any]] = []
+    state: dict[str, Any] = {}
+    reduced = 0
+    for cut in _cuts(len(history), min(10, len(history))):
+        current = [*current, *history[len(current) : cut]]
+        fresh_state = json.loads(json.dumps(state))
+        ctx = make_ctx(tmp_path, window=window, session="s", state=state)
+        got = warm(current, ctx)
+        ref_ctx = make_ctx(tmp_path, window=window, session="s", state=fresh_state)
+        want = ToolOutputFilter(options)(current, ref_ctx)
+        assert _plain(got.messages) == _plain(want.messages), f"{name}@{window}: output differs at {cut} messages"
+        assert [a.as_dict() for a in got.actions] == [a.as_dict() for a in want.actions]
+        assert ctx.state == ref_ctx.state
+        reduced += sum(a is not b for a, b in zip(got.messages, current, strict=True))
+        current = list(got.messages)  # the next turn extends this turn's output
+    assert reduced > 0  # the comparison covered outputs the filter changed
