@@ -114,3 +114,37 @@ def test_tool_output_filter_carried_over_equals_a_full_pass(name: str, window: i
         reduced += sum(a is not b for a, b in zip(got.messages, current, strict=True))
         current = list(got.messages)  # the next turn extends this turn's output
     assert reduced > 0  # the comparison covered outputs the filter changed
+
+
+@pytest.mark.parametrize("name", TRANSCRIPT_NAMES)
+@pytest.mark.parametrize("model", ["gpt-4o", "claude-sonnet-4-5"])
+def test_cache_markers_carried_over_equals_a_full_pass(name: str, model: str, tmp_path: Path) -> None:
+    """The cache stage keeps the history digests (list and string) of its last call; on the
+    next list it must report, mark and save exactly what a fresh instance does with the same
+    saved state. Every few turns an old message is replaced (a compaction), so the carried
+    digests are edited, not only appended to."""
+    from ctxrules.stages.cache_markers import CacheMarkers
+
+    history = _history(name)
+    warm = CacheMarkers({})
+    current: list[dict[str, Any]] = []
+    state: dict[str, Any] = {}
+    clock = 1_750_000_000.0
+    for n, cut in enumerate(_cuts(len(history), min(10, len(history)))):
+        current = [*current, *history[len(current) : cut]]
+        if n % 7 == 6 and len(current) > 8:
+            i = len(current) // 2
+            current[i] = {**current[i], "content": f"[compacted {n}]"}
+        clock += 10
+        fresh_state = json.loads(json.dumps(state))
+        ctx = make_ctx(tmp_path, window=200_000, model=model, session="s", state=state)
+        ctx.clock = clock
+        got = warm(current, ctx)
+        ref_ctx = make_ctx(tmp_path, window=200_000, model=model, session="s", state=fresh_state)
+        ref_ctx.clock = clock
+        want = CacheMarkers({})(current, ref_ctx)
+        assert _plain(got.messages) == _plain(want.messages), f"{name}/{model}: output differs at {cut} messages"
+        assert [a.as_dict() for a in got.actions] == [a.as_dict() for a in want.actions]
+        assert (got.request, got.warnings) == (want.request, want.warnings)
+        assert ctx.state == ref_ctx.state
+        current = list(got.messages)
