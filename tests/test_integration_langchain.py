@@ -181,6 +181,21 @@ def test_threads_are_sessions_named_by_the_id_rule(tmp_path: Path) -> None:
     assert middleware.session_for("run-42") is plain
 
 
+def test_open_sessions_are_bounded_and_a_let_go_one_reopens_from_its_state(tmp_path: Path) -> None:
+    middleware = CtxrulesMiddleware(model="gpt-4o", state=tmp_path / "state", recall=False, max_sessions=2)
+    first = middleware.session_for("a")
+    history = [{"role": "user", "content": "hello"}, {"role": "assistant", "content": "hi, what now?"}]
+    sent = first.prepare(history).messages
+    middleware.session_for("b")
+    middleware.session_for("c")  # "a" is the least recently used: let go
+    assert middleware.session_for("c") is middleware.session_for("c")
+    again = middleware.session_for("a")
+    assert again is not first and again.path == first.path
+    assert again.last_output() == sent  # what the session sent is read back from its state
+    with pytest.raises(ValueError, match="max_sessions"):
+        CtxrulesMiddleware(model="gpt-4o", state=tmp_path / "state", max_sessions=0)
+
+
 def test_the_recall_tool_is_offered_from_the_first_call(tmp_path: Path) -> None:
     middleware = CtxrulesMiddleware(model="gpt-4o", state=tmp_path / "state")
     (recall,) = middleware.tools

@@ -9,8 +9,14 @@ from __future__ import annotations
 
 import hashlib
 import re
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Generic, TypeVar
 
-__all__ = ["session_name"]
+__all__ = ["OpenSessions", "session_name"]
+
+_S = TypeVar("_S")
 
 _PLAIN_ID = re.compile(r"[A-Za-z0-9._-]{1,128}")
 
@@ -21,3 +27,35 @@ def session_name(raw: str) -> str:
     if _PLAIN_ID.fullmatch(raw) and raw.strip("."):
         return raw
     return hashlib.sha256(raw.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+class OpenSessions(Generic[_S]):
+    """The sessions an integration keeps open, at most ``limit`` of them: the least recently
+    used one is let go when another opens (it reopens from its store, warm, on its next call).
+    A long-lived server sees an unbounded number of conversations; each open session holds its
+    last output in memory and its lock file open, so the set must be bounded."""
+
+    def __init__(self, limit: int) -> None:
+        if limit < 1:
+            raise ValueError(f"max_sessions must be at least 1, got {limit}")
+        self.limit = limit
+        self._open: OrderedDict[str, _S] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: str, opener: Callable[[], _S]) -> _S:
+        """The open session ``key``, opened with ``opener()`` when it is not open."""
+        with self._lock:
+            session = self._open.get(key)
+            if session is not None:
+                self._open.move_to_end(key)
+                return session
+            session = self._open[key] = opener()
+            while len(self._open) > self.limit:
+                self._open.popitem(last=False)
+            return session
+
+    def __len__(self) -> int:
+        return len(self._open)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._open

@@ -22,13 +22,12 @@ prefix never changes mid-session. The pack decides everything else. Needs ``ctxr
 from __future__ import annotations
 
 import asyncio
-import threading
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ctxrules.engine import Engine
-from ctxrules.integrations import session_name
+from ctxrules.integrations import OpenSessions, session_name
 from ctxrules.recall import PARAMETERS, RecallError, RecallSettings
 from ctxrules.stores import open_store
 
@@ -95,6 +94,8 @@ class CtxrulesMiddleware(AgentMiddleware):
     :param window: override the model's window.
     :param session_id: the session to use when a run has no ``thread_id``.
     :param recall: give the agent the recall tool and answer its calls.
+    :param max_sessions: threads whose sessions stay open in memory (the least recently used one
+        is let go; it reopens from the state, warm, on its next call).
     """
 
     def __init__(
@@ -107,6 +108,7 @@ class CtxrulesMiddleware(AgentMiddleware):
         window: int | None = None,
         session_id: str = DEFAULT_SESSION,
         recall: bool = True,
+        max_sessions: int = 256,
     ) -> None:
         super().__init__()
         if store is not None and state is not None:
@@ -117,8 +119,7 @@ class CtxrulesMiddleware(AgentMiddleware):
         self.store: Store | None = open_store(store) if store is not None else None
         self.window = window
         self.default_session = session_name(session_id)
-        self._sessions: dict[str, Any] = {}
-        self._lock = threading.Lock()
+        self._sessions: OpenSessions[Any] = OpenSessions(max_sessions)
         self.tools = [self._recall_tool()] if recall else []
 
     # --- sessions ----------------------------------------------------------------------------
@@ -126,17 +127,15 @@ class CtxrulesMiddleware(AgentMiddleware):
     def session_for(self, thread_id: str | None) -> Any:
         """The ctxrules session of a thread (opened once per middleware and thread)."""
         name = session_name(thread_id) if thread_id else self.default_session
-        with self._lock:
-            session = self._sessions.get(name)
-            if session is None:
-                if self.store is not None:
-                    session = self.engine.session(name, store=self.store, model=self.model_name, window=self.window)
-                else:
-                    session = self.engine.session(
-                        self.state / name, model=self.model_name, window=self.window, state_root=self.state
-                    )
-                self._sessions[name] = session
-            return session
+
+        def opener() -> Any:
+            if self.store is not None:
+                return self.engine.session(name, store=self.store, model=self.model_name, window=self.window)
+            return self.engine.session(
+                self.state / name, model=self.model_name, window=self.window, state_root=self.state
+            )
+
+        return self._sessions.get(name, opener)
 
     # --- the model call ----------------------------------------------------------------------
 

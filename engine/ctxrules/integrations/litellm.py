@@ -45,7 +45,7 @@ except ImportError as exc:  # pragma: no cover - litellm is a core dependency; a
         'ctxrules.integrations.litellm needs litellm and its proxy: pip install "ctxrules[litellm-proxy]"'
     ) from exc
 
-from ctxrules.integrations import session_name
+from ctxrules.integrations import OpenSessions, session_name
 from ctxrules.logs import get_logger
 from ctxrules.stores import open_store
 from ctxrules.stores.filesystem import FilesystemStore
@@ -102,7 +102,7 @@ class ContextHook(CustomLogger):
         self.on_error = on_error
         self.max_sessions = max_sessions
         self.stats = {"prepared": 0, "unchanged": 0, "passed": 0, "failed": 0}
-        self._sessions: OrderedDict[str, Session] = OrderedDict()
+        self._sessions: OpenSessions[Session] = OpenSessions(max_sessions)
         self._produced: OrderedDict[str, None] = OrderedDict()
         self._lock = threading.Lock()
         self._log = get_logger("ctxrules.litellm")
@@ -255,20 +255,14 @@ class ContextHook(CustomLogger):
             shutil.rmtree(path, ignore_errors=True)
 
     def _session(self, key: str, model: str, *, switch: bool = True) -> Session:
-        with self._lock:
-            session = self._sessions.get(key)
-            if session is None:
-                if self._files:
-                    path = Path(key)
-                    path.mkdir(parents=True, exist_ok=True, mode=0o700)
-                    session = self.engine.session(path, model=model, window=self.window, state_root=self.state_root)
-                else:
-                    session = self.engine.session(key, store=self.store, model=model, window=self.window)
-                self._sessions[key] = session
-                while len(self._sessions) > self.max_sessions:
-                    self._sessions.popitem(last=False)
-            else:
-                self._sessions.move_to_end(key)
+        def opener() -> Session:
+            if self._files:
+                path = Path(key)
+                path.mkdir(parents=True, exist_ok=True, mode=0o700)
+                return self.engine.session(path, model=model, window=self.window, state_root=self.state_root)
+            return self.engine.session(key, store=self.store, model=model, window=self.window)
+
+        session = self._sessions.get(key, opener)
         if switch and session.model.name != model:
             session.switch(model=model, window=self.window)
         return session
