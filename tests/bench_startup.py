@@ -31,7 +31,10 @@ EXAMPLE = REPO / "rules" / "examples" / "agent-session.json"
 
 
 def _env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("CTXRULES_DEBUG", "CTXRULES_LOG")}
+    # Without PYTHONDONTWRITEBYTECODE: the warm-up run writes ctxrules's .pyc files, as the first
+    # run of an installed ctxrules does (else every run would compile the changed modules again).
+    dropped = ("CTXRULES_DEBUG", "CTXRULES_LOG", "PYTHONDONTWRITEBYTECODE")
+    env = {k: v for k, v in os.environ.items() if k not in dropped}
     paths = (str(REPO / "engine"), env.get("PYTHONPATH"))
     env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
     return env

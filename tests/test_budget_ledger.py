@@ -365,6 +365,32 @@ def test_readers_pick_up_appends_incrementally(tmp_path: Path) -> None:
     assert len(reader) == 2
 
 
+def test_one_status_reads_each_ledger_once_and_the_next_sees_new_calls(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    s = _session(tmp_path, goal="g")
+    s.record(TokenUsage.of(prompt=100, completion=10), at=1_700_000_000.0)
+    reads: list[str] = []
+    real = type(s.store).read_log
+
+    def counting(store: Any, log: Any, cursor: Any = None) -> Any:
+        reads.append(f"{log.kind}:{log.name}")
+        return real(store, log, cursor)
+
+    monkeypatch.setattr(type(s.store), "read_log", counting)
+    first = s.status(1_700_000_100.0)
+    assert first.totals.calls == 1
+    # the session ledger is asked for root totals, resets, own calls and bad lines: read once
+    assert len(reads) == len(set(reads)), reads
+    # another writer appends between two checks: the next check reads it
+    other = _session(tmp_path, goal="g")
+    other.record(TokenUsage.of(prompt=5), at=1_700_000_050.0)
+    reads.clear()
+    second = s.status(1_700_000_100.0)
+    assert second.totals.calls == 2 and second.own_calls == 2
+    assert len(reads) == len(set(reads)), reads
+
+
 WRITER = textwrap.dedent("""
     import sys
     sys.path.insert(0, {engine!r})

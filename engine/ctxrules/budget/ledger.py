@@ -20,6 +20,8 @@ they read, so a process that asks again reads only what was appended since.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import json
 import os
 import re
@@ -53,6 +55,7 @@ __all__ = [
     "ledger",
     "ledger_files_between",
     "ledger_of",
+    "one_read",
     "reset_record",
     "session_ledger_path",
 ]
@@ -300,7 +303,11 @@ class LedgerFile:
         self.store.append([self.log], record)
 
     def refresh(self) -> None:
-        """Read what was appended since the last call (all of it when the ledger was replaced)."""
+        """Read what was appended since the last call (all of it when the ledger was replaced).
+        Inside :func:`one_read`, only the first call reads: the rest see the same snapshot."""
+        scope = _READ_SCOPE.get()
+        if scope is not None and id(self) in scope:
+            return
         with self._lock:
             chunk = self.store.read_log(self.log, self._cursor)
             if chunk.restarted or chunk.cursor is None:
@@ -308,6 +315,8 @@ class LedgerFile:
             for raw in chunk.lines:
                 self._ingest(raw)
             self._cursor = chunk.cursor
+        if scope is not None:  # after the read: a failed one is tried (and raises) again
+            scope[id(self)] = self  # kept alive in the scope, so its id cannot be reused meanwhile
 
     def _ingest(self, raw: bytes) -> None:
         if not raw.strip():
@@ -367,6 +376,27 @@ class LedgerFile:
         self.refresh()
         with self._lock:
             yield from list(self._entries)
+
+
+_READ_SCOPE: contextvars.ContextVar[dict[int, LedgerFile] | None] = contextvars.ContextVar(
+    "ctxrules_ledger_read_scope", default=None
+)
+
+
+@contextlib.contextmanager
+def one_read() -> Iterator[None]:
+    """Within the block each ledger is read (asked for what was appended) at most once: one
+    budget check looks at the session ledger several times (root totals, its own calls, bad
+    lines), and each look would stat the file again. The check also sees one consistent
+    snapshot of each file. Nested blocks share the outer one's snapshot."""
+    if _READ_SCOPE.get() is not None:
+        yield
+        return
+    token = _READ_SCOPE.set({})
+    try:
+        yield
+    finally:
+        _READ_SCOPE.reset(token)
 
 
 # Read caches shared process-wide: by file for filesystem stores (any two store objects over

@@ -29,6 +29,7 @@ from ctxrules.budget.ledger import (
     call_record,
     check_goal,
     ledger_of,
+    one_read,
     reset_record,
 )
 from ctxrules.budget.policy import DIMENSIONS, BudgetPolicy, DimensionLimit, Level
@@ -249,7 +250,10 @@ class SessionLedger:
 
     def status(self, now: float | None = None, *, turn_from: int | None = None) -> BudgetStatus:
         """The budget status at ``now``; ``turn_from`` = own calls counted at the last prepare."""
-        now = self.clock() if now is None else now
+        with one_read():  # each ledger read once: the session's is looked at several times
+            return self._status(self.clock() if now is None else now, turn_from)
+
+    def _status(self, now: float, turn_from: int | None) -> BudgetStatus:
         root = self.root_entries()
         dims: list[DimensionStatus] = []
         for lim in self.policy.limits:

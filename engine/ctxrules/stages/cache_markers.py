@@ -414,7 +414,7 @@ class CacheMarkers:
         self._memo: dict[int, tuple[Mapping[str, Any], str]] = {}
         # The history digested last (messages, short digests), and the structure generation
         # the memos belong to (ctxrules.structure.forget after an in-place edit drops them).
-        self._last_history: tuple[tuple[Mapping[str, Any], ...], list[str]] | None = None
+        self._last_history: tuple[tuple[Mapping[str, Any], ...], list[str], str] | None = None
         self._layers: dict[tuple[Any, ...], tuple[tuple[Any, ...], Any]] = {}
         self._generation = structure.generation()
 
@@ -451,14 +451,21 @@ class CacheMarkers:
             self._generation = structure.generation()
         last = self._last_history
         if last is not None and len(last[0]) <= len(messages):
-            old, shorts = last[0], list(last[1])
-            for i in structure.replaced(old, messages):
-                shorts[i] = self._short(messages[i])
-            shorts.extend(self._short(m) for m in messages[len(old) :])
+            old, shorts, joined = last
+            replaced = {i: self._short(messages[i]) for i in structure.replaced(old, messages)}
+            added = [self._short(m) for m in messages[len(old) :]]
+            # The list is this object's own (edited in place once every digest is known: the
+            # next call starts from it).
+            for i, digest in replaced.items():
+                shorts[i] = digest
+            shorts.extend(added)
+            # Only appended (a warm turn): the string of last time with the new digests after it.
+            joined = joined + "".join(added) if not replaced else "".join(shorts)
         else:
             shorts = [self._short(m) for m in messages]
-        self._last_history = (tuple(messages), shorts)
-        return "".join(shorts)
+            joined = "".join(shorts)
+        self._last_history = (tuple(messages), shorts, joined)
+        return joined
 
     def _strategy(self, ctx: StageContext) -> str:
         if self.options.strategy != "auto":
@@ -800,7 +807,8 @@ class CacheMarkers:
         if prev.get("history_start") != cur["history_start"]:
             return
         common = min(len(old), len(new))
-        if old[:common] != new[:common]:
+        # (startswith: no copy of either string, which grows with the history)
+        if not (new.startswith(old) if len(new) >= len(old) else old.startswith(new)):
             k = next(k for k in range(0, common, _SHORT) if old[k : k + _SHORT] != new[k : k + _SHORT])
             at = cur["history_start"] + k // _SHORT
             actions.append(

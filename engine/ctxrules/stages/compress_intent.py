@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
+from ctxrules.carry import Carry
 from ctxrules.hookspecs import hookimpl
 from ctxrules.messages import message_text
 from ctxrules.stages.base import Action, StageOutcome, StageType, unchanged
@@ -323,6 +324,9 @@ class IntentStage:
         self.failed_steps = int(options.get("failed_steps", 5))
         self.max_share = float(options.get("max_share", 0.25))
         self.max_terms = int(options.get("max_terms", 64))
+        # Per session, what the last list's messages matched (see _matches).
+        self._text_carry: Carry[_TextMatches] = Carry()
+        self._ids_carry: Carry[dict[str, tuple[int, ...]]] = Carry()
 
     def __call__(self, messages: Sequence[dict[str, Any]], ctx: StageContext) -> StageOutcome:
         intent = build_intent(
@@ -333,7 +337,7 @@ class IntentStage:
             max_terms=self.max_terms,
         )
         ctx.state["intent"] = intent.as_dict()
-        hits, asked_of = self._matches(messages, intent)
+        hits, asked_of = self._matches(messages, intent, ctx.session_id)
         # The ask's matches first, then the incidental ones; each newest first.
         ranked = [*sorted(asked_of, reverse=True), *sorted(hits - asked_of.keys(), reverse=True)]
         always = _newest_per_term(asked_of)
@@ -374,57 +378,153 @@ class IntentStage:
             actions.append(Action("intent", detail))
         return StageOutcome(messages=unchanged(messages), actions=actions)
 
-    @staticmethod
-    def _matches(messages: Sequence[Mapping[str, Any]], intent: Intent) -> tuple[set[int], dict[int, frozenset[str]]]:
+    def _matches(
+        self, messages: Sequence[Mapping[str, Any]], intent: Intent, session: str = ""
+    ) -> tuple[set[int], dict[int, frozenset[str]]]:
         """Every matching index, and for those that match what the latest ask names, which of
-        its terms they mention (a call's result shares its call's terms and the reverse)."""
+        its terms they mention (a call's result shares its call's terms and the reverse).
+
+        What a message matches depends on it and the intent's terms alone: on a list that
+        extends the last one of this session (a warm turn) under the same terms, the older
+        messages' matches are carried over and only the new messages are searched."""
         pattern = intent.pattern()
         failed = set(intent.failed_calls)
         if pattern is None and not failed:
             return set(), {}
-        # A plain substring test first (C speed); the regex only confirms the boundaries.
-        needles = intent.needles()
+        facts = shape(messages).facts
         asked = intent.asked_needles()
         hits: set[int] = set()
         asked_of: dict[int, frozenset[str]] = {}
-        for index, f in enumerate(shape(messages).facts):
-            if f.injected:
+        if pattern is not None:
+            hits, asked_of = self._text_matches(messages, facts, intent, pattern, asked, session)
+        if failed:
+            by_id = self._results_by_id(messages, facts, session)
+            found = [i for cid in failed for i in by_id.get(cid, ())]
+            if found:
+                hits, asked_of = set(hits), dict(asked_of)  # the carried ones stay as they are
+                hits.update(found)
+                _pair_in(messages, pair_tool_calls(messages), pattern, asked, found, hits, asked_of)
+        return set(hits), dict(asked_of)
+
+    def _text_matches(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        facts: Sequence[Any],
+        intent: Intent,
+        pattern: re.Pattern[str],
+        asked: Mapping[str, tuple[str, ...]],
+        session: str,
+    ) -> tuple[set[int], dict[int, frozenset[str]]]:
+        """The messages whose text or call arguments mention a focus term, with the other half
+        of each such call (see :func:`_pair_in`); the asked terms of each.
+
+        On a list that extends the session's last one under the same terms, the older
+        messages' matches are carried over: only the new messages are searched, and only the
+        old calls that a new result answers are looked at again."""
+        needles = intent.needles()
+        terms_key = (needles, tuple(asked.items()))
+        start, carried = self._text_carry.resume(session, messages, terms_key)
+        if carried is not None:
+            direct, direct_asked, hits, asked_of = carried
+            direct, direct_asked, hits, asked_of = set(direct), dict(direct_asked), set(hits), dict(asked_of)
+        else:
+            direct, direct_asked, hits, asked_of = set(), {}, set(), {}
+        new: list[int] = []
+        for index in range(start, len(messages)):
+            if facts[index].injected:
                 continue
             msg = messages[index]
-            cid = msg.get("tool_call_id")
-            if msg.get("role") == "tool" and isinstance(cid, str) and cid in failed:
-                hits.add(index)
-            if pattern is None:
-                continue
             for text in (message_text(msg), _arguments_text(msg)):
+                # A plain substring test first (C speed); the regex only confirms the boundaries.
                 if any(n in text for n in needles) and pattern.search(text):
-                    hits.add(index)
+                    if index not in direct:
+                        new.append(index)
+                        direct.add(index)
                     terms = _asked_in(text, asked)
                     if terms:
-                        asked_of[index] = asked_of.get(index, frozenset()) | terms
-        if not hits:
-            return hits, asked_of
-        pairing = pair_tool_calls(messages)
-        # The other half of each matched call: a call's result, a result's call.
-        for index in list(hits):
-            key = pairing.call_of.get(index)
-            if key is not None:
-                hits.add(key[0])
-                if index in asked_of:
-                    asked_of[key[0]] = asked_of.get(key[0], frozenset()) | asked_of[index]
-            if messages[index].get("role") == "assistant":
-                calls = messages[index].get("tool_calls") or []
-                for pos in range(len(calls)):
-                    result = pairing.result_of.get((index, pos))
-                    if result is None or pattern is None:
-                        continue
-                    args = _arguments_text({"tool_calls": [calls[pos]]})
-                    if pattern.search(args):
-                        hits.add(result)
-                        terms = _asked_in(args, asked)
-                        if terms:
-                            asked_of[result] = asked_of.get(result, frozenset()) | terms
+                        direct_asked[index] = direct_asked.get(index, frozenset()) | terms
+        if new or start:
+            pairing = pair_tool_calls(messages)
+            for index in new:
+                hits.add(index)
+                if index in direct_asked:
+                    asked_of[index] = asked_of.get(index, frozenset()) | direct_asked[index]
+            _pair_in(messages, pairing, pattern, asked, new, hits, asked_of)
+            # An older matching call that a new result answers: that result is its other half.
+            for index in range(start, len(messages)):
+                key = pairing.call_of.get(index)
+                if key is not None and key[0] < start and key[0] in direct:
+                    _pair_call(messages, pattern, asked, key, index, hits, asked_of)
+        self._text_carry.keep(session, messages, terms_key, (direct, direct_asked, hits, asked_of))
         return hits, asked_of
+
+    def _results_by_id(
+        self, messages: Sequence[Mapping[str, Any]], facts: Sequence[Any], session: str
+    ) -> Mapping[str, tuple[int, ...]]:
+        """The tool results (not injected) by the call id they carry; carried over like the
+        text matches, so a warm turn looks only at the new messages."""
+        start, carried = self._ids_carry.resume(session, messages, ())
+        by_id = dict(carried) if carried is not None else {}
+        for index in range(start, len(messages)):
+            msg = messages[index]
+            cid = msg.get("tool_call_id")
+            if not facts[index].injected and msg.get("role") == "tool" and isinstance(cid, str):
+                by_id[cid] = (*by_id.get(cid, ()), index)
+        self._ids_carry.keep(session, messages, (), by_id)
+        return by_id
+
+
+_TextMatches = tuple[set[int], dict[int, frozenset[str]], set[int], dict[int, frozenset[str]]]
+"""What _text_matches keeps per session: the direct matches and their asked terms, then the
+same with the other halves of their calls added."""
+
+
+def _pair_in(
+    messages: Sequence[Mapping[str, Any]],
+    pairing: Any,
+    pattern: re.Pattern[str] | None,
+    asked: Mapping[str, tuple[str, ...]],
+    indices: Sequence[int],
+    hits: set[int],
+    asked_of: dict[int, frozenset[str]],
+) -> None:
+    """Adds the other half of each matched call at ``indices``: a result's call (with the
+    result's asked terms), and the result of each call of an assistant message whose own
+    arguments match. What it adds does not depend on the order the indices come in (a call's
+    arguments are part of its message's text), so matches carried over from the last turn and
+    the new ones can be expanded apart."""
+    for index in indices:
+        key = pairing.call_of.get(index)
+        if key is not None:
+            hits.add(key[0])
+            if index in asked_of:
+                asked_of[key[0]] = asked_of.get(key[0], frozenset()) | asked_of[index]
+        if pattern is not None and messages[index].get("role") == "assistant":
+            for pos in range(len(messages[index].get("tool_calls") or [])):
+                result = pairing.result_of.get((index, pos))
+                if result is not None:
+                    _pair_call(messages, pattern, asked, (index, pos), result, hits, asked_of)
+
+
+def _pair_call(
+    messages: Sequence[Mapping[str, Any]],
+    pattern: re.Pattern[str],
+    asked: Mapping[str, tuple[str, ...]],
+    key: tuple[int, int],
+    result: int,
+    hits: set[int],
+    asked_of: dict[int, frozenset[str]],
+) -> None:
+    """The result of the call ``key`` is matched when that call's own arguments match."""
+    calls = messages[key[0]].get("tool_calls") or []
+    if key[1] >= len(calls):
+        return
+    args = _arguments_text({"tool_calls": [calls[key[1]]]})
+    if pattern.search(args):
+        hits.add(result)
+        terms = _asked_in(args, asked)
+        if terms:
+            asked_of[result] = asked_of.get(result, frozenset()) | terms
 
 
 def _asked_in(text: str, asked: Mapping[str, tuple[str, ...]]) -> frozenset[str]:

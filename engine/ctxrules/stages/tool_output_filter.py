@@ -44,6 +44,7 @@ marker in the shortened text points into it, with ``#L`` ranges where whole line
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -161,7 +162,8 @@ class ToolOutputFilter:
         # results of its input, the keep ratio, the _settled epoch and the positions (in that
         # tuple) not settled; and the tool results of its output with their digests.
         self._last_scan: tuple[tuple[Message, ...], float, int, frozenset[int]] | None = None
-        self._last_sent: tuple[tuple[Message, ...], str, list[str | None]] | None = None
+        # (outputs, tokenizer, the digest of each or None, the digests sorted as state['sent'] keeps them)
+        self._last_sent: tuple[tuple[Message, ...], str, list[str | None], list[str]] | None = None
         self._epoch = 0
         self._generation = structure.generation()
         json_opts = {**_JSON_DEFAULTS, **opts.get("json", {})}
@@ -388,15 +390,32 @@ class _Run:
         indices = self.shape.results if len(out) == len(self.messages) else shape(out).results
         current = tuple(map(out.__getitem__, indices))
         last = stage._last_sent
+        sent: list[str] | None = None
         if last is not None and last[1] == tokenizer:
             digests = last[2][: len(current)]
             digests.extend([None] * (len(current) - len(digests)))
-            for p in _changed(last[0], current):
+            changed = list(_changed(last[0], current))
+            gone = [d for d in last[2][len(current) :] if d]  # the list got shorter
+            for p in changed:
+                before = last[2][p] if p < len(last[2]) else None
+                if before:
+                    gone.append(before)
                 digests[p] = self._sent_digest(current[p])
+            if len(changed) + len(gone) <= _SENT_EDITS:
+                # A warm turn: the sorted list of last time, edited where outputs changed.
+                sent = list(last[3])
+                for d in gone:
+                    del sent[bisect.bisect_left(sent, d)]
+                for p in changed:
+                    now = digests[p]
+                    if now:
+                        bisect.insort(sent, now)
         else:
             digests = [self._sent_digest(m) for m in current]
-        stage._last_sent = (current, tokenizer, digests)
-        self.ctx.state["sent"] = sorted(d for d in digests if d)
+        if sent is None:
+            sent = sorted(d for d in digests if d)
+        stage._last_sent = (current, tokenizer, digests, sent)
+        self.ctx.state["sent"] = list(sent)
 
     def _sent_digest(self, msg: Message) -> str | None:
         """The digest to remember for ``msg`` as sent, or None when it is too small to ever be
@@ -679,6 +698,10 @@ class _Run:
         self.actions.append(
             Action(kind, f"message {index}: {detail}", index=index, tokens_saved=saved, vault_id=vault_id)
         )
+
+
+# More outputs changed than this since the last call: the sent digests are sorted afresh.
+_SENT_EDITS = 32
 
 
 def _changed(old: Sequence[Any], new: Sequence[Any]) -> Iterable[int]:

@@ -1,0 +1,74 @@
+"""Carry-over of per-message work from one message list to the next that extends it.
+
+A warm turn hands the stages the last turn's list with a few messages appended. A stage that
+walks every message (to find matches, say) can keep what it found per index and, on a list
+that holds the same message objects up front, walk only the new ones::
+
+    carry = Carry()                       # one per stage instance
+    start, found = carry.resume(ctx.session_id, messages, key)
+    found = dict(found or {})             # never change what was carried: copy it
+    for i in range(start, len(messages)):
+        ...
+    carry.keep(ctx.session_id, messages, key, found)
+
+The carried value is used only when ``key`` (what the work depended on besides the messages:
+options, search terms) is equal, the injection key is the same, no message was edited in place
+since (:func:`ctxrules.structure.forget` changes the generation) and every message of the old
+list is the same object at the same position. Otherwise ``resume`` returns ``(0, None)``.
+"""
+
+from __future__ import annotations
+
+import operator
+import threading
+from collections.abc import Hashable, Mapping, Sequence
+from typing import Any, Generic, NamedTuple, TypeVar
+
+from ctxrules.injected import current_key
+from ctxrules.structure import generation
+
+__all__ = ["Carry"]
+
+T = TypeVar("T")
+
+
+class _Kept(NamedTuple, Generic[T]):
+    snapshot: tuple[Mapping[str, Any], ...]
+    key: Hashable
+    injection: Any
+    generation: int
+    value: T
+
+
+class Carry(Generic[T]):
+    """What one stage computed on the last list of each session (see the module docstring)."""
+
+    def __init__(self, sessions: int = 16) -> None:
+        self._kept: dict[str, _Kept[T]] = {}
+        self._sessions = sessions
+        self._lock = threading.Lock()
+
+    def resume(self, session: str, messages: Sequence[Mapping[str, Any]], key: Hashable) -> tuple[int, T | None]:
+        """``(m, value)`` when ``value`` was kept for ``messages[:m]`` under ``key``; else ``(0, None)``."""
+        with self._lock:
+            kept = self._kept.get(session)
+        if (
+            kept is None
+            or kept.generation != generation()
+            or kept.injection is not current_key()
+            or len(kept.snapshot) > len(messages)
+            or kept.key != key
+            or not all(map(operator.is_, kept.snapshot, messages))
+        ):
+            return 0, None
+        return len(kept.snapshot), kept.value
+
+    def keep(self, session: str, messages: Sequence[Mapping[str, Any]], key: Hashable, value: T) -> None:
+        """Remember ``value`` as computed on ``messages`` under ``key`` (the caller must not
+        change ``value`` afterwards: the next turn starts from it)."""
+        kept = _Kept(tuple(messages), key, current_key(), generation(), value)
+        with self._lock:
+            self._kept.pop(session, None)
+            self._kept[session] = kept
+            while len(self._kept) > self._sessions:  # the least recently kept session goes
+                del self._kept[next(iter(self._kept))]
