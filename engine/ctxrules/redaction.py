@@ -38,9 +38,9 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field, replace
-from functools import lru_cache
-from typing import Any, Literal
+from dataclasses import dataclass, field
+from functools import cache, lru_cache
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 from ctxrules.patterns import Match, Pattern
 from ctxrules.patterns import compile as patterns_compile
@@ -79,17 +79,21 @@ def luhn_valid(digits: str) -> bool:
 # Issuer prefixes of the major card networks: Visa 4, Mastercard 51-55 and 2221-2720, Amex
 # 34/37, Discover 6011/65/644-649, JCB 3528-3589, Diners 36/38/300-305, UnionPay 62. A Luhn-valid
 # run of digits that starts otherwise (millisecond timestamps, ids) is not taken for a card.
-_CARD_PREFIX = re.compile(
-    r"^(?:4|5[1-5]|2(?:2[2-9][1-9]|2[3-9]\d|[3-6]\d\d|7[01]\d|720)|3[47]|6011|65|64[4-9]"
-    r"|35(?:2[89]|[3-8]\d)|3(?:0[0-5]|[68])|62)"
-)
+# The module's own regexes are compiled on first use, not at import: most commands that import
+# this module (``validate``, ``explain``) never redact anything.
+@cache
+def _card_prefix() -> re.Pattern[str]:
+    return re.compile(
+        r"^(?:4|5[1-5]|2(?:2[2-9][1-9]|2[3-9]\d|[3-6]\d\d|7[01]\d|720)|3[47]|6011|65|64[4-9]"
+        r"|35(?:2[89]|[3-8]\d)|3(?:0[0-5]|[68])|62)"
+    )
 
 
 def _card_number(match: str) -> bool:
     digits = re.sub(r"[ -]", "", match)
     if not 13 <= len(digits) <= 19 or len(set(digits)) < 2:
         return False
-    if not _CARD_PREFIX.match(digits):
+    if not _card_prefix().match(digits):
         return False
     groups = re.split(r"[ -]", match)
     if len(groups) > 1:
@@ -166,6 +170,17 @@ class RedactionPattern:
         return self.replacement if self.replacement is not None else f"[REDACTED:{self.id}]"
 
 
+class _Spec(NamedTuple):
+    """A built-in pattern before its regex is compiled (see :func:`default_patterns`)."""
+
+    id: str
+    regex: str
+    kind: Kind
+    check: Callable[[str], bool] | None
+    description: str
+    flags: int
+
+
 def _p(
     id_: str,
     regex: str,
@@ -174,8 +189,8 @@ def _p(
     check: Callable[[str], bool] | None = None,
     description: str = "",
     flags: int = 0,
-) -> RedactionPattern:
-    return RedactionPattern(id_, re.compile(regex, flags), kind, None, check, description)
+) -> _Spec:
+    return _Spec(id_, regex, kind, check, description, flags)
 
 
 # Order matters: specific provider formats first, so that e.g. an Anthropic key is labelled as
@@ -184,7 +199,7 @@ def _p(
 # hash, a path segment) is not cut out of it.
 _B = r"(?<![A-Za-z0-9_])"
 _E = r"(?![A-Za-z0-9_])"
-_PATTERNS: tuple[RedactionPattern, ...] = (
+_PATTERNS: tuple[_Spec, ...] = (
     _p(
         "private-key",
         r"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?-----"
@@ -323,14 +338,37 @@ _HINTS: dict[str, tuple[tuple[str, ...], bool]] = {
     "secret-assignment": (("pass", "pwd", "secret", "key", "token"), True),
     "email": (("@",), False),
 }
-DEFAULT_PATTERNS: tuple[RedactionPattern, ...] = tuple(
-    replace(p, hints=_HINTS[p.id][0], hints_casefold=_HINTS[p.id][1]) if p.id in _HINTS else p for p in _PATTERNS
-)
-DEFAULT_PATTERN_IDS: tuple[str, ...] = tuple(p.id for p in DEFAULT_PATTERNS)
+DEFAULT_PATTERN_IDS: tuple[str, ...] = tuple(p.id for p in _PATTERNS)
 
-_NON_PERSONAL_DOMAINS = re.compile(
-    r"(?i)(?:^|\.)(?:example\.(?:com|org|net)|[a-z0-9-]+\.(?:invalid|test|example|localhost|local))$"
-)
+
+@cache
+def default_patterns() -> tuple[RedactionPattern, ...]:
+    """The built-in patterns, compiled once per process on first use (also importable as
+    :data:`DEFAULT_PATTERNS`)."""
+    built = []
+    for spec in _PATTERNS:
+        hints, folded = _HINTS.get(spec.id, ((), False))
+        regex = re.compile(spec.regex, spec.flags)
+        built.append(RedactionPattern(spec.id, regex, spec.kind, None, spec.check, spec.description, hints, folded))
+    return tuple(built)
+
+
+if TYPE_CHECKING:
+    DEFAULT_PATTERNS: tuple[RedactionPattern, ...]
+
+
+def __getattr__(name: str) -> tuple[RedactionPattern, ...]:
+    # DEFAULT_PATTERNS is computed on first access (PEP 562), so importing the module compiles nothing.
+    if name == "DEFAULT_PATTERNS":
+        return default_patterns()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+@cache
+def _non_personal_domains() -> re.Pattern[str]:
+    return re.compile(
+        r"(?i)(?:^|\.)(?:example\.(?:com|org|net)|[a-z0-9-]+\.(?:invalid|test|example|localhost|local))$"
+    )
 
 
 def _not_personal_email(text: str) -> bool:
@@ -338,14 +376,16 @@ def _not_personal_email(text: str) -> bool:
     # git@github.com:owner/repo remotes and the like are host logins, not a person's address.
     if local.lower() in {"git", "hg", "svn"}:
         return True
-    return bool(_NON_PERSONAL_DOMAINS.search(domain))
+    return bool(_non_personal_domains().search(domain))
 
 
-_ASSIGNMENT_VALUE = re.compile(r"[:=]\s*[\"']?([^\s\"'`,;(){}\[\]<>]+)")
+@cache
+def _assignment_value() -> re.Pattern[str]:
+    return re.compile(r"[:=]\s*[\"']?([^\s\"'`,;(){}\[\]<>]+)")
 
 
 def _secret_of_assignment(text: str) -> str:
-    match = _ASSIGNMENT_VALUE.search(text)
+    match = _assignment_value().search(text)
     return match.group(1) if match else text
 
 
@@ -510,13 +550,13 @@ def _build(defaults: bool, disabled: tuple[str, ...], extra: tuple[tuple[str, st
             raise ValueError(f"redaction pattern '{ident}': regex does not compile: {exc}") from exc
         patterns.append(RedactionPattern(ident, compiled, "pii" if kind == "pii" else "credential", replacement))
     if defaults:
-        patterns.extend(p for p in DEFAULT_PATTERNS if p.id not in disabled)
+        patterns.extend(p for p in default_patterns() if p.id not in disabled)
     return Redactor(patterns)
 
 
 def describe_defaults() -> list[dict[str, str]]:
     """The built-in patterns as ``{"id", "kind", "description"}`` (docs and ``explain``)."""
-    return [{"id": p.id, "kind": p.kind, "description": p.description} for p in DEFAULT_PATTERNS]
+    return [{"id": p.id, "kind": p.kind, "description": p.description} for p in default_patterns()]
 
 
 def redact_json_text(redactor: Redactor, text: str) -> str:

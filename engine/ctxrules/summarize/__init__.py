@@ -20,25 +20,72 @@ Nothing here imports litellm at import time.
 
 from __future__ import annotations
 
-from ctxrules.summarize.audit import AuditResult, SummaryAuditor, grounding_source
-from ctxrules.summarize.breaker import CircuitBreaker
-from ctxrules.summarize.checkpoint import build_checkpoint
-from ctxrules.summarize.config import Candidate, SummarizerConfig, resolve_chain
-from ctxrules.summarize.llm import (
-    CallFailed,
-    InactivityTimeout,
-    ProgressClock,
-    StreamLimits,
-    StreamResult,
-    TotalTimeout,
-    stream_completion,
-)
-from ctxrules.summarize.merge import MergeResult, merge_summaries
-from ctxrules.summarize.model import FIELDS, Summary, summary_schema, validate_summary
-from ctxrules.summarize.render import parse_rendered, render_summary, summary_message
-from ctxrules.summarize.span import SpanPlan, plan_span, protected_head_end
-from ctxrules.summarize.summarizer import Attempt, Summarizer, SummarizeResult, parse_reply
+import importlib
+from typing import TYPE_CHECKING
+
+# Imported at once: the submodule shares the function's name, and importing the submodule later
+# would rebind the package attribute ``title`` to it.
 from ctxrules.summarize.title import clean_for_title, title
+
+if TYPE_CHECKING:
+    from ctxrules.summarize.audit import AuditResult, SummaryAuditor, grounding_source
+    from ctxrules.summarize.breaker import CircuitBreaker
+    from ctxrules.summarize.checkpoint import build_checkpoint
+    from ctxrules.summarize.config import Candidate, SummarizerConfig, resolve_chain
+    from ctxrules.summarize.llm import (
+        CallFailed,
+        InactivityTimeout,
+        ProgressClock,
+        StreamLimits,
+        StreamResult,
+        TotalTimeout,
+        stream_completion,
+    )
+    from ctxrules.summarize.lock import CompactionBusy as CompactionBusy
+    from ctxrules.summarize.lock import CompactionLock as CompactionLock
+    from ctxrules.summarize.merge import MergeResult, merge_summaries
+    from ctxrules.summarize.model import FIELDS, Summary, summary_schema, validate_summary
+    from ctxrules.summarize.render import parse_rendered, render_summary, summary_message
+    from ctxrules.summarize.span import SpanPlan, plan_span, protected_head_end
+    from ctxrules.summarize.summarizer import Attempt, Summarizer, SummarizeResult, parse_reply
+
+# The names are loaded on first use (PEP 562): a stage module that needs one piece (the
+# checkpoint, the config) imports that submodule only, not the whole package.
+_SUBMODULE: dict[str, str] = {
+    "AuditResult": "audit",
+    "SummaryAuditor": "audit",
+    "grounding_source": "audit",
+    "CircuitBreaker": "breaker",
+    "build_checkpoint": "checkpoint",
+    "Candidate": "config",
+    "SummarizerConfig": "config",
+    "resolve_chain": "config",
+    "CallFailed": "llm",
+    "InactivityTimeout": "llm",
+    "ProgressClock": "llm",
+    "StreamLimits": "llm",
+    "StreamResult": "llm",
+    "TotalTimeout": "llm",
+    "stream_completion": "llm",
+    "MergeResult": "merge",
+    "merge_summaries": "merge",
+    "FIELDS": "model",
+    "Summary": "model",
+    "summary_schema": "model",
+    "validate_summary": "model",
+    "parse_rendered": "render",
+    "render_summary": "render",
+    "summary_message": "render",
+    "SpanPlan": "span",
+    "plan_span": "span",
+    "protected_head_end": "span",
+    "Attempt": "summarizer",
+    "SummarizeResult": "summarizer",
+    "Summarizer": "summarizer",
+    "parse_reply": "summarizer",
+    "CompactionBusy": "lock",
+    "CompactionLock": "lock",
+}
 
 __all__ = [
     "FIELDS",
@@ -78,9 +125,9 @@ __all__ = [
 
 
 def __getattr__(name: str) -> object:
-    # The compaction lock is loaded on use: verbs that only read packs import no lock module.
-    if name in ("CompactionBusy", "CompactionLock"):
-        from ctxrules.summarize import lock
-
-        return getattr(lock, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    submodule = _SUBMODULE.get(name)
+    if submodule is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{submodule}"), name)
+    globals()[name] = value  # later lookups skip this function
+    return value

@@ -29,7 +29,8 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-from functools import lru_cache
+from functools import cache, lru_cache
+from typing import TYPE_CHECKING
 
 __all__ = [
     "COMMON_WEIGHT",
@@ -42,8 +43,17 @@ __all__ = [
     "word_sequence",
 ]
 
-_TOKEN = re.compile(r"[A-Za-z0-9_]+(?:[./-][A-Za-z0-9_]+)*|[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af]")
-_CJK = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af]")
+
+# Compiled on first use, not at import: every stage module imports this one (through the
+# summarizer), and only an audit or a merge of summaries runs it.
+@cache
+def _token_patterns() -> tuple[re.Pattern[str], re.Pattern[str]]:
+    """(a token, a single CJK character)."""
+    return (
+        re.compile(r"[A-Za-z0-9_]+(?:[./-][A-Za-z0-9_]+)*|[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af]"),
+        re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af]"),
+    )
+
 
 # Function words and the verbs every request uses ("please make it work"): sharing them says
 # nothing about whether two texts talk about the same thing.
@@ -277,9 +287,9 @@ def _stem(word: str) -> str:
     return word
 
 
-def _words_of_token(token: str) -> Iterable[str]:
+def _words_of_token(token: str, cjk: re.Pattern[str]) -> Iterable[str]:
     lowered = token.lower()
-    if _CJK.fullmatch(lowered):
+    if cjk.fullmatch(lowered):
         yield lowered
         return
     parts = re.split(r"[./_-]", lowered) if re.search(r"[./_-]", lowered) else []
@@ -294,12 +304,14 @@ def _words_of_token(token: str) -> Iterable[str]:
 
 def word_sequence(text: str) -> list[str]:
     """The content words of ``text`` in order (with repeats)."""
-    return [w for token in _TOKEN.findall(text) for w in _words_of_token(token)]
+    token, cjk = _token_patterns()
+    return [w for t in token.findall(text) for w in _words_of_token(t, cjk)]
 
 
 def content_words(text: str) -> frozenset[str]:
     """The distinct content words of ``text`` (see the module docstring)."""
-    return frozenset(w for token in _TOKEN.findall(text) for w in _words_of_token(token))
+    token, cjk = _token_patterns()
+    return frozenset(w for t in token.findall(text) for w in _words_of_token(t, cjk))
 
 
 def shared_words(claim: str, source: str | frozenset[str]) -> frozenset[str]:
@@ -352,14 +364,31 @@ tool top true try type types under update use used user using valid value values
 version view want way well what when where whether which while why will window with within
 without work working works world would write wrong yes yet
 """
-COMMON_WORDS: frozenset[str] = frozenset({_stem(w) for w in _COMMON_TEXT.split()} | set(_COMMON_TEXT.split()))
-"""Everyday English and generic programming words: they weigh little in grounding."""
+
+
+@cache
+def common_words() -> frozenset[str]:
+    """Everyday English and generic programming words: they weigh little in grounding (also
+    importable as :data:`COMMON_WORDS`; built on first use, not at import)."""
+    return frozenset({_stem(w) for w in _COMMON_TEXT.split()} | set(_COMMON_TEXT.split()))
+
+
+if TYPE_CHECKING:
+    COMMON_WORDS: frozenset[str]
+
+
+def __getattr__(name: str) -> frozenset[str]:
+    if name == "COMMON_WORDS":  # PEP 562: computed on first access
+        return common_words()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 COMMON_WEIGHT = 0.1
 PASSAGE_WORDS = 80
 
 
 def _weight(word: str) -> float:
-    return COMMON_WEIGHT if word in COMMON_WORDS else 1.0
+    return COMMON_WEIGHT if word in common_words() else 1.0
 
 
 class GroundingSource:

@@ -4,7 +4,7 @@ Deterministic and offline (no LLM): sub-agents usually end with a markdown repor
 extraction reads its structure.
 
 - **Sections**: a heading (``## Next steps``, ``**Risks:**``, ``Done:``) assigns the bullet and
-  numbered items under it to a category by its words (see ``_SECTION_WORDS``).
+  numbered items under it to a category by its words (see ``_regexes``).
 - **Item markers** anywhere: ``- [x]``/✅/✓ mean done, ``- [ ]``/``TODO``/``FIXME`` mean todo,
   ``Warning:``/``Risk:``/``Caveat:``/⚠ mean a risk.
 - **Done fallback**: with no done section, lines that open with a past-tense action verb
@@ -20,45 +20,12 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from functools import cache
+from typing import NamedTuple
 
 __all__ = ["Handover", "extract_handover", "render_handover"]
 
 _ITEM_CHARS = 160
-
-_SECTION_WORDS: dict[str, re.Pattern[str]] = {
-    "todo": re.compile(
-        r"\b(to-?dos?|next steps?|remaining|follow[- ]?ups?|pending|open (items|questions)|"
-        r"recommend\w*|still (needed|to do)|not (yet )?(done|implemented)|action items|"
-        r"what'?s left|left to do|suggest\w*|future work)\b",
-        re.I,
-    ),
-    "risks": re.compile(
-        r"\b(risks?|caveats?|warnings?|issues?|concerns?|limitations?|known (issues|problems)|"
-        r"blockers?|blocked|gotchas?|problems?|failures?|errors?|breaking)\b",
-        re.I,
-    ),
-    "done": re.compile(
-        r"\b(done|completed?|finished|summary|changes( made)?|what (i|was) (did|done|changed)|"
-        r"implemented|implementation|fixe[sd]|accomplished|results?|findings|work performed|"
-        r"modifications?|created|updated|added)\b",
-        re.I,
-    ),
-}
-_HEADING = re.compile(
-    r"^\s*(?:#{1,6}\s+(?P<md>.+?)\s*#*\s*$|\*\*(?P<bold>[^*]{2,80})\*\*:?\s*$|"
-    r"(?P<colon>[A-Z][\w ./&'()-]{1,60}):\s*$)"
-)
-_BULLET = re.compile(r"^\s*(?:[-*•+]|\d{1,3}[.)])\s+(?P<body>.+)$")
-_CHECKED = re.compile(r"^\s*(?:[-*+]\s+)?\[[xX]\]\s+(?P<body>.+)$|^\s*(?:✅|✓|✔)\s*(?P<mark>.+)$")
-_UNCHECKED = re.compile(r"^\s*(?:[-*+]\s+)?\[ \]\s+(?P<body>.+)$|\b(?:TODO|FIXME)\b:?\s*(?P<todo>.+)$")
-_RISK = re.compile(
-    r"^\s*(?:[-*+]\s+)?(?:⚠️?|\*\*)?\s*(?:warning|risk|caveat|careful|danger)\b\**:\s*(?P<body>.+)$", re.I
-)
-_DONE_VERB = re.compile(
-    r"^\s*(?:[-*•+]|\d{1,3}[.)])?\s*(?:\*\*)?(?P<body>(?:Added|Created|Fixed|Implemented|Updated|"
-    r"Removed|Refactored|Renamed|Moved|Wrote|Ran|Verified|Tested|Replaced|Deleted|Migrated|"
-    r"Installed|Configured|Changed|Extracted|Merged|Resolved|Completed)\b.+)$"
-)
 
 _EXTENSIONS = (
     "py|pyi|js|jsx|mjs|cjs|ts|tsx|go|rs|rb|ex|exs|erl|java|kt|kts|scala|c|h|cc|cpp|hpp|cs|"
@@ -66,12 +33,66 @@ _EXTENSIONS = (
     "yaml|yml|toml|ini|cfg|conf|xml|html|htm|css|scss|sass|less|proto|graphql|gradle|lock|"
     "env|dockerfile|tf|hcl|nix|ipynb|csv|tsv|heex|eex|leex|pony|zig|nim|ml|mli|hs|clj|cljs"
 )
-_PATH = re.compile(
-    r"(?<![\w/.:@-])(?P<path>(?:\.{1,2}/|/|~/)?(?:[\w@.+-]+/)*[\w@+-][\w@.+-]*\.(?P<ext>[A-Za-z0-9]{1,10}))"
-    r"(?::\d+(?::\d+)?)?(?![\w/])"
-)
-_KNOWN_EXT = re.compile(rf"(?:{_EXTENSIONS})", re.I)
-_VERSION = re.compile(r"^v?\d+(?:\.\d+)+$")
+
+
+class _Regexes(NamedTuple):
+    section_words: dict[str, re.Pattern[str]]
+    heading: re.Pattern[str]
+    bullet: re.Pattern[str]
+    checked: re.Pattern[str]
+    unchecked: re.Pattern[str]
+    risk: re.Pattern[str]
+    done_verb: re.Pattern[str]
+    path: re.Pattern[str]
+    known_ext: re.Pattern[str]
+    version: re.Pattern[str]
+
+
+# Compiled on first use, not at import: this module is imported with every stage module
+# (``validate`` among others), and only a compaction that reduces a sub-agent result runs it.
+@cache
+def _regexes() -> _Regexes:
+    section_words: dict[str, re.Pattern[str]] = {
+        "todo": re.compile(
+            r"\b(to-?dos?|next steps?|remaining|follow[- ]?ups?|pending|open (items|questions)|"
+            r"recommend\w*|still (needed|to do)|not (yet )?(done|implemented)|action items|"
+            r"what'?s left|left to do|suggest\w*|future work)\b",
+            re.I,
+        ),
+        "risks": re.compile(
+            r"\b(risks?|caveats?|warnings?|issues?|concerns?|limitations?|known (issues|problems)|"
+            r"blockers?|blocked|gotchas?|problems?|failures?|errors?|breaking)\b",
+            re.I,
+        ),
+        "done": re.compile(
+            r"\b(done|completed?|finished|summary|changes( made)?|what (i|was) (did|done|changed)|"
+            r"implemented|implementation|fixe[sd]|accomplished|results?|findings|work performed|"
+            r"modifications?|created|updated|added)\b",
+            re.I,
+        ),
+    }
+    heading = re.compile(
+        r"^\s*(?:#{1,6}\s+(?P<md>.+?)\s*#*\s*$|\*\*(?P<bold>[^*]{2,80})\*\*:?\s*$|"
+        r"(?P<colon>[A-Z][\w ./&'()-]{1,60}):\s*$)"
+    )
+    bullet = re.compile(r"^\s*(?:[-*•+]|\d{1,3}[.)])\s+(?P<body>.+)$")
+    checked = re.compile(r"^\s*(?:[-*+]\s+)?\[[xX]\]\s+(?P<body>.+)$|^\s*(?:✅|✓|✔)\s*(?P<mark>.+)$")
+    unchecked = re.compile(r"^\s*(?:[-*+]\s+)?\[ \]\s+(?P<body>.+)$|\b(?:TODO|FIXME)\b:?\s*(?P<todo>.+)$")
+    risk = re.compile(
+        r"^\s*(?:[-*+]\s+)?(?:⚠️?|\*\*)?\s*(?:warning|risk|caveat|careful|danger)\b\**:\s*(?P<body>.+)$", re.I
+    )
+    done_verb = re.compile(
+        r"^\s*(?:[-*•+]|\d{1,3}[.)])?\s*(?:\*\*)?(?P<body>(?:Added|Created|Fixed|Implemented|Updated|"
+        r"Removed|Refactored|Renamed|Moved|Wrote|Ran|Verified|Tested|Replaced|Deleted|Migrated|"
+        r"Installed|Configured|Changed|Extracted|Merged|Resolved|Completed)\b.+)$"
+    )
+    path = re.compile(
+        r"(?<![\w/.:@-])(?P<path>(?:\.{1,2}/|/|~/)?(?:[\w@.+-]+/)*[\w@+-][\w@.+-]*\.(?P<ext>[A-Za-z0-9]{1,10}))"
+        r"(?::\d+(?::\d+)?)?(?![\w/])"
+    )
+    known_ext = re.compile(rf"(?:{_EXTENSIONS})", re.I)
+    version = re.compile(r"^v?\d+(?:\.\d+)+$")
+    return _Regexes(section_words, heading, bullet, checked, unchecked, risk, done_verb, path, known_ext, version)
 
 
 @dataclass(frozen=True)
@@ -93,7 +114,7 @@ def _clean(text: str) -> str:
 def _section_of(title: str) -> str | None:
     # Order matters: "Remaining issues" is a todo, "Known issues" a risk, "Summary" done.
     for category in ("todo", "risks", "done"):
-        if _SECTION_WORDS[category].search(title):
+        if _regexes().section_words[category].search(title):
             return category
     return None
 
@@ -118,27 +139,28 @@ def extract_handover(text: str, *, max_items: int = 8, max_files: int = 20) -> H
     verbs: list[str] = []
     section: str | None = None
     in_code = False
+    rx = _regexes()
     for raw in text.splitlines():
         if raw.lstrip().startswith("```"):
             in_code = not in_code
             continue
         if in_code or not raw.strip():
             continue
-        heading = _HEADING.match(raw)
-        if heading and not _BULLET.match(raw):
+        heading = rx.heading.match(raw)
+        if heading and not rx.bullet.match(raw):
             title = heading.group("md") or heading.group("bold") or heading.group("colon") or ""
             section = _section_of(title)
             continue
-        checked, unchecked, risk = _CHECKED.match(raw), _UNCHECKED.search(raw), _RISK.match(raw)
+        checked, unchecked, risk = rx.checked.match(raw), rx.unchecked.search(raw), rx.risk.match(raw)
         if checked:
             found.add("done", checked.group("body") or checked.group("mark") or "")
         elif unchecked:
             found.add("todo", unchecked.group("body") or unchecked.group("todo") or "")
         elif risk:
             found.add("risks", risk.group("body"))
-        elif section is not None and (bullet := _BULLET.match(raw)):
+        elif section is not None and (bullet := rx.bullet.match(raw)):
             found.add(section, bullet.group("body"))
-        elif (verb := _DONE_VERB.match(raw)) is not None:
+        elif (verb := rx.done_verb.match(raw)) is not None:
             verbs.append(verb.group("body"))
     if not found.items["done"]:
         for line in verbs:
@@ -149,14 +171,15 @@ def extract_handover(text: str, *, max_items: int = 8, max_files: int = 20) -> H
 def _files(text: str, limit: int) -> list[str]:
     files: list[str] = []
     seen: set[str] = set()
-    for match in _PATH.finditer(text):
+    rx = _regexes()
+    for match in rx.path.finditer(text):
         path = match.group("path")
         ext = match.group("ext")
         if "://" in text[max(0, match.start() - 12) : match.end()]:
             continue  # part of a URL
-        if ext.isdigit() or _VERSION.match(path):
+        if ext.isdigit() or rx.version.match(path):
             continue  # 3.11, v1.2.3
-        if "/" not in path and not _KNOWN_EXT.fullmatch(ext):
+        if "/" not in path and not rx.known_ext.fullmatch(ext):
             continue  # e.g., example.com, Foo.bar (an attribute access)
         if path not in seen:
             seen.add(path)
