@@ -366,9 +366,7 @@ def __getattr__(name: str) -> tuple[RedactionPattern, ...]:
 
 @cache
 def _non_personal_domains() -> re.Pattern[str]:
-    return re.compile(
-        r"(?i)(?:^|\.)(?:example\.(?:com|org|net)|[a-z0-9-]+\.(?:invalid|test|example|localhost|local))$"
-    )
+    return re.compile(r"(?i)(?:^|\.)(?:example\.(?:com|org|net)|[a-z0-9-]+\.(?:invalid|test|example|localhost|local))$")
 
 
 def _not_personal_email(text: str) -> bool:

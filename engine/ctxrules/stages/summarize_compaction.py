@@ -373,4 +373,3 @@ def _exists(ctx: StageContext) -> Callable[[str], bool]:
             return False
 
     return exists
-
