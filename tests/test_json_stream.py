@@ -97,3 +97,36 @@ def test_dumps_once_serialises_an_object_once_per_scope() -> None:
     with serialise_once():
         long = {"content": "x" * (json_stream.LONG_STRING + 1)}
         assert dumps_once(long) is not dumps_once(long)  # long texts are not kept
+
+
+def _holds_long_string(value: Any, depth: int = 0) -> bool:
+    """The definition: a string longer than LONG_STRING in a container at most 64 levels down."""
+    if isinstance(value, str):
+        return len(value) > json_stream.LONG_STRING
+    if depth > 64:
+        return False
+    children = value.values() if isinstance(value, dict) else value if isinstance(value, list | tuple) else ()
+    return any(_holds_long_string(v, depth + 1) for v in children)
+
+
+@settings(max_examples=300, deadline=None)
+@given(JSON, st.integers(min_value=0, max_value=70))
+def test_the_long_string_check_follows_its_definition(value: Any, depth: int) -> None:
+    original = json_stream.LONG_STRING
+    json_stream.LONG_STRING = 2  # short texts count as long: both answers occur
+    try:
+        nested: Any = value
+        for _ in range(depth):
+            nested = [nested]
+        assert json_stream._has_long_string(nested) == _holds_long_string(nested)
+    finally:
+        json_stream.LONG_STRING = original
+
+
+@pytest.mark.parametrize("depth", range(60, 70))
+@pytest.mark.parametrize("container", [lambda v: [v], lambda v: {"k": v}], ids=["list", "dict"])
+def test_the_long_string_check_at_its_depth_limit(depth: int, container: Any) -> None:
+    nested: Any = "x" * (json_stream.LONG_STRING + 1)
+    for _ in range(depth):
+        nested = container(nested)
+    assert json_stream._has_long_string(nested) == _holds_long_string(nested) == (depth <= 65)

@@ -53,15 +53,25 @@ def _encoder(sort_keys: bool = False, separators: tuple[str, str] = (", ", ": ")
     return found
 
 
-def _has_long_string(value: Any, depth: int = 0) -> bool:
-    if isinstance(value, str):
+def _has_long_string(value: Any) -> bool:
+    """Whether ``value`` holds a string longer than :data:`LONG_STRING` (looked for at most 64
+    levels deep). A loop over an explicit stack: it runs on every message of every prepare, and
+    generators per container cost more than the walk itself."""
+    if type(value) is str:
         return len(value) > LONG_STRING
-    if depth > 64:
-        return False
-    if isinstance(value, dict):
-        return any(_has_long_string(v, depth + 1) for v in value.values())
-    if isinstance(value, list | tuple):
-        return any(_has_long_string(v, depth + 1) for v in value)
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    pop, push = stack.pop, stack.append
+    while stack:
+        item, depth = pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list | tuple) else None
+        if children is None:
+            continue
+        for child in children:
+            if isinstance(child, str):
+                if len(child) > LONG_STRING:
+                    return True
+            elif depth < 64 and isinstance(child, dict | list | tuple):
+                push((child, depth + 1))
     return False
 
 
@@ -178,6 +188,16 @@ def known_value(text_id: str) -> Any | None:
     return scope.values.get(text_id) if scope is not None else None
 
 
+def _known_text(value: Any) -> str | None:
+    """The text :func:`dumps_once` made for this very object in this scope (it keeps only texts
+    of at most :data:`LONG_STRING` characters, so a value it knows holds no long string)."""
+    scope = _ONCE.get()
+    if scope is None:
+        return None
+    hit = scope.texts.get(id(value))
+    return hit[1] if hit is not None and hit[0] is value else None
+
+
 def dumps_once(value: Any) -> str:
     """``json.dumps(value, ensure_ascii=False)``; inside :func:`serialise_once`, the text made
     for this very object earlier in the scope."""
@@ -201,7 +221,7 @@ def list_pieces(values: Iterable[Any]) -> Iterator[str]:
     for index, value in enumerate(values):
         if index:
             yield ", "
-        if _has_long_string(value):
+        if _known_text(value) is None and _has_long_string(value):
             yield from _pieces(value, False, (", ", ": "))
         else:
             yield dumps_once(value)
