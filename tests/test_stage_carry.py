@@ -148,3 +148,21 @@ def test_cache_markers_carried_over_equals_a_full_pass(name: str, model: str, tm
         assert (got.request, got.warnings) == (want.request, want.warnings)
         assert ctx.state == ref_ctx.state
         current = list(got.messages)
+
+
+def test_cache_markers_never_edit_what_they_kept() -> None:
+    """One stage instance serves every session of its engine, and prepares of other sessions
+    run at the same time in other threads (litellm's hook, ``aprepare``): a call must build its
+    digests beside what the last call kept, never edit those in place."""
+    from ctxrules.stages.cache_markers import CacheMarkers
+
+    history = _history(TRANSCRIPT_NAMES[0])[:40]
+    stage = CacheMarkers({})
+    stage._shorts(history[:30])
+    kept = stage._last_history
+    assert kept is not None
+    before = list(kept[1])
+    extended = [*history[:30], *history[30:]]
+    extended[5] = {**extended[5], "content": "[replaced]"}  # replaced and appended
+    stage._shorts(extended)
+    assert kept[1] == before

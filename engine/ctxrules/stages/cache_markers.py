@@ -454,11 +454,12 @@ class CacheMarkers:
             old, shorts, joined = last
             replaced = {i: self._short(messages[i]) for i in structure.replaced(old, messages)}
             added = [self._short(m) for m in messages[len(old) :]]
-            # The list is this object's own (edited in place once every digest is known: the
-            # next call starts from it).
+            # A copy to edit: the stage serves every session of its engine, and prepares of
+            # other sessions may run at the same time in other threads, each from this same list
+            # (a copy of pointers costs little next to a digest).
+            shorts = [*shorts, *added]
             for i, digest in replaced.items():
                 shorts[i] = digest
-            shorts.extend(added)
             # Only appended (a warm turn): the string of last time with the new digests after it.
             joined = joined + "".join(added) if not replaced else "".join(shorts)
         else:
