@@ -3,9 +3,11 @@ installed wheel is tested on its own in ``test_wheel.py``."""
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -31,6 +33,17 @@ def corpus_present() -> bool:
 
 def transcript_paths() -> list[Path]:
     return sorted(p for p in TRANSCRIPTS.glob("*.json") if p.name != "stats.json")
+
+
+def load_transcript(name: str) -> list[dict[str, Any]]:
+    """The messages of the corpus transcript ``name`` (with or without ``.json``); the test
+    skips, saying which, when the corpus does not hold it."""
+    path = TRANSCRIPTS / (name if name.endswith(".json") else f"{name}.json")
+    if not path.is_file():
+        pytest.skip(f"the corpus transcript {path.name} is missing (set CTXRULES_CORPUS)")
+    data = json.loads(path.read_text(encoding="utf-8"))
+    assert isinstance(data, list), path
+    return data
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 from compress_kit import make_ctx
-from conftest import TRANSCRIPTS
+from conftest import load_transcript
 
 from ctxrules.carry import Carry
 from ctxrules.stages.compress_intent import IntentStage
@@ -25,15 +25,6 @@ pytestmark = pytest.mark.corpus
 # Sessions whose asks and steps name files and modules (the intent has terms and failed calls).
 TRANSCRIPT_NAMES = ["claudecode-ae4a77f8", "claudecode-258c7280", "minisweagent-django__django-11815"]
 STEPS = (1, 2, 3)
-
-
-def _history(name: str) -> list[dict[str, Any]]:
-    path = TRANSCRIPTS / f"{name}.json"
-    if not path.is_file():
-        pytest.skip(f"{path.name} is not in the corpus")
-    data = json.loads(path.read_text(encoding="utf-8"))
-    assert isinstance(data, list)
-    return data
 
 
 def _intent_run(stage: IntentStage, messages: list[dict[str, Any]], tmp_path: Path) -> dict[str, Any]:
@@ -58,7 +49,7 @@ def _cuts(n: int, start: int) -> list[int]:
 
 @pytest.mark.parametrize("name", TRANSCRIPT_NAMES)
 def test_intent_carried_over_equals_a_full_pass(name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    history = _history(name)
+    history = load_transcript(name)
     warm = IntentStage({})
     resumed: list[int] = []
     real_resume = Carry.resume
@@ -94,7 +85,7 @@ def test_tool_output_filter_carried_over_equals_a_full_pass(name: str, window: i
     a fresh instance computes on the same list with the same saved state."""
     from ctxrules.stages.tool_output_filter import ToolOutputFilter
 
-    history = _history(name)
+    history = load_transcript(name)
     # Low caps, so that outputs are reduced (and settled, and left alone next time) all along.
     options = {"item_tokens": 400, "turn_tokens": 1500}
     warm = ToolOutputFilter(options)
@@ -125,7 +116,7 @@ def test_cache_markers_carried_over_equals_a_full_pass(name: str, model: str, tm
     digests are edited, not only appended to."""
     from ctxrules.stages.cache_markers import CacheMarkers
 
-    history = _history(name)
+    history = load_transcript(name)
     warm = CacheMarkers({})
     current: list[dict[str, Any]] = []
     state: dict[str, Any] = {}
@@ -156,7 +147,7 @@ def test_cache_markers_never_edit_what_they_kept() -> None:
     digests beside what the last call kept, never edit those in place."""
     from ctxrules.stages.cache_markers import CacheMarkers
 
-    history = _history(TRANSCRIPT_NAMES[0])[:40]
+    history = load_transcript(TRANSCRIPT_NAMES[0])[:40]
     stage = CacheMarkers({})
     stage._shorts(history[:30])
     kept = stage._last_history

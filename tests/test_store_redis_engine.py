@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import TRANSCRIPTS
+from conftest import load_transcript
 from redis_server import RedisServer
 
 from ctxrules import Engine
@@ -23,13 +23,6 @@ REPO = Path(__file__).resolve().parents[1]
 NAME = "minisweagent-mwaskom__seaborn-3069.json"
 CLOCK = 1_780_000_000.0
 KEY = bytes(range(32))
-
-
-def _history() -> list[dict[str, Any]]:
-    path = TRANSCRIPTS / NAME
-    if not path.is_file():
-        pytest.skip(f"the corpus transcript {NAME} is missing (set CTXRULES_CORPUS)")
-    return list(json.loads(path.read_text()))
 
 
 def _cuts(history: list[dict[str, Any]], n: int) -> list[int]:
@@ -57,7 +50,7 @@ def test_a_restart_mid_session_recomputes_from_the_full_history_and_says_so(
     from ctxrules.stores.filesystem import FilesystemStore
     from ctxrules.stores.redis import RedisStore
 
-    history = _history()
+    history = load_transcript(NAME)
     cuts = _cuts(history, 4)
     RedisStore.from_url(own_redis.url).secret(None, "injection.key", lambda: KEY)
     session = engine.session("conv-restart", store=own_redis.url, model="gpt-4o", window=16_000)
@@ -114,7 +107,7 @@ def test_run_with_a_redis_store_through_the_cli(redis_url: str, tmp_path: Path) 
     """Two ``ctxrules run --store unix://… --session ID`` processes, one turn each: the second
     reuses the first's work, and ``vault get`` from a third process returns every marker's
     original."""
-    history = _history()
+    history = load_transcript(NAME)
     cuts = _cuts(history, 3)
     common = ["--pack", "builtin:default", "--model", "gpt-4o", "--window", "16000"]
     common += ["--store", redis_url, "--session", "conv-cli"]

@@ -19,12 +19,11 @@ stays byte-identical; a cold run decides everything afresh.
 from __future__ import annotations
 
 import hashlib
-import json
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import TRANSCRIPTS
+from conftest import load_transcript
 
 from ctxrules import Engine
 
@@ -41,15 +40,6 @@ CASES = [
     ("minisweagent-django__django-11815", 32_000, 10),
 ]
 STEPS = (1, 2, 3, 2)  # messages appended per turn, in turn
-
-
-def _history(name: str) -> list[dict[str, Any]]:
-    path = TRANSCRIPTS / f"{name}.json"
-    if not path.is_file():
-        pytest.skip(f"{path.name} is not in the corpus")
-    data = json.loads(path.read_text(encoding="utf-8"))
-    assert isinstance(data, list)
-    return data
 
 
 def _boundary(history: list[dict[str, Any]], upto: int) -> int:
@@ -88,7 +78,7 @@ def _sent(result: Any) -> tuple[Any, Any, Any]:
 def test_every_warm_turn_equals_the_turn_prepared_from_the_saved_session(
     tmp_path: Path, name: str, window: int, start: int
 ) -> None:
-    history = _history(name)
+    history = load_transcript(name)
     root = _state_root(tmp_path)
     warm = _open(root, "warm", window)
     cuts = [_boundary(history, start)]
