@@ -221,7 +221,10 @@ def list_pieces(values: Iterable[Any]) -> Iterator[str]:
     for index, value in enumerate(values):
         if index:
             yield ", "
-        if _known_text(value) is None and _has_long_string(value):
+        known = _known_text(value)
+        if known is not None:
+            yield known
+        elif _has_long_string(value):
             yield from _pieces(value, False, (", ", ": "))
         else:
             yield dumps_once(value)
