@@ -23,7 +23,6 @@ later call raises at once, so a rerun behaves the same whatever the machine's lo
 
 from __future__ import annotations
 
-import contextlib
 import contextvars
 import hashlib
 import re
@@ -147,23 +146,36 @@ def _memory() -> Memory:
     return _MEMORY.get(_PROCESS_MEMORY)
 
 
-@contextlib.contextmanager
-def remembering(state: dict[str, Any]) -> Iterator[Memory]:
+class remembering:  # lower case: used like the function it was (``with remembering(state) as memory``)
     """Within the block, patterns listed in ``state[STATE_KEY]`` count as timed out, and
     patterns that time out are added there (a sorted list of keys, JSON-serializable), so a
     later run in the same session skips them without trying. ``reports`` of the memory says
-    which patterns timed out or were skipped in the block (for the stage's warnings)."""
-    listed = state.get(STATE_KEY)
-    known = {k for k in listed if isinstance(k, str)} if isinstance(listed, list) else set()
-    memory = Memory(known | _PROCESS_MEMORY.keys)
-    token = _MEMORY.set(memory)
-    try:
-        yield memory
-    finally:
-        _MEMORY.reset(token)
+    which patterns timed out or were skipped in the block (for the stage's warnings).
+
+    A class, not a generator-based context manager: the runner enters one around every stage
+    of every turn, and the generator machinery cost more than a warm turn's small stages."""
+
+    __slots__ = ("_known", "_memory", "_state", "_token")
+
+    def __init__(self, state: dict[str, Any]) -> None:
+        self._state = state
+        listed = state.get(STATE_KEY)
+        self._known: set[str] = {k for k in listed if isinstance(k, str)} if isinstance(listed, list) else set()
+        self._memory = Memory(self._known | _PROCESS_MEMORY.keys)
+        self._token: contextvars.Token[Memory] | None = None
+
+    def __enter__(self) -> Memory:
+        self._token = _MEMORY.set(self._memory)
+        return self._memory
+
+    def __exit__(self, *exc: object) -> None:
+        if self._token is not None:
+            _MEMORY.reset(self._token)
+            self._token = None
+        memory = self._memory
         _PROCESS_MEMORY.keys |= memory.keys
-        if memory.keys - known:
-            state[STATE_KEY] = sorted(memory.keys)
+        if memory.keys - self._known:
+            self._state[STATE_KEY] = sorted(memory.keys)
 
 
 # -- analysis ------------------------------------------------------------------------------

@@ -11,6 +11,7 @@ messages as they were before it (``on_error: fail``); the conversation is never 
 
 from __future__ import annotations
 
+import dataclasses
 import operator
 import time
 from collections.abc import Callable, Sequence
@@ -158,12 +159,18 @@ class _Run:
         self.counted: list[tuple[list[Message], list[dict[str, Any]], int]] = []
         if known_tokens is not None:
             self.counted.append((self.initial, self.tools, known_tokens))
+        # Tier and utilization by prompt size: most stages of a turn see the same count.
+        self._tiers: dict[int, tuple[str, float]] = {}
+        # The fields every stage's context shares (a context is a plain dataclass instance, so
+        # one made from these and the few per-stage fields costs a dict copy, not a constructor
+        # call with twenty arguments per stage).
+        self._shared = {f: getattr(base, f) for f in _SHARED_FIELDS}
 
     def run(self) -> RunOutcome:
-        integrity = [p for p in self.plan if p.phase == "integrity"]
+        integrity, content, finalize = _phases(self.plan)
         current = self._each(integrity, self.initial)
         settled: list[tuple[PlannedStage, list[Message]]] = []  # after_compaction stages, what they left
-        for p in (p for p in self.plan if p.phase == "content"):
+        for p in content:
             before = current
             current = self._one(p, current)
             record = self.records[-1]
@@ -179,7 +186,7 @@ class _Run:
                 current = self._one(p, current)
                 if _changed(before, current):
                     current = self._each(integrity, current)
-        current = self._each([p for p in self.plan if p.phase == "finalize"], current)
+        current = self._each(finalize, current)
         return RunOutcome(current, self.tools, self.request, self.records, self.warnings, self._count(current))
 
     def _each(self, stages: list[PlannedStage], msgs: list[Message]) -> list[Message]:
@@ -206,46 +213,44 @@ class _Run:
         if self.on_event is not None:
             self.on_event({"event": event, **fields})
 
-    def _context(self, p: PlannedStage, msgs: list[Message], tier: str, tokens: int) -> StageContext:
-        base = self.base
-        return StageContext(
-            stage_id=p.id,
-            model=base.model,
-            counter=base.counter,
-            budget=base.budget,
-            vault=base.vault,
-            tools=self.tools,
-            pack=base.pack,
-            log=p.logger(base.log),
-            tier=tier,
-            utilization=base.budget.utilization(tokens),
-            state=self.states.setdefault(p.id, {}),
-            session_id=base.session_id,
-            protected=base.protected,
-            target=str(p.options.get("target", "monitor")),
-            clock=base.clock,
-            cache_hot=base.cache_hot,
-            hooks=base.hooks,
-            valid_prefix=base.valid_prefix if msgs is self.initial else 0,
-            compactions=tuple(self.compactions),
-            registry=base.registry,
-            cache_key=base.cache_key,
-        )
+    def _context(self, p: PlannedStage, msgs: list[Message], tier: str, utilization: float) -> StageContext:
+        ctx: StageContext = object.__new__(StageContext)
+        fields = ctx.__dict__
+        fields.update(self._shared)
+        fields["stage_id"] = p.id
+        fields["tools"] = self.tools
+        fields["log"] = p.logger(self.base.log)
+        fields["tier"] = tier
+        fields["utilization"] = utilization
+        fields["state"] = self.states.setdefault(p.id, {})
+        fields["target"] = str(p.options.get("target", "monitor"))
+        fields["valid_prefix"] = self.base.valid_prefix if msgs is self.initial else 0
+        fields["compactions"] = tuple(self.compactions)
+        return ctx
+
+    def _tier(self, tokens: int) -> tuple[str, float]:
+        known = self._tiers.get(tokens)
+        if known is None:
+            budget = self.base.budget
+            utilization = budget.utilization(tokens)
+            known = self._tiers[tokens] = (budget.tier_of(utilization), utilization)
+        return known
 
     def _one(self, p: PlannedStage, msgs: list[Message]) -> list[Message]:
         """Run one stage (when its ``when:`` allows); a failure is contained unless on_error: fail."""
         tokens = self._count(msgs)
-        tier = self.base.budget.tier(tokens)
+        tier, utilization = self._tier(tokens)
         record = StageRecord(p.id, p.type.name, p.phase, ran=False, tokens_before=tokens, tokens_after=tokens)
         self.records.append(record)
-        reason = _when_reason(p.when, tier)
+        reason = _when_reason(p.when, tier) if p.when else None
         if reason:
             record.reason = reason
             return msgs
-        ctx = self._context(p, msgs, tier, tokens)
+        ctx = self._context(p, msgs, tier, utilization)
         started = time.perf_counter()
         ctx.log.debug("stage.start", tier=tier, tokens=tokens)
-        self._emit("stage.start", stage=p.id, type=p.type.name, phase=p.phase, tier=tier, tokens=tokens)
+        if self.on_event is not None:
+            self._emit("stage.start", stage=p.id, type=p.type.name, phase=p.phase, tier=tier, tokens=tokens)
         memory = None
         try:
             # Pack patterns that time out are remembered in the stage's state: a rerun skips
@@ -285,15 +290,18 @@ class _Run:
         """Record what a stage that ran did; a finalize stage's request options and tools apply."""
         record.ran = True
         record.ms = (time.perf_counter() - started) * 1000
-        record.actions = [a.as_dict() for a in outcome.actions]
+        record.actions = [a.as_dict() for a in outcome.actions] if outcome.actions else []
         record.warnings = list(outcome.warnings) + [w for w in timed_out if w not in outcome.warnings]
-        self.warnings.extend(f"{p.id}: {w}" for w in record.warnings)
+        if record.warnings:
+            self.warnings.extend(f"{p.id}: {w}" for w in record.warnings)
         if p.phase == "finalize":
             self.request.update(outcome.request)
             if outcome.tools is not None:
                 self.tools = outcome.tools
         record.tokens_after = self._count(result)
         ctx.log.debug("stage.end", ms=round(record.ms, 3), saved=record.tokens_before - record.tokens_after)
+        if self.on_event is None:
+            return
         self._emit(
             "stage.end",
             stage=p.id,
@@ -303,6 +311,42 @@ class _Run:
             tokens_after=record.tokens_after,
             actions=len(record.actions),
         )
+
+
+# StageContext fields a run hands every stage as the session gave them (see _Run._context).
+_SHARED_FIELDS = (
+    "model",
+    "counter",
+    "budget",
+    "vault",
+    "pack",
+    "session_id",
+    "protected",
+    "clock",
+    "cache_hot",
+    "hooks",
+    "registry",
+    "cache_key",
+)
+_PER_STAGE_FIELDS = frozenset(
+    ("stage_id", "tools", "log", "tier", "utilization", "state", "target", "valid_prefix", "compactions")
+)
+if {f.name for f in dataclasses.fields(StageContext)} != set(_SHARED_FIELDS) | _PER_STAGE_FIELDS:
+    raise ImportError("a StageContext field is neither shared nor set per stage in pipeline.runner._Run._context")
+
+_PHASES: dict[int, tuple[tuple[PlannedStage, ...], tuple[list[PlannedStage], ...]]] = {}
+
+
+def _phases(plan: Sequence[PlannedStage]) -> tuple[list[PlannedStage], ...]:
+    """The plan's integrity, content and finalize stages, remembered per plan (an engine runs
+    the same plan on every turn); a plan changed since is split again."""
+    known = _PHASES.get(id(plan))
+    if known is None or len(known[0]) != len(plan) or not all(map(operator.is_, known[0], plan)):
+        split = tuple([p for p in plan if p.phase == phase] for phase in ("integrity", "content", "finalize"))
+        if len(_PHASES) > 64:
+            _PHASES.clear()
+        known = _PHASES[id(plan)] = (tuple(plan), split)
+    return known[1]
 
 
 def _count_delta(counter: TokenCounter, old: list[Message], new: list[Message]) -> int | None:
