@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 import json
 import os
 import re
@@ -246,6 +247,20 @@ class Totals:
         return self.cost.total
 
     def as_dict(self) -> dict[str, Any]:
+        # No calls (a session that never recorded usage, a turn without calls): every report
+        # has two of these, and the zeros need no rounding each time.
+        if (
+            not self.calls
+            and not self.by_model
+            and self.first_ts is None
+            and self.last_ts is None
+            and not any(self.tokens.as_tuple())
+            and not any(self.cost.as_tuple())
+        ):
+            return {k: dict(v) if isinstance(v, dict) else v for k, v in _empty_totals().items()}
+        return self._as_dict()
+
+    def _as_dict(self) -> dict[str, Any]:
         return {
             "calls": self.calls,
             "unpriced_calls": self.unpriced_calls,
@@ -266,6 +281,12 @@ class Totals:
                 for k, v in sorted(self.by_model.items())
             },
         }
+
+
+@functools.cache
+def _empty_totals() -> dict[str, Any]:
+    """``Totals().as_dict()``, made once (callers get copies)."""
+    return Totals()._as_dict()
 
 
 # --- files ------------------------------------------------------------------------------------

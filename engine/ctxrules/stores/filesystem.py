@@ -92,6 +92,11 @@ _SESSION_FILES: Final = ("state.json", "last_output.jsonl", "checkpoint.json", "
 _SKIP_DIRS: Final = frozenset({"vault", "ledger", "router", "keys"})
 
 
+# Documents up to this size are kept in memory after a read (notes, touched files).
+_DOC_MEMO_BYTES: Final = 1 << 20
+_DOC_SETTLED_NS: Final = 2_000_000_000
+
+
 class FilesystemStore:
     """Sessions as directories under (or outside) the state root ``root``; see the module
     docstring. A session key is the session directory's path; :meth:`session_key` maps a plain
@@ -113,6 +118,10 @@ class FilesystemStore:
         # log -> its path, and the path as a string: the budget gate reads every ledger of the
         # session on every prepare (one lstat each), and building the Path cost more than that.
         self._log_paths: dict[tuple[str, str], tuple[Path, str]] = {}
+        # (session, document) -> its path and lock path, and the bytes last read with the
+        # identity of the file they came from: notes.render reads the notes on every turn.
+        self._doc_paths: dict[tuple[str, str], tuple[Path, Path | None]] = {}
+        self._doc_reads: dict[tuple[str, str], tuple[tuple[int, int, int, int, int], bytes]] = {}
 
     @classmethod
     def from_url(cls, url: str) -> FilesystemStore:
@@ -396,22 +405,50 @@ class FilesystemStore:
     # --- documents ------------------------------------------------------------------------------
 
     def _doc_path(self, session: str, name: DocName) -> tuple[Path, Path | None]:
-        file, lock = _DOC_FILES[name]
-        base = Path(session)
-        return base / file, (base / lock if lock else None)
+        known = self._doc_paths.get((session, name))
+        if known is None:
+            file, lock = _DOC_FILES[name]
+            base = Path(session)
+            known = (base / file, (base / lock if lock else None))
+            if len(self._doc_paths) >= 4096:
+                self._doc_paths.clear()
+            self._doc_paths[(session, name)] = known
+        return known
 
     def doc_location(self, session: str, name: DocName) -> str:
         return str(self._doc_path(session, name)[0])
 
     def read_doc(self, session: str, name: DocName) -> bytes | None:
         path, _lock = self._doc_path(session, name)
+        # One lstat first: a document that is not there (most sessions keep no notes) costs no
+        # open, and one whose file is the very file read last time (same inode, size, change
+        # and modification times: every writer renames a new file in place) is not read again.
+        # Only a file last changed _DOC_SETTLED_NS ago or more is taken from memory: file times
+        # are coarse (a few ms), and a freed inode number may come back with a new file of the
+        # same size within one tick (git's "racy" index entries have the same problem).
         try:
-            return read_private(path)
+            st = os.lstat(path)
+        except FileNotFoundError:
+            self._doc_reads.pop((session, name), None)
+            return None
+        ident = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+        seen = self._doc_reads.get((session, name))
+        if seen is not None and seen[0] == ident and stat.S_ISREG(st.st_mode):
+            return seen[1]
+        settled = time.time_ns() - max(st.st_mtime_ns, st.st_ctime_ns) >= _DOC_SETTLED_NS
+        try:
+            data = read_private(path)
         except FileNotFoundError:
             return None
+        if settled and len(data) == st.st_size and len(data) <= _DOC_MEMO_BYTES:
+            if len(self._doc_reads) >= 256:
+                self._doc_reads.clear()
+            self._doc_reads[(session, name)] = (ident, data)
+        return data
 
     def update_doc(self, session: str, name: DocName, update: Callable[[bytes | None], bytes | None]) -> None:
         path, lock_path = self._doc_path(session, name)
+        self._doc_reads.pop((session, name), None)
         try:
             ensure_dir(path.parent)
             lock = _locks().FileLock(lock_path or path.with_name(path.name + ".lock"))
@@ -433,6 +470,7 @@ class FilesystemStore:
 
     def write_doc(self, session: str, name: DocName, data: bytes | None) -> None:
         path, _lock = self._doc_path(session, name)
+        self._doc_reads.pop((session, name), None)
         if data is None:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
