@@ -65,6 +65,11 @@ class SessionStore:
 
     def __init__(self, path: Path) -> None:
         self.path = path
+        # Made once: a turn stats both files several times, and a Path per look cost more.
+        self._state_file = path / "state.json"
+        self._output_file = path / "last_output.jsonl"
+        self._state_name = os.fspath(self._state_file)
+        self._output_name = os.fspath(self._output_file)
         self._written: list[dict[str, Any]] | None = None
         self._written_stat: tuple[int, int] | None = None
         self._state: dict[str, Any] | None = None
@@ -77,16 +82,16 @@ class SessionStore:
 
     @property
     def state_file(self) -> Path:
-        return self.path / "state.json"
+        return self._state_file
 
     @property
     def output_file(self) -> Path:
-        return self.path / "last_output.jsonl"
+        return self._output_file
 
     def load(self) -> dict[str, Any]:
         # The state this object wrote last is still what is on disk unless another process
         # wrote since (the session lock orders the writers): then it need not be parsed again.
-        if self._state is not None and self._state_stat == _stat(self.state_file):
+        if self._state is not None and self._state_stat == _stat(self._state_name):
             return self._state
         try:
             raw = read_private(self.state_file)
@@ -182,7 +187,7 @@ class SessionStore:
             write_atomic(self.output_file, data, durable=False)
             self._hash = hashlib.sha256(data)
         self._written = list(output)
-        st = os.lstat(self.output_file)
+        st = os.lstat(self._output_name)
         self._written_stat = (st.st_size, st.st_mtime_ns)
         state["last"]["output_file"] = [st.st_ino, st.st_size]
         state["last"]["output_digest"] = self._hash.hexdigest()
@@ -195,7 +200,7 @@ class SessionStore:
             with contextlib.suppress(OSError):
                 os.ftruncate(self._state_handle.fd(), 0)
             raise
-        self._state, self._state_stat = state, _stat(self.state_file)
+        self._state, self._state_stat = state, _stat(self._state_name)
 
     def save_state(self, state: dict[str, Any]) -> None:
         """Rewrite ``state.json`` alone, ``last_output.jsonl`` untouched: for a verb that keeps
@@ -210,7 +215,7 @@ class SessionStore:
             with contextlib.suppress(OSError):
                 os.ftruncate(self._state_handle.fd(), 0)  # as in save: a miss, never a mix
             raise
-        self._state, self._state_stat = state, _stat(self.state_file)
+        self._state, self._state_stat = state, _stat(self._state_name)
 
     def _write_state(self, data: bytes) -> None:
         """Rewrite ``state.json`` in place: the new state from offset 0, then the file cut to
@@ -227,7 +232,7 @@ class SessionStore:
         os.ftruncate(fd, len(data))
 
     def _stat(self) -> tuple[int, int] | None:
-        return _stat(self.output_file)
+        return _stat(self._output_name)
 
 
 # The top-level fields of state.json and their types; anything else in a field ctxrules reads
@@ -275,6 +280,7 @@ class _Handle:
 
     def __init__(self, path: Path, flags: int) -> None:
         self.path, self.flags = path, flags
+        self._name = os.fspath(path)  # stat'ed on every use: no Path conversion each time
         self._fd: int | None = None
         self._close: weakref.finalize[..., Any] | None = None
         self._ident: tuple[int, int, int] | None = None
@@ -282,7 +288,7 @@ class _Handle:
     def fd(self) -> int:
         try:
             # lstat: a link swapped in for the file is a new identity, and reopening refuses it.
-            st = os.lstat(self.path)
+            st = os.lstat(self._name)
             ident: tuple[int, int, int] | None = (st.st_dev, st.st_ino, os.getpid())
         except FileNotFoundError:
             ident = None
@@ -313,7 +319,7 @@ def _write_all(fd: int, data: bytes, *, offset: int | None = None) -> None:
             offset += written
 
 
-def _stat(path: Path) -> tuple[int, int] | None:
+def _stat(path: str | Path) -> tuple[int, int] | None:
     try:
         st = os.lstat(path)
     except OSError:

@@ -366,9 +366,10 @@ class FilesystemStore:
         return self._blob_path(session, blob_id).is_file()
 
     def missing_blobs(self, session: str, blob_ids: Sequence[str]) -> set[str]:
-        # lexists: one system call per id (a warm turn asks for every marker of its output).
-        root = self.vault_dir(session)
-        return {b for b in blob_ids if not os.path.lexists(root / b[:2] / b)}
+        # lexists: one system call per id (a warm turn asks for every marker of its output),
+        # on a string path (a Path per id cost more than the call).
+        root = os.path.join(os.fspath(self.vault_dir(session)), "")
+        return {b for b in blob_ids if not os.path.lexists(f"{root}{b[:2]}/{b}")}
 
     def blob_ids(self, session: str, prefix: str = "") -> list[str]:
         root = self.vault_dir(session)
