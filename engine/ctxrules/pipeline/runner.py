@@ -176,7 +176,7 @@ class _Run:
             record = self.records[-1]
             if record.ran and record.tokens_after < record.tokens_before:
                 self.compactions.append(p.type.name)
-            if _changed(before, current):
+            if current is not before:  # _one hands back its input list when nothing changed
                 current = self._each(integrity, current)
             if p.type.after_compaction and record.ran and not record.error:
                 settled.append((p, current))
@@ -184,7 +184,7 @@ class _Run:
             if _changed(left, current):
                 before = current
                 current = self._one(p, current)
-                if _changed(before, current):
+                if current is not before:
                     current = self._each(integrity, current)
         current = self._each(finalize, current)
         return RunOutcome(current, self.tools, self.request, self.records, self.warnings, self._count(current))

@@ -47,7 +47,7 @@ from urllib.parse import urlparse
 from ctxrules import structure
 from ctxrules.hookspecs import hookimpl
 from ctxrules.messages import is_real_user
-from ctxrules.stages.base import Action, Message, StageOutcome, StageType
+from ctxrules.stages.base import Action, Message, StageOutcome, StageType, unchanged
 
 if TYPE_CHECKING:
     from ctxrules.pipeline.context import StageContext
@@ -544,9 +544,14 @@ class CacheMarkers:
         state["last_clock"] = ctx.clock
         # Keep the caller's objects where nothing changed (the runner and session rely on identity).
         final = list(out)
+        changed = 0
         for i in structure.replaced(out, messages):
             if out[i] == messages[i]:
                 final[i] = messages[i]
+            else:
+                changed += 1
+        if not changed and len(final) == len(messages) and isinstance(messages, list):
+            final = unchanged(messages)  # no marker placed or moved: the runner sees "nothing changed" at once
         return StageOutcome(
             messages=final,
             actions=actions,
