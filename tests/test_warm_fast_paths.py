@@ -1,0 +1,226 @@
+"""The shortcuts a warm turn takes change nothing the caller gets.
+
+A warm turn runs the pipeline's stages from what they carried over from the last turn, with
+contexts made from the fields the run shares, reads session documents only when their file
+changed, and reports an empty budget total from a copy made once. Each of these is checked
+against the slow way here: real transcripts fed one message at a time (every turn appends
+exactly one message) against a new engine and session over the saved session, which carries
+nothing over; a notes file rewritten behind the session's back; the stage context a stage sees.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import load_transcript
+
+from ctxrules import Engine
+from ctxrules.budget.ledger import Totals
+from ctxrules.models import lookup_model
+from ctxrules.notes import load_notes
+from ctxrules.pipeline.budget import Budget
+from ctxrules.pipeline.context import StageContext
+from ctxrules.pipeline.runner import PlannedStage, run_pipeline
+from ctxrules.stages.base import StageOutcome, StageType, unchanged
+from ctxrules.stores.filesystem import FilesystemStore
+from ctxrules.tokens import TokenCounter
+from ctxrules.vault import Vault
+
+MODEL = "gpt-4o"
+CLOCK = 1_760_000_000.0
+
+
+def _state_root(tmp_path: Path) -> Path:
+    root = tmp_path / "state"
+    root.mkdir(mode=0o700)
+    key = root / "injection.key"
+    key.write_text(hashlib.sha256(b"test_warm_fast_paths").hexdigest() + "\n", encoding="ascii")
+    key.chmod(0o600)
+    return root
+
+
+def _open(root: Path, folder: str, window: int) -> Any:
+    return Engine.load("builtin:default").session(
+        root / folder, model=MODEL, window=window, state_root=root, session_id="s"
+    )
+
+
+# (transcript, window, first prepared length): a long Claude Code session that never compacts
+# at 400K and an OpenHands one that compacts at 32K and then carries its compaction.
+CASES = [
+    ("claudecode-4d5611e5", 400_000, 240),
+    ("openhands-ponylang__ponyc-4588", 32_000, 60),
+]
+
+
+@pytest.mark.corpus
+@pytest.mark.parametrize(("name", "window", "start"), CASES, ids=lambda v: str(v))
+def test_one_message_at_a_time_equals_a_session_that_carries_nothing(
+    tmp_path: Path, name: str, window: int, start: int
+) -> None:
+    history = load_transcript(name)
+    root = _state_root(tmp_path)
+    warm = _open(root, "warm", window)
+    start = min(start, len(history) - 40)
+    reused = compacted = 0
+    for turn, upto in enumerate(range(start, len(history) + 1)):
+        given = history[:upto]
+        clock = CLOCK + 20 * turn
+        got = warm.prepare(given, clock=clock)
+        want = _open(root, "reference", window).prepare(given, clock=clock)
+        assert (got.messages, got.tools, got.request) == (want.messages, want.tools, want.request), (
+            f"turn {turn} ({upto} messages) differs from a session that carries nothing over"
+        )
+        assert got.report["reused_messages"] == want.report["reused_messages"]
+        assert got.report["before"] == want.report["before"] and got.report["after"] == want.report["after"]
+        # Which stages ran and what they counted (their actions may differ: a stage that carried
+        # its settled outputs over does not report the ones it left alone again).
+        assert [(s["id"], s["ran"], s["tokens_before"], s["tokens_after"]) for s in got.report["stages"]] == [
+            (s["id"], s["ran"], s["tokens_before"], s["tokens_after"]) for s in want.report["stages"]
+        ]
+        reused += turn > 0 and got.report["reused_messages"] == upto - 1
+        compacted += got.report["after"]["tokens"] < got.report["before"]["tokens"]
+    assert reused >= (len(history) - start) - 2  # nearly every turn reused the last one
+    if window < 100_000:
+        assert compacted >= 1  # and the small window compacted, and carried the compaction
+
+
+def test_a_notes_file_changed_behind_the_session_is_read_again(tmp_path: Path) -> None:
+    store = FilesystemStore(tmp_path)
+    session = str(tmp_path / "s")
+    os.mkdir(session, 0o700)
+    notes = Path(session) / "notes.json"
+
+    def write(text: str) -> None:
+        body = {"next": 2, "notes": [{"id": "n1", "text": text, "tags": [], "created": 1.0, "updated": 1.0}]}
+        notes.write_text(json.dumps(body), encoding="utf-8")
+        notes.chmod(0o600)
+        os.utime(notes, ns=(1_000_000_000, 1_000_000_000))  # long settled: the memo may hold it
+
+    assert load_notes(store=store, session=session) == []
+    write("first text")
+    assert [n.text for n in load_notes(store=store, session=session)] == ["first text"]
+    assert [n.text for n in load_notes(store=store, session=session)] == ["first text"]  # from memory
+    # Rewritten in place, to the same size and the same modification time: the change time moved.
+    write("other text")
+    assert [n.text for n in load_notes(store=store, session=session)] == ["other text"]
+    # Replaced by another process (a new file renamed over it), and removed.
+    FilesystemStore(tmp_path).write_doc(session, "notes", notes.read_bytes().replace(b"other", b"third"))
+    assert [n.text for n in load_notes(store=store, session=session)] == ["third text"]
+    notes.unlink()
+    assert load_notes(store=store, session=session) == []
+
+
+def test_a_recent_notes_file_is_not_served_from_memory(tmp_path: Path) -> None:
+    # File times are coarse: a file changed within the last two seconds is read every time.
+    store = FilesystemStore(tmp_path)
+    session = str(tmp_path / "s")
+    os.mkdir(session, 0o700)
+    store.write_doc(session, "notes", b'{"next": 1, "notes": []}')
+    assert store.read_doc(session, "notes") == b'{"next": 1, "notes": []}'
+    assert (session, "notes") not in store._doc_reads
+
+
+def test_an_empty_total_is_a_fresh_copy_equal_to_the_computed_one() -> None:
+    first = Totals().as_dict()
+    assert first == Totals()._as_dict()
+    first["tokens"]["prompt"] = 99
+    first["usd_by_kind"]["input"] = 1.0
+    first["by_model"]["x"] = {}
+    assert Totals().as_dict() == Totals()._as_dict()
+
+
+def _probe(seen: list[StageContext], change: bool = False) -> Any:
+    def stage(messages: list[dict[str, Any]], ctx: StageContext) -> StageOutcome:
+        seen.append(ctx)
+        ctx.state["runs"] = ctx.state.get("runs", 0) + 1
+        if change:
+            return StageOutcome(messages=[*messages[:-1], {**messages[-1], "content": "changed"}])
+        return StageOutcome(messages=unchanged(messages))
+
+    return stage
+
+
+def test_every_stage_sees_the_context_a_constructor_would_make(tmp_path: Path) -> None:
+    seen: list[StageContext] = []
+    plan = [
+        PlannedStage("check", StageType("t.check", "integrity", lambda o: _probe(seen)), _probe(seen), {}),
+        PlannedStage(
+            "cut", StageType("t.cut", "content", lambda o: _probe(seen)), _probe(seen, True), {"target": "light"}
+        ),
+        PlannedStage("mark", StageType("t.mark", "finalize", lambda o: _probe(seen)), _probe(seen), {}),
+    ]
+    counter = TokenCounter.for_model(lookup_model(MODEL))
+    budget = Budget(window=10_000, reserve_output=1_000)
+    protected: set[int] = set()
+    base = StageContext(
+        stage_id="",
+        model=object(),  # type: ignore[arg-type]
+        counter=counter,
+        budget=budget,
+        vault=Vault.of(FilesystemStore(tmp_path), str(tmp_path / "s")),
+        tools=[],
+        pack={"p": 1},
+        log=object(),  # type: ignore[arg-type]
+        session_id="sess",
+        protected=protected,
+        clock=5.0,
+        cache_hot=True,
+        valid_prefix=1,
+        hooks="hooks",
+        registry="registry",
+        cache_key="ck",
+    )
+    # A logger the runner can bind and call.
+    base.log = _Log()  # type: ignore[assignment]
+    states: dict[str, dict[str, Any]] = {}
+    messages = [{"role": "user", "content": "hello there"}, {"role": "assistant", "content": "hi"}]
+    outcome = run_pipeline(plan, messages, base, states)
+    assert outcome.messages[-1]["content"] == "changed"
+    # check (first pass), cut, check (after the change), mark
+    assert [c.stage_id for c in seen] == ["check", "cut", "check", "mark"]
+    tokens = counter.count_messages(messages, [])
+    for ctx in seen:
+        assert (ctx.model, ctx.counter, ctx.budget, ctx.vault, ctx.pack) == (
+            base.model,
+            counter,
+            budget,
+            base.vault,
+            base.pack,
+        )
+        assert ctx.protected is protected and ctx.state is states[ctx.stage_id]
+        assert (ctx.session_id, ctx.clock, ctx.cache_hot, ctx.hooks, ctx.registry, ctx.cache_key) == (
+            "sess",
+            5.0,
+            True,
+            "hooks",
+            "registry",
+            "ck",
+        )
+        assert ctx.tools == []
+    assert seen[0].valid_prefix == 1 and seen[2].valid_prefix == 0  # only the first pass gets it
+    assert seen[1].target == "light" and seen[0].target == "monitor"
+    assert (seen[1].tier, seen[1].utilization) == (budget.tier(tokens), budget.utilization(tokens))
+    assert seen[3].compactions == () and seen[0].log is base.log
+    assert states["check"]["runs"] == 2
+    # A plan edited in place between runs runs as it now is.
+    plan.pop()
+    seen.clear()
+    run_pipeline(plan, messages, base, {})
+    assert [c.stage_id for c in seen] == ["check", "cut", "check"]
+
+
+class _Log:
+    def bind(self, **values: Any) -> _Log:
+        return self
+
+    def debug(self, *args: Any, **values: Any) -> None:
+        pass
+
+    def warning(self, *args: Any, **values: Any) -> None:
+        pass
