@@ -26,6 +26,7 @@ from ctxrules.notes import load_notes
 from ctxrules.pipeline.budget import Budget
 from ctxrules.pipeline.context import StageContext
 from ctxrules.pipeline.runner import PlannedStage, run_pipeline
+from ctxrules.session_store import SessionStore
 from ctxrules.stages.base import StageOutcome, StageType, unchanged
 from ctxrules.stores.filesystem import FilesystemStore
 from ctxrules.tokens import TokenCounter
@@ -224,3 +225,18 @@ class _Log:
 
     def warning(self, *args: Any, **values: Any) -> None:
         pass
+
+
+def test_a_state_that_shrinks_leaves_no_tail_and_one_that_grows_is_whole(tmp_path: Path) -> None:
+    files = SessionStore(tmp_path / "s")
+    out = [{"role": "user", "content": "hi"}]
+    for stages in ({"a": {"x": "y" * 5000}}, {"a": {}}, {"a": {"x": "z" * 300}}):
+        files.save({"stages": stages}, out)
+        on_disk = json.loads(files.state_file.read_bytes())  # the whole file is one JSON value
+        assert on_disk["stages"] == stages
+        assert SessionStore(tmp_path / "s").load() == on_disk  # a new process reads the same
+        assert files.load() is not None and files.load()["stages"] == stages  # this object: from memory
+    # Another writer's longer state in between: the next save still cuts the file to its own.
+    files.state_file.write_bytes(json.dumps({"version": 1, "stages": {"b": {"x": "w" * 9000}}}).encode())
+    files.save({"stages": {"c": {}}}, out)
+    assert json.loads(files.state_file.read_bytes())["stages"] == {"c": {}}

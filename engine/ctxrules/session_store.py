@@ -169,6 +169,7 @@ class SessionStore:
         self._written = self._written_stat = None
         self._state = self._state_stat = None
         # Append only to the file this object wrote last (another process may have rewritten it).
+        appended: os.stat_result | None = None
         if (
             prev is not None
             and self._hash is not None
@@ -176,31 +177,33 @@ class SessionStore:
             and len(prev) <= len(output)
             and all(map(operator.is_, prev, output))
         ):
+            fd = self._output_handle.fd()  # the file at the path (its identity checked)
             if len(prev) < len(output):
                 data = _jsonl(output[len(prev) :])
-                _write_all(self._output_handle.fd(), data)
+                _write_all(fd, data)
                 # The digest follows the appended bytes: a warm turn hashes only what it wrote.
                 self._hash.update(data)
+            appended = os.fstat(fd)
         else:
             data = _jsonl(output)
             self._hash = None  # until the new file is in place
             write_atomic(self.output_file, data, durable=False)
             self._hash = hashlib.sha256(data)
         self._written = list(output)
-        st = os.lstat(self._output_name)
+        st = appended if appended is not None else os.lstat(self._output_name)
         self._written_stat = (st.st_size, st.st_mtime_ns)
         state["last"]["output_file"] = [st.st_ino, st.st_size]
         state["last"]["output_digest"] = self._hash.hexdigest()
         data = json.dumps(state, ensure_ascii=False, sort_keys=True).encode("utf-8")
         try:
-            self._write_state(data)
+            written = self._write_state(data)
         except OSError:
             # A state cut short could hold the start of the new one over the end of the old:
             # an empty file instead reads as a cache miss (cutting a file needs no space).
             with contextlib.suppress(OSError):
                 os.ftruncate(self._state_handle.fd(), 0)
             raise
-        self._state, self._state_stat = state, _stat(self._state_name)
+        self._state, self._state_stat = state, written
 
     def save_state(self, state: dict[str, Any]) -> None:
         """Rewrite ``state.json`` alone, ``last_output.jsonl`` untouched: for a verb that keeps
@@ -210,14 +213,14 @@ class SessionStore:
         data = json.dumps(state, ensure_ascii=False, sort_keys=True).encode("utf-8")
         self._state = self._state_stat = None
         try:
-            self._write_state(data)
+            written = self._write_state(data)
         except OSError:
             with contextlib.suppress(OSError):
                 os.ftruncate(self._state_handle.fd(), 0)  # as in save: a miss, never a mix
             raise
-        self._state, self._state_stat = state, _stat(self._state_name)
+        self._state, self._state_stat = state, written
 
-    def _write_state(self, data: bytes) -> None:
+    def _write_state(self, data: bytes) -> tuple[int, int]:
         """Rewrite ``state.json`` in place: the new state from offset 0, then the file cut to
         its length.
 
@@ -226,10 +229,17 @@ class SessionStore:
         stages. A writer stopped between the two steps leaves the end of the old state behind
         the new one, which :meth:`load` ignores; a state torn by a power loss (it is never
         fsynced) reads as damaged and costs the reuse of one compaction, like a lost cache.
+
+        The file's ``(size, mtime)`` after the write is returned (what :meth:`load` compares);
+        it is cut only when the old state was longer (cutting costs more than asking).
         """
         fd = self._state_handle.fd()
         _write_all(fd, data, offset=0)
-        os.ftruncate(fd, len(data))
+        st = os.fstat(fd)
+        if st.st_size > len(data):
+            os.ftruncate(fd, len(data))
+            st = os.fstat(fd)
+        return (st.st_size, st.st_mtime_ns)
 
     def _stat(self) -> tuple[int, int] | None:
         return _stat(self._output_name)
