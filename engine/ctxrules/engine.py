@@ -957,9 +957,9 @@ def _log_prepare(session_id: str, report: dict[str, Any]) -> None:
     stages that changed something, the time."""
     import logging
 
-    log = get_logger("ctxrules.session")
     if not structlog_configured() and not logging.getLogger("ctxrules.session").isEnabledFor(logging.INFO):
-        return  # nobody reads it: skip building the line
+        return  # nobody reads it: skip building the line (and the logger)
+    log = get_logger("ctxrules.session")
     before, after = report["before"], report["after"]
     changed = [
         st["id"]
