@@ -150,7 +150,7 @@ def test_cache_markers_never_edit_what_they_kept() -> None:
     history = load_transcript(TRANSCRIPT_NAMES[0])[:40]
     stage = CacheMarkers({})
     stage._shorts(history[:30])
-    kept = stage._last_history
+    kept = stage._last_history.get("")
     assert kept is not None
     before = list(kept[1])
     extended = [*history[:30], *history[30:]]

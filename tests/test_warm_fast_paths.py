@@ -240,3 +240,51 @@ def test_a_state_that_shrinks_leaves_no_tail_and_one_that_grows_is_whole(tmp_pat
     files.state_file.write_bytes(json.dumps({"version": 1, "stages": {"b": {"x": "w" * 9000}}}).encode())
     files.save({"stages": {"c": {}}}, out)
     assert json.loads(files.state_file.read_bytes())["stages"] == {"c": {}}
+
+
+@pytest.mark.corpus
+def test_two_sessions_taking_turns_on_one_engine_each_keep_their_carry(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A proxy serves many agents from one engine: its stage instances see their sessions' lists
+    in turn. Each session's warm turn still looks only at its new tool results, and gets what a
+    session on an engine of its own gets."""
+    from ctxrules.stages import tool_output_filter
+
+    looked: list[int] = []
+    real = tool_output_filter._Run._is_settled
+
+    def counting(self: Any, msg: Any) -> bool:
+        looked.append(1)
+        return real(self, msg)
+
+    monkeypatch.setattr(tool_output_filter._Run, "_is_settled", counting)
+    root = _state_root(tmp_path)
+    shared = Engine.load("builtin:default")
+    names = ["claudecode-ae4a77f8", "claudecode-4d5611e5"]
+    histories = [load_transcript(n) for n in names]
+    sessions = [
+        shared.session(root / f"shared{k}", model=MODEL, window=400_000, state_root=root, session_id=f"s{k}")
+        for k in range(2)
+    ]
+    alone = [
+        Engine.load("builtin:default").session(
+            root / f"alone{k}", model=MODEL, window=400_000, state_root=root, session_id=f"s{k}"
+        )
+        for k in range(2)
+    ]
+    starts = [len(h) - 12 for h in histories]
+    for turn in range(12):
+        for k in range(2):
+            given = histories[k][: starts[k] + turn + 1]
+            looked.clear()
+            got = sessions[k].prepare(given, clock=CLOCK + turn)
+            shared_looked = len(looked)
+            looked.clear()
+            want = alone[k].prepare(given, clock=CLOCK + turn)
+            assert (got.messages, got.request) == (want.messages, want.request)
+            # As much work as on an engine of its own: the other session's turn in between did
+            # not make it look at every tool result again (hundreds; a warm turn looks at few).
+            assert shared_looked == len(looked), f"session {k}, turn {turn}"
+            if turn and k == 0:
+                assert shared_looked <= 8

@@ -27,7 +27,7 @@ from typing import Any, Generic, NamedTuple, TypeVar
 from ctxrules.injected import current_key
 from ctxrules.structure import generation
 
-__all__ = ["Carry"]
+__all__ = ["Carry", "PerSession"]
 
 T = TypeVar("T")
 
@@ -72,3 +72,32 @@ class Carry(Generic[T]):
             self._kept[session] = kept
             while len(self._kept) > self._sessions:  # the least recently kept session goes
                 del self._kept[next(iter(self._kept))]
+
+
+class PerSession(Generic[T]):
+    """One value per session, for a stage's memo of its last call that checks itself (the
+    stage compares the kept message objects with the new ones before it uses anything).
+
+    A memo on the stage instance serves every session of its engine: two sessions taking
+    turns (one proxy, many agents) would each find the other's list there and start over.
+    Kept here, each session finds its own. The least recently stored session goes first."""
+
+    def __init__(self, sessions: int = 16) -> None:
+        self._values: dict[str, T] = {}
+        self._sessions = sessions
+        self._lock = threading.Lock()
+
+    def get(self, session: str) -> T | None:
+        with self._lock:
+            return self._values.get(session)
+
+    def put(self, session: str, value: T) -> None:
+        with self._lock:
+            self._values.pop(session, None)
+            self._values[session] = value
+            while len(self._values) > self._sessions:
+                del self._values[next(iter(self._values))]
+
+    def clear(self) -> None:
+        with self._lock:
+            self._values.clear()

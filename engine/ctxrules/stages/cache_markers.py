@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import urlparse
 
 from ctxrules import structure
+from ctxrules.carry import PerSession
 from ctxrules.hookspecs import hookimpl
 from ctxrules.messages import is_real_user
 from ctxrules.stages.base import Action, Message, StageOutcome, StageType, unchanged
@@ -414,7 +415,8 @@ class CacheMarkers:
         self._memo: dict[int, tuple[Mapping[str, Any], str]] = {}
         # The history digested last (messages, short digests), and the structure generation
         # the memos belong to (ctxrules.structure.forget after an in-place edit drops them).
-        self._last_history: tuple[tuple[Mapping[str, Any], ...], list[str], str] | None = None
+        # Per session (ctxrules.carry.PerSession): sessions of one engine taking turns keep theirs.
+        self._last_history: PerSession[tuple[tuple[Mapping[str, Any], ...], list[str], str]] = PerSession()
         self._layers: dict[tuple[Any, ...], tuple[tuple[Any, ...], Any]] = {}
         self._generation = structure.generation()
 
@@ -441,15 +443,15 @@ class CacheMarkers:
         self._layers[key] = (tuple(objects), value)
         return value
 
-    def _shorts(self, messages: Sequence[Mapping[str, Any]]) -> str:
+    def _shorts(self, messages: Sequence[Mapping[str, Any]], session: str = "") -> str:
         """The short digests of ``messages``, concatenated. A warm turn's history is the last
         one with messages appended and perhaps a few replaced: only those are looked up."""
         if self._generation != structure.generation():  # a message was edited in place
             self._memo.clear()
             self._layers.clear()
-            self._last_history = None
+            self._last_history.clear()
             self._generation = structure.generation()
-        last = self._last_history
+        last = self._last_history.get(session)
         if last is not None and len(last[0]) <= len(messages):
             old, shorts, joined = last
             replaced = {i: self._short(messages[i]) for i in structure.replaced(old, messages)}
@@ -465,7 +467,7 @@ class CacheMarkers:
         else:
             shorts = [self._short(m) for m in messages]
             joined = "".join(shorts)
-        self._last_history = (tuple(messages), shorts, joined)
+        self._last_history.put(session, (tuple(messages), shorts, joined))
         return joined
 
     def _strategy(self, ctx: StageContext) -> str:
@@ -749,7 +751,7 @@ class CacheMarkers:
             "first_user": self._layer(anchor, _anchor_digest),
             # One string of fixed-width digests (not a list): the state file stays cheap to
             # write however long the history grows.
-            "history": self._shorts(out[layers.history_start :]),
+            "history": self._shorts(out[layers.history_start :], ctx.session_id),
             "history_start": layers.history_start,
         }
         fp["stable"] = _digest([fp["model"], fp["tools"], fp["system"], fp["workspace"], fp["first_user"]])

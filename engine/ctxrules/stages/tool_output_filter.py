@@ -52,6 +52,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ctxrules import structure
+from ctxrules.carry import PerSession
 from ctxrules.compressors.api import compress_tool_output
 from ctxrules.hookspecs import hookimpl
 from ctxrules.messages import keep_mark
@@ -161,9 +162,10 @@ class ToolOutputFilter:
         # What the last call saw, so that a warm turn looks only at what changed: the tool
         # results of its input, the keep ratio, the _settled epoch and the positions (in that
         # tuple) not settled; and the tool results of its output with their digests.
-        self._last_scan: tuple[tuple[Message, ...], float, int, frozenset[int]] | None = None
+        # Per session (ctxrules.carry.PerSession): sessions of one engine taking turns keep theirs.
+        self._last_scan: PerSession[tuple[tuple[Message, ...], float, int, frozenset[int]]] = PerSession()
         # (outputs, tokenizer, the digest of each or None, the digests sorted as state['sent'] keeps them)
-        self._last_sent: tuple[tuple[Message, ...], str, list[str | None], list[str]] | None = None
+        self._last_sent: PerSession[tuple[tuple[Message, ...], str, list[str | None], list[str]]] = PerSession()
         self._epoch = 0
         self._generation = structure.generation()
         json_opts = {**_JSON_DEFAULTS, **opts.get("json", {})}
@@ -184,7 +186,8 @@ class ToolOutputFilter:
         if self._generation != structure.generation():  # a message was edited in place
             self._settled.clear()
             self._sent.clear()
-            self._last_scan = self._last_sent = None
+            self._last_scan.clear()
+            self._last_sent.clear()
             self._generation = structure.generation()
         run = _Run(self, messages, ctx)
         return run.execute()
@@ -317,7 +320,7 @@ class _Run:
         stage, messages = self.stage, self.messages
         results = self.shape.results
         current = tuple(map(messages.__getitem__, results))
-        last = stage._last_scan
+        last = stage._last_scan.get(self.ctx.session_id)
         look: Iterable[int]
         if last is not None and last[2] == stage._epoch and self.keep >= last[1]:
             old, pending = last[0], last[3]
@@ -389,7 +392,7 @@ class _Run:
         # Stages before the integrity pass keep each message's role where it is.
         indices = self.shape.results if len(out) == len(self.messages) else shape(out).results
         current = tuple(map(out.__getitem__, indices))
-        last = stage._last_sent
+        last = stage._last_sent.get(self.ctx.session_id)
         sent: list[str] | None = None
         if last is not None and last[1] == tokenizer:
             digests = last[2][: len(current)]
@@ -414,7 +417,7 @@ class _Run:
             digests = [self._sent_digest(m) for m in current]
         if sent is None:
             sent = sorted(d for d in digests if d)
-        stage._last_sent = (current, tokenizer, digests, sent)
+        stage._last_sent.put(self.ctx.session_id, (current, tokenizer, digests, sent))
         self.ctx.state["sent"] = list(sent)
 
     def _sent_digest(self, msg: Message) -> str | None:
@@ -441,11 +444,9 @@ class _Run:
             if self.out[index] is msg:
                 stage._settled[id(msg)] = (msg, keep, msg.get("content"))
         current, unsettled = self._scan
-        stage._last_scan = (
-            current,
-            self.keep,
-            stage._epoch,
-            frozenset(p for p in unsettled if not self._is_settled(current[p])),
+        stage._last_scan.put(
+            self.ctx.session_id,
+            (current, self.keep, stage._epoch, frozenset(p for p in unsettled if not self._is_settled(current[p]))),
         )
 
     # --- level (c): the hard spill, every message ------------------------------------------
