@@ -10,11 +10,17 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 import pytest
+from hypothesis import settings
 
 # The real redis-server fixtures (redis_server, redis_url, own_redis) for the Redis store's tests.
 from redis_server import own_redis, redis_cluster, redis_cluster_url, redis_server, redis_url  # noqa: F401
 
 REPO = Path(__file__).resolve().parents[1]
+
+# Property tests check behaviour, not speed: a first example that pays for lazy imports on a
+# loaded machine must not fail on Hypothesis' 200 ms deadline (timings live in the benchmarks).
+settings.register_profile("ctxrules", deadline=None)
+settings.load_profile("ctxrules")
 sys.path.insert(0, str(REPO / "engine"))
 
 # The real test data: 22 recorded agent sessions (transcripts/*.json, OpenAI chat messages) and
@@ -41,6 +47,13 @@ def _corpus_absent(reason: str) -> NoReturn:
     if os.environ.get("CI", "").lower() == "true":
         pytest.fail(f"CI=true but the corpus is missing: {reason}", pytrace=False)
     pytest.skip(reason)
+
+
+def require_corpus(what: str) -> None:
+    """For a test that builds its input from the whole corpus: skip (fail under ``CI=true``)
+    when it is absent, rather than run on an empty one."""
+    if not corpus_present():
+        _corpus_absent(f"{what} is built from the real corpus; set CTXRULES_CORPUS (not found: {CORPUS})")
 
 
 def transcript_path(name: str) -> Path:
