@@ -60,7 +60,7 @@ class PlannedStage:
         return self.type.phase
 
 
-@dataclass
+@dataclass(slots=True)  # one per stage per turn: slots make it cheaper to build and read
 class StageRecord:
     """What happened to one stage in one run (a row of the report)."""
 
@@ -373,6 +373,8 @@ def _changed(a: list[Message], b: list[Message]) -> bool:
 
 def _finalize_guard(p: PlannedStage, before: list[Message], after: list[Message]) -> list[Message]:
     """Finalize stages may add markers (e.g. ``cache_control``) but never change text."""
+    if after is before:
+        return after
     if len(before) != len(after) or any(
         message_text(before[i]) != message_text(after[i]) for i in replaced(before, after)
     ):
