@@ -171,8 +171,10 @@ class PrefixCache:
         if counts is not None and len(counts) == len(output):
             counter.remember(output, counts)
             self.output_counts, self.output_counts_text = counts, counts_text(counts)
-        plausible = type(tokens) is int and 0 <= tokens < 10**_COUNT_DIGITS
-        self.msgs_sum = tokens if plausible else sum(counter.count_each(history[:count]))
+        if type(tokens) is int and 0 <= tokens < 10**_COUNT_DIGITS:
+            self.msgs_sum = tokens
+        else:
+            self.msgs_sum = sum(counter.count_each(history[:count]))
         self.has_system = any(m.get("role") == "system" for m in history[:count])
         self.out_tokens = None
         return count, output, chain
