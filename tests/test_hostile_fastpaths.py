@@ -241,3 +241,25 @@ def test_a_tuple_of_json_values_is_accepted_as_an_array(tmp_path: Path) -> None:
     session = Engine.load("builtin:default").session(tmp_path / "s", model="gpt-4o")
     out = session.prepare([{"role": "user", "content": "hi", "meta": ("a", 1, None)}]).messages
     assert json.loads(json.dumps(out))[-1]["meta"] == ["a", 1, None]
+
+
+# --- the quick look for plugin distributions -----------------------------------------------------
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs on this platform")
+def test_a_fifo_named_like_entry_points_in_the_current_folder_does_not_hang(tmp_path: Path) -> None:
+    """`python -m` puts the current folder on sys.path: a repository holding a FIFO where a
+    distribution's entry_points.txt would be must not hang the look for plugins."""
+    (tmp_path / "evil.dist-info").mkdir()
+    os.mkfifo(tmp_path / "evil.dist-info" / "entry_points.txt")
+    (tmp_path / "pack.yaml").write_text(PACK)
+    proc = subprocess.run(
+        [sys.executable, "-m", "ctxrules.cli.main", "validate", "pack.yaml"],
+        env={**os.environ, "PYTHONPATH": str(ROOT / "engine")},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "0 error(s)" in proc.stdout
