@@ -263,3 +263,28 @@ def test_a_fifo_named_like_entry_points_in_the_current_folder_does_not_hang(tmp_
     )
     assert proc.returncode == 0, proc.stderr
     assert "0 error(s)" in proc.stdout
+
+
+# --- a stage's own section of state.json -------------------------------------------------------
+
+
+@pytest.mark.parametrize("ours", [7, 1e308, True])
+def test_a_mistyped_field_in_a_stage_state_resets_that_state_once(tmp_path: Path, ours: Any) -> None:
+    """``stages.cache.ours`` is cache.markers' own bookkeeping: a value of the wrong type made
+    the stage fail, and be skipped, on every later turn of the session (no cache markers)."""
+    first, _ = run_cli(tmp_path, history())
+    assert first.returncode == 0, first.stderr
+    state_file = tmp_path / "state" / "default" / "state.json"
+    state = json.loads(state_file.read_text())
+    state["stages"]["cache"]["ours"] = ours
+    state_file.write_text(json.dumps(state))
+    grown = [*history(), {"role": "user", "content": "Thanks."}]
+    proc, report = run_cli(tmp_path, grown)
+    assert proc.returncode == 0, proc.stderr
+    assert not [w for w in report["warnings"] if "failed and was skipped" in w]
+    assert [w for w in report["warnings"] if "stage 'cache': its saved state could not be used" in w]
+    assert {s["id"]: s["ran"] for s in report["stages"]}["cache"] is True
+    # The reset state was saved: the next turn has nothing to say.
+    proc, report = run_cli(tmp_path, [*grown, {"role": "assistant", "content": "You are welcome."}])
+    assert proc.returncode == 0, proc.stderr
+    assert report["warnings"] == [] and report["reused_messages"] == len(grown)
