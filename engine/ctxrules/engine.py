@@ -723,9 +723,11 @@ class Session:
             )
         else:
             state["stages"] = {}
-        if not turn.reused and self._prepared:
+        if not turn.reused or not self._prepared:
             # Not an extension of what this session saw (or a switch): a message may have been
             # edited in place, which per-object memos of message facts and counts cannot see.
+            # So on this session object's first prepare: the memos are per process, and another
+            # session may have seen the caller's message objects before they were edited.
             structure.forget()
         self._prepared = True
         # The reused prefix equals a history that was validated already.

@@ -57,7 +57,7 @@ Path = tuple[str | int, ...]
 
 @dataclass
 class Problem:
-    kind: str  # "depth" | "int" | "nonfinite"
+    kind: str  # "depth" | "int" | "nonfinite" | "type"
     path: Path
     detail: str
 
@@ -108,7 +108,7 @@ def is_plain(value: Any, *, max_depth: int = MAX_DEPTH) -> bool:
             if depth >= max_depth:
                 return False
             for key, child in obj.items():
-                if type(key) is str and not key.isascii() and _has_surrogate(key):
+                if type(key) is not str or (not key.isascii() and _has_surrogate(key)):
                     return False
                 push((child, depth + 1))
         elif kind is list:
@@ -147,10 +147,17 @@ def scan(value: Any, *, max_depth: int = MAX_DEPTH, base: Path = ()) -> Scan:
                 result.problems.append(Problem("depth", path, f"nested deeper than {max_depth} levels"))
                 continue
             for key, child in obj.items():
-                if isinstance(key, str) and _has_surrogate(key):
+                if not isinstance(key, str):
+                    # json.dumps writes some (1 as "1": the saved output would differ from the
+                    # one returned) and fails on others: either way not a JSON object's key.
+                    shown = repr(key)
+                    shown = shown if len(shown) <= 40 else shown[:37] + "..."
+                    result.problems.append(Problem("type", path, f"a key that is not a string: {shown}"))
+                    continue
+                if _has_surrogate(key):
                     key_fixes.append((*path, key))
                 stack.append((child, (*path, key), depth + 1))
-        elif isinstance(obj, list):
+        elif isinstance(obj, list | tuple):  # a tuple is written as an array
             if depth >= max_depth:
                 result.problems.append(Problem("depth", path, f"nested deeper than {max_depth} levels"))
                 continue
@@ -165,6 +172,8 @@ def scan(value: Any, *, max_depth: int = MAX_DEPTH, base: Path = ()) -> Scan:
                 result.problems.append(Problem("nonfinite", path, f"{obj!r} is not a finite number"))
         elif isinstance(obj, NonFinite):
             result.problems.append(Problem("nonfinite", path, f"{obj.name} is not valid JSON"))
+        else:  # bytes, a set, an object: no JSON writer takes it, so say where it is now
+            result.problems.append(Problem("type", path, f"a value of type {type(obj).__name__} is not JSON data"))
     if result.replaced or key_fixes:
         result.value = _repaired(value, result.replaced, key_fixes)
         result.replaced = sorted([*result.replaced, *key_fixes], key=pointer)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 import os
 import re
+import stat
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -187,14 +188,27 @@ def _may_declare_plugins() -> bool:
             return True  # a zip (or an egg) on sys.path
         except OSError:
             continue  # a folder that does not exist: nothing is installed there
-        for info in infos:
-            try:
-                with open(os.path.join(info, "entry_points.txt"), "rb") as fh:
-                    if _GROUP_HEADER.search(fh.read()):
-                        return True
-            except OSError:
-                continue  # no entry points
+        if any(map(_declares, infos)):
+            return True
     return False
+
+
+def _declares(info: str) -> bool:
+    """Whether the metadata folder ``info`` has an ``entry_points.txt`` naming the group. Opened
+    without blocking and read only when it is a regular file: ``sys.path`` holds the current
+    folder under ``python -m``, and a repository can hold a FIFO named like one, which would
+    hang the read forever."""
+    try:
+        fd = os.open(os.path.join(info, "entry_points.txt"), os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except OSError:
+        return False  # no entry points
+    with os.fdopen(fd, "rb") as fh:
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                return False  # a FIFO or a device: not a distribution's metadata
+            return _GROUP_HEADER.search(fh.read()) is not None
+        except OSError:
+            return False
 
 
 def _is_info(name: str, in_egg: bool) -> bool:

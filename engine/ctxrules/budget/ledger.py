@@ -24,6 +24,7 @@ import contextlib
 import contextvars
 import functools
 import json
+import math
 import os
 import re
 import threading
@@ -151,6 +152,17 @@ def reset_record(*, ts: float, reason: str = "command") -> dict[str, Any]:
     return {"v": RECORD_VERSION, "type": "reset", "ts": ts, "reason": reason}
 
 
+def _number(value: Any, what: str, key: str = "") -> int | float:
+    """A finite number the ledger wrote, not below zero (``cache_savings`` may be: it is net)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(what)
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(what)
+    if value < 0 and key != "cache_savings":
+        raise ValueError(what)
+    return value
+
+
 @dataclass(frozen=True)
 class CallEntry:
     """A call as read back from a ledger (the fields budgets and reports need)."""
@@ -166,13 +178,15 @@ class CallEntry:
 
     @classmethod
     def parse(cls, obj: dict[str, Any]) -> CallEntry:
+        """Raises ValueError (a bad line) for what the writer never writes: a count or a price
+        that is negative, not finite or not a number, a time that is not finite. A damaged
+        line must not crash every budget check, nor silently lift a budget (a negative or NaN
+        sum passes every limit) or trip one for good (an infinite one)."""
         tokens = obj["tokens"]
-        usage = TokenUsage(*(int(tokens.get(k, 0)) for k in TOKEN_KINDS))
+        usage = TokenUsage(*(int(_number(tokens.get(k, 0), "tokens")) for k in TOKEN_KINDS))
         usd = obj.get("usd")
-        cost = None if usd is None else Cost(**{k: float(usd.get(k, 0.0)) for k in _COST_KEYS})
-        ts = obj["ts"]
-        if not isinstance(ts, int | float) or isinstance(ts, bool):
-            raise ValueError("ts")
+        cost = None if usd is None else Cost(**{k: float(_number(usd.get(k, 0.0), "usd", k)) for k in _COST_KEYS})
+        ts = float(_number(obj["ts"], "ts"))
         return cls(
             float(ts),
             str(obj.get("model", "")),
@@ -350,13 +364,10 @@ class LedgerFile:
             if kind == "call":
                 self._entries.append(CallEntry.parse(obj))
             elif kind == "reset":
-                ts = obj["ts"]
-                if not isinstance(ts, int | float) or isinstance(ts, bool):
-                    raise ValueError("ts")
-                self._resets.append(float(ts))
+                self._resets.append(float(_number(obj["ts"], "ts")))
             else:
                 raise ValueError(f"unknown record type {kind!r}")
-        except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
+        except (ValueError, KeyError, TypeError, AttributeError, RecursionError, OverflowError):
             self._bad += 1
 
     def entries(

@@ -48,7 +48,7 @@ def resolve_and_validate(ref: str | Path, registry: Registry, *, loader: PackLoa
 # request, `Engine.load` in a loop) reuses the resolved, validated pack while no file below the
 # pack's roots changed: confinement (ctxrules.packs.confine) keeps everything validation reads
 # (the pack files, their parents, templates, test inputs) below those roots, so their stamps
-# (path, mtime, size) decide. A file written in the last seconds is not trusted to have been
+# (path, mtime, size, ctime, inode) decide. A file written in the last seconds is not trusted to have been
 # read whole (the stamp may not move on a second write within the file system's time
 # granularity): such a load is not cached. Roots with more than _SCAN_LIMIT entries are not
 # cached either (the scan would cost what it saves).
@@ -58,10 +58,13 @@ _SCAN_LIMIT = 2_000
 _SETTLE_NS = 2_000_000_000
 
 
+_Stamp = tuple[str, int, int, int, int]
+
+
 @dataclasses.dataclass(frozen=True)
 class _Cached:
     registry: Registry
-    stamps: tuple[tuple[str, int, int], ...]
+    stamps: tuple[_Stamp, ...]
     pack: ResolvedPack
 
 
@@ -79,9 +82,11 @@ def _cache_key(ref: str | Path, loader: PackLoader, registry: Registry) -> tuple
     return (str(ref), cwd, loader.search_path, id(registry), registry.fingerprint())
 
 
-def _tree_stamps(roots: Sequence[Path]) -> tuple[tuple[str, int, int], ...] | None:
-    """(path, mtime_ns, size) of every entry below ``roots``, sorted; None when too many."""
-    out: list[tuple[str, int, int]] = []
+def _tree_stamps(roots: Sequence[Path]) -> tuple[_Stamp, ...] | None:
+    """(path, mtime_ns, size, ctime_ns, inode) of every entry below ``roots``, sorted; None when
+    too many. The change time and the inode too: a file rewritten to the same size with its
+    mtime kept (``cp -p``, ``tar x``, ``rsync -t``) or replaced by another such file moves them."""
+    out: list[_Stamp] = []
     pending = [str(r) for r in roots]
     while pending:
         folder = pending.pop()
@@ -92,18 +97,18 @@ def _tree_stamps(roots: Sequence[Path]) -> tuple[tuple[str, int, int], ...] | No
                         st = entry.stat(follow_symlinks=False)
                     except OSError:
                         continue
-                    out.append((entry.path, st.st_mtime_ns, st.st_size))
+                    out.append((entry.path, st.st_mtime_ns, st.st_size, st.st_ctime_ns, st.st_ino))
                     if entry.is_dir(follow_symlinks=False):
                         pending.append(entry.path)
                     if len(out) > _SCAN_LIMIT:
                         return None
         except OSError:
-            out.append((folder, -1, -1))
+            out.append((folder, -1, -1, -1, -1))
     return tuple(sorted(out))
 
 
-def _settled(stamps: tuple[tuple[str, int, int], ...]) -> bool:
-    newest = max((m for _, m, _ in stamps), default=0)
+def _settled(stamps: tuple[_Stamp, ...]) -> bool:
+    newest = max((stamp[1] for stamp in stamps), default=0)  # the mtime: what a write sets
     return time.time_ns() - newest > _SETTLE_NS
 
 

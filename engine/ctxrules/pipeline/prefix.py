@@ -34,6 +34,9 @@ def counts_text(counts: list[int]) -> str:
     return ",".join(map(str, counts))
 
 
+_COUNT_DIGITS = 15
+
+
 def parse_counts(value: Any) -> list[int] | None:
     """The counts :func:`counts_text` wrote (or a list of them, as earlier versions saved);
     None for anything else."""
@@ -41,10 +44,12 @@ def parse_counts(value: Any) -> list[int] | None:
         if not value:
             return []
         parts = value.split(",")
-        if not all(p.isdigit() and p.isascii() for p in parts):
+        # A count is a token count: more than _COUNT_DIGITS digits is damage (and past 4300
+        # digits int() itself refuses, which would fail every turn of the session).
+        if not all(p.isdigit() and p.isascii() and len(p) <= _COUNT_DIGITS for p in parts):
             return None
         return [int(p) for p in parts]
-    if isinstance(value, list) and all(type(c) is int and c >= 0 for c in value):
+    if isinstance(value, list) and all(type(c) is int and 0 <= c < 10**_COUNT_DIGITS for c in value):
         return value
     return None
 
@@ -166,7 +171,10 @@ class PrefixCache:
         if counts is not None and len(counts) == len(output):
             counter.remember(output, counts)
             self.output_counts, self.output_counts_text = counts, counts_text(counts)
-        self.msgs_sum = tokens if type(tokens) is int and tokens >= 0 else sum(counter.count_each(history[:count]))
+        if type(tokens) is int and 0 <= tokens < 10**_COUNT_DIGITS:
+            self.msgs_sum = tokens
+        else:
+            self.msgs_sum = sum(counter.count_each(history[:count]))
         self.has_system = any(m.get("role") == "system" for m in history[:count])
         self.out_tokens = None
         return count, output, chain

@@ -20,7 +20,7 @@ from typing import Any
 
 from ctxrules.errors import CtxrulesError
 from ctxrules.messages import message_text
-from ctxrules.patterns import remembering
+from ctxrules.patterns import Memory, remembering
 from ctxrules.pipeline.context import StageContext
 from ctxrules.stages.base import Message, Stage, StageOutcome, StageType
 from ctxrules.structure import replaced
@@ -251,17 +251,28 @@ class _Run:
         ctx.log.debug("stage.start", tier=tier, tokens=tokens)
         if self.on_event is not None:
             self._emit("stage.start", stage=p.id, type=p.type.name, phase=p.phase, tier=tier, tokens=tokens)
-        memory = None
+        memories: list[Memory] = []  # of each attempt, the failed one's too (timed-out patterns)
+        had_state = bool(ctx.state)
         try:
-            # Pack patterns that time out are remembered in the stage's state: a rerun skips
-            # them at once instead of timing out (or not) again, whatever the machine's load.
-            with remembering(ctx.state) as memory:
-                outcome = p.stage(msgs, ctx)
-            if not isinstance(outcome, StageOutcome):
-                raise TypeError(f"stage returned {type(outcome).__name__}, expected StageOutcome")
-            result = outcome.messages if p.phase != "finalize" else _finalize_guard(p, msgs, outcome.messages)
-            if not _changed(msgs, result):
-                result = msgs  # same messages in a new list: keep the list its count belongs to
+            try:
+                outcome, result = self._attempt(p, msgs, ctx, memories)
+            except _DATA_ERRORS as first:
+                if not had_state:
+                    raise
+                # Perhaps the state saved by an earlier turn is what broke it (state.json is a
+                # cache: damaged, or written by another version): once more from an empty one,
+                # or the stage would fail on every later turn of the session.
+                saved = self.states[p.id]
+                self.states[p.id] = {}
+                ctx = self._context(p, msgs, tier, utilization)
+                try:
+                    outcome, result = self._attempt(p, msgs, ctx, memories)
+                except Exception:
+                    self.states[p.id] = saved  # not the state's fault: keep it
+                    raise first from None
+                self.warnings.append(
+                    f"stage '{p.id}': its saved state could not be used ({type(first).__name__}: {first}) and was reset"
+                )
         except Exception as exc:  # contained: a failing stage never loses the conversation
             record.ms = (time.perf_counter() - started) * 1000
             record.error = f"{type(exc).__name__}: {exc}"
@@ -270,12 +281,27 @@ class _Run:
             if p.on_error == "fail":
                 raise StageFailed(f"stage '{p.id}' ({p.type.name}) failed: {record.error}") from exc
             self.warnings.append(f"stage '{p.id}' failed and was skipped: {record.error}")
-            if memory is not None:
-                record.warnings = list(memory.reports)
-                self.warnings.extend(f"{p.id}: {w}" for w in memory.reports if w not in record.error)
+            if memories:
+                record.warnings = list(memories[0].reports)
+                self.warnings.extend(f"{p.id}: {w}" for w in memories[0].reports if w not in record.error)
             return msgs
-        self._ran(p, record, outcome, result, started, ctx, memory.reports if memory is not None else [])
+        self._ran(p, record, outcome, result, started, ctx, memories[-1].reports)
         return result
+
+    def _attempt(
+        self, p: PlannedStage, msgs: list[Message], ctx: StageContext, memories: list[Memory]
+    ) -> tuple[StageOutcome, list[Message]]:
+        # Pack patterns that time out are remembered in the stage's state: a rerun skips
+        # them at once instead of timing out (or not) again, whatever the machine's load.
+        with remembering(ctx.state) as memory:
+            memories.append(memory)
+            outcome = p.stage(msgs, ctx)
+        if not isinstance(outcome, StageOutcome):
+            raise TypeError(f"stage returned {type(outcome).__name__}, expected StageOutcome")
+        result = outcome.messages if p.phase != "finalize" else _finalize_guard(p, msgs, outcome.messages)
+        if not _changed(msgs, result):
+            result = msgs  # same messages in a new list: keep the list its count belongs to
+        return outcome, result
 
     def _ran(
         self,
@@ -347,6 +373,11 @@ def _phases(plan: Sequence[PlannedStage]) -> tuple[list[PlannedStage], ...]:
             _PHASES.clear()
         known = _PHASES[id(plan)] = (tuple(plan), split)
     return known[1]
+
+
+# What a stage raises when its saved state holds something it did not expect (a string where
+# it counted, a number where it kept a mapping): worth one more try from an empty state.
+_DATA_ERRORS = (TypeError, ValueError, KeyError, AttributeError, IndexError)
 
 
 def _count_delta(counter: TokenCounter, old: list[Message], new: list[Message]) -> int | None:

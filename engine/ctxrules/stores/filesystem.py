@@ -320,7 +320,9 @@ class FilesystemStore:
                 os.mkdir(shard, 0o700)
             made = check_dir(shard)
         if not made:
-            ensure_dir(Path(shard), inside=Path(session))
+            # From the session directory itself down: a long-lived session's directory swapped
+            # for a link since the session was opened must not receive the originals.
+            ensure_dir(Path(shard), inside=Path(session).parent)
         if len(checked) > 4096:  # a store serving many sessions: bounded
             checked.clear()
         now = time.monotonic()
@@ -340,7 +342,7 @@ class FilesystemStore:
         try:
             key = (session, self._vault_path(session))
             if not self._checked(key):
-                ensure_dir(root, inside=Path(session))
+                ensure_dir(root, inside=Path(session).parent)  # the session directory too
                 self._checked_shards[key] = time.monotonic()
             return _FileBlobWriter(self, session)
         except OSError as exc:
@@ -630,6 +632,11 @@ class _PrepareLock:
         self._lock = SessionLock(path, timeout=timeout)
 
     def __enter__(self) -> _PrepareLock:
+        # Every turn, before the lock file is opened (a kept descriptor, a directory made once
+        # per lock object): the session directory may have been removed since the last turn
+        # (made again) or swapped for a link (refused, nothing opened through it).
+        if not check_dir(self.path):
+            ensure_dir(self.path)
         try:
             self._lock.__enter__()
         except _locks().LockTimeout:

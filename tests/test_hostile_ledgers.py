@@ -1,0 +1,98 @@
+"""A damaged cost ledger line is a skipped line: it neither crashes the budget check of every
+``ctxrules run`` and ``usage show``, nor silently lifts a budget (a negative or NaN sum passes
+every limit), nor trips one for good (an infinite one). Through the real CLI, on ledgers a
+real ``usage add`` wrote."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACK = """\
+apiVersion: ctxrules/v1
+kind: RulePack
+metadata: {name: budgeted, version: 1.0.0}
+extends: [builtin:default]
+budgets:
+  session: {usd: 1.00, tokens: 1000000}
+"""
+CALL = '{"v": 1, "type": "call", "ts": 1.0, "model": "gpt-4o", "session": "default", "root": "default"'
+
+
+def cli(tmp_path: Path, *argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "ctxrules.cli.main", *argv],
+        env={**os.environ, "PYTHONPATH": str(ROOT / "engine")},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
+
+
+RUN = ("run", "--pack", "pack.yaml", "--model", "gpt-4o", "--input", "in.json", "--state", "st")
+
+
+@pytest.fixture(scope="module")
+def spent(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A session whose ledger (written by the real CLI) holds one call that spends more than
+    the whole session budget: $1.25 of $1.00."""
+    folder = tmp_path_factory.mktemp("spent")
+    (folder / "pack.yaml").write_text(PACK)
+    (folder / "in.json").write_text(json.dumps([{"role": "user", "content": "hi"}]))
+    assert cli(folder, *RUN).returncode == 0
+    argv = ("usage", "add", "--state", "st", "--pack", "pack.yaml", "--model", "gpt-4o", "--prompt", "500000")
+    added = cli(folder, *argv)
+    assert added.returncode == 0, added.stderr
+    return folder
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        CALL + ', "tokens": {"prompt": 1e400, "completion": 1}}',  # json reads it as inf
+        CALL + ', "tokens": {"prompt": Infinity}}',
+        CALL + ', "tokens": {"prompt": NaN}}',
+        CALL + ', "tokens": {"prompt": -100000000}}',  # would hide the token budget
+        CALL + ', "tokens": {"prompt": 10}, "usd": {"input": NaN}}',  # NaN passes every limit
+        CALL + ', "tokens": {"prompt": 10}, "usd": {"input": -1000.0}}',
+        CALL + ', "tokens": {"prompt": 10}, "usd": {"input": Infinity}}',  # exceeded forever
+        CALL + ', "tokens": {"prompt": 10}, "usd": {"input": ' + "9" * 400 + "}}",  # no float holds it
+        '{"v": 1, "type": "call", "ts": NaN, "model": "gpt-4o", "tokens": {"prompt": 10}}',
+        '{"v": 1, "type": "reset", "ts": -Infinity}',
+    ],
+    ids=[
+        "tokens-1e400",
+        "tokens-inf",
+        "tokens-nan",
+        "tokens-negative",
+        "usd-nan",
+        "usd-negative",
+        "usd-inf",
+        "usd-400-digits",
+        "ts-nan",
+        "reset-ts-inf",
+    ],
+)
+def test_a_damaged_ledger_line_is_skipped_and_the_budget_still_counts(spent: Path, tmp_path: Path, line: str) -> None:
+    shutil.copytree(spent, tmp_path, dirs_exist_ok=True)
+    with open(tmp_path / "st" / "default" / "ledger.jsonl", "a", encoding="utf-8") as fh:
+        fh.write(line + "\n")
+
+    proc = cli(tmp_path, *RUN)
+    assert "internal error" not in proc.stderr and "Traceback" not in proc.stderr
+    # The real call still exceeds the budget: the damaged line neither lifted nor replaced it.
+    assert proc.returncode == 1, proc.stderr
+    assert "budget exceeded" in proc.stderr and "$1.2500 of $1.0000" in proc.stderr
+    shown = cli(tmp_path, "usage", "show", "--state", "st", "--pack", "pack.yaml", "--format", "json")
+    assert shown.returncode == 0, shown.stderr
+    session = json.loads(shown.stdout)["session"]
+    assert session["calls"] == 1 and session["tokens"]["prompt"] == 500000
+    assert session["usd"] == pytest.approx(1.25)
