@@ -275,16 +275,23 @@ def test_two_sessions_taking_turns_on_one_engine_each_keep_their_carry(
     ]
     starts = [len(h) - 12 for h in histories]
     for turn in range(12):
+        # Turn 1 comes after the provider's cache would have expired: its outputs are examined
+        # afresh, not left alone as "already sent while the cache is hot" (those stay pending).
+        clock = CLOCK if turn == 0 else CLOCK + 1_000 + turn
         for k in range(2):
             given = histories[k][: starts[k] + turn + 1]
             looked.clear()
-            got = sessions[k].prepare(given, clock=CLOCK + turn)
+            got = sessions[k].prepare(given, clock=clock)
             shared_looked = len(looked)
             looked.clear()
-            want = alone[k].prepare(given, clock=CLOCK + turn)
+            want = alone[k].prepare(given, clock=clock)
             assert (got.messages, got.request) == (want.messages, want.request)
             # As much work as on an engine of its own: the other session's turn in between did
             # not make it look at every tool result again (hundreds; a warm turn looks at few).
-            assert shared_looked == len(looked), f"session {k}, turn {turn}"
-            if turn and k == 0:
-                assert shared_looked <= 8
+            # From turn 2 on: each of the four sessions' first prepares drops every per-object
+            # memo (a first prepare cannot know what was edited in place before it), so turn 1
+            # looks at everything in the shared engine.
+            if turn >= 2:
+                assert shared_looked == len(looked), f"session {k}, turn {turn}"
+                if k == 0:
+                    assert shared_looked <= 8
