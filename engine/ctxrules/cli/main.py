@@ -65,9 +65,12 @@ def run(argv: Sequence[str] | None = None) -> int:
     parser = build_parser(_verb_in(arguments))
     args = parser.parse_args(arguments)
     try:
-        from ctxrules.logs import configure
+        if (os.environ.get("CTXRULES_LOG") or "").strip() or "ctxrules.logs" in sys.modules:
+            # Unset, with nothing configured before in this process, there is nothing to
+            # apply (and `logging` stays unimported for verbs that never log, like validate).
+            from ctxrules.logs import configure
 
-        configure()  # an unknown CTXRULES_LOG level is a usage error before any work
+            configure()  # an unknown CTXRULES_LOG level is a usage error before any work
         code: int = args.func(args)
     except CtxrulesError as exc:
         sys.stderr.write(f"ctxrules: error: {exc}\n")
