@@ -104,6 +104,7 @@ class PackLoader:
     def __init__(self, search_path: Sequence[str | os.PathLike[str]] = ()) -> None:
         self._docs: dict[Path, SourceDoc | None] = {}
         self._doc_problems: dict[Path, list[Diagnostic]] = {}
+        self._layers: dict[Path, OMap] = {}
         self.search_path = tuple(str(p) for p in search_path)
         self._roots: tuple[Path, ...] = ()
         self._shown: dict[tuple[Path, str], str] = {}
@@ -162,6 +163,15 @@ class PackLoader:
             return None, [Diagnostic(p.code, "error", p.message, shown, p.line, p.col, p.pointer, p.hint)]
         return doc, check_document(doc)
 
+    def _layer(self, path: Path, doc: SourceDoc) -> OMap:
+        """The origin-carrying tree of a file read, once per loader: a fragment is applied in
+        its own resolution and in each pack that extends it. Merging copies what it takes from
+        a layer and never changes one, so the same layer serves every resolution."""
+        layer = self._layers.get(path)
+        if layer is None:
+            layer = self._layers[path] = annotate(doc)
+        return layer
+
     # -- resolving ---------------------------------------------------------------------
     def resolve(self, ref: str, *, base: Path | None = None, root: Path | None = None) -> ResolvedPack:
         """Resolve ``ref`` (a path or ``builtin:NAME[@range]``) with all its parents.
@@ -184,7 +194,7 @@ class PackLoader:
             if doc is None or not isinstance(doc.data, dict):
                 continue
             docs[doc.path] = doc
-            layer = annotate(doc)
+            layer = self._layer(p, doc)
             tree = merge_packs(tree if tree is not None else OMap(layer.origin), layer, problems, reuse_base=True)
         for mp in problems:
             diagnostics.append(
