@@ -392,6 +392,9 @@ def _first(items: Any, flags: int) -> tuple[frozenset[str], bool]:
     return out, True
 
 
+_SCANNED = frozenset({"MAX_REPEAT", "MIN_REPEAT", "SUBPATTERN", "BRANCH"})
+
+
 def _ambiguous_repeat(tree: Any, flags: int) -> bool:
     r"""Whether a repetition sits inside another one so that the text it could consume may
     instead start what follows it, or the next round of the outer repetition (``(a+)+``,
@@ -406,6 +409,8 @@ def _ambiguous_repeat(tree: Any, flags: int) -> bool:
         items = list(items)
         for i, (op, av) in enumerate(items):
             op = op.name
+            if op not in _SCANNED:
+                continue  # nothing inside it to look at, and no use for what follows it
             rest_first, rest_empty = _first(items[i + 1 :], flags)
             after = rest_first | (follow if rest_empty else frozenset())
             if op in ("MAX_REPEAT", "MIN_REPEAT"):
