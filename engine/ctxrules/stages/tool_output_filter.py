@@ -112,6 +112,7 @@ def text_vault_id(text: str) -> str:
 
     return run(text)
 
+
 FLOOR_TOKENS = 200
 """No reduction goes below this many tokens: less would not be worth its marker."""
 
