@@ -7,14 +7,20 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import pytest
+from hypothesis import settings
 
 # The real redis-server fixtures (redis_server, redis_url, own_redis) for the Redis store's tests.
 from redis_server import own_redis, redis_cluster, redis_cluster_url, redis_server, redis_url  # noqa: F401
 
 REPO = Path(__file__).resolve().parents[1]
+
+# Property tests check behaviour, not speed: a first example that pays for lazy imports on a
+# loaded machine must not fail on Hypothesis' 200 ms deadline (timings live in the benchmarks).
+settings.register_profile("ctxrules", deadline=None)
+settings.load_profile("ctxrules")
 sys.path.insert(0, str(REPO / "engine"))
 
 # The real test data: 22 recorded agent sessions (transcripts/*.json, OpenAI chat messages) and
@@ -35,12 +41,34 @@ def transcript_paths() -> list[Path]:
     return sorted(p for p in TRANSCRIPTS.glob("*.json") if p.name != "stats.json")
 
 
+def _corpus_absent(reason: str) -> NoReturn:
+    """Skip for want of the corpus, or fail under ``CI=true`` (CI has the corpus: a silent skip
+    there would hide a loss of coverage)."""
+    if os.environ.get("CI", "").lower() == "true":
+        pytest.fail(f"CI=true but the corpus is missing: {reason}", pytrace=False)
+    pytest.skip(reason)
+
+
+def require_corpus(what: str) -> None:
+    """For a test that builds its input from the whole corpus: skip (fail under ``CI=true``)
+    when it is absent, rather than run on an empty one."""
+    if not corpus_present():
+        _corpus_absent(f"{what} is built from the real corpus; set CTXRULES_CORPUS (not found: {CORPUS})")
+
+
+def transcript_path(name: str) -> Path:
+    """The file of the corpus transcript ``name`` (with or without ``.json``); the test skips,
+    saying which, when the corpus does not hold it."""
+    path = TRANSCRIPTS / (name if name.endswith(".json") else f"{name}.json")
+    if not path.is_file():
+        _corpus_absent(f"the corpus transcript {path.name} is missing; set CTXRULES_CORPUS (looked in {TRANSCRIPTS})")
+    return path
+
+
 def load_transcript(name: str) -> list[dict[str, Any]]:
     """The messages of the corpus transcript ``name`` (with or without ``.json``); the test
     skips, saying which, when the corpus does not hold it."""
-    path = TRANSCRIPTS / (name if name.endswith(".json") else f"{name}.json")
-    if not path.is_file():
-        pytest.skip(f"the corpus transcript {path.name} is missing (set CTXRULES_CORPUS)")
+    path = transcript_path(name)
     data = json.loads(path.read_text(encoding="utf-8"))
     assert isinstance(data, list), path
     return data
@@ -70,9 +98,7 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         f"{module} replays the real corpus (agent transcripts and command outputs); "
         f"set CTXRULES_CORPUS to its folder (not found: {CORPUS})"
     )
-    if os.environ.get("CI", "").lower() == "true":
-        pytest.fail(f"CI=true but the corpus is missing: {reason}", pytrace=False)
-    pytest.skip(reason)
+    _corpus_absent(reason)
 
 
 @pytest.fixture

@@ -12,8 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import jsonschema
-import pytest
-from conftest import TRANSCRIPTS
+from conftest import transcript_path
 
 from ctxrules.resources import schema_path
 from ctxrules.vault import Vault, parse_markers
@@ -118,9 +117,7 @@ def test_a_56k_token_newest_output_at_32k_is_spilled_and_the_run_fits(tmp_path: 
 
 
 def test_the_sympy_transcript_at_32k_fits_after_the_spill(tmp_path: Path) -> None:
-    path = TRANSCRIPTS / "minisweagent-sympy__sympy-13877.json"
-    if not path.is_file():
-        pytest.skip(f"corpus transcript not found: {path} (set CTXRULES_CORPUS)")
+    path = transcript_path("minisweagent-sympy__sympy-13877.json")
     history = json.loads(path.read_text())
     proc = run_cli(tmp_path, history)
     assert proc.returncode == 0, proc.stderr

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO, transcript_paths
+from conftest import REPO, transcript_path, transcript_paths
 from invariants import added_fields, id_problems, lost_contents, markers_resolve, pairing_problems
 
 from ctxrules import Engine
@@ -41,7 +41,7 @@ def test_transcript_runs_at_every_window(engine: Engine, path: Path, tmp_path: P
 @pytest.mark.corpus
 def test_cli_run_and_vault_get_round_trip(tmp_path: Path) -> None:
     """The real console entry point, as a user runs it, on the largest transcript."""
-    src = next(p for p in transcript_paths() if p.name == "claudecode-ae4a77f8.json")
+    src = transcript_path("claudecode-ae4a77f8.json")
     env = {**os.environ, "PYTHONPATH": str(REPO / "engine")}
     out, report = tmp_path / "out.json", tmp_path / "report.json"
     proc = subprocess.run(

@@ -383,7 +383,7 @@ def test_html_is_self_contained_and_renders_in_headless_chromium(tmp_path: Path)
     assert bytes.fromhex("2563eb") in pixels and bytes.fromhex("dc2626") in pixels
 
 
-@pytest.mark.skipif(not TRANSCRIPTS.is_dir(), reason="the real transcript corpus is absent")
+@pytest.mark.corpus
 def test_two_real_transcripts_in_parallel_give_the_same_figures_as_one_process(tmp_path: Path) -> None:
     names = ["minisweagent-django__django-11815.json", "openhands-ponylang__ponyc-4595.json"]
     inputs = [str(TRANSCRIPTS / n) for n in names]

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import REPO, transcript_paths
+from conftest import REPO, transcript_path, transcript_paths
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from invariants import lost_contents, markers_resolve, pairing_problems
@@ -177,6 +177,7 @@ def test_a_valid_request_round_trips_byte_identical(request: dict[str, Any]) -> 
     assert detect(request) == "anthropic" or not ("system" in request or "tools" in request)
 
 
+@pytest.mark.corpus
 @pytest.mark.parametrize("path", transcript_paths(), ids=lambda p: p.stem)
 def test_a_real_transcript_in_anthropic_form_round_trips(path: Path) -> None:
     history = json.loads(path.read_text())
@@ -325,6 +326,7 @@ def engine() -> Engine:
 
 
 @pytest.mark.slow
+@pytest.mark.corpus
 @pytest.mark.parametrize("path", transcript_paths(), ids=lambda p: p.stem)
 def test_the_corpus_in_anthropic_form_stays_valid_at_32k(engine: Engine, path: Path, tmp_path: Path) -> None:
     history = json.loads(path.read_text())
@@ -346,7 +348,7 @@ def test_the_corpus_in_anthropic_form_stays_valid_at_32k(engine: Engine, path: P
 def test_a_long_anthropic_request_is_compacted_like_its_openai_form(engine: Engine, tmp_path: Path) -> None:
     """The issue's case: a 485-message session in Anthropic form at 32K came out with tool_use
     removed and its tool_result left behind; now it is compacted and valid."""
-    path = next(p for p in transcript_paths() if p.name == "claudecode-ae4a77f8.json")
+    path = transcript_path("claudecode-ae4a77f8.json")
     history = json.loads(path.read_text())
     request = A.encode(history, None, {"model": "claude-sonnet-4-5", "max_tokens": 4096})
     result = engine.session(tmp_path / "a", model="claude-sonnet-4-5", window=32_000).prepare(
@@ -366,7 +368,7 @@ def test_a_long_anthropic_request_is_compacted_like_its_openai_form(engine: Engi
 
 
 def test_cli_run_auto_detects_anthropic_and_answers_in_it(tmp_path: Path) -> None:
-    path = next(p for p in transcript_paths() if p.name == "claudecode-ae4a77f8.json")
+    path = transcript_path("claudecode-ae4a77f8.json")
     request = A.encode(json.loads(path.read_text()), None, {"model": "claude-sonnet-4-5", "max_tokens": 4096})
     src, out = tmp_path / "in.json", tmp_path / "out.json"
     src.write_text(json.dumps(request))
@@ -446,7 +448,7 @@ def test_preserved_thinking_pin_keeps_every_signed_prefix(tmp_path: Path) -> Non
     """thinking.clean's preserved_thinking: pin — no stage changes what comes before the newest
     signed thinking, so the request validates under the preserved-thinking rule; the default
     (drop) compacts that prefix."""
-    path = next(p for p in transcript_paths() if p.name == "claudecode-ae4a77f8.json")
+    path = transcript_path("claudecode-ae4a77f8.json")
     history = json.loads(path.read_text())
     assistants = [i for i, m in enumerate(history) if m["role"] == "assistant"]
     signed = assistants[len(assistants) // 2]

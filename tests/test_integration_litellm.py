@@ -17,7 +17,7 @@ from typing import Any
 
 import litellm
 import pytest
-from conftest import transcript_paths
+from conftest import transcript_path
 from invariants import pairing_problems
 from proxy_kit import FakeUpstream
 
@@ -36,7 +36,7 @@ def upstream() -> Any:
 
 
 def long_history() -> list[dict[str, Any]]:
-    path = next(p for p in transcript_paths() if p.name == "claudecode-4d5611e5.json")
+    path = transcript_path("claudecode-4d5611e5.json")
     return json.loads(path.read_text())
 
 

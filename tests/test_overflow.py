@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import transcript_paths
+from conftest import transcript_path
 from invariants import pairing_problems
 from llm_server import LLMServer, context_length_error, http_error, reply
 
@@ -17,7 +17,7 @@ from ctxrules.runtime.overflow import CompletionFailed, is_overflow, limit_from
 
 @pytest.mark.corpus
 def test_overflow_is_recovered_once_and_retried(tmp_path: Path) -> None:
-    source = next(p for p in transcript_paths() if p.name == "openhands-ponylang__ponyc-4588.json")
+    source = transcript_path("openhands-ponylang__ponyc-4588.json")
     history = json.loads(source.read_text())
     session = Engine.load("builtin:default").session(tmp_path / "s", model="openai/gpt-4o", window=128000)
     with LLMServer() as server:

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import transcript_paths
+from conftest import transcript_path
 from invariants import lost_contents, markers_resolve, pairing_problems, pinned_of, survives
 
 from ctxrules import Engine
@@ -27,7 +27,7 @@ def call_points(history: list[dict[str, Any]]) -> list[int]:
 @pytest.mark.corpus
 @pytest.mark.parametrize("name", ["claudecode-ae4a77f8.json"])
 def test_replay_with_a_model_switch_halfway(tmp_path: Path, name: str) -> None:
-    history = json.loads(next(p for p in transcript_paths() if p.name == name).read_text())
+    history = json.loads(transcript_path(name).read_text())
     points = call_points(history)[:CALLS]
     assert len(points) == CALLS
     session = Engine.load("builtin:default").session(tmp_path / "s", model="gpt-4o")

@@ -16,7 +16,7 @@ from typing import Any
 
 import jsonschema
 import pytest
-from conftest import REPO, transcript_paths
+from conftest import REPO, transcript_path
 
 from ctxrules import Engine
 from ctxrules.resources import schema_path
@@ -273,7 +273,7 @@ session.prepare(history)
 @pytest.mark.parametrize("how", ["SIGKILL", "SIGTERM"])
 def test_killed_compaction_is_found_and_resumed(tmp_path: Path, how: str) -> None:
     pack = write_pack(tmp_path, "pipeline:\n  - {id: slow, use: test.slow, when: {at_least: light}}\n")
-    src = next(p for p in transcript_paths() if p.name == "sweagent-test-repo-i1.json")
+    src = transcript_path("sweagent-test-repo-i1.json")
     script = tmp_path / "child.py"
     script.write_text(SLOW_CHILD)
     root = tmp_path / "state"
@@ -305,7 +305,7 @@ def test_a_compaction_killed_on_a_warm_turn_is_resumed_from_the_last_output(tmp_
     """On a warm turn the backup holds only the appended messages; the rest are the first lines
     of last_output.jsonl, which the session does not write while the checkpoint exists."""
     pack = write_pack(tmp_path, "pipeline:\n  - {id: slow, use: test.slow, when: {at_least: light}}\n")
-    src = next(p for p in transcript_paths() if p.name == "sweagent-test-repo-i1.json")
+    src = transcript_path("sweagent-test-repo-i1.json")
     script = tmp_path / "child.py"
     script.write_text(SLOW_CHILD)
     session_dir = tmp_path / "state" / "run-1"
@@ -370,7 +370,7 @@ def test_a_compaction_that_raises_on_a_warm_turn_keeps_a_whole_backup(tmp_path: 
     engine = Engine.load(
         str(pack), plugins=[("fails", types.SimpleNamespace(ctxrules_register_stages=ctxrules_register_stages))]
     )
-    src = next(p for p in transcript_paths() if p.name == "sweagent-test-repo-i1.json")
+    src = transcript_path("sweagent-test-repo-i1.json")
     full = json.loads(src.read_text())
     session = engine.session(tmp_path / "s", model="gpt-4o", window=12000)
     first = session.prepare(full[:-4]).messages
@@ -400,7 +400,7 @@ def test_cli_sigterm_marks_the_compaction_interrupted(tmp_path: Path) -> None:
     (plugin_dir / "slowplug-0.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: slowplug\nVersion: 0\n")
     (plugin_dir / "slowplug-0.dist-info" / "entry_points.txt").write_text("[ctxrules]\nslowplug = slowplug\n")
     pack = write_pack(tmp_path, "pipeline:\n  - {id: slow, use: test.slow, when: {at_least: light}}\n")
-    src = next(p for p in transcript_paths() if p.name == "sweagent-test-repo-i1.json")
+    src = transcript_path("sweagent-test-repo-i1.json")
     env = {**os.environ, "PYTHONPATH": f"{REPO / 'engine'}{os.pathsep}{plugin_dir}"}
     with subprocess.Popen(
         [
@@ -483,7 +483,7 @@ def test_continuation_guards(tmp_path: Path) -> None:
 def test_fallback_and_breaker_events_reach_the_callback(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Offline, the summarizer falls back to the checkpoint: the UI hears about it."""
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
-    src = next(p for p in transcript_paths() if p.name == "claudecode-ae4a77f8.json")
+    src = transcript_path("claudecode-ae4a77f8.json")
     pack = write_pack(tmp_path, "extends: builtin:default\npipeline:\n  - {id: summary, before: ttl}\n")
     events: list[dict[str, Any]] = []
     session = Engine.load(pack).session(tmp_path / "s", model="gpt-4o", window=32000, on_event=events.append)
@@ -496,7 +496,7 @@ def test_fallback_and_breaker_events_reach_the_callback(tmp_path: Path, monkeypa
 
 @pytest.mark.corpus
 def test_a_finished_compaction_leaves_no_checkpoint(tmp_path: Path) -> None:
-    src = next(p for p in transcript_paths() if p.name == "sweagent-test-repo-i1.json")
+    src = transcript_path("sweagent-test-repo-i1.json")
     session = Engine.load("builtin:default").session(tmp_path / "s", model="gpt-4o", window=12000)
     r = session.prepare(json.loads(src.read_text()))
     assert r.report["compacting"] and checkpoint.read(tmp_path / "s") is None

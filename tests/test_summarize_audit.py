@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import FIXTURES, transcript_paths
+from conftest import FIXTURES, transcript_path, transcript_paths
 
 from ctxrules.messages import is_real_user, message_text
 from ctxrules.summarize import (
@@ -35,7 +35,7 @@ INVENTED_GOALS = [
 
 @cache
 def messages_of(name: str) -> list[dict[str, Any]]:
-    path = next(p for p in transcript_paths() if p.name == name)
+    path = transcript_path(name)
     data: list[dict[str, Any]] = json.loads(Path(path).read_text(encoding="utf-8"))
     return data
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import FIXTURES, REPO, transcript_paths
+from conftest import FIXTURES, REPO, require_corpus, transcript_path, transcript_paths
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from invariants import lost_contents, markers_resolve, pairing_problems, pinned_of
@@ -59,7 +59,7 @@ def engine(ref: str) -> Engine:
 
 
 def load(name: str) -> list[dict[str, Any]]:
-    path = next(p for p in transcript_paths() if p.name == name)
+    path = transcript_path(name)
     data: list[dict[str, Any]] = json.loads(Path(path).read_text(encoding="utf-8"))
     return data
 
@@ -68,6 +68,7 @@ def chat_from_corpus() -> list[dict[str, Any]]:
     """A chat-heavy conversation of real text: long real user messages (pasted issues) answered
     by real assistant notes. compress.* never removes real user messages, so with a small
     window builtin:default reaches its summary stage on it."""
+    require_corpus("the chat-heavy conversation")
     users: list[str] = []
     replies: list[str] = []
     for path in transcript_paths():

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import transcript_paths
+from conftest import transcript_path
 
 from ctxrules import Engine
 from ctxrules.formats import anthropic as A
@@ -182,7 +182,7 @@ def test_pin_that_cannot_hold_still_keeps_no_stale_signature(tmp_path: Path) -> 
 
 
 def _corpus_request(every: int, latest: bool, until: float = 1.0) -> dict[str, Any]:
-    path = next(p for p in transcript_paths() if p.name == "claudecode-ae4a77f8.json")
+    path = transcript_path("claudecode-ae4a77f8.json")
     history = json.loads(path.read_text(encoding="utf-8"))
     assistants = [i for i, m in enumerate(history) if m["role"] == "assistant"]
     chosen = assistants[: int(len(assistants) * until) : every] + ([assistants[-1]] if latest else [])

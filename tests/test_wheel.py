@@ -3,13 +3,15 @@
 Builds the wheel from this checkout, installs it into a fresh virtual environment and runs the
 installed ``ctxrules`` from a folder outside the repository, so nothing can come from the
 source tree by accident. The venv sees the system site-packages for the dependencies
-(no network here); ctxrules itself comes only from the wheel. The test extras are there too, so
-the venv carries an import guard that makes them unimportable: every verb must work on a plain
-``pip install ctxrules``.
+(no network here); ctxrules itself comes only from the wheel. Every optional extra (test,
+langchain, litellm-proxy, mcp, redis) is installed there too, so the venv carries an import guard
+that makes what only the extras bring unimportable: every core verb must work on a plain
+``pip install ctxrules``, and a verb that needs an extra must say which one.
 """
 
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
 import json
 import os
@@ -22,6 +24,8 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -48,14 +52,73 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return built
 
 
-# Installed as a .pth hook in the venv: from interpreter start-up on, importing one of the
-# test extras fails as if it were not installed (the system site-packages hold them).
+def _wheel_requirements(wheel: Path) -> tuple[list[str], list[str]]:
+    """The built wheel's Requires-Dist lines and its extras' names, as pip would read them."""
+    with zipfile.ZipFile(wheel) as archive:
+        name = next(n for n in archive.namelist() if n.endswith(".dist-info/METADATA"))
+        lines = archive.read(name).decode("utf-8").splitlines()
+    field = {"Requires-Dist": [], "Provides-Extra": []}  # type: dict[str, list[str]]
+    for line in lines:
+        key, _, value = line.partition(": ")
+        if key in field:
+            field[key].append(value.strip())
+    return field["Requires-Dist"], field["Provides-Extra"]
+
+
+def _installed_closure(requirements: list[str], extras: tuple[str, ...]) -> dict[str, importlib.metadata.Distribution]:
+    """Every installed distribution that pip would pull in for these requirements and extras."""
+    found: dict[str, importlib.metadata.Distribution] = {}
+    todo = [(text, extra) for text in requirements for extra in extras]
+    while todo:
+        text, extra = todo.pop()
+        requirement = Requirement(text)
+        if requirement.marker is not None and not requirement.marker.evaluate({"extra": extra}):
+            continue
+        name = canonicalize_name(requirement.name)
+        if name in found:
+            continue
+        try:
+            dist = importlib.metadata.distribution(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue  # an optional dependency this machine lacks (a platform marker, say)
+        found[name] = dist
+        todo.extend((sub, wanted) for sub in dist.requires or [] for wanted in ("", *requirement.extras))
+    return found
+
+
+def _import_names(dist: importlib.metadata.Distribution) -> set[str]:
+    """The top-level names a distribution makes importable."""
+    listed = dist.read_text("top_level.txt")
+    names = set(listed.split()) if listed else set()
+    for file in dist.files or []:
+        parts = file.parts
+        if not parts or parts[0] in ("..", "__pycache__") or parts[0].endswith((".dist-info", ".egg-info", ".data")):
+            continue
+        if len(parts) > 1:
+            names.add(parts[0])
+        elif parts[0].endswith((".py", ".so", ".pyd")):
+            names.add(parts[0].split(".")[0])
+    return {name for name in names if name.isidentifier()}
+
+
+def _only_in_extras(wheel: Path) -> tuple[str, ...]:
+    """Import names that only the optional extras bring, never the core dependencies."""
+    requirements, extras = _wheel_requirements(wheel)
+    core = _installed_closure(requirements, ("",))
+    everything = _installed_closure(requirements, ("", *extras))
+    kept = set().union(*(_import_names(dist) for dist in core.values()))
+    extra_only = set().union(*(_import_names(dist) for name, dist in everything.items() if name not in core))
+    return tuple(sorted(extra_only - kept - set(sys.stdlib_module_names)))
+
+
+# Installed as a .pth hook in the venv: from interpreter start-up on, importing what only the
+# optional extras bring fails as if it were not installed (the system site-packages hold it).
 TEST_EXTRAS = ("pytest", "_pytest", "syrupy", "hypothesis")
-GUARD = f"""\
+GUARD = """\
 import sys
 
 class _NoTestExtras:
-    refused = {TEST_EXTRAS!r}
+    refused = frozenset({refused!r})
 
     def find_spec(self, name, path=None, target=None):
         if name.split(".")[0] in self.refused:
@@ -82,13 +145,17 @@ def installed(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     assert proc.returncode == 0, proc.stdout + proc.stderr
     proc = _run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"])
     site = Path(proc.stdout.strip())
-    (site / "_ctxrules_no_test_extras.py").write_text(GUARD, encoding="utf-8")
+    refused = sorted({*TEST_EXTRAS, *_only_in_extras(wheel)})
+    (site / "_ctxrules_no_test_extras.py").write_text(GUARD.format(refused=refused), encoding="utf-8")
     (site / "_ctxrules_no_test_extras.pth").write_text("import _ctxrules_no_test_extras\n", encoding="utf-8")
     return bindir
 
 
 def test_the_venv_cannot_import_the_test_extras(installed: Path, tmp_path: Path) -> None:
-    for name in TEST_EXTRAS:
+    # what the optional extras bring, where this machine has it installed
+    brought = ("redis", "langchain", "langgraph", "mcp", "fastapi", "uvicorn")
+    optional = [name for name in brought if importlib.util.find_spec(name)]
+    for name in (*TEST_EXTRAS, *optional):
         proc = _run([str(installed / "python"), "-c", f"import {name}"], cwd=tmp_path)
         assert proc.returncode == 1 and "ModuleNotFoundError" in proc.stderr, (name, proc.stderr)
     proc = _run([str(installed / "python"), "-c", "import yaml, jsonschema, jinja2"], cwd=tmp_path)
@@ -261,3 +328,24 @@ def test_installed_cli_schema_and_builtin_rules(installed: Path, tmp_path: Path)
     bundled = proc.stdout.strip()
     proc = _run([str(installed / "ctxrules"), "validate", "--strict", bundled], cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_verbs_that_need_an_extra_name_it(installed: Path, tmp_path: Path) -> None:
+    # the session exists, so what is missing is only the extra
+    example = tmp_path / "agent-session.json"
+    shutil.copy(REPO / "rules" / "examples" / "agent-session.json", example)
+    proc = _cli(
+        installed, tmp_path, "run", "--pack", "builtin:default", "--model", "gpt-4o", "--input", str(example),
+        "--output", "out.json", "--session", "sess",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    proc = _cli(installed, tmp_path, "mcp", "--session", "sess")
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    assert 'pip install "ctxrules[mcp]"' in proc.stderr, proc.stderr
+    proc = _cli(installed, tmp_path, "sessions", "scan", "--store", "redis://localhost:1/0")
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    assert 'pip install "ctxrules[redis]"' in proc.stderr and "CR145" in proc.stderr, proc.stderr
+    for module, extra in (("ctxrules.integrations.langchain", "langchain"), ("ctxrules.integrations.mcp", "mcp")):
+        proc = _run([str(installed / "python"), "-c", f"import {module}"], cwd=tmp_path)
+        shown = proc.stdout + proc.stderr
+        assert proc.returncode == 0 or f"ctxrules[{extra}]" in shown, (module, shown)
