@@ -89,6 +89,14 @@ the safe side: the text is over the window whatever its exact count, and the pip
 it. Such counts are remembered per ceiling, apart from the exact ones. Long texts are tokenized
 :data:`GROUP_CHARS` at a time, so the tokenizer's lists of token ids stay small.
 
+Threads
+-------
+A batch of at least 64K characters (the history of a cold ``prepare``) is tokenized by the
+calling thread and up to three helper threads (``ctxrules-tokens``, started for that batch and
+gone when it is counted), each taking the next run of neighbouring texts: tiktoken lets go of
+the GIL while it encodes. On a busy machine the caller does most runs itself. The counts are the
+same whatever the split.
+
 Importing this module is cheap: tiktoken and tokenizers are imported on the first count, and
 litellm is never imported.
 """
