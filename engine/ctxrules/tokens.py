@@ -236,9 +236,12 @@ def _in_parallel(encode: Callable[[str], list[int]], texts: Sequence[str]) -> li
         runs.append(texts[start:])
     counted: list[list[int] | None] = [None] * len(runs)
     pending = iter(range(len(runs)))  # shared: next() on it is atomic under the GIL
+    stop: list[bool] = []  # set when the caller stops (an error, KeyboardInterrupt): helpers quit
 
     def drain() -> None:
         for k in pending:
+            if stop:
+                return
             counted[k] = [len(encode(t)) for t in runs[k]]
 
     def helper_drain() -> None:
@@ -253,6 +256,9 @@ def _in_parallel(encode: Callable[[str], list[int]], texts: Sequence[str]) -> li
         helper.start()
     try:
         drain()
+    except BaseException:
+        stop.append(True)  # the helpers finish the run they hold, not the whole batch
+        raise
     finally:
         for helper in helpers:
             helper.join()
