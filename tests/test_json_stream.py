@@ -111,7 +111,7 @@ def test_dumps_sha256_is_the_digest_of_json_dumps(value: Any) -> None:
 
 
 def test_dumps_sha256_hashes_a_long_string_in_slices() -> None:
-    value = {"content": "é\"" * (json_stream.LONG_STRING // 2 + 7)}
+    value = {"content": 'é"' * (json_stream.LONG_STRING // 2 + 7)}
     expected = hashlib.sha256(json.dumps(value, ensure_ascii=False).encode("utf-8")).hexdigest()
     with serialise_once():
         assert dumps_sha256(value) == expected

@@ -791,9 +791,7 @@ def _fsync_path(path: str, flags: int) -> None:
         os.close(fd)
 
 
-def _write_durable(
-    directory: str, path: str, data: bytes, *, sync: bool = True, keep_open: bool = False
-) -> int | None:
+def _write_durable(directory: str, path: str, data: bytes, *, sync: bool = True, keep_open: bool = False) -> int | None:
     """``data`` at ``path`` (in ``directory``), durable before visible: after a crash the id
     either resolves to the full content or not at all. A temporary file of this user (mode
     0600, created exclusively, never through a link), written, fsynced, renamed over ``path``.
