@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 import ctxrules.json_stream as json_stream
 from ctxrules.json_stream import (
     dumps_once,
+    dumps_sha256,
     json_pieces,
     json_sha256,
     list_pieces,
@@ -97,6 +98,24 @@ def test_dumps_once_serialises_an_object_once_per_scope() -> None:
     with serialise_once():
         long = {"content": "x" * (json_stream.LONG_STRING + 1)}
         assert dumps_once(long) is not dumps_once(long)  # long texts are not kept
+
+
+@settings(max_examples=200, deadline=None)
+@given(JSON)
+def test_dumps_sha256_is_the_digest_of_json_dumps(value: Any) -> None:
+    expected = hashlib.sha256(json.dumps(value, ensure_ascii=False).encode("utf-8", "surrogatepass")).hexdigest()
+    assert dumps_sha256(value) == expected
+    with serialise_once():
+        assert dumps_sha256(value) == expected
+        assert dumps_sha256(value) == expected  # from the text kept for the scope
+
+
+def test_dumps_sha256_hashes_a_long_string_in_slices() -> None:
+    value = {"content": 'é"' * (json_stream.LONG_STRING // 2 + 7)}
+    expected = hashlib.sha256(json.dumps(value, ensure_ascii=False).encode("utf-8")).hexdigest()
+    with serialise_once():
+        assert dumps_sha256(value) == expected
+        assert json_stream._known_text(value) is None  # not kept: the long text was never made whole
 
 
 def _holds_long_string(value: Any, depth: int = 0) -> bool:

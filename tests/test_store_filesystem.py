@@ -417,3 +417,47 @@ def test_a_prepare_fsyncs_every_vault_item_before_it_saves_the_output(
     assert items and items <= before  # every item, before the output naming it
     assert shards <= before  # the directories holding them too (the renames)
     assert len(events) - 1 >= len(items) + len(shards)
+
+
+def test_a_turn_storing_more_items_than_it_keeps_descriptors_for_fsyncs_each_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Items past the descriptors a turn keeps open are fsynced by path: each one exactly once
+    before the scope ends, and no descriptor is left open."""
+    from ctxrules.stores import filesystem
+
+    synced: list[int] = []
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        synced.append(os.fstat(fd).st_ino)
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    store = FilesystemStore(tmp_path)
+    session = str(tmp_path / "s")
+    os.mkdir(session, 0o700)
+    open_before = len(os.listdir("/proc/self/fd")) if os.path.isdir("/proc/self/fd") else None
+    ids = []
+    with store.durable_at_commit(session):
+        for i in range(filesystem._KEPT_FDS + 40):
+            ids.append(store.put_blob(session, f"item {i}".encode()))
+        assert not synced  # nothing fsynced before the scope ends
+    files = {os.stat(store._blob_path(session, i)).st_ino for i in ids}
+    assert sorted(n for n in synced if n in files) == sorted(files)  # each file once
+    if open_before is not None:
+        assert len(os.listdir("/proc/self/fd")) == open_before
+    assert all(store.get_blob(session, i) == f"item {n}".encode() for n, i in enumerate(ids))
+
+
+def test_a_damaged_item_in_an_existing_shard_is_written_again(tmp_path: Path) -> None:
+    store = FilesystemStore(tmp_path)
+    session = str(tmp_path / "s")
+    os.mkdir(session, 0o700)
+    blob = store.put_blob(session, b"original bytes")
+    path = store._blob_path(session, blob)
+    os.chmod(path, 0o600)
+    path.write_bytes(b"origin")  # cut short by a crash before the turn's fsync
+    store._forget_checks(session)  # a later turn
+    assert store.put_blob(session, b"original bytes") == blob
+    assert path.read_bytes() == b"original bytes"

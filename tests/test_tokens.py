@@ -446,6 +446,42 @@ def test_long_text_is_counted_exactly() -> None:
     assert counter.count_text(text) == len(tiktoken.get_encoding("o200k_base").encode_ordinary(text))
 
 
+@pytest.mark.corpus
+@pytest.mark.parametrize("workers", [1, 2, 3])
+def test_a_batch_counts_the_same_on_any_number_of_threads(workers: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Short texts and the pieces of long ones share one batch, split between the calling
+    thread and helpers: every text's count is its own tokenizer count whatever the split."""
+    import tiktoken
+
+    from ctxrules import tokens
+
+    monkeypatch.setattr(tokens, "_WORKERS", workers)
+    counter = TokenCounter("o200k_base")  # its own memo-less instance: nothing shared with others
+    counter.count_text("x")  # points tiktoken at the tokenizer file litellm ships
+    encoding = tiktoken.get_encoding("o200k_base")
+    history = load(TRANSCRIPTS / "claudecode-4d5611e5.json")
+    texts = [m["content"] for m in history if isinstance(m.get("content"), str) and m["content"]]
+    texts.append("\n".join(texts[:40]))  # longer than CHUNK_CHARS: counted in pieces
+    assert sum(map(len, texts)) > 4 * tokens._PARALLEL_CHARS and max(map(len, texts)) > CHUNK_CHARS
+    assert counter._batch(texts) == [len(encoding.encode_ordinary(t)) for t in texts]
+
+
+def test_a_helper_thread_that_fails_leaves_the_error_to_the_caller(monkeypatch: pytest.MonkeyPatch) -> None:
+    from ctxrules import tokens
+
+    monkeypatch.setattr(tokens, "_WORKERS", 2)
+    texts = [f"text {i} " * 400 for i in range(100)]
+
+    def encode(text: str) -> list[int]:
+        if text.startswith("text 99 "):
+            raise ValueError("bad text")
+        return [0] * len(text.split())
+
+    with pytest.raises(ValueError, match="bad text"):
+        tokens._in_parallel(encode, texts)
+    assert tokens._in_parallel(lambda t: [0] * len(t.split()), texts) == [800] * 100
+
+
 def test_pathological_text_stays_fast() -> None:
     counter = TokenCounter.for_tokenizer("cl100k_base")
     start = time.perf_counter()

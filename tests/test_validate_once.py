@@ -118,3 +118,48 @@ def test_an_alternation_is_built_on_its_first_search(sources: list[str], text: s
     found = matcher.search(text)
     assert (found.group(0) if found is not None else None) == hit
     assert getattr(matcher, "_matcher", None) is not None
+
+
+def test_the_origin_index_answers_as_the_full_walk_does() -> None:
+    """ResolvedPack.origins() looks each pointer up in the tree when asked (validate asks for
+    a few dozen of thousands): every pointer the full walk lists, and nothing else, for every
+    fixture and built-in pack."""
+    from ctxrules.packs.loader import PackLoader
+    from ctxrules.packs.tree import OriginIndex, origins_by_pointer
+
+    repo = Path(__file__).resolve().parents[1]
+    targets = sorted((repo / "tests" / "fixtures").rglob("*.yaml")) + sorted((repo / "rules").rglob("*.yaml"))
+    checked = 0
+    for target in targets:
+        pack = PackLoader().resolve(str(target))
+        full = origins_by_pointer(pack.tree)
+        lazy = pack.origins()
+        assert isinstance(lazy, OriginIndex)
+        for pointer, origin in full.items():
+            assert pointer in lazy and lazy[pointer] == origin and lazy.get(pointer) == origin
+            for miss in (f"{pointer}/zz", f"{pointer}/0", f"{pointer}/00", f"{pointer}~", f"{pointer}/"):
+                assert (miss in lazy) == (miss in full), (target, miss)
+            checked += 1
+        assert dict(OriginIndex(pack.tree)) == full and len(lazy) == len(full)
+    assert checked > 10_000
+
+
+def test_a_layer_shared_by_several_resolutions_is_never_changed_by_them() -> None:
+    """The loader annotates each file once and applies the same layer in every pack that
+    extends it: resolving the built-in pack first and its fragments afterwards (and the
+    reverse) gives each exactly what a fresh loader gives."""
+    from ctxrules.packs.loader import PackLoader
+    from ctxrules.packs.tree import annotate, origins_by_pointer
+
+    repo = Path(__file__).resolve().parents[1]
+    files = [repo / "rules" / "default.yaml", *sorted((repo / "rules" / "compressors").glob("*.yaml"))]
+    for order in (files, files[::-1]):
+        shared = PackLoader()
+        for f in order:
+            mine, fresh = shared.resolve(str(f)), PackLoader().resolve(str(f))
+            assert mine.data == fresh.data and mine.diagnostics == fresh.diagnostics
+            assert dict(mine.origins()) == origins_by_pointer(fresh.tree)
+        for path, layer in shared._layers.items():
+            doc, _ = shared.read(path)
+            assert doc is not None
+            assert origins_by_pointer(layer) == origins_by_pointer(annotate(doc)) and layer == annotate(doc)

@@ -9,7 +9,7 @@ The table of codes is ``ctxrules.validation.diagnostics.CODES``.
 from __future__ import annotations
 
 import difflib
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -59,7 +59,7 @@ class PackView(Protocol):
     @property
     def docs(self) -> dict[str, SourceDoc]: ...
 
-    def origins(self) -> dict[str, Origin]: ...
+    def origins(self) -> Mapping[str, Origin]: ...
 
 
 class Reporter:
@@ -76,7 +76,8 @@ class Reporter:
         p = pointer
         while p not in self.origins and p:
             p = p.rsplit("/", 1)[0]
-        return self.origins.get(p, Origin(self.pack.files[-1] if self.pack.files else "<pack>", 1, 1))
+        found: Origin = self.origins.get(p, Origin(self.pack.files[-1] if self.pack.files else "<pack>", 1, 1))
+        return found
 
     def file_pointer(self, pointer: str) -> str:
         """``pointer`` (into the merged pack) as a pointer into the document of the file that
@@ -85,7 +86,7 @@ class Reporter:
         p = pointer
         while p not in self.origins and p:
             p = p.rsplit("/", 1)[0]
-        o = self.origins.get(p)
+        o: Origin | None = self.origins.get(p)
         if o is None or (not o.pointer and p):
             return pointer
         return o.pointer + pointer[len(p) :]

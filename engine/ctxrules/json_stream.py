@@ -26,6 +26,7 @@ from typing import Any
 __all__ = [
     "LONG_STRING",
     "dumps_once",
+    "dumps_sha256",
     "json_pieces",
     "json_sha256",
     "known_value",
@@ -212,6 +213,21 @@ def dumps_once(value: Any) -> str:
     if len(text) <= LONG_STRING:
         memo[id(value)] = (value, text)
     return text
+
+
+def dumps_sha256(value: Any) -> str:
+    """sha256 hex of the UTF-8 of ``json.dumps(value, ensure_ascii=False)``: inside
+    :func:`serialise_once`, of the text :func:`dumps_once` makes (or made: the compaction backup
+    serialises the history first), so a digest of a message costs no serialisation of its own."""
+    text = _known_text(value)
+    if text is None:
+        if _has_long_string(value):
+            digest = hashlib.sha256()
+            for data in _utf8(json_pieces(value)):
+                digest.update(data)
+            return digest.hexdigest()
+        text = dumps_once(value)
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 def list_pieces(values: Iterable[Any]) -> Iterator[str]:

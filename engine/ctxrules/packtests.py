@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import tempfile
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -131,7 +132,7 @@ def _check(expect: dict[str, Any], messages: list[dict[str, Any]], report: dict[
     return ("failed", "; ".join(problems)) if problems else ("passed", "")
 
 
-def declared_in(pack: ResolvedPack, pointer: str, origins: dict[str, Origin] | None = None) -> bool:
+def declared_in(pack: ResolvedPack, pointer: str, origins: Mapping[str, Origin] | None = None) -> bool:
     """Whether the pack's own file (the last one applied) wrote the item at ``pointer`` or any
     field of it: a case a child overrides is the child's case too."""
     if not pack.files:

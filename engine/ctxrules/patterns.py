@@ -116,9 +116,10 @@ class Match(Protocol):
     def group(self, *args: int | str) -> Any: ...
     def groups(self, default: Any = None) -> tuple[Any, ...]: ...
     def groupdict(self, default: Any = None) -> dict[str, Any]: ...
-    def start(self, group: int | str = 0) -> int: ...
-    def end(self, group: int | str = 0) -> int: ...
-    def span(self, group: int | str = 0) -> tuple[int, int]: ...
+    # RE2's matches take a group's number here, never its name (groupindex maps one to the other)
+    def start(self, group: int = 0) -> int: ...
+    def end(self, group: int = 0) -> int: ...
+    def span(self, group: int = 0) -> tuple[int, int]: ...
     def __getitem__(self, group: int | str) -> Any: ...
 
 
@@ -235,7 +236,7 @@ def _analyse(pattern: str, flags: int, tree: Any = None) -> _Shape:
         nonlocal safe, repeats
         size = 0
         for op, av in items:
-            name = str(op)
+            name = op.name
             if name in _REPEATS:
                 lo, hi, sub = av
                 repeats += 1
@@ -259,15 +260,15 @@ def _analyse(pattern: str, flags: int, tree: Any = None) -> _Shape:
                 size += walk(av, depth_repeat)
             elif name == "IN":
                 for iop, iav in av:
-                    if str(iop) == "CATEGORY" and str(iav) in _CATEGORIES_DIFFERENT and not ascii_only:
+                    if iop.name == "CATEGORY" and iav.name in _CATEGORIES_DIFFERENT and not ascii_only:
                         safe = False
                 size += 1
             elif name == "CATEGORY":
-                if str(av) in _CATEGORIES_DIFFERENT and not ascii_only:
+                if av.name in _CATEGORIES_DIFFERENT and not ascii_only:
                     safe = False
                 size += 1
             elif name == "AT":
-                at = str(av)
+                at = av.name
                 if (
                     (at in ("AT_BOUNDARY", "AT_NON_BOUNDARY") and not ascii_only)
                     or at == "AT_END_STRING"
@@ -346,14 +347,14 @@ def _chars(op: str, av: Any, flags: int) -> frozenset[str]:
         hits: frozenset[str] = frozenset()
         negate = False
         for o, a in av:
-            name = str(o)
+            name = o.name
             if name == "NEGATE":
                 negate = True
                 continue
-            hits = hits | _class_item_chars(name, a if name != "CATEGORY" else str(a), relevant)
+            hits = hits | _class_item_chars(name, a if name != "CATEGORY" else a.name, relevant)
         return _ALL - hits if negate else hits
     if op == "CATEGORY":
-        return _category_chars(str(av), flags & _A)
+        return _category_chars(av.name, flags & _A)
     if op in _REPEATS:
         return _seq_chars(av[2], flags)
     if op == "SUBPATTERN":
@@ -368,17 +369,17 @@ def _chars(op: str, av: Any, flags: int) -> frozenset[str]:
 
 
 def _seq_chars(items: Any, flags: int) -> frozenset[str]:
-    return frozenset().union(*(_chars(str(op), av, flags) for op, av in items))
+    return frozenset().union(*(_chars(op.name, av, flags) for op, av in items))
 
 
 def _first(items: Any, flags: int) -> tuple[frozenset[str], bool]:
     """(characters a match of ``items`` can start with, whether it can be empty)."""
     out: frozenset[str] = frozenset()
     for op, av in items:
-        op = str(op)
-        if op == "AT" and str(av) == "AT_END_STRING":
+        op = op.name
+        if op == "AT" and av.name == "AT_END_STRING":
             return out, False  # \Z: nothing can follow
-        if op == "AT" and str(av) in ("AT_END", "AT_END_LINE"):
+        if op == "AT" and av.name in ("AT_END", "AT_END_LINE"):
             return out | {"\n"}, False  # $: at most a line break follows
         if op in ("AT", "ASSERT", "ASSERT_NOT"):
             continue
@@ -404,6 +405,9 @@ def _first(items: Any, flags: int) -> tuple[frozenset[str], bool]:
     return out, True
 
 
+_SCANNED = frozenset({"MAX_REPEAT", "MIN_REPEAT", "SUBPATTERN", "BRANCH"})
+
+
 def _ambiguous_repeat(tree: Any, flags: int) -> bool:
     r"""Whether a repetition sits inside another one so that the text it could consume may
     instead start what follows it, or the next round of the outer repetition (``(a+)+``,
@@ -417,7 +421,9 @@ def _ambiguous_repeat(tree: Any, flags: int) -> bool:
     def scan(items: Any, follow: frozenset[str], inside: bool) -> bool:
         items = list(items)
         for i, (op, av) in enumerate(items):
-            op = str(op)
+            op = op.name
+            if op not in _SCANNED:
+                continue  # nothing inside it to look at, and no use for what follows it
             rest_first, rest_empty = _first(items[i + 1 :], flags)
             after = rest_first | (follow if rest_empty else frozenset())
             if op in ("MAX_REPEAT", "MIN_REPEAT"):

@@ -486,8 +486,10 @@ class _Folded:
 
 
 def _secret_span(pattern: RedactionPattern, match: re.Match[str] | Match) -> tuple[int, int]:
-    if SECRET_GROUP in pattern.regex.groupindex and match.group(SECRET_GROUP) is not None:
-        return match.span(SECRET_GROUP)
+    # by the group's number: an RE2 match takes only numbers in span()/start()/end()
+    number = pattern.regex.groupindex.get(SECRET_GROUP)
+    if number is not None and match.group(number) is not None:
+        return match.span(number)
     return match.span()
 
 
@@ -499,8 +501,11 @@ def _apply(pattern: RedactionPattern, text: str) -> tuple[str, int]:
         whole = match.group(0)
         if pattern.check is not None and not pattern.check(whole):
             return whole
-        count += 1
         start, end = _secret_span(pattern, match)
+        if end <= start:
+            # an empty match hides nothing; masking it would put the mask between characters
+            return whole
+        count += 1
         base = match.start()
         return whole[: start - base] + pattern.mask + whole[end - base :]
 

@@ -89,6 +89,14 @@ the safe side: the text is over the window whatever its exact count, and the pip
 it. Such counts are remembered per ceiling, apart from the exact ones. Long texts are tokenized
 :data:`GROUP_CHARS` at a time, so the tokenizer's lists of token ids stay small.
 
+Threads
+-------
+A batch of at least 64K characters (the history of a cold ``prepare``) is tokenized by the
+calling thread and up to three helper threads (``ctxrules-tokens``, started for that batch and
+gone when it is counted), each taking the next run of neighbouring texts: tiktoken lets go of
+the GIL while it encodes. On a busy machine the caller does most runs itself. The counts are the
+same whatever the split.
+
 Importing this module is cheap: tiktoken and tokenizers are imported on the first count, and
 litellm is never imported.
 """
@@ -100,7 +108,7 @@ import math
 import os
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, Final
@@ -150,9 +158,14 @@ OPAQUE_MEDIA_TOKENS: Final = 1600
 
 MEMO_LIMIT: Final = 200_000
 CHUNK_CHARS: Final = 16_384
-_BATCH_MIN_AVERAGE: Final = 1_000  # mean characters per text below which texts are encoded in a loop
+_BATCH_MIN_AVERAGE: Final = 1_000  # mean characters per text below which texts are encoded in a loop (HF)
+_PARALLEL_CHARS: Final = 65_536
+"""Characters of texts from which a batch is tokenized on several threads (below, one thread)."""
+_WORKERS: Final = min(4, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
 GROUP_CHARS: Final = 1 << 20
 """Characters of a long text handed to the tokenizer at a time."""
+BATCH_CHARS: Final = 2 << 20
+"""Characters of texts handed to the tokenizer in one batch, at most (one text may be longer)."""
 _CHUNK_TARGET: Final = 8_192
 
 _TIKTOKEN_BLOBS: Final[Mapping[str, str]] = {
@@ -194,17 +207,66 @@ def _load_tiktoken(name: str) -> BatchCounter:
     except Exception as exc:  # tiktoken raises plain exceptions for unreadable files
         raise CtxrulesError(f"cannot load the {name} tokenizer from {cache_dir}: {exc}") from exc
 
+    encode = encoding.encode_ordinary
+
     def count(texts: Sequence[str]) -> list[int]:
-        # The batch API hands each text to a thread pool as its own task (about 50 us each):
-        # worth it for long texts, not for the few texts of a warm turn or for thousands of
-        # short messages (20,000 of them spent seconds submitting tasks).
-        size = sum(map(len, texts))
-        if len(texts) <= 8 or size < 50_000 or size < _BATCH_MIN_AVERAGE * len(texts):
-            encode = encoding.encode_ordinary
+        if len(texts) <= 8 or _WORKERS < 2 or sum(map(len, texts)) < _PARALLEL_CHARS:
             return [len(encode(t)) for t in texts]
-        return [len(ids) for ids in encoding.encode_ordinary_batch(list(texts))]
+        return _in_parallel(encode, texts)
 
     return count
+
+
+def _in_parallel(encode: Callable[[str], list[int]], texts: Sequence[str]) -> list[int]:
+    """``len(encode(t))`` of each text, on up to :data:`_WORKERS` threads (tiktoken lets go of
+    the GIL while it encodes). tiktoken's own batch API makes each text a task of a thread pool,
+    about 50 us each (20,000 short messages spent seconds submitting tasks); here the texts are
+    cut into runs of neighbouring texts, and the calling thread and its helpers take the next
+    run until none is left: on a busy machine, where a helper gets no core, the caller does the
+    work alone at the cost of a loop, and on an idle one the cores share it."""
+    runs: list[Sequence[str]] = []
+    share = sum(map(len, texts)) / (_WORKERS * 8)
+    start, size = 0, 0
+    for i, text in enumerate(texts):
+        size += len(text)
+        if size >= share:
+            runs.append(texts[start : i + 1])
+            start, size = i + 1, 0
+    if start < len(texts):
+        runs.append(texts[start:])
+    counted: list[list[int] | None] = [None] * len(runs)
+    pending = iter(range(len(runs)))  # shared: next() on it is atomic under the GIL
+    stop: list[bool] = []  # set when the caller stops (an error, KeyboardInterrupt): helpers quit
+
+    def drain() -> None:
+        for k in pending:
+            if stop:
+                return
+            counted[k] = [len(encode(t)) for t in runs[k]]
+
+    def helper_drain() -> None:
+        # A run that raised is counted again by the caller below, where the error surfaces.
+        with suppress(Exception):
+            drain()
+
+    # Threads per call, not a kept pool: a kept pool's threads do not survive a fork
+    # (pre-forking servers), and starting one costs far less than the work.
+    helpers = [threading.Thread(target=helper_drain, name="ctxrules-tokens", daemon=True) for _ in range(_WORKERS - 1)]
+    for helper in helpers:
+        helper.start()
+    try:
+        drain()
+    except BaseException:
+        stop.append(True)  # the helpers finish the run they hold, not the whole batch
+        raise
+    finally:
+        for helper in helpers:
+            helper.join()
+    out: list[int] = []
+    for k, counts in enumerate(counted):
+        # A run a helper did not finish (it raised) is counted here, where an error surfaces.
+        out.extend(counts if counts is not None else [len(encode(t)) for t in runs[k]])
+    return out
 
 
 def _load_hf(kind: str) -> BatchCounter:
@@ -287,6 +349,25 @@ def _cuts(text: str) -> Iterator[tuple[int, int]]:
         yield start, cut
         start = cut
     yield start, size
+
+
+def _in_batches(counter: BatchCounter, texts: Sequence[str]) -> list[int]:
+    """``counter(texts)``, :data:`BATCH_CHARS` of text at a time: the tokenizer returns the
+    token ids of a whole batch at once, about 40 bytes per token."""
+    if sum(map(len, texts)) <= BATCH_CHARS:
+        return counter(texts)
+    counts: list[int] = []
+    batch: list[str] = []
+    size = 0
+    for text in texts:
+        if batch and size + len(text) > BATCH_CHARS:
+            counts.extend(counter(batch))
+            batch, size = [], 0
+        batch.append(text)
+        size += len(text)
+    if batch:
+        counts.extend(counter(batch))
+    return counts
 
 
 def _utf8_length(text: str, start: int) -> int:
@@ -555,19 +636,32 @@ class TokenCounter:
             counter = self._count_batch = _backend(self.tokenizer)
         self.texts_tokenized += len(texts)
         if all(len(t) <= CHUNK_CHARS for t in texts):
-            return counter(texts), set()
-        totals = [0] * len(texts)
-        bounded: set[int] = set()
-        short = [i for i, text in enumerate(texts) if len(text) <= CHUNK_CHARS]
-        if short:
-            for i, count in zip(short, counter([texts[i] for i in short]), strict=True):
-                totals[i] = count
-        ceiling = _CEILING.get()
+            return _in_batches(counter, texts), set()
+        # The pieces of a long text up to GROUP_CHARS go into the batch of the short texts: it
+        # is counted whole (_count_long counts such a text in one group, never by a bound), and
+        # one batch keeps the tokenizer threads busy where a text alone would leave them idle.
+        pieces: list[str] = []
+        owners: list[int] = []
+        longer: list[int] = []
         for i, text in enumerate(texts):
-            if len(text) > CHUNK_CHARS:
-                totals[i], over = self._count_long(counter, text, ceiling)
-                if over:
-                    bounded.add(i)
+            if len(text) <= CHUNK_CHARS:
+                pieces.append(text)
+                owners.append(i)
+            elif len(text) <= GROUP_CHARS:
+                for start, end in _cuts(text):
+                    pieces.append(text[start:end])
+                    owners.append(i)
+            else:
+                longer.append(i)
+        totals = [0] * len(texts)
+        for i, count in zip(owners, _in_batches(counter, pieces), strict=True):
+            totals[i] += count
+        bounded: set[int] = set()
+        ceiling = _CEILING.get()
+        for i in longer:
+            totals[i], over = self._count_long(counter, texts[i], ceiling)
+            if over:
+                bounded.add(i)
         return totals, bounded
 
     @staticmethod

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ctxrules.diagnostics import Reporter, Severity, did_you_mean
+from ctxrules.validation.quick import remembered
 from ctxrules.validation.regexes import check_pattern, format_checker, pattern_problem, regex_values
 
 if TYPE_CHECKING:
@@ -108,7 +109,7 @@ def _step_findings(
         found: tuple[_Finding, ...] = registry.checked[key]
         return found
     rec = _Recorder()
-    _judge_step(rec, _validator(registry, name, action), name, action, options)
+    _judge_step(rec, registry, name, action, options)
     found = tuple(rec.found)
     if key is not None:
         registry.checked[key] = found
@@ -127,8 +128,11 @@ def _validator(registry: Registry, name: str, action: ActionType) -> Any:
     return validator
 
 
-def _judge_step(rep: _Recorder, validator: Any, name: str, action: ActionType, options: Mapping[str, Any]) -> None:
-    errors = list(validator.iter_errors(dict(options)))
+def _judge_step(rep: _Recorder, registry: Registry, name: str, action: ActionType, options: Mapping[str, Any]) -> None:
+    instance = dict(options)
+    quick = remembered(registry.checked, ("action", name), action.options_schema, regex_format=True)
+    # jsonschema only when the quick check is not sure (importing it was a third of the run)
+    errors = [] if quick(instance) is True else list(_validator(registry, name, action).iter_errors(instance))
     for ptr, pattern in regex_values(action.options_schema, options, "/with"):
         check_pattern(rep, pattern, ptr, report_errors=False)
     for err in errors:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
@@ -20,7 +20,7 @@ from ctxrules.packs.confine import MAX_PACK_BYTES, FileRefused, OutsideRoots, ch
 from ctxrules.packs.merge import ID_LISTS, MergeProblem, drop_disabled, merge_packs
 from ctxrules.packs.semver import RangeError, is_semver, parse_range
 from ctxrules.packs.source import Origin, SourceDoc, YamlProblem, parse_yaml
-from ctxrules.packs.tree import OList, OMap, annotate, origins_by_pointer, plain
+from ctxrules.packs.tree import OList, OMap, OriginIndex, annotate, plain
 from ctxrules.resources import rules_dir
 from ctxrules.validation.schema import check_document
 
@@ -48,18 +48,19 @@ class ResolvedPack:
     # Where each disabled item was switched off: list key -> id -> the origin of the item (in
     # the file that wrote ``enabled: false``, with that file's own pointer).
     disabled_at: dict[str, dict[str, Origin]] = field(default_factory=dict)
-    _origins: dict[str, Origin] | None = field(default=None, init=False, repr=False, compare=False)
+    _origins: OriginIndex | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def ok(self) -> bool:
         return not any(d.severity == "error" for d in self.diagnostics)
 
-    def origins(self) -> dict[str, Origin]:
+    def origins(self) -> Mapping[str, Origin]:
         """Where each value of the merged pack was written, by JSON pointer (read-only: the
-        tree does not change once resolved, so the walk is done once; the validator, the
-        prompt checks and the test runner each ask for it)."""
+        tree does not change once resolved; the validator, the prompt checks and the test
+        runner each ask for it). Each pointer is looked up in the tree when first asked for
+        (:class:`~ctxrules.packs.tree.OriginIndex`)."""
         if self._origins is None:
-            self._origins = origins_by_pointer(self.tree)
+            self._origins = OriginIndex(self.tree)
         return self._origins
 
     def base_dir(self) -> Path:
@@ -103,6 +104,7 @@ class PackLoader:
     def __init__(self, search_path: Sequence[str | os.PathLike[str]] = ()) -> None:
         self._docs: dict[Path, SourceDoc | None] = {}
         self._doc_problems: dict[Path, list[Diagnostic]] = {}
+        self._layers: dict[Path, OMap] = {}
         self.search_path = tuple(str(p) for p in search_path)
         self._roots: tuple[Path, ...] = ()
         self._shown: dict[tuple[Path, str], str] = {}
@@ -161,6 +163,15 @@ class PackLoader:
             return None, [Diagnostic(p.code, "error", p.message, shown, p.line, p.col, p.pointer, p.hint)]
         return doc, check_document(doc)
 
+    def _layer(self, path: Path, doc: SourceDoc) -> OMap:
+        """The origin-carrying tree of a file read, once per loader: a fragment is applied in
+        its own resolution and in each pack that extends it. Merging copies what it takes from
+        a layer and never changes one, so the same layer serves every resolution."""
+        layer = self._layers.get(path)
+        if layer is None:
+            layer = self._layers[path] = annotate(doc)
+        return layer
+
     # -- resolving ---------------------------------------------------------------------
     def resolve(self, ref: str, *, base: Path | None = None, root: Path | None = None) -> ResolvedPack:
         """Resolve ``ref`` (a path or ``builtin:NAME[@range]``) with all its parents.
@@ -183,7 +194,7 @@ class PackLoader:
             if doc is None or not isinstance(doc.data, dict):
                 continue
             docs[doc.path] = doc
-            layer = annotate(doc)
+            layer = self._layer(p, doc)
             tree = merge_packs(tree if tree is not None else OMap(layer.origin), layer, problems, reuse_base=True)
         for mp in problems:
             diagnostics.append(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from typing import Any
 
 import yaml
@@ -40,7 +41,7 @@ def _as_block(value: Any) -> bool:
     )
 
 
-def to_yaml(data: Any, origins: dict[str, Origin] | None = None) -> str:
+def to_yaml(data: Any, origins: Mapping[str, Origin] | None = None) -> str:
     """Block-style YAML of ``data`` (key order kept); ``origins`` adds ``# file:line`` comments."""
     lines: list[str] = []
 

@@ -89,6 +89,11 @@ def escape_token(token: str) -> str:
 MAX_VALUES = 200_000
 
 
+_STR = "tag:yaml.org,2002:str"
+_MERGE = "tag:yaml.org,2002:merge"
+_FLATTENED = (_MERGE, "tag:yaml.org,2002:value")  # the key tags SafeConstructor.flatten_mapping rewrites
+
+
 def _pos(node: yaml.Node) -> tuple[int, int]:
     return (node.start_mark.line + 1, node.start_mark.column + 1)
 
@@ -101,7 +106,8 @@ class _Builder:
         self.count = 0
 
     def build(self, node: yaml.Node, pointer: str) -> Any:
-        self.positions[pointer] = _pos(node)
+        mark = node.start_mark
+        self.positions[pointer] = (mark.line + 1, mark.column + 1)
         self.count += 1
         if self.count > MAX_VALUES:
             # Aliases of aliases expand exponentially ("billion laughs"); no pack is this big.
@@ -111,6 +117,11 @@ class _Builder:
                 *_pos(node),
                 pointer,
             )
+        kind = type(node)
+        if kind is yaml.ScalarNode and node.tag == _STR and self.count <= MAX_VALUES:
+            # What the constructor returns for a string, without its Python-level dispatch
+            # (most values of a pack are strings; this was half the time of reading one).
+            return node.value
         if isinstance(node, yaml.MappingNode | yaml.SequenceNode):
             if id(node) in self.open:
                 raise YamlProblem("CR001", "YAML: an alias refers to the collection holding it", *_pos(node), pointer)
@@ -145,14 +156,15 @@ class _Builder:
         # Anchors with `<<:` merge keys are legitimate YAML; flatten them the way PyYAML would,
         # then apply our own duplicate check to the keys the author wrote explicitly. An explicit
         # key overrides a merged one, as YAML intends.
-        explicit_ids = {id(k) for k, _ in node.value if k.tag != "tag:yaml.org,2002:merge"}
-        self.loader.flatten_mapping(node)
+        explicit_ids = {id(k) for k, _ in node.value if k.tag != _MERGE}
+        if any(k.tag in _FLATTENED for k, _ in node.value):  # else flatten_mapping changes nothing
+            self.loader.flatten_mapping(node)
         named: list[tuple[str, yaml.Node, yaml.Node, bool]] = []
         for key_node, value_node in node.value:
             if not isinstance(key_node, yaml.ScalarNode):
                 line, col = _pos(key_node)
                 raise YamlProblem("CR002", "mapping keys must be plain strings", line, col, pointer)
-            key = self.loader.construct_object(key_node)
+            key = key_node.value if key_node.tag == _STR else self.loader.construct_object(key_node)
             if not isinstance(key, str):
                 # `on:`/`yes:`/`1:` become bool/int under YAML 1.1; packs only have string keys.
                 key = str(key_node.value)

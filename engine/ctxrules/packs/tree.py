@@ -7,6 +7,7 @@ container holds them: ``OMap.origins[key]`` and ``OList.origins[i]``.
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from ctxrules.packs.source import Origin, SourceDoc, escape_token
@@ -112,3 +113,73 @@ def origins_by_pointer(value: Any) -> dict[str, Origin]:
 
     walk(value, "", getattr(value, "origin", None))
     return out
+
+
+class OriginIndex(Mapping[str, Origin]):
+    """:func:`origins_by_pointer` of a tree, answered one pointer at a time: a lookup walks the
+    tree along the pointer's tokens (and remembers the answer) instead of first building the
+    pointer of every value. Validating a pack asks for a few dozen origins of a tree of
+    thousands of values (the whole index was a twentieth of ``ctxrules validate``). Iterating
+    builds the whole index once. The tree must not change while the index is in use."""
+
+    def __init__(self, tree: Any) -> None:
+        self._tree = tree
+        self._found: dict[str, Origin | None] = {}
+        self._all: dict[str, Origin] | None = None
+
+    def _lookup(self, pointer: str) -> Origin | None:
+        if pointer in self._found:
+            return self._found[pointer]
+        if self._all is not None:
+            return self._all.get(pointer)
+        found = self._walk(pointer)
+        if len(self._found) < 100_000:
+            self._found[pointer] = found
+        return found
+
+    def _walk(self, pointer: str) -> Origin | None:
+        node = self._tree
+        if pointer == "":
+            root: Origin | None = getattr(node, "origin", None)
+            return root
+        if not pointer.startswith("/"):
+            return None
+        origin: Origin | None = None
+        for token in pointer[1:].split("/"):
+            if isinstance(node, OMap):
+                key = token.replace("~1", "/").replace("~0", "~")
+                if key not in node or escape_token(key) != token:  # only the pointer the index would build
+                    return None
+                origin, node = node.origins.get(key), node[key]
+            elif isinstance(node, OList):
+                if not token.isdigit() or str(int(token)) != token or int(token) >= len(node):
+                    return None
+                i = int(token)
+                origin, node = (node.origins[i] if i < len(node.origins) else None), node[i]
+            else:
+                return None
+        return origin
+
+    def _index(self) -> dict[str, Origin]:
+        if self._all is None:
+            self._all = origins_by_pointer(self._tree)
+        return self._all
+
+    def __getitem__(self, pointer: str) -> Origin:
+        found = self._lookup(pointer) if isinstance(pointer, str) else None
+        if found is None:
+            raise KeyError(pointer)
+        return found
+
+    def __contains__(self, pointer: object) -> bool:
+        return isinstance(pointer, str) and self._lookup(pointer) is not None
+
+    def get(self, pointer: str, default: Any = None) -> Any:
+        found = self._lookup(pointer) if isinstance(pointer, str) else None
+        return default if found is None else found
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._index())
+
+    def __len__(self) -> int:
+        return len(self._index())

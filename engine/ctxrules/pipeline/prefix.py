@@ -19,7 +19,8 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from ctxrules.dangling import marker_ids, missing
-from ctxrules.messages import clone_json, message_digest
+from ctxrules.json_stream import dumps_sha256
+from ctxrules.messages import clone_json
 
 if TYPE_CHECKING:
     from ctxrules.tokens import TokenCounter
@@ -60,12 +61,15 @@ class HistoryChain:
     ``state.json`` keeps this (and the message count) instead of one digest per message, so
     the file stays small however long the session grows; a process that picks the session up
     recomputes the chain over the first ``count`` messages it is given and compares one value.
+    Each message enters as the sha256 of its ``json.dumps`` text, the text the compaction backup
+    and the vault write too (made once per prepare, :func:`ctxrules.json_stream.dumps_sha256`):
+    a client that sends the same messages with their keys in another order starts cold once.
     """
 
     __slots__ = ("_hash", "count")
 
     def __init__(self) -> None:
-        self._hash = hashlib.sha256(b"ctxrules.history.v1")
+        self._hash = hashlib.sha256(b"ctxrules.history.v2")  # v1: canonical JSON per message
         self.count = 0
 
     def extended(self, messages: Iterable[Mapping[str, Any]]) -> HistoryChain:
@@ -73,7 +77,7 @@ class HistoryChain:
         out = HistoryChain.__new__(HistoryChain)
         out._hash, out.count = self._hash.copy(), self.count
         for message in messages:
-            out._hash.update(message_digest(message).encode("ascii"))
+            out._hash.update(dumps_sha256(message).encode("ascii"))
             out.count += 1
         return out
 

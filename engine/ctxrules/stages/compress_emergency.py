@@ -44,7 +44,6 @@ from ctxrules.stages.base import Action, StageOutcome, StageType, unchanged
 from ctxrules.stages.compress_common import Edit, View, apply_edits
 from ctxrules.stages.compress_remove import apply_removal, plan_removal
 from ctxrules.stages.compress_truncate import TRUNCATE_OPTIONS, TruncateSettings
-from ctxrules.stages.reduce import spill_summary
 from ctxrules.structure import pinned_indices
 from ctxrules.types import THRESHOLD_NAMES
 
@@ -141,6 +140,8 @@ class Emergency:
             text = content if pos is None else content[pos]["text"]
             vid = ctx.vault.put_text(text)
             what = "tool output" if msg.get("role") in ("tool", "function") else f"pinned {msg.get('role')} message"
+            from ctxrules.stages.reduce import spill_summary  # not at import: validate builds the stage only
+
             summary, fmt = spill_summary(
                 text, vault_id=vid, count=ctx.counter.count_text, preview_tokens=preview, what=what
             )

@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from ctxrules.types import TIERS, Message, tier_rank
+from ctxrules.validation import quick
 from ctxrules.vault import VaultError, parse_markers
 
 if TYPE_CHECKING:
@@ -117,11 +118,13 @@ def check_options(stage: str, schema: Mapping[str, Any], options: Mapping[str, A
     Packs are validated before a stage is built, but stages are also built directly (tests,
     embedding code); the message names the stage and the option like ``ctxrules validate``.
     """
-    import jsonschema  # type: ignore[import-untyped, unused-ignore]
-
     given = dict(options or {})
-    validator = jsonschema.Draft202012Validator(dict(schema))
-    errors = sorted(validator.iter_errors(given), key=lambda e: list(e.absolute_path))
+    errors: list[Any] = []
+    if quick.for_schema(schema)(given) is not True:  # jsonschema only when the quick check is not sure
+        import jsonschema  # type: ignore[import-untyped, unused-ignore]
+
+        validator = jsonschema.Draft202012Validator(dict(schema))
+        errors = sorted(validator.iter_errors(given), key=lambda e: list(e.absolute_path))
     if errors:
         err = errors[0]
         where = "/".join(str(p) for p in err.absolute_path) or "with"

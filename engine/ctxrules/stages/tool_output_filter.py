@@ -53,7 +53,6 @@ from typing import TYPE_CHECKING, Any
 
 from ctxrules import structure
 from ctxrules.carry import PerSession
-from ctxrules.compressors.api import compress_tool_output
 from ctxrules.hookspecs import hookimpl
 from ctxrules.messages import keep_mark
 from ctxrules.stages.base import Action, Message, StageOutcome, StageType, unchanged
@@ -65,22 +64,55 @@ from ctxrules.stages.filter_common import (
     result_digest,
     tokens_saved,
 )
-from ctxrules.stages.reduce import (
-    JsonLimits,
-    detect,
-    handover_text,
-    reduce_structured,
-    spill_summary,
-    text_vault_id,
-)
 from ctxrules.structure import Step, shape
 from ctxrules.toolroles import ROLE_ORDER, call_name, shell_command, tool_roles
 from ctxrules.vault import format_marker, parse_markers
 
 if TYPE_CHECKING:
     from ctxrules.pipeline.context import StageContext
+    from ctxrules.stages.reduce import JsonLimits
 
 __all__ = ["STAGE_TYPE", "ToolOutputFilter", "ctxrules_register_stages", "keep_ratio"]
+
+
+# The compressors and the structure-aware reducers are imported on first use: building the
+# stage, as `ctxrules validate` does for every pack, needs neither (the two packages were a
+# tenth of validating the built-in pack). Same names and signatures as where they live.
+def compress_tool_output(*args: Any, **kwargs: Any) -> Any:
+    from ctxrules.compressors.api import compress_tool_output as run
+
+    return run(*args, **kwargs)
+
+
+def detect(*args: Any, **kwargs: Any) -> Any:
+    from ctxrules.stages.reduce import detect as run
+
+    return run(*args, **kwargs)
+
+
+def handover_text(*args: Any, **kwargs: Any) -> Any:
+    from ctxrules.stages.reduce import handover_text as run
+
+    return run(*args, **kwargs)
+
+
+def reduce_structured(*args: Any, **kwargs: Any) -> Any:
+    from ctxrules.stages.reduce import reduce_structured as run
+
+    return run(*args, **kwargs)
+
+
+def spill_summary(*args: Any, **kwargs: Any) -> Any:
+    from ctxrules.stages.reduce import spill_summary as run
+
+    return run(*args, **kwargs)
+
+
+def text_vault_id(text: str) -> str:
+    from ctxrules.stages.reduce import text_vault_id as run
+
+    return run(text)
+
 
 FLOOR_TOKENS = 200
 """No reduction goes below this many tokens: less would not be worth its marker."""
@@ -169,12 +201,17 @@ class ToolOutputFilter:
         self._epoch = 0
         self._generation = structure.generation()
         json_opts = {**_JSON_DEFAULTS, **opts.get("json", {})}
-        self.json_limits = JsonLimits(
-            depth=json_opts["depth"],
-            keys=json_opts["keys"],
-            items=json_opts["items"],
-            string_chars=json_opts["string_chars"],
-        )
+        self._json_options = {k: json_opts[k] for k in ("depth", "keys", "items", "string_chars")}
+        self._json_limits: JsonLimits | None = None
+
+    @property
+    def json_limits(self) -> JsonLimits:
+        """The JSON skeleton limits of the ``json`` option (made on first use, see above)."""
+        if self._json_limits is None:
+            from ctxrules.stages.reduce import JsonLimits
+
+            self._json_limits = JsonLimits(**self._json_options)
+        return self._json_limits
 
     def __repr__(self) -> str:
         return (

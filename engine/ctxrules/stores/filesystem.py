@@ -113,8 +113,9 @@ class FilesystemStore:
         # and so does a write more than _CHECK_S after the check (writers outside a turn).
         self._checked_shards: dict[tuple[str, str], float] = {}
         # Sessions inside durable_at_commit, and per session the vault files written but not
-        # yet fsynced there and their directories.
-        self._unsynced: dict[str, tuple[list[str], set[str]]] = {}
+        # yet fsynced there, their directories, and descriptors of the first of those files
+        # (kept open for the fsync: reopening each by its path cost a system call pair).
+        self._unsynced: dict[str, tuple[list[str], set[str], list[int]]] = {}
         # log -> its path, and the path as a string: the budget gate reads every ledger of the
         # session on every prepare (one lstat each), and building the Path cost more than that.
         self._log_paths: dict[tuple[str, str], tuple[Path, str]] = {}
@@ -228,7 +229,11 @@ class FilesystemStore:
         # building paths cost more than the system calls.
         shard = os.path.join(self._vault_path(session), blob_id[:2])
         path = os.path.join(shard, blob_id)
-        if not _intact(path, blob_id):
+        key = (session, shard)
+        # A shard this call just created holds nothing to check (a fresh session makes one for
+        # almost every item); an item another process puts there meanwhile has the same bytes.
+        created = False if self._checked(key) else self._ensure_shard(key)
+        if created or not _intact(path, blob_id):
             # Missing, or corrupt: rewriting repairs it, and the bytes are the same either way.
             self._write_blob(session, shard, path, data)
         if media_type is not None:
@@ -254,16 +259,20 @@ class FilesystemStore:
         if not self._checked(key):
             self._ensure_shard(key)
         unsynced = self._unsynced.get(session)
+        keep = unsynced is not None and len(unsynced[2]) < _KEPT_FDS
         try:
-            _write_durable(shard, path, data, sync=unsynced is None)
+            fd = _write_durable(shard, path, data, sync=unsynced is None, keep_open=keep)
         except FileNotFoundError:
             # The directory went away since it was checked (a user removed the vault): check
             # and create it again, then write once more.
             self._forget_checks(session)
             self._ensure_shard(key)
-            _write_durable(shard, path, data, sync=unsynced is None)
+            fd = _write_durable(shard, path, data, sync=unsynced is None, keep_open=keep)
         if unsynced is not None:
-            unsynced[0].append(path)
+            if fd is not None:
+                unsynced[2].append(fd)
+            else:
+                unsynced[0].append(path)
             unsynced[1].add(shard)
 
     @contextlib.contextmanager
@@ -277,7 +286,7 @@ class FilesystemStore:
         if session in self._unsynced:  # nested: the outer scope syncs
             yield
             return
-        self._unsynced[session] = ([], set())
+        self._unsynced[session] = ([], set(), [])
         try:
             yield
         except BaseException:
@@ -287,14 +296,24 @@ class FilesystemStore:
         else:
             self._sync_vault(session)
         finally:
-            self._unsynced.pop(session, None)
+            left = self._unsynced.pop(session, None)
+            for fd in left[2] if left is not None else ():  # a sync that failed part way
+                with contextlib.suppress(OSError):
+                    os.close(fd)
 
     def _sync_vault(self, session: str) -> None:
         unsynced = self._unsynced.get(session)
-        if unsynced is None or not (unsynced[0] or unsynced[1]):
+        if unsynced is None or not (unsynced[0] or unsynced[1] or unsynced[2]):
             return
-        paths, dirs = unsynced
+        paths, dirs, fds = unsynced
         try:
+            while fds:
+                fd = fds[-1]
+                try:
+                    os.fsync(fd)
+                finally:
+                    fds.pop()
+                    os.close(fd)
             for path in paths:
                 _fsync_path(path, os.O_RDONLY | NOFOLLOW)
             for directory in sorted(dirs):  # the renames
@@ -308,16 +327,18 @@ class FilesystemStore:
         when = self._checked_shards.get(key)
         return when is not None and time.monotonic() - when < _CHECK_S
 
-    def _ensure_shard(self, key: tuple[str, str]) -> None:
+    def _ensure_shard(self, key: tuple[str, str]) -> bool:
+        """Check (and create) the shard directory; True when this call created it (empty)."""
         session, shard = key
         checked = self._checked_shards
         parent = (session, os.path.dirname(shard))
-        made = False
+        made = created = False
         if self._checked(parent):
             # The vault directory was checked this turn: only the shard is new (a fresh
             # session creates one for almost every item it stores).
             with contextlib.suppress(FileExistsError, FileNotFoundError):  # not found: no vault
                 os.mkdir(shard, 0o700)
+                created = True
             made = check_dir(shard)
         if not made:
             # From the session directory itself down: a long-lived session's directory swapped
@@ -328,6 +349,7 @@ class FilesystemStore:
         now = time.monotonic()
         checked.setdefault(parent, now)
         checked[key] = now
+        return created
 
     def _forget_checks(self, session: str) -> None:
         """Directories of ``session`` are checked again before the next vault write."""
@@ -794,6 +816,12 @@ def _append_to(fd: int, line: bytes) -> None:
         view = view[os.write(fd, view) :]
 
 
+_KEPT_FDS = 64
+"""Descriptors of unsynced vault files a turn keeps open for its commit, at most (the rest
+are reopened by path then): a compaction storing thousands of items stays far below any
+descriptor limit."""
+
+
 def _fsync_path(path: str, flags: int) -> None:
     fd = os.open(path, flags | _CLOEXEC)
     try:
@@ -802,11 +830,12 @@ def _fsync_path(path: str, flags: int) -> None:
         os.close(fd)
 
 
-def _write_durable(directory: str, path: str, data: bytes, *, sync: bool = True) -> None:
+def _write_durable(directory: str, path: str, data: bytes, *, sync: bool = True, keep_open: bool = False) -> int | None:
     """``data`` at ``path`` (in ``directory``), durable before visible: after a crash the id
     either resolves to the full content or not at all. A temporary file of this user (mode
     0600, created exclusively, never through a link), written, fsynced, renamed over ``path``.
-    ``sync=False``: not fsynced here; the caller does it (``durable_at_commit``)."""
+    ``sync=False``: not fsynced here; the caller does it (``durable_at_commit``), through the
+    descriptor returned open with ``keep_open`` (else None)."""
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | NOFOLLOW | _CLOEXEC
     while True:
         tmp_name = os.path.join(directory, _TMP_PREFIX + os.urandom(8).hex())
@@ -815,6 +844,7 @@ def _write_durable(directory: str, path: str, data: bytes, *, sync: bool = True)
             break
         except FileExistsError:  # 64 random bits taken: try another name
             continue
+    kept = keep_open and not sync
     try:
         try:
             os.fchmod(fd, 0o600)  # whatever the umask
@@ -824,12 +854,17 @@ def _write_durable(directory: str, path: str, data: bytes, *, sync: bool = True)
             if sync:
                 os.fsync(fd)
         finally:
-            os.close(fd)
+            if not kept:
+                os.close(fd)
         os.replace(tmp_name, path)
     except BaseException:
+        if kept:
+            with contextlib.suppress(OSError):
+                os.close(fd)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp_name)
         raise
+    return fd if kept else None
 
 
 def durable_at_commit(store: object, session: str) -> AbstractContextManager[None]:

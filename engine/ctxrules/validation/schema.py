@@ -17,6 +17,7 @@ from ctxrules.packs.merge import ID_LISTS
 from ctxrules.packs.semver import RangeError, check_requires, is_semver, parse_range
 from ctxrules.packs.source import SourceDoc, escape_token
 from ctxrules.resources import schema_path
+from ctxrules.validation.quick import Check, compile_schema
 
 _TYPE_NAMES = {
     "object": "a mapping",
@@ -46,6 +47,11 @@ def _validator() -> Any:
     import jsonschema
 
     return jsonschema.Draft202012Validator(rulepack_schema())
+
+
+@cache
+def _quick() -> Check:
+    return compile_schema(rulepack_schema())
 
 
 def pointer_of(path: Iterable[Any]) -> str:
@@ -183,7 +189,8 @@ def check_document(doc: SourceDoc) -> list[Diagnostic]:
         o = doc.origin("")
         what = f", not {_type_name(doc.data)}" if doc.data is not None else " (the file is empty)"
         return [Diagnostic("CR002", "error", "a rule pack must be a YAML mapping" + what, doc.path, o.line, o.col)]
-    out = schema_errors(doc, doc.data, _validator())
+    # jsonschema (imported only then) when the quick check is not sure the file is valid
+    out = [] if _quick()(doc.data) is True else schema_errors(doc, doc.data, _validator())
     out.extend(_duplicate_ids(doc))
     meta = doc.data.get("metadata")
     if isinstance(meta, dict):

@@ -9,8 +9,6 @@ from itertools import pairwise
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-import jsonschema
-
 from ctxrules.compressors.checks import check_compressors
 from ctxrules.diagnostics import Diagnostic, Reporter, did_you_mean
 from ctxrules.errors import UsageError
@@ -19,6 +17,7 @@ from ctxrules.packs.source import escape_token
 from ctxrules.stages.base import options_schema_for
 from ctxrules.timeouts import lint_timeouts
 from ctxrules.types import THRESHOLD_NAMES
+from ctxrules.validation.quick import remembered
 from ctxrules.validation.regexes import check_pattern, format_checker, regex_values
 from ctxrules.validation.templates import check_prompts
 
@@ -195,8 +194,12 @@ def _check_pipeline(rep: Reporter, data: dict[str, Any], pack: ResolvedPack, reg
         opts = stage.get("with", {})
         if isinstance(opts, dict):
             schema = options_schema_for(st)
-            validator = jsonschema.Draft202012Validator(schema, format_checker=format_checker())
-            errors = list(validator.iter_errors(opts))
+            errors: list[Any] = []
+            if remembered(registry.checked, ("stage", use), schema, regex_format=True)(opts) is not True:
+                import jsonschema  # only when the quick check is not sure: a third of the run
+
+                validator = jsonschema.Draft202012Validator(schema, format_checker=format_checker())
+                errors = list(validator.iter_errors(opts))
             for ptr, pattern in regex_values(schema, opts, f"{base}/with"):
                 check_pattern(rep, pattern, ptr, report_errors=False)
             if not errors:

@@ -37,7 +37,8 @@ class Group:
     def _rest(self, line: str, found: Match) -> str:
         if "rest" in self.pattern.groupindex and found.group("rest") is not None:
             return str(found.group("rest"))
-        return line[: found.start("key")] + line[found.end("key") :]
+        key = self.pattern.groupindex["key"]  # by number: an RE2 match takes no group names there
+        return line[: found.start(key)] + line[found.end(key) :]
 
     def __call__(self, lines: Lines) -> list[str]:
         groups: dict[str, list[tuple[str, Match]]] = {}

@@ -26,6 +26,7 @@ from typing import NamedTuple
 __all__ = ["Handover", "extract_handover", "render_handover"]
 
 _ITEM_CHARS = 160
+_CHECK_MARKS = frozenset("✅✓✔")
 
 _EXTENSIONS = (
     "py|pyi|js|jsx|mjs|cjs|ts|tsx|go|rs|rb|ex|exs|erl|java|kt|kts|scala|c|h|cc|cpp|hpp|cs|"
@@ -146,12 +147,16 @@ def extract_handover(text: str, *, max_items: int = 8, max_files: int = 20) -> H
             continue
         if in_code or not raw.strip():
             continue
-        heading = rx.heading.match(raw)
+        # Each pattern needs a character or word the line often lacks: tested first, it spares
+        # most lines most of the regex calls (a sub-agent result has hundreds of lines).
+        heading = rx.heading.match(raw) if "#" in raw or "**" in raw or raw.rstrip().endswith(":") else None
         if heading and not rx.bullet.match(raw):
             title = heading.group("md") or heading.group("bold") or heading.group("colon") or ""
             section = _section_of(title)
             continue
-        checked, unchecked, risk = rx.checked.match(raw), rx.unchecked.search(raw), rx.risk.match(raw)
+        checked = rx.checked.match(raw) if "[" in raw or _CHECK_MARKS.intersection(raw) else None
+        unchecked = rx.unchecked.search(raw) if "[ ]" in raw or "TODO" in raw or "FIXME" in raw else None
+        risk = rx.risk.match(raw) if ":" in raw else None
         if checked:
             found.add("done", checked.group("body") or checked.group("mark") or "")
         elif unchecked:
