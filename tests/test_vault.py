@@ -13,6 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ctxrules.errors import CtxrulesError
+from ctxrules.private_files import UnsafePathError
 from ctxrules.vault import (
     MARKER_KINDS,
     MARKER_RE,
@@ -126,10 +127,12 @@ def test_concurrent_puts_of_the_same_content_agree(vault: Vault) -> None:
     assert vault.get(ids[0]) == ("race" * 10_000).encode()
 
 
-def test_unwritable_vault_is_a_handled_error(tmp_path: Path) -> None:
+def test_a_file_where_the_session_directory_belongs_is_refused(tmp_path: Path) -> None:
+    # a file where the vault's session directory belongs: refused as not ctxrules' own
     (tmp_path / "file").write_text("not a directory")
-    with pytest.raises(VaultError, match="cannot write"):
+    with pytest.raises(UnsafePathError, match="file: it is not a directory"):
         Vault(tmp_path / "file" / "vault").put_text("x")
+    assert (tmp_path / "file").read_text() == "not a directory"
 
 
 def test_empty_text_and_lone_surrogates_are_storable(vault: Vault) -> None:
