@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from ctxrules import patterns
@@ -35,6 +35,19 @@ Verdict = bool | None
 """True: valid; False: invalid; None: not sure."""
 
 Check = Callable[[Any], Verdict]
+
+
+def _every(verdicts: Iterable[Verdict]) -> Verdict:
+    """All of ``verdicts`` together: False at the first False (the rest is not looked at), else
+    None when one was not sure, else True."""
+    verdict: Verdict = True
+    for found in verdicts:
+        if found is False:
+            return False
+        if found is None:
+            verdict = None
+    return verdict
+
 
 # Keywords that never make an instance invalid (annotations, and places other keywords read).
 _IGNORED = frozenset(
@@ -188,14 +201,7 @@ def _combine(checks: tuple[Check, ...]) -> Check:
     def every(value: Any) -> Verdict:
         if _kind(value) is None:
             return None
-        verdict: Verdict = True
-        for check in checks:
-            found = check(value)
-            if found is False:
-                return False
-            if found is None:
-                verdict = None
-        return verdict
+        return _every(check(value) for check in checks)
 
     return every
 
@@ -317,14 +323,7 @@ def _items(c: _Compiler, value: Any, schema: Mapping[str, Any]) -> Check | None:
     def check(instance: Any) -> Verdict:
         if not isinstance(instance, list):
             return True
-        verdict: Verdict = True
-        for element in instance:
-            found = item(element)
-            if found is False:
-                return False
-            if found is None:
-                verdict = None
-        return verdict
+        return _every(item(element) for element in instance)
 
     return check
 
@@ -388,15 +387,7 @@ def _properties(c: _Compiler, value: Any, schema: Mapping[str, Any]) -> Check | 
     def check(instance: Any) -> Verdict:
         if not isinstance(instance, dict):
             return True
-        verdict: Verdict = True
-        for key, sub in subs:
-            if key in instance:
-                found = sub(instance[key])
-                if found is False:
-                    return False
-                if found is None:
-                    verdict = None
-        return verdict
+        return _every(sub(instance[key]) for key, sub in subs if key in instance)
 
     return check
 
@@ -415,18 +406,7 @@ def _additional_properties(c: _Compiler, value: Any, schema: Mapping[str, Any]) 
     def check(instance: Any) -> Verdict:
         if not isinstance(instance, dict):
             return True
-        verdict: Verdict = True
-        for key in instance:
-            if key in known:
-                continue
-            if closed:
-                return False
-            found = extra(instance[key])
-            if found is False:
-                return False
-            if found is None:
-                verdict = None
-        return verdict
+        return _every(False if closed else extra(instance[key]) for key in instance if key not in known)
 
     return check
 
