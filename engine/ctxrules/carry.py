@@ -15,17 +15,20 @@ The carried value is used only when ``key`` (what the work depended on besides t
 options, search terms) is equal, the injection key is the same, no message was edited in place
 since (:func:`ctxrules.structure.forget` changes the generation) and every message of the old
 list is the same object at the same position. Otherwise ``resume`` returns ``(0, None)``.
+
+The last condition is asked of the lists' shapes (:meth:`ctxrules.structure.Shape.extends`):
+:func:`ctxrules.structure.shape` compared the new list with the last one once, when it derived
+the new shape, so a carry resumes without a pass over the messages of its own.
 """
 
 from __future__ import annotations
 
-import operator
 import threading
 from collections.abc import Hashable, Mapping, Sequence
 from typing import Any, Generic, NamedTuple, TypeVar
 
 from ctxrules.injected import current_key
-from ctxrules.structure import generation
+from ctxrules.structure import Shape, generation, shape
 
 __all__ = ["Carry", "PerSession"]
 
@@ -33,7 +36,7 @@ T = TypeVar("T")
 
 
 class _Kept(NamedTuple, Generic[T]):
-    snapshot: tuple[Mapping[str, Any], ...]
+    shape: Shape
     key: Hashable
     injection: Any
     generation: int
@@ -52,21 +55,17 @@ class Carry(Generic[T]):
         """``(m, value)`` when ``value`` was kept for ``messages[:m]`` under ``key``; else ``(0, None)``."""
         with self._lock:
             kept = self._kept.get(session)
-        if (
-            kept is None
-            or kept.generation != generation()
-            or kept.injection is not current_key()
-            or len(kept.snapshot) > len(messages)
-            or kept.key != key
-            or not all(map(operator.is_, kept.snapshot, messages))
-        ):
+        if kept is None or kept.generation != generation() or kept.injection is not current_key() or kept.key != key:
             return 0, None
-        return len(kept.snapshot), kept.value
+        start = shape(messages).extends(kept.shape)
+        if start is None:
+            return 0, None
+        return start, kept.value
 
     def keep(self, session: str, messages: Sequence[Mapping[str, Any]], key: Hashable, value: T) -> None:
         """Remember ``value`` as computed on ``messages`` under ``key`` (the caller must not
         change ``value`` afterwards: the next turn starts from it)."""
-        kept = _Kept(tuple(messages), key, current_key(), generation(), value)
+        kept = _Kept(shape(messages), key, current_key(), generation(), value)
         with self._lock:
             self._kept.pop(session, None)
             self._kept[session] = kept
@@ -90,6 +89,13 @@ class PerSession(Generic[T]):
     def get(self, session: str) -> T | None:
         with self._lock:
             return self._values.get(session)
+
+    def pop(self, session: str) -> T | None:
+        """Take the session's value out (a stage about to extend it in place: should the stage
+        fail before it puts the value back, the next call starts over instead of resuming
+        from a half-changed one)."""
+        with self._lock:
+            return self._values.pop(session, None)
 
     def put(self, session: str, value: T) -> None:
         with self._lock:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import itertools
 import operator
+import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -272,6 +273,8 @@ class _PairScan:
             pending = open_calls.get(cid)
             if pending:
                 key = _take_most_recent(pending)
+                if not pending:  # answered: copies of the scan (a warm turn's) skip it
+                    del open_calls[cid]
                 result_of[key] = index
                 call_of[index] = key
                 del self.unanswered[key]
@@ -356,18 +359,63 @@ class Exchange:
 class Shape:
     """The facts of one message list, with its pairing and pins computed when first asked."""
 
-    __slots__ = ("_longest", "_pins", "_results", "_resume", "_same_as", "_scan", "_signed_pins", "_where", "facts")
+    __slots__ = (
+        "__weakref__",
+        "_longest",
+        "_parent",
+        "_pins",
+        "_results",
+        "_results_base",
+        "_resume",
+        "_same_as",
+        "_scan",
+        "_signed_pins",
+        "_where",
+        "facts",
+        "snapshot",
+    )
 
-    def __init__(self, facts: list[Facts], *, resume: _PairScan | None = None, same_as: Shape | None = None) -> None:
+    def __init__(
+        self,
+        facts: list[Facts],
+        *,
+        resume: _PairScan | None = None,
+        same_as: Shape | None = None,
+        parent: Shape | None = None,
+    ) -> None:
         self.facts = facts
+        # The shape of a list whose messages this list starts with, the same objects (see
+        # :meth:`extends`); weak, so that a long session does not keep every turn's shape.
+        self._parent: weakref.ref[Shape] | None = weakref.ref(parent) if parent is not None else None
         self._scan: _PairScan | None = None
         self._resume = resume  # the scan of a list this one extends
         self._same_as = same_as  # a list with the same structure
         self._pins: frozenset[int] | None = None
         self._signed_pins: frozenset[int] | None = None
         self._results: tuple[int, ...] | None = None
+        # The results of the list this one extends and its length (see ``results``).
+        self._results_base: tuple[tuple[int, ...], int] | None = None
+        self.snapshot: list[Mapping[str, Any]] | None = None
+        """The messages (a copy of the list, when :func:`shape` made it): a stage that carried
+        this shape can compare what it saw then with a list that does not simply extend it."""
         self._where: dict[str, tuple[int, ...]] = {}  # boolean fact -> indices where it holds
         self._longest: int | None = None
+
+    def extends(self, other: Shape) -> int | None:
+        """``len(other.facts)`` when this list starts with the messages ``other`` was made
+        from, the same objects in the same order (this very shape, or one it was derived from
+        by appending messages); None when that is not known. O(1) on a warm turn: a stage that
+        carried ``other`` from the last turn learns which messages are new without comparing
+        the lists (:func:`shape` compared them once, when it derived this one)."""
+        here: Shape | None = self
+        for _ in range(_EXTENDS_DEPTH):
+            if here is None:
+                return None
+            if here is other:
+                return len(other.facts)
+            ref = here._parent
+            here = ref() if ref is not None else None
+        return None
 
     def where(self, fact: str) -> tuple[int, ...]:
         """Indices of the messages whose boolean fact ``fact`` (``injected``, ``real_user``,
@@ -391,13 +439,17 @@ class Shape:
     def results(self) -> tuple[int, ...]:
         """Indices of the tool and function results."""
         if self._results is None:
-            same = self._same_as
-            self._results = (
-                same.results
-                if same is not None
-                else tuple(i for i, f in enumerate(self.facts) if f.role in _RESULT_ROLES)
-            )
+            same, base = self._same_as, self._results_base
+            if same is not None:
+                self._results = same.results
+            elif base is not None:  # derived by appending: the old list's, then the new ones
+                facts, (old, start) = self.facts, base
+                self._results = old + tuple(i for i in range(start, len(facts)) if facts[i].role in _RESULT_ROLES)
+                self._results_base = None
+            else:
+                self._results = tuple(i for i, f in enumerate(self.facts) if f.role in _RESULT_ROLES)
         return self._results
+
 
     def _scanned(self) -> _PairScan:
         if self._scan is None:
@@ -499,9 +551,14 @@ class Shape:
         return [Step(assistant, tuple(sorted(results))) for assistant, results in members.items()]
 
 
+_EXTENDS_DEPTH = 8
+"""How many derivations back :meth:`Shape.extends` looks (a stage that skipped more turns
+than that starts over)."""
+
+
 class _Seen(NamedTuple):
     messages: Sequence[Mapping[str, Any]]
-    snapshot: tuple[Mapping[str, Any], ...]
+    snapshot: list[Mapping[str, Any]]
     shape: Shape
     key: Any
     """The injection key the facts were computed under (see :func:`facts_of`)."""
@@ -516,21 +573,35 @@ _DERIVE_FROM = 3
 def shape(messages: Sequence[Mapping[str, Any]]) -> Shape:
     """The shape of ``messages``, remembered for the last few lists (the key is the list object
     and the identity of every message in it) and derived from one of them when it can be."""
-    is_ = operator.is_
-    n = len(messages)
     key = current_key()
     for seen in _RECENT:
-        if (
-            seen.messages is messages
-            and seen.key is key
-            and len(seen.snapshot) == n
-            and all(map(is_, seen.snapshot, messages))
-        ):
+        # List equality tests identity first, in C, without touching the messages: the check
+        # that the list was not changed since costs microseconds however often it is asked
+        # (every stage asks). Where an object differs, equal content is as good: facts
+        # depend on the content alone.
+        if seen.messages is messages and seen.key is key and _same_items(seen.snapshot, messages):
             return seen.shape
     made = _derive(messages, key) or Shape([facts_of(m) for m in messages])
-    _RECENT.insert(0, _Seen(messages, tuple(messages), made, key))
+    made.snapshot = list(messages)
+    _RECENT.insert(0, _Seen(messages, made.snapshot, made, key))
     del _RECENT[_RECENT_KEEP:]
     return made
+
+
+def _starts_with(messages: Sequence[Mapping[str, Any]], old: list[Mapping[str, Any]]) -> bool:
+    """Whether ``messages`` starts with the messages of ``old``: the same objects, or equal
+    ones (list equality tests identity first, in C: hundreds of messages in microseconds)."""
+    if isinstance(messages, list):
+        return (messages if len(messages) == len(old) else messages[: len(old)]) == old
+    return all(map(operator.is_, old, messages))
+
+
+def _same_items(snapshot: list[Mapping[str, Any]], messages: Sequence[Mapping[str, Any]]) -> bool:
+    if isinstance(messages, list):
+        return snapshot == messages
+    if isinstance(messages, tuple):
+        return True  # the same tuple object: its items cannot have changed
+    return snapshot == list(messages)
 
 
 def replaced(old: Sequence[Any], new: Sequence[Any]) -> Iterator[int]:
@@ -546,15 +617,16 @@ def _derive(messages: Sequence[Mapping[str, Any]], key: Any) -> Shape | None:
             continue
         old = seen.snapshot
         m = len(old)
-        if n >= m and all(map(operator.is_, old, messages)):
+        if n >= m and _starts_with(messages, old):
             facts = [*seen.shape.facts, *(facts_of(messages[i]) for i in range(m, n))]
             if n == m:
-                made = Shape(facts, same_as=seen.shape)
+                made = Shape(facts, same_as=seen.shape, parent=seen.shape)
                 made._where, made._longest = dict(seen.shape._where), seen.shape._longest
                 return made
-            made = Shape(facts, resume=seen.shape.resumable())
-            if seen.shape._results is not None:
-                made._results = seen.shape._results + tuple(i for i in range(m, n) if facts[i].role in _RESULT_ROLES)
+            made = Shape(facts, resume=seen.shape.resumable(), parent=seen.shape)
+            # Made when first asked (a warm turn's stages mostly look at the new results only).
+            old_results = seen.shape._results
+            made._results_base = (old_results, m) if old_results is not None else None
             # What the old list's facts gave, extended by the new messages' alone.
             made._where = {
                 fact: found + tuple(i for i in range(m, n) if getattr(facts[i], fact))

@@ -95,7 +95,22 @@ RECALL_TOOL = "ctxrules_recall"
 
 def tool_roles(pack: Mapping[str, Any]) -> ToolRoles:
     """Compile ``pack['tools']`` (validated already: patterns compile). The recall tool
-    (``recall.name``) always has the ``file_read`` role: a recalled output is never reduced."""
+    (``recall.name``) always has the ``file_read`` role: a recalled output is never reduced.
+    Remembered for the last pack object and its ``tools`` and ``recall`` objects (stages ask
+    on every turn; a pack's data is not changed once loaded, a reloaded pack is a new object)."""
+    tools, recall = pack.get("tools"), pack.get("recall")
+    last = _LAST
+    if last and last[0] is pack and last[1] is tools and last[2] is recall:
+        return last[3]
+    roles = _tool_roles(pack)
+    _LAST[:] = (pack, tools, recall, roles)
+    return roles
+
+
+_LAST: list[Any] = []  # (pack, its tools, its recall, the roles): see tool_roles
+
+
+def _tool_roles(pack: Mapping[str, Any]) -> ToolRoles:
     tools = pack.get("tools") or {}
     roles = {k: tuple(v) for k, v in (tools.get("roles") or {}).items()}
     recall = pack.get("recall") or {}

@@ -416,7 +416,9 @@ class CacheMarkers:
         # The history digested last (messages, short digests), and the structure generation
         # the memos belong to (ctxrules.structure.forget after an in-place edit drops them).
         # Per session (ctxrules.carry.PerSession): sessions of one engine taking turns keep theirs.
-        self._last_history: PerSession[tuple[tuple[Mapping[str, Any], ...], list[str], str]] = PerSession()
+        # (the shape of the list, where its history starts, the short digest of each history
+        # message, those concatenated)
+        self._last_history: PerSession[tuple[structure.Shape, int, list[str], str]] = PerSession()
         self._layers: dict[tuple[Any, ...], tuple[tuple[Any, ...], Any]] = {}
         self._generation = structure.generation()
 
@@ -443,31 +445,41 @@ class CacheMarkers:
         self._layers[key] = (tuple(objects), value)
         return value
 
-    def _shorts(self, messages: Sequence[Mapping[str, Any]], session: str = "") -> str:
-        """The short digests of ``messages``, concatenated. A warm turn's history is the last
-        one with messages appended and perhaps a few replaced: only those are looked up."""
+    def _shorts(self, out: Sequence[Mapping[str, Any]], start: int, session: str = "") -> str:
+        """The short digests of ``out[start:]``, concatenated. A warm turn's history is the last
+        one with messages appended (only those are digested: Shape.extends says which are new
+        without comparing the lists) or perhaps a few replaced (only those are looked up)."""
         if self._generation != structure.generation():  # a message was edited in place
             self._memo.clear()
             self._layers.clear()
             self._last_history.clear()
             self._generation = structure.generation()
-        last = self._last_history.get(session)
-        if last is not None and len(last[0]) <= len(messages):
-            old, shorts, joined = last
+        # Taken out while it is extended in place (PerSession.pop), so that a failure on the
+        # way leaves nothing half-changed; the stage serves every session of its engine and
+        # each finds its own.
+        last = self._last_history.pop(session)
+        now = structure.shape(out)
+        grown = now.extends(last[0]) if last is not None and last[1] == start else None
+        if last is not None and grown is not None:
+            _, _, shorts, joined = last
+            added = [self._short(out[i]) for i in range(grown, len(out))]
+            shorts.extend(added)
+            joined += "".join(added)
+        elif last is not None and last[0].snapshot is not None and len(last[0].snapshot) - last[1] <= len(out) - start:
+            old_shape, old_start, shorts, joined = last
+            old = old_shape.snapshot[old_start:]  # type: ignore[index]
+            messages = out[start:]
             replaced = {i: self._short(messages[i]) for i in structure.replaced(old, messages)}
             added = [self._short(m) for m in messages[len(old) :]]
-            # A copy to edit: the stage serves every session of its engine, and prepares of
-            # other sessions may run at the same time in other threads, each from this same list
-            # (a copy of pointers costs little next to a digest).
-            shorts = [*shorts, *added]
+            shorts.extend(added)
             for i, digest in replaced.items():
                 shorts[i] = digest
-            # Only appended (a warm turn): the string of last time with the new digests after it.
+            # Only appended: the string of last time with the new digests after it.
             joined = joined + "".join(added) if not replaced else "".join(shorts)
         else:
-            shorts = [self._short(m) for m in messages]
+            shorts = [self._short(out[i]) for i in range(start, len(out))]
             joined = "".join(shorts)
-        self._last_history.put(session, (tuple(messages), shorts, joined))
+        self._last_history.put(session, (now, start, shorts, joined))
         return joined
 
     def _strategy(self, ctx: StageContext) -> str:
@@ -506,7 +518,9 @@ class CacheMarkers:
         strategy = self._strategy(ctx)
         ours: list[dict[str, Any]] = []
         if strategy in ("anthropic", "prefix"):
-            out, ours = self._place(out, tools, layers, ctx, strategy, state, actions, warnings)
+            # A copy to place markers in (the input list is never changed).
+            mutable = list(out) if out is messages else out
+            out, ours = self._place(mutable, tools, layers, ctx, strategy, state, actions, warnings)
 
         key_mode = opts.prompt_cache_key
         if key_mode == "always" or (key_mode == "auto" and self._native_openai(ctx)):
@@ -544,6 +558,14 @@ class CacheMarkers:
         state["ours"] = ours
         state["tail"] = self._tail_record(out, layers)
         state["last_clock"] = ctx.clock
+        if out is messages:  # no marker removed, placed or moved: the runner sees "nothing changed" at once
+            return StageOutcome(
+                messages=out,
+                actions=actions,
+                request=request,
+                tools=tools if tools != list(ctx.tools) else None,
+                warnings=warnings,
+            )
         # Keep the caller's objects where nothing changed (the runner and session rely on identity).
         final = list(out)
         changed = 0
@@ -618,13 +640,17 @@ class CacheMarkers:
 
     # -- markers ----------------------------------------------------------------------------------
     def _remove_own_markers(self, messages: Sequence[Message], state: dict[str, Any]) -> list[Message]:
-        out = list(messages)
+        """``messages`` without the markers this stage placed last time (the list itself when
+        there were none: copied on the first change)."""
+        out = unchanged(messages)
         for rec in state.get("ours") or []:
             i = rec.get("i") if isinstance(rec, dict) else None
             if not isinstance(i, int) or not 0 <= i < len(out):
                 continue
             plain = _unmark(out[i], self.marker, bool(rec.get("s")))
             if plain is not None:
+                if out is messages:
+                    out = list(messages)
                 out[i] = plain
         return out
 
@@ -751,7 +777,7 @@ class CacheMarkers:
             "first_user": self._layer(anchor, _anchor_digest),
             # One string of fixed-width digests (not a list): the state file stays cheap to
             # write however long the history grows.
-            "history": self._shorts(out[layers.history_start :], ctx.session_id),
+            "history": self._shorts(out, layers.history_start, ctx.session_id),
             "history_start": layers.history_start,
         }
         fp["stable"] = _digest([fp["model"], fp["tools"], fp["system"], fp["workspace"], fp["first_user"]])

@@ -38,8 +38,8 @@ from ctxrules.carry import Carry
 from ctxrules.hookspecs import hookimpl
 from ctxrules.messages import message_text
 from ctxrules.stages.base import Action, StageOutcome, StageType, unchanged
-from ctxrules.structure import pair_tool_calls, pinned_indices, shape
-from ctxrules.toolroles import tool_roles
+from ctxrules.structure import generation, pair_tool_calls, pinned_indices, shape
+from ctxrules.toolroles import ToolRoles, tool_roles
 
 if TYPE_CHECKING:
     from ctxrules.pipeline.context import StageContext
@@ -269,10 +269,10 @@ def build_intent(
     facts = known.facts
     users = known.where("real_user")
     latest = users[-1] if users else None
-    texts: list[str] = []
+    read: list[Mapping[str, Any]] = []  # the messages whose text gives the focus terms
     if latest is not None:
-        texts.append(message_text(messages[latest]))
-        asked_files, asked_modules = extract_terms(texts[0], limit=max_terms)
+        read.append(messages[latest])
+        asked_files, asked_modules = _message_terms(messages[latest], max_terms)
         intent.asked = [*asked_files, *asked_modules]
     # The newest assistant messages, as many as either option looks at (newest first).
     wanted = max(history_steps, failed_steps, 1)
@@ -282,12 +282,11 @@ def build_intent(
             assistants.append(i)
             if len(assistants) == wanted:
                 break
-    for i in assistants[:history_steps]:
-        texts.append(message_text(messages[i]))
+    read.extend(messages[i] for i in assistants[:history_steps])
     files: dict[str, None] = {}
     modules: dict[str, None] = {}
-    for text in texts:
-        f, m = extract_terms(text, limit=max_terms)
+    for msg in read:
+        f, m = _message_terms(msg, max_terms)
         files.update(dict.fromkeys(f))
         modules.update(dict.fromkeys(m))
     intent.files = list(files)[:max_terms]
@@ -297,11 +296,48 @@ def build_intent(
         boundary = assistants[min(failed_steps, len(assistants)) - 1]
         roles = tool_roles(pack)
         for index in range(boundary, len(messages)):
+            if facts[index].role != "tool":
+                continue
             msg = messages[index]
             cid = msg.get("tool_call_id")
-            if msg.get("role") == "tool" and isinstance(cid, str) and cid and roles.is_error(message_text(msg)):
+            if isinstance(cid, str) and cid and _failed(msg, roles):
                 intent.failed_calls.append(cid)
     return intent
+
+
+# Per message object: what its text gives (the latest ask and the newest steps are read on
+# every turn, and a text made of parts would be joined, hashed and compared again for a memo
+# keyed by text). An entry holds the message and its content object, so a message given a new
+# content is read again; structure.forget() (an edit in place) empties the memos.
+_TERMS: dict[int, tuple[Mapping[str, Any], Any, int, int, tuple[tuple[str, ...], tuple[str, ...]]]] = {}
+_FAILED: dict[int, tuple[Mapping[str, Any], Any, int, ToolRoles, bool]] = {}
+_MEMO_LIMIT = 4096
+
+
+def _message_terms(msg: Mapping[str, Any], limit: int) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """:func:`extract_terms` of the message's text (tuples: shared, never changed)."""
+    hit = _TERMS.get(id(msg))
+    content, gen = msg.get("content"), generation()
+    if hit is not None and hit[0] is msg and hit[1] is content and hit[2] == gen and hit[3] == limit:
+        return hit[4]
+    terms = _terms(message_text(msg), limit)
+    if len(_TERMS) >= _MEMO_LIMIT:
+        _TERMS.clear()
+    _TERMS[id(msg)] = (msg, content, gen, limit, terms)
+    return terms
+
+
+def _failed(msg: Mapping[str, Any], roles: ToolRoles) -> bool:
+    """Whether the tool result ``msg`` reports a failure (:meth:`ToolRoles.is_error`)."""
+    hit = _FAILED.get(id(msg))
+    content, gen = msg.get("content"), generation()
+    if hit is not None and hit[0] is msg and hit[1] is content and hit[2] == gen and hit[3] is roles:
+        return hit[4]
+    failed = roles.is_error(message_text(msg))
+    if len(_FAILED) >= _MEMO_LIMIT:
+        _FAILED.clear()
+    _FAILED[id(msg)] = (msg, content, gen, roles, failed)
+    return failed
 
 
 def _arguments_text(msg: Mapping[str, Any]) -> str:

@@ -195,9 +195,12 @@ class ToolOutputFilter:
         # results of its input, the keep ratio, the _settled epoch and the positions (in that
         # tuple) not settled; and the tool results of its output with their digests.
         # Per session (ctxrules.carry.PerSession): sessions of one engine taking turns keep theirs.
-        self._last_scan: PerSession[tuple[tuple[Message, ...], float, int, frozenset[int]]] = PerSession()
-        # (outputs, tokenizer, the digest of each or None, the digests sorted as state['sent'] keeps them)
-        self._last_sent: PerSession[tuple[tuple[Message, ...], str, list[str | None], list[str]]] = PerSession()
+        # The scan is (the input's shape, keep ratio, epoch, indices not settled); the sent
+        # memo (the output's shape, tokenizer, the digest or None of each of its tool results
+        # in order, the digests sorted as state['sent'] keeps them). A warm turn's list
+        # extends the carried one (Shape.extends): only the new results are looked at.
+        self._last_scan: PerSession[tuple[structure.Shape, float, int, frozenset[int]]] = PerSession()
+        self._last_sent: PerSession[tuple[structure.Shape, str, list[str | None], list[str]]] = PerSession()
         self._epoch = 0
         self._generation = structure.generation()
         json_opts = {**_JSON_DEFAULTS, **opts.get("json", {})}
@@ -241,13 +244,15 @@ class _Run:
         self.stage = stage
         self.messages = messages
         self.ctx = ctx
-        self.out: list[Message] = list(messages)
+        # Copied on the first change (_commit): a warm turn changes nothing.
+        self.out: list[Message] = unchanged(messages)
         self.actions: list[Action] = []
         self.warnings: list[str] = []
         self.count: Callable[[str], int] = ctx.counter.count_text
         self.shape = shape(messages)
         self.roles = tool_roles(ctx.pack)
         self.limit = spill_limit(stage.spill_chars, stage.spill_window_share, ctx.budget.usable)
+        self._unsettled_at: list[int] = []  # tool results not settled (see _unsettled)
 
     def call(self, index: int) -> Mapping[str, Any] | None:
         """The call the tool result at ``index`` answers."""
@@ -355,35 +360,48 @@ class _Run:
         new since then (other objects at a position), are looked at: the others were settled
         and stay so while the keep ratio does not drop."""
         stage, messages = self.stage, self.messages
-        results = self.shape.results
-        current = tuple(map(messages.__getitem__, results))
         last = stage._last_scan.get(self.ctx.session_id)
-        look: Iterable[int]
+        look: Iterable[int] | None = None
         if last is not None and last[2] == stage._epoch and self.keep >= last[1]:
-            old, pending = last[0], last[3]
-            n = min(len(old), len(current))
-            look = sorted({p for p in pending if p < n and old[p] is current[p]}.union(_changed(old, current)))
-        else:
-            look = range(len(current))
+            old_shape, pending = last[0], last[3]
+            start = self.shape.extends(old_shape)
+            if start is not None:  # only appended to: what was pending, and the new results
+                facts = self.shape.facts
+                new = [i for i in range(start, len(facts)) if facts[i].role in _RESULT_ROLES]
+                look = sorted(pending.union(new)) if pending else new
+            elif old_shape.snapshot is not None:
+                # Compared result by result: the n-th tool result of each list.
+                old_results, results = old_shape.results, self.shape.results
+                old = tuple(map(old_shape.snapshot.__getitem__, old_results))
+                current = tuple(map(messages.__getitem__, results))
+                n = min(len(old), len(current))
+                where = {i: p for p, i in enumerate(old_results)}
+                held = [where[i] for i in pending if i in where]
+                look = [
+                    results[p]
+                    for p in sorted({p for p in held if p < n and old[p] is current[p]}.union(_changed(old, current)))
+                ]
+        if look is None:
+            look = self.shape.results
         pins, protected = self.shape.pins, self.ctx.protected
         out: list[int] = []
         unsettled: list[int] = []
         hot = 0
-        for p in look:
-            i, msg = results[p], current[p]
+        for i in look:
+            msg = messages[i]
             if i in pins:
-                unsettled.append(p)
+                unsettled.append(i)
                 continue
             if self._is_settled(msg):
                 continue  # examined before at this keep ratio or a laxer one
-            unsettled.append(p)
+            unsettled.append(i)
             if id(msg) in protected:
                 continue
             if sent and result_digest(msg) in sent and not self._marked(msg):
                 hot += 1
             else:
                 out.append(i)  # an output already shortened is examined once, then settled
-        self._scan = (current, unsettled)
+        self._unsettled_at = unsettled
         return out, hot
 
     def _marked(self, msg: Message) -> bool:
@@ -426,36 +444,56 @@ class _Run:
         # of each output is carried from the last call for the same objects.
         stage, out = self.stage, self.out
         tokenizer = self.ctx.counter.tokenizer
+        session = self.ctx.session_id
+        # Taken out while it is extended in place (PerSession.pop): a failure on the way
+        # leaves no half-changed memo behind.
+        last = stage._last_sent.pop(session)
+        out_shape = self.shape if out is self.messages else shape(out)
+        start = out_shape.extends(last[0]) if last is not None and last[1] == tokenizer else None
+        if last is not None and start is not None:
+            # A warm turn that only appended: the digests of the new results go after the
+            # old ones, into the sorted list of last time.
+            _, _, digests, sent = last
+            facts = out_shape.facts
+            for i in range(start, len(facts)):
+                if facts[i].role in _RESULT_ROLES:
+                    digest = self._sent_digest(out[i])
+                    digests.append(digest)
+                    if digest:
+                        bisect.insort(sent, digest)
+            stage._last_sent.put(session, (out_shape, tokenizer, digests, sent))
+            self.ctx.state["sent"] = list(sent)
+            return
         # Stages before the integrity pass keep each message's role where it is.
-        indices = self.shape.results if len(out) == len(self.messages) else shape(out).results
+        indices = self.shape.results if len(out) == len(self.messages) else out_shape.results
         current = tuple(map(out.__getitem__, indices))
-        last = stage._last_sent.get(self.ctx.session_id)
-        sent: list[str] | None = None
-        if last is not None and last[1] == tokenizer:
+        sent_now: list[str] | None = None
+        if last is not None and last[1] == tokenizer and last[0].snapshot is not None:
+            before = tuple(map(last[0].snapshot.__getitem__, last[0].results))
             digests = last[2][: len(current)]
             digests.extend([None] * (len(current) - len(digests)))
-            changed = list(_changed(last[0], current))
+            changed = list(_changed(before, current))
             gone = [d for d in last[2][len(current) :] if d]  # the list got shorter
             for p in changed:
-                before = last[2][p] if p < len(last[2]) else None
-                if before:
-                    gone.append(before)
+                was = last[2][p] if p < len(last[2]) else None
+                if was:
+                    gone.append(was)
                 digests[p] = self._sent_digest(current[p])
             if len(changed) + len(gone) <= _SENT_EDITS:
-                # A warm turn: the sorted list of last time, edited where outputs changed.
-                sent = list(last[3])
+                # The sorted list of last time, edited where outputs changed.
+                sent_now = last[3]
                 for d in gone:
-                    del sent[bisect.bisect_left(sent, d)]
+                    del sent_now[bisect.bisect_left(sent_now, d)]
                 for p in changed:
                     now = digests[p]
                     if now:
-                        bisect.insort(sent, now)
+                        bisect.insort(sent_now, now)
         else:
             digests = [self._sent_digest(m) for m in current]
-        if sent is None:
-            sent = sorted(d for d in digests if d)
-        stage._last_sent.put(self.ctx.session_id, (current, tokenizer, digests, sent))
-        self.ctx.state["sent"] = list(sent)
+        if sent_now is None:
+            sent_now = sorted(d for d in digests if d)
+        stage._last_sent.put(session, (out_shape, tokenizer, digests, sent_now))
+        self.ctx.state["sent"] = list(sent_now)
 
     def _sent_digest(self, msg: Message) -> str | None:
         """The digest to remember for ``msg`` as sent, or None when it is too small to ever be
@@ -480,11 +518,9 @@ class _Run:
             msg = self.messages[index]
             if self.out[index] is msg:
                 stage._settled[id(msg)] = (msg, keep, msg.get("content"))
-        current, unsettled = self._scan
-        stage._last_scan.put(
-            self.ctx.session_id,
-            (current, self.keep, stage._epoch, frozenset(p for p in unsettled if not self._is_settled(current[p]))),
-        )
+        messages = self.messages
+        pending = frozenset(i for i in self._unsettled_at if not self._is_settled(messages[i]))
+        stage._last_scan.put(self.ctx.session_id, (self.shape, self.keep, stage._epoch, pending))
 
     # --- level (c): the hard spill, every message ------------------------------------------
 
@@ -729,6 +765,8 @@ class _Run:
     # --- bookkeeping -----------------------------------------------------------------------
 
     def _commit(self, index: int, new: Message, kind: str, detail: str, vault_id: str) -> None:
+        if self.out is self.messages:
+            self.out = list(self.messages)
         old = self.out[index]
         new = keep_mark(old, new)  # a spilled notes/reread/summary message is still ctxrules' own
         self.out[index] = new
