@@ -14,7 +14,8 @@ that holds the same message objects up front, walk only the new ones::
 The carried value is used only when ``key`` (what the work depended on besides the messages:
 options, search terms) is equal, the injection key is the same, no message was edited in place
 since (:func:`ctxrules.structure.forget` changes the generation) and every message of the old
-list is the same object at the same position. Otherwise ``resume`` returns ``(0, None)``.
+list is at the same position of the new one: the same object, or an equal one (what a stage
+carries depends on the messages' content). Otherwise ``resume`` returns ``(0, None)``.
 
 The last condition is asked of the lists' shapes (:meth:`ctxrules.structure.Shape.extends`):
 :func:`ctxrules.structure.shape` compared the new list with the last one once, when it derived

@@ -403,8 +403,8 @@ class Shape:
 
     def extends(self, other: Shape) -> int | None:
         """``len(other.facts)`` when this list starts with the messages ``other`` was made
-        from, the same objects in the same order (this very shape, or one it was derived from
-        by appending messages); None when that is not known. O(1) on a warm turn: a stage that
+        from, in the same order, each the same object or an equal one (this very shape, or one
+        it was derived from by appending messages); None when that is not known. O(1) on a warm turn: a stage that
         carried ``other`` from the last turn learns which messages are new without comparing
         the lists (:func:`shape` compared them once, when it derived this one)."""
         here: Shape | None = self

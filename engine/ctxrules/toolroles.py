@@ -101,13 +101,14 @@ def tool_roles(pack: Mapping[str, Any]) -> ToolRoles:
     tools, recall = pack.get("tools"), pack.get("recall")
     last = _LAST
     if last and last[0] is pack and last[1] is tools and last[2] is recall:
-        return last[3]
+        known: ToolRoles = last[3]
+        return known
     roles = _tool_roles(pack)
     _LAST[:] = (pack, tools, recall, roles)
     return roles
 
 
-_LAST: list[Any] = []  # (pack, its tools, its recall, the roles): see tool_roles
+_LAST: list[Any] = []  # [pack, its tools, its recall, the roles]: see tool_roles
 
 
 def _tool_roles(pack: Mapping[str, Any]) -> ToolRoles:

@@ -12,6 +12,7 @@ messages as they were before it (``on_error: fail``); the conversation is never 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import operator
 import time
 from collections.abc import Callable, Sequence
@@ -165,6 +166,9 @@ class _Run:
         # one made from these and the few per-stage fields costs a dict copy, not a constructor
         # call with twenty arguments per stage).
         self._shared = {f: getattr(base, f) for f in _SHARED_FIELDS}
+        # Asked once per run: a warm turn's stages then make no debug call each (an event
+        # below the logger's level costs a call and its keyword dict, twice per stage).
+        self._debug = _debug_enabled(base.log)
 
     def run(self) -> RunOutcome:
         integrity, content, finalize = _phases(self.plan)
@@ -248,7 +252,8 @@ class _Run:
             return msgs
         ctx = self._context(p, msgs, tier, utilization)
         started = time.perf_counter()
-        ctx.log.debug("stage.start", tier=tier, tokens=tokens)
+        if self._debug:
+            ctx.log.debug("stage.start", tier=tier, tokens=tokens)
         if self.on_event is not None:
             self._emit("stage.start", stage=p.id, type=p.type.name, phase=p.phase, tier=tier, tokens=tokens)
         memories: list[Memory] = []  # of each attempt, the failed one's too (timed-out patterns)
@@ -317,15 +322,16 @@ class _Run:
         record.ran = True
         record.ms = (time.perf_counter() - started) * 1000
         record.actions = [a.as_dict() for a in outcome.actions] if outcome.actions else []
-        record.warnings = list(outcome.warnings) + [w for w in timed_out if w not in outcome.warnings]
-        if record.warnings:
+        if outcome.warnings or timed_out:
+            record.warnings = list(outcome.warnings) + [w for w in timed_out if w not in outcome.warnings]
             self.warnings.extend(f"{p.id}: {w}" for w in record.warnings)
         if p.phase == "finalize":
             self.request.update(outcome.request)
             if outcome.tools is not None:
                 self.tools = outcome.tools
         record.tokens_after = self._count(result)
-        ctx.log.debug("stage.end", ms=round(record.ms, 3), saved=record.tokens_before - record.tokens_after)
+        if self._debug:
+            ctx.log.debug("stage.end", ms=round(record.ms, 3), saved=record.tokens_before - record.tokens_after)
         if self.on_event is None:
             return
         self._emit(
@@ -373,6 +379,15 @@ def _phases(plan: Sequence[PlannedStage]) -> tuple[list[PlannedStage], ...]:
             _PHASES.clear()
         known = _PHASES[id(plan)] = (tuple(plan), split)
     return known[1]
+
+
+def _debug_enabled(log: Any) -> bool:
+    """Whether ``log`` writes debug events (True when it cannot say: then it decides)."""
+    try:
+        enabled = getattr(log, "is_enabled_for", None)
+        return True if enabled is None else bool(enabled(logging.DEBUG))
+    except Exception:  # a logger of the application's that cannot answer: let it filter
+        return True
 
 
 # What a stage raises when its saved state holds something it did not expect (a string where

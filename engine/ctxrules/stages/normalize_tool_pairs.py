@@ -44,6 +44,7 @@ import hashlib
 import json
 import operator
 from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
@@ -453,7 +454,8 @@ def already_valid(messages: Sequence[Mapping[str, Any]], start: int = 0) -> bool
         i -= 1
     if i > 0 and messages[i - 1].get("role") == "assistant":
         i -= 1
-    used: set[str] | None = None  # call ids before the scan, gathered when a call needs them
+    before: AbstractSet[str] | None = None  # call ids before the scan, gathered when a call needs them
+    used: set[str] = set()  # call ids of the scan so far
     while i < n:
         msg = messages[i]
         role = msg.get("role")
@@ -468,12 +470,18 @@ def already_valid(messages: Sequence[Mapping[str, Any]], start: int = 0) -> bool
                 continue
             if not calls:
                 return False
-            if used is None:
-                used = set(_ids_before(messages, i))
+            if before is None:
+                before = _ids_before(messages, i)
             ids = []
             for call in calls:
                 cid = call.get("id") if isinstance(call, Mapping) else None
-                if not isinstance(cid, str) or not cid or cid in used or _fixed_arguments(call) is not None:
+                if (
+                    not isinstance(cid, str)
+                    or not cid
+                    or cid in used
+                    or cid in before
+                    or _fixed_arguments(call) is not None
+                ):
                     return False
                 ids.append(cid)
                 used.add(cid)
@@ -523,28 +531,36 @@ def _follows_valid(messages: Sequence[Mapping[str, Any]]) -> bool:
     return True
 
 
-_PREFIX_IDS: dict[int, tuple[Mapping[str, Any], int, frozenset[str]]] = {}
+_PREFIX_IDS: dict[int, tuple[Mapping[str, Any], int, set[str]]] = {}
 _PREFIX_IDS_KEEP = 16
 
 
-def _ids_before(messages: Sequence[Mapping[str, Any]], end: int) -> frozenset[str]:
+def _ids_before(messages: Sequence[Mapping[str, Any]], end: int) -> AbstractSet[str]:
     """The call ids of ``messages[:end]``, remembered by the last message object and ``end``:
     on a warm turn the scan asks about the same valid prefix after every content stage, and a
     prefix of hundreds of steps would otherwise be walked each time. (A prefix whose last
     object and length match but whose earlier steps were removed yields extra ids: a
-    conservative "run the full repair".)"""
+    conservative "run the full repair".)
+
+    The next turn's prefix extends this turn's: the set of the longest remembered prefix it
+    extends moves to the new prefix and gets the ids of the appended messages, in place (a
+    copy would cost a pass over every id of the session). Extra ids can only make
+    :func:`already_valid` say "run the full repair", so a set that two threads grow at once
+    errs on the safe side."""
     if end <= 0:
         return frozenset()
     last = messages[end - 1]
     hit = _PREFIX_IDS.get(id(last))
     if hit is not None and hit[0] is last and hit[1] == end:
         return hit[2]
-    start, base = 0, frozenset[str]()
-    # The next turn's prefix extends this turn's: add the ids of the appended messages only.
-    for obj, n, ids in _PREFIX_IDS.values():
+    start, base, base_key = 0, None, None
+    for key, (obj, n, ids) in list(_PREFIX_IDS.items()):
         if start < n <= end and messages[n - 1] is obj:
-            start, base = n, ids
-    ids = base.union(
+            start, base, base_key = n, ids, key
+    if base_key is not None:
+        _PREFIX_IDS.pop(base_key, None)  # its set becomes the new prefix's
+    grown = base if base is not None else set()
+    grown.update(
         cid
         for m in messages[start:end]
         if m.get("role") == "assistant"
@@ -553,8 +569,8 @@ def _ids_before(messages: Sequence[Mapping[str, Any]], end: int) -> frozenset[st
     )
     if len(_PREFIX_IDS) >= _PREFIX_IDS_KEEP:
         _PREFIX_IDS.clear()
-    _PREFIX_IDS[id(last)] = (last, end, ids)
-    return ids
+    _PREFIX_IDS[id(last)] = (last, end, grown)
+    return grown
 
 
 class ToolPairRepair:
