@@ -244,3 +244,46 @@ def test_shape_extends_is_its_ancestry(appended: int) -> None:
     other = shape([{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}])  # equal, not the same
     assert new.extends(other) is None
     assert shape([*grown, {"role": "user", "content": "z"}]).extends(old) == 2  # two derivations back
+
+
+def test_the_plain_tail_agrees_with_the_pairing() -> None:
+    """Shape.tail_calls (the newest step's results read from its messages alone) says what the
+    pairing says, on random lists of calls and results with reused, missing and foreign ids."""
+    import random
+
+    from ctxrules.structure import _NO_TAIL, Shape, facts_of
+
+    rng = random.Random(22)
+    ids = ["a", "b", "c", None]
+    for _ in range(3000):
+        messages: list[dict[str, Any]] = []
+        for _ in range(rng.randint(1, 9)):
+            kind = rng.choice(["user", "assistant", "assistant", "tool", "tool", "tool", "function"])
+            if kind == "assistant":
+                calls = [
+                    {"type": "function", "function": {"name": "f", "arguments": "{}"}}
+                    | ({"id": cid} if (cid := rng.choice(ids)) else {})
+                    for _ in range(rng.randint(0, 3))
+                ]
+                messages.append({"role": "assistant", "content": "x", **({"tool_calls": calls} if calls else {})})
+            elif kind == "tool":
+                cid = rng.choice(ids)
+                messages.append({"role": "tool", "content": "r", **({"tool_call_id": cid} if cid else {})})
+            elif kind == "function":
+                messages.append({"role": "function", "name": "f", "content": "r"})
+            else:
+                messages.append({"role": "user", "content": "u"})
+        if rng.random() < 0.5:  # end with a step whose results come in any order, some missing
+            step = rng.sample(["a", "b", "c"], rng.randint(1, 3))
+            call = {"type": "function", "function": {"name": "f", "arguments": "{}"}}
+            messages.append({"role": "assistant", "content": "x", "tool_calls": [call | {"id": c} for c in step]})
+            answered = rng.sample(step, rng.randint(0, len(step)))
+            messages.extend({"role": "tool", "tool_call_id": c, "content": "r"} for c in answered)
+        made = Shape([facts_of(m) for m in messages])
+        tail = made.tail_calls()
+        call_of = made.pairing.call_of
+        for j, key in (tail or {}).items():
+            assert call_of.get(j) == key, messages
+        reference = Shape([facts_of(m) for m in messages])
+        reference._tail = _NO_TAIL  # "no plain tail": the pins come from the pairing
+        assert Shape([facts_of(m) for m in messages]).pins == reference.pins, messages

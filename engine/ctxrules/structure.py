@@ -370,6 +370,7 @@ class Shape:
         "_same_as",
         "_scan",
         "_signed_pins",
+        "_tail",
         "_where",
         "facts",
         "snapshot",
@@ -392,6 +393,7 @@ class Shape:
         self._same_as = same_as  # a list with the same structure
         self._pins: frozenset[int] | None = None
         self._signed_pins: frozenset[int] | None = None
+        self._tail: dict[int, CallKey] | None = None  # see tail_calls (_NO_TAIL: there is none)
         self._results: tuple[int, ...] | None = None
         # The results of the list this one extends and its length (see ``results``).
         self._results_base: tuple[tuple[int, ...], int] | None = None
@@ -456,11 +458,62 @@ class Shape:
             if self._same_as is not None:
                 self._scan = self._same_as._scanned()
             else:
-                scan = self._resume.copy() if self._resume is not None else _PairScan()
+                resume = self._resume if self._resume is not None else self._ancestor_scan()
+                scan = resume.copy() if resume is not None else _PairScan()
                 scan.feed(self.facts)
                 self._scan = scan
             self._resume = None
         return self._scan
+
+    def _ancestor_scan(self) -> _PairScan | None:
+        """The finished scan of the nearest list this one extends that has one: the pairing
+        resumes from there (turns whose stages needed no pairing computed none)."""
+        ref = self._parent
+        for _ in range(_EXTENDS_DEPTH):
+            here = ref() if ref is not None else None
+            if here is None:
+                return None
+            if here._scan is not None:
+                return here._scan
+            if here._same_as is not None and here._same_as._scan is not None:
+                return here._same_as._scan
+            ref = here._parent
+        return None
+
+    def tail_calls(self) -> dict[int, CallKey] | None:
+        """The call each tool result after the newest assistant message answers, when that is
+        plain from those messages alone: the assistant message's calls have distinct ids and
+        every tool result after it answers one of them, each a different one. Then each
+        result answers the call of that message with its id (the most recent call with that
+        id, and none of the results before it took it), as the pairing would say, without the
+        pairing (a warm turn's appended step is such a tail). None otherwise."""
+        if self._tail is not None:
+            return self._tail if self._tail is not _NO_TAIL else None
+        facts = self.facts
+        tail: dict[int, CallKey] | None = None
+        last = next((j for j in range(len(facts) - 1, -1, -1) if facts[j].role == "assistant"), None)
+        calls = facts[last].calls if last is not None else None
+        if last is not None and calls and None not in calls and len(set(calls)) == len(calls):
+            position = {cid: pos for pos, cid in enumerate(calls)}
+            tail = {}
+            for j in range(last + 1, len(facts)):
+                if facts[j].role != "tool":
+                    continue
+                pos = position.pop(facts[j].result_id, None)
+                if pos is None:  # no id, not one of the calls, or a call already answered
+                    tail = None
+                    break
+                tail[j] = (last, pos)
+        self._tail = tail if tail is not None else _NO_TAIL
+        return tail
+
+    def call_of(self, index: int) -> CallKey | None:
+        """The call the tool result at ``index`` answers (``pairing.call_of``), from
+        :meth:`tail_calls` when the result is in such a tail."""
+        tail = self.tail_calls()
+        if tail is not None and index in tail:
+            return tail[index]
+        return self.pairing.call_of.get(index)
 
     def resumable(self) -> _PairScan | None:
         """The finished pairing scan, when it was computed (for a list that extends this one)."""
@@ -521,8 +574,10 @@ class Shape:
                 results.append(j)
             return Step(last_assistant, tuple(results))
         # Whether a later tool result answers this step or an older unanswered call with the
-        # same id depends on the whole history: the pairing decides.
-        call_of = self.pairing.call_of
+        # same id depends on the whole history: the pairing decides (unless the tail says it
+        # alone: tail_calls).
+        plain = self.tail_calls()
+        call_of = plain if plain is not None else self.pairing.call_of
         results = []
         in_block = True
         for j in tail:
@@ -550,6 +605,9 @@ class Shape:
                 block_owner = None
         return [Step(assistant, tuple(sorted(results))) for assistant, results in members.items()]
 
+
+_NO_TAIL: dict[int, CallKey] = {}
+"""What :meth:`Shape.tail_calls` remembers for "no plain tail" (never changed)."""
 
 _EXTENDS_DEPTH = 8
 """How many derivations back :meth:`Shape.extends` looks (a stage that skipped more turns

@@ -256,7 +256,7 @@ class _Run:
 
     def call(self, index: int) -> Mapping[str, Any] | None:
         """The call the tool result at ``index`` answers."""
-        key = self.shape.pairing.call_of.get(index)
+        key = self.shape.call_of(index)
         if key is None:
             return None
         calls = self.messages[key[0]].get("tool_calls") or []
@@ -415,21 +415,26 @@ class _Run:
     def _steps_of(self, indices: Iterable[int]) -> list[Step]:
         """The steps the tool results at ``indices`` belong to (from the pairing, without
         walking the whole list: on a warm turn only a few results are in question)."""
-        pairing = self.shape.pairing
         found: dict[int, Step] = {}
         loose: list[int] = []
+        tail = self.shape.tail_calls()
         for index in indices:
-            key = pairing.call_of.get(index)
+            key = self.shape.call_of(index)
             if key is None:
                 loose.append(index)
                 continue
             owner = key[0]
             if owner in found:
                 continue
-            calls = self.messages[owner].get("tool_calls") or []
-            members = sorted(
-                pairing.result_of[(owner, pos)] for pos in range(len(calls)) if (owner, pos) in pairing.result_of
-            )
+            if tail is not None and index in tail:
+                # The newest step, plain from its messages: its results are the tail's.
+                members = sorted(tail)
+            else:
+                pairing = self.shape.pairing
+                calls = self.messages[owner].get("tool_calls") or []
+                members = sorted(
+                    pairing.result_of[(owner, pos)] for pos in range(len(calls)) if (owner, pos) in pairing.result_of
+                )
             found[owner] = Step(owner, tuple(members))
         if loose:  # unpaired results (orphans, legacy function results): the full walk
             for step in self.shape.steps():
