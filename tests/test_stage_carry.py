@@ -141,19 +141,32 @@ def test_cache_markers_carried_over_equals_a_full_pass(name: str, model: str, tm
         current = list(got.messages)
 
 
-def test_cache_markers_never_edit_what_they_kept() -> None:
-    """One stage instance serves every session of its engine, and prepares of other sessions
-    run at the same time in other threads (litellm's hook, ``aprepare``): a call must build its
-    digests beside what the last call kept, never edit those in place."""
+def test_cache_markers_take_out_what_they_extend() -> None:
+    """One stage instance serves every session of its engine (each finds its own memo), and
+    prepares may run at the same time in other threads (litellm's hook, ``aprepare``): a call
+    takes its session's digests out while it extends them in place, so a call that fails on
+    the way, or one of the same session at the same time, finds nothing half-changed; what it
+    puts back is what a stage that kept nothing computes."""
     from ctxrules.stages.cache_markers import CacheMarkers
 
     history = load_transcript(TRANSCRIPT_NAMES[0])[:40]
     stage = CacheMarkers({})
-    stage._shorts(history[:30])
-    kept = stage._last_history.get("")
-    assert kept is not None
-    before = list(kept[1])
-    extended = [*history[:30], *history[30:]]
-    extended[5] = {**extended[5], "content": "[replaced]"}  # replaced and appended
-    stage._shorts(extended)
-    assert kept[1] == before
+    stage._shorts(history[:30], 0)
+    assert stage._last_history.get("") is not None
+    real_short = stage._short
+
+    def failing(msg: Any) -> str:
+        raise RuntimeError("boom")
+
+    stage._short = failing  # type: ignore[method-assign]
+    with pytest.raises(RuntimeError):
+        stage._shorts([*history[:30], history[30]], 0)
+    assert stage._last_history.get("") is None  # taken out, not put back half-changed
+    stage._short = real_short  # type: ignore[method-assign]
+    stage._shorts(history[:30], 0)
+    replaced = [*history[:5], {**history[5], "content": "[replaced]"}, *history[6:]]
+    for extended in ([*history[:30], *history[30:]], replaced):
+        got = stage._shorts(extended, 0)
+        want = CacheMarkers({})._shorts(extended, 0)
+        assert got == want
+        assert stage._last_history.get("")[2:] == (list(map(stage._short, extended)), want)  # type: ignore[index]

@@ -287,3 +287,39 @@ def test_the_plain_tail_agrees_with_the_pairing() -> None:
         reference = Shape([facts_of(m) for m in messages])
         reference._tail = _NO_TAIL  # "no plain tail": the pins come from the pairing
         assert Shape([facts_of(m) for m in messages]).pins == reference.pins, messages
+
+
+def test_what_an_extended_list_knows_from_the_one_before_is_what_the_pairing_says() -> None:
+    """call_of and step_results of a list derived by appending steps (each turn's shape asks
+    the ones it was derived from) against the pairing of a list that carries nothing."""
+    import random
+
+    from ctxrules.structure import Shape, facts_of
+
+    rng = random.Random(7)
+    for _ in range(300):
+        forget()
+        messages: list[dict[str, Any]] = [{"role": "user", "content": "u"}]
+        for turn in range(8):
+            grown = list(messages)
+            step = rng.sample(["a", "b", "c"], rng.randint(1, 3))
+            call = {"type": "function", "function": {"name": "f", "arguments": "{}"}}
+            grown.append({"role": "assistant", "content": "x", "tool_calls": [call | {"id": c} for c in step]})
+            answered = rng.sample(step, rng.randint(0, len(step)))
+            if rng.random() < 0.2:  # a result for an older call, or one with no call
+                answered.append(rng.choice(["a", "b", "c", "zz"]))
+            grown.extend({"role": "tool", "tool_call_id": c, "content": "r"} for c in answered)
+            if rng.random() < 0.3:
+                grown.append({"role": "user", "content": f"u{turn}"})
+            made = shape(grown)
+            made.pins  # noqa: B018  # what a warm turn's stages ask first
+            reference = Shape([facts_of(m) for m in grown]).pairing
+            for j, f in enumerate(made.facts):
+                if f.role == "tool":
+                    assert made.call_of(j) == reference.call_of.get(j)
+                if f.role == "assistant":
+                    known = made.step_results(j)
+                    if known is not None:
+                        calls = range(len(f.calls or ()))
+                        assert known == tuple(sorted(reference.result_of[(j, p)] for p in calls))
+            messages = grown

@@ -513,7 +513,49 @@ class Shape:
         tail = self.tail_calls()
         if tail is not None and index in tail:
             return tail[index]
-        return self.pairing.call_of.get(index)
+        known = self._known_before(index)
+        return known[0] if known is not None else self.pairing.call_of.get(index)
+
+    def step_results(self, assistant: int) -> tuple[int, ...] | None:
+        """The results of every call of the assistant message at ``assistant`` when its step
+        is, or was on a list this one extends, a plain tail (:meth:`tail_calls`) that answers
+        all of its calls (no later result can answer one then); None when not known so."""
+        for here in self._lineage():
+            tail = here.tail_calls() if here is self else here._tail
+            if tail is None or tail is _NO_TAIL or not tail:
+                continue
+            owner = next(iter(tail.values()))[0]
+            if owner == assistant:
+                calls = self.facts[assistant].calls or ()
+                return tuple(sorted(tail)) if len(tail) == len(calls) else None
+        return None
+
+    def _known_before(self, index: int) -> tuple[CallKey | None] | None:
+        """``(call_of[index],)`` from a list this one extends, when one of them knows it: the
+        call a result answers never changes when messages are appended after it."""
+        ref = self._parent
+        for _ in range(_EXTENDS_DEPTH):
+            here = ref() if ref is not None else None
+            if here is None or index >= len(here.facts):
+                return None
+            tail = here._tail
+            if tail is not None and index in tail:
+                return (tail[index],)
+            scan = here._scan if here._scan is not None else (here._same_as._scan if here._same_as else None)
+            if scan is not None:
+                return (scan.call_of.get(index),)
+            ref = here._parent
+        return None
+
+    def _lineage(self) -> Iterator[Shape]:
+        """This shape, then the ones it was derived from by appending (newest first)."""
+        here: Shape | None = self
+        for _ in range(_EXTENDS_DEPTH):
+            if here is None:
+                return
+            yield here
+            ref = here._parent
+            here = ref() if ref is not None else None
 
     def resumable(self) -> _PairScan | None:
         """The finished pairing scan, when it was computed (for a list that extends this one)."""

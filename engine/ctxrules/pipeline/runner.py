@@ -48,6 +48,8 @@ class PlannedStage:
     implicit: bool = False
     # (the run's logger, this stage's logger bound from it): a warm turn builds no new one.
     _log: tuple[Any, Any] | None = field(default=None, repr=False, compare=False)
+    # (options, their target): see ``target``.
+    _target: tuple[dict[str, Any], str] | None = field(default=None, repr=False, compare=False)
 
     def logger(self, base: Any) -> Any:
         """``base`` bound to this stage (remembered while the run's logger is the same)."""
@@ -59,6 +61,14 @@ class PlannedStage:
     @property
     def phase(self) -> str:
         return self.type.phase
+
+    @property
+    def target(self) -> str:
+        """The ``target`` tier of its options (``monitor`` by default), as every context gets it."""
+        memo = self._target
+        if memo is None or memo[0] is not self.options:
+            memo = self._target = (self.options, str(self.options.get("target", "monitor")))
+        return memo[1]
 
 
 @dataclass(slots=True)  # one per stage per turn: slots make it cheaper to build and read
@@ -114,6 +124,20 @@ def when_allows(when: dict[str, str], tier: str) -> bool:
 
 
 def _when_reason(when: dict[str, str], tier: str) -> str | None:
+    key = (tier, when.get("at_least"), when.get("below"))
+    try:
+        return _WHEN[key]
+    except KeyError:
+        pass
+    reason = _WHEN[key] = _when_verdict(when, tier)
+    return reason
+
+
+# (tier, at_least, below) -> the reason a stage is skipped or None: a few tiers and packs.
+_WHEN: dict[tuple[str, str | None, str | None], str | None] = {}
+
+
+def _when_verdict(when: dict[str, str], tier: str) -> str | None:
     at_least, below = when.get("at_least"), when.get("below")
     if at_least and tier_rank(tier) < tier_rank(at_least):
         return f"tier `{tier}` is under `{at_least}`"
@@ -169,6 +193,7 @@ class _Run:
         # Asked once per run: a warm turn's stages then make no debug call each (an event
         # below the logger's level costs a call and its keyword dict, twice per stage).
         self._debug = _debug_enabled(base.log)
+        self._compactions: tuple[str, ...] = ()
 
     def run(self) -> RunOutcome:
         integrity, content, finalize = _phases(self.plan)
@@ -227,9 +252,12 @@ class _Run:
         fields["tier"] = tier
         fields["utilization"] = utilization
         fields["state"] = self.states.setdefault(p.id, {})
-        fields["target"] = str(p.options.get("target", "monitor"))
+        fields["target"] = p.target
         fields["valid_prefix"] = self.base.valid_prefix if msgs is self.initial else 0
-        fields["compactions"] = tuple(self.compactions)
+        compactions = self._compactions
+        if len(compactions) != len(self.compactions):  # only ever appended to
+            compactions = self._compactions = tuple(self.compactions)
+        fields["compactions"] = compactions
         return ctx
 
     def _tier(self, tokens: int) -> tuple[str, float]:
@@ -242,20 +270,27 @@ class _Run:
 
     def _one(self, p: PlannedStage, msgs: list[Message]) -> list[Message]:
         """Run one stage (when its ``when:`` allows); a failure is contained unless on_error: fail."""
-        tokens = self._count(msgs)
-        tier, utilization = self._tier(tokens)
-        record = StageRecord(p.id, p.type.name, p.phase, ran=False, tokens_before=tokens, tokens_after=tokens)
+        # The common case inline (a warm turn runs this for every stage): the list counted last
+        # and a tier already worked out for its count.
+        counted = self.counted
+        last = counted[-1] if counted else None
+        tokens = last[2] if last is not None and last[0] is msgs and last[1] is self.tools else self._count(msgs)
+        known = self._tiers.get(tokens)
+        tier, utilization = known if known is not None else self._tier(tokens)
+        phase = p.type.phase
+        record = StageRecord(p.id, p.type.name, phase, False, None, tokens, tokens)
         self.records.append(record)
-        reason = _when_reason(p.when, tier) if p.when else None
-        if reason:
-            record.reason = reason
-            return msgs
+        if p.when:
+            reason = _when_reason(p.when, tier)
+            if reason:
+                record.reason = reason
+                return msgs
         ctx = self._context(p, msgs, tier, utilization)
         started = time.perf_counter()
         if self._debug:
             ctx.log.debug("stage.start", tier=tier, tokens=tokens)
         if self.on_event is not None:
-            self._emit("stage.start", stage=p.id, type=p.type.name, phase=p.phase, tier=tier, tokens=tokens)
+            self._emit("stage.start", stage=p.id, type=p.type.name, phase=phase, tier=tier, tokens=tokens)
         memories: list[Memory] = []  # of each attempt, the failed one's too (timed-out patterns)
         had_state = bool(ctx.state)
         try:
@@ -303,7 +338,11 @@ class _Run:
             outcome = p.stage(msgs, ctx)
         if not isinstance(outcome, StageOutcome):
             raise TypeError(f"stage returned {type(outcome).__name__}, expected StageOutcome")
-        result = outcome.messages if p.phase != "finalize" else _finalize_guard(p, msgs, outcome.messages)
+        result = outcome.messages
+        if result is msgs:  # unchanged: the stage handed its input back
+            return outcome, result
+        if p.type.phase == "finalize":
+            result = _finalize_guard(p, msgs, result)
         if not _changed(msgs, result):
             result = msgs  # same messages in a new list: keep the list its count belongs to
         return outcome, result
@@ -325,11 +364,15 @@ class _Run:
         if outcome.warnings or timed_out:
             record.warnings = list(outcome.warnings) + [w for w in timed_out if w not in outcome.warnings]
             self.warnings.extend(f"{p.id}: {w}" for w in record.warnings)
-        if p.phase == "finalize":
+        if p.type.phase == "finalize":
             self.request.update(outcome.request)
             if outcome.tools is not None:
                 self.tools = outcome.tools
-        record.tokens_after = self._count(result)
+        counted = self.counted
+        last = counted[-1] if counted else None
+        record.tokens_after = (
+            last[2] if last is not None and last[0] is result and last[1] is self.tools else self._count(result)
+        )
         if self._debug:
             ctx.log.debug("stage.end", ms=round(record.ms, 3), saved=record.tokens_before - record.tokens_after)
         if self.on_event is None:

@@ -426,9 +426,12 @@ class _Run:
             owner = key[0]
             if owner in found:
                 continue
+            plain = self.shape.step_results(owner)
             if tail is not None and index in tail:
                 # The newest step, plain from its messages: its results are the tail's.
                 members = sorted(tail)
+            elif plain is not None:  # a step that was the newest before, all its calls answered
+                members = list(plain)
             else:
                 pairing = self.shape.pairing
                 calls = self.messages[owner].get("tool_calls") or []
