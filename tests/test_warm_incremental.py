@@ -323,3 +323,24 @@ def test_what_an_extended_list_knows_from_the_one_before_is_what_the_pairing_say
                         calls = range(len(f.calls or ()))
                         assert known == tuple(sorted(reference.result_of[(j, p)] for p in calls))
             messages = grown
+
+
+def test_the_arguments_check_agrees_with_json_loads() -> None:
+    """normalize.tool_pairs calls the JSON scanner directly (see _parses): same verdicts."""
+    import random
+
+    from ctxrules.stages.normalize_tool_pairs import _parses
+
+    def loads(text: str) -> bool:
+        try:
+            json.loads(text)
+        except ValueError:
+            return False
+        return True
+
+    fixed = ["{}", " {} ", '{"a": 1', "\ufeff{}", "{}\u00a0", "\u00a0{}", "[NaN, Infinity]", "{} {}", "", "01", "[1,]"]
+    rng = random.Random(3)
+    alphabet = [*'{}[]":,0123456789.-+eE \t\n\rabcdeflnrstu\\', "\u00a0", "\ufeff", "é"]
+    generated = ["".join(rng.choice(alphabet) for _ in range(rng.randint(0, 12))) for _ in range(20_000)]
+    for text in [*fixed, *generated]:
+        assert _parses(text) == loads(text), repr(text)
