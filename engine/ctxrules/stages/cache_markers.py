@@ -420,6 +420,8 @@ class CacheMarkers:
         # message, those concatenated)
         self._last_history: PerSession[tuple[structure.Shape, int, list[str], str]] = PerSession()
         self._layers: dict[tuple[Any, ...], tuple[tuple[Any, ...], Any]] = {}
+        # The stable layers' digests and the digest of them together, last computed.
+        self._stable: tuple[tuple[Any, ...], str] | None = None
         self._generation = structure.generation()
 
     # -- helpers ----------------------------------------------------------------------------
@@ -780,7 +782,11 @@ class CacheMarkers:
             "history": self._shorts(out, layers.history_start, ctx.session_id),
             "history_start": layers.history_start,
         }
-        fp["stable"] = _digest([fp["model"], fp["tools"], fp["system"], fp["workspace"], fp["first_user"]])
+        stable = (fp["model"], fp["tools"], fp["system"], fp["workspace"], fp["first_user"])
+        known = self._stable
+        if known is None or known[0] != stable:  # the same layers turn after turn: digested once
+            known = self._stable = (stable, _digest(list(stable)))
+        fp["stable"] = known[1]
         return fp
 
     def _report_breaks(
