@@ -98,17 +98,17 @@ def tool_roles(pack: Mapping[str, Any]) -> ToolRoles:
     (``recall.name``) always has the ``file_read`` role: a recalled output is never reduced.
     Remembered for the last pack object and its ``tools`` and ``recall`` objects (stages ask
     on every turn; a pack's data is not changed once loaded, a reloaded pack is a new object)."""
+    global _LAST
     tools, recall = pack.get("tools"), pack.get("recall")
-    last = _LAST
-    if last and last[0] is pack and last[1] is tools and last[2] is recall:
-        known: ToolRoles = last[3]
-        return known
+    last = _LAST  # one tuple, replaced whole: another thread's call never mixes into it
+    if last is not None and last[0] is pack and last[1] is tools and last[2] is recall:
+        return last[3]
     roles = _tool_roles(pack)
-    _LAST[:] = (pack, tools, recall, roles)
+    _LAST = (pack, tools, recall, roles)
     return roles
 
 
-_LAST: list[Any] = []  # [pack, its tools, its recall, the roles]: see tool_roles
+_LAST: tuple[Mapping[str, Any], Any, Any, ToolRoles] | None = None  # see tool_roles
 
 
 def _tool_roles(pack: Mapping[str, Any]) -> ToolRoles:
