@@ -385,8 +385,8 @@ class Shape:
         parent: Shape | None = None,
     ) -> None:
         self.facts = facts
-        # The shape of a list whose messages this list starts with, the same objects (see
-        # :meth:`extends`); weak, so that a long session does not keep every turn's shape.
+        # The shape of a list whose messages this list starts with (see :meth:`extends`);
+        # weak, so that a long session does not keep every turn's shape alive.
         self._parent: weakref.ref[Shape] | None = weakref.ref(parent) if parent is not None else None
         self._scan: _PairScan | None = None
         self._resume = resume  # the scan of a list this one extends
@@ -406,9 +406,10 @@ class Shape:
     def extends(self, other: Shape) -> int | None:
         """``len(other.facts)`` when this list starts with the messages ``other`` was made
         from, in the same order, each the same object or an equal one (this very shape, or one
-        it was derived from by appending messages); None when that is not known. O(1) on a warm turn: a stage that
-        carried ``other`` from the last turn learns which messages are new without comparing
-        the lists (:func:`shape` compared them once, when it derived this one)."""
+        it was derived from by appending messages); None when that is not known. O(1) on a
+        warm turn: a stage that carried ``other`` from the last turn learns which messages are
+        new without comparing the lists (:func:`shape` compared them once, when it derived
+        this one)."""
         here: Shape | None = self
         for _ in range(_EXTENDS_DEPTH):
             if here is None:
@@ -451,7 +452,6 @@ class Shape:
             else:
                 self._results = tuple(i for i, f in enumerate(self.facts) if f.role in _RESULT_ROLES)
         return self._results
-
 
     def _scanned(self) -> _PairScan:
         if self._scan is None:
@@ -692,16 +692,23 @@ def _starts_with(messages: Sequence[Mapping[str, Any]], old: list[Mapping[str, A
     """Whether ``messages`` starts with the messages of ``old``: the same objects, or equal
     ones (list equality tests identity first, in C: hundreds of messages in microseconds)."""
     if isinstance(messages, list):
-        return (messages if len(messages) == len(old) else messages[: len(old)]) == old
+        return _equal(messages if len(messages) == len(old) else messages[: len(old)], old)
     return all(map(operator.is_, old, messages))
 
 
 def _same_items(snapshot: list[Mapping[str, Any]], messages: Sequence[Mapping[str, Any]]) -> bool:
     if isinstance(messages, list):
-        return snapshot == messages
+        return _equal(snapshot, messages)
     if isinstance(messages, tuple):
         return True  # the same tuple object: its items cannot have changed
-    return snapshot == list(messages)
+    return _equal(snapshot, list(messages))
+
+
+def _equal(a: list[Mapping[str, Any]], b: list[Mapping[str, Any]]) -> bool:
+    try:
+        return bool(a == b)
+    except Exception:  # a value whose comparison fails (not JSON): only the same objects count
+        return len(a) == len(b) and all(map(operator.is_, a, b))
 
 
 def replaced(old: Sequence[Any], new: Sequence[Any]) -> Iterator[int]:
