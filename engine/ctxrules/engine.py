@@ -134,6 +134,7 @@ class Engine:
         self._paths = tuple(os.fspath(p) for p in pack.real_paths.values())
         self._stamps = _stamps(self._paths)
         self._refresh_lock = threading.Lock()
+        self._compacting: dict[str, list[str]] = {}  # tier -> compacting stages (compacting_at)
 
     def refresh(self) -> list[str]:
         """Reload the pack when one of its files changed on disk (hot switch: no restart).
@@ -159,6 +160,7 @@ class Engine:
             self.pack, self.plan, self.digest, self._stamps = fresh.pack, fresh.plan, fresh.digest, fresh._stamps
             self._paths = fresh._paths
             self.pin_signed_prefix = fresh.pin_signed_prefix
+            self._compacting = {}
             return [f"the pack changed on disk and was reloaded ({', '.join(pack.files)})"]
 
     @classmethod
@@ -179,6 +181,16 @@ class Engine:
         registry = collect(*build_plugin_manager(plugins)) if plugins else default_registry()
         # Validated once, against the registry the engine will run with.
         return cls(raise_for_errors(resolve_and_validate(ref, registry, loader=PackLoader(search_path))), registry)
+
+    def compacting_at(self, tier: str) -> list[str]:
+        """The ids of the compacting stages (content phase, with hysteresis) that run at
+        ``tier``: the plan is fixed until a reload, so each tier's list is made once."""
+        found = self._compacting.get(tier)
+        if found is None:
+            found = self._compacting[tier] = [
+                p.id for p in self.plan if p.phase == "content" and p.type.hysteresis and when_allows(p.when, tier)
+            ]
+        return found
 
     def _build_plan(self) -> list[PlannedStage]:
         plan: list[PlannedStage] = []
@@ -775,13 +787,10 @@ class Session:
     def _begin_compaction(self, turn: _Turn, budget: Budget) -> None:
         """When a compacting stage will run at this tier: say so, and checkpoint its input."""
         tier_in = budget.tier(turn.known)
-        turn.compacting = [
-            p.id
-            for p in self.engine.plan
-            if p.phase == "content" and p.type.hysteresis and when_allows(p.when, tier_in)
-        ]
-        if not turn.compacting:
+        compacting = self.engine.compacting_at(tier_in)
+        if not compacting:
             return
+        turn.compacting = list(compacting)
         self._emit({"event": "compacting", "stages": turn.compacting, "tier": tier_in, "tokens": turn.known})
         # The backup of what the compaction starts from: the appended messages only, when the
         # rest is the last output and last_output.jsonl holds it (it is not written again

@@ -19,9 +19,10 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any
+
+from ctxrules.scoped import Scoped
 
 __all__ = [
     "LONG_STRING",
@@ -162,16 +163,11 @@ class _Scope:
 _ONCE: ContextVar[_Scope | None] = ContextVar("ctxrules_serialise_once", default=None)
 
 
-@contextmanager
-def serialise_once() -> Iterator[None]:
+def serialise_once() -> Scoped[_Scope | None]:
     """Within this scope :func:`dumps_once` serialises each object once. For code that does not
     edit the objects it serialises while inside (a session's ``prepare``); the texts are
     dropped when the scope ends."""
-    token = _ONCE.set(_Scope())
-    try:
-        yield
-    finally:
-        _ONCE.reset(token)
+    return Scoped(_ONCE, _Scope())
 
 
 def remember_value(text_id: str, value: Any) -> None:

@@ -323,6 +323,9 @@ class LedgerFile:
         self._entries: list[CallEntry] = []
         self._resets: list[float] = []
         self._bad = 0
+        # Moves whenever a refresh found something (records, a replaced or vanished file): a
+        # budget status computed from the ledger holds while its ledgers' generations stay.
+        self.generation = 0
 
     @property
     def path(self) -> Path:
@@ -345,6 +348,8 @@ class LedgerFile:
             return
         with self._lock:
             chunk = self.store.read_log(self.log, self._cursor)
+            if chunk.lines or chunk.restarted or chunk.cursor != self._cursor:
+                self.generation += 1
             if chunk.restarted or chunk.cursor is None:
                 self._entries, self._resets, self._bad = [], [], 0
             for raw in chunk.lines:
