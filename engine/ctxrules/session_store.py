@@ -24,7 +24,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from ctxrules.errors import CtxrulesError
-from ctxrules.json_stream import dumps_once
+from ctxrules.json_stream import dumps_once, json_text_sorted
 from ctxrules.private_files import (
     ensure_dir,
     open_private,
@@ -170,14 +170,17 @@ class SessionStore:
         self._state = self._state_stat = None
         # Append only to the file this object wrote last (another process may have rewritten it).
         appended: os.stat_result | None = None
+        # One look at the file serves both checks below (the turn's system calls are most of
+        # the cost of a warm save).
+        at_path = _lstat(self._output_name) if prev is not None and self._hash is not None else None
         if (
             prev is not None
-            and self._hash is not None
-            and self._stat() == written_stat
+            and at_path is not None
+            and (at_path.st_size, at_path.st_mtime_ns) == written_stat
             and len(prev) <= len(output)
             and all(map(operator.is_, prev, output))
         ):
-            fd = self._output_handle.fd()  # the file at the path (its identity checked)
+            fd = self._output_handle.fd(at_path)  # the file at the path (its identity checked)
             if len(prev) < len(output):
                 data = _jsonl(output[len(prev) :])
                 _write_all(fd, data)
@@ -194,7 +197,7 @@ class SessionStore:
         self._written_stat = (st.st_size, st.st_mtime_ns)
         state["last"]["output_file"] = [st.st_ino, st.st_size]
         state["last"]["output_digest"] = self._hash.hexdigest()
-        data = json.dumps(state, ensure_ascii=False, sort_keys=True).encode("utf-8")
+        data = json_text_sorted(state).encode("utf-8")
         try:
             written = self._write_state(data)
         except OSError:
@@ -295,10 +298,11 @@ class _Handle:
         self._close: weakref.finalize[..., Any] | None = None
         self._ident: tuple[int, int, int] | None = None
 
-    def fd(self) -> int:
+    def fd(self, at_path: os.stat_result | None = None) -> int:
+        """The descriptor of the file at the path; ``at_path``: its lstat, just taken."""
         try:
             # lstat: a link swapped in for the file is a new identity, and reopening refuses it.
-            st = os.lstat(self._name)
+            st = at_path if at_path is not None else os.lstat(self._name)
             ident: tuple[int, int, int] | None = (st.st_dev, st.st_ino, os.getpid())
         except FileNotFoundError:
             ident = None
@@ -327,6 +331,13 @@ def _write_all(fd: int, data: bytes, *, offset: int | None = None) -> None:
         view = view[written:]
         if offset is not None:
             offset += written
+
+
+def _lstat(path: str) -> os.stat_result | None:
+    try:
+        return os.lstat(path)
+    except OSError:
+        return None
 
 
 def _stat(path: str | Path) -> tuple[int, int] | None:
