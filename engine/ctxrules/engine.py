@@ -39,7 +39,7 @@ from ctxrules.packs.models_match import effective_context, select_model_entry
 from ctxrules.packs.validated import raise_for_errors, resolve_and_validate
 from ctxrules.pipeline.budget import Budget, make_budget
 from ctxrules.pipeline.context import CACHE_TTL_S, StageContext
-from ctxrules.pipeline.prefix import HistoryChain, PrefixCache
+from ctxrules.pipeline.prefix import EMPTY_CHAIN, HistoryChain, PrefixCache
 from ctxrules.pipeline.report import build_report, report_header
 from ctxrules.pipeline.runner import PlannedStage, RunOutcome, run_pipeline, when_allows
 from ctxrules.plugins import Registry, build_plugin_manager, collect, default_registry
@@ -97,7 +97,7 @@ class _Turn:
     cache_hot: bool = False
     reused: int = 0  # leading messages of history that the last prepare saw
     previous: list[Message] = field(default_factory=list)  # the last output, when reused
-    chain: HistoryChain = field(default_factory=HistoryChain)
+    chain: HistoryChain = EMPTY_CHAIN
     pipeline_input: list[Message] = field(default_factory=list)
     changed: list[str] = field(default_factory=list)  # fingerprint parts that changed
     given_ids: set[str] = field(default_factory=set)  # vault ids the new messages' markers name

@@ -86,6 +86,10 @@ class HistoryChain:
         return self._hash.hexdigest()
 
 
+EMPTY_CHAIN = HistoryChain()
+"""The chain of an empty history (shared: :meth:`HistoryChain.extended` leaves it as it is)."""
+
+
 class PrefixCache:
     """What a session's last ``prepare`` saw and returned, so that a history that only appends
     runs the pipeline on the last output plus the new messages.
@@ -101,7 +105,7 @@ class PrefixCache:
     def __init__(self) -> None:
         self.history: list[Message] | None = None
         self.output: list[Message] | None = None
-        self.chain = HistoryChain()
+        self.chain = EMPTY_CHAIN
         self.msgs_sum = 0
         self.out_tokens: int | None = None
         self.tools: list[dict[str, Any]] = []
@@ -151,21 +155,21 @@ class PrefixCache:
             n = len(last)
             if n <= len(history) and last == history[:n] and not missing(vault, self.output_ids):
                 return n, self.output, self.chain
-            return 0, [], HistoryChain()
+            return 0, [], EMPTY_CHAIN
         count, value, output_count = record.get("count"), record.get("chain"), record.get("output_count")
         if not isinstance(count, int) or not isinstance(value, str) or not 0 < count <= len(history):
-            return 0, [], HistoryChain()
+            return 0, [], EMPTY_CHAIN
         if not isinstance(output_count, int):
-            return 0, [], HistoryChain()
-        chain = HistoryChain().extended(history[:count])
+            return 0, [], EMPTY_CHAIN
+        chain = EMPTY_CHAIN.extended(history[:count])
         if chain.value != value:
-            return 0, [], HistoryChain()
+            return 0, [], EMPTY_CHAIN
         output = load_output()
         if output is None or len(output) != output_count:
-            return 0, [], HistoryChain()
+            return 0, [], EMPTY_CHAIN
         ids = marker_ids(output)
         if missing(vault, ids):
-            return 0, [], HistoryChain()
+            return 0, [], EMPTY_CHAIN
         self.output_ids = ids
         self.history = [clone_json(m) for m in history[:count]]
         # The counts the session saved with the output (engine: ``state["last"]``): no
