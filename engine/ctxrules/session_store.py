@@ -74,6 +74,7 @@ class SessionStore:
         self._written_stat: tuple[int, int] | None = None
         self._state: dict[str, Any] | None = None
         self._state_stat: tuple[int, int] | None = None
+        self._looked: os.stat_result | None = None  # lstat of state.json by the last load()
         self._hash: Any = None  # sha256 of what this object wrote to last_output.jsonl
         # Handles kept open between turns (opening, and above all creating, a file costs more
         # than a warm turn's stages): state.json, and last_output.jsonl for appending.
@@ -91,8 +92,14 @@ class SessionStore:
     def load(self) -> dict[str, Any]:
         # The state this object wrote last is still what is on disk unless another process
         # wrote since (the session lock orders the writers): then it need not be parsed again.
-        if self._state is not None and self._state_stat == _stat(self._state_name):
-            return self._state
+        self._looked = None
+        if self._state is not None:
+            st = _lstat(self._state_name)
+            if st is not None and (st.st_size, st.st_mtime_ns) == self._state_stat:
+                # The save that follows (under the same lock) writes through the kept handle:
+                # this look tells it which file is at the path, without another system call.
+                self._looked = st
+                return self._state
         try:
             raw = read_private(self.state_file)
         except FileNotFoundError:
@@ -115,7 +122,7 @@ class SessionStore:
 
     def forget(self) -> None:
         """Drop the in-memory state (after a run that failed part-way changed it)."""
-        self._state = self._state_stat = None
+        self._state = self._state_stat = self._looked = None
 
     def load_output(self, count: int, written: Any = None, digest: Any = None) -> list[dict[str, Any]] | None:
         """The first ``count`` messages of the last output, or None when they are not all there
@@ -236,7 +243,8 @@ class SessionStore:
         The file's ``(size, mtime)`` after the write is returned (what :meth:`load` compares);
         it is cut only when the old state was longer (cutting costs more than asking).
         """
-        fd = self._state_handle.fd()
+        looked, self._looked = self._looked, None
+        fd = self._state_handle.fd(looked)
         _write_all(fd, data, offset=0)
         st = os.fstat(fd)
         if st.st_size > len(data):
