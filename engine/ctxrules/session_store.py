@@ -18,6 +18,7 @@ import hashlib
 import json
 import operator
 import os
+import time
 import weakref
 from pathlib import Path
 from types import TracebackType
@@ -56,6 +57,8 @@ def state_root_from_env() -> Path:
 
 STATE_VERSION = 1
 
+_LOOK_FRESH_S = 0.05  # a load's lstat of state.json stands for the save's this long after it
+
 
 class SessionStore:
     """``state.json`` and ``last_output.jsonl`` (one message per line, so that a turn that
@@ -74,7 +77,8 @@ class SessionStore:
         self._written_stat: tuple[int, int] | None = None
         self._state: dict[str, Any] | None = None
         self._state_stat: tuple[int, int] | None = None
-        self._looked: os.stat_result | None = None  # lstat of state.json by the last load()
+        # lstat of state.json by the last load(), and when (see _write_state)
+        self._looked: tuple[os.stat_result, float] | None = None
         self._hash: Any = None  # sha256 of what this object wrote to last_output.jsonl
         # Handles kept open between turns (opening, and above all creating, a file costs more
         # than a warm turn's stages): state.json, and last_output.jsonl for appending.
@@ -97,8 +101,9 @@ class SessionStore:
             st = _lstat(self._state_name)
             if st is not None and (st.st_size, st.st_mtime_ns) == self._state_stat:
                 # The save that follows (under the same lock) writes through the kept handle:
-                # this look tells it which file is at the path, without another system call.
-                self._looked = st
+                # this look tells it which file is at the path, without another system call,
+                # when the save comes soon (a warm turn); a longer turn looks again.
+                self._looked = (st, time.monotonic())
                 return self._state
         try:
             raw = read_private(self.state_file)
@@ -244,7 +249,8 @@ class SessionStore:
         it is cut only when the old state was longer (cutting costs more than asking).
         """
         looked, self._looked = self._looked, None
-        fd = self._state_handle.fd(looked)
+        recent = looked is not None and time.monotonic() - looked[1] < _LOOK_FRESH_S
+        fd = self._state_handle.fd(looked[0] if recent and looked is not None else None)
         _write_all(fd, data, offset=0)
         st = os.fstat(fd)
         if st.st_size > len(data):
