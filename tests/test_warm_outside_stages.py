@@ -222,3 +222,26 @@ def test_a_warm_save_writes_the_file_the_load_looked_at(tmp_path: Path) -> None:
         store.save({"stages": {"a": {"n": n}}}, output)
         assert json.loads((tmp_path / "s" / "state.json").read_text())["stages"] == {"a": {"n": n}}
     assert SessionStore(tmp_path / "s").load()["stages"] == {"a": {"n": 2}}
+
+
+# --- the report header ----------------------------------------------------------------------
+
+
+def test_the_report_header_follows_a_switch_and_the_working_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    monkeypatch.chdir(tmp_path / "a")
+    session = Engine.load("builtin:default").session(Path("s"), model="gpt-4o")
+    history = [{"role": "user", "content": "hello"}]
+    first = session.prepare(history).report
+    assert first["session"]["path"] == str(tmp_path / "a" / "s") and first["model"]["name"] == "gpt-4o"
+    first["model"]["name"] = "edited by the caller"
+    session.switch(model="gpt-4o-mini")
+    second = session.prepare(history).report
+    assert second["model"]["name"] == "gpt-4o-mini"
+    monkeypatch.chdir(tmp_path / "b")
+    third = session.prepare(history).report
+    assert third["session"]["path"] == str(tmp_path / "b" / "s")
+    assert third["model"]["name"] == "gpt-4o-mini"

@@ -84,7 +84,7 @@ if TYPE_CHECKING:
     from ctxrules.runtime.streaming import AsyncCompletionStream, CompletionStream
 
 
-@dataclass
+@dataclass(slots=True)
 class _Turn:
     """What one ``prepare`` works with, handed from step to step."""
 
@@ -332,6 +332,7 @@ class Session:
         self._own_copies = _OwnCopies()
         self._log_memo: tuple[Any, Any] | None = None
         self._path_memo: tuple[str, str] | None = None
+        self._header_memo: tuple[tuple[Any, ...], dict[str, Any]] | None = None
         self._prepared = False
         self._continuation_memory: dict[str, Any] = {}
         self.parent: Session | None = None
@@ -926,6 +927,17 @@ class Session:
         return report
 
     def _report_header(self) -> dict[str, Any]:
+        # The same parts every turn until a switch, a pack reload or another working directory:
+        # made once, copied into each report (report_header copies them).
+        cwd_path = self._resolved_path() if self._files else None
+        engine, counter = self.engine, self.counter
+        key = (engine.pack, engine.digest, self.model, counter, counter.is_estimate, self.model_entry, cwd_path)
+        memo = self._header_memo
+        if memo is None or memo[0] != key:
+            memo = self._header_memo = (key, self._build_header())
+        return report_header(**memo[1])
+
+    def _build_header(self) -> dict[str, Any]:
         pack = self.engine.pack
         return report_header(
             pack={"name": pack.name, "digest": self.engine.digest, "files": pack.files},

@@ -197,12 +197,13 @@ class PrefixCache:
         if not reused or last is None or counts is None or text is None or len(counts) != len(last):
             fresh_counts = counter.count_each(output)
             return fresh_counts, counts_text(fresh_counts)
-        same = list(map(operator.is_, last, output))  # the common length only
-        if all(same) and len(output) >= len(last):
+        if len(output) >= len(last) and all(map(operator.is_, last, output)):
+            # The warm turn's case: the last output with messages appended (no list of flags).
             added = counter.count_each(output[len(last) :])
             if not added:
                 return counts, text
             return [*counts, *added], f"{text},{counts_text(added)}" if text else counts_text(added)
+        same = list(map(operator.is_, last, output))  # the common length only
         same.extend([False] * (len(output) - len(same)))
         fresh = list(itertools.compress(range(len(output)), map(operator.not_, same)))
         out = [*counts[: len(output)], *[0] * (len(output) - len(counts))]
