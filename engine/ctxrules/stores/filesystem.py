@@ -77,6 +77,7 @@ _META_SUFFIX: Final = ".meta"
 _TMP_PREFIX: Final = ".tmp-"
 _CLOEXEC: Final = getattr(os, "O_CLOEXEC", 0)
 _DIRECTORY: Final = getattr(os, "O_DIRECTORY", 0)
+_ACCESS_NOFOLLOW: Final = os.access in os.supports_follow_symlinks  # not on Windows
 _CHECK_S: Final = 2.0  # a vault directory checked longer ago than this is checked again
 
 # document -> (file in the session directory, lock file or None: written under the prepare lock)
@@ -443,13 +444,15 @@ class FilesystemStore:
         # Only a file last changed _DOC_SETTLED_NS ago or more is taken from memory: file times
         # are coarse (a few ms), and a freed inode number may come back with a new file of the
         # same size within one tick (git's "racy" index entries have the same problem).
+        seen = self._doc_reads.get((session, name))
+        if seen is None and _ACCESS_NOFOLLOW and not os.access(path, os.F_OK, follow_symlinks=False):
+            return None  # absent (as last time, most likely): no exception for a failed lstat
         try:
             st = os.lstat(path)
         except FileNotFoundError:
             self._doc_reads.pop((session, name), None)
             return None
         ident = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-        seen = self._doc_reads.get((session, name))
         if seen is not None and seen[0] == ident and stat.S_ISREG(st.st_mode):
             return seen[1]
         settled = time.time_ns() - max(st.st_mtime_ns, st.st_ctime_ns) >= _DOC_SETTLED_NS
@@ -580,6 +583,10 @@ class FilesystemStore:
         ident = offset = size = None
         if isinstance(cursor, tuple) and len(cursor) == 4:
             ident, offset, size = (cursor[0], cursor[1]), cursor[2], cursor[3]
+        elif cursor is None and _ACCESS_NOFOLLOW and not os.access(where, os.F_OK, follow_symlinks=False):
+            # Never read, or absent last time (most sessions have no sub-agents, many record no
+            # calls): asked every prepare, and a failed lstat costs an exception each time.
+            return LogChunk([], None)
         try:
             # An lstat first: every prepare asks, and the file rarely grew since.
             st = os.lstat(where)
