@@ -135,12 +135,12 @@ def test_the_compacting_stages_per_tier_follow_a_reloaded_pack(tmp_path: Path) -
     )
     pack.write_text(body % "full")
     engine = Engine.load(pack)
-    assert engine.compacting_at("light") == [] and engine.compacting_at("full") == ["trunc"]
+    assert engine._compacting_at("light") == [] and engine._compacting_at("full") == ["trunc"]
     pack.write_text(body % "light")
     st = pack.stat()
     os.utime(pack, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
     assert engine.refresh()  # reloaded
-    assert engine.compacting_at("light") == ["trunc"]
+    assert engine._compacting_at("light") == ["trunc"]
 
 
 # --- scopes around a prepare ------------------------------------------------------------------

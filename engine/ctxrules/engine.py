@@ -134,7 +134,7 @@ class Engine:
         self._paths = tuple(os.fspath(p) for p in pack.real_paths.values())
         self._stamps = _stamps(self._paths)
         self._refresh_lock = threading.Lock()
-        self._compacting: dict[str, list[str]] = {}  # tier -> compacting stages (compacting_at)
+        self._compacting: dict[str, list[str]] = {}  # tier -> compacting stages (_compacting_at)
 
     def refresh(self) -> list[str]:
         """Reload the pack when one of its files changed on disk (hot switch: no restart).
@@ -182,7 +182,7 @@ class Engine:
         # Validated once, against the registry the engine will run with.
         return cls(raise_for_errors(resolve_and_validate(ref, registry, loader=PackLoader(search_path))), registry)
 
-    def compacting_at(self, tier: str) -> list[str]:
+    def _compacting_at(self, tier: str) -> list[str]:
         """The ids of the compacting stages (content phase, with hysteresis) that run at
         ``tier``: the plan is fixed until a reload, so each tier's list is made once."""
         found = self._compacting.get(tier)
@@ -788,7 +788,7 @@ class Session:
     def _begin_compaction(self, turn: _Turn, budget: Budget) -> None:
         """When a compacting stage will run at this tier: say so, and checkpoint its input."""
         tier_in = budget.tier(turn.known)
-        compacting = self.engine.compacting_at(tier_in)
+        compacting = self.engine._compacting_at(tier_in)
         if not compacting:
             return
         turn.compacting = list(compacting)
