@@ -39,7 +39,7 @@ from ctxrules.packs.models_match import effective_context, select_model_entry
 from ctxrules.packs.validated import raise_for_errors, resolve_and_validate
 from ctxrules.pipeline.budget import Budget, make_budget
 from ctxrules.pipeline.context import CACHE_TTL_S, StageContext
-from ctxrules.pipeline.prefix import HistoryChain, PrefixCache
+from ctxrules.pipeline.prefix import EMPTY_CHAIN, HistoryChain, PrefixCache
 from ctxrules.pipeline.report import build_report, report_header
 from ctxrules.pipeline.runner import PlannedStage, RunOutcome, run_pipeline, when_allows
 from ctxrules.plugins import Registry, build_plugin_manager, collect, default_registry
@@ -84,7 +84,7 @@ if TYPE_CHECKING:
     from ctxrules.runtime.streaming import AsyncCompletionStream, CompletionStream
 
 
-@dataclass
+@dataclass(slots=True)
 class _Turn:
     """What one ``prepare`` works with, handed from step to step."""
 
@@ -97,7 +97,7 @@ class _Turn:
     cache_hot: bool = False
     reused: int = 0  # leading messages of history that the last prepare saw
     previous: list[Message] = field(default_factory=list)  # the last output, when reused
-    chain: HistoryChain = field(default_factory=HistoryChain)
+    chain: HistoryChain = EMPTY_CHAIN
     pipeline_input: list[Message] = field(default_factory=list)
     changed: list[str] = field(default_factory=list)  # fingerprint parts that changed
     given_ids: set[str] = field(default_factory=set)  # vault ids the new messages' markers name
@@ -134,6 +134,7 @@ class Engine:
         self._paths = tuple(os.fspath(p) for p in pack.real_paths.values())
         self._stamps = _stamps(self._paths)
         self._refresh_lock = threading.Lock()
+        self._compacting: dict[str, list[str]] = {}  # tier -> compacting stages (_compacting_at)
 
     def refresh(self) -> list[str]:
         """Reload the pack when one of its files changed on disk (hot switch: no restart).
@@ -159,6 +160,7 @@ class Engine:
             self.pack, self.plan, self.digest, self._stamps = fresh.pack, fresh.plan, fresh.digest, fresh._stamps
             self._paths = fresh._paths
             self.pin_signed_prefix = fresh.pin_signed_prefix
+            self._compacting = {}
             return [f"the pack changed on disk and was reloaded ({', '.join(pack.files)})"]
 
     @classmethod
@@ -179,6 +181,16 @@ class Engine:
         registry = collect(*build_plugin_manager(plugins)) if plugins else default_registry()
         # Validated once, against the registry the engine will run with.
         return cls(raise_for_errors(resolve_and_validate(ref, registry, loader=PackLoader(search_path))), registry)
+
+    def _compacting_at(self, tier: str) -> list[str]:
+        """The ids of the compacting stages (content phase, with hysteresis) that run at
+        ``tier``: the plan is fixed until a reload, so each tier's list is made once."""
+        found = self._compacting.get(tier)
+        if found is None:
+            found = self._compacting[tier] = [
+                p.id for p in self.plan if p.phase == "content" and p.type.hysteresis and when_allows(p.when, tier)
+            ]
+        return found
 
     def _build_plan(self) -> list[PlannedStage]:
         plan: list[PlannedStage] = []
@@ -320,6 +332,7 @@ class Session:
         self._own_copies = _OwnCopies()
         self._log_memo: tuple[Any, Any] | None = None
         self._path_memo: tuple[str, str] | None = None
+        self._header_memo: tuple[tuple[Any, ...], dict[str, Any]] | None = None
         self._prepared = False
         self._continuation_memory: dict[str, Any] = {}
         self.parent: Session | None = None
@@ -775,13 +788,10 @@ class Session:
     def _begin_compaction(self, turn: _Turn, budget: Budget) -> None:
         """When a compacting stage will run at this tier: say so, and checkpoint its input."""
         tier_in = budget.tier(turn.known)
-        turn.compacting = [
-            p.id
-            for p in self.engine.plan
-            if p.phase == "content" and p.type.hysteresis and when_allows(p.when, tier_in)
-        ]
-        if not turn.compacting:
+        compacting = self.engine._compacting_at(tier_in)
+        if not compacting:
             return
+        turn.compacting = list(compacting)
         self._emit({"event": "compacting", "stages": turn.compacting, "tier": tier_in, "tokens": turn.known})
         # The backup of what the compaction starts from: the appended messages only, when the
         # rest is the last output and last_output.jsonl holds it (it is not written again
@@ -917,6 +927,17 @@ class Session:
         return report
 
     def _report_header(self) -> dict[str, Any]:
+        # The same parts every turn until a switch, a pack reload or another working directory:
+        # made once, copied into each report (report_header copies them).
+        cwd_path = self._resolved_path() if self._files else None
+        engine, counter = self.engine, self.counter
+        key = (engine.pack, engine.digest, self.model, counter, counter.is_estimate, self.model_entry, cwd_path)
+        memo = self._header_memo
+        if memo is None or memo[0] != key:
+            memo = self._header_memo = (key, self._build_header())
+        return report_header(**memo[1])
+
+    def _build_header(self) -> dict[str, Any]:
         pack = self.engine.pack
         return report_header(
             pack={"name": pack.name, "digest": self.engine.digest, "files": pack.files},

@@ -25,15 +25,14 @@ caches), so the warm path does not hash the same summary on every stage.
 
 from __future__ import annotations
 
-import contextlib
 import contextvars
 import hmac
 import re
 import secrets
-from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ctxrules.scoped import Scoped
 from ctxrules.stores.filesystem import FilesystemStore
 
 if TYPE_CHECKING:
@@ -238,11 +237,6 @@ def current_key() -> InjectionKey:
     return _CURRENT.get() or _ANY[0]
 
 
-@contextlib.contextmanager
-def key_scope(key: InjectionKey) -> Iterator[InjectionKey]:
+def key_scope(key: InjectionKey) -> Scoped[InjectionKey | None]:
     """Run the enclosed code (a ``prepare``) with ``key`` as the current key."""
-    token = _CURRENT.set(key)
-    try:
-        yield key
-    finally:
-        _CURRENT.reset(token)
+    return Scoped(_CURRENT, key)

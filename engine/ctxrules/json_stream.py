@@ -19,9 +19,10 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any
+
+from ctxrules.scoped import Scoped
 
 __all__ = [
     "LONG_STRING",
@@ -29,6 +30,8 @@ __all__ = [
     "dumps_sha256",
     "json_pieces",
     "json_sha256",
+    "json_text",
+    "json_text_sorted",
     "known_value",
     "list_pieces",
     "remember_value",
@@ -42,6 +45,30 @@ LONG_STRING = 1 << 20
 
 _escape: Callable[[str], str] = json.encoder.encode_basestring
 _ENCODERS: dict[tuple[bool, tuple[str, str]], json.JSONEncoder] = {}
+
+
+def _make_text(sort_keys: bool) -> Callable[[Any], str]:
+    """``json.dumps(value, ensure_ascii=False, sort_keys=sort_keys)`` as one C encoder made once
+    (``JSONEncoder.encode`` builds a new one on every call, and a warm turn calls it for each
+    new message and the state). Made without a circular-reference check: the values are
+    messages checked to a bounded depth (:mod:`ctxrules.json_limits`) and ctxrules' own state,
+    and a check would keep a table shared between calls and threads."""
+    make = getattr(json.encoder, "c_make_encoder", None)
+    if make is None:  # no C accelerator (another Python implementation): the library's way
+        return json.JSONEncoder(ensure_ascii=False, sort_keys=sort_keys).encode
+    encoder = make(None, json.JSONEncoder().default, _escape, None, ": ", ", ", sort_keys, False, True)
+    join = "".join
+
+    def text(value: Any) -> str:
+        return join(encoder(value, 0))
+
+    return text
+
+
+json_text: Callable[[Any], str] = _make_text(False)
+"""``json.dumps(value, ensure_ascii=False)`` (the same text), without building an encoder."""
+json_text_sorted: Callable[[Any], str] = _make_text(True)
+"""``json.dumps(value, ensure_ascii=False, sort_keys=True)`` (the same text), likewise."""
 
 
 def _encoder(sort_keys: bool = False, separators: tuple[str, str] = (", ", ": ")) -> json.JSONEncoder:
@@ -141,7 +168,7 @@ def write_json_list(write: Callable[[bytes], Any], values: Iterable[Any]) -> Non
 def json_sha256(value: Any, **options: Any) -> str:
     """sha256 hex of the UTF-8 of ``json.dumps(value, ensure_ascii=False, **options)``."""
     if not _has_long_string(value):  # the common case, without the pieces' generators
-        text = _encoder(**options).encode(value)
+        text = json_text(value) if not options else _encoder(**options).encode(value)
         return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
     digest = hashlib.sha256()
     for data in _utf8(json_pieces(value, **options)):
@@ -162,16 +189,11 @@ class _Scope:
 _ONCE: ContextVar[_Scope | None] = ContextVar("ctxrules_serialise_once", default=None)
 
 
-@contextmanager
-def serialise_once() -> Iterator[None]:
+def serialise_once() -> Scoped[_Scope | None]:
     """Within this scope :func:`dumps_once` serialises each object once. For code that does not
     edit the objects it serialises while inside (a session's ``prepare``); the texts are
     dropped when the scope ends."""
-    token = _ONCE.set(_Scope())
-    try:
-        yield
-    finally:
-        _ONCE.reset(token)
+    return Scoped(_ONCE, _Scope())
 
 
 def remember_value(text_id: str, value: Any) -> None:
@@ -209,7 +231,7 @@ def dumps_once(value: Any) -> str:
     hit = memo.get(id(value))
     if hit is not None and hit[0] is value:
         return hit[1]
-    text = _encoder().encode(value)
+    text = json_text(value)
     if len(text) <= LONG_STRING:
         memo[id(value)] = (value, text)
     return text

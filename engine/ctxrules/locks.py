@@ -154,20 +154,24 @@ class _FlockLock:
     def _lock(self, deadline: float | None) -> None:
         """Take the flock; the file locked must still be the one at the path (a lock file
         removed or replaced meanwhile would lock nothing another process opens)."""
+        me = _me()
         for _attempt in range(8):
-            fd = self._descriptor()
+            fd = self._fd if self._fd is not None and self._pid == me[0] else self._descriptor()
             ident = self._ident
             assert ident is not None
             with _held_mutex:
                 owner = _held.get(ident)
-            if owner == _me():
+            if owner == me:
                 # Waiting would be for this very thread: forever without a timeout (an error,
                 # not a deadlock), in vain with one (held, as for any other holder).
                 if deadline is None:
                     raise LockError(f"cannot lock {self.path}: this thread holds it through another lock object")
                 raise LockTimeout(f"{self.path} is held by another lock object of this thread")
             try:
-                self._flock(fd, deadline)
+                if deadline is None:  # the usual case: wait as long as it takes
+                    _fcntl.flock(fd, _fcntl.LOCK_EX)
+                else:
+                    self._flock(fd, deadline)
             except OSError as exc:
                 raise LockError(_describe(self.path, exc)) from None
             try:
@@ -177,7 +181,7 @@ class _FlockLock:
                 current = False
             if current:
                 with _held_mutex:
-                    _held[ident] = _me()
+                    _held[ident] = me
                 return
             _fcntl.flock(fd, _fcntl.LOCK_UN)
             self._drop()  # the file went away under the lock: lock the one at the path now

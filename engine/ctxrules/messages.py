@@ -167,7 +167,8 @@ def _tool_name(tool: Mapping[str, Any]) -> str | None:
 
 def _validate_message(index: int, message: object) -> None:
     where = f"message {index}"
-    if not isinstance(message, Mapping):
+    # type() first: nearly every message is a dict, and the Mapping check goes through the ABC.
+    if not (type(message) is dict or isinstance(message, Mapping)):
         raise MessagesError(f"{where}: expected an object, got {_type_name(message)}")
     if "role" not in message:
         raise MessagesError(f"{where}: missing 'role'")
@@ -201,7 +202,7 @@ def _validate_message(index: int, message: object) -> None:
 
 
 def _validate_part(where: str, part: object) -> None:
-    if not isinstance(part, Mapping):
+    if not (type(part) is dict or isinstance(part, Mapping)):
         raise MessagesError(f"{where}: expected an object, got {_type_name(part)}")
     part_type = part.get("type")
     if not isinstance(part_type, str):
@@ -217,7 +218,7 @@ def _validate_part(where: str, part: object) -> None:
 
 
 def _validate_call(where: str, call: object) -> None:
-    if not isinstance(call, Mapping):
+    if not (type(call) is dict or isinstance(call, Mapping)):
         raise MessagesError(f"{where}: expected an object, got {_type_name(call)}")
     call_id = call.get("id")
     # A missing or empty id is repairable (normalize.tool_pairs derives a stable one); a
@@ -227,7 +228,7 @@ def _validate_call(where: str, call: object) -> None:
     # OpenAI "custom" tools carry {"custom": {"name", "input"}} instead of "function".
     kind = "custom" if call.get("type") == "custom" else "function"
     function = call.get(kind)
-    if not isinstance(function, Mapping):
+    if not (type(function) is dict or isinstance(function, Mapping)):
         raise MessagesError(f"{where}: missing {kind!r} object")
     if not isinstance(function.get("name"), str):
         raise MessagesError(f"{where}: '{kind}.name' must be a string")

@@ -18,13 +18,14 @@ import hashlib
 import json
 import operator
 import os
+import time
 import weakref
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from ctxrules.errors import CtxrulesError
-from ctxrules.json_stream import dumps_once
+from ctxrules.json_stream import dumps_once, json_text_sorted
 from ctxrules.private_files import (
     ensure_dir,
     open_private,
@@ -56,6 +57,8 @@ def state_root_from_env() -> Path:
 
 STATE_VERSION = 1
 
+_LOOK_FRESH_S = 0.05  # a load's lstat of state.json stands for the save's this long after it
+
 
 class SessionStore:
     """``state.json`` and ``last_output.jsonl`` (one message per line, so that a turn that
@@ -74,6 +77,8 @@ class SessionStore:
         self._written_stat: tuple[int, int] | None = None
         self._state: dict[str, Any] | None = None
         self._state_stat: tuple[int, int] | None = None
+        # lstat of state.json by the last load(), and when (see _write_state)
+        self._looked: tuple[os.stat_result, float] | None = None
         self._hash: Any = None  # sha256 of what this object wrote to last_output.jsonl
         # Handles kept open between turns (opening, and above all creating, a file costs more
         # than a warm turn's stages): state.json, and last_output.jsonl for appending.
@@ -91,8 +96,15 @@ class SessionStore:
     def load(self) -> dict[str, Any]:
         # The state this object wrote last is still what is on disk unless another process
         # wrote since (the session lock orders the writers): then it need not be parsed again.
-        if self._state is not None and self._state_stat == _stat(self._state_name):
-            return self._state
+        self._looked = None
+        if self._state is not None:
+            st = _lstat(self._state_name)
+            if st is not None and (st.st_size, st.st_mtime_ns) == self._state_stat:
+                # The save that follows (under the same lock) writes through the kept handle:
+                # this look tells it which file is at the path, without another system call,
+                # when the save comes soon (a warm turn); a longer turn looks again.
+                self._looked = (st, time.monotonic())
+                return self._state
         try:
             raw = read_private(self.state_file)
         except FileNotFoundError:
@@ -115,7 +127,7 @@ class SessionStore:
 
     def forget(self) -> None:
         """Drop the in-memory state (after a run that failed part-way changed it)."""
-        self._state = self._state_stat = None
+        self._state = self._state_stat = self._looked = None
 
     def load_output(self, count: int, written: Any = None, digest: Any = None) -> list[dict[str, Any]] | None:
         """The first ``count`` messages of the last output, or None when they are not all there
@@ -170,14 +182,17 @@ class SessionStore:
         self._state = self._state_stat = None
         # Append only to the file this object wrote last (another process may have rewritten it).
         appended: os.stat_result | None = None
+        # One look at the file serves both checks below (the turn's system calls are most of
+        # the cost of a warm save).
+        at_path = _lstat(self._output_name) if prev is not None and self._hash is not None else None
         if (
             prev is not None
-            and self._hash is not None
-            and self._stat() == written_stat
+            and at_path is not None
+            and (at_path.st_size, at_path.st_mtime_ns) == written_stat
             and len(prev) <= len(output)
             and all(map(operator.is_, prev, output))
         ):
-            fd = self._output_handle.fd()  # the file at the path (its identity checked)
+            fd = self._output_handle.fd(at_path)  # the file at the path (its identity checked)
             if len(prev) < len(output):
                 data = _jsonl(output[len(prev) :])
                 _write_all(fd, data)
@@ -194,7 +209,7 @@ class SessionStore:
         self._written_stat = (st.st_size, st.st_mtime_ns)
         state["last"]["output_file"] = [st.st_ino, st.st_size]
         state["last"]["output_digest"] = self._hash.hexdigest()
-        data = json.dumps(state, ensure_ascii=False, sort_keys=True).encode("utf-8")
+        data = json_text_sorted(state).encode("utf-8")
         try:
             written = self._write_state(data)
         except OSError:
@@ -233,7 +248,9 @@ class SessionStore:
         The file's ``(size, mtime)`` after the write is returned (what :meth:`load` compares);
         it is cut only when the old state was longer (cutting costs more than asking).
         """
-        fd = self._state_handle.fd()
+        looked, self._looked = self._looked, None
+        recent = looked is not None and time.monotonic() - looked[1] < _LOOK_FRESH_S
+        fd = self._state_handle.fd(looked[0] if recent and looked is not None else None)
         _write_all(fd, data, offset=0)
         st = os.fstat(fd)
         if st.st_size > len(data):
@@ -295,10 +312,11 @@ class _Handle:
         self._close: weakref.finalize[..., Any] | None = None
         self._ident: tuple[int, int, int] | None = None
 
-    def fd(self) -> int:
+    def fd(self, at_path: os.stat_result | None = None) -> int:
+        """The descriptor of the file at the path; ``at_path``: its lstat, just taken."""
         try:
             # lstat: a link swapped in for the file is a new identity, and reopening refuses it.
-            st = os.lstat(self._name)
+            st = at_path if at_path is not None else os.lstat(self._name)
             ident: tuple[int, int, int] | None = (st.st_dev, st.st_ino, os.getpid())
         except FileNotFoundError:
             ident = None
@@ -327,6 +345,13 @@ def _write_all(fd: int, data: bytes, *, offset: int | None = None) -> None:
         view = view[written:]
         if offset is not None:
             offset += written
+
+
+def _lstat(path: str) -> os.stat_result | None:
+    try:
+        return os.lstat(path)
+    except OSError:
+        return None
 
 
 def _stat(path: str | Path) -> tuple[int, int] | None:

@@ -108,7 +108,7 @@ import math
 import os
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager, suppress
+from contextlib import suppress
 from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, Final
@@ -117,6 +117,7 @@ from ctxrules import structure
 from ctxrules.errors import CtxrulesError
 from ctxrules.images import image_size, image_size_from_url
 from ctxrules.models import EXACT_TOKENIZERS, ModelInfo, Tokenizer, litellm_package_dir
+from ctxrules.scoped import Scoped
 
 __all__ = [
     "ANTHROPIC_MAX_IMAGE_TOKENS",
@@ -1024,28 +1025,18 @@ _TRUSTED: ContextVar[bool] = ContextVar("ctxrules_trusted_objects", default=Fals
 _CEILING: ContextVar[int | None] = ContextVar("ctxrules_token_ceiling", default=None)
 
 
-@contextmanager
-def token_ceiling(tokens: int | None) -> Iterator[None]:
+def token_ceiling(tokens: int | None) -> Scoped[int | None]:
     """Within this scope a text longer than ``tokens`` tokens is not tokenized to its end: it
     counts its exact tokens up to past the ceiling plus the UTF-8 byte length of the rest, an
     upper bound (see the module docstring, "Texts over the window"). A session sets its window:
     such a text can never be sent whole, and only its size over the window matters."""
-    token = _CEILING.set(tokens)
-    try:
-        yield
-    finally:
-        _CEILING.reset(token)
+    return Scoped(_CEILING, tokens)
 
 
-@contextmanager
-def trusted_objects() -> Iterator[None]:
+def trusted_objects() -> Scoped[bool]:
     """Within this scope, messages counted before are known by their object (see the module
     docstring, "Memoization"). For code that does not edit messages in place while inside."""
-    token = _TRUSTED.set(True)
-    try:
-        yield
-    finally:
-        _TRUSTED.reset(token)
+    return Scoped(_TRUSTED, True)
 
 
 # --------------------------------------------------------------------------- tool schemas

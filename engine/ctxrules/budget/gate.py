@@ -71,7 +71,7 @@ def finish_prepare(
     status: BudgetStatus, messages: list[dict[str, Any]], report: dict[str, Any]
 ) -> list[dict[str, Any]]:
     """Sets ``report['budget_status']``; returns the messages with the level's notice last."""
-    report["budget_status"] = status.as_dict()
+    report["budget_status"] = status.report_dict()
     text = status.notice()
     if text is None:
         return messages

@@ -20,7 +20,6 @@ they read, so a process that asks again reads only what was appended since.
 
 from __future__ import annotations
 
-import contextlib
 import contextvars
 import functools
 import json
@@ -323,6 +322,9 @@ class LedgerFile:
         self._entries: list[CallEntry] = []
         self._resets: list[float] = []
         self._bad = 0
+        # Moves whenever a refresh found something (records, a replaced or vanished file): a
+        # budget status computed from the ledger holds while its ledgers' generations stay.
+        self.generation = 0
 
     @property
     def path(self) -> Path:
@@ -345,6 +347,8 @@ class LedgerFile:
             return
         with self._lock:
             chunk = self.store.read_log(self.log, self._cursor)
+            if chunk.lines or chunk.restarted or chunk.cursor != self._cursor:
+                self.generation += 1
             if chunk.restarted or chunk.cursor is None:
                 self._entries, self._resets, self._bad = [], [], 0
             for raw in chunk.lines:
@@ -415,20 +419,26 @@ _READ_SCOPE: contextvars.ContextVar[dict[int, LedgerFile] | None] = contextvars.
 )
 
 
-@contextlib.contextmanager
-def one_read() -> Iterator[None]:
+class one_read:  # lower case: used like the function it was (``with one_read():``)
     """Within the block each ledger is read (asked for what was appended) at most once: one
     budget check looks at the session ledger several times (root totals, its own calls, bad
     lines), and each look would stat the file again. The check also sees one consistent
-    snapshot of each file. Nested blocks share the outer one's snapshot."""
-    if _READ_SCOPE.get() is not None:
-        yield
-        return
-    token = _READ_SCOPE.set({})
-    try:
-        yield
-    finally:
-        _READ_SCOPE.reset(token)
+    snapshot of each file. Nested blocks share the outer one's snapshot. A class, not a
+    generator-based context manager: every prepare enters one."""
+
+    __slots__ = ("_token",)
+
+    def __init__(self) -> None:
+        self._token: contextvars.Token[dict[int, LedgerFile] | None] | None = None
+
+    def __enter__(self) -> None:
+        if _READ_SCOPE.get() is None:
+            self._token = _READ_SCOPE.set({})
+
+    def __exit__(self, *exc: object) -> None:
+        if self._token is not None:
+            _READ_SCOPE.reset(self._token)
+            self._token = None
 
 
 # Read caches shared process-wide: by file for filesystem stores (any two store objects over

@@ -6,6 +6,7 @@ Its own module so that the ledger (``budget.tracker``) and the cost estimates
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -90,6 +91,7 @@ class BudgetStatus:
     turn: Totals = field(default_factory=Totals)
     own_calls: int = 0
     bad_lines: int = 0
+    _as_json: str | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def binding(self) -> DimensionStatus | None:
@@ -152,6 +154,16 @@ class BudgetStatus:
             f"{d.amount(d.limit)} ({d.share:.0%}); no further model calls until it is reset "
             f"(ctxrules usage reset --dimension {d.dimension}) or raised in the pack's budgets:"
         )
+
+    def report_dict(self) -> dict[str, Any]:
+        """:meth:`as_dict` for a report: made once per status as JSON text and decoded for each
+        report (a new dict each time, the caller's to change). A session whose ledgers did not
+        change gets the same status on every prepare (``SessionLedger.status``)."""
+        text = self._as_json
+        if text is None:
+            text = self._as_json = json.dumps(self.as_dict())
+        loaded: dict[str, Any] = json.loads(text)
+        return loaded
 
     def as_dict(self) -> dict[str, Any]:
         b = self.binding

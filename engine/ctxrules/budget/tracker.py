@@ -129,6 +129,11 @@ class SessionLedger:
         self.root_key: str = str(link.get("root_dir") or session)
         self.goal = check_goal(goal) if goal is not None else link.get("goal")
         self.own = ledger_of(store, Log("session", session))
+        # The descendants registry as last read (log, cursor, keys) and a generation that moves
+        # when it changes; the last status computed and what it was computed from (_Memo).
+        self._descendants: tuple[Log, Any, list[str]] | None = None
+        self._descendants_generation = 0
+        self._memo: _Memo | None = None
 
     @property
     def dir(self) -> Path:
@@ -219,10 +224,13 @@ class SessionLedger:
 
     def root_entries(self) -> list[CallEntry]:
         """Calls of the root task since its last session reset: the root and every descendant."""
+        return self._root_entries(self._descendant_cache())
+
+    def _root_entries(self, descendants: list[str]) -> list[CallEntry]:
         root = ledger_of(self.store, Log("session", self.root_key))
         since = root.last_reset
         out = root.entries()
-        for child in self.descendant_keys():
+        for child in descendants:
             out.extend(ledger_of(self.store, Log("session", child)).entries(start=since, honor_resets=False))
         out.sort(key=lambda e: e.ts)
         return out
@@ -249,28 +257,57 @@ class SessionLedger:
         return ledger_of(self.store, Log("goal", self.goal)).entries()
 
     def status(self, now: float | None = None, *, turn_from: int | None = None) -> BudgetStatus:
-        """The budget status at ``now``; ``turn_from`` = own calls counted at the last prepare."""
-        with one_read():  # each ledger read once: the session's is looked at several times
-            return self._status(self.clock() if now is None else now, turn_from)
+        """The budget status at ``now``; ``turn_from`` = own calls counted at the last prepare.
 
-    def _status(self, now: float, turn_from: int | None) -> BudgetStatus:
-        root = self.root_entries()
+        Every prepare asks. When no ledger it reads changed since the last answer, the day is
+        the same and no call is recent enough to count in a burn rate (nothing in the answer
+        depends on the time then), the last answer is given again: asking costs one look at
+        each ledger instead of reading and summing them (:class:`_Memo`)."""
+        when = self.clock() if now is None else now
+        with one_read():  # each ledger read once: the session's is looked at several times
+            memo, self._memo = self._memo, None
+            # Read once per status (here or below): the registry names the ledgers to look at.
+            descendants = self._descendant_cache()
+            if memo is not None and memo.holds(self, when, turn_from):
+                self._memo = memo
+                return memo.status
+            status, files, latest, day_end = self._status(when, turn_from, descendants)
+            # Valid while nothing can enter a burn window: every call older than the window.
+            if latest < when - self.policy.burn_window_s:
+                self._memo = _Memo(self, status, when, turn_from, files, day_end)
+            return status
+
+    def _status(
+        self, now: float, turn_from: int | None, descendants: list[str]
+    ) -> tuple[BudgetStatus, list[LedgerFile], float, float]:
+        """The status; the ledgers it read, the time of the latest call among them, and the
+        end of the day window it used (``inf`` without a day budget)."""
+        root = self._root_entries(descendants)
+        files = [ledger_of(self.store, Log("session", self.root_key))]
+        files.extend(ledger_of(self.store, Log("session", k)) for k in descendants)
+        latest = max((e.ts for e in root), default=float("-inf"))
+        day_end = float("inf")
         dims: list[DimensionStatus] = []
         for lim in self.policy.limits:
             if lim.name == "session":
                 entries, scope = root, self.root_id
             elif lim.name == "day":
                 entries, scope = self.day_entries(now)
+                start, day_end, _label = self.day_window(now)
+                files.extend(ledger_of(self.store, Log("day", d)) for d in _utc_dates(start, day_end))
             else:
                 if not self.goal:
                     continue  # a goal budget binds only sessions that work for a goal
                 entries, scope = self.goal_entries(), self.goal
+                files.append(ledger_of(self.store, Log("goal", self.goal)))
+            latest = max(latest, max((e.ts for e in entries), default=latest))
             dims.extend(self._pairs(lim, scope, entries, now))
         level = max((d.level for d in dims), default=Level.OK)
         own = self.own.entries()
+        files.append(self.own)
         turn = own[turn_from:] if turn_from is not None and 0 <= turn_from <= len(own) else []
         bad = self.own.bad_lines
-        return BudgetStatus(
+        status = BudgetStatus(
             level=level,
             dimensions=dims,
             totals=Totals.of(root),
@@ -280,6 +317,7 @@ class SessionLedger:
             own_calls=len(own),
             bad_lines=bad,
         )
+        return status, files, latest, day_end
 
     def check(self, now: float | None = None, *, turn_from: int | None = None) -> BudgetStatus:
         """:meth:`status`, raising :class:`BudgetExceeded` when the level refuses calls."""
@@ -361,16 +399,30 @@ class SessionLedger:
 
     def descendant_keys(self) -> list[str]:
         """Session keys registered under this session's root task."""
+        return list(self._descendant_cache())
+
+    def _descendant_cache(self) -> list[str]:
+        """:meth:`descendant_keys`, read on from where the last read ended (the registry only
+        grows; a replaced one is read whole). The list is this object's: not to be changed."""
+        log = Log("descendants", self.root_key)
+        seen = self._descendants
+        cursor = seen[1] if seen is not None and seen[0] == log else None
         try:
-            chunk = self.store.read_log(Log("descendants", self.root_key))
+            chunk = self.store.read_log(log, cursor)
         except (OSError, CtxrulesError):
+            self._descendants = None
+            self._descendants_generation += 1
             return []
-        out = []
+        if seen is not None and seen[0] == log and not chunk.lines and not chunk.restarted and chunk.cursor == cursor:
+            return seen[2]
+        keys = [] if seen is None or seen[0] != log or chunk.restarted or chunk.cursor is None else list(seen[2])
         for line in chunk.lines:
             key = _path_of(line)
             if key is not None:
-                out.append(key)
-        return out
+                keys.append(key)
+        self._descendants = (log, chunk.cursor, keys)
+        self._descendants_generation += 1
+        return keys
 
     def descendants(self) -> list[Path]:
         """Session directories registered under this session's root task."""
@@ -410,6 +462,46 @@ class SessionLedger:
         child.own = ledger_of(self.store, Log("session", child.key))
         if child.goal is None:
             child.goal = self.goal
+
+
+class _Memo:
+    """A :class:`BudgetStatus` and what it was computed from: the ledgers read (each with its
+    generation), the descendants registry's generation, the ledger's own settings, the time.
+    It holds at a later time when all of those are unchanged and the day window is the same
+    (the status computation adds to that only burn rates, which a memo is not made with)."""
+
+    __slots__ = ("day_end", "descendants", "files", "key", "now", "status", "turn_from")
+
+    def __init__(
+        self,
+        ledger: SessionLedger,
+        status: BudgetStatus,
+        now: float,
+        turn_from: int | None,
+        files: list[LedgerFile],
+        day_end: float,
+    ) -> None:
+        self.status, self.now, self.turn_from, self.day_end = status, now, turn_from, day_end
+        self.files = [(f, f.generation) for f in files]
+        self.descendants = ledger._descendants_generation
+        self.key = _settings(ledger)
+
+    def holds(self, ledger: SessionLedger, now: float, turn_from: int | None) -> bool:
+        if not (self.now <= now < self.day_end and turn_from == self.turn_from and self.key == _settings(ledger)):
+            return False
+        if ledger._descendants_generation != self.descendants:  # a sub-agent registered since
+            return False
+        for file, generation in self.files:
+            file.refresh()
+            if file.generation != generation:
+                return False
+        return True
+
+
+def _settings(ledger: SessionLedger) -> tuple[Any, ...]:
+    # What a status depends on besides the ledgers and the time (register_child changes the
+    # root and the own ledger; a goal or policy may be set on the object).
+    return (ledger.policy, ledger.root_key, ledger.root_id, ledger.goal, ledger.own, ledger.store)
 
 
 def _read_link(store: Store, session: str) -> dict[str, Any]:

@@ -86,6 +86,10 @@ class HistoryChain:
         return self._hash.hexdigest()
 
 
+EMPTY_CHAIN = HistoryChain()
+"""The chain of an empty history (shared: :meth:`HistoryChain.extended` leaves it as it is)."""
+
+
 class PrefixCache:
     """What a session's last ``prepare`` saw and returned, so that a history that only appends
     runs the pipeline on the last output plus the new messages.
@@ -101,7 +105,7 @@ class PrefixCache:
     def __init__(self) -> None:
         self.history: list[Message] | None = None
         self.output: list[Message] | None = None
-        self.chain = HistoryChain()
+        self.chain = EMPTY_CHAIN
         self.msgs_sum = 0
         self.out_tokens: int | None = None
         self.tools: list[dict[str, Any]] = []
@@ -151,21 +155,21 @@ class PrefixCache:
             n = len(last)
             if n <= len(history) and last == history[:n] and not missing(vault, self.output_ids):
                 return n, self.output, self.chain
-            return 0, [], HistoryChain()
+            return 0, [], EMPTY_CHAIN
         count, value, output_count = record.get("count"), record.get("chain"), record.get("output_count")
         if not isinstance(count, int) or not isinstance(value, str) or not 0 < count <= len(history):
-            return 0, [], HistoryChain()
+            return 0, [], EMPTY_CHAIN
         if not isinstance(output_count, int):
-            return 0, [], HistoryChain()
-        chain = HistoryChain().extended(history[:count])
+            return 0, [], EMPTY_CHAIN
+        chain = EMPTY_CHAIN.extended(history[:count])
         if chain.value != value:
-            return 0, [], HistoryChain()
+            return 0, [], EMPTY_CHAIN
         output = load_output()
         if output is None or len(output) != output_count:
-            return 0, [], HistoryChain()
+            return 0, [], EMPTY_CHAIN
         ids = marker_ids(output)
         if missing(vault, ids):
-            return 0, [], HistoryChain()
+            return 0, [], EMPTY_CHAIN
         self.output_ids = ids
         self.history = [clone_json(m) for m in history[:count]]
         # The counts the session saved with the output (engine: ``state["last"]``): no
@@ -193,12 +197,13 @@ class PrefixCache:
         if not reused or last is None or counts is None or text is None or len(counts) != len(last):
             fresh_counts = counter.count_each(output)
             return fresh_counts, counts_text(fresh_counts)
-        same = list(map(operator.is_, last, output))  # the common length only
-        if all(same) and len(output) >= len(last):
+        if len(output) >= len(last) and all(map(operator.is_, last, output)):
+            # The warm turn's case: the last output with messages appended (no list of flags).
             added = counter.count_each(output[len(last) :])
             if not added:
                 return counts, text
             return [*counts, *added], f"{text},{counts_text(added)}" if text else counts_text(added)
+        same = list(map(operator.is_, last, output))  # the common length only
         same.extend([False] * (len(output) - len(same)))
         fresh = list(itertools.compress(range(len(output)), map(operator.not_, same)))
         out = [*counts[: len(output)], *[0] * (len(output) - len(counts))]

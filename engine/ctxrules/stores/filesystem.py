@@ -51,7 +51,7 @@ from ctxrules.private_files import (
     read_private,
     write_atomic,
 )
-from ctxrules.session_store import SessionLock, SessionStore
+from ctxrules.session_store import SessionStore
 from ctxrules.stores.base import (
     LOG_KINDS,
     BlobWriter,
@@ -77,6 +77,7 @@ _META_SUFFIX: Final = ".meta"
 _TMP_PREFIX: Final = ".tmp-"
 _CLOEXEC: Final = getattr(os, "O_CLOEXEC", 0)
 _DIRECTORY: Final = getattr(os, "O_DIRECTORY", 0)
+_ACCESS_NOFOLLOW: Final = os.access in os.supports_follow_symlinks  # not on Windows
 _CHECK_S: Final = 2.0  # a vault directory checked longer ago than this is checked again
 
 # document -> (file in the session directory, lock file or None: written under the prepare lock)
@@ -123,6 +124,8 @@ class FilesystemStore:
         # identity of the file they came from: notes.render reads the notes on every turn.
         self._doc_paths: dict[tuple[str, str], tuple[Path, Path | None]] = {}
         self._doc_reads: dict[tuple[str, str], tuple[tuple[int, int, int, int, int], bytes]] = {}
+        # session -> its vault directory with a trailing separator (every warm turn asks)
+        self._vault_roots: dict[str, str] = {}
 
     @classmethod
     def from_url(cls, url: str) -> FilesystemStore:
@@ -275,31 +278,14 @@ class FilesystemStore:
                 unsynced[0].append(path)
             unsynced[1].add(shard)
 
-    @contextlib.contextmanager
-    def durable_at_commit(self, session: str) -> Iterator[None]:
+    def durable_at_commit(self, session: str) -> AbstractContextManager[None]:
         """Within this scope (a session's ``prepare``, under its prepare lock) vault items are
         written and visible at once but fsynced together, files then their directories, before
         :meth:`commit_turn` saves the output that names them, or when the scope ends: one disk
         flush for a compaction's dozens of items instead of one each. A crash before that can
         leave an item cut short, which nothing saved names yet: reads verify the digest
         (a clear error), and the next write of the same bytes repairs it."""
-        if session in self._unsynced:  # nested: the outer scope syncs
-            yield
-            return
-        self._unsynced[session] = ([], set(), [])
-        try:
-            yield
-        except BaseException:
-            with contextlib.suppress(OSError, CtxrulesError):  # the error that ended the turn counts
-                self._sync_vault(session)
-            raise
-        else:
-            self._sync_vault(session)
-        finally:
-            left = self._unsynced.pop(session, None)
-            for fd in left[2] if left is not None else ():  # a sync that failed part way
-                with contextlib.suppress(OSError):
-                    os.close(fd)
+        return _DurableScope(self, session)
 
     def _sync_vault(self, session: str) -> None:
         unsynced = self._unsynced.get(session)
@@ -392,8 +378,15 @@ class FilesystemStore:
     def missing_blobs(self, session: str, blob_ids: Sequence[str]) -> set[str]:
         # lexists: one system call per id (a warm turn asks for every marker of its output),
         # on a string path (a Path per id cost more than the call).
-        root = os.path.join(os.fspath(self.vault_dir(session)), "")
-        return {b for b in blob_ids if not os.path.lexists(f"{root}{b[:2]}/{b}")}
+        if not blob_ids:
+            return set()
+        root = self._vault_roots.get(session)
+        if root is None:
+            if len(self._vault_roots) > 4096:  # a store serving many sessions: bounded
+                self._vault_roots.clear()
+            root = self._vault_roots[session] = os.path.join(self._vault_path(session), "")
+        lexists = os.path.lexists
+        return {b for b in blob_ids if not lexists(f"{root}{b[:2]}/{b}")}
 
     def blob_ids(self, session: str, prefix: str = "") -> list[str]:
         root = self.vault_dir(session)
@@ -451,13 +444,15 @@ class FilesystemStore:
         # Only a file last changed _DOC_SETTLED_NS ago or more is taken from memory: file times
         # are coarse (a few ms), and a freed inode number may come back with a new file of the
         # same size within one tick (git's "racy" index entries have the same problem).
+        seen = self._doc_reads.get((session, name))
+        if seen is None and _ACCESS_NOFOLLOW and not os.access(path, os.F_OK, follow_symlinks=False):
+            return None  # absent (as last time, most likely): no exception for a failed lstat
         try:
             st = os.lstat(path)
         except FileNotFoundError:
             self._doc_reads.pop((session, name), None)
             return None
         ident = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-        seen = self._doc_reads.get((session, name))
         if seen is not None and seen[0] == ident and stat.S_ISREG(st.st_mode):
             return seen[1]
         settled = time.time_ns() - max(st.st_mtime_ns, st.st_ctime_ns) >= _DOC_SETTLED_NS
@@ -588,6 +583,10 @@ class FilesystemStore:
         ident = offset = size = None
         if isinstance(cursor, tuple) and len(cursor) == 4:
             ident, offset, size = (cursor[0], cursor[1]), cursor[2], cursor[3]
+        elif cursor is None and _ACCESS_NOFOLLOW and not os.access(where, os.F_OK, follow_symlinks=False):
+            # Never read, or absent last time (most sessions have no sub-agents, many record no
+            # calls): asked every prepare, and a failed lstat costs an exception each time.
+            return LogChunk([], None)
         try:
             # An lstat first: every prepare asks, and the file rarely grew since.
             st = os.lstat(where)
@@ -651,16 +650,22 @@ class _PrepareLock:
 
     def __init__(self, path: Path, timeout: float | None) -> None:
         self.path = path
-        self._lock = SessionLock(path, timeout=timeout)
+        self._name = os.fspath(path)  # checked on every turn: no Path conversion each time
+        self._timeout = timeout
+        # The lock on <session>/.lock (ctxrules.session_store.SessionLock's), made on first use.
+        self._file: Any = None
 
     def __enter__(self) -> _PrepareLock:
         # Every turn, before the lock file is opened (a kept descriptor, a directory made once
         # per lock object): the session directory may have been removed since the last turn
         # (made again) or swapped for a link (refused, nothing opened through it).
-        if not check_dir(self.path):
+        if not check_dir(self._name):
             ensure_dir(self.path)
+        lock = self._file
+        if lock is None:
+            lock = self._file = _locks().FileLock(self.path / ".lock", timeout=self._timeout)
         try:
-            self._lock.__enter__()
+            lock.acquire()
         except _locks().LockTimeout:
             raise StoreLockTimeout(
                 f"the session {self.path} stayed locked by another process for the whole wait"
@@ -668,7 +673,9 @@ class _PrepareLock:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._lock.__exit__(None, None, None)
+        lock = self._file
+        if lock is not None and lock.is_locked:
+            lock.release()
 
     def renew(self) -> None:
         """A file lock is held until release: nothing to renew."""
@@ -865,6 +872,39 @@ def _write_durable(directory: str, path: str, data: bytes, *, sync: bool = True,
             os.unlink(tmp_name)
         raise
     return fd if kept else None
+
+
+class _DurableScope:
+    """:meth:`FilesystemStore.durable_at_commit` (a class: entered around every prepare, and a
+    generator-based context manager cost a measurable part of a warm turn)."""
+
+    __slots__ = ("_outer", "_session", "_store")
+
+    def __init__(self, store: FilesystemStore, session: str) -> None:
+        self._store, self._session = store, session
+        self._outer = False
+
+    def __enter__(self) -> None:
+        unsynced = self._store._unsynced
+        self._outer = self._session not in unsynced  # nested: the outer scope syncs
+        if self._outer:
+            unsynced[self._session] = ([], set(), [])
+
+    def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
+        if not self._outer:
+            return
+        store, session = self._store, self._session
+        try:
+            if exc_type is None:
+                store._sync_vault(session)
+            else:
+                with contextlib.suppress(OSError, CtxrulesError):  # the error that ended the turn counts
+                    store._sync_vault(session)
+        finally:
+            left = store._unsynced.pop(session, None)
+            for fd in left[2] if left is not None else ():  # a sync that failed part way
+                with contextlib.suppress(OSError):
+                    os.close(fd)
 
 
 def durable_at_commit(store: object, session: str) -> AbstractContextManager[None]:
