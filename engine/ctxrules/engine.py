@@ -1029,22 +1029,54 @@ class _OwnCopies:
     Which output messages are not the caller's is remembered from the last turn: when this
     turn's history starts with the same objects as the last one's and the output with the same
     objects as the last output, only the new messages of each are looked at (a warm turn
-    handles its tail, not a set of every message's id)."""
+    handles its tail, not a set of every message's id).
 
-    __slots__ = ("_foreign", "_history", "_output")
+    A client that sends its whole history as new objects on every call (an HTTP proxy, JSON
+    decoded per request) gets its own objects too: the session's record of the reused prefix
+    holds the objects of an earlier call, and one that equals the caller's message where that
+    object was is handed back as the caller's message, not copied."""
+
+    __slots__ = ("_foreign", "_history", "_origin", "_output")
 
     def __init__(self) -> None:
         self._history: list[Message] = []
         self._output: list[Message] = []
         self._foreign: list[int] = []  # positions of self._output that are not caller objects
+        # id of such a message -> index of the caller's equal message it was handed back as
+        self._origin: dict[int, int] = {}
 
     def __call__(self, history: list[Message], output: list[Message]) -> list[Message]:
         foreign = self._foreign_of(history, output)
-        self._history, self._output, self._foreign = history, output, foreign
         out = list(output)
-        for i in foreign:
-            out[i] = clone_json(out[i])
+        origin = self._hand_back(history, output, foreign, out)
+        self._history, self._output, self._foreign, self._origin = history, output, foreign, origin
         return out
+
+    def _hand_back(
+        self, history: list[Message], output: list[Message], foreign: list[int], out: list[Message]
+    ) -> dict[int, int]:
+        """Fills the ``foreign`` positions of ``out``: the caller's equal message where the
+        object was the caller's (this call's history at the index it had then), else a copy."""
+        origin: dict[int, int] = {}
+        before = self._origin
+        where: dict[int, int] | None = None
+        used: set[int] = set()
+        for i in foreign:
+            message = output[i]
+            key = id(message)
+            k = before.get(key)
+            if k is None:
+                if where is None:
+                    where = {id(m): j for j, m in enumerate(self._history)}
+                k = where.get(key)
+            # Equal, checked here (a C compare): an id seen before may belong to a new object.
+            if k is not None and k < len(history) and k not in used and history[k] == message:
+                out[i] = history[k]
+                used.add(k)
+                origin[key] = k
+            else:
+                out[i] = clone_json(message)
+        return origin
 
     def _foreign_of(self, history: list[Message], output: list[Message]) -> list[int]:
         seen_history, seen_output = self._history, self._output

@@ -1,0 +1,79 @@
+"""What `prepare` hands back when the caller sends its whole history as new objects on every
+call (an HTTP proxy decodes JSON per request): the messages no stage changed are the caller's
+own objects of this call, as for a caller that keeps its objects, and the ones a stage made are
+copies (never the session's record)."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import transcript_path
+
+from ctxrules import Engine
+
+
+def _fresh(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    fresh: list[dict[str, Any]] = json.loads(json.dumps(messages))
+    return fresh
+
+
+def _step(i: int) -> list[dict[str, Any]]:
+    arguments = json.dumps({"cmd": f"ls {i}"})
+    call = {"id": f"c{i}", "type": "function", "function": {"name": "Bash", "arguments": arguments}}
+    return [
+        {"role": "assistant", "content": f"Checking {i}.", "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": f"c{i}", "content": f"file_{i}.txt\n" * 30},
+    ]
+
+
+def _unsigned(messages: list[dict[str, Any]]) -> str:
+    """The messages as JSON without the signatures of injected blocks (a key per session)."""
+    return re.sub(r'sig=\\"[0-9a-f]+\\"', "sig", json.dumps(messages))
+
+
+def _own(history: list[dict[str, Any]], out: list[dict[str, Any]]) -> tuple[int, int]:
+    """(output messages that are objects of ``history``, those that are not)."""
+    ids = {id(m) for m in history}
+    mine = sum(id(m) in ids for m in out)
+    return mine, len(out) - mine
+
+
+def test_new_objects_every_call_get_their_own_unchanged_messages_back(tmp_path: Path) -> None:
+    session = Engine.load("builtin:default").session(tmp_path / "s", model="gpt-4o", window=128_000)
+    history: list[dict[str, Any]] = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Go."}]
+    for i in range(6):
+        history += _step(i)
+        sent = _fresh(history)
+        out = session.prepare(sent).messages
+        assert out == session.last_output()
+        # Nothing is compacted at this size: every message is the caller's, of this call.
+        assert all(a is b for a, b in zip(out, sent, strict=True)), i
+
+
+@pytest.mark.parametrize("window", [32_000, 64_000])
+def test_a_compacting_session_fed_new_objects_hands_back_the_callers_and_copies_the_rest(
+    tmp_path: Path, window: int
+) -> None:
+    history = json.loads(transcript_path("claudecode-ae4a77f8").read_text(encoding="utf-8"))
+    engine = Engine.load("builtin:default")
+    proxy = engine.session(tmp_path / "proxy", model="gpt-4o", window=window)
+    kept = engine.session(tmp_path / "kept", model="gpt-4o", window=window)  # a caller that keeps its objects
+    grown = list(history)
+    proxy.prepare(_fresh(grown))
+    kept.prepare(grown)
+    for i in range(4):
+        grown = grown + _step(i)
+        sent = _fresh(grown)
+        result = proxy.prepare(sent)
+        reference = kept.prepare(grown)
+        assert _unsigned(result.messages) == _unsigned(reference.messages)
+        assert result.report["reused_messages"] == len(grown) - 2  # the proxy's turns are warm
+        # As many of the caller's own objects as a caller that keeps its objects gets.
+        assert _own(sent, result.messages) == _own(grown, reference.messages)
+        # A message given back that is not the caller's is a copy, not the session's record.
+        record, theirs = {id(m) for m in proxy.last_output()}, {id(m) for m in sent}
+        assert not [m for m in result.messages if id(m) in record and id(m) not in theirs]
