@@ -291,7 +291,7 @@ def case_compress(tmp: Path, mb: int) -> None:
     work_s, work_rss = measure(
         [*CLI, "compress", "--session", str(tmp / "w"), "--command", f"cat {log}", "--input", str(windows)]
     )
-    row(name, "time", seconds, vault_s + work_s, None, "s")
+    row(name, "time", seconds, vault_s + work_s, vault_s + work_s, "s")  # goal: no slower than the floor
     print(f"{'':<16} (floor = cat into a fsynced file {vault_s:.2f} s + compress of the windows {work_s:.2f} s)")
     row(name, "peak RSS", rss, max(vault_rss, work_rss), 200, "MB")
     print(f"{'':<16} (output {out.stat().st_size:,} bytes from {log.stat().st_size:,})")

@@ -154,6 +154,41 @@ def test_middle_scan_finds_exit_code_lines_and_a_match_in_a_line_too_long_to_hol
     assert kept == {22: "Process exited with code 3"}
 
 
+@pytest.mark.parametrize("seed", range(12))
+def test_middle_scan_skipping_blocks_without_a_match_finds_what_a_line_by_line_scan_finds(
+    tmp_path: Path, seed: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Blocks the RE2 pre-filter finds nothing in are counted and skimmed, not split: the
+    # result must be the one of trying every line (no pre-filter), context lines and line
+    # numbers across block edges included.
+    import random
+
+    import ctxrules.compressors.large as large
+
+    rnd = random.Random(seed)
+    lines = []
+    for i in range(rnd.randrange(200, 3000)):
+        roll = rnd.random()
+        if roll < 0.004:
+            lines.append(f"src/m{i}.py:3: error: failed {i}")
+        elif roll < 0.006:
+            lines.append("")
+        else:
+            lines.append(f"{i} ok " + "z" * rnd.randrange(0, 120))
+    data = ("\n".join(lines) + ("\n" if seed % 2 else "")).encode()
+    path = tmp_path / "out"
+    path.write_bytes(data)
+    context = {"before": rnd.randrange(0, 4), "after": rnd.randrange(0, 3)}
+    patterns = compile_failures([{"pattern": r"\berror\b", **context}])
+    block = rnd.choice([512, 1024, 4096])
+    skimmed = scan_middle(path, (0, len(data)), 7, patterns, (), block=block)
+    monkeypatch.setattr(large, "_prefilter", lambda patterns: None)
+    assert scan_middle(path, (0, len(data)), 7, patterns, (), block=block) == skimmed
+    assert sorted(n for n, t in skimmed[0].items() if "error" in t) == [
+        7 + i for i, t in enumerate(lines) if "error" in t
+    ]
+
+
 # --- compress_large against compress_text ------------------------------------------------------
 
 

@@ -265,6 +265,36 @@ def test_a_fifo_named_like_entry_points_in_the_current_folder_does_not_hang(tmp_
     assert "0 error(s)" in proc.stdout
 
 
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs on this platform")
+def test_a_fifo_named_like_entry_points_does_not_hang_beside_a_real_plugin(tmp_path: Path) -> None:
+    """With a distribution that does declare a ctxrules plugin on sys.path, the entry points
+    are read from the distributions: a FIFO named like another one's entry_points.txt must
+    still not be opened (importlib.metadata's entry_points() read it and hung)."""
+    (tmp_path / "evil.dist-info").mkdir()
+    os.mkfifo(tmp_path / "evil.dist-info" / "entry_points.txt")
+    info = tmp_path / "acme-0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: acme\nVersion: 0\n", encoding="utf-8")
+    (info / "entry_points.txt").write_text("[ctxrules]\nacme = acme_fifo_plugin\n", encoding="utf-8")
+    (tmp_path / "acme_fifo_plugin.py").write_text(
+        "from ctxrules.hookspecs import hookimpl\nfrom ctxrules.stages.base import StageOutcome, StageType\n"
+        "@hookimpl\ndef ctxrules_register_stages(register):\n"
+        "    register(StageType('acme.fifo', 'content', lambda o: (lambda m, c: StageOutcome(list(m)))))\n",
+        encoding="utf-8",
+    )
+    (tmp_path / "pack.yaml").write_text(PACK)
+    proc = subprocess.run(
+        [sys.executable, "-m", "ctxrules.cli.main", "plugins", "--all"],
+        env={**os.environ, "PYTHONPATH": str(ROOT / "engine")},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "acme.fifo" in proc.stdout
+
+
 # --- a stage's own section of state.json -------------------------------------------------------
 
 

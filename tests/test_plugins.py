@@ -115,9 +115,7 @@ def test_entry_point_plugins_are_loaded_and_can_be_blocked(monkeypatch: pytest.M
     module.ctxrules_register_stages = _plugin(_stage_type("acme.ep")).ctxrules_register_stages  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "acme_plugin", module)
     ep = md.EntryPoint(name="acme", value="acme_plugin", group="ctxrules")
-    real = md.entry_points
-    monkeypatch.setattr(md, "entry_points", lambda **kw: [ep] if kw.get("group") == "ctxrules" else real(**kw))
-    monkeypatch.setattr(plugins, "_may_declare_plugins", lambda: True)  # no real distribution declares it
+    monkeypatch.setattr(plugins, "_installed_entry_points", lambda: [ep])  # no real distribution declares it
     pm, infos = build_plugin_manager()
     assert "acme.ep" in collect(pm, infos).stages
     monkeypatch.setenv("CTXRULES_BLOCK_PLUGINS", "acme")
@@ -129,8 +127,7 @@ def test_broken_entry_point_names_itself(monkeypatch: pytest.MonkeyPatch) -> Non
     import importlib.metadata as md
 
     ep = md.EntryPoint(name="broken", value="no_such_module_xyz", group="ctxrules")
-    monkeypatch.setattr(md, "entry_points", lambda **kw: [ep])
-    monkeypatch.setattr(plugins, "_may_declare_plugins", lambda: True)
+    monkeypatch.setattr(plugins, "_installed_entry_points", lambda: [ep])
     with pytest.raises(PluginError, match=r"plugin 'broken', hook load: cannot import no_such_module_xyz"):
         build_plugin_manager()
 

@@ -153,12 +153,40 @@ def build_plugin_manager(
 
 
 def _installed_entry_points() -> list[Any]:
-    """The ``ctxrules`` entry points of the installed distributions, by name."""
+    """The ``ctxrules`` entry points of the installed distributions, by name: what
+    ``importlib.metadata.entry_points(group=...)`` gives (the first distribution of each name
+    on ``sys.path``), except that an ``entry_points.txt`` that is not a regular file is not
+    read. Under ``python -m`` the current folder is on ``sys.path``, and a FIFO there named
+    like a distribution's entry points would hang the read forever."""
     if not _may_declare_plugins():
         return []
-    from importlib.metadata import entry_points
+    from importlib.metadata import distributions
 
-    return sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name)
+    found: list[Any] = []
+    seen: set[str] = set()
+    for dist in distributions():
+        # The key importlib.metadata's own entry_points() tells distributions apart by.
+        name = getattr(dist, "_normalized_name", None)
+        if isinstance(name, str):
+            if name in seen:
+                continue
+            seen.add(name)
+        if _entry_points_readable(dist):
+            found.extend(ep for ep in dist.entry_points if ep.group == ENTRY_POINT_GROUP)
+    return sorted(found, key=lambda e: e.name)
+
+
+def _entry_points_readable(dist: Any) -> bool:
+    """Whether reading ``dist``'s entry points cannot block: its ``entry_points.txt`` is a
+    regular file, or absent. A distribution that is not a folder on disk (a zip, another
+    finder's) is read as importlib.metadata reads it."""
+    folder = getattr(dist, "_path", None)
+    if not isinstance(folder, os.PathLike | str) or not os.path.isdir(folder):
+        return True
+    try:
+        return stat.S_ISREG(os.stat(os.path.join(folder, "entry_points.txt")).st_mode)
+    except OSError:
+        return True  # no entry points: importlib.metadata reads none either
 
 
 _GROUP_HEADER = re.compile(rb"^[ \t]*\[[ \t]*" + re.escape(ENTRY_POINT_GROUP.encode()) + rb"[ \t]*\][ \t]*\r?$", re.M)

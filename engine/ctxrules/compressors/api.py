@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from ctxrules.compressors.apply import Window, apply_rule, apply_rule_window, is_failure, split_output
 from ctxrules.compressors.argv import parse_command
-from ctxrules.compressors.large import Large, scan_middle
+from ctxrules.compressors.large import Large, scan_middle_soon
 from ctxrules.compressors.rules import CompressorError, compile_rules, select_rule
 from ctxrules.patterns import Pattern, PatternTimeout
 from ctxrules.patterns import compile as patterns_compile
@@ -237,11 +237,12 @@ def compress_large(
         return None
     keep = _exit_code_patterns(pack)
     try:
-        extra, lost = scan_middle(large.writer.path, large.middle, large.head_lines + 1, rule.failures, keep)
+        # The middle is searched while the rule's steps run on the windows (its lines are
+        # needed only after them).
+        middle = scan_middle_soon(large.writer.path, large.middle, large.head_lines + 1, rule.failures, keep)
         window = Window(
             lines=[*enumerate(head, 1), *enumerate(tail, large.tail_first)],
-            extra=extra,
-            lost=lost,
+            middle=middle,
             total=large.total_lines,
             trailing=large.trailing,
             tail=tail_text,

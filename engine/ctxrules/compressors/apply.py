@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import bisect
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from ctxrules.compressors.failures import failure_lines
@@ -161,12 +161,13 @@ class Window:
     (:mod:`ctxrules.compressors.large`): the rule's steps see ``lines`` (the head and the tail
     of the output, ``(number, text)`` in order), the engine's rules also see ``extra`` (lines of
     the middle that match a failure or exit-code pattern, and the lines around them), and
-    ``lost`` holds the numbers of further matching lines whose text was not kept. Every other
+    ``lost`` the numbers of further matching lines whose text was not kept. Every other
     line of the middle is elided."""
 
     lines: Sequence[tuple[int, str]]
-    extra: Mapping[int, str]
-    lost: Sequence[int]
+    middle: Callable[[], tuple[Mapping[int, str], Sequence[int]]]
+    """``(extra, lost)``, asked for once the rule's steps have run on ``lines`` (the middle
+    may still be being searched while they run)."""
     total: int
     trailing: bool
     tail: str
@@ -216,13 +217,11 @@ def apply_rule_window(
     keep: Sequence[Pattern] = (),
 ) -> Applied:
     """:func:`apply_rule` for an output of which only ``window`` is held."""
-    known = dict(window.lines)
-    known.update(window.extra)
     failed = is_failure(exit_code, window.tail)
     return _apply(
         rule,
         [Line(text, (i, i)) for i, text in window.lines],
-        _Sparse(known, window.lost),
+        _Sparse(window.lines, window.middle),
         total=window.total,
         trailing=window.trailing,
         failed=failed,
@@ -251,18 +250,38 @@ class _Known:
 
 
 class _Sparse:
-    """Some lines of an output held only in part; the others are unknown (None)."""
+    """Some lines of an output held only in part; the others are unknown (None). The lines
+    of the middle (``Window.middle``) are asked for when first needed: after the steps."""
 
-    def __init__(self, known: dict[int, str], lost: Sequence[int]) -> None:
-        self.known = known
-        self.lost = lost
+    def __init__(
+        self, lines: Sequence[tuple[int, str]], middle: Callable[[], tuple[Mapping[int, str], Sequence[int]]]
+    ) -> None:
+        self._lines = lines
+        self._middle = middle
+        self._known: dict[int, str] | None = None
+        self._lost: Sequence[int] = ()
+
+    @property
+    def known(self) -> dict[int, str]:
+        if self._known is None:
+            extra, self._lost = self._middle()
+            known = dict(self._lines)
+            known.update(extra)
+            self._known = known
+        return self._known
+
+    @property
+    def lost(self) -> Sequence[int]:
+        _ = self.known
+        return self._lost
 
     def text(self, line_no: int) -> str | None:
         return self.known.get(line_no)
 
     def numbered(self) -> tuple[list[int] | None, list[str]]:
-        numbers = sorted(self.known)
-        return numbers, [self.known[i] for i in numbers]
+        known = self.known
+        numbers = sorted(known)
+        return numbers, [known[i] for i in numbers]
 
 
 def _apply(

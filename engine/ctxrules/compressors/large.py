@@ -6,7 +6,8 @@ it grows, see :class:`ctxrules.vault.VaultWriter`) and holds only bounded parts 
 
 - the **head** and the **tail** windows (:data:`WINDOW_BYTES` each, cut at line ends): the
   rule's steps run on those lines alone, with their true line numbers;
-- from the **middle**, read back from the file once the rule is known (:func:`scan_middle`),
+- from the **middle**, read back from the file once the rule is known (:func:`scan_middle`;
+  on a thread of its own while the rule's steps run on the windows, :func:`scan_middle_soon`),
   the lines that match one of the rule's failure patterns or the pack's exit-code patterns,
   with the lines around them the patterns protect, so the engine's rules (failure lines put
   back, the exit-code line kept; :mod:`ctxrules.compressors.apply`) still hold for the whole
@@ -24,7 +25,9 @@ characters are searched line by line.
 from __future__ import annotations
 
 import bisect
+import contextvars
 import re
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
@@ -37,7 +40,17 @@ from ctxrules.errors import CtxrulesError
 from ctxrules.patterns import Pattern, re2_module
 from ctxrules.vault import VaultWriter
 
-__all__ = ["BLOCK_BYTES", "MAX_KEPT", "SPILL_BYTES", "WINDOW_BYTES", "Capture", "Large", "scan_middle"]
+__all__ = [
+    "BLOCK_BYTES",
+    "MAX_KEPT",
+    "SPILL_BYTES",
+    "WINDOW_BYTES",
+    "Capture",
+    "Large",
+    "Middle",
+    "scan_middle",
+    "scan_middle_soon",
+]
 
 SPILL_BYTES = 8 * 1024 * 1024
 """Output up to this size is held in memory and compressed whole; larger output streams to
@@ -55,7 +68,7 @@ MAX_KEPT = 10_000
 _ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b[@-Z\\-_]")
 # ASCII characters Python's \s matches and RE2's does not, and the escape that starts terminal
 # sequences (lines are matched without those): a block holding one is searched line by line.
-_NOT_RE2_SAFE = re.compile(r"[\x0b\x1b\x1c-\x1f]")
+_NOT_RE2_SAFE = "\x0b\x1b\x1c\x1d\x1e\x1f"  # tested one by one: `in` runs at memchr speed
 _LOOKS_PAST_LINE = re.compile(r"\\[AZz]|\(\?<?[=!]|\[\[:")
 _SCOPABLE = re.compile(r"^\(\?([imsx]+)\)")
 
@@ -237,13 +250,20 @@ def scan_middle(
                 line_no += 1
                 recent, owed, huge_hit = [], 0, False
             continue
+        found = _prefiltered(text, prefilter)
+        if found is not None and not found and not owed:
+            # Nothing in this block can match (most of a long output): count its lines and
+            # keep the last few, without splitting it all.
+            count, recent = _skim(text, before, line_no)
+            line_no += count
+            continue
         lines = text.split("\n")
         if lines and lines[-1] == "":
             lines.pop()
         for j in range(min(owed, len(lines))):
             _keep(kept, line_no + j, lines[j], room)
         owed = max(0, owed - len(lines))
-        for j in _candidates(text, lines, prefilter):
+        for j in range(len(lines)) if found is None else _candidates(found, lines):
             if not matches(lines[j]):
                 continue
             number = line_no + j
@@ -264,6 +284,44 @@ def scan_middle(
         recent = [(line_no + k, lines[k]) for k in range(max(0, len(lines) - before), len(lines))]
         line_no += len(lines)
     return kept, lost
+
+
+Middle = tuple[dict[int, str], list[int]]
+"""What :func:`scan_middle` finds: ``({number: text}, [numbers of matches not held])``."""
+
+
+def scan_middle_soon(
+    path: Path,
+    span: tuple[int, int],
+    first_line: int,
+    failures: Sequence[FailurePattern],
+    keep: Sequence[Pattern],
+) -> Callable[[], Middle]:
+    """:func:`scan_middle` started on a thread; the function returned waits for its result
+    (or raises what it raised). Reading the file and RE2's search let go of the GIL, so the
+    scan of a long middle runs while the caller's thread works on the windows. The thread
+    runs in a copy of the caller's context (pattern time limits and what they remember) and is
+    a daemon: an interrupted caller does not wait for it."""
+    box: list[Middle] = []
+    failed: list[BaseException] = []
+
+    def work() -> None:
+        try:
+            box.append(scan_middle(path, span, first_line, failures, keep))
+        except BaseException as exc:  # handed to whoever waits for the result
+            failed.append(exc)
+
+    context = contextvars.copy_context()
+    thread = threading.Thread(target=context.run, args=(work,), name="ctxrules-middle", daemon=True)
+    thread.start()
+
+    def result() -> Middle:
+        thread.join()
+        if failed:
+            raise failed[0]
+        return box[0]
+
+    return result
 
 
 def _keep(kept: dict[int, str], number: int, text: str, limit: int) -> None:
@@ -315,12 +373,16 @@ def _blocks(path: Path, span: tuple[int, int], block: int) -> Iterator[tuple[str
             yield "lines", data[:cut].decode("utf-8", "replace")
 
 
-def _candidates(text: str, lines: list[str], prefilter: Any) -> list[int]:
-    """Indexes of the lines of ``text`` (``lines``) that may match: all of them, or the ones
-    the RE2 pre-filter's matches touch."""
-    if prefilter is None or not text.isascii() or _NOT_RE2_SAFE.search(text):
-        return list(range(len(lines)))
-    found = list(prefilter.finditer(text))
+def _prefiltered(text: str, prefilter: Any) -> list[Any] | None:
+    """The RE2 pre-filter's matches in ``text``, or None when every line must be tried (no
+    pre-filter, or text RE2 would read differently from Python's ``re``)."""
+    if prefilter is None or not text.isascii() or any(c in text for c in _NOT_RE2_SAFE):
+        return None
+    return list(prefilter.finditer(text))
+
+
+def _candidates(found: list[Any], lines: list[str]) -> list[int]:
+    """Indexes of the lines of a block (``lines``) that the pre-filter's matches touch."""
     if not found:
         return []
     starts = list(accumulate((len(line) + 1 for line in lines), initial=0))
@@ -330,6 +392,18 @@ def _candidates(text: str, lines: list[str], prefilter: Any) -> list[int]:
         last = bisect.bisect_right(starts, max(match.start(), match.end() - 1)) - 1
         out.update(range(first, min(last, len(lines) - 1) + 1))
     return sorted(out)
+
+
+def _skim(text: str, keep: int, first_line: int) -> tuple[int, list[tuple[int, str]]]:
+    """How many lines ``text`` holds (as ``text.split("\\n")`` less a trailing empty piece
+    counts them) and its last ``keep`` lines with their numbers (the first is ``first_line``)."""
+    body = text[:-1] if text.endswith("\n") else text
+    count = body.count("\n") + 1 if text else 0
+    if keep <= 0 or not count:
+        return count, []
+    last = body.rsplit("\n", keep)[-keep:] if count > keep else body.split("\n")
+    start = first_line + count - len(last)
+    return count, [(start + k, line) for k, line in enumerate(last)]
 
 
 @lru_cache(maxsize=64)
