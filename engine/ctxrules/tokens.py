@@ -70,7 +70,8 @@ from the counted fields themselves (strings are hashed once by Python and compar
 identity first), never by serializing the message to JSON, so a message that did not change
 is never tokenized again and adding ``cache_control`` or metadata does not invalidate it.
 ``memo_hits`` / ``memo_misses`` / ``texts_tokenized`` expose the behaviour; the memo is
-cleared when it exceeds :data:`MEMO_LIMIT` entries.
+cleared when it exceeds :data:`MEMO_LIMIT` entries. Within one batch of new messages a text that
+occurs more than once (every ``role``, a file read twice) is tokenized once.
 
 Inside :func:`trusted_objects` (a session's ``prepare`` runs in it) a second memo is tried first,
 by message *object*: a lookup instead of building the key, for lists of hundreds of messages
@@ -635,7 +636,24 @@ class TokenCounter:
 
     def _counts(self, texts: Sequence[str]) -> tuple[list[int], set[int]]:
         """Tokens of each text, and the indexes of those counted as more than the ceiling
-        (:func:`token_ceiling`): an upper bound, not their exact count."""
+        (:func:`token_ceiling`): an upper bound, not their exact count.
+
+        A text that occurs more than once in the batch is tokenized once: every message's
+        ``role``, a file read twice, a command run again with the same output (3-4% of a Claude
+        Code history's characters, 47% of one OpenHands run's). Their hashes were made for the
+        memo keys already, so finding them costs a dict pass."""
+        if len(texts) > 8:
+            distinct = list(dict.fromkeys(texts))
+            if len(distinct) < len(texts):
+                counts, over = self._counts_distinct(distinct)
+                by_text = dict(zip(distinct, counts, strict=True))
+                over_texts = {distinct[i] for i in over}
+                bounded = {i for i, t in enumerate(texts) if t in over_texts} if over_texts else set()
+                return [by_text[t] for t in texts], bounded
+        return self._counts_distinct(texts)
+
+    def _counts_distinct(self, texts: Sequence[str]) -> tuple[list[int], set[int]]:
+        """:meth:`_counts` of texts tokenized as they come (duplicates included)."""
         counter = self._count_batch
         if counter is None:
             counter = self._count_batch = _backend(self.tokenizer)
