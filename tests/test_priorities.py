@@ -166,3 +166,46 @@ def test_golden_minisweagent_transcript() -> None:
         else:
             assert got[i] == "standard", i
     assert got.count("important") > 0
+
+
+def _walked(rules: Any, messages: list[Msg]) -> list[str]:
+    """Every message through the rules one by one (what evaluate() must give)."""
+    from ctxrules.priorities import _Facts
+
+    names = rules._tool_names(messages)
+    starts = rules._step_starts(messages)
+    return [
+        rules._first_match(i, m, _Facts(str(m.get("role")), names.get(i, ())), starts) for i, m in enumerate(messages)
+    ]
+
+
+_MATCHES: list[dict[str, Any]] = [
+    {},
+    {"within_steps": 1},
+    {"within_steps": 3},
+    {"within_steps": 0},
+    {"within_steps": 50},
+    {"role": "tool"},
+    {"role": "user", "within_steps": 2},
+    {"role": "tool", "error": True, "within_steps": 3},
+    {"tools": ["Bash"]},
+    {"injected": True},
+    {"contains": "app"},
+]
+
+
+@pytest.mark.parametrize("shape", range(40))
+def test_older_messages_get_what_the_rules_give_them_one_by_one(shape: int) -> None:
+    # evaluate() decides the messages older than every step window at once when the first
+    # rule without a window asks nothing: the same priorities as the walk over each message.
+    import random
+
+    rng = random.Random(shape)
+    chosen = [
+        rule(f"r{k}", dict(rng.choice(_MATCHES)), rng.choice(["critical", "important", "standard"]))
+        for k in range(rng.randint(0, 4))
+    ]
+    messages = history() if shape % 3 else [system(), user("only a question")]
+    messages = messages * rng.randint(1, 4)
+    rules = priority_rules(pack_with(*chosen))
+    assert rules.evaluate(messages) == _walked(rules, messages)

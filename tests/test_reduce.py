@@ -341,6 +341,36 @@ def test_handover_falls_back_to_past_tense_lines_for_done() -> None:
     assert h.todo == [] and h.files == ["tests/a_test.go"]
 
 
+
+def test_handover_takes_check_marked_lines_as_done() -> None:
+    h = extract_handover("Notes:\n\u2705 Built the index\nplain line\n\u2714 Ran the suite\n\u2713Wrote docs/a.md\n")
+    assert h.done == ["Built the index", "Ran the suite", "Wrote docs/a.md"]
+
+
+# Characters that decide where a path match starts and ends: the pattern's own (word
+# characters, ``@.+-/~:``, digits), spaces of several kinds (Unicode ones included) and
+# punctuation around paths.
+_PATH_ALPHABET = "ab.Z_9/~:@+-. \t\n\u00a0\u2003\u00e9()'\"`,;#"
+
+
+@settings(max_examples=400)
+@given(st.text(alphabet=_PATH_ALPHABET, max_size=120))
+def test_handover_path_scan_by_dotted_word_finds_what_the_full_scan_finds(text: str) -> None:
+    # _path_matches scans only the words holding a dot: it must find exactly the matches of
+    # the pattern run over the whole text, at the same offsets.
+    from ctxrules.stages.reduce.handover import _path_matches, _regexes
+
+    full = [(m.span(), m.group("path")) for m in _regexes().path.finditer(text)]
+    assert [(m.span(), m.group("path")) for m in _path_matches(text)] == full
+
+
+def test_handover_path_scan_stays_linear_on_a_long_word_without_a_dot() -> None:
+    # One 200,000-character word and no dot: the word filter tries it once, not at every offset.
+    from ctxrules.stages.reduce.handover import _path_matches
+
+    assert list(_path_matches("x" * 200_000 + " tail/of.py")) != []
+    assert extract_handover("a/" * 100_000 + "b").files == []
+
 def test_handover_text_keeps_head_tail_and_a_pointer(tmp_path: Path) -> None:
     original = HANDOVER + "".join(f"detail {i}\n" for i in range(2000))
     vid = text_vault_id(original)

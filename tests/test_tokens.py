@@ -466,6 +466,37 @@ def test_a_batch_counts_the_same_on_any_number_of_threads(workers: int, monkeypa
     assert counter._batch(texts) == [len(encoding.encode_ordinary(t)) for t in texts]
 
 
+def test_a_text_repeated_in_a_batch_is_tokenized_once_and_counted_each_time() -> None:
+    import tiktoken
+
+    counter = TokenCounter("o200k_base")
+    counter.count_text("x")
+    encode = tiktoken.get_encoding("o200k_base").encode_ordinary
+    long_text = "line of output\n" * 2_000  # over CHUNK_CHARS: counted in pieces
+    texts = ["tool", "same output", "assistant", long_text, "tool", "same output", long_text, "other"] * 3
+    before = counter.texts_tokenized
+    assert counter._batch(texts) == [len(encode(t)) for t in texts]
+    assert counter.texts_tokenized - before == 5  # the distinct texts, not the 24 asked
+
+
+def test_a_repeated_text_over_the_ceiling_is_a_bound_at_each_place() -> None:
+    from ctxrules import tokens
+    from ctxrules.tokens import token_ceiling
+
+    counter = TokenCounter("o200k_base")
+    huge = "word " * (tokens.GROUP_CHARS // 4)  # longer than a group: it may stop at the ceiling
+    messages = [
+        {"role": "tool", "tool_call_id": f"c{i}", "content": huge if i % 2 else f"small {i}"} for i in range(12)
+    ]
+    with token_ceiling(1_000):
+        counts, bounded = counter._count_each_bounded(messages)
+    assert bounded == {i for i in range(12) if i % 2}
+    with token_ceiling(1_000):
+        assert counter.count_each(messages) == counts  # the bounds are remembered per ceiling
+    exact = counter.count_each([messages[1]])[0]  # outside the ceiling: tokenized to its end
+    assert counts[1] == counts[3] > exact  # the same upper bound at each place it occurs
+
+
 def test_a_helper_thread_that_fails_leaves_the_error_to_the_caller(monkeypatch: pytest.MonkeyPatch) -> None:
     from ctxrules import tokens
 

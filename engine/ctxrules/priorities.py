@@ -36,7 +36,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from fnmatch import fnmatchcase
 from functools import lru_cache
 from typing import Any, Literal, TypeAlias
@@ -99,6 +99,9 @@ class PriorityRules:
         self.roles = roles
         self._needs_steps = any(r.within_steps is not None for r in self.rules)
         self._needs_names = any(r.tools is not None or r.tool_role is not None for r in self.rules)
+        # Rules that match any message (every condition unset, ``match: {}``).
+        conditions = [f.name for f in fields(PriorityRule) if f.name not in ("id", "priority")]
+        self._unconditional = {id(r) for r in self.rules if all(getattr(r, name) is None for name in conditions)}
 
     def __repr__(self) -> str:
         return f"PriorityRules({[r.id for r in self.rules]})"
@@ -109,11 +112,29 @@ class PriorityRules:
             return ["standard"] * len(messages)
         names = self._tool_names(messages) if self._needs_names else {}
         starts = self._step_starts(messages) if self._needs_steps else []
-        out: list[Priority] = []
-        for index, msg in enumerate(messages):
+        old, priority = self._before_windows(starts, len(messages))
+        out: list[Priority] = [priority] * old if priority is not None else []
+        for index in range(len(out), len(messages)):
+            msg = messages[index]
             facts = _Facts(str(msg.get("role")), names.get(index, ()))
             out.append(self._first_match(index, msg, facts, starts))
         return out
+
+    def _before_windows(self, starts: list[int], count: int) -> tuple[int, Priority | None]:
+        """``(end, priority)``: the messages before ``end`` lie outside the step window of every
+        rule that has one, so those rules cannot match them, and ``priority`` is what the first
+        rule without a window gives each of them when it asks nothing of a message (None when
+        it does: they are evaluated one by one). A compaction asks for the priorities of every
+        message several times per run; most of a long history is older than any window."""
+        end = count
+        for rule in self.rules:
+            n = rule.within_steps
+            if n is not None and n > 0 and starts:  # n <= 0 or no step: the rule never matches
+                end = min(end, starts[min(n, len(starts)) - 1])
+        for rule in self.rules:
+            if rule.within_steps is None:
+                return end, rule.priority if id(rule) in self._unconditional else None
+        return end, "standard"  # only windowed rules: an older message matches none of them
 
     def _first_match(self, index: int, msg: Mapping[str, Any], facts: _Facts, starts: list[int]) -> Priority:
         text: str | None = None

@@ -70,7 +70,8 @@ from the counted fields themselves (strings are hashed once by Python and compar
 identity first), never by serializing the message to JSON, so a message that did not change
 is never tokenized again and adding ``cache_control`` or metadata does not invalidate it.
 ``memo_hits`` / ``memo_misses`` / ``texts_tokenized`` expose the behaviour; the memo is
-cleared when it exceeds :data:`MEMO_LIMIT` entries.
+cleared when it exceeds :data:`MEMO_LIMIT` entries. Within one batch of new messages a text that
+occurs more than once (every ``role``, a file read twice) is tokenized once.
 
 Inside :func:`trusted_objects` (a session's ``prepare`` runs in it) a second memo is tried first,
 by message *object*: a lookup instead of building the key, for lists of hundreds of messages
@@ -162,6 +163,8 @@ CHUNK_CHARS: Final = 16_384
 _BATCH_MIN_AVERAGE: Final = 1_000  # mean characters per text below which texts are encoded in a loop (HF)
 _PARALLEL_CHARS: Final = 65_536
 """Characters of texts from which a batch is tokenized on several threads (below, one thread)."""
+_RUNS_PER_WORKER: Final = 32
+"""A threaded batch is cut into this many runs per worker (see :func:`_in_parallel`)."""
 _WORKERS: Final = min(4, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
 GROUP_CHARS: Final = 1 << 20
 """Characters of a long text handed to the tokenizer at a time."""
@@ -226,7 +229,10 @@ def _in_parallel(encode: Callable[[str], list[int]], texts: Sequence[str]) -> li
     run until none is left: on a busy machine, where a helper gets no core, the caller does the
     work alone at the cost of a loop, and on an idle one the cores share it."""
     runs: list[Sequence[str]] = []
-    share = sum(map(len, texts)) / (_WORKERS * 8)
+    # Small runs (about 1/32 of the batch per worker): when every run is taken, the caller waits
+    # for the runs its helpers still hold, and a helper the machine did not schedule holds its
+    # run the longest; with runs of 1/8 the caller of a cold prepare waited up to 10 ms there.
+    share = sum(map(len, texts)) / (_WORKERS * _RUNS_PER_WORKER)
     start, size = 0, 0
     for i, text in enumerate(texts):
         size += len(text)
@@ -631,7 +637,24 @@ class TokenCounter:
 
     def _counts(self, texts: Sequence[str]) -> tuple[list[int], set[int]]:
         """Tokens of each text, and the indexes of those counted as more than the ceiling
-        (:func:`token_ceiling`): an upper bound, not their exact count."""
+        (:func:`token_ceiling`): an upper bound, not their exact count.
+
+        A text that occurs more than once in the batch is tokenized once: every message's
+        ``role``, a file read twice, a command run again with the same output (3-4% of a Claude
+        Code history's characters, 47% of one OpenHands run's). Their hashes were made for the
+        memo keys already, so finding them costs a dict pass."""
+        if len(texts) > 8:
+            distinct = list(dict.fromkeys(texts))
+            if len(distinct) < len(texts):
+                counts, over = self._counts_distinct(distinct)
+                by_text = dict(zip(distinct, counts, strict=True))
+                over_texts = {distinct[i] for i in over}
+                bounded = {i for i, t in enumerate(texts) if t in over_texts} if over_texts else set()
+                return [by_text[t] for t in texts], bounded
+        return self._counts_distinct(texts)
+
+    def _counts_distinct(self, texts: Sequence[str]) -> tuple[list[int], set[int]]:
+        """:meth:`_counts` of texts tokenized as they come (duplicates included)."""
         counter = self._count_batch
         if counter is None:
             counter = self._count_batch = _backend(self.tokenizer)

@@ -19,6 +19,7 @@ duplicates.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from functools import cache
 from typing import NamedTuple
@@ -26,7 +27,6 @@ from typing import NamedTuple
 __all__ = ["Handover", "extract_handover", "render_handover"]
 
 _ITEM_CHARS = 160
-_CHECK_MARKS = frozenset("✅✓✔")
 
 _EXTENSIONS = (
     "py|pyi|js|jsx|mjs|cjs|ts|tsx|go|rs|rb|ex|exs|erl|java|kt|kts|scala|c|h|cc|cpp|hpp|cs|"
@@ -47,6 +47,7 @@ class _Regexes(NamedTuple):
     path: re.Pattern[str]
     known_ext: re.Pattern[str]
     version: re.Pattern[str]
+    dotted_word: re.Pattern[str]
 
 
 # Compiled on first use, not at import: this module is imported with every stage module
@@ -93,7 +94,12 @@ def _regexes() -> _Regexes:
     )
     known_ext = re.compile(rf"(?:{_EXTENSIONS})", re.I)
     version = re.compile(r"^v?\d+(?:\.\d+)+$")
-    return _Regexes(section_words, heading, bullet, checked, unchecked, risk, done_verb, path, known_ext, version)
+    # A whitespace-delimited word holding a dot, tried only where a word starts: linear even
+    # on a long word without one (see _path_matches).
+    dotted_word = re.compile(r"(?<!\S)[^\s.]*\.\S*")
+    return _Regexes(
+        section_words, heading, bullet, checked, unchecked, risk, done_verb, path, known_ext, version, dotted_word
+    )
 
 
 @dataclass(frozen=True)
@@ -154,7 +160,7 @@ def extract_handover(text: str, *, max_items: int = 8, max_files: int = 20) -> H
             title = heading.group("md") or heading.group("bold") or heading.group("colon") or ""
             section = _section_of(title)
             continue
-        checked = rx.checked.match(raw) if "[" in raw or _CHECK_MARKS.intersection(raw) else None
+        checked = rx.checked.match(raw) if "[" in raw or _has_check_mark(raw) else None
         unchecked = rx.unchecked.search(raw) if "[ ]" in raw or "TODO" in raw or "FIXME" in raw else None
         risk = rx.risk.match(raw) if ":" in raw else None
         if checked:
@@ -173,11 +179,30 @@ def extract_handover(text: str, *, max_items: int = 8, max_files: int = 20) -> H
     return Handover(found.items["done"], found.items["todo"], found.items["risks"], _files(text, max_files))
 
 
+def _has_check_mark(line: str) -> bool:
+    # str.isascii() reads a flag of the string: most lines are ASCII, and then none is there.
+    return not line.isascii() and ("\u2705" in line or "\u2713" in line or "\u2714" in line)
+
+
+def _path_matches(text: str) -> Iterator[re.Match[str]]:
+    """``_regexes().path.finditer(text)``, run only over the words that hold a dot.
+
+    Every character a path match can hold is a non-space (``\\w``, ``@.+-/~:`` and digits)
+    and it needs a dot before its extension, so a match lies inside one whitespace-delimited
+    word that holds a dot. The pattern's look-behind and look-ahead see a space, or the end of
+    the text, at a word's edges either way, so scanning each such word on its own (``pos`` /
+    ``endpos`` within the whole text) finds the same matches in the same order. The full scan
+    tries the pattern at every word start of a sub-agent's report; most words hold no dot."""
+    rx = _regexes()
+    for word in rx.dotted_word.finditer(text):
+        yield from rx.path.finditer(text, word.start(), word.end())
+
+
 def _files(text: str, limit: int) -> list[str]:
     files: list[str] = []
     seen: set[str] = set()
     rx = _regexes()
-    for match in rx.path.finditer(text):
+    for match in _path_matches(text):
         path = match.group("path")
         ext = match.group("ext")
         if "://" in text[max(0, match.start() - 12) : match.end()]:
