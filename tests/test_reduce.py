@@ -341,7 +341,6 @@ def test_handover_falls_back_to_past_tense_lines_for_done() -> None:
     assert h.todo == [] and h.files == ["tests/a_test.go"]
 
 
-
 def test_handover_takes_check_marked_lines_as_done() -> None:
     h = extract_handover("Notes:\n\u2705 Built the index\nplain line\n\u2714 Ran the suite\n\u2713Wrote docs/a.md\n")
     assert h.done == ["Built the index", "Ran the suite", "Wrote docs/a.md"]
@@ -370,6 +369,7 @@ def test_handover_path_scan_stays_linear_on_a_long_word_without_a_dot() -> None:
 
     assert list(_path_matches("x" * 200_000 + " tail/of.py")) != []
     assert extract_handover("a/" * 100_000 + "b").files == []
+
 
 def test_handover_text_keeps_head_tail_and_a_pointer(tmp_path: Path) -> None:
     original = HANDOVER + "".join(f"detail {i}\n" for i in range(2000))
