@@ -159,10 +159,10 @@ def _coalesce(runs: list[list[int]], limit: int) -> list[list[int]]:
 class Window:
     """The part of an output the engine holds when the whole would not fit in memory
     (:mod:`ctxrules.compressors.large`): the rule's steps see ``lines`` (the head and the tail
-    of the output, ``(number, text)`` in order), the engine's rules also see ``extra`` (lines of
-    the middle that match a failure or exit-code pattern, and the lines around them), and
-    ``lost`` the numbers of further matching lines whose text was not kept. Every other
-    line of the middle is elided."""
+    of the output, ``(number, text)`` in order), the engine's rules also see what ``middle``
+    gives: ``extra`` (lines of the middle that match a failure or exit-code pattern, and the
+    lines around them) and ``lost`` (the numbers of further matching lines whose text was not
+    kept). Every other line of the middle is elided."""
 
     lines: Sequence[tuple[int, str]]
     middle: Callable[[], tuple[Mapping[int, str], Sequence[int]]]
