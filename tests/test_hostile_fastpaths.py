@@ -253,14 +253,7 @@ def test_a_fifo_named_like_entry_points_in_the_current_folder_does_not_hang(tmp_
     (tmp_path / "evil.dist-info").mkdir()
     os.mkfifo(tmp_path / "evil.dist-info" / "entry_points.txt")
     (tmp_path / "pack.yaml").write_text(PACK)
-    proc = subprocess.run(
-        [sys.executable, "-m", "ctxrules.cli.main", "validate", "pack.yaml"],
-        env={**os.environ, "PYTHONPATH": str(ROOT / "engine")},
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=tmp_path,
-    )
+    proc = _module_cli(tmp_path, "validate", "pack.yaml")
     assert proc.returncode == 0, proc.stderr
     assert "0 error(s)" in proc.stdout
 
@@ -282,17 +275,21 @@ def test_a_fifo_named_like_entry_points_does_not_hang_beside_a_real_plugin(tmp_p
         "    register(StageType('acme.fifo', 'content', lambda o: (lambda m, c: StageOutcome(list(m)))))\n",
         encoding="utf-8",
     )
-    (tmp_path / "pack.yaml").write_text(PACK)
-    proc = subprocess.run(
-        [sys.executable, "-m", "ctxrules.cli.main", "plugins", "--all"],
+    proc = _module_cli(tmp_path, "plugins", "--all")
+    assert proc.returncode == 0, proc.stderr
+    assert "acme.fifo" in proc.stdout
+
+
+def _module_cli(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """``python -m ctxrules.cli.main ARGS`` in ``cwd``, which is then on ``sys.path``."""
+    return subprocess.run(
+        [sys.executable, "-m", "ctxrules.cli.main", *args],
         env={**os.environ, "PYTHONPATH": str(ROOT / "engine")},
         capture_output=True,
         text=True,
         timeout=120,
-        cwd=tmp_path,
+        cwd=cwd,
     )
-    assert proc.returncode == 0, proc.stderr
-    assert "acme.fifo" in proc.stdout
 
 
 # --- a stage's own section of state.json -------------------------------------------------------

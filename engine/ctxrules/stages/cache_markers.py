@@ -560,24 +560,20 @@ class CacheMarkers:
         state["ours"] = ours
         state["tail"] = self._tail_record(out, layers)
         state["last_clock"] = ctx.clock
-        if out is messages:  # no marker removed, placed or moved: the runner sees "nothing changed" at once
-            return StageOutcome(
-                messages=out,
-                actions=actions,
-                request=request,
-                tools=tools if tools != list(ctx.tools) else None,
-                warnings=warnings,
-            )
-        # Keep the caller's objects where nothing changed (the runner and session rely on identity).
-        final = list(out)
-        changed = 0
-        for i in structure.replaced(out, messages):
-            if out[i] == messages[i]:
-                final[i] = messages[i]
-            else:
-                changed += 1
-        if not changed and len(final) == len(messages) and isinstance(messages, list):
-            final = unchanged(messages)  # no marker placed or moved: the runner sees "nothing changed" at once
+        # `out is messages`: no marker removed, placed or moved, the runner sees "nothing
+        # changed" at once. Otherwise keep the caller's objects where nothing changed (the
+        # runner and session rely on identity).
+        final = out
+        if out is not messages:
+            final = list(out)
+            changed = 0
+            for i in structure.replaced(out, messages):
+                if out[i] == messages[i]:
+                    final[i] = messages[i]
+                else:
+                    changed += 1
+            if not changed and len(final) == len(messages) and isinstance(messages, list):
+                final = unchanged(messages)
         return StageOutcome(
             messages=final,
             actions=actions,
