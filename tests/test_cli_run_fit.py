@@ -5,52 +5,33 @@ report are written as usual and the exit code is 1 with a one-line reason."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import jsonschema
+from cli_kit import run_default
 from conftest import transcript_path
 
 from ctxrules.resources import schema_path
 from ctxrules.vault import Vault, parse_markers
 
-REPO = Path(__file__).resolve().parents[1]
 REPORT_SCHEMA = json.loads(schema_path("report.v1.schema.json").read_text())
 
 
 def run_cli(tmp_path: Path, history: Any, window: int = 32_000) -> subprocess.CompletedProcess[str]:
     src = tmp_path / "in.json"
     src.write_text(json.dumps(history))
-    env = {**os.environ, "PYTHONPATH": str(REPO / "engine")}
-    return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "ctxrules.cli.main",
-            "run",
-            "--pack",
-            "builtin:default",
-            "--model",
-            "gpt-4o",
-            "--window",
-            str(window),
-            "--input",
-            str(src),
-            "--output",
-            str(tmp_path / "out.json"),
-            "--report",
-            str(tmp_path / "report.json"),
-            "--session",
-            str(tmp_path / "s"),
-        ],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
-        check=False,
+    return run_default(
+        src,
+        "--window",
+        str(window),
+        "--output",
+        str(tmp_path / "out.json"),
+        "--report",
+        str(tmp_path / "report.json"),
+        "--session",
+        str(tmp_path / "s"),
     )
 
 

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from cli_kit import run_default
 from conftest import REPO, transcript_path, transcript_paths
 from invariants import added_fields, id_problems, lost_contents, markers_resolve, pairing_problems
 
@@ -131,25 +132,5 @@ def test_cli_errors_are_one_line_without_traceback(tmp_path: Path, argv: list[st
 def test_malformed_message_files_exit_2_with_a_clear_message(tmp_path: Path, payload: str, message: str) -> None:
     bad = tmp_path / "in.json"
     bad.write_text(payload)
-    env = {**os.environ, "PYTHONPATH": str(REPO / "engine")}
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "ctxrules.cli.main",
-            "run",
-            "--pack",
-            "builtin:default",
-            "--model",
-            "gpt-4o",
-            "--input",
-            str(bad),
-            "--session",
-            str(tmp_path / "s"),
-        ],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-    )
+    proc = run_default(bad, "--session", str(tmp_path / "s"), timeout=120)
     assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cli_kit import run_default
 from conftest import REPO, transcript_path, transcript_paths
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -372,30 +373,8 @@ def test_cli_run_auto_detects_anthropic_and_answers_in_it(tmp_path: Path) -> Non
     request = A.encode(json.loads(path.read_text()), None, {"model": "claude-sonnet-4-5", "max_tokens": 4096})
     src, out = tmp_path / "in.json", tmp_path / "out.json"
     src.write_text(json.dumps(request))
-    env = {**os.environ, "PYTHONPATH": str(REPO / "engine")}
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "ctxrules.cli.main",
-            "run",
-            "--pack",
-            "builtin:default",
-            "--model",
-            "claude-sonnet-4-5",
-            "--window",
-            "32000",
-            "--input",
-            str(src),
-            "--output",
-            str(out),
-            "--session",
-            str(tmp_path / "s"),
-        ],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
+    proc = run_default(
+        src, "--window", "32000", "--output", str(out), "--session", str(tmp_path / "s"), model="claude-sonnet-4-5"
     )
     assert proc.returncode == 0, proc.stderr
     body = json.loads(out.read_text())

@@ -16,13 +16,12 @@ import json
 import marshal
 import os
 import signal
-import subprocess
 import sys
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
+from cli_kit import run_default
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from invariants import pairing_problems
@@ -30,7 +29,6 @@ from invariants import pairing_problems
 from ctxrules import Engine
 from ctxrules.errors import CtxrulesError
 
-ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = int(os.environ.get("CTXRULES_PROPERTY_EXAMPLES", "60"))
 WATCHDOG_S = 60  # generous: a real prepare of these takes well under a second
 
@@ -281,26 +279,8 @@ class _Raw:
 def test_ctxrules_run_never_prints_a_traceback(tmp_path_factory: pytest.TempPathFactory, history: Any) -> None:
     tmp = tmp_path_factory.mktemp("cli")
     (tmp / "in.json").write_bytes(_raw_json(history))
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "ctxrules.cli.main",
-            "run",
-            "--pack",
-            "builtin:default",
-            "--model",
-            "gpt-4o",
-            "--window",
-            "12000",
-            "--input",
-            str(tmp / "in.json"),
-            "--state",
-            str(tmp / "state"),
-        ],
-        env={**os.environ, "PYTHONPATH": str(ROOT / "engine")},
-        capture_output=True,
-        timeout=WATCHDOG_S * 2,
+    proc = run_default(
+        tmp / "in.json", "--window", "12000", "--state", str(tmp / "state"), text=False, timeout=WATCHDOG_S * 2
     )
     err = proc.stderr.decode("utf-8", "replace")
     assert proc.returncode in (0, 2), err

@@ -13,19 +13,17 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import time
 import types
 from pathlib import Path
 from typing import Any
 
 import pytest
+from cli_kit import cli, run_default
 from invariants import pairing_problems
 
 from ctxrules import Engine
 from ctxrules.errors import CtxrulesError, MessagesError
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def history() -> list[dict[str, Any]]:
@@ -48,29 +46,7 @@ def run_cli(tmp_path: Path, messages: list[dict[str, Any]]) -> tuple[subprocess.
     (tmp_path / "in.json").write_text(json.dumps(messages))
     report = tmp_path / "report.json"
     report.unlink(missing_ok=True)
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "ctxrules.cli.main",
-            "run",
-            "--pack",
-            "builtin:default",
-            "--model",
-            "gpt-4o",
-            "--input",
-            str(tmp_path / "in.json"),
-            "--state",
-            str(tmp_path / "state"),
-            "--report",
-            str(report),
-        ],
-        env={**os.environ, "PYTHONPATH": str(ROOT / "engine")},
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=tmp_path,
-    )
+    proc = run_default(tmp_path / "in.json", "--state", str(tmp_path / "state"), "--report", str(report), cwd=tmp_path)
     return proc, json.loads(report.read_text()) if report.is_file() else {}
 
 
@@ -253,7 +229,7 @@ def test_a_fifo_named_like_entry_points_in_the_current_folder_does_not_hang(tmp_
     (tmp_path / "evil.dist-info").mkdir()
     os.mkfifo(tmp_path / "evil.dist-info" / "entry_points.txt")
     (tmp_path / "pack.yaml").write_text(PACK)
-    proc = _module_cli(tmp_path, "validate", "pack.yaml")
+    proc = cli("validate", "pack.yaml", cwd=tmp_path)  # the cwd is on sys.path under python -m
     assert proc.returncode == 0, proc.stderr
     assert "0 error(s)" in proc.stdout
 
@@ -275,21 +251,9 @@ def test_a_fifo_named_like_entry_points_does_not_hang_beside_a_real_plugin(tmp_p
         "    register(StageType('acme.fifo', 'content', lambda o: (lambda m, c: StageOutcome(list(m)))))\n",
         encoding="utf-8",
     )
-    proc = _module_cli(tmp_path, "plugins", "--all")
+    proc = cli("plugins", "--all", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert "acme.fifo" in proc.stdout
-
-
-def _module_cli(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    """``python -m ctxrules.cli.main ARGS`` in ``cwd``, which is then on ``sys.path``."""
-    return subprocess.run(
-        [sys.executable, "-m", "ctxrules.cli.main", *args],
-        env={**os.environ, "PYTHONPATH": str(ROOT / "engine")},
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=cwd,
-    )
 
 
 # --- a stage's own section of state.json -------------------------------------------------------

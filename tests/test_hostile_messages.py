@@ -11,17 +11,16 @@ import os
 import resource
 import signal
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from cli_kit import run_default
 
 from ctxrules import Engine, MessagesError
 from ctxrules.errors import CtxrulesError
 from ctxrules.json_limits import MAX_INPUT_BYTES
 
-ROOT = Path(__file__).resolve().parents[1]
 BASE = [{"role": "user", "content": "hello"}, {"role": "assistant", "content": "hi"}]
 
 
@@ -37,27 +36,7 @@ def run_cli(
         path = tmp_path / "in.json"
         assert raw is not None
         path.write_bytes(raw)
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "engine")}
-    return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "ctxrules.cli.main",
-            "run",
-            "--pack",
-            "builtin:default",
-            "--model",
-            "gpt-4o",
-            "--input",
-            str(path),
-            "--state",
-            str(state or tmp_path / "state"),
-        ],
-        env=env,
-        capture_output=True,
-        timeout=300,
-        preexec_fn=preexec,
-    )
+    return run_default(path, "--state", str(state or tmp_path / "state"), text=False, preexec_fn=preexec)
 
 
 def assert_clean_error(proc: subprocess.CompletedProcess[bytes], *needles: str) -> str:

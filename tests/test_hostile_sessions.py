@@ -10,15 +10,14 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from cli_kit import run_default
 
 from ctxrules import Engine
 
-ROOT = Path(__file__).resolve().parents[1]
 HISTORY: list[dict[str, Any]] = [
     {"role": "system", "content": "You are terse."},
     {"role": "user", "content": "List the files."},
@@ -39,29 +38,7 @@ def run_cli(
 ) -> subprocess.CompletedProcess[str]:
     inp = tmp_path / "in.json"
     inp.write_text(json.dumps(HISTORY if messages is None else messages))
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "engine")}
-    return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "ctxrules.cli.main",
-            "run",
-            "--pack",
-            "builtin:default",
-            "--model",
-            "gpt-4o",
-            "--input",
-            str(inp),
-            "--state",
-            str(state or tmp_path / "state"),
-            *argv,
-        ],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=tmp_path,
-    )
+    return run_default(inp, "--state", str(state or tmp_path / "state"), *argv, cwd=tmp_path)
 
 
 def victim(tmp_path: Path) -> Path:
