@@ -3,9 +3,12 @@ installed wheel is tested on its own in ``test_wheel.py``."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import sys
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -31,6 +34,23 @@ CORPUS = Path(os.environ.get("CTXRULES_CORPUS") or REPO.parent / "shared" / "cor
 TRANSCRIPTS = CORPUS / "transcripts"
 COMMAND_OUTPUTS = CORPUS / "command-outputs"
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
+
+
+@pytest.fixture(autouse=True)
+def _close_a_library_event_loop() -> Iterator[None]:
+    """litellm's synchronous completion sets an event loop on the calling thread
+    (``asyncio.get_event_loop()``) and never closes it; the next ``asyncio.run`` replaces it,
+    and the garbage collector then reports an unclosed loop in whichever test comes next."""
+    yield
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        try:
+            loop = asyncio.get_event_loop_policy().get_event_loop()
+        except RuntimeError:  # none set (asyncio.set_event_loop(None) was called before)
+            return
+    if not loop.is_running():
+        loop.close()
+        asyncio.set_event_loop(None)
 
 
 def corpus_present() -> bool:

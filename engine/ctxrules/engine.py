@@ -1036,36 +1036,46 @@ class _OwnCopies:
     holds the objects of an earlier call, and one that equals the caller's message where that
     object was is handed back as the caller's message, not copied."""
 
-    __slots__ = ("_foreign", "_history", "_origin", "_output")
+    __slots__ = ("_foreign", "_history", "_ids", "_origin", "_output")
 
     def __init__(self) -> None:
         self._history: list[Message] = []
+        self._ids: set[int] = set()  # of the messages of self._history (which keeps them alive)
         self._output: list[Message] = []
         self._foreign: list[int] = []  # positions of self._output that are not caller objects
         # id of such a message -> index of the caller's equal message it was handed back as
         self._origin: dict[int, int] = {}
 
     def __call__(self, history: list[Message], output: list[Message]) -> list[Message]:
-        foreign = self._foreign_of(history, output)
-        out = list(output)
-        origin = self._hand_back(history, output, foreign, out)
+        try:
+            foreign, carried = self._foreign_of(history, output)
+            out = list(output)
+            origin = self._hand_back(history, output, foreign, carried, out)
+        except BaseException:
+            self.__init__()  # type: ignore[misc]  # _ids may hold ids of messages not kept
+            raise
         self._history, self._output, self._foreign, self._origin = history, output, foreign, origin
         return out
 
     def _hand_back(
-        self, history: list[Message], output: list[Message], foreign: list[int], out: list[Message]
+        self, history: list[Message], output: list[Message], foreign: list[int], carried: int, out: list[Message]
     ) -> dict[int, int]:
         """Fills the ``foreign`` positions of ``out``: the caller's equal message where the
-        object was the caller's (this call's history at the index it had then), else a copy."""
+        object was the caller's (this call's history at the index it had then), else a copy.
+
+        The first ``carried`` positions were foreign last turn too, with the same objects, and
+        the last history is a prefix of this one: one of them that was not handed back then is
+        not an object of the last history (it would not have been foreign), so it is copied
+        without looking for it there."""
         origin: dict[int, int] = {}
         before = self._origin
         where: dict[int, int] | None = None
         used: set[int] = set()
-        for i in foreign:
+        for n, i in enumerate(foreign):
             message = output[i]
             key = id(message)
             k = before.get(key)
-            if k is None:
+            if k is None and n >= carried:
                 if where is None:
                     where = {id(m): j for j, m in enumerate(self._history)}
                 k = where.get(key)
@@ -1078,7 +1088,9 @@ class _OwnCopies:
                 out[i] = clone_json(message)
         return origin
 
-    def _foreign_of(self, history: list[Message], output: list[Message]) -> list[int]:
+    def _foreign_of(self, history: list[Message], output: list[Message]) -> tuple[list[int], int]:
+        """The positions of ``output`` that hold no object of ``history``, and how many of the
+        first of them were such positions of the last output too (the same objects)."""
         seen_history, seen_output = self._history, self._output
         if not (
             seen_output
@@ -1087,23 +1099,18 @@ class _OwnCopies:
             and all(map(operator.is_, seen_history, history))
             and all(map(operator.is_, seen_output, output))
         ):
-            own = set(map(id, history))
+            own = self._ids = set(map(id, history))
             theirs = map(own.__contains__, map(id, output))
-            return list(itertools.compress(range(len(output)), map(operator.not_, theirs)))
+            return list(itertools.compress(range(len(output)), map(operator.not_, theirs))), 0
         added = set(map(id, history[len(seen_history) :]))
         # A message a stage made last turn stays one unless the caller now passes that very
         # object (say, from last_output()); new output messages are the new history's or new.
         foreign = [i for i in self._foreign if id(output[i]) not in added]
-        everyone: set[int] | None = None
-        for i in range(len(seen_output), len(output)):
-            key = id(output[i])
-            if key in added:
-                continue
-            if everyone is None:
-                everyone = set(map(id, history))
-            if key not in everyone:
-                foreign.append(i)
-        return foreign
+        carried = len(foreign)
+        everyone = self._ids
+        everyone |= added  # the last history is a prefix of this one
+        foreign.extend(i for i in range(len(seen_output), len(output)) if id(output[i]) not in everyone)
+        return foreign, carried
 
 
 def open_session(
