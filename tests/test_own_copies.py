@@ -77,3 +77,41 @@ def test_a_compacting_session_fed_new_objects_hands_back_the_callers_and_copies_
         # A message given back that is not the caller's is a copy, not the session's record.
         record, theirs = {id(m) for m in proxy.last_output()}, {id(m) for m in sent}
         assert not [m for m in result.messages if id(m) in record and id(m) not in theirs]
+
+
+def _history() -> list[dict[str, Any]]:
+    return [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "List the files."}, *_step(0)]
+
+
+def _texts(messages: list[dict[str, Any]]) -> list[Any]:
+    return [m.get("content") for m in messages]
+
+
+def test_an_edit_to_a_message_handed_back_does_not_reach_a_later_call_that_sends_new_objects(
+    tmp_path: Path,
+) -> None:
+    session = Engine.load("builtin:default").session(tmp_path / "s", model="gpt-4o", window=128_000)
+    out = session.prepare(_fresh(_history())).messages
+    out[1]["content"] = "EDITED after the call"  # the caller's own object, edited in place
+    sent = _fresh(_history()) + _step(1)  # the next request, decoded afresh: no edit in it
+    result = session.prepare(sent)
+    assert "EDITED after the call" not in json.dumps(result.messages)
+    assert _texts(result.messages) == _texts(sent)
+    # Unedited, the same session goes on reusing its output.
+    grown = _fresh(sent) + _step(2)
+    assert session.prepare(grown).report["reused_messages"] == len(sent)
+
+
+def test_an_edit_to_an_earlier_calls_objects_is_seen_when_the_caller_sends_the_last_calls_objects(
+    tmp_path: Path,
+) -> None:
+    session = Engine.load("builtin:default").session(tmp_path / "s", model="gpt-4o", window=128_000)
+    first = _history()
+    session.prepare(first)  # the output holds these objects
+    second = _fresh(first) + _step(1)
+    assert session.prepare(second).report["reused_messages"] == len(first)
+    first[1]["content"] = "EDITED after the first call"  # an object the session's output still holds
+    third = [*second, *_step(2)]  # the second call's objects again, and new ones
+    result = session.prepare(third)
+    assert "EDITED after the first call" not in json.dumps(result.messages)
+    assert _texts(result.messages) == _texts(third)

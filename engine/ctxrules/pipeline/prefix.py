@@ -100,6 +100,12 @@ class PrefixCache:
     messages and of the output (with ``tools``), ``has_system`` whether the history holds a
     system message. They let a warm turn count only the appended messages. ``output_ids`` are
     the vault ids the output's markers may name: reuse is refused when one of them is gone.
+
+    The output shares its unchanged messages with the caller, who may edit what it got back.
+    A caller that passes the same objects again is checked by comparing the history with the
+    copy; one that passes new objects (JSON decoded per call) is not passing the objects the
+    output holds, so the output is compared with ``output_copies`` (made when it was
+    returned) before it is reused.
     """
 
     def __init__(self) -> None:
@@ -114,10 +120,16 @@ class PrefixCache:
         self.output_counts: list[int] | None = None  # tokens of each output message, when known
         self.output_counts_text: str | None = None  # the same, as state.json keeps them
         self._repaired: dict[int, tuple[Message, Message]] = {}  # id(given) -> (given, repaired)
+        # The objects of the last history as the caller passed them (validated), copies of the
+        # output as returned (None: the output holds none of the caller's objects), and
+        # whether the output may hold objects of a history before the last one.
+        self.given: list[Message] = []
+        self.output_copies: list[Message] | None = None
+        self.borrowed = False
 
     def clear(self) -> None:
         """Forget the last history and output (a model switch, a pack reload, a failed write)."""
-        self.history = self.output = None
+        self.history = self.output = self.output_copies = None
 
     def with_repairs(self, history: list[Message]) -> list[Message]:
         """``history`` with the repaired copy of each message an earlier turn repaired (lone
@@ -154,6 +166,8 @@ class PrefixCache:
             # identical objects and stays cheap; a message edited in place compares unequal.
             n = len(last)
             if n <= len(history) and last == history[:n] and not missing(vault, self.output_ids):
+                if not self._output_intact(history, n):
+                    return 0, [], EMPTY_CHAIN
                 return n, self.output, self.chain
             return 0, [], EMPTY_CHAIN
         count, value, output_count = record.get("count"), record.get("chain"), record.get("output_count")
@@ -172,6 +186,7 @@ class PrefixCache:
             return 0, [], EMPTY_CHAIN
         self.output_ids = ids
         self.history = [clone_json(m) for m in history[:count]]
+        self.output_copies, self.borrowed = None, False  # read from the store: no caller holds it
         # The counts the session saved with the output (engine: ``state["last"]``): no
         # tokenizer is needed for messages counted before.
         tokens, counts = record.get("tokens"), parse_counts(record.get("output_counts"))
@@ -186,6 +201,23 @@ class PrefixCache:
         self.has_system = any(m.get("role") == "system" for m in history[:count])
         self.out_tokens = None
         return count, output, chain
+
+    def _output_intact(self, history: list[Message], n: int) -> bool:
+        """Whether the output to reuse still holds what it held when it was returned. With the
+        same objects as last time in ``history`` (compared with the copy already), and no
+        object of an earlier history in the output, nothing else can have changed it."""
+        copies = self.output_copies
+        if copies is None:
+            return True
+        given = self.given
+        same = len(given) == n and all(map(operator.is_, given, history))
+        if same and not self.borrowed:
+            return True
+        self.borrowed = True
+        try:
+            return bool(self.output == copies)
+        except Exception:  # a value whose comparison fails (not JSON): changed, as far as we know
+            return False
 
     def counts_of(self, output: list[Message], reused: int, counter: TokenCounter) -> tuple[list[int], str]:
         """The tokens of each message of ``output``, and the same as state.json keeps them
@@ -211,6 +243,20 @@ class PrefixCache:
             out[i] = n
         return out, counts_text(out)
 
+    def _copies_of(self, history: list[Message], output: list[Message], reused: int) -> list[Message]:
+        """Copies of ``output``: those of the last output's objects where they stand again
+        (a warm turn copies its new messages only), else the copy of the history message
+        that is the same object (``self.history`` holds them, aligned with ``history``)."""
+        last, copies = self.output, self.output_copies
+        if not reused or last is None or copies is None or len(copies) != len(last):
+            mine = self.history or []
+            where = {id(m): k for k, m in enumerate(history)}
+            return [mine[k] if (k := where.get(id(m), -1)) >= 0 and k < len(mine) else clone_json(m) for m in output]
+        n = len(last)
+        if len(output) >= n and all(map(operator.is_, last, output)):
+            return [*copies, *(clone_json(m) for m in output[n:])]
+        return [copies[i] if i < n and m is last[i] else clone_json(m) for i, m in enumerate(output)]
+
     def remember(
         self,
         history: list[Message],
@@ -232,5 +278,9 @@ class PrefixCache:
         self.output_counts, self.output_counts_text = output_counts
         kept = self.history[:reused] if reused and self.history else []
         self.history = [*kept, *(clone_json(m) for m in history[reused:])]
+        self.output_copies = self._copies_of(history, output, reused)
+        if not reused:
+            self.borrowed = False
+        self.given = list(history)
         self.output, self.chain = output, chain
         self.output_ids = (self.output_ids | new_ids) - lost if reused else marker_ids(output)
