@@ -1052,7 +1052,9 @@ class _OwnCopies:
             out = list(output)
             origin = self._hand_back(history, output, foreign, carried, out)
         except BaseException:
-            self.__init__()  # type: ignore[misc]  # _ids may hold ids of messages not kept
+            # _ids may now hold ids of messages not kept: the next call starts over from the
+            # whole history (an empty last output never takes the incremental way).
+            self._output = []
             raise
         self._history, self._output, self._foreign, self._origin = history, output, foreign, origin
         return out
