@@ -23,11 +23,13 @@ later call raises at once, so a rerun behaves the same whatever the machine's lo
 
 from __future__ import annotations
 
+import bisect
 import contextvars
 import hashlib
+import itertools
 import re
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import cache, lru_cache
 from typing import Any, Protocol
@@ -63,11 +65,13 @@ __all__ = [
     "Pattern",
     "PatternError",
     "PatternTimeout",
+    "candidate_lines",
     "compile",
     "nested_quantifier",
     "re2_module",
     "regex_module",
     "remembering",
+    "timed_out_before",
 ]
 
 MATCH_TIME_LIMIT_S = 1.0
@@ -188,6 +192,13 @@ class _Shape:
     min_width: int
     unrolled: int
     nested: bool
+    # Matches in a line wherever it matches in text holding that line between newlines (no
+    # look-around, \A, \Z, atomic group or possessive repeat): see :func:`candidate_lines`.
+    line_local: bool = True
+    # RE2 finds at least what Python's engine finds on ASCII text without the characters
+    # Python's \s takes and RE2's does not (\v, \x1c-\x1f): only Unicode-aware classes,
+    # word boundaries and a final ``$`` stood between the pattern and RE2.
+    re2_ascii: bool = True
 
 
 _PLAIN = re.compile(r"[^\\.^$*+?{}\[\]|()]*")
@@ -230,33 +241,36 @@ def _analyse(pattern: str, flags: int, tree: Any = None) -> _Shape:
     safe = not (all_flags & (_X | _L)) and "[:" not in pattern and "{," not in pattern
     if ascii_only and all_flags & _I:
         safe = False  # Python folds ASCII only, RE2 all of Unicode
+    on_ascii = safe
     repeats = 0
+    local = True
 
     def walk(items: Any, depth_repeat: bool) -> int:
-        nonlocal safe, repeats
+        nonlocal safe, repeats, local, on_ascii
         size = 0
         for op, av in items:
             name = op.name
             if name in _REPEATS:
                 lo, hi, sub = av
                 repeats += 1
+                local = local and name != "POSSESSIVE_REPEAT"
                 inner = walk(sub, depth_repeat or (hi > 1 and name != "POSSESSIVE_REPEAT"))
                 count = lo if hi == _parser.MAXREPEAT else hi
                 if count > 1000:
-                    safe = False  # RE2 refuses such counts, or reads `x{4294967294}` as text
+                    safe = on_ascii = False  # RE2 refuses such counts, or reads `x{4294967294}` as text
                 size += max(inner, 1) * max(count, 1)
             elif name == "SUBPATTERN":
                 size += walk(av[-1], depth_repeat)
             elif name == "BRANCH":
                 size += sum(walk(b, depth_repeat) for b in av[1])
             elif name in ("ASSERT", "ASSERT_NOT"):
-                safe = False
+                safe = local = on_ascii = False
                 size += walk(av[1], depth_repeat)
             elif name == "GROUPREF_EXISTS":
-                safe = False
+                safe = local = on_ascii = False
                 size += sum(walk(b, depth_repeat) for b in av[1:] if b is not None)
             elif name == "ATOMIC_GROUP":
-                safe = False
+                safe = local = on_ascii = False
                 size += walk(av, depth_repeat)
             elif name == "IN":
                 for iop, iav in av:
@@ -269,6 +283,7 @@ def _analyse(pattern: str, flags: int, tree: Any = None) -> _Shape:
                 size += 1
             elif name == "AT":
                 at = av.name
+                local = local and at not in ("AT_BEGINNING_STRING", "AT_END_STRING")
                 if (
                     (at in ("AT_BOUNDARY", "AT_NON_BOUNDARY") and not ascii_only)
                     or at == "AT_END_STRING"
@@ -278,14 +293,14 @@ def _analyse(pattern: str, flags: int, tree: Any = None) -> _Shape:
                 size += 1
             else:
                 if name.startswith("GROUPREF"):
-                    safe = False
+                    safe = on_ascii = False
                 size += 1
         return size
 
     unrolled = walk(tree, False)
     low, _ = tree.getwidth()
     # A nested repetition needs two of them.
-    return _Shape(safe, low, unrolled, repeats > 1 and _ambiguous_repeat(tree, all_flags))
+    return _Shape(safe, low, unrolled, repeats > 1 and _ambiguous_repeat(tree, all_flags), local, on_ascii)
 
 
 # A sample of characters stands for "what an item can match": enough to tell \d from '.',
@@ -630,6 +645,100 @@ def _encodable(text: str) -> bool:
     except UnicodeEncodeError:
         return False
     return True
+
+
+# -- many lines at once ----------------------------------------------------------------------
+
+CANDIDATES_MIN_LINES = 32
+"""Fewer lines than this are cheaper to search one by one than joined."""
+
+CANDIDATES_TIME_LIMIT_S = 0.25
+"""Seconds the search of all lines at once may take before the lines are searched one by one."""
+
+
+def timed_out_before(pattern: Pattern) -> bool:
+    """Whether ``pattern`` is remembered as timed out (its next search raises at once)."""
+    return pattern.key in _memory().keys
+
+
+def candidate_lines(patterns: Sequence[Pattern], lines: Sequence[str]) -> list[int] | None:
+    """Ascending indexes of the ``lines`` in which one of ``patterns`` may match (every line
+    it matches is among them), found by one search of the lines joined by newlines per
+    pattern; None when that would not be cheaper or cannot be trusted, and every line is to
+    be searched. The caller still searches each candidate: this only leaves out lines no
+    pattern can match, so the outcome is that of searching every line, in a fraction of the
+    time (one bounded call of the engine instead of one per line, each paying for its time
+    limit and the call itself).
+
+    It can be trusted for patterns that are ``line_local`` (see :class:`_Shape`): a match in a
+    line alone is still one in the joined text, or the text of an earlier match reaches into
+    the line (which makes the line a candidate too), with ``^`` and ``$`` matching at every
+    newline. A pattern the session remembers as timed out is searched line by line, so that it
+    is reported as it would be; so is everything when the joined search runs out of time (the
+    pattern is not held against: each line gets its own time limit then)."""
+    if len(lines) < CANDIDATES_MIN_LINES or not patterns:
+        return None
+    keys = _memory().keys
+    if any(not p.shape.line_local or p.key in keys for p in patterns):
+        return None
+    joined = "\n".join(lines)
+    # RE2, linear and faster, where it finds at least what the pattern finds: ASCII text.
+    plain = joined.encode("ascii") if joined.isascii() and not any(c in joined for c in _PAST_RE2) else None
+    found: set[int] = set()
+    starts: list[int] | None = None
+    for pattern in patterns:
+        fast = _multiline_re2(pattern.pattern, pattern.flags) if plain is not None and pattern.shape.re2_ascii else None
+        try:
+            if fast is not None:
+                spans = [m.span() for m in fast.finditer(plain)]
+            else:
+                search = _multiline(pattern.pattern, pattern.flags).finditer
+                spans = [m.span() for m in search(joined, timeout=CANDIDATES_TIME_LIMIT_S)]
+        except TimeoutError:
+            return None
+        except Exception:  # `regex` refuses what `re` took: line by line, as Pattern does it
+            return None
+        if not spans:
+            continue
+        if starts is None:
+            starts = list(itertools.accumulate((len(line) + 1 for line in lines), initial=0))
+        last_line = len(lines) - 1
+        for start, end in spans:
+            first = bisect.bisect_right(starts, start) - 1
+            last = bisect.bisect_right(starts, max(start, end - 1)) - 1
+            found.update(range(first, min(last, last_line) + 1))
+    return sorted(found)
+
+
+_PAST_RE2 = "\x0b\x1c\x1d\x1e\x1f"  # ASCII that Python's \s matches and RE2's does not
+
+
+@lru_cache(maxsize=256)
+def _multiline_re2(pattern: str, flags: int) -> Any:
+    """``pattern`` on RE2 with ``^`` and ``$`` at every newline; None when RE2 cannot take it."""
+    _re2 = re2_module()
+    if _re2 is None:
+        return None
+    inline = "m" + "".join(f for flag, f in _RE2_FLAGS if flags & flag and f != "m")
+    options = _re2.Options()
+    options.log_errors = False
+    try:
+        return _re2.compile(f"(?{inline})" + pattern, options)
+    except Exception:  # not RE2 syntax: the backtracking engine searches it
+        return None
+
+
+@lru_cache(maxsize=256)
+def _multiline(pattern: str, flags: int) -> Any:
+    """``pattern`` on the backtracking engine with ``^`` and ``$`` at every newline."""
+    _regex = regex_module()
+    converted = _regex.MULTILINE | _regex.VERSION0
+    for name in _REGEX_FLAGS:
+        if flags & getattr(re, name):
+            converted |= getattr(_regex, name)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return _regex.compile(pattern, converted)
 
 
 def compile(pattern: str, flags: int = 0) -> Pattern:

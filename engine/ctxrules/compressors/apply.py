@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from ctxrules.compressors.failures import failure_lines
 from ctxrules.compressors.lines import Line, Lines, RunInfo
 from ctxrules.compressors.rules import CompiledRule, CompressorError
-from ctxrules.patterns import Pattern, PatternTimeout
+from ctxrules.patterns import Pattern, PatternTimeout, candidate_lines
 from ctxrules.vault import format_marker
 
 __all__ = ["FAILURE_TEXT", "Applied", "Window", "apply_rule", "apply_rule_window", "looks_failed", "split_output"]
@@ -337,8 +337,10 @@ def _apply(
         if keep:
             # The line that reports the exit code (the pack's tools.exit_code patterns) stays:
             # whoever reads the result later must still see how the command ended.
-            for line_no, text in zip(numbers or range(1, n + 1), texts, strict=True):
-                if not shown[line_no] and any(p.search(text) for p in keep):
+            found = candidate_lines(keep, texts)
+            for i in range(len(texts)) if found is None else found:
+                line_no = numbers[i] if numbers else i + 1
+                if not shown[line_no] and any(p.search(texts[i]) for p in keep):
                     put_back(line_no, verbatim=False)
 
     # Failure lines survive every budget: put back what the steps dropped, in the rule's

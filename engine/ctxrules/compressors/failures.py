@@ -23,10 +23,9 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from ctxrules.compressors.actions.common import Matcher
+from ctxrules.compressors.actions.common import Matcher, compile_all, matching
 
 __all__ = [
     "DEFAULT_FAILURES",
@@ -86,8 +85,6 @@ def compile_failures(patterns: Sequence[Any]) -> tuple[FailurePattern, ...]:
 
 @lru_cache(maxsize=256)
 def _combined(regexes: tuple[re.Pattern[str], ...]) -> Matcher:
-    from ctxrules.compressors.actions.common import compile_all
-
     matcher = compile_all([r.pattern for r in regexes])
     assert matcher is not None
     return matcher
@@ -116,8 +113,8 @@ def failure_lines(
     # One pass with all patterns as one alternation finds the few candidate lines; the
     # priority order is then worked out on those alone.
     anyone = _combined(tuple(p.regex for p in patterns))
-    numbered = enumerate(plain, 1) if numbers is None else zip(numbers, plain, strict=True)
-    candidates = [(i, text) for i, text in numbered if anyone.search(text)]
+    found = matching(anyone, plain)
+    candidates = [(i + 1 if numbers is None else numbers[i], plain[i]) for i in found]
     for pattern in patterns:
         search = pattern.regex.search
         for index, text in candidates:

@@ -7,7 +7,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol, TypeAlias
 
 from ctxrules.compressors.lines import Line, Lines
-from ctxrules.patterns import Match, Pattern
+from ctxrules.patterns import Match, Pattern, candidate_lines, timed_out_before
 from ctxrules.patterns import compile as patterns_compile
 
 ActionSpec: TypeAlias = tuple[str, Callable[[Mapping[str, Any]], Callable[[Lines], list[str]]], dict[str, Any], str]
@@ -133,6 +133,37 @@ class _AnyOf:
             if found is not None:
                 return found
         return None
+
+
+def matching(matcher: Matcher, lines: Sequence[str]) -> list[int]:
+    """Ascending indexes of the ``lines`` that ``matcher`` finds something in: what searching
+    each line gives, with the lines none of its patterns can match left out first
+    (:func:`ctxrules.patterns.candidate_lines`: one search of all lines per pattern)."""
+    members = _members(matcher)
+    found = candidate_lines(members, lines) if members and not _timed_out_before(matcher) else None
+    search = matcher.search
+    return [i for i in (range(len(lines)) if found is None else found) if search(lines[i]) is not None]
+
+
+def _members(matcher: Matcher) -> list[Pattern] | None:
+    """The pack patterns a matcher of :func:`compile_all` searches for (None: unknown)."""
+    if isinstance(matcher, Pattern):
+        return [matcher]
+    if isinstance(matcher, (_Alternation, _AnyOf)):
+        return matcher.patterns
+    return None
+
+
+def _timed_out_before(matcher: Matcher) -> bool:
+    """Whether the pattern a search of ``matcher`` runs is remembered as timed out: it is then
+    searched line by line, so that its first search reports it as it always did."""
+    if isinstance(matcher, _Alternation):
+        if matcher._matcher is None:
+            matcher._matcher = _combine(matcher.patterns)
+        return _timed_out_before(matcher._matcher)
+    if isinstance(matcher, _AnyOf):
+        return any(_timed_out_before(p) for p in matcher.patterns)
+    return isinstance(matcher, Pattern) and timed_out_before(matcher)
 
 
 def is_blank(line: str) -> bool:

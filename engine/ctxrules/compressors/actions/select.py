@@ -11,6 +11,7 @@ from ctxrules.compressors.actions.common import (
     ActionSpec,
     compile_all,
     count,
+    matching,
     object_schema,
     regex,
     regex_list,
@@ -41,7 +42,7 @@ class Context:
         matcher = self.matcher
         assert matcher is not None
         n = len(lines)
-        hits = [i for i, line in enumerate(lines) if matcher.search(line) is not None]
+        hits = matching(matcher, lines)
         if not hits and self.if_none == "keep":
             return list(lines)
         if self.max_matches is not None:
@@ -103,10 +104,10 @@ class MaxLines:
         for pattern in self.protect:
             if cap <= 0:
                 break
-            for i, line in enumerate(lines):
+            for i in matching(pattern, lines):
                 if cap <= 0:
                     break
-                if not keep[i] and pattern.search(line) is not None:
+                if not keep[i]:
                     keep[i] = True
                     cap -= 1
                     budget -= 1
@@ -155,16 +156,16 @@ class LimitBlocks:
         head = self.max - self.tail
         keep = [i < head or i >= len(block) - self.tail for i in range(len(block))]
         if self.protect is not None:
-            for i, line in enumerate(block):
-                if not keep[i] and self.protect.search(line) is not None:
-                    keep[i] = True
+            for i in matching(self.protect, block):
+                keep[i] = True
         return [line for line, wanted in zip(block, keep, strict=True) if wanted]
 
     def __call__(self, lines: Lines) -> list[str]:
         out: list[str] = []
         block: list[str] | None = None
-        for line in lines:
-            if self.start.search(line) is not None:
+        starts = set(matching(self.start, lines))
+        for i, line in enumerate(lines):
+            if i in starts:
                 if block is not None:
                     out.extend(self._limit(block))
                 block = [line]

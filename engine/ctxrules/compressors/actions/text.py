@@ -13,6 +13,7 @@ from ctxrules.compressors.actions.common import (
     count,
     fold,
     is_blank,
+    matching,
     object_schema,
     regex,
     regex_list,
@@ -65,7 +66,8 @@ class Drop:
     def __call__(self, lines: Lines) -> list[str]:
         matcher = self.matcher
         assert matcher is not None
-        return [line for line in lines if matcher.search(line) is None]
+        hits = set(matching(matcher, lines))
+        return [line for i, line in enumerate(lines) if i not in hits]
 
 
 class Keep:
@@ -77,7 +79,7 @@ class Keep:
     def __call__(self, lines: Lines) -> list[str]:
         matcher = self.matcher
         assert matcher is not None
-        return [line for line in lines if matcher.search(line) is not None]
+        return [lines[i] for i in matching(matcher, lines)]
 
 
 class Replace:
@@ -170,17 +172,22 @@ class CollapseProgress:
         self.matcher = compile_all([*_PROGRESS, *extra] if defaults else extra)
         self.percent = compile_all(_PROGRESS_PERCENT) if defaults else None
 
-    def _is_progress(self, line: str) -> bool:
-        if self.matcher is not None and self.matcher.search(line) is not None:
-            return True
-        return self.percent is not None and "%" in line and self.percent.search(line) is not None
+    def _progress(self, lines: list[str]) -> set[int]:
+        """Indexes of the progress lines: the patterns, or a percentage the percent patterns find."""
+        found = set(matching(self.matcher, lines)) if self.matcher is not None else set()
+        if self.percent is not None:
+            with_percent = [i for i, line in enumerate(lines) if "%" in line and i not in found]
+            texts = [lines[i] for i in with_percent]
+            found.update(with_percent[k] for k in matching(self.percent, texts))
+        return found
 
     def __call__(self, lines: Lines) -> list[str]:
         resolved = [_rewrite(line, _visible(line)) if "\r" in line else line for line in lines]
+        progress = self._progress(resolved)
         out: list[str] = []
         pending: str | None = None
-        for line in resolved:
-            if self._is_progress(line):
+        for i, line in enumerate(resolved):
+            if i in progress:
                 pending = line  # a later state of the same bar replaces it
                 continue
             if pending is not None:
