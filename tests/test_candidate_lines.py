@@ -71,7 +71,7 @@ def test_matching_finds_exactly_the_lines_a_search_of_each_line_finds(seed: int)
     matcher = compile_all(chosen)
     assert matcher is not None
     expected = [i for i, line in enumerate(lines) if matcher.search(line) is not None]
-    assert matching(matcher, lines) == expected
+    assert list(matching(matcher, lines)) == expected
     for source in chosen:
         single = patterns.compile(source)
         found = patterns.candidate_lines([single], lines)
@@ -91,13 +91,13 @@ def test_a_negative_look_behind_at_a_line_start_is_not_missed() -> None:
     # nothing. The joined search would leave it out: such patterns go line by line.
     lines = ["x"] * 40 + ["b"]
     matcher = patterns.compile(r"(?<!\s)b")
-    assert matching(matcher, lines) == [40]
+    assert list(matching(matcher, lines)) == [40]
 
 
 def test_few_lines_are_searched_one_by_one() -> None:
     lines = ["error"] * (patterns.CANDIDATES_MIN_LINES - 1)
     assert patterns.candidate_lines([patterns.compile("error")], lines) is None
-    assert matching(patterns.compile("error"), lines) == list(range(len(lines)))
+    assert list(matching(patterns.compile("error"), lines)) == list(range(len(lines)))
 
 
 def test_a_pattern_remembered_as_timed_out_is_still_reported_as_before(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -110,7 +110,7 @@ def test_a_pattern_remembered_as_timed_out_is_still_reported_as_before(monkeypat
     with patterns.remembering(state):
         assert patterns.candidate_lines([evil], lines) is None
         with pytest.raises(patterns.PatternTimeout, match="earlier run"):
-            matching(evil, lines)
+            list(matching(evil, lines))
 
 
 def test_a_joined_search_out_of_time_falls_back_to_each_line(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -118,7 +118,7 @@ def test_a_joined_search_out_of_time_falls_back_to_each_line(monkeypatch: pytest
     lines = [f"line {i} à" for i in range(200)] + ["error here"]  # not ASCII: the time-limited engine
     pattern = patterns.compile(r"\berror\b")
     assert patterns.candidate_lines([pattern], lines) is None
-    assert matching(pattern, lines) == [200]
+    assert list(matching(pattern, lines)) == [200]
     monkeypatch.setattr(patterns, "_PROCESS_MEMORY", patterns.Memory())
     assert pattern.key not in patterns._PROCESS_MEMORY.keys  # not held against the pattern
 
@@ -140,4 +140,4 @@ def test_an_alternation_remembered_as_timed_out_is_still_reported_as_before(monk
     lines = ["plain"] * 100
     state = {patterns.STATE_KEY: [combined.key]}
     with patterns.remembering(state), pytest.raises(patterns.PatternTimeout, match="earlier run"):
-        matching(matcher, lines)
+        list(matching(matcher, lines))

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Protocol, TypeAlias
 
 from ctxrules.compressors.lines import Line, Lines
@@ -135,14 +135,17 @@ class _AnyOf:
         return None
 
 
-def matching(matcher: Matcher, lines: Sequence[str]) -> list[int]:
-    """Ascending indexes of the ``lines`` that ``matcher`` finds something in: what searching
-    each line gives, with the lines none of its patterns can match left out first
-    (:func:`ctxrules.patterns.candidate_lines`: one search of all lines per pattern)."""
+def matching(matcher: Matcher, lines: Sequence[str]) -> Iterator[int]:
+    """The indexes, ascending, of the ``lines`` that ``matcher`` finds something in: what
+    searching each line gives, with the lines none of its patterns can match left out first
+    (:func:`ctxrules.patterns.candidate_lines`: one search of all lines per pattern). Lazy: a
+    caller that has seen enough stops the searches of the lines after."""
     members = _members(matcher)
     found = candidate_lines(members, lines) if members and not _timed_out_before(matcher) else None
     search = matcher.search
-    return [i for i in (range(len(lines)) if found is None else found) if search(lines[i]) is not None]
+    for i in range(len(lines)) if found is None else found:
+        if search(lines[i]) is not None:
+            yield i
 
 
 def _members(matcher: Matcher) -> list[Pattern] | None:

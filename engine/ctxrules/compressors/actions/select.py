@@ -42,7 +42,7 @@ class Context:
         matcher = self.matcher
         assert matcher is not None
         n = len(lines)
-        hits = matching(matcher, lines)
+        hits = list(matching(matcher, lines))
         if not hits and self.if_none == "keep":
             return list(lines)
         if self.max_matches is not None:
