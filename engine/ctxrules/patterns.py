@@ -59,6 +59,7 @@ def re2_module() -> Any:
 __all__ = [
     "MATCH_TIME_LIMIT_S",
     "MAX_UNROLLED",
+    "PAST_RE2",
     "STATE_KEY",
     "Match",
     "Memory",
@@ -67,6 +68,7 @@ __all__ = [
     "PatternTimeout",
     "candidate_lines",
     "compile",
+    "lines_touched",
     "nested_quantifier",
     "re2_module",
     "regex_module",
@@ -683,9 +685,8 @@ def candidate_lines(patterns: Sequence[Pattern], lines: Sequence[str]) -> list[i
         return None
     joined = "\n".join(lines)
     # RE2, linear and faster, where it finds at least what the pattern finds: ASCII text.
-    plain = joined.encode("ascii") if joined.isascii() and not any(c in joined for c in _PAST_RE2) else None
+    plain = joined.encode("ascii") if joined.isascii() and not any(c in joined for c in PAST_RE2) else None
     found: set[int] = set()
-    starts: list[int] | None = None
     for pattern in patterns:
         fast = _multiline_re2(pattern.pattern, pattern.flags) if plain is not None and pattern.shape.re2_ascii else None
         try:
@@ -698,19 +699,27 @@ def candidate_lines(patterns: Sequence[Pattern], lines: Sequence[str]) -> list[i
             return None
         except Exception:  # `regex` refuses what `re` took: line by line, as Pattern does it
             return None
-        if not spans:
-            continue
-        if starts is None:
-            starts = list(itertools.accumulate((len(line) + 1 for line in lines), initial=0))
-        last_line = len(lines) - 1
-        for start, end in spans:
-            first = bisect.bisect_right(starts, start) - 1
-            last = bisect.bisect_right(starts, max(start, end - 1)) - 1
-            found.update(range(first, min(last, last_line) + 1))
+        if spans:
+            found.update(lines_touched(spans, lines))
     return sorted(found)
 
 
-_PAST_RE2 = "\x0b\x1c\x1d\x1e\x1f"  # ASCII that Python's \s matches and RE2's does not
+def lines_touched(spans: Sequence[tuple[int, int]], lines: Sequence[str]) -> set[int]:
+    """Indexes of the ``lines`` that the character ``spans`` of ``"\\n".join(lines)`` touch (a
+    span across a newline touches both lines; an empty one, the line it is in)."""
+    starts = list(itertools.accumulate((len(line) + 1 for line in lines), initial=0))
+    last_line = len(lines) - 1
+    out: set[int] = set()
+    for start, end in spans:
+        first = bisect.bisect_right(starts, start) - 1
+        last = bisect.bisect_right(starts, max(start, end - 1)) - 1
+        out.update(range(first, min(last, last_line) + 1))
+    return out
+
+
+PAST_RE2 = "\x0b\x1c\x1d\x1e\x1f"
+"""The ASCII characters Python's ``\\s`` matches and RE2's does not: ASCII text without them
+is read alike by both wherever :attr:`_Shape.re2_ascii` holds."""
 
 
 @lru_cache(maxsize=256)

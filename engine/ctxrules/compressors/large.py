@@ -24,20 +24,18 @@ characters are searched line by line.
 
 from __future__ import annotations
 
-import bisect
 import contextvars
 import re
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from itertools import accumulate
 from pathlib import Path
 from typing import Any
 
 from ctxrules.compressors.failures import FailurePattern, _combined
 from ctxrules.errors import CtxrulesError
-from ctxrules.patterns import Pattern, re2_module
+from ctxrules.patterns import PAST_RE2, Pattern, lines_touched, re2_module
 from ctxrules.vault import VaultWriter
 
 __all__ = [
@@ -68,7 +66,7 @@ MAX_KEPT = 10_000
 _ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b[@-Z\\-_]")
 # ASCII characters Python's \s matches and RE2's does not, and the escape that starts terminal
 # sequences (lines are matched without those): a block holding one is searched line by line.
-_NOT_RE2_SAFE = "\x0b\x1b\x1c\x1d\x1e\x1f"  # tested one by one: `in` runs at memchr speed
+_NOT_RE2_SAFE = PAST_RE2 + "\x1b"  # tested one by one: `in` runs at memchr speed
 _LOOKS_PAST_LINE = re.compile(r"\\[AZz]|\(\?<?[=!]|\[\[:")
 _SCOPABLE = re.compile(r"^\(\?([imsx]+)\)")
 
@@ -383,15 +381,7 @@ def _prefiltered(text: str, prefilter: Any) -> list[Any] | None:
 
 def _candidates(found: list[Any], lines: list[str]) -> list[int]:
     """Indexes of the lines of a block (``lines``) that the pre-filter's matches touch."""
-    if not found:
-        return []
-    starts = list(accumulate((len(line) + 1 for line in lines), initial=0))
-    out: set[int] = set()
-    for match in found:
-        first = bisect.bisect_right(starts, match.start()) - 1
-        last = bisect.bisect_right(starts, max(match.start(), match.end() - 1)) - 1
-        out.update(range(first, min(last, len(lines) - 1) + 1))
-    return sorted(out)
+    return sorted(lines_touched([m.span() for m in found], lines)) if found else []
 
 
 def _skim(text: str, keep: int, first_line: int) -> tuple[int, list[tuple[int, str]]]:
