@@ -141,3 +141,25 @@ def test_an_alternation_remembered_as_timed_out_is_still_reported_as_before(monk
     state = {patterns.STATE_KEY: [combined.key]}
     with patterns.remembering(state), pytest.raises(patterns.PatternTimeout, match="earlier run"):
         list(matching(matcher, lines))
+
+
+@pytest.mark.parametrize("source", [r"\w", r"a*", r"^", r"(?s).", r"\berror\b|x"])
+def test_a_pattern_matching_most_lines_is_left_to_the_lines_after_few_searches(
+    source: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # At most one search per line, and none beyond half of them: then every line is searched
+    # on its own, which costs less than verifying that many candidates after the joined search.
+    lines = [f"x error {i}" for i in range(20_000)]
+    pattern = patterns.compile(source)
+    real = patterns._multiline_re2(pattern.pattern, pattern.flags)
+    searched: list[int] = []
+
+    class Counting:
+        def search(self, text: bytes, at: int) -> object:
+            searched.append(at)
+            return real.search(text, at)
+
+    monkeypatch.setattr(patterns, "_multiline_re2", lambda source, flags: Counting())
+    assert patterns.candidate_lines([pattern], lines) is None
+    assert 0 < len(searched) <= len(lines) // 2 + 1
+    assert searched == sorted(set(searched))  # always forward

@@ -28,6 +28,7 @@ import contextvars
 import hashlib
 import itertools
 import re
+import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -686,21 +687,41 @@ def candidate_lines(patterns: Sequence[Pattern], lines: Sequence[str]) -> list[i
     joined = "\n".join(lines)
     # RE2, linear and faster, where it finds at least what the pattern finds: ASCII text.
     plain = joined.encode("ascii") if joined.isascii() and not any(c in joined for c in PAST_RE2) else None
+    starts = list(itertools.accumulate((len(line) + 1 for line in lines), initial=0))
+    last_line = len(lines) - 1
+    most = len(lines) // 2  # beyond that, one search per line costs less than this
+    deadline = time.monotonic() + CANDIDATES_TIME_LIMIT_S
     found: set[int] = set()
     for pattern in patterns:
         fast = _multiline_re2(pattern.pattern, pattern.flags) if plain is not None and pattern.shape.re2_ascii else None
-        try:
-            if fast is not None:
-                spans = [m.span() for m in fast.finditer(plain)]
-            else:
-                search = _multiline(pattern.pattern, pattern.flags).finditer
-                spans = [m.span() for m in search(joined, timeout=CANDIDATES_TIME_LIMIT_S)]
-        except TimeoutError:
-            return None
-        except Exception:  # `regex` refuses what `re` took: line by line, as Pattern does it
-            return None
-        if spans:
-            found.update(lines_touched(spans, lines))
+        slow: Any = None if fast is not None else _multiline(pattern.pattern, pattern.flags)
+        at = 0
+        while True:
+            # After a match, the search goes on from the start of the line after the last it
+            # touched: at most one search per line, however often the pattern matches.
+            try:
+                if fast is not None:
+                    match = fast.search(plain, at)
+                else:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        return None
+                    match = slow.search(joined, at, timeout=left)
+            except TimeoutError:
+                return None
+            except Exception:  # `regex` refuses what `re` took: line by line, as Pattern does it
+                return None
+            if match is None:
+                break
+            start, end = match.span()
+            first = bisect.bisect_right(starts, start) - 1
+            last = min(bisect.bisect_right(starts, max(start, end - 1)) - 1, last_line)
+            found.update(range(first, last + 1))
+            if len(found) > most:
+                return None
+            if last >= last_line:
+                break
+            at = starts[last + 1]
     return sorted(found)
 
 
