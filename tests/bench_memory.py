@@ -31,6 +31,7 @@ import argparse
 import json
 import os
 import random
+import shutil
 import statistics
 import subprocess
 import sys
@@ -295,6 +296,7 @@ def case_compress(tmp: Path, mb: int, reps: int) -> None:
         cat.wait()
         work = [*CLI, "compress", "--session", str(tmp / f"w{rep}"), "--command", f"cat {log}", "--input", str(windows)]
         works.append(measure(work))
+        shutil.rmtree(tmp / f"compress-state-{rep}", ignore_errors=True)  # a 200 MB vault entry per run
     # Times: medians; peak RSS: the highest seen.
     seconds, vault_s, work_s = (statistics.median(r[0] for r in rows) for rows in (runs, vaults, works))
     rss, vault_rss, work_rss = (max(r[1] for r in rows) for rows in (runs, vaults, works))
