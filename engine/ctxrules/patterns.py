@@ -713,10 +713,9 @@ def candidate_lines(patterns: Sequence[Pattern], lines: Sequence[str]) -> list[i
                 return None
             if match is None:
                 break
-            start, end = match.span()
-            first = bisect.bisect_right(starts, start) - 1
-            last = min(bisect.bisect_right(starts, max(start, end - 1)) - 1, last_line)
-            found.update(range(first, last + 1))
+            touched = _touched(starts, last_line, *match.span())
+            found.update(touched)
+            last = touched[-1]
             if len(found) > most:
                 return None
             if last >= last_line:
@@ -729,13 +728,16 @@ def lines_touched(spans: Sequence[tuple[int, int]], lines: Sequence[str]) -> set
     """Indexes of the ``lines`` that the character ``spans`` of ``"\\n".join(lines)`` touch (a
     span across a newline touches both lines; an empty one, the line it is in)."""
     starts = list(itertools.accumulate((len(line) + 1 for line in lines), initial=0))
-    last_line = len(lines) - 1
     out: set[int] = set()
     for start, end in spans:
-        first = bisect.bisect_right(starts, start) - 1
-        last = bisect.bisect_right(starts, max(start, end - 1)) - 1
-        out.update(range(first, min(last, last_line) + 1))
+        out.update(_touched(starts, len(lines) - 1, start, end))
     return out
+
+
+def _touched(starts: list[int], last_line: int, start: int, end: int) -> range:
+    """The lines (``starts``: where each begins in the joined text) the span touches."""
+    first = bisect.bisect_right(starts, start) - 1
+    return range(first, min(bisect.bisect_right(starts, max(start, end - 1)) - 1, last_line) + 1)
 
 
 PAST_RE2 = "\x0b\x1c\x1d\x1e\x1f"
