@@ -34,7 +34,7 @@ from typing import IO, TYPE_CHECKING, Any
 
 from ctxrules.cli.io import add_search_path
 from ctxrules.cli.stores import add_store_options, session_key, store_of
-from ctxrules.compressors.api import CompressorSkipped, compress_large, compress_text
+from ctxrules.compressors.api import CompressorSkipped, compress_large, compress_text, early_scan
 from ctxrules.compressors.large import Capture, Large
 from ctxrules.compressors.pipes import stdout_feeds_pipeline
 from ctxrules.errors import CtxrulesError, UsageError
@@ -269,7 +269,7 @@ def _proxy(args: argparse.Namespace, argv: list[str]) -> int:
     # wrote before it ended is kept, compressed, vaulted and printed like any output.
     if passthrough:
         return _status(child, child.run()[1])
-    capture = _capture(args)
+    capture = _capture(args, pack, shlex.join(argv))
 
     def sink(chunk: bytes) -> None:
         capture.write(chunk)
@@ -281,9 +281,13 @@ def _proxy(args: argparse.Namespace, argv: list[str]) -> int:
     return code
 
 
-def _capture(args: argparse.Namespace) -> Capture:
-    """Where the output goes as it comes: memory, then (when large) the session's vault."""
-    return Capture(lambda: Vault.of(*_session(args)).open_writer())
+def _capture(args: argparse.Namespace, pack: dict[str, Any], command: str, exit_code: int | None = 0) -> Capture:
+    """Where the output goes as it comes: memory, then (when large) the session's vault, its
+    middle searched for failure lines as it is written (compressors.api.early_scan)."""
+    return Capture(
+        lambda: Vault.of(*_session(args)).open_writer(),
+        early=early_scan(pack, command, registry=default_registry(), exit_code=exit_code),
+    )
 
 
 def _emit(
@@ -371,7 +375,7 @@ def _filter(args: argparse.Namespace) -> int:
     if not args.input:
         raise UsageError("--command needs --input FILE (or - for standard input)")
     pack, counter = _load(args)
-    capture = _capture(args)
+    capture = _capture(args, pack, args.command_line, args.exit_code)
     if args.input == "-":
         _read_into(sys.stdin.buffer, capture)
     else:

@@ -11,14 +11,15 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import lru_cache
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ctxrules.compressors.apply import Window, apply_rule, apply_rule_window, is_failure, split_output
 from ctxrules.compressors.argv import parse_command
-from ctxrules.compressors.large import Large, scan_middle_soon
+from ctxrules.compressors.large import EarlyScan, Growing, Large, scan_middle_soon
 from ctxrules.compressors.rules import CompressorError, compile_rules, select_rule
 from ctxrules.patterns import Pattern, PatternTimeout
 from ctxrules.patterns import compile as patterns_compile
@@ -216,6 +217,30 @@ def compress_tool_output(
     return result
 
 
+def early_scan(
+    pack: Mapping[str, Any], command: str, *, registry: Registry, exit_code: int | None = 0
+) -> Callable[[Path, int, int, Growing], EarlyScan | None]:
+    """What :class:`ctxrules.compressors.large.Capture` calls when ``command``'s output
+    spills: a scan of the middle that follows the writer, for the patterns of the rule the
+    output would get if it ends with ``exit_code`` (0: the command is still running) and no
+    failure in its tail. :func:`compress_large` takes its result
+    when the rule it chooses in the end searches for the same patterns (most rules of one
+    command share them), and scans again otherwise."""
+
+    def start(path: Path, begin: int, first_line: int, growing: Growing) -> EarlyScan | None:
+        try:
+            rules = compile_rules(pack, registry)
+        except CompressorError:
+            return None  # compress_large meets it again and says so
+        parsed = parse_command(command or "")
+        rule = select_rule(rules, parsed, exit_code, False) if rules and parsed is not None else None
+        if rule is None or not (rule.failures or _exit_code_patterns(pack)):
+            return None
+        return EarlyScan(path, begin, first_line, rule.failures, _exit_code_patterns(pack), growing)
+
+    return start
+
+
 def compress_large(
     pack: Mapping[str, Any], command: str, large: Large, exit_code: int | None, *, registry: Registry
 ) -> CompressResult | None:
@@ -223,6 +248,16 @@ def compress_large(
     the rule's steps see its head and tail windows, the engine's rules the whole of it. The
     markers point into ``large.writer``'s entry, which the caller commits when it uses the
     result."""
+    try:
+        return _compress_large(pack, command, large, exit_code, registry)
+    finally:
+        if large.early is not None:  # its result is in, or not wanted: stop a scan still going
+            large.early.stop()
+
+
+def _compress_large(
+    pack: Mapping[str, Any], command: str, large: Large, exit_code: int | None, registry: Registry
+) -> CompressResult | None:
     rules = compile_rules(pack, registry)
     parsed = parse_command(command or "")
     if not rules or parsed is None:
@@ -237,9 +272,12 @@ def compress_large(
         return None
     keep = _exit_code_patterns(pack)
     try:
-        # The middle is searched while the rule's steps run on the windows (its lines are
-        # needed only after them).
-        middle = scan_middle_soon(large.writer.path, large.middle, large.head_lines + 1, rule.failures, keep)
+        # The middle was searched as the output came (early_scan) when the rule expected
+        # then searches for this rule's patterns; else it is searched while the rule's steps
+        # run on the windows (its lines are needed only after them).
+        middle = large.early.take(rule.failures, keep) if large.early is not None else None
+        if middle is None:
+            middle = scan_middle_soon(large.writer.path, large.middle, large.head_lines + 1, rule.failures, keep)
         window = Window(
             lines=[*enumerate(head, 1), *enumerate(tail, large.tail_first)],
             middle=middle,

@@ -24,6 +24,8 @@ characters are searched line by line.
 
 from __future__ import annotations
 
+import bisect
+import collections
 import contextvars
 import re
 import threading
@@ -66,7 +68,7 @@ MAX_KEPT = 10_000
 _ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b[@-Z\\-_]")
 # ASCII characters Python's \s matches and RE2's does not, and the escape that starts terminal
 # sequences (lines are matched without those): a block holding one is searched line by line.
-_NOT_RE2_SAFE = PAST_RE2 + "\x1b"  # tested one by one: `in` runs at memchr speed
+_NOT_RE2_SAFE = [c.encode("ascii") for c in PAST_RE2 + "\x1b"]  # one by one: `in` runs at memchr speed
 _LOOKS_PAST_LINE = re.compile(r"\\[AZz]|\(\?<?[=!]|\[\[:")
 _SCOPABLE = re.compile(r"^\(\?([imsx]+)\)")
 
@@ -86,6 +88,8 @@ class Large:
     total_lines: int
     trailing: bool
     """Whether the output ends with a newline."""
+    early: EarlyScan | None = None
+    """The scan of the middle started while the output streamed in, when the caller offered one."""
 
     @property
     def vault_id(self) -> str:
@@ -103,10 +107,21 @@ class Capture:
 
     When the vault cannot be written, everything stays in memory (:attr:`error` says why), so
     the output is never lost: the caller prints it whole.
+
+    ``early``, when given, is called once the output spills, with the entry's path, where its
+    middle starts, that line's number and the :class:`Growing` that tracks the writing; what it
+    returns (a scan of the middle following the writer, see :func:`early_scan`) ends up in
+    :attr:`Large.early`. The middle is then searched while the command still prints, on the
+    core the capture leaves idle, instead of after it.
     """
 
     def __init__(
-        self, open_writer: Callable[[], VaultWriter], *, limit: int = SPILL_BYTES, window: int = WINDOW_BYTES
+        self,
+        open_writer: Callable[[], VaultWriter],
+        *,
+        limit: int = SPILL_BYTES,
+        window: int = WINDOW_BYTES,
+        early: Callable[[Path, int, int, Growing], EarlyScan | None] | None = None,
     ) -> None:
         if limit < 2 * window:
             raise ValueError("the spill limit must hold both windows")
@@ -117,11 +132,17 @@ class Capture:
         self._held = 0
         self._writer: VaultWriter | None = None
         self._head = b""
-        self._tail = bytearray()
+        # The last chunks written, at least `window` bytes of them when there are: the tail
+        # window is cut from them at the end (kept as the chunks, not copied into one buffer).
+        self._recent: collections.deque[bytes] = collections.deque()
+        self._recent_size = 0
         self._newlines = 0
         self._last = b""
         self.size = 0
         self.error: CtxrulesError | None = None
+        self._start_early = early
+        self._growing: Growing | None = None
+        self._early: EarlyScan | None = None
 
     def write(self, chunk: bytes) -> None:
         if not chunk:
@@ -143,20 +164,33 @@ class Capture:
             data = b"".join(self._chunks)
             self._chunks = []
             return data
+        # All of it is written: its way to the disk starts now, while it is compressed (a
+        # writer may offer this; see ctxrules.stores.BlobWriter).
+        sync_soon = getattr(writer, "sync_soon", None)
+        if callable(sync_soon):
+            sync_soon()
         trailing = self._last == b"\n"
         total = self._newlines + (0 if trailing else 1)
         head = self._head[: self._head.rfind(b"\n") + 1]
-        tail = bytes(self._tail[-self._window :])
+        tail = b"".join(self._recent)[-self._window :]
         # The window starts inside a line unless it starts the output: keep whole lines only.
         tail = tail[tail.find(b"\n") + 1 :] if b"\n" in tail[:-1] else b""
         tail_newlines = tail.count(b"\n")
         tail_first = self._newlines - tail_newlines + 1 if tail else total + 1
-        return Large(writer, self.size, head, head.count(b"\n"), tail, tail_first, total, trailing)
+        if self._growing is not None:
+            self._growing.finish(self.size - len(tail))  # where the middle ends
+        return Large(writer, self.size, head, head.count(b"\n"), tail, tail_first, total, trailing, self._early)
 
     def discard(self) -> None:
         """Drop the vault entry being written (the output went out in full)."""
+        self._stop_early()
         if self._writer is not None:
             self._writer.discard()
+
+    def _stop_early(self) -> None:
+        if self._growing is not None:
+            self._growing.stop()
+        self._growing = self._early = None
 
     # -- internals -------------------------------------------------------------------------
 
@@ -171,6 +205,12 @@ class Capture:
         self._held = 0
         self._writer = writer
         self._head = data[: self._window]
+        if self._start_early is not None:
+            head = self._head[: self._head.rfind(b"\n") + 1]  # as finish() cuts it
+            self._growing = Growing(self._window)
+            self._early = self._start_early(Path(writer.path), len(head), head.count(b"\n") + 1, self._growing)
+            if self._early is None:
+                self._growing = None
         self._stream(data)
 
     def _stream(self, data: bytes) -> None:
@@ -186,13 +226,147 @@ class Capture:
             written = Path(writer.path).read_bytes()[: writer.size] if writer.size else b""
             rest = data[writer.size - before :]
             writer.discard()
+            self._stop_early()
             self._chunks = [written, rest]
             self._held = len(written) + len(rest)
             return
         self._newlines += data.count(b"\n")
-        self._tail += data
-        if len(self._tail) > 2 * self._window:
-            del self._tail[: len(self._tail) - self._window]
+        if self._growing is not None:
+            self._growing.grew(writer.size, self._newlines)
+        recent = self._recent
+        recent.append(data)
+        self._recent_size += len(data)
+        while self._recent_size - len(recent[0]) >= self._window:
+            self._recent_size -= len(recent.popleft())
+
+
+class _Stopped(Exception):
+    """The entry an early scan followed was dropped (or its scan is not wanted any more)."""
+
+
+class Growing:
+    """How far a vault entry being written may be read by a scan of its middle that follows
+    the writer (:func:`scan_middle` with ``follow``). The capture reports each size it reached
+    (:meth:`grew`), then where the middle ends (:meth:`finish`), or that the entry is gone
+    (:meth:`stop`). Until the end is known the scan reads whole blocks only, and only those
+    ending more than ``margin`` bytes (the tail window) before what is written: a block it
+    reads then is the very block it would read with the end known, so what it finds is the
+    same. It also keeps the newline counts the capture makes: a scan that skips a block
+    without a match counts its lines from them instead of counting them again."""
+
+    def __init__(self, margin: int) -> None:
+        self._cond = threading.Condition()
+        self._margin = margin
+        self._ready = 0
+        self._want = 0  # the size the waiting scan needs (no wake-up before it is reached)
+        # Sizes reached, and the newlines in the file up to each (appended to only).
+        self._sizes: list[int] = []
+        self._newlines: list[int] = []
+        self._end: int | None = None
+        self._stopped = False
+
+    def grew(self, size: int, newlines: int) -> None:
+        """The file now holds ``size`` bytes, ``newlines`` of them newlines."""
+        with self._cond:
+            self._sizes.append(size)
+            self._newlines.append(newlines)
+            self._ready = size
+            if size >= self._want:
+                self._cond.notify_all()
+
+    def finish(self, end: int) -> None:
+        with self._cond:
+            self._end = end
+            self._cond.notify_all()
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stopped = True
+            self._cond.notify_all()
+
+    def count_newlines(self, data: bytes, offset: int) -> int:
+        """``data.count(b"\\n")`` for ``data``, the bytes of the file from ``offset`` on: the
+        capture's counts for the whole pieces it wrote inside, counting only the ends."""
+        end = offset + len(data)
+        with self._cond:  # the capture appends to both lists under it
+            sizes = self._sizes
+            first = bisect.bisect_left(sizes, offset)  # the first size reached at or after offset
+            last = bisect.bisect_right(sizes, end) - 1  # the last one at or before the end
+            if first >= last:
+                return data.count(b"\n")
+            inside = self._newlines[last] - self._newlines[first]
+            first_size, last_size = sizes[first], sizes[last]
+        return data.count(b"\n", 0, first_size - offset) + inside + data.count(b"\n", last_size - offset)
+
+    @property
+    def end(self) -> int | None:
+        """Where the middle ends, once :meth:`finish` said so."""
+        return self._end
+
+    def next_read(self, pos: int, block: int) -> tuple[int, bool]:
+        """(bytes to read at ``pos``, whether more follow them), once that is known."""
+        with self._cond:
+            while True:
+                if self._stopped:
+                    raise _Stopped
+                if self._end is not None:
+                    n = max(0, min(block, self._end - pos))
+                    return n, pos + n < self._end
+                if pos + block < self._ready - self._margin:
+                    return block, True
+                self._want = pos + block + self._margin + 1
+                self._cond.wait()
+
+
+class EarlyScan:
+    """A scan of the middle of an entry being written (:class:`Growing`), started while the
+    output streams in, for the failure and exit-code patterns of the rule the output is
+    expected to get (``failures``, ``keep``); the rule chosen in the end :meth:`take` s it."""
+
+    def __init__(
+        self,
+        path: Path,
+        start: int,
+        first_line: int,
+        failures: Sequence[FailurePattern],
+        keep: Sequence[Pattern],
+        growing: Growing,
+        *,
+        block: int = BLOCK_BYTES,
+    ) -> None:
+        self.failures, self.keep = tuple(failures), tuple(keep)
+        self._growing = growing
+        self._where = (path, start, first_line, block)
+        self._result = scan_middle_soon(
+            path, (start, -1), first_line, self.failures, self.keep, follow=growing, block=block
+        )
+
+    def take(self, failures: Sequence[FailurePattern], keep: Sequence[Pattern]) -> Callable[[], Middle] | None:
+        """The scan's result (a function that waits for it) when the rule chosen in the end
+        searches for the same patterns; None, and the scan is stopped, when it does not. A
+        scan that failed is done again by that function, in its caller's context (a pattern
+        that timed out is remembered there), instead of handing on the failure."""
+        if tuple(failures) != self.failures or tuple(keep) != self.keep:
+            self.stop()
+            return None
+        waiting = self._result
+        path, start, first_line, block = self._where
+        growing = self._growing
+
+        def result() -> Middle:
+            try:
+                return waiting()
+            except Exception:
+                end = growing.end
+                if end is None:  # never finished: not a middle anyone can ask for
+                    raise
+                return scan_middle(path, (start, end), first_line, failures, keep, block=block)
+
+        return result
+
+    def stop(self) -> None:
+        """Not wanted: the scan ends at its next block."""
+        self._growing.stop()
 
 
 # -- the middle -----------------------------------------------------------------------------
@@ -207,10 +381,13 @@ def scan_middle(
     *,
     max_kept: int = MAX_KEPT,
     block: int = BLOCK_BYTES,
+    follow: Growing | None = None,
 ) -> tuple[dict[int, str], list[int]]:
     """The lines of bytes ``span`` of ``path`` (its first line is number ``first_line``) that
     match a failure or exit-code pattern, with the lines around them the patterns protect:
-    ``({number: text}, [numbers of further matches whose text is not held])``."""
+    ``({number: text}, [numbers of further matches whose text is not held])``. With
+    ``follow`` the file is still being written: the span ends where ``follow`` says, once it
+    knows (the end given in ``span`` is not used)."""
     kept: dict[int, str] = {}
     lost: list[int] = []
     regexes = [p.regex for p in failures]
@@ -239,23 +416,27 @@ def scan_middle(
     huge_hit = False
     held = 0  # matches whose text is held; the lines around them come on top, within `room`
     room = max_kept * (1 + before + after)
-    for kind, text in _blocks(path, span, block):
+    count_newlines = follow.count_newlines if follow is not None else _count_newlines
+    for kind, raw, offset in _blocks(path, span, block, follow):
         if kind != "lines":  # a piece of one line too long to hold: only its number is kept
-            huge_hit = huge_hit or piece_matches(text)
+            huge_hit = huge_hit or piece_matches(raw.decode("utf-8", "replace"))
             if kind == "line-end":
                 if huge_hit:
                     lost.append(line_no)
                 line_no += 1
                 recent, owed, huge_hit = [], 0, False
             continue
-        found = _prefiltered(text, prefilter)
+        found = _prefiltered(raw, prefilter)
         if found is not None and not found and not owed:
             # Nothing in this block can match (most of a long output): count its lines and
-            # keep the last few, without splitting it all.
-            count, recent = _skim(text, before, line_no)
+            # keep the last few, without decoding or splitting it all.
+            count, recent = _skim(raw, before, line_no, count_newlines(raw, offset))
             line_no += count
             continue
-        lines = text.split("\n")
+        # Invalid UTF-8 becomes U+FFFD; a newline is never part of a multi-byte sequence,
+        # so the line numbers stay those of the bytes in the vault. (A block the pre-filter
+        # searched is ASCII: its matches' byte offsets are offsets in the text too.)
+        lines = raw.decode("utf-8", "replace").split("\n")
         if lines and lines[-1] == "":
             lines.pop()
         for j in range(min(owed, len(lines))):
@@ -294,6 +475,9 @@ def scan_middle_soon(
     first_line: int,
     failures: Sequence[FailurePattern],
     keep: Sequence[Pattern],
+    *,
+    follow: Growing | None = None,
+    block: int = BLOCK_BYTES,
 ) -> Callable[[], Middle]:
     """:func:`scan_middle` started on a thread; the function returned waits for its result
     (or raises what it raised). Reading the file and RE2's search let go of the GIL, so the
@@ -305,7 +489,7 @@ def scan_middle_soon(
 
     def work() -> None:
         try:
-            box.append(scan_middle(path, span, first_line, failures, keep))
+            box.append(scan_middle(path, span, first_line, failures, keep, follow=follow, block=block))
         except BaseException as exc:  # handed to whoever waits for the result
             failed.append(exc)
 
@@ -328,55 +512,74 @@ def _keep(kept: dict[int, str], number: int, text: str, limit: int) -> None:
         kept[number] = text
 
 
-def _blocks(path: Path, span: tuple[int, int], block: int) -> Iterator[tuple[str, str]]:
-    """The text of ``span``: ``("lines", text)`` pieces of about ``block`` bytes that end at
-    line ends, and for a line longer than four blocks ``("line-part", text)`` pieces that
-    overlap a little (a match across a cut is still found) and a last ``("line-end", text)``."""
+def _blocks(
+    path: Path, span: tuple[int, int], block: int, follow: Growing | None = None
+) -> Iterator[tuple[str, bytes, int]]:
+    """The bytes of ``span``: ``("lines", data, offset)`` pieces of about ``block`` bytes that
+    end at line ends, and for a line longer than four blocks ``("line-part", data, offset)``
+    pieces that overlap a little (a match across a cut is still found) and a last
+    ``("line-end", data, offset)``; ``offset``: where ``data`` starts in the file."""
     start, end = span
     overlap = 4096
     with open(path, "rb") as handle:
         handle.seek(start)
-        left = end - start
+        pos = start
         carry = b""
         long_line = False
-        while left > 0 or carry:
-            data = handle.read(min(block, left)) if left > 0 else b""
-            left -= len(data)
+        short = False  # the file ended before the span did
+        while True:
+            # How much to read, and whether more follows it: from the span, or from the
+            # writer being followed, which answers once it knows.
+            if short:
+                n, more = 0, False
+            elif follow is None:
+                n = min(block, end - pos)
+                more = pos + n < end
+            else:
+                n, more = follow.next_read(pos, block)
+            if n <= 0 and not carry:
+                break
+            data = handle.read(n) if n > 0 else b""
+            pos += len(data)
+            if len(data) < n:
+                short, more = True, False
             data = carry + data
+            at = pos - len(data)  # where data starts in the file
             carry = b""
             if long_line:
                 cut = data.find(b"\n")
-                if cut == -1 and left > 0:
-                    yield "line-part", data.decode("utf-8", "replace")
+                if cut == -1 and more:
+                    yield "line-part", data, at
                     carry = data[-overlap:]
                     continue
                 cut = len(data) if cut == -1 else cut
-                yield "line-end", data[:cut].decode("utf-8", "replace")
+                yield "line-end", data[:cut], at
                 long_line = False
                 data = data[cut + 1 :]
+                at += cut + 1
                 if not data:
                     continue
-            cut = len(data) if left <= 0 else data.rfind(b"\n") + 1
+            cut = data.rfind(b"\n") + 1 if more else len(data)
             if cut == 0:
                 if len(data) <= 4 * block:
                     carry = data
                     continue
                 long_line = True
-                yield "line-part", data.decode("utf-8", "replace")
+                yield "line-part", data, at
                 carry = data[-overlap:]
                 continue
             carry = data[cut:]
-            # Invalid UTF-8 becomes U+FFFD; a newline is never part of a multi-byte sequence,
-            # so the line numbers stay those of the bytes in the vault.
-            yield "lines", data[:cut].decode("utf-8", "replace")
+            yield "lines", data[:cut], at
 
 
-def _prefiltered(text: str, prefilter: Any) -> list[Any] | None:
-    """The RE2 pre-filter's matches in ``text``, or None when every line must be tried (no
-    pre-filter, or text RE2 would read differently from Python's ``re``)."""
-    if prefilter is None or not text.isascii() or any(c in text for c in _NOT_RE2_SAFE):
+def _prefiltered(data: bytes, prefilter: Any) -> list[Any] | None:
+    """The RE2 pre-filter's matches in ``data``, or None when every line must be tried (no
+    pre-filter, or text RE2 would read differently from Python's ``re``). The bytes are
+    searched as they are (ASCII: the text they decode to): RE2 lets go of the GIL on bytes,
+    so the windows' rule runs meanwhile, and no block is decoded only to find nothing."""
+    if prefilter is None or not data.isascii() or any(c in data for c in _NOT_RE2_SAFE):
         return None
-    return list(prefilter.finditer(text))
+    return list(prefilter.finditer(data))
 
 
 def _candidates(found: list[Any], lines: list[str]) -> list[int]:
@@ -384,16 +587,22 @@ def _candidates(found: list[Any], lines: list[str]) -> list[int]:
     return sorted(lines_touched([m.span() for m in found], lines)) if found else []
 
 
-def _skim(text: str, keep: int, first_line: int) -> tuple[int, list[tuple[int, str]]]:
-    """How many lines ``text`` holds (as ``text.split("\\n")`` less a trailing empty piece
-    counts them) and its last ``keep`` lines with their numbers (the first is ``first_line``)."""
-    body = text[:-1] if text.endswith("\n") else text
-    count = body.count("\n") + 1 if text else 0
+def _count_newlines(data: bytes, offset: int) -> int:
+    return data.count(b"\n")
+
+
+def _skim(data: bytes, keep: int, first_line: int, newlines: int) -> tuple[int, list[tuple[int, str]]]:
+    """How many lines ``data`` holds (as splitting it at newlines, less a trailing empty piece,
+    counts them; ``newlines``: how many it holds) and the text of its last ``keep`` lines with
+    their numbers (the first is ``first_line``)."""
+    trailing = data.endswith(b"\n")
+    body = data[:-1] if trailing else data
+    count = newlines - trailing + 1 if data else 0
     if keep <= 0 or not count:
         return count, []
-    last = body.rsplit("\n", keep)[-keep:] if count > keep else body.split("\n")
+    last = body.rsplit(b"\n", keep)[-keep:] if count > keep else body.split(b"\n")
     start = first_line + count - len(last)
-    return count, [(start + k, line) for k, line in enumerate(last)]
+    return count, [(start + k, line.decode("utf-8", "replace")) for k, line in enumerate(last)]
 
 
 @lru_cache(maxsize=64)

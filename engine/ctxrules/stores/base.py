@@ -176,6 +176,10 @@ class BlobWriter(Protocol):
         """Drop it (harmless after :meth:`commit`)."""
         ...
 
+    # Optional: ``sync_soon()``, called once everything is written (before the output is
+    # compressed), may start making the bytes durable in the background so that ``commit``
+    # waits less. Callers look it up with ``getattr``; a writer without it loses nothing.
+
 
 class SpooledBlobWriter:
     """A :class:`BlobWriter` for any store: the pieces go to a private temporary file (mode
@@ -213,6 +217,9 @@ class SpooledBlobWriter:
             self._hash.update(view[:written])
             self.size += written
             view = view[written:]
+
+    def sync_soon(self) -> None:
+        """Nothing to start: :meth:`commit` hands the whole file to the store."""
 
     def commit(self) -> str:
         with open(self.path, "rb") as fh:

@@ -767,6 +767,7 @@ class _FileBlobWriter(SpooledBlobWriter):
 
     def __init__(self, store: FilesystemStore, session: str) -> None:
         self._fs = store
+        self._syncing: threading.Thread | None = None
         super().__init__(store, session)
 
     def _temporary(self) -> tuple[int, str]:
@@ -775,8 +776,30 @@ class _FileBlobWriter(SpooledBlobWriter):
     def _write_failed(self, exc: OSError) -> VaultError:
         return VaultError(f"cannot write to the vault at {self._fs.vault_dir(self._session)}: {exc}")
 
+    def sync_soon(self) -> None:
+        """Start writing the file to disk on a thread (``fsync`` lets go of the GIL), while the
+        caller compresses the output: :meth:`commit`'s own fsync then finds little left to do.
+        The thread syncs a duplicate descriptor, so a :meth:`discard` meanwhile closes nothing
+        it uses; a failure there is left for :meth:`commit`'s fsync to meet and report."""
+        if self._done or self._syncing is not None:
+            return
+        fd = os.dup(self._handle.fileno())
+
+        def sync() -> None:
+            try:
+                os.fsync(fd)
+            except OSError:
+                pass  # commit's own fsync sees it again and reports it
+            finally:
+                os.close(fd)
+
+        self._syncing = threading.Thread(target=sync, name="ctxrules-blob-sync", daemon=True)
+        self._syncing.start()
+
     def commit(self) -> str:
         blob_id = self.vault_id
+        if self._syncing is not None:
+            self._syncing.join()
         try:
             os.fsync(self._handle.fileno())  # durable before visible, as every blob
             shard = os.path.join(self._fs._vault_path(self._session), blob_id[:2])
