@@ -231,3 +231,17 @@ def test_a_blob_being_synced_early_still_commits_and_discards(tmp_path: Path) ->
             capture.discard()
         assert _thread_ends("ctxrules-blob-sync")
     assert not [p for p in vault.root.rglob(".tmp-*")]
+
+
+def test_an_early_scan_that_cannot_start_leaves_the_capture_as_it_was(tmp_path: Path) -> None:
+    def cannot(path: Path, begin: int, first_line: int, growing: Growing) -> EarlyScan:
+        raise RuntimeError("can't start new thread")
+
+    vault = Vault(tmp_path / "v")
+    data = ("\n".join(f"line {i}" for i in range(50_000)) + "\n").encode()
+    capture = Capture(vault.open_writer, limit=50_000, window=10_000, early=cannot)
+    for at in range(0, len(data), 4096):
+        capture.write(data[at : at + 4096])
+    large = capture.finish()
+    assert isinstance(large, Large) and large.early is None and capture.error is None
+    assert large.writer.commit() == hashlib.sha256(data).hexdigest()

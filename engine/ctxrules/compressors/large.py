@@ -206,12 +206,21 @@ class Capture:
         self._writer = writer
         self._head = data[: self._window]
         if self._start_early is not None:
-            head = self._head[: self._head.rfind(b"\n") + 1]  # as finish() cuts it
-            self._growing = Growing(self._window)
-            self._early = self._start_early(Path(writer.path), len(head), head.count(b"\n") + 1, self._growing)
-            if self._early is None:
-                self._growing = None
+            self._begin_early(writer)
         self._stream(data)
+
+    def _begin_early(self, writer: VaultWriter) -> None:
+        start = self._start_early
+        assert start is not None
+        head = self._head[: self._head.rfind(b"\n") + 1]  # as finish() cuts it
+        growing = Growing(self._window)
+        try:
+            early = start(Path(writer.path), len(head), head.count(b"\n") + 1, growing)
+        except Exception:  # no thread to be had, a rule that does not build: the scan comes after
+            growing.stop()
+            return
+        if early is not None:
+            self._growing, self._early = growing, early
 
     def _stream(self, data: bytes) -> None:
         writer = self._writer
