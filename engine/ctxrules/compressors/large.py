@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import bisect
 import collections
+import contextlib
 import contextvars
 import re
 import threading
@@ -188,7 +189,9 @@ class Capture:
             self._writer.discard()
 
     def _stop_early(self) -> None:
-        if self._growing is not None:
+        if self._early is not None:
+            self._early.stop()
+        elif self._growing is not None:
             self._growing.stop()
         self._growing = self._early = None
 
@@ -374,8 +377,11 @@ class EarlyScan:
         return result
 
     def stop(self) -> None:
-        """Not wanted: the scan ends at its next block."""
+        """Not wanted (or its result is in): the scan ends at its next block, and this waits
+        for that, so that the entry is no longer open when it is committed or dropped."""
         self._growing.stop()
+        with contextlib.suppress(Exception):
+            self._result()
 
 
 # -- the middle -----------------------------------------------------------------------------

@@ -783,7 +783,10 @@ class _FileBlobWriter(SpooledBlobWriter):
         it uses; a failure there is left for :meth:`commit`'s fsync to meet and report."""
         if self._done or self._syncing is not None:
             return
-        fd = os.dup(self._handle.fileno())
+        try:
+            fd = os.dup(self._handle.fileno())
+        except OSError:  # no descriptor to spare: commit syncs it all, as before
+            return
 
         def sync() -> None:
             try:
@@ -793,8 +796,13 @@ class _FileBlobWriter(SpooledBlobWriter):
             finally:
                 os.close(fd)
 
-        self._syncing = threading.Thread(target=sync, name="ctxrules-blob-sync", daemon=True)
-        self._syncing.start()
+        thread = threading.Thread(target=sync, name="ctxrules-blob-sync", daemon=True)
+        try:
+            thread.start()
+        except RuntimeError:  # no thread to be had
+            os.close(fd)
+            return
+        self._syncing = thread
 
     def commit(self) -> str:
         blob_id = self.vault_id
