@@ -184,7 +184,7 @@ class Capture:
 
     def discard(self) -> None:
         """Drop the vault entry being written (the output went out in full)."""
-        self._stop_early()
+        self._stop_early()  # before the entry goes: the scan has it open
         if self._writer is not None:
             self._writer.discard()
 
@@ -237,8 +237,8 @@ class Capture:
             self._writer = None
             written = Path(writer.path).read_bytes()[: writer.size] if writer.size else b""
             rest = data[writer.size - before :]
+            self._stop_early()  # before the entry goes: the scan has it open
             writer.discard()
-            self._stop_early()
             self._chunks = [written, rest]
             self._held = len(written) + len(rest)
             return
@@ -308,6 +308,9 @@ class Growing:
                 return data.count(b"\n")
             inside = self._newlines[last] - self._newlines[first]
             first_size, last_size = sizes[first], sizes[last]
+            # The scan asks about later bytes only: what lies before is not needed again
+            # (the lists stay short however long the output grows).
+            del sizes[:first], self._newlines[:first]
         return data.count(b"\n", 0, first_size - offset) + inside + data.count(b"\n", last_size - offset)
 
     @property
