@@ -245,3 +245,33 @@ def test_an_early_scan_that_cannot_start_leaves_the_capture_as_it_was(tmp_path: 
     large = capture.finish()
     assert isinstance(large, Large) and large.early is None and capture.error is None
     assert large.writer.commit() == hashlib.sha256(data).hexdigest()
+
+
+def test_a_write_back_error_met_by_the_early_sync_fails_the_commit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The kernel reports a write-back error once per open file, to the first fsync: the early
+    # sync's. The commit must still refuse to make the blob visible.
+    import errno
+    import os
+
+    real_fsync = os.fsync
+    calls: list[int] = []
+
+    def failing_once(fd: int) -> None:
+        calls.append(fd)
+        if len(calls) == 1:
+            raise OSError(errno.EIO, "Input/output error")
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", failing_once)
+    vault = Vault(tmp_path / "v")
+    data = ("\n".join(f"line {i}" for i in range(100_000)) + "\n").encode()
+    capture = Capture(vault.open_writer, limit=100_000, window=20_000)
+    capture.write(data)
+    large = capture.finish()
+    assert isinstance(large, Large)
+    with pytest.raises(VaultError, match="Input/output error"):
+        large.writer.commit()
+    assert calls and not vault.exists(hashlib.sha256(data).hexdigest())
+    capture.discard()

@@ -768,6 +768,7 @@ class _FileBlobWriter(SpooledBlobWriter):
     def __init__(self, store: FilesystemStore, session: str) -> None:
         self._fs = store
         self._syncing: threading.Thread | None = None
+        self._sync_error: OSError | None = None
         super().__init__(store, session)
 
     def _temporary(self) -> tuple[int, str]:
@@ -780,7 +781,8 @@ class _FileBlobWriter(SpooledBlobWriter):
         """Start writing the file to disk on a thread (``fsync`` lets go of the GIL), while the
         caller compresses the output: :meth:`commit`'s own fsync then finds little left to do.
         The thread syncs a duplicate descriptor, so a :meth:`discard` meanwhile closes nothing
-        it uses; a failure there is left for :meth:`commit`'s fsync to meet and report."""
+        it uses. A failure there is kept for :meth:`commit` to raise: the duplicate shares the
+        open file, so the kernel reports a write-back error once, to whichever fsync comes first."""
         if self._done or self._syncing is not None:
             return
         try:
@@ -791,8 +793,8 @@ class _FileBlobWriter(SpooledBlobWriter):
         def sync() -> None:
             try:
                 os.fsync(fd)
-            except OSError:
-                pass  # commit's own fsync sees it again and reports it
+            except OSError as exc:
+                self._sync_error = exc
             finally:
                 os.close(fd)
 
@@ -809,6 +811,8 @@ class _FileBlobWriter(SpooledBlobWriter):
         if self._syncing is not None:
             self._syncing.join()
         try:
+            if self._sync_error is not None:  # never visible unless durable
+                raise self._sync_error
             os.fsync(self._handle.fileno())  # durable before visible, as every blob
             shard = os.path.join(self._fs._vault_path(self._session), blob_id[:2])
             target = os.path.join(shard, blob_id)
