@@ -345,3 +345,18 @@ router:
     rc, out, _ = cli("validate", "--format", "json", str(p))
     assert rc == 0 and json.loads(out)["diagnostics"] == [], out
     Engine.load(p).session(tmp_path / "st" / "s", model=MODEL).prepare(convo(5))
+
+
+def test_each_report_gets_its_own_budget_status_as_json_would_give_it(tmp_path: Path) -> None:
+    # The status is made once and copied per report: an edit of one report's copy must not
+    # reach the next report, and the copy is what JSON gives back (lists, not tuples).
+    e = Engine.load("builtin:default")
+    s = e.session(tmp_path / "s", model="gpt-4o")
+    msgs = [{"role": "user", "content": "hello"}]
+    first = s.prepare(msgs).report["budget_status"]
+    assert first == json.loads(json.dumps(first))
+    first["level"] = "edited"
+    first["totals"].clear()
+    second = s.prepare(msgs).report["budget_status"]
+    assert second["level"] == "ok" and second["totals"]
+    assert second is not first and second["totals"] is not first["totals"]

@@ -19,7 +19,7 @@ import pytest
 from conftest import REPO, transcript_path
 
 from ctxrules import Engine
-from ctxrules.resources import schema_path
+from ctxrules.resources import rules_dir, schema_path
 from ctxrules.runtime import checkpoint
 from ctxrules.runtime.guards import RequestRejected
 from ctxrules.runtime.subagents import TooManyDescendants
@@ -190,6 +190,18 @@ def test_pack_edit_is_picked_up_on_the_next_call(tmp_path: Path) -> None:
     r = s.prepare(history())
     assert r.report["budget"]["thresholds"]["full"] == 0.80  # the broken edit is not applied
     assert any("now invalid" in w and "CR050" in w for w in r.report["warnings"])
+
+
+def test_a_hot_reload_watches_the_users_pack_files_not_the_built_in_ones(tmp_path: Path) -> None:
+    # The built-in packs ship inside the package: polling their 18 files on every prepare cost
+    # a warm turn more than most of its stages, and only an upgrade rewrites them.
+    pack = write_pack(tmp_path, "extends: builtin:default\ncontext: {thresholds: {full: 0.70}}\n")
+    engine = Engine.load(pack)
+    builtin = str(rules_dir().resolve())
+    resolved = [str(Path(p).resolve()) for p in engine.pack.real_paths.values()]
+    assert any(p.startswith(builtin) for p in resolved)  # the pack does extend built-in files
+    assert [str(Path(p).resolve()) for p in engine._paths] == [str(pack.resolve())]
+    assert Engine.load("builtin:default")._paths == ()
 
 
 # -- sub-agents -----------------------------------------------------------------------------

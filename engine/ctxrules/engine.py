@@ -47,6 +47,7 @@ from ctxrules.private_files import check_dir
 from ctxrules.progress import listening
 from ctxrules.prompts.assemble import assemble
 from ctxrules.recall import RecallSettings, answer_recall, referenced_ids, tool_definition
+from ctxrules.resources import rules_dir
 from ctxrules.results import PrepareResult
 from ctxrules.runtime import checkpoint
 from ctxrules.runtime.continuation import Decision, evaluate
@@ -129,9 +130,11 @@ class Engine:
         )
         canonical = json.dumps(pack.data, sort_keys=True, ensure_ascii=False, default=str)
         self.digest = hashlib.sha256(canonical.encode("utf-8")).hexdigest()
-        # The pack's files as strings: every prepare stats them all (a hot reload), and a str
-        # path skips the conversion of a Path on each of those calls.
-        self._paths = tuple(os.fspath(p) for p in pack.real_paths.values())
+        # The pack's files as strings: every prepare stats them (a hot reload), and a str path
+        # skips the conversion of a Path on each of those calls. Not the built-in pack files:
+        # they are part of the installed package (rewritten only by an upgrade, whose new code
+        # this process does not run either), and `builtin:default` alone is 18 files.
+        self._paths = _watched(pack.real_paths.values())
         self._stamps = _stamps(self._paths)
         self._refresh_lock = threading.Lock()
         self._compacting: dict[str, list[str]] = {}  # tier -> compacting stages (_compacting_at)
@@ -997,6 +1000,16 @@ def _log_prepare(session_id: str, report: dict[str, Any]) -> None:
         changed=",".join(changed) or "-",
         ms=round(report.get("ms", 0.0), 1),
     )
+
+
+def _watched(paths: Any) -> tuple[str, ...]:
+    """The pack files a hot reload looks at: every one outside the built-in packs' folder."""
+    try:
+        builtin = os.path.join(os.fspath(rules_dir().resolve()), "")
+    except CtxrulesError:  # installed without the folder: every file is the user's
+        builtin = None
+    names = (os.fspath(p) for p in paths)
+    return tuple(n for n in names if builtin is None or not os.path.abspath(n).startswith(builtin))
 
 
 def _stamps(paths: Any) -> tuple[tuple[str, int, int], ...]:

@@ -31,6 +31,7 @@ __all__ = [
     "json_pieces",
     "json_sha256",
     "json_text",
+    "json_text_canonical",
     "json_text_sorted",
     "known_value",
     "list_pieces",
@@ -47,7 +48,9 @@ _escape: Callable[[str], str] = json.encoder.encode_basestring
 _ENCODERS: dict[tuple[bool, tuple[str, str]], json.JSONEncoder] = {}
 
 
-def _make_text(sort_keys: bool) -> Callable[[Any], str]:
+def _make_text(
+    sort_keys: bool, separators: tuple[str, str] = (", ", ": "), default: Callable[[Any], Any] | None = None
+) -> Callable[[Any], str]:
     """``json.dumps(value, ensure_ascii=False, sort_keys=sort_keys)`` as one C encoder made once
     (``JSONEncoder.encode`` builds a new one on every call, and a warm turn calls it for each
     new message and the state). Made without a circular-reference check: the values are
@@ -55,8 +58,10 @@ def _make_text(sort_keys: bool) -> Callable[[Any], str]:
     and a check would keep a table shared between calls and threads."""
     make = getattr(json.encoder, "c_make_encoder", None)
     if make is None:  # no C accelerator (another Python implementation): the library's way
-        return json.JSONEncoder(ensure_ascii=False, sort_keys=sort_keys).encode
-    encoder = make(None, json.JSONEncoder().default, _escape, None, ": ", ", ", sort_keys, False, True)
+        return json.JSONEncoder(ensure_ascii=False, sort_keys=sort_keys, separators=separators, default=default).encode
+    item_separator, key_separator = separators
+    fallback = json.JSONEncoder().default if default is None else default
+    encoder = make(None, fallback, _escape, None, key_separator, item_separator, sort_keys, False, True)
     join = "".join
 
     def text(value: Any) -> str:
@@ -69,6 +74,9 @@ json_text: Callable[[Any], str] = _make_text(False)
 """``json.dumps(value, ensure_ascii=False)`` (the same text), without building an encoder."""
 json_text_sorted: Callable[[Any], str] = _make_text(True)
 """``json.dumps(value, ensure_ascii=False, sort_keys=True)`` (the same text), likewise."""
+json_text_canonical: Callable[[Any], str] = _make_text(True, (",", ":"), str)
+"""``json.dumps(value, ensure_ascii=False, sort_keys=True, separators=(",", ":"), default=str)``
+(the same text), likewise: the form cache digests hash."""
 
 
 def _encoder(sort_keys: bool = False, separators: tuple[str, str] = (", ", ": ")) -> json.JSONEncoder:

@@ -435,8 +435,11 @@ def message_digest(message: Mapping[str, Any]) -> str:
 
 def clone_json(value: Any) -> Any:
     """A copy of JSON-like data; much cheaper than ``copy.deepcopy`` (no memo, no reduce)."""
-    if isinstance(value, dict):
+    kind = type(value)
+    if kind is str:  # most values: one test, not two
+        return value
+    if kind is dict or isinstance(value, dict):
         return {k: clone_json(v) for k, v in value.items()}
-    if isinstance(value, list):
+    if kind is list or isinstance(value, list):
         return [clone_json(v) for v in value]
     return value

@@ -13,6 +13,7 @@ from typing import Any
 
 from ctxrules.budget.ledger import Totals
 from ctxrules.budget.policy import BudgetPolicy, Level
+from ctxrules.messages import clone_json
 
 __all__ = ["BudgetStatus", "BurnRate", "DimensionStatus"]
 
@@ -91,7 +92,7 @@ class BudgetStatus:
     turn: Totals = field(default_factory=Totals)
     own_calls: int = 0
     bad_lines: int = 0
-    _as_json: str | None = field(default=None, init=False, repr=False, compare=False)
+    _report: dict[str, Any] | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def binding(self) -> DimensionStatus | None:
@@ -156,14 +157,16 @@ class BudgetStatus:
         )
 
     def report_dict(self) -> dict[str, Any]:
-        """:meth:`as_dict` for a report: made once per status as JSON text and decoded for each
-        report (a new dict each time, the caller's to change). A session whose ledgers did not
-        change gets the same status on every prepare (``SessionLedger.status``)."""
-        text = self._as_json
-        if text is None:
-            text = self._as_json = json.dumps(self.as_dict())
-        loaded: dict[str, Any] = json.loads(text)
-        return loaded
+        """:meth:`as_dict` for a report, as JSON would give it back (lists, not tuples): made once
+        per status and copied for each report (a new dict each time, the caller's to change). A
+        session whose ledgers did not change gets the same status on every prepare
+        (``SessionLedger.status``); the copy is the one the turn makes of its messages, not a
+        JSON decode of its own (decoding cost a warm turn more than copying)."""
+        made = self._report
+        if made is None:
+            made = self._report = json.loads(json.dumps(self.as_dict()))
+        copied: dict[str, Any] = clone_json(made)
+        return copied
 
     def as_dict(self) -> dict[str, Any]:
         b = self.binding

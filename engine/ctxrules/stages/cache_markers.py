@@ -47,6 +47,7 @@ from urllib.parse import urlparse
 from ctxrules import structure
 from ctxrules.carry import PerSession
 from ctxrules.hookspecs import hookimpl
+from ctxrules.json_stream import json_text_canonical
 from ctxrules.messages import is_real_user
 from ctxrules.stages.base import Action, Message, StageOutcome, StageType, unchanged
 
@@ -150,7 +151,10 @@ def prefix_layers(messages: Sequence[Mapping[str, Any]]) -> PrefixLayers:
 
 
 def _strip_markers(value: Any) -> Any:
-    if isinstance(value, Mapping):
+    kind = type(value)
+    if kind is str:  # most values: decided without the Mapping check (an ABC test, the slowest)
+        return value
+    if kind is dict or isinstance(value, Mapping):
         return {k: _strip_markers(v) for k, v in value.items() if k != MARKER_KEY}
     if isinstance(value, list):
         return [_strip_markers(v) for v in value]
@@ -174,8 +178,7 @@ def canonical_message(msg: Mapping[str, Any]) -> Any:
 
 
 def _digest(value: Any) -> str:
-    data = json.dumps(value, sort_keys=True, ensure_ascii=False, separators=(",", ":"), default=str)
-    return hashlib.sha256(data.encode("utf-8")).hexdigest()
+    return hashlib.sha256(json_text_canonical(value).encode("utf-8")).hexdigest()
 
 
 def stable_prefix_bytes(messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]]) -> bytes:
