@@ -192,9 +192,11 @@ def test_pack_edit_is_picked_up_on_the_next_call(tmp_path: Path) -> None:
     assert any("now invalid" in w and "CR050" in w for w in r.report["warnings"])
 
 
-def test_a_hot_reload_watches_the_users_pack_files_not_the_built_in_ones(tmp_path: Path) -> None:
-    # The built-in packs ship inside the package: polling their 18 files on every prepare cost
-    # a warm turn more than most of its stages, and only an upgrade rewrites them.
+def test_a_hot_reload_watches_the_users_pack_files_not_the_built_in_ones(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The built-in packs ship inside the package and only an upgrade rewrites them: a prepare
+    # does not stat their files (18 for builtin:default), only the user's.
     pack = write_pack(tmp_path, "extends: builtin:default\ncontext: {thresholds: {full: 0.70}}\n")
     engine = Engine.load(pack)
     builtin = str(rules_dir().resolve())
@@ -202,6 +204,21 @@ def test_a_hot_reload_watches_the_users_pack_files_not_the_built_in_ones(tmp_pat
     assert any(p.startswith(builtin) for p in resolved)  # the pack does extend built-in files
     assert [str(Path(p).resolve()) for p in engine._paths] == [str(pack.resolve())]
     assert Engine.load("builtin:default")._paths == ()
+    s = engine.session(tmp_path / "s", model="gpt-4o")
+    s.prepare(history())
+    looked: list[str] = []
+    real_stat = os.stat
+
+    def stat(path: Any, *args: Any, **kwargs: Any) -> Any:
+        looked.append(os.fspath(path) if isinstance(path, str | os.PathLike) else str(path))
+        return real_stat(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "stat", stat)
+    s.prepare([*history(), {"role": "user", "content": "and then?"}])
+    monkeypatch.undo()
+    watched = {str(Path(p).resolve()) for p in looked if os.path.isabs(p)}
+    assert str(pack.resolve()) in watched
+    assert not any(p.startswith(builtin) for p in watched), sorted(watched)
 
 
 # -- sub-agents -----------------------------------------------------------------------------

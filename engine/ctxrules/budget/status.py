@@ -160,8 +160,8 @@ class BudgetStatus:
         """:meth:`as_dict` for a report, as JSON would give it back (lists, not tuples): made once
         per status and copied for each report (a new dict each time, the caller's to change). A
         session whose ledgers did not change gets the same status on every prepare
-        (``SessionLedger.status``); the copy is the one the turn makes of its messages, not a
-        JSON decode of its own (decoding cost a warm turn more than copying)."""
+        (``SessionLedger.status``); the copy is made by the same ``clone_json`` the turn uses
+        for its messages instead of a JSON decode per report."""
         made = self._report
         if made is None:
             made = self._report = json.loads(json.dumps(self.as_dict()))
