@@ -83,9 +83,9 @@ def test_a_lone_surrogate_is_replaced_with_a_warning_naming_where(tmp_path: Path
     err = proc.stderr.decode()
     assert proc.returncode == 0, err
     assert "/0/content: a lone surrogate was replaced with U+FFFD" in err
-    assert "/1/\ufffdk: a lone surrogate" in err
+    assert "/1/\ufffd(U+DC00)k: a lone surrogate" in err  # the key as it is now
     out = json.loads(proc.stdout.decode("utf-8"))  # valid UTF-8 all through
-    assert out[0]["content"] == "a\ufffdb" and "\ufffdk" in out[1]
+    assert out[0]["content"] == "a\ufffdb" and "\ufffd(U+DC00)k" in out[1]
 
 
 def test_the_api_repairs_surrogates_warns_once_and_keeps_reusing(tmp_path: Path) -> None:
@@ -230,11 +230,11 @@ def test_the_api_repairs_surrogates_in_tools_with_a_warning(tmp_path: Path, shap
         prefix = ""
         props = out["input_schema"]["properties"]
     assert out["description"] == "Run \ufffd a command."
-    assert props == {"pa\ufffdth": {"type": "string", "description": "a file \ufffd"}}
+    assert props == {"pa\ufffd(U+DC00)th": {"type": "string", "description": "a file \ufffd"}}
     schema_key = "parameters" if shape == "openai" else "input_schema"
     (warning,) = [w for w in result.report["warnings"] if "surrogate" in w]
     assert warning.startswith("tool 0 (bash): a lone surrogate in "), warning
-    for field in (f"{prefix}/description", f"{prefix}/{schema_key}/properties/pa\ufffdth/description"):
+    for field in (f"{prefix}/description", f"{prefix}/{schema_key}/properties/pa\ufffd(U+DC00)th/description"):
         assert field in warning, warning
     json.dumps(result.body, ensure_ascii=False).encode("utf-8")  # encodable all through
     # The same tools on the next call: no new warning (as for an unchanged message).
@@ -315,9 +315,9 @@ def test_an_anthropic_body_with_surrogates_is_repaired_naming_the_message(tmp_pa
     body = _anthropic_call({"pa\ud800th": "a\udc00b"}, system="be \ud83d brief")
     result = session.prepare(body, format="anthropic")
     warnings = result.report["warnings"]
-    assert "message 1: a lone surrogate in /content/0/input/pa\ufffdth was replaced with U+FFFD" in warnings
+    assert "message 1: a lone surrogate in /content/0/input/pa\ufffd(U+D800)th was replaced with U+FFFD" in warnings
     assert "request field /system: a lone surrogate was replaced with U+FFFD" in warnings
-    assert result.body["messages"][1]["content"][0]["input"] == {"pa\ufffdth": "a\ufffdb"}
+    assert result.body["messages"][1]["content"][0]["input"] == {"pa\ufffd(U+D800)th": "a\ufffdb"}
     assert result.body["system"] == "be \ufffd brief"
     json.dumps(result.body, ensure_ascii=False).encode("utf-8")
 
@@ -342,3 +342,57 @@ def test_the_quick_check_agrees_with_the_scan(value: dict[str, Any]) -> None:
     found = scan(value)
     clean = not found.problems and not found.replaced
     assert is_plain(value) == clean
+
+
+@pytest.mark.parametrize("depth", [990, 5000])
+def test_json_text_nested_past_pythons_limit_fails_no_stage(tmp_path: Path, depth: int) -> None:
+    """Strings holding JSON nested deeper than Python's recursion limit (arguments, a tool's
+    output, both parsed by stages) are plain strings to the message checks; every stage must
+    still run (json.loads raises RecursionError there, not ValueError), and the output pairs."""
+    deep = "[" * depth + "]" * depth
+    messages = [
+        {"role": "user", "content": "check"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "Bash", "arguments": deep}}],
+        },
+        {"role": "tool", "tool_call_id": "c1", "content": deep},
+        {"role": "tool", "tool_call_id": "orphan", "content": "no call"},
+        {"role": "user", "content": "next"},
+    ]
+    result = Engine.load("builtin:default").session(tmp_path / "s", model="gpt-4o", window=16_000).prepare(messages)
+    failed = [s["id"] for s in result.report["stages"] if s.get("error")]
+    assert failed == [], result.report["warnings"]
+    arguments = result.messages[1]["tool_calls"][0]["function"]["arguments"]
+    assert "ctxrules_invalid_arguments" in json.loads(arguments)
+    assert [m.get("tool_call_id") for m in result.messages if m["role"] == "tool"] == ["c1"]
+
+
+def test_ids_and_keys_that_differ_only_in_lone_surrogates_stay_distinct(tmp_path: Path) -> None:
+    """U+FFFD alone would make "x\\ud800" and "x\\udc00" one id: the results would then be
+    paired with the wrong calls (by order), and two such keys of one object would merge."""
+    raw = (
+        '[{"role": "user", "content": "hi"}, {"role": "assistant", "content": null, "tool_calls": ['
+        '{"id": "x\\ud800", "type": "function", "function": {"name": "f", "arguments": "{}"}},'
+        '{"id": "x\\udc00", "type": "function", "function": {"name": "g", "arguments": "{}"}}]},'
+        '{"role": "tool", "tool_call_id": "x\\udc00", "content": "result of g"},'
+        '{"role": "tool", "tool_call_id": "x\\ud800", "content": "result of f"},'
+        '{"role": "user", "content": "text \\ud800", "meta": {"\\ud800": 1, "\\udc00": 2, "\\ufffd": 3}}]'
+    )
+    proc = run_cli(tmp_path, raw.encode())
+    assert proc.returncode == 0, proc.stderr.decode()
+    cli_out = json.loads(proc.stdout)
+    api_out = (
+        Engine.load("builtin:default")
+        .session(tmp_path / "api", model="gpt-4o", window=32_000)
+        .prepare(json.loads(raw))
+        .messages
+    )
+    for out in (cli_out, api_out):
+        name_of = {c["id"]: c["function"]["name"] for c in out[1]["tool_calls"]}
+        assert len(name_of) == 2
+        answers = {name_of[m["tool_call_id"]]: m["content"] for m in out if m["role"] == "tool"}
+        assert answers == {"f": "result of f", "g": "result of g"}
+        assert sorted(out[4]["meta"].values()) == [1, 2, 3]
+        assert out[4]["content"] == "text \ufffd"  # text keeps the plain replacement

@@ -19,7 +19,7 @@ from invariants import id_problems
 
 from ctxrules.messages import injected_kind, is_injected, mark_injected
 from ctxrules.pipeline.context import StageContext
-from ctxrules.stages.base import Action
+from ctxrules.stages.base import Action, StageOutcome
 from ctxrules.stages.normalize_tool_pairs import STAGE_TYPE, ToolPairRepair, _fixed_arguments, repair_tool_pairs
 from ctxrules.structure import pair_tool_calls, pinned_indices
 from ctxrules.vault import Vault, parse_marker
@@ -188,6 +188,39 @@ def test_invalid_json_arguments_go_to_the_vault_and_a_valid_object_says_so(tmp_p
     action = next(a for a in outcome.actions if a.kind == "arguments_replaced" and a.vault_id)
     assert action.vault_id == marker.vault_id
     assert ToolPairRepair({})(outcome.messages, ctx).actions == []
+
+
+@pytest.mark.parametrize("depth", [101, 1000, 100_000])
+def test_arguments_nested_past_the_limit_go_to_the_vault_whatever_the_stack(tmp_path: Path, depth: int) -> None:
+    """Arguments nested deeper than MAX_DEPTH are not usable JSON: json.loads raises
+    RecursionError on them (not ValueError), which used to fail the whole stage and leave the
+    history unrepaired. The verdict must not depend on how deep the caller's stack is."""
+    deep = "[" * depth + "]" * depth
+    inside = '{"path": "' + "[" * 500 + '"}'  # brackets inside a string do not nest
+    messages = [user(), asst("a", "a", "b"), tool("zz", "orphan"), tool("a", "A"), user("next")]
+    calls = messages[1]["tool_calls"]
+    messages[1] = {
+        **messages[1],
+        "tool_calls": [
+            {**calls[0], "function": {"name": "f", "arguments": deep}},
+            calls[1],
+            {**calls[2], "function": {"name": "g", "arguments": inside}},
+        ],
+    }
+    ctx = make_ctx(tmp_path)
+
+    def nested(levels: int) -> StageOutcome:  # the same call with more of the stack used up
+        return ToolPairRepair({})(messages, ctx) if levels == 0 else nested(levels - 1)
+
+    outcomes = [nested(0), nested(800)]
+    for outcome in outcomes:
+        assert_valid_pairs(outcome.messages)
+        fixed = outcome.messages[1]["tool_calls"]
+        marker = parse_marker(json.loads(fixed[0]["function"]["arguments"])["ctxrules_invalid_arguments"])
+        assert ctx.vault.get_text(marker.vault_id) == deep
+        assert fixed[2]["function"]["arguments"] == inside
+    assert outcomes[0].messages == outcomes[1].messages
+    assert ToolPairRepair({})(outcomes[0].messages, ctx).actions == []
 
 
 def test_repaired_output_converts_to_anthropic_with_litellm() -> None:

@@ -24,6 +24,7 @@ __all__ = [
     "Scan",
     "is_plain",
     "pointer",
+    "repair_surrogates",
     "scan",
     "short_pointer",
 ]
@@ -71,8 +72,9 @@ class Scan:
 
 def pointer(path: Path) -> str:
     """The RFC 6901 JSON pointer of ``path`` (printable: a lone surrogate in a key shows as
-    U+FFFD, as it will be after the repair)."""
-    return _SURROGATE.sub("\ufffd", "".join("/" + str(p).replace("~", "~0").replace("/", "~1") for p in path))
+    U+FFFD and its code point, as it will be after the repair)."""
+    parts = (repair_surrogates(p, exact=True) if isinstance(p, str) else str(p) for p in path)
+    return "".join("/" + p.replace("~", "~0").replace("/", "~1") for p in parts)
 
 
 def short_pointer(path: Path, width: int = 80) -> str:
@@ -185,6 +187,23 @@ def scan(value: Any, *, max_depth: int = MAX_DEPTH, base: Path = ()) -> Scan:
     return result
 
 
+def repair_surrogates(text: str, *, exact: bool = False) -> str:
+    """``text`` with each lone surrogate replaced by U+FFFD; with ``exact``, by U+FFFD and the
+    surrogate's code point (``"\ufffd(U+D800)"``), so that two texts that differed only in
+    their lone surrogates still differ: for what names something (a key, a tool call's id),
+    where two distinct names must not become one."""
+    if not exact:
+        return _SURROGATE.sub("\ufffd", text)
+    return _SURROGATE.sub(lambda m: f"\ufffd(U+{ord(m.group()):04X})", text)
+
+
+def _names_something(path: Path) -> bool:
+    """Whether the string at ``path`` is an identifier: the value of an ``id`` key or of a key
+    ending in ``_id`` (``tool_call_id``, ``tool_use_id``), which pairs calls with results."""
+    key = path[-1] if path else None
+    return isinstance(key, str) and (key == "id" or key.endswith("_id"))
+
+
 def _repaired(value: Any, strings: list[Path], keys: list[Path]) -> Any:
     """``value`` with the strings at ``strings`` and the keys at ``keys`` repaired; every
     container on the way to one is copied, the rest shared."""
@@ -208,13 +227,13 @@ def _repaired(value: Any, strings: list[Path], keys: list[Path]) -> Any:
         if not path:
             return _SURROGATE.sub("\ufffd", value)
         parent = copy_of(path[:-1])
-        parent[path[-1]] = _SURROGATE.sub("\ufffd", parent[path[-1]])
+        parent[path[-1]] = repair_surrogates(parent[path[-1]], exact=_names_something(path))
     # Keys last, deepest first: renaming a key changes the paths below it.
     for path in sorted(keys, key=len, reverse=True):
         parent = copy_of(path[:-1])
         old = path[-1]
         assert isinstance(old, str)
-        renamed = {(_SURROGATE.sub("\ufffd", k) if k == old else k): v for k, v in parent.items()}
+        renamed = {(repair_surrogates(k, exact=True) if k == old else k): v for k, v in parent.items()}
         parent.clear()
         parent.update(renamed)  # in place (the copy is linked into its parent), order kept
     return copies.get((), value)

@@ -163,7 +163,7 @@ def _lines_of(text: str) -> list[str]:
     if text.startswith("[{"):
         try:
             value = json.loads(text)
-        except ValueError:
+        except (ValueError, RecursionError):
             value = None
         if isinstance(value, list) and value and all(isinstance(m, dict) for m in value):
             return [json.dumps(m, ensure_ascii=False) + "\n" for m in value]
@@ -182,7 +182,7 @@ def answer_recall(
     if isinstance(arguments, str):
         try:
             arguments = json.loads(arguments or "{}")
-        except ValueError:
+        except (ValueError, RecursionError):
             raise RecallError("the arguments are not a JSON object") from None
     if not isinstance(arguments, Mapping):
         raise RecallError("the arguments are not a JSON object")

@@ -566,6 +566,6 @@ def redact_json_text(redactor: Redactor, text: str) -> str:
     """Redact a JSON document's string values, keeping it valid JSON (falls back to plain text)."""
     try:
         data = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON, or nested past Python's limit
         return redactor(text)
     return json.dumps(redactor.redact_data(data), ensure_ascii=False)

@@ -135,7 +135,7 @@ def call_arguments(call: Mapping[str, Any]) -> dict[str, Any]:
     if isinstance(raw, str):
         try:
             value = json.loads(raw)
-        except ValueError:
+        except (ValueError, RecursionError):  # not JSON, or nested past Python's limit
             return {}
         return value if isinstance(value, dict) else {}
     return {}

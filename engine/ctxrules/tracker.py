@@ -70,7 +70,7 @@ def _parse(raw: bytes, path: object) -> list[TrackedFile]:
     try:
         data = json.loads(raw)
         return [TrackedFile(str(item["path"]), float(item["touched"]), int(item["seq"])) for item in data["files"]]
-    except (ValueError, KeyError, TypeError) as exc:
+    except (ValueError, KeyError, TypeError, RecursionError) as exc:
         raise TrackerError(f"the tracker file {path} is malformed ({exc}); fix or delete it") from exc
 
 

@@ -405,7 +405,7 @@ def _encode_call(call: Mapping[str, Any]) -> dict[str, Any]:
     if isinstance(arguments, str):
         try:
             value = json.loads(arguments) if arguments.strip() else {}
-        except ValueError:
+        except (ValueError, RecursionError):
             value = {"arguments": arguments}  # Anthropic needs an object; the text is kept
     if not isinstance(value, Mapping):
         value = {} if value is None else {"arguments": value}

@@ -422,7 +422,7 @@ def _truncate_call(
         return call
     try:
         value = json.loads(raw)
-    except ValueError:
+    except (ValueError, RecursionError):
         return call  # not JSON: cutting it could only make it worse for the provider
     before = len(stored)
     shortened = _truncate_json(value, limit_chars, head, tail, cpt, count_text, stored)

@@ -43,6 +43,7 @@ import functools
 import hashlib
 import json
 import operator
+import re
 from collections.abc import Callable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
@@ -50,6 +51,7 @@ from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from ctxrules import structure
 from ctxrules.hookspecs import hookimpl
+from ctxrules.json_limits import MAX_DEPTH
 from ctxrules.messages import mark_injected, tool_call_id
 from ctxrules.stages.base import Action, Message, StageOutcome, StageType, unchanged
 from ctxrules.stages.compress_common import text_id
@@ -382,16 +384,42 @@ def _is_json(text: str) -> bool:
 
 
 def _parses(text: str) -> bool:
-    """Whether ``json.loads(text)`` succeeds. Its scanner is called directly: ``loads`` wraps it
-    in Python (two whitespace regex matches, the decoder's methods), which with the caches cold
-    cost more than scanning a call's arguments; the verdict is the same (JSON whitespace around
-    one value, nothing else; a BOM fails the scan as it fails ``loads``)."""
+    """Whether ``json.loads(text)`` succeeds on a value nested at most ``MAX_DEPTH`` levels. Its
+    scanner is called directly: ``loads`` wraps it in Python (two whitespace regex matches, the
+    decoder's methods), which with the caches cold cost more than scanning a call's arguments;
+    the verdict is the same (JSON whitespace around one value, nothing else; a BOM fails the
+    scan as it fails ``loads``).
+
+    Deeper nesting counts as not JSON (it goes to the vault like other unusable arguments):
+    the scanner recurses, so near Python's recursion limit its verdict would depend on how deep
+    the caller's stack happens to be, and past it it raises ``RecursionError``."""
+    if (text.count("[") + text.count("{") > MAX_DEPTH) and _nesting(text) > MAX_DEPTH:
+        return False
     start = len(text) - len(text.lstrip(_JSON_SPACE))
     try:
         _, end = _SCAN(text, start)
     except (StopIteration, ValueError):
         return False
     return not text[end:].strip(_JSON_SPACE)
+
+
+# A JSON string (skipped whole: brackets inside it do not nest) or a bracket.
+_NESTING_TOKEN = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{}]')
+
+
+def _nesting(text: str) -> int:
+    """The deepest nesting of arrays and objects in ``text`` (read as JSON; an unterminated
+    string ends the count). Only called for texts with more brackets than ``MAX_DEPTH``."""
+    depth = deepest = 0
+    for match in _NESTING_TOKEN.finditer(text):
+        token = match.group()
+        if token == "[" or token == "{":
+            depth += 1
+            if depth > deepest:
+                deepest = depth
+        elif token == "]" or token == "}":
+            depth -= 1
+    return deepest
 
 
 _JSON_SPACE = " \t\n\r"

@@ -322,7 +322,7 @@ class JsonCompact:
 def _parses(text: str) -> bool:
     try:
         json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):  # nested past Python's limit: not usable as JSON
         return False
     return True
 
