@@ -166,6 +166,39 @@ def test_export_then_import_moves_a_session_byte_for_byte(tmp_path: Path) -> Non
     assert (tmp_path / "D" / "x" / "last_output.jsonl").read_bytes() == (a / "last_output.jsonl").read_bytes()
 
 
+def test_an_archive_missing_or_repeating_any_line_imports_nothing(tmp_path: Path) -> None:
+    """Each record line (the turn, a vault item, a document, the key, the ledger) dropped or
+    doubled: refused with CR146 naming the end record, nothing written. An import that went
+    on would leave a session whose output names vault items it lacks, or whose injected
+    messages lost the key they are signed with."""
+    first = ctxrules(*run_args(tmp_path, "--state", "A", "--session", "A/s"), cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    note = "import sys\nfrom ctxrules.notes import SessionNotes\nSessionNotes(sys.argv[1]).add('n', tags=['x'])"
+    subprocess.run([sys.executable, "-c", note, "A/s"], cwd=tmp_path, env=ENV, check=True)
+    exported = ctxrules("sessions", "export", "A/s", "--state", "A", "--to", "s.ctxs", cwd=tmp_path)
+    assert exported.returncode == 0, exported.stderr
+    lines = (tmp_path / "s.ctxs").read_bytes().splitlines(keepends=True)
+    kinds = [json.loads(line).get("kind") for line in lines[1:-1]]
+    assert {"turn", "blob", "doc", "secret", "ledger"} <= set(kinds), kinds
+    for i in range(1, len(lines) - 1):
+        for label, damaged in (("dropped", lines[:i] + lines[i + 1 :]), ("doubled", lines[: i + 1] + lines[i:])):
+            (tmp_path / "bad.ctxs").write_bytes(b"".join(damaged))
+            got = ctxrules("sessions", "import", "bad.ctxs", "--state", "B", "--session", "B/s", cwd=tmp_path)
+            why = f"{kinds[i - 1]} line {label}"
+            assert got.returncode == 2 and "[CR146]" in got.stderr and "end record counts" in got.stderr, why
+            assert not (tmp_path / "B" / "s").exists(), why
+    whole = ctxrules("sessions", "import", "s.ctxs", "--state", "B", "--session", "B/s", cwd=tmp_path)
+    assert whole.returncode == 0, whole.stderr
+
+
+def test_an_archive_line_nested_too_deep_is_a_damaged_archive(tmp_path: Path) -> None:
+    header = {"format": "ctxrules-session", "version": 1, "session": "s"}
+    (tmp_path / "deep.ctxs").write_text(json.dumps(header) + "\n" + "[" * 100_000 + "]" * 100_000 + "\n")
+    got = ctxrules("sessions", "import", "deep.ctxs", "--state", "B", "--session", "B/s", cwd=tmp_path)
+    assert got.returncode == 2 and "[CR146]" in got.stderr and "deep.ctxs:2" in got.stderr, got.stderr
+    assert "internal error" not in got.stderr and not (tmp_path / "B").exists()
+
+
 def test_exporting_a_session_that_is_not_there_is_a_usage_error(tmp_path: Path) -> None:
     got = ctxrules("sessions", "export", "nope", "--state", "A", "--to", "x.ctxs", cwd=tmp_path)
     assert got.returncode == 2 and "[CR147] no session nope to export" in got.stderr

@@ -10,10 +10,11 @@ The archive is JSON lines (UTF-8), one record per line::
     {"kind": "doc", "name": "notes" | "touched" | ..., "data": BASE64}           one per document
     {"kind": "secret", "name": "injection.key", "data": BASE64}  the key its injected tags are signed with
     {"kind": "ledger", "lines": [LINE, ...]}                  the session's own ledger, as written
-    {"kind": "end", "blobs": N, "docs": N, "ledger": N}
+    {"kind": "end", "blobs": N, "docs": N, "ledger": N, "turns": 1, "secrets": N}
 
 Vault blobs keep their exact bytes (and so their ids); an import checks every blob against its
-id and refuses a truncated archive (no ``end`` record) before it writes anything. The day and
+id and refuses a truncated archive (no ``end`` record), or one whose records are not those its
+``end`` record counts (a line lost or repeated), before it writes anything. The day and
 goal ledgers are the store's own history and stay where they are. The archive holds the whole
 conversation and the session's signing key: keep it as private as the session itself.
 """
@@ -82,7 +83,8 @@ def export_session(store: Store, session: str, out: IO[bytes], *, name: str | No
         lines = _all_lines(store, Log("session", session))
         out.write(_line({"kind": "ledger", "lines": [ln.decode("utf-8", "replace") for ln in lines]}))
         counts["ledger"] = len(lines)
-        out.write(_line({"kind": "end", **counts}))
+        # What the reader checks the records against (a line lost in transit is refused).
+        out.write(_line({"kind": "end", **counts, "turns": 1, "secrets": int(secret is not None)}))
     out.flush()
     return counts
 
@@ -106,6 +108,8 @@ def read_archive(lines: Iterable[bytes], where: str) -> tuple[dict[str, Any], li
             obj = json.loads(raw)
         except ValueError as exc:
             raise _bad(f"{where}:{n}: not a ctxrules session archive line ({exc})") from None
+        except RecursionError:
+            raise _bad(f"{where}:{n}: not a ctxrules session archive line (nested too deep)") from None
         if not isinstance(obj, dict):
             raise _bad(f"{where}:{n}: not a ctxrules session archive line (not an object)")
         if header is None:
@@ -138,11 +142,41 @@ def _decode(obj: dict[str, Any], where: str) -> bytes:
         raise _bad(f"{where}:{obj['_line']}: bad base64 data ({exc})") from None
 
 
+def _check_counts(records: list[dict[str, Any]], where: str) -> None:
+    """Refuse an archive whose records are not the ones its end record counts: one turn, one
+    ledger record with ``ledger`` lines, ``blobs`` blobs, ``docs`` documents and (archives that
+    count them) ``secrets`` secrets. A line lost or repeated would otherwise import a session
+    whose output names vault items it lacks, or whose injected messages lose their key."""
+    end = records[-1]
+    found = {"turn": 0, "blob": 0, "doc": 0, "secret": 0, "ledger": 0}
+    ledger_lines = 0
+    for obj in records[:-1]:
+        found[obj["kind"]] += 1
+        if obj["kind"] == "ledger":
+            listed = obj.get("lines")
+            ledger_lines += len(listed) if isinstance(listed, list) else 0
+    expected = [
+        ("turn record(s)", found["turn"], end.get("turns", 1)),
+        ("ledger record(s)", found["ledger"], 1),
+        ("ledger line(s)", ledger_lines, end.get("ledger")),
+        ("vault item(s)", found["blob"], end.get("blobs")),
+        ("document(s)", found["doc"], end.get("docs")),
+        ("secret(s)", found["secret"], end.get("secrets", found["secret"])),
+    ]
+    for what, got, want in expected:
+        if type(want) is not int or got != want:
+            raise _bad(
+                f"{where}:{end['_line']}: the end record counts {want!r} {what}, the archive holds {got} "
+                "(a line lost or added: a damaged archive); nothing was imported"
+            )
+
+
 def import_session(store: Store, session: str, lines: Iterable[bytes], *, where: str) -> dict[str, int]:
     """Write the archive ``lines`` into ``session`` of ``store``; returns the counts. A session
     that exists already is refused (nothing of it is overwritten); everything is checked before
     anything is written."""
     _header, records = read_archive(lines, where)
+    _check_counts(records, where)
     blobs: list[tuple[bytes, str | None]] = []
     docs: list[tuple[Any, bytes]] = []
     ledger: list[dict[str, Any]] = []
