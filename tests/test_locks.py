@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import subprocess
 import sys
 import threading
@@ -140,6 +141,57 @@ def test_another_process_holding_the_lock_times_out(tmp_path: Path) -> None:
         pass
     assert oct(path.stat().st_mode & 0o777) == "0o600"
     assert oct(path.parent.stat().st_mode & 0o777) == "0o700"
+
+
+def test_run_waiting_on_a_held_session_says_so_and_goes_on_when_released(tmp_path: Path) -> None:
+    """A run whose session another process holds (stopped, or slow) waits for it, as the
+    session's contract says, but not silently: one line on stderr names the lock, then the run
+    finishes once the holder lets go."""
+    inp = tmp_path / "in.json"
+    inp.write_text(json.dumps([{"role": "user", "content": "hello"}]))
+    session = tmp_path / "sess"
+    argv = ["run", "--pack", "builtin:default", "--model", "gpt-4o", "--input", str(inp), "--session", str(session)]
+    first, _ = _cli(tmp_path, *argv)
+    assert first.returncode == 0, first.stderr
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from ctxrules.locks import FileLock\n"
+            "with FileLock(sys.argv[1]):\n    print('held', flush=True); sys.stdin.readline()\n",
+            str(session / ".lock"),
+        ],
+        env={**os.environ, "PYTHONPATH": str(ENGINE)},
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+        env = {**os.environ, "PYTHONPATH": str(ENGINE)}
+        waiting = subprocess.Popen(
+            [sys.executable, "-m", "ctxrules.cli.main", *argv],
+            cwd=tmp_path,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        assert waiting.stderr is not None
+        ready, _, _ = select.select([waiting.stderr], [], [], 60)
+        assert ready, "a minute passed without a word: the wait is silent"
+        line = waiting.stderr.readline()
+        assert "lock.wait" in line and str(session / ".lock") in line, line
+        assert waiting.poll() is None, "it waits for the holder"
+        assert holder.stdin is not None
+        holder.stdin.write("\n")
+        holder.stdin.flush()
+        out, err = waiting.communicate(timeout=120)
+        assert waiting.returncode == 0, err
+        assert json.loads(out)[0]["content"] == "hello"
+    finally:
+        holder.kill()
+        holder.communicate()
 
 
 def test_a_symlinked_lock_file_is_refused_and_its_target_untouched(tmp_path: Path) -> None:

@@ -28,6 +28,8 @@ from ctxrules.errors import CtxrulesError
 
 __all__ = ["FileLock", "LockError", "LockTimeout"]
 
+# A wait shorter than this goes unmentioned (another run's save takes milliseconds).
+_QUIET_WAIT_S = 1.0
 _POLL_S = 0.05  # how often a lock with a timeout tries again (filelock's default interval)
 
 
@@ -168,8 +170,8 @@ class _FlockLock:
                     raise LockError(f"cannot lock {self.path}: this thread holds it through another lock object")
                 raise LockTimeout(f"{self.path} is held by another lock object of this thread")
             try:
-                if deadline is None:  # the usual case: wait as long as it takes
-                    _fcntl.flock(fd, _fcntl.LOCK_EX)
+                if deadline is None:  # the usual case: wait as long as it takes, saying so
+                    self._flock_waiting(fd)
                 else:
                     self._flock(fd, deadline)
             except OSError as exc:
@@ -186,6 +188,24 @@ class _FlockLock:
             _fcntl.flock(fd, _fcntl.LOCK_UN)
             self._drop()  # the file went away under the lock: lock the one at the path now
         raise LockError(f"cannot lock {self.path}: the lock file keeps being replaced")
+
+    def _flock_waiting(self, fd: int) -> None:
+        """Take the flock however long it is held elsewhere; past a short wait, say once (a
+        warning log event) that this process is waiting and for what, so a holder that is
+        stopped or slow does not look like a hang."""
+        try:
+            self._flock(fd, time.monotonic() + _QUIET_WAIT_S)
+            return
+        except LockTimeout:
+            pass
+        from ctxrules.logs import get_logger  # here: taking a free lock never imports logging
+
+        get_logger("ctxrules.locks").warning(
+            "lock.wait",
+            path=str(self.path),
+            message=f"waiting for {self.path}: another process holds it (a run of the same session?)",
+        )
+        _fcntl.flock(fd, _fcntl.LOCK_EX)
 
     def _flock(self, fd: int, deadline: float | None) -> None:
         if deadline is None:
