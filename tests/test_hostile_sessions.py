@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cli_kit import run_default
+from cli_kit import cli, run_default
 
 from ctxrules import Engine
 
@@ -211,3 +211,22 @@ def test_other_session_files_planted_as_links_are_refused(tmp_path: Path, name: 
         write(session)
     assert target.read_text() == "precious\n"
     assert (session_dir / name).is_symlink()  # refused, not replaced
+
+
+@pytest.mark.parametrize("swapped", ["session", "vault", "shard"])
+def test_vault_get_does_not_read_through_a_swapped_in_link(tmp_path: Path, swapped: str) -> None:
+    """``vault get`` checks the directories a run checks: a session, vault or shard directory
+    replaced by a link to a copy elsewhere is refused (exit 2, one line), not read from."""
+    session = tmp_path / "state" / "s"
+    s = Engine.load("builtin:default").session(session, model="gpt-4o")
+    item = s.spill("line\n" * 20_000).vault_id
+    assert item
+    shard = session / "vault" / item[:2]
+    where = {"session": session, "vault": session / "vault", "shard": shard}[swapped]
+    copy = tmp_path / "elsewhere"
+    where.rename(copy)
+    where.symlink_to(copy)
+    proc = cli("vault", "get", item[:12], "--session", str(session), "--state", str(tmp_path / "state"))
+    assert proc.returncode == 2, proc.stderr
+    assert "symbolic link" in proc.stderr and "Traceback" not in proc.stderr
+    assert proc.stdout == ""

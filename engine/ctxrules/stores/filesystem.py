@@ -359,6 +359,10 @@ class FilesystemStore:
     def get_blob(self, session: str, blob_id: str) -> bytes:
         path = self._blob_path(session, blob_id)
         try:
+            # The directories on the way, as a run checks them: a link among them would read
+            # from outside the session (``vault get`` on a session whose vault was swapped).
+            for directory in (session, path.parent.parent, path.parent):
+                check_dir(directory)
             data = read_private(path)
         except FileNotFoundError:
             raise VaultError(
