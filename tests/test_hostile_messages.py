@@ -310,6 +310,40 @@ def test_an_anthropic_body_is_checked_before_it_is_decoded(tmp_path: Path, body:
         session.prepare(body, format="anthropic")
 
 
+_USE = {"type": "tool_use", "id": "toolu_1", "name": "bash", "input": {}}
+_RESULT = {"type": "tool_result", "tool_use_id": "toolu_1", "content": "ok"}
+
+
+@pytest.mark.parametrize(
+    ("messages", "needle"),
+    [
+        ([], "messages: an Anthropic request needs at least one message"),
+        (
+            [{"role": "user", "content": [{"type": "text", "text": "go"}, _USE]}],
+            "messages[0].content[1]: a tool_use block in a user turn",
+        ),
+        (
+            [{"role": "user", "content": "go"}, {"role": "assistant", "content": [_USE, _RESULT]}],
+            "messages[1].content[1]: a tool_result block in an assistant turn",
+        ),
+    ],
+    ids=["no-messages", "tool-use-from-the-user", "tool-result-from-the-assistant"],
+)
+def test_an_anthropic_body_anthropic_would_refuse_is_cr141_not_passed_through(
+    tmp_path: Path, messages: list[dict[str, Any]], needle: str
+) -> None:
+    """Blocks on the wrong side of the conversation (and no message at all) cannot be read as
+    a conversation: exit 2 with CR141 naming the block, before any session is opened, instead
+    of an output that fails ``anthropic.validate`` and that the provider refuses."""
+    body = {"model": "claude-sonnet-4-5", "max_tokens": 100, "messages": messages}
+    path = tmp_path / "in.json"
+    path.write_text(json.dumps(body))
+    # --format anthropic: with `auto` an empty list reads as an (empty) OpenAI conversation.
+    proc = run_default(path, "--format", "anthropic", "--state", str(tmp_path / "state"), text=False)
+    err = assert_clean_error(proc, "[CR141]", needle)
+    assert "in.json" in err and not (tmp_path / "state").exists()
+
+
 def test_an_anthropic_body_with_surrogates_is_repaired_naming_the_message(tmp_path: Path) -> None:
     session = Engine.load("builtin:default").session(tmp_path / "s", model="claude-sonnet-4-5")
     body = _anthropic_call({"pa\ud800th": "a\udc00b"}, system="be \ud83d brief")

@@ -79,6 +79,8 @@ def decode(request: object) -> Decoded:
     out: list[Message] = []
     if "system" in request:
         out.append(_decode_system(request["system"]))
+    if not raw:
+        raise FormatError("messages: an Anthropic request needs at least one message")
     for i, message in enumerate(raw):
         where = f"messages[{i}]"
         if not isinstance(message, Mapping):
@@ -91,6 +93,7 @@ def decode(request: object) -> Decoded:
             raise FormatError(f"{where}.content: expected a string or a list of blocks")
         if isinstance(content, list):
             _check_blocks(where, content)
+            _check_roles(where, role, content)
         extra = {k: v for k, v in message.items() if k not in _MESSAGE_KEYS}
         if role == "user":
             out.extend(_decode_user(where, content, extra))
@@ -103,6 +106,19 @@ def decode(request: object) -> Decoded:
             raise FormatError("tools: expected a list of objects")
         decoded_tools = [_decode_tool(f"tools[{i}]", t) for i, t in enumerate(tools)]
     return Decoded(out, decoded_tools, dict(request))
+
+
+# Blocks only one side of the conversation writes: the model calls tools, the user answers.
+_NOT_IN = {"user": ("tool_use",), "assistant": ("tool_result",)}
+
+
+def _check_roles(where: str, role: str, blocks: list[Any]) -> None:
+    """A tool call in a user turn or a tool result in an assistant turn has no place in the
+    conversation (Anthropic refuses the request): an error naming the block, not a pass-through."""
+    for j, block in enumerate(blocks):
+        if block["type"] in _NOT_IN[role]:
+            article = "an" if role == "assistant" else "a"
+            raise FormatError(f"{where}.content[{j}]: a {block['type']} block in {article} {role} turn")
 
 
 def _check_blocks(where: str, blocks: list[Any]) -> None:
