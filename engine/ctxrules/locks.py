@@ -194,6 +194,11 @@ class _FlockLock:
         warning log event) that this process is waiting and for what, so a holder that is
         stopped or slow does not look like a hang."""
         try:
+            _fcntl.flock(fd, _fcntl.LOCK_EX | _fcntl.LOCK_NB)  # free: every prepare's case, one call
+            return
+        except BlockingIOError:
+            pass
+        try:
             self._flock(fd, time.monotonic() + _QUIET_WAIT_S)
             return
         except LockTimeout:
