@@ -378,8 +378,10 @@ _JSON_OPENERS = frozenset("{[")
 def _is_json(text: str) -> bool:
     # The integrity pass runs after every content stage that changed something, over the same
     # unchanged arguments strings: each is parsed once.
+    # Long ones in a memo of their own, a few entries: one holds its text alive, and a text
+    # with many brackets is also walked for its depth (in Python).
     if len(text) > _JSON_MEMO_MAX_CHARS:
-        return _parses(text)
+        return _parses_long(text)
     return _parses_memo(text)
 
 
@@ -393,33 +395,34 @@ def _parses(text: str) -> bool:
     Deeper nesting counts as not JSON (it goes to the vault like other unusable arguments):
     the scanner recurses, so near Python's recursion limit its verdict would depend on how deep
     the caller's stack happens to be, and past it it raises ``RecursionError``."""
-    if (text.count("[") + text.count("{") > MAX_DEPTH) and _nesting(text) > MAX_DEPTH:
-        return False
     start = len(text) - len(text.lstrip(_JSON_SPACE))
     try:
         _, end = _SCAN(text, start)
-    except (StopIteration, ValueError):
+    except (StopIteration, ValueError, RecursionError):
         return False
-    return not text[end:].strip(_JSON_SPACE)
+    if text[end:].strip(_JSON_SPACE):
+        return False
+    # It parsed here; at a few hundred levels it might not have with a deeper stack.
+    return text.count("[") + text.count("{") <= MAX_DEPTH or not _deeper_than(text, MAX_DEPTH)
 
 
 # A JSON string (skipped whole: brackets inside it do not nest) or a bracket.
 _NESTING_TOKEN = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{}]')
 
 
-def _nesting(text: str) -> int:
-    """The deepest nesting of arrays and objects in ``text`` (read as JSON; an unterminated
-    string ends the count). Only called for texts with more brackets than ``MAX_DEPTH``."""
-    depth = deepest = 0
+def _deeper_than(text: str, limit: int) -> bool:
+    """Whether arrays and objects in the JSON ``text`` nest more than ``limit`` levels deep
+    (stops at the first bracket past it). Only called for texts with more brackets than that."""
+    depth = 0
     for match in _NESTING_TOKEN.finditer(text):
         token = match.group()
         if token == "[" or token == "{":
             depth += 1
-            if depth > deepest:
-                deepest = depth
+            if depth > limit:
+                return True
         elif token == "]" or token == "}":
             depth -= 1
-    return deepest
+    return False
 
 
 _JSON_SPACE = " \t\n\r"
@@ -428,6 +431,7 @@ _SCAN: Callable[[str, int], tuple[Any, int]] = json.decoder.JSONDecoder().scan_o
 
 _JSON_MEMO_MAX_CHARS = 65_536
 _parses_memo = functools.lru_cache(maxsize=4096)(_parses)
+_parses_long = functools.lru_cache(maxsize=8)(_parses)
 
 
 def _call_name(call: object) -> str:
