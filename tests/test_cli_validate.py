@@ -464,3 +464,26 @@ def test_skip_non_packs_skips_and_counts_named_yaml_files_that_are_not_packs(  #
     assert (doc["files_checked"], doc["files_skipped"], doc["errors"]) == (1, 2, 2)
     code, out, _ = cli("validate", ".github/dependabot.yml")  # named without the flag: checked
     assert code == 1 and "CR015" in out
+
+
+def test_skip_non_packs_refuses_a_fifo_or_a_huge_file_without_reading_it(tmp_path: Path) -> None:
+    """The pre-commit hook passes every changed YAML name with --skip-non-packs: deciding whether
+    a file is a pack must not read a FIFO (blocks forever) or a huge file (fills memory) first;
+    both are CR101, as when named without the flag."""
+    import os
+    import subprocess
+
+    from cli_kit import cli as run_cli
+
+    fifo = tmp_path / "pipe.yaml"
+    os.mkfifo(fifo)
+    huge = tmp_path / "huge.yaml"
+    with huge.open("wb") as f:
+        f.truncate(1 << 31)  # sparse: 2 GiB that a whole read would pull into memory
+    try:
+        proc = run_cli("validate", "--skip-non-packs", "pipe.yaml", "huge.yaml", cwd=tmp_path, timeout=60)
+    except subprocess.TimeoutExpired:
+        pytest.fail("validate --skip-non-packs blocked on a FIFO")
+    assert proc.returncode == 1, proc.stderr
+    assert "pipe.yaml:1:1: error[CR101]" in proc.stdout and "huge.yaml:1:1: error[CR101]" in proc.stdout
+    assert "Traceback" not in proc.stderr

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 from collections.abc import Sequence
 from itertools import pairwise
 from pathlib import Path
@@ -12,6 +13,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from ctxrules.compressors.checks import check_compressors
 from ctxrules.diagnostics import Diagnostic, Reporter, did_you_mean
 from ctxrules.errors import UsageError
+from ctxrules.packs.confine import MAX_PACK_BYTES
 from ctxrules.packs.loader import PackLoader, ResolvedPack
 from ctxrules.packs.source import escape_token
 from ctxrules.stages.base import options_schema_for
@@ -290,8 +292,13 @@ def _check_regexes(rep: Reporter, data: dict[str, Any]) -> None:
 
 
 def is_pack_file(path: Path) -> bool:
-    """In a folder, a YAML file is a pack when it says so at top level (other YAML is skipped)."""
+    """In a folder, a YAML file is a pack when it says so at top level (other YAML is skipped).
+    What is not a regular file within the size limit (a FIFO would block the read forever, a
+    device or a huge file fill memory) counts as a pack, so that validation refuses it: CR101."""
     try:
+        st = path.stat()
+        if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_PACK_BYTES:
+            return True
         head = path.read_text(encoding="utf-8", errors="replace")
     except OSError:
         return True  # let validation report the read error
