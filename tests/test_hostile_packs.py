@@ -463,3 +463,32 @@ def test_unusable_numbers_are_a_located_error(tmp_path: Path, value: str) -> Non
     proc = ctxrules("validate", "p.yaml", cwd=tmp_path)
     out = clean(proc)
     assert proc.returncode == 1 and "p.yaml:5:11: error[CR104]" in out, out
+
+
+@pytest.mark.parametrize(
+    ("body", "where"),
+    [
+        ('  description: "bad \\ud800 text"\n', "6:16"),
+        ('prompts:\n  variables:\n    "k\\udc00": {default: x}\n', "8:5"),
+        ('  description: "\\ud83d\\ude00 then \\udc01"\n', "6:16"),
+    ],
+)
+def test_a_lone_surrogate_is_a_located_error_in_every_verb(tmp_path: Path, body: str, where: str) -> None:
+    head = "apiVersion: ctxrules/v1\nkind: RulePack\nmetadata:\n  name: s\n  version: 1.0.0\n"
+    (tmp_path / "p.yaml").write_text(head + body, encoding="utf-8")
+    (tmp_path / "m.json").write_text('[{"role": "user", "content": "hi"}]', encoding="utf-8")
+    for argv in (
+        ("validate", "p.yaml"),
+        ("explain", "p.yaml"),
+        ("run", "--pack", "p.yaml", "--model", "gpt-4o", "--input", "m.json"),
+    ):
+        proc = ctxrules(*argv, cwd=tmp_path)
+        out = clean(proc)
+        assert proc.returncode == 1 and f"p.yaml:{where}: error[CR001]" in out and "lone surrogate" in out, (argv, out)
+
+
+def test_an_escaped_surrogate_pair_is_the_character_it_encodes(tmp_path: Path) -> None:
+    write(tmp_path, "p.yaml", 'prompts:\n  variables:\n    who: {default: "\\ud83d\\ude00"}\n')
+    proc = ctxrules("explain", "p.yaml", cwd=tmp_path)
+    out = clean(proc)
+    assert proc.returncode == 0 and "\U0001f600" in out, out

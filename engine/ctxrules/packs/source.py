@@ -8,6 +8,7 @@ values from it, recording ``(line, column)`` (1-based) for every JSON pointer on
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -98,9 +99,33 @@ def _pos(node: yaml.Node) -> tuple[int, int]:
     return (node.start_mark.line + 1, node.start_mark.column + 1)
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _whole_text(value: str, node: yaml.Node, pointer: str) -> str:
+    """``value`` with escaped surrogate pairs (``"\\ud83d\\ude00"``, JSON's way of writing
+    an emoji) joined into their character. A lone surrogate is not text: no file, digest or
+    terminal can take it, so it is refused where it is written."""
+    if _SURROGATE.search(value) is None:
+        return value
+    joined = value.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "surrogatepass")
+    found = _SURROGATE.search(joined)
+    if found is None:
+        return joined
+    raise YamlProblem(
+        "CR001",
+        f"YAML: the string holds a lone surrogate (U+{ord(found.group()):04X}), which is not a character",
+        *_pos(node),
+        pointer,
+        hint="write the character itself, or a \\U escape of a code point outside D800-DFFF",
+    )
+
+
 class _Builder:
-    def __init__(self, loader: yaml.SafeLoader) -> None:
+    def __init__(self, loader: yaml.SafeLoader, text: str) -> None:
         self.loader = loader
+        # A surrogate reaches a string only through a \u or \U escape (the file is UTF-8).
+        self.escapes = "\\u" in text or "\\U" in text
         self.positions: dict[str, tuple[int, int]] = {}
         self.open: set[int] = set()  # collections being built (an alias back into one loops)
         self.count = 0
@@ -121,7 +146,7 @@ class _Builder:
         if kind is yaml.ScalarNode and node.tag == _STR and self.count <= MAX_VALUES:
             # What the constructor returns for a string, without its Python-level dispatch
             # (most values of a pack are strings; this was half the time of reading one).
-            return node.value
+            return _whole_text(node.value, node, pointer) if self.escapes else node.value
         if isinstance(node, yaml.MappingNode | yaml.SequenceNode):
             if id(node) in self.open:
                 raise YamlProblem("CR001", "YAML: an alias refers to the collection holding it", *_pos(node), pointer)
@@ -165,6 +190,8 @@ class _Builder:
                 line, col = _pos(key_node)
                 raise YamlProblem("CR002", "mapping keys must be plain strings", line, col, pointer)
             key = key_node.value if key_node.tag == _STR else self.loader.construct_object(key_node)
+            if self.escapes and isinstance(key, str):
+                key = _whole_text(key, key_node, pointer)
             if not isinstance(key, str):
                 # `on:`/`yes:`/`1:` become bool/int under YAML 1.1; packs only have string keys.
                 key = str(key_node.value)
@@ -221,7 +248,7 @@ def _parse_fast(text: str, path: str) -> SourceDoc | None:
             node = loader.get_single_node()
             if node is None:
                 return SourceDoc(path, text, None, {"": (1, 1)})
-            builder = _Builder(loader)
+            builder = _Builder(loader, text)
             return SourceDoc(path, text, builder.build(node, ""), builder.positions)
         finally:
             loader.dispose()
@@ -264,7 +291,7 @@ def _parse_pure(text: str, path: str) -> SourceDoc:
             raise YamlProblem("CR001", "YAML: values are nested too deeply", mark.line + 1, mark.column + 1) from None
         if node is None:
             return SourceDoc(path, text, None, {"": (1, 1)})
-        builder = _Builder(loader)
+        builder = _Builder(loader, text)
         try:
             data = builder.build(node, "")
         except yaml.constructor.ConstructorError as exc:
