@@ -492,3 +492,17 @@ def test_an_escaped_surrogate_pair_is_the_character_it_encodes(tmp_path: Path) -
     proc = ctxrules("explain", "p.yaml", cwd=tmp_path)
     out = clean(proc)
     assert proc.returncode == 0 and "\U0001f600" in out, out
+
+
+def test_an_extends_chain_or_cycle_of_any_length_is_no_recursion_error(tmp_path: Path) -> None:
+    head = "apiVersion: ctxrules/v1\nkind: RulePack\nmetadata: {name: p%d, version: 1.0.0}\n"
+    n = 1500  # past Python's recursion limit, which a recursive walk of `extends` hit at ~980
+    for i in range(n):
+        (tmp_path / f"c{i}.yaml").write_text(head % i + (f"extends: ./c{i + 1}.yaml\n" if i < n - 1 else ""))
+        (tmp_path / f"y{i}.yaml").write_text(head % i + f"extends: ./y{(i + 1) % n}.yaml\n")
+    proc = ctxrules("validate", "c0.yaml", cwd=tmp_path)
+    assert proc.returncode == 0, clean(proc)
+    proc = ctxrules("validate", "y0.yaml", cwd=tmp_path)
+    out = clean(proc)
+    assert proc.returncode == 1 and f"y{n - 1}.yaml:4:10: error[CR031] extends forms a cycle: y0.yaml" in out, out
+    assert f"{n - 10} more" in out and len(out) < 2000, out  # a long cycle is named by its ends

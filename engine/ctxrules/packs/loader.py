@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
@@ -284,31 +284,49 @@ class PackLoader:
             report("CR032", f"'{ref}' asks for {text} but the pack is version {version}")
 
     def _linearize(
-        self, path: Path, stack: list[Path], done: set[Path], order: list[Path], diagnostics: list[Diagnostic]
+        self, root: Path, stack: list[Path], done: set[Path], order: list[Path], diagnostics: list[Diagnostic]
     ) -> None:
-        if path in done:
-            return
-        doc, _ = self.read(path)
-        if doc is None or not isinstance(doc.data, dict):
-            done.add(path)
-            order.append(path)
-            return
-        stack.append(path)
-        parents = doc.data.get("extends", [])
-        entries = [parents] if isinstance(parents, str) else parents if isinstance(parents, list) else []
-        for i, ref in enumerate(entries):
-            pointer = "/extends" if isinstance(parents, str) else f"/extends/{i}"
+        """Append ``root`` and every pack it extends to ``order``, parents first (depth-first,
+        in the order written). The walk keeps its own stack, so a chain or cycle of any length
+        is a diagnostic, not a RecursionError."""
+        pending: list[tuple[SourceDoc, Iterator[tuple[str, Any]]]] = []
+
+        def enter(path: Path) -> None:
+            doc, _ = self.read(path)
+            if doc is None or not isinstance(doc.data, dict):
+                done.add(path)
+                order.append(path)
+                return
+            stack.append(path)
+            pending.append((doc, self._parents(doc)))
+
+        if root not in done:
+            enter(root)
+        while pending:
+            path = stack[-1]
+            doc, parents = pending[-1]
+            step = next(parents, None)
+            if step is None:
+                pending.pop()
+                stack.pop()
+                done.add(path)
+                order.append(path)
+                continue
+            pointer, ref = step
             origin = doc.origin(pointer)
             parent = self._locate(ref, path.parent, (origin, pointer), diagnostics)
-            if parent is None:
+            if parent is None or parent in done:
                 continue
             if parent in stack:
-                cycle = " -> ".join(self.display_path(p) for p in [*stack[stack.index(parent) :], parent])
+                cycle = [*stack[stack.index(parent) :], parent]
+                shown = [self.display_path(p) for p in cycle]
+                if len(shown) > 12:  # a cycle through a thousand files is named by its ends
+                    shown = [*shown[:6], f"... {len(shown) - 11} more ...", *shown[-5:]]
                 diagnostics.append(
                     Diagnostic(
                         "CR031",
                         "error",
-                        f"extends forms a cycle: {cycle}",
+                        f"extends forms a cycle: {' -> '.join(shown)}",
                         origin.file,
                         origin.line,
                         origin.col,
@@ -316,10 +334,17 @@ class PackLoader:
                     )
                 )
                 continue
-            self._linearize(parent, stack, done, order, diagnostics)
-        stack.pop()
-        done.add(path)
-        order.append(path)
+            enter(parent)
+
+    @staticmethod
+    def _parents(doc: SourceDoc) -> Iterator[tuple[str, Any]]:
+        """``(pointer, reference)`` for each entry of the document's ``extends``."""
+        parents = doc.data.get("extends", [])
+        if isinstance(parents, str):
+            yield "/extends", parents
+        elif isinstance(parents, list):
+            for i, ref in enumerate(parents):
+                yield f"/extends/{i}", ref
 
 
 def _disabled_ids(tree: OMap) -> dict[str, list[str]]:
