@@ -506,3 +506,52 @@ def test_an_extends_chain_or_cycle_of_any_length_is_no_recursion_error(tmp_path:
     out = clean(proc)
     assert proc.returncode == 1 and f"y{n - 1}.yaml:4:10: error[CR031] extends forms a cycle: y0.yaml" in out, out
     assert f"{n - 10} more" in out and len(out) < 2000, out  # a long cycle is named by its ends
+
+
+@pytest.mark.parametrize(
+    ("metadata", "code"),
+    [
+        ("version: 1.0.{big}", "CR020"),
+        ("version: 1.0.0-{big}", "CR020"),
+        ("version: 1.0.0, requires: '>={big}'", "CR022"),
+    ],
+)
+def test_a_version_number_of_thousands_of_digits_is_a_located_error(tmp_path: Path, metadata: str, code: str) -> None:
+    big = "9" * 5000  # past the 4,300 digits int() reads
+    body = f"apiVersion: ctxrules/v1\nkind: RulePack\nmetadata: {{name: v, {metadata.format(big=big)}}}\n"
+    (tmp_path / "p.yaml").write_text(body, encoding="utf-8")
+    (tmp_path / "c.yaml").write_text(HEAD + f"extends: 'builtin:default@^{big}'\n", encoding="utf-8")
+    for argv in (("validate", "p.yaml"), ("explain", "p.yaml")):
+        proc = ctxrules(*argv, cwd=tmp_path)
+        out = clean(proc)
+        assert proc.returncode == 1 and f"error[{code}]" in out, (argv, out[:500])
+    proc = ctxrules("validate", "c.yaml", cwd=tmp_path)
+    out = clean(proc)
+    assert proc.returncode == 1 and "c.yaml:4:10: error[CR022]" in out, out[:500]
+
+
+def test_nothing_a_pack_says_acts_on_the_terminal(tmp_path: Path) -> None:
+    """Escape sequences, a carriage return, a bidirectional override and a lone surrogate written
+    in a pack reach the terminal as escapes, in every format a person reads."""
+    body = (
+        "apiVersion: ctxrules/v1\nkind: RulePack\n"
+        'metadata: {name: "n\\e]0;owned\\x07", version: 1.0.0, description: "abc \\u202edcba"}\n'
+        '"k\\e[2J\\rX\\u202e": 1\n'
+    )
+    (tmp_path / "p.yaml").write_text(body, encoding="utf-8")
+    unsafe = ("\x1b", "\r", "\x07", "\u202e")
+    for argv in (("validate", "p.yaml"), ("validate", "--format", "github", "p.yaml"), ("explain", "p.yaml")):
+        proc = ctxrules(*argv, cwd=tmp_path)
+        out = clean(proc)
+        assert proc.returncode == 1 and "unknown key 'k\\x1b[2J\\x0dX\\u202e'" in out, (argv, out)
+        assert not any(c in out for c in unsafe), (argv, out)
+    (tmp_path / "p.yaml").write_text(body.rsplit('"k', 1)[0], encoding="utf-8")
+    proc = ctxrules("explain", "p.yaml", cwd=tmp_path)
+    out = clean(proc)
+    assert proc.returncode == 0 and not any(c in out for c in unsafe), out
+    assert "# pack: n\\x1b]0;owned\\x07 " in out
+    # The YAML that explain prints still reads back as the values the pack holds.
+    import yaml
+
+    metadata = yaml.safe_load(out)["metadata"]
+    assert metadata["name"] == "n\x1b]0;owned\x07" and metadata["description"] == "abc \u202edcba"

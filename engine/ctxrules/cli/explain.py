@@ -12,6 +12,7 @@ from ctxrules.packs.loader import _BUILTIN_REF, BUILTIN_PREFIX, builtin_names, b
 from ctxrules.packs.models_match import effective_context, select_model_entry
 from ctxrules.packs.render import to_yaml
 from ctxrules.packs.validated import load_pack
+from ctxrules.printable import printable
 from ctxrules.timeouts import TimeoutPolicy, lint_timeouts, render_table
 
 
@@ -38,7 +39,7 @@ def run(args: argparse.Namespace) -> int:
         return _print_timeouts(pack)
     origins = pack.origins() if args.origins else None
     out = []
-    out.append(f"# pack: {pack.name} (files applied: {', '.join(pack.files)})")
+    out.append(printable(f"# pack: {pack.name} (files applied: {', '.join(pack.files)})"))
     if args.model:
         hit = select_model_entry(pack.data, args.model)
         if hit is None:
@@ -76,7 +77,7 @@ def _check_exists(ref: str) -> None:
 def _print_timeouts(pack: Any) -> int:
     """The effective-timeouts table (``--timeouts``) and the timeout lints with their numbers."""
     policy = TimeoutPolicy.from_pack(pack.data)
-    head = f"# pack: {pack.name} (files applied: {', '.join(pack.files)})\n"
+    head = printable(f"# pack: {pack.name} (files applied: {', '.join(pack.files)})") + "\n"
     if policy is None:
         sys.stdout.write(
             head + "# no timeouts: declared (stream timeouts belong to the agent runtime; see docs/timeouts.md)\n"

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 
 from ctxrules._version import __version__
 from ctxrules.errors import CtxrulesError
+from ctxrules.printable import printable
 
 # Verb -> the module that implements it. Each module defines ``register(subparsers)``; its
 # parser sets ``func(args) -> int``. Only the verb being run is imported (``ctxrules validate``
@@ -39,7 +40,7 @@ VERBS: dict[str, str] = {
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # type: ignore[override]
         self.print_usage(sys.stderr)
-        sys.stderr.write(f"{self.prog}: error: {message}\n")
+        sys.stderr.write(f"{self.prog}: error: {printable(message, one_line=False)}\n")
         raise SystemExit(2)
 
 
@@ -74,7 +75,7 @@ def run(argv: Sequence[str] | None = None) -> int:
             configure()  # an unknown CTXRULES_LOG level is a usage error before any work
         code: int = args.func(args)
     except CtxrulesError as exc:
-        sys.stderr.write(f"ctxrules: error: {exc}\n")
+        sys.stderr.write(f"ctxrules: error: {printable(str(exc), one_line=False)}\n")
         return exc.exit_code
     except BrokenPipeError:
         return 0
@@ -106,7 +107,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         if os.environ.get("CTXRULES_DEBUG"):
             raise
         sys.stderr.write(
-            f"ctxrules: internal error: {type(exc).__name__}: {exc}\n"
+            f"ctxrules: internal error: {type(exc).__name__}: {printable(str(exc), one_line=False)}\n"
             "  (this is a bug in ctxrules; set CTXRULES_DEBUG=1 for a traceback)\n"
         )
         code = 2

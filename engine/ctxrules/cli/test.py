@@ -12,6 +12,7 @@ from ctxrules.compressors.testing import run_compressor_tests
 from ctxrules.engine import Engine
 from ctxrules.errors import PackError
 from ctxrules.packtests import CaseResult, run_pack_tests
+from ctxrules.printable import printable
 from ctxrules.validation.validate import collect_files
 
 
@@ -88,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
         line = f"{label} {r.pack}::{r.id}" + (f" ({r.ms:.0f} ms)" if r.ms else "")
         if r.message:
             line += f": {r.message}"
-        sys.stdout.write(line + "\n")
+        sys.stdout.write(printable(line, one_line=False) + "\n")  # ids and messages quote the pack
     passed = sum(r.status == "passed" for r in results)
     failed = sum(r.status == "failed" for r in results)
     skipped = sum(r.status == "skipped" for r in results)

@@ -10,9 +10,16 @@ import yaml
 
 from ctxrules.packs.source import Origin, escape_token
 
+# Characters YAML prints as they are but a terminal does not show in the order they have: the
+# bidirectional marks, embeddings, overrides and isolates. A string holding one is written
+# double-quoted with every non-ASCII character escaped, which reads back the same.
+_BIDI = re.compile("[\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
 
 def _scalar(value: Any) -> str:
     """One value on one line (a string that PyYAML would fold is written double-quoted)."""
+    if isinstance(value, str) and _BIDI.search(value):
+        return yaml.safe_dump(value, default_style='"', width=1_000_000, allow_unicode=False).removesuffix("\n")
     text = yaml.safe_dump(value, default_flow_style=True, width=1_000_000, allow_unicode=True)
     # A bare scalar ends with a line break, sometimes after a document end marker ('...').
     # Strip only those: str.strip() would also eat a value's own '\xa0' or '\x85'.
@@ -25,7 +32,9 @@ def _scalar(value: Any) -> str:
 
 # What a literal block (``|``) cannot hold: characters YAML does not print, and line breaks
 # other than '\n' (YAML would read them as line breaks and change the text).
-_NOT_IN_BLOCK = re.compile("[^\t\n\x20-\x7e\xa0-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]|[\u2028\u2029\ufeff]")
+_NOT_IN_BLOCK = re.compile(
+    "[^\t\n\x20-\x7e\xa0-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]|[\u2028\u2029\ufeff]|" + _BIDI.pattern
+)
 
 
 def _as_block(value: Any) -> bool:

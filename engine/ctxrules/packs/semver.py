@@ -49,10 +49,20 @@ class Version:
         return core + ("-" + ".".join(str(p) for p in self.pre) if self.pre else "")
 
 
+# More digits than any version needs, and far fewer than ``int()`` refuses (4,300).
+_MAX_DIGITS = 100
+
+
+def _num(digits: str) -> int:
+    if len(digits) > _MAX_DIGITS:
+        raise RangeError(f"a version number of {len(digits):,} digits (at most {_MAX_DIGITS})")
+    return int(digits)
+
+
 def _pre(text: str | None) -> tuple[int | str, ...]:
     if not text:
         return ()
-    return tuple(int(p) if p.isdigit() else p for p in text.split("."))
+    return tuple(_num(p) if p.isdigit() else p for p in text.split("."))
 
 
 def parse_version(text: str) -> Version:
@@ -60,11 +70,18 @@ def parse_version(text: str) -> Version:
     m = _SEMVER.match(text.strip())
     if not m:
         raise RangeError(f"'{text}' is not a semantic version (MAJOR.MINOR.PATCH)")
-    return Version(int(m[1]), int(m[2]), int(m[3]), _pre(m[4]))
+    return Version(_num(m[1]), _num(m[2]), _num(m[3]), _pre(m[4]))
 
 
 def is_semver(text: object) -> bool:
-    return isinstance(text, str) and _SEMVER.match(text) is not None
+    """A SemVer 2.0 version whose numbers this module can compare (at most 100 digits each)."""
+    if not isinstance(text, str) or _SEMVER.match(text) is None:
+        return False
+    try:
+        parse_version(text)
+    except RangeError:
+        return False
+    return True
 
 
 def _loose(text: str) -> Version:
@@ -72,7 +89,7 @@ def _loose(text: str) -> Version:
     m = _PARTIAL.match(text.strip().split("+", 1)[0])  # build metadata does not order
     if not m or any(p in ("x", "X", "*") for p in m.groups()[:3] if p):
         raise RangeError(f"'{text}' is not a version")
-    return Version(int(m[1]), int(m[2] or 0), int(m[3] or 0), _pre(m[4]))
+    return Version(_num(m[1]), _num(m[2] or "0"), _num(m[3] or "0"), _pre(m[4]))
 
 
 Bound = tuple[str, Version]
@@ -86,7 +103,7 @@ def _comparator(token: str) -> list[Bound]:
     pm = _PARTIAL.match(rest)
     if not pm:
         raise RangeError(f"'{rest}' is not a version")
-    parts = [None if p is None or p in ("x", "X", "*") else int(p) for p in pm.groups()[:3]]
+    parts = [None if p is None or p in ("x", "X", "*") else _num(p) for p in pm.groups()[:3]]
     pre = _pre(pm[4])
     major, minor, patch = parts
     if major is None:

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from ctxrules._version import __version__
+from ctxrules.printable import printable
 from ctxrules.validation.diagnostics import CODES, Diagnostic
 
 SourceReader = Callable[[str], list[str] | None]
@@ -40,15 +41,17 @@ def format_text(
     cache: dict[str, list[str] | None] = {}
     out: list[str] = []
     for d in diags:
-        out.append(f"{d.file}:{d.line}:{d.col}: {d.severity}[{d.code}] {d.message}")
+        # What a pack wrote (a key, a name, a file name) is quoted in messages: nothing in them
+        # may act on the terminal.
+        out.append(f"{printable(d.file)}:{d.line}:{d.col}: {d.severity}[{d.code}] {printable(d.message)}")
         lines = _read_lines(cache, d.file, real_paths or {})
         if lines is not None and 0 < d.line <= len(lines):
             src, caret = _excerpt(lines[d.line - 1].replace("\t", " "), max(d.col - 1, 0))
             gutter = f"{d.line:>4} | "
-            out.append(gutter + src)
+            out.append(gutter + printable(src))
             out.append(" " * (len(gutter) + caret) + "^")
         if d.hint:
-            out.append(f"  help: {d.hint}")
+            out.append(f"  help: {printable(d.hint)}")
     errors = sum(d.severity == "error" for d in diags)
     warnings = sum(d.severity == "warning" for d in diags)
     noun = "file" if files_checked == 1 else "files"
@@ -80,9 +83,9 @@ def format_github(diags: list[Diagnostic], files_checked: int) -> str:
     out = []
     for d in diags:
         level = {"error": "error", "warning": "warning"}.get(d.severity, "notice")
-        msg = d.message + (f" (help: {d.hint})" if d.hint else "")
+        msg = printable(d.message + (f" (help: {d.hint})" if d.hint else ""), one_line=False)
         out.append(
-            f"::{level} file={_gh_escape(d.file, True)},line={d.line},col={d.col},"
+            f"::{level} file={_gh_escape(printable(d.file), True)},line={d.line},col={d.col},"
             f"title={_gh_escape(d.code, True)}::{_gh_escape(msg)}"
         )
     return "\n".join(out) + ("\n" if out else "")

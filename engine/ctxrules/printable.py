@@ -1,0 +1,28 @@
+"""Text from packs, messages and files made safe to print on a terminal.
+
+A pack or a message may hold escape sequences (``ESC [ 2 J`` clears the screen, ``ESC ] 0 ;``
+retitles the window, ``\\r`` overwrites the line), bidirectional overrides that show a line in
+an order other than the one it has, or lone surrogates that a UTF-8 stream cannot encode. A
+diagnostic that quotes such a value shows each of these characters as its escape instead.
+"""
+
+from __future__ import annotations
+
+import re
+
+# C0 controls but tab and newline, DEL and the C1 controls, the bidirectional marks, embeddings,
+# overrides and isolates, and lone surrogates.
+_UNSAFE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
+_UNSAFE_IN_A_LINE = re.compile(_UNSAFE.pattern.replace("\x00-\x08\x0b-\x1f", "\x00-\x1f"))
+
+
+def _escape(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def printable(text: str, *, one_line: bool = True) -> str:
+    """``text`` with every character that would act on the terminal written as its escape
+    (``\\x1b``, ``\\u202e``); tabs and newlines too when ``one_line``."""
+    pattern = _UNSAFE_IN_A_LINE if one_line else _UNSAFE
+    return pattern.sub(_escape, text) if pattern.search(text) else text
