@@ -555,3 +555,23 @@ def test_nothing_a_pack_says_acts_on_the_terminal(tmp_path: Path) -> None:
 
     metadata = yaml.safe_load(out)["metadata"]
     assert metadata["name"] == "n\x1b]0;owned\x07" and metadata["description"] == "abc \u202edcba"
+
+
+def test_a_symlink_in_a_validated_folder_to_a_file_outside_it_is_not_read(tmp_path: Path, outside: Path) -> None:
+    target = outside.parent / "pack.yaml"  # a pack, so that reading it would print its lines
+    target.write_text(HEAD + f"{SECRET}: 1\n", encoding="utf-8")
+    folder = tmp_path / "rules"
+    write(folder, "ok.yaml", "")
+    (folder / "evil.yaml").symlink_to(target)
+    (folder / "notes.yaml").symlink_to(outside)
+    (folder / "same.yaml").symlink_to("ok.yaml")  # a link inside the folder is a pack like any other
+    for fmt in ("text", "github", "json"):
+        proc = ctxrules("validate", "--format", fmt, "rules", cwd=tmp_path)
+        out = clean(proc)
+        assert proc.returncode == 1, out
+        for name in ("evil.yaml", "notes.yaml"):
+            assert f"rules/{name}" in out and "CR100" in out, (fmt, out)
+        assert "same.yaml" not in out and "ok.yaml" not in out, (fmt, out)
+    proc = ctxrules("test", "rules", cwd=tmp_path)
+    out = clean(proc)
+    assert proc.returncode == 1 and "FAIL rules/evil.yaml::(load)" in out and "CR100" in out, out

@@ -92,11 +92,13 @@ HINT = (
 )
 
 
-def read_limited(path: Path, limit: int = MAX_PACK_BYTES, what: str = "file") -> bytes:
+def read_limited(path: Path, limit: int = MAX_PACK_BYTES, what: str = "file", *, follow: bool = True) -> bytes:
     """The bytes of a regular file of at most ``limit`` bytes. Raises :class:`FileRefused`
-    (FIFO, device, folder, too large) or ``OSError``. Never blocks on a FIFO: it is opened
-    with ``O_NONBLOCK`` and refused after ``fstat``."""
+    (FIFO, device, folder, too large) or ``OSError`` (also a symlink, unless ``follow``).
+    Never blocks on a FIFO: it is opened with ``O_NONBLOCK`` and refused after ``fstat``."""
     flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+    if not follow:
+        flags |= getattr(os, "O_NOFOLLOW", 0)
     fd = os.open(path, flags)
     try:
         info = os.fstat(fd)

@@ -18,9 +18,12 @@ def _read_lines(cache: dict[str, list[str] | None], file: str, real: dict[str, P
     if file not in cache:
         from ctxrules.packs.confine import FileRefused, read_limited
 
-        path = real.get(file, Path(file))
+        path = real.get(file)
         try:  # the same rules as for reading the pack: never block on a FIFO, never a huge file
-            cache[file] = read_limited(path).decode("utf-8").splitlines()
+            # A name the loader did not resolve is not followed if it is a symlink: it may be
+            # one that validation refused to read (CR100), whose target must not be printed.
+            raw = read_limited(path) if path is not None else read_limited(Path(file), follow=False)
+            cache[file] = raw.decode("utf-8").splitlines()
         except (OSError, UnicodeDecodeError, FileRefused):
             cache[file] = None
     return cache[file]

@@ -305,11 +305,18 @@ def is_pack_file(path: Path) -> bool:
     return bool(re.search(r"^(apiVersion:\s*['\"]?ctxrules/|kind:\s*['\"]?RulePack\b)", head, re.M))
 
 
-def collect_files(paths: list[str], *, skip_non_packs: bool = False, skipped: list[Path] | None = None) -> list[Path]:
+def collect_files(
+    paths: list[str],
+    *,
+    skip_non_packs: bool = False,
+    skipped: list[Path] | None = None,
+    outside: list[Path] | None = None,
+) -> list[Path]:
     """Files named directly, plus the pack files found below named folders (sorted).
     ``skip_non_packs`` also skips named YAML files that do not declare themselves packs
     (for the pre-commit hook, which passes every changed YAML file); the files passed over
-    that way are appended to ``skipped``."""
+    that way are appended to ``skipped``. A file below a named folder that is a symlink to a
+    file outside that folder is not opened: it is appended to ``outside``."""
     out: list[Path] = []
     for raw in paths:
         p = Path(raw)
@@ -325,7 +332,13 @@ def collect_files(paths: list[str], *, skip_non_packs: bool = False, skipped: li
                 and q.is_file()
                 and not any(part.startswith(".") for part in q.relative_to(p).parts)
             )
-            out.extend(q for q in found if is_pack_file(q))
+            home = p.resolve()
+            for q in found:
+                if not q.resolve().is_relative_to(home):
+                    if outside is not None:
+                        outside.append(q)
+                elif is_pack_file(q):
+                    out.append(q)
         elif exists and skip_non_packs and not is_pack_file(p):
             if skipped is not None:
                 skipped.append(p)
@@ -352,11 +365,13 @@ def validate_paths(
     folder (plus ``search_path`` for both, see :mod:`ctxrules.packs.confine`)."""
     loader = PackLoader(search_path)
     skipped: list[Path] = []
+    outside: list[Path] = []
     files: list[tuple[Path, Path | None]] = []
     for raw in paths:
         folder = Path(raw) if Path(raw).is_dir() else None
-        files.extend((f, folder) for f in collect_files([raw], skip_non_packs=skip_non_packs, skipped=skipped))
-    out: list[Diagnostic] = []
+        found = collect_files([raw], skip_non_packs=skip_non_packs, skipped=skipped, outside=outside)
+        files.extend((f, folder) for f in found)
+    out: list[Diagnostic] = [_outside_folder(f) for f in outside]
     real: dict[str, Path] = {}
     for f, folder in files:
         pack = loader.resolve(str(f.resolve()), root=folder)
@@ -365,7 +380,17 @@ def validate_paths(
         # what only shows when a child is resolved (a cycle, an order the child breaks) may sit
         # in a parent's lines and must not be dropped for it.
         out.extend(validate_resolved(pack, loader, registry))
-    return ValidationRun(_sorted_unique(out), len(files), real, len(skipped))
+    return ValidationRun(_sorted_unique(out), len(files) + len(outside), real, len(skipped))
+
+
+def _outside_folder(link: Path) -> Diagnostic:
+    return Diagnostic(
+        "CR100",
+        "error",
+        "a symlink to a file outside the folder being validated; the file is not read",
+        str(link),
+        hint="validate the file where it lives, or replace the link with the file",
+    )
 
 
 # -- stream timeouts (ctxrules.timeouts; docs/timeouts.md) ---------------------------------
