@@ -488,3 +488,10 @@ def test_the_trim_baseline_goes_through_litellms_trim_messages(tmp_path: Path) -
     assert totals["none"]["overflows"] == 1  # the last call: the edit's long result
     # trim_messages keeps every request within the usable window.
     assert totals["trim"]["overflows"] == 0 and totals["trim"]["calls"] == 3
+
+
+def test_a_judge_reply_nested_past_the_parsers_stack_is_no_answer() -> None:
+    from ctxrules.eval.judge import parse_answers
+
+    assert parse_answers('{"a": ' + "[" * 100_000 + "]" * 100_000 + "}") == {}
+    assert parse_answers('Here: {"a": "yes"}') == {"a": "yes"}

@@ -575,3 +575,17 @@ def test_a_symlink_in_a_validated_folder_to_a_file_outside_it_is_not_read(tmp_pa
     proc = ctxrules("test", "rules", cwd=tmp_path)
     out = clean(proc)
     assert proc.returncode == 1 and "FAIL rules/evil.yaml::(load)" in out and "CR100" in out, out
+
+
+def test_a_test_input_nested_past_the_parsers_stack_fails_its_case(tmp_path: Path) -> None:
+    write(
+        tmp_path,
+        "p.yaml",
+        "tests:\n  - {id: deep, input: in.json, expect: {fits: true}}\n  - {id: fine, input: ok.json}\n",
+    )
+    (tmp_path / "in.json").write_text("[" * 100_000 + "]" * 100_000, encoding="utf-8")
+    (tmp_path / "ok.json").write_text('[{"role": "user", "content": "hi"}]', encoding="utf-8")
+    proc = ctxrules("test", "p.yaml", cwd=tmp_path)
+    out = clean(proc)
+    assert proc.returncode == 1 and "FAIL hostile::deep" in out and "nested too deeply" in out, out
+    assert "PASS hostile::fine" in out, out  # the other cases still run

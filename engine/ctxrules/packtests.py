@@ -61,7 +61,11 @@ def _input_path(engine: Engine, case_index: int, rel: str, key: str = "input") -
 def _read_json(path: Path) -> Any:
     from ctxrules.packs.confine import MAX_INPUT_BYTES, read_limited
 
-    return json.loads(read_limited(path, MAX_INPUT_BYTES, what=f"test input {path.name!r}").decode("utf-8"))
+    text = read_limited(path, MAX_INPUT_BYTES, what=f"test input {path.name!r}").decode("utf-8")
+    try:
+        return json.loads(text)
+    except RecursionError:  # the session refuses more than 100 levels; the parser stops near 1,000
+        raise ValueError(f"test input {path.name!r} is nested too deeply") from None
 
 
 def run_case(engine: Engine, index: int, case: dict[str, Any]) -> CaseResult:

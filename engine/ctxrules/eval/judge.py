@@ -50,7 +50,7 @@ def parse_answers(text: str) -> dict[str, str]:
         return {}
     try:
         value = json.loads(match.group(0))
-    except ValueError:
+    except (ValueError, RecursionError):  # a reply nested past the parser's stack is no answer
         return {}
     if not isinstance(value, dict):
         return {}

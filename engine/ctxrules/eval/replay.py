@@ -140,7 +140,7 @@ def _fetcher(read: Callable[[str], bytes]) -> Callable[[str], str | None]:
             if text.startswith("["):
                 try:
                     value = json.loads(text)
-                except ValueError:
+                except (ValueError, RecursionError):
                     value = None
                 if isinstance(value, list) and all(isinstance(m, dict) for m in value):
                     text = context_text(value)
