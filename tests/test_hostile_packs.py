@@ -589,3 +589,44 @@ def test_a_test_input_nested_past_the_parsers_stack_fails_its_case(tmp_path: Pat
     out = clean(proc)
     assert proc.returncode == 1 and "FAIL hostile::deep" in out and "nested too deeply" in out, out
     assert "PASS hostile::fine" in out, out  # the other cases still run
+
+
+def test_failure_patterns_run_bounded_and_are_judged_like_every_pack_pattern(tmp_path: Path) -> None:
+    write(
+        tmp_path,
+        "p.yaml",
+        """\
+        compressors:
+          - id: slow
+            match: {argv: [tool]}
+            steps: [{use: head, with: {lines: 3}}]
+            # 'b' finds the line; Python's re then took 2**40 steps on it with the second one
+            failures: ['b', '(a+)+c', '(a+)+$']
+        """,
+    )
+    (tmp_path / "out.txt").write_text("a" * 40 + "b\n" + "x\n" * 20, encoding="utf-8")
+    started = time.monotonic()
+    proc = ctxrules("compress", "--pack", "p.yaml", "--command", "tool", "--input", "out.txt", cwd=tmp_path, timeout=60)
+    out = clean(proc)
+    assert proc.returncode == 0 and proc.stdout.startswith("a" * 40 + "b\n"), out
+    assert time.monotonic() - started < 40
+    proc = ctxrules("validate", "p.yaml", cwd=tmp_path)
+    out = clean(proc)
+    assert proc.returncode == 0 and out.count("warning[CR102]") == 1 and "'(a+)+$'" in out, out
+    write(
+        tmp_path,
+        "p.yaml",
+        """\
+        compressors:
+          - id: big
+            match: {argv: [tool]}
+            steps: [{use: head, with: {lines: 3}}]
+            failures: ['(?:x{1000}){1000}']
+        """,
+    )
+    proc = ctxrules("validate", "p.yaml", cwd=tmp_path)
+    out = clean(proc)
+    assert proc.returncode == 1 and "p.yaml:8:16: error[CR130]" in out and "too large" in out, out
+    proc = ctxrules("compress", "--pack", "p.yaml", "--command", "tool", "--input", "out.txt", cwd=tmp_path)
+    out = clean(proc)
+    assert proc.returncode == 1 and "p.yaml:8:16: error[CR130]" in out, out  # the pack does not load

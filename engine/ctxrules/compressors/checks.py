@@ -196,16 +196,18 @@ def _check_failures(rep: Reporter, rule_id: str, patterns: list[Any], base: str)
         if not isinstance(pattern, str):
             continue  # the schema reports the type
         where = f"{base}/{k}" + ("/pattern" if isinstance(entry, Mapping) else "")
-        try:
-            compiled = re.compile(pattern)
-        except re.error as exc:
+        # Judged as every pack pattern is, by the module that runs it: it must compile and
+        # run in bounded time (CR130), and an ambiguous nested repetition is a warning (CR102).
+        problem = pattern_problem(pattern)
+        if problem is not None:
             rep.add(
                 "CR130",
-                f"compressor '{rule_id}': failure pattern {pattern!r} does not compile: {exc}",
+                f"compressor '{rule_id}': failure pattern {pattern!r} does not compile: {problem}",
                 where,
             )
             continue
-        if compiled.search("") is not None:
+        check_pattern(rep, pattern, where)
+        if re.compile(pattern).search("") is not None:
             rep.add(
                 "CR131",
                 f"compressor '{rule_id}': failure pattern {pattern!r} matches an empty line, "

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
+from ctxrules import patterns as pack_patterns
 from ctxrules.compressors.actions.common import Matcher, compile_all, matching
 
 __all__ = [
@@ -59,32 +60,36 @@ _ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|
 
 @dataclass(frozen=True)
 class FailurePattern:
-    """One declared failure pattern and the lines around a match it also protects."""
+    """One declared failure pattern and the lines around a match it also protects. The
+    pattern runs bounded in time, as every pack pattern (:mod:`ctxrules.patterns`): a line that
+    another failure pattern matched is searched with it too, and Python's ``re`` would take
+    exponential time there on ``(a+)+c``."""
 
-    regex: re.Pattern[str]
+    regex: pack_patterns.Pattern
     before: int = 0
     after: int = 0
 
 
 def compile_failures(patterns: Sequence[Any]) -> tuple[FailurePattern, ...]:
-    """The compiled patterns; raises ``re.error`` for the first that does not compile and
-    ``ValueError`` for an entry that is neither a string nor ``{pattern, before, after}``."""
+    """The compiled patterns; raises ``re.error`` for the first that does not compile or
+    cannot run in bounded time, and ``ValueError`` for an entry that is neither a string nor
+    ``{pattern, before, after}``."""
     out: list[FailurePattern] = []
     for entry in patterns:
         if isinstance(entry, str):
-            out.append(FailurePattern(re.compile(entry)))
+            out.append(FailurePattern(pack_patterns.compile(entry)))
         elif isinstance(entry, Mapping) and isinstance(entry.get("pattern"), str):
             before, after = entry.get("before", 0), entry.get("after", 0)
             if not (isinstance(before, int) and isinstance(after, int)) or min(before, after) < 0:
                 raise ValueError("before and after of a failure pattern are counts (>= 0)")
-            out.append(FailurePattern(re.compile(entry["pattern"]), before, after))
+            out.append(FailurePattern(pack_patterns.compile(entry["pattern"]), before, after))
         else:
             raise ValueError(f"a failure pattern is a string or {{pattern: ...}}, got {entry!r}")
     return tuple(out)
 
 
 @lru_cache(maxsize=256)
-def _combined(regexes: tuple[re.Pattern[str], ...]) -> Matcher:
+def _combined(regexes: tuple[pack_patterns.Pattern, ...]) -> Matcher:
     matcher = compile_all([r.pattern for r in regexes])
     assert matcher is not None
     return matcher

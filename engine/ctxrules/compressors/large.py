@@ -415,7 +415,7 @@ def scan_middle(
     after = max((p.after for p in failures), default=0)
     prefilter = _prefilter(tuple(r.pattern for r in regexes) + tuple(p.pattern for p in keep))
     # As failure_lines does: the pack's patterns as one bounded alternation (RE2, or `regex`
-    # with a time limit) first, Python's `re` only on the lines it finds.
+    # with a time limit) first, then each pattern (bounded too) only on the lines it finds.
     anyone = _combined(tuple(regexes)) if regexes else None
 
     def matches(text: str) -> bool:
