@@ -90,7 +90,7 @@ def test_cli_run_and_vault_get_round_trip(tmp_path: Path) -> None:
     ("argv", "code", "message"),
     [
         (["run", "--pack", "builtin:default", "--model", "gpt-4o", "--input", "missing.json"], 2, "no such file"),
-        (["run", "--pack", "builtin:nope", "--model", "gpt-4o", "--input", "-"], 1, "no built-in pack named 'nope'"),
+        (["run", "--pack", "builtin:nope", "--model", "gpt-4o", "--input", "-"], 2, "no built-in pack named 'nope'"),
         (["run", "--pack", "builtin:default", "--model", "gpt-4oo", "--input", "BAD"], 2, "unknown model"),
         (
             ["run", "--pack", "builtin:default", "--model", "gpt-4o", "--window", "100", "--input", "BAD"],

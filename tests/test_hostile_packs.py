@@ -630,3 +630,23 @@ def test_failure_patterns_run_bounded_and_are_judged_like_every_pack_pattern(tmp
     proc = ctxrules("compress", "--pack", "p.yaml", "--command", "tool", "--input", "out.txt", cwd=tmp_path)
     out = clean(proc)
     assert proc.returncode == 1 and "p.yaml:8:16: error[CR130]" in out, out  # the pack does not load
+
+
+@pytest.mark.parametrize("pack", ["nope.yaml", "builtin:nope"])
+def test_a_pack_that_is_not_there_is_exit_2_in_every_verb(tmp_path: Path, pack: str) -> None:
+    (tmp_path / "m.json").write_text('[{"role": "user", "content": "hi"}]', encoding="utf-8")
+    write(tmp_path, "child.yaml", "extends: ./nope.yaml\n")  # a missing parent is a pack error
+    for argv in (
+        ("explain", pack),
+        ("test", pack),
+        ("run", "--pack", pack, "--model", "gpt-4o", "--input", "m.json"),
+        ("assemble", "--pack", pack, "--mode", "full", "--model", "gpt-4o"),
+        ("compress", "--pack", pack, "--command", "x", "--input", "m.json"),
+        ("eval", "--pack", pack, "--model", "gpt-4o", "m.json"),
+    ):
+        proc = ctxrules(*argv, cwd=tmp_path)
+        out = clean(proc)
+        assert proc.returncode == 2 and "nope" in out, (argv, proc.returncode, out)
+    proc = ctxrules("run", "--pack", "child.yaml", "--model", "gpt-4o", "--input", "m.json", cwd=tmp_path)
+    out = clean(proc)
+    assert proc.returncode == 1 and "child.yaml:4:10: error[CR030]" in out, out

@@ -28,6 +28,14 @@ class PackError(CtxrulesError):
         self.diagnostics = diagnostics or []
 
 
+class PackNotFound(PackError):
+    """The pack the caller named is not there (no such file, no such built-in pack): a usage
+    error for the command line, as a missing path is for ``validate``. A pack that names a
+    missing parent is a :class:`PackError` (CR030)."""
+
+    exit_code = 2
+
+
 class MessagesError(CtxrulesError):
     """The message list is malformed in a way no stage can repair."""
 

@@ -10,7 +10,7 @@ from typing import Any
 from ctxrules.cli.io import add_search_path
 from ctxrules.compressors.testing import run_compressor_tests
 from ctxrules.engine import Engine
-from ctxrules.errors import PackError
+from ctxrules.errors import PackError, PackNotFound
 from ctxrules.packtests import CaseResult, run_pack_tests
 from ctxrules.printable import printable
 from ctxrules.validation.validate import collect_files
@@ -74,6 +74,8 @@ def run(args: argparse.Namespace) -> int:
         shown = ref if ref.startswith("builtin:") else Path(ref).as_posix()
         try:
             engine = Engine.load(ref, search_path=args.search_path)
+        except PackNotFound:
+            raise  # a missing pack is a usage error (exit 2), as a missing path is
         except PackError as exc:
             results.append(CaseResult(shown, "(load)", "failed", str(exc)))
             continue

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ctxrules.errors import PackError
+from ctxrules.errors import PackError, PackNotFound
 from ctxrules.packs.loader import PackLoader, ResolvedPack
 from ctxrules.plugins import Registry, default_registry
 from ctxrules.validation.validate import validate_resolved
@@ -141,9 +141,9 @@ def raise_for_errors(pack: ResolvedPack) -> ResolvedPack:
     if errors:
         first = errors[0]
         more = f" (and {len(errors) - 1} more; run `ctxrules validate`)" if len(errors) > 1 else ""
-        raise PackError(
-            f"{first.file}:{first.line}:{first.col}: error[{first.code}] {first.message}{more}", list(errors)
-        )
+        # Nothing was read: the reference itself names no pack.
+        kind = PackNotFound if not pack.files and first.code == "CR030" else PackError
+        raise kind(f"{first.file}:{first.line}:{first.col}: error[{first.code}] {first.message}{more}", list(errors))
     return pack
 
 
