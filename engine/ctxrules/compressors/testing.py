@@ -34,6 +34,7 @@ from ctxrules.compressors.failures import failure_lines
 from ctxrules.compressors.rules import CompiledRule, CompressorError, compile_rules, select_rule
 from ctxrules.errors import CtxrulesError
 from ctxrules.models import lookup_model
+from ctxrules.patterns import PatternTimeout
 from ctxrules.tokens import TokenCounter
 from ctxrules.vault import parse_markers
 
@@ -112,7 +113,10 @@ def _words(text: str) -> str:
 def check_failures(original: str, output: str, rule: CompiledRule) -> list[str]:
     """Failure lines of ``original`` that ``output`` neither shows nor counts in a marker."""
     originals, _ = split_output(original)
-    hits = failure_lines(rule.failures, originals)
+    try:
+        hits = failure_lines(rule.failures, originals)
+    except PatternTimeout as exc:  # the case cannot be judged: it fails, saying why
+        return [str(exc)]
     if not hits:
         return []
     words = _words(output)
