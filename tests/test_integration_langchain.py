@@ -202,3 +202,22 @@ def test_the_recall_tool_is_offered_from_the_first_call(tmp_path: Path) -> None:
     assert recall.name == "ctxrules_recall"
     schema = json.loads(json.dumps(recall.args_schema))
     assert schema["required"] == ["id"]
+
+
+def test_a_recall_the_store_cannot_answer_is_the_tools_error_result(tmp_path: Path) -> None:
+    """Not only a malformed call: a store that fails (Redis down) is the tool's error result
+    with the reason, not an exception that ends the agent's run."""
+    from ctxrules.stores.base import StoreError
+
+    middleware = CtxrulesMiddleware(model="gpt-4o", state=tmp_path / "state")
+    (recall,) = middleware.tools
+    session = middleware.session_for(None)
+
+    def down(arguments: Any) -> str:
+        raise StoreError("[CR148] Redis at redis://localhost:1/0 is unreachable")
+
+    session.recall = down  # type: ignore[method-assign]
+    answer = recall.invoke({"id": "ab" * 32})
+    assert "CR148" in answer and "unreachable" in answer
+    del session.recall  # the real one again: a malformed call is an error result too
+    assert "no marker of this conversation" in recall.invoke({"id": "ab" * 32, "lines": "9" * 5000})

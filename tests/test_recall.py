@@ -102,6 +102,15 @@ def test_lines_and_prefixes(tmp_path: Path) -> None:
         session.recall({"id": marker.vault_id[:8]})
     with pytest.raises(RecallError, match="JSON object"):
         session.recall("not json")
+    # Numbers past what int() reads are a malformed call, said in a short message.
+    for call in (
+        {"id": marker.vault_id, "lines": "9" * 5000},
+        {"id": marker.vault_id, "lines": "1:" + "9" * 5000},
+        {"id": f"vault://{marker.vault_id}#L1-L{'9' * 5000}"},
+    ):
+        with pytest.raises(RecallError) as caught:
+            session.recall(call)
+        assert len(str(caught.value)) < 250, str(caught.value)
 
 
 def test_only_ids_this_sessions_markers_reference_are_answered(tmp_path: Path) -> None:
@@ -186,12 +195,14 @@ def test_the_mcp_server_answers_the_recall_tool(tmp_path: Path) -> None:
             tools = await client.list_tools()
             good = await client.call_tool("ctxrules_recall", {"id": marker.vault_id, "lines": "10:12"})
             bad = await client.call_tool("ctxrules_recall", {"id": "ab" * 32})
-            return [t.name for t in tools.tools], good, bad
+            huge = await client.call_tool("ctxrules_recall", {"id": marker.vault_id, "lines": "9" * 5000})
+            return [t.name for t in tools.tools], good, bad, huge
 
-    names, good, bad = asyncio.run(asyncio.wait_for(talk(), timeout=60))
+    names, good, bad, huge = asyncio.run(asyncio.wait_for(talk(), timeout=60))
     assert names == ["ctxrules_recall"]
     assert not _is_error(good) and good.content[0].text == expected
     assert _is_error(bad) and "no marker of this conversation" in bad.content[0].text
+    assert _is_error(huge) and 'is not of the form "A:B"' in huge.content[0].text  # the reason, not a bare error
 
 
 def _is_error(result: Any) -> bool:

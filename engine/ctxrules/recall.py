@@ -47,8 +47,10 @@ DEFAULT_DESCRIPTION = (
 )
 DEFAULT_BUDGET_TOKENS = 4000
 _NESTING = 3  # markers inside recalled items are followed this deep
-_LINES = re.compile(r"^\s*(\d*)\s*(?::\s*(\d*))?\s*$")
-_REF = re.compile(r"^(?:vault://)?([0-9a-fA-F]+)(?:#L(\d+)-L(\d+))?$")
+# Line numbers of at most 18 digits: a longer one is refused as malformed (int() would
+# refuse more than 4,300 digits with an error no caller expects).
+_LINES = re.compile(r"^\s*(\d{0,18})\s*(?::\s*(\d{0,18}))?\s*$")
+_REF = re.compile(r"^(?:vault://)?([0-9a-fA-F]+)(?:#L(\d{1,18})-L(\d{1,18}))?$")
 
 
 class RecallError(CtxrulesError):
@@ -144,16 +146,25 @@ def referenced_ids(messages: Iterable[Mapping[str, Any]], vault: Vault) -> set[s
     return found
 
 
+def _shown(value: object, width: int = 80) -> str:
+    """``value`` quoted for an error message, cut to about ``width`` characters: the model
+    reads the message, and a call may hold a megabyte."""
+    text = repr(value)
+    return text if len(text) <= width else f"{text[: width - 20]}...({len(text):,} characters)"
+
+
 def _parse_lines(text: str | None) -> tuple[int | None, int | None]:
     if text is None or text == "":
         return None, None
     match = _LINES.match(str(text))
     if match is None:
-        raise RecallError(f'lines {text!r} is not of the form "A:B" (1-based, inclusive)')
+        raise RecallError(
+            f'lines {_shown(text)} is not of the form "A:B" (1-based, inclusive; numbers of at most 18 digits)'
+        )
     a = int(match.group(1)) if match.group(1) else None
     b = int(match.group(2)) if match.group(2) else (a if match.group(0).find(":") < 0 else None)
     if (a is not None and a < 1) or (b is not None and b < 1) or (a and b and b < a):
-        raise RecallError(f"lines {text!r}: give 1 <= A <= B")
+        raise RecallError(f"lines {_shown(text)}: give 1 <= A <= B")
     return a, b
 
 
@@ -191,7 +202,7 @@ def answer_recall(
         raise RecallError("give the id of a [ctxrules:elided ...] marker's ref")
     match = _REF.match(ref.strip())
     if match is None:
-        raise RecallError(f"{ref!r} is not a vault id (hex digits, or vault://ID#La-Lb)")
+        raise RecallError(f"{_shown(ref)} is not a vault id (hex digits, or vault://ID#La-Lb)")
     prefix = match.group(1).lower()
     if len(prefix) < MIN_PREFIX:
         raise RecallError(f"give at least {MIN_PREFIX} hex digits of the id")

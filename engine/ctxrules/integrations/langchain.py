@@ -27,8 +27,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ctxrules.engine import Engine
+from ctxrules.errors import CtxrulesError
 from ctxrules.integrations import OpenSessions, session_name
-from ctxrules.recall import PARAMETERS, RecallError, RecallSettings
+from ctxrules.recall import PARAMETERS, RecallSettings
 from ctxrules.stores import open_store
 
 if TYPE_CHECKING:
@@ -195,7 +196,7 @@ class CtxrulesMiddleware(AgentMiddleware):
                 arguments["lines"] = lines
             try:
                 answer: str = self.session_for(_config_thread_id()).recall(arguments)
-            except RecallError as exc:
+            except CtxrulesError as exc:  # the call, the vault or the store: the reason is the result
                 raise ToolException(str(exc)) from None
             return answer
 

@@ -12,7 +12,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ctxrules.recall import PARAMETERS, RecallError, RecallSettings
+from ctxrules.errors import CtxrulesError
+from ctxrules.recall import PARAMETERS, RecallSettings
 
 if TYPE_CHECKING:
     from ctxrules.engine import Session
@@ -68,7 +69,7 @@ def build_server(session: Session) -> Any:
             arguments["lines"] = lines
         try:
             return session.recall(arguments)
-        except RecallError as exc:
+        except CtxrulesError as exc:  # the call, the vault or the store: the reason is the result
             raise tool_error(str(exc)) from None
 
     recall.__doc__ = f"{settings.description}\n\nid: {id_help}\nlines: {lines_help}"
