@@ -130,3 +130,55 @@ def test_run_with_a_redis_store_through_the_cli(redis_url: str, tmp_path: Path) 
     # A session that is not in the store: one line, exit 2.
     missing = _ctxrules("vault", "get", "a" * 64, "--store", redis_url, "--session", "conv-none", cwd=tmp_path)
     assert missing.returncode == 2 and missing.stderr.count("\n") == 1 and "Traceback" not in missing.stderr
+
+
+def test_a_damaged_revision_counter_resets_the_session_once_and_it_goes_on(
+    engine: Engine, redis_url: str, redis_server: RedisServer
+) -> None:
+    """A session's ``rev`` key holding something other than a counter (an operator's SET, a
+    clash of key names) is a reset session that says so, and later turns are warm again; it
+    was an internal error on every later turn."""
+    import redis
+
+    from ctxrules.stores.redis import RedisStore
+
+    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello"}]
+    more = [*messages, {"role": "assistant", "content": "hi"}, {"role": "user", "content": "and now?"}]
+    store = RedisStore.from_url(redis_url)
+    engine.session("conv-rev", store=redis_url, model="gpt-4o").prepare(messages)
+    client = redis.Redis(unix_socket_path=str(redis_server.socket))
+    (rev_key,) = [k for k in client.keys("*conv-rev*") if k.endswith(b":rev")]
+    client.set(rev_key, b"abc")
+    session = engine.session("conv-rev", store=redis_url, model="gpt-4o")
+    first = session.prepare(more)
+    assert first.messages == more
+    assert any("damaged revision" in w for w in first.report["warnings"]), first.report["warnings"]
+    assert client.get(rev_key).isdigit()  # the commit restarted the counter
+    nxt = session.prepare([*more, {"role": "assistant", "content": "done"}, {"role": "user", "content": "ok"}])
+    assert nxt.report["reused_messages"] == len(more) and not nxt.report["warnings"]
+    client.set(rev_key, b"1.5")
+    store.save_state("conv-rev", {"version": 1})  # what `compress` does: no refused INCR either
+    assert client.get(rev_key).isdigit()
+    client.close()
+
+
+def test_a_store_that_falls_back_in_the_middle_of_a_turn_says_so_in_the_report(
+    engine: Engine, own_redis: RedisServer
+) -> None:
+    """on_error=local and Redis gone after the turn was read: the call is served from memory,
+    and the report's warnings say so (docs/stores.md)."""
+    from ctxrules.stores.redis import RedisStore
+
+    store = RedisStore.from_url(own_redis.url + "?on_error=local")
+    session = engine.session("conv-gone", store=store, model="gpt-4o")
+    commit = store.commit_turn
+
+    def dying(*args: Any, **kwargs: Any) -> Any:
+        own_redis.stop()
+        return commit(*args, **kwargs)
+
+    store.commit_turn = dying  # type: ignore[method-assign]
+    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello"}]
+    result = session.prepare(messages)
+    assert result.messages == messages
+    assert any("on_error=local" in w and "unreachable" in w for w in result.report["warnings"])

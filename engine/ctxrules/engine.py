@@ -910,6 +910,11 @@ class Session:
         report["fingerprint"] = {"value": turn.fingerprint, "changed": turn.changed}
         report["warnings"].extend(reload_notes + self._notices)
         self._notices = []
+        # A store that fell back to memory after the turn was read (on_error=local, Redis gone
+        # in the middle of the turn) says so only through this; the read's note is there already.
+        fell_back = getattr(self.store, "fell_back", None)
+        if isinstance(fell_back, str) and fell_back not in report["warnings"]:
+            report["warnings"].append(fell_back)
         report["compacting"] = turn.compacting
         report["health"] = health(report, breakers=open_breakers(turn.state.get("stages")))
         for st in report["stages"]:

@@ -214,7 +214,13 @@ def _base(url: str) -> str:
 # when the session's blobs last had their TTLs extended}.
 _COMMIT = """
 if ARGV[4] ~= '' and redis.call('GET', KEYS[4]) ~= ARGV[4] then return {-1, false} end
-local rev = tonumber(redis.call('GET', KEYS[3]) or '0')
+local held = redis.call('GET', KEYS[3]) or '0'
+local rev = tonumber(held)
+if not string.match(held, '^%d+$') then
+  -- A damaged counter restarts past every revision a client may hold (their cache keys).
+  rev = -3
+  redis.call('SET', KEYS[3], string.format('%d', math.floor(tonumber(ARGV[6]) * 1000)))
+end
 if ARGV[2] == '1' then
   if rev ~= tonumber(ARGV[3]) then return {-2, false} end
 else
@@ -234,6 +240,17 @@ for k = 1, #KEYS do
   if k ~= 4 then redis.call('PEXPIRE', KEYS[k], ARGV[5]) end
 end
 return {rev, redis.call('HGET', KEYS[5], 'blobs_extended')}
+"""
+
+# Repair a damaged revision counter (not a decimal integer) as the commit does. KEYS: rev.
+# ARGV: the time. Returns 1 when it was repaired.
+_REPAIR_REV = """
+local held = redis.call('GET', KEYS[1])
+if held and not string.match(held, '^%d+$') then
+  redis.call('SET', KEYS[1], string.format('%d', math.floor(tonumber(ARGV[1]) * 1000)))
+  return 1
+end
+return 0
 """
 
 # Read the turn. ARGV[1]: the revision the client holds (state, and output when ARGV[2] asks for
@@ -434,6 +451,7 @@ class RedisStore:
                 name: client.register_script(src)
                 for name, src in (
                     ("commit", _COMMIT),
+                    ("repair_rev", _REPAIR_REV),
                     ("load", _LOAD),
                     ("acquire", _ACQUIRE),
                     ("renew", _RENEW),
@@ -598,7 +616,13 @@ class RedisStore:
             if reply is None:
                 keys, args = self._load_args(session, output=output)
                 reply = self._scripts["load"](keys=keys, args=args)
-            rev = int(reply[1])
+            rev = _revision(reply[1])
+            if rev is None:  # a damaged counter: nothing read can be matched to a commit
+                with self._lock:
+                    self._cache[session] = _Cached(seen=True)
+                notes.append(f"the Redis store {self.url} holds a damaged revision of session {session}: recomputed")
+                recovered = "the stored revision was unreadable and the session was reset"
+                return Turn({"version": STATE_VERSION, "recovered": recovered}, None, notes)
             if reply[0] == b"=" and cached is not None and cached.state is not None:
                 # What this object committed or verified last is still the session's turn.
                 if held is not None:
@@ -748,7 +772,7 @@ class RedisStore:
             return True  # read or written under this hold of the lock: nobody else wrote since
 
         def op() -> bool:
-            return int(self._client.get(_skey(session, "rev")) or 0) == cached.rev
+            return _revision(self._client.get(_skey(session, "rev")) or b"0") == cached.rev
 
         return self._call(op, lambda m: m.output_holds(session, output))
 
@@ -764,6 +788,7 @@ class RedisStore:
         raw = json.dumps(state, ensure_ascii=False, sort_keys=True).encode("utf-8")
 
         def op() -> None:
+            self._scripts["repair_rev"](keys=[_skey(session, "rev")], args=[f"{time.time():.6f}"])
             pipe = self._client.pipeline(transaction=True)
             pipe.set(_skey(session, "state"), raw)
             pipe.incr(_skey(session, "rev"))
@@ -1247,6 +1272,12 @@ class RedisStore:
 
 def _line(message: Mapping[str, Any]) -> bytes:
     return json.dumps(message, ensure_ascii=False).encode("utf-8", "surrogatepass")
+
+
+def _revision(raw: object) -> int | None:
+    """A session's revision counter as stored (``None`` when it is not a decimal integer)."""
+    text = raw.decode("ascii", "replace") if isinstance(raw, bytes) else str(raw)
+    return int(text) if text.isdigit() and text.isascii() and len(text) <= 19 else None
 
 
 def _parse_state(raw: bytes) -> dict[str, Any]:
