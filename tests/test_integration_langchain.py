@@ -221,3 +221,36 @@ def test_a_recall_the_store_cannot_answer_is_the_tools_error_result(tmp_path: Pa
     assert "CR148" in answer and "unreachable" in answer
     del session.recall  # the real one again: a malformed call is an error result too
     assert "no marker of this conversation" in recall.invoke({"id": "ab" * 32, "lines": "9" * 5000})
+
+
+def test_a_call_whose_arguments_did_not_parse_keeps_its_result(tmp_path: Path) -> None:
+    """An AIMessage whose call is in ``invalid_tool_calls`` (arguments that are not JSON),
+    answered by a ToolMessage: chat-model integrations send such calls as tool calls, so the
+    result must stay with its call. It was removed as an orphan while the call stayed."""
+    from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
+
+    seen: list[list[BaseMessage]] = []
+
+    class Fake(GenericFakeChatModel):
+        def bind_tools(self, tools: Any, **kwargs: Any) -> Fake:
+            return self
+
+        def _generate(self, messages: list[BaseMessage], *args: Any, **kwargs: Any) -> ChatResult:
+            seen.append(list(messages))
+            return super()._generate(messages, *args, **kwargs)
+
+    broken = {"type": "invalid_tool_call", "id": "call_bad", "name": "run_job", "args": '{"n": ', "error": "JSON"}
+    history = [
+        HumanMessage("run job 1"),
+        AIMessage("", invalid_tool_calls=[broken]),  # type: ignore[list-item]
+        ToolMessage("error: the arguments were not valid JSON, try again", tool_call_id="call_bad"),
+        HumanMessage("try again"),
+    ]
+    middleware = CtxrulesMiddleware(model="gpt-4o", state=tmp_path / "state", recall=False)
+    model = Fake(messages=iter([AIMessage("done")]))
+    agent = create_agent(model, tools=[run_job], middleware=[middleware], checkpointer=InMemorySaver())
+    agent.invoke({"messages": history}, {"configurable": {"thread_id": "t"}})
+    (sent,) = seen
+    answered = [m.tool_call_id for m in sent if isinstance(m, ToolMessage)]
+    calls = [c["id"] for m in sent if isinstance(m, AIMessage) for c in [*m.tool_calls, *m.invalid_tool_calls]]
+    assert answered == ["call_bad"] and calls == ["call_bad"], sent

@@ -151,7 +151,7 @@ class CtxrulesMiddleware(AgentMiddleware):
             system_dict = convert_to_openai_messages(system)
             history.append(system_dict)
         for message in request.messages:
-            converted = convert_to_openai_messages(message)
+            converted = _with_invalid_calls(convert_to_openai_messages(message), message)
             originals[id(converted)] = message
             call_id = getattr(message, "tool_call_id", None)
             if call_id:
@@ -207,3 +207,29 @@ class CtxrulesMiddleware(AgentMiddleware):
             args_schema=dict(PARAMETERS),
             handle_tool_error=True,
         )
+
+
+def _with_invalid_calls(converted: dict[str, Any], message: Any) -> dict[str, Any]:
+    """``converted`` with the message's ``invalid_tool_calls`` (calls whose arguments did not
+    parse) as tool calls, their arguments the raw text: what langchain-openai sends for them.
+    ``convert_to_openai_messages`` leaves them out, and the pairing stage then saw their
+    results as orphans and removed them, while the unconverted message still carried the calls."""
+    invalid = getattr(message, "invalid_tool_calls", None)
+    if not invalid:
+        return converted
+    calls = list(converted.get("tool_calls") or [])
+    have = {c.get("id") for c in calls if isinstance(c, dict)}
+    for call in invalid:
+        ident = call.get("id") if isinstance(call, dict) else None
+        if not isinstance(ident, str) or ident in have:
+            continue
+        args = call.get("args")
+        calls.append(
+            {
+                "id": ident,
+                "type": "function",
+                "function": {"name": str(call.get("name") or ""), "arguments": args if isinstance(args, str) else ""},
+            }
+        )
+        have.add(ident)
+    return {**converted, "tool_calls": calls} if calls else converted
