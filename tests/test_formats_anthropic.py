@@ -459,3 +459,48 @@ def test_preserved_thinking_pin_keeps_every_signed_prefix(tmp_path: Path) -> Non
         .prepare(request, format="anthropic")
     )
     assert pinned.report["after"]["tokens"] > dropped.report["after"]["tokens"]
+
+
+def test_empty_text_blocks_of_a_callers_request_are_not_sent(tmp_path: Path) -> None:
+    """What the encoder guarantees holds for a caller's request too: its empty text blocks (in
+    the system, a turn, a tool result) and the turns they leave empty are dropped, a breakpoint
+    on one moves to the block before it, and the result passes the validator."""
+    cache = {"type": "ephemeral"}
+    request = {
+        "model": "claude-sonnet-4-5",
+        "max_tokens": 1024,
+        "system": [{"type": "text", "text": ""}, {"type": "text", "text": "be brief"}],
+        "messages": [
+            {"role": "user", "content": [{"type": "text", "text": ""}, {"type": "text", "text": "list files"}]},
+            {
+                "role": "assistant",
+                "content": [
+                    {"type": "text", "text": "ok"},
+                    {"type": "text", "text": "", "cache_control": cache},
+                    {"type": "tool_use", "id": "t1", "name": "sh", "input": {"cmd": "ls"}},
+                ],
+            },
+            {
+                "role": "user",
+                "content": [
+                    {"type": "tool_result", "tool_use_id": "t1", "content": [{"type": "text", "text": ""}]},
+                    {"type": "text", "text": "and?"},
+                ],
+            },
+            {"role": "assistant", "content": []},
+            {"role": "user", "content": "go on"},
+        ],
+    }
+    assert A.validate(request) != []  # the input itself would be refused
+    src, out = tmp_path / "in.json", tmp_path / "out.json"
+    src.write_text(json.dumps(request))
+    proc = run_default(src, "--output", str(out), "--session", str(tmp_path / "s"), model="claude-sonnet-4-5")
+    assert proc.returncode == 0, proc.stderr
+    body = json.loads(out.read_text())
+    assert A.validate(body) == [], A.validate(body)
+    assert body["system"] == [{"type": "text", "text": "be brief"}]
+    turns = body["messages"]
+    assert [t["role"] for t in turns] == ["user", "assistant", "user"]
+    assert turns[1]["content"][0] == {"type": "text", "text": "ok", "cache_control": cache}
+    texts = [b.get("text") for b in turns[2]["content"] if b.get("type") == "text"]
+    assert texts == ["and?", "go on"]  # the empty assistant turn is gone: its neighbours are one turn

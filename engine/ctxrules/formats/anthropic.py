@@ -307,6 +307,7 @@ def encode(
                 _add_turn(turns, "assistant", content)
         else:  # user, and a system message in the middle (Anthropic has none there)
             _add_turn(turns, "user", _user_content(message))
+    turns = _without_empty_text(turns)
     if turns and turns[0]["role"] != "user":
         turns.insert(0, {"role": "user", "content": OPENING_TEXT})
     base = dict(request or {})
@@ -339,7 +340,50 @@ def _system_value(system: list[Mapping[str, Any]]) -> str | list[dict[str, Any]]
     blocks: list[dict[str, Any]] = []
     for message in system:
         blocks.extend(b for b in _blocks(message, keep_empty=False) if b.get("type") == "text")
-    return blocks
+    return _drop_empty_text(blocks)
+
+
+def _is_empty_text(block: Mapping[str, Any]) -> bool:
+    return block.get("type") == "text" and block.get("text") == ""
+
+
+def _drop_empty_text(blocks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``blocks`` without empty text blocks, which Anthropic refuses (an input may hold them:
+    ``"text": ""`` carries nothing). A breakpoint on a dropped block moves to the block before
+    it when that one can hold it and has none."""
+    if not any(_is_empty_text(b) for b in blocks):
+        return blocks
+    out: list[dict[str, Any]] = []
+    for block in blocks:
+        if not _is_empty_text(block):
+            out.append(block)
+        elif CACHE in block and out and CACHE not in out[-1] and out[-1].get("type") not in _THINKING:
+            out[-1] = {**out[-1], CACHE: block[CACHE]}
+    return out
+
+
+def _without_empty_text(turns: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The turns with no empty text block, in a turn or in a tool result, and no turn left
+    empty by that or given empty (``"content": []``; a user turn ``""``): the guarantee holds
+    for a caller's request too. Turns of one role that become neighbours are joined."""
+    out: list[dict[str, Any]] = []
+    for turn in turns:
+        content = turn["content"]
+        if isinstance(content, list):
+            blocks = []
+            for block in _drop_empty_text(content):
+                inner = block.get("content")
+                if block.get("type") == "tool_result" and isinstance(inner, list):
+                    block = {**block, "content": _drop_empty_text(inner)}
+                blocks.append(block)
+            content = blocks
+        if not content and (isinstance(content, list) or turn["role"] == "user"):
+            continue
+        if out and out[-1]["role"] == turn["role"]:
+            out[-1] = {**out[-1], "content": [*_as_list(out[-1]["content"]), *_as_list(content)]}
+        else:
+            out.append({**turn, "content": content})
+    return out if out or not turns else turns  # nothing but empty turns: left as given
 
 
 def _blocks(message: Mapping[str, Any], *, keep_empty: bool = True) -> list[dict[str, Any]]:
