@@ -461,3 +461,42 @@ def test_a_damaged_item_in_an_existing_shard_is_written_again(tmp_path: Path) ->
     store._forget_checks(session)  # a later turn
     assert store.put_blob(session, b"original bytes") == blob
     assert path.read_bytes() == b"original bytes"
+
+
+def test_a_copied_session_directory_stays_warm_and_recalls(tmp_path: Path) -> None:
+    """`cp -r` or a restored backup gives every file a new inode; the last output is still
+    the session's (its digest says so): the next turn reuses it, and recall answers."""
+    import shutil
+    from typing import Any
+
+    from ctxrules import Engine
+    from ctxrules.vault import parse_markers
+
+    def log(n: int) -> str:
+        return "".join(f"line {i:04d} of job {n}: value={(i * 7919) % 10007}\n" for i in range(1, 1201))
+
+    history: list[dict[str, Any]] = [
+        {"role": "system", "content": "You are an agent."},
+        {"role": "user", "content": "Run the jobs."},
+    ]
+    for n in (1, 2, 3):
+        call = {
+            "id": f"c{n}",
+            "type": "function",
+            "function": {"name": "Bash", "arguments": f'{{"command": "job {n}"}}'},
+        }
+        history += [
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": f"c{n}", "content": log(n)},
+        ]
+    history.append({"role": "user", "content": "What did job 1 print on line 500?"})
+    engine = Engine.load("builtin:default")
+    first = engine.session(tmp_path / "a", model="gpt-4o", window=200_000).prepare(history).messages
+    markers = [m for msg in first if isinstance(msg.get("content"), str) for m in parse_markers(msg["content"])]
+    assert markers, "the long output was elided"
+    shutil.copytree(tmp_path / "a", tmp_path / "b")
+    copy = engine.session(tmp_path / "b", model="gpt-4o", window=200_000)
+    original = copy.vault.get(markers[0].vault_id).decode().splitlines(keepends=True)
+    assert copy.recall({"id": markers[0].vault_id, "lines": "5"}) == original[4]
+    nxt = copy.prepare([*history, {"role": "assistant", "content": "It said so."}])
+    assert nxt.report["reused_messages"] == len(history)

@@ -132,8 +132,8 @@ class SessionStore:
     def load_output(self, count: int, written: Any = None, digest: Any = None) -> list[dict[str, Any]] | None:
         """The first ``count`` messages of the last output, or None when they are not all there
         or the file is not the one the state was saved with (``written``: the state's
-        ``last.output_file``, inode and size; ``digest``: its ``last.output_digest``, the
-        sha256 of those bytes). A process that died between writing the output and writing
+        ``last.output_file``, inode and size, of which the size is compared; ``digest``: its
+        ``last.output_digest``, the sha256 of those bytes, which must match). A process that died between writing the output and writing
         the state leaves a file the state does not describe; a file edited behind our back
         (even to the same size and mtime) fails the digest. Either costs the reuse, never
         puts text the session did not write into the context."""
@@ -143,7 +143,9 @@ class SessionStore:
             fd = open_private(self.output_file, os.O_RDONLY)
             with os.fdopen(fd, "rb") as fh:
                 st = os.fstat(fh.fileno())
-                if written != [st.st_ino, st.st_size]:
+                # The size first (cheap), then the digest decides. Not the inode: a session
+                # copied or restored from a backup has new inodes and the same bytes.
+                if written[1] != st.st_size:
                     return None
                 raw = fh.read(st.st_size)
             if hashlib.sha256(raw).hexdigest() != digest:
