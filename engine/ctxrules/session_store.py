@@ -133,10 +133,11 @@ class SessionStore:
         """The first ``count`` messages of the last output, or None when they are not all there
         or the file is not the one the state was saved with (``written``: the state's
         ``last.output_file``, inode and size, of which the size is compared; ``digest``: its
-        ``last.output_digest``, the sha256 of those bytes, which must match). A process that died between writing the output and writing
-        the state leaves a file the state does not describe; a file edited behind our back
-        (even to the same size and mtime) fails the digest. Either costs the reuse, never
-        puts text the session did not write into the context."""
+        ``last.output_digest``, the sha256 of those bytes, which must match). A process that
+        died between writing the output and writing the state leaves a file the state does not
+        describe; a file edited behind our back (even to the same size and mtime) fails the
+        digest. Either costs the reuse, never puts text the session did not write into the
+        context."""
         if not isinstance(digest, str) or not isinstance(written, list) or len(written) != 2:
             return None
         try:
