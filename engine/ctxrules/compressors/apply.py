@@ -33,7 +33,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from ctxrules.compressors.failures import failure_lines
-from ctxrules.compressors.lines import Line, Lines, RunInfo
+from ctxrules.compressors.lines import Line, Lines, RunInfo, without_escapes
 from ctxrules.compressors.rules import CompiledRule, CompressorError
 from ctxrules.patterns import Pattern, PatternTimeout, candidate_lines
 from ctxrules.vault import format_marker
@@ -44,7 +44,6 @@ FAILURE_TEXT = re.compile(
     r"(?im)^.*(?:\b(?:error|fatal|panic|panicked|failed|failure|exception)\b"
     r"|traceback \(most recent call last\)|command not found|no such file or directory)"
 )
-_ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b[@-Z\\-_]")
 
 
 def looks_failed(output: str) -> bool:
@@ -319,8 +318,8 @@ def _apply(
         text = source.text(line_no)
         if text is None:  # a line of the middle of an output held in part: it stays elided
             return False
-        if "\x1b" in text and not verbatim:
-            text = _ANSI.sub("", text)
+        if not verbatim:
+            text = without_escapes(text)
         inserts.append((placer.position(line_no), line_no, Line(text, (line_no, line_no))))
         shown[line_no] = 1
         return True

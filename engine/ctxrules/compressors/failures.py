@@ -19,7 +19,6 @@ whose every line would match, such as a search, protects nothing instead of ever
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
@@ -27,6 +26,7 @@ from typing import Any
 
 from ctxrules import patterns as pack_patterns
 from ctxrules.compressors.actions.common import Matcher, compile_all, matching
+from ctxrules.compressors.lines import without_escapes
 
 __all__ = [
     "DEFAULT_FAILURES",
@@ -54,8 +54,6 @@ DEFAULT_FAILURES: tuple[str, ...] = (
 FAILURES_MAX = 200
 """Failure lines the engine puts back into one output at most (a rule may ask for more or
 less); the ones the rule's steps kept do not count."""
-
-_ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b[@-Z\\-_]")
 
 
 @dataclass(frozen=True)
@@ -111,7 +109,7 @@ def failure_lines(
     """
     if not patterns:
         return []
-    plain = [_ANSI.sub("", line) if "\x1b" in line else line for line in lines]
+    plain = [without_escapes(line) for line in lines]
     taken: set[int] = set()
     order: list[int] = []
     n = len(plain) if total is None else total

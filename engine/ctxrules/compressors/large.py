@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from ctxrules.compressors.failures import FailurePattern, _combined
+from ctxrules.compressors.lines import without_escapes
 from ctxrules.errors import CtxrulesError
 from ctxrules.patterns import PAST_RE2, Pattern, lines_touched, re2_module
 from ctxrules.vault import VaultWriter
@@ -66,7 +67,6 @@ BLOCK_BYTES = 1024 * 1024
 MAX_KEPT = 10_000
 """Matching lines of the middle whose text is held at most (the lines around them come on top)."""
 
-_ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b[@-Z\\-_]")
 # ASCII characters Python's \s matches and RE2's does not, and the escape that starts terminal
 # sequences (lines are matched without those): a block holding one is searched line by line.
 _NOT_RE2_SAFE = [c.encode("ascii") for c in PAST_RE2 + "\x1b"]  # one by one: `in` runs at memchr speed
@@ -419,13 +419,13 @@ def scan_middle(
     anyone = _combined(tuple(regexes)) if regexes else None
 
     def matches(text: str) -> bool:
-        plain = _ANSI.sub("", text) if "\x1b" in text else text
+        plain = without_escapes(text)
         if anyone is not None and anyone.search(plain) and any(r.search(plain) for r in regexes):
             return True
         return any(p.search(text) for p in keep)
 
     def piece_matches(text: str) -> bool:  # a piece of a huge line: the bounded matchers only
-        plain = _ANSI.sub("", text) if "\x1b" in text else text
+        plain = without_escapes(text)
         return (anyone is not None and anyone.search(plain) is not None) or any(p.search(text) for p in keep)
 
     recent: list[tuple[int, str]] = []  # the last `before` lines of the previous block
