@@ -67,6 +67,9 @@ def spent(tmp_path_factory: pytest.TempPathFactory) -> Path:
         CALL + ', "tokens": {"prompt": 10}, "usd": {"input": ' + "9" * 400 + "}}",  # no float holds it
         '{"v": 1, "type": "call", "ts": NaN, "model": "gpt-4o", "tokens": {"prompt": 10}}',
         '{"v": 1, "type": "reset", "ts": -Infinity}',
+        CALL + ', "tokens": {"prompt": 100000000000000000000}}',  # more than any call has
+        CALL.replace('"ts": 1.0', '"ts": 1e20') + ', "tokens": {"prompt": 10}}',  # after year 9999
+        '{"v": 1, "type": "reset", "ts": 99999999999999999}',
     ],
     ids=[
         "tokens-1e400",
@@ -79,12 +82,17 @@ def spent(tmp_path_factory: pytest.TempPathFactory) -> Path:
         "usd-400-digits",
         "ts-nan",
         "reset-ts-inf",
+        "tokens-over-max",
+        "ts-after-9999",
+        "reset-ts-after-9999",
     ],
 )
 def test_a_damaged_ledger_line_is_skipped_and_the_budget_still_counts(spent: Path, tmp_path: Path, line: str) -> None:
     shutil.copytree(spent, tmp_path, dirs_exist_ok=True)
-    with open(tmp_path / "st" / "default" / "ledger.jsonl", "a", encoding="utf-8") as fh:
-        fh.write(line + "\n")
+    days = sorted((tmp_path / "st" / "ledger" / "days").glob("*.jsonl"))
+    for ledger in [tmp_path / "st" / "default" / "ledger.jsonl", *days]:
+        with open(ledger, "a", encoding="utf-8") as fh:
+            fh.write(line + "\n")
 
     proc = cli(tmp_path, *RUN)
     assert "internal error" not in proc.stderr and "Traceback" not in proc.stderr
@@ -96,3 +104,7 @@ def test_a_damaged_ledger_line_is_skipped_and_the_budget_still_counts(spent: Pat
     session = json.loads(shown.stdout)["session"]
     assert session["calls"] == 1 and session["tokens"]["prompt"] == 500000
     assert session["usd"] == pytest.approx(1.25)
+    # The dashboard reads the day ledger, damaged line included: the real call, nothing else.
+    until = days[-1].stem
+    report = cli(tmp_path, "usage", "report", "--state", "st", "--until", until, "--days", "1", "--html", "u.html")
+    assert report.returncode == 0 and "1 call(s)" in report.stdout, report.stderr

@@ -109,6 +109,40 @@ def test_bad_input_is_one_line_exit_2(cli, tmp_path: Path) -> None:  # type: ign
     assert code == 2 and "expected a number >= 0" in err
 
 
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["add", "--prompt", "1", "--at", "1e20"], "up to the year 9999"),
+        (["add", "--prompt", "1", "--at", "99999999999999999"], "up to the year 9999"),
+        (["add", "--prompt", "1", "--at", "nan"], "up to the year 9999"),
+        (["add", "--prompt", "1", "--at", "-1"], "since 1970"),
+        (["add", "--prompt", "1", "--at", "soon"], "since 1970"),
+        (["add", "--prompt", "1" + "0" * 20], "more than one call can have"),
+        (["add", "--prompt", "1" + "0" * 5000], "expected a whole number"),
+        (["add", "--response", "RESP"], "more than one call can have"),
+        (["show", "--days", "99999999"], "at most 3660 days"),
+        (["report", "--days", "99999999"], "at most 3660 days"),
+        (["report", "--until", "0001-01-01"], "outside the years 1 to 9999"),
+        (["report", "--until", "9999-12-31"], "outside the years 1 to 9999"),
+    ],
+)
+def test_times_and_counts_outside_the_calendar_are_refused(  # type: ignore[no-untyped-def]
+    cli, tmp_path: Path, argv: list[str], needle: str
+) -> None:
+    state = tmp_path / "st"
+    code, _, err = cli("usage", "add", "--state", str(state), "--model", "gpt-4o", "--prompt", "1")
+    assert code == 0, err
+    before = sorted((p, p.read_bytes()) for p in state.rglob("*.jsonl"))
+    resp = tmp_path / "resp.json"
+    resp.write_text('{"prompt_tokens": 1e300, "completion_tokens": 1}')
+    argv = [str(resp) if a == "RESP" else a for a in argv]
+    extra = ["--model", "gpt-4o"] if argv[0] == "add" else []
+    code, _, err = cli("usage", argv[0], "--state", str(state), *extra, *argv[1:])
+    assert code == 2 and needle in err, err
+    assert "internal error" not in err and "Traceback" not in err and len(err) < 2000
+    assert sorted((p, p.read_bytes()) for p in state.rglob("*.jsonl")) == before  # nothing recorded
+
+
 def test_show_with_a_pack_reports_levels_and_reset_clears_them(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     pack = tmp_path / "pack.yaml"
     pack.write_text(

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
 from ctxrules.budget.pricing import Cost, Rates
-from ctxrules.budget.usage import TOKEN_KINDS, TokenUsage
+from ctxrules.budget.usage import MAX_TOKENS, TOKEN_KINDS, TokenUsage
 from ctxrules.errors import UsageError
 from ctxrules.stores.base import Log, LogKind
 from ctxrules.stores.filesystem import FilesystemStore
@@ -151,11 +151,20 @@ def reset_record(*, ts: float, reason: str = "command") -> dict[str, Any]:
     return {"v": RECORD_VERSION, "type": "reset", "ts": ts, "reason": reason}
 
 
-def _number(value: Any, what: str, key: str = "") -> int | float:
-    """A finite number the ledger wrote, not below zero (``cache_savings`` may be: it is net)."""
+# The last second of 9999-12-31 UTC: ledgers are named by date, and no later date exists.
+LAST_EPOCH = 253402300799.0
+
+
+def _number(value: Any, what: str, key: str = "", limit: float = math.inf) -> int | float:
+    """A finite number the ledger wrote, not below zero (``cache_savings`` may be: it is net)
+    and not above ``limit``."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ValueError(what)
-    if isinstance(value, float) and not math.isfinite(value):
+    try:
+        number = float(value)
+    except OverflowError:
+        raise ValueError(what) from None
+    if not math.isfinite(number) or number > limit:
         raise ValueError(what)
     if value < 0 and key != "cache_savings":
         raise ValueError(what)
@@ -182,10 +191,10 @@ class CallEntry:
         line must not crash every budget check, nor silently lift a budget (a negative or NaN
         sum passes every limit) or trip one for good (an infinite one)."""
         tokens = obj["tokens"]
-        usage = TokenUsage(*(int(_number(tokens.get(k, 0), "tokens")) for k in TOKEN_KINDS))
+        usage = TokenUsage(*(int(_number(tokens.get(k, 0), "tokens", limit=MAX_TOKENS)) for k in TOKEN_KINDS))
         usd = obj.get("usd")
         cost = None if usd is None else Cost(**{k: float(_number(usd.get(k, 0.0), "usd", k)) for k in _COST_KEYS})
-        ts = float(_number(obj["ts"], "ts"))
+        ts = float(_number(obj["ts"], "ts", limit=LAST_EPOCH))
         return cls(
             float(ts),
             str(obj.get("model", "")),
@@ -368,7 +377,7 @@ class LedgerFile:
             if kind == "call":
                 self._entries.append(CallEntry.parse(obj))
             elif kind == "reset":
-                self._resets.append(float(_number(obj["ts"], "ts")))
+                self._resets.append(float(_number(obj["ts"], "ts", limit=LAST_EPOCH)))
             else:
                 raise ValueError(f"unknown record type {kind!r}")
         except (ValueError, KeyError, TypeError, AttributeError, RecursionError, OverflowError):

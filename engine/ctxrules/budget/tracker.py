@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -23,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ctxrules.budget.ledger import (
+    LAST_EPOCH,
     CallEntry,
     LedgerFile,
     Totals,
@@ -178,7 +180,7 @@ class SessionLedger:
         if not name:
             raise UsageError("record_usage needs the model that was called (model=...)")
         rates = rates_for(name, prompt_tokens=usage.prompt, service_tier=service_tier, prices=self.policy.prices)
-        ts = self.clock() if at is None else float(at)
+        ts = self.clock() if at is None else checked_epoch(at)
         rec = call_record(
             usage=usage,
             cost=price_call(usage, rates),
@@ -511,6 +513,20 @@ def _read_link(store: Store, session: str) -> dict[str, Any]:
     except (OSError, ValueError, CtxrulesError):
         return {}
     return data if isinstance(data, dict) else {}
+
+
+def checked_epoch(at: object) -> float:
+    """``at`` as seconds since 1970 (UTC), or :class:`UsageError` when it is not a time a call
+    can have been made at: not a number, NaN or infinite, before 1970 or after year 9999."""
+    if isinstance(at, bool) or not isinstance(at, int | float):
+        raise UsageError(f"a call's time must be seconds since 1970, got {type(at).__name__}")
+    try:
+        ts = float(at)
+    except OverflowError:
+        ts = math.inf
+    if not 0 <= ts <= LAST_EPOCH:  # NaN fails both comparisons
+        raise UsageError(f"a call's time must be seconds since 1970 up to the year 9999, got {at!r}")
+    return ts
 
 
 def _utc_dates(start: float, end: float) -> list[str]:

@@ -18,6 +18,7 @@ Perplexity's, and ctxrules' own (the seven names above). A failed call has no us
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any, Final, Literal
@@ -35,6 +36,9 @@ TOKEN_KINDS: Final = (
     "citation",
     "total",
 )
+# No call reports more tokens than this (a thousand trillion); larger counts are input errors,
+# refused before they reach the prices (floats) and the ledgers.
+MAX_TOKENS: Final = 10**15
 UsageFormat = Literal["auto", "ctxrules", "openai", "responses", "anthropic", "gemini"]
 
 
@@ -80,6 +84,8 @@ class TokenUsage:
         for name, value in values.items():
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise UsageError(f"token count '{name}' must be a whole number >= 0, got {value!r}")
+            if value > MAX_TOKENS:
+                raise UsageError(f"token count '{name}' is {value}, more than one call can have ({MAX_TOKENS:.0e})")
         if cached + cache_write > prompt:
             raise UsageError(
                 f"cached ({cached}) + cache_write ({cache_write}) tokens exceed the "
@@ -295,7 +301,11 @@ def _int(u: Mapping[str, Any], key: str, where: str = "") -> int:
     value = u.get(key)
     if value is None:
         return 0
-    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0 or value != int(value):
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < math.inf:
+        raise UsageError(f"usage field '{where}{key}' must be a whole number >= 0, got {value!r}")
+    if value > MAX_TOKENS:
+        raise UsageError(f"usage field '{where}{key}' is {value!r}, more than one call can have ({MAX_TOKENS:.0e})")
+    if value != int(value):
         raise UsageError(f"usage field '{where}{key}' must be a whole number >= 0, got {value!r}")
     return int(value)
 

@@ -18,7 +18,7 @@ from typing import Any
 from ctxrules.budget.dashboard import Period, load_calls, render_dashboard, summary_text
 from ctxrules.budget.ledger import Totals
 from ctxrules.budget.policy import BudgetPolicy
-from ctxrules.budget.tracker import SessionLedger
+from ctxrules.budget.tracker import SessionLedger, checked_epoch
 from ctxrules.budget.usage import TokenUsage, is_failed_response
 from ctxrules.cli.io import add_search_path, dump, read_json, write_text
 from ctxrules.cli.stores import add_store_options, describe_store, is_filesystem, session_key, store_of
@@ -27,6 +27,7 @@ from ctxrules.packs.validated import load_pack
 from ctxrules.session_store import state_root_from_env
 from ctxrules.stores import open_store, store_from_options
 
+MAX_DAYS = 3660  # ten years of days, for `show --days` and `report --days`
 KINDS = ("prompt", "completion", "cached", "cache_write", "reasoning", "citation", "total")
 
 
@@ -71,7 +72,9 @@ def register(sub: Any) -> None:
         choices=["standard", "priority", "flex", "batch"],
         help="the provider's service tier (its prices apply)",
     )
-    a.add_argument("--at", type=float, metavar="EPOCH", help="when the call was made (default: now)")
+    a.add_argument(
+        "--at", type=_epoch, metavar="EPOCH", help="when the call was made, seconds since 1970 UTC (default: now)"
+    )
     a.add_argument("--json", action="store_true", help="print the ledger record as JSON")
     a.set_defaults(func=run_add)
 
@@ -85,7 +88,7 @@ def register(sub: Any) -> None:
     s.add_argument("--format", choices=["text", "json"], default="text")
     s.add_argument(
         "--days",
-        type=_count,
+        type=_days_count,
         default=0,
         metavar="N",
         help="also list the spend of each of the last N days",
@@ -110,7 +113,11 @@ def register(sub: Any) -> None:
     )
     add_store_options(d)
     d.add_argument(
-        "--days", type=_count, default=30, metavar="N", help="how many days, up to today (default 30; e.g. 7, 30, 365)"
+        "--days",
+        type=_days_count,
+        default=30,
+        metavar="N",
+        help=f"how many days, up to today (default 30; e.g. 7, 30, 365; at most {MAX_DAYS})",
     )
     d.add_argument("--until", metavar="YYYY-MM-DD", help="the last day shown (default: today, UTC)")
     d.add_argument("--html", metavar="OUT", help="write the page here (else a text summary)")
@@ -133,6 +140,11 @@ def run_report(args: argparse.Namespace) -> int:
     else:
         last = datetime.now(UTC).date()
     period = Period(last, args.days)
+    try:
+        _ = (period.start, period.end)  # both ends must be dates the calendar has
+    except (OverflowError, ValueError):
+        span = f"--until {last.isoformat()} with --days {args.days}"
+        raise UsageError(f"{span} reaches outside the years 1 to 9999") from None
     calls, bad = load_calls(store, period)
     if args.html:
         write_text(args.html, render_dashboard(calls, period, state_root=str(describe_store(store)), bad_lines=bad))
@@ -162,10 +174,27 @@ def _count(text: str) -> int:
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+        shown = text if len(text) <= 40 else text[:40] + "..."
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {shown!r}") from None
     if value < 0:
         raise argparse.ArgumentTypeError(f"expected a number >= 0, got {value}")
     return value
+
+
+def _days_count(text: str) -> int:
+    value = _count(text)
+    if value > MAX_DAYS:
+        raise argparse.ArgumentTypeError(f"expected at most {MAX_DAYS} days (ten years), got {value}")
+    return value
+
+
+def _epoch(text: str) -> float:
+    try:
+        return checked_epoch(float(text))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds since 1970, got {text!r}") from None
+    except UsageError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _ledger(args: argparse.Namespace) -> Any:
