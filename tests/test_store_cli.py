@@ -4,11 +4,14 @@ stores, and ``sessions scan --store`` finding a half-written compaction checkpoi
 
 from __future__ import annotations
 
+import base64
 import json
 import os
+import stat
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import REPO
@@ -131,6 +134,9 @@ def test_export_then_import_moves_a_session_byte_for_byte(tmp_path: Path) -> Non
     )
     assert exported.returncode == 0, exported.stderr
     assert "vault item(s)" in exported.stderr and (tmp_path / "conv.ctxs").is_file()
+    # It holds the conversation and the signing key: private whatever the umask.
+    assert stat.S_IMODE((tmp_path / "conv.ctxs").stat().st_mode) == 0o600
+    assert [p.name for p in tmp_path.iterdir() if ".partial" in p.name] == []
     imported = ctxrules("sessions", "import", "conv.ctxs", "--store", f"file://{tmp_path}/B", cwd=tmp_path)
     assert imported.returncode == 0, imported.stderr
     a, b = tmp_path / "A" / "conv-1", tmp_path / "B" / "conv-1"
@@ -189,6 +195,87 @@ def test_an_archive_missing_or_repeating_any_line_imports_nothing(tmp_path: Path
             assert not (tmp_path / "B" / "s").exists(), why
     whole = ctxrules("sessions", "import", "s.ctxs", "--state", "B", "--session", "B/s", cwd=tmp_path)
     assert whole.returncode == 0, whole.stderr
+
+
+def _altered(record: dict[str, Any]) -> dict[str, Any]:
+    """The record with one value changed as damage would change it, still well-formed."""
+    kind = record.get("kind")
+    if kind == "turn":
+        output = record["output"]
+        return {**record, "output": [{**output[0], "content": "text nobody wrote"}, *output[1:]]}
+    if kind == "blob":
+        return {**record, "media_type": "text/html"}
+    if kind in ("doc", "secret"):
+        return {**record, "data": base64.b64encode(base64.b64decode(record["data"]) + b" ").decode()}
+    if kind == "ledger":
+        return {**record, "lines": [line.replace('"prompt": 1000', '"prompt": 1') for line in record["lines"]]}
+    return {**record, "session": "other"}  # the header
+
+
+def test_an_archive_with_any_line_altered_imports_nothing(tmp_path: Path) -> None:
+    """Each line but the end record changed in one value, the counts still right: refused
+    with CR146 (the end record's sha256), nothing written. Before, an altered last output was
+    imported and the next turn sent its text in place of the user's first message."""
+    first = ctxrules(*run_args(tmp_path, "--state", "A", "--session", "A/s"), cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    usage = ctxrules("usage", "add", "--model", "gpt-4o", "--prompt", "1000", "--session", "A/s", "--state", "A",
+                     cwd=tmp_path)  # fmt: skip
+    assert usage.returncode == 0, usage.stderr
+    note = "import sys\nfrom ctxrules.notes import SessionNotes\nSessionNotes(sys.argv[1]).add('n', tags=['x'])"
+    subprocess.run([sys.executable, "-c", note, "A/s"], cwd=tmp_path, env=ENV, check=True)
+    exported = ctxrules("sessions", "export", "A/s", "--state", "A", "--to", "s.ctxs", cwd=tmp_path)
+    assert exported.returncode == 0, exported.stderr
+    lines = (tmp_path / "s.ctxs").read_bytes().splitlines(keepends=True)
+    records = [json.loads(line) for line in lines]
+    assert {"turn", "blob", "doc", "secret", "ledger"} <= {r.get("kind") for r in records}
+    for i in range(len(lines) - 1):
+        altered = json.dumps(_altered(records[i]), ensure_ascii=False).encode() + b"\n"
+        assert altered != lines[i]
+        (tmp_path / "bad.ctxs").write_bytes(b"".join([*lines[:i], altered, *lines[i + 1 :]]))
+        got = ctxrules("sessions", "import", "bad.ctxs", "--state", "B", "--session", "B/s", cwd=tmp_path)
+        why = f"{records[i].get('kind', 'header')} line altered: {got.stderr}"
+        assert got.returncode == 2 and "[CR146]" in got.stderr and "sha256" in got.stderr, why
+        assert not (tmp_path / "B" / "s").exists(), why
+    # Line endings a transfer changed are not damage.
+    (tmp_path / "crlf.ctxs").write_bytes(b"".join(line.replace(b"\n", b"\r\n") for line in lines))
+    whole = ctxrules("sessions", "import", "crlf.ctxs", "--state", "B", "--session", "B/s", cwd=tmp_path)
+    assert whole.returncode == 0, whole.stderr
+
+
+@pytest.mark.parametrize(
+    ("kind", "change", "words"),
+    [
+        ("ledger", {"lines": 5}, "list of lines"),
+        ("ledger", {"lines": [{"v": 1}]}, "list of lines"),
+        ("turn", {"state": {"last": None}}, "state.last must be an object"),
+        ("turn", {"output": ["not a message"]}, "list of message objects"),
+    ],
+)
+def test_an_archive_record_of_the_wrong_shape_imports_nothing(
+    tmp_path: Path, kind: str, change: dict[str, Any], words: str
+) -> None:
+    """An archive without the end record's sha256 (as written before it was added, or by
+    hand) is checked on its counts, and each record on its shape: CR146, nothing written,
+    never an internal error half way through the writes."""
+    first = ctxrules(*run_args(tmp_path, "--state", "A", "--session", "A/s"), cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    exported = ctxrules("sessions", "export", "A/s", "--state", "A", "--to", "s.ctxs", cwd=tmp_path)
+    assert exported.returncode == 0, exported.stderr
+    records = [json.loads(line) for line in (tmp_path / "s.ctxs").read_text().splitlines()]
+    del records[-1]["sha256"]
+    for record in records:
+        if record.get("kind") == kind:
+            if "state" in change:
+                record["state"] = {**record["state"], **change["state"]}
+            else:
+                record.update(change)
+        if record.get("kind") == "ledger":  # the counts stay right: only the shape is wrong
+            listed = record["lines"]
+            records[-1]["ledger"] = len(listed) if isinstance(listed, list) else 0
+    (tmp_path / "bad.ctxs").write_text("".join(json.dumps(r) + "\n" for r in records))
+    got = ctxrules("sessions", "import", "bad.ctxs", "--state", "B", "--session", "B/s", cwd=tmp_path)
+    assert got.returncode == 2 and "[CR146]" in got.stderr and words in got.stderr, got.stderr
+    assert "internal error" not in got.stderr and not (tmp_path / "B").exists()
 
 
 def test_an_archive_line_nested_too_deep_is_a_damaged_archive(tmp_path: Path) -> None:

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -90,9 +92,15 @@ def run_export(args: argparse.Namespace) -> int:
         target = Path(args.to)
         if target.exists() and not target.is_file():
             raise UsageError(f"--to {target}: not a regular file")
-        tmp = target.with_name(f".{target.name}.partial")
+        # A new file of a name nobody can have placed (no link followed), mode 0600 whatever
+        # the umask: the archive holds the conversation and the session's signing key.
         try:
-            with open(tmp, "wb") as out:
+            fd, tmp_name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".partial")
+        except OSError as exc:
+            raise UsageError(f"--to {target}: cannot write: {exc.strerror or exc}") from None
+        tmp = Path(tmp_name)
+        try:
+            with os.fdopen(fd, "wb") as out:
                 counts = export_session(store, key, out, name=name)
             tmp.replace(target)  # a reader never sees half an archive
         except BaseException:

@@ -10,11 +10,13 @@ The archive is JSON lines (UTF-8), one record per line::
     {"kind": "doc", "name": "notes" | "touched" | ..., "data": BASE64}           one per document
     {"kind": "secret", "name": "injection.key", "data": BASE64}  the key its injected tags are signed with
     {"kind": "ledger", "lines": [LINE, ...]}                  the session's own ledger, as written
-    {"kind": "end", "blobs": N, "docs": N, "ledger": N, "turns": 1, "secrets": N}
+    {"kind": "end", "blobs": N, "docs": N, "ledger": N, "turns": 1, "secrets": N, "sha256": HEX}
 
 Vault blobs keep their exact bytes (and so their ids); an import checks every blob against its
-id and refuses a truncated archive (no ``end`` record), or one whose records are not those its
-``end`` record counts (a line lost or repeated), before it writes anything. The day and
+id and refuses a truncated archive (no ``end`` record), one whose records are not those its
+``end`` record counts (a line lost or repeated), one whose lines do not hash to the end
+record's ``sha256`` (a line altered; archives written before it was added are checked on the
+counts only), or a record of the wrong shape, before it writes anything. The day and
 goal ledgers are the store's own history and stay where they are. The archive holds the whole
 conversation and the session's signing key: keep it as private as the session itself.
 """
@@ -53,6 +55,13 @@ def export_session(store: Store, session: str, out: IO[bytes], *, name: str | No
     if not store.exists(session):
         raise StoreUsageError("CR147", f"no session {store.describe(session)} to export")
     counts = {"blobs": 0, "docs": 0, "ledger": 0}
+    digest = hashlib.sha256()
+
+    def write(obj: dict[str, Any]) -> None:
+        line = _line(obj)
+        digest.update(line)
+        out.write(line)
+
     with store.prepare_lock(session):
         turn = store.load_turn(session)
         header = {
@@ -62,29 +71,31 @@ def export_session(store: Store, session: str, out: IO[bytes], *, name: str | No
             "from": store.url,
             "exported": time.time(),
         }
-        out.write(_line(header))
-        out.write(_line({"kind": "turn", "state": turn.state, "output": turn.output}))
+        write(header)
+        write({"kind": "turn", "state": turn.state, "output": turn.output})
         for blob_id in store.blob_ids(session):
             data = store.get_blob(session, blob_id)
             media_type = store.blob_media_type(session, blob_id)
             encoded = base64.b64encode(data).decode()
-            out.write(_line({"kind": "blob", "id": blob_id, "media_type": media_type, "data": encoded}))
+            write({"kind": "blob", "id": blob_id, "media_type": media_type, "data": encoded})
             counts["blobs"] += 1
         for doc in DOCS:
             raw = store.read_doc(session, doc)
             if raw is not None:
-                out.write(_line({"kind": "doc", "name": doc, "data": base64.b64encode(raw).decode()}))
+                write({"kind": "doc", "name": doc, "data": base64.b64encode(raw).decode()})
                 counts["docs"] += 1
         # The key the session's injected messages are signed with: without it they would read
         # as the caller's own messages in the other store.
         secret = existing_secret(store, session) or existing_secret(store, None)
         if secret is not None:
-            out.write(_line({"kind": "secret", "name": "injection.key", "data": base64.b64encode(secret).decode()}))
+            write({"kind": "secret", "name": "injection.key", "data": base64.b64encode(secret).decode()})
         lines = _all_lines(store, Log("session", session))
-        out.write(_line({"kind": "ledger", "lines": [ln.decode("utf-8", "replace") for ln in lines]}))
+        write({"kind": "ledger", "lines": [ln.decode("utf-8", "replace") for ln in lines]})
         counts["ledger"] = len(lines)
-        # What the reader checks the records against (a line lost in transit is refused).
-        out.write(_line({"kind": "end", **counts, "turns": 1, "secrets": int(secret is not None)}))
+        # What the reader checks the records against: a line lost, repeated or altered in
+        # transit is refused.
+        end = {"kind": "end", **counts, "turns": 1, "secrets": int(secret is not None)}
+        out.write(_line({**end, "sha256": digest.hexdigest()}))
     out.flush()
     return counts
 
@@ -101,6 +112,7 @@ def read_archive(lines: Iterable[bytes], where: str) -> tuple[dict[str, Any], li
     records: list[dict[str, Any]] = []
     header: dict[str, Any] | None = None
     ended = False
+    digest = hashlib.sha256()  # of the lines before the end record, as the writer wrote them
     for n, raw in enumerate(it, 1):
         if not raw.strip():
             continue
@@ -118,16 +130,19 @@ def read_archive(lines: Iterable[bytes], where: str) -> tuple[dict[str, Any], li
             if obj.get("version") != ARCHIVE_VERSION:
                 raise _bad(f"{where}:{n}: archive version {obj.get('version')!r} is not supported (need 1)")
             header = obj
+            digest.update(raw.rstrip(b"\r\n") + b"\n")
             continue
         if ended:
             raise _bad(f"{where}:{n}: data after the end record")
         kind = obj.get("kind")
         if kind == "end":
             ended = True
+            obj["_sha256"] = digest.hexdigest()
         elif kind not in ("turn", "blob", "doc", "ledger", "secret"):
             raise _bad(f"{where}:{n}: unknown record kind {kind!r}")
         obj["_line"] = n
         records.append(obj)
+        digest.update(raw.rstrip(b"\r\n") + b"\n")
     if header is None:
         raise _bad(f"{where}: empty file, not a ctxrules session archive")
     if not ended:
@@ -145,8 +160,10 @@ def _decode(obj: dict[str, Any], where: str) -> bytes:
 def _check_counts(records: list[dict[str, Any]], where: str) -> None:
     """Refuse an archive whose records are not the ones its end record counts: one turn, one
     ledger record with ``ledger`` lines, ``blobs`` blobs, ``docs`` documents and (archives that
-    count them) ``secrets`` secrets. A line lost or repeated would otherwise import a session
-    whose output names vault items it lacks, or whose injected messages lose their key."""
+    count them) ``secrets`` secrets; or whose lines do not hash to its ``sha256`` (archives
+    that carry one). A line lost, repeated or altered would otherwise import a session whose
+    output names vault items it lacks, whose injected messages lose their key, or whose next
+    turn sends text nobody wrote."""
     end = records[-1]
     found = {"turn": 0, "blob": 0, "doc": 0, "secret": 0, "ledger": 0}
     ledger_lines = 0
@@ -169,6 +186,11 @@ def _check_counts(records: list[dict[str, Any]], where: str) -> None:
                 f"{where}:{end['_line']}: the end record counts {want!r} {what}, the archive holds {got} "
                 "(a line lost or added: a damaged archive); nothing was imported"
             )
+    if "sha256" in end and end["sha256"] != end["_sha256"]:
+        raise _bad(
+            f"{where}:{end['_line']}: the archive's lines do not hash to the end record's sha256 "
+            "(a line altered: a damaged archive); nothing was imported"
+        )
 
 
 def import_session(store: Store, session: str, lines: Iterable[bytes], *, where: str) -> dict[str, int]:
@@ -195,7 +217,10 @@ def import_session(store: Store, session: str, lines: Iterable[bytes], *, where:
                 raise _bad(f"{where}:{n}: unknown document {obj.get('name')!r}")
             docs.append((obj["name"], _decode(obj, where)))
         elif kind == "ledger":
-            for raw in obj.get("lines") or []:
+            listed = obj.get("lines")
+            if not isinstance(listed, list) or not all(isinstance(raw, str) for raw in listed):
+                raise _bad(f"{where}:{n}: the ledger record needs a list of lines (strings)")
+            for raw in listed:
                 try:
                     rec = json.loads(raw)
                 except (TypeError, ValueError):
@@ -210,6 +235,10 @@ def import_session(store: Store, session: str, lines: Iterable[bytes], *, where:
             state, output = obj.get("state"), obj.get("output")
             if not isinstance(state, dict) or not (output is None or isinstance(output, list)):
                 raise _bad(f"{where}:{n}: the turn record needs a state object and an output list or null")
+            if not isinstance(state.get("last", {}), dict):
+                raise _bad(f"{where}:{n}: the turn record's state.last must be an object")
+            if output is not None and not all(isinstance(msg, dict) for msg in output):
+                raise _bad(f"{where}:{n}: the turn record's output must be a list of message objects")
             turn = obj
     if store.exists(session):
         raise _bad(f"{store.describe(session)} exists already; import into another session (--session NAME)")
