@@ -11,6 +11,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from ctxrules import Engine
 from ctxrules.dangling import LOST_PREFIX, marker_ids
 
@@ -79,6 +81,41 @@ def test_a_deleted_vault_is_re_derived_from_the_history_by_the_next_run(tmp_path
         back = vault_get(tmp_path, vault_id)
         assert back.returncode == 0 and back.stdout == BIG.encode()
     assert LOST_PREFIX not in json.dumps(out)
+
+
+@pytest.mark.parametrize("planted", ["symlink", "fifo", "directory"])
+def test_a_vault_item_replaced_by_something_else_is_written_again(tmp_path: Path, planted: str) -> None:
+    """A link, a FIFO or a directory where a vault item was: the last output is not reused
+    (its markers would not resolve) and nothing is read or written through what was planted.
+    A link or a FIFO is replaced by the item at once; a directory, which a rename cannot
+    replace, is named in the run's warnings, and once removed the next run writes the item."""
+    first, _ = run(tmp_path, HISTORY)
+    ids = marker_ids(first)
+    assert ids, "the big output should have been elided"
+    outside = tmp_path / "outside.txt"
+    outside.write_text("not the session's\n")
+    items = [tmp_path / "state" / "default" / "vault" / vault_id[:2] / vault_id for vault_id in ids]
+    for item in items:
+        item.unlink()
+        if planted == "symlink":
+            item.symlink_to(outside)
+        elif planted == "fifo":
+            os.mkfifo(item)
+        else:
+            item.mkdir()
+    out, report = run(tmp_path, GROWN)
+    assert report["reused_messages"] == 0
+    assert "not the session's" not in json.dumps(out) and outside.read_text() == "not the session's\n"
+    if planted == "directory":
+        assert any(items[0].name in w for w in report["warnings"]), report["warnings"]
+        for item in items:
+            item.rmdir()
+        out, report = run(tmp_path, GROWN)
+    assert marker_ids(out) and LOST_PREFIX not in json.dumps(out)
+    backs = [vault_get(tmp_path, vault_id) for vault_id in marker_ids(out)]
+    assert all(back.returncode == 0 for back in backs), [back.stderr for back in backs]
+    # The output is back whole (as the item, or inside the step a failed stage stored whole).
+    assert any(back.stdout in (BIG.encode(), json.dumps(HISTORY[1:3]).encode()) for back in backs)
 
 
 def test_the_same_session_object_notices_a_deleted_vault(tmp_path: Path) -> None:

@@ -377,11 +377,15 @@ class FilesystemStore:
         return data
 
     def has_blob(self, session: str, blob_id: str) -> bool:
-        return self._blob_path(session, blob_id).is_file()
+        # Not through a link: a link, a FIFO or a directory in an item's place is no item.
+        return _is_regular(str(self._blob_path(session, blob_id)))
 
     def missing_blobs(self, session: str, blob_ids: Sequence[str]) -> set[str]:
-        # lexists: one system call per id (a warm turn asks for every marker of its output),
-        # on a string path (a Path per id cost more than the call).
+        # One lstat per id (a warm turn asks for every marker of its output), on a string path
+        # (a Path per id cost more than the call). What is not a regular file (a link, a FIFO,
+        # a directory put in its place) counts as missing: the turn derives the output again,
+        # and writing the item renames it over what was planted. Bytes changed in place are found when read (the
+        # digest), not here: hashing every item on every turn would cost more than the turn.
         if not blob_ids:
             return set()
         root = self._vault_roots.get(session)
@@ -389,8 +393,7 @@ class FilesystemStore:
             if len(self._vault_roots) > 4096:  # a store serving many sessions: bounded
                 self._vault_roots.clear()
             root = self._vault_roots[session] = os.path.join(self._vault_path(session), "")
-        lexists = os.path.lexists
-        return {b for b in blob_ids if not lexists(f"{root}{b[:2]}/{b}")}
+        return {b for b in blob_ids if not _is_regular(f"{root}{b[:2]}/{b}")}
 
     def blob_ids(self, session: str, prefix: str = "") -> list[str]:
         root = self.vault_dir(session)
@@ -750,13 +753,22 @@ def _field(line: bytes, key: str) -> Any:
     return obj.get(key) if isinstance(obj, dict) else None
 
 
+def _is_regular(path: str) -> bool:
+    try:
+        return stat.S_ISREG(os.lstat(path).st_mode)
+    except OSError:
+        return False
+
+
 def _intact(path: str | Path, blob_id: str) -> bool:
     """Whether ``path`` holds the bytes of ``blob_id`` (read a block at a time: a blob may be
     a huge command output)."""
     digest = hashlib.sha256()
     try:
         fd = open_private(path, os.O_RDONLY)
-    except FileNotFoundError:
+    except (FileNotFoundError, UnsafePathError):
+        # Nothing there, or something planted in the item's place (a link, a FIFO): not read,
+        # and the write renames the item over it, never writing through it.
         return False
     with os.fdopen(fd, "rb") as handle:
         while block := handle.read(1 << 20):
