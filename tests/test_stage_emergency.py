@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -137,6 +138,34 @@ def test_a_newest_result_larger_than_the_window_is_spilled(tmp_path: Path) -> No
     assert out.warnings == [] and ctx.budget.fits(ctx.count(out.messages))
     pins_unchanged(msgs, out.messages, ctx.vault)
     assert pairing_problems(out.messages) == []
+
+
+@pytest.mark.parametrize("window", [12_000, 32_000])
+def test_long_tool_call_arguments_in_the_newest_step_are_spilled(tmp_path: Path, window: int) -> None:
+    """The newest step writes a whole file (its call's arguments are most of the request):
+    the long string values are cut to a preview around a marker, the arguments stay valid
+    JSON with every other key as it was, and the vault gives each value back whole."""
+    body = filler(200 * window // 1000, "file")
+    msgs = [
+        system(),
+        user("start"),
+        *step("a", "ok"),
+        *step("w", "File written.", name="Write", file_path="/repo/app.py", content=body, note="short"),
+    ]
+    ctx = emergency_ctx(tmp_path, window)
+    assert ctx.budget.utilization(ctx.count(msgs)) >= ctx.budget.thresholds["emergency"]
+    out = Emergency({})(msgs, ctx)
+    (spill,) = [a for a in out.actions if a.kind == "spill_pinned"]
+    assert spill.index == len(msgs) - 2 and out.warnings == []
+    assert ctx.budget.utilization(ctx.count(out.messages)) < ctx.budget.thresholds["emergency"]
+    assert pairing_problems(out.messages) == []
+    (new_call,) = out.messages[spill.index]["tool_calls"]
+    args = json.loads(new_call["function"]["arguments"])
+    assert args["file_path"] == "/repo/app.py" and args["note"] == "short"
+    assert len(args["content"]) < len(body) // 4
+    (marker,) = parse_markers(args["content"])
+    assert ctx.vault.get_text(marker.vault_id) == body and spill.vault_id == marker.vault_id
+    assert args["content"].startswith(body[:40]) and args["content"].endswith(body[-40:])
 
 
 def test_pins_that_cannot_be_spilled_are_reported(tmp_path: Path) -> None:

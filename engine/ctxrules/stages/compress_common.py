@@ -51,11 +51,13 @@ __all__ = [
     "ThrashGuard",
     "View",
     "apply_edits",
+    "argument_strings",
     "cut_text",
     "is_placeholder",
     "line_count",
     "restore_placeholder",
     "text_id",
+    "truncate_arguments",
     "truncate_message",
 ]
 
@@ -362,11 +364,11 @@ def _soft_cut_tail(text: str, begin: int, floor: int) -> int:
 
 
 def _chars_per_token(msg: Mapping[str, Any], tokens: int) -> float:
-    chars = len(message_text(msg)) + sum(len(a) for a in _argument_strings(msg))
+    chars = len(message_text(msg)) + sum(len(a) for a in argument_strings(msg))
     return max(1.0, chars / max(1, tokens - 4))
 
 
-def _argument_strings(msg: Mapping[str, Any]) -> list[str]:
+def argument_strings(msg: Mapping[str, Any]) -> list[str]:
     calls = msg.get("tool_calls")
     out: list[str] = []
     if isinstance(calls, list):
@@ -398,19 +400,38 @@ def truncate_message(
         if cut is not None:
             new = replace_text(new, cut.new)
             stored.append(cut.stored)
-    calls = msg.get("tool_calls")
-    if isinstance(calls, list) and any(len(a) > limit_chars for a in _argument_strings(msg)):
-        new_calls: list[Any] = []
-        changed = False
-        for call in calls:
-            replaced = _truncate_call(call, limit_chars, head_tokens, tail_tokens, cpt, count_text, stored)
-            changed = changed or replaced is not call
-            new_calls.append(replaced)
-        if changed:
-            new = {**new, "tool_calls": new_calls}
+    new_calls = _truncated_calls(msg, limit_chars, head_tokens, tail_tokens, cpt, count_text, stored)
+    if new_calls is not None:
+        new = {**new, "tool_calls": new_calls}
     if new is msg:
         return None
     return new, stored, len(stored)
+
+
+def truncate_arguments(
+    msg: Message, tokens: int, *, max_tokens: int, head_tokens: int, tail_tokens: int, count_text: Any
+) -> tuple[Message, list[str]] | None:
+    """``msg`` with only its tool-call argument strings cut as :func:`truncate_message` cuts
+    them (every JSON string value over ``max_tokens``); ``None`` when none is that long."""
+    stored: list[str] = []
+    cpt = _chars_per_token(msg, tokens)
+    new_calls = _truncated_calls(msg, max_tokens * cpt, head_tokens, tail_tokens, cpt, count_text, stored)
+    return None if new_calls is None else ({**msg, "tool_calls": new_calls}, stored)
+
+
+def _truncated_calls(
+    msg: Mapping[str, Any], limit_chars: float, head: int, tail: int, cpt: float, count_text: Any, stored: list[str]
+) -> list[Any] | None:
+    calls = msg.get("tool_calls")
+    if not isinstance(calls, list) or not any(len(a) > limit_chars for a in argument_strings(msg)):
+        return None
+    new_calls: list[Any] = []
+    changed = False
+    for call in calls:
+        replaced = _truncate_call(call, limit_chars, head, tail, cpt, count_text, stored)
+        changed = changed or replaced is not call
+        new_calls.append(replaced)
+    return new_calls if changed else None
 
 
 def _truncate_call(

@@ -15,13 +15,14 @@ does not re-trigger it at once):
 
 3. **spill pins**: when the pins alone reach the emergency threshold (a newest step holding a
    56K-token tool output at a 32K window) — checked first, so that levels 1 and 2 then keep
-   what history still fits, and again after level 2 — their largest
-   contents are spilled, largest first — a tool output, a user's paste, the newest assistant
-   text; never a system/developer message — each going to the vault whole and leaving the
-   spill marker and a short preview (``spill_preview_tokens``), until the pins are below the
-   emergency threshold. Like the hard spill of ``tool_output.filter``, this is an exception
-   to "pinned messages survive unchanged" (docs/reference/concepts.md), taken only because the
-   provider would reject the request otherwise.
+   what history still fits, and again after level 2 — their largest contents are spilled,
+   largest first — a tool output, a user's paste, the newest assistant text, the long string
+   values of a tool call's arguments; never a system/developer message — each going to the
+   vault whole and leaving the spill marker and a short preview (``spill_preview_tokens``),
+   until the pins are below the emergency threshold. Like the hard spill of
+   ``tool_output.filter``, this is an exception to "pinned messages survive unchanged"
+   (docs/reference/concepts.md), taken only because the provider would reject the request
+   otherwise.
 
 **Guarantee.** After level 2 only the pinned messages (leading system messages, the human
 anchor, the latest real user message, the newest step) remain, with at most one placeholder in
@@ -41,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 
 from ctxrules.hookspecs import hookimpl
 from ctxrules.stages.base import Action, StageOutcome, StageType, unchanged
-from ctxrules.stages.compress_common import Edit, View, apply_edits
+from ctxrules.stages.compress_common import Edit, View, apply_edits, argument_strings, truncate_arguments
 from ctxrules.stages.compress_remove import apply_removal, plan_removal
 from ctxrules.stages.compress_truncate import TRUNCATE_OPTIONS, TruncateSettings
 from ctxrules.structure import pinned_indices
@@ -51,6 +52,8 @@ from ctxrules.types import THRESHOLD_NAMES
 _NEVER_SPILLED = frozenset({"system", "developer"})
 # A spill leaves a marker and a preview; below this size it would not save enough to matter.
 _MIN_SPILL_CHARS = 2000
+# The candidate "part position" that stands for a message's tool-call arguments.
+_CALLS = -1
 
 if TYPE_CHECKING:
     from ctxrules.pipeline.context import StageContext
@@ -112,11 +115,15 @@ class Emergency:
     ) -> tuple[list[dict[str, Any]], int]:
         out = list(messages)
         pins = pinned_indices(out)
-        candidates: list[tuple[int, int, int | None]] = []  # (chars, index, part position)
+        # (chars, index, part position: None for a string content, CALLS for the tool calls)
+        candidates: list[tuple[int, int, int | None]] = []
         for index in pins:
             msg = out[index]
             if msg.get("role") in _NEVER_SPILLED:
                 continue
+            arguments = sum(map(len, argument_strings(msg)))
+            if arguments:
+                candidates.append((arguments, index, _CALLS))
             content = msg.get("content")
             if isinstance(content, str):
                 candidates.append((len(content), index, None))
@@ -136,6 +143,9 @@ class Emergency:
             if chars < _MIN_SPILL_CHARS:
                 continue  # too small for a marker and a preview to save anything
             msg = out[index]
+            if pos == _CALLS:
+                total = self._spill_arguments(out, index, total, ctx, actions)
+                continue
             content = msg["content"]
             text = content if pos is None else content[pos]["text"]
             vid = ctx.vault.put_text(text)
@@ -170,6 +180,40 @@ class Emergency:
         if out != messages:
             total = ctx.count(out)
         return out, total
+
+    def _spill_arguments(
+        self, out: list[dict[str, Any]], index: int, total: int, ctx: StageContext, actions: list[Action]
+    ) -> int:
+        """The long string values in the tool-call arguments of pinned message ``index`` cut
+        to a preview (head + tail, ``spill_preview_tokens`` in all) around a marker; the
+        arguments stay valid JSON, the originals go to the vault. Returns the new total."""
+        msg = out[index]
+        before = ctx.counter.count_message(msg)
+        half = max(1, self.spill_preview_tokens // 2)
+        cut = truncate_arguments(
+            msg, before, max_tokens=self.spill_preview_tokens, head_tokens=half, tail_tokens=half,
+            count_text=ctx.counter.count_text,
+        )  # fmt: skip
+        if cut is None:
+            return total  # no string value long enough (or not JSON): nothing a preview can stand for
+        new, stored = cut
+        after = ctx.counter.count_message(new)
+        if after >= before:
+            return total
+        ids = [ctx.vault.put_text(text) for text in stored]
+        out[index] = new
+        actions.append(
+            Action(
+                "spill_pinned",
+                f"message {index} (pinned {msg.get('role')}): {len(stored)} tool-call argument value(s), "
+                f"{sum(map(len, stored)):,} chars, cut to a preview (the vault keeps them): the pinned "
+                "messages alone did not fit",
+                index=index,
+                tokens_saved=before - after,
+                vault_id=ids[0],
+            )
+        )
+        return total - (before - after)
 
     @staticmethod
     def _verdict(total: int, ctx: StageContext, actions: list[Action]) -> list[str]:
