@@ -23,6 +23,9 @@ same machine and input, so a loaded machine moves both; the goal is the one the 
   vault"), plus ``ctxrules compress --command cat --input W`` on W = the head and tail windows
   the rules see (the compressor's own work). Goal: peak RSS <= 200 MB, time <= the two floors
   together (ratio <= 1). The run and its floors take turns ``--reps`` times (medians).
+- ``empty-lines-8mb`` / ``short-lines-8mb``: ``ctxrules compress --command make --input F`` on
+  8 MB of empty (or two-byte) lines; floor: F through sha256 into a fsynced file. Goal: peak
+  RSS <= 200 MB (an output spills by lines as well as by bytes).
 """
 
 from __future__ import annotations
@@ -307,16 +310,32 @@ def case_compress(tmp: Path, mb: int, reps: int) -> None:
     print(f"{'':<16} (output {out.stat().st_size:,} bytes from {log.stat().st_size:,})")
 
 
+def case_short_lines(tmp: Path) -> None:
+    """``ctxrules compress`` on 8 MB of empty lines and of two-byte lines (just under the byte
+    limit at which an output streams to the vault): millions of lines, each costing far more
+    held than its bytes. Floor: the same input through sha256 into a fsynced file."""
+    for name, line in (("empty-lines-8mb", b"\n"), ("short-lines-8mb", b"x\n")):
+        path = tmp / f"{name}.txt"
+        path.write_bytes(line * (8_000_000 // len(line)))
+        argv = [*CLI, "compress", "--session", str(tmp / f"s-{name}"), "--command", "make", "--input", str(path)]
+        seconds, rss = measure(argv)
+        with open(path, "rb") as source:
+            floor = [sys.executable, "-c", VAULT_FLOOR, str(tmp / "short-floor")]
+            floor_s, floor_rss = measure(floor, stdin=source.fileno())
+        row(name, "time", seconds, floor_s, None, "s")
+        row(name, "peak RSS", rss, floor_rss, 200, "MB")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", nargs="*", choices=["corpus", "tool", "user", "small", "compress"])
+    parser.add_argument("--only", nargs="*", choices=["corpus", "tool", "user", "small", "compress", "short"])
     parser.add_argument("--mb-message", type=int, default=50)
     parser.add_argument("--mb-output", type=int, default=200)
     parser.add_argument("--messages", type=int, default=20_000)
     parser.add_argument("--reps", type=int, default=5, help="runs of compress and its floors (medians)")
     args = parser.parse_args()
     sys.path.insert(0, str(REPO / "engine"))
-    wanted = set(args.only or ["corpus", "tool", "user", "small", "compress"])
+    wanted = set(args.only or ["corpus", "tool", "user", "small", "compress", "short"])
     header()
     with tempfile.TemporaryDirectory(prefix="ctxrules-bench-memory-") as name:
         tmp = Path(name)
@@ -330,6 +349,8 @@ def main() -> int:
             case_small(tmp, args.messages)
         if "compress" in wanted:
             case_compress(tmp, args.mb_output, args.reps)
+        if "short" in wanted:
+            case_short_lines(tmp)
     return 0
 
 

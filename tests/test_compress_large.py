@@ -73,6 +73,45 @@ def test_large_output_is_in_the_vault_byte_for_byte_with_whole_line_windows(tmp_
     assert not [p for p in vault.root.iterdir() if p.name.startswith(".tmp-")]
 
 
+@pytest.mark.parametrize("trailing", [True, False])
+def test_short_lines_spill_by_lines_and_windows_hold_at_most_window_lines(tmp_path: Path, trailing: bool) -> None:
+    """Far under the byte limit, an output of many short lines spills by its line count (each
+    line held costs far more than its bytes), and each window keeps at most ``window_lines``
+    whole lines, numbered as in the whole output."""
+    vault = Vault(tmp_path / "vault")
+    data = b"".join(b"x\n" if i % 7 else b"\n" for i in range(5000)) + (b"" if trailing else b"last")
+    capture = Capture(vault.open_writer, limit=1_000_000, window=100_000, limit_lines=1000, window_lines=300)
+    for start in range(0, len(data), 777):
+        capture.write(data[start : start + 777])
+    large = capture.finish()
+    assert isinstance(large, Large)
+    lines = data.split(b"\n")
+    if trailing:
+        lines.pop()
+    assert large.total_lines == len(lines) and large.trailing is trailing
+    assert large.head_lines == 300 and large.head == b"".join(line + b"\n" for line in lines[:300])
+    assert large.tail_first == len(lines) - 300 + 1
+    assert large.tail == b"\n".join(lines[-300:]) + (b"\n" if trailing else b"")
+    assert data[large.middle[0] : large.middle[1]].count(b"\n") == large.tail_first - 1 - large.head_lines
+    assert large.writer.commit() == hashlib.sha256(data).hexdigest() and vault.get(large.vault_id) == data
+
+
+def test_compress_of_millions_of_empty_lines_keeps_a_failure_in_the_middle(tmp_path: Path) -> None:
+    """3 MB of empty lines around one failure line: compressed from the windows (not held as
+    three million lines), the failure line kept with its number, the vault holding the rest."""
+    half = b"\n" * 1_500_000
+    data = half + b"src/main.c:12:5: error: the one failure\n" + half
+    (tmp_path / "out.txt").write_bytes(data)
+    done = _cli("compress", "--command", "make", "--input", "out.txt", tmp=tmp_path)
+    assert done.returncode == 0, done.stderr
+    out = done.stdout.decode()
+    assert "src/main.c:12:5: error: the one failure" in out.splitlines() and len(out) < 200_000
+    markers = parse_markers(out)
+    assert markers and markers[0].vault_id == hashlib.sha256(data).hexdigest()
+    back = _cli("vault", "get", markers[0].vault_id, tmp=tmp_path)
+    assert back.returncode == 0 and back.stdout == data
+
+
 def test_a_vault_that_cannot_be_written_keeps_the_output_in_memory(tmp_path: Path) -> None:
     def refuse() -> object:
         raise VaultError("read-only session")

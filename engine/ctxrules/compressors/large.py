@@ -46,7 +46,9 @@ __all__ = [
     "BLOCK_BYTES",
     "MAX_KEPT",
     "SPILL_BYTES",
+    "SPILL_LINES",
     "WINDOW_BYTES",
+    "WINDOW_LINES",
     "Capture",
     "Large",
     "Middle",
@@ -63,6 +65,13 @@ WINDOW_BYTES = 1024 * 1024
 
 BLOCK_BYTES = 1024 * 1024
 """How much of the middle is read and searched at a time."""
+
+SPILL_LINES = 200_000
+"""Nor more lines than this: each line held costs far more than its bytes once it is split
+(8 MB of empty lines would be millions of them), so a short-lined output spills by lines."""
+
+WINDOW_LINES = 25_000
+"""Nor more lines than this in the head or in the tail window, for the same reason."""
 
 MAX_KEPT = 10_000
 """Matching lines of the middle whose text is held at most (the lines around them come on top)."""
@@ -123,14 +132,19 @@ class Capture:
         limit: int = SPILL_BYTES,
         window: int = WINDOW_BYTES,
         early: Callable[[Path, int, int, Growing], EarlyScan | None] | None = None,
+        limit_lines: int = SPILL_LINES,
+        window_lines: int = WINDOW_LINES,
     ) -> None:
-        if limit < 2 * window:
+        if limit < 2 * window or limit_lines < 2 * window_lines:
             raise ValueError("the spill limit must hold both windows")
         self._open_writer = open_writer
         self._limit = limit
         self._window = window
+        self._limit_lines = limit_lines
+        self._window_lines = window_lines
         self._chunks: list[bytes] = []
         self._held = 0
+        self._held_lines = 0
         self._writer: VaultWriter | None = None
         self._head = b""
         # The last chunks written, at least `window` bytes of them when there are: the tail
@@ -153,7 +167,8 @@ class Capture:
         if self._writer is None:
             self._chunks.append(chunk)
             self._held += len(chunk)
-            if self._held > self._limit and self.error is None:
+            self._held_lines += chunk.count(b"\n")
+            if (self._held > self._limit or self._held_lines > self._limit_lines) and self.error is None:
                 self._spill()
             return
         self._stream(chunk)
@@ -172,11 +187,17 @@ class Capture:
             sync_soon()
         trailing = self._last == b"\n"
         total = self._newlines + (0 if trailing else 1)
-        head = self._head[: self._head.rfind(b"\n") + 1]
+        head = self._head_window()
         tail = b"".join(self._recent)[-self._window :]
         # The window starts inside a line unless it starts the output: keep whole lines only.
         tail = tail[tail.find(b"\n") + 1 :] if b"\n" in tail[:-1] else b""
         tail_newlines = tail.count(b"\n")
+        if tail_newlines > self._window_lines:  # short lines: the last window_lines of them
+            end = len(tail) - 1 if trailing else len(tail)
+            for _ in range(self._window_lines):
+                end = tail.rfind(b"\n", 0, end)
+            tail = tail[end + 1 :]
+            tail_newlines = tail.count(b"\n")
         tail_first = self._newlines - tail_newlines + 1 if tail else total + 1
         if self._growing is not None:
             self._growing.finish(self.size - len(tail))  # where the middle ends
@@ -215,7 +236,7 @@ class Capture:
     def _begin_early(self, writer: VaultWriter) -> None:
         start = self._start_early
         assert start is not None
-        head = self._head[: self._head.rfind(b"\n") + 1]  # as finish() cuts it
+        head = self._head_window()  # as finish() cuts it
         growing = Growing(self._window)
         try:
             early = start(Path(writer.path), len(head), head.count(b"\n") + 1, growing)
@@ -224,6 +245,16 @@ class Capture:
             return
         if early is not None:
             self._growing, self._early = growing, early
+
+    def _head_window(self) -> bytes:
+        """The whole lines of the head window: at most ``window`` bytes, ``window_lines`` lines."""
+        head = self._head
+        if head.count(b"\n") <= self._window_lines:
+            return head[: head.rfind(b"\n") + 1]
+        end = -1
+        for _ in range(self._window_lines):  # short lines: the first window_lines of them
+            end = head.find(b"\n", end + 1)
+        return head[: end + 1]
 
     def _stream(self, data: bytes) -> None:
         writer = self._writer
