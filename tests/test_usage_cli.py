@@ -181,3 +181,33 @@ def test_show_with_a_pack_reports_levels_and_reset_clears_them(cli, tmp_path: Pa
     assert after["goal"]["calls"] == 3  # other dimensions keep counting
     code, _, err = cli("usage", "reset", "--session", session, "--dimension", "goal")
     assert code == 2 and "needs a goal" in err
+
+
+def test_names_from_ledgers_and_reports_print_as_escapes(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """A model name (or any recorded string) holding terminal escapes or a bidi override is
+    shown as its escapes by `usage show`, `usage report` and `ctxrules report`: the ledger and
+    the report are data, and printing them must not act on the terminal."""
+    state = str(tmp_path / "st")
+    model = "gpt-4o\x1b]0;owned\x07\x1b[2J\u202e"
+    code, _, err = cli("usage", "add", "--state", state, "--model", model, "--prompt", "10")
+    assert code == 0, err
+    code, shown, err = cli("usage", "show", "--state", state)
+    assert code == 0, err
+    code, summary, err = cli("usage", "report", "--state", state, "--days", "2")
+    assert code == 0, err
+    assert "\\x1b]0;owned\\x07\\x1b[2J\\u202e" in summary
+    report = tmp_path / "report.json"
+    chat = tmp_path / "in.json"
+    chat.write_text(json.dumps([{"role": "user", "content": "hi"}]))
+    code, _, err = cli(
+        "run", "--pack", "builtin:default", "--model", "gpt-4o", "--input", str(chat), "--report", str(report),
+        "--output", str(tmp_path / "out.json"), "--state", state,
+    )  # fmt: skip
+    assert code == 0, err
+    data = json.loads(report.read_text())
+    data["warnings"] = [*data.get("warnings", []), "stage \x1b[31mred\x1b[0m said \u202eevil"]
+    report.write_text(json.dumps(data))
+    code, table, err = cli("report", str(report))
+    assert code == 0, err
+    for out in (shown, summary, table):
+        assert not any(c in out for c in "\x1b\x07\u202e"), out

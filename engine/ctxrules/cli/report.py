@@ -10,6 +10,7 @@ from typing import Any
 from ctxrules.cli.io import read_json, write_text
 from ctxrules.cli.tables import report_table
 from ctxrules.errors import UsageError
+from ctxrules.printable import printable
 from ctxrules.report_html import render_html
 from ctxrules.resources import schema_path
 
@@ -71,5 +72,5 @@ def run(args: argparse.Namespace) -> int:
         write_text(args.html, render_html(report))
         sys.stdout.write(f"wrote {args.html}\n")
     else:
-        sys.stdout.write(report_table(report))
+        sys.stdout.write(printable(report_table(report), one_line=False))
     return 0

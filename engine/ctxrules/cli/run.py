@@ -15,6 +15,7 @@ from ctxrules.errors import UsageError
 from ctxrules.formats import FormatError, detect
 from ctxrules.formats import anthropic as anthropic_format
 from ctxrules.messages import split_input
+from ctxrules.printable import printable
 
 
 def register(sub: Any) -> None:
@@ -109,7 +110,7 @@ def run(args: argparse.Namespace) -> int:
         write_text(args.report, dump(result.report))
     if args.explain:
         stream = sys.stderr if args.output == "-" else sys.stdout
-        stream.write(report_table(result.report))
+        stream.write(printable(report_table(result.report), one_line=False))
     after = result.report["after"]
     if not after.get("fits", True):
         # The output and the report are written as usual (the caller may still inspect or

@@ -24,6 +24,7 @@ from ctxrules.cli.io import add_search_path, dump, read_json, write_text
 from ctxrules.cli.stores import add_store_options, describe_store, is_filesystem, session_key, store_of
 from ctxrules.errors import UsageError
 from ctxrules.packs.validated import load_pack
+from ctxrules.printable import printable
 from ctxrules.session_store import state_root_from_env
 from ctxrules.stores import open_store, store_from_options
 
@@ -150,7 +151,7 @@ def run_report(args: argparse.Namespace) -> int:
         write_text(args.html, render_dashboard(calls, period, state_root=str(describe_store(store)), bad_lines=bad))
         sys.stdout.write(f"wrote {args.html}: {len(calls)} call(s) over {args.days} day(s)\n")
     else:
-        sys.stdout.write(summary_text(calls, period))
+        sys.stdout.write(printable(summary_text(calls, period), one_line=False))
     return 0
 
 
@@ -287,7 +288,7 @@ def run_show(args: argparse.Namespace) -> int:
     if args.format == "json":
         sys.stdout.write(dump(data))
         return 0
-    sys.stdout.write(_render(data))
+    sys.stdout.write(printable(_render(data), one_line=False))
     return 0
 
 
