@@ -67,11 +67,11 @@ BLOCK_BYTES = 1024 * 1024
 """How much of the middle is read and searched at a time."""
 
 SPILL_LINES = 200_000
-"""Nor more lines than this: each line held costs far more than its bytes once it is split
-(8 MB of empty lines would be millions of them), so a short-lined output spills by lines."""
+"""Output of more lines than this streams to the vault too, whatever its size: a line held
+costs far more than its bytes once it is split (8 MB of empty lines are millions of them)."""
 
 WINDOW_LINES = 25_000
-"""Nor more lines than this in the head or in the tail window, for the same reason."""
+"""The head and the tail window hold at most this many lines each, for the same reason."""
 
 MAX_KEPT = 10_000
 """Matching lines of the middle whose text is held at most (the lines around them come on top)."""
