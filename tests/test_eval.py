@@ -293,6 +293,89 @@ def test_bad_inputs_are_usage_errors(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert run_cli("eval", "--baseline", "none", "--model", "no-such-model-xyz", str(tmp_path)) == 2
 
 
+@pytest.mark.parametrize(
+    ("body", "words_"),
+    [
+        ('[{"role": "user", "content": "hi"}, {"role": "assistant", "content": NaN}]', "NaN"),
+        ('{"messages": [{"role": "user", "content": "hi"}, 5]}', "expected an object"),
+        ('{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "tool_calls": 5}]}', "tool_calls"),
+        ("[" * 200 + "]" * 200, "nested"),
+    ],
+    ids=["nan", "not-an-object", "tool-calls-not-a-list", "deep"],
+)
+def test_a_damaged_transcript_is_a_usage_error_naming_it_not_a_broken_pack(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], body: str, words_: str
+) -> None:
+    """Read and checked as `ctxrules run` reads its input: exit 2 naming the file, never an
+    internal error, never exit 1 blaming the pack for a transcript it was never given."""
+    (tmp_path / "bad.json").write_text(body)
+    (tmp_path / "good.json").write_text(json.dumps(transcript("g")))
+    code = run_cli("eval", "--pack", "builtin:default", "--model", "gpt-4o", "--quiet", str(tmp_path))
+    err = capsys.readouterr().err
+    assert code == 2 and "bad.json" in err and words_ in err, err
+    assert "internal error" not in err and "invariants broke" not in err
+
+
+def test_a_timestamp_no_clock_shows_is_ignored(tmp_path: Path) -> None:
+    msgs = transcript("t")
+    msgs[2] = {**msgs[2], "timestamp": 10**400}
+    msgs[4] = {**msgs[4], "created_at": "0001-01-01T00:00:00+14:00"}
+    data = eval_json(tmp_path, {"t": msgs}, "--pack", "builtin:default", "--model", "gpt-4o")
+    assert by_plan(data)["builtin:default"]["calls"] > 0
+
+
+def test_transcripts_with_the_same_file_name_keep_their_own_rows(tmp_path: Path) -> None:
+    """`a/t.json` and `b/t.json`: two rows named by their paths, each with its own calls; the
+    same file named twice is replayed once."""
+    for folder, turns in (("a", 1), ("b", 3)):
+        (tmp_path / folder).mkdir()
+        msgs = transcript(folder)[:2]
+        for n in range(turns):
+            msgs += [{"role": "assistant", "content": f"step {n}"}, {"role": "user", "content": f"go on {n}"}]
+        (tmp_path / folder / "t.json").write_text(json.dumps(msgs))
+    out = tmp_path / "eval.json"
+    a, b = str(tmp_path / "a" / "t.json"), str(tmp_path / "b")
+    code = run_cli("eval", "--baseline", "none", "--model", "gpt-4o", "--quiet", "--json", str(out), a, b, a)
+    assert code == 0
+    rows = {r["transcript"]: r["calls"] for r in json.loads(out.read_text())["transcripts"]}
+    assert rows == {"a/t": 1, "b/t": 3}
+
+
+def test_an_anthropic_request_body_is_replayed_as_its_messages(tmp_path: Path) -> None:
+    body = {
+        "system": "You are a careful coding agent.",
+        "messages": [
+            {"role": "user", "content": "Fix the parser. " + words("an", 300)},
+            {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "Bash", "input": {"c": "ls"}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "a.py b.py"}]},
+            {"role": "assistant", "content": "Listed."},
+        ],
+    }
+    data = eval_json(tmp_path, {"anthropic": body}, "--pack", "builtin:default", "--model", "gpt-4o")  # type: ignore[dict-item]
+    (row,) = [t for t in data["transcripts"] if t["plan"] == "builtin:default"]
+    assert row["calls"] == 2 and row["errors"] == [] and row["invariant_violations"] == 0, row
+
+
+def test_an_invalid_pack_or_step_is_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "t.json").write_text(json.dumps(transcript("p")))
+    (tmp_path / "bad.yaml").write_text("apiVersion: ctxrules/v1\nkind: RulePack\nmetadata: {name: x}\n")
+    assert run_cli("eval", "--pack", str(tmp_path / "bad.yaml"), "--model", "gpt-4o", str(tmp_path / "t.json")) == 2
+    assert "bad.yaml" in capsys.readouterr().err
+    for step in ("nan", "inf", "0", "-1"):
+        assert run_cli("eval", "--baseline", "none", "--model", "gpt-4o", "--step-s", step, str(tmp_path)) == 2
+        assert "--step-s" in capsys.readouterr().err
+
+
+def test_transcript_text_in_the_table_prints_as_escapes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    msgs = transcript("e")
+    msgs[2] = {**msgs[2], "tool_calls": [call("a1", "Bash\x1b[2J\x1b]0;pwned\x07", command="ls")]}
+    (tmp_path / "t\u202e.json").write_text(json.dumps(msgs))
+    assert run_cli("eval", "--baseline", "none", "--pack", "builtin:default", "--model", "gpt-4o", str(tmp_path)) == 0
+    captured = capsys.readouterr()
+    assert not any(c in captured.out + captured.err for c in "\x1b\x07\u202e")
+    assert "\\u202e" in captured.out
+
+
 # --- outputs people read -----------------------------------------------------------------------
 
 

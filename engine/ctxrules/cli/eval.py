@@ -3,18 +3,20 @@
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 import time
 from typing import Any, TextIO
 
 from ctxrules.cli.io import write_text
-from ctxrules.errors import UsageError
+from ctxrules.errors import PackError, UsageError
 from ctxrules.eval.replay import STEP_S, Task
 from ctxrules.eval.report import dumps, eval_html, eval_json, eval_table, totals_of
 from ctxrules.eval.run import load_transcripts, plans_from, run_tasks
 from ctxrules.models import lookup_model
 from ctxrules.packs.validated import load_pack
+from ctxrules.printable import printable
 
 
 def register(sub: Any) -> None:
@@ -85,7 +87,7 @@ class _Bar:
             f"\r[{'#' * filled}{'.' * (width - filled)}] {self.done}/{self.total} "
             f"{transcript[:36]} · {plan[:24]} · turn {turn}/{turns}"
         )
-        self.stream.write(line[:160].ljust(100))
+        self.stream.write(printable(line[:160]).ljust(100))
         self.stream.flush()
 
     def close(self) -> None:
@@ -101,11 +103,16 @@ def run(args: argparse.Namespace) -> int:
     if args.window is not None and args.window <= 0:
         raise UsageError("--window must be a positive number of tokens")
     lookup_model(args.model, window=args.window)  # an unknown model is a usage error up front
+    if args.step_s is not None and not 0 < args.step_s < math.inf:
+        raise UsageError("--step-s must be a positive number of seconds")
     for ref in args.pack:
-        load_pack(ref)  # an invalid pack fails here, with its diagnostics, before any replay
+        try:
+            load_pack(ref)  # an invalid pack fails here, with its diagnostics, before any replay
+        except PackError as exc:  # exit 2: eval's exit 1 says an invariant broke
+            raise UsageError(str(exc)) from None
     transcripts, notes = load_transcripts(args.inputs)
     for note in notes:
-        sys.stderr.write(f"ctxrules: note: {note}\n")
+        sys.stderr.write(f"ctxrules: note: {printable(note)}\n")
     plans = plans_from(args.pack, list(dict.fromkeys(args.baseline)))
     step_s = STEP_S if args.step_s is None else args.step_s
     tasks = [
@@ -139,7 +146,8 @@ def run(args: argparse.Namespace) -> int:
             bar.close()
     seconds = time.perf_counter() - started
     overall, each = totals_of(results, [p.name for p in plans], {p.name: p.baseline for p in plans})
-    sys.stdout.write(eval_table(overall, each, names, model=args.model, window=args.window))
+    table = eval_table(overall, each, names, model=args.model, window=args.window)
+    sys.stdout.write(printable(table, one_line=False))
     sys.stdout.write(f"\n{total_turns} calls replayed in {seconds:.1f} s ({args.jobs} job(s))\n")
     if args.json:
         write_text(
@@ -149,6 +157,6 @@ def run(args: argparse.Namespace) -> int:
         write_text(args.html, eval_html(results, overall, each, names, model=args.model, window=args.window))
     broken = [p for p, t in overall.items() if not t.baseline and (t.violations or t.errors)]
     if broken:
-        sys.stderr.write(f"ctxrules: invariants broke on calls of: {', '.join(broken)}\n")
+        sys.stderr.write(f"ctxrules: invariants broke on calls of: {printable(', '.join(broken))}\n")
         return 1
     return 0

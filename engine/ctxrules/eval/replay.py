@@ -38,6 +38,7 @@ STEP_S = 20.0
 """Seconds between two calls when the transcript's messages carry no timestamps."""
 _TIME_KEYS = ("timestamp", "created_at", "time")
 _EPOCH = 1_700_000_000.0  # the replay clock's start (a fixed date: runs are reproducible)
+_LAST_EPOCH = 253402300799  # 9999-12-31T23:59:59Z: a later timestamp is damage, not a time
 
 Message = dict[str, Any]
 Progress = Callable[[str, str, int, int], None]
@@ -106,11 +107,13 @@ def _clock(messages: Sequence[Mapping[str, Any]], index: int, turn: int, step_s:
     for key in _TIME_KEYS:
         value = messages[index].get(key)
         if isinstance(value, int | float) and not isinstance(value, bool):
-            return float(value)
+            if 0 <= value <= _LAST_EPOCH:  # not NaN, not a time no clock shows
+                return float(value)
+            continue
         if isinstance(value, str):
             try:
                 return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
-            except ValueError:
+            except (ValueError, OverflowError):
                 continue
     return _EPOCH + turn * step_s
 

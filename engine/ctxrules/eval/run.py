@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import json
 import multiprocessing
+import os
 import queue
 import threading
 from collections.abc import Callable, Sequence
@@ -11,47 +11,55 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from ctxrules.errors import UsageError
+from ctxrules.errors import MessagesError, UsageError
 from ctxrules.eval.replay import Plan, Progress, Task, TaskResult, replay
+from ctxrules.formats import anthropic, detect
+from ctxrules.json_files import read_json
+from ctxrules.messages import split_input, validate_messages, validate_tools
 
 __all__ = ["load_transcripts", "run_tasks"]
 
-_MAX_TRANSCRIPT_BYTES = 256 * 1024 * 1024
 
-
-def _messages_of(data: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]]] | None:
-    """``(messages, tools)`` of a transcript file's JSON, or None when it is not one."""
-    if isinstance(data, list) and all(isinstance(m, dict) and "role" in m for m in data) and data:
-        return list(data), []
-    if isinstance(data, dict) and isinstance(data.get("messages"), list):
-        tools = data.get("tools") if isinstance(data.get("tools"), list) else []
-        return _anthropic_or_openai(data, list(data["messages"]), list(tools or []))
-    return None
-
-
-def _anthropic_or_openai(
-    body: dict[str, Any], messages: list[dict[str, Any]], tools: list[dict[str, Any]]
-) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    # An Anthropic request body is decoded by the codec when this ctxrules has one.
-    import importlib
-
+def _messages_of(data: Any, path: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]] | None:
+    """``(messages, tools)`` of a transcript file's JSON, checked as ``ctxrules run`` checks its
+    input (an Anthropic Messages request is decoded first); None when it is not a transcript.
+    A transcript whose messages no stage could take is a usage error naming the file."""
+    listed = isinstance(data, list) and bool(data) and all(isinstance(m, dict) and "role" in m for m in data)
+    if not listed and not (isinstance(data, dict) and isinstance(data.get("messages"), list)):
+        return None
     try:
-        formats = importlib.import_module("ctxrules.formats")
-    except ImportError:
-        return messages, tools
-    detect = getattr(formats, "detect_format", None)
-    decode = getattr(formats, "decode_request", None)
-    if detect is None or decode is None or detect(body) != "anthropic":
-        return messages, tools
-    decoded = decode(body)
-    return list(decoded.messages), list(decoded.tools)
+        if detect(data) == "anthropic":
+            decoded = anthropic.decode(data)
+            messages, tools = decoded.messages, decoded.tools or []
+        else:
+            raw, raw_tools = split_input(data)
+            messages, tools = raw, raw_tools or []
+        messages = validate_messages(messages)
+        tools = validate_tools(tools) if tools else []
+    except MessagesError as exc:
+        raise UsageError(f"{path}: not a transcript ctxrules can replay: {exc}") from None
+    return messages, tools
+
+
+def _names(files: Sequence[Path]) -> list[str]:
+    """A name per file, its stem, or where stems repeat its path from the files' common folder
+    (without ``.json``): every row of the report is one transcript."""
+    stems = [p.stem for p in files]
+    repeated = {stem for stem in stems if stems.count(stem) > 1}
+    if not repeated:
+        return stems
+    clashing = [p.resolve() for p in files if p.stem in repeated]
+    base = Path(os.path.commonpath([str(p.parent) for p in clashing]))
+    return [p.resolve().relative_to(base).with_suffix("").as_posix() if p.stem in repeated else p.stem for p in files]
 
 
 def load_transcripts(
     inputs: Sequence[str | Path],
 ) -> tuple[list[tuple[str, Path, list[dict[str, Any]], list[dict[str, Any]]]], list[str]]:
     """The transcripts named by ``inputs`` (files, or folders read for ``*.json``), sorted by
-    name, and a note for every JSON file that is not a transcript."""
+    name, and a note for every JSON file that is not a transcript. Each file is read as
+    ``ctxrules run`` reads its input (size, NaN, nesting and digit limits; a damaged one is a
+    usage error naming it), and a file named twice is replayed once."""
     files: list[Path] = []
     for item in inputs:
         path = Path(item)
@@ -61,22 +69,24 @@ def load_transcripts(
             files.append(path)
         else:
             raise UsageError(f"{item}: no such file or folder")
-    out = []
     notes = []
+    unique: dict[Path, Path] = {}
     for path in files:
-        if path.stat().st_size > _MAX_TRANSCRIPT_BYTES:
-            raise UsageError(f"{path}: larger than {_MAX_TRANSCRIPT_BYTES // 2**20} MB")
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError, RecursionError) as exc:
-            raise UsageError(f"{path}: not a JSON transcript ({type(exc).__name__}: {exc})") from None
-        found = _messages_of(data)
-        if found is None:
+        if path.resolve() in unique:
+            notes.append(f"{path}: named more than once, replayed once")
+        else:
+            unique[path.resolve()] = path
+    found: list[tuple[Path, tuple[list[dict[str, Any]], list[dict[str, Any]]]]] = []
+    for path in unique.values():
+        transcript = _messages_of(read_json(str(path)), path)
+        if transcript is None:
             notes.append(f'{path}: skipped, not a transcript (a JSON list of chat messages, or {{"messages": [...]}})')
             continue
-        out.append((path.stem, path, found[0], found[1]))
-    if not out:
+        found.append((path, transcript))
+    if not found:
         raise UsageError("no transcript among the inputs" + (f": {'; '.join(notes)}" if notes else ""))
+    names = _names([path for path, _ in found])
+    out = [(name, path, msgs, tools) for name, (path, (msgs, tools)) in zip(names, found, strict=True)]
     return out, notes
 
 

@@ -1,0 +1,79 @@
+"""A JSON file from outside (a message file, a transcript) read within the limits of
+:mod:`ctxrules.json_limits`: every error names the file, and the line and column or the JSON
+pointer of the value at fault."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import sys
+from typing import Any
+
+from ctxrules.errors import UsageError
+
+__all__ = ["read_json"]
+
+
+def read_json(path: str) -> Any:
+    """Parse a JSON file (or stdin for ``-``); errors name the file, line and column, or the
+    JSON pointer of the value at fault.
+
+    Refused: a file over :data:`~ctxrules.json_limits.MAX_INPUT_BYTES`, anything that is not
+    a regular file or a pipe (a FIFO is read like stdin, up to the same limit), ``NaN`` and
+    ``Infinity`` (not JSON), nesting deeper than :data:`~ctxrules.json_limits.MAX_DEPTH` and
+    integers of more than :data:`~ctxrules.json_limits.MAX_INT_DIGITS` digits. Lone
+    surrogates (``"\\ud800"``, valid JSON text but not encodable) are replaced with U+FFFD,
+    with a warning on stderr naming where.
+    """
+    from ctxrules.json_limits import MAX_INPUT_BYTES, MAX_INT_DIGITS, NonFinite, pointer, scan, short_pointer
+
+    name = "<stdin>" if path == "-" else path
+    limit = MAX_INPUT_BYTES
+    try:
+        if path == "-":
+            raw = sys.stdin.buffer.read(limit + 1)
+        else:
+            with open(path, "rb") as fh:
+                st = os.fstat(fh.fileno())
+                if stat.S_ISDIR(st.st_mode):
+                    raise IsADirectoryError
+                if not (stat.S_ISREG(st.st_mode) or stat.S_ISFIFO(st.st_mode)):
+                    raise UsageError(f"{name}: not a regular file")
+                if st.st_size > limit:
+                    raise UsageError(f"{name}: {st.st_size} bytes is over the {_mb(limit)} limit for a message file")
+                # read(n) allocates n bytes up front: ask for what the file holds (+1 to see
+                # a file that grew past the limit meanwhile), not for the limit.
+                raw = fh.read(min(limit, st.st_size) + 1 if stat.S_ISREG(st.st_mode) else limit + 1)
+    except FileNotFoundError:
+        raise UsageError(f"{name}: no such file") from None
+    except IsADirectoryError:
+        raise UsageError(f"{name}: is a directory, expected a JSON file") from None
+    except OSError as exc:
+        raise UsageError(f"{name}: cannot read: {exc.strerror}") from None
+    if len(raw) > limit:
+        raise UsageError(f"{name}: over the {_mb(limit)} limit for a message file")
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"{name}: not UTF-8 (byte {exc.start})") from None
+    del raw  # not needed while parsing (a 50 MB file would be held three times)
+    try:
+        data = json.loads(text, parse_constant=NonFinite)
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"{name}:{exc.lineno}:{exc.colno}: invalid JSON: {exc.msg}") from None
+    except RecursionError:
+        raise UsageError(f"{name}: invalid input: nested too deep") from None
+    except ValueError:  # the one other error json.loads raises: Python's integer digit limit
+        raise UsageError(f"{name}: invalid input: an integer literal of more than {MAX_INT_DIGITS} digits") from None
+    found = scan(data)
+    if found.problems:
+        first = found.problems[0]
+        raise UsageError(f"{name}: {short_pointer(first.path)}: {first.detail}")
+    for where in found.replaced:
+        sys.stderr.write(f"ctxrules: warning: {name}: {pointer(where)}: a lone surrogate was replaced with U+FFFD\n")
+    return found.value
+
+
+def _mb(n: int) -> str:
+    return f"{n // (1024 * 1024)} MiB"
