@@ -269,6 +269,46 @@ def test_variable_errors_are_clear(default) -> None:  # type: ignore[no-untyped-
         assemble(default, mode="full", model="gpt-4o", variables={"agent_name": {"a": 1}})
     with pytest.raises(AssemblyError, match=r"no prompt mode 'ful'.*did you mean 'full'"):
         assemble(default, mode="ful", model="gpt-4o")
+    with pytest.raises(AssemblyError, match="agent_name' holds a lone surrogate"):
+        assemble(default, mode="full", model="gpt-4o", variables={"agent_name": "Ada\ud800"})
+
+
+@pytest.mark.parametrize(
+    "expression",
+    ["agent_name.upper", "cycler(1, 2)", "joiner()", "[agent_name.lower]", "{'a': range}", "'ab' | list | unique"],
+)
+def test_a_value_whose_text_differs_between_processes_is_refused(
+    tmp_path: Path,
+    cli,
+    expression: str,  # type: ignore[no-untyped-def]
+) -> None:
+    """A method, an object or a set prints its address or hash-seeded order: the prompt would
+    not be byte-identical from one process to the next. The render refuses it, and so does
+    validate's trial render (CR087); plain lists and dicts still print."""
+    pack = write_pack(
+        tmp_path,
+        f"""\
+        prompts:
+          variables: {{agent_name: {{default: Ada}}}}
+          sections: {{a: {{template: "You are {{{{ {expression} }}}}."}}}}
+          modes: {{bad: [a]}}
+    """,
+    )
+    code, out, _ = cli("validate", str(pack))
+    assert code == 1 and "CR087" in out and "differs between processes" in out, out
+    code, _, err = cli("assemble", "--pack", str(pack), "--mode", "bad", "--model", "gpt-4o")
+    assert code != 0 and "differs between processes" in err and "0x" not in err
+    plain = write_pack(
+        tmp_path,
+        """\
+        prompts:
+          sections: {b: {template: "{{ [1, 'x'] }} {{ {'k': [2]} }}"}}
+          modes: {good: [b]}
+    """,
+        name="plain.yaml",
+    )
+    code, out, err = cli("assemble", "--pack", str(plain), "--mode", "good", "--model", "gpt-4o")
+    assert code == 0 and "[1, 'x'] {'k': [2]}" in out, err
 
 
 def test_a_required_variable_must_be_given(tmp_path: Path) -> None:
@@ -457,6 +497,31 @@ def test_cli_var_is_typed_by_the_default(cli, tmp_path: Path) -> None:  # type: 
     assert out == "<a>\nstrict 42\n</a>\n"
     code, _, err = cli("assemble", "--pack", str(pack), "--mode", "m", "--model", "x", "--var", "budget=many")
     assert code == 2 and "expected an integer" in err
+
+
+def test_a_models_entry_may_not_be_named_no_entry(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """`no-entry` stands for "no entry" in --entry, --matrix and prompt_cases: an entry with
+    that id could never be picked, and two prompts would share one label."""
+    pack = write_pack(tmp_path, 'models:\n  - {id: no-entry, match: ["m-*"], discipline: {template: "Be brief."}}\n')
+    code, out, _ = cli("validate", str(pack))
+    assert code == 1 and "CR014" in out and "may not be 'no-entry'" in out, out
+
+
+def test_model_names_that_are_not_text_are_usage_errors(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    (tmp_path / "in.json").write_text('[{"role": "user", "content": "hi"}]')
+    for model in ("gpt-4o\udcff", "gpt-4o\x1b[2J", "gpt\u202e4o"):
+        code, _, err = cli("run", "--pack", "builtin:default", "--model", model, "--window", "32000",
+                           "--input", str(tmp_path / "in.json"), "--state", str(tmp_path / "st"))  # fmt: skip
+        assert code == 2 and "holds a character no model name has" in err, err
+        assert not any(c in err for c in "\x1b\u202e\udcff")
+    code, _, err = cli("assemble", "--mode", "full", "--model", "gpt-4o", "--var", "agent_name=Ada\udcff")
+    assert code == 2 and "lone surrogate" in err and "\udcff" not in err
+
+
+def test_explain_header_prints_escapes(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    code, out, _ = cli("explain", "builtin:default", "--model", "foo\x1b[2J\nkind: Evil")
+    assert code == 0 and "\x1b" not in out and "\\x1b[2J\\x0akind: Evil" in out
+    assert "\nkind: Evil" not in out
 
 
 def test_explain_names_the_entry_that_applied(cli) -> None:  # type: ignore[no-untyped-def]

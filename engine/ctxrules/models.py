@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any, Final, Literal
 
 from ctxrules.errors import CtxrulesError, UsageError
+from ctxrules.printable import printable
 
 __all__ = [
     "Family",
@@ -417,6 +418,9 @@ def lookup_model(name: str, *, window: int | None = None) -> ModelInfo:
     window = _check_window(window)
     if not isinstance(name, str) or not name.strip():
         raise UsageError(f"model name must be a non-empty string, not {name!r}")
+    shown = printable(name)
+    if shown != name:  # a control, a bidi override, a lone surrogate (a byte that is not UTF-8)
+        raise UsageError(f"model name '{shown}' holds a character no model name has (shown escaped)")
     key = _resolve(name.strip())
     if key is None:
         if window is None:

@@ -43,19 +43,20 @@ def run(args: argparse.Namespace) -> int:
     if args.model:
         hit = select_model_entry(pack.data, args.model)
         if hit is None:
-            out.append(f"# model {args.model}: no models: entry matches")
+            out.append(printable(f"# model {args.model}: no models: entry matches"))
         else:
             i, entry = hit
             where = pack.origins().get(f"/models/{i}")
-            out.append(
-                f"# model {args.model}: models entry '{entry.get('id')}' applies" + (f" ({where})" if where else "")
-            )
+            applies = f"# model {args.model}: models entry '{entry.get('id')}' applies"
+            applies += f" ({where})" if where else ""
+            out.append(printable(applies))
             out.append("# effective context for this model:")
             out.extend(
-                "#   " + ln for ln in to_yaml({"context": effective_context(pack.data, entry)}).rstrip("\n").split("\n")
+                printable("#   " + ln)
+                for ln in to_yaml({"context": effective_context(pack.data, entry)}).rstrip("\n").split("\n")
             )
     for d in pack.diagnostics:
-        out.append(f"# {d.severity}[{d.code}] {d.file}:{d.line}:{d.col}: {d.message}")
+        out.append(printable(f"# {d.severity}[{d.code}] {d.file}:{d.line}:{d.col}: {d.message}"))
     sys.stdout.write("\n".join(out) + "\n" + to_yaml(pack.data, origins))
     return 0
 

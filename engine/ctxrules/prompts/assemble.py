@@ -77,6 +77,7 @@ Scalar = str | int | float | bool | None
 
 # A "<" that could begin markup: a tag name (ASCII or not), a closing slash, "<!" or "<?".
 # "a < b", "x <= 5" and "<3" are left alone: they cannot open a tag.
+_SURROGATE = re.compile("[\ud800-\udfff]")
 _TAGLIKE = re.compile(r"<(?=[/!?A-Za-z_:]|[^\x00-\x7f])")
 _BLANK_RUNS = re.compile(r"\n{3,}")
 _CACHE_SIZE = 4096
@@ -380,6 +381,11 @@ class PromptSet:
                 )
             if isinstance(value, float) and not math.isfinite(value):
                 raise AssemblyError(f"prompt variable '{name}' must be a finite number, not {value}")
+            if isinstance(value, str) and _SURROGATE.search(value):
+                raise AssemblyError(
+                    f"prompt variable '{name}' holds a lone surrogate (a byte that is not UTF-8 in --var); "
+                    "a prompt must be text UTF-8 can carry"
+                )
             out[name] = escape_variable(value) if isinstance(value, str) else value
         return out
 

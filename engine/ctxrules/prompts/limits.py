@@ -29,7 +29,7 @@ import re
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
-from jinja2 import nodes
+from jinja2 import Undefined, nodes
 from jinja2.exceptions import SecurityError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from jinja2.visitor import NodeTransformer
@@ -209,10 +209,39 @@ def _check_args(args: Iterable[Any], kwargs: Mapping[str, Any], what: str) -> No
 
 def _finalize(value: Any) -> Any:
     """Every ``{{ ... }}`` value before it is written out: a list of a million references to
-    a million-character string is small, its text is not."""
+    a million-character string is small, its text is not; and only values whose text is the
+    same in every process (a method or an object prints its memory address, a set its
+    hash-seeded order), so an assembled prompt stays byte-identical."""
     if not isinstance(value, str):
         _check_length(_weight(value, MAX_CHARS + 1), "a value written out")
+        odd = _unstable(value)
+        if odd is not None:
+            raise TypeError(
+                f"a {{{{ ... }}}} writes out a {odd}, whose text differs between processes; "
+                "write a value (a call missing its '()'?)"
+            )
     return value
+
+
+_STABLE = (str, int, float, bool, type(None), Undefined)
+
+
+def _unstable(value: Any) -> str | None:
+    """The type name of the first value in ``value`` (lists, tuples, dicts walked) whose text
+    is not the same in every process; None when there is none."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, _STABLE):
+            continue
+        if isinstance(item, list | tuple):
+            stack.extend(item)
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        else:
+            return type(item).__name__
+    return None
 
 
 class _Counted:

@@ -148,6 +148,9 @@ def _convert(doc: SourceDoc, err: Any, base: str) -> list[Diagnostic]:
         has = [k for k in ("template", "file") if k in err.instance]
         what = "both" if len(has) == 2 else "neither"
         return [diag("CR013", f"{where} must have exactly one of 'template' or 'file' (it has {what})")]
+    if v == "not":  # a value the schema reserves; its $comment says for what
+        why = err.schema.get("$comment")
+        return [diag("CR014", f"{where} may not be {err.instance!r}" + (f": {why}" if why else ""))]
     if v in ("oneOf", "anyOf") and err.context:
         return _alternatives(doc, err, base, diag, where)
     return [diag("CR014", f"{where}: {err.message}")]
