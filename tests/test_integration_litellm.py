@@ -127,6 +127,63 @@ def test_its_own_output_passes_unchanged_without_a_state_write(tmp_path: Path) -
     assert hook.stats == {"prepared": 1, "unchanged": 1, "passed": 0, "failed": 0}
 
 
+def test_a_request_nested_past_the_stack_goes_on_unchanged(tmp_path: Path) -> None:
+    """A message nested ~5,000 levels deep (valid JSON): ctxrules cannot take it (MessagesError)
+    and with on_error "pass" the request goes on as given; the hook's own digest of it must not
+    be what fails (it raised RecursionError outside the guard, and the request was lost)."""
+    deep: Any = "x"
+    for _ in range(5000):
+        deep = [deep]
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "ok", "extra": deep}]
+    hook = ContextHook("builtin:default", tmp_path / "state", window=32_000)
+    data = {"model": "gpt-4o", "messages": messages, "litellm_session_id": "deep"}
+    assert hook.process(data, "openai") is data
+    assert hook.stats["failed"] == 1
+    reply = completion(hook, model="gpt-4o", messages=messages, mock_response="fine")
+    assert reply.choices[0].message.content == "fine"
+
+
+def test_stateless_calls_keep_no_session_in_a_redis_store(redis_url: str) -> None:
+    """Without a session id nothing of the conversation stays in the shared store but the
+    vault items its markers name; a later stateless request holding those markers (and the
+    injected messages the first call made) is read as such: the markers resolve, the
+    injected messages are recognised (signed with the store's key), not taken for the user's."""
+    import redis
+
+    from ctxrules.dangling import LOST_PREFIX, marker_ids
+    from ctxrules.injected import InjectionKey
+    from ctxrules.messages import is_injected, message_text
+    from ctxrules.stores.redis import RedisStore
+    from ctxrules.vault import Vault
+
+    client = redis.Redis.from_url(redis_url)
+    client.flushdb()
+    hook = ContextHook("builtin:default", store=redis_url, window=32_000)
+    out = hook.process({"model": "gpt-4o", "messages": long_history()}, "openai")
+    assert len(out["messages"]) < len(long_history()) / 2
+    ids = marker_ids(out["messages"])
+    assert ids
+    store = RedisStore.from_url(redis_url)
+    assert store.sessions() in ([], ["stateless"])  # the shared vault's name, nothing else
+    assert Vault.of(store, store.session_key("stateless")).missing(ids) == set()
+    # Only vault items (with their upkeep) and the store's key: no state, output or ledger.
+    left = {key.decode() for key in client.keys("*") if not key.decode().startswith("ctxrules:v1:blob:")}
+    assert left <= {
+        "ctxrules:v1:{secret}:injection.key",
+        "ctxrules:v1:{stateless}:blobs",
+        "ctxrules:v1:{stateless}:meta",
+    }
+    assert set(client.hkeys("ctxrules:v1:{stateless}:meta")) <= {b"blobs_extended", b"used"}
+    again = hook.process(
+        {"model": "gpt-4o", "messages": [*out["messages"], {"role": "user", "content": "go on"}]}, "openai"
+    )
+    assert LOST_PREFIX not in json.dumps(again["messages"])
+    # Signed with the store's key, as every worker of the store signs.
+    key = InjectionKey(store.secret(None, "injection.key", lambda: b""))
+    injected = [m for m in out["messages"] if is_injected(m)]
+    assert injected and all(key.verified(message_text(m)) is not None for m in injected)
+
+
 def test_two_api_keys_never_share_a_session(tmp_path: Path) -> None:
     hook = ContextHook("builtin:default", tmp_path / "state", window=32_000)
     for key in ("key-a", "key-b"):

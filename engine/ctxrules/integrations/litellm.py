@@ -26,11 +26,11 @@ import asyncio
 import hashlib
 import json
 import os
+import secrets
 import shutil
 import tempfile
 import threading
 import time
-import uuid
 from collections import OrderedDict
 from collections.abc import Mapping
 from pathlib import Path
@@ -45,10 +45,12 @@ except ImportError as exc:  # pragma: no cover - litellm is a core dependency; a
         'ctxrules.integrations.litellm needs litellm and its proxy: pip install "ctxrules[litellm-proxy]"'
     ) from exc
 
+from ctxrules.injected import KEY_FILE
 from ctxrules.integrations import OpenSessions, session_name
 from ctxrules.logs import get_logger
 from ctxrules.stores import open_store
 from ctxrules.stores.filesystem import FilesystemStore
+from ctxrules.stores.memory import MemoryStore
 
 if TYPE_CHECKING:
     from ctxrules.engine import Engine, Session
@@ -185,7 +187,8 @@ class ContextHook(CustomLogger):
         from ctxrules.budget.tracker import BudgetExceeded
         from ctxrules.runtime.guards import RequestRejected
 
-        if self._digest(kind, data) in self._produced:
+        digest = self._digest(kind, data)
+        if digest is not None and digest in self._produced:
             self.stats["unchanged"] += 1
             self._log.debug("litellm.unchanged", kind=kind, detail="equals an output of this hook")
             return data
@@ -209,7 +212,9 @@ class ContextHook(CustomLogger):
             )
             return data
         self.stats["prepared"] += 1
-        self._remember(self._digest(kind, out))
+        produced = self._digest(kind, out)
+        if produced is not None:
+            self._remember(produced)
         self._log.debug(
             "litellm.prepared",
             kind=kind,
@@ -236,10 +241,14 @@ class ContextHook(CustomLogger):
         from ctxrules.vault import Vault
 
         if not self._files:
-            # A one-off session in the shared store (its TTL collects it); the vault it writes to
-            # is one every worker reads, so what leaves the context stays findable.
-            name = f"stateless-{uuid.uuid4().hex}"
-            session = self.engine.session(name, store=self.store, model=model, window=self.window)
+            # A one-off session in memory, gone with the call: nothing of the conversation stays
+            # in the shared store but what leaves the context, in a vault every worker reads (so
+            # its markers resolve), and the store's key signs (so injected messages read as such
+            # on the next request, whichever worker serves it).
+            memory = MemoryStore()
+            shared = self.store.secret(None, KEY_FILE, lambda: secrets.token_bytes(32))
+            memory.secret(None, KEY_FILE, lambda: shared)
+            session = self.engine.session("stateless", store=memory, model=model, window=self.window)
             session.vault = Vault.of(self.store, self.store.session_key("stateless"))
             out, report = _apply(session, data, kind)
             return out, "(stateless)", report
@@ -267,10 +276,15 @@ class ContextHook(CustomLogger):
             session.switch(model=model, window=self.window)
         return session
 
-    def _digest(self, kind: Kind, data: Mapping[str, Any]) -> str:
+    def _digest(self, kind: Kind, data: Mapping[str, Any]) -> str | None:
+        """What the request's messages hash to; None for a request no digest can be taken of
+        (nested past Python's stack, a key no JSON has): it is then not one this hook made."""
         keys = _ANTHROPIC_KEYS if kind == "anthropic" else ("messages",)
         view = {k: data.get(k) for k in keys}
-        text = json.dumps(view, sort_keys=True, ensure_ascii=False, default=str)
+        try:
+            text = json.dumps(view, sort_keys=True, ensure_ascii=False, default=str)
+        except (RecursionError, ValueError, TypeError):
+            return None
         return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
 
     def _remember(self, digest: str) -> None:
