@@ -24,6 +24,7 @@ from ctxrules.messages import message_text
 from ctxrules.patterns import Memory, remembering
 from ctxrules.pipeline.context import StageContext
 from ctxrules.stages.base import Message, Stage, StageOutcome, StageType
+from ctxrules.stores.base import StoreUnavailable
 from ctxrules.structure import replaced
 from ctxrules.tokens import TokenCounter
 from ctxrules.types import tier_rank
@@ -313,6 +314,11 @@ class _Run:
                 self.warnings.append(
                     f"stage '{p.id}': its saved state could not be used ({type(first).__name__}: {first}) and was reset"
                 )
+        except StoreUnavailable:
+            # The session's store stopped answering: every later stage would wait its own
+            # timeout on it. The turn fails at once (the store's on_error decides what then).
+            record.ms = (time.perf_counter() - started) * 1000
+            raise
         except Exception as exc:  # contained: a failing stage never loses the conversation
             record.ms = (time.perf_counter() - started) * 1000
             record.error = f"{type(exc).__name__}: {exc}"

@@ -50,6 +50,7 @@ from ctxrules.hookspecs import hookimpl
 from ctxrules.json_stream import json_text_canonical
 from ctxrules.messages import is_real_user
 from ctxrules.stages.base import Action, Message, StageOutcome, StageType, unchanged
+from ctxrules.stores.base import StoreUnavailable
 
 if TYPE_CHECKING:
     from ctxrules.pipeline.context import StageContext
@@ -602,6 +603,8 @@ class CacheMarkers:
         if set(names) < set(prev_names):
             try:
                 previous = json.loads(ctx.vault.get_text(previous_id))
+            except StoreUnavailable:
+                raise  # the store stopped answering: the turn fails at once (ctxrules.pipeline.runner)
             except Exception:  # a missing or corrupt vault entry: fall back to what was given
                 previous = None
             if isinstance(previous, list):

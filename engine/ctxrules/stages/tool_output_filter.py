@@ -64,6 +64,7 @@ from ctxrules.stages.filter_common import (
     result_digest,
     tokens_saved,
 )
+from ctxrules.stores.base import StoreUnavailable
 from ctxrules.structure import Step, shape
 from ctxrules.toolroles import ROLE_ORDER, call_name, shell_command, tool_roles
 from ctxrules.vault import format_marker, parse_markers
@@ -632,6 +633,8 @@ class _Run:
         exit_code = tool_roles(self.ctx.pack).exit_code(content)
         try:
             result = compress_tool_output(self.ctx.pack, command, content, exit_code, self.ctx.vault, registry=registry)
+        except StoreUnavailable:
+            raise  # not the rule's fault: the turn fails at once (ctxrules.pipeline.runner)
         except Exception as exc:  # a broken compressor rule must not cost the other outputs
             self.warnings.append(
                 f"compressor failed on message {r.index} ({command[:60]!r}): {type(exc).__name__}: {exc}"
