@@ -172,18 +172,28 @@ def test_export_then_import_moves_a_session_byte_for_byte(tmp_path: Path) -> Non
     assert (tmp_path / "D" / "x" / "last_output.jsonl").read_bytes() == (a / "last_output.jsonl").read_bytes()
 
 
+def _exported_session(tmp_path: Path, *, usage: bool = False) -> list[bytes]:
+    """The lines of an archive of session A/s (a run, a note, optionally a recorded call),
+    exported with the real CLI to ``s.ctxs``: it holds every kind of record."""
+    first = ctxrules(*run_args(tmp_path, "--state", "A", "--session", "A/s"), cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    if usage:
+        added = ctxrules("usage", "add", "--model", "gpt-4o", "--prompt", "1000", "--session", "A/s", "--state", "A",
+                         cwd=tmp_path)  # fmt: skip
+        assert added.returncode == 0, added.stderr
+    note = "import sys\nfrom ctxrules.notes import SessionNotes\nSessionNotes(sys.argv[1]).add('n', tags=['x'])"
+    subprocess.run([sys.executable, "-c", note, "A/s"], cwd=tmp_path, env=ENV, check=True)
+    exported = ctxrules("sessions", "export", "A/s", "--state", "A", "--to", "s.ctxs", cwd=tmp_path)
+    assert exported.returncode == 0, exported.stderr
+    return (tmp_path / "s.ctxs").read_bytes().splitlines(keepends=True)
+
+
 def test_an_archive_missing_or_repeating_any_line_imports_nothing(tmp_path: Path) -> None:
     """Each record line (the turn, a vault item, a document, the key, the ledger) dropped or
     doubled: refused with CR146 naming the end record, nothing written. An import that went
     on would leave a session whose output names vault items it lacks, or whose injected
     messages lost the key they are signed with."""
-    first = ctxrules(*run_args(tmp_path, "--state", "A", "--session", "A/s"), cwd=tmp_path)
-    assert first.returncode == 0, first.stderr
-    note = "import sys\nfrom ctxrules.notes import SessionNotes\nSessionNotes(sys.argv[1]).add('n', tags=['x'])"
-    subprocess.run([sys.executable, "-c", note, "A/s"], cwd=tmp_path, env=ENV, check=True)
-    exported = ctxrules("sessions", "export", "A/s", "--state", "A", "--to", "s.ctxs", cwd=tmp_path)
-    assert exported.returncode == 0, exported.stderr
-    lines = (tmp_path / "s.ctxs").read_bytes().splitlines(keepends=True)
+    lines = _exported_session(tmp_path)
     kinds = [json.loads(line).get("kind") for line in lines[1:-1]]
     assert {"turn", "blob", "doc", "secret", "ledger"} <= set(kinds), kinds
     for i in range(1, len(lines) - 1):
@@ -216,16 +226,7 @@ def test_an_archive_with_any_line_altered_imports_nothing(tmp_path: Path) -> Non
     """Each line but the end record changed in one value, the counts still right: refused
     with CR146 (the end record's sha256), nothing written. Before, an altered last output was
     imported and the next turn sent its text in place of the user's first message."""
-    first = ctxrules(*run_args(tmp_path, "--state", "A", "--session", "A/s"), cwd=tmp_path)
-    assert first.returncode == 0, first.stderr
-    usage = ctxrules("usage", "add", "--model", "gpt-4o", "--prompt", "1000", "--session", "A/s", "--state", "A",
-                     cwd=tmp_path)  # fmt: skip
-    assert usage.returncode == 0, usage.stderr
-    note = "import sys\nfrom ctxrules.notes import SessionNotes\nSessionNotes(sys.argv[1]).add('n', tags=['x'])"
-    subprocess.run([sys.executable, "-c", note, "A/s"], cwd=tmp_path, env=ENV, check=True)
-    exported = ctxrules("sessions", "export", "A/s", "--state", "A", "--to", "s.ctxs", cwd=tmp_path)
-    assert exported.returncode == 0, exported.stderr
-    lines = (tmp_path / "s.ctxs").read_bytes().splitlines(keepends=True)
+    lines = _exported_session(tmp_path, usage=True)
     records = [json.loads(line) for line in lines]
     assert {"turn", "blob", "doc", "secret", "ledger"} <= {r.get("kind") for r in records}
     for i in range(len(lines) - 1):
