@@ -31,6 +31,7 @@ from langchain_core.tools import tool  # noqa: E402
 from langgraph.checkpoint.memory import InMemorySaver  # noqa: E402
 
 from ctxrules.integrations.langchain import CtxrulesMiddleware  # noqa: E402
+from ctxrules.messages import is_injected  # noqa: E402
 from ctxrules.models import lookup_model  # noqa: E402
 from ctxrules.tokens import TokenCounter  # noqa: E402
 
@@ -254,3 +255,125 @@ def test_a_call_whose_arguments_did_not_parse_keeps_its_result(tmp_path: Path) -
     answered = [m.tool_call_id for m in sent if isinstance(m, ToolMessage)]
     calls = [c["id"] for m in sent if isinstance(m, AIMessage) for c in [*m.tool_calls, *m.invalid_tool_calls]]
     assert answered == ["call_bad"] and calls == ["call_bad"], sent
+
+
+def _sent(middleware: CtxrulesMiddleware, messages: list[BaseMessage]) -> list[BaseMessage]:
+    """What the model is handed for ``messages``, through the middleware's hook."""
+    from langchain.agents.middleware.types import ModelRequest
+
+    request = ModelRequest(
+        model=None, messages=messages, system_message=None, tools=[], state={"messages": messages}, runtime=None
+    )
+    seen: list[Any] = []
+    middleware.wrap_model_call(request, lambda prepared: seen.append(prepared) or AIMessage("ok"))
+    return list(seen[0].messages)
+
+
+def test_changed_messages_keep_their_own_ids_when_a_tool_call_id_is_reused(tmp_path: Path) -> None:
+    """Two calls "c1": the pairing stage renames the second "c1_2" (with its result). The
+    compacted first result kept the id of the *other* ToolMessage (the last one with "c1"), and
+    the renamed one, and its AIMessage, lost theirs."""
+    messages: list[BaseMessage] = [
+        HumanMessage("Run job 1, then check the directory.", id="h1"),
+        AIMessage("", id="a1", tool_calls=[{"id": "c1", "name": "run_job", "args": {"n": 1}}]),
+        ToolMessage(big_output(1), tool_call_id="c1", id="tool-first"),
+        AIMessage("", id="a2", tool_calls=[{"id": "c1", "name": "bash", "args": {"cmd": "pwd"}}]),
+        ToolMessage("/work", tool_call_id="c1", id="tool-second"),
+        HumanMessage("go on", id="h2"),
+    ]
+    middleware = CtxrulesMiddleware(model="gpt-4o", window=WINDOW, state=tmp_path / "state", recall=False)
+    sent = _sent(middleware, messages)
+    tools = [m for m in sent if isinstance(m, ToolMessage)]
+    assert [m.id for m in tools] == ["tool-first", "tool-second"], sent
+    assert [m.tool_call_id for m in tools] == ["c1", "c1_2"]
+    assert "[ctxrules:elided" in tools[0].content and tools[0].content != messages[2].content  # compacted
+    assistants = [m for m in sent if isinstance(m, AIMessage)]
+    assert [m.id for m in assistants] == ["a1", "a2"]
+    assert [c["id"] for m in assistants for c in m.tool_calls] == ["c1", "c1_2"]
+    assert [m.id for m in sent if isinstance(m, HumanMessage)] == ["h1", "h2"]
+
+
+def test_a_message_ctxrules_injects_takes_no_id_of_the_agents(tmp_path: Path) -> None:
+    """The first "c1" call has no result (a user message came in between), the second one has:
+    ctxrules answers the first with an interrupted result and renames the second "c1_2". The
+    injected result took the real ToolMessage's id, and the real one was sent without it."""
+    messages: list[BaseMessage] = [
+        HumanMessage("list the files", id="h1"),
+        AIMessage("", id="a1", tool_calls=[{"id": "c1", "name": "bash", "args": {"cmd": "ls"}}]),
+        HumanMessage("wait, where are we?", id="h2"),
+        AIMessage("", id="a2", tool_calls=[{"id": "c1", "name": "bash", "args": {"cmd": "pwd"}}]),
+        ToolMessage("/work", tool_call_id="c1", id="tool-pwd"),
+        HumanMessage("go on", id="h3"),
+    ]
+    middleware = CtxrulesMiddleware(model="gpt-4o", state=tmp_path / "state", recall=False)
+    sent = _sent(middleware, messages)
+    injected = [m for m in sent if is_injected(convert_to_openai_messages(m))]
+    assert len(injected) == 1 and isinstance(injected[0], ToolMessage) and injected[0].id is None
+    assert [(m.id, m.tool_call_id) for m in sent if isinstance(m, ToolMessage) and m not in injected] == [
+        ("tool-pwd", "c1_2")
+    ]
+    assert [m.id for m in sent if m is not injected[0]] == ["h1", "a1", "h2", "a2", "tool-pwd", "h3"]
+
+
+class ReusedIdModel(BaseChatModel):
+    """Calls ``run_job`` with the same tool-call id ("c1") every turn for ``turns`` turns, then
+    stops; records the messages of every request."""
+
+    requests: list[list[BaseMessage]] = []  # noqa: RUF012 - a pydantic field, copied per instance
+    turns: int = 10
+
+    @property
+    def _llm_type(self) -> str:
+        return "reused-id-fake"
+
+    def bind_tools(self, tools: Any, **kwargs: Any) -> ReusedIdModel:
+        return self
+
+    def _generate(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: CallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> ChatResult:
+        self.requests.append(list(messages))
+        turn = len(self.requests)
+        if turn > self.turns:
+            return ChatResult(generations=[ChatGeneration(message=AIMessage("All jobs ran."))])
+        call = {"id": "c1", "name": "run_job", "args": {"n": turn}}
+        return ChatResult(generations=[ChatGeneration(message=AIMessage(f"Running job {turn}.", tool_calls=[call]))])
+
+
+def test_every_message_the_model_sees_has_the_id_of_the_state_message_it_stands_for(tmp_path: Path) -> None:
+    """A model that reuses one tool-call id for every call, through LangChain's agent loop: the
+    state keeps every message under a unique id, and in every request each message ctxrules did
+    not inject carries the id of the state message it stands for (renamed "c1_<n>" and
+    compacted ones too), no id twice."""
+    model = ReusedIdModel()
+    model.requests = []
+    middleware = CtxrulesMiddleware(model="gpt-4o", window=60_000, state=tmp_path / "state", recall=False)
+    agent = create_agent(
+        model, tools=[run_job], middleware=[middleware], system_prompt="You run jobs.", checkpointer=InMemorySaver()
+    )
+    config = {"configurable": {"thread_id": "t-ids"}, "recursion_limit": 1000}
+    state = agent.invoke({"messages": [HumanMessage("Run the jobs.")]}, config)
+    assert len(model.requests) == model.turns + 1
+    ids = [m.id for m in state["messages"]]
+    assert None not in ids and len(set(ids)) == len(ids)
+    jobs = [m for m in state["messages"] if isinstance(m, ToolMessage)]
+    assert [m.tool_call_id for m in jobs] == ["c1"] * model.turns
+    assert [m.content for m in jobs] == [big_output(n) for n in range(1, model.turns + 1)]  # verbatim
+    by_id = {m.id: m for m in state["messages"]}
+    renamed = compacted = 0
+    for n, request in enumerate(model.requests, 1):
+        sent = [m for m in request[1:] if not is_injected(convert_to_openai_messages(m))]  # [0]: the system prompt
+        assert len({m.id for m in sent}) == len(sent), n
+        for m in sent:
+            original = by_id.get(m.id)  # type: ignore[arg-type]
+            assert original is not None and type(original) is type(m), (n, m)
+            assert str(m.content).splitlines()[:1] == str(original.content).splitlines()[:1], (n, m)
+            if isinstance(m, ToolMessage):
+                assert re.fullmatch(r"c1(_[0-9]+)?", m.tool_call_id), (n, m.tool_call_id)
+                renamed += m.tool_call_id != "c1"
+                compacted += m.content != original.content
+    assert renamed >= model.turns and compacted >= model.turns, (renamed, compacted)

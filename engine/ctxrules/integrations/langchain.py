@@ -12,7 +12,8 @@ The middleware works in ``wrap_model_call`` / ``awrap_model_call``: the graph st
 full history, and only the model sees the prepared one. The session is the run's ``thread_id``
 (used as it is when it matches ``[A-Za-z0-9._-]{1,128}``, else its sha256), a directory under
 the state root. Messages no stage changed reach the model as the original LangChain objects; the
-rest are converted with ``langchain_core``'s converters. The system prompt
+rest are converted with ``langchain_core``'s converters, with the id of the message each stands
+for (found by position); messages ctxrules injected have none. The system prompt
 (``request.system_message``) goes through ``prepare`` as the leading system message, so it counts
 and stays pinned. With ``recall=True`` (the default) the middleware also gives the agent the
 recall tool (``session.recall``), from the first call on, so the tools layer of the cached
@@ -22,13 +23,16 @@ prefix never changes mid-session. The pack decides everything else. Needs ``ctxr
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ctxrules.engine import Engine
 from ctxrules.errors import CtxrulesError
+from ctxrules.injected import key_scope
 from ctxrules.integrations import OpenSessions, session_name
+from ctxrules.messages import is_injected
 from ctxrules.recall import PARAMETERS, RecallSettings
 from ctxrules.stores import open_store
 
@@ -142,38 +146,30 @@ class CtxrulesMiddleware(AgentMiddleware):
 
     def _prepare(self, request: Any) -> Any:
         session = self.session_for(_thread_id(request))
-        originals: dict[int, BaseMessage] = {}
-        by_call: dict[str, BaseMessage] = {}
-        history: list[dict[str, Any]] = []
+        messages: list[BaseMessage] = list(request.messages)
+        converted = [_with_invalid_calls(convert_to_openai_messages(m), m) for m in messages]
         system = request.system_message
         system_dict: dict[str, Any] | None = None
         if system is not None:
             system_dict = convert_to_openai_messages(system)
-            history.append(system_dict)
-        for message in request.messages:
-            converted = _with_invalid_calls(convert_to_openai_messages(message), message)
-            originals[id(converted)] = message
-            call_id = getattr(message, "tool_call_id", None)
-            if call_id:
-                by_call[str(call_id)] = message
-            history.append(converted)
         tools = [t for t in (_tool_dict(tool) for tool in request.tools or []) if t is not None]
-        result = session.prepare(history, tools=tools)
-        out: list[BaseMessage] = []
+        result = session.prepare(converted if system_dict is None else [system_dict, *converted], tools=tools)
+        prepared = result.messages
         new_system = system
-        for position, msg in enumerate(result.messages):
-            if position == 0 and system_dict is not None and msg.get("role") == "system":
-                if msg is not system_dict:
-                    new_system = SystemMessage(content=msg.get("content") or "")
-                continue
-            original = originals.get(id(msg))
-            if original is not None:
-                out.append(original)
+        if system_dict is not None and prepared and prepared[0].get("role") == "system":
+            if prepared[0] is not system_dict:
+                new_system = SystemMessage(content=prepared[0].get("content") or "", id=system.id)
+            prepared = prepared[1:]
+        out: list[BaseMessage] = []
+        with key_scope(session.injection_key):  # what this session injected, under its key
+            sources = _sources(prepared, converted)
+        for msg, source in zip(prepared, sources, strict=True):
+            if source is not None and msg is converted[source]:
+                out.append(messages[source])
                 continue
             (made,) = convert_to_messages([msg])
-            twin = by_call.get(str(msg.get("tool_call_id"))) if msg.get("role") == "tool" else None
-            if twin is not None and getattr(twin, "id", None):
-                made.id = twin.id
+            if source is not None:
+                made.id = messages[source].id
             out.append(made)
         return request.override(messages=out, system_message=new_system)
 
@@ -207,6 +203,54 @@ class CtxrulesMiddleware(AgentMiddleware):
             args_schema=dict(PARAMETERS),
             handle_tool_error=True,
         )
+
+
+def _sources(prepared: list[dict[str, Any]], converted: list[dict[str, Any]]) -> list[int | None]:
+    """For each message ``prepare`` returned, the index of the converted message it stands for.
+
+    A message no stage changed is the converted object itself. A changed one is looked for
+    between the unchanged ones around it, from the newest back (stages remove old messages,
+    not new ones), among those not taken: the same role and call id, or the id the pairing stage
+    renamed (a reused ``c1`` is ``c1_2``, in the call and in its result); for a message without
+    calls, one without. A message ctxrules injected (notes, summaries, placeholders,
+    interrupted results) stands for none: ``None``, so it never takes an agent message's id.
+    """
+    where = {id(m): i for i, m in enumerate(converted)}
+    out = [where.get(id(m)) for m in prepared]
+    taken = {j for j in out if j is not None}
+    starts: list[int] = []  # for each position: just after the unchanged message before it
+    start = 0
+    for j in out:
+        starts.append(start)
+        start = start if j is None else j + 1
+    stop = len(converted)
+    for p in range(len(prepared) - 1, -1, -1):
+        msg, source = prepared[p], out[p]
+        if source is not None or is_injected(msg):
+            stop = stop if source is None else source
+            continue
+        role, calls = msg.get("role"), _call_ids(msg)
+        for j in range(stop - 1, starts[p] - 1, -1):
+            other = converted[j]
+            if j in taken or other.get("role") != role:
+                continue
+            if _renamed_from(calls, _call_ids(other)) if calls else not _call_ids(other):
+                out[p], stop = j, j
+                taken.add(j)
+                break
+    return out
+
+
+def _call_ids(msg: dict[str, Any]) -> list[str]:
+    """A result's ``tool_call_id``, or an assistant message's call ids."""
+    if msg.get("role") == "tool":
+        return [str(msg.get("tool_call_id"))]
+    return [str(call.get("id")) for call in msg.get("tool_calls") or () if isinstance(call, dict)]
+
+
+def _renamed_from(calls: list[str], before: list[str]) -> bool:
+    """Whether one of ``calls`` is one of ``before``, or its rename ``<id>_<n>``."""
+    return any(c == b or re.fullmatch(re.escape(b) + r"_[0-9]+", c) for c in calls for b in before)
 
 
 def _with_invalid_calls(converted: dict[str, Any], message: Any) -> dict[str, Any]:
