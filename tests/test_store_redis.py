@@ -404,3 +404,85 @@ def test_a_prepare_reads_turn_notes_and_ledgers_in_the_round_trip_that_takes_its
         assert [json.loads(line)["id"] for line in chunk.lines] == ["b"]  # the next prepare sees it
     store.close()
     other.close()
+
+
+def _wrong(client: Any, key: str, kind: str = "hash") -> None:
+    client.delete(key)
+    if kind == "hash":
+        client.hset(key, "a", "b")
+    elif kind == "list":
+        client.rpush(key, "x")
+    else:
+        client.set(key, "garbage")
+
+
+@pytest.mark.parametrize("where", ["server", "cluster"])
+def test_wrong_typed_keys_are_repaired_on_every_path_and_only_the_damaged_ones(
+    where: str, request: pytest.FixtureRequest
+) -> None:
+    """docs/stores.md "Damaged keys", on the store: the turn under the lock (a Cluster takes it
+    with a script of its own), the reads and writes outside it (a document, the vault, a secret,
+    ``save_state``), and the ledgers; another session's keys and the other ledgers stay."""
+    import redis
+
+    if where == "server":
+        url = request.getfixturevalue("redis_url")
+        client: Any = redis.Redis.from_url(url)
+    else:
+        url = request.getfixturevalue("redis_cluster_url")
+        client = redis.RedisCluster.from_url(url.split("?", 1)[0])
+    store = _store(url)
+    day, goal = Log("day", "2026-12-01"), Log("goal", "g")
+    call = {"type": "call", "id": "a", "tokens": {"input": 1}}
+    for s in ("conv-a", "conv-b"):
+        _turn(store, s, [{"role": "user", "content": "one"}], [((Log("session", s), day, goal), call)])
+    bystander = {k: client.dump(k) for s in ("conv-b", "log:goal:g") for k in client.keys(f"ctxrules:v1:{{{s}}}:*")}
+
+    # Under the lock: the commit's append and the rev check would refuse; the turn says why.
+    _wrong(client, "ctxrules:v1:{conv-a}:output")
+    _wrong(client, "ctxrules:v1:{conv-a}:log:session:gen", "list")
+    fresh = _store(url)
+    with fresh.prepare_lock("conv-a"):
+        turn = fresh.load_turn("conv-a")
+        assert (
+            "output was a hash" in turn.state["recovered"] and "log:session:gen was a list" in turn.state["recovered"]
+        )
+        assert turn.output is None
+        fresh.commit_turn("conv-a", turn.state, [{"role": "user", "content": "two"}])
+    assert fresh.load_turn("conv-a").output == [{"role": "user", "content": "two"}]
+
+    # Outside the lock: each read or write repairs the session, which the next load reports.
+    for part, use in [
+        ("doc:notes", lambda st: st.read_doc("conv-a", "notes")),
+        ("doc:router", lambda st: st.update_doc("conv-a", "router", lambda old: b"x")),
+        ("blobs", lambda st: st.blob_ids("conv-a")),
+        ("media", lambda st: st.put_blob("conv-a", b"data", "text/plain")),
+        ("secret:injection.key", lambda st: st.secret("conv-a", "injection.key", lambda: b"k" * 32)),
+        ("rev", lambda st: st.load_turn("conv-a")),
+        ("prepares", lambda st: st.prepares("conv-a")),
+    ]:
+        _wrong(client, f"ctxrules:v1:{{conv-a}}:{part}", "list" if part in ("meta", "media") else "hash")
+        other = _store(url)
+        use(other)
+        assert f"{part} was a " in other.load_turn("conv-a").state.get("recovered", ""), part
+        other.close()
+    assert store.secret("conv-a", "injection.key", lambda: b"j" * 32) == b"k" * 32
+    _wrong(client, "ctxrules:v1:{conv-a}:meta", "list")
+    store.save_state("conv-a", {"version": 1, "compress": {}})  # what `compress` writes: it stands
+    assert client.type("ctxrules:v1:{conv-a}:meta") == b"hash"
+    assert store.load_turn("conv-a").state == {"version": 1, "compress": {}}
+
+    # A damaged day ledger: the record goes to a fresh one, every other ledger gets it once.
+    _wrong(client, "ctxrules:v1:{log:day:2026-12-01}:log:records", "string")
+    store.append([Log("session", "conv-a"), day], call)
+    assert len(store.read_log(day).lines) == 1 and store.totals(day) == {"calls": 1, "tokens.input": 1}
+    assert len(store.read_log(Log("session", "conv-a")).lines) == 2
+    _wrong(client, "ctxrules:v1:{log:day:2026-12-01}:log:gen", "hash")
+    _wrong(client, "ctxrules:v1:{log:day:2026-12-01}:log:totals", "list")
+    assert len(store.read_log(day).lines) == 1 and store.totals(day) == {}
+    _wrong(client, "ctxrules:v1:{conv-a}:log:descendants:records", "hash")
+    assert store.append_once(Log("descendants", "conv-a"), {"path": "x"}, key="path", limit=5) == "added"
+    assert {k: client.dump(k) for k in bystander} == bystander
+    store.close()
+    fresh.close()
+    client.close()

@@ -182,3 +182,144 @@ def test_a_store_that_falls_back_in_the_middle_of_a_turn_says_so_in_the_report(
     result = session.prepare(messages)
     assert result.messages == messages
     assert any("on_error=local" in w and "unreachable" in w for w in result.report["warnings"])
+
+
+# Every key of a session set to another Redis type than ctxrules writes there (a clash of key
+# names, an operator's command): docs/stores.md "Damaged keys". Each was a CR148 "WRONGTYPE" on
+# every later call (a wrong-typed lock: CR149 "held by another worker", after lock_timeout_s).
+_WRONG_TYPES = [
+    ("state", "hash"),
+    ("output", "hash"),
+    ("rev", "list"),
+    ("meta", "string"),
+    ("lock", "list"),
+    ("lock", "string"),  # a string without expiry: no worker's lease, never released
+    ("blobs", "string"),
+    ("media", "list"),
+    ("prepares", "hash"),
+    ("doc:checkpoint", "list"),  # read when the session object is made, before the lock
+    ("doc:notes", "hash"),
+    ("log:session:records", "string"),
+    ("log:session:totals", "list"),
+    ("log:session:gen", "hash"),
+    ("log:descendants:records", "set"),
+]
+
+
+def _set_wrong(client: Any, key: str, kind: str) -> None:
+    client.delete(key)
+    if kind == "hash":
+        client.hset(key, "a", "b")
+    elif kind == "list":
+        client.rpush(key, "x")
+    elif kind == "set":
+        client.sadd(key, "x")
+    else:
+        client.set(key, "garbage")
+
+
+def _keys_of(client: Any, pattern: str) -> dict[bytes, tuple[bytes, bytes]]:
+    return {k: (client.type(k), client.dump(k)) for k in client.keys(pattern)}
+
+
+@pytest.mark.parametrize(("part", "kind"), _WRONG_TYPES)
+def test_a_session_key_of_the_wrong_redis_type_resets_the_session_once_and_it_goes_on(
+    engine: Engine, redis_url: str, redis_server: RedisServer, part: str, kind: str
+) -> None:
+    import redis
+
+    url = redis_url + "?lock_timeout_s=2"
+    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello"}]
+    more = [*messages, {"role": "assistant", "content": "hi"}, {"role": "user", "content": "and now?"}]
+    engine.session("conv-other", store=url, model="gpt-4o").prepare(messages)
+    engine.session("conv-bad", store=url, model="gpt-4o").prepare(messages)
+    client = redis.Redis(unix_socket_path=str(redis_server.socket))
+    other = _keys_of(client, "*{conv-other}*") | _keys_of(client, "*{secret}*")
+    key = f"ctxrules:v1:{{conv-bad}}:{part}"
+    _set_wrong(client, key, kind)
+    session = engine.session("conv-bad", store=url, model="gpt-4o")  # a worker that never saw it
+    first = session.prepare(more)
+    assert first.messages == more and first.report["reused_messages"] == 0  # computed from the full history
+    said = [w for w in first.report["warnings"] if "wrong Redis type" in w and "was reset" in w]
+    assert said and part in said[0], first.report["warnings"]
+    right = {"output": b"list", "prepares": b"list", "records": b"list", "meta": b"hash", "media": b"hash"}
+    right |= {"totals": b"hash", "blobs": b"set"}
+    assert client.type(key) in (b"none", right.get(part.rsplit(":", 1)[-1], b"string"))  # removed or written anew
+    nxt = session.prepare([*more, {"role": "assistant", "content": "done"}, {"role": "user", "content": "ok"}])
+    assert nxt.report["reused_messages"] == len(more) and not nxt.report["warnings"]  # warm again
+    again = engine.session("conv-bad", store=url, model="gpt-4o").prepare(more)  # another worker: no news
+    assert not again.report["warnings"]
+    assert _keys_of(client, "*{conv-other}*") | _keys_of(client, "*{secret}*") == other  # untouched
+    client.close()
+
+
+def test_a_wrong_typed_session_key_through_the_cli_is_a_reset_turn_then_warm(
+    redis_url: str, redis_server: RedisServer, tmp_path: Path
+) -> None:
+    """``ctxrules run --store unix://…``: a session whose output key became a hash is served
+    (exit 0) with the reset in the report's warnings, and the next run is warm."""
+    import redis
+
+    history = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello"}]
+    for text in ("hi", "and now?", "ok", "more"):
+        history.append({"role": "assistant" if len(history) % 2 == 0 else "user", "content": text})
+    common = ["--pack", "builtin:default", "--model", "gpt-4o", "--store", redis_url, "--session", "conv-cli-bad"]
+
+    def run(i: int, upto: int) -> dict[str, Any]:
+        (tmp_path / f"in{i}.json").write_text(json.dumps(history[:upto]))
+        out = _ctxrules(
+            "run", *common, "--input", f"in{i}.json", "--output", f"out{i}.json", "--report", f"r{i}.json", cwd=tmp_path
+        )
+        assert out.returncode == 0, out.stderr
+        assert json.loads((tmp_path / f"out{i}.json").read_text()) == history[:upto]
+        report: dict[str, Any] = json.loads((tmp_path / f"r{i}.json").read_text())
+        return report
+
+    run(0, 2)
+    client = redis.Redis(unix_socket_path=str(redis_server.socket))
+    _set_wrong(client, "ctxrules:v1:{conv-cli-bad}:output", "hash")
+    first = run(1, 4)
+    assert any("output was a hash" in w and "was reset" in w for w in first["warnings"]), first["warnings"]
+    assert first["reused_messages"] == 0
+    assert client.type("ctxrules:v1:{conv-cli-bad}:output") == b"list"  # written anew
+    nxt = run(2, 6)
+    assert nxt["reused_messages"] == 4 and not nxt["warnings"]
+    client.close()
+
+
+def test_a_day_ledger_of_the_wrong_type_starts_anew_and_no_record_is_counted_twice(
+    engine: Engine, redis_url: str, redis_server: RedisServer
+) -> None:
+    """A shared ledger key of the wrong type is a damaged ledger: the record goes to a fresh one
+    (the session's ledger, appended in the same transaction, gets it once), and a read of one
+    skips what it held; no session is reset for it."""
+    import redis
+
+    from ctxrules.stores.base import Log
+    from ctxrules.stores.redis import RedisStore
+
+    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello"}]
+    session = engine.session("conv-day", store=redis_url, model="gpt-4o")
+    session.prepare(messages)
+    session.record_usage({"prompt_tokens": 900, "completion_tokens": 200})
+    client = redis.Redis(unix_socket_path=str(redis_server.socket))
+    (records,) = client.keys("ctxrules:v1:{log:day:*}:log:records")
+    day = records.decode().split("{log:day:", 1)[1].split("}", 1)[0]
+    own = "ctxrules:v1:{conv-day}:log:session:records"
+    turn = _keys_of(client, "*{conv-day}:[sor]*")  # state, output, rev
+    _set_wrong(client, records.decode(), "string")
+    session.record_usage({"prompt_tokens": 100, "completion_tokens": 20})
+    assert client.llen(own) == 2  # once, not again after the repair
+    assert client.type(records) == b"list" and client.llen(records) == 1  # a fresh ledger, this record
+    store = RedisStore.from_url(redis_url)
+    assert store.totals(Log("day", day))["calls"] == 1
+    _set_wrong(client, records.decode(), "hash")
+    assert store.read_log(Log("day", day)).lines == []  # what the damaged key held: skipped
+    assert client.type(records) == b"none"
+    _set_wrong(client, records.decode()[: -len("records")] + "totals", "list")
+    assert store.totals(Log("day", day)) == {}
+    nxt = session.prepare([*messages, {"role": "assistant", "content": "hi"}, {"role": "user", "content": "go"}])
+    assert not nxt.report["warnings"] and nxt.report["reused_messages"] == len(messages)
+    assert turn.keys() <= _keys_of(client, "*{conv-day}:[sor]*").keys()
+    store.close()
+    client.close()

@@ -203,6 +203,51 @@ def _base(url: str) -> str:
 
 # --- Lua ------------------------------------------------------------------------------------
 
+# What the scripts below share. A key holding another Redis type than ctxrules writes there (its
+# last part says which) is damaged (docs/stores.md "Damaged keys"): heal() removes it (a ledger's
+# records take its totals and generation along: the ledger starts anew and its readers read it
+# again from the start) and says what it was; reset() marks the session's turn as reset, so the
+# next load (of any worker) computes it from the full history and says why; restart() moves a
+# revision counter past every revision a worker may hold (the server's time in ms).
+_HEAL = """
+local function kind(key)
+  local part = string.match(key, '[^:]*$')
+  if part == 'output' or part == 'records' or part == 'prepares' then return 'list' end
+  if part == 'meta' or part == 'media' or part == 'totals' then return 'hash' end
+  if part == 'blobs' then return 'set' end
+  return 'string'
+end
+local function heal(from, skip)
+  local found = {}
+  for i = from, #KEYS do
+    local got = redis.call('TYPE', KEYS[i]).ok
+    if i ~= skip and got ~= 'none' and got ~= kind(KEYS[i]) then
+      redis.call('DEL', KEYS[i])
+      if string.sub(KEYS[i], -8) == ':records' then
+        local base = string.sub(KEYS[i], 1, -8)
+        redis.call('DEL', base .. 'totals', base .. 'gen')
+      end
+      found[#found + 1] = string.match(KEYS[i], '}:(.*)$') .. ' was a ' .. got
+    end
+  end
+  return found
+end
+local function restart(rev, ttl)
+  local t = redis.call('TIME')
+  local now = t[1] * 1000 + math.floor(t[2] / 1000)
+  local held = redis.call('GET', rev)
+  if held and string.match(held, '^%d+$') and string.len(held) < 16 and tonumber(held) >= now then
+    now = tonumber(held) + 1
+  end
+  redis.call('SET', rev, string.format('%d', now), 'PX', ttl)
+end
+local function reset(state, rev, found, ttl)
+  restart(rev, ttl)
+  local why = 'the stored session had keys of the wrong Redis type (' .. table.concat(found, ', ') .. ') and was reset'
+  redis.call('SET', state, cjson.encode({version = 1, recovered = why}), 'PX', ttl)
+end
+"""
+
 # The turn, one script on the session's slot: refuse when the caller's lock token is no longer
 # the lock's (a worker paused past its lease must not overwrite the turn of the worker that took
 # over); append to the output only when nobody committed since this client's last commit (else
@@ -212,8 +257,17 @@ def _base(url: str) -> str:
 # (1 append, 0 replace), the revision an append expects, the lock token ('' none), ttl in ms,
 # the time, then the output lines. Returns {rev, or -1 (lock lost) or -2 (append refused);
 # when the session's blobs last had their TTLs extended}.
-_COMMIT = """
-if ARGV[4] ~= '' and redis.call('GET', KEYS[4]) ~= ARGV[4] then return {-1, false} end
+_COMMIT = (
+    _HEAL
+    + """
+if ARGV[4] ~= '' and (redis.call('TYPE', KEYS[4]).ok ~= 'string' or redis.call('GET', KEYS[4]) ~= ARGV[4]) then
+  return {-1, false}
+end
+if #heal(1, 4) > 0 then
+  -- Keys of the wrong type (removed): the turn is written whole, under a restarted counter.
+  restart(KEYS[3], ARGV[5])
+  if ARGV[2] == '1' then return {-2, false} end
+end
 local held = redis.call('GET', KEYS[3]) or '0'
 local rev = tonumber(held)
 if not string.match(held, '^%d+$') then
@@ -241,17 +295,27 @@ for k = 1, #KEYS do
 end
 return {rev, redis.call('HGET', KEYS[5], 'blobs_extended')}
 """
+)
 
-# Repair a damaged revision counter (not a decimal integer) as the commit does. KEYS: rev.
-# ARGV: the time. Returns 1 when it was repaired.
-_REPAIR_REV = """
-local held = redis.call('GET', KEYS[1])
-if held and not string.match(held, '^%d+$') then
-  redis.call('SET', KEYS[1], string.format('%d', math.floor(tonumber(ARGV[1]) * 1000)))
-  return 1
+# Repair a session's keys (ARGV[2] '1'; KEYS: state, rev, then its other keys) as a prepare does
+# when it takes the lock, and a damaged revision counter (not a decimal integer) as the commit
+# does; or only remove the keys of the wrong type among KEYS ('0': a ledger's records, gen and
+# totals). ARGV[1]: the TTL in ms. Returns what was of the wrong type.
+_REPAIR = (
+    _HEAL
+    + """
+local found = heal(1, 0)
+if ARGV[2] == '1' then
+  local held = redis.call('GET', KEYS[2])
+  if #found > 0 then
+    reset(KEYS[1], KEYS[2], found, ARGV[1])
+  elseif held and not string.match(held, '^%d+$') then
+    restart(KEYS[2], ARGV[1])
+  end
 end
-return 0
+return found
 """
+)
 
 # Read the turn. ARGV[1]: the revision the client holds (state, and output when ARGV[2] asks for
 # it); then nothing but the revision comes back: a warm turn on the worker that committed the
@@ -265,13 +329,27 @@ return {st or false, rev}
 """
 
 # Take a lock; on success, the server's time (one clock for every worker).
-_ACQUIRE = """
-if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  local t = redis.call('TIME')
-  return t[1] .. '.' .. string.format('%06d', t[2])
+# A lock key that is not a string with a lease was not written by ctxrules and would never be
+# released: it is removed. The prepare lock's KEYS go on with the session's (state and rev first),
+# repaired as _REPAIR does (ARGV[3]: the TTL in ms) once the lock is taken.
+_ACQUIRE = (
+    _HEAL
+    + """
+local found = {}
+local got = redis.call('TYPE', KEYS[1]).ok
+if got ~= 'none' and (got ~= 'string' or redis.call('PTTL', KEYS[1]) == -1) then
+  redis.call('DEL', KEYS[1])
+  found[1] = 'lock was a ' .. got .. (got == 'string' and ' without expiry' or '')
 end
-return false
+if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return false end
+if #KEYS > 1 then
+  for _, what in ipairs(heal(2, 0)) do found[#found + 1] = what end
+  if #found > 0 then reset(KEYS[2], KEYS[3], found, ARGV[3]) end
+end
+local t = redis.call('TIME')
+return t[1] .. '.' .. string.format('%06d', t[2])
 """
+)
 
 # Extend a lock only while it is still ours.
 _RENEW = """
@@ -293,8 +371,11 @@ return 1
 """
 
 # Append unless a record has the same value at ARGV[2] (compared as ARGV[4] says: a string or a
-# number), or the log already holds ARGV[5] records. KEYS: records, gen.
-_APPEND_ONCE = """
+# number), or the log already holds ARGV[5] records. KEYS: records, gen, totals.
+_APPEND_ONCE = (
+    _HEAL
+    + """
+heal(1, 0)
 local wanted = ARGV[3]
 if ARGV[4] == 'n' then wanted = tonumber(wanted) end
 local lines = redis.call('LRANGE', KEYS[1], 0, -1)
@@ -311,14 +392,29 @@ if tonumber(ARGV[7]) > 0 then
 end
 return 'added'
 """
+)
 
-# Read a log after a cursor: the records and the log's generation (a new one: it was replaced).
-_READ_LOG = """
+# Read a log after a cursor: the records and the log's generation (a new one: it was replaced),
+# and what was of the wrong type. KEYS: records, gen, totals.
+_READ_LOG = (
+    _HEAL
+    + """
+local found = heal(1, 0)
 local gen = redis.call('GET', KEYS[2]) or ''
 local from = tonumber(ARGV[2])
 if gen ~= ARGV[1] then from = 0 end
-return {gen, redis.call('LRANGE', KEYS[1], from, -1)}
+return {gen, redis.call('LRANGE', KEYS[1], from, -1), found}
 """
+)
+
+# A log's generation and length (KEYS: records, gen, totals), what a prepare reads with its lock.
+_LOG_LENGTH = (
+    _HEAL
+    + """
+heal(1, 0)
+return {redis.call('GET', KEYS[2]) or '', redis.call('LLEN', KEYS[1])}
+"""
+)
 
 
 # --- keys -----------------------------------------------------------------------------------
@@ -354,6 +450,14 @@ _SESSION_PARTS: Final = (
 )
 """Every key of a session that expires with it (locks carry their own lease; secrets are set
 with the TTL when made)."""
+_SESSION_REST: Final = tuple(p for p in _SESSION_PARTS if p not in ("state", "rev"))
+
+
+def _log_keys(log: Log) -> list[str]:
+    """A log's keys as its scripts take them: records, gen, totals."""
+    base = _log_base(log)
+    return [base + ":records", base + ":gen", base + ":totals"]
+
 
 _HEX: Final = frozenset("0123456789abcdef")
 
@@ -451,12 +555,13 @@ class RedisStore:
                 name: client.register_script(src)
                 for name, src in (
                     ("commit", _COMMIT),
-                    ("repair_rev", _REPAIR_REV),
+                    ("repair", _REPAIR),
                     ("load", _LOAD),
                     ("acquire", _ACQUIRE),
                     ("renew", _RENEW),
                     ("release", _RELEASE),
                     ("read_log", _READ_LOG),
+                    ("log_length", _LOG_LENGTH),
                     ("append_once", _APPEND_ONCE),
                 )
             }
@@ -506,9 +611,17 @@ class RedisStore:
             "in-memory store for the call)",
         )
 
-    def _call(self, op: Callable[[], T], local: Callable[[MemoryStore], T] | None = None) -> T:
+    def _call(
+        self,
+        op: Callable[[], T],
+        local: Callable[[MemoryStore], T] | None = None,
+        *,
+        damaged: Callable[[], object] | None = None,
+    ) -> T:
         """Run ``op`` against Redis; a connection failure is :class:`StoreUnavailable`, or with
-        ``on_error=local`` the same operation on the in-memory store (``local``)."""
+        ``on_error=local`` the same operation on the in-memory store (``local``). A key of the
+        wrong Redis type (``WRONGTYPE``): ``damaged`` repairs the keys ``op`` uses, and ``op``
+        runs once more."""
         if self._local is not None and local is not None:
             return local(self._local)
         try:
@@ -523,6 +636,14 @@ class RedisStore:
                 raise self._unavailable(exc) from None
             return local(self._fall_back(exc))
         except redis.ResponseError as exc:
+            if damaged is not None and _wrong_type(exc):
+                repair = damaged
+
+                def again() -> T:
+                    repair()
+                    return op()
+
+                return self._call(again, local)
             raise StoreError(f"[{_UNREACHABLE}] the Redis store {self.url} refused a command: {exc}") from None
         except redis.RedisError as exc:
             raise StoreError(f"[{_UNREACHABLE}] the Redis store {self.url} failed: {exc}") from None
@@ -578,6 +699,23 @@ class RedisStore:
         pipe.pexpire(meta, self._ttl_ms)
         for part in parts:
             pipe.pexpire(_skey(session, part), self._ttl_ms)
+
+    def _repair(self, session: str, *also: str) -> list[str]:
+        """Remove the keys of ``session`` (and ``also``) holding another Redis type than ctxrules
+        writes there; when there were any, the session's turn is reset (docs/stores.md "Damaged
+        keys"). Also restarts a damaged revision counter."""
+        keys = [_skey(session, p) for p in ("state", "rev")] + [_skey(session, p) for p in _SESSION_REST]
+        found = [_text(f) for f in self._scripts["repair"](keys=[*keys, *also], args=[str(self._ttl_ms), "1"])]
+        if found:
+            _log.warning("store_damaged_keys", url=self.url, session=session, found=found)
+        return found
+
+    def _repair_log(self, log: Log) -> list[str]:
+        """Remove the keys of ``log`` holding another Redis type (a damaged ledger starts anew)."""
+        found = [_text(f) for f in self._scripts["repair"](keys=_log_keys(log), args=[str(self._ttl_ms), "0"])]
+        if found:
+            _log.warning("store_damaged_keys", url=self.url, ledger=self.log_location(log), found=found)
+        return found
 
     # --- the turn ---------------------------------------------------------------------------
 
@@ -647,7 +785,7 @@ class RedisStore:
                 self._cache[session] = entry
             return Turn(state, entry.output if output else None, notes)
 
-        turn = self._call(op, lambda m: m.load_turn(session, output=output))
+        turn = self._call(op, lambda m: m.load_turn(session, output=output), damaged=lambda: self._repair(session))
         if self._local_note is not None:
             turn.notes.append(self._local_note)
         return turn
@@ -774,7 +912,7 @@ class RedisStore:
         def op() -> bool:
             return _revision(self._client.get(_skey(session, "rev")) or b"0") == cached.rev
 
-        return self._call(op, lambda m: m.output_holds(session, output))
+        return self._call(op, lambda m: m.output_holds(session, output), damaged=lambda: self._repair(session))
 
     def forget(self, session: str) -> None:
         with self._lock:
@@ -788,7 +926,7 @@ class RedisStore:
         raw = json.dumps(state, ensure_ascii=False, sort_keys=True).encode("utf-8")
 
         def op() -> None:
-            self._scripts["repair_rev"](keys=[_skey(session, "rev")], args=[f"{time.time():.6f}"])
+            self._repair(session)
             pipe = self._client.pipeline(transaction=True)
             pipe.set(_skey(session, "state"), raw)
             pipe.incr(_skey(session, "rev"))
@@ -826,7 +964,7 @@ class RedisStore:
             pipe.execute()
             return blob_id
 
-        return self._call(op, lambda m: m.put_blob(session, data, media_type))
+        return self._call(op, lambda m: m.put_blob(session, data, media_type), damaged=lambda: self._repair(session))
 
     def get_blob(self, session: str, blob_id: str) -> bytes:
         _check_blob_id(blob_id)
@@ -847,7 +985,7 @@ class RedisStore:
                 )
             return bytes(data)
 
-        return self._call(op, lambda m: m.get_blob(session, blob_id))
+        return self._call(op, lambda m: m.get_blob(session, blob_id), damaged=lambda: self._repair(session))
 
     def has_blob(self, session: str, blob_id: str) -> bool:
         return blob_id not in self.missing_blobs(session, [blob_id])
@@ -866,21 +1004,21 @@ class RedisStore:
             members, present = replies[0], replies[1:]
             return {b for b, m, p in zip(ids, members, present, strict=True) if not m or not p}
 
-        return self._call(op, lambda m: m.missing_blobs(session, ids))
+        return self._call(op, lambda m: m.missing_blobs(session, ids), damaged=lambda: self._repair(session))
 
     def blob_ids(self, session: str, prefix: str = "") -> list[str]:
         def op() -> list[str]:
             ids = (m.decode() for m in self._client.smembers(_skey(session, "blobs")))
             return sorted(i for i in ids if i.startswith(prefix))
 
-        return self._call(op, lambda m: m.blob_ids(session, prefix))
+        return self._call(op, lambda m: m.blob_ids(session, prefix), damaged=lambda: self._repair(session))
 
     def blob_media_type(self, session: str, blob_id: str) -> str | None:
         def op() -> str | None:
             value = self._client.hget(_skey(session, "media"), blob_id)
             return value.decode() if value is not None else None
 
-        return self._call(op, lambda m: m.blob_media_type(session, blob_id))
+        return self._call(op, lambda m: m.blob_media_type(session, blob_id), damaged=lambda: self._repair(session))
 
     def _maybe_extend_blobs(self, session: str, extended: bytes | None) -> None:
         """Every ``ttl_s / 2`` of a session's life, push the expiry of every blob it references
@@ -909,7 +1047,7 @@ class RedisStore:
             value = self._client.get(_skey(session, f"doc:{name}"))
             return bytes(value) if value is not None else None
 
-        return self._call(op, lambda m: m.read_doc(session, name))
+        return self._call(op, lambda m: m.read_doc(session, name), damaged=lambda: self._repair(session))
 
     def update_doc(self, session: str, name: DocName, update: Callable[[bytes | None], bytes | None]) -> None:
         key = _skey(session, f"doc:{name}")
@@ -935,7 +1073,7 @@ class RedisStore:
                     except redis.WatchError:
                         continue
 
-        self._call(op, lambda m: m.update_doc(session, name, update))
+        self._call(op, lambda m: m.update_doc(session, name, update), damaged=lambda: self._repair(session))
 
     def _forget_doc(self, session: str, name: str) -> None:
         with self._lock:
@@ -955,7 +1093,7 @@ class RedisStore:
                 self._touch_commands(pipe, session, f"doc:{name}")
             pipe.execute()
 
-        self._call(op, lambda m: m.write_doc(session, name, data))
+        self._call(op, lambda m: m.write_doc(session, name, data), damaged=lambda: self._repair(session))
 
     def doc_location(self, session: str, name: DocName) -> str:
         return f"{self.describe(session)}/{name}"
@@ -998,19 +1136,31 @@ class RedisStore:
             return
         if not self.settings.cluster:
             # One server: one transaction for every log, one round trip.
-            pipe = self._client.pipeline(transaction=True)
-            for log in logs:
-                self._append_command(pipe, log, record)
-            pipe.execute()
+            self._append_group(logs, record)
             return
         by_slot: dict[str, list[Log]] = {}
         for log in logs:
             by_slot.setdefault(_log_base(log).split("}", 1)[0], []).append(log)
         for group in by_slot.values():  # a Cluster transaction stays on one slot
-            pipe = self._client.pipeline(transaction=True)
-            for log in group:
-                self._append_command(pipe, log, record)
-            pipe.execute()
+            self._append_group(group, record)
+
+    def _append_group(self, logs: Sequence[Log], record: Mapping[str, Any], *, again: bool = True) -> None:
+        pipe = self._client.pipeline(transaction=True)
+        for log in logs:
+            self._append_command(pipe, log, record)
+        errors = [r for r in pipe.execute(raise_on_error=False) if isinstance(r, Exception)]
+        if not errors:
+            return
+        if not again or not all(isinstance(e, redis.ResponseError) and _wrong_type(e) for e in errors):
+            raise errors[0]
+        # A ledger key of the wrong type (its other commands went through): repaired, and the
+        # record appended again to each ledger whose records were removed (it starts anew).
+        found = {log: self._repair_log(log) for log in logs}
+        if not any(found.values()):
+            raise errors[0]
+        anew = [log for log, what in found.items() if any(w.split(" was ", 1)[0].endswith("records") for w in what)]
+        if anew:
+            self._append_group(anew, record, again=False)
 
     def append(self, logs: Sequence[Log], record: Mapping[str, Any]) -> None:
         self._call(lambda: self._append(logs, record), lambda m: m.append(logs, record))
@@ -1021,7 +1171,6 @@ class RedisStore:
         wanted = record.get(key)
         if isinstance(wanted, bool) or not isinstance(wanted, str | int | float):
             raise StoreError(f"append_once: record[{key!r}] must be a string or a number, got {wanted!r}")
-        base = _log_base(log)
         line = json.dumps(dict(record), ensure_ascii=False, sort_keys=True, allow_nan=False).encode("utf-8")
         session_log = log.kind in ("session", "descendants")
         ttl = self._ttl_ms if session_log else self._log_ttl_ms
@@ -1035,7 +1184,7 @@ class RedisStore:
         ]
 
         def op() -> Literal["added", "present", "full"]:
-            got = self._scripts["append_once"](keys=[base + ":records", base + ":gen"], args=[*args, str(ttl)])
+            got = self._scripts["append_once"](keys=_log_keys(log), args=[*args, str(ttl)])
             outcome = got.decode() if isinstance(got, bytes) else str(got)
             if session_log:
                 pipe = self._client.pipeline(transaction=True)
@@ -1048,7 +1197,6 @@ class RedisStore:
 
     def read_log(self, log: Log, cursor: Any = None) -> LogChunk:
         gen, offset = cursor if isinstance(cursor, tuple) and len(cursor) == 2 else ("", 0)
-        base = _log_base(log)
         with self._lock:
             self._logs_read[log] = None
             if len(self._logs_read) > 32:
@@ -1063,8 +1211,11 @@ class RedisStore:
                 return LogChunk([], cursor, False)
 
         def op() -> LogChunk:
-            reply = self._scripts["read_log"](keys=[base + ":records", base + ":gen"], args=[gen, str(offset)])
-            new_gen = reply[0].decode() if isinstance(reply[0], bytes) else str(reply[0])
+            reply = self._scripts["read_log"](keys=_log_keys(log), args=[gen, str(offset)])
+            if reply[2]:
+                found = [_text(f) for f in reply[2]]
+                _log.warning("store_damaged_keys", url=self.url, ledger=self.log_location(log), found=found)
+            new_gen = _text(reply[0])
             lines = [bytes(x) for x in reply[1]]
             restarted = cursor is not None and new_gen != gen
             start = 0 if new_gen != gen else offset
@@ -1080,7 +1231,7 @@ class RedisStore:
             raw = self._client.hgetall(_log_base(log) + ":totals")
             return {k.decode(): float(v) for k, v in raw.items()}
 
-        return self._call(op, lambda m: m.totals(log))
+        return self._call(op, lambda m: m.totals(log), damaged=lambda: self._repair_log(log))
 
     def log_location(self, log: Log) -> str:
         name = f"/{log.name}" if log.name else ""
@@ -1139,24 +1290,25 @@ class RedisStore:
         deadline = time.monotonic() + wait
         pause = 0.002
         prefetch = session is not None and not self.settings.cluster
+        keys, args = [key], [token, str(self._lease_ms), str(self._ttl_ms)]
+        if session is not None:  # its keys are repaired once the lock is taken
+            keys += [_skey(session, p) for p in ("state", "rev", *_SESSION_REST)]
         while True:
 
             def op() -> list[Any]:
                 if not prefetch:  # one script, no pipeline (a Cluster pipeline runs no scripts)
-                    return [self._scripts["acquire"](keys=[key], args=[token, str(self._lease_ms)]), []]
+                    return [self._scripts["acquire"](keys=keys, args=args), []]
                 pipe = self._client.pipeline(transaction=False)
                 # EVALSHA itself, not Script objects: a pipeline of those first asks the server
                 # whether it has the scripts (SCRIPT EXISTS), a round trip of its own.
-                self._evalsha(pipe, "acquire", [key], [token, str(self._lease_ms)])
+                self._evalsha(pipe, "acquire", keys, args)
                 logs: list[Log] = []
                 if session is not None:
                     self._evalsha(pipe, "load", *self._load_args(session, output=False))
                     pipe.mget([_skey(session, f"doc:{name}") for name in DOCS])
                     logs = list(self._logs_read)
                     for log in logs:
-                        base = _log_base(log)
-                        pipe.get(base + ":gen")
-                        pipe.llen(base + ":records")
+                        self._evalsha(pipe, "log_length", _log_keys(log), [])
                 try:
                     replies: list[Any] = pipe.execute()
                 except redis.exceptions.NoScriptError:
@@ -1182,9 +1334,8 @@ class RedisStore:
                             for name, v in zip(DOCS, replies[2], strict=True)
                         }
                         self._docs_prefetched[session] = (token, docs)
-                        for i, log in enumerate(logs):
-                            gen = lengths[2 * i]
-                            self._log_lengths[log] = (token, gen.decode() if gen else "", int(lengths[2 * i + 1]))
+                        for log, (gen, length) in zip(logs, lengths, strict=True):
+                            self._log_lengths[log] = (token, _text(gen), int(length))
                 self._renew_in_background(lease)
                 return lease
             left = deadline - time.monotonic()
@@ -1220,7 +1371,8 @@ class RedisStore:
     def prepares(self, session: str) -> list[tuple[float, float, str]]:
         """When each recent prepare of ``session`` held its lock: ``(acquired, released, holder)``
         in the server's clock, oldest first (the last 1000)."""
-        raw = self._call(lambda: self._client.lrange(_skey(session, "prepares"), 0, -1))
+        key = _skey(session, "prepares")
+        raw = self._call(lambda: self._client.lrange(key, 0, -1), damaged=lambda: self._repair(session))
         out = []
         for item in raw:
             start, end, holder = item.decode().split(" ", 2)
@@ -1244,7 +1396,8 @@ class RedisStore:
                 self._client.pexpire(key, self._ttl_ms, gt=False)
             return value
 
-        value = self._call(op, lambda m: m.secret(session, name, make))
+        repair = (lambda: self._repair(session, key)) if session is not None else None
+        value = self._call(op, lambda m: m.secret(session, name, make), damaged=repair)
         if self._local is None:
             self._secrets[(session, name)] = value
         return value
@@ -1268,6 +1421,14 @@ class RedisStore:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _wrong_type(exc: Exception) -> bool:
+    return "WRONGTYPE" in str(exc)
+
+
+def _text(raw: object) -> str:
+    return raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw or "")
 
 
 def _line(message: Mapping[str, Any]) -> bytes:
