@@ -265,6 +265,23 @@ def test_a_secret_is_made_once_for_every_worker(opener: Opener) -> None:
     assert b.secret(s, "injection-key", lambda: key_a) == a.secret(s, "injection-key", lambda: key_b) == key_a
 
 
+def test_a_secret_the_store_holds_is_found_without_making_one(opener: Opener) -> None:
+    """``existing_secret`` asks for a key without letting the store make one: a session's own
+    key (what ``sessions import`` brings) is found, in another worker too, and a session
+    without one is None. On Redis the key was made before the store was asked, so the refusal
+    to make one hid every stored key: an imported session lost its key, and an export from
+    Redis carried none."""
+    from ctxrules.injected import existing_secret
+
+    a, b = opener(), opener()
+    s, other = a.session_key("conv-own-key"), a.session_key("conv-no-key")
+    assert existing_secret(a, s) is None and existing_secret(a, None) is None
+    a.secret(s, "injection.key", lambda: b"c3" * 16)
+    a.secret(None, "injection.key", lambda: b"d4" * 16)
+    assert existing_secret(b, s) == b"c3" * 16 and existing_secret(b, None) == b"d4" * 16
+    assert existing_secret(b, other) is None
+
+
 def test_append_once_checks_and_appends_under_one_lock(opener: Opener) -> None:
     stores = [opener() for _ in range(4)]
     root = stores[0].session_key("conv-root")

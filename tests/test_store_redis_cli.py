@@ -4,6 +4,7 @@ filesystem with ``sessions export``/``import`` and back, byte for byte; one-line
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import os
@@ -63,14 +64,19 @@ def _populate(url: str) -> dict[str, bytes]:
 def test_a_session_moves_from_redis_to_the_filesystem_and_back_byte_for_byte(
     redis_server: RedisServer, redis_url: str, tmp_path: Path
 ) -> None:
+    from ctxrules.injected import existing_secret
     from ctxrules.stores.filesystem import FilesystemStore
     from ctxrules.stores.redis import RedisStore
 
     original = _populate(redis_url)
     assert len(original) == 4
+    key = b"e5" * 16  # the key the session's injected messages are signed with
+    RedisStore.from_url(redis_url).secret(None, "injection.key", lambda: key)
     out = ctxrules("sessions", "export", "conv-move", "--store", redis_url, "--to", "a.jsonl", cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     assert "4 vault item(s)" in out.stderr
+    records = [json.loads(line) for line in (tmp_path / "a.jsonl").read_text().splitlines()]
+    assert [base64.b64decode(r["data"]) for r in records if r.get("kind") == "secret"] == [key]
     state = tmp_path / "state"
     got = ctxrules("sessions", "import", "a.jsonl", "--store", f"file://{state}", cwd=tmp_path)
     assert got.returncode == 0, got.stderr
@@ -99,6 +105,7 @@ def test_a_session_moves_from_redis_to_the_filesystem_and_back_byte_for_byte(
     assert turn.state["fingerprint"] == "fp"
     assert store.read_doc("conv-back", "notes") == store.read_doc("conv-move", "notes")
     assert len(store.read_log(Log("session", "conv-back")).lines) == 1
+    assert existing_secret(store, "conv-back") == key  # it signs as it did before the moves
     store.close()
 
 

@@ -1388,9 +1388,13 @@ class RedisStore:
         key = _skey(session, f"secret:{name}") if session is not None else f"{PREFIX}{{secret}}:{name}"
 
         def op() -> bytes:
-            candidate = make()
-            # SET NX GET (Redis 7.0): the first writer's bytes win, and every caller gets them.
-            old = self._client.set(key, candidate, nx=True, get=True)
+            # What is there first: ``make`` may refuse to make one (``existing_secret`` asks
+            # only for a key the store holds, as a session's own key brought by an import).
+            old = self._client.get(key)
+            if old is None:
+                candidate = make()
+                # SET NX GET (Redis 7.0): the first writer's bytes win, and every caller gets them.
+                old = self._client.set(key, candidate, nx=True, get=True)
             value = bytes(old) if old is not None else candidate
             if session is not None:
                 self._client.pexpire(key, self._ttl_ms, gt=False)
