@@ -116,6 +116,26 @@ def test_ttls_are_refreshed_on_use_and_blobs_outlive_their_sessions(redis_url: s
     store.close()
 
 
+def test_garbage_in_keys_of_the_right_type_is_read_as_absent(redis_url: str, raw: Any) -> None:
+    """A blob upkeep time that is not a number, prepare records that are not ``start end
+    holder``: values ctxrules never writes, in keys of the type it writes. They read as
+    absent (the upkeep runs and rewrites its time; the record is skipped), never a
+    ValueError out of a turn."""
+    store = _store(redis_url + "?ttl_s=100")
+    s = "conv-garbage"
+    blob = store.put_blob(s, b"kept")
+    _turn(store, s, [{"role": "user", "content": "x"}])
+    raw.hset(f"ctxrules:v1:{{{s}}}:meta", "blobs_extended", "not a time")
+    raw.expire(f"ctxrules:v1:blob:{blob}", 5)
+    raw.lpush(f"ctxrules:v1:{{{s}}}:prepares", "junk", "1.0 nan x", "\xff\xfe")
+    _turn(store, s, [{"role": "user", "content": "y"}])
+    assert raw.ttl(f"ctxrules:v1:blob:{blob}") >= 100  # the upkeep ran
+    assert float(raw.hget(f"ctxrules:v1:{{{s}}}:meta", "blobs_extended")) > 0
+    held = store.prepares(s)
+    assert held and all(math.isfinite(a) and math.isfinite(b) for a, b, _ in held)
+    store.close()
+
+
 def test_an_output_changed_behind_the_store_is_a_cache_miss(redis_url: str, raw: Any) -> None:
     a = _store(redis_url)
     s = "conv-tamper"

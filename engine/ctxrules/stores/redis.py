@@ -42,6 +42,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import math
 import os
 import secrets
 import socket
@@ -1024,7 +1025,7 @@ class RedisStore:
         """Every ``ttl_s / 2`` of a session's life, push the expiry of every blob it references
         out to twice ``ttl_s`` from now (``EXPIRE GT`` never shortens one another session set)."""
         now = time.time()
-        if extended is not None and now - float(extended) < self.settings.ttl_s / 2:
+        if extended is not None and now - _seconds(extended) < self.settings.ttl_s / 2:
             return
         ids = list(self._client.smembers(_skey(session, "blobs")))
         pipe = self._client.pipeline(transaction=False)
@@ -1375,8 +1376,10 @@ class RedisStore:
         raw = self._call(lambda: self._client.lrange(key, 0, -1), damaged=lambda: self._repair(session))
         out = []
         for item in raw:
-            start, end, holder = item.decode().split(" ", 2)
-            out.append((float(start), float(end), holder))
+            parts = item.decode("utf-8", "replace").split(" ", 2)
+            if len(parts) == 3 and not math.isnan(_seconds(parts[0]) + _seconds(parts[1])):
+                out.append((_seconds(parts[0]), _seconds(parts[1]), parts[2]))
+            # else: an entry ctxrules did not write (a damaged list): not a prepare
         return out
 
     # --- secrets ----------------------------------------------------------------------------
@@ -1425,6 +1428,16 @@ class RedisStore:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _seconds(value: bytes | str) -> float:
+    """A time ctxrules wrote as a decimal number; NaN for anything else (a damaged value), which
+    every comparison treats as not recent."""
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        return math.nan
+    return seconds if math.isfinite(seconds) else math.nan
 
 
 def _wrong_type(exc: Exception) -> bool:
