@@ -190,7 +190,12 @@ def test_names_from_ledgers_and_reports_print_as_escapes(cli, tmp_path: Path) ->
     state = str(tmp_path / "st")
     model = "gpt-4o\x1b]0;owned\x07\x1b[2J\u202e"
     code, _, err = cli("usage", "add", "--state", state, "--model", model, "--prompt", "10")
+    assert code == 2 and "no model name has" in err  # not a model name: refused on the way in
+    code, _, err = cli("usage", "add", "--state", state, "--model", "gpt-4o", "--prompt", "10")
     assert code == 0, err
+    # A ledger written by another tool (or by hand) may hold it all the same.
+    for ledger in (tmp_path / "st").rglob("*.jsonl"):
+        ledger.write_text(ledger.read_text().replace('"gpt-4o"', json.dumps(model)))
     code, shown, err = cli("usage", "show", "--state", state)
     assert code == 0, err
     code, summary, err = cli("usage", "report", "--state", state, "--days", "2")

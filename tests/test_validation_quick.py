@@ -285,7 +285,11 @@ class _Text(str):
         ({"if": {"required": ["a"]}, "then": {"required": ["b"]}}, {"c": 1}, True),
         ({"then": {"required": ["b"]}}, {}, True),  # then without if does nothing
         ({"patternProperties": {"^x": {}}}, {}, None),  # keywords not modelled
-        ({"not": {}}, 1, None),
+        ({"not": {}}, 1, False),  # the empty schema admits everything: its negation nothing
+        ({"not": {"const": "no-entry"}}, "no-entry", False),
+        ({"not": {"const": "no-entry"}}, "mine", True),
+        ({"not": {"type": "integer"}}, 1.0, None),  # an integral float: not modelled, not negated
+        ({"not": {"contains": {}}}, [1], None),
         ({"x-custom": 1}, 1, None),
         ({"$ref": "#/$defs/n", "$defs": {"n": {"type": "integer"}}}, "x", False),
         ({"$ref": "https://example.com/s.json"}, 1, None),

@@ -483,6 +483,16 @@ def _if(c: _Compiler, value: Any, schema: Mapping[str, Any]) -> Check | None:
     return check
 
 
+def _not(c: _Compiler, value: Any, schema: Mapping[str, Any]) -> Check | None:
+    inner = c.node(value)
+
+    def check(instance: Any) -> Verdict:
+        holds = inner(instance)
+        return None if holds is None else not holds
+
+    return check
+
+
 _KEYWORDS: dict[str, Callable[[_Compiler, Any, Mapping[str, Any]], Check | None]] = {
     "type": _type,
     "enum": _enum,
@@ -506,6 +516,7 @@ _KEYWORDS: dict[str, Callable[[_Compiler, Any, Mapping[str, Any]], Check | None]
     "anyOf": _any_of,
     "oneOf": _one_of,
     "if": _if,
+    "not": _not,
 }
 
 
