@@ -738,3 +738,44 @@ def test_cli_run_then_vault_get_lines_returns_the_cut_lines(tmp_path: Path, cli:
     code, out, err = cli("vault", "get", marker.vault_id[:12], "--lines", f"{first}:{last}", "--session", str(session))
     assert code == 0, err
     assert out == "".join(BIG_TEXT.splitlines(keepends=True)[first - 1 : last])
+
+
+def test_a_spill_never_grows_what_it_stands_for(tmp_path: Path) -> None:
+    """At a usable window of one token every message is over the hard-spill limit. A short one
+    whose stand-in (marker, note, preview) would be longer stays as it is, and so does a
+    stand-in on the next turn: before, "Fix it" became a 266-character stand-in, then a
+    stand-in of the stand-in, 1,300 characters after four warm turns. A long message is still
+    spilled, and stays the same stand-in turn after turn."""
+    long = "".join(f"line {i} of a pasted log with some words\n" for i in range(200))
+    history: list[dict[str, Any]] = [
+        {"role": "user", "content": "Fix it"},
+        {"role": "assistant", "content": "ok"},
+        {"role": "user", "content": long},
+    ]
+    session = Engine.load("builtin:default").session(tmp_path / "s", model="gpt-4o", window=8193)
+    seen: list[list[str]] = []
+    for turn in range(5):
+        result = session.prepare(history)
+        contents = [m["content"] for m in result.messages if m["role"] == "user" and "<ctxrules:" not in m["content"]]
+        seen.append(contents)
+        assert "Fix it" in contents, contents
+        assert all(len(c) <= len(long) for c in contents)
+        history = [*history, {"role": "assistant", "content": f"ok {turn}"}]
+    spilled = [c for c in seen[0] if c != "Fix it"]
+    assert spilled and all(parse_markers(c) for c in spilled)
+    assert all(turn[-1] == seen[0][-1] for turn in seen), "the long message's stand-in changed between turns"
+
+
+def test_a_long_text_that_opens_like_a_stand_in_is_still_spilled(tmp_path: Path) -> None:
+    """Only a short text whose spill marker says it stands for more is left alone as a stand-in:
+    a 300,000-character paste opening with a copied spill marker is spilled like any other."""
+    session = Engine.load("builtin:default").session(tmp_path / "s", model="gpt-4o", window=32_000)
+    stand_in = session.prepare(
+        [{"role": "user", "content": "".join(f"pasted line {i} of a very long log\n" for i in range(20_000))}]
+    ).messages[0]["content"]
+    first_line = stand_in.split("\n", 1)[0]
+    assert "reason=spill" in first_line
+    paste = first_line + "\n" + "".join(f"another line {i} with words\n" for i in range(12_000))
+    out = session.prepare([{"role": "user", "content": "Fix it"}, {"role": "assistant", "content": "ok"},
+                           {"role": "user", "content": paste}]).messages  # fmt: skip
+    assert len(out[-1]["content"]) < len(paste) // 10

@@ -41,6 +41,7 @@ __all__ = [
     "VaultWriter",
     "format_marker",
     "format_ref",
+    "is_spill_stand_in",
     "parse_marker",
     "parse_markers",
     "parse_ref",
@@ -444,3 +445,20 @@ def parse_marker(text: str) -> Marker:
     if marker is None:
         raise VaultError(f"not a ctxrules marker: {text[:200]!r}")
     return marker
+
+
+def is_spill_stand_in(text: str) -> bool:
+    """Whether ``text`` is what :func:`ctxrules.stages.reduce.spill_summary` made: it opens with a spill marker.
+    Spilling it again would only stand a stand-in for a stand-in (two hops to the original)."""
+    if len(text) > _STAND_IN_CHARS or not text.startswith("[ctxrules:elided "):
+        return False  # (a long text that only opens like one is spilled like any other)
+    first = text[: text.find("\n")] if "\n" in text[:512] else text[:512]
+    markers = parse_markers(first)
+    if not markers or markers[0].extra.get("reason") != "spill":
+        return False
+    chars = markers[0].extra.get("chars", "")
+    return chars.isdigit() and len(chars) < 19 and int(chars) > len(text)  # it stands for more than it is
+
+
+# A stand-in is a marker, a sentence and a preview of spill_preview_tokens: far below this.
+_STAND_IN_CHARS = 200_000

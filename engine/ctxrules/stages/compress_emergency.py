@@ -47,6 +47,7 @@ from ctxrules.stages.compress_remove import apply_removal, plan_removal
 from ctxrules.stages.compress_truncate import TRUNCATE_OPTIONS, TruncateSettings
 from ctxrules.structure import pinned_indices
 from ctxrules.types import THRESHOLD_NAMES
+from ctxrules.vault import is_spill_stand_in
 
 # The instructions are never spilled: without them the request is not the agent's any more.
 _NEVER_SPILLED = frozenset({"system", "developer"})
@@ -148,6 +149,8 @@ class Emergency:
                 continue
             content = msg["content"]
             text = content if pos is None else content[pos]["text"]
+            if is_spill_stand_in(text):
+                continue  # spilled already: a stand-in for the stand-in would only add a hop
             vid = ctx.vault.put_text(text)
             what = "tool output" if msg.get("role") in ("tool", "function") else f"pinned {msg.get('role')} message"
             from ctxrules.stages.reduce import spill_summary  # not at import: validate builds the stage only

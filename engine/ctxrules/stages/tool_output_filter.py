@@ -67,7 +67,7 @@ from ctxrules.stages.filter_common import (
 from ctxrules.stores.base import StoreUnavailable
 from ctxrules.structure import Step, shape
 from ctxrules.toolroles import ROLE_ORDER, call_name, shell_command, tool_roles
-from ctxrules.vault import format_marker, parse_markers
+from ctxrules.vault import format_marker, is_spill_stand_in, parse_markers
 
 if TYPE_CHECKING:
     from ctxrules.pipeline.context import StageContext
@@ -538,8 +538,9 @@ class _Run:
         content = msg.get("content")
         what = "tool output" if msg.get("role") in _RESULT_ROLES else f"{msg.get('role')} message"
         if isinstance(content, str):
-            if len(content) > limit:
-                text, vid, fmt = self._spilled(content, what)
+            spilled = self._spilled(content, what) if len(content) > limit else None
+            if spilled is not None:
+                text, vid, fmt = spilled
                 self._commit(
                     index,
                     {**msg, "content": text},
@@ -556,20 +557,29 @@ class _Run:
             if not isinstance(part, Mapping) or part.get("type") != "text":
                 continue
             part_text = part.get("text")
-            if isinstance(part_text, str) and len(part_text) > limit:
-                new_text, vid, fmt = self._spilled(part_text, what)
+            if not isinstance(part_text, str) or len(part_text) <= limit:
+                continue
+            spilled = self._spilled(part_text, what)
+            if spilled is not None:
+                new_text, vid, fmt = spilled
                 parts[pos] = {**part, "text": new_text}
                 changed.append((vid, f"part {pos}: {len(part_text):,} chars ({fmt})"))
         if changed:
             detail = "; ".join(d for _, d in changed) + " spilled to the vault"
             self._commit(index, {**msg, "content": parts}, "spill", detail, changed[0][0])
 
-    def _spilled(self, text: str, what: str) -> tuple[str, str, str]:
-        vid = self.ctx.vault.put_text(text)
+    def _spilled(self, text: str, what: str) -> tuple[str, str, str] | None:
+        """The stand-in for ``text`` spilled whole, its vault id and format; None when the
+        stand-in (marker, note and preview) would not be shorter than ``text`` — a short text
+        at a tiny usable window, or a stand-in spilled again — so a spill never grows what it
+        stands for."""
+        if is_spill_stand_in(text):
+            return None
+        vid = self.ctx.vault.put_text(text)  # (content-addressed: a spill not taken leaves a copy)
         summary, fmt = spill_summary(
             text, vault_id=vid, count=self.count, preview_tokens=self.stage.spill_preview_tokens, what=what
         )
-        return summary, vid, fmt
+        return None if len(summary) >= len(text) else (summary, vid, fmt)
 
     # --- which results may be reduced ----------------------------------------------------------
 
