@@ -113,6 +113,52 @@ def test_lines_and_prefixes(tmp_path: Path) -> None:
         assert len(str(caught.value)) < 250, str(caught.value)
 
 
+def _with_output(tmp_path: Path, output: str) -> tuple[Any, str]:
+    """A session whose one tool output (``output``) was elided behind a marker: the session
+    and the marker's vault id."""
+    msgs = history()
+    msgs[3] = {**msgs[3], "content": output}
+    session = Engine.load("builtin:default").session(tmp_path / "s", model="gpt-4o", window=200_000)
+    out = session.prepare(msgs).messages
+    (marker, *_) = [m for m in line_markers(out) if session.vault.get(m.vault_id).decode() == output]
+    return session, marker.vault_id
+
+
+def test_lines_are_counted_as_markers_and_vault_get_count_them(tmp_path: Path) -> None:
+    """Only "\\n" ends a line: progress redraws ("\\r"), form feeds and the other characters
+    str.splitlines breaks at stay inside their line, so recall's A:B is vault get's A:B."""
+    output = "".join(
+        f"pkg{i} 10%\r pkg{i} 60%\r pkg{i} done\x0c\u2028 ok {(i * 7919) % 10007}\n" for i in range(1, 1500)
+    )
+    session, vault_id = _with_output(tmp_path, output)
+    for a, b in ((3, 4), (1, 1), (700, 702)):
+        assert session.recall({"id": vault_id, "lines": f"{a}:{b}"}) == session.vault.get_lines(vault_id, a, b).decode()
+    with pytest.raises(RecallError, match="1 <= a <= b"):
+        session.recall({"id": f"vault://{vault_id}#L5-L3"})
+    with pytest.raises(RecallError, match="1 <= a <= b"):
+        session.recall({"id": f"vault://{vault_id}#L0-L3"})
+
+
+def test_an_output_with_bytes_that_are_not_utf8_is_read_as_text(tmp_path: Path) -> None:
+    """`ctxrules compress` keeps a command's raw bytes: a Latin-1 byte in a build log. Recall
+    answers its lines (that byte as U+FFFD), numbered as the marker numbers them; only what is
+    media (a type that is not text/*, or NUL bytes) is a binary item."""
+    session, _ = _with_output(tmp_path, log(1))
+    raw = b"".join(b"compiling unit %d \xe9t\xe9\n" % i for i in range(1, 401))
+    vault_id = session.vault.put_bytes(raw)
+    image = session.vault.put_bytes(b"\x89PNG\r\n\x1a\n" + bytes(64), "image/png")
+    from ctxrules.recall import RecallSettings, answer_recall
+
+    settings = RecallSettings.from_pack(session.engine.pack.data)
+
+    def ask(vid: str, lines: str | None = None) -> str:
+        call = {"id": vid, **({"lines": lines} if lines else {})}
+        return answer_recall(call, vault=session.vault, allowed={vid}, count=len, settings=settings)
+
+    assert ask(vault_id, "5:6") == "compiling unit 5 \ufffdt\ufffd\ncompiling unit 6 \ufffdt\ufffd\n"
+    assert "binary item" in ask(image) and "image/png" in ask(image)
+
+
 def test_only_ids_this_sessions_markers_reference_are_answered(tmp_path: Path) -> None:
     session, out = prepared(tmp_path)
     referenced = {m.vault_id for msg in out for m in parse_markers(message_text(msg))}

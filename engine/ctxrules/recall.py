@@ -178,7 +178,10 @@ def _lines_of(text: str) -> list[str]:
             value = None
         if isinstance(value, list) and value and all(isinstance(m, dict) for m in value):
             return [json.dumps(m, ensure_ascii=False) + "\n" for m in value]
-    return text.splitlines(keepends=True)
+    # Only "\n" ends a line, as for markers and `vault get --lines` (str.splitlines would also
+    # break at "\r", "\f", "\x1c".."\x1e", "\x85", "\u2028": a progress bar's redraws).
+    parts = text.split("\n")
+    return [part + "\n" for part in parts[:-1]] + ([parts[-1]] if parts[-1] else [])
 
 
 def answer_recall(
@@ -215,16 +218,25 @@ def answer_recall(
     a, b = _parse_lines(arguments.get("lines"))
     if a is None and b is None and match.group(2):
         a, b = int(match.group(2)), int(match.group(3))
+        if a < 1 or b < a:
+            raise RecallError(f"{_shown(ref)}: the range #La-Lb needs 1 <= a <= b")
     try:
         data = vault.get(vault_id)
     except VaultError as exc:
         raise RecallError(f"the item {vault_id[:16]}… is missing from the vault: {exc}") from None
+    media = vault.media_type(vault_id)
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError:
+        text = None
+    if text is None and (media is None or media.startswith("text/")) and b"\x00" not in data[:8192]:
+        # Output with a stray byte that is not UTF-8 (a Latin-1 log): its lines as text, that
+        # byte shown as U+FFFD; the line numbers are the markers' (only "\n" ends a line).
+        text = data.decode("utf-8", "replace")
+    if text is None or (media is not None and not media.startswith("text/")):
         return (
-            f"[ctxrules:recall binary item vault://{vault_id}: {len(data)} bytes (an image "
-            "or other media), which cannot be shown as text]"
+            f"[ctxrules:recall binary item vault://{vault_id}: {len(data)} bytes "
+            f"({media or 'an image or other media'}), which cannot be shown as text]"
         )
     lines = _lines_of(text)
     first = a or 1
