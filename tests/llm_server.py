@@ -48,6 +48,7 @@ import json
 import threading
 import time
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
@@ -118,6 +119,7 @@ class Reply:
     interval_s: float = 0.0
     finish_reason: str = "stop"
     usage: bool = True
+    usage_details: tuple[tuple[str, Any], ...] = ()  # more keys of the usage object
 
 
 @dataclass(frozen=True)
@@ -150,10 +152,19 @@ class StreamError:
 Behaviour = Reply | Silent | HTTPError | StreamError
 
 
-def reply(text: str, *, chunk_chars: int = 8, finish_reason: str = "stop", usage: bool = True) -> Reply:
+def reply(
+    text: str,
+    *,
+    chunk_chars: int = 8,
+    finish_reason: str = "stop",
+    usage: bool = True,
+    usage_details: Mapping[str, Any] | None = None,
+) -> Reply:
     """A completion whose content is ``text``, streamed ``chunk_chars`` characters at a time;
-    ``usage=False``: the stream ends without a usage chunk."""
-    return Reply(text, chunk_chars=max(1, chunk_chars), finish_reason=finish_reason, usage=usage)
+    ``usage=False``: the stream ends without a usage chunk; ``usage_details``: more keys of the
+    usage object (``completion_tokens_details``, ...)."""
+    details = tuple((usage_details or {}).items())
+    return Reply(text, chunk_chars=max(1, chunk_chars), finish_reason=finish_reason, usage=usage, usage_details=details)
 
 
 def stream_error(
@@ -426,7 +437,7 @@ def _make_handler(server: LLMServer) -> type[BaseHTTPRequestHandler]:
                             "message": {"role": "assistant", "content": behaviour.text},
                         }
                     ],
-                    "usage": _usage(behaviour.text),
+                    "usage": {**_usage(behaviour.text), **dict(behaviour.usage_details)},
                 },
             )
 
@@ -473,7 +484,7 @@ def _make_handler(server: LLMServer) -> type[BaseHTTPRequestHandler]:
                 self._event(self._delta(text[start : start + behaviour.chunk_chars]))
             final = self._delta(None, behaviour.finish_reason)
             if behaviour.usage:
-                final["usage"] = _usage(text)
+                final["usage"] = {**_usage(text), **dict(behaviour.usage_details)}
             self._event(final)
             self._event("[DONE]")
             self._end_stream()

@@ -245,3 +245,22 @@ def test_acomplete_streams_with_the_same_recovery_and_usage(session: Any) -> Non
     assert content_of(chunks) == TEXT and stream.recovered and len(requests) == 3
     assert stream.record is not None and stream.record["tokens"]["completion"] == len(TEXT) // 4
     assert [rec["source"] for rec in ledger_lines(session)] == ["stream"]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_usage_the_ledger_refuses_never_costs_the_reply(session: Any, stream: bool) -> None:
+    """A provider billing reasoning apart reports reasoning tokens above the completion tokens:
+    usage the ledger refuses. The reply (paid for) is returned all the same, the call's tokens are
+    counted into the ledger instead, and the attempt says why."""
+    odd = {"completion_tokens_details": {"reasoning_tokens": 500}}
+    with LLMServer() as server:
+        server.script(reply(TEXT, chunk_chars=5, usage_details=odd))
+        done = session.complete(
+            [{"role": "user", "content": "fix it"}], model=MODEL, stream=stream, api_base=server.base_url, api_key="k"
+        )
+        text = content_of(list(done)) if stream else done.response.choices[0].message.content
+        assert len(server.requests) == 1
+    assert text == TEXT
+    assert "reasoning tokens (500) exceed" in done.attempts[-1]["usage_refused"]
+    (record,) = ledger_lines(session)
+    assert record["source"] in ("counted", "stream-counted") and record["tokens"]["completion"] > 0

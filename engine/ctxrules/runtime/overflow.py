@@ -20,13 +20,14 @@ import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ctxrules.errors import CompletionFailed
+from ctxrules.budget.usage import TokenUsage
+from ctxrules.errors import CompletionFailed, UsageError
 from ctxrules.injected import InjectionKey, key_scope
 from ctxrules.llm import load_litellm, quiet
 from ctxrules.logs import get_logger
 from ctxrules.pipeline.context import StageContext
 from ctxrules.results import PrepareResult
-from ctxrules.runtime.streaming import AsyncCompletionStream, CompletionStream
+from ctxrules.runtime.streaming import AsyncCompletionStream, CompletionStream, _get
 
 if TYPE_CHECKING:
     from ctxrules.models import ModelInfo
@@ -186,7 +187,7 @@ def complete(
         if stream:
             return CompletionStream(session, prepared, call_model, sent, attempts, response, first, ended=ended)
         attempts[-1]["ok"] = True
-        _record(session, call_model, response, ok=True)
+        _record(session, call_model, response, ok=True, sent=sent, attempts=attempts)
         return Completion(response, prepared, recovered=attempt > 0, attempts=attempts)
     raise CompletionFailed("model call failed after the overflow recovery")  # pragma: no cover - loop returns
 
@@ -226,7 +227,7 @@ async def acomplete(
         if stream:
             return AsyncCompletionStream(session, prepared, call_model, sent, attempts, response, first, ended=ended)
         attempts[-1]["ok"] = True
-        _record(session, call_model, response, ok=True)
+        _record(session, call_model, response, ok=True, sent=sent, attempts=attempts)
         return Completion(response, prepared, recovered=attempt > 0, attempts=attempts)
     raise CompletionFailed("model call failed after the overflow recovery")  # pragma: no cover - loop returns
 
@@ -286,10 +287,37 @@ async def _afirst_chunk(response: Any) -> tuple[Any, bool]:
         return None, True
 
 
-def _record(session: OverflowSession, model: str, response: Any, *, ok: bool) -> None:
-    """Usage into the session's ledger when there is one (failed calls record nothing)."""
+def _record(
+    session: OverflowSession, model: str, response: Any, *, ok: bool, sent: Any, attempts: list[dict[str, Any]]
+) -> None:
+    """Usage into the session's ledger when there is one (failed calls record nothing). Usage
+    the ledger refuses (reasoning tokens above the completion tokens, as a provider billing them
+    apart reports) never costs the caller the reply it paid for: the call's tokens are counted
+    instead, and the attempt says why."""
     recorder = getattr(session, "record_usage", None)
     if not ok or recorder is None or response is None:
         return
-    if getattr(response, "usage", None) is not None:
+    if getattr(response, "usage", None) is None:
+        return
+    try:
         recorder(response, model=model)  # the ledger reads litellm's ModelResponse itself
+    except UsageError as exc:
+        attempts[-1]["usage_refused"] = str(exc)[:300]
+        choices = _get(response, "choices") or [None]
+        reply = _get(choices[0], "message") if choices[0] is not None else None
+        text = "".join(_reply_parts(reply))
+        counter = session.counter
+        usage = TokenUsage.of(prompt=counter.count_messages(sent), completion=counter.count_text(text) if text else 0)
+        recorder(usage, model=model, source="counted")
+
+
+def _reply_parts(reply: Any) -> list[str]:
+    """The text of a reply message: its content and its tool calls' names and arguments."""
+    if reply is None:
+        return []
+    content = _get(reply, "content")
+    parts = [content] if isinstance(content, str) else []
+    for call in _get(reply, "tool_calls") or []:
+        fn = _get(call, "function")
+        parts.extend(p for p in (_get(fn, "name"), _get(fn, "arguments")) if isinstance(p, str))
+    return parts

@@ -21,7 +21,7 @@ from collections.abc import AsyncIterator, Iterator
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ctxrules.budget.usage import TokenUsage
-from ctxrules.errors import CompletionFailed
+from ctxrules.errors import CompletionFailed, UsageError
 
 if TYPE_CHECKING:
     from ctxrules.results import PrepareResult
@@ -98,8 +98,11 @@ class _StreamState:
             return
         self.attempts[-1].update(ok=True, chunks=self.chunks)
         if self.usage_chunk is not None:
-            self.record = self.session.record_usage(self.usage_chunk, model=self.model, source="stream")
-            return
+            try:
+                self.record = self.session.record_usage(self.usage_chunk, model=self.model, source="stream")
+                return
+            except UsageError as exc:  # usage the ledger refuses: the chunks were delivered, count them
+                self.attempts[-1]["usage_refused"] = str(exc)[:300]
         counter = self.session.counter
         prompt = counter.count_messages(self.sent, self.prepared.tools)
         completion = counter.count_text(self.text) if self.text else 0
