@@ -364,3 +364,13 @@ def test_a_large_output_streams_into_a_redis_vault(tmp_path: Path, redis_url: st
     ref = squeezed.stdout.split("vault://")[1][:64]
     back = ctxrules("vault", "get", ref, *store, cwd=tmp_path)
     assert back.returncode == 0 and back.stdout == (tmp_path / "big.txt").read_text()
+
+
+@pytest.mark.parametrize("store", [(), ("--store", "file://S")])
+def test_resuming_a_session_that_is_not_there_writes_nothing(tmp_path: Path, store: tuple[str, ...]) -> None:
+    """A mistyped session: CR147, exit 2, and no folder, parent or lock file left behind (the
+    prepare lock used to make them before finding nothing to resume)."""
+    (tmp_path / "S").mkdir()
+    got = ctxrules("sessions", "resume", "S/typo/deep/conv", *store, cwd=tmp_path)
+    assert got.returncode == 2 and "[CR147]" in got.stderr and "Traceback" not in got.stderr, got.stderr
+    assert list((tmp_path / "S").iterdir()) == []

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 from ctxrules.errors import CtxrulesError
 from ctxrules.json_stream import write_json_list
 from ctxrules.stores import store_and_session
+from ctxrules.stores.base import StoreUsageError
 from ctxrules.vault import Vault
 
 if TYPE_CHECKING:
@@ -262,6 +263,8 @@ def scan(state_root: Path | Store) -> list[Interrupted]:
 def resume(session: Path | str, *, store: Store | None = None) -> list[dict[str, Any]]:
     """Restore the state from before the interrupted compaction; return the backed-up messages."""
     st, key = _where(session, store)
+    if not st.exists(key):  # before the lock, which would make the session (and its folders)
+        raise StoreUsageError("CR147", f"no session {st.describe(key)} to resume")
     with st.prepare_lock(key):
         hit = check(key, store=st)
         data = read(key, store=st) or {}
