@@ -446,6 +446,40 @@ def test_plugins_all_json(cli) -> None:  # type: ignore[no-untyped-def]
     assert all(not p["builtin"] for p in json.loads(out))
 
 
+@pytest.mark.parametrize(
+    "pack",
+    [
+        "{apiVersion: ctxrules/v1, kind: RulePack, metadata: {name: x, version: 1.0.0}, contxt: 1}\n",
+        json.dumps(
+            {
+                "apiVersion": "ctxrules/v1",
+                "kind": "RulePack",
+                "metadata": {"name": "x", "version": "1.0.0"},
+                "contxt": 1,
+            }
+        )
+        + "\n",
+        '{\n  "kind": "RulePack",\n  "apiVersion": "ctxrules/v1",\n  "contxt": 1\n}\n',
+        "'apiVersion': 'ctxrules/v1'\n'kind': 'RulePack'\nmetadata: {name: x, version: 1.0.0}\ncontxt: 1\n",
+    ],
+    ids=["flow", "json", "json-indented", "quoted-keys"],
+)
+def test_skip_non_packs_checks_a_pack_in_flow_or_json_style(  # type: ignore[no-untyped-def]
+    cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pack: str
+) -> None:
+    """What the pre-commit hook runs must not pass over a pack written as flow YAML or JSON (it
+    used to find the keys only at the start of a line, unquoted), nor check YAML that only
+    mentions them (a comment, a sentence)."""
+    (tmp_path / "pack.yaml").write_text(pack, encoding="utf-8")
+    (tmp_path / "notes.yaml").write_text("# apiVersion: ctxrules/v1\ntext: the kind: RulePack of it\n")
+    monkeypatch.chdir(tmp_path)
+    code, out, _ = cli("validate", "--skip-non-packs", "pack.yaml", "notes.yaml")
+    assert code == 1 and "CR010" in out, out
+    assert out.splitlines()[-1].startswith("1 file checked, 1 skipped (not rule packs)")
+    code, out, _ = cli("validate", ".")  # a folder: the same decision
+    assert code == 1 and "pack.yaml" in out and "notes.yaml" not in out, out
+
+
 def test_skip_non_packs_skips_and_counts_named_yaml_files_that_are_not_packs(  # type: ignore[no-untyped-def]
     cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -302,7 +302,16 @@ def is_pack_file(path: Path) -> bool:
         head = path.read_text(encoding="utf-8", errors="replace")
     except OSError:
         return True  # let validation report the read error
-    return bool(re.search(r"^(apiVersion:\s*['\"]?ctxrules/|kind:\s*['\"]?RulePack\b)", head, re.M))
+    return bool(_PACK_KEY.search(head))
+
+
+# `apiVersion: ctxrules/...` or `kind: RulePack` as a key: block style, flow style
+# (`{apiVersion: ctxrules/v1, ...}`) or JSON (`{"kind": "RulePack"}`), keys and values quoted or not.
+_Q = "(?:\"|')?"  # an optional quote
+_PACK_KEY = re.compile(
+    rf"(?:^[ \t]*|[{{,][ \t]*){_Q}(?:apiVersion{_Q}\s*:\s*{_Q}ctxrules/|kind{_Q}\s*:\s*{_Q}RulePack\b)",
+    re.M,
+)
 
 
 def collect_files(
