@@ -98,6 +98,22 @@ def test_proxy_exit_codes(tmp_path: Path, argv: list[str], code: int, message: s
     assert b"Traceback" not in proc.stderr
 
 
+@pytest.mark.parametrize(
+    ("store", "message"),
+    [
+        (["--store", "bogus://x"], "[CR145] unknown store URL 'bogus://x'"),
+        (["--store", "file://a", "--state", "b"], "[CR145] give --store URL or --state DIR, not both"),
+    ],
+)
+@pytest.mark.parametrize("raw", [[], ["--raw"]], ids=["compressed", "raw"])
+def test_a_bad_store_is_125_and_runs_nothing(tmp_path: Path, store: list[str], message: str, raw: list[str]) -> None:
+    proc = ctxrules("compress", *store, *raw, "--", "sh", "-c", "touch ran; echo hi", tmp=tmp_path)
+    assert proc.returncode == 125, proc.stderr
+    assert message in proc.stderr.decode() and b"Traceback" not in proc.stderr
+    assert not (tmp_path / "ran").exists() and proc.stdout == b""
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
 def test_not_executable_is_126(tmp_path: Path) -> None:
     script = tmp_path / "plain.sh"
     script.write_text("echo hi\n", encoding="utf-8")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -132,3 +133,68 @@ def test_ctrl_c_typed_at_a_terminal_reaches_the_command(tmp_path: Path) -> None:
     text = buf.decode("utf-8", "replace")
     assert "partial-output" in text and "[ctxrules:elided" in text
     assert group_gone(int((tmp_path / "READY").read_text()))
+
+
+# A command that ends by itself leaving a background job: the job inherits the output pipe and
+# holds it open, but CMD's end is the end of the wait. GROUP is CMD's group id (its pid), which
+# its background jobs share: the cleanup kills them whatever the test's outcome.
+def cleanup(tmp_path: Path, proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.kill()
+    proc.communicate()
+    with contextlib.suppress(FileNotFoundError, ValueError, ProcessLookupError, PermissionError):
+        os.killpg(int((tmp_path / "GROUP").read_text()), signal.SIGKILL)
+
+
+def full_output(tmp_path: Path, out: bytes) -> bytes:
+    """What the command wrote: the vault's copy when the output was compressed, else ``out``."""
+    vault_id = re.search(rb"vault://([0-9a-f]{64})", out)
+    if vault_id is None:
+        return out
+    got = subprocess.run(
+        [sys.executable, "-m", "ctxrules.cli.main", "vault", "get", vault_id.group(1).decode()],
+        cwd=tmp_path,
+        env=ENV,
+        capture_output=True,
+        timeout=60,
+    )
+    assert got.returncode == 0, got.stderr
+    return got.stdout
+
+
+def test_a_background_job_is_not_waited_for_and_keeps_running(tmp_path: Path) -> None:
+    proc = start(tmp_path, "echo $$ > GROUP; sleep 30 & echo $! > JOB; seq 1 5; printf 'last, no newline'; exit 3")
+    try:
+        out, err = proc.communicate(timeout=20)  # well before the job's 30 s sleep ends
+        assert proc.returncode == 3, err
+        assert out == b"1\n2\n3\n4\n5\nlast, no newline"
+        os.kill(int((tmp_path / "JOB").read_text()), 0)  # the job is still running
+    finally:
+        cleanup(tmp_path, proc)
+
+
+def test_everything_written_just_before_the_end_is_kept_with_a_job_left(tmp_path: Path) -> None:
+    # 200,001 lines: a large output, streamed into the vault; its last bytes are still in the
+    # pipe when the command exits.
+    proc = start(tmp_path, "echo $$ > GROUP; sleep 30 & seq 1 200000; printf 'the end'")
+    try:
+        out, err = proc.communicate(timeout=20)
+        assert proc.returncode == 0, err
+        assert full_output(tmp_path, out) == "".join(f"{i}\n" for i in range(1, 200001)).encode() + b"the end"
+    finally:
+        cleanup(tmp_path, proc)
+
+
+def test_a_job_that_keeps_writing_does_not_hold_ctxrules_and_the_command_output_is_whole(tmp_path: Path) -> None:
+    # One write per line from both (atomic in a pipe), so their lines interleave but stay whole.
+    own = "import os\nfor i in range(1, 20001):\n    os.write(1, b'%d\\n' % i)\nos.write(1, b'own-last\\n')\n"
+    (tmp_path / "own.py").write_text(own, encoding="utf-8")
+    script = f"echo $$ > GROUP; while :; do echo bg-noise; done & {shlex.quote(sys.executable)} own.py; exit 4"
+    proc = start(tmp_path, script)
+    try:
+        out, err = proc.communicate(timeout=20)
+        assert proc.returncode == 4, err
+        lines = [line for line in full_output(tmp_path, out).decode().splitlines() if line != "bg-noise"]
+        assert lines == [str(i) for i in range(1, 20001)] + ["own-last"]
+    finally:
+        cleanup(tmp_path, proc)

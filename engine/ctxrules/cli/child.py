@@ -6,6 +6,15 @@ ctxrules. While it runs, SIGINT, SIGTERM and SIGHUP sent to ctxrules (by a termi
 agent's timeout, a closed terminal) are forwarded to that group; a second one is SIGKILL. Output
 read before the command ended is kept, so it can still be compressed, printed and vaulted.
 
+A command that ends by itself keeps its background jobs (``sh -c 'server & echo started'``),
+and ctxrules does not wait for them, though they hold the output pipe open. Once the command
+has exited, everything it wrote is in the pipe, ahead of anything written later, and a pipe
+holds at most its capacity: ctxrules reads on until the pipe has been empty for
+:data:`QUIET_S` (the last lines of something the command started just before it exited), for
+at most :data:`GRACE_S`, but never less than a pipe's capacity while bytes keep coming; then it
+closes the pipe. A background job's later output is not read (a job writing to the closed pipe
+gets SIGPIPE, as with any reader that went away): redirect it, ``server > log 2>&1 &``.
+
 When standard input is a terminal whose foreground group is ours, the command's group gets the
 terminal for as long as it runs (as a shell gives it to a job): a command that reads the terminal
 is not stopped, and Ctrl-C goes straight to it. The terminal is handed back afterwards.
@@ -19,6 +28,7 @@ import select
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator
 from types import FrameType
 from typing import IO, Any
@@ -27,6 +37,11 @@ __all__ = ["FORWARDED", "Child"]
 
 _POSIX = hasattr(os, "killpg")
 FORWARDED = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name))
+QUIET_S = 0.1
+"""Once the command has exited by itself, the pipe staying empty this long ends the reading ..."""
+GRACE_S = 1.0
+"""... as does this long since the command exited, once a pipe's capacity has been read."""
+_PIPE_CAPACITY = 1 << 20  # Linux's default pipe-max-size, where F_GETPIPE_SZ is missing
 
 
 class Child:
@@ -101,9 +116,14 @@ class Child:
         fd = stream.fileno()
         while True:
             if _POSIX:
-                # Wake up now and then: after a forwarded signal, something the command left
-                # running may keep the pipe open; once the command itself has ended, end it.
+                # Wake up now and then: something the command left running may keep the pipe
+                # open. Once the command itself has ended: by itself, read what it wrote and
+                # leave its background jobs be; after a forwarded signal, end them.
                 ready, _, _ = select.select([fd], [], [], 0.2)
+                if self.signal is None and self.proc.poll() is not None:
+                    yield from _rest(fd)
+                    stream.close()
+                    return
                 if not ready:
                     if self.signal is not None and self.proc.poll() is not None:
                         self._kill()
@@ -151,6 +171,32 @@ class Child:
         if self._tty is not None:
             _set_foreground(self._tty, os.getpgrp())
             self._tty = None
+
+
+def _rest(fd: int) -> Iterator[bytes]:
+    """What is left in the pipe of a command that has exited: everything it wrote (at most a
+    pipe's capacity, ahead of later writes), and what comes while the pipe is not quiet for
+    QUIET_S, up to GRACE_S (see the module's docstring)."""
+    owed = _capacity(fd)
+    end = time.monotonic() + GRACE_S
+    while owed > 0 or time.monotonic() < end:
+        ready, _, _ = select.select([fd], [], [], QUIET_S)
+        if not ready:
+            return
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            return
+        owed -= len(chunk)
+        yield chunk
+
+
+def _capacity(fd: int) -> int:
+    try:
+        import fcntl
+
+        return int(fcntl.fcntl(fd, fcntl.F_GETPIPE_SZ))
+    except (ImportError, AttributeError, OSError):
+        return _PIPE_CAPACITY
 
 
 def _foreground_tty() -> int | None:

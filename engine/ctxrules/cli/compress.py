@@ -4,12 +4,14 @@ Proxy mode: ``ctxrules compress [--pack P] [--raw] [--stream] [--stats] -- CMD A
 CMD with its standard error merged into its standard output (as an agent's shell tool sees
 them), prints nothing until it ends, then prints the compressed output, stores the full
 output in the session's vault and exits with CMD's exit code (128+N when a signal N ended
-it). Exit 125 when ctxrules itself cannot start (bad pack, bad option), 126 when CMD is not
-executable and 127 when it is not found, as ``env`` and ``timeout`` do. A failure of ctxrules
-*after* CMD ran (a rule that misbehaves, a vault that cannot be written) prints the full,
-uncompressed output, warns on standard error, and still exits with CMD's code. CMD runs in its
-own process group; SIGINT, SIGTERM and SIGHUP are forwarded to it (:mod:`ctxrules.cli.child`),
-and what it wrote before a signal ended it is still compressed, vaulted and printed. A pack
+it). Exit 125 when ctxrules itself cannot start (bad pack, bad option, bad store: CMD does not
+run), 126 when CMD is not executable and 127 when it is not found, as ``env`` and ``timeout``
+do. A failure of ctxrules *after* CMD ran (a rule that misbehaves, a vault that cannot be
+written) prints the full, uncompressed output, warns on standard error, and still exits with
+CMD's code. CMD runs in its own process group; SIGINT, SIGTERM and SIGHUP are forwarded to it
+(:mod:`ctxrules.cli.child`), and what it wrote before a signal ended it is still compressed,
+vaulted and printed. A background job CMD leaves (``sh -c 'server & ...'``) is not waited for
+and keeps running; what it writes after CMD ended is not part of the output. A pack
 pattern that times out is recorded in the session's ``state.json`` (``compress`` section), so
 later ``compress`` processes of the session skip it at once (:mod:`ctxrules.patterns`).
 
@@ -42,7 +44,7 @@ from ctxrules.models import lookup_model
 from ctxrules.packs.validated import load_pack
 from ctxrules.patterns import STATE_KEY, remembering
 from ctxrules.plugins import default_registry
-from ctxrules.stores import Store, store_from_options
+from ctxrules.stores import Store
 from ctxrules.tokens import TokenCounter
 from ctxrules.vault import Vault
 
@@ -96,9 +98,12 @@ def register(sub: Any) -> None:
 
 def _session(args: argparse.Namespace) -> tuple[Store, str]:
     """The store and the session whose vault keeps the full output (and whose state remembers
-    timed-out patterns)."""
-    store = store_of(args)
-    return store, session_key(store, args.session)
+    timed-out patterns), opened once, before any input is read or CMD runs."""
+    opened: tuple[Store, str] | None = getattr(args, "opened_session", None)
+    if opened is None:
+        store = store_of(args)
+        opened = args.opened_session = (store, session_key(store, args.session))
+    return opened
 
 
 def _load(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
@@ -253,6 +258,9 @@ def _status(child: Child, returncode: int) -> int:
 
 def _proxy(args: argparse.Namespace, argv: list[str]) -> int:
     try:
+        # A bad --store (an unknown scheme, --state too) stops ctxrules before CMD runs: 125,
+        # not 2, which could be CMD's own code.
+        _session(args)
         pack, counter = _load(args)
     except CtxrulesError as exc:
         _note(f"error: {exc}")
@@ -406,14 +414,13 @@ def _read_into(handle: IO[bytes], capture: Capture) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    # The store is named before any command runs: a bad --store is a usage error up front.
-    store_from_options(args.store, args.state)
     argv = list(args.argv)
     if argv and argv[0] == "--":
         argv = argv[1:]
     if args.command_line is not None:
         if argv:
             raise UsageError("give either --command with --input, or a command after --, not both")
+        _session(args)  # a bad --store is a usage error before the input is read
         return _filter(args)
     if args.input is not None or args.exit_code is not None:
         raise UsageError('--input and --exit-code need --command "CMD"')
