@@ -30,7 +30,8 @@ Behaviours (frozen dataclasses; build them with the helper functions):
 - :func:`stream_error` — a stream that sends ``prefix`` and then an error event (``data:
   {"error": ...}``, as OpenAI-compatible servers report a failure mid-stream).
 
-``reply(..., usage=False)`` streams without the final usage chunk (providers that send none).
+``reply(..., usage=False)`` streams without the final usage chunk (providers that send none);
+``usage={...}`` sends that usage object instead of the one counted from the text.
 
 ``LLMServer(strict=True)`` checks every request's messages the way OpenAI does: a message key
 its role does not define (or a tool-call key other than ``id``/``type``/``function``) is
@@ -48,7 +49,6 @@ import json
 import threading
 import time
 from collections import deque
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
@@ -118,8 +118,7 @@ class Reply:
     chunk_chars: int = 8
     interval_s: float = 0.0
     finish_reason: str = "stop"
-    usage: bool = True
-    usage_details: tuple[tuple[str, Any], ...] = ()  # more keys of the usage object
+    usage: bool | dict[str, Any] = True
 
 
 @dataclass(frozen=True)
@@ -153,18 +152,11 @@ Behaviour = Reply | Silent | HTTPError | StreamError
 
 
 def reply(
-    text: str,
-    *,
-    chunk_chars: int = 8,
-    finish_reason: str = "stop",
-    usage: bool = True,
-    usage_details: Mapping[str, Any] | None = None,
+    text: str, *, chunk_chars: int = 8, finish_reason: str = "stop", usage: bool | dict[str, Any] = True
 ) -> Reply:
     """A completion whose content is ``text``, streamed ``chunk_chars`` characters at a time;
-    ``usage=False``: the stream ends without a usage chunk; ``usage_details``: more keys of the
-    usage object (``completion_tokens_details``, ...)."""
-    details = tuple((usage_details or {}).items())
-    return Reply(text, chunk_chars=max(1, chunk_chars), finish_reason=finish_reason, usage=usage, usage_details=details)
+    ``usage=False``: the stream ends without a usage chunk; a dict: the usage sent."""
+    return Reply(text, chunk_chars=max(1, chunk_chars), finish_reason=finish_reason, usage=usage)
 
 
 def stream_error(
@@ -437,7 +429,7 @@ def _make_handler(server: LLMServer) -> type[BaseHTTPRequestHandler]:
                             "message": {"role": "assistant", "content": behaviour.text},
                         }
                     ],
-                    "usage": {**_usage(behaviour.text), **dict(behaviour.usage_details)},
+                    "usage": _usage_of(behaviour),
                 },
             )
 
@@ -484,7 +476,7 @@ def _make_handler(server: LLMServer) -> type[BaseHTTPRequestHandler]:
                 self._event(self._delta(text[start : start + behaviour.chunk_chars]))
             final = self._delta(None, behaviour.finish_reason)
             if behaviour.usage:
-                final["usage"] = {**_usage(text), **dict(behaviour.usage_details)}
+                final["usage"] = _usage_of(behaviour)
             self._event(final)
             self._event("[DONE]")
             self._end_stream()
@@ -517,3 +509,7 @@ def _make_handler(server: LLMServer) -> type[BaseHTTPRequestHandler]:
 def _usage(text: str) -> dict[str, int]:
     completion = max(1, len(text) // 4)
     return {"prompt_tokens": 10, "completion_tokens": completion, "total_tokens": 10 + completion}
+
+
+def _usage_of(behaviour: Reply) -> dict[str, Any]:
+    return behaviour.usage if isinstance(behaviour.usage, dict) else _usage(behaviour.text)

@@ -183,6 +183,22 @@ def test_turn_cost_cache_savings_burn_rate_and_eta(tmp_path: Path) -> None:
     assert nxt.report["budget_status"]["turn"]["calls"] == 1
 
 
+@pytest.mark.parametrize("window", [10, 59.5])
+def test_a_burn_window_under_a_minute_averages_over_a_minute(tmp_path: Path, window: float) -> None:
+    e = make_engine(tmp_path, f"budgets:\n  session: {{tokens: 1000000}}\n  burn_window_s: {window}\n")
+    s = e.session(tmp_path / "state" / "s1", model=MODEL)
+    t0 = 1_800_000_000.0
+    u = TokenUsage.of(prompt=5_000, completion=1_000)
+    s.record_usage(u, at=t0 - 50)  # outside the window as given, within the minute used
+    s.record_usage(u, at=t0 - 5)
+    burn = s.ledger.status(t0).burn
+    # The calls of the last minute, per minute: not per the window's seconds (36,000 tokens a
+    # minute from one call 5 s ago), nor the window's calls alone spread over the minute.
+    assert (burn.span_s, burn.calls) == (60.0, 2)
+    assert burn.tokens_per_min == pytest.approx(2 * u.total)
+    assert s.ledger.status(t0).dimensions[0].eta_s == pytest.approx((1_000_000 - 2 * u.total) / (2 * u.total) * 60)
+
+
 def test_no_budget_still_reports_cost(tmp_path: Path) -> None:
     e = make_engine(tmp_path, "")
     s = e.session(tmp_path / "state" / "s1", model="claude-sonnet-4-5")

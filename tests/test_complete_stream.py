@@ -252,9 +252,11 @@ def test_usage_the_ledger_refuses_never_costs_the_reply(session: Any, stream: bo
     """A provider billing reasoning apart reports reasoning tokens above the completion tokens:
     usage the ledger refuses. The reply (paid for) is returned all the same, the call's tokens are
     counted into the ledger instead, and the attempt says why."""
-    odd = {"completion_tokens_details": {"reasoning_tokens": 500}}
+    completion = len(TEXT) // 4
+    odd = {"prompt_tokens": 10, "completion_tokens": completion, "total_tokens": 10 + completion,
+           "completion_tokens_details": {"reasoning_tokens": 500}}  # fmt: skip
     with LLMServer() as server:
-        server.script(reply(TEXT, chunk_chars=5, usage_details=odd))
+        server.script(reply(TEXT, chunk_chars=5, usage=odd))
         done = session.complete(
             [{"role": "user", "content": "fix it"}], model=MODEL, stream=stream, api_base=server.base_url, api_key="k"
         )

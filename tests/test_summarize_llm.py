@@ -1,7 +1,8 @@
 """The summarizer through litellm against a local OpenAI-compatible server (real HTTP, streaming):
-a good summary, invalid JSON, a 500, slow-but-alive and silent streams, the ceiling, a
-context-length error, the fallback chain, the auxiliary-ratio guard, the circuit breaker, and
-what the summarizer is sent. Limits are scaled down (inactivity 1 s where it is tested)."""
+a good summary, invalid JSON, a 500, replies that are valid JSON but hostile (nested deep, lone
+surrogates), slow-but-alive and silent streams, the ceiling, a context-length error, the
+fallback chain, the auxiliary-ratio guard, the circuit breaker, the ledger's record of each
+call, and what the summarizer is sent. Limits are scaled down (inactivity 1 s where it is tested)."""
 
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ from test_summarize_stage import (
 )
 
 from ctxrules import Engine
+from ctxrules.budget import BudgetExceeded
 from ctxrules.messages import injected_kind, injected_meta, message_text
 from ctxrules.redaction import default_redactor
 from ctxrules.summarize import FIELDS
@@ -77,7 +79,15 @@ def chat() -> list[dict[str, Any]]:
 class Harness:
     """A pack pointing the summarizer at the test server, a session, and prepare()."""
 
-    def __init__(self, tmp_path: Path, server: LLMServer, chat: list[dict[str, Any]], **summarizer: Any) -> None:
+    def __init__(
+        self,
+        tmp_path: Path,
+        server: LLMServer,
+        chat: list[dict[str, Any]],
+        *,
+        budgets: dict[str, Any] | None = None,
+        **summarizer: Any,
+    ) -> None:
         settings = {
             "api_base": server.base_url,
             # Long enough for a loaded machine (the local server answers at once); the tests of
@@ -94,6 +104,8 @@ class Harness:
             "extends": ["builtin:default"],
             "summarizer": settings,
         }
+        if budgets is not None:
+            pack["budgets"] = budgets
         path = tmp_path / "pack.yaml"
         path.write_text(yaml.safe_dump(pack), encoding="utf-8")
         self.engine = Engine.load(path)
@@ -400,3 +412,135 @@ def test_the_summarizer_is_sent_no_secrets_and_what_it_echoes_is_masked(
     assert default_redactor().findings(text) == []
     state_text = (tmp_path / "session" / "state.json").read_text()
     assert all(secret not in state_text for secret in secrets)
+
+
+# Valid JSON that Python cannot walk: nested past the recursion limit (the parser's), and nested
+# less deep than that but deep enough that redaction, which recurses, would hit it.
+NESTED_2000 = '{"user_goal": "x", "key_facts": ' + "[" * 2000 + "]" * 2000 + "}"
+NESTED_600 = good_summary(key_facts=["NESTED"]).replace('"NESTED"', "[" * 600 + "]" * 600)
+
+
+@pytest.mark.corpus
+@pytest.mark.parametrize("text", [NESTED_2000, NESTED_600], ids=["nested-2000", "redaction-would-recurse"])
+def test_a_reply_nested_deep_is_invalid_and_the_checkpoint_summarizes(
+    tmp_path: Path, server: LLMServer, chat: list[dict[str, Any]], text: str
+) -> None:
+    h = Harness(tmp_path, server, chat)
+    for turn in (1, 2):  # the second with the stage's saved state, which no reply may reset
+        server.script(reply(text, chunk_chars=4096))
+        out, stage = h.prepare(clock=1000 + turn, variant=turn)
+        assert len(server.requests) == turn  # one call per attempt: the stage is not run again
+        assert "error" not in stage
+        (attempt,) = attempts(stage)
+        assert "primary gpt-4o-mini: invalid" in attempt and "nested deeper than 8 levels" in attempt
+        assert breaker(stage, "gpt-4o-mini") == f"gpt-4o-mini: state=closed failures={turn}"
+        assert injected_meta(summary_of(out))["source"] == "checkpoint"
+        assert stage["tokens_after"] < stage["tokens_before"]
+
+
+@pytest.mark.corpus
+@pytest.mark.parametrize("text", [NESTED_2000, NESTED_600], ids=["nested-2000", "redaction-would-recurse"])
+def test_a_reply_nested_deep_moves_on_to_the_next_model(
+    tmp_path: Path, server: LLMServer, chat: list[dict[str, Any]], text: str
+) -> None:
+    server.script(reply(text, chunk_chars=4096), reply(good_summary()))
+    h = Harness(tmp_path, server, chat, fallback="main")
+    out, stage = h.prepare()
+    assert [r.body["model"] for r in server.requests] == ["gpt-4o-mini", "gpt-4o"]
+    assert "error" not in stage
+    first, second = attempts(stage)
+    assert "primary gpt-4o-mini: invalid" in first and "fallback gpt-4o: ok" in second
+    assert breaker(stage, "gpt-4o-mini") == "gpt-4o-mini: state=closed failures=1"
+    assert injected_meta(summary_of(out))["model"] == "gpt-4o"
+
+
+@pytest.mark.corpus
+def test_a_lone_surrogate_in_a_reply_is_replaced_as_in_messages(
+    tmp_path: Path, server: LLMServer, chat: list[dict[str, Any]]
+) -> None:
+    # "\ud800" is valid JSON text but no UTF-8: the summary's id, the state and the output
+    # encode it. Replaced with U+FFFD, as message validation does, and noted.
+    text = good_summary(key_facts=["LONE"]).replace('"LONE"', '"Enum defaults \\ud800 by value"')
+    h = Harness(tmp_path, server, chat)
+    for turn in (1, 2):
+        server.script(reply(text))
+        out, stage = h.prepare(clock=1000 + turn, variant=turn)
+        assert len(server.requests) == turn and "error" not in stage
+        (attempt,) = attempts(stage)
+        assert "primary gpt-4o-mini: ok" in attempt
+        assert "a lone surrogate in /key_facts/0 was replaced with U+FFFD" in attempt
+        summary = summary_of(out)
+        assert injected_meta(summary)["source"] == "llm"
+        assert "Enum defaults \ufffd by value" in message_text(summary)
+        message_text(summary).encode("utf-8")
+    state = json.loads((tmp_path / "session" / "state.json").read_text(encoding="utf-8"))
+    (kept,) = [f for f in state["stages"]["summary"]["summaries"][-1]["summary"]["key_facts"] if "Enum defaults" in f]
+    assert kept == "Enum defaults \ufffd by value"
+
+
+def ledger_records(tmp_path: Path) -> list[dict[str, Any]]:
+    path = tmp_path / "session" / "ledger.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+@pytest.mark.corpus
+def test_each_summarizer_call_is_recorded_in_the_ledger_and_counts_in_the_budget(
+    tmp_path: Path, server: LLMServer, chat: list[dict[str, Any]]
+) -> None:
+    text = good_summary()
+    # The primary fails (records nothing: a failed call), the fallback delivers with usage.
+    server.script(http_error(500), reply(text))
+    h = Harness(tmp_path, server, chat, fallback="main", budgets={"session": {"tokens": 100}})
+    out, stage = h.prepare()
+    assert all(r.body["stream_options"] == {"include_usage": True} for r in server.requests)
+    assert "primary gpt-4o-mini: failed" in attempts(stage)[0]
+    assert injected_meta(summary_of(out))["model"] == "gpt-4o"
+    (record,) = ledger_records(tmp_path)
+    assert record["source"] == "summarizer" and record["model"] == "openai/gpt-4o"
+    completion = len(text) // 4  # what the test server reports
+    assert record["tokens"]["prompt"] == 10 and record["tokens"]["completion"] == completion
+    assert record["usd"]["total"] > 0
+    # The budget sees it at the next check: the summary that spent it is kept, the next turn refused.
+    assert h.session.ledger.status().level.label == "exceeded"
+    with pytest.raises(BudgetExceeded):
+        h.prepare(clock=1001, variant=1)
+    assert len(server.requests) == 2
+
+
+@pytest.mark.corpus
+def test_the_call_of_a_refused_reply_is_recorded_too(
+    tmp_path: Path, server: LLMServer, chat: list[dict[str, Any]]
+) -> None:
+    # The tokens of a reply that is refused (invalid, rejected) were spent all the same.
+    text = good_summary()
+    server.script(reply(NESTED_2000, chunk_chars=4096), reply(text))
+    h = Harness(tmp_path, server, chat, fallback="main")
+    out, stage = h.prepare()
+    assert injected_meta(summary_of(out))["model"] == "gpt-4o"
+    first, second = ledger_records(tmp_path)
+    assert (first["model"], first["tokens"]["completion"]) == ("openai/gpt-4o-mini", len(NESTED_2000) // 4)
+    assert (second["model"], second["tokens"]["completion"]) == ("openai/gpt-4o", len(text) // 4)
+    assert {first["source"], second["source"]} == {"summarizer"}
+    assert not any("not recorded" in w for w in stage.get("warnings", []))
+
+
+@pytest.mark.corpus
+def test_usage_the_ledger_refuses_is_a_warning_not_a_lost_summary(
+    tmp_path: Path, server: LLMServer, chat: list[dict[str, Any]]
+) -> None:
+    # Reasoning above completion: the ledger refuses the counts (UsageError), the summary stays.
+    odd = {
+        "prompt_tokens": 10,
+        "completion_tokens": 5,
+        "total_tokens": 15,
+        "completion_tokens_details": {"reasoning_tokens": 50},
+    }
+    server.script(reply(good_summary(), usage=odd))
+    h = Harness(tmp_path, server, chat)
+    out, stage = h.prepare()
+    assert len(server.requests) == 1 and "error" not in stage
+    assert injected_meta(summary_of(out))["source"] == "llm"
+    assert "primary gpt-4o-mini: ok" in attempts(stage)[0]
+    assert ledger_records(tmp_path) == []
+    (warning,) = [w for w in stage.get("warnings", []) if "not recorded" in w]
+    assert warning.startswith("the usage of gpt-4o-mini's summarizer call was not recorded: UsageError: ")

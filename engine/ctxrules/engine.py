@@ -830,6 +830,7 @@ class Session:
             registry=self.engine.registry,
             cache_key=self.cache_key,
             valid_prefix=len(turn.previous) if turn.reused else 0,
+            ledger=self.ledger,
         )
         pin_token = structure.PIN_SIGNED_PREFIX.set(self.engine.pin_signed_prefix)
         try:

@@ -57,7 +57,8 @@ __all__ = [
 ]
 
 _MIN_BURN_SPAN_S = 60.0
-"""Burn rates are averaged over at least a minute, so one call just made is not a huge rate."""
+"""Burn rates are averaged over at least a minute, so one call just made is not a huge rate: a
+``burn_window_s`` under a minute reads the calls of the last minute."""
 
 
 class BudgetExceeded(CtxrulesError):
@@ -275,7 +276,7 @@ class SessionLedger:
                 return memo.status
             status, files, latest, day_end = self._status(when, turn_from, descendants)
             # Valid while nothing can enter a burn window: every call older than the window.
-            if latest < when - self.policy.burn_window_s:
+            if latest < when - self._burn_window():
                 self._memo = _Memo(self, status, when, turn_from, files, day_end)
             return status
 
@@ -348,8 +349,13 @@ class SessionLedger:
             out.append(DimensionStatus(lim.name, scope, unit, float(limit), spent, lim.level_of(share), burn, eta))
         return out
 
+    def _burn_window(self) -> float:
+        return max(_MIN_BURN_SPAN_S, self.policy.burn_window_s)
+
     def _burn(self, entries: list[CallEntry], now: float) -> BurnRate:
-        window = self.policy.burn_window_s
+        # The window and the span are at least a minute: the calls of a shorter window spread
+        # over a minute would be too low a rate, over the window itself too high.
+        window = self._burn_window()
         recent = [e for e in entries if now - window <= e.ts <= now]
         if not recent:
             return BurnRate(0.0, 0.0, 0.0, 0)

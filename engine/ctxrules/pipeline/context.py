@@ -10,6 +10,7 @@ if TYPE_CHECKING:
 
     import structlog
 
+    from ctxrules.budget.tracker import SessionLedger
     from ctxrules.models import ModelInfo
     from ctxrules.pipeline.budget import Budget
     from ctxrules.tokens import TokenCounter
@@ -52,6 +53,10 @@ class StageContext:
     - ``compactions``: stage type names of the content stages that shortened the messages
       (fewer tokens out than in) earlier in this run, in order; ``reread.recent_files`` reads
       it to know whether a compaction happened.
+    - ``ledger``: the session's cost ledger (:class:`~ctxrules.budget.tracker.SessionLedger`):
+      a stage that calls a model itself records the call's usage there
+      (``ledger.record(usage, model=..., source=...)``), so that it counts in the budgets.
+      ``None`` when built by hand.
     """
 
     stage_id: str
@@ -77,6 +82,7 @@ class StageContext:
     # would tie the stage contract and the plugin manager into an import cycle.
     registry: Any = None
     cache_key: str = ""
+    ledger: SessionLedger | None = None
 
     def count(self, messages: Sequence[Message]) -> int:
         """Prompt tokens of ``messages`` plus the tool schemas."""

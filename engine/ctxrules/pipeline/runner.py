@@ -408,6 +408,7 @@ _SHARED_FIELDS = (
     "hooks",
     "registry",
     "cache_key",
+    "ledger",
 )
 _PER_STAGE_FIELDS = frozenset(
     ("stage_id", "tools", "log", "tier", "utilization", "state", "target", "valid_prefix", "compactions")

@@ -127,6 +127,7 @@ class Compaction:
             count_for=_count_for(ctx),
             completion=self.completion,
             marker_exists=_exists(ctx),
+            ledger=ctx.ledger,
         )
         result = summarizer.summarize(
             _span(messages, plan, previous),

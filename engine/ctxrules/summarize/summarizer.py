@@ -13,10 +13,15 @@ For each model of the chain (:func:`ctxrules.summarize.config.resolve_chain`):
 4. the streaming call under the progress-aware limits; the ceiling ``total_s`` covers the
    whole chain. A provider's context-length error is retried once with the prompt trimmed to
    half its size;
-5. the reply is parsed as JSON, redacted, and audited (:class:`SummaryAuditor`).
+5. the reply is parsed as JSON (within the limits of :mod:`ctxrules.json_limits`: nested at
+   most :data:`REPLY_MAX_DEPTH` levels, lone surrogates replaced), redacted, and audited
+   (:class:`SummaryAuditor`).
 
-A failure at 4-5 counts against the model's breaker, a success closes it. When every model
-was skipped or failed, :func:`build_checkpoint` writes the summary.
+A call that delivered usage is recorded in the session's ledger (``source`` ``summarizer``),
+whatever becomes of its reply; a failed call records nothing. A failure at 4-5 counts against
+the model's breaker, a success closes it: whatever a reply holds, it is at worst an ``invalid``
+or ``rejected`` attempt, never the stage's failure. When every model was skipped or failed,
+:func:`build_checkpoint` writes the summary.
 """
 
 from __future__ import annotations
@@ -28,8 +33,10 @@ from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from ctxrules.json_limits import NonFinite, is_plain, repair_surrogates, scan, short_pointer
 from ctxrules.redaction import Redactor
-from ctxrules.summarize.audit import SummaryAuditor
+from ctxrules.stores.base import StoreUnavailable
+from ctxrules.summarize.audit import AuditResult, SummaryAuditor
 from ctxrules.summarize.breaker import CircuitBreaker
 from ctxrules.summarize.checkpoint import build_checkpoint
 from ctxrules.summarize.config import Candidate, SummarizerConfig, resolve_chain
@@ -37,6 +44,7 @@ from ctxrules.summarize.llm import (
     CallFailed,
     Completion,
     StreamLimits,
+    StreamResult,
     ensure_litellm,
     stream_completion,
 )
@@ -45,12 +53,18 @@ from ctxrules.summarize.prompt import SummaryPrompt, build_prompt, render_entrie
 from ctxrules.toolroles import ToolRoles
 
 if TYPE_CHECKING:
+    from ctxrules.budget.tracker import SessionLedger
     from ctxrules.models import ModelInfo
 
-__all__ = ["Attempt", "SummarizeResult", "Summarizer", "parse_reply"]
+__all__ = ["REPLY_MAX_DEPTH", "Attempt", "SummarizeResult", "Summarizer", "parse_reply"]
 
 _PROMPT_MARGIN = 256
 """Tokens kept free in the summarizer's window besides the reply budget (counting slack)."""
+
+REPLY_MAX_DEPTH = 8
+"""How deep a reply may nest: a summary is an object of lists of strings (an entry a model
+wrote as an object adds a level or two). Deeper is no summary, and would take Python's
+recursion limit in what walks it next (redaction, the schema check)."""
 
 
 @dataclass(frozen=True)
@@ -86,19 +100,32 @@ _FENCE = re.compile(r"^```[A-Za-z0-9_-]*\s*\n?|\n?```\s*$")
 
 
 def parse_reply(text: str) -> tuple[object | None, str]:
-    """The JSON object in a model's reply (code fences and text around it tolerated), or
-    ``(None, why)``."""
+    """The JSON object in a model's reply (code fences and text around it tolerated) and a note
+    (``""``, or where lone surrogates were replaced with U+FFFD), or ``(None, why)``.
+
+    Never raises: nesting deeper than :data:`REPLY_MAX_DEPTH`, ``NaN``/``Infinity`` and an
+    integer too long to convert are refused like invalid JSON (:mod:`ctxrules.json_limits`)."""
     stripped = _FENCE.sub("", text.strip()).strip()
     start = stripped.find("{")
     if start < 0:
         return None, "no JSON object in the reply"
     try:
-        value, _end = json.JSONDecoder().raw_decode(stripped[start:])
-    except ValueError as exc:
+        value, _end = json.JSONDecoder(parse_constant=NonFinite).raw_decode(stripped[start:])
+    except RecursionError:
+        return None, f"invalid JSON: nested deeper than {REPLY_MAX_DEPTH} levels"
+    except ValueError as exc:  # a syntax error, or Python's integer digit limit
         return None, f"invalid JSON: {exc}"
     if not isinstance(value, dict):
         return None, f"expected a JSON object, got {type(value).__name__}"
-    return value, ""
+    if is_plain(value, max_depth=REPLY_MAX_DEPTH):
+        return value, ""
+    found = scan(value, max_depth=REPLY_MAX_DEPTH)
+    if found.problems:
+        first = found.problems[0]
+        return None, f"invalid JSON: {short_pointer(first.path)}: {first.detail}"
+    shown = ", ".join(short_pointer(p, 40) for p in found.replaced[:3])
+    more = f" and {len(found.replaced) - 3} more" if len(found.replaced) > 3 else ""
+    return found.value, f"a lone surrogate in {shown}{more} was replaced with U+FFFD"
 
 
 class Summarizer:
@@ -106,7 +133,8 @@ class Summarizer:
 
     ``breaker_states`` is the persisted dict of per-model breaker states (changed in place);
     ``now`` is the prepare's clock for the breakers; ``completion`` replaces
-    ``litellm.completion``; ``env`` replaces ``os.environ`` for credential checks.
+    ``litellm.completion``; ``env`` replaces ``os.environ`` for credential checks; ``ledger``
+    (the session's) records the usage of every call that delivered one.
     """
 
     def __init__(
@@ -122,6 +150,7 @@ class Summarizer:
         completion: Completion | None = None,
         env: Mapping[str, str] | None = None,
         marker_exists: Callable[[str], bool] | None = None,
+        ledger: SessionLedger | None = None,
     ) -> None:
         self.config = config
         self.main = main
@@ -133,6 +162,7 @@ class Summarizer:
         self.completion = completion
         self.chain = resolve_chain(config, main, env)
         self.marker_exists = marker_exists
+        self.ledger = ledger
 
     def breaker(self, model: str) -> CircuitBreaker:
         state = self.breaker_states.setdefault(model, {})
@@ -293,6 +323,8 @@ class Summarizer:
             "max_retries": 0,  # the breaker and the fallback handle failures, not blind retries
             "num_retries": 0,
             "drop_params": True,  # e.g. reasoning models that refuse temperature
+            # The stream's final usage chunk is what the session's ledger records.
+            "stream_options": {"include_usage": True},
         }
         if cand.api_base:
             request["api_base"] = cand.api_base
@@ -355,20 +387,55 @@ class Summarizer:
                 result.attempts.append(Attempt(cand.name, cand.role, "failed", f"{exc.kind}: {message}", took))
                 return None
             took = reply.seconds
-            data, why = parse_reply(reply.text)
+            self._record(cand, reply, result)
+            data, note = parse_reply(reply.text)
             if data is None:
-                breaker.failure(self.now, why)
-                result.attempts.append(Attempt(cand.name, cand.role, "invalid", why, took))
+                breaker.failure(self.now, note)
+                result.attempts.append(Attempt(cand.name, cand.role, "invalid", note, took))
                 return None
-            verdict = auditor.audit(self.redactor.redact_data(data))
+            verdict = self._audit(data, auditor)
             if not verdict.accepted or verdict.summary is None:
                 breaker.failure(self.now, verdict.reason)
                 result.attempts.append(Attempt(cand.name, cand.role, "rejected", verdict.reason, took))
                 return None
             breaker.success()
-            detail = "; ".join(verdict.notes)
+            detail = "; ".join(x for x in (note, *verdict.notes) if x)
             if reply.finish_reason == "length":
                 detail = "; ".join(x for x in (detail, "reply hit max_output_tokens") if x)
             result.attempts.append(Attempt(cand.name, cand.role, "ok", detail, took))
             result.model = cand.name
             return verdict.summary
+
+    def _audit(self, data: object, auditor: SummaryAuditor) -> AuditResult:
+        """The audit of a parsed reply, redacted first. Whatever the reply still breaks on the
+        way (in redaction, the audit or the summary built from it) rejects it: it is the
+        model's failure, not the stage's."""
+        try:
+            verdict = auditor.audit(self.redactor.redact_data(data))
+            if verdict.summary is not None:
+                _ = verdict.summary.id  # encodes the summary, as storing it will
+        except Exception as exc:  # contained: what breaks here is the reply's doing
+            return AuditResult(False, problems=(f"the reply could not be audited: {_describe(exc)}",))
+        return verdict
+
+    def _record(self, cand: Candidate, reply: StreamResult, result: SummarizeResult) -> None:
+        """The call's usage in the session's ledger, whatever becomes of its reply (the tokens
+        were spent). A stream without usage records nothing, as a probe without usage does;
+        usage the ledger refuses is a warning. A store that stopped answering fails the turn,
+        as it does for every stage."""
+        if self.ledger is None or not reply.usage:
+            return
+        try:
+            self.ledger.record(reply.usage, model=cand.call_model, source="summarizer")
+        except StoreUnavailable:
+            raise
+        except Exception as exc:  # contained: the usage is the model server's (UsageError: bad counts)
+            result.warnings.append(f"the usage of {cand.name}'s summarizer call was not recorded: {_describe(exc)}")
+
+
+def _describe(exc: Exception) -> str:
+    """``Type: message`` on one line, at most 200 characters of message, printable (an error
+    may quote what the model's server sent)."""
+    message = " ".join(repair_surrogates(str(exc)).split())
+    message = message if len(message) <= 200 else message[:200] + "…"
+    return f"{type(exc).__name__}: {message}" if message else type(exc).__name__
