@@ -41,7 +41,7 @@ QUIET_S = 0.1
 """Once the command has exited by itself, the pipe staying empty this long ends the reading ..."""
 GRACE_S = 1.0
 """... as does this long since the command exited, once a pipe's capacity has been read."""
-_PIPE_CAPACITY = 1 << 20  # Linux's default pipe-max-size, where F_GETPIPE_SZ is missing
+_PIPE_CAPACITY = 1 << 20  # the most a pipe holds by default (Linux's pipe-max-size; 64 KiB is usual)
 
 
 class Child:
@@ -177,7 +177,7 @@ def _rest(fd: int) -> Iterator[bytes]:
     """What is left in the pipe of a command that has exited: everything it wrote (at most a
     pipe's capacity, ahead of later writes), and what comes while the pipe is not quiet for
     QUIET_S, up to GRACE_S (see the module's docstring)."""
-    owed = _capacity(fd)
+    owed = _PIPE_CAPACITY  # an upper bound: reading a little more of a busy job is harmless
     end = time.monotonic() + GRACE_S
     while owed > 0 or time.monotonic() < end:
         ready, _, _ = select.select([fd], [], [], QUIET_S)
@@ -188,15 +188,6 @@ def _rest(fd: int) -> Iterator[bytes]:
             return
         owed -= len(chunk)
         yield chunk
-
-
-def _capacity(fd: int) -> int:
-    try:
-        import fcntl
-
-        return int(fcntl.fcntl(fd, fcntl.F_GETPIPE_SZ))
-    except (ImportError, AttributeError, OSError):
-        return _PIPE_CAPACITY
 
 
 def _foreground_tty() -> int | None:
