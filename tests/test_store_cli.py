@@ -317,6 +317,19 @@ def test_sessions_scan_with_a_store_url_finds_a_half_written_checkpoint(tmp_path
     assert resumed.returncode == 0 and json.loads(resumed.stdout) == []
 
 
+@pytest.mark.parametrize("option", ["--state", "--store"])
+def test_sessions_scan_of_a_state_root_that_is_not_a_folder_is_a_usage_error(tmp_path: Path, option: str) -> None:
+    (tmp_path / "a-file").write_text("[]")
+    for name, why in (("a-file", "not a directory"), ("missing", "no such directory")):
+        value = name if option == "--state" else f"file://{tmp_path / name}"
+        got = ctxrules("sessions", "scan", option, value, cwd=tmp_path)
+        assert got.returncode == 2 and why in got.stderr, (got.returncode, got.stderr)
+        assert "Traceback" not in got.stderr and got.stdout == ""
+    # The default state root, not made yet: nothing to resume, not an error.
+    fresh = ctxrules("sessions", "scan", cwd=tmp_path)
+    assert fresh.returncode == 0 and "0 interrupted session(s)" in fresh.stdout, fresh.stderr
+
+
 def test_every_session_verb_takes_a_redis_store(tmp_path: Path, redis_url: str) -> None:
     store = ("--store", redis_url)
     made = ctxrules(*run_args(tmp_path, *store, "--session", "conv-r", "--report", "report.json"), cwd=tmp_path)

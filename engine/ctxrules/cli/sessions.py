@@ -63,6 +63,14 @@ def register(sub: Any) -> None:
 
 def run_scan(args: argparse.Namespace) -> int:
     store = store_of(args)
+    if is_filesystem(store):
+        # A state root the options name must be there: "0 interrupted sessions" for a mistyped
+        # path would read as "nothing to resume". The default root may not exist yet.
+        named = args.state is not None or args.store is not None
+        if store.root.exists() and not store.root.is_dir():
+            raise UsageError(f"{store.root}: not a directory (a state root is the folder that holds sessions)")
+        if named and not store.root.exists():
+            raise UsageError(f"{store.root}: no such directory")
     found = scan(store.root) if is_filesystem(store) else scan(store)
     for hit in found:
         after = f" (after the first {hit.prefix} messages of last_output.jsonl)" if hit.prefix else ""
