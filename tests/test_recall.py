@@ -113,6 +113,41 @@ def test_lines_and_prefixes(tmp_path: Path) -> None:
         assert len(str(caught.value)) < 250, str(caught.value)
 
 
+def test_a_long_run_of_spaces_in_lines_is_answered_not_hung(tmp_path: Path) -> None:
+    """The model writes `lines`: spaces around the numbers are allowed, but a call that is a long
+    run of them must not make the pattern backtrack for hours (it ran in cubic time)."""
+    import subprocess
+
+    session, out = prepared(tmp_path)
+    marker = line_markers(out)[0]
+    original = session.vault.get(marker.vault_id).decode().splitlines(keepends=True)
+    script = (
+        "import json, sys\n"
+        "from ctxrules import Engine\n"
+        "from ctxrules.recall import RecallError\n"
+        "s = Engine.load('builtin:default').session(sys.argv[1], model='gpt-4o', window=200_000)\n"
+        "pad = ' ' * 50_000\n"
+        "for lines in (pad + 'x', pad + '3 : 5' + pad, '1' + pad + ':' + pad + 'x'):\n"
+        "    try:\n"
+        "        print(json.dumps(s.recall({'id': sys.argv[2], 'lines': lines})))\n"
+        "    except RecallError as exc:\n"
+        "        print(json.dumps('error: ' + str(exc)[:200]))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO / "engine") + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    proc = subprocess.run(
+        [sys.executable, "-c", script, str(session.path), marker.vault_id],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,  # a hang guard: the old pattern took hours on these calls
+    )
+    assert proc.returncode == 0, proc.stderr
+    bad, spaced, bad_too = (json.loads(line) for line in proc.stdout.splitlines())
+    assert bad.startswith("error: lines") and 'is not of the form "A:B"' in bad
+    assert spaced == "".join(original[2:5])
+    assert bad_too.startswith("error: lines") and 'is not of the form "A:B"' in bad_too
+
+
 def _with_output(tmp_path: Path, output: str) -> tuple[Any, str]:
     """A session whose one tool output (``output``) was elided behind a marker: the session
     and the marker's vault id."""

@@ -48,8 +48,10 @@ DEFAULT_DESCRIPTION = (
 DEFAULT_BUDGET_TOKENS = 4000
 _NESTING = 3  # markers inside recalled items are followed this deep
 # Line numbers of at most 18 digits: a longer one is refused as malformed (int() would
-# refuse more than 4,300 digits with an error no caller expects).
-_LINES = re.compile(r"^\s*(\d{0,18})\s*(?::\s*(\d{0,18}))?\s*$")
+# refuse more than 4,300 digits with an error no caller expects). Matched against the stripped
+# text: a leading or trailing \s* next to the optional digits would backtrack in cubic time on
+# a long run of spaces (a hostile call would hold the server for hours).
+_LINES = re.compile(r"(\d{0,18})\s*(?::\s*(\d{0,18}))?")
 _REF = re.compile(r"^(?:vault://)?([0-9a-fA-F]+)(?:#L(\d{1,18})-L(\d{1,18}))?$")
 
 
@@ -156,7 +158,7 @@ def _shown(value: object, width: int = 80) -> str:
 def _parse_lines(text: str | None) -> tuple[int | None, int | None]:
     if text is None or text == "":
         return None, None
-    match = _LINES.match(str(text))
+    match = _LINES.fullmatch(str(text).strip())
     if match is None:
         raise RecallError(
             f'lines {_shown(text)} is not of the form "A:B" (1-based, inclusive; numbers of at most 18 digits)'
