@@ -15,7 +15,7 @@ from conftest import REPO
 
 from ctxrules import Engine
 from ctxrules.messages import message_text
-from ctxrules.recall import RecallError
+from ctxrules.recall import PARAMETERS, RecallError
 from ctxrules.toolroles import tool_roles
 from ctxrules.vault import parse_markers
 
@@ -277,10 +277,16 @@ def test_the_mcp_server_answers_the_recall_tool(tmp_path: Path) -> None:
             good = await client.call_tool("ctxrules_recall", {"id": marker.vault_id, "lines": "10:12"})
             bad = await client.call_tool("ctxrules_recall", {"id": "ab" * 32})
             huge = await client.call_tool("ctxrules_recall", {"id": marker.vault_id, "lines": "9" * 5000})
-            return [t.name for t in tools.tools], good, bad, huge
+            (tool,) = tools.tools
+            schema = getattr(tool, "input_schema", None) or tool.inputSchema  # SDK 2.x or 1.x
+            return [tool.name, schema], good, bad, huge
 
-    names, good, bad, huge = asyncio.run(asyncio.wait_for(talk(), timeout=60))
-    assert names == ["ctxrules_recall"]
+    (name, schema), good, bad, huge = asyncio.run(asyncio.wait_for(talk(), timeout=60))
+    assert name == "ctxrules_recall"
+    # The model is told what id and lines take, as session.recall_tool() tells it.
+    for arg in ("id", "lines"):
+        assert schema["properties"][arg]["description"] == PARAMETERS["properties"][arg]["description"]
+    assert schema["required"] == ["id"]
     assert not _is_error(good) and good.content[0].text == expected
     assert _is_error(bad) and "no marker of this conversation" in bad.content[0].text
     assert _is_error(huge) and 'is not of the form "A:B"' in huge.content[0].text  # the reason, not a bare error

@@ -10,7 +10,7 @@ ctxrules moved out of its context. The SDK is imported here only: install ``ctxr
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 from ctxrules.errors import CtxrulesError
 from ctxrules.recall import PARAMETERS, RecallSettings
@@ -58,6 +58,8 @@ def open_session(
 def build_server(session: Session) -> Any:
     """The MCP server object for ``session`` (not started; :func:`open_session` opens one)."""
     server_cls, tool_error = _sdk()
+    from pydantic import Field  # the SDK's own dependency: it builds the input schema with it
+
     settings = RecallSettings.from_pack(session.engine.pack.data)
     server = server_cls(name="ctxrules", instructions=settings.description)
     id_help = PARAMETERS["properties"]["id"]["description"]
@@ -72,7 +74,14 @@ def build_server(session: Session) -> Any:
         except CtxrulesError as exc:  # the call, the vault or the store: the reason is the result
             raise tool_error(str(exc)) from None
 
-    recall.__doc__ = f"{settings.description}\n\nid: {id_help}\nlines: {lines_help}"
+    # The arguments' help goes into the tool's input schema, as session.recall_tool() gives it:
+    # the SDK builds that schema from the annotations (and reads no docstring when the tool has
+    # a description), so without these the model saw two bare strings named Id and Lines.
+    recall.__annotations__ = {
+        "id": Annotated[str, Field(description=id_help)],
+        "lines": Annotated[str | None, Field(description=lines_help)],
+        "return": str,
+    }
     server.tool(name=settings.name, description=settings.description)(recall)
     return server
 
