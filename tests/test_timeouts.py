@@ -153,6 +153,24 @@ def test_explain_timeouts_prints_the_table(cli) -> None:  # type: ignore[no-unty
     assert fixed.split()[4:7] == ["300", "s", "step_ms"]
 
 
+def test_explain_timeouts_shows_a_tool_name_s_control_characters_as_escapes(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """Tool names are the pack's: the table and its warnings print an escape sequence or a line
+    break in one as its escape, as every other diagnostic does, and the columns stay aligned."""
+    pack = tmp_path / "p.yaml"
+    pack.write_text(
+        "apiVersion: ctxrules/v1\nkind: RulePack\nmetadata: {name: p, version: 1.0.0}\n"
+        'timeouts: {chunk_ms: 120000, tools: {"ev\\e[2Jil": 300000, "two\\nlines": 300000}}\n',
+        encoding="utf-8",
+    )
+    code, out, err = cli("explain", "--timeouts", str(pack))
+    assert code == 0, err
+    assert "\x1b" not in out and "two\nlines" not in out
+    rows = [ln for ln in out.splitlines() if ln.startswith(("ev", "two"))]
+    assert [r.split()[0] for r in rows] == ["ev\\x1b[2Jil", "two\\x0alines"]
+    assert len({r.index("300 s") for r in rows}) == 1  # aligned
+    assert "warning[CR091] the override tools.ev\\x1b[2Jil" in out
+
+
 def test_builtin_default_declares_no_timeouts_and_no_budgets(cli) -> None:  # type: ignore[no-untyped-def]
     data = load_pack("builtin:default").data
     assert "timeouts" not in data and "budgets" not in data

@@ -27,6 +27,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from ctxrules.printable import printable
+
 __all__ = [
     "DEFAULT_SUMMARIZER_TOTAL_S",
     "EffectiveLimit",
@@ -287,11 +289,13 @@ def render_table(policy: TimeoutPolicy, findings: list[TimeoutFinding] | None = 
     rows = [["tool", "configured", "by", "effective", "bound by", "heartbeat", "note"]]
     for r in timeouts_table(policy):
         note = "override cannot take effect" if r.ineffective else ""
+        # Tool names are the pack's: an escape sequence or a line break in one is shown as its
+        # escape, as every diagnostic shows it (and the columns stay aligned).
         rows.append(
             [
-                r.tool,
+                printable(r.tool),
                 format_ms(r.configured_ms),
-                r.configured_by if r.configured_ms is not None else "-",
+                printable(r.configured_by) if r.configured_ms is not None else "-",
                 format_ms(r.effective_ms),
                 r.bound_by or "-",
                 "yes" if r.heartbeat else "no",
@@ -304,6 +308,6 @@ def render_table(policy: TimeoutPolicy, findings: list[TimeoutFinding] | None = 
         if n == 0:
             lines.append("  ".join("-" * w for w in widths))
     for f in findings or []:
-        lines.append(f"warning[{f.code}] {f.message}")
-        lines.append(f"  help: {f.hint}")
+        lines.append(printable(f"warning[{f.code}] {f.message}"))
+        lines.append(printable(f"  help: {f.hint}"))
     return "\n".join(lines) + "\n"
