@@ -171,6 +171,25 @@ def test_explain_timeouts_shows_a_tool_name_s_control_characters_as_escapes(cli,
     assert "warning[CR091] the override tools.ev\\x1b[2Jil" in out
 
 
+def test_timeout_warnings_name_the_line_of_the_override(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """explain --timeouts starts each warning with file:line:col as validate does, and a tool
+    name holding '/' or '~' (an escaped JSON-pointer token) is found at its own line, not at
+    the tools: map."""
+    pack = tmp_path / "p.yaml"
+    pack.write_text(
+        "apiVersion: ctxrules/v1\nkind: RulePack\nmetadata: {name: p, version: 1.0.0}\n"
+        "timeouts:\n  chunk_ms: 120000\n  tools:\n    execute: 300000\n    mcp/fs~read: 300000\n",
+        encoding="utf-8",
+    )
+    code, out, err = cli("explain", "--timeouts", str(pack))
+    assert code == 0, err
+    warnings = [ln for ln in out.splitlines() if "warning[CR091]" in ln]
+    assert [w.split(": warning")[0] for w in warnings] == [f"{pack}:7:14", f"{pack}:8:18"]
+    code, out, _ = cli("validate", "--format", "json", str(pack))
+    found = [(d["line"], d["col"], d["pointer"]) for d in json.loads(out)["diagnostics"]]
+    assert found == [(7, 14, "/timeouts/tools/execute"), (8, 18, "/timeouts/tools/mcp~1fs~0read")]
+
+
 def test_builtin_default_declares_no_timeouts_and_no_budgets(cli) -> None:  # type: ignore[no-untyped-def]
     data = load_pack("builtin:default").data
     assert "timeouts" not in data and "budgets" not in data

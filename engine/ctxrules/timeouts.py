@@ -23,10 +23,11 @@ as it does when the compaction ceiling (``summarizer.total_s``) is not allowed f
 from __future__ import annotations
 
 import fnmatch
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from ctxrules.packs.source import escape_token
 from ctxrules.printable import printable
 
 __all__ = [
@@ -211,7 +212,7 @@ def lint_timeouts(data: Mapping[str, Any]) -> list[TimeoutFinding]:
     for row in timeouts_table(policy):
         if not row.ineffective or row.configured_ms is None or row.effective_ms is None:
             continue
-        pointer = "/timeouts/tool_ms" if row.configured_by == "tool_ms" else f"/timeouts/tools/{row.tool}"
+        pointer = "/timeouts/tool_ms" if row.configured_by == "tool_ms" else f"/timeouts/tools/{escape_token(row.tool)}"
         what = (
             "the default tool limit tool_ms" if row.configured_by == "tool_ms" else f"the override {row.configured_by}"
         )
@@ -273,8 +274,13 @@ def _compaction_finding(policy: TimeoutPolicy, data: Mapping[str, Any]) -> Timeo
     return TimeoutFinding("CR092", pointer, message, hint)
 
 
-def render_table(policy: TimeoutPolicy, findings: list[TimeoutFinding] | None = None) -> str:
-    """The table ``ctxrules explain --timeouts`` prints."""
+def render_table(
+    policy: TimeoutPolicy,
+    findings: list[TimeoutFinding] | None = None,
+    locate: Callable[[str], str] | None = None,
+) -> str:
+    """The table ``ctxrules explain --timeouts`` prints; ``locate`` turns a finding's pointer
+    into the ``file:line:col`` that starts its line, as in ``ctxrules validate``."""
     lines = [
         f"chunk_ms {format_ms(policy.chunk_ms)} (global)   step_ms {format_ms(policy.step_ms)}"
         + (
@@ -308,6 +314,7 @@ def render_table(policy: TimeoutPolicy, findings: list[TimeoutFinding] | None = 
         if n == 0:
             lines.append("  ".join("-" * w for w in widths))
     for f in findings or []:
-        lines.append(printable(f"warning[{f.code}] {f.message}"))
+        where = f"{locate(f.pointer)}: " if locate is not None else ""
+        lines.append(printable(f"{where}warning[{f.code}] {f.message}"))
         lines.append(printable(f"  help: {f.hint}"))
     return "\n".join(lines) + "\n"

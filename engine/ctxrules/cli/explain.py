@@ -7,6 +7,7 @@ import sys
 from typing import Any
 
 from ctxrules.cli.io import add_search_path
+from ctxrules.diagnostics import Reporter
 from ctxrules.errors import UsageError
 from ctxrules.packs.loader import _BUILTIN_REF, BUILTIN_PREFIX, builtin_names, builtin_path
 from ctxrules.packs.models_match import effective_context, select_model_entry
@@ -84,5 +85,11 @@ def _print_timeouts(pack: Any) -> int:
             head + "# no timeouts: declared (stream timeouts belong to the agent runtime; see docs/timeouts.md)\n"
         )
         return 0
-    sys.stdout.write(head + render_table(policy, lint_timeouts(pack.data)))
+    origin = Reporter(pack).origin  # where validate puts each warning: the value it is about
+
+    def locate(pointer: str) -> str:
+        found = origin(pointer)
+        return f"{found.file}:{found.line}:{found.col}"
+
+    sys.stdout.write(head + render_table(policy, lint_timeouts(pack.data), locate))
     return 0
