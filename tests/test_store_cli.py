@@ -387,3 +387,52 @@ def test_resuming_a_session_that_is_not_there_writes_nothing(tmp_path: Path, sto
     got = ctxrules("sessions", "resume", "S/typo/deep/conv", *store, cwd=tmp_path)
     assert got.returncode == 2 and "[CR147]" in got.stderr and "Traceback" not in got.stderr, got.stderr
     assert list((tmp_path / "S").iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        pytest.param(
+            ["run", "--pack", "builtin:default", "--model", "gpt-4o", "--input", "m.json", "--session", ""],
+            id="run-session",
+        ),
+        pytest.param(["run", "--pack", "builtin:default", "--model", "gpt-4o", "--input", ""], id="run-input"),
+        pytest.param(["run", "--pack", "", "--model", "gpt-4o", "--input", "m.json"], id="run-pack"),
+        pytest.param(["test", ""], id="test"),
+        pytest.param(["validate", "m.json", " "], id="validate"),
+        pytest.param(["mcp", "--session", ""], id="mcp"),
+        pytest.param(["sessions", "export", "", "--to", "x.ctxs"], id="sessions-export"),
+        pytest.param(["vault", "get", "abc", "--session", ""], id="vault-get"),
+        pytest.param(["sessions", "scan", "--state", ""], id="sessions-scan"),
+    ],
+)
+def test_an_empty_path_argument_is_a_usage_error_not_the_current_directory(tmp_path: Path, argv: list[str]) -> None:
+    # An unset shell variable (`ctxrules test "$PACK"`) must not mean "every pack here", nor make
+    # the current directory a session with its state files.
+    (tmp_path / "m.json").write_text(json.dumps([{"role": "user", "content": "hi"}]))
+    got = ctxrules(*argv, cwd=tmp_path)
+    assert got.returncode == 2, (got.returncode, got.stdout, got.stderr)
+    assert "an empty value names no file, folder or store" in got.stderr and "Traceback" not in got.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.json"]
+
+
+def test_every_path_argument_of_every_verb_is_checked_for_emptiness() -> None:
+    import argparse
+
+    from ctxrules.cli.main import _PATH_DESTS, build_parser
+
+    path_words = {"DIR", "FILE", "PATH", "PACK", "P", "SESSION", "INPUT", "OUT", "OUT.html"}
+    unchecked = []
+
+    def walk(parser: argparse.ArgumentParser, where: str) -> None:
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for name, sub in action.choices.items():
+                    walk(sub, f"{where} {name}".strip())
+            elif (
+                action.metavar in path_words or "path" in (action.help or "").lower()
+            ) and action.dest not in _PATH_DESTS:
+                unchecked.append(f"{where}: {action.dest}")
+
+    walk(build_parser(), "")
+    assert unchecked == []

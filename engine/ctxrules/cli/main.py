@@ -61,11 +61,40 @@ def _verb_in(argv: Sequence[str]) -> str | None:
     return argv[0] if argv and not argv[0].startswith("-") else None
 
 
+# Arguments that name a file, a folder, a pack or a store. An empty one (an unset shell variable:
+# `ctxrules test "$PACK"`) would otherwise mean the current directory: test or validate every
+# pack below it, or make a session of it and write its state files there.
+_PATH_DESTS = frozenset(
+    {
+        "archive", "html", "input", "inputs", "json", "output", "pack", "packs", "paths", "report",
+        "response", "search_path", "session", "state", "store", "to", "touched",
+    }
+)  # fmt: skip
+
+
+def _refuse_empty_paths(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """A usage error (exit 2) for an empty value of any of :data:`_PATH_DESTS` in the verb run."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            chosen = action.choices.get(getattr(args, action.dest, None) or "")
+            if chosen is not None:
+                _refuse_empty_paths(chosen, args)
+            continue
+        if action.dest not in _PATH_DESTS:
+            continue
+        value = getattr(args, action.dest, None)
+        values = value if isinstance(value, list) else [value]
+        if any(isinstance(v, str) and not v.strip() for v in values):
+            name = action.option_strings[0] if action.option_strings else str(action.metavar or action.dest)
+            parser.error(f"argument {name}: an empty value names no file, folder or store")
+
+
 def run(argv: Sequence[str] | None = None) -> int:
     """Run the CLI in-process; handled errors become a message on stderr and an exit code."""
     arguments = list(argv) if argv is not None else sys.argv[1:]
     parser = build_parser(_verb_in(arguments))
     args = parser.parse_args(arguments)
+    _refuse_empty_paths(parser, args)
     try:
         if (os.environ.get("CTXRULES_LOG") or "").strip() or "ctxrules.logs" in sys.modules:
             # Unset, with nothing configured before in this process, there is nothing to
