@@ -280,6 +280,22 @@ def test_complex_keys_are_refused() -> None:
     assert (p.code, p.line, p.col) == ("CR002", 1, 3)
 
 
+@pytest.mark.parametrize(
+    ("text", "code", "col"),
+    [
+        ("a: !!timestamp soon\n", "CR001", 4),
+        ("a: !!bool maybe\n", "CR001", 4),
+        ("a: !!float abc\n", "CR001", 4),
+        ("a: !!int abc\n", "CR001", 4),
+        ("a:\n  ? !!bool maybe\n  : 1\n", "CR001", 5),
+        ("a:\n  ? " + "1" * 5000 + "\n  : 1\n", "CR104", 5),
+    ],
+)
+def test_a_scalar_its_tag_cannot_read_is_a_located_error(text: str, code: str, col: int) -> None:
+    p = problem(text)
+    assert (p.code, p.col) == (code, col), p.message
+
+
 # -- through the loader: encoding, shapes ---------------------------------------------------
 
 

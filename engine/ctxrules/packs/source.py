@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import re
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -91,6 +92,7 @@ MAX_VALUES = 200_000
 
 
 _STR = "tag:yaml.org,2002:str"
+_INT = "tag:yaml.org,2002:int"
 _MERGE = "tag:yaml.org,2002:merge"
 _FLATTENED = (_MERGE, "tag:yaml.org,2002:value")  # the key tags SafeConstructor.flatten_mapping rewrites
 
@@ -157,16 +159,7 @@ class _Builder:
                 return [self.build(item, f"{pointer}/{i}") for i, item in enumerate(node.value)]
             finally:
                 self.open.discard(id(node))
-        try:
-            value = self.loader.construct_object(node, deep=True)
-        except ValueError:  # int() refuses more than sys.get_int_max_str_digits() digits
-            raise YamlProblem(
-                "CR104",
-                f"YAML: the integer has {len(str(node.value)):,} characters; "
-                "no pack value needs more than a few digits",
-                *_pos(node),
-                pointer,
-            ) from None
+        value = self._scalar(node, pointer)
         if isinstance(value, float) and not math.isfinite(value):
             raise YamlProblem(
                 "CR104",
@@ -176,6 +169,32 @@ class _Builder:
                 hint="write a finite number (or leave the key out for the default)",
             )
         return value
+
+    def _scalar(self, node: yaml.Node, pointer: str) -> Any:
+        """The value of a scalar, or a located problem: PyYAML's constructors take an explicit
+        tag's text as it is (`!!bool maybe`, `!!timestamp soon`) and fail with whatever error
+        that text provokes."""
+        try:
+            return self.loader.construct_object(node, deep=True)
+        except yaml.constructor.ConstructorError:
+            raise
+        except Exception:
+            text = str(node.value)
+            if node.tag == _INT and sum(c.isdigit() for c in text) > sys.get_int_max_str_digits():
+                raise YamlProblem(
+                    "CR104",
+                    f"YAML: the integer has {len(text):,} characters; no pack value needs more than a few digits",
+                    *_pos(node),
+                    pointer,
+                ) from None
+            shown = text if len(text) <= 40 else text[:40] + "…"
+            raise YamlProblem(
+                "CR001",
+                f"YAML: {shown!r} is not a valid {node.tag.removeprefix('tag:yaml.org,2002:')}",
+                *_pos(node),
+                pointer,
+                hint="correct the value, or remove the explicit tag (!!...) in front of it",
+            ) from None
 
     def _mapping(self, node: yaml.MappingNode, pointer: str) -> dict[str, Any]:
         # Anchors with `<<:` merge keys are legitimate YAML; flatten them the way PyYAML would,
@@ -189,7 +208,7 @@ class _Builder:
             if not isinstance(key_node, yaml.ScalarNode):
                 line, col = _pos(key_node)
                 raise YamlProblem("CR002", "mapping keys must be plain strings", line, col, pointer)
-            key = key_node.value if key_node.tag == _STR else self.loader.construct_object(key_node)
+            key = key_node.value if key_node.tag == _STR else self._scalar(key_node, pointer)
             if self.escapes and isinstance(key, str):
                 key = _whole_text(key, key_node, pointer)
             if not isinstance(key, str):
