@@ -358,6 +358,13 @@ def test_run_survives_catastrophic_patterns_and_remembers_them(tmp_path: Path) -
             "{% set ns = namespace(x='ab') %}{% for i in range(64) %}{% set ns.x = ns.x ~ ns.x %}{% endfor %}",
             "characters",
         ),
+        # Each of these is one operation scanning a million characters or items: a million of
+        # them ran for hours.
+        ("{% set s = 'ab ' * 330000 %}{% for i in range(11) %}{{ s|wordcount }}{% endfor %}", "reads"),
+        ("{% set s = 'ab ' * 330000 %}{% for i in range(11) %}{{ s.count('ab') }}{% endfor %}", "reads"),
+        ("{% set s = 'ab ' * 330000 %}{% for i in range(11) %}{% if 'z' in s %}{% endif %}{% endfor %}", "reads"),
+        ("{% set s = 'ab ' * 330000 %}{% for i in range(11) %}{% if 'z' is in s %}{% endif %}{% endfor %}", "reads"),
+        ("{% set l = range(100000)|list %}{% for i in range(101) %}{{ l|sort|first }}{% endfor %}", "reads"),
     ],
 )
 def test_templates_cannot_exhaust_the_engine(tmp_path: Path, template: str, what: str) -> None:

@@ -14,6 +14,9 @@ the machine's load, so every limit here is a count, the same on every machine:
   arguments, so no single step allocates more than that;
 - :data:`MAX_TOTAL_CHARS` characters for all the strings and sequences one render builds
   together (a loop that keeps a million-character string per iteration stops there);
+- :data:`MAX_READ` characters (or items) for all the strings and sequences its filters, calls,
+  comparisons and tests are given: one operation may scan a million of them (``s|wordcount``,
+  ``l|sort``, ``s.count(x)``, ``x in s``), and a million such operations would run for hours;
 - :data:`MAX_INT_BITS` bits for an integer (``**`` and ``*`` are checked before computing);
 - ``range`` is counted item by item (and Jinja's own cap of 100,000 items holds).
 
@@ -38,6 +41,7 @@ __all__ = [
     "MAX_CHARS",
     "MAX_INT_BITS",
     "MAX_OPERATIONS",
+    "MAX_READ",
     "MAX_TOTAL_CHARS",
     "LimitedEnvironment",
     "RenderLimitError",
@@ -47,6 +51,7 @@ MAX_OPERATIONS = 1_000_000
 MAX_CHARS = 1_000_000
 MAX_INT_BITS = 14_000  # about 4,300 decimal digits: what Python itself will print of an int
 MAX_TOTAL_CHARS = 100 * MAX_CHARS
+MAX_READ = 10 * MAX_CHARS
 
 
 class RenderLimitError(SecurityError):
@@ -56,10 +61,15 @@ class RenderLimitError(SecurityError):
 _BUDGET: contextvars.ContextVar[list[int]] = contextvars.ContextVar("ctxrules_render_budget")
 
 
+def _fresh_budget() -> list[int]:
+    """Operations, characters built and characters read left to one render."""
+    return [MAX_OPERATIONS, MAX_TOTAL_CHARS, MAX_READ]
+
+
 def _budget() -> list[int]:
     budget = _BUDGET.get(None)
     if budget is None:  # rendering outside LimitedEnvironment.render_limited: still bounded
-        budget = [MAX_OPERATIONS, MAX_TOTAL_CHARS]
+        budget = _fresh_budget()
         _BUDGET.set(budget)
     return budget
 
@@ -77,6 +87,20 @@ def _spend(size: int) -> None:
     budget[1] -= size
     if budget[1] < 0:
         raise RenderLimitError(f"the template builds more than {MAX_TOTAL_CHARS:,} characters or items in all")
+
+
+def _read(*values: Any) -> None:
+    """Count the strings and sequences among ``values`` against :data:`MAX_READ` characters
+    (or items) read: what a filter, call, comparison or test is given it may scan."""
+    size = sum(len(v) for v in values if isinstance(v, str | bytes | list | tuple))
+    if size:
+        budget = _budget()
+        budget[2] -= size
+        if budget[2] < 0:
+            raise RenderLimitError(
+                f"the template reads more than {MAX_READ:,} characters or items in all "
+                "(filters, calls, comparisons and tests over long strings or lists)"
+            )
 
 
 def _sized(value: Any) -> int | None:
@@ -259,6 +283,11 @@ class _Counted:
         return len(self.iterable)  # type: ignore[arg-type]
 
 
+def _reading(expr: nodes.Expr) -> nodes.Expr:
+    """``expr`` passed through the environment's read counter."""
+    return nodes.Call(nodes.EnvironmentAttribute("ctxrules_read"), [expr], [], None, None, lineno=expr.lineno)
+
+
 class _Instrument(NodeTransformer):
     """Routes loops and ``~`` through the environment's counting helpers."""
 
@@ -267,6 +296,19 @@ class _Instrument(NodeTransformer):
         node.iter = nodes.Call(
             nodes.EnvironmentAttribute("ctxrules_counted"), [node.iter], [], None, None, lineno=node.lineno
         )
+        return node
+
+    def visit_Compare(self, node: nodes.Compare) -> nodes.Node:
+        self.generic_visit(node)
+        node.expr = _reading(node.expr)
+        for operand in node.ops:
+            operand.expr = _reading(operand.expr)
+        return node
+
+    def visit_Test(self, node: nodes.Test) -> nodes.Node:
+        self.generic_visit(node)
+        node.node = _reading(node.node)
+        node.args = [_reading(a) for a in node.args]
         return node
 
     def visit_Concat(self, node: nodes.Concat) -> nodes.Node:
@@ -284,6 +326,7 @@ def _limited_filter(name: str, func: Callable[..., Any]) -> Callable[..., Any]:
     def call(*args: Any, **kwargs: Any) -> Any:
         _charge()
         _check_args(args[skip:], kwargs, f"filter '{name}'")
+        _read(*args[skip - 1 :], *kwargs.values())
         if len(args) >= skip:
             value = args[skip - 1]
             if name in ("join", "sum") and not isinstance(value, list | tuple | str | dict):
@@ -320,7 +363,7 @@ class LimitedEnvironment(ImmutableSandboxedEnvironment):
 
     def render_limited(self, render: Callable[[], str]) -> str:
         """``render()`` with a fresh operation budget."""
-        token = _BUDGET.set([MAX_OPERATIONS, MAX_TOTAL_CHARS])
+        token = _BUDGET.set(_fresh_budget())
         try:
             return render()
         finally:
@@ -334,6 +377,10 @@ class LimitedEnvironment(ImmutableSandboxedEnvironment):
 
     def ctxrules_counted(self, iterable: Any) -> Any:
         return _Counted(iterable)
+
+    def ctxrules_read(self, value: Any) -> Any:
+        _read(value)
+        return value
 
     def ctxrules_concat(self, parts: list[Any]) -> str:
         _charge()
@@ -406,6 +453,7 @@ class LimitedEnvironment(ImmutableSandboxedEnvironment):
         _charge()
         _check_args(args, kwargs, f"{getattr(__obj, '__name__', 'a call')}()")
         owner = getattr(__obj, "__self__", None)
+        _read(owner, *args, *kwargs.values())
         if isinstance(owner, str):
             name = getattr(__obj, "__name__", "")
             if name in ("format", "format_map"):
