@@ -633,3 +633,24 @@ def test_volatile_lint_fails_validate_only_with_strict(cli, tmp_path: Path) -> N
     )
     assert cli("validate", str(pack))[0] == 0
     assert cli("validate", "--strict", str(pack))[0] == 1
+
+
+def test_include_cycles_are_found_visiting_each_include_once() -> None:
+    """Sections that each include all later ones have 2**n paths and no cycle: listing paths
+    never ends; each section's includes are looked at once."""
+    from ctxrules.validation.templates import _cycles
+
+    class Counted(dict[str, list[str]]):
+        calls = 0
+
+        def get(self, key: str, default: object = None) -> object:  # type: ignore[override]
+            Counted.calls += 1
+            return super().get(key, default)
+
+    n = 18
+    graph = Counted({f"s{i:02}": [f"s{j:02}" for j in range(i + 1, n)] for i in range(n)})
+    assert _cycles(graph) == []
+    assert Counted.calls <= 2 * n
+    graph["s17"] = ["s05"]
+    assert _cycles(graph) == [[f"s{i:02}" for i in range(5, n)]]
+    assert _cycles({"a": ["b"], "b": ["c", "a"], "c": ["a", "c"]}) == [["a", "b", "c"], ["c"], ["a", "b"]]

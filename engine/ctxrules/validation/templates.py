@@ -263,24 +263,36 @@ def _undeclared(ast: nodes.Template, declared: set[str], globals_: Collection[st
 
 
 def _cycles(graph: dict[str, list[str]]) -> list[list[str]]:
-    """Each include cycle once, starting at its alphabetically first section."""
+    """Include cycles, each starting at its alphabetically first section: one per edge back
+    into the path a depth-first walk is on. Each section and include is visited once (listing
+    every path would take exponential time on sections that include all later ones), so every
+    section in a cycle is named in at least one, not every cycle of a tangle is."""
     seen: set[tuple[str, ...]] = set()
     out: list[list[str]] = []
-
-    def walk(node: str, path: list[str]) -> None:
-        for nxt in graph.get(node, []):
-            if nxt in path:
+    done: set[str] = set()
+    for start in sorted(graph):
+        if start in done:
+            continue
+        path = [start]
+        on_path = {start}
+        pending = [iter(graph.get(start, []))]
+        while pending:
+            nxt = next(pending[-1], None)
+            if nxt is None:
+                pending.pop()
+                done.add(path[-1])
+                on_path.discard(path.pop())
+            elif nxt in on_path:
                 cycle = path[path.index(nxt) :]
                 k = cycle.index(min(cycle))
                 norm = tuple(cycle[k:] + cycle[:k])
                 if norm not in seen:
                     seen.add(norm)
                     out.append(list(norm))
-            elif nxt in graph and len(path) < 64:
-                walk(nxt, [*path, nxt])
-
-    for start in sorted(graph):
-        walk(start, [start])
+            elif nxt in graph and nxt not in done:
+                path.append(nxt)
+                on_path.add(nxt)
+                pending.append(iter(graph.get(nxt, [])))
     return out
 
 
