@@ -388,6 +388,24 @@ def test_templates_cannot_exhaust_the_engine(tmp_path: Path, template: str, what
         assert first.startswith(("p.yaml:", "ctxrules: error: p.yaml:")), first
 
 
+@pytest.mark.parametrize("tag", ["include '{}'", "include '{}' with context"])
+def test_sections_that_include_each_other_exponentially_are_bounded(tmp_path: Path, tag: str) -> None:
+    """21 sections that each include all later ones render 2**20 templates that write nothing
+    and call nothing: each include is an operation."""
+    n = 21
+    lines = ["prompts:", "  sections:"]
+    for i in range(n):
+        body = "".join("{% " + tag.format(f"s{j}") + " %}" for j in range(i + 1, n)) or "{# leaf #}"
+        lines.append(f"    s{i}: {{template: {json.dumps(body)}}}")
+    lines += ["  modes:", "    full: [s0]"]
+    write(tmp_path, "p.yaml", "\n".join(lines) + "\n")
+    for argv in (["validate", "p.yaml"], ["assemble", "--pack", "p.yaml", "--mode", "full", "--model", "x"]):
+        proc = ctxrules(*argv, cwd=tmp_path, timeout=300)
+        out = clean(proc)
+        assert proc.returncode == 1, out
+        assert "CR103" in out and "operations" in out, out
+
+
 @pytest.mark.parametrize(
     "template",
     [

@@ -6,7 +6,7 @@ two nested loops over ``range(100000)`` never end. Seconds would make the verdic
 the machine's load, so every limit here is a count, the same on every machine:
 
 - :data:`MAX_OPERATIONS` operations per render: each arithmetic operator, function, method or
-  filter call, ``~`` concatenation and loop iteration costs one;
+  filter call, ``~`` concatenation, loop iteration, include and import costs one;
 - :data:`MAX_CHARS` characters (or items) for any string or sequence a template builds, and
   for the rendered output; operations that multiply their input (``replace``, ``join``,
   ``indent``, ``wordwrap``, ``expandtabs``, ``translate``, ``format`` and ``%``, ``tojson``,
@@ -289,7 +289,8 @@ def _reading(expr: nodes.Expr) -> nodes.Expr:
 
 
 class _Instrument(NodeTransformer):
-    """Routes loops and ``~`` through the environment's counting helpers."""
+    """Routes loops, ``~``, comparisons, tests, includes and imports through the environment's
+    counting helpers."""
 
     def visit_For(self, node: nodes.For) -> nodes.Node:
         self.generic_visit(node)
@@ -309,6 +310,27 @@ class _Instrument(NodeTransformer):
         self.generic_visit(node)
         node.node = _reading(node.node)
         node.args = [_reading(a) for a in node.args]
+        return node
+
+    def visit_Include(self, node: nodes.Include) -> nodes.Node:
+        return self._rendering(node)
+
+    def visit_Import(self, node: nodes.Import) -> nodes.Node:
+        return self._rendering(node)
+
+    def visit_FromImport(self, node: nodes.FromImport) -> nodes.Node:
+        return self._rendering(node)
+
+    def visit_Extends(self, node: nodes.Extends) -> nodes.Node:
+        return self._rendering(node)
+
+    def _rendering(self, node: nodes.Include | nodes.Import | nodes.FromImport | nodes.Extends) -> nodes.Node:
+        # Each include or import renders a template: sections that include two others each
+        # render 2**n templates that may write nothing and call nothing.
+        self.generic_visit(node)
+        node.template = nodes.Call(
+            nodes.EnvironmentAttribute("ctxrules_rendering"), [node.template], [], None, None, lineno=node.lineno
+        )
         return node
 
     def visit_Concat(self, node: nodes.Concat) -> nodes.Node:
@@ -377,6 +399,10 @@ class LimitedEnvironment(ImmutableSandboxedEnvironment):
 
     def ctxrules_counted(self, iterable: Any) -> Any:
         return _Counted(iterable)
+
+    def ctxrules_rendering(self, template: Any) -> Any:
+        _charge()
+        return template
 
     def ctxrules_read(self, value: Any) -> Any:
         _read(value)
