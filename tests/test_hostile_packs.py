@@ -388,6 +388,27 @@ def test_templates_cannot_exhaust_the_engine(tmp_path: Path, template: str, what
         assert first.startswith(("p.yaml:", "ctxrules: error: p.yaml:")), first
 
 
+def test_the_sections_of_one_prompt_share_one_budget(tmp_path: Path) -> None:
+    """A mode listing a costly section (that writes nothing) again and again: the prompt, not
+    each section, is bounded."""
+    write(
+        tmp_path,
+        "p.yaml",
+        f"""\
+        prompts:
+          sections:
+            a: {{template: "{{% for i in range(100000) %}}{{% endfor %}}"}}
+          modes:
+            full: [{", ".join(["a"] * 20)}]
+        """,
+    )
+    for argv in (["validate", "p.yaml"], ["assemble", "--pack", "p.yaml", "--mode", "full", "--model", "x"]):
+        proc = ctxrules(*argv, cwd=tmp_path)
+        out = clean(proc)
+        assert proc.returncode == 1, out
+        assert "CR103" in out and "operations" in out, out
+
+
 @pytest.mark.parametrize("tag", ["include '{}'", "include '{}' with context"])
 def test_sections_that_include_each_other_exponentially_are_bounded(tmp_path: Path, tag: str) -> None:
     """21 sections that each include all later ones render 2**20 templates that write nothing

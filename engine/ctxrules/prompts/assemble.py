@@ -46,7 +46,7 @@ from ctxrules.packs.loader import display_path
 from ctxrules.packs.models_match import name_candidates
 from ctxrules.plugins import Registry, default_registry
 from ctxrules.prompts.environment import make_environment
-from ctxrules.prompts.limits import RenderLimitError
+from ctxrules.prompts.limits import RenderLimitError, render_budget
 from ctxrules.resources import rules_dir
 
 if TYPE_CHECKING:
@@ -437,25 +437,26 @@ class PromptSet:
                     raise AssemblyError(
                         f"section '{_label(section)}' ({section.origin}) does not compile: {type(exc).__name__}: {exc}"
                     ) from None
-        for section, template in zip(parts, templates, strict=True):
-            try:
-                body = tidy(self._environment().render_limited(functools.partial(template.render, context)))
-            except RenderLimitError as exc:
-                raise AssemblyError(
-                    f"section '{_label(section)}' ({section.origin}) exceeds a rendering limit: {exc}",
-                    limit=True,
-                ) from None
-            except RecursionError:
-                raise AssemblyError(
-                    f"section '{_label(section)}' ({section.origin}) recurses without end: it "
-                    "includes itself (directly or through other sections), or a macro calls itself"
-                ) from None
-            except Exception as exc:  # template code is the pack's: any failure is the pack's
-                raise AssemblyError(
-                    f"section '{_label(section)}' ({section.origin}) does not render: {type(exc).__name__}: {exc}"
-                ) from None
-            if body:
-                rendered.append((section, body))
+        with render_budget():  # the sections of one prompt share one budget
+            for section, template in zip(parts, templates, strict=True):
+                try:
+                    body = tidy(self._environment().render_limited(functools.partial(template.render, context)))
+                except RenderLimitError as exc:
+                    raise AssemblyError(
+                        f"section '{_label(section)}' ({section.origin}) exceeds a rendering limit: {exc}",
+                        limit=True,
+                    ) from None
+                except RecursionError:
+                    raise AssemblyError(
+                        f"section '{_label(section)}' ({section.origin}) recurses without end: it "
+                        "includes itself (directly or through other sections), or a macro calls itself"
+                    ) from None
+                except Exception as exc:  # template code is the pack's: any failure is the pack's
+                    raise AssemblyError(
+                        f"section '{_label(section)}' ({section.origin}) does not render: {type(exc).__name__}: {exc}"
+                    ) from None
+                if body:
+                    rendered.append((section, body))
         _check_tags(rendered)
         text = "\n\n".join(f"<{s.tag}>\n{body}\n</{s.tag}>" for s, body in rendered)
         sections = tuple(

@@ -26,6 +26,7 @@ the work is done; the assembler reports it like any render failure, located at t
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import functools
 import re
@@ -45,6 +46,7 @@ __all__ = [
     "MAX_TOTAL_CHARS",
     "LimitedEnvironment",
     "RenderLimitError",
+    "render_budget",
 ]
 
 MAX_OPERATIONS = 1_000_000
@@ -59,6 +61,8 @@ class RenderLimitError(SecurityError):
 
 
 _BUDGET: contextvars.ContextVar[list[int]] = contextvars.ContextVar("ctxrules_render_budget")
+# The budget the renders inside a render_budget() share (one assembled prompt).
+_SCOPE: contextvars.ContextVar[list[int] | None] = contextvars.ContextVar("ctxrules_render_scope", default=None)
 
 
 def _fresh_budget() -> list[int]:
@@ -363,6 +367,18 @@ def _limited_filter(name: str, func: Callable[..., Any]) -> Callable[..., Any]:
     return call
 
 
+@contextlib.contextmanager
+def render_budget() -> Iterator[None]:
+    """One budget for every :meth:`LimitedEnvironment.render_limited` inside: the sections of
+    one prompt share it, so a mode that lists a costly section ten thousand times stops at the
+    limits of one render."""
+    token = _SCOPE.set(_fresh_budget())
+    try:
+        yield
+    finally:
+        _SCOPE.reset(token)
+
+
 class LimitedEnvironment(ImmutableSandboxedEnvironment):
     """The sandbox with the counted limits of this module."""
 
@@ -384,9 +400,12 @@ class LimitedEnvironment(ImmutableSandboxedEnvironment):
                 self.filters[name] = wrapped
 
     def render_limited(self, render: Callable[[], str]) -> str:
-        """``render()`` with a fresh operation budget."""
-        token = _BUDGET.set(_fresh_budget())
+        """``render()`` (one operation) with a fresh budget, or inside :func:`render_budget`
+        with the budget all its renders share."""
+        scope = _SCOPE.get()
+        token = _BUDGET.set(scope if scope is not None else _fresh_budget())
         try:
+            _charge()
             return render()
         finally:
             _BUDGET.reset(token)
