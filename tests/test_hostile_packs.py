@@ -696,3 +696,44 @@ def test_a_pack_that_is_not_there_is_exit_2_in_every_verb(tmp_path: Path, pack: 
     proc = ctxrules("run", "--pack", "child.yaml", "--model", "gpt-4o", "--input", "m.json", cwd=tmp_path)
     out = clean(proc)
     assert proc.returncode == 1 and "child.yaml:4:10: error[CR030]" in out, out
+
+
+def _trial_renders(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, modes: int, entries: int, section: str
+) -> tuple[int, list[str]]:
+    """Validate a pack of ``modes`` modes and ``entries`` models: entries, each mode one
+    ``section``; the prompts the trial render assembled, and the CR103 messages."""
+    from ctxrules.plugins import default_registry
+    from ctxrules.prompts.assemble import PromptSet
+    from ctxrules.validation.validate import validate_paths
+
+    lines = ["prompts:", "  sections:", f"    a: {{template: {json.dumps(section)}}}", "  modes:"]
+    lines += [f"    m{i}: [a]" for i in range(modes)]
+    lines += ["models:"] + [f"  - {{id: e{i}, match: ['e{i}-*']}}" for i in range(entries)]
+    write(tmp_path, "p.yaml", "\n".join(lines) + "\n")
+    calls = [0]
+    render = PromptSet.render
+
+    def counted(self: PromptSet, *args: object, **kwargs: object) -> object:
+        calls[0] += 1
+        return render(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(PromptSet, "render", counted)
+    run = validate_paths([str(tmp_path / "p.yaml")], default_registry())
+    return calls[0], [d.message for d in run.diagnostics if d.code == "CR103"]
+
+
+def test_the_trial_render_of_a_pack_is_bounded_in_prompts_and_in_operations(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every mode is tried for every models: entry, each prompt with a budget of its own: a pack
+    of a thousand modes and a thousand entries would take hours to check."""
+    calls, found = _trial_renders(tmp_path, monkeypatch, 101, 99, "hello")
+    assert calls == 0 and len(found) == 1 and "10,100 prompts to check" in found[0], found
+    # Costly prompts: the trial as a whole stops at its operation bound, not after 50 x 12.
+    costly = "{% for i in range(100000) %}{% endfor %}" * 4
+    calls, found = _trial_renders(tmp_path, monkeypatch, 50, 11, costly)
+    assert 20 <= calls <= 30 and len(found) == 1 and "together do more than" in found[0], (calls, found)
+    # What a pack of ordinary size needs stays within both bounds.
+    calls, found = _trial_renders(tmp_path, monkeypatch, 20, 99, "{% for i in range(1000) %}{{ i }}{% endfor %}")
+    assert calls == 20 * 100 and found == []

@@ -44,9 +44,12 @@ __all__ = [
     "MAX_OPERATIONS",
     "MAX_READ",
     "MAX_TOTAL_CHARS",
+    "MAX_TRIAL_OPERATIONS",
+    "MAX_TRIAL_RENDERS",
     "LimitedEnvironment",
     "RenderLimitError",
     "render_budget",
+    "trial_spending",
 ]
 
 MAX_OPERATIONS = 1_000_000
@@ -54,6 +57,11 @@ MAX_CHARS = 1_000_000
 MAX_INT_BITS = 14_000  # about 4,300 decimal digits: what Python itself will print of an int
 MAX_TOTAL_CHARS = 100 * MAX_CHARS
 MAX_READ = 10 * MAX_CHARS
+# The trial render of a pack (every prompt mode for every models: entry, in `validate` and when
+# a pack is loaded): each prompt has its own budget, so without a bound of their own a pack of
+# a thousand modes and a thousand entries would take hours to check.
+MAX_TRIAL_RENDERS = 10_000
+MAX_TRIAL_OPERATIONS = 20 * MAX_OPERATIONS
 
 
 class RenderLimitError(SecurityError):
@@ -63,6 +71,8 @@ class RenderLimitError(SecurityError):
 _BUDGET: contextvars.ContextVar[list[int]] = contextvars.ContextVar("ctxrules_render_budget")
 # The budget the renders inside a render_budget() share (one assembled prompt).
 _SCOPE: contextvars.ContextVar[list[int] | None] = contextvars.ContextVar("ctxrules_render_scope", default=None)
+# The operations the prompts rendered inside a trial_spending() used, together.
+_TRIAL: contextvars.ContextVar[list[int] | None] = contextvars.ContextVar("ctxrules_render_trial", default=None)
 
 
 def _fresh_budget() -> list[int]:
@@ -372,11 +382,28 @@ def render_budget() -> Iterator[None]:
     """One budget for every :meth:`LimitedEnvironment.render_limited` inside: the sections of
     one prompt share it, so a mode that lists a costly section ten thousand times stops at the
     limits of one render."""
-    token = _SCOPE.set(_fresh_budget())
+    budget = _fresh_budget()
+    token = _SCOPE.set(budget)
     try:
         yield
     finally:
         _SCOPE.reset(token)
+        spent = _TRIAL.get()
+        if spent is not None:
+            spent[0] += MAX_OPERATIONS - max(budget[0], 0)
+
+
+@contextlib.contextmanager
+def trial_spending() -> Iterator[list[int]]:
+    """A one-item list that counts the operations of every prompt rendered (each inside its
+    own :func:`render_budget`) within: what a trial render checks against
+    :data:`MAX_TRIAL_OPERATIONS`."""
+    spent = [0]
+    token = _TRIAL.set(spent)
+    try:
+        yield spent
+    finally:
+        _TRIAL.reset(token)
 
 
 class LimitedEnvironment(ImmutableSandboxedEnvironment):

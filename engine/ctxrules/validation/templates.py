@@ -25,6 +25,7 @@ from ctxrules.diagnostics import Diagnostic, Reporter, Severity, did_you_mean
 from ctxrules.packs.confine import HINT, read_pack_text
 from ctxrules.prompts.assemble import AssemblyError, PromptSet, display_template_path
 from ctxrules.prompts.environment import BUILTIN_VARIABLES, RANDOM_FILTERS, make_environment
+from ctxrules.prompts.limits import MAX_TRIAL_OPERATIONS, MAX_TRIAL_RENDERS, trial_spending
 from ctxrules.prompts.volatile import find_volatile
 
 if TYPE_CHECKING:
@@ -306,8 +307,27 @@ def _trial_render(rep: Reporter, pack: ResolvedPack, registry: Registry, modes: 
         return
     sample = {name: "x" for name, var in ps.variables.items() if var.required}
     reported: set[str] = set()
-    for mode in modes:
-        for entry in [None, *ps.entries]:
+    pairs = len(modes) * (len(ps.entries) + 1)
+    if pairs > MAX_TRIAL_RENDERS:
+        rep.add(
+            "CR103",
+            f"{len(modes)} prompt modes x {len(ps.entries) + 1} models: entries (with no entry) are "
+            f"{pairs:,} prompts to check, more than the {MAX_TRIAL_RENDERS:,} a pack may have",
+            "/prompts/modes",
+            "split the pack, or share sections between fewer modes",
+        )
+        return
+    with trial_spending() as spent:
+        for mode, entry in ((m, e) for m in modes for e in [None, *ps.entries]):
+            if spent[0] > MAX_TRIAL_OPERATIONS:
+                rep.add(
+                    "CR103",
+                    f"the prompts of all modes and models: entries together do more than "
+                    f"{MAX_TRIAL_OPERATIONS:,} template operations (stopped before mode '{mode}')",
+                    "/prompts/modes",
+                    "make the sections cheaper, or split the pack",
+                )
+                return
             try:
                 ps.render(mode, entry, ps.effective_variables(sample))
             except AssemblyError as exc:
