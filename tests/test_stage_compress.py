@@ -336,6 +336,27 @@ def test_remove_placeholder_role_keeps_alternation(tmp_path: Path) -> None:
             assert new[i + 1]["role"] == "assistant"
 
 
+def test_remove_leaves_the_summary_to_its_stage(tmp_path: Path) -> None:
+    """The summary is an assistant message, so a step of its own, but the summary stage owns it
+    (re-renders and merges it): the regular removal takes real steps and leaves it in place,
+    as it does the notes and its own placeholders; only the emergency pass may take it. It
+    once went first (the oldest step), so the turn after a compaction that ended at ``full``
+    put a ``removed`` placeholder in the summary's place."""
+    from ctxrules.messages import injected_kind, mark_injected
+
+    msgs = conversation(24, lines=60)
+    summary = mark_injected(
+        {"role": "assistant", "content": "User goal: fix the build.\n" + filler(40, "sum")}, "summary"
+    )
+    msgs[2:2] = [summary, user("continue")]
+    ctx = make_ctx(tmp_path, window=32_000, target="light")
+    new = run(Remove(NO_GUARD), msgs, ctx).messages
+    assert ctx.below(new, "light")
+    assert summary in new
+    assert [injected_kind(m) for m in new if is_injected(m)] == ["summary", "removed"]
+    assert pairing_problems(new) == []
+
+
 # --- guard --------------------------------------------------------------------------------------
 
 

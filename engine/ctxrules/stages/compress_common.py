@@ -478,6 +478,10 @@ def is_placeholder(msg: Mapping[str, Any]) -> bool:
     return is_injected(msg) and injected_kind(msg) == PLACEHOLDER_KIND
 
 
+def _owned(msg: Mapping[str, Any]) -> bool:
+    return is_injected(msg) and injected_kind(msg) in OWNED_KINDS
+
+
 @dataclass
 class RemovalPlan:
     """Units (whole steps, or single loose messages) chosen for removal, with the runs they
@@ -613,13 +617,16 @@ def removal_units(view: View, *, force: bool) -> Iterator[tuple[tuple[int, int, 
     A unit is a whole step whose messages are contiguous and all eligible (a step is never
     split: a call leaves together with its results), or a loose message (in no step): for the
     regular stage only injected messages that no other stage owns, for the emergency pass
-    every non-pinned one.
+    every non-pinned one. The summary is an assistant message, so a step of its own: the
+    regular stage leaves it to the summary stage, like every message of :data:`OWNED_KINDS`.
     """
     for step in view.steps:
         members = sorted(step.indices)
         if members != list(range(members[0], members[-1] + 1)):
             continue
         if not all(view.eligible(i, force=force) for i in members):
+            continue
+        if not force and any(_owned(view.messages[i]) for i in members):
             continue
         key = max(view.order_key(i, force=force) for i in members)
         yield (key[0], key[1], members[0]), members
