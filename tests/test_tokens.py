@@ -389,6 +389,25 @@ def test_exotic_shapes_are_counted_without_errors() -> None:
     assert counter.memo_hits == 1
 
 
+@pytest.mark.parametrize("tokenizer", ["o200k_base", "anthropic"])
+def test_a_documents_text_source_counts_its_text(tokenizer: str) -> None:
+    """An Anthropic document with a plain-text source (``{"type": "text", "media_type":
+    "text/plain", "data": ...}``) is the text itself to the model. Its source has a ``type`` of
+    ``text`` but no ``text`` field: it counted 0, so a 100K-token document looked like a short
+    message and nothing was compacted before the provider refused the request."""
+    counter = TokenCounter(tokenizer)
+    text = "".join(f"line {i}: the quick brown fox jumps over the lazy dog\n" for i in range(500))
+    as_text = {"role": "user", "content": [{"type": "text", "text": text}]}
+    source = {"type": "text", "media_type": "text/plain", "data": text}
+    as_document = {"role": "user", "content": [{"type": "document", "source": source, "title": "notes"}]}
+    in_result = {"role": "tool", "tool_call_id": "t1", "content": [{"type": "document", "source": source}]}
+    floor = counter.count_message(as_text)
+    assert counter.count_message(as_document) >= floor
+    assert counter.count_message(in_result) >= floor
+    # A text part is counted by its text alone, as before.
+    assert counter.count_message({**as_text, "content": [{"type": "text", "text": text, "data": text}]}) == floor
+
+
 def test_reasoning_and_thinking_blocks_count() -> None:
     counter = TokenCounter("o200k_base")
     plain = {"role": "assistant", "content": "Done."}

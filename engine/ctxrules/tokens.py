@@ -32,7 +32,8 @@ Message accounting (the same as ``litellm.token_counter`` for OpenAI models)
 * content parts: ``text`` / ``input_text`` / ``output_text`` / ``thinking`` count their text;
   images by the rule below; any other part counts the text of its string fields (``type``,
   ids, ``cache_control`` and ``signature`` excluded), inline ``data:`` payloads a flat
-  :data:`OPAQUE_MEDIA_TOKENS`;
+  :data:`OPAQUE_MEDIA_TOKENS`; an object typed ``text`` without a ``text`` field (a
+  document's plain-text source, ``{"type": "text", "data": ...}``) counts those fields too;
 * other fields (``cache_control``, metadata, anything unknown) count nothing;
 * a message list costs the sum of its messages plus 3 tokens that prime the reply;
 * tool schemas (OpenAI rendering, used for the tiktoken and ``approx`` counters): the
@@ -738,7 +739,12 @@ class TokenCounter:
             return
         kind = part.get("type")
         if isinstance(kind, str) and kind in _TEXT_PART_FIELDS:
-            tally.text(part.get(_TEXT_PART_FIELDS[kind]))
+            text = part.get(_TEXT_PART_FIELDS[kind])
+            if text is None:
+                # Not a text part: a document's plain-text source, {"type": "text", "data": ...}.
+                self._tally_fields(part, tally, depth)
+            else:
+                tally.text(text)
         elif kind == "redacted_thinking":
             return
         elif kind == "image_url":
@@ -773,15 +779,18 @@ class TokenCounter:
             if depth and isinstance(value.get("type"), str):
                 self._tally_part(value, tally, depth + 1)
                 return
-            for key, item in value.items():
-                if key in _OPAQUE_SKIP:
-                    continue
-                if key == "input" and isinstance(item, Mapping | list):
-                    tally.text(_json_text(item))  # tool_use input: sent as JSON
-                else:
-                    self._tally_opaque(item, tally, depth + 1)
+            self._tally_fields(value, tally, depth)
         elif isinstance(value, list | tuple):
             for item in value:
+                self._tally_opaque(item, tally, depth + 1)
+
+    def _tally_fields(self, value: Mapping[str, Any], tally: _Tally, depth: int) -> None:
+        for key, item in value.items():
+            if key in _OPAQUE_SKIP:
+                continue
+            if key == "input" and isinstance(item, Mapping | list):
+                tally.text(_json_text(item))  # tool_use input: sent as JSON
+            else:
                 self._tally_opaque(item, tally, depth + 1)
 
     def _tally_message(self, message: Mapping[str, Any]) -> _Tally:
