@@ -88,6 +88,18 @@ def test_a_lone_surrogate_is_replaced_with_a_warning_naming_where(tmp_path: Path
     assert out[0]["content"] == "a\ufffdb" and "\ufffd(U+DC00)k" in out[1]
 
 
+def test_the_surrogate_warning_shows_control_characters_in_a_key_as_escapes(tmp_path: Path) -> None:
+    """The warning quotes the key where it found the surrogate: a key holding an escape sequence
+    (a tool's JSON output pasted in a message) must not retitle the terminal or reorder the line."""
+    raw = b'[{"role": "user", "content": "x", "k\\u001b]0;owned\\u0007\\u202e\\nz": "\\ud800"}]'
+    proc = run_cli(tmp_path, raw)
+    err = proc.stderr.decode()
+    assert proc.returncode == 0, err
+    assert "/0/k\\x1b]0;owned\\x07\\u202e\\x0az: a lone surrogate was replaced with U+FFFD" in err, err
+    assert not any(c in err for c in "\x1b\x07\u202e") and err.count("\n") == 1
+    assert json.loads(proc.stdout)[0]["k\x1b]0;owned\x07\u202e\nz"] == "\ufffd"
+
+
 def test_the_api_repairs_surrogates_warns_once_and_keeps_reusing(tmp_path: Path) -> None:
     session = Engine.load("builtin:default").session(tmp_path / "s", model="gpt-4o")
     history = [{"role": "user", "content": "a\ud800b"}, {"role": "assistant", "content": "ok"}]

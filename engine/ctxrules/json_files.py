@@ -11,6 +11,7 @@ import sys
 from typing import Any
 
 from ctxrules.errors import UsageError
+from ctxrules.printable import printable
 
 __all__ = ["read_json"]
 
@@ -24,7 +25,8 @@ def read_json(path: str) -> Any:
     ``Infinity`` (not JSON), nesting deeper than :data:`~ctxrules.json_limits.MAX_DEPTH` and
     integers of more than :data:`~ctxrules.json_limits.MAX_INT_DIGITS` digits. Lone
     surrogates (``"\\ud800"``, valid JSON text but not encodable) are replaced with U+FFFD,
-    with a warning on stderr naming where.
+    with a warning on stderr naming where (control characters and bidirectional marks in the
+    keys it quotes shown as their escapes).
     """
     from ctxrules.json_limits import MAX_INPUT_BYTES, MAX_INT_DIGITS, NonFinite, pointer, scan, short_pointer
 
@@ -71,7 +73,9 @@ def read_json(path: str) -> Any:
         first = found.problems[0]
         raise UsageError(f"{name}: {short_pointer(first.path)}: {first.detail}")
     for where in found.replaced:
-        sys.stderr.write(f"ctxrules: warning: {name}: {pointer(where)}: a lone surrogate was replaced with U+FFFD\n")
+        # The pointer quotes the data's keys: escape sequences in one are shown, not acted on.
+        shown = printable(f"{name}: {pointer(where)}")
+        sys.stderr.write(f"ctxrules: warning: {shown}: a lone surrogate was replaced with U+FFFD\n")
     return found.value
 
 
