@@ -298,6 +298,38 @@ def test_the_validator_names_each_broken_rule(request_: dict[str, Any], found: s
     assert all(p.code == "CR140" for p in problems)
 
 
+@pytest.mark.parametrize(
+    ("request_", "found"),
+    [
+        (
+            _req(
+                {"role": "user", "content": "a"}, USE, {"role": "user", "content": [{**RESULT, "tool_use_id": ["t1"]}]}
+            ),
+            "string tool_use_id",
+        ),
+        (_req({"role": "user", "content": [{**RESULT, "tool_use_id": {"id": "t1"}}]}), "string tool_use_id"),
+        (
+            _req(
+                {"role": "user", "content": "a"},
+                USE,
+                {"role": "user", "content": [{**RESULT, "content": [{"type": ["text"]}]}]},
+            ),
+            "holds only text",
+        ),
+        (
+            _req({"role": "user", "content": "a"}, {"role": "assistant", "content": [{"type": ["thinking"]}]}),
+            "string 'type'",
+        ),
+    ],
+)
+def test_the_validator_reports_hostile_values_as_problems(request_: dict[str, Any], found: str) -> None:
+    """The validator checks requests from anywhere: a value of the wrong type is a problem it
+    names, never an exception (a list as a tool_use_id or block type is not hashable)."""
+    for original in (None, request_, {"messages": 5}):
+        problems = A.validate(request_, original=original, preserved_thinking=True)
+        assert any(found in str(p) for p in problems), problems
+
+
 def test_the_validator_checks_signed_thinking_against_the_original() -> None:
     think = {"type": "thinking", "thinking": "plan", "signature": "sig"}
     original = _req(

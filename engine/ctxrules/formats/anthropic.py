@@ -601,7 +601,9 @@ def validate(
         elif not content and (isinstance(content, list) or role == "user"):
             problems.append(Problem(f"{where}.content", "is empty"))
         results = [b for b in blocks if isinstance(b, Mapping) and b.get("type") == "tool_result"]
-        answered = [b.get("tool_use_id") for b in results]
+        answered = [b["tool_use_id"] for b in results if isinstance(b.get("tool_use_id"), str)]
+        if len(answered) < len(results):
+            problems.append(Problem(where, "a tool_result without a string tool_use_id"))
         if role == "user":
             first_other = next(
                 (k for k, b in enumerate(blocks) if not (isinstance(b, Mapping) and b.get("type") == "tool_result")),
@@ -693,7 +695,11 @@ def _check_block(where: str, block: object, role: object, problems: list[Problem
         inner = block.get("content")
         if isinstance(inner, list):
             for k, sub in enumerate(inner):
-                if not isinstance(sub, Mapping) or sub.get("type") not in _RESULT_CONTENT:
+                if (
+                    not isinstance(sub, Mapping)
+                    or not isinstance(sub.get("type"), str)
+                    or sub["type"] not in _RESULT_CONTENT
+                ):
                     problems.append(
                         Problem(
                             f"{where}.content[{k}]",
@@ -714,6 +720,11 @@ def _count_cache(value: object) -> int:
     return 0
 
 
+def _is_thinking(block: Mapping[str, Any]) -> bool:
+    kind = block.get("type")
+    return isinstance(kind, str) and kind in _THINKING
+
+
 def _signature(block: Mapping[str, Any]) -> str | None:
     value = block.get("signature") if block.get("type") == "thinking" else block.get("data")
     return value if isinstance(value, str) and value else None
@@ -721,11 +732,12 @@ def _signature(block: Mapping[str, Any]) -> str | None:
 
 def _thinking_turns(request: Mapping[str, Any]) -> list[tuple[int, list[Mapping[str, Any]]]]:
     out = []
-    for i, message in enumerate(request.get("messages") or []):
+    messages = request.get("messages")
+    for i, message in enumerate(messages if isinstance(messages, list) else []):
         if not isinstance(message, Mapping) or message.get("role") != "assistant":
             continue
         if isinstance(message.get("content"), list):
-            thinking = [b for b in message["content"] if isinstance(b, Mapping) and b.get("type") in _THINKING]
+            thinking = [b for b in message["content"] if isinstance(b, Mapping) and _is_thinking(b)]
             if thinking:
                 out.append((i, thinking))
     return out
@@ -747,7 +759,8 @@ def _check_thinking(
     request: Mapping[str, Any], original: Mapping[str, Any], preserved: bool, problems: list[Problem]
 ) -> None:
     before: dict[str, tuple[int, str]] = {}
-    original_messages = list(original.get("messages") or [])
+    found = original.get("messages")
+    original_messages = found if isinstance(found, list) else []
     for i, thinking in _thinking_turns(original):
         for block in thinking:
             signature = _signature(block)
