@@ -199,6 +199,8 @@ def test_a_real_transcript_in_anthropic_form_round_trips(path: Path) -> None:
         ({"system": "s", "messages": []}, "anthropic"),
         ({"messages": [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "a"}]}]}, "anthropic"),
         ({"messages": [], "tools": [{"name": "x", "input_schema": {}}]}, "anthropic"),
+        # A block type that is not a string is no sign (and not hashable): the reader says what is wrong.
+        ({"messages": [{"role": "user", "content": [{"type": ["tool_use"]}, {"type": {}}]}]}, "openai"),
     ],
 )
 def test_detection_follows_the_documented_signs(request_: Any, kind: str) -> None:

@@ -66,7 +66,8 @@ def detect(request: object) -> Format:
         for message in messages:
             content = message.get("content") if isinstance(message, Mapping) else None
             if isinstance(content, list) and any(
-                isinstance(b, Mapping) and b.get("type") in _ANTHROPIC_BLOCKS for b in content
+                isinstance(b, Mapping) and isinstance(b.get("type"), str) and b["type"] in _ANTHROPIC_BLOCKS
+                for b in content
             ):
                 return "anthropic"
     return "openai"
