@@ -127,6 +127,8 @@ def test_cli_errors_are_one_line_without_traceback(tmp_path: Path, argv: list[st
         ('{"messages": 3}', "messages"),
         ('[{"role": "user", "content": 5}]', "message 0"),
         ('[{"role": "robot", "content": "x"}]', "message 0"),
+        ('{"messages": [{"role": "user", "content": [{"type": ["text"]}]}]}', "message 0 (user), content part 0"),
+        ('[{"role": "user", "content": "x"}, {"role": "assistant", "tool_calls": [{"id": 7}]}]', "message 1"),
     ],
 )
 def test_malformed_message_files_exit_2_with_a_clear_message(tmp_path: Path, payload: str, message: str) -> None:
@@ -134,3 +136,6 @@ def test_malformed_message_files_exit_2_with_a_clear_message(tmp_path: Path, pay
     bad.write_text(payload)
     proc = run_default(bad, "--session", str(tmp_path / "s"), timeout=120)
     assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr
+    # Named like every other fault of the file, found before a session is opened (or made).
+    assert f"error: {bad}:" in proc.stderr and proc.stderr.count("\n") == 1, proc.stderr
+    assert not (tmp_path / "s").exists()

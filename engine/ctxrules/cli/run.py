@@ -11,10 +11,10 @@ from ctxrules.cli.progress import TerminalProgress, wanted
 from ctxrules.cli.stores import add_store_options, named_store
 from ctxrules.cli.tables import report_table
 from ctxrules.engine import open_session
-from ctxrules.errors import UsageError
+from ctxrules.errors import MessagesError, UsageError
 from ctxrules.formats import FormatError, detect
 from ctxrules.formats import anthropic as anthropic_format
-from ctxrules.messages import split_input
+from ctxrules.messages import split_input, validate_messages
 from ctxrules.printable import printable
 
 
@@ -86,7 +86,8 @@ def run(args: argparse.Namespace) -> int:
             )
         else:
             messages, tools = split_input(data)
-    except FormatError as exc:
+            validate_messages(messages)  # what no stage repairs is named here, with the file
+    except MessagesError as exc:  # a FormatError too
         raise UsageError(f"{name}: {exc}") from None
     session = open_session(
         args.pack,
