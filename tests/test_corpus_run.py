@@ -129,6 +129,14 @@ def test_cli_errors_are_one_line_without_traceback(tmp_path: Path, argv: list[st
         ('[{"role": "robot", "content": "x"}]', "message 0"),
         ('{"messages": [{"role": "user", "content": [{"type": ["text"]}]}]}', "message 0 (user), content part 0"),
         ('[{"role": "user", "content": "x"}, {"role": "assistant", "tool_calls": [{"id": 7}]}]', "message 1"),
+        # JSON leaves open which of two equal keys counts: Python's reader keeps the last, so
+        # these ran on no messages, or sent "bye" and dropped "hello" without a word.
+        ('{"messages": [{"role": "user", "content": "x"}], "messages": []}', '/: the key "messages" appears twice'),
+        ('[{"role": "user", "content": "hello", "content": "bye"}]', '/0: the key "content" appears twice'),
+        (
+            '[{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b", "text": ""}]}]',
+            '/0/content/1: the key "text" appears twice',
+        ),
     ],
 )
 def test_malformed_message_files_exit_2_with_a_clear_message(tmp_path: Path, payload: str, message: str) -> None:

@@ -23,7 +23,8 @@ def read_json(path: str) -> Any:
     Refused: a file over :data:`~ctxrules.json_limits.MAX_INPUT_BYTES`, anything that is not
     a regular file or a pipe (a FIFO is read like stdin, up to the same limit), ``NaN`` and
     ``Infinity`` (not JSON), nesting deeper than :data:`~ctxrules.json_limits.MAX_DEPTH` and
-    integers of more than :data:`~ctxrules.json_limits.MAX_INT_DIGITS` digits. Lone
+    integers of more than :data:`~ctxrules.json_limits.MAX_INT_DIGITS` digits, an object
+    that names a key twice (JSON leaves which counts open). Lone
     surrogates (``"\\ud800"``, valid JSON text but not encodable) are replaced with U+FFFD,
     with a warning on stderr naming where (control characters and bidirectional marks in the
     keys it quotes shown as their escapes).
@@ -61,9 +62,15 @@ def read_json(path: str) -> Any:
         raise UsageError(f"{name}: not UTF-8 (byte {exc.start})") from None
     del raw  # not needed while parsing (a 50 MB file would be held three times)
     try:
-        data = json.loads(text, parse_constant=NonFinite)
+        data = json.loads(text, parse_constant=NonFinite, object_pairs_hook=_unique_keys)
     except json.JSONDecodeError as exc:
         raise UsageError(f"{name}:{exc.lineno}:{exc.colno}: invalid JSON: {exc.msg}") from None
+    except _DuplicateKey:
+        at, key = _first_duplicate(text)
+        raise UsageError(
+            printable(f"{name}: {short_pointer(at)}: the key {json.dumps(key)} appears twice in one object")
+            + " (JSON leaves which one counts open: say it once)"
+        ) from None
     except RecursionError:
         raise UsageError(f"{name}: invalid input: nested too deep") from None
     except ValueError:  # the one other error json.loads raises: Python's integer digit limit
@@ -81,3 +88,41 @@ def read_json(path: str) -> Any:
 
 def _mb(n: int) -> str:
     return f"{n // (1024 * 1024)} MiB"
+
+
+class _DuplicateKey(Exception):
+    """An object of the file names one key twice."""
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    # json.loads keeps the last of two equal keys: {"messages": [...], "messages": []} would run
+    # on nothing, and two "content" keys would drop one text without a word.
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        raise _DuplicateKey
+    return out
+
+
+class _Pairs(list[tuple[str, Any]]):
+    """An object as parsed, every key kept (to find the duplicate)."""
+
+
+def _first_duplicate(text: str) -> tuple[tuple[str | int, ...], str]:
+    """The JSON path of the first object (depth first, in document order) that names a key
+    twice, and the key: read again only on this error path, every pair kept."""
+    from ctxrules.json_limits import NonFinite
+
+    root = json.loads(text, parse_constant=NonFinite, object_pairs_hook=_Pairs)
+    stack: list[tuple[Any, tuple[str | int, ...]]] = [(root, ())]
+    while stack:  # no recursion: the file may nest as deep as the parser went
+        value, path = stack.pop()
+        if isinstance(value, _Pairs):
+            seen: set[str] = set()
+            for key, _item in value:
+                if key in seen:
+                    return path, key
+                seen.add(key)
+            stack.extend((item, (*path, key)) for key, item in reversed(value))
+        elif isinstance(value, list):
+            stack.extend((item, (*path, i)) for i, item in reversed(list(enumerate(value))))
+    return (), ""
