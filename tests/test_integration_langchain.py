@@ -293,6 +293,25 @@ def test_changed_messages_keep_their_own_ids_when_a_tool_call_id_is_reused(tmp_p
     assert [m.id for m in sent if isinstance(m, HumanMessage)] == ["h1", "h2"]
 
 
+def test_a_compacted_tool_result_keeps_its_error_status_and_artifact(tmp_path: Path) -> None:
+    """A ToolMessage whose output the pack reduced was rebuilt from its OpenAI form, which has
+    no status: an error result reached the model as a success (langchain-anthropic sends
+    ``is_error`` from it), and its artifact was dropped."""
+    messages: list[BaseMessage] = [
+        HumanMessage("Run job 1.", id="h1"),
+        AIMessage("", id="a1", tool_calls=[{"id": "c1", "name": "run_job", "args": {"n": 1}}]),
+        ToolMessage(big_output(1), tool_call_id="c1", id="t1", status="error", artifact={"exit": 1}),
+        AIMessage("", id="a2", tool_calls=[{"id": "c2", "name": "run_job", "args": {"n": 2}}]),
+        ToolMessage(big_output(2), tool_call_id="c2", id="t2"),
+        HumanMessage("go on", id="h2"),
+    ]
+    middleware = CtxrulesMiddleware(model="gpt-4o", window=64_000, state=tmp_path / "state", recall=False)
+    sent = [m for m in _sent(middleware, messages) if isinstance(m, ToolMessage)]
+    assert [m.id for m in sent] == ["t1", "t2"]
+    assert "[ctxrules:elided" in sent[0].content  # compacted, so rebuilt
+    assert [(m.status, m.artifact) for m in sent] == [("error", {"exit": 1}), ("success", None)]
+
+
 def test_a_message_ctxrules_injects_takes_no_id_of_the_agents(tmp_path: Path) -> None:
     """The first "c1" call has no result (a user message came in between), the second one has:
     ctxrules answers the first with an interrupted result and renames the second "c1_2". The

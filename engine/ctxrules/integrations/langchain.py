@@ -44,6 +44,7 @@ try:
     from langchain_core.messages import (
         BaseMessage,
         SystemMessage,
+        ToolMessage,
         convert_to_messages,
         convert_to_openai_messages,
     )
@@ -169,7 +170,7 @@ class CtxrulesMiddleware(AgentMiddleware):
                 continue
             (made,) = convert_to_messages([msg])
             if source is not None:
-                made.id = messages[source].id
+                _keep_own_fields(made, messages[source])
             out.append(made)
         return request.override(messages=out, system_message=new_system)
 
@@ -239,6 +240,16 @@ def _sources(prepared: list[dict[str, Any]], converted: list[dict[str, Any]]) ->
                 taken.add(j)
                 break
     return out
+
+
+def _keep_own_fields(made: BaseMessage, original: BaseMessage) -> None:
+    """``made`` (converted back from a changed message) keeps what the OpenAI form has no field
+    for: the id of the message it stands for and, for a tool result, its ``status`` (an error
+    result goes to Anthropic models as ``is_error``) and ``artifact``."""
+    made.id = original.id
+    if isinstance(made, ToolMessage) and isinstance(original, ToolMessage):
+        made.status = original.status
+        made.artifact = original.artifact
 
 
 def _call_ids(msg: dict[str, Any]) -> list[str]:
