@@ -182,6 +182,19 @@ def test_threads_are_sessions_named_by_the_id_rule(tmp_path: Path) -> None:
     assert middleware.session_for("run-42") is plain
 
 
+def test_a_thread_id_of_zero_is_its_own_session(tmp_path: Path) -> None:
+    """A falsy thread id (the int 0) was taken for none: the run shared the default session with
+    every run that has no thread id."""
+    model = RecordingModel()
+    model.requests = []
+    model.recalled = {"skip": True}
+    middleware = CtxrulesMiddleware(model="gpt-4o", state=tmp_path / "state", recall=False)
+    agent = create_agent(model, tools=[], middleware=[middleware], checkpointer=InMemorySaver())
+    agent.invoke({"messages": [HumanMessage("hi")]}, {"configurable": {"thread_id": 0}, "recursion_limit": 5})
+    assert (tmp_path / "state" / "0").is_dir()
+    assert not (tmp_path / "state" / "default").exists()
+
+
 def test_open_sessions_are_bounded_and_a_let_go_one_reopens_from_its_state(tmp_path: Path) -> None:
     middleware = CtxrulesMiddleware(model="gpt-4o", state=tmp_path / "state", recall=False, max_sessions=2)
     first = middleware.session_for("a")

@@ -59,10 +59,8 @@ DEFAULT_SESSION = "default"
 
 def _thread_id(request: Any) -> str | None:
     info = getattr(getattr(request, "runtime", None), "execution_info", None)
-    thread = getattr(info, "thread_id", None)
-    if thread:
-        return str(thread)
-    return _config_thread_id()
+    thread = _named(getattr(info, "thread_id", None))
+    return thread if thread is not None else _config_thread_id()
 
 
 def _config_thread_id() -> str | None:
@@ -72,8 +70,13 @@ def _config_thread_id() -> str | None:
         config = get_config()
     except (ImportError, RuntimeError):
         return None
-    thread = (config.get("configurable") or {}).get("thread_id")
-    return str(thread) if thread else None
+    return _named((config.get("configurable") or {}).get("thread_id"))
+
+
+def _named(thread: Any) -> str | None:
+    """A thread id as a string; None when there is none. Any value but None and "" is one: a
+    thread 0 is not the runs without a thread id."""
+    return None if thread is None or thread == "" else str(thread)
 
 
 def _tool_dict(tool: Any) -> dict[str, Any] | None:
