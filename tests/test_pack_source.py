@@ -296,6 +296,14 @@ def test_a_scalar_its_tag_cannot_read_is_a_located_error(text: str, code: str, c
     assert (p.code, p.col) == (code, col), p.message
 
 
+def test_the_hint_names_the_explicit_tag_only_when_the_source_has_one() -> None:
+    tagged = problem("a: !!timestamp 2024-02-30\n")
+    resolved = problem("a: 2024-02-30\n")  # YAML reads it as a date by its shape: no tag to remove
+    assert tagged.code == resolved.code == "CR001"
+    assert "explicit tag" in (tagged.hint or "") and "explicit tag" not in (resolved.hint or "")
+    assert "quote it" in (resolved.hint or "")
+
+
 # -- through the loader: encoding, shapes ---------------------------------------------------
 
 

@@ -27,7 +27,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from ctxrules.packs.source import escape_token
 from ctxrules.printable import printable
 
 __all__ = [
@@ -205,6 +204,8 @@ def summarizer_ceiling_s(data: Mapping[str, Any]) -> float:
 
 def lint_timeouts(data: Mapping[str, Any]) -> list[TimeoutFinding]:
     """CR091-CR093 for a resolved pack (nothing when it declares no ``timeouts:``)."""
+    from ctxrules.packs.source import escape_token  # the YAML layer: imported to lint, not to run
+
     policy = TimeoutPolicy.from_pack(data)
     if policy is None:
         return []

@@ -193,7 +193,9 @@ class _Builder:
                 f"YAML: {shown!r} is not a valid {node.tag.removeprefix('tag:yaml.org,2002:')}",
                 *_pos(node),
                 pointer,
-                hint="correct the value, or remove the explicit tag (!!...) in front of it",
+                hint="correct the value, or remove the explicit tag (!!...) in front of it"
+                if _tagged(node)
+                else "correct the value, or quote it to make it a string",
             ) from None
 
     def _mapping(self, node: yaml.MappingNode, pointer: str) -> dict[str, Any]:
@@ -357,3 +359,11 @@ def _syntax_problem(exc: yaml.MarkedYAMLError, text: str) -> YamlProblem:
 def _line_of(text: str, line: int) -> str:
     lines = text.splitlines()
     return lines[line - 1] if 0 < line <= len(lines) else ""
+
+
+def _tagged(node: yaml.Node) -> bool:
+    """Whether the source gives ``node`` an explicit tag (``!!timestamp x``), not one YAML
+    resolved from its text (``2024-02-30``)."""
+    mark = node.start_mark
+    buffer = getattr(mark, "buffer", None)
+    return isinstance(buffer, str) and buffer.startswith("!", mark.pointer)

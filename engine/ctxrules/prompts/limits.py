@@ -14,8 +14,9 @@ the machine's load, so every limit here is a count, the same on every machine:
   arguments, so no single step allocates more than that;
 - :data:`MAX_TOTAL_CHARS` characters for all the strings and sequences one render builds
   together (a loop that keeps a million-character string per iteration stops there);
-- :data:`MAX_READ` characters (or items) for all the strings and sequences its filters, calls,
-  comparisons and tests are given: one operation may scan a million of them (``s|wordcount``,
+- :data:`MAX_READ` characters (or items) for all the strings, sequences and mappings its
+  filters, calls and membership tests (``in``, ``is in``) are given: one operation may scan a
+  million of them (``s|wordcount``,
   ``l|sort``, ``s.count(x)``, ``x in s``), and a million such operations would run for hours;
 - :data:`MAX_INT_BITS` bits for an integer (``**`` and ``*`` are checked before computing);
 - ``range`` is counted item by item (and Jinja's own cap of 100,000 items holds).
@@ -104,16 +105,16 @@ def _spend(size: int) -> None:
 
 
 def _read(*values: Any) -> None:
-    """Count the strings and sequences among ``values`` against :data:`MAX_READ` characters
-    (or items) read: what a filter, call, comparison or test is given it may scan."""
-    size = sum(len(v) for v in values if isinstance(v, str | bytes | list | tuple))
+    """Count the strings, sequences and mappings among ``values`` against :data:`MAX_READ`
+    characters (or items) read: what a filter, call or membership test is given it may scan."""
+    size = sum(len(v) for v in values if isinstance(v, str | bytes | list | tuple | dict | set | frozenset))
     if size:
         budget = _budget()
         budget[2] -= size
         if budget[2] < 0:
             raise RenderLimitError(
                 f"the template reads more than {MAX_READ:,} characters or items in all "
-                "(filters, calls, comparisons and tests over long strings or lists)"
+                "(filters, calls and `in` over long strings, lists or mappings)"
             )
 
 
@@ -314,16 +315,23 @@ class _Instrument(NodeTransformer):
         return node
 
     def visit_Compare(self, node: nodes.Compare) -> nodes.Node:
+        # Membership scans its container: both sides of `in` / `not in` are counted as read.
+        # Other comparisons look at a value once (or compare memory) and stay uncounted.
         self.generic_visit(node)
-        node.expr = _reading(node.expr)
-        for operand in node.ops:
-            operand.expr = _reading(operand.expr)
+        sides: list[nodes.Compare | nodes.Operand] = [node, *node.ops]
+        read: set[int] = set()
+        for k, operand in enumerate(node.ops):
+            if operand.op in ("in", "notin"):
+                read.update((k, k + 1))  # the operands left and right of it
+        for k in sorted(read):
+            sides[k].expr = _reading(sides[k].expr)
         return node
 
     def visit_Test(self, node: nodes.Test) -> nodes.Node:
         self.generic_visit(node)
-        node.node = _reading(node.node)
-        node.args = [_reading(a) for a in node.args]
+        if node.name == "in":  # `x is in s`: the one test that scans what it is given
+            node.node = _reading(node.node)
+            node.args = [_reading(a) for a in node.args]
         return node
 
     def visit_Include(self, node: nodes.Include) -> nodes.Node:
@@ -522,6 +530,12 @@ class LimitedEnvironment(ImmutableSandboxedEnvironment):
         return super().call_unop(context, operator, arg)
 
     def call(__self, __context: Any, __obj: Any, *args: Any, **kwargs: Any) -> Any:
+        if getattr(__obj, "__func__", None) in _PASS_THROUGH:
+            # The counters the instrumented code calls around a value: they count what they
+            # must themselves, and the value they hand back is the template's own (an int of a
+            # million is a context window, not a call's argument to bound). Jinja's own
+            # keywords (_loop_vars, _block_vars) are not theirs.
+            return __obj(*args)
         _charge()
         _check_args(args, kwargs, f"{getattr(__obj, '__name__', 'a call')}()")
         owner = getattr(__obj, "__self__", None)
@@ -534,3 +548,7 @@ class LimitedEnvironment(ImmutableSandboxedEnvironment):
                 args = (_check_size(list(_Counted(args[0])), "the input of str.join()"), *args[1:])
             _check_bound(name, owner, args, kwargs, f"the result of str.{name}()", method=True)
         return _check_size(super().call(__context, __obj, *args, **kwargs), "a call's result")
+
+
+# Helpers the instrumented templates call that pass a value through (see LimitedEnvironment.call).
+_PASS_THROUGH = (LimitedEnvironment.ctxrules_read, LimitedEnvironment.ctxrules_rendering)

@@ -266,8 +266,9 @@ def _undeclared(ast: nodes.Template, declared: set[str], globals_: Collection[st
 def _cycles(graph: dict[str, list[str]]) -> list[list[str]]:
     """Include cycles, each starting at its alphabetically first section: one per edge back
     into the path a depth-first walk is on. Each section and include is visited once (listing
-    every path would take exponential time on sections that include all later ones), so every
-    section in a cycle is named in at least one, not every cycle of a tangle is."""
+    every path would take exponential time on sections that include all later ones). Any
+    include cycle yields at least one; in a tangle of cycles not every cycle, nor every section
+    on one, is named."""
     seen: set[tuple[str, ...]] = set()
     out: list[list[str]] = []
     done: set[str] = set()
