@@ -24,6 +24,7 @@ from proxy_kit import FakeUpstream
 from ctxrules.formats import anthropic as A
 from ctxrules.integrations import session_name
 from ctxrules.integrations.litellm import ContextHook, completion
+from ctxrules.stores.filesystem import FilesystemStore
 
 # litellm's own pydantic models warn while they build (its code, not ours).
 pytestmark = pytest.mark.filterwarnings("ignore:Items? .* using the `ReadOnly` qualifier:UserWarning")
@@ -59,6 +60,12 @@ def pack(tmp_path: Path, extra: str) -> str:
         ("a/b", hashlib.sha256(b"a/b").hexdigest()),
         ("..", hashlib.sha256(b"..").hexdigest()),
         ("", hashlib.sha256(b"").hexdigest()),
+        # The store's own names, and hidden names: a session "vault" wrote its state into the
+        # shared vault folder and was missing from every listing.
+        *((n, hashlib.sha256(n.encode()).hexdigest()) for n in ("vault", "Ledger", "router", "KEYS", "stateless")),
+        (".stateless", hashlib.sha256(b".stateless").hexdigest()),
+        (".x", hashlib.sha256(b".x").hexdigest()),
+        ("vaults", "vaults"),
     ],
 )
 def test_session_ids_are_used_as_they_are_or_hashed(raw: str, name: str) -> None:
@@ -203,6 +210,18 @@ def test_without_a_session_id_nothing_but_the_shared_vault_is_kept(tmp_path: Pat
     assert list((tmp_path / "state" / ".stateless").iterdir()) == []
     vault = tmp_path / "state" / "vault"
     assert vault.is_dir() and any(p.is_file() for p in vault.rglob("*"))
+
+
+def test_a_session_named_like_the_stores_own_folders_gets_a_folder_of_its_own(tmp_path: Path) -> None:
+    hook = ContextHook("builtin:default", tmp_path / "state", window=32_000)
+    for name in ("vault", ".stateless"):
+        hook.process({"model": "gpt-4o", "messages": long_history(), "litellm_session_id": name}, "openai")
+        state = tmp_path / "state" / hashlib.sha256(name.encode()).hexdigest() / "state.json"
+        assert state.is_file()
+    assert not (tmp_path / "state" / "vault" / "state.json").exists()
+    assert not (tmp_path / "state" / ".stateless" / "state.json").exists()
+    listed = set(FilesystemStore(tmp_path / "state").sessions())
+    assert {str(tmp_path / "state" / hashlib.sha256(n.encode()).hexdigest()) for n in ("vault", ".stateless")} <= listed
 
 
 def test_anthropic_requests_come_back_in_anthropic_form(tmp_path: Path) -> None:

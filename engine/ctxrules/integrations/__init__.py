@@ -21,10 +21,18 @@ _S = TypeVar("_S")
 _PLAIN_ID = re.compile(r"[A-Za-z0-9._-]{1,128}")
 
 
+# Names a store keeps beside its sessions (a filesystem root's vault/, ledger/, router/ and
+# keys/ folders; the shared vault of stateless calls). Compared in lower case: a filesystem
+# that ignores case would make "Vault" the vault too.
+_STORE_NAMES = frozenset({"vault", "ledger", "router", "keys", "stateless"})
+
+
 def session_name(raw: str) -> str:
     """A session directory name for an id taken from a request: the id itself when it matches
-    ``[A-Za-z0-9._-]{1,128}`` (and is not made of dots only), else its sha256 hex."""
-    if _PLAIN_ID.fullmatch(raw) and raw.strip("."):
+    ``[A-Za-z0-9._-]{1,128}``, does not start with a dot (hidden, and the store's scratch
+    space) and is none of the store's own names (``vault``, ``ledger``, ``router``, ``keys``,
+    ``stateless``, in any case); else its sha256 hex."""
+    if _PLAIN_ID.fullmatch(raw) and not raw.startswith(".") and raw.lower() not in _STORE_NAMES:
         return raw
     return hashlib.sha256(raw.encode("utf-8", "surrogatepass")).hexdigest()
 
