@@ -224,6 +224,14 @@ def test_a_session_named_like_the_stores_own_folders_gets_a_folder_of_its_own(tm
     assert {str(tmp_path / "state" / hashlib.sha256(n.encode()).hexdigest()) for n in ("vault", ".stateless")} <= listed
 
 
+def test_an_integer_session_id_names_a_session(tmp_path: Path) -> None:
+    hook = ContextHook("builtin:default", tmp_path / "state", window=32_000)
+    hook.process({"model": "gpt-4o", "messages": long_history(), "metadata": {"session_id": 42}}, "openai")
+    assert (tmp_path / "state" / "42" / "state.json").is_file()
+    hook.process({"model": "gpt-4o", "messages": long_history(), "metadata": {"session_id": True}}, "openai")
+    assert sorted(p.parent.name for p in (tmp_path / "state").rglob("state.json")) == ["42"]
+
+
 def test_anthropic_requests_come_back_in_anthropic_form(tmp_path: Path) -> None:
     hook = ContextHook("builtin:default", tmp_path / "state", window=32_000)
     request = A.encode(long_history(), None, {"model": "claude-sonnet-4-5", "max_tokens": 100})

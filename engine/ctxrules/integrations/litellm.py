@@ -323,19 +323,29 @@ def _metadata(data: Mapping[str, Any]) -> dict[str, Any]:
 def _session_id(data: Mapping[str, Any]) -> str | None:
     """``litellm_session_id``, else ``metadata.session_id``, else the ``x-litellm-trace-id``
     header of the proxied request."""
-    found = data.get("litellm_session_id")
-    if isinstance(found, str) and found:
+    found = _as_id(data.get("litellm_session_id"))
+    if found is not None:
         return found
     for key in ("metadata", "litellm_metadata"):
         value = data.get(key)
-        if isinstance(value, Mapping) and isinstance(value.get("session_id"), str) and value["session_id"]:
-            return str(value["session_id"])
+        if isinstance(value, Mapping) and (found := _as_id(value.get("session_id"))) is not None:
+            return found
     request = data.get("proxy_server_request")
     headers = request.get("headers") if isinstance(request, Mapping) else None
     if isinstance(headers, Mapping):
         for name, value in headers.items():
             if isinstance(name, str) and name.lower() == "x-litellm-trace-id" and isinstance(value, str) and value:
                 return value
+    return None
+
+
+def _as_id(value: object) -> str | None:
+    """A session id given as a non-empty string or an integer (a JSON body's ``"session_id":
+    42`` names the session ``42``; it ran stateless before), else ``None``."""
+    if isinstance(value, str):
+        return value or None
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
     return None
 
 
