@@ -184,3 +184,24 @@ def test_cli_reports_a_failing_compressor_test(
     code, out, _ = cli("test", *flag, str(path))
     assert code == 1
     assert "FAIL compressor:cut::bad" in out
+
+
+def test_a_failed_expected_shows_a_bounded_diff_not_the_whole_output(tmp_path: Path) -> None:
+    from ctxrules.compressors.testing import DIFF_LINES
+
+    text = "".join(f"row {i} of a long listing\\n" for i in range(3000))
+    wrong = "".join(f"Row {i} of a long listing\\n" for i in range(3000))  # every line differs
+    path = write_pack(
+        tmp_path,
+        f"""
+  - id: all
+    match: {{argv: [tool]}}
+    steps: [{{use: head, with: {{lines: 5000}}}}]
+    tests: [{{id: exact, input_text: "{text}", expected: "{wrong}"}}]
+""",
+    )
+    passed, message = results_of(path)["all::exact"]
+    assert not passed and "output differs from `expected`" in message
+    assert "first difference at line 1: expected 'Row 0 of a long listing', got 'row 0 of a long listing'" in message
+    assert "more diff lines" in message
+    assert len(message.splitlines()) <= DIFF_LINES + 3, len(message.splitlines())

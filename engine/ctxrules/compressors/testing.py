@@ -20,6 +20,7 @@ checked on it all the same.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import re
 import time
 from collections.abc import Mapping
@@ -213,7 +214,7 @@ def _run_case(
             problems.append(f"output still contains {needle!r}")
     expected = case.get("expected")
     if isinstance(expected, str) and output != expected.replace("{vault_id}", vault_id):
-        problems.append("output differs from `expected`:\n" + output)
+        problems.append("output differs from `expected`:\n" + _diff(expected.replace("{vault_id}", vault_id), output))
     ratio: float | None = None
     max_ratio = case.get("max_ratio")
     if max_ratio is not None:
@@ -224,6 +225,30 @@ def _run_case(
     if problems:
         return fail("; ".join(problems), ratio)
     return CaseResult(case_id, rule_id, True, "", source, ratio)
+
+
+# A failed `expected:` shows this many lines of the unified diff: the output of a compressor
+# test may be thousands of lines, and the first differences are what the author needs.
+DIFF_LINES = 40
+
+
+def _diff(expected: str, output: str) -> str:
+    """The first line where ``output`` and ``expected`` part, then their unified diff, at most
+    :data:`DIFF_LINES` lines of it and a count of the rest."""
+    want, got = expected.splitlines(), output.splitlines()
+    at = next((i for i, (a, b) in enumerate(zip(want, got, strict=False)) if a != b), min(len(want), len(got)))
+    first = f"first difference at line {at + 1}: expected {_line(want, at)}, got {_line(got, at)}\n"
+    lines = list(difflib.unified_diff(want, got, "expected", "output", n=2, lineterm=""))
+    if len(lines) > DIFF_LINES:
+        lines = [*lines[:DIFF_LINES], f"... {len(lines) - DIFF_LINES} more diff lines"]
+    return first + "\n".join(lines)
+
+
+def _line(lines: list[str], index: int) -> str:
+    if index >= len(lines):
+        return "the end of the text"
+    text = lines[index]
+    return repr(text if len(text) <= 200 else text[:200] + "...")
 
 
 def run_compressor_tests(
