@@ -15,6 +15,7 @@ import sys
 import textwrap
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -581,6 +582,102 @@ def test_an_extends_chain_or_cycle_of_any_length_is_no_recursion_error(tmp_path:
     out = clean(proc)
     assert proc.returncode == 1 and f"y{n - 1}.yaml:4:10: error[CR031] extends forms a cycle: y0.yaml" in out, out
     assert f"{n - 10} more" in out and len(out) < 2000, out  # a long cycle is named by its ends
+
+
+def _chain(folder: Path, n: int, *, down: bool = False, extra: dict[int, str] | None = None) -> None:
+    """``p0.yaml`` ... ``p{n-1}.yaml``, each extending the one before (``down``: the one after),
+    with ``extra`` appended to some files. Sorted by name, the files are not in chain order."""
+    head = "apiVersion: ctxrules/v1\nkind: RulePack\nmetadata: {name: p%d, version: 1.0.0}\n"
+    for i in range(n):
+        parent = i + 1 if down else i - 1
+        body = head % i + (f"extends: [p{parent}.yaml]\n" if 0 <= parent < n else "")
+        (folder / f"p{i}.yaml").write_text(body + (extra or {}).get(i, ""), encoding="utf-8")
+
+
+@pytest.mark.parametrize("down", [False, True])
+def test_a_folder_of_packs_that_extend_each_other_reads_locates_and_merges_each_file_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, down: bool
+) -> None:
+    """Each pack of the folder is resolved with its whole chain; the chain was walked, located
+    and merged again for each pack (a 1,000-file chain took minutes). Counted, not timed."""
+    from ctxrules.packs import loader
+    from ctxrules.plugins import default_registry
+    from ctxrules.validation.validate import validate_paths
+
+    n = 300
+    _chain(tmp_path, n, down=down)
+    calls = {"read": 0, "locate": 0, "merge": 0}
+
+    def counted(name: str, fn: Any) -> Any:
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            calls[name] += 1
+            return fn(*args, **kwargs)
+
+        return wrapper
+
+    monkeypatch.setattr(loader.PackLoader, "_read", counted("read", loader.PackLoader._read))
+    monkeypatch.setattr(loader.PackLoader, "_locate", counted("locate", loader.PackLoader._locate))
+    monkeypatch.setattr(loader, "merge_packs", counted("merge", loader.merge_packs))
+    run = validate_paths([str(tmp_path)], default_registry())
+    assert run.files_checked == n and run.diagnostics == [], run.diagnostics
+    # each file read and merged once; located once as the pack named and once as a parent
+    assert calls == {"read": n, "locate": 2 * n - 1, "merge": n}, calls
+
+
+def test_a_chain_resolves_as_each_pack_alone_would_errors_included(tmp_path: Path) -> None:
+    """What a loader keeps from one pack's resolution for the next changes nothing: each pack
+    of a chain with problems in the middle (and a diamond) resolves and validates as it does
+    with a loader of its own, and the folder's diagnostics are those of the packs alone."""
+    from ctxrules.packs.loader import PackLoader
+    from ctxrules.plugins import default_registry
+    from ctxrules.validation.validate import _sorted_unique, validate_paths, validate_resolved
+
+    n = 40
+    extra = {
+        12: "extends: [p11.yaml, missing.yaml]\n",  # replaces the parent list: CR030
+        20: "pipeline:\n  - {id: nowhere, with: {a: 1}}\n",  # CR041, in every pack below
+        25: "context: {thresholds: {light: 2}}\n",  # CR050, reported for each pack that inherits it
+        30: "pipeline:\n  - {id: d, use: compress.dedup, enabled: false}\n",
+        31: "extends: [p30.yaml, p27.yaml]\npipeline:\n  - {id: d, enabled: true}\n",  # a diamond
+    }
+    _chain(tmp_path, n, extra=extra)
+    (tmp_path / "p12.yaml").write_text(
+        (tmp_path / "p12.yaml").read_text().replace("extends: [p11.yaml]\n", ""), encoding="utf-8"
+    )
+    (tmp_path / "p31.yaml").write_text(
+        (tmp_path / "p31.yaml").read_text().replace("extends: [p30.yaml]\n", ""), encoding="utf-8"
+    )
+    registry = default_registry()
+    shared = PackLoader()
+    alone_diags = []
+    for f in sorted(tmp_path.glob("*.yaml")):
+        mine = PackLoader()
+        alone = mine.resolve(str(f), root=tmp_path)
+        got = shared.resolve(str(f), root=tmp_path)
+        for field in ("name", "data", "files", "diagnostics", "disabled", "real_paths", "roots", "disabled_at"):
+            assert getattr(got, field) == getattr(alone, field), (f.name, field)
+        assert validate_resolved(got, shared, registry) == validate_resolved(alone, mine, registry), f.name
+        alone_diags.extend(validate_resolved(alone, mine, registry))
+    found = validate_paths([str(tmp_path)], registry).diagnostics
+    assert found == _sorted_unique(alone_diags)
+    shown = [(d.code, Path(d.file).name, d.line, d.col) for d in found]
+    assert shown == [("CR030", "p12.yaml", 4, 21), ("CR041", "p20.yaml", 6, 5), ("CR050", "p25.yaml", 5, 31)], shown
+
+
+def test_a_parent_resolved_under_other_roots_is_checked_again(tmp_path: Path) -> None:
+    """A loader keeps resolutions per set of roots: a parent in a sibling folder is allowed
+    when the caller names the common folder, and refused (CR100) when the pack's own folder is
+    the root, in either order, with one loader."""
+    from ctxrules.packs.loader import PackLoader
+
+    write(tmp_path, "b/parent.yaml", "")
+    child = write(tmp_path, "a/child.yaml", "extends: ../b/parent.yaml\n")
+    for first_wide in (True, False):
+        loader = PackLoader()
+        runs = [(tmp_path, []), (None, ["CR100"])]
+        for root, codes in runs if first_wide else runs[::-1]:
+            pack = loader.resolve(str(child), root=root)
+            assert [d.code for d in pack.diagnostics] == codes, (first_wide, root, pack.diagnostics)
 
 
 @pytest.mark.parametrize(

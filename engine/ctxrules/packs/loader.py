@@ -20,7 +20,7 @@ from ctxrules.packs.confine import MAX_PACK_BYTES, FileRefused, OutsideRoots, ch
 from ctxrules.packs.merge import ID_LISTS, MergeProblem, drop_disabled, merge_packs
 from ctxrules.packs.semver import RangeError, is_semver, parse_range
 from ctxrules.packs.source import Origin, SourceDoc, YamlProblem, parse_yaml
-from ctxrules.packs.tree import OList, OMap, OriginIndex, annotate, plain
+from ctxrules.packs.tree import OList, OMap, OriginIndex, annotate, plain, shallow
 from ctxrules.resources import rules_dir
 from ctxrules.validation.schema import check_document
 
@@ -105,6 +105,13 @@ class PackLoader:
         self._docs: dict[Path, SourceDoc | None] = {}
         self._doc_problems: dict[Path, list[Diagnostic]] = {}
         self._layers: dict[Path, OMap] = {}
+        # What read() returned for each absolute path asked for (the real one included).
+        self._got: dict[Path, tuple[SourceDoc | None, list[Diagnostic]]] = {}
+        self._named: dict[str, list[Path]] = {}  # a parsed file's shown name -> its real paths
+        self._unread: list[Path] = []  # files that could not be read or parsed, in reading order
+        # The resolutions of one set of roots and working directory, by file (see _Walked).
+        self._walked: dict[tuple[tuple[Path, ...], str], dict[Path, _Walked]] = {}
+        self._kept = 0  # the weight of the merged trees kept for later resolutions
         self.search_path = tuple(str(p) for p in search_path)
         self._roots: tuple[Path, ...] = ()
         self._shown: dict[tuple[Path, str], str] = {}
@@ -120,18 +127,41 @@ class PackLoader:
     def display_path(self, path: Path) -> str:
         """:func:`display_path`, once per path and working directory for this loader: a pack
         and the dozen fragments it extends name each file several times while resolving."""
-        key = (path, os.getcwd())
+        return self._shown_in(path, os.getcwd())
+
+    def _shown_in(self, path: Path, cwd: str) -> str:
+        key = (path, cwd)
         shown = self._shown.get(key)
         if shown is None:
             shown = self._shown[key] = display_path(path)
         return shown
 
+    def paths_of(self, shown: str) -> Sequence[Path]:
+        """The real paths of the files read that are shown as ``shown``: those parsed, in
+        reading order, else those not read or parsed whose path ends with it."""
+        return self._named.get(shown) or [p for p in self._unread if str(p).endswith(shown)]
+
     # -- reading -----------------------------------------------------------------------
     def read(self, path: Path) -> tuple[SourceDoc | None, list[Diagnostic]]:
-        path = path.resolve()
-        if path not in self._docs:
-            self._docs[path], self._doc_problems[path] = self._read(path)
-        return self._docs[path], self._doc_problems[path]
+        # A pack's files are named again by every pack that extends it: resolve() (a system
+        # call per path component) once per absolute path and loader.
+        got = self._got.get(path)
+        if got is not None:
+            return got
+        real = path.resolve()
+        if real == path:
+            real = path  # one object for the file in every table: equal paths compare part by part
+        if real not in self._docs:
+            self._docs[real], self._doc_problems[real] = self._read(real)
+            doc = self._docs[real]
+            if doc is None:
+                self._unread.append(real)
+            else:
+                self._named.setdefault(doc.path, []).append(real)
+        got = self._docs[real], self._doc_problems[real]
+        if path.is_absolute():
+            self._got[real] = self._got[path] = got
+        return got
 
     def _read(self, path: Path) -> tuple[SourceDoc | None, list[Diagnostic]]:
         shown = self.display_path(path)
@@ -179,23 +209,37 @@ class PackLoader:
         What the pack names must lie below ``root`` (default: the folder of ``ref``'s file),
         the loader's ``search_path`` or the built-in packs (:mod:`ctxrules.packs.confine`)."""
         diagnostics: list[Diagnostic] = []
+        cwd = os.getcwd()
         self._roots = ()  # the caller named ref: it is not confined
-        path = self._locate(ref, base or Path.cwd(), None, diagnostics)
+        path = self._locate(ref, base or Path(cwd), None, diagnostics)
         first = root if root is not None else path.parent if path is not None else None
         self._roots = make_roots([first] if first is not None else [], self.search_path)
         order: list[Path] = []
+        heads: list[tuple[int, _Walked]] = []
         if path is not None:
-            self._linearize(path, [], set(), order, diagnostics)
+            heads = self._linearize(path, order, diagnostics, self._walked.setdefault((self._roots, cwd), {}))
         tree: OMap | None = None
         problems: list[MergeProblem] = []
+        start = 0
+        # A walk kept with its merged tree stands for the first files of the order: merge from
+        # there (in a folder of packs that extend each other, each file is merged once).
+        for end, known in reversed(heads):
+            if known.merged is not None:
+                kept, merged_problems = known.merged
+                tree, problems, start = shallow(kept) if kept is not None else None, list(merged_problems), end
+                break
+        keep = {end: known for end, known in heads if known.merged is None and end > start}
         docs: dict[str, SourceDoc] = {}
-        for p in order:
+        for i, p in enumerate(order):
             doc, _ = self.read(p)
-            if doc is None or not isinstance(doc.data, dict):
-                continue
-            docs[doc.path] = doc
-            layer = self._layer(p, doc)
-            tree = merge_packs(tree if tree is not None else OMap(layer.origin), layer, problems, reuse_base=True)
+            if doc is not None and isinstance(doc.data, dict):
+                docs[doc.path] = doc
+                if i >= start:
+                    layer = self._layer(p, doc)
+                    base_tree = tree if tree is not None else OMap(layer.origin)
+                    tree = merge_packs(base_tree, layer, problems, reuse_base=True)
+            if i + 1 in keep:
+                self._keep(keep[i + 1], tree, problems)
         for mp in problems:
             diagnostics.append(
                 Diagnostic(
@@ -203,12 +247,12 @@ class PackLoader:
                 )
             )
         if tree is None:
-            tree = OMap(Origin(self.display_path(path) if path else ref, 1, 1))
+            tree = OMap(Origin(self._shown_in(path, cwd) if path else ref, 1, 1))
         tree.drop("extends")
         disabled = _disabled_ids(tree)
         disabled_at = _disabled_origins(tree, docs)
         drop_disabled(tree)
-        files = [self.display_path(p) for p in order]
+        files = [self._shown_in(p, cwd) for p in order]
         name = tree.get("metadata", {}).get("name") if isinstance(tree.get("metadata"), dict) else None
         return ResolvedPack(
             str(name or ref),
@@ -218,11 +262,20 @@ class PackLoader:
             _dedupe(diagnostics),
             disabled,
             docs,
-            {self.display_path(p): p for p in order},
+            dict(zip(files, order, strict=True)),
             self._roots,
             self.search_path,
             disabled_at,
         )
+
+    def _keep(self, walked: _Walked, tree: OMap | None, problems: list[MergeProblem]) -> None:
+        """Keep the tree merged from ``walked``'s files for the packs that extend its file. The
+        tree is shared, not copied (merging never changes what it merges from; only the top level
+        of the tree it merges into, here a copy): what a loader keeps is bounded by weight."""
+        weight = 1 if tree is None else 1 + len(tree) + sum(len(v) for v in tree.values() if isinstance(v, list))
+        if self._kept + weight <= _KEEP_WEIGHT:
+            self._kept += weight
+            walked.merged = (shallow(tree) if tree is not None else None, tuple(problems))
 
     def _locate(
         self, ref: str, base: Path, at: tuple[Origin, str] | None, diagnostics: list[Diagnostic]
@@ -284,40 +337,89 @@ class PackLoader:
             report("CR032", f"'{ref}' asks for {text} but the pack is version {version}")
 
     def _linearize(
-        self, root: Path, stack: list[Path], done: set[Path], order: list[Path], diagnostics: list[Diagnostic]
-    ) -> None:
+        self, root: Path, order: list[Path], diagnostics: list[Diagnostic], walked: dict[Path, _Walked]
+    ) -> list[tuple[int, _Walked]]:
         """Append ``root`` and every pack it extends to ``order``, parents first (depth-first,
         in the order written). The walk keeps its own stack, so a chain or cycle of any length
-        is a diagnostic, not a RecursionError."""
-        pending: list[tuple[SourceDoc, Iterator[tuple[str, Any]]]] = []
+        is a diagnostic, not a RecursionError.
+
+        ``walked``: the walks of this loader's earlier resolutions (same roots, same working
+        directory) by file. A file met again is not walked again when its walk cannot turn out
+        differently here (none of its files is placed or on the stack yet): its files and
+        diagnostics are taken as they are. A walk that met no file placed before it or on the
+        stack is what resolving its file alone finds, and is kept. Returns ``(end, walk)`` for
+        the walks whose files are ``order[:end]``, whose merged tree may be kept."""
+        heads: list[tuple[int, _Walked]] = []
+        stack: list[Path] = []
+        on_stack: set[Path] = set()
+        done: set[Path] = set()
+        pending: list[_Frame] = []
+        impure = 0  # pending[:impure] met a file already placed or on the stack
 
         def enter(path: Path) -> None:
+            known = walked.get(path)
+            if known is not None:
+                files = known.files()
+                if not any(p in done or p in on_stack for p in files):
+                    if not order:
+                        heads.append((len(files), known))
+                    order.extend(files)
+                    done.update(files)
+                    if known.diagnostics:
+                        diagnostics.extend(known.found())
+                    if pending:
+                        pending[-1].parts.append(known)
+                        if known.diagnostics:
+                            pending[-1].found.append(known)
+                    return
             doc, _ = self.read(path)
             if doc is None or not isinstance(doc.data, dict):
                 done.add(path)
                 order.append(path)
+                if pending:
+                    pending[-1].parts.append(path)
                 return
             stack.append(path)
-            pending.append((doc, self._parents(doc)))
+            on_stack.add(path)
+            pending.append(_Frame(doc, self._parents(doc), path, len(order)))
 
-        if root not in done:
-            enter(root)
+        enter(root)
         while pending:
-            path = stack[-1]
-            doc, parents = pending[-1]
-            step = next(parents, None)
+            frame = pending[-1]
+            step = next(frame.parents, None)
             if step is None:
                 pending.pop()
                 stack.pop()
-                done.add(path)
-                order.append(path)
+                on_stack.discard(frame.path)
+                done.add(frame.path)
+                order.append(frame.path)
+                if len(pending) < impure:
+                    impure = len(pending)
+                    continue
+                known = walked.get(frame.path)
+                if known is None:
+                    known = walked[frame.path] = _Walked(
+                        (*frame.parts, frame.path), tuple(frame.found), len(order) - frame.start
+                    )
+                if frame.start == 0:
+                    heads.append((len(order), known))
+                if pending:
+                    pending[-1].parts.append(known)
+                    if known.diagnostics:
+                        pending[-1].found.append(known)
                 continue
             pointer, ref = step
-            origin = doc.origin(pointer)
-            parent = self._locate(ref, path.parent, (origin, pointer), diagnostics)
-            if parent is None or parent in done:
+            origin = frame.doc.origin(pointer)
+            before = len(diagnostics)
+            parent = self._locate(ref, frame.path.parent, (origin, pointer), diagnostics)
+            frame.found.extend(diagnostics[before:])
+            if parent is None:
                 continue
-            if parent in stack:
+            if parent in done:
+                impure = len(pending)
+                continue
+            if parent in on_stack:
+                impure = len(pending)
                 cycle = [*stack[stack.index(parent) :], parent]
                 shown = [self.display_path(p) for p in cycle]
                 if len(shown) > 12:  # a cycle through a thousand files is named by its ends
@@ -335,6 +437,7 @@ class PackLoader:
                 )
                 continue
             enter(parent)
+        return heads
 
     @staticmethod
     def _parents(doc: SourceDoc) -> Iterator[tuple[str, Any]]:
@@ -345,6 +448,58 @@ class PackLoader:
         elif isinstance(parents, list):
             for i, ref in enumerate(parents):
                 yield f"/extends/{i}", ref
+
+
+_KEEP_WEIGHT = 1_000_000
+"""What one loader keeps of merged trees for later resolutions: top-level keys and list items
+(the lists are shared with the packs resolved, so this is an upper bound on what is kept alive)."""
+
+
+@dataclass(eq=False)
+class _Walked:
+    """What resolving one file found, for one loader, set of roots and working directory: its
+    files in application order and the diagnostics of the walk, each given as files (or
+    diagnostics) and the walks of its parents (shared, so a chain of N files keeps N of these,
+    not N²/2 paths), and, once merged and while the loader's budget lasts, the tree merged from
+    those files with the merge problems met on the way."""
+
+    order: tuple[Path | _Walked, ...]
+    diagnostics: tuple[Diagnostic | _Walked, ...]
+    size: int
+    merged: tuple[OMap | None, tuple[MergeProblem, ...]] | None = None
+
+    def files(self) -> list[Path]:
+        return _flat(self, "order")
+
+    def found(self) -> list[Diagnostic]:
+        return _flat(self, "diagnostics")
+
+
+def _flat(walked: _Walked, attr: str) -> list[Any]:
+    """``walked``'s ``attr`` with the walks it names spelled out (iteratively: a chain may be
+    longer than the recursion limit)."""
+    out: list[Any] = []
+    todo = [iter(getattr(walked, attr))]
+    while todo:
+        for item in todo[-1]:
+            if isinstance(item, _Walked):
+                todo.append(iter(getattr(item, attr)))
+                break
+            out.append(item)
+        else:
+            todo.pop()
+    return out
+
+
+class _Frame:
+    """A file on the walk's stack: the parents still to visit, and what its walk found so far."""
+
+    __slots__ = ("doc", "found", "parents", "parts", "path", "start")
+
+    def __init__(self, doc: SourceDoc, parents: Iterator[tuple[str, Any]], path: Path, start: int) -> None:
+        self.doc, self.parents, self.path, self.start = doc, parents, path, start
+        self.parts: list[Path | _Walked] = []
+        self.found: list[Diagnostic | _Walked] = []
 
 
 def _disabled_ids(tree: OMap) -> dict[str, list[str]]:

@@ -18,7 +18,7 @@ from typing import Any
 
 from ctxrules.diagnostics import did_you_mean
 from ctxrules.packs.source import Origin
-from ctxrules.packs.tree import OList, OMap, clone
+from ctxrules.packs.tree import OList, OMap, clone, shallow
 
 # The fields that make a *new* item complete, per id-keyed list.
 ID_LISTS: dict[str, tuple[str, ...]] = {
@@ -192,7 +192,8 @@ def drop_disabled(tree: OMap) -> OMap:
         for item, origin in zip(lst, lst.origins, strict=False):
             if isinstance(item, OMap) and item.get("enabled") is False:
                 continue
-            if isinstance(item, OMap):
+            if isinstance(item, OMap) and "enabled" in item:
+                item = shallow(item)  # items are shared with kept merges (PackLoader): not changed
                 item.drop("enabled")
             kept.add(item, origin)
         tree.put(key, kept, tree.origins.get(key, tree.origin))

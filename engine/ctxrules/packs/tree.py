@@ -88,6 +88,15 @@ def clone(value: Any) -> Any:
     return value
 
 
+def shallow(value: OMap) -> OMap:
+    """A new top-level map over the same children and origins: what merging into a tree with
+    ``reuse_base`` changes (nothing below the top level is changed by merging)."""
+    out = OMap(value.origin)
+    dict.update(out, value)
+    out.origins = dict(value.origins)
+    return out
+
+
 def plain(value: Any) -> Any:
     """The tree as plain dicts and lists (what stages and the schema see)."""
     if isinstance(value, dict):

@@ -95,10 +95,8 @@ def _check_named_files(rep: Reporter, pack: ResolvedPack, verdicts: dict[Any, An
                 check(case.get("input"), f"/compressors/{i}/tests/{k}/input", "test input")
 
 
-def _paths_of(loader: PackLoader, shown: str) -> list[Path]:
-    return [p for p, doc in loader._docs.items() if doc is not None and doc.path == shown] or [
-        p for p, doc in loader._docs.items() if doc is None and str(p).endswith(shown)
-    ]
+def _paths_of(loader: PackLoader, shown: str) -> Sequence[Path]:
+    return loader.paths_of(shown)  # an index: a scan of every file read made a chain quadratic
 
 
 def _sorted_unique(diags: list[Diagnostic]) -> list[Diagnostic]:
