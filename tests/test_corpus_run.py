@@ -137,6 +137,8 @@ def test_cli_errors_are_one_line_without_traceback(tmp_path: Path, argv: list[st
             '[{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b", "text": ""}]}]',
             '/0/content/1: the key "text" appears twice',
         ),
+        # Past the duplicate the file nests too deep for the parser that looks for it.
+        ('[{"a": 1, "a": 2}, ' + "[" * 100_000 + "]" * 100_000 + "]", "a key appears twice in one object"),
     ],
 )
 def test_malformed_message_files_exit_2_with_a_clear_message(tmp_path: Path, payload: str, message: str) -> None:

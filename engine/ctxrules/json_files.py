@@ -66,10 +66,13 @@ def read_json(path: str) -> Any:
     except json.JSONDecodeError as exc:
         raise UsageError(f"{name}:{exc.lineno}:{exc.colno}: invalid JSON: {exc.msg}") from None
     except _DuplicateKey:
-        at, key = _first_duplicate(text)
+        try:
+            at, key = _first_duplicate(text)
+            said = f"{short_pointer(at)}: the key {json.dumps(key)} appears"
+        except (RecursionError, ValueError):  # what lies past the duplicate nests too deep, ...
+            said = "a key appears"
         raise UsageError(
-            printable(f"{name}: {short_pointer(at)}: the key {json.dumps(key)} appears twice in one object")
-            + " (JSON leaves which one counts open: say it once)"
+            printable(f"{name}: {said} twice in one object") + " (JSON leaves which one counts open: say it once)"
         ) from None
     except RecursionError:
         raise UsageError(f"{name}: invalid input: nested too deep") from None
