@@ -13,7 +13,6 @@ from typing import Any
 
 from ctxrules.budget.ledger import Totals
 from ctxrules.budget.policy import BudgetPolicy, Level
-from ctxrules.messages import clone_json
 
 __all__ = ["BudgetStatus", "BurnRate", "DimensionStatus"]
 
@@ -93,6 +92,7 @@ class BudgetStatus:
     own_calls: int = 0
     bad_lines: int = 0
     _report: dict[str, Any] | None = field(default=None, init=False, repr=False, compare=False)
+    _report_plan: _Plan = field(default=(), init=False, repr=False, compare=False)
 
     @property
     def binding(self) -> DimensionStatus | None:
@@ -160,12 +160,14 @@ class BudgetStatus:
         """:meth:`as_dict` for a report, as JSON would give it back (lists, not tuples): made once
         per status and copied for each report (a new dict each time, the caller's to change). A
         session whose ledgers did not change gets the same status on every prepare
-        (``SessionLedger.status``); the copy is made by the same ``clone_json`` the turn uses
-        for its messages instead of a JSON decode per report."""
+        (``SessionLedger.status``); the copy follows where the report holds lists and dicts
+        (:func:`_containers`, found once per status), a ``copy()`` of each, instead of a
+        ``clone_json`` call per value (about a hundred calls per turn) or a JSON decode."""
         made = self._report
         if made is None:
             made = self._report = json.loads(json.dumps(self.as_dict()))
-        copied: dict[str, Any] = clone_json(made)
+            self._report_plan = _containers(made)
+        copied: dict[str, Any] = _copy(made, self._report_plan)
         return copied
 
     def as_dict(self) -> dict[str, Any]:
@@ -184,3 +186,23 @@ class BudgetStatus:
             "eta_s": None if self.eta_s is None else round(self.eta_s, 3),
             "bad_ledger_lines": self.bad_lines,
         }
+
+
+# Where JSON data holds containers: for each list or dict in it, the (key or index, plan) of
+# each list or dict directly inside it (empty for one that holds only scalars).
+_Plan = tuple[tuple[Any, "_Plan"], ...]
+
+
+def _containers(value: dict[str, Any] | list[Any]) -> _Plan:
+    """The :data:`_Plan` of ``value`` (a dict or a list of JSON data)."""
+    items = value.items() if isinstance(value, dict) else enumerate(value)
+    return tuple((key, _containers(item)) for key, item in items if isinstance(item, dict | list))
+
+
+def _copy(value: Any, plan: _Plan) -> Any:
+    """A copy of ``value`` whose every list and dict is new (``plan``: its :func:`_containers`);
+    scalars are shared, as :func:`ctxrules.messages.clone_json` shares them."""
+    out = value.copy()
+    for key, inner in plan:
+        out[key] = _copy(value[key], inner)
+    return out
