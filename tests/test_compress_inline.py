@@ -202,6 +202,18 @@ def test_a_failed_expected_shows_a_bounded_diff_not_the_whole_output(tmp_path: P
     )
     passed, message = results_of(path)["all::exact"]
     assert not passed and "output differs from `expected`" in message
-    assert "first difference at line 1: expected 'Row 0 of a long listing', got 'row 0 of a long listing'" in message
+    assert (
+        "first difference at line 1: expected 'Row 0 of a long listing\\n', got 'row 0 of a long listing\\n'" in message
+    )
     assert "more diff lines" in message
     assert len(message.splitlines()) <= DIFF_LINES + 3, len(message.splitlines())
+
+
+@pytest.mark.parametrize(
+    ("expected", "output", "named"),
+    [("a\nb", "a\nb\n", "expected 'b', got 'b\\n'"), ("a\r\nb", "a\nb", "expected 'a\\r\\n', got 'a\\n'")],
+)
+def test_a_difference_in_line_endings_alone_is_named(expected: str, output: str, named: str) -> None:
+    from ctxrules.compressors.testing import _diff
+
+    assert named in _diff(expected, output)

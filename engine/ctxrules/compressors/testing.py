@@ -234,11 +234,13 @@ DIFF_LINES = 40
 
 def _diff(expected: str, output: str) -> str:
     """The first line where ``output`` and ``expected`` part, then their unified diff, at most
-    :data:`DIFF_LINES` lines of it and a count of the rest."""
-    want, got = expected.splitlines(), output.splitlines()
+    :data:`DIFF_LINES` lines of it and a count of the rest. Lines keep their endings, so a
+    difference in line endings or a final newline alone is named too (quoted with escapes)."""
+    want, got = expected.splitlines(keepends=True), output.splitlines(keepends=True)
     at = next((i for i, (a, b) in enumerate(zip(want, got, strict=False)) if a != b), min(len(want), len(got)))
     first = f"first difference at line {at + 1}: expected {_line(want, at)}, got {_line(got, at)}\n"
-    lines = list(difflib.unified_diff(want, got, "expected", "output", n=2, lineterm=""))
+    diff = difflib.unified_diff(want, got, "expected", "output", n=2, lineterm="")
+    lines = [line.rstrip("\r\n") for line in diff]
     if len(lines) > DIFF_LINES:
         lines = [*lines[:DIFF_LINES], f"... {len(lines) - DIFF_LINES} more diff lines"]
     return first + "\n".join(lines)

@@ -62,8 +62,8 @@ BACKENDS: Final[dict[str, tuple[str, str]]] = {
 
 
 def session_id_for(raw: str) -> str:
-    """The session id a URL store uses for ``raw``: itself when it matches
-    ``[A-Za-z0-9._-]{1,128}`` (and is not dots only), else its sha256 hex."""
+    """The session id a URL store uses for ``raw`` (:func:`ctxrules.integrations.session_name`):
+    itself when it is a plain name, else its sha256 hex."""
     return session_name(raw)
 
 
