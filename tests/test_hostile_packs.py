@@ -61,6 +61,21 @@ def write(folder: Path, name: str, body: str) -> Path:
     return path
 
 
+def write_prompt(folder: Path, template: str) -> Path:
+    """``p.yaml``: a pack whose one prompt mode ``full`` is one section of ``template``."""
+    return write(
+        folder,
+        "p.yaml",
+        f"""\
+        prompts:
+          sections:
+            identity: {{tag: identity, template: {json.dumps(template)}}}
+          modes:
+            full: [identity]
+        """,
+    )
+
+
 @pytest.fixture
 def outside(tmp_path: Path) -> Path:
     """A file next to (not inside) the pack's folder, holding the secret."""
@@ -374,17 +389,7 @@ def test_run_survives_catastrophic_patterns_and_remembers_them(tmp_path: Path) -
     ],
 )
 def test_templates_cannot_exhaust_the_engine(tmp_path: Path, template: str, what: str) -> None:
-    write(
-        tmp_path,
-        "p.yaml",
-        f"""\
-        prompts:
-          sections:
-            identity: {{tag: identity, template: {json.dumps(template)}}}
-          modes:
-            full: [identity]
-        """,
-    )
+    write_prompt(tmp_path, template)
     for argv in (["validate", "p.yaml"], ["assemble", "--pack", "p.yaml", "--mode", "full", "--model", "x"]):
         proc = ctxrules(*argv, cwd=tmp_path, timeout=90)
         out = clean(proc)
@@ -402,17 +407,7 @@ def test_comparisons_and_tests_of_ordinary_values_are_not_bounded_as_calls(tmp_p
         "{% for i in range(300000) %}{% if i == 5 %}{% endif %}{% endfor %}"
         "{% if 2 in [1, 2] and 'b' is in 'abc' and 1 < 2 in [2] %}member{% endif %}"
     )
-    write(
-        tmp_path,
-        "p.yaml",
-        f"""\
-        prompts:
-          sections:
-            identity: {{tag: identity, template: {json.dumps(template)}}}
-          modes:
-            full: [identity]
-        """,
-    )
+    write_prompt(tmp_path, template)
     proc = ctxrules("assemble", "--pack", "p.yaml", "--mode", "full", "--model", "x", cwd=tmp_path)
     assert proc.returncode == 0, clean(proc)
     assert "big True member" in proc.stdout, proc.stdout
@@ -483,17 +478,7 @@ def test_templates_are_bounded_before_they_allocate(tmp_path: Path, template: st
     MemoryError (or the machine's memory) if it ran first."""
     import resource
 
-    write(
-        tmp_path,
-        "p.yaml",
-        f"""\
-        prompts:
-          sections:
-            identity: {{tag: identity, template: {json.dumps(template)}}}
-          modes:
-            full: [identity]
-        """,
-    )
+    write_prompt(tmp_path, template)
     cap = 2 * 1024**3
 
     def limit() -> None:
