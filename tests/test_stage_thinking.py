@@ -14,6 +14,7 @@ from filtering_kit import Msg, make_ctx, text_of
 from invariants import pairing_problems
 
 from ctxrules import Engine
+from ctxrules.stages.compress_common import text_id
 from ctxrules.stages.thinking_clean import STAGE_TYPE, ThinkingClean, resolve_provider
 from ctxrules.vault import parse_markers
 
@@ -252,6 +253,18 @@ def test_deepseek_drops_earlier_reasoning_except_on_tool_call_messages(tmp_path:
     assert sum(a.tokens_saved for a in outcome.actions) > 100
 
 
+def test_deepseek_keeps_reasoning_shorter_than_its_marker(tmp_path: Path) -> None:
+    """Moving a few words of reasoning to the vault would leave a marker longer than them: the
+    message would grow, so it is kept (and nothing is written to the vault)."""
+    messages = reasoning_convo()
+    messages[2] = {**messages[2], "reasoning_content": "Add."}
+    out, outcome, ctx = run(messages, tmp_path, model="deepseek-reasoner")
+    assert [(a.kind, a.index) for a in outcome.actions] == [("reasoning_dropped", 6)]
+    assert out[2] is messages[2]
+    assert not ctx.vault.exists(text_id("Add."))
+    assert all(ctx.counter.count_message(o) <= ctx.counter.count_message(m) for o, m in zip(out, messages, strict=True))
+
+
 def test_kimi_follows_the_same_convention(tmp_path: Path) -> None:
     messages = reasoning_convo()
     deepseek, _, _ = run(messages, tmp_path / "d", model="deepseek-reasoner")
@@ -273,12 +286,16 @@ def test_behaviour_differs_by_provider(tmp_path: Path) -> None:
         out, outcome, _ = run(messages, tmp_path / provider, {"provider": provider}, model="gpt-4o")
         outs[provider] = (out, [(a.kind, a.index) for a in outcome.actions])
     assert outs["anthropic"][1] == [("reasoning_duplicate_dropped", i) for i in (2, 4, 6)]
-    assert outs["deepseek"][1] == [("reasoning_dropped", 2), ("reasoning_dropped", 6)]
+    # DeepSeek keeps the blocks, so the text is sent (and counted) once either way: moving the
+    # copy in reasoning_content out would only add a marker. Without the blocks it moves.
+    assert outs["deepseek"][1] == []
+    plain, outcome, _ = run(reasoning_convo(), tmp_path / "plain", {"provider": "deepseek"}, model="gpt-4o")
+    assert [(a.kind, a.index) for a in outcome.actions] == [("reasoning_dropped", 2), ("reasoning_dropped", 6)]
     assert outs["none"][1] == []
     assert all(a is b for a, b in zip(outs["none"][0], messages, strict=True))
     # Anthropic leaves no marker (the blocks hold the text); DeepSeek does.
     assert outs["anthropic"][0][2]["content"] == "4"
-    assert "[ctxrules:elided" in outs["deepseek"][0][2]["content"]
+    assert "[ctxrules:elided" in plain[2]["content"]
 
 
 def without_reasoning(messages: list[Msg]) -> list[Msg]:

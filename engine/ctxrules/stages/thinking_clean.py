@@ -26,6 +26,7 @@ signed ``thinking`` / ``redacted_thinking`` blocks; also accepted as parts of a 
   - ``reasoning_content`` of assistant messages before the latest real user message is moved
     to the vault (marker in the text), except on messages with tool calls: these APIs demand
     the reasoning of a tool-call turn back. The current exchange is always kept.
+    A reasoning that costs fewer tokens than its marker is kept: moving it would grow the message.
   - On a switch from a non-thinking to a thinking model (``backfill_reasoning: auto``: the
     model's name says it thinks, or the latest assistant message carries reasoning), every
     assistant message with tool calls that has no ``reasoning_content`` gets an empty one,
@@ -52,6 +53,7 @@ from typing import TYPE_CHECKING, Any
 from ctxrules.hookspecs import hookimpl
 from ctxrules.messages import is_real_user, message_digest
 from ctxrules.stages.base import Action, Message, StageOutcome, StageType, unchanged
+from ctxrules.stages.compress_common import text_id
 from ctxrules.stages.filter_common import check_options, tokens_saved
 from ctxrules.structure import PIN_SIGNED_PREFIX, pinned_indices
 from ctxrules.vault import format_marker
@@ -275,10 +277,13 @@ class ThinkingClean:
             reasoning = msg.get("reasoning_content")
             if not isinstance(reasoning, str) or not reasoning or msg.get("tool_calls"):
                 continue
-            vid = ctx.vault.put_text(reasoning)
             new = {k: v for k, v in msg.items() if k != "reasoning_content"}
+            vid = text_id(reasoning)
             marker = format_marker("tokens", ctx.counter.count_text(reasoning), vid, field="reasoning_content")
             new = _with_marker(new, marker)
+            if tokens_saved(ctx, msg, new) <= 0:
+                continue  # a short reasoning costs less than its marker: moving it would grow the message
+            ctx.vault.put_text(reasoning)
             out[index] = new
             actions.append(
                 Action(
