@@ -409,3 +409,24 @@ def test_every_message_the_model_sees_has_the_id_of_the_state_message_it_stands_
                 renamed += m.tool_call_id != "c1"
                 compacted += m.content != original.content
     assert renamed >= model.turns and compacted >= model.turns, (renamed, compacted)
+
+
+def test_messages_with_id_less_calls_keep_their_ids(tmp_path: Path) -> None:
+    """LangChain allows a tool call with ``id=None``; the pairing stage gives it (and a result
+    with an empty ``tool_call_id``) a derived id, so both messages changed. They were matched to
+    their originals by call id, found none, and reached the model without their ids."""
+    messages: list[BaseMessage] = [
+        HumanMessage("Run job 1.", id="h1"),
+        AIMessage("", id="a1", tool_calls=[{"id": None, "name": "run_job", "args": {"n": 1}}]),
+        ToolMessage("done", tool_call_id="", id="t1"),
+        AIMessage("", id="a2", tool_calls=[{"id": None, "name": "run_job", "args": {"n": 2}}]),
+        HumanMessage("go on", id="h2"),
+    ]
+    middleware = CtxrulesMiddleware(model="gpt-4o", state=tmp_path / "state", recall=False)
+    sent = _sent(middleware, messages)
+    assert pairing_problems([convert_to_openai_messages(m) for m in sent]) == []
+    own = [m for m in sent if not is_injected(convert_to_openai_messages(m))]
+    assert [m.id for m in own] == ["h1", "a1", "t1", "a2", "h2"], sent
+    calls = [c["id"] for m in own if isinstance(m, AIMessage) for c in m.tool_calls]
+    assert len(set(calls)) == 2 and all(c.startswith("call_ctxrules_") for c in calls)
+    assert [m.tool_call_id for m in own if isinstance(m, ToolMessage)] == calls[:1]

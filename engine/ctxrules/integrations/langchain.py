@@ -34,6 +34,7 @@ from ctxrules.injected import key_scope
 from ctxrules.integrations import OpenSessions, session_name
 from ctxrules.messages import is_injected
 from ctxrules.recall import PARAMETERS, RecallSettings
+from ctxrules.stages.normalize_tool_pairs import DERIVED_ID_PREFIX
 from ctxrules.stores import open_store
 
 if TYPE_CHECKING:
@@ -256,15 +257,25 @@ def _keep_own_fields(made: BaseMessage, original: BaseMessage) -> None:
 
 
 def _call_ids(msg: dict[str, Any]) -> list[str]:
-    """A result's ``tool_call_id``, or an assistant message's call ids."""
+    """A result's ``tool_call_id``, or an assistant message's call ids (``""`` for a call
+    without one: LangChain allows ``id=None``)."""
     if msg.get("role") == "tool":
-        return [str(msg.get("tool_call_id"))]
-    return [str(call.get("id")) for call in msg.get("tool_calls") or () if isinstance(call, dict)]
+        return [_an_id(msg.get("tool_call_id"))]
+    return [_an_id(call.get("id")) for call in msg.get("tool_calls") or () if isinstance(call, dict)]
+
+
+def _an_id(value: object) -> str:
+    return value if isinstance(value, str) else "" if value is None else str(value)
 
 
 def _renamed_from(calls: list[str], before: list[str]) -> bool:
-    """Whether one of ``calls`` is one of ``before``, or its rename ``<id>_<n>``."""
-    return any(c == b or re.fullmatch(re.escape(b) + r"_[0-9]+", c) for c in calls for b in before)
+    """Whether one of ``calls`` is one of ``before``, or its rename ``<id>_<n>``, or the id the
+    pairing stage derived for one of ``before`` that had none."""
+    return any(
+        (c == b or re.fullmatch(re.escape(b) + r"_[0-9]+", c)) if b else c.startswith(DERIVED_ID_PREFIX)
+        for c in calls
+        for b in before
+    )
 
 
 def _with_invalid_calls(converted: dict[str, Any], message: Any) -> dict[str, Any]:

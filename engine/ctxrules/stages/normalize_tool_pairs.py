@@ -62,6 +62,7 @@ if TYPE_CHECKING:
     from ctxrules.pipeline.context import StageContext
 
 __all__ = [
+    "DERIVED_ID_PREFIX",
     "STAGE_TYPE",
     "ToolPairRepair",
     "UnansweredPolicy",
@@ -85,6 +86,8 @@ ID_RENAMED = "call_id_renamed"
 ARGUMENTS_REPLACED = "arguments_replaced"
 
 INVALID_ARGUMENTS_KEY = "ctxrules_invalid_arguments"
+DERIVED_ID_PREFIX = "call_ctxrules_"
+"""How the ids this stage gives id-less calls (and their results) begin."""
 _INVALID_NOTE = (
     "The model produced arguments for this call that are not valid JSON; the marker "
     "points at them, verbatim, in the vault."
@@ -355,7 +358,7 @@ def _derived_id(call: object, pos: int) -> str:
     name = function.get("name") if isinstance(function, Mapping) else None
     arguments = function.get("arguments") if isinstance(function, Mapping) else None
     seed = json.dumps([pos, name, arguments], ensure_ascii=False, sort_keys=True, default=str)
-    return "call_ctxrules_" + hashlib.sha256(seed.encode("utf-8", "surrogatepass")).hexdigest()[:24]
+    return DERIVED_ID_PREFIX + hashlib.sha256(seed.encode("utf-8", "surrogatepass")).hexdigest()[:24]
 
 
 def _fixed_arguments(call: object) -> tuple[str, str] | None:
