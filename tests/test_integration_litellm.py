@@ -287,6 +287,24 @@ def test_a_failure_of_ctxrules_passes_the_request_on_or_rejects_it(
         rejecting.process(data, "openai")
 
 
+def test_a_refused_usage_record_or_request_leaves_no_session_directory(tmp_path: Path) -> None:
+    """Usage without a model, without token counts or without a body, and requests for a model
+    ctxrules cannot size: each is refused (a warning; the call goes on), and each left an empty
+    session directory behind."""
+    state = tmp_path / "state"
+    hook = ContextHook("builtin:default", state)
+    counts = {"usage": {"prompt_tokens": 10, "completion_tokens": 5}}
+    hook.log_success_event({"litellm_session_id": "no-model"}, counts, None, None)
+    hook.log_success_event({"litellm_session_id": "no-usage", "model": "gpt-4o"}, {"id": "x"}, None, None)
+    hook.log_success_event({"litellm_session_id": "no-body", "model": "gpt-4o"}, None, None, None)
+    for sid, model in (("unknown-model", "not-a-model-ctxrules-knows"), ("empty-model", "")):
+        data = {"model": model, "messages": [{"role": "user", "content": "hi"}], "litellm_session_id": sid}
+        assert hook.process(data, "openai") is data
+    assert not state.exists() or sorted(p.name for p in state.iterdir()) == []
+    hook.log_success_event({"litellm_session_id": "ok", "model": "gpt-4o"}, counts, None, None)
+    assert (state / "ok" / "ledger.jsonl").is_file()
+
+
 def test_a_missing_litellm_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "litellm.integrations.custom_logger", None)
     monkeypatch.delitem(sys.modules, "ctxrules.integrations.litellm")

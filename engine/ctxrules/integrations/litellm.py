@@ -45,6 +45,7 @@ except ImportError as exc:  # pragma: no cover - litellm is a core dependency; a
         'ctxrules.integrations.litellm needs litellm and its proxy: pip install "ctxrules[litellm-proxy]"'
     ) from exc
 
+from ctxrules.budget.usage import as_mapping, is_failed_response, parse_usage
 from ctxrules.injected import KEY_FILE
 from ctxrules.integrations import OpenSessions, session_name
 from ctxrules.logs import get_logger
@@ -151,11 +152,16 @@ class ContextHook(CustomLogger):
                 return  # stateless: there is no session ledger to count against
             key = metadata.get("user_api_key_hash") or metadata.get("user_api_key")
             model = self.model or str(kwargs.get("model") or "")
+            dump = getattr(response, "model_dump", None)  # litellm's pydantic responses
+            body = as_mapping(dump() if callable(dump) else response)
+            if is_failed_response(body):
+                return
+            # Read before the session is opened: a record that is refused writes nothing.
+            usage = parse_usage(body)
             # The logged model may be the deployment's name: no switch (it would drop the
             # session's in-memory reuse of its last compaction).
             session = self._session(self._session_key(raw, str(key) if key else None), model, switch=False)
-            dump = getattr(response, "model_dump", None)  # litellm's pydantic responses
-            session.record_usage(dump() if callable(dump) else response)
+            session.record_usage(usage)
         except Exception as exc:  # the call succeeded; a ledger problem must not turn it into an error
             self._log.warning("litellm.usage_error", error=f"{type(exc).__name__}: {exc}")
 
@@ -267,8 +273,10 @@ class ContextHook(CustomLogger):
         def opener() -> Session:
             if self._files:
                 path = Path(key)
+                # Opened first: a model it cannot size (unknown, empty) leaves no directory.
+                opened = self.engine.session(path, model=model, window=self.window, state_root=self.state_root)
                 path.mkdir(parents=True, exist_ok=True, mode=0o700)
-                return self.engine.session(path, model=model, window=self.window, state_root=self.state_root)
+                return opened
             return self.engine.session(key, store=self.store, model=model, window=self.window)
 
         session = self._sessions.get(key, opener)
