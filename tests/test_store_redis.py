@@ -210,6 +210,28 @@ def test_ledger_totals_are_atomic_counters_that_add_up_exactly(redis_url: str) -
     store.close()
 
 
+def test_totals_holding_a_non_number_are_a_damaged_ledger_not_a_failed_call(redis_url: str, raw: Any) -> None:
+    """A totals field that is not a number (written by hand, or by a bug): HINCRBY refused it, so
+    every append raised CR148 after its record had gone in, and totals() raised ValueError. The
+    totals are removed and count again from the next record, like totals of the wrong type."""
+    store = _store(redis_url)
+    session, day = Log("session", "conv-n"), Log("day", "2026-12-01")
+    call = {"type": "call", "id": "a", "tokens": {"input": 5}, "usd": {"input": 0.5}}
+    store.append([session, day], call)
+    raw.hset("ctxrules:v1:{conv-n}:log:session:totals", "calls", "garbage")
+    raw.hset("ctxrules:v1:{log:day:2026-12-01}:log:totals", "usd.input", "lots")
+    store.append([session, day], {**call, "id": "b"})
+    for log in (session, day):
+        assert len(store.read_log(log).lines) == 2  # each record once
+        assert store.totals(log) == {}  # removed with the record that found them
+    store.append([session, day], {**call, "id": "c"})
+    assert store.totals(day) == {"calls": 1, "tokens.input": 5, "usd.input": 0.5}
+    raw.hset("ctxrules:v1:{conv-n}:log:session:totals", "tokens.input", "1.5")
+    assert store.totals(session) == {}
+    assert raw.exists("ctxrules:v1:{conv-n}:log:session:totals") == 0
+    store.close()
+
+
 def _prepares(url: str, worker: int, n: int) -> None:
     store = _store(url)
     for i in range(n):

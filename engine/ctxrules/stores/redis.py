@@ -1150,6 +1150,12 @@ class RedisStore:
         for log in logs:
             self._append_command(pipe, log, record)
         errors = [r for r in pipe.execute(raise_on_error=False) if isinstance(r, Exception)]
+        if any(_not_a_number(e) for e in errors):
+            # Totals holding a value that is not a number (the other commands, the record's
+            # included, went through): removed, so they count from the next record.
+            for log in logs:
+                self._heal_totals(log)
+            errors = [e for e in errors if not _not_a_number(e)]
         if not errors:
             return
         if not again or not all(isinstance(e, redis.ResponseError) and _wrong_type(e) for e in errors):
@@ -1230,9 +1236,23 @@ class RedisStore:
 
         def op() -> dict[str, float]:
             raw = self._client.hgetall(_log_base(log) + ":totals")
+            if _damaged_totals(raw):
+                self._heal_totals(log)
+                return {}
             return {k.decode(): float(v) for k, v in raw.items()}
 
         return self._call(op, lambda m: m.totals(log), damaged=lambda: self._repair_log(log))
+
+    def _heal_totals(self, log: Log) -> None:
+        """Remove the totals of ``log`` when a value in them is not a number ctxrules counts
+        with (docs/stores.md "Damaged keys"): they count again from the next record."""
+        key = _log_base(log) + ":totals"
+        bad = _damaged_totals(self._client.hgetall(key))
+        if bad:
+            self._client.delete(key)
+            name, value = bad
+            found = [f"{key.split('}:', 1)[1]} held {_text(name)}={_text(value)[:40]!r}"]
+            _log.warning("store_damaged_keys", url=self.url, ledger=self.log_location(log), found=found)
 
     def log_location(self, log: Log) -> str:
         name = f"/{log.name}" if log.name else ""
@@ -1442,6 +1462,27 @@ def _seconds(value: bytes | str) -> float:
 
 def _wrong_type(exc: Exception) -> bool:
     return "WRONGTYPE" in str(exc)
+
+
+# What HINCRBY / HINCRBYFLOAT answer for a field that does not hold a number they can add to.
+_NOT_A_NUMBER: Final = ("hash value is not an integer", "hash value is not a float", "would overflow", "NaN or Inf")
+
+
+def _not_a_number(exc: Exception) -> bool:
+    return isinstance(exc, redis.ResponseError) and any(words in str(exc) for words in _NOT_A_NUMBER)
+
+
+def _damaged_totals(raw: Mapping[bytes, bytes]) -> tuple[bytes, bytes] | None:
+    """The first field of a ledger's totals whose value is not a finite number (an integer for
+    the counters HINCRBY adds to: ``calls``, ``tokens.*``), or None."""
+    for name, value in raw.items():
+        try:
+            number = float(value) if name.startswith(b"usd.") else int(value)
+        except ValueError:
+            return name, value
+        if not math.isfinite(number):
+            return name, value
+    return None
 
 
 def _text(raw: object) -> str:
