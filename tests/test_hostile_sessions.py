@@ -230,3 +230,19 @@ def test_vault_get_does_not_read_through_a_swapped_in_link(tmp_path: Path, swapp
     assert proc.returncode == 2, proc.stderr
     assert "symbolic link" in proc.stderr and "Traceback" not in proc.stderr
     assert proc.stdout == ""
+
+
+@pytest.mark.parametrize("planted", ["ledger", "ledger/days", "ledger/goals"])
+def test_a_ledger_link_in_the_state_root_receives_no_record(tmp_path: Path, planted: str) -> None:
+    """The day and goal ledgers live in the state root's ``ledger/`` folder: a link planted for
+    that folder (or one below it) is refused, exit 2, and nothing is created through it."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    state = tmp_path / "state"
+    (state / planted).parent.mkdir(parents=True, exist_ok=True)
+    (state / planted).symlink_to(elsewhere)
+    argv = ("--state", str(state), "--model", "gpt-4o", "--prompt", "10", "--completion", "5", "--goal", "g1")
+    proc = cli("usage", "add", *argv, cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    assert "symbolic link" in proc.stderr and "Traceback" not in proc.stderr
+    assert list(elsewhere.iterdir()) == []

@@ -553,7 +553,7 @@ class FilesystemStore:
         line = json.dumps(record, ensure_ascii=False, sort_keys=True, allow_nan=False).encode("utf-8") + b"\n"
         for log in logs:
             # Misroute reports steer a heuristic: losing the last one to a power cut costs nothing.
-            self._append_line(self.log_path(log), line, durable=log.kind != "misroutes")
+            self._append_line(self.log_path(log), line, durable=log.kind != "misroutes", inside=self._log_top(log))
 
     def append_once(
         self, log: Log, record: Mapping[str, Any], *, key: str, limit: int
@@ -561,7 +561,7 @@ class FilesystemStore:
         path = self.log_path(log)
         wanted = record.get(key)
         try:
-            with _locked_log(path) as fd:
+            with _locked_log(path, inside=self._log_top(log)) as fd:
                 known = [ln for ln in os.pread(fd, os.fstat(fd).st_size, 0).split(b"\n") if ln.strip()]
                 if any(_field(ln, key) == wanted for ln in known):
                     return "present"
@@ -573,10 +573,16 @@ class FilesystemStore:
             raise CtxrulesError(f"cannot write {path}: {exc.strerror}") from exc
         return "added"
 
+    def _log_top(self, log: Log) -> Path | None:
+        """Where the directories a log is written in start to be the store's own: the state
+        root for its day, goal and misroute ledgers (a ``ledger`` or ``router`` link planted in
+        it must not receive them), the session directory's parent for a session's logs."""
+        return self.root if log.kind in ("day", "goal", "misroutes") else None
+
     @staticmethod
-    def _append_line(path: Path, line: bytes, *, durable: bool) -> None:
+    def _append_line(path: Path, line: bytes, *, durable: bool, inside: Path | None = None) -> None:
         try:
-            with _locked_log(path) as fd:
+            with _locked_log(path, inside=inside) as fd:
                 _append_to(fd, line)
                 if durable:
                     os.fsync(fd)
@@ -853,9 +859,11 @@ class _FileBlobWriter(SpooledBlobWriter):
 
 
 @contextlib.contextmanager
-def _locked_log(path: Path) -> Iterator[int]:
-    """A log file open for appending (never through a link), under its sibling lock file."""
-    ensure_dir(path.parent)
+def _locked_log(path: Path, *, inside: Path | None = None) -> Iterator[int]:
+    """A log file open for appending (never through a link), under its sibling lock file;
+    every directory from ``inside`` (default: the parent of the log's directory) down to it
+    must be a real directory of this user."""
+    ensure_dir(path.parent, inside=inside)
     with _locks().FileLock(path.with_name(path.name + ".lock")):
         fd = open_private(path, os.O_RDWR | os.O_APPEND | os.O_CREAT)
         try:
