@@ -246,3 +246,20 @@ def test_a_ledger_link_in_the_state_root_receives_no_record(tmp_path: Path, plan
     assert proc.returncode == 2, proc.stderr
     assert "symbolic link" in proc.stderr and "Traceback" not in proc.stderr
     assert list(elsewhere.iterdir()) == []
+
+
+def test_a_children_link_in_the_session_receives_no_sub_agent(tmp_path: Path) -> None:
+    """``session.child(name)`` lives in ``<session>/children/<name>``: a ``children`` link planted
+    in the session is refused before the child is registered or anything is written."""
+    from ctxrules.errors import CtxrulesError
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    session_dir = tmp_path / "state" / "s"
+    session_dir.mkdir(parents=True)
+    (session_dir / "children").symlink_to(elsewhere)
+    session = Engine.load("builtin:default").session(session_dir, model="gpt-4o")
+    with pytest.raises(CtxrulesError, match="children: it is a symbolic link"):
+        session.child("sub")
+    assert list(elsewhere.iterdir()) == []
+    assert session.ledger.descendant_keys() == []

@@ -43,7 +43,7 @@ from ctxrules.pipeline.prefix import EMPTY_CHAIN, HistoryChain, PrefixCache
 from ctxrules.pipeline.report import build_report, report_header
 from ctxrules.pipeline.runner import PlannedStage, RunOutcome, run_pipeline, when_allows
 from ctxrules.plugins import Registry, build_plugin_manager, collect, default_registry
-from ctxrules.private_files import check_dir
+from ctxrules.private_files import check_dir, ensure_dir
 from ctxrules.progress import listening
 from ctxrules.prompts.assemble import assemble
 from ctxrules.recall import RecallSettings, answer_recall, referenced_ids, tool_definition
@@ -476,6 +476,10 @@ class Session:
         ``budgets.max_descendants`` (default 20) caps how many child sessions one root may
         spawn across the tree; beyond it ``SpawnLimitExceeded`` is raised and nothing is created."""
         path = child_path(self.path, name)
+        if self._files:
+            # ``children/`` must be this session's own folder: a link planted in its place
+            # would receive the child's state and link before the child's own check sees it.
+            check_dir(path.parent)
         sub = Session(
             self.engine,
             path,
@@ -493,7 +497,7 @@ class Session:
         sub._injection_key = self.injection_key  # one key per tree: a handover stays recognisable
         self.ledger.register_child(sub.ledger)  # the one spawn cap; its costs count in the root's budget
         if self._files:
-            path.mkdir(parents=True, exist_ok=True, mode=0o700)
+            ensure_dir(path, inside=self.path)
         return sub
 
     def handover(self, result: str) -> Handover:
