@@ -212,6 +212,23 @@ def test_without_a_session_id_nothing_but_the_shared_vault_is_kept(tmp_path: Pat
     assert vault.is_dir() and any(p.is_file() for p in vault.rglob("*"))
 
 
+@pytest.mark.parametrize(("planted", "request_extra"), [("keys", {"litellm_session_id": "s"}), (".stateless", {})])
+def test_a_link_planted_below_the_state_root_receives_no_session(
+    tmp_path: Path, planted: str, request_extra: dict[str, Any]
+) -> None:
+    """``keys/`` (sessions of callers with an API key) and ``.stateless/`` are folders of the
+    state root: a link planted for either is refused, and no conversation is written through it."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (tmp_path / "state").mkdir()
+    (tmp_path / "state" / planted).symlink_to(elsewhere)
+    hook = ContextHook("builtin:default", tmp_path / "state", on_error="reject")
+    data = {"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}], **request_extra}
+    with pytest.raises(litellm.InternalServerError, match="symbolic link"):
+        hook.process(data, "openai", api_key="key-a")
+    assert list(elsewhere.iterdir()) == []
+
+
 def test_a_session_named_like_the_stores_own_folders_gets_a_folder_of_its_own(tmp_path: Path) -> None:
     hook = ContextHook("builtin:default", tmp_path / "state", window=32_000)
     for name in ("vault", ".stateless"):

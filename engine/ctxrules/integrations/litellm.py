@@ -49,6 +49,7 @@ from ctxrules.budget.usage import as_mapping, is_failed_response, parse_usage
 from ctxrules.injected import KEY_FILE
 from ctxrules.integrations import OpenSessions, session_name
 from ctxrules.logs import get_logger
+from ctxrules.private_files import ensure_dir
 from ctxrules.stores import open_store
 from ctxrules.stores.filesystem import FilesystemStore
 from ctxrules.stores.memory import MemoryStore
@@ -259,7 +260,7 @@ class ContextHook(CustomLogger):
             out, report = _apply(session, data, kind)
             return out, "(stateless)", report
         scratch = self.state_root / ".stateless"
-        scratch.mkdir(parents=True, exist_ok=True, mode=0o700)
+        ensure_dir(scratch, inside=self.state_root)  # a link planted for it is refused
         path = Path(tempfile.mkdtemp(dir=scratch))
         try:
             session = self.engine.session(path, model=model, window=self.window, state_root=self.state_root)
@@ -275,7 +276,9 @@ class ContextHook(CustomLogger):
                 path = Path(key)
                 # Opened first: a model it cannot size (unknown, empty) leaves no directory.
                 opened = self.engine.session(path, model=model, window=self.window, state_root=self.state_root)
-                path.mkdir(parents=True, exist_ok=True, mode=0o700)
+                # Every folder below the state root (``keys/``, the tenant's) is ctxrules' own: a
+                # link planted there would receive the conversations of every session under it.
+                ensure_dir(path, inside=self.state_root)
                 return opened
             return self.engine.session(key, store=self.store, model=model, window=self.window)
 
