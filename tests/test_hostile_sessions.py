@@ -263,3 +263,19 @@ def test_a_children_link_in_the_session_receives_no_sub_agent(tmp_path: Path) ->
         session.child("sub")
     assert list(elsewhere.iterdir()) == []
     assert session.ledger.descendant_keys() == []
+
+
+@pytest.mark.parametrize("meta", [b"not json", b"\xff\xfe", b"[" * 100_000], ids=["text", "not-utf8", "deep"])
+def test_a_damaged_media_type_sidecar_reads_as_none(tmp_path: Path, meta: bytes) -> None:
+    """A vault item's ``.meta`` that is not ctxrules' JSON is no media type (as a damaged value
+    on Redis): ``sessions export`` and the recall tool go on, not an internal error."""
+    session_dir = tmp_path / "state" / "s"
+    session = Engine.load("builtin:default").session(session_dir, model="gpt-4o")
+    item = session.vault.put_bytes(b"\x89PNG fake image bytes", "image/png")
+    sidecar = session_dir / "vault" / item[:2] / f"{item}.meta"
+    assert sidecar.is_file()
+    sidecar.write_bytes(meta)
+    assert session.vault.media_type(item) is None
+    proc = cli("sessions", "export", str(session_dir), "--to", str(tmp_path / "s.ctxs"), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert '"media_type": null' in (tmp_path / "s.ctxs").read_text()

@@ -424,6 +424,8 @@ class FilesystemStore:
             meta = json.loads(read_private(meta_path))
         except FileNotFoundError:
             return None
+        except (ValueError, RecursionError):
+            return None  # a sidecar ctxrules did not write (not its JSON): no media type, as on Redis
         value = meta.get("media_type") if isinstance(meta, dict) else None
         return value if isinstance(value, str) else None
 
