@@ -649,6 +649,56 @@ def test_a_chain_resolves_as_each_pack_alone_would_errors_included(tmp_path: Pat
     assert shown == [("CR030", "p12.yaml", 4, 21), ("CR041", "p20.yaml", 6, 5), ("CR050", "p25.yaml", 5, 31)], shown
 
 
+def test_what_a_loader_keeps_of_a_chain_that_adds_to_a_nested_map_stays_under_its_cap(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each pack of a chain adds 50 entries to ``budgets.prices`` (maps in a map). Merging copied
+    every nested map a pack touches, so each tree the loader kept for the next pack owned a copy
+    of all the prices before it, while its weight counted the top-level keys only: 400 such packs
+    took 2.8 GB. Counted, not measured: the maps and lists alive in the kept trees (each once,
+    however shared) stay under the cap, each kept tree's weight is its real size, every file is
+    still merged once, and each pack resolves as it does alone."""
+    from ctxrules.packs import loader as loader_module
+    from ctxrules.packs.loader import PackLoader
+
+    n, cap = 60, 30_000
+    prices = {
+        i: "budgets:\n  prices:\n" + "".join(f"    m{i}-{j}: {{input: {j}, output: 1}}\n" for j in range(50))
+        for i in range(n)
+    }
+    _chain(tmp_path, n, extra=prices)
+    monkeypatch.setattr(loader_module, "_KEEP_WEIGHT", cap)
+    merges = 0
+    merge_packs = loader_module.merge_packs
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        nonlocal merges
+        merges += 1
+        return merge_packs(*args, **kwargs)
+
+    monkeypatch.setattr(loader_module, "merge_packs", counted)
+    shared = PackLoader()
+    for i in range(n):  # in chain order, as a folder of p000.yaml ... p059.yaml is validated
+        shared.resolve(str(tmp_path / f"p{i}.yaml"), root=tmp_path)
+        kept = [w.merged[0] for ws in shared._walked.values() for w in ws.values() if w.merged and w.merged[0]]
+        alive, seen, todo = 0, set(), list(kept)
+        while todo:
+            node = todo.pop()
+            if isinstance(node, dict | list) and id(node) not in seen:
+                seen.add(id(node))
+                alive += 1 + len(node)
+                todo.extend(node.values() if isinstance(node, dict) else node)
+        assert alive <= cap, (i, alive, len(kept))
+    assert merges == n, merges
+    assert all(weight == loader_module._weight(w.merged[0]) for w, weight in shared._keeps.items() if w.merged)
+    monkeypatch.setattr(loader_module, "merge_packs", merge_packs)
+    for f in sorted(tmp_path.glob("*.yaml")):  # by name: not in chain order
+        got, alone = shared.resolve(str(f), root=tmp_path), PackLoader().resolve(str(f), root=tmp_path)
+        assert (got.data, got.diagnostics, got.files) == (alone.data, alone.diagnostics, alone.files), f.name
+        assert len(got.data["budgets"]["prices"]) == 50 * (int(f.stem[1:]) + 1)
+    assert 0 < shared._kept <= cap and all(w.merged for w in shared._keeps)
+
+
 def test_a_parent_resolved_under_other_roots_is_checked_again(tmp_path: Path) -> None:
     """A loader keeps resolutions per set of roots: a parent in a sibling folder is allowed
     when the caller names the common folder, and refused (CR100) when the pack's own folder is

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cache
@@ -111,7 +112,10 @@ class PackLoader:
         self._unread: list[Path] = []  # files that could not be read or parsed, in reading order
         # The resolutions of one set of roots and working directory, by file (see _Walked).
         self._walked: dict[tuple[tuple[Path, ...], str], dict[Path, _Walked]] = {}
-        self._kept = 0  # the weight of the merged trees kept for later resolutions
+        # The walks whose merged tree is kept for later resolutions, least recently used first,
+        # with the _weight of each tree; and what they weigh together, one more for each.
+        self._keeps: dict[_Walked, int] = {}
+        self._kept = 0
         self.search_path = tuple(str(p) for p in search_path)
         self._roots: tuple[Path, ...] = ()
         self._shown: dict[tuple[Path, str], str] = {}
@@ -221,12 +225,15 @@ class PackLoader:
         tree: OMap | None = None
         problems: list[MergeProblem] = []
         start = 0
+        since: tuple[OMap | None, int] = (None, 0)  # the last tree kept, and its weight
         # A walk kept with its merged tree stands for the first files of the order: merge from
         # there (in a folder of packs that extend each other, each file is merged once).
         for end, known in reversed(heads):
             if known.merged is not None:
+                weight = self._keeps[known] = self._keeps.pop(known)  # used: the last to be dropped
                 kept, merged_problems = known.merged
                 tree, problems, start = shallow(kept) if kept is not None else None, list(merged_problems), end
+                since = (kept, weight)
                 break
         keep = {end: known for end, known in heads if known.merged is None and end > start}
         docs: dict[str, SourceDoc] = {}
@@ -239,7 +246,7 @@ class PackLoader:
                     base_tree = tree if tree is not None else OMap(layer.origin)
                     tree = merge_packs(base_tree, layer, problems, reuse_base=True)
             if i + 1 in keep:
-                self._keep(keep[i + 1], tree, problems)
+                since = self._keep(keep[i + 1], tree, problems, since)
         for mp in problems:
             diagnostics.append(
                 Diagnostic(
@@ -268,14 +275,30 @@ class PackLoader:
             disabled_at,
         )
 
-    def _keep(self, walked: _Walked, tree: OMap | None, problems: list[MergeProblem]) -> None:
-        """Keep the tree merged from ``walked``'s files for the packs that extend its file. The
-        tree is shared, not copied (merging never changes what it merges from; only the top level
-        of the tree it merges into, here a copy): what a loader keeps is bounded by weight."""
-        weight = 1 if tree is None else 1 + len(tree) + sum(len(v) for v in tree.values() if isinstance(v, list))
-        if self._kept + weight <= _KEEP_WEIGHT:
-            self._kept += weight
-            walked.merged = (shallow(tree) if tree is not None else None, tuple(problems))
+    def _keep(
+        self, walked: _Walked, tree: OMap | None, problems: list[MergeProblem], since: tuple[OMap | None, int]
+    ) -> tuple[OMap | None, int]:
+        """Keep the tree merged from ``walked``'s files for the packs that extend its file, and
+        return it with its weight (else ``since``: the tree kept last in this resolution, which
+        ``tree`` was merged from, and its weight). The tree is shared, not copied (merging never
+        changes what it merges from; only the top level of the tree it merges into, here a copy).
+
+        What a loader keeps is bounded by weight: the trees used least recently are dropped to
+        make room (a folder of packs that extend each other, resolved in any order, mostly needs
+        the tree of the pack resolved just before)."""
+        before, before_weight = since
+        weight = before_weight + _weight_change(tree, before)
+        if 1 + weight > _KEEP_WEIGHT:
+            return since
+        while self._kept + 1 + weight > _KEEP_WEIGHT:
+            old = next(iter(self._keeps))
+            self._kept -= 1 + self._keeps.pop(old)
+            old.merged = None
+        self._keeps[walked] = weight
+        self._kept += 1 + weight
+        kept = shallow(tree) if tree is not None else None
+        walked.merged = (kept, tuple(problems))
+        return kept, weight
 
     def _locate(
         self, ref: str, base: Path, at: tuple[Origin, str] | None, diagnostics: list[Diagnostic]
@@ -451,8 +474,59 @@ class PackLoader:
 
 
 _KEEP_WEIGHT = 1_000_000
-"""What one loader keeps of merged trees for later resolutions: top-level keys and list items
-(the lists are shared with the packs resolved, so this is an upper bound on what is kept alive)."""
+"""What one loader keeps of merged trees for later resolutions: the sum of their :func:`_weight`
+(plus one each)."""
+
+
+def _weight(value: Any) -> int:
+    """The maps and lists of ``value`` and their entries, all the way down (0 for a scalar): what
+    keeping a tree may keep alive. Kept trees share what a pack does not change with the tree it
+    was merged from (and with the packs resolved); each is counted in full here, so the sum over
+    the kept trees is an upper bound, whatever they share and whichever of them are dropped.
+    Scalars are not counted: they are the parsed files' own, which the loader keeps anyway."""
+    weight = 0
+    todo = [value]
+    while todo:
+        node = todo.pop()
+        if isinstance(node, OMap | OList):
+            weight += 1 + len(node)
+            todo.extend(node.values() if isinstance(node, OMap) else node)
+    return weight
+
+
+def _weight_change(new: Any, old: Any) -> int:
+    """``_weight(new) - _weight(old)``, walking only where the two differ: ``new`` is merged from
+    ``old``, and merging shares what a pack does not touch, so this costs about what the merge
+    did, not the size of the tree (the whole tree again at each pack of a chain of 400 packs of
+    50 prices each was as long as the rest of ``ctxrules validate``)."""
+    change = 0
+    todo = [(new, old)]
+    while todo:
+        a, b = todo.pop()
+        if a is b:
+            continue
+        if isinstance(a, OMap) and isinstance(b, OMap):
+            change += len(a) - len(b)
+            for k, v in a.items():
+                w = b.get(k)
+                if v is not w:
+                    todo.append((v, w))
+            change -= sum(_weight(w) for k, w in b.items() if k not in a)
+        elif isinstance(a, OList) and isinstance(b, OList):
+            change += len(a) - len(b)
+            left = Counter(map(id, b))  # the items of b not (yet) found in a
+            for v in a:
+                if left[id(v)] > 0:
+                    left[id(v)] -= 1
+                else:
+                    change += _weight(v)
+            for v in b:
+                if left[id(v)] > 0:
+                    left[id(v)] -= 1
+                    change -= _weight(v)
+        else:
+            change += _weight(a) - _weight(b)
+    return change
 
 
 @dataclass(eq=False)

@@ -46,7 +46,9 @@ def merge_packs(base: OMap, child: OMap, problems: list[MergeProblem], *, reuse_
 
     ``reuse_base``: ``base`` is the caller's own intermediate result and may become part of the
     answer (the loader folds a pack's files one by one: copying what it has merged so far for
-    each file would make resolving quadratic in the number of files)."""
+    each file would make resolving quadratic in the number of files). Its maps and lists below
+    the top level are then shared with the answer where ``child`` does not touch them (nothing
+    changes a merged tree below its top level)."""
     out: OMap = base if reuse_base else clone(base)
     for key in NOT_INHERITED:
         out.drop(key)
@@ -62,8 +64,12 @@ def merge_packs(base: OMap, child: OMap, problems: list[MergeProblem], *, reuse_
 
 
 def _merge_value(base: Any, over: Any) -> Any:
+    """``over`` merged into ``base``: a new map for each map both write, sharing with ``base``
+    what ``over`` does not touch (merging never changes a tree's maps and lists below its top
+    level, so they can be shared; a deep copy of ``base`` at each level made a chain of N packs
+    adding to one nested map copy it N times, and the loader keep N copies)."""
     if isinstance(base, OMap) and isinstance(over, OMap):
-        out = clone(base)
+        out = shallow(base)
         for k, v in over.items():
             out.put(k, _merge_value(out.get(k), v), over.origins.get(k, over.origin))
         return out
