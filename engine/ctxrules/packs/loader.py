@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import re
 from collections import Counter
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
@@ -116,6 +116,10 @@ class PackLoader:
         # with the _weight of each tree; and what they weigh together, one more for each.
         self._keeps: dict[_Walked, int] = {}
         self._kept = 0
+        # What _locate found for each reference, folder and set of roots.
+        self._located: dict[
+            tuple[str, Path, tuple[Path, ...]], tuple[Path | None, tuple[tuple[str, str, str | None], ...]]
+        ] = {}
         self.search_path = tuple(str(p) for p in search_path)
         self._roots: tuple[Path, ...] = ()
         self._shown: dict[tuple[Path, str], str] = {}
@@ -303,13 +307,30 @@ class PackLoader:
     def _locate(
         self, ref: str, base: Path, at: tuple[Origin, str] | None, diagnostics: list[Diagnostic]
     ) -> Path | None:
-        def report(code: str, message: str, hint: str | None = None) -> None:
+        """The file ``ref`` names from a pack in ``base`` (diagnostics at ``at`` when it names
+        none), once per loader and set of roots: a file of an extends cycle is named again
+        by the resolution of every pack of the cycle, and finding it resolves paths (a system
+        call per path component) and checks them against the roots."""
+        key = (ref, base, self._roots) if isinstance(ref, str) else None
+        known = self._located.get(key) if key is not None else None
+        if known is None:
+            found: list[tuple[str, str, str | None]] = []
+            known = (
+                self._find(ref, base, lambda code, message, hint=None: found.append((code, message, hint))),
+                tuple(found),
+            )
+            if key is not None:
+                self._located[key] = known
+        path, said = known
+        for code, message, hint in said:
             if at is None:
                 diagnostics.append(Diagnostic(code, "error", message, ref, 1, 1, "", hint))
             else:
                 o, pointer = at
                 diagnostics.append(Diagnostic(code, "error", message, o.file, o.line, o.col, pointer, hint))
+        return path
 
+    def _find(self, ref: str, base: Path, report: Callable[..., None]) -> Path | None:
         if not isinstance(ref, str):
             return None  # the schema check reports the wrong type (CR011)
         if not ref:
