@@ -85,6 +85,25 @@ def test_a_pack_without_own_cases_runs_none_and_require_tests_says_so(cli, tmp_p
     assert code == 1 and "declares no tests" in out
 
 
+def test_a_folder_lets_its_packs_read_anywhere_in_it_as_validate_does(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    # rules/team/child.yaml extends ../base.yaml and reads ../agent-session.json: `validate rules`
+    # accepts that, so `test rules` (and `test --require-tests rules/` in CI) must too.
+    rules = tmp_path / "rules"
+    (rules / "team").mkdir(parents=True)
+    write_pack(rules, OWN_CASE, name="base.yaml")
+    (rules / "team" / "child.yaml").write_text(
+        "apiVersion: ctxrules/v1\nkind: RulePack\nmetadata: {name: child, version: 1.0.0}\n"
+        "extends: [../base.yaml]\n" + OWN_CASE.replace("input: ./", "input: ../"),
+        encoding="utf-8",
+    )
+    assert cli("validate", str(rules))[0] == 0
+    code, out, _ = cli("test", "--require-tests", str(rules))
+    assert (code, summary(out)) == (0, (2, 0, 0)), out
+    # Named by itself, a pack still reads only below its own folder (and --search-path).
+    code, out, _ = cli("test", str(rules / "team" / "child.yaml"))
+    assert code == 1 and "CR100" in out, out
+
+
 @pytest.mark.parametrize("name", builtin_names())
 def test_builtin_cases_use_only_data_inside_the_installed_package(name: str) -> None:
     pack = load_pack(f"builtin:{name}")

@@ -32,14 +32,16 @@ def register(sub: Any) -> None:
     p.set_defaults(func=run)
 
 
-def _expand(refs: list[str], outside: list[Path]) -> list[str]:
-    """The packs ``refs`` name; symlinks in a folder to files outside it go to ``outside``."""
-    out: list[str] = []
+def _expand(refs: list[str], outside: list[Path]) -> list[tuple[str, str | None]]:
+    """The packs ``refs`` name, each with the folder named that it was found below (None for
+    a pack named itself); symlinks in a folder to files outside it go to ``outside``."""
+    out: list[tuple[str, str | None]] = []
     for ref in refs:
         if ref.startswith("builtin:"):
-            out.append(ref)
+            out.append((ref, None))
         else:
-            out.extend(str(p) for p in collect_files([ref], outside=outside))
+            folder = ref if Path(ref).is_dir() else None
+            out.extend((str(p), folder) for p in collect_files([ref], outside=outside))
     return out
 
 
@@ -70,10 +72,12 @@ def run(args: argparse.Namespace) -> int:
     for link in outside:
         message = "a symlink to a file outside the folder; the file is not read (CR100)"
         results.append(CaseResult(link.as_posix(), "(load)", "failed", message))
-    for ref in refs:
+    for ref, folder in refs:
         shown = ref if ref.startswith("builtin:") else Path(ref).as_posix()
+        # As `validate FOLDER`: a pack found below a named folder may read anywhere in it.
+        search_path = [*args.search_path, folder] if folder is not None else args.search_path
         try:
-            engine = Engine.load(ref, search_path=args.search_path)
+            engine = Engine.load(ref, search_path=search_path)
         except PackNotFound:
             raise  # a missing pack is a usage error (exit 2), as a missing path is
         except PackError as exc:
