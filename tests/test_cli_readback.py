@@ -106,3 +106,28 @@ def test_skip_reasons_name_tiers_readably(tmp_path: Path) -> None:
     reasons = [st["skipped"] for st in report["stages"] if st.get("skipped")]
     assert any("tier `below` is under `" in r for r in reasons), reasons
     assert not any(re.search(r"tier below is below", r) for r in reasons)
+
+
+def test_run_refuses_an_output_and_a_report_in_one_place(tmp_path: Path, cli, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    # Both on stdout, the two JSON documents ran together and neither parsed; in one file the
+    # report overwrote the output (or, named the other way round, the input it was read from).
+    monkeypatch.chdir(tmp_path)
+    source = tmp_path / "in.json"
+    source.write_text(json.dumps(big_history()))
+    base = ("run", "--pack", "builtin:default", "--model", "gpt-4o", "--input", str(source))
+    (tmp_path / "loop").symlink_to("loop")  # a link loop is a place too, not an internal error
+    same = (
+        ["--report", "-"],
+        ["--output", "-", "--report", "-"],
+        ["--output", "o.json", "--report", "./o.json"],
+        ["--output", "loop", "--report", "loop"],
+    )
+    for where in same:
+        code, out, err = cli(*base, *where)
+        assert (code, out) == (2, ""), (where, err)
+        assert "--output and --report both write to" in err and err.count("\n") == 1, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.json", "loop"]  # nothing was run or written
+    # The report on stdout: the --explain table goes to stderr, stdout is the report alone.
+    code, out, err = cli(*base, "--output", "o.json", "--report", "-", "--explain")
+    assert code == 0, err
+    assert json.loads(out)["version"] == 1 and "stage" in err

@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import Any
 
-from ctxrules.cli.io import add_search_path, dump, read_json, write_text
+from ctxrules.cli.io import add_search_path, distinct_outputs, dump, read_json, write_text
 from ctxrules.cli.progress import TerminalProgress, wanted
 from ctxrules.cli.stores import add_store_options, named_store
 from ctxrules.cli.tables import report_table
@@ -68,6 +68,7 @@ def run(args: argparse.Namespace) -> int:
     import signal
 
     signal.signal(signal.SIGTERM, _on_sigterm)
+    distinct_outputs(output=args.output, report=args.report)
     store = named_store(args)  # a bad --store is a usage error before any input is read
     data = read_json(args.input)
     name = "<stdin>" if args.input == "-" else args.input
@@ -110,7 +111,7 @@ def run(args: argparse.Namespace) -> int:
     if args.report:
         write_text(args.report, dump(result.report))
     if args.explain:
-        stream = sys.stderr if args.output == "-" else sys.stdout
+        stream = sys.stderr if "-" in (args.output, args.report) else sys.stdout
         stream.write(printable(report_table(result.report), one_line=False))
     after = result.report["after"]
     if not after.get("fits", True):
