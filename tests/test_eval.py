@@ -341,6 +341,23 @@ def test_transcripts_with_the_same_file_name_keep_their_own_rows(tmp_path: Path)
     assert rows == {"a/t": 1, "b/t": 3}
 
 
+def test_json_on_stdout_is_the_json_alone_and_one_place_for_two_files_is_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--json -` printed the table first, so stdout did not parse; `--json F --html F` wrote the
+    page over the JSON, after the whole replay."""
+    (tmp_path / "t.json").write_text(json.dumps(transcript("t")))
+    base = ("eval", "--baseline", "none", "--model", "gpt-4o", "--quiet")
+    assert run_cli(*base, "--json", "-", str(tmp_path / "t.json")) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out)["transcripts"] and "tokens sent" in err
+    same = tmp_path / "same.out"
+    assert run_cli(*base, "--json", str(same), "--html", str(same), str(tmp_path / "t.json")) == 2
+    out, err = capsys.readouterr()
+    assert "--json and --html both write to the same file" in err and out == ""
+    assert not same.exists()
+
+
 def test_an_anthropic_request_body_is_replayed_as_its_messages(tmp_path: Path) -> None:
     body = {
         "system": "You are a careful coding agent.",

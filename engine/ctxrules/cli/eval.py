@@ -9,7 +9,7 @@ import sys
 import time
 from typing import Any, TextIO
 
-from ctxrules.cli.io import write_text
+from ctxrules.cli.io import distinct_outputs, write_text
 from ctxrules.errors import PackError, UsageError
 from ctxrules.eval.replay import STEP_S, Task
 from ctxrules.eval.report import dumps, eval_html, eval_json, eval_table, totals_of
@@ -100,6 +100,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("name at least one --pack or --baseline")
     if args.jobs < 1:
         raise UsageError("--jobs must be at least 1")
+    distinct_outputs(json=args.json, html=args.html)  # before the replay, not after it
     if args.window is not None and args.window <= 0:
         raise UsageError("--window must be a positive number of tokens")
     lookup_model(args.model, window=args.window)  # an unknown model is a usage error up front
@@ -147,8 +148,10 @@ def run(args: argparse.Namespace) -> int:
     seconds = time.perf_counter() - started
     overall, each = totals_of(results, [p.name for p in plans], {p.name: p.baseline for p in plans})
     table = eval_table(overall, each, names, model=args.model, window=args.window)
-    sys.stdout.write(printable(table, one_line=False))
-    sys.stdout.write(f"\n{total_turns} calls replayed in {seconds:.1f} s ({args.jobs} job(s))\n")
+    # The table goes to stderr when a file written to stdout (-) would otherwise follow it.
+    shown = sys.stderr if "-" in (args.json, args.html) else sys.stdout
+    shown.write(printable(table, one_line=False))
+    shown.write(f"\n{total_turns} calls replayed in {seconds:.1f} s ({args.jobs} job(s))\n")
     if args.json:
         write_text(
             args.json, dumps(eval_json(results, overall, each, model=args.model, window=args.window, seconds=seconds))
