@@ -824,7 +824,7 @@ def test_a_test_input_nested_past_the_parsers_stack_fails_its_case(tmp_path: Pat
     (tmp_path / "ok.json").write_text('[{"role": "user", "content": "hi"}]', encoding="utf-8")
     proc = ctxrules("test", "p.yaml", cwd=tmp_path)
     out = clean(proc)
-    assert proc.returncode == 1 and "FAIL hostile::deep" in out and "nested too deeply" in out, out
+    assert proc.returncode == 1 and "FAIL hostile::deep" in out and "nested too deep" in out, out
     assert "PASS hostile::fine" in out, out  # the other cases still run
 
 

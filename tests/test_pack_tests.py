@@ -104,6 +104,25 @@ def test_a_folder_lets_its_packs_read_anywhere_in_it_as_validate_does(cli, tmp_p
     assert code == 1 and "CR100" in out, out
 
 
+def test_an_unreadable_input_is_named_with_where_it_breaks(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    # Read as `run --input` reads a message file: the failure named neither the file (a case may
+    # name two: input and tools) nor, for a duplicate key, anything at all (the last one won).
+    body = "tests:\n" + "".join(
+        f"  - {{id: {name}, model: gpt-4o, input: ./{name}.json, expect: {{fits: true}}}}\n"
+        for name in ("truncated", "twice", "latin1")
+    )
+    pack = write_pack(tmp_path, body)
+    (tmp_path / "truncated.json").write_text('[\n  {"role": "user", "content": "hi"}\n', encoding="utf-8")
+    (tmp_path / "twice.json").write_text('[{"role": "user", "content": "a", "content": "b"}]', encoding="utf-8")
+    (tmp_path / "latin1.json").write_bytes(b'[{"role": "user", "content": "caf\xe9"}]')
+    code, out, _ = cli("test", str(pack))
+    assert (code, summary(out)) == (1, (0, 3, 0)), out
+    lines = {ln.split("::")[1].split(" ")[0]: ln for ln in out.splitlines()[:-1]}
+    assert f"{tmp_path / 'truncated.json'}:3:1: invalid JSON" in lines["truncated"], out
+    assert f'{tmp_path / "twice.json"}: /0: the key "content" appears twice' in lines["twice"], out
+    assert f"{tmp_path / 'latin1.json'}: not UTF-8 (byte 33)" in lines["latin1"], out
+
+
 @pytest.mark.parametrize("name", builtin_names())
 def test_builtin_cases_use_only_data_inside_the_installed_package(name: str) -> None:
     pack = load_pack(f"builtin:{name}")

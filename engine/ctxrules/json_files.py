@@ -13,7 +13,7 @@ from typing import Any
 from ctxrules.errors import UsageError
 from ctxrules.printable import printable
 
-__all__ = ["read_json"]
+__all__ = ["parse_json", "read_json"]
 
 
 def read_json(path: str) -> Any:
@@ -29,7 +29,7 @@ def read_json(path: str) -> Any:
     with a warning on stderr naming where (control characters and bidirectional marks in the
     keys it quotes shown as their escapes).
     """
-    from ctxrules.json_limits import MAX_INPUT_BYTES, MAX_INT_DIGITS, NonFinite, pointer, scan, short_pointer
+    from ctxrules.json_limits import MAX_INPUT_BYTES
 
     name = "<stdin>" if path == "-" else path
     limit = MAX_INPUT_BYTES
@@ -61,6 +61,14 @@ def read_json(path: str) -> Any:
     except UnicodeDecodeError as exc:
         raise UsageError(f"{name}: not UTF-8 (byte {exc.start})") from None
     del raw  # not needed while parsing (a 50 MB file would be held three times)
+    return parse_json(text, name)
+
+
+def parse_json(text: str, name: str) -> Any:
+    """The JSON document ``text`` read from the file ``name``, with :func:`read_json`'s checks
+    and errors (``UsageError`` naming ``name`` and the line and column or JSON pointer)."""
+    from ctxrules.json_limits import MAX_INT_DIGITS, NonFinite, pointer, scan, short_pointer
+
     try:
         data = json.loads(text, parse_constant=NonFinite, object_pairs_hook=_unique_keys)
     except json.JSONDecodeError as exc:

@@ -11,7 +11,6 @@ measured before the run). ``ctxrules test PACK`` runs the cases the pack's own f
 
 from __future__ import annotations
 
-import json
 import tempfile
 import time
 from collections.abc import Mapping
@@ -59,13 +58,17 @@ def _input_path(engine: Engine, case_index: int, rel: str, key: str = "input") -
 
 
 def _read_json(path: Path) -> Any:
+    """A test's input file, read as ``ctxrules run --input`` reads one: an error names the file
+    and the line and column or JSON pointer (it is a ``UsageError``)."""
+    from ctxrules.json_files import parse_json
     from ctxrules.packs.confine import MAX_INPUT_BYTES, read_limited
 
-    text = read_limited(path, MAX_INPUT_BYTES, what=f"test input {path.name!r}").decode("utf-8")
+    raw = read_limited(path, MAX_INPUT_BYTES, what=f"test input {path.name!r}")
     try:
-        return json.loads(text)
-    except RecursionError:  # the session refuses more than 100 levels; the parser stops near 1,000
-        raise ValueError(f"test input {path.name!r} is nested too deeply") from None
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{path}: not UTF-8 (byte {exc.start})") from None
+    return parse_json(text, str(path))
 
 
 def run_case(engine: Engine, index: int, case: dict[str, Any]) -> CaseResult:
