@@ -279,3 +279,37 @@ def test_a_damaged_media_type_sidecar_reads_as_none(tmp_path: Path, meta: bytes)
     proc = cli("sessions", "export", str(session_dir), "--to", str(tmp_path / "s.ctxs"), cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert '"media_type": null' in (tmp_path / "s.ctxs").read_text()
+
+
+def test_a_planted_root_link_writes_no_ledger_outside(tmp_path: Path) -> None:
+    """``root.json`` ties a sub-agent to its root task; its paths decide where ledgers are
+    written. One planted in a session (a cloned repository's ``.ctxrules/default``) naming
+    another folder is ignored: the session counts as its own root, nothing is written there."""
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "ledger").mkdir()  # even a folder that looks like a state root in use
+    repo = tmp_path / "repo"
+    session_dir = repo / ".ctxrules" / "default"
+    session_dir.mkdir(parents=True)
+    link = {"root_id": "x", "root_dir": str(victim), "state_root": str(victim), "parent_id": "x", "goal": None}
+    (session_dir / "root.json").write_text(json.dumps(link))
+    proc = cli("usage", "reset", "--dimension", "session", cwd=repo)
+    assert proc.returncode == 0, proc.stderr
+    proc = cli("usage", "add", "--session", str(session_dir), "--model", "gpt-4o", "--prompt", "10", cwd=repo)
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(p.name for p in victim.rglob("*")) == ["ledger"]
+    assert (session_dir / "ledger.jsonl").is_file()
+
+
+def test_a_sub_agent_with_a_state_root_elsewhere_reopened_alone_counts_in_its_root(tmp_path: Path) -> None:
+    """The check of the link keeps what register_child writes: a root session with an explicit
+    state root that is not its parent, its child reopened on its own (a restart), before the
+    root recorded anything."""
+    from ctxrules.budget.tracker import SessionLedger
+
+    state = tmp_path / "state"
+    root = Engine.load("builtin:default").session(tmp_path / "sessions" / "root", model="gpt-4o", state_root=state)
+    worker = root.child("worker")
+    again = SessionLedger(worker.path, worker.id, model="gpt-4o")
+    assert again.state_root is not None and again.state_root.resolve() == state.resolve()
+    assert again.root_dir.resolve() == root.path.resolve()

@@ -40,6 +40,8 @@ from ctxrules.budget.pricing import Rates, price_call, rates_for
 from ctxrules.budget.status import BudgetStatus, BurnRate, DimensionStatus
 from ctxrules.budget.usage import TokenUsage, UsageFormat, as_mapping, is_failed_response, parse_usage
 from ctxrules.errors import CtxrulesError, UsageError
+from ctxrules.logs import get_logger
+from ctxrules.private_files import ensure_dir
 from ctxrules.stores.base import Log
 from ctxrules.stores.filesystem import FilesystemStore
 
@@ -55,6 +57,8 @@ __all__ = [
     "SpawnLimitExceeded",
     "TrackedCall",
 ]
+
+_log = get_logger("ctxrules.budget")
 
 _MIN_BURN_SPAN_S = 60.0
 """Burn rates are averaged over at least a minute, so one call just made is not a huge rate: a
@@ -457,6 +461,10 @@ class SessionLedger:
                 "raise budgets.max_descendants"
             )
         state_root = self.state_root
+        if filesystem and state_root is not None:
+            # The ledgers' folder exists from now on: a child reopened on its own finds its
+            # link's state root in use (_link_in_place), before the first record is written.
+            ensure_dir(state_root / "ledger", inside=state_root)
         link = {
             "root_id": self.root_id,
             "root_dir": root_key,
@@ -516,9 +524,39 @@ def _read_link(store: Store, session: str) -> dict[str, Any]:
     try:
         raw = store.read_doc(session, "root")
         data = json.loads(raw) if raw is not None else {}
-    except (OSError, ValueError, CtxrulesError):
+    except (OSError, ValueError, RecursionError, CtxrulesError):
         return {}
-    return data if isinstance(data, dict) else {}
+    if not isinstance(data, dict):
+        return {}
+    if isinstance(store, FilesystemStore) and data and not _link_in_place(session, data):
+        # A root.json that register_child did not write for this directory (copied along
+        # with a session, planted in a repository): its paths would decide where ledgers are
+        # written. The session counts as a root of its own.
+        _log.warning("budget.root_link_ignored", session=session)
+        return {}
+    return data
+
+
+def _link_in_place(session: str, link: Mapping[str, Any]) -> bool:
+    """Whether a sub-agent's link names paths where :meth:`SessionLedger.register_child` puts
+    them: the session below its root as ``children/NAME`` (once per generation), and the state
+    root the root's records go to, which holds the root session or is a state root in use (a
+    folder with a ``ledger`` folder)."""
+    root_dir, state_root = link.get("root_dir"), link.get("state_root")
+    if not isinstance(root_dir, str) or not isinstance(state_root, str):
+        return False
+    try:
+        root = Path(root_dir)
+        if not root.is_absolute() or not Path(state_root).is_absolute():
+            return False
+        real_root = root.resolve()
+        rel = Path(session).resolve().relative_to(real_root).parts
+        if not rel or len(rel) % 2 or any(part != "children" for part in rel[::2]):
+            return False
+        states = Path(state_root).resolve()
+        return states in real_root.parents or (states / "ledger").is_dir()
+    except (OSError, ValueError, RuntimeError):
+        return False
 
 
 def checked_epoch(at: object) -> float:
