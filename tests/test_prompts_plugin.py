@@ -113,6 +113,28 @@ def test_plugin_in_a_throwaway_project(tmp_path: Path) -> None:
     assert run_pytest(project).returncode == 0
 
 
+def test_a_broken_pack_under_snapshot_update_deletes_no_snapshot(tmp_path: Path) -> None:
+    """A typo in the pack makes the prompt tests fail to collect; syrupy took their snapshots
+    for unused ones and ``--snapshot-update`` deleted every one of them."""
+    project = tmp_path / "acme"
+    (project / "prompts").mkdir(parents=True)
+    (project / "pack.yaml").write_text(PACK, encoding="utf-8")
+    (project / "prompts" / "house.md.j2").write_text("Write British English.\n", encoding="utf-8")
+    (project / "test_prompts.py").write_text(TESTS, encoding="utf-8")
+    (project / "test_other.py").write_text("def test_other(snapshot):\n    assert 1 == snapshot\n", encoding="utf-8")
+    (project / "pytest.ini").write_text("[pytest]\n", encoding="utf-8")
+    first = run_pytest(project, "--snapshot-update")
+    assert first.returncode == 0, first.stdout + first.stderr
+    before = sorted(p.name for p in (project / "__snapshots__").rglob("*.*"))
+    assert len([n for n in before if n.endswith(".txt")]) == 24, before
+    broken = PACK.replace("lean: [identity, house_style]", "lean: [identity, nope]")
+    (project / "pack.yaml").write_text(broken, encoding="utf-8")
+    for args in (["--snapshot-update"], ["--snapshot-update", "test_other.py"], []):
+        result = run_pytest(project, *args)
+        assert sorted(p.name for p in (project / "__snapshots__").rglob("*.*")) == before, args
+    assert "cannot load pack pack.yaml" in result.stdout + result.stderr
+
+
 def test_plugin_reports_a_broken_pack_without_a_traceback(tmp_path: Path) -> None:
     (tmp_path / "pack.yaml").write_text(
         "apiVersion: ctxrules/v1\nkind: RulePack\nmetadata: {name: t, version: 1.0.0}\nprompts: {modes: {m: [nope]}}\n"

@@ -114,7 +114,17 @@ def _load_for(config: pytest.Config, ref: str) -> ResolvedPack:
     try:
         return load(ref, _rootdir(config))
     except CtxrulesError as exc:
+        _keep_snapshots(config)
         raise pytest.UsageError(f"ctxrules: cannot load pack {ref}: {exc}") from None
+
+
+def _keep_snapshots(config: pytest.Config | None) -> None:
+    """A pack that does not load makes its prompt tests fail to collect or run; syrupy would then
+    take their snapshots for unused ones and delete them under ``--snapshot-update`` (every
+    prompt snapshot gone because of a typo in the pack). Its ``--snapshot-disable-unused`` is
+    turned on for the session instead."""
+    if config is not None and hasattr(config.option, "disable_unused_snapshots"):
+        config.option.disable_unused_snapshots = True
 
 
 @pytest.fixture
@@ -173,6 +183,7 @@ def prompt_cases(pack: str = DEFAULT_PACK, *, rootdir: str | Path | None = None)
     try:
         resolved = load(pack, base)
     except CtxrulesError as exc:
+        _keep_snapshots(_CONFIGS[-1] if _CONFIGS else None)
         raise pytest.UsageError(f"ctxrules: cannot load pack {pack}: {exc}") from None
     ps = prompt_set(resolved, default_registry())
     mark = getattr(pytest.mark, MARKER)(_key(pack, base))
