@@ -71,6 +71,16 @@ def test_text_format_for_a_clean_run(cli, work: Path) -> None:  # type: ignore[n
     assert cli("validate", "valid.yaml") == (0, "1 file checked: 0 error(s), 0 warning(s)\n", "")
 
 
+def test_a_file_named_twice_is_one_file_checked(cli, work: Path) -> None:  # type: ignore[no-untyped-def]
+    """A folder and a path in it (or the same file by two spellings) name one file: it is counted
+    once (it was "4 files checked" for 2), and its diagnostics are not repeated."""
+    code, out, _ = cli("validate", "valid.yaml", "./valid.yaml", str(work / "valid.yaml"))
+    assert (code, out) == (0, "1 file checked: 0 error(s), 0 warning(s)\n")
+    code, out, _ = cli("validate", ".", "two-errors.yaml")
+    assert code == 1 and out.endswith("3 files checked: 2 error(s), 1 warning(s)\n"), out
+    assert out.count("error[CR010]") == 1
+
+
 def test_text_format_cuts_very_long_lines_around_the_caret(cli, work: Path) -> None:  # type: ignore[no-untyped-def]
     (work / "long.yaml").write_text(
         "apiVersion: ctxrules/v1\nkind: RulePack\nmetadata: {name: long, version: 1.0.0, description: '"

@@ -380,14 +380,17 @@ def validate_paths(
         files.extend((f, folder) for f in found)
     out: list[Diagnostic] = [_outside_folder(f) for f in outside]
     real: dict[str, Path] = {}
+    checked: set[Path] = set()  # a file named twice (a folder and a path in it) is one file
     for f, folder in files:
-        pack = loader.resolve(str(f.resolve()), root=folder)
+        where = f.resolve()
+        checked.add(where)
+        pack = loader.resolve(str(where), root=folder)
         real.update(pack.real_paths)
         # A parent's own problems come back identical from each child and are reported once;
         # what only shows when a child is resolved (a cycle, an order the child breaks) may sit
         # in a parent's lines and must not be dropped for it.
         out.extend(validate_resolved(pack, loader, registry))
-    return ValidationRun(_sorted_unique(out), len(files) + len(outside), real, len(skipped))
+    return ValidationRun(_sorted_unique(out), len(checked) + len(outside), real, len(skipped))
 
 
 def _outside_folder(link: Path) -> Diagnostic:
