@@ -127,6 +127,22 @@ def test_run_refuses_an_output_and_a_report_in_one_place(tmp_path: Path, cli, mo
         assert (code, out) == (2, ""), (where, err)
         assert "--output and --report both write to" in err and err.count("\n") == 1, err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.json", "loop"]  # nothing was run or written
+    # The same place by another name: stdout as /dev/stdout (a pipe here), a hard link.
+    (tmp_path / "o.json").write_text("")
+    os.link(tmp_path / "o.json", tmp_path / "hard.json")
+    code, out, err = cli(*base, "--output", "o.json", "--report", "hard.json")
+    assert code == 2 and "the same file (hard.json)" in err, err
+    proc = subprocess.run(
+        [sys.executable, "-m", "ctxrules.cli.main", *base, "--report", "/dev/stdout"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": str(REPO / "engine")},
+        check=False,
+    )
+    assert (proc.returncode, proc.stdout) == (2, ""), proc.stderr
+    assert "both write to stdout" in proc.stderr
+    assert (tmp_path / "o.json").read_text() == ""
     # The report on stdout: the --explain table goes to stderr, stdout is the report alone.
     code, out, err = cli(*base, "--output", "o.json", "--report", "-", "--explain")
     assert code == 0, err

@@ -313,3 +313,29 @@ def test_a_sub_agent_with_a_state_root_elsewhere_reopened_alone_counts_in_its_ro
     again = SessionLedger(worker.path, worker.id, model="gpt-4o")
     assert again.state_root is not None and again.state_root.resolve() == state.resolve()
     assert again.root_dir.resolve() == root.path.resolve()
+
+
+@pytest.mark.parametrize(
+    ("state_root", "goal"),
+    [("home", None), ("root", "../../../../notes/pwn"), ("root", None)],
+    ids=["an-ancestor-as-state-root", "a-goal-out-of-goals", "a-state-root-not-made-by-ctxrules"],
+)
+def test_a_planted_child_link_in_a_childs_place_writes_nothing_outside(
+    tmp_path: Path, state_root: str, goal: str | None
+) -> None:
+    """A link at a child's place (``<session>/children/x``) naming the real root session may
+    still not pick the state root (only the root's folder's parent, or a state root ctxrules
+    made) nor a goal that is not a file name (``ledger/goals/<goal>.jsonl``)."""
+    home = tmp_path / "home"
+    (home / "notes").mkdir(parents=True)
+    root_dir = home / "proj" / ".ctxrules" / "sess"
+    child = root_dir / "children" / "x"
+    child.mkdir(parents=True)
+    states = {"home": home, "root": home / "proj"}[state_root]
+    link = {"root_id": "r", "root_dir": str(root_dir), "parent_id": "p", "goal": goal, "state_root": str(states)}
+    (child / "root.json").write_text(json.dumps(link))
+    session = Engine.load("builtin:default").session(child, model="gpt-4o")
+    session.record_usage({"usage": {"prompt_tokens": 10, "completion_tokens": 5}})
+    assert session.ledger.root_id != "r"
+    written = sorted(str(p.relative_to(home)) for p in home.rglob("*.jsonl"))
+    assert all(p.startswith("proj/.ctxrules/sess/children/") for p in written), written

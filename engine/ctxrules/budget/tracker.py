@@ -40,8 +40,8 @@ from ctxrules.budget.pricing import Rates, price_call, rates_for
 from ctxrules.budget.status import BudgetStatus, BurnRate, DimensionStatus
 from ctxrules.budget.usage import TokenUsage, UsageFormat, as_mapping, is_failed_response, parse_usage
 from ctxrules.errors import CtxrulesError, UsageError
+from ctxrules.injected import KEY_FILE
 from ctxrules.logs import get_logger
-from ctxrules.private_files import ensure_dir
 from ctxrules.stores.base import Log
 from ctxrules.stores.filesystem import FilesystemStore
 
@@ -461,10 +461,6 @@ class SessionLedger:
                 "raise budgets.max_descendants"
             )
         state_root = self.state_root
-        if filesystem and state_root is not None:
-            # The ledgers' folder exists from now on: a child reopened on its own finds its
-            # link's state root in use (_link_in_place), before the first record is written.
-            ensure_dir(state_root / "ledger", inside=state_root)
         link = {
             "root_id": self.root_id,
             "root_dir": root_key,
@@ -538,13 +534,18 @@ def _read_link(store: Store, session: str) -> dict[str, Any]:
 
 
 def _link_in_place(session: str, link: Mapping[str, Any]) -> bool:
-    """Whether a sub-agent's link names paths where :meth:`SessionLedger.register_child` puts
-    them: the session below its root as ``children/NAME`` (once per generation), and the state
-    root the root's records go to, which holds the root session or is a state root in use (a
-    folder with a ``ledger`` folder)."""
-    root_dir, state_root = link.get("root_dir"), link.get("state_root")
-    if not isinstance(root_dir, str) or not isinstance(state_root, str):
+    """Whether a sub-agent's link names what :meth:`SessionLedger.register_child` writes: the
+    session below its root as ``children/NAME`` (once per generation); the state root the
+    root's records go to, which is the root session's folder's parent (the default) or a state
+    root ctxrules made (it holds the injection key); a goal name that is a file name."""
+    root_dir, state_root, goal = link.get("root_dir"), link.get("state_root"), link.get("goal")
+    if not isinstance(root_dir, str) or not isinstance(state_root, str) or not isinstance(link.get("root_id"), str):
         return False
+    if goal is not None:
+        try:
+            check_goal(goal)
+        except UsageError:
+            return False
     try:
         root = Path(root_dir)
         if not root.is_absolute() or not Path(state_root).is_absolute():
@@ -554,7 +555,7 @@ def _link_in_place(session: str, link: Mapping[str, Any]) -> bool:
         if not rel or len(rel) % 2 or any(part != "children" for part in rel[::2]):
             return False
         states = Path(state_root).resolve()
-        return states in real_root.parents or (states / "ledger").is_dir()
+        return states == real_root.parent or (states / KEY_FILE).is_file()
     except (OSError, ValueError, RuntimeError):
         return False
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import sys
 from pathlib import Path
 from typing import Any
@@ -27,15 +28,34 @@ def distinct_outputs(**outputs: str | None) -> None:
     """Refuse (usage error) two options that would write to one place: both ``-`` (stdout
     would hold two documents, neither readable) or one file (the second would overwrite the
     first). ``outputs``: option name (``report`` for ``--report``) to the path given, or None."""
-    seen: dict[str, str] = {}
+    seen: dict[object, str] = {}
     for option, path in outputs.items():
         if path is None:
             continue
-        key = "-" if path == "-" else os.path.realpath(path)  # (Path.resolve raises on a link loop)
-        if key in seen:
-            where = "stdout" if key == "-" else f"the same file ({path})"
-            raise UsageError(f"--{seen[key]} and --{option} both write to {where}; give each its own file")
-        seen[key] = option
+        # A file that exists is also known by its identity: /dev/stdout is stdout, a hard link
+        # is the file it links.
+        keys: list[object] = ["-" if path == "-" else os.path.realpath(path)]  # (resolve() raises on a link loop)
+        ident = _identity(path)
+        if ident is not None:
+            keys.append(ident)
+        for key in keys:
+            if key in seen:
+                where = "stdout" if key in ("-", _identity("-")) else f"the same file ({path})"
+                raise UsageError(f"--{seen[key]} and --{option} both write to {where}; give each its own file")
+        for key in keys:
+            seen[key] = option
+
+
+def _identity(path: str) -> tuple[int, int] | None:
+    """``(device, inode)`` of the file or pipe ``path`` names (``-``: stdout), when there is one;
+    None for a device (writing twice to /dev/null or a terminal loses nothing)."""
+    try:
+        st = os.fstat(sys.stdout.fileno()) if path == "-" else os.stat(path)
+    except (OSError, ValueError):
+        return None
+    if not (stat.S_ISREG(st.st_mode) or stat.S_ISFIFO(st.st_mode) or stat.S_ISSOCK(st.st_mode)):
+        return None
+    return (st.st_dev, st.st_ino)
 
 
 def dump(value: Any) -> str:
