@@ -58,8 +58,6 @@ __all__ = [
     "TrackedCall",
 ]
 
-_log = get_logger("ctxrules.budget")
-
 _MIN_BURN_SPAN_S = 60.0
 """Burn rates are averaged over at least a minute, so one call just made is not a huge rate: a
 ``burn_window_s`` under a minute reads the calls of the last minute."""
@@ -528,7 +526,7 @@ def _read_link(store: Store, session: str) -> dict[str, Any]:
         # A root.json that register_child did not write for this directory (copied along
         # with a session, planted in a repository): its paths would decide where ledgers are
         # written. The session counts as a root of its own.
-        _log.warning("budget.root_link_ignored", session=session)
+        get_logger("ctxrules.budget").warning("budget.root_link_ignored", session=session)
         return {}
     return data
 
