@@ -287,6 +287,31 @@ def test_an_archive_line_nested_too_deep_is_a_damaged_archive(tmp_path: Path) ->
     assert "internal error" not in got.stderr and not (tmp_path / "B").exists()
 
 
+def test_exporting_without_the_state_root_the_session_ran_under_is_refused(tmp_path: Path) -> None:
+    """A session run with ``--state A`` signs its injected messages with A's key. Exported
+    without ``--state`` the archive carried the default state root's key (or none), and once
+    imported its summaries read as the caller's own messages. Refused (CR150), nothing written."""
+    example = REPO / "rules" / "examples" / "agent-session.json"
+    run = ["run", "--pack", "builtin:default", "--model", "gpt-4o", "--window", "32000", "--input", str(example)]
+    note = "import sys\nfrom ctxrules.notes import SessionNotes\nSessionNotes(sys.argv[1]).add('n', tags=['x'])"
+    subprocess.run([sys.executable, "-c", note, "work/s"], cwd=tmp_path, env=ENV, check=True)
+    ran = ctxrules(*run, "--session", "work/s", "--state", "A", "--output", "out.json", cwd=tmp_path)
+    assert ran.returncode == 0, ran.stderr
+    assert "<ctxrules:notes" in (tmp_path / "out.json").read_text()  # an injected message, signed with A's key
+    other = ctxrules(*run, "--session", "other", "--state", "B", "--output", "o2.json", cwd=tmp_path)
+    assert other.returncode == 0 and (tmp_path / "B" / "injection.key").is_file()  # B: a key of its own
+    for state in ([], ["--state", "B"]):
+        got = ctxrules("sessions", "export", "work/s", *state, "--to", "x.ctxs", cwd=tmp_path)
+        assert got.returncode == 2 and "[CR150]" in got.stderr and "--state DIR" in got.stderr, got.stderr
+        assert not (tmp_path / "x.ctxs").exists()
+    good = ctxrules("sessions", "export", "work/s", "--state", "A", "--to", "x.ctxs", cwd=tmp_path)
+    assert good.returncode == 0, good.stderr
+    imported = ctxrules("sessions", "import", "x.ctxs", "--state", "C", "--session", "C/s", cwd=tmp_path)
+    assert imported.returncode == 0, imported.stderr
+    again = ctxrules("sessions", "export", "C/s", "--state", "C", "--to", "y.ctxs", cwd=tmp_path)
+    assert again.returncode == 0, again.stderr  # the imported session carries the key it was signed with
+
+
 def test_exporting_a_session_that_is_not_there_is_a_usage_error(tmp_path: Path) -> None:
     got = ctxrules("sessions", "export", "nope", "--state", "A", "--to", "x.ctxs", cwd=tmp_path)
     assert got.returncode == 2 and "[CR147] no session nope to export" in got.stderr

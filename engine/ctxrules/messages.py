@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ctxrules.errors import MessagesError
-from ctxrules.injected import TagHead, current_key, format_attr, parse_head
+from ctxrules.injected import InjectionKey, TagHead, current_key, format_attr, parse_head
 from ctxrules.json_stream import json_sha256
 
 __all__ = [
@@ -334,6 +334,18 @@ def injected_meta(msg: Mapping[str, Any]) -> dict[str, str]:
 def is_real_user(msg: Mapping[str, Any]) -> bool:
     """A ``user`` message a human (or the agent's harness) wrote, not one ctxrules injected."""
     return msg.get("role") == "user" and not is_injected(msg)
+
+
+def signed_by(msg: Mapping[str, Any], key: InjectionKey) -> bool | None:
+    """Whether ``key`` signed the tag ``msg``'s text opens with; None when the text opens with
+    no signed tag (a session's own messages are told apart by the key they were signed with)."""
+    text = _first_text(msg)
+    if not text.lstrip().startswith("<ctxrules:"):
+        return None
+    head = parse_head(text)
+    if head is None or head.sig_span is None:
+        return None
+    return key.verified(text) is not None
 
 
 def mark_injected(msg: Mapping[str, Any], kind: str, **meta: str | int | float | bool | None) -> Message:

@@ -26,6 +26,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import secrets
 import time
 from collections.abc import Iterable, Iterator
 from typing import IO, Any, Final
@@ -87,6 +88,7 @@ def export_session(store: Store, session: str, out: IO[bytes], *, name: str | No
         # The key the session's injected messages are signed with: without it they would read
         # as the caller's own messages in the other store.
         secret = existing_secret(store, session) or existing_secret(store, None)
+        _check_key(store, session, turn.output or [], secret)
         if secret is not None:
             write({"kind": "secret", "name": "injection.key", "data": base64.b64encode(secret).decode()})
         lines = _all_lines(store, Log("session", session))
@@ -190,6 +192,24 @@ def _check_counts(records: list[dict[str, Any]], where: str) -> None:
         raise _bad(
             f"{where}:{end['_line']}: the archive's lines do not hash to the end record's sha256 "
             "(a line altered: a damaged archive); nothing was imported"
+        )
+
+
+def _check_key(store: Store, session: str, output: Iterable[Any], secret: bytes | None) -> None:
+    """Refuse an export whose last output holds signed messages that ``secret`` (the session's
+    key, else its store's) did not sign: the session ran under another state root's key, and
+    imported with this one its summaries and notes would read as the caller's own messages."""
+    from ctxrules.injected import InjectionKey
+    from ctxrules.messages import signed_by
+
+    # Without a key of its own or its store's, a fresh one: it signed nothing.
+    key = InjectionKey(secret if secret is not None and len(secret) >= 16 else secrets.token_bytes(32))
+    verdicts = [v for m in output if isinstance(m, dict) and (v := signed_by(m, key)) is not None]
+    if verdicts and not any(verdicts):
+        raise StoreUsageError(
+            "CR150",
+            f"the injected messages of {store.describe(session)} are signed with a key {store.url} does not "
+            "hold: it ran under another state root; give that one (--state DIR, or its --store URL)",
         )
 
 

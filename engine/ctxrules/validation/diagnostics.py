@@ -67,5 +67,6 @@ CODES: dict[str, str] = {
     "CR147": "the session named is not in the store (sessions export, vault get --session, mcp --session)",
     "CR148": "the Redis store cannot be used (unreachable, no answer in time, a refused command, a bad URL option)",
     "CR149": "a session's prepare lock on the Redis store: held elsewhere past lock_timeout_s, or its lease lost",
+    "CR150": "sessions export: the injected messages of the session are signed with a key its store does not hold",
     "CR125": "deprecated key: guards.subagents.max_descendants is an alias of budgets.max_descendants",
 }
