@@ -176,6 +176,32 @@ def test_pipeline_status_survives(tmp_path: Path, noisy: Path) -> None:
     assert b"Traceback" not in proc.stderr
 
 
+@pytest.mark.parametrize("size", ["small", "large"])
+@pytest.mark.parametrize("stdout", ["reader gone", "disk full"])
+def test_an_output_that_cannot_be_printed_keeps_the_command_code(tmp_path: Path, size: str, stdout: str) -> None:
+    # Small: compressed, then printed; large (one line longer than a window): copied out from
+    # the vault entry being written, which is then dropped.
+    script = "print('step\\n' * 3000)" if size == "small" else "print('x' * 9_000_000)"
+    env = {**os.environ, "PYTHONPATH": ENGINE, "CTXRULES_STATE": str(tmp_path / "state")}
+    argv = [sys.executable, "-m", "ctxrules.cli.main", "compress", "--", sys.executable, "-c", script + "; exit(3)"]
+    if stdout == "disk full":
+        if not Path("/dev/full").exists():
+            pytest.skip("no /dev/full")
+        with open("/dev/full", "wb") as full:
+            proc = subprocess.run(argv, stdout=full, stderr=subprocess.PIPE, env=env, cwd=tmp_path, timeout=120)
+    else:
+        read, write = os.pipe()
+        os.close(read)  # nobody reads: not a pipeline, and the write gets EPIPE
+        try:
+            proc = subprocess.run(argv, stdout=write, stderr=subprocess.PIPE, env=env, cwd=tmp_path, timeout=120)
+        finally:
+            os.close(write)
+    assert proc.returncode == 3, proc.stderr
+    assert b"internal error" not in proc.stderr
+    assert (b"not printed: No space left" in proc.stderr) == (stdout == "disk full")
+    assert list((tmp_path / "state").rglob(".tmp-*")) == []
+
+
 def test_stream_copies_live_to_stderr(tmp_path: Path, noisy: Path) -> None:
     proc = ctxrules("compress", "--stream", "--", sys.executable, str(noisy), "0", tmp=tmp_path)
     assert proc.stderr.decode().count("copying asset number") == 300

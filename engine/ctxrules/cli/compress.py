@@ -26,11 +26,13 @@ through unchanged unless ``--always`` is given.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import os
 import shlex
 import shutil
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
@@ -209,10 +211,31 @@ def _note(message: str) -> None:
     sys.stderr.flush()
 
 
+class _Unprinted(Exception):
+    """Standard output did not take the result: its reader went away (``EPIPE``), a full disk."""
+
+    def __init__(self, error: OSError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+@contextlib.contextmanager
+def _printing() -> Iterator[None]:
+    """Writing to standard output; a failure there is :class:`_Unprinted`, and what is still
+    buffered for it goes to the null device (the exit-time flush would fail again)."""
+    try:
+        yield
+    except OSError as exc:
+        with contextlib.suppress(OSError, AttributeError, ValueError), open(os.devnull, "wb") as devnull:
+            os.dup2(devnull.fileno(), sys.stdout.fileno())
+        raise _Unprinted(exc) from exc
+
+
 def _write(data: bytes) -> None:
-    out: IO[bytes] = sys.stdout.buffer
-    out.write(data)
-    out.flush()
+    with _printing():
+        out: IO[bytes] = sys.stdout.buffer
+        out.write(data)
+        out.flush()
 
 
 def _code_of(returncode: int) -> int:
@@ -285,7 +308,13 @@ def _proxy(args: argparse.Namespace, argv: list[str]) -> int:
             _echo(chunk)
 
     code = _status(child, child.run_into(sink))
-    _emit(args, pack, counter, shlex.join(argv), capture, code)
+    try:
+        _emit(args, pack, counter, shlex.join(argv), capture, code)
+    except _Unprinted as exc:
+        # The exit code is still CMD's: a reader that went away (`| head -1`) is no news,
+        # a full disk is.
+        if not isinstance(exc.error, BrokenPipeError):
+            _note(f"warning: the output was not printed: {exc.error.strerror or exc.error}")
     return code
 
 
@@ -339,8 +368,10 @@ def _emit_large(
     if result is None or stored is None:
         if counter is not None and result is None:
             _note(f"no compressor applied to {command!r}; ~{_count_file(counter, writer.path):,} tokens ({args.model})")
-        _copy_out(writer.path)
-        writer.discard()
+        try:
+            _copy_out(writer.path)
+        finally:  # printed or not (a reader that went away), the entry is not kept
+            writer.discard()
         return
     if counter is not None:
         after = counter.count_text(result.text)
@@ -373,10 +404,10 @@ def _count_file(counter: Any, path: Path) -> int:
 
 
 def _copy_out(path: Path) -> None:
-    out: IO[bytes] = sys.stdout.buffer
-    with open(path, "rb") as handle:
+    with open(path, "rb") as handle, _printing():
+        out: IO[bytes] = sys.stdout.buffer
         shutil.copyfileobj(handle, out, 1 << 20)
-    out.flush()
+        out.flush()
 
 
 def _filter(args: argparse.Namespace) -> int:
@@ -421,7 +452,12 @@ def run(args: argparse.Namespace) -> int:
         if argv:
             raise UsageError("give either --command with --input, or a command after --, not both")
         _session(args)  # a bad --store is a usage error before the input is read
-        return _filter(args)
+        try:
+            return _filter(args)
+        except _Unprinted as exc:
+            if isinstance(exc.error, BrokenPipeError):  # the reader went away: as for every verb
+                return 0
+            raise CtxrulesError(f"the output was not printed: {exc.error.strerror or exc.error}") from None
     if args.input is not None or args.exit_code is not None:
         raise UsageError('--input and --exit-code need --command "CMD"')
     if not argv:
