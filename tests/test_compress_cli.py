@@ -114,6 +114,20 @@ def test_a_bad_store_is_125_and_runs_nothing(tmp_path: Path, store: list[str], m
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
 
 
+@pytest.mark.parametrize(
+    ("argv", "code"),
+    [(["--", "sh", "-c", "touch ran"], 125), (["--command", "make", "--input", "-"], 2)],
+    ids=["proxy", "filter"],
+)
+def test_a_closed_standard_output_is_an_error_not_a_traceback(tmp_path: Path, argv: list[str], code: int) -> None:
+    # `ctxrules compress ... >&-`: Python starts with sys.stdout None.
+    proc = ctxrules("compress", *argv, tmp=tmp_path, stdin=b"error: x\n", shell_suffix=">&-")
+    assert proc.returncode == code, proc.stderr
+    assert b"standard output is closed" in proc.stderr
+    assert b"Traceback" not in proc.stderr and b"internal error" not in proc.stderr
+    assert not (tmp_path / "ran").exists()
+
+
 def test_not_executable_is_126(tmp_path: Path) -> None:
     script = tmp_path / "plain.sh"
     script.write_text("echo hi\n", encoding="utf-8")

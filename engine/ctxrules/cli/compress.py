@@ -59,6 +59,7 @@ DEFAULT_MODEL = "gpt-4o"
 EXIT_CTXRULES_FAILED = 125
 EXIT_NOT_EXECUTABLE = 126
 EXIT_NOT_FOUND = 127
+_CLOSED = "standard output is closed: there is nowhere to print the output"
 
 
 def register(sub: Any) -> None:
@@ -288,6 +289,9 @@ def _proxy(args: argparse.Namespace, argv: list[str]) -> int:
     except CtxrulesError as exc:
         _note(f"error: {exc}")
         return EXIT_CTXRULES_FAILED
+    if sys.stdout is None and not args.raw:  # `>&-`: the result could go nowhere
+        _note(f"error: {_CLOSED} (CMD does not run)")
+        return EXIT_CTXRULES_FAILED
     passthrough = args.raw or (
         not args.always and not sys.stdout.isatty() and stdout_feeds_pipeline(sys.stdout.fileno())
     )
@@ -451,6 +455,8 @@ def run(args: argparse.Namespace) -> int:
     if args.command_line is not None:
         if argv:
             raise UsageError("give either --command with --input, or a command after --, not both")
+        if sys.stdout is None:
+            raise UsageError(_CLOSED)
         _session(args)  # a bad --store is a usage error before the input is read
         try:
             return _filter(args)

@@ -140,7 +140,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             "  (this is a bug in ctxrules; set CTXRULES_DEBUG=1 for a traceback)\n"
         )
         code = 2
-    sys.stdout.flush()
+    if sys.stdout is not None:  # None when the process started with its fd 1 closed (`>&-`)
+        sys.stdout.flush()
     if uncollected:
         gc.freeze()  # the interpreter's exit-time collection skips frozen objects
     raise SystemExit(code)
