@@ -222,6 +222,24 @@ def test_stream_copies_live_to_stderr(tmp_path: Path, noisy: Path) -> None:
     assert parse_markers(proc.stdout.decode())
 
 
+def test_stream_whose_watcher_went_away_lets_the_command_finish(tmp_path: Path, noisy: Path) -> None:
+    # Standard error's reader is gone (a closed terminal, `2>&1 >out | head`): the live copy
+    # stops, while the command runs to its end and its output is still compressed and printed.
+    env = {**os.environ, "PYTHONPATH": ENGINE, "CTXRULES_STATE": str(tmp_path / "state")}
+    script = f"{_quote(sys.executable)} {_quote(str(noisy))} 0; touch finished; exit 3"
+    argv = [sys.executable, "-m", "ctxrules.cli.main", "compress", "--stream", "--stats", "--", "sh", "-c", script]
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        proc = subprocess.run(argv, stdout=subprocess.PIPE, stderr=write, env=env, cwd=tmp_path, timeout=120)
+    finally:
+        os.close(write)
+    assert proc.returncode == 3
+    assert (tmp_path / "finished").exists()
+    out = proc.stdout.decode()
+    assert "error: asset 150 is corrupt" in out and parse_markers(out)
+
+
 def test_a_note_after_the_live_copy_starts_on_its_own_line(tmp_path: Path) -> None:
     # The command's last line has no newline; --stats then writes its note to the same stderr.
     script = "import sys; sys.stdout.write('first\\nno newline at the end')"

@@ -203,6 +203,7 @@ class _Stderr:
     must start on a line of its own even when the command's last line had no newline."""
 
     line_open = False
+    watched = True  # the live copy stops when nobody reads it any more
 
 
 def _note(message: str) -> None:
@@ -264,11 +265,20 @@ class _Exit(Exception):
 
 
 def _echo(chunk: bytes) -> None:
-    if not chunk:
+    if not chunk or not _Stderr.watched:
         return
-    err = sys.stderr.buffer
-    err.write(chunk)
-    err.flush()
+    try:
+        err = sys.stderr.buffer
+        err.write(chunk)
+        err.flush()
+    except (OSError, AttributeError):  # AttributeError: sys.stderr is None, its fd 2 was closed
+        # The watcher went away (a closed terminal, `2>&1 >out | head`): CMD runs on and its
+        # output is still compressed and printed. What is left buffered for standard error, and
+        # any later note, goes to the null device, so no write to it fails again.
+        _Stderr.watched = False
+        with contextlib.suppress(OSError), open(os.devnull, "wb") as devnull:
+            os.dup2(devnull.fileno(), 2)
+        return
     _Stderr.line_open = not chunk.endswith(b"\n")
 
 
