@@ -222,12 +222,16 @@ def test_stream_copies_live_to_stderr(tmp_path: Path, noisy: Path) -> None:
     assert parse_markers(proc.stdout.decode())
 
 
-def test_stream_whose_watcher_went_away_lets_the_command_finish(tmp_path: Path, noisy: Path) -> None:
+@pytest.mark.parametrize("options", [["--stream", "--stats"], ["--stats"]], ids=["stream", "note"])
+def test_stream_whose_watcher_went_away_lets_the_command_finish(
+    tmp_path: Path, noisy: Path, options: list[str]
+) -> None:
     # Standard error's reader is gone (a closed terminal, `2>&1 >out | head`): the live copy
-    # stops, while the command runs to its end and its output is still compressed and printed.
+    # and the notes stop, while the command runs to its end and its output is still compressed
+    # and printed.
     env = {**os.environ, "PYTHONPATH": ENGINE, "CTXRULES_STATE": str(tmp_path / "state")}
     script = f"{_quote(sys.executable)} {_quote(str(noisy))} 0; touch finished; exit 3"
-    argv = [sys.executable, "-m", "ctxrules.cli.main", "compress", "--stream", "--stats", "--", "sh", "-c", script]
+    argv = [sys.executable, "-m", "ctxrules.cli.main", "compress", *options, "--", "sh", "-c", script]
     read, write = os.pipe()
     os.close(read)
     try:

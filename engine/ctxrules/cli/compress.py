@@ -203,14 +203,28 @@ class _Stderr:
     must start on a line of its own even when the command's last line had no newline."""
 
     line_open = False
-    watched = True  # the live copy stops when nobody reads it any more
+    watched = True  # neither the live copy nor a note is written once nobody reads them
+
+    @classmethod
+    def gone(cls) -> None:
+        """Nobody reads standard error any more (a closed terminal, `2>&1 >out | head`): CMD
+        runs on and its output is still compressed and printed. What is left buffered for
+        standard error goes to the null device, so that no later write to it fails again."""
+        cls.watched = False
+        with contextlib.suppress(OSError), open(os.devnull, "wb") as devnull:
+            os.dup2(devnull.fileno(), 2)
 
 
 def _note(message: str) -> None:
+    if not _Stderr.watched:
+        return
     lead = "\n" if _Stderr.line_open else ""
     _Stderr.line_open = False
-    sys.stderr.write(f"{lead}ctxrules: {message}\n")
-    sys.stderr.flush()
+    try:
+        sys.stderr.write(f"{lead}ctxrules: {message}\n")
+        sys.stderr.flush()
+    except (OSError, AttributeError):  # AttributeError: sys.stderr is None, its fd 2 was closed
+        _Stderr.gone()
 
 
 class _Unprinted(Exception):
@@ -271,13 +285,8 @@ def _echo(chunk: bytes) -> None:
         err = sys.stderr.buffer
         err.write(chunk)
         err.flush()
-    except (OSError, AttributeError):  # AttributeError: sys.stderr is None, its fd 2 was closed
-        # The watcher went away (a closed terminal, `2>&1 >out | head`): CMD runs on and its
-        # output is still compressed and printed. What is left buffered for standard error, and
-        # any later note, goes to the null device, so no write to it fails again.
-        _Stderr.watched = False
-        with contextlib.suppress(OSError), open(os.devnull, "wb") as devnull:
-            os.dup2(devnull.fileno(), 2)
+    except (OSError, AttributeError):
+        _Stderr.gone()
         return
     _Stderr.line_open = not chunk.endswith(b"\n")
 
