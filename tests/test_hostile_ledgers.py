@@ -70,6 +70,8 @@ def spent(tmp_path_factory: pytest.TempPathFactory) -> Path:
         CALL + ', "tokens": {"prompt": 100000000000000000000}}',  # more than any call has
         CALL.replace('"ts": 1.0', '"ts": 1e20') + ', "tokens": {"prompt": 10}}',  # after year 9999
         '{"v": 1, "type": "reset", "ts": 99999999999999999}',
+        CALL + ', "tokens": {"prompt": 10}, "usd": {"input": 1e300}}',  # two of them sum to inf
+        CALL + ', "tokens": {"prompt": 10}, "usd": {"cache_savings": -1e308}}',
     ],
     ids=[
         "tokens-1e400",
@@ -85,6 +87,8 @@ def spent(tmp_path_factory: pytest.TempPathFactory) -> Path:
         "tokens-over-max",
         "ts-after-9999",
         "reset-ts-after-9999",
+        "usd-over-max",
+        "savings-under-minus-max",
     ],
 )
 def test_a_damaged_ledger_line_is_skipped_and_the_budget_still_counts(spent: Path, tmp_path: Path, line: str) -> None:

@@ -143,6 +143,27 @@ def test_times_and_counts_outside_the_calendar_are_refused(  # type: ignore[no-u
     assert sorted((p, p.read_bytes()) for p in state.rglob("*.jsonl")) == before  # nothing recorded
 
 
+@pytest.mark.parametrize("price", ["1.0e+300", "1.0e+299"])
+def test_a_cost_no_call_can_have_is_refused_and_sums_stay_finite(  # type: ignore[no-untyped-def]
+    cli, tmp_path: Path, price: str
+) -> None:
+    # 1e300 USD per million: one call's cost is inf; 1e299: each call is finite, their sum not.
+    pack = tmp_path / "pack.yaml"
+    pack.write_text(
+        "apiVersion: ctxrules/v1\nkind: RulePack\nmetadata: {name: b, version: 1.0.0}\n"
+        f'budgets:\n  session: {{usd: 5}}\n  prices: {{"acme-*": {{input: {price}, output: 1}}}}\n'
+    )
+    state = tmp_path / "st"
+    add = ("usage", "add", "--state", str(state), "--pack", str(pack), "--model", "acme-x", "--prompt", "9" + "0" * 14)
+    for _ in range(2):
+        code, _, err = cli(*add)
+        assert code == 2 and "more than one call can cost" in err, err
+        assert "internal error" not in err and "Traceback" not in err
+    assert not list(state.rglob("*.jsonl"))  # nothing recorded
+    data = show(cli, "--state", str(state), "--pack", str(pack))  # strict JSON: no Infinity
+    assert data["session"]["usd"] == 0 and data["budget"]["level"] == "ok"
+
+
 def test_show_with_a_pack_reports_levels_and_reset_clears_them(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     pack = tmp_path / "pack.yaml"
     pack.write_text(

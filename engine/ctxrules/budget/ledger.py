@@ -72,6 +72,10 @@ _COST_KEYS: Final = (
     "citation",
     "cache_savings",
 )
+# No call costs more than this (a thousand trillion USD, as MAX_TOKENS is a thousand trillion
+# tokens): a cost above it comes from absurd prices, and sums of such costs would overflow to
+# inf and make every report, JSON output and dashboard unusable.
+MAX_USD: Final = 1e15
 
 
 # --- paths ------------------------------------------------------------------------------------
@@ -128,7 +132,16 @@ def call_record(
     service_tier: str = "standard",
     call_id: str | None = None,
 ) -> dict[str, Any]:
-    """The JSON object one call is recorded as (the same line goes to every ledger it counts in)."""
+    """The JSON object one call is recorded as (the same line goes to every ledger it counts in).
+
+    Raises :class:`UsageError` for a cost that is not a finite number of at most
+    :data:`MAX_USD` (in any component, or in all): readers would skip such a line as damaged."""
+    if cost is not None and not all(abs(v) <= MAX_USD for v in (*cost.as_tuple(), cost.total)):
+        where = f" at the prices of {rates.source}" if rates is not None else ""
+        raise UsageError(
+            f"this call would cost {cost.total!r} USD{where}, more than one call can cost "
+            f"({MAX_USD:.0e} USD); check the prices"
+        )
     return {
         "v": RECORD_VERSION,
         "type": "call",
@@ -157,14 +170,14 @@ LAST_EPOCH = 253402300799.0
 
 def _number(value: Any, what: str, key: str = "", limit: float = math.inf) -> int | float:
     """A finite number the ledger wrote, not below zero (``cache_savings`` may be: it is net)
-    and not above ``limit``."""
+    and not above ``limit`` (nor below ``-limit``)."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ValueError(what)
     try:
         number = float(value)
     except OverflowError:
         raise ValueError(what) from None
-    if not math.isfinite(number) or number > limit:
+    if not math.isfinite(number) or abs(number) > limit:
         raise ValueError(what)
     if value < 0 and key != "cache_savings":
         raise ValueError(what)
@@ -193,7 +206,9 @@ class CallEntry:
         tokens = obj["tokens"]
         usage = TokenUsage(*(int(_number(tokens.get(k, 0), "tokens", limit=MAX_TOKENS)) for k in TOKEN_KINDS))
         usd = obj.get("usd")
-        cost = None if usd is None else Cost(**{k: float(_number(usd.get(k, 0.0), "usd", k)) for k in _COST_KEYS})
+        cost = (
+            None if usd is None else Cost(**{k: float(_number(usd.get(k, 0.0), "usd", k, MAX_USD)) for k in _COST_KEYS})
+        )
         ts = float(_number(obj["ts"], "ts", limit=LAST_EPOCH))
         return cls(
             float(ts),
