@@ -328,6 +328,33 @@ def test_the_schema_checks_budgets_router_and_timeouts(cli, tmp_path: Path, node
     assert rc == 1 and code in {d["code"] for d in json.loads(out)["diagnostics"]}, out
 
 
+@pytest.mark.parametrize(
+    ("node", "where"),
+    [
+        ("  day: {usd: 5, timezone: Mars/Olympus}\n", (5, 27)),
+        ("  day: {usd: 5, timezone: Europe/Berlin/}\n", (5, 27)),
+        ("  session: {usd: 5, warning: 0.9, finalization: 0.5}\n", (5, 30)),
+        ("  levels: {warning: {at: 0.97}}\n  goal: {tokens: 100}\n", (5, 26)),
+        ("  levels: {finalization: {at: 0.5}}\n  day: {usd: 5}\n", (5, 31)),
+    ],
+    ids=["unknown-zone", "zone-not-normalized", "own-shares", "level-warning", "level-finalization"],
+)
+def test_budgets_that_no_check_could_use_are_validate_errors_with_a_place(  # type: ignore[no-untyped-def]
+    cli, tmp_path: Path, node: str, where: tuple[int, int]
+) -> None:
+    # BudgetPolicy.from_pack refuses these at every budget check (exit 2, no file:line:col):
+    # validate must say so, and `run` must refuse the pack as invalid (exit 1) with the place.
+    p = tmp_path / "pack.yaml"
+    p.write_text("apiVersion: ctxrules/v1\nkind: RulePack\nmetadata: {name: b, version: 1.0.0}\nbudgets:\n" + node)
+    rc, out, _ = cli("validate", "--format", "json", str(p))
+    diags = [d for d in json.loads(out)["diagnostics"] if d["severity"] == "error"]
+    assert rc == 1 and [(d["code"], d["line"], d["col"]) for d in diags] == [("CR014", *where)], out
+    (tmp_path / "in.json").write_text('[{"role": "user", "content": "hi"}]')
+    argv = ("run", "--pack", str(p), "--model", "gpt-4o", "--input", str(tmp_path / "in.json"))
+    rc, _, err = cli(*argv, "--session", str(tmp_path / "s"))
+    assert rc == 1 and f"pack.yaml:{where[0]}:{where[1]}: error[CR014]" in err, err
+
+
 def test_a_full_example_pack_validates_cleanly(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     p = tmp_path / "pack.yaml"
     p.write_text("""apiVersion: ctxrules/v1

@@ -36,6 +36,7 @@ __all__ = [
     "DimensionLimit",
     "Level",
     "LevelActions",
+    "lint_budgets",
 ]
 
 DIMENSIONS: Final = ("session", "day", "goal")
@@ -170,12 +171,8 @@ class BudgetPolicy:
         if not 0 < actions.eco_factor <= 1:
             raise UsageError(f"budgets.levels.warning.eco_factor must be in (0, 1], got {actions.eco_factor}")
         tz = str((node.get("day") or {}).get("timezone", "UTC")) if isinstance(node.get("day"), Mapping) else "UTC"
-        try:
-            ZoneInfo(tz)
-        except (ZoneInfoNotFoundError, ValueError):
-            raise UsageError(
-                f"budgets.day.timezone: unknown time zone {tz!r} (use an IANA name such as 'Europe/Berlin' or 'UTC')"
-            ) from None
+        if not _is_zone(tz):
+            raise UsageError(f"budgets.day.timezone: {_unknown_zone(tz)}")
         return cls(
             limits=tuple(limits),
             actions=actions,
@@ -184,6 +181,67 @@ class BudgetPolicy:
             burn_window_s=float(node.get("burn_window_s", DEFAULT_BURN_WINDOW_S)),
             prices=dict(node.get("prices") or {}),
         )
+
+
+def lint_budgets(data: Mapping[str, Any]) -> list[tuple[str, str, str]]:
+    """``(pointer, message, hint)`` for what :meth:`BudgetPolicy.from_pack` refuses and the
+    schema cannot say: a day time zone that is not an IANA name, and a limited dimension whose
+    warning share (its own or ``levels.warning.at``) is not below its finalization share. A pack
+    that passes ``ctxrules validate`` must not fail its first budget check."""
+    node = data.get("budgets")
+    if not isinstance(node, Mapping):
+        return []
+    out: list[tuple[str, str, str]] = []
+    levels: Mapping[str, Any] = node["levels"] if isinstance(node.get("levels"), Mapping) else {}
+
+    def level_at(level: str, default: float) -> Any:
+        own = levels.get(level)
+        return own.get("at", default) if isinstance(own, Mapping) else default
+
+    for name in DIMENSIONS:
+        dim = node.get(name)
+        if not isinstance(dim, Mapping) or (dim.get("usd") is None and dim.get("tokens") is None):
+            continue
+        w = dim.get("warning", level_at("warning", DEFAULT_WARNING))
+        f = dim.get("finalization", level_at("finalization", DEFAULT_FINALIZATION))
+        if not (_is_share(w) and _is_share(f)) or w < f:
+            continue  # a share out of range is the schema's to report
+        if "warning" in dim or "finalization" in dim:
+            pointer = f"/budgets/{name}/" + ("warning" if "warning" in dim else "finalization")
+        else:
+            own = levels.get("warning")
+            pointer = "/budgets/levels/" + ("warning" if isinstance(own, Mapping) and "at" in own else "finalization")
+            pointer += "/at"
+        out.append(
+            (
+                pointer,
+                f"budgets.{name}: warning ({w}) must be below finalization ({f})",
+                f"the WARNING level must start before FINALIZATION: lower the warning share or raise the finalization "
+                f"share of budgets.{name} (or of budgets.levels; defaults {DEFAULT_WARNING} and "
+                f"{DEFAULT_FINALIZATION})",
+            )
+        )
+    day = node.get("day")
+    tz = day.get("timezone") if isinstance(day, Mapping) else None
+    if isinstance(tz, str) and not _is_zone(tz):
+        out.append(("/budgets/day/timezone", _unknown_zone(tz), "e.g. timezone: Europe/Berlin"))
+    return out
+
+
+def _is_zone(name: str) -> bool:
+    try:
+        ZoneInfo(name)
+    except (ZoneInfoNotFoundError, ValueError):
+        return False
+    return True
+
+
+def _unknown_zone(name: str) -> str:
+    return f"unknown time zone {name!r} (use an IANA name such as 'Europe/Berlin' or 'UTC')"
+
+
+def _is_share(value: Any) -> bool:
+    return not isinstance(value, bool) and isinstance(value, int | float) and 0 < value <= 1
 
 
 def _guards_max_descendants(data: Mapping[str, Any] | None) -> int:

@@ -51,6 +51,7 @@ def validate_resolved(pack: ResolvedPack, loader: PackLoader, registry: Registry
     check_prompts(rep, pack, registry)
     _check_timeouts(rep, data)
     _check_spawn_cap(rep, data)
+    _check_budgets(rep, data)
     _check_named_files(rep, pack, loader.verdicts)
     return _sorted_unique(out + rep.out)
 
@@ -411,6 +412,20 @@ def _check_timeouts(rep: Reporter, data: dict[str, Any]) -> None:
     step, a heartbeat too slow for the chunk limit. Warnings: the pack still loads."""
     for f in lint_timeouts(data):
         rep.add(f.code, f.message, f.pointer, f.hint, severity="warning")
+
+
+# -- budgets (docs/budgets.md) ------------------------------------------------------------------
+
+
+def _check_budgets(rep: Reporter, data: dict[str, Any]) -> None:
+    """CR014: a day time zone that is not an IANA name, a warning share not below its
+    finalization share: every budget check of such a pack would fail (exit 2, no location)."""
+    if not isinstance(data.get("budgets"), dict):
+        return
+    from ctxrules.budget.policy import lint_budgets  # the budget package: only for packs with budgets
+
+    for pointer, message, hint in lint_budgets(data):
+        rep.add("CR014", message, pointer, hint)
 
 
 # -- sub-agents (docs/budgets.md "Sub-agents") ------------------------------------------------
