@@ -238,8 +238,10 @@ def test_child_sessions_inherit_pack_and_cache_key_and_are_capped(tmp_path: Path
     assert root.child("a").path == a.path  # reopening an existing child is not a new descendant
     from ctxrules.errors import UsageError
 
-    with pytest.raises(UsageError):
-        root.child("../escape")
+    for name in ("../escape", "..", "a\n", "a\r", "a" * 101, "é", None):
+        with pytest.raises(UsageError, match="sub-agent name"):
+            root.child(name)  # type: ignore[arg-type]
+    assert sorted(p.name for p in (tmp_path / "root" / "children").iterdir()) == ["a", "c"]
 
 
 def test_child_handover_spills_large_results_with_structure(tmp_path: Path) -> None:

@@ -25,7 +25,7 @@ from ctxrules.errors import UsageError
 from ctxrules.stages.reduce import handover_text
 
 DEFAULTS = {"max_descendants": 20, "max_result_tokens": 4000, "spill_chars": 8000}
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")  # fullmatch: "$" lets a final newline in
 
 
 TooManyDescendants = SpawnLimitExceeded
@@ -39,7 +39,7 @@ def settings(pack: dict[str, Any]) -> dict[str, int]:
 
 
 def child_path(parent: Path, name: str) -> Path:
-    if not _NAME.match(name) or name in (".", ".."):
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
         raise UsageError(f"sub-agent name {name!r}: use letters, digits, '.', '_' and '-' (at most 100)")
     return parent / "children" / name
 
