@@ -222,3 +222,19 @@ def test_undeclared_tiers_borrow_the_nearest_model(tmp_path: Path) -> None:
     r = ComplexityRouter({"router": {"tiers": {"standard": {"model": "gpt-4o"}}}})
     assert r.route(HI, session_dir=tmp_path / "s", now=T0).model == "gpt-4o"
     assert r.route(HARD, session_dir=tmp_path / "t", now=T0).model == "gpt-4o"
+
+
+def test_a_pattern_that_times_out_never_breaks_routing(tmp_path: Path) -> None:
+    # A run of blank lines made the built-in code and step-list patterns backtrack quadratically:
+    # route() raised PatternTimeout, and every later route() raised it at once (the pattern is
+    # remembered as timed out). They are linear now, and a rule whose pattern times out (a
+    # pack's own) does not hold.
+    r = router(rules={"slow": {"regex": r"(\w|\w\w)+$", "score": 5}})  # off RE2: backtracks
+    for _ in range(2):  # times out, then is skipped at once: neither raises
+        d = r.route("q" * 100 + "!", session_dir=tmp_path / "s", now=T0, remember=False)
+        assert "slow" not in d.matched and d.tier == "standard"
+    blank = "\n" * 20_000 + "def main():\n    return 1\n"
+    assert "code" in r.route(blank, session_dir=tmp_path / "s", now=T0, remember=False).matched
+    steps = "\n" * 20_000 + "1. build\n2. test\n3. ship\n"
+    assert "multi-step" in r.route(steps, session_dir=tmp_path / "s", now=T0, remember=False).matched
+    assert r.route(HI, session_dir=tmp_path / "s", now=T0, remember=False).tier == "simple"

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from ctxrules.errors import CtxrulesError, UsageError
 from ctxrules.messages import is_real_user, message_text
-from ctxrules.patterns import Pattern
+from ctxrules.patterns import Pattern, PatternTimeout
 from ctxrules.patterns import compile as patterns_compile
 from ctxrules.redaction import redactor_for
 from ctxrules.stores.base import Log
@@ -55,6 +55,7 @@ DEFAULT_RULES: Final[Mapping[str, Mapping[str, Any]]] = {
     "baseline": {"score": 1, "description": "an ordinary message is a standard task"},
     "greeting": {
         "score": -2,
+        "max_chars": 200,  # a greeting is short; a huge text must not time the pattern out
         "regex": r"(?i)^\W*(hi|hello|hey|thanks|thank you|thx|ok|okay|great|cool|nice|"
         r"yes|no|sure|good (morning|evening|night))\W*$",
         "description": "greetings and acknowledgements",
@@ -70,13 +71,13 @@ DEFAULT_RULES: Final[Mapping[str, Mapping[str, Any]]] = {
     "code": {
         "score": 1,
         "regex": r"(?m)```|Traceback \(most recent call last\)|"
-        r"^\s*(def|class|fn|func|function|import|#include)\b",
+        r"^[^\S\n]*(def|class|fn|func|function|import|#include)\b",
         "description": "code or a stack trace",
     },
     "multi-step": {
         "score": 1,
         "min_lines": 3,
-        "regex": r"(?m)^\s*(\d+[.)]|[-*])\s+\S",
+        "regex": r"(?m)^[^\S\n]*(\d+[.)]|[-*])\s+\S",
         "description": "a list of steps",
     },
     "reasoning": {
@@ -148,8 +149,12 @@ class _Rule:
             return False
         if self.min_lines is not None and lines < self.min_lines:
             return False
-        if self.regex is not None and not self.regex.search(text):
-            return False
+        if self.regex is not None:
+            try:
+                if not self.regex.search(text):
+                    return False
+            except PatternTimeout:  # remembered as timed out (ctxrules.patterns): the rule does not hold
+                return False
         return not (self.keywords is not None and not self.keywords.search(text))
 
 
