@@ -161,6 +161,7 @@ def test_an_error_body_is_a_failed_call() -> None:
     body = {"error": {"message": "rate limited", "type": "rate_limit_error"}}
     assert is_failed_response(body)
     assert not is_failed_response({"usage": {"prompt_tokens": 1}, "error": None})
+    assert is_failed_response({**body, "usage": None})
     with pytest.raises(UsageError, match="failed call"):
         parse_usage(body)
 

@@ -90,6 +90,10 @@ def test_failed_calls_record_no_usage(cli, tmp_path: Path) -> None:  # type: ign
     err_body.write_text(json.dumps({"error": {"message": "Overloaded", "type": "overloaded_error"}}))
     code, out, _ = cli("usage", "add", "--state", state, "--model", "gpt-4o", "--response", str(err_body))
     assert code == 0 and "not recorded" in out
+    # A gateway's error body may carry a null usage: still a failed call, not "no token counts".
+    err_body.write_text(json.dumps({"error": {"message": "Overloaded"}, "usage": None, "usageMetadata": None}))
+    code, out, err = cli("usage", "add", "--state", state, "--model", "gpt-4o", "--response", str(err_body))
+    assert code == 0 and "not recorded" in out, err
     assert show(cli, "--state", state)["session"]["calls"] == 0
     assert not (tmp_path / "st" / "default" / "ledger.jsonl").exists()
 

@@ -133,13 +133,15 @@ class TokenUsage:
 
 
 def is_failed_response(obj: object) -> bool:
-    """Whether ``obj`` is the body of a failed call (an ``error`` and no usage): record nothing."""
+    """Whether ``obj`` is the body of a failed call (an ``error`` and no usage, or a null one):
+    record nothing."""
     if not isinstance(obj, Mapping):
         try:
             obj = as_mapping(obj)
         except UsageError:
             return False
-    has_usage = any(k in obj for k in ("usage", "usageMetadata", "usage_metadata"))
+    # ``"usage": null`` is no usage (an SDK object's None attribute is not read either).
+    has_usage = any(obj.get(k) is not None for k in ("usage", "usageMetadata", "usage_metadata"))
     return not has_usage and obj.get("error") not in (None, False, "")
 
 
