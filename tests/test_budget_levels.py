@@ -230,6 +230,19 @@ def test_day_budget_follows_the_time_zone_and_resets(tmp_path: Path) -> None:
     assert b.status(now=t + 200).level is Level.OK
 
 
+def test_the_day_after_a_fall_back_to_midnight_starts_at_the_first_midnight(tmp_path: Path) -> None:
+    # Havana fell back from 01:00 to 00:00 on 2024-11-03: 00:00-01:00 came twice. A call in the
+    # first of those hours is in that day's budget during the second one too.
+    policy = BudgetPolicy.from_pack({"budgets": {"day": {"tokens": 1000, "timezone": "America/Havana"}}})
+    ledger = SessionLedger(tmp_path / "state" / "a", "a", model=MODEL, policy=policy)
+    first = 1_730_608_200.0  # 04:30 UTC, 00:30 -04:00 (the first 00:30)
+    ledger.record(TokenUsage.of(prompt=600), at=first)
+    for now in (first + 60, first + 3600, first + 7200):  # the first 00:31, the second 00:30, 01:30
+        start, end, label = ledger.day_window(now)
+        assert (start, end - start, label) == (first - 1800, 25 * 3600, "2024-11-03")
+        assert ledger.status(now=now).dimensions[0].spent == 600
+
+
 def test_goal_budget_spans_sessions(tmp_path: Path) -> None:
     policy = BudgetPolicy.from_pack({"budgets": {"goal": {"tokens": 100}}})
     state = tmp_path / "state"

@@ -243,8 +243,10 @@ class SessionLedger:
     def day_window(self, now: float) -> tuple[float, float, str]:
         tz = self.policy.tz
         local = datetime.fromtimestamp(now, tz)
-        start = local.replace(hour=0, minute=0, second=0, microsecond=0)
-        end = (start + timedelta(days=1)).replace(hour=0, minute=0, second=0, microsecond=0)
+        # fold=0: in the repeated hour after a fall-back to midnight (America/Havana) ``local``
+        # has fold=1, and its midnight would be the second one, leaving the day's first hour out.
+        start = local.replace(hour=0, minute=0, second=0, microsecond=0, fold=0)
+        end = (start + timedelta(days=1)).replace(hour=0, minute=0, second=0, microsecond=0, fold=0)
         return start.timestamp(), end.timestamp(), start.date().isoformat()
 
     def day_entries(self, now: float) -> tuple[list[CallEntry], str]:
