@@ -219,6 +219,36 @@ def test_a_new_process_answers_from_the_session_directory(tmp_path: Path) -> Non
     )
 
 
+def test_a_marker_with_a_quoted_field_inside_a_removed_span_is_answered(tmp_path: Path) -> None:
+    # Results without a call id (legacy `function` messages): a dedup marker names the copy it
+    # keeps as duplicate_of="a newer result", a quoted field. Archived in a span of removed
+    # messages, it is in the span's JSON with its quotes escaped; the recall answer shows it so,
+    # and the model asks for it: an item referenced from inside a referenced item is answered.
+    pack = tmp_path / "pack.yaml"
+    pack.write_text(
+        "apiVersion: ctxrules/v1\nkind: RulePack\nmetadata: {name: p, version: 1.0.0}\n"
+        "context: {window: auto, reserve_output: 1000, tail_budget: 0.05}\n"
+        "pipeline:\n"
+        "  - {id: dedup, use: compress.dedup, with: {target: monitor, min_saving_ratio: 0.0}}\n"
+        "  - {id: remove, use: compress.remove, with: {target: light}}\n"
+    )
+    same = "".join(f"row {i}: the same status line\n" for i in range(300))
+    msgs: list[Msg] = [{"role": "system", "content": "agent"}, {"role": "user", "content": "check"}]
+    for n in range(12):
+        msgs.append({"role": "assistant", "content": None, "function_call": {"name": "status", "arguments": "{}"}})
+        msgs.append({"role": "function", "name": "status", "content": same if n in (0, 11) else f"run {n}\n" * 200})
+    msgs.append({"role": "user", "content": "and now?"})
+    session = Engine.load(str(pack)).session(tmp_path / "s", model="gpt-4o", window=12_000)
+    out = session.prepare(msgs).messages
+    (span,) = [m for msg in out for m in parse_markers(message_text(msg)) if m.kind == "message"]
+    shown = session.recall({"id": span.vault_id, "lines": "1:"})
+    inner = [m for msg in json.loads(session.vault.get_text(span.vault_id)) for m in parse_markers(message_text(msg))]
+    quoted = [m for m in inner if m.extra.get("duplicate_of") == "a newer result"]
+    assert quoted and f"vault://{quoted[0].vault_id}" in shown
+    for marker in quoted:
+        assert session.recall({"id": marker.ref}) == session.vault.get_text(marker.vault_id)
+
+
 def test_the_pack_words_the_tool_and_sets_the_budget(tmp_path: Path) -> None:
     pack = tmp_path / "pack.yaml"
     pack.write_text(

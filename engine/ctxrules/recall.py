@@ -143,9 +143,33 @@ def referenced_ids(messages: Iterable[Mapping[str, Any]], vault: Vault) -> set[s
             except VaultError:
                 continue
             if b"[ctxrules:" in data:
-                nested |= {m.vault_id for m in parse_markers(data.decode("utf-8", "replace"))}
+                nested |= {m.vault_id for text in _item_texts(data) for m in parse_markers(text)}
         frontier = nested
     return found
+
+
+def _item_texts(data: bytes) -> Iterable[str]:
+    """The texts of a vault item whose markers count: the item itself, and when it is JSON (a
+    span of removed messages, a message's content parts) each string in it, decoded: a marker
+    with a quoted field (``duplicate_of="a newer result"``) is ``\\"``-escaped in the JSON text
+    and parses only once decoded."""
+    text = data.decode("utf-8", "replace")
+    yield text
+    if text[:1] not in ("[", "{"):
+        return
+    try:
+        stack: list[Any] = [json.loads(text)]
+    except (ValueError, RecursionError):
+        return
+    while stack:
+        value = stack.pop()
+        if isinstance(value, str):
+            if "[ctxrules:" in value:
+                yield value
+        elif isinstance(value, dict):
+            stack.extend(value.values())
+        elif isinstance(value, list):
+            stack.extend(value)
 
 
 def _shown(value: object, width: int = 80) -> str:
