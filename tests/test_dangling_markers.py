@@ -154,3 +154,31 @@ def test_a_marker_from_the_history_whose_item_is_gone_becomes_a_lost_marker(tmp_
     assert again == out
     missing = vault_get(tmp_path, gone)
     assert missing.returncode == 2 and b"missing" in missing.stderr
+
+
+def test_a_marker_in_signed_thinking_is_left_as_the_provider_signed_it(tmp_path: Path) -> None:
+    # A model that quotes a marker in its reasoning (an id copied with a wrong digit): its signed
+    # thinking must reach Anthropic byte for byte, or the tool-use turn is rejected (HTTP 400).
+    gone = "cd" * 32
+    marker = f"[ctxrules:elided kind=lines count=12 ref=vault://{gone}#L1-L12]"
+    thinking = {"type": "thinking", "thinking": f"The log was elided: {marker}. Recall it.", "signature": "EqQBsig=="}
+    body = {
+        "model": "claude-sonnet-4-5",
+        "max_tokens": 1000,
+        "messages": [
+            {"role": "user", "content": "Look at the log."},
+            {
+                "role": "assistant",
+                "content": [thinking, {"type": "tool_use", "id": "t1", "name": "Bash", "input": {"command": "ls"}}],
+            },
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": marker}]},
+        ],
+    }
+    session = Engine.load("builtin:default").session(tmp_path / "s", model="claude-sonnet-4-5")
+    first = session.prepare(body, format="anthropic")
+    sent = first.body["messages"]
+    assert sent[1]["content"][0] == thinking
+    assert LOST_PREFIX in json.dumps(sent[2])  # the tool's text is healed as before
+    # The model's words are no marker of the session: the next turn reuses the output.
+    grown = {**body, "messages": [*body["messages"], {"role": "assistant", "content": "Done."}]}
+    assert session.prepare(grown, format="anthropic").report["reused_messages"] == len(body["messages"])

@@ -7,6 +7,9 @@ output again from the history, which stores every original it still has (the vau
 sha256 of the bytes, so the item comes back under the same id). A marker that still points
 nowhere after that came from the history itself (a tool result that held a marker), and is
 replaced with a *lost* marker that says so — not a marker any more, so nothing offers to fetch it.
+Signed thinking (a ``thinking`` block with its ``signature``, ``redacted_thinking``) is the
+provider's, byte for byte: a marker the model wrote there is neither a marker of the session
+nor replaced (a changed block fails the provider's signature check).
 """
 
 from __future__ import annotations
@@ -28,6 +31,12 @@ def lost_marker(kind: str, count: int, ref: str) -> str:
     return f"{LOST_PREFIX} kind={kind} count={count} was={ref} reason=vault-item-missing]"
 
 
+def _signed(obj: dict[Any, Any]) -> bool:
+    """A block whose bytes a provider's signature covers (Anthropic's signed thinking)."""
+    kind = obj.get("type")
+    return (kind == "thinking" and bool(obj.get("signature"))) or kind == "redacted_thinking"
+
+
 def _strings(message: Any) -> Iterable[str]:
     stack = [message]
     while stack:
@@ -36,7 +45,8 @@ def _strings(message: Any) -> Iterable[str]:
             if _NEEDLE in obj:
                 yield obj
         elif isinstance(obj, dict):
-            stack.extend(obj.values())
+            if not _signed(obj):
+                stack.extend(obj.values())
         elif isinstance(obj, list):
             stack.extend(obj)
 
@@ -72,6 +82,8 @@ def _replaced(obj: Any, gone: set[str]) -> Any:
     if isinstance(obj, str):
         return _replace_in(obj, gone) if _NEEDLE in obj else obj
     if isinstance(obj, dict):
+        if _signed(obj):
+            return obj
         new = {k: _replaced(v, gone) for k, v in obj.items()}
         return obj if all(new[k] is v for k, v in obj.items()) else new
     if isinstance(obj, list):
