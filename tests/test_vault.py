@@ -251,6 +251,23 @@ def test_get_lines_rejects_ranges_outside_the_content(vault: Vault) -> None:
         vault.get_lines(vault_id, 2, 1)
 
 
+def test_get_lines_of_a_large_entry_holds_about_the_entry_once(vault: Vault) -> None:
+    # ``ctxrules compress`` stores outputs far larger than memory would hold split into lines;
+    # `vault get --lines` reads a range of one back without a list of all its lines.
+    import tracemalloc
+
+    data = b"".join(b"%07d\n" % i for i in range(1_000_000))  # 8 MB of short lines
+    vault_id = vault.put_bytes(data)
+    tracemalloc.start()
+    try:
+        got = vault.get_lines(vault_id, 500_001, 500_003)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert got == b"0500000\n0500001\n0500002\n"
+    assert peak < 2 * len(data)
+
+
 @given(st.lists(st.sampled_from(["a", "b", "\n", "\r\n", "\r", "é"]), max_size=40))
 def test_split_lines_reassembles_exactly(pieces: list[str]) -> None:
     data = "".join(pieces).encode()
