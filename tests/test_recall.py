@@ -194,6 +194,27 @@ def test_an_output_with_bytes_that_are_not_utf8_is_read_as_text(tmp_path: Path) 
     assert "binary item" in ask(image) and "image/png" in ask(image)
 
 
+def test_a_page_of_a_large_item_is_read_without_a_list_of_all_its_lines(tmp_path: Path) -> None:
+    import tracemalloc
+
+    from ctxrules.recall import RecallSettings, answer_recall
+    from ctxrules.vault import Vault
+
+    vault = Vault(tmp_path / "vault")
+    data = "".join(f"{i:07d}\n" for i in range(1_000_000))  # 8 MB of short lines
+    vid = vault.put_text(data)
+    tracemalloc.start()
+    try:
+        answer = answer_recall(
+            {"id": vid, "lines": "500001:"}, vault=vault, allowed={vid}, count=len, settings=RecallSettings()
+        )
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert answer.startswith("0500000\n0500001\n") and answer.endswith(f"ref=vault://{vid}#L500501-L1000000]")
+    assert peak < 3 * len(data)
+
+
 def test_only_ids_this_sessions_markers_reference_are_answered(tmp_path: Path) -> None:
     session, out = prepared(tmp_path)
     referenced = {m.vault_id for msg in out for m in parse_markers(message_text(msg))}

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -194,20 +194,43 @@ def _parse_lines(text: str | None) -> tuple[int | None, int | None]:
     return a, b
 
 
-def _lines_of(text: str) -> list[str]:
+class _Lines:
     """The item's lines; a span of messages (stored as their JSON list) is one message per
-    line, each the exact JSON of that message, so paging never cuts a message in two."""
-    if text.startswith("[{"):
-        try:
-            value = json.loads(text)
-        except (ValueError, RecursionError):
-            value = None
-        if isinstance(value, list) and value and all(isinstance(m, dict) for m in value):
-            return [json.dumps(m, ensure_ascii=False) + "\n" for m in value]
-    # Only "\n" ends a line, as for markers and `vault get --lines` (str.splitlines would also
-    # break at "\r", "\f", "\x1c".."\x1e", "\x85", "\u2028": a progress bar's redraws).
-    parts = text.split("\n")
-    return [part + "\n" for part in parts[:-1]] + ([parts[-1]] if parts[-1] else [])
+    line, each the exact JSON of that message, so paging never cuts a message in two.
+
+    Only "\n" ends a line, as for markers and `vault get --lines` (str.splitlines would also
+    break at "\r", "\f", "\x1c".."\x1e", "\x85", "\u2028": a progress bar's redraws). A text's
+    lines are read where a page starts, never split all at once: a list of every line of a
+    100 MB output would cost several times the output for a page of a few thousand tokens."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.messages: list[str] | None = None
+        if text.startswith("[{"):
+            try:
+                value = json.loads(text)
+            except (ValueError, RecursionError):
+                value = None
+            if isinstance(value, list) and value and all(isinstance(m, dict) for m in value):
+                self.messages = [json.dumps(m, ensure_ascii=False) + "\n" for m in value]
+        if self.messages is not None:
+            self.count = len(self.messages)
+        else:
+            self.count = text.count("\n") + (1 if text and not text.endswith("\n") else 0)
+
+    def starting_at(self, first: int) -> Iterator[str]:
+        """Lines ``first``, ``first + 1``, ... (1-based)."""
+        if self.messages is not None:
+            yield from self.messages[first - 1 :]
+            return
+        text, at = self.text, 0
+        for _ in range(first - 1):
+            at = text.find("\n", at) + 1
+        while at < len(text):
+            end = text.find("\n", at)
+            end = len(text) if end < 0 else end + 1
+            yield text[at:end]
+            at = end
 
 
 def answer_recall(
@@ -264,29 +287,31 @@ def answer_recall(
             f"[ctxrules:recall binary item vault://{vault_id}: {len(data)} bytes "
             f"({media or 'an image or other media'}), which cannot be shown as text]"
         )
-    lines = _lines_of(text)
+    lines = _Lines(text)
     first = a or 1
-    last = min(b or len(lines), len(lines))
-    if first > len(lines):
-        raise RecallError(f"the item has {len(lines)} line(s); line {first} does not exist")
+    last = min(b or lines.count, lines.count)
+    if first > lines.count:
+        raise RecallError(f"the item has {lines.count} line(s); line {first} does not exist")
     out: list[str] = []
     used = 0
     n = first
-    while n <= last:
-        cost = count(lines[n - 1])
+    for line in lines.starting_at(first):
+        if n > last:
+            break
+        cost = count(line)
         if out and used + cost > settings.budget_tokens:
             break
         if not out and cost > settings.budget_tokens:
             # One line longer than the whole budget: its head, by characters, then a pointer.
-            share = max(1, len(lines[n - 1]) * settings.budget_tokens // max(cost, 1))
-            out.append(lines[n - 1][:share].rstrip("\n"))
+            share = max(1, len(line) * settings.budget_tokens // max(cost, 1))
+            out.append(line[:share].rstrip("\n"))
             out.append(
                 f"\n[ctxrules:recall line {n} is cut after {share} of "
-                f"{len(lines[n - 1])} characters: it is longer than the answer budget]"
+                f"{len(line)} characters: it is longer than the answer budget]"
             )
             n += 1
             break
-        out.append(lines[n - 1])
+        out.append(line)
         used += cost
         n += 1
     answer = "".join(out)
