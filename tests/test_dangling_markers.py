@@ -182,3 +182,17 @@ def test_a_marker_in_signed_thinking_is_left_as_the_provider_signed_it(tmp_path:
     # The model's words are no marker of the session: the next turn reuses the output.
     grown = {**body, "messages": [*body["messages"], {"role": "assistant", "content": "Done."}]}
     assert session.prepare(grown, format="anthropic").report["reused_messages"] == len(body["messages"])
+
+
+def test_a_marker_like_text_with_a_number_of_thousands_of_digits_is_text(tmp_path: Path) -> None:
+    # Anyone can write a marker: a count or a line number that int() refuses (over 4,300 digits)
+    # stopped the turn with an internal error; it is no marker, and the text goes through.
+    huge = "9" * 5000
+    text = f"[ctxrules:elided kind=lines count={huge} ref=vault://{'ab' * 32}#L1-L{huge}]"
+    history = [{"role": "user", "content": f"What is this? {text}"}]
+    out, _ = run(tmp_path, history)
+    assert out == history
+    got = vault_get(tmp_path, f"vault://{'ab' * 32}#L1-L{huge}")
+    assert got.returncode == 2 and b"invalid vault pointer" in got.stderr and b"internal error" not in got.stderr
+    lines = cli(tmp_path, "vault", "get", "ab" * 32, "--lines", f"1:{huge}", "--state", "state")
+    assert lines.returncode == 2 and b"--lines takes A:B" in lines.stderr

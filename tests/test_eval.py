@@ -257,6 +257,10 @@ def test_the_invariant_checks_find_broken_pairing_and_lost_pins() -> None:
     ]
     assert any("used before" in p for p in pairing_problems(reused))
     assert pin_problems(msgs, [msgs[0], *msgs[2:]]) == ["the human anchor is not in the output unchanged"]
+    # A user message that only looks like a spill marker, with a length int() refuses.
+    fake = f"[ctxrules:elided kind=lines count=1 ref=vault://{'ab' * 32} reason=spill chars={'9' * 5000}]"
+    quoting = [*msgs, {"role": "user", "content": fake}]
+    assert pin_problems(quoting, quoting) == []
 
 
 def test_an_invariant_broken_on_a_call_of_a_pack_exits_1(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -251,6 +251,17 @@ def test_get_lines_rejects_ranges_outside_the_content(vault: Vault) -> None:
         vault.get_lines(vault_id, 2, 1)
 
 
+def test_a_number_longer_than_18_digits_makes_no_marker_and_no_pointer() -> None:
+    ref = "vault://" + "ab" * 32
+    for number in ("9" * 19, "9" * 5000):
+        assert parse_markers(f"[ctxrules:elided kind=lines count={number} ref={ref}]") == []
+        assert parse_markers(f"[ctxrules:elided kind=lines count=1 ref={ref}#L1-L{number}]") == []
+        with pytest.raises(VaultError, match="invalid vault pointer"):
+            parse_ref(f"{ref}#L1-L{number}")
+    (marker,) = parse_markers(f"[ctxrules:elided kind=lines count={'9' * 18} ref={ref}#L1-L{'9' * 18}]")
+    assert marker.count == 10**18 - 1 and marker.lines == (1, 10**18 - 1)
+
+
 def test_get_lines_of_a_large_entry_holds_about_the_entry_once(vault: Vault) -> None:
     # ``ctxrules compress`` stores outputs far larger than memory would hold split into lines;
     # `vault get --lines` reads a range of one back without a list of all its lines.

@@ -279,9 +279,12 @@ MARKER_RE = re.compile(rf"\[ctxrules:elided((?:[ \t]+{_FIELD})*)[ \t]*\]")
 """Matches one marker; group 1 holds its fields. :func:`parse_markers` checks the fields."""
 
 _FIELD_RE = re.compile(rf"({_KEY})=({_QUOTED}|{_BARE})")
-_REF_RE = re.compile(r"vault://([0-9a-f]{12,64})(?:#L([0-9]+)-L([0-9]+))?")
+# Counts and line numbers of at most 18 digits: anyone can write a marker-like text, and int()
+# refuses more than 4,300 digits with a ValueError that would stop the whole turn.
+_NUMBER = r"[0-9]{1,18}"
+_REF_RE = re.compile(rf"vault://([0-9a-f]{{12,64}})(?:#L({_NUMBER})-L({_NUMBER}))?")
 _KIND_RE = re.compile(r"[a-z][a-z0-9_]*")
-_COUNT_RE = re.compile(r"[0-9]+")
+_COUNT_RE = re.compile(_NUMBER)
 _BARE_RE = re.compile(_BARE)
 _RESERVED = frozenset({"kind", "count", "ref"})
 _ESCAPES = {"\\": "\\\\", '"': '\\"', "\n": "\\n", "\r": "\\r", "\t": "\\t"}
@@ -324,10 +327,10 @@ def parse_ref(ref: str) -> tuple[str, tuple[int, int] | None]:
     # Ids are hex and case-insensitive for users; the "#L" anchor is written upper-case.
     match = _REF_RE.fullmatch(pointer.lower() + hash_mark + anchor)
     if match is None:
-        raise VaultError(f"invalid vault pointer {ref!r}: expected vault://<id>[#L<a>-L<b>]")
+        raise VaultError(f"invalid vault pointer {ref[:200]!r}: expected vault://<id>[#L<a>-L<b>]")
     lines = _lines(match.group(2), match.group(3))
     if match.group(2) is not None and lines is None:
-        raise VaultError(f"invalid line range in {ref!r}: need 1 <= a <= b")
+        raise VaultError(f"invalid line range in {ref[:200]!r}: need 1 <= a <= b")
     return match.group(1), lines
 
 

@@ -36,9 +36,9 @@ def register(sub: Any) -> None:
 
 
 def _parse_lines(text: str) -> tuple[int, int]:
-    m = re.fullmatch(r"(\d+):(\d+)", text.strip())
+    m = re.fullmatch(r"([0-9]{1,18}):([0-9]{1,18})", text.strip())
     if not m or int(m[1]) < 1 or int(m[2]) < int(m[1]):
-        raise UsageError(f"--lines takes A:B with 1 <= A <= B, got {text!r}")
+        raise UsageError(f"--lines takes A:B with 1 <= A <= B (numbers of at most 18 digits), got {text[:80]!r}")
     return int(m[1]), int(m[2])
 
 

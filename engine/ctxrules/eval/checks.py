@@ -82,4 +82,4 @@ def pin_problems(history: Sequence[Mapping[str, Any]], output: Sequence[Mapping[
     return problems
 
 
-_SPILL_CHARS = re.compile(r"\[ctxrules:elided [^\]\n]*\breason=spill\b[^\]\n]*\bchars=(\d+)")
+_SPILL_CHARS = re.compile(r"\[ctxrules:elided [^\]\n]*\breason=spill\b[^\]\n]*\bchars=([0-9]{1,18})(?![0-9])")
