@@ -18,7 +18,7 @@ import pytest
 
 from ctxrules.stores.base import Log, Store, StoreLockTimeout
 from ctxrules.summarize.lock import CompactionBusy
-from ctxrules.vault import VaultError
+from ctxrules.vault import Vault, VaultError
 
 Opener = Callable[[], Store]
 
@@ -145,6 +145,8 @@ def test_blobs_are_content_addressed_and_per_session(opener: Opener) -> None:
         b.get_blob(s2, blob_id)
     other = "0" * 64
     assert b.missing_blobs(s1, [blob_id, other]) == {other}
+    # Marker ids come from any text: a prefix names no item, on every store (no error).
+    assert Vault.of(b, s1).missing([blob_id, other, blob_id[:12]]) == {other, blob_id[:12]}
     media = a.put_blob(s1, b"\x89PNG...", media_type="image/png")
     assert b.blob_media_type(s1, media) == "image/png"
     assert b.blob_media_type(s1, blob_id) is None

@@ -103,6 +103,17 @@ def _ctxrules(*argv: str, cwd: Path, stdin: str | None = None) -> subprocess.Com
 
 
 @pytest.mark.corpus
+def test_a_marker_with_a_short_id_in_a_message_is_lost_as_on_the_filesystem(
+    engine: Engine, redis_url: str, tmp_path: Path
+) -> None:
+    # Anyone can write a marker; a prefix id made the Redis store refuse the turn (VaultError).
+    history = [{"role": "user", "content": "see [ctxrules:elided kind=lines count=3 ref=vault://abcdefabcdef]"}]
+    on_redis = engine.session("conv-short", store=redis_url, model="gpt-4o").prepare(history).messages
+    on_disk = engine.session(tmp_path / "s", model="gpt-4o").prepare(history).messages
+    assert on_redis == on_disk
+    assert "[ctxrules:lost kind=lines count=3 was=vault://abcdefabcdef" in on_redis[0]["content"]
+
+
 def test_run_with_a_redis_store_through_the_cli(redis_url: str, tmp_path: Path) -> None:
     """Two ``ctxrules run --store unix://… --session ID`` processes, one turn each: the second
     reuses the first's work, and ``vault get`` from a third process returns every marker's

@@ -255,8 +255,12 @@ class Vault:
         return bool(self.store.blob_ids(self.session, candidate))
 
     def missing(self, ids: Iterable[str]) -> set[str]:
-        """The full ids of ``ids`` this vault does not hold (one store round trip)."""
-        return self.store.missing_blobs(self.session, list(ids))
+        """The ids of ``ids`` this vault does not hold (one store round trip). Only a full id
+        names an item: a shorter one (a marker anyone can write may hold a prefix) is missing
+        on every store, never an error of one of them."""
+        given = set(ids)
+        full = [i for i in given if len(i) == _ID_LEN and _HEX_RE.fullmatch(i)]
+        return given.difference(full) | self.store.missing_blobs(self.session, full)
 
     def list_ids(self) -> list[str]:
         """Every stored id, sorted."""
