@@ -155,8 +155,8 @@ def _item_texts(data: bytes) -> Iterable[str]:
     and parses only once decoded."""
     text = data.decode("utf-8", "replace")
     yield text
-    if text[:1] not in ("[", "{"):
-        return
+    if text[:1] not in ("[", "{") or '\\"' not in text:
+        return  # no escaped quote: the raw text holds every marker there is
     try:
         stack: list[Any] = [json.loads(text)]
     except (ValueError, RecursionError):
