@@ -75,13 +75,19 @@ def run_pytest(project: Path, *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_plugin_in_a_throwaway_project(tmp_path: Path) -> None:
+def throwaway_project(tmp_path: Path) -> Path:
+    """A pack author's project: the pack, its prompt template, the snapshot tests, pytest.ini."""
     project = tmp_path / "acme"
     (project / "prompts").mkdir(parents=True)
     (project / "pack.yaml").write_text(PACK, encoding="utf-8")
     (project / "prompts" / "house.md.j2").write_text("Write British English.\n", encoding="utf-8")
     (project / "test_prompts.py").write_text(TESTS, encoding="utf-8")
     (project / "pytest.ini").write_text("[pytest]\n", encoding="utf-8")
+    return project
+
+
+def test_plugin_in_a_throwaway_project(tmp_path: Path) -> None:
+    project = throwaway_project(tmp_path)
 
     first = run_pytest(project, "--snapshot-update")
     assert first.returncode == 0, first.stdout + first.stderr
@@ -116,13 +122,8 @@ def test_plugin_in_a_throwaway_project(tmp_path: Path) -> None:
 def test_a_broken_pack_under_snapshot_update_deletes_no_snapshot(tmp_path: Path) -> None:
     """A typo in the pack makes the prompt tests fail to collect; syrupy took their snapshots
     for unused ones and ``--snapshot-update`` deleted every one of them."""
-    project = tmp_path / "acme"
-    (project / "prompts").mkdir(parents=True)
-    (project / "pack.yaml").write_text(PACK, encoding="utf-8")
-    (project / "prompts" / "house.md.j2").write_text("Write British English.\n", encoding="utf-8")
-    (project / "test_prompts.py").write_text(TESTS, encoding="utf-8")
+    project = throwaway_project(tmp_path)
     (project / "test_other.py").write_text("def test_other(snapshot):\n    assert 1 == snapshot\n", encoding="utf-8")
-    (project / "pytest.ini").write_text("[pytest]\n", encoding="utf-8")
     first = run_pytest(project, "--snapshot-update")
     assert first.returncode == 0, first.stdout + first.stderr
     before = sorted(p.name for p in (project / "__snapshots__").rglob("*.*"))
