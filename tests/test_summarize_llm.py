@@ -233,11 +233,13 @@ def test_a_slow_but_alive_stream_does_not_time_out(
     tmp_path: Path, server: LLMServer, chat: list[dict[str, Any]]
 ) -> None:
     text = good_summary()
-    server.script(slow_reply(text, every_s=0.3, chunk_chars=len(text) // 8 + 1))  # ~2.7 s in all
-    h = Harness(tmp_path, server, chat, inactivity_s=1)
+    # A token every 0.4 s for ~4 s in all, against a 2 s inactivity limit: a loaded machine may
+    # stall a gap by over a second and still not reach the limit.
+    server.script(slow_reply(text, every_s=0.4, chunk_chars=len(text) // 9 + 1))
+    h = Harness(tmp_path, server, chat, inactivity_s=2)
     started = time.monotonic()
     out, stage = h.prepare()
-    assert time.monotonic() - started > 2.0  # longer than the inactivity limit, yet alive
+    assert time.monotonic() - started > 3.0  # longer than the inactivity limit, yet alive
     assert injected_meta(summary_of(out))["source"] == "llm", attempts(stage)
 
 
