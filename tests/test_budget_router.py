@@ -238,3 +238,19 @@ def test_a_pattern_that_times_out_never_breaks_routing(tmp_path: Path) -> None:
     steps = "\n" * 20_000 + "1. build\n2. test\n3. ship\n"
     assert "multi-step" in r.route(steps, session_dir=tmp_path / "s", now=T0, remember=False).matched
     assert r.route(HI, session_dir=tmp_path / "s", now=T0, remember=False).tier == "simple"
+
+
+def test_a_rule_timed_out_by_a_huge_message_still_holds_for_the_next_short_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # route(" " * 12M) used to switch the rule off for the rest of the process: every later
+    # message, in every session, was routed without it.
+    from ctxrules import patterns
+
+    monkeypatch.setattr(patterns, "MATCH_TIME_LIMIT_S", 0.001)
+    monkeypatch.setattr(patterns, "_PROCESS_MEMORY", patterns.Memory())
+    r = router(rules={"deploy": {"regex": r"\b\w+\d\b", "score": 5}}, cutoffs={"standard": 1, "reasoning": 5})
+    huge = r.route("é " * 2_000_000, session_dir=tmp_path / "a", now=T0, remember=False)
+    assert "deploy" not in huge.matched
+    after = r.route("please deploy2 it", session_dir=tmp_path / "b", now=T0, remember=False)
+    assert "deploy" in after.matched and after.tier == "reasoning"

@@ -138,3 +138,63 @@ def test_a_timeout_is_remembered_in_the_state_and_skips_at_once(monkeypatch: pyt
 )
 def test_nested_quantifier_warning(source: str, nested: bool) -> None:
     assert patterns.nested_quantifier(source) is nested
+
+
+# A pattern off RE2 (\b and \w are Unicode-aware in Python) and linear: only its text makes it slow.
+LINEAR = r"\b\w+\d\b"
+HAYSTACK = "é " * 2_000_000  # 4M characters, no word with a digit
+
+
+def test_a_linear_pattern_that_timed_out_on_a_huge_text_still_searches_short_ones(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(patterns, "MATCH_TIME_LIMIT_S", 0.001)
+    pattern = patterns.compile(LINEAR)
+    assert not pattern.shape.nested and pattern.engine == "regex"
+    state: dict[str, object] = {}
+    with patterns.remembering(state) as memory:
+        with pytest.raises(patterns.PatternTimeout, match="took longer"):
+            pattern.search(HAYSTACK)
+        # The next message of a few words is searched as before ...
+        assert pattern.search("a word42 here") is not None
+        # ... and a text at least half as long as the one it timed out on is skipped at once.
+        with pytest.raises(patterns.PatternTimeout, match="earlier run"):
+            pattern.search(HAYSTACK[: len(HAYSTACK) // 2])
+    assert state[patterns.STATE_KEY] == [f"{pattern.key}@{len(HAYSTACK) // 2}"]
+    assert len(memory.reports) == 2
+    # A later process reads the same memory from the state.
+    with patterns.remembering(dict(state)):
+        assert pattern.search("x1") is not None
+        with pytest.raises(patterns.PatternTimeout, match="earlier run"):
+            pattern.search(HAYSTACK)
+
+
+def test_what_times_out_in_one_session_changes_nothing_for_another(monkeypatch: pytest.MonkeyPatch) -> None:
+    # One process serving many sessions (a proxy): a hostile message in one session must not
+    # switch a pack pattern off for the others, nor be written into their state.
+    monkeypatch.setattr(patterns, "MATCH_TIME_LIMIT_S", 0.001)
+    monkeypatch.setattr(patterns, "_PROCESS_MEMORY", patterns.Memory())
+    evil = patterns.compile(r"(x+)+\d")  # nested: once timed out, skipped on any text
+    hostile: dict[str, object] = {}
+    with patterns.remembering(hostile), pytest.raises(patterns.PatternTimeout):
+        evil.search("x" * 5000)
+    assert hostile[patterns.STATE_KEY] == [evil.key]
+    other: dict[str, object] = {}
+    with patterns.remembering(other) as memory:
+        assert evil.search("xx1") is not None
+    assert other == {} and memory.reports == []
+    assert patterns._PROCESS_MEMORY.keys == {}  # nor for code outside any session
+    assert evil.search("xx1") is not None
+
+
+@pytest.mark.parametrize(
+    ("lists", "merged"),
+    [
+        ((["k"], ["k@5"]), ["k"]),  # written by an earlier version: every text
+        ((["j@10"], ["j@3", "j@7"]), ["j@3"]),
+        (([5, None, "x@abc", "y@", "z@-1", "w@" + "9" * 16], None), []),  # damaged entries are dropped
+        (("not a list", ["a@1"]), ["a@1"]),
+    ],
+)
+def test_remembered_entries_merge_to_the_shortest_length(lists: tuple[object, object], merged: list[str]) -> None:
+    assert patterns.merged_entries(*lists) == merged

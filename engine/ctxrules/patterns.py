@@ -70,6 +70,7 @@ __all__ = [
     "candidate_lines",
     "compile",
     "lines_touched",
+    "merged_entries",
     "nested_quantifier",
     "re2_module",
     "regex_module",
@@ -135,14 +136,69 @@ class Match(Protocol):
 
 @dataclass
 class Memory:
-    """Keys of the patterns that timed out, and what was reported about them since."""
+    """The patterns that timed out, and what was reported about them since.
 
-    keys: set[str] = field(default_factory=set)
+    ``keys`` maps a pattern's key to the shortest text length from which its searches raise at
+    once (0: on any text). A pattern that times out on a text of N characters is skipped from
+    then on for texts of N/2 characters and more, and a pattern with nested repetitions (which
+    may explode on a short text too, CR102) for every text. A linear pattern that took over a
+    second on 12 MB of hostile text says nothing about the next message of a few hundred
+    characters; halving bounds how often one pattern can time out (a text half as long takes
+    about half as long, or less). A rerun on the same texts skips the same searches."""
+
+    keys: dict[str, int] = field(default_factory=dict)
     reports: list[str] = field(default_factory=list)
 
     def report(self, message: str) -> None:
         if message not in self.reports:
             self.reports.append(message)
+
+    def holds(self, key: str, length: int) -> bool:
+        """Whether a search of ``key`` on a text of ``length`` characters raises at once."""
+        shortest = self.keys.get(key)
+        return shortest is not None and length >= shortest
+
+    def add(self, key: str, length: int) -> None:
+        """Skip ``key`` at once on texts of ``length`` characters and more."""
+        shortest = self.keys.get(key)
+        if shortest is None or length < shortest:
+            self.keys[key] = length
+
+
+def _entries(listed: Any) -> dict[str, int]:
+    """The memory a state's ``timed_out_patterns`` list holds: ``"KEY"`` (any text, as
+    earlier versions wrote it) or ``"KEY@LENGTH"``; anything else is left out."""
+    out: dict[str, int] = {}
+    if not isinstance(listed, list):
+        return out
+    for entry in listed:
+        if not isinstance(entry, str):
+            continue
+        key, at, length = entry.partition("@")
+        if not at:
+            shortest = 0
+        elif length.isascii() and length.isdigit() and len(length) <= 15:
+            shortest = int(length)
+        else:
+            continue
+        if key not in out or shortest < out[key]:
+            out[key] = shortest
+    return out
+
+
+def _listed(keys: dict[str, int]) -> list[str]:
+    """``keys`` as a state's ``timed_out_patterns`` list (sorted: the state stays stable)."""
+    return sorted(f"{key}@{length}" if length else key for key, length in keys.items())
+
+
+def merged_entries(*lists: Any) -> list[str]:
+    """The ``timed_out_patterns`` lists given, as one (each pattern at its shortest length)."""
+    keys: dict[str, int] = {}
+    for listed in lists:
+        for key, length in _entries(listed).items():
+            if key not in keys or length < keys[key]:
+                keys[key] = length
+    return _listed(keys)
 
 
 _UNSET: Any = object()
@@ -155,10 +211,14 @@ def _memory() -> Memory:
 
 
 class remembering:  # lower case: used like the function it was (``with remembering(state) as memory``)
-    """Within the block, patterns listed in ``state[STATE_KEY]`` count as timed out, and
-    patterns that time out are added there (a sorted list of keys, JSON-serializable), so a
-    later run in the same session skips them without trying. ``reports`` of the memory says
-    which patterns timed out or were skipped in the block (for the stage's warnings).
+    """Within the block, patterns listed in ``state[STATE_KEY]`` count as timed out (on texts
+    at least as long as the one they timed out on, see :class:`Memory`), and patterns that time
+    out are added there (a sorted list of strings, JSON-serializable), so a later run in the
+    same session skips them without trying. ``reports`` of the memory says which patterns timed
+    out or were skipped in the block (for the stage's warnings).
+
+    The memory is the state's own: what timed out in one session (a hostile message in it)
+    changes nothing for another session of the same process.
 
     A class, not a generator-based context manager: the runner enters one around every stage
     of every turn, and the generator machinery cost more than a warm turn's small stages."""
@@ -168,8 +228,8 @@ class remembering:  # lower case: used like the function it was (``with remember
     def __init__(self, state: dict[str, Any]) -> None:
         self._state = state
         listed = state.get(STATE_KEY)
-        self._known: set[str] = {k for k in listed if isinstance(k, str)} if isinstance(listed, list) else set()
-        self._memory = Memory(self._known | _PROCESS_MEMORY.keys)
+        self._known = _entries(listed) if listed else {}
+        self._memory = Memory(dict(self._known))
         self._token: contextvars.Token[Memory] | None = None
 
     def __enter__(self) -> Memory:
@@ -180,10 +240,9 @@ class remembering:  # lower case: used like the function it was (``with remember
         if self._token is not None:
             _MEMORY.reset(self._token)
             self._token = None
-        memory = self._memory
-        _PROCESS_MEMORY.keys |= memory.keys
-        if memory.keys - self._known:
-            self._state[STATE_KEY] = sorted(memory.keys)
+        keys = self._memory.keys
+        if keys != self._known:
+            self._state[STATE_KEY] = _listed(keys)
 
 
 # -- analysis ------------------------------------------------------------------------------
@@ -556,9 +615,9 @@ class Pattern:
         return f"<ctxrules pattern {self.pattern!r} on {self.engine}>"
 
     # -- engines ----------------------------------------------------------------------------
-    def _backtracking(self) -> Any:
+    def _backtracking(self, length: int) -> Any:
         memory = _memory()
-        if self.key in memory.keys:
+        if memory.holds(self.key, length):
             error = PatternTimeout(self, earlier=True)
             memory.report(str(error))
             raise error
@@ -566,18 +625,18 @@ class Pattern:
             try:
                 self._regex = self._compile_regex()
             except PatternError as exc:  # `re` took it, `regex` does not: never run it
-                memory.keys.add(self.key)
+                memory.add(self.key, 0)
                 error = PatternTimeout(self, earlier=False, reason=str(exc))
                 memory.report(str(error))
                 raise error from None
         return self._regex
 
-    def _timed(self, call: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    def _timed(self, text: str, call: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         try:
             return call(*args, timeout=MATCH_TIME_LIMIT_S, **kwargs)
         except TimeoutError:
             memory = _memory()
-            memory.keys.add(self.key)
+            memory.add(self.key, 0 if self.shape.nested else len(text) // 2)
             error = PatternTimeout(self)
             memory.report(str(error))
             raise error from None
@@ -593,44 +652,45 @@ class Pattern:
         text = _plain(text)
         if self._on_re2(text, False):
             return self._re2.search(text)  # type: ignore[no-any-return]
-        return self._timed(self._backtracking().search, text)  # type: ignore[no-any-return]
+        return self._timed(text, self._backtracking(len(text)).search, text)  # type: ignore[no-any-return]
 
     def match(self, text: str) -> Match | None:
         text = _plain(text)
         if self._on_re2(text, False):
             return self._re2.match(text)  # type: ignore[no-any-return]
-        return self._timed(self._backtracking().match, text)  # type: ignore[no-any-return]
+        return self._timed(text, self._backtracking(len(text)).match, text)  # type: ignore[no-any-return]
 
     def fullmatch(self, text: str) -> Match | None:
         text = _plain(text)
         if self._on_re2(text, False):
             return self._re2.fullmatch(text)  # type: ignore[no-any-return]
-        return self._timed(self._backtracking().fullmatch, text)  # type: ignore[no-any-return]
+        return self._timed(text, self._backtracking(len(text)).fullmatch, text)  # type: ignore[no-any-return]
 
     def finditer(self, text: str) -> Iterator[Match]:
         text = _plain(text)
         if self._on_re2(text, True):
             return iter(list(self._re2.finditer(text)))
-        return iter(self._timed(lambda t, timeout: list(self._backtracking().finditer(t, timeout=timeout)), text))
+        found = self._backtracking(len(text))
+        return iter(self._timed(text, lambda t, timeout: list(found.finditer(t, timeout=timeout)), text))
 
     def findall(self, text: str) -> list[Any]:
         text = _plain(text)
         if self._on_re2(text, True):
             return list(self._re2.findall(text))
-        return list(self._timed(self._backtracking().findall, text))
+        return list(self._timed(text, self._backtracking(len(text)).findall, text))
 
     def split(self, text: str, maxsplit: int = 0) -> list[str]:
         text = _plain(text)
         if self._on_re2(text, True):
             return list(self._re2.split(text, maxsplit))
-        return list(self._timed(self._backtracking().split, text, maxsplit))
+        return list(self._timed(text, self._backtracking(len(text)).split, text, maxsplit))
 
     def subn(self, repl: str | Callable[[Any], str], text: str, count: int = 0) -> tuple[str, int]:
         text = _plain(text)
         if self._on_re2(text, True) and (callable(repl) or "\\" not in repl):
             fn = repl if callable(repl) else (lambda _m, r=repl: r)
             return self._re2.subn(fn, text, count)  # type: ignore[no-any-return]
-        return self._timed(self._backtracking().subn, repl, text, count)  # type: ignore[no-any-return]
+        return self._timed(text, self._backtracking(len(text)).subn, repl, text, count)  # type: ignore[no-any-return]
 
     def sub(self, repl: str | Callable[[Any], str], text: str, count: int = 0) -> str:
         return self.subn(repl, text, count)[0]
@@ -660,7 +720,8 @@ CANDIDATES_TIME_LIMIT_S = 0.25
 
 
 def timed_out_before(pattern: Pattern) -> bool:
-    """Whether ``pattern`` is remembered as timed out (its next search raises at once)."""
+    """Whether ``pattern`` is remembered as timed out on some text (a search of a text at least
+    that long raises at once)."""
     return pattern.key in _memory().keys
 
 

@@ -44,7 +44,7 @@ from ctxrules.compressors.pipes import stdout_feeds_pipeline
 from ctxrules.errors import CtxrulesError, UsageError
 from ctxrules.models import lookup_model
 from ctxrules.packs.validated import load_pack
-from ctxrules.patterns import STATE_KEY, remembering
+from ctxrules.patterns import STATE_KEY, merged_entries, remembering
 from ctxrules.plugins import default_registry
 from ctxrules.stores import Store
 from ctxrules.tokens import TokenCounter
@@ -188,9 +188,7 @@ def _remember(store: Store, session: str, keys: list[str]) -> None:
             state = store.load_turn(session, output=False).state
             section = state.get("compress")
             section = dict(section) if isinstance(section, dict) else {}
-            listed = section.get(STATE_KEY)
-            old = {k for k in listed if isinstance(k, str)} if isinstance(listed, list) else set()
-            section[STATE_KEY] = sorted(old | set(keys))
+            section[STATE_KEY] = merged_entries(section.get(STATE_KEY), keys)
             state["compress"] = section
             store.save_state(session, state)
     except (CtxrulesError, OSError) as exc:
