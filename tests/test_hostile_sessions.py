@@ -248,6 +248,43 @@ def test_a_ledger_link_in_the_state_root_receives_no_record(tmp_path: Path, plan
     assert list(elsewhere.iterdir()) == []
 
 
+@pytest.mark.parametrize("planted", ["ledger", "ledger/days"])
+def test_a_ledger_link_in_the_state_root_is_not_read_either(tmp_path: Path, planted: str) -> None:
+    """A planted link must not hand ctxrules another place's ledger: its records would decide
+    the budget level (a forged day over its limit stops every call; a victim's ledger would be
+    shown). ``usage show`` and a session's ``prepare`` refuse it, exit 2, as writing does."""
+    from ctxrules.errors import CtxrulesError
+
+    state = tmp_path / "state"
+    proc = cli("usage", "add", "--state", str(state), "--model", "gpt-4o", "--prompt", "10", "--completion", "5")
+    assert proc.returncode == 0, proc.stderr
+    (day_file,) = (state / "ledger" / "days").glob("*.jsonl")
+    record = json.loads(day_file.read_text(encoding="utf-8"))
+    forged = {**record, "id": "f" * 32, "usd": {**record["usd"], "total": 123456.0}}
+    elsewhere = tmp_path / "elsewhere"
+    target = elsewhere / Path(planted).relative_to("ledger") if planted != "ledger" else elsewhere
+    (target / "days").mkdir(parents=True) if planted == "ledger" else target.mkdir(parents=True)
+    (target / "days" if planted == "ledger" else target).joinpath(day_file.name).write_text(
+        json.dumps(forged) + "\n", encoding="utf-8"
+    )
+    real = tmp_path / "real-ledger"
+    (state / planted).rename(real)
+    (state / planted).symlink_to(target if planted != "ledger" else elsewhere)
+    shown = cli("usage", "show", "--state", str(state))
+    assert shown.returncode == 2, shown.stdout + shown.stderr
+    assert "symbolic link" in shown.stderr and "Traceback" not in shown.stderr
+    assert "123456" not in shown.stdout
+    pack = tmp_path / "pack.yaml"
+    pack.write_text(
+        "apiVersion: ctxrules/v1\nkind: RulePack\nmetadata: {name: day, version: 1.0.0}\n"
+        "extends: [builtin:default]\nbudgets: {day: {usd: 50}}\n",
+        encoding="utf-8",
+    )
+    session = Engine.load(str(pack)).session(state / "default", model="gpt-4o", state_root=state)
+    with pytest.raises(CtxrulesError, match="symbolic link"):
+        session.prepare([{"role": "user", "content": "hi"}])
+
+
 def test_a_children_link_in_the_session_receives_no_sub_agent(tmp_path: Path) -> None:
     """``session.child(name)`` lives in ``<session>/children/<name>``: a ``children`` link planted
     in the session is refused before the child is registered or anything is written."""

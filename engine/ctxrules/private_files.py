@@ -25,6 +25,7 @@ __all__ = [
     "NOFOLLOW",
     "UnsafePathError",
     "check_dir",
+    "check_dirs_below",
     "check_file",
     "ensure_dir",
     "open_private",
@@ -72,6 +73,21 @@ def check_dir(path: Path | str) -> bool:
     if not _owner_ok(st):
         raise _refuse(path, "it belongs to another user")
     return True
+
+
+def check_dirs_below(path: Path, top: Path) -> bool:
+    """Whether every directory from below ``top`` down to ``path`` exists as a real directory
+    of this user (:func:`check_dir`, raising for a link or anything else there); ``path`` not
+    below ``top`` is checked alone. For reading what ctxrules wrote there: a link planted for
+    one of them must not hand ctxrules another place's files."""
+    chain: list[Path] = []
+    probe = path
+    while probe != top and probe != probe.parent:
+        chain.append(probe)
+        probe = probe.parent
+    if probe != top:
+        chain = [path]
+    return all(check_dir(directory) for directory in reversed(chain))
 
 
 def ensure_dir(path: Path, *, inside: Path | None = None) -> None:

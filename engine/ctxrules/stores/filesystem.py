@@ -46,6 +46,7 @@ from ctxrules.private_files import (
     NOFOLLOW,
     UnsafePathError,
     check_dir,
+    check_dirs_below,
     ensure_dir,
     open_private,
     read_private,
@@ -542,12 +543,15 @@ class FilesystemStore:
         if kind in ("day", "goal"):
             folder = self.root / "ledger" / ("days" if kind == "day" else "goals")
             try:
+                if not check_dirs_below(folder, self.root):  # a planted link is refused
+                    return []
                 names = sorted(n for n in os.listdir(folder) if n.endswith(".jsonl"))
             except (FileNotFoundError, NotADirectoryError):
                 return []
             return [Log(kind, n[: -len(".jsonl")]) for n in names]
         if kind == "misroutes":
-            return [Log("misroutes")] if self.log_path(Log("misroutes")).is_file() else []
+            path = self.log_path(Log("misroutes"))
+            return [Log("misroutes")] if check_dirs_below(path.parent, self.root) and path.is_file() else []
         file = "ledger.jsonl" if kind == "session" else "descendants.jsonl"
         return [Log(kind, s) for s in self.sessions() if (Path(s) / file).is_file()]
 
@@ -607,6 +611,12 @@ class FilesystemStore:
             st = os.lstat(where)
             if ident == (st.st_dev, st.st_ino) and st.st_size == size and stat.S_ISREG(st.st_mode):
                 return LogChunk([], cursor)
+            # The file itself is opened without following a link; the folders between the
+            # state root and it must be real too (a planted ``ledger`` link would hand over
+            # another place's ledger: budgets read from records this store never wrote).
+            top = self._log_top(log)
+            if top is not None and not check_dirs_below(path.parent, top):
+                raise FileNotFoundError(path)
             fd = open_private(path, os.O_RDONLY)
         except FileNotFoundError:
             return LogChunk([], None, restarted=cursor is not None)
