@@ -15,20 +15,12 @@ vault marker for it. Actions never write markers themselves.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from ctxrules.compressors.terminal import ESCAPES, without_escapes
+
 __all__ = ["ESCAPES", "Line", "Lines", "RunInfo", "source_range", "without_escapes"]
-
-ESCAPES = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b[@-Z\\-_]")
-"""Terminal escape sequences (CSI such as colours, OSC such as titles and links, and the
-two-character ones), as commands print them to a terminal."""
-
-
-def without_escapes(text: str) -> str:
-    """``text`` without its terminal escape sequences (the same object when it has none)."""
-    return ESCAPES.sub("", text) if "\x1b" in text else text
 
 
 class Line(str):

@@ -4,7 +4,7 @@ collapse_progress, squeeze_blank."""
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ctxrules.compressors.actions.common import (
@@ -19,12 +19,12 @@ from ctxrules.compressors.actions.common import (
     regex_list,
 )
 from ctxrules.compressors.lines import Line, Lines
+from ctxrules.compressors.terminal import redrawn, strip_escapes
 from ctxrules.hookspecs import hookimpl
 from ctxrules.patterns import compile as patterns_compile
 
-# CSI (colors, cursor moves), OSC (titles, hyperlinks: ESC ] ... BEL or ESC \), other
-# two-byte escapes, and backspace overstrikes (`man`-style bold: "b\bb").
-_ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b[@-Z\\-_]|.\x08")
+# Backspace overstrikes (`man`-style bold "b\bb", underline "_\bx"): the last character stays.
+_OVERSTRIKE = re.compile(r".\x08")
 
 
 def _rewrite(line: str, text: str) -> str:
@@ -33,27 +33,38 @@ def _rewrite(line: str, text: str) -> str:
     return line.derive(text) if isinstance(line, Line) else text
 
 
-def _visible(text: str) -> str:
-    """What a terminal finally shows of a line that redraws itself with carriage returns."""
-    body = text[:-1] if text.endswith("\r") else text
-    if "\r" not in body:
+def _joined(lines: Sequence[str], text: str) -> str:
+    """One line standing for ``lines``, which a control string spanning them made one."""
+    ranges = sorted(r for line in lines if isinstance(line, Line) for r in line.ranges())
+    if not ranges:
         return text
-    return body.rsplit("\r", 1)[1]
+    spans = [list(ranges[0])]
+    for a, b in ranges[1:]:
+        if a <= spans[-1][1] + 1:
+            spans[-1][1] = max(spans[-1][1], b)
+        else:
+            spans.append([a, b])
+    return Line(text, (spans[0][0], spans[0][1]), tuple((a, b) for a, b in spans[1:]))
 
 
 class StripAnsi:
-    """Remove terminal escape sequences; optionally resolve carriage-return redraws."""
+    """Remove terminal control sequences; optionally resolve carriage-return redraws.
+
+    What is removed and kept is :mod:`ctxrules.compressors.terminal`'s rules: a control string
+    (an image, a title) that spans lines leaves one line standing for all of them.
+    """
 
     def __init__(self, options: Mapping[str, Any]) -> None:
         self.carriage_returns = bool(options["carriage_returns"])
 
     def __call__(self, lines: Lines) -> list[str]:
         out: list[str] = []
-        for line in lines:
-            text = _ANSI.sub("", line) if ("\x1b" in line or "\x08" in line) else str(line)
+        for text, first, last in strip_escapes(lines):
+            if "\x08" in text:
+                text = _OVERSTRIKE.sub("", text)
             if self.carriage_returns and "\r" in text:
-                text = _visible(text)
-            out.append(_rewrite(line, text))
+                text = redrawn(text)
+            out.append(_rewrite(lines[first], text) if first == last else _joined(lines[first : last + 1], text))
         return out
 
 
@@ -182,7 +193,7 @@ class CollapseProgress:
         return found
 
     def __call__(self, lines: Lines) -> list[str]:
-        resolved = [_rewrite(line, _visible(line)) if "\r" in line else line for line in lines]
+        resolved = [_rewrite(line, redrawn(line)) if "\r" in line else line for line in lines]
         progress = self._progress(resolved)
         out: list[str] = []
         pending: str | None = None
@@ -238,13 +249,13 @@ ACTIONS: list[ActionSpec] = [
                 "carriage_returns": {
                     "type": "boolean",
                     "title": "Resolve carriage returns",
-                    "description": "Keep only what a terminal finally shows of a line redrawn with \\r (default true).",
+                    "description": "Keep only the last state, with text, of a line redrawn with \\r (default true).",
                     "default": True,
                 },
             },
             defaults={"carriage_returns": True},
         ),
-        "Remove colours and other terminal escape sequences.",
+        "Remove colours, other terminal escape sequences and control strings (titles, images).",
     ),
     (
         "drop",
