@@ -10,7 +10,7 @@ The rules (docs/compressors.md, "Terminal control sequences"):
   (``ESC ^`` / ``0x9e``) and APC (kitty graphics; ``ESC _`` / ``0x9f``). A string ends at ST
   (``ESC \\`` or ``0x9c``), or BEL for OSC, even lines later (a terminal shows nothing of
   the lines in between). One that never gets there (a truncated image, a stray byte) ends
-  where a terminal abandons it (CAN, SUB, another escape) when that is on its own line, and
+  where a terminal abandons it (CAN, SUB, another escape) when that is on the same line, and
   otherwise at the end of its line: a terminal would hide everything up to the next escape,
   perhaps the rest of the output, but a model must not lose the lines after a stray byte.
 - 8-bit C1 controls (``0x80``-``0x9f``) are read as the escapes they stand for (``0x9b`` is
