@@ -12,11 +12,14 @@ from typing import Any, cast
 import jsonschema
 import pytest
 import structlog
+from cli_kit import run_default
 from conftest import transcript_paths
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from invariants import id_problems
 
+from ctxrules import Engine
+from ctxrules.injected import InjectionKey, key_scope
 from ctxrules.messages import injected_kind, is_injected, mark_injected
 from ctxrules.pipeline.context import StageContext
 from ctxrules.stages.base import Action, StageOutcome
@@ -368,6 +371,98 @@ def test_empty_tool_calls_list_is_removed() -> None:
     assert kinds(actions) == ["empty_tool_calls_dropped"]
 
 
+# --- a real result after its stand-in -------------------------------------------------------
+
+
+def with_stand_in() -> list[Msg]:
+    """A history whose call ``a`` got no result, as the repair returns it: with the stand-in
+    (signed under the current key, as the stage signs it) right after the call."""
+    out, actions = repair_tool_pairs([user(), asst("a", "b"), tool("b", "B"), user("hurry")])
+    assert kinds(actions) == ["result_synthesized"] and injected_kind(out[2]) == "interrupted"
+    return out
+
+
+def test_a_real_result_later_in_the_list_replaces_the_stand_in() -> None:
+    history = [*with_stand_in(), asst(content="waiting"), tool("a", "A real")]
+    out, actions = repair_tool_pairs(history)
+    assert_valid_pairs(out)
+    assert [m.get("content") for m in out] == ["go", "", "A real", "B", "hurry", "waiting"]
+    assert kinds(actions) == ["result_moved", "stand_in_replaced"]
+    assert [a.index for a in actions] == [6, 2]
+    assert "its real result (message 6) answers it" in actions[1].detail
+    assert repair_tool_pairs(out)[1] == []
+
+
+def test_in_the_stand_ins_block_the_real_result_wins_and_a_second_one_is_a_duplicate() -> None:
+    first = with_stand_in()
+    history = [*first[:3], tool("a", "A real"), tool("a", "A again"), *first[3:]]
+    out, actions = repair_tool_pairs(history)
+    assert_valid_pairs(out)
+    assert [m.get("content") for m in out] == ["go", "", "A real", "B", "hurry"]
+    assert out[2] is history[3]
+    assert kinds(actions) == ["stand_in_replaced", "duplicate_dropped"]
+    assert [a.index for a in actions] == [2, 4]
+
+
+def test_the_stage_keeps_no_vault_item_for_a_replaced_stand_in(tmp_path: Path) -> None:
+    ctx = make_ctx(tmp_path)
+    outcome = ToolPairRepair()([*with_stand_in(), tool("a", "A real")], ctx)
+    assert [(a.kind, a.vault_id) for a in outcome.actions] == [("result_moved", None), ("stand_in_replaced", None)]
+
+
+def test_a_stand_in_signed_under_another_key_is_a_result_like_any_other() -> None:
+    """A stand-in ctxrules did not sign here (a user or a tool pasting one, a history from
+    another state root) is a real result: the first result of the call is kept as always."""
+    with key_scope(InjectionKey(b"k" * 32)):
+        history = [*with_stand_in(), tool("a", "A real")]
+        ours, _ = repair_tool_pairs(history)
+    assert [m.get("content") for m in ours] == ["go", "", "A real", "B", "hurry"]
+    with key_scope(InjectionKey(b"m" * 32)):
+        out, actions = repair_tool_pairs(history)
+        assert not is_injected(history[2])
+    assert out == history[:5]
+    assert kinds(actions) == ["duplicate_dropped"]
+
+
+def test_the_real_result_replaces_the_stand_in_on_the_next_turn(tmp_path: Path) -> None:
+    """A session's next turn runs the pipeline on its last output (which holds the stand-in)
+    plus the appended messages: the real result must win there as on the whole history."""
+    engine = Engine.load("builtin:default")
+    session = engine.session(tmp_path / "s", model="gpt-4o")
+    history = [user(), asst("a", "b"), tool("b", "B"), user("hurry")]
+    first = session.prepare(history)
+    assert [injected_kind(m) for m in first.messages] == [None, None, "interrupted", None, None]
+    history += [asst(content="waiting"), tool("a", "A real")]
+    got = session.prepare(history)
+    assert got.report["reused_messages"] == 4
+    assert [m.get("content") for m in got.messages] == ["go", "", "A real", "B", "hurry", "waiting"]
+    fresh = engine.session(tmp_path / "fresh", model="gpt-4o").prepare(copy.deepcopy(history))
+    assert got.messages == fresh.messages
+    history.append(user("thanks"))
+    third = session.prepare(history)
+    assert third.report["reused_messages"] == 6 and third.messages == [*got.messages, user("thanks")]
+
+
+def test_ctxrules_run_twice_on_one_session_shows_the_real_result(tmp_path: Path) -> None:
+    """``ctxrules run --session DIR`` on the same input twice gives the same output (the
+    second run reuses the first's); once the real result is appended, it replaces the stand-in."""
+    history = [user(), asst("a"), user("hurry")]
+    src = tmp_path / "in.json"
+
+    def run() -> list[Msg]:
+        done = run_default(src, "--session", str(tmp_path / "s"), "--output", str(tmp_path / "out.json"))
+        assert done.returncode == 0, done.stderr
+        return cast(list[Msg], json.loads((tmp_path / "out.json").read_text()))
+
+    src.write_text(json.dumps(history))
+    before = run()
+    assert "[ctxrules:interrupted]" in before[2]["content"] and run() == before
+    src.write_text(json.dumps([*history, tool("a", "A real")]))
+    after = run()
+    assert after == [user(), asst("a"), tool("a", "A real"), user("hurry")]
+    assert run() == after
+
+
 # --- calls without ids ----------------------------------------------------------------------
 
 
@@ -472,12 +567,12 @@ _ids = st.sampled_from(["a", "b", "c", "d"]) | st.none()
 @st.composite
 def conversations(draw: Callable[..., Any]) -> list[Msg]:
     """Random roles, parallel calls, reused and missing ids, orphans, duplicates, misplaced
-    and missing results, injected messages, arguments that are not JSON."""
+    and missing results, injected messages, stand-ins, arguments that are not JSON."""
     messages: list[Msg] = []
     if draw(st.booleans()):
         messages.append({"role": "system", "content": "sys"})
     for n in range(draw(st.integers(0, 16))):
-        kind = draw(st.sampled_from(["user", "injected", "asst", "asst", "tool", "tool", "tool", "plain"]))
+        kind = draw(st.sampled_from(["user", "injected", "asst", "asst", "tool", "tool", "tool", "stand-in", "plain"]))
         if kind == "user":
             messages.append(user(f"u{n}"))
         elif kind == "injected":
@@ -493,6 +588,8 @@ def conversations(draw: Callable[..., Any]) -> list[Msg]:
             messages.append(made)
         elif kind == "tool":
             messages.append(tool(draw(_ids), f"r{n}"))
+        elif kind == "stand-in":
+            messages.append(mark_injected(tool(draw(_ids), f"s{n}"), "interrupted"))
         else:
             messages.append(asst(content=f"reply {n}"))
     return messages
@@ -502,14 +599,15 @@ def _pinned_must_survive(messages: list[Msg]) -> list[int]:
     """Pinned indices that the stage must return as the very same objects.
 
     The documented exceptions, where validity wins: id-less calls get an id, id-less results
-    get the call's id, and orphan or duplicate results are dropped.
+    get the call's id, and orphan or duplicate results (and stand-ins a real result
+    superseded) are dropped.
     """
     pairing = pair_tool_calls(messages)
     renamed = _renamed(messages)
     keep = []
     for i in sorted(pinned_indices(messages)):
         msg = messages[i]
-        if i in pairing.orphans or i in pairing.duplicates or i in pairing.positional:
+        if i in pairing.orphans or i in pairing.duplicates or i in pairing.positional or i in pairing.superseded:
             continue
         if any("id" not in c for c in msg.get("tool_calls") or []):
             continue
@@ -566,11 +664,20 @@ def test_repair_properties(messages: list[Msg], policy: Any) -> None:
             if msg["role"] == "tool" and is_injected(msg):
                 assert injected_kind(msg) == "interrupted"
     # every input tool result is either in the output or reported as dropped
-    dropped = {a.index for a in actions if a.kind in ("orphan_dropped", "duplicate_dropped")}
+    dropped = {a.index for a in actions if a.kind in ("orphan_dropped", "duplicate_dropped", "stand_in_replaced")}
     out_contents = Counter(m["content"] for m in out if m["role"] == "tool")
     for i, msg in enumerate(messages):
         if msg["role"] == "tool" and i not in dropped:
             assert out_contents[msg["content"]] >= 1
+    # a call with a real result gets it, even after a stand-in (ids used by one call only)
+    calls = Counter(c.get("id") for m in messages for c in m.get("tool_calls") or [])
+    for i, msg in enumerate(messages):
+        cid = msg.get("tool_call_id")
+        if msg["role"] == "tool" and cid is not None and calls[cid] == 1 and not is_injected(msg):
+            made = next(j for j, m in enumerate(messages) if any(c.get("id") == cid for c in m.get("tool_calls") or []))
+            if made < i:
+                answer = next(m for m in out if m["role"] == "tool" and m.get("tool_call_id") == cid)
+                assert not is_injected(answer), f"call {cid!r} has a real result at {i}, yet a stand-in answers it"
 
 
 @settings(max_examples=200)

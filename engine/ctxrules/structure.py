@@ -2,8 +2,12 @@
 
 **Pairing.** A tool result answers the most recent still-unanswered call with its
 ``tool_call_id`` (ids may repeat across turns); within one assistant message the earliest such
-call goes first. A result that finds no such call is a *duplicate* when an earlier call with
-that id exists (already answered), otherwise an *orphan*. :func:`pair_tool_calls` is the one
+call goes first. A result that finds no such call *supersedes* the stand-in answering the
+most recent call with that id, when that answer is ctxrules' own stand-in
+(:data:`STAND_IN_KIND`, signed under the current key): the agent's real result arrived after
+all (later in the list, or on a later turn, whose pipeline runs on the last output). Otherwise
+it is a *duplicate* when an earlier call with that id exists (already answered), else an
+*orphan*. :func:`pair_tool_calls` is the one
 implementation; :func:`steps`, :func:`pinned_indices` and the ``normalize.tool_pairs`` stage
 all use it, so they never disagree about which result belongs where.
 
@@ -34,7 +38,11 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from ctxrules.injected import current_key
-from ctxrules.messages import has_tool_calls, is_injected, tool_call_id
+from ctxrules.messages import has_tool_calls, injected_kind, tool_call_id
+
+STAND_IN_KIND = "interrupted"
+"""The injected kind of the result ``normalize.tool_pairs`` gives a call that has none: a
+stand-in that a real result for the call, arriving later, replaces (see "Pairing")."""
 
 PIN_SIGNED_PREFIX: ContextVar[bool] = ContextVar("ctxrules_pin_signed_prefix", default=False)
 """Set while a pack's ``thinking.clean`` has ``preserved_thinking: pin``: every message up to
@@ -42,6 +50,7 @@ the newest one with signed thinking is pinned too (a preserved-thinking signatur
 whole prefix, so no stage may change it)."""
 
 __all__ = [
+    "STAND_IN_KIND",
     "Exchange",
     "Facts",
     "Shape",
@@ -86,11 +95,13 @@ class Facts(NamedTuple):
     """A tool result's ``tool_call_id`` when it is a non-empty string."""
     signed: bool = False
     """An assistant message with signed thinking (a signature, or redacted thinking data)."""
+    stand_in: bool = False
+    """A tool result that is ctxrules' own stand-in for a missing one (:data:`STAND_IN_KIND`)."""
 
     @property
     def structure(self) -> tuple[Any, ...]:
         """What pairing, steps and pins depend on."""
-        return (self.role, self.real_user, self.calls, self.result_id, self.signed)
+        return (self.role, self.real_user, self.calls, self.result_id, self.signed, self.stand_in)
 
 
 def _compute_facts(msg: Mapping[str, Any]) -> Facts:
@@ -110,7 +121,8 @@ def _compute_facts(msg: Mapping[str, Any]) -> Facts:
             text = part.get("text")
             if isinstance(text, str) and len(text) > longest:
                 longest = len(text)
-    injected = is_injected(msg)
+    kind = injected_kind(msg)
+    injected = kind is not None
     calls = tuple(tool_call_id(c) for c in msg["tool_calls"]) if has_tool_calls(msg) else None
     result = msg.get("tool_call_id")
     return Facts(
@@ -122,6 +134,7 @@ def _compute_facts(msg: Mapping[str, Any]) -> Facts:
         calls,
         result if isinstance(result, str) and result else None,
         role == "assistant" and _has_signed_thinking(msg),
+        role == "tool" and kind == STAND_IN_KIND,
     )
 
 
@@ -174,7 +187,8 @@ class ToolPairing:
 
     ``positional`` lists results without a ``tool_call_id`` that were matched, in order, to
     id-less calls of the assistant message whose block they sit in: the repair stage gives
-    both the same generated id.
+    both the same generated id. ``superseded`` maps each stand-in a real result replaced to
+    the call it stood in for (it answers nothing any more; the repair stage drops it).
     """
 
     result_of: Mapping[CallKey, int]
@@ -183,6 +197,7 @@ class ToolPairing:
     duplicates: Mapping[int, CallKey]
     unanswered: tuple[CallKey, ...]
     positional: frozenset[int] = field(default_factory=frozenset)
+    superseded: Mapping[int, CallKey] = field(default_factory=dict)
 
 
 class _PairScan:
@@ -200,6 +215,7 @@ class _PairScan:
         "positional",
         "result_of",
         "stop",
+        "superseded",
         "unanswered",
     )
 
@@ -212,6 +228,7 @@ class _PairScan:
         self.orphans: list[int] = []
         self.duplicates: dict[int, CallKey] = {}
         self.positional: set[int] = set()
+        self.superseded: dict[int, CallKey] = {}
         self.unanswered: dict[CallKey, None] = {}
         self.block_owner: int | None = None
         self.stop = 0
@@ -227,6 +244,7 @@ class _PairScan:
         out.orphans = list(self.orphans)
         out.duplicates = dict(self.duplicates)
         out.positional = set(self.positional)
+        out.superseded = dict(self.superseded)
         out.unanswered = dict(self.unanswered)
         out.block_owner = self.block_owner
         out.stop = self.stop
@@ -279,7 +297,16 @@ class _PairScan:
                 call_of[index] = key
                 del self.unanswered[key]
             elif cid in self.last_call:
-                self.duplicates[index] = self.last_call[cid]
+                key = self.last_call[cid]
+                answer = result_of.get(key)
+                if answer is not None and facts[answer].stand_in and not f.stand_in:
+                    # The real result of a call that got a stand-in: it answers the call now.
+                    del call_of[answer]
+                    self.superseded[answer] = key
+                    result_of[key] = index
+                    call_of[index] = key
+                else:
+                    self.duplicates[index] = key
             else:
                 self.orphans.append(index)
         self.block_owner = block_owner
@@ -296,6 +323,7 @@ class _PairScan:
                 duplicates=self.duplicates,
                 unanswered=tuple(self.unanswered),
                 positional=frozenset(self.positional),
+                superseded=self.superseded,
             )
         return self._made
 

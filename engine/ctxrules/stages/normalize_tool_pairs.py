@@ -13,6 +13,10 @@ How it repairs (pairing rule: :mod:`ctxrules.messages`, "Pairing"):
 - an unanswered call gets a synthesized, marked result (``synthesize``), or is removed from
   its assistant message (``remove``); an assistant message left with neither content nor
   calls is dropped;
+- a real result that arrives after the call got that synthesized stand-in (later in the list,
+  or on a later turn: a session's next turn runs on the last output) answers the call, and
+  the stand-in is dropped: the model sees what the tool returned. Only a stand-in signed
+  under the session's key counts as one; another is a result like any other;
 - a call without an id gets one derived from its position, name and arguments, so the same
   history always gets the same id; a result without ``tool_call_id`` in that message's block
   is matched to such calls in order;
@@ -30,11 +34,13 @@ Pinned messages (:func:`ctxrules.structure.pinned_indices`) are kept unchanged: 
 ``remove``, a pinned assistant message's unanswered calls are answered with a synthesized
 result instead. Validity wins over pinning in these cases only, because the request would be
 rejected otherwise: an id-less call gets its id, a reused id is renamed (with its result),
-invalid arguments are replaced, and a pinned orphan or duplicate result is dropped. The stage
-is idempotent: its output is valid, and a valid list is returned as is.
+invalid arguments are replaced, and a pinned orphan or duplicate result (or a superseded
+stand-in) is dropped. The stage is idempotent: its output is valid, and a valid list is
+returned as is.
 
 Nothing is lost: :func:`repair_tool_pairs` is pure, and the stage stores every dropped result
-and removed call in the session vault, recording the vault id in the action.
+and removed call in the session vault, recording the vault id in the action. A superseded
+stand-in is not stored: ctxrules wrote it, and the result that replaces it says more.
 """
 
 from __future__ import annotations
@@ -55,7 +61,7 @@ from ctxrules.json_limits import MAX_DEPTH
 from ctxrules.messages import mark_injected, tool_call_id
 from ctxrules.stages.base import Action, Message, StageOutcome, StageType, unchanged
 from ctxrules.stages.compress_common import text_id
-from ctxrules.structure import pair_tool_calls, pinned_indices
+from ctxrules.structure import STAND_IN_KIND, pair_tool_calls, pinned_indices
 from ctxrules.vault import format_marker
 
 if TYPE_CHECKING:
@@ -78,6 +84,7 @@ ID_ASSIGNED = "call_id_assigned"
 RESULT_MOVED = "result_moved"
 ORPHAN_DROPPED = "orphan_dropped"
 DUPLICATE_DROPPED = "duplicate_dropped"
+STAND_IN_REPLACED = "stand_in_replaced"
 RESULT_SYNTHESIZED = "result_synthesized"
 CALL_REMOVED = "call_removed"
 MESSAGE_DROPPED = "message_dropped"
@@ -161,6 +168,15 @@ class _Repair:
 
     def _dropped_result(self, index: int, msg: Message) -> _Event:
         cid = msg.get("tool_call_id")
+        if index in self.pairing.superseded:
+            assistant, pos = self.pairing.superseded[index]
+            return _Event(
+                STAND_IN_REPLACED,
+                f"message {index}: dropped the interrupted stand-in for call {cid!r} (message "
+                f"{assistant}, tool_calls[{pos}]): its real result (message "
+                f"{self.pairing.result_of[(assistant, pos)]}) answers it",
+                index,
+            )
         payload = _content_payload(msg.get("content"))
         if index in self.pairing.duplicates:
             assistant, pos = self.pairing.duplicates[index]
@@ -455,7 +471,7 @@ def _synthesized(call_id: str, name: str) -> Message:
             f"{name} (call {call_id}). Run it again if its result is still needed."
         ),
     }
-    return mark_injected(result, "interrupted")
+    return mark_injected(result, STAND_IN_KIND)
 
 
 def _is_empty_assistant(msg: Mapping[str, Any]) -> bool:
