@@ -22,7 +22,8 @@ import pytest
 
 from ctxrules import Engine
 from ctxrules.carry import Carry, PerSession
-from ctxrules.structure import forget, shape
+from ctxrules.messages import mark_injected
+from ctxrules.structure import STAND_IN_KIND, forget, shape
 
 MODEL = "gpt-4o"
 CLOCK = 1_760_000_000.0
@@ -246,9 +247,15 @@ def test_shape_extends_is_its_ancestry(appended: int) -> None:
     assert shape([*grown, {"role": "user", "content": "z"}]).extends(old) == 2  # two derivations back
 
 
+def _stand_in(cid: str) -> dict[str, Any]:
+    """normalize.tool_pairs' stand-in for call ``cid`` (a real result later supersedes it)."""
+    return mark_injected({"role": "tool", "tool_call_id": cid, "content": "no result"}, STAND_IN_KIND)
+
+
 def test_the_plain_tail_agrees_with_the_pairing() -> None:
     """Shape.tail_calls (the newest step's results read from its messages alone) says what the
-    pairing says, on random lists of calls and results with reused, missing and foreign ids."""
+    pairing says, on random lists of calls and results with reused, missing and foreign ids,
+    and stand-ins."""
     import random
 
     from ctxrules.structure import _NO_TAIL, Shape, facts_of
@@ -258,7 +265,7 @@ def test_the_plain_tail_agrees_with_the_pairing() -> None:
     for _ in range(3000):
         messages: list[dict[str, Any]] = []
         for _ in range(rng.randint(1, 9)):
-            kind = rng.choice(["user", "assistant", "assistant", "tool", "tool", "tool", "function"])
+            kind = rng.choice(["user", "assistant", "assistant", "tool", "tool", "tool", "stand-in", "function"])
             if kind == "assistant":
                 calls = [
                     {"type": "function", "function": {"name": "f", "arguments": "{}"}}
@@ -269,6 +276,8 @@ def test_the_plain_tail_agrees_with_the_pairing() -> None:
             elif kind == "tool":
                 cid = rng.choice(ids)
                 messages.append({"role": "tool", "content": "r", **({"tool_call_id": cid} if cid else {})})
+            elif kind == "stand-in":
+                messages.append(_stand_in(rng.choice(["a", "b", "c"])))
             elif kind == "function":
                 messages.append({"role": "function", "name": "f", "content": "r"})
             else:
@@ -309,6 +318,9 @@ def test_what_an_extended_list_knows_from_the_one_before_is_what_the_pairing_say
             if rng.random() < 0.2:  # a result for an older call, or one with no call
                 answered.append(rng.choice(["a", "b", "c", "zz"]))
             grown.extend({"role": "tool", "tool_call_id": c, "content": "r"} for c in answered)
+            # The repair's stand-ins for some unanswered calls: a real result a later turn
+            # appends (the older call's above) replaces one.
+            grown.extend(_stand_in(c) for c in step if c not in answered and rng.random() < 0.5)
             if rng.random() < 0.3:
                 grown.append({"role": "user", "content": f"u{turn}"})
             made = shape(grown)

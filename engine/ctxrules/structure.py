@@ -541,13 +541,14 @@ class Shape:
         tail = self.tail_calls()
         if tail is not None and index in tail:
             return tail[index]
-        known = self._known_before(index)
+        known = self._known_before(index) if not self.facts[index].stand_in else None
         return known[0] if known is not None else self.pairing.call_of.get(index)
 
     def step_results(self, assistant: int) -> tuple[int, ...] | None:
         """The results of every call of the assistant message at ``assistant`` when its step
         is, or was on a list this one extends, a plain tail (:meth:`tail_calls`) that answers
-        all of its calls (no later result can answer one then); None when not known so."""
+        all of its calls (no later result can answer one then, unless it supersedes a
+        stand-in: such a step is not known so); None when not known so."""
         for here in self._lineage():
             tail = here.tail_calls() if here is self else here._tail
             if tail is None or tail is _NO_TAIL or not tail:
@@ -555,12 +556,15 @@ class Shape:
             owner = next(iter(tail.values()))[0]
             if owner == assistant:
                 calls = self.facts[assistant].calls or ()
+                if here is not self and any(self.facts[j].stand_in for j in tail):
+                    return None  # a real result appended since may have superseded a stand-in
                 return tuple(sorted(tail)) if len(tail) == len(calls) else None
         return None
 
     def _known_before(self, index: int) -> tuple[CallKey | None] | None:
         """``(call_of[index],)`` from a list this one extends, when one of them knows it: the
-        call a result answers never changes when messages are appended after it."""
+        call a result answers never changes when messages are appended after it (but for a
+        stand-in, which a real result appended later supersedes: not asked for one)."""
         ref = self._parent
         for _ in range(_EXTENDS_DEPTH):
             here = ref() if ref is not None else None
