@@ -13,6 +13,7 @@ from filtering_kit import Msg, data_url, make_ctx, png_bytes, step, text_of
 from invariants import pairing_problems
 
 from ctxrules import Engine
+from ctxrules.messages import injected_kind, is_real_user, mark_injected
 from ctxrules.stages.media_window import STAGE_TYPE, MediaWindow
 from ctxrules.tokens import image_size
 from ctxrules.vault import parse_marker, parse_markers
@@ -96,6 +97,20 @@ def test_protected_messages_keep_their_images(tmp_path: Path) -> None:
     messages = screenshots(4)
     out, outcome, _ = run(messages, tmp_path, protected=[id(messages[4])])
     assert out[4] is messages[4] and [a.index for a in outcome.actions] == [7]
+
+
+def test_an_injected_message_stays_injected_when_its_images_leave(tmp_path: Path) -> None:
+    """The signature of an injected message covers its images: the stage signs the message
+    again, or a plugin's injected screenshot would read as a real user message."""
+    ours = mark_injected(
+        {"role": "user", "content": [{"type": "image_url", "image_url": {"url": data_url(PNGS[4])}}]}, "shot"
+    )
+    messages = screenshots(4)
+    messages.insert(2, ours)  # after the anchor, before the first step
+    out, outcome, _ctx = run(messages, tmp_path)
+    assert 2 in [a.index for a in outcome.actions]
+    assert not images(out[2]) and parse_markers(text_of(out[2]))
+    assert injected_kind(out[2]) == "shot" and not is_real_user(out[2])
 
 
 def test_remote_images_are_replaced_by_default_and_kept_on_request(tmp_path: Path) -> None:

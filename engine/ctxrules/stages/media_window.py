@@ -18,7 +18,8 @@ older message with a marker (one line)::
 
 Pinned and protected messages keep their images (they still count toward the window: an image
 in the first user message does not push a newer screenshot out). The image part is replaced by
-a text part at the same position; the other parts and fields are kept. Idempotent: a marker is
+a text part at the same position; the other parts and fields are kept. A message ctxrules
+injected stays its own (signed again: the signature covers its images). Idempotent: a marker is
 not an image, so the window is the same on the stage's own output.
 """
 
@@ -34,6 +35,7 @@ from urllib.parse import urlsplit
 
 from ctxrules.hookspecs import hookimpl
 from ctxrules.images import image_size
+from ctxrules.messages import keep_mark
 from ctxrules.stages.base import Action, Message, StageOutcome, StageType, unchanged
 from ctxrules.stages.filter_common import check_options, tokens_saved
 from ctxrules.structure import pinned_indices, shape
@@ -154,6 +156,7 @@ class MediaWindow:
             new, vault_ids = self._strip(msg, ctx.vault)
             if not vault_ids:
                 continue
+            new = keep_mark(msg, new)  # an image message ctxrules injected stays its own
             out[index] = new
             actions.append(
                 Action(
