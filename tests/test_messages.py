@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import copy
+import hashlib
+import hmac
 import itertools
 import json
 import re
@@ -25,6 +27,7 @@ from ctxrules.messages import (
     mark_injected,
     message_text,
     replace_text,
+    signed_by,
     split_input,
     validate_messages,
 )
@@ -251,6 +254,99 @@ def test_mark_injected_keeps_an_existing_tag_and_non_text_parts() -> None:
     assert re.fullmatch(r'<ctxrules:reread sig="[0-9a-f]{16}"/>', parts["content"][0]["text"])
     with pytest.raises(ValueError):
         mark_injected(user("x"), "Bad Kind")
+
+
+def test_the_signature_covers_every_part_of_the_message() -> None:
+    """A copied signed tag does not make the caller's own text or image ours: stages drop and
+    replace injected messages, and would drop what the caller put next to the tag."""
+    notes = mark_injected(user("remember X"), "notes", count=1)
+    tag_part = {"type": "text", "text": notes["content"]}
+    question = {"type": "text", "text": "and a new question?"}
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+    for content in ([tag_part, question], [tag_part, image], [question, tag_part], [image, tag_part]):
+        merged = {"role": "user", "content": content}
+        assert not is_injected(merged) and is_real_user(merged) and injected_meta(merged) == {}, content
+    appended = user(notes["content"] + "\nand a new question?")
+    assert is_real_user(appended), "a string is signed whole"
+    # The text alone, as a string or as the one part of a list (a client's form), stays ours.
+    assert is_injected({"role": "user", "content": [{**tag_part, "cache_control": {"type": "ephemeral"}}]})
+
+
+def test_a_signed_message_with_other_parts_keeps_its_mark_only_while_they_stay() -> None:
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA", "detail": "low"}}
+    ours = mark_injected({"role": "user", "content": [image, {"type": "text", "text": "the screen"}]}, "reread")
+    signed = ours["content"][1]
+    assert injected_kind(ours) == "reread" and ours["content"][0] == image
+    assert signed["text"].startswith("<ctxrules:reread sig=") and signed["text"].endswith(
+        "\nthe screen\n</ctxrules:reread>"
+    )
+    # What a client does to a message it sends back: a caching hint on a part, keys reordered.
+    hinted = {**ours, "content": [{**image, "cache_control": {"type": "ephemeral"}}, signed]}
+    flipped = {"image_url": dict(reversed(list(image["image_url"].items()))), "type": "image_url"}
+    assert is_injected(hinted) and is_injected({**ours, "content": [flipped, signed]})
+    # Anything added, removed, changed or moved is the caller's message, not ours.
+    other = {"type": "image_url", "image_url": {"url": "data:image/png;base64,BBBB", "detail": "low"}}
+    for content in (
+        [image, signed, other],
+        [image, signed, {"type": "text", "text": "and this?"}],
+        [signed],
+        [other, signed],
+        [signed, image],
+        [{**image, "image_url": {**image["image_url"], "detail": True}}, signed],
+    ):
+        assert is_real_user({**ours, "content": content}), content
+    # A rewrite by a stage is signed again for the message as it now is.
+    assert injected_kind(replace_text(ours, "<ctxrules:reread>\nshorter")) == "reread"
+    with key_scope(InjectionKey(b"k" * 32)):
+        assert not is_injected(ours)
+
+
+def test_which_key_signed_a_copied_tag_is_still_known() -> None:
+    key = InjectionKey(b"s" * 32)
+    with key_scope(key):
+        notes = mark_injected(user("remember X"), "notes")
+    merged = {"role": "user", "content": [{"type": "text", "text": notes["content"]}, {"type": "text", "text": "Q"}]}
+    with key_scope(key):
+        assert not is_injected(merged)
+    assert signed_by(merged, key) is True and signed_by(notes, key) is True
+    assert signed_by(merged, InjectionKey(b"o" * 32)) is False
+    assert signed_by(user("no tag"), key) is None
+
+
+def test_texts_signed_by_earlier_versions_still_verify() -> None:
+    """The payload of a text that is the whole message is the text without its sig attribute,
+    as it always was: a session's history signed before keeps its marks (no second notes
+    message, no summary taken for the user's)."""
+    secret = b"e" * 32
+    unsigned = '<ctxrules:notes count="1">\nSession notes\n- [n1] X\n</ctxrules:notes>'
+    sig = hmac.new(secret, unsigned.encode(), hashlib.sha256).hexdigest()[:16]
+    text = unsigned.replace('count="1">', f'count="1" sig="{sig}">', 1)
+    with key_scope(InjectionKey(secret)):
+        assert injected_meta(user(text)) == {"count": "1"}
+        assert is_injected({"role": "user", "content": [{"type": "text", "text": text}]})
+
+
+def test_a_message_with_other_parts_is_verified_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The warm path: an equal message (a new object, as every turn parses) is not hashed again."""
+    key = InjectionKey(b"m" * 32)
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64," + "A" * 100_000}}
+    with key_scope(key):
+        ours = mark_injected({"role": "user", "content": [image]}, "reread")
+        calls: list[str] = []
+        digest = InjectionKey._digest
+
+        def counted(self: InjectionKey, text: str, others: Any) -> str:
+            calls.append(text)
+            return digest(self, text, others)
+
+        monkeypatch.setattr(InjectionKey, "_digest", counted)
+        for _ in range(3):
+            assert is_injected(copy.deepcopy(ours))
+    assert calls == [], "signing remembered the message"
+    with key_scope(key):
+        assert not is_injected({**ours, "content": [*ours["content"], image]})
+        assert not is_injected({**ours, "content": [*ours["content"], image]})
+    assert len(calls) == 1
 
 
 # --- text -----------------------------------------------------------------------------------

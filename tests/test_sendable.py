@@ -202,6 +202,36 @@ def test_a_message_signed_under_another_state_root_is_real_here(tmp_path: Path) 
         assert not is_real_user(notice)
 
 
+@pytest.mark.parametrize(
+    "added",
+    [
+        {"type": "text", "text": "NEW QUESTION: which port does the API use?"},
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64,TkVXIElNQUdF"}},
+    ],
+    ids=["text", "image"],
+)
+@pytest.mark.parametrize("notes_change", [False, True], ids=["same-notes", "new-note"])
+def test_what_a_caller_adds_to_a_copied_notes_message_is_never_dropped(
+    tmp_path: Path, added: dict[str, Any], notes_change: bool
+) -> None:
+    """A client that merges the notes message with its next turn (one user message: the signed
+    notes text, then the question or a screenshot) sends a message that is not ctxrules' own:
+    re-rendering the notes must not take the question or the image with the old notes."""
+    session = Engine.load("builtin:default").session(tmp_path / "s", model="gpt-4o", window=32_000)
+    session.notes.add("the API key lives in .env, never print it")
+    first = session.prepare([system(), user("set up the API client")]).messages
+    (notes,) = [m for m in first if injected_kind(m) == "notes"]
+    merged = {"role": "user", "content": [{"type": "text", "text": notes["content"]}, added]}
+    if notes_change:
+        session.notes.add("the staging API runs on port 8443")
+    history = [*first, {"role": "assistant", "content": "Client set up."}, merged]
+    out = session.prepare(history).messages
+    assert merged in out, "the caller's message is kept as it is"
+    assert max(i for i, m in enumerate(out) if is_real_user(m)) == out.index(merged), "and is the latest ask"
+    (rendered,) = [m for m in out if injected_kind(m) == "notes"]
+    assert ("port 8443" in rendered["content"]) is notes_change
+
+
 def test_the_key_lives_in_the_state_root_with_mode_0600(tmp_path: Path) -> None:
     session = Engine.load("builtin:default").session(
         tmp_path / "root" / "s1", model="gpt-4o", state_root=tmp_path / "root"

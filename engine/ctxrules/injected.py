@@ -5,12 +5,24 @@ synthetic tool results) opens its text with a tag such as::
 
     <ctxrules:notes count="3" sig="3f9a0c1d5e7b2a64">
 
-``sig`` is an HMAC-SHA256 (truncated to 16 hex digits) of the message's first text with the
-`` sig="..."`` attribute taken out, under a key only ctxrules holds. A message is injected
-when its tag verifies; a tagged text whose signature does not verify (a user pasting an earlier
-summary, a tool printing ``<ctxrules:summary ...>``) is an ordinary message. Nothing but the
-text carries the mark, so the output is sendable to endpoints that reject unknown message
-fields (invariant 8, docs/reference/concepts.md).
+``sig`` is an HMAC-SHA256 (truncated to 16 hex digits), under a key only ctxrules holds, of
+everything the message holds: its first text with the `` sig="..."`` attribute taken out and,
+when the content is a list with more than that one text part, every other part too
+(:class:`OtherParts`). A message is injected when its tag verifies; a tagged text whose
+signature does not verify (a user pasting an earlier summary, a tool printing
+``<ctxrules:summary ...>``) is an ordinary message. Nothing but the text carries the mark, so
+the output is sendable to endpoints that reject unknown message fields (invariant 8,
+docs/reference/concepts.md).
+
+**Why the whole message.** Stages drop and replace injected messages (a new notes rendering,
+a summary replacing the last one, removed steps merged into one placeholder). A caller that
+copies a signed tag into a message of its own (a notes message merged with the next question
+into one user turn, an image added to it) must not have its text or image dropped with it: the
+signature covers everything that would be lost by treating the message as ours. A text alone
+(a string content, or a list holding only that text part) is signed as the text, as ctxrules
+always did, so a session whose history was signed by an earlier version keeps its marks; the
+payload of a message with other parts opens with NUL, which no text payload can (a tag opens
+the text), so neither form passes for the other.
 
 **The key** is 32 random bytes in ``injection.key`` (hex, mode 0600, created on first use) in the
 state root when the session has one, else in the session directory. Sessions that share a
@@ -20,15 +32,19 @@ its own) signs with a per-process key and recognises what any session of the pro
 
 **Cost.** Most texts do not start with ``<ctxrules:`` and are decided without hashing. A
 tagged text is verified once and remembered per key (by the text string, whose hash Python
-caches), so the warm path does not hash the same summary on every stage.
+caches), so the warm path does not hash the same summary on every stage. A message with other
+parts is remembered by the text and a hashable copy of those parts that shares their strings
+(an image's data is hashed by Python once, not serialized on every stage).
 """
 
 from __future__ import annotations
 
 import contextvars
 import hmac
+import json
 import re
 import secrets
+from collections.abc import Hashable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -41,6 +57,7 @@ if TYPE_CHECKING:
 __all__ = [
     "KEY_FILE",
     "InjectionKey",
+    "OtherParts",
     "TagHead",
     "current_key",
     "existing_secret",
@@ -98,6 +115,60 @@ def _unescape(value: str) -> str:
     return value.replace("&quot;", '"').replace("&lt;", "<").replace("&gt;", ">").replace("&amp;", "&")
 
 
+class OtherParts:
+    """What a list content holds besides the text part a tag opens: every other part, in order,
+    and where the signed one sits. Each part is taken without ``cache_control``, a caching hint
+    a client (or the ``cache.markers`` stage) adds to the last parts of a request, not content
+    anything would lose; keys are taken in sorted order, so a client that rebuilds the dicts
+    keeps the mark."""
+
+    __slots__ = ("at", "key", "parts")
+
+    def __init__(self, content: Sequence[object], at: int) -> None:
+        self.at = at
+        self.parts = [_without_cache_hint(part) for i, part in enumerate(content) if i != at]
+        key: Hashable | None
+        try:
+            key = (at, tuple(_frozen(part) for part in self.parts))
+        except (TypeError, RecursionError):  # not JSON data (the Python API): nothing verifies
+            key = None
+        self.key = key
+        """What the memo knows the parts by; ``None`` for parts that are not JSON data."""
+
+    def payload(self, text: str) -> str:
+        """The signed string: NUL, then the signed text and the other parts as canonical JSON."""
+        return "\x00" + json.dumps(
+            [self.at, text, self.parts], ensure_ascii=False, sort_keys=True, separators=(",", ":")
+        )
+
+
+def _without_cache_hint(part: object) -> object:
+    if isinstance(part, Mapping) and "cache_control" in part:
+        return {k: v for k, v in part.items() if k != "cache_control"}
+    return part
+
+
+def _frozen(value: object) -> Hashable:
+    """``value`` (JSON data) as a hashable value equal for equal JSON: strings as they are (their
+    hash is cached), objects as sets of items, arrays as tuples, other scalars with their type
+    (``1``, ``1.0`` and ``true`` are equal in Python, not in JSON)."""
+    kind = type(value)
+    if kind is str:
+        return value
+    if isinstance(value, Mapping):
+        if not all(type(k) is str for k in value):
+            raise TypeError("a JSON object has string keys")
+        return ("{", frozenset((k, _frozen(v)) for k, v in value.items()))
+    if isinstance(value, list | tuple):
+        return ("[", tuple(_frozen(v) for v in value))
+    if kind not in _SCALARS:
+        raise TypeError(f"not JSON data: {kind.__name__}")
+    return (kind.__name__, value)
+
+
+_SCALARS = frozenset({int, float, bool, type(None)})
+
+
 class InjectionKey:
     """The secret that signs and verifies tags, with a memo of texts already verified."""
 
@@ -107,47 +178,59 @@ class InjectionKey:
         if len(secret) < 16:
             raise ValueError("an injection key needs at least 16 bytes")
         self._secret = secret
-        self._memo: dict[str, TagHead | None] = {}
+        self._memo: dict[Hashable, TagHead | None] = {}
 
     def __repr__(self) -> str:  # never show the secret
         return "InjectionKey(...)"
 
-    def _digest(self, payload: str) -> str:
+    def _digest(self, text: str, others: OtherParts | None) -> str:
+        payload = text if others is None else others.payload(text)
         return hmac.digest(self._secret, payload.encode("utf-8", "surrogatepass"), "sha256").hex()[:SIG_HEX]
 
-    def sign(self, text: str) -> str:
-        """``text`` (which must open with a tag) with its signature set for its current content."""
+    def sign(self, text: str, others: OtherParts | None = None) -> str:
+        """``text`` (which must open with a tag) with its signature set for its current content
+        and, when the message has them, its other parts ``others``."""
         head = parse_head(text)
         if head is None:
             raise ValueError("only a text that opens with a <ctxrules:KIND> tag can be signed")
+        if others is not None and others.key is None:
+            raise TypeError("only a message of JSON data can be signed")
         if head.sig_span is not None:
             a, b = head.sig_span
             text = text[:a] + text[b:]
             head = parse_head(text)
             assert head is not None
         at = head.end - 1 - len(head.close)
-        signed = f'{text[:at]} sig="{self._digest(text)}"{text[at:]}'
-        self._remember(signed, parse_head(signed))
+        signed = f'{text[:at]} sig="{self._digest(text, others)}"{text[at:]}'
+        self._remember(_memo_key(signed, others), parse_head(signed))
         return signed
 
-    def verified(self, text: str) -> TagHead | None:
-        """The head of ``text`` when it opens with a tag signed under this key, else ``None``."""
+    def verified(self, text: str, others: OtherParts | None = None) -> TagHead | None:
+        """The head of ``text`` when it opens with a tag signed under this key for this text and
+        the message's other parts ``others`` (``None``: the text is all the message holds)."""
+        if others is not None and others.key is None:
+            return None
         memo = self._memo
-        if text in memo:
-            return memo[text]
+        key = _memo_key(text, others)
+        if key in memo:
+            return memo[key]
         head = parse_head(text)
         good: TagHead | None = None
         if head is not None and head.sig_span is not None:
             a, b = head.sig_span
-            if hmac.compare_digest(self._digest(text[:a] + text[b:]), head.sig or ""):
+            try:
+                digest = self._digest(text[:a] + text[b:], others)
+            except (TypeError, ValueError):  # not JSON data (the Python API): not ours
+                digest = ""
+            if digest and hmac.compare_digest(digest, head.sig or ""):
                 good = head
-        self._remember(text, good)
+        self._remember(key, good)
         return good
 
-    def _remember(self, text: str, head: TagHead | None) -> None:
+    def _remember(self, key: Hashable, head: TagHead | None) -> None:
         if len(self._memo) >= _MEMO_LIMIT:
             self._memo.clear()
-        self._memo[text] = head
+        self._memo[key] = head
 
     @classmethod
     def load_or_create(cls, path: Path) -> InjectionKey:
@@ -157,6 +240,10 @@ class InjectionKey:
         reads the winner's key. Symlinks are not followed (the filesystem store's secrets)."""
         path = Path(path)
         return cls(FilesystemStore(path.parent).secret(None, path.name, lambda: secrets.token_bytes(32)))
+
+
+def _memo_key(text: str, others: OtherParts | None) -> Hashable:
+    return text if others is None else (text, others.key)
 
 
 def key_for_session(session_dir: Path, state_root: Path | None) -> InjectionKey:
@@ -206,12 +293,12 @@ class _AnyKnownKey(InjectionKey):
         super().__init__(process._secret)
         self._keys = keys
 
-    def verified(self, text: str) -> TagHead | None:
-        head = super().verified(text)
+    def verified(self, text: str, others: OtherParts | None = None) -> TagHead | None:
+        head = super().verified(text, others)
         for key in self._keys:
             if head is not None:
                 break
-            head = key.verified(text)
+            head = key.verified(text, others)
         return head
 
 

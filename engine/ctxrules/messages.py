@@ -8,8 +8,10 @@ docs/reference/concepts.md).
 ``<ctxrules:KIND ... sig="...">`` tag whose signature is keyed (:mod:`ctxrules.injected`); no
 extra key is added to the message, so the output is sendable as it is. A message counts as
 injected only when its tag verifies: a human message that contains, or even starts with, a
-``<ctxrules:...>`` text it pasted stays real (it can be the anchor). A stage that rewrites an
-injected message's text keeps the mark (:func:`replace_text` re-signs). An elision marker
+``<ctxrules:...>`` text it pasted stays real (it can be the anchor). The signature covers the
+whole content (the other parts of a list too), so a message that adds a text or an image of
+its own to a copied tag stays real, and no stage drops what it added. A stage that rewrites an
+injected message keeps the mark (:func:`replace_text`, :func:`keep_mark` re-sign). An elision marker
 (``[ctxrules:elided ...]``, square brackets) does not make a message injected: a real user
 message whose content went to the vault is still the real user message.
 
@@ -23,7 +25,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ctxrules.errors import MessagesError
-from ctxrules.injected import InjectionKey, TagHead, current_key, format_attr, parse_head
+from ctxrules.injected import InjectionKey, OtherParts, TagHead, current_key, format_attr, parse_head
 from ctxrules.json_stream import json_sha256
 
 __all__ = [
@@ -291,27 +293,47 @@ def _replace_text(msg: Mapping[str, Any], new_text: str) -> Message:
     return {**msg, "content": parts}
 
 
-def _first_text(msg: Mapping[str, Any]) -> str:
+def _first_text(msg: Mapping[str, Any]) -> tuple[str, int]:
+    """The first text (what a tag opens) and the index of its part (-1: a string content)."""
     content = msg.get("content")
     if isinstance(content, str):
-        return content
+        return content, -1
     if isinstance(content, list):
-        for part in content:
+        for i, part in enumerate(content):
             if _is_text_part(part) and isinstance(part.get("text"), str):
-                return str(part["text"])
-    return ""
+                return str(part["text"]), i
+    return "", -1
+
+
+def _others(msg: Mapping[str, Any], at: int) -> OtherParts | None:
+    """What the signature covers besides the first text (part ``at``): ``None`` when that text
+    is all the message holds (a string, or a list of that one part), signed as the text alone."""
+    content = msg.get("content")
+    if at < 0 or not isinstance(content, list) or len(content) == 1:
+        return None
+    return OtherParts(content, at)
 
 
 # --- injected messages ----------------------------------------------------------------------
 
 
-def _signed_head(msg: Mapping[str, Any]) -> TagHead | None:
-    text = _first_text(msg)
+def _verified(msg: Mapping[str, Any], key: InjectionKey) -> TagHead | None:
+    text, at = _first_text(msg)
     # Most texts do not open with "<" (after white space): decided without the regex. lstrip
     # returns the same string object when there is nothing to strip.
     if not text.lstrip().startswith("<ctxrules:"):
         return None
-    return current_key().verified(text)
+    return key.verified(text, _others(msg, at))
+
+
+def _signed_head(msg: Mapping[str, Any]) -> TagHead | None:
+    return _verified(msg, current_key())
+
+
+def _signed(msg: Message, key: InjectionKey) -> Message:
+    """``msg`` with its first text (which opens with a tag) signed for the whole message."""
+    text, at = _first_text(msg)
+    return _with_first_text(msg, key.sign(text, _others(msg, at)))
 
 
 def is_injected(msg: Mapping[str, Any]) -> bool:
@@ -338,14 +360,19 @@ def is_real_user(msg: Mapping[str, Any]) -> bool:
 
 def signed_by(msg: Mapping[str, Any], key: InjectionKey) -> bool | None:
     """Whether ``key`` signed the tag ``msg``'s text opens with; None when the text opens with
-    no signed tag (a session's own messages are told apart by the key they were signed with)."""
-    text = _first_text(msg)
+    no signed tag (a session's own messages are told apart by the key they were signed with).
+
+    Which key signed, not whether the message is ctxrules' own: the tag counts when it was
+    signed for the whole message or for its text alone (a caller's message that copied the tag
+    next to parts of its own is not injected, but still shows the key that signed the tag)."""
+    text, at = _first_text(msg)
     if not text.lstrip().startswith("<ctxrules:"):
         return None
     head = parse_head(text)
     if head is None or head.sig_span is None:
         return None
-    return key.verified(text) is not None
+    others = _others(msg, at)
+    return key.verified(text, others) is not None or (others is not None and key.verified(text) is not None)
 
 
 def mark_injected(msg: Mapping[str, Any], kind: str, **meta: str | int | float | bool | None) -> Message:
@@ -365,7 +392,7 @@ def mark_injected(msg: Mapping[str, Any], kind: str, **meta: str | int | float |
         if not isinstance(value, str | int | float | bool) or not _KIND_RE.fullmatch(name) or name == "sig":
             raise TypeError(f"injected-message attribute {name}={value!r}: expected a scalar")
     key = current_key()
-    text = _first_text(msg)
+    text, _at = _first_text(msg)
     head = parse_head(text)
     if head is not None and head.kind == kind:
         missing = {k: v for k, v in meta.items() if k not in head.attrs}
@@ -374,16 +401,16 @@ def mark_injected(msg: Mapping[str, Any], kind: str, **meta: str | int | float |
             if head.sig_span is not None:
                 at = head.sig_span[0]
             text = text[:at] + "".join(f" {k}={format_attr(v)}" for k, v in missing.items()) + text[at:]
-        elif head.sig is not None and key.verified(text) is not None:
+        elif head.sig is not None and _verified(msg, key) is not None:
             return dict(msg)
-        return _with_first_text(msg, key.sign(text))
+        return _signed(_with_first_text(msg, text), key)
     attrs = "".join(f" {k}={format_attr(v)}" for k, v in meta.items())
     content = msg.get("content")
     if isinstance(content, list) and not any(_is_text_part(part) for part in content):
         # Keep non-text parts as they are; a leading text part carries the tag.
-        tag = key.sign(f"<ctxrules:{kind}{attrs}/>")
-        return {**msg, "content": [{"type": "text", "text": tag}, *content]}
-    return _with_first_text(msg, key.sign(f"<ctxrules:{kind}{attrs}>\n{text}\n</ctxrules:{kind}>"))
+        tag = {"type": "text", "text": f"<ctxrules:{kind}{attrs}/>"}
+        return _signed({**msg, "content": [tag, *content]}, key)
+    return _signed(_with_first_text(msg, f"<ctxrules:{kind}{attrs}>\n{text}\n</ctxrules:{kind}>"), key)
 
 
 def _with_first_text(msg: Mapping[str, Any], text: str) -> Message:
@@ -402,17 +429,17 @@ def _with_first_text(msg: Mapping[str, Any], text: str) -> Message:
 def keep_mark(old: Mapping[str, Any], new: Message) -> Message:
     """``new`` (a stage's rewrite of ``old``) still marked as injected when ``old`` was.
 
-    A rewrite of an injected message's text (a cut, a spill) invalidates its signature; the
-    rewritten message is still ctxrules' own: it is signed again, and re-tagged when the tag
-    itself was cut away."""
+    A rewrite of an injected message (a cut, a spill, an image moved to the vault) invalidates
+    its signature; the rewritten message is still ctxrules' own: it is signed again, and
+    re-tagged when the tag itself was cut away."""
     head = _signed_head(old)
     if head is None or new is old:
         return new
-    text = _first_text(new)
-    if text.lstrip().startswith("<ctxrules:") and current_key().verified(text) is not None:
+    key = current_key()
+    if _verified(new, key) is not None:
         return new
-    if parse_head(text) is not None:
-        return _with_first_text(new, current_key().sign(text))
+    if parse_head(_first_text(new)[0]) is not None:
+        return _signed(new, key)
     return mark_injected(new, head.kind, **head.attrs)
 
 
