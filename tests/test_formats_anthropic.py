@@ -538,3 +538,53 @@ def test_empty_text_blocks_of_a_callers_request_are_not_sent(tmp_path: Path) -> 
     assert turns[1]["content"][0] == {"type": "text", "text": "ok", "cache_control": cache}
     texts = [b.get("text") for b in turns[2]["content"] if b.get("type") == "text"]
     assert texts == ["and?", "go on"]  # the empty assistant turn is gone: its neighbours are one turn
+
+
+def test_a_callers_image_next_to_an_injected_text_is_a_message_of_the_caller() -> None:
+    """One user turn holds ctxrules' notes and the caller's screenshot and question: the
+    screenshot goes with the question, not with the notes (whose signature covers only their
+    text); the images of a message made of images alone stay with its self-closing tag."""
+    image = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}}
+    notes = {"type": "text", "text": '<ctxrules:notes count="1" sig="0123456789abcdef">\n- [n1] X\n</ctxrules:notes>'}
+    shot = {"type": "text", "text": '<ctxrules:shot sig="0123456789abcdef"/>'}
+    question = {"type": "text", "text": "what is on the screen?"}
+    request = {
+        "model": "m",
+        "max_tokens": 10,
+        "messages": [{"role": "user", "content": [image, notes, image, question]}],
+    }
+    decoded = A.decode(request).messages
+    assert [m["content"] for m in decoded] == [[image], [notes], [image, question]]
+    assert A.encode(decoded, None, {"model": "m", "max_tokens": 10}) == request
+    own_images = {"model": "m", "max_tokens": 10, "messages": [{"role": "user", "content": [shot, image, question]}]}
+    assert [m["content"] for m in A.decode(own_images).messages] == [[shot, image], [question]]
+    pasted = {**notes, "text": "<ctxrules:notes>pasted, unsigned</ctxrules:notes>"}
+    as_pasted = {"model": "m", "max_tokens": 10, "messages": [{"role": "user", "content": [pasted, image]}]}
+    assert [m["content"] for m in A.decode(as_pasted).messages] == [[pasted, image]]
+
+
+def test_notes_stay_one_message_when_each_turn_opens_with_a_screenshot(tmp_path: Path) -> None:
+    """The notes message and the caller's next message share a turn; the caller's message opens
+    with an image. The notes are recognised on every turn (no second copy), and rendering them
+    anew never takes a screenshot with the old ones."""
+    session = Engine.load("builtin:default").session(tmp_path / "s", model="claude-sonnet-4-5", window=32_000)
+    session.notes.add("the API key lives in .env, never print it")
+
+    def ask(n: int) -> dict[str, Any]:
+        data = f"c2NyZWVu{n}"  # each screenshot its own
+        image = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": data}}
+        return {"role": "user", "content": [image, {"type": "text", "text": f"what is on screen {n}?"}]}
+
+    request: dict[str, Any] = {"model": "claude-sonnet-4-5", "max_tokens": 100, "messages": [ask(0)]}
+    for turn in range(1, 4):
+        body = session.prepare(request, format="anthropic").body
+        sent = json.dumps(body)
+        assert sent.count("<ctxrules:notes") == 1, turn
+        assert all(f"c2NyZWVu{n}" in sent for n in range(turn)), "every screenshot is still there"
+        assert ("port 8443" in sent) is (turn == 3)
+        if turn == 2:
+            session.notes.add("the staging API runs on port 8443")
+        request = {
+            **body,
+            "messages": [*body["messages"], {"role": "assistant", "content": f"answer {turn}"}, ask(turn)],
+        }

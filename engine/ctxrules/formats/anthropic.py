@@ -3,7 +3,7 @@
 **Decode** (:func:`decode`): the top-level ``system`` (a string or text blocks) becomes the
 leading system message; a user turn's ``tool_result`` blocks become ``tool`` messages (content,
 ``is_error``, ``cache_control`` kept) followed by the turn's other blocks as user messages (one per text
-block, images and documents with the text before them);
+block, images and documents with the text before them, never with a message ctxrules injected);
 an assistant turn's ``tool_use`` blocks become ``tool_calls`` (``input`` as the JSON
 ``arguments``), its ``thinking``/``redacted_thinking`` blocks ``thinking_blocks`` (the blocks
 themselves, signatures byte-exact), everything else its content parts. Images, documents and
@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ctxrules.formats import FormatError, Problem
+from ctxrules.injected import parse_head
 
 __all__ = ["OPENING_TEXT", "PRIVATE", "Decoded", "decode", "encode", "strip_private", "validate"]
 
@@ -177,16 +178,33 @@ def _text_groups(blocks: list[Any]) -> list[list[Any]]:
     with the text before them (leading ones with the first text). Agents put several messages
     into one turn (a resumed session's summary, command output, then the actual request):
     kept apart, the latest real user message is the request, not the whole turn. Encoding
-    joins them back into the same block list."""
+    joins them back into the same block list.
+
+    A text that ctxrules wrapped in a signed tag (notes, a summary, a notice) is a message of
+    its own: the image of the caller's message next to it in the turn goes with the caller's
+    text. With it, the signature (which covers a message's every part) would not verify: the
+    notes would be rendered again on every turn that opens with an image. The images of a
+    message ctxrules made of images alone follow its self-closing tag and stay with it."""
     groups: list[list[Any]] = []
+    alone = False  # the last group is a wrapped ctxrules text: nothing joins it
     for block in blocks:
-        if block["type"] == "text" and groups and any(b["type"] == "text" for b in groups[-1]):
-            groups.append([block])
-        elif groups:
+        text = block["type"] == "text"
+        own = text and _wrapped_tag(block.get("text"))
+        if groups and not (own or alone or (text and any(b["type"] == "text" for b in groups[-1]))):
             groups[-1].append(block)
         else:
             groups.append([block])
+        alone = own
     return groups
+
+
+def _wrapped_tag(text: object) -> bool:
+    """Whether ``text`` opens with a signed ``<ctxrules:KIND ...>`` tag that is not self-closing
+    (whether the signature verifies is the session's business, not the codec's)."""
+    if not isinstance(text, str) or not text.lstrip().startswith("<ctxrules:"):
+        return False
+    head = parse_head(text)
+    return head is not None and head.sig is not None and not head.close
 
 
 def _decode_result(block: Mapping[str, Any]) -> Message:
