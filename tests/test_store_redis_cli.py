@@ -214,3 +214,28 @@ def test_the_deployment_example_runs_two_workers_on_one_session(redis_url: str, 
     assert len({r[1] for r in rows}) == 2  # two worker processes took turns
     assert rows[1][1] != rows[0][1] and rows[2][1] == rows[0][1]
     assert "ledger: 4 calls" in run.stdout and "by 2 workers, 0 overlapping" in run.stdout
+
+
+def test_usage_add_on_redis_lands_in_every_ledger_or_in_none(own_redis: RedisServer, tmp_path: Path) -> None:
+    """As on the filesystem (test_usage_cli): a server that refuses the append (out of memory)
+    leaves no ledger with the call, so the retry counts it once in each. One transaction for
+    the three ledgers makes it so; this keeps it so."""
+    import redis
+
+    url = own_redis.url
+    add = ("usage", "add", "--store", url, "--session", "conv-u", "--goal", "g", "--model", "gpt-4o", "--prompt", "9")
+    client = redis.Redis(unix_socket_path=str(own_redis.socket))
+
+    def lengths() -> dict[str, int]:
+        return {k.decode().split("{", 1)[1].split("}", 1)[0]: client.llen(k) for k in client.keys("*:records")}
+
+    assert ctxrules(*add, cwd=tmp_path).returncode == 0
+    client.config_set("maxmemory-policy", "noeviction")
+    client.config_set("maxmemory", 1)
+    refused = ctxrules(*add, cwd=tmp_path)
+    client.config_set("maxmemory", 0)
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr
+    assert sorted(lengths().values()) == [1, 1, 1]  # the first call alone, in each
+    assert ctxrules(*add, cwd=tmp_path).returncode == 0
+    assert sorted(lengths().values()) == [2, 2, 2]
+    client.close()

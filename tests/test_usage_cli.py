@@ -241,3 +241,96 @@ def test_names_from_ledgers_and_reports_print_as_escapes(cli, tmp_path: Path) ->
     assert code == 0, err
     for out in (shown, summary, table):
         assert not any(c in out for c in "\x1b\x07\u202e"), out
+
+
+def _records(path: Path) -> list[dict]:  # type: ignore[type-arg]
+    """The call records of a ledger file (none when it is not there)."""
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _ledgers(state: Path, session: Path) -> dict[str, int]:
+    """How many records the session, day and goal ledgers hold."""
+    return {
+        "session": len(_records(session / "ledger.jsonl")),
+        "day": sum(len(_records(p)) for p in (state / "ledger" / "days").glob("*.jsonl"))
+        if (state / "ledger" / "days").is_dir()
+        else 0,
+        "goal": len(_records(state / "ledger" / "goals" / "g.jsonl")) if (state / "ledger" / "goals").is_dir() else 0,
+    }
+
+
+@pytest.mark.parametrize("blocked", ["days", "goals"])
+def test_add_lands_in_every_ledger_or_in_none_and_a_retry_counts_once(tmp_path: Path, blocked: str) -> None:
+    """The day (or goal) ledger's folder cannot be made (a file where it belongs): the call is
+    recorded nowhere, the session ledger included, and says so; once the folder can be made,
+    the retry the user runs counts the call once in each ledger (not twice in the session's)."""
+    from cli_kit import cli
+
+    state, session = tmp_path / "st", tmp_path / "st" / "s1"
+    (state / "ledger").mkdir(parents=True)
+    (state / "ledger" / blocked).write_text("not a folder\n")
+    add = ("usage", "add", "--session", str(session), "--goal", "g", "--model", "gpt-4o", "--prompt", "100")
+    proc = cli(*add)
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr and "internal error" not in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and f"ledger/{blocked}" in proc.stderr
+    assert _ledgers(state, session) == {"session": 0, "day": 0, "goal": 0}
+    (state / "ledger" / blocked).unlink()
+    proc = cli(*add, "--json")
+    assert proc.returncode == 0, proc.stderr
+    assert _ledgers(state, session) == {"session": 1, "day": 1, "goal": 1}
+    shown = json.loads(cli("usage", "show", "--session", str(session), "--goal", "g", "--format", "json").stdout)
+    assert (shown["session"]["calls"], shown["day"]["calls"], shown["goal"]["calls"]) == (1, 1, 1)
+
+
+def test_a_write_that_fails_part_way_is_taken_back_out_of_the_ledgers_it_reached(tmp_path: Path) -> None:
+    """The session ledger cannot grow (a file size limit, as a full disk refuses the write)
+    after the day and goal ledgers took the line: the line is cut back out of them, and the
+    command fails with nothing recorded."""
+    resource = pytest.importorskip("resource")
+    import signal
+
+    from cli_kit import cli
+
+    state, session = tmp_path / "st", tmp_path / "st" / "s1"
+    session.mkdir(parents=True)
+    # Blank lines (readers skip them) past the limit: the session ledger's append must fail.
+    (session / "ledger.jsonl").write_bytes(b"\n" * 8192)
+    before = {"session": (session / "ledger.jsonl").read_bytes()}
+
+    def limited() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit is EFBIG, not a kill
+        resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
+
+    add = ("usage", "add", "--session", str(session), "--goal", "g", "--model", "gpt-4o", "--prompt", "100")
+    proc = cli(*add, preexec_fn=limited)
+    assert proc.returncode == 2, proc.stderr
+    assert "nothing was recorded" in proc.stderr and "Traceback" not in proc.stderr
+    assert (session / "ledger.jsonl").read_bytes() == before["session"]
+    # The day and goal ledgers were made and written to before the session's failed: empty again.
+    day_files = list((state / "ledger" / "days").glob("*.jsonl"))
+    assert day_files and all(p.read_bytes() == b"" for p in day_files)
+    assert (state / "ledger" / "goals" / "g.jsonl").read_bytes() == b""
+    proc = cli(*add)
+    assert proc.returncode == 0, proc.stderr
+    assert _ledgers(state, session) == {"session": 1, "day": 1, "goal": 1}
+
+
+def test_record_usage_in_python_is_all_or_nothing_too(tmp_path: Path) -> None:
+    """``Session.record_usage`` (the same ledgers): an error, and no record anywhere."""
+    from ctxrules.engine import Engine
+    from ctxrules.errors import CtxrulesError
+
+    state, session_dir = tmp_path / "st", tmp_path / "st" / "s1"
+    (state / "ledger").mkdir(parents=True)
+    (state / "ledger" / "days").write_text("not a folder\n")
+    session = Engine.load("builtin:default").session(str(session_dir), model="gpt-4o")
+    with pytest.raises(CtxrulesError, match="ledger/days"):
+        session.record_usage({"prompt_tokens": 900, "completion_tokens": 200})
+    assert _ledgers(state, session_dir)["session"] == 0
+    assert session.ledger.status().totals.calls == 0
+    (state / "ledger" / "days").unlink()
+    session.record_usage({"prompt_tokens": 900, "completion_tokens": 200})
+    assert session.ledger.status().totals.calls == 1 and _ledgers(state, session_dir)["day"] == 1

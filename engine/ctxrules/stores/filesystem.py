@@ -556,10 +556,42 @@ class FilesystemStore:
         return [Log(kind, s) for s in self.sessions() if (Path(s) / file).is_file()]
 
     def append(self, logs: Sequence[Log], record: Mapping[str, Any]) -> None:
+        """All or nothing: a call lands in its session, day and goal ledgers or in none, so a
+        retry after a failure never counts it twice. Every ledger is opened under its lock
+        before any is written (a folder that cannot be made, a file in its way, a lock that
+        cannot be taken: nothing written); a write or fsync that fails then takes the line
+        back out of the ledgers it reached (each is cut back to its size before, still under
+        its lock). Locks are taken in one order (by log kind, then path), so two writers that
+        share a day ledger never wait on each other."""
         line = json.dumps(record, ensure_ascii=False, sort_keys=True, allow_nan=False).encode("utf-8") + b"\n"
-        for log in logs:
-            # Misroute reports steer a heuristic: losing the last one to a power cut costs nothing.
-            self._append_line(self.log_path(log), line, durable=log.kind != "misroutes", inside=self._log_top(log))
+        unique = {os.path.abspath(self.log_path(log)): log for log in logs}  # a log named twice: once
+        with contextlib.ExitStack() as held:
+            opened: list[tuple[Path, Log, int, int]] = []
+            for key in sorted(unique, key=lambda k: (unique[k].kind, k)):
+                log, path = unique[key], self.log_path(unique[key])
+                try:
+                    fd = held.enter_context(_locked_log(path, inside=self._log_top(log)))
+                    opened.append((path, log, fd, os.fstat(fd).st_size))
+                except OSError as exc:
+                    raise CtxrulesError(f"cannot write the ledger {path}: {exc.strerror}") from exc
+            failed = opened[0][0] if opened else Path()
+            try:
+                for path, _log, fd, _size in opened:
+                    failed = path
+                    _append_to(fd, line)
+                for path, log, fd, _size in opened:
+                    failed = path
+                    # Misroute reports steer a heuristic: losing the last one to a power cut costs nothing.
+                    if log.kind != "misroutes":
+                        os.fsync(fd)
+            except OSError as exc:
+                for _path, _log, fd, size in opened:  # (a ledger not reached yet is left as it was)
+                    with contextlib.suppress(OSError):
+                        os.ftruncate(fd, size)
+                        os.fsync(fd)
+                raise CtxrulesError(
+                    f"cannot write the ledger {failed}: {exc.strerror}; nothing was recorded (in none of its ledgers)"
+                ) from exc
 
     def append_once(
         self, log: Log, record: Mapping[str, Any], *, key: str, limit: int
@@ -584,16 +616,6 @@ class FilesystemStore:
         root for its day, goal and misroute ledgers (a ``ledger`` or ``router`` link planted in
         it must not receive them), the session directory's parent for a session's logs."""
         return self.root if log.kind in ("day", "goal", "misroutes") else None
-
-    @staticmethod
-    def _append_line(path: Path, line: bytes, *, durable: bool, inside: Path | None = None) -> None:
-        try:
-            with _locked_log(path, inside=inside) as fd:
-                _append_to(fd, line)
-                if durable:
-                    os.fsync(fd)
-        except OSError as exc:
-            raise CtxrulesError(f"cannot write the ledger {path}: {exc.strerror}") from exc
 
     def read_log(self, log: Log, cursor: Any = None) -> LogChunk:
         """Cursor: ``(device, inode, offset, size)`` of the file as last read. Readers take no
