@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from typing import Any
 
 from ctxrules.cli.io import add_search_path
+from ctxrules.cli.output import write_stdout
 from ctxrules.errors import UsageError
 from ctxrules.packs.validated import load_pack
 from ctxrules.plugins import default_registry
@@ -102,9 +102,9 @@ def run(args: argparse.Namespace) -> int:
         prompt = ps.assemble(args.mode, model=model, entry=entry, variables=variables)
         if args.format == "json":
             doc = {"pack": pack.name, "model": args.model, **prompt.as_dict()}
-            sys.stdout.write(json.dumps(doc, ensure_ascii=False, indent=2) + "\n")
+            write_stdout(json.dumps(doc, ensure_ascii=False, indent=2) + "\n")
         else:
-            sys.stdout.write(prompt.text + "\n")
+            write_stdout(prompt.text + "\n")
         return 0
 
     modes = [args.mode] if args.mode else ps.mode_names()
@@ -114,11 +114,11 @@ def run(args: argparse.Namespace) -> int:
             results.append(ps.assemble(mode, entry=entry, variables=variables))
     if args.format == "json":
         doc = {"pack": pack.name, "prompts": [r.as_dict() for r in results]}
-        sys.stdout.write(json.dumps(doc, ensure_ascii=False, indent=2) + "\n")
+        write_stdout(json.dumps(doc, ensure_ascii=False, indent=2) + "\n")
         return 0
     blocks = []
     for r in results:
         header = f"=== mode={r.mode} entry={r.entry or NO_ENTRY} chars={len(r.text)} sha256={r.sha256[:16]} ==="
         blocks.append(f"{header}\n{r.text}\n")
-    sys.stdout.write("\n".join(blocks))
+    write_stdout("\n".join(blocks))
     return 0

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 from ctxrules.cli.io import add_search_path
+from ctxrules.cli.output import STDOUT_CLOSED
 from ctxrules.cli.stores import add_store_options, session_key, store_of
 from ctxrules.compressors.api import CompressorSkipped, compress_large, compress_text, early_scan
 from ctxrules.compressors.large import Capture, Large
@@ -59,7 +60,7 @@ DEFAULT_MODEL = "gpt-4o"
 EXIT_CTXRULES_FAILED = 125
 EXIT_NOT_EXECUTABLE = 126
 EXIT_NOT_FOUND = 127
-_CLOSED = "standard output is closed: there is nowhere to print the output"
+_CLOSED = STDOUT_CLOSED  # the words every verb uses
 
 
 def register(sub: Any) -> None:

@@ -10,6 +10,7 @@ import time
 from typing import Any, TextIO
 
 from ctxrules.cli.io import distinct_outputs, write_text
+from ctxrules.cli.output import stdout_writer
 from ctxrules.errors import PackError, UsageError
 from ctxrules.eval.replay import STEP_S, Task
 from ctxrules.eval.report import dumps, eval_html, eval_json, eval_table, totals_of
@@ -149,7 +150,7 @@ def run(args: argparse.Namespace) -> int:
     overall, each = totals_of(results, [p.name for p in plans], {p.name: p.baseline for p in plans})
     table = eval_table(overall, each, names, model=args.model, window=args.window)
     # The table goes to stderr when a file written to stdout (-) would otherwise follow it.
-    shown = sys.stderr if "-" in (args.json, args.html) else sys.stdout
+    shown = sys.stderr if "-" in (args.json, args.html) else stdout_writer()
     shown.write(printable(table, one_line=False))
     shown.write(f"\n{total_turns} calls replayed in {seconds:.1f} s ({args.jobs} job(s))\n")
     if args.json:

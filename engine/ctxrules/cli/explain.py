@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from typing import Any
 
 from ctxrules.cli.io import add_search_path
+from ctxrules.cli.output import write_stdout
 from ctxrules.diagnostics import Reporter
 from ctxrules.errors import UsageError
 from ctxrules.packs.loader import _BUILTIN_REF, BUILTIN_PREFIX, builtin_names, builtin_path
@@ -58,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
             )
     for d in pack.diagnostics:
         out.append(printable(f"# {d.severity}[{d.code}] {d.file}:{d.line}:{d.col}: {d.message}"))
-    sys.stdout.write("\n".join(out) + "\n" + to_yaml(pack.data, origins))
+    write_stdout("\n".join(out) + "\n" + to_yaml(pack.data, origins))
     return 0
 
 
@@ -81,7 +81,7 @@ def _print_timeouts(pack: Any) -> int:
     policy = TimeoutPolicy.from_pack(pack.data)
     head = printable(f"# pack: {pack.name} (files applied: {', '.join(pack.files)})") + "\n"
     if policy is None:
-        sys.stdout.write(
+        write_stdout(
             head + "# no timeouts: declared (stream timeouts belong to the agent runtime; see docs/timeouts.md)\n"
         )
         return 0
@@ -91,5 +91,5 @@ def _print_timeouts(pack: Any) -> int:
         found = origin(pointer)
         return f"{found.file}:{found.line}:{found.col}"
 
-    sys.stdout.write(head + render_table(policy, lint_timeouts(pack.data), locate))
+    write_stdout(head + render_table(policy, lint_timeouts(pack.data), locate))
     return 0

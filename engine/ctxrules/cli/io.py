@@ -9,14 +9,15 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ctxrules.cli.output import flush_stdout, write_stdout
 from ctxrules.errors import UsageError
 from ctxrules.json_files import read_json as read_json  # the verbs read their inputs through it
 
 
 def write_text(path: str, text: str) -> None:
     if path == "-":
-        sys.stdout.write(text)
-        sys.stdout.flush()
+        write_stdout(text)
+        flush_stdout()
         return
     try:
         Path(path).write_text(text, encoding="utf-8")
@@ -51,7 +52,7 @@ def _identity(path: str) -> tuple[int, int] | None:
     None for a device (writing twice to /dev/null or a terminal loses nothing)."""
     try:
         st = os.fstat(sys.stdout.fileno()) if path == "-" else os.stat(path)
-    except (OSError, ValueError):
+    except (OSError, ValueError, AttributeError):  # AttributeError: stdout is closed (None)
         return None
     if not (stat.S_ISREG(st.st_mode) or stat.S_ISFIFO(st.st_mode) or stat.S_ISSOCK(st.st_mode)):
         return None

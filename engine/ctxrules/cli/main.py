@@ -1,11 +1,13 @@
 """Entry point: parse the verb, run it, turn handled errors into one line and an exit code.
 
-Exit codes (docs/reference/concepts.md "CLI contract"): 0 ok, 1 problems found, 2 usage or runtime error.
+Exit codes (docs/reference/cli.md): 0 ok, 1 problems found, 2 usage or runtime error (a standard
+output that cannot take the output included; a reader that went away is 0: ctxrules.cli.output).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import importlib
 import os
@@ -13,6 +15,7 @@ import sys
 from collections.abc import Sequence
 
 from ctxrules._version import __version__
+from ctxrules.cli.output import flush_stdout, silence_stdout
 from ctxrules.errors import CtxrulesError
 from ctxrules.printable import printable
 
@@ -103,10 +106,12 @@ def run(argv: Sequence[str] | None = None) -> int:
 
             configure()  # an unknown CTXRULES_LOG level is a usage error before any work
         code: int = args.func(args)
+        flush_stdout()  # a write that fails here is the verb's failure, with its exit code
     except CtxrulesError as exc:
         sys.stderr.write(f"ctxrules: error: {printable(str(exc), one_line=False)}\n")
         return exc.exit_code
-    except BrokenPipeError:
+    except BrokenPipeError:  # the reader went away (`| head -1`): it has what it wanted
+        silence_stdout()
         return 0
     return code
 
@@ -141,7 +146,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         )
         code = 2
     if sys.stdout is not None:  # None when the process started with its fd 1 closed (`>&-`)
-        sys.stdout.flush()
+        with contextlib.suppress(OSError, ValueError):  # run() reported a failed write already
+            sys.stdout.flush()
     if uncollected:
         gc.freeze()  # the interpreter's exit-time collection skips frozen objects
     raise SystemExit(code)

@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from ctxrules.cli.output import require_stdout
 from ctxrules.cli.stores import add_store_options, is_filesystem, session_key, store_of
 from ctxrules.errors import UsageError
 from ctxrules.integrations.mcp import open_session, serve
@@ -41,6 +42,7 @@ def register(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    require_stdout()  # the protocol's answers go there: refused before the session is opened
     store = store_of(args)
     if is_filesystem(store):
         path = Path(args.session)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from typing import Any
 
+from ctxrules.cli.output import write_stdout
 from ctxrules.plugins import default_registry
 
 
@@ -30,5 +30,5 @@ def run(args: argparse.Namespace) -> int:
         for p in reg.plugins
         if args.all or not p.builtin
     ]
-    sys.stdout.write(json.dumps(out, indent=2) + "\n")
+    write_stdout(json.dumps(out, indent=2) + "\n")
     return 0

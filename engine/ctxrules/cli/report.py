@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from typing import Any
 
 from ctxrules.cli.io import read_json, write_text
+from ctxrules.cli.output import write_stdout
 from ctxrules.cli.tables import report_table
 from ctxrules.errors import UsageError
 from ctxrules.printable import printable
@@ -70,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
     report = load_report(args.report)
     if args.html:
         write_text(args.html, render_html(report))
-        sys.stdout.write(f"wrote {args.html}\n")
+        write_stdout(f"wrote {args.html}\n")
     else:
-        sys.stdout.write(printable(report_table(report), one_line=False))
+        write_stdout(printable(report_table(report), one_line=False))
     return 0

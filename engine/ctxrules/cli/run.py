@@ -7,6 +7,7 @@ import sys
 from typing import Any
 
 from ctxrules.cli.io import add_search_path, distinct_outputs, dump, read_json, write_text
+from ctxrules.cli.output import stdout_writer
 from ctxrules.cli.progress import TerminalProgress, wanted
 from ctxrules.cli.stores import add_store_options, named_store
 from ctxrules.cli.tables import report_table
@@ -111,7 +112,7 @@ def run(args: argparse.Namespace) -> int:
     if args.report:
         write_text(args.report, dump(result.report))
     if args.explain:
-        stream = sys.stderr if "-" in (args.output, args.report) else sys.stdout
+        stream = sys.stderr if "-" in (args.output, args.report) else stdout_writer()
         stream.write(printable(report_table(result.report), one_line=False))
     after = result.report["after"]
     if not after.get("fits", True):

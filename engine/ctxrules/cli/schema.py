@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from typing import Any
 
+from ctxrules.cli.output import write_stdout
 from ctxrules.plugins import default_registry
 from ctxrules.resources import schema_path
 from ctxrules.validation import full_schema as gen
@@ -35,7 +35,7 @@ def full_schema() -> dict[str, Any]:
 
 def run(args: argparse.Namespace) -> int:
     if args.path:
-        sys.stdout.write(str(schema_path("rulepack.v1.schema.json").resolve()) + "\n")
+        write_stdout(str(schema_path("rulepack.v1.schema.json").resolve()) + "\n")
         return 0
-    sys.stdout.write(gen.dumps(full_schema()))
+    write_stdout(gen.dumps(full_schema()))
     return 0

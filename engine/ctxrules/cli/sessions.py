@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ctxrules.cli.io import write_text
+from ctxrules.cli.output import require_stdout, stdout_writer, write_stdout
 from ctxrules.cli.stores import add_store_options, describe_store, is_filesystem, session_key, store_of
 from ctxrules.errors import UsageError
 from ctxrules.runtime.checkpoint import resume, scan
@@ -75,8 +76,8 @@ def run_scan(args: argparse.Namespace) -> int:
     for hit in found:
         after = f" (after the first {hit.prefix} messages of last_output.jsonl)" if hit.prefix else ""
         where = hit.session if is_filesystem(store) else store.describe(str(hit.session))
-        sys.stdout.write(f"{where}\t{hit.reason}\tbackup={hit.backup}{after}\n")
-    sys.stdout.write(f"{len(found)} interrupted session(s) under {describe_store(store)}\n")
+        write_stdout(f"{where}\t{hit.reason}\tbackup={hit.backup}{after}\n")
+    write_stdout(f"{len(found)} interrupted session(s) under {describe_store(store)}\n")
     return 0
 
 
@@ -95,7 +96,7 @@ def run_export(args: argparse.Namespace) -> int:
     key = session_key(store, args.session)
     name = Path(key).resolve().name if is_filesystem(store) else key
     if args.to == "-":
-        counts = export_session(store, key, sys.stdout.buffer, name=name)
+        counts = export_session(store, key, stdout_writer(binary=True), name=name)
     else:
         target = Path(args.to)
         if target.exists() and not target.is_file():
@@ -122,6 +123,7 @@ def run_export(args: argparse.Namespace) -> int:
 
 
 def run_import(args: argparse.Namespace) -> int:
+    require_stdout()  # before the import: a retry after exit 2 would find the session there
     store = store_of(args)
     if args.archive == "-":
         raw, where = sys.stdin.buffer.read(), "<stdin>"
@@ -140,7 +142,7 @@ def run_import(args: argparse.Namespace) -> int:
         name = str(store.root / session_id_for(exported)) if is_filesystem(store) else exported
     key = session_key(store, name)
     counts = import_session(store, key, lines, where=where)
-    sys.stdout.write(
+    write_stdout(
         f"imported {store.describe(key)}: {counts['blobs']} vault item(s), {counts['docs']} document(s), "
         f"{counts['ledger']} ledger record(s)\n"
     )

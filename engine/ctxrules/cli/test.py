@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 from typing import Any
 
 from ctxrules.cli.io import add_search_path
+from ctxrules.cli.output import write_stdout
 from ctxrules.compressors.testing import run_compressor_tests
 from ctxrules.engine import Engine
 from ctxrules.errors import PackError, PackNotFound
@@ -101,9 +101,9 @@ def run(args: argparse.Namespace) -> int:
         line = f"{label} {r.pack}::{r.id}" + (f" ({r.ms:.0f} ms)" if r.ms else "")
         if r.message:
             line += f": {r.message}"
-        sys.stdout.write(printable(line, one_line=False) + "\n")  # ids and messages quote the pack
+        write_stdout(printable(line, one_line=False) + "\n")  # ids and messages quote the pack
     passed = sum(r.status == "passed" for r in results)
     failed = sum(r.status == "failed" for r in results)
     skipped = sum(r.status == "skipped" for r in results)
-    sys.stdout.write(f"{passed} passed, {failed} failed" + (f", {skipped} skipped" if skipped else "") + "\n")
+    write_stdout(f"{passed} passed, {failed} failed" + (f", {skipped} skipped" if skipped else "") + "\n")
     return 1 if failed else 0

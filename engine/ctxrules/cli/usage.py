@@ -11,7 +11,6 @@ docs/budgets.md.
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +20,7 @@ from ctxrules.budget.policy import BudgetPolicy
 from ctxrules.budget.tracker import SessionLedger, checked_epoch
 from ctxrules.budget.usage import TokenUsage, is_failed_response
 from ctxrules.cli.io import add_search_path, dump, read_json, write_text
+from ctxrules.cli.output import require_stdout, write_stdout
 from ctxrules.cli.stores import add_store_options, describe_store, is_filesystem, session_key, store_of
 from ctxrules.errors import UsageError
 from ctxrules.packs.validated import load_pack
@@ -149,9 +149,9 @@ def run_report(args: argparse.Namespace) -> int:
     calls, bad = load_calls(store, period)
     if args.html:
         write_text(args.html, render_dashboard(calls, period, state_root=str(describe_store(store)), bad_lines=bad))
-        sys.stdout.write(f"wrote {args.html}: {len(calls)} call(s) over {args.days} day(s)\n")
+        write_stdout(f"wrote {args.html}: {len(calls)} call(s) over {args.days} day(s)\n")
     else:
-        sys.stdout.write(printable(summary_text(calls, period), one_line=False))
+        write_stdout(printable(summary_text(calls, period), one_line=False))
     return 0
 
 
@@ -236,16 +236,19 @@ def _ledger(args: argparse.Namespace) -> Any:
 def run_add(args: argparse.Namespace) -> int:
     given = {k: getattr(args, k) for k in KINDS if getattr(args, k) is not None}
     if args.failed:
-        sys.stdout.write("not recorded: a failed call records no usage\n")
+        write_stdout("not recorded: a failed call records no usage\n")
         return 0
     if args.response and given:
         raise UsageError("give the counts either as options or with --response, not both")
+    # Refused before anything is recorded: a call recorded, then exit 2 for the summary it
+    # could not print, would be recorded again by the retry.
+    require_stdout()
     ledger = _ledger(args)
     source: Any
     if args.response:
         source = read_json(args.response)
         if is_failed_response(source):
-            sys.stdout.write("not recorded: the response is an error (a failed call records no usage)\n")
+            write_stdout("not recorded: the response is an error (a failed call records no usage)\n")
             return 0
     elif given:
         source = TokenUsage.of(**given)
@@ -260,11 +263,11 @@ def run_add(args: argparse.Namespace) -> int:
         fmt=args.shape,
     )
     if args.json:
-        sys.stdout.write(dump(rec))
+        write_stdout(dump(rec))
         return 0
     t, usd = rec["tokens"], rec["usd"]
     cost = "unpriced (no price for this model)" if usd is None else f"${usd['total']:.6f}"
-    sys.stdout.write(
+    write_stdout(
         f"recorded {rec['model']}: {t['prompt']} prompt ({t['cached']} cached, {t['cache_write']} "
         f"written), {t['completion']} completion ({t['reasoning']} reasoning), {cost}\n"
     )
@@ -286,9 +289,9 @@ def run_show(args: argparse.Namespace) -> int:
         "days": _days(ledger, now, args.days),
     }
     if args.format == "json":
-        sys.stdout.write(dump(data))
+        write_stdout(dump(data))
         return 0
-    sys.stdout.write(printable(_render(data), one_line=False))
+    write_stdout(printable(_render(data), one_line=False))
     return 0
 
 
@@ -353,5 +356,5 @@ def _tokens(value: float) -> str:
 def run_reset(args: argparse.Namespace) -> int:
     ledger = _ledger(args)
     path = ledger.reset(args.dimension)
-    sys.stdout.write(f"reset the {args.dimension} budget from now on (recorded in {path})\n")
+    write_stdout(f"reset the {args.dimension} budget from now on (recorded in {path})\n")
     return 0

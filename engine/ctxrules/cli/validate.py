@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from collections.abc import Callable
 from typing import Any
 
 from ctxrules.cli.io import add_search_path
+from ctxrules.cli.output import write_stdout
 from ctxrules.plugins import default_registry
 from ctxrules.validation import formats
 from ctxrules.validation.validate import validate_paths
@@ -43,6 +43,6 @@ def run(args: argparse.Namespace) -> int:
         "github": lambda: formats.format_github(diags, count),
         "sarif": lambda: formats.format_sarif(diags, count),
     }[args.format]
-    sys.stdout.write(render())
+    write_stdout(render())
     failing = {"error", "warning"} if args.strict else {"error"}
     return 1 if any(d.severity in failing for d in diags) else 0

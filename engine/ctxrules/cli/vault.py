@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import argparse
 import re
-import sys
 from pathlib import Path
 from typing import Any
 
+from ctxrules.cli.output import write_stdout_bytes
 from ctxrules.cli.stores import add_store_options, describe_store, is_filesystem, session_key, store_of
 from ctxrules.errors import UsageError
 from ctxrules.stores import StoreUsageError
@@ -69,8 +69,7 @@ def run_get(args: argparse.Namespace) -> int:
         except VaultError as exc:
             errors.append(str(exc))
             continue
-        sys.stdout.buffer.write(data)
-        sys.stdout.buffer.flush()
+        write_stdout_bytes(data)
         return 0
     if len(candidates) == 1:
         raise UsageError(errors[0])

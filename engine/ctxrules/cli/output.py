@@ -1,0 +1,120 @@
+"""Printing on standard output, one way for every verb (docs/reference/cli.md).
+
+Verbs print through :func:`write_stdout` (or :func:`write_stdout_bytes`, :func:`stdout_writer`),
+so a standard output that cannot take it is handled alike: closed (``>&-``) or a failed write
+(a full disk, a descriptor open only for reading) is :class:`OutputError`, exit 2 with one
+line; a reader that went away (``EPIPE``: ``| head -1``) stays :class:`BrokenPipeError`, which
+the entry point ends with exit 0, as any Unix filter does. Imported by the entry point: only the standard
+library and :mod:`ctxrules.errors`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+from ctxrules.errors import CtxrulesError
+
+STDOUT_CLOSED = "standard output is closed: there is nowhere to print the output"
+
+
+class OutputError(CtxrulesError):
+    """Standard output cannot take what the verb prints: closed, or a write failed (exit 2)."""
+
+    exit_code = 2
+
+
+def write_stdout(text: str) -> None:
+    """Print ``text`` on standard output (see the module docstring for a failure)."""
+    with printing():
+        _stdout().write(text)
+
+
+def write_stdout_bytes(data: bytes) -> None:
+    """Print ``data`` on standard output as it is, flushed (``vault get``: the exact bytes)."""
+    with printing():
+        buffer = _stdout().buffer
+        buffer.write(data)
+        buffer.flush()
+
+
+class _Writer:
+    """Standard output as a stream for code that takes one (``write`` only), its failures
+    those of :func:`write_stdout`."""
+
+    def __init__(self, binary: bool) -> None:
+        self._binary = binary
+
+    def write(self, data: Any) -> int:
+        with printing():
+            stream: Any = _stdout().buffer if self._binary else _stdout()
+            return int(stream.write(data))
+
+    def flush(self) -> None:
+        flush_stdout()
+
+
+def stdout_writer(*, binary: bool = False) -> Any:
+    """Standard output as a stream with :func:`write_stdout`'s failures (a text one, or ``binary``)."""
+    return _Writer(binary)
+
+
+def flush_stdout() -> None:
+    """Send what is buffered for standard output (the entry point does, before it exits: a
+    write that fails there still gets its exit code, not an error at interpreter exit)."""
+    if sys.stdout is None:
+        return
+    with printing():
+        sys.stdout.flush()
+
+
+def require_stdout() -> None:
+    """:class:`OutputError` now when standard output is closed or open only for reading: for
+    a verb that would otherwise act first and fail to say so after (``usage add`` records a
+    call; a retry after exit 2 would record it twice)."""
+    if sys.stdout is None:
+        raise OutputError(STDOUT_CLOSED)
+    try:
+        fd = sys.stdout.fileno()
+    except (OSError, ValueError):  # not a file (tests capture it): it takes anything
+        return
+    try:
+        os.write(fd, b"")  # a closed or read-only descriptor refuses even nothing (EBADF)
+    except OSError as exc:
+        if exc.errno == errno.EBADF:
+            raise OutputError(STDOUT_CLOSED) from None
+
+
+@contextlib.contextmanager
+def printing() -> Iterator[None]:
+    """Writes to standard output within: a closed one or a failed write is :class:`OutputError`;
+    ``EPIPE`` stays :class:`BrokenPipeError`. Either way what is still buffered for it goes to
+    the null device (the exit-time flush would fail again)."""
+    try:
+        yield
+    except BrokenPipeError:
+        silence_stdout()
+        raise
+    except OSError as exc:
+        silence_stdout()
+        if exc.errno == errno.EBADF:
+            raise OutputError(STDOUT_CLOSED) from None
+        raise OutputError(f"cannot write to standard output: {exc.strerror or exc}") from None
+
+
+def silence_stdout() -> None:
+    """Standard output becomes the null device (after a failed write: nothing more can go there)."""
+    if sys.stdout is None:
+        return
+    with contextlib.suppress(OSError, AttributeError, ValueError), open(os.devnull, "wb") as devnull:
+        os.dup2(devnull.fileno(), sys.stdout.fileno())
+
+
+def _stdout() -> Any:
+    if sys.stdout is None:  # the process started with its descriptor 1 closed (`>&-`)
+        raise OutputError(STDOUT_CLOSED)
+    return sys.stdout
