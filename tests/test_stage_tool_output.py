@@ -334,6 +334,22 @@ def test_already_sent_outputs_are_left_alone_while_the_cache_is_hot(tmp_path: Pa
         assert kinds(outcome) == ["reduce"], (extra, ctx_args)
 
 
+def test_an_output_sent_with_the_cache_breakpoint_on_it_is_still_sent_once_it_moves(tmp_path: Path) -> None:
+    # Anthropic: cache.markers puts the rolling breakpoint on the last message, turning its
+    # content into one text part with cache_control; the next call runs on that output and
+    # the breakpoint moves on. The output was sent all the same: reducing it now would rewrite
+    # the cached prefix (a cache break on a realistic agent loop, found by replaying one).
+    messages = convo(step("a", BIG_TEXT))
+    with_marker = copy.deepcopy(messages)
+    text = with_marker[3]["content"]
+    with_marker[3]["content"] = [{"type": "text", "text": text, "cache_control": {"type": "ephemeral"}}]
+    state: dict[str, Any] = {}
+    run(with_marker[:-2], tmp_path, {"compressors": False}, state=state)
+    run(with_marker, tmp_path, {"compressors": False}, state=state, cache_hot=True)  # seen with the marker
+    out, outcome, _ = run(messages, tmp_path, {"compressors": False}, state=state, cache_hot=True)
+    assert out[3] is messages[3] and kinds(outcome) == ["hot_cache_bypass"]
+
+
 def test_a_new_output_is_reduced_even_when_the_cache_is_hot(tmp_path: Path) -> None:
     messages = convo(step("a", BIG_TEXT))
     _out, outcome, _ = run(messages, tmp_path, {"compressors": False}, state={"sent": []}, cache_hot=True)
