@@ -599,3 +599,89 @@ def test_a_judge_reply_nested_past_the_parsers_stack_is_no_answer() -> None:
 
     assert parse_answers('{"a": ' + "[" * 100_000 + "]" * 100_000 + "}") == {}
     assert parse_answers('Here: {"a": "yes"}') == {"a": "yes"}
+
+
+# --- hostile inputs and outputs -----------------------------------------------------------------
+
+EVAL_NONE = (sys.executable, "-m", "ctxrules.cli.main", "eval", "--baseline", "none", "--model", "gpt-4o")
+
+
+def test_a_file_name_that_is_not_utf8_is_shown_by_its_bytes(tmp_path: Path) -> None:
+    """A name with a byte that is not UTF-8 (``x\\xff.json``, from an old Latin-1 archive) came
+    through as a lone surrogate: the table showed ``\\udcff`` and ``--json``/``--html`` failed
+    with an internal error (UnicodeEncodeError) after the whole replay."""
+    name = os.fsdecode(b"x\xff.json")
+    (tmp_path / name).write_text(json.dumps(transcript("n")))
+    out, page = tmp_path / "e.json", tmp_path / "e.html"
+    args = ("eval", "--baseline", "none", "--model", "gpt-4o", "--quiet", "--json", str(out), "--html", str(page))
+    assert run_cli(*args, str(tmp_path / name)) == 0
+    assert [r["transcript"] for r in json.loads(out.read_text(encoding="utf-8"))["transcripts"]] == ["x\\xff"]
+    assert "x\\xff" in page.read_text(encoding="utf-8")
+
+
+def test_a_pipe_named_as_an_input_is_read(tmp_path: Path) -> None:
+    """`ctxrules eval ... <(zcat t.json.gz)` names /dev/fd/N, a pipe: it was refused as "no such
+    file or folder". A pipe or FIFO named on the command line is read as `run --input` reads
+    one; a device is refused as not a regular file (a FIFO inside a folder is still skipped)."""
+    read_end, write_end = os.pipe()
+    proc = subprocess.Popen(
+        [*EVAL_NONE, "--quiet", "--json", "-", f"/dev/fd/{read_end}"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=_cli_env(),
+        pass_fds=(read_end,),
+    )
+    os.close(read_end)
+    with os.fdopen(write_end, "w") as fh:
+        fh.write(json.dumps(transcript("p")))
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    assert json.loads(out)["totals"][0]["calls"] == 3
+    assert run_cli("eval", "--baseline", "none", "--model", "gpt-4o", "--quiet", "/dev/null") == 2
+
+
+def test_a_closed_stdout_is_a_usage_error_before_the_replay(tmp_path: Path) -> None:
+    """`ctxrules eval ... >&-`: the table (or `--json -`) had nowhere to go and the run ended in
+    an internal error (AttributeError on None) after the whole replay."""
+    (tmp_path / "t.json").write_text(json.dumps(transcript("c")))
+    for extra in ((), ("--json", "-")):
+        proc = subprocess.run(
+            [*EVAL_NONE, "--quiet", *extra, str(tmp_path / "t.json")],
+            stderr=subprocess.PIPE,
+            text=True,
+            env=_cli_env(),
+            preexec_fn=lambda: os.close(1),
+            timeout=120,
+        )
+        assert proc.returncode == 2, proc.stderr
+        assert "standard output is closed" in proc.stderr and "internal error" not in proc.stderr
+
+
+def test_an_output_that_is_one_of_the_transcripts_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--json t.json t.json` (or `--html` onto a transcript in a folder given, or a link to
+    one) wrote the results over the transcript it had just replayed."""
+    folder = tmp_path / "runs"
+    folder.mkdir()
+    path = folder / "t.json"
+    body = json.dumps(transcript("o"))
+    path.write_text(body)
+    (tmp_path / "link.json").symlink_to(path)
+    os.link(path, tmp_path / "hard.json")
+    base = ("eval", "--baseline", "none", "--model", "gpt-4o", "--quiet")
+    for option, out, inputs in (
+        ("--json", path, (path,)),
+        ("--html", path, (folder,)),
+        ("--json", tmp_path / "link.json", (folder,)),
+        ("--json", tmp_path / "hard.json", (folder,)),
+    ):
+        assert run_cli(*base, option, str(out), *map(str, inputs)) == 2
+        out_, err = capsys.readouterr()
+        assert f"{option} {out} is a transcript this run reads" in err, err
+        assert "calls replayed" not in out_ + err
+        assert path.read_text() == body
+    # An earlier result in the folder is not a transcript: it is skipped, and written again.
+    assert run_cli(*base, "--json", str(folder / "e.json"), str(folder)) == 0
+    assert run_cli(*base, "--json", str(folder / "e.json"), str(folder)) == 0
+    assert json.loads((folder / "e.json").read_text())["transcripts"]

@@ -9,8 +9,8 @@ import sys
 import time
 from typing import Any, TextIO
 
-from ctxrules.cli.io import distinct_outputs, write_text
-from ctxrules.cli.output import stdout_writer
+from ctxrules.cli.io import distinct_outputs, outputs_apart_from, write_text
+from ctxrules.cli.output import require_stdout, stdout_writer
 from ctxrules.errors import PackError, UsageError
 from ctxrules.eval.replay import STEP_S, Task
 from ctxrules.eval.report import dumps, eval_html, eval_json, eval_table, totals_of
@@ -101,6 +101,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("name at least one --pack or --baseline")
     if args.jobs < 1:
         raise UsageError("--jobs must be at least 1")
+    require_stdout()  # `>&-`: refused before the replay, not after it
     distinct_outputs(json=args.json, html=args.html)  # before the replay, not after it
     if args.window is not None and args.window <= 0:
         raise UsageError("--window must be a positive number of tokens")
@@ -113,6 +114,9 @@ def run(args: argparse.Namespace) -> int:
         except PackError as exc:  # exit 2: eval's exit 1 says an invariant broke
             raise UsageError(str(exc)) from None
     transcripts, notes = load_transcripts(args.inputs)
+    # A result written over a transcript just read would lose it (a skipped file, such as an
+    # earlier result in the folder, may be written again).
+    outputs_apart_from([path for _, path, _, _ in transcripts], "a transcript", json=args.json, html=args.html)
     for note in notes:
         sys.stderr.write(f"ctxrules: note: {printable(note)}\n")
     plans = plans_from(args.pack, list(dict.fromkeys(args.baseline)))

@@ -6,6 +6,7 @@ import json
 import os
 import stat
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +46,25 @@ def distinct_outputs(**outputs: str | None) -> None:
                 raise UsageError(f"--{seen[key]} and --{option} both write to {where}; give each its own file")
         for key in keys:
             seen[key] = option
+
+
+def outputs_apart_from(inputs: Iterable[str | Path], noun: str, **outputs: str | None) -> None:
+    """Refuse (usage error) an output that names one of ``inputs`` (each ``noun``, "a
+    transcript"), by its path, through a symbolic link or as a hard link to it: it would be
+    written over a file the run has just read. ``outputs``: as for :func:`distinct_outputs`
+    (``-`` is never an input)."""
+    read: set[object] = set()
+    for item in inputs:
+        read.add(os.path.realpath(item))
+        ident = _identity(str(item))
+        if ident is not None:
+            read.add(ident)
+    for option, path in outputs.items():
+        if path is None or path == "-":
+            continue
+        ident = _identity(path)
+        if os.path.realpath(path) in read or (ident is not None and ident in read):
+            raise UsageError(f"--{option} {path} is {noun} this run reads; give the output its own file")
 
 
 def _identity(path: str) -> tuple[int, int] | None:

@@ -47,10 +47,20 @@ def _names(files: Sequence[Path]) -> list[str]:
     stems = [p.stem for p in files]
     repeated = {stem for stem in stems if stems.count(stem) > 1}
     if not repeated:
-        return stems
+        return [_decoded(stem) for stem in stems]
     clashing = [p.resolve() for p in files if p.stem in repeated]
     base = Path(os.path.commonpath([str(p.parent) for p in clashing]))
-    return [p.resolve().relative_to(base).with_suffix("").as_posix() if p.stem in repeated else p.stem for p in files]
+    return [
+        _decoded(p.resolve().relative_to(base).with_suffix("").as_posix() if p.stem in repeated else p.stem)
+        for p in files
+    ]
+
+
+def _decoded(name: str) -> str:
+    """``name`` with each byte of the file name that is not UTF-8 (a lone surrogate, as Python
+    reads it) written ``\\xff``: the JSON and the page are UTF-8, which cannot hold a lone
+    surrogate, and the table shows the byte the file name has."""
+    return os.fsencode(name).decode("utf-8", "backslashreplace")
 
 
 def load_transcripts(
@@ -64,8 +74,11 @@ def load_transcripts(
     for item in inputs:
         path = Path(item)
         if path.is_dir():
+            # Regular files only: a FIFO in a folder would wait for a writer that never comes.
             files.extend(sorted(p for p in path.rglob("*.json") if p.is_file()))
-        elif path.is_file():
+        elif path.exists():
+            # Named on the command line: a pipe (`<(zcat t.json.gz)`, /dev/fd/N) is read as
+            # `run --input` reads one; read_json refuses a device as not a regular file.
             files.append(path)
         else:
             raise UsageError(f"{item}: no such file or folder")
