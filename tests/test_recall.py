@@ -7,6 +7,7 @@ import asyncio
 import json
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -351,3 +352,76 @@ def test_mcp_without_a_session_directory_is_a_usage_error(tmp_path: Path) -> Non
     from ctxrules.cli.main import run
 
     assert run(["mcp", "--session", str(tmp_path / "missing")]) == 2
+
+
+def _mcp_argv(session: Path) -> list[str]:
+    return [sys.executable, "-m", "ctxrules.cli.main", "mcp", "--session", str(session)]
+
+
+def _mcp_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(REPO / "engine") + os.pathsep + env.get("PYTHONPATH", "")
+    return env
+
+
+def test_a_client_that_stops_reading_mid_call_ends_the_server_quietly(tmp_path: Path) -> None:
+    """A client that dies with calls in flight (its read end closed, then its write end): the
+    server's next reply met a broken pipe and it ended in `internal error: ExceptionGroup`,
+    exit 2. The client went away, as when it closes stdin: exit 0, nothing on stderr.
+    (Raw JSON-RPC: the SDK's client cannot close only its read end.)"""
+    import subprocess
+
+    session, out = prepared(tmp_path)
+    marker = line_markers(out)[0]
+    proc = subprocess.Popen(
+        _mcp_argv(session.path),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=_mcp_env(),
+    )
+    assert proc.stdin is not None and proc.stdout is not None
+
+    def send(message: dict[str, Any]) -> None:
+        assert proc.stdin is not None
+        proc.stdin.write(json.dumps({"jsonrpc": "2.0", **message}).encode() + b"\n")
+        proc.stdin.flush()
+
+    hello = {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}
+    send({"id": 1, "method": "initialize", "params": hello})
+    assert b'"id":1' in proc.stdout.readline()
+    send({"method": "notifications/initialized"})
+    for n in range(20):
+        arguments = {"id": marker.vault_id, "lines": f"{n + 1}:"}
+        send({"id": 10 + n, "method": "tools/call", "params": {"name": "ctxrules_recall", "arguments": arguments}})
+    # Twenty pages of some 18 kB each overfill the pipe (64 kB): a second after the first
+    # page is read, the server is blocked writing, and the reader goes.
+    assert b'"result"' in proc.stdout.readline()
+    time.sleep(1)
+    proc.stdout.close()
+    proc.stdin.close()
+    assert proc.stderr is not None
+    with proc.stderr:
+        err = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) == 0, err
+    assert "internal error" not in err and "Traceback" not in err, err
+
+
+@pytest.mark.parametrize("closed", [0, 1])
+def test_mcp_with_stdin_or_stdout_closed_is_a_usage_error(tmp_path: Path, closed: int) -> None:
+    """`ctxrules mcp --session DIR >&-` (or `<&-`) was `internal error: AttributeError`."""
+    import subprocess
+
+    session, _ = prepared(tmp_path)
+    proc = subprocess.run(
+        _mcp_argv(session.path),
+        stdin=subprocess.DEVNULL if closed else None,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=_mcp_env(),
+        preexec_fn=lambda: os.close(closed),
+        timeout=60,
+    )
+    assert proc.returncode == 2, proc.stderr
+    stream = ("standard input", "standard output")[closed]
+    assert f"{stream} is closed" in proc.stderr and "internal error" not in proc.stderr, proc.stderr

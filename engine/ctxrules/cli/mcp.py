@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +43,9 @@ def register(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # Started with `<&-`: no client could send a call (the SDK failed on None, an internal error).
+    if sys.stdin is None:
+        raise UsageError("standard input is closed: no client can send the server a call")
     require_stdout()  # the protocol's answers go there: refused before the session is opened
     store = store_of(args)
     if is_filesystem(store):

@@ -87,5 +87,10 @@ def build_server(session: Session) -> Any:
 
 
 def serve(session: Session) -> None:
-    """Serve the recall tool of ``session`` on stdin/stdout until the client goes away."""
-    build_server(session).run("stdio")
+    """Serve the recall tool of ``session`` on stdin/stdout until the client goes away: it
+    closes stdin, or stops reading, which the SDK's writer meets as a broken pipe (in an
+    exception group) while replies are still due; either ends the serving alike."""
+    try:
+        build_server(session).run("stdio")
+    except* (BrokenPipeError, ConnectionResetError):
+        pass
