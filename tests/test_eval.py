@@ -685,3 +685,15 @@ def test_an_output_that_is_one_of_the_transcripts_is_refused(
     assert run_cli(*base, "--json", str(folder / "e.json"), str(folder)) == 0
     assert run_cli(*base, "--json", str(folder / "e.json"), str(folder)) == 0
     assert json.loads((folder / "e.json").read_text())["transcripts"]
+
+
+def test_bidi_controls_in_names_are_escapes_on_the_page(tmp_path: Path) -> None:
+    """A transcript named ``t\\u202e.json`` put a raw override on the page, reversing the rest
+    of its table cell and title: the page shows it as its escape, as the table does."""
+    (tmp_path / "t\u202e.json").write_text(json.dumps(transcript("b")))
+    page = tmp_path / "e.html"
+    assert (
+        run_cli("eval", "--baseline", "none", "--model", "gpt-4o", "--quiet", "--html", str(page), str(tmp_path)) == 0
+    )
+    text = page.read_text(encoding="utf-8")
+    assert "t\\u202e" in text and "\u202e" not in text

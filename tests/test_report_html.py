@@ -132,3 +132,51 @@ def test_html_renders_in_headless_chromium(tmp_path: Path, cli: Any) -> None:
     assert len(set(pixels)) > 20, "the screenshot is (nearly) blank"
     # The emergency-tier colour of the 'before' ring is on the page.
     assert bytes.fromhex("c62828") in pixels
+
+
+@pytest.mark.parametrize(
+    ("where", "value"),
+    [
+        (("before", "utilization"), 10**400),
+        (("before", "tokens"), 10**400),
+        (("budget", "usable_window"), 10**400),
+        (("stages", 0, "ms"), 10**400),
+        (("stages", 0, "tokens_before"), -(10**400)),
+    ],
+    ids=["utilization", "tokens", "usable-window", "ms", "stage-tokens"],
+)
+def test_a_number_no_float_holds_is_exit_2_naming_where(
+    tmp_path: Path, cli: Any, where: tuple[str | int, ...], value: int
+) -> None:
+    """A report whose number is past a float's range (an integer of 400 digits: valid JSON,
+    within the schema) ended in `internal error: OverflowError` in the table or the page."""
+    path = _report(tmp_path)
+    data = json.loads(path.read_text())
+    node = data
+    for key in where[:-1]:
+        node = node[key]
+    node[where[-1]] = value
+    path.write_text(json.dumps(data))
+    pointer = "/".join(map(str, where))
+    for extra in ((), ("--html", str(tmp_path / "r.html"))):
+        code, _, err = cli("report", str(path), *extra)
+        assert code == 2, err
+        assert f"at {pointer}: a number too large" in err and "internal error" not in err, err
+    assert not (tmp_path / "r.html").exists()
+
+
+def test_bidi_controls_in_report_strings_are_shown_as_escapes_on_the_page(tmp_path: Path, cli: Any) -> None:
+    """An override (U+202E) in a session id reordered the rest of the page's line ("window
+    ... usable ...") and an isolate in a warning reordered what followed it: the page now shows
+    such a character as its escape, as the table does, and no raw control is left."""
+    path = _report(tmp_path)
+    data = json.loads(path.read_text())
+    data["session"]["id"] = "run\u202e42"
+    data["warnings"].append("step \u2067evil\x1b[2J")
+    path.write_text(json.dumps(data))
+    page = tmp_path / "r.html"
+    code, _, err = cli("report", str(path), "--html", str(page))
+    assert code == 0, err
+    text = page.read_text(encoding="utf-8")
+    assert "run\\u202e42" in text and "step \\u2067evil\\x1b[2J" in text
+    assert not any(c in text for c in "\u202e\u2067\x1b")

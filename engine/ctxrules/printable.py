@@ -3,7 +3,8 @@
 A pack or a message may hold escape sequences (``ESC [ 2 J`` clears the screen, ``ESC ] 0 ;``
 retitles the window, ``\\r`` overwrites the line), bidirectional overrides that show a line in
 an order other than the one it has, or lone surrogates that a UTF-8 stream cannot encode. A
-diagnostic that quotes such a value shows each of these characters as its escape instead.
+diagnostic that quotes such a value shows each of these characters as its escape instead, and so
+does an HTML page (:func:`printable_html`).
 """
 
 from __future__ import annotations
@@ -26,3 +27,12 @@ def printable(text: str, *, one_line: bool = True) -> str:
     (``\\x1b``, ``\\u202e``); tabs and newlines too when ``one_line``."""
     pattern = _UNSAFE_IN_A_LINE if one_line else _UNSAFE
     return pattern.sub(_escape, text) if pattern.search(text) else text
+
+
+def printable_html(text: str) -> str:
+    """``text`` for an HTML page: markup escaped, and what :func:`printable` escapes shown as
+    its escape too (tabs and newlines kept). A browser acts on a bidirectional override as a
+    terminal does: one in a session id would show the rest of its line in another order."""
+    from html import escape
+
+    return escape(printable(text, one_line=False))

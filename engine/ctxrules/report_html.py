@@ -1,16 +1,17 @@
 """A run report as one self-contained HTML page: inline CSS and SVG, no script, no network.
 
 Shows a utilization ring (before and after, with the tier), tokens per stage as a waterfall,
-cache information, vault items and warnings. Every value from the report is escaped.
+cache information, vault items and warnings. Every value from the report is escaped, control
+characters and bidirectional marks shown as their escapes.
 """
 
 from __future__ import annotations
 
 import math
-from html import escape
 from typing import Any
 
 from ctxrules.cli.tables import read_back_command
+from ctxrules.printable import printable_html as escape
 
 TIER_COLORS = {"below": "#2e7d32", "monitor": "#558b2f", "light": "#f9a825", "full": "#ef6c00", "emergency": "#c62828"}
 

@@ -51,7 +51,29 @@ def load_report(path: str) -> dict[str, Any]:
         else:
             what = first.message if len(first.message) <= 160 else first.message[:157] + "..."
         raise UsageError(f"{path}: not a valid ctxrules run report: at {where}: {what}")
+    huge = _huge_number(data)
+    if huge is not None:
+        where = "/".join(str(p) for p in huge) or "(top level)"
+        raise UsageError(f"{path}: not a valid ctxrules run report: at {where}: a number too large to show")
     return data
+
+
+def _huge_number(data: Any) -> tuple[str | int, ...] | None:
+    """The path of the first number past a float's range (an integer of hundreds of digits is
+    valid JSON and within the schema), which the table and the page cannot format; None."""
+    stack: list[tuple[Any, tuple[str | int, ...]]] = [(data, ())]
+    while stack:  # no recursion: read_json bounds the depth, the walk does not rely on it
+        value, at = stack.pop()
+        if isinstance(value, int) and not isinstance(value, bool):
+            try:
+                float(value)
+            except OverflowError:
+                return at
+        elif isinstance(value, dict):
+            stack.extend((v, (*at, k)) for k, v in reversed(list(value.items())))
+        elif isinstance(value, list):
+            stack.extend((v, (*at, i)) for i, v in reversed(list(enumerate(value))))
+    return None
 
 
 def _kind(value: Any) -> str:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import html
 import json
 import re
 from collections import Counter
@@ -12,6 +11,7 @@ from typing import Any
 
 from ctxrules.eval.probes import CATEGORIES, Retention
 from ctxrules.eval.replay import TaskResult
+from ctxrules.printable import printable_html
 
 __all__ = ["Totals", "eval_html", "eval_json", "eval_table", "totals_of"]
 
@@ -252,8 +252,8 @@ def _polyline_chart(title: str, series: Mapping[str, Sequence[float]], *, unit: 
     longest = max((len(v) for v in series.values()), default=0)
     top = max((max(v) for v in series.values() if v), default=0.0) or 1.0
     parts = [
-        f"<figure><figcaption>{html.escape(title)}</figcaption>"
-        f'<svg viewBox="0 0 {width} {height}" role="img" aria-label="{html.escape(title)}">',
+        f"<figure><figcaption>{printable_html(title)}</figcaption>"
+        f'<svg viewBox="0 0 {width} {height}" role="img" aria-label="{printable_html(title)}">',
         f'<line x1="{pad}" y1="{height - pad}" x2="{width - 8}" y2="{height - pad}" stroke="#999"/>',
         f'<line x1="{pad}" y1="8" x2="{pad}" y2="{height - pad}" stroke="#999"/>',
         f'<text x="{pad - 4}" y="14" text-anchor="end" font-size="10">{top:,.4g}</text>',
@@ -261,7 +261,7 @@ def _polyline_chart(title: str, series: Mapping[str, Sequence[float]], *, unit: 
         f'<text x="{width // 2}" y="{height - 10}" text-anchor="middle" font-size="11">'
         f"call (turn), all transcripts in order</text>",
         f'<text x="12" y="{height // 2}" font-size="11" transform="rotate(-90 12 {height // 2})" '
-        f'text-anchor="middle">{html.escape(unit)}</text>',
+        f'text-anchor="middle">{printable_html(unit)}</text>',
     ]
     for n, (name, values) in enumerate(series.items()):
         if not values:
@@ -273,11 +273,11 @@ def _polyline_chart(title: str, series: Mapping[str, Sequence[float]], *, unit: 
         color = _COLORS[n % len(_COLORS)]
         parts.append(
             f'<polyline fill="none" stroke="{color}" stroke-width="1.5" points="{points}">'
-            f"<title>{html.escape(name)}</title></polyline>"
+            f"<title>{printable_html(name)}</title></polyline>"
         )
         parts.append(
             f'<text x="{width - 12}" y="{20 + 14 * n}" text-anchor="end" font-size="11" '
-            f'fill="{color}">{html.escape(name)}</text>'
+            f'fill="{color}">{printable_html(name)}</text>'
         )
     parts.append("</svg></figure>")
     return "".join(parts)
@@ -290,8 +290,8 @@ def _bar_chart(title: str, groups: Mapping[str, Mapping[str, float]]) -> str:
     slot = (width - pad - 12) / len(cats)
     bar = slot / (len(plans) + 1)
     parts = [
-        f"<figure><figcaption>{html.escape(title)}</figcaption>"
-        f'<svg viewBox="0 0 {width} {height}" role="img" aria-label="{html.escape(title)}">',
+        f"<figure><figcaption>{printable_html(title)}</figcaption>"
+        f'<svg viewBox="0 0 {width} {height}" role="img" aria-label="{printable_html(title)}">',
         f'<line x1="{pad}" y1="{height - pad}" x2="{width - 8}" y2="{height - pad}" stroke="#999"/>',
         f'<text x="{pad - 4}" y="16" text-anchor="end" font-size="10">100%</text>',
     ]
@@ -307,12 +307,12 @@ def _bar_chart(title: str, groups: Mapping[str, Mapping[str, float]]) -> str:
             parts.append(
                 f'<rect x="{x:.1f}" y="{height - pad - h:.1f}" width="{bar * 0.9:.1f}" '
                 f'height="{h:.1f}" fill="{_COLORS[p % len(_COLORS)]}"><title>'
-                f"{html.escape(plan)} {cat}: {value:.1%}</title></rect>"
+                f"{printable_html(plan)} {cat}: {value:.1%}</title></rect>"
             )
     for p, plan in enumerate(plans):
         parts.append(
             f'<text x="{width - 12}" y="{20 + 14 * p}" text-anchor="end" font-size="11" '
-            f'fill="{_COLORS[p % len(_COLORS)]}">{html.escape(plan)}</text>'
+            f'fill="{_COLORS[p % len(_COLORS)]}">{printable_html(plan)}</text>'
         )
     parts.append("</svg></figure>")
     return "".join(parts)
@@ -344,18 +344,18 @@ def eval_html(
                 tokens[plan].append(float(c.prompt))
     retention = {plan: {c: t.retention.score(c) or 0.0 for c in CATEGORIES} for plan, t in overall.items()}
     rows = "".join(
-        "<tr>" + "".join(f"<td>{html.escape(cell)}</td>" for cell in _row(plan, t)) + "</tr>"
+        "<tr>" + "".join(f"<td>{printable_html(cell)}</td>" for cell in _row(plan, t)) + "</tr>"
         for plan, t in overall.items()
     )
     detail = []
     for plan in overall:
         body = "".join(
-            "<tr>" + "".join(f"<td>{html.escape(cell)}</td>" for cell in _row(name, each[(name, plan)])) + "</tr>"
+            "<tr>" + "".join(f"<td>{printable_html(cell)}</td>" for cell in _row(name, each[(name, plan)])) + "</tr>"
             for name in transcripts
             if (name, plan) in each
         )
         detail.append(
-            f"<h3>{html.escape(plan)}</h3><table><thead><tr>"
+            f"<h3>{printable_html(plan)}</h3><table><thead><tr>"
             + "".join(f"<th>{h}</th>" for h in _HEADER)
             + f"</tr></thead><tbody>{body}"
             "</tbody></table>"
@@ -368,8 +368,8 @@ def eval_html(
         "padding:3px 8px;text-align:right}td:first-child,th:first-child{text-align:left}"
         "figure{display:inline-block;margin:8px 16px 8px 0}svg{width:640px;height:260px;"
         "background:#fafafa}figcaption{font-weight:600;margin-bottom:4px}</style></head><body>"
-        f"<h1>ctxrules eval</h1><p>model {html.escape(model)}, window "
-        f"{html.escape(str(window or 'from the registry'))}, {len(transcripts)} transcript(s). "
+        f"<h1>ctxrules eval</h1><p>model {printable_html(model)}, window "
+        f"{printable_html(str(window or 'from the registry'))}, {len(transcripts)} transcript(s). "
         "Costs follow the providers' documented caching rules, not measured bills.</p>"
         f"<h2>Totals</h2><table><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>"
         + _polyline_chart("Cumulative USD over calls", usd, unit="USD")
