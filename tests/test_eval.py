@@ -697,3 +697,17 @@ def test_bidi_controls_in_names_are_escapes_on_the_page(tmp_path: Path) -> None:
     )
     text = page.read_text(encoding="utf-8")
     assert "t\\u202e" in text and "\u202e" not in text
+
+
+def test_a_closed_stderr_keeps_the_exit_codes(tmp_path: Path) -> None:
+    """`ctxrules eval ... 2>&-`: the progress bar's check of stderr (None) failed, and the
+    message of that failure could not be written either, so Python exited 1 — eval's "an
+    invariant broke" — for a clean run, and 1 for a usage error too. With standard error closed
+    the messages go nowhere and the codes stay: 0, and 2 for an unknown model."""
+    (tmp_path / "t.json").write_text(json.dumps(transcript("s")))
+    for model, code in (("gpt-4o", 0), ("no-such-model-xyz", 2)):
+        argv = [*EVAL_NONE[:-1], model, "--quiet", str(tmp_path / "t.json")]
+        proc = subprocess.run(
+            argv, stdout=subprocess.DEVNULL, env=_cli_env(), preexec_fn=lambda: os.close(2), timeout=120
+        )
+        assert proc.returncode == code, model

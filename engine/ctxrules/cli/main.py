@@ -128,6 +128,11 @@ _UNCOLLECTED_VERBS = frozenset({"validate"})
 def main(argv: Sequence[str] | None = None) -> None:
     """Console-script entry point: no traceback reaches a user unless CTXRULES_DEBUG=1."""
     arguments = list(argv) if argv is not None else sys.argv[1:]
+    if sys.stderr is None:
+        # Started with `2>&-`: a message written to None failed, and so did the report of
+        # that failure, and Python exited 1 (eval's "an invariant broke") whatever the code.
+        # The messages go to the null device; the codes stay.
+        sys.stderr = open(os.devnull, "w", encoding="utf-8")  # noqa: SIM115 (for the process)
     uncollected = _verb_in(arguments) in _UNCOLLECTED_VERBS
     if uncollected:
         gc.disable()
