@@ -711,3 +711,34 @@ def test_a_closed_stderr_keeps_the_exit_codes(tmp_path: Path) -> None:
             argv, stdout=subprocess.DEVNULL, env=_cli_env(), preexec_fn=lambda: os.close(2), timeout=120
         )
         assert proc.returncode == code, model
+
+
+def test_a_folder_that_cannot_be_listed_is_exit_2_naming_it(tmp_path: Path) -> None:
+    """A subfolder without read permission was skipped without a word (Path.rglob ignores the
+    error): its transcripts were left out of every total. As for a file that cannot be read,
+    it is exit 2 naming it. (As root, the capabilities that bypass permissions are dropped.)"""
+    import shutil
+
+    (tmp_path / "runs" / "locked").mkdir(parents=True)
+    (tmp_path / "runs" / "a.json").write_text(json.dumps(transcript("a")))
+    (tmp_path / "runs" / "locked" / "b.json").write_text(json.dumps(transcript("b")))
+    prefix: list[str] = []
+    if os.geteuid() == 0:
+        setpriv = shutil.which("setpriv")
+        if setpriv is None:
+            pytest.skip("running as root without setpriv to drop CAP_DAC_OVERRIDE")
+        caps = "-dac_override,-dac_read_search"
+        prefix = [setpriv, f"--bounding-set={caps}", f"--inh-caps={caps}"]
+    (tmp_path / "runs" / "locked").chmod(0)
+    try:
+        proc = subprocess.run(
+            [*prefix, *EVAL_NONE, "--quiet", str(tmp_path / "runs")],
+            capture_output=True,
+            text=True,
+            env=_cli_env(),
+            timeout=120,
+        )
+    finally:
+        (tmp_path / "runs" / "locked").chmod(0o755)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert f"{tmp_path / 'runs' / 'locked'}: cannot read: Permission denied" in proc.stderr, proc.stderr

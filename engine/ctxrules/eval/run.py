@@ -63,6 +63,21 @@ def _decoded(name: str) -> str:
     return os.fsencode(name).decode("utf-8", "backslashreplace")
 
 
+def _json_files(folder: Path) -> list[Path]:
+    """The regular ``*.json`` files below ``folder``, sorted (a FIFO would wait for a writer
+    that never comes; links to folders are not followed, as ``Path.rglob`` did not). A folder
+    that cannot be listed is a usage error naming it: ``Path.rglob`` skipped it without a word,
+    and its transcripts were missing from every total."""
+
+    def refuse(exc: OSError) -> None:
+        raise UsageError(f"{exc.filename or folder}: cannot read: {exc.strerror}")
+
+    found: list[Path] = []
+    for root, _dirs, names in os.walk(folder, onerror=refuse):
+        found.extend(Path(root, name) for name in names if name.endswith(".json"))
+    return sorted(p for p in found if p.is_file())
+
+
 def load_transcripts(
     inputs: Sequence[str | Path],
 ) -> tuple[list[tuple[str, Path, list[dict[str, Any]], list[dict[str, Any]]]], list[str]]:
@@ -74,8 +89,7 @@ def load_transcripts(
     for item in inputs:
         path = Path(item)
         if path.is_dir():
-            # Regular files only: a FIFO in a folder would wait for a writer that never comes.
-            files.extend(sorted(p for p in path.rglob("*.json") if p.is_file()))
+            files.extend(_json_files(path))
         elif path.exists():
             # Named on the command line: a pipe (`<(zcat t.json.gz)`, /dev/fd/N) is read as
             # `run --input` reads one; read_json refuses a device as not a regular file.
