@@ -7,6 +7,7 @@ import os
 import shutil
 import struct
 import subprocess
+import sys
 import zlib
 from pathlib import Path
 from typing import Any
@@ -180,3 +181,38 @@ def test_bidi_controls_in_report_strings_are_shown_as_escapes_on_the_page(tmp_pa
     text = page.read_text(encoding="utf-8")
     assert "run\\u202e42" in text and "step \\u2067evil\\x1b[2J" in text
     assert not any(c in text for c in "\u202e\u2067\x1b")
+
+
+def test_the_page_on_stdout_is_the_page_alone(tmp_path: Path, cli: Any) -> None:
+    """`report R --html -` printed "wrote -" after the page, on the same stdout."""
+    code, out, _ = cli("report", str(_report(tmp_path)), "--html", "-")
+    assert code == 0 and out.endswith("</html>\n"), out[-80:]
+
+
+def test_a_page_written_over_the_report_it_reads_is_refused(tmp_path: Path, cli: Any) -> None:
+    """`report R.json --html R.json` (or a link to it) replaced the report with its page."""
+    path = _report(tmp_path)
+    before = path.read_text()
+    (tmp_path / "link.json").symlink_to(path)
+    for out in (path, tmp_path / "link.json"):
+        code, _, err = cli("report", str(path), "--html", str(out))
+        assert code == 2 and f"--html {out} is the report this run reads" in err, err
+    assert path.read_text() == before
+
+
+def test_report_with_stdout_closed_is_a_usage_error(tmp_path: Path) -> None:
+    """`ctxrules report R >&-` was `internal error: AttributeError` (the table written to None)."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(REPO / "engine") + os.pathsep + env.get("PYTHONPATH", "")
+    path = _report(tmp_path)
+    for extra in ((), ("--html", str(tmp_path / "r.html"))):
+        proc = subprocess.run(
+            [sys.executable, "-m", "ctxrules.cli.main", "report", str(path), *extra],
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+            preexec_fn=lambda: os.close(1),
+            timeout=60,
+        )
+        assert proc.returncode == 2 and "standard output is closed" in proc.stderr, proc.stderr
+        assert "internal error" not in proc.stderr

@@ -6,8 +6,8 @@ import argparse
 import json
 from typing import Any
 
-from ctxrules.cli.io import read_json, write_text
-from ctxrules.cli.output import write_stdout
+from ctxrules.cli.io import outputs_apart_from, read_json, write_text
+from ctxrules.cli.output import require_stdout, write_stdout
 from ctxrules.cli.tables import report_table
 from ctxrules.errors import UsageError
 from ctxrules.printable import printable
@@ -89,10 +89,13 @@ def _kind(value: Any) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    require_stdout()  # before the page is written: exit 2 then means nothing was
+    outputs_apart_from([args.report], "the report", html=args.html)
     report = load_report(args.report)
     if args.html:
         write_text(args.html, render_html(report))
-        write_stdout(f"wrote {args.html}\n")
+        if args.html != "-":  # on stdout, the page is all there is
+            write_stdout(f"wrote {args.html}\n")
     else:
         write_stdout(printable(report_table(report), one_line=False))
     return 0
