@@ -742,3 +742,16 @@ def test_a_folder_that_cannot_be_listed_is_exit_2_naming_it(tmp_path: Path) -> N
         (tmp_path / "runs" / "locked").chmod(0o755)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert f"{tmp_path / 'runs' / 'locked'}: cannot read: Permission denied" in proc.stderr, proc.stderr
+
+
+def test_a_name_shown_as_escapes_keeps_the_table_aligned(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The columns were measured before a name's controls became escapes (``\\u202e`` is six
+    characters for one): that row ran five columns past the others."""
+    for name in ("plain", "t\u202e"):
+        (tmp_path / f"{name}.json").write_text(json.dumps(transcript(name)))
+    assert run_cli("eval", "--baseline", "none", "--model", "gpt-4o", "--quiet", str(tmp_path)) == 0
+    lines = capsys.readouterr().out.splitlines()
+    rule = next(i for i, line in enumerate(lines) if line.startswith("-----"))
+    table = lines[rule - 1 : rule + 4]  # header, rule, two transcripts, total
+    assert any("t\\u202e" in line for line in table)
+    assert {len(line) for line in table} == {len(lines[rule])}, table

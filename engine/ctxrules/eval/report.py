@@ -11,7 +11,7 @@ from typing import Any
 
 from ctxrules.eval.probes import CATEGORIES, Retention
 from ctxrules.eval.replay import TaskResult
-from ctxrules.printable import printable_html
+from ctxrules.printable import printable, printable_html
 
 __all__ = ["Totals", "eval_html", "eval_json", "eval_table", "totals_of"]
 
@@ -168,6 +168,8 @@ _HEADER = [
 
 
 def _table(rows: list[list[str]]) -> list[str]:
+    # Cells as they will print (a name's controls as escapes): measured after, not before.
+    rows = [[printable(c) for c in row] for row in rows]
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     out = []
     for n, row in enumerate(rows):
