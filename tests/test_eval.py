@@ -641,9 +641,12 @@ def test_a_pipe_named_as_an_input_is_read(tmp_path: Path) -> None:
 
 
 def test_a_closed_stdout_is_a_usage_error_before_the_replay(tmp_path: Path) -> None:
-    """`ctxrules eval ... >&-`: the table (or `--json -`) had nowhere to go and the run ended in
-    an internal error (AttributeError on None) after the whole replay."""
-    (tmp_path / "t.json").write_text(json.dumps(transcript("c")))
+    """`ctxrules eval ... >&-`: the table (or `--json -`) had nowhere to go, found after the
+    whole replay. It is refused before a transcript is read (the lone surrogate's warning,
+    given as a transcript is read, never comes)."""
+    msgs = transcript("c")
+    msgs[1] = {**msgs[1], "content": msgs[1]["content"] + " \ud800"}
+    (tmp_path / "t.json").write_text(json.dumps(msgs))  # written as the escape \\ud800
     for extra in ((), ("--json", "-")):
         proc = subprocess.run(
             [*EVAL_NONE, "--quiet", *extra, str(tmp_path / "t.json")],
@@ -655,6 +658,7 @@ def test_a_closed_stdout_is_a_usage_error_before_the_replay(tmp_path: Path) -> N
         )
         assert proc.returncode == 2, proc.stderr
         assert "standard output is closed" in proc.stderr and "internal error" not in proc.stderr
+        assert "lone surrogate" not in proc.stderr, proc.stderr
 
 
 def test_an_output_that_is_one_of_the_transcripts_is_refused(

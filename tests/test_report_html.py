@@ -201,7 +201,8 @@ def test_a_page_written_over_the_report_it_reads_is_refused(tmp_path: Path, cli:
 
 
 def test_report_with_stdout_closed_is_a_usage_error(tmp_path: Path) -> None:
-    """`ctxrules report R >&-` was `internal error: AttributeError` (the table written to None)."""
+    """`ctxrules report R >&-` was `internal error: AttributeError` (the table written to None);
+    with `--html F` the page must not be written either when the command fails."""
     env = dict(os.environ)
     env["PYTHONPATH"] = str(REPO / "engine") + os.pathsep + env.get("PYTHONPATH", "")
     path = _report(tmp_path)
@@ -216,3 +217,4 @@ def test_report_with_stdout_closed_is_a_usage_error(tmp_path: Path) -> None:
         )
         assert proc.returncode == 2 and "standard output is closed" in proc.stderr, proc.stderr
         assert "internal error" not in proc.stderr
+    assert not (tmp_path / "r.html").exists()
