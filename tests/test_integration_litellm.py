@@ -327,3 +327,40 @@ def test_a_missing_litellm_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.delitem(sys.modules, "ctxrules.integrations.litellm")
     with pytest.raises(ImportError, match=r'pip install "ctxrules\[litellm-proxy\]"'):
         importlib.import_module("ctxrules.integrations.litellm")
+
+
+def test_the_async_sdk_messages_call_without_a_system_prompt_is_compacted(
+    tmp_path: Path, upstream: FakeUpstream
+) -> None:
+    """litellm's ``anthropic.messages.acreate`` hands the hook every parameter it has, unset
+    ones as None (``system=None``, ``tools=None``): None is "not given", not a malformed system
+    prompt. It was read as one, so every such call failed in ctxrules and went out uncompacted."""
+    hook = ContextHook("builtin:default", tmp_path / "state", window=32_000)
+    history = [m for m in long_history() if m["role"] != "system"]
+    request = A.encode(history, None, {})
+
+    async def call() -> Any:
+        litellm.callbacks = [hook]
+        try:
+            answer = await litellm.anthropic.messages.acreate(
+                model="anthropic/claude-sonnet-4-5",
+                max_tokens=100,
+                messages=request["messages"],
+                api_base=upstream.url,
+                api_key="sk-x",
+                litellm_session_id="messages-1",
+            )
+            for _ in range(100):  # litellm logs success in a background task
+                if (tmp_path / "state" / "messages-1" / "ledger.jsonl").is_file():
+                    break
+                await asyncio.sleep(0.05)
+            return answer
+        finally:
+            litellm.callbacks = []
+
+    asyncio.run(call())
+    sent = upstream.requests[-1][1]
+    assert hook.stats["failed"] == 0 and hook.stats["prepared"] == 1
+    assert "system" not in sent and "tools" not in sent
+    assert len(sent["messages"]) < len(request["messages"]) / 4
+    assert A.validate(sent) == []

@@ -308,7 +308,9 @@ class ContextHook(CustomLogger):
 
 def _apply(session: Session, data: dict[str, Any], kind: Kind) -> tuple[dict[str, Any], dict[str, Any]]:
     if kind == "anthropic":
-        body = {k: data[k] for k in _ANTHROPIC_KEYS if k in data}
+        # litellm passes every parameter of anthropic_messages, the unset ones as None (and
+        # drops them before the call): a None system or tools list is one not given.
+        body = {k: data[k] for k in _ANTHROPIC_KEYS if data.get(k) is not None}
         result = session.prepare(body, format="anthropic")
         out = {k: v for k, v in data.items() if k not in _ANTHROPIC_KEYS}
         out.update(result.body)
