@@ -145,6 +145,22 @@ def test_normalized_tools_are_byte_identical_whatever_the_order() -> None:
     ]  # input untouched
 
 
+def test_a_tool_breakpoint_stays_at_its_place_in_the_sorted_list() -> None:
+    """A ``cache_control`` on a tool caches the tools up to it: the usual one, on the last
+    tool, must still be on the last tool after sorting. It moved with its tool (Read, to the
+    front of a list sorted by name), and the provider then cached only that one tool."""
+    marker = {"type": "ephemeral", "ttl": "1h"}
+    marked = [*copy.deepcopy(TOOLS), {**tool("Agent", prompt="string"), "cache_control": marker}]
+    out = normalize_tools(marked)
+    assert [t["function"]["name"] for t in out] == ["Agent", "Bash", "Edit", "Grep", "Read"]
+    assert [t.get("cache_control") for t in out] == [None, None, None, None, marker]
+    # Still one form whatever the order the caller gave: the marker goes with the place.
+    shuffled = [marked[-1], *marked[:-1]]
+    shuffled[-1] = {**shuffled[-1], "cache_control": marker}
+    del shuffled[0]["cache_control"]
+    assert json.dumps(normalize_tools(shuffled)) == json.dumps(out)
+
+
 # -- layers --------------------------------------------------------------------------------------
 
 

@@ -68,6 +68,7 @@ __all__ = [
 ]
 
 MARKER_KEY = "cache_control"
+_UNMARKED = object()  # a tool without a breakpoint (a null one is kept as given)
 ANTHROPIC_LIMIT = 4
 # Anthropic looks for an earlier cache entry up to about 20 content blocks before a breakpoint;
 # after a longer step the previous call's end gets a breakpoint of its own.
@@ -107,12 +108,27 @@ def _normalize(value: Any, key: str | None = None) -> Any:
 def normalize_tools(tools: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """Tool schemas in one canonical form: sorted by (type, name); every object's keys sorted;
     ``required`` lists sorted and deduplicated; descriptions without trailing whitespace.
-    Nothing that changes meaning is touched (property order in JSON Schema carries none)."""
+    Nothing that changes meaning is touched (property order in JSON Schema carries none).
+
+    A breakpoint (``cache_control`` on a tool) stays at its place in the list, not with its
+    tool: it caches the tools up to it, and sorting must not shrink that (the usual one, on
+    the last tool, would otherwise cache only the tool that sorts first)."""
     normalized = [_normalize(t) if isinstance(t, Mapping) else t for t in tools]
-    return sorted(
+    ordered = sorted(
         normalized,
         key=lambda t: (str(t.get("type", "")), _tool_name(t)) if isinstance(t, dict) else ("", ""),
     )
+    places = [t.get(MARKER_KEY, _UNMARKED) if isinstance(t, dict) else _UNMARKED for t in normalized]
+    if ordered == normalized or all(p is _UNMARKED for p in places):
+        return ordered
+    out: list[Any] = []
+    for tool, marker in zip(ordered, places, strict=True):
+        if isinstance(tool, dict):
+            tool = {k: v for k, v in tool.items() if k != MARKER_KEY}
+            if marker is not _UNMARKED:
+                tool = _normalize({**tool, MARKER_KEY: marker})  # the key in its sorted place
+        out.append(tool)
+    return out
 
 
 # -- the prefix ---------------------------------------------------------------------------------
