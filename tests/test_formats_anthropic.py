@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from invariants import lost_contents, markers_resolve, pairing_problems
 
 from ctxrules import Engine
+from ctxrules.errors import MessagesError
 from ctxrules.formats import FormatError, detect
 from ctxrules.formats import anthropic as A
 
@@ -588,3 +589,115 @@ def test_notes_stay_one_message_when_each_turn_opens_with_a_screenshot(tmp_path:
             **body,
             "messages": [*body["messages"], {"role": "assistant", "content": f"answer {turn}"}, ask(turn)],
         }
+# --- where a refused request is refused ------------------------------------------------------
+
+
+def _nested(depth: int) -> Any:
+    value: Any = "x"
+    for _ in range(depth):
+        value = {"a": value}
+    return value
+
+
+_CALL = {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "sh", "input": {}}]}
+
+
+@pytest.mark.parametrize(
+    ("request_", "where"),
+    [
+        # A system prompt is one more message in the internal form: it was "message 2".
+        (
+            _req(
+                {"role": "user", "content": "a"},
+                {"role": "user", "content": [{"type": "text", "text": "b", "x": 1e999}]},
+                system="s",
+            ),
+            "/messages/1/content/0/x",
+        ),
+        # Tool results split a user turn into several messages: it was "message 4 ... /content/0".
+        (
+            _req(
+                {"role": "user", "content": "a"},
+                _CALL,
+                {
+                    "role": "user",
+                    "content": [RESULT | {"tool_use_id": "t1"}, {"type": "text", "text": "b", "x": 1e999}],
+                },
+            ),
+            "/messages/2/content/1/x",
+        ),
+        (
+            _req(
+                {"role": "user", "content": "a"},
+                _CALL,
+                {
+                    "role": "user",
+                    "content": [
+                        {
+                            "type": "tool_result",
+                            "tool_use_id": "t1",
+                            "content": [{"type": "text", "text": "o", "x": 10**5000}],
+                        }
+                    ],
+                },
+            ),
+            "/messages/2/content/0/content/0/x",
+        ),
+        # Thinking blocks are "thinking_blocks" and a tool_use's extra keys ride on the codec's
+        # private key in the internal form: neither is a name the caller wrote.
+        (
+            _req(
+                {"role": "user", "content": "a"},
+                {
+                    "role": "assistant",
+                    "content": [{"type": "thinking", "thinking": "t", "signature": "s", "x": float("nan")}],
+                },
+            ),
+            "/messages/1/content/0/x",
+        ),
+        (
+            _req(
+                {"role": "user", "content": "a"},
+                {"role": "assistant", "content": [{**_CALL["content"][0], "caller": _nested(150)}]},
+                {"role": "user", "content": [RESULT]},
+            ),
+            "/messages/1/content/0/caller/a/a",
+        ),
+        # A tool schema the request's nesting limit admits but the internal form nests one
+        # level deeper (function.parameters) than the limit.
+        (_req({"role": "user", "content": "a"}, tools=[{"name": "x", "input_schema": _nested(99)}]), "/input_schema/a"),
+        (
+            _req(
+                {"role": "user", "content": "a"},
+                {"role": "assistant", "content": "b"},
+                {"role": "user", "content": [{"type": "image_url"}]},
+                system="s",
+            ),
+            "messages[2].content[0]",
+        ),
+    ],
+)
+def test_a_refused_request_names_the_place_in_the_request(
+    engine: Engine, tmp_path: Path, request_: dict[str, Any], where: str
+) -> None:
+    """A request ctxrules refuses is refused naming the place in the request as sent: not an
+    index or a field of the internal form the request was decoded into."""
+    session = engine.session(tmp_path / "s", model="claude-sonnet-4-5")
+    with pytest.raises(MessagesError) as caught:
+        session.prepare(request_, format="anthropic")
+    message = str(caught.value)
+    assert where in message, message
+    for internal in ("message 2", "message 3", "message 4", "tool_calls", "thinking_blocks", A.PRIVATE, "/function/"):
+        assert internal not in message, message
+
+
+def test_a_repaired_surrogate_is_noted_at_its_place_in_the_request(engine: Engine, tmp_path: Path) -> None:
+    request = _req(
+        {"role": "user", "content": "a"},
+        _CALL,
+        {"role": "user", "content": [RESULT, {"type": "text", "text": "b\ud800"}]},
+        system="s",
+    )
+    result = engine.session(tmp_path / "s", model="claude-sonnet-4-5").prepare(request, format="anthropic")
+    assert "message 2: a lone surrogate in /content/1/text was replaced with U+FFFD" in result.report["warnings"]
+    assert result.body["messages"][2]["content"][1]["text"] == "b\ufffd"

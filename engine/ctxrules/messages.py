@@ -128,7 +128,9 @@ def _within_limits(index: int, message: Message, warnings: list[str] | None) -> 
     return found.value  # type: ignore[no-any-return]
 
 
-def validate_tools(tools: object, *, warnings: list[str] | None = None) -> list[dict[str, Any]]:
+def validate_tools(
+    tools: object, *, warnings: list[str] | None = None, max_depth: int | None = None
+) -> list[dict[str, Any]]:
     """Check tool definitions (OpenAI ``{"type": "function", "function": {...}}`` or Anthropic
     ``{"name", "input_schema"}``) as messages are checked, and return them as a new list.
 
@@ -136,8 +138,9 @@ def validate_tools(tools: object, *, warnings: list[str] | None = None) -> list[
     :data:`~ctxrules.json_limits.MAX_DEPTH`, an integer too long to write out and a non-finite
     number raise :class:`MessagesError` naming the tool and the field; lone surrogates are
     replaced with U+FFFD in a copy of the tool, with a warning naming the tool and field.
-    ``None`` is no tools."""
-    from ctxrules.json_limits import pointer, scan, short_pointer
+    ``None`` is no tools. ``max_depth``: a lower nesting limit (for tools that nest deeper
+    once converted)."""
+    from ctxrules.json_limits import MAX_DEPTH, pointer, scan, short_pointer
 
     if tools is None:
         return []
@@ -147,7 +150,7 @@ def validate_tools(tools: object, *, warnings: list[str] | None = None) -> list[
     for index, tool in enumerate(tools):
         if not isinstance(tool, Mapping):
             raise MessagesError(f"tool {index}: expected an object, got {_type_name(tool)}")
-        found = scan(tool)
+        found = scan(tool, max_depth=MAX_DEPTH if max_depth is None else max_depth)
         if found.problems or found.replaced:
             where = f"tool {index}" + (f" ({name})" if (name := _tool_name(found.value)) else "")
             if found.problems:

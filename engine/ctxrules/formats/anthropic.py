@@ -35,7 +35,7 @@ from typing import Any
 from ctxrules.formats import FormatError, Problem
 from ctxrules.injected import parse_head
 
-__all__ = ["OPENING_TEXT", "PRIVATE", "Decoded", "decode", "encode", "strip_private", "validate"]
+__all__ = ["DEEPER", "OPENING_TEXT", "PRIVATE", "Decoded", "decode", "encode", "strip_private", "validate"]
 
 Message = dict[str, Any]
 
@@ -46,6 +46,11 @@ OPENING_TEXT = "(conversation continues)"
 """The user turn put first when a message list would otherwise start with an assistant turn."""
 
 CACHE = "cache_control"
+DEEPER = 2
+"""Levels the internal form nests a request's value deeper, at most: a ``tool_use`` block's
+extra keys ride on its tool call's :data:`PRIVATE` ``extra``, a tool's ``input_schema`` is its
+``function.parameters``. A request within ``MAX_DEPTH - DEEPER`` decodes within ``MAX_DEPTH``,
+so what is too deep is refused naming the place in the request, not in the internal form."""
 MAX_BREAKPOINTS = 4
 _THINKING = frozenset({"thinking", "redacted_thinking"})
 _RESULT_CONTENT = frozenset({"text", "image", "document", "search_result"})
@@ -130,6 +135,10 @@ def _check_blocks(where: str, blocks: list[Any]) -> None:
         at = f"{where}.content[{j}]"
         if kind == "text" and not isinstance(block.get("text"), str):
             raise FormatError(f"{at}: a text block needs a string 'text'")
+        if kind == "image_url":  # not Anthropic's, but an OpenAI image part encodes as an image
+            image = block.get("image_url")
+            if not isinstance(image.get("url") if isinstance(image, Mapping) else image, str):
+                raise FormatError(f"{at}: an image_url block needs 'image_url.url' (a string)")
         if kind == "tool_use":
             if not isinstance(block.get("id"), str) or not isinstance(block.get("name"), str):
                 raise FormatError(f"{at}: a tool_use block needs a string 'id' and 'name'")

@@ -8,8 +8,8 @@ from typing import Any, Protocol
 from ctxrules.errors import MessagesError, UsageError
 from ctxrules.formats import FORMATS, detect
 from ctxrules.formats import anthropic as anthropic_format
+from ctxrules.json_limits import MAX_DEPTH, Scan, is_plain, pointer, scan, short_pointer
 from ctxrules.json_limits import Path as JsonPath
-from ctxrules.json_limits import Scan, pointer, scan, short_pointer
 from ctxrules.messages import validate_tools
 from ctxrules.results import PrepareResult
 
@@ -49,7 +49,8 @@ def prepare_request(
     decoded = anthropic_format.decode(request)
     given = decoded.tools
     if tools is not None:
-        given = anthropic_format.decode({"messages": [], "tools": validate_tools(tools, warnings=notes)}).tools
+        checked = validate_tools(tools, warnings=notes, max_depth=MAX_DEPTH - anthropic_format.DEEPER)
+        given = anthropic_format.decode({"messages": [], "tools": checked}).tools
     result = session._prepare_openai(decoded.messages, given, clock)
     result.report["warnings"][:0] = notes
     result.body = anthropic_format.encode(result.messages, result.tools if given is not None else None, decoded.request)
@@ -60,21 +61,26 @@ def prepare_request(
 
 
 def _within_limits(request: Any, notes: list[str]) -> Any:
-    """``request`` checked before the codec walks it: the fields besides ``messages`` (tools by
-    :func:`validate_tools`, naming the tool) and every ``tool_use`` input (the codec writes it
-    out with ``json.dumps``, which would recurse without end, fail on a long integer, or write
-    ``NaN``). Nesting, long integers and non-finite numbers raise :class:`MessagesError` with
-    the JSON pointer in the request; lone surrogates are replaced with U+FFFD, each message or
-    field noted in ``notes``. The rest of each message is checked after decoding, like any
-    message (only new messages of a session: a warm turn does not walk the whole history).
-    Not an object: the codec says what it expected."""
+    """``request`` checked before the codec walks it, every field as sent: the tools by
+    :func:`validate_tools` (naming the tool), the messages and the other fields here. Nesting,
+    long integers and non-finite numbers raise :class:`MessagesError` with the JSON pointer in
+    the request (the codec writes a ``tool_use`` input out with ``json.dumps``, which would
+    recurse without end, fail on a long integer, or write ``NaN``); lone surrogates are
+    replaced with U+FFFD, each message or field noted in ``notes``. Checked here and not after
+    decoding: the internal form numbers and names things otherwise (a system prompt is one
+    more message, a turn's tool results are messages of their own, a thinking block is in
+    ``thinking_blocks``), and the place given must be one the caller can find. Nesting is
+    limited :data:`~ctxrules.formats.anthropic.DEEPER` levels below the usual, so that the
+    decoded form is within the limit too. Most messages take the fast walk that only says all
+    is well (:func:`is_plain`). Not an object: the codec says what it expected."""
     if not isinstance(request, Mapping):
         return request
+    depth = MAX_DEPTH - anthropic_format.DEEPER
     body = dict(request)
     if isinstance(body.get("tools"), list):
-        body["tools"] = validate_tools(body["tools"], warnings=notes)
+        body["tools"] = validate_tools(body["tools"], warnings=notes, max_depth=depth)
     rest = {k: v for k, v in body.items() if k not in ("tools", "messages")}
-    found = scan(rest)
+    found = scan(rest, max_depth=depth)
     _refuse(found)
     replaced = list(found.replaced)
     if found.replaced:
@@ -83,21 +89,14 @@ def _within_limits(request: Any, notes: list[str]) -> Any:
     if isinstance(messages, list):
         fixed: list[Any] | None = None
         for i, message in enumerate(messages):
-            content = message.get("content") if isinstance(message, Mapping) else None
-            if not isinstance(content, list):
+            if is_plain(message, max_depth=depth):
                 continue
-            for j, block in enumerate(content):
-                if not (isinstance(block, Mapping) and block.get("type") == "tool_use" and "input" in block):
-                    continue
-                inner = scan(block["input"], base=("messages", i, "content", j, "input"))
-                _refuse(inner)
-                if inner.replaced:
-                    fixed = fixed if fixed is not None else list(messages)
-                    copy = dict(fixed[i])
-                    copy["content"] = blocks = list(copy["content"])
-                    blocks[j] = {**blocks[j], "input": inner.value}
-                    fixed[i] = copy
-                    replaced.extend(inner.replaced)
+            inner = scan(message, max_depth=depth, base=("messages", i))
+            _refuse(inner)
+            if inner.replaced:
+                fixed = fixed if fixed is not None else list(messages)
+                fixed[i] = inner.value
+                replaced.extend(inner.replaced)
         if fixed is not None:
             body["messages"] = fixed
     _note_repairs(replaced, notes)
