@@ -364,3 +364,40 @@ def test_the_async_sdk_messages_call_without_a_system_prompt_is_compacted(
     assert "system" not in sent and "tools" not in sent
     assert len(sent["messages"]) < len(request["messages"]) / 4
     assert A.validate(sent) == []
+
+
+@pytest.mark.parametrize(
+    ("kind", "data", "where"),
+    [
+        ("openai", {"model": "gpt-4o", "messages": [{"role": "user", "content": 5}]}, "message 0 (user): 'content'"),
+        (
+            "anthropic",
+            {
+                "model": "claude-sonnet-4-5",
+                "max_tokens": 10,
+                "messages": [{"role": "user", "content": [{"text": "x"}]}],
+            },
+            "messages[0].content[0]",
+        ),
+        (
+            "anthropic",
+            {
+                "model": "claude-sonnet-4-5",
+                "max_tokens": 10,
+                "messages": [{"role": "user", "content": [{"type": "text", "text": "x", "x": float("nan")}]}],
+            },
+            "request /messages/0/content/0/x",
+        ),
+    ],
+)
+def test_a_malformed_request_rejected_is_a_bad_request_not_a_server_error(
+    tmp_path: Path, kind: Any, data: dict[str, Any], where: str
+) -> None:
+    """With on_error="reject", a request ctxrules cannot read is the caller's error (400, with
+    where it is malformed), not ctxrules failing (a 500 clients and the Router retry); with
+    "pass" it goes on as given, for the provider to refuse."""
+    rejecting = ContextHook("builtin:default", tmp_path / "state", on_error="reject")
+    with pytest.raises(litellm.BadRequestError, match="ctxrules: ") as caught:
+        rejecting.process(data, kind)
+    assert caught.value.status_code == 400 and where in str(caught.value)
+    assert ContextHook("builtin:default", tmp_path / "state").process(data, kind) is data

@@ -17,7 +17,8 @@ produced passes unchanged, with no state written. A request the gateway guard re
 ``litellm.BadRequestError`` (HTTP 400 from the proxy) and one an exceeded budget refuses a
 ``litellm.RateLimitError`` (429), both with ctxrules' message; any other failure of ctxrules
 passes the request on unchanged with a logged warning (``on_error="pass"``, the default) or
-refuses it (``on_error="reject"``, 500) — a request is never lost because ctxrules failed.
+refuses it (``on_error="reject"``: 500, or 400 for a request ctxrules cannot read, a
+``MessagesError``) — a request is never lost because ctxrules failed.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ except ImportError as exc:  # pragma: no cover - litellm is a core dependency; a
     ) from exc
 
 from ctxrules.budget.usage import as_mapping, is_failed_response, parse_usage
+from ctxrules.errors import MessagesError
 from ctxrules.injected import KEY_FILE
 from ctxrules.integrations import OpenSessions, session_name
 from ctxrules.logs import get_logger
@@ -190,7 +192,8 @@ class ContextHook(CustomLogger):
     def process(self, data: dict[str, Any], kind: Kind, *, api_key: str | None = None) -> dict[str, Any]:
         """``data`` (a litellm request) with its messages prepared; the same object when it
         equals an output this hook produced. Raises litellm's BadRequestError (guard) or
-        RateLimitError (budget); other failures follow ``on_error``."""
+        RateLimitError (budget); other failures follow ``on_error`` (with ``reject``, a
+        malformed request is a BadRequestError, anything else an InternalServerError)."""
         from ctxrules.budget.tracker import BudgetExceeded
         from ctxrules.runtime.guards import RequestRejected
 
@@ -208,6 +211,9 @@ class ContextHook(CustomLogger):
             raise _litellm_error("RateLimitError", f"ctxrules: {exc}", data) from None
         except Exception as exc:
             self.stats["failed"] += 1
+            if self.on_error == "reject" and isinstance(exc, MessagesError):
+                # The request's own fault (malformed, not JSON data): a 500 would be retried.
+                raise _litellm_error("BadRequestError", f"ctxrules: {exc}", data) from None
             if self.on_error == "reject":
                 raise _litellm_error(
                     "InternalServerError", f"ctxrules failed: {type(exc).__name__}: {exc}", data
