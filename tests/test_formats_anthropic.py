@@ -701,3 +701,26 @@ def test_a_repaired_surrogate_is_noted_at_its_place_in_the_request(engine: Engin
     result = engine.session(tmp_path / "s", model="claude-sonnet-4-5").prepare(request, format="anthropic")
     assert "message 2: a lone surrogate in /content/1/text was replaced with U+FFFD" in result.report["warnings"]
     assert result.body["messages"][2]["content"][1]["text"] == "b\ufffd"
+
+
+def test_a_last_user_turn_the_pipeline_empties_does_not_turn_the_reply_into_a_prefill(
+    engine: Engine, tmp_path: Path
+) -> None:
+    """A last user turn holding only a tool result that answers no call: the result is dropped
+    (and kept in the vault). The request then ended with the assistant turn, which Anthropic
+    reads as a prefill the model continues, not as a turn to answer; and a request of nothing
+    but that turn became one without messages, which Anthropic refuses."""
+    orphan = {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "gone", "content": "out"}]}
+    session = engine.session(tmp_path / "s", model="claude-sonnet-4-5")
+    body = session.prepare(
+        _req({"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}, orphan), format="anthropic"
+    ).body
+    assert [t["role"] for t in body["messages"]] == ["user", "assistant", "user"]
+    assert body["messages"][1]["content"] == "b" and A.validate(body) == []
+    alone = engine.session(tmp_path / "t", model="claude-sonnet-4-5").prepare(_req(orphan), format="anthropic")
+    assert alone.body["messages"] == [{"role": "user", "content": A.OPENING_TEXT}]
+    assert next(a["kind"] for s in alone.report["stages"] for a in s["actions"]) == "orphan_dropped"
+    # A request that ends with an assistant turn is a prefill the caller meant: left as it is.
+    prefill = _req({"role": "user", "content": "a"}, {"role": "assistant", "content": "The answer is"})
+    out = engine.session(tmp_path / "u", model="claude-sonnet-4-5").prepare(prefill, format="anthropic").body
+    assert out["messages"][-1] == {"role": "assistant", "content": "The answer is"}

@@ -17,7 +17,8 @@ content, extra keys of tools and tool calls) rides on the private key :data:`PRI
 messages, or what the pipeline made of a decoded request): leading system/developer messages →
 ``system``; ``tool`` results → ``tool_result`` blocks at the head of the next user turn;
 consecutive messages of one role → one turn (roles alternate); a list that would start with an
-assistant turn gets a short opening user turn; message-level ``cache_control`` moves onto the
+assistant turn gets a short opening user turn (and one that would end with an assistant turn
+where ``request`` ended with a user turn, a closing one); message-level ``cache_control`` moves onto the
 turn's last block; OpenAI ``image_url`` parts become image blocks; every key Anthropic does not
 define is left out. A decoded valid request encodes back to the same JSON (key order aside).
 
@@ -43,7 +44,8 @@ PRIVATE = "_ctxrules_anthropic"
 """Key on internal messages, tool calls and tools holding what the OpenAI form cannot say."""
 
 OPENING_TEXT = "(conversation continues)"
-"""The user turn put first when a message list would otherwise start with an assistant turn."""
+"""The user turn put first when a message list would otherwise start with an assistant turn,
+and last when the request ended with a user turn and the message list no longer does."""
 
 CACHE = "cache_control"
 DEEPER = 2
@@ -337,6 +339,11 @@ def encode(
     turns = _without_empty_text(turns)
     if turns and turns[0]["role"] != "user":
         turns.insert(0, {"role": "user", "content": OPENING_TEXT})
+    if _ended_with_user(request) and (not turns or turns[-1]["role"] != "user"):
+        # The pipeline emptied the last user turn (a tool result answering no call): an
+        # assistant turn last would be a prefill the model continues, and no turn at all is
+        # a request Anthropic refuses.
+        turns.append({"role": "user", "content": OPENING_TEXT})
     base = dict(request or {})
     out: dict[str, Any] = {}
     wrote_system = wrote_messages = False
@@ -359,6 +366,12 @@ def encode(
     if tools and "tools" not in out:
         out["tools"] = [_encode_tool(t) for t in tools]
     return out
+
+
+def _ended_with_user(request: Mapping[str, Any] | None) -> bool:
+    messages = request.get("messages") if request is not None else None
+    last = messages[-1] if isinstance(messages, list) and messages else None
+    return isinstance(last, Mapping) and last.get("role") == "user"
 
 
 def _system_value(system: list[Mapping[str, Any]]) -> str | list[dict[str, Any]]:
