@@ -240,6 +240,13 @@ def _req(*messages: dict[str, Any], **top: Any) -> dict[str, Any]:
     return {"model": "claude-sonnet-4-5", "max_tokens": 10, **top, "messages": list(messages)}
 
 
+def _nested(depth: int) -> Any:
+    value: Any = "x"
+    for _ in range(depth):
+        value = {"a": value}
+    return value
+
+
 USE = {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "Bash", "input": {}}]}
 RESULT = {"type": "tool_result", "tool_use_id": "t1", "content": "ok"}
 
@@ -322,6 +329,24 @@ def test_the_validator_names_each_broken_rule(request_: dict[str, Any], found: s
         (
             _req({"role": "user", "content": "a"}, {"role": "assistant", "content": [{"type": ["thinking"]}]}),
             "string 'type'",
+        ),
+        # What no JSON writer takes is a problem too, not a RecursionError or a TypeError.
+        (_req({"role": "user", "content": [{"type": "text", "text": "a", "x": _nested(5000)}]}), "nested deeper"),
+        (_req({"role": "user", "content": "a"}, tools=[_nested(5000)]), "tools/0/a/a"),
+        (_req({"role": "user", "content": "a", 1: "x"}), "a key that is not a string"),
+        (
+            _req({"role": "user", "content": [{"type": "text", "text": "a", "x": float("nan")}]}),
+            "messages/0/content/0/x",
+        ),
+        (
+            _req(
+                {"role": "user", "content": "a"},
+                {
+                    "role": "assistant",
+                    "content": [{"type": "thinking", "thinking": "t", "signature": "s", "n": 10**5000}],
+                },
+            ),
+            "more than 4300 digits",
         ),
     ],
 )
@@ -590,13 +615,6 @@ def test_notes_stay_one_message_when_each_turn_opens_with_a_screenshot(tmp_path:
             "messages": [*body["messages"], {"role": "assistant", "content": f"answer {turn}"}, ask(turn)],
         }
 # --- where a refused request is refused ------------------------------------------------------
-
-
-def _nested(depth: int) -> Any:
-    value: Any = "x"
-    for _ in range(depth):
-        value = {"a": value}
-    return value
 
 
 _CALL = {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "sh", "input": {}}]}

@@ -35,6 +35,7 @@ from typing import Any
 
 from ctxrules.formats import FormatError, Problem
 from ctxrules.injected import parse_head
+from ctxrules.json_limits import is_plain, scan, short_pointer
 
 __all__ = ["DEEPER", "OPENING_TEXT", "PRIVATE", "Decoded", "decode", "encode", "strip_private", "validate"]
 
@@ -600,7 +601,10 @@ def validate(
       right before; tool_use ids are unique;
     - at most 4 ``cache_control`` breakpoints, counting tools and system;
     - text blocks are not empty; thinking blocks carry their ``signature`` (``data`` for
-      redacted ones) and sit in assistant turns only.
+      redacted ones) and sit in assistant turns only;
+    - it is JSON data (no ``NaN``, no key that is not a string, nesting within
+      :data:`~ctxrules.json_limits.MAX_DEPTH`): if not, only that is reported (in ``original``
+      too), as the other checks would have to walk it.
 
     With ``original`` (the request before ctxrules changed it), signed thinking is checked
     against it: every thinking block is byte-exact one of the original's; the latest assistant
@@ -611,6 +615,11 @@ def validate(
     problems: list[Problem] = []
     if not isinstance(request, Mapping):
         return [Problem("", "an Anthropic request is a JSON object")]
+    unwritable = _not_json(request, "")
+    if original is not None:
+        unwritable += _not_json(original, "the original request: ")
+    if unwritable:  # the checks below walk and write out the request: not such data
+        return unwritable
     messages = request.get("messages")
     if not isinstance(messages, list) or not messages:
         return [Problem("messages", "must be a non-empty list")]
@@ -699,6 +708,14 @@ def validate(
     if original is not None:
         _check_thinking(request, original, preserved_thinking, problems)
     return problems
+
+
+def _not_json(value: object, what: str) -> list[Problem]:
+    """What in ``value`` no JSON writer takes (nesting past the limit, a key that is not a
+    string, ``NaN``, an integer too long, a non-JSON value), each at its JSON pointer."""
+    if is_plain(value):
+        return []
+    return [Problem(short_pointer(p.path), what + p.detail) for p in scan(value).problems]
 
 
 def _check_system(system: object, problems: list[Problem]) -> None:
