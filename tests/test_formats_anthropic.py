@@ -614,6 +614,8 @@ def test_notes_stay_one_message_when_each_turn_opens_with_a_screenshot(tmp_path:
             **body,
             "messages": [*body["messages"], {"role": "assistant", "content": f"answer {turn}"}, ask(turn)],
         }
+
+
 # --- where a refused request is refused ------------------------------------------------------
 
 
