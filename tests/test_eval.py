@@ -759,3 +759,18 @@ def test_a_name_shown_as_escapes_keeps_the_table_aligned(tmp_path: Path, capsys:
     table = lines[rule - 1 : rule + 4]  # header, rule, two transcripts, total
     assert any("t\\u202e" in line for line in table)
     assert {len(line) for line in table} == {len(lines[rule])}, table
+
+
+def test_jobs_beyond_the_cpus_or_the_pairs_start_no_more_workers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # `--jobs 1000` over a folder of a thousand transcripts started a thousand processes, each
+    # importing ctxrules and a tokenizer: the machine's memory, not the user's intent.
+    from ctxrules.eval import run as eval_run
+
+    monkeypatch.setattr(eval_run.os, "cpu_count", lambda: 4)
+    assert [eval_run.workers(j, n) for j, n in ((1000, 10), (3, 10), (8, 2), (1, 0))] == [4, 3, 2, 1]
+    path = tmp_path / "one.json"
+    path.write_text(json.dumps(transcript("one")))
+    assert run_cli("eval", "--baseline", "none", "--model", "gpt-4o", "--jobs", "1000", "--quiet", str(path)) == 0
+    assert "(1 job(s))" in capsys.readouterr().out

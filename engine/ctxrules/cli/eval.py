@@ -14,7 +14,7 @@ from ctxrules.cli.output import require_stdout, stdout_writer
 from ctxrules.errors import PackError, UsageError
 from ctxrules.eval.replay import STEP_S, Task
 from ctxrules.eval.report import dumps, eval_html, eval_json, eval_table, totals_of
-from ctxrules.eval.run import load_transcripts, plans_from, run_tasks
+from ctxrules.eval.run import load_transcripts, plans_from, run_tasks, workers
 from ctxrules.models import lookup_model
 from ctxrules.packs.validated import load_pack
 from ctxrules.printable import printable
@@ -156,7 +156,7 @@ def run(args: argparse.Namespace) -> int:
     # The table goes to stderr when a file written to stdout (-) would otherwise follow it.
     shown = sys.stderr if "-" in (args.json, args.html) else stdout_writer()
     shown.write(printable(table, one_line=False))
-    shown.write(f"\n{total_turns} calls replayed in {seconds:.1f} s ({args.jobs} job(s))\n")
+    shown.write(f"\n{total_turns} calls replayed in {seconds:.1f} s ({workers(args.jobs, len(tasks))} job(s))\n")
     if args.json:
         write_text(
             args.json, dumps(eval_json(results, overall, each, model=args.model, window=args.window, seconds=seconds))

@@ -124,8 +124,16 @@ def _worker(task: Task, events: Any) -> TaskResult:
     return replay(task, progress)
 
 
+def workers(jobs: int, tasks: int) -> int:
+    """How many worker processes ``jobs`` asked for become: never more than the tasks, nor than
+    the CPUs (each worker imports ctxrules and a tokenizer, ~100 MB: ``--jobs 1000`` over a
+    folder of a thousand transcripts would start a thousand of them)."""
+    return max(1, min(jobs, tasks, os.cpu_count() or 1))
+
+
 def run_tasks(tasks: Sequence[Task], *, jobs: int = 1, progress: Progress | None = None) -> list[TaskResult]:
-    """Every task's result, in the order of ``tasks``."""
+    """Every task's result, in the order of ``tasks``, with :func:`workers` processes."""
+    jobs = workers(jobs, len(tasks))
     if jobs <= 1 or len(tasks) <= 1:
         return [replay(task, progress) for task in tasks]
     context = multiprocessing.get_context("spawn")
