@@ -225,6 +225,15 @@ def test_detection_follows_the_documented_signs(request_: Any, kind: str) -> Non
             },
             "input",
         ),
+        # Which tool is not an object, not only that one is not.
+        (
+            {"system": "s", "messages": [{"role": "user", "content": "a"}], "tools": [{"name": "x"}, 5]},
+            "tools[1]: expected an object, got int",
+        ),
+        (
+            {"system": "s", "messages": [{"role": "user", "content": "a"}], "tools": {"name": "x"}},
+            "tools: expected a list of objects, got dict",
+        ),
     ],
 )
 def test_unreadable_requests_are_a_format_error(request_: Any, message: str) -> None:

@@ -111,8 +111,11 @@ def decode(request: object) -> Decoded:
     tools = request.get("tools")
     decoded_tools: list[dict[str, Any]] | None = None
     if tools is not None:
-        if not isinstance(tools, list) or not all(isinstance(t, Mapping) for t in tools):
-            raise FormatError("tools: expected a list of objects")
+        if not isinstance(tools, list):
+            raise FormatError(f"tools: expected a list of objects, got {type(tools).__name__}")
+        for i, tool in enumerate(tools):
+            if not isinstance(tool, Mapping):
+                raise FormatError(f"tools[{i}]: expected an object, got {type(tool).__name__}")
         decoded_tools = [_decode_tool(f"tools[{i}]", t) for i, t in enumerate(tools)]
     return Decoded(out, decoded_tools, dict(request))
 
