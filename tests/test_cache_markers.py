@@ -500,3 +500,18 @@ def test_replay_keeps_the_stable_prefix_byte_identical(tmp_path: Path, name: str
     assert compared >= 5 and share == 1.0
     assert breaks == 0
     assert canonical_message(result.messages[0]) == system
+
+
+def test_allowed_tools_on_a_provider_without_the_tool_choice_narrows_the_list(tmp_path: Path) -> None:
+    # Anthropic has no tool_choice=allowed_tools: the narrowing was dropped on the way to the
+    # provider, and every tool the pack meant to forbid stayed callable.
+    stage = CacheMarkers({"allowed_tools": ["Read", "Gr*"]})
+    out = stage(conversation(1), make_ctx(tmp_path, "claude-sonnet-4-5", TOOLS, {}))
+    assert [t["function"]["name"] for t in out.tools or TOOLS] == ["Grep", "Read"]
+    assert "tool_choice" not in out.request
+    assert any("2 of 4 tools sent" in d for d in actions(out, "allowed_tools"))
+    # Nothing left to call: the schemas stay (a history with tool calls must define tools).
+    none = CacheMarkers({"allowed_tools": ["Nothing*"]})(
+        conversation(1), make_ctx(tmp_path, "claude-sonnet-4-5", TOOLS, {})
+    )
+    assert none.request["tool_choice"] == "none" and len(none.tools or TOOLS) == 4

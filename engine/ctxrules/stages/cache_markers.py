@@ -517,6 +517,10 @@ class CacheMarkers:
         host = (urlparse(self.options.api_base).hostname or "").lower()
         return host in OPENAI_HOSTS
 
+    @staticmethod
+    def _family(ctx: StageContext) -> str:
+        return ctx.model.family or ctx.model.provider or ctx.model.name
+
     def _allowed_tools_supported(self, ctx: StageContext) -> bool:
         return (
             ctx.model.family in ALLOWED_TOOLS_FAMILIES and (ctx.model.provider or "openai") in ALLOWED_TOOLS_PROVIDERS
@@ -531,6 +535,24 @@ class CacheMarkers:
         request: dict[str, Any] = {}
 
         tools, narrowed_to = self._tools(ctx, actions)
+        allowed = self._allowed(tools, narrowed_to)
+        if allowed is not None and narrowed_to is None and not self._allowed_tools_supported(ctx):
+            # The pack's `allowed_tools` on a provider without tool_choice=allowed_tools
+            # (Anthropic, Gemini, ...: the choice would be dropped on the way, every tool left
+            # callable): the list itself is narrowed, a tools break the report shows.
+            # None allowed: the list stays and tool_choice=none says so (a request holding
+            # tool calls must still define tools on Anthropic).
+            kept = [t for t in tools if _tool_name(t) in set(allowed)]
+            if kept:
+                if len(kept) != len(tools):
+                    actions.append(
+                        Action(
+                            "allowed_tools",
+                            f"{len(kept)} of {len(tools)} tools sent ({self._family(ctx)} has no "
+                            "allowed_tools tool_choice): " + ", ".join(allowed),
+                        )
+                    )
+                tools, allowed = kept, None
         out = self._remove_own_markers(messages, state)
         layers = prefix_layers(out)
 
@@ -551,7 +573,6 @@ class CacheMarkers:
                 request["prompt_cache_key"] = key
                 actions.append(Action("prompt_cache_key", f"prompt_cache_key={key}"))
 
-        allowed = self._allowed(tools, narrowed_to)
         if allowed == [] and tools:
             # Nothing may be called: "none" says so without dropping the schemas from the prefix.
             request["tool_choice"] = "none"
