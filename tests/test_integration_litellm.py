@@ -401,3 +401,44 @@ def test_a_malformed_request_rejected_is_a_bad_request_not_a_server_error(
         rejecting.process(data, kind)
     assert caught.value.status_code == 400 and where in str(caught.value)
     assert ContextHook("builtin:default", tmp_path / "state").process(data, kind) is data
+
+
+def test_a_script_that_ends_right_after_its_async_call_still_records_the_usage(tmp_path: Path) -> None:
+    """``asyncio.run(main())`` and exit, as a user's script does: litellm's success logging
+    then runs while the interpreter shuts down, when no thread can be started. The hook's
+    hand-off to a thread failed there with a traceback on stderr, and the call's usage never
+    reached the session ledger (budgets counted less than was spent)."""
+    import subprocess
+    import textwrap
+
+    script = tmp_path / "agent.py"
+    script.write_text(
+        textwrap.dedent(
+            """\
+            import asyncio, os
+            import litellm
+            from ctxrules.integrations.litellm import ContextHook
+
+            litellm.callbacks = [ContextHook(pack="builtin:default", state=os.path.abspath("state"))]
+
+            async def main():
+                r = await litellm.acompletion(
+                    model="gpt-4o", messages=[{"role": "user", "content": "hi"}],
+                    mock_response="hello", metadata={"session_id": "s1"},
+                )
+                print(r.choices[0].message.content)
+
+            asyncio.run(main())
+            """
+        ),
+        encoding="utf-8",
+    )
+    env = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
+    done = subprocess.run(
+        [sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0 and done.stdout.strip() == "hello", done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
+    (ledger,) = (tmp_path / "state").glob("*/ledger.jsonl")
+    (record,) = [json.loads(line) for line in ledger.read_text(encoding="utf-8").splitlines()]
+    assert record["model"] == "gpt-4o" and record["tokens"]["completion"] > 0

@@ -134,7 +134,13 @@ class ContextHook(CustomLogger):
     ) -> None:
         """After a successful call (proxy and async SDK): its usage goes to the session's ledger,
         so the pack's budgets see what the calls cost."""
-        await asyncio.to_thread(self._record, kwargs, response_obj)
+        try:
+            await asyncio.to_thread(self._record, kwargs, response_obj)
+        except RuntimeError:
+            # No thread to hand it to: the program is ending (``asyncio.run(main())`` returned
+            # and litellm's logging worker runs during the interpreter's shutdown). Recorded
+            # here, blocking the worker a moment, rather than the call's usage lost.
+            self._record(kwargs, response_obj)
 
     def log_success_event(self, kwargs: dict[str, Any], response_obj: Any, start_time: Any, end_time: Any) -> None:
         """The same for litellm's sync path (``completion`` with this hook in ``litellm.callbacks``)."""
