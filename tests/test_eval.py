@@ -774,3 +774,28 @@ def test_jobs_beyond_the_cpus_or_the_pairs_start_no_more_workers(
     path.write_text(json.dumps(transcript("one")))
     assert run_cli("eval", "--baseline", "none", "--model", "gpt-4o", "--jobs", "1000", "--quiet", str(path)) == 0
     assert "(1 job(s))" in capsys.readouterr().out
+
+
+def test_replayed_sessions_are_kept_in_memory_where_the_machine_has_a_folder_for_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A replayed session is thrown away: fsyncing its vault items made a long replay wait on the
+    # disk for most of its time (2,000 messages: 50 s, 30 of them waiting).
+    import tempfile
+
+    from ctxrules.eval import replay as eval_replay
+
+    used: list[str | None] = []
+    real = tempfile.TemporaryDirectory
+
+    def recording(*args: Any, **kwargs: Any) -> Any:
+        used.append(kwargs.get("dir"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(eval_replay.tempfile, "TemporaryDirectory", recording)
+    path = tmp_path / "one.json"
+    path.write_text(json.dumps(transcript("one")))
+    assert run_cli("eval", "--pack", "builtin:default", "--model", "gpt-4o", "--quiet", str(path)) == 0
+    shm = Path("/dev/shm")
+    expected = "/dev/shm" if shm.is_dir() and os.access(shm, os.W_OK | os.X_OK) else None
+    assert used and set(used) == {expected}

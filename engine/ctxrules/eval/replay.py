@@ -157,6 +157,16 @@ def _default_roles() -> Any:
     return tool_roles(load_pack("builtin:default").data)
 
 
+def _scratch() -> str | None:
+    """Where the replayed sessions live: a memory-backed folder (``/dev/shm``) when the machine
+    has a writable one, else the system's temporary folder. A replayed session is thrown away;
+    fsyncing its vault items (a compacting turn writes its backup) made a long transcript's
+    replay wait on the disk for most of its time, and the ms figures vary with the disk's load,
+    not the pack."""
+    shm = "/dev/shm"
+    return shm if os.path.isdir(shm) and os.access(shm, os.W_OK | os.X_OK) else None
+
+
 def replay(task: Task, progress: Progress | None = None) -> TaskResult:
     """Replay ``task``; never raises for a failing call (it is recorded as a violation)."""
     info = lookup_model(task.model, window=task.window)
@@ -168,7 +178,7 @@ def replay(task: Task, progress: Progress | None = None) -> TaskResult:
     cache = cache_model_for(info.family, baseline=task.plan.baseline)
     tool_tokens = counter.count_tools(tools) if tools else 0
     history_counts = counter.count_each(messages)
-    with tempfile.TemporaryDirectory(prefix="ctxrules-eval-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="ctxrules-eval-", dir=_scratch()) as tmp:
         runner = _runner(task, Path(tmp))
         usable = runner.usable
         records: list[CallRecord] = []
