@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 from browser_kit import screenshot_pixels
-from conftest import REPO, TRANSCRIPTS
+from conftest import REPO, TRANSCRIPTS, transcript_path
 
 from ctxrules.cli.main import run as cli_run
-from ctxrules.eval.caching import AutomaticPrefixCache, Block, BreakpointCache, blocks_of
+from ctxrules.eval.caching import AutomaticPrefixCache, Block, BlockChain, BreakpointCache, blocks_of
 from ctxrules.eval.checks import pairing_problems, pin_problems
 from ctxrules.eval.probes import ProbeExtractor, check_probes, context_text
 from ctxrules.models import lookup_model
@@ -799,3 +799,58 @@ def test_replayed_sessions_are_kept_in_memory_where_the_machine_has_a_folder_for
     shm = Path("/dev/shm")
     expected = "/dev/shm" if shm.is_dir() and os.access(shm, os.W_OK | os.X_OK) else None
     assert used and set(used) == {expected}
+
+
+def test_the_block_chain_of_a_replay_gives_the_blocks_of_each_request() -> None:
+    """Call after call, what :class:`BlockChain` reuses of the request before (the same message
+    objects at the same places, the same counts and tools) and what it hashes anew add up to
+    :func:`blocks_of` of the request alone: appended steps, a message replaced in the middle
+    (a compaction), a breakpoint moved, a count changed, other tools, a shorter request."""
+    import random
+
+    rng = random.Random(7)
+    tools_a = [{"type": "function", "function": {"name": "Bash", "parameters": {}}}]
+    tools_b = [{"type": "function", "function": {"name": "Read", "parameters": {}}}]
+    pool = [{"role": "user", "content": f"m{i}"} for i in range(40)]
+    chain = BlockChain()
+    messages: list[dict[str, Any]] = [pool[0]]
+    counts = [5]
+    tools: list[dict[str, Any]] = tools_a
+    for _ in range(300):
+        move = rng.randrange(7)
+        if move < 3 or len(messages) < 3:  # a step appended
+            messages = [*messages, rng.choice(pool)]
+            counts = [*counts, rng.randrange(1, 50)]
+        elif move == 3:  # a message replaced (the same position, another object)
+            i = rng.randrange(len(messages))
+            messages = [*messages[:i], {"role": "user", "content": f"new {rng.random()}"}, *messages[i + 1 :]]
+        elif move == 4:  # a breakpoint on the last message, or moved on
+            last = dict(messages[-1])
+            last["content"] = [{"type": "text", "text": str(last["content"]), "cache_control": {"type": "ephemeral"}}]
+            messages = [*messages[:-1], last]
+        elif move == 5:  # a count changed, or the request shorter
+            counts = list(counts)
+            counts[rng.randrange(len(counts))] += 1
+            if rng.random() < 0.3:
+                cut = rng.randrange(1, len(messages))
+                messages, counts = messages[:cut], counts[:cut]
+        else:  # other tools (or none), same or a new list object
+            tools = rng.choice([tools_a, tools_b, [], list(tools_a)])
+        tool_tokens = 7 if tools else 0
+        assert chain.blocks(messages, counts, tools, tool_tokens) == blocks_of(messages, counts, tools, tool_tokens)
+
+
+@pytest.mark.corpus
+def test_two_replays_of_a_compacted_transcript_give_the_same_figures(tmp_path: Path) -> None:
+    # Each replay signed its injected tags (summaries, placeholders) with a new random key, and
+    # a signature's 16 hex digits tokenize to a count that varies with the key: the prompt
+    # tokens and USD of the same transcript and pack differed by a few tokens from run to run.
+    path = transcript_path("claudecode-ae4a77f8.json")
+    runs = []
+    for n in range(2):
+        out = tmp_path / f"e{n}.json"
+        argv = ["eval", "--pack", "builtin:default", "--model", "gpt-4o", "--window", "32000"]
+        assert run_cli(*argv, "--quiet", "--json", str(out), str(path)) == 0
+        runs.append([{k: v for k, v in c.items() if k != "ms"} for c in json.loads(out.read_text())["calls"]])
+    assert runs[0] == runs[1]
+    assert any(c["compacted"] for c in runs[0])

@@ -31,6 +31,7 @@ from typing import Any
 __all__ = [
     "AutomaticPrefixCache",
     "Block",
+    "BlockChain",
     "BreakpointCache",
     "CacheModel",
     "CacheUse",
@@ -102,6 +103,58 @@ def blocks_of(
         chain.update(json.dumps(clean, sort_keys=True, ensure_ascii=False).encode("utf-8", "replace"))
         blocks.append(Block(chain.copy().hexdigest(), count, marked))
     return blocks
+
+
+class BlockChain:
+    """:func:`blocks_of` for the requests of one replay, in order: the blocks of the messages a
+    request shares with the one before (the same objects, at the same places, with the same
+    counts, after the same tools) are taken from it, and only the rest is serialised and hashed.
+    Each call of a replay sends its last output plus a step, so a replay of N calls serialised
+    N²/2 messages; the blocks are the same as :func:`blocks_of` gives."""
+
+    def __init__(self) -> None:
+        self._tools: tuple[Sequence[Mapping[str, Any]], int] | None = None
+        self._base: Any = None  # the digest state after the tools
+        self._head: list[Block] = []  # the tools' block, when there are tools
+        self._messages: list[Mapping[str, Any]] = []
+        self._tokens: list[int] = []
+        self._states: list[Any] = []  # the digest state after each message
+        self._blocks: list[Block] = []
+
+    def blocks(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        tokens: Sequence[int],
+        tools: Sequence[Mapping[str, Any]] = (),
+        tool_tokens: int = 0,
+    ) -> list[Block]:
+        if len(messages) != len(tokens):
+            raise ValueError("one token count per message")
+        if self._tools is None or self._tools[0] is not tools or self._tools[1] != tool_tokens:
+            chain = hashlib.sha256()
+            self._head = []
+            if tools:
+                clean, marked = _strip(list(tools))
+                chain.update(json.dumps(clean, sort_keys=True, ensure_ascii=False).encode("utf-8", "replace"))
+                self._head = [Block(chain.copy().hexdigest(), tool_tokens, marked)]
+            self._tools, self._base = (tools, tool_tokens), chain
+            self._messages, self._tokens, self._states, self._blocks = [], [], [], []
+        same = 0
+        for old, new, was, now in zip(self._messages, messages, self._tokens, tokens, strict=False):
+            if old is not new or was != now:
+                break
+            same += 1
+        del self._messages[same:], self._tokens[same:], self._states[same:], self._blocks[same:]
+        chain = (self._states[-1] if self._states else self._base).copy()
+        for msg, count in zip(messages[same:], tokens[same:], strict=True):
+            clean, marked = _strip(msg)
+            chain.update(b"\x00")
+            chain.update(json.dumps(clean, sort_keys=True, ensure_ascii=False).encode("utf-8", "replace"))
+            self._messages.append(msg)
+            self._tokens.append(count)
+            self._states.append(chain.copy())
+            self._blocks.append(Block(chain.copy().hexdigest(), count, marked))
+        return [*self._head, *self._blocks]
 
 
 class CacheModel:

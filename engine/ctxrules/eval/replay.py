@@ -10,6 +10,7 @@ cache (:mod:`ctxrules.eval.caching`), USD, the retention probes and the invarian
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import tempfile
@@ -20,11 +21,12 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from ctxrules.eval.caching import blocks_of, cache_model_for
+from ctxrules.eval.caching import BlockChain, cache_model_for
 from ctxrules.eval.checks import pairing_problems, pin_problems
 from ctxrules.eval.engines import engine_for
 from ctxrules.eval.judge import ask, grade, judge_request, parse_answers
 from ctxrules.eval.probes import ProbeExtractor, check_probes, context_text, lost_all
+from ctxrules.injected import KEY_FILE
 from ctxrules.models import ModelInfo, lookup_model
 from ctxrules.packs.validated import load_pack
 from ctxrules.pipeline.budget import DEFAULT_RESERVE
@@ -180,6 +182,7 @@ def replay(task: Task, progress: Progress | None = None) -> TaskResult:
     history_counts = counter.count_each(messages)
     with tempfile.TemporaryDirectory(prefix="ctxrules-eval-", dir=_scratch()) as tmp:
         runner = _runner(task, Path(tmp))
+        chain = BlockChain()
         usable = runner.usable
         records: list[CallRecord] = []
         judged: tuple[dict[str, dict[str, int]] | None, str | None] = (None, None)
@@ -203,7 +206,7 @@ def replay(task: Task, progress: Progress | None = None) -> TaskResult:
             out_tool_tokens = (
                 tool_tokens if out_tools is tools else (counter.count_tools(out_tools) if out_tools else 0)
             )
-            blocks = blocks_of(out, counts, out_tools, out_tool_tokens)
+            blocks = chain.blocks(out, counts, out_tools, out_tool_tokens)
             use = cache.request(blocks, clock)
             fits = use.prompt <= usable
             probes = extractor.probes(index)
@@ -293,6 +296,15 @@ class _Runner:
 
 class _PackRunner(_Runner):
     def __init__(self, task: Task, tmp: Path) -> None:
+        # A fixed key for the signatures of injected tags: a new session makes a random one,
+        # and a tag's signature tokenizes to a slightly different count with each key, so two
+        # replays of the same transcript gave figures a few tokens apart (a pack compared with
+        # another by eval must differ by what the packs do, not by chance).
+        folder = tmp / "session"
+        folder.mkdir(mode=0o700)
+        key = folder / KEY_FILE
+        key.write_text(hashlib.sha256(b"ctxrules eval replay").hexdigest() + "\n", encoding="ascii")
+        key.chmod(0o600)
         self.session = engine_for(str(task.plan.ref)).session(
             tmp / "session", model=task.model, window=task.window, private=True
         )
