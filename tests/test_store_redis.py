@@ -385,6 +385,14 @@ def test_without_on_error_local_an_unreachable_lock_is_cr148(own_redis: RedisSer
         ("ttl_s=0", "ttl_s must be a number of seconds above 0"),
         ("on_error=maybe", "on_error must be 'fail' or 'local'"),
         ("colour=blue", "unknown option 'colour'"),
+        # Infinite or huge numbers of seconds: Redis takes no such expiry and the socket no
+        # such timeout; they were an OverflowError traceback at the first command.
+        ("ttl_s=inf", "ttl_s must be a number of seconds above 0 and at most 315360000, got inf"),
+        ("log_ttl_s=inf", "log_ttl_s must be a number of seconds (0 or more) and at most 315360000"),
+        ("lock_ttl_s=1e300", "lock_ttl_s must be a number of seconds above 0 and at most 315360000"),
+        ("socket_timeout_s=inf", "socket_timeout_s must be"),
+        ("connect_timeout_s=1e400", "connect_timeout_s must be"),
+        ("lock_timeout_s=nan", "lock_timeout_s must be"),
     ],
 )
 def test_bad_url_options_are_one_line_errors(query: str, message: str) -> None:

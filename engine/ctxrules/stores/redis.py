@@ -87,6 +87,7 @@ _UNREACHABLE: Final = "CR148"
 _LOCK_CODE: Final = "CR149"
 _BLOB_TTL_FACTOR: Final = 2
 _PREPARES_KEPT: Final = 1000
+_MAX_SECONDS: Final = 10 * 365 * 24 * 3600  # ten years: any setting of seconds
 
 _log = get_logger("ctxrules.store")
 # What a server that cannot be reached (or a Cluster that lost a slot's node) raises.
@@ -117,12 +118,19 @@ class RedisStoreSettings:
     cluster: bool = False
 
     def __post_init__(self) -> None:
+        # At most _MAX_SECONDS: Redis takes no infinite or astronomic expiry, nor the socket
+        # such a timeout (they were an OverflowError at the first command, not a CR148).
         for name in ("ttl_s", "connect_timeout_s", "socket_timeout_s", "lock_ttl_s"):
-            if not getattr(self, name) > 0:
-                raise _bad(f"{name} must be a number of seconds above 0, got {getattr(self, name)!r}")
+            if not 0 < getattr(self, name) <= _MAX_SECONDS:
+                raise _bad(
+                    f"{name} must be a number of seconds above 0 and at most {_MAX_SECONDS}, got {getattr(self, name)!r}"
+                )
         for name in ("log_ttl_s", "lock_timeout_s"):
-            if not getattr(self, name) >= 0:
-                raise _bad(f"{name} must be a number of seconds (0 or more), got {getattr(self, name)!r}")
+            if not 0 <= getattr(self, name) <= _MAX_SECONDS:
+                raise _bad(
+                    f"{name} must be a number of seconds (0 or more) and at most {_MAX_SECONDS}, "
+                    f"got {getattr(self, name)!r}"
+                )
         if self.on_error not in ("fail", "local"):
             raise _bad(f"on_error must be 'fail' or 'local', got {self.on_error!r}")
 
