@@ -123,7 +123,8 @@ class RedisStoreSettings:
         for name in ("ttl_s", "connect_timeout_s", "socket_timeout_s", "lock_ttl_s"):
             if not 0 < getattr(self, name) <= _MAX_SECONDS:
                 raise _bad(
-                    f"{name} must be a number of seconds above 0 and at most {_MAX_SECONDS}, got {getattr(self, name)!r}"
+                    f"{name} must be a number of seconds above 0 and at most {_MAX_SECONDS}, "
+                    f"got {getattr(self, name)!r}"
                 )
         for name in ("log_ttl_s", "lock_timeout_s"):
             if not 0 <= getattr(self, name) <= _MAX_SECONDS:
