@@ -91,6 +91,20 @@ def test_every_key_is_namespaced_and_a_session_lives_in_one_cluster_slot(redis_u
     store.close()
 
 
+def test_a_session_named_secret_is_listed_beside_the_store_wide_secrets(redis_url: str) -> None:
+    # "secret" is a plain session id (a thread id as it is), and its keys share the hash tag of
+    # the store-wide secrets; sessions() used to skip that tag, so the session was never listed
+    # (nor searched by `vault get` without --session, nor scanned for checkpoints).
+    store = _store(redis_url)
+    store.secret(None, "injection.key", lambda: b"ab" * 16)
+    assert store.sessions() == []  # the store-wide secret alone is no session
+    _turn(store, "secret", [{"role": "user", "content": "hi"}])
+    _turn(store, "conv-a", [{"role": "user", "content": "hi"}])
+    assert store.sessions() == ["conv-a", "secret"]
+    assert store.secret(None, "injection.key", lambda: b"cd" * 16) == b"ab" * 16  # untouched
+    store.close()
+
+
 def test_ttls_are_refreshed_on_use_and_blobs_outlive_their_sessions(redis_url: str, raw: Any) -> None:
     store = _store(redis_url + "?ttl_s=100")
     s = "conv-ttl"

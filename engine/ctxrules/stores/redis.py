@@ -692,7 +692,9 @@ class RedisStore:
             found = set()
             for key in self._scan(PREFIX + "{*}:meta"):
                 tag = key[len(PREFIX) + 1 : key.index("}", len(PREFIX))]
-                if ":" not in tag and tag != "secret":
+                # Ledgers' tags hold a ":"; the store-wide secrets' tag ``{secret}`` has no
+                # ``meta``, so a ``{secret}:meta`` is the session "secret"'s (a plain id).
+                if ":" not in tag:
                     found.add(tag)
             return sorted(found)
 
