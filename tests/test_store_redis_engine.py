@@ -334,3 +334,38 @@ def test_a_day_ledger_of_the_wrong_type_starts_anew_and_no_record_is_counted_twi
     assert turn.keys() <= _keys_of(client, "*{conv-day}:[sor]*").keys()
     store.close()
     client.close()
+
+
+@pytest.mark.parametrize(
+    ("key", "kind"),
+    [
+        ("ctxrules:v1:{secret}:injection.key", "short"),
+        ("ctxrules:v1:{secret}:injection.key", "list"),
+        ("ctxrules:v1:{conv-key}:secret:injection.key", "short"),
+    ],
+)
+def test_a_damaged_injection_key_is_a_cr148_naming_the_key_not_a_traceback(
+    engine: Engine, redis_url: str, redis_server: RedisServer, tmp_path: Path, key: str, kind: str
+) -> None:
+    """An injection key someone else wrote (a value too short to be a key, or the store-wide
+    key of another Redis type) was a ValueError traceback, or a CR148 that named no key. It is
+    refused as the filesystem store refuses a damaged key file: the key named, and how to go on
+    (nothing is guessed: the key verifies what the session's history holds)."""
+    import redis
+
+    client = redis.Redis(unix_socket_path=str(redis_server.socket))
+    if kind == "short":
+        client.set(key, b"x")
+    else:
+        _set_wrong(client, key, kind)
+    messages = [{"role": "user", "content": "hello"}]
+    with pytest.raises(CtxrulesError, match=r"\[CR148\]") as info:
+        engine.session("conv-key", store=redis_url, model="gpt-4o").prepare(messages)
+    assert key in str(info.value) and "delete it" in str(info.value), str(info.value)
+    (tmp_path / "in.json").write_text(json.dumps(messages))
+    common = ["--pack", "builtin:default", "--model", "gpt-4o", "--store", redis_url, "--session", "conv-key"]
+    out = _ctxrules("run", *common, "--input", "in.json", "--output", "out.json", cwd=tmp_path)
+    assert out.returncode == 2 and "Traceback" not in out.stderr and key in out.stderr, out.stderr
+    client.delete(key)  # as the message says: a new key is made and the session goes on
+    assert engine.session("conv-key", store=redis_url, model="gpt-4o").prepare(messages).messages == messages
+    client.close()

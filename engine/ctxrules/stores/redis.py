@@ -88,6 +88,7 @@ _LOCK_CODE: Final = "CR149"
 _BLOB_TTL_FACTOR: Final = 2
 _PREPARES_KEPT: Final = 1000
 _MAX_SECONDS: Final = 10 * 365 * 24 * 3600  # ten years: any setting of seconds
+_SECRET_BYTES: Final = (16, 64)  # what the filesystem store reads as a key (32 to 128 hex digits)
 
 _log = get_logger("ctxrules.store")
 # What a server that cannot be reached (or a Cluster that lost a slot's node) raises.
@@ -1430,15 +1431,28 @@ class RedisStore:
                 # SET NX GET (Redis 7.0): the first writer's bytes win, and every caller gets them.
                 old = self._client.set(key, candidate, nx=True, get=True)
             value = bytes(old) if old is not None else candidate
+            if not _SECRET_BYTES[0] <= len(value) <= _SECRET_BYTES[1]:
+                raise self._damaged_secret(key, f"{len(value)} bytes")
             if session is not None:
                 self._client.pexpire(key, self._ttl_ms, gt=False)
             return value
 
-        repair = (lambda: self._repair(session, key)) if session is not None else None
+        def not_a_string() -> None:
+            # The store's own key is no session's to reset: refused as the filesystem store
+            # refuses a damaged key file, and named, so that someone can remove it.
+            raise self._damaged_secret(key, f"a {_text(self._client.type(key))}")
+
+        repair = (lambda: self._repair(session, key)) if session is not None else not_a_string
         value = self._call(op, lambda m: m.secret(session, name, make), damaged=repair)
         if self._local is None:
             self._secrets[(session, name)] = value
         return value
+
+    def _damaged_secret(self, key: str, what: str) -> StoreError:
+        return StoreError(
+            f"[{_UNREACHABLE}] {key} in the Redis store {self.url} is not an injection key ({what}, "
+            f"expected {_SECRET_BYTES[0]} to {_SECRET_BYTES[1]} bytes); delete it to make a new one"
+        )
 
     # --- lifetime ---------------------------------------------------------------------------
 
