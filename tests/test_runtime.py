@@ -262,6 +262,21 @@ def test_child_handover_spills_large_results_with_structure(tmp_path: Path) -> N
     assert f"vault://{out.vault_id}" in out.text
 
 
+def test_a_handover_of_something_else_than_text_is_a_usage_error_and_spills_nothing(tmp_path: Path) -> None:
+    # None (a sub-agent that returned nothing), bytes or a dict were a bare TypeError from deep
+    # inside ("object of type 'NoneType' has no len()"); bytes were even counted first.
+    from ctxrules.errors import UsageError
+
+    root = Engine.load("builtin:default").session(tmp_path / "root", model="gpt-4o")
+    child = root.child("worker")
+    for result in (None, b"All tests pass.", {"done": []}, 5):
+        with pytest.raises(
+            UsageError, match=f"handover takes the sub-agent's result as text.*got {type(result).__name__}"
+        ):
+            child.handover(result)  # type: ignore[arg-type]
+    assert child.vault.list_ids() == []
+
+
 # -- checkpoints ----------------------------------------------------------------------------
 
 SLOW_CHILD = r"""

@@ -60,6 +60,10 @@ class Handover:
 
 
 def make_handover(result: str, *, vault: Any, counter: Any, max_result_tokens: int, spill_chars: int) -> Handover:
+    if not isinstance(result, str):
+        # A sub-agent that returned nothing (None) or its raw bytes: said here, not as a
+        # TypeError from deep in the counting (and nothing is counted or spilled).
+        raise UsageError(f"handover takes the sub-agent's result as text (a str), got {type(result).__name__}")
     before = counter.count_text(result)
     if len(result) <= spill_chars and before <= max_result_tokens:
         return Handover(result, False, None, before, before)
