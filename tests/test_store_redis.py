@@ -105,6 +105,23 @@ def test_a_session_named_secret_is_listed_beside_the_store_wide_secrets(redis_ur
     store.close()
 
 
+def test_keys_planted_under_the_prefix_that_are_not_utf8_are_no_sessions_or_ledgers(redis_url: str, raw: Any) -> None:
+    # Redis keys are bytes; ctxrules writes only UTF-8 ones. A foreign key under the prefix that
+    # is not UTF-8 made sessions() and logs() raise UnicodeDecodeError: `ctxrules vault get`
+    # without --session was an "internal error".
+    store = _store(redis_url)
+    call = {"type": "call", "tokens": {"input": 5}}
+    logs = (Log("session", "conv-real"), Log("day", "2026-12-01"))
+    _turn(store, "conv-real", [{"role": "user", "content": "hi"}], [(logs, call)])
+    raw.set(b"ctxrules:v1:{\xff\xfe}:meta", b"x")
+    raw.set(b"ctxrules:v1:{\xff}:log:session:records", b"x")
+    raw.set(b"ctxrules:v1:{log:day:\xff}:log:records", b"x")
+    assert store.sessions() == ["conv-real"]
+    assert store.logs("session") == [Log("session", "conv-real")]
+    assert store.logs("day") == [Log("day", "2026-12-01")]
+    store.close()
+
+
 def test_ttls_are_refreshed_on_use_and_blobs_outlive_their_sessions(redis_url: str, raw: Any) -> None:
     store = _store(redis_url + "?ttl_s=100")
     s = "conv-ttl"

@@ -686,7 +686,13 @@ class RedisStore:
         return f"{self.url}#{session}"
 
     def _scan(self, pattern: str) -> list[str]:
-        return [k.decode() for k in self._client.scan_iter(match=pattern, count=1000)]
+        """The keys matching ``pattern``; a key that is not UTF-8 is none of ours (ctxrules
+        writes none), and is left out rather than failing every listing of the store."""
+        found = []
+        for key in self._client.scan_iter(match=pattern, count=1000):
+            with contextlib.suppress(UnicodeDecodeError):
+                found.append(key.decode())
+        return found
 
     def sessions(self) -> list[str]:
         def op() -> list[str]:
