@@ -105,6 +105,28 @@ def test_a_session_named_secret_is_listed_beside_the_store_wide_secrets(redis_ur
     store.close()
 
 
+def test_workers_agree_on_the_injection_key_after_the_server_lost_it(
+    redis_url: str, raw: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A server restarted without persistence has lost the store-wide key. A worker that kept
+    # signing with its copy forever, while a worker started after the restart made a new key,
+    # no longer recognised the other's injected tags (notes and summaries injected twice).
+    from ctxrules.stores import redis as redis_store
+
+    first = _store(redis_url)
+    key = first.secret(None, "injection.key", lambda: b"ab" * 16)
+    raw.flushall()  # the restart
+    monkeypatch.setattr(redis_store, "_SECRET_CHECK_S", 0.0)  # the check is due
+    assert first.secret(None, "injection.key", lambda: b"xx" * 16) == key  # put back, not remade
+    second = _store(redis_url)
+    assert second.secret(None, "injection.key", lambda: b"cd" * 16) == key
+    # A key another worker put there first is adopted.
+    raw.set("ctxrules:v1:{secret}:injection.key", b"ef" * 16)
+    assert first.secret(None, "injection.key", lambda: b"xx" * 16) == b"ef" * 16
+    first.close()
+    second.close()
+
+
 def test_keys_planted_under_the_prefix_that_are_not_utf8_are_no_sessions_or_ledgers(redis_url: str, raw: Any) -> None:
     # Redis keys are bytes; ctxrules writes only UTF-8 ones. A foreign key under the prefix that
     # is not UTF-8 made sessions() and logs() raise UnicodeDecodeError: `ctxrules vault get`

@@ -88,6 +88,8 @@ _LOCK_CODE: Final = "CR149"
 _BLOB_TTL_FACTOR: Final = 2
 _PREPARES_KEPT: Final = 1000
 _MAX_SECONDS: Final = 10 * 365 * 24 * 3600  # ten years: any setting of seconds
+_SECRET_CHECK_S = 60.0
+"""How long a worker uses its copy of a store's secret before asking the store again."""
 _SECRET_BYTES: Final = (16, 64)  # what the filesystem store reads as a key (32 to 128 hex digits)
 
 _log = get_logger("ctxrules.store")
@@ -539,7 +541,7 @@ class RedisStore:
         self._held: dict[str, _Lease] = {}  # session -> the prepare lock this object holds
         self._leases: dict[str, _Lease] = {}  # every lease to renew, by token
         self._renewer: _Renewer | None = None
-        self._secrets: dict[tuple[str | None, str], bytes] = {}
+        self._secrets: dict[tuple[str | None, str], tuple[bytes, float]] = {}  # (value, when checked)
         self._local: MemoryStore | None = None  # the store serving this call when Redis is unreachable
         self._local_note: str | None = None
         self._active = 0  # prepare locks held through this object (a call in progress)
@@ -1423,9 +1425,16 @@ class RedisStore:
     # --- secrets ----------------------------------------------------------------------------
 
     def secret(self, session: str | None, name: str, make: Callable[[], bytes]) -> bytes:
+        """The secret ``name`` (the injection key), made by ``make`` when the store has none.
+        Kept in memory, and checked against the store every :data:`_SECRET_CHECK_S`: a server
+        restarted without persistence has lost it, and a worker that kept signing with its
+        copy while a new worker made another would no longer recognise the other's tags. The
+        copy is put back (the first writer wins, as ever), or the store's value adopted."""
         cached = self._secrets.get((session, name))
-        if cached is not None:
-            return cached
+        now = time.monotonic()
+        if cached is not None and now - cached[1] < _SECRET_CHECK_S:
+            return cached[0]
+        kept = cached[0] if cached is not None else None
         key = _skey(session, f"secret:{name}") if session is not None else f"{PREFIX}{{secret}}:{name}"
 
         def op() -> bytes:
@@ -1433,7 +1442,7 @@ class RedisStore:
             # only for a key the store holds, as a session's own key brought by an import).
             old = self._client.get(key)
             if old is None:
-                candidate = make()
+                candidate = kept if kept is not None else make()
                 # SET NX GET (Redis 7.0): the first writer's bytes win, and every caller gets them.
                 old = self._client.set(key, candidate, nx=True, get=True)
             value = bytes(old) if old is not None else candidate
@@ -1451,7 +1460,7 @@ class RedisStore:
         repair = (lambda: self._repair(session, key)) if session is not None else not_a_string
         value = self._call(op, lambda m: m.secret(session, name, make), damaged=repair)
         if self._local is None:
-            self._secrets[(session, name)] = value
+            self._secrets[(session, name)] = (value, now)
         return value
 
     def _damaged_secret(self, key: str, what: str) -> StoreError:
