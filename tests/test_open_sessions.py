@@ -51,3 +51,60 @@ def test_one_opener_call_per_key_under_threads() -> None:
 def test_a_limit_below_one_is_refused() -> None:
     with pytest.raises(ValueError, match="max_sessions must be at least 1"):
         OpenSessions(0)
+
+
+def test_a_slow_opening_does_not_hold_up_the_sessions_already_open() -> None:
+    # Opening asks the store; a Redis that is slow or gone takes its socket timeout. It was done
+    # under the set's lock, so every call of every other conversation waited for it too.
+    sessions: OpenSessions[object] = OpenSessions(8)
+    b = sessions.get("b", object)
+    release = threading.Event()
+    started = threading.Event()
+    got: dict[str, object] = {}
+
+    def slow() -> object:
+        started.set()
+        assert release.wait(10)
+        return object()
+
+    def open_a(name: str) -> None:
+        got[name] = sessions.get("a", slow)
+
+    first = threading.Thread(target=open_a, args=("first",))
+    first.start()
+    assert started.wait(10)
+    second = threading.Thread(target=open_a, args=("second",))  # asks for the same one: waits
+    second.start()
+    done = threading.Event()
+    threading.Thread(target=lambda: (sessions.get("b", object), done.set())).start()
+    assert done.wait(5), "an open session waited for another one's opening"
+    assert sessions.get("b", object) is b
+    release.set()
+    first.join(10)
+    second.join(10)
+    assert got["first"] is got["second"] and "a" in sessions
+
+
+def test_a_failed_opening_is_raised_to_every_waiter_and_tried_again_later() -> None:
+    sessions: OpenSessions[object] = OpenSessions(8)
+    release = threading.Event()
+    errors: list[BaseException] = []
+
+    def failing() -> object:
+        assert release.wait(10)
+        raise OSError("store gone")
+
+    def ask() -> None:
+        try:
+            sessions.get("a", failing)
+        except OSError as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=ask) for _ in range(3)]
+    for t in threads:
+        t.start()
+    release.set()
+    for t in threads:
+        t.join(10)
+    assert len(errors) == 3 and "a" not in sessions
+    assert sessions.get("a", object) is not None  # the next call opens it afresh

@@ -37,17 +37,33 @@ def session_name(raw: str) -> str:
     return hashlib.sha256(raw.encode("utf-8", "surrogatepass")).hexdigest()
 
 
+class _Opening:
+    """A session being opened by one thread, which the others asking for it wait on."""
+
+    __slots__ = ("done", "error", "value")
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.value: object = None
+        self.error: BaseException | None = None
+
+
 class OpenSessions(Generic[_S]):
     """The sessions an integration keeps open, at most ``limit`` of them: the least recently
     used one is let go when another opens (it reopens from its store, warm, on its next call).
     A long-lived server sees an unbounded number of conversations; each open session holds its
-    last output in memory and its lock file open, so the set must be bounded."""
+    last output in memory and its lock file open, so the set must be bounded.
+
+    A session is opened outside the set's lock: opening asks the store (a Redis that is slow or
+    gone takes up to its socket timeout), and the calls of sessions already open must not wait
+    for it. Threads asking for the session being opened wait for that one opening."""
 
     def __init__(self, limit: int) -> None:
         if limit < 1:
             raise ValueError(f"max_sessions must be at least 1, got {limit}")
         self.limit = limit
         self._open: OrderedDict[str, _S] = OrderedDict()
+        self._opening: dict[str, _Opening] = {}
         self._lock = threading.Lock()
 
     def get(self, key: str, opener: Callable[[], _S]) -> _S:
@@ -57,10 +73,31 @@ class OpenSessions(Generic[_S]):
             if session is not None:
                 self._open.move_to_end(key)
                 return session
-            session = self._open[key] = opener()
+            opening = self._opening.get(key)
+            mine = opening is None
+            if opening is None:
+                opening = self._opening[key] = _Opening()
+        if not mine:
+            opening.done.wait()
+            if opening.error is not None:
+                raise opening.error
+            return opening.value  # type: ignore[return-value]
+        try:
+            session = opener()
+        except BaseException as exc:
+            with self._lock:
+                del self._opening[key]
+            opening.error = exc
+            opening.done.set()
+            raise
+        with self._lock:
+            del self._opening[key]
+            self._open[key] = session
             while len(self._open) > self.limit:
                 self._open.popitem(last=False)
-            return session
+        opening.value = session
+        opening.done.set()
+        return session
 
     def __len__(self) -> int:
         return len(self._open)
