@@ -407,6 +407,54 @@ def test_a_client_that_stops_reading_mid_call_ends_the_server_quietly(tmp_path: 
     assert "internal error" not in err and "Traceback" not in err, err
 
 
+def test_a_call_holding_a_lone_surrogate_is_answered(tmp_path: Path) -> None:
+    """``"\\ud800"`` is valid JSON (a JavaScript client sends it for a string cut inside a
+    character); the SDK refused the message without a reply, and the client waited for ever.
+    It is answered now, the surrogate read as U+FFFD, and the calls after it too."""
+    import select
+    import subprocess
+
+    session, out = prepared(tmp_path)
+    marker = line_markers(out)[0]
+    proc = subprocess.Popen(
+        _mcp_argv(session.path), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_mcp_env()
+    )
+    assert proc.stdin is not None and proc.stdout is not None
+
+    def send(text: str) -> None:
+        assert proc.stdin is not None
+        proc.stdin.write(text.encode() + b"\n")
+        proc.stdin.flush()
+
+    def answer() -> dict[str, Any]:
+        assert proc.stdout is not None
+        ready, _, _ = select.select([proc.stdout], [], [], 30)
+        assert ready, "no answer within 30 s"
+        return json.loads(proc.stdout.readline())  # type: ignore[no-any-return]
+
+    try:
+        hello = {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}
+        send(json.dumps({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": hello}))
+        assert answer()["id"] == 1
+        send(json.dumps({"jsonrpc": "2.0", "method": "notifications/initialized"}))
+        call = '{"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "ctxrules_recall", '
+        send(call + '"arguments": {"id": "\\ud800' + marker.vault_id + '"}}}')
+        refused = answer()
+        assert refused["id"] == 2 and refused["result"]["isError"], refused
+        assert "\ufffd" in refused["result"]["content"][0]["text"]
+        good = {"name": "ctxrules_recall", "arguments": {"id": marker.vault_id, "lines": "1:2"}}
+        send(json.dumps({"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": good}))
+        found = answer()
+        assert found["id"] == 3 and not found["result"].get("isError"), found
+    finally:
+        proc.stdin.close()
+        code = proc.wait(timeout=60)
+        proc.stdout.close()
+        if proc.stderr is not None:
+            proc.stderr.close()
+    assert code == 0
+
+
 @pytest.mark.parametrize("closed", [0, 1])
 def test_mcp_with_stdin_or_stdout_closed_is_a_usage_error(tmp_path: Path, closed: int) -> None:
     """`ctxrules mcp --session DIR >&-` (or `<&-`) was `internal error: AttributeError`."""

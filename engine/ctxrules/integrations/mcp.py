@@ -9,6 +9,12 @@ ctxrules moved out of its context. The SDK is imported here only: install ``ctxr
 
 from __future__ import annotations
 
+import contextlib
+import json
+import os
+import re
+import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -89,8 +95,81 @@ def build_server(session: Session) -> Any:
 def serve(session: Session) -> None:
     """Serve the recall tool of ``session`` on stdin/stdout until the client goes away: it
     closes stdin, or stops reading, which the SDK's writer meets as a broken pipe (in an
-    exception group) while replies are still due; either ends the serving alike."""
+    exception group) while replies are still due; either ends the serving alike. What the
+    client sends reaches the SDK through :func:`_mended_stdin`."""
+    restore = _mended_stdin()
     try:
         build_server(session).run("stdio")
     except* (BrokenPipeError, ConnectionResetError):
         pass
+    finally:
+        restore()
+
+
+def _mended_stdin() -> Callable[[], None]:
+    """Put a pipe in stdin's place, fed line by line from the real stdin with every lone
+    surrogate (``"\\ud800"``: valid JSON, and what a JavaScript client sends of a string cut
+    inside a character) replaced by U+FFFD. The SDK refuses such a message without answering
+    it, and the client waited for its answer for ever. Returns what puts stdin back."""
+    try:
+        source = os.dup(0)
+    except OSError:  # no stdin at all: the SDK says so itself
+        return lambda: None
+    saved = os.dup(0)
+    read_end, write_end = os.pipe()
+    os.dup2(read_end, 0)
+    os.close(read_end)
+
+    def feed() -> None:
+        with (
+            contextlib.suppress(OSError, ValueError),  # the server stopped reading: done
+            os.fdopen(source, "rb") as given,
+            os.fdopen(write_end, "wb") as out,
+        ):
+            for line in given:
+                out.write(_mended(line))
+                out.flush()
+
+    threading.Thread(target=feed, name="ctxrules-mcp-stdin", daemon=True).start()
+
+    def restore() -> None:
+        os.dup2(saved, 0)
+        os.close(saved)
+
+    return restore
+
+
+def _mended(line: bytes) -> bytes:
+    """``line`` (one JSON-RPC message) with its lone surrogates replaced, else as it came."""
+    if b"\\u" not in line:
+        return line
+    try:
+        message = json.loads(line)
+        if not _has_lone_surrogate(message):
+            return line
+        return json.dumps(_without_lone_surrogates(message), ensure_ascii=False).encode("utf-8") + b"\n"
+    except (ValueError, RecursionError):  # not JSON: the SDK answers what it can of it
+        return line
+
+
+def _has_lone_surrogate(value: Any) -> bool:
+    if isinstance(value, str):
+        return _LONE.search(value) is not None
+    if isinstance(value, dict):
+        return any(_has_lone_surrogate(k) or _has_lone_surrogate(v) for k, v in value.items())
+    if isinstance(value, list):
+        return any(_has_lone_surrogate(v) for v in value)
+    return False
+
+
+def _without_lone_surrogates(value: Any) -> Any:
+    if isinstance(value, str):
+        return _LONE.sub("\ufffd", value)
+    if isinstance(value, dict):
+        return {_without_lone_surrogates(k): _without_lone_surrogates(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_without_lone_surrogates(v) for v in value]
+    return value
+
+
+_LONE = re.compile("[\ud800-\udfff]")
