@@ -17,6 +17,7 @@ Findings inside a template point at the template's own line: the template file a
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -55,32 +56,50 @@ def template_source(
 
 class _Where:
     """Maps a template line to a file position: the template file's own line for ``file:``
-    templates, the pack's line (offset by the template line) for inline ones."""
+    templates, the pack's line for inline ones.
+
+    Only a literal block scalar (``|``) keeps the template's lines as the file's lines, at the
+    block's indentation. Any other inline template (quoted, plain, folded ``>``) is folded or
+    unescaped on the way: its template line ``n`` is no file line one can compute from ``n``
+    (a ``"\\n"`` escape is a new template line on the same file line), so findings point at
+    the value itself and their message names the template line."""
 
     def __init__(self, pack: ResolvedPack, origin: Origin, inline: bool, rel: str | None) -> None:
         self.origin = origin
         self.inline = inline
         self.file = origin.file
-        self.block = False
+        self.lines: list[str] = []  # the pack's lines, when the template is a literal block
         if inline:
             doc = pack.docs.get(origin.file)
             if doc is not None:
                 lines = doc.text.split("\n")
                 if 0 < origin.line <= len(lines):
-                    self.block = lines[origin.line - 1][origin.col - 1 :].lstrip()[:1] in ("|", ">")
+                    head = lines[origin.line - 1][origin.col - 1 :]
+                    # an anchor or a tag (`&name |`, `!!str |`) comes before the indicator
+                    if _PROPERTIES.sub("", head, count=1).startswith("|"):
+                        self.lines = lines
         elif rel is not None:
             base = pack.real_paths.get(origin.file)
             self.file = display_template_path((base.parent if base else pack.base_dir()) / rel)
+
+    @property
+    def exact(self) -> bool:
+        """Whether a template line is reported at its own file line."""
+        return not self.inline or bool(self.lines)
 
     def at(self, template_line: int | None) -> tuple[str, int, int]:
         line = max(template_line or 1, 1)
         if not self.inline:
             return self.file, line, 1
-        if self.block:
-            return self.file, self.origin.line + line, 1
-        if line == 1:
+        if not self.lines:
             return self.file, self.origin.line, self.origin.col
-        return self.file, self.origin.line + line - 1, 1
+        row = self.origin.line + line
+        src = self.lines[row - 1].rstrip("\r") if row <= len(self.lines) else ""
+        return self.file, row, len(src) - len(src.lstrip(" ")) + 1
+
+
+# node properties before a block scalar's indicator: `&anchor`, `!tag`, `!!str`
+_PROPERTIES = re.compile(r"^(?:[&!]\S*[ \t]+)*")
 
 
 def check_prompts(rep: Reporter, pack: ResolvedPack, registry: Registry) -> None:
@@ -157,6 +176,8 @@ def _check_template(
 
     def add(code: str, message: str, line: int | None, hint: str | None = None, severity: Severity = "error") -> None:
         file, row, col = where.at(line)
+        if not where.exact and (line or 1) > 1 and "(template line" not in message:
+            message += f" (template line {line})"  # the position is the value's, not the line's
         rep.out.append(Diagnostic(code, severity, message, file, row, col, rep.file_pointer(at), hint))
 
     env = scope.env
