@@ -490,6 +490,32 @@ def test_skip_non_packs_checks_a_pack_in_flow_or_json_style(  # type: ignore[no-
     assert code == 1 and "pack.yaml" in out and "notes.yaml" not in out, out
 
 
+@pytest.mark.parametrize(
+    ("encoding", "text"),
+    [
+        ("utf-8-sig", "apiVersion: ctxrules/v1\nmetadata: {name: x, version: 1.0.0}\n"),
+        ("utf-16", VALID),
+        ("utf-16-le", VALID),
+        ("utf-32", VALID),
+    ],
+    ids=["utf8-bom-first-line", "utf16-bom", "utf16-no-bom", "utf32-bom"],
+)
+def test_skip_non_packs_checks_a_pack_saved_with_a_bom_or_as_utf16(  # type: ignore[no-untyped-def]
+    cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, encoding: str, text: str
+) -> None:
+    """Editors save a pack with a byte-order mark, or as UTF-16: the pre-commit hook passed over
+    such a pack as "not a rule pack" (a BOM hid the key at the start of line 1; UTF-16 hid every
+    key), so a pack ctxrules cannot load (not UTF-8) or that lacks its kind passed the hook."""
+    (tmp_path / "pack.yaml").write_bytes(text.encode(encoding))
+    monkeypatch.chdir(tmp_path)
+    code, out, _ = cli("validate", "--skip-non-packs", "pack.yaml")
+    assert code == 1, out
+    assert out.splitlines()[-1].startswith("1 file checked: 1 error(s)"), out
+    # with a BOM: not UTF-8 (1:1); UTF-16 without one reads as UTF-8 with NULs (the first at 1:2)
+    expected = {"utf-8-sig": "1:1: error[CR015]", "utf-16-le": "1:2: error[CR001]"}.get(encoding, "1:1: error[CR001]")
+    assert out.startswith(f"pack.yaml:{expected}"), out
+
+
 def test_skip_non_packs_skips_and_counts_named_yaml_files_that_are_not_packs(  # type: ignore[no-untyped-def]
     cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -298,10 +298,21 @@ def is_pack_file(path: Path) -> bool:
         st = path.stat()
         if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_PACK_BYTES:
             return True
-        head = path.read_text(encoding="utf-8", errors="replace")
+        raw = path.read_bytes()
     except OSError:
         return True  # let validation report the read error
-    return bool(_PACK_KEY.search(head))
+    return any(_PACK_KEY.search(text) for text in _readings(raw))
+
+
+def _readings(raw: bytes) -> list[str]:
+    """The text of a file as the pack test reads it: UTF-8, and the UTF-16 and UTF-32 some
+    editors save (with or without a byte-order mark) when there are NUL bytes. A pack saved so
+    must count as one, for validation to say it is not UTF-8 instead of passing over it; a
+    byte-order mark must not hide a key on line 1."""
+    texts = [raw.decode("utf-8", errors="replace")]
+    if b"\x00" in raw:
+        texts += [raw.decode(c, errors="replace") for c in ("utf-16-le", "utf-16-be", "utf-32-le", "utf-32-be")]
+    return [t.removeprefix("\ufeff") for t in texts]
 
 
 # `apiVersion: ctxrules/...` or `kind: RulePack` as a key: block style, flow style
