@@ -514,6 +514,8 @@ def test_skip_non_packs_checks_a_pack_saved_with_a_bom_or_as_utf16(  # type: ign
     # with a BOM: not UTF-8 (1:1); UTF-16 without one reads as UTF-8 with NULs (the first at 1:2)
     expected = {"utf-8-sig": "1:1: error[CR015]", "utf-16-le": "1:2: error[CR001]"}.get(encoding, "1:1: error[CR001]")
     assert out.startswith(f"pack.yaml:{expected}"), out
+    if encoding in ("utf-16", "utf-32"):  # the error says why, and what to do
+        assert "help: the file looks saved as UTF-16 or UTF-32; save it as UTF-8" in out, out
 
 
 def test_skip_non_packs_skips_and_counts_named_yaml_files_that_are_not_packs(  # type: ignore[no-untyped-def]

@@ -193,8 +193,7 @@ class PackLoader:
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError as exc:
-            line = raw[: exc.start].count(b"\n") + 1
-            return None, [Diagnostic("CR001", "error", "file is not valid UTF-8", shown, line, 1)]
+            return None, [_not_utf8(raw, exc.start, shown)]
         try:
             doc = parse_yaml(text, shown)
         except YamlProblem as p:
@@ -636,3 +635,17 @@ def _dedupe(diags: list[Diagnostic]) -> list[Diagnostic]:
             seen.add(k)
             out.append(d)
     return out
+
+
+def _not_utf8(raw: bytes, at: int, shown: str) -> Diagnostic:
+    """CR001 at the first byte that is not UTF-8: its line, and its column in characters (as
+    every other position); a file saved as UTF-16 or UTF-32 (a NUL byte) or in a legacy code page
+    is named as such, the usual causes."""
+    start = raw.rfind(b"\n", 0, at) + 1
+    line = raw.count(b"\n", 0, at) + 1
+    col = len(raw[start:at].decode("utf-8", errors="replace")) + 1
+    if raw.startswith((b"\xff\xfe", b"\xfe\xff")) or b"\x00" in raw:
+        hint = "the file looks saved as UTF-16 or UTF-32; save it as UTF-8"
+    else:
+        hint = "save the file as UTF-8 (it looks saved in another encoding, such as Latin-1 or cp1252)"
+    return Diagnostic("CR001", "error", f"file is not valid UTF-8 (byte {raw[at]:#04x})", shown, line, col, "", hint)
