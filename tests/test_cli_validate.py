@@ -285,6 +285,24 @@ def test_exit_codes(cli, work: Path, argv: list[str], code: int) -> None:  # typ
         assert err and out == ""
 
 
+def test_sarif_uri_of_a_file_name_that_is_not_utf8(cli, work: Path) -> None:  # type: ignore[no-untyped-def]
+    """A POSIX file name is bytes; one that is not UTF-8 (an old Latin-1 checkout) reaches Python
+    with surrogate escapes, which the SARIF writer could not percent-encode: an internal error
+    (exit 2) instead of the report. Its URI is the name's own bytes, percent-encoded."""
+    import os
+
+    try:
+        (work / os.fsdecode(b"caf\xe9.yaml")).write_text(TWO_ERRORS, encoding="utf-8")
+    except (OSError, UnicodeError):
+        pytest.skip("the file system takes only UTF-8 names")
+    code, out, err = cli("validate", "--format", "sarif", ".")
+    assert code == 1, err
+    uris = {
+        r["locations"][0]["physicalLocation"]["artifactLocation"]["uri"] for r in check_sarif(out)["runs"][0]["results"]
+    }
+    assert "caf%E9.yaml" in uris, uris
+
+
 def test_exit_codes_through_the_console_entry_point(work: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(REPO / "engine")}
     env.pop("CTXRULES_DEBUG", None)

@@ -96,14 +96,16 @@ def format_github(diags: list[Diagnostic], files_checked: int) -> str:
 
 def _sarif_uri(file: str) -> str:
     """A file as a URI reference: relative paths percent-encoded (a space or a ':' in a name
-    would make an invalid or different URI), absolute ones as file: URIs."""
-    from urllib.parse import quote
+    would make an invalid or different URI), absolute ones as file: URIs. What is encoded is
+    the name's bytes: a name that is not UTF-8 reaches Python with surrogate escapes."""
+    import os
+    from urllib.parse import quote_from_bytes
 
     if file.startswith("builtin:"):
         return file
     if Path(file).is_absolute():
         return Path(file).as_uri()
-    return quote(file)
+    return quote_from_bytes(os.fsencode(file))
 
 
 def format_sarif(diags: list[Diagnostic], files_checked: int) -> str:
