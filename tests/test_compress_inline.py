@@ -217,3 +217,35 @@ def test_a_difference_in_line_endings_alone_is_named(expected: str, output: str,
     from ctxrules.compressors.testing import _diff
 
     assert named in _diff(expected, output)
+
+
+def test_a_failed_expected_on_a_long_output_is_diffed_in_bounded_time() -> None:
+    """difflib's matcher is quadratic when every other line differs: 40,000 such lines (a pack
+    may hold a megabyte of `expected:`) took minutes, and `ctxrules test` seemed to hang. Only the
+    lines from the first difference on that the report can show are compared."""
+    import subprocess
+    import sys
+
+    script = (
+        "from ctxrules.compressors.testing import _diff\n"
+        "n = 40000\n"
+        "want = ''.join(f'line {i}\\n' for i in range(n))\n"
+        "got = ''.join(f'line {i}\\n' if i % 2 else f'other {i}\\n' for i in range(n))\n"
+        "print(_diff(want, got))\n"
+    )
+    try:
+        proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=30)
+    except subprocess.TimeoutExpired:
+        pytest.fail("the diff of a long expected output did not finish in 30 s")
+    assert proc.returncode == 0, proc.stderr
+    assert "first difference at line 1: expected 'line 0\\n', got 'other 0\\n'" in proc.stdout
+    assert "-line 0" in proc.stdout and "+other 0" in proc.stdout
+
+
+def test_the_diff_of_a_late_difference_numbers_the_lines_of_the_whole_text() -> None:
+    from ctxrules.compressors.testing import _diff
+
+    same = "".join(f"line {i}\n" for i in range(30000))
+    message = _diff(same + "x\n" + same, same + "y\n" + same)
+    assert "first difference at line 30001: expected 'x\\n', got 'y\\n'" in message
+    assert "@@ -29999,5 +29999,5 @@" in message, message

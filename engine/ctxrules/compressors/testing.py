@@ -230,6 +230,11 @@ def _run_case(
 # A failed `expected:` shows this many lines of the unified diff: the output of a compressor
 # test may be thousands of lines, and the first differences are what the author needs.
 DIFF_LINES = 40
+# ... compared over this many lines of each text from the first difference on: difflib's
+# matcher is quadratic when every other line differs (40,000 lines took minutes), and no more
+# than DIFF_LINES lines of the diff are shown.
+DIFF_WINDOW = 1000
+_HUNK = re.compile(r"^@@ -(\d+)(,\d+)? \+(\d+)(,\d+)? @@$")
 
 
 def _diff(expected: str, output: str) -> str:
@@ -239,11 +244,24 @@ def _diff(expected: str, output: str) -> str:
     want, got = expected.splitlines(keepends=True), output.splitlines(keepends=True)
     at = next((i for i, (a, b) in enumerate(zip(want, got, strict=False)) if a != b), min(len(want), len(got)))
     first = f"first difference at line {at + 1}: expected {_line(want, at)}, got {_line(got, at)}\n"
-    diff = difflib.unified_diff(want, got, "expected", "output", n=2, lineterm="")
-    lines = [line.rstrip("\r\n") for line in diff]
-    if len(lines) > DIFF_LINES:
-        lines = [*lines[:DIFF_LINES], f"... {len(lines) - DIFF_LINES} more diff lines"]
+    start = max(at - 2, 0)  # the diff's context before the first difference
+    end = start + DIFF_WINDOW
+    diff = difflib.unified_diff(want[start:end], got[start:end], "expected", "output", n=2, lineterm="")
+    lines = [_shift_hunk(line.rstrip("\r\n"), start) for line in diff]
+    rest = f"{len(lines) - DIFF_LINES} more diff lines" if len(lines) > DIFF_LINES else ""
+    if len(want) > end or len(got) > end:
+        rest += ("; " if rest else "") + f"lines after {end} not compared"
+    lines = lines[:DIFF_LINES] + ([f"... {rest}"] if rest else [])
     return first + "\n".join(lines)
+
+
+def _shift_hunk(line: str, offset: int) -> str:
+    """A hunk header of a diff of lines ``offset``.. numbered as lines of the whole texts."""
+    m = _HUNK.match(line)
+    if m is None or not offset:
+        return line
+    a, b = int(m[1]) + offset, int(m[3]) + offset
+    return f"@@ -{a}{m[2] or ''} +{b}{m[4] or ''} @@"
 
 
 def _line(lines: list[str], index: int) -> str:
