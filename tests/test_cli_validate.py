@@ -577,3 +577,18 @@ def test_skip_non_packs_refuses_a_fifo_or_a_huge_file_without_reading_it(tmp_pat
     assert proc.returncode == 1, proc.stderr
     assert "pipe.yaml:1:1: error[CR101]" in proc.stdout and "huge.yaml:1:1: error[CR101]" in proc.stdout
     assert "Traceback" not in proc.stderr
+
+
+def test_a_line_separator_in_a_string_does_not_shift_the_lines(cli, work: Path) -> None:  # type: ignore[no-untyped-def]
+    """YAML 1.1 (PyYAML) breaks lines at NEL, LS and PS too; editors, git and GitHub do not. After
+    one in a string every diagnostic was a line further down than the author finds it, and the
+    excerpt (split the same way) hid it; both now count LF, CRLF and CR only."""
+    text = (
+        "apiVersion: ctxrules/v1\nkind: RulePack\n"
+        'metadata: {name: x, version: 1.0.0, description: "a\u2028b\x85c"}\ncontxt: 1\n'
+    )
+    (work / "ls.yaml").write_text(text, encoding="utf-8")
+    code, out, _ = cli("validate", "ls.yaml")
+    assert code == 1
+    assert out.startswith("ls.yaml:4:1: error[CR010]"), out
+    assert out.splitlines()[1] == "   4 | contxt: 1", out

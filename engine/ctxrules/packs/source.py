@@ -101,6 +101,43 @@ def _pos(node: yaml.Node) -> tuple[int, int]:
     return (node.start_mark.line + 1, node.start_mark.column + 1)
 
 
+# Line breaks to YAML 1.1 (and so to PyYAML's marks) that no editor, git or GitHub counts.
+_ODD_BREAKS = ("\x85", "\u2028", "\u2029")
+
+
+class _Lines:
+    """Marks renumbered the way an editor numbers lines (after LF, CRLF or CR): PyYAML also
+    breaks a line at NEL, LS and PS, so after one of them in a string every position was a line
+    (or more) further down than the author, ``grep -n`` or a GitHub annotation finds it."""
+
+    def __init__(self, text: str) -> None:
+        self.starts = [0] + [m.end() for m in re.finditer(r"\r\n|\r|\n", text)]
+        self.bom = text.startswith("\ufeff")  # not a column, as PyYAML counts them
+
+    def fix(self, mark: Any) -> None:
+        if mark is None:
+            return
+        from bisect import bisect_right
+
+        line = bisect_right(self.starts, mark.index) - 1
+        mark.line, mark.column = line, mark.index - self.starts[line] - (self.bom and line == 0)
+
+    def fix_graph(self, root: yaml.Node) -> None:
+        seen: set[int] = set()
+        stack = [root]
+        while stack:
+            node = stack.pop()
+            if id(node) in seen:
+                continue
+            seen.add(id(node))
+            self.fix(node.start_mark)
+            self.fix(node.end_mark)
+            if isinstance(node, yaml.SequenceNode):
+                stack.extend(node.value)
+            elif isinstance(node, yaml.MappingNode):
+                stack.extend(n for pair in node.value for n in pair)
+
+
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
@@ -261,8 +298,8 @@ def parse_yaml(text: str, path: str) -> SourceDoc:
 
 def _parse_fast(text: str, path: str) -> SourceDoc | None:
     loader_class = getattr(yaml, "CSafeLoader", None)
-    if loader_class is None or "\t" in text:
-        return None
+    if loader_class is None or "\t" in text or any(c in text for c in _ODD_BREAKS):
+        return None  # (the pure-Python parser's marks can be renumbered)
     try:
         loader = loader_class(text)
         try:
@@ -290,9 +327,10 @@ def _parse_pure(text: str, path: str) -> SourceDoc:
             col,
             hint='remove it, or write it as an escape in a double-quoted string (e.g. "\\x00")',
         ) from None
+    lines = _Lines(text) if any(c in text for c in _ODD_BREAKS) else None
     try:
         try:
-            node = loader.get_single_node()
+            node = _compose(loader, lines)
         except yaml.composer.ComposerError as exc:
             mark = exc.problem_mark or exc.context_mark
             line, col = (mark.line + 1, mark.column + 1) if mark else (1, 1)
@@ -309,6 +347,8 @@ def _parse_pure(text: str, path: str) -> SourceDoc:
             raise _syntax_problem(exc, text) from None
         except RecursionError:
             mark = loader.get_mark()
+            if lines is not None:
+                lines.fix(mark)
             raise YamlProblem("CR001", "YAML: values are nested too deeply", mark.line + 1, mark.column + 1) from None
         if node is None:
             return SourceDoc(path, text, None, {"": (1, 1)})
@@ -322,6 +362,20 @@ def _parse_pure(text: str, path: str) -> SourceDoc:
         return SourceDoc(path, text, data, builder.positions)
     finally:
         loader.dispose()
+
+
+def _compose(loader: yaml.SafeLoader, lines: _Lines | None) -> yaml.Node | None:
+    """The document's node graph, its marks (and those of an error) numbered by ``lines``."""
+    try:
+        node = loader.get_single_node()
+    except yaml.MarkedYAMLError as exc:
+        if lines is not None:
+            lines.fix(exc.problem_mark)
+            lines.fix(exc.context_mark)
+        raise
+    if lines is not None and node is not None:
+        lines.fix_graph(node)
+    return node
 
 
 def _syntax_problem(exc: yaml.MarkedYAMLError, text: str) -> YamlProblem:
@@ -357,7 +411,7 @@ def _syntax_problem(exc: yaml.MarkedYAMLError, text: str) -> YamlProblem:
 
 
 def _line_of(text: str, line: int) -> str:
-    lines = text.splitlines()
+    lines = split_lines(text)
     return lines[line - 1] if 0 < line <= len(lines) else ""
 
 
@@ -367,3 +421,9 @@ def _tagged(node: yaml.Node) -> bool:
     mark = node.start_mark
     buffer = getattr(mark, "buffer", None)
     return isinstance(buffer, str) and buffer.startswith("!", mark.pointer)
+
+
+def split_lines(text: str) -> list[str]:
+    """``text``'s lines as positions number them: broken at LF, CRLF and CR only (not at
+    ``str.splitlines``' form feeds, NEL or LS, which editors show within a line)."""
+    return re.split(r"\r\n|\r|\n", text)

@@ -17,13 +17,14 @@ SourceReader = Callable[[str], list[str] | None]
 def _read_lines(cache: dict[str, list[str] | None], file: str, real: dict[str, Path]) -> list[str] | None:
     if file not in cache:
         from ctxrules.packs.confine import FileRefused, read_limited
+        from ctxrules.packs.source import split_lines
 
         path = real.get(file)
         try:  # the same rules as for reading the pack: never block on a FIFO, never a huge file
             # A name the loader did not resolve is not followed if it is a symlink: it may be
             # one that validation refused to read (CR100), whose target must not be printed.
             raw = read_limited(path) if path is not None else read_limited(Path(file), follow=False)
-            cache[file] = raw.decode("utf-8").splitlines()
+            cache[file] = split_lines(raw.decode("utf-8"))
         except (OSError, UnicodeDecodeError, FileRefused):
             cache[file] = None
     return cache[file]

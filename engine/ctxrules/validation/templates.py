@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from ctxrules.diagnostics import Diagnostic, Reporter, Severity, did_you_mean
 from ctxrules.packs.confine import HINT, read_pack_text
+from ctxrules.packs.source import split_lines
 from ctxrules.prompts.assemble import AssemblyError, PromptSet, display_template_path
 from ctxrules.prompts.environment import BUILTIN_VARIABLES, RANDOM_FILTERS, make_environment
 from ctxrules.prompts.limits import MAX_TRIAL_OPERATIONS, MAX_TRIAL_RENDERS, trial_spending
@@ -72,7 +73,7 @@ class _Where:
         if inline:
             doc = pack.docs.get(origin.file)
             if doc is not None:
-                lines = doc.text.split("\n")
+                lines = split_lines(doc.text)
                 if 0 < origin.line <= len(lines):
                     head = lines[origin.line - 1][origin.col - 1 :]
                     # an anchor or a tag (`&name |`, `!!str |`) comes before the indicator
@@ -94,7 +95,7 @@ class _Where:
         if not self.lines:
             return self.file, self.origin.line, self.origin.col
         row = self.origin.line + line
-        src = self.lines[row - 1].rstrip("\r") if row <= len(self.lines) else ""
+        src = self.lines[row - 1] if row <= len(self.lines) else ""
         return self.file, row, len(src) - len(src.lstrip(" ")) + 1
 
 
