@@ -217,3 +217,50 @@ def test_the_docs_example_snapshots_the_users_pack_from_any_folder(
     assert changed.ret == 1
     changed.assert_outcomes(passed=20, failed=5)
     assert "never force-push" in changed.stdout.str()
+
+
+COLLIDING_MODES = """\
+apiVersion: ctxrules/v1
+kind: RulePack
+metadata: {name: modes, version: 1.0.0}
+prompts:
+  sections:
+    one: {tag: one, template: "One."}
+    two: {tag: two, template: "Two."}
+  modes:
+    plain: [one]
+    "a/b": [one]
+    ab: [two]
+    "x:y": [one]
+    Lean: [one]
+    lean: [two]
+    "caf\\u00e9": [one]
+    "cafxe9": [two]
+models:
+  - {id: b-c, match: ["b-*"]}
+  - {id: c, match: ["c-*"]}
+"""
+
+
+def test_prompt_cases_give_every_case_its_own_snapshot_file(tmp_path: Path) -> None:
+    """syrupy names a snapshot file after the test id with `/\\:*?"<>|` and controls removed,
+    and pytest writes `é` as `\\xe9`: modes `a/b` and `ab` (or `café` and `cafxe9`, or `Lean`
+    and `lean` on a case-insensitive file system, or mode `a-b` with entry `c` and mode `a` with
+    entry `b-c`) shared one file, and the snapshot test of one of them failed for good. Ids that
+    would collide carry a digest of their mode and entry; the others are as before."""
+    from ctxrules.testing.pytest_plugin import prompt_cases
+    from ctxrules.testing.snapshot import PromptSnapshotExtension
+
+    pack = COLLIDING_MODES.replace("plain: [one]", "plain: [one]\n    a-b: [one]\n    a: [two]")
+    (tmp_path / "pack.yaml").write_text(pack, encoding="utf-8")
+    cases = prompt_cases("pack.yaml", rootdir=tmp_path)
+    ids = [c.id for c in cases]
+    assert len(cases) == 10 * 3
+    assert "plain-no-entry" in ids and "plain-b-c" in ids  # names that collide with none: unchanged
+    files = [
+        PromptSnapshotExtension._sanitize_filename(
+            f"test_prompt[{i}]".encode("unicode_escape").decode("ascii") if not i.isascii() else f"test_prompt[{i}]"
+        ).casefold()
+        for i in ids
+    ]
+    assert len(set(files)) == len(files), sorted(files)

@@ -20,6 +20,9 @@ Importing this module is cheap: ctxrules' engine and syrupy load only when a fix
 
 from __future__ import annotations
 
+import json
+import re
+from collections import Counter
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -187,8 +190,41 @@ def prompt_cases(pack: str = DEFAULT_PACK, *, rootdir: str | Path | None = None)
         raise pytest.UsageError(f"ctxrules: cannot load pack {pack}: {exc}") from None
     ps = prompt_set(resolved, default_registry())
     mark = getattr(pytest.mark, MARKER)(_key(pack, base))
+    pairs = [(mode, entry) for mode in ps.mode_names() for entry in [*ps.entry_ids(), NO_ENTRY]]
     return [
-        pytest.param(mode, entry, id=f"{mode}-{entry}", marks=mark)
-        for mode in ps.mode_names()
-        for entry in [*ps.entry_ids(), NO_ENTRY]
+        pytest.param(mode, entry, id=case_id, marks=mark)
+        for (mode, entry), case_id in zip(pairs, _case_ids(pairs), strict=True)
     ]
+
+
+# What a snapshot file's name cannot keep of an id as it is: syrupy leaves out these and control
+# characters, pytest writes the rest of what is not printable ASCII as escapes.
+_UNSAFE = re.compile(r'[\\/?*:|"<>\x00-\x1f\x7f-\x9f]|[^\x00-\x7f]')
+_SYRUPY_DROPS = re.compile(r'[\\/?*:|"<>\x00-\x1f\x7f-\x9f]')
+
+
+def _file_name(case_id: str) -> str:
+    """The snapshot file name an id becomes (pytest's escapes, then syrupy's), as a file system
+    that ignores case compares it."""
+    return _SYRUPY_DROPS.sub("", case_id.encode("unicode_escape").decode("ascii")).casefold()
+
+
+_MAX_ID = 150  # syrupy cuts a file name at 255 characters
+
+
+def _case_ids(pairs: list[tuple[str, str]]) -> list[str]:
+    """``MODE-ENTRY`` ids, each naming its own snapshot file: syrupy strips ``/\\:*?"<>|`` from
+    a file name, pytest escapes non-ASCII, a file system may ignore case, and ``-`` joins names
+    that hold one. An id whose file name another's would share (or that is too long) ends with a
+    digest of its mode and entry instead; the others are the plain ``MODE-ENTRY``."""
+    import hashlib
+
+    plain = [f"{mode}-{entry}" for mode, entry in pairs]
+    files = Counter(_file_name(i) for i in plain)
+    out = []
+    for (mode, entry), case_id in zip(pairs, plain, strict=True):
+        if files[_file_name(case_id)] > 1 or len(case_id) > _MAX_ID:
+            digest = hashlib.sha256(json.dumps([mode, entry]).encode("utf-8")).hexdigest()[:10]
+            case_id = f"{_UNSAFE.sub('_', case_id)[:_MAX_ID]}-{digest}"
+        out.append(case_id)
+    return out
