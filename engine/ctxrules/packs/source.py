@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import re
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -344,7 +345,11 @@ def _parse_pure(text: str, path: str) -> SourceDoc:
                 ) from None
             raise YamlProblem("CR001", f"YAML: {exc.problem or exc}", line, col) from None
         except yaml.MarkedYAMLError as exc:
-            raise _syntax_problem(exc, text) from None
+            opened = list(getattr(loader, "marks", ()))  # the collections being parsed, outermost first
+            if lines is not None:
+                for mark in opened:
+                    lines.fix(mark)
+            raise _syntax_problem(exc, text, opened) from None
         except RecursionError:
             mark = loader.get_mark()
             if lines is not None:
@@ -378,13 +383,21 @@ def _compose(loader: yaml.SafeLoader, lines: _Lines | None) -> yaml.Node | None:
     return node
 
 
-def _syntax_problem(exc: yaml.MarkedYAMLError, text: str) -> YamlProblem:
+def _syntax_problem(exc: yaml.MarkedYAMLError, text: str, opened: Sequence[Any] = ()) -> YamlProblem:
     mark = exc.problem_mark or exc.context_mark
     # An unclosed quote or bracket is found only at the end of the file: point where it opens.
     at_end = any(w in str(exc.problem) for w in ("end of stream", "<stream end>"))
     unclosed = exc.context_mark is not None and at_end
+    context = exc.context
     if unclosed:
         mark = exc.context_mark
+        if context == "while parsing a flow node":
+            # ... where the entry a '[' or '{' waits for was due (the end): point at the bracket
+            bracket = next((m for m in reversed(opened) if text[m.index : m.index + 1] in ("[", "{")), None)
+            if bracket is not None:
+                mark = bracket
+                kind = "sequence" if text[bracket.index] == "[" else "mapping"
+                context = f"while parsing a flow {kind}"
     line, col = (mark.line + 1, mark.column + 1) if mark else (1, 1)
     message = exc.problem or str(exc)
     hint = None
@@ -397,8 +410,8 @@ def _syntax_problem(exc: yaml.MarkedYAMLError, text: str) -> YamlProblem:
         else:
             message = "a tab character where YAML expects a space"
             hint = "replace the tab with a space (or quote the value if the tab belongs to it)"
-    elif unclosed and exc.context:
-        thing = exc.context.removeprefix("while parsing ").removeprefix("while scanning ")
+    elif unclosed and context:
+        thing = context.removeprefix("while parsing ").removeprefix("while scanning ")
         hint = f"the {thing.removeprefix('a ')} that starts here is never closed"
     elif "mapping values are not allowed" in message:
         hint = "check the indentation of this line, or quote a value that contains ': '"
