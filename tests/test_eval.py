@@ -854,3 +854,18 @@ def test_two_replays_of_a_compacted_transcript_give_the_same_figures(tmp_path: P
         runs.append([{k: v for k, v in c.items() if k != "ms"} for c in json.loads(out.read_text())["calls"]])
     assert runs[0] == runs[1]
     assert any(c["compacted"] for c in runs[0])
+
+
+@pytest.mark.parametrize("where", ["missing/eval.json", "."])
+def test_an_output_that_cannot_be_written_is_refused_before_the_replay(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], where: str
+) -> None:
+    # A folder that does not exist (or a folder given as the file) failed only once the whole
+    # replay was done: minutes of a long transcript lost to a typo. The transcript here is
+    # damaged too: the output is refused before any transcript is read.
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "broken.json").write_text("[{")
+    assert run_cli("eval", "--baseline", "none", "--model", "gpt-4o", "--json", where, "broken.json") == 2
+    err = capsys.readouterr().err
+    assert f"--json {where}: cannot write" in err and "broken.json" not in err, err
+    assert not (tmp_path / "missing").exists()

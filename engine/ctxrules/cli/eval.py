@@ -9,7 +9,7 @@ import sys
 import time
 from typing import Any, TextIO
 
-from ctxrules.cli.io import distinct_outputs, outputs_apart_from, write_text
+from ctxrules.cli.io import distinct_outputs, outputs_apart_from, writable_outputs, write_text
 from ctxrules.cli.output import require_stdout, stdout_writer
 from ctxrules.errors import PackError, UsageError
 from ctxrules.eval.replay import STEP_S, Task
@@ -103,6 +103,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--jobs must be at least 1")
     require_stdout()  # `>&-`: refused before the replay, not after it
     distinct_outputs(json=args.json, html=args.html)  # before the replay, not after it
+    writable_outputs(json=args.json, html=args.html)
     if args.window is not None and args.window <= 0:
         raise UsageError("--window must be a positive number of tokens")
     lookup_model(args.model, window=args.window)  # an unknown model is a usage error up front

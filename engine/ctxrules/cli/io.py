@@ -67,6 +67,35 @@ def outputs_apart_from(inputs: Iterable[str | Path], noun: str, **outputs: str |
             raise UsageError(f"--{option} {path} is {noun} this run reads; give the output its own file")
 
 
+def writable_outputs(**outputs: str | None) -> None:
+    """Refuse (usage error) an output file that cannot be written, before a long run rather
+    than after it: a folder that does not exist, a read-only file or folder, a folder given as
+    the file. A file that does not exist yet is created and removed again; one that exists is
+    opened for appending (nothing written, its time stamps kept). Pipes and devices are left
+    to the write itself. ``outputs``: as for :func:`distinct_outputs`."""
+    for option, path in outputs.items():
+        if path is None or path == "-":
+            continue
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            st = None
+        except OSError as exc:
+            raise UsageError(f"--{option} {path}: cannot write: {exc.strerror}") from None
+        if st is not None and stat.S_ISDIR(st.st_mode):
+            raise UsageError(f"--{option} {path}: cannot write: it is a folder")
+        if st is not None and not stat.S_ISREG(st.st_mode):
+            continue  # a pipe (>(jq ...)), /dev/stdout: what reads it may not be there yet
+        try:
+            if st is None:
+                os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+                os.unlink(path)
+            else:
+                os.close(os.open(path, os.O_WRONLY | os.O_APPEND))
+        except OSError as exc:
+            raise UsageError(f"--{option} {path}: cannot write: {exc.strerror}") from None
+
+
 def _identity(path: str) -> tuple[int, int] | None:
     """``(device, inode)`` of the file or pipe ``path`` names (``-``: stdout), when there is one;
     None for a device (writing twice to /dev/null or a terminal loses nothing)."""
