@@ -108,6 +108,7 @@ models:
     ("argv", "code", "words"),
     [
         (["explain", "nope.yaml"], 2, "no such pack file"),
+        (["explain", "tests"], 2, "tests is a folder, not a pack file"),
         (["explain", "builtin:nope"], 2, "no built-in pack"),
         (["explain"], 2, "PACK"),
         (["explain", "builtin:default", "--bogus"], 2, "unrecognized"),

@@ -463,6 +463,8 @@ def test_cli_matrix_covers_every_mode_and_entry(cli) -> None:  # type: ignore[no
         (["--matrix", "--model", "gpt-4o"], "leave out --model"),
         (["--mode", "full", "--entry", "nobody"], "no models: entry with id 'nobody'"),
         (["--pack", "missing.yaml", "--mode", "full", "--model", "x"], "pack file not found"),
+        # A folder exists: "not found" sent the user looking for a typo.
+        (["--pack", ".", "--mode", "full", "--model", "x"], ". is a folder, not a pack file"),
     ],
 )
 def test_cli_assemble_usage_errors(cli, argv: list[str], message: str) -> None:  # type: ignore[no-untyped-def]

@@ -72,6 +72,8 @@ def _check_exists(ref: str) -> None:
             raise UsageError(
                 f"no built-in pack '{ref}' (there are: " + ", ".join(BUILTIN_PREFIX + n for n in builtin_names()) + ")"
             )
+    elif Path(ref).is_dir():
+        raise UsageError(f"{ref} is a folder, not a pack file; name the pack's YAML file")
     elif not Path(ref).is_file():
         raise UsageError(f"no such pack file: {ref}")
 

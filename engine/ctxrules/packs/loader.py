@@ -360,7 +360,10 @@ class PackLoader:
             report("CR030", f"pack file not found: {ref!r} is not a usable path ({exc})")
             return None
         if not found:
-            report("CR030", f"pack file not found: {ref} (looked for {path})")
+            if path.is_dir():
+                report("CR030", f"{ref} is a folder, not a pack file (looked for {path}); name the pack's YAML file")
+            else:
+                report("CR030", f"pack file not found: {ref} (looked for {path})")
             return None
         return path
 
