@@ -443,6 +443,38 @@ def test_the_real_result_replaces_the_stand_in_on_the_next_turn(tmp_path: Path) 
     assert third.report["reused_messages"] == 6 and third.messages == [*got.messages, user("thanks")]
 
 
+def test_the_real_result_of_a_renamed_call_replaces_its_stand_in() -> None:
+    """An agent that numbers its calls per turn reuses ids: the second call ``a`` is renamed
+    ``a_2``, and when it has no result yet its stand-in carries ``a_2``. The real result comes
+    with the id the agent gave (``a``): it answers the renamed call (and takes its id), in one
+    list and on the next turn alike, instead of being dropped as a duplicate of the first ``a``."""
+    first = [user(), asst("a"), tool("a", "A1"), user("again"), asst("a"), user("hurry")]
+    out, actions = repair_tool_pairs(first)
+    assert out[4]["tool_calls"][0]["id"] == "a_2" and injected_kind(out[5]) == "interrupted"
+    later = [*out, asst(content="waiting"), tool("a", "A2 real")]
+    again, actions = repair_tool_pairs(later)
+    assert_valid_pairs(again)
+    assert [m.get("content") for m in again] == ["go", "", "A1", "again", "", "A2 real", "hurry", "waiting"]
+    assert again[5]["tool_call_id"] == "a_2"
+    assert "stand_in_replaced" in kinds(actions) and "duplicate_dropped" not in kinds(actions)
+    # The whole history at once gives the same.
+    whole, _ = repair_tool_pairs([*first, asst(content="waiting"), tool("a", "A2 real")])
+    assert whole == again
+
+
+def test_the_real_result_of_a_renamed_call_replaces_its_stand_in_on_the_next_turn(tmp_path: Path) -> None:
+    engine = Engine.load("builtin:default")
+    session = engine.session(tmp_path / "s", model="gpt-4o")
+    history = [user(), asst("a"), tool("a", "A1"), user("again"), asst("a"), user("hurry")]
+    session.prepare(history)
+    history += [asst(content="waiting"), tool("a", "A2 real")]
+    got = session.prepare(history)
+    assert got.report["reused_messages"] == 6
+    assert "A2 real" in [m.get("content") for m in got.messages]
+    fresh = engine.session(tmp_path / "fresh", model="gpt-4o").prepare(copy.deepcopy(history))
+    assert got.messages == fresh.messages
+
+
 def test_ctxrules_run_twice_on_one_session_shows_the_real_result(tmp_path: Path) -> None:
     """``ctxrules run --session DIR`` on the same input twice gives the same output (the
     second run reuses the first's); once the real result is appended, it replaces the stand-in."""

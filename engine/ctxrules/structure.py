@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from ctxrules.injected import current_key
-from ctxrules.messages import has_tool_calls, injected_kind, tool_call_id
+from ctxrules.messages import has_tool_calls, injected_kind, injected_meta, tool_call_id
 
 STAND_IN_KIND = "interrupted"
 """The injected kind of the result ``normalize.tool_pairs`` gives a call that has none: a
@@ -95,8 +95,10 @@ class Facts(NamedTuple):
     """A tool result's ``tool_call_id`` when it is a non-empty string."""
     signed: bool = False
     """An assistant message with signed thinking (a signature, or redacted thinking data)."""
-    stand_in: bool = False
-    """A tool result that is ctxrules' own stand-in for a missing one (:data:`STAND_IN_KIND`)."""
+    stand_in: str | None = None
+    """For ctxrules' own stand-in for a missing tool result (:data:`STAND_IN_KIND`): the id the
+    agent gave the call (its ``call`` attribute when the repair renamed a reused id, else its
+    own ``tool_call_id``); None for every other message."""
 
     @property
     def structure(self) -> tuple[Any, ...]:
@@ -125,6 +127,10 @@ def _compute_facts(msg: Mapping[str, Any]) -> Facts:
     injected = kind is not None
     calls = tuple(tool_call_id(c) for c in msg["tool_calls"]) if has_tool_calls(msg) else None
     result = msg.get("tool_call_id")
+    result_id = result if isinstance(result, str) and result else None
+    stand_in = None
+    if role == "tool" and kind == STAND_IN_KIND:
+        stand_in = injected_meta(msg).get("call") or result_id or ""
     return Facts(
         role,
         injected,
@@ -132,9 +138,9 @@ def _compute_facts(msg: Mapping[str, Any]) -> Facts:
         media,
         longest,
         calls,
-        result if isinstance(result, str) and result else None,
+        result_id,
         role == "assistant" and _has_signed_thinking(msg),
-        role == "tool" and kind == STAND_IN_KIND,
+        stand_in,
     )
 
 
@@ -213,6 +219,7 @@ class _PairScan:
         "open_calls",
         "orphans",
         "positional",
+        "renamed",
         "result_of",
         "stop",
         "superseded",
@@ -229,6 +236,8 @@ class _PairScan:
         self.duplicates: dict[int, CallKey] = {}
         self.positional: set[int] = set()
         self.superseded: dict[int, CallKey] = {}
+        # The agent's id -> the call the repair renamed from it that a stand-in answers.
+        self.renamed: dict[str, CallKey] = {}
         self.unanswered: dict[CallKey, None] = {}
         self.block_owner: int | None = None
         self.stop = 0
@@ -245,6 +254,7 @@ class _PairScan:
         out.duplicates = dict(self.duplicates)
         out.positional = set(self.positional)
         out.superseded = dict(self.superseded)
+        out.renamed = dict(self.renamed)
         out.unanswered = dict(self.unanswered)
         out.block_owner = self.block_owner
         out.stop = self.stop
@@ -296,22 +306,37 @@ class _PairScan:
                 result_of[key] = index
                 call_of[index] = key
                 del self.unanswered[key]
-            elif cid in self.last_call:
-                key = self.last_call[cid]
-                answer = result_of.get(key)
-                if answer is not None and facts[answer].stand_in and not f.stand_in:
+                if f.stand_in is not None and f.stand_in != cid:
+                    self.renamed[f.stand_in] = key
+            elif cid in self.last_call or cid in self.renamed:
+                stood = self._stood_in(cid, f, facts)
+                if stood is not None:
                     # The real result of a call that got a stand-in: it answers the call now.
+                    answer = result_of[stood]
                     del call_of[answer]
-                    self.superseded[answer] = key
-                    result_of[key] = index
-                    call_of[index] = key
+                    self.superseded[answer] = stood
+                    result_of[stood] = index
+                    call_of[index] = stood
+                elif cid in self.last_call:
+                    self.duplicates[index] = self.last_call[cid]
                 else:
-                    self.duplicates[index] = key
+                    self.orphans.append(index)
             else:
                 self.orphans.append(index)
         self.block_owner = block_owner
         self.stop = len(facts)
         self._made = None
+
+    def _stood_in(self, cid: str, f: Facts, facts: Sequence[Facts]) -> CallKey | None:
+        """The call a real result with id ``cid`` answers in place of the stand-in it got: the
+        last call with that id, or one the repair renamed from it (an agent reusing ids)."""
+        if f.stand_in is not None:
+            return None
+        for key in (self.last_call.get(cid), self.renamed.get(cid)):
+            answer = self.result_of.get(key) if key is not None else None
+            if answer is not None and facts[answer].stand_in is not None:
+                return key
+        return None
 
     def pairing(self) -> ToolPairing:
         # The pairing shares the scan's dicts: a finished scan is never fed again, only copied.
@@ -541,7 +566,7 @@ class Shape:
         tail = self.tail_calls()
         if tail is not None and index in tail:
             return tail[index]
-        known = self._known_before(index) if not self.facts[index].stand_in else None
+        known = self._known_before(index) if self.facts[index].stand_in is None else None
         return known[0] if known is not None else self.pairing.call_of.get(index)
 
     def step_results(self, assistant: int) -> tuple[int, ...] | None:
@@ -556,7 +581,7 @@ class Shape:
             owner = next(iter(tail.values()))[0]
             if owner == assistant:
                 calls = self.facts[assistant].calls or ()
-                if here is not self and any(self.facts[j].stand_in for j in tail):
+                if here is not self and any(self.facts[j].stand_in is not None for j in tail):
                     return None  # a real result appended since may have superseded a stand-in
                 return tuple(sorted(tail)) if len(tail) == len(calls) else None
         return None

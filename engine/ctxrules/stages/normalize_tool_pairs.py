@@ -236,7 +236,7 @@ class _Repair:
             if result_index is not None:
                 emitted.append(self._placed(result_index, index, call_ids[pos], block))
                 continue
-            emitted.append(_synthesized(call_ids[pos], _call_name(calls[pos])))
+            emitted.append(_synthesized(call_ids[pos], _call_name(calls[pos]), derived[pos]))
             pinned_note = ""
             if self.unanswered == "remove":
                 pinned_note = " (the message is pinned, so its call is kept)"
@@ -462,7 +462,10 @@ def _call_name(call: object) -> str:
     return "?"
 
 
-def _synthesized(call_id: str, name: str) -> Message:
+def _synthesized(call_id: str, name: str, given: str | None = None) -> Message:
+    """The stand-in result of an unanswered call. When the repair renamed the call's id
+    (``given`` is the id the agent gave it), the tag says so (``call``): the real result,
+    arriving later with the agent's id, then answers the renamed call."""
     result: Message = {
         "role": "tool",
         "tool_call_id": call_id,
@@ -471,7 +474,7 @@ def _synthesized(call_id: str, name: str) -> Message:
             f"{name} (call {call_id}). Run it again if its result is still needed."
         ),
     }
-    return mark_injected(result, STAND_IN_KIND)
+    return mark_injected(result, STAND_IN_KIND, call=given if given is not None and given != call_id else None)
 
 
 def _is_empty_assistant(msg: Mapping[str, Any]) -> bool:
