@@ -534,6 +534,8 @@ def test_skip_non_packs_checks_a_pack_saved_with_a_bom_or_as_utf16(  # type: ign
     assert out.startswith(f"pack.yaml:{expected}"), out
     if encoding in ("utf-16", "utf-32"):  # the error says why, and what to do
         assert "help: the file looks saved as UTF-16 or UTF-32; save it as UTF-8" in out, out
+    if encoding == "utf-16-le":  # no byte-order mark: the NULs say it (not "write it as an escape")
+        assert "help: the file looks saved as UTF-16 or UTF-32 (without a byte-order mark)" in out, out
 
 
 def test_skip_non_packs_skips_and_counts_named_yaml_files_that_are_not_packs(  # type: ignore[no-untyped-def]

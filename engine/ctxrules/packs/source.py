@@ -321,12 +321,13 @@ def _parse_pure(text: str, path: str) -> SourceDoc:
     except yaml.reader.ReaderError as exc:  # a control character such as NUL
         at = exc.position
         line, col = text.count("\n", 0, at) + 1, at - text.rfind("\n", 0, at)
+        hint = 'remove it, or write it as an escape in a double-quoted string (e.g. "\\x00")'
+        if exc.character == 0 and text.count("\x00") * 4 >= len(text):
+            # NUL beside most characters: UTF-16 or UTF-32 without a byte-order mark (ASCII
+            # text saved so is valid UTF-8, with a NUL after or before each character).
+            hint = "the file looks saved as UTF-16 or UTF-32 (without a byte-order mark); save it as UTF-8"
         raise YamlProblem(
-            "CR001",
-            f"YAML: character {exc.character:#06x} is not allowed in YAML",
-            line,
-            col,
-            hint='remove it, or write it as an escape in a double-quoted string (e.g. "\\x00")',
+            "CR001", f"YAML: character {exc.character:#06x} is not allowed in YAML", line, col, hint=hint
         ) from None
     lines = _Lines(text) if any(c in text for c in _ODD_BREAKS) else None
     try:
