@@ -212,7 +212,7 @@ def _memory() -> Memory:
 
 class remembering:  # lower case: used like the function it was (``with remembering(state) as memory``)
     """Within the block, patterns listed in ``state[STATE_KEY]`` count as timed out (on texts
-    at least as long as the one they timed out on, see :class:`Memory`), and patterns that time
+    at least half as long as the one they timed out on, see :class:`Memory`), and patterns that time
     out are added there (a sorted list of strings, JSON-serializable), so a later run in the
     same session skips them without trying. ``reports`` of the memory says which patterns timed
     out or were skipped in the block (for the stage's warnings).
