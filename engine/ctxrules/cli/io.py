@@ -79,6 +79,8 @@ def writable_outputs(**outputs: str | None) -> None:
         try:
             st = os.stat(path)
         except FileNotFoundError:
+            if os.path.islink(path):  # a link to a file not there yet: the write makes it
+                continue
             st = None
         except OSError as exc:
             raise UsageError(f"--{option} {path}: cannot write: {exc.strerror}") from None
