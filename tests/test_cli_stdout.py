@@ -135,34 +135,20 @@ def test_standard_output_open_only_for_reading_is_closed_for_writing(world: dict
 @pytest.mark.parametrize("verb", ["validate", "schema", "explain", "sessions-export"])
 def test_a_reader_that_went_away_is_exit_0_and_silent(world: dict[str, str], verb: str) -> None:
     """``ctxrules schema | head -c1``: the reader has what it wanted."""
-    proc = subprocess.run(
-        f"{' '.join(map(_quote, [sys.executable, '-m', 'ctxrules.cli.main', *_argv(verb, world)]))} | head -c1",
-        shell=True,
-        env={**os.environ, "PYTHONPATH": ENGINE},
-        capture_output=True,
-        text=True,
-        timeout=300,
-        executable="/bin/bash",
-    )
-    assert proc.returncode == 0 and len(proc.stdout) == 1
-    first = subprocess.run(  # PIPESTATUS: ctxrules' own exit code, not head's
-        f"{' '.join(map(_quote, [sys.executable, '-m', 'ctxrules.cli.main', *_argv(verb, world)]))} | head -c1"
-        " >/dev/null; exit ${PIPESTATUS[0]}",
-        shell=True,
-        env={**os.environ, "PYTHONPATH": ENGINE},
-        capture_output=True,
-        text=True,
-        timeout=300,
-        executable="/bin/bash",
-    )
-    assert first.returncode == 0, first.stderr
-    assert "error" not in first.stderr and "Traceback" not in first.stderr, first.stderr
-
-
-def _quote(arg: str) -> str:
     import shlex
 
-    return shlex.quote(arg)
+    argv = [sys.executable, "-m", "ctxrules.cli.main", *_argv(verb, world)]
+    proc = subprocess.run(  # PIPESTATUS: ctxrules' own exit code, not head's
+        f"{shlex.join(argv)} | head -c1; exit ${{PIPESTATUS[0]}}",
+        shell=True,
+        env={**os.environ, "PYTHONPATH": ENGINE},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        executable="/bin/bash",
+    )
+    assert proc.returncode == 0 and len(proc.stdout) == 1, proc.stderr
+    assert "error" not in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
 
 
 def test_usage_add_with_a_closed_standard_output_records_nothing(world: dict[str, str], tmp_path: Path) -> None:
