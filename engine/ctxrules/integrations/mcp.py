@@ -12,13 +12,13 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import re
 import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 from ctxrules.errors import CtxrulesError
+from ctxrules.json_limits import scan
 from ctxrules.recall import PARAMETERS, RecallSettings
 
 if TYPE_CHECKING:
@@ -140,36 +140,14 @@ def _mended_stdin() -> Callable[[], None]:
 
 
 def _mended(line: bytes) -> bytes:
-    """``line`` (one JSON-RPC message) with its lone surrogates replaced, else as it came."""
+    """``line`` (one JSON-RPC message) with its lone surrogates replaced
+    (:func:`ctxrules.json_limits.scan`), else as it came."""
     if b"\\u" not in line:
         return line
     try:
-        message = json.loads(line)
-        if not _has_lone_surrogate(message):
-            return line
-        return json.dumps(_without_lone_surrogates(message), ensure_ascii=False).encode("utf-8") + b"\n"
+        found = scan(json.loads(line))
     except (ValueError, RecursionError):  # not JSON: the SDK answers what it can of it
         return line
-
-
-def _has_lone_surrogate(value: Any) -> bool:
-    if isinstance(value, str):
-        return _LONE.search(value) is not None
-    if isinstance(value, dict):
-        return any(_has_lone_surrogate(k) or _has_lone_surrogate(v) for k, v in value.items())
-    if isinstance(value, list):
-        return any(_has_lone_surrogate(v) for v in value)
-    return False
-
-
-def _without_lone_surrogates(value: Any) -> Any:
-    if isinstance(value, str):
-        return _LONE.sub("\ufffd", value)
-    if isinstance(value, dict):
-        return {_without_lone_surrogates(k): _without_lone_surrogates(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_without_lone_surrogates(v) for v in value]
-    return value
-
-
-_LONE = re.compile("[\ud800-\udfff]")
+    if not found.replaced:
+        return line
+    return json.dumps(found.value, ensure_ascii=False).encode("utf-8") + b"\n"
