@@ -14,6 +14,7 @@ import json
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from ctxrules.stages.cache_markers import canonical_message
 from ctxrules.types import TIERS, Message, tier_rank
 from ctxrules.validation import quick
 from ctxrules.vault import VaultError, parse_markers
@@ -102,30 +103,15 @@ def result_digest(msg: Mapping[str, Any]) -> str:
 
 def _result_digest(msg: Mapping[str, Any]) -> str:
     content = msg.get("content")
-    body = content if isinstance(content, str) else _digest_body(content)
+    if not isinstance(content, str):
+        # Taken without the breakpoints cache.markers places: the output last on one call
+        # carries one (its content a one-part list) and loses it on the next; a result sent
+        # while the prompt cache was hot must still read as sent, or it is reduced afterwards
+        # (a break of the cached prefix).
+        content = canonical_message({"content": content})["content"]
+    body = content if isinstance(content, str) else json.dumps(content, sort_keys=True, ensure_ascii=False, default=str)
     seed = f"{msg.get('tool_call_id') or msg.get('name') or ''}\x1f{body}"
     return hashlib.sha256(seed.encode("utf-8", "surrogatepass")).hexdigest()[:32]
-
-
-def _digest_body(content: Any) -> str:
-    """The text a result's digest is taken of, the same whatever breakpoint ``cache.markers``
-    put on it: a breakpoint on the last message of one call turns its content into a list of
-    one text part with ``cache_control``, and the next call (run on that output) moves it on.
-    Without this, a result sent while the prompt cache was hot read as never sent once the
-    breakpoint left it, and was reduced on the call after: a break of the cached prefix."""
-    if isinstance(content, list):
-        parts = [
-            {k: v for k, v in part.items() if k != "cache_control"}
-            if isinstance(part, Mapping) and "cache_control" in part
-            else part
-            for part in content
-        ]
-        if len(parts) == 1 and isinstance(parts[0], Mapping) and parts[0].keys() == {"type", "text"}:
-            only = parts[0]
-            if only["type"] == "text" and isinstance(only["text"], str):
-                return only["text"]
-        content = parts
-    return json.dumps(content, sort_keys=True, ensure_ascii=False, default=str)
 
 
 def tokens_saved(ctx: StageContext, old: Message, new: Message) -> int:
