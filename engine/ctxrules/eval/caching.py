@@ -90,19 +90,8 @@ def blocks_of(
     tools: Sequence[Mapping[str, Any]] = (),
     tool_tokens: int = 0,
 ) -> list[Block]:
-    """The blocks of a request (``tokens``: each message's count)."""
-    blocks: list[Block] = []
-    chain = hashlib.sha256()
-    if tools:
-        clean, marked = _strip(list(tools))
-        chain.update(json.dumps(clean, sort_keys=True, ensure_ascii=False).encode("utf-8", "replace"))
-        blocks.append(Block(chain.copy().hexdigest(), tool_tokens, marked))
-    for msg, count in zip(messages, tokens, strict=True):
-        clean, marked = _strip(msg)
-        chain.update(b"\x00")
-        chain.update(json.dumps(clean, sort_keys=True, ensure_ascii=False).encode("utf-8", "replace"))
-        blocks.append(Block(chain.copy().hexdigest(), count, marked))
-    return blocks
+    """The blocks of a request (``tokens``: each message's count), on their own."""
+    return BlockChain().blocks(messages, tokens, tools, tool_tokens)
 
 
 class BlockChain:
@@ -110,7 +99,7 @@ class BlockChain:
     request shares with the one before (the same objects, at the same places, with the same
     counts, after the same tools) are taken from it, and only the rest is serialised and hashed.
     Each call of a replay sends its last output plus a step, so a replay of N calls serialised
-    N²/2 messages; the blocks are the same as :func:`blocks_of` gives."""
+    N²/2 messages; the blocks are those of the request on its own (:func:`blocks_of`)."""
 
     def __init__(self) -> None:
         self._tools: tuple[Sequence[Mapping[str, Any]], int] | None = None
