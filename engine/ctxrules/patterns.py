@@ -193,12 +193,7 @@ def _listed(keys: dict[str, int]) -> list[str]:
 
 def merged_entries(*lists: Any) -> list[str]:
     """The ``timed_out_patterns`` lists given, as one (each pattern at its shortest length)."""
-    keys: dict[str, int] = {}
-    for listed in lists:
-        for key, length in _entries(listed).items():
-            if key not in keys or length < keys[key]:
-                keys[key] = length
-    return _listed(keys)
+    return _listed(_entries([entry for listed in lists if isinstance(listed, list) for entry in listed]))
 
 
 _UNSET: Any = object()
