@@ -542,7 +542,8 @@ class CacheMarkers:
             # callable): the list itself is narrowed, a tools break the report shows.
             # None allowed: the list stays and tool_choice=none says so (a request holding
             # tool calls must still define tools on Anthropic).
-            kept = [t for t in tools if _tool_name(t) in set(allowed)]
+            names = set(allowed)
+            kept = [t for t in tools if _tool_name(t) in names]
             if kept:
                 if len(kept) != len(tools):
                     actions.append(
