@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import Any
 
-from ctxrules.cli.io import add_search_path, distinct_outputs, dump, read_json, write_text
+from ctxrules.cli.io import add_search_path, distinct_outputs, dump, outputs_apart_from, read_json, write_text
 from ctxrules.cli.output import stdout_writer
 from ctxrules.cli.progress import TerminalProgress, wanted
 from ctxrules.cli.stores import add_store_options, named_store
@@ -70,6 +70,8 @@ def run(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGTERM, _on_sigterm)
     distinct_outputs(output=args.output, report=args.report)
+    # The caller's history is what every later call starts from: never written over.
+    outputs_apart_from([] if args.input == "-" else [args.input], "the input", output=args.output, report=args.report)
     store = named_store(args)  # a bad --store is a usage error before any input is read
     data = read_json(args.input)
     name = "<stdin>" if args.input == "-" else args.input

@@ -1,0 +1,63 @@
+"""``ctxrules run`` never writes over the file it reads: ``--output`` or ``--report`` naming
+``--input`` (by path, through a symbolic link, or as a hard link) is a usage error before
+anything runs, and the input is left as it was."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+HISTORY = [
+    {"role": "system", "content": "You are a coding agent."},
+    {"role": "user", "content": "List the files."},
+    {"role": "assistant", "content": "Sure."},
+]
+
+
+def _args(src: Path, tmp_path: Path, *extra: str) -> list[str]:
+    return [
+        "run",
+        "--pack",
+        "builtin:default",
+        "--model",
+        "gpt-4o",
+        "--input",
+        str(src),
+        "--session",
+        str(tmp_path / "s"),
+        *extra,
+    ]
+
+
+def test_an_output_or_report_naming_the_input_is_refused(tmp_path: Path, cli: Any) -> None:
+    """`run --input h.json --output h.json` replaced the caller's history with the output (and
+    `--report h.json` with the report): the full history was gone, and a failed write would
+    have left neither."""
+    src = tmp_path / "h.json"
+    src.write_text(json.dumps(HISTORY), encoding="utf-8")
+    before = src.read_bytes()
+    (tmp_path / "link.json").symlink_to(src)
+    os.link(src, tmp_path / "hard.json")
+    for target in (src, tmp_path / "link.json", tmp_path / "hard.json"):
+        for option in ("--output", "--report"):
+            extra = [option, str(target)]
+            if option == "--report":
+                extra += ["--output", str(tmp_path / "out.json")]
+            code, _, err = cli(*_args(src, tmp_path, *extra))
+            assert code == 2, (option, target, err)
+            assert f"{option} {target} is the input this run reads; give the output its own file" in err, err
+            assert src.read_bytes() == before
+    assert not (tmp_path / "s").exists()  # refused before a session was opened
+
+
+def test_outputs_elsewhere_still_run(tmp_path: Path, cli: Any) -> None:
+    src = tmp_path / "h.json"
+    src.write_text(json.dumps(HISTORY), encoding="utf-8")
+    out, report = tmp_path / "out.json", tmp_path / "report.json"
+    code, _, err = cli(*_args(src, tmp_path, "--output", str(out), "--report", str(report), "--quiet"))
+    assert code == 0, err
+    assert json.loads(out.read_text())[1]["content"] == "List the files."
+    assert json.loads(report.read_text())["after"]["messages"] == 3
+    assert json.loads(src.read_text()) == HISTORY
