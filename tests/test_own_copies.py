@@ -115,3 +115,45 @@ def test_an_edit_to_an_earlier_calls_objects_is_seen_when_the_caller_sends_the_l
     result = session.prepare(third)
     assert "EDITED after the first call" not in json.dumps(result.messages)
     assert _texts(result.messages) == _texts(third)
+
+
+def _compacted(tmp_path: Path, name: str) -> tuple[Any, list[dict[str, Any]]]:
+    history = json.loads(transcript_path("claudecode-ae4a77f8").read_text(encoding="utf-8"))
+    session = Engine.load("builtin:default").session(tmp_path / name, model="gpt-4o", window=32_000)
+    session.prepare(history)
+    return session, history
+
+
+def test_a_copy_handed_back_is_the_same_object_next_call_unless_the_caller_edited_it(tmp_path: Path) -> None:
+    """Every warm turn of a compacted session copied each message a stage had made, so a
+    caller saw new objects for them on every call (and re-counted, re-hashed each one)."""
+    session, history = _compacted(tmp_path, "s")
+    grown = [*history, *_step(0)]
+    first = session.prepare(grown).messages
+    theirs = {id(m) for m in grown}
+    made = [i for i, m in enumerate(first) if id(m) not in theirs]
+    assert len(made) >= 5, "the transcript compacts at 32K: stages made messages"
+    grown = [*grown, *_step(1)]
+    second = session.prepare(grown).messages
+    assert all(second[i] is first[i] for i in made)
+    # An edited copy is not handed back again: the next call gets one equal to the session's.
+    edited = made[len(made) // 2]
+    pristine = json.loads(json.dumps(first[edited]))
+    first[edited]["content"] = "EDITED by the caller"
+    grown = [*grown, *_step(2)]
+    third = session.prepare(grown).messages
+    assert third[edited] is not first[edited] and third[edited] == pristine
+    assert all(third[i] is first[i] for i in made if i != edited)
+    assert "EDITED by the caller" not in json.dumps(session.last_output())
+
+
+def test_stable_copies_give_the_outputs_of_fresh_copies(tmp_path: Path) -> None:
+    """The same messages as a session whose caller never keeps what it got back."""
+    session, history = _compacted(tmp_path, "a")
+    other, _ = _compacted(tmp_path, "b")
+    grown = list(history)
+    for i in range(3):
+        grown = [*grown, *_step(i)]
+        out = session.prepare(grown).messages
+        ref = other.prepare(_fresh(grown)).messages
+        assert _unsigned(out) == _unsigned(ref)

@@ -1059,7 +1059,7 @@ class _OwnCopies:
     holds the objects of an earlier call, and one that equals the caller's message where that
     object was is handed back as the caller's message, not copied."""
 
-    __slots__ = ("_foreign", "_history", "_ids", "_origin", "_output")
+    __slots__ = ("_copies", "_foreign", "_history", "_ids", "_origin", "_output")
 
     def __init__(self) -> None:
         self._history: list[Message] = []
@@ -1068,6 +1068,8 @@ class _OwnCopies:
         self._foreign: list[int] = []  # positions of self._output that are not caller objects
         # id of such a message -> index of the caller's equal message it was handed back as
         self._origin: dict[int, int] = {}
+        # id of such a message -> (it, the copy handed back for it last call)
+        self._copies: dict[int, tuple[Message, Message]] = {}
 
     def __call__(self, history: list[Message], output: list[Message]) -> list[Message]:
         try:
@@ -1079,20 +1081,28 @@ class _OwnCopies:
             # whole history (an empty last output never takes the incremental way).
             self._output = []
             raise
-        self._history, self._output, self._foreign, self._origin = history, output, foreign, origin
+        self._history, self._output, self._foreign, self._origin = history, output, foreign, origin[0]
+        self._copies = origin[1]
         return out
 
     def _hand_back(
         self, history: list[Message], output: list[Message], foreign: list[int], carried: int, out: list[Message]
-    ) -> dict[int, int]:
+    ) -> tuple[dict[int, int], dict[int, tuple[Message, Message]]]:
         """Fills the ``foreign`` positions of ``out``: the caller's equal message where the
-        object was the caller's (this call's history at the index it had then), else a copy.
+        object was the caller's (this call's history at the index it had then), else a copy:
+        the one handed back for the same message last call when it still equals it (the
+        caller did not edit it), else a new one. A compacted session's messages thus keep
+        their objects from call to call, like the caller's own: a caller that remembers work
+        per message object (token counts, digests) does it once, and no call copies what
+        the last one copied.
 
         The first ``carried`` positions were foreign last turn too, with the same objects, and
         the last history is a prefix of this one: one of them that was not handed back then is
         not an object of the last history (it would not have been foreign), so it is copied
         without looking for it there."""
         origin: dict[int, int] = {}
+        copies: dict[int, tuple[Message, Message]] = {}
+        handed = self._copies
         before = self._origin
         where: dict[int, int] | None = None
         used: set[int] = set()
@@ -1109,9 +1119,14 @@ class _OwnCopies:
                 out[i] = history[k]
                 used.add(k)
                 origin[key] = k
-            else:
-                out[i] = clone_json(message)
-        return origin
+                continue
+            last = handed.get(key)
+            # The copy of last call, unless the caller edited it since (a C compare, cheaper
+            # than a new copy); the message itself is the session's and never edited.
+            copy = last[1] if last is not None and last[0] is message and last[1] == message else clone_json(message)
+            out[i] = copy
+            copies[key] = (message, copy)
+        return origin, copies
 
     def _foreign_of(self, history: list[Message], output: list[Message]) -> tuple[list[int], int]:
         """The positions of ``output`` that hold no object of ``history``, and how many of the
