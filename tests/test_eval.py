@@ -840,6 +840,51 @@ def test_the_block_chain_of_a_replay_gives_the_blocks_of_each_request() -> None:
         assert chain.blocks(messages, counts, tools, tool_tokens) == blocks_of(messages, counts, tools, tool_tokens)
 
 
+def test_a_message_replaced_in_the_middle_serialises_that_message_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A compaction that replaced one early message made every message after it serialised
+    again on each call: a long replay serialised N²/2 messages (20 s for 2,000 messages)."""
+    from ctxrules.eval import caching
+
+    stripped: list[Any] = []
+    real = caching._strip
+
+    def counting(value: Any) -> tuple[Any, bool]:
+        stripped.append(value)
+        return real(value)
+
+    monkeypatch.setattr(caching, "_strip", counting)
+    messages: list[dict[str, Any]] = [{"role": "user", "content": f"m{i}"} for i in range(200)]
+    chain = BlockChain()
+    chain.blocks(messages, [3] * 200)
+    new = {"role": "user", "content": "summary"}
+    edited = [*messages[:5], new, *messages[6:]]
+    stripped.clear()
+    blocks = chain.blocks(edited, [3] * 200)
+    assert [m for m in stripped if isinstance(m, dict) and "role" in m] == [new]
+    assert blocks == blocks_of(edited, [3] * 200)
+
+
+def test_context_texts_of_a_replay_read_each_message_object_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    from ctxrules.eval import probes
+
+    call = {"id": "c", "type": "function", "function": {"name": "Bash", "arguments": '{"command": "pytest -x"}'}}
+    messages: list[dict[str, Any]] = [
+        {"role": "user", "content": "fix it"},
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "c", "content": "1 failed"},
+    ]
+    texts = probes.ContextTexts()
+    assert texts(messages) == probes.context_text(messages)
+    grown = [messages[0], {"role": "assistant", "content": "a summary"}, *messages[1:], {"role": "user", "content": ""}]
+    read: list[Any] = []
+    real = probes._message_part
+    monkeypatch.setattr(probes, "_message_part", lambda m: read.append(m) or real(m))
+    assert texts(grown) == probes.context_text(grown)
+    # context_text reads through the counting stand-in too: the ContextTexts call read only
+    # the two new messages, context_text all five.
+    assert read[:2] == [grown[1], grown[4]] and len(read) == 2 + len(grown)
+
+
 @pytest.mark.corpus
 def test_two_replays_of_a_compacted_transcript_give_the_same_figures(tmp_path: Path) -> None:
     # Each replay signed its injected tags (summaries, placeholders) with a new random key, and

@@ -99,7 +99,12 @@ class BlockChain:
     request shares with the one before (the same objects, at the same places, with the same
     counts, after the same tools) are taken from it, and only the rest is serialised and hashed.
     Each call of a replay sends its last output plus a step, so a replay of N calls serialised
-    N²/2 messages; the blocks are those of the request on its own (:func:`blocks_of`)."""
+    N²/2 messages; the blocks are those of the request on its own (:func:`blocks_of`).
+
+    Where a request changes a message (a compaction), every block from there on has a new
+    chained digest, but the messages after it are mostly the objects the last request sent:
+    their serialised text is kept per object (the replay never edits a message in place), and
+    only the digests are chained again."""
 
     def __init__(self) -> None:
         self._tools: tuple[Sequence[Mapping[str, Any]], int] | None = None
@@ -109,6 +114,8 @@ class BlockChain:
         self._tokens: list[int] = []
         self._states: list[Any] = []  # the digest state after each message
         self._blocks: list[Block] = []
+        # id of each message of the last request -> (the message, its text, whether marked)
+        self._texts: dict[int, tuple[Mapping[str, Any], bytes, bool]] = {}
 
     def blocks(
         self,
@@ -135,14 +142,24 @@ class BlockChain:
             same += 1
         del self._messages[same:], self._tokens[same:], self._states[same:], self._blocks[same:]
         chain = (self._states[-1] if self._states else self._base).copy()
+        kept, texts = self._texts, {}
+        for msg in messages[:same]:
+            texts[id(msg)] = kept[id(msg)]
         for msg, count in zip(messages[same:], tokens[same:], strict=True):
-            clean, marked = _strip(msg)
+            hit = kept.get(id(msg))
+            if hit is not None and hit[0] is msg:
+                _, text, marked = hit
+            else:
+                clean, marked = _strip(msg)
+                text = json.dumps(clean, sort_keys=True, ensure_ascii=False).encode("utf-8", "replace")
+            texts[id(msg)] = (msg, text, marked)
             chain.update(b"\x00")
-            chain.update(json.dumps(clean, sort_keys=True, ensure_ascii=False).encode("utf-8", "replace"))
+            chain.update(text)
             self._messages.append(msg)
             self._tokens.append(count)
             self._states.append(chain.copy())
             self._blocks.append(Block(chain.copy().hexdigest(), count, marked))
+        self._texts = texts
         return [*self._head, *self._blocks]
 
 

@@ -31,6 +31,7 @@ __all__ = [
     "CATEGORIES",
     "LAST_COMMANDS",
     "LAST_ERRORS",
+    "ContextTexts",
     "Probe",
     "ProbeExtractor",
     "Retention",
@@ -192,18 +193,41 @@ class ProbeExtractor:
 
 def context_text(messages: Iterable[Mapping[str, Any]]) -> str:
     """Everything a model reads in ``messages``: texts, tool names and decoded arguments."""
-    parts: list[str] = []
-    for msg in messages:
-        parts.append(message_text(msg))
-        for call in msg.get("tool_calls") or []:
-            if not isinstance(call, Mapping):
-                continue
-            fn = call.get("function") or {}
-            raw = fn.get("arguments") if isinstance(fn, Mapping) else None
-            if isinstance(raw, str):
-                parts.append(raw)
-            parts.extend(_strings(call_arguments(call)))
+    return "\n".join(map(_message_part, messages))
+
+
+def _message_part(msg: Mapping[str, Any]) -> str:
+    parts = [message_text(msg)]
+    for call in msg.get("tool_calls") or []:
+        if not isinstance(call, Mapping):
+            continue
+        fn = call.get("function") or {}
+        raw = fn.get("arguments") if isinstance(fn, Mapping) else None
+        if isinstance(raw, str):
+            parts.append(raw)
+        parts.extend(_strings(call_arguments(call)))
     return "\n".join(parts)
+
+
+class ContextTexts:
+    """:func:`context_text` for the requests of one replay, each message's part made once per
+    object: a call sends mostly the objects the last one sent, and a replay never edits a
+    message in place (a replay of N calls read N²/2 messages)."""
+
+    def __init__(self) -> None:
+        self._parts: dict[int, tuple[Mapping[str, Any], str]] = {}
+
+    def __call__(self, messages: Sequence[Mapping[str, Any]]) -> str:
+        kept: dict[int, tuple[Mapping[str, Any], str]] = {}
+        last = self._parts
+        parts: list[str] = []
+        for msg in messages:
+            hit = last.get(id(msg))
+            part = hit[1] if hit is not None and hit[0] is msg else _message_part(msg)
+            kept[id(msg)] = (msg, part)
+            parts.append(part)
+        self._parts = kept
+        return "\n".join(parts)
 
 
 def _strings(value: Any) -> Iterable[str]:

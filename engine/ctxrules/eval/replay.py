@@ -25,13 +25,13 @@ from ctxrules.eval.caching import BlockChain, cache_model_for
 from ctxrules.eval.checks import pairing_problems, pin_problems
 from ctxrules.eval.engines import engine_for
 from ctxrules.eval.judge import ask, grade, judge_request, parse_answers
-from ctxrules.eval.probes import ProbeExtractor, check_probes, context_text, lost_all
+from ctxrules.eval.probes import ContextTexts, ProbeExtractor, check_probes, context_text, lost_all
 from ctxrules.injected import KEY_FILE
 from ctxrules.models import ModelInfo, lookup_model
 from ctxrules.packs.validated import load_pack
 from ctxrules.pipeline.budget import DEFAULT_RESERVE
 from ctxrules.structure import pinned_indices
-from ctxrules.tokens import TokenCounter
+from ctxrules.tokens import TokenCounter, trusted_objects
 from ctxrules.toolroles import tool_roles
 
 __all__ = ["STEP_S", "CallRecord", "Plan", "Task", "TaskResult", "replay"]
@@ -183,6 +183,7 @@ def replay(task: Task, progress: Progress | None = None) -> TaskResult:
     with tempfile.TemporaryDirectory(prefix="ctxrules-eval-", dir=_scratch()) as tmp:
         runner = _runner(task, Path(tmp))
         chain = BlockChain()
+        texts = ContextTexts()
         usable = runner.usable
         records: list[CallRecord] = []
         judged: tuple[dict[str, dict[str, int]] | None, str | None] = (None, None)
@@ -202,7 +203,11 @@ def replay(task: Task, progress: Progress | None = None) -> TaskResult:
                     f"call {turn} (message {index}): {type(exc).__name__}: {exc}",
                 )
             ms = (time.perf_counter() - started) * 1000
-            counts = history_counts[:index] if out is history else counter.count_each(out)
+            if out is history:
+                counts = history_counts[:index]
+            else:
+                with trusted_objects():  # counted by object: a replay never edits a message in place
+                    counts = counter.count_each(out)
             out_tool_tokens = (
                 tool_tokens if out_tools is tools else (counter.count_tools(out_tools) if out_tools else 0)
             )
@@ -211,7 +216,7 @@ def replay(task: Task, progress: Progress | None = None) -> TaskResult:
             fits = use.prompt <= usable
             probes = extractor.probes(index)
             # A request over the window is refused: the model sees none of it.
-            retention = (check_probes(probes, context_text(out), runner.fetch) if fits else lost_all(probes)).as_dict()
+            retention = (check_probes(probes, texts(out), runner.fetch) if fits else lost_all(probes)).as_dict()
             violations: list[str] = []
             if not task.plan.baseline:
                 violations += pairing_problems(out) + pin_problems(history, out)
