@@ -95,6 +95,28 @@ def test_text_format_cuts_very_long_lines_around_the_caret(cli, work: Path) -> N
     assert src[caret.index("^") :].startswith("nme")
 
 
+def test_the_caret_stands_under_the_column_after_wide_characters(cli, work: Path) -> None:  # type: ignore[no-untyped-def]
+    """A line with Chinese (two columns each on a terminal) put the caret one column left per
+    character: under the wrong key."""
+    import unicodedata
+
+    (work / "zh.yaml").write_text(
+        'apiVersion: ctxrules/v1\nkind: RulePack\nmetadata: {name: "中文规则包", version: 1.0.0, bgus: 1}\n',
+        encoding="utf-8",
+    )
+    code, out, _ = cli("validate", "zh.yaml")
+    assert code == 1
+    src, caret = out.splitlines()[1:3]
+    # The columns a terminal gives the source line up to the caret's column.
+    shown, width = "", 0
+    for c in src:
+        if width >= caret.index("^"):
+            break
+        shown += c
+        width += 2 if unicodedata.east_asian_width(c) in "WF" else 1
+    assert width == caret.index("^") and src[len(shown) :].startswith("bgus"), (src, caret)
+
+
 # -- json --------------------------------------------------------------------------------------
 
 

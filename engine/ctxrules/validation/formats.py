@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import unicodedata
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -39,6 +40,14 @@ def _excerpt(src: str, at: int, width: int = 100) -> tuple[str, int]:
     return head + src[start : start + width] + tail, at - start + len(head)
 
 
+def _columns(text: str) -> int:
+    """The terminal columns ``text`` takes: two for an East Asian wide or fullwidth character
+    (a pack named in Chinese), none for a combining mark, one for the rest."""
+    if text.isascii():
+        return len(text)
+    return sum(0 if unicodedata.combining(c) else 2 if unicodedata.east_asian_width(c) in "WF" else 1 for c in text)
+
+
 def format_text(
     diags: list[Diagnostic], files_checked: int, real_paths: dict[str, Path] | None = None, files_skipped: int = 0
 ) -> str:
@@ -53,7 +62,7 @@ def format_text(
             src, caret = _excerpt(lines[d.line - 1].replace("\t", " "), max(d.col - 1, 0))
             gutter = f"{d.line:>4} | "
             out.append(gutter + printable(src))
-            out.append(" " * (len(gutter) + caret) + "^")
+            out.append(" " * (len(gutter) + _columns(printable(src[:caret]))) + "^")
         if d.hint:
             out.append(f"  help: {printable(d.hint)}")
     errors = sum(d.severity == "error" for d in diags)
