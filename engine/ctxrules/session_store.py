@@ -16,16 +16,18 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import json.encoder
 import operator
 import os
 import time
 import weakref
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from ctxrules.errors import CtxrulesError
-from ctxrules.json_stream import dumps_once, json_text_sorted
+from ctxrules.json_stream import LONG_STRING, dumps_once, json_text_sorted
 from ctxrules.private_files import (
     ensure_dir,
     open_private,
@@ -80,6 +82,7 @@ class SessionStore:
         # lstat of state.json by the last load(), and when (see _write_state)
         self._looked: tuple[os.stat_result, float] | None = None
         self._hash: Any = None  # sha256 of what this object wrote to last_output.jsonl
+        self._state_text = _state_encoder()  # json_text_sorted, with this session's strings kept
         # Handles kept open between turns (opening, and above all creating, a file costs more
         # than a warm turn's stages): state.json, and last_output.jsonl for appending.
         self._state_handle = _Handle(self.state_file, os.O_RDWR | os.O_CREAT)
@@ -212,7 +215,7 @@ class SessionStore:
         self._written_stat = (st.st_size, st.st_mtime_ns)
         state["last"]["output_file"] = [st.st_ino, st.st_size]
         state["last"]["output_digest"] = self._hash.hexdigest()
-        data = json_text_sorted(state).encode("utf-8")
+        data = self._state_text(state).encode("utf-8")
         try:
             written = self._write_state(data)
         except OSError:
@@ -368,6 +371,67 @@ def _stat(path: str | Path) -> tuple[int, int] | None:
 def _jsonl(messages: list[dict[str, Any]]) -> bytes:
     # dumps_once: within a prepare, the text the backup or a vault entry made of the message
     return b"".join(dumps_once(m).encode("utf-8") + b"\n" for m in messages)
+
+
+_SHORT_TEXTS = 1024  # strings of a state kept with their JSON text, at most (then forgotten)
+_LONG_STRING = 256  # a string at least this long is looked up as an extension of a known one
+_LONG_TEXTS = 8  # long strings kept with their JSON text, at most
+
+
+class _Escapes(dict[str, str]):
+    """A string of the state -> its JSON text (``json.encoder.encode_basestring``), kept from
+    one save to the next. Most strings of a session's state come back turn after turn (stage
+    ids, keys, digests), and its long ones grow by appending: the cache stage's digests of
+    the history, the output's token counts, a string of 16 hex digits or a number per message.
+    Escaping those again cost a warm save more than writing the file; a long string that
+    starts with one escaped before is escaped for its new end only (JSON escapes each
+    character on its own, so the pieces join to the text of the whole)."""
+
+    __slots__ = ("_long",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._long: list[tuple[str, str]] = []  # (long string, its text), the latest first
+
+    def __missing__(self, value: str) -> str:
+        if len(value) < _LONG_STRING:
+            if len(self) >= _SHORT_TEXTS:
+                self.clear()
+            text = self[value] = _escape(value)
+            return text
+        known = self._long
+        for i, (old, old_text) in enumerate(known):
+            if value.startswith(old):  # False for a shorter one: nothing to check before
+                grown = value[len(old) :]
+                text = old_text[:-1] + _escape(grown)[1:] if grown else old_text
+                known = [*known[:i], *known[i + 1 :]]
+                break
+        else:
+            text = _escape(value)
+        if len(value) <= LONG_STRING:  # a huge one is not kept (a second copy of it)
+            # A new list, not changed in place: a thread saving meanwhile sees one or the other.
+            self._long = [(value, text), *known[: _LONG_TEXTS - 1]]
+        return text
+
+
+_escape: Callable[[str], str] = json.encoder.encode_basestring
+_make_encoder: Any = getattr(json.encoder, "c_make_encoder", None)
+
+
+def _state_encoder() -> Callable[[Any], str]:
+    """``json_text_sorted`` (the same text) through a string memo of its own (:class:`_Escapes`):
+    one per session store, so the strings it keeps are those of one session's state."""
+    if _make_encoder is None:  # no C accelerator (another Python implementation)
+        return json_text_sorted
+    # As json_text_sorted's encoder: sort_keys, no skipkeys, NaN allowed, no circular check.
+    escapes = _Escapes().__getitem__
+    encoder = _make_encoder(None, json.JSONEncoder().default, escapes, None, ": ", ", ", True, False, True)
+    join = "".join
+
+    def text(value: Any) -> str:
+        return join(encoder(value, 0))
+
+    return text
 
 
 class SessionLock:
