@@ -98,13 +98,9 @@ else:  # pragma: no cover - exercised on Windows only
 
 # (st_dev, st_ino) of every lock file a thread of this process holds -> the holding thread's
 # (pid, ident): a second object taking a file its own thread holds would wait for itself forever.
+# The pid too: a forked child's thread has the ident of the parent's thread that forked.
 _held: dict[tuple[int, int], tuple[int, int]] = {}
 _held_mutex = threading.Lock()
-
-
-def _me() -> tuple[int, int]:
-    # The pid too: a forked child's thread has the ident of the parent's thread that forked.
-    return os.getpid(), threading.get_ident()
 
 
 class _FlockLock:
@@ -124,39 +120,41 @@ class _FlockLock:
         return self._depth > 0 and self._pid == os.getpid()
 
     def acquire(self) -> None:
-        if self._pid and self._pid != os.getpid():
+        pid = os.getpid()  # once: every prepare takes the lock, and each call is a system call
+        if self._pid and self._pid != pid:
             # A forked child: the thread lock may be held by the parent's hold; start afresh.
             self._mutex, self._depth = threading.RLock(), 0
         deadline = None if self.timeout is None else time.monotonic() + max(self.timeout, 0.0)
         if not self._mutex.acquire(timeout=-1 if deadline is None else max(self.timeout or 0.0, 0.0)):
             raise LockTimeout(f"{self.path} is held by another process")
         try:
-            if self._depth > 0 and self._pid == os.getpid():
+            if self._depth > 0 and self._pid == pid:
                 self._depth += 1
                 return
             self._depth = 0
-            self._lock(deadline)
+            self._lock(deadline, (pid, threading.get_ident()))
             self._depth = 1
         except BaseException:
             self._mutex.release()
             raise
 
     def release(self) -> None:
-        if self._depth <= 0 or self._pid != os.getpid():
+        pid = os.getpid()
+        if self._depth <= 0 or self._pid != pid:
             return
         self._depth -= 1
         if self._depth == 0:
             with _held_mutex:
-                if self._ident is not None and _held.get(self._ident) == _me():
+                if self._ident is not None and _held.get(self._ident) == (pid, threading.get_ident()):
                     del _held[self._ident]
             if self._fd is not None:
                 _fcntl.flock(self._fd, _fcntl.LOCK_UN)
         self._mutex.release()
 
-    def _lock(self, deadline: float | None) -> None:
+    def _lock(self, deadline: float | None, me: tuple[int, int]) -> None:
         """Take the flock; the file locked must still be the one at the path (a lock file
-        removed or replaced meanwhile would lock nothing another process opens)."""
-        me = _me()
+        removed or replaced meanwhile would lock nothing another process opens). ``me``:
+        this thread's (pid, ident), its key in ``_held``."""
         for _attempt in range(8):
             fd = self._fd if self._fd is not None and self._pid == me[0] else self._descriptor()
             ident = self._ident
