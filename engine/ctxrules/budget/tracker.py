@@ -416,18 +416,20 @@ class SessionLedger:
     def _descendant_cache(self) -> list[str]:
         """:meth:`descendant_keys`, read on from where the last read ended (the registry only
         grows; a replaced one is read whole). The list is this object's: not to be changed."""
-        log = Log("descendants", self.root_key)
         seen = self._descendants
-        cursor = seen[1] if seen is not None and seen[0] == log else None
+        # The registry of the root as last read (every prepare asks): its Log made again only
+        # when the root changed (register_child), as a dataclass made and compared costs more.
+        log = seen[0] if seen is not None and seen[0].name == self.root_key else Log("descendants", self.root_key)
+        cursor = seen[1] if seen is not None and seen[0] is log else None
         try:
             chunk = self.store.read_log(log, cursor)
         except (OSError, CtxrulesError):
             self._descendants = None
             self._descendants_generation += 1
             return []
-        if seen is not None and seen[0] == log and not chunk.lines and not chunk.restarted and chunk.cursor == cursor:
+        if seen is not None and seen[0] is log and not chunk.lines and not chunk.restarted and chunk.cursor == cursor:
             return seen[2]
-        keys = [] if seen is None or seen[0] != log or chunk.restarted or chunk.cursor is None else list(seen[2])
+        keys = [] if seen is None or seen[0] is not log or chunk.restarted or chunk.cursor is None else list(seen[2])
         for line in chunk.lines:
             key = _path_of(line)
             if key is not None:
