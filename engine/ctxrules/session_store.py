@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import itertools
 import json
 import json.encoder
 import operator
@@ -82,6 +83,9 @@ class SessionStore:
         # lstat of state.json by the last load(), and when (see _write_state)
         self._looked: tuple[os.stat_result, float] | None = None
         self._hash: Any = None  # sha256 of what this object wrote to last_output.jsonl
+        # For the last lines of that file: (lines before, their bytes, sha256 of them), so a
+        # turn that changed only its last messages rewrites the file from there (see save).
+        self._marks: list[tuple[int, int, Any]] = []
         self._state_text = _state_encoder()  # json_text_sorted, with this session's strings kept
         # Handles kept open between turns (opening, and above all creating, a file costs more
         # than a warm turn's stages): state.json, and last_output.jsonl for appending.
@@ -191,25 +195,33 @@ class SessionStore:
         # One look at the file serves both checks below (the turn's system calls are most of
         # the cost of a warm save).
         at_path = _lstat(self._output_name) if prev is not None and self._hash is not None else None
-        if (
-            prev is not None
-            and at_path is not None
-            and (at_path.st_size, at_path.st_mtime_ns) == written_stat
-            and len(prev) <= len(output)
-            and all(map(operator.is_, prev, output))
-        ):
+        marks, self._marks = self._marks, []
+        mark = None
+        if prev is not None and at_path is not None and (at_path.st_size, at_path.st_mtime_ns) == written_stat:
+            # The lines to keep: the messages up to the first that is not the same object. All
+            # of them: append. A turn that changed only its last few messages (a breakpoint
+            # that moves on with each call, on Anthropic models) rewrites from the first one.
+            kept = next(itertools.compress(itertools.count(), map(operator.is_not, prev, output)), None)
+            if kept is None and len(prev) > len(output):
+                kept = len(output)
+            mark = (len(prev), written_stat[0], self._hash) if kept is None else _mark_at(marks, kept)
+        if mark is not None:
+            lines, offset, digest = mark
             fd = self._output_handle.fd(at_path)  # the file at the path (its identity checked)
-            if len(prev) < len(output):
-                data = _jsonl(output[len(prev) :])
-                _write_all(fd, data)
-                # The digest follows the appended bytes: a warm turn hashes only what it wrote.
-                self._hash.update(data)
+            self._hash = None  # until the file holds what it describes
+            if lines < len(prev):
+                os.ftruncate(fd, offset)  # the file is opened for appending: cut, then append
+            tail = _jsonl_lines(output[lines:])
+            if tail:
+                _write_all(fd, b"".join(tail))
+            # The digest follows the bytes written: a warm turn hashes only its new lines.
+            self._hash, self._marks = _follow(digest.copy(), [m for m in marks if m[0] <= lines], lines, offset, tail)
             appended = os.fstat(fd)
         else:
-            data = _jsonl(output)
+            tail = _jsonl_lines(output)
             self._hash = None  # until the new file is in place
-            write_atomic(self.output_file, data, durable=False)
-            self._hash = hashlib.sha256(data)
+            write_atomic(self.output_file, b"".join(tail), durable=False)
+            self._hash, self._marks = _follow(hashlib.sha256(), [], 0, 0, tail)
         self._written = list(output)
         st = appended if appended is not None else os.lstat(self._output_name)
         self._written_stat = (st.st_size, st.st_mtime_ns)
@@ -368,9 +380,41 @@ def _stat(path: str | Path) -> tuple[int, int] | None:
     return (st.st_size, st.st_mtime_ns)
 
 
-def _jsonl(messages: list[dict[str, Any]]) -> bytes:
+def _jsonl_lines(messages: list[dict[str, Any]]) -> list[bytes]:
     # dumps_once: within a prepare, the text the backup or a vault entry made of the message
-    return b"".join(dumps_once(m).encode("utf-8") + b"\n" for m in messages)
+    return [dumps_once(m).encode("utf-8") + b"\n" for m in messages]
+
+
+_MARKS = 32  # line boundaries of last_output.jsonl from which a save may rewrite it
+
+
+def _mark_at(marks: list[tuple[int, int, Any]], lines: int) -> tuple[int, int, Any] | None:
+    """The kept boundary after ``lines`` lines, when it is one of the last few."""
+    for mark in reversed(marks):
+        if mark[0] == lines:
+            return mark
+        if mark[0] < lines:
+            break
+    return None
+
+
+def _follow(
+    digest: Any, marks: list[tuple[int, int, Any]], lines: int, offset: int, tail: list[bytes]
+) -> tuple[Any, list[tuple[int, int, Any]]]:
+    """``digest`` (of the file's first ``offset`` bytes, ``lines`` lines) updated with the
+    ``tail`` lines written after them, and the boundaries kept: those of ``marks`` and one
+    after each of the last :data:`_MARKS` lines."""
+    first = max(0, len(tail) - _MARKS)
+    head = b"".join(tail[:first])
+    digest.update(head)
+    lines, offset = lines + first, offset + len(head)
+    if not marks or marks[-1][0] != lines:
+        marks.append((lines, offset, digest.copy()))
+    for line in tail[first:]:
+        digest.update(line)
+        lines, offset = lines + 1, offset + len(line)
+        marks.append((lines, offset, digest.copy()))
+    return digest, marks[-(_MARKS + 1) :]
 
 
 _SHORT_TEXTS = 1024  # strings of a state kept with their JSON text, at most (then forgotten)
