@@ -209,7 +209,7 @@ class SessionStore:
             lines, offset, digest = mark
             fd = self._output_handle.fd(at_path)  # the file at the path (its identity checked)
             self._hash = None  # until the file holds what it describes
-            if lines < len(prev):
+            if prev is not None and lines < len(prev):
                 os.ftruncate(fd, offset)  # the file is opened for appending: cut, then append
             tail = _jsonl_lines(output[lines:])
             if tail:
@@ -390,7 +390,7 @@ _MARKS = 32  # line boundaries of last_output.jsonl from which a save may rewrit
 
 def _mark_at(marks: list[tuple[int, int, Any]], lines: int) -> tuple[int, int, Any] | None:
     """The kept boundary after ``lines`` lines, when it is one of the last few."""
-    for mark in reversed(marks):
+    for mark in marks[::-1]:
         if mark[0] == lines:
             return mark
         if mark[0] < lines:
