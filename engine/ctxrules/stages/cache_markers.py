@@ -38,7 +38,7 @@ from __future__ import annotations
 import hashlib
 import json
 import operator
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -47,7 +47,7 @@ from urllib.parse import urlparse
 from ctxrules import structure
 from ctxrules.carry import PerSession
 from ctxrules.hookspecs import hookimpl
-from ctxrules.json_stream import json_text_canonical
+from ctxrules.json_stream import _make_text, json_text_canonical
 from ctxrules.messages import is_real_user
 from ctxrules.stages.base import Action, Message, StageOutcome, StageType, unchanged
 from ctxrules.stores.base import StoreUnavailable
@@ -159,10 +159,28 @@ def prefix_layers(messages: Sequence[Mapping[str, Any]]) -> PrefixLayers:
     """The layers of ``messages`` (see :class:`PrefixLayers`)."""
     system_stop = 1 if messages and messages[0].get("role") in ("system", "developer") else 0
     anchor = next((i for i, m in enumerate(messages) if is_real_user(m)), None)
+    return _layers(system_stop, anchor, (messages[i].get("role") for i in range(system_stop, len(messages))))
+
+
+def _layers_of(out_shape: structure.Shape) -> PrefixLayers:
+    """:func:`prefix_layers` from the facts of the list (which the stage has at hand): the
+    first real user message is read off them, not found by checking each message's tag."""
+    facts = out_shape.facts
+    system_stop = 1 if facts and facts[0].role in ("system", "developer") else 0
+    anchor = next((i for i, f in enumerate(facts) if f.real_user), None)
+    return _layers(system_stop, anchor, (facts[i].role for i in range(system_stop, len(facts))))
+
+
+def _layers(system_stop: int, anchor: int | None, roles: Iterable[Any]) -> PrefixLayers:
+    """The layers given where the system block ends and the anchor, if any; without one, the
+    workspace rules are the leading system/developer messages after it (``roles``: those of
+    the messages from ``system_stop`` on, read only that far)."""
     if anchor is not None:
         return PrefixLayers(system_stop, max(anchor, system_stop), anchor)
     stop = system_stop
-    while stop < len(messages) and messages[stop].get("role") in ("system", "developer"):
+    for role in roles:
+        if role not in ("system", "developer"):
+            break
         stop += 1
     return PrefixLayers(system_stop, stop, None)
 
@@ -196,6 +214,40 @@ def canonical_message(msg: Mapping[str, Any]) -> Any:
 
 def _digest(value: Any) -> str:
     return hashlib.sha256(json_text_canonical(value).encode("utf-8")).hexdigest()
+
+
+class _NotPlain(Exception):
+    """A value that :func:`canonical_message` would write otherwise than it stands."""
+
+
+def _plain_only(value: Any) -> str:
+    # What JSON cannot write goes through str(), as in json_text_canonical; but a Mapping that
+    # is not a dict becomes a dict in canonical_message's copy, written as an object.
+    if isinstance(value, Mapping):
+        raise _NotPlain
+    return str(value)
+
+
+_plain_canonical: Callable[[Any], str] = _make_text(True, (",", ":"), _plain_only)
+# The same text for JSON data only (anything else raises TypeError).
+_strict_canonical: Callable[[Any], str] = _make_text(True, (",", ":"))
+# No key named like the marker anywhere: a string's own quotes are escaped in JSON text.
+_MARKER_IN_TEXT = json.dumps(MARKER_KEY) + ":"
+
+
+def _message_digest(msg: Mapping[str, Any]) -> str:
+    """``_digest(canonical_message(msg))``, without the copy when it would equal ``msg``: a
+    new message of a warm turn (every history message is digested once) is written as it is
+    unless it holds a marker or a one-part content list."""
+    content = msg.get("content")
+    if not (isinstance(content, list) and len(content) == 1):
+        try:
+            text = _plain_canonical(msg)
+        except Exception:  # not plain, or no JSON at all: the copy decides (and raises) as always
+            text = _MARKER_IN_TEXT
+        if _MARKER_IN_TEXT not in text:
+            return hashlib.sha256(text.encode("utf-8")).hexdigest()
+    return _digest(canonical_message(msg))
 
 
 def stable_prefix_bytes(messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]]) -> bytes:
@@ -443,17 +495,40 @@ class CacheMarkers:
         # The stable layers' digests and the digest of them together, last computed.
         self._stable: tuple[tuple[Any, ...], str] | None = None
         self._generation = structure.generation()
+        # normalize_tools of the tool lists seen lately (and whether it changed them), by their
+        # canonical JSON text: the same tools come with every call, and normalizing walks every
+        # schema in Python. The same normalized objects each time also let the tools layer's
+        # digest be remembered (_layer).
+        self._normalized: dict[str, tuple[list[dict[str, Any]], bool]] = {}
 
     # -- helpers ----------------------------------------------------------------------------
     def _short(self, msg: Mapping[str, Any]) -> str:
         hit = self._memo.get(id(msg))
         if hit is not None and hit[0] is msg:
             return hit[1]
-        digest = _digest(canonical_message(msg))[:_SHORT]
+        digest = _message_digest(msg)[:_SHORT]
         if len(self._memo) > 200_000:
             self._memo.clear()
         self._memo[id(msg)] = (msg, digest)
         return digest
+
+    def _normalized_tools(self, given: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], bool]:
+        """:func:`normalize_tools` of ``given`` and whether it differs from ``given``,
+        remembered by the text of ``given`` (not by its objects: a caller may edit its tool
+        dicts in place; nor by ``==``, which holds between 1 and 1.0)."""
+        try:
+            key = _strict_canonical(given)
+        except Exception:  # not JSON data (a stage called directly): nothing to remember it by
+            normalized = normalize_tools(given)
+            return normalized, normalized != given
+        hit = self._normalized.get(key)
+        if hit is None:
+            normalized = normalize_tools(given)
+            hit = (normalized, normalized != given)
+            if len(self._normalized) >= 8:
+                self._normalized.clear()
+            self._normalized[key] = hit
+        return list(hit[0]), hit[1]
 
     def _layer(self, objects: Sequence[Any], compute: Callable[[Sequence[Any]], _T]) -> _T:
         """``compute(objects)``, remembered for the same objects (and function)."""
@@ -467,7 +542,9 @@ class CacheMarkers:
         self._layers[key] = (tuple(objects), value)
         return value
 
-    def _shorts(self, out: Sequence[Mapping[str, Any]], start: int, session: str = "") -> str:
+    def _shorts(
+        self, out: Sequence[Mapping[str, Any]], start: int, session: str = "", out_shape: structure.Shape | None = None
+    ) -> str:
         """The short digests of ``out[start:]``, concatenated. A warm turn's history is the last
         one with messages appended (only those are digested: Shape.extends says which are new
         without comparing the lists) or perhaps a few replaced (only those are looked up)."""
@@ -480,7 +557,7 @@ class CacheMarkers:
         # way leaves nothing half-changed; the stage serves every session of its engine and
         # each finds its own.
         last = self._last_history.pop(session)
-        now = structure.shape(out)
+        now = out_shape if out_shape is not None else structure.shape(out)
         grown = now.extends(last[0]) if last is not None and last[1] == start else None
         if last is not None and grown is not None:
             _, _, shorts, joined = last
@@ -555,9 +632,10 @@ class CacheMarkers:
                     )
                 tools, allowed = kept, None
         out = self._remove_own_markers(messages, state)
-        layers = prefix_layers(out)
+        out_shape = structure.shape(out)
+        layers = _layers_of(out_shape)
 
-        fingerprint = self._fingerprint(out, tools, layers, ctx)
+        fingerprint = self._fingerprint(out, tools, layers, ctx, out_shape)
         self._report_breaks(state.get("prefix"), fingerprint, ctx, actions, warnings)
 
         strategy = self._strategy(ctx)
@@ -629,8 +707,8 @@ class CacheMarkers:
         """The tool list to send and, when the caller narrowed it, the names it passed."""
         opts = self.options
         given = [t for t in ctx.tools if isinstance(t, dict)]
-        tools = normalize_tools(given) if opts.normalize_tools else list(given)
-        if opts.normalize_tools and tools != given:
+        tools, normalized = self._normalized_tools(given) if opts.normalize_tools else (list(given), False)
+        if normalized:
             actions.append(Action("tools_normalized", f"{len(tools)} tool schemas sorted and normalized"))
         keep = opts.stable_tools == "always" or (opts.stable_tools == "auto" and self._allowed_tools_supported(ctx))
         previous_id = ctx.state.get("tools_vault")
@@ -801,6 +879,7 @@ class CacheMarkers:
         tools: list[dict[str, Any]],
         layers: PrefixLayers,
         ctx: StageContext,
+        out_shape: structure.Shape | None = None,
     ) -> dict[str, Any]:
         # The layers are the same objects call after call: their digests are remembered.
         system = out[: layers.system_stop]
@@ -819,7 +898,7 @@ class CacheMarkers:
             "first_user": self._layer(anchor, _anchor_digest),
             # One string of fixed-width digests (not a list): the state file stays cheap to
             # write however long the history grows.
-            "history": self._shorts(out, layers.history_start, ctx.session_id),
+            "history": self._shorts(out, layers.history_start, ctx.session_id, out_shape),
             "history_start": layers.history_start,
         }
         stable = (fp["model"], fp["tools"], fp["system"], fp["workspace"], fp["first_user"])
