@@ -12,7 +12,7 @@ from types import MappingProxyType
 from typing import Any
 
 import pytest
-from test_cache_markers import TOOLS, conversation, make_ctx, tool
+from test_cache_markers import LONG, TOOLS, conversation, make_ctx, tool
 
 from ctxrules import structure
 from ctxrules.messages import mark_injected
@@ -142,17 +142,19 @@ def test_tools_edited_in_place_give_what_a_fresh_stage_gives(tmp_path: Path, edi
     assert warm_state == cold_state
 
 
+@pytest.mark.parametrize("feed_back", [True, False])
 @pytest.mark.parametrize("model", ["gpt-4o", "claude-sonnet-4-5"])
-def test_a_warm_turn_gives_what_a_fresh_stage_gives(tmp_path: Path, model: str) -> None:
-    """Turn after turn on the output of the last, with messages appended (one of them a
-    marked copy of an earlier message): the same messages, tools, actions and state as a
-    stage that sees the list for the first time with the last turn's state."""
+def test_a_warm_turn_gives_what_a_fresh_stage_gives(tmp_path: Path, model: str, feed_back: bool) -> None:
+    """Turn after turn, on the last output (``feed_back``: its markers come back and are
+    taken off) or on the caller's own list, with messages appended, some carrying markers of
+    the caller's (up to more than the budget), and one message edited in place: the same
+    messages, tools, actions and state as a stage that sees the list for the first time with
+    the last turn's state."""
     warm, warm_state = CacheMarkers({}), {}
     messages = conversation(2)
-    for n in range(3, 7):
+    for n in range(3, 11):
         cold_state = copy.deepcopy(warm_state)
         got = warm(messages, make_ctx(tmp_path, model, TOOLS, warm_state, clock=1000.0 + n))
-        structure.forget()  # the fresh stage may not lean on facts the warm one left behind
         want = CacheMarkers({})(
             copy.deepcopy(messages), make_ctx(tmp_path, model, copy.deepcopy(TOOLS), cold_state, clock=1000.0 + n)
         )
@@ -161,6 +163,29 @@ def test_a_warm_turn_gives_what_a_fresh_stage_gives(tmp_path: Path, model: str) 
         assert [(a.kind, a.detail) for a in got.actions] == [(a.kind, a.detail) for a in want.actions]
         assert warm_state == cold_state
         new = conversation(n)[-2:]
-        if n == 5:
-            new[0] = {**new[0], "content": [{"type": "text", "text": "Step.", "cache_control": MARK}]}
-        messages = [*got.messages, *new]
+        if n == 6:  # the caller's own breakpoints: four in all, none left to add
+            new += [
+                {"role": "user", "content": [{"type": "text", "text": f"{k}", "cache_control": MARK}]} for k in "abc"
+            ]
+        messages = [*(got.messages if feed_back else messages), *new]
+        if n == 4:  # an earlier result replaced by a longer one with a breakpoint of the caller's
+            messages[3] = {**messages[3], "content": [{"type": "text", "text": LONG, "cache_control": MARK}]}
+        if n == 8:  # an edit in place, which the session answers with structure.forget()
+            messages[5]["content"] = [{"type": "text", "text": LONG + "edited", "cache_control": MARK}]
+            structure.forget()
+
+
+def test_a_warm_turn_counts_markers_and_tokens_of_the_new_messages_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Breakpoints need the markers already in the request and the prompt's running token
+    total: a warm turn walks the appended messages (and those the last call's markers were
+    taken off), not the whole history."""
+    stage, state = CacheMarkers({}), {}
+    history = conversation(40)
+    first = stage(history, make_ctx(tmp_path, "claude-sonnet-4-5", TOOLS, state))
+    walked: list[int] = []
+    real = cache_markers.count_markers
+    monkeypatch.setattr(cache_markers, "count_markers", lambda ms, tools=(): walked.append(len(ms)) or real(ms, tools))
+    stage([*first.messages, *conversation(41)[-2:]], make_ctx(tmp_path, "claude-sonnet-4-5", TOOLS, state))
+    assert 0 < sum(walked) <= 8

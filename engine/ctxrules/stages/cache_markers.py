@@ -36,6 +36,7 @@ string into a one-part list gets its string back, so history bytes stay the call
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import operator
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -500,6 +501,10 @@ class CacheMarkers:
         # schema in Python. The same normalized objects each time also let the tools layer's
         # digest be remembered (_layer).
         self._normalized: dict[str, tuple[list[dict[str, Any]], bool]] = {}
+        # Per session, for _place: the last list's shape, the counter that counted it (another
+        # tokenizer counts otherwise), the markers on each of its messages and their tokens.
+        # Taken out while extended in place (PerSession.pop), like _last_history.
+        self._counted: PerSession[tuple[structure.Shape, Any, list[int], list[int]]] = PerSession()
 
     # -- helpers ----------------------------------------------------------------------------
     def _short(self, msg: Mapping[str, Any]) -> str:
@@ -542,17 +547,23 @@ class CacheMarkers:
         self._layers[key] = (tuple(objects), value)
         return value
 
+    def _forget_if_edited(self) -> None:
+        """Drop what is remembered per message object when a message was edited in place
+        (:func:`ctxrules.structure.forget`)."""
+        if self._generation != structure.generation():
+            self._memo.clear()
+            self._layers.clear()
+            self._last_history.clear()
+            self._counted.clear()
+            self._generation = structure.generation()
+
     def _shorts(
         self, out: Sequence[Mapping[str, Any]], start: int, session: str = "", out_shape: structure.Shape | None = None
     ) -> str:
         """The short digests of ``out[start:]``, concatenated. A warm turn's history is the last
         one with messages appended (only those are digested: Shape.extends says which are new
         without comparing the lists) or perhaps a few replaced (only those are looked up)."""
-        if self._generation != structure.generation():  # a message was edited in place
-            self._memo.clear()
-            self._layers.clear()
-            self._last_history.clear()
-            self._generation = structure.generation()
+        self._forget_if_edited()
         # Taken out while it is extended in place (PerSession.pop), so that a failure on the
         # way leaves nothing half-changed; the stage serves every session of its engine and
         # each finds its own.
@@ -641,9 +652,10 @@ class CacheMarkers:
         strategy = self._strategy(ctx)
         ours: list[dict[str, Any]] = []
         if strategy in ("anthropic", "prefix"):
+            carried = self._carried_counts(out, ctx)
             # A copy to place markers in (the input list is never changed).
             mutable = list(out) if out is messages else out
-            out, ours = self._place(mutable, tools, layers, ctx, strategy, state, actions, warnings)
+            out, ours = self._place(mutable, tools, layers, ctx, strategy, state, actions, warnings, carried)
 
         key_mode = opts.prompt_cache_key
         if key_mode == "always" or (key_mode == "auto" and self._native_openai(ctx)):
@@ -784,9 +796,13 @@ class CacheMarkers:
         state: dict[str, Any],
         actions: list[Action],
         warnings: list[str],
+        carried: tuple[int, list[int]],
     ) -> tuple[list[Message], list[dict[str, Any]]]:
+        """Breakpoints in ``out`` (a list of its own). ``carried``: the markers already on the
+        messages and their running token totals (:meth:`_carried_counts`)."""
         opts = self.options
-        existing = count_markers(out, tools)
+        on_messages, running = carried
+        existing = on_messages + count_markers((), tools)
         budget = opts.max_breakpoints - existing
         if existing > ANTHROPIC_LIMIT:
             warnings.append(
@@ -802,13 +818,9 @@ class CacheMarkers:
                     )
                 )
             return out, []
-        counts = ctx.counter.count_each(out)
         tools_tokens = ctx.counter.count_tools(tools, has_system_message=layers.system_stop > 0)
-        cumulative: list[int] = []
-        total = tools_tokens
-        for c in counts:
-            total += c
-            cumulative.append(total)
+        # The prompt's tokens up to and including message i.
+        cumulative = _Cumulative(tools_tokens, running)
 
         def markable_at_or_before(i: int, floor: int) -> int | None:
             for j in range(min(i, len(out) - 1), floor - 1, -1):
@@ -865,6 +877,34 @@ class CacheMarkers:
                 )
             )
         return out, ours
+
+    def _carried_counts(self, out: Sequence[Message], ctx: StageContext) -> tuple[int, list[int]]:
+        """The ``cache_control`` markers on the messages of ``out`` and the running totals of
+        their tokens (the first i+1 messages' at i). Kept per message from the last call, like
+        the history digests (:meth:`_shorts`): a warm turn's list is the last one with messages
+        appended and perhaps a few replaced (the markers of the last call taken off), and only
+        those are walked and counted."""
+        self._forget_if_edited()
+        last = self._counted.pop(ctx.session_id)
+        now = structure.shape(out)
+        if last is not None and last[1] is ctx.counter:
+            old_shape, _, marks, tokens = last
+            start = now.extends(old_shape)
+            if start is None and old_shape.snapshot is not None and len(old_shape.snapshot) <= len(out):
+                start = len(old_shape.snapshot)
+                for i in structure.replaced(old_shape.snapshot, out):
+                    marks[i] = count_markers([out[i]])
+                    tokens[i] = ctx.counter.count_each([out[i]])[0]
+            if start is None:
+                marks, tokens, start = [], [], 0
+        else:
+            marks, tokens, start = [], [], 0
+        if start < len(out):
+            appended = out[start:]
+            marks.extend(count_markers((m,)) for m in appended)
+            tokens.extend(ctx.counter.count_each(appended))
+        self._counted.put(ctx.session_id, (now, ctx.counter, marks, tokens))
+        return sum(marks), list(itertools.accumulate(tokens))
 
     def _tail_record(self, out: list[Message], layers: PrefixLayers) -> dict[str, Any] | None:
         if not out:
@@ -1022,6 +1062,18 @@ def _history_string(value: Any) -> str:
     if isinstance(value, list):
         return "".join(v for v in value if isinstance(v, str) and len(v) == _SHORT)
     return ""
+
+
+@dataclass(frozen=True)
+class _Cumulative:
+    """The prompt's tokens up to and including message ``i``: the tools', then the messages'
+    running total (indexed like the list ``cumulative[i]`` it stands for, without building it)."""
+
+    tools: int
+    running: Sequence[int]
+
+    def __getitem__(self, i: int) -> int:
+        return self.tools + self.running[i]
 
 
 def _blocks(messages: Sequence[Mapping[str, Any]]) -> int:
