@@ -113,9 +113,11 @@ def test_equal_tools_are_normalized_once(tmp_path: Path, monkeypatch: pytest.Mon
     assert [a.kind for a in again.actions if a.kind == "tools_normalized"] == ["tools_normalized"]
 
 
+@pytest.mark.parametrize("model", ["gpt-4o", "claude-sonnet-4-5"])
 @pytest.mark.parametrize(
     "edit",
     [
+        lambda tools: tools[0].update(cache_control=MARK),
         lambda tools: tools[0]["function"].update(description="  Runs a command.  \n"),
         lambda tools: tools[1]["function"]["parameters"]["properties"].update(limit={"type": "integer"}),
         lambda tools: tools[1]["function"]["parameters"].update(minimum=1.0),  # == 1, another text
@@ -123,19 +125,19 @@ def test_equal_tools_are_normalized_once(tmp_path: Path, monkeypatch: pytest.Mon
         lambda tools: tools.append(tool("Write", path="string")),
     ],
 )
-def test_tools_edited_in_place_give_what_a_fresh_stage_gives(tmp_path: Path, edit: Any) -> None:
+def test_tools_edited_in_place_give_what_a_fresh_stage_gives(tmp_path: Path, edit: Any, model: str) -> None:
     """The caller's tool dicts may change in place between calls: the remembered
     normalization must not hide it (the tools sent and the break reported are a cold run's)."""
     tools = copy.deepcopy(TOOLS)
     tools[1]["function"]["parameters"]["minimum"] = 1
     warm, warm_state = CacheMarkers({}), {}
     history = conversation(2)
-    warm(history, make_ctx(tmp_path, "gpt-4o", tools, warm_state))
+    warm(history, make_ctx(tmp_path, model, tools, warm_state))
     cold_state = copy.deepcopy(warm_state)
     edit(tools)
     extended = [*history, *conversation(3)[-2:]]
-    got = warm(extended, make_ctx(tmp_path, "gpt-4o", tools, warm_state))
-    want = CacheMarkers({})(extended, make_ctx(tmp_path, "gpt-4o", copy.deepcopy(tools), cold_state))
+    got = warm(extended, make_ctx(tmp_path, model, tools, warm_state))
+    want = CacheMarkers({})(extended, make_ctx(tmp_path, model, copy.deepcopy(tools), cold_state))
     assert json.dumps(got.tools) == json.dumps(want.tools)
     assert [(a.kind, a.detail) for a in got.actions] == [(a.kind, a.detail) for a in want.actions]
     assert got.messages == want.messages
@@ -185,7 +187,15 @@ def test_a_warm_turn_counts_markers_and_tokens_of_the_new_messages_only(
     history = conversation(40)
     first = stage(history, make_ctx(tmp_path, "claude-sonnet-4-5", TOOLS, state))
     walked: list[int] = []
+    tools_walked: list[int] = []
     real = cache_markers.count_markers
-    monkeypatch.setattr(cache_markers, "count_markers", lambda ms, tools=(): walked.append(len(ms)) or real(ms, tools))
+
+    def counting(ms: Any, tools: Any = ()) -> int:
+        walked.append(len(ms))
+        tools_walked.append(len(tools))
+        return real(ms, tools)
+
+    monkeypatch.setattr(cache_markers, "count_markers", counting)
     stage([*first.messages, *conversation(41)[-2:]], make_ctx(tmp_path, "claude-sonnet-4-5", TOOLS, state))
     assert 0 < sum(walked) <= 8
+    assert sum(tools_walked) == 0  # the same tools as last time: their markers were counted then

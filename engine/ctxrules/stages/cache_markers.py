@@ -39,7 +39,7 @@ import hashlib
 import itertools
 import json
 import operator
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -535,13 +535,14 @@ class CacheMarkers:
             self._normalized[key] = hit
         return list(hit[0]), hit[1]
 
-    def _layer(self, objects: Sequence[Any], compute: Callable[[Sequence[Any]], _T]) -> _T:
-        """``compute(objects)``, remembered for the same objects (and function)."""
-        key = (compute, *map(id, objects))
+    def _layer(self, objects: Sequence[Any], compute: Callable[..., _T], *args: Hashable) -> _T:
+        """``compute(objects, *args)``, remembered for the same objects (and function and
+        arguments)."""
+        key = (compute, args, *map(id, objects))
         hit = self._layers.get(key)
         if hit is not None and len(hit[0]) == len(objects) and all(map(operator.is_, hit[0], objects)):
             return hit[1]  # type: ignore[no-any-return]  # stored by this same compute
-        value = compute(objects)
+        value = compute(objects, *args)
         if len(self._layers) > 64:
             self._layers.clear()
         self._layers[key] = (tuple(objects), value)
@@ -802,7 +803,8 @@ class CacheMarkers:
         messages and their running token totals (:meth:`_carried_counts`)."""
         opts = self.options
         on_messages, running = carried
-        existing = on_messages + count_markers((), tools)
+        # The tools are the same objects call after call (_normalized_tools): counted once.
+        existing = on_messages + self._layer(tools, _tool_markers)
         budget = opts.max_breakpoints - existing
         if existing > ANTHROPIC_LIMIT:
             warnings.append(
@@ -818,7 +820,7 @@ class CacheMarkers:
                     )
                 )
             return out, []
-        tools_tokens = ctx.counter.count_tools(tools, has_system_message=layers.system_stop > 0)
+        tools_tokens = self._layer(tools, _tool_tokens, ctx.counter, layers.system_stop > 0)
         # The prompt's tokens up to and including message i.
         cumulative = _Cumulative(tools_tokens, running)
 
@@ -1062,6 +1064,14 @@ def _history_string(value: Any) -> str:
     if isinstance(value, list):
         return "".join(v for v in value if isinstance(v, str) and len(v) == _SHORT)
     return ""
+
+
+def _tool_markers(tools: Sequence[Mapping[str, Any]]) -> int:
+    return count_markers((), tools)
+
+
+def _tool_tokens(tools: Sequence[Mapping[str, Any]], counter: Any, has_system_message: bool) -> int:
+    return int(counter.count_tools(tools, has_system_message=has_system_message))
 
 
 @dataclass(frozen=True)
