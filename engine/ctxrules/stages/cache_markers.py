@@ -55,6 +55,7 @@ from ctxrules.stores.base import StoreUnavailable
 
 if TYPE_CHECKING:
     from ctxrules.pipeline.context import StageContext
+    from ctxrules.tokens import TokenCounter
 
 __all__ = [
     "STAGE_TYPE",
@@ -504,7 +505,7 @@ class CacheMarkers:
         # Per session, for _place: the last list's shape, the counter that counted it (another
         # tokenizer counts otherwise), the markers on each of its messages and their tokens.
         # Taken out while extended in place (PerSession.pop), like _last_history.
-        self._counted: PerSession[tuple[structure.Shape, Any, list[int], list[int]]] = PerSession()
+        self._counted: PerSession[tuple[structure.Shape, TokenCounter, list[int], list[int]]] = PerSession()
 
     # -- helpers ----------------------------------------------------------------------------
     def _short(self, msg: Mapping[str, Any]) -> str:
@@ -1070,8 +1071,8 @@ def _tool_markers(tools: Sequence[Mapping[str, Any]]) -> int:
     return count_markers((), tools)
 
 
-def _tool_tokens(tools: Sequence[Mapping[str, Any]], counter: Any, has_system_message: bool) -> int:
-    return int(counter.count_tools(tools, has_system_message=has_system_message))
+def _tool_tokens(tools: Sequence[Mapping[str, Any]], counter: TokenCounter, has_system_message: bool) -> int:
+    return counter.count_tools(tools, has_system_message=has_system_message)
 
 
 @dataclass(frozen=True)
