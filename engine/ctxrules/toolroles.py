@@ -27,6 +27,11 @@ COMMAND_ARGS: tuple[str, ...] = ("command", "cmd", "script", "commands", "input"
 _ERROR_TEXT = re.compile(
     r"(?im)^(?:error|fatal|traceback \(most recent call last\)|exception)\b|<tool_use_error>|\bis_error\b"
 )
+# Words one of which any match of _ERROR_TEXT holds (``<tool_use_error>`` and ``is_error``
+# hold "error"). An ASCII text without them in lower case cannot match, and most tool results
+# are such: a substring test spares the regex, which tries every line start and word boundary.
+# Only for ASCII: under IGNORECASE a non-ASCII letter can match too ("EXCEPTİON").
+_ERROR_WORDS: tuple[str, ...] = ("error", "fatal", "traceback", "exception")
 
 
 @dataclass(frozen=True)
@@ -74,11 +79,20 @@ class ToolRoles:
         except KeyError:
             pass
         code = self.exit_code(text)
-        failed = code != 0 if code is not None else bool(_ERROR_TEXT.search(text[:4000]))
+        failed = code != 0 if code is not None else _error_text(text[:4000])
         if len(self._errors) >= 1024:
             self._errors.clear()
         self._errors[text] = failed
         return failed
+
+
+def _error_text(head: str) -> bool:
+    """Whether ``head`` looks like an error report (:data:`_ERROR_TEXT`)."""
+    if head.isascii():
+        lower = head.lower()
+        if not any(word in lower for word in _ERROR_WORDS):
+            return False
+    return _ERROR_TEXT.search(head) is not None
 
 
 def _role_of(roles: ToolRoles, name: str) -> str | None:

@@ -1,0 +1,78 @@
+"""The warm-turn shortcuts of ``compress.intent`` and ``tool_output.filter``: each skips work
+only where the skipped work cannot change the outcome, and decides like the full work."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pytest
+
+from ctxrules import toolroles
+from ctxrules.toolroles import ToolRoles
+
+
+class _Counting:
+    """A compiled regex that counts the searches made with it."""
+
+    def __init__(self, pattern: re.Pattern[str]) -> None:
+        self.pattern = pattern
+        self.calls = 0
+
+    def search(self, text: str) -> Any:
+        self.calls += 1
+        return self.pattern.search(text)
+
+    def finditer(self, text: str) -> Any:
+        self.calls += 1
+        return self.pattern.finditer(text)
+
+
+# --- ToolRoles.is_error: the error-text regex only where it can match -------------------------
+
+_ERROR_CASES = [
+    ("file_1.txt\nfile_2.txt\n", False),
+    ("Error: no such file", True),
+    ("  ok\nFATAL: disk full", True),
+    ("traceback of the call, not an error report", False),  # not the whole phrase
+    ("the errors are listed below", False),  # "error" inside a word, not at a line start
+    ("<tool_use_error>File has not been read yet</tool_use_error>", True),
+    ('{"is_error": true}', True),
+    ("no_is_errors here", False),
+    ("Exception in thread main", True),
+    # Non-ASCII: IGNORECASE lets "İ" match "i", so the words are not looked for there.
+    ("EXCEPTİON raised", True),
+    ("Tracebac\u212a (most recent call last)", False),  # the Kelvin sign is not a "k" here
+    ("résumé: all fine", False),
+]
+
+
+@pytest.mark.parametrize(("text", "failed"), _ERROR_CASES)
+def test_is_error_says_what_the_error_regex_says(text: str, failed: bool) -> None:
+    assert bool(toolroles._ERROR_TEXT.search(text)) is failed  # the reference
+    assert ToolRoles((), ()).is_error(text) is failed
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Traceback (most recent call last):\n  File ...",
+        "Traceback (most recent call last)x",
+        "x\nerror\n",
+        "ERROR",
+        "warning: " + "a" * 5000 + "\nerror: past the 4,000 characters looked at",
+        "\u212aeep calm: ErRoR",
+    ],
+)
+def test_is_error_agrees_with_the_error_regex_on_edge_cases(text: str) -> None:
+    assert ToolRoles((), ()).is_error(text) is bool(toolroles._ERROR_TEXT.search(text[:4000]))
+
+
+def test_an_ascii_text_without_an_error_word_is_not_searched(monkeypatch: pytest.MonkeyPatch) -> None:
+    counting = _Counting(toolroles._ERROR_TEXT)
+    monkeypatch.setattr(toolroles, "_ERROR_TEXT", counting)
+    roles = ToolRoles((), ())
+    assert roles.is_error("file_1.txt\n" * 20) is False
+    assert counting.calls == 0
+    assert roles.is_error("ERROR: it broke") is True and counting.calls == 1
+    assert roles.is_error("EXCEPTİON") is True and counting.calls == 2  # non-ASCII: searched
