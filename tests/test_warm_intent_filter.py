@@ -9,6 +9,8 @@ from typing import Any
 import pytest
 
 from ctxrules import toolroles
+from ctxrules.stages import compress_intent
+from ctxrules.stages.compress_intent import extract_terms
 from ctxrules.toolroles import ToolRoles
 
 
@@ -76,3 +78,21 @@ def test_an_ascii_text_without_an_error_word_is_not_searched(monkeypatch: pytest
     assert counting.calls == 0
     assert roles.is_error("ERROR: it broke") is True and counting.calls == 1
     assert roles.is_error("EXCEPTİON") is True and counting.calls == 2  # non-ASCII: searched
+
+
+# --- extract_terms: the regexes only on texts that can hold a term ----------------------------
+
+
+def test_texts_without_a_dot_or_a_slash_skip_the_regexes_they_cannot_match(monkeypatch: pytest.MonkeyPatch) -> None:
+    regexes = {name: _Counting(getattr(compress_intent, name)) for name in ("_PATH_RE", "_BARE_FILE_RE", "_MODULE_RE")}
+    for name, counting in regexes.items():
+        monkeypatch.setattr(compress_intent, name, counting)
+    compress_intent._terms.cache_clear()
+    assert extract_terms("no dot and no slash here") == ([], [])
+    assert sum(c.calls for c in regexes.values()) == 0
+    # A dot without a slash: no path can be there, a bare file or a module can.
+    assert extract_terms("edit setup.cfg, then ctxrules.stages is next.") == (["setup.cfg"], ["ctxrules.stages"])
+    assert regexes["_PATH_RE"].calls == 0 and regexes["_BARE_FILE_RE"].calls == 1
+    assert extract_terms("see src/x.py and a/b") == (["src/x.py"], [])
+    assert regexes["_PATH_RE"].calls == 1
+    compress_intent._terms.cache_clear()

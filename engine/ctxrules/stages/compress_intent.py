@@ -192,9 +192,13 @@ def extract_terms(text: str, *, limit: int = 64) -> tuple[list[str], list[str]]:
 @lru_cache(maxsize=256)
 def _terms(text: str, limit: int) -> tuple[tuple[str, ...], tuple[str, ...]]:
     # Remembered per text: every turn reads the latest ask and the newest steps again.
+    # Every term holds a dot (a file's extension, a module's separator), a path also a slash:
+    # a substring test spares the regexes, which try every position, a text without them.
+    if "." not in text:
+        return (), ()
     files: dict[str, None] = {}
     modules: dict[str, None] = {}
-    for match in _PATH_RE.finditer(text):
+    for match in _PATH_RE.finditer(text) if "/" in text else ():
         path = match.group(1)
         # "./x.py" and "x.py" name the same file; the match then finds "/abs/.../x.py" too.
         files[path[2:] if path.startswith("./") else path] = None
