@@ -4,13 +4,18 @@ only where the skipped work cannot change the outcome, and decides like the full
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Any
 
 import pytest
+from compress_kit import make_ctx as intent_ctx
+from compress_kit import step as intent_step
+from compress_kit import system
+from compress_kit import user as intent_user
 
 from ctxrules import toolroles
 from ctxrules.stages import compress_intent
-from ctxrules.stages.compress_intent import extract_terms
+from ctxrules.stages.compress_intent import IntentStage, extract_terms
 from ctxrules.toolroles import ToolRoles
 
 
@@ -96,3 +101,19 @@ def test_texts_without_a_dot_or_a_slash_skip_the_regexes_they_cannot_match(monke
     assert extract_terms("see src/x.py and a/b") == (["src/x.py"], [])
     assert regexes["_PATH_RE"].calls == 1
     compress_intent._terms.cache_clear()
+
+
+# --- compress.intent: nothing to look for, nothing to match -----------------------------------
+
+
+def test_an_intent_without_terms_or_failures_matches_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_match(*_args: Any, **_kwargs: Any) -> Any:
+        raise AssertionError("nothing to look for: no message is matched")
+
+    monkeypatch.setattr(IntentStage, "_matches", no_match)
+    msgs = [system(), intent_user("hello"), *intent_step("a", "ok")]
+    ctx = intent_ctx(tmp_path)
+    out = IntentStage({})(msgs, ctx)
+    assert out.actions == [] and ctx.protected == set()
+    assert ctx.state["intent"] == {"files": [], "modules": [], "failed_calls": [], "asked": []}
+    assert all(a is b for a, b in zip(out.messages, msgs, strict=True))

@@ -377,6 +377,8 @@ class IntentStage:
             max_terms=self.max_terms,
         )
         ctx.state["intent"] = intent.as_dict()
+        if not (intent.files or intent.modules or intent.failed_calls):
+            return StageOutcome(messages=unchanged(messages))  # nothing to match, protect or say
         hits, asked_of = self._matches(messages, intent, ctx.session_id)
         # The ask's matches first, then the incidental ones; each newest first.
         ranked = [*sorted(asked_of, reverse=True), *sorted(hits - asked_of.keys(), reverse=True)]
