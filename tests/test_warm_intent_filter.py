@@ -3,6 +3,7 @@ only where the skipped work cannot change the outcome, and decides like the full
 
 from __future__ import annotations
 
+import copy
 import re
 from pathlib import Path
 from typing import Any
@@ -12,10 +13,12 @@ from compress_kit import make_ctx as intent_ctx
 from compress_kit import step as intent_step
 from compress_kit import system
 from compress_kit import user as intent_user
+from filtering_kit import Msg, make_ctx, step, user
 
 from ctxrules import toolroles
 from ctxrules.stages import compress_intent
 from ctxrules.stages.compress_intent import IntentStage, extract_terms
+from ctxrules.stages.tool_output_filter import ToolOutputFilter, _Run
 from ctxrules.toolroles import ToolRoles
 
 
@@ -117,3 +120,56 @@ def test_an_intent_without_terms_or_failures_matches_nothing(tmp_path: Path, mon
     assert out.actions == [] and ctx.protected == set()
     assert ctx.state["intent"] == {"files": [], "modules": [], "failed_calls": [], "asked": []}
     assert all(a is b for a, b in zip(out.messages, msgs, strict=True))
+
+
+# --- tool_output.filter: the sent digests carried as a set ------------------------------------
+
+BIG = "".join(f"collecting item {i} ... ok\n" for i in range(3000))
+
+
+def _grow(history: list[Msg], n: int, output: str = "ok") -> list[Msg]:
+    return [*history, *step(f"t{n}", output)]
+
+
+def test_the_sent_set_is_carried_while_state_holds_the_list_the_stage_left(tmp_path: Path) -> None:
+    stage = ToolOutputFilter({"compressors": False})
+    state: dict[str, Any] = {}
+    history: list[Msg] = [{"role": "system", "content": "sys"}, user("fix it"), *step("a", BIG)]
+    history = stage(history, make_ctx(tmp_path, state=state)).messages
+    for n in range(4):
+        history = _grow(history, n, BIG if n % 2 else "ok")
+        ctx = make_ctx(tmp_path, state=state, cache_hot=True)
+        before = _Run(stage, history, ctx)._sent_before()
+        assert before == set(state["sent"])
+        memo = stage._last_sent.get(ctx.session_id)
+        assert memo is not None and before is memo.members  # carried, not built again
+        history = stage(history, ctx).messages
+        assert stage._last_sent.get(ctx.session_id).members == set(state["sent"])  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("edit", ["drop", "add"])
+def test_a_sent_list_put_in_state_by_someone_else_is_read_not_the_carried_set(tmp_path: Path, edit: str) -> None:
+    """Another worker committed a turn: ``state['sent']`` is another list. The warm stage must
+    decide by it, like a fresh stage given the same state, not by the set it carried."""
+    first: list[Msg] = [{"role": "system", "content": "sys"}, user("fix it"), *step("a", BIG)]
+    warm = ToolOutputFilter({"compressors": False})
+    state: dict[str, Any] = {}
+    # The big output is pinned (the newest step): left alone, and remembered as sent.
+    first = warm(first, make_ctx(tmp_path, state=state)).messages
+    sent = list(state["sent"])
+    assert len(sent) == 1
+    # Another worker's state: without that digest ("drop"), or this very list again as a new
+    # object after a stage that had never seen it ("add", the carried set being emptied).
+    ctx = make_ctx(tmp_path, state=state, cache_hot=True)
+    if edit == "drop":
+        state["sent"] = []
+    else:
+        state["sent"] = list(sent)
+        warm._last_sent.get(ctx.session_id).members.clear()  # type: ignore[union-attr]
+    history = _grow(first, 1)  # the big output is no longer pinned
+    fresh_state = copy.deepcopy(state)
+    got = warm(history, ctx)
+    want = ToolOutputFilter({"compressors": False})(history, make_ctx(tmp_path, state=fresh_state, cache_hot=True))
+    assert [a.kind for a in got.actions] == [a.kind for a in want.actions]
+    assert [a.kind for a in got.actions] == (["reduce"] if edit == "drop" else ["hot_cache_bypass"])
+    assert got.messages == want.messages and state == fresh_state

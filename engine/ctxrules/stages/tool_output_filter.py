@@ -48,8 +48,9 @@ import bisect
 import itertools
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ctxrules import structure
 from ctxrules.carry import PerSession
@@ -197,11 +198,10 @@ class ToolOutputFilter:
         # tuple) not settled; and the tool results of its output with their digests.
         # Per session (ctxrules.carry.PerSession): sessions of one engine taking turns keep theirs.
         # The scan is (the input's shape, keep ratio, epoch, indices not settled); the sent
-        # memo (the output's shape, tokenizer, the digest or None of each of its tool results
-        # in order, the digests sorted as state['sent'] keeps them). A warm turn's list
-        # extends the carried one (Shape.extends): only the new results are looked at.
+        # memo is a _SentMemo. A warm turn's list extends the carried one (Shape.extends):
+        # only the new results are looked at.
         self._last_scan: PerSession[tuple[structure.Shape, float, int, frozenset[int]]] = PerSession()
-        self._last_sent: PerSession[tuple[structure.Shape, str, list[str | None], list[str]]] = PerSession()
+        self._last_sent: PerSession[_SentMemo] = PerSession()
         self._epoch = 0
         self._generation = structure.generation()
         json_opts = {**_JSON_DEFAULTS, **opts.get("json", {})}
@@ -269,8 +269,7 @@ class _Run:
     def execute(self) -> StageOutcome:
         stage, ctx = self.stage, self.ctx
         facts = self.shape.facts
-        bypass = bypass_active(ctx, stage.options)
-        sent = set(ctx.state.get("sent") or []) if bypass else set()
+        sent = self._sent_before() if bypass_active(ctx, stage.options) else frozenset()
         self.keep = keep_ratio(ctx.utilization, ctx.budget.thresholds["emergency"], stage.min_keep, stage.max_keep)
         limit = self.limit
         oversized = [i for i, f in enumerate(facts) if f.longest > limit] if self.shape.longest > limit else []
@@ -353,7 +352,16 @@ class _Run:
             out[i] = 0.0 if lasting else self.keep
         return out
 
-    def _unsettled(self, sent: set[str]) -> tuple[list[int], int]:
+    def _sent_before(self) -> AbstractSet[str]:
+        """The digests of ``state['sent']``: kept as a set by the last call with the list it
+        left there, so a warm turn does not hash every digest sent into a new set."""
+        listed = self.ctx.state.get("sent") or []
+        last = self.stage._last_sent.get(self.ctx.session_id)
+        if last is not None and last.listed is listed:  # not loaded from elsewhere since
+            return last.members
+        return set(listed)
+
+    def _unsettled(self, sent: AbstractSet[str]) -> tuple[list[int], int]:
         """The tool results to examine: not pinned, protected or settled, and not already sent
         while the prompt cache is hot (those are only counted).
 
@@ -458,11 +466,11 @@ class _Run:
         # leaves no half-changed memo behind.
         last = stage._last_sent.pop(session)
         out_shape = self.shape if out is self.messages else shape(out)
-        start = out_shape.extends(last[0]) if last is not None and last[1] == tokenizer else None
+        start = out_shape.extends(last.shape) if last is not None and last.tokenizer == tokenizer else None
         if last is not None and start is not None:
             # A warm turn that only appended: the digests of the new results go after the
-            # old ones, into the sorted list of last time.
-            _, _, digests, sent = last
+            # old ones, into the sorted list and the set of last time.
+            digests, sent, members = last.digests, last.ordered, last.members
             facts = out_shape.facts
             for i in range(start, len(facts)):
                 if facts[i].role in _RESULT_ROLES:
@@ -470,27 +478,28 @@ class _Run:
                     digests.append(digest)
                     if digest:
                         bisect.insort(sent, digest)
-            stage._last_sent.put(session, (out_shape, tokenizer, digests, sent))
-            self.ctx.state["sent"] = list(sent)
+                        members.add(digest)
+            listed = self.ctx.state["sent"] = list(sent)
+            stage._last_sent.put(session, _SentMemo(out_shape, tokenizer, digests, sent, listed, members))
             return
         # Stages before the integrity pass keep each message's role where it is.
         indices = self.shape.results if len(out) == len(self.messages) else out_shape.results
         current = tuple(map(out.__getitem__, indices))
         sent_now: list[str] | None = None
-        if last is not None and last[1] == tokenizer and last[0].snapshot is not None:
-            before = tuple(map(last[0].snapshot.__getitem__, last[0].results))
-            digests = last[2][: len(current)]
+        if last is not None and last.tokenizer == tokenizer and last.shape.snapshot is not None:
+            before = tuple(map(last.shape.snapshot.__getitem__, last.shape.results))
+            digests = last.digests[: len(current)]
             digests.extend([None] * (len(current) - len(digests)))
             changed = list(_changed(before, current))
-            gone = [d for d in last[2][len(current) :] if d]  # the list got shorter
+            gone = [d for d in last.digests[len(current) :] if d]  # the list got shorter
             for p in changed:
-                was = last[2][p] if p < len(last[2]) else None
+                was = last.digests[p] if p < len(last.digests) else None
                 if was:
                     gone.append(was)
                 digests[p] = self._sent_digest(current[p])
             if len(changed) + len(gone) <= _SENT_EDITS:
                 # The sorted list of last time, edited where outputs changed.
-                sent_now = last[3]
+                sent_now = last.ordered
                 for d in gone:
                     del sent_now[bisect.bisect_left(sent_now, d)]
                 for p in changed:
@@ -501,8 +510,8 @@ class _Run:
             digests = [self._sent_digest(m) for m in current]
         if sent_now is None:
             sent_now = sorted(d for d in digests if d)
-        stage._last_sent.put(session, (out_shape, tokenizer, digests, sent_now))
-        self.ctx.state["sent"] = list(sent_now)
+        listed = self.ctx.state["sent"] = list(sent_now)
+        stage._last_sent.put(session, _SentMemo(out_shape, tokenizer, digests, sent_now, listed, set(sent_now)))
 
     def _sent_digest(self, msg: Message) -> str | None:
         """The digest to remember for ``msg`` as sent, or None when it is too small to ever be
@@ -799,6 +808,17 @@ class _Run:
 
 # More outputs changed than this since the last call: the sent digests are sorted afresh.
 _SENT_EDITS = 32
+
+
+class _SentMemo(NamedTuple):
+    """What the last call left in ``state['sent']``, per session (see _remember_sent)."""
+
+    shape: structure.Shape  # of its output
+    tokenizer: str
+    digests: list[str | None]  # of each tool result of the output in order (None: too small)
+    ordered: list[str]  # the digests sorted, as state['sent'] keeps them
+    listed: list[str]  # the copy of ``ordered`` put in state['sent'] (nothing changes it)
+    members: set[str]  # the digests as a set, for the next call's _sent_before
 
 
 def _changed(old: Sequence[Any], new: Sequence[Any]) -> Iterable[int]:
