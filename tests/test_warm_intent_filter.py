@@ -16,6 +16,7 @@ from compress_kit import user as intent_user
 from filtering_kit import Msg, make_ctx, step, user
 
 from ctxrules import toolroles
+from ctxrules.patterns import Pattern
 from ctxrules.stages import compress_intent
 from ctxrules.stages.compress_intent import IntentStage, extract_terms
 from ctxrules.stages.tool_output_filter import ToolOutputFilter, _Run
@@ -86,6 +87,70 @@ def test_an_ascii_text_without_an_error_word_is_not_searched(monkeypatch: pytest
     assert counting.calls == 0
     assert roles.is_error("ERROR: it broke") is True and counting.calls == 1
     assert roles.is_error("EXCEPTİON") is True and counting.calls == 2  # non-ASCII: searched
+
+
+# --- ToolRoles.exit_code: a pattern runs only on a text that holds its literal ----------------
+
+_EXIT_PATTERNS = (
+    r"Exit code:? (\d+)",
+    r"<returncode>(-?\d+)</returncode>",
+    r"(?i)exit code (-?\d+)",
+    r"(?i)STATUS=(\d+)",
+    r"(?x) rc \s* = \s* (\d+)",
+    r"(?i:done) with (\d+)",
+    r"^(\d+)$|failed \((\d+)\)",  # no top-level literal: always runs
+)
+_EXIT_TEXTS = [
+    "file_1.txt\n" * 20,
+    "Exit code: 2",
+    "exit code 0\n",
+    "EXIT CODE -1",
+    "Process finished. eXiT cOdE 3",
+    "<returncode>7</returncode>",
+    "status=4 and Status=5",
+    "rc = 9",
+    "DONE with 1",
+    "42",
+    "it failed (3)",
+    "ex\u0130t code 5",  # non-ASCII: the folded literal is not tested, the pattern runs
+    "\u212aEEP: exit code 6",
+    "Exit code: ",
+]
+
+
+def _plain_exit_code(roles: ToolRoles, text: str) -> int | None:
+    """exit_code as it was: every pattern searched in order."""
+    for pat in roles.exit_patterns:
+        m = pat.search(text)
+        if m:
+            try:
+                return int(m.group(1))
+            except (IndexError, ValueError, TypeError):
+                continue
+    return None
+
+
+@pytest.mark.parametrize("text", _EXIT_TEXTS)
+def test_exit_code_reads_what_every_pattern_searched_in_order_reads(text: str) -> None:
+    roles = toolroles._compile((), _EXIT_PATTERNS)
+    assert roles.exit_code(text) == _plain_exit_code(roles, text)
+
+
+def test_a_pattern_whose_literal_the_text_lacks_is_not_searched(monkeypatch: pytest.MonkeyPatch) -> None:
+    searched: list[str] = []
+    search = Pattern.search
+
+    def counting(self: Pattern, text: str) -> Any:
+        searched.append(self.pattern)
+        return search(self, text)
+
+    monkeypatch.setattr(Pattern, "search", counting)
+    roles = toolroles._compile((), _EXIT_PATTERNS)
+    assert roles.exit_code("file_1.txt\n" * 20) is None
+    assert searched == [r"^(\d+)$|failed \((\d+)\)"]  # the one without a top-level literal
+    searched.clear()
+    assert roles.exit_code("all done: EXIT CODE 3") == 3
+    assert searched == [r"(?i)exit code (-?\d+)"]
 
 
 # --- extract_terms: the regexes only on texts that can hold a term ----------------------------

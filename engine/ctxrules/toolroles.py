@@ -44,6 +44,11 @@ class ToolRoles:
     # call; hashing this whole object for an lru_cache key would cost more than the lookup).
     _memo: dict[str, str | None] = field(default_factory=dict, compare=False, hash=False, repr=False)
     _errors: dict[str, bool] = field(default_factory=dict, compare=False, hash=False, repr=False)
+    # Per exit pattern, a literal every match of it holds (see _literal_hint).
+    _hints: tuple[_Hint | None, ...] = field(init=False, compare=False, hash=False, repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_hints", tuple(map(_literal_hint, self.exit_patterns)))
 
     def role_of(self, tool_name: str | None) -> str | None:
         if not tool_name:
@@ -58,8 +63,20 @@ class ToolRoles:
         return role
 
     def exit_code(self, text: str) -> int | None:
-        """The exit code a shell result reports, from the pack's patterns (None if none match)."""
-        for pat in self.exit_patterns:
+        """The exit code a shell result reports, from the pack's patterns (None if none match).
+        A pattern whose literal (_literal_hint) the text lacks is not run: most results name
+        no exit code, and each search costs the engine's time limit set up (microseconds)."""
+        lower: str | None = None
+        for pat, hint in zip(self.exit_patterns, self._hints, strict=True):
+            if hint is not None:
+                literal, folded = hint
+                if not folded:
+                    if literal not in text:
+                        continue
+                elif text.isascii():
+                    lower = text.lower() if lower is None else lower
+                    if literal not in lower:
+                        continue
             try:
                 m = pat.search(text)
             except PatternTimeout:  # reported by the pattern's memory; it reads no code
@@ -84,6 +101,36 @@ class ToolRoles:
             self._errors.clear()
         self._errors[text] = failed
         return failed
+
+
+_Hint = tuple[str, bool]
+"""A literal every match of a pattern holds, and whether it is compared in lower case."""
+
+
+def _literal_hint(pattern: Pattern) -> _Hint | None:
+    """The longest run of literal characters at the top level of ``pattern`` (outside groups,
+    alternatives and repeats, so every match holds it), by ``re``'s parse of it: the language
+    of pack patterns, and the engines agree with it on literals. Under IGNORECASE the run is
+    kept in lower case, only when it is ASCII, and only ASCII text is tested against it (no
+    other letter folds to an ASCII one then). None when there is no such run."""
+    from re import _parser  # type: ignore[attr-defined]
+
+    try:
+        tree = _parser.parse(pattern.pattern, pattern.flags)
+    except Exception:  # compiled already, so not expected: then the pattern just runs
+        return None
+    folded = bool(int(tree.state.flags) & re.IGNORECASE)
+    best, run = "", []
+    for op, av in (*tree, (None, None)):
+        if op is _parser.LITERAL:
+            run.append(chr(av))
+            continue
+        if len(run) > len(best):
+            best = "".join(run)
+        run = []
+    if not best or (folded and not best.isascii()):
+        return None
+    return (best.lower(), True) if folded else (best, False)
 
 
 def _error_text(head: str) -> bool:
