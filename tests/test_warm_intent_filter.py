@@ -17,8 +17,9 @@ from filtering_kit import Msg, make_ctx, step, user
 
 from ctxrules import toolroles
 from ctxrules.patterns import Pattern
-from ctxrules.stages import compress_intent
+from ctxrules.stages import compress_intent, tool_output_filter
 from ctxrules.stages.compress_intent import IntentStage, extract_terms
+from ctxrules.stages.filter_common import result_digest
 from ctxrules.stages.tool_output_filter import ToolOutputFilter, _Run
 from ctxrules.toolroles import ToolRoles
 
@@ -204,10 +205,12 @@ def test_the_sent_set_is_carried_while_state_holds_the_list_the_stage_left(tmp_p
     for n in range(4):
         history = _grow(history, n, BIG if n % 2 else "ok")
         ctx = make_ctx(tmp_path, state=state, cache_hot=True)
-        before = _Run(stage, history, ctx)._sent_before()
+        before, keys = _Run(stage, history, ctx)._sent_before()
         assert before == set(state["sent"])
         memo = stage._last_sent.get(ctx.session_id)
         assert memo is not None and before is memo.members  # carried, not built again
+        sent_results = [m for m in history if m["role"] == "tool" and result_digest(m) in before]
+        assert keys == {m["tool_call_id"] for m in sent_results} and len(sent_results) == len(before)
         history = stage(history, ctx).messages
         assert stage._last_sent.get(ctx.session_id).members == set(state["sent"])  # type: ignore[union-attr]
 
@@ -237,4 +240,41 @@ def test_a_sent_list_put_in_state_by_someone_else_is_read_not_the_carried_set(tm
     want = ToolOutputFilter({"compressors": False})(history, make_ctx(tmp_path, state=fresh_state, cache_hot=True))
     assert [a.kind for a in got.actions] == [a.kind for a in want.actions]
     assert [a.kind for a in got.actions] == (["reduce"] if edit == "drop" else ["hot_cache_bypass"])
+    assert got.messages == want.messages and state == fresh_state
+
+
+def test_a_new_result_whose_call_id_no_sent_result_has_is_not_digested(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    stage = ToolOutputFilter({"compressors": False})
+    state: dict[str, Any] = {}
+    history: list[Msg] = [{"role": "system", "content": "sys"}, user("fix it"), *step("a", BIG)]
+    history = stage(history, make_ctx(tmp_path, state=state)).messages
+    digested: list[Msg] = []
+    digest = tool_output_filter.result_digest
+
+    def counting(msg: Msg) -> str:
+        digested.append(msg)
+        return digest(msg)
+
+    monkeypatch.setattr(tool_output_filter, "result_digest", counting)
+    history = _grow(_grow(history, 1), 2)  # "t1" is examined: new, no longer pinned
+    stage(history, make_ctx(tmp_path, state=state, cache_hot=True))
+    assert all(m.get("tool_call_id") != "t1" for m in digested)
+
+
+def test_results_with_the_same_digest_seed_are_sent_alike_whatever_their_call_ids(tmp_path: Path) -> None:
+    """The digest is taken of the call id, a separator and the content: a call id holding
+    the separator gives another result's seed. Such a result is already sent, as a fresh
+    stage says; the warm stage's look at the call ids first must not tell otherwise."""
+    warm = ToolOutputFilter({"compressors": False})
+    state: dict[str, Any] = {}
+    history: list[Msg] = [{"role": "system", "content": "sys"}, user("fix it"), *step("a\x1fb", BIG)]
+    history = warm(history, make_ctx(tmp_path, state=state)).messages  # pinned: remembered as sent
+    history = [*history, *step("a", "b\x1f" + BIG), *step("last", "ok")]
+    fresh_state = copy.deepcopy(state)
+    got = warm(history, make_ctx(tmp_path, state=state, cache_hot=True))
+    want = ToolOutputFilter({"compressors": False})(history, make_ctx(tmp_path, state=fresh_state, cache_hot=True))
+    assert [(a.kind, a.detail) for a in got.actions] == [(a.kind, a.detail) for a in want.actions]
+    assert [a.kind for a in got.actions] == ["hot_cache_bypass"] and "2 output(s)" in got.actions[0].detail
     assert got.messages == want.messages and state == fresh_state

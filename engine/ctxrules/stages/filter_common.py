@@ -29,6 +29,7 @@ __all__ = [
     "check_options",
     "has_live_marker",
     "result_digest",
+    "result_key",
     "tokens_saved",
 ]
 
@@ -101,6 +102,22 @@ def result_digest(msg: Mapping[str, Any]) -> str:
     return digest
 
 
+def result_key(msg: Mapping[str, Any]) -> str:
+    """What a tool result's digest is taken of before its content (its call id, else its
+    name), cut at the first separator: two results whose keys differ never have the same
+    digest, but for a collision of SHA-256 (the digest's seed starts with the key and a
+    separator), so a result whose key no remembered result has need not be digested to know
+    that it is not among them."""
+    return _seed_key(msg).partition(_SEP)[0]
+
+
+_SEP = "\x1f"
+
+
+def _seed_key(msg: Mapping[str, Any]) -> str:
+    return f"{msg.get('tool_call_id') or msg.get('name') or ''}"
+
+
 def _result_digest(msg: Mapping[str, Any]) -> str:
     content = msg.get("content")
     if not isinstance(content, str):
@@ -110,7 +127,7 @@ def _result_digest(msg: Mapping[str, Any]) -> str:
         # (a break of the cached prefix).
         content = canonical_message({"content": content})["content"]
     body = content if isinstance(content, str) else json.dumps(content, sort_keys=True, ensure_ascii=False, default=str)
-    seed = f"{msg.get('tool_call_id') or msg.get('name') or ''}\x1f{body}"
+    seed = f"{_seed_key(msg)}{_SEP}{body}"
     return hashlib.sha256(seed.encode("utf-8", "surrogatepass")).hexdigest()[:32]
 
 

@@ -63,6 +63,7 @@ from ctxrules.stages.filter_common import (
     check_options,
     has_live_marker,
     result_digest,
+    result_key,
     tokens_saved,
 )
 from ctxrules.stores.base import StoreUnavailable
@@ -269,11 +270,11 @@ class _Run:
     def execute(self) -> StageOutcome:
         stage, ctx = self.stage, self.ctx
         facts = self.shape.facts
-        sent = self._sent_before() if bypass_active(ctx, stage.options) else frozenset()
+        sent, sent_keys = self._sent_before() if bypass_active(ctx, stage.options) else (frozenset(), None)
         self.keep = keep_ratio(ctx.utilization, ctx.budget.thresholds["emergency"], stage.min_keep, stage.max_keep)
         limit = self.limit
         oversized = [i for i, f in enumerate(facts) if f.longest > limit] if self.shape.longest > limit else []
-        fresh, skipped_hot = self._unsettled(sent)
+        fresh, skipped_hot = self._unsettled(sent, sent_keys)
         if not oversized and not fresh and not skipped_hot:
             # A warm turn: every output was examined before (or is pinned, protected, exempt)
             # and nothing is over the spill limit, so nothing can change.
@@ -352,16 +353,18 @@ class _Run:
             out[i] = 0.0 if lasting else self.keep
         return out
 
-    def _sent_before(self) -> AbstractSet[str]:
-        """The digests of ``state['sent']``: kept as a set by the last call with the list it
-        left there, so a warm turn does not hash every digest sent into a new set."""
+    def _sent_before(self) -> tuple[AbstractSet[str], AbstractSet[str] | None]:
+        """The digests of ``state['sent']``, and the keys (filter_common.result_key) of the
+        results they were taken of when known (else None): kept as sets by the last call with
+        the list it left there, so a warm turn does not hash every digest sent into a new set,
+        nor digest a new result whose key no sent result has."""
         listed = self.ctx.state.get("sent") or []
         last = self.stage._last_sent.get(self.ctx.session_id)
         if last is not None and last.listed is listed:  # not loaded from elsewhere since
-            return last.members
-        return set(listed)
+            return last.members, last.keys
+        return set(listed), None
 
-    def _unsettled(self, sent: AbstractSet[str]) -> tuple[list[int], int]:
+    def _unsettled(self, sent: AbstractSet[str], sent_keys: AbstractSet[str] | None) -> tuple[list[int], int]:
         """The tool results to examine: not pinned, protected or settled, and not already sent
         while the prompt cache is hot (those are only counted).
 
@@ -406,7 +409,12 @@ class _Run:
             unsettled.append(i)
             if id(msg) in protected:
                 continue
-            if sent and result_digest(msg) in sent and not self._marked(msg):
+            if (
+                sent
+                and (sent_keys is None or result_key(msg) in sent_keys)
+                and result_digest(msg) in sent
+                and not self._marked(msg)
+            ):
                 hot += 1
             else:
                 out.append(i)  # an output already shortened is examined once, then settled
@@ -470,7 +478,7 @@ class _Run:
         if last is not None and start is not None:
             # A warm turn that only appended: the digests of the new results go after the
             # old ones, into the sorted list and the set of last time.
-            digests, sent, members = last.digests, last.ordered, last.members
+            digests, sent, members, keys = last.digests, last.ordered, last.members, last.keys
             facts = out_shape.facts
             for i in range(start, len(facts)):
                 if facts[i].role in _RESULT_ROLES:
@@ -479,8 +487,9 @@ class _Run:
                     if digest:
                         bisect.insort(sent, digest)
                         members.add(digest)
+                        keys.add(result_key(out[i]))
             listed = self.ctx.state["sent"] = list(sent)
-            stage._last_sent.put(session, _SentMemo(out_shape, tokenizer, digests, sent, listed, members))
+            stage._last_sent.put(session, _SentMemo(out_shape, tokenizer, digests, sent, listed, members, keys))
             return
         # Stages before the integrity pass keep each message's role where it is.
         indices = self.shape.results if len(out) == len(self.messages) else out_shape.results
@@ -511,7 +520,9 @@ class _Run:
         if sent_now is None:
             sent_now = sorted(d for d in digests if d)
         listed = self.ctx.state["sent"] = list(sent_now)
-        stage._last_sent.put(session, _SentMemo(out_shape, tokenizer, digests, sent_now, listed, set(sent_now)))
+        # digests[p] is the digest (or None) of current[p]; sent_now holds those digests.
+        keys = {result_key(m) for m, d in zip(current, digests, strict=True) if d}
+        stage._last_sent.put(session, _SentMemo(out_shape, tokenizer, digests, sent_now, listed, set(sent_now), keys))
 
     def _sent_digest(self, msg: Message) -> str | None:
         """The digest to remember for ``msg`` as sent, or None when it is too small to ever be
@@ -819,6 +830,7 @@ class _SentMemo(NamedTuple):
     ordered: list[str]  # the digests sorted, as state['sent'] keeps them
     listed: list[str]  # the copy of ``ordered`` put in state['sent'] (nothing changes it)
     members: set[str]  # the digests as a set, for the next call's _sent_before
+    keys: set[str]  # the result_key of each result whose digest is in members (a superset)
 
 
 def _changed(old: Sequence[Any], new: Sequence[Any]) -> Iterable[int]:
