@@ -157,12 +157,15 @@ def test_a_pattern_whose_literal_the_text_lacks_is_not_searched(monkeypatch: pyt
 # --- extract_terms: the regexes only on texts that can hold a term ----------------------------
 
 
-def test_texts_without_a_dot_or_a_slash_skip_the_regexes_they_cannot_match(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_texts_without_a_dot_before_a_letter_or_a_slash_skip_the_regexes_they_cannot_match(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     regexes = {name: _Counting(getattr(compress_intent, name)) for name in ("_PATH_RE", "_BARE_FILE_RE", "_MODULE_RE")}
     for name, counting in regexes.items():
         monkeypatch.setattr(compress_intent, name, counting)
     compress_intent._terms.cache_clear()
     assert extract_terms("no dot and no slash here") == ([], [])
+    assert extract_terms("Sentences end. With a dot... (and a space)./") == ([], [])
     assert sum(c.calls for c in regexes.values()) == 0
     # A dot without a slash: no path can be there, a bare file or a module can.
     assert extract_terms("edit setup.cfg, then ctxrules.stages is next.") == (["setup.cfg"], ["ctxrules.stages"])

@@ -181,6 +181,7 @@ _PATH_RE = re.compile(
 )
 _BARE_FILE_RE = re.compile(r"(?<![\w@+.~/-])([\w@+-][\w@+-]*(?:\.[\w@+-]+)*\.([A-Za-z][A-Za-z0-9]{0,9}))(?![\w/-])")
 _MODULE_RE = re.compile(r"(?<![\w./:@-])([A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)+)(?![\w(/-])")
+_DOT_WORD = re.compile(r"\.[A-Za-z_]")  # in every match of the three above (see _terms)
 
 
 def extract_terms(text: str, *, limit: int = 64) -> tuple[list[str], list[str]]:
@@ -192,9 +193,10 @@ def extract_terms(text: str, *, limit: int = 64) -> tuple[list[str], list[str]]:
 @lru_cache(maxsize=256)
 def _terms(text: str, limit: int) -> tuple[tuple[str, ...], tuple[str, ...]]:
     # Remembered per text: every turn reads the latest ask and the newest steps again.
-    # Every term holds a dot (a file's extension, a module's separator), a path also a slash:
-    # a substring test spares the regexes, which try every position, a text without them.
-    if "." not in text:
+    # Every term holds a dot before a letter (a file's extension, a module's separator), a
+    # path also a slash: a text without them (prose ends its sentences with a dot and a space)
+    # is spared the regexes, which try every position.
+    if _DOT_WORD.search(text) is None:
         return (), ()
     files: dict[str, None] = {}
     modules: dict[str, None] = {}
