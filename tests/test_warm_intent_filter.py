@@ -16,6 +16,7 @@ from compress_kit import user as intent_user
 from filtering_kit import Msg, make_ctx, step, user
 
 from ctxrules import toolroles
+from ctxrules.carry import ALIKE_EDITS, Carry
 from ctxrules.patterns import Pattern
 from ctxrules.stages import compress_intent, tool_output_filter
 from ctxrules.stages.compress_intent import IntentStage, extract_terms
@@ -281,3 +282,25 @@ def test_results_with_the_same_digest_seed_are_sent_alike_whatever_their_call_id
     assert [(a.kind, a.detail) for a in got.actions] == [(a.kind, a.detail) for a in want.actions]
     assert [a.kind for a in got.actions] == ["hot_cache_bypass"] and "2 output(s)" in got.actions[0].detail
     assert got.messages == want.messages and state == fresh_state
+
+
+# --- ctxrules.carry: resuming over alike messages --------------------------------------------
+
+
+def test_a_carry_resumes_over_a_few_alike_objects_only(tmp_path: Path) -> None:
+    msgs: list[Msg] = [{"role": "user", "content": f"m{i}"} for i in range(20)]
+    carry: Carry[str] = Carry()
+    carry.keep("s", msgs, "k", "value")
+    grown = [*msgs, {"role": "user", "content": "new"}]
+
+    def same_text(a: Any, b: Any) -> bool:
+        return bool(a["content"] == b["content"])
+
+    few = [{**m, "form": 1} if i in (3, 19) else m for i, m in enumerate(grown)]  # not equal: alike
+    assert carry.resume("s", few, "k") == (0, None)  # without alike: other objects end it
+    assert carry.resume("s", few, "k", alike=same_text) == (20, "value")
+    changed = [{**m, "content": "x"} if i == 19 else m for i, m in enumerate(few)]
+    assert carry.resume("s", changed, "k", alike=same_text) == (0, None)
+    many = [{**m, "form": 1} for m in msgs[: ALIKE_EDITS + 1]] + grown[ALIKE_EDITS + 1 :]
+    assert carry.resume("s", many, "k", alike=same_text) == (0, None)
+    assert carry.resume("s", msgs[:10], "k", alike=same_text) == (0, None)  # shorter: no prefix

@@ -20,16 +20,23 @@ carries depends on the messages' content). Otherwise ``resume`` returns ``(0, No
 The last condition is asked of the lists' shapes (:meth:`ctxrules.structure.Shape.extends`):
 :func:`ctxrules.structure.shape` compared the new list with the last one once, when it derived
 the new shape, so a carry resumes without a pass over the messages of its own.
+
+A stage may also pass ``alike(old, new)``: whether it derives the same from two messages. Then
+a few old messages replaced by other objects it finds alike do not stop the carry. A warm turn
+gets the last turn's *output* back, and the stages after this one changed some messages in form
+only (``cache.markers`` puts its breakpoints on the newest messages, making a string content a
+text part with ``cache_control``): without it, such a stage would start over on every turn.
 """
 
 from __future__ import annotations
 
+import itertools
 import threading
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any, Generic, NamedTuple, TypeVar
 
 from ctxrules.injected import current_key
-from ctxrules.structure import Shape, generation, shape
+from ctxrules.structure import Shape, generation, replaced, shape
 
 __all__ = ["Carry", "PerSession"]
 
@@ -52,13 +59,23 @@ class Carry(Generic[T]):
         self._sessions = sessions
         self._lock = threading.Lock()
 
-    def resume(self, session: str, messages: Sequence[Mapping[str, Any]], key: Hashable) -> tuple[int, T | None]:
-        """``(m, value)`` when ``value`` was kept for ``messages[:m]`` under ``key``; else ``(0, None)``."""
+    def resume(
+        self,
+        session: str,
+        messages: Sequence[Mapping[str, Any]],
+        key: Hashable,
+        alike: Callable[[Mapping[str, Any], Mapping[str, Any]], bool] | None = None,
+    ) -> tuple[int, T | None]:
+        """``(m, value)`` when ``value`` was kept for ``messages[:m]`` under ``key``; else
+        ``(0, None)``. With ``alike``, up to :data:`ALIKE_EDITS` of the old messages may be
+        other objects for which ``alike(old, new)`` holds (see the module docstring)."""
         with self._lock:
             kept = self._kept.get(session)
         if kept is None or kept.generation != generation() or kept.injection is not current_key() or kept.key != key:
             return 0, None
         start = shape(messages).extends(kept.shape)
+        if start is None and alike is not None:
+            start = _alike_prefix(kept.shape, messages, alike)
         if start is None:
             return 0, None
         return start, kept.value
@@ -72,6 +89,27 @@ class Carry(Generic[T]):
             self._kept[session] = kept
             while len(self._kept) > self._sessions:  # the least recently kept session goes
                 del self._kept[next(iter(self._kept))]
+
+
+ALIKE_EDITS = 8
+"""Most old messages replaced by alike ones that a carry resumes over (more: it starts over)."""
+
+
+def _alike_prefix(
+    old: Shape,
+    messages: Sequence[Mapping[str, Any]],
+    alike: Callable[[Mapping[str, Any], Mapping[str, Any]], bool],
+) -> int | None:
+    """``len(old.facts)`` when ``messages`` starts with the messages ``old`` was made from, each
+    the same object or, at most :data:`ALIKE_EDITS` of them, one ``alike`` finds alike; None
+    otherwise. The positions come from one identity pass in C (:func:`ctxrules.structure.replaced`)."""
+    snapshot = old.snapshot
+    if snapshot is None or len(messages) < len(snapshot):
+        return None
+    changed = list(itertools.islice(replaced(snapshot, messages), ALIKE_EDITS + 1))
+    if len(changed) > ALIKE_EDITS or not all(alike(snapshot[i], messages[i]) for i in changed):
+        return None
+    return len(snapshot)
 
 
 class PerSession(Generic[T]):
