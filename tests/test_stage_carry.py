@@ -54,8 +54,8 @@ def test_intent_carried_over_equals_a_full_pass(name: str, tmp_path: Path, monke
     resumed: list[int] = []
     real_resume = Carry.resume
 
-    def spying(self: Carry[Any], session: str, messages: Any, key: Any) -> Any:
-        got = real_resume(self, session, messages, key)
+    def spying(self: Carry[Any], session: str, messages: Any, key: Any, **kwargs: Any) -> Any:
+        got = real_resume(self, session, messages, key, **kwargs)
         resumed.append(got[0])
         return got
 

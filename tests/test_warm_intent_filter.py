@@ -284,6 +284,80 @@ def test_results_with_the_same_digest_seed_are_sent_alike_whatever_their_call_id
     assert got.messages == want.messages and state == fresh_state
 
 
+# --- compress.intent: the carry goes on over messages the last turn changed in form only ------
+
+
+def _marked(msg: Msg) -> Msg:
+    """``msg`` as cache.markers hands it back with a breakpoint on it."""
+    content = msg.get("content")
+    if not isinstance(content, str):
+        return dict(msg)
+    return {**msg, "content": [{"type": "text", "text": content, "cache_control": {"type": "ephemeral"}}]}
+
+
+def _edited(msg: Msg) -> Msg:
+    """``msg`` with another text: what it mentions changes."""
+    content = msg.get("content")
+    text = content if isinstance(content, str) else ""
+    return {**msg, "content": text.replace("src/app.py", "src/other.py") + " now see src/app.py"}
+
+
+def _intent_session() -> list[Msg]:
+    msgs: list[Msg] = [system(), intent_user("fix the crash in src/app.py and ctxrules.stages.base")]
+    for k in range(14):
+        name = "src/app.py" if k % 3 == 0 else f"lib/m{k}.py"
+        msgs.append(
+            {
+                "role": "assistant",
+                "content": f"Step {k}: reading the next file." if k % 2 else None,
+                "tool_calls": [
+                    {
+                        "id": f"c{k}",
+                        "type": "function",
+                        "function": {"name": "Read", "arguments": f'{{"path": "{name}"}}'},
+                    }
+                ],
+            }
+        )
+        out = "Error: exit code 1" if k % 5 == 4 else f"contents of {name}\n" + "x = 1\n" * 50
+        msgs.append({"role": "tool", "tool_call_id": f"c{k}", "content": out})
+    return msgs
+
+
+def _protected_by(stage: IntentStage, messages: list[Msg], tmp_path: Path) -> tuple[Any, ...]:
+    ctx = intent_ctx(tmp_path, window=400_000, session="s")
+    ctx.session_id = "s"
+    out = stage(messages, ctx)
+    protected = sorted(i for i, m in enumerate(messages) if id(m) in ctx.protected)
+    return protected, ctx.state, [a.as_dict() for a in out.actions]
+
+
+@pytest.mark.parametrize("change", [_marked, _edited])
+def test_intent_carried_over_alike_messages_equals_a_full_pass(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, change: Any
+) -> None:
+    """Each turn's list is the last one with its newest two messages replaced (by copies with
+    a cache breakpoint, or by copies saying something else) and a step appended. The stage that
+    carries over must decide like a fresh one; over the breakpoint copies it does carry over."""
+    history = _intent_session()
+    warm = IntentStage({})
+    starts: list[int] = []
+    resume = Carry.resume
+
+    def spying(self: Carry[Any], *args: Any, **kwargs: Any) -> Any:
+        got = resume(self, *args, **kwargs)
+        if self is warm._text_carry:
+            starts.append(got[0])
+        return got
+
+    monkeypatch.setattr(Carry, "resume", spying)
+    current = history[:6]
+    for cut in range(8, len(history) + 1, 2):
+        current = [*current[:-2], *map(change, current[-2:]), *history[len(current) : cut]]
+        assert _protected_by(warm, current, tmp_path) == _protected_by(IntentStage({}), current, tmp_path)
+    assert starts and (all(starts[1:]) if change is _marked else not any(starts))
+
+
 # --- ctxrules.carry: resuming over alike messages --------------------------------------------
 
 

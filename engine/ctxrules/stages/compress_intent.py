@@ -38,7 +38,7 @@ from ctxrules.carry import Carry
 from ctxrules.hookspecs import hookimpl
 from ctxrules.messages import message_text
 from ctxrules.stages.base import Action, StageOutcome, StageType, unchanged
-from ctxrules.structure import generation, pair_tool_calls, pinned_indices, shape
+from ctxrules.structure import facts_of, generation, pair_tool_calls, pinned_indices, shape
 from ctxrules.toolroles import ToolRoles, tool_roles
 
 if TYPE_CHECKING:
@@ -467,7 +467,7 @@ class IntentStage:
         old calls that a new result answers are looked at again."""
         needles = intent.needles()
         terms_key = (needles, tuple(asked.items()))
-        start, carried = self._text_carry.resume(session, messages, terms_key)
+        start, carried = self._text_carry.resume(session, messages, terms_key, alike=_alike)
         if carried is not None:
             direct, direct_asked, hits, asked_of = carried
             direct, direct_asked, hits, asked_of = set(direct), dict(direct_asked), set(hits), dict(asked_of)
@@ -507,7 +507,7 @@ class IntentStage:
     ) -> Mapping[str, tuple[int, ...]]:
         """The tool results (not injected) by the call id they carry; carried over like the
         text matches, so a warm turn looks only at the new messages."""
-        start, carried = self._ids_carry.resume(session, messages, ())
+        start, carried = self._ids_carry.resume(session, messages, (), alike=_alike)
         by_id = dict(carried) if carried is not None else {}
         for index in range(start, len(messages)):
             msg = messages[index]
@@ -516,6 +516,22 @@ class IntentStage:
                 by_id[cid] = (*by_id.get(cid, ()), index)
         self._ids_carry.keep(session, messages, (), by_id)
         return by_id
+
+
+def _alike(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
+    """Whether the stage finds the same in ``new`` as in ``old``, another object at the same
+    position of the next list (Carry.resume): the same facts (role, injected, calls, the call
+    answered), tool calls, call id and text. A warm turn's list is the last output, on which
+    ``cache.markers`` put its breakpoints: a content made one text part with cache_control."""
+    try:
+        return (
+            facts_of(old) == facts_of(new)
+            and old.get("tool_call_id") == new.get("tool_call_id")
+            and old.get("tool_calls") == new.get("tool_calls")
+            and message_text(old) == message_text(new)
+        )
+    except Exception:  # a value whose comparison fails (not JSON): not known to be alike
+        return False
 
 
 _TextMatches = tuple[set[int], dict[int, frozenset[str]], set[int], dict[int, frozenset[str]]]
