@@ -284,6 +284,26 @@ def test_results_with_the_same_digest_seed_are_sent_alike_whatever_their_call_id
     assert got.messages == want.messages and state == fresh_state
 
 
+def test_an_output_replaced_in_place_is_sent_under_its_own_call_id(tmp_path: Path) -> None:
+    """A list that does not extend the last one (its newest step replaced by another) takes the
+    sent memo's other path, which edits the memo where outputs changed: the new output's call
+    id must join the keys, or the warm stage would take it for never sent."""
+    warm = ToolOutputFilter({"compressors": False})
+    state: dict[str, Any] = {}
+    base: list[Msg] = [{"role": "system", "content": "sys"}, user("fix it")]
+    warm([*base, *step("a", BIG)], make_ctx(tmp_path, state=state))
+    replaced = [*base, *step("b", BIG + "one more line\n")]  # pinned: remembered as sent
+    warm(replaced, make_ctx(tmp_path, state=state))
+    memo = warm._last_sent.get("")
+    assert memo is not None and "b" in memo.keys
+    history = [*replaced, *step("last", "ok")]
+    fresh_state = copy.deepcopy(state)
+    got = warm(history, make_ctx(tmp_path, state=state, cache_hot=True))
+    want = ToolOutputFilter({"compressors": False})(history, make_ctx(tmp_path, state=fresh_state, cache_hot=True))
+    assert [a.kind for a in got.actions] == [a.kind for a in want.actions] == ["hot_cache_bypass"]
+    assert got.messages == want.messages and state == fresh_state
+
+
 # --- compress.intent: the carry goes on over messages the last turn changed in form only ------
 
 

@@ -495,6 +495,7 @@ class _Run:
         indices = self.shape.results if len(out) == len(self.messages) else out_shape.results
         current = tuple(map(out.__getitem__, indices))
         sent_now: list[str] | None = None
+        sent_keys: set[str] | None = None
         if last is not None and last.tokenizer == tokenizer and last.shape.snapshot is not None:
             before = tuple(map(last.shape.snapshot.__getitem__, last.shape.results))
             digests = last.digests[: len(current)]
@@ -511,18 +512,23 @@ class _Run:
                 sent_now = last.ordered
                 for d in gone:
                     del sent_now[bisect.bisect_left(sent_now, d)]
+                sent_keys = last.keys  # a superset stays one: only the changed outputs' keys join
                 for p in changed:
                     now = digests[p]
                     if now:
                         bisect.insort(sent_now, now)
+                        sent_keys.add(result_key(current[p]))
         else:
             digests = [self._sent_digest(m) for m in current]
         if sent_now is None:
             sent_now = sorted(d for d in digests if d)
         listed = self.ctx.state["sent"] = list(sent_now)
-        # digests[p] is the digest (or None) of current[p]; sent_now holds those digests.
-        keys = {result_key(m) for m, d in zip(current, digests, strict=True) if d}
-        stage._last_sent.put(session, _SentMemo(out_shape, tokenizer, digests, sent_now, listed, set(sent_now), keys))
+        if sent_keys is None or len(sent_keys) > 2 * len(sent_now) + 64:  # (keys of outputs long gone)
+            # digests[p] is the digest (or None) of current[p]; sent_now holds those digests.
+            sent_keys = {result_key(m) for m, d in zip(current, digests, strict=True) if d}
+        stage._last_sent.put(
+            session, _SentMemo(out_shape, tokenizer, digests, sent_now, listed, set(sent_now), sent_keys)
+        )
 
     def _sent_digest(self, msg: Message) -> str | None:
         """The digest to remember for ``msg`` as sent, or None when it is too small to ever be
