@@ -55,7 +55,10 @@ _ERROR_CASES = [
     ("Exception in thread main", True),
     # Non-ASCII: IGNORECASE lets "İ" match "i", so the words are not looked for there.
     ("EXCEPTİON raised", True),
-    ("Tracebac\u212a (most recent call last)", False),  # the Kelvin sign is not a "k" here
+    ("Tracebac\u212a (most recent call last)", True),  # IGNORECASE folds the Kelvin sign to "k"
+    # A Python traceback whose last line names no "Error:" at a line start (the header's
+    # "\b" after ")" never matched before the ":" that follows it).
+    ("Traceback (most recent call last):\n  File \"x.py\", line 1, in <module>\nKeyError: 'a'\n", True),
     ("résumé: all fine", False),
 ]
 

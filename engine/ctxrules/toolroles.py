@@ -24,8 +24,9 @@ ROLE_ORDER: tuple[str, ...] = ("file_read", "file_edit", "shell", "subagent", "s
 # Argument names under which agents pass a shell command.
 COMMAND_ARGS: tuple[str, ...] = ("command", "cmd", "script", "commands", "input")
 # Text that marks a tool result as an error when no exit code says so.
+# (The traceback header ends in ")" and then ":": no word boundary there, so it has none.)
 _ERROR_TEXT = re.compile(
-    r"(?im)^(?:error|fatal|traceback \(most recent call last\)|exception)\b|<tool_use_error>|\bis_error\b"
+    r"(?im)^(?:(?:error|fatal|exception)\b|traceback \(most recent call last\))|<tool_use_error>|\bis_error\b"
 )
 # Words one of which any match of _ERROR_TEXT holds (``<tool_use_error>`` and ``is_error``
 # hold "error"). An ASCII text without them in lower case cannot match, and most tool results
