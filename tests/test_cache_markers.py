@@ -347,6 +347,26 @@ def test_a_caller_narrowing_keeps_the_openai_prefix(tmp_path: Path) -> None:
     assert none.request["tool_choice"] == "none" and none.tools == narrowed.tools
 
 
+def test_stable_tools_always_where_narrowing_cannot_be_said_warns(tmp_path: Path) -> None:
+    """`stable_tools: always` on Anthropic kept the tools the caller dropped and asked for a
+    tool_choice the provider drops: the model could call them, and nothing said so."""
+    stage = CacheMarkers({"stable_tools": "always"})
+    state: dict[str, Any] = {}
+    stage(conversation(1), make_ctx(tmp_path, "claude-sonnet-4-5", TOOLS, state))
+    narrowed = stage(conversation(2), make_ctx(tmp_path, "claude-sonnet-4-5", TOOLS[1:2], state, clock=1001))
+    assert len(narrowed.tools or []) == len(TOOLS)  # what the pack asked for
+    dropped = sorted(t["function"]["name"] for t in TOOLS if t is not TOOLS[1])
+    assert any(
+        "stable_tools: always kept 3 tool(s) the caller dropped" in w and ", ".join(dropped) in w
+        for w in narrowed.warnings
+    ), narrowed.warnings
+    # Where tool_choice narrows (OpenAI), nothing to warn about.
+    openai_state: dict[str, Any] = {}
+    stage(conversation(1), make_ctx(tmp_path, "gpt-4o", TOOLS, openai_state))
+    quiet = stage(conversation(2), make_ctx(tmp_path, "gpt-4o", TOOLS[1:2], openai_state, clock=1001))
+    assert not any("stable_tools" in w for w in quiet.warnings)
+
+
 def test_narrowing_on_anthropic_is_reported_as_a_tools_break(tmp_path: Path) -> None:
     stage = CacheMarkers({})
     state: dict[str, Any] = {}

@@ -625,6 +625,15 @@ class CacheMarkers:
         request: dict[str, Any] = {}
 
         tools, narrowed_to = self._tools(ctx, actions)
+        if narrowed_to is not None and not self._allowed_tools_supported(ctx):
+            # `stable_tools: always` where the narrowing cannot be said: the pack asked for it
+            # (a gateway that passes tool_choice on, say), but the caller should know.
+            dropped = sorted({_tool_name(t) for t in tools} - set(narrowed_to))
+            warnings.append(
+                f"stable_tools: always kept {len(dropped)} tool(s) the caller dropped ({', '.join(dropped)}), "
+                f"and {self._family(ctx)} has no allowed_tools tool_choice to narrow them: the model "
+                "may still call them (stable_tools: auto sends the caller's list there)"
+            )
         allowed = self._allowed(tools, narrowed_to)
         if allowed is not None and narrowed_to is None and not self._allowed_tools_supported(ctx):
             # The pack's `allowed_tools` on a provider without tool_choice=allowed_tools
