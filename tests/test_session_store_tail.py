@@ -4,6 +4,7 @@ changed line, in place, and holds exactly what a whole rewrite would have writte
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -106,3 +107,21 @@ def test_a_file_changed_behind_the_store_is_rewritten_whole(tmp_path: Path) -> N
     state: dict[str, Any] = {}
     store.save(state, output)
     _check(store, path, state, output)
+
+
+def test_a_save_that_cannot_write_its_lines_leaves_the_last_output_readable(tmp_path: Path) -> None:
+    """The file was cut at the first changed line before the new lines were made: a line that
+    cannot be written (a lone surrogate from a stage's bad data) lost the output the state on
+    disk still described."""
+    path = tmp_path / "s"
+    store = SessionStore(path)
+    output = [{"role": "user", "content": f"m{i}"} for i in range(10)]
+    store.save({}, output)
+    output = [*output, {"role": "user", "content": "tail"}]
+    state: dict[str, Any] = {}
+    store.save(state, output)
+    with contextlib.suppress(UnicodeEncodeError):
+        store.save(dict(state), [*output[:-1], {"role": "user", "content": "bad \ud800"}])
+    fresh = SessionStore(path)
+    last = fresh.load()["last"]
+    assert fresh.load_output(len(output), last["output_file"], last["output_digest"]) == output

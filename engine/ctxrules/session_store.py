@@ -207,13 +207,16 @@ class SessionStore:
             mark = (len(prev), written_stat[0], self._hash) if kept is None else _mark_at(marks, kept)
         if mark is not None:
             lines, offset, digest = mark
+            # Made before the file is touched: a message that cannot be written (a stage's
+            # bad data) leaves the last output readable, as the state still describes it.
+            tail = _jsonl_lines(output[lines:])
+            data = b"".join(tail)
             fd = self._output_handle.fd(at_path)  # the file at the path (its identity checked)
             self._hash = None  # until the file holds what it describes
             if prev is not None and lines < len(prev):
                 os.ftruncate(fd, offset)  # the file is opened for appending: cut, then append
-            tail = _jsonl_lines(output[lines:])
-            if tail:
-                _write_all(fd, b"".join(tail))
+            if data:
+                _write_all(fd, data)
             # The digest follows the bytes written: a warm turn hashes only its new lines.
             self._hash, self._marks = _follow(digest.copy(), [m for m in marks if m[0] <= lines], lines, offset, tail)
             appended = os.fstat(fd)
