@@ -864,6 +864,15 @@ def test_a_message_replaced_in_the_middle_serialises_that_message_alone(monkeypa
     assert blocks == blocks_of(edited, [3] * 200)
 
 
+def test_the_block_chain_goes_on_after_a_call_that_failed_part_way() -> None:
+    chain = BlockChain()
+    a, b = {"role": "user", "content": "a"}, {"role": "user", "content": "b"}
+    chain.blocks([a], [1])
+    with pytest.raises(TypeError):
+        chain.blocks([a, b, {"role": "user", "content": {1, 2}}], [1, 1, 1])  # not JSON
+    assert chain.blocks([a, b], [1, 1]) == blocks_of([a, b], [1, 1])
+
+
 def test_context_texts_of_a_replay_read_each_message_object_once(monkeypatch: pytest.MonkeyPatch) -> None:
     from ctxrules.eval import probes
 

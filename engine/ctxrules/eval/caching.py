@@ -144,7 +144,9 @@ class BlockChain:
         chain = (self._states[-1] if self._states else self._base).copy()
         kept, texts = self._texts, {}
         for msg in messages[:same]:
-            texts[id(msg)] = kept[id(msg)]
+            hit = kept.get(id(msg))  # None only after a call that failed part-way
+            if hit is not None:
+                texts[id(msg)] = hit
         for msg, count in zip(messages[same:], tokens[same:], strict=True):
             hit = kept.get(id(msg))
             if hit is not None and hit[0] is msg:
