@@ -157,3 +157,17 @@ def test_stable_copies_give_the_outputs_of_fresh_copies(tmp_path: Path) -> None:
         out = session.prepare(grown).messages
         ref = other.prepare(_fresh(grown)).messages
         assert _unsigned(out) == _unsigned(ref)
+
+
+def test_one_stage_made_object_at_two_places_is_two_copies_on_every_call() -> None:
+    from ctxrules.engine import _OwnCopies
+
+    own = _OwnCopies()
+    history = [{"role": "user", "content": "hi"}]
+    made = {"role": "user", "content": "a reminder"}
+    for _ in range(3):
+        out = own(history, [history[0], made, made])
+        assert out[0] is history[0] and out[1] == made == out[2]
+        assert out[1] is not out[2] and out[1] is not made and out[2] is not made
+    out[1]["content"] = "edited by the caller"
+    assert out[2]["content"] == "a reminder" and made["content"] == "a reminder"

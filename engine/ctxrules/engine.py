@@ -1120,12 +1120,17 @@ class _OwnCopies:
                 used.add(k)
                 origin[key] = k
                 continue
-            last = handed.get(key)
             # The copy of last call, unless the caller edited it since (a C compare, cheaper
-            # than a new copy); the message itself is the session's and never edited.
-            copy = last[1] if last is not None and last[0] is message and last[1] == message else clone_json(message)
-            out[i] = copy
-            copies[key] = (message, copy)
+            # than a new copy; the message itself is the session's and never edited) or this
+            # call handed it back already (one object at two places of the output: two copies,
+            # as on the first call, or an edit of one would show at the other).
+            last = handed.get(key) if key not in copies else None
+            if last is not None and last[0] is message and last[1] == message:
+                out[i] = last[1]
+            else:
+                out[i] = clone_json(message)
+            if key not in copies:
+                copies[key] = (message, out[i])
         return origin, copies
 
     def _foreign_of(self, history: list[Message], output: list[Message]) -> tuple[list[int], int]:
