@@ -61,3 +61,23 @@ def test_outputs_elsewhere_still_run(tmp_path: Path, cli: Any) -> None:
     assert json.loads(out.read_text())[1]["content"] == "List the files."
     assert json.loads(report.read_text())["after"]["messages"] == 3
     assert json.loads(src.read_text()) == HISTORY
+
+
+def test_an_output_naming_the_file_redirected_to_stdin_is_refused(tmp_path: Path) -> None:
+    """`ctxrules run --output h.json < h.json` wrote over the history it read from stdin."""
+    from cli_kit import cli as shell
+
+    src = tmp_path / "h.json"
+    src.write_text(json.dumps(HISTORY), encoding="utf-8")
+    before = src.read_bytes()
+    args = ("run", "--pack", "builtin:default", "--model", "gpt-4o", "--session", str(tmp_path / "s"))
+    with src.open("rb") as stdin:
+        proc = shell(*args, "--output", str(src), stdin=stdin)
+    assert proc.returncode == 2, proc.stderr
+    assert f"--output {src} is the input this run reads; give the output its own file" in proc.stderr
+    assert src.read_bytes() == before
+    # From a pipe (nothing to compare with), or into another file, it runs.
+    out = tmp_path / "out.json"
+    proc = shell(*args, "--output", str(out), "--quiet", input=before.decode("utf-8"))
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(out.read_text())[1]["content"] == "List the files."

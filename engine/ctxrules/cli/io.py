@@ -52,9 +52,15 @@ def outputs_apart_from(inputs: Iterable[str | Path], noun: str, **outputs: str |
     """Refuse (usage error) an output that names one of ``inputs`` (each ``noun``, "a
     transcript"), by its path, through a symbolic link or as a hard link to it: it would be
     written over a file the run has just read. ``outputs``: as for :func:`distinct_outputs`
-    (``-`` is never an input)."""
+    (``-`` is never an output here). An input ``-`` is standard input: when a file was
+    redirected to it (``< h.json``), that file is known by its identity."""
     read: set[object] = set()
     for item in inputs:
+        if item == "-":
+            ident = _stdin_identity()
+            if ident is not None:
+                read.add(ident)
+            continue
         read.add(os.path.realpath(item))
         ident = _identity(str(item))
         if ident is not None:
@@ -96,6 +102,15 @@ def writable_outputs(**outputs: str | None) -> None:
                 os.close(os.open(path, os.O_WRONLY | os.O_APPEND))
         except OSError as exc:
             raise UsageError(f"--{option} {path}: cannot write: {exc.strerror}") from None
+
+
+def _stdin_identity() -> tuple[int, int] | None:
+    """``(device, inode)`` of the regular file standard input reads, when it is one."""
+    try:
+        st = os.fstat(sys.stdin.fileno())
+    except (OSError, ValueError, AttributeError):  # closed, or replaced by an object without a file
+        return None
+    return (st.st_dev, st.st_ino) if stat.S_ISREG(st.st_mode) else None
 
 
 def _identity(path: str) -> tuple[int, int] | None:

@@ -71,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, _on_sigterm)
     distinct_outputs(output=args.output, report=args.report)
     # The caller's history is what every later call starts from: never written over.
-    outputs_apart_from([] if args.input == "-" else [args.input], "the input", output=args.output, report=args.report)
+    outputs_apart_from([args.input], "the input", output=args.output, report=args.report)
     store = named_store(args)  # a bad --store is a usage error before any input is read
     data = read_json(args.input)
     name = "<stdin>" if args.input == "-" else args.input
