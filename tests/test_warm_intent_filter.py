@@ -104,6 +104,10 @@ _EXIT_PATTERNS = (
     r"(?x) rc \s* = \s* (\d+)",
     r"(?i:done) with (\d+)",
     r"^(\d+)$|failed \((\d+)\)",  # no top-level literal: always runs
+    # What re's parser takes for literals and the regex engine that runs the patterns does
+    # not: fuzzy matching ("exot code 3" matches), a POSIX class.
+    r"(?:exit){e<=1} code (\d+)",
+    r"status[[:space:]]was (\d+)",
 )
 _EXIT_TEXTS = [
     "file_1.txt\n" * 20,
@@ -120,6 +124,8 @@ _EXIT_TEXTS = [
     "ex\u0130t code 5",  # non-ASCII: the folded literal is not tested, the pattern runs
     "\u212aEEP: exit code 6",
     "Exit code: ",
+    "exot code 3",
+    "status\twas 8",
 ]
 
 
@@ -152,7 +158,8 @@ def test_a_pattern_whose_literal_the_text_lacks_is_not_searched(monkeypatch: pyt
     monkeypatch.setattr(Pattern, "search", counting)
     roles = toolroles._compile((), _EXIT_PATTERNS)
     assert roles.exit_code("file_1.txt\n" * 20) is None
-    assert searched == [r"^(\d+)$|failed \((\d+)\)"]  # the one without a top-level literal
+    # The one without a top-level literal, and those whose literals re reads otherwise.
+    assert searched == [r"^(\d+)$|failed \((\d+)\)", r"(?:exit){e<=1} code (\d+)", r"status[[:space:]]was (\d+)"]
     searched.clear()
     assert roles.exit_code("all done: EXIT CODE 3") == 3
     assert searched == [r"(?i)exit code (-?\d+)"]

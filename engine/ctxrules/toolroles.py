@@ -113,9 +113,13 @@ def _literal_hint(pattern: Pattern) -> _Hint | None:
     alternatives and repeats, so every match holds it), by ``re``'s parse of it: the language
     of pack patterns, and the engines agree with it on literals. Under IGNORECASE the run is
     kept in lower case, only when it is ASCII, and only ASCII text is tested against it (no
-    other letter folds to an ASCII one then). None when there is no such run."""
+    other letter folds to an ASCII one then). None when there is no such run, and for a
+    pattern holding ``{`` or ``[:``: the ``regex`` engine that runs it reads ``x{e<=1}`` as
+    fuzzy matching and ``[[:digit:]]`` as a class, where ``re`` sees literal characters."""
     from re import _parser  # type: ignore[attr-defined]
 
+    if "{" in pattern.pattern or "[:" in pattern.pattern:
+        return None
     try:
         tree = _parser.parse(pattern.pattern, pattern.flags)
     except Exception:  # compiled already, so not expected: then the pattern just runs
