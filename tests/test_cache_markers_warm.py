@@ -23,6 +23,7 @@ from ctxrules.stages.cache_markers import (
     _layers_of,
     _message_digest,
     canonical_message,
+    count_markers,
     prefix_layers,
 )
 
@@ -125,20 +126,28 @@ def test_equal_tools_are_normalized_once(tmp_path: Path, monkeypatch: pytest.Mon
         lambda tools: tools.append(tool("Write", path="string")),
     ],
 )
-def test_tools_edited_in_place_give_what_a_fresh_stage_gives(tmp_path: Path, edit: Any, model: str) -> None:
+@pytest.mark.parametrize("options", [{}, {"normalize_tools": False}])
+def test_tools_edited_in_place_give_what_a_fresh_stage_gives(
+    tmp_path: Path, edit: Any, model: str, options: dict[str, Any]
+) -> None:
     """The caller's tool dicts may change in place between calls: the remembered
-    normalization must not hide it (the tools sent and the break reported are a cold run's)."""
+    normalization must not hide it (the tools sent and the break reported are a cold run's),
+    nor what is counted per tool object (with ``normalize_tools: false`` the stage sent the
+    caller's own dicts, and a marker added to one in place went uncounted: five breakpoints)."""
     tools = copy.deepcopy(TOOLS)
     tools[1]["function"]["parameters"]["minimum"] = 1
-    warm, warm_state = CacheMarkers({}), {}
+    warm, warm_state = CacheMarkers(options), {}
     history = conversation(2)
+    # The caller's own breakpoints on the system and first user messages.
+    history[0], history[1] = {**history[0], "cache_control": MARK}, {**history[1], "cache_control": MARK}
     warm(history, make_ctx(tmp_path, model, tools, warm_state))
     cold_state = copy.deepcopy(warm_state)
     edit(tools)
     extended = [*history, *conversation(3)[-2:]]
     got = warm(extended, make_ctx(tmp_path, model, tools, warm_state))
-    want = CacheMarkers({})(extended, make_ctx(tmp_path, model, copy.deepcopy(tools), cold_state))
+    want = CacheMarkers(options)(extended, make_ctx(tmp_path, model, copy.deepcopy(tools), cold_state))
     assert json.dumps(got.tools) == json.dumps(want.tools)
+    assert count_markers(got.messages, got.tools or tools) <= 4
     assert [(a.kind, a.detail) for a in got.actions] == [(a.kind, a.detail) for a in want.actions]
     assert got.messages == want.messages
     assert warm_state == cold_state

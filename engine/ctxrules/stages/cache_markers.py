@@ -49,7 +49,7 @@ from ctxrules import structure
 from ctxrules.carry import PerSession
 from ctxrules.hookspecs import hookimpl
 from ctxrules.json_stream import _make_text, json_text_canonical
-from ctxrules.messages import is_real_user
+from ctxrules.messages import clone_json, is_real_user
 from ctxrules.stages.base import Action, Message, StageOutcome, StageType, unchanged
 from ctxrules.stores.base import StoreUnavailable
 
@@ -501,7 +501,7 @@ class CacheMarkers:
         # canonical JSON text: the same tools come with every call, and normalizing walks every
         # schema in Python. The same normalized objects each time also let the tools layer's
         # digest be remembered (_layer).
-        self._normalized: dict[str, tuple[list[dict[str, Any]], bool]] = {}
+        self._normalized: dict[tuple[bool, str], tuple[list[dict[str, Any]], bool]] = {}
         # Per session, for _place: the last list's shape, the counter that counted it (another
         # tokenizer counts otherwise), the markers on each of its messages and their tokens.
         # Taken out while extended in place (PerSession.pop), like _last_history.
@@ -518,19 +518,21 @@ class CacheMarkers:
         self._memo[id(msg)] = (msg, digest)
         return digest
 
-    def _normalized_tools(self, given: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], bool]:
-        """:func:`normalize_tools` of ``given`` and whether it differs from ``given``,
-        remembered by the text of ``given`` (not by its objects: a caller may edit its tool
-        dicts in place; nor by ``==``, which holds between 1 and 1.0)."""
+    def _own_tools(self, given: list[dict[str, Any]], normalize: bool) -> tuple[list[dict[str, Any]], bool]:
+        """The tools to send, as objects of the stage's own: :func:`normalize_tools` of
+        ``given`` (or copies, with ``normalize_tools: false``) and whether normalizing changed
+        them, remembered by the text of ``given`` (not by its objects: a caller may edit its
+        tool dicts in place; nor by ``==``, which holds between 1 and 1.0). What is counted per
+        tool object (_layer) is then never counted on an object that changed since."""
         try:
-            key = _strict_canonical(given)
+            key = (normalize, _strict_canonical(given))
         except Exception:  # not JSON data (a stage called directly): nothing to remember it by
-            normalized = normalize_tools(given)
+            normalized = normalize_tools(given) if normalize else list(given)
             return normalized, normalized != given
         hit = self._normalized.get(key)
         if hit is None:
-            normalized = normalize_tools(given)
-            hit = (normalized, normalized != given)
+            normalized = normalize_tools(given) if normalize else [clone_json(t) for t in given]
+            hit = (normalized, normalize and normalized != given)
             if len(self._normalized) >= 8:
                 self._normalized.clear()
             self._normalized[key] = hit
@@ -730,7 +732,7 @@ class CacheMarkers:
         """The tool list to send and, when the caller narrowed it, the names it passed."""
         opts = self.options
         given = [t for t in ctx.tools if isinstance(t, dict)]
-        tools, normalized = self._normalized_tools(given) if opts.normalize_tools else (list(given), False)
+        tools, normalized = self._own_tools(given, opts.normalize_tools)
         if normalized:
             actions.append(Action("tools_normalized", f"{len(tools)} tool schemas sorted and normalized"))
         keep = opts.stable_tools == "always" or (opts.stable_tools == "auto" and self._allowed_tools_supported(ctx))
@@ -813,7 +815,7 @@ class CacheMarkers:
         messages and their running token totals (:meth:`_carried_counts`)."""
         opts = self.options
         on_messages, running = carried
-        # The tools are the same objects call after call (_normalized_tools): counted once.
+        # The tools are the same objects call after call (_own_tools): counted once.
         existing = on_messages + self._layer(tools, _tool_markers)
         budget = opts.max_breakpoints - existing
         if existing > ANTHROPIC_LIMIT:
