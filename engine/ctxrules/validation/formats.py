@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import unicodedata
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -45,6 +44,8 @@ def _columns(text: str) -> int:
     (a pack named in Chinese), none for a combining mark, one for the rest."""
     if text.isascii():
         return len(text)
+    import unicodedata  # here: most lines are ASCII, and validate's start-up counts
+
     return sum(0 if unicodedata.combining(c) else 2 if unicodedata.east_asian_width(c) in "WF" else 1 for c in text)
 
 
