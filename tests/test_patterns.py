@@ -37,8 +37,18 @@ _PIECES = [
     "{2}",
     "c{1,3}",
     "(?P<k>a+)",
+    # What the `regex` module reads otherwise than `re`: braces that are no counted repetition
+    # (fuzzy matching there), a `[` inside a set (a POSIX class there), comments.
+    "{",
+    "}",
+    "{e<=1}",
+    "[[:alpha:]]",
+    "[",
+    "]",
+    ":",
+    "(?#[)",
 ]
-_TEXT = st.text(alphabet="ab \nxé9_A-c", max_size=30)
+_TEXT = st.text(alphabet="ab \nxé9_A-c{}[]:e<=1", max_size=30)
 
 
 def _pattern(parts: list[str]) -> str | None:
@@ -50,6 +60,7 @@ def _pattern(parts: list[str]) -> str | None:
     return source
 
 
+@pytest.mark.filterwarnings("ignore::FutureWarning")  # `re` on `[[`: "Possible nested set"
 @settings(max_examples=400, deadline=None)
 @given(
     parts=st.lists(st.sampled_from(_PIECES), min_size=1, max_size=5),
@@ -100,6 +111,46 @@ def test_a_pattern_runs_on_re2_only_where_it_means_the_same(source: str, engine:
 
 def test_text_re2_cannot_take_goes_to_the_other_engine() -> None:
     assert patterns.compile("b").search("a\udc80b") is not None  # a lone surrogate
+
+
+@pytest.mark.parametrize(
+    ("source", "text"),
+    [
+        ("a{e<=1}b", "axb a{e<=1}b"),  # fuzzy matching to `regex`: `axb` would match
+        ("[[:alpha:]]+", "abc [:ah]"),  # a POSIX class to `regex`
+        ("x{1}{e}", "x{e}"),  # `regex` refuses it
+        ("(?x) a {e<=1} # [ comment {e}\n b", "a{e<=1}b"),
+        ("(?#[)a{e}", "a a{e}"),
+        ("a{ 1}|a{}|a{1,2", "a{ 1} a{} a{1,2"),
+        ("[]{]+|[^][]+", "]{ ab[]"),
+        (r"\N{EM DASH}+a{,2}", "\u2014\u2014aa"),
+    ],
+)
+@pytest.mark.filterwarnings("ignore::FutureWarning")
+def test_on_the_backtracking_engine_a_pattern_means_what_it_means_to_re(source: str, text: str) -> None:
+    ours, theirs = patterns.compile(source), re.compile(source)
+    for sample in (text, text + "\udc80"):  # a lone surrogate: RE2 cannot take the text
+        assert [m.span() for m in ours.finditer(sample)] == [m.span() for m in theirs.finditer(sample)], sample
+        assert ours.sub("<>", sample) == theirs.sub("<>", sample)
+    # The joined search over many lines (on `regex`: the text is not ASCII) finds every line
+    # `re` matches in (it gives up, None, when more than half of them are candidates).
+    lines = [*text.split("\n"), "é", "nothing here"] * patterns.CANDIDATES_MIN_LINES
+    expected = {i for i, line in enumerate(lines) if theirs.search(line)}
+    candidates = patterns.candidate_lines([ours], lines)
+    if candidates is None:
+        assert len(expected) > len(lines) // 2
+    else:
+        assert expected <= set(candidates)
+
+
+@pytest.mark.filterwarnings("ignore::FutureWarning")
+def test_a_rewrite_for_regex_that_re_would_read_otherwise_is_not_used() -> None:
+    # Under a scoped (?x) the `[` after `#` is a comment's: escaping the `[` that follows
+    # as if it stood in a set would change what `re` reads, so the pattern goes as it is.
+    source = "(?x:#[\n)x[ab]"
+    assert patterns.regex_source(source) == source
+    ours, theirs = patterns.compile(source), re.compile(source)
+    assert [m.span() for m in ours.finditer("x[ab] xa\udc80")] == [m.span() for m in theirs.finditer("x[ab] xa\udc80")]
 
 
 @pytest.mark.parametrize("source", ["x{4294967294}", "(?:a{1000}){1000}", "x{99999999999}"])

@@ -11,7 +11,9 @@ pattern runs on one of two engines:
   operations (``finditer``, ``sub``, ``split``, ``findall``) use RE2 only for patterns that
   cannot match the empty string (where empty-match rules are the same everywhere), and ``sub``
   only with a replacement that is a function or a plain string without backslashes.
-- otherwise the **regex** module, with a time limit on every call (:data:`MATCH_TIME_LIMIT_S`).
+- otherwise the **regex** module, with a time limit on every call (:data:`MATCH_TIME_LIMIT_S`),
+  given the pattern as :func:`regex_source` rewrites it: ``regex`` reads some text ``re`` takes
+  literally as its own syntax (``a{e<=1}`` as fuzzy matching, ``[[:alpha:]]`` as a POSIX class).
   Before compiling there, the pattern's unrolled size is estimated: ``regex`` expands counted
   repetitions when it compiles (``x{4294967294}`` would take hours), so a pattern beyond
   :data:`MAX_UNROLLED` is refused (CR070).
@@ -74,6 +76,7 @@ __all__ = [
     "nested_quantifier",
     "re2_module",
     "regex_module",
+    "regex_source",
     "remembering",
     "timed_out_before",
 ]
@@ -593,7 +596,7 @@ class Pattern:
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                return _regex.compile(self.pattern, flags | _regex.VERSION0)
+                return _regex.compile(regex_source(self.pattern, self.flags), flags | _regex.VERSION0)
         except _regex.error as exc:
             raise PatternError(f"pattern cannot be run safely: {exc}") from None
 
@@ -801,6 +804,92 @@ PAST_RE2 = "\x0b\x1c\x1d\x1e\x1f"
 is read alike by both wherever :attr:`_Shape.re2_ascii` holds."""
 
 
+# `re` reads a `{` that does not open a counted repetition (`{2}`, `{2,}`, `{,5}`, `{2,5}`) as
+# the character itself, and a `[` inside a set as one more character of the set. The `regex`
+# module reads some of those differently: `a{e<=1}` as fuzzy matching (one error allowed),
+# `[[:alpha:]]` as a POSIX class, and `x{1}{e}` not at all.
+_COUNTED = re.compile(r"\{(?:[0-9]+(?:,[0-9]*)?|,[0-9]*)\}")
+_COMMENT = re.compile(r"\(\?#(?:[^\\)]|\\.)*\)?|#[^\n]*", re.DOTALL)
+
+
+@lru_cache(maxsize=1024)
+def regex_source(pattern: str, flags: int = 0) -> str:
+    """``pattern`` as the ``regex`` module must be given it to read what ``re`` reads: each
+    ``{`` that ``re`` takes as the character, and each ``[`` inside a set, escaped. The
+    rewrite is kept only when ``re`` parses it to the very tree it parses ``pattern`` to (it
+    adds backslashes and nothing else); otherwise ``pattern`` is returned as it is."""
+    if "{" not in pattern and "[" not in pattern:
+        return pattern
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            tree = _parse(pattern, flags)
+    except (re.error, OverflowError, RecursionError):
+        return pattern
+    verbose = bool(tree.state.flags & _X)
+    out: list[str] = []
+    i, n, in_set = 0, len(pattern), False
+    while i < n:
+        ch = pattern[i]
+        comment = _COMMENT.match(pattern, i) if not in_set and (ch == "(" or (ch == "#" and verbose)) else None
+        if comment is not None:  # `(?#...)`, and `# ...` to the end of the line under (?x)
+            out.append(comment.group())
+            i = comment.end()
+            continue
+        if ch == "\\":
+            # `\N{EM DASH}` names a character: its braces are not a repetition's.
+            end = pattern.find("}", i + 3) + 1 if pattern.startswith("N{", i + 1) else 0
+            end = end or i + 2
+            out.append(pattern[i:end])
+            i = end
+            continue
+        if in_set:
+            if ch == "]":
+                in_set = False
+            out.append("\\[" if ch == "[" else ch)
+            i += 1
+            continue
+        if ch == "[":
+            # A `]` first in a set (after an optional `^`) is one of its characters.
+            j = i + 1 + pattern.startswith("^", i + 1)
+            j += pattern.startswith("]", j)
+            out.append(pattern[i:j])
+            i, in_set = j, True
+            continue
+        if ch == "{":
+            counted = _COUNTED.match(pattern, i)
+            out.append(counted.group() if counted else "\\{")
+            i = counted.end() if counted else i + 1
+            continue
+        out.append(ch)
+        i += 1
+    rewritten = "".join(out)
+    if rewritten == pattern:
+        return pattern
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            same = _tree_of(tree) == _tree_of(_parse(rewritten, flags))
+    except (re.error, OverflowError, RecursionError):
+        same = False
+    return rewritten if same else pattern
+
+
+def _tree_of(parsed: Any) -> Any:
+    """``re``'s parse tree as nested tuples (parse trees do not compare by value), with the
+    flags and group names the parse found."""
+    from re import _parser  # type: ignore[attr-defined]
+
+    def frozen(node: Any) -> Any:
+        if isinstance(node, _parser.SubPattern):
+            return ("sub", *map(frozen, node.data))
+        if isinstance(node, list | tuple):
+            return tuple(map(frozen, node))
+        return node
+
+    return frozen(parsed), int(parsed.state.flags), tuple(sorted(parsed.state.groupdict.items()))
+
+
 @lru_cache(maxsize=256)
 def _multiline_re2(pattern: str, flags: int) -> Any:
     """``pattern`` on RE2 with ``^`` and ``$`` at every newline; None when RE2 cannot take it."""
@@ -826,7 +915,7 @@ def _multiline(pattern: str, flags: int) -> Any:
             converted |= getattr(_regex, name)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return _regex.compile(pattern, converted)
+        return _regex.compile(regex_source(pattern, flags), converted)
 
 
 def compile(pattern: str, flags: int = 0) -> Pattern:
