@@ -214,6 +214,22 @@ def test_a_third_party_action_is_a_peer_of_the_builtins() -> None:
     assert len(parse_markers(result.text)) == 2
 
 
+def test_rules_built_with_one_registry_are_not_used_for_another_at_its_address(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Compiled rules were cached by the registry's id without keeping the registry alive: a
+    # registry built later at the same address ran the first one's actions. Every object
+    # here gets the same id, as a registry built where a collected one was would.
+    import ctxrules.compressors.rules as rules_module
+
+    monkeypatch.setattr(rules_module, "id", lambda obj: 1, raising=False)
+    p = pack(rule([{"use": "acme.odd"}]))
+    first = _plugin_registry(lambda lines: [ln for ln in lines if int(ln.split()[1]) % 2])
+    assert compress_text(p, "tool", numbered(40), 0, registry=first) is not None
+    second = _plugin_registry(lambda lines: [ln for ln in lines if not int(ln.split()[1]) % 2])
+    for compressors in (p, pack(rule([{"use": "acme.odd"}]))):  # the same rules list, an equal one
+        result = compress_text(compressors, "tool", numbered(40), 0, registry=second)
+        assert result is not None and "line 4 " in result.text and "line 3 " not in result.text
+
+
 @pytest.mark.parametrize(
     ("fn", "message"),
     [

@@ -68,6 +68,40 @@ def test_a_plugin_template_filter_validates_and_renders(tmp_path: Path) -> None:
     assert Shout.calls == before + 1
 
 
+class Whisper:
+    """Another plugin with a filter of the same name that renders otherwise."""
+
+    @hookimpl
+    def ctxrules_register_template_filters(self, register: Callable[[str, Callable[..., object]], None]) -> None:
+        register(TemplateFilter("shout", lambda value: f"{value}".lower() + "..."))
+
+
+def test_prompts_built_with_one_registry_are_not_used_for_another_at_its_address(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The prompt set of a pack was cached by the registry's id without keeping the registry
+    # alive. Every object here gets the same id, as a registry built where a collected one
+    # was would.
+    import ctxrules.prompts.assemble as assemble_module
+    from ctxrules.plugins import build_plugin_manager, collect
+
+    monkeypatch.setattr(assemble_module, "id", lambda obj: 1, raising=False)
+    pack = _pack(
+        tmp_path,
+        """
+        prompts:
+          sections:
+            hello: {template: "Hello {{ 'Ada' | shout }}"}
+          modes:
+            main: [hello]
+        """,
+    )
+    engine = Engine.load(pack, plugins=[("acme", Shout())])
+    assert "Hello ADA!" in assemble_module.assemble(engine.pack, mode="main", registry=engine.registry).text
+    other = collect(*build_plugin_manager([("hush", Whisper())], entry_points=False))
+    assert "Hello ada..." in assemble_module.assemble(engine.pack, mode="main", registry=other).text
+
+
 class FirstLines:
     """A compressor-action plugin: keep the first ``keep`` lines (its schema gives the default)."""
 

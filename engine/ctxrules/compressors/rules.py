@@ -194,11 +194,13 @@ def _compile(compressors: list[Any], registry: Registry) -> tuple[CompiledRule, 
     return tuple(rules)
 
 
-_CACHE: dict[tuple[int, str], tuple[CompiledRule, ...]] = {}
+_CACHE: dict[tuple[int, str], tuple[Registry, tuple[CompiledRule, ...]]] = {}
 # The last lists seen, by identity: a resolved pack's data is read-only by convention, so the
 # same list object means the same rules and serializing it again can be skipped. The lists
-# are kept alive here, so an id is never reused while it is cached.
-_BY_IDENTITY: dict[tuple[int, int], tuple[list[Any], tuple[CompiledRule, ...]]] = {}
+# and registries are kept alive here, so an id is never reused while it is cached (a registry
+# gone and another built at its address would otherwise get rules built with the first one's
+# actions).
+_BY_IDENTITY: dict[tuple[int, int], tuple[list[Any], Registry, tuple[CompiledRule, ...]]] = {}
 
 
 def compile_rules(pack: Mapping[str, Any], registry: Registry) -> tuple[CompiledRule, ...]:
@@ -207,12 +209,12 @@ def compile_rules(pack: Mapping[str, Any], registry: Registry) -> tuple[Compiled
     if not isinstance(compressors, list) or not compressors:
         return ()
     hit = _BY_IDENTITY.get((id(registry), id(compressors)))
-    if hit is not None and hit[0] is compressors:
-        return hit[1]
+    if hit is not None and hit[0] is compressors and hit[1] is registry:
+        return hit[2]
     rules = _compile_cached(compressors, registry)
     if len(_BY_IDENTITY) > 16:
         _BY_IDENTITY.clear()
-    _BY_IDENTITY[(id(registry), id(compressors))] = (compressors, rules)
+    _BY_IDENTITY[(id(registry), id(compressors))] = (compressors, registry, rules)
     return rules
 
 
@@ -223,11 +225,11 @@ def _compile_cached(compressors: list[Any], registry: Registry) -> tuple[Compile
     ]
     key = (id(registry), json.dumps(stripped, sort_keys=True, default=str))
     found = _CACHE.get(key)
-    if found is None:
+    if found is None or found[0] is not registry:
         if len(_CACHE) > 64:
             _CACHE.clear()
-        found = _CACHE[key] = _compile(compressors, registry)
-    return found
+        found = _CACHE[key] = (registry, _compile(compressors, registry))
+    return found[1]
 
 
 def select_rule(

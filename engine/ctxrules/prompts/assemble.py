@@ -574,7 +574,7 @@ class _LRU:
 
 
 _CACHE = _LRU(_CACHE_SIZE)
-_SETS: OrderedDict[tuple[int, int], tuple[ResolvedPack, PromptSet]] = OrderedDict()
+_SETS: OrderedDict[tuple[int, int], tuple[ResolvedPack, Registry, PromptSet]] = OrderedDict()
 _SETS_LOCK = threading.Lock()
 
 
@@ -584,11 +584,11 @@ def prompt_set(pack: ResolvedPack, registry: Registry) -> PromptSet:
     key = (id(pack), id(registry))
     with _SETS_LOCK:
         hit = _SETS.get(key)
-        if hit is not None and hit[0] is pack:
-            return hit[1]
+        if hit is not None and hit[0] is pack and hit[1] is registry:
+            return hit[2]
     built = PromptSet(pack, registry)
     with _SETS_LOCK:
-        _SETS[key] = (pack, built)  # the pack is held, so its id cannot be reused meanwhile
+        _SETS[key] = (pack, registry, built)  # both held: their ids cannot be reused meanwhile
         while len(_SETS) > 64:
             _SETS.popitem(last=False)
     return built
