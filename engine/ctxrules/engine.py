@@ -672,7 +672,11 @@ class Session:
                     "were not changed, and the next run starts from them"
                 ) from exc
             except BaseException:
-                self.store.forget(self.key)  # a run that did not finish may have changed the state in memory
+                # A run that did not finish may have changed the state in memory, and the
+                # prefix cache's counts (a match that adopted the last output sets them): the
+                # next call reads both back from the store.
+                self.store.forget(self.key)
+                self._prefix.clear()
                 raise
 
     def _checked_tools(self, tools: Any, notes: list[str]) -> list[dict[str, Any]]:

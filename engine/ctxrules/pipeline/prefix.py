@@ -126,6 +126,9 @@ class PrefixCache:
         self.given: list[Message] = []
         self.output_copies: list[Message] | None = None
         self.borrowed = False
+        # Whether the last match found the history extending the last *output* (a caller that
+        # keeps what prepare returned as its history) rather than the last history.
+        self.adopted = False
 
     def clear(self) -> None:
         """Forget the last history and output (a model switch, a pack reload, a failed write)."""
@@ -161,6 +164,7 @@ class PrefixCache:
         history stores the originals it still has (same ids)."""
         last = self.history
         record = state.get("last") or {}
+        self.adopted = False
         if last is not None and self.output is not None and record.get("chain") == self.chain.value:
             # Our copies share leaf strings with what the caller passed, so `==` mostly meets
             # identical objects and stays cheap; a message edited in place compares unequal.
@@ -169,7 +173,7 @@ class PrefixCache:
                 if not self._output_intact(history, n):
                     return 0, [], EMPTY_CHAIN
                 return n, self.output, self.chain
-            return 0, [], EMPTY_CHAIN
+            return self._adopting(history, counter, vault)
         count, value, output_count = record.get("count"), record.get("chain"), record.get("output_count")
         if not isinstance(count, int) or not isinstance(value, str) or not 0 < count <= len(history):
             return 0, [], EMPTY_CHAIN
@@ -201,6 +205,39 @@ class PrefixCache:
         self.has_system = any(m.get("role") == "system" for m in history[:count])
         self.out_tokens = None
         return count, output, chain
+
+    def _adopting(
+        self, history: list[Message], counter: TokenCounter, vault: Vault
+    ) -> tuple[int, list[Message], HistoryChain]:
+        """The match of a history that extends the last *output* as it was returned (a caller
+        that sends back what prepare gave it, plus new messages): the pipeline then runs on the
+        last output and the new messages, which is what a run over this whole history starts
+        from anyway. Cache breakpoints that move on every call make such a history differ from
+        the last one at every turn, so without this every turn ran cold. The output is reused
+        only when it and the history both still equal the copies made when it was returned."""
+        output, copies = self.output, self.output_copies
+        m = len(output) if output is not None else 0
+        if (
+            output is None
+            or copies is None
+            or len(copies) != m
+            or not 0 < m <= len(history)
+            or missing(vault, self.output_ids)
+        ):
+            return 0, [], EMPTY_CHAIN
+        try:
+            same = copies == history[:m] and output == copies
+        except Exception:  # a value whose comparison fails (not JSON): not the output
+            same = False
+        if not same:
+            return 0, [], EMPTY_CHAIN
+        counts = self.output_counts
+        self.msgs_sum = sum(counts) if counts is not None and len(counts) == m else sum(counter.count_each(output))
+        self.has_system = any(msg.get("role") == "system" for msg in output)
+        # The output may hold objects of an earlier history that the caller keeps: later turns
+        # compare it with its copies too (_output_intact).
+        self.adopted = self.borrowed = True
+        return m, output, EMPTY_CHAIN.extended(history[:m])
 
     def _output_intact(self, history: list[Message], n: int) -> bool:
         """Whether the output to reuse still holds what it held when it was returned. With the
@@ -276,7 +313,10 @@ class PrefixCache:
         and stages added to the output; ``lost``: ids marked as lost this turn."""
         self.msgs_sum, self.out_tokens, self.tools = msgs_sum, out_tokens, tools
         self.output_counts, self.output_counts_text = output_counts
-        kept = self.history[:reused] if reused and self.history else []
+        # The copy of the reused messages: of the last history, or of the last output when the
+        # history extended that (both equal those messages of ``history``).
+        source = self.output_copies if self.adopted else self.history
+        kept = source[:reused] if reused and source else []
         self.history = [*kept, *(clone_json(m) for m in history[reused:])]
         self.output_copies = self._copies_of(history, output, reused)
         if not reused:
