@@ -769,3 +769,96 @@ def test_a_list_derived_from_a_valid_one_is_checked_again_where_it_could_break(t
     assert stage(orphan, ctx).messages != orphan  # c1 unanswered, c9 an orphan: repaired
     other_calls = [valid[0], {**valid[1], "tool_calls": [{**call, "id": "c2"}]}, *valid[2:]]
     assert stage(valid, ctx).actions == [] and stage(other_calls, ctx).messages != other_calls
+
+
+_REMOVE_PACK = """\
+apiVersion: ctxrules/v1
+kind: RulePack
+metadata: {name: remove-unanswered, version: 1.0.0}
+extends: builtin:default
+pipeline:
+  - id: pairs
+    use: normalize.tool_pairs
+    with: {unanswered: remove}
+"""
+
+
+def _remove_engine(tmp_path: Path) -> Engine:
+    pack = tmp_path / "pack.yaml"
+    pack.write_text(_REMOVE_PACK, encoding="utf-8")
+    return Engine.load(pack)
+
+
+def _calls_and_results(messages: Sequence[Msg]) -> list[tuple[str, list[str], str | None]]:
+    return [(m["role"], [c["id"] for c in m.get("tool_calls") or []], m.get("tool_call_id")) for m in messages]
+
+
+def test_remove_policy_puts_a_call_back_when_its_result_comes_on_a_later_turn(tmp_path: Path) -> None:
+    # The session's next turn runs on its last output, where the unanswered call is gone: the
+    # result that arrives after all used to be dropped as an orphan, where a run over the whole
+    # history pairs it with its call.
+    engine = _remove_engine(tmp_path)
+    history = [user(), asst("A", "B", "D"), tool("B"), user("continue"), asst("C"), tool("C")]
+    session = engine.session(tmp_path / "warm", model="gpt-4o", window=100_000)
+    first = session.prepare(history)
+    assert _calls_and_results(first.messages)[1] == ("assistant", ["B"], None)
+    grown = [*history, tool("A", "the late result")]
+    warm = session.prepare(grown)
+    assert warm.report["reused_messages"] == len(history)
+    cold = engine.session(tmp_path / "cold", model="gpt-4o", window=100_000).prepare(copy.deepcopy(grown))
+    assert warm.messages == cold.messages
+    assert _calls_and_results(warm.messages)[1:4] == [
+        ("assistant", ["A", "B"], None),
+        ("tool", [], "A"),
+        ("tool", [], "B"),
+    ]
+    kinds = [a["kind"] for stage in warm.report["stages"] for a in stage["actions"]]
+    assert "call_restored" in kinds and "orphan_dropped" not in kinds
+
+
+def test_remove_policy_warm_turns_equal_runs_over_the_whole_history(tmp_path: Path) -> None:
+    import random
+
+    engine = _remove_engine(tmp_path)
+    rng = random.Random(11)
+    for case in range(12):
+        session = engine.session(tmp_path / f"warm{case}", model="gpt-4o", window=100_000)
+        history: list[Msg] = [user()]
+        pending: list[str] = []
+        for turn in range(6):
+            ids = [f"c{case}_{turn}_{k}" for k in range(rng.randint(1, 3))]
+            history.append(asst(*ids, content=f"step {turn}"))
+            answered = rng.sample(ids, rng.randint(1, len(ids)))
+            history.extend(tool(i) for i in answered)
+            pending.extend(i for i in ids if i not in answered)
+            if pending and rng.random() < 0.5:  # a result that comes late, after other steps
+                history.append(tool(pending.pop(rng.randrange(len(pending))), "late"))
+            # A reply without calls: the step with unanswered calls is not the newest one, which
+            # is pinned and gets a stand-in instead (that a warm turn keeps, by design).
+            history.extend([asst(content=f"done {turn}"), user(f"go on {turn}")])
+            warm = session.prepare(history)
+            cold = engine.session(tmp_path / f"cold{case}_{turn}", model="gpt-4o", window=100_000)
+            assert warm.messages == cold.prepare(copy.deepcopy(history)).messages, (case, turn)
+            assert_valid_pairs(warm.messages)
+
+
+def test_remove_policy_ignores_damaged_records_of_removed_calls(tmp_path: Path) -> None:
+    engine = _remove_engine(tmp_path)
+    history = [user(), asst("A", "B"), tool("B"), asst(content="done"), user("continue")]
+    session = engine.session(tmp_path / "s", model="gpt-4o", window=100_000)
+    session.prepare(history)
+    state_file = tmp_path / "s" / "state.json"
+    state = json.loads(state_file.read_text(encoding="utf-8"))
+    records = state["stages"]["pairs"]["removed_calls"]
+    assert set(records) == {"A"}
+    # A record whose call is not a call, one that names no message, and junk.
+    state["stages"]["pairs"]["removed_calls"] = {
+        "A": {**records["A"], "call": {"id": "A", "function": "not a function"}},
+        "X": {"kept": [], "order": ["X"], "call": call("X")},
+        "Y": "junk",
+    }
+    state_file.write_text(json.dumps(state), encoding="utf-8")
+    fresh = engine.session(tmp_path / "s", model="gpt-4o", window=100_000)
+    out = fresh.prepare([*history, tool("A", "late"), tool("X", "late")])
+    assert_valid_pairs(out.messages)
+    assert _calls_and_results(out.messages)[1] == ("assistant", ["B"], None)

@@ -12,7 +12,9 @@ How it repairs (pairing rule: :mod:`ctxrules.messages`, "Pairing"):
 - a duplicate result (its call is already answered) and an orphan (no call) are dropped;
 - an unanswered call gets a synthesized, marked result (``synthesize``), or is removed from
   its assistant message (``remove``); an assistant message left with neither content nor
-  calls is dropped;
+  calls is dropped. A removed call whose result arrives on a later turn (which runs on the
+  last output, where the call is gone) is put back at its place in the message that kept its
+  other calls, so that the result is paired as in a run over the whole history;
 - a real result that arrives after the call got that synthesized stand-in (later in the list,
   or on a later turn: a session's next turn runs on the last output) answers the call, and
   the stand-in is dropped: the model sees what the tool returned. Only a stand-in signed
@@ -87,6 +89,7 @@ DUPLICATE_DROPPED = "duplicate_dropped"
 STAND_IN_REPLACED = "stand_in_replaced"
 RESULT_SYNTHESIZED = "result_synthesized"
 CALL_REMOVED = "call_removed"
+CALL_RESTORED = "call_restored"
 MESSAGE_DROPPED = "message_dropped"
 EMPTY_CALLS_DROPPED = "empty_tool_calls_dropped"
 ID_RENAMED = "call_id_renamed"
@@ -143,6 +146,8 @@ class _Repair:
         self.events: list[_Event] = []
         self.used: set[str] = set()
         """Call ids emitted so far: a later call with one of them is renamed."""
+        self.removed: dict[str, dict[str, Any]] = {}
+        """Calls removed from a message that kept other calls, by id (see :func:`_restored`)."""
 
     def run(self) -> tuple[list[Message], list[_Event]]:
         out: list[Message] = []
@@ -346,6 +351,10 @@ class _Repair:
         answered = [(pos, r) for pos, r in enumerate(results) if r is not None]
         if answered:
             kept: Message = {**assistant, "tool_calls": [calls[pos] for pos, _ in answered]}
+            record = {"kept": [call_ids[pos] for pos, _ in answered], "order": list(call_ids)}
+            for pos, result in enumerate(results):
+                if result is None:
+                    self.removed[call_ids[pos]] = {**record, "call": calls[pos]}
             return [kept, *(self._placed(r, index, call_ids[pos], block) for pos, r in answered)]
         bare = {k: v for k, v in assistant.items() if k != "tool_calls"}
         if not _is_empty_assistant(bare):
@@ -661,11 +670,106 @@ class ToolPairRepair:
             # The common case on every call: nothing to repair. A single cheap scan keeps the
             # warm path of `prepare` fast; the full pairing only runs when something is off.
             return StageOutcome(messages=unchanged(messages))
-        out, events = _Repair(messages, self.unanswered).run()
+        records = _records(ctx.state.get(_REMOVED_KEY)) if self.unanswered == "remove" else {}
+        given, restored = _restored(messages, records) if records else (messages, [])
+        repair = _Repair(given, self.unanswered)
+        out, events = repair.run()
         actions = [
-            event.action(ctx.vault.put_text(event.payload) if event.payload is not None else None) for event in events
+            Action(
+                CALL_RESTORED, f"message {index}: put back call {cid!r}: its result came after it was removed", index
+            )
+            for index, cid in restored
         ]
+        actions.extend(
+            event.action(ctx.vault.put_text(event.payload) if event.payload is not None else None) for event in events
+        )
+        if self.unanswered == "remove" and (restored or repair.removed):
+            for _, cid in restored:
+                records.pop(cid, None)
+            records.update(repair.removed)
+            ctx.state[_REMOVED_KEY] = dict(list(records.items())[-_REMOVED_KEPT:])
         return StageOutcome(messages=out, actions=actions)
+
+
+# Under ``unanswered: remove``, what a later turn needs to put a removed call back when its
+# result arrives after all (a session's next turn runs on the last output, where the call is
+# gone): per removed call id, the ids of the calls its message kept (which find the message),
+# the ids of all its calls in order, and the call itself. Only calls whose message kept other
+# calls are recorded; the newest _REMOVED_KEPT stay.
+_REMOVED_KEY = "removed_calls"
+_REMOVED_KEPT = 256
+
+
+def _records(value: object) -> dict[str, dict[str, Any]]:
+    """The usable records of the stage's state (a damaged or edited state.json: fewer)."""
+    if not isinstance(value, dict):
+        return {}
+    out: dict[str, dict[str, Any]] = {}
+    for cid, record in value.items():
+        if not isinstance(record, dict):
+            continue
+        kept, order, call = record.get("kept"), record.get("order"), record.get("call")
+        if not (
+            isinstance(kept, list)
+            and kept
+            and isinstance(order, list)
+            and all(isinstance(i, str) for i in (*kept, *order))
+            and cid in order
+            and set(kept) <= set(order)
+            and isinstance(call, dict)
+            and tool_call_id(call) == cid
+            and isinstance(call.get("function"), dict)
+            and isinstance(call["function"].get("name"), str)
+            and isinstance(call["function"].get("arguments"), str)
+        ):
+            continue
+        out[cid] = record
+    return out
+
+
+def _restored(
+    messages: Sequence[Message], records: Mapping[str, Mapping[str, Any]]
+) -> tuple[list[Message], list[tuple[int, str]]]:
+    """``messages`` with each removed call put back whose result is there while the call is
+    not (a result that came after the call was removed), into the message that kept the other
+    calls, at its place among them: what a run over the whole history keeps, since there the
+    call has its result. Returns the list and ``(message index, call id)`` of each call put back."""
+    present: set[str] = set()
+    answers: set[str] = set()
+    for msg in messages:
+        if msg.get("role") == "assistant":
+            present.update(i for c in msg.get("tool_calls") or () if (i := tool_call_id(c)) is not None)
+        elif msg.get("role") == "tool" and isinstance(msg.get("tool_call_id"), str):
+            answers.add(msg["tool_call_id"])
+    late = (answers & records.keys()) - present
+    if not late:
+        return list(messages), []
+    # A removal's records name the calls its message kept; any of them finds the message (ids
+    # are unique in a repaired list), also once another of its removed calls was put back.
+    by_anchor: dict[str, list[str]] = {}
+    for cid in sorted(late):
+        by_anchor.setdefault(records[cid]["kept"][0], []).append(cid)
+    out = list(messages)
+    restored: list[tuple[int, str]] = []
+    for index, msg in enumerate(messages):
+        calls = msg.get("tool_calls")
+        if msg.get("role") != "assistant" or not isinstance(calls, list) or not calls:
+            continue
+        current = {tool_call_id(c): c for c in calls}
+        back = next((by_anchor.pop(i) for i in current if i in by_anchor), None)
+        if back is None:
+            continue
+        order = records[back[0]]["order"]
+        back = [cid for cid in back if records[cid]["order"] == order]  # one removal's records
+        if not set(current) <= set(order):
+            continue  # not the message the calls were removed from
+        wanted = {*current, *back}
+        out[index] = {
+            **msg,
+            "tool_calls": [current[i] if i in current else records[i]["call"] for i in order if i in wanted],
+        }
+        restored.extend((index, cid) for cid in back)
+    return out, restored
 
 
 STAGE_TYPE = StageType(
