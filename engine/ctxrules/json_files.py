@@ -13,7 +13,19 @@ from typing import Any
 from ctxrules.errors import UsageError
 from ctxrules.printable import printable
 
-__all__ = ["parse_json", "read_json"]
+__all__ = ["STDIN_CLOSED", "parse_json", "read_json", "stdin_binary"]
+
+STDIN_CLOSED = "standard input is closed: there is nothing to read for `-`"
+
+
+def stdin_binary() -> Any:
+    """Standard input's bytes, for a file argument ``-``: a usage error when the process
+    started with it closed (``<&-``: Python's ``sys.stdin`` is None, and reading it was an
+    internal error). A descriptor open only for writing fails at the read (``EBADF``): the
+    caller's ``OSError`` handling says so."""
+    if sys.stdin is None:
+        raise UsageError(STDIN_CLOSED)
+    return sys.stdin.buffer
 
 
 def read_json(path: str) -> Any:
@@ -35,7 +47,7 @@ def read_json(path: str) -> Any:
     limit = MAX_INPUT_BYTES
     try:
         if path == "-":
-            raw = sys.stdin.buffer.read(limit + 1)
+            raw = stdin_binary().read(limit + 1)
         else:
             with open(path, "rb") as fh:
                 st = os.fstat(fh.fileno())

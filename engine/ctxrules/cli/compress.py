@@ -31,12 +31,13 @@ import hashlib
 import os
 import shlex
 import shutil
+import stat
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
-from ctxrules.cli.io import add_search_path
+from ctxrules.cli.io import add_search_path, stdin_binary
 from ctxrules.cli.output import STDOUT_CLOSED
 from ctxrules.cli.stores import add_store_options, session_key, store_of
 from ctxrules.compressors.api import CompressorSkipped, compress_large, compress_text, early_scan
@@ -436,26 +437,42 @@ def _filter(args: argparse.Namespace) -> int:
     if not args.input:
         raise UsageError("--command needs --input FILE (or - for standard input)")
     pack, counter = _load(args)
+    stdin = stdin_binary() if args.input == "-" else None  # closed (`<&-`): refused here
+    name = "<stdin>" if stdin is not None else args.input
     capture = _capture(args, pack, args.command_line, args.exit_code)
-    if args.input == "-":
-        _read_into(sys.stdin.buffer, capture)
-    else:
-        try:
+    try:
+        if stdin is not None:
+            _read_into(stdin, capture)
+        else:
             with open(args.input, "rb") as handle:
+                _readable(handle, name)
                 _read_into(handle, capture)
-        except FileNotFoundError:
-            raise UsageError(f"{args.input}: no such file") from None
-        except IsADirectoryError:
-            raise UsageError(f"{args.input}: is a directory") from None
-        except OSError as exc:
-            capture.discard()
-            raise UsageError(f"{args.input}: cannot read: {exc.strerror}") from None
+    except BaseException as exc:
+        # Nothing was printed: what a large input had spilled to the vault goes (a read that
+        # failed, a Ctrl-C), or it would stay there as a temporary file of any size.
+        capture.discard()
+        if isinstance(exc, FileNotFoundError):
+            raise UsageError(f"{name}: no such file") from None
+        if isinstance(exc, IsADirectoryError):
+            raise UsageError(f"{name}: is a directory") from None
+        if isinstance(exc, OSError):
+            raise UsageError(f"{name}: cannot read: {exc.strerror or exc}") from None
+        raise
     captured = capture.finish()
     if isinstance(captured, Large):
         _emit_large(args, pack, counter, args.command_line, captured, args.exit_code)
     else:
         _write(_compress(args, pack, counter, args.command_line, captured, args.exit_code))
     return 0
+
+
+def _readable(handle: IO[bytes], name: str) -> None:
+    """Refuse (usage error) an input that is neither a regular file nor a pipe: a device such
+    as /dev/zero or /dev/urandom never ends, and its bytes went to the vault until the disk was
+    full (``ctxrules run`` refuses it alike)."""
+    mode = os.fstat(handle.fileno()).st_mode
+    if not (stat.S_ISREG(mode) or stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)):
+        raise UsageError(f"{name}: not a regular file")
 
 
 def _read_into(handle: IO[bytes], capture: Capture) -> None:

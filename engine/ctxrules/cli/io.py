@@ -13,6 +13,7 @@ from typing import Any
 from ctxrules.cli.output import flush_stdout, write_stdout
 from ctxrules.errors import UsageError
 from ctxrules.json_files import read_json as read_json  # the verbs read their inputs through it
+from ctxrules.json_files import stdin_binary as stdin_binary  # and `-` that is not JSON
 
 
 def write_text(path: str, text: str) -> None:

@@ -6,12 +6,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import stat
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
-from ctxrules.cli.io import write_text
+from ctxrules.cli.io import stdin_binary, write_text
 from ctxrules.cli.output import require_stdout, stdout_writer, write_stdout
 from ctxrules.cli.stores import add_store_options, describe_store, is_filesystem, session_key, store_of
 from ctxrules.errors import UsageError
@@ -125,13 +126,7 @@ def run_export(args: argparse.Namespace) -> int:
 def run_import(args: argparse.Namespace) -> int:
     require_stdout()  # before the import: a retry after exit 2 would find the session there
     store = store_of(args)
-    if args.archive == "-":
-        raw, where = sys.stdin.buffer.read(), "<stdin>"
-    else:
-        try:
-            raw, where = Path(args.archive).read_bytes(), args.archive
-        except OSError as exc:
-            raise UsageError(f"{args.archive}: cannot read: {exc.strerror or exc}") from None
+    raw, where = _archive_bytes(args.archive)
     lines = raw.split(b"\n")
     name = args.session
     if name is None:
@@ -147,3 +142,20 @@ def run_import(args: argparse.Namespace) -> int:
         f"{counts['ledger']} ledger record(s)\n"
     )
     return 0
+
+
+def _archive_bytes(path: str) -> tuple[bytes, str]:
+    """The archive ``path`` names (``-``: standard input) and how messages name it. A usage
+    error for standard input closed, a read that fails, and a file that is neither a regular
+    file nor a pipe: a device such as /dev/zero never ends, and was read until memory ran out."""
+    where = "<stdin>" if path == "-" else path
+    try:
+        if path == "-":
+            return stdin_binary().read(), where
+        with open(path, "rb") as handle:
+            mode = os.fstat(handle.fileno()).st_mode
+            if not (stat.S_ISREG(mode) or stat.S_ISFIFO(mode)):
+                raise UsageError(f"{where}: not a regular file")
+            return handle.read(), where
+    except OSError as exc:
+        raise UsageError(f"{where}: cannot read: {exc.strerror or exc}") from None
