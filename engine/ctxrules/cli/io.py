@@ -74,6 +74,27 @@ def outputs_apart_from(inputs: Iterable[str | Path], noun: str, **outputs: str |
             raise UsageError(f"--{option} {path} is {noun} this run reads; give the output its own file")
 
 
+def outputs_outside(places: Iterable[str | Path], **outputs: str | None) -> None:
+    """Refuse (usage error) an output file in one of ``places`` (a session directory, a state
+    root's signing key or ledgers: :func:`ctxrules.cli.stores.kept_places`), by its path or
+    through a symbolic link: `--report SESSION/injection.key` wrote the report over the key that
+    signs the session's injected messages, `--to SESSION/state.json` an archive over the state.
+    ``outputs``: as for :func:`distinct_outputs` (``-`` is never an output here)."""
+    kept = [(str(place), os.path.realpath(place)) for place in places]
+    for option, path in outputs.items():
+        if path is None or path == "-":
+            continue
+        where = os.path.realpath(path)
+        for shown, real in kept:
+            if where == real:
+                said = f"is {shown}, which ctxrules keeps (it would be written over)"
+            elif where.startswith(real.rstrip(os.sep) + os.sep):
+                said = f"is in {shown}, which holds files ctxrules keeps (they would be written over)"
+            else:
+                continue
+            raise UsageError(f"--{option} {path} {said}; give the output a file elsewhere")
+
+
 def writable_outputs(**outputs: str | None) -> None:
     """Refuse (usage error) an output file that cannot be written, before a long run rather
     than after it: a folder that does not exist, a read-only file or folder, a folder given as

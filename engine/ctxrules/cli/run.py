@@ -6,10 +6,18 @@ import argparse
 import sys
 from typing import Any
 
-from ctxrules.cli.io import add_search_path, distinct_outputs, dump, outputs_apart_from, read_json, write_text
+from ctxrules.cli.io import (
+    add_search_path,
+    distinct_outputs,
+    dump,
+    outputs_apart_from,
+    outputs_outside,
+    read_json,
+    write_text,
+)
 from ctxrules.cli.output import stdout_writer
 from ctxrules.cli.progress import TerminalProgress, wanted
-from ctxrules.cli.stores import add_store_options, named_store
+from ctxrules.cli.stores import add_store_options, kept_places, named_store
 from ctxrules.cli.tables import report_table
 from ctxrules.engine import open_session
 from ctxrules.errors import MessagesError, UsageError
@@ -73,6 +81,7 @@ def run(args: argparse.Namespace) -> int:
     # The caller's history is what every later call starts from: never written over.
     outputs_apart_from([args.input], "the input", output=args.output, report=args.report)
     store = named_store(args)  # a bad --store is a usage error before any input is read
+    outputs_outside(kept_places(store, args.session), output=args.output, report=args.report)
     data = read_json(args.input)
     name = "<stdin>" if args.input == "-" else args.input
     # The whole input is read in its format before a session is opened: an input that is not

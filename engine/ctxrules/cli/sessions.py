@@ -12,9 +12,16 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from ctxrules.cli.io import stdin_binary, write_text
+from ctxrules.cli.io import outputs_outside, stdin_binary, write_text
 from ctxrules.cli.output import require_stdout, stdout_writer, write_stdout
-from ctxrules.cli.stores import add_store_options, describe_store, is_filesystem, session_key, store_of
+from ctxrules.cli.stores import (
+    add_store_options,
+    describe_store,
+    is_filesystem,
+    kept_places,
+    session_key,
+    store_of,
+)
 from ctxrules.errors import UsageError
 from ctxrules.runtime.checkpoint import resume, scan
 from ctxrules.stores import session_id_for
@@ -84,6 +91,7 @@ def run_scan(args: argparse.Namespace) -> int:
 
 def run_resume(args: argparse.Namespace) -> int:
     store = store_of(args)
+    outputs_outside(kept_places(store, args.session), output=args.output)
     if is_filesystem(store):
         messages = resume(Path(args.session))
     else:
@@ -95,6 +103,7 @@ def run_resume(args: argparse.Namespace) -> int:
 def run_export(args: argparse.Namespace) -> int:
     store = store_of(args)
     key = session_key(store, args.session)
+    outputs_outside(kept_places(store, key), to=args.to)
     name = Path(key).resolve().name if is_filesystem(store) else key
     if args.to == "-":
         counts = export_session(store, key, stdout_writer(binary=True), name=name)

@@ -17,7 +17,7 @@ from ctxrules.session_store import state_root_from_env
 from ctxrules.stores import Store, open_store, store_from_options
 from ctxrules.stores.filesystem import FilesystemStore
 
-__all__ = ["add_store_options", "named_store", "session_key", "store_of"]
+__all__ = ["add_store_options", "kept_places", "named_store", "session_key", "store_of"]
 
 STORE_HELP = (
     "where sessions live: file://DIR, redis://HOST:PORT/DB, rediss://..., unix:///PATH "
@@ -64,3 +64,16 @@ def session_key(store: Store, name: str | None) -> str:
 def describe_store(store: Store) -> Any:
     """How a summary line names the store: its directory, or its URL."""
     return store.root if isinstance(store, FilesystemStore) else store.url
+
+
+def kept_places(store: Store | None, session: str | None) -> list[Path]:
+    """What the filesystem store keeps for ``session`` (``--session``; None: the default one)
+    that an output file must not be written over: the session directory, and in its state root
+    (the store's; without ``--store``/``--state``, the session's parent, as ``run`` has it) the
+    signing key, the ledgers and the router's reports. ``store``: the one the options name, None
+    for none. Nothing for other stores (their files are not the caller's to name)."""
+    if store is not None and not isinstance(store, FilesystemStore):
+        return []
+    root = store.root if store is not None else (Path(session).parent if session else state_root_from_env())
+    directory = Path(session) if session else root / "default"
+    return [directory, root / "injection.key", root / "ledger", root / "router"]

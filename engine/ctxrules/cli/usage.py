@@ -19,9 +19,9 @@ from ctxrules.budget.ledger import Totals
 from ctxrules.budget.policy import BudgetPolicy
 from ctxrules.budget.tracker import SessionLedger, checked_epoch
 from ctxrules.budget.usage import TokenUsage, is_failed_response
-from ctxrules.cli.io import add_search_path, dump, read_json, write_text
+from ctxrules.cli.io import add_search_path, dump, outputs_outside, read_json, write_text
 from ctxrules.cli.output import require_stdout, write_stdout
-from ctxrules.cli.stores import add_store_options, describe_store, is_filesystem, session_key, store_of
+from ctxrules.cli.stores import add_store_options, describe_store, is_filesystem, kept_places, session_key, store_of
 from ctxrules.errors import UsageError
 from ctxrules.packs.validated import load_pack
 from ctxrules.printable import printable
@@ -133,6 +133,7 @@ def run_report(args: argparse.Namespace) -> int:
     store = store_of(args)
     if is_filesystem(store) and not store.root.is_dir():
         raise UsageError(f"{store.root}: no such state root (give --state DIR)")
+    outputs_outside(kept_places(store, None), html=args.html)  # not over a ledger the page reads
     if args.until:
         try:
             last = date.fromisoformat(args.until)
