@@ -54,8 +54,10 @@ DEFAULT_STATE_ROOT = ".ctxrules"
 
 
 def state_root_from_env() -> Path:
-    """The state root: ``CTXRULES_STATE`` when set, else :data:`DEFAULT_STATE_ROOT`."""
-    return Path(os.environ.get("CTXRULES_STATE", DEFAULT_STATE_ROOT))
+    """The state root: ``CTXRULES_STATE`` when set, else :data:`DEFAULT_STATE_ROOT`. Set empty
+    (``CTXRULES_STATE=$UNSET``) it counts as not set, as an empty ``CTXRULES_STORE`` does: the
+    current directory never becomes a state root by accident."""
+    return Path(os.environ.get("CTXRULES_STATE", "").strip() or DEFAULT_STATE_ROOT)
 
 
 STATE_VERSION = 1

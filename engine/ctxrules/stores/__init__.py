@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import re
 from pathlib import Path
 from typing import Final
 from urllib.parse import urlsplit
@@ -73,7 +74,10 @@ def open_store(url: str | os.PathLike[str] | Store) -> Store:
     if not isinstance(url, str | os.PathLike):
         return url
     text = os.fspath(url)
-    scheme = urlsplit(text).scheme.lower() if "://" in text else ""
+    try:
+        scheme = urlsplit(text).scheme.lower() if "://" in text else ""
+    except ValueError as exc:  # `redis://[::1` (an unclosed IPv6 address)
+        raise StoreUsageError("CR145", f"store URL {_redacted(text)!r} does not parse: {exc}") from None
     if not scheme:
         return FilesystemStore(Path(text))
     backend = BACKENDS.get(scheme)
@@ -133,7 +137,11 @@ def store_and_session(
 
 def _redacted(url: str) -> str:
     """``url`` without a password (``redis://user:secret@h`` -> ``redis://user:***@h``)."""
-    parts = urlsplit(url)
+    try:
+        parts = urlsplit(url)
+        parts.password  # noqa: B018 (reading it parses the address, which may fail too)
+    except ValueError:  # not parsed: whatever stands between `user:` and the last `@` goes
+        return re.sub(r"(://[^/]*?:)[^/]*@", r"\1***@", url, count=1)
     if parts.password is None:
         return url
     netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)

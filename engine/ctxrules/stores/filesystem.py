@@ -763,7 +763,12 @@ def file_path(url: str) -> Path:
     parts = urlsplit(url)
     if parts.query or parts.fragment:
         raise StoreUsageError("CR145", f"store URL {url!r}: a file:// store takes no options")
-    return Path(unquote(parts.netloc + parts.path))
+    folder = unquote(parts.netloc + parts.path)
+    # `file://` (an unset variable: file://$DIR) would be the current directory, and a NUL
+    # byte no path at all (an internal error when the first file was opened).
+    if not folder.strip() or "\0" in folder:
+        raise StoreUsageError("CR145", f"store URL {url!r} names no folder: give file://DIR")
+    return Path(folder)
 
 
 def _what(path: Path) -> str:
