@@ -144,3 +144,66 @@ def test_an_interrupted_filter_leaves_no_partial_vault_entry(tmp_path: Path) -> 
     proc.stderr.close()
     assert code == 130, stderr
     assert not list(session.glob("vault/.tmp-*")), "a partial vault entry was left behind"
+
+
+def _spilling_filter(session: Path) -> subprocess.Popen[bytes]:
+    """`compress --input -` fed an output past the 8 MiB held in memory, once it has started to
+    spill to the vault; the pipe stays open (the producer is still running)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ctxrules.cli.main", "compress", "--command", "make", "--input", "-",
+         "--session", str(session)],
+        env={**os.environ, "PYTHONPATH": ENGINE},
+        stdin=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )  # fmt: skip
+    assert proc.stdin is not None
+    line = b"cc -c -o build/object.o src/object.c -Wall -Wextra -O2\n"
+    proc.stdin.write(line * ((12 << 20) // len(line)))
+    proc.stdin.flush()
+    deadline = time.monotonic() + 60
+    while not any(session.glob("vault/.tmp-*")):
+        assert time.monotonic() < deadline and proc.poll() is None, "the output never spilled to the vault"
+        time.sleep(0.05)
+    time.sleep(0.3)  # the middle scan's thread is running by now
+    return proc
+
+
+@pytest.mark.parametrize(("signum", "code"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_a_stopped_filter_ends_at_once_and_leaves_no_partial_vault_entry(
+    tmp_path: Path, signum: int, code: int
+) -> None:
+    """SIGTERM (`timeout`, a process manager) killed the filter mid-write, leaving a temporary
+    vault entry as large as what was read; Ctrl-C that the kernel gave to the middle scan's
+    thread went unnoticed while the main thread waited for input that the producer, still
+    running, did not send."""
+    session = tmp_path / "s"
+    proc = _spilling_filter(session)
+    proc.send_signal(signum)
+    try:
+        returned = proc.wait(timeout=30)  # the pipe is still open: the signal alone must end it
+    finally:
+        proc.kill()
+        assert proc.stdin is not None and proc.stderr is not None
+        proc.stdin.close()
+        stderr = proc.stderr.read().decode()
+        proc.stderr.close()
+    assert returned == code, stderr
+    assert not list(session.glob("vault/.tmp-*")), "a partial vault entry was left behind"
+
+
+def test_helper_threads_leave_the_stop_signals_to_the_main_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    from ctxrules.compressors import large
+    from ctxrules.threads import STOP_SIGNALS
+
+    if not hasattr(signal, "pthread_sigmask"):
+        pytest.skip("no per-thread signal masks on this platform")
+    masks: list[set[int]] = []
+
+    def scan(*args: object, **kwargs: object) -> None:
+        masks.append(set(signal.pthread_sigmask(signal.SIG_BLOCK, [])))
+
+    monkeypatch.setattr(large, "scan_middle", scan)
+    large.scan_middle_soon(Path("unused"), (0, 0), 1, [], [])()
+    assert masks and masks[0] >= STOP_SIGNALS
+    assert not STOP_SIGNALS & set(signal.pthread_sigmask(signal.SIG_BLOCK, []))  # this thread: untouched

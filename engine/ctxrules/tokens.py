@@ -120,6 +120,7 @@ from ctxrules.errors import CtxrulesError
 from ctxrules.images import image_size, image_size_from_url
 from ctxrules.models import EXACT_TOKENIZERS, ModelInfo, Tokenizer, litellm_package_dir
 from ctxrules.scoped import Scoped
+from ctxrules.threads import helper_thread
 
 __all__ = [
     "ANTHROPIC_MAX_IMAGE_TOKENS",
@@ -259,7 +260,7 @@ def _in_parallel(encode: Callable[[str], list[int]], texts: Sequence[str]) -> li
 
     # Threads per call, not a kept pool: a kept pool's threads do not survive a fork
     # (pre-forking servers), and starting one costs far less than the work.
-    helpers = [threading.Thread(target=helper_drain, name="ctxrules-tokens", daemon=True) for _ in range(_WORKERS - 1)]
+    helpers = [helper_thread(helper_drain, "ctxrules-tokens") for _ in range(_WORKERS - 1)]
     for helper in helpers:
         helper.start()
     try:

@@ -44,6 +44,7 @@ from ctxrules.errors import CtxrulesError
 from ctxrules.llm import load_litellm as load
 from ctxrules.logs import get_logger
 from ctxrules.models import lookup_model
+from ctxrules.threads import helper_thread
 
 __all__ = [
     "ZERO_MAX_TOKENS_PROVIDERS",
@@ -309,7 +310,7 @@ class KeepAlive:
     def start(self) -> KeepAlive:
         with self._cond:
             if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name=f"ctxrules-keepalive-{self.model}", daemon=True)
+                self._thread = helper_thread(self._run, f"ctxrules-keepalive-{self.model}")
                 self._thread.start()
         return self
 

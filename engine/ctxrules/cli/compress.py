@@ -37,7 +37,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
-from ctxrules.cli.io import add_search_path, stdin_binary
+from ctxrules.cli.io import add_search_path, stdin_binary, unwind_on_sigterm
 from ctxrules.cli.output import STDOUT_CLOSED
 from ctxrules.cli.stores import add_store_options, session_key, store_of
 from ctxrules.compressors.api import CompressorSkipped, compress_large, compress_text, early_scan
@@ -436,6 +436,7 @@ def _copy_out(path: Path) -> None:
 def _filter(args: argparse.Namespace) -> int:
     if not args.input:
         raise UsageError("--command needs --input FILE (or - for standard input)")
+    unwind_on_sigterm()  # `timeout` stopping it: what a large input had spilled is removed
     pack, counter = _load(args)
     stdin = stdin_binary() if args.input == "-" else None  # closed (`<&-`): refused here
     name = "<stdin>" if stdin is not None else args.input

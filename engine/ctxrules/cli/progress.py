@@ -16,6 +16,8 @@ import time
 from types import TracebackType
 from typing import Any, TextIO
 
+from ctxrules.threads import helper_thread
+
 __all__ = ["TerminalProgress", "wanted"]
 
 _CLEAR = "\r\x1b[K"
@@ -46,7 +48,7 @@ class TerminalProgress:
         self._started = time.monotonic()
         self._done = threading.Event()
         self._lock = threading.Lock()
-        self._thread = threading.Thread(target=self._run, name="ctxrules-progress", daemon=True)
+        self._thread = helper_thread(self._run, "ctxrules-progress")
 
     def on_event(self, event: dict[str, Any]) -> None:
         """A session event or a progress note."""

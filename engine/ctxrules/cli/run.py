@@ -13,6 +13,7 @@ from ctxrules.cli.io import (
     outputs_apart_from,
     outputs_outside,
     read_json,
+    unwind_on_sigterm,
     write_text,
 )
 from ctxrules.cli.output import stdout_writer
@@ -68,15 +69,8 @@ def register(sub: Any) -> None:
     p.set_defaults(func=run)
 
 
-def _on_sigterm(signum: int, frame: object) -> None:
-    # Unwind like an exception so the session marks an ongoing compaction as interrupted.
-    raise SystemExit(128 + signum)
-
-
 def run(args: argparse.Namespace) -> int:
-    import signal
-
-    signal.signal(signal.SIGTERM, _on_sigterm)
+    unwind_on_sigterm()  # an ongoing compaction is marked as interrupted
     distinct_outputs(output=args.output, report=args.report)
     # The caller's history is what every later call starts from: never written over.
     outputs_apart_from([args.input], "the input", output=args.output, report=args.report)

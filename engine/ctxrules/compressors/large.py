@@ -40,6 +40,7 @@ from ctxrules.compressors.failures import FailurePattern, _combined
 from ctxrules.compressors.lines import without_escapes
 from ctxrules.errors import CtxrulesError
 from ctxrules.patterns import PAST_RE2, Pattern, lines_touched, re2_module
+from ctxrules.threads import helper_thread
 from ctxrules.vault import VaultWriter
 
 __all__ = [
@@ -543,7 +544,7 @@ def scan_middle_soon(
             failed.append(exc)
 
     context = contextvars.copy_context()
-    thread = threading.Thread(target=context.run, args=(work,), name="ctxrules-middle", daemon=True)
+    thread = helper_thread(context.run, "ctxrules-middle", args=(work,))
     thread.start()
 
     def result() -> Middle:

@@ -16,6 +16,7 @@ from ctxrules.eval.replay import Plan, Progress, Task, TaskResult, replay
 from ctxrules.formats import anthropic, detect
 from ctxrules.json_files import read_json
 from ctxrules.messages import split_input, validate_messages, validate_tools
+from ctxrules.threads import helper_thread
 
 __all__ = ["load_transcripts", "run_tasks"]
 
@@ -150,7 +151,7 @@ def run_tasks(tasks: Sequence[Task], *, jobs: int = 1, progress: Progress | None
                 if progress is not None:
                     progress(*event)
 
-        reader = threading.Thread(target=forward, daemon=True)
+        reader = helper_thread(forward, "ctxrules-eval-reader")
         reader.start()
         try:
             with ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -20,6 +19,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 from ctxrules.errors import CtxrulesError
 from ctxrules.json_limits import scan
 from ctxrules.recall import PARAMETERS, RecallSettings
+from ctxrules.threads import helper_thread
 
 if TYPE_CHECKING:
     from ctxrules.engine import Session
@@ -130,7 +130,7 @@ def _mended_stdin() -> Callable[[], None]:
                 out.write(_mended(line))
                 out.flush()
 
-    threading.Thread(target=feed, name="ctxrules-mcp-stdin", daemon=True).start()
+    helper_thread(feed, "ctxrules-mcp-stdin").start()
 
     def restore() -> None:
         os.dup2(saved, 0)

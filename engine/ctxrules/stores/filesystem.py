@@ -69,6 +69,7 @@ from ctxrules.stores.base import (
     Turn,
     VaultError,
 )
+from ctxrules.threads import helper_thread
 
 __all__ = ["FilesystemStore", "durable_at_commit", "file_path", "for_session_dir"]
 
@@ -859,7 +860,7 @@ class _FileBlobWriter(SpooledBlobWriter):
             finally:
                 os.close(fd)
 
-        thread = threading.Thread(target=sync, name="ctxrules-blob-sync", daemon=True)
+        thread = helper_thread(sync, "ctxrules-blob-sync")
         try:
             thread.start()
         except RuntimeError:  # no thread to be had

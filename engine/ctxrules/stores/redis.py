@@ -78,6 +78,7 @@ from ctxrules.stores.base import (
     VaultError,
 )
 from ctxrules.stores.memory import MemoryStore
+from ctxrules.threads import helper_thread
 
 __all__ = ["RedisStore", "RedisStoreSettings"]
 
@@ -1651,7 +1652,7 @@ class _Renewer:
         self.stop_event = threading.Event()
         self.pid = os.getpid()
         self.interval = store._lease_ms / 3000
-        self.thread = threading.Thread(target=self._run, name="ctxrules-redis-lease", daemon=True)
+        self.thread = helper_thread(self._run, "ctxrules-redis-lease")
         self.thread.start()
 
     def alive(self) -> bool:

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ctxrules.progress import note
+from ctxrules.threads import helper_thread
 
 __all__ = [
     "CallFailed",
@@ -263,7 +264,7 @@ def stream_completion(
             _close(stream)
 
     progress = ProgressClock(clock)
-    worker = threading.Thread(target=work, name="ctxrules-summarizer-stream", daemon=True)
+    worker = helper_thread(work, "ctxrules-summarizer-stream")
     worker.start()
     parts: list[str] = []
     chunks = 0
