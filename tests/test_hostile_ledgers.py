@@ -112,3 +112,20 @@ def test_a_damaged_ledger_line_is_skipped_and_the_budget_still_counts(spent: Pat
     until = days[-1].stem
     report = cli(tmp_path, "usage", "report", "--state", "st", "--until", until, "--days", "1", "--html", "u.html")
     assert report.returncode == 0 and "1 call(s)" in report.stdout, report.stderr
+
+
+@pytest.mark.parametrize("how", ["--state", "CTXRULES_STATE"])
+def test_a_state_root_that_is_a_file_is_refused_not_read_as_empty(tmp_path: Path, how: str) -> None:
+    """`CTXRULES_STATE=/etc/passwd ctxrules usage show` printed zero totals, as if the root
+    were a real one where nothing was spent yet."""
+    (tmp_path / "not-a-root").write_text("x\n")
+    argv = ["usage", "show", *(["--state", "not-a-root"] if how == "--state" else [])]
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "engine")}
+    if how == "CTXRULES_STATE":
+        env["CTXRULES_STATE"] = "not-a-root"
+    proc = subprocess.run(
+        [sys.executable, "-m", "ctxrules.cli.main", *argv], env=env, capture_output=True, text=True, cwd=tmp_path
+    )
+    assert proc.returncode == 2, proc.stdout
+    assert "not-a-root: the state root is not a directory" in proc.stderr
+    assert "Traceback" not in proc.stderr and not proc.stdout

@@ -224,6 +224,9 @@ def _ledger(args: argparse.Namespace) -> Any:
         session = state / "default"
     if session.exists() and not session.is_dir():
         raise UsageError(f"--session {session} is not a directory")
+    if state is not None and state.exists() and not state.is_dir():
+        # CTXRULES_STATE=/etc/passwd: zero totals read from a root that cannot hold a ledger
+        raise UsageError(f"{state}: the state root is not a directory (give --state DIR)")
     return SessionLedger(
         session,
         session.resolve().name,
