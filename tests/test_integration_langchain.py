@@ -23,6 +23,7 @@ from langchain_core.messages import (  # noqa: E402
     AIMessage,
     BaseMessage,
     HumanMessage,
+    RemoveMessage,
     ToolMessage,
     convert_to_openai_messages,
 )
@@ -430,3 +431,56 @@ def test_messages_with_id_less_calls_keep_their_ids(tmp_path: Path) -> None:
     calls = [c["id"] for m in own if isinstance(m, AIMessage) for c in m.tool_calls]
     assert len(set(calls)) == 2 and all(c.startswith("call_ctxrules_") for c in calls)
     assert [m.tool_call_id for m in own if isinstance(m, ToolMessage)] == calls[:1]
+
+
+def _agent_calling_recall(middleware: CtxrulesMiddleware, arguments: dict[str, Any]) -> ToolMessage:
+    """The result of one recall call with ``arguments`` that a model made in a real agent run."""
+    from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
+
+    class Fake(GenericFakeChatModel):
+        def bind_tools(self, tools: Any, **kwargs: Any) -> Fake:
+            return self
+
+    call = {"id": "call_1", "name": "ctxrules_recall", "args": arguments}
+    model = Fake(messages=iter([AIMessage("", tool_calls=[call]), AIMessage("done")]))
+    agent = create_agent(model, tools=[], middleware=[middleware], checkpointer=InMemorySaver())
+    out = agent.invoke({"messages": [HumanMessage("hi")]}, {"configurable": {"thread_id": "t"}})
+    (result,) = [m for m in out["messages"] if isinstance(m, ToolMessage)]
+    return result
+
+
+@pytest.mark.parametrize(
+    ("arguments", "reason"),
+    [
+        ({}, "give the id"),
+        ({"lines": "1:2"}, "give the id"),
+        ({"id": "x", "page": 2}, "'x' is not a vault id"),
+    ],
+)
+def test_a_recall_call_without_an_id_or_with_a_key_of_its_own_is_an_error_result(
+    tmp_path: Path, arguments: dict[str, Any], reason: str
+) -> None:
+    """The tool's schema is not enforced before the call: a model's call without ``id``, or
+    with a key the schema does not name, was a TypeError that ended the agent's run."""
+    middleware = CtxrulesMiddleware(model="gpt-4o", state=tmp_path / "state")
+    result = _agent_calling_recall(middleware, arguments)
+    assert result.status == "error" and reason in str(result.content), result
+
+
+@pytest.mark.parametrize(
+    ("message", "where"),
+    [
+        (ToolMessage([{"text": "no type"}], tool_call_id="a"), "message 2 (ToolMessage)"),
+        (RemoveMessage(id="m1"), "message 2 (RemoveMessage)"),
+    ],
+)
+def test_a_message_langchain_cannot_convert_is_a_messages_error_naming_it(
+    tmp_path: Path, message: BaseMessage, where: str
+) -> None:
+    """LangChain's converter raised its own KeyError or ValueError from deep inside for these."""
+    from ctxrules.errors import MessagesError
+
+    middleware = CtxrulesMiddleware(model="gpt-4o", state=tmp_path / "state", recall=False)
+    history = [HumanMessage("hi"), AIMessage("", tool_calls=[{"id": "a", "name": "run_job", "args": {}}]), message]
+    with pytest.raises(MessagesError, match=re.escape(where) + ": LangChain cannot convert it"):
+        _sent(middleware, history)

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ctxrules.engine import Engine
-from ctxrules.errors import CtxrulesError
+from ctxrules.errors import CtxrulesError, MessagesError
 from ctxrules.injected import key_scope
 from ctxrules.integrations import OpenSessions, session_name
 from ctxrules.messages import is_injected
@@ -152,11 +152,11 @@ class CtxrulesMiddleware(AgentMiddleware):
     def _prepare(self, request: Any) -> Any:
         session = self.session_for(_thread_id(request))
         messages: list[BaseMessage] = list(request.messages)
-        converted = [_with_invalid_calls(convert_to_openai_messages(m), m) for m in messages]
+        converted = [_with_invalid_calls(_to_openai(m, f"message {i}"), m) for i, m in enumerate(messages)]
         system = request.system_message
         system_dict: dict[str, Any] | None = None
         if system is not None:
-            system_dict = convert_to_openai_messages(system)
+            system_dict = _to_openai(system, "the system message")
         tools = [t for t in (_tool_dict(tool) for tool in request.tools or []) if t is not None]
         result = session.prepare(converted if system_dict is None else [system_dict, *converted], tools=tools)
         prepared = result.messages
@@ -191,7 +191,11 @@ class CtxrulesMiddleware(AgentMiddleware):
     def _recall_tool(self) -> Any:
         settings = RecallSettings.from_pack(self.engine.pack.data)
 
-        def recall(id: str, lines: str | None = None) -> str:
+        # Every parameter optional and extra ones taken: the tool's schema (a dict) is not
+        # enforced before the call, so a model's call without ``id`` or with a key of its own
+        # reached this function as a TypeError that ended the agent's run. session.recall says
+        # what is missing, as the tool's error result.
+        def recall(id: Any = None, lines: Any = None, **_ignored: Any) -> str:
             arguments: dict[str, Any] = {"id": id}
             if lines:
                 arguments["lines"] = lines
@@ -208,6 +212,20 @@ class CtxrulesMiddleware(AgentMiddleware):
             args_schema=dict(PARAMETERS),
             handle_tool_error=True,
         )
+
+
+def _to_openai(message: Any, where: str) -> dict[str, Any]:
+    """``message`` as an OpenAI message dict (``langchain_core``'s converter). What the converter
+    cannot take (a ``RemoveMessage``, which only the graph's reducer reads; a content block
+    without a ``type``) raised its own ValueError or KeyError from deep inside it: it is a
+    :class:`MessagesError` naming the message instead."""
+    try:
+        converted: dict[str, Any] = convert_to_openai_messages(message)
+    except (ValueError, TypeError, KeyError, AttributeError) as exc:
+        detail = f"no key {exc.args[0]!r} in one of its parts" if isinstance(exc, KeyError) and exc.args else exc
+        kind = type(message).__name__
+        raise MessagesError(f"{where} ({kind}): LangChain cannot convert it to a chat message: {detail}") from None
+    return converted
 
 
 def _sources(prepared: list[dict[str, Any]], converted: list[dict[str, Any]]) -> list[int | None]:
