@@ -388,6 +388,12 @@ def test_the_async_sdk_messages_call_without_a_system_prompt_is_compacted(
             },
             "request /messages/0/content/0/x",
         ),
+        (
+            # An id Python cannot write out in decimal: str() raised a ValueError (a 500).
+            "openai",
+            {"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}], "metadata": {"session_id": 10**5000}},
+            "session_id: an integer of more than 4300 digits",
+        ),
     ],
 )
 def test_a_malformed_request_rejected_is_a_bad_request_not_a_server_error(

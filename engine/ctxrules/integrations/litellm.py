@@ -50,6 +50,7 @@ from ctxrules.budget.usage import as_mapping, is_failed_response, parse_usage
 from ctxrules.errors import MessagesError
 from ctxrules.injected import KEY_FILE
 from ctxrules.integrations import OpenSessions, session_name
+from ctxrules.json_limits import MAX_INT_DIGITS
 from ctxrules.logs import get_logger
 from ctxrules.private_files import ensure_dir
 from ctxrules.stores import open_store
@@ -366,11 +367,15 @@ def _session_id(data: Mapping[str, Any]) -> str | None:
 
 def _as_id(value: object) -> str | None:
     """A session id given as a non-empty string or an integer (a JSON body's ``"session_id":
-    42`` names the session ``42``; it ran stateless before), else ``None``."""
+    42`` names the session ``42``; it ran stateless before), else ``None``. An integer too long
+    to write out is the request's error (:class:`MessagesError`), as it is in a message."""
     if isinstance(value, str):
         return value or None
     if isinstance(value, int) and not isinstance(value, bool):
-        return str(value)
+        try:
+            return str(value)
+        except ValueError:  # Python writes out no integer of more than 4300 digits
+            raise MessagesError(f"session_id: an integer of more than {MAX_INT_DIGITS} digits") from None
     return None
 
 
