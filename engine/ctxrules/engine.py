@@ -32,7 +32,7 @@ from ctxrules.injected import InjectionKey, key_for_session, key_in_store, key_s
 from ctxrules.json_stream import serialise_once
 from ctxrules.logs import configure, get_logger, structlog_configured
 from ctxrules.messages import clone_json, split_input, validate_messages, validate_tools
-from ctxrules.models import lookup_model
+from ctxrules.models import check_model_name, lookup_model
 from ctxrules.notes import SessionNotes
 from ctxrules.packs.loader import PackLoader, ResolvedPack
 from ctxrules.packs.models_match import effective_context, select_model_entry
@@ -367,23 +367,28 @@ class Session:
 
     def _configure(self, model: str, window: int | None) -> None:
         """Model facts, token counter and budget for ``model`` under the current pack; thresholds
-        scale with the window (a 128K → 200K switch moves every threshold proportionally)."""
+        scale with the window (a 128K → 200K switch moves every threshold proportionally).
+        All or nothing: a model or window that is refused (unknown, a window too small for the
+        output reserve) leaves the session as it was, not half-switched with a budget of the
+        old model and an override every later switch would fail on again."""
+        check_model_name(model)  # before the pack's models: entries are matched against it
         hit = select_model_entry(self.engine.pack.data, model)
-        self.model_entry = hit[1] if hit else None
-        context = effective_context(self.engine.pack.data, self.model_entry)
+        entry = hit[1] if hit else None
+        context = effective_context(self.engine.pack.data, entry)
         pack_window = context.get("window")
         fallback = window if window is not None else (pack_window if isinstance(pack_window, int) else None)
-        self.model = lookup_model(model, window=fallback)
-        self.counter = TokenCounter.for_model(self.model)
-        self.window_override = window
-        self._configured_digest = self.engine.digest
-        self.budget: Budget = make_budget(
+        info = lookup_model(model, window=fallback)
+        counter = TokenCounter.for_model(info)
+        budget = make_budget(
             context,
-            registry_window=self.model.window if window is None else None,
+            registry_window=info.window if window is None else None,
             override=window,
-            safety_margin=self.counter.safety_margin,
+            safety_margin=counter.safety_margin,
             model=model,
         )
+        self.model_entry, self.model, self.counter, self.budget = entry, info, counter, budget
+        self.window_override = window
+        self._configured_digest = self.engine.digest
 
     def switch(self, *, model: str | None = None, window: int | _Keep | None = _Keep.WINDOW) -> list[str]:
         """Hot switch: use another model (or window) from the next ``prepare`` on, no restart.
@@ -395,6 +400,7 @@ class Session:
         that window. Returns the warnings, which the next report's ``warnings`` carry too."""
         with self._thread_lock:
             name = model or self.model.name
+            check_model_name(name)  # before _own_window matches it against the pack's models:
             override = self.window_override if isinstance(window, _Keep) else window
             notes: list[str] = []
             if model is not None and isinstance(window, _Keep) and override is not None:

@@ -43,6 +43,7 @@ __all__ = [
     "ModelInfo",
     "Tokenizer",
     "UnknownModelError",
+    "check_model_name",
     "classify_model",
     "litellm_package_dir",
     "lookup_model",
@@ -408,6 +409,16 @@ def _check_window(window: int | None) -> int | None:
     return window
 
 
+def check_model_name(name: object) -> None:
+    """Raise :class:`UsageError` unless ``name`` is a non-empty string of printable characters
+    (a control, a bidi override or a lone surrogate is in no model name)."""
+    if not isinstance(name, str) or not name.strip():
+        raise UsageError(f"model name must be a non-empty string, not {name!r}")
+    shown = printable(name)
+    if shown != name:
+        raise UsageError(f"model name '{shown}' holds a character no model name has (shown escaped)")
+
+
 @lru_cache(maxsize=1024)
 def lookup_model(name: str, *, window: int | None = None) -> ModelInfo:
     """Describe ``name`` from the registry; ``window`` overrides (or supplies) the window.
@@ -416,11 +427,7 @@ def lookup_model(name: str, *, window: int | None = None) -> ModelInfo:
     is given. Results are cached per ``(name, window)``.
     """
     window = _check_window(window)
-    if not isinstance(name, str) or not name.strip():
-        raise UsageError(f"model name must be a non-empty string, not {name!r}")
-    shown = printable(name)
-    if shown != name:  # a control, a bidi override, a lone surrogate (a byte that is not UTF-8)
-        raise UsageError(f"model name '{shown}' holds a character no model name has (shown escaped)")
+    check_model_name(name)
     key = _resolve(name.strip())
     if key is None:
         if window is None:
