@@ -12,6 +12,7 @@ import functools
 import hashlib
 import itertools
 import json
+import math
 import operator
 import os
 import threading
@@ -75,6 +76,22 @@ __all__ = [
     "open_session",
     "state_root_from_env",
 ]
+
+
+def _check_path(value: object, what: str) -> None:
+    """Raise :class:`UsageError` unless ``value`` is None or a path as text: an int, bytes or a
+    NUL in the text failed later as a TypeError or ValueError from inside ``pathlib``/``os``,
+    and an empty one (an unset variable) was the current directory, which became a session
+    directory."""
+    if value is None:
+        return
+    text = os.fspath(value) if isinstance(value, os.PathLike) else value
+    if not isinstance(text, str):
+        raise UsageError(f"{what} must be a string or a path, not {type(value).__name__}")
+    if not text:
+        raise UsageError(f"{what} must not be empty (None is the default)")
+    if "\0" in text:
+        raise UsageError(f"{what} must not contain NUL bytes: {text!r}")
 
 
 class SessionIOError(CtxrulesError):
@@ -242,6 +259,8 @@ class Engine:
         where day and goal ledgers live (default: the session directory's parent).
         ``private``: ``path`` is a fresh directory no other process knows of (a temporary
         directory of this process, as pack tests use): ``prepare`` takes no cross-process lock."""
+        _check_path(path, "the session path")
+        _check_path(state_root, "state_root")
         if store is not None:
             if state_root is not None:
                 raise UsageError("give state_root (a directory) or store (a Store or URL), not both")
@@ -642,6 +661,12 @@ class Session:
         return result
 
     def _prepare_openai(self, messages: Any, tools: list[dict[str, Any]] | None, clock: float | None) -> PrepareResult:
+        # A clock that is not a finite number failed deep in the turn (a string), or went into
+        # state.json as NaN, which is not JSON (a NaN or inf).
+        if clock is not None and (
+            isinstance(clock, bool) or not isinstance(clock, int | float) or not math.isfinite(clock)
+        ):
+            raise UsageError(f"clock must be a finite number of seconds (time.time()), not {clock!r}")
         listed, given_tools = split_input(messages)
         if tools is None:
             tools = given_tools

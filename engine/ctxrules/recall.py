@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ctxrules.errors import CtxrulesError
+from ctxrules.errors import CtxrulesError, UsageError
 from ctxrules.messages import message_text
 from ctxrules.toolroles import RECALL_TOOL
 from ctxrules.vault import MIN_PREFIX, Vault, VaultError, parse_markers
@@ -113,7 +113,7 @@ def tool_definition(settings: RecallSettings, fmt: str = "openai") -> dict[str, 
             "description": settings.description,
             "input_schema": json.loads(json.dumps(PARAMETERS)),
         }
-    raise ValueError(f"unknown tool format {fmt!r}: use 'openai' or 'anthropic'")
+    raise UsageError(f"unknown tool format {fmt!r}: use 'openai' or 'anthropic'")
 
 
 def _texts(messages: Iterable[Mapping[str, Any]]) -> Iterable[str]:

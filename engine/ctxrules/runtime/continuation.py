@@ -19,13 +19,14 @@ Declared in the pack under ``guards.continuation`` and evaluated by
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ctxrules.budget.policy import Level
 from ctxrules.budget.status import BudgetStatus
+from ctxrules.errors import MessagesError, UsageError
 from ctxrules.messages import message_text
 from ctxrules.structure import steps
 
@@ -62,6 +63,20 @@ def _file_digest(path: Path) -> str:
         return f"unreadable:{exc.strerror}"
 
 
+def _messages(state: object) -> Sequence[dict[str, Any]]:
+    """``state["messages"]``, checked: a state that is not a dict, or messages that are not a
+    list of message objects, raised AttributeError or TypeError from inside the checks."""
+    if not isinstance(state, Mapping):
+        raise UsageError(f"should_continue() takes the loop's state as a dict, not {type(state).__name__}")
+    messages = state.get("messages") or []
+    if not isinstance(messages, list | tuple):
+        raise MessagesError(f"state['messages'] must be a list of messages, not {type(messages).__name__}")
+    for index, message in enumerate(messages):
+        if not isinstance(message, Mapping):
+            raise MessagesError(f"state['messages'][{index}]: expected a message object, got {type(message).__name__}")
+    return messages
+
+
 def evaluate(
     config: dict[str, Any],
     state: dict[str, Any],
@@ -73,7 +88,7 @@ def evaluate(
     """Run every applicable check. ``memory`` persists between calls (file digests);
     ``budget`` is the session ledger's status."""
     cfg = {**DEFAULTS, **(config or {})}
-    messages: Sequence[dict[str, Any]] = state.get("messages") or []
+    messages = _messages(state)
     checks: dict[str, str] = {}
     stop: str | None = None
 

@@ -72,6 +72,9 @@ def open_store(url: str | os.PathLike[str] | Store) -> Store:
     """The store named by ``url`` (a :class:`Store` passes through). Raises :class:`UsageError`
     for a scheme no backend serves, or a backend whose extra is not installed."""
     if not isinstance(url, str | os.PathLike):
+        if not isinstance(url, Store):  # a typo'd argument failed later, deep in the session
+            kind = type(url).__name__
+            raise StoreUsageError("CR145", f"store= takes a Store, a store URL or a directory, not {kind}")
         return url
     text = os.fspath(url)
     try:
