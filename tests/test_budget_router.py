@@ -109,6 +109,15 @@ def test_decisions_written_before_own_tier_count_their_rules_tier(tmp_path: Path
     assert r.route(HI, session_dir=s, now=T0 + 3).tier == "simple"
 
 
+def test_a_router_state_nested_past_the_stack_starts_afresh(tmp_path: Path) -> None:
+    """A damaged router.json raised RecursionError out of ``route`` (``session.route``)."""
+    s = tmp_path / "s"
+    s.mkdir()
+    (s / "router.json").write_text("[" * 100_000 + "]" * 100_000)
+    assert router().route(HARD, session_dir=s, now=T0).tier == "reasoning"
+    assert router().route(HI, session_dir=s, now=T0 + 5).tier == "reasoning"  # momentum: written afresh
+
+
 def test_momentum_survives_a_restart(tmp_path: Path) -> None:
     s = tmp_path / "s"
     router().route(HARD, session_dir=s, now=T0)

@@ -82,6 +82,21 @@ def test_duplicate_id_and_a_damaged_file(tmp_path: Path) -> None:
         notes.list()
 
 
+def test_a_notes_file_nested_past_the_stack_is_a_damaged_file(tmp_path: Path) -> None:
+    """json.loads raised RecursionError, which left notes.list()/add() as a bare exception and
+    failed the notes stage (skipped with the RecursionError as its warning)."""
+    notes = SessionNotes(tmp_path / "s")
+    notes.add("one")
+    (tmp_path / "s" / NOTES_FILE).write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(NotesError, match="not valid JSON"):
+        notes.list()
+    with pytest.raises(NotesError, match="not valid JSON"):
+        notes.add("two")
+    session = Engine.load("builtin:default").session(tmp_path / "s", model="gpt-4o")
+    warnings = session.prepare([{"role": "user", "content": "hi"}]).report["warnings"]
+    assert any(w.startswith("notes: the notes file") and "not valid JSON" in w for w in warnings), warnings
+
+
 def test_concurrent_writers_lose_nothing(tmp_path: Path) -> None:
     def writer(k: int) -> None:
         own = SessionNotes(tmp_path / "s")

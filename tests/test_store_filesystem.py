@@ -226,6 +226,18 @@ def test_append_once_is_check_and_append(tmp_path: Path) -> None:
     assert len(store.read_log(log).lines) == 2
 
 
+def test_append_once_reads_a_line_nested_past_the_stack_as_naming_nothing(tmp_path: Path) -> None:
+    """A damaged line of the descendants log raised RecursionError out of ``append_once`` (so
+    out of ``session.child``)."""
+    store, key = _store(tmp_path)
+    log = Log("descendants", key)
+    assert store.append_once(log, {"path": "a"}, key="path", limit=5) == "added"
+    with open(store.log_path(log), "a") as fh:
+        fh.write("[" * 100_000 + "]" * 100_000 + "\n")
+    assert store.append_once(log, {"path": "a"}, key="path", limit=5) == "present"
+    assert store.append_once(log, {"path": "b"}, key="path", limit=5) == "added"
+
+
 def test_the_prepare_lock_waits_then_times_out_with_a_clear_error(tmp_path: Path) -> None:
     store, key = _store(tmp_path)
     Path(key).mkdir(parents=True)

@@ -113,7 +113,7 @@ def _check_id(note_id: object) -> str:
 def _parse(raw: bytes, path: object) -> tuple[int, list[Note]]:
     try:
         data = json.loads(raw)
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:  # nested past the stack: damage too, as in touched.json
         raise NotesError(f"the notes file {path} is not valid JSON ({exc}); fix or delete it") from exc
     if not isinstance(data, dict) or not isinstance(data.get("notes"), list):
         raise NotesError(f"the notes file {path} has no 'notes' list; fix or delete it")

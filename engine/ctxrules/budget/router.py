@@ -460,7 +460,7 @@ def _update_state(store: Store, session: str, decide: Callable[[dict[str, Any]],
     def update(raw: bytes | None) -> bytes | None:
         try:
             loaded = json.loads(raw) if raw is not None else {}
-        except ValueError:
+        except (ValueError, RecursionError):  # damaged (or nested past the stack): start afresh
             loaded = {}
         state = loaded if isinstance(loaded, dict) else {}
         before = json.dumps(state, sort_keys=True)

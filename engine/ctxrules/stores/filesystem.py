@@ -794,7 +794,7 @@ def _read_secret(path: Path) -> bytes:
 def _field(line: bytes, key: str) -> Any:
     try:
         obj = json.loads(line)
-    except ValueError:
+    except (ValueError, RecursionError):  # a damaged line (nested past the stack too) names nothing
         return None
     return obj.get(key) if isinstance(obj, dict) else None
 
