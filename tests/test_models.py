@@ -176,8 +176,11 @@ def test_window_override_for_known_model(registry_json: dict[str, Any]) -> None:
     assert info.key == "gpt-4o"
 
 
-@pytest.mark.parametrize("window", [0, -5, True])
+@pytest.mark.parametrize("window", [0, -5, True, 1.0, 32000.0])
 def test_bad_window_is_a_usage_error(window: Any) -> None:
+    # The integer each equals looked up first: the cache took True and 1.0 for the 1 they equal
+    # and returned its entry instead of refusing them.
+    lookup_model("gpt-4o", window=int(window) if int(window) > 0 else None)
     with pytest.raises(UsageError):
         lookup_model("gpt-4o", window=window)
 

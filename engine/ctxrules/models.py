@@ -419,14 +419,19 @@ def check_model_name(name: object) -> None:
         raise UsageError(f"model name '{shown}' holds a character no model name has (shown escaped)")
 
 
-@lru_cache(maxsize=1024)
 def lookup_model(name: str, *, window: int | None = None) -> ModelInfo:
     """Describe ``name`` from the registry; ``window`` overrides (or supplies) the window.
 
     Raises :class:`UnknownModelError` for a name the registry does not know, unless ``window``
-    is given. Results are cached per ``(name, window)``.
+    is given. Results are cached per ``(name, window)``, once the window is checked: the cache
+    takes ``True`` and ``1.0`` for the ``1`` they equal, and served a window refused as such
+    whenever that one had been looked up before.
     """
-    window = _check_window(window)
+    return _lookup_model(name, _check_window(window))
+
+
+@lru_cache(maxsize=1024)
+def _lookup_model(name: str, window: int | None) -> ModelInfo:
     check_model_name(name)
     key = _resolve(name.strip())
     if key is None:
