@@ -68,6 +68,26 @@ def test_a_damaged_state_reads_as_new_with_the_reason(tmp_path: Path) -> None:
     assert "fingerprint is a int" in turn.state["recovered"] and turn.output is None
 
 
+@pytest.mark.parametrize(
+    ("text", "reason"),
+    [
+        ("[1, 2]", "a JSON list, not an object"),
+        ('"state"', "a JSON str, not an object"),
+        ('{"version": 2, "fingerprint": "f"}', "has version 2, not 1"),
+        ('{"fingerprint": "f"}', "has version None, not 1"),
+    ],
+)
+def test_a_state_that_is_no_object_or_of_another_version_is_reset_with_the_reason(
+    tmp_path: Path, text: str, reason: str
+) -> None:
+    # They were reset silently: the session started cold with nothing in the report to say why.
+    store, key = _store(tmp_path)
+    store.commit_turn(key, {"fingerprint": "f"}, MSGS)
+    Path(key, "state.json").write_text(text)
+    turn = FilesystemStore(tmp_path / "state").load_turn(key)
+    assert reason in turn.state.get("recovered", "") and turn.output is None
+
+
 def test_save_state_leaves_the_output_alone(tmp_path: Path) -> None:
     store, key = _store(tmp_path)
     store.commit_turn(key, {"fingerprint": "f"}, MSGS)

@@ -169,6 +169,21 @@ def test_ttls_are_refreshed_on_use_and_blobs_outlive_their_sessions(redis_url: s
     store.close()
 
 
+@pytest.mark.parametrize(
+    ("text", "reason"), [(b"[1, 2]", "a JSON list, not an object"), (b'{"version": 9}', "has version 9")]
+)
+def test_a_stored_state_that_is_no_object_or_of_another_version_is_reset_with_the_reason(
+    redis_url: str, raw: Any, text: bytes, reason: str
+) -> None:
+    store = _store(redis_url)
+    s = "conv-version"
+    _turn(store, s, [{"role": "user", "content": "x"}])
+    raw.set(f"ctxrules:v1:{{{s}}}:state", text, keepttl=True)
+    state = _store(redis_url).load_turn(s).state
+    assert reason in state.get("recovered", "")
+    store.close()
+
+
 def test_garbage_in_keys_of_the_right_type_is_read_as_absent(redis_url: str, raw: Any) -> None:
     """A blob upkeep time that is not a number, prepare records that are not ``start end
     holder``: values ctxrules never writes, in keys of the type it writes. They read as

@@ -25,7 +25,7 @@ import weakref
 from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from ctxrules.errors import CtxrulesError
 from ctxrules.json_stream import LONG_STRING, dumps_once, json_text_sorted
@@ -46,6 +46,7 @@ __all__ = [
     "SessionStore",
     "ensure_dir",
     "state_root_from_env",
+    "unusable_state",
     "write_atomic",
 ]
 
@@ -127,12 +128,10 @@ class SessionStore:
             data, _end = json.JSONDecoder().raw_decode(raw.decode("utf-8"))
         except (ValueError, RecursionError):
             return {"version": STATE_VERSION, "recovered": "state.json was unreadable and was reset"}
-        if not isinstance(data, dict) or data.get("version") != STATE_VERSION:
-            return {"version": STATE_VERSION}
-        wrong = _mistyped(data)
-        if wrong is not None:
-            return {"version": STATE_VERSION, "recovered": f"state.json was damaged ({wrong}) and was reset"}
-        return data
+        unusable = unusable_state(data)
+        if unusable is not None:
+            return {"version": STATE_VERSION, "recovered": f"state.json {unusable} and was reset"}
+        return cast(dict[str, Any], data)  # an object: unusable_state said so
 
     def forget(self) -> None:
         """Drop the in-memory state (after a run that failed part-way changed it)."""
@@ -304,6 +303,21 @@ _LAST_FIELDS: dict[str, type | tuple[type, ...]] = {
     "output_file": list,
     "output_digest": str,
 }
+
+
+def unusable_state(data: object) -> str | None:
+    """Why a parsed state cannot be used (said in the warning of the reset), None when it can:
+    not a JSON object, another version (a newer ctxrules wrote it), or a known key of the
+    wrong type."""
+    if not isinstance(data, dict):
+        return f"was damaged (a JSON {type(data).__name__}, not an object)"
+    version = data.get("version")
+    if version != STATE_VERSION:
+        return f"has version {repr(version)[:40]}, not {STATE_VERSION} (another version of ctxrules wrote it)"
+    wrong = _mistyped(data)
+    if wrong is not None:
+        return f"was damaged ({wrong})"
+    return None
 
 
 def _mistyped(data: dict[str, Any]) -> str | None:

@@ -52,7 +52,7 @@ import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Final, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Final, Literal, TypeVar, cast
 from urllib.parse import parse_qsl, urlencode, urlsplit
 
 import redis
@@ -61,7 +61,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from ctxrules.logs import get_logger
-from ctxrules.session_store import _mistyped  # the filesystem store's check of a state's fields
+from ctxrules.session_store import unusable_state  # the filesystem store's check of a state
 from ctxrules.stores.base import (
     DOCS,
     SESSION_ID_RE,
@@ -1547,12 +1547,10 @@ def _parse_state(raw: bytes) -> dict[str, Any]:
         data = json.loads(raw)
     except (ValueError, RecursionError):
         return {"version": STATE_VERSION, "recovered": "the stored state was unreadable and was reset"}
-    if not isinstance(data, dict) or data.get("version") != STATE_VERSION:
-        return {"version": STATE_VERSION}
-    wrong = _mistyped(data)
-    if wrong is not None:
-        return {"version": STATE_VERSION, "recovered": f"the stored state was damaged ({wrong}) and was reset"}
-    return data
+    unusable = unusable_state(data)
+    if unusable is not None:
+        return {"version": STATE_VERSION, "recovered": f"the stored state {unusable} and was reset"}
+    return cast(dict[str, Any], data)  # an object: unusable_state said so
 
 
 class _PrepareLock:
