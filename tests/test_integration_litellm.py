@@ -134,6 +134,18 @@ def test_its_own_output_passes_unchanged_without_a_state_write(tmp_path: Path) -
     assert hook.stats == {"prepared": 1, "unchanged": 1, "passed": 0, "failed": 0}
 
 
+def test_its_own_messages_with_other_tools_are_prepared(tmp_path: Path) -> None:
+    # The digest of what the hook produced covered the messages only: the same messages with
+    # tools the hook never saw went on unprepared (tools neither checked nor normalized).
+    hook = ContextHook("builtin:default", tmp_path / "state", window=32_000)
+    data = {"model": "gpt-4o", "messages": long_history(), "litellm_session_id": "tools"}
+    out = hook.process(data, "openai", api_key="key-1")
+    tool = {"type": "function", "function": {"name": "Read", "parameters": {"type": "object", "properties": {}}}}
+    again = hook.process({**out, "tools": [tool]}, "openai", api_key="key-1")
+    assert again is not out and again["tools"] == [tool]
+    assert hook.stats == {"prepared": 2, "unchanged": 0, "passed": 0, "failed": 0}
+
+
 def test_a_request_nested_past_the_stack_goes_on_unchanged(tmp_path: Path) -> None:
     """A message nested ~5,000 levels deep (valid JSON): ctxrules cannot take it (MessagesError)
     and with on_error "pass" the request goes on as given; the hook's own digest of it must not

@@ -301,9 +301,11 @@ class ContextHook(CustomLogger):
         return session
 
     def _digest(self, kind: Kind, data: Mapping[str, Any]) -> str | None:
-        """What the request's messages hash to; None for a request no digest can be taken of
+        """What the request's messages and tools hash to; None for a request no digest can be taken of
         (nested past Python's stack, a key no JSON has): it is then not one this hook made."""
-        keys = _ANTHROPIC_KEYS if kind == "anthropic" else ("messages",)
+        # The tools too: a request with this output's messages and other tools is not one
+        # this hook made (its tools were never checked nor normalized).
+        keys = _ANTHROPIC_KEYS if kind == "anthropic" else ("messages", "tools")
         view = {k: data.get(k) for k in keys}
         try:
             text = json.dumps(view, sort_keys=True, ensure_ascii=False, default=str)
