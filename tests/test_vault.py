@@ -203,6 +203,14 @@ def test_malformed_ids_are_rejected_before_touching_the_filesystem(vault: Vault,
         vault.exists(bad)
 
 
+@pytest.mark.parametrize("bad", ["a" * 10_000_000, "z" * 10_000_000])
+def test_a_huge_malformed_id_is_named_cut_in_the_error(vault: Vault, bad: str) -> None:
+    # The whole argument was echoed: a 10 MB line on stderr, or in a model's recall result.
+    with pytest.raises(VaultError) as err:
+        vault.get(bad)
+    assert len(str(err.value)) < 300 and "10,000,000 characters" in str(err.value)
+
+
 def test_vault_error_is_a_handled_error() -> None:
     assert issubclass(VaultError, CtxrulesError)
 

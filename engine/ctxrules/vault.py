@@ -96,10 +96,17 @@ def _normalize_id(id_or_prefix: str) -> str:
     candidate = candidate.removeprefix("vault://")
     if not candidate:
         raise VaultError("empty vault id")
+    # Shown cut: an id is 64 characters, and a 10 MB argument (or a model's runaway recall
+    # call) was echoed whole into the message.
+    shown = (
+        repr(id_or_prefix)
+        if len(id_or_prefix) <= 2 * _ID_LEN
+        else f"{id_or_prefix[:_ID_LEN]!r}... ({len(id_or_prefix):,} characters)"
+    )
     if not _HEX_RE.fullmatch(candidate):
-        raise VaultError(f"invalid vault id {id_or_prefix!r}: expected hex digits (0-9, a-f)")
+        raise VaultError(f"invalid vault id {shown}: expected hex digits (0-9, a-f)")
     if len(candidate) > _ID_LEN:
-        raise VaultError(f"invalid vault id {id_or_prefix!r}: longer than a sha256 id ({_ID_LEN} hex digits)")
+        raise VaultError(f"invalid vault id {shown}: longer than a sha256 id ({_ID_LEN} hex digits)")
     if len(candidate) < MIN_PREFIX:
         raise VaultError(f"vault id prefix {id_or_prefix!r} is too short: give at least {MIN_PREFIX} hex digits")
     return candidate
