@@ -518,6 +518,16 @@ def test_a_fifo_a_device_and_a_huge_file_are_refused_before_parsing(tmp_path: Pa
         assert proc.returncode == 1 and code in out, out
 
 
+def test_a_fifo_named_by_extends_is_reported_at_the_extends_line(tmp_path: Path) -> None:
+    # It was reported at the FIFO's own 1:1, which says nothing of which pack named it.
+    os.mkfifo(tmp_path / "parent.yaml")
+    write(tmp_path, "p.yaml", "extends: ./parent.yaml\n")
+    proc = ctxrules("validate", "p.yaml", cwd=tmp_path, timeout=60)
+    out = clean(proc)
+    assert proc.returncode == 1, out
+    assert "p.yaml:4:10: error[CR030] ./parent.yaml is a FIFO, not a pack file" in out, out
+
+
 @pytest.mark.parametrize("value", ["9" * 5000, ".nan", ".inf", "-.inf"])
 def test_unusable_numbers_are_a_located_error(tmp_path: Path, value: str) -> None:
     write(tmp_path, "p.yaml", f"context:\n  window: {value}\n")

@@ -29,6 +29,7 @@ __all__ = [
     "FileRefused",
     "OutsideRoots",
     "check_inside",
+    "file_kind",
     "make_roots",
     "read_limited",
     "read_pack_text",
@@ -92,6 +93,17 @@ HINT = (
 )
 
 
+def file_kind(mode: int) -> str:
+    """What a file that is not a regular one is, for a message (``a FIFO``, ``a device``...)."""
+    if stat.S_ISFIFO(mode):
+        return "a FIFO"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    return "not a regular file"
+
+
 def read_limited(path: Path, limit: int = MAX_PACK_BYTES, what: str = "file", *, follow: bool = True) -> bytes:
     """The bytes of a regular file of at most ``limit`` bytes. Raises :class:`FileRefused`
     (FIFO, device, folder, too large) or ``OSError`` (also a symlink, unless ``follow``).
@@ -105,16 +117,7 @@ def read_limited(path: Path, limit: int = MAX_PACK_BYTES, what: str = "file", *,
         if stat.S_ISDIR(info.st_mode):
             raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(path))
         if not stat.S_ISREG(info.st_mode):
-            kind = (
-                "a FIFO"
-                if stat.S_ISFIFO(info.st_mode)
-                else "a device"
-                if stat.S_ISCHR(info.st_mode) or stat.S_ISBLK(info.st_mode)
-                else "a socket"
-                if stat.S_ISSOCK(info.st_mode)
-                else "not a regular file"
-            )
-            raise FileRefused(f"{what} is {kind}, not a regular file")
+            raise FileRefused(f"{what} is {file_kind(info.st_mode)}, not a regular file")
         if info.st_size > limit:
             raise FileRefused(f"{what} is {info.st_size:,} bytes; the limit is {limit:,}")
         chunks: list[bytes] = []

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -17,7 +18,15 @@ from typing import Any
 
 from ctxrules.diagnostics import Diagnostic, did_you_mean
 from ctxrules.packs.confine import HINT as CONFINE_HINT
-from ctxrules.packs.confine import MAX_PACK_BYTES, FileRefused, OutsideRoots, check_inside, make_roots, read_limited
+from ctxrules.packs.confine import (
+    MAX_PACK_BYTES,
+    FileRefused,
+    OutsideRoots,
+    check_inside,
+    file_kind,
+    make_roots,
+    read_limited,
+)
 from ctxrules.packs.merge import ID_LISTS, MergeProblem, drop_disabled, merge_packs
 from ctxrules.packs.semver import RangeError, is_semver, parse_range
 from ctxrules.packs.source import Origin, SourceDoc, YamlProblem, parse_yaml
@@ -97,6 +106,15 @@ def display_path(path: Path) -> str:
 @cache
 def _real_rules_dir() -> Path:
     return rules_dir().resolve()  # the package's own folder: it does not move while we run
+
+
+def _not_regular(path: Path) -> str | None:
+    """What ``path`` is when it is not a regular file (``a FIFO``...), else None."""
+    try:
+        mode = path.stat().st_mode
+    except OSError:
+        return None  # gone since: reading it says so
+    return None if stat.S_ISREG(mode) else file_kind(mode)
 
 
 class PackLoader:
@@ -321,6 +339,11 @@ class PackLoader:
             if key is not None:
                 self._located[key] = known
         path, said = known
+        if path is not None and at is not None and (kind := _not_regular(path)) is not None:
+            # Said at the `extends` that names it (it was reported at the FIFO's own 1:1); a
+            # pack given on the command line stays CR101 at its own name.
+            said = (*said, ("CR030", f"{ref} is {kind}, not a pack file (looked for {path})", None))
+            path = None
         for code, message, hint in said:
             if at is None:
                 diagnostics.append(Diagnostic(code, "error", message, ref, 1, 1, "", hint))
