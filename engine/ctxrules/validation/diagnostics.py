@@ -25,7 +25,7 @@ CODES: dict[str, str] = {
     "CR020": "metadata.version is not a semantic version",
     "CR021": "metadata.requires is not satisfied by this ctxrules version",
     "CR022": "a version range does not parse",
-    "CR030": "extends names a pack that does not exist",
+    "CR030": "extends names a pack that does not exist (nothing there, a folder, a FIFO, a device)",
     "CR031": "extends forms a cycle",
     "CR032": "extends names a built-in pack whose version is out of the requested range",
     "CR040": "duplicate id in an id-keyed list",
