@@ -923,3 +923,53 @@ def test_an_output_that_cannot_be_written_is_refused_before_the_replay(
     err = capsys.readouterr().err
     assert f"--json {where}: cannot write" in err and "broken.json" not in err, err
     assert not (tmp_path / "missing").exists()
+
+
+def test_a_worker_killed_mid_run_is_one_clear_error_not_a_crash() -> None:
+    # A worker the out-of-memory killer (or a SIGKILL) ended broke the pool: the verb ended in
+    # "internal error: BrokenProcessPool ... this is a bug in ctxrules", exit 2 by accident.
+    import multiprocessing
+    import signal
+
+    from ctxrules.errors import CtxrulesError
+    from ctxrules.eval.replay import Plan, Task
+    from ctxrules.eval.run import run_tasks
+
+    long = transcript("long")
+    for n in range(60):  # enough calls that the workers are still replaying at the first event
+        long += [{"role": "user", "content": f"step {n}"}, {"role": "assistant", "content": f"ok {n}"}]
+    plan = Plan("builtin:default", "pack", "builtin:default")
+    tasks = [Task(f"t{i}", f"t{i}.json", tuple(long), (), plan, "gpt-4o", 32000) for i in range(2)]
+    killed: list[int] = []
+
+    def kill_the_workers(*_event: object) -> None:
+        if not killed:
+            for child in multiprocessing.active_children():
+                killed.append(child.pid or 0)
+                os.kill(child.pid or 0, signal.SIGKILL)
+
+    with pytest.raises(CtxrulesError, match="worker process ended without its result"):
+        run_tasks(tasks, jobs=2, progress=kill_the_workers)
+    assert killed
+
+
+def test_a_pack_that_stops_loading_during_the_run_is_exit_2_not_a_broken_invariant(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Each replay loads its pack again; a pack edited into an invalid one after eval checked it
+    # ended the run with exit 1, eval's code for "an invariant broke".
+    from ctxrules.cli import eval as eval_cli
+
+    (tmp_path / "t.json").write_text(json.dumps(transcript("p")))
+    pack = tmp_path / "p.yaml"
+    pack.write_text((REPO / "docs/examples/late-compaction.yaml").read_text())
+    real_run_tasks = eval_cli.run_tasks
+
+    def edited_meanwhile(*args: Any, **kwargs: Any) -> Any:
+        pack.write_text("kind: [broken\n")
+        return real_run_tasks(*args, **kwargs)
+
+    monkeypatch.setattr(eval_cli, "run_tasks", edited_meanwhile)
+    assert run_cli("eval", "--pack", str(pack), "--model", "gpt-4o", "--quiet", str(tmp_path / "t.json")) == 2
+    err = capsys.readouterr().err
+    assert "a pack no longer loads" in err and "p.yaml" in err and "Traceback" not in err

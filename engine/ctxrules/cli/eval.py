@@ -148,6 +148,10 @@ def run(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     try:
         results = run_tasks(tasks, jobs=args.jobs, progress=bar)
+    except PackError as exc:
+        # Each replay loads its pack again: one edited into an invalid pack after the check
+        # above is the same usage error (exit 2), not eval's exit 1 for a broken invariant.
+        raise UsageError(f"a pack no longer loads (was it changed during the run?): {exc}") from None
     finally:
         if bar is not None:
             bar.close()

@@ -8,10 +8,11 @@ import queue
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import Any
 
-from ctxrules.errors import MessagesError, UsageError
+from ctxrules.errors import CtxrulesError, MessagesError, UsageError
 from ctxrules.eval.replay import Plan, Progress, Task, TaskResult, replay
 from ctxrules.formats import anthropic, detect
 from ctxrules.json_files import read_json
@@ -118,9 +119,19 @@ def load_transcripts(
     return out, notes
 
 
-def _worker(task: Task, events: Any) -> TaskResult:
+# The progress queue of a worker process, given once when the process starts (a queue cannot be
+# an argument of each task).
+_events: Any = None
+
+
+def _started(events: Any) -> None:
+    global _events
+    _events = events
+
+
+def _worker(task: Task) -> TaskResult:
     def progress(transcript: str, plan: str, turn: int, total: int) -> None:
-        events.put((transcript, plan, turn, total))
+        _events.put((transcript, plan, turn, total))
 
     return replay(task, progress)
 
@@ -138,30 +149,41 @@ def run_tasks(tasks: Sequence[Task], *, jobs: int = 1, progress: Progress | None
     if jobs <= 1 or len(tasks) <= 1:
         return [replay(task, progress) for task in tasks]
     context = multiprocessing.get_context("spawn")
-    with context.Manager() as manager:
-        events = manager.Queue()
-        stop = threading.Event()
+    # A plain queue each worker gets when it starts, not a manager's: a manager is one more
+    # process, and a worker whose manager died printed a traceback of its own.
+    events = context.Queue()
+    stop = threading.Event()
 
-        def forward() -> None:
-            while not stop.is_set():
-                try:
-                    event = events.get(timeout=0.1)
-                except queue.Empty:
-                    continue
-                if progress is not None:
-                    progress(*event)
+    def forward() -> None:
+        while not stop.is_set():
+            try:
+                event = events.get(timeout=0.1)
+            except queue.Empty:
+                continue
+            if progress is not None:
+                progress(*event)
 
-        reader = helper_thread(forward, "ctxrules-eval-reader")
-        reader.start()
-        try:
-            with ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
-                # Longest transcripts first keeps the workers busy to the end.
-                order = sorted(range(len(tasks)), key=lambda i: -len(tasks[i].messages))
-                futures = {i: pool.submit(_worker, tasks[i], events) for i in order}
-                results = [futures[i].result() for i in range(len(tasks))]
-        finally:
-            stop.set()
-            reader.join()
+    reader = helper_thread(forward, "ctxrules-eval-reader")
+    reader.start()
+    try:
+        with ProcessPoolExecutor(
+            max_workers=jobs, mp_context=context, initializer=_started, initargs=(events,)
+        ) as pool:
+            # Longest transcripts first keeps the workers busy to the end.
+            order = sorted(range(len(tasks)), key=lambda i: -len(tasks[i].messages))
+            futures = {i: pool.submit(_worker, tasks[i]) for i in order}
+            results = [futures[i].result() for i in range(len(tasks))]
+    except BrokenProcessPool:
+        # A worker killed (SIGKILL, the out-of-memory killer) takes its pair's figures with it:
+        # totals without them would compare the plans on different transcripts.
+        raise CtxrulesError(
+            "a worker process ended without its result (killed, or out of memory); "
+            "nothing was written: run again, or with fewer --jobs"
+        ) from None
+    finally:
+        stop.set()
+        reader.join()
+        events.close()
     return results
 
 
