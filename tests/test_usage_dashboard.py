@@ -106,3 +106,25 @@ def test_the_dashboard_renders_in_headless_chromium(state: Path, tmp_path: Path)
     # The daily bars (#2563eb), the model bars (#9333ea) and the routing bars (#16a34a) are drawn.
     for colour in ("2563eb", "9333ea", "16a34a"):
         assert bytes.fromhex(colour) in pixels, colour
+
+
+def test_ledger_text_is_shown_as_escapes_and_a_lone_surrogate_still_writes_the_page(
+    state: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A day ledger is a JSON-lines file anything may append to. A lone surrogate in a model
+    # name ("\ud800") made the page unwritable (internal error: UnicodeEncodeError, an empty
+    # file left behind), and a bidi override or a control went onto the page as it was.
+    import json
+
+    (day,) = [p for p in (state / "ledger" / "days").glob("2026-03-09.jsonl")]
+    line = json.loads(day.read_text().splitlines()[0])
+    evil = '<img src=x onerror=alert(1)>\u202egpt\x07\ud800"'
+    line.update(id="hostile", model=evil, session=evil, root=evil, tier=evil)
+    with day.open("a", encoding="utf-8") as f:
+        f.write(json.dumps(line) + "\n")
+    page = tmp_path / "usage.html"
+    args = ["usage", "report", "--state", str(state), "--days", "7", "--until", UNTIL, "--html", str(page)]
+    assert cli_run(args) == 0, capsys.readouterr().err
+    text = page.read_text(encoding="utf-8")
+    assert "&lt;img src=x onerror=alert(1)&gt;\\u202egpt\\x07\\ud800&quot;" in text
+    assert "<img" not in text and "\u202e" not in text and "\x07" not in text

@@ -8,7 +8,6 @@ included) and drawn as inline SVG and HTML tables: no script, no network. Days a
 
 from __future__ import annotations
 
-import html
 import os
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
@@ -18,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ctxrules.budget.ledger import CallEntry, Totals, ledger_of
+from ctxrules.printable import printable_html
 from ctxrules.stores.base import Log
 from ctxrules.stores.filesystem import FilesystemStore
 
@@ -77,7 +77,10 @@ def _usd(e: CallEntry) -> float:
 
 
 def _esc(value: object) -> str:
-    return html.escape(str(value))
+    """``value`` for the page as every ctxrules page shows text (:func:`printable_html`): a
+    ledger line anyone can append to may hold a lone surrogate, which UTF-8 cannot encode (the
+    page was not written), or a bidirectional override that reorders the rest of its line."""
+    return printable_html(str(value))
 
 
 def _money(value: float) -> str:
