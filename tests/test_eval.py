@@ -619,6 +619,19 @@ def test_a_file_name_that_is_not_utf8_is_shown_by_its_bytes(tmp_path: Path) -> N
     assert "x\\xff" in page.read_text(encoding="utf-8")
 
 
+def test_two_file_names_that_read_the_same_keep_their_own_rows(tmp_path: Path) -> None:
+    # `x\xff.json` (the byte 0xff) and `x\\xff.json` (a backslash, then "xff") both show as
+    # `x\xff`: their stems differ, so neither got a path, and they shared one row (the table
+    # printed one of them twice, the JSON dropped the other).
+    short, long = transcript("s"), [*transcript("l"), {"role": "assistant", "content": "More."}]
+    (tmp_path / os.fsdecode(b"x\xff.json")).write_text(json.dumps(short))
+    (tmp_path / "x\\xff.json").write_text(json.dumps(long))
+    data = eval_json(tmp_path, {}, "--baseline", "none", "--model", "gpt-4o", str(tmp_path))
+    rows = {r["transcript"]: r["calls"] for r in data["transcripts"]}
+    assert sorted(rows.values()) == [3, 4] and len(rows) == 2, rows
+    assert set(rows) == {"x\\xff", "x\\xff (2)"}
+
+
 def test_a_pipe_named_as_an_input_is_read(tmp_path: Path) -> None:
     """`ctxrules eval ... <(zcat t.json.gz)` names /dev/fd/N, a pipe: it was refused as "no such
     file or folder". A pipe or FIFO named on the command line is read as `run --input` reads

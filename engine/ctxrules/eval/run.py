@@ -45,17 +45,29 @@ def _messages_of(data: Any, path: Path) -> tuple[list[dict[str, Any]], list[dict
 
 def _names(files: Sequence[Path]) -> list[str]:
     """A name per file, its stem, or where stems repeat its path from the files' common folder
-    (without ``.json``): every row of the report is one transcript."""
-    stems = [p.stem for p in files]
+    (without ``.json``): every row of the report is one transcript. Stems are compared as
+    shown (:func:`_decoded`): ``a\\xff.json`` (a byte that is not UTF-8) and ``a\\\\xff.json``
+    (a backslash) both read ``a\\xff``, and shared one row of the tables and of the JSON."""
+    stems = [_decoded(p.stem) for p in files]
     repeated = {stem for stem in stems if stems.count(stem) > 1}
     if not repeated:
-        return [_decoded(stem) for stem in stems]
-    clashing = [p.resolve() for p in files if p.stem in repeated]
+        return stems
+    clashing = [p.resolve() for p, stem in zip(files, stems, strict=True) if stem in repeated]
     base = Path(os.path.commonpath([str(p.parent) for p in clashing]))
-    return [
-        _decoded(p.resolve().relative_to(base).with_suffix("").as_posix() if p.stem in repeated else p.stem)
-        for p in files
+    paths = [
+        _decoded(p.resolve().relative_to(base).with_suffix("").as_posix()) if stem in repeated else stem
+        for p, stem in zip(files, stems, strict=True)
     ]
+    # Paths can read the same as shown too (both of the files above in one folder): the later
+    # ones are numbered.
+    names: list[str] = []
+    for path in paths:
+        name, n = path, 1
+        while name in names:
+            n += 1
+            name = f"{path} ({n})"
+        names.append(name)
+    return names
 
 
 def _decoded(name: str) -> str:
