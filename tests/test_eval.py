@@ -387,6 +387,19 @@ def test_an_invalid_pack_or_step_is_exit_2(tmp_path: Path, capsys: pytest.Captur
         assert "--step-s" in capsys.readouterr().err
 
 
+def test_a_step_that_runs_the_clock_past_the_year_9999_is_exit_2_before_the_replay(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # `--step-s 1e308` passed the check (finite) but the third call's clock was infinite:
+    # prepare refused it, the replay stopped there and eval exited 1, "an invariant broke".
+    (tmp_path / "t.json").write_text(json.dumps(transcript("p")))  # three calls
+    args = ("eval", "--pack", "builtin:default", "--model", "gpt-4o", "--quiet", str(tmp_path / "t.json"))
+    assert run_cli(*args, "--step-s", "1e308") == 2
+    err = capsys.readouterr().err
+    assert "--step-s 1e+308 puts the clock of call 3 past the year 9999" in err
+    assert run_cli(*args, "--step-s", "86400") == 0  # a day between calls is a time
+
+
 def test_transcript_text_in_the_table_prints_as_escapes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     msgs = transcript("e")
     msgs[2] = {**msgs[2], "tool_calls": [call("a1", "Bash\x1b[2J\x1b]0;pwned\x07", command="ls")]}

@@ -12,7 +12,7 @@ from typing import Any, TextIO
 from ctxrules.cli.io import distinct_outputs, outputs_apart_from, writable_outputs, write_text
 from ctxrules.cli.output import require_stdout, stdout_writer
 from ctxrules.errors import PackError, UsageError
-from ctxrules.eval.replay import STEP_S, Task
+from ctxrules.eval.replay import STEP_S, Task, step_clock_fits
 from ctxrules.eval.report import dumps, eval_html, eval_json, eval_table, totals_of
 from ctxrules.eval.run import load_transcripts, plans_from, run_tasks, workers
 from ctxrules.models import lookup_model
@@ -139,9 +139,12 @@ def run(args: argparse.Namespace) -> int:
         for name, path, msgs, tools in transcripts
     ]
     names = [name for name, *_ in transcripts]
-    total_turns = sum(
+    turns = [
         sum(1 for i, m in enumerate(msgs) if m.get("role") == "assistant" and i > 0) for _, _, msgs, _ in transcripts
-    ) * len(plans)
+    ]
+    total_turns = sum(turns) * len(plans)
+    if not step_clock_fits(max(turns), step_s):
+        raise UsageError(f"--step-s {args.step_s:g} puts the clock of call {max(turns)} past the year 9999")
     bar = (
         _Bar(sys.stderr, total_turns) if (sys.stderr.isatty() and not args.quiet and not os.environ.get("CI")) else None
     )

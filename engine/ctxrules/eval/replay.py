@@ -34,7 +34,7 @@ from ctxrules.structure import pinned_indices
 from ctxrules.tokens import TokenCounter, trusted_objects
 from ctxrules.toolroles import tool_roles
 
-__all__ = ["STEP_S", "CallRecord", "Plan", "Task", "TaskResult", "replay"]
+__all__ = ["STEP_S", "CallRecord", "Plan", "Task", "TaskResult", "replay", "step_clock_fits"]
 
 STEP_S = 20.0
 """Seconds between two calls when the transcript's messages carry no timestamps."""
@@ -118,6 +118,13 @@ def _clock(messages: Sequence[Mapping[str, Any]], index: int, turn: int, step_s:
             except (ValueError, OverflowError):
                 continue
     return _EPOCH + turn * step_s
+
+
+def step_clock_fits(turns: int, step_s: float) -> bool:
+    """Whether the step clock of the last of ``turns`` calls is still a time a clock shows:
+    ``--step-s 1e308`` made it infinite on the third call, which ``prepare`` refused, and the
+    run ended in exit 1 as if an invariant had broken."""
+    return _EPOCH + max(0, turns - 1) * step_s <= _LAST_EPOCH
 
 
 def _usd(info: ModelInfo, uncached: int, read: int, write: int) -> float:
