@@ -328,6 +328,17 @@ def test_a_timestamp_no_clock_shows_is_ignored(tmp_path: Path) -> None:
     assert by_plan(data)["builtin:default"]["calls"] > 0
 
 
+def test_an_iso_timestamp_outside_1970_to_9999_is_ignored_as_a_number_is() -> None:
+    # A number outside the range was ignored, an ISO string was not: "0001-01-01T00:00:00Z"
+    # became a clock 62 billion seconds before the call before it, and the cache model
+    # counted every entry as expired.
+    from ctxrules.eval.replay import _EPOCH, _clock
+
+    for stamp in ("0001-01-01T00:00:00Z", "1969-12-31T23:59:59Z", "9999-12-31T23:59:59-14:00", -1, 10**12):
+        assert _clock([{"timestamp": stamp}], 0, 2, 20.0) == _EPOCH + 40.0, stamp
+    assert _clock([{"timestamp": "2024-01-01T00:00:00Z"}], 0, 2, 20.0) == 1704067200.0
+
+
 def test_transcripts_with_the_same_file_name_keep_their_own_rows(tmp_path: Path) -> None:
     """`a/t.json` and `b/t.json`: two rows named by their paths, each with its own calls; the
     same file named twice is replayed once."""

@@ -114,9 +114,11 @@ def _clock(messages: Sequence[Mapping[str, Any]], index: int, turn: int, step_s:
             continue
         if isinstance(value, str):
             try:
-                return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+                stamp = datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
             except (ValueError, OverflowError):
                 continue
+            if 0 <= stamp <= _LAST_EPOCH:  # "0001-01-01" parses, to a time before 1970
+                return stamp
     return _EPOCH + turn * step_s
 
 
