@@ -3,6 +3,7 @@ by hand, retention probes, the invariants' exit code, the outputs people read.""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pty
@@ -1010,3 +1011,69 @@ def test_a_pack_that_stops_loading_during_the_run_is_exit_2_not_a_broken_invaria
     assert run_cli("eval", "--pack", str(pack), "--model", "gpt-4o", "--quiet", str(tmp_path / "t.json")) == 2
     err = capsys.readouterr().err
     assert "a pack no longer loads" in err and "p.yaml" in err and "Traceback" not in err
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(entry.name))
+    return found
+
+
+def _running(pids: list[int]) -> list[int]:
+    """The processes of ``pids`` still running (an ended one nobody reaped yet is a zombie)."""
+    running = []
+    for pid in pids:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != "Z":
+            running.append(pid)
+    return running
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc")
+def test_the_workers_end_when_eval_is_killed(tmp_path: Path) -> None:
+    # `timeout 60 ctxrules eval --jobs 2`: SIGTERM ended eval outright, and its workers waited
+    # for tasks forever, holding its stderr open (a pipe reading it never saw its end).
+    import signal
+    import time
+
+    long = transcript("k")
+    for n in range(1500):  # tens of seconds of replay per pair
+        long += [{"role": "user", "content": f"step {n}"}, {"role": "assistant", "content": f"ok {n}"}]
+    for name in ("a", "b"):
+        (tmp_path / f"{name}.json").write_text(json.dumps(long))
+    cmd = [sys.executable, "-m", "ctxrules.cli.main", "eval", "--pack", "builtin:default", "--model", "gpt-4o"]
+    proc = subprocess.Popen(
+        [*cmd, "--jobs", "2", "--quiet", str(tmp_path)],
+        env=_cli_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    workers: list[int] = []
+    try:
+        deadline = time.monotonic() + 30
+        while len(workers) < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
+            workers = [p for p in _children(proc.pid) if "spawn_main" in Path(f"/proc/{p}/cmdline").read_text()]
+        assert len(workers) == 2, "the workers did not start"
+        time.sleep(3)  # into the replay (a worker still starting when eval died stayed too)
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=10)
+        deadline = time.monotonic() + 10
+        while _running(workers) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not _running(workers), "workers outlived eval"
+    finally:
+        for p in [proc.pid, *workers]:
+            with contextlib.suppress(OSError):
+                os.kill(p, signal.SIGKILL)
+        proc.wait()

@@ -6,6 +6,7 @@ import multiprocessing
 import os
 import queue
 import threading
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -131,14 +132,27 @@ def load_transcripts(
     return out, notes
 
 
+_ORPHAN_POLL_S = 0.5
 # The progress queue of a worker process, given once when the process starts (a queue cannot be
 # an argument of each task).
 _events: Any = None
 
 
-def _started(events: Any) -> None:
+def _started(events: Any, parent: int) -> None:
     global _events
     _events = events
+    # The parent's pid comes from the parent: one killed while this worker was still starting
+    # has already left it to another parent, and os.getppid() here would name that one.
+    helper_thread(_end_with, "ctxrules-eval-orphan", args=(parent,)).start()
+
+
+def _end_with(parent: int) -> None:
+    """End this worker once ``parent`` (the ``eval`` process) is gone. Killed outright (SIGKILL,
+    or SIGTERM from ``timeout``, which eval does not catch), it left its workers waiting for
+    tasks forever, holding its standard error open: a pipe reading it never ended either."""
+    while os.getppid() == parent:
+        time.sleep(_ORPHAN_POLL_S)
+    os._exit(1)
 
 
 def _worker(task: Task) -> TaskResult:
@@ -179,7 +193,7 @@ def run_tasks(tasks: Sequence[Task], *, jobs: int = 1, progress: Progress | None
     reader.start()
     try:
         with ProcessPoolExecutor(
-            max_workers=jobs, mp_context=context, initializer=_started, initargs=(events,)
+            max_workers=jobs, mp_context=context, initializer=_started, initargs=(events, os.getpid())
         ) as pool:
             # Longest transcripts first keeps the workers busy to the end.
             order = sorted(range(len(tasks)), key=lambda i: -len(tasks[i].messages))
