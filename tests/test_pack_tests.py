@@ -123,6 +123,15 @@ def test_an_unreadable_input_is_named_with_where_it_breaks(cli, tmp_path: Path) 
     assert f"{tmp_path / 'latin1.json'}: not UTF-8 (byte 33)" in lines["latin1"], out
 
 
+def test_an_input_that_is_a_folder_is_named_without_a_python_exception(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    # It was "IsADirectoryError: [Errno 21] Is a directory: ...".
+    pack = write_pack(tmp_path, "tests:\n  - {id: folder, model: gpt-4o, input: ./inputs, expect: {fits: true}}\n")
+    (tmp_path / "inputs").mkdir()
+    code, out, _ = cli("test", str(pack))
+    assert (code, summary(out)) == (1, (0, 1, 0)), out
+    assert f"{tmp_path / 'inputs'}: cannot read: Is a directory" in out and "Error" not in out, out
+
+
 @pytest.mark.parametrize("name", builtin_names())
 def test_builtin_cases_use_only_data_inside_the_installed_package(name: str) -> None:
     pack = load_pack(f"builtin:{name}")

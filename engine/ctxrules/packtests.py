@@ -105,7 +105,9 @@ def run_case(engine: Engine, index: int, case: dict[str, Any]) -> CaseResult:
             result = session.prepare(data, tools)
     except (OutsideRoots, FileRefused) as exc:
         return done("failed", str(exc))
-    except (OSError, ValueError, CtxrulesError) as exc:
+    except OSError as exc:  # a folder, a file that cannot be read: said as `run --input` says it
+        return done("failed", f"{exc.filename or path}: cannot read: {exc.strerror or exc}")
+    except (ValueError, CtxrulesError) as exc:
         return done("failed", f"{type(exc).__name__}: {exc}")
     return done(*_check(case.get("expect") or {}, result.messages, result.report))
 
