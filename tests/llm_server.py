@@ -27,6 +27,8 @@ Behaviours (frozen dataclasses; build them with the helper functions):
 - :func:`http_error` — an HTTP error status with an OpenAI-style error body.
 - :func:`context_length_error` — the 400 ``context_length_exceeded`` error providers send
   when the prompt does not fit.
+- :func:`raw` — raw bytes in whatever framing (garbage, truncated JSON, a wrong content type,
+  a cut-off SSE stream), ``repeat=True`` for a body that never ends (a trickle).
 - :func:`stream_error` — a stream that sends ``prefix`` and then an error event (``data:
   {"error": ...}``, as OpenAI-compatible servers report a failure mid-stream).
 
@@ -59,11 +61,13 @@ __all__ = [
     "Behaviour",
     "HTTPError",
     "LLMServer",
+    "Raw",
     "RecordedRequest",
     "Reply",
     "Silent",
     "context_length_error",
     "http_error",
+    "raw",
     "reply",
     "silent",
     "slow_reply",
@@ -140,6 +144,17 @@ class HTTPError:
 
 
 @dataclass(frozen=True)
+class Raw:
+    """Answer with raw bytes (see :func:`raw`): whatever a broken server or proxy might send."""
+
+    body: tuple[bytes, ...] = ()
+    status: int = 200
+    content_type: str = "application/json"
+    interval_s: float = 0.0
+    repeat: bool = False
+
+
+@dataclass(frozen=True)
 class StreamError:
     """Stream ``prefix``, then an error event (see :func:`stream_error`)."""
 
@@ -148,7 +163,7 @@ class StreamError:
     code: str | None = None
 
 
-Behaviour = Reply | Silent | HTTPError | StreamError
+Behaviour = Reply | Silent | HTTPError | StreamError | Raw
 
 
 def reply(
@@ -186,6 +201,20 @@ def http_error(
 ) -> HTTPError:
     """An HTTP error with ``{"error": {"message", "type", "code"}}``."""
     return HTTPError(status, message, type, code)
+
+
+def raw(
+    *parts: bytes,
+    status: int = 200,
+    content_type: str = "application/json",
+    interval_s: float = 0.0,
+    repeat: bool = False,
+) -> Raw:
+    """Send ``parts`` as the body (HTTP/1.1 chunked, one part per chunk, ``interval_s`` apart),
+    whatever the request asked for: garbage, truncated JSON, a wrong content type, an SSE
+    stream that is cut off. ``repeat`` sends the parts again and again until :data:`MAX_HOLD_S`
+    or :meth:`LLMServer.stop` (a stream that never ends)."""
+    return Raw(tuple(parts), status, content_type, interval_s, repeat)
 
 
 def context_length_error(limit: int = 8192) -> HTTPError:
@@ -387,6 +416,8 @@ def _make_handler(server: LLMServer) -> type[BaseHTTPRequestHandler]:
                             }
                         },
                     )
+                elif isinstance(behaviour, Raw):
+                    self._raw(behaviour)
                 elif isinstance(behaviour, Silent):
                     self._silent(behaviour, stream)
                 elif isinstance(behaviour, StreamError):
@@ -479,6 +510,27 @@ def _make_handler(server: LLMServer) -> type[BaseHTTPRequestHandler]:
                 final["usage"] = _usage_of(behaviour)
             self._event(final)
             self._event("[DONE]")
+            self._end_stream()
+
+        def _raw(self, behaviour: Raw) -> None:
+            self.send_response(behaviour.status)
+            self.send_header("Content-Type", behaviour.content_type)
+            self.send_header("Transfer-Encoding", "chunked")
+            self.send_header("Connection", "close")
+            self.end_headers()
+            self.close_connection = True
+            ends = time.monotonic() + MAX_HOLD_S
+            while True:
+                for part in behaviour.body:
+                    if behaviour.interval_s and server._stopping.wait(behaviour.interval_s):
+                        return
+                    if server._stopping.is_set() or time.monotonic() > ends:
+                        return
+                    if part:
+                        self.wfile.write(f"{len(part):x}\r\n".encode() + part + b"\r\n")
+                        self.wfile.flush()
+                if not behaviour.repeat:
+                    break
             self._end_stream()
 
         def _stream_error(self, behaviour: StreamError, stream: bool) -> None:

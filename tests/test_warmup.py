@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from llm_server import LLMServer, http_error, raw
 
 from ctxrules import Engine
 from ctxrules.cache.warmup import KeepAlive, Probe, probe_cost, probe_messages, send_probe
@@ -114,6 +115,39 @@ def test_a_failing_probe_is_reported_not_raised() -> None:
         timeout_s=2,
     )
     assert not probe.ok and probe.error
+
+
+def test_a_failed_probe_is_one_request_not_three() -> None:
+    """litellm retries a failed call twice by default: three prefixes paid for one probe, and
+    three times ``timeout_s`` before a silent server's probe fails."""
+    with LLMServer() as server:
+        server.script(http_error(500), http_error(500), http_error(500))
+        probe = send_probe(
+            "openai/gpt-4o",
+            [{"role": "user", "content": "x"}],
+            request={"api_base": server.base_url, "api_key": "k"},
+            timeout_s=5,
+        )
+        assert not probe.ok and probe.status == 500
+        assert len(server.requests) == 1
+
+
+def test_a_probe_answered_by_a_trickle_gives_up_at_its_timeout() -> None:
+    """A server that sends a space every 0.2 s never lets a read time out; the probe still
+    fails after ``timeout_s`` (the server would go on for a minute)."""
+    with LLMServer() as server:
+        server.script(raw(b" ", interval_s=0.2, repeat=True))
+        started = time.monotonic()
+        probe = send_probe(
+            "openai/gpt-4o",
+            [{"role": "user", "content": "x"}],
+            request={"api_base": server.base_url, "api_key": "k"},
+            timeout_s=1,
+        )
+        took = time.monotonic() - started
+        assert not probe.ok and not probe.rejected
+        assert "no complete answer within 1 s" in (probe.error or "")
+        assert took < 5, took
 
 
 def test_warm_up_sends_the_prefix_with_one_output_token(server: Any, tmp_path: Path) -> None:

@@ -21,6 +21,9 @@ rewrote the messages) and a pause longer than the TTL. This module covers both:
   the caller's next ``update``/``after_prepare`` (and from leaving the ``with``) — once;
   transient failures (timeouts, 5xx, rate limits) are logged and retried on schedule.
 
+A probe is one request (no blind retries: each would pay for the prefix again) and fails after
+``timeout_s`` however the server stalls, so neither the keep-alive thread nor ``stop()`` hangs.
+
 ``import litellm`` is slow and reaches for the network unless ``LITELLM_LOCAL_MODEL_COST_MAP``
 is set, so it is imported on the first probe only, with that variable set first.
 ``time_scale`` runs the whole schedule on a scaled clock (tests: 0.001 turns 240 s into 0.24 s);
@@ -114,6 +117,33 @@ def _status_of(exc: BaseException) -> int | None:
     return value if isinstance(value, int) else None
 
 
+def _call_within(call: Callable[..., Any], kwargs: dict[str, Any], timeout_s: float) -> Any:
+    """``call(**kwargs)`` in a helper thread, given up after ``timeout_s`` (plus 1 s of grace).
+
+    The HTTP ``timeout`` bounds each read, not the whole response: a server (or proxy) that
+    trickles whitespace keeps every read short and the call open forever, and with it the
+    keep-alive thread and :meth:`KeepAlive.stop`. The abandoned call ends with its connection.
+    """
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                box["response"] = call(**kwargs)
+        except BaseException as exc:  # handed to the caller
+            box["error"] = exc
+
+    worker = helper_thread(run, "ctxrules-probe")
+    worker.start()
+    worker.join(timeout_s + 1.0)
+    if worker.is_alive():
+        raise TimeoutError(f"no complete answer within {timeout_s:g} s")
+    if "error" in box:
+        raise box["error"]
+    return box["response"]
+
+
 def load_litellm() -> Any:
     """``litellm`` through :func:`ctxrules.llm.load_litellm` (kept here for callers of this module)."""
     return load()
@@ -203,13 +233,15 @@ def send_probe(
             "messages": probe_messages(messages),
             "max_tokens": max_tokens,
             "timeout": timeout_s,
+            # One probe is one request: every retry pays for the whole prefix again, and a
+            # transient failure is retried on the keep-alive's schedule anyway.
+            "max_retries": 0,
+            "num_retries": 0,
             **extra,
         }
         if tools:
             kwargs["tools"] = [dict(t) for t in tools]
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            response = litellm.completion(**kwargs)
+        response = _call_within(litellm.completion, kwargs, timeout_s)
         usage = response.get("usage") if isinstance(response, Mapping) else getattr(response, "usage", None)
         prompt, cached, written, completion = _usage_numbers(usage or {})
         if ledger is not None and usage is not None:
