@@ -18,6 +18,7 @@ from llm_server import (
     LLMServer,
     context_length_error,
     http_error,
+    raw,
     reply,
     silent,
     slow_reply,
@@ -273,6 +274,32 @@ def test_the_total_ceiling_stops_a_stream_that_never_ends(
     seconds = float(attempt.split(" after ")[1].split(" s")[0])
     assert 1.9 <= seconds <= 3.5
     assert injected_meta(summary_of(out))["source"] == "checkpoint"
+
+
+def flood_chunk(i: int) -> bytes:
+    """One SSE event of 4 KB of text; no two alike (litellm stops a stream that repeats)."""
+    delta = {"content": f"{i:04d}" + "enum serializer migration " * 160}
+    event = {"id": "x", "object": "chat.completion.chunk", "created": 1, "model": "m"}
+    event["choices"] = [{"index": 0, "delta": delta, "finish_reason": None}]
+    return b"data: " + json.dumps(event).encode() + b"\n\n"
+
+
+@pytest.mark.corpus
+def test_a_reply_that_ignores_max_tokens_is_cut_off_at_a_size_limit(
+    tmp_path: Path, server: LLMServer, chat: list[dict[str, Any]]
+) -> None:
+    """A server streaming far past ``max_tokens`` as fast as it can: kept to the end of
+    ``total_s``, it is hundreds of MB of reply in memory. It fails at once instead."""
+    server.script(raw(*(flood_chunk(i) for i in range(64)), content_type="text/event-stream", repeat=True))
+    h = Harness(tmp_path, server, chat, total_s=8)
+    started = time.monotonic()
+    out, stage = h.prepare()
+    assert time.monotonic() - started < 6
+    (attempt,) = attempts(stage)
+    assert "failed" in attempt and "too_long: the reply ran past 131072 characters" in attempt
+    assert server.requests[0].body["max_tokens"] == 4096  # 4096 tokens x 32 characters
+    assert injected_meta(summary_of(out))["source"] == "checkpoint"
+    assert breaker(stage, "gpt-4o-mini") == "gpt-4o-mini: state=closed failures=1"
 
 
 @pytest.mark.corpus

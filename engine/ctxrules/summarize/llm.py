@@ -5,7 +5,10 @@ A slow model is not a dead one. The call streams, and two limits apply (seed: "æ
 - **inactivity** (``inactivity_s``, 90 s by default): the longest wait for the next streamed
   token (content or reasoning). Every token resets it, so a local 8B model that writes a few
   tokens a second is never cut off; a stream that goes silent is abandoned at this limit;
-- **total** (``total_s``, 600 s): a ceiling however steadily tokens arrive.
+- **total** (``total_s``, 600 s): a ceiling however steadily tokens arrive;
+- **size** (``max_chars``, optional): the longest reply kept. The summarizer asks for at most
+  ``max_output_tokens`` tokens; a server that ignores that (a broken proxy, a model looping)
+  would otherwise fill memory for the whole ``total_s`` â€” hundreds of MB from a local server.
 
 The stream is read by a worker thread that hands chunks over a queue; the caller waits on the
 queue with the nearer of the two deadlines, so the limits hold even when the HTTP read blocks.
@@ -50,7 +53,7 @@ Completion = Callable[..., Iterable[Any]]
 
 class CallFailed(Exception):
     """The summarizer call did not produce a reply. ``kind``: ``error``, ``context_length``,
-    ``inactivity``, ``total`` or ``empty``."""
+    ``inactivity``, ``total``, ``too_long`` or ``empty``."""
 
     kind = "error"
 
@@ -77,13 +80,15 @@ class TotalTimeout(CallFailed):
 
 @dataclass(frozen=True)
 class StreamLimits:
-    """The two limits of one call, in seconds (tests pass small ones)."""
+    """The limits of one call: two in seconds (tests pass small ones), and the longest reply
+    in characters (``None``: no limit)."""
 
     inactivity_s: float = 90.0
     total_s: float = 600.0
+    max_chars: int | None = None
 
     def __post_init__(self) -> None:
-        if not (self.inactivity_s > 0 and self.total_s > 0):
+        if not (self.inactivity_s > 0 and self.total_s > 0) or (self.max_chars is not None and self.max_chars <= 0):
             raise ValueError(f"stream limits must be positive, got {self}")
 
 
@@ -267,6 +272,7 @@ def stream_completion(
     worker = helper_thread(work, "ctxrules-summarizer-stream")
     worker.start()
     parts: list[str] = []
+    size = 0
     chunks = 0
     finish: str | None = None
     usage: Mapping[str, Any] = {}
@@ -297,6 +303,12 @@ def stream_completion(
             text, progressed, chunk_finish, chunk_usage = _chunk_parts(payload)
             if text:
                 parts.append(text)
+                size += len(text)
+                if limits.max_chars is not None and size > limits.max_chars:
+                    raise CallFailed(
+                        f"the reply ran past {limits.max_chars} characters (the server ignored max_tokens)",
+                        kind="too_long",
+                    )
             if progressed:
                 progress.touch()
                 note(

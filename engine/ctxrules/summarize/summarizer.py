@@ -56,10 +56,16 @@ if TYPE_CHECKING:
     from ctxrules.budget.tracker import SessionLedger
     from ctxrules.models import ModelInfo
 
-__all__ = ["REPLY_MAX_DEPTH", "Attempt", "SummarizeResult", "Summarizer", "parse_reply"]
+__all__ = ["CHARS_PER_TOKEN_CAP", "REPLY_MAX_DEPTH", "Attempt", "SummarizeResult", "Summarizer", "parse_reply"]
 
 _PROMPT_MARGIN = 256
 """Tokens kept free in the summarizer's window besides the reply budget (counting slack)."""
+
+CHARS_PER_TOKEN_CAP = 32
+"""The longest reply kept is the reply budget times this (128K characters for 4096 tokens).
+A token is about 4 characters of English and 1 of CJK; 32 leaves room for whitespace runs
+and any tokenizer, and still stops a server that ignores ``max_tokens`` long before memory
+does."""
 
 REPLY_MAX_DEPTH = 8
 """How deep a reply may nest: a summary is an object of lists of strings (an entry a model
@@ -359,7 +365,7 @@ class Summarizer:
                     )
                 )
                 return None
-            limits = StreamLimits(self.config.inactivity_s, remaining)
+            limits = StreamLimits(self.config.inactivity_s, remaining, self._reply_budget(cand) * CHARS_PER_TOKEN_CAP)
             try:
                 reply = stream_completion(self._request(cand, prompt), limits, completion=self.completion)
             except CallFailed as exc:
