@@ -35,7 +35,8 @@ from ctxrules import Engine
 from ctxrules.budget import BudgetExceeded
 from ctxrules.messages import injected_kind, injected_meta, message_text
 from ctxrules.redaction import default_redactor
-from ctxrules.summarize import FIELDS
+from ctxrules.summarize import FIELDS, StreamLimits, stream_completion
+from ctxrules.summarize.llm import CallFailed
 
 GOAL = "List which of these issues touch migrations, and fix the Django enum serializer first"
 
@@ -300,6 +301,23 @@ def test_a_reply_that_ignores_max_tokens_is_cut_off_at_a_size_limit(
     assert server.requests[0].body["max_tokens"] == 4096  # 4096 tokens x 32 characters
     assert injected_meta(summary_of(out))["source"] == "checkpoint"
     assert breaker(stage, "gpt-4o-mini") == "gpt-4o-mini: state=closed failures=1"
+
+
+def test_a_chunk_litellm_cannot_parse_fails_the_call_without_a_traceback_on_stderr(
+    server: LLMServer, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """litellm logs a chunk its parser refuses as an ERROR with the pydantic traceback, on
+    stderr through its own handler: ``ctxrules run`` printed it. The failure is the call's."""
+    call = {"index": 0, "function": {"name": 5, "arguments": {"x": 1}}}  # a name that is no string
+    event = {"id": "x", "object": "chat.completion.chunk", "created": 1, "model": "m"}
+    event["choices"] = [{"index": 0, "delta": {"tool_calls": [call]}, "finish_reason": None}]
+    server.script(raw(b"data: " + json.dumps(event).encode() + b"\n\n", content_type="text/event-stream"))
+    request = {"model": "openai/gpt-4o-mini", "api_base": server.base_url, "api_key": "k", "max_retries": 0}
+    with pytest.raises(CallFailed) as failed:
+        stream_completion({**request, "messages": [{"role": "user", "content": "x"}]}, StreamLimits(5, 10))
+    assert failed.value.kind == "error" and "MidStreamFallbackError" in str(failed.value)
+    err = capfd.readouterr().err
+    assert "Traceback" not in err and "LiteLLM" not in err, err
 
 
 @pytest.mark.corpus

@@ -5,11 +5,18 @@ fetching one, and telemetry is off. litellm imports provider modules lazily, som
 middle of a call, and some of them warn at import time (pydantic, deprecations): those warnings
 are litellm's, not the caller's, so they are silenced around the import and around each call
 made through :func:`quiet`.
+
+litellm also logs to stderr itself, tracebacks included (a stream chunk its parser refuses is an
+ERROR with the pydantic traceback), through its own handler. For the calls ctxrules makes on its
+own (the summarizer, cache probes) that output is dropped inside :func:`own_call`: the failure
+reaches the report or the probe already, and a CLI's stderr holds no traceback. The caller's own
+calls (``session.complete``) keep litellm's logging as the caller configured it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import threading
 import warnings
@@ -17,6 +24,18 @@ from collections.abc import Iterator
 from typing import Any
 
 _LOCK = threading.Lock()
+_OWN = threading.local()
+LITELLM_LOGGERS = ("LiteLLM", "LiteLLM Router", "LiteLLM Proxy")
+
+
+class _OwnCallFilter(logging.Filter):
+    """Drops litellm's records made in a thread that is inside :func:`own_call`."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not getattr(_OWN, "depth", 0)
+
+
+_FILTER = _OwnCallFilter()
 
 
 def load_litellm() -> Any:
@@ -40,3 +59,18 @@ def quiet() -> Iterator[None]:
         warnings.simplefilter("ignore", UserWarning)
         warnings.simplefilter("ignore", DeprecationWarning)
         yield
+
+
+@contextlib.contextmanager
+def own_call() -> Iterator[None]:
+    """Around a model call ctxrules makes on its own, in the thread that makes (and reads) it:
+    litellm's log records of this thread are dropped, the outcome is reported by ctxrules."""
+    for name in LITELLM_LOGGERS:
+        logger = logging.getLogger(name)
+        if _FILTER not in logger.filters:
+            logger.addFilter(_FILTER)
+    _OWN.depth = getattr(_OWN, "depth", 0) + 1
+    try:
+        yield
+    finally:
+        _OWN.depth -= 1

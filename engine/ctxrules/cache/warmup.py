@@ -45,6 +45,7 @@ if TYPE_CHECKING:
 
 from ctxrules.errors import CtxrulesError
 from ctxrules.llm import load_litellm as load
+from ctxrules.llm import own_call
 from ctxrules.logs import get_logger
 from ctxrules.models import lookup_model
 from ctxrules.threads import helper_thread
@@ -128,7 +129,7 @@ def _call_within(call: Callable[..., Any], kwargs: dict[str, Any], timeout_s: fl
 
     def run() -> None:
         try:
-            with warnings.catch_warnings():
+            with own_call(), warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 box["response"] = call(**kwargs)
         except BaseException as exc:  # handed to the caller

@@ -33,6 +33,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ctxrules.llm import own_call
 from ctxrules.progress import note
 from ctxrules.threads import helper_thread
 
@@ -251,7 +252,7 @@ def stream_completion(
     def work() -> None:
         stream: Any = None
         try:
-            with warnings.catch_warnings():
+            with own_call(), warnings.catch_warnings():
                 # litellm imports provider modules lazily on the first call, and their
                 # deprecation noise would surface in the user's output (or fail a test run
                 # that turns warnings into errors).
