@@ -148,6 +148,10 @@ def test_a_probe_answered_by_a_trickle_gives_up_at_its_timeout() -> None:
         assert not probe.ok and not probe.rejected
         assert "no complete answer within 1 s" in (probe.error or "")
         assert took < 5, took
+    # The abandoned call ends with its connection (here: the server stopping).
+    for thread in [t for t in threading.enumerate() if t.name == "ctxrules-probe"]:
+        thread.join(10)
+        assert not thread.is_alive()
 
 
 def test_warm_up_sends_the_prefix_with_one_output_token(server: Any, tmp_path: Path) -> None:
