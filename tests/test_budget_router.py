@@ -227,6 +227,26 @@ def test_a_failing_judge_never_breaks_routing(tmp_path: Path, answer: Any) -> No
     assert d.tier == "standard" and any("judge" in x for x in d.reasons)
 
 
+class Incomparable:
+    """An answer whose comparison raises (an array-like object, say)."""
+
+    def __eq__(self, other: object) -> bool:
+        raise ValueError("the truth value is ambiguous")
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+def test_a_judge_answer_that_is_no_tier_name_is_ignored_and_shown_cut(tmp_path: Path) -> None:
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    d = judged_session(tmp_path / "a", Judge(Incomparable())).route(TASK)  # raised ValueError
+    assert d.tier == "standard" and any("judge answered" in x and "not a tier" in x for x in d.reasons)
+    answer = "reasoning, because " + "x" * 5_000_000
+    huge = judged_session(tmp_path / "b", Judge(answer)).route(TASK)
+    (said,) = [x for x in huge.reasons if x.startswith("judge answered")]
+    assert huge.tier == "standard" and len(said) < 200 and f"({len(answer)} characters)" in said
+
+
 def test_undeclared_tiers_borrow_the_nearest_model(tmp_path: Path) -> None:
     r = ComplexityRouter({"router": {"tiers": {"standard": {"model": "gpt-4o"}}}})
     assert r.route(HI, session_dir=tmp_path / "s", now=T0).model == "gpt-4o"

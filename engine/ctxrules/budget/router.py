@@ -354,12 +354,15 @@ class ComplexityRouter:
             return rank
         if answer is None:
             return rank
-        if answer not in TIERS:
-            reasons.append(f"judge answered {answer!r}, not a tier; kept {tier}")
+        # What an LLM judge answers is the model's text: anything but a tier's name (another
+        # type, whose comparison may raise; a reply of megabytes) is shown cut and ignored.
+        named = str.__str__(answer) if isinstance(answer, str) else None
+        if named not in TIERS:
+            reasons.append(f"judge answered {_shown(answer)}, not a tier; kept {tier}")
             return rank
-        if answer != tier:
-            reasons.append(f"judge: {answer}")
-        return TIERS.index(str(answer))
+        if named != tier:
+            reasons.append(f"judge: {named}")
+        return TIERS.index(str(named))
 
     def _privacy_rank(self, rank: int, flagged: list[str], reasons: list[str]) -> int:
         safe = [TIERS.index(t) for t, spec in self.tiers.items() if spec.get("privacy_safe") is True]
@@ -470,6 +473,18 @@ def _update_state(store: Store, session: str, decide: Callable[[dict[str, Any]],
 
     store.update_doc(session, "router", update)
     return out[0]
+
+
+def _shown(value: object, limit: int = 80) -> str:
+    """``repr(value)`` cut to ``limit`` characters (a repr that fails: the type's name)."""
+    try:
+        text = repr(value)
+    except Exception:  # an object from a plugin: its repr is not ours to trust
+        return f"<{type(value).__name__}>"
+    if len(text) <= limit:
+        return text
+    size = f" ({len(value)} characters)" if isinstance(value, str) else ""
+    return f"{text[:limit]}…{size}"
 
 
 def route_for_session(session: Any, text: Any, *, regenerate: bool = False, now: float | None = None) -> RouteDecision:
