@@ -156,6 +156,25 @@ def test_an_error_after_the_first_chunk_is_raised_not_retried(session: Any) -> N
     assert ledger_lines(session) == []  # a failed call records nothing
 
 
+def test_a_response_litellm_cannot_convert_fails_without_a_traceback_in_the_message(session: Any) -> None:
+    """litellm puts the Python traceback of its conversion failure into its message (here: a
+    usage of fractional tokens); the error says what failed, not where in litellm."""
+    usage = {"prompt_tokens": 10.5, "completion_tokens": 5.5, "total_tokens": 16}
+    with LLMServer() as server:
+        server.script(reply(TEXT, usage=usage))
+        with pytest.raises(CompletionFailed, match=r"^model call failed: InternalServerError") as failed:
+            session.complete(
+                [{"role": "user", "content": "fix it"}],
+                model=MODEL,
+                api_base=server.base_url,
+                api_key="k",
+                max_retries=0,
+            )
+    message = str(failed.value)
+    assert "Invalid response object" in message
+    assert "Traceback" not in message and "File " not in message and "\n" not in message
+
+
 def test_usage_is_counted_when_the_provider_sends_none(session: Any) -> None:
     with LLMServer() as server:
         server.script(reply(TEXT, usage=False), reply(TEXT, usage=False))

@@ -74,3 +74,23 @@ def own_call() -> Iterator[None]:
         yield
     finally:
         _OWN.depth -= 1
+
+
+_TRACEBACK = "Traceback (most recent call last)"
+
+
+def error_text(exc: BaseException, limit: int = 300) -> str:
+    """``"<type>: <message>"`` of a model call's exception, on one line, cut to ``limit``.
+
+    litellm puts the Python traceback of its own failure into some messages (a response it
+    could not convert); that is where such a message is cut, so no traceback reaches an error
+    message, an attempt record or a report.
+    """
+    message = str(exc)
+    cut = message.find(_TRACEBACK)
+    if cut >= 0:
+        message = message[:cut]
+    message = " ".join(message.split())
+    if len(message) > limit:
+        message = message[:limit] + "…"
+    return f"{type(exc).__name__}: {message}" if message else type(exc).__name__

@@ -44,8 +44,8 @@ if TYPE_CHECKING:
     from ctxrules.budget.tracker import SessionLedger
 
 from ctxrules.errors import CtxrulesError
+from ctxrules.llm import error_text, own_call
 from ctxrules.llm import load_litellm as load
-from ctxrules.llm import own_call
 from ctxrules.logs import get_logger
 from ctxrules.models import lookup_model
 from ctxrules.threads import helper_thread
@@ -254,7 +254,7 @@ def send_probe(
             at,
             False,
             time.perf_counter() - started,
-            error=f"{type(exc).__name__}: {exc}"[:2000],
+            error=error_text(exc, 2000),
             status=_status_of(exc),
         )
         get_logger("ctxrules.cache").warning(

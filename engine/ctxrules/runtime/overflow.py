@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from ctxrules.budget.usage import TokenUsage
 from ctxrules.errors import CompletionFailed, UsageError
 from ctxrules.injected import InjectionKey, key_scope
-from ctxrules.llm import load_litellm, quiet
+from ctxrules.llm import error_text, load_litellm, quiet
 from ctxrules.logs import get_logger
 from ctxrules.pipeline.context import StageContext
 from ctxrules.results import PrepareResult
@@ -180,7 +180,7 @@ def complete(
         except Exception as exc:
             retry = _after_failure(session, sent, prepared, exc, attempt, attempts)
             if retry is None:
-                raise CompletionFailed(f"model call failed: {type(exc).__name__}: {str(exc)[:300]}") from exc
+                raise CompletionFailed(f"model call failed: {error_text(exc)}") from exc
             sent = retry
             continue
         attempts.append({"attempt": attempt + 1})
@@ -220,7 +220,7 @@ async def acomplete(
         except Exception as exc:
             retry = await asyncio.to_thread(_after_failure, session, sent, prepared, exc, attempt, attempts)
             if retry is None:
-                raise CompletionFailed(f"model call failed: {type(exc).__name__}: {str(exc)[:300]}") from exc
+                raise CompletionFailed(f"model call failed: {error_text(exc)}") from exc
             sent = retry
             continue
         attempts.append({"attempt": attempt + 1})
@@ -254,7 +254,7 @@ def _after_failure(
     """Note a failed attempt; the messages to retry with when it was the first attempt and the
     prompt was too long (after the emergency pass), else ``None`` (raise)."""
     tokens = session.counter.count_messages(sent, prepared.tools)
-    attempts.append({"attempt": attempt + 1, "error": f"{type(exc).__name__}: {exc}"[:500], "tokens": tokens})
+    attempts.append({"attempt": attempt + 1, "error": error_text(exc, 500), "tokens": tokens})
     if attempt != 0 or not is_overflow(exc):
         return None
     limit = limit_from(exc) or int(tokens * 0.8)

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from ctxrules.budget.usage import TokenUsage
 from ctxrules.errors import CompletionFailed, UsageError
+from ctxrules.llm import error_text
 
 if TYPE_CHECKING:
     from ctxrules.results import PrepareResult
@@ -113,10 +114,8 @@ class _StreamState:
 
     def failure(self, exc: BaseException) -> Exception:
         self.finish(failed=True)
-        self.attempts[-1].update(error=f"{type(exc).__name__}: {exc}"[:500])
-        return CompletionFailed(
-            f"model stream failed after {self.chunks} chunk(s): {type(exc).__name__}: {str(exc)[:300]}"
-        )
+        self.attempts[-1].update(error=error_text(exc, 500))
+        return CompletionFailed(f"model stream failed after {self.chunks} chunk(s): {error_text(exc)}")
 
 
 class CompletionStream(_StreamState):

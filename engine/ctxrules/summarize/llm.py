@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ctxrules.llm import own_call
+from ctxrules.llm import error_text, own_call
 from ctxrules.progress import note
 from ctxrules.threads import helper_thread
 
@@ -210,9 +210,7 @@ def _classify(exc: BaseException, partial: str) -> CallFailed:
         return exc
     names = {cls.__name__ for cls in type(exc).__mro__}
     message = " ".join(str(exc).split())
-    if len(message) > 300:
-        message = message[:300] + "…"
-    label = f"{type(exc).__name__}: {message}" if message else type(exc).__name__
+    label = error_text(exc)
     if "ContextWindowExceededError" in names or "context_length_exceeded" in message:
         return CallFailed(label, kind="context_length", partial=partial)
     if names & {"Timeout", "APITimeoutError", "ReadTimeout", "TimeoutException"}:
