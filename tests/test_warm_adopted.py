@@ -161,3 +161,17 @@ def test_a_turn_that_fails_after_adopting_leaves_no_count_of_the_output_behind(
     assert got.report["before"] == want.report["before"]
     assert got.report["reused_messages"] == want.report["reused_messages"] > 0
     assert got.messages == want.messages
+
+
+def test_a_failed_call_does_not_cost_the_kept_output_its_reuse(tmp_path: Path) -> None:
+    # Any exception used to clear the session's memory of its last output: a caller that keeps
+    # the output as its history (only recognized in memory) then ran its next turn cold.
+    from ctxrules.errors import MessagesError
+
+    root = _state_root(tmp_path)
+    session = _open(root, "s", 400_000)
+    kept = session.prepare(conversation(12), TOOLS, clock=CLOCK).messages
+    with pytest.raises(MessagesError):
+        session.prepare([*kept, {"role": "user", "content": 5}], TOOLS, clock=CLOCK + 1)
+    result = session.prepare([*kept, *_step(0)], TOOLS, clock=CLOCK + 2)
+    assert result.report["reused_messages"] == len(kept)

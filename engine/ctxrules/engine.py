@@ -703,11 +703,11 @@ class Session:
                     "were not changed, and the next run starts from them"
                 ) from exc
             except BaseException:
-                # A run that did not finish may have changed the state in memory, and the
-                # prefix cache's counts (a match that adopted the last output sets them): the
-                # next call reads both back from the store.
+                # A run that did not finish may have changed the state in memory (read back
+                # from the store next time), and a match that adopted the last output the prefix
+                # cache's counts (put back: the cache stays, and the next turn can still reuse).
                 self.store.forget(self.key)
-                self._prefix.clear()
+                self._prefix.rollback()
                 raise
 
     def _checked_tools(self, tools: Any, notes: list[str]) -> list[dict[str, Any]]:

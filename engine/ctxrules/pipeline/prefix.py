@@ -127,8 +127,10 @@ class PrefixCache:
         self.output_copies: list[Message] | None = None
         self.borrowed = False
         # Whether the last match found the history extending the last *output* (a caller that
-        # keeps what prepare returned as its history) rather than the last history.
+        # keeps what prepare returned as its history) rather than the last history, and the
+        # counts that match replaced, put back by rollback() when the turn then fails.
         self.adopted = False
+        self._undo: tuple[int, bool] | None = None
 
     def clear(self) -> None:
         """Forget the last history and output (a model switch, a pack reload, a failed write)."""
@@ -164,7 +166,7 @@ class PrefixCache:
         history stores the originals it still has (same ids)."""
         last = self.history
         record = state.get("last") or {}
-        self.adopted = False
+        self.adopted, self._undo = False, None
         if last is not None and self.output is not None and record.get("chain") == self.chain.value:
             # Our copies share leaf strings with what the caller passed, so `==` mostly meets
             # identical objects and stays cheap; a message edited in place compares unequal.
@@ -232,12 +234,21 @@ class PrefixCache:
         if not same:
             return 0, [], EMPTY_CHAIN
         counts = self.output_counts
+        self._undo = (self.msgs_sum, self.has_system)
         self.msgs_sum = sum(counts) if counts is not None and len(counts) == m else sum(counter.count_each(output))
         self.has_system = any(msg.get("role") == "system" for msg in output)
         # The output may hold objects of an earlier history that the caller keeps: later turns
         # compare it with its copies too (_output_intact).
         self.adopted = self.borrowed = True
         return m, output, EMPTY_CHAIN.extended(history[:m])
+
+    def rollback(self) -> None:
+        """After a turn that failed: put back what a match that adopted the last output changed
+        (the history's token sum and system flag), so the next turn starts from the last one
+        that was kept. Nothing else of this object changes before :meth:`remember`."""
+        if self._undo is not None:
+            self.msgs_sum, self.has_system = self._undo
+        self.adopted, self._undo = False, None
 
     def _output_intact(self, history: list[Message], n: int) -> bool:
         """Whether the output to reuse still holds what it held when it was returned. With the
@@ -313,6 +324,7 @@ class PrefixCache:
         and stages added to the output; ``lost``: ids marked as lost this turn."""
         self.msgs_sum, self.out_tokens, self.tools = msgs_sum, out_tokens, tools
         self.output_counts, self.output_counts_text = output_counts
+        self._undo = None
         # The copy of the reused messages: of the last history, or of the last output when the
         # history extended that (both equal those messages of ``history``).
         source = self.output_copies if self.adopted else self.history
