@@ -55,3 +55,12 @@ def test_an_empty_ctxrules_state_is_the_default_root_not_the_current_directory(
 def _no_ctxrules_env(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in [k for k in os.environ if k.startswith("CTXRULES_") and k != "CTXRULES_CORPUS"]:
         monkeypatch.delenv(name)
+
+
+def test_a_password_the_url_parser_misreads_is_not_shown() -> None:
+    # A `/` in the password makes the rest a path and the password's start a port: the message
+    # quoted both.
+    proc = cli("usage", "show", "--store", "redis://user:se/cret@[::1")
+    assert proc.returncode == 2, proc.stderr
+    assert "se/cret" not in proc.stderr and "'se'" not in proc.stderr and "cret" not in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr

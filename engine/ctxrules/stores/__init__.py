@@ -139,13 +139,19 @@ def store_and_session(
 
 
 def _redacted(url: str) -> str:
-    """``url`` without a password (``redis://user:secret@h`` -> ``redis://user:***@h``)."""
+    """``url`` without a password (``redis://user:secret@h`` -> ``redis://user:***@h``). A URL
+    whose password the parser does not find although it holds an ``@`` after ``://`` (it does
+    not parse, or a ``/`` in the password made the rest a path) loses everything between
+    ``://`` and its last ``@``: a password may hold any character."""
     try:
         parts = urlsplit(url)
-        parts.password  # noqa: B018 (reading it parses the address, which may fail too)
-    except ValueError:  # not parsed: whatever stands between `user:` and the last `@` goes
-        return re.sub(r"(://[^/]*?:)[^/]*@", r"\1***@", url, count=1)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
-    return parts._replace(netloc=netloc).geturl()
+        password = parts.password  # reading it parses the address, which may fail too
+    except ValueError:
+        password = None
+    else:
+        if password is not None:
+            netloc = parts.netloc.replace(f":{password}@", ":***@", 1)
+            return parts._replace(netloc=netloc).geturl()
+    if "@" in url.partition("://")[2]:
+        return re.sub(r"://.*@", "://***@", url, count=1, flags=re.DOTALL)
+    return url

@@ -174,11 +174,11 @@ def _bad(message: str) -> StoreError:
 
 
 def redacted(url: str) -> str:
-    """``url`` without a password (``redis://u:secret@h`` -> ``redis://u:***@h``)."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    return parts._replace(netloc=parts.netloc.replace(f":{parts.password}@", ":***@", 1)).geturl()
+    """``url`` without a password (``redis://u:secret@h`` -> ``redis://u:***@h``; see
+    :func:`ctxrules.stores._redacted`, which also hides one the parser does not find)."""
+    from ctxrules.stores import _redacted
+
+    return _redacted(url)
 
 
 def _split_url(url: str) -> tuple[str, dict[str, Any]]:
@@ -610,7 +610,12 @@ class RedisStore:
                 retry_on_timeout=False,
             )
         except ValueError as exc:
-            raise _bad(f"{self.url}: {exc}") from None
+            # The client's reason quotes parts of the address, which a password may have
+            # spilled into (`redis://u:pa/ss@h` reads `pa` as the port): not said then.
+            said = str(exc)
+            if "@" in self._client_url.partition("://")[2]:
+                said = "the address does not parse (percent-encode `/`, `@` and `:` in a password)"
+            raise _bad(f"{self.url}: {said}") from None
 
     # --- errors and the local fallback ------------------------------------------------------
 
