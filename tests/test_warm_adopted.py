@@ -11,12 +11,12 @@ that output and the new messages, which is what a cold run over the same history
 from __future__ import annotations
 
 import copy
-import hashlib
 import json
 from pathlib import Path
 from typing import Any
 
 import pytest
+from session_kit import keyed_state_root
 from test_cache_markers import LONG, TOOLS, conversation
 
 from ctxrules import Engine
@@ -43,13 +43,7 @@ def _step(i: int) -> list[dict[str, Any]]:
 
 
 def _state_root(tmp_path: Path) -> Path:
-    # One injection key for every session of a test: signed tags compare equal across them.
-    root = tmp_path / "state"
-    root.mkdir(mode=0o700)
-    key = root / "injection.key"
-    key.write_text(hashlib.sha256(b"test_warm_adopted").hexdigest() + "\n", encoding="ascii")
-    key.chmod(0o600)
-    return root
+    return keyed_state_root(tmp_path, "test_warm_adopted")
 
 
 def _open(root: Path, folder: str, window: int) -> Any:

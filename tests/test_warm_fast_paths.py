@@ -10,7 +10,6 @@ nothing over; a notes file rewritten behind the session's back; the stage contex
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from pathlib import Path
@@ -18,6 +17,7 @@ from typing import Any
 
 import pytest
 from conftest import load_transcript
+from session_kit import keyed_state_root
 
 from ctxrules import Engine
 from ctxrules.budget.ledger import Totals
@@ -37,12 +37,7 @@ CLOCK = 1_760_000_000.0
 
 
 def _state_root(tmp_path: Path) -> Path:
-    root = tmp_path / "state"
-    root.mkdir(mode=0o700)
-    key = root / "injection.key"
-    key.write_text(hashlib.sha256(b"test_warm_fast_paths").hexdigest() + "\n", encoding="ascii")
-    key.chmod(0o600)
-    return root
+    return keyed_state_root(tmp_path, "test_warm_fast_paths")
 
 
 def _open(root: Path, folder: str, window: int) -> Any:

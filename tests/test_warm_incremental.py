@@ -13,12 +13,12 @@ extension of the last one (a retry of a turn with another reply).
 from __future__ import annotations
 
 import copy
-import hashlib
 import json
 from pathlib import Path
 from typing import Any
 
 import pytest
+from session_kit import keyed_state_root
 
 from ctxrules import Engine
 from ctxrules.carry import Carry, PerSession
@@ -35,12 +35,7 @@ RESUMING = ("pairs", "intent", "outputs", "thinking", "media", "notes", "reread"
 
 
 def _state_root(tmp_path: Path) -> Path:
-    root = tmp_path / "state"
-    root.mkdir(mode=0o700)
-    key = root / "injection.key"
-    key.write_text(hashlib.sha256(b"test_warm_incremental").hexdigest() + "\n", encoding="ascii")
-    key.chmod(0o600)
-    return root
+    return keyed_state_root(tmp_path, "test_warm_incremental")
 
 
 def _call(cid: str, name: str, **args: Any) -> dict[str, Any]:

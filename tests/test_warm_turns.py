@@ -18,12 +18,12 @@ stays byte-identical; a cold run decides everything afresh.
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 from typing import Any
 
 import pytest
 from conftest import load_transcript
+from session_kit import keyed_state_root
 
 from ctxrules import Engine
 
@@ -54,13 +54,7 @@ def _boundary(history: list[dict[str, Any]], upto: int) -> int:
 
 
 def _state_root(tmp_path: Path) -> Path:
-    # One injection key for every session of the test: signed tags compare equal across them.
-    root = tmp_path / "state"
-    root.mkdir(mode=0o700)
-    key = root / "injection.key"
-    key.write_text(hashlib.sha256(b"test_warm_turns").hexdigest() + "\n", encoding="ascii")
-    key.chmod(0o600)
-    return root
+    return keyed_state_root(tmp_path, "test_warm_turns")
 
 
 def _open(root: Path, folder: str, window: int) -> Any:
