@@ -115,37 +115,6 @@ def test_a_device_as_the_input_is_refused_before_it_is_read(world: dict[str, str
     assert not any(Path(world["tmp"]).glob("s-zero/vault/.tmp-*"))
 
 
-def test_an_interrupted_filter_leaves_no_partial_vault_entry(tmp_path: Path) -> None:
-    """Ctrl-C while `compress --input -` reads an output large enough to spill to the vault:
-    the temporary entry (as large as what was read) stayed in the vault for good."""
-    session = tmp_path / "s"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "ctxrules.cli.main", "compress", "--command", "make", "--input", "-",
-         "--session", str(session)],
-        env={**os.environ, "PYTHONPATH": ENGINE},
-        stdin=subprocess.PIPE,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )  # fmt: skip
-    assert proc.stdin is not None and proc.stderr is not None
-    line = b"cc -c -o build/object.o src/object.c -Wall -Wextra -O2\n"
-    proc.stdin.write(line * ((12 << 20) // len(line)))  # past the 8 MiB held in memory
-    proc.stdin.flush()
-    deadline = time.monotonic() + 60
-    while not any(session.glob("vault/.tmp-*")):
-        assert time.monotonic() < deadline and proc.poll() is None, "the output never spilled to the vault"
-        time.sleep(0.05)
-    proc.send_signal(signal.SIGINT)  # while it waits for more input
-    # As Ctrl-C ends the producer of a pipeline too. (Delivered to the middle scan's thread, the
-    # signal would not interrupt the main thread's read: it is acted on when the read returns.)
-    proc.stdin.close()
-    code = proc.wait(timeout=60)
-    stderr = proc.stderr.read().decode()
-    proc.stderr.close()
-    assert code == 130, stderr
-    assert not list(session.glob("vault/.tmp-*")), "a partial vault entry was left behind"
-
-
 def _spilling_filter(session: Path) -> subprocess.Popen[bytes]:
     """`compress --input -` fed an output past the 8 MiB held in memory, once it has started to
     spill to the vault; the pipe stays open (the producer is still running)."""
@@ -167,6 +136,21 @@ def _spilling_filter(session: Path) -> subprocess.Popen[bytes]:
         time.sleep(0.05)
     time.sleep(0.3)  # the middle scan's thread is running by now
     return proc
+
+
+def test_an_interrupted_filter_leaves_no_partial_vault_entry(tmp_path: Path) -> None:
+    """Ctrl-C while `compress --input -` reads an output large enough to spill to the vault:
+    the temporary entry (as large as what was read) stayed in the vault for good."""
+    session = tmp_path / "s"
+    proc = _spilling_filter(session)
+    assert proc.stdin is not None and proc.stderr is not None
+    proc.send_signal(signal.SIGINT)  # while it waits for more input
+    proc.stdin.close()  # as Ctrl-C ends the producer of a pipeline too
+    code = proc.wait(timeout=60)
+    stderr = proc.stderr.read().decode()
+    proc.stderr.close()
+    assert code == 130, stderr
+    assert not list(session.glob("vault/.tmp-*")), "a partial vault entry was left behind"
 
 
 @pytest.mark.parametrize(("signum", "code"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
