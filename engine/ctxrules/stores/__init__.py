@@ -46,6 +46,7 @@ __all__ = [
     "Turn",
     "file_path",
     "open_store",
+    "redacted",
     "session_id_for",
     "store_and_session",
     "store_from_options",
@@ -80,23 +81,23 @@ def open_store(url: str | os.PathLike[str] | Store) -> Store:
     try:
         scheme = urlsplit(text).scheme.lower() if "://" in text else ""
     except ValueError as exc:  # `redis://[::1` (an unclosed IPv6 address)
-        raise StoreUsageError("CR145", f"store URL {_redacted(text)!r} does not parse: {exc}") from None
+        raise StoreUsageError("CR145", f"store URL {redacted(text)!r} does not parse: {exc}") from None
     if not scheme:
         return FilesystemStore(Path(text))
     backend = BACKENDS.get(scheme)
     if backend is None:
         known = ", ".join(f"{s}://" for s in BACKENDS)
-        raise StoreUsageError("CR145", f"unknown store URL {_redacted(text)!r}: the scheme must be one of {known}")
+        raise StoreUsageError("CR145", f"unknown store URL {redacted(text)!r}: the scheme must be one of {known}")
     module_name, class_name = backend
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
         if exc.name in ("redis", "hiredis"):
             raise StoreUsageError(
-                "CR145", f'the store {_redacted(text)} needs the redis client: pip install "ctxrules[redis]"'
+                "CR145", f'the store {redacted(text)} needs the redis client: pip install "ctxrules[redis]"'
             ) from None
         if exc.name == module_name:
-            raise StoreUsageError("CR145", f"the store {_redacted(text)}: this build has no {module_name}") from None
+            raise StoreUsageError("CR145", f"the store {redacted(text)}: this build has no {module_name}") from None
         raise
     built: Store = getattr(module, class_name).from_url(text)
     return built
@@ -138,7 +139,7 @@ def store_and_session(
     return FilesystemStore(path.parent), str(path)
 
 
-def _redacted(url: str) -> str:
+def redacted(url: str) -> str:
     """``url`` without a password (``redis://user:secret@h`` -> ``redis://user:***@h``). A URL
     whose password the parser does not find although it holds an ``@`` after ``://`` (it does
     not parse, or a ``/`` in the password made the rest a path) loses everything between

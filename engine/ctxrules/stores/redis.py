@@ -62,6 +62,7 @@ from redis.retry import Retry
 
 from ctxrules.logs import get_logger
 from ctxrules.session_store import unusable_state  # the filesystem store's check of a state
+from ctxrules.stores import redacted  # the URL without a password, for messages
 from ctxrules.stores.base import (
     DOCS,
     SESSION_ID_RE,
@@ -171,14 +172,6 @@ class _Unreachable(StoreUnavailable):
 
 def _bad(message: str) -> StoreError:
     return _BadOption(f"[{_UNREACHABLE}] Redis store option: {message}")
-
-
-def redacted(url: str) -> str:
-    """``url`` without a password (``redis://u:secret@h`` -> ``redis://u:***@h``; see
-    :func:`ctxrules.stores._redacted`, which also hides one the parser does not find)."""
-    from ctxrules.stores import _redacted
-
-    return _redacted(url)
 
 
 def _split_url(url: str) -> tuple[str, dict[str, Any]]:
