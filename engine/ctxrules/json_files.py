@@ -4,6 +4,7 @@ pointer of the value at fault."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import stat
@@ -13,7 +14,7 @@ from typing import Any
 from ctxrules.errors import UsageError
 from ctxrules.printable import printable
 
-__all__ = ["STDIN_CLOSED", "parse_json", "read_json", "stdin_binary"]
+__all__ = ["STDIN_CLOSED", "input_stat", "parse_json", "read_json", "stdin_binary"]
 
 STDIN_CLOSED = "standard input is closed: there is nothing to read for `-`"
 
@@ -26,6 +27,18 @@ def stdin_binary() -> Any:
     if sys.stdin is None:
         raise UsageError(STDIN_CLOSED)
     return sys.stdin.buffer
+
+
+def input_stat(fd: int, name: str) -> os.stat_result:
+    """``fstat`` of an opened input file: a usage error unless it is a regular file or a pipe
+    (FIFO, socket). A device such as /dev/zero never ends: read whole it filled the memory, or
+    the vault until the disk was full."""
+    st = os.fstat(fd)
+    if stat.S_ISDIR(st.st_mode):
+        raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), name)
+    if not (stat.S_ISREG(st.st_mode) or stat.S_ISFIFO(st.st_mode) or stat.S_ISSOCK(st.st_mode)):
+        raise UsageError(f"{name}: not a regular file")
+    return st
 
 
 def read_json(path: str) -> Any:
@@ -50,11 +63,7 @@ def read_json(path: str) -> Any:
             raw = stdin_binary().read(limit + 1)
         else:
             with open(path, "rb") as fh:
-                st = os.fstat(fh.fileno())
-                if stat.S_ISDIR(st.st_mode):
-                    raise IsADirectoryError
-                if not (stat.S_ISREG(st.st_mode) or stat.S_ISFIFO(st.st_mode)):
-                    raise UsageError(f"{name}: not a regular file")
+                st = input_stat(fh.fileno(), name)
                 if st.st_size > limit:
                     raise UsageError(f"{name}: {st.st_size} bytes is over the {_mb(limit)} limit for a message file")
                 # read(n) allocates n bytes up front: ask for what the file holds (+1 to see

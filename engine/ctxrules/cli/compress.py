@@ -31,7 +31,6 @@ import hashlib
 import os
 import shlex
 import shutil
-import stat
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -44,6 +43,7 @@ from ctxrules.compressors.api import CompressorSkipped, compress_large, compress
 from ctxrules.compressors.large import Capture, Large
 from ctxrules.compressors.pipes import stdout_feeds_pipeline
 from ctxrules.errors import CtxrulesError, UsageError
+from ctxrules.json_files import input_stat
 from ctxrules.models import lookup_model
 from ctxrules.packs.validated import load_pack
 from ctxrules.patterns import STATE_KEY, merged_entries, remembering
@@ -446,7 +446,7 @@ def _filter(args: argparse.Namespace) -> int:
             _read_into(stdin, capture)
         else:
             with open(args.input, "rb") as handle:
-                _readable(handle, name)
+                input_stat(handle.fileno(), name)  # /dev/zero would fill the vault
                 _read_into(handle, capture)
     except BaseException as exc:
         # Nothing was printed: what a large input had spilled to the vault goes (a read that
@@ -465,15 +465,6 @@ def _filter(args: argparse.Namespace) -> int:
     else:
         _write(_compress(args, pack, counter, args.command_line, captured, args.exit_code))
     return 0
-
-
-def _readable(handle: IO[bytes], name: str) -> None:
-    """Refuse (usage error) an input that is neither a regular file nor a pipe: a device such
-    as /dev/zero or /dev/urandom never ends, and its bytes went to the vault until the disk was
-    full (``ctxrules run`` refuses it alike)."""
-    mode = os.fstat(handle.fileno()).st_mode
-    if not (stat.S_ISREG(mode) or stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)):
-        raise UsageError(f"{name}: not a regular file")
 
 
 def _read_into(handle: IO[bytes], capture: Capture) -> None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import stat
 import sys
 import tempfile
 from pathlib import Path
@@ -23,6 +22,7 @@ from ctxrules.cli.stores import (
     store_of,
 )
 from ctxrules.errors import UsageError
+from ctxrules.json_files import input_stat
 from ctxrules.runtime.checkpoint import resume, scan
 from ctxrules.stores import session_id_for
 from ctxrules.stores.archive import export_session, import_session, read_archive
@@ -162,9 +162,7 @@ def _archive_bytes(path: str) -> tuple[bytes, str]:
         if path == "-":
             return stdin_binary().read(), where
         with open(path, "rb") as handle:
-            mode = os.fstat(handle.fileno()).st_mode
-            if not (stat.S_ISREG(mode) or stat.S_ISFIFO(mode)):
-                raise UsageError(f"{where}: not a regular file")
+            input_stat(handle.fileno(), where)  # /dev/zero was read until memory ran out
             return handle.read(), where
     except OSError as exc:
         raise UsageError(f"{where}: cannot read: {exc.strerror or exc}") from None
