@@ -9,6 +9,7 @@ import os
 import pty
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -594,6 +595,65 @@ def test_the_judge_answers_from_the_prepared_context_and_is_graded(tmp_path: Pat
     assert judge["edited_files"] == {"passed": 1, "failed": 0}
     assert judge["errors"] == {"passed": 0, "failed": 1}  # graded against the original line
     assert judge["test_status"] == {"passed": 1, "failed": 0}
+
+
+def test_a_judge_that_never_finishes_its_answer_is_given_up_at_the_judge_timeout(tmp_path: Path) -> None:
+    """A judge endpoint that sends a space every 0.2 s never lets a read time out: the replay
+    waited on it for as long as the server liked (litellm's own timeout bounds each read).
+    With ``--judge-timeout 1`` the judge call fails after about a second, the failure is
+    reported, and the offline figures are there as without a judge (exit 0)."""
+    from llm_server import LLMServer, raw
+
+    path = tmp_path / "lambda.json"
+    path.write_text(json.dumps(transcript("lambda")))
+    out = tmp_path / "e.json"
+    with LLMServer() as server:
+        server.script(raw(b" ", interval_s=0.2, repeat=True))
+        started = time.monotonic()
+        proc = subprocess.run(
+            [
+                *EVAL_NONE,
+                "--window",
+                "128000",
+                "--judge",
+                "openai/test-model",
+                "--judge-api-base",
+                server.base_url,
+                "--judge-timeout",
+                "1",
+                "--quiet",
+                "--json",
+                str(out),
+                str(path),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=_cli_env(),
+        )
+        took = time.monotonic() - started
+        assert len(server.requests) == 1
+    assert proc.returncode == 0, proc.stderr
+    assert "Traceback" not in proc.stderr
+    (total,) = json.loads(out.read_text())["totals"]
+    assert total["judge"] is None and total["calls"] > 0
+    assert any("the judge failed: TimeoutError: no complete answer within 1 s" in e for e in total["errors"])
+    assert took < 30, took  # the server would trickle for a minute
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "inf", "nan"])
+def test_a_judge_timeout_that_is_no_positive_number_is_a_usage_error(tmp_path: Path, value: str) -> None:
+    path = tmp_path / "lambda.json"
+    path.write_text(json.dumps(transcript("lambda")))
+    proc = subprocess.run(
+        [*EVAL_NONE, "--judge", "openai/x", "--judge-timeout", value, str(path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=_cli_env(),
+    )
+    assert proc.returncode == 2
+    assert "--judge-timeout must be a positive number of seconds" in proc.stderr
 
 
 def test_the_trim_baseline_goes_through_litellms_trim_messages(tmp_path: Path) -> None:

@@ -20,8 +20,10 @@ import logging
 import os
 import threading
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
+
+from ctxrules.threads import helper_thread
 
 _LOCK = threading.Lock()
 _OWN = threading.local()
@@ -74,6 +76,34 @@ def own_call() -> Iterator[None]:
         yield
     finally:
         _OWN.depth -= 1
+
+
+def call_within(call: Callable[..., Any], kwargs: dict[str, Any], timeout_s: float, *, name: str) -> Any:
+    """``call(**kwargs)`` inside :func:`own_call` on a helper thread named ``name``, given up
+    after ``timeout_s`` (plus 1 s of grace) with :class:`TimeoutError`.
+
+    An HTTP ``timeout`` bounds each read, not the whole response: a server (or proxy) that
+    trickles whitespace keeps every read short and the call open for as long as it likes. The
+    abandoned call ends with its connection (the thread is a daemon: it never holds up exit).
+    """
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            with own_call(), warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                box["response"] = call(**kwargs)
+        except BaseException as exc:  # handed to the caller
+            box["error"] = exc
+
+    worker = helper_thread(run, name)
+    worker.start()
+    worker.join(timeout_s + 1.0)
+    if worker.is_alive():
+        raise TimeoutError(f"no complete answer within {timeout_s:g} s")
+    if "error" in box:
+        raise box["error"]
+    return box["response"]
 
 
 _TRACEBACK = "Traceback (most recent call last)"

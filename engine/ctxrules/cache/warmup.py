@@ -35,7 +35,6 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
@@ -44,7 +43,7 @@ if TYPE_CHECKING:
     from ctxrules.budget.tracker import SessionLedger
 
 from ctxrules.errors import CtxrulesError
-from ctxrules.llm import error_text, own_call
+from ctxrules.llm import call_within, error_text
 from ctxrules.llm import load_litellm as load
 from ctxrules.logs import get_logger
 from ctxrules.models import lookup_model
@@ -116,33 +115,6 @@ def _status_of(exc: BaseException) -> int | None:
     response = getattr(exc, "response", None)
     value = getattr(response, "status_code", None)
     return value if isinstance(value, int) else None
-
-
-def _call_within(call: Callable[..., Any], kwargs: dict[str, Any], timeout_s: float) -> Any:
-    """``call(**kwargs)`` in a helper thread, given up after ``timeout_s`` (plus 1 s of grace).
-
-    The HTTP ``timeout`` bounds each read, not the whole response: a server (or proxy) that
-    trickles whitespace keeps every read short and the call open forever, and with it the
-    keep-alive thread and :meth:`KeepAlive.stop`. The abandoned call ends with its connection.
-    """
-    box: dict[str, Any] = {}
-
-    def run() -> None:
-        try:
-            with own_call(), warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                box["response"] = call(**kwargs)
-        except BaseException as exc:  # handed to the caller
-            box["error"] = exc
-
-    worker = helper_thread(run, "ctxrules-probe")
-    worker.start()
-    worker.join(timeout_s + 1.0)
-    if worker.is_alive():
-        raise TimeoutError(f"no complete answer within {timeout_s:g} s")
-    if "error" in box:
-        raise box["error"]
-    return box["response"]
 
 
 def load_litellm() -> Any:
@@ -242,7 +214,7 @@ def send_probe(
         }
         if tools:
             kwargs["tools"] = [dict(t) for t in tools]
-        response = _call_within(litellm.completion, kwargs, timeout_s)
+        response = call_within(litellm.completion, kwargs, timeout_s, name="ctxrules-probe")
         usage = response.get("usage") if isinstance(response, Mapping) else getattr(response, "usage", None)
         prompt, cached, written, completion = _usage_numbers(usage or {})
         if ledger is not None and usage is not None:

@@ -12,6 +12,7 @@ from typing import Any, TextIO
 from ctxrules.cli.io import distinct_outputs, outputs_apart_from, writable_outputs, write_text
 from ctxrules.cli.output import require_stdout, stdout_writer
 from ctxrules.errors import PackError, UsageError
+from ctxrules.eval.judge import JUDGE_TIMEOUT_S
 from ctxrules.eval.replay import STEP_S, Task, step_clock_fits
 from ctxrules.eval.report import dumps, eval_html, eval_json, eval_table, totals_of
 from ctxrules.eval.run import load_transcripts, plans_from, run_tasks, workers
@@ -63,6 +64,13 @@ def register(sub: Any) -> None:
         "transcript's last call, and grade its answers (needs the model's API)",
     )
     p.add_argument("--judge-api-base", metavar="URL", help="the judge's OpenAI-compatible endpoint")
+    p.add_argument(
+        "--judge-timeout",
+        type=float,
+        default=JUDGE_TIMEOUT_S,
+        metavar="S",
+        help=f"seconds one judge call may take, its whole answer (default {JUDGE_TIMEOUT_S:g})",
+    )
     p.add_argument("--quiet", action="store_true", help="no progress bar on stderr")
     p.set_defaults(func=run)
 
@@ -109,6 +117,8 @@ def run(args: argparse.Namespace) -> int:
     lookup_model(args.model, window=args.window)  # an unknown model is a usage error up front
     if args.step_s is not None and not 0 < args.step_s < math.inf:
         raise UsageError("--step-s must be a positive number of seconds")
+    if not 0 < args.judge_timeout < math.inf:
+        raise UsageError("--judge-timeout must be a positive number of seconds")
     for ref in args.pack:
         try:
             load_pack(ref)  # an invalid pack fails here, with its diagnostics, before any replay
@@ -134,6 +144,7 @@ def run(args: argparse.Namespace) -> int:
             step_s,
             args.judge,
             args.judge_api_base,
+            args.judge_timeout,
         )
         for plan in plans
         for name, path, msgs, tools in transcripts

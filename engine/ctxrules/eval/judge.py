@@ -17,11 +17,13 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ctxrules.eval.probes import CATEGORIES, Probe
+from ctxrules.llm import call_within, load_litellm
 from ctxrules.summarize.grounding import content_words
 
 __all__ = ["PASS_SCORE", "QUESTIONS", "grade", "judge_request", "parse_answers"]
 
 PASS_SCORE = 0.5
+JUDGE_TIMEOUT_S = 120.0  # the whole answer of one judge call, in seconds (--judge-timeout)
 QUESTIONS: Mapping[str, str] = {
     "anchor": "What did the user first ask for? Quote it as closely as you can.",
     "latest_ask": "What is the user's latest request? Quote it as closely as you can.",
@@ -70,14 +72,14 @@ def grade(probes: Sequence[Probe], answers: Mapping[str, str]) -> dict[str, dict
     return out
 
 
-def ask(model: str, messages: list[dict[str, Any]], *, api_base: str | None) -> str:
-    """One completion through litellm (imported only here)."""
-    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-    import litellm
-
-    kwargs: dict[str, Any] = {"model": model, "messages": messages, "temperature": 0}
+def ask(model: str, messages: list[dict[str, Any]], *, api_base: str | None, timeout_s: float = JUDGE_TIMEOUT_S) -> str:
+    """One completion through litellm (imported only here), given up after ``timeout_s``
+    seconds however the server answers (:func:`ctxrules.llm.call_within`): a judge that
+    never finishes its answer costs the replay that long, not for ever."""
+    litellm = load_litellm()
+    kwargs: dict[str, Any] = {"model": model, "messages": messages, "temperature": 0, "timeout": timeout_s}
     if api_base:
         kwargs["api_base"] = api_base
         kwargs.setdefault("api_key", os.environ.get("CTXRULES_JUDGE_API_KEY", "unused"))
-    response = litellm.completion(**kwargs)
+    response = call_within(litellm.completion, kwargs, timeout_s, name="ctxrules-judge")
     return str(response.choices[0].message.content or "")

@@ -24,7 +24,7 @@ from typing import Any
 from ctxrules.eval.caching import BlockChain, cache_model_for
 from ctxrules.eval.checks import pairing_problems, pin_problems
 from ctxrules.eval.engines import engine_for
-from ctxrules.eval.judge import ask, grade, judge_request, parse_answers
+from ctxrules.eval.judge import JUDGE_TIMEOUT_S, ask, grade, judge_request, parse_answers
 from ctxrules.eval.probes import ContextTexts, ProbeExtractor, check_probes, context_text, lost_all
 from ctxrules.injected import KEY_FILE
 from ctxrules.models import ModelInfo, lookup_model
@@ -72,6 +72,7 @@ class Task:
     step_s: float = STEP_S
     judge: str | None = None
     judge_api_base: str | None = None
+    judge_timeout_s: float = JUDGE_TIMEOUT_S
 
 
 @dataclass
@@ -271,7 +272,12 @@ def _judge(
     if not context:  # the last call did not fit: the model would have seen nothing
         return grade(probes, {}), None
     try:
-        text = ask(str(task.judge), judge_request(context, categories), api_base=task.judge_api_base)
+        text = ask(
+            str(task.judge),
+            judge_request(context, categories),
+            api_base=task.judge_api_base,
+            timeout_s=task.judge_timeout_s,
+        )
     except Exception as exc:  # a failing judge leaves the offline figures as they are
         return None, f"{type(exc).__name__}: {str(exc)[:300]}"
     return grade(probes, parse_answers(text)), None
