@@ -254,6 +254,32 @@ def test_syntax_errors_have_positions(text: str, line: int, col: int) -> None:
     assert (p.code, p.line, p.col) == ("CR001", line, col)
 
 
+@pytest.mark.parametrize(
+    ("text", "line", "col", "shown"),
+    [
+        ("a: !!python/object:os.system\n  b: 1\n", 1, 4, "'!!python/object:os.system'"),
+        ("a: !!python/object/apply:os.system [echo hi]\n", 1, 4, "'!!python/object/apply:os.system'"),
+        ("a:\n  - !!python/object/new:os.system {}\n", 2, 5, "'!!python/object/new:os.system'"),
+        ("a: !!set {x, y}\n", 1, 4, "'!!set'"),
+        ("a: !!omap [b: 1]\n", 1, 4, "'!!omap'"),
+        ("a: !mine {b: 1}\n", 1, 4, "'!mine'"),
+        ("!!python/object:x\na: 1\n", 1, 1, "'!!python/object:x'"),
+    ],
+)
+def test_a_tag_on_a_mapping_or_list_is_refused_not_read_as_plain_data(
+    text: str, line: int, col: int, shown: str
+) -> None:
+    """A tag on a scalar fails in its constructor; on a mapping or a list it was dropped and the
+    value read as plain data: `!!python/object:...` looked accepted (as if it did something)."""
+    p = problem(text)
+    assert (p.code, p.line, p.col) == ("CR001", line, col)
+    assert shown in p.message and p.hint and "remove the tag" in p.hint
+
+
+def test_the_default_collection_tags_are_plain_data() -> None:
+    assert parse_yaml("a: !!map {b: !!seq [1]}\n", "p.yaml").data == {"a": {"b": [1]}}
+
+
 def test_too_deep_nesting_is_an_error_not_a_crash() -> None:
     p = problem("a: " + "[" * 5000 + "]" * 5000 + "\n")
     assert p.code == "CR001" and "deep" in p.message

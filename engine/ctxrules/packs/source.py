@@ -95,6 +95,7 @@ MAX_VALUES = 200_000
 _STR = "tag:yaml.org,2002:str"
 _INT = "tag:yaml.org,2002:int"
 _MERGE = "tag:yaml.org,2002:merge"
+_PLAIN_COLLECTION = {yaml.MappingNode: "tag:yaml.org,2002:map", yaml.SequenceNode: "tag:yaml.org,2002:seq"}
 _FLATTENED = (_MERGE, "tag:yaml.org,2002:value")  # the key tags SafeConstructor.flatten_mapping rewrites
 
 
@@ -188,6 +189,18 @@ class _Builder:
             # (most values of a pack are strings; this was half the time of reading one).
             return _whole_text(node.value, node, pointer) if self.escapes else node.value
         if isinstance(node, yaml.MappingNode | yaml.SequenceNode):
+            if node.tag != _PLAIN_COLLECTION[kind]:
+                # `!!python/object:...`, `!!set`, `!custom` on a mapping or list: a pack holds
+                # plain mappings, lists and scalars, and read as plain data such a tag would
+                # look as if it did something. (On a scalar the constructor refuses it.)
+                shown = node.tag.replace("tag:yaml.org,2002:", "!!", 1)
+                raise YamlProblem(
+                    "CR001",
+                    f"YAML: the tag {shown!r} is not allowed; a pack holds plain mappings, lists and scalars",
+                    *_pos(node),
+                    pointer,
+                    hint="remove the tag in front of the value",
+                )
             if id(node) in self.open:
                 raise YamlProblem("CR001", "YAML: an alias refers to the collection holding it", *_pos(node), pointer)
             self.open.add(id(node))
