@@ -325,6 +325,30 @@ def test_sarif_uri_of_a_file_name_that_is_not_utf8(cli, work: Path) -> None:  # 
     assert "caf%E9.yaml" in uris, uris
 
 
+@pytest.mark.parametrize("fmt", ["text", "json", "github", "sarif"])
+def test_a_file_name_that_is_not_utf8_is_shown_by_its_bytes_in_every_format(  # type: ignore[no-untyped-def]
+    cli, work: Path, fmt: str
+) -> None:
+    """The byte that is not UTF-8 reached every format as the lone surrogate Python reads it
+    as: the text and GitHub formats showed ``caf\\udce9.yaml`` (not the file's name) and the JSON
+    format wrote ``"\\udce9"``, which strict JSON readers refuse. Every format now names the
+    byte, as the SARIF URI does (``%E9``)."""
+    try:
+        (work / os.fsdecode(b"caf\xe9.yaml")).write_text(TWO_ERRORS, encoding="utf-8")
+    except (OSError, UnicodeError):
+        pytest.skip("the file system takes only UTF-8 names")
+    code, out, err = cli("validate", "--format", fmt, os.fsdecode(b"caf\xe9.yaml"))
+    assert code == 1, err
+    out.encode("utf-8")  # no lone surrogate left: a UTF-8 stream can carry the report
+    assert "udce9" not in out
+    if fmt == "json":
+        assert {d["file"] for d in json.loads(out)["diagnostics"]} == {"caf\\xe9.yaml"}
+    elif fmt == "sarif":
+        check_sarif(out)
+    else:
+        assert "caf\\xe9.yaml" in out
+
+
 def test_exit_codes_through_the_console_entry_point(work: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(REPO / "engine")}
     env.pop("CTXRULES_DEBUG", None)

@@ -29,6 +29,24 @@ def printable(text: str, *, one_line: bool = True) -> str:
     return pattern.sub(_escape, text) if pattern.search(text) else text
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _byte_or_code(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    # U+DC80-U+DCFF: a byte of a file name (or an argument) that is not UTF-8, as Python's
+    # surrogateescape reads it; shown as that byte, the way the name is on disk.
+    return f"\\x{code - 0xDC00:02x}" if 0xDC80 <= code <= 0xDCFF else f"\\u{code:04x}"
+
+
+def encodable(text: str) -> str:
+    """``text`` with each lone surrogate written as its escape: ``\\xff`` for a byte that
+    was not UTF-8 in a file name, ``\\ud800`` for the others. UTF-8 (a JSON or SARIF
+    report, an HTML page) cannot hold a lone surrogate: json.dumps writes ``"\\udcff"``,
+    which strict JSON readers refuse."""
+    return _SURROGATE.sub(_byte_or_code, text) if _SURROGATE.search(text) else text
+
+
 def printable_html(text: str) -> str:
     """``text`` for an HTML page: markup escaped, and what :func:`printable` escapes shown as
     its escape too (tabs and newlines kept). A browser acts on a bidirectional override as a

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from ctxrules._version import __version__
-from ctxrules.printable import printable
+from ctxrules.printable import encodable, printable
 from ctxrules.validation.diagnostics import CODES, Diagnostic
 
 SourceReader = Callable[[str], list[str] | None]
@@ -57,7 +57,7 @@ def format_text(
     for d in diags:
         # What a pack wrote (a key, a name, a file name) is quoted in messages: nothing in them
         # may act on the terminal.
-        out.append(f"{printable(d.file)}:{d.line}:{d.col}: {d.severity}[{d.code}] {printable(d.message)}")
+        out.append(f"{printable(encodable(d.file))}:{d.line}:{d.col}: {d.severity}[{d.code}] {printable(d.message)}")
         lines = _read_lines(cache, d.file, real_paths or {})
         if lines is not None and 0 < d.line <= len(lines):
             src, caret = _excerpt(lines[d.line - 1].replace("\t", " "), max(d.col - 1, 0))
@@ -81,9 +81,21 @@ def format_json(diags: list[Diagnostic], files_checked: int, files_skipped: int 
         "files_skipped": files_skipped,
         "errors": sum(d.severity == "error" for d in diags),
         "warnings": sum(d.severity == "warning" for d in diags),
-        "diagnostics": [d.as_dict() for d in diags],
+        "diagnostics": [_encodable(d.as_dict()) for d in diags],
     }
     return json.dumps(doc, indent=2) + "\n"
+
+
+def _encodable(value: Any) -> Any:
+    """A diagnostic's fields with each string :func:`encodable` (a file name with a byte that
+    is not UTF-8 named the file; JSON cannot hold the lone surrogate Python reads it as)."""
+    if isinstance(value, str):
+        return encodable(value)
+    if isinstance(value, list):
+        return [_encodable(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _encodable(v) for k, v in value.items()}
+    return value
 
 
 def _gh_escape(text: str, prop: bool = False) -> str:
@@ -99,7 +111,7 @@ def format_github(diags: list[Diagnostic], files_checked: int) -> str:
         level = {"error": "error", "warning": "warning"}.get(d.severity, "notice")
         msg = printable(d.message + (f" (help: {d.hint})" if d.hint else ""), one_line=False)
         out.append(
-            f"::{level} file={_gh_escape(printable(d.file), True)},line={d.line},col={d.col},"
+            f"::{level} file={_gh_escape(printable(encodable(d.file)), True)},line={d.line},col={d.col},"
             f"title={_gh_escape(d.code, True)}::{_gh_escape(msg)}"
         )
     return "\n".join(out) + ("\n" if out else "")
@@ -125,7 +137,7 @@ def format_sarif(diags: list[Diagnostic], files_checked: int) -> str:
     index = {code: i for i, code in enumerate(used)}
     results: list[dict[str, Any]] = []
     for d in diags:
-        msg = d.message + (f"\nhelp: {d.hint}" if d.hint else "")
+        msg = encodable(d.message + (f"\nhelp: {d.hint}" if d.hint else ""))
         results.append(
             {
                 "ruleId": d.code,
@@ -140,7 +152,7 @@ def format_sarif(diags: list[Diagnostic], files_checked: int) -> str:
                         }
                     }
                 ],
-                "properties": {"jsonPointer": d.pointer},
+                "properties": {"jsonPointer": encodable(d.pointer)},
             }
         )
     doc = {
