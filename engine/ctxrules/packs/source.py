@@ -95,7 +95,10 @@ MAX_VALUES = 200_000
 _STR = "tag:yaml.org,2002:str"
 _INT = "tag:yaml.org,2002:int"
 _MERGE = "tag:yaml.org,2002:merge"
-_PLAIN_COLLECTION = {yaml.MappingNode: "tag:yaml.org,2002:map", yaml.SequenceNode: "tag:yaml.org,2002:seq"}
+_PLAIN_COLLECTION: dict[type, str] = {
+    yaml.MappingNode: "tag:yaml.org,2002:map",
+    yaml.SequenceNode: "tag:yaml.org,2002:seq",
+}
 _FLATTENED = (_MERGE, "tag:yaml.org,2002:value")  # the key tags SafeConstructor.flatten_mapping rewrites
 
 
