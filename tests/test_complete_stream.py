@@ -5,7 +5,9 @@ final usage chunk or counted when the provider sends none."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
+import threading
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,7 +15,7 @@ from typing import Any
 
 import pytest
 from invariants import pairing_problems
-from llm_server import LLMServer, context_length_error, reply, stream_error
+from llm_server import LLMServer, context_length_error, reply, slow_reply, stream_error
 
 from ctxrules import Engine
 from ctxrules.runtime.overflow import CompletionFailed
@@ -285,3 +287,80 @@ def test_usage_the_ledger_refuses_never_costs_the_reply(session: Any, stream: bo
     assert "reasoning tokens (500) exceed" in done.attempts[-1]["usage_refused"]
     (record,) = ledger_lines(session)
     assert record["source"] in ("counted", "stream-counted") and record["tokens"]["completion"] > 0
+
+
+def test_a_stream_dropped_without_closing_records_what_it_received(session: Any) -> None:
+    """A ``break`` with neither ``close()`` nor ``with``: the provider billed the call all the
+    same, so the ledger gets what was received when the stream is collected (from a thread of
+    its own, which the test waits for)."""
+    with LLMServer() as server:
+        server.script(reply(TEXT * 20, chunk_chars=4))
+        stream = session.complete(
+            [{"role": "user", "content": "fix it"}], model=MODEL, stream=True, api_base=server.base_url, api_key="k"
+        )
+        for n, _ in enumerate(stream):
+            if n == 3:
+                break
+        del stream
+        gc.collect()
+        for worker in [t for t in threading.enumerate() if t.name == "ctxrules-stream-usage"]:
+            worker.join(10)
+    (record,) = ledger_lines(session)
+    assert record["source"] == "stream-counted"
+    assert 0 < record["tokens"]["completion"] < session.counter.count_text(TEXT * 20)
+
+
+def test_readers_in_several_threads_take_turns_on_one_stream(session: Any) -> None:
+    """A slow stream read by four threads: each chunk reaches one of them, none sees the
+    provider's generator refuse a second reader, and the usage is recorded once."""
+    got: list[Any] = []
+    errors: list[BaseException] = []
+    with LLMServer() as server:
+        server.script(slow_reply(TEXT, every_s=0.01, chunk_chars=2))
+        stream = session.complete(
+            [{"role": "user", "content": "fix it"}], model=MODEL, stream=True, api_base=server.base_url, api_key="k"
+        )
+
+        def read() -> None:
+            try:
+                got.extend(stream)
+            except BaseException as exc:  # the test reports it
+                errors.append(exc)
+
+        readers = [threading.Thread(target=read) for _ in range(4)]
+        for reader in readers:
+            reader.start()
+        for reader in readers:
+            reader.join(30)
+    assert errors == []
+    assert len(got) == stream.chunks and stream.text == TEXT
+    assert [rec["source"] for rec in ledger_lines(session)] == ["stream"]
+
+
+def test_a_closed_stream_yields_nothing_more(session: Any) -> None:
+    """Closed before reading: its usage is recorded (nothing received), and iterating it after
+    that yields no chunk (which the record would not count)."""
+    with LLMServer() as server:
+        server.script(reply(TEXT, chunk_chars=4))
+        stream = session.complete(
+            [{"role": "user", "content": "fix it"}], model=MODEL, stream=True, api_base=server.base_url, api_key="k"
+        )
+        stream.close()
+        assert list(stream) == []
+    assert stream.text == "" and [rec["source"] for rec in ledger_lines(session)] == ["stream-counted"]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_ledger_that_cannot_be_written_never_costs_the_reply(session: Any, stream: bool) -> None:
+    """A file where the state root's ``ledger/`` folder belongs: the ledger write is refused
+    (nothing recorded). The call was paid for: its reply is returned, the attempt says why."""
+    (session.path.parent / "ledger").write_text("not a folder")
+    with LLMServer() as server:
+        server.script(reply(TEXT, chunk_chars=5))
+        done = session.complete(
+            [{"role": "user", "content": "fix it"}], model=MODEL, stream=stream, api_base=server.base_url, api_key="k"
+        )
+        text = content_of(list(done)) if stream else done.response.choices[0].message.content
+    assert text == TEXT
+    assert "is not a directory" in done.attempts[-1]["usage_error"]
+    assert ledger_lines(session) == []

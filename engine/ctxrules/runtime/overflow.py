@@ -27,7 +27,7 @@ from ctxrules.llm import error_text, load_litellm, quiet
 from ctxrules.logs import get_logger
 from ctxrules.pipeline.context import StageContext
 from ctxrules.results import PrepareResult
-from ctxrules.runtime.streaming import AsyncCompletionStream, CompletionStream, _get
+from ctxrules.runtime.streaming import AsyncCompletionStream, CompletionStream, _get, record_usage
 
 if TYPE_CHECKING:
     from ctxrules.models import ModelInfo
@@ -293,14 +293,15 @@ def _record(
     """Usage into the session's ledger when there is one (failed calls record nothing). Usage
     the ledger refuses (reasoning tokens above the completion tokens, as a provider billing them
     apart reports) never costs the caller the reply it paid for: the call's tokens are counted
-    instead, and the attempt says why."""
+    instead, and the attempt says why; nor does a ledger that cannot be written
+    (``streaming.record_usage``)."""
     recorder = getattr(session, "record_usage", None)
     if not ok or recorder is None or response is None:
         return
     if getattr(response, "usage", None) is None:
         return
     try:
-        recorder(response, model=model)  # the ledger reads litellm's ModelResponse itself
+        record_usage(session, attempts[-1], response, model)  # the ledger reads litellm's ModelResponse itself
     except UsageError as exc:
         attempts[-1]["usage_refused"] = str(exc)[:300]
         choices = _get(response, "choices") or [None]
@@ -308,7 +309,7 @@ def _record(
         text = "".join(_reply_parts(reply))
         counter = session.counter
         usage = TokenUsage.of(prompt=counter.count_messages(sent), completion=counter.count_text(text) if text else 0)
-        recorder(usage, model=model, source="counted")
+        record_usage(session, attempts[-1], usage, model, "counted")
 
 
 def _reply_parts(reply: Any) -> list[str]:

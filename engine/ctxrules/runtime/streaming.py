@@ -10,19 +10,24 @@ Usage is recorded when the stream ends: from the provider's final usage chunk (c
 for it with ``stream_options={"include_usage": True}`` unless the caller set stream_options),
 or, when the provider sends none, counted with the session's tokenizer — the prompt that was
 sent and the text, reasoning and tool-call arguments that came back (``source`` ``stream`` or
-``stream-counted`` in the ledger). A stream the caller closes early records what it received;
-a stream that failed records nothing, like a failed call.
+``stream-counted`` in the ledger). A stream the caller closes early records what it received,
+and so does one it drops without closing (when it is collected); a stream that failed records
+nothing, like a failed call. Usage is recorded once, however many threads read the stream: they
+take turns, each chunk goes to one of them. A ledger that cannot be written (a full disk)
+never costs the caller the reply: the attempt carries ``usage_error`` and a warning is logged.
 """
 
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import AsyncIterator, Iterator
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ctxrules.budget.usage import TokenUsage
-from ctxrules.errors import CompletionFailed, UsageError
+from ctxrules.errors import CompletionFailed, CtxrulesError, UsageError
 from ctxrules.llm import error_text
+from ctxrules.logs import get_logger
 
 if TYPE_CHECKING:
     from ctxrules.results import PrepareResult
@@ -64,6 +69,9 @@ class _StreamState:
         self.record: dict[str, Any] | None = None
         self.usage_counted = False
         self.finished = False
+        # finish() runs once whichever thread gets there first: the end of the stream in one
+        # reader, close() in another, or the collector of a stream dropped unclosed.
+        self._finish_lock = threading.Lock()
 
     @property
     def text(self) -> str:
@@ -91,16 +99,17 @@ class _StreamState:
 
     def finish(self, *, failed: bool = False) -> None:
         """Record the call's usage once (nothing for a failed stream)."""
-        if self.finished:
-            return
-        self.finished = True
+        with self._finish_lock:
+            if self.finished:
+                return
+            self.finished = True
         if failed:
             self.attempts[-1].update(ok=False)
             return
         self.attempts[-1].update(ok=True, chunks=self.chunks)
         if self.usage_chunk is not None:
             try:
-                self.record = self.session.record_usage(self.usage_chunk, model=self.model, source="stream")
+                self.record = record_usage(self.session, self.attempts[-1], self.usage_chunk, self.model, "stream")
                 return
             except UsageError as exc:  # usage the ledger refuses: the chunks were delivered, count them
                 self.attempts[-1]["usage_refused"] = str(exc)[:300]
@@ -108,9 +117,23 @@ class _StreamState:
         prompt = counter.count_messages(self.sent, self.prepared.tools)
         completion = counter.count_text(self.text) if self.text else 0
         self.usage_counted = True
-        self.record = self.session.record_usage(
-            TokenUsage.of(prompt=prompt, completion=completion), model=self.model, source="stream-counted"
-        )
+        usage = TokenUsage.of(prompt=prompt, completion=completion)
+        self.record = record_usage(self.session, self.attempts[-1], usage, self.model, "stream-counted")
+
+    def __del__(self) -> None:
+        """A stream dropped before its end (a ``break`` without ``close()`` or ``with``) still
+        records what was received. Not here: the collector may run inside this thread's own
+        ledger write, whose locks do not nest; a thread of its own waits for them instead."""
+        if getattr(self, "finished", True):  # (True: __init__ did not get that far)
+            return
+        with contextlib.suppress(RuntimeError):  # interpreter shutdown: no new threads
+            threading.Thread(target=self._finish_dropped, name="ctxrules-stream-usage").start()
+
+    def _finish_dropped(self) -> None:
+        try:
+            self.finish()
+        except Exception as exc:  # nobody is left to raise to
+            get_logger("ctxrules.stream").warning("stream.usage_lost", model=self.model, error=error_text(exc, 300))
 
     def failure(self, exc: BaseException) -> Exception:
         self.finish(failed=True)
@@ -140,13 +163,22 @@ class CompletionStream(_StreamState):
         self._iter: Iterator[Any] = iter(stream) if not ended else iter(())
         self._pending = first
         self._ended = ended
+        # Readers in several threads take turns: the provider's stream is a generator, which
+        # raises when a second thread enters it (and that would fail the whole stream).
+        self._read_lock = threading.Lock()
 
     def __iter__(self) -> CompletionStream:
         return self
 
     def __next__(self) -> Any:
+        with self._read_lock:
+            return self._next()
+
+    def _next(self) -> Any:
         from ctxrules.llm import quiet
 
+        if self.finished:  # closed (by any thread) or ended: its usage is recorded, nothing follows
+            raise StopIteration
         if self._pending is not None:
             chunk, self._pending = self._pending, None
         elif self._ended:
@@ -210,6 +242,8 @@ class AsyncCompletionStream(_StreamState):
         return self
 
     async def __anext__(self) -> Any:
+        if self.finished:  # closed or ended: its usage is recorded, nothing follows
+            raise StopAsyncIteration
         if self._pending is not None:
             chunk, self._pending = self._pending, None
         elif self._ended or self._iter is None:
@@ -244,6 +278,21 @@ class AsyncCompletionStream(_StreamState):
     async def __aexit__(self, *exc: object) -> None:
         if not self.finished:
             await self.aclose()
+
+
+def record_usage(session: Session, attempt: dict[str, Any], usage: Any, model: str, source: str | None = None) -> Any:
+    """``session.record_usage``, except that a ledger that cannot be written (a full disk, a
+    link planted for a ledger folder: nothing was recorded, in none of its ledgers) never costs
+    the caller the reply it paid for: ``attempt`` says why (``usage_error``) and a warning is
+    logged. Usage the ledger refuses (``UsageError``) is raised: the caller counts instead."""
+    try:
+        return session.record_usage(usage, model=model, **({"source": source} if source else {}))
+    except UsageError:
+        raise
+    except (CtxrulesError, OSError) as exc:
+        attempt["usage_error"] = error_text(exc, 300)
+        get_logger("ctxrules.complete").warning("usage.not_recorded", model=model, error=attempt["usage_error"])
+        return None
 
 
 def _get(obj: Any, name: str) -> Any:
