@@ -123,3 +123,33 @@ def test_a_blocked_emergency_plugin_means_no_recovery(tmp_path: Path, monkeypatc
                 _long_history(), api_base=server.base_url, api_key="k", model="openai/gpt-4o", num_retries=0
             )
         assert len(server.requests) == 1
+
+
+def test_a_limit_the_prompt_fits_by_our_count_still_shrinks_it(tmp_path: Path) -> None:
+    """The provider counts the prompt above its limit where the session's tokenizer counts it
+    well within (another tokenizer, images). A pass at that limit would cut nothing and the
+    retry would be refused alike: it aims at 80 % of what was sent instead."""
+    session = Engine.load("builtin:default").session(tmp_path / "s", model="openai/gpt-4o", window=128000)
+    history = _long_history()
+    tokens = session.counter.count_messages(session.prepare(history).messages, [])
+    with LLMServer() as server:
+        server.script(context_length_error(limit=2 * tokens), reply("ok"))
+        result = session.complete(history, api_base=server.base_url, api_key="k", model="openai/gpt-4o")
+        first, second = server.requests
+    recovery = result.attempts[0]["recovery"]
+    assert result.recovered and recovery["window"] == int(tokens * 0.8)
+    assert recovery["tokens_after"] < recovery["window"]
+    assert len(json.dumps(second.body["messages"])) < len(json.dumps(first.body["messages"]))
+    assert pairing_problems(second.body["messages"]) == []
+
+
+def test_a_prompt_the_recovery_cannot_shrink_is_not_sent_again(tmp_path: Path) -> None:
+    """Only pinned messages (the system prompt and the one user request): the emergency pass
+    cannot cut anything, so the same request is not sent again to be refused again."""
+    session = Engine.load("builtin:default").session(tmp_path / "s", model="openai/gpt-4o", window=128000)
+    history = [{"role": "system", "content": "You are a coding agent."}, {"role": "user", "content": "Fix it."}]
+    with LLMServer() as server:
+        server.script(context_length_error(limit=5), reply("ok"))
+        with pytest.raises(CompletionFailed, match=r"could not make the \d+-token prompt smaller: not retried"):
+            session.complete(history, api_base=server.base_url, api_key="k", model="openai/gpt-4o", num_retries=0)
+        assert len(server.requests) == 1 and server.pending == 1

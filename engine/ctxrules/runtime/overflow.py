@@ -5,7 +5,8 @@ request options such as ``prompt_cache_key`` merged in. When the provider answer
 too long, an emergency pass runs at the limit the provider named (or, when it names none, at
 80 % of what was sent) — the pack's own ``compress.emergency`` stage with its ``with:`` options
 (phase 1 cuts long contents to head + tail, phase 2 drops the oldest steps, both into the vault),
-then the pack's pairing stage repairs the tool pairs — and the call is retried once. A pack
+then the pack's pairing stage repairs the tool pairs — and the call is retried once (unless the
+pass could not make the prompt smaller: the same request would be refused alike). A pack
 without a ``compress.emergency`` entry gets the registered stage type with its defaults; when
 that plugin is blocked (``CTXRULES_BLOCK_PLUGINS``), there is no recovery and the error stands.
 What happened is returned with the response; usage goes to the ledger when the session has one.
@@ -128,8 +129,9 @@ def emergency_pass(
     emergency = _pack_stage(session, EMERGENCY_STAGE)
     if emergency is None:
         return None
-    reserve = min(session.budget.reserve_output, max(window // 4, 1))
-    budget = dataclasses.replace(session.budget, window=window, reserve_output=reserve, window_source="override")
+    budget = dataclasses.replace(
+        session.budget, window=window, reserve_output=_reserve(session, window), window_source="override"
+    )
     ctx = StageContext(
         stage_id="overflow",
         model=session.model,
@@ -151,6 +153,24 @@ def emergency_pass(
         repaired = pairing(out.messages, ctx) if pairing is not None else out
     actions = [a.as_dict() for a in [*out.actions, *(repaired.actions if repaired is not out else [])]]
     return repaired.messages, actions
+
+
+def _reserve(session: OverflowSession, window: int) -> int:
+    """The output reserve of an emergency pass at ``window``: the session's, at most a quarter."""
+    return min(session.budget.reserve_output, max(window // 4, 1))
+
+
+def recovery_window(session: OverflowSession, exc: BaseException, tokens: int) -> int:
+    """The window the emergency pass aims at after ``exc`` for a prompt of ``tokens`` (as the
+    session counts it): the limit the provider named (80 % of ``tokens`` when it names none),
+    never above the session's window. When the usable part of that window already holds the
+    prompt, the provider counts it higher than the session's tokenizer does (another tokenizer,
+    images): a pass at that limit would cut nothing and the retry would fail alike, so it aims
+    at 80 % of ``tokens`` instead."""
+    window = min(limit_from(exc) or int(tokens * 0.8), session.budget.window)
+    if window - _reserve(session, window) >= tokens:
+        window = int(tokens * 0.8)
+    return max(window, 1)
 
 
 def complete(
@@ -180,7 +200,7 @@ def complete(
         except Exception as exc:
             retry = _after_failure(session, sent, prepared, exc, attempt, attempts)
             if retry is None:
-                raise CompletionFailed(f"model call failed: {error_text(exc)}") from exc
+                raise CompletionFailed(_failure(exc, attempts)) from exc
             sent = retry
             continue
         attempts.append({"attempt": attempt + 1})
@@ -220,7 +240,7 @@ async def acomplete(
         except Exception as exc:
             retry = await asyncio.to_thread(_after_failure, session, sent, prepared, exc, attempt, attempts)
             if retry is None:
-                raise CompletionFailed(f"model call failed: {error_text(exc)}") from exc
+                raise CompletionFailed(_failure(exc, attempts)) from exc
             sent = retry
             continue
         attempts.append({"attempt": attempt + 1})
@@ -252,24 +272,30 @@ def _after_failure(
     attempts: list[dict[str, Any]],
 ) -> list[dict[str, Any]] | None:
     """Note a failed attempt; the messages to retry with when it was the first attempt and the
-    prompt was too long (after the emergency pass), else ``None`` (raise)."""
+    prompt was too long (after the emergency pass), else ``None`` (raise). A pass that could not
+    make the prompt smaller (the pinned messages alone are too long) means no retry: the same
+    request would be refused the same way."""
     tokens = session.counter.count_messages(sent, prepared.tools)
     attempts.append({"attempt": attempt + 1, "error": error_text(exc, 500), "tokens": tokens})
     if attempt != 0 or not is_overflow(exc):
         return None
-    limit = limit_from(exc) or int(tokens * 0.8)
-    recovery = emergency_pass(session, sent, prepared.tools, min(limit, session.budget.window))
+    window = recovery_window(session, exc, tokens)
+    recovery = emergency_pass(session, sent, prepared.tools, window)
     if recovery is None:  # no emergency stage to run (its plugin is blocked): the error stands
         return None
     smaller, actions = recovery
-    attempts[-1].update(
-        recovery={
-            "window": limit,
-            "actions": actions,
-            "tokens_after": session.counter.count_messages(smaller, prepared.tools),
-        }
-    )
-    return smaller
+    after = session.counter.count_messages(smaller, prepared.tools)
+    attempts[-1].update(recovery={"window": window, "actions": actions, "tokens_after": after})
+    return smaller if after < tokens else None
+
+
+def _failure(exc: BaseException, attempts: list[dict[str, Any]]) -> str:
+    """The message of the error that stands; it says so when the recovery was not retried."""
+    message = f"model call failed: {error_text(exc)}"
+    last = attempts[-1] if attempts else {}
+    if "recovery" in last and last["recovery"]["tokens_after"] >= last["tokens"]:
+        message += f" (the emergency pass could not make the {last['tokens']}-token prompt smaller: not retried)"
+    return message
 
 
 def _first_chunk(response: Any) -> tuple[Any, bool]:
