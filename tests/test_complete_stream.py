@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 from invariants import pairing_problems
-from llm_server import LLMServer, context_length_error, reply, slow_reply, stream_error
+from llm_server import LLMServer, context_length_error, raw, reply, slow_reply, stream_error
 
 from ctxrules import Engine
 from ctxrules.runtime.overflow import CompletionFailed
@@ -364,3 +364,28 @@ def test_a_ledger_that_cannot_be_written_never_costs_the_reply(session: Any, str
     assert text == TEXT
     assert "is not a directory" in done.attempts[-1]["usage_error"]
     assert ledger_lines(session) == []
+
+
+@pytest.mark.parametrize("usage", ["", ', "usage": null', ', "usage": {"prompt_tokens": 0, "completion_tokens": 0}'])
+def test_a_reply_without_usage_is_counted_not_recorded_as_free(session: Any, usage: str) -> None:
+    """A provider that sends no usage with a plain (not streamed) reply: litellm fills in zero
+    tokens, which would hide a billed call from every budget. The call is counted with the
+    session's tokenizer instead, as a stream without a usage chunk is."""
+    body = {
+        "id": "c1",
+        "object": "chat.completion",
+        "created": 1,
+        "model": "test-model",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": TEXT}, "finish_reason": "stop"}],
+    }
+    with LLMServer() as server:
+        server.script(raw(json.dumps(body)[:-1].encode() + usage.encode() + b"}"))
+        done = session.complete(
+            [{"role": "user", "content": "fix it"}], model=MODEL, api_base=server.base_url, api_key="k"
+        )
+        (request,) = server.requests
+    assert done.response.choices[0].message.content == TEXT and done.attempts[-1]["usage_counted"]
+    (record,) = ledger_lines(session)
+    assert record["source"] == "counted"
+    assert record["tokens"]["completion"] == session.counter.count_text(TEXT)
+    assert record["tokens"]["prompt"] == session.counter.count_messages(request.body["messages"], [])

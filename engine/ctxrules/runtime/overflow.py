@@ -28,7 +28,7 @@ from ctxrules.llm import error_text, load_litellm, quiet
 from ctxrules.logs import get_logger
 from ctxrules.pipeline.context import StageContext
 from ctxrules.results import PrepareResult
-from ctxrules.runtime.streaming import AsyncCompletionStream, CompletionStream, _get, record_usage
+from ctxrules.runtime.streaming import AsyncCompletionStream, CompletionStream, _get, record_usage, reports_tokens
 
 if TYPE_CHECKING:
     from ctxrules.models import ModelInfo
@@ -207,7 +207,7 @@ def complete(
         if stream:
             return CompletionStream(session, prepared, call_model, sent, attempts, response, first, ended=ended)
         attempts[-1]["ok"] = True
-        _record(session, call_model, response, ok=True, sent=sent, attempts=attempts)
+        _record(session, call_model, response, ok=True, sent=sent, tools=prepared.tools, attempts=attempts)
         return Completion(response, prepared, recovered=attempt > 0, attempts=attempts)
     raise CompletionFailed("model call failed after the overflow recovery")  # pragma: no cover - loop returns
 
@@ -247,7 +247,7 @@ async def acomplete(
         if stream:
             return AsyncCompletionStream(session, prepared, call_model, sent, attempts, response, first, ended=ended)
         attempts[-1]["ok"] = True
-        _record(session, call_model, response, ok=True, sent=sent, attempts=attempts)
+        _record(session, call_model, response, ok=True, sent=sent, tools=prepared.tools, attempts=attempts)
         return Completion(response, prepared, recovered=attempt > 0, attempts=attempts)
     raise CompletionFailed("model call failed after the overflow recovery")  # pragma: no cover - loop returns
 
@@ -314,28 +314,40 @@ async def _afirst_chunk(response: Any) -> tuple[Any, bool]:
 
 
 def _record(
-    session: OverflowSession, model: str, response: Any, *, ok: bool, sent: Any, attempts: list[dict[str, Any]]
+    session: OverflowSession,
+    model: str,
+    response: Any,
+    *,
+    ok: bool,
+    sent: Any,
+    tools: list[dict[str, Any]],
+    attempts: list[dict[str, Any]],
 ) -> None:
-    """Usage into the session's ledger when there is one (failed calls record nothing). Usage
-    the ledger refuses (reasoning tokens above the completion tokens, as a provider billing them
-    apart reports) never costs the caller the reply it paid for: the call's tokens are counted
-    instead, and the attempt says why; nor does a ledger that cannot be written
-    (``streaming.record_usage``)."""
+    """Usage into the session's ledger when there is one (failed calls record nothing). A
+    response that reports no tokens (a provider that sends no usage: litellm fills in zeros) is
+    counted with the session's tokenizer, as a stream without a usage chunk is: the call was
+    billed all the same, and a zero would hide it from every budget. Usage the ledger refuses
+    (reasoning tokens above the completion tokens, as a provider billing them apart reports)
+    never costs the caller the reply it paid for: the call's tokens are counted instead, and the
+    attempt says why; nor does a ledger that cannot be written (``streaming.record_usage``)."""
     recorder = getattr(session, "record_usage", None)
     if not ok or recorder is None or response is None:
         return
-    if getattr(response, "usage", None) is None:
-        return
-    try:
-        record_usage(session, attempts[-1], response, model)  # the ledger reads litellm's ModelResponse itself
-    except UsageError as exc:
-        attempts[-1]["usage_refused"] = str(exc)[:300]
-        choices = _get(response, "choices") or [None]
-        reply = _get(choices[0], "message") if choices[0] is not None else None
-        text = "".join(_reply_parts(reply))
-        counter = session.counter
-        usage = TokenUsage.of(prompt=counter.count_messages(sent), completion=counter.count_text(text) if text else 0)
-        record_usage(session, attempts[-1], usage, model, "counted")
+    if reports_tokens(getattr(response, "usage", None)):
+        try:
+            record_usage(session, attempts[-1], response, model)  # the ledger reads litellm's ModelResponse itself
+            return
+        except UsageError as exc:
+            attempts[-1]["usage_refused"] = str(exc)[:300]
+    choices = _get(response, "choices") or [None]
+    reply = _get(choices[0], "message") if choices[0] is not None else None
+    text = "".join(_reply_parts(reply))
+    counter = session.counter
+    usage = TokenUsage.of(
+        prompt=counter.count_messages(sent, tools), completion=counter.count_text(text) if text else 0
+    )
+    attempts[-1]["usage_counted"] = True
+    record_usage(session, attempts[-1], usage, model, "counted")
 
 
 def _reply_parts(reply: Any) -> list[str]:

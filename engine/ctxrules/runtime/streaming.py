@@ -80,8 +80,7 @@ class _StreamState:
 
     def observe(self, chunk: Any) -> None:
         self.chunks += 1
-        usage = _get(chunk, "usage")
-        if usage is not None and (_get(usage, "prompt_tokens") or _get(usage, "completion_tokens")):
+        if reports_tokens(_get(chunk, "usage")):
             self.usage_chunk = chunk
         for choice in _get(chunk, "choices") or []:
             delta = _get(choice, "delta")
@@ -278,6 +277,12 @@ class AsyncCompletionStream(_StreamState):
     async def __aexit__(self, *exc: object) -> None:
         if not self.finished:
             await self.aclose()
+
+
+def reports_tokens(usage: Any) -> bool:
+    """Whether a provider's usage object counts any tokens: litellm fills in zeros for a
+    provider that sent none, and a call is never free of prompt tokens."""
+    return usage is not None and bool(_get(usage, "prompt_tokens") or _get(usage, "completion_tokens"))
 
 
 def record_usage(session: Session, attempt: dict[str, Any], usage: Any, model: str, source: str | None = None) -> Any:
