@@ -153,3 +153,19 @@ def test_a_prompt_the_recovery_cannot_shrink_is_not_sent_again(tmp_path: Path) -
         with pytest.raises(CompletionFailed, match=r"could not make the \d+-token prompt smaller: not retried"):
             session.complete(history, api_base=server.base_url, api_key="k", model="openai/gpt-4o", num_retries=0)
         assert len(server.requests) == 1 and server.pending == 1
+
+
+def test_an_overflow_after_the_recovery_says_the_recovery_ran(tmp_path: Path) -> None:
+    """The retry is refused too: the error says the recovery ran and how far it shrank the
+    prompt, where the provider's text alone ("maximum context length is N") reads the same as
+    a first refusal."""
+    session = Engine.load("builtin:default").session(tmp_path / "s", model="openai/gpt-4o", window=128000)
+    with LLMServer() as server:
+        server.script(context_length_error(limit=9000), context_length_error(limit=9000), reply("ok"))
+        with pytest.raises(
+            CompletionFailed, match=r"^model call failed after the overflow recovery \(\d+ -> \d+ tokens\): "
+        ):
+            session.complete(
+                _long_history(), api_base=server.base_url, api_key="k", model="openai/gpt-4o", num_retries=0
+            )
+        assert len(server.requests) == 2 and server.pending == 1

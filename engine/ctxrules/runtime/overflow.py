@@ -290,7 +290,12 @@ def _after_failure(
 
 
 def _failure(exc: BaseException, attempts: list[dict[str, Any]]) -> str:
-    """The message of the error that stands; it says so when the recovery was not retried."""
+    """The message of the error that stands; it says whether the overflow recovery ran (the
+    provider's own text, "maximum context length is N", reads the same either way)."""
+    first = attempts[0] if attempts else {}
+    if len(attempts) > 1 and "recovery" in first:
+        before, after = first["tokens"], first["recovery"]["tokens_after"]
+        return f"model call failed after the overflow recovery ({before} -> {after} tokens): {error_text(exc)}"
     message = f"model call failed: {error_text(exc)}"
     last = attempts[-1] if attempts else {}
     if "recovery" in last and last["recovery"]["tokens_after"] >= last["tokens"]:

@@ -125,8 +125,10 @@ class _StreamState:
         ledger write, whose locks do not nest; a thread of its own waits for them instead."""
         if getattr(self, "finished", True):  # (True: __init__ did not get that far)
             return
-        with contextlib.suppress(RuntimeError):  # interpreter shutdown: no new threads
+        try:
             threading.Thread(target=self._finish_dropped, name="ctxrules-stream-usage").start()
+        except Exception:  # interpreter shutdown: no new threads, modules half torn down
+            return
 
     def _finish_dropped(self) -> None:
         try:
