@@ -389,3 +389,28 @@ def test_a_reply_without_usage_is_counted_not_recorded_as_free(session: Any, usa
     assert record["source"] == "counted"
     assert record["tokens"]["completion"] == session.counter.count_text(TEXT)
     assert record["tokens"]["prompt"] == session.counter.count_messages(request.body["messages"], [])
+
+
+def test_tasks_reading_one_async_stream_take_turns(session: Any) -> None:
+    """Three tasks on one slow async stream: each chunk reaches one of them, none sees the
+    provider's async generator refuse a second reader, and the usage is recorded once."""
+
+    async def main() -> tuple[Any, list[Any]]:
+        got: list[Any] = []
+
+        with LLMServer() as server:
+            server.script(slow_reply(TEXT, every_s=0.01, chunk_chars=2))
+            stream = await session.acomplete(
+                [{"role": "user", "content": "fix it"}], model=MODEL, stream=True, api_base=server.base_url, api_key="k"
+            )
+
+            async def read() -> None:
+                async for chunk in stream:
+                    got.append(chunk)
+
+            await asyncio.gather(read(), read(), read())
+        return stream, got
+
+    stream, got = run(main())
+    assert len(got) == stream.chunks and stream.text == TEXT
+    assert [rec["source"] for rec in ledger_lines(session)] == ["stream"]

@@ -12,7 +12,7 @@ or, when the provider sends none, counted with the session's tokenizer — the p
 sent and the text, reasoning and tool-call arguments that came back (``source`` ``stream`` or
 ``stream-counted`` in the ledger). A stream the caller closes early records what it received,
 and so does one it drops without closing (when it is collected); a stream that failed records
-nothing, like a failed call. Usage is recorded once, however many threads read the stream: they
+nothing, like a failed call. Usage is recorded once, however many threads (or tasks) read the stream: they
 take turns, each chunk goes to one of them. A ledger that cannot be written (a full disk)
 never costs the caller the reply: the attempt carries ``usage_error`` and a warning is logged.
 """
@@ -238,11 +238,20 @@ class AsyncCompletionStream(_StreamState):
         self._iter: AsyncIterator[Any] | None = None if ended else stream.__aiter__()
         self._pending = first
         self._ended = ended
+        import asyncio  # (made on the event loop; the CLI never imports asyncio)
+
+        # Tasks reading one stream take turns, as threads do on a CompletionStream (an async
+        # generator raises when a second task enters it).
+        self._read_lock = asyncio.Lock()
 
     def __aiter__(self) -> AsyncCompletionStream:
         return self
 
     async def __anext__(self) -> Any:
+        async with self._read_lock:
+            return await self._next()
+
+    async def _next(self) -> Any:
         if self.finished:  # closed or ended: its usage is recorded, nothing follows
             raise StopAsyncIteration
         if self._pending is not None:
