@@ -525,6 +525,29 @@ def test_continuation_guards(tmp_path: Path) -> None:
     assert not d and "keep.txt" in str(d.reason)
 
 
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs here")
+def test_a_protected_path_that_is_no_file_never_holds_the_loop(tmp_path: Path) -> None:
+    """A protected path that is a FIFO: reading it would wait for a writer, the agent's loop
+    with it. It is not read; putting a file in its place is still a change."""
+    os.mkfifo(tmp_path / "ci.yml")
+    pack = write_pack(tmp_path, "extends: builtin:default\nguards:\n  continuation:\n    protected_files: [ci.yml]\n")
+    s = Engine.load(pack).session(tmp_path / "s", model="gpt-4o")
+    state = {"messages": history(2), "cwd": str(tmp_path)}
+    decisions: list[Any] = []
+    worker = threading.Thread(target=lambda: decisions.append(s.should_continue(state)), daemon=True)
+    worker.start()
+    worker.join(10)
+    if worker.is_alive():  # (the old code: let it go before failing)
+        os.close(os.open(tmp_path / "ci.yml", os.O_WRONLY | os.O_NONBLOCK))
+        worker.join(10)
+        pytest.fail("should_continue waited for a writer of the protected FIFO")
+    assert decisions[0] and decisions[0].checks["protected_files"] == "ok"
+    (tmp_path / "ci.yml").unlink()
+    (tmp_path / "ci.yml").write_text("on: push\n")
+    d = s.should_continue(state)
+    assert not d and "ci.yml" in str(d.reason)
+
+
 @pytest.mark.corpus
 def test_fallback_and_breaker_events_reach_the_callback(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Offline, the summarizer falls back to the checkpoint: the UI hears about it."""

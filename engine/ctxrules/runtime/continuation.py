@@ -19,6 +19,8 @@ Declared in the pack under ``guards.continuation`` and evaluated by
 from __future__ import annotations
 
 import hashlib
+import os
+import stat
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +32,7 @@ from ctxrules.errors import MessagesError, UsageError
 from ctxrules.messages import message_text
 from ctxrules.structure import steps
 
+_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
 DEFAULTS: dict[str, Any] = {"max_identical_errors": 3, "drift_every_steps": 0, "protected_files": []}
 
 
@@ -57,10 +60,26 @@ def _cancelled(token: Any) -> bool:
 
 
 def _file_digest(path: Path) -> str:
+    """The file's sha256, read in blocks (a large file is never held whole). What is not a
+    regular file is not read — a FIFO would hold the agent's loop until some process writes to
+    it, a device never ends —: its kind stands for its content, so putting a file in its place
+    is still a change."""
     try:
-        return hashlib.sha256(path.read_bytes()).hexdigest()
+        fd = os.open(path, os.O_RDONLY | _NONBLOCK)  # (opening a FIFO would wait for a writer)
     except OSError as exc:
         return f"unreadable:{exc.strerror}"
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            return f"not a regular file:{stat.S_IFMT(mode):o}"
+        if _NONBLOCK:
+            os.set_blocking(fd, True)
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            return hashlib.file_digest(f, "sha256").hexdigest()
+    except OSError as exc:
+        return f"unreadable:{exc.strerror}"
+    finally:
+        os.close(fd)
 
 
 def _messages(state: object) -> Sequence[dict[str, Any]]:
