@@ -262,6 +262,23 @@ def test_child_handover_spills_large_results_with_structure(tmp_path: Path) -> N
     assert f"vault://{out.vault_id}" in out.text
 
 
+def test_a_handover_under_a_small_cap_keeps_its_vault_pointer(tmp_path: Path) -> None:
+    """``max_result_tokens`` 50 (the schema's minimum): the pointer line alone is above it. The
+    handover keeps the pointer (a little over the cap) rather than hand the parent an empty
+    text with no way to find the result."""
+    pack = write_pack(
+        tmp_path, "extends: builtin:default\nguards:\n  subagents: {max_result_tokens: 50, spill_chars: 100}\n"
+    )
+    child = Engine.load(pack).session(tmp_path / "root", model="gpt-4o").child("worker")
+    result = "".join(f"- fixed step {i} in src/file{i}.py\n" for i in range(2000))
+    out = child.handover(result)
+    assert out.spilled and out.vault_id is not None
+    (pointer,) = parse_markers(out.text)
+    assert pointer.vault_id == out.vault_id and child.counter.count_text(out.text[: pointer.span[1]]) > 50
+    assert child.vault.get(out.vault_id).decode() == result
+    assert out.tokens_after == child.counter.count_text(out.text)
+
+
 def test_a_handover_of_something_else_than_text_is_a_usage_error_and_spills_nothing(tmp_path: Path) -> None:
     # None (a sub-agent that returned nothing), bytes or a dict were a bare TypeError from deep
     # inside ("object of type 'NoneType' has no len()"); bytes were even counted first.

@@ -73,8 +73,11 @@ def make_handover(result: str, *, vault: Any, counter: Any, max_result_tokens: i
     )
     after = counter.count_text(text)
     if after > max_result_tokens:
-        # The handover itself must respect the cap: keep its head, the pointer stays first.
-        lines, kept, used = text.splitlines(keepends=True), [], 0
+        # The handover itself must respect the cap: keep its head. The pointer (the first line)
+        # stays whatever it costs: without it the parent could not find the result in the vault
+        # (at a cap of 50-80 tokens it alone is above the cap).
+        pointer, *lines = text.splitlines(keepends=True)
+        kept, used = [pointer], counter.count_text(pointer)
         for ln in lines:
             cost = counter.count_text(ln)
             if used + cost > max_result_tokens:
