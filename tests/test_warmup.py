@@ -279,3 +279,38 @@ def test_no_probes_after_max_idle(server: Any) -> None:
         ka.update([{"role": "user", "content": "x"}])
         time.sleep(6 * INTERVAL * SCALE)
     assert len(ka.probes) == 2  # at 240 and 480; at 720 the session has been idle too long
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        {"interval_s": float("nan")},
+        {"time_scale": float("nan")},
+        {"time_scale": float("inf")},
+        {"max_idle_s": -1.0},
+        {"max_idle_s": float("nan")},
+        {"timeout_s": 0.0},
+        {"timeout_s": float("nan")},
+        {"timeout_s": float("inf")},
+    ],
+)
+def test_settings_that_make_no_schedule_are_refused(settings: dict[str, float]) -> None:
+    """NaN compares false with everything: a NaN time scale made every probe due at once (a
+    storm of paid probes), a NaN or negative limit meant nothing. Refused when made."""
+    with pytest.raises(ValueError, match=next(iter(settings))):
+        KeepAlive("openai/gpt-4o", **settings)  # type: ignore[arg-type]
+
+
+def test_an_infinite_interval_sends_warm_ups_and_no_keep_alives(server: Any) -> None:
+    """``interval_s=inf``: no idle probes. The wait for one was past what a lock can wait and
+    killed the thread (OverflowError), so the next warm-up was never sent."""
+    base, _ = server
+    ka = KeepAlive("openai/gpt-4o", request=request_for(base), interval_s=float("inf"), time_scale=SCALE)
+    with ka:
+        ka.update([{"role": "user", "content": "x"}], warm="session start")
+        wait_for(lambda: len(ka.probes) == 1)
+        time.sleep(0.2)
+        ka.update([{"role": "user", "content": "summary"}], warm="after compaction")
+        wait_for(lambda: len(ka.probes) == 2)
+        time.sleep(0.2)
+    assert [p.kind for p in ka.probes] == ["warmup", "warmup"]

@@ -33,6 +33,7 @@ reported times are in unscaled seconds.
 from __future__ import annotations
 
 import contextlib
+import math
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -278,8 +279,17 @@ class KeepAlive:
         ledger: SessionLedger | None = None,
         raise_rejections: bool = True,
     ) -> None:
-        if interval_s <= 0 or time_scale <= 0:
-            raise ValueError("interval_s and time_scale must be positive")
+        # NaN compares false with everything: a NaN time_scale made every probe due at once (a
+        # probe storm, each paying for the prefix), a NaN interval made the schedule meaningless.
+        if not (interval_s > 0 and 0 < time_scale < math.inf):
+            raise ValueError(
+                f"interval_s must be > 0 (inf: no idle probes) and time_scale a finite number > 0, "
+                f"got {interval_s!r} and {time_scale!r}"
+            )
+        if max_idle_s is not None and not max_idle_s >= 0:
+            raise ValueError(f"max_idle_s must be >= 0 or None, got {max_idle_s!r}")
+        if not 0 < timeout_s < math.inf:
+            raise ValueError(f"timeout_s must be a finite number > 0, got {timeout_s!r}")
         self.model = model
         self.request = dict(request or {})
         self.interval_s = interval_s
@@ -437,7 +447,8 @@ class KeepAlive:
                         continue
                     due = since + interval
                     if now < due:
-                        self._cond.wait(due - now)
+                        # (an interval of inf, or just a long one, is past what a lock can wait)
+                        self._cond.wait(min(due - now, threading.TIMEOUT_MAX))
                         continue
                     kind, reason = "keepalive", "idle"
                 messages, tools, request = (
