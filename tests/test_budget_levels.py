@@ -10,6 +10,7 @@ from typing import Any, ClassVar
 
 import jsonschema
 import pytest
+from llm_server import LLMServer, raw
 
 from ctxrules.budget import BudgetExceeded, Level, SpawnLimitExceeded, TokenUsage
 from ctxrules.budget.ledger import day_ledger_path
@@ -312,6 +313,36 @@ def test_strip_tool_calls_keeps_the_text() -> None:
         "message": {"role": "assistant", "content": "Final."},
     }
     assert resp["choices"][0]["finish_reason"] == "tool_calls"
+
+
+def test_strip_tool_calls_from_the_response_session_complete_returns(tmp_path: Path) -> None:
+    """``session.complete`` returns litellm's ``ModelResponse``, an object, not a dict: its
+    choices were kept as they were, tool calls and all, so FINALIZATION stripped nothing."""
+    call = {"id": "c1", "type": "function", "function": {"name": "Bash", "arguments": "{}"}}
+    body = {
+        "id": "r",
+        "object": "chat.completion",
+        "created": 1,
+        "model": "gpt-4o",
+        "choices": [
+            {
+                "index": 0,
+                "finish_reason": "tool_calls",
+                "message": {"role": "assistant", "content": "Final.", "tool_calls": [call]},
+            }
+        ],
+        "usage": {"prompt_tokens": 9, "completion_tokens": 5, "total_tokens": 14},
+    }
+    session = Engine.load("builtin:default").session(tmp_path / "s", model="gpt-4o")
+    with LLMServer() as server:
+        server.script(raw(json.dumps(body).encode()))
+        done = session.complete(
+            [{"role": "user", "content": "go"}], model="openai/gpt-4o", api_base=server.base_url, api_key="k"
+        )
+    assert done.response.choices[0].message.tool_calls  # (what came back had a call)
+    (choice,) = strip_tool_calls_from_response(done.response)["choices"]
+    assert choice["finish_reason"] == "stop" and choice["message"]["content"] == "Final."
+    assert not choice["message"].get("tool_calls") and not choice["message"].get("function_call")
 
 
 def test_bad_policy_values_are_clear_errors() -> None:

@@ -54,9 +54,14 @@ def strip_tool_calls(message: Mapping[str, Any]) -> Message:
     return out
 
 
-def strip_tool_calls_from_response(response: Mapping[str, Any]) -> dict[str, Any]:
-    """A copy of a chat-completions response (dict) whose choices carry no tool calls; a choice
-    that finished for ``tool_calls`` now finishes with ``stop``."""
+def strip_tool_calls_from_response(response: Any) -> dict[str, Any]:
+    """A copy of a chat-completions response, as a dict, whose choices carry no tool calls; a
+    choice that finished for ``tool_calls`` now finishes with ``stop``. ``response`` is a dict
+    or an SDK's response object (litellm's ``ModelResponse``, which ``session.complete``
+    returns; openai's ``ChatCompletion``): read through its ``model_dump()``, as the ledger
+    reads it. (Taken apart as it was, its choices were objects, not mappings, and kept their
+    tool calls: the FINALIZATION level stripped nothing.)"""
+    response = _plain(response)
     out = dict(response)
     choices = []
     for choice in response.get("choices") or []:
@@ -73,3 +78,9 @@ def strip_tool_calls_from_response(response: Mapping[str, Any]) -> dict[str, Any
     if "choices" in response:
         out["choices"] = choices
     return out
+
+
+def _plain(value: Any) -> Any:
+    """A pydantic object (an SDK's response) as the dict it dumps to; anything else as it is."""
+    dump = getattr(value, "model_dump", None)
+    return dump() if callable(dump) and not isinstance(value, Mapping) else value
