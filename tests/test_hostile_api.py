@@ -108,3 +108,16 @@ def test_an_unknown_recall_tool_format_is_a_usage_error(engine: Engine, tmp_path
     session = engine.session(tmp_path / "s", model="gpt-4o")
     with pytest.raises(UsageError, match="unknown tool format 'xml'"):
         session.recall_tool(format="xml")
+
+
+@pytest.mark.parametrize("blocks", [5, "think", {"type": "thinking"}])
+def test_thinking_blocks_that_are_not_a_list_are_refused_naming_the_message(
+    engine: Engine, tmp_path: Path, blocks: Any
+) -> None:
+    """Every stage that reads thinking walks ``thinking_blocks`` as a list: a number failed five
+    stages with a TypeError (and ``format="anthropic"`` with a traceback), a string or an object
+    went by character or by key."""
+    session = engine.session(tmp_path / "s", model="gpt-4o")
+    history = [*HISTORY, {"role": "assistant", "content": "hi", "thinking_blocks": blocks}]
+    with pytest.raises(MessagesError, match=r"message 1 \(assistant\): 'thinking_blocks' must be a list"):
+        session.prepare(history)

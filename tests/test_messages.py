@@ -126,6 +126,14 @@ def test_call_without_id_is_left_for_the_pair_stage_to_repair() -> None:
             [{"role": "tool", "tool_call_id": 7, "content": "x"}],
             r"message 0 \(tool\): 'tool_call_id' must be a string",
         ),
+        (
+            [user("x"), {"role": "assistant", "content": "a", "thinking_blocks": 5}],
+            r"message 1 \(assistant\): 'thinking_blocks' must be a list of blocks, got int",
+        ),
+        (
+            [user("x"), {"role": "assistant", "content": "a", "thinking_blocks": "think"}],
+            r"message 1 \(assistant\): 'thinking_blocks' must be a list of blocks, got string",
+        ),
     ],
 )
 def test_structural_errors_name_the_message_index(messages: list[Any], expected: str) -> None:

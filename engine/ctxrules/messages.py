@@ -88,7 +88,7 @@ def validate_messages(obj: object, *, start: int = 0, warnings: list[str] | None
 
     Raises :class:`MessagesError` naming the message index for what no stage can repair: a
     message that is not an object, a missing or unknown role, content of the wrong type,
-    ``tool_calls`` that is not a list, a tool call without a function. What agents
+    ``tool_calls`` or ``thinking_blocks`` that is not a list, a tool call without a function. What agents
     really produce and a stage repairs is accepted: ``function.arguments`` that are not JSON,
     tool results whose call never appeared (``normalize.tool_pairs`` handles those).
     ``start`` skips messages already known to be valid (a history's unchanged prefix).
@@ -204,6 +204,11 @@ def _validate_message(index: int, message: object) -> None:
     call_id = message.get("tool_call_id")
     if call_id is not None and not isinstance(call_id, str):
         raise MessagesError(f"{where}: 'tool_call_id' must be a string, got {_type_name(call_id)}")
+    # litellm's field for Anthropic's signed thinking: every stage that reads thinking walks
+    # it as a list (a number failed them all with a TypeError, a string went by character).
+    blocks = message.get("thinking_blocks")
+    if blocks is not None and not isinstance(blocks, list):
+        raise MessagesError(f"{where}: 'thinking_blocks' must be a list of blocks, got {_type_name(blocks)}")
 
 
 def _validate_part(where: str, part: object) -> None:
