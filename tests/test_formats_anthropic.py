@@ -242,6 +242,40 @@ def test_unreadable_requests_are_a_format_error(request_: Any, message: str) -> 
     assert message in str(caught.value)
 
 
+_TOOL_USE = {"type": "tool_use", "id": "toolu_1", "name": "bash", "input": {"cmd": "ls"}}
+
+
+@pytest.mark.parametrize(
+    ("extra", "index"),
+    [
+        ({"tool_calls": []}, 1),
+        ({"thinking_blocks": 5}, 1),
+        ({"reasoning_content": "why"}, 1),
+        ({A.PRIVATE: {"layout": "c"}}, 1),
+        ({"tool_call_id": "toolu_1"}, 2),
+    ],
+    ids=["tool_calls", "thinking_blocks", "reasoning_content", "private", "tool_call_id"],
+)
+def test_a_message_key_the_internal_form_reads_is_a_format_error(
+    engine: Engine, tmp_path: Path, extra: dict[str, Any], index: int
+) -> None:
+    """Keys of an Anthropic message besides role and content were spread onto the decoded
+    message: an assistant turn's ``"tool_calls": []`` replaced its ``tool_use`` blocks, so the
+    call and its result were gone from the output (a TypeError for ``thinking_blocks: 5``)."""
+    messages: list[dict[str, Any]] = [
+        {"role": "user", "content": "list the files"},
+        {"role": "assistant", "content": [_TOOL_USE]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "a.txt"}]},
+    ]
+    messages[index] = {**messages[index], **extra}
+    session = engine.session(tmp_path / "s", model="claude-sonnet-4-5")
+    (key,) = extra
+    with pytest.raises(
+        FormatError, match=rf"\[CR141\] messages\[{index}\]\.{key}: not a field of an Anthropic message"
+    ):
+        session.prepare({"model": "claude-sonnet-4-5", "max_tokens": 10, "messages": messages}, format="anthropic")
+
+
 # --- the validator -----------------------------------------------------------------------------
 
 

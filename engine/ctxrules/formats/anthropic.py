@@ -60,6 +60,11 @@ _RESULT_CONTENT = frozenset({"text", "image", "document", "search_result"})
 _DATA_URL = re.compile(r"data:(?P<type>[^;,]+);base64,(?P<data>.*)", re.S)
 # Keys of an OpenAI message that Anthropic has no place for (dropped on encode, never sent).
 _MESSAGE_KEYS = frozenset({"role", "content"})
+# Keys of an Anthropic message that the internal form reads as its own (tool calls and results,
+# thinking, reasoning, what rides on PRIVATE): given by the caller, they would replace what was
+# decoded from the blocks (an assistant turn's tool_use, its thinking) or be acted on (a
+# reasoning_content moved to the vault) and then dropped on encode. Anthropic defines none.
+_INTERNAL_KEYS = ("tool_calls", "tool_call_id", "function_call", "thinking_blocks", "reasoning_content", PRIVATE)
 # The layout letters: thinking, content part, tool use.
 _T, _C, _U = "t", "c", "u"
 
@@ -103,6 +108,12 @@ def decode(request: object) -> Decoded:
         if isinstance(content, list):
             _check_blocks(where, content)
             _check_roles(where, role, content)
+        for key in _INTERNAL_KEYS:
+            if key in message:
+                raise FormatError(
+                    f"{where}.{key}: not a field of an Anthropic message "
+                    "(tool calls, results and thinking are blocks in 'content')"
+                )
         extra = {k: v for k, v in message.items() if k not in _MESSAGE_KEYS}
         if role == "user":
             out.extend(_decode_user(where, content, extra))
