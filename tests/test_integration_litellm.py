@@ -460,3 +460,32 @@ def test_a_script_that_ends_right_after_its_async_call_still_records_the_usage(t
     (ledger,) = (tmp_path / "state").glob("*/ledger.jsonl")
     (record,) = [json.loads(line) for line in ledger.read_text(encoding="utf-8").splitlines()]
     assert record["model"] == "gpt-4o" and record["tokens"]["completion"] > 0
+
+
+def test_the_sync_wrapper_prepares_litellms_own_message_objects(tmp_path: Path, upstream: FakeUpstream) -> None:
+    """The SDK continues a conversation with the response's message object itself (and its tool
+    calls as objects), and litellm.completion takes them: the sync wrapper read one as "not an
+    object" and the request went on unprepared, or was refused with on_error="reject". (The
+    async hooks get dicts: litellm converts the objects before it calls them.)"""
+    call = {"id": "call_1", "type": "function", "function": {"name": "ls", "arguments": "{}"}}
+    reply = litellm.Message(role="assistant", content=None, tool_calls=[call])
+    said = litellm.Message(role="assistant", content="two files")
+    history: list[Any] = [
+        {"role": "user", "content": "list the files"},
+        reply,
+        {"role": "tool", "tool_call_id": "call_1", "content": "a.txt\nb.txt"},
+        said,
+        {"role": "user", "content": "and again"},
+        {"role": "assistant", "content": None, "tool_calls": reply.tool_calls},
+        {"role": "tool", "tool_call_id": "call_1", "content": "a.txt"},
+    ]
+    hook = ContextHook("builtin:default", tmp_path / "state", on_error="reject")
+    completion(model="openai/gpt-4o", api_base=f"{upstream.url}/v1", api_key="sk-x", messages=history, hook=hook)
+    assert hook.stats["prepared"] == 1 and hook.stats["failed"] == 0
+    sent = upstream.requests[-1][1]["messages"]
+    assert pairing_problems(sent) == []
+    # (litellm itself leaves the null content of a tool-call message out of what it sends)
+    assert {k: v for k, v in sent[1].items() if v is not None} == {"role": "assistant", "tool_calls": [call]}
+    assert sent[3] == {"role": "assistant", "content": "two files"}
+    # The call id used twice is told apart in the call and its result, as for dicts.
+    assert [c["id"] for c in sent[5]["tool_calls"]] == [sent[6]["tool_call_id"]] == ["call_1_2"]
