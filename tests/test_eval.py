@@ -306,8 +306,17 @@ def test_bad_inputs_are_usage_errors(tmp_path: Path, capsys: pytest.CaptureFixtu
         ('{"messages": [{"role": "user", "content": "hi"}, 5]}', "expected an object"),
         ('{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "tool_calls": 5}]}', "tool_calls"),
         ("[" * 200 + "]" * 200, "nested"),
+        ('[{"role": "user", "content": "hi"}, {"content": "no role"}]', "message 1: missing 'role'"),
+        ('[{"role": "user", "content": "hi"}, "hello"]', "message 1: expected an object, got string"),
     ],
-    ids=["nan", "not-an-object", "tool-calls-not-a-list", "deep"],
+    ids=[
+        "nan",
+        "not-an-object",
+        "tool-calls-not-a-list",
+        "deep",
+        "a-list-item-without-role",
+        "a-list-item-not-an-object",
+    ],
 )
 def test_a_damaged_transcript_is_a_usage_error_naming_it_not_a_broken_pack(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], body: str, words_: str

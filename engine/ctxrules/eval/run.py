@@ -26,8 +26,11 @@ __all__ = ["load_transcripts", "run_tasks"]
 def _messages_of(data: Any, path: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]] | None:
     """``(messages, tools)`` of a transcript file's JSON, checked as ``ctxrules run`` checks its
     input (an Anthropic Messages request is decoded first); None when it is not a transcript.
-    A transcript whose messages no stage could take is a usage error naming the file."""
-    listed = isinstance(data, list) and bool(data) and all(isinstance(m, dict) and "role" in m for m in data)
+    A transcript whose messages no stage could take is a usage error naming the file: a list
+    is one when any of its items is an object with a ``role`` (one message without a role, or
+    not an object, is damage to name, not a sign the file is something else: it was skipped
+    with a note, and the run's totals went without it)."""
+    listed = isinstance(data, list) and any(isinstance(m, dict) and "role" in m for m in data)
     if not listed and not (isinstance(data, dict) and isinstance(data.get("messages"), list)):
         return None
     try:
