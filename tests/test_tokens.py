@@ -390,6 +390,25 @@ def test_exotic_shapes_are_counted_without_errors() -> None:
 
 
 @pytest.mark.parametrize("tokenizer", ["o200k_base", "anthropic"])
+def test_a_custom_tool_calls_input_counts_like_function_arguments(tokenizer: str) -> None:
+    """An OpenAI custom tool's call (``{"type": "custom", "custom": {"name", "input"}}``) sends its
+    free-form ``input``: it counted 0, so a history of patches far over the window was reported
+    as fitting, nothing was compacted and the provider refused the request."""
+    counter = TokenCounter(tokenizer)
+    patch = "".join(f"+line {i}: the quick brown fox jumps over the lazy dog\n" for i in range(500))
+
+    def call(kind: str, value: str) -> dict[str, Any]:
+        inner = (
+            {"name": "apply_patch", "input": value} if kind == "custom" else {"name": "apply_patch", "arguments": value}
+        )
+        return {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": kind, kind: inner}]}
+
+    empty = counter.count_message(call("custom", ""))
+    assert counter.count_message(call("custom", patch)) - empty == counter.count_text(patch)
+    assert counter.count_message(call("custom", patch)) == counter.count_message(call("function", patch))
+
+
+@pytest.mark.parametrize("tokenizer", ["o200k_base", "anthropic"])
 def test_a_documents_text_source_counts_its_text(tokenizer: str) -> None:
     """An Anthropic document with a plain-text source (``{"type": "text", "media_type":
     "text/plain", "data": ...}``) is the text itself to the model. Its source has a ``type`` of

@@ -816,9 +816,16 @@ class TokenCounter:
         calls = message.get("tool_calls")
         if isinstance(calls, list):
             for call in calls:
-                function = call.get("function") if isinstance(call, Mapping) else None
+                if not isinstance(call, Mapping):
+                    continue
+                function = call.get("function")
                 if isinstance(function, Mapping):
                     tally.text(function.get("arguments"))
+                # An OpenAI custom tool's call sends its free-form ``input`` instead: uncounted,
+                # a request of such calls far over the window was reported as fitting.
+                custom = call.get("custom")
+                if isinstance(custom, Mapping):
+                    tally.text(custom.get("input"))
         function_call = message.get("function_call")
         if isinstance(function_call, Mapping):
             tally.text(function_call.get("arguments"))
