@@ -24,6 +24,7 @@ from ctxrules.models import lookup_model
 from ctxrules.tokens import (
     ANTHROPIC_MAX_IMAGE_TOKENS,
     CHUNK_CHARS,
+    OPAQUE_MEDIA_TOKENS,
     OPENAI_UNKNOWN_IMAGE_TOKENS,
     TokenCounter,
     anthropic_image_tokens,
@@ -387,6 +388,28 @@ def test_exotic_shapes_are_counted_without_errors() -> None:
     assert first > 20
     assert counter.count_message(message) == first
     assert counter.memo_hits == 1
+
+
+@pytest.mark.parametrize("tokenizer", ["o200k_base", "anthropic"])
+@pytest.mark.parametrize(
+    "part",
+    [
+        {"type": "document", "source": {"type": "base64", "media_type": "application/pdf", "data": "PAYLOAD"}},
+        {"type": "input_audio", "input_audio": {"data": "PAYLOAD", "format": "wav"}},
+        {"type": "file", "file": {"file_data": "data:application/pdf;base64,PAYLOAD"}},  # as before
+    ],
+    ids=["anthropic-base64-document", "input-audio", "data-url"],
+)
+def test_an_inline_base64_payload_counts_flat_not_as_text(tokenizer: str, part: dict[str, Any]) -> None:
+    """A PDF sent as an Anthropic base64 document (or audio as an ``input_audio`` part) is a
+    payload, as a ``data:`` URL is: its base64 was tokenized as text (the document's whole
+    source as JSON, after 32 hops between two helpers), so a 1 MB PDF counted 700,000 tokens,
+    "did not fit" any window, and the emergency pass emptied the conversation around it."""
+    counter = TokenCounter(tokenizer)
+    payload = base64.b64encode(bytes(range(256)) * 3000).decode()  # 1 MB of base64
+    filled = json.loads(json.dumps(part).replace("PAYLOAD", payload))
+    count = counter.count_message({"role": "user", "content": [filled]})
+    assert OPAQUE_MEDIA_TOKENS <= count < OPAQUE_MEDIA_TOKENS + 30
 
 
 @pytest.mark.parametrize("tokenizer", ["o200k_base", "anthropic"])

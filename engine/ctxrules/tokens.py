@@ -31,7 +31,8 @@ Message accounting (the same as ``litellm.token_counter`` for OpenAI models)
   Anthropic thinking in both fields): the same text counts once.
 * content parts: ``text`` / ``input_text`` / ``output_text`` / ``thinking`` count their text;
   images by the rule below; any other part counts the text of its string fields (``type``,
-  ids, ``cache_control`` and ``signature`` excluded), inline ``data:`` payloads a flat
+  ids, ``cache_control`` and ``signature`` excluded), inline payloads (``data:`` URLs, the
+  ``data`` of an Anthropic ``base64`` source, an ``input_audio`` part) a flat
   :data:`OPAQUE_MEDIA_TOKENS`; an object typed ``text`` without a ``text`` field (a
   document's plain-text source, ``{"type": "text", "data": ...}``) counts those fields too;
 * other fields (``cache_control``, metadata, anything unknown) count nothing;
@@ -748,6 +749,9 @@ class TokenCounter:
                 tally.text(text)
         elif kind == "redacted_thinking":
             return
+        elif kind == "input_audio":
+            # The audio's base64 ``data`` (and its ``format``): a payload, not text to tokenize.
+            tally.fixed += OPAQUE_MEDIA_TOKENS
         elif kind == "image_url":
             image = part.get("image_url")
             if isinstance(image, Mapping):
@@ -765,7 +769,10 @@ class TokenCounter:
                     url = source.get("url")
             tally.fixed += self._image(url, "auto")
         else:
-            self._tally_opaque(part, tally, depth)
+            # Its fields, not _tally_opaque: that hands an object with a "type" back here, and
+            # the two went back and forth 32 times until the object was tokenized as JSON (a
+            # document's base64 source, keys and all).
+            self._tally_fields(part, tally, depth)
 
     def _tally_opaque(self, value: object, tally: _Tally, depth: int) -> None:
         if depth > 32:
@@ -786,10 +793,16 @@ class TokenCounter:
                 self._tally_opaque(item, tally, depth + 1)
 
     def _tally_fields(self, value: Mapping[str, Any], tally: _Tally, depth: int) -> None:
+        # An Anthropic base64 source ({"type": "base64", "media_type", "data"}: a PDF document)
+        # is an inline payload like a data: URL; tokenized as text, a 1 MB PDF counted 700,000
+        # tokens and the emergency pass emptied the conversation around it.
+        base64 = value.get("type") == "base64"
         for key, item in value.items():
             if key in _OPAQUE_SKIP:
                 continue
-            if key == "input" and isinstance(item, Mapping | list):
+            if base64 and key == "data" and isinstance(item, str):
+                tally.fixed += OPAQUE_MEDIA_TOKENS
+            elif key == "input" and isinstance(item, Mapping | list):
                 tally.text(_json_text(item))  # tool_use input: sent as JSON
             else:
                 self._tally_opaque(item, tally, depth + 1)
