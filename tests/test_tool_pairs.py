@@ -307,6 +307,29 @@ def test_a_result_before_its_call_is_an_orphan() -> None:
     assert kinds(actions) == ["orphan_dropped"]
 
 
+@pytest.mark.parametrize(
+    ("result", "said"),
+    [
+        ({"role": "tool", "content": "r"}, "dropped a tool result without a tool_call_id: it answers no call"),
+        (
+            {"role": "tool", "tool_call_id": "", "content": "r"},
+            "dropped a tool result with the tool_call_id '': it answers no call",
+        ),
+        (
+            {"role": "tool", "tool_call_id": "zz", "content": "r"},
+            "dropped a tool result for 'zz': no earlier call has that id",
+        ),
+    ],
+    ids=["missing", "empty", "unknown"],
+)
+def test_an_orphan_without_an_id_is_named_as_such(result: dict[str, Any], said: str) -> None:
+    """A result with no ``tool_call_id`` was reported as "a tool result for None: no earlier
+    call has that id"."""
+    _out, actions = repair_tool_pairs([user(), asst("a"), tool("a", "first"), result])
+    assert kinds(actions) == ["orphan_dropped"]
+    assert actions[0].detail == f"message 3: {said}"
+
+
 # --- unanswered calls -----------------------------------------------------------------------
 
 

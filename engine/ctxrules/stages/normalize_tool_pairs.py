@@ -192,12 +192,13 @@ class _Repair:
                 index,
                 payload,
             )
-        return _Event(
-            ORPHAN_DROPPED,
-            f"message {index}: dropped a tool result for {cid!r}: no earlier call has that id",
-            index,
-            payload,
-        )
+        if not isinstance(cid, str) or not cid:
+            # ("a tool result for None: no earlier call has that id" said nothing true)
+            what = "without a tool_call_id" if cid is None else f"with the tool_call_id {cid!r}"
+            detail = f"message {index}: dropped a tool result {what}: it answers no call"
+        else:
+            detail = f"message {index}: dropped a tool result for {cid!r}: no earlier call has that id"
+        return _Event(ORPHAN_DROPPED, detail, index, payload)
 
     def _step(self, index: int) -> list[Message]:
         """The assistant message at ``index`` followed by exactly one result per call."""
