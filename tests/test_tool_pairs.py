@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -157,6 +158,26 @@ def test_ids_reused_across_turns_are_renamed_with_their_results() -> None:
     grown, _ = repair_tool_pairs([*messages, asst("x"), tool("x", "fourth")])
     assert grown[: len(out)] == out and grown[-2]["tool_calls"][0]["id"] == "x_4"
     assert repair_tool_pairs(out) == (out, [])
+
+
+def test_a_rename_takes_the_smallest_free_number_also_past_a_taken_one() -> None:
+    messages = [user(), asst("a", "a_3", "a", "a", "a"), *(tool(c) for c in ("a", "a_3", "a", "a", "a"))]
+    out, _actions = repair_tool_pairs(messages)
+    assert [c["id"] for c in out[1]["tool_calls"]] == ["a", "a_3", "a_2", "a_4", "a_5"]
+    assert_valid_pairs(out)
+
+
+def test_many_calls_sharing_one_id_are_renamed_in_linear_time() -> None:
+    """Each rename counted up from ``_2`` past every earlier rename of the same id, and the
+    pairing scan walked back over the message's open calls with that id for each result:
+    40,000 calls sharing one id (a broken client) took three minutes."""
+    n = 40_000
+    messages = [user(), asst(*["same"] * n), *(tool("same", str(i)) for i in range(n))]
+    start = time.perf_counter()
+    out, _actions = repair_tool_pairs(messages)
+    assert time.perf_counter() - start < 30  # a few seconds
+    assert [c["id"] for c in out[1]["tool_calls"]] == ["same", *(f"same_{i}" for i in range(2, n + 1))]
+    assert [m["tool_call_id"] for m in out[2:4]] == ["same", "same_2"]
 
 
 def test_duplicate_ids_inside_one_message_are_renamed_in_order() -> None:

@@ -32,6 +32,7 @@ from __future__ import annotations
 import itertools
 import operator
 import weakref
+from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -227,9 +228,12 @@ class _PairScan:
     )
 
     def __init__(self) -> None:
-        self.open_calls: dict[str, list[CallKey]] = {}
+        # Per id, its open calls in runs of one assistant message each (a result takes the
+        # first open call of the newest run): a deque per run, so that 40,000 calls sharing an
+        # id in one message are answered in linear time, not by a walk over the run each.
+        self.open_calls: dict[str, list[deque[CallKey]]] = {}
         self.last_call: dict[str, CallKey] = {}
-        self.idless: dict[int, list[int]] = {}
+        self.idless: dict[int, deque[int]] = {}
         self.result_of: dict[CallKey, int] = {}
         self.call_of: dict[int, CallKey] = {}
         self.orphans: list[int] = []
@@ -245,9 +249,9 @@ class _PairScan:
 
     def copy(self) -> _PairScan:
         out = _PairScan.__new__(_PairScan)
-        out.open_calls = {k: list(v) for k, v in self.open_calls.items() if v}
+        out.open_calls = {k: [deque(run) for run in v] for k, v in self.open_calls.items() if v}
         out.last_call = dict(self.last_call)
-        out.idless = {k: list(v) for k, v in self.idless.items() if v}
+        out.idless = {k: deque(v) for k, v in self.idless.items() if v}
         out.result_of = dict(self.result_of)
         out.call_of = dict(self.call_of)
         out.orphans = list(self.orphans)
@@ -276,9 +280,13 @@ class _PairScan:
                     key = (index, pos)
                     self.unanswered[key] = None
                     if cid is None:
-                        self.idless.setdefault(index, []).append(pos)
+                        self.idless.setdefault(index, deque()).append(pos)
                     else:
-                        open_calls.setdefault(cid, []).append(key)
+                        runs = open_calls.setdefault(cid, [])
+                        if runs and runs[-1][-1][0] == index:
+                            runs[-1].append(key)
+                        else:
+                            runs.append(deque((key,)))
                         self.last_call[cid] = key
                 continue
             if role not in _RESULT_ROLES:
@@ -290,7 +298,7 @@ class _PairScan:
             if cid is None:
                 waiting = self.idless.get(block_owner) if block_owner is not None else None
                 if block_owner is not None and waiting:
-                    key = (block_owner, waiting.pop(0))
+                    key = (block_owner, waiting.popleft())
                     result_of[key] = index
                     call_of[index] = key
                     del self.unanswered[key]
@@ -300,7 +308,10 @@ class _PairScan:
                 continue
             pending = open_calls.get(cid)
             if pending:
-                key = _take_most_recent(pending)
+                # The earliest open call of the most recent assistant message with this id.
+                key = pending[-1].popleft()
+                if not pending[-1]:
+                    pending.pop()
                 if not pending:  # answered: copies of the scan (a warm turn's) skip it
                     del open_calls[cid]
                 result_of[key] = index
@@ -351,15 +362,6 @@ class _PairScan:
                 superseded=self.superseded,
             )
         return self._made
-
-
-def _take_most_recent(pending: list[CallKey]) -> CallKey:
-    """Pop the earliest open call of the most recent assistant message in ``pending``."""
-    newest_message = pending[-1][0]
-    start = len(pending) - 1
-    while start > 0 and pending[start - 1][0] == newest_message:
-        start -= 1
-    return pending.pop(start)
 
 
 # --- steps, exchanges, pins -----------------------------------------------------------------
