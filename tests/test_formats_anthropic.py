@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -274,6 +275,28 @@ def test_a_message_key_the_internal_form_reads_is_a_format_error(
         FormatError, match=rf"\[CR141\] messages\[{index}\]\.{key}: not a field of an Anthropic message"
     ):
         session.prepare({"model": "claude-sonnet-4-5", "max_tokens": 10, "messages": messages}, format="anthropic")
+
+
+def test_a_turn_of_many_tool_results_is_encoded_in_linear_time() -> None:
+    """Each result was put into its turn by a scan and a copy of the blocks already there:
+    20,000 parallel calls of one assistant turn took a minute to encode. Results still go
+    first in their turn, after those already there and before the turn's text."""
+    n = 40_000
+    calls = [{"id": f"t{i}", "type": "function", "function": {"name": "f", "arguments": "{}"}} for i in range(n)]
+    results = [{"role": "tool", "tool_call_id": f"t{i}", "content": "ok"} for i in range(n)]
+    messages = [
+        {"role": "user", "content": "go"},
+        {"role": "assistant", "content": None, "tool_calls": calls},
+        *results[:10],
+        {"role": "user", "content": "and now?"},
+        *results[10:],
+    ]
+    start = time.perf_counter()
+    body = A.encode(messages)
+    assert time.perf_counter() - start < 15  # about 0.1 s
+    turn = body["messages"][2]["content"]
+    assert [b["tool_use_id"] for b in turn[:n]] == [f"t{i}" for i in range(n)]
+    assert turn[n:] == [{"type": "text", "text": "and now?"}] and len(body["messages"]) == 3
 
 
 # --- the validator -----------------------------------------------------------------------------
