@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -182,6 +183,25 @@ def test_a_damaged_state_is_a_cache_miss(tmp_path: Path, content: bytes) -> None
     # ...and the turn after it writes a sound state again.
     saved = json.loads((tmp_path / "state" / "default" / "state.json").read_text())
     assert isinstance(saved["last"]["output_digest"], str)
+
+
+def _address_space(limit: int) -> Any:
+    """A ``preexec_fn`` capping the child's memory: a read of a whole huge file fails in it."""
+    return lambda: resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+
+def test_a_state_claiming_gigabytes_is_a_cache_miss_read_in_bounded_memory(tmp_path: Path) -> None:
+    assert run_cli(tmp_path).returncode == 0
+    state = tmp_path / "state" / "default" / "state.json"
+    os.truncate(state, 5 << 30)  # sparse: 5 GiB claimed, no disk used
+    (tmp_path / "in.json").write_text(json.dumps(HISTORY))
+    report = tmp_path / "report.json"
+    argv = ("--state", str(tmp_path / "state"), "--report", str(report))
+    proc = run_default(tmp_path / "in.json", *argv, cwd=tmp_path, timeout=120, preexec_fn=_address_space(2 << 30))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert json.loads(proc.stdout)[-1] == HISTORY[-1]
+    assert any("state.json is larger than" in w for w in json.loads(report.read_text())["warnings"])
+    assert state.stat().st_size < 1 << 20  # the turn's save cut it back to a state
 
 
 def test_a_fifo_in_place_of_the_state_is_refused_without_hanging(tmp_path: Path) -> None:

@@ -41,6 +41,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEFAULT_STATE_ROOT",
+    "MAX_STATE_BYTES",
     "STATE_VERSION",
     "SessionLock",
     "SessionStore",
@@ -62,6 +63,11 @@ def state_root_from_env() -> Path:
 
 
 STATE_VERSION = 1
+
+MAX_STATE_BYTES = 64 * 1024 * 1024
+"""Read no more of ``state.json`` than this (a state is kilobytes: stage states, digests, not
+messages): a larger file is not one ctxrules wrote, and reading a file that claims gigabytes
+(a sparse file, a disk image copied over it) would take the machine's memory and minutes."""
 
 _LOOK_FRESH_S = 0.05  # a load's lstat of state.json stands for the save's this long after it
 
@@ -116,11 +122,15 @@ class SessionStore:
                 self._looked = (st, time.monotonic())
                 return self._state
         try:
-            raw = read_private(self.state_file)
+            raw = read_private(self.state_file, limit=MAX_STATE_BYTES + 1)
         except FileNotFoundError:
             return {"version": STATE_VERSION}
         except OSError as exc:
             raise CtxrulesError(f"cannot read session state {self.state_file}: {exc.strerror}") from exc
+        if len(raw) > MAX_STATE_BYTES:
+            # A cache miss like any damage; the save that follows cuts the file to the new state.
+            too_large = f"state.json is larger than {MAX_STATE_BYTES >> 20} MiB and was reset"
+            return {"version": STATE_VERSION, "recovered": too_large}
         try:
             # The first JSON value: a writer stopped between writing the new state and cutting
             # the file to its length leaves the end of the old one behind it. Nesting deeper
