@@ -11,11 +11,12 @@ import json
 import os
 import resource
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-from cli_kit import cli, run_default
+from cli_kit import ENGINE, cli, run_default
 
 from ctxrules import Engine
 
@@ -336,6 +337,39 @@ def test_a_damaged_media_type_sidecar_reads_as_none(tmp_path: Path, meta: bytes)
     proc = cli("sessions", "export", str(session_dir), "--to", str(tmp_path / "s.ctxs"), cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert '"media_type": null' in (tmp_path / "s.ctxs").read_text()
+
+
+def test_a_media_type_sidecar_claiming_gigabytes_is_not_read(tmp_path: Path) -> None:
+    """A ``.meta`` sidecar is a few bytes: one claiming 5 GiB (sparse) reads as no media type
+    without being read whole, and a put of the item again replaces it."""
+    session_dir = tmp_path / "state" / "s"
+    session = Engine.load("builtin:default").session(session_dir, model="gpt-4o")
+    item = session.vault.put_bytes(b"\x89PNG fake image bytes", "image/png")
+    sidecar = session_dir / "vault" / item[:2] / f"{item}.meta"
+    os.truncate(sidecar, 5 << 30)
+    to = tmp_path / "s.ctxs"
+    proc = cli(
+        "sessions", "export", str(session_dir), "--to", str(to), cwd=tmp_path, preexec_fn=_address_space(2 << 30)
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert '"media_type": null' in to.read_text()
+    probe = (
+        "import resource, sys\n"
+        "resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))\n"
+        "from ctxrules import Engine\n"
+        "vault = Engine.load('builtin:default').session(sys.argv[1], model='gpt-4o').vault\n"
+        "vault.put_bytes(b'\\x89PNG fake image bytes', 'image/png')\n"
+        "print(vault.media_type(sys.argv[2]))\n"
+    )
+    put = subprocess.run(
+        [sys.executable, "-c", probe, str(session_dir), item],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": ENGINE},
+        timeout=120,
+    )
+    assert put.stdout == "image/png\n", put.stderr[-2000:]
+    assert sidecar.stat().st_size < 100
 
 
 def test_a_planted_root_link_writes_no_ledger_outside(tmp_path: Path) -> None:

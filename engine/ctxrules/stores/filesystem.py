@@ -76,6 +76,9 @@ __all__ = ["FilesystemStore", "durable_at_commit", "file_path", "for_session_dir
 _ID_LEN: Final = 64
 _HEX_RE: Final = re.compile(r"[0-9a-f]+")
 _META_SUFFIX: Final = ".meta"
+# A sidecar is ``{"media_type": "image/png"}``: one longer than this is not ctxrules' and is
+# not read further (a sparse file claiming gigabytes would take the memory of ``sessions export``).
+_META_MAX_BYTES: Final = 64 * 1024
 _TMP_PREFIX: Final = ".tmp-"
 _CLOEXEC: Final = getattr(os, "O_CLOEXEC", 0)
 _DIRECTORY: Final = getattr(os, "O_DIRECTORY", 0)
@@ -245,7 +248,7 @@ class FilesystemStore:
             meta = json.dumps({"media_type": media_type}, sort_keys=True).encode("utf-8")
             meta_path = path + _META_SUFFIX
             try:
-                current: bytes | None = read_private(Path(meta_path))
+                current: bytes | None = read_private(Path(meta_path), limit=_META_MAX_BYTES + 1)
             except FileNotFoundError:
                 current = None
             if current != meta:
@@ -423,9 +426,13 @@ class FilesystemStore:
     def blob_media_type(self, session: str, blob_id: str) -> str | None:
         meta_path = self._blob_path(session, blob_id).with_name(blob_id + _META_SUFFIX)
         try:
-            meta = json.loads(read_private(meta_path))
+            raw = read_private(meta_path, limit=_META_MAX_BYTES + 1)
         except FileNotFoundError:
             return None
+        if len(raw) > _META_MAX_BYTES:
+            return None  # not a sidecar ctxrules wrote, as below
+        try:
+            meta = json.loads(raw)
         except (ValueError, RecursionError):
             return None  # a sidecar ctxrules did not write (not its JSON): no media type, as on Redis
         value = meta.get("media_type") if isinstance(meta, dict) else None
