@@ -253,6 +253,47 @@ def test_vault_get_does_not_read_through_a_swapped_in_link(tmp_path: Path, swapp
     assert proc.stdout == ""
 
 
+@pytest.mark.parametrize("swapped", ["vault", "shard"])
+def test_a_vault_or_shard_link_is_refused_not_listed_through(tmp_path: Path, swapped: str) -> None:
+    """Listing the vault (``sessions export``, a prefix for ``vault get``) checks its
+    directories as reading an item does: a vault or shard directory replaced by a link to an
+    empty folder is refused (exit 2, one line), not listed through to an archive that lacks
+    the session's items or a "no entry starts with it"."""
+    session = tmp_path / "state" / "s"
+    s = Engine.load("builtin:default").session(session, model="gpt-4o")
+    item = s.spill("line\n" * 20_000).vault_id
+    assert item
+    where = {"vault": session / "vault", "shard": session / "vault" / item[:2]}[swapped]
+    where.rename(tmp_path / "moved")
+    (tmp_path / "empty").mkdir()
+    where.symlink_to(tmp_path / "empty")
+    state = ("--state", str(tmp_path / "state"))
+    to = tmp_path / "s.ctxs"
+    for argv in (("sessions", "export", str(session), "--to", str(to)), ("vault", "get", item[:12])):
+        proc = cli(*argv, *state)
+        assert proc.returncode == 2, proc.stderr
+        assert f"refusing to use {where}: it is a symbolic link" in proc.stderr
+        assert proc.stderr.count("\n") == 1 and proc.stdout == ""
+    assert not to.exists()
+
+
+def test_an_item_planted_as_a_link_is_missing_by_its_id_and_by_a_prefix(tmp_path: Path) -> None:
+    """A link in an item's place is no item (a run writes the item over it): ``vault get``
+    says the same by the full id and by a prefix, and reads nothing through it."""
+    session = tmp_path / "state" / "s"
+    s = Engine.load("builtin:default").session(session, model="gpt-4o")
+    item = s.spill("line\n" * 20_000).vault_id
+    assert item
+    path = session / "vault" / item[:2] / item
+    path.rename(tmp_path / "copy")
+    path.symlink_to(tmp_path / "copy")
+    for ident in (item, item[:12]):
+        proc = cli("vault", "get", ident, "--session", str(session), "--state", str(tmp_path / "state"))
+        assert proc.returncode == 2, proc.stderr
+        assert f"vault item {ident}" in proc.stderr and "is missing from" in proc.stderr
+        assert proc.stdout == ""
+
+
 @pytest.mark.parametrize("planted", ["ledger", "ledger/days", "ledger/goals"])
 def test_a_ledger_link_in_the_state_root_receives_no_record(tmp_path: Path, planted: str) -> None:
     """The day and goal ledgers live in the state root's ``ledger/`` folder: a link planted for

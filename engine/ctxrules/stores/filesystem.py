@@ -401,26 +401,37 @@ class FilesystemStore:
         return {b for b in blob_ids if not _is_regular(f"{root}{b[:2]}/{b}")}
 
     def blob_ids(self, session: str, prefix: str = "") -> list[str]:
+        """The items as :meth:`has_blob` sees them: regular files only (a link, a FIFO or a
+        directory in an item's place is no item). The vault and its shards are listed only
+        when they are real directories of this user, as :meth:`get_blob` reads them: a planted
+        ``vault`` or shard link is refused (:class:`VaultError`), never listed through."""
         root = self.vault_dir(session)
-        if len(prefix) >= 2:
-            shards = [prefix[:2]]
-        else:
-            try:
-                shards = [s for s in os.listdir(root) if len(s) == 2 and _HEX_RE.fullmatch(s)]
-            except (FileNotFoundError, NotADirectoryError):
-                return []
-            shards = [s for s in shards if s.startswith(prefix) and (root / s).is_dir()]
         ids: list[str] = []
-        for shard in shards:
-            try:
-                names = os.listdir(root / shard)
-            except (FileNotFoundError, NotADirectoryError):
-                continue
-            ids.extend(
-                n
-                for n in names
-                if len(n) == _ID_LEN and n.startswith(shard) and n.startswith(prefix) and _HEX_RE.fullmatch(n)
-            )
+        try:
+            if not (check_dir(session) and check_dir(root)):
+                return ids
+            if len(prefix) >= 2:
+                shards = [prefix[:2]]
+            else:
+                shards = sorted(s for s in os.listdir(root) if len(s) == 2 and _HEX_RE.fullmatch(s))
+                shards = [s for s in shards if s.startswith(prefix)]
+            for shard in shards:
+                if not check_dir(root / shard):
+                    continue
+                with contextlib.suppress(FileNotFoundError), os.scandir(root / shard) as entries:
+                    ids.extend(
+                        e.name
+                        for e in entries
+                        if len(e.name) == _ID_LEN
+                        and e.name.startswith(shard)
+                        and e.name.startswith(prefix)
+                        and _HEX_RE.fullmatch(e.name)
+                        and e.is_file(follow_symlinks=False)
+                    )
+        except FileNotFoundError:  # the vault removed while listed
+            return []
+        except (OSError, UnsafePathError) as exc:
+            raise VaultError(f"cannot list the vault {root}: {exc}") from exc
         return sorted(ids)
 
     def blob_media_type(self, session: str, blob_id: str) -> str | None:
