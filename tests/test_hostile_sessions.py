@@ -413,6 +413,30 @@ def test_a_media_type_sidecar_claiming_gigabytes_is_not_read(tmp_path: Path) -> 
     assert sidecar.stat().st_size < 100
 
 
+@pytest.mark.parametrize("name", ["notes.json", "touched.json", "router.json", "checkpoint.json", "root.json"])
+def test_a_document_claiming_gigabytes_is_named_not_read(tmp_path: Path, name: str) -> None:
+    """A session's documents are kilobytes: one claiming 5 GiB (sparse) is not read whole.
+    ``sessions export`` refuses it in one line naming it (exit 2); ``run`` goes on, as over
+    any damaged checkpoint or ``root.json`` (a cache miss, a session of its own)."""
+    assert run_cli(tmp_path).returncode == 0
+    session = tmp_path / "state" / "default"
+    (session / name).write_bytes(b"")
+    os.truncate(session / name, 5 << 30)
+    cap = _address_space(2 << 30)
+    proc = cli("sessions", "export", str(session), "--to", str(tmp_path / "s.ctxs"), cwd=tmp_path, preexec_fn=cap)
+    assert proc.returncode == 2, proc.stderr
+    assert (
+        proc.stderr
+        == f"ctxrules: error: {session / name} is larger than 64 MiB: not a document ctxrules wrote (remove it)\n"
+    )
+    if name in ("checkpoint.json", "root.json"):
+        (tmp_path / "in.json").write_text(json.dumps(HISTORY))
+        argv = ("--state", str(tmp_path / "state"))
+        proc = run_default(tmp_path / "in.json", *argv, cwd=tmp_path, timeout=120, preexec_fn=cap)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        assert json.loads(proc.stdout)[-1] == HISTORY[-1]
+
+
 def test_a_planted_root_link_writes_no_ledger_outside(tmp_path: Path) -> None:
     """``root.json`` ties a sub-agent to its root task; its paths decide where ledgers are
     written. One planted in a session (a cloned repository's ``.ctxrules/default``) naming

@@ -100,6 +100,10 @@ _SKIP_DIRS: Final = frozenset({"vault", "ledger", "router", "keys"})
 
 # Documents up to this size are kept in memory after a read (notes, touched files).
 _DOC_MEMO_BYTES: Final = 1 << 20
+# No document is read past this (notes, touched files, router state, a checkpoint, root.json
+# are kilobytes): a file claiming gigabytes (sparse) would take the memory and minutes of every
+# verb that reads it. Larger, it is no document ctxrules wrote (StoreError, naming it).
+_DOC_MAX_BYTES: Final = 64 * 1024 * 1024
 _DOC_SETTLED_NS: Final = 2_000_000_000
 
 
@@ -486,7 +490,7 @@ class FilesystemStore:
             return seen[1]
         settled = time.time_ns() - max(st.st_mtime_ns, st.st_ctime_ns) >= _DOC_SETTLED_NS
         try:
-            data = read_private(path)
+            data = _read_doc_file(path)
         except FileNotFoundError:
             return None
         if settled and len(data) == st.st_size and len(data) <= _DOC_MEMO_BYTES:
@@ -507,7 +511,7 @@ class FilesystemStore:
             raise StoreError(f"cannot use session directory {path.parent}: {why}") from exc
         try:
             try:
-                current: bytes | None = read_private(path)
+                current: bytes | None = _read_doc_file(path)
             except FileNotFoundError:
                 current = None
             new = update(current)
@@ -807,6 +811,14 @@ def _read_secret(path: Path) -> bytes:
     if not re.fullmatch(r"[0-9a-f]{32,128}", text):
         raise UsageError(f"{path}: not an injection key (expected hex digits); delete it to make a new one")
     return bytes.fromhex(text)
+
+
+def _read_doc_file(path: Path) -> bytes:
+    """A document's bytes, at most :data:`_DOC_MAX_BYTES` (``FileNotFoundError`` propagates)."""
+    data = read_private(path, limit=_DOC_MAX_BYTES + 1)
+    if len(data) > _DOC_MAX_BYTES:
+        raise StoreError(f"{path} is larger than {_DOC_MAX_BYTES >> 20} MiB: not a document ctxrules wrote (remove it)")
+    return data
 
 
 def _field(line: bytes, key: str) -> Any:
