@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -112,6 +113,38 @@ def test_a_damaged_ledger_line_is_skipped_and_the_budget_still_counts(spent: Pat
     until = days[-1].stem
     report = cli(tmp_path, "usage", "report", "--state", "st", "--until", until, "--days", "1", "--html", "u.html")
     assert report.returncode == 0 and "1 call(s)" in report.stdout, report.stderr
+
+
+def test_a_ledger_claiming_gigabytes_is_read_a_block_at_a_time(spent: Path, tmp_path: Path) -> None:
+    """A ledger whose end claims 1 GiB without a newline (sparse: a crashed or hostile writer)
+    is read in bounded memory: that "line" is skipped as damage, the calls before it and the one
+    recorded after it still count."""
+    shutil.copytree(spent, tmp_path, dirs_exist_ok=True)
+    days = sorted((tmp_path / "st" / "ledger" / "days").glob("*.jsonl"))
+    for ledger in [tmp_path / "st" / "default" / "ledger.jsonl", *days]:
+        os.truncate(ledger, ledger.stat().st_size + (1 << 30))
+
+    def capped(*argv: str) -> subprocess.CompletedProcess[str]:
+        limit = 768 << 20  # less than the claimed size: a whole read of it fails
+        return subprocess.run(
+            [sys.executable, "-m", "ctxrules.cli.main", *argv],
+            env={**os.environ, "PYTHONPATH": str(ROOT / "engine")},
+            capture_output=True,
+            text=True,
+            timeout=300,
+            cwd=tmp_path,
+            preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS, (limit, limit)),
+        )
+
+    added = capped("usage", "add", "--state", "st", "--pack", "pack.yaml", "--model", "gpt-4o", "--prompt", "1000")
+    assert added.returncode == 0, added.stderr
+    shown = capped("usage", "show", "--state", "st", "--pack", "pack.yaml", "--format", "json")
+    assert shown.returncode == 0, shown.stderr
+    session = json.loads(shown.stdout)["session"]
+    assert session["calls"] == 2 and session["tokens"]["prompt"] == 501000
+    assert json.loads(shown.stdout)["budget"]["bad_ledger_lines"] == 1  # skipped, counted as damage
+    proc = capped(*RUN)
+    assert proc.returncode == 1 and "budget exceeded" in proc.stderr, proc.stderr
 
 
 @pytest.mark.parametrize("how", ["--state", "CTXRULES_STATE"])

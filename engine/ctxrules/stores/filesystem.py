@@ -623,7 +623,9 @@ class FilesystemStore:
         wanted = record.get(key)
         try:
             with _locked_log(path, inside=self._log_top(log)) as fd:
-                known = [ln for ln in os.pread(fd, os.fstat(fd).st_size, 0).split(b"\n") if ln.strip()]
+                with os.fdopen(os.dup(fd), "rb") as fh:
+                    fh.seek(0)
+                    known = [ln for ln in _complete_lines(fh, 0)[0] if ln.strip()]
                 if any(_field(ln, key) == wanted for ln in known):
                     return "present"
                 if len(known) >= limit:
@@ -672,11 +674,8 @@ class FilesystemStore:
             restarted = (st.st_dev, st.st_ino) != ident or offset is None or st.st_size < offset
             start = 0 if restarted else int(offset or 0)
             fh.seek(start)
-            data = fh.read()
-        end = data.rfind(b"\n")
-        lines = data[:end].split(b"\n") if end >= 0 else []
-        new_offset = start + end + 1 if end >= 0 else start
-        return LogChunk(lines, (st.st_dev, st.st_ino, new_offset, start + len(data)), restarted)
+            lines, new_offset, end = _complete_lines(fh, start)
+        return LogChunk(lines, (st.st_dev, st.st_ino, new_offset, end), restarted)
 
     # --- locks ----------------------------------------------------------------------------------
 
@@ -819,6 +818,47 @@ def _read_doc_file(path: Path) -> bytes:
     if len(data) > _DOC_MAX_BYTES:
         raise StoreError(f"{path} is larger than {_DOC_MAX_BYTES >> 20} MiB: not a document ctxrules wrote (remove it)")
     return data
+
+
+_LOG_BLOCK: Final = 1 << 20
+_LOG_LINE_MAX: Final = 1 << 20
+"""A ledger record is a few hundred bytes: a line longer than this is damage (a file claiming
+gigabytes without a newline, say), not held in memory as it is read: it stands as
+:data:`_OVERLONG`, which no reader parses (a damaged line, skipped and counted as any other)."""
+_OVERLONG: Final = b"(a line longer than 1 MiB, not read)"
+
+
+def _complete_lines(fh: Any, start: int) -> tuple[list[bytes], int, int]:
+    """The complete lines of ``fh`` from its position ``start`` to its end, read a block at a
+    time, those longer than :data:`_LOG_LINE_MAX` as :data:`_OVERLONG`: (lines, the offset after
+    the last newline, the offset of the end). Bytes after the last newline (a record being
+    appended) are not a line yet."""
+    lines: list[bytes] = []
+    pending = bytearray()  # the line read so far
+    overlong = False  # the line read so far is past the limit: skipped to its newline
+    after_newline = position = start
+    while block := fh.read(_LOG_BLOCK):
+        parts = block.split(b"\n")
+        if len(parts) > 1:
+            first, rest = parts[0], parts[1:-1]  # the first ends the line read so far
+            if overlong or len(pending) + len(first) > _LOG_LINE_MAX:
+                lines.append(_OVERLONG)
+            else:
+                lines.append(bytes(pending) + first if pending else first)
+            pending.clear()
+            overlong = False
+            if rest and max(map(len, rest)) > _LOG_LINE_MAX:
+                rest = [part if len(part) <= _LOG_LINE_MAX else _OVERLONG for part in rest]
+            lines.extend(rest)
+        position += len(block)
+        if len(parts) > 1:
+            after_newline = position - len(parts[-1])
+        if not overlong:
+            pending += parts[-1]
+            if len(pending) > _LOG_LINE_MAX:
+                pending.clear()
+                overlong = True
+    return lines, after_newline, position
 
 
 def _field(line: bytes, key: str) -> Any:
