@@ -250,6 +250,9 @@ def test_an_archive_with_any_line_altered_imports_nothing(tmp_path: Path) -> Non
         ("ledger", {"lines": [{"v": 1}]}, "list of lines"),
         ("turn", {"state": {"last": None}}, "state.last must be an object"),
         ("turn", {"output": ["not a message"]}, "list of message objects"),
+        # Written, a key file every later turn of the imported session refused.
+        ("secret", {"data": "YWI="}, "the injection key is 2 bytes, not 16 to 64"),
+        ("secret", {"data": "YWJj" * 100}, "the injection key is 300 bytes, not 16 to 64"),
     ],
 )
 def test_an_archive_record_of_the_wrong_shape_imports_nothing(

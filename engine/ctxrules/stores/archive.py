@@ -32,7 +32,7 @@ from collections.abc import Iterable, Iterator
 from typing import IO, Any, Final
 
 from ctxrules.injected import existing_secret
-from ctxrules.stores.base import DOCS, Log, Store, StoreUsageError
+from ctxrules.stores.base import DOCS, SECRET_BYTES, Log, Store, StoreUsageError
 
 __all__ = ["ARCHIVE_FORMAT", "export_session", "import_session", "read_archive"]
 
@@ -251,6 +251,11 @@ def import_session(store: Store, session: str, lines: Iterable[bytes], *, where:
             if obj.get("name") != "injection.key":
                 raise _bad(f"{where}:{n}: unknown secret {obj.get('name')!r}")
             secret = _decode(obj, where)
+            low, high = SECRET_BYTES
+            if not low <= len(secret) <= high:  # written, a key every later turn would refuse
+                raise _bad(
+                    f"{where}:{n}: the injection key is {len(secret)} bytes, not {low} to {high} (a damaged archive)"
+                )
         elif kind == "turn":
             state, output = obj.get("state"), obj.get("output")
             if not isinstance(state, dict) or not (output is None or isinstance(output, list)):

@@ -47,6 +47,7 @@ from ctxrules.errors import CtxrulesError, UsageError
 __all__ = [
     "DOCS",
     "LOG_KINDS",
+    "SECRET_BYTES",
     "SESSION_ID_RE",
     "BlobWriter",
     "CompactionBusy",
@@ -66,6 +67,10 @@ __all__ = [
 SESSION_ID_RE: Final = re.compile(r"[A-Za-z0-9._-]{1,128}")
 """A session id a URL store uses as it is; anything else is replaced by its sha256
 (:func:`ctxrules.stores.session_id_for`)."""
+
+SECRET_BYTES: Final = (16, 64)
+"""The length of an injection key any store accepts, in bytes (the filesystem store's key file
+holds 32 to 128 hex digits): a key of another length is damage, never signed with."""
 
 DocName = Literal["notes", "touched", "router", "checkpoint", "root"]
 DOCS: Final[tuple[DocName, ...]] = ("notes", "touched", "router", "checkpoint", "root")

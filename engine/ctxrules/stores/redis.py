@@ -65,6 +65,7 @@ from ctxrules.session_store import unusable_state  # the filesystem store's chec
 from ctxrules.stores import redacted  # the URL without a password, for messages
 from ctxrules.stores.base import (
     DOCS,
+    SECRET_BYTES,
     SESSION_ID_RE,
     CompactionBusy,
     DocName,
@@ -92,7 +93,6 @@ _PREPARES_KEPT: Final = 1000
 _MAX_SECONDS: Final = 10 * 365 * 24 * 3600  # ten years: any setting of seconds
 _SECRET_CHECK_S = 60.0
 """How long a worker uses its copy of a store's secret before asking the store again."""
-_SECRET_BYTES: Final = (16, 64)  # what the filesystem store reads as a key (32 to 128 hex digits)
 
 _log = get_logger("ctxrules.store")
 # What a server that cannot be reached (or a Cluster that lost a slot's node) raises.
@@ -1445,7 +1445,7 @@ class RedisStore:
                 # SET NX GET (Redis 7.0): the first writer's bytes win, and every caller gets them.
                 old = self._client.set(key, candidate, nx=True, get=True)
             value = bytes(old) if old is not None else candidate
-            if not _SECRET_BYTES[0] <= len(value) <= _SECRET_BYTES[1]:
+            if not SECRET_BYTES[0] <= len(value) <= SECRET_BYTES[1]:
                 raise self._damaged_secret(key, f"{len(value)} bytes")
             if session is not None:
                 self._client.pexpire(key, self._ttl_ms, gt=False)
@@ -1465,7 +1465,7 @@ class RedisStore:
     def _damaged_secret(self, key: str, what: str) -> StoreError:
         return StoreError(
             f"[{_UNREACHABLE}] {key} in the Redis store {self.url} is not an injection key ({what}, "
-            f"expected {_SECRET_BYTES[0]} to {_SECRET_BYTES[1]} bytes); delete it to make a new one"
+            f"expected {SECRET_BYTES[0]} to {SECRET_BYTES[1]} bytes); delete it to make a new one"
         )
 
     # --- lifetime ---------------------------------------------------------------------------
