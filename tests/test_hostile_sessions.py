@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import resource
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -435,6 +436,23 @@ def test_a_document_claiming_gigabytes_is_named_not_read(tmp_path: Path, name: s
         proc = run_default(tmp_path / "in.json", *argv, cwd=tmp_path, timeout=120, preexec_fn=cap)
         assert proc.returncode == 0, proc.stderr[-2000:]
         assert json.loads(proc.stdout)[-1] == HISTORY[-1]
+
+
+@pytest.mark.parametrize("pid", [10**21, 0, -1], ids=["past-a-c-long", "zero", "minus-one"])
+def test_a_checkpoint_naming_an_impossible_pid_is_a_cut_short_compaction(tmp_path: Path, pid: int) -> None:
+    """A ``running`` checkpoint's pid is ``os.getpid()``: one no process can have (damage) was
+    an internal error for ``run`` and ``sessions scan`` (past a C long), or a compaction running
+    for ever (0 and -1 asked about a process group, or every process). Its writer is gone."""
+    assert run_cli(tmp_path).returncode == 0
+    session = tmp_path / "state" / "default"
+    cp = {"status": "running", "pid": pid, "host": socket.gethostname(), "started": 1.0, "backup": None}
+    (session / "checkpoint.json").write_text(json.dumps(cp))
+    scan = cli("sessions", "scan", "--state", str(tmp_path / "state"))
+    assert scan.returncode == 0, scan.stderr
+    assert f"{session}\tprocess {pid} ended during a compaction" in scan.stdout
+    proc = run_cli(tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)[-1] == HISTORY[-1]
 
 
 def test_a_planted_root_link_writes_no_ledger_outside(tmp_path: Path) -> None:

@@ -193,9 +193,13 @@ def _backed_up(st: Store, key: str, data: dict[str, Any]) -> list[Any]:
 
 
 def _alive(pid: int) -> bool:
+    # A pid no process can have (0 and -1 would ask about a process group, or every process;
+    # one past a C long cannot be asked about) is a damaged checkpoint's: its writer is gone.
+    if pid <= 0:
+        return False
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
+    except (ProcessLookupError, OverflowError):
         return False
     except PermissionError:
         return True
