@@ -345,6 +345,31 @@ def test_sessions_scan_with_a_store_url_finds_a_half_written_checkpoint(tmp_path
     assert resumed.returncode == 0 and json.loads(resumed.stdout) == []
 
 
+def test_a_compaction_cut_short_on_another_host_is_resumed_as_scan_reports_it(tmp_path: Path) -> None:
+    """A shared store's checkpoint from another host counts as cut short when the session's
+    lock is free. ``resume`` asked that holding the lock itself, found it taken (by itself) and
+    said "no interrupted compaction to resume" of a session ``scan`` had just listed."""
+    made = ctxrules(*run_args(tmp_path, "--state", "S", "--session", "S/conv-1"), cwd=tmp_path)
+    assert made.returncode == 0, made.stderr
+    write = (
+        "from pathlib import Path\nfrom ctxrules.runtime import checkpoint\n"
+        "from ctxrules.stores.filesystem import FilesystemStore\nfrom ctxrules.vault import Vault\n"
+        "store = FilesystemStore(Path('S')); key = 'S/conv-1'\n"
+        "backup = Vault.of(store, key).put_text('[]')\n"
+        "checkpoint.begin(key, store=store, backup=backup, state={}, messages=0, clock=1.0)\n"
+        "import json; p = Path(key, 'checkpoint.json'); d = json.loads(p.read_text())\n"
+        "d.update(pid=4242, host='another-host'); p.write_text(json.dumps(d))\n"
+    )
+    subprocess.run([sys.executable, "-c", write], cwd=tmp_path, env=ENV, check=True)
+    got = ctxrules("sessions", "scan", "--state", "S", cwd=tmp_path)
+    assert got.returncode == 0, got.stderr
+    assert "process 4242 on another-host ended during a compaction (the session's lock is free)" in got.stdout
+    resumed = ctxrules("sessions", "resume", "S/conv-1", "--state", "S", cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    assert json.loads(resumed.stdout) == []
+    assert "0 interrupted session(s)" in ctxrules("sessions", "scan", "--state", "S", cwd=tmp_path).stdout
+
+
 @pytest.mark.parametrize("option", ["--state", "--store"])
 def test_sessions_scan_of_a_state_root_that_is_not_a_folder_is_a_usage_error(tmp_path: Path, option: str) -> None:
     (tmp_path / "a-file").write_text("[]")

@@ -206,25 +206,29 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _writer_gone(st: Store, key: str, data: dict[str, Any]) -> str | None:
+def _writer_gone(st: Store, key: str, data: dict[str, Any], *, locked: bool = False) -> str | None:
     """Why the process that wrote a ``running`` checkpoint is gone (None: it may be running).
     On this host its pid tells; a checkpoint from another host (a shared store) counts as cut
-    short when the session's prepare lock is free: a running compaction holds it."""
+    short when the session's prepare lock is free: a running compaction holds it. ``locked``:
+    the caller holds that lock (then no compaction of the session is running)."""
     pid, host = data.get("pid"), data.get("host")
     if host is None or host == socket.gethostname():
         if isinstance(pid, int) and not _alive(pid):
             return f"process {pid} ended during a compaction"
         return None
-    try:
-        with st.prepare_lock(key, timeout=0):
-            pass
-    except CtxrulesError:
-        return None
+    if not locked:
+        try:
+            with st.prepare_lock(key, timeout=0):
+                pass
+        except CtxrulesError:
+            return None
     return f"process {pid} on {host} ended during a compaction (the session's lock is free)"
 
 
-def check(session: Path | str, *, store: Store | None = None) -> Interrupted | None:
-    """The session's interrupted compaction, if it has one."""
+def check(session: Path | str, *, store: Store | None = None, locked: bool = False) -> Interrupted | None:
+    """The session's interrupted compaction, if it has one. ``locked``: the caller holds the
+    session's prepare lock (:func:`resume`): taking it again to ask whether a writer on another
+    host still runs would find it held, by the caller itself."""
     st, key = _where(session, store)
     data = read(key, store=st)
     if not data:
@@ -232,7 +236,7 @@ def check(session: Path | str, *, store: Store | None = None) -> Interrupted | N
     status, pid = data.get("status"), data.get("pid")
     if status == "interrupted":
         reason = str(data.get("reason") or "interrupted")
-    elif status == "running" and (gone := _writer_gone(st, key, data)) is not None:
+    elif status == "running" and (gone := _writer_gone(st, key, data, locked=locked)) is not None:
         reason = gone
     else:
         return None
@@ -270,7 +274,7 @@ def resume(session: Path | str, *, store: Store | None = None) -> list[dict[str,
     if not st.exists(key):  # before the lock, which would make the session (and its folders)
         raise StoreUsageError("CR147", f"no session {st.describe(key)} to resume")
     with st.prepare_lock(key):
-        hit = check(key, store=st)
+        hit = check(key, store=st, locked=True)
         data = read(key, store=st) or {}
         where = st.describe(key)
         if hit is None and data.get("status") == "recovered":
