@@ -455,6 +455,22 @@ def test_a_checkpoint_naming_an_impossible_pid_is_a_cut_short_compaction(tmp_pat
     assert json.loads(proc.stdout)[-1] == HISTORY[-1]
 
 
+def test_sessions_scan_shows_a_planted_checkpoints_escape_sequences_as_escapes(tmp_path: Path) -> None:
+    """A checkpoint in a cloned repository's ``.ctxrules`` is anyone's text: its reason and
+    backup reached the terminal raw (clearing the screen, retitling the window) and a newline
+    or tab in them broke the one line per session."""
+    assert run_cli(tmp_path).returncode == 0
+    session = tmp_path / "state" / "default"
+    cp = {"status": "interrupted", "reason": "\x1b]0;owned\x07cut\nshort\tthere", "backup": "\x1b[2J"}
+    (session / "checkpoint.json").write_text(json.dumps(cp))
+    scan = cli("sessions", "scan", "--state", str(tmp_path / "state"))
+    assert scan.returncode == 0, scan.stderr
+    assert scan.stdout.splitlines() == [
+        f"{session}\t\\x1b]0;owned\\x07cut\\x0ashort\\x09there\tbackup=\\x1b[2J",
+        f"1 interrupted session(s) under {tmp_path / 'state'}",
+    ]
+
+
 def test_a_planted_root_link_writes_no_ledger_outside(tmp_path: Path) -> None:
     """``root.json`` ties a sub-agent to its root task; its paths decide where ledgers are
     written. One planted in a session (a cloned repository's ``.ctxrules/default``) naming

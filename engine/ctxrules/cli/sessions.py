@@ -23,6 +23,7 @@ from ctxrules.cli.stores import (
 )
 from ctxrules.errors import UsageError
 from ctxrules.json_files import input_stat
+from ctxrules.printable import printable
 from ctxrules.runtime.checkpoint import resume, scan
 from ctxrules.stores import session_id_for
 from ctxrules.stores.archive import export_session, import_session, read_archive
@@ -84,7 +85,10 @@ def run_scan(args: argparse.Namespace) -> int:
     for hit in found:
         after = f" (after the first {hit.prefix} messages of last_output.jsonl)" if hit.prefix else ""
         where = hit.session if is_filesystem(store) else store.describe(str(hit.session))
-        write_stdout(f"{where}\t{hit.reason}\tbackup={hit.backup}{after}\n")
+        # The reason and the backup come from the checkpoint file, which a cloned repository's
+        # .ctxrules may hold: escape sequences shown as escapes, one line per session.
+        where, reason, backup = (printable(str(value)) for value in (where, hit.reason, hit.backup))
+        write_stdout(f"{where}\t{reason}\tbackup={backup}{after}\n")
     write_stdout(f"{len(found)} interrupted session(s) under {describe_store(store)}\n")
     return 0
 
