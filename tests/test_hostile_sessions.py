@@ -471,6 +471,24 @@ def test_sessions_scan_shows_a_planted_checkpoints_escape_sequences_as_escapes(t
     ]
 
 
+def test_an_empty_directory_in_a_vault_items_place_is_written_over(tmp_path: Path) -> None:
+    """A vault file's place taken by an empty directory (another tool's ``mkdir -p``) failed
+    every write of that item: each later turn skipped the spilling stages and sent the whole
+    tool output. Holding nothing, the directory is replaced by the item."""
+    big = "\n".join(f"build line {i}: compiling module {i * 7}" for i in range(4000))
+    history = [*HISTORY[:3], {"role": "tool", "tool_call_id": "c1", "content": big}, *HISTORY[4:]]
+    first = run_cli(tmp_path, messages=history)
+    assert first.returncode == 0, first.stderr
+    items = [p for p in (tmp_path / "state" / "default" / "vault").glob("*/*") if p.stat().st_size > len(big) // 2]
+    for item in items:
+        item.unlink()
+        item.mkdir()
+    again = run_cli(tmp_path, messages=history)
+    assert again.returncode == 0 and "stage.error" not in again.stderr, again.stderr
+    assert json.loads(again.stdout) == json.loads(first.stdout)
+    assert items and all(item.is_file() for item in items)
+
+
 def test_a_planted_root_link_writes_no_ledger_outside(tmp_path: Path) -> None:
     """``root.json`` ties a sub-agent to its root task; its paths decide where ledgers are
     written. One planted in a session (a cloned repository's ``.ctxrules/default``) naming

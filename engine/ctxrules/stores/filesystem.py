@@ -998,11 +998,11 @@ class _FileBlobWriter(SpooledBlobWriter):
             if not self._fs._checked(key):
                 self._fs._ensure_shard(key)
             try:
-                os.replace(self.path, target)  # a blob already there has the same bytes
+                _replace_item(str(self.path), target)  # a blob already there has the same bytes
             except FileNotFoundError:  # the shard went away since it was checked
                 self._fs._forget_checks(self._session)
                 self._fs._ensure_shard(key)
-                os.replace(self.path, target)
+                _replace_item(str(self.path), target)
         except OSError as exc:
             raise self._write_failed(exc) from exc
         unsynced = self._fs._unsynced.get(self._session)
@@ -1044,6 +1044,18 @@ are reopened by path then): a compaction storing thousands of items stays far be
 descriptor limit."""
 
 
+def _replace_item(src: str, dst: str) -> None:
+    """``os.replace``, also over an empty directory in a vault file's place (created by some
+    other tool: it holds nothing, and left there it failed every write of that item, so every
+    turn kept the output whole). A directory that holds something is not ours to remove: the
+    error says so."""
+    try:
+        os.replace(src, dst)
+    except IsADirectoryError:
+        os.rmdir(dst)  # ENOTEMPTY for one that holds something
+        os.replace(src, dst)
+
+
 def _fsync_path(path: str, flags: int) -> None:
     fd = os.open(path, flags | _CLOEXEC)
     try:
@@ -1078,7 +1090,7 @@ def _write_durable(directory: str, path: str, data: bytes, *, sync: bool = True,
         finally:
             if not kept:
                 os.close(fd)
-        os.replace(tmp_name, path)
+        _replace_item(tmp_name, path)
     except BaseException:
         if kept:
             with contextlib.suppress(OSError):
