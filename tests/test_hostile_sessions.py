@@ -428,7 +428,7 @@ def test_a_document_claiming_gigabytes_is_named_not_read(tmp_path: Path, name: s
     assert proc.returncode == 2, proc.stderr
     assert (
         proc.stderr
-        == f"ctxrules: error: {session / name} is larger than 64 MiB: not a document ctxrules wrote (remove it)\n"
+        == f"ctxrules: error: {session / name} is larger than 256 MiB: not a document ctxrules wrote (remove it)\n"
     )
     if name in ("checkpoint.json", "root.json"):
         (tmp_path / "in.json").write_text(json.dumps(HISTORY))

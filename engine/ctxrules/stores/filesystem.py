@@ -109,10 +109,11 @@ _SKIP_DIRS: Final = frozenset({"vault", "ledger", "router", "keys"})
 
 # Documents up to this size are kept in memory after a read (notes, touched files).
 _DOC_MEMO_BYTES: Final = 1 << 20
-# No document is read past this (notes, touched files, router state, a checkpoint, root.json
-# are kilobytes): a file claiming gigabytes (sparse) would take the memory and minutes of every
-# verb that reads it. Larger, it is no document ctxrules wrote (StoreError, naming it).
-_DOC_MAX_BYTES: Final = 64 * 1024 * 1024
+# No document is read past this (router state, a checkpoint, root.json are kilobytes; notes
+# are at most 500 of 20,000 characters, some 60 MB escaped; this leaves room for their tags): a
+# file claiming gigabytes (sparse) would take the memory and minutes of every verb that reads
+# it. Larger, it is no document ctxrules wrote (StoreError, naming it).
+_DOC_MAX_BYTES: Final = 256 * 1024 * 1024
 _DOC_SETTLED_NS: Final = 2_000_000_000
 
 
