@@ -87,8 +87,8 @@ def test_a_deleted_vault_is_re_derived_from_the_history_by_the_next_run(tmp_path
 def test_a_vault_item_replaced_by_something_else_is_written_again(tmp_path: Path, planted: str) -> None:
     """A link, a FIFO or a directory where a vault item was: the last output is not reused
     (its markers would not resolve) and nothing is read or written through what was planted.
-    A link or a FIFO is replaced by the item at once; a directory, which a rename cannot
-    replace, is named in the run's warnings, and once removed the next run writes the item."""
+    A link or a FIFO is replaced by the item at once; a directory that holds files, which a
+    rename cannot replace, is named in the run's warnings, and once removed the next run writes the item."""
     first, _ = run(tmp_path, HISTORY)
     ids = marker_ids(first)
     assert ids, "the big output should have been elided"
@@ -102,13 +102,15 @@ def test_a_vault_item_replaced_by_something_else_is_written_again(tmp_path: Path
         elif planted == "fifo":
             os.mkfifo(item)
         else:
-            item.mkdir()
+            item.mkdir()  # holding a file: an empty one is replaced (test_hostile_sessions)
+            (item / "kept").write_text("x")
     out, report = run(tmp_path, GROWN)
     assert report["reused_messages"] == 0
     assert "not the session's" not in json.dumps(out) and outside.read_text() == "not the session's\n"
     if planted == "directory":
         assert any(items[0].name in w for w in report["warnings"]), report["warnings"]
         for item in items:
+            (item / "kept").unlink()
             item.rmdir()
         out, report = run(tmp_path, GROWN)
     assert marker_ids(out) and LOST_PREFIX not in json.dumps(out)
