@@ -13,7 +13,6 @@ import stat
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -171,36 +170,6 @@ def test_a_vault_link_planted_outside_a_turn_is_refused_once_the_check_is_old(
     with pytest.raises(UnsafePathError, match="symbolic link"):
         store.put_blob(key, b"two")
     assert list(elsewhere.iterdir()) == []
-
-
-def test_a_spool_a_killed_writer_left_is_removed_and_a_live_ones_is_kept(tmp_path: Path) -> None:
-    """A vault writer killed mid-write (``kill -9``, the OOM killer) left its spool file in the
-    vault for good: nothing names it, and ``compress`` spools a command's whole output there.
-    The next writer removes one untouched for an hour whose writer is gone; a live writer's,
-    however long idle, stays."""
-    store, session = _store(tmp_path)
-    killed = (
-        "import os, signal, sys\nfrom ctxrules.stores.filesystem import FilesystemStore\n"
-        "from ctxrules.vault import Vault\n"
-        "writer = Vault.of(FilesystemStore(sys.argv[1]), sys.argv[2]).open_writer()\n"
-        "writer.write(b'output ' * 100_000)\nos.kill(os.getpid(), signal.SIGKILL)\n"
-    )
-    env = {**os.environ, "PYTHONPATH": str(REPO / "engine")}
-    subprocess.run([sys.executable, "-c", killed, str(tmp_path / "state"), session], env=env, check=False)
-    vault = Path(session) / "vault"
-    [left] = vault.glob(".tmp-*")
-    live = Vault.of(store, session).open_writer()
-    live.write(b"a command still streaming")
-    an_hour_ago = time.time() - 3700
-    for spool in vault.glob(".tmp-*"):
-        os.utime(spool, (an_hour_ago, an_hour_ago))
-    fresh = Vault.of(FilesystemStore(tmp_path / "state"), session)  # another process: checks the vault
-    writer = fresh.open_writer()
-    writer.write(b"next output")
-    writer.commit()
-    assert not left.exists()
-    assert list(vault.glob(".tmp-*")) == [live.path]
-    assert fresh.get(live.commit()) == b"a command still streaming"
 
 
 def test_documents_update_under_their_lock_across_processes(tmp_path: Path) -> None:

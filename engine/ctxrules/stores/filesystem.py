@@ -84,15 +84,6 @@ _CLOEXEC: Final = getattr(os, "O_CLOEXEC", 0)
 _DIRECTORY: Final = getattr(os, "O_DIRECTORY", 0)
 _ACCESS_NOFOLLOW: Final = os.access in os.supports_follow_symlinks  # not on Windows
 _CHECK_S: Final = 2.0  # a vault directory checked longer ago than this is checked again
-_STALE_SPOOL_S: Final = 3600.0
-"""A spool file in the vault (:class:`_FileBlobWriter`) untouched this long, with no writer
-holding its lock, was left by a process killed mid-write (``kill -9``, the OOM killer, a power
-cut): nothing names it, and it may hold gigabytes of a command's output. The next writer removes
-it. The age keeps clear of a writer between creating its file and locking it."""
-try:
-    import fcntl as _fcntl
-except ImportError:  # Windows: spool files left behind stay
-    _fcntl = None  # type: ignore[assignment]
 
 # document -> (file in the session directory, lock file or None: written under the prepare lock)
 _DOC_FILES: Final[dict[str, tuple[str, str | None]]] = {
@@ -371,7 +362,6 @@ class FilesystemStore:
             if not self._checked(key):
                 ensure_dir(root, inside=Path(session).parent)  # the session directory too
                 self._checked_shards[key] = time.monotonic()
-                _remove_stale_spools(key[1])
             return _FileBlobWriter(self, session)
         except OSError as exc:
             raise VaultError(f"cannot write to the vault at {root}: {exc}") from exc
@@ -903,36 +893,6 @@ def _intact(path: str | Path, blob_id: str) -> bool:
     return digest.hexdigest() == blob_id
 
 
-def _remove_stale_spools(vault: str) -> None:
-    """Remove the spool files in ``vault`` that killed writers left (:data:`_STALE_SPOOL_S`):
-    untouched for that long, a regular file of ours, and no lock on it (a live writer holds a
-    shared one). Best effort: whatever cannot be looked at is left as it is."""
-    if _fcntl is None:
-        return
-    cutoff = time.time() - _STALE_SPOOL_S
-    try:
-        with os.scandir(vault) as entries:
-            stale = [e.path for e in entries if e.name.startswith(_TMP_PREFIX) and e.is_file(follow_symlinks=False)]
-    except OSError:
-        return
-    for path in stale:
-        try:
-            fd = open_private(path, os.O_RDONLY)
-        except (OSError, UnsafePathError):
-            continue
-        try:
-            st = os.fstat(fd)
-            if st.st_mtime > cutoff:
-                continue
-            _fcntl.flock(fd, _fcntl.LOCK_EX | _fcntl.LOCK_NB)  # raises while a writer holds it
-            if os.lstat(path).st_ino == st.st_ino:
-                os.unlink(path)
-        except OSError:
-            continue
-        finally:
-            os.close(fd)
-
-
 class _FileBlobWriter(SpooledBlobWriter):
     """A blob written in pieces: a private temporary file in the vault directory, hashed as it
     grows; :meth:`commit` makes it durable (fsync) and then visible under its id (a rename, no
@@ -945,13 +905,7 @@ class _FileBlobWriter(SpooledBlobWriter):
         super().__init__(store, session)
 
     def _temporary(self) -> tuple[int, str]:
-        fd, name = tempfile.mkstemp(prefix=_TMP_PREFIX, dir=self._fs.vault_dir(self._session))
-        if _fcntl is not None:
-            # Held until the file is closed (committed or discarded): a live writer's spool is
-            # never taken for one a killed process left (_remove_stale_spools).
-            with contextlib.suppress(OSError):
-                _fcntl.flock(fd, _fcntl.LOCK_SH)
-        return fd, name
+        return tempfile.mkstemp(prefix=_TMP_PREFIX, dir=self._fs.vault_dir(self._session))
 
     def _write_failed(self, exc: OSError) -> VaultError:
         return VaultError(f"cannot write to the vault at {self._fs.vault_dir(self._session)}: {exc}")
