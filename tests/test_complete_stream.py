@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import json
+import signal
 import threading
 import warnings
 from collections.abc import Iterator
@@ -18,7 +19,9 @@ from invariants import pairing_problems
 from llm_server import LLMServer, context_length_error, raw, reply, slow_reply, stream_error
 
 from ctxrules import Engine
+from ctxrules.runtime import streaming
 from ctxrules.runtime.overflow import CompletionFailed
+from ctxrules.threads import STOP_SIGNALS
 
 TEXT = "Done: the fix is in src/parser.c, the match arm now binds the tuple."
 MODEL = "openai/gpt-4o"
@@ -308,6 +311,37 @@ def test_a_stream_dropped_without_closing_records_what_it_received(session: Any)
     (record,) = ledger_lines(session)
     assert record["source"] == "stream-counted"
     assert 0 < record["tokens"]["completion"] < session.counter.count_text(TEXT * 20)
+
+
+def test_a_dropped_streams_usage_thread_blocks_stop_signals_and_is_waited_for(
+    session: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The thread that records a dropped stream's usage is one of ctxrules' helper threads: it
+    leaves Ctrl-C and SIGTERM to the main thread (or a signal could land in it while the main
+    thread waits in a read, and nothing would wake that), and it is not a daemon, so the
+    process does not exit before the paid usage is written."""
+    seen: list[tuple[set[int], bool]] = []
+    original = streaming._StreamState._finish_dropped
+
+    def spy(self: Any) -> None:
+        seen.append((set(signal.pthread_sigmask(signal.SIG_BLOCK, [])), threading.current_thread().daemon))
+        original(self)
+
+    monkeypatch.setattr(streaming._StreamState, "_finish_dropped", spy)
+    with LLMServer() as server:
+        server.script(reply(TEXT * 20, chunk_chars=4))
+        stream = session.complete(
+            [{"role": "user", "content": "fix it"}], model=MODEL, stream=True, api_base=server.base_url, api_key="k"
+        )
+        next(iter(stream))
+        del stream
+        gc.collect()
+        for worker in [t for t in threading.enumerate() if t.name == "ctxrules-stream-usage"]:
+            worker.join(10)
+    ((mask, daemon),) = seen
+    assert mask >= STOP_SIGNALS
+    assert daemon is False
+    assert len(ledger_lines(session)) == 1
 
 
 def test_readers_in_several_threads_take_turns_on_one_stream(session: Any) -> None:

@@ -29,11 +29,14 @@ def block_stop_signals() -> None:
         signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
 
 
-def helper_thread(target: Callable[..., Any], name: str, *, args: tuple[Any, ...] = ()) -> threading.Thread:
-    """A daemon thread (not started) that runs ``target(*args)`` with the stop signals blocked."""
+def helper_thread(
+    target: Callable[..., Any], name: str, *, args: tuple[Any, ...] = (), daemon: bool = True
+) -> threading.Thread:
+    """A thread (not started) that runs ``target(*args)`` with the stop signals blocked; a
+    daemon unless ``daemon=False`` (work the process must finish before it exits)."""
 
     def run() -> None:
         block_stop_signals()
         target(*args)
 
-    return threading.Thread(target=run, name=name, daemon=True)
+    return threading.Thread(target=run, name=name, daemon=daemon)

@@ -28,6 +28,7 @@ from ctxrules.budget.usage import TokenUsage
 from ctxrules.errors import CompletionFailed, CtxrulesError, UsageError
 from ctxrules.llm import error_text
 from ctxrules.logs import get_logger
+from ctxrules.threads import helper_thread
 
 if TYPE_CHECKING:
     from ctxrules.results import PrepareResult
@@ -122,11 +123,13 @@ class _StreamState:
     def __del__(self) -> None:
         """A stream dropped before its end (a ``break`` without ``close()`` or ``with``) still
         records what was received. Not here: the collector may run inside this thread's own
-        ledger write, whose locks do not nest; a thread of its own waits for them instead."""
+        ledger write, whose locks do not nest; a thread of its own waits for them instead. That
+        thread is not a daemon (the process waits for the paid usage to be written before it
+        exits) and blocks the stop signals like every thread ctxrules starts."""
         if getattr(self, "finished", True):  # (True: __init__ did not get that far)
             return
         try:
-            threading.Thread(target=self._finish_dropped, name="ctxrules-stream-usage").start()
+            helper_thread(self._finish_dropped, "ctxrules-stream-usage", daemon=False).start()
         except Exception:  # interpreter shutdown: no new threads, modules half torn down
             return
 
