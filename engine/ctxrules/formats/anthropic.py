@@ -335,7 +335,7 @@ def encode(
     (``model``, ``max_tokens``, ``thinking``, ...) are kept in their order; ``tools`` is written
     when given non-empty or when ``request`` had it."""
     system: list[Mapping[str, Any]] = []
-    turns: list[dict[str, Any]] = []
+    built: list[_Turn] = []
     results: list[dict[str, Any]] = []  # a run of tool results, added to a turn together
     leading = True
     for message in messages:
@@ -347,16 +347,16 @@ def encode(
         if role in ("tool", "function"):
             results.append(_result_block(message))
             continue
-        _add_results(turns, results)
+        _add_results(built, results)
         results = []
         if role == "assistant":
             content = _assistant_content(message)
             if content or isinstance(message.get("content"), list):  # an empty OpenAI reply says nothing
-                _add_turn(turns, "assistant", content)
+                _add_turn(built, "assistant", content)
         else:  # user, and a system message in the middle (Anthropic has none there)
-            _add_turn(turns, "user", _user_content(message))
-    _add_results(turns, results)
-    turns = _without_empty_text(turns)
+            _add_turn(built, "user", _user_content(message))
+    _add_results(built, results)
+    turns = _without_empty_text([{"role": turn.role, "content": turn.content()} for turn in built])
     if turns and turns[0]["role"] != "user":
         turns.insert(0, {"role": "user", "content": OPENING_TEXT})
     if _ended_with_user(request) and (not turns or turns[-1]["role"] != "user"):
@@ -440,7 +440,11 @@ def _without_empty_text(turns: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if not content and (isinstance(content, list) or turn["role"] == "user"):
             continue
         if out and out[-1]["role"] == turn["role"]:
-            out[-1] = {**out[-1], "content": [*_as_list(out[-1]["content"]), *_as_list(content)]}
+            # Joined in place (the turn is this function's copy): a copy of the joined
+            # blocks for each turn joined was quadratic in a long run of them.
+            if not isinstance(out[-1]["content"], list):
+                out[-1]["content"] = _as_list(out[-1]["content"])
+            out[-1]["content"].extend(_as_list(content))
         else:
             out.append({**turn, "content": content})
     return out if out or not turns else turns  # nothing but empty turns: left as given
@@ -507,13 +511,18 @@ def _assistant_content(message: Mapping[str, Any]) -> str | list[dict[str, Any]]
     parts = _blocks({"content": content}, keep_empty=False)
     private = message.get(PRIVATE)
     layout = private.get("layout") if isinstance(private, Mapping) else None
-    queues = {_T: thinking, _C: parts, _U: calls}
+    # Iterators, not lists popped from the front: that shifted the rest of the list for each
+    # block of a turn of 50,000 tool calls.
+    queues = {_T: iter(thinking), _C: iter(parts), _U: iter(calls)}
     blocks: list[dict[str, Any]] = []
     for letter in layout if isinstance(layout, str) else "":
         queue = queues.get(letter)
-        if queue:
-            blocks.append(queue.pop(0))
-    blocks.extend([*thinking, *parts, *calls])
+        if queue is not None:
+            block = next(queue, None)
+            if block is not None:
+                blocks.append(block)
+    for queue in queues.values():  # what the layout does not place, in the canonical order
+        blocks.extend(queue)
     return _with_cache(blocks, message)
 
 
@@ -560,27 +569,65 @@ def _result_block(message: Mapping[str, Any]) -> dict[str, Any]:
     return block
 
 
-def _add_results(turns: list[dict[str, Any]], blocks: list[dict[str, Any]]) -> None:
+class _Turn:
+    """A turn as the encoder builds it: the content of its one message as given (a string
+    stays a string), or once more is added, its blocks in two lists that are only appended
+    to: the tool results at its head, and the rest from the first other block on. Results
+    go after those at the head, a message's blocks at the end; each block is copied once. A
+    join that copied the turn's blocks made 100,000 messages of one role in a row, or tool
+    results and user texts taking turns, quadratic."""
+
+    __slots__ = ("given", "head", "role", "tail")
+
+    def __init__(self, role: str, content: str | list[dict[str, Any]]) -> None:
+        self.role = role
+        self.given: str | list[dict[str, Any]] | None = content
+        self.head: list[dict[str, Any]] = []
+        self.tail: list[dict[str, Any]] = []
+
+    def content(self) -> str | list[dict[str, Any]]:
+        return self.given if self.given is not None else [*self.head, *self.tail]
+
+    def add(self, blocks: list[dict[str, Any]]) -> None:
+        """``blocks`` at the end of the turn."""
+        self._split()
+        self._append(blocks)
+
+    def add_results(self, blocks: list[dict[str, Any]]) -> None:
+        """Tool result ``blocks`` after the results at the head, before anything else."""
+        self._split()
+        self.head.extend(blocks)
+
+    def _split(self) -> None:
+        if self.given is not None:
+            given, self.given = self.given, None
+            self._append(_as_list(given))
+
+    def _append(self, blocks: list[dict[str, Any]]) -> None:
+        at = 0
+        if not self.tail:  # the leading results of what is added are still at the turn's head
+            at = next((k for k, b in enumerate(blocks) if b.get("type") != "tool_result"), len(blocks))
+            self.head.extend(blocks[:at])
+        self.tail.extend(blocks[at:])
+
+
+def _add_results(turns: list[_Turn], blocks: list[dict[str, Any]]) -> None:
     """A run of result ``blocks`` into the last user turn (or a new one), first in it: after
     the results already there, before anything else. A run at once, not block by block: each
     block scanned and copied the turn, and 20,000 results of one turn took a minute."""
     if not blocks:
         return
-    if not turns or turns[-1]["role"] != "user":
-        turns.append({"role": "user", "content": list(blocks)})
+    if not turns or turns[-1].role != "user":
+        turns.append(_Turn("user", list(blocks)))
         return
-    turn = turns[-1]
-    have = _as_list(turn["content"])
-    at = next((k for k, b in enumerate(have) if b.get("type") != "tool_result"), len(have))
-    turn["content"] = [*have[:at], *blocks, *have[at:]]
+    turns[-1].add_results(blocks)
 
 
-def _add_turn(turns: list[dict[str, Any]], role: str, content: str | list[dict[str, Any]]) -> None:
-    if turns and turns[-1]["role"] == role:
-        turn = turns[-1]
-        turn["content"] = [*_as_list(turn["content"]), *_as_list(content)]
+def _add_turn(turns: list[_Turn], role: str, content: str | list[dict[str, Any]]) -> None:
+    if turns and turns[-1].role == role:
+        turns[-1].add(_as_list(content))
         return
-    turns.append({"role": role, "content": content})
+    turns.append(_Turn(role, content))
 
 
 def _as_list(content: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -687,13 +734,16 @@ def validate(
             )
             if any(isinstance(b, Mapping) and b.get("type") == "tool_result" for b in blocks[first_other:]):
                 problems.append(Problem(f"{where}.content", "tool_result blocks must come first in the turn"))
+            # Sets to look in: a scan of the other list for each of 50,000 parallel calls
+            # and their results was quadratic.
+            answered_ids, called_ids = set(answered), set(previous_calls)
             for call_id in previous_calls:
-                if call_id not in answered:
+                if call_id not in answered_ids:
                     problems.append(Problem(where, f"tool_use {call_id} is not answered in this turn"))
             for result_id in answered:
-                if result_id not in previous_calls:
+                if result_id not in called_ids:
                     problems.append(Problem(where, f"tool_result {result_id} answers no tool_use of the turn before"))
-            if len(set(answered)) != len(answered):
+            if len(answered_ids) != len(answered):
                 problems.append(Problem(where, "a tool_use is answered twice"))
         elif previous_calls:
             problems.append(Problem(where, f"tool_use {', '.join(previous_calls)} not answered by the next turn"))
@@ -839,6 +889,17 @@ def _uncached(value: Any) -> Any:
     return value
 
 
+def _same_prefix(messages: list[Any], original: list[Any]) -> int:
+    """How many messages at the start of ``messages`` are the original's (cache markers aside):
+    what is before turn ``i`` is unchanged when ``i`` is within it and the turn was at ``i``
+    in the original too. Counted once, each message written out once: a comparison of the
+    whole prefix for each thinking block was quadratic in a long conversation."""
+    for k, (mine, theirs) in enumerate(zip(messages, original, strict=False)):
+        if _canon(mine) != _canon(theirs):
+            return k
+    return min(len(messages), len(original))
+
+
 def _check_thinking(
     request: Mapping[str, Any], original: Mapping[str, Any], preserved: bool, problems: list[Problem]
 ) -> None:
@@ -851,6 +912,7 @@ def _check_thinking(
             if signature:
                 before[signature] = (i, _canon(block))
     messages = list(request.get("messages") or [])
+    same = _same_prefix(messages, original_messages) if preserved else 0
     for i, thinking in _thinking_turns(request):
         for block in thinking:
             signature = _signature(block)
@@ -862,10 +924,7 @@ def _check_thinking(
             at, exact = before[signature]
             if _canon(block) != exact:
                 problems.append(Problem(f"messages[{i}]", "a signed thinking block was edited"))
-            if preserved and (
-                _canon(messages[:i]) != _canon(original_messages[:at])
-                or _canon(request.get("system")) != _canon(original.get("system"))
-            ):
+            if preserved and (i != at or i > same or _canon(request.get("system")) != _canon(original.get("system"))):
                 problems.append(Problem(f"messages[{i}]", "signed thinking kept after its prefix changed"))
     latest = _thinking_turns(original)
     last_assistant = max(
