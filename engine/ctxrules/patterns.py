@@ -265,6 +265,18 @@ _PLAIN = re.compile(r"[^\\.^$*+?{}\[\]|()]*")
 # Plain ints: `flags & re.IGNORECASE` goes through enum.Flag's Python-level operators, and the
 # analysis tests flags thousands of times per pack.
 _I, _M, _S, _A, _X, _L = (int(f) for f in (re.IGNORECASE, re.MULTILINE, re.DOTALL, re.ASCII, re.VERBOSE, re.LOCALE))
+_TYPE_FLAGS = _A | _L | int(re.UNICODE)
+
+
+def _in_scope(flags: int, group: Any) -> int:
+    """The flags in force inside a group (a ``SUBPATTERN``'s ``(group, add, del, items)``):
+    ``(?i:...)`` and ``(?-m:...)`` set and clear flags for their own scope only, and ``re``
+    compiles what they hold with them (as its compiler combines them: a character-type flag
+    replaces the one outside)."""
+    add, remove = int(group[1]), int(group[2])
+    if add & _TYPE_FLAGS:
+        flags &= ~_TYPE_FLAGS
+    return (flags | add) & ~remove
 
 
 def _plain_text(pattern: str, flags: int) -> bool:
@@ -295,18 +307,19 @@ def _analyse(pattern: str, flags: int, tree: Any = None) -> _Shape:
     if tree is None:
         tree = _parse(pattern, flags)
     all_flags = int(tree.state.flags)
-    ascii_only = bool(all_flags & _A)
     # `[[:alpha:]]` is a POSIX class to RE2 and a set of characters to `re`; `x{,5}` is a
     # repetition to `re` and text to RE2.
-    safe = not (all_flags & (_X | _L)) and "[:" not in pattern and "{," not in pattern
-    if ascii_only and all_flags & _I:
-        safe = False  # Python folds ASCII only, RE2 all of Unicode
+    safe = "[:" not in pattern and "{," not in pattern
     on_ascii = safe
     repeats = 0
     local = True
 
-    def walk(items: Any, depth_repeat: bool) -> int:
+    # ``flags``: those in force where ``items`` stand (a scoped group's own within it).
+    def walk(items: Any, depth_repeat: bool, flags: int) -> int:
         nonlocal safe, repeats, local, on_ascii
+        ascii_only = bool(flags & _A)
+        if flags & (_X | _L) or (ascii_only and flags & _I):
+            safe = on_ascii = False  # RE2 has no such flags; with both, Python folds ASCII only, RE2 all of Unicode
         size = 0
         for op, av in items:
             name = op.name
@@ -314,24 +327,27 @@ def _analyse(pattern: str, flags: int, tree: Any = None) -> _Shape:
                 lo, hi, sub = av
                 repeats += 1
                 local = local and name != "POSSESSIVE_REPEAT"
-                inner = walk(sub, depth_repeat or (hi > 1 and name != "POSSESSIVE_REPEAT"))
+                inner = walk(sub, depth_repeat or (hi > 1 and name != "POSSESSIVE_REPEAT"), flags)
                 count = lo if hi == _parser.MAXREPEAT else hi
                 if count > 1000:
                     safe = on_ascii = False  # RE2 refuses such counts, or reads `x{4294967294}` as text
                 size += max(inner, 1) * max(count, 1)
             elif name == "SUBPATTERN":
-                size += walk(av[-1], depth_repeat)
+                # `^` and `$` in a `(?-m:...)` group mean the ends of the text even when the
+                # lines are searched joined (with MULTILINE): not where the lines meet.
+                local = local and not av[2] & _M
+                size += walk(av[-1], depth_repeat, _in_scope(flags, av))
             elif name == "BRANCH":
-                size += sum(walk(b, depth_repeat) for b in av[1])
+                size += sum(walk(b, depth_repeat, flags) for b in av[1])
             elif name in ("ASSERT", "ASSERT_NOT"):
                 safe = local = on_ascii = False
-                size += walk(av[1], depth_repeat)
+                size += walk(av[1], depth_repeat, flags)
             elif name == "GROUPREF_EXISTS":
                 safe = local = on_ascii = False
-                size += sum(walk(b, depth_repeat) for b in av[1:] if b is not None)
+                size += sum(walk(b, depth_repeat, flags) for b in av[1:] if b is not None)
             elif name == "ATOMIC_GROUP":
                 safe = local = on_ascii = False
-                size += walk(av, depth_repeat)
+                size += walk(av, depth_repeat, flags)
             elif name == "IN":
                 for iop, iav in av:
                     if iop.name == "CATEGORY" and iav.name in _CATEGORIES_DIFFERENT and not ascii_only:
@@ -347,7 +363,7 @@ def _analyse(pattern: str, flags: int, tree: Any = None) -> _Shape:
                 if (
                     (at in ("AT_BOUNDARY", "AT_NON_BOUNDARY") and not ascii_only)
                     or at == "AT_END_STRING"
-                    or (at == "AT_END" and not all_flags & _M)
+                    or (at == "AT_END" and not flags & _M)
                 ):
                     safe = False
                 size += 1
@@ -357,7 +373,7 @@ def _analyse(pattern: str, flags: int, tree: Any = None) -> _Shape:
                 size += 1
         return size
 
-    unrolled = walk(tree, False)
+    unrolled = walk(tree, False, all_flags)
     low, _ = tree.getwidth()
     # A nested repetition needs two of them.
     return _Shape(safe, low, unrolled, repeats > 1 and _ambiguous_repeat(tree, all_flags), local, on_ascii)
@@ -433,7 +449,7 @@ def _chars(op: str, av: Any, flags: int) -> frozenset[str]:
     if op in _REPEATS:
         return _seq_chars(av[2], flags)
     if op == "SUBPATTERN":
-        return _seq_chars(av[-1], flags)
+        return _seq_chars(av[-1], _in_scope(flags, av))
     if op == "ATOMIC_GROUP":
         return _seq_chars(av, flags)
     if op == "BRANCH":
@@ -465,7 +481,7 @@ def _first(items: Any, flags: int) -> tuple[frozenset[str], bool]:
                 return out, False
             continue
         if op in ("SUBPATTERN", "ATOMIC_GROUP"):
-            chars, empty = _first(av[-1] if op == "SUBPATTERN" else av, flags)
+            chars, empty = _first(av[-1], _in_scope(flags, av)) if op == "SUBPATTERN" else _first(av, flags)
             out |= chars
             if not empty:
                 return out, False
@@ -493,7 +509,7 @@ def _ambiguous_repeat(tree: Any, flags: int) -> bool:
     # ``follow``: what may come right after ``items`` within the innermost enclosing round
     # (the round's own start when nothing else does); what follows the outer repetition as a
     # whole only makes for polynomial retries, which the time limit absorbs.
-    def scan(items: Any, follow: frozenset[str], inside: bool) -> bool:
+    def scan(items: Any, follow: frozenset[str], inside: bool, flags: int) -> bool:
         items = list(items)
         for i, (op, av) in enumerate(items):
             op = op.name
@@ -506,18 +522,18 @@ def _ambiguous_repeat(tree: Any, flags: int) -> bool:
                 if hi > 1:
                     if inside and _seq_chars(body, flags) & after:
                         return True
-                    if scan(body, _first(body, flags)[0], True):
+                    if scan(body, _first(body, flags)[0], True, flags):
                         return True
-                elif scan(body, after, inside):
+                elif scan(body, after, inside, flags):
                     return True
             elif op == "SUBPATTERN":
-                if scan(av[-1], after, inside):
+                if scan(av[-1], after, inside, _in_scope(flags, av)):
                     return True
-            elif op == "BRANCH" and any(scan(b, after, inside) for b in av[1]):
+            elif op == "BRANCH" and any(scan(b, after, inside, flags) for b in av[1]):
                 return True
         return False
 
-    return scan(tree, frozenset(), False)
+    return scan(tree, frozenset(), False, flags)
 
 
 def nested_quantifier(pattern: str, flags: int = 0) -> bool:
@@ -810,6 +826,8 @@ is read alike by both wherever :attr:`_Shape.re2_ascii` holds."""
 # `[[:alpha:]]` as a POSIX class, and `x{1}{e}` not at all.
 _COUNTED = re.compile(r"\{(?:[0-9]+(?:,[0-9]*)?|,[0-9]*)\}")
 _COMMENT = re.compile(r"\(\?#(?:[^\\)]|\\.)*\)?|#[^\n]*", re.DOTALL)
+# A group that sets flags for its own scope: `(?x:`, `(?i-x:`, `(?-x:`.
+_SCOPED_FLAGS = re.compile(r"\(\?([aiLmsux]*)(?:-([imsx]*))?:")
 
 
 @lru_cache(maxsize=1024)
@@ -826,7 +844,11 @@ def regex_source(pattern: str, flags: int = 0) -> str:
             tree = _parse(pattern, flags)
     except (re.error, OverflowError, RecursionError):
         return pattern
+    # Whether `#` opens a comment: under (?x), within a group that sets or clears it for its
+    # own scope (`(?x:...)`, also what a list of patterns joined by `|` makes of a `(?x)`
+    # pattern); `scopes` holds the state outside each open group.
     verbose = bool(tree.state.flags & _X)
+    scopes: list[bool] = []
     out: list[str] = []
     i, n, in_set = 0, len(pattern), False
     while i < n:
@@ -836,6 +858,13 @@ def regex_source(pattern: str, flags: int = 0) -> str:
             out.append(comment.group())
             i = comment.end()
             continue
+        if not in_set and ch == "(":
+            scopes.append(verbose)
+            scoped = _SCOPED_FLAGS.match(pattern, i)
+            if scoped is not None:
+                verbose = "x" not in (scoped[2] or "") and (verbose or "x" in scoped[1])
+        elif not in_set and ch == ")" and scopes:
+            verbose = scopes.pop()
         if ch == "\\":
             # `\N{EM DASH}` names a character: its braces are not a repetition's.
             end = pattern.find("}", i + 3) + 1 if pattern.startswith("N{", i + 1) else 0
