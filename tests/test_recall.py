@@ -455,6 +455,63 @@ def test_a_call_holding_a_lone_surrogate_is_answered(tmp_path: Path) -> None:
     assert code == 0
 
 
+def test_a_line_that_is_not_json_is_answered_with_a_parse_error(tmp_path: Path) -> None:
+    """JSON-RPC 2.0 answers what is not JSON with error -32700 and ``"id": null``; the SDK's
+    stdio server logged it and answered nothing, so a client that sent a request cut short
+    waited for ever. The answers go out whole between the SDK's: each line read is one
+    message, also with pages of some 9 kB in flight (which the SDK writes in pieces)."""
+    import select
+    import subprocess
+
+    session, out = prepared(tmp_path)
+    marker = line_markers(out)[0]
+    proc = subprocess.Popen(
+        _mcp_argv(session.path), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_mcp_env()
+    )
+    assert proc.stdin is not None and proc.stdout is not None
+
+    def send(data: bytes) -> None:
+        assert proc.stdin is not None
+        proc.stdin.write(data + b"\n")
+        proc.stdin.flush()
+
+    def answer() -> dict[str, Any]:
+        assert proc.stdout is not None
+        ready, _, _ = select.select([proc.stdout], [], [], 30)
+        assert ready, "no answer within 30 s"
+        return json.loads(proc.stdout.readline())  # type: ignore[no-any-return]
+
+    try:
+        hello = {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}
+        send(json.dumps({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": hello}).encode())
+        assert answer()["id"] == 1
+        send(b'{"jsonrpc": "2.0", "method": "notifications/initialized"}')
+        for garbage in (b"hello?", b'{"jsonrpc": "2.0", "id": 2, "method": "tools/list"', b"\xff\xfe{"):
+            send(garbage)
+            refused = answer()
+            assert refused["id"] is None and refused["error"]["code"] == -32700, refused
+            assert refused["error"]["message"].startswith("Parse error"), refused
+        calls = 20
+        for n in range(calls):
+            arguments = {"id": marker.vault_id, "lines": f"{n + 1}:"}
+            send(json.dumps({"jsonrpc": "2.0", "id": 10 + n, "method": "tools/call", "params": {
+                "name": "ctxrules_recall", "arguments": arguments}}).encode())  # fmt: skip
+            send(b"not json either")
+        answers = [answer() for _ in range(2 * calls)]
+        pages = {a["id"]: a for a in answers if a["id"] is not None}
+        assert sorted(pages) == list(range(10, 10 + calls))
+        assert all(not a["result"].get("isError") for a in pages.values())
+        assert max(len(json.dumps(a)) for a in pages.values()) > 8192  # more than the SDK's writer buffers
+        assert [a["error"]["code"] for a in answers if a["id"] is None] == [-32700] * calls
+    finally:
+        proc.stdin.close()
+        code = proc.wait(timeout=60)
+        proc.stdout.close()
+        if proc.stderr is not None:
+            proc.stderr.close()
+    assert code == 0
+
+
 @pytest.mark.parametrize("closed", [0, 1])
 def test_mcp_with_stdin_or_stdout_closed_is_a_usage_error(tmp_path: Path, closed: int) -> None:
     """`ctxrules mcp --session DIR >&-` (or `<&-`) was `internal error: AttributeError`."""

@@ -12,7 +12,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-from collections.abc import Callable
+import threading
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -95,59 +96,157 @@ def build_server(session: Session) -> Any:
 def serve(session: Session) -> None:
     """Serve the recall tool of ``session`` on stdin/stdout until the client goes away: it
     closes stdin, or stops reading, which the SDK's writer meets as a broken pipe (in an
-    exception group) while replies are still due; either ends the serving alike. What the
-    client sends reaches the SDK through :func:`_mended_stdin`."""
-    restore = _mended_stdin()
+    exception group) while replies are still due; either ends the serving alike. The SDK
+    reads and writes the wire through :class:`_Wire`."""
+    wire = _Wire.open()
     try:
         build_server(session).run("stdio")
     except* (BrokenPipeError, ConnectionResetError):
         pass
     finally:
-        restore()
+        if wire is not None:
+            wire.close()
 
 
-def _mended_stdin() -> Callable[[], None]:
-    """Put a pipe in stdin's place, fed line by line from the real stdin with every lone
-    surrogate (``"\\ud800"``: valid JSON, and what a JavaScript client sends of a string cut
-    inside a character) replaced by U+FFFD. The SDK refuses such a message without answering
-    it, and the client waited for its answer for ever. Returns what puts stdin back."""
-    try:
-        source = os.dup(0)
-    except OSError:  # no stdin at all: the SDK says so itself
-        return lambda: None
-    saved = os.dup(0)
-    read_end, write_end = os.pipe()
-    os.dup2(read_end, 0)
-    os.close(read_end)
+PARSE_ERROR = -32700
+"""JSON-RPC 2.0's code for a message that is not JSON (answered with ``"id": null``)."""
 
-    def feed() -> None:
+_END = b"\0ctxrules-mcp-end\n"  # after the SDK's last reply in the stdout pipe (JSON holds no NUL)
+
+
+class _Wire:
+    """Pipes in the place of stdin and stdout, between the client and the SDK, each served by
+    a helper thread:
+
+    - what the client sends goes to the SDK line by line, with every lone surrogate
+      (``"\\ud800"``: valid JSON, and what a JavaScript client sends of a string cut inside a
+      character) replaced by U+FFFD: the SDK refuses such a message without answering it, and
+      the client waited for its answer for ever;
+    - a line that is not JSON is answered here, with JSON-RPC's parse error (``-32700``,
+      ``"id": null``), and not passed on: the SDK logs it and answers nothing;
+    - what the SDK writes goes to the client a whole line at a time, so such an answer never
+      lands inside one of the SDK's (a long one is written in pieces).
+
+    When the client stops reading, the SDK's next write fails as it would on stdout itself
+    (the pipe is closed): the serving ends."""
+
+    def __init__(self, saved: tuple[int, int], client: int, end: int) -> None:
+        self._saved = saved  # stdin and stdout as they were, to put back
+        self._client: int | None = client  # where the answers go: the real stdout
+        self._end = end  # the stdout pipe's writing end, for the mark after the SDK's last reply
+        self._lock = threading.Lock()
+        self._flushed = threading.Event()
+
+    @classmethod
+    def open(cls) -> _Wire | None:
+        """The wire in place (None: stdin or stdout cannot be duplicated, or no pipe can be
+        made: the SDK serves them, or says what is wrong, as it would without)."""
+        fds: list[int] = []
+        try:
+            for fd in (0, 1, 0, 1):
+                fds.append(os.dup(fd))
+            for _ in range(2):
+                fds.extend(os.pipe())
+        except OSError:
+            for fd in fds:
+                os.close(fd)
+            return None
+        saved_in, saved_out, source, client, to_sdk, from_client, from_sdk, to_client = fds
+        wire = cls((saved_in, saved_out), client, os.dup(to_client))
+        os.dup2(to_sdk, 0)
+        os.dup2(to_client, 1)
+        os.close(to_sdk)
+        os.close(to_client)
+        helper_thread(wire._inbound, "ctxrules-mcp-stdin", args=(source, from_client)).start()
+        helper_thread(wire._outbound, "ctxrules-mcp-stdout", args=(from_sdk,)).start()
+        return wire
+
+    def close(self) -> None:
+        """After the SDK is done: its last replies out (within 10 s; none when the client
+        reads nothing), then stdin and stdout put back."""
+        try:
+            os.set_blocking(self._end, False)
+            os.write(self._end, _END)
+        except OSError:  # the pipe is full (the client reads nothing) or closed (it went away)
+            pass
+        else:
+            self._flushed.wait(10)
+        os.close(self._end)
+        with self._lock:  # nothing goes to the client after this
+            if self._client is not None:
+                os.close(self._client)
+                self._client = None
+        for fd, saved in enumerate(self._saved):
+            os.dup2(saved, fd)
+            os.close(saved)
+
+    def _send(self, data: bytes) -> None:
+        """``data`` (whole lines) to the client, alone on the wire while it is written."""
+        with self._lock:
+            view = memoryview(data)
+            while view and self._client is not None:
+                view = view[os.write(self._client, view) :]
+
+    def _inbound(self, source: int, sdk: int) -> None:
         with (
             contextlib.suppress(OSError, ValueError),  # the server stopped reading: done
             os.fdopen(source, "rb") as given,
-            os.fdopen(write_end, "wb") as out,
+            os.fdopen(sdk, "wb") as out,
         ):
             for line in given:
-                out.write(_mended(line))
-                out.flush()
+                read = _read_line(line)
+                if read is None:
+                    out.write(line)
+                    out.flush()
+                elif isinstance(read, bytes):
+                    out.write(read)
+                    out.flush()
+                else:  # not passed on: answered here
+                    with contextlib.suppress(OSError):  # the client stopped reading: the SDK sees it too
+                        self._send(read.reply())
 
-    helper_thread(feed, "ctxrules-mcp-stdin").start()
+    def _outbound(self, sdk: int) -> None:
+        try:
+            with os.fdopen(sdk, "rb") as replies:
+                for line in replies:
+                    if line.endswith(_END):
+                        self._send(line[: -len(_END)])
+                        break
+                    self._send(line)
+        except OSError:  # the client stopped reading: the pipe closes, and the SDK's writes fail
+            pass
+        finally:
+            self._flushed.set()
 
-    def restore() -> None:
-        os.dup2(saved, 0)
-        os.close(saved)
 
-    return restore
+@dataclass(frozen=True)
+class _NotJson:
+    """A line the client sent that is not JSON."""
+
+    reason: str
+
+    def reply(self) -> bytes:
+        error = {"code": PARSE_ERROR, "message": f"Parse error: the message is not JSON ({self.reason})"}
+        return json.dumps({"jsonrpc": "2.0", "id": None, "error": error}).encode() + b"\n"
 
 
-def _mended(line: bytes) -> bytes:
-    """``line`` (one JSON-RPC message) with its lone surrogates replaced
-    (:func:`ctxrules.json_limits.scan`), else as it came."""
-    if b"\\u" not in line:
-        return line
+def _read_line(line: bytes) -> bytes | _NotJson | None:
+    """What to do with ``line`` (one JSON-RPC message): ``None``, pass it on as it came;
+    bytes, pass these on instead (its lone surrogates replaced, see
+    :func:`ctxrules.json_limits.scan`); :class:`_NotJson`, answer it. Read as the SDK reads it
+    (UTF-8, a bad byte replaced); a blank line is passed on (the SDK skips it)."""
+    text = line.decode("utf-8", "replace").rstrip("\r\n")
+    if not text.strip():
+        return None
     try:
-        found = scan(json.loads(line))
-    except (ValueError, RecursionError):  # not JSON: the SDK answers what it can of it
-        return line
+        value = json.loads(text, strict=False)
+    except RecursionError:  # JSON, nested past what Python reads: the SDK answers what it can
+        return None
+    except ValueError as exc:
+        return _NotJson(str(exc))
+    if "\\u" not in text:
+        return None
+    found = scan(value)
     if not found.replaced:
-        return line
+        return None
     return json.dumps(found.value, ensure_ascii=False).encode("utf-8") + b"\n"
