@@ -61,12 +61,12 @@ def _cases(n: int) -> Iterator[tuple[str, Any, Callable[[Any], object]]]:
         {"role": "user", "content": [*results, {"type": "text", "text": "and now?"}]},
     ]}  # fmt: skip
     yield "anthropic decode, parallel calls", parallel, anthropic.decode
-    yield "anthropic encode, parallel calls", parallel, _round_trip
+    yield "anthropic decode+encode, parallel calls", parallel, _round_trip
     yield "anthropic validate, parallel calls", parallel, anthropic.validate
     interleaved = [block for use in uses for block in ({"type": "text", "text": "next"}, use)]
     mixed = {**parallel, "messages": [parallel["messages"][0], {"role": "assistant", "content": interleaved}]}
     mixed["messages"].append(parallel["messages"][2])
-    yield "anthropic encode, text before each call", mixed, _round_trip
+    yield "anthropic decode+encode, text before each call", mixed, _round_trip
     users = [{"role": "user", "content": f"message {i}"} for i in range(n)]
     yield "anthropic encode, user messages in a row", users, anthropic.encode
     taking_turns: list[dict[str, Any]] = [

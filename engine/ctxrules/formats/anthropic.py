@@ -573,9 +573,9 @@ class _Turn:
     """A turn as the encoder builds it: the content of its one message as given (a string
     stays a string), or once more is added, its blocks in two lists that are only appended
     to: the tool results at its head, and the rest from the first other block on. Results
-    go after those at the head, a message's blocks at the end; each block is copied once. A
-    join that copied the turn's blocks made 100,000 messages of one role in a row, or tool
-    results and user texts taking turns, quadratic."""
+    go after those at the head, a message's blocks at the end. A join that copied the blocks
+    already in the turn made 100,000 messages of one role in a row, or tool results and user
+    texts taking turns, quadratic."""
 
     __slots__ = ("given", "head", "role", "tail")
 
