@@ -259,6 +259,40 @@ def test_get_lines_rejects_ranges_outside_the_content(vault: Vault) -> None:
         vault.get_lines(vault_id, 2, 1)
 
 
+@pytest.mark.parametrize("block", [1, 2, 3, 5, 1 << 20])
+def test_copy_to_passes_on_what_get_and_get_lines_return_whatever_the_block_size(
+    vault: Vault, block: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``copy_to`` (``vault get``) finds a line range a block at a time: a range that starts
+    or ends at, before or after a block's edge is the bytes :meth:`Vault.get_lines` cuts."""
+    import ctxrules.vault
+
+    monkeypatch.setattr(ctxrules.vault, "_BLOCK", block)
+    for data in (b"one\r\ntwo\nthree\r\nfour", b"a\n\n\nb\n", b"\n", b"x"):
+        vault_id = vault.put_bytes(data)
+        total = len(split_lines(data))
+        for first in range(1, total + 1):
+            for last in range(first, total + 1):
+                got: list[bytes] = []
+                vault.copy_to(vault_id, got.append, (first, last))
+                assert b"".join(got) == vault.get_lines(vault_id, first, last), (data, first, last)
+        whole: list[bytes] = []
+        vault.copy_to(vault_id[:12], whole.append)
+        assert b"".join(whole) == data
+        with pytest.raises(VaultError, match=f"{total} lines"):
+            vault.copy_to(vault_id, whole.append, (1, total + 1))
+
+
+def test_copy_to_refuses_a_damaged_item_before_passing_on_a_byte(vault: Vault) -> None:
+    vault_id = vault.put_text("a\nb\n")
+    (vault.root / vault_id[:2] / vault_id).write_bytes(b"a\nc\n")
+    got: list[bytes] = []
+    for lines in (None, (1, 1)):
+        with pytest.raises(VaultError, match="is corrupt"):
+            vault.copy_to(vault_id, got.append, lines)
+    assert got == []
+
+
 def test_a_number_longer_than_18_digits_makes_no_marker_and_no_pointer() -> None:
     ref = "vault://" + "ab" * 32
     for number in ("9" * 19, "9" * 5000):

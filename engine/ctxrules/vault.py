@@ -20,10 +20,10 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, BinaryIO
 
 from ctxrules.stores.base import BlobWriter, SpooledBlobWriter, VaultError
 from ctxrules.stores.filesystem import FilesystemStore
@@ -54,6 +54,7 @@ MIN_PREFIX = 12
 _ID_LEN = 64
 _HEX_RE = re.compile(r"[0-9a-f]+")
 _SLICE_CHARS = 1 << 20  # texts longer than this are encoded and written in slices
+_BLOCK = 1 << 20  # what copy_to reads and writes at a time
 VaultWriter = BlobWriter
 """An entry being written in pieces (:class:`ctxrules.stores.BlobWriter`): ``write``, ``size``,
 ``path`` (readable until commit), ``vault_id``, ``commit``, ``discard``."""
@@ -86,6 +87,27 @@ def _line_end(data: bytes, start: int, lines: int) -> int:
             return len(data)
         at = found + 1
     return at
+
+
+def _line_offsets(handle: BinaryIO, first: int, last: int) -> tuple[int, int, int]:
+    """:meth:`Vault.get_lines`'s offsets found in a file a block at a time: (the start of line
+    ``first``, the end of line ``last``, the number of lines), offsets past the end when there
+    are fewer lines."""
+    newlines = position = 0
+    start: int | None = 0 if first == 1 else None
+    end: int | None = None
+    tail = b""
+    while block := handle.read(_BLOCK):
+        count = block.count(b"\n")
+        if start is None and newlines + count >= first - 1:
+            start = position + _line_end(block, 0, first - 1 - newlines)
+        if end is None and newlines + count >= last:
+            end = position + _line_end(block, 0, last - newlines)
+        newlines += count
+        position += len(block)
+        tail = block[-1:]
+    total = newlines + (1 if tail and tail != b"\n" else 0)
+    return (position if start is None else start), (position if end is None else end), total
 
 
 def _normalize_id(id_or_prefix: str) -> str:
@@ -245,6 +267,41 @@ class Vault:
             raise VaultError(f"line range {first}-{last} is outside vault entry {id_or_prefix} ({total} lines)")
         start = _line_end(data, 0, first - 1)
         return data[start : _line_end(data, start, last - first + 1)]
+
+    def copy_to(
+        self, id_or_prefix: str, write: Callable[[bytes], object], lines: tuple[int, int] | None = None
+    ) -> None:
+        """Pass what :meth:`get` (or, with ``lines``, :meth:`get_lines`) returns to ``write``, a
+        block at a time on a store that hands an item over as a file (the filesystem store's
+        ``open_blob``; other stores hold it whole): an item of gigabytes is never in memory. It
+        is checked against its id, and a line range against its lines, before the first
+        ``write``; an item changed in place while copied raises :class:`VaultError` at the end."""
+        if lines is not None and (lines[0] < 1 or lines[1] < lines[0]):
+            raise VaultError(f"invalid line range {lines[0]}-{lines[1]}: need 1 <= first <= last")
+        opener = getattr(self.store, "open_blob", None)
+        if opener is None:
+            write(self.get_lines(id_or_prefix, *lines) if lines else self.get(id_or_prefix))
+            return
+        blob_id = self.resolve(id_or_prefix)
+        handle: BinaryIO
+        with opener(self.session, blob_id) as handle:
+            left: int | None = None
+            if lines is not None:
+                start, end, total = _line_offsets(handle, *lines)
+                if lines[1] > total:
+                    raise VaultError(
+                        f"line range {lines[0]}-{lines[1]} is outside vault entry {id_or_prefix} ({total} lines)"
+                    )
+                handle.seek(start)
+                left = end - start
+            digest = hashlib.sha256()
+            while block := handle.read(_BLOCK if left is None else min(_BLOCK, left)):  # read(0): b""
+                digest.update(block)
+                write(block)
+                if left is not None:
+                    left -= len(block)
+        if lines is None and digest.hexdigest() != blob_id:
+            raise VaultError(f"vault entry {blob_id} changed while it was read: what was printed is not its bytes")
 
     def media_type(self, id_or_prefix: str) -> str | None:
         """The media type recorded by :meth:`put_bytes`, if any."""

@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from ctxrules.cli.output import write_stdout_bytes
+from ctxrules.cli.output import stdout_writer
 from ctxrules.cli.stores import add_store_options, describe_store, is_filesystem, session_key, store_of
 from ctxrules.errors import UsageError
 from ctxrules.stores import StoreUsageError
@@ -62,14 +62,26 @@ def run_get(args: argparse.Namespace) -> int:
         if not candidates:
             raise UsageError(f"no sessions in {describe_store(store)}; give --session DIR")
     errors = []
+    out = stdout_writer(binary=True)
+    printed = 0
+
+    def write(block: bytes) -> None:
+        nonlocal printed
+        out.write(block)
+        printed += len(block)
+
     for session in candidates:
         vault = Vault.of(store, session)
         try:
-            data = vault.get_lines(ident, *lines) if lines else vault.get(ident)
+            # A block at a time: an item of gigabytes is never held, and a damaged one is
+            # refused before anything is printed (then another session may hold it intact).
+            vault.copy_to(ident, write, lines)
         except VaultError as exc:
+            if printed:
+                raise UsageError(str(exc)) from None
             errors.append(str(exc))
             continue
-        write_stdout_bytes(data)
+        out.flush()
         return 0
     if len(candidates) == 1:
         raise UsageError(errors[0])

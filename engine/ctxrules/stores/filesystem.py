@@ -37,7 +37,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Final, Literal
+from typing import Any, BinaryIO, Final, Literal
 from urllib.parse import unquote, urlsplit
 
 from ctxrules.errors import CtxrulesError, UsageError
@@ -367,13 +367,48 @@ class FilesystemStore:
             raise VaultError(f"cannot write to the vault at {root}: {exc}") from exc
 
     def get_blob(self, session: str, blob_id: str) -> bytes:
+        handle, path = self._open_item(session, blob_id)
+        with handle:
+            try:
+                size = os.fstat(handle.fileno()).st_size
+                if size > _READ_WHOLE_BYTES:
+                    # Checked a block at a time before it is read whole: a damaged item claiming
+                    # gigabytes (a sparse file) is refused without taking the memory.
+                    _verify(handle, blob_id, path)
+                    handle.seek(0)
+                data = handle.read(size + 1)  # grown since: more than it was, and refused below
+            except OSError as exc:
+                raise VaultError(f"cannot read vault entry {blob_id}: {exc}") from exc
+        actual = hashlib.sha256(data).hexdigest()
+        if actual != blob_id:
+            raise VaultError(f"vault entry {blob_id} is corrupt: its content hashes to {actual} ({path})")
+        return data
+
+    def open_blob(self, session: str, blob_id: str) -> BinaryIO:
+        """The item as a file open at its start, checked against its id first, a block at a
+        time: ``vault get`` copies an item of gigabytes (``compress`` of a huge output) without
+        holding it, and refuses a damaged one (:class:`VaultError`) before printing a byte, in
+        as little memory. The caller closes it."""
+        handle, path = self._open_item(session, blob_id)
+        try:
+            _verify(handle, blob_id, path)
+            handle.seek(0)
+        except OSError as exc:
+            handle.close()
+            raise VaultError(f"cannot read vault entry {blob_id}: {exc}") from exc
+        except BaseException:
+            handle.close()
+            raise
+        return handle
+
+    def _open_item(self, session: str, blob_id: str) -> tuple[BinaryIO, Path]:
         path = self._blob_path(session, blob_id)
         try:
             # The directories on the way, as a run checks them: a link among them would read
             # from outside the session (``vault get`` on a session whose vault was swapped).
             for directory in (session, path.parent.parent, path.parent):
                 check_dir(directory)
-            data = read_private(path)
+            fd = open_private(path, os.O_RDONLY)
         except FileNotFoundError:
             raise VaultError(
                 f"vault item {blob_id} is missing from {self.vault_dir(session)} "
@@ -381,10 +416,7 @@ class FilesystemStore:
             ) from None
         except (OSError, UnsafePathError) as exc:
             raise VaultError(f"cannot read vault entry {blob_id}: {exc}") from exc
-        actual = hashlib.sha256(data).hexdigest()
-        if actual != blob_id:
-            raise VaultError(f"vault entry {blob_id} is corrupt: its content hashes to {actual} ({path})")
-        return data
+        return os.fdopen(fd, "rb"), path
 
     def has_blob(self, session: str, blob_id: str) -> bool:
         # Not through a link: a link, a FIFO or a directory in an item's place is no item.
@@ -877,6 +909,23 @@ def _is_regular(path: str) -> bool:
         return False
 
 
+_BLOCK: Final = 1 << 20
+_READ_WHOLE_BYTES: Final = 64 << 20
+"""An item larger than this is checked against its id a block at a time before it is read
+whole (:meth:`FilesystemStore.get_blob`); a smaller one is read and hashed at once (one pass)."""
+
+
+def _verify(handle: BinaryIO, blob_id: str, path: Path) -> None:
+    """:class:`VaultError` unless ``handle``, read a block at a time from where it is to its
+    end, holds the bytes of ``blob_id``."""
+    digest = hashlib.sha256()
+    while block := handle.read(_BLOCK):
+        digest.update(block)
+    actual = digest.hexdigest()
+    if actual != blob_id:
+        raise VaultError(f"vault entry {blob_id} is corrupt: its content hashes to {actual} ({path})")
+
+
 def _intact(path: str | Path, blob_id: str) -> bool:
     """Whether ``path`` holds the bytes of ``blob_id`` (read a block at a time: a blob may be
     a huge command output)."""
@@ -888,7 +937,7 @@ def _intact(path: str | Path, blob_id: str) -> bool:
         # and the write renames the item over it, never writing through it.
         return False
     with os.fdopen(fd, "rb") as handle:
-        while block := handle.read(1 << 20):
+        while block := handle.read(_BLOCK):
             digest.update(block)
     return digest.hexdigest() == blob_id
 
