@@ -273,7 +273,8 @@ class Engine:
                 path = Path(DEFAULT_STATE_ROOT) / (session_id or "default")
             # A directory opened by path: the filesystem store of its state root (day and goal
             # ledgers), by default the directory's parent, as always.
-            opened = FilesystemStore(Path(state_root) if state_root is not None else Path(path).resolve().parent)
+            root = Path(state_root) if state_root is not None else Path(path).resolve().parent
+            opened = FilesystemStore(root, private=private)  # private: its spools need no lock either
             key = str(path)
         return Session(
             self,
@@ -317,7 +318,9 @@ class Session:
         key: str | None = None,
     ) -> None:
         if store is None:
-            store = FilesystemStore(Path(state_root) if state_root is not None else path.resolve().parent)
+            store = FilesystemStore(
+                Path(state_root) if state_root is not None else path.resolve().parent, private=private
+            )
         # Everything the session persists goes through its store (ctxrules.stores).
         self.store: Store = store
         self.key: str = key if key is not None else str(path)

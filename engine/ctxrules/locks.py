@@ -13,6 +13,7 @@ verbs that only read packs (``validate``, ``explain``, ``assemble``, ``test``) n
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import stat
@@ -26,7 +27,7 @@ from typing import Any
 
 from ctxrules.errors import CtxrulesError
 
-__all__ = ["FileLock", "LockError", "LockTimeout"]
+__all__ = ["FileLock", "LockError", "LockTimeout", "held_elsewhere", "hold_shared"]
 
 # A wait shorter than this goes unmentioned (another run's save takes milliseconds).
 _QUIET_WAIT_S = 1.0
@@ -257,6 +258,35 @@ class _FlockLock:
             # lock in place: flock holds while any descriptor of the open file is open.
             self._close()
         self._fd = self._close = self._ident = None
+
+
+# A file in use: a shared hold others can see -------------------------------------------------
+
+
+def hold_shared(fd: int) -> None:
+    """Mark the open file ``fd`` as in use by this process until every descriptor of it is
+    closed (a vault writer's spool file, ctxrules.stores.filesystem): :func:`held_elsewhere`,
+    in any process, then says so. A shared ``flock``; best effort (a file system without
+    locks marks nothing). On Windows nothing is marked: :func:`held_elsewhere` says held."""
+    if _fcntl is None:  # pragma: no cover - Windows
+        return
+    with contextlib.suppress(OSError):
+        _fcntl.flock(fd, _fcntl.LOCK_SH)
+
+
+def held_elsewhere(fd: int) -> bool:
+    """Whether a process (another descriptor of this one included) holds a lock on the open
+    file ``fd``: a writer that marked it with :func:`hold_shared` is still there. When it says
+    no, ``fd`` holds it exclusively until it is closed.
+    Whatever cannot be told (Windows, a file system without locks) counts as held: the file is
+    left alone."""
+    if _fcntl is None:  # pragma: no cover - Windows
+        return True
+    try:
+        _fcntl.flock(fd, _fcntl.LOCK_EX | _fcntl.LOCK_NB)
+    except OSError:  # EWOULDBLOCK: held; anything else: cannot tell
+        return True
+    return False
 
 
 # Windows: filelock ----------------------------------------------------------------------------

@@ -84,6 +84,13 @@ _CLOEXEC: Final = getattr(os, "O_CLOEXEC", 0)
 _DIRECTORY: Final = getattr(os, "O_DIRECTORY", 0)
 _ACCESS_NOFOLLOW: Final = os.access in os.supports_follow_symlinks  # not on Windows
 _CHECK_S: Final = 2.0  # a vault directory checked longer ago than this is checked again
+_STALE_SPOOL_S: Final = 3600.0
+"""A spool file in the vault (:class:`_FileBlobWriter`) untouched this long whose writer holds it
+no more was left by a process killed mid-write (``kill -9``, the OOM killer, a power cut):
+nothing names it, and it may hold gigabytes of a command's output. A writer of the vault removes
+it (:func:`_remove_stale_spools`). The age keeps clear of a writer between creating its file and
+marking it held."""
+_SWEEP_S: Final = 600.0  # a store looks for such spools in a session's vault this often at most
 
 # document -> (file in the session directory, lock file or None: written under the prepare lock)
 _DOC_FILES: Final[dict[str, tuple[str, str | None]]] = {
@@ -113,9 +120,15 @@ class FilesystemStore:
     docstring. A session key is the session directory's path; :meth:`session_key` maps a plain
     id to ``root/<id>``."""
 
-    def __init__(self, root: str | os.PathLike[str] = ".ctxrules", *, vault_name: str = "vault") -> None:
+    def __init__(
+        self, root: str | os.PathLike[str] = ".ctxrules", *, vault_name: str = "vault", private: bool = False
+    ) -> None:
         self.root = Path(root)
         self._vault_name = vault_name
+        # Sessions no other process knows of (a pack test's temporary directory): a vault
+        # writer marks its spool held for no one, and so never loads the lock module.
+        self._private = private
+        self._swept: dict[str, float] = {}  # session -> when its vault was last swept of spools
         self._sessions: dict[str, SessionStore] = {}
         self._mutex = threading.Lock()
         # Vault directories (session, directory) checked to be real directories of this user,
@@ -340,6 +353,7 @@ class FilesystemStore:
             # From the session directory itself down: a long-lived session's directory swapped
             # for a link since the session was opened must not receive the originals.
             ensure_dir(Path(shard), inside=Path(session).parent)
+            self._sweep(session)
         if len(checked) > 4096:  # a store serving many sessions: bounded
             checked.clear()
         now = time.monotonic()
@@ -362,9 +376,23 @@ class FilesystemStore:
             if not self._checked(key):
                 ensure_dir(root, inside=Path(session).parent)  # the session directory too
                 self._checked_shards[key] = time.monotonic()
+                self._sweep(session)
             return _FileBlobWriter(self, session)
         except OSError as exc:
             raise VaultError(f"cannot write to the vault at {root}: {exc}") from exc
+
+    def _sweep(self, session: str) -> None:
+        """Remove the spools killed writers left in the vault of ``session`` (checked for a
+        write just now), once in :data:`_SWEEP_S` per store object: every turn checks the vault
+        again, and a warm turn pays for no listing."""
+        now = time.monotonic()
+        last = self._swept.get(session)
+        if self._private or (last is not None and now - last < _SWEEP_S):
+            return
+        if len(self._swept) > 4096:  # a store serving many sessions: bounded
+            self._swept.clear()
+        self._swept[session] = now
+        _remove_stale_spools(self._vault_path(session))
 
     def get_blob(self, session: str, blob_id: str) -> bytes:
         handle, path = self._open_item(session, blob_id)
@@ -926,6 +954,38 @@ def _verify(handle: BinaryIO, blob_id: str, path: Path) -> None:
         raise VaultError(f"vault entry {blob_id} is corrupt: its content hashes to {actual} ({path})")
 
 
+def _remove_stale_spools(vault: str) -> None:
+    """Remove the spool files in ``vault`` that killed writers left (:data:`_STALE_SPOOL_S`):
+    untouched that long, regular files, and held by no writer (:func:`ctxrules.locks.held_elsewhere`).
+    The lock module is loaded only when there is such a spool to ask about. Best effort:
+    whatever cannot be looked at is left as it is."""
+    cutoff = time.time() - _STALE_SPOOL_S
+    try:
+        with os.scandir(vault) as entries:
+            old = [
+                e.path
+                for e in entries
+                if e.name.startswith(_TMP_PREFIX)
+                and e.is_file(follow_symlinks=False)
+                and e.stat(follow_symlinks=False).st_mtime < cutoff
+            ]
+    except OSError:
+        return
+    for path in old:
+        try:
+            fd = open_private(path, os.O_RDONLY)
+        except (OSError, UnsafePathError):
+            continue
+        try:
+            st = os.fstat(fd)
+            if st.st_mtime < cutoff and not _locks().held_elsewhere(fd) and os.lstat(path).st_ino == st.st_ino:
+                os.unlink(path)
+        except OSError:
+            continue
+        finally:
+            os.close(fd)
+
+
 def _intact(path: str | Path, blob_id: str) -> bool:
     """Whether ``path`` holds the bytes of ``blob_id`` (read a block at a time: a blob may be
     a huge command output)."""
@@ -954,7 +1014,12 @@ class _FileBlobWriter(SpooledBlobWriter):
         super().__init__(store, session)
 
     def _temporary(self) -> tuple[int, str]:
-        return tempfile.mkstemp(prefix=_TMP_PREFIX, dir=self._fs.vault_dir(self._session))
+        fd, name = tempfile.mkstemp(prefix=_TMP_PREFIX, dir=self._fs.vault_dir(self._session))
+        if not self._fs._private:
+            # Held until the file is closed (committed or discarded): a live writer's spool,
+            # however long idle, is never taken for one a killed process left.
+            _locks().hold_shared(fd)
+        return fd, name
 
     def _write_failed(self, exc: OSError) -> VaultError:
         return VaultError(f"cannot write to the vault at {self._fs.vault_dir(self._session)}: {exc}")
