@@ -547,3 +547,47 @@ def test_a_planted_child_link_in_a_childs_place_writes_nothing_outside(
     assert session.ledger.root_id != "r"
     written = sorted(str(p.relative_to(home)) for p in home.rglob("*.jsonl"))
     assert all(p.startswith("proj/.ctxrules/sess/children/") for p in written), written
+
+
+@pytest.mark.parametrize("inside", ["vault", "vault/{shard}", "vault/{shard}/new", "ledger", "ledger/days"])
+@pytest.mark.parametrize(
+    "verb",
+    [
+        ("run",),
+        ("compress", "--command", "pytest", "--input", "out.txt"),
+        ("vault", "get", "0" * 64),
+        ("usage", "show"),
+        ("sessions", "export", "--to", "out.ctxs"),
+    ],
+    ids=lambda verb: verb[0],
+)
+def test_a_session_inside_ctxrules_own_folders_is_refused(tmp_path: Path, inside: str, verb: tuple[str, ...]) -> None:
+    """``--session`` naming another session's vault (or a shard of it), or the state root's
+    ledgers, would make a session among the items or the ledgers: its state files, its own
+    ``vault/`` and ledger in there, listed and exported with them. Every verb refuses it: one
+    line naming the folder, exit 2, nothing written."""
+    state = tmp_path / "state"
+    assert run_cli(tmp_path, "--session", str(state / "s")).returncode == 0  # state/ledger/days too
+    item = Engine.load("builtin:default").session(state / "s", model="gpt-4o").vault.put_text("x\n")
+    owner = state / "s" if inside.startswith("vault") else state
+    target = str(owner / inside.format(shard=item[:2]))
+    (tmp_path / "out.txt").write_text("x\n")
+    before = sorted(tmp_path.rglob("*"))
+    if verb[0] == "run":
+        proc = run_cli(tmp_path, "--session", target)
+    else:
+        argv = [*verb, "--session", target] if verb[0] != "sessions" else [*verb[:2], target, *verb[2:]]
+        proc = cli(*argv, "--state", str(state), cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    folder = owner / inside.split("/")[0]
+    assert proc.stderr.startswith(f"ctxrules: error: --session {target}: {folder} is where ctxrules keeps ")
+    assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
+    assert sorted(tmp_path.rglob("*")) == before
+
+
+def test_a_users_folder_named_vault_is_no_vault_of_ctxrules(tmp_path: Path) -> None:
+    """A folder named ``vault`` that is nobody's vault (a project's, beside no session) may hold
+    sessions: only ctxrules' own folders are refused."""
+    proc = run_cli(tmp_path, "--session", str(tmp_path / "project" / "vault" / "s"))
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "project" / "vault" / "s" / "state.json").is_file()

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from ctxrules.cli.output import require_stdout
-from ctxrules.cli.stores import add_store_options, is_filesystem, session_key, store_of
+from ctxrules.cli.stores import add_store_options, check_session_dir, is_filesystem, session_key, store_of
 from ctxrules.errors import UsageError
 from ctxrules.integrations.mcp import open_session, serve
 from ctxrules.stores import StoreUsageError
@@ -52,6 +52,7 @@ def run(args: argparse.Namespace) -> int:
         path = Path(args.session)
         if not path.is_dir():
             raise UsageError(f"--session {path}: no such session directory")
+        check_session_dir(args.session, store.root)
         session = open_session(str(path), pack=args.pack, model=args.model)
     else:
         key = session_key(store, args.session)

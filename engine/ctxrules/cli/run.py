@@ -18,7 +18,7 @@ from ctxrules.cli.io import (
 )
 from ctxrules.cli.output import stdout_writer
 from ctxrules.cli.progress import TerminalProgress, wanted
-from ctxrules.cli.stores import add_store_options, kept_places, named_store
+from ctxrules.cli.stores import add_store_options, check_session_dir, is_filesystem, kept_places, named_store
 from ctxrules.cli.tables import report_table
 from ctxrules.engine import open_session
 from ctxrules.errors import MessagesError, UsageError
@@ -75,6 +75,8 @@ def run(args: argparse.Namespace) -> int:
     # The caller's history is what every later call starts from: never written over.
     outputs_apart_from([args.input], "the input", output=args.output, report=args.report)
     store = named_store(args)  # a bad --store is a usage error before any input is read
+    if args.session and (store is None or is_filesystem(store)):
+        check_session_dir(args.session, store.root if store is not None else None)
     outputs_outside(kept_places(store, args.session), output=args.output, report=args.report)
     data = read_json(args.input)
     name = "<stdin>" if args.input == "-" else args.input

@@ -15,6 +15,7 @@ from ctxrules.cli.io import outputs_outside, stdin_binary, write_text
 from ctxrules.cli.output import require_stdout, stdout_writer, write_stdout
 from ctxrules.cli.stores import (
     add_store_options,
+    check_session_dir,
     describe_store,
     is_filesystem,
     kept_places,
@@ -97,6 +98,7 @@ def run_resume(args: argparse.Namespace) -> int:
     store = store_of(args)
     outputs_outside(kept_places(store, args.session), output=args.output)
     if is_filesystem(store):
+        check_session_dir(args.session, store.root)
         messages = resume(Path(args.session))
     else:
         messages = resume(session_key(store, args.session), store=store)

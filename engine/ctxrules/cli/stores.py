@@ -13,11 +13,12 @@ import argparse
 from pathlib import Path
 from typing import Any, TypeGuard
 
+from ctxrules.errors import UsageError
 from ctxrules.session_store import state_root_from_env
 from ctxrules.stores import Store, open_store, store_from_options
-from ctxrules.stores.filesystem import FilesystemStore
+from ctxrules.stores.filesystem import FilesystemStore, own_folder
 
-__all__ = ["add_store_options", "kept_places", "named_store", "session_key", "store_of"]
+__all__ = ["add_store_options", "check_session_dir", "kept_places", "named_store", "session_key", "store_of"]
 
 STORE_HELP = (
     "where sessions live: file://DIR, redis://HOST:PORT/DB, rediss://..., unix:///PATH "
@@ -57,8 +58,25 @@ def session_key(store: Store, name: str | None) -> str:
     store (as given, relative to the current directory; the default is ``STATE/default``), a
     session id for the others."""
     if isinstance(store, FilesystemStore):
-        return str(Path(name)) if name else str(store.root / "default")
+        if not name:
+            return str(store.root / "default")
+        check_session_dir(name, store.root)
+        return str(Path(name))
     return store.session_key(name or "default")
+
+
+def check_session_dir(name: str, root: Path | None = None) -> None:
+    """A usage error (exit 2) when the session directory ``--session`` names is, or lies in, a
+    folder ctxrules keeps for a session or a state root (``root``: the store's), such as another
+    session's ``vault/``: a session made there would mix its files with that folder's, and be
+    listed, exported or removed with it."""
+    found = own_folder(name, root)
+    if found is not None:
+        folder, what = found
+        raise UsageError(
+            f"--session {name}: {folder} is where ctxrules keeps {what} of {folder.parent}, not a "
+            "session directory; name a directory outside it"
+        )
 
 
 def describe_store(store: Store) -> Any:

@@ -21,7 +21,15 @@ from ctxrules.budget.tracker import SessionLedger, checked_epoch
 from ctxrules.budget.usage import TokenUsage, is_failed_response
 from ctxrules.cli.io import add_search_path, dump, outputs_outside, read_json, write_text
 from ctxrules.cli.output import require_stdout, write_stdout
-from ctxrules.cli.stores import add_store_options, describe_store, is_filesystem, kept_places, session_key, store_of
+from ctxrules.cli.stores import (
+    add_store_options,
+    check_session_dir,
+    describe_store,
+    is_filesystem,
+    kept_places,
+    session_key,
+    store_of,
+)
 from ctxrules.errors import UsageError
 from ctxrules.packs.validated import load_pack
 from ctxrules.printable import printable
@@ -219,6 +227,7 @@ def _ledger(args: argparse.Namespace) -> Any:
     if args.session:
         session = Path(args.session)
         state = store.root if store is not None else None
+        check_session_dir(args.session, state)
     else:
         state = store.root if store is not None else state_root_from_env()
         session = state / "default"

@@ -71,7 +71,7 @@ from ctxrules.stores.base import (
 )
 from ctxrules.threads import helper_thread
 
-__all__ = ["FilesystemStore", "durable_at_commit", "file_path", "for_session_dir"]
+__all__ = ["FilesystemStore", "durable_at_commit", "file_path", "for_session_dir", "own_folder"]
 
 _ID_LEN: Final = 64
 _HEX_RE: Final = re.compile(r"[0-9a-f]+")
@@ -1201,6 +1201,54 @@ class _DurableScope:
             for fd in left[2] if left is not None else ():  # a sync that failed part way
                 with contextlib.suppress(OSError):
                     os.close(fd)
+
+
+# What ctxrules keeps in each of its own folders, and whether an entry of such a folder is one
+# ctxrules made: a folder of that name holding nothing of it, beside nothing of ctxrules', is
+# the user's (a project's ``vault/`` with sessions below it).
+_OWN_FOLDERS: Final[dict[str, tuple[str, Callable[[os.DirEntry[str]], bool]]]] = {
+    "vault": ("the vault items", lambda entry: _is_shard(entry)),
+    "ledger": ("the day and goal ledgers", lambda entry: entry.name in ("days", "goals") and entry.is_dir()),
+    "router": ("the router's misroute reports", lambda entry: entry.name == "misroutes.jsonl"),
+    "keys": ("keys", lambda entry: False),
+}
+
+
+def _is_shard(entry: os.DirEntry[str]) -> bool:
+    """Whether ``entry`` is a vault shard: a directory of two hex digits holding an item."""
+    if len(entry.name) != 2 or not _HEX_RE.fullmatch(entry.name) or not entry.is_dir(follow_symlinks=False):
+        return False
+    with contextlib.suppress(OSError), os.scandir(entry.path) as items:
+        return any(len(i.name) >= _ID_LEN and i.name.startswith(entry.name) for i in items)
+    return False
+
+
+def own_folder(path: str | os.PathLike[str], root: str | os.PathLike[str] | None = None) -> tuple[Path, str] | None:
+    """The folder of ctxrules' own that ``path`` is or lies in, and what ctxrules keeps there;
+    None for any other path. Ctxrules' own: a ``vault``, ``ledger``, ``router`` or ``keys``
+    folder (in any case: a file system may ignore it) in the state root ``root`` (there or not
+    yet), or one beside a session's files or an injection key, or holding what ctxrules puts
+    there (vault shards, the ledgers' ``days``/``goals``). A session made there would mix its files with the items and
+    ledgers of another (``--session .ctxrules/s/vault``); the path is taken as it resolves, so a
+    link or ``..`` does not hide it."""
+    resolved = Path(path).resolve()
+    top = Path(root).resolve() if root is not None else None
+    for folder in (resolved, *resolved.parents):
+        kind = _OWN_FOLDERS.get(folder.name.lower())
+        if kind is None:
+            continue
+        what, made = kind
+        parent = folder.parent
+        if parent == top:  # the state root's, made or to be made (session ids never take the name)
+            return folder, what
+        if not folder.is_dir():
+            continue
+        if any((parent / mark).exists() for mark in (*_SESSION_FILES, "injection.key")):
+            return folder, what
+        with contextlib.suppress(OSError), os.scandir(folder) as entries:
+            if any(made(entry) for entry in entries):
+                return folder, what
+    return None
 
 
 def durable_at_commit(store: object, session: str) -> AbstractContextManager[None]:
