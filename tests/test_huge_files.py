@@ -9,15 +9,24 @@ no other child of the test run counts.
 
 from __future__ import annotations
 
+import base64
 import hashlib
+import io
+import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import pytest
 from cli_kit import ENGINE
 
+from ctxrules.stores import StoreUsageError
+from ctxrules.stores.archive import ArchiveFile, export_session, import_session
 from ctxrules.stores.filesystem import FilesystemStore
+from ctxrules.stores.memory import MemoryStore
 from ctxrules.vault import Vault
 
 MB = 1 << 20
@@ -35,9 +44,11 @@ _PEAK = (
 
 
 def ctxrules_peak(*argv: str, cwd: Path) -> tuple[int, int, str]:
-    """(exit code, peak RSS in bytes, stderr) of ``ctxrules ARGV``, its stdout discarded."""
+    """(exit code, peak RSS in bytes, stderr) of ``ctxrules ARGV`` (of ``sh -c ...`` as it is),
+    its stdout discarded."""
+    command = list(argv) if argv[0] == "sh" else [sys.executable, "-m", "ctxrules.cli.main", *argv]
     proc = subprocess.run(
-        [sys.executable, "-c", _PEAK, sys.executable, "-m", "ctxrules.cli.main", *argv],
+        [sys.executable, "-c", _PEAK, *command],
         cwd=cwd,
         env={**os.environ, "PYTHONPATH": ENGINE},
         capture_output=True,
@@ -115,3 +126,157 @@ def test_reading_a_damaged_item_of_gigabytes_through_the_api_is_bounded_too(tmp_
     code, peak = map(int, first.split())
     assert code == 1 and f"vault entry {item} is corrupt" in stderr, stderr
     assert peak < PEAK_BOUND, f"peak RSS {peak / MB:.0f} MB"
+
+
+def _write_archive(path: Path, item_size: int) -> str:
+    """An archive as ``sessions export`` writes it, of one session whose vault holds an item of
+    ``item_size`` zero bytes (written a chunk at a time: never whole in memory); the item's id."""
+    item = _zeros_id(item_size)
+    digest = hashlib.sha256()
+    with path.open("wb") as out:
+
+        def put(line: bytes) -> None:
+            digest.update(line)
+            out.write(line)
+
+        put(b'{"format": "ctxrules-session", "version": 1, "session": "big", "from": "file:///x", "exported": 0}\n')
+        put(b'{"kind": "turn", "state": {"version": 1}, "output": null}\n')
+        head = f'{{"kind": "blob", "id": "{item}", "media_type": null, "data": "'.encode()
+        digest.update(head)
+        out.write(head)
+        chunk = base64.b64encode(bytes(3 * MB))
+        for _ in range(item_size // (3 * MB)):
+            digest.update(chunk)
+            out.write(chunk)
+        rest = base64.b64encode(bytes(item_size % (3 * MB))) + b'"}\n'
+        put(rest)
+        put(b'{"kind": "ledger", "lines": []}\n')
+        end = {"kind": "end", "blobs": 1, "docs": 0, "ledger": 0, "turns": 1, "secrets": 0}
+        out.write(json.dumps({**end, "sha256": digest.hexdigest()}).encode() + b"\n")
+    return item
+
+
+def test_sessions_import_reads_an_archive_claiming_gigabytes_in_bounded_memory(tmp_path: Path) -> None:
+    """``sessions import`` read the archive whole: a sparse file claiming 4 GiB took that
+    memory, for an exit 2. It reads a line at a time now, and a line that cannot parse no
+    further than it must; so does an archive extended with gigabytes of NULs after its end."""
+    (tmp_path / "sparse.ctxs").touch()
+    os.truncate(tmp_path / "sparse.ctxs", 4 << 30)
+    _write_archive(tmp_path / "grown.ctxs", 3 * MB)
+    with (tmp_path / "grown.ctxs").open("ab") as grown:
+        grown.truncate(4 << 30)
+    for name, line, why in [("sparse.ctxs", 1, "Expecting value"), ("grown.ctxs", 6, "Expecting value")]:
+        code, peak, stderr = ctxrules_peak("sessions", "import", name, "--state", "B", "--session", "B/s", cwd=tmp_path)
+        assert code == 2, stderr
+        assert stderr.startswith(f"ctxrules: error: [CR146] {name}:{line}: not a ctxrules session archive line ({why}")
+        assert stderr.count("\n") == 1
+        assert peak < PEAK_BOUND, f"{name}: peak RSS {peak / MB:.0f} MB"
+        assert not (tmp_path / "B" / "s").exists()
+
+
+def test_sessions_import_streams_a_vault_item_larger_than_memory_allows(tmp_path: Path) -> None:
+    """An intact archive whose vault item is 256 MiB (a 342 MB line of base64) was held whole,
+    decoded whole: well over a gigabyte. The item is decoded, checked and written a chunk at a
+    time now, from a file and from a pipe alike, and arrives intact."""
+    item = _write_archive(tmp_path / "big.ctxs", 256 * MB)
+    code, peak, stderr = ctxrules_peak(
+        "sessions", "import", "big.ctxs", "--state", "B", "--session", "B/s", cwd=tmp_path
+    )
+    assert (code, stderr) == (0, "")
+    assert peak < PEAK_BOUND, f"peak RSS {peak / MB:.0f} MB"
+    code, peak, stderr = ctxrules_peak(
+        "sh",
+        "-c",
+        f"cat big.ctxs | {sys.executable} -m ctxrules.cli.main sessions import - --state B --session B/p",
+        cwd=tmp_path,
+    )
+    assert (code, stderr) == (0, "")
+    assert peak < PEAK_BOUND, f"peak RSS {peak / MB:.0f} MB"
+    for session in ("s", "p"):
+        path = tmp_path / "B" / session / "vault" / item[:2] / item
+        assert path.stat().st_size == 256 * MB
+        with path.open("rb") as fh:
+            assert not fh.read(1 << 20).strip(b"\0")
+    assert not list((tmp_path / "B").rglob(".tmp-*"))
+
+
+class _Pipe(io.RawIOBase):
+    """A file that cannot seek, as standard input from a pipe."""
+
+    def __init__(self, data: bytes) -> None:
+        self._data = io.BytesIO(data)
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        return self._data.readinto(buffer)
+
+
+def _damaged(lines: list[bytes]) -> Iterator[tuple[str, list[bytes]]]:
+    """The archive ``lines`` whole and damaged in the ways a transfer or an edit damages it."""
+    yield "whole", lines
+    yield "crlf", [line.replace(b"\n", b"\r\n") for line in lines]
+    yield "no final newline", [*lines[:-1], lines[-1].rstrip(b"\n")]
+    for i, line in enumerate(lines):
+        yield f"line {i} dropped", lines[:i] + lines[i + 1 :]
+        yield f"line {i} cut", [*lines[:i], line[: len(line) // 2]]
+        yield f"line {i} cut, the rest kept", [*lines[:i], line[: len(line) // 2] + b"\n", *lines[i + 1 :]]
+        if b'"data": "' in line:
+            at = line.index(b'"data": "') + 20
+            for swap in (b"A", b"*", b"=", b'"', b"\n"):
+                if line[at : at + 1] != swap:
+                    yield f"line {i} data {swap!r}", [*lines[:i], line[:at] + swap + line[at + 1 :], *lines[i + 1 :]]
+            yield f"line {i} tail", [*lines[:i], line.rstrip(b"\n") + b" \n", *lines[i + 1 :]]
+    yield "garbage after the end", [*lines, b"\0" * 300]
+
+
+@pytest.mark.parametrize("chunk", [8, 13, 64, 1 << 20])
+def test_an_archive_read_a_chunk_at_a_time_says_what_one_read_whole_says(
+    chunk: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Streaming changes no verdict: an archive read from a file a chunk at a time (long lines
+    streamed, a pipe copied aside) imports what the same archive read whole imports, and
+    refuses damage with the same CR146 message."""
+    import ctxrules.stores.archive as archive
+
+    source = MemoryStore()
+    vault = Vault.of(source, "s")
+    for size in (0, 1, 2, 3, 7, 40, 200, 600, 2000, 5001):  # lines past 512 bytes: streamed
+        vault.put_bytes(bytes(range(256)) * (size // 256) + b"x" * (size % 256))
+    vault.put_bytes(b"\x89PNG" * 30, "image/png")
+    source.write_doc("s", "notes", b'{"notes": []}')
+    out = io.BytesIO()
+    export_session(source, "s", out, name="s")
+    lines = out.getvalue().splitlines(keepends=True)
+    monkeypatch.setattr(archive, "_CHUNK", chunk)
+    streamed_lines: list[int] = []
+    stream_blob = ArchiveFile._stream_blob
+
+    def counting(self: ArchiveFile, *args: Any) -> Any:
+        streamed_lines.append(1)
+        return stream_blob(self, *args)
+
+    monkeypatch.setattr(ArchiveFile, "_stream_blob", counting)
+    for label, damaged in _damaged(lines):
+        data = b"".join(damaged)
+        verdicts = []
+        for handle in (None, io.BytesIO(data), io.BufferedReader(_Pipe(data))):
+            target = MemoryStore()
+            try:
+                if handle is None:
+                    counts = import_session(target, "t", data.split(b"\n"), where="a")
+                else:
+                    with ArchiveFile(handle, "a") as streamed:
+                        counts = import_session(target, "t", streamed, where="a")
+            except StoreUsageError as exc:
+                verdicts.append(str(exc))
+                assert not target.exists("t"), label
+                continue
+            items = {i: target.get_blob("t", i) for i in target.blob_ids("t")}
+            verdicts.append((counts, items, [target.blob_media_type("t", i) for i in sorted(items)]))
+        assert verdicts[1] == verdicts[0], (label, chunk)
+        assert verdicts[2] == verdicts[0], (label, chunk)
+        if label == "whole":
+            assert verdicts[0][1] == {i: source.get_blob("s", i) for i in source.blob_ids("s")}
+    assert bool(streamed_lines) == (chunk < 1 << 20)

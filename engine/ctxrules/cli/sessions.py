@@ -4,12 +4,14 @@ session between stores."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from ctxrules.cli.io import outputs_outside, stdin_binary, write_text
 from ctxrules.cli.output import require_stdout, stdout_writer, write_stdout
@@ -27,7 +29,7 @@ from ctxrules.json_files import input_stat
 from ctxrules.printable import printable
 from ctxrules.runtime.checkpoint import resume, scan
 from ctxrules.stores import session_id_for
-from ctxrules.stores.archive import export_session, import_session, read_archive
+from ctxrules.stores.archive import ArchiveFile, export_session, import_session
 
 
 def register(sub: Any) -> None:
@@ -141,34 +143,46 @@ def run_export(args: argparse.Namespace) -> int:
 def run_import(args: argparse.Namespace) -> int:
     require_stdout()  # before the import: a retry after exit 2 would find the session there
     store = store_of(args)
-    raw, where = _archive_bytes(args.archive)
-    lines = raw.split(b"\n")
-    name = args.session
-    if name is None:
-        header, _records = read_archive(lines, where)
-        exported = header.get("session")
-        if not isinstance(exported, str) or not exported:
-            raise UsageError(f"{where}: the archive names no session; give --session")
-        name = str(store.root / session_id_for(exported)) if is_filesystem(store) else exported
-    key = session_key(store, name)
-    counts = import_session(store, key, lines, where=where)
+    where = "<stdin>" if args.archive == "-" else args.archive
+    keys: list[str] = []
+
+    def target(header: dict[str, Any]) -> str:
+        name = args.session
+        if name is None:
+            exported = header.get("session")
+            if not isinstance(exported, str) or not exported:
+                raise UsageError(f"{where}: the archive names no session; give --session")
+            name = str(store.root / session_id_for(exported)) if is_filesystem(store) else exported
+        keys.append(session_key(store, name))
+        return keys[-1]
+
+    if args.session is not None:
+        target({})  # a --session that cannot be one is refused before the archive is read
+    try:
+        with _archive_file(args.archive) as handle, ArchiveFile(handle, where) as archive:
+            counts = import_session(store, target, archive, where=where)
+    except OSError as exc:
+        raise UsageError(f"{where}: cannot read: {exc.strerror or exc}") from None
     write_stdout(
-        f"imported {store.describe(key)}: {counts['blobs']} vault item(s), {counts['docs']} document(s), "
+        f"imported {store.describe(keys[-1])}: {counts['blobs']} vault item(s), {counts['docs']} document(s), "
         f"{counts['ledger']} ledger record(s)\n"
     )
     return 0
 
 
-def _archive_bytes(path: str) -> tuple[bytes, str]:
-    """The archive ``path`` names (``-``: standard input) and how messages name it. A usage
-    error for standard input closed, a read that fails, and a file that is neither a regular
-    file nor a pipe: a device such as /dev/zero never ends, and was read until memory ran out."""
-    where = "<stdin>" if path == "-" else path
+@contextlib.contextmanager
+def _archive_file(path: str) -> Iterator[BinaryIO]:
+    """The archive ``path`` names (``-``: standard input), open for reading a line at a time
+    (never read whole: a sparse file claiming gigabytes costs no memory). A usage error for
+    standard input closed, a file that cannot be opened, and one that is neither a regular file
+    nor a pipe: a device such as /dev/zero never ends."""
+    if path == "-":
+        yield stdin_binary()
+        return
     try:
-        if path == "-":
-            return stdin_binary().read(), where
-        with open(path, "rb") as handle:
-            input_stat(handle.fileno(), where)  # /dev/zero was read until memory ran out
-            return handle.read(), where
+        handle = open(path, "rb")  # noqa: SIM115 - closed below
     except OSError as exc:
-        raise UsageError(f"{where}: cannot read: {exc.strerror or exc}") from None
+        raise UsageError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    with handle:
+        input_stat(handle.fileno(), path)
+        yield handle

@@ -24,17 +24,20 @@ conversation and the session's signing key: keep it as private as the session it
 from __future__ import annotations
 
 import base64
+import binascii
 import hashlib
 import json
+import re
 import secrets
+import tempfile
 import time
-from collections.abc import Iterable, Iterator
-from typing import IO, Any, Final
+from collections.abc import Callable, Iterable, Iterator
+from typing import IO, Any, BinaryIO, Final
 
 from ctxrules.injected import existing_secret
 from ctxrules.stores.base import DOCS, SECRET_BYTES, Log, Store, StoreUsageError
 
-__all__ = ["ARCHIVE_FORMAT", "export_session", "import_session", "read_archive"]
+__all__ = ["ARCHIVE_FORMAT", "ArchiveFile", "export_session", "import_session", "read_archive"]
 
 ARCHIVE_FORMAT: Final = "ctxrules-session"
 ARCHIVE_VERSION: Final = 1
@@ -107,15 +110,206 @@ def _all_lines(store: Store, log: Log) -> list[bytes]:
     return [ln for ln in chunk.lines if ln.strip()]
 
 
-def read_archive(lines: Iterable[bytes], where: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+_CHUNK: Final = 1 << 20
+"""An archive is read this much at a time: a line longer than this is a vault item streamed
+(decoded and hashed a chunk at a time), or read on only when it can parse at all."""
+# A blob record as export_session writes it, up to the start of its base64 data.
+_BLOB_HEAD: Final = re.compile(
+    rb'\{"kind": "blob", "id": "([0-9a-f]{64})", "media_type": (null|"[A-Za-z0-9!#$&^_.+/-]{1,200}"), "data": "'
+)
+_BASE64: Final = re.compile(rb"[A-Za-z0-9+/]*={0,2}")
+_HEAD_BYTES: Final = 512  # at least this much of a line is read at once: a blob record's start
+
+
+class ArchiveFile:
+    """An archive in a binary file (``sessions import``), read a line at a time and never
+    whole: a vault item on a line of its own longer than :data:`_CHUNK` is decoded and hashed a
+    chunk at a time, checked with the rest, and read again when it is written. A file that
+    cannot seek (a pipe) is copied to a private temporary file as it is read, for that second
+    reading. Close it when done (the copy goes with it)."""
+
+    def __init__(self, handle: BinaryIO, where: str) -> None:
+        self.where = where
+        self._in = handle
+        try:
+            seekable = handle.seekable()
+            self._start = handle.tell() if seekable else 0
+        except OSError:
+            seekable, self._start = False, 0
+        self._copy: BinaryIO | None = None if seekable else tempfile.TemporaryFile()  # noqa: SIM115
+        self._offset = 0  # of the next line, from the start
+
+    def close(self) -> None:
+        if self._copy is not None:
+            self._copy.close()
+
+    def __enter__(self) -> ArchiveFile:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _read(self, limit: int) -> bytes:
+        piece = self._in.readline(limit)
+        if self._copy is not None:
+            self._copy.write(piece)
+        self._offset += len(piece)
+        return piece
+
+    def records(self, digest: Any) -> Iterator[tuple[bytes, dict[str, Any] | None]]:
+        """Each line (``b""`` and its record for a streamed vault item, whose line ``digest``
+        is updated here); ``digest``: see :func:`read_archive`."""
+        while True:
+            offset = self._offset
+            first = self._read(max(_CHUNK, _HEAD_BYTES))
+            if not first:
+                return
+            if first.endswith(b"\n") or len(first) < max(_CHUNK, _HEAD_BYTES):
+                yield first.removesuffix(b"\n"), None  # a line as split at "\n" (a parse error reads the same)
+                continue
+            head = _BLOB_HEAD.match(first)
+            if head is not None:
+                record = self._stream_blob(first, head, offset, digest)
+                yield (b"", record) if record is not None else (self._line_at(offset), None)
+                continue
+            try:
+                json.loads(first)
+            except ValueError as exc:
+                # An error well before the end of what was read is where the whole line fails
+                # too (a scanner goes left to right): read no more of it (gigabytes of NULs).
+                # Not so an unterminated string: it names where the string starts.
+                position = getattr(exc, "pos", getattr(exc, "start", len(first)))
+                cut_short = getattr(exc, "msg", "").startswith("Unterminated string")
+                if position < len(first) - 64 and not cut_short:
+                    yield first, None
+                    return
+            rest = [first]
+            while not rest[-1].endswith(b"\n") and (piece := self._read(_CHUNK)):
+                rest.append(piece)
+            yield b"".join(rest).removesuffix(b"\n"), None
+
+    def _stream_blob(self, first: bytes, head: re.Match[bytes], offset: int, digest: Any) -> dict[str, Any] | None:
+        """The record of a long vault-item line, decoded and hashed a chunk at a time, the line
+        read to its end: ``_error`` when its bytes do not hash to its id (raised in its turn, as
+        for a record read whole). None when the line is not as export writes it (a character
+        that is not base64, padding before the end, no '"}' closing it): then the caller parses
+        it whole, for the very verdict the whole archive would get."""
+        item = hashlib.sha256()
+        pending, piece, well_formed = b"", first[head.end() :], True
+        while True:
+            quote = piece.find(b'"')
+            data = piece if quote < 0 else piece[:quote]
+            if quote < 0 and data.endswith(b"\n"):  # the line ends inside the data
+                well_formed = False
+            if well_formed:
+                pending += data
+                # Padding comes last: the last quartet waits for the closing quote.
+                cut = max(0, len(pending) - len(pending) % 4 - 4) if quote < 0 else len(pending)
+                done, pending = pending[:cut], pending[cut:]
+                if not _BASE64.fullmatch(done) or (quote < 0 and b"=" in done):
+                    well_formed = False
+                else:
+                    try:
+                        item.update(base64.b64decode(done, validate=True))
+                    except binascii.Error:
+                        well_formed = False
+            if quote >= 0 or piece.endswith(b"\n"):
+                break
+            piece = self._read(_CHUNK)
+            if not piece:
+                break
+        tail = piece[quote:] if quote >= 0 else b""
+        # After the data: '"}' and the line's end (what follows is read to the line's end, a
+        # chunk at a time, and not kept).
+        start, size = tail[:4], len(tail)
+        while tail and not tail.endswith(b"\n") and (tail := self._read(_CHUNK)):
+            start, size = (start + tail)[:4], size + len(tail)
+        if not well_formed or quote < 0 or size > 4 or start.rstrip(b"\r\n") != b'"}':
+            return None
+        record: dict[str, Any] = {"kind": "blob", "id": head.group(1).decode(), "media_type": json.loads(head.group(2))}
+        record["_offset"], record["_error"] = offset, None
+        if item.hexdigest() != record["id"]:
+            record["_error"] = f"blob {record['id']} does not hash to its id (a damaged archive)"
+        self._rehash(offset, digest)  # the line as read_archive hashes it, read again
+        return record
+
+    def _line_at(self, offset: int) -> bytes:
+        """The line at ``offset``, whole (without its ``\\n``), the read position kept."""
+        source = self._source()
+        at = source.tell()
+        source.seek(self._start + offset)
+        line = source.readline()
+        source.seek(at)
+        return line.removesuffix(b"\n")
+
+    def _rehash(self, offset: int, digest: Any) -> None:
+        """Add the line at ``offset`` to ``digest`` (its end as ``\\n``), a chunk at a time."""
+        source = self._source()
+        at = source.tell()
+        source.seek(self._start + offset)
+        held = b""
+        while piece := source.readline(_CHUNK):
+            done = piece.endswith(b"\n")
+            piece = held + piece
+            held = b""
+            if done:
+                digest.update(piece.rstrip(b"\r\n") + b"\n")
+                break
+            piece, held = piece[:-1], piece[-1:]  # a "\r" may end the line
+            digest.update(piece)
+        else:
+            digest.update(held.rstrip(b"\r") + b"\n")
+        source.seek(at)
+
+    def _source(self) -> BinaryIO:
+        return self._copy if self._copy is not None else self._in
+
+    def blob_chunks(self, offset: int) -> Iterator[bytes]:
+        """The bytes of the vault item on the line at ``offset``, a chunk at a time."""
+        source = self._source()
+        source.seek(self._start + offset)
+        first = source.readline(max(_CHUNK, _HEAD_BYTES))
+        head = _BLOB_HEAD.match(first)
+        if head is None:
+            raise _bad(f"{self.where}: the archive changed while it was imported")
+        pending, piece = b"", first[head.end() :]
+        while True:
+            quote = piece.find(b'"')
+            pending += piece if quote < 0 else piece[:quote]
+            cut = max(0, len(pending) - len(pending) % 4 - 4) if quote < 0 else len(pending)  # padding comes last
+            try:
+                yield base64.b64decode(pending[:cut], validate=True)
+            except binascii.Error:
+                raise _bad(f"{self.where}: the archive changed while it was imported") from None
+            pending = pending[cut:]
+            if quote >= 0:
+                return
+            piece = source.readline(_CHUNK)
+            if not piece:
+                return
+
+
+def read_archive(lines: Iterable[bytes] | ArchiveFile, where: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """The header and the records of an archive; a usage error (naming ``where`` and the line)
-    for anything that is not a whole archive of this format."""
-    it: Iterator[bytes] = iter(lines)
+    for anything that is not a whole archive of this format. From an :class:`ArchiveFile`, a
+    long vault-item line is a record without its data (``_offset``, and ``_error`` when it is
+    damaged): :func:`import_session` reads it again to write it."""
     records: list[dict[str, Any]] = []
     header: dict[str, Any] | None = None
     ended = False
     digest = hashlib.sha256()  # of the lines before the end record, as the writer wrote them
-    for n, raw in enumerate(it, 1):
+    it: Iterator[tuple[bytes, dict[str, Any] | None]] = (
+        lines.records(digest) if isinstance(lines, ArchiveFile) else ((raw, None) for raw in lines)
+    )
+    for n, (raw, streamed) in enumerate(it, 1):
+        if streamed is not None:
+            if header is None:
+                raise _bad(f"{where}:{n}: not a ctxrules session archive (no format header)")
+            if ended:
+                raise _bad(f"{where}:{n}: data after the end record")
+            streamed["_line"] = n
+            records.append(streamed)
+            continue  # (its line is in the digest already)
         if not raw.strip():
             continue
         try:
@@ -213,20 +407,34 @@ def _check_key(store: Store, session: str, output: Iterable[Any], secret: bytes 
         )
 
 
-def import_session(store: Store, session: str, lines: Iterable[bytes], *, where: str) -> dict[str, int]:
-    """Write the archive ``lines`` into ``session`` of ``store``; returns the counts. A session
-    that exists already is refused (nothing of it is overwritten); everything is checked before
+def import_session(
+    store: Store,
+    session: str | Callable[[dict[str, Any]], str],
+    lines: Iterable[bytes] | ArchiveFile,
+    *,
+    where: str,
+) -> dict[str, int]:
+    """Write the archive ``lines`` (or an :class:`ArchiveFile`: an item of any size, never
+    held whole) into ``session`` of ``store``, or into the session a function of the archive's
+    header names (read once: a pipe cannot be read twice); returns the counts. A session that
+    exists already is refused (nothing of it is overwritten); everything is checked before
     anything is written."""
-    _header, records = read_archive(lines, where)
+    header, records = read_archive(lines, where)
+    if callable(session):
+        session = session(header)
     _check_counts(records, where)
-    blobs: list[tuple[bytes, str | None]] = []
+    blobs: list[tuple[bytes | dict[str, Any], str | None]] = []
     docs: list[tuple[Any, bytes]] = []
     ledger: list[dict[str, Any]] = []
     turn: dict[str, Any] | None = None
     secret: bytes | None = None
     for obj in records:
         kind, n = obj["kind"], obj["_line"]
-        if kind == "blob":
+        if kind == "blob" and "_offset" in obj:  # streamed: checked as it was read
+            if obj["_error"] is not None:
+                raise _bad(f"{where}:{n}: {obj['_error']}")
+            blobs.append((obj, obj["media_type"]))
+        elif kind == "blob":
             data = _decode(obj, where)
             if hashlib.sha256(data).hexdigest() != obj.get("id"):
                 raise _bad(f"{where}:{n}: blob {obj.get('id')} does not hash to its id (a damaged archive)")
@@ -271,8 +479,12 @@ def import_session(store: Store, session: str, lines: Iterable[bytes], *, where:
         if secret is not None:
             value = secret
             store.secret(session, "injection.key", lambda: value)
-        for data, media in blobs:
-            store.put_blob(session, data, media)
+        for blob, media in blobs:
+            if isinstance(blob, bytes):
+                store.put_blob(session, blob, media)
+            else:
+                assert isinstance(lines, ArchiveFile)
+                _put_streamed(store, session, lines, blob, media)
         for name, data in docs:
             store.write_doc(session, name, data)
         for rec in ledger:
@@ -286,3 +498,24 @@ def import_session(store: Store, session: str, lines: Iterable[bytes], *, where:
                 state.pop("last", None)
                 store.save_state(session, state)
     return {"blobs": len(blobs), "docs": len(docs), "ledger": len(ledger)}
+
+
+def _put_streamed(store: Store, session: str, archive: ArchiveFile, blob: dict[str, Any], media: str | None) -> None:
+    """Write the vault item of a long line, read again a chunk at a time (one with a media
+    type, an image, whole: ``put_blob`` records the type)."""
+    chunks = archive.blob_chunks(blob["_offset"])
+    if media is not None:
+        data = b"".join(chunks)
+        if hashlib.sha256(data).hexdigest() != blob["id"]:
+            raise _bad(f"{archive.where}: the archive changed while it was imported")
+        store.put_blob(session, data, media)
+        return
+    writer = store.open_blob_writer(session)
+    try:
+        for chunk in chunks:
+            writer.write(chunk)
+        if writer.vault_id != blob["id"]:
+            raise _bad(f"{archive.where}: the archive changed while it was imported")
+        writer.commit()
+    finally:
+        writer.discard()
