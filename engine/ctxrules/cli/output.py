@@ -1,6 +1,6 @@
 """Printing on standard output, one way for every verb (docs/reference/cli.md).
 
-Verbs print through :func:`write_stdout` (or :func:`write_stdout_bytes`, :func:`stdout_writer`),
+Verbs print through :func:`write_stdout` (or :func:`stdout_writer`),
 so a standard output that cannot take it is handled alike: closed (``>&-``) or a failed write
 (a full disk, a descriptor open only for reading) is :class:`OutputError`, exit 2 with one
 line; a reader that went away (``EPIPE``: ``| head -1``) stays :class:`BrokenPipeError`, which
@@ -32,14 +32,6 @@ def write_stdout(text: str) -> None:
     """Print ``text`` on standard output (see the module docstring for a failure)."""
     with printing():
         _stdout().write(text)
-
-
-def write_stdout_bytes(data: bytes) -> None:
-    """Print ``data`` on standard output as it is, flushed (``vault get``: the exact bytes)."""
-    with printing():
-        buffer = _stdout().buffer
-        buffer.write(data)
-        buffer.flush()
 
 
 class _Writer:
