@@ -24,9 +24,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from itertools import accumulate, compress, count, islice, repeat
+from operator import attrgetter, gt, sub
 from typing import Any
+
+from ctxrules.eval.shared import same_values, shared_prefix
 
 __all__ = [
     "AutomaticPrefixCache",
@@ -40,6 +45,9 @@ __all__ = [
 ]
 
 MARKER_KEY = "cache_control"
+_CHAIN = attrgetter("chain")
+_TOKENS = attrgetter("tokens")
+_BREAKPOINT = attrgetter("breakpoint")
 
 
 @dataclass(frozen=True)
@@ -101,21 +109,28 @@ class BlockChain:
     Each call of a replay sends its last output plus a step, so a replay of N calls serialised
     N²/2 messages; the blocks are those of the request on its own (:func:`blocks_of`).
 
+    The tools are the same when they serialise to the same text (breakpoints left out), which
+    is only made again when they are not the same objects as last time: a runner hands a new
+    list with every call (an empty one, or the tools with a breakpoint on the last), and
+    comparing the list object made every call hash the whole request again. The shared prefix
+    is found by :func:`shared_prefix`, so what a call costs in Python steps grows with what
+    changed, not with the request.
+
     Where a request changes a message (a compaction), every block from there on has a new
     chained digest, but the messages after it are mostly the objects the last request sent:
     their serialised text is kept per object (the replay never edits a message in place), and
     only the digests are chained again."""
 
     def __init__(self) -> None:
-        self._tools: tuple[Sequence[Mapping[str, Any]], int] | None = None
+        self._tools: tuple[tuple[Mapping[str, Any], ...], int] | None = None  # the last tools, tokens
+        self._tools_text = b""  # their serialised text (breakpoints left out)
         self._base: Any = None  # the digest state after the tools
         self._head: list[Block] = []  # the tools' block, when there are tools
         self._messages: list[Mapping[str, Any]] = []
         self._tokens: list[int] = []
         self._states: list[Any] = []  # the digest state after each message
         self._blocks: list[Block] = []
-        # id of each message of the last request -> (the message, its text, whether marked)
-        self._texts: dict[int, tuple[Mapping[str, Any], bytes, bool]] = {}
+        self._texts: list[tuple[bytes, bool]] = []  # each message's text, and whether marked
 
     def blocks(
         self,
@@ -126,42 +141,42 @@ class BlockChain:
     ) -> list[Block]:
         if len(messages) != len(tokens):
             raise ValueError("one token count per message")
-        if self._tools is None or self._tools[0] is not tools or self._tools[1] != tool_tokens:
-            chain = hashlib.sha256()
-            self._head = []
+        fresh = False  # a new chain: nothing is shared with the last request
+        if (
+            self._tools is None
+            or self._tools[1] != tool_tokens
+            or len(self._tools[0]) != len(tools)
+            or shared_prefix(self._tools[0], tools) != len(tools)
+        ):
+            text, marked = b"", False
             if tools:
                 clean, marked = _strip(list(tools))
-                chain.update(json.dumps(clean, sort_keys=True, ensure_ascii=False).encode("utf-8", "replace"))
-                self._head = [Block(chain.copy().hexdigest(), tool_tokens, marked)]
-            self._tools, self._base = (tools, tool_tokens), chain
-            self._messages, self._tokens, self._states, self._blocks = [], [], [], []
-        same = 0
-        for old, new, was, now in zip(self._messages, messages, self._tokens, tokens, strict=False):
-            if old is not new or was != now:
-                break
-            same += 1
+                text = json.dumps(clean, sort_keys=True, ensure_ascii=False).encode("utf-8", "replace")
+            if self._tools is None or text != self._tools_text:  # other tools: a new chain
+                self._base, self._tools_text, fresh = hashlib.sha256(text), text, True
+            self._head = [Block(self._base.copy().hexdigest(), tool_tokens, marked)] if tools else []
+            self._tools = (tuple(tools), tool_tokens)
+        same = 0 if fresh else same_values(self._tokens, tokens, shared_prefix(self._messages, messages))
+        # The messages this request no longer sends where the last one did: after a
+        # compaction they are mostly sent again further on, their texts taken from here.
+        dropped = {id(msg): (msg, text) for msg, text in zip(self._messages[same:], self._texts[same:], strict=True)}
         del self._messages[same:], self._tokens[same:], self._states[same:], self._blocks[same:]
+        del self._texts[same:]
         chain = (self._states[-1] if self._states else self._base).copy()
-        kept, texts = self._texts, {}
-        for msg in messages[:same]:
-            hit = kept.get(id(msg))  # None only after a call that failed part-way
-            if hit is not None:
-                texts[id(msg)] = hit
-        for msg, count in zip(messages[same:], tokens[same:], strict=True):
-            hit = kept.get(id(msg))
+        for msg, n in zip(messages[same:], tokens[same:], strict=True):
+            hit = dropped.get(id(msg))
             if hit is not None and hit[0] is msg:
-                _, text, marked = hit
+                text, marked = hit[1]
             else:
                 clean, marked = _strip(msg)
                 text = json.dumps(clean, sort_keys=True, ensure_ascii=False).encode("utf-8", "replace")
-            texts[id(msg)] = (msg, text, marked)
             chain.update(b"\x00")
             chain.update(text)
             self._messages.append(msg)
-            self._tokens.append(count)
+            self._tokens.append(n)
+            self._texts.append((text, marked))
             self._states.append(chain.copy())
-            self._blocks.append(Block(chain.copy().hexdigest(), count, marked))
-        self._texts = texts
+            self._blocks.append(Block(chain.copy().hexdigest(), n, marked))
         return [*self._head, *self._blocks]
 
 
@@ -173,28 +188,41 @@ class CacheModel:
 
 
 class AutomaticPrefixCache(CacheModel):
-    """OpenAI-style automatic prefix caching (see the module docstring)."""
+    """OpenAI-style automatic prefix caching (see the module docstring).
+
+    A block's chain names its whole prefix, so one chain is at one place of a request. Every
+    request writes all its prefixes at its clock, so what the next request shares with it
+    (the same :class:`Block` objects at the same places, as :class:`BlockChain` hands them) was
+    last used at that clock: those blocks are not looked up one by one, and only the blocks the
+    last request sent past the shared ones are written to the table when the next one comes.
+    Per request, the work in Python steps grows with what changed, not with the request: a
+    replay of N calls walked and wrote N²/2 blocks."""
 
     def __init__(self, *, min_tokens: int = 1024, step: int = 128, ttl_s: float = 600.0) -> None:
         self.min_tokens = min_tokens
         self.step = step
         self.ttl_s = ttl_s
-        self._seen: dict[str, float] = {}  # prefix chain -> last use
+        self._seen: dict[str, float] = {}  # prefix chain -> last use, but for the last request's
+        self._last: list[Block] = []  # the last request's blocks, all used at _last_clock
+        self._last_clock = 0.0
+        self._ends: list[int] = []  # the tokens up to the end of each of the last request's blocks
 
     def request(self, blocks: Sequence[Block], clock: float) -> CacheUse:
-        prompt = sum(b.tokens for b in blocks)
-        shared = 0
-        total = 0
-        for block in blocks:
-            total += block.tokens
-            last = self._seen.get(block.chain)
-            if last is None or clock - last > self.ttl_s:
-                break
-            shared = total
+        same = shared_prefix(self._last, blocks)
+        self._seen.update(zip(map(_CHAIN, self._last[same:]), repeat(self._last_clock)))
+        ends = self._ends[:same]
+        ends.extend(islice(accumulate(map(_TOKENS, blocks[same:]), initial=ends[-1] if ends else 0), 1, None))
+        # The shared prefix ends at the first block not seen, or seen longer than ttl_s ago.
+        if same and clock - self._last_clock > self.ttl_s:
+            fresh = 0
+        else:
+            lasts = map(self._seen.get, map(_CHAIN, blocks[same:]), repeat(-math.inf))  # never seen: stale
+            stale = map(gt, map(sub, repeat(clock), lasts), repeat(self.ttl_s))
+            fresh = same + next(compress(count(), stale), len(blocks) - same)
+        shared = ends[fresh - 1] if fresh else 0
         read = (shared // self.step) * self.step if shared >= self.min_tokens else 0
-        for block in blocks:
-            self._seen[block.chain] = clock
-        return CacheUse(prompt, read, 0)
+        self._last, self._last_clock, self._ends = list(blocks), clock, ends
+        return CacheUse(ends[-1] if ends else 0, read, 0)
 
 
 class BreakpointCache(CacheModel):
@@ -209,15 +237,11 @@ class BreakpointCache(CacheModel):
         self._entries: dict[str, float] = {}  # prefix chain at a breakpoint -> last use
 
     def request(self, blocks: Sequence[Block], clock: float) -> CacheUse:
-        prompt = sum(b.tokens for b in blocks)
-        marks = [i for i, b in enumerate(blocks) if b.breakpoint]
+        ends = list(accumulate(map(_TOKENS, blocks)))  # the tokens up to each block's end
+        prompt = ends[-1] if ends else 0
+        marks = list(compress(count(), map(_BREAKPOINT, blocks)))
         if not marks and self.implicit_last and blocks:
             marks = [len(blocks) - 1]
-        ends: list[int] = []
-        total = 0
-        for block in blocks:
-            total += block.tokens
-            ends.append(total)
         read = 0
         for i in marks:
             last = self._entries.get(blocks[i].chain)

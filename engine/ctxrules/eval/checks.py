@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
+from itertools import repeat
+from operator import is_
 from typing import Any
 
 from ctxrules.messages import is_real_user
 
-__all__ = ["pairing_problems", "pin_problems"]
+__all__ = ["Pins", "pairing_problems", "pin_problems"]
 
 
 def pairing_problems(messages: Sequence[Mapping[str, Any]]) -> list[str]:
@@ -57,29 +59,69 @@ def pairing_problems(messages: Sequence[Mapping[str, Any]]) -> list[str]:
 def pin_problems(history: Sequence[Mapping[str, Any]], output: Sequence[Mapping[str, Any]]) -> list[str]:
     """The leading system messages, the human anchor and the latest real user message of
     ``history`` are in ``output``, unchanged."""
-    problems: list[str] = []
-    lead = 0
-    while lead < len(history) and history[lead].get("role") in ("system", "developer"):
-        lead += 1
-    if [dict(m) for m in output[:lead]] != [dict(m) for m in history[:lead]]:
-        problems.append("the leading system messages changed")
-    users = [m for m in history if is_real_user(m)]
-    if users:
-        contents = [m.get("content") for m in output if m.get("role") == "user"]
-        # The documented exception: when the pinned messages alone reach the emergency
-        # threshold, compress.emergency spills their largest contents (marker reason=spill
-        # with the original's length) - a pinned user message may stand as its spill.
-        spilled = {int(m.group(1)) for c in contents if isinstance(c, str) for m in _SPILL_CHARS.finditer(c)}
+    return Pins(history).problems(len(history), output)
 
-        def kept(msg: Mapping[str, Any]) -> bool:
-            content = msg.get("content")
-            return content in contents or (isinstance(content, str) and len(content) in spilled)
 
-        if not kept(users[0]):
-            problems.append("the human anchor is not in the output unchanged")
-        if not kept(users[-1]):
-            problems.append("the latest real user message is not in the output unchanged")
-    return problems
+class Pins:
+    """:func:`pin_problems` for the calls of one replay: the transcript is walked once, oldest
+    first, for its anchor and latest real user message (walking each call's whole history
+    again made a replay of N messages N²/4 steps), and a pinned message the output still holds
+    as the same object is found without reading the output's contents."""
+
+    def __init__(self, messages: Sequence[Mapping[str, Any]]) -> None:
+        self.messages = messages
+        self._at = 0
+        self._anchor: Mapping[str, Any] | None = None
+        self._latest: Mapping[str, Any] | None = None
+        lead = 0
+        while lead < len(messages) and messages[lead].get("role") in ("system", "developer"):
+            lead += 1
+        self._lead = lead
+
+    def problems(self, end: int, output: Sequence[Mapping[str, Any]]) -> list[str]:
+        """The problems of ``output`` for the history ``messages[:end]`` (``end`` never
+        decreases between calls)."""
+        for msg in self.messages[self._at : end]:
+            if is_real_user(msg):
+                if self._anchor is None:
+                    self._anchor = msg
+                self._latest = msg
+        self._at = max(self._at, end)
+        problems: list[str] = []
+        lead = min(self._lead, end)
+        if [dict(m) for m in output[:lead]] != [dict(m) for m in self.messages[:lead]]:
+            problems.append("the leading system messages changed")
+        if self._anchor is not None and self._latest is not None:
+            kept = _Kept(output)
+            if not kept(self._anchor):
+                problems.append("the human anchor is not in the output unchanged")
+            if not kept(self._latest):
+                problems.append("the latest real user message is not in the output unchanged")
+        return problems
+
+
+class _Kept:
+    """Whether a user message of the history is in ``output`` unchanged: the same object (a
+    user message, so its content is among the output's), or a user message with its content."""
+
+    def __init__(self, output: Sequence[Mapping[str, Any]]) -> None:
+        self.output = output
+        self._contents: list[Any] | None = None
+        self._spilled: set[int] = set()
+
+    def __call__(self, msg: Mapping[str, Any]) -> bool:
+        if any(map(is_, reversed(self.output), repeat(msg))):  # the latest ask is near the end
+            return True
+        if self._contents is None:
+            self._contents = [m.get("content") for m in self.output if m.get("role") == "user"]
+            # The documented exception: when the pinned messages alone reach the emergency
+            # threshold, compress.emergency spills their largest contents (marker reason=spill
+            # with the original's length) - a pinned user message may stand as its spill.
+            self._spilled = {
+                int(m.group(1)) for c in self._contents if isinstance(c, str) for m in _SPILL_CHARS.finditer(c)
+            }
+        content = msg.get("content")
+        return content in self._contents or (isinstance(content, str) and len(content) in self._spilled)
 
 
 _SPILL_CHARS = re.compile(r"\[ctxrules:elided [^\]\n]*\breason=spill\b[^\]\n]*\bchars=([0-9]{1,18})(?![0-9])")

@@ -22,10 +22,11 @@ from pathlib import Path
 from typing import Any
 
 from ctxrules.eval.caching import BlockChain, cache_model_for
-from ctxrules.eval.checks import pairing_problems, pin_problems
+from ctxrules.eval.checks import Pins, pairing_problems
 from ctxrules.eval.engines import engine_for
 from ctxrules.eval.judge import JUDGE_TIMEOUT_S, ask, grade, judge_request, parse_answers
 from ctxrules.eval.probes import ContextTexts, ProbeExtractor, check_probes, context_text, lost_all
+from ctxrules.eval.shared import shared_prefix
 from ctxrules.injected import KEY_FILE
 from ctxrules.models import ModelInfo, lookup_model
 from ctxrules.packs.validated import load_pack
@@ -187,6 +188,7 @@ def replay(task: Task, progress: Progress | None = None) -> TaskResult:
     tools = list(task.tools)
     turns = [i for i, m in enumerate(messages) if m.get("role") == "assistant" and i > 0]
     extractor = ProbeExtractor(messages, _default_roles())
+    pins = Pins(messages)
     cache = cache_model_for(info.family, baseline=task.plan.baseline)
     tool_tokens = counter.count_tools(tools) if tools else 0
     history_counts = counter.count_each(messages)
@@ -197,6 +199,8 @@ def replay(task: Task, progress: Progress | None = None) -> TaskResult:
         usable = runner.usable
         records: list[CallRecord] = []
         judged: tuple[dict[str, dict[str, int]] | None, str | None] = (None, None)
+        last_out: list[Message] = []
+        last_counts: list[int] = []
         for turn, index in enumerate(turns):
             history = messages[:index]
             clock = _clock(messages, index, turn, task.step_s)
@@ -216,8 +220,13 @@ def replay(task: Task, progress: Progress | None = None) -> TaskResult:
             if out is history:
                 counts = history_counts[:index]
             else:
-                with trusted_objects():  # counted by object: a replay never edits a message in place
-                    counts = counter.count_each(out)
+                # Counted by object (a replay never edits a message in place): the prefix this
+                # output shares with the last one has the last one's counts, and only what
+                # follows is looked up (each of N calls looking up its whole output was N²/4).
+                same = shared_prefix(last_out, out)
+                with trusted_objects():
+                    counts = last_counts[:same] + counter.count_each(out[same:])
+                last_out, last_counts = out, counts
             out_tool_tokens = (
                 tool_tokens if out_tools is tools else (counter.count_tools(out_tools) if out_tools else 0)
             )
@@ -229,7 +238,7 @@ def replay(task: Task, progress: Progress | None = None) -> TaskResult:
             retention = (check_probes(probes, texts(out), runner.fetch) if fits else lost_all(probes)).as_dict()
             violations: list[str] = []
             if not task.plan.baseline:
-                violations += pairing_problems(out) + pin_problems(history, out)
+                violations += pairing_problems(out) + pins.problems(index, out)
                 if not fits:
                     pinned = sum(history_counts[i] for i in pinned_indices(history)) + tool_tokens
                     if pinned <= usable:
