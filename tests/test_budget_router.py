@@ -3,13 +3,15 @@
 
 from __future__ import annotations
 
+import contextvars
+import time
 import types
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from ctxrules.budget.router import ComplexityRouter
+from ctxrules.budget.router import JUDGE_TIMEOUT_S, ComplexityRouter
 from ctxrules.engine import Engine
 from ctxrules.errors import UsageError
 from ctxrules.hookspecs import hookimpl
@@ -191,14 +193,73 @@ class Judge:
         self.plugin = types.SimpleNamespace(ctxrules_route_judge=ctxrules_route_judge)
 
 
-def judged_session(tmp_path: Path, judge: Judge) -> Any:
+def judged_session(tmp_path: Path, judge: Any, judge_node: str = "{enabled: true, band: 1}") -> Any:
     p = tmp_path / "pack.yaml"
     p.write_text(
         "apiVersion: ctxrules/v1\nkind: RulePack\nmetadata: {name: r, version: 1.0.0}\n"
         "router:\n  tiers:\n    simple: {model: gpt-4o-mini}\n    standard: {model: gpt-4o}\n"
-        "    reasoning: {model: o3}\n  judge: {enabled: true, band: 1}\n  momentum: {turns: 0}\n"
+        f"    reasoning: {{model: o3}}\n  judge: {judge_node}\n  momentum: {{turns: 0}}\n"
     )
     return Engine.load(p, plugins=[("judge", judge.plugin)]).session(tmp_path / "st" / "s", model="gpt-4o")
+
+
+def test_a_judge_whose_endpoint_trickles_is_given_up_at_the_judge_timeout(tmp_path: Path) -> None:
+    """An LLM judge asks its model over HTTP with litellm's ``timeout``, which bounds each read:
+    an endpoint that sends a space every 0.2 s never lets one time out, and ``route`` waited as
+    long as the server went on (a minute here). With ``judge.timeout_s: 1`` the rules' tier
+    stands after about a second, and the reasons say why."""
+    from llm_server import LLMServer, raw
+
+    from ctxrules.llm import load_litellm
+
+    litellm = load_litellm()
+    with LLMServer() as server:
+
+        @hookimpl
+        def ctxrules_route_judge(text: str, tier: str, score: float, reasons: list[str]) -> Any:
+            response = litellm.completion(
+                model="openai/judge",
+                messages=[{"role": "user", "content": f"Which tier for: {text}"}],
+                api_base=server.base_url,
+                api_key="k",
+                timeout=1,
+                max_retries=0,
+            )
+            return response.choices[0].message.content
+
+        plugin = types.SimpleNamespace(plugin=types.SimpleNamespace(ctxrules_route_judge=ctxrules_route_judge))
+        session = judged_session(tmp_path, plugin, "{enabled: true, band: 1, timeout_s: 1}")
+        server.script(raw(b" ", interval_s=0.2, repeat=True))
+        started = time.monotonic()
+        decision = session.route(TASK)
+        took = time.monotonic() - started
+        assert len(server.requests) == 1
+    assert decision.tier == "standard"
+    assert "judge gave no answer within 1 s; kept standard" in decision.reasons
+    assert took < 15, took
+
+
+def test_the_judge_sees_the_callers_context_variables(tmp_path: Path) -> None:
+    """The judge runs on a helper thread now; what the caller set in a context variable (a
+    request id, a tenant) is still what the hook reads, as it was on the caller's thread."""
+    tenant: contextvars.ContextVar[str] = contextvars.ContextVar("tenant", default="none")
+
+    @hookimpl
+    def ctxrules_route_judge(text: str, tier: str, score: float, reasons: list[str]) -> Any:
+        return "reasoning" if tenant.get() == "acme" else "simple"
+
+    plugin = types.SimpleNamespace(plugin=types.SimpleNamespace(ctxrules_route_judge=ctxrules_route_judge))
+    session = judged_session(tmp_path, plugin)
+    token = tenant.set("acme")
+    try:
+        assert session.route(TASK).tier == "reasoning"
+    finally:
+        tenant.reset(token)
+
+
+def test_the_judge_timeout_is_a_pack_setting_with_a_default() -> None:
+    assert ComplexityRouter({"router": {"judge": {"enabled": True}}}).judge_timeout_s == JUDGE_TIMEOUT_S
+    assert ComplexityRouter({"router": {"judge": {"timeout_s": 2.5}}}).judge_timeout_s == 2.5
 
 
 def test_llm_judge_hook_decides_ambiguous_cases_only(tmp_path: Path) -> None:

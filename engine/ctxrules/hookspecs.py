@@ -172,8 +172,10 @@ def ctxrules_route_judge(text: str, tier: str, score: float, reasons: list[str])
     :return: one of the three tier names to use instead, or ``None`` to keep the rules' tier.
 
     Anything else, or an exception, is ignored (and noted in the decision's
-    reasons): routing never fails because a judge did. Momentum, the regeneration floor and
-    privacy routing are applied after the judge.
+    reasons): routing never fails because a judge did. A judge that has not returned after
+    ``router.judge.timeout_s`` seconds (default 10) is given up the same way: it runs on a
+    helper thread (:func:`ctxrules.llm.call_within`), which is left to end on its own. Momentum,
+    the regeneration floor and privacy routing are applied after the judge.
 
     Stops at the first non-None result (``firstresult=True``). Nothing implements this hook by
     default: routing is deterministic without it.

@@ -16,6 +16,7 @@ calls (``session.complete``) keep litellm's logging as the caller configured it.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import logging
 import os
 import threading
@@ -85,14 +86,17 @@ def call_within(call: Callable[..., Any], kwargs: dict[str, Any], timeout_s: flo
     An HTTP ``timeout`` bounds each read, not the whole response: a server (or proxy) that
     trickles whitespace keeps every read short and the call open for as long as it likes. The
     abandoned call ends with its connection (the thread is a daemon: it never holds up exit).
+    The call sees the caller's context variables (a copy), as it would on the caller's thread:
+    a plugin hook (the router's judge) may read them.
     """
     box: dict[str, Any] = {}
+    context = contextvars.copy_context()
 
     def run() -> None:
         try:
             with own_call(), warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                box["response"] = call(**kwargs)
+                box["response"] = context.run(call, **kwargs)
         except BaseException as exc:  # handed to the caller
             box["error"] = exc
 

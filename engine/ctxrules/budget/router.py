@@ -10,7 +10,8 @@ A decision, in order (docs/budgets.md "Routing"):
    towards the tier that was wanted. Each weighs 1 when recorded and 0 after ``decay_h`` (24 h),
    linearly; a summed weight of ``threshold`` (0.5) or more shifts by one tier (rounded).
 3. **Judge** (optional): the ``ctxrules_route_judge`` plugin hook, when the score is within
-   ``judge.band`` of a cutoff.
+   ``judge.band`` of a cutoff, given up after ``judge.timeout_s`` (an LLM judge whose endpoint
+   trickles bytes never lets a read time out: it held the caller's turn for as long as it liked).
 4. **Momentum**: a follow-up never routes below the highest tier the rules (with misroutes and
    the judge) gave one of the last ``momentum.turns`` decisions made within ``momentum.window_s``.
    Only those tiers count, never a tier that momentum, a regeneration or privacy raised: a floor
@@ -37,6 +38,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
 from ctxrules.errors import CtxrulesError, UsageError
+from ctxrules.llm import call_within
 from ctxrules.messages import is_real_user, message_text
 from ctxrules.patterns import Pattern, PatternTimeout
 from ctxrules.patterns import compile as patterns_compile
@@ -47,9 +49,11 @@ from ctxrules.stores.filesystem import FilesystemStore
 if TYPE_CHECKING:
     from ctxrules.stores.base import Store
 
-__all__ = ["DEFAULT_RULES", "TIERS", "ComplexityRouter", "RouteDecision", "privacy_findings"]
+__all__ = ["DEFAULT_RULES", "JUDGE_TIMEOUT_S", "TIERS", "ComplexityRouter", "RouteDecision", "privacy_findings"]
 
 TIERS: Final = ("simple", "standard", "reasoning")
+JUDGE_TIMEOUT_S: Final = 10.0
+"""Seconds the judge hook may take for one decision (``router.judge.timeout_s``)."""
 
 DEFAULT_RULES: Final[Mapping[str, Mapping[str, Any]]] = {
     "baseline": {"score": 1, "description": "an ordinary message is a standard task"},
@@ -228,6 +232,7 @@ class ComplexityRouter:
         judge = self.node.get("judge") or {}
         self.judge_enabled = bool(judge.get("enabled", False))
         self.judge_band = float(judge.get("band", 1.0))
+        self.judge_timeout_s = float(judge.get("timeout_s", JUDGE_TIMEOUT_S))
 
     # -- scoring -----------------------------------------------------------------------------
 
@@ -347,8 +352,14 @@ class ComplexityRouter:
         rank: int,
         reasons: list[str],
     ) -> int:
+        kwargs = {"text": text, "tier": tier, "score": score, "reasons": list(matched)}
         try:
-            answer = self.hooks.ctxrules_route_judge(text=text, tier=tier, score=score, reasons=list(matched))
+            answer = call_within(
+                self.hooks.ctxrules_route_judge, kwargs, self.judge_timeout_s, name="ctxrules-route-judge"
+            )
+        except TimeoutError:
+            reasons.append(f"judge gave no answer within {self.judge_timeout_s:g} s; kept {tier}")
+            return rank
         except Exception as exc:  # a judge must never break routing
             reasons.append(f"judge failed ({type(exc).__name__}); kept {tier}")
             return rank
