@@ -314,3 +314,35 @@ def test_an_infinite_interval_sends_warm_ups_and_no_keep_alives(server: Any) -> 
         wait_for(lambda: len(ka.probes) == 2)
         time.sleep(0.2)
     assert [p.kind for p in ka.probes] == ["warmup", "warmup"]
+
+
+def test_a_probe_whose_provider_sends_no_usage_is_counted_in_the_ledger(tmp_path: Path) -> None:
+    """A provider (or proxy) that answers without ``usage``: litellm fills in zeros, and the
+    probe, a call billed like any other, went into the ledger as free (0 tokens, 0 USD). Its
+    prefix is counted with the model's tokenizer instead, as ``session.complete`` counts such a
+    reply (``source`` ``warmup-counted``)."""
+    from ctxrules.models import lookup_model
+    from ctxrules.tokens import TokenCounter
+
+    session = Engine.load("builtin:default").session(tmp_path / "s", model="gpt-4o")
+    prefix = [{"role": "system", "content": "You fix bugs. " * 300}, {"role": "user", "content": "hi"}]
+    body = {
+        "id": "c1",
+        "object": "chat.completion",
+        "created": 0,
+        "model": "gpt-4o",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "length"}],
+    }
+    with LLMServer() as server:
+        server.script(raw(json.dumps(body).encode()))
+        probe = send_probe("openai/gpt-4o", prefix, request=request_for(server.base_url), ledger=session.ledger)
+        assert len(server.requests) == 1
+    counter = TokenCounter.for_model(lookup_model("gpt-4o"))
+    expected = counter.count_messages(probe_messages(prefix))
+    assert expected > 1000
+    assert probe.ok and probe.prompt_tokens == expected and probe.completion_tokens == counter.count_text("ok")
+    assert probe.cost_usd is not None and probe.cost_usd > 0
+    (record,) = [json.loads(line) for line in (session.path / "ledger.jsonl").read_text().splitlines()]
+    assert record["source"] == "warmup-counted"
+    assert record["tokens"]["prompt"] == expected and record["usd"]["total"] > 0
+    assert session.ledger.status().totals.cost.total == record["usd"]["total"]

@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ctxrules.budget.tracker import SessionLedger
+    from ctxrules.budget.usage import TokenUsage
 
 from ctxrules.errors import CtxrulesError
 from ctxrules.llm import call_within, error_text
@@ -148,6 +149,32 @@ def _usage_numbers(usage: Any) -> tuple[int, int, int, int]:
     return prompt, cached, written, completion
 
 
+def _counted_usage(
+    model: str, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]], response: Any
+) -> TokenUsage:
+    """A probe's tokens counted with the model's tokenizer (the name's guess for a model the
+    registry does not know): the prefix sent, and the reply's text."""
+    from ctxrules.budget.usage import TokenUsage
+    from ctxrules.models import classify_model
+    from ctxrules.tokens import TokenCounter
+
+    try:
+        tokenizer = lookup_model(model).tokenizer
+    except CtxrulesError:
+        tokenizer = classify_model(model)[1]
+    counter = TokenCounter.for_tokenizer(tokenizer)
+
+    def get(obj: Any, name: str) -> Any:
+        return obj.get(name) if isinstance(obj, Mapping) else getattr(obj, name, None)
+
+    choices = get(response, "choices") or [None]
+    text = get(get(choices[0], "message"), "content")
+    return TokenUsage.of(
+        prompt=counter.count_messages(list(messages), list(tools) or None),
+        completion=counter.count_text(text) if isinstance(text, str) and text else 0,
+    )
+
+
 def probe_cost(model: str, prompt: int, cached: int, written: int, completion: int) -> float | None:
     """USD cost of a probe from the model registry's prices (None when the model is unknown).
     ``prompt`` includes the cached tokens (OpenAI's convention); cache writes are priced at the
@@ -189,7 +216,9 @@ def send_probe(
     ``result.request`` carries (``prompt_cache_key``, ``tool_choice``), so the probe hits the
     same cache entry and routing as the real calls. With ``ledger`` (``session.ledger``) the
     probe's usage is recorded there (``source`` = the probe's kind), so it counts in the
-    session, day and goal budgets, and no probe is sent once the budget refuses calls.
+    session, day and goal budgets, and no probe is sent once the budget refuses calls. A
+    response that reports no tokens is counted with the model's tokenizer (``source``
+    ``<kind>-counted``): the probe was billed all the same.
     """
     extra = dict(request or {})
     provider = model.split("/", 1)[0] if "/" in model else ""
@@ -218,8 +247,18 @@ def send_probe(
         response = call_within(litellm.completion, kwargs, timeout_s, name="ctxrules-probe")
         usage = response.get("usage") if isinstance(response, Mapping) else getattr(response, "usage", None)
         prompt, cached, written, completion = _usage_numbers(usage or {})
-        if ledger is not None and usage is not None:
-            ledger.record(response, model=model, source=kind)
+        counted = None
+        if not (prompt or completion):
+            # A provider (or proxy) that sends no usage: litellm fills in zeros, and the probe,
+            # billed all the same, was recorded as a free call. Counted with the model's
+            # tokenizer instead, as session.complete counts such a reply.
+            counted = _counted_usage(model, kwargs["messages"], kwargs.get("tools") or [], response)
+            prompt, completion = counted.prompt, counted.completion
+        if ledger is not None:
+            if counted is None:
+                ledger.record(response, model=model, source=kind)
+            else:
+                ledger.record(counted, model=model, source=f"{kind}-counted")
     except Exception as exc:  # best effort: reported (log, probe, ProbeFailed), never swallowed
         failed = Probe(
             kind,
