@@ -268,7 +268,7 @@ def test_the_invariant_checks_find_broken_pairing_and_lost_pins() -> None:
 def test_an_invariant_broken_on_a_call_of_a_pack_exits_1(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import ctxrules.eval.replay as replay
 
-    monkeypatch.setattr(replay, "pairing_problems", lambda out: ["message 3: broken on purpose"])
+    monkeypatch.setattr(replay, "Pairing", lambda: lambda out: ["message 3: broken on purpose"])
     totals = by_plan(
         eval_json(
             tmp_path,

@@ -174,3 +174,37 @@ def test_the_pin_check_of_a_replay_is_the_pin_check_of_each_call() -> None:
         ["the leading system messages changed"],
         [],
     ]
+
+
+def test_the_pairing_check_of_a_replay_is_the_pairing_check_of_each_request() -> None:
+    """:class:`checks.Pairing` resumes its walk where the request before differed, and finds
+    what :func:`pairing_problems` finds on each request alone: calls answered, unanswered,
+    answered twice, orphan results, ids used before, calls without an id; messages appended,
+    replaced, dropped, and requests cut short."""
+
+    def call(cid: str | None) -> Msg:
+        return {"id": cid, "type": "function", "function": {"name": "Bash", "arguments": "{}"}}
+
+    rng = random.Random(5)
+    ids = ["a", "b", "c", "d", None]
+    requests: list[list[Msg]] = []
+    messages: list[Msg] = [{"role": "system", "content": "s"}]
+    for n in range(600):
+        move = rng.randrange(8)
+        if move < 3:
+            calls = [call(rng.choice(ids)) for _ in range(rng.randrange(1, 3))]
+            messages = [*messages, {"role": "assistant", "content": None, "tool_calls": calls}]
+        elif move < 5:
+            messages = [*messages, {"role": "tool", "tool_call_id": rng.choice(ids), "content": f"r{n}"}]
+        elif move == 5:
+            messages = [*messages, {"role": "user", "content": f"u{n}"}]
+        elif move == 6 and len(messages) > 2:
+            i = rng.randrange(1, len(messages))
+            messages = [*messages[:i], {"role": "assistant", "content": f"x{n}"}, *messages[i + 1 :]]
+        elif len(messages) > 2:
+            messages = messages[: rng.randrange(1, len(messages))]
+        requests.append(messages)
+    pairing = checks.Pairing()
+    found = [pairing(request) for request in requests]
+    assert found == [checks.pairing_problems(request) for request in requests]
+    assert sum(bool(f) for f in found) > 100 and sum(not f for f in found) > 10

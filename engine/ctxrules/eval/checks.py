@@ -5,55 +5,86 @@ hide itself here."""
 from __future__ import annotations
 
 import re
+from bisect import bisect_left
 from collections.abc import Mapping, Sequence
 from itertools import repeat
 from operator import is_
 from typing import Any
 
+from ctxrules.eval.shared import shared_prefix
 from ctxrules.messages import is_real_user
 
-__all__ = ["Pins", "pairing_problems", "pin_problems"]
+__all__ = ["Pairing", "Pins", "pairing_problems", "pin_problems"]
 
 
 def pairing_problems(messages: Sequence[Mapping[str, Any]]) -> list[str]:
     """Every call answered exactly once in the tool block right after it, no orphan result,
     call ids unique across the request."""
-    problems: list[str] = []
-    seen_ids: set[str] = set()
-    i, n = 0, len(messages)
-    while i < n:
-        msg = messages[i]
-        role = msg.get("role")
-        if role == "tool":
-            problems.append(f"message {i}: tool result {msg.get('tool_call_id')!r} answers no call")
-            i += 1
-            continue
-        if role != "assistant" or not msg.get("tool_calls"):
-            i += 1
-            continue
-        wanted: dict[str, int] = {}
-        for call in msg.get("tool_calls") or []:
-            cid = call.get("id") if isinstance(call, Mapping) else None
-            if not isinstance(cid, str) or not cid:
-                problems.append(f"message {i}: a tool call without an id")
+    return Pairing()(messages)
+
+
+class Pairing:
+    """:func:`pairing_problems` for the requests of one replay, in order. The walk over a
+    request is resumed where it last read a message the request before did not send at the
+    same place (the problems and call ids found up to there are kept): a replay of N calls
+    walked N²/4 messages."""
+
+    def __init__(self) -> None:
+        self._messages: list[Mapping[str, Any]] = []  # the last request
+        self._at: list[int] = []  # where each step of the walk started ...
+        self._state: list[tuple[int, int]] = []  # ... and (problems, ids) found before it
+        self._problems: list[str] = []
+        self._ids: list[str] = []  # the call ids, in the order they were first seen
+        self._seen: set[str] = set()
+
+    def __call__(self, messages: Sequence[Mapping[str, Any]]) -> list[str]:
+        # A step that starts at i has read messages up to i (the step before stopped on it).
+        same = shared_prefix(self._messages, messages)
+        step = bisect_left(self._at, same) - 1
+        i, (found, ids) = (self._at[step], self._state[step]) if step >= 0 else (0, (0, 0))
+        del self._at[max(step, 0) :], self._state[max(step, 0) :], self._problems[found:]
+        self._seen.difference_update(self._ids[ids:])
+        del self._ids[ids:]
+        self._messages = list(messages)
+        problems, seen_ids = self._problems, self._seen
+        n = len(messages)
+        while i < n:
+            self._at.append(i)
+            self._state.append((len(problems), len(self._ids)))
+            msg = messages[i]
+            role = msg.get("role")
+            if role == "tool":
+                problems.append(f"message {i}: tool result {msg.get('tool_call_id')!r} answers no call")
+                i += 1
                 continue
-            if cid in seen_ids:
-                problems.append(f"message {i}: tool call id {cid!r} used before")
-            seen_ids.add(cid)
-            wanted[cid] = 0
-        j = i + 1
-        while j < n and messages[j].get("role") == "tool":
-            cid = messages[j].get("tool_call_id")
-            if cid in wanted:
-                wanted[str(cid)] += 1
-            else:
-                problems.append(f"message {j}: tool result {cid!r} answers no call of message {i}")
-            j += 1
-        for cid, count in wanted.items():
-            if count != 1:
-                problems.append(f"message {i}: tool call {cid!r} answered {count} times")
-        i = j
-    return problems
+            if role != "assistant" or not msg.get("tool_calls"):
+                i += 1
+                continue
+            wanted: dict[str, int] = {}
+            for call in msg.get("tool_calls") or []:
+                cid = call.get("id") if isinstance(call, Mapping) else None
+                if not isinstance(cid, str) or not cid:
+                    problems.append(f"message {i}: a tool call without an id")
+                    continue
+                if cid in seen_ids:
+                    problems.append(f"message {i}: tool call id {cid!r} used before")
+                else:
+                    seen_ids.add(cid)
+                    self._ids.append(cid)
+                wanted[cid] = 0
+            j = i + 1
+            while j < n and messages[j].get("role") == "tool":
+                cid = messages[j].get("tool_call_id")
+                if cid in wanted:
+                    wanted[str(cid)] += 1
+                else:
+                    problems.append(f"message {j}: tool result {cid!r} answers no call of message {i}")
+                j += 1
+            for cid, count in wanted.items():
+                if count != 1:
+                    problems.append(f"message {i}: tool call {cid!r} answered {count} times")
+            i = j
+        return list(problems)
 
 
 def pin_problems(history: Sequence[Mapping[str, Any]], output: Sequence[Mapping[str, Any]]) -> list[str]:

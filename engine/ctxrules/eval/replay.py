@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ctxrules.eval.caching import BlockChain, cache_model_for
-from ctxrules.eval.checks import Pins, pairing_problems
+from ctxrules.eval.checks import Pairing, Pins
 from ctxrules.eval.engines import engine_for
 from ctxrules.eval.judge import JUDGE_TIMEOUT_S, ask, grade, judge_request, parse_answers
 from ctxrules.eval.probes import ContextTexts, ProbeExtractor, check_probes, context_text, lost_all
@@ -189,6 +189,7 @@ def replay(task: Task, progress: Progress | None = None) -> TaskResult:
     turns = [i for i, m in enumerate(messages) if m.get("role") == "assistant" and i > 0]
     extractor = ProbeExtractor(messages, _default_roles())
     pins = Pins(messages)
+    pairing = Pairing()
     cache = cache_model_for(info.family, baseline=task.plan.baseline)
     tool_tokens = counter.count_tools(tools) if tools else 0
     history_counts = counter.count_each(messages)
@@ -238,7 +239,7 @@ def replay(task: Task, progress: Progress | None = None) -> TaskResult:
             retention = (check_probes(probes, texts(out), runner.fetch) if fits else lost_all(probes)).as_dict()
             violations: list[str] = []
             if not task.plan.baseline:
-                violations += pairing_problems(out) + pins.problems(index, out)
+                violations += pairing(out) + pins.problems(index, out)
                 if not fits:
                     pinned = sum(history_counts[i] for i in pinned_indices(history)) + tool_tokens
                     if pinned <= usable:
