@@ -265,6 +265,25 @@ def test_the_invariant_checks_find_broken_pairing_and_lost_pins() -> None:
     assert pin_problems(quoting, quoting) == []
 
 
+def test_a_cache_breakpoint_on_a_pinned_message_is_no_change(tmp_path: Path) -> None:
+    """On Anthropic models the cache stage puts a breakpoint on the system prompt and on recent
+    messages: a string content becomes one text part with ``cache_control``. The model reads the
+    same text, but the pin check compared the objects, and every call of a replay of a
+    transcript with string contents was an invariant broken (exit 1)."""
+    msgs = transcript("mu")
+
+    def marked(msg: Msg) -> Msg:
+        part = {"type": "text", "text": msg["content"], "cache_control": {"type": "ephemeral"}}
+        return {**msg, "content": [part]}
+
+    output = [marked(msgs[0]), marked(msgs[1]), *msgs[2:6], marked(msgs[6])]
+    assert pin_problems(msgs[:7], output) == []
+    edited = {**marked(msgs[0]), "content": [{"type": "text", "text": "You are someone else."}]}
+    assert pin_problems(msgs[:7], [edited, *output[1:]]) == ["the leading system messages changed"]
+    totals = by_plan(eval_json(tmp_path, {"t": msgs}, "--pack", "builtin:default", "--model", "claude-sonnet-4-5"))
+    assert totals["builtin:default"]["invariant_violations"] == 0
+
+
 def test_an_invariant_broken_on_a_call_of_a_pack_exits_1(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import ctxrules.eval.replay as replay
 

@@ -120,7 +120,7 @@ class Pins:
         self._at = max(self._at, end)
         problems: list[str] = []
         lead = min(self._lead, end)
-        if [dict(m) for m in output[:lead]] != [dict(m) for m in self.messages[:lead]]:
+        if [_as_read(m) for m in output[:lead]] != [_as_read(m) for m in self.messages[:lead]]:
             problems.append("the leading system messages changed")
         if self._anchor is not None and self._latest is not None:
             kept = _Kept(output)
@@ -144,15 +144,32 @@ class _Kept:
         if any(map(is_, reversed(self.output), repeat(msg))):  # the latest ask is near the end
             return True
         if self._contents is None:
-            self._contents = [m.get("content") for m in self.output if m.get("role") == "user"]
+            self._contents = [_as_read(m).get("content") for m in self.output if m.get("role") == "user"]
             # The documented exception: when the pinned messages alone reach the emergency
             # threshold, compress.emergency spills their largest contents (marker reason=spill
             # with the original's length) - a pinned user message may stand as its spill.
             self._spilled = {
                 int(m.group(1)) for c in self._contents if isinstance(c, str) for m in _SPILL_CHARS.finditer(c)
             }
-        content = msg.get("content")
+        content = _as_read(msg).get("content")
         return content in self._contents or (isinstance(content, str) and len(content) in self._spilled)
+
+
+def _as_read(msg: Mapping[str, Any]) -> dict[str, Any]:
+    """``msg`` as the model reads it: without cache breakpoints (``cache_control``), and a
+    content that is one text part as that text. On Anthropic models the pack's cache stage puts
+    a breakpoint on the system prompt (a string content becomes one marked text part): every
+    call of such a replay reported the pinned messages changed, and eval exited 1."""
+    out = {k: v for k, v in msg.items() if k != "cache_control"}
+    content = out.get("content")
+    if isinstance(content, list):
+        parts = [{k: v for k, v in p.items() if k != "cache_control"} if isinstance(p, Mapping) else p for p in content]
+        only = parts[0] if len(parts) == 1 else None
+        if isinstance(only, Mapping) and set(only) == {"type", "text"} and only["type"] == "text":
+            out["content"] = only["text"]
+        else:
+            out["content"] = parts
+    return out
 
 
 _SPILL_CHARS = re.compile(r"\[ctxrules:elided [^\]\n]*\breason=spill\b[^\]\n]*\bchars=([0-9]{1,18})(?![0-9])")
