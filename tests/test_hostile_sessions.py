@@ -591,3 +591,15 @@ def test_a_users_folder_named_vault_is_no_vault_of_ctxrules(tmp_path: Path) -> N
     proc = run_cli(tmp_path, "--session", str(tmp_path / "project" / "vault" / "s"))
     assert proc.returncode == 0, proc.stderr
     assert (tmp_path / "project" / "vault" / "s" / "state.json").is_file()
+
+
+def test_a_folder_named_like_ctxrules_own_far_above_a_session_is_the_users(tmp_path: Path) -> None:
+    """A project named ``router`` (or ``ledger``) with a ``state.json`` and a ``ledger/days``
+    of its own beside it, sessions kept deep inside: those folders are further above the
+    session than any of ctxrules' own layouts go, so they are the user's and the run goes on."""
+    (tmp_path / "state.json").write_text("{}")
+    (tmp_path / "router" / "days").mkdir(parents=True)
+    session = tmp_path / "router" / "app" / ".ctxrules" / "s"
+    proc = run_cli(tmp_path, "--session", str(session))
+    assert proc.returncode == 0, proc.stderr
+    assert (session / "state.json").is_file()

@@ -1214,6 +1214,9 @@ _OWN_FOLDERS: Final[dict[str, tuple[str, Callable[[os.DirEntry[str]], bool]]]] =
 }
 
 
+_OWN_DEPTH: Final = 2  # vault/<shard>/<item>, ledger/days/<day>.jsonl
+
+
 def _is_shard(entry: os.DirEntry[str]) -> bool:
     """Whether ``entry`` is a vault shard: a directory of two hex digits holding an item."""
     if len(entry.name) != 2 or not _HEX_RE.fullmatch(entry.name) or not entry.is_dir(follow_symlinks=False):
@@ -1233,7 +1236,7 @@ def own_folder(path: str | os.PathLike[str], root: str | os.PathLike[str] | None
     link or ``..`` does not hide it."""
     resolved = Path(path).resolve()
     top = Path(root).resolve() if root is not None else None
-    for folder in (resolved, *resolved.parents):
+    for depth, folder in enumerate((resolved, *resolved.parents)):
         kind = _OWN_FOLDERS.get(folder.name.lower())
         if kind is None:
             continue
@@ -1241,7 +1244,10 @@ def own_folder(path: str | os.PathLike[str], root: str | os.PathLike[str] | None
         parent = folder.parent
         if parent == top:  # the state root's, made or to be made (session ids never take the name)
             return folder, what
-        if not folder.is_dir():
+        # Told by what is beside or in it only as deep as ctxrules' own layouts go (a vault's
+        # shard and item, a ledger's days and file): a folder further up that happens to be
+        # named so (a project called ``router`` beside a ``state.json`` of its own) is the user's.
+        if depth > _OWN_DEPTH or not folder.is_dir():
             continue
         if any((parent / mark).exists() for mark in (*_SESSION_FILES, "injection.key")):
             return folder, what
