@@ -346,3 +346,37 @@ def test_a_probe_whose_provider_sends_no_usage_is_counted_in_the_ledger(tmp_path
     assert record["source"] == "warmup-counted"
     assert record["tokens"]["prompt"] == expected and record["usd"]["total"] > 0
     assert session.ledger.status().totals.cost.total == record["usd"]["total"]
+
+
+def test_a_sent_probe_whose_usage_the_ledger_cannot_take_is_no_failed_probe(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The provider answered (and billed) the probe; the ledger then failed to take its usage (a
+    full disk). Reporting the probe as failed made a keep-alive send it again, paying twice for
+    what it reported as never done: the probe is ok and says why its usage is missing."""
+    session = Engine.load("builtin:default").session(tmp_path / "s", model="gpt-4o")
+
+    def full_disk(*args: object, **kwargs: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(session.ledger, "record", full_disk)
+    body = {
+        "id": "c1",
+        "object": "chat.completion",
+        "created": 0,
+        "model": "gpt-4o",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "length"}],
+        "usage": {"prompt_tokens": 1200, "completion_tokens": 1, "total_tokens": 1201},
+    }
+    with LLMServer() as server:
+        server.script(raw(json.dumps(body).encode()))
+        probe = send_probe(
+            "openai/gpt-4o",
+            [{"role": "user", "content": "x"}],
+            request=request_for(server.base_url),
+            ledger=session.ledger,
+            check=True,
+        )
+        assert len(server.requests) == 1
+    assert probe.ok and probe.error is None and probe.prompt_tokens == 1200
+    assert probe.usage_error is not None and "No space left on device" in probe.usage_error

@@ -85,6 +85,7 @@ class Probe:
     cost_usd: float | None = None
     error: str | None = None
     status: int | None = None  # the HTTP status of a failed probe, when the provider sent one
+    usage_error: str | None = None  # why the ledger did not take a sent probe's usage
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -254,11 +255,6 @@ def send_probe(
             # tokenizer instead, as session.complete counts such a reply.
             counted = _counted_usage(model, kwargs["messages"], kwargs.get("tools") or [], response)
             prompt, completion = counted.prompt, counted.completion
-        if ledger is not None:
-            if counted is None:
-                ledger.record(response, model=model, source=kind)
-            else:
-                ledger.record(counted, model=model, source=f"{kind}-counted")
     except Exception as exc:  # best effort: reported (log, probe, ProbeFailed), never swallowed
         failed = Probe(
             kind,
@@ -275,6 +271,19 @@ def send_probe(
         if check:
             raise ProbeFailed(failed) from exc
         return failed
+    usage_error = None
+    if ledger is not None:
+        # The probe was sent and billed: a ledger that refuses or cannot take its usage does not
+        # make it a failed probe (the keep-alive would send it again), as session.complete keeps
+        # a reply whose usage could not be recorded. Said in the probe and in a warning.
+        try:
+            if counted is None:
+                ledger.record(response, model=model, source=kind)
+            else:
+                ledger.record(counted, model=model, source=f"{kind}-counted")
+        except Exception as exc:
+            usage_error = error_text(exc, 500)
+            get_logger("ctxrules.cache").warning("probe.usage_not_recorded", kind=kind, model=model, error=usage_error)
     cost = probe_cost(
         model.split("/", 1)[1] if provider == "openai" else model,
         prompt,
@@ -293,6 +302,7 @@ def send_probe(
         written,
         completion,
         cost,
+        usage_error=usage_error,
     )
 
 
