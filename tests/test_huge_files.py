@@ -174,6 +174,70 @@ def test_sessions_import_reads_an_archive_claiming_gigabytes_in_bounded_memory(t
         assert not (tmp_path / "B" / "s").exists()
 
 
+_HEADER = b'{"format": "ctxrules-session", "version": 1, "session": "big", "from": "file:///x", "exported": 0}\n'
+_BLOB_START = b'{"kind": "blob", "id": "' + b"0" * 64 + b'", "media_type": null, "data": "'
+
+
+@pytest.mark.parametrize(
+    ("start", "what", "bound"),
+    [
+        (b'{"kind": "turn", "state": {"x": "', "a turn record", 576),
+        (b'{"kind": "doc", "name": "notes", "data": "', "a document", 342),
+        (b'{"kind": "ledger", "lines": ["', "the session ledger", 256),
+        (_BLOB_START, "a vault item it cannot stream", 342),
+        (b'{"kind": "end", "blobs": 0, "x": "', "the end record", 1),
+        (b'{"x": "', "any record", 576),
+    ],
+)
+def test_sessions_import_refuses_a_line_longer_than_export_writes_without_reading_it(
+    tmp_path: Path, start: bytes, what: str, bound: int
+) -> None:
+    """A line that was not a well-formed vault item was read whole when its first megabyte
+    parsed so far (a string still open): 2 MiB of text and then gigabytes of NULs (a sparse
+    file) took their size in memory. Each line is bounded by what export writes for its kind
+    now (the stores' caps), and one past that is refused, naming it, read no further."""
+    path = tmp_path / "long.ctxs"
+    with path.open("wb") as out:
+        out.write(_HEADER + start + b"a" * (2 * MB))
+        out.truncate(4 << 30)
+    code, peak, stderr = ctxrules_peak(
+        "sessions", "import", "long.ctxs", "--state", "B", "--session", "B/s", cwd=tmp_path
+    )
+    assert (code, stderr) == (
+        2,
+        f"ctxrules: error: [CR146] {path.name}:2: not a ctxrules session archive line (longer than {bound} MiB, "
+        f"more than sessions export writes for {what})\n",
+    )
+    assert peak < PEAK_BOUND, f"peak RSS {peak / MB:.0f} MB"
+    assert not (tmp_path / "B" / "s").exists()
+
+
+@pytest.mark.parametrize("chunk", [8, 64, 1 << 20])
+def test_a_line_as_long_as_its_bound_is_read_one_longer_is_refused(chunk: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The bound is the line's length without its line end, from a file and a pipe alike: a
+    line of exactly that many bytes is parsed as before (here: a turn record the end record
+    does not count), one byte more is refused."""
+    import ctxrules.stores.archive as archive
+
+    monkeypatch.setattr(archive, "_CHUNK", chunk)
+    monkeypatch.setitem(archive._LINE_MAX, b"turn", (3 * MB, "a turn record"))
+    for newline in (b"\n", b"\r\n"):
+        head = b'{"kind": "turn", "state": {"x": "'
+        at_bound = head + b"a" * (3 * MB - len(head) - 3) + b'"}}'
+        assert len(at_bound) == 3 * MB
+        for line, verdict in [
+            (at_bound, "a:4: the end record counts 1 turn record(s), the archive holds 2"),
+            (at_bound[:-3] + b'a"}}', "a:3: not a ctxrules session archive line (longer than 3 MiB, more than"),
+        ]:
+            lines = [_HEADER, b'{"kind": "turn", "state": {}, "output": null}\n', line + newline]
+            lines.append(b'{"kind": "end", "blobs": 0, "docs": 0, "ledger": 0, "turns": 1, "secrets": 0}\n')
+            data = b"".join(lines)
+            for handle in (io.BytesIO(data), io.BufferedReader(_Pipe(data))):
+                with pytest.raises(StoreUsageError) as caught, ArchiveFile(handle, "a") as streamed:
+                    import_session(MemoryStore(), "t", streamed, where="a")
+                assert str(caught.value).startswith(f"[CR146] {verdict}"), (chunk, newline, str(caught.value))
+
+
 def test_sessions_import_streams_a_vault_item_larger_than_memory_allows(tmp_path: Path) -> None:
     """An intact archive whose vault item is 256 MiB (a 342 MB line of base64) was held whole,
     decoded whole: well over a gigabyte. The item is decoded, checked and written a chunk at a

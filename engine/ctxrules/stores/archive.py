@@ -35,7 +35,9 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import IO, Any, BinaryIO, Final
 
 from ctxrules.injected import existing_secret
-from ctxrules.stores.base import DOCS, SECRET_BYTES, Log, Store, StoreUsageError
+from ctxrules.json_limits import MAX_INPUT_BYTES
+from ctxrules.session_store import MAX_STATE_BYTES
+from ctxrules.stores.base import DOC_MAX_BYTES, DOCS, SECRET_BYTES, Log, Store, StoreUsageError
 
 __all__ = ["ARCHIVE_FORMAT", "ArchiveFile", "export_session", "import_session", "read_archive"]
 
@@ -121,6 +123,42 @@ _BASE64: Final = re.compile(rb"[A-Za-z0-9+/]*={0,2}")
 _HEAD_BYTES: Final = 512  # at least this much of a line is read at once: a blob record's start
 
 
+def _base64_size(size: int) -> int:
+    return (size + 2) // 3 * 4
+
+
+_SMALL_LINE_MAX: Final = 1 << 20
+_ITEM_LINE_MAX: Final = _base64_size(DOC_MAX_BYTES) + (1 << 20)
+_LINE_MAX: Final[dict[bytes, tuple[int, str]]] = {
+    # The state (state.json is read to 64 MiB, and written with the same separators) and the
+    # last output, which a message file of at most 256 MiB became: written with a space after
+    # every separator, at most 1.5 times its bytes.
+    b"turn": (MAX_STATE_BYTES + 2 * MAX_INPUT_BYTES, "a turn record"),
+    b"doc": (_ITEM_LINE_MAX, "a document"),
+    # A vault item's line read whole: one that does not stream (damaged, or a media type of
+    # unusual characters: an image, 64 MiB of base64 at most); an intact one streams at any size.
+    b"blob": (_ITEM_LINE_MAX, "a vault item it cannot stream"),
+    # The session's own ledger, a few hundred bytes a call: a million calls.
+    b"ledger": (MAX_INPUT_BYTES, "the session ledger"),
+    b"secret": (_SMALL_LINE_MAX, "a secret"),
+    b"end": (_SMALL_LINE_MAX, "the end record"),
+    b"format": (_SMALL_LINE_MAX, "the header"),
+}
+"""How long a line of each kind (told by its start, as export writes it) may be: what export
+can write for it, from the caps of the stores it reads. A longer line is refused as soon as it
+passes its bound, never held: a line of gigabytes (a sparse file) would take the memory before
+it failed to parse. A line whose start names no kind may be as long as the longest."""
+_RECORD_START: Final = re.compile(rb'\{"(?:kind|(format))": "([a-z-]*)"')
+
+
+def _line_limit(first: bytes) -> tuple[int, str]:
+    """The bound of the line that starts with ``first`` (:data:`_LINE_MAX`), and what it is."""
+    start = _RECORD_START.match(first)
+    kind = None if start is None else b"format" if start.group(1) else start.group(2)
+    found = _LINE_MAX.get(kind) if kind is not None else None
+    return found if found is not None else (max(limit for limit, _ in _LINE_MAX.values()), "any record")
+
+
 class ArchiveFile:
     """An archive in a binary file (``sessions import``), read a line at a time and never
     whole: a vault item on a line of its own longer than :data:`_CHUNK` is decoded and hashed a
@@ -167,10 +205,17 @@ class ArchiveFile:
             if first.endswith(b"\n") or len(first) < max(_CHUNK, _HEAD_BYTES):
                 yield first.removesuffix(b"\n"), None  # a line as split at "\n" (a parse error reads the same)
                 continue
+            limit, what = _line_limit(first)
             head = _BLOB_HEAD.match(first)
             if head is not None:
-                record = self._stream_blob(first, head, offset, digest)
-                yield (b"", record) if record is not None else (self._line_at(offset), None)
+                record = self._stream_blob(first, head, offset, digest, limit)
+                if record is not None:
+                    yield b"", record
+                    continue
+                if self._offset - offset > limit:  # damaged past any item line read whole
+                    yield b"", _too_long(limit, what)
+                    return
+                yield self._line_at(offset), None
                 continue
             try:
                 json.loads(first)
@@ -183,17 +228,24 @@ class ArchiveFile:
                 if position < len(first) - 64 and not cut_short:
                     yield first, None
                     return
-            rest = [first]
-            while not rest[-1].endswith(b"\n") and (piece := self._read(_CHUNK)):
-                rest.append(piece)
-            yield b"".join(rest).removesuffix(b"\n"), None
+            # Measured before it is read whole: read on (and not kept) to its end or its bound.
+            size, piece, ending = len(first), first, first[-2:]
+            while not piece.endswith(b"\n") and size <= limit and (piece := self._read(_CHUNK)):
+                size, ending = size + len(piece), (ending + piece)[-2:]
+            if size - (len(ending) - len(ending.rstrip(b"\r\n")) if ending.endswith(b"\n") else 0) > limit:
+                yield b"", _too_long(limit, what)
+                return
+            yield self._line_at(offset), None
 
-    def _stream_blob(self, first: bytes, head: re.Match[bytes], offset: int, digest: Any) -> dict[str, Any] | None:
+    def _stream_blob(
+        self, first: bytes, head: re.Match[bytes], offset: int, digest: Any, limit: int
+    ) -> dict[str, Any] | None:
         """The record of a long vault-item line, decoded and hashed a chunk at a time, the line
         read to its end: ``_error`` when its bytes do not hash to its id (raised in its turn, as
         for a record read whole). None when the line is not as export writes it (a character
         that is not base64, padding before the end, no '"}' closing it): then the caller parses
-        it whole, for the very verdict the whole archive would get."""
+        it whole, for the very verdict the whole archive would get, unless it is longer than
+        ``limit``: then it is read no further than that."""
         item = hashlib.sha256()
         pending, piece, well_formed = b"", first[head.end() :], True
         while True:
@@ -213,7 +265,7 @@ class ArchiveFile:
                         item.update(base64.b64decode(done, validate=True))
                     except binascii.Error:
                         well_formed = False
-            if quote >= 0 or piece.endswith(b"\n"):
+            if quote >= 0 or piece.endswith(b"\n") or (not well_formed and self._offset - offset > limit):
                 break
             piece = self._read(_CHUNK)
             if not piece:
@@ -289,6 +341,12 @@ class ArchiveFile:
                 return
 
 
+def _too_long(limit: int, what: str) -> dict[str, Any]:
+    """What :meth:`ArchiveFile.records` gives for a line past its bound (``read_archive``
+    refuses it, naming the line)."""
+    return {"_refused": f"longer than {limit >> 20} MiB, more than sessions export writes for {what}"}
+
+
 def read_archive(lines: Iterable[bytes] | ArchiveFile, where: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """The header and the records of an archive; a usage error (naming ``where`` and the line)
     for anything that is not a whole archive of this format. From an :class:`ArchiveFile`, a
@@ -303,6 +361,8 @@ def read_archive(lines: Iterable[bytes] | ArchiveFile, where: str) -> tuple[dict
     )
     for n, (raw, streamed) in enumerate(it, 1):
         if streamed is not None:
+            if "_refused" in streamed:
+                raise _bad(f"{where}:{n}: not a ctxrules session archive line ({streamed['_refused']})")
             if header is None:
                 raise _bad(f"{where}:{n}: not a ctxrules session archive (no format header)")
             if ended:

@@ -46,6 +46,7 @@ from ctxrules.errors import CtxrulesError, UsageError
 
 __all__ = [
     "DOCS",
+    "DOC_MAX_BYTES",
     "LOG_KINDS",
     "SECRET_BYTES",
     "SESSION_ID_RE",
@@ -67,6 +68,12 @@ __all__ = [
 SESSION_ID_RE: Final = re.compile(r"[A-Za-z0-9._-]{1,128}")
 """A session id a URL store uses as it is; anything else is replaced by its sha256
 (:func:`ctxrules.stores.session_id_for`)."""
+
+DOC_MAX_BYTES: Final = 256 * 1024 * 1024
+"""The largest document ctxrules writes (notes are at most 500 of 20,000 characters, some 60 MB
+escaped, with room for their tags; router state, a checkpoint, root.json are kilobytes): the
+filesystem store reads no document past it, and ``sessions import`` no document line longer
+than its base64 (:mod:`ctxrules.stores.archive`)."""
 
 SECRET_BYTES: Final = (16, 64)
 """The length of an injection key any store accepts, in bytes (the filesystem store's key file

@@ -54,6 +54,7 @@ from ctxrules.private_files import (
 )
 from ctxrules.session_store import SessionStore
 from ctxrules.stores.base import (
+    DOC_MAX_BYTES,
     LOG_KINDS,
     BlobWriter,
     CompactionBusy,
@@ -107,11 +108,10 @@ _SKIP_DIRS: Final = frozenset({"vault", "ledger", "router", "keys"})
 
 # Documents up to this size are kept in memory after a read (notes, touched files).
 _DOC_MEMO_BYTES: Final = 1 << 20
-# No document is read past this (router state, a checkpoint, root.json are kilobytes; notes
-# are at most 500 of 20,000 characters, some 60 MB escaped; this leaves room for their tags): a
-# file claiming gigabytes (sparse) would take the memory and minutes of every verb that reads
-# it. Larger, it is no document ctxrules wrote (StoreError, naming it).
-_DOC_MAX_BYTES: Final = 256 * 1024 * 1024
+# No document is read past DOC_MAX_BYTES: a file claiming gigabytes (sparse) would take the
+# memory and minutes of every verb that reads it. Larger, it is no document ctxrules wrote
+# (StoreError, naming it).
+_DOC_MAX_BYTES: Final = DOC_MAX_BYTES
 _DOC_SETTLED_NS: Final = 2_000_000_000
 
 
