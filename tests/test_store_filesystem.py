@@ -226,6 +226,78 @@ def test_a_spool_a_killed_writer_left_is_removed_by_the_next_write_and_a_live_on
     assert Vault.of(FilesystemStore(state), session).get(item) == b"live" * 100_000
 
 
+def _in_shard(shard: str, n: int) -> list[bytes]:
+    """``n`` distinct items whose ids fall in ``shard``."""
+    found: list[bytes] = []
+    i = 0
+    while len(found) < n:
+        data = b"item %d" % i
+        if hashlib.sha256(data).hexdigest().startswith(shard):
+            found.append(data)
+        i += 1
+    return found
+
+
+def test_a_temporary_file_a_killed_item_write_left_in_a_shard_goes_with_the_next_write_there(tmp_path: Path) -> None:
+    """An item is written to a temporary file in its shard and renamed: a writer killed
+    between the two (``kill -9`` in ``put_blob``) left that file for good. The next write to
+    that shard by a store object removes one untouched for an hour; a fresh one (a writer at
+    work) stays, and so do those of shards the write does not touch (not listed: cheap)."""
+    store, key = _store(tmp_path)
+    first, second = _in_shard("ab", 2)
+    [other] = _in_shard("cd", 1)
+    store.put_blob(key, first)
+    store.put_blob(key, other)
+    vault = Path(key) / "vault"
+    stale, fresh, elsewhere = vault / "ab" / ".tmp-0123", vault / "ab" / ".tmp-4567", vault / "cd" / ".tmp-89ab"
+    an_hour_ago = time.time() - 3700
+    for path in (stale, fresh, elsewhere):
+        path.write_bytes(b"part of an item")
+        path.chmod(0o600)
+    for path in (stale, elsewhere):
+        os.utime(path, (an_hour_ago, an_hour_ago))
+    later = FilesystemStore(tmp_path / "state")  # the next command
+    listed: list[str] = []
+    scandir = os.scandir
+
+    def spy(path: str) -> object:
+        listed.append(os.path.relpath(path, vault))
+        return scandir(path)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(os, "scandir", spy)
+        later.put_blob(key, second)
+    assert not stale.exists()
+    assert fresh.exists() and elsewhere.exists()
+    assert sorted(listed) == [".", "ab"]
+    assert later.get_blob(key, hashlib.sha256(second).hexdigest()) == second
+
+
+def test_an_item_write_whose_temporary_file_was_swept_meanwhile_writes_it_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A shard's temporary file is marked by no lock: a writer stopped for an hour between
+    creating it and renaming it (SIGSTOP) finds it removed by another's sweep. Its rename
+    fails and the item is written again, whole: nothing is lost or cut short."""
+    import ctxrules.stores.filesystem as filesystem
+
+    store, key = _store(tmp_path)
+    replace = filesystem._replace_item
+    swept: list[str] = []
+
+    def swept_first(src: str, dst: str) -> None:
+        if not swept:
+            swept.append(src)
+            os.unlink(src)  # the sweep of another process, while this one stood still
+        replace(src, dst)
+
+    monkeypatch.setattr(filesystem, "_replace_item", swept_first)
+    blob_id = store.put_blob(key, b"an item")
+    assert swept and not Path(swept[0]).exists()
+    assert FilesystemStore(tmp_path / "state").get_blob(key, blob_id) == b"an item"
+    assert not list((Path(key) / "vault").rglob(".tmp-*"))
+
+
 def test_documents_update_under_their_lock_across_processes(tmp_path: Path) -> None:
     store, key = _store(tmp_path)
     ctx = multiprocessing.get_context("spawn")
