@@ -461,3 +461,40 @@ def test_marker_points_back_to_byte_identical_content(vault: Vault) -> None:
     assert marker.lines is not None
     assert vault.get_lines(marker.vault_id, *marker.lines) == b"line 2\nline 3"
     assert vault.get(marker.vault_id) == original.encode()
+
+
+def test_a_memory_store_writer_removes_spools_of_dead_writers_and_keeps_held_ones(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The memory (and Redis) store's writer spools to the system's temporary directory: it
+    marks its file held, and removes the spools there that no writer holds and nothing has
+    touched for an hour (a killed process's); a held one (a live writer, another descriptor
+    of this very process too), a fresh one and a file of another name stay."""
+    import tempfile
+    import time
+
+    from ctxrules import locks
+    from ctxrules.stores.memory import MemoryStore
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    dead, held, fresh, other = (tmp_path / n for n in ("ctxrules-blob-a", "ctxrules-blob-b", "ctxrules-blob-c", "x"))
+    for path in (dead, held, fresh, other):
+        path.write_bytes(b"part of an output")
+        path.chmod(0o600)
+    an_hour_ago = time.time() - 3700
+    for path in (dead, held, other):
+        os.utime(path, (an_hour_ago, an_hour_ago))
+    with held.open("rb") as holder:
+        locks.hold_shared(holder.fileno())
+        store = MemoryStore()
+        writer = Vault.of(store, "s").open_writer()
+        assert not dead.exists()
+        assert held.exists() and fresh.exists() and other.exists()
+        writer.write(b"an output")
+        spool = [p for p in tmp_path.glob("ctxrules-blob-*") if p not in (held, fresh)]
+        assert len(spool) == 1
+        with spool[0].open("rb") as probe:
+            assert locks.held_elsewhere(probe.fileno())  # the live writer's own mark
+        item = writer.commit()
+    assert Vault.of(store, "s").get(item) == b"an output"
+    assert not spool[0].exists()

@@ -36,6 +36,8 @@ import hashlib
 import os
 import re
 import tempfile
+import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
@@ -43,6 +45,7 @@ from pathlib import Path
 from typing import Any, Final, Literal, Protocol, runtime_checkable
 
 from ctxrules.errors import CtxrulesError, UsageError
+from ctxrules.private_files import UnsafePathError, open_private
 
 __all__ = [
     "DOCS",
@@ -50,6 +53,9 @@ __all__ = [
     "LOG_KINDS",
     "SECRET_BYTES",
     "SESSION_ID_RE",
+    "SPOOL_PREFIX",
+    "STALE_SPOOL_S",
+    "SWEEP_S",
     "BlobWriter",
     "CompactionBusy",
     "Log",
@@ -63,6 +69,7 @@ __all__ = [
     "StoreUsageError",
     "Turn",
     "VaultError",
+    "remove_stale_spools",
 ]
 
 SESSION_ID_RE: Final = re.compile(r"[A-Za-z0-9._-]{1,128}")
@@ -193,6 +200,74 @@ class BlobWriter(Protocol):
     # waits less. Callers look it up with ``getattr``; a writer without it loses nothing.
 
 
+STALE_SPOOL_S: Final = 3600.0
+"""A spool file (a blob written in pieces: :class:`SpooledBlobWriter` in the system's temporary
+directory, the filesystem store's in its vault) untouched this long whose writer holds it no
+more, or a filesystem store's temporary file in a vault shard untouched this long, was left by a
+process killed mid-write (``kill -9``, the OOM killer, a power cut): nothing names it, and it
+may hold gigabytes of a command's output. The next writer removes it
+(:func:`remove_stale_spools`). The age keeps clear of a writer between creating its file and
+marking it held, or renaming it."""
+SWEEP_S: Final = 600.0  # a process looks for such files in one directory this often at most
+SPOOL_PREFIX: Final = "ctxrules-blob-"  # a SpooledBlobWriter's file in the temporary directory
+
+
+def remove_stale_spools(directory: str, prefix: str, *, held: bool = True) -> None:
+    """Remove the files named ``prefix...`` in ``directory`` that killed writers left
+    (:data:`STALE_SPOOL_S`): untouched that long, regular files of this user, and held by no
+    writer (:func:`ctxrules.locks.held_elsewhere`; ``held=False``: files no writer marks, whose
+    age alone tells, as the filesystem store's shards explain). The lock module is loaded only
+    when there is such a file to ask about. Best effort: whatever cannot be looked at is left
+    as it is."""
+    cutoff = time.time() - STALE_SPOOL_S
+    try:
+        with os.scandir(directory) as entries:
+            old = [
+                e.path
+                for e in entries
+                if e.name.startswith(prefix)
+                and e.is_file(follow_symlinks=False)
+                and e.stat(follow_symlinks=False).st_mtime < cutoff
+            ]
+    except OSError:
+        return
+    for path in old:
+        if not held:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+            continue
+        try:
+            fd = open_private(path, os.O_RDONLY)  # another user's (a shared /tmp) is refused
+        except (OSError, UnsafePathError):
+            continue
+        try:
+            from ctxrules import locks
+
+            st = os.fstat(fd)
+            if st.st_mtime < cutoff and not locks.held_elsewhere(fd) and os.lstat(path).st_ino == st.st_ino:
+                os.unlink(path)
+        except OSError:
+            continue
+        finally:
+            os.close(fd)
+
+
+_spools_swept: dict[str, float] = {}  # temporary directory -> when this process last swept it
+_spools_mutex = threading.Lock()
+
+
+def _sweep_spools(directory: str) -> None:
+    """:func:`remove_stale_spools` of :class:`SpooledBlobWriter` files in ``directory``, once in
+    :data:`SWEEP_S` per process (a system's temporary directory may hold thousands of files)."""
+    now = time.monotonic()
+    with _spools_mutex:
+        last = _spools_swept.get(directory)
+        if last is not None and now - last < SWEEP_S:
+            return
+        _spools_swept[directory] = now
+    remove_stale_spools(directory, SPOOL_PREFIX)
+
+
 class SpooledBlobWriter:
     """A :class:`BlobWriter` for any store: the pieces go to a private temporary file (mode
     0600) and :meth:`commit` hands the whole to :meth:`Store.put_blob`. The filesystem store
@@ -209,8 +284,17 @@ class SpooledBlobWriter:
         self._done = False
 
     def _temporary(self) -> tuple[int, str]:
-        """(fd, path) of the file the pieces go to."""
-        return tempfile.mkstemp(prefix="ctxrules-blob-")
+        """(fd, path) of the file the pieces go to: in the system's temporary directory, held
+        until it is closed (:func:`ctxrules.locks.hold_shared`), so that the next writer, in any
+        process, removes the spools of writers killed mid-write (:func:`remove_stale_spools`)
+        and never a live one's, however long idle."""
+        from ctxrules import locks
+
+        directory = tempfile.gettempdir()
+        _sweep_spools(directory)
+        fd, name = tempfile.mkstemp(prefix=SPOOL_PREFIX, dir=directory)
+        locks.hold_shared(fd)
+        return fd, name
 
     def _write_failed(self, exc: OSError) -> VaultError:
         return VaultError(f"cannot spool a vault blob to {self.path}: {exc}")

@@ -56,6 +56,7 @@ from ctxrules.session_store import SessionStore
 from ctxrules.stores.base import (
     DOC_MAX_BYTES,
     LOG_KINDS,
+    SWEEP_S,
     BlobWriter,
     CompactionBusy,
     DocName,
@@ -69,6 +70,7 @@ from ctxrules.stores.base import (
     StoreUsageError,
     Turn,
     VaultError,
+    remove_stale_spools,
 )
 from ctxrules.threads import helper_thread
 
@@ -85,15 +87,6 @@ _CLOEXEC: Final = getattr(os, "O_CLOEXEC", 0)
 _DIRECTORY: Final = getattr(os, "O_DIRECTORY", 0)
 _ACCESS_NOFOLLOW: Final = os.access in os.supports_follow_symlinks  # not on Windows
 _CHECK_S: Final = 2.0  # a vault directory checked longer ago than this is checked again
-_STALE_SPOOL_S: Final = 3600.0
-"""A spool file in the vault (:class:`_FileBlobWriter`) untouched this long whose writer holds it
-no more, or a temporary file in a shard (:func:`_write_durable`) untouched this long, was left by
-a process killed mid-write (``kill -9``, the OOM killer, a power cut): nothing names it, and it
-may hold gigabytes of a command's output. A writer of the vault removes it
-(:func:`_remove_stale_spools`). The age keeps clear of a writer between creating its file and
-marking it held, or renaming it."""
-_SWEEP_S: Final = 600.0  # a store looks for such files in a vault or a shard this often at most
-
 # document -> (file in the session directory, lock file or None: written under the prepare lock)
 _DOC_FILES: Final[dict[str, tuple[str, str | None]]] = {
     "notes": ("notes.json", ".notes.lock"),
@@ -387,24 +380,32 @@ class FilesystemStore:
 
     def _sweep(self, session: str, shard: str | None = None) -> None:
         """Remove what killed writers left in the vault of ``session`` (checked for a write just
-        now): the spools in the vault itself (``shard`` None), or the temporary files of
-        :func:`_write_durable` in ``shard``, one the caller is about to write to. Each once in
-        :data:`_SWEEP_S` per store object: every turn checks the vault again, and a warm turn
-        lists only the shards it writes to (a shard of a 5,000-item vault holds some 20 entries:
-        tens of microseconds), never all 256 (some 4 ms). A file left in a shard goes when the
-        session next writes an item of that shard an hour or more later."""
+        now, :func:`~ctxrules.stores.base.remove_stale_spools`): the spools in the vault itself
+        (``shard`` None), or the temporary files of :func:`_write_durable` in ``shard``, one the
+        caller is about to write to. Each once in :data:`~ctxrules.stores.base.SWEEP_S` per store
+        object: every turn checks the vault again, and a warm turn lists only the shards it
+        writes to (a shard of a 5,000-item vault holds some 20 entries: tens of microseconds),
+        never all 256 (some 4 ms). A file left in a shard goes when the session next writes an
+        item of that shard an hour or more later.
+
+        A shard's temporary files (an item or a ``.meta`` sidecar on its way in) are marked by
+        no lock: their writer holds one only between creating it and renaming it over the item,
+        within one call, writing bytes it holds in memory. An hour untouched is no live writer;
+        and one stopped that long (``SIGSTOP``, a suspended machine) loses nothing: its rename
+        finds no file (``FileNotFoundError``), and :meth:`_write_blob` writes the item again, as
+        for a shard removed meanwhile. Nothing is visible under an item's id until it is whole."""
         now = time.monotonic()
         key = (session, shard)
         last = self._swept.get(key)
-        if self._private or (last is not None and now - last < _SWEEP_S):
+        if self._private or (last is not None and now - last < SWEEP_S):
             return
         if len(self._swept) > 4096:  # a store serving many sessions: bounded
             self._swept.clear()
         self._swept[key] = now
         if shard is None:
-            _remove_stale_spools(self._vault_path(session))
+            remove_stale_spools(self._vault_path(session), _TMP_PREFIX)
         else:
-            _remove_stale_spools(shard, held=False)
+            remove_stale_spools(shard, _TMP_PREFIX, held=False)
 
     def get_blob(self, session: str, blob_id: str) -> bytes:
         handle, path = self._open_item(session, blob_id)
@@ -964,51 +965,6 @@ def _verify(handle: BinaryIO, blob_id: str, path: Path) -> None:
     actual = digest.hexdigest()
     if actual != blob_id:
         raise VaultError(f"vault entry {blob_id} is corrupt: its content hashes to {actual} ({path})")
-
-
-def _remove_stale_spools(directory: str, *, held: bool = True) -> None:
-    """Remove the temporary files in ``directory`` (the vault, or with ``held=False`` one of its
-    shards) that killed writers left (:data:`_STALE_SPOOL_S`): untouched that long, regular
-    files, and held by no writer (:func:`ctxrules.locks.held_elsewhere`). The lock module is
-    loaded only when there is such a spool to ask about. Best effort: whatever cannot be
-    looked at is left as it is.
-
-    A shard's temporary files (:func:`_write_durable`: an item or a ``.meta`` sidecar on its
-    way in) are marked by no lock: their writer holds one only between creating it and
-    renaming it over the item, within one call, writing bytes it holds in memory. An hour
-    untouched is no live writer; and one stopped that long (``SIGSTOP``, a suspended machine)
-    loses nothing: its rename finds no file (``FileNotFoundError``), and
-    :meth:`FilesystemStore._write_blob` writes the item again, as for a shard removed
-    meanwhile. Nothing is visible under an item's id until it is whole."""
-    cutoff = time.time() - _STALE_SPOOL_S
-    try:
-        with os.scandir(directory) as entries:
-            old = [
-                e.path
-                for e in entries
-                if e.name.startswith(_TMP_PREFIX)
-                and e.is_file(follow_symlinks=False)
-                and e.stat(follow_symlinks=False).st_mtime < cutoff
-            ]
-    except OSError:
-        return
-    for path in old:
-        if not held:
-            with contextlib.suppress(OSError):
-                os.unlink(path)
-            continue
-        try:
-            fd = open_private(path, os.O_RDONLY)
-        except (OSError, UnsafePathError):
-            continue
-        try:
-            st = os.fstat(fd)
-            if st.st_mtime < cutoff and not _locks().held_elsewhere(fd) and os.lstat(path).st_ino == st.st_ino:
-                os.unlink(path)
-        except OSError:
-            continue
-        finally:
-            os.close(fd)
 
 
 def _intact(path: str | Path, blob_id: str) -> bool:
