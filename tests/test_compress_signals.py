@@ -33,11 +33,39 @@ def start(tmp_path: Path, script: str = SCRIPT) -> subprocess.Popen[bytes]:
 
 
 def wait_ready(tmp_path: Path, proc: subprocess.Popen[bytes]) -> int:
+    """The command's group id, once its output is out and its ``sleep`` runs. Signalled any
+    earlier, the signal can land in the shell's copy of itself between fork and exec of
+    ``sleep`` (its SIGINT handler still the shell's): the shell then holds the SIGINT until the
+    job ends and ``sleep`` never gets it, so ``sh -c`` waits out the 30 s with or without
+    ctxrules in front (that race is the shell's; the test is about forwarding)."""
     deadline = time.monotonic() + 60
     while not (tmp_path / "READY").exists():
         assert proc.poll() is None and time.monotonic() < deadline, "the command never started"
         time.sleep(0.05)
-    return int((tmp_path / "READY").read_text())
+    pgid = int((tmp_path / "READY").read_text())
+    while not _runs_sleep(pgid):
+        assert proc.poll() is None and time.monotonic() < deadline, "the command's sleep never started"
+        time.sleep(0.02)
+    return pgid
+
+
+def _runs_sleep(pgid: int) -> bool:
+    """Whether a process of group ``pgid`` has become ``sleep`` (exec'd); where there is no
+    /proc to tell, after a pause that is long enough on any machine but a stalled one."""
+    proc = Path("/proc")
+    if not proc.is_dir():
+        time.sleep(0.5)
+        return True
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            stat = (entry / "stat").read_text()
+            # pid (comm) state ppid pgrp ...: comm may hold spaces, so split after its ")"
+            comm = stat[stat.index("(") + 1 : stat.rindex(")")]
+            if comm == "sleep" and int(stat[stat.rindex(")") + 2 :].split()[2]) == pgid:
+                return True
+    return False
 
 
 def group_gone(pgid: int, within: float = 10.0) -> bool:
