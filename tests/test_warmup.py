@@ -316,6 +316,21 @@ def test_an_infinite_interval_sends_warm_ups_and_no_keep_alives(server: Any) -> 
     assert [p.kind for p in ka.probes] == ["warmup", "warmup"]
 
 
+def probe_reply(usage: dict[str, int] | None = None) -> dict[str, Any]:
+    """A chat completion as a provider answers a probe (one token, cut at max_tokens); without
+    ``usage`` when none is given, as some providers and proxies answer."""
+    body: dict[str, Any] = {
+        "id": "c1",
+        "object": "chat.completion",
+        "created": 0,
+        "model": "gpt-4o",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "length"}],
+    }
+    if usage is not None:
+        body["usage"] = usage
+    return body
+
+
 def test_a_probe_whose_provider_sends_no_usage_is_counted_in_the_ledger(tmp_path: Path) -> None:
     """A provider (or proxy) that answers without ``usage``: litellm fills in zeros, and the
     probe, a call billed like any other, went into the ledger as free (0 tokens, 0 USD). Its
@@ -326,15 +341,8 @@ def test_a_probe_whose_provider_sends_no_usage_is_counted_in_the_ledger(tmp_path
 
     session = Engine.load("builtin:default").session(tmp_path / "s", model="gpt-4o")
     prefix = [{"role": "system", "content": "You fix bugs. " * 300}, {"role": "user", "content": "hi"}]
-    body = {
-        "id": "c1",
-        "object": "chat.completion",
-        "created": 0,
-        "model": "gpt-4o",
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "length"}],
-    }
     with LLMServer() as server:
-        server.script(raw(json.dumps(body).encode()))
+        server.script(raw(json.dumps(probe_reply()).encode()))
         probe = send_probe("openai/gpt-4o", prefix, request=request_for(server.base_url), ledger=session.ledger)
         assert len(server.requests) == 1
     counter = TokenCounter.for_model(lookup_model("gpt-4o"))
@@ -360,16 +368,9 @@ def test_a_sent_probe_whose_usage_the_ledger_cannot_take_is_no_failed_probe(
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(session.ledger, "record", full_disk)
-    body = {
-        "id": "c1",
-        "object": "chat.completion",
-        "created": 0,
-        "model": "gpt-4o",
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "length"}],
-        "usage": {"prompt_tokens": 1200, "completion_tokens": 1, "total_tokens": 1201},
-    }
+    usage = {"prompt_tokens": 1200, "completion_tokens": 1, "total_tokens": 1201}
     with LLMServer() as server:
-        server.script(raw(json.dumps(body).encode()))
+        server.script(raw(json.dumps(probe_reply(usage)).encode()))
         probe = send_probe(
             "openai/gpt-4o",
             [{"role": "user", "content": "x"}],
