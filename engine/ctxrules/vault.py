@@ -294,11 +294,12 @@ class Vault:
                     )
                 handle.seek(start)
                 left = end - start
-            digest = hashlib.sha256()
+            digest = hashlib.sha256()  # of the whole item (a line range was checked by opener)
             while block := handle.read(_BLOCK if left is None else min(_BLOCK, left)):  # read(0): b""
-                digest.update(block)
                 write(block)
-                if left is not None:
+                if left is None:
+                    digest.update(block)
+                else:
                     left -= len(block)
         if lines is None and digest.hexdigest() != blob_id:
             raise VaultError(f"vault entry {blob_id} changed while it was read: what was printed is not its bytes")

@@ -102,10 +102,6 @@ _SKIP_DIRS: Final = frozenset({"vault", "ledger", "router", "keys"})
 
 # Documents up to this size are kept in memory after a read (notes, touched files).
 _DOC_MEMO_BYTES: Final = 1 << 20
-# No document is read past DOC_MAX_BYTES: a file claiming gigabytes (sparse) would take the
-# memory and minutes of every verb that reads it. Larger, it is no document ctxrules wrote
-# (StoreError, naming it).
-_DOC_MAX_BYTES: Final = DOC_MAX_BYTES
 _DOC_SETTLED_NS: Final = 2_000_000_000
 
 
@@ -887,10 +883,12 @@ def _read_secret(path: Path) -> bytes:
 
 
 def _read_doc_file(path: Path) -> bytes:
-    """A document's bytes, at most :data:`_DOC_MAX_BYTES` (``FileNotFoundError`` propagates)."""
-    data = read_private(path, limit=_DOC_MAX_BYTES + 1)
-    if len(data) > _DOC_MAX_BYTES:
-        raise StoreError(f"{path} is larger than {_DOC_MAX_BYTES >> 20} MiB: not a document ctxrules wrote (remove it)")
+    """A document's bytes, at most :data:`~ctxrules.stores.base.DOC_MAX_BYTES`: a file claiming
+    gigabytes (sparse) would take the memory and minutes of every verb that reads it; larger, it
+    is no document ctxrules wrote (:class:`StoreError`, naming it). ``FileNotFoundError`` propagates."""
+    data = read_private(path, limit=DOC_MAX_BYTES + 1)
+    if len(data) > DOC_MAX_BYTES:
+        raise StoreError(f"{path} is larger than {DOC_MAX_BYTES >> 20} MiB: not a document ctxrules wrote (remove it)")
     return data
 
 
@@ -959,10 +957,7 @@ whole (:meth:`FilesystemStore.get_blob`); a smaller one is read and hashed at on
 def _verify(handle: BinaryIO, blob_id: str, path: Path) -> None:
     """:class:`VaultError` unless ``handle``, read a block at a time from where it is to its
     end, holds the bytes of ``blob_id``."""
-    digest = hashlib.sha256()
-    while block := handle.read(_BLOCK):
-        digest.update(block)
-    actual = digest.hexdigest()
+    actual = _sha256_of(handle)
     if actual != blob_id:
         raise VaultError(f"vault entry {blob_id} is corrupt: its content hashes to {actual} ({path})")
 
@@ -970,7 +965,6 @@ def _verify(handle: BinaryIO, blob_id: str, path: Path) -> None:
 def _intact(path: str | Path, blob_id: str) -> bool:
     """Whether ``path`` holds the bytes of ``blob_id`` (read a block at a time: a blob may be
     a huge command output)."""
-    digest = hashlib.sha256()
     try:
         fd = open_private(path, os.O_RDONLY)
     except (FileNotFoundError, UnsafePathError):
@@ -978,9 +972,15 @@ def _intact(path: str | Path, blob_id: str) -> bool:
         # and the write renames the item over it, never writing through it.
         return False
     with os.fdopen(fd, "rb") as handle:
-        while block := handle.read(_BLOCK):
-            digest.update(block)
-    return digest.hexdigest() == blob_id
+        return _sha256_of(handle) == blob_id
+
+
+def _sha256_of(handle: BinaryIO) -> str:
+    """The sha256 hex of what ``handle`` holds from where it is to its end, a block at a time."""
+    digest = hashlib.sha256()
+    while block := handle.read(_BLOCK):
+        digest.update(block)
+    return digest.hexdigest()
 
 
 class _FileBlobWriter(SpooledBlobWriter):
