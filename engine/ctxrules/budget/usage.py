@@ -25,7 +25,7 @@ from typing import Any, Final, Literal
 
 from ctxrules.errors import UsageError
 
-__all__ = ["TOKEN_KINDS", "TokenUsage", "UsageFormat", "as_mapping", "is_failed_response", "parse_usage"]
+__all__ = ["TOKEN_KINDS", "TokenUsage", "UsageFormat", "as_mapping", "is_failed_response", "parse_usage", "reply_text"]
 
 TOKEN_KINDS: Final = (
     "prompt",
@@ -143,6 +143,25 @@ def is_failed_response(obj: object) -> bool:
     # ``"usage": null`` is no usage (an SDK object's None attribute is not read either).
     has_usage = any(obj.get(k) is not None for k in ("usage", "usageMetadata", "usage_metadata"))
     return not has_usage and obj.get("error") not in (None, False, "")
+
+
+def reply_text(response: object) -> str:
+    """The text a model's reply is counted by when its usage is missing (``session.complete``,
+    a cache probe): the first choice's content and its tool calls' names and arguments."""
+
+    def get(obj: Any, name: str) -> Any:
+        return obj.get(name) if isinstance(obj, Mapping) else getattr(obj, name, None)
+
+    choices = get(response, "choices") or [None]
+    reply = get(choices[0], "message") if choices[0] is not None else None
+    if reply is None:
+        return ""
+    content = get(reply, "content")
+    parts = [content] if isinstance(content, str) else []
+    for call in get(reply, "tool_calls") or []:
+        fn = get(call, "function")
+        parts.extend(p for p in (get(fn, "name"), get(fn, "arguments")) if isinstance(p, str))
+    return "".join(parts)
 
 
 def parse_usage(obj: object, fmt: UsageFormat = "auto") -> TokenUsage:

@@ -154,8 +154,9 @@ def _counted_usage(
     model: str, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]], response: Any
 ) -> TokenUsage:
     """A probe's tokens counted with the model's tokenizer (the name's guess for a model the
-    registry does not know): the prefix sent, and the reply's text."""
-    from ctxrules.budget.usage import TokenUsage
+    registry does not know): the prefix sent, and the reply's text (:func:`reply_text`, as
+    ``session.complete`` counts a reply without usage)."""
+    from ctxrules.budget.usage import TokenUsage, reply_text
     from ctxrules.models import classify_model
     from ctxrules.tokens import TokenCounter
 
@@ -164,15 +165,10 @@ def _counted_usage(
     except CtxrulesError:
         tokenizer = classify_model(model)[1]
     counter = TokenCounter.for_tokenizer(tokenizer)
-
-    def get(obj: Any, name: str) -> Any:
-        return obj.get(name) if isinstance(obj, Mapping) else getattr(obj, name, None)
-
-    choices = get(response, "choices") or [None]
-    text = get(get(choices[0], "message"), "content")
+    text = reply_text(response)
     return TokenUsage.of(
         prompt=counter.count_messages(list(messages), list(tools) or None),
-        completion=counter.count_text(text) if isinstance(text, str) and text else 0,
+        completion=counter.count_text(text) if text else 0,
     )
 
 

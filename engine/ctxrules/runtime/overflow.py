@@ -21,14 +21,14 @@ import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ctxrules.budget.usage import TokenUsage
+from ctxrules.budget.usage import TokenUsage, reply_text
 from ctxrules.errors import CompletionFailed, UsageError
 from ctxrules.injected import InjectionKey, key_scope
 from ctxrules.llm import error_text, load_litellm, quiet
 from ctxrules.logs import get_logger
 from ctxrules.pipeline.context import StageContext
 from ctxrules.results import PrepareResult
-from ctxrules.runtime.streaming import AsyncCompletionStream, CompletionStream, _get, record_usage, reports_tokens
+from ctxrules.runtime.streaming import AsyncCompletionStream, CompletionStream, record_usage, reports_tokens
 
 if TYPE_CHECKING:
     from ctxrules.models import ModelInfo
@@ -344,24 +344,10 @@ def _record(
             return
         except UsageError as exc:
             attempts[-1]["usage_refused"] = str(exc)[:300]
-    choices = _get(response, "choices") or [None]
-    reply = _get(choices[0], "message") if choices[0] is not None else None
-    text = "".join(_reply_parts(reply))
+    text = reply_text(response)
     counter = session.counter
     usage = TokenUsage.of(
         prompt=counter.count_messages(sent, tools), completion=counter.count_text(text) if text else 0
     )
     attempts[-1]["usage_counted"] = True
     record_usage(session, attempts[-1], usage, model, "counted")
-
-
-def _reply_parts(reply: Any) -> list[str]:
-    """The text of a reply message: its content and its tool calls' names and arguments."""
-    if reply is None:
-        return []
-    content = _get(reply, "content")
-    parts = [content] if isinstance(content, str) else []
-    for call in _get(reply, "tool_calls") or []:
-        fn = _get(call, "function")
-        parts.extend(p for p in (_get(fn, "name"), _get(fn, "arguments")) if isinstance(p, str))
-    return parts
