@@ -17,7 +17,7 @@ import pytest
 import ctxrules.compressors.large as large_mod
 from ctxrules.compressors.api import compress_large, early_scan
 from ctxrules.compressors.failures import FailurePattern, compile_failures
-from ctxrules.compressors.large import Capture, EarlyScan, Growing, Large, scan_middle
+from ctxrules.compressors.large import Capture, EarlyScan, Growing, Large, newlines, scan_middle
 from ctxrules.patterns import Pattern
 from ctxrules.patterns import compile as pattern
 from ctxrules.plugins import default_registry
@@ -92,7 +92,7 @@ def test_a_scan_following_the_writer_finds_what_a_scan_of_the_finished_entry_fin
     )
     at = 0
     while at < len(data):  # pieces of every size, as a pipe hands them over
-        piece = rnd.choice([1, 7, 300, 4096, 65536])
+        piece = rnd.choice([1, 7, 300, 4096, 65536, 200_000])  # a pipe read takes up to 1 MiB
         capture.write(data[at : at + piece])
         at += piece
         if rnd.random() < 0.05 or at > len(data) - 4 * window:
@@ -275,3 +275,41 @@ def test_a_write_back_error_met_by_the_early_sync_fails_the_commit(
         large.writer.commit()
     assert calls and not vault.exists(hashlib.sha256(data).hexdigest())
     capture.discard()
+
+
+@pytest.mark.parametrize("line", [0, 1, 2, 31, 47, 48, 49, 120, 5000])
+def test_newlines_counts_what_bytes_count_counts_whatever_the_line_length(line: int) -> None:
+    rnd = random.Random(line)
+    for size in (0, 1, 4095, 16_383, 16_384, 100_000, 1 << 20):
+        if line == 0:  # lines of every length, newlines bunched and sparse
+            data = bytes(rnd.choice(b"ab\n") if rnd.random() < 0.5 else 97 for _ in range(size))
+        else:
+            data = ((b"x" * (line - 1) + b"\n") * (size // line + 1))[:size]
+        assert newlines(data) == data.count(b"\n"), (line, size)
+
+
+def test_a_followed_capture_counts_a_block_from_the_marks_of_the_pieces_inside(tmp_path: Path) -> None:
+    # Pieces larger than the scan's blocks (a pipe read takes up to 1 MiB): every block's count
+    # is still exact, however the block falls across the capture's pieces and marks.
+    rnd = random.Random(7)
+    data = b"".join(b"y" * rnd.randrange(0, 300) + b"\n" for _ in range(40_000))
+    growing = Growing(0)
+    sizes: list[int] = []
+    counts: list[int] = []
+    at = total = 0
+    while at < len(data):
+        piece = data[at : at + rnd.choice([1000, 70_000, 300_000, 1 << 20])]
+        mark = 0
+        while mark < len(piece):  # as Capture._stream marks them
+            part = piece[mark : mark + 65536]
+            total += part.count(b"\n")
+            mark += len(part)
+            sizes.append(at + mark)
+            counts.append(total)
+        at += len(piece)
+    growing.grew(sizes, counts)
+    offset = 0
+    while offset < len(data):  # ascending, as a scan asks
+        end = min(len(data), offset + rnd.choice([10, 5000, 65536, 100_000, 1 << 20]))
+        assert growing.count_newlines(data[offset:end], offset) == data[offset:end].count(b"\n")
+        offset = end

@@ -235,3 +235,18 @@ def test_a_job_that_keeps_writing_does_not_hold_ctxrules_and_the_command_output_
         assert lines == [str(i) for i in range(1, 20001)] + ["own-last"]
     finally:
         cleanup(tmp_path, proc)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a pipe's size is set on Linux only")
+def test_a_fast_command_is_read_in_pieces_larger_than_a_default_pipe(tmp_path: Path) -> None:
+    # The pipe is widened and a read takes what is there: a `cat` of a big file is not read
+    # 64 KiB at a time (thousands of reads for a big log), and every byte still arrives.
+    from ctxrules.cli.child import Child
+
+    data = os.urandom(8 << 20)
+    (tmp_path / "blob").write_bytes(data)
+    pieces: list[bytes] = []
+    code = Child(["cat", str(tmp_path / "blob")], capture=True).run_into(pieces.append)
+    assert code == 0
+    assert b"".join(pieces) == data
+    assert max(len(p) for p in pieces) > 65536

@@ -168,7 +168,7 @@ class Capture:
         if self._writer is None:
             self._chunks.append(chunk)
             self._held += len(chunk)
-            self._held_lines += chunk.count(b"\n")
+            self._held_lines += newlines(chunk)
             if (self._held > self._limit or self._held_lines > self._limit_lines) and self.error is None:
                 self._spill()
             return
@@ -274,9 +274,20 @@ class Capture:
             self._chunks = [written, rest]
             self._held = len(written) + len(rest)
             return
-        self._newlines += data.count(b"\n")
-        if self._growing is not None:
-            self._growing.grew(writer.size, self._newlines)
+        if self._growing is None:
+            self._newlines += newlines(data)
+        else:
+            # Counted in marks of _MARK_BYTES: a block the scan skips holds whole marks, whose
+            # counts it takes from here, and counts only its two ends again.
+            sizes, counts = [], []
+            size = before
+            for at in range(0, len(data), _MARK_BYTES):
+                piece = data[at : at + _MARK_BYTES]
+                size += len(piece)
+                self._newlines += newlines(piece)
+                sizes.append(size)
+                counts.append(self._newlines)
+            self._growing.grew(sizes, counts)
         recent = self._recent
         recent.append(data)
         self._recent_size += len(data)
@@ -309,12 +320,15 @@ class Growing:
         self._end: int | None = None
         self._stopped = False
 
-    def grew(self, size: int, newlines: int) -> None:
-        """The file now holds ``size`` bytes, ``newlines`` of them newlines."""
+    def grew(self, sizes: list[int], newlines: list[int]) -> None:
+        """The file now holds ``sizes[-1]`` bytes; ``newlines[i]`` of its first ``sizes[i]``
+        bytes are newlines (``sizes`` ascending, after every size reported before)."""
+        if not sizes:
+            return
         with self._cond:
-            self._sizes.append(size)
-            self._newlines.append(newlines)
-            self._ready = size
+            self._sizes += sizes
+            self._newlines += newlines
+            self._ready = size = sizes[-1]
             if size >= self._want:
                 self._cond.notify_all()
 
@@ -337,13 +351,13 @@ class Growing:
             first = bisect.bisect_left(sizes, offset)  # the first size reached at or after offset
             last = bisect.bisect_right(sizes, end) - 1  # the last one at or before the end
             if first >= last:
-                return data.count(b"\n")
+                return newlines(data)
             inside = self._newlines[last] - self._newlines[first]
             first_size, last_size = sizes[first], sizes[last]
             # The scan asks about later bytes only: what lies before is not needed again
             # (the lists stay short however long the output grows).
             del sizes[:first], self._newlines[:first]
-        return data.count(b"\n", 0, first_size - offset) + inside + data.count(b"\n", last_size - offset)
+        return newlines(data[: first_size - offset]) + inside + newlines(data[last_size - offset :])
 
     @property
     def end(self) -> int | None:
@@ -638,7 +652,24 @@ def _candidates(found: list[Any], lines: list[str]) -> list[int]:
 
 
 def _count_newlines(data: bytes, offset: int) -> int:
-    return data.count(b"\n")
+    return newlines(data)
+
+
+def newlines(data: bytes) -> int:
+    """``data.count(b"\n")``, in half the time where lines are long: ``count`` looks at every
+    byte, while ``replace`` jumps from one newline to the next and is the faster of the two
+    once lines average more than about 32 bytes (slower below: 10x on empty lines). The
+    first 4 KiB choose."""
+    if len(data) < _SAMPLE_BYTES * 4:
+        return data.count(b"\n")
+    if data.count(b"\n", 0, _SAMPLE_BYTES) * _LONG_LINE > _SAMPLE_BYTES:
+        return data.count(b"\n")
+    return len(data) - len(data.replace(b"\n", b""))
+
+
+_SAMPLE_BYTES = 4096
+_MARK_BYTES = 64 * 1024  # how finely a capture followed by a scan counts newlines (Growing)
+_LONG_LINE = 48  # bytes per line from which replace() is clearly the faster
 
 
 def _skim(data: bytes, keep: int, first_line: int, newlines: int) -> tuple[int, list[tuple[int, str]]]:
