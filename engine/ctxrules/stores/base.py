@@ -32,7 +32,6 @@ parameters (``redis://host/0?ttl_s=86400``), never pack keys.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
 import re
 import tempfile
@@ -46,6 +45,7 @@ from typing import Any, Final, Literal, Protocol, runtime_checkable
 
 from ctxrules.errors import CtxrulesError, UsageError
 from ctxrules.private_files import UnsafePathError, open_private
+from ctxrules.stores.hashing import StreamHash
 
 __all__ = [
     "DOCS",
@@ -279,7 +279,7 @@ class SpooledBlobWriter:
         self.path = Path(name)
         self._handle = os.fdopen(fd, "wb", buffering=0)  # what write() accepted is in the file
         os.fchmod(fd, 0o600)
-        self._hash = hashlib.sha256()
+        self._hash = StreamHash()
         self.size = 0
         self._done = False
 
@@ -327,6 +327,7 @@ class SpooledBlobWriter:
         if self._done:
             return
         self._done = True
+        self._hash.close()
         with contextlib.suppress(OSError):
             self._handle.close()
         with contextlib.suppress(FileNotFoundError):

@@ -1,0 +1,74 @@
+"""The sha256 of a blob written in pieces: in the writer's thread while it is small, on a helper
+thread once it is large.
+
+A fast command's output streams into the vault at hundreds of MB/s (``ctxrules compress --
+cat big.log``); its sha256, the blob's id, costs as much CPU as copying it into the file. Past
+:data:`INLINE_BYTES` the pieces go to a helper thread that hashes them (hashlib lets go of the
+GIL on large pieces) while the writer reads and writes the next ones; the hash is waited for
+only when the id is asked for, once everything is written.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import queue
+import threading
+
+from ctxrules.threads import helper_thread
+
+__all__ = ["INLINE_BYTES", "StreamHash"]
+
+INLINE_BYTES = 4 * 1024 * 1024
+"""Up to this many bytes the pieces are hashed in the writer's thread (no thread for the
+usual small blob)."""
+_QUEUED = 8  # pieces waiting for the helper at most: the writer waits beyond (bounded memory)
+
+
+class StreamHash:
+    """``update`` with the pieces in order, then :meth:`hexdigest`: the sha256 of them all."""
+
+    def __init__(self) -> None:
+        self._hash = hashlib.sha256()
+        self._size = 0
+        self._queue: queue.Queue[bytes | memoryview | None] | None = None
+        self._thread: threading.Thread | None = None
+
+    def update(self, data: bytes | memoryview) -> None:
+        if self._queue is None:
+            self._size += len(data)
+            if self._size <= INLINE_BYTES or not self._start():
+                self._hash.update(data)
+                return
+        assert self._queue is not None
+        if isinstance(data, memoryview) and not isinstance(data.obj, bytes):
+            data = bytes(data)  # the caller may change a bytearray once this returns
+        self._queue.put(data)
+
+    def hexdigest(self) -> str:
+        """The sha256 of every piece so far (waits for the helper to hash what it was given)."""
+        self.close()
+        return self._hash.hexdigest()
+
+    def close(self) -> None:
+        """Let the helper finish and end (harmless when there is none); later pieces start
+        another."""
+        pending, thread = self._queue, self._thread
+        if pending is None or thread is None:
+            return
+        self._queue = self._thread = None
+        pending.put(None)
+        thread.join()
+
+    def _start(self) -> bool:
+        pending: queue.Queue[bytes | memoryview | None] = queue.Queue(maxsize=_QUEUED)
+        thread = helper_thread(self._run, "ctxrules-hash", args=(pending,))
+        try:
+            thread.start()
+        except RuntimeError:  # no thread to be had: hashed here, as a small blob is
+            return False
+        self._queue, self._thread = pending, thread
+        return True
+
+    def _run(self, pending: queue.Queue[bytes | memoryview | None]) -> None:
+        while (piece := pending.get()) is not None:
+            self._hash.update(piece)
