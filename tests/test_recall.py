@@ -512,6 +512,62 @@ def test_a_line_that_is_not_json_is_answered_with_a_parse_error(tmp_path: Path) 
     assert code == 0
 
 
+def test_json_that_is_not_a_json_rpc_message_is_answered_with_invalid_request(tmp_path: Path) -> None:
+    """JSON the SDK's own validator refuses as a message (an object that is not one, an array,
+    a number, a request whose method or params have the wrong type) was dropped without an
+    answer, and a client waited for ever; now each gets JSON-RPC's -32600, with its id where
+    it has a valid one, and the calls after it are answered as before."""
+    import select
+    import subprocess
+
+    session, _ = prepared(tmp_path)
+    proc = subprocess.Popen(
+        _mcp_argv(session.path), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_mcp_env()
+    )
+    assert proc.stdin is not None and proc.stdout is not None
+
+    def send(message: object) -> None:
+        assert proc.stdin is not None
+        proc.stdin.write(json.dumps(message).encode() + b"\n")
+        proc.stdin.flush()
+
+    def answer() -> dict[str, Any]:
+        assert proc.stdout is not None
+        ready, _, _ = select.select([proc.stdout], [], [], 30)
+        assert ready, "no answer within 30 s"
+        return json.loads(proc.stdout.readline())  # type: ignore[no-any-return]
+
+    try:
+        hello = {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}
+        send({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": hello})
+        assert answer()["id"] == 1
+        send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        refused: list[tuple[object, object]] = [
+            ({"foo": 1}, None),
+            ([{"jsonrpc": "2.0", "id": 2, "method": "tools/list"}], None),  # a batch: MCP has none
+            (42, None),
+            ({"jsonrpc": "1.0", "id": 3, "method": "tools/list"}, 3),
+            ({"jsonrpc": "2.0", "id": "four", "method": 4}, "four"),
+            ({"jsonrpc": "2.0", "id": 5, "method": "tools/list", "params": 5}, 5),
+            ({"jsonrpc": "2.0", "id": 6}, 6),
+        ]
+        for message, expected_id in refused:
+            send(message)
+            got = answer()
+            assert got["id"] == expected_id and got["error"]["code"] == -32600, (message, got)
+            assert got["error"]["message"].startswith("Invalid Request"), got
+        send({"jsonrpc": "2.0", "id": 7, "method": "tools/list", "params": {}})
+        listed = answer()
+        assert listed["id"] == 7 and listed["result"]["tools"], listed
+    finally:
+        proc.stdin.close()
+        code = proc.wait(timeout=60)
+        proc.stdout.close()
+        if proc.stderr is not None:
+            proc.stderr.close()
+    assert code == 0
+
+
 @pytest.mark.parametrize("closed", [0, 1])
 def test_mcp_with_stdin_or_stdout_closed_is_a_usage_error(tmp_path: Path, closed: int) -> None:
     """`ctxrules mcp --session DIR >&-` (or `<&-`) was `internal error: AttributeError`."""

@@ -10,9 +10,11 @@ ctxrules moved out of its context. The SDK is imported here only: install ``ctxr
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -98,9 +100,11 @@ def serve(session: Session) -> None:
     closes stdin, or stops reading, which the SDK's writer meets as a broken pipe (in an
     exception group) while replies are still due; either ends the serving alike. The SDK
     reads and writes the wire through :class:`_Wire`."""
+    server = build_server(session)
+    _sdk_check()  # the SDK imported here, before the wire's threads could import it at once
     wire = _Wire.open()
     try:
-        build_server(session).run("stdio")
+        server.run("stdio")
     except* (BrokenPipeError, ConnectionResetError):
         pass
     finally:
@@ -110,6 +114,8 @@ def serve(session: Session) -> None:
 
 PARSE_ERROR = -32700
 """JSON-RPC 2.0's code for a message that is not JSON (answered with ``"id": null``)."""
+INVALID_REQUEST = -32600
+"""JSON-RPC 2.0's code for JSON that is not a message (answered with its id, else ``null``)."""
 
 _END = b"\0ctxrules-mcp-end\n"  # after the SDK's last reply in the stdout pipe (JSON holds no NUL)
 
@@ -123,7 +129,9 @@ class _Wire:
       character) replaced by U+FFFD: the SDK refuses such a message without answering it, and
       the client waited for its answer for ever;
     - a line that is not JSON is answered here, with JSON-RPC's parse error (``-32700``,
-      ``"id": null``), and not passed on: the SDK logs it and answers nothing;
+      ``"id": null``), and not passed on: the SDK logs it and answers nothing; so is JSON the
+      SDK's own validator refuses as a message (``{"foo": 1}``, an array, a request whose
+      ``params`` is not an object), with ``-32600`` and its id where it has a valid one;
     - what the SDK writes goes to the client a whole line at a time, so such an answer never
       lands inside one of the SDK's (a long one is written in pieces).
 
@@ -220,20 +228,22 @@ class _Wire:
 
 
 @dataclass(frozen=True)
-class _NotJson:
-    """A line the client sent that is not JSON."""
+class _Refused:
+    """A line the client sent that does not go to the SDK: answered with JSON-RPC's ``code``."""
 
-    reason: str
+    code: int
+    message: str
+    id: str | int | None = None
 
     def reply(self) -> bytes:
-        error = {"code": PARSE_ERROR, "message": f"Parse error: the message is not JSON ({self.reason})"}
-        return json.dumps({"jsonrpc": "2.0", "id": None, "error": error}).encode() + b"\n"
+        error = {"code": self.code, "message": self.message}
+        return json.dumps({"jsonrpc": "2.0", "id": self.id, "error": error}).encode() + b"\n"
 
 
-def _read_line(line: bytes) -> bytes | _NotJson | None:
+def _read_line(line: bytes) -> bytes | _Refused | None:
     """What to do with ``line`` (one JSON-RPC message): ``None``, pass it on as it came;
     bytes, pass these on instead (its lone surrogates replaced, see
-    :func:`ctxrules.json_limits.scan`); :class:`_NotJson`, answer it. Read as the SDK reads it
+    :func:`ctxrules.json_limits.scan`); :class:`_Refused`, answer it. Read as the SDK reads it
     (UTF-8, a bad byte replaced); a blank line is passed on (the SDK skips it)."""
     text = line.decode("utf-8", "replace").rstrip("\r\n")
     if not text.strip():
@@ -243,10 +253,49 @@ def _read_line(line: bytes) -> bytes | _NotJson | None:
     except RecursionError:  # JSON, nested past what Python reads: the SDK answers what it can
         return None
     except ValueError as exc:
-        return _NotJson(str(exc))
-    if "\\u" not in text:
+        return _Refused(PARSE_ERROR, f"Parse error: the message is not JSON ({exc})")
+    passed: bytes | None = None
+    if "\\u" in text:
+        found = scan(value)
+        if found.replaced:
+            passed = json.dumps(found.value, ensure_ascii=False).encode("utf-8") + b"\n"
+    if not _is_message(passed.decode("utf-8") if passed is not None else text):
+        return _Refused(INVALID_REQUEST, "Invalid Request: not a JSON-RPC 2.0 message", _request_id(value))
+    return passed
+
+
+def _request_id(value: object) -> str | int | None:
+    """The id of a message refused as invalid, where it has one JSON-RPC allows (else null)."""
+    found = value.get("id") if isinstance(value, dict) else None
+    return found if isinstance(found, str) or (isinstance(found, int) and not isinstance(found, bool)) else None
+
+
+def _is_message(text: str) -> bool:
+    """Whether the SDK takes ``text`` for a JSON-RPC message (it validates each line so, and
+    drops one it refuses without an answer). Its own validator: never a second opinion."""
+    check = _sdk_check()
+    if check is None:
+        return True
+    try:
+        check(text)
+    except RecursionError:  # nested past what the validator reads: the SDK's to answer
+        return True
+    except Exception:  # pydantic's ValidationError, or the SDK's JSON parser refusing it
+        return False
+    return True
+
+
+@functools.cache
+def _sdk_check() -> Callable[[str], object] | None:
+    """How the installed SDK validates a line read from stdin: 2.x's ``jsonrpc_message_adapter``,
+    1.x's ``JSONRPCMessage`` model; None when it has neither (every line is passed on)."""
+    try:
+        from mcp import types
+    except ImportError:
         return None
-    found = scan(value)
-    if not found.replaced:
-        return None
-    return json.dumps(found.value, ensure_ascii=False).encode("utf-8") + b"\n"
+    adapter = getattr(types, "jsonrpc_message_adapter", None)
+    if adapter is not None:
+        return functools.partial(adapter.validate_json, by_name=False)
+    model = getattr(types, "JSONRPCMessage", None)
+    validate = getattr(model, "model_validate_json", None)
+    return validate if callable(validate) else None
