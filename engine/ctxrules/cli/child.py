@@ -41,7 +41,7 @@ QUIET_S = 0.1
 """Once the command has exited by itself, the pipe staying empty this long ends the reading ..."""
 GRACE_S = 1.0
 """... as does this long since the command exited, once a pipe's capacity has been read."""
-_PIPE_CAPACITY = 1 << 20  # the most a pipe holds by default (Linux's pipe-max-size; 64 KiB is usual)
+_PIPE_CAPACITY = 1 << 20  # the most the pipe holds: widened to this where the system allows (_widen), else 64 KiB
 _READ_BYTES = 1 << 20  # the most one read takes: what is in the pipe, up to this
 _CHECK_S = 0.2  # how often the reading looks whether the command has ended
 
@@ -214,7 +214,7 @@ def _rest(fd: int) -> Iterator[bytes]:
         ready, _, _ = select.select([fd], [], [], QUIET_S)
         if not ready:
             return
-        chunk = os.read(fd, 65536)
+        chunk = os.read(fd, _READ_BYTES)
         if not chunk:
             return
         owed -= len(chunk)
