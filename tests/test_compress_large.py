@@ -228,6 +228,30 @@ def test_middle_scan_skipping_blocks_without_a_match_finds_what_a_line_by_line_s
     ]
 
 
+@pytest.mark.parametrize("seed", range(8))
+def test_the_middle_is_read_in_whole_lines_each_byte_once(tmp_path: Path, seed: int) -> None:
+    # Blocks end at a line end and the partial line after it is read again with the next one
+    # (not copied along): the pieces are the span's bytes, in order, at their offsets.
+    import random
+
+    from ctxrules.compressors.large import _blocks
+
+    rnd = random.Random(seed)
+    block = rnd.choice([64, 512, 4096])
+    lines = [
+        b"x" * rnd.choice([0, 1, 10, block // 2, block - 1, block, 2 * block]) for _ in range(rnd.randrange(50, 400))
+    ]
+    data = b"\n".join(lines) + (b"\n" if seed % 2 else b"")
+    path = tmp_path / "out"
+    path.write_bytes(data)
+    start, end = rnd.randrange(0, 50), len(data) - rnd.randrange(0, 50)
+    pieces = list(_blocks(path, (start, end), block))
+    assert [kind for kind, _, _ in pieces] == ["lines"] * len(pieces)  # no line is over 4 blocks
+    assert b"".join(bytes(piece) for _, piece, _ in pieces) == data[start:end]
+    for _, piece, at in pieces[:-1]:
+        assert data[at : at + len(piece)] == piece and piece.endswith(b"\n")
+
+
 # --- compress_large against compress_text ------------------------------------------------------
 
 

@@ -342,7 +342,7 @@ class Growing:
             self._stopped = True
             self._cond.notify_all()
 
-    def count_newlines(self, data: bytes, offset: int) -> int:
+    def count_newlines(self, data: bytes | bytearray, offset: int) -> int:
         """``data.count(b"\\n")`` for ``data``, the bytes of the file from ``offset`` on: the
         capture's counts for the whole pieces it wrote inside, counting only the ends."""
         end = offset + len(data)
@@ -578,7 +578,7 @@ def _keep(kept: dict[int, str], number: int, text: str, limit: int) -> None:
 
 def _blocks(
     path: Path, span: tuple[int, int], block: int, follow: Growing | None = None
-) -> Iterator[tuple[str, bytes, int]]:
+) -> Iterator[tuple[str, bytes | bytearray, int]]:
     """The bytes of ``span``: ``("lines", data, offset)`` pieces of about ``block`` bytes that
     end at line ends, and for a line longer than four blocks ``("line-part", data, offset)``
     pieces that overlap a little (a match across a cut is still found) and a last
@@ -603,6 +603,25 @@ def _blocks(
                 n, more = follow.next_read(pos, block)
             if n <= 0 and not carry:
                 break
+            if n > 0 and not carry and not long_line:
+                # The usual block: read once, into a buffer cut back to its last whole line;
+                # the partial line after it is read again with the next block (no copies).
+                buffer = bytearray(n)
+                got = handle.readinto(buffer)
+                if got < n:
+                    del buffer[got:]
+                    short, more = True, False
+                cut = buffer.rfind(b"\n") + 1 if more else len(buffer)
+                if cut:
+                    if cut < len(buffer):
+                        del buffer[cut:]
+                        handle.seek(pos + cut)
+                    at, pos = pos, pos + cut
+                    yield "lines", buffer, at
+                    continue
+                pos += len(buffer)  # no whole line in it: held, as below
+                carry = bytes(buffer)
+                continue
             data = handle.read(n) if n > 0 else b""
             pos += len(data)
             if len(data) < n:
@@ -636,7 +655,7 @@ def _blocks(
             yield "lines", data[:cut], at
 
 
-def _prefiltered(data: bytes, prefilter: Any) -> list[Any] | None:
+def _prefiltered(data: bytes | bytearray, prefilter: Any) -> list[Any] | None:
     """The RE2 pre-filter's matches in ``data``, or None when every line must be tried (no
     pre-filter, or text RE2 would read differently from Python's ``re``). The bytes are
     searched as they are (ASCII: the text they decode to): RE2 lets go of the GIL on bytes,
@@ -651,11 +670,11 @@ def _candidates(found: list[Any], lines: list[str]) -> list[int]:
     return sorted(lines_touched([m.span() for m in found], lines)) if found else []
 
 
-def _count_newlines(data: bytes, offset: int) -> int:
+def _count_newlines(data: bytes | bytearray, offset: int) -> int:
     return newlines(data)
 
 
-def newlines(data: bytes) -> int:
+def newlines(data: bytes | bytearray) -> int:
     """``data.count(b"\n")``, in half the time where lines are long: ``count`` looks at every
     byte, while ``replace`` jumps from one newline to the next and is the faster of the two
     once lines average more than about 32 bytes (slower below: 10x on empty lines). The
@@ -672,16 +691,20 @@ _MARK_BYTES = 64 * 1024  # how finely a capture followed by a scan counts newlin
 _LONG_LINE = 48  # bytes per line from which replace() is clearly the faster
 
 
-def _skim(data: bytes, keep: int, first_line: int, newlines: int) -> tuple[int, list[tuple[int, str]]]:
+def _skim(data: bytes | bytearray, keep: int, first_line: int, newlines: int) -> tuple[int, list[tuple[int, str]]]:
     """How many lines ``data`` holds (as splitting it at newlines, less a trailing empty piece,
     counts them; ``newlines``: how many it holds) and the text of its last ``keep`` lines with
     their numbers (the first is ``first_line``)."""
     trailing = data.endswith(b"\n")
-    body = data[:-1] if trailing else data
     count = newlines - trailing + 1 if data else 0
     if keep <= 0 or not count:
         return count, []
-    last = body.rsplit(b"\n", keep)[-keep:] if count > keep else body.split(b"\n")
+    # From the end, without a copy of the block: its last `keep` lines, and the empty piece
+    # after a final newline (dropped).
+    pieces = data.rsplit(b"\n", keep + trailing)
+    if trailing:
+        pieces.pop()
+    last: list[bytes | bytearray] = list(pieces[-keep:])
     start = first_line + count - len(last)
     return count, [(start + k, line.decode("utf-8", "replace")) for k, line in enumerate(last)]
 
