@@ -191,3 +191,19 @@ def test_helper_threads_leave_the_stop_signals_to_the_main_thread(monkeypatch: p
     large.scan_middle_soon(Path("unused"), (0, 0), 1, [], [])()
     assert masks and masks[0] >= STOP_SIGNALS
     assert not STOP_SIGNALS & set(signal.pthread_sigmask(signal.SIG_BLOCK, []))  # this thread: untouched
+
+
+def test_ctrl_c_while_the_verb_is_imported_is_130_not_a_traceback(monkeypatch: pytest.MonkeyPatch) -> None:
+    """main() imports the verb's modules before run() (to freeze them out of the collector's
+    passes); a Ctrl-C landing there printed a traceback and exited -2."""
+    import importlib
+
+    from ctxrules.cli import main as cli_main
+
+    def interrupted(name: str, package: str | None = None) -> object:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(importlib, "import_module", interrupted)
+    with pytest.raises(SystemExit) as ended:
+        cli_main.main(["compress", "--", "true"])
+    assert ended.value.code == 130

@@ -250,3 +250,40 @@ def test_a_fast_command_is_read_in_pieces_larger_than_a_default_pipe(tmp_path: P
     assert code == 0
     assert b"".join(pieces) == data
     assert max(len(p) for p in pieces) > 65536
+
+
+def test_a_command_that_has_ended_is_seen_when_its_pipe_empties(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The command has ended by the time its pipe is empty: ctxrules reads what is there (and
+    # QUIET_S more), not what a job it left starts writing later, however long the wait
+    # between the checks it makes while the output flows.
+    import ctxrules.cli.child as child_mod
+    from ctxrules.cli.child import Child
+
+    monkeypatch.setattr(child_mod, "_CHECK_S", 5.0)
+    child = Child(["sh", "-c", "(sleep 1; exec yes) & head -c 50000 /dev/zero"], capture=True)
+    try:
+        time.sleep(0.3)  # `head` (and the shell) have ended; the job sleeps, holding the pipe
+        pieces: list[bytes] = []
+        started = time.monotonic()
+        assert child.run_into(pieces.append) == 0
+        assert time.monotonic() - started < 0.9
+        assert sum(len(p) for p in pieces) == 50000
+    finally:
+        assert child.proc is not None
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(child.proc.pid, signal.SIGKILL)
+
+
+def test_a_job_that_ignores_the_forwarded_signal_and_keeps_writing_is_ended(tmp_path: Path) -> None:
+    # A background job of `sh -c` ignores SIGINT. After the command ended by the forwarded
+    # signal, such a job kept the pipe busy and ctxrules reading until a second signal.
+    script = "echo $$ > GROUP; while :; do echo bg-noise; done & echo $$ > READY.tmp; mv READY.tmp READY; sleep 30"
+    proc = start(tmp_path, script)
+    try:
+        wait_ready(tmp_path, proc)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=20)  # one signal is enough
+        assert proc.returncode == 130, err
+        assert group_gone(int((tmp_path / "GROUP").read_text()))
+    finally:
+        cleanup(tmp_path, proc)

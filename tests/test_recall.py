@@ -556,6 +556,16 @@ def test_json_that_is_not_a_json_rpc_message_is_answered_with_invalid_request(tm
             got = answer()
             assert got["id"] == expected_id and got["error"]["code"] == -32600, (message, got)
             assert got["error"]["message"].startswith("Invalid Request"), got
+        # A raw tab inside a string is not JSON (Python reads it only when told not to be strict).
+        assert proc.stdin is not None
+        proc.stdin.write(b'{"jsonrpc": "2.0", "id": 8, "method": "tools/list", "params": {"a": "x\ty"}}\n')
+        proc.stdin.flush()
+        got = answer()
+        assert got["id"] is None and got["error"]["code"] == -32700, got
+        # A bad response from the client (to a request of the server's) is not answered: the
+        # answer would carry an id of the server's numbering. The next call is answered.
+        send({"jsonrpc": "2.0", "id": 9, "result": None})
+        send({"jsonrpc": "2.0", "id": 10, "error": {"code": "not a number"}})
         send({"jsonrpc": "2.0", "id": 7, "method": "tools/list", "params": {}})
         listed = answer()
         assert listed["id"] == 7 and listed["result"]["tools"], listed

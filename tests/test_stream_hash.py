@@ -79,3 +79,36 @@ def test_a_large_blob_written_in_pieces_gets_its_sha256_and_a_dropped_one_leaves
         dropped.write(data[at : at + 100_000])
     dropped.discard()
     assert _helpers() == 0 and not Path(dropped.path).exists()
+
+
+def test_a_bytearray_given_whole_is_hashed_as_it_was_when_given(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(hashing, "INLINE_BYTES", 0)
+    gate = threading.Event()
+    run = StreamHash._run
+
+    def held(self: StreamHash, pending: object) -> None:
+        gate.wait(10)
+        run(self, pending)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(StreamHash, "_run", held)
+    streamed = StreamHash()
+    buffer = bytearray(b"a" * 1000)
+    streamed.update(buffer)  # type: ignore[arg-type]  (what a caller typed loosely passes)
+    buffer[:] = b"b" * 1000
+    gate.set()
+    assert streamed.hexdigest() == hashlib.sha256(b"a" * 1000).hexdigest()
+
+
+def test_a_piece_the_helper_cannot_hash_is_raised_not_lost(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Hashed in the caller's thread, a piece hashlib refuses raises there; on the helper it must
+    # not end the helper silently (the writer would wait on a full queue for ever, or get the
+    # digest of part of its data).
+    monkeypatch.setattr(hashing, "INLINE_BYTES", 10)
+    streamed = StreamHash()
+    streamed.update(b"x" * 100)
+    streamed.update(memoryview(b"abcdef" * 1000)[::2])  # not contiguous: hashlib refuses it
+    for _ in range(50):  # more than the queue holds
+        streamed.update(b"y" * 1000)
+    with pytest.raises(BufferError):
+        streamed.hexdigest()
+    assert _helpers() == 0

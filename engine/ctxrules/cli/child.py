@@ -3,8 +3,10 @@
 The command runs in a process group of its own, so that a signal reaches everything it started
 (``sh -c 'make; sleep 30'`` has ``sleep`` as a grandchild) and nothing it started outlives
 ctxrules. While it runs, SIGINT, SIGTERM and SIGHUP sent to ctxrules (by a terminal's Ctrl-C, an
-agent's timeout, a closed terminal) are forwarded to that group; a second one is SIGKILL. Output
-read before the command ended is kept, so it can still be compressed, printed and vaulted.
+agent's timeout, a closed terminal) are forwarded to that group; a second one is SIGKILL, as is
+the end of the command (the group is killed once the pipe is idle, or GRACE_S later while a job
+that ignores the signal keeps writing). Output read before the command ended is kept, so it can
+still be compressed, printed and vaulted.
 
 A command that ends by itself keeps its background jobs (``sh -c 'server & echo started'``),
 and ctxrules does not wait for them, though they hold the output pipe open. Once the command
@@ -127,13 +129,19 @@ class Child:
         _widen(fd)
         os.set_blocking(fd, False)
         check = time.monotonic() + _CHECK_S
+        ended_at: float | None = None  # when the command was seen ended after a forwarded signal
         while True:
-            chunk: bytes | None
             try:
                 chunk = os.read(fd, _READ_BYTES)
             except BlockingIOError:
-                chunk = None
-            if chunk is not None:
+                # The pipe is empty. A command that has ended by itself wrote everything it
+                # will: read what a job it left writes just after, not what it writes later.
+                if self.signal is None and self.proc.poll() is not None:
+                    yield from _rest(fd)
+                    stream.close()
+                    return
+                ready = bool(select.select([fd], [], [], _CHECK_S)[0])
+            else:
                 if not chunk:
                     stream.close()
                     return
@@ -143,17 +151,23 @@ class Child:
                     continue
                 check = now + _CHECK_S
                 ready = True
-            else:
-                ready = bool(select.select([fd], [], [], _CHECK_S)[0])
             # Something the command left running may keep the pipe open (or keep writing).
             # Once the command itself has ended: by itself, read what it wrote and leave its
-            # background jobs be; after a forwarded signal, end them.
-            if self.signal is None and self.proc.poll() is not None:
+            # background jobs be; after a forwarded signal, end them once the pipe is idle, or
+            # GRACE_S later when a job that ignores the signal keeps writing.
+            if self.proc.poll() is None:
+                continue
+            if self.signal is None:
                 yield from _rest(fd)
                 stream.close()
                 return
-            if not ready and self.signal is not None and self.proc.poll() is not None:
+            now = time.monotonic()
+            ended_at = now if ended_at is None else ended_at
+            if not ready or now - ended_at >= GRACE_S:
                 self._kill()
+            if now - ended_at >= 2 * GRACE_S:  # held open by a process that left the group
+                stream.close()
+                return
 
     def _wait(self) -> int:
         assert self.proc is not None

@@ -137,13 +137,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     uncollected = verb in _UNCOLLECTED_VERBS
     if uncollected:
         gc.disable()
-    elif verb in VERBS:
-        # The verb's modules, imported now rather than by run(), live as long as the process:
-        # frozen, the collector's passes no longer walk them (some 50 ms of a `compress`).
-        with contextlib.suppress(Exception):  # run() meets it again and reports it
-            importlib.import_module(VERBS[verb])
-        gc.freeze()
     try:
+        if not uncollected and verb in VERBS:
+            # The verb's modules, imported now rather than by run(), live as long as the
+            # process: frozen, the collector's passes no longer walk them (some 50 ms of a
+            # `compress`).
+            with contextlib.suppress(Exception):  # run() meets it again and reports it
+                importlib.import_module(VERBS[verb])
+            gc.freeze()
         code = run(arguments)
     except KeyboardInterrupt:
         code = 130

@@ -259,9 +259,22 @@ def _read_line(line: bytes) -> bytes | _Refused | None:
         found = scan(value)
         if found.replaced:
             passed = json.dumps(found.value, ensure_ascii=False).encode("utf-8") + b"\n"
-    if not _is_message(passed.decode("utf-8") if passed is not None else text):
-        return _Refused(INVALID_REQUEST, "Invalid Request: not a JSON-RPC 2.0 message", _request_id(value))
-    return passed
+    if _is_message(passed.decode("utf-8") if passed is not None else text) or _is_response(value):
+        return passed  # a bad response from the client is not answered (JSON-RPC answers requests)
+    try:
+        json.loads(text)  # strictly: a raw control character in a string is not JSON
+    except ValueError as exc:
+        return _Refused(PARSE_ERROR, f"Parse error: the message is not JSON ({exc})")
+    except RecursionError:
+        pass
+    return _Refused(INVALID_REQUEST, "Invalid Request: not a JSON-RPC 2.0 message", _request_id(value))
+
+
+def _is_response(value: object) -> bool:
+    """Whether ``value`` is meant as a response (to a request of the server's): no method, a
+    result or an error. One the SDK refuses is still not answered: the answer would carry the
+    id of one of the server's own requests, which the client could take for its own."""
+    return isinstance(value, dict) and "method" not in value and ("result" in value or "error" in value)
 
 
 def _request_id(value: object) -> str | int | None:

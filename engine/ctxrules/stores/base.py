@@ -327,7 +327,8 @@ class SpooledBlobWriter:
         if self._done:
             return
         self._done = True
-        self._hash.close()
+        with contextlib.suppress(Exception):  # what the hash failed with matters to no one now
+            self._hash.close()
         with contextlib.suppress(OSError):
             self._handle.close()
         with contextlib.suppress(FileNotFoundError):

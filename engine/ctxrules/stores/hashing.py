@@ -32,6 +32,7 @@ class StreamHash:
         self._size = 0
         self._queue: queue.Queue[bytes | memoryview | None] | None = None
         self._thread: threading.Thread | None = None
+        self._failed: BaseException | None = None
 
     def update(self, data: bytes | memoryview) -> None:
         if self._queue is None:
@@ -40,7 +41,7 @@ class StreamHash:
                 self._hash.update(data)
                 return
         assert self._queue is not None
-        if isinstance(data, memoryview) and not isinstance(data.obj, bytes):
+        if not isinstance(data, bytes) and not (isinstance(data, memoryview) and isinstance(data.obj, bytes)):
             data = bytes(data)  # the caller may change a bytearray once this returns
         self._queue.put(data)
 
@@ -51,13 +52,16 @@ class StreamHash:
 
     def close(self) -> None:
         """Let the helper finish and end (harmless when there is none); later pieces start
-        another."""
+        another. What the helper failed with (a piece it could not hash) is raised here, as
+        it would have been by :meth:`update` in the writer's thread."""
         pending, thread = self._queue, self._thread
-        if pending is None or thread is None:
-            return
-        self._queue = self._thread = None
-        pending.put(None)
-        thread.join()
+        if pending is not None and thread is not None:
+            self._queue = self._thread = None
+            pending.put(None)
+            thread.join()
+        failed, self._failed = self._failed, None
+        if failed is not None:
+            raise failed
 
     def _start(self) -> bool:
         pending: queue.Queue[bytes | memoryview | None] = queue.Queue(maxsize=_QUEUED)
@@ -70,5 +74,11 @@ class StreamHash:
         return True
 
     def _run(self, pending: queue.Queue[bytes | memoryview | None]) -> None:
+        # After a failure the pieces are still taken (the writer never waits on a full queue)
+        # but no longer hashed: the digest would be wrong, and close() raises instead.
         while (piece := pending.get()) is not None:
-            self._hash.update(piece)
+            if self._failed is None:
+                try:
+                    self._hash.update(piece)
+                except BaseException as exc:  # handed to close()
+                    self._failed = exc
