@@ -228,7 +228,10 @@ def _rest(fd: int) -> Iterator[bytes]:
         ready, _, _ = select.select([fd], [], [], QUIET_S)
         if not ready:
             return
-        chunk = os.read(fd, _READ_BYTES)
+        try:
+            chunk = os.read(fd, _READ_BYTES)
+        except BlockingIOError:  # nothing after all (the pipe does not block): wait again
+            continue
         if not chunk:
             return
         owed -= len(chunk)
