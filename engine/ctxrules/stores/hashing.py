@@ -11,10 +11,13 @@ only when the id is asked for, once everything is written.
 from __future__ import annotations
 
 import hashlib
-import queue
 import threading
+from typing import TYPE_CHECKING
 
 from ctxrules.threads import helper_thread
+
+if TYPE_CHECKING:  # imported when a blob first grows past INLINE_BYTES (not by every CLI verb)
+    import queue
 
 __all__ = ["INLINE_BYTES", "StreamHash"]
 
@@ -64,6 +67,8 @@ class StreamHash:
             raise failed
 
     def _start(self) -> bool:
+        import queue
+
         pending: queue.Queue[bytes | memoryview | None] = queue.Queue(maxsize=_QUEUED)
         thread = helper_thread(self._run, "ctxrules-hash", args=(pending,))
         try:
