@@ -364,6 +364,50 @@ def _mcp_env() -> dict[str, str]:
     return env
 
 
+class _Wire:
+    """`ctxrules mcp` on a session as a client meets it: lines out on its stdin, one answer
+    (a JSON line) at a time back from its stdout."""
+
+    def __init__(self, session: Path) -> None:
+        import subprocess
+
+        self.proc = subprocess.Popen(
+            _mcp_argv(session), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_mcp_env()
+        )
+
+    def send_line(self, data: bytes) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(data + b"\n")
+        self.proc.stdin.flush()
+
+    def send(self, message: object) -> None:
+        self.send_line(json.dumps(message).encode())
+
+    def answer(self) -> dict[str, Any]:
+        import select
+
+        assert self.proc.stdout is not None
+        ready, _, _ = select.select([self.proc.stdout], [], [], 30)
+        assert ready, "no answer within 30 s"
+        return json.loads(self.proc.stdout.readline())  # type: ignore[no-any-return]
+
+    def initialize(self) -> None:
+        hello = {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}
+        self.send({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": hello})
+        assert self.answer()["id"] == 1
+        self.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+
+    def close(self) -> int:
+        """Stdin closed, as a client that goes away: the server's exit code."""
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.close()
+        code = self.proc.wait(timeout=60)
+        self.proc.stdout.close()
+        if self.proc.stderr is not None:
+            self.proc.stderr.close()
+        return code
+
+
 def test_a_client_that_stops_reading_mid_call_ends_the_server_quietly(tmp_path: Path) -> None:
     """A client that dies with calls in flight (its read end closed, then its write end): the
     server's next reply met a broken pipe and it ended in `internal error: ExceptionGroup`,
@@ -411,47 +455,22 @@ def test_a_call_holding_a_lone_surrogate_is_answered(tmp_path: Path) -> None:
     """``"\\ud800"`` is valid JSON (a JavaScript client sends it for a string cut inside a
     character); the SDK refused the message without a reply, and the client waited for ever.
     It is answered now, the surrogate read as U+FFFD, and the calls after it too."""
-    import select
-    import subprocess
-
     session, out = prepared(tmp_path)
     marker = line_markers(out)[0]
-    proc = subprocess.Popen(
-        _mcp_argv(session.path), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_mcp_env()
-    )
-    assert proc.stdin is not None and proc.stdout is not None
-
-    def send(text: str) -> None:
-        assert proc.stdin is not None
-        proc.stdin.write(text.encode() + b"\n")
-        proc.stdin.flush()
-
-    def answer() -> dict[str, Any]:
-        assert proc.stdout is not None
-        ready, _, _ = select.select([proc.stdout], [], [], 30)
-        assert ready, "no answer within 30 s"
-        return json.loads(proc.stdout.readline())  # type: ignore[no-any-return]
-
+    wire = _Wire(session.path)
     try:
-        hello = {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}
-        send(json.dumps({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": hello}))
-        assert answer()["id"] == 1
-        send(json.dumps({"jsonrpc": "2.0", "method": "notifications/initialized"}))
+        wire.initialize()
         call = '{"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "ctxrules_recall", '
-        send(call + '"arguments": {"id": "\\ud800' + marker.vault_id + '"}}}')
-        refused = answer()
+        wire.send_line((call + '"arguments": {"id": "\\ud800' + marker.vault_id + '"}}}').encode())
+        refused = wire.answer()
         assert refused["id"] == 2 and refused["result"]["isError"], refused
         assert "\ufffd" in refused["result"]["content"][0]["text"]
         good = {"name": "ctxrules_recall", "arguments": {"id": marker.vault_id, "lines": "1:2"}}
-        send(json.dumps({"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": good}))
-        found = answer()
+        wire.send({"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": good})
+        found = wire.answer()
         assert found["id"] == 3 and not found["result"].get("isError"), found
     finally:
-        proc.stdin.close()
-        code = proc.wait(timeout=60)
-        proc.stdout.close()
-        if proc.stderr is not None:
-            proc.stderr.close()
+        code = wire.close()
     assert code == 0
 
 
@@ -460,55 +479,30 @@ def test_a_line_that_is_not_json_is_answered_with_a_parse_error(tmp_path: Path) 
     stdio server logged it and answered nothing, so a client that sent a request cut short
     waited for ever. The answers go out whole between the SDK's: each line read is one
     message, also with pages of some 9 kB in flight (which the SDK writes in pieces)."""
-    import select
-    import subprocess
-
     session, out = prepared(tmp_path)
     marker = line_markers(out)[0]
-    proc = subprocess.Popen(
-        _mcp_argv(session.path), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_mcp_env()
-    )
-    assert proc.stdin is not None and proc.stdout is not None
-
-    def send(data: bytes) -> None:
-        assert proc.stdin is not None
-        proc.stdin.write(data + b"\n")
-        proc.stdin.flush()
-
-    def answer() -> dict[str, Any]:
-        assert proc.stdout is not None
-        ready, _, _ = select.select([proc.stdout], [], [], 30)
-        assert ready, "no answer within 30 s"
-        return json.loads(proc.stdout.readline())  # type: ignore[no-any-return]
-
+    wire = _Wire(session.path)
     try:
-        hello = {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}
-        send(json.dumps({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": hello}).encode())
-        assert answer()["id"] == 1
-        send(b'{"jsonrpc": "2.0", "method": "notifications/initialized"}')
+        wire.initialize()
         for garbage in (b"hello?", b'{"jsonrpc": "2.0", "id": 2, "method": "tools/list"', b"\xff\xfe{"):
-            send(garbage)
-            refused = answer()
+            wire.send_line(garbage)
+            refused = wire.answer()
             assert refused["id"] is None and refused["error"]["code"] == -32700, refused
             assert refused["error"]["message"].startswith("Parse error"), refused
         calls = 20
         for n in range(calls):
             arguments = {"id": marker.vault_id, "lines": f"{n + 1}:"}
-            send(json.dumps({"jsonrpc": "2.0", "id": 10 + n, "method": "tools/call", "params": {
-                "name": "ctxrules_recall", "arguments": arguments}}).encode())  # fmt: skip
-            send(b"not json either")
-        answers = [answer() for _ in range(2 * calls)]
+            wire.send({"jsonrpc": "2.0", "id": 10 + n, "method": "tools/call", "params": {
+                "name": "ctxrules_recall", "arguments": arguments}})  # fmt: skip
+            wire.send_line(b"not json either")
+        answers = [wire.answer() for _ in range(2 * calls)]
         pages = {a["id"]: a for a in answers if a["id"] is not None}
         assert sorted(pages) == list(range(10, 10 + calls))
         assert all(not a["result"].get("isError") for a in pages.values())
         assert max(len(json.dumps(a)) for a in pages.values()) > 8192  # more than the SDK's writer buffers
         assert [a["error"]["code"] for a in answers if a["id"] is None] == [-32700] * calls
     finally:
-        proc.stdin.close()
-        code = proc.wait(timeout=60)
-        proc.stdout.close()
-        if proc.stderr is not None:
-            proc.stderr.close()
+        code = wire.close()
     assert code == 0
 
 
@@ -517,31 +511,10 @@ def test_json_that_is_not_a_json_rpc_message_is_answered_with_invalid_request(tm
     a number, a request whose method or params have the wrong type) was dropped without an
     answer, and a client waited for ever; now each gets JSON-RPC's -32600, with its id where
     it has a valid one, and the calls after it are answered as before."""
-    import select
-    import subprocess
-
     session, _ = prepared(tmp_path)
-    proc = subprocess.Popen(
-        _mcp_argv(session.path), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_mcp_env()
-    )
-    assert proc.stdin is not None and proc.stdout is not None
-
-    def send(message: object) -> None:
-        assert proc.stdin is not None
-        proc.stdin.write(json.dumps(message).encode() + b"\n")
-        proc.stdin.flush()
-
-    def answer() -> dict[str, Any]:
-        assert proc.stdout is not None
-        ready, _, _ = select.select([proc.stdout], [], [], 30)
-        assert ready, "no answer within 30 s"
-        return json.loads(proc.stdout.readline())  # type: ignore[no-any-return]
-
+    wire = _Wire(session.path)
     try:
-        hello = {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}
-        send({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": hello})
-        assert answer()["id"] == 1
-        send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        wire.initialize()
         refused: list[tuple[object, object]] = [
             ({"foo": 1}, None),
             ([{"jsonrpc": "2.0", "id": 2, "method": "tools/list"}], None),  # a batch: MCP has none
@@ -552,29 +525,23 @@ def test_json_that_is_not_a_json_rpc_message_is_answered_with_invalid_request(tm
             ({"jsonrpc": "2.0", "id": 6}, 6),
         ]
         for message, expected_id in refused:
-            send(message)
-            got = answer()
+            wire.send(message)
+            got = wire.answer()
             assert got["id"] == expected_id and got["error"]["code"] == -32600, (message, got)
             assert got["error"]["message"].startswith("Invalid Request"), got
         # A raw tab inside a string is not JSON (Python reads it only when told not to be strict).
-        assert proc.stdin is not None
-        proc.stdin.write(b'{"jsonrpc": "2.0", "id": 8, "method": "tools/list", "params": {"a": "x\ty"}}\n')
-        proc.stdin.flush()
-        got = answer()
+        wire.send_line(b'{"jsonrpc": "2.0", "id": 8, "method": "tools/list", "params": {"a": "x\ty"}}')
+        got = wire.answer()
         assert got["id"] is None and got["error"]["code"] == -32700, got
         # A bad response from the client (to a request of the server's) is not answered: the
         # answer would carry an id of the server's numbering. The next call is answered.
-        send({"jsonrpc": "2.0", "id": 9, "result": None})
-        send({"jsonrpc": "2.0", "id": 10, "error": {"code": "not a number"}})
-        send({"jsonrpc": "2.0", "id": 7, "method": "tools/list", "params": {}})
-        listed = answer()
+        wire.send({"jsonrpc": "2.0", "id": 9, "result": None})
+        wire.send({"jsonrpc": "2.0", "id": 10, "error": {"code": "not a number"}})
+        wire.send({"jsonrpc": "2.0", "id": 7, "method": "tools/list", "params": {}})
+        listed = wire.answer()
         assert listed["id"] == 7 and listed["result"]["tools"], listed
     finally:
-        proc.stdin.close()
-        code = proc.wait(timeout=60)
-        proc.stdout.close()
-        if proc.stderr is not None:
-            proc.stderr.close()
+        code = wire.close()
     assert code == 0
 
 

@@ -33,9 +33,10 @@ def test_the_digest_is_the_sha256_of_the_pieces_in_order(monkeypatch: pytest.Mon
     assert _helpers() == 0  # the helper ended with the digest
 
 
-def test_a_piece_the_caller_changes_afterwards_is_hashed_as_it_was(monkeypatch: pytest.MonkeyPatch) -> None:
+def _held(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
+    """Every piece goes to the helper, which hashes nothing until the event is set."""
     monkeypatch.setattr(hashing, "INLINE_BYTES", 0)
-    gate = threading.Event()  # the helper hashes nothing before the caller changed its buffer
+    gate = threading.Event()
     run = StreamHash._run
 
     def held(self: StreamHash, pending: object) -> None:
@@ -43,9 +44,15 @@ def test_a_piece_the_caller_changes_afterwards_is_hashed_as_it_was(monkeypatch: 
         run(self, pending)  # type: ignore[arg-type]
 
     monkeypatch.setattr(StreamHash, "_run", held)
+    return gate
+
+
+@pytest.mark.parametrize("given", ["memoryview", "bytearray"])
+def test_a_piece_the_caller_changes_afterwards_is_hashed_as_it_was(monkeypatch: pytest.MonkeyPatch, given: str) -> None:
+    gate = _held(monkeypatch)  # the helper hashes nothing before the caller changed its buffer
     streamed = StreamHash()
     buffer = bytearray(b"a" * 10_000)
-    streamed.update(memoryview(buffer))  # copied: the helper hashes it later
+    streamed.update(memoryview(buffer) if given == "memoryview" else buffer)  # type: ignore[arg-type]
     buffer[:] = b"b" * 10_000
     streamed.update(memoryview(buffer)[:5])
     gate.set()
@@ -79,24 +86,6 @@ def test_a_large_blob_written_in_pieces_gets_its_sha256_and_a_dropped_one_leaves
         dropped.write(data[at : at + 100_000])
     dropped.discard()
     assert _helpers() == 0 and not Path(dropped.path).exists()
-
-
-def test_a_bytearray_given_whole_is_hashed_as_it_was_when_given(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(hashing, "INLINE_BYTES", 0)
-    gate = threading.Event()
-    run = StreamHash._run
-
-    def held(self: StreamHash, pending: object) -> None:
-        gate.wait(10)
-        run(self, pending)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(StreamHash, "_run", held)
-    streamed = StreamHash()
-    buffer = bytearray(b"a" * 1000)
-    streamed.update(buffer)  # type: ignore[arg-type]  (what a caller typed loosely passes)
-    buffer[:] = b"b" * 1000
-    gate.set()
-    assert streamed.hexdigest() == hashlib.sha256(b"a" * 1000).hexdigest()
 
 
 def test_a_piece_the_helper_cannot_hash_is_raised_not_lost(monkeypatch: pytest.MonkeyPatch) -> None:
