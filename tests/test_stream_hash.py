@@ -101,3 +101,5 @@ def test_a_piece_the_helper_cannot_hash_is_raised_not_lost(monkeypatch: pytest.M
     with pytest.raises(BufferError):
         streamed.hexdigest()
     assert _helpers() == 0
+    with pytest.raises(BufferError):  # and never a digest that leaves that piece out
+        streamed.hexdigest()

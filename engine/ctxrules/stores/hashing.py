@@ -38,6 +38,8 @@ class StreamHash:
         self._failed: BaseException | None = None
 
     def update(self, data: bytes | memoryview) -> None:
+        if self._failed is not None:
+            raise self._failed
         if self._queue is None:
             self._size += len(data)
             if self._size <= INLINE_BYTES or not self._start():
@@ -62,9 +64,8 @@ class StreamHash:
             self._queue = self._thread = None
             pending.put(None)
             thread.join()
-        failed, self._failed = self._failed, None
-        if failed is not None:
-            raise failed
+        if self._failed is not None:  # for good: the digest would leave that piece out
+            raise self._failed
 
     def _start(self) -> bool:
         import queue
