@@ -259,14 +259,18 @@ def test_a_command_that_has_ended_is_seen_when_its_pipe_empties(monkeypatch: pyt
     import ctxrules.cli.child as child_mod
     from ctxrules.cli.child import Child
 
-    monkeypatch.setattr(child_mod, "_CHECK_S", 5.0)
-    child = Child(["sh", "-c", "(sleep 1; exec yes) & head -c 50000 /dev/zero"], capture=True)
+    monkeypatch.setattr(child_mod, "_CHECK_S", 10.0)
+    child = Child(["sh", "-c", "(sleep 5; exec yes) & head -c 50000 /dev/zero"], capture=True)
     try:
-        time.sleep(0.3)  # `head` (and the shell) have ended; the job sleeps, holding the pipe
+        assert child.proc is not None
+        deadline = time.monotonic() + 4
+        while child.proc.poll() is None:  # `head` and the shell end; the job sleeps, holding the pipe
+            assert time.monotonic() < deadline, "the command did not end"
+            time.sleep(0.01)
         pieces: list[bytes] = []
         started = time.monotonic()
         assert child.run_into(pieces.append) == 0
-        assert time.monotonic() - started < 0.9
+        assert time.monotonic() - started < 3
         assert sum(len(p) for p in pieces) == 50000
     finally:
         assert child.proc is not None
