@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 from conftest import FIXTURES, REPO
+from spool_kit import LIVE_ITEM, stale_spool_goes_live_one_stays
 
 from ctxrules.errors import UsageError
 from ctxrules.private_files import UnsafePathError
@@ -173,57 +174,24 @@ def test_a_vault_link_planted_outside_a_turn_is_refused_once_the_check_is_old(
     assert list(elsewhere.iterdir()) == []
 
 
-_WRITER = (
-    "import os, signal, sys\nfrom ctxrules.stores.filesystem import FilesystemStore\n"
-    "from ctxrules.vault import Vault\n"
-    "writer = Vault.of(FilesystemStore(sys.argv[1]), sys.argv[2]).open_writer()\n"
-    "writer.write(sys.argv[3].encode() * 100_000)\n"
-    "if sys.argv[3] == 'killed':\n    os.kill(os.getpid(), signal.SIGKILL)\n"
-    "print(writer.path, flush=True)\nsys.stdin.readline()\nprint(writer.commit(), flush=True)\n"
-)
-
-
 def test_a_spool_a_killed_writer_left_is_removed_by_the_next_write_and_a_live_ones_kept(tmp_path: Path) -> None:
     """A vault writer killed mid-write (``kill -9``, the OOM killer during ``compress`` of a huge
     output) left its spool file in the vault for good: nothing names it. The next command that
     writes the session's vault removes one untouched for an hour whose writer is gone; the spool
     of a live writer in another process, however long idle, stays and commits."""
     state, session = tmp_path / "state", str(tmp_path / "state" / "s")
-    env = {**os.environ, "PYTHONPATH": str(REPO / "engine")}
-    argv = [sys.executable, "-c", _WRITER, str(state), session]
-    killed = subprocess.run([*argv, "killed"], env=env, capture_output=True, timeout=120, check=False)
-    assert killed.returncode == -9, killed.stderr
     vault = Path(session) / "vault"
-    [left] = vault.glob(".tmp-*")
-    live = subprocess.Popen([*argv, "live"], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    try:
-        assert live.stdout is not None and live.stdin is not None
-        spool = Path(live.stdout.readline().strip())
-        an_hour_ago = time.time() - 3700
-        for path in (left, spool):
-            os.utime(path, (an_hour_ago, an_hour_ago))
-        output = "".join(f"tests/test_{i}.py::test_x PASSED\n" for i in range(3000)).encode()
-        (tmp_path / "out.txt").write_bytes(output)
-        compress = ["compress", "--always", "--command", "pytest", "--input", "out.txt", "--session", session]
-        proc = subprocess.run(
-            [sys.executable, "-m", "ctxrules.cli.main", *compress],
-            cwd=tmp_path,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-        assert proc.returncode == 0, proc.stderr
-        assert Vault.of(FilesystemStore(state), session).exists(hashlib.sha256(output).hexdigest())  # it wrote
-        assert not left.exists()
-        assert list(vault.glob(".tmp-*")) == [spool]
-        live.stdin.write("\n")
-        live.stdin.flush()
-        item = live.stdout.readline().strip()
-    finally:
-        live.kill()
-        live.communicate()
-    assert Vault.of(FilesystemStore(state), session).get(item) == b"live" * 100_000
+    item = stale_spool_goes_live_one_stays(
+        store=str(state),
+        session=session,
+        spools=lambda: sorted(vault.glob(".tmp-*")),
+        env={**os.environ, "PYTHONPATH": str(REPO / "engine")},
+        cwd=tmp_path,
+        compress=["--session", session],
+        output="".join(f"tests/test_{i}.py::test_x PASSED\n" for i in range(3000)).encode(),
+        stored=Vault.of(FilesystemStore(state), session).exists,
+    )
+    assert Vault.of(FilesystemStore(state), session).get(item) == LIVE_ITEM
 
 
 def _in_shard(shard: str, n: int) -> list[bytes]:

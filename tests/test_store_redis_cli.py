@@ -10,11 +10,11 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 from redis_server import RedisServer
+from spool_kit import LIVE_ITEM, stale_spool_goes_live_one_stays
 
 from ctxrules.stores.base import Log
 
@@ -242,15 +242,6 @@ def test_usage_add_on_redis_lands_in_every_ledger_or_in_none(own_redis: RedisSer
     client.close()
 
 
-_SPOOLER = (
-    "import os, signal, sys\nfrom ctxrules.stores import open_store\nfrom ctxrules.vault import Vault\n"
-    "writer = Vault.of(open_store(sys.argv[1]), 'spooled').open_writer()\n"
-    "writer.write(sys.argv[2].encode() * 100_000)\n"
-    "if sys.argv[2] == 'killed':\n    os.kill(os.getpid(), signal.SIGKILL)\n"
-    "print(writer.path, flush=True)\nsys.stdin.readline()\nprint(writer.commit(), flush=True)\n"
-)
-
-
 def test_a_spool_a_killed_writer_left_in_the_temporary_directory_goes_with_the_next_writer(
     redis_url: str, tmp_path: Path
 ) -> None:
@@ -266,39 +257,17 @@ def test_a_spool_a_killed_writer_left_in_the_temporary_directory_goes_with_the_n
     spools.mkdir(mode=0o700)
     env = {**os.environ, "PYTHONPATH": str(REPO / "engine"), "TMPDIR": str(spools)}
     env.pop("CTXRULES_STORE", None)
-    argv = [sys.executable, "-c", _SPOOLER, redis_url]
-    killed = subprocess.run([*argv, "killed"], env=env, capture_output=True, timeout=120, check=False)
-    assert killed.returncode == -9, killed.stderr
-    [left] = spools.glob("ctxrules-blob-*")
-    live = subprocess.Popen([*argv, "live"], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    try:
-        assert live.stdout is not None and live.stdin is not None
-        spool = Path(live.stdout.readline().strip())
-        an_hour_ago = time.time() - 3700
-        for path in (left, spool):
-            os.utime(path, (an_hour_ago, an_hour_ago))
+    store = RedisStore.from_url(redis_url)
+    item = stale_spool_goes_live_one_stays(
+        store=redis_url,
+        session="spooled",
+        spools=lambda: sorted(spools.glob("ctxrules-blob-*")),
+        env=env,
+        cwd=tmp_path,
+        compress=["--session", "spooled", "--store", redis_url],
         # Past the 8 MiB compress keeps in memory: spooled.
-        output = "".join(f"tests/test_{i}.py::test_x PASSED\n" for i in range(300_000)).encode()
-        (tmp_path / "out.txt").write_bytes(output)
-        compress = ["compress", "--always", "--command", "pytest", "--input", "out.txt"]
-        proc = subprocess.run(
-            [sys.executable, "-m", "ctxrules.cli.main", *compress, "--session", "spooled", "--store", redis_url],
-            cwd=tmp_path,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-        assert proc.returncode == 0, proc.stderr
-        store = RedisStore.from_url(redis_url)
-        assert Vault.of(store, "spooled").exists(hashlib.sha256(output).hexdigest())  # it spooled
-        assert not left.exists()
-        assert list(spools.glob("ctxrules-blob-*")) == [spool]
-        live.stdin.write("\n")
-        live.stdin.flush()
-        item = live.stdout.readline().strip()
-    finally:
-        live.kill()
-        live.communicate()
-    assert Vault.of(store, "spooled").get(item) == b"live" * 100_000
+        output="".join(f"tests/test_{i}.py::test_x PASSED\n" for i in range(300_000)).encode(),
+        stored=Vault.of(store, "spooled").exists,
+    )
+    assert Vault.of(store, "spooled").get(item) == LIVE_ITEM
     assert list(spools.iterdir()) == []
