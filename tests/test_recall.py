@@ -508,9 +508,10 @@ def test_a_line_that_is_not_json_is_answered_with_a_parse_error(tmp_path: Path) 
 
 def test_json_that_is_not_a_json_rpc_message_is_answered_with_invalid_request(tmp_path: Path) -> None:
     """JSON the SDK's own validator refuses as a message (an object that is not one, an array,
-    a number, a request whose method or params have the wrong type) was dropped without an
-    answer, and a client waited for ever; now each gets JSON-RPC's -32600, with its id where
-    it has a valid one, and the calls after it are answered as before."""
+    a number, a request whose method or params have the wrong type, or whose id is not a string
+    or an integer) was dropped without an answer, and a client waited for ever; now each gets
+    JSON-RPC's -32600, with its id where it has a string or a number, and the calls after it are
+    answered as before."""
     session, _ = prepared(tmp_path)
     wire = _Wire(session.path)
     try:
@@ -523,6 +524,12 @@ def test_json_that_is_not_a_json_rpc_message_is_answered_with_invalid_request(tm
             ({"jsonrpc": "2.0", "id": "four", "method": 4}, "four"),
             ({"jsonrpc": "2.0", "id": 5, "method": "tools/list", "params": 5}, 5),
             ({"jsonrpc": "2.0", "id": 6}, 6),
+            # Ids MCP refuses: the SDK took each for a notification and answered nothing.
+            ({"jsonrpc": "2.0", "id": True, "method": "tools/list"}, None),
+            ({"jsonrpc": "2.0", "id": None, "method": "tools/list"}, None),
+            ({"jsonrpc": "2.0", "id": [11], "method": "tools/list"}, None),
+            ({"jsonrpc": "2.0", "id": 12.0, "method": "tools/list"}, 12),
+            ({"jsonrpc": "2.0", "id": 12.5, "method": "ping"}, 12.5),
         ]
         for message, expected_id in refused:
             wire.send(message)

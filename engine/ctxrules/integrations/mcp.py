@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import math
 import os
 import threading
 from collections.abc import Callable
@@ -233,7 +234,7 @@ class _Refused:
 
     code: int
     message: str
-    id: str | int | None = None
+    id: str | int | float | None = None
 
     def reply(self) -> bytes:
         error = {"code": self.code, "message": self.message}
@@ -259,8 +260,15 @@ def _read_line(line: bytes) -> bytes | _Refused | None:
         found = scan(value)
         if found.replaced:
             passed = json.dumps(found.value, ensure_ascii=False).encode("utf-8") + b"\n"
-    if _is_message(passed.decode("utf-8") if passed is not None else text) or _is_response(value):
+    if _is_response(value):
         return passed  # a bad response from the client is not answered (JSON-RPC answers requests)
+    if _is_message(passed.decode("utf-8") if passed is not None else text):
+        if _bad_request_id(value):
+            # The SDK reads a request whose id MCP does not allow (null, true, 5.0) as a
+            # notification, and a notification gets no answer: the client waited for ever.
+            why = "Invalid Request: an id must be a string or an integer"
+            return _Refused(INVALID_REQUEST, why, _request_id(value))
+        return passed
     try:
         json.loads(text)  # strictly: a raw control character in a string is not JSON
     except ValueError as exc:
@@ -277,10 +285,22 @@ def _is_response(value: object) -> bool:
     return isinstance(value, dict) and "method" not in value and ("result" in value or "error" in value)
 
 
-def _request_id(value: object) -> str | int | None:
-    """The id of a message refused as invalid, where it has one JSON-RPC allows (else null)."""
+def _request_id(value: object) -> str | int | float | None:
+    """The id of a message refused as invalid, where it has one JSON-RPC allows (a string or
+    a number, else null): the client matches the answer to what it sent."""
     found = value.get("id") if isinstance(value, dict) else None
-    return found if isinstance(found, str) or (isinstance(found, int) and not isinstance(found, bool)) else None
+    if isinstance(found, str) or (isinstance(found, int) and not isinstance(found, bool)):
+        return found
+    return found if isinstance(found, float) and math.isfinite(found) else None
+
+
+def _bad_request_id(value: object) -> bool:
+    """Whether ``value`` is a request (a method and an id) whose id MCP refuses: only a string
+    or an integer may name a request (JSON-RPC allows null and any number too)."""
+    if not isinstance(value, dict) or "method" not in value or "id" not in value:
+        return False
+    found = value["id"]
+    return not (isinstance(found, str) or (isinstance(found, int) and not isinstance(found, bool)))
 
 
 def _is_message(text: str) -> bool:
