@@ -451,6 +451,41 @@ def test_a_client_that_stops_reading_mid_call_ends_the_server_quietly(tmp_path: 
     assert "internal error" not in err and "Traceback" not in err, err
 
 
+def test_a_client_that_closes_stdin_but_never_reads_is_given_up_on(tmp_path: Path) -> None:
+    """A client that sends calls, closes stdin and keeps stdout open without reading it: the
+    replies fill the pipe, and the server waited for ever to write them. Once no reply has
+    moved for GIVE_UP_S after stdin closed, the server drops what is due and exits 0."""
+    import subprocess
+
+    from ctxrules.integrations.mcp import GIVE_UP_S
+
+    session, out = prepared(tmp_path)
+    marker = line_markers(out)[0]
+    wire = _Wire(session.path)
+    wire.initialize()
+    for n in range(20):  # some 18 kB each: more than the pipe holds
+        arguments = {"id": marker.vault_id, "lines": f"{n + 1}:"}
+        wire.send({"jsonrpc": "2.0", "id": 10 + n, "method": "tools/call", "params": {
+            "name": "ctxrules_recall", "arguments": arguments}})  # fmt: skip
+    assert wire.proc.stdin is not None and wire.proc.stdout is not None and wire.proc.stderr is not None
+    time.sleep(1)  # the replies are written until the pipe is full
+    wire.proc.stdin.close()
+    started = time.monotonic()
+    try:
+        code = wire.proc.wait(timeout=GIVE_UP_S + 30)
+    except subprocess.TimeoutExpired:
+        wire.proc.kill()
+        raise AssertionError("the server still waits for a client that reads nothing") from None
+    finally:
+        wire.proc.stdout.close()
+    waited = time.monotonic() - started
+    with wire.proc.stderr:
+        err = wire.proc.stderr.read().decode()
+    assert code == 0, err
+    assert "Traceback" not in err, err
+    assert waited >= GIVE_UP_S - 1, waited  # given up on only after the wait
+
+
 def test_a_call_holding_a_lone_surrogate_is_answered(tmp_path: Path) -> None:
     """``"\\ud800"`` is valid JSON (a JavaScript client sends it for a string cut inside a
     character); the SDK refused the message without a reply, and the client waited for ever.

@@ -14,7 +14,10 @@ import functools
 import json
 import math
 import os
+import select
+import stat
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -120,6 +123,23 @@ INVALID_REQUEST = -32600
 
 _END = b"\0ctxrules-mcp-end\n"  # after the SDK's last reply in the stdout pipe (JSON holds no NUL)
 
+GIVE_UP_S = 10.0
+"""How long a client that closed stdin may leave a reply untaken before it is given up on."""
+
+
+def _nonblocking(fd: int) -> int:
+    """A non-blocking descriptor for the pipe at ``fd`` (a new one: the flag is not set on
+    the description the client and other processes share), ``fd`` closed; ``fd`` itself when
+    it is not a pipe or cannot be opened again (a socket, a file: left blocking)."""
+    try:
+        if not stat.S_ISFIFO(os.fstat(fd).st_mode):
+            return fd
+        again = os.open(f"/proc/self/fd/{fd}", os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:  # no /proc (not Linux), or no reader left
+        return fd
+    os.close(fd)
+    return again
+
 
 class _Wire:
     """Pipes in the place of stdin and stdout, between the client and the SDK, each served by
@@ -137,7 +157,10 @@ class _Wire:
       lands inside one of the SDK's (a long one is written in pieces).
 
     When the client stops reading, the SDK's next write fails as it would on stdout itself
-    (the pipe is closed): the serving ends."""
+    (the pipe is closed): the serving ends. A client that closed stdin but keeps stdout open
+    without reading it is given up on once no reply has moved for ``GIVE_UP_S`` (stdout a
+    pipe, as MCP clients start servers): the replies still due are dropped and the serving
+    ends. Before, the server waited for that client for ever."""
 
     def __init__(self, saved: tuple[int, int], client: int, end: int) -> None:
         self._saved = saved  # stdin and stdout as they were, to put back
@@ -145,6 +168,7 @@ class _Wire:
         self._end = end  # the stdout pipe's writing end, for the mark after the SDK's last reply
         self._lock = threading.Lock()
         self._flushed = threading.Event()
+        self._hung_up = threading.Event()  # the client closed stdin (or reading it failed)
 
     @classmethod
     def open(cls) -> _Wire | None:
@@ -161,7 +185,7 @@ class _Wire:
                 os.close(fd)
             return None
         saved_in, saved_out, source, client, to_sdk, from_client, from_sdk, to_client = fds
-        wire = cls((saved_in, saved_out), client, os.dup(to_client))
+        wire = cls((saved_in, saved_out), _nonblocking(client), os.dup(to_client))
         os.dup2(to_sdk, 0)
         os.dup2(to_client, 1)
         os.close(to_sdk)
@@ -190,13 +214,36 @@ class _Wire:
             os.close(saved)
 
     def _send(self, data: bytes) -> None:
-        """``data`` (whole lines) to the client, alone on the wire while it is written."""
+        """``data`` (whole lines) to the client, alone on the wire while it is written. On a
+        non-blocking stdout a full pipe is waited on; once the client has closed stdin, a wait
+        of ``GIVE_UP_S`` with nothing taken gives the client up (what is due is dropped)."""
         with self._lock:
             view = memoryview(data)
+            stalled: float | None = None
             while view and self._client is not None:
-                view = view[os.write(self._client, view) :]
+                try:
+                    view = view[os.write(self._client, view) :]
+                    stalled = None
+                    continue
+                except BlockingIOError:
+                    pass
+                if self._hung_up.is_set():
+                    now = time.monotonic()
+                    if stalled is None:
+                        stalled = now
+                    elif now - stalled >= GIVE_UP_S:
+                        os.close(self._client)
+                        self._client = None
+                        break
+                select.select([], [self._client], [], 0.2)
 
     def _inbound(self, source: int, sdk: int) -> None:
+        try:
+            self._relay(source, sdk)
+        finally:
+            self._hung_up.set()
+
+    def _relay(self, source: int, sdk: int) -> None:
         with (
             contextlib.suppress(OSError, ValueError),  # the server stopped reading: done
             os.fdopen(source, "rb") as given,
