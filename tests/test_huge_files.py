@@ -238,6 +238,37 @@ def test_a_line_as_long_as_its_bound_is_read_one_longer_is_refused(chunk: int, m
                 assert str(caught.value).startswith(f"[CR146] {verdict}"), (chunk, newline, str(caught.value))
 
 
+@pytest.mark.parametrize("kind", [b"turn", b"ledger", b"blob"])
+def test_export_refuses_a_record_import_would_refuse_as_too_long(kind: bytes, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Export wrote any record, whatever its length; import refuses one past its kind's bound
+    (a turn over 576 MiB, a ledger over 256 MiB), so such an archive could never be read back:
+    lost, for a user who removed the session after exporting it. Export refuses it now (CR146,
+    naming the record), before the rest is written. A vault item that streams has no bound,
+    one that does not (an unusual media type) has its own."""
+    import ctxrules.stores.archive as archive
+    from ctxrules.stores.base import Log
+
+    bound = 4096
+    monkeypatch.setitem(archive._LINE_MAX, kind, (bound, archive._LINE_MAX[kind][1]))
+    source = MemoryStore()
+    vault = Vault.of(source, "s")
+    vault.put_bytes(b"x" * (2 * bound))  # a record that streams: exported at any length
+    out = io.BytesIO()
+    export_session(source, "s", out, name="s")
+    with ArchiveFile(io.BytesIO(out.getvalue()), "a") as archive_file:
+        import_session(MemoryStore(), "t", archive_file, where="a")
+    if kind == b"turn":
+        source.commit_turn("s", {"big": "y" * (2 * bound)}, [])
+    elif kind == b"ledger":
+        source.append([Log("session", "s")], {"call": "z" * (2 * bound)})
+    else:
+        vault.put_bytes(b"w" * (2 * bound), "image/x weird")  # not a media type that streams
+    with pytest.raises(StoreUsageError) as caught:
+        export_session(source, "s", io.BytesIO(), name="s")
+    what = archive._LINE_MAX[kind][1]
+    assert str(caught.value).startswith(f"[CR146] cannot export s: {what} would take"), str(caught.value)
+
+
 def test_sessions_import_streams_a_vault_item_larger_than_memory_allows(tmp_path: Path) -> None:
     """An intact archive whose vault item is 256 MiB (a 342 MB line of base64) was held whole,
     decoded whole: well over a gigabyte. The item is decoded, checked and written a chunk at a

@@ -65,6 +65,7 @@ def export_session(store: Store, session: str, out: IO[bytes], *, name: str | No
 
     def write(obj: dict[str, Any]) -> None:
         line = _line(obj)
+        _check_readable(line, session)
         digest.update(line)
         out.write(line)
 
@@ -105,6 +106,19 @@ def export_session(store: Store, session: str, out: IO[bytes], *, name: str | No
         out.write(_line({**end, "sha256": digest.hexdigest()}))
     out.flush()
     return counts
+
+
+def _check_readable(line: bytes, session: str) -> None:
+    """Refuse to write a record ``sessions import`` would refuse as too long (:data:`_LINE_MAX`):
+    an archive it cannot read back is lost data for whoever removes the session after export.
+    A vault item that streams (its record in the shape the reader decodes a chunk at a time)
+    has no bound."""
+    limit, what = _line_limit(line[:_HEAD_BYTES])
+    if len(line) > limit and not (line.startswith(b'{"kind": "blob"') and _BLOB_HEAD.match(line)):
+        raise _bad(
+            f"cannot export {session}: {what} would take {len(line) >> 20} MiB, more than "
+            f"sessions import reads ({limit >> 20} MiB); nothing usable was written"
+        )
 
 
 def _all_lines(store: Store, log: Log) -> list[bytes]:
