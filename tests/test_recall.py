@@ -451,10 +451,13 @@ def test_a_client_that_stops_reading_mid_call_ends_the_server_quietly(tmp_path: 
     assert "internal error" not in err and "Traceback" not in err, err
 
 
-def test_a_client_that_closes_stdin_but_never_reads_is_given_up_on(tmp_path: Path) -> None:
+@pytest.mark.parametrize("refused", [False, True])
+def test_a_client_that_closes_stdin_but_never_reads_is_given_up_on(tmp_path: Path, refused: bool) -> None:
     """A client that sends calls, closes stdin and keeps stdout open without reading it: the
     replies fill the pipe, and the server waited for ever to write them. Once no reply has
-    moved for GIVE_UP_S after stdin closed, the server drops what is due and exits 0."""
+    moved for GIVE_UP_S after stdin closed, the server drops what is due and exits 0. Also
+    when lines the server answers itself (not JSON) follow the calls: the thread reading stdin
+    then waits to send its answer and never reads to the end."""
     import subprocess
 
     from ctxrules.integrations.mcp import GIVE_UP_S
@@ -469,6 +472,9 @@ def test_a_client_that_closes_stdin_but_never_reads_is_given_up_on(tmp_path: Pat
             "name": "ctxrules_recall", "arguments": arguments}})  # fmt: skip
     assert wire.proc.stdin is not None and wire.proc.stdout is not None and wire.proc.stderr is not None
     time.sleep(1)  # the replies are written until the pipe is full
+    if refused:
+        wire.send_line(b"not json")
+        time.sleep(0.5)  # its answer waits behind the replies
     wire.proc.stdin.close()
     started = time.monotonic()
     try:

@@ -169,6 +169,7 @@ class _Wire:
         self._lock = threading.Lock()
         self._flushed = threading.Event()
         self._hung_up = threading.Event()  # the client closed stdin (or reading it failed)
+        self._stdin: int | None = None  # what the client writes to (its far end closed: it hung up)
 
     @classmethod
     def open(cls) -> _Wire | None:
@@ -186,6 +187,7 @@ class _Wire:
             return None
         saved_in, saved_out, source, client, to_sdk, from_client, from_sdk, to_client = fds
         wire = cls((saved_in, saved_out), _nonblocking(client), os.dup(to_client))
+        wire._stdin = source
         os.dup2(to_sdk, 0)
         os.dup2(to_client, 1)
         os.close(to_sdk)
@@ -227,7 +229,7 @@ class _Wire:
                     continue
                 except BlockingIOError:
                     pass
-                if self._hung_up.is_set():
+                if self._hung_up.is_set() or self._stdin_closed():
                     now = time.monotonic()
                     if stalled is None:
                         stalled = now
@@ -236,6 +238,17 @@ class _Wire:
                         self._client = None
                         break
                 select.select([], [self._client], [], 0.2)
+
+    def _stdin_closed(self) -> bool:
+        """Whether the client closed stdin, told by the pipe itself: the reading thread may be
+        waiting to send an answer of its own (behind the reply that does not move) with the
+        client's last lines unread."""
+        fd = self._stdin
+        if fd is None:
+            return False
+        poller = select.poll()
+        poller.register(fd, select.POLLIN)
+        return any(events & (select.POLLHUP | select.POLLERR | select.POLLNVAL) for _, events in poller.poll(0))
 
     def _inbound(self, source: int, sdk: int) -> None:
         try:
@@ -249,17 +262,20 @@ class _Wire:
             os.fdopen(source, "rb") as given,
             os.fdopen(sdk, "wb") as out,
         ):
-            for line in given:
-                read = _read_line(line)
-                if read is None:
-                    out.write(line)
-                    out.flush()
-                elif isinstance(read, bytes):
-                    out.write(read)
-                    out.flush()
-                else:  # not passed on: answered here
-                    with contextlib.suppress(OSError):  # the client stopped reading: the SDK sees it too
-                        self._send(read.reply())
+            try:
+                for line in given:
+                    read = _read_line(line)
+                    if read is None:
+                        out.write(line)
+                        out.flush()
+                    elif isinstance(read, bytes):
+                        out.write(read)
+                        out.flush()
+                    else:  # not passed on: answered here
+                        with contextlib.suppress(OSError):  # the client stopped reading: the SDK sees it too
+                            self._send(read.reply())
+            finally:
+                self._hung_up.set()  # before stdin's descriptor is closed (its number is reused)
 
     def _outbound(self, sdk: int) -> None:
         try:
