@@ -269,6 +269,29 @@ def test_export_refuses_a_record_import_would_refuse_as_too_long(kind: bytes, mo
     assert str(caught.value).startswith(f"[CR146] cannot export s: {what} would take"), str(caught.value)
 
 
+def test_export_and_import_agree_on_a_line_at_its_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A turn record exactly as long as its bound is exported and imported; with a bound one
+    byte shorter export refuses the session, as import refuses the archive written before."""
+    import ctxrules.stores.archive as archive
+
+    monkeypatch.setattr(archive, "_CHUNK", 64)  # import measures a line past one chunk
+    source = MemoryStore()
+    source.commit_turn("s", {"note": "y" * 5000}, [{"role": "user", "content": "hi"}])
+    out = io.BytesIO()
+    export_session(source, "s", out, name="s")
+    data = out.getvalue()
+    turn = next(line for line in data.splitlines() if line.startswith(b'{"kind": "turn"'))
+    monkeypatch.setitem(archive._LINE_MAX, b"turn", (len(turn), "a turn record"))
+    export_session(source, "s", io.BytesIO(), name="s")
+    with ArchiveFile(io.BytesIO(data), "a") as streamed:
+        import_session(MemoryStore(), "t", streamed, where="a")
+    monkeypatch.setitem(archive._LINE_MAX, b"turn", (len(turn) - 1, "a turn record"))
+    with pytest.raises(StoreUsageError, match="cannot export s: a turn record"):
+        export_session(source, "s", io.BytesIO(), name="s")
+    with pytest.raises(StoreUsageError, match="longer than"), ArchiveFile(io.BytesIO(data), "a") as streamed:
+        import_session(MemoryStore(), "u", streamed, where="a")
+
+
 def test_sessions_import_streams_a_vault_item_larger_than_memory_allows(tmp_path: Path) -> None:
     """An intact archive whose vault item is 256 MiB (a 342 MB line of base64) was held whole,
     decoded whole: well over a gigabyte. The item is decoded, checked and written a chunk at a

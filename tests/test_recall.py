@@ -471,7 +471,22 @@ def test_a_client_that_closes_stdin_but_never_reads_is_given_up_on(tmp_path: Pat
         wire.send({"jsonrpc": "2.0", "id": 10 + n, "method": "tools/call", "params": {
             "name": "ctxrules_recall", "arguments": arguments}})  # fmt: skip
     assert wire.proc.stdin is not None and wire.proc.stdout is not None and wire.proc.stderr is not None
-    time.sleep(1)  # the replies are written until the pipe is full
+    # Until the pipe is full (the server then waits to write the rest): closing stdin before
+    # lets the SDK drop the calls it has not answered yet, and all may fit.
+    import fcntl
+    import termios
+
+    def waiting() -> int:
+        held = bytearray(4)
+        fcntl.ioctl(wire.proc.stdout, termios.FIONREAD, held)
+        return int.from_bytes(held, sys.byteorder)
+
+    capacity = fcntl.fcntl(wire.proc.stdout, fcntl.F_GETPIPE_SZ)
+    deadline, seen = time.monotonic() + 60, -1
+    while (now := waiting()) < capacity // 2 or now != seen:  # half full at least, and no longer growing
+        assert time.monotonic() < deadline, f"the replies filled {now} bytes of {capacity}"
+        seen = now
+        time.sleep(0.5)
     if refused:
         wire.send_line(b"not json")
         time.sleep(0.5)  # its answer waits behind the replies

@@ -237,7 +237,9 @@ class _Wire:
                         os.close(self._client)
                         self._client = None
                         break
-                select.select([], [self._client], [], 0.2)
+                writable = select.poll()
+                writable.register(self._client, select.POLLOUT)
+                writable.poll(200)  # ms
 
     def _stdin_closed(self) -> bool:
         """Whether the client closed stdin, told by the pipe itself: the reading thread may be

@@ -112,9 +112,9 @@ def _check_readable(line: bytes, session: str) -> None:
     """Refuse to write a record ``sessions import`` would refuse as too long (:data:`_LINE_MAX`):
     an archive it cannot read back is lost data for whoever removes the session after export.
     A vault item that streams (its record in the shape the reader decodes a chunk at a time)
-    has no bound."""
+    has no bound. The bound, as the reader applies it, leaves out the line end."""
     limit, what = _line_limit(line[:_HEAD_BYTES])
-    if len(line) > limit and not (line.startswith(b'{"kind": "blob"') and _BLOB_HEAD.match(line)):
+    if len(line) - 1 > limit and not (line.startswith(b'{"kind": "blob"') and _BLOB_HEAD.match(line)):
         raise _bad(
             f"cannot export {session}: {what} would take {len(line) >> 20} MiB, more than "
             f"sessions import reads ({limit >> 20} MiB); nothing usable was written"
