@@ -152,6 +152,18 @@ def test_plugin_reports_a_broken_pack_without_a_traceback(tmp_path: Path) -> Non
     assert "cannot load pack pack.yaml" in out and "CR082" in out
 
 
+def test_prompt_snapshot_without_syrupy_says_to_install_it(tmp_path: Path) -> None:
+    """syrupy is not a dependency of ctxrules (docs/prompts.md: a project that has ctxrules,
+    pytest and syrupy): without its plugin, the docs' snapshot test failed with pytest's
+    "fixture 'snapshot' not found", naming neither syrupy nor what to install."""
+    project = throwaway_project(tmp_path)
+    result = run_pytest(project, "-p", "no:syrupy", "-k", "lean-llama")
+    out = result.stdout + result.stderr
+    assert result.returncode == 1, out
+    assert "1 error" in out and "fixture 'snapshot' not found" not in out, out
+    assert "prompt_snapshot fixture needs syrupy's pytest plugin" in out and "pip install syrupy" in out, out
+
+
 def test_no_entry_is_the_assemblers_name_for_no_entry() -> None:
     from ctxrules.prompts import assemble
     from ctxrules.testing import pytest_plugin

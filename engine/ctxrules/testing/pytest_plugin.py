@@ -163,11 +163,21 @@ def assemble_prompt(ctxrules_pack: ResolvedPack, request: pytest.FixtureRequest)
 
 
 @pytest.fixture
-def prompt_snapshot(snapshot: Any) -> Any:
-    """syrupy's ``snapshot`` storing prompts as readable ``.txt`` files (one per assertion)."""
+def prompt_snapshot(request: pytest.FixtureRequest) -> Any:
+    """syrupy's ``snapshot`` storing prompts as readable ``.txt`` files (one per assertion).
+
+    syrupy is not a dependency of ctxrules: without its pytest plugin, asking for ``snapshot``
+    as an argument would fail every test with pytest's "fixture 'snapshot' not found", which
+    says nothing of syrupy. The fixture is looked up here instead, after saying what is missing."""
+    if not request.config.pluginmanager.hasplugin("syrupy"):
+        pytest.fail(
+            "the prompt_snapshot fixture needs syrupy's pytest plugin, which is not loaded: "
+            "pip install syrupy (and do not disable it with -p no:syrupy)",
+            pytrace=False,
+        )
     from ctxrules.testing.snapshot import PromptSnapshotExtension
 
-    return snapshot.use_extension(PromptSnapshotExtension)
+    return request.getfixturevalue("snapshot").use_extension(PromptSnapshotExtension)
 
 
 def prompt_cases(pack: str = DEFAULT_PACK, *, rootdir: str | Path | None = None) -> list[Any]:
