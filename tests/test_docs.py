@@ -4,8 +4,10 @@ is what CI runs."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import re
+from collections.abc import Iterator
 
 from conftest import REPO
 
@@ -33,6 +35,35 @@ def test_every_verb_is_in_the_reference() -> None:
     assert len(verbs) == len(VERBS)
     for verb in verbs:
         assert f"`ctxrules {verb}" in CLI_PAGE, verb
+
+
+def _long_options(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()) -> Iterator[tuple[str, str]]:
+    """``(verb path, --option)`` for every long option of every verb and sub-verb."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield from _long_options(sub, (*path, name))
+        elif path:
+            for option in action.option_strings:
+                if option.startswith("--") and option != "--help":
+                    yield " ".join(path), option
+
+
+def test_every_option_of_every_verb_is_in_its_row_of_the_reference() -> None:
+    """The reference is the page that lists every verb: a user reading a verb's row saw neither
+    `run --touched` nor `compress --model` nor `eval --judge`, which the verbs take."""
+    rows = [line for line in CLI_PAGE.splitlines() if line.startswith("| `ctxrules ")]
+    # One sentence documents --search-path for all the verbs that load a pack.
+    search_path = re.search(r"Every verb that loads a pack \(([^)]*)\)\s+takes `--search-path DIR`", CLI_PAGE)
+    assert search_path is not None
+    missing = []
+    for verb, option in _long_options(build_parser()):
+        top = verb.split()[0]
+        if option == "--search-path" and f"`{top}`" in search_path.group(1):
+            continue
+        if not any(row.startswith(f"| `ctxrules {top}") and option in row for row in rows):
+            missing.append(f"{verb} {option}")
+    assert not missing, missing
 
 
 def test_every_top_level_pack_key_is_in_the_reference() -> None:
