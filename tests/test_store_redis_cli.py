@@ -217,6 +217,56 @@ def test_the_deployment_example_runs_two_workers_on_one_session(redis_url: str, 
     assert "ledger: 4 calls" in run.stdout and "by 2 workers, 0 overlapping" in run.stdout
 
 
+def _example(*argv: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(REPO / "engine"), "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
+    return subprocess.run(
+        [sys.executable, str(REPO / "examples" / "redis-workers" / "run.py"), *argv],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_the_deployment_example_says_in_one_line_what_is_wrong(tmp_path: Path) -> None:
+    """The README's commands with a mistake in them: an unreachable or non-Redis --redis made each
+    worker die with a traceback while the parent waited 300 s for its answer, then raised one
+    more; --turns 0 with a transcript divided by zero; a missing transcript was a traceback."""
+    (tmp_path / "report.json").write_text('{"version": 1}', encoding="utf-8")
+    (tmp_path / "none.json").write_text('[{"role": "user", "content": "hi"}]', encoding="utf-8")
+    cases = [
+        (("--redis", "redis://127.0.0.1:1/0", "--turns", "2"), "[CR148] cannot reach the Redis store"),
+        (("--redis", "bogus://x", "--turns", "2"), "[CR145]"),
+        (("--redis", f"file://{tmp_path}", "--turns", "2"), "--redis takes a Redis URL"),
+        (("--turns", "0", "--transcript", "none.json"), "argument --turns: not a positive whole number: '0'"),
+        (("--transcript", "missing.json"), "cannot read the transcript missing.json"),
+        (("--transcript", "report.json"), "report.json is not a transcript"),
+        (("--transcript", "none.json"), "none.json holds no assistant message"),
+    ]
+    for argv, message in cases:
+        run = _example(*argv, cwd=tmp_path)
+        assert run.returncode == 2, (argv, run.stderr)
+        assert message in run.stderr and "Traceback" not in run.stderr, (argv, run.stderr)
+        assert run.stdout == "", argv
+
+
+def test_the_deployment_example_ends_when_a_worker_fails(redis_url: str, tmp_path: Path) -> None:
+    """A turn a worker cannot serve (here a message ctxrules refuses) ended that worker with a
+    traceback, and the demo waited 300 s for the answer; now it ends at once, in one line."""
+    transcript = tmp_path / "bad.json"
+    transcript.write_text(
+        json.dumps(
+            [{"role": "user", "content": "x"}, {"role": 5, "content": "z"}, {"role": "assistant", "content": "y"}]
+        ),
+        encoding="utf-8",
+    )
+    run = _example("--redis", redis_url, "--transcript", str(transcript), cwd=tmp_path)
+    assert run.returncode == 2, run.stdout + run.stderr
+    assert "'role' must be a string" in run.stderr, run.stderr
+    assert "Traceback" not in run.stderr and "leaked" not in run.stderr, run.stderr
+
+
 def test_usage_add_on_redis_lands_in_every_ledger_or_in_none(own_redis: RedisServer, tmp_path: Path) -> None:
     """As on the filesystem (test_usage_cli): a server that refuses the append (out of memory)
     leaves no ledger with the call, so the retry counts it once in each. One transaction for

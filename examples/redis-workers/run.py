@@ -11,6 +11,7 @@ import itertools
 import json
 import multiprocessing
 import os
+import queue
 import shutil
 import subprocess
 import sys
@@ -25,26 +26,53 @@ WINDOW = 16_000
 
 
 def worker(url: str, jobs: Any, results: Any) -> None:
-    """One application server: its own engine and Redis client; serves turns until None."""
-    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no network for model facts
-    from ctxrules import Engine
+    """One application server: its own engine and Redis client; serves turns until None.
 
-    engine = Engine.load("builtin:default")
-    while (job := jobs.get()) is not None:
-        session_id, turn, history = job
-        session = engine.session(session_id=session_id, store=url, model=MODEL, window=WINDOW)
-        started = time.perf_counter()
-        result = session.prepare(history)
-        took = (time.perf_counter() - started) * 1000
-        # What the model call would have cost; the ledger is shared by every worker.
-        session.record_usage({"prompt_tokens": 900 + 40 * turn, "completion_tokens": 60})
-        results.put((turn, os.getpid(), len(history), result.messages, result.report, took))
+    A turn that fails (Redis gone, a history ctxrules refuses) is reported to the parent as
+    ``("error", message)`` instead of ending the process with a traceback: the parent would
+    otherwise wait for a result that never comes."""
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no network for model facts
+    from ctxrules import CtxrulesError, Engine
+
+    try:
+        engine = Engine.load("builtin:default")
+        while (job := jobs.get()) is not None:
+            session_id, turn, history = job
+            session = engine.session(session_id=session_id, store=url, model=MODEL, window=WINDOW)
+            started = time.perf_counter()
+            result = session.prepare(history)
+            took = (time.perf_counter() - started) * 1000
+            # What the model call would have cost; the ledger is shared by every worker.
+            session.record_usage({"prompt_tokens": 900 + 40 * turn, "completion_tokens": 60})
+            results.put((turn, os.getpid(), len(history), result.messages, result.report, took))
+    except CtxrulesError as exc:
+        results.put(("error", f"worker {os.getpid()}: {exc}"))
+    except KeyboardInterrupt:
+        pass
+
+
+def next_result(results: Any, procs: list[Any]) -> Any:
+    """The next turn's result; a worker that died without sending one (killed, out of memory)
+    ends the wait instead of leaving the demo hanging."""
+    while True:
+        try:
+            return results.get(timeout=0.5)
+        except queue.Empty:
+            dead = [p for p in procs if not p.is_alive()]
+            if dead:
+                raise DemoError(
+                    f"worker {dead[0].pid} ended (exit code {dead[0].exitcode}) without an answer"
+                ) from None
+
+
+class DemoError(Exception):
+    """A failure the demo reports in one line (exit 2)."""
 
 
 def conversation(path: str | None, turns: int) -> list[list[dict[str, Any]]]:
     """The history sent at each turn (each one extends the last)."""
     if path:
-        messages = json.loads(Path(path).read_text(encoding="utf-8"))
+        messages = read_transcript(path)
         cuts = [i for i, m in enumerate(messages) if m.get("role") == "assistant" and i > 0]
         step = max(1, len(cuts) // turns)
         return [messages[:cut] for cut in cuts[::step][:turns]]
@@ -77,6 +105,38 @@ def conversation(path: str | None, turns: int) -> list[list[dict[str, Any]]]:
         ]
         out.append(history)
     return out
+
+
+def read_transcript(path: str) -> list[dict[str, Any]]:
+    """The messages of a transcript file: a JSON list of chat messages, or ``{"messages": [...]}``
+    as ``ctxrules run`` reads it. Anything else is a :class:`DemoError` naming the file."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise DemoError(f"cannot read the transcript {path}: {exc}") from None
+    messages = data.get("messages") if isinstance(data, dict) else data
+    if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
+        raise DemoError(f'{path} is not a transcript: a JSON list of chat messages, or {{"messages": [...]}}')
+    return messages
+
+
+def check_store(url: str) -> None:
+    """Open the store once in this process, before the workers start: a URL no backend serves or
+    a Redis that does not answer is one line here, not a traceback in each worker."""
+    from ctxrules import CtxrulesError
+    from ctxrules.stores import open_store
+    from ctxrules.stores.redis import RedisStore
+
+    try:
+        store = open_store(url)
+        try:
+            if not isinstance(store, RedisStore):
+                raise DemoError(f"--redis takes a Redis URL (redis://, rediss://, unix://), not {url!r}")
+            store.exists("demo-check")
+        finally:
+            store.close()
+    except CtxrulesError as exc:
+        raise DemoError(str(exc)) from None
 
 
 @contextlib.contextmanager
@@ -130,7 +190,10 @@ def run(url: str, turns: list[list[dict[str, Any]]]) -> int:
     try:
         for turn, history in enumerate(turns):
             inboxes[turn % 2].put((session_id, turn, history))
-            _, pid, sent, messages, report, took = results.get(timeout=300)
+            answer = next_result(results, procs)
+            if answer[0] == "error":
+                raise DemoError(answer[1])
+            _, pid, sent, messages, report, took = answer
             reused = report.get("reused_messages", 0)
             tokens = f"{report['before']['tokens']}->{report['after']['tokens']}"
             same = shared_prefix(previous, messages)
@@ -141,6 +204,9 @@ def run(url: str, turns: list[list[dict[str, Any]]]) -> int:
             inbox.put(None)
         for p in procs:
             p.join()
+        for q in (*inboxes, results):  # flushed and closed: a worker that stopped early leaves no
+            q.close()  # unread None behind for multiprocessing to warn about at exit
+            q.join_thread()
     store = RedisStore.from_url(url)
     records = store.read_log(Log("session", session_id)).lines
     holds = store.prepares(session_id)
@@ -157,14 +223,31 @@ def run(url: str, turns: list[list[dict[str, Any]]]) -> int:
 def main() -> int:
     parser = argparse.ArgumentParser(description="two workers serve one session through one Redis")
     parser.add_argument("--redis", metavar="URL", help="a running Redis (default: start redis-server)")
-    parser.add_argument("--turns", type=int, default=8)
+    parser.add_argument("--turns", type=positive_int, default=8, help="how many turns (default 8)")
     parser.add_argument("--transcript", metavar="FILE", help="a JSON list of chat messages to replay")
     args = parser.parse_args()
-    turns = conversation(args.transcript, args.turns)
-    if args.redis:
-        return run(args.redis, turns)
-    with local_redis() as url:
-        return run(url, turns)
+    try:
+        turns = conversation(args.transcript, args.turns)
+        if not turns:
+            raise DemoError(f"{args.transcript} holds no assistant message after the first message: no turn to replay")
+        if args.redis:
+            check_store(args.redis)
+            return run(args.redis, turns)
+        with local_redis() as url:
+            return run(url, turns)
+    except DemoError as exc:
+        print(f"{parser.prog}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"not a positive whole number: {text!r}")
+    return value
 
 
 if __name__ == "__main__":
