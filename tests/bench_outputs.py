@@ -207,6 +207,9 @@ def main(argv: list[str] | None = None) -> int:
     group.add_argument("--compare", type=Path, metavar="DIR", help="compare the outputs with those saved in DIR")
     parser.add_argument("--only", action="append", default=[], help="transcripts whose name contains this")
     args = parser.parse_args(argv)
+    if args.compare and not (args.compare / "index.json").is_file():
+        # Checked before the minutes the corpus takes, not found by a traceback after them.
+        parser.error(f"--compare {args.compare}: no index.json there (make one with --save DIR)")
     _quiet_environment()
     _ONLY.extend(args.only)
     cases = collect(args.only)
