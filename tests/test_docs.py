@@ -92,3 +92,23 @@ def test_builtin_packs_and_readme_examples_carry_the_schema_modeline() -> None:
     for pack in (p for p in (REPO / "rules").rglob("*.yaml") if "fixtures" not in p.parts):
         assert pack.read_text().startswith("# yaml-language-server: $schema="), pack
     assert "# yaml-language-server: $schema=" in README
+
+
+def test_the_assemble_json_keys_are_the_documented_ones(cli) -> None:  # type: ignore[no-untyped-def]
+    """docs/prompts.md named an `entry` key that `assemble --format json` does not write (it is
+    `models_entry`) and left out half of those it does."""
+    row = next(
+        line for line in (REPO / "docs" / "prompts.md").read_text().splitlines() if line.startswith("| `--format`")
+    )
+    documented = set(re.findall(r"`([a-z_0-9]+)`", row.split("with `--matrix`")[0])) - {
+        "text",
+        "json",
+        "--format",
+        "origin",
+    }
+    documented.add("text")
+    code, out, _ = cli("assemble", "--mode", "lean", "--model", "gpt-4o", "--format", "json")
+    assert code == 0
+    assert set(json.loads(out)) == documented
+    code, out, _ = cli("assemble", "--matrix", "--mode", "lean", "--format", "json")
+    assert code == 0 and set(json.loads(out)) == {"pack", "prompts"}
