@@ -266,6 +266,30 @@ def test_after_prepare_warms_at_start_and_after_compaction(server: Any) -> None:
     assert all(body["prompt_cache_key"] == "k1" for _, body in handler.calls)
 
 
+def test_a_warm_up_the_real_call_overtakes_is_not_sent_after_it() -> None:
+    """docs/prompts.md: ``after_prepare(result)`` then ``with ka.active(): completion(...)``.
+    The warm-up waited while the call ran and went out after it, paying again for the prefix the
+    call had just written to the cache."""
+    sent: list[str] = []
+
+    def record(model: str, messages: Any, tools: Any, *, kind: str, reason: str, **kw: Any) -> Probe:
+        sent.append(f"{kind}:{reason}")
+        return Probe(kind=kind, reason=reason, at=0.0, ok=True, latency_s=0.0)
+
+    prefix = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Start."}]
+    ka = KeepAlive("openai/gpt-4o", send=record, interval_s=float("inf"))
+    ka.update(prefix, warm="session start")
+    with ka.active():
+        pass  # the real call: it sends the prefix and writes it to the cache
+    with ka:  # the probe thread runs from here on
+        time.sleep(0.5)
+    assert sent == []
+    ka = KeepAlive("openai/gpt-4o", send=record, interval_s=float("inf"))
+    with ka:
+        ka.update(prefix, warm="session start")  # no call follows: the warm-up goes out
+        wait_for(lambda: sent == ["warmup:session start"])
+
+
 def test_no_probes_after_max_idle(server: Any) -> None:
     base, _ = server
     ka = KeepAlive(

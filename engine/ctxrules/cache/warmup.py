@@ -435,9 +435,13 @@ class KeepAlive:
 
     @contextlib.contextmanager
     def active(self) -> Iterator[None]:
-        """Mark a model call in flight: no keep-alive meanwhile; the idle timer restarts after."""
+        """Mark a model call in flight: no keep-alive meanwhile; the idle timer restarts after.
+
+        A warm-up still waiting to be sent is dropped: the call sends the same prefix and writes
+        it to the cache itself, so a warm-up after it would only pay for that prefix again."""
         with self._cond:
             self._active += 1
+            self._pending = None
             self._cond.notify_all()
         try:
             yield
