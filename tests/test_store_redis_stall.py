@@ -66,3 +66,53 @@ def test_a_server_that_stalls_mid_prepare_fails_the_turn_at_the_first_timeout(
     # The write that met the dead server, and the lock's release: no stage and no compressed
     # output waited on it again (each did, one socket timeout apiece).
     assert stalled and len(timeouts) <= 2, timeouts
+
+
+def test_a_lock_taken_while_the_server_stalled_is_taken_back_by_the_next_call(own_redis: RedisServer) -> None:
+    """The server stops answering while it takes the prepare lock: the call falls back to memory
+    (on_error=local), and the server, once it answers again, sets the lock it was asked for — with
+    nobody working under it or releasing it. The worker's next call takes that lock back at once,
+    where it waited out the lease (lock_ttl_s) and, with a shorter lock_timeout_s, failed (CR149)."""
+    assert own_redis.proc is not None
+    url = f"{own_redis.url}?socket_timeout_s=1&on_error=local&lock_ttl_s=60&lock_timeout_s=2"
+    session = Engine.load("builtin:default").session("stall-lock", store=url, model="gpt-4o")
+    history = _history(30)
+    session.prepare(history[:20])
+    os.kill(own_redis.proc.pid, signal.SIGSTOP)
+    try:
+        stalled = session.prepare(history[:26])
+    finally:
+        os.kill(own_redis.proc.pid, signal.SIGCONT)
+    assert any("in-memory store" in w for w in stalled.report["warnings"]), stalled.report["warnings"]
+    again = session.prepare(history)
+    assert not any("in-memory store" in w for w in again.report["warnings"]), again.report["warnings"]
+
+
+def test_a_lock_whose_release_met_a_stalled_server_is_taken_back_by_the_next_call(
+    own_redis: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A turn that fails because the server stopped answering cannot release its lock: the
+    worker's next call takes it back rather than waiting out its lease."""
+    assert own_redis.proc is not None
+    url = f"{own_redis.url}?socket_timeout_s=1&on_error=fail&lock_ttl_s=60&lock_timeout_s=2"
+    session = Engine.load("builtin:default").session("stall-release", store=url, model="gpt-4o")
+    history = _history(30)
+    session.prepare(history[:20])
+    put_blob = RedisStore.put_blob
+    stalled: list[str] = []
+
+    def stalled_put(self: RedisStore, *args: Any, **kwargs: Any) -> Any:
+        if not stalled:
+            stalled.append("put_blob")
+            os.kill(own_redis.proc.pid, signal.SIGSTOP)  # type: ignore[union-attr]
+        return put_blob(self, *args, **kwargs)
+
+    monkeypatch.setattr(RedisStore, "put_blob", stalled_put)
+    try:
+        with pytest.raises(StoreUnavailable, match="CR148"):
+            session.prepare(history)
+    finally:
+        os.kill(own_redis.proc.pid, signal.SIGCONT)
+    monkeypatch.setattr(RedisStore, "put_blob", put_blob)
+    result = session.prepare(history)  # was CR149: the lock stayed held for its 60 s lease
+    assert result.messages[-1] == history[-1]

@@ -335,7 +335,9 @@ if ARGV[2] == '1' then return {st or false, rev, redis.call('LRANGE', KEYS[3], 0
 return {st or false, rev}
 """
 
-# Take a lock; on success, the server's time (one clock for every worker).
+# Take a lock; on success, the server's time (one clock for every worker). A lock that already
+# holds the caller's token is the caller's own, left by a round trip whose answer never came
+# (RedisStore._doubtful): taken over, its lease renewed.
 # A lock key that is not a string with a lease was not written by ctxrules and would never be
 # released: it is removed. The prepare lock's KEYS go on with the session's (state and rev first),
 # repaired as _REPAIR does (ARGV[3]: the TTL in ms) once the lock is taken.
@@ -348,7 +350,11 @@ if got ~= 'none' and (got ~= 'string' or redis.call('PTTL', KEYS[1]) == -1) then
   redis.call('DEL', KEYS[1])
   found[1] = 'lock was a ' .. got .. (got == 'string' and ' without expiry' or '')
 end
-if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return false end
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+elseif not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  return false
+end
 if #KEYS > 1 then
   for _, what in ipairs(heal(2, 0)) do found[#found + 1] = what end
   if #found > 0 then reset(KEYS[2], KEYS[3], found, ARGV[3]) end
@@ -534,6 +540,11 @@ class RedisStore:
         self._cache: dict[str, _Cached] = {}
         self._held: dict[str, _Lease] = {}  # session -> the prepare lock this object holds
         self._leases: dict[str, _Lease] = {}  # every lease to renew, by token
+        # Lock key -> the token of a take or release whose answer never came (a timeout, the
+        # connection lost): the server may hold that lock for us, with no call working under it
+        # and nobody to release it. The next take of the key uses the token, so it takes back
+        # what it left, where it waited out the lease (lock_ttl_s) or failed with CR149.
+        self._doubtful: dict[str, str] = {}
         self._renewer: _Renewer | None = None
         self._secrets: dict[tuple[str | None, str], tuple[bytes, float]] = {}  # (value, when checked)
         self._local: MemoryStore | None = None  # the store serving this call when Redis is unreachable
@@ -1326,7 +1337,8 @@ class RedisStore:
         prepare asks next — the session's revision (and state, if another worker committed) and
         the length of every ledger this object has read — so that ``load_turn`` and unchanged
         ``read_log`` calls of that prepare need no round trip of their own."""
-        token = secrets.token_hex(16)
+        with self._lock:
+            token = self._doubtful.pop(key, None) or secrets.token_hex(16)
         deadline = time.monotonic() + wait
         pause = 0.002
         prefetch = session is not None and not self.settings.cluster
@@ -1359,7 +1371,12 @@ class RedisStore:
                 replies.append(logs)
                 return replies
 
-            replies = self._call(op)
+            try:
+                replies = self._call(op)
+            except StoreUnavailable:
+                with self._lock:
+                    self._doubtful[key] = token  # the SET may have reached the server
+                raise
             got = replies[0]
             if got is not None:
                 lease = _Lease(key, token, self._lease_ms)
@@ -1391,8 +1408,12 @@ class RedisStore:
         args = [lease.token, lease.acquired, holder, str(_PREPARES_KEPT), str(self._ttl_ms)]
         try:
             return bool(self._call(lambda: self._scripts["release"](keys=keys, args=args)))
-        except StoreError:
-            # Unreachable now: the lease runs out on its own; the turn's outcome stands.
+        except StoreError as exc:
+            # Unreachable now: the lease runs out on its own, or this worker's next take of the
+            # lock takes it back; the turn's outcome stands.
+            if isinstance(exc, StoreUnavailable):
+                with self._lock:
+                    self._doubtful[lease.key] = lease.token
             _log.warning("store_unlock_failed", url=self.url, key=lease.key)
             return False
 
