@@ -761,12 +761,16 @@ class RedisStore:
     def _evalsha(self, pipe: Any, name: str, keys: Sequence[str], args: Sequence[str | bytes]) -> None:
         pipe.evalsha(self._scripts[name].sha, len(keys), *keys, *args)
 
-    def load_turn(self, session: str, *, output: bool = True) -> Turn:
+    def _new_call_without_lock(self) -> None:
+        """Outside every prepare (no prepare lock held through this object), the start of a call
+        that takes none: try Redis again, and drop what the last call kept in memory because Redis
+        was unreachable. Else a store fallen back once served every later such call from memory."""
         with self._lock:
             if self._local is not None and not self._active:
-                # A new call without the lock (a read): try Redis again; what the last call
-                # kept in memory is dropped.
                 self._local = self._local_note = None
+
+    def load_turn(self, session: str, *, output: bool = True) -> Turn:
+        self._new_call_without_lock()  # a read
         notes: list[str] = []
 
         def op() -> Turn:
@@ -1450,6 +1454,10 @@ class RedisStore:
         restarted without persistence has lost it, and a worker that kept signing with its
         copy while a new worker made another would no longer recognise the other's tags. The
         copy is put back (the first writer wins, as ever), or the store's value adopted."""
+        # The key is what a call asks first: the litellm hook's stateless calls take no lock, and
+        # one that found Redis unreachable left every later one writing its vault to memory,
+        # where no other worker (nor `vault get`) finds what their markers name.
+        self._new_call_without_lock()
         cached = self._secrets.get((session, name))
         now = time.monotonic()
         if cached is not None and now - cached[1] < _SECRET_CHECK_S:
