@@ -489,3 +489,14 @@ def test_the_sync_wrapper_prepares_litellms_own_message_objects(tmp_path: Path, 
     assert sent[3] == {"role": "assistant", "content": "two files"}
     # The call id used twice is told apart in the call and its result, as for dicts.
     assert [c["id"] for c in sent[5]["tool_calls"]] == [sent[6]["tool_call_id"]] == ["call_1_2"]
+
+
+def test_a_store_that_cannot_be_reached_is_named_as_the_documented_error(tmp_path: Path) -> None:
+    """The 500 of on_error="reject" (and the warning of "pass") named the Redis store's private
+    class, ``_Unreachable``; it is the documented ``StoreUnavailable`` (CR148)."""
+    url = f"unix://{tmp_path}/down.sock?connect_timeout_s=0.5"
+    data = {"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}], "litellm_session_id": "s"}
+    rejecting = ContextHook("builtin:default", store=url, on_error="reject")
+    with pytest.raises(litellm.InternalServerError) as caught:
+        rejecting.process(data, "openai")
+    assert "ctxrules failed: StoreUnavailable: [CR148] cannot reach the Redis store" in str(caught.value)

@@ -173,7 +173,7 @@ class ContextHook(CustomLogger):
             session = self._session(self._session_key(raw, str(key) if key else None), model, switch=False)
             session.record_usage(usage)
         except Exception as exc:  # the call succeeded; a ledger problem must not turn it into an error
-            self._log.warning("litellm.usage_error", error=f"{type(exc).__name__}: {exc}")
+            self._log.warning("litellm.usage_error", error=_described(exc))
 
     def _session_key(self, raw: str, api_key: str | None) -> str:
         """The session of a request: namespaced by a hash of the caller's API key, so two keys
@@ -222,12 +222,10 @@ class ContextHook(CustomLogger):
                 # The request's own fault (malformed, not JSON data): a 500 would be retried.
                 raise _litellm_error("BadRequestError", f"ctxrules: {exc}", data) from None
             if self.on_error == "reject":
-                raise _litellm_error(
-                    "InternalServerError", f"ctxrules failed: {type(exc).__name__}: {exc}", data
-                ) from None
+                raise _litellm_error("InternalServerError", f"ctxrules failed: {_described(exc)}", data) from None
             self._log.warning(
                 "litellm.error",
-                error=f"{type(exc).__name__}: {exc}",
+                error=_described(exc),
                 detail="the request goes on unchanged (on_error: pass)",
             )
             return data
@@ -413,6 +411,14 @@ def _as_id(value: object) -> str | None:
         except ValueError:  # Python writes out no integer of more than 4300 digits
             raise MessagesError(f"session_id: an integer of more than {MAX_INT_DIGITS} digits") from None
     return None
+
+
+def _described(exc: BaseException) -> str:
+    """``exc`` as ``Class: message`` for the caller and the log, the class the nearest public
+    one: a module's private subclass (the Redis store's ``_Unreachable``) is named as the
+    documented error it is (``StoreUnavailable``), not as a name no user can look up."""
+    public = next((c for c in type(exc).__mro__ if not c.__name__.startswith("_")), type(exc))
+    return f"{public.__name__}: {exc}"
 
 
 def _litellm_error(name: str, message: str, data: Mapping[str, Any]) -> Exception:
