@@ -13,7 +13,7 @@ import pytest
 from redis_server import RedisServer
 
 from ctxrules import Engine
-from ctxrules.stores.base import StoreUnavailable
+from ctxrules.stores.base import StoreError, StoreUnavailable
 from ctxrules.stores.redis import RedisStore
 
 
@@ -116,3 +116,32 @@ def test_a_lock_whose_release_met_a_stalled_server_is_taken_back_by_the_next_cal
     monkeypatch.setattr(RedisStore, "put_blob", put_blob)
     result = session.prepare(history)  # was CR149: the lock stayed held for its 60 s lease
     assert result.messages[-1] == history[-1]
+
+
+def test_a_server_restarted_mid_turn_is_said_so_not_blamed_on_another_worker(
+    own_redis: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A restart without persistence between the lock and the commit takes the lock (and the
+    vault items the turn wrote) along: the turn is not saved, and the message said another
+    worker held the lock — there is none. The next turn recomputes and says why."""
+    url = f"{own_redis.url}?on_error=fail"
+    session = Engine.load("builtin:default").session("restart-mid", store=url, model="gpt-4o", window=16000)
+    history = _history(30)
+    session.prepare(history[:20])
+    put_blob = RedisStore.put_blob
+    restarted: list[str] = []
+
+    def restarting_put(self: RedisStore, *args: Any, **kwargs: Any) -> Any:
+        if not restarted:
+            restarted.append("put_blob")
+            own_redis.restart()
+        return put_blob(self, *args, **kwargs)
+
+    monkeypatch.setattr(RedisStore, "put_blob", restarting_put)
+    with pytest.raises(StoreError, match="CR149") as caught:
+        session.prepare(history)
+    assert restarted
+    assert "restarted" in str(caught.value) and "another worker" not in str(caught.value)
+    monkeypatch.setattr(RedisStore, "put_blob", put_blob)
+    again = session.prepare(history)
+    assert any("recomputed from the full history" in w for w in again.report["warnings"])

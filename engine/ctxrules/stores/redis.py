@@ -262,13 +262,14 @@ end
 # its keys out, but the lock's (it keeps its lease).
 # KEYS: state, output, rev, lock, meta, then every other key of the session. ARGV: state, mode
 # (1 append, 0 replace), the revision an append expects, the lock token ('' none), ttl in ms,
-# the time, then the output lines. Returns {rev, or -1 (lock lost) or -2 (append refused);
+# the time, then the output lines. Returns {rev, or -1 (the lock is another's), -4 (the lock is
+# gone: its lease ran out and nobody took it, or the server lost it) or -2 (append refused);
 # when the session's blobs last had their TTLs extended}.
 _COMMIT = (
     _HEAL
     + """
 if ARGV[4] ~= '' and (redis.call('TYPE', KEYS[4]).ok ~= 'string' or redis.call('GET', KEYS[4]) ~= ARGV[4]) then
-  return {-1, false}
+  return {redis.call('EXISTS', KEYS[4]) == 1 and -1 or -4, false}
 end
 if #heal(1, 4) > 0 then
   -- Keys of the wrong type (removed): the turn is written whole, under a restarted counter.
@@ -911,6 +912,15 @@ class RedisStore:
             last["output_digest"] = digest.hexdigest()
             raw_state = json.dumps(state, ensure_ascii=False, sort_keys=True).encode("utf-8")
             rev, extended = self._commit_script(session, raw_state, lines, None, token)
+        if rev == -4:
+            # No worker holds it: a lease that ran out unclaimed, or a server that restarted or
+            # was flushed mid-turn — which took what this turn put in the vault along, so the
+            # turn, whose markers name those items, is not saved; the next one recomputes.
+            raise StoreError(
+                f"[{_LOCK_CODE}] {self.describe(session)}: this worker's prepare lock is gone from the "
+                "server (its lease ran out, or the server restarted or was flushed during the turn); the "
+                "turn was not saved, and the next turn recomputes from the full history"
+            )
         if rev == -1:
             raise StoreError(
                 f"[{_LOCK_CODE}] {self.describe(session)}: the prepare lock is held by another worker now "
