@@ -484,3 +484,28 @@ def test_a_message_langchain_cannot_convert_is_a_messages_error_naming_it(
     history = [HumanMessage("hi"), AIMessage("", tool_calls=[{"id": "a", "name": "run_job", "args": {}}]), message]
     with pytest.raises(MessagesError, match=re.escape(where) + ": LangChain cannot convert it"):
         _sent(middleware, history)
+
+
+def test_standard_blocks_with_no_chat_completions_form_reach_the_model_as_they_are(tmp_path: Path) -> None:
+    """LangChain v1's standard ``video``, ``text-plain`` and URL ``file`` blocks (what Gemini and
+    Claude take) have no Chat Completions form: its converter refused them, and the middleware
+    ended the agent's run with a MessagesError. They go through as opaque parts: an unchanged
+    message is the agent's own object, and a compacted one keeps its blocks as they were."""
+    video = {"type": "video", "url": "https://example.com/run.mp4"}
+    pdf = {"type": "file", "url": "https://example.com/spec.pdf"}
+    note = {"type": "text-plain", "text": "plain notes", "mime_type": "text/plain"}
+    ask = HumanMessage([{"type": "text", "text": "Watch this, read that."}, video, pdf, note], id="h1")
+    messages: list[BaseMessage] = [
+        ask,
+        AIMessage("", id="a1", tool_calls=[{"id": "c1", "name": "run_job", "args": {"n": 1}}]),
+        ToolMessage([{"type": "text", "text": big_output(1)}, video], tool_call_id="c1", id="t1"),
+        AIMessage("", id="a2", tool_calls=[{"id": "c2", "name": "run_job", "args": {"n": 2}}]),
+        ToolMessage(big_output(2), tool_call_id="c2", id="t2"),
+        HumanMessage("go on", id="h2"),
+    ]
+    middleware = CtxrulesMiddleware(model="gpt-4o", window=64_000, state=tmp_path / "state", recall=False)
+    sent = _sent(middleware, messages)
+    assert sent[0] is ask
+    (compacted,) = [m for m in sent if isinstance(m, ToolMessage) and m.id == "t1"]
+    assert isinstance(compacted.content, list) and compacted.content[-1] == video
+    assert "[ctxrules:elided" in json.dumps(compacted.content)

@@ -44,6 +44,7 @@ try:
     from langchain.agents.middleware import AgentMiddleware
     from langchain_core.messages import (
         BaseMessage,
+        HumanMessage,
         SystemMessage,
         ToolMessage,
         convert_to_messages,
@@ -215,17 +216,67 @@ class CtxrulesMiddleware(AgentMiddleware):
 
 
 def _to_openai(message: Any, where: str) -> dict[str, Any]:
-    """``message`` as an OpenAI message dict (``langchain_core``'s converter). What the converter
-    cannot take (a ``RemoveMessage``, which only the graph's reducer reads; a content block
-    without a ``type``) raised its own ValueError or KeyError from deep inside it: it is a
-    :class:`MessagesError` naming the message instead."""
+    """``message`` as an OpenAI message dict (``langchain_core``'s converter). A standard content
+    block the converter has no Chat Completions form for (``video``, ``text-plain``, a ``file``
+    by URL: what Gemini or Claude take) goes through as it is, an opaque part, rather than
+    ending the agent's run. What the converter cannot take otherwise (a ``RemoveMessage``, which
+    only the graph's reducer reads; a content block without a ``type``) raised its own
+    ValueError or KeyError from deep inside it: it is a :class:`MessagesError` naming the
+    message instead."""
     try:
         converted: dict[str, Any] = convert_to_openai_messages(message)
     except (ValueError, TypeError, KeyError, AttributeError) as exc:
+        opaque = _with_opaque_blocks(message)
+        if opaque is not None:
+            return opaque
         detail = f"no key {exc.args[0]!r} in one of its parts" if isinstance(exc, KeyError) and exc.args else exc
         kind = type(message).__name__
         raise MessagesError(f"{where} ({kind}): LangChain cannot convert it to a chat message: {detail}") from None
     return converted
+
+
+_OPAQUE = "ctxrules-opaque-block-"
+
+
+def _with_opaque_blocks(message: Any) -> dict[str, Any] | None:
+    """``message`` converted with each content block the converter refuses on its own kept as
+    it is: such a block is swapped for a stand-in of a type the converter passes through
+    untouched, and put back in the result. None when no block is refused on its own (the
+    message's failure is not a block's)."""
+    content = getattr(message, "content", None)
+    if not isinstance(content, list) or not hasattr(message, "model_copy"):
+        return None
+    kept: dict[str, Any] = {}
+    standins: list[Any] = []
+    for block in content:
+        if isinstance(block, dict) and isinstance(block.get("type"), str) and _refused(block):
+            name = f"{_OPAQUE}{len(kept)}"
+            kept[name] = block
+            standins.append({"type": name})
+        else:
+            standins.append(block)
+    if not kept:
+        return None
+    try:
+        converted: dict[str, Any] = convert_to_openai_messages(message.model_copy(update={"content": standins}))
+    except (ValueError, TypeError, KeyError, AttributeError):
+        return None
+    parts = converted.get("content")
+    if not isinstance(parts, list):
+        return None
+    restored = [kept.get(str(p.get("type")), p) if isinstance(p, dict) else p for p in parts]
+    if sum(isinstance(p, dict) and p.get("type") in kept for p in parts) != len(kept):
+        return None  # the converter dropped or merged a stand-in: not what this can undo
+    return {**converted, "content": restored}
+
+
+def _refused(block: dict[str, Any]) -> bool:
+    """Whether the converter refuses ``block`` alone, in a user message."""
+    try:
+        convert_to_openai_messages(HumanMessage(content=[block]))
+    except (ValueError, TypeError, KeyError, AttributeError):
+        return True
+    return False
 
 
 def _sources(prepared: list[dict[str, Any]], converted: list[dict[str, Any]]) -> list[int | None]:
