@@ -500,3 +500,26 @@ def test_a_store_that_cannot_be_reached_is_named_as_the_documented_error(tmp_pat
     with pytest.raises(litellm.InternalServerError) as caught:
         rejecting.process(data, "openai")
     assert "ctxrules failed: StoreUnavailable: [CR148] cannot reach the Redis store" in str(caught.value)
+
+
+def test_a_call_the_store_failed_is_not_tried_again_by_its_deployment_hook(tmp_path: Path) -> None:
+    """The proxy runs the pre-call hook, then the deployment hook (with the deployment's model
+    name), on one call (one ``litellm_call_id``). A store that failed the first failed the second
+    again: twice the socket or lock timeout (up to 2 x lock_timeout_s for a busy session) and
+    two warnings, before the call went on unchanged all the same. A new call is tried anew."""
+    from types import SimpleNamespace
+
+    url = f"unix://{tmp_path}/down.sock?connect_timeout_s=0.5"
+    hook = ContextHook("builtin:default", store=url)
+    messages = [{"role": "user", "content": "hi"}]
+
+    async def one_call(call_id: str) -> None:
+        data = {"model": "gpt-4o", "messages": messages, "litellm_session_id": "s", "litellm_call_id": call_id}
+        assert await hook.async_pre_call_hook(SimpleNamespace(token="k"), None, data, "acompletion") is data
+        deployment = {**data, "model": "openai/gpt-4o", "metadata": {"user_api_key_hash": "k"}}
+        assert await hook.async_pre_call_deployment_hook(deployment, "acompletion") is deployment
+
+    asyncio.run(one_call("call-1"))
+    assert hook.stats["failed"] == 1 and hook.stats["passed"] == 1
+    asyncio.run(one_call("call-2"))
+    assert hook.stats["failed"] == 2

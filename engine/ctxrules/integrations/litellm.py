@@ -111,6 +111,11 @@ class ContextHook(CustomLogger):
         self.stats = {"prepared": 0, "unchanged": 0, "passed": 0, "failed": 0}
         self._sessions: OpenSessions[Session] = OpenSessions(max_sessions)
         self._produced: OrderedDict[str, None] = OrderedDict()
+        # Calls (litellm_call_id and request digest) the store failed with on_error="pass": the
+        # proxy runs a later hook of the same call (the deployment hook) on the same request,
+        # which met the same dead or locked store again — twice the socket or lock timeout, and
+        # the warning twice — before the call went on unchanged all the same.
+        self._store_failed: OrderedDict[str, None] = OrderedDict()
         self._lock = threading.Lock()
         self._log = get_logger("ctxrules.litellm")
 
@@ -203,11 +208,18 @@ class ContextHook(CustomLogger):
         malformed request is a BadRequestError, anything else an InternalServerError)."""
         from ctxrules.budget.tracker import BudgetExceeded
         from ctxrules.runtime.guards import RequestRejected
+        from ctxrules.stores.base import StoreError
 
         digest = self._digest(kind, data)
         if digest is not None and digest in self._produced:
             self.stats["unchanged"] += 1
             self._log.debug("litellm.unchanged", kind=kind, detail="equals an output of this hook")
+            return data
+        call = data.get("litellm_call_id")
+        failed_key = f"{call}:{digest}" if isinstance(call, str) and call and digest is not None else None
+        if failed_key is not None and failed_key in self._store_failed:
+            self.stats["passed"] += 1
+            self._log.debug("litellm.passthrough", kind=kind, detail="the store failed this call in an earlier hook")
             return data
         started = time.perf_counter()
         try:
@@ -223,6 +235,8 @@ class ContextHook(CustomLogger):
                 raise _litellm_error("BadRequestError", f"ctxrules: {exc}", data) from None
             if self.on_error == "reject":
                 raise _litellm_error("InternalServerError", f"ctxrules failed: {_described(exc)}", data) from None
+            if failed_key is not None and isinstance(exc, StoreError):
+                self._remember(failed_key, self._store_failed)
             self._log.warning(
                 "litellm.error",
                 error=_described(exc),
@@ -232,7 +246,7 @@ class ContextHook(CustomLogger):
         self.stats["prepared"] += 1
         produced = self._digest(kind, out)
         if produced is not None:
-            self._remember(produced)
+            self._remember(produced, self._produced)
         self._log.debug(
             "litellm.prepared",
             kind=kind,
@@ -311,12 +325,12 @@ class ContextHook(CustomLogger):
             return None
         return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
 
-    def _remember(self, digest: str) -> None:
+    def _remember(self, digest: str, into: OrderedDict[str, None]) -> None:
         with self._lock:
-            self._produced[digest] = None
-            self._produced.move_to_end(digest)
-            while len(self._produced) > _PRODUCED_LIMIT:
-                self._produced.popitem(last=False)
+            into[digest] = None
+            into.move_to_end(digest)
+            while len(into) > _PRODUCED_LIMIT:
+                into.popitem(last=False)
 
 
 def _apply(session: Session, data: dict[str, Any], kind: Kind) -> tuple[dict[str, Any], dict[str, Any]]:
