@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
 from redis_server import RedisServer
 from spool_kit import LIVE_ITEM, stale_spool_goes_live_one_stays
 
@@ -290,6 +291,31 @@ def test_usage_add_on_redis_lands_in_every_ledger_or_in_none(own_redis: RedisSer
     assert ctxrules(*add, cwd=tmp_path).returncode == 0
     assert sorted(lengths().values()) == [2, 2, 2]
     client.close()
+
+
+def test_a_command_a_full_server_refuses_is_named_without_its_arguments(own_redis: RedisServer) -> None:
+    """redis-py quotes the start of a pipeline command that failed (its keys, the first bytes
+    of the value: conversation text) in its error, and that text went into the StoreError, the
+    CLI's message and the hook's logs. The command is named by its name alone now."""
+    import redis
+
+    from ctxrules.stores import StoreError
+    from ctxrules.stores.redis import RedisStore
+    from ctxrules.vault import Vault
+
+    store = RedisStore.from_url(own_redis.url)
+    client = redis.Redis(unix_socket_path=str(own_redis.socket))
+    client.config_set("maxmemory-policy", "noeviction")
+    client.config_set("maxmemory", 1)
+    try:
+        with pytest.raises(StoreError) as caught:
+            Vault.of(store, store.session_key("private")).put_bytes(b"my bank PIN is 4711 " * 10)
+    finally:
+        client.config_set("maxmemory", 0)
+        client.close()
+    message = str(caught.value)
+    assert "maxmemory" in message, message
+    assert "PIN" not in message and "private" not in message, message
 
 
 def test_a_spool_a_killed_writer_left_in_the_temporary_directory_goes_with_the_next_writer(

@@ -44,6 +44,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import secrets
 import socket
 import threading
@@ -507,6 +508,16 @@ class _Lease:
     acquired: str = "0"  # when, in the server's clock
 
 
+# redis-py names a pipeline's failing command with the start of its arguments: session keys and
+# the first bytes of a value, conversation text, which must not reach a message or a log.
+_PIPELINE_COMMAND = re.compile(r"Command # (\d+) \((\S*).*?\) of pipeline caused error: ", re.S)
+
+
+def _reason(exc: BaseException) -> str:
+    """What Redis said, without the command text redis-py quotes from a pipeline (its name kept)."""
+    return _PIPELINE_COMMAND.sub(lambda m: f"command #{m.group(1)} ({m.group(2)}) of a pipeline: ", str(exc))
+
+
 class RedisStore:
     """The :class:`ctxrules.stores.base.Store` on a Redis server (module docstring)."""
 
@@ -668,9 +679,9 @@ class RedisStore:
                     return op()
 
                 return self._call(again, local)
-            raise StoreError(f"[{_UNREACHABLE}] the Redis store {self.url} refused a command: {exc}") from None
+            raise StoreError(f"[{_UNREACHABLE}] the Redis store {self.url} refused a command: {_reason(exc)}") from None
         except redis.RedisError as exc:
-            raise StoreError(f"[{_UNREACHABLE}] the Redis store {self.url} failed: {exc}") from None
+            raise StoreError(f"[{_UNREACHABLE}] the Redis store {self.url} failed: {_reason(exc)}") from None
 
     def _fall_back(self, exc: object) -> MemoryStore:
         with self._lock:
