@@ -1,13 +1,15 @@
 """Entry point: parse the verb, run it, turn handled errors into one line and an exit code.
 
 Exit codes (docs/reference/cli.md): 0 ok, 1 problems found, 2 usage or runtime error (a standard
-output that cannot take the output included; a reader that went away is 0: ctxrules.cli.output).
+output that cannot take the output included; a reader that went away is 0: ctxrules.cli.output;
+the system refusing a path, an OSError naming it, included).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import gc
 import importlib
 import os
@@ -17,7 +19,7 @@ from collections.abc import Sequence
 from ctxrules._version import __version__
 from ctxrules.cli.output import flush_stdout, silence_stdout
 from ctxrules.errors import CtxrulesError
-from ctxrules.printable import printable
+from ctxrules.printable import encodable, printable
 
 # Verb -> the module that implements it. Each module defines ``register(subparsers)``; its
 # parser sets ``func(args) -> int``. Only the verb being run is imported (``ctxrules validate``
@@ -113,7 +115,26 @@ def run(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # the reader went away (`| head -1`): it has what it wanted
         silence_stdout()
         return 0
+    except OSError as exc:
+        if not isinstance(exc.filename, (str, bytes)) or os.environ.get("CTXRULES_DEBUG"):
+            raise
+        # The system refused a path the user gave or one under it (a name too long for the
+        # file system, a session "directory" below a file, a disk that is full or read-only):
+        # the environment, not a bug, so one line naming the path rather than an internal error.
+        return _path_refused(os.fsdecode(exc.filename), exc.strerror or str(exc))
+    except RuntimeError as exc:
+        # Path.resolve() on a symbolic link loop before Python 3.13 (OSError ELOOP since).
+        loop = str(exc).removeprefix("Symlink loop from ")
+        if loop == str(exc) or os.environ.get("CTXRULES_DEBUG"):
+            raise
+        return _path_refused(loop.strip("'\""), os.strerror(errno.ELOOP))
     return code
+
+
+def _path_refused(path: str, reason: str) -> int:
+    """Say in one line that the system refused ``path`` (a non-UTF-8 byte shown as ``\\xff``)."""
+    sys.stderr.write(f"ctxrules: error: {printable(encodable(path))}: {reason}\n")
+    return 2
 
 
 # Verbs that read, check and print, in a process of their own: no cyclic garbage collection.

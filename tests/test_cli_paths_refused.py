@@ -1,0 +1,71 @@
+"""A path the system refuses (a name longer than the file system takes, a session "directory"
+below a file, a symbolic link loop) is one line naming it and exit 2, in every verb that meets
+it: the user's path, not a bug of ctxrules ("internal error ... this is a bug" said otherwise)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+from cli_kit import cli
+
+LONG = "a" * 300  # over NAME_MAX (255) of every common file system: ENAMETOOLONG
+
+
+def _history(tmp_path: Path) -> str:
+    source = tmp_path / "h.json"
+    source.write_text(json.dumps([{"role": "user", "content": "hi"}]), encoding="utf-8")
+    return str(source)
+
+
+def _verbs(tmp_path: Path, session: str) -> dict[str, list[str]]:
+    """Verbs that open ``session`` (or read the path ``session``)."""
+    model = ["--model", "gpt-4o"]
+    return {
+        "run": ["run", "--pack", "builtin:default", *model, "--input", _history(tmp_path), "--session", session],
+        "vault get": ["vault", "get", "0123456789abcdef", "--session", session],
+        "usage show": ["usage", "show", "--session", session],
+        "sessions export": ["sessions", "export", session, "--to", "-", "--state", str(tmp_path / "st")],
+        "mcp": ["mcp", "--session", session],
+        "validate": ["validate", session],
+        "eval": ["eval", "--pack", "builtin:default", *model, session],
+    }
+
+
+def _one_line_naming(proc: object, shown: str) -> None:
+    stderr = proc.stderr  # type: ignore[attr-defined]
+    assert proc.returncode == 2, (proc.returncode, stderr)  # type: ignore[attr-defined]
+    assert "internal error" not in stderr and "Traceback" not in stderr, stderr
+    lines = stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("ctxrules: error: ") and shown in lines[0], stderr
+
+
+@pytest.mark.parametrize("verb", ["run", "vault get", "usage show", "sessions export", "mcp", "validate", "eval"])
+def test_a_name_too_long_for_the_file_system_is_one_line(tmp_path: Path, verb: str) -> None:
+    proc = cli(*_verbs(tmp_path, LONG)[verb], cwd=tmp_path, stdin=subprocess.DEVNULL)
+    _one_line_naming(proc, LONG)
+    assert os.strerror(36) in proc.stderr  # ENAMETOOLONG: says why, not only where
+
+
+def test_a_session_below_a_file_is_one_line(tmp_path: Path) -> None:
+    proc = cli(*_verbs(tmp_path, "h.json/s")["run"], cwd=tmp_path)
+    _one_line_naming(proc, "h.json/s")
+    assert not (tmp_path / "h.json").is_dir()
+
+
+@pytest.mark.parametrize("verb", ["run", "usage show", "sessions export"])
+def test_a_session_that_is_a_link_loop_is_one_line(tmp_path: Path, verb: str) -> None:
+    (tmp_path / "loop1").symlink_to("loop2")
+    (tmp_path / "loop2").symlink_to("loop1")
+    proc = cli(*_verbs(tmp_path, "loop1")[verb], cwd=tmp_path)
+    _one_line_naming(proc, "loop1")
+    assert "symbolic links" in proc.stderr
+
+
+def test_a_byte_that_is_not_utf8_is_shown_as_that_byte(tmp_path: Path) -> None:
+    session = os.fsdecode(b"\xff/") + LONG
+    proc = cli(*_verbs(tmp_path, session)["run"], cwd=tmp_path)
+    _one_line_naming(proc, "\\xff/" + LONG)
