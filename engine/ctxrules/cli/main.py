@@ -17,7 +17,7 @@ import sys
 from collections.abc import Sequence
 
 from ctxrules._version import __version__
-from ctxrules.cli.output import flush_stdout, silence_stdout
+from ctxrules.cli.output import flush_stdout, silence_stdout, utf8_stdout
 from ctxrules.errors import CtxrulesError
 from ctxrules.printable import encodable, printable
 
@@ -154,6 +154,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         # that failure, and Python exited 1 (eval's "an invariant broke") whatever the code.
         # The messages go to the null device; the codes stay.
         sys.stderr = open(os.devnull, "w", encoding="utf-8")  # noqa: SIM115 (for the process)
+    utf8_stdout()
     verb = _verb_in(arguments)
     uncollected = verb in _UNCOLLECTED_VERBS
     if uncollected:

@@ -98,6 +98,24 @@ def printing() -> Iterator[None]:
         raise OutputError(f"cannot write to standard output: {exc.strerror or exc}") from None
 
 
+def utf8_stdout() -> None:
+    """Standard output in an encoding that takes every character a verb prints, whatever the
+    locale or ``PYTHONIOENCODING`` say (``ascii`` made ``run`` and ``explain`` end in an
+    internal UnicodeEncodeError at the first non-ASCII character). A file or a pipe gets UTF-8,
+    the bytes ``--output FILE`` holds and JSON's own encoding; a terminal keeps its encoding,
+    a character it cannot show written as its escape (it is read there, not parsed)."""
+    stream = sys.stdout
+    reconfigure = getattr(stream, "reconfigure", None)
+    if stream is None or reconfigure is None or (stream.encoding or "").lower().replace("-", "") == "utf8":
+        return
+    try:
+        terminal = stream.isatty()
+    except (OSError, ValueError):
+        return
+    with contextlib.suppress(OSError, ValueError, LookupError):
+        reconfigure(errors="backslashreplace") if terminal else reconfigure(encoding="utf-8")
+
+
 def silence_stdout() -> None:
     """Standard output becomes the null device (after a failed write: nothing more can go there)."""
     if sys.stdout is None:
