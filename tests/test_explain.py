@@ -109,6 +109,8 @@ models:
     [
         (["explain", "nope.yaml"], 2, "no such pack file"),
         (["explain", "tests"], 2, "tests is a folder, not a pack file"),
+        # there, but not a regular file: said as run and validate say it, not "no such pack file"
+        (["explain", "/dev/zero"], 1, "CR101] not read: the pack file is a device"),
         (["explain", "builtin:nope"], 2, "no built-in pack"),
         (["explain"], 2, "PACK"),
         (["explain", "builtin:default", "--bogus"], 2, "unrecognized"),

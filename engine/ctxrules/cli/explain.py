@@ -74,7 +74,9 @@ def _check_exists(ref: str) -> None:
             )
     elif Path(ref).is_dir():
         raise UsageError(f"{ref} is a folder, not a pack file; name the pack's YAML file")
-    elif not Path(ref).is_file():
+    elif not Path(ref).exists():
+        # Only what is not there: a FIFO or a device is there, and loading it says what it is
+        # (CR101, exit 1, as `run` and `validate` say it), not "no such pack file".
         raise UsageError(f"no such pack file: {ref}")
 
 
