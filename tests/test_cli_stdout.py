@@ -127,17 +127,27 @@ def test_a_standard_output_that_refuses_the_write_is_exit_2_in_one_line(world: d
     _one_error_line(_ctxrules(_argv(verb, world), _full), "cannot write to standard output: No space left on device")
 
 
+@needs_dev_full
+@pytest.mark.parametrize("argv", [["--help"], ["--version"], ["run", "--help"], ["sessions", "export", "--help"]])
+def test_help_and_version_that_cannot_be_printed_are_exit_2(argv: list[str]) -> None:
+    """argparse drops a failed write of ``--help`` or ``--version`` and exits 0: a CI step or a
+    script saw success with nothing printed."""
+    _one_error_line(_ctxrules(argv, _full), "cannot write to standard output: No space left on device")
+    _one_error_line(_ctxrules(argv, _closed), "standard output is closed")
+    assert _ctxrules(argv, None).returncode == 0
+
+
 @pytest.mark.parametrize("verb", ["validate", "schema", "vault", "sessions-export"])
 def test_standard_output_open_only_for_reading_is_closed_for_writing(world: dict[str, str], verb: str) -> None:
     _one_error_line(_ctxrules(_argv(verb, world), _read_only), "standard output is closed")
 
 
-@pytest.mark.parametrize("verb", ["validate", "schema", "explain", "sessions-export"])
+@pytest.mark.parametrize("verb", ["validate", "schema", "explain", "sessions-export", "help"])
 def test_a_reader_that_went_away_is_exit_0_and_silent(world: dict[str, str], verb: str) -> None:
     """``ctxrules schema | head -c1``: the reader has what it wanted."""
     import shlex
 
-    argv = [sys.executable, "-m", "ctxrules.cli.main", *_argv(verb, world)]
+    argv = [sys.executable, "-m", "ctxrules.cli.main", *(["run", "--help"] if verb == "help" else _argv(verb, world))]
     proc = subprocess.run(  # PIPESTATUS: ctxrules' own exit code, not head's
         f"{shlex.join(argv)} | head -c1; exit ${{PIPESTATUS[0]}}",
         shell=True,

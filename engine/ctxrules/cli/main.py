@@ -15,9 +15,10 @@ import importlib
 import os
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from ctxrules._version import __version__
-from ctxrules.cli.output import flush_stdout, silence_stdout, utf8_stdout
+from ctxrules.cli.output import flush_stdout, silence_stdout, utf8_stdout, write_stdout
 from ctxrules.errors import CtxrulesError
 from ctxrules.printable import encodable, printable
 
@@ -43,6 +44,17 @@ VERBS: dict[str, str] = {
 
 
 class _Parser(argparse.ArgumentParser):
+    def _print_message(self, message: str, file: Any = None) -> None:
+        """``--help`` and ``--version`` print through :func:`write_stdout`, so a standard output
+        that cannot take them is exit 2 with one line like any verb's output (argparse drops a
+        failed write and exits 0: ``ctxrules --help >/dev/full`` "succeeded" printing nothing);
+        a reader that went away (``| head -1``) stays exit 0."""
+        if message and (file is None or file is sys.stdout):
+            write_stdout(message)
+            flush_stdout()
+        else:
+            super()._print_message(message, file)
+
     def error(self, message: str) -> None:  # type: ignore[override]
         self.print_usage(sys.stderr)
         sys.stderr.write(f"{self.prog}: error: {printable(message, one_line=False)}\n")
@@ -98,9 +110,9 @@ def run(argv: Sequence[str] | None = None) -> int:
     """Run the CLI in-process; handled errors become a message on stderr and an exit code."""
     arguments = list(argv) if argv is not None else sys.argv[1:]
     parser = build_parser(_verb_in(arguments))
-    args = parser.parse_args(arguments)
-    _refuse_empty_paths(parser, args)
     try:
+        args = parser.parse_args(arguments)  # --help and --version print here
+        _refuse_empty_paths(parser, args)
         if (os.environ.get("CTXRULES_LOG") or "").strip() or "ctxrules.logs" in sys.modules:
             # Unset, with nothing configured before in this process, there is nothing to
             # apply (and `logging` stays unimported for verbs that never log, like validate).
