@@ -136,6 +136,31 @@ def test_not_executable_is_126(tmp_path: Path) -> None:
     assert proc.returncode == 126 and b"not executable" in proc.stderr
 
 
+def test_a_command_that_cannot_start_is_named_for_what_is_wrong(tmp_path: Path) -> None:
+    """A script whose interpreter is missing was "command not found" (it is there); a folder
+    "not executable"; an empty CMD (`-- "$UNSET"`) "permission denied"; a name with an escape
+    sequence or a non-UTF-8 byte was written to the terminal as it is (ESC [ 2 J cleared it)."""
+    script = tmp_path / "build.sh"
+    script.write_text("#!/nonexistent/interpreter\necho hi\n", encoding="utf-8")
+    script.chmod(0o755)
+    cases = [
+        (
+            [str(script)],
+            127,
+            f"{script}: cannot run: the interpreter its #! line names (#!/nonexistent/interpreter) is not found",
+        ),
+        ([str(tmp_path)], 126, f"{tmp_path}: cannot run: it is a folder"),
+        ([""], 127, "'': command not found"),
+        (["\x1b[2Jctxrules-no-such-4711"], 127, "\\x1b[2Jctxrules-no-such-4711: command not found"),
+        ([os.fsdecode(b"\xffctxrules-no-such-4711")], 127, "\\xffctxrules-no-such-4711: command not found"),
+    ]
+    for argv, code, message in cases:
+        proc = ctxrules("compress", "--", *argv, tmp=tmp_path)
+        assert proc.returncode == code, proc.stderr
+        assert proc.stderr.decode() == f"ctxrules: {message}\n"
+        assert b"\x1b" not in proc.stderr
+
+
 def test_raw_drops_nothing(tmp_path: Path, noisy: Path) -> None:
     proc = ctxrules("compress", "--raw", "--", sys.executable, str(noisy), "0", tmp=tmp_path)
     assert proc.returncode == 0

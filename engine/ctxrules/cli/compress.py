@@ -48,6 +48,7 @@ from ctxrules.models import lookup_model
 from ctxrules.packs.validated import load_pack
 from ctxrules.patterns import STATE_KEY, merged_entries, remembering
 from ctxrules.plugins import default_registry
+from ctxrules.printable import encodable, printable
 from ctxrules.stores import Store
 from ctxrules.tokens import TokenCounter
 from ctxrules.vault import Vault
@@ -221,7 +222,9 @@ def _note(message: str) -> None:
     lead = "\n" if _Stderr.line_open else ""
     _Stderr.line_open = False
     try:
-        sys.stderr.write(f"{lead}ctxrules: {message}\n")
+        # CMD's name and what the system says come from outside: shown as escapes, never acted
+        # on by the terminal (`compress -- $'\e[2J'` cleared the screen), a non-UTF-8 byte as \xff.
+        sys.stderr.write(f"{lead}ctxrules: {printable(encodable(message), one_line=False)}\n")
         sys.stderr.flush()
     except (OSError, AttributeError):  # AttributeError: sys.stderr is None, its fd 2 was closed
         _Stderr.gone()
@@ -262,14 +265,35 @@ def _code_of(returncode: int) -> int:
 def _spawn(argv: list[str], capture: bool) -> Child:
     from ctxrules.cli.child import Child
 
+    name = argv[0]
+    if not name:  # `compress -- "$UNSET"`: no command, as a shell says it (exec of "" is EACCES)
+        raise _Exit(EXIT_NOT_FOUND, "'': command not found")
     try:
         return Child(argv, capture=capture)
     except FileNotFoundError:
-        raise _Exit(EXIT_NOT_FOUND, f"{argv[0]}: command not found") from None
+        found = name if os.sep in name else shutil.which(name)
+        if found is not None and os.path.isfile(found):
+            # The file is there: what is missing is the interpreter its #! line names (ENOENT
+            # from exec too). 127 still, as env and timeout exit.
+            raise _Exit(EXIT_NOT_FOUND, f"{name}: cannot run: the interpreter {_shebang(found)} is not found") from None
+        raise _Exit(EXIT_NOT_FOUND, f"{name}: command not found") from None
     except PermissionError:
-        raise _Exit(EXIT_NOT_EXECUTABLE, f"{argv[0]}: permission denied (not executable)") from None
-    except OSError as exc:  # ENOEXEC, a directory, a bad interpreter line, ...
-        raise _Exit(EXIT_NOT_EXECUTABLE, f"{argv[0]}: cannot run: {exc.strerror or exc}") from None
+        if os.path.isdir(name):  # exec of a folder is EACCES too
+            raise _Exit(EXIT_NOT_EXECUTABLE, f"{name}: cannot run: it is a folder") from None
+        raise _Exit(EXIT_NOT_EXECUTABLE, f"{name}: permission denied (not executable)") from None
+    except OSError as exc:  # ENOEXEC, ...
+        raise _Exit(EXIT_NOT_EXECUTABLE, f"{name}: cannot run: {exc.strerror or exc}") from None
+
+
+def _shebang(path: str) -> str:
+    """The ``#!`` line of ``path`` as the message shows it (its first 200 bytes at most)."""
+    try:
+        with open(path, "rb") as file:
+            first = file.readline(200)
+    except OSError:
+        return "its #! line names"
+    line = first.rstrip(b"\r\n").decode("utf-8", "surrogateescape")
+    return f"its #! line names ({line})" if line.startswith("#!") else "its #! line names"
 
 
 class _Exit(Exception):
