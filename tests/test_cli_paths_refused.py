@@ -69,3 +69,16 @@ def test_a_byte_that_is_not_utf8_is_shown_as_that_byte(tmp_path: Path) -> None:
     session = os.fsdecode(b"\xff/") + LONG
     proc = cli(*_verbs(tmp_path, session)["run"], cwd=tmp_path)
     _one_line_naming(proc, "\\xff/" + LONG)
+
+
+@pytest.mark.parametrize("session", ["h.json/s", LONG])
+def test_import_names_the_session_path_not_the_archive(tmp_path: Path, session: str) -> None:
+    """`sessions import A --session h.json/s` said `A: cannot read: Not a directory`: the
+    archive was fine, the session path was not."""
+    made = cli(*_verbs(tmp_path, str(tmp_path / "s1"))["run"], cwd=tmp_path)
+    assert made.returncode == 0, made.stderr
+    exported = cli("sessions", "export", str(tmp_path / "s1"), "--to", "a.ctxs", cwd=tmp_path)
+    assert exported.returncode == 0, exported.stderr
+    proc = cli("sessions", "import", "a.ctxs", "--session", session, cwd=tmp_path)
+    _one_line_naming(proc, session)
+    assert "a.ctxs" not in proc.stderr and "cannot read" not in proc.stderr

@@ -162,6 +162,10 @@ def run_import(args: argparse.Namespace) -> int:
         with _archive_file(args.archive) as handle, ArchiveFile(handle, where) as archive:
             counts = import_session(store, target, archive, where=where)
     except OSError as exc:
+        if isinstance(exc.filename, (str, bytes)) and os.fsdecode(exc.filename) != args.archive:
+            # A path of the store (a --session name too long, below a file; a full disk): not
+            # the archive's fault, so the entry point names that path, not "cannot read".
+            raise
         raise UsageError(f"{where}: cannot read: {exc.strerror or exc}") from None
     write_stdout(
         f"imported {store.describe(keys[-1])}: {counts['blobs']} vault item(s), {counts['docs']} document(s), "
