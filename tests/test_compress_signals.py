@@ -291,3 +291,23 @@ def test_a_job_that_ignores_the_forwarded_signal_and_keeps_writing_is_ended(tmp_
         assert group_gone(int((tmp_path / "GROUP").read_text()))
     finally:
         cleanup(tmp_path, proc)
+
+
+@pytest.mark.parametrize(("signum", "status"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_a_signal_while_a_spilled_output_is_compressed_leaves_no_entry(
+    tmp_path: Path, signum: int, status: int
+) -> None:
+    """After CMD has ended, while its output (spilled to the vault: 60 MB) is compressed: the
+    entry being written stayed in the vault as a temporary file as large as the output, and
+    SIGTERM, no longer forwarded, killed ctxrules outright (-15, not 143)."""
+    proc = start(tmp_path, "seq 1 8000000; touch DONE")
+    deadline = time.monotonic() + 60
+    while not (tmp_path / "DONE").exists():
+        assert proc.poll() is None and time.monotonic() < deadline, "the command never ended"
+        time.sleep(0.01)
+    time.sleep(0.3)  # the output is read (CMD's pipe idle 0.1 s) and being compressed: some 1 s
+    proc.send_signal(signum)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == status, err
+    assert b"Traceback" not in err and b"terminate called" not in err, err
+    assert not list(tmp_path.glob(".ctxrules/**/.tmp-*")), "the spilled entry was left in the vault"

@@ -324,6 +324,9 @@ def _status(child: Child, returncode: int) -> int:
 
 
 def _proxy(args: argparse.Namespace, argv: list[str]) -> int:
+    # While CMD runs, Child forwards SIGTERM to it; after, SIGTERM unwinds (exit 143) as in
+    # filter mode, so the entry of a spilled output is removed instead of left in the vault.
+    unwind_on_sigterm()
     try:
         # A bad --store (an unknown scheme, --state too) stops ctxrules before CMD runs: 125,
         # not 2, which could be CMD's own code.
@@ -354,15 +357,26 @@ def _proxy(args: argparse.Namespace, argv: list[str]) -> int:
         if args.stream:
             _echo(chunk)
 
-    code = _status(child, child.run_into(sink))
     try:
+        code = _status(child, child.run_into(sink))
         _emit(args, pack, counter, shlex.join(argv), capture, code)
     except _Unprinted as exc:
         # The exit code is still CMD's: a reader that went away (`| head -1`) is no news,
         # a full disk is.
         if not isinstance(exc.error, BrokenPipeError):
             _note(f"warning: the output was not printed: {exc.error.strerror or exc.error}")
+    except BaseException:
+        _abandon(capture)
+        raise
     return code
+
+
+def _abandon(capture: Capture) -> None:
+    """Stopped (Ctrl-C, SIGTERM) or failed while compressing: the scan of a spilled output's
+    middle ends and is waited for, and the entry not yet committed goes (harmless after the
+    commit). Left, the entry stayed in the vault as a temporary file as large as the output,
+    and the scan's thread, still in RE2 as the interpreter ended, aborted the process."""
+    capture.discard()
 
 
 def _capture(args: argparse.Namespace, pack: dict[str, Any], command: str, exit_code: int | None = 0) -> Capture:
@@ -483,11 +497,15 @@ def _filter(args: argparse.Namespace) -> int:
         if isinstance(exc, OSError):
             raise UsageError(f"{name}: cannot read: {exc.strerror or exc}") from None
         raise
-    captured = capture.finish()
-    if isinstance(captured, Large):
-        _emit_large(args, pack, counter, args.command_line, captured, args.exit_code)
-    else:
-        _write(_compress(args, pack, counter, args.command_line, captured, args.exit_code))
+    try:
+        captured = capture.finish()
+        if isinstance(captured, Large):
+            _emit_large(args, pack, counter, args.command_line, captured, args.exit_code)
+        else:
+            _write(_compress(args, pack, counter, args.command_line, captured, args.exit_code))
+    except BaseException:
+        _abandon(capture)
+        raise
     return 0
 
 
