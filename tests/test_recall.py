@@ -627,3 +627,23 @@ def test_mcp_with_stdin_or_stdout_closed_is_a_usage_error(tmp_path: Path, closed
     assert proc.returncode == 2, proc.stderr
     stream = ("standard input", "standard output")[closed]
     assert f"{stream} is closed" in proc.stderr and "internal error" not in proc.stderr, proc.stderr
+
+
+def test_a_line_longer_than_a_message_can_be_is_refused_unread(tmp_path: Path) -> None:
+    """A line past 16 MiB (a client that never ends its line) was read whole, however long:
+    memory grew with it. It is answered -32600, skipped without being held, and the server
+    goes on answering the lines after it."""
+    limit = 16 << 20  # docs/integrations.md
+    session, _ = prepared(tmp_path)
+    wire = _Wire(session.path)
+    try:
+        wire.initialize()
+        wire.send_line(b"a" * (2 * limit + 5))
+        refused = wire.answer()
+        assert refused["id"] is None and refused["error"]["code"] == -32600, refused
+        assert "longer than 16 MiB" in refused["error"]["message"], refused
+        wire.send({"jsonrpc": "2.0", "id": 2, "method": "tools/list"})
+        assert wire.answer()["id"] == 2
+    finally:
+        code = wire.close()
+    assert code == 0

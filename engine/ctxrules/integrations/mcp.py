@@ -121,6 +121,12 @@ PARSE_ERROR = -32700
 INVALID_REQUEST = -32600
 """JSON-RPC 2.0's code for JSON that is not a message (answered with its id, else ``null``)."""
 
+# The longest line (one message) read from the client: a recall call is some 200 bytes, and
+# MCP's largest requests (initialize's capabilities) a few kB. A longer one is answered -32600
+# and skipped a block at a time: read whole, a line that never ends (`tr -d '\n' < /dev/zero`)
+# held all of it in memory, several times over once decoded.
+MAX_LINE_BYTES = 16 * 1024 * 1024
+
 _END = b"\0ctxrules-mcp-end\n"  # after the SDK's last reply in the stdout pipe (JSON holds no NUL)
 
 GIVE_UP_S = 10.0
@@ -265,7 +271,13 @@ class _Wire:
             os.fdopen(sdk, "wb") as out,
         ):
             try:
-                for line in given:
+                while line := given.readline(MAX_LINE_BYTES + 1):
+                    if len(line) > MAX_LINE_BYTES and not line.endswith(b"\n"):
+                        while (rest := given.readline(1 << 20)) and not rest.endswith(b"\n"):
+                            pass  # the rest of the line, never held
+                        with contextlib.suppress(OSError):
+                            self._send(_Refused(INVALID_REQUEST, _TOO_LONG).reply())
+                        continue
                     read = _read_line(line)
                     if read is None:
                         out.write(line)
@@ -291,6 +303,9 @@ class _Wire:
             pass
         finally:
             self._flushed.set()
+
+
+_TOO_LONG = f"Invalid Request: a message longer than {MAX_LINE_BYTES >> 20} MiB (not read)"
 
 
 @dataclass(frozen=True)
