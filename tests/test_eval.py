@@ -465,7 +465,7 @@ def test_the_progress_bar_shows_on_a_terminal_and_quiet_turns_it_off(tmp_path: P
     path = tmp_path / "theta.json"
     path.write_text(json.dumps(transcript("theta")))
 
-    def stderr_on_a_pty(*extra: str) -> tuple[str, str]:
+    def stderr_on_a_pty(*extra: str, env: dict[str, str] | None = None) -> tuple[str, str]:
         master, slave = pty.openpty()
         proc = subprocess.Popen(
             [
@@ -484,7 +484,7 @@ def test_the_progress_bar_shows_on_a_terminal_and_quiet_turns_it_off(tmp_path: P
             ],
             stdout=subprocess.PIPE,
             stderr=slave,
-            env=_cli_env(),
+            env={**_cli_env(), **(env or {})},
         )
         os.close(slave)
         chunks = []
@@ -505,6 +505,14 @@ def test_the_progress_bar_shows_on_a_terminal_and_quiet_turns_it_off(tmp_path: P
     assert "[#" not in out and "baseline none" in out  # stdout carries the table only
     _, quiet = stderr_on_a_pty("--quiet")
     assert "[#" not in quiet
+    # Redrawn in place: a carriage return before each state, not its escape "\x0d" (the bar
+    # ran on along one line), and each state cut to the terminal's width less one (a longer
+    # one wraps, and the carriage return goes back to its last row only).
+    assert "\\x0d" not in err and "\r[" in err
+    _, narrow = stderr_on_a_pty(env={"COLUMNS": "30"})
+    states = [state for state in narrow.split("\r") if state]
+    assert states and all(len(state) <= 29 for state in states), states
+    assert any(state.startswith("[####") for state in states), states
 
 
 def test_html_is_self_contained_and_renders_in_headless_chromium(tmp_path: Path) -> None:

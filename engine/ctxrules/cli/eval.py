@@ -11,6 +11,7 @@ from typing import Any, TextIO
 
 from ctxrules.cli.io import distinct_outputs, outputs_apart_from, writable_outputs, write_text
 from ctxrules.cli.output import require_stdout, stdout_writer
+from ctxrules.cli.progress import columns
 from ctxrules.errors import PackError, UsageError
 from ctxrules.eval.judge import JUDGE_TIMEOUT_S
 from ctxrules.eval.replay import STEP_S, Task, step_clock_fits
@@ -93,14 +94,17 @@ class _Bar:
         width = 24
         filled = int(width * self.done / self.total)
         line = (
-            f"\r[{'#' * filled}{'.' * (width - filled)}] {self.done}/{self.total} "
+            f"[{'#' * filled}{'.' * (width - filled)}] {self.done}/{self.total} "
             f"{transcript[:36]} · {plan[:24]} · turn {turn}/{turns}"
         )
-        self.stream.write(printable(line[:160]).ljust(100))
+        # The names escaped, not the carriage return that redraws the line (escaped with them,
+        # the bar showed a literal "\x0d" and ran on along one line); cut to the terminal.
+        cut = columns(self.stream)
+        self.stream.write("\r" + printable(line)[:cut].ljust(cut))
         self.stream.flush()
 
     def close(self) -> None:
-        self.stream.write("\r" + " " * 100 + "\r")
+        self.stream.write("\r" + " " * columns(self.stream) + "\r")
         self.stream.flush()
 
 

@@ -10,6 +10,7 @@ erased when the work ends, so what stays on the terminal is the command's own ou
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 import time
@@ -18,9 +19,26 @@ from typing import Any, TextIO
 
 from ctxrules.threads import helper_thread
 
-__all__ = ["TerminalProgress", "wanted"]
+__all__ = ["TerminalProgress", "columns", "wanted"]
 
 _CLEAR = "\r\x1b[K"
+
+
+def columns(stream: TextIO) -> int:
+    """How many characters a status line redrawn in place on ``stream`` may have: one less than
+    the terminal's width (``$COLUMNS`` when set to a number, else the terminal's own; 80 when
+    neither says, or a size of 0). A longer line wraps, and ``\\r`` goes back to the start of its last row only:
+    each redraw then left a row behind."""
+    try:
+        width = int(os.environ.get("COLUMNS", ""))
+    except ValueError:
+        width = 0
+    if width <= 0:
+        try:
+            width = os.get_terminal_size(stream.fileno()).columns
+        except (OSError, ValueError, AttributeError):
+            width = 0
+    return max(1, (width if width > 0 else 80) - 1)  # a terminal that tells no size says 0
 
 
 def wanted(quiet: bool, stream: TextIO | None = None) -> bool:
@@ -85,7 +103,7 @@ class TerminalProgress:
             with self._lock:
                 elapsed = time.monotonic() - self._started
                 parts = [f"{self.label}: {self.stage}", self.detail, f"{elapsed:.0f}s"]
-                self._write(_CLEAR + " · ".join(p for p in parts if p))
+                self._write(_CLEAR + " · ".join(p for p in parts if p)[: columns(self.stream)])
                 self.drawn += 1
             self._done.wait(self.interval_s)
 
