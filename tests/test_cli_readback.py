@@ -147,3 +147,20 @@ def test_run_refuses_an_output_and_a_report_in_one_place(tmp_path: Path, cli, mo
     code, out, err = cli(*base, "--output", "o.json", "--report", "-", "--explain")
     assert code == 0, err
     assert json.loads(out)["version"] == 1 and "stage" in err
+
+
+def test_vault_get_refuses_two_line_ranges_that_differ_and_an_empty_one(tmp_path: Path, cli) -> None:  # type: ignore[no-untyped-def]
+    """`vault get vault://ID#L3-L4 --lines 1:2` printed lines 1-2 without a word (the caller
+    meant one range and got the other); `--lines ""` (an unset variable) printed the whole item."""
+    from ctxrules.stores.filesystem import FilesystemStore
+    from ctxrules.vault import Vault
+
+    session = tmp_path / "s"
+    item = Vault.of(FilesystemStore(tmp_path), str(session)).put_text("".join(f"line {i}\n" for i in range(1, 9)))
+    got = cli("vault", "get", f"vault://{item}#L3-L4", "--lines", "1:2", "--session", str(session))
+    assert got[0] == 2 and got[1] == "", got
+    assert "the ref names lines 3:4 and --lines 1:2: give one range" in got[2]
+    got = cli("vault", "get", item, "--lines", "", "--session", str(session))
+    assert got[0] == 2 and got[1] == "" and "--lines takes A:B" in got[2], got
+    got = cli("vault", "get", f"vault://{item}#L3-L4", "--lines", "3:4", "--session", str(session))
+    assert got == (0, "line 3\nline 4\n", ""), got  # the same range twice is one range

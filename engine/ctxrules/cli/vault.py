@@ -46,8 +46,14 @@ def run_get(args: argparse.Namespace) -> int:
     ident, lines = args.id, None
     if ident.startswith("vault://"):
         ident, lines = parse_ref(ident)
-    if args.lines:
-        lines = _parse_lines(args.lines)
+    if args.lines is not None:  # given empty (`--lines "$UNSET"`): refused, not the whole item
+        given = _parse_lines(args.lines)
+        if lines is not None and given != lines:
+            # Neither wins silently: the caller meant one range and would get the other.
+            raise UsageError(
+                f"the ref names lines {lines[0]}:{lines[1]} and --lines {given[0]}:{given[1]}: give one range"
+            )
+        lines = given
     store = store_of(args)
     if args.session:
         key = session_key(store, args.session)
