@@ -7,10 +7,11 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
-from cli_kit import cli
+from cli_kit import ENGINE, cli
 
 LONG = "a" * 300  # over NAME_MAX (255) of every common file system: ENAMETOOLONG
 
@@ -82,3 +83,20 @@ def test_import_names_the_session_path_not_the_archive(tmp_path: Path, session: 
     proc = cli("sessions", "import", "a.ctxs", "--session", session, cwd=tmp_path)
     _one_line_naming(proc, session)
     assert "a.ctxs" not in proc.stderr and "cannot read" not in proc.stderr
+
+
+def test_a_vault_below_a_file_says_not_a_directory(tmp_path: Path) -> None:
+    """`compress --session h.json/s` with an output that spills to the vault said `[Errno 17]
+    File exists: 'h.json'` (mkdir's word for a file in the way)."""
+    _history(tmp_path)
+    big = b"".join(b"line %d\n" % i for i in range(1_500_000))  # past the 8 MiB held in memory
+    argv = ["compress", "--session", "h.json/s", "--command", "seq", "--input", "-"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "ctxrules.cli.main", *argv],
+        input=big, capture_output=True, cwd=tmp_path, env={**os.environ, "PYTHONPATH": ENGINE}, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    assert (
+        proc.stderr.decode()
+        == "ctxrules: error: cannot write to the vault at h.json/s/vault: h.json: Not a directory\n"
+    )

@@ -103,7 +103,10 @@ def ensure_dir(path: Path, *, inside: Path | None = None) -> None:
         probe = probe.parent
     if probe != top:  # ``path`` is not below ``inside``: check just ``path``
         chain = [path]
-    top.mkdir(parents=True, exist_ok=True, mode=0o700)
+    try:
+        top.mkdir(parents=True, exist_ok=True, mode=0o700)
+    except FileExistsError:  # a file where the folder goes: say that, not "File exists"
+        raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(top)) from None
     for directory in reversed(chain):
         if check_dir(directory):
             continue

@@ -238,7 +238,7 @@ class FilesystemStore:
             return self._put_blob(session, data, media_type)
         except OSError as exc:
             # A full disk or a read-only session directory is the user's to fix, not a bug.
-            raise VaultError(f"cannot write to the vault at {self.vault_dir(session)}: {exc}") from exc
+            raise VaultError(f"cannot write to the vault at {self.vault_dir(session)}: {_reason(exc)}") from exc
 
     def _put_blob(self, session: str, data: bytes, media_type: str | None) -> str:
         blob_id = hashlib.sha256(data).hexdigest()
@@ -319,7 +319,7 @@ class FilesystemStore:
             for directory in sorted(dirs):  # the renames
                 _fsync_path(directory, os.O_RDONLY | _DIRECTORY)
         except OSError as exc:
-            raise VaultError(f"cannot write to the vault at {self.vault_dir(session)}: {exc}") from exc
+            raise VaultError(f"cannot write to the vault at {self.vault_dir(session)}: {_reason(exc)}") from exc
         paths.clear()
         dirs.clear()
 
@@ -372,7 +372,7 @@ class FilesystemStore:
                 self._sweep(session)
             return _FileBlobWriter(self, session)
         except OSError as exc:
-            raise VaultError(f"cannot write to the vault at {root}: {exc}") from exc
+            raise VaultError(f"cannot write to the vault at {root}: {_reason(exc)}") from exc
 
     def _sweep(self, session: str, shard: str | None = None) -> None:
         """Remove what killed writers left in the vault of ``session`` (checked for a write just
@@ -1003,7 +1003,7 @@ class _FileBlobWriter(SpooledBlobWriter):
         return fd, name
 
     def _write_failed(self, exc: OSError) -> VaultError:
-        return VaultError(f"cannot write to the vault at {self._fs.vault_dir(self._session)}: {exc}")
+        return VaultError(f"cannot write to the vault at {self._fs.vault_dir(self._session)}: {_reason(exc)}")
 
     def sync_soon(self) -> None:
         """Start writing the file to disk on a thread (``fsync`` lets go of the GIL), while the
@@ -1205,6 +1205,14 @@ def _is_shard(entry: os.DirEntry[str]) -> bool:
     with contextlib.suppress(OSError), os.scandir(entry.path) as items:
         return any(len(i.name) >= _ID_LEN and i.name.startswith(entry.name) for i in items)
     return False
+
+
+def _reason(exc: OSError) -> str:
+    """What the system said, naming the path it said it of (``h.json: Not a directory``),
+    without Python's ``[Errno 20]``."""
+    if exc.strerror and exc.filename is not None:
+        return f"{os.fsdecode(exc.filename)}: {exc.strerror}"
+    return exc.strerror or str(exc)
 
 
 def own_folder(path: str | os.PathLike[str], root: str | os.PathLike[str] | None = None) -> tuple[Path, str] | None:
