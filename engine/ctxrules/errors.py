@@ -1,6 +1,9 @@
 """Errors the CLI reports as one line, without a traceback.
 
-Anything that is not a :class:`CtxrulesError` is a bug and propagates.
+Anything that is not a :class:`CtxrulesError` is a bug and propagates, with one exception the
+CLI's entry point makes (``ctxrules.cli.main.run``): an ``OSError`` that names a path (a name too
+long, a folder below a file, a full or read-only disk) is the system refusing that path, reported
+in one line naming it, exit 2.
 """
 
 from __future__ import annotations
