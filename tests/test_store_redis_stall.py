@@ -13,11 +13,14 @@ import pytest
 from redis_server import RedisServer
 
 from ctxrules import Engine
+from ctxrules.integrations.litellm import ContextHook
+from ctxrules.stores import open_store
 from ctxrules.stores.base import StoreError, StoreUnavailable
 from ctxrules.stores.redis import RedisStore
+from ctxrules.vault import parse_markers
 
 
-def _history(steps: int) -> list[dict[str, Any]]:
+def _history(steps: int, tag: str = "") -> list[dict[str, Any]]:
     history: list[dict[str, Any]] = [{"role": "system", "content": "You are an agent."}]
     for i in range(steps):
         call = {
@@ -25,7 +28,7 @@ def _history(steps: int) -> list[dict[str, Any]]:
             "type": "function",
             "function": {"name": "bash", "arguments": json.dumps({"cmd": f"cat f{i}"})},
         }
-        output = "\n".join(f"{i}:{n} " + "data " * 12 for n in range(100))
+        output = "\n".join(f"{tag}{i}:{n} " + "data " * 12 for n in range(100))
         history += [
             {"role": "user", "content": f"step {i}"},
             {"role": "assistant", "content": None, "tool_calls": [call]},
@@ -145,3 +148,24 @@ def test_a_server_restarted_mid_turn_is_said_so_not_blamed_on_another_worker(
     monkeypatch.setattr(RedisStore, "put_blob", put_blob)
     again = session.prepare(history)
     assert any("recomputed from the full history" in w for w in again.report["warnings"])
+
+
+def test_a_stateless_call_after_redis_came_back_keeps_its_vault_in_redis(own_redis: RedisServer) -> None:
+    """The litellm hook's stateless calls (no session id) take no prepare lock, so nothing
+    marked the start of a call for the store's fallback (on_error=local). One stateless call
+    met Redis down and was served from memory, as documented; the calls after Redis came back
+    wrote what they elided to that memory too, for ever: their markers named vault items no
+    other worker, and no ``vault get``, could read."""
+    url = f"{own_redis.url}?on_error=local&connect_timeout_s=0.5"
+    hook = ContextHook("builtin:default", store=url, window=16000)
+    own_redis.stop()
+    down = hook.process({"model": "gpt-4o", "messages": _history(30, "down ")}, "openai")
+    assert len(json.dumps(down["messages"])) < len(json.dumps(_history(30, "down ")))  # served from memory
+    own_redis.start()
+    out = hook.process({"model": "gpt-4o", "messages": _history(30, "up ")}, "openai")
+    ids = {m.vault_id for msg in out["messages"] for m in parse_markers(str(msg.get("content") or ""))}
+    assert ids
+    other_worker = open_store(own_redis.url)
+    stateless = other_worker.session_key("stateless")
+    for vault_id in ids:
+        assert other_worker.get_blob(stateless, vault_id)
