@@ -508,6 +508,79 @@ def test_a_client_that_closes_stdin_but_never_reads_is_given_up_on(tmp_path: Pat
     assert waited >= GIVE_UP_S - 1, waited  # given up on only after the wait
 
 
+@pytest.mark.skipif(sys.platform != "linux", reason="FIONREAD on a socket, POLLRDHUP (Linux)")
+@pytest.mark.parametrize("refused", [False, True])
+def test_a_client_on_sockets_that_shuts_stdin_but_never_reads_is_given_up_on(tmp_path: Path, refused: bool) -> None:
+    """As above, with stdin and stdout socket pairs, as Node.js clients start a server (libuv
+    makes its stdio "pipes" of sockets), and stdin ended the way Node's ``stdin.end()`` ends
+    it (shutdown of the client's writing side). /proc cannot open a socket again, so stdout
+    stayed blocking and the server waited for ever for a client that reads nothing."""
+    import fcntl
+    import socket
+    import subprocess
+    import termios
+
+    from ctxrules.integrations.mcp import GIVE_UP_S
+
+    session, out = prepared(tmp_path)
+    marker = line_markers(out)[0]
+    client_in, server_in = socket.socketpair()
+    client_out, server_out = socket.socketpair()
+    proc = subprocess.Popen(
+        _mcp_argv(session.path), stdin=server_in, stdout=server_out, stderr=subprocess.PIPE, env=_mcp_env()
+    )
+    server_in.close()
+    server_out.close()
+    try:
+
+        def send(message: dict[str, Any]) -> None:
+            client_in.sendall(json.dumps({"jsonrpc": "2.0", **message}).encode() + b"\n")
+
+        hello = {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}
+        send({"id": 1, "method": "initialize", "params": hello})
+        client_out.settimeout(60)
+        assert b'"id":1' in client_out.recv(1 << 16)
+        send({"method": "notifications/initialized"})
+        for n in range(40):  # some 18 kB each: more than the socket buffers hold
+            arguments = {"id": marker.vault_id, "lines": f"{n + 1}:"}
+            send({"id": 10 + n, "method": "tools/call", "params": {"name": "ctxrules_recall", "arguments": arguments}})
+
+        def waiting() -> int:
+            held = bytearray(4)
+            fcntl.ioctl(client_out, termios.FIONREAD, held)
+            return int.from_bytes(held, sys.byteorder)
+
+        # Until the replies stop coming (the server then waits to write the rest): some
+        # 200 kB, the server's send buffer, however slowly a loaded machine answers.
+        deadline, seen = time.monotonic() + 120, -1
+        while (now := waiting()) < 64 * 1024 or now != seen:
+            assert time.monotonic() < deadline, f"the replies filled {now} bytes"
+            seen = now
+            time.sleep(1)
+        if refused:
+            client_in.sendall(b"not json\n")
+            time.sleep(0.5)  # its answer waits behind the replies
+        client_in.shutdown(socket.SHUT_WR)
+        started = time.monotonic()
+        try:
+            code = proc.wait(timeout=GIVE_UP_S + 30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            raise AssertionError("the server still waits for a client that reads nothing") from None
+        waited = time.monotonic() - started
+        assert proc.stderr is not None
+        err = proc.stderr.read().decode()
+    finally:
+        client_in.close()
+        client_out.close()
+        if proc.stderr is not None:
+            proc.stderr.close()
+    assert code == 0, err
+    assert "Traceback" not in err, err
+    assert waited >= GIVE_UP_S - 1, waited  # given up on only after the wait
+
+
 def test_a_call_holding_a_lone_surrogate_is_answered(tmp_path: Path) -> None:
     """``"\\ud800"`` is valid JSON (a JavaScript client sends it for a string cut inside a
     character); the SDK refused the message without a reply, and the client waited for ever.

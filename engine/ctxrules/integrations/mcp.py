@@ -15,6 +15,7 @@ import json
 import math
 import os
 import select
+import socket
 import stat
 import threading
 import time
@@ -136,7 +137,8 @@ GIVE_UP_S = 10.0
 def _nonblocking(fd: int) -> int:
     """A non-blocking descriptor for the pipe at ``fd`` (a new one: the flag is not set on
     the description the client and other processes share), ``fd`` closed; ``fd`` itself when
-    it is not a pipe or cannot be opened again (a socket, a file: left blocking)."""
+    it is not a pipe or cannot be opened again (a file: left blocking; a socket, which is
+    written without waiting per call instead: :meth:`_Wire._write`)."""
     try:
         if not stat.S_ISFIFO(os.fstat(fd).st_mode):
             return fd
@@ -145,6 +147,17 @@ def _nonblocking(fd: int) -> int:
         return fd
     os.close(fd)
     return again
+
+
+_POLLRDHUP = getattr(select, "POLLRDHUP", 0)  # Linux
+
+
+def _socket_at(fd: int) -> socket.socket | None:
+    """A socket object on ``fd`` (which it owns from then on) when ``fd`` is a socket."""
+    try:
+        return socket.socket(fileno=fd) if stat.S_ISSOCK(os.fstat(fd).st_mode) else None
+    except OSError:
+        return None
 
 
 class _Wire:
@@ -165,8 +178,8 @@ class _Wire:
     When the client stops reading, the SDK's next write fails as it would on stdout itself
     (the pipe is closed): the serving ends. A client that closed stdin but keeps stdout open
     without reading it is given up on once no reply has moved for ``GIVE_UP_S`` (stdout a
-    pipe, as MCP clients start servers): the replies still due are dropped and the serving
-    ends. Before, the server waited for that client for ever."""
+    pipe, as MCP clients start servers, or a socket, as Node.js clients do): the replies still
+    due are dropped and the serving ends. Before, the server waited for that client for ever."""
 
     def __init__(self, saved: tuple[int, int], client: int, end: int) -> None:
         self._saved = saved  # stdin and stdout as they were, to put back
@@ -176,6 +189,9 @@ class _Wire:
         self._flushed = threading.Event()
         self._hung_up = threading.Event()  # the client closed stdin (or reading it failed)
         self._stdin: int | None = None  # what the client writes to (its far end closed: it hung up)
+        # stdout a socket (Node.js clients start servers on socket pairs; /proc cannot open one
+        # again): written with MSG_DONTWAIT, so that it too never blocks the wire for ever.
+        self._socket = _socket_at(client)
 
     @classmethod
     def open(cls) -> _Wire | None:
@@ -214,9 +230,7 @@ class _Wire:
             self._flushed.wait(10)
         os.close(self._end)
         with self._lock:  # nothing goes to the client after this
-            if self._client is not None:
-                os.close(self._client)
-                self._client = None
+            self._drop_client()
         for fd, saved in enumerate(self._saved):
             os.dup2(saved, fd)
             os.close(saved)
@@ -230,7 +244,7 @@ class _Wire:
             stalled: float | None = None
             while view and self._client is not None:
                 try:
-                    view = view[os.write(self._client, view) :]
+                    view = view[self._write(self._client, view) :]
                     stalled = None
                     continue
                 except BlockingIOError:
@@ -240,12 +254,26 @@ class _Wire:
                     if stalled is None:
                         stalled = now
                     elif now - stalled >= GIVE_UP_S:
-                        os.close(self._client)
-                        self._client = None
+                        self._drop_client()
                         break
                 writable = select.poll()
                 writable.register(self._client, select.POLLOUT)
                 writable.poll(200)  # ms
+
+    def _write(self, fd: int, data: memoryview) -> int:
+        """Write what ``fd`` takes of ``data`` now (BlockingIOError: nothing, it is full)."""
+        if self._socket is not None:
+            return self._socket.send(data, socket.MSG_DONTWAIT)
+        return os.write(fd, data)
+
+    def _drop_client(self) -> None:
+        """Close the client's stdout (the caller holds the lock)."""
+        if self._socket is not None:
+            self._socket.close()  # its descriptor is ``_client``
+            self._socket = None
+        elif self._client is not None:
+            os.close(self._client)
+        self._client = None
 
     def _stdin_closed(self) -> bool:
         """Whether the client closed stdin, told by the pipe itself: the reading thread may be
@@ -255,8 +283,11 @@ class _Wire:
         if fd is None:
             return False
         poller = select.poll()
-        poller.register(fd, select.POLLIN)
-        return any(events & (select.POLLHUP | select.POLLERR | select.POLLNVAL) for _, events in poller.poll(0))
+        # A pipe's writer gone is POLLHUP; a socket's peer that shut down its writing only
+        # (Node.js's ``stdin.end()``), POLLRDHUP.
+        closed = select.POLLHUP | select.POLLERR | select.POLLNVAL | _POLLRDHUP
+        poller.register(fd, select.POLLIN | _POLLRDHUP)
+        return any(events & closed for _, events in poller.poll(0))
 
     def _inbound(self, source: int, sdk: int) -> None:
         try:
