@@ -60,6 +60,10 @@ def next_result(results: Any, procs: list[Any]) -> Any:
         except queue.Empty:
             dead = [p for p in procs if not p.is_alive()]
             if dead:
+                try:  # its answer (an error it reported, say) may have landed as it ended
+                    return results.get(timeout=0.5)
+                except queue.Empty:
+                    pass
                 raise DemoError(
                     f"worker {dead[0].pid} ended (exit code {dead[0].exitcode}) without an answer"
                 ) from None
