@@ -585,6 +585,44 @@ def test_a_client_on_sockets_that_shuts_stdin_but_never_reads_is_given_up_on(tmp
     assert waited >= GIVE_UP_S - 1, waited  # given up on only after the wait
 
 
+def test_calls_sent_before_stdin_ends_are_all_answered(tmp_path: Path) -> None:
+    """`ctxrules mcp < calls.jsonl`: the SDK cancels what it has not answered when its input
+    ends, so a client that sent its calls and closed stdin got the first few answers and the
+    server exited 0 without the rest. The end of stdin is held back until every request the
+    SDK took is answered; answers go out for all of them, at once (no give-up wait)."""
+    import subprocess
+
+    from ctxrules.integrations.mcp import GIVE_UP_S
+
+    session, out = prepared(tmp_path)
+    marker = line_markers(out)[0]
+    hello = {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}
+    lines = [
+        {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": hello},
+        {"jsonrpc": "2.0", "method": "notifications/initialized"},
+        {"jsonrpc": "2.0", "id": "list", "method": "tools/list"},
+        {"jsonrpc": "2.0", "id": "nope", "method": "no/such/method"},
+    ]
+    for n in range(20):
+        arguments = {"id": marker.vault_id, "lines": f"{n + 1}:"}
+        lines.append({"jsonrpc": "2.0", "id": 10 + n, "method": "tools/call", "params": {
+            "name": "ctxrules_recall", "arguments": arguments}})  # fmt: skip
+    calls = tmp_path / "calls.jsonl"
+    calls.write_text("".join(json.dumps(line) + "\n" for line in lines), encoding="utf-8")
+    started = time.monotonic()
+    with calls.open("rb") as stdin:
+        run = subprocess.run(_mcp_argv(session.path), stdin=stdin, capture_output=True, env=_mcp_env(), timeout=120)
+    took = time.monotonic() - started
+    assert run.returncode == 0, run.stderr
+    answers = [json.loads(line) for line in run.stdout.splitlines()]
+    assert sorted(map(str, (a["id"] for a in answers))) == sorted(map(str, [1, "list", "nope", *range(10, 30)])), [
+        a["id"] for a in answers
+    ]
+    pages = [a for a in answers if isinstance(a["id"], int) and a["id"] >= 10]
+    assert all(not a["result"].get("isError") for a in pages), pages[0]
+    assert took < GIVE_UP_S, took  # answered, not given up on
+
+
 def test_a_call_holding_a_lone_surrogate_is_answered(tmp_path: Path) -> None:
     """``"\\ud800"`` is valid JSON (a JavaScript client sends it for a string cut inside a
     character); the SDK refused the message without a reply, and the client waited for ever.

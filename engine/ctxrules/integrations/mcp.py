@@ -9,11 +9,13 @@ ctxrules moved out of its context. The SDK is imported here only: install ``ctxr
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import functools
 import json
 import math
 import os
+import re
 import select
 import socket
 import stat
@@ -192,6 +194,12 @@ class _Wire:
         # stdout a socket (Node.js clients start servers on socket pairs; /proc cannot open one
         # again): written with MSG_DONTWAIT, so that it too never blocks the wire for ever.
         self._socket = _socket_at(client)
+        # Requests passed to the SDK and not answered yet (their ids as JSON text, counted): at
+        # the end of stdin the SDK drops what it has not answered, so the end is held back until
+        # these are answered (:meth:`_answered`).
+        self._pending: collections.Counter[str] = collections.Counter()
+        self._progress = threading.Condition()
+        self._last_answer = 0.0  # when the SDK last answered one (monotonic)
 
     @classmethod
     def open(cls) -> _Wire | None:
@@ -275,6 +283,44 @@ class _Wire:
             os.close(self._client)
         self._client = None
 
+    def _asked(self, asked: tuple[str, bool] | None) -> None:
+        """Note a request passed to the SDK (``(id, True)``), or a cancellation of one
+        (``(id, False)``: MCP answers no cancelled request)."""
+        if asked is None:
+            return
+        key, request = asked
+        with self._progress:
+            if request:
+                self._pending[key] += 1
+            elif self._pending[key] > 0:
+                self._pending[key] -= 1
+            self._progress.notify_all()
+
+    def _answer(self, line: bytes) -> None:
+        """Note the answer ``line`` carries, if it is one (a reply of the SDK's to a request)."""
+        key = _answered_id(line)
+        if key is None:
+            return
+        with self._progress:
+            if self._pending[key] > 0:
+                self._pending[key] -= 1
+            self._last_answer = time.monotonic()
+            self._progress.notify_all()
+
+    def _answered(self) -> None:
+        """At the end of stdin: wait until every request passed to the SDK is answered (the
+        SDK cancels what is in flight when its input ends, and the client that sent its calls
+        and closed stdin, ``ctxrules mcp < calls.jsonl``, never got their answers), as long as
+        answers keep coming: ``GIVE_UP_S`` without one ends the wait."""
+        with self._progress:
+            last = time.monotonic()
+            while +self._pending and not self._flushed.is_set():
+                last = max(last, self._last_answer)
+                left = last + GIVE_UP_S - time.monotonic()
+                if left <= 0:
+                    return
+                self._progress.wait(min(left, 0.2))
+
     def _stdin_closed(self) -> bool:
         """Whether the client closed stdin, told by the pipe itself: the reading thread may be
         waiting to send an answer of its own (behind the reply that does not move) with the
@@ -309,18 +355,17 @@ class _Wire:
                         with contextlib.suppress(OSError):
                             self._send(_Refused(INVALID_REQUEST, _TOO_LONG).reply())
                         continue
-                    read = _read_line(line)
-                    if read is None:
-                        out.write(line)
-                        out.flush()
-                    elif isinstance(read, bytes):
-                        out.write(read)
-                        out.flush()
-                    else:  # not passed on: answered here
+                    read, asked = _read_line(line)
+                    if isinstance(read, _Refused):  # not passed on: answered here
                         with contextlib.suppress(OSError):  # the client stopped reading: the SDK sees it too
                             self._send(read.reply())
+                        continue
+                    self._asked(asked)
+                    out.write(line if read is None else read)
+                    out.flush()
             finally:
                 self._hung_up.set()  # before stdin's descriptor is closed (its number is reused)
+            self._answered()
 
     def _outbound(self, sdk: int) -> None:
         try:
@@ -329,7 +374,10 @@ class _Wire:
                     if line.endswith(_END):
                         self._send(line[: -len(_END)])
                         break
-                    self._send(line)
+                    try:
+                        self._send(line)
+                    finally:
+                        self._answer(line)
         except OSError:  # the client stopped reading: the pipe closes, and the SDK's writes fail
             pass
         finally:
@@ -352,41 +400,73 @@ class _Refused:
         return json.dumps({"jsonrpc": "2.0", "id": self.id, "error": error}).encode() + b"\n"
 
 
-def _read_line(line: bytes) -> bytes | _Refused | None:
+def _read_line(line: bytes) -> tuple[bytes | _Refused | None, tuple[str, bool] | None]:
     """What to do with ``line`` (one JSON-RPC message): ``None``, pass it on as it came;
     bytes, pass these on instead (its lone surrogates replaced, see
     :func:`ctxrules.json_limits.scan`); :class:`_Refused`, answer it. Read as the SDK reads it
-    (UTF-8, a bad byte replaced); a blank line is passed on (the SDK skips it)."""
+    (UTF-8, a bad byte replaced); a blank line is passed on (the SDK skips it). With it, for a
+    line passed on, the id of the request it makes (``(id, True)``) or cancels (``(id, False)``)
+    as JSON text, else None."""
     text = line.decode("utf-8", "replace").rstrip("\r\n")
     if not text.strip():
-        return None
+        return None, None
     try:
         value = json.loads(text, strict=False)
     except RecursionError:  # JSON, nested past what Python reads: the SDK answers what it can
-        return None
+        return None, None
     except ValueError as exc:
-        return _Refused(PARSE_ERROR, f"Parse error: the message is not JSON ({exc})")
+        return _Refused(PARSE_ERROR, f"Parse error: the message is not JSON ({exc})"), None
     passed: bytes | None = None
     if "\\u" in text:
         found = scan(value)
         if found.replaced:
             passed = json.dumps(found.value, ensure_ascii=False).encode("utf-8") + b"\n"
     if _is_response(value):
-        return passed  # a bad response from the client is not answered (JSON-RPC answers requests)
+        return passed, None  # a bad response from the client is not answered (JSON-RPC answers requests)
     if _is_message(passed.decode("utf-8") if passed is not None else text):
         if _bad_request_id(value):
             # The SDK reads a request whose id MCP does not allow (null, true, 5.0) as a
             # notification, and a notification gets no answer: the client waited for ever.
             why = "Invalid Request: an id must be a string or an integer"
-            return _Refused(INVALID_REQUEST, why, _request_id(value))
-        return passed
+            return _Refused(INVALID_REQUEST, why, _request_id(value)), None
+        return passed, _asks(value)
     try:
         json.loads(text)  # strictly: a raw control character in a string is not JSON
     except ValueError as exc:
-        return _Refused(PARSE_ERROR, f"Parse error: the message is not JSON ({exc})")
+        return _Refused(PARSE_ERROR, f"Parse error: the message is not JSON ({exc})"), None
     except RecursionError:
         pass
-    return _Refused(INVALID_REQUEST, "Invalid Request: not a JSON-RPC 2.0 message", _request_id(value))
+    return _Refused(INVALID_REQUEST, "Invalid Request: not a JSON-RPC 2.0 message", _request_id(value)), None
+
+
+def _asks(value: object) -> tuple[str, bool] | None:
+    """For a message the SDK takes: the id of the request it makes, or of the one it cancels
+    (``notifications/cancelled``), as JSON text."""
+    if not isinstance(value, dict) or not isinstance(value.get("method"), str):
+        return None
+    if "id" in value:
+        return json.dumps(value["id"]), True
+    params = value.get("params")
+    if value["method"] == "notifications/cancelled" and isinstance(params, dict) and "requestId" in params:
+        found = params["requestId"]
+        if isinstance(found, str) or (isinstance(found, int) and not isinstance(found, bool)):
+            return json.dumps(found), False
+    return None
+
+
+# How the SDK starts an answer (pydantic writes the fields in order: jsonrpc, id, result|error).
+_ANSWER = re.compile(rb'\{"jsonrpc":"2\.0","id":("(?:[^"\\]|\\.)*"|-?\d+),"(?:result|error)"')
+
+
+def _answered_id(line: bytes) -> str | None:
+    """The id (JSON text) of the request ``line`` answers, when it is an answer of the SDK's."""
+    found = _ANSWER.match(line)
+    if found is None:
+        return None
+    try:
+        return json.dumps(json.loads(found.group(1)))  # one spelling for each id
+    except ValueError:
+        return None
 
 
 def _is_response(value: object) -> bool:
