@@ -930,6 +930,12 @@ class Session:
             "tokens": turn.msgs_sum,
             "output_counts": output_counts[1],
         }
+        if not turn.reused:
+            # The history did not extend the last one: a message of the last output may be a
+            # caller's object edited in place since it was saved (the output shares unchanged
+            # messages with the caller), so the store must not take "the same object" for "the
+            # same line" and append to the file it wrote.
+            self.store.forget(self.key)
         if turn.compacting:
             # Before the save: a checkpoint whose backup names lines of last_output.jsonl must
             # be gone before that file is written. Dying in the save costs one turn's reuse.

@@ -144,8 +144,13 @@ class SessionStore:
         return cast(dict[str, Any], data)  # an object: unusable_state said so
 
     def forget(self) -> None:
-        """Drop the in-memory state (after a run that failed part-way changed it)."""
+        """Drop the in-memory state (after a run that failed part-way changed it), and what
+        this object wrote last: the next save rewrites ``last_output.jsonl`` whole. Its
+        messages are the caller's objects, which may have been edited in place since; the
+        same object again then says nothing about its line."""
         self._state = self._state_stat = self._looked = None
+        self._written = self._written_stat = self._hash = None
+        self._marks = []
 
     def load_output(self, count: int, written: Any = None, digest: Any = None) -> list[dict[str, Any]] | None:
         """The first ``count`` messages of the last output, or None when they are not all there
