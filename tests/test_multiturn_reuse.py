@@ -193,3 +193,31 @@ def test_many_turns_never_answer_with_a_stale_output(tmp_path: Path, seed: int) 
 
 
 _TEXTS = _corpus_texts()
+
+
+def test_a_repaired_message_edited_in_place_is_not_answered_with_its_old_repair(tmp_path: Path) -> None:
+    # A message with a lone surrogate is repaired (a copy with U+FFFD); the next turn put that
+    # copy back for the same object so the history still extended the last one, even when the
+    # caller had edited the object in place since: the old text came back, reused as a prefix.
+    session = Engine.load("builtin:default").session(tmp_path / "s", model="gpt-4o", window=16000)
+    history = [
+        {"role": "user", "content": "go"},
+        {"role": "assistant", "content": "bad \ud800 text"},
+        {"role": "user", "content": "next"},
+    ]
+    session.prepare(history)
+    history[1]["content"] = "fixed text"
+    history += [{"role": "assistant", "content": "ok"}, {"role": "user", "content": "more"}]
+    result = session.prepare(history)
+    assert result.messages == history
+    assert result.report["reused_messages"] == 0  # the history no longer extends the last one
+
+
+def test_a_repaired_message_left_as_it_was_still_extends_the_last_history(tmp_path: Path) -> None:
+    session = Engine.load("builtin:default").session(tmp_path / "s", model="gpt-4o", window=16000)
+    history = [{"role": "user", "content": "go"}, {"role": "assistant", "content": "bad \ud800 text"}]
+    first = session.prepare(history)
+    history.append({"role": "user", "content": "more"})
+    result = session.prepare(history)
+    assert result.messages == [*first.messages, history[-1]]
+    assert result.report["reused_messages"] == 2

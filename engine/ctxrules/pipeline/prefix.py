@@ -119,7 +119,8 @@ class PrefixCache:
         self.output_ids: set[str] = set()
         self.output_counts: list[int] | None = None  # tokens of each output message, when known
         self.output_counts_text: str | None = None  # the same, as state.json keeps them
-        self._repaired: dict[int, tuple[Message, Message]] = {}  # id(given) -> (given, repaired)
+        # id(given) -> (given, repaired, a copy of given as it was repaired)
+        self._repaired: dict[int, tuple[Message, Message, Message]] = {}
         # The objects of the last history as the caller passed them (validated), copies of the
         # output as returned (None: the output holds none of the caller's objects), and
         # whether the output may hold objects of a history before the last one.
@@ -138,16 +139,20 @@ class PrefixCache:
 
     def with_repairs(self, history: list[Message]) -> list[Message]:
         """``history`` with the repaired copy of each message an earlier turn repaired (lone
-        surrogates replaced), so that it still extends the history the last turn saw."""
+        surrogates replaced), so that it still extends the history the last turn saw. Only
+        while the message still holds what was repaired: one edited in place since is the
+        same object with new content, which the old repaired copy would hide."""
         if not self._repaired:
             return history
-        return [r[1] if (r := self._repaired.get(id(m))) is not None and r[0] is m else m for m in history]
+        return [
+            r[1] if (r := self._repaired.get(id(m))) is not None and r[0] is m and m == r[2] else m for m in history
+        ]
 
     def note_repairs(self, given: list[Message], validated: list[Message], start: int) -> None:
         """Remember the messages from ``start`` on that validation replaced with a repaired copy."""
         for i in range(start, len(given)):
             if validated[i] is not given[i]:
-                self._repaired[id(given[i])] = (given[i], validated[i])
+                self._repaired[id(given[i])] = (given[i], validated[i], clone_json(given[i]))
 
     def match(
         self,
