@@ -15,7 +15,6 @@ import json
 import math
 import operator
 import os
-import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -61,6 +60,7 @@ from ctxrules.runtime.subagents import settings as subagent_settings
 from ctxrules.session_store import DEFAULT_STATE_ROOT, state_root_from_env
 from ctxrules.stores import Store, open_store
 from ctxrules.stores.filesystem import FilesystemStore, durable_at_commit
+from ctxrules.threads import ForkSafeLock
 from ctxrules.tokens import REPLY_PRIMING_TOKENS, TokenCounter, token_ceiling, trusted_objects
 from ctxrules.toolroles import tool_roles
 from ctxrules.tracker import FileTracker
@@ -153,7 +153,7 @@ class Engine:
         # this process does not run either), and `builtin:default` alone is 18 files.
         self._paths = _watched(pack.real_paths.values())
         self._stamps = _stamps(self._paths)
-        self._refresh_lock = threading.Lock()
+        self._refresh_lock = ForkSafeLock()
         self._compacting: dict[str, list[str]] = {}  # tier -> compacting stages (_compacting_at)
 
     def refresh(self) -> list[str]:
@@ -346,7 +346,9 @@ class Session:
             engine.pack.data, path, self.id, model, goal=goal, state_root=state_root, store=store, session=self.key
         )
         self.vault = Vault.of(store, self.key)
-        self._thread_lock = threading.Lock()
+        # Fork-safe: a worker forked while another thread ran a prepare of this session (a server
+        # that forks after opening sessions) takes it afresh, and starts from the store's turn.
+        self._thread_lock = ForkSafeLock(self._forget_memory)
         # A private directory needs no cross-process lock (and pack tests, which use one, then
         # never load the lock module).
         self._session_lock: contextlib.AbstractContextManager[Any] = (
@@ -712,6 +714,13 @@ class Session:
                 self.store.forget(self.key)
                 self._prefix.rollback()
                 raise
+
+    def _forget_memory(self) -> None:
+        """Drop what this object remembers of the last turn (the next one reads it back from
+        the store): a turn another thread was running when this process was forked from it may
+        have left it half changed."""
+        self.store.forget(self.key)
+        self._prefix.clear()
 
     def _checked_tools(self, tools: Any, notes: list[str]) -> list[dict[str, Any]]:
         """:func:`validate_tools` of ``tools``; the same tools come with every call, so a list

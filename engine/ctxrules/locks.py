@@ -26,6 +26,7 @@ from types import TracebackType
 from typing import Any
 
 from ctxrules.errors import CtxrulesError
+from ctxrules.threads import ForkSafeLock
 
 __all__ = ["FileLock", "LockError", "LockTimeout", "held_elsewhere", "hold_shared"]
 
@@ -101,7 +102,7 @@ else:  # pragma: no cover - exercised on Windows only
 # (pid, ident): a second object taking a file its own thread holds would wait for itself forever.
 # The pid too: a forked child's thread has the ident of the parent's thread that forked.
 _held: dict[tuple[int, int], tuple[int, int]] = {}
-_held_mutex = threading.Lock()
+_held_mutex = ForkSafeLock()
 
 
 class _FlockLock:

@@ -28,7 +28,6 @@ import difflib
 import importlib.util
 import json
 import re
-import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import lru_cache
@@ -37,6 +36,7 @@ from typing import Any, Final, Literal
 
 from ctxrules.errors import CtxrulesError, UsageError
 from ctxrules.printable import printable
+from ctxrules.threads import ForkSafeLock
 
 __all__ = [
     "Family",
@@ -142,7 +142,7 @@ def registry_path() -> Path:
     return litellm_package_dir() / REGISTRY_FILE
 
 
-_LOCK = threading.Lock()
+_LOCK = ForkSafeLock()
 _REGISTRY: dict[str, dict[str, Any]] | None = None
 
 

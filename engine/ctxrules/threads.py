@@ -6,16 +6,24 @@ main thread only, once that thread next runs Python code: when the signal went t
 the main thread waited in a read (of standard input, of a pipe), nothing woke the main thread,
 and Ctrl-C did nothing until the writer closed the pipe. Every thread ctxrules starts blocks
 those signals first, so they always reach the main thread (and interrupt its read).
+
+It also holds :class:`ForkSafeLock`, the thread lock of state that outlives a ``fork()``: a
+server that forks workers after ``Engine.load`` (gunicorn's ``--preload``, ``multiprocessing``'s
+default start method on Linux) copies every lock as it was, and a lock another thread held at
+that moment is held for good in the child, where that thread does not exist.
 """
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
+import weakref
 from collections.abc import Callable
+from types import TracebackType
 from typing import Any
 
-__all__ = ["STOP_SIGNALS", "block_stop_signals", "helper_thread"]
+__all__ = ["STOP_SIGNALS", "ForkSafeLock", "block_stop_signals", "helper_thread"]
 
 STOP_SIGNALS: frozenset[int] = frozenset(
     getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name)
@@ -40,3 +48,73 @@ def helper_thread(
         target(*args)
 
     return threading.Thread(target=run, name=name, daemon=daemon)
+
+
+class ForkSafeLock:
+    """A ``threading.Lock`` (``with``, ``acquire``, ``release``) that a child forked while
+    another thread held it finds free: that thread is not in the child, and would never
+    release it (the child's first ``prepare`` of a session the parent was preparing in another
+    thread waited forever).
+
+    ``on_abandoned`` is called by the child's first holder, under the lock, when the lock was
+    taken from a vanished holder: what that holder was changing may be half changed (a session
+    forgets what it holds in memory and reads its last turn back from the store). The thread
+    that forks keeps a lock it holds itself: it goes on in the child and releases it."""
+
+    __slots__ = ("__weakref__", "_abandoned", "_lock", "_on_abandoned", "_owner")
+
+    def __init__(self, on_abandoned: Callable[[], None] | None = None) -> None:
+        self._lock = threading.Lock()
+        self._owner: int | None = None  # the holding thread's ident (None: free, or being taken)
+        self._on_abandoned = on_abandoned
+        self._abandoned = False
+        _fork_safe.add(self)
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        if not self._lock.acquire(blocking, timeout):
+            return False
+        self._owner = threading.get_ident()
+        if self._abandoned:
+            self._abandoned = False
+            if self._on_abandoned is not None:
+                try:
+                    self._on_abandoned()
+                except BaseException:
+                    self.release()
+                    raise
+        return True
+
+    def release(self) -> None:
+        self._owner = None
+        self._lock.release()
+
+    def locked(self) -> bool:
+        return self._lock.locked()
+
+    def __enter__(self) -> bool:
+        return self.acquire()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.release()
+
+    def _after_fork(self) -> None:
+        # Only the forking thread survives: a lock held by any other one is a new, free lock.
+        if self._lock.locked() and self._owner != threading.get_ident():
+            self._lock, self._owner, self._abandoned = threading.Lock(), None, True
+
+
+_fork_safe: weakref.WeakSet[ForkSafeLock] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for lock in list(_fork_safe):
+        lock._after_fork()
+
+
+if hasattr(os, "register_at_fork"):  # not on Windows, which has no fork
+    os.register_at_fork(after_in_child=_after_fork_in_child)

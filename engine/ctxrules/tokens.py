@@ -109,7 +109,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import suppress
 from contextvars import ContextVar
@@ -121,7 +120,7 @@ from ctxrules.errors import CtxrulesError
 from ctxrules.images import image_size, image_size_from_url
 from ctxrules.models import EXACT_TOKENIZERS, ModelInfo, Tokenizer, litellm_package_dir
 from ctxrules.scoped import Scoped
-from ctxrules.threads import helper_thread
+from ctxrules.threads import ForkSafeLock, helper_thread
 
 __all__ = [
     "ANTHROPIC_MAX_IMAGE_TOKENS",
@@ -300,7 +299,7 @@ def _load_hf(kind: str) -> BatchCounter:
     return count
 
 
-_LOAD_LOCK = threading.Lock()
+_LOAD_LOCK = ForkSafeLock()
 _BACKENDS: dict[str, BatchCounter] = {}
 
 
@@ -593,7 +592,7 @@ class TokenCounter:
     """
 
     _instances: dict[str, TokenCounter] = {}  # noqa: RUF012 - process-wide registry
-    _instances_lock = threading.Lock()
+    _instances_lock = ForkSafeLock()
 
     def __init__(self, tokenizer: Tokenizer) -> None:
         if tokenizer not in SAFETY_MARGINS:

@@ -26,7 +26,6 @@ import json
 import math
 import os
 import re
-import threading
 import time
 import uuid
 import weakref
@@ -41,6 +40,7 @@ from ctxrules.budget.usage import MAX_TOKENS, TOKEN_KINDS, TokenUsage
 from ctxrules.errors import UsageError
 from ctxrules.stores.base import Log, LogKind
 from ctxrules.stores.filesystem import FilesystemStore
+from ctxrules.threads import ForkSafeLock
 
 if TYPE_CHECKING:
     from ctxrules.stores.base import Store
@@ -341,7 +341,7 @@ class LedgerFile:
             raise TypeError("LedgerFile(store, log)")
         self.store = store
         self.log = log
-        self._lock = threading.Lock()
+        self._lock = ForkSafeLock()
         self._cursor: Any = None
         self._entries: list[CallEntry] = []
         self._resets: list[float] = []
@@ -469,7 +469,7 @@ class one_read:  # lower case: used like the function it was (``with one_read():
 # the same directory see the same files), by store object for the others.
 _FILES: dict[tuple[str, str], LedgerFile] = {}
 _BY_STORE: weakref.WeakKeyDictionary[Any, dict[Log, LedgerFile]] = weakref.WeakKeyDictionary()
-_FILES_LOCK = threading.Lock()
+_FILES_LOCK = ForkSafeLock()
 
 
 def ledger_of(store: Store, log: Log) -> LedgerFile:

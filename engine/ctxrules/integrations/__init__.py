@@ -14,6 +14,8 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
+from ctxrules.threads import ForkSafeLock
+
 __all__ = ["OpenSessions", "session_name"]
 
 _S = TypeVar("_S")
@@ -64,7 +66,7 @@ class OpenSessions(Generic[_S]):
         self.limit = limit
         self._open: OrderedDict[str, _S] = OrderedDict()
         self._opening: dict[str, _Opening] = {}
-        self._lock = threading.Lock()
+        self._lock = ForkSafeLock()
 
     def get(self, key: str, opener: Callable[[], _S]) -> _S:
         """The open session ``key``, opened with ``opener()`` when it is not open."""

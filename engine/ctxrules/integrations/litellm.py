@@ -30,7 +30,6 @@ import os
 import secrets
 import shutil
 import tempfile
-import threading
 import time
 from collections import OrderedDict
 from collections.abc import Mapping
@@ -56,6 +55,7 @@ from ctxrules.private_files import ensure_dir
 from ctxrules.stores import open_store
 from ctxrules.stores.filesystem import FilesystemStore
 from ctxrules.stores.memory import MemoryStore
+from ctxrules.threads import ForkSafeLock
 
 if TYPE_CHECKING:
     from ctxrules.engine import Engine, Session
@@ -116,7 +116,7 @@ class ContextHook(CustomLogger):
         # which met the same dead or locked store again — twice the socket or lock timeout, and
         # the warning twice — before the call went on unchanged all the same.
         self._store_failed: OrderedDict[str, None] = OrderedDict()
-        self._lock = threading.Lock()
+        self._lock = ForkSafeLock()
         self._log = get_logger("ctxrules.litellm")
 
     # -- the hooks litellm calls (defined on this class: the proxy checks vars(cls)) ------------
@@ -444,7 +444,7 @@ def _litellm_error(name: str, message: str, data: Mapping[str, Any]) -> Exceptio
 
 
 _DEFAULT: ContextHook | None = None
-_DEFAULT_LOCK = threading.Lock()
+_DEFAULT_LOCK = ForkSafeLock()
 
 
 def completion(*args: Any, hook: ContextHook | None = None, **kwargs: Any) -> Any:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -17,6 +16,7 @@ from typing import Any
 from ctxrules.errors import PackError, PackNotFound
 from ctxrules.packs.loader import PackLoader, ResolvedPack
 from ctxrules.plugins import Registry, default_registry
+from ctxrules.threads import ForkSafeLock
 from ctxrules.validation.validate import validate_resolved
 
 
@@ -69,7 +69,7 @@ class _Cached:
 
 
 _CACHE: dict[tuple[Any, ...], _Cached] = {}
-_CACHE_LOCK = threading.Lock()
+_CACHE_LOCK = ForkSafeLock()
 
 
 def _cache_key(ref: str | Path, loader: PackLoader, registry: Registry) -> tuple[Any, ...] | None:

@@ -35,7 +35,6 @@ import contextlib
 import os
 import re
 import tempfile
-import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
@@ -46,6 +45,7 @@ from typing import Any, Final, Literal, Protocol, runtime_checkable
 from ctxrules.errors import CtxrulesError, UsageError
 from ctxrules.private_files import UnsafePathError, open_private
 from ctxrules.stores.hashing import StreamHash
+from ctxrules.threads import ForkSafeLock
 
 __all__ = [
     "DOCS",
@@ -253,7 +253,7 @@ def remove_stale_spools(directory: str, prefix: str, *, held: bool = True) -> No
 
 
 _spools_swept: dict[str, float] = {}  # temporary directory -> when this process last swept it
-_spools_mutex = threading.Lock()
+_spools_mutex = ForkSafeLock()
 
 
 def _sweep_spools(directory: str) -> None:

@@ -72,7 +72,7 @@ from ctxrules.stores.base import (
     VaultError,
     remove_stale_spools,
 )
-from ctxrules.threads import helper_thread
+from ctxrules.threads import ForkSafeLock, helper_thread
 
 __all__ = ["FilesystemStore", "durable_at_commit", "file_path", "for_session_dir", "own_folder"]
 
@@ -121,7 +121,7 @@ class FilesystemStore:
         # (session, shard or None for the vault) -> when it was last swept of what killed writers left
         self._swept: dict[tuple[str, str | None], float] = {}
         self._sessions: dict[str, SessionStore] = {}
-        self._mutex = threading.Lock()
+        self._mutex = ForkSafeLock()
         # Vault directories (session, directory) checked to be real directories of this user,
         # with the time of the check: a turn storing 70 items checks each of its directories
         # once, not on every write; every turn checks them again (commit_turn forgets them),

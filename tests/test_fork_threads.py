@@ -1,0 +1,157 @@
+"""A server that forks workers after ``Engine.load`` while another thread is inside ctxrules: the
+worker must not inherit a thread lock held by a thread it does not have (ctxrules.threads)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+from session_kit import keyed_state_root
+
+from ctxrules import Engine
+
+if TYPE_CHECKING:
+    from ctxrules.threads import ForkSafeLock
+
+pytestmark = [
+    pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork"),
+    # Python 3.12+ warns on any fork of a process with threads: that is the case under test.
+    pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning"),
+]
+
+_CHILD_LIMIT_S = 60  # the child kills itself (SIGALRM) rather than hang the suite
+
+
+def _history(turns: int) -> list[dict[str, Any]]:
+    history: list[dict[str, Any]] = [{"role": "system", "content": "You are a careful agent."}]
+    for i in range(turns):
+        history.append({"role": "user", "content": f"step {i}: look at file_{i}.py"})
+        history.append({"role": "assistant", "content": f"file_{i}.py has {i * 7} lines of code."})
+    return history
+
+
+def _in_child(work: Any) -> tuple[int, bytes]:
+    """Fork; the child runs ``work()`` and writes its result (bytes) to a pipe. Returns the
+    child's wait status and what it wrote; a child that hangs ends by SIGALRM."""
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            os.close(read_end)
+            signal.alarm(_CHILD_LIMIT_S)
+            os.write(write_end, work())
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(write_end)
+    return pid, read_end
+
+
+def _collect(pid: int, read_end: int) -> tuple[int, bytes]:
+    chunks = []
+    while chunk := os.read(read_end, 65536):
+        chunks.append(chunk)
+    os.close(read_end)
+    _, status = os.waitpid(pid, 0)
+    return status, b"".join(chunks)
+
+
+def test_a_worker_forked_while_a_thread_prepares_the_session_can_prepare_it(tmp_path: Path) -> None:
+    """The child's first prepare of a session another thread of the parent was preparing at the
+    fork ran into that thread's lock and waited forever; now it runs, from the session's last
+    committed turn, and returns what a serial run returns."""
+    engine = Engine.load("builtin:default")
+    state = keyed_state_root(tmp_path, "fork")
+    history = _history(6)
+    reference = engine.session(tmp_path / "serial", model="gpt-4o", state_root=state)
+    reference.prepare(history[:5], clock=1_750_000_000.0)
+    expected = reference.prepare(history, clock=1_750_000_060.0).messages
+
+    inside, go = threading.Event(), threading.Event()
+
+    def pause(event: dict[str, Any]) -> None:
+        if event.get("event") == "stage.start" and not inside.is_set():
+            inside.set()
+            go.wait(60)
+
+    session = engine.session(tmp_path / "s", model="gpt-4o", state_root=state)
+    session.prepare(history[:5], clock=1_750_000_000.0)
+    session.on_event = pause
+    worker = threading.Thread(target=session.prepare, args=(history[:3],), kwargs={"clock": 1_750_000_030.0})
+    worker.start()
+    assert inside.wait(30), "the prepare in the thread never started a stage"
+    session.on_event = None  # the child's own prepare must not pause
+
+    def child_turn() -> bytes:
+        return json.dumps(session.prepare(history, clock=1_750_000_060.0).messages).encode()
+
+    pid, read_end = _in_child(child_turn)
+    go.set()  # the parent's turn ends (and frees the session's file lock for the child)
+    worker.join(30)
+    status, out = _collect(pid, read_end)
+    assert os.WIFEXITED(status), f"the child did not finish (signal {os.WTERMSIG(status)})"
+    assert os.WEXITSTATUS(status) == 0
+    assert json.loads(out) == expected
+
+
+def _hold_in_thread(lock: ForkSafeLock) -> tuple[threading.Thread, threading.Event]:
+    held, done = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with lock:
+            held.set()
+            done.wait()
+
+    thread = threading.Thread(target=hold)
+    thread.start()
+    assert held.wait(30)
+    return thread, done
+
+
+def test_a_lock_held_by_another_thread_is_free_in_the_child_and_says_so_once() -> None:
+    from ctxrules.threads import ForkSafeLock
+
+    abandoned: list[int] = []
+    lock = ForkSafeLock(lambda: abandoned.append(os.getpid()))
+    thread, done = _hold_in_thread(lock)
+
+    def child() -> bytes:
+        got = [lock.acquire(timeout=10)]
+        lock.release()
+        got.append(lock.acquire(timeout=10))  # the second holder is not told again
+        lock.release()
+        return json.dumps([got, len(abandoned)]).encode()
+
+    try:
+        pid, read_end = _in_child(child)
+    finally:
+        done.set()
+        thread.join(30)
+    status, out = _collect(pid, read_end)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+    assert json.loads(out) == [[True, True], 1]
+    assert abandoned == []  # the parent's lock was handed on normally: nothing abandoned here
+
+
+def test_a_lock_the_forking_thread_holds_stays_its_own_in_the_child() -> None:
+    from ctxrules.threads import ForkSafeLock
+
+    abandoned: list[int] = []
+    lock = ForkSafeLock(lambda: abandoned.append(1))
+
+    def child() -> bytes:
+        others_wait = not lock.acquire(blocking=False)  # still held, by this very thread
+        lock.release()
+        return json.dumps([others_wait, lock.acquire(timeout=10), len(abandoned)]).encode()
+
+    with lock:
+        pid, read_end = _in_child(child)
+    status, out = _collect(pid, read_end)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+    assert json.loads(out) == [True, True, 0]
