@@ -155,3 +155,31 @@ def test_a_lock_the_forking_thread_holds_stays_its_own_in_the_child() -> None:
     status, out = _collect(pid, read_end)
     assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
     assert json.loads(out) == [True, True, 0]
+
+
+def test_a_worker_forked_while_a_thread_opens_a_session_of_an_integration_opens_it_itself() -> None:
+    """OpenSessions (the litellm hook's and LangChain middleware's open sessions): the child
+    asking for a session a vanished thread of the parent was opening waited for that opening
+    forever; it opens the session itself."""
+    from ctxrules.integrations import OpenSessions
+
+    sessions: OpenSessions[str] = OpenSessions(4)
+    inside, go = threading.Event(), threading.Event()
+
+    def slow_open() -> str:
+        inside.set()
+        go.wait(60)
+        return "opened by the parent"
+
+    thread = threading.Thread(target=sessions.get, args=("conversation", slow_open))
+    thread.start()
+    try:
+        assert inside.wait(30)
+        pid, read_end = _in_child(lambda: sessions.get("conversation", lambda: "opened by the child").encode())
+    finally:
+        go.set()
+        thread.join(30)
+    status, out = _collect(pid, read_end)
+    assert os.WIFEXITED(status), f"the child did not finish (signal {os.WTERMSIG(status)})"
+    assert out == b"opened by the child"
+    assert sessions.get("conversation", lambda: "reopened") == "opened by the parent"

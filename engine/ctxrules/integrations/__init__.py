@@ -8,6 +8,7 @@ session and own no behaviour: the pack decides what happens to the context.
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 import threading
 from collections import OrderedDict
@@ -40,11 +41,14 @@ def session_name(raw: str) -> str:
 
 
 class _Opening:
-    """A session being opened by one thread, which the others asking for it wait on."""
+    """A session being opened by one thread, which the others asking for it wait on. ``pid``:
+    the process of that thread; a forked child has the parent's openings but not their threads,
+    and opens the session itself instead of waiting for an opening that never ends there."""
 
-    __slots__ = ("done", "error", "value")
+    __slots__ = ("done", "error", "pid", "value")
 
     def __init__(self) -> None:
+        self.pid = os.getpid()
         self.done = threading.Event()
         self.value: object = None
         self.error: BaseException | None = None
@@ -76,6 +80,8 @@ class OpenSessions(Generic[_S]):
                 self._open.move_to_end(key)
                 return session
             opening = self._opening.get(key)
+            if opening is not None and opening.pid != os.getpid():
+                opening = None  # begun in the process this one was forked from (see _Opening)
             mine = opening is None
             if opening is None:
                 opening = self._opening[key] = _Opening()
