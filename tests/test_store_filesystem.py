@@ -409,6 +409,33 @@ def test_a_secret_is_made_once_and_a_link_is_refused(tmp_path: Path) -> None:
         other.secret(None, "injection.key", lambda: b"\x03" * 32)
 
 
+def test_a_secret_being_created_is_never_read_half_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first prepares of two sessions under one new state root (two threads of a server,
+    two workers) both ask for the injection key. The key file was created empty and written
+    after: the second asker, reading in between, failed with "not an injection key ... delete
+    it". Here the second asks at that very point (when the first opens the file to write it):
+    both get one key."""
+    root = tmp_path / "state"
+    creator, other = FilesystemStore(root), FilesystemStore(root)
+    real_fdopen = os.fdopen
+    asked: list[bytes] = []
+    first_open = [True]
+
+    def fdopen_then_ask(fd: int, *args: object, **kwargs: object) -> object:
+        handle = real_fdopen(fd, *args, **kwargs)  # type: ignore[call-overload]
+        if first_open.pop() if first_open else False:
+            # The first creator is about to write its key: the other one asks now.
+            asked.append(other.secret(None, "injection.key", lambda: b"\x02" * 32))
+        return handle
+
+    monkeypatch.setattr(os, "fdopen", fdopen_then_ask)
+    first = creator.secret(None, "injection.key", lambda: b"\x01" * 32)
+    monkeypatch.undo()
+    assert asked == [first]
+    assert FilesystemStore(root).secret(None, "injection.key", lambda: b"\x03" * 32) == first
+    assert sorted(p.name for p in root.iterdir()) == ["injection.key"]  # no spare file left
+
+
 def test_sessions_lists_every_session_directory_children_too(tmp_path: Path) -> None:
     store = FilesystemStore(tmp_path)
     for name in ("a", "b/sub/child"):

@@ -759,7 +759,10 @@ class FilesystemStore:
 
     def secret(self, session: str | None, name: str, make: Callable[[], bytes]) -> bytes:
         """``<root or session>/<name>``, hex text, created exclusively (two creators agree: the
-        loser reads the winner's) and fsynced."""
+        loser reads the winner's) and fsynced. It is written whole to a hidden file first and
+        linked into place: created empty and then written, a first ``prepare`` of another
+        session under the same root, in another thread or process, read it in between and
+        failed on an empty key."""
         path = (self.root if session is None else Path(session)) / name
         try:
             return _read_secret(path)
@@ -767,6 +770,13 @@ class FilesystemStore:
             pass
         value = make()  # first: a caller that only asks (make raises) creates nothing
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        if _link_secret(path, value):
+            return value
+        try:
+            return _read_secret(path)  # another creator's, linked first
+        except FileNotFoundError:
+            pass
+        # A file system without hard links: created exclusively, then written.
         try:
             fd = open_private(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
         except FileExistsError:
@@ -865,6 +875,28 @@ def file_path(url: str) -> Path:
 
 def _what(path: Path) -> str:
     return "injection key" if path.name.endswith(".key") else f"secret {path.name}"
+
+
+def _link_secret(path: Path, value: bytes) -> bool:
+    """Write ``value`` (hex text) to a hidden file beside ``path``, fsync it and hard-link it to
+    ``path``, which then appears whole or not at all. False when ``path`` exists already or
+    the file system makes no links (nothing is left behind either way)."""
+    try:
+        fd, spare = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError:  # the exclusive creation below says what is wrong
+        return False
+    try:
+        with os.fdopen(fd, "w", encoding="ascii") as handle:
+            handle.write(value.hex() + "\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.link(spare, path)
+    except OSError:  # FileExistsError: another creator won; else no links here
+        return False
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(spare)
+    return True
 
 
 def _read_secret(path: Path) -> bytes:
