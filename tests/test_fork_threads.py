@@ -183,3 +183,34 @@ def test_a_worker_forked_while_a_thread_opens_a_session_of_an_integration_opens_
     assert os.WIFEXITED(status), f"the child did not finish (signal {os.WTERMSIG(status)})"
     assert out == b"opened by the child"
     assert sessions.get("conversation", lambda: "reopened") == "opened by the parent"
+
+
+def test_a_keepalive_started_before_a_fork_probes_in_the_child() -> None:
+    """Its probing thread is not in a forked child: the child's warm-up was never sent (nor
+    any keep-alive), silently. The child gets a probing thread of its own."""
+    from ctxrules.cache.warmup import KeepAlive, Probe
+
+    sent: list[tuple[int, str]] = []
+    probed = threading.Event()
+
+    def send(model: str, messages: Any, tools: Any, **kw: Any) -> Probe:
+        sent.append((os.getpid(), kw["reason"]))
+        probed.set()
+        return Probe(kind=kw["kind"], reason=kw["reason"], at=0.0, ok=True, latency_s=0.0)
+
+    keepalive = KeepAlive("gpt-4o", send=send, interval_s=3600, max_idle_s=None, raise_rejections=False)
+    with keepalive:
+        keepalive.update([{"role": "user", "content": "hi"}], warm="session start")
+        assert probed.wait(30)
+
+        def child() -> bytes:
+            probed.clear()
+            keepalive.update([{"role": "user", "content": "hi again"}], warm="child start")
+            probed.wait(30)
+            keepalive.stop()
+            return json.dumps([reason for pid, reason in sent if pid == os.getpid()]).encode()
+
+        pid, read_end = _in_child(child)
+        status, out = _collect(pid, read_end)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+    assert json.loads(out) == ["child start"]

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -355,6 +356,7 @@ class KeepAlive:
         self._last_probe: float | None = None
         self._probes: list[Probe] = []
         self._thread: threading.Thread | None = None
+        self._pid = os.getpid()  # the process whose thread probes (_after_fork)
         self.raise_rejections = raise_rejections
         self._rejected: Probe | None = None  # the last rejected probe; probing waits for an update
         self._unraised: Probe | None = None  # ... not yet raised to the caller
@@ -368,6 +370,7 @@ class KeepAlive:
 
     # -- control ------------------------------------------------------------------
     def start(self) -> KeepAlive:
+        self._after_fork()
         with self._cond:
             if self._thread is None:
                 self._thread = helper_thread(self._run, f"ctxrules-keepalive-{self.model}")
@@ -376,11 +379,25 @@ class KeepAlive:
 
     def stop(self, timeout_s: float | None = 5.0) -> None:
         """Stop probing and end the thread (waits for a probe in flight up to ``timeout_s``)."""
+        self._after_fork()
         with self._cond:
             self._stopped = True
             self._cond.notify_all()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout_s)
+
+    def _after_fork(self) -> None:
+        """In a process forked from the one whose thread probes (a server forking workers): that
+        thread is not here, so nothing was probed, not even a warm-up the child asked for, and
+        it may have held the condition. The child takes a fresh condition and, unless stopped,
+        a probing thread of its own; calls in flight were the parent's."""
+        pid = os.getpid()
+        if self._pid == pid:
+            return
+        self._pid, self._cond, self._active = pid, threading.Condition(), 0
+        restart, self._thread = self._thread is not None and not self._stopped, None
+        if restart:
+            self.start()
 
     def __enter__(self) -> KeepAlive:
         return self.start()
@@ -405,6 +422,7 @@ class KeepAlive:
         warm: str | None = None,
     ) -> None:
         """Set the prefix the probes send; ``warm`` (a reason) sends a warm-up right away."""
+        self._after_fork()
         with self._cond:
             self._messages = [dict(m) for m in messages]
             self._tools = [dict(t) for t in tools]
@@ -439,6 +457,7 @@ class KeepAlive:
 
         A warm-up still waiting to be sent is dropped: the call sends the same prefix and writes
         it to the cache itself, so a warm-up after it would only pay for that prefix again."""
+        self._after_fork()
         with self._cond:
             self._active += 1
             self._pending = None
