@@ -451,6 +451,25 @@ def test_a_client_that_stops_reading_mid_call_ends_the_server_quietly(tmp_path: 
     assert "internal error" not in err and "Traceback" not in err, err
 
 
+def _replies_stand_still(reader: Any, least: int, *, pause: float) -> None:
+    """Wait until at least ``least`` bytes of replies wait unread in ``reader`` (a pipe or a
+    socket) and their count has stayed the same over two pauses of ``pause`` s (the server
+    is then blocked writing the rest); 120 s at most."""
+    import fcntl
+    import termios
+
+    def waiting() -> int:
+        held = bytearray(4)
+        fcntl.ioctl(reader, termios.FIONREAD, held)
+        return int.from_bytes(held, sys.byteorder)
+
+    deadline, seen = time.monotonic() + 120, [-1, -2]
+    while (now := waiting()) < least or seen != [now, now]:
+        assert time.monotonic() < deadline, f"the replies filled {now} bytes (waiting for {least})"
+        seen = [seen[1], now]
+        time.sleep(pause)
+
+
 @pytest.mark.skipif(sys.platform != "linux", reason="the server reopens its stdout pipe through /proc (Linux)")
 @pytest.mark.parametrize("refused", [False, True])
 def test_a_client_that_closes_stdin_but_never_reads_is_given_up_on(tmp_path: Path, refused: bool) -> None:
@@ -473,23 +492,12 @@ def test_a_client_that_closes_stdin_but_never_reads_is_given_up_on(tmp_path: Pat
             "name": "ctxrules_recall", "arguments": arguments}})  # fmt: skip
     assert wire.proc.stdin is not None and wire.proc.stdout is not None and wire.proc.stderr is not None
     # Until the pipe is full (the server then waits to write the rest): closing stdin before
-    # lets the SDK drop the calls it has not answered yet, and all may fit.
+    # lets the SDK drop the calls it has not answered yet, and all may fit. Half full at least,
+    # and no longer growing for a second (a loaded machine can pause half a second between two
+    # replies).
     import fcntl
-    import termios
 
-    def waiting() -> int:
-        held = bytearray(4)
-        fcntl.ioctl(wire.proc.stdout, termios.FIONREAD, held)
-        return int.from_bytes(held, sys.byteorder)
-
-    capacity = fcntl.fcntl(wire.proc.stdout, fcntl.F_GETPIPE_SZ)
-    deadline, seen = time.monotonic() + 120, [-1, -2]
-    # Half full at least, and no longer growing for a second (a loaded machine can pause half
-    # a second between two replies).
-    while (now := waiting()) < capacity // 2 or seen != [now, now]:
-        assert time.monotonic() < deadline, f"the replies filled {now} bytes of {capacity}"
-        seen = [seen[1], now]
-        time.sleep(0.5)
+    _replies_stand_still(wire.proc.stdout, fcntl.fcntl(wire.proc.stdout, fcntl.F_GETPIPE_SZ) // 2, pause=0.5)
     if refused:
         wire.send_line(b"not json")
         time.sleep(0.5)  # its answer waits behind the replies
@@ -517,10 +525,8 @@ def test_a_client_on_sockets_that_shuts_stdin_but_never_reads_is_given_up_on(tmp
     makes its stdio "pipes" of sockets), and stdin ended the way Node's ``stdin.end()`` ends
     it (shutdown of the client's writing side). /proc cannot open a socket again, so stdout
     stayed blocking and the server waited for ever for a client that reads nothing."""
-    import fcntl
     import socket
     import subprocess
-    import termios
 
     from ctxrules.integrations.mcp import GIVE_UP_S
 
@@ -547,20 +553,11 @@ def test_a_client_on_sockets_that_shuts_stdin_but_never_reads_is_given_up_on(tmp
             arguments = {"id": marker.vault_id, "lines": f"{n + 1}:"}
             send({"id": 10 + n, "method": "tools/call", "params": {"name": "ctxrules_recall", "arguments": arguments}})
 
-        def waiting() -> int:
-            held = bytearray(4)
-            fcntl.ioctl(client_out, termios.FIONREAD, held)
-            return int.from_bytes(held, sys.byteorder)
-
         # Until the replies stop coming (the server then waits to write the rest): some
         # 200 kB, the server's send buffer (128 kB at least), the same for two seconds running
         # however slowly a loaded machine answers. Shut before, the SDK may drop the calls it
         # has not answered, and what is left may fit.
-        deadline, seen = time.monotonic() + 120, [-1, -2]
-        while (now := waiting()) < 128 * 1024 or seen != [now, now]:
-            assert time.monotonic() < deadline, f"the replies filled {now} bytes"
-            seen = [seen[1], now]
-            time.sleep(1)
+        _replies_stand_still(client_out, 128 * 1024, pause=1.0)
         if refused:
             client_in.sendall(b"not json\n")
             time.sleep(0.5)  # its answer waits behind the replies
