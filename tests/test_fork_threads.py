@@ -114,19 +114,25 @@ def _hold_in_thread(lock: ForkSafeLock) -> tuple[threading.Thread, threading.Eve
     return thread, done
 
 
-def test_a_lock_held_by_another_thread_is_free_in_the_child_and_says_so_once() -> None:
+@pytest.mark.parametrize("taken_by", ["acquire", "with"])  # `with` has its own copy of acquire's steps
+def test_a_lock_held_by_another_thread_is_free_in_the_child_and_says_so_once(taken_by: str) -> None:
     from ctxrules.threads import ForkSafeLock
 
     abandoned: list[int] = []
     lock = ForkSafeLock(lambda: abandoned.append(os.getpid()))
     thread, done = _hold_in_thread(lock)
 
+    def take() -> bool:
+        if taken_by == "acquire":
+            got = lock.acquire(timeout=10)
+            lock.release()
+            return got
+        with lock as got:
+            return got
+
     def child() -> bytes:
-        got = [lock.acquire(timeout=10)]
-        lock.release()
-        got.append(lock.acquire(timeout=10))  # the second holder is not told again
-        lock.release()
-        return json.dumps([got, len(abandoned)]).encode()
+        got = [take(), take()]  # the second holder is not told again
+        return json.dumps([got, len(abandoned), lock.locked()]).encode()
 
     try:
         pid, read_end = _in_child(child)
@@ -135,7 +141,7 @@ def test_a_lock_held_by_another_thread_is_free_in_the_child_and_says_so_once() -
         thread.join(30)
     status, out = _collect(pid, read_end)
     assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
-    assert json.loads(out) == [[True, True], 1]
+    assert json.loads(out) == [[True, True], 1, False]
     assert abandoned == []  # the parent's lock was handed on normally: nothing abandoned here
 
 
