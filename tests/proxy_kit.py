@@ -16,7 +16,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -145,16 +145,18 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def write_config(folder: Path, upstream: str, *, hook: str | None) -> Path:
+def write_config(folder: Path, upstream: str, *, hook: str | None, aliases: Sequence[tuple[str, str]] = ()) -> Path:
     """A proxy config with an OpenAI and an Anthropic model on ``upstream``; ``hook`` is the
-    Python source of ``ctxrules_hook.py`` (the file defines ``hook``), or None for no hook."""
-    lines = [
-        "model_list:",
-        "  - model_name: gpt-4o",
-        f"    litellm_params: {{model: openai/gpt-4o, api_base: '{upstream}/v1', api_key: sk-fake}}",
-        "  - model_name: claude-sonnet-4-5",
-        f"    litellm_params: {{model: anthropic/claude-sonnet-4-5, api_base: '{upstream}', api_key: sk-fake}}",
-    ]
+    Python source of ``ctxrules_hook.py`` (the file defines ``hook``), or None for no hook.
+    ``aliases``: more deployments, ``(model_name, litellm model)``, on the same upstream (a
+    name given twice is a group of two deployments)."""
+    lines = ["model_list:"]
+    for name, model in (("gpt-4o", "openai/gpt-4o"), ("claude-sonnet-4-5", "anthropic/claude-sonnet-4-5"), *aliases):
+        base = f"{upstream}/v1" if model.startswith("openai/") else upstream
+        lines += [
+            f"  - model_name: {name}",
+            f"    litellm_params: {{model: {model}, api_base: '{base}', api_key: sk-fake}}",
+        ]
     if hook is not None:
         (folder / "ctxrules_hook.py").write_text(hook)
         lines += ["litellm_settings:", "  callbacks: ctxrules_hook.hook"]

@@ -134,6 +134,29 @@ def test_its_own_output_passes_unchanged_without_a_state_write(tmp_path: Path) -
     assert hook.stats == {"prepared": 1, "unchanged": 1, "passed": 0, "failed": 0}
 
 
+@pytest.mark.parametrize(
+    ("session", "key"),
+    [("other", "key-1"), ("idem", "key-2"), (None, "key-1")],
+    ids=["another-session", "another-api-key", "stateless"],
+)
+def test_its_output_sent_for_another_session_is_prepared_there(tmp_path: Path, session: str | None, key: str) -> None:
+    """The digest of what the hook produced ignored the session: another conversation (or the
+    same id under another key) whose request equalled that output (the same first message)
+    went on as "unchanged" — its session kept no turn and its budget was never checked."""
+    hook = ContextHook("builtin:default", tmp_path / "state", window=32_000)
+    first = [{"role": "user", "content": "Summarize the README please."}]
+    out = hook.process({"model": "gpt-4o", "messages": first, "litellm_session_id": "idem"}, "openai", api_key="key-1")
+    assert hook.process(out, "openai", api_key="key-1") is out  # its own session: still unchanged
+    other = {k: v for k, v in out.items() if k != "litellm_session_id"}
+    if session is not None:
+        other["litellm_session_id"] = session
+    hook.process(other, "openai", api_key=key)
+    assert hook.stats == {"prepared": 2, "unchanged": 1, "passed": 0, "failed": 0}
+    if session is not None:
+        tenant = hashlib.sha256(key.encode()).hexdigest()[:16]
+        assert (tmp_path / "state" / "keys" / tenant / session / "state.json").is_file()
+
+
 def test_its_own_messages_with_other_tools_are_prepared(tmp_path: Path) -> None:
     # The digest of what the hook produced covered the messages only: the same messages with
     # tools the hook never saw went on unprepared (tools neither checked nor normalized).

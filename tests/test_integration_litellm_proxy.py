@@ -242,3 +242,81 @@ def test_an_exceeded_session_budget_is_a_429(proxy: Any) -> None:
     assert statuses == [200, 200, 200, 429], answer
     assert "budget exceeded" in json.dumps(answer)
     assert not any("turn 3" in json.dumps(b) for _, b in upstream.requests)
+
+
+# A proxy whose hook has neither model= nor window=: the request's model name alone decides.
+ALIAS_HOOK = """\
+from ctxrules.integrations.litellm import ContextHook
+
+hook = ContextHook("builtin:default", {state!r}, on_error="reject")
+"""
+ALIASES = (
+    ("my-fast", "openai/gpt-4o"),
+    # One name, two deployments: their windows are 200K and 128K.
+    ("pair", "anthropic/claude-sonnet-4-5"),
+    ("pair", "openai/gpt-4o"),
+    ("mystery", "openai/not-a-model-ctxrules-knows"),
+)
+
+
+@pytest.fixture(scope="module")
+def alias_proxy(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    folder = tmp_path_factory.mktemp("alias-proxy")
+    state = folder / "state"
+    with FakeUpstream() as upstream:
+        config = write_config(folder, upstream.url, hook=ALIAS_HOOK.format(state=str(state)), aliases=ALIASES)
+        with running_proxy(config) as base:
+            yield base, upstream, state
+
+
+def session_model(state: Path, session: str) -> str:
+    (path,) = (state / "keys").glob(f"*/{session}/state.json")
+    model: str = json.loads(path.read_text())["fingerprint_parts"]["model"]
+    return model
+
+
+@pytest.mark.parametrize(
+    ("alias", "models"),
+    [("my-fast", {"openai/gpt-4o"}), ("pair", {"openai/gpt-4o", "anthropic/claude-sonnet-4-5"})],
+)
+def test_a_model_name_ctxrules_does_not_know_is_read_as_its_deployments_model(
+    alias_proxy: Any, alias: str, models: set[str]
+) -> None:
+    """The pre-call hook took the proxy's ``model_name`` for a model: an alias failed every
+    request (a 500 with on_error=reject, a warning with pass). It is now read as the router
+    reads it; a group of several models is prepared by the deployment hook, for the model
+    the router picked."""
+    base, _upstream, state = alias_proxy
+    start = log_size(state)
+    body = {"model": alias, "messages": [{"role": "user", "content": f"hello {alias}"}], "litellm_session_id": alias}
+    status, answer = post(base, "/v1/chat/completions", body)
+    assert status == 200, answer
+    assert session_model(state, alias) in models
+    assert "litellm.error" not in log_since(state, start)
+
+
+def test_a_model_name_whose_deployments_ctxrules_does_not_know_names_the_deployments_model(alias_proxy: Any) -> None:
+    """Left to the deployment hook, which sees the model the router picked: the error names
+    that model (what to give ``model=`` or ``window=`` for), not the proxy's alias."""
+    base, upstream, _state = alias_proxy
+    before = len(upstream.requests)
+    body = {"model": "mystery", "messages": [{"role": "user", "content": "hello"}], "litellm_session_id": "mystery"}
+    status, answer = post(base, "/v1/chat/completions", body)
+    assert status == 500, answer
+    assert "unknown model 'openai/not-a-model-ctxrules-knows'" in json.dumps(answer)
+    assert len(upstream.requests) == before  # on_error=reject: never sent
+
+
+def test_two_sessions_opening_with_the_same_request_are_both_prepared(alias_proxy: Any) -> None:
+    """The second session's request equalled the first one's output: it went on as that output
+    ("unchanged", in both hooks), and the second session kept no turn at all."""
+    base, _upstream, state = alias_proxy
+    for session in ("first-of-two", "second-of-two"):
+        body = {
+            "model": "gpt-4o",
+            "messages": [{"role": "user", "content": "Same opening."}],
+            "litellm_session_id": session,
+        }
+        status, answer = post(base, "/v1/chat/completions", body)
+        assert status == 200, answer
+        assert session_model(state, session) == "gpt-4o"  # prepared by the pre-call hook

@@ -13,7 +13,9 @@ under a hash of the caller's API key, so two keys never share one. Without an id
 compacted on its own: no session state is kept, and what leaves the context goes to the state
 root's shared vault. Both hooks may fire for one request (and for ``/v1/messages`` routed to
 an OpenAI model the deployment hook fires twice): a request equal to an output this hook
-produced passes unchanged, with no state written. A request the gateway guard refuses is a
+produced for the same session passes unchanged, with no state written. A proxy ``model_name``
+ctxrules does not know is read as the model its deployments serve (their
+``litellm_params.model``). A request the gateway guard refuses is a
 ``litellm.BadRequestError`` (HTTP 400 from the proxy) and one an exceeded budget refuses a
 ``litellm.RateLimitError`` (429), both with ctxrules' message; any other failure of ctxrules
 passes the request on unchanged with a logged warning (``on_error="pass"``, the default) or
@@ -29,6 +31,7 @@ import json
 import os
 import secrets
 import shutil
+import sys
 import tempfile
 import time
 from collections import OrderedDict
@@ -46,11 +49,13 @@ except ImportError as exc:  # pragma: no cover - litellm is a core dependency; a
     ) from exc
 
 from ctxrules.budget.usage import as_mapping, is_failed_response, parse_usage
-from ctxrules.errors import MessagesError
+from ctxrules.errors import CtxrulesError, MessagesError
 from ctxrules.injected import KEY_FILE
 from ctxrules.integrations import OpenSessions, session_name
 from ctxrules.json_limits import MAX_INT_DIGITS
 from ctxrules.logs import get_logger
+from ctxrules.models import lookup_model
+from ctxrules.packs.models_match import select_model_entry
 from ctxrules.private_files import ensure_dir
 from ctxrules.stores import open_store
 from ctxrules.stores.filesystem import FilesystemStore
@@ -75,8 +80,9 @@ class ContextHook(CustomLogger):
     (a :class:`ctxrules.stores.Store` or a URL such as ``redis://host:6379/0``, so that proxy
     replicas share sessions; not both).
 
-    ``model``/``window``: the model whose facts (window, tokenizer) apply, when the request's
-    model name is a proxy alias ctxrules does not know; ``on_error``: ``pass`` or ``reject``;
+    ``model``/``window``: the model whose facts (window, tokenizer) apply to every request (a
+    proxy ``model_name`` ctxrules does not know is otherwise read as the model its deployments
+    serve); ``on_error``: ``pass`` or ``reject``;
     ``max_sessions``: sessions kept open in memory (older ones reopen from disk)."""
 
     def __init__(
@@ -127,7 +133,7 @@ class ContextHook(CustomLogger):
         """Proxy: before the router picks a deployment. ``cache`` is the proxy's auth cache;
         nothing is kept there."""
         key = getattr(user_api_key_dict, "token", None) or getattr(user_api_key_dict, "api_key", None)
-        return await self._hook(data, call_type, api_key=str(key) if key else None)
+        return await self._hook(data, call_type, api_key=str(key) if key else None, proxy=True)
 
     async def async_pre_call_deployment_hook(self, kwargs: dict[str, Any], call_type: Any) -> dict[str, Any] | None:
         """Async SDK (and the proxy, after a deployment was picked)."""
@@ -192,28 +198,44 @@ class ContextHook(CustomLogger):
 
     # -- the work ------------------------------------------------------------------------------
 
-    async def _hook(self, data: dict[str, Any], call_type: Any, *, api_key: str | None) -> dict[str, Any] | None:
+    async def _hook(
+        self, data: dict[str, Any], call_type: Any, *, api_key: str | None, proxy: bool = False
+    ) -> dict[str, Any] | None:
         name = str(getattr(call_type, "value", call_type))
         kind: Kind | None = "openai" if name in _OPENAI_CALLS else "anthropic" if name in _ANTHROPIC_CALLS else None
         if kind is None or not isinstance(data.get("messages"), list):
             self.stats["passed"] += 1
             self._log.debug("litellm.passthrough", call_type=name)
             return data
-        return await asyncio.to_thread(self.process, data, kind, api_key=api_key)
+        return await asyncio.to_thread(self.process, data, kind, api_key=api_key, proxy=proxy)
 
-    def process(self, data: dict[str, Any], kind: Kind, *, api_key: str | None = None) -> dict[str, Any]:
+    def process(
+        self, data: dict[str, Any], kind: Kind, *, api_key: str | None = None, proxy: bool = False
+    ) -> dict[str, Any]:
         """``data`` (a litellm request) with its messages prepared; the same object when it
-        equals an output this hook produced. Raises litellm's BadRequestError (guard) or
-        RateLimitError (budget); other failures follow ``on_error`` (with ``reject``, a
-        malformed request is a BadRequestError, anything else an InternalServerError)."""
+        equals an output this hook produced for the same session. Raises litellm's
+        BadRequestError (guard) or RateLimitError (budget); other failures follow ``on_error``
+        (with ``reject``, a malformed request is a BadRequestError, anything else an
+        InternalServerError). ``proxy``: the proxy's pre-call hook, whose ``model`` may be a
+        ``model_name`` of the proxy's config rather than a model (:meth:`_model`)."""
         from ctxrules.budget.tracker import BudgetExceeded
         from ctxrules.runtime.guards import RequestRejected
         from ctxrules.stores.base import StoreError
 
-        digest = self._digest(kind, data)
+        digest = self._digest(kind, data, api_key)
         if digest is not None and digest in self._produced:
             self.stats["unchanged"] += 1
-            self._log.debug("litellm.unchanged", kind=kind, detail="equals an output of this hook")
+            self._log.debug("litellm.unchanged", kind=kind, detail="equals an output of this hook for this session")
+            return data
+        model = self._model(data, proxy)
+        if model is None:
+            self.stats["passed"] += 1
+            self._log.debug(
+                "litellm.passthrough",
+                kind=kind,
+                detail=f"the deployments of {data.get('model')!r} serve no one model ctxrules knows: "
+                "left to the deployment hook, which sees the picked deployment's model",
+            )
             return data
         call = data.get("litellm_call_id")
         failed_key = f"{call}:{digest}" if isinstance(call, str) and call and digest is not None else None
@@ -223,7 +245,7 @@ class ContextHook(CustomLogger):
             return data
         started = time.perf_counter()
         try:
-            out, label, report = self._prepare(data, kind, api_key)
+            out, label, report = self._prepare(data, kind, api_key, model)
         except RequestRejected as exc:
             raise _litellm_error("BadRequestError", f"ctxrules: {exc}", data) from None
         except BudgetExceeded as exc:
@@ -244,7 +266,7 @@ class ContextHook(CustomLogger):
             )
             return data
         self.stats["prepared"] += 1
-        produced = self._digest(kind, out)
+        produced = self._digest(kind, out, api_key)
         if produced is not None:
             self._remember(produced, self._produced)
         self._log.debug(
@@ -257,10 +279,37 @@ class ContextHook(CustomLogger):
         )
         return out
 
+    def _model(self, data: Mapping[str, Any], proxy: bool) -> str | None:
+        """The model whose facts apply: ``model=``, else the request's. In the proxy's pre-call
+        hook the request names a ``model_name`` of the proxy's config, which need not be a
+        model (``my-fast`` for ``openai/gpt-4o``): one ctxrules does not know (no registry
+        entry, no ``models:`` entry of the pack, no ``window=``) is read as its router reads it,
+        as the model its deployments serve (``litellm_params.model``, else
+        ``model_info.base_model``). None when they serve no one model ctxrules knows (one
+        unknown, or a group of several models: prepared for one, a request routed to another
+        would carry the wrong provider's call options): the deployment hook, which litellm runs
+        with the picked deployment's model, prepares the request (or reports that model
+        unknown)."""
+        name = self.model or str(data.get("model") or "")
+        if not proxy or self.model or self._knows(name):
+            return name
+        served = {next((m for m in models if self._knows(m)), None) for models in _deployments(name)}
+        only = served.pop() if len(served) == 1 else None
+        return only
+
+    def _knows(self, name: str) -> bool:
+        """Whether a session can be sized for ``name`` as it is (what ``Session`` asks)."""
+        if self.window is not None or select_model_entry(self.engine.pack.data, name) is not None:
+            return True
+        try:
+            lookup_model(name)
+        except CtxrulesError:
+            return False
+        return True
+
     def _prepare(
-        self, data: dict[str, Any], kind: Kind, api_key: str | None
+        self, data: dict[str, Any], kind: Kind, api_key: str | None, model: str
     ) -> tuple[dict[str, Any], str, dict[str, Any]]:
-        model = self.model or str(data.get("model") or "")
         raw = _session_id(data)
         if raw is None:
             return self._stateless(data, kind, model)
@@ -312,13 +361,28 @@ class ContextHook(CustomLogger):
             session.switch(model=model, window=self.window)
         return session
 
-    def _digest(self, kind: Kind, data: Mapping[str, Any]) -> str | None:
-        """What the request's messages and tools hash to; None for a request no digest can be taken of
-        (nested past Python's stack, a key no JSON has): it is then not one this hook made."""
+    def _digest(self, kind: Kind, data: Mapping[str, Any], api_key: str | None) -> str | None:
+        """What the request's session, messages and tools hash to; None for a request no digest
+        can be taken of (nested past Python's stack, a key no JSON has, a session id that is
+        the request's error): it is then not one this hook made.
+
+        The digest lets the later hooks of one call (the proxy runs the pre-call and the
+        deployment hook, retries and fallbacks run the deployment hook again) pass the output
+        of the first on, not prepare it twice. The session is part of it: another session's
+        request equal to that output (the same first message of a new conversation) is not
+        one this hook made for it — passed unchanged, that session kept no turn and its
+        budget was never checked."""
         # The tools too: a request with this output's messages and other tools is not one
         # this hook made (its tools were never checked nor normalized).
         keys = _ANTHROPIC_KEYS if kind == "anthropic" else ("messages", "tools")
-        view = {k: data.get(k) for k in keys}
+        view: dict[str, Any] = {k: data.get(k) for k in keys}
+        try:
+            raw = _session_id(data)
+        except MessagesError:
+            return None
+        tenant = hashlib.sha256(api_key.encode()).hexdigest()[:16] if api_key is not None else None
+        # The id as given, with the caller's key: what _session_key names the session by.
+        view[" session"] = [tenant, raw]
         try:
             text = json.dumps(view, sort_keys=True, ensure_ascii=False, default=str)
         except (RecursionError, ValueError, TypeError):
@@ -386,12 +450,46 @@ def _as_dict(value: Any) -> Any:
     return plain
 
 
+def _deployments(name: str) -> list[list[str]]:
+    """The deployments the proxy's router serves ``name`` with, each as the names of its model
+    (``litellm_params.model``, then ``model_info.base_model``: an Azure deployment's name says
+    nothing of its model); none outside the proxy or for a name it does not route."""
+    server = sys.modules.get("litellm.proxy.proxy_server")  # the proxy only: never imported here
+    router = getattr(server, "llm_router", None)
+    if router is None:
+        return []
+    try:
+        registry = getattr(router, "registry", None)  # litellm 1.110+; get_model_list warns there
+        found = registry().deployments(name) if callable(registry) else router.get_model_list(model_name=name)
+    except Exception as exc:  # the router's own trouble: the deployment hook still sees the model
+        get_logger("ctxrules.litellm").debug("litellm.router_error", error=_described(exc))
+        return []
+    out: list[list[str]] = []
+    for deployment in found if isinstance(found, list | tuple) else ():
+        if not isinstance(deployment, Mapping):
+            continue
+        names = []
+        for part, key in (("litellm_params", "model"), ("model_info", "base_model")):
+            section = deployment.get(part)
+            value = section.get(key) if isinstance(section, Mapping) else None
+            if isinstance(value, str) and value:
+                names.append(value)
+        out.append(names)
+    return out
+
+
 def _metadata(data: Mapping[str, Any]) -> dict[str, Any]:
+    """litellm's metadata of a call: ``metadata`` with ``litellm_metadata`` over it. An
+    ``anthropic_messages`` call keeps litellm's own (the caller's key hash) in
+    ``litellm_metadata``, as ``metadata`` is the Anthropic request's field: read alone, the
+    first hid the key from the deployment hook, which then took the call for another session
+    than the pre-call hook's (one outside the caller's key) and prepared its output again."""
+    out: dict[str, Any] = {}
     for key in ("metadata", "litellm_metadata"):
         value = data.get(key)
         if isinstance(value, Mapping):
-            return dict(value)
-    return {}
+            out.update(value)
+    return out
 
 
 def _session_id(data: Mapping[str, Any]) -> str | None:
