@@ -220,3 +220,148 @@ def test_a_keepalive_started_before_a_fork_probes_in_the_child() -> None:
         status, out = _collect(pid, read_end)
     assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
     assert json.loads(out) == ["child start"]
+
+
+# A worker of a Redis store: a thread holds one session's prepare lock, the main thread forks a
+# child that takes a lock of its own, and the parent dies (SIGKILL) holding the first.
+_FORKED_HOLDER = """
+import os, signal, sys, threading, time
+from ctxrules.stores.redis import RedisStore
+
+store = RedisStore.from_url(sys.argv[1])
+held = threading.Event()
+
+def hold():
+    with store.prepare_lock("parent-held"):
+        held.set()
+        time.sleep(600)
+
+threading.Thread(target=hold, daemon=True).start()
+assert held.wait(30)
+read_end, write_end = os.pipe()
+if os.fork() == 0:
+    signal.alarm(60)
+    with store.prepare_lock("child-own", timeout=10):
+        print("child", os.getpid(), flush=True)
+        os.write(write_end, b"x")
+        time.sleep(30)
+    os._exit(0)
+assert os.read(read_end, 1) == b"x"  # the child holds its lock: its renewer runs
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_a_child_forked_while_a_redis_lock_is_held_does_not_keep_it_alive(redis_url: str) -> None:
+    """The child's lease renewer (a thread of its own, started by its own lock) renewed every
+    lease the store object knew, the parent's too: the parent died holding a session's lock,
+    and the lock stayed held as long as the child lived, every worker waiting on it in vain.
+    The child renews its own leases only; the dead parent's runs out within lock_ttl_s."""
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    from ctxrules.stores.base import StoreLockTimeout
+    from ctxrules.stores.redis import RedisStore
+
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "engine")}
+    holder = subprocess.Popen(
+        [sys.executable, "-W", "ignore", "-c", _FORKED_HOLDER, redis_url + "?lock_ttl_s=0.5"],
+        stdout=subprocess.PIPE,
+        env=env,
+    )
+    child = 0
+    try:
+        assert holder.stdout is not None
+        line = holder.stdout.readline().split()
+        assert line[:1] == [b"child"], line
+        child = int(line[1])
+        holder.wait(30)  # the parent is dead, its lock no longer renewed by it
+        store = RedisStore.from_url(redis_url)
+        started = time.monotonic()
+        try:
+            with store.prepare_lock("parent-held", timeout=3):
+                waited = time.monotonic() - started
+        except StoreLockTimeout:
+            pytest.fail("the parent's lock stayed held while its forked child lived")
+        assert waited < 1.5
+        store.close()
+    finally:
+        if child:
+            os.kill(child, signal.SIGKILL)
+        if holder.poll() is None:
+            holder.kill()
+            holder.wait()
+        if holder.stdout is not None:
+            holder.stdout.close()
+
+
+def test_a_child_forked_while_a_thread_uses_a_redis_store_can_use_it(redis_url: str) -> None:
+    """The store's thread lock (taken by every call, and by its lease renewer every third of a
+    lease) was copied held into a child forked meanwhile: the child's first call hung."""
+    from ctxrules.stores.redis import RedisStore
+
+    store = RedisStore.from_url(redis_url)
+    with store.prepare_lock("warm"):
+        pass
+    held, done = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with store._lock:  # what a call of another thread holds for a moment
+            held.set()
+            done.wait()
+
+    thread = threading.Thread(target=hold)
+    thread.start()
+    assert held.wait(30)
+
+    def child() -> bytes:
+        with store.prepare_lock("in-child", timeout=5):
+            store.save_state("in-child", {"turn": 1})
+        return b"ok"
+
+    try:
+        pid, read_end = _in_child(child)
+    finally:
+        done.set()
+        thread.join(30)
+    status, out = _collect(pid, read_end)
+    assert os.WIFEXITED(status), f"the child did not finish (signal {os.WTERMSIG(status)})"
+    assert out == b"ok"
+    store.close()
+
+
+def test_a_child_forked_inside_a_redis_prepare_neither_frees_nor_writes_under_the_parents_lock(
+    redis_url: str,
+) -> None:
+    """The forking thread goes on in the child inside the parent's prepare: its end released
+    the parent's lock (the same token) under the parent's call, and a turn it committed went
+    in as if it held the lock. The lock stays the parent's: the child's turn is refused."""
+    import redis
+
+    from ctxrules.stores.base import StoreError
+    from ctxrules.stores.redis import RedisStore
+
+    store = RedisStore.from_url(redis_url)
+    raw = redis.Redis.from_url(redis_url)
+    with store.prepare_lock("forked-inside") as lock:
+        state = store.load_turn("forked-inside").state
+
+        def child() -> bytes:
+            try:
+                store.commit_turn("forked-inside", state, [{"role": "user", "content": "the child's"}])
+                said = "committed"
+            except StoreError as exc:
+                said = str(exc)
+            lock.__exit__(None, None, None)
+            return said.encode()
+
+        pid, read_end = _in_child(child)
+        status, out = _collect(pid, read_end)
+        assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+        assert b"the turn was not saved" in out, out
+        assert raw.exists("ctxrules:v1:{forked-inside}:lock")  # still the parent's
+        store.commit_turn("forked-inside", state, [{"role": "user", "content": "the parent's"}])
+    assert store.load_turn("forked-inside").output == [{"role": "user", "content": "the parent's"}]
+    raw.close()
+    store.close()

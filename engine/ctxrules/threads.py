@@ -10,7 +10,9 @@ those signals first, so they always reach the main thread (and interrupt its rea
 It also holds :class:`ForkSafeLock`, the thread lock of state that outlives a ``fork()``: a
 server that forks workers after ``Engine.load`` (gunicorn's ``--preload``, ``multiprocessing``'s
 default start method on Linux) copies every lock as it was, and a lock another thread held at
-that moment is held for good in the child, where that thread does not exist.
+that moment is held for good in the child, where that thread does not exist. Objects with more
+than a lock to set right in the child (the Redis store's leases) register with
+:func:`after_fork_in_child`.
 """
 
 from __future__ import annotations
@@ -21,9 +23,9 @@ import threading
 import weakref
 from collections.abc import Callable
 from types import TracebackType
-from typing import Any
+from typing import Any, Protocol
 
-__all__ = ["STOP_SIGNALS", "ForkSafeLock", "block_stop_signals", "helper_thread"]
+__all__ = ["STOP_SIGNALS", "ForkSafeLock", "after_fork_in_child", "block_stop_signals", "helper_thread"]
 
 STOP_SIGNALS: frozenset[int] = frozenset(
     getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name)
@@ -68,7 +70,7 @@ class ForkSafeLock:
         self._owner: int | None = None  # the holding thread's ident (None: free, or being taken)
         self._on_abandoned = on_abandoned
         self._abandoned = False
-        _fork_safe.add(self)
+        after_fork_in_child(self)
 
     def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
         if not self._lock.acquire(blocking, timeout):
@@ -121,12 +123,22 @@ class ForkSafeLock:
             self._lock, self._owner, self._abandoned = threading.Lock(), None, True
 
 
-_fork_safe: weakref.WeakSet[ForkSafeLock] = weakref.WeakSet()
+class _ForkAware(Protocol):
+    def _after_fork(self) -> None: ...
+
+
+_fork_aware: weakref.WeakSet[_ForkAware] = weakref.WeakSet()
+
+
+def after_fork_in_child(obj: _ForkAware) -> None:
+    """Have ``obj._after_fork()`` called in every child forked while ``obj`` lives (first
+    thing, in the forking thread, the only one the child has)."""
+    _fork_aware.add(obj)
 
 
 def _after_fork_in_child() -> None:
-    for lock in list(_fork_safe):
-        lock._after_fork()
+    for obj in list(_fork_aware):
+        obj._after_fork()
 
 
 if hasattr(os, "register_at_fork"):  # not on Windows, which has no fork

@@ -81,7 +81,7 @@ from ctxrules.stores.base import (
     VaultError,
 )
 from ctxrules.stores.memory import MemoryStore
-from ctxrules.threads import helper_thread
+from ctxrules.threads import after_fork_in_child, helper_thread
 
 __all__ = ["RedisStore", "RedisStoreSettings"]
 
@@ -506,6 +506,7 @@ class _Lease:
     lease_ms: int
     lost: bool = False
     acquired: str = "0"  # when, in the server's clock
+    pid: int = field(default_factory=os.getpid)  # the process that took it (RedisStore._after_fork)
 
 
 # redis-py names a pipeline's failing command with the start of its arguments: session keys and
@@ -569,6 +570,22 @@ class RedisStore:
         self._logs_read: dict[Log, None] = {}  # the ledgers to ask about (the last 32 read)
         self._docs_prefetched: dict[str, tuple[str, dict[str, bytes | None]]] = {}
         self._closed = False
+        after_fork_in_child(self)
+
+    def _after_fork(self) -> None:
+        """In a child forked from the process using this store (a server forking its workers):
+        the leases are the parent's. Renewed by the child's renewer with its own, a lease the
+        parent died holding stayed held as long as the child lived, every worker waiting on it;
+        released by the child, it freed the parent's lock under the parent's call. The child
+        renews and releases none of them, and a turn under one is not saved (they read as lost);
+        its thread lock is a new one (another thread of the parent may have held it)."""
+        self._lock = threading.RLock()
+        for lease in (*self._leases.values(), *self._held.values()):
+            lease.lost = True
+        self._leases.clear()
+        self._doubtful.clear()  # the parent's tokens: taking a lock with one takes the parent's
+        self._renewer = None
+        self._active = 0  # the parent's calls in progress are not the child's
 
     @property
     def _client(self) -> Any:
@@ -1429,6 +1446,8 @@ class RedisStore:
     def _release(self, lease: _Lease, record_key: str | None, holder: str) -> bool:
         with self._lock:
             self._leases.pop(lease.token, None)
+        if lease.pid != os.getpid():
+            return False  # the lock of the process this one was forked from (_after_fork)
         keys = [lease.key] if record_key is None else [lease.key, record_key]
         args = [lease.token, lease.acquired, holder, str(_PREPARES_KEPT), str(self._ttl_ms)]
         try:
@@ -1449,6 +1468,9 @@ class RedisStore:
                 self._renewer = _Renewer(self)
 
     def _renew(self, lease: _Lease) -> bool:
+        if lease.pid != os.getpid():  # the parent's (_after_fork)
+            lease.lost = True
+            return False
         ok = bool(self._scripts["renew"](keys=[lease.key], args=[lease.token, str(lease.lease_ms)]))
         if not ok:
             lease.lost = True
@@ -1659,7 +1681,8 @@ class _PrepareLock:
         if self._depth:
             return
         with self.store._lock:
-            self.store._active -= 1
+            # (Not below 0: a call the forking thread was in is counted no more in a child.)
+            self.store._active = max(self.store._active - 1, 0)
         if self._local is not None:
             local, self._local = self._local, None
             local.__exit__(*exc)
