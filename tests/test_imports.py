@@ -229,3 +229,16 @@ def test_import_ctxrules_is_cheap_and_the_plugin_api_is_at_the_top_level(tmp_pat
     assert result["before"] == ["ctxrules", "ctxrules._version", "ctxrules.errors"]
     assert result["same"]
     assert {"hookimpl", "StageType", "StageOutcome", "StageContext", "Message"} <= set(result["all"])
+
+
+def test_no_module_imports_a_private_name_of_another() -> None:
+    """A name with a leading underscore is its module's own, free to change: another module that
+    imports it (cache_markers took json_stream's ``_make_text``) breaks silently when it does.
+    What is shared gets a public name."""
+    found = []
+    for module, path in MODULES.items():
+        for node, _where in _imports(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and _targets(module, path, node):
+                private = [a.name for a in node.names if a.name.startswith("_") and not a.name.startswith("__")]
+                found += [f"{module}:{node.lineno} imports {name}" for name in private]
+    assert found == []

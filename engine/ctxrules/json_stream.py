@@ -35,6 +35,7 @@ __all__ = [
     "json_text_sorted",
     "known_value",
     "list_pieces",
+    "make_json_text",
     "remember_value",
     "serialise_once",
     "write_json",
@@ -48,7 +49,7 @@ _escape: Callable[[str], str] = json.encoder.encode_basestring
 _ENCODERS: dict[tuple[bool, tuple[str, str]], json.JSONEncoder] = {}
 
 
-def _make_text(
+def make_json_text(
     sort_keys: bool, separators: tuple[str, str] = (", ", ": "), default: Callable[[Any], Any] | None = None
 ) -> Callable[[Any], str]:
     """``json.dumps(value, ensure_ascii=False, sort_keys=sort_keys)`` as one C encoder made once
@@ -70,11 +71,11 @@ def _make_text(
     return text
 
 
-json_text: Callable[[Any], str] = _make_text(False)
+json_text: Callable[[Any], str] = make_json_text(False)
 """``json.dumps(value, ensure_ascii=False)`` (the same text), without building an encoder."""
-json_text_sorted: Callable[[Any], str] = _make_text(True)
+json_text_sorted: Callable[[Any], str] = make_json_text(True)
 """``json.dumps(value, ensure_ascii=False, sort_keys=True)`` (the same text), likewise."""
-json_text_canonical: Callable[[Any], str] = _make_text(True, (",", ":"), str)
+json_text_canonical: Callable[[Any], str] = make_json_text(True, (",", ":"), str)
 """``json.dumps(value, ensure_ascii=False, sort_keys=True, separators=(",", ":"), default=str)``
 (the same text), likewise: the form cache digests hash."""
 

@@ -9,7 +9,7 @@ from ctxrules.cli.io import add_search_path
 from ctxrules.cli.output import write_stdout
 from ctxrules.diagnostics import Reporter
 from ctxrules.errors import UsageError
-from ctxrules.packs.loader import _BUILTIN_REF, BUILTIN_PREFIX, builtin_names, builtin_path
+from ctxrules.packs.loader import BUILTIN_PREFIX, BUILTIN_REF, builtin_names, builtin_path
 from ctxrules.packs.models_match import effective_context, select_model_entry
 from ctxrules.packs.render import to_yaml
 from ctxrules.packs.validated import load_pack
@@ -67,7 +67,7 @@ def _check_exists(ref: str) -> None:
     from pathlib import Path
 
     if ref.startswith(BUILTIN_PREFIX):
-        m = _BUILTIN_REF.match(ref)
+        m = BUILTIN_REF.match(ref)
         if m is None or not builtin_path(m["name"]).is_file():
             raise UsageError(
                 f"no built-in pack '{ref}' (there are: " + ", ".join(BUILTIN_PREFIX + n for n in builtin_names()) + ")"

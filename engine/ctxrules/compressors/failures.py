@@ -32,6 +32,7 @@ __all__ = [
     "DEFAULT_FAILURES",
     "FAILURES_MAX",
     "FailurePattern",
+    "combined_matcher",
     "compile_failures",
     "failure_lines",
 ]
@@ -87,7 +88,9 @@ def compile_failures(patterns: Sequence[Any]) -> tuple[FailurePattern, ...]:
 
 
 @lru_cache(maxsize=256)
-def _combined(regexes: tuple[pack_patterns.Pattern, ...]) -> Matcher:
+def combined_matcher(regexes: tuple[pack_patterns.Pattern, ...]) -> Matcher:
+    """One matcher for any of ``regexes`` (at least one), made once per set: the failure
+    patterns of a pack and the large-output compressor's filters are matched line by line."""
     matcher = compile_all([r.pattern for r in regexes])
     assert matcher is not None
     return matcher
@@ -115,7 +118,7 @@ def failure_lines(
     n = len(plain) if total is None else total
     # One pass with all patterns as one alternation finds the few candidate lines; the
     # priority order is then worked out on those alone.
-    anyone = _combined(tuple(p.regex for p in patterns))
+    anyone = combined_matcher(tuple(p.regex for p in patterns))
     found = matching(anyone, plain)
     candidates = [(i + 1 if numbers is None else numbers[i], plain[i]) for i in found]
     for pattern in patterns:

@@ -36,7 +36,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from ctxrules.compressors.failures import FailurePattern, _combined
+from ctxrules.compressors.failures import FailurePattern, combined_matcher
 from ctxrules.compressors.lines import without_escapes
 from ctxrules.errors import CtxrulesError
 from ctxrules.patterns import PAST_RE2, Pattern, lines_touched, re2_module
@@ -462,7 +462,7 @@ def scan_middle(
     prefilter = _prefilter(tuple(r.pattern for r in regexes) + tuple(p.pattern for p in keep))
     # As failure_lines does: the pack's patterns as one bounded alternation (RE2, or `regex`
     # with a time limit) first, then each pattern (bounded too) only on the lines it finds.
-    anyone = _combined(tuple(regexes)) if regexes else None
+    anyone = combined_matcher(tuple(regexes)) if regexes else None
 
     def matches(text: str) -> bool:
         plain = without_escapes(text)

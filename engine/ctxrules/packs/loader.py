@@ -35,7 +35,8 @@ from ctxrules.resources import rules_dir
 from ctxrules.validation.schema import check_document
 
 BUILTIN_PREFIX = "builtin:"
-_BUILTIN_REF = re.compile(r"^builtin:(?P<name>[A-Za-z0-9_][A-Za-z0-9_./-]*?)(?:@(?P<range>.+))?$")
+BUILTIN_REF = re.compile(r"^builtin:(?P<name>[A-Za-z0-9_][A-Za-z0-9_./-]*?)(?:@(?P<range>.+))?$")
+"""A built-in pack reference, ``builtin:NAME`` or ``builtin:NAME@RANGE`` (``explain`` reads it too)."""
 
 
 @dataclass
@@ -359,7 +360,7 @@ class PackLoader:
             report("CR030", "extends entry must be a non-empty string")
             return None
         if ref.startswith(BUILTIN_PREFIX):
-            m = _BUILTIN_REF.match(ref)
+            m = BUILTIN_REF.match(ref)
             if not m:
                 report("CR030", f"'{ref}' is not a built-in reference (builtin:NAME[@RANGE])")
                 return None

@@ -48,7 +48,7 @@ from urllib.parse import urlparse
 from ctxrules import structure
 from ctxrules.carry import PerSession
 from ctxrules.hookspecs import hookimpl
-from ctxrules.json_stream import _make_text, json_text_canonical
+from ctxrules.json_stream import json_text_canonical, make_json_text
 from ctxrules.messages import clone_json, is_real_user
 from ctxrules.stages.base import Action, Message, StageOutcome, StageType, unchanged
 from ctxrules.stores.base import StoreUnavailable
@@ -230,9 +230,9 @@ def _plain_only(value: Any) -> str:
     return str(value)
 
 
-_plain_canonical: Callable[[Any], str] = _make_text(True, (",", ":"), _plain_only)
+_plain_canonical: Callable[[Any], str] = make_json_text(True, (",", ":"), _plain_only)
 # The same text for JSON data only (anything else raises TypeError).
-_strict_canonical: Callable[[Any], str] = _make_text(True, (",", ":"))
+_strict_canonical: Callable[[Any], str] = make_json_text(True, (",", ":"))
 # No key named like the marker anywhere: a string's own quotes are escaped in JSON text.
 _MARKER_IN_TEXT = json.dumps(MARKER_KEY) + ":"
 
