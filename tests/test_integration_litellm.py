@@ -429,6 +429,10 @@ def test_the_async_sdk_messages_call_without_a_system_prompt_is_compacted(
             {"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}], "metadata": {"session_id": 10**5000}},
             "session_id: an integer of more than 4300 digits",
         ),
+        # What completion() (the sync wrapper, which has no hook to filter its calls) handed on:
+        # no messages at all, or None, was a KeyError or a TypeError of ctxrules (a 500).
+        ("openai", {"model": "gpt-4o"}, "expected a JSON list of chat messages"),
+        ("openai", {"model": "gpt-4o", "messages": None}, "got null"),
     ],
 )
 def test_a_malformed_request_rejected_is_a_bad_request_not_a_server_error(

@@ -407,7 +407,12 @@ def _apply(session: Session, data: dict[str, Any], kind: Kind) -> tuple[dict[str
         out.update(result.body)
         return out, result.report
     tools = data.get("tools")
-    result = session.prepare(_as_dicts(data["messages"]), tools if isinstance(tools, list) else None)
+    # Anything but a list (none given to completion(), None) is for prepare to refuse: the
+    # request's error (MessagesError), not ctxrules failing.
+    messages = data.get("messages")
+    result = session.prepare(
+        _as_dicts(messages) if isinstance(messages, list) else messages, tools if isinstance(tools, list) else None
+    )
     out = {**data, "messages": result.messages}
     if isinstance(tools, list):
         out["tools"] = result.tools
