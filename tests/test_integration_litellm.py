@@ -11,6 +11,7 @@ import asyncio
 import hashlib
 import importlib
 import json
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -21,9 +22,11 @@ from conftest import transcript_path
 from invariants import pairing_problems
 from proxy_kit import FakeUpstream
 
+from ctxrules.errors import UsageError
 from ctxrules.formats import anthropic as A
 from ctxrules.integrations import session_name
 from ctxrules.integrations.litellm import ContextHook, completion
+from ctxrules.models import UnknownModelError
 from ctxrules.stores.filesystem import FilesystemStore
 
 # litellm's own pydantic models warn while they build (its code, not ours).
@@ -120,6 +123,34 @@ def test_the_sync_wrapper_prepares_before_litellm_completion(tmp_path: Path, ups
     assert answer.choices[0].message.content == "ok"
     assert len(upstream.requests[-1][1]["messages"]) < len(history) / 2
     assert (tmp_path / "state" / "sync-1" / "state.json").is_file()
+
+
+@pytest.mark.parametrize(
+    ("options", "error", "said"),
+    [
+        ({"window": 0}, UsageError, "window must be a positive integer, not 0"),
+        ({"window": "128000"}, UsageError, "window must be a positive integer, not '128000'"),
+        ({"window": True}, UsageError, "window must be a positive integer, not True"),
+        ({"model": "not-a-model-ctxrules-knows"}, UnknownModelError, "unknown model 'not-a-model-ctxrules-knows'"),
+        ({"model": "gpt\u202e4o"}, UsageError, "holds a character no model name has"),
+    ],
+)
+def test_a_window_or_model_no_request_can_use_is_refused_at_start_up(
+    tmp_path: Path, options: dict[str, Any], error: type[Exception], said: str
+) -> None:
+    """Accepted when the hook was made (the proxy started), they failed every request after: a
+    warning each, or a 500 each with on_error="reject"."""
+    with pytest.raises(error, match=re.escape(said)):
+        ContextHook("builtin:default", tmp_path / "state", **options)
+    assert not (tmp_path / "state").exists()
+
+
+def test_a_model_the_registry_does_not_know_is_taken_with_a_window(tmp_path: Path) -> None:
+    hook = ContextHook("builtin:default", tmp_path / "state", model="my-own-model", window=32_000)
+    hook.process(
+        {"model": "alias", "messages": [{"role": "user", "content": "hi"}], "litellm_session_id": "s"}, "openai"
+    )
+    assert hook.stats["prepared"] == 1
 
 
 def test_its_own_output_passes_unchanged_without_a_state_write(tmp_path: Path) -> None:

@@ -44,6 +44,7 @@ __all__ = [
     "Tokenizer",
     "UnknownModelError",
     "check_model_name",
+    "check_window",
     "classify_model",
     "litellm_package_dir",
     "lookup_model",
@@ -401,7 +402,9 @@ def _as_float(value: object) -> float | None:
     return None
 
 
-def _check_window(window: int | None) -> int | None:
+def check_window(window: int | None) -> int | None:
+    """``window`` itself when it is ``None`` or a positive integer (not a bool); else a
+    :class:`UsageError` saying so."""
     if window is None:
         return None
     if isinstance(window, bool) or not isinstance(window, int) or window <= 0:
@@ -427,7 +430,7 @@ def lookup_model(name: str, *, window: int | None = None) -> ModelInfo:
     takes ``True`` and ``1.0`` for the ``1`` they equal, and served a window refused as such
     whenever that one had been looked up before.
     """
-    return _lookup_model(name, _check_window(window))
+    return _lookup_model(name, check_window(window))
 
 
 @lru_cache(maxsize=1024)

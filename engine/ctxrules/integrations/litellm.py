@@ -54,7 +54,7 @@ from ctxrules.injected import KEY_FILE
 from ctxrules.integrations import OpenSessions, session_name
 from ctxrules.json_limits import MAX_INT_DIGITS
 from ctxrules.logs import get_logger
-from ctxrules.models import lookup_model
+from ctxrules.models import check_window, lookup_model
 from ctxrules.packs.models_match import select_model_entry
 from ctxrules.private_files import ensure_dir
 from ctxrules.stores import open_store
@@ -103,15 +103,19 @@ class ContextHook(CustomLogger):
             raise ValueError(f"on_error must be 'pass' or 'reject', got {on_error!r}")
         if store is not None and state is not None:
             raise ValueError("give state (a directory) or store (a Store or URL), not both")
+        # Checked at start-up: a window or model no request can be sized with failed every
+        # request instead, each with a warning (or a 500 with on_error="reject").
+        check_window(window)
         self.engine: Engine = Engine.load(pack)
+        self.model, self.window = model, window
+        if model and not self._knows(model):
+            lookup_model(model)  # the registry's error, with the names it does know
         self.state_root = Path(state if state is not None else ".ctxrules")
         self.store: Store = open_store(store) if store is not None else FilesystemStore(self.state_root)
         # The filesystem store keeps sessions as directories, named as they always were.
         self._files = isinstance(self.store, FilesystemStore)
         if isinstance(self.store, FilesystemStore):
             self.state_root = self.store.root  # store="file://DIR" is state="DIR"
-        self.model = model
-        self.window = window
         self.on_error = on_error
         self.max_sessions = max_sessions
         self.stats = {"prepared": 0, "unchanged": 0, "passed": 0, "failed": 0}
