@@ -11,23 +11,10 @@ from pathlib import Path
 from typing import Any
 
 from ctxrules.cli.output import flush_stdout, write_stdout
+from ctxrules.cli.stops import unwind_on_sigterm as unwind_on_sigterm  # the verbs that clean up call it
 from ctxrules.errors import UsageError
 from ctxrules.json_files import read_json as read_json  # the verbs read their inputs through it
 from ctxrules.json_files import stdin_binary as stdin_binary  # and `-` that is not JSON
-
-
-def unwind_on_sigterm() -> None:
-    """Make SIGTERM (``timeout``, a process manager stopping the job) unwind like an exception,
-    exit status 143: ``finally`` blocks and the handlers that clean up run (a compaction is
-    marked as interrupted, a half-spilled vault file is removed) instead of the process
-    vanishing mid-write. Call it from the main thread, as a verb starts."""
-    import signal
-
-    signal.signal(signal.SIGTERM, _on_sigterm)
-
-
-def _on_sigterm(signum: int, frame: object) -> None:
-    raise SystemExit(128 + signum)
 
 
 def write_text(path: str, text: str) -> None:

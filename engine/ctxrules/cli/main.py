@@ -19,6 +19,7 @@ from typing import Any
 
 from ctxrules._version import __version__
 from ctxrules.cli.output import flush_stdout, silence_stdout, utf8_stdout, write_stdout
+from ctxrules.cli.stops import keep_the_exit_code, unwind_on_sigterm
 from ctxrules.errors import CtxrulesError
 from ctxrules.printable import encodable, printable
 
@@ -157,17 +158,26 @@ def _path_refused(path: str, reason: str) -> int:
 # (an object in a reference cycle may hold a buffered file) or serve (memory would grow).
 _UNCOLLECTED_VERBS = frozenset({"validate"})
 
+# Verbs that clean up on SIGTERM (exit 143: a compaction marked as interrupted, a half-spilled
+# vault entry removed, eval's workers stopped). Each calls unwind_on_sigterm() as it starts; the
+# entry point does too, before the verb's modules are imported (the pipeline, the tokenizer:
+# most of a `run`'s start-up), or a SIGTERM then ended the process by the signal, not 143.
+_UNWOUND_ON_SIGTERM = frozenset({"run", "compress", "eval"})
+
 
 def main(argv: Sequence[str] | None = None) -> None:
     """Console-script entry point: no traceback reaches a user unless CTXRULES_DEBUG=1."""
     arguments = list(argv) if argv is not None else sys.argv[1:]
+    verb = _verb_in(arguments)
+    if verb in _UNWOUND_ON_SIGTERM:
+        unwind_on_sigterm()
+    keep_the_exit_code()
     if sys.stderr is None:
         # Started with `2>&-`: a message written to None failed, and so did the report of
         # that failure, and Python exited 1 (eval's "an invariant broke") whatever the code.
         # The messages go to the null device; the codes stay.
         sys.stderr = open(os.devnull, "w", encoding="utf-8")  # noqa: SIM115 (for the process)
     utf8_stdout()
-    verb = _verb_in(arguments)
     uncollected = verb in _UNCOLLECTED_VERBS
     if uncollected:
         gc.disable()
@@ -193,8 +203,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         )
         code = 2
     if sys.stdout is not None:  # None when the process started with its fd 1 closed (`>&-`)
-        with contextlib.suppress(OSError, ValueError):  # run() reported a failed write already
-            sys.stdout.flush()
+        try:
+            with contextlib.suppress(OSError, ValueError):  # run() reported a failed write already
+                sys.stdout.flush()
+        except KeyboardInterrupt:  # Ctrl-C as the verb ended: 130 as anywhere, no traceback
+            code = 130
     if uncollected:
         gc.freeze()  # the interpreter's exit-time collection skips frozen objects
     raise SystemExit(code)
