@@ -7,6 +7,7 @@ import contextlib
 import json
 import os
 import pty
+import shutil
 import subprocess
 import sys
 import time
@@ -1173,3 +1174,67 @@ def test_the_workers_end_when_eval_is_killed(tmp_path: Path) -> None:
             with contextlib.suppress(OSError):
                 os.kill(p, signal.SIGKILL)
         proc.wait()
+
+
+def _folders_holding(scratch: Path, marker: str) -> list[Path]:
+    """The replay session folders in ``scratch`` whose files hold ``marker``."""
+    found = []
+    for folder in scratch.glob("ctxrules-eval-*"):
+        for item in folder.rglob("*"):
+            with contextlib.suppress(OSError):
+                if item.is_file() and marker.encode() in item.read_bytes():
+                    found.append(folder)
+                    break
+    return found
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc")
+def test_sigterm_stops_the_workers_and_is_exit_143_in_one_line(tmp_path: Path) -> None:
+    # SIGTERM ended eval by the signal (-15) with multiprocessing's "leaked semaphore" warning,
+    # and its workers, ended by os._exit, left their replay's session folder in /dev/shm
+    # (memory until the next boot). Ctrl-C waited for the replays under way to finish.
+    import signal
+    import tempfile
+
+    from ctxrules.eval.replay import _scratch
+
+    scratch = Path(_scratch() or tempfile.gettempdir())
+    marker = f"marker-{os.getpid()}-{tmp_path.name}"
+    long = transcript("s")
+    long[1] = {"role": "user", "content": f"{marker} " + str(long[1]["content"])}
+    for n in range(8000):  # a minute of replay per pair
+        long += [{"role": "user", "content": f"step {n}"}, {"role": "assistant", "content": f"ok {n}"}]
+    for name in ("a", "b"):
+        (tmp_path / f"{name}.json").write_text(json.dumps(long))
+    cmd = [sys.executable, "-m", "ctxrules.cli.main", "eval", "--pack", "builtin:default", "--model", "gpt-4o"]
+    proc = subprocess.Popen(
+        [*cmd, "--jobs", "2", "--quiet", str(tmp_path)],
+        env=_cli_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    workers: list[int] = []
+    try:
+        deadline = time.monotonic() + 60
+        while len(_folders_holding(scratch, marker)) < 2 and time.monotonic() < deadline:
+            assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+            time.sleep(0.2)
+        assert len(_folders_holding(scratch, marker)) == 2, "the replays did not start"
+        workers = [p for p in _children(proc.pid) if "spawn_main" in Path(f"/proc/{p}/cmdline").read_text()]
+        stopped = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=30)
+        assert time.monotonic() - stopped < 10  # not the replays' minute
+        assert proc.returncode == 143, err
+        assert err == "ctxrules: eval stopped by a signal before the replay ended: nothing was written\n"
+        assert out == ""
+        assert not _running(workers)
+        assert _folders_holding(scratch, marker) == []
+    finally:
+        for p in [proc.pid, *workers]:
+            with contextlib.suppress(OSError):
+                os.kill(p, signal.SIGKILL)
+        proc.wait()
+        for folder in _folders_holding(scratch, marker):  # the old code's leftovers
+            shutil.rmtree(folder, ignore_errors=True)

@@ -9,7 +9,7 @@ import sys
 import time
 from typing import Any, TextIO
 
-from ctxrules.cli.io import distinct_outputs, outputs_apart_from, writable_outputs, write_text
+from ctxrules.cli.io import distinct_outputs, outputs_apart_from, unwind_on_sigterm, writable_outputs, write_text
 from ctxrules.cli.output import require_stdout, stdout_writer
 from ctxrules.cli.progress import columns
 from ctxrules.errors import PackError, UsageError
@@ -109,6 +109,7 @@ class _Bar:
 
 
 def run(args: argparse.Namespace) -> int:
+    unwind_on_sigterm()  # `timeout` stopping it: the workers are ended, their sessions removed
     if not args.pack and not args.baseline:
         raise UsageError("name at least one --pack or --baseline")
     if args.jobs < 1:
@@ -165,14 +166,20 @@ def run(args: argparse.Namespace) -> int:
     )
     started = time.perf_counter()
     try:
-        results = run_tasks(tasks, jobs=args.jobs, progress=bar)
+        try:
+            results = run_tasks(tasks, jobs=args.jobs, progress=bar)
+        finally:
+            if bar is not None:
+                bar.close()
     except PackError as exc:
         # Each replay loads its pack again: one edited into an invalid pack after the check
         # above is the same usage error (exit 2), not eval's exit 1 for a broken invariant.
         raise UsageError(f"a pack no longer loads (was it changed during the run?): {exc}") from None
-    finally:
-        if bar is not None:
-            bar.close()
+    except (KeyboardInterrupt, SystemExit):
+        # Ctrl-C (130) or SIGTERM (143), after the workers were ended: minutes of replay may
+        # have gone, so say so rather than end without a word.
+        sys.stderr.write("ctxrules: eval stopped by a signal before the replay ended: nothing was written\n")
+        raise
     seconds = time.perf_counter() - started
     overall, each = totals_of(results, [p.name for p in plans], {p.name: p.baseline for p in plans})
     table = eval_table(overall, each, names, model=args.model, window=args.window)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import queue
+import signal
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -139,30 +140,68 @@ _ORPHAN_POLL_S = 0.5
 # The progress queue of a worker process, given once when the process starts (a queue cannot be
 # an argument of each task).
 _events: Any = None
+# Whether this worker is in a task (which may have a session folder to remove).
+_replaying = False
 
 
 def _started(events: Any, parent: int) -> None:
     global _events
     _events = events
+    # Ctrl-C on a terminal reaches the whole process group: the parent alone decides, and ends
+    # the workers with SIGTERM, which unwinds a replay like an exception, so its session folder
+    # (in /dev/shm: memory until the next boot) is removed rather than left behind.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, _unwind)
     # The parent's pid comes from the parent: one killed while this worker was still starting
     # has already left it to another parent, and os.getppid() here would name that one.
     helper_thread(_end_with, "ctxrules-eval-orphan", args=(parent,)).start()
 
 
+def _unwind(signum: int, frame: object) -> None:
+    """SIGTERM (eval ending its workers): a replay under way unwinds like an exception, so that
+    its session folder is removed, and :func:`_worker` then ends the process; between tasks
+    the process ends at once. Never through multiprocessing's exit handlers: an exception
+    raised in one of them (a second SIGTERM, the pool's own to the workers left when it finds
+    one gone) skipped the handler that ends the progress queue's thread, and the worker then
+    waited for that thread forever."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if not _replaying:
+        os._exit(128 + signum)
+    raise SystemExit(128 + signum)
+
+
+_ORPHAN_GRACE_S = 10.0
+
+
 def _end_with(parent: int) -> None:
-    """End this worker once ``parent`` (the ``eval`` process) is gone. Killed outright (SIGKILL,
-    or SIGTERM from ``timeout``, which eval does not catch), it left its workers waiting for
-    tasks forever, holding its standard error open: a pipe reading it never ended either."""
+    """End this worker once ``parent`` (the ``eval`` process) is gone. Killed outright (SIGKILL),
+    it left its workers waiting for tasks forever, holding its standard error open: a pipe
+    reading it never ended either. A replay under way gets SIGTERM first, so that it removes
+    its session folder, and the exit follows once it has unwound (the pool's loop, which
+    survives an exception in a task, would wait for the next one)."""
     while os.getppid() == parent:
         time.sleep(_ORPHAN_POLL_S)
+    if _replaying:  # (between tasks there is nothing to remove)
+        os.kill(os.getpid(), signal.SIGTERM)
+        deadline = time.monotonic() + _ORPHAN_GRACE_S
+        while _replaying and time.monotonic() < deadline:
+            time.sleep(0.05)
     os._exit(1)
 
 
 def _worker(task: Task) -> TaskResult:
+    global _replaying
+
     def progress(transcript: str, plan: str, turn: int, total: int) -> None:
         _events.put((transcript, plan, turn, total))
 
-    return replay(task, progress)
+    _replaying = True
+    try:
+        return replay(task, progress)
+    except SystemExit as stop:  # SIGTERM, and the replay has unwound (see _unwind)
+        os._exit(stop.code if isinstance(stop.code, int) else 1)
+    finally:
+        _replaying = False
 
 
 def workers(jobs: int, tasks: int) -> int:
@@ -198,10 +237,14 @@ def run_tasks(tasks: Sequence[Task], *, jobs: int = 1, progress: Progress | None
         with ProcessPoolExecutor(
             max_workers=jobs, mp_context=context, initializer=_started, initargs=(events, os.getpid())
         ) as pool:
-            # Longest transcripts first keeps the workers busy to the end.
-            order = sorted(range(len(tasks)), key=lambda i: -len(tasks[i].messages))
-            futures = {i: pool.submit(_worker, tasks[i]) for i in order}
-            results = [futures[i].result() for i in range(len(tasks))]
+            try:
+                # Longest transcripts first keeps the workers busy to the end.
+                order = sorted(range(len(tasks)), key=lambda i: -len(tasks[i].messages))
+                futures = {i: pool.submit(_worker, tasks[i]) for i in order}
+                results = [futures[i].result() for i in range(len(tasks))]
+            except BaseException:
+                _stop_workers(pool)
+                raise
     except BrokenProcessPool:
         # A worker killed (SIGKILL, the out-of-memory killer) takes its pair's figures with it:
         # totals without them would compare the plans on different transcripts.
@@ -214,6 +257,29 @@ def run_tasks(tasks: Sequence[Task], *, jobs: int = 1, progress: Progress | None
         reader.join()
         events.close()
     return results
+
+
+_STOP_GRACE_S = 10.0
+
+
+def _stop_workers(pool: ProcessPoolExecutor) -> None:
+    """Stopped (Ctrl-C, SIGTERM) or failed: end the workers now. Leaving the pool's block waits
+    for every replay under way (minutes of a long transcript) after the user asked to stop; a
+    SIGTERM each unwinds them (their session folders removed), and what is still running after
+    a grace is killed. The pool's own queues are then released as the process exits (killed by
+    the signal instead, eval left multiprocessing's "leaked semaphore" warning)."""
+    # The pool's pid -> process map (Python 3.14 has terminate_workers()); read before the
+    # shutdown, which drops it.
+    workers = list((getattr(pool, "_processes", None) or {}).values())
+    pool.shutdown(wait=False, cancel_futures=True)
+    for process in workers:
+        process.terminate()
+    deadline = time.monotonic() + _STOP_GRACE_S
+    for process in workers:
+        process.join(max(0.0, deadline - time.monotonic()))
+        if process.is_alive():
+            process.kill()
+            process.join()
 
 
 def plans_from(
