@@ -71,6 +71,23 @@ def test_text_format_for_a_clean_run(cli, work: Path) -> None:  # type: ignore[n
     assert cli("validate", "valid.yaml") == (0, "1 file checked: 0 error(s), 0 warning(s)\n", "")
 
 
+def test_a_trailing_document_marker_is_accepted_by_every_verb_that_reads_a_pack(cli, work: Path) -> None:  # type: ignore[no-untyped-def]
+    """A trailing `---` was CR002 "several documents"; validate, the pre-commit hook's
+    `--skip-non-packs` and `run --pack` agree it is not, and on a second document with content."""
+    (work / "trailing.yaml").write_text(VALID + "---\n", encoding="utf-8")
+    (work / "two.yaml").write_text(VALID + "---\nkind: RulePack\n", encoding="utf-8")
+    (work / "in.json").write_text('[{"role": "user", "content": "hi"}]', encoding="utf-8")
+    assert cli("validate", "trailing.yaml") == (0, "1 file checked: 0 error(s), 0 warning(s)\n", "")
+    assert cli("validate", "--skip-non-packs", "trailing.yaml")[0] == 0
+    run = ["run", "--model", "gpt-4o", "--input", "in.json", "--output", "out.json", "--session", "s"]
+    assert cli(*run, "--pack", "trailing.yaml")[0] == 0
+    for verb in (["validate"], ["validate", "--skip-non-packs"]):
+        code, out, _ = cli(*verb, "two.yaml")
+        assert code == 1 and out.startswith("two.yaml:5:1: error[CR002]"), out
+    code, _, err = cli(*run, "--pack", "two.yaml")
+    assert code == 1 and "two.yaml:5:1: error[CR002]" in err, err
+
+
 def test_a_file_named_twice_is_one_file_checked(cli, work: Path) -> None:  # type: ignore[no-untyped-def]
     """A folder and a path in it (or the same file by two spellings) name one file: it is counted
     once (it was "4 files checked" for 2), and its diagnostics are not repeated."""

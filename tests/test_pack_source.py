@@ -291,6 +291,42 @@ def test_several_documents_are_refused() -> None:
     assert "several" in p.message
 
 
+@pytest.mark.parametrize(
+    "tail",
+    ["---\n", "---", "--- \n", "---\r\n", "---\n# generated\n", "---\n...\n", "---\n---\n", "...\n---\n"],
+)
+@pytest.mark.parametrize("parser", ["fast", "pure"])
+def test_empty_documents_after_the_pack_are_fine(tail: str, parser: str) -> None:
+    # A trailing `---` (hand-edited files, generated YAML) was CR002, "several documents".
+    text = "a: 1\nb: [x]\n" + tail
+    if parser == "fast":
+        if not yaml.__with_libyaml__:
+            pytest.skip("PyYAML without libyaml")
+        doc = source._parse_fast(text, "p.yaml")
+        assert doc is not None  # not left to the pure-Python parser as a problem
+    else:
+        doc = source._parse_pure(text, "p.yaml")
+    assert doc.data == {"a": 1, "b": ["x"]}
+    assert doc.positions["/b/0"] == (2, 5)
+
+
+@pytest.mark.parametrize(
+    ("text", "line"),
+    [
+        ("a: 1\n---\n---\nb: 2\n", 3),  # content after empty documents
+        ("a: 1\n--- ~\n", 2),  # an explicit null is content
+        ("a: 1\n--- ''\n", 2),
+        ("a: 1\n--- !!null\n", 2),
+        ("a: 1\n---\n# note\n- x\n", 2),
+        ("---\n---\na: 1\n", 2),  # the pack is the first document
+        ("a: 1  # a\ttab\n---\nb: 2\n", 2),  # a tab: the pure-Python parser from the start
+    ],
+)
+def test_a_second_document_with_content_is_still_refused_at_its_start(text: str, line: int) -> None:
+    p = problem(text)
+    assert (p.code, p.line, p.col) == ("CR002", line, 1)
+
+
 def test_a_single_explicit_document_is_fine() -> None:
     assert parse_yaml("---\na: 1\n...\n", "p.yaml").data == {"a": 1}
 

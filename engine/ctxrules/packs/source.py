@@ -320,7 +320,7 @@ def _parse_fast(text: str, path: str) -> SourceDoc | None:
     try:
         loader = loader_class(text)
         try:
-            node = loader.get_single_node()
+            node = _single_node(loader)
             if node is None:
                 return SourceDoc(path, text, None, {"": (1, 1)})
             builder = _Builder(loader, text)
@@ -386,10 +386,42 @@ def _parse_pure(text: str, path: str) -> SourceDoc:
         loader.dispose()
 
 
+def _single_node(loader: Any) -> yaml.Node | None:
+    """The node graph of a pack file's document: its first, which only empty documents may
+    follow. A trailing ``---`` (hand-edited files, YAML that tools generate) starts one; a
+    document after the pack with anything in it is refused as PyYAML's ``get_single_node``
+    refuses it (CR002, at its ``---``: the pure-Python parser's mark; libyaml's parser cannot
+    peek, and leaves such a file to it)."""
+    pure = isinstance(loader, yaml.SafeLoader)
+    node = loader.get_node() if loader.check_node() else None
+    while loader.check_node():
+        start = loader.peek_event().start_mark if pure else None
+        extra = loader.get_node()
+        if not _empty_document(extra):
+            raise yaml.composer.ComposerError(
+                "expected a single document in the stream",
+                node.start_mark if node is not None else None,
+                "but found another document",
+                start,
+            )
+    return node
+
+
+def _empty_document(node: yaml.Node) -> bool:
+    """Whether ``node`` is a document with nothing written in it (``---`` alone, or with a
+    comment): the empty plain scalar YAML reads it as. ``~``, ``null`` or ``""`` are content."""
+    return (
+        isinstance(node, yaml.ScalarNode)
+        and node.value == ""
+        and not node.style
+        and node.start_mark.index == node.end_mark.index
+    )
+
+
 def _compose(loader: yaml.SafeLoader, lines: _Lines | None) -> yaml.Node | None:
     """The document's node graph, its marks (and those of an error) numbered by ``lines``."""
     try:
-        node = loader.get_single_node()
+        node = _single_node(loader)
     except yaml.MarkedYAMLError as exc:
         if lines is not None:
             lines.fix(exc.problem_mark)

@@ -14,7 +14,8 @@ __all__ = ["CODES", "Diagnostic", "Severity", "did_you_mean"]
 
 CODES: dict[str, str] = {
     "CR001": "YAML syntax error (including tabs used for indentation)",
-    "CR002": "the document is not a YAML mapping with string keys, or holds several documents",
+    "CR002": "the document is not a YAML mapping with string keys, or another document with content follows it"
+    " (empty ones, such as a trailing `---`, may)",
     "CR003": "duplicate key in a mapping",
     "CR010": "unknown key",
     "CR011": "value of the wrong type",
