@@ -334,3 +334,55 @@ def test_record_usage_in_python_is_all_or_nothing_too(tmp_path: Path) -> None:
     (state / "ledger" / "days").unlink()
     session.record_usage({"prompt_tokens": 900, "completion_tokens": 200})
     assert session.ledger.status().totals.calls == 1 and _ledgers(state, session_dir)["day"] == 1
+
+
+def test_show_refuses_a_session_below_a_file(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    # `--session afile/s` printed "session s: 0 calls" and exit 0: nothing can be recorded there.
+    (tmp_path / "afile").write_text("x")
+    below = str(tmp_path / "afile" / "s")
+    code, out, err = cli("usage", "show", "--session", below, "--state", str(tmp_path / "st"))
+    assert (code, out, err) == (2, "", f"ctxrules: error: {below}: Not a directory\n")
+
+
+def test_show_says_when_the_session_holds_nothing_yet(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    # A typo (`--session .ctxrules/run-24`) showed zero totals without a word. They are still
+    # shown (the day's and the goal's totals are real, and a session's first call may be gated
+    # on them), with a note that names the session.
+    state = str(tmp_path / "st")
+    assert (
+        cli("usage", "add", "--state", state, "--model", "gpt-4o", "--prompt", "10", "--session", f"{state}/a")[0] == 0
+    )
+    (tmp_path / "plain").mkdir()
+    for name in (f"{state}/typo", str(tmp_path / "no" / "such"), str(tmp_path / "plain")):
+        code, out, err = cli("usage", "show", "--format", "json", "--state", state, "--session", name)
+        assert code == 0, err
+        assert err == (
+            f"ctxrules: note: --session {name}: no session there yet, nothing was recorded for it "
+            "(a session begins with its first `ctxrules run` or `usage add`)\n"
+        )
+        data = json.loads(out)
+        assert (data["session"]["calls"], data["day"]["calls"]) == (0, 1)
+    code, out, err = cli("usage", "show", "--format", "json", "--state", state, "--session", f"{state}/a")
+    assert (code, err, json.loads(out)["session"]["calls"]) == (0, "", 1)
+    assert cli("usage", "show", "--state", state)[2] == ""  # the default session: no --session named
+
+
+@pytest.mark.parametrize(
+    "verb",
+    [
+        ["usage", "show"],
+        ["usage", "add", "--model", "gpt-4o", "--prompt", "1"],
+        ["usage", "reset", "--dimension", "session"],
+        ["vault", "get", "0123456789ab"],
+    ],
+    ids=lambda v: " ".join(v[:2]),
+)
+def test_the_state_root_is_not_a_session(cli, tmp_path: Path, verb: list[str]) -> None:  # type: ignore[no-untyped-def]
+    # `--session st --state st` wrote the session's ledger among the state root's own files,
+    # a session `sessions scan` and `export` never list.
+    state = tmp_path / "st"
+    state.mkdir()
+    code, out, err = cli(*verb, "--session", f"{state}/", "--state", str(state))
+    assert code == 2 and out == "", err
+    assert err.startswith(f"ctxrules: error: --session {state}/: that is the state root") and err.count("\n") == 1
+    assert list(state.iterdir()) == []

@@ -69,7 +69,14 @@ def check_session_dir(name: str, root: Path | None = None) -> None:
     """A usage error (exit 2) when the session directory ``--session`` names is, or lies in, a
     folder ctxrules keeps for a session or a state root (``root``: the store's), such as another
     session's ``vault/``: a session made there would mix its files with that folder's, and be
-    listed, exported or removed with it."""
+    listed, exported or removed with it. The state root itself is refused too: it holds the
+    ledgers and the signing key of every session, and a session there is none of its sessions
+    (``sessions scan`` and ``export`` never list it)."""
+    if root is not None and Path(name).resolve() == Path(root).resolve():
+        raise UsageError(
+            f"--session {name}: that is the state root, where ctxrules keeps the ledgers and the "
+            f"signing key of every session; name a directory in it, such as {Path(root) / 'default'}"
+        )
     found = own_folder(name, root)
     if found is not None:
         folder, what = found

@@ -11,6 +11,8 @@ docs/budgets.md.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +37,7 @@ from ctxrules.packs.validated import load_pack
 from ctxrules.printable import printable
 from ctxrules.session_store import state_root_from_env
 from ctxrules.stores import open_store, store_from_options
+from ctxrules.stores.filesystem import for_session_dir
 
 MAX_DAYS = 3660  # ten years of days, for `show --days` and `report --days`
 KINDS = ("prompt", "completion", "cached", "cache_write", "reasoning", "citation", "total")
@@ -207,7 +210,11 @@ def _epoch(text: str) -> float:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
-def _ledger(args: argparse.Namespace) -> Any:
+def _ledger(args: argparse.Namespace, *, reading: bool = False) -> Any:
+    """The ledgers ``--session`` and the store options name. ``reading`` (``show``): a session
+    named below a file is refused (exit 2, ``PATH: Not a directory``), and one that holds nothing
+    yet is said so on stderr, its zero totals still printed (a session's first call may be
+    gated on the budgets: the day's and the goal's totals are real)."""
     policy = BudgetPolicy()
     if args.pack:
         policy = BudgetPolicy.from_pack(load_pack(args.pack, search_path=args.search_path).data)
@@ -215,6 +222,8 @@ def _ledger(args: argparse.Namespace) -> Any:
     store = open_store(url) if url is not None else None
     if store is not None and not is_filesystem(store):
         key = session_key(store, args.session)
+        if reading and args.session and not store.exists(key):
+            _nothing_recorded(args.session)
         return SessionLedger(
             None,
             key,
@@ -233,6 +242,10 @@ def _ledger(args: argparse.Namespace) -> Any:
         session = state / "default"
     if session.exists() and not session.is_dir():
         raise UsageError(f"--session {session} is not a directory")
+    if reading and args.session:
+        _refused(session)
+        if not for_session_dir(session, state).exists(str(session)):
+            _nothing_recorded(args.session)
     if state is not None and state.exists() and not state.is_dir():
         # CTXRULES_STATE=/etc/passwd: zero totals read from a root that cannot hold a ledger
         raise UsageError(f"{state}: the state root is not a directory (give --state DIR)")
@@ -243,6 +256,22 @@ def _ledger(args: argparse.Namespace) -> Any:
         policy=policy,
         goal=args.goal,
         model=getattr(args, "model", None),
+    )
+
+
+def _refused(session: Path) -> None:
+    """Raise the system's refusal of a session path (below a file, ``afile/s``: ENOTDIR, which
+    the entry point reports as ``afile/s: Not a directory``, exit 2; a link loop, a name too
+    long); nothing for a path that only does not exist yet."""
+    with contextlib.suppress(FileNotFoundError):
+        session.stat()
+
+
+def _nothing_recorded(name: str) -> None:
+    """A note that ``--session NAME`` holds no session: a typo, or one that has not begun."""
+    sys.stderr.write(
+        f"ctxrules: note: --session {printable(name)}: no session there yet, nothing was recorded for it "
+        "(a session begins with its first `ctxrules run` or `usage add`)\n"
     )
 
 
@@ -290,7 +319,7 @@ def run_add(args: argparse.Namespace) -> int:
 def run_show(args: argparse.Namespace) -> int:
     import time
 
-    ledger = _ledger(args)
+    ledger = _ledger(args, reading=True)
     now = time.time()
     status = ledger.status(now)
     day, day_label = ledger.day_entries(now)
