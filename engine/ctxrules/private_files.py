@@ -14,8 +14,10 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import re
 import stat
 import tempfile
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Final
 
@@ -24,6 +26,7 @@ from ctxrules.errors import CtxrulesError
 __all__ = [
     "NOFOLLOW",
     "UnsafePathError",
+    "atomic_temporaries",
     "check_dir",
     "check_dirs_below",
     "check_file",
@@ -151,26 +154,51 @@ def read_private(path: Path, *, limit: int | None = None) -> bytes:
         return fh.read() if limit is None else fh.read(limit)
 
 
+def atomic_temporaries(names: Iterable[str]) -> re.Pattern[str]:
+    """The names :func:`write_atomic` gives its temporary files for the files ``names``
+    (``.NAME.`` and :func:`tempfile.mkstemp`'s eight random characters, ``.tmp``): what a
+    writer killed between creating one and renaming it leaves, for
+    :func:`ctxrules.stores.base.remove_stale_spools` to match whole. No other name: a session
+    directory may be a folder of the user's, whose own hidden ``.tmp`` files are not ours."""
+    alternatives = "|".join(map(re.escape, sorted(names)))
+    return re.compile(rf"\.(?:{alternatives})\.[a-z0-9_]{{8}}\.tmp")
+
+
 def write_atomic(path: Path, data: bytes, *, durable: bool = True) -> None:
     """Replace ``path`` with ``data`` so readers see the old or the new file, never a mix: a
     temporary file in the same directory, renamed over it. ``durable`` also survives a power
     loss (fsync); caches that can be rebuilt skip that cost. A link at ``path`` is refused
-    (the rename would replace the link, not write through it, but it is not ours to remove)."""
+    (the rename would replace the link, not write through it, but it is not ours to remove).
+
+    A temporary file untouched for an hour is taken for one a killed writer left, and the
+    next writer of the session removes it (:func:`atomic_temporaries`); a writer stopped that
+    long (``SIGSTOP``, a suspended machine) whose file went finds it gone at the rename and
+    writes it once more, so nothing is lost."""
     path = Path(path)
     ensure_dir(path.parent)
     with contextlib.suppress(FileNotFoundError):
         if stat.S_ISLNK(os.lstat(path).st_mode):
             raise _refuse(path, "it is a symbolic link")
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            if durable:
-                os.fsync(fh.fileno())
-        os.chmod(tmp, 0o600)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    for attempt in range(2):
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(data)
+                fh.flush()
+                if durable:
+                    os.fsync(fh.fileno())
+            os.chmod(tmp, 0o600)
+            os.replace(tmp, path)
+        except FileNotFoundError:
+            # Removed as a killed writer's before the rename (see above): once more, unless
+            # the directory itself went (the next mkstemp says so).
+            if attempt or os.path.lexists(tmp):
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
+                raise
+            continue
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+        return

@@ -212,13 +212,16 @@ SWEEP_S: Final = 600.0  # a process looks for such files in one directory this o
 SPOOL_PREFIX: Final = "ctxrules-blob-"  # a SpooledBlobWriter's file in the temporary directory
 
 
-def remove_stale_spools(directory: str, prefix: str, *, held: bool = True) -> None:
+def remove_stale_spools(
+    directory: str, prefix: str, *, held: bool = True, names: re.Pattern[str] | None = None
+) -> None:
     """Remove the files named ``prefix...`` in ``directory`` that killed writers left
     (:data:`STALE_SPOOL_S`): untouched that long, regular files of this user, and held by no
     writer (:func:`ctxrules.locks.held_elsewhere`; ``held=False``: files no writer marks, whose
-    age alone tells, as the filesystem store's shards explain). The lock module is loaded only
-    when there is such a file to ask about. Best effort: whatever cannot be looked at is left
-    as it is."""
+    age alone tells, as the filesystem store's shards explain). ``names``: only names it matches
+    whole (a session directory may be a folder of the user's, whose own files are not ours).
+    The lock module is loaded only when there is such a file to ask about. Best effort:
+    whatever cannot be looked at is left as it is."""
     cutoff = time.time() - STALE_SPOOL_S
     try:
         with os.scandir(directory) as entries:
@@ -226,6 +229,7 @@ def remove_stale_spools(directory: str, prefix: str, *, held: bool = True) -> No
                 e.path
                 for e in entries
                 if e.name.startswith(prefix)
+                and (names is None or names.fullmatch(e.name))
                 and e.is_file(follow_symlinks=False)
                 and e.stat(follow_symlinks=False).st_mtime < cutoff
             ]

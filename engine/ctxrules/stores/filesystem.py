@@ -45,6 +45,7 @@ from ctxrules.integrations import session_name
 from ctxrules.private_files import (
     NOFOLLOW,
     UnsafePathError,
+    atomic_temporaries,
     check_dir,
     check_dirs_below,
     ensure_dir,
@@ -98,6 +99,11 @@ _DOC_FILES: Final[dict[str, tuple[str, str | None]]] = {
 # What marks a directory as a session (for listing and scans).
 _SESSION_FILES: Final = ("state.json", "last_output.jsonl", "checkpoint.json", "ledger.jsonl", "notes.json")
 _SKIP_DIRS: Final = frozenset({"vault", "ledger", "router", "keys"})
+# The temporary files of whole-file writes (private_files.write_atomic, _link_secret) in a
+# session directory and in the state root: what a writer killed before its rename leaves.
+_SESSION_TEMPORARIES: Final = atomic_temporaries(
+    [*(file for file, _lock in _DOC_FILES.values()), "last_output.jsonl", "injection.key"]
+)
 
 
 # Documents up to this size are kept in memory after a read (notes, touched files).
@@ -208,6 +214,7 @@ class FilesystemStore:
         records: Sequence[tuple[Sequence[Log], Mapping[str, Any]]] = (),
     ) -> None:
         self._sync_vault(session)  # every item the output may name is on disk before it is saved
+        self._sweep_files(session)
         self._turn_files(session).save(state, output)
         self._forget_checks(session)  # the next turn checks the vault's directories again
         for logs, record in records:
@@ -390,18 +397,37 @@ class FilesystemStore:
         and one stopped that long (``SIGSTOP``, a suspended machine) loses nothing: its rename
         finds no file (``FileNotFoundError``), and :meth:`_write_blob` writes the item again, as
         for a shard removed meanwhile. Nothing is visible under an item's id until it is whole."""
-        now = time.monotonic()
-        key = (session, shard)
-        last = self._swept.get(key)
-        if self._private or (last is not None and now - last < SWEEP_S):
+        if not self._due((session, shard)):
             return
-        if len(self._swept) > 4096:  # a store serving many sessions: bounded
-            self._swept.clear()
-        self._swept[key] = now
         if shard is None:
             remove_stale_spools(self._vault_path(session), _TMP_PREFIX)
         else:
             remove_stale_spools(shard, _TMP_PREFIX, held=False)
+
+    def _due(self, key: tuple[str, str | None]) -> bool:
+        """Whether the place ``key`` names is to be swept now: once in
+        :data:`~ctxrules.stores.base.SWEEP_S` per store object, never for private sessions."""
+        now = time.monotonic()
+        last = self._swept.get(key)
+        if self._private or (last is not None and now - last < SWEEP_S):
+            return False
+        if len(self._swept) > 4096:  # a store serving many sessions: bounded
+            self._swept.clear()
+        self._swept[key] = now
+        return True
+
+    def _sweep_files(self, session: str) -> None:
+        """Remove the temporary files of whole-file writes (``.last_output.jsonl.*.tmp``,
+        ``.notes.json.*.tmp``, ...: :data:`_SESSION_TEMPORARIES`) that writers killed before
+        their rename left in the session directory, once untouched for
+        :data:`~ctxrules.stores.base.STALE_SPOOL_S`; before the session's files are written,
+        once in :data:`~ctxrules.stores.base.SWEEP_S` per store object (a session directory
+        holds a dozen entries: some microseconds). Such a file is held by no lock: its writer
+        holds it within one call, writing bytes it has in memory, and one stopped for that hour
+        writes again (:func:`ctxrules.private_files.write_atomic`). An agent killed on every
+        turn no longer grows its session directory without bound."""
+        if self._due((session, "")):
+            remove_stale_spools(session, ".", held=False, names=_SESSION_TEMPORARIES)
 
     def get_blob(self, session: str, blob_id: str) -> bytes:
         handle, path = self._open_item(session, blob_id)
@@ -586,6 +612,7 @@ class FilesystemStore:
                 current = None
             new = update(current)
             if new is not None and new != current:
+                self._sweep_files(session)
                 # Notes and touched files are the user's: durable. Router state is a cache.
                 write_atomic(path, new, durable=name != "router")
         finally:
@@ -598,6 +625,7 @@ class FilesystemStore:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
             return
+        self._sweep_files(session)
         # The checkpoint only has to outlive the process (ctxrules.runtime.checkpoint): no fsync.
         write_atomic(path, data, durable=name != "checkpoint")
 
@@ -770,6 +798,9 @@ class FilesystemStore:
             pass
         value = make()  # first: a caller that only asks (make raises) creates nothing
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        # The hidden files of creators killed before their link (the only time one is made:
+        # none once the key exists), when untouched for an hour (see _sweep_files).
+        remove_stale_spools(str(path.parent), f".{name}.", held=False, names=_SESSION_TEMPORARIES)
         if _link_secret(path, value):
             return value
         try:
