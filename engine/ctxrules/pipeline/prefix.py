@@ -141,12 +141,27 @@ class PrefixCache:
         """``history`` with the repaired copy of each message an earlier turn repaired (lone
         surrogates replaced), so that it still extends the history the last turn saw. Only
         while the message still holds what was repaired: one edited in place since is the
-        same object with new content, which the old repaired copy would hide."""
-        if not self._repaired:
+        same object with new content, which the old repaired copy would hide.
+
+        The repairs of messages ``history`` does not hold (any more) are forgotten: a caller
+        that decodes its history from JSON on every call passes new objects each time, and
+        three copies of every repaired message of every turn stayed for the session's life.
+        Only a message of this history can be in the history the next turn extends."""
+        repaired = self._repaired
+        if not repaired:
             return history
-        return [
-            r[1] if (r := self._repaired.get(id(m))) is not None and r[0] is m and m == r[2] else m for m in history
-        ]
+        kept: dict[int, tuple[Message, Message, Message]] = {}
+        out = history
+        for i, m in enumerate(history):
+            r = repaired.get(id(m))
+            if r is None or r[0] is not m or m != r[2]:
+                continue
+            kept[id(m)] = r
+            if out is history:
+                out = list(history)
+            out[i] = r[1]
+        self._repaired = kept
+        return out
 
     def note_repairs(self, given: list[Message], validated: list[Message], start: int) -> None:
         """Remember the messages from ``start`` on that validation replaced with a repaired copy."""
