@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import gc
 import json
+import tracemalloc
 import weakref
 from pathlib import Path
 from typing import Any
 
 from ctxrules import Engine
+from ctxrules.stages.compress_dedup import normalized_digest
+from ctxrules.stages.compress_intent import extract_terms
 
 
 class _Msg(dict[str, Any]):
@@ -50,3 +53,38 @@ def test_repairs_of_messages_no_history_holds_are_not_kept_for_the_sessions_life
         before = len(history)
         history.append({"role": "user", "content": f"kept {turn}"})
         assert session.prepare(history).report["reused_messages"] == before
+
+
+def test_the_intent_memos_let_go_of_the_messages_of_cold_turns(tmp_path: Path) -> None:
+    """A caller that keeps only its last few messages (a sliding window) sends a history that
+    never extends the last one: every turn is cold, which makes compress.intent's per-message
+    memos stale; they still held each turn's latest ask, 4,096 of them before they emptied."""
+    session = Engine.load("builtin:default").session(tmp_path / "s", model="gpt-4o", window=200_000)
+    refs = []
+    for turn in range(12):
+        window = [{"role": "user", "content": f"start {turn}"}, {"role": "user", "content": f"fix app{turn}.py"}]
+        history = _decoded(json.dumps(window))
+        refs.append(weakref.ref(history[1]))
+        session.prepare(history)
+    del history
+    assert _alive(refs) <= 2
+
+
+def test_texts_remembered_by_the_stages_are_not_held_whole() -> None:
+    """compress.intent's terms and compress.dedup's digests are remembered per text (a history
+    decoded per call brings new string objects): keyed by the text, the memos held 256 and
+    4,096 whole texts, tool outputs of megabytes among them. A long text is now held as its
+    digest; the answers are the same."""
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for n in range(40):
+            text = f"see src/mod{n}.py\n" + "line of output\n" * 10_000  # 150 kB, made anew
+            assert extract_terms(text) == ([f"src/mod{n}.py"], [])
+            assert extract_terms(text) == ([f"src/mod{n}.py"], [])  # remembered
+            assert normalized_digest(text) == normalized_digest(text.replace("line", "line", 1))
+        del text
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert held < 1_000_000, held  # kept whole: 40 x 150 kB x 2 memos, 12 MB

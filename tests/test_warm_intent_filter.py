@@ -174,7 +174,7 @@ def test_texts_without_a_dot_before_a_letter_or_a_slash_skip_the_regexes_they_ca
     regexes = {name: _Counting(getattr(compress_intent, name)) for name in ("_PATH_RE", "_BARE_FILE_RE", "_MODULE_RE")}
     for name, counting in regexes.items():
         monkeypatch.setattr(compress_intent, name, counting)
-    compress_intent._terms.cache_clear()
+    compress_intent._TEXT_TERMS.clear()
     assert extract_terms("no dot and no slash here") == ([], [])
     assert extract_terms("Sentences end. With a dot... (and a space)./") == ([], [])
     assert sum(c.calls for c in regexes.values()) == 0
@@ -183,7 +183,7 @@ def test_texts_without_a_dot_before_a_letter_or_a_slash_skip_the_regexes_they_ca
     assert regexes["_PATH_RE"].calls == 0 and regexes["_BARE_FILE_RE"].calls == 1
     assert extract_terms("see src/x.py and a/b") == (["src/x.py"], [])
     assert regexes["_PATH_RE"].calls == 1
-    compress_intent._terms.cache_clear()
+    compress_intent._TEXT_TERMS.clear()
 
 
 # --- compress.intent: nothing to look for, nothing to match -----------------------------------

@@ -17,7 +17,6 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Callable, Mapping, Sequence
-from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
 from ctxrules.hookspecs import hookimpl
@@ -32,6 +31,7 @@ from ctxrules.stages.compress_common import (
     line_count,
     text_id,
 )
+from ctxrules.text_memo import TextMemo
 from ctxrules.vault import format_marker
 
 if TYPE_CHECKING:
@@ -49,12 +49,16 @@ _SPACES = re.compile(r"[ \t]+")
 
 def normalized_digest(text: str, *, normalize: bool = True) -> str:
     """The digest two outputs share when they are duplicates (exact, or near-identical)."""
-    return _normalized_digest(text, normalize)
-
-
-@lru_cache(maxsize=4096)
-def _normalized_digest(text: str, normalize: bool) -> str:
+    if not normalize:  # the digest is the work: nothing to remember
+        return _normalized_digest(text, False)
     # Remembered per text: a session at a compacting tier asks again on every turn.
+    return _DIGESTS.get(text, True, lambda t: _normalized_digest(t, True))
+
+
+_DIGESTS: TextMemo[str] = TextMemo(4096)
+
+
+def _normalized_digest(text: str, normalize: bool) -> str:
     if normalize:
         text = _ANSI.sub("", text.replace("\r\n", "\n"))
         text = _TIMESTAMP.sub("<time>", text)

@@ -39,6 +39,7 @@ from ctxrules.hookspecs import hookimpl
 from ctxrules.messages import message_text
 from ctxrules.stages.base import Action, StageOutcome, StageType, unchanged
 from ctxrules.structure import facts_of, generation, pair_tool_calls, pinned_indices, shape
+from ctxrules.text_memo import TextMemo
 from ctxrules.toolroles import ToolRoles, tool_roles
 
 if TYPE_CHECKING:
@@ -190,9 +191,15 @@ def extract_terms(text: str, *, limit: int = 64) -> tuple[list[str], list[str]]:
     return list(files), list(modules)
 
 
-@lru_cache(maxsize=256)
 def _terms(text: str, limit: int) -> tuple[tuple[str, ...], tuple[str, ...]]:
     # Remembered per text: every turn reads the latest ask and the newest steps again.
+    return _TEXT_TERMS.get(text, limit, lambda t: _find_terms(t, limit))
+
+
+_TEXT_TERMS: TextMemo[tuple[tuple[str, ...], tuple[str, ...]]] = TextMemo(256)
+
+
+def _find_terms(text: str, limit: int) -> tuple[tuple[str, ...], tuple[str, ...]]:
     # Every term holds a dot before a letter (a file's extension, a module's separator), a
     # path also a slash: a text without them (prose ends its sentences with a dot and a space)
     # is spared the regexes, which try every position.
@@ -314,7 +321,9 @@ def build_intent(
 # Per message object: what its text gives (the latest ask and the newest steps are read on
 # every turn, and a text made of parts would be joined, hashed and compared again for a memo
 # keyed by text). An entry holds the message and its content object, so a message given a new
-# content is read again; structure.forget() (an edit in place) empties the memos.
+# content is read again; after structure.forget() (an edit in place, a history that does not
+# extend the last) the next entry empties the memo (_room): its entries would never match again,
+# and held the messages of every cold turn of a long-lived process until 4,096 of them.
 _TERMS: dict[int, tuple[Mapping[str, Any], Any, int, int, tuple[tuple[str, ...], tuple[str, ...]]]] = {}
 _FAILED: dict[int, tuple[Mapping[str, Any], Any, int, ToolRoles, bool]] = {}
 _MEMO_LIMIT = 4096
@@ -327,8 +336,7 @@ def _message_terms(msg: Mapping[str, Any], limit: int) -> tuple[tuple[str, ...],
     if hit is not None and hit[0] is msg and hit[1] is content and hit[2] == gen and hit[3] == limit:
         return hit[4]
     terms = _terms(message_text(msg), limit)
-    if len(_TERMS) >= _MEMO_LIMIT:
-        _TERMS.clear()
+    _room(_TERMS, gen)
     _TERMS[id(msg)] = (msg, content, gen, limit, terms)
     return terms
 
@@ -340,10 +348,16 @@ def _failed(msg: Mapping[str, Any], roles: ToolRoles) -> bool:
     if hit is not None and hit[0] is msg and hit[1] is content and hit[2] == gen and hit[3] is roles:
         return hit[4]
     failed = roles.is_error(message_text(msg))
-    if len(_FAILED) >= _MEMO_LIMIT:
-        _FAILED.clear()
+    _room(_FAILED, gen)
     _FAILED[id(msg)] = (msg, content, gen, roles, failed)
     return failed
+
+
+def _room(memo: dict[int, tuple[Any, ...]], gen: int) -> None:
+    """Empty ``memo`` before an entry of generation ``gen`` goes in when it is full or holds
+    entries of an earlier generation (all of its entries are of one: this keeps it so)."""
+    if memo and (len(memo) >= _MEMO_LIMIT or next(iter(memo.values()))[2] != gen):
+        memo.clear()
 
 
 def _arguments_text(msg: Mapping[str, Any]) -> str:
