@@ -18,6 +18,10 @@ later ``compress`` processes of the session skip it at once (:mod:`ctxrules.patt
 Filter mode: ``ctxrules compress --command "CMD" [--exit-code N] --input FILE|-`` compresses
 output captured earlier; it exits 0, or 2 on a usage error.
 
+Only the first ``--max-output`` bytes of an output are kept (:data:`~ctxrules.compressors.large.MAX_BYTES`
+by default): proxy mode reads and drops the rest while CMD runs on, filter mode stops reading;
+the printed result ends with a line that says so.
+
 When standard output feeds another command of a shell pipeline
 (:func:`ctxrules.compressors.pipes.stdout_feeds_pipeline`), proxy mode passes CMD's output
 through unchanged unless ``--always`` is given.
@@ -40,7 +44,7 @@ from ctxrules.cli.io import add_search_path, stdin_binary, unwind_on_sigterm
 from ctxrules.cli.output import STDOUT_CLOSED
 from ctxrules.cli.stores import add_store_options, session_key, store_of
 from ctxrules.compressors.api import CompressorSkipped, compress_large, compress_text, early_scan
-from ctxrules.compressors.large import Capture, Large
+from ctxrules.compressors.large import MAX_BYTES, Capture, Large
 from ctxrules.compressors.pipes import stdout_feeds_pipeline
 from ctxrules.errors import CtxrulesError, UsageError
 from ctxrules.json_files import input_stat
@@ -97,9 +101,30 @@ def register(sub: Any) -> None:
         "--exit-code", type=int, default=None, help="filter mode: the command's exit code (default: unknown)"
     )
     p.add_argument("--input", help="filter mode: captured output, a file or - for stdin")
+    p.add_argument(
+        "--max-output",
+        type=_size,
+        default=MAX_BYTES,
+        metavar="SIZE",
+        help="keep at most this much of the output (bytes, or with K, M, G; default 1G): the vault "
+        "keeps the first SIZE bytes, the rest is not kept and the printed result says so",
+    )
     p.add_argument("argv", nargs=argparse.REMAINDER, metavar="-- CMD ARGS", help="the command to run")
     add_search_path(p)
     p.set_defaults(func=run)
+
+
+_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def _size(text: str) -> int:
+    """``--max-output``: bytes, or a number with K, M, G or T (binary units, ``B``/``iB`` allowed)."""
+    import re
+
+    m = re.fullmatch(r"\s*([0-9]{1,15})\s*([KMGT]?)(?:I?B)?\s*", text, re.IGNORECASE)
+    if m is None or int(m[1]) < 1:
+        raise argparse.ArgumentTypeError(f"expected a size of at least 1 byte such as 500M or 2G, got {text[:40]!r}")
+    return int(m[1]) * _UNITS[m[2].upper()]
 
 
 def _session(args: argparse.Namespace) -> tuple[Store, str]:
@@ -250,11 +275,19 @@ def _printing() -> Iterator[None]:
         raise _Unprinted(exc) from exc
 
 
+class _Stdout:
+    """Whether what was printed last ended a line (or nothing was printed)."""
+
+    line_start = True
+
+
 def _write(data: bytes) -> None:
     with _printing():
         out: IO[bytes] = sys.stdout.buffer
         out.write(data)
         out.flush()
+    if data:
+        _Stdout.line_start = data.endswith(b"\n")
 
 
 def _code_of(returncode: int) -> int:
@@ -360,6 +393,7 @@ def _proxy(args: argparse.Namespace, argv: list[str]) -> int:
     try:
         code = _status(child, child.run_into(sink))
         _emit(args, pack, counter, shlex.join(argv), capture, code)
+        _say_cut(capture, read_on=True)
     except _Unprinted as exc:
         # The exit code is still CMD's: a reader that went away (`| head -1`) is no news,
         # a full disk is.
@@ -385,7 +419,20 @@ def _capture(args: argparse.Namespace, pack: dict[str, Any], command: str, exit_
     return Capture(
         lambda: Vault.of(*_session(args)).open_writer(),
         early=early_scan(pack, command, registry=default_registry(), exit_code=exit_code),
+        max_bytes=args.max_output,
     )
+
+
+def _say_cut(capture: Capture, *, read_on: bool) -> None:
+    """Print, after the result, that the output went past ``--max-output`` (it ends mid-line,
+    most likely: the note starts a line of its own), and warn on standard error. ``read_on``:
+    the rest was read and dropped (proxy mode: CMD runs to its end); else it was not read."""
+    if not capture.dropped:
+        return
+    rest = f"{capture.dropped:,} more bytes were not kept" if read_on else "the rest was not read"
+    note = f"output cut at {capture.size:,} bytes (--max-output); {rest}"
+    _note(f"warning: {note}")
+    _write(f"{'' if _Stdout.line_start else chr(10)}[ctxrules: {note}]\n".encode())
 
 
 def _emit(
@@ -469,6 +516,9 @@ def _copy_out(path: Path) -> None:
         out: IO[bytes] = sys.stdout.buffer
         shutil.copyfileobj(handle, out, 1 << 20)
         out.flush()
+        if handle.tell():
+            handle.seek(-1, os.SEEK_CUR)
+            _Stdout.line_start = handle.read(1) == b"\n"
 
 
 def _filter(args: argparse.Namespace) -> int:
@@ -503,6 +553,7 @@ def _filter(args: argparse.Namespace) -> int:
             _emit_large(args, pack, counter, args.command_line, captured, args.exit_code)
         else:
             _write(_compress(args, pack, counter, args.command_line, captured, args.exit_code))
+        _say_cut(capture, read_on=False)
     except BaseException:
         _abandon(capture)
         raise
@@ -510,7 +561,9 @@ def _filter(args: argparse.Namespace) -> int:
 
 
 def _read_into(handle: IO[bytes], capture: Capture) -> None:
-    while True:
+    """Read until the end, or until a byte past ``--max-output`` came (``yes |`` never ends:
+    the writer gets SIGPIPE once ctxrules exits)."""
+    while not capture.dropped:
         data = handle.read(1 << 20)
         if not data:
             return

@@ -45,6 +45,7 @@ from ctxrules.vault import VaultWriter
 
 __all__ = [
     "BLOCK_BYTES",
+    "MAX_BYTES",
     "MAX_KEPT",
     "SPILL_BYTES",
     "SPILL_LINES",
@@ -56,6 +57,11 @@ __all__ = [
     "scan_middle",
     "scan_middle_soon",
 ]
+
+MAX_BYTES = 1 << 30
+"""Output kept at most (``ctxrules compress --max-output``): the vault entry stops growing
+there, and what comes after is not kept (:attr:`Capture.dropped`). An endless command (``yes``,
+a looping test) filled the disk before; memory was bounded already."""
 
 SPILL_BYTES = 8 * 1024 * 1024
 """Output up to this size is held in memory and compressed whole; larger output streams to
@@ -124,6 +130,9 @@ class Capture:
     returns (a scan of the middle following the writer, see :func:`early_scan`) ends up in
     :attr:`Large.early`. The middle is then searched while the command still prints, on the
     core the capture leaves idle, instead of after it.
+
+    ``max_bytes``: the first that many bytes are kept, the rest is counted in :attr:`dropped`
+    and goes nowhere (the output then ends there, as far as the vault and the rule know).
     """
 
     def __init__(
@@ -135,9 +144,15 @@ class Capture:
         early: Callable[[Path, int, int, Growing], EarlyScan | None] | None = None,
         limit_lines: int = SPILL_LINES,
         window_lines: int = WINDOW_LINES,
+        max_bytes: int = MAX_BYTES,
     ) -> None:
         if limit < 2 * window or limit_lines < 2 * window_lines:
             raise ValueError("the spill limit must hold both windows")
+        if max_bytes < 1:
+            raise ValueError("max_bytes must be at least 1")
+        self.max_bytes = max_bytes
+        self.dropped = 0
+        """Bytes written after the first ``max_bytes``: not kept."""
         self._open_writer = open_writer
         self._limit = limit
         self._window = window
@@ -163,6 +178,12 @@ class Capture:
     def write(self, chunk: bytes) -> None:
         if not chunk:
             return
+        room = self.max_bytes - self.size
+        if len(chunk) > room:
+            self.dropped += len(chunk) - max(room, 0)
+            if room <= 0:
+                return
+            chunk = chunk[:room]
         self.size += len(chunk)
         self._last = chunk[-1:]
         if self._writer is None:
