@@ -108,3 +108,85 @@ def test_the_cap_cuts_held_output_too_and_leaves_room_for_the_benchmarks(tmp_pat
     assert capture.finish() == b"1234567890"
     assert capture.dropped == 6
     assert MAX_BYTES >= 1 << 30  # bench_memory streams 200 MB through compress
+
+
+# --- a vault that fills up mid-spill -------------------------------------------------------------
+
+# Runs argv with the file size limit (RLIMIT_FSIZE, as a full disk: writes past it fail) and
+# prints the peak memory (kB) of the process it ran, whatever it spawned in turn.
+_LIMITED = (
+    "import resource, signal, subprocess, sys\n"
+    "def limit():\n    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
+    "    resource.setrlimit(resource.RLIMIT_FSIZE, (4 << 20, 4 << 20))\n"
+    "code = subprocess.run(sys.argv[1:], preexec_fn=limit).returncode\n"
+    "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, code, file=sys.stderr)\n"
+)
+
+
+@pytest.mark.parametrize("mode", ["filter", "proxy"])
+def test_a_vault_that_fills_up_mid_spill_prints_the_output_unchanged_in_bounded_memory(
+    tmp_path: Path, mode: str
+) -> None:
+    """The vault entry of a 40 MB output stops growing at 4 MB (a full disk). The output was
+    then held whole and compressed in memory (1.3 GB here) and, in filter mode, not printed at
+    all (exit 2): read from stdin, it was lost. Now what reached the entry and everything after
+    it is printed as it comes, unchanged, with a warning; nothing is left in the vault."""
+    data = b"".join(b"some line of build output %d\n" % i for i in range(1_400_000))
+    source = tmp_path / "out.txt"
+    source.write_bytes(data)
+    state = tmp_path / "state"
+    if mode == "filter":
+        argv = [*CLI, "--state", str(state), "--command", "x", "--input", "-"]
+    else:
+        argv = [*CLI, "--state", str(state), "--", "cat", str(source)]
+    with source.open("rb") as stdin:
+        done = subprocess.run(
+            [sys.executable, "-c", _LIMITED, *argv], stdin=stdin, capture_output=True, env=ENV, timeout=300
+        )
+    *notes, usage = done.stderr.decode().strip().splitlines()
+    peak_kb, code = map(int, usage.split())
+    assert code == 0, notes
+    assert done.stdout == data
+    assert any("warning: output not compressed: cannot write to the vault" in n for n in notes), notes
+    assert peak_kb < 300_000, peak_kb
+    assert _vault_files(state) == []
+
+
+def test_a_capture_whose_vault_fails_passes_everything_on_in_order(tmp_path: Path) -> None:
+    from ctxrules.errors import CtxrulesError
+
+    class _Full:
+        """A vault entry that takes 5 bytes, then fails like a full disk."""
+
+        def __init__(self) -> None:
+            self.path = str(tmp_path / "entry")
+            self.size = 0
+            self.discarded = False
+            Path(self.path).write_bytes(b"")
+
+        def write(self, data: bytes) -> None:
+            taken = data[: max(0, 5 - self.size)]
+            with open(self.path, "ab") as handle:
+                handle.write(taken)
+            self.size += len(taken)
+            if len(taken) < len(data):
+                raise CtxrulesError("No space left on device")
+
+        def discard(self) -> None:
+            self.discarded = True
+
+    entry = _Full()
+    passed: list[bytes] = []
+    capture = Capture(
+        lambda: entry,  # type: ignore[arg-type,return-value]
+        limit=4,
+        window=2,
+        limit_lines=4,
+        window_lines=2,
+        overflow=passed.append,
+    )
+    for chunk in (b"abc", b"defgh", b"ij", b"k"):
+        capture.write(chunk)
+    assert capture.overflowed and b"".join(passed) == b"abcdefghijk"
+    assert capture.finish() == b"" and entry.discarded
+    assert str(capture.error) == "No space left on device"

@@ -276,9 +276,11 @@ def _printing() -> Iterator[None]:
 
 
 class _Stdout:
-    """Whether what was printed last ended a line (or nothing was printed)."""
+    """Whether what was printed last ended a line (or nothing was printed), and a failure to
+    print the output passed through (:func:`_pass_through`)."""
 
     line_start = True
+    unprinted: _Unprinted | None = None
 
 
 def _write(data: bytes) -> None:
@@ -420,7 +422,18 @@ def _capture(args: argparse.Namespace, pack: dict[str, Any], command: str, exit_
         lambda: Vault.of(*_session(args)).open_writer(),
         early=early_scan(pack, command, registry=default_registry(), exit_code=exit_code),
         max_bytes=args.max_output,
+        overflow=_pass_through,
     )
+
+
+def _pass_through(data: bytes) -> None:
+    """The output as it comes, unchanged, once the vault could not take it (a full disk
+    mid-spill): printed now instead of held. A standard output that fails is reported after."""
+    if _Stdout.unprinted is None:
+        try:
+            _write(data)
+        except _Unprinted as exc:
+            _Stdout.unprinted = exc
 
 
 def _say_cut(capture: Capture, *, read_on: bool) -> None:
@@ -439,6 +452,11 @@ def _emit(
     args: argparse.Namespace, pack: dict[str, Any], counter: Any, command: str, capture: Capture, code: int | None
 ) -> None:
     captured = capture.finish()
+    if capture.overflowed:  # printed as it came
+        _note(f"warning: output not compressed: {capture.error}")
+        if _Stdout.unprinted is not None:
+            raise _Stdout.unprinted
+        return
     if isinstance(captured, Large):
         _emit_large(args, pack, counter, command, captured, code)
         return
@@ -548,11 +566,9 @@ def _filter(args: argparse.Namespace) -> int:
             raise UsageError(f"{name}: cannot read: {exc.strerror or exc}") from None
         raise
     try:
-        captured = capture.finish()
-        if isinstance(captured, Large):
-            _emit_large(args, pack, counter, args.command_line, captured, args.exit_code)
-        else:
-            _write(_compress(args, pack, counter, args.command_line, captured, args.exit_code))
+        # As in proxy mode: when compressing fails (a vault that cannot be written), the
+        # input is printed unchanged with a warning; read from stdin, it exists nowhere else.
+        _emit(args, pack, counter, args.command_line, capture, args.exit_code)
         _say_cut(capture, read_on=False)
     except BaseException:
         _abandon(capture)

@@ -123,7 +123,11 @@ class Capture:
     entry that ``open_writer`` starts (with bounded head and tail windows in memory).
 
     When the vault cannot be written, everything stays in memory (:attr:`error` says why), so
-    the output is never lost: the caller prints it whole.
+    the output is never lost: the caller prints it whole. With ``overflow``, only up to the
+    spill limit: past it, what is held (and what reached the vault entry) goes to ``overflow``,
+    and so does every later chunk (:attr:`overflowed`; the caller prints them as they come, and
+    :meth:`finish` returns nothing). Held whole, a full disk mid-spill made ``compress`` hold
+    the whole output, then split it into lines: gigabytes of memory for a 60 MB output.
 
     ``early``, when given, is called once the output spills, with the entry's path, where its
     middle starts, that line's number and the :class:`Growing` that tracks the writing; what it
@@ -145,6 +149,7 @@ class Capture:
         limit_lines: int = SPILL_LINES,
         window_lines: int = WINDOW_LINES,
         max_bytes: int = MAX_BYTES,
+        overflow: Callable[[bytes], None] | None = None,
     ) -> None:
         if limit < 2 * window or limit_lines < 2 * window_lines:
             raise ValueError("the spill limit must hold both windows")
@@ -174,6 +179,9 @@ class Capture:
         self._start_early = early
         self._growing: Growing | None = None
         self._early: EarlyScan | None = None
+        self._overflow = overflow
+        self.overflowed = False
+        """Whether the output went to ``overflow`` (the vault could not be written)."""
 
     def write(self, chunk: bytes) -> None:
         if not chunk:
@@ -186,17 +194,26 @@ class Capture:
             chunk = chunk[:room]
         self.size += len(chunk)
         self._last = chunk[-1:]
+        if self.overflowed:
+            self._pass(chunk)
+            return
         if self._writer is None:
             self._chunks.append(chunk)
             self._held += len(chunk)
             self._held_lines += newlines(chunk)
-            if (self._held > self._limit or self._held_lines > self._limit_lines) and self.error is None:
-                self._spill()
+            if self._held > self._limit or self._held_lines > self._limit_lines:
+                if self.error is None:
+                    self._spill()
+                if self.error is not None and self._overflow is not None and self._writer is None:
+                    self._begin_overflow()
             return
         self._stream(chunk)
 
     def finish(self) -> bytes | Large:
-        """The whole output (held in memory), or a :class:`Large` one."""
+        """The whole output (held in memory), or a :class:`Large` one; nothing when it went
+        to ``overflow``."""
+        if self.overflowed:
+            return b""
         writer = self._writer
         if writer is None:
             data = b"".join(self._chunks)
@@ -255,6 +272,27 @@ class Capture:
             self._begin_early(writer)
         self._stream(data)
 
+    def _begin_overflow(self) -> None:
+        self.overflowed = True
+        chunks, self._chunks, self._held = self._chunks, [], 0
+        for chunk in chunks:
+            self._pass(chunk)
+
+    def _pass(self, data: bytes) -> None:
+        if data and self._overflow is not None:
+            self._overflow(data)
+
+    def _pass_file(self, writer: VaultWriter) -> None:
+        """What reached the entry being written, a block at a time."""
+        left = writer.size
+        with open(writer.path, "rb") as handle:
+            while left > 0:
+                block = handle.read(min(left, BLOCK_BYTES))
+                if not block:
+                    break
+                left -= len(block)
+                self._pass(block)
+
     def _begin_early(self, writer: VaultWriter) -> None:
         start = self._start_early
         assert start is not None
@@ -285,13 +323,21 @@ class Capture:
         try:
             writer.write(data)
         except CtxrulesError as exc:
-            # A full disk: take back what reached the file and hold everything from now on.
+            # A full disk: take back what reached the file and hold everything from now on
+            # (or pass it all to ``overflow``, a block at a time).
             self.error = exc
             self._writer = None
-            written = Path(writer.path).read_bytes()[: writer.size] if writer.size else b""
             rest = data[writer.size - before :]
             self._stop_early()  # before the entry goes: the scan has it open
-            writer.discard()
+            try:
+                if self._overflow is not None:
+                    self.overflowed = True
+                    self._pass_file(writer)
+                    self._pass(rest)
+                    return
+                written = Path(writer.path).read_bytes()[: writer.size] if writer.size else b""
+            finally:
+                writer.discard()
             self._chunks = [written, rest]
             self._held = len(written) + len(rest)
             return
