@@ -6,12 +6,15 @@ that a weak reference tells whether anything still holds them."""
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import tracemalloc
 import weakref
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from ctxrules import Engine
 from ctxrules.stages.compress_dedup import normalized_digest
@@ -78,7 +81,7 @@ def test_texts_remembered_by_the_stages_are_not_held_whole() -> None:
     tracemalloc.start()
     try:
         before = tracemalloc.get_traced_memory()[0]
-        for n in range(40):
+        for n in range(60):
             text = f"see src/mod{n}.py\n" + "line of output\n" * 10_000  # 150 kB, made anew
             assert extract_terms(text) == ([f"src/mod{n}.py"], [])
             assert extract_terms(text) == ([f"src/mod{n}.py"], [])  # remembered
@@ -88,3 +91,33 @@ def test_texts_remembered_by_the_stages_are_not_held_whole() -> None:
     finally:
         tracemalloc.stop()
     assert held < 1_000_000, held  # kept whole: 40 x 150 kB x 2 memos, 12 MB
+
+
+@pytest.mark.parametrize("trusted", [False, True])
+def test_the_token_memos_keep_a_bounded_amount_of_text(monkeypatch: pytest.MonkeyPatch, trusted: bool) -> None:
+    """A token counter lives as long as the process and remembered every message it counted,
+    200,000 of them before it emptied: every tool output of days of work. Past MEMO_CHARS
+    characters of text its memos empty (1 MB here; 32 Mi characters by default); a message
+    counted again meanwhile is still taken from them."""
+    from ctxrules import tokens
+
+    monkeypatch.setattr(tokens, "MEMO_CHARS", 1_000_000, raising=False)
+    counter = tokens.TokenCounter("o200k_base")
+    held = 0
+    with tokens.trusted_objects() if trusted else contextlib.nullcontext():
+        tracemalloc.start()
+        try:
+            for n in range(60):
+                message = {"role": "tool", "tool_call_id": f"c{n}", "content": f"output {n} " + "word " * 20_000}
+                first = counter.count_each([message])
+                misses = counter.memo_misses
+                assert counter.count_each([dict(message)]) == first  # a new object: the key memo
+                assert counter.count_message(message) == first[0]
+                assert counter.memo_misses == misses
+                if n == 4:
+                    held = tracemalloc.get_traced_memory()[0]
+            del message
+            held = tracemalloc.get_traced_memory()[0] - held
+        finally:
+            tracemalloc.stop()
+    assert held < 2_500_000, held  # kept before: 55 x 100 kB (5.5 MB)

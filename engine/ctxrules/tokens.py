@@ -72,8 +72,11 @@ from the counted fields themselves (strings are hashed once by Python and compar
 identity first), never by serializing the message to JSON, so a message that did not change
 is never tokenized again and adding ``cache_control`` or metadata does not invalidate it.
 ``memo_hits`` / ``memo_misses`` / ``texts_tokenized`` expose the behaviour; the memo is
-cleared when it exceeds :data:`MEMO_LIMIT` entries. Within one batch of new messages a text that
-occurs more than once (every ``role``, a file read twice) is tokenized once.
+cleared when it exceeds :data:`MEMO_LIMIT` entries, or when its entries keep more than
+:data:`MEMO_CHARS` characters of message text alive (the memos are per process: an agent that
+runs for days would otherwise hold every tool output it ever counted, 200,000 of them).
+Within one batch of new messages a text that occurs more than once (every ``role``, a file
+read twice) is tokenized once.
 
 Inside :func:`trusted_objects` (a session's ``prepare`` runs in it) a second memo is tried first,
 by message *object*: a lookup instead of building the key, for lists of hundreds of messages
@@ -161,6 +164,10 @@ ANTHROPIC_MAX_IMAGE_TOKENS: Final = 1600
 OPAQUE_MEDIA_TOKENS: Final = 1600
 
 MEMO_LIMIT: Final = 200_000
+MEMO_CHARS: Final = 1 << 25
+"""Characters of message text (content, tool-call arguments, image data) the memos of one
+counter may keep alive, counted roughly (:func:`_chars`); past it they empty. Some 30 times a
+1M-token history: a session's own messages are always within it."""
 CHUNK_CHARS: Final = 16_384
 _BATCH_MIN_AVERAGE: Final = 1_000  # mean characters per text below which texts are encoded in a loop (HF)
 _PARALLEL_CHARS: Final = 65_536
@@ -484,6 +491,20 @@ def _part_key(part: object) -> object:
     return _hashable(part)
 
 
+def _chars(value: object, depth: int = 0) -> int:
+    """The characters of the strings in ``value`` (a message), four levels deep at most: what a
+    memo entry keeps alive, roughly. Lengths only, no copy."""
+    if type(value) is str:
+        return len(value)
+    if depth > 4:
+        return 0
+    if isinstance(value, Mapping):
+        return sum(_chars(v, depth + 1) for v in value.values())
+    if type(value) is list or type(value) is tuple:
+        return sum(_chars(v, depth + 1) for v in value)
+    return 0
+
+
 def _message_key(message: Mapping[str, Any]) -> tuple[object, ...]:
     get = message.get
     role = get("role")
@@ -610,6 +631,7 @@ class TokenCounter:
         self._tools_memo: dict[object, int] = {}
         self._bounds: dict[tuple[object, int | None], int] = {}
         self._count_batch: BatchCounter | None = None
+        self._chars = 0  # characters the memos' entries keep alive, roughly (MEMO_CHARS)
 
     # -- construction -------------------------------------------------------------------
 
@@ -899,6 +921,7 @@ class TokenCounter:
             for k, (index, message, count) in enumerate(zip(missing, pending, counts, strict=True)):
                 results[index] = count
                 if k not in bounded:  # a bound holds for one ceiling only: not kept by object
+                    self._room(_chars(message))
                     by_object[id(message)] = (message, message.get("content"), message.get("tool_calls"), count)
         self.memo_hits += len(results) - len(missing)
         return results
@@ -941,6 +964,7 @@ class TokenCounter:
             counts, over = self._count_new(pending)
             for k, (index, count) in enumerate(zip(missing, counts, strict=True)):
                 results[index] = count
+                self._room(_chars(pending[k]))
                 if k in over:
                     if len(bounds) > 256:
                         bounds.clear()
@@ -990,6 +1014,7 @@ class TokenCounter:
             memo = self._memo
             if len(memo) >= MEMO_LIMIT:
                 memo.clear()
+            self._room(_chars(message))
             memo[key] = count
         if _TRUSTED.get():  # known by its object from now on, as count_each would keep it
             if self._by_object_generation != structure.generation():
@@ -998,6 +1023,7 @@ class TokenCounter:
             by_object = self._by_object
             if len(by_object) >= MEMO_LIMIT:
                 by_object.clear()
+            self._room(_chars(message))
             by_object[id(message)] = (message, message.get("content"), message.get("tool_calls"), count)
         return count
 
@@ -1027,6 +1053,7 @@ class TokenCounter:
             memo.clear()
         for message, count in zip(messages, counts, strict=True):
             if isinstance(message, Mapping) and type(count) is int and count >= 0:
+                self._room(_chars(message))
                 memo.setdefault(_message_key(message), count)
 
     # -- tools --------------------------------------------------------------------------
@@ -1071,6 +1098,17 @@ class TokenCounter:
         self._bounds.clear()
         self._by_object.clear()
         self._tools_memo.clear()
+        self._chars = 0
+
+    def _room(self, chars: int) -> None:
+        """Make room for an entry keeping ``chars`` characters alive: past :data:`MEMO_CHARS`
+        the memos empty (the tools memo holds schemas, few and small: it stays)."""
+        self._chars += chars
+        if self._chars > MEMO_CHARS:
+            self._memo.clear()
+            self._bounds.clear()
+            self._by_object.clear()
+            self._chars = chars
 
 
 _TRUSTED: ContextVar[bool] = ContextVar("ctxrules_trusted_objects", default=False)
