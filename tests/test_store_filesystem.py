@@ -653,3 +653,22 @@ def test_a_copied_session_directory_stays_warm_and_recalls(tmp_path: Path) -> No
     assert copy.recall({"id": markers[0].vault_id, "lines": "5"}) == original[4]
     nxt = copy.prepare([*history, {"role": "assistant", "content": "It said so."}])
     assert nxt.report["reused_messages"] == len(history)
+
+
+def test_a_vault_that_cannot_be_made_is_named_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A read-only session directory: the error named the vault twice (``vault at V: V:
+    Read-only file system``)."""
+    import errno
+
+    import ctxrules.stores.filesystem as filesystem
+
+    store, key = _store(tmp_path)
+    vault = store.vault_dir(key)
+
+    def read_only(path: Path, *, inside: Path | None = None) -> None:
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(path))
+
+    monkeypatch.setattr(filesystem, "ensure_dir", read_only)
+    with pytest.raises(VaultError) as caught:
+        store.open_blob_writer(key)
+    assert str(caught.value) == f"cannot write to the vault at {vault}: Read-only file system"

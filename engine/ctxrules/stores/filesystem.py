@@ -245,7 +245,8 @@ class FilesystemStore:
             return self._put_blob(session, data, media_type)
         except OSError as exc:
             # A full disk or a read-only session directory is the user's to fix, not a bug.
-            raise VaultError(f"cannot write to the vault at {self.vault_dir(session)}: {_reason(exc)}") from exc
+            where = self.vault_dir(session)
+            raise VaultError(f"cannot write to the vault at {where}: {_reason(exc, where)}") from exc
 
     def _put_blob(self, session: str, data: bytes, media_type: str | None) -> str:
         blob_id = hashlib.sha256(data).hexdigest()
@@ -326,7 +327,8 @@ class FilesystemStore:
             for directory in sorted(dirs):  # the renames
                 _fsync_path(directory, os.O_RDONLY | _DIRECTORY)
         except OSError as exc:
-            raise VaultError(f"cannot write to the vault at {self.vault_dir(session)}: {_reason(exc)}") from exc
+            where = self.vault_dir(session)
+            raise VaultError(f"cannot write to the vault at {where}: {_reason(exc, where)}") from exc
         paths.clear()
         dirs.clear()
 
@@ -379,7 +381,7 @@ class FilesystemStore:
                 self._sweep(session)
             return _FileBlobWriter(self, session)
         except OSError as exc:
-            raise VaultError(f"cannot write to the vault at {root}: {_reason(exc)}") from exc
+            raise VaultError(f"cannot write to the vault at {root}: {_reason(exc, root)}") from exc
 
     def _sweep(self, session: str, shard: str | None = None) -> None:
         """Remove what killed writers left in the vault of ``session`` (checked for a write just
@@ -1066,7 +1068,8 @@ class _FileBlobWriter(SpooledBlobWriter):
         return fd, name
 
     def _write_failed(self, exc: OSError) -> VaultError:
-        return VaultError(f"cannot write to the vault at {self._fs.vault_dir(self._session)}: {_reason(exc)}")
+        where = self._fs.vault_dir(self._session)
+        return VaultError(f"cannot write to the vault at {where}: {_reason(exc, where)}")
 
     def sync_soon(self) -> None:
         """Start writing the file to disk on a thread (``fsync`` lets go of the GIL), while the
@@ -1270,10 +1273,11 @@ def _is_shard(entry: os.DirEntry[str]) -> bool:
     return False
 
 
-def _reason(exc: OSError) -> str:
+def _reason(exc: OSError, where: str | os.PathLike[str] | None = None) -> str:
     """What the system said, naming the path it said it of (``h.json: Not a directory``),
-    without Python's ``[Errno 20]``."""
-    if exc.strerror and exc.filename is not None:
+    without Python's ``[Errno 20]``; not when that path is ``where``, which the message names
+    already (``vault at V: V: Read-only file system``)."""
+    if exc.strerror and exc.filename is not None and (where is None or os.fsdecode(exc.filename) != os.fspath(where)):
         return f"{os.fsdecode(exc.filename)}: {exc.strerror}"
     return exc.strerror or str(exc)
 
