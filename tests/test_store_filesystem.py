@@ -672,3 +672,40 @@ def test_a_vault_that_cannot_be_made_is_named_once(tmp_path: Path, monkeypatch: 
     with pytest.raises(VaultError) as caught:
         store.open_blob_writer(key)
     assert str(caught.value) == f"cannot write to the vault at {vault}: Read-only file system"
+
+
+def test_a_session_on_a_read_only_file_system_exports_and_a_run_says_why_it_cannot(tmp_path: Path) -> None:
+    """A session on a backup mounted read-only: ``sessions export`` failed at the prepare lock
+    (``cannot lock .../.lock: Read-only file system``), so the session could not be moved off
+    it. No process can change such a session: the export takes no lock; a run still fails,
+    naming the read-only file system. Needs root, to mount a file system of its own."""
+    mount = tmp_path / "mnt"
+    mount.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mount)]).returncode:
+        pytest.skip("mounting a file system needs root")
+    try:
+        env = {**os.environ, "PYTHONPATH": str(REPO / "engine")}
+
+        def cli(*argv: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
+            return subprocess.run(
+                [sys.executable, "-m", "ctxrules.cli.main", *argv],
+                input=stdin,
+                capture_output=True,
+                text=True,
+                env=env,
+                cwd=tmp_path,
+                timeout=300,
+            )
+
+        state = mount / "state"
+        run = ["run", "--pack", "builtin:default", "--model", "gpt-4o", "--state", str(state), "--quiet"]
+        assert cli(*run, stdin=json.dumps(MSGS)).returncode == 0
+        subprocess.run(["mount", "-o", "remount,ro", str(mount)], check=True)
+        done = cli("sessions", "export", str(state / "default"), "--state", str(state), "--to", str(tmp_path / "a"))
+        assert done.returncode == 0, done.stderr
+        assert json.loads((tmp_path / "a").read_text().splitlines()[1])["kind"] == "turn"
+        done = cli(*run, stdin=json.dumps([*MSGS, {"role": "user", "content": "more"}]))
+        assert done.returncode == 2 and "Read-only file system" in done.stderr
+        assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
+    finally:
+        subprocess.run(["umount", str(mount)], check=False)

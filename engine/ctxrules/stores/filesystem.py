@@ -852,6 +852,12 @@ class _PrepareLock:
             raise StoreLockTimeout(
                 f"the session {self.path} stayed locked by another process for the whole wait"
             ) from None
+        except _locks().LockError:
+            if not _read_only(self._name):
+                raise
+            # On a read-only file system (a backup mounted read-only) no process can change
+            # the session: a reader (sessions export) needs no lock, and a writer fails on its
+            # first write, saying so.
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -1271,6 +1277,14 @@ def _is_shard(entry: os.DirEntry[str]) -> bool:
     with contextlib.suppress(OSError), os.scandir(entry.path) as items:
         return any(len(i.name) >= _ID_LEN and i.name.startswith(entry.name) for i in items)
     return False
+
+
+def _read_only(path: str) -> bool:
+    """Whether ``path`` is on a file system mounted read-only."""
+    try:
+        return bool(os.statvfs(path).f_flag & getattr(os, "ST_RDONLY", 0))
+    except (OSError, AttributeError):  # no statvfs (Windows)
+        return False
 
 
 def _reason(exc: OSError, where: str | os.PathLike[str] | None = None) -> str:
