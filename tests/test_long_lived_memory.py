@@ -104,20 +104,55 @@ def test_the_token_memos_keep_a_bounded_amount_of_text(monkeypatch: pytest.Monke
     monkeypatch.setattr(tokens, "MEMO_CHARS", 1_000_000, raising=False)
     counter = tokens.TokenCounter("o200k_base")
     held = 0
-    with tokens.trusted_objects() if trusted else contextlib.nullcontext():
-        tracemalloc.start()
-        try:
-            for n in range(60):
+    tracemalloc.start()
+    try:
+        for n in range(60):
+            # trusted: each message counted in a scope of its own, as each prepare has one
+            with tokens.trusted_objects() if trusted else contextlib.nullcontext():
                 message = {"role": "tool", "tool_call_id": f"c{n}", "content": f"output {n} " + "word " * 20_000}
                 first = counter.count_each([message])
                 misses = counter.memo_misses
                 assert counter.count_each([dict(message)]) == first  # a new object: the key memo
                 assert counter.count_message(message) == first[0]
                 assert counter.memo_misses == misses
-                if n == 4:
-                    held = tracemalloc.get_traced_memory()[0]
-            del message
-            held = tracemalloc.get_traced_memory()[0] - held
-        finally:
-            tracemalloc.stop()
+            if n == 4:
+                held = tracemalloc.get_traced_memory()[0]
+        del message
+        with tokens.trusted_objects() if trusted else contextlib.nullcontext():
+            pass  # the next prepare's scope empties what the last one left past the limit
+        held = tracemalloc.get_traced_memory()[0] - held
+    finally:
+        tracemalloc.stop()
     assert held < 2_500_000, held  # kept before: 55 x 100 kB (5.5 MB)
+
+
+def test_a_history_past_the_memo_limit_is_counted_once_in_its_prepare(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Inside one prepare the memos keep what they hold past MEMO_CHARS and empty at the next:
+    emptied halfway, every later stage of the same call counted the whole history again (a
+    36-million-character history took twice as long). Counted, not timed: the same texts are
+    tokenized as with no limit at all."""
+    from ctxrules import Engine, tokens
+
+    words = " ".join(f"w{i}" for i in range(3000))
+    history = [
+        {"role": "user" if i % 2 == 0 else "assistant", "content": f"{i} {words[i:]} " * 8} for i in range(60)
+    ]  # some 1.4 million characters
+    engine = Engine.load("builtin:default")
+
+    def tokenized(limit: int) -> tuple[int, int]:
+        monkeypatch.setattr(tokens, "MEMO_CHARS", limit)
+        session = engine.session(tmp_path / f"s{limit}", model="gpt-4o", window=32_000)
+        session.counter.clear_memo()
+        before = session.counter.texts_tokenized
+        session.prepare(history)
+        during = session.counter.texts_tokenized - before
+        with tokens.trusted_objects():  # the next prepare's scope
+            left = session.counter._chars
+        return during, left
+
+    unlimited, _ = tokenized(1 << 40)
+    limited, left = tokenized(200_000)
+    assert limited == unlimited, (limited, unlimited)
+    assert left == 0  # and the memos were emptied when the next scope began

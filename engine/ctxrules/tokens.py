@@ -112,6 +112,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import suppress
 from contextvars import ContextVar
@@ -1102,13 +1103,23 @@ class TokenCounter:
 
     def _room(self, chars: int) -> None:
         """Make room for an entry keeping ``chars`` characters alive: past :data:`MEMO_CHARS`
-        the memos empty (the tools memo holds schemas, few and small: it stays)."""
+        the memos empty (the tools memo holds schemas, few and small: it stays). Inside a
+        :func:`trusted_objects` scope (a ``prepare``) they empty when the next outermost scope
+        begins, not now: emptied halfway, the rest of the same call counted the whole history
+        again, stage after stage (a history past the limit took twice as long)."""
         self._chars += chars
         if self._chars > MEMO_CHARS:
-            self._memo.clear()
-            self._bounds.clear()
-            self._by_object.clear()
-            self._chars = chars
+            if _TRUSTED.get():
+                _OVER.add(self)
+            else:
+                self._trim()
+
+    def _trim(self) -> None:
+        self._memo.clear()
+        self._bounds.clear()
+        self._by_object.clear()
+        self._chars = 0
+        _OVER.discard(self)
 
 
 _TRUSTED: ContextVar[bool] = ContextVar("ctxrules_trusted_objects", default=False)
@@ -1123,9 +1134,18 @@ def token_ceiling(tokens: int | None) -> Scoped[int | None]:
     return Scoped(_CEILING, tokens)
 
 
+_OVER: weakref.WeakSet[TokenCounter] = weakref.WeakSet()
+"""Counters whose memos passed :data:`MEMO_CHARS` inside a trusted scope (emptied at the next)."""
+
+
 def trusted_objects() -> Scoped[bool]:
     """Within this scope, messages counted before are known by their object (see the module
-    docstring, "Memoization"). For code that does not edit messages in place while inside."""
+    docstring, "Memoization"). For code that does not edit messages in place while inside.
+    An outermost scope first empties the memos that grew past :data:`MEMO_CHARS` in an
+    earlier one."""
+    if _OVER and not _TRUSTED.get():
+        for counter in list(_OVER):
+            counter._trim()
     return Scoped(_TRUSTED, True)
 
 
