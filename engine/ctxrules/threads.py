@@ -77,14 +77,18 @@ class ForkSafeLock:
             return False
         self._owner = threading.get_ident()
         if self._abandoned:
-            self._abandoned = False
-            if self._on_abandoned is not None:
-                try:
-                    self._on_abandoned()
-                except BaseException:
-                    self.release()
-                    raise
+            self._taken_over()
         return True
+
+    def _taken_over(self) -> None:
+        """The first holder after a fork took the lock from a vanished holder: say so."""
+        self._abandoned = False
+        if self._on_abandoned is not None:
+            try:
+                self._on_abandoned()
+            except BaseException:
+                self.release()
+                raise
 
     def release(self) -> None:
         self._owner = None
@@ -99,13 +103,7 @@ class ForkSafeLock:
         self._lock.acquire()
         self._owner = threading.get_ident()
         if self._abandoned:
-            self._abandoned = False
-            if self._on_abandoned is not None:
-                try:
-                    self._on_abandoned()
-                except BaseException:
-                    self.release()
-                    raise
+            self._taken_over()
         return True
 
     def __exit__(
