@@ -115,6 +115,30 @@ def test_a_bad_store_is_125_and_runs_nothing(tmp_path: Path, store: list[str], m
 
 
 @pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (["--max-output", "0"], "argument --max-output"),
+        (["--exit-code", "x"], "argument --exit-code"),
+        (["--no-such-option"], "unrecognized arguments: --no-such-option"),
+        (["--pack", ""], "an empty value"),
+    ],
+)
+def test_a_usage_error_before_the_command_is_125_in_proxy_mode_and_2_in_filter_mode(
+    tmp_path: Path, options: list[str], message: str
+) -> None:
+    """`compress -- CMD` exits with CMD's code: its own usage error was 2, which `make`'s own
+    failures use too. It is 125 there, like a bad pack (and `env`, `timeout`); CMD does not
+    run. Filter mode has no command's code to mix it with: 2, as every other verb."""
+    proc = ctxrules("compress", *options, "--", "sh", "-c", "touch ran; exit 2", tmp=tmp_path)
+    assert proc.returncode == 125, proc.stderr
+    assert message in proc.stderr.decode() and b"Traceback" not in proc.stderr
+    assert not (tmp_path / "ran").exists()
+    proc = ctxrules("compress", *options, "--command", "make", "--input", "-", tmp=tmp_path, stdin=b"x\n")
+    assert proc.returncode == 2, proc.stderr
+    assert message in proc.stderr.decode()
+
+
+@pytest.mark.parametrize(
     ("argv", "code"),
     [(["--", "sh", "-c", "touch ran"], 125), (["--command", "make", "--input", "-"], 2)],
     ids=["proxy", "filter"],

@@ -2,18 +2,19 @@
 
 Proxy mode: ``ctxrules compress [--pack P] [--raw] [--stream] [--stats] -- CMD ARGS...`` runs
 CMD with its standard error merged into its standard output (as an agent's shell tool sees
-them), prints nothing until it ends, then prints the compressed output, stores the full
-output in the session's vault and exits with CMD's exit code (128+N when a signal N ended
-it). Exit 125 when ctxrules itself cannot start (bad pack, bad option, bad store: CMD does not
-run), 126 when CMD is not executable and 127 when it is not found, as ``env`` and ``timeout``
-do. A failure of ctxrules *after* CMD ran (a rule that misbehaves, a vault that cannot be
-written) prints the full, uncompressed output, warns on standard error, and still exits with
-CMD's code. CMD runs in its own process group; SIGINT, SIGTERM and SIGHUP are forwarded to it
-(:mod:`ctxrules.cli.child`), and what it wrote before a signal ended it is still compressed,
-vaulted and printed. A background job CMD leaves (``sh -c 'server & ...'``) is not waited for
-and keeps running; what it writes after CMD ended is not part of the output. A pack
-pattern that times out is recorded in the session's ``state.json`` (``compress`` section), so
-later ``compress`` processes of the session skip it at once (:mod:`ctxrules.patterns`).
+them), prints nothing until it ends, then prints the compressed output, stores the full output
+in the session's vault and exits with CMD's exit code (128+N when a signal N ended it). Exit 125
+when ctxrules itself cannot start (bad pack, bad option, bad store: CMD does not run; argparse's
+usage errors too, :func:`ctxrules.cli.main.run`), 126 when CMD is not executable and 127 when it
+is not found, as ``env`` and ``timeout`` do. A failure of ctxrules *after* CMD ran (a rule that
+misbehaves, a vault that cannot be written) prints the full, uncompressed output, warns on
+standard error, and still exits with CMD's code. CMD runs in its own process group; SIGINT,
+SIGTERM and SIGHUP are forwarded to it (:mod:`ctxrules.cli.child`), and what it wrote before a
+signal ended it is still compressed, vaulted and printed. A background job CMD leaves (``sh -c
+'server & ...'``) is not waited for and keeps running; what it writes after CMD ended is not
+part of the output. A pack pattern that times out is recorded in the session's ``state.json``
+(``compress`` section), so later ``compress`` processes of the session skip it at once
+(:mod:`ctxrules.patterns`).
 
 Filter mode: ``ctxrules compress --command "CMD" [--exit-code N] --input FILE|-`` compresses
 output captured earlier; it exits 0, or 2 on a usage error.

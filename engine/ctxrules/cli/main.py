@@ -110,10 +110,18 @@ def _refuse_empty_paths(parser: argparse.ArgumentParser, args: argparse.Namespac
 def run(argv: Sequence[str] | None = None) -> int:
     """Run the CLI in-process; handled errors become a message on stderr and an exit code."""
     arguments = list(argv) if argv is not None else sys.argv[1:]
-    parser = build_parser(_verb_in(arguments))
+    verb = _verb_in(arguments)
+    parser = build_parser(verb)
     try:
-        args = parser.parse_args(arguments)  # --help and --version print here
-        _refuse_empty_paths(parser, args)
+        try:
+            args = parser.parse_args(arguments)  # --help and --version print here
+            _refuse_empty_paths(parser, args)
+        except SystemExit as usage:
+            # `compress ... -- CMD` exits with CMD's code, so its own usage errors are 125 (as
+            # with `env` and `timeout`): a 2 would read as CMD's; CMD does not run.
+            if usage.code == 2 and verb == "compress" and "--" in arguments:
+                return 125
+            raise
         if (os.environ.get("CTXRULES_LOG") or "").strip() or "ctxrules.logs" in sys.modules:
             # Unset, with nothing configured before in this process, there is nothing to
             # apply (and `logging` stays unimported for verbs that never log, like validate).
