@@ -90,10 +90,21 @@ def test_an_endless_command_keeps_the_disk_bounded_until_it_is_stopped(tmp_path:
     assert entry.stat().st_size == MIB
 
 
-@pytest.mark.parametrize(("size", "code"), [("0", 2), ("-1", 2), ("1.5G", 2), ("lots", 2)])
-def test_a_bad_size_is_a_usage_error(tmp_path: Path, size: str, code: int) -> None:
+@pytest.mark.parametrize("size", ["0", "-1", "1.5G", "lots"])
+@pytest.mark.parametrize(
+    ("mode", "code"),
+    [(["--", "true"], 125), (["--command", "make", "--input", "-"], 2)],  # 125: 2 could be CMD's own
+    ids=["proxy", "filter"],
+)
+def test_a_bad_size_is_a_usage_error(tmp_path: Path, size: str, mode: list[str], code: int) -> None:
     done = subprocess.run(
-        [*CLI, "--max-output", size, "--", "true"], capture_output=True, text=True, env=ENV, cwd=tmp_path, timeout=120
+        [*CLI, "--max-output", size, *mode],
+        capture_output=True,
+        text=True,
+        env=ENV,
+        cwd=tmp_path,
+        timeout=120,
+        input="",
     )
     assert done.returncode == code
     assert "--max-output: expected a size of at least 1 byte" in done.stderr

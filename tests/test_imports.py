@@ -203,9 +203,10 @@ def test_a_verb_loads_only_its_own_cli_module(tmp_path: Path) -> None:
     )
     assert proc.returncode == 0, proc.stderr
     loaded = json.loads(proc.stdout.strip().splitlines()[-1])["modules"]
-    # ctxrules.cli.output: how every verb prints (the standard library and ctxrules.errors).
+    # ctxrules.cli.output: how every verb prints (the standard library and ctxrules.errors);
+    # ctxrules.cli.stops: how every verb ends on a signal (the standard library and threads).
     cli = sorted(m for m in loaded if m.startswith("ctxrules.cli."))
-    assert cli == ["ctxrules.cli.main", "ctxrules.cli.output", "ctxrules.cli.schema"]
+    assert cli == ["ctxrules.cli.main", "ctxrules.cli.output", "ctxrules.cli.schema", "ctxrules.cli.stops"]
 
 
 def test_import_ctxrules_is_cheap_and_the_plugin_api_is_at_the_top_level(tmp_path: Path) -> None:
