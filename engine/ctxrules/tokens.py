@@ -494,16 +494,27 @@ def _part_key(part: object) -> object:
 
 def _chars(value: object, depth: int = 0) -> int:
     """The characters of the strings in ``value`` (a message), four levels deep at most: what a
-    memo entry keeps alive, roughly. Lengths only, no copy."""
-    if type(value) is str:
-        return len(value)
-    if depth > 4:
+    memo entry keeps alive, roughly. Lengths only, no copy. On the path of every message a
+    cold prepare counts: a loop that takes strings where it meets them, one call per container
+    (an ABC ``isinstance`` and a generator per value were 1.3% of a cold compaction's calls)."""
+    kind = type(value)
+    if kind is str:
+        return len(value)  # type: ignore[arg-type]
+    if kind is dict:
+        values: Iterable[object] = value.values()  # type: ignore[attr-defined]
+    elif kind is list or kind is tuple:
+        values = value  # type: ignore[assignment]
+    elif isinstance(value, Mapping):
+        values = value.values()
+    else:
         return 0
-    if isinstance(value, Mapping):
-        return sum(_chars(v, depth + 1) for v in value.values())
-    if type(value) is list or type(value) is tuple:
-        return sum(_chars(v, depth + 1) for v in value)
-    return 0
+    total = 0
+    for item in values:
+        if type(item) is str:
+            total += len(item)
+        elif depth < 4 and not isinstance(item, (int, float, bool)) and item is not None:
+            total += _chars(item, depth + 1)
+    return total
 
 
 def _message_key(message: Mapping[str, Any]) -> tuple[object, ...]:
