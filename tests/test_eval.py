@@ -1164,7 +1164,10 @@ def test_the_workers_end_when_eval_is_killed(tmp_path: Path) -> None:
         assert len(workers) == 2, "the workers did not start"
         time.sleep(3)  # into the replay (a worker still starting when eval died stayed too)
         proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=10)
+        # eval gives its workers 10 s to unwind before it kills them (eval.run._STOP_GRACE_S): a
+        # loaded CI machine used that grace, and a wait of 10 s here timed out. The old code's
+        # workers never ended at all.
+        proc.wait(timeout=40)
         deadline = time.monotonic() + 10
         while _running(workers) and time.monotonic() < deadline:
             time.sleep(0.2)
