@@ -156,3 +156,28 @@ def test_a_history_past_the_memo_limit_is_counted_once_in_its_prepare(
     limited, left = tokenized(200_000)
     assert limited == unlimited, (limited, unlimited)
     assert left == 0  # and the memos were emptied when the next scope began
+
+
+def test_the_per_message_memos_keep_a_bounded_amount_of_text(monkeypatch: pytest.MonkeyPatch) -> None:
+    """compress.intent and compress.dedup remember what a message's text gives per message
+    object, holding the message: messages a compaction replaced are held by nobody else, and
+    4,096 of them may be large tool outputs. Past TEXT_CHARS characters of content the memo
+    empties; a message asked again meanwhile is still answered from it."""
+    from ctxrules import message_memo
+
+    monkeypatch.setattr(message_memo, "TEXT_CHARS", 3_000_000)
+    memo: message_memo.MessageMemo[int] = message_memo.MessageMemo()
+    computed: list[int] = []
+
+    def size(msg: Any) -> int:
+        computed.append(1)
+        return len(msg["content"])
+
+    refs = []
+    for n in range(10):
+        message = _Msg(role="tool", tool_call_id=f"c{n}", content=f"output {n} " + "x" * 1_000_000)
+        refs.append(weakref.ref(message))
+        assert memo.get(message, None, size) == memo.get(message, None, size)
+    assert len(computed) == 10  # each message computed once
+    del message
+    assert _alive(refs) <= 3

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
+import types
 from pathlib import Path
 from typing import Any
 
@@ -89,6 +91,37 @@ def test_dedup_replaces_older_copies_and_names_the_newer(tmp_path: Path) -> None
         assert ctx.vault.get_text(marker.vault_id) == text_of(msgs[i])
         assert out.messages[i]["tool_call_id"] == msgs[i]["tool_call_id"]
     assert all(a.kind == "dedup" and a.vault_id and a.tokens_saved > 0 for a in out.actions)
+
+
+def test_dedup_does_not_hash_the_same_messages_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A session at a compacting tier runs dedup over the same tool results on every turn; its
+    digests are remembered per text, keyed by a sha256 of a long text, so each lookup hashed
+    every long output whole again. The same message objects are now answered from the object,
+    and an output given a new content is read again."""
+    from ctxrules import text_memo
+
+    msgs = dup_history(lines=400)
+    assert max(len(text_of(m)) for m in msgs) > text_memo.SHORT_TEXT  # long texts, keyed by digest
+    ctx = make_ctx(tmp_path, window=16_000, tail_budget=0.05)
+    hashed: list[int] = []
+
+    def counting(data: bytes = b"") -> Any:
+        hashed.append(len(data))
+        return hashlib.sha256(data)
+
+    # The memo's own hashing only (the vault hashes what it stores too).
+    monkeypatch.setattr(text_memo, "hashlib", types.SimpleNamespace(sha256=counting))
+    first = run(Dedup(NO_GUARD), msgs, ctx)
+    assert hashed  # the first run keys its long texts by digest
+    hashed.clear()
+    again = run(Dedup(NO_GUARD), msgs, ctx)
+    assert hashed == []
+    assert [text_of(m) for m in again.messages] == [text_of(m) for m in first.messages]
+    i = next(i for i, m in enumerate(msgs) if m.get("tool_call_id") == "dup_0")
+    msgs[i] = {**msgs[i], "content": text_of(msgs[i]).replace("status", "changed")}
+    third = run(Dedup(NO_GUARD), msgs, ctx)
+    assert len(hashed) == 1  # the one new text
+    assert third.messages[i] is msgs[i]  # no longer a copy of the newer result
 
 
 def test_dedup_matches_near_identical_outputs() -> None:

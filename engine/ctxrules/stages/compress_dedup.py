@@ -20,6 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ctxrules.hookspecs import hookimpl
+from ctxrules.message_memo import MessageMemo
 from ctxrules.messages import message_text, replace_text
 from ctxrules.stages.base import StageOutcome, StageType, unchanged
 from ctxrules.stages.compress_common import (
@@ -56,6 +57,18 @@ def normalized_digest(text: str, *, normalize: bool = True) -> str:
 
 
 _DIGESTS: TextMemo[str] = TextMemo(4096)
+# In front of it, per message object: a warm turn asks again of the same messages, and a memo
+# keyed by text hashes a long one whole on every lookup.
+_BY_MESSAGE: MessageMemo[str | None] = MessageMemo()
+
+
+def _message_digest(msg: Mapping[str, Any], normalize: bool) -> str | None:
+    """:func:`normalized_digest` of the message's text; None when the text is blank."""
+    return _BY_MESSAGE.get(msg, normalize, lambda m: _text_digest(message_text(m), normalize))
+
+
+def _text_digest(text: str, normalize: bool) -> str | None:
+    return normalized_digest(text, normalize=normalize) if text.strip() else None
 
 
 def _normalized_digest(text: str, normalize: bool) -> str:
@@ -95,10 +108,9 @@ class Dedup:
         for index, msg in enumerate(view.messages):
             if msg.get("role") not in _RESULT_ROLES or view.counts[index] < self.min_tokens:
                 continue
-            text = message_text(msg)
-            if not text.strip():
+            digest = _message_digest(msg, self.normalize)
+            if digest is None:
                 continue
-            digest = normalized_digest(text, normalize=self.normalize)
             if digest in newest:
                 copies.append(newest[digest])
             newest[digest] = index

@@ -36,9 +36,10 @@ from typing import TYPE_CHECKING, Any
 
 from ctxrules.carry import Carry
 from ctxrules.hookspecs import hookimpl
+from ctxrules.message_memo import MessageMemo
 from ctxrules.messages import message_text
 from ctxrules.stages.base import Action, StageOutcome, StageType, unchanged
-from ctxrules.structure import facts_of, generation, pair_tool_calls, pinned_indices, shape
+from ctxrules.structure import facts_of, pair_tool_calls, pinned_indices, shape
 from ctxrules.text_memo import TextMemo
 from ctxrules.toolroles import ToolRoles, tool_roles
 
@@ -320,44 +321,19 @@ def build_intent(
 
 # Per message object: what its text gives (the latest ask and the newest steps are read on
 # every turn, and a text made of parts would be joined, hashed and compared again for a memo
-# keyed by text). An entry holds the message and its content object, so a message given a new
-# content is read again; after structure.forget() (an edit in place, a history that does not
-# extend the last) the next entry empties the memo (_room): its entries would never match again,
-# and held the messages of every cold turn of a long-lived process until 4,096 of them.
-_TERMS: dict[int, tuple[Mapping[str, Any], Any, int, int, tuple[tuple[str, ...], tuple[str, ...]]]] = {}
-_FAILED: dict[int, tuple[Mapping[str, Any], Any, int, ToolRoles, bool]] = {}
-_MEMO_LIMIT = 4096
+# keyed by text).
+_TERMS: MessageMemo[tuple[tuple[str, ...], tuple[str, ...]]] = MessageMemo()
+_FAILED: MessageMemo[bool] = MessageMemo()
 
 
 def _message_terms(msg: Mapping[str, Any], limit: int) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """:func:`extract_terms` of the message's text (tuples: shared, never changed)."""
-    hit = _TERMS.get(id(msg))
-    content, gen = msg.get("content"), generation()
-    if hit is not None and hit[0] is msg and hit[1] is content and hit[2] == gen and hit[3] == limit:
-        return hit[4]
-    terms = _terms(message_text(msg), limit)
-    _room(_TERMS, gen)
-    _TERMS[id(msg)] = (msg, content, gen, limit, terms)
-    return terms
+    return _TERMS.get(msg, limit, lambda m: _terms(message_text(m), limit))
 
 
 def _failed(msg: Mapping[str, Any], roles: ToolRoles) -> bool:
     """Whether the tool result ``msg`` reports a failure (:meth:`ToolRoles.is_error`)."""
-    hit = _FAILED.get(id(msg))
-    content, gen = msg.get("content"), generation()
-    if hit is not None and hit[0] is msg and hit[1] is content and hit[2] == gen and hit[3] is roles:
-        return hit[4]
-    failed = roles.is_error(message_text(msg))
-    _room(_FAILED, gen)
-    _FAILED[id(msg)] = (msg, content, gen, roles, failed)
-    return failed
-
-
-def _room(memo: dict[int, tuple[Any, ...]], gen: int) -> None:
-    """Empty ``memo`` before an entry of generation ``gen`` goes in when it is full or holds
-    entries of an earlier generation (all of its entries are of one: this keeps it so)."""
-    if memo and (len(memo) >= _MEMO_LIMIT or next(iter(memo.values()))[2] != gen):
-        memo.clear()
+    return _FAILED.get(msg, roles, lambda m: roles.is_error(message_text(m)))
 
 
 def _arguments_text(msg: Mapping[str, Any]) -> str:
