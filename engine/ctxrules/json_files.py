@@ -7,6 +7,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import stat
 import sys
 from typing import Any
@@ -88,7 +89,7 @@ def read_json(path: str) -> Any:
 def parse_json(text: str, name: str) -> Any:
     """The JSON document ``text`` read from the file ``name``, with :func:`read_json`'s checks
     and errors (``UsageError`` naming ``name`` and the line and column or JSON pointer)."""
-    from ctxrules.json_limits import MAX_INT_DIGITS, NonFinite, pointer, scan, short_pointer
+    from ctxrules.json_limits import MAX_DEPTH, MAX_INT_DIGITS, NonFinite, pointer, scan, short_pointer
 
     try:
         data = json.loads(text, parse_constant=NonFinite, object_pairs_hook=_unique_keys)
@@ -104,7 +105,9 @@ def parse_json(text: str, name: str) -> Any:
             printable(f"{name}: {said} twice in one object") + " (JSON leaves which one counts open: say it once)"
         ) from None
     except RecursionError:
-        raise UsageError(f"{name}: invalid input: nested too deep") from None
+        opens = _too_deep_at(text, MAX_DEPTH)
+        located = f"{name}:{_line_col(text, opens)}" if opens is not None else name
+        raise UsageError(f"{located}: invalid input: nested too deep (more than {MAX_DEPTH} levels)") from None
     except ValueError:  # the one other error json.loads raises: Python's integer digit limit
         raise UsageError(f"{name}: invalid input: an integer literal of more than {MAX_INT_DIGITS} digits") from None
     found = scan(data)
@@ -116,6 +119,32 @@ def parse_json(text: str, name: str) -> Any:
         shown = printable(f"{name}: {pointer(where)}")
         sys.stderr.write(f"ctxrules: warning: {shown}: a lone surrogate was replaced with U+FFFD\n")
     return found.value
+
+
+# A JSON string (escapes included) or a bracket: what decides the nesting depth of a document.
+_NESTING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}]', re.DOTALL)
+
+
+def _too_deep_at(text: str, limit: int) -> int | None:
+    """The offset of the bracket that opens level ``limit + 1`` of ``text`` (None when none
+    does): where a document too deep for the parser is located for its error message."""
+    depth = 0
+    for match in _NESTING.finditer(text):
+        char = match.group()
+        if char in "[{":
+            depth += 1
+            if depth > limit:
+                return match.start()
+        elif char in "]}":
+            depth -= 1
+    return None
+
+
+def _line_col(text: str, offset: int) -> str:
+    """``line:column`` of ``offset`` in ``text``, both from 1 (as the JSON parser's errors)."""
+    line = text.count("\n", 0, offset) + 1
+    column = offset - text.rfind("\n", 0, offset)
+    return f"{line}:{column}"
 
 
 def _mb(n: int) -> str:
