@@ -32,6 +32,7 @@ from ctxrules.errors import CtxrulesError
 from ctxrules.json_stream import write_json_list
 from ctxrules.stores import store_and_session
 from ctxrules.stores.base import StoreUsageError
+from ctxrules.stores.staging import is_staging
 from ctxrules.vault import Vault
 
 if TYPE_CHECKING:
@@ -260,6 +261,8 @@ def scan(state_root: Path | Store) -> list[Interrupted]:
             return []
         found = []
         for cp in sorted(root.glob(f"**/{CHECKPOINT_FILE}")):
+            if any(is_staging(part) for part in cp.relative_to(root).parts[:-1]):
+                continue  # an import's, not yet a session (ctxrules.stores.staging)
             hit = check(cp.parent)
             if hit is not None:
                 found.append(hit)

@@ -37,7 +37,7 @@ from typing import IO, Any, BinaryIO, Final
 from ctxrules.injected import existing_secret
 from ctxrules.json_limits import MAX_INPUT_BYTES
 from ctxrules.session_store import MAX_STATE_BYTES
-from ctxrules.stores.base import DOC_MAX_BYTES, DOCS, SECRET_BYTES, Log, Store, StoreUsageError
+from ctxrules.stores.base import DOC_MAX_BYTES, DOCS, SECRET_BYTES, Log, SessionExists, Store, StoreUsageError
 
 __all__ = ["ARCHIVE_FORMAT", "ArchiveFile", "export_session", "import_session", "read_archive"]
 
@@ -547,31 +547,57 @@ def import_session(
             if output is not None and not all(isinstance(msg, dict) for msg in output):
                 raise _bad(f"{where}:{n}: the turn record's output must be a list of message objects")
             turn = obj
+    exists = f"{store.describe(session)} exists already; import into another session (--session NAME)"
     if store.exists(session):
-        raise _bad(f"{store.describe(session)} exists already; import into another session (--session NAME)")
-    with store.prepare_lock(session):
-        if secret is not None:
-            value = secret
-            store.secret(session, "injection.key", lambda: value)
-        for blob, media in blobs:
-            if isinstance(blob, bytes):
-                store.put_blob(session, blob, media)
-            else:
-                assert isinstance(lines, ArchiveFile)
-                _put_streamed(store, session, lines, blob, media)
-        for name, data in docs:
-            store.write_doc(session, name, data)
-        for rec in ledger:
-            store.append([Log("session", session)], rec)
-        if turn is not None:
-            state = dict(turn["state"])
-            if turn["output"] is not None:
-                store.commit_turn(session, state, list(turn["output"]))
-            else:
-                # No verified output to go with it: the state alone, with nothing to reuse.
-                state.pop("last", None)
-                store.save_state(session, state)
+        raise _bad(exists)
+    # All or nothing: written under a key no listing shows, made the session in one step at
+    # the end; an import that fails (or is killed) leaves nothing a retry would find.
+    try:
+        with store.creating(session) as key:
+            _write(store, key, lines, secret, blobs, docs, ledger, turn)
+    except SessionExists:
+        raise _bad(exists) from None
+    except OSError as exc:
+        if exc.filename is not None:
+            raise
+        # A write of the store (a full disk) names no file: named as the session, not taken for
+        # a failure to read the archive.
+        raise OSError(exc.errno, exc.strerror or str(exc), store.describe(session)) from exc
     return {"blobs": len(blobs), "docs": len(docs), "ledger": len(ledger)}
+
+
+def _write(
+    store: Store,
+    key: str,
+    lines: Iterable[bytes] | ArchiveFile,
+    secret: bytes | None,
+    blobs: list[tuple[bytes | dict[str, Any], str | None]],
+    docs: list[tuple[Any, bytes]],
+    ledger: list[dict[str, Any]],
+    turn: dict[str, Any] | None,
+) -> None:
+    """Write the checked records of an archive into the new session ``key``."""
+    if secret is not None:
+        value = secret
+        store.secret(key, "injection.key", lambda: value)
+    for blob, media in blobs:
+        if isinstance(blob, bytes):
+            store.put_blob(key, blob, media)
+        else:
+            assert isinstance(lines, ArchiveFile)
+            _put_streamed(store, key, lines, blob, media)
+    for name, data in docs:
+        store.write_doc(key, name, data)
+    for rec in ledger:
+        store.append([Log("session", key)], rec)
+    if turn is not None:
+        state = dict(turn["state"])
+        if turn["output"] is not None:
+            store.commit_turn(key, state, list(turn["output"]))
+        else:
+            # No verified output to go with it: the state alone, with nothing to reuse.
+            state.pop("last", None)
+            store.save_state(key, state)
 
 
 def _put_streamed(store: Store, session: str, archive: ArchiveFile, blob: dict[str, Any], media: str | None) -> None:

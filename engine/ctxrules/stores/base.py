@@ -61,6 +61,7 @@ __all__ = [
     "Log",
     "LogChunk",
     "PrepareLock",
+    "SessionExists",
     "SpooledBlobWriter",
     "Store",
     "StoreError",
@@ -124,6 +125,11 @@ class StoreUsageError(UsageError):
 class StoreUnavailable(StoreError):
     """The store cannot be reached (a network store down, a connect timeout); the message names
     the URL (without its password)."""
+
+
+class SessionExists(StoreError):
+    """:meth:`Store.creating` found the session there already (made before the block, or by
+    another writer during it): nothing of the block's writes was kept."""
 
 
 class StoreLockTimeout(StoreError):
@@ -382,6 +388,18 @@ class Store(Protocol):
 
     def exists(self, session: str) -> bool:
         """Whether the store holds anything of ``session``."""
+        ...
+
+    def creating(self, session: str) -> AbstractContextManager[str]:
+        """Make the new session ``session`` all at once (``sessions import``): ``with
+        store.creating(session) as key:`` writes it under ``key``, which neither
+        :meth:`sessions` nor :meth:`exists` shows; a block that ends normally makes it
+        ``session`` in one step, one that raises leaves nothing of it. What a process killed
+        inside the block left (a staging folder, keys without the session's marker) is removed
+        by the next ``creating`` of the same session, and never shown as a session.
+        :class:`SessionExists` when ``session`` exists (before the block, or made by another
+        writer meanwhile: the block's writes are dropped). No lock is needed around it: a
+        prepare that makes the session meanwhile wins, and the block ends in SessionExists."""
         ...
 
     # --- the turn -------------------------------------------------------------------------------

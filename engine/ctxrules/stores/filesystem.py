@@ -73,6 +73,7 @@ from ctxrules.stores.base import (
     VaultError,
     remove_stale_spools,
 )
+from ctxrules.stores.staging import staged_dir
 from ctxrules.threads import ForkSafeLock, helper_thread
 
 __all__ = ["FilesystemStore", "durable_at_commit", "file_path", "for_session_dir", "own_folder"]
@@ -185,6 +186,20 @@ class FilesystemStore:
     def exists(self, session: str) -> bool:
         path = Path(session)
         return path.is_dir() and any((path / f).exists() for f in (*_SESSION_FILES, "vault"))
+
+    @contextlib.contextmanager
+    def creating(self, session: str) -> Iterator[str]:
+        """Written in a hidden folder beside the session directory, renamed to it at the end
+        (:mod:`ctxrules.stores.staging`); no lock is needed: no other writer knows that folder."""
+        with staged_dir(Path(session), lambda: self.exists(session)) as staging:
+            key = str(staging)
+            try:
+                yield key
+            finally:
+                self.forget(key)
+                with self._mutex:
+                    self._sessions.pop(key, None)
+                    self._vault_roots.pop(key, None)
 
     # --- the turn -------------------------------------------------------------------------------
 

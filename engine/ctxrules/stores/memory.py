@@ -24,6 +24,7 @@ from ctxrules.stores.base import (
     Log,
     LogChunk,
     LogKind,
+    SessionExists,
     SpooledBlobWriter,
     StoreLockTimeout,
     Turn,
@@ -31,6 +32,8 @@ from ctxrules.stores.base import (
 )
 
 __all__ = ["MemoryStore"]
+
+_STAGING = "\x00creating:"  # the prefix of a session being made (creating): no name starts so
 
 
 @dataclass
@@ -50,6 +53,11 @@ class _Log:
     gen: str = field(default_factory=lambda: secrets.token_hex(8))
     lines: list[bytes] = field(default_factory=list)
     totals: dict[str, float] = field(default_factory=dict)
+
+
+def _session_logs(key: str, session: str) -> list[tuple[Log, Log]]:
+    """The logs of a session being made under ``key``, and the same of ``session``."""
+    return [(Log("session", key), Log("session", session)), (Log("descendants", key), Log("descendants", session))]
 
 
 class MemoryStore:
@@ -81,10 +89,40 @@ class MemoryStore:
 
     def sessions(self) -> list[str]:
         with self._mutex:
-            return sorted(k for k, s in self._sessions.items() if s.state is not None or s.blobs or s.docs)
+            return sorted(
+                k
+                for k, s in self._sessions.items()
+                if (s.state is not None or s.blobs or s.docs) and not k.startswith(_STAGING)
+            )
 
     def exists(self, session: str) -> bool:
         return session in self.sessions()
+
+    @contextlib.contextmanager
+    def creating(self, session: str) -> Iterator[str]:
+        """Written under a key no listing shows, moved to ``session`` at the end."""
+        if self.exists(session):
+            raise SessionExists(f"{self.describe(session)} exists already")
+        key = f"{_STAGING}{secrets.token_hex(8)}:{session}"
+        try:
+            yield key
+            with self._mutex:
+                if self.exists(session):
+                    raise SessionExists(f"{self.describe(session)} exists already")
+                made = self._sessions.pop(key, None)
+                self._sessions[session] = made if made is not None else _Session()
+                for log_key, log_session in _session_logs(key, session):
+                    log = self._logs.pop(log_key, None)
+                    if log is not None:
+                        self._logs[log_session] = log
+                if key in self._written:
+                    self._written[session] = self._written.pop(key)
+        finally:
+            with self._mutex:
+                self._sessions.pop(key, None)
+                self._written.pop(key, None)
+                for log_key, _ in _session_logs(key, session):
+                    self._logs.pop(log_key, None)
 
     def load_turn(self, session: str, *, output: bool = True) -> Turn:
         s = self._s(session)

@@ -73,6 +73,7 @@ from ctxrules.stores.base import (
     Log,
     LogChunk,
     LogKind,
+    SessionExists,
     SpooledBlobWriter,
     StoreError,
     StoreLockTimeout,
@@ -432,6 +433,25 @@ return {redis.call('GET', KEYS[2]) or '', redis.call('LLEN', KEYS[1])}
 )
 
 
+# Make a session written inside RedisStore.creating() a session, unless one is there already.
+# KEYS: meta, the marker kept aside. ARGV: ttl in ms, the time. Returns 1, or 0 (it exists).
+_PUBLISH = """
+if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+if redis.call('EXISTS', KEYS[2]) == 1 then redis.call('RENAME', KEYS[2], KEYS[1]) end
+redis.call('HSET', KEYS[1], 'used', ARGV[2])
+redis.call('PEXPIRE', KEYS[1], ARGV[1])
+return 1
+"""
+
+# Remove what an unfinished creating() wrote (KEYS[2..]), unless the session exists (KEYS[1],
+# its meta): then they are the session's own. Returns 1 when removed.
+_DROP_UNMADE = """
+if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+for i = 2, #KEYS do redis.call('DEL', KEYS[i]) end
+return 1
+"""
+
+
 # --- keys -----------------------------------------------------------------------------------
 
 
@@ -466,6 +486,9 @@ _SESSION_PARTS: Final = (
 """Every key of a session that expires with it (locks carry their own lease; secrets are set
 with the TTL when made)."""
 _SESSION_REST: Final = tuple(p for p in _SESSION_PARTS if p not in ("state", "rev"))
+_UNMADE_META: Final = "creating:meta"
+"""Where a session :meth:`RedisStore.creating` writes keeps its ``meta`` until it is made (a
+hash, as its last part tells the scripts' type check)."""
 
 
 def _log_keys(log: Log) -> list[str]:
@@ -551,6 +574,7 @@ class RedisStore:
         self._made_scripts: dict[str, Any] = {}
         self._lock = threading.RLock()
         self._cache: dict[str, _Cached] = {}
+        self._creating: set[str] = set()  # sessions inside creating(): their marker is kept aside
         self._held: dict[str, _Lease] = {}  # session -> the prepare lock this object holds
         self._leases: dict[str, _Lease] = {}  # every lease to renew, by token
         # Lock key -> the token of a take or release whose answer never came (a timeout, the
@@ -610,6 +634,8 @@ class RedisStore:
                     ("read_log", _READ_LOG),
                     ("log_length", _LOG_LENGTH),
                     ("append_once", _APPEND_ONCE),
+                    ("publish", _PUBLISH),
+                    ("drop_unmade", _DROP_UNMADE),
                 )
             }
         return self._made_scripts
@@ -751,10 +777,53 @@ class RedisStore:
     def exists(self, session: str) -> bool:
         return self._call(lambda: bool(self._client.exists(_skey(session, "meta"))), lambda m: m.exists(session))
 
+    def _meta(self, session: str) -> str:
+        """The key that makes ``session`` a session (:meth:`exists`, :meth:`sessions`): ``meta``,
+        or while :meth:`creating` writes the session, the one kept aside in its place."""
+        return _skey(session, _UNMADE_META if session in self._creating else "meta")
+
+    @contextlib.contextmanager
+    def creating(self, session: str) -> Iterator[str]:
+        """The session's own keys, written without ``meta`` (the marker goes to
+        ``creating:meta``, which no listing matches) and under the prepare lock; at the end one
+        script renames the marker to ``meta``. What a killed writer left (keys of a session
+        without ``meta``, expiring with their TTLs) is removed here first."""
+        with self.prepare_lock(session):
+
+            def start() -> None:
+                if self._client.exists(_skey(session, "meta")):
+                    raise SessionExists(f"{self.describe(session)} exists already")
+                self._drop_unmade(session)
+
+            self._call(start)
+            self._creating.add(session)
+            try:
+                yield session
+                args = [str(self._ttl_ms), f"{time.time():.6f}"]
+                keys = [_skey(session, "meta"), _skey(session, _UNMADE_META)]
+                if not self._call(lambda: self._scripts["publish"](keys=keys, args=args)):
+                    raise SessionExists(f"{self.describe(session)} exists already")
+            except BaseException:
+                with contextlib.suppress(Exception):  # the TTLs remove whatever this cannot
+                    self._call(lambda: self._drop_unmade(session))
+                raise
+            finally:
+                self._creating.discard(session)
+                self.forget(session)
+
+    def _drop_unmade(self, session: str) -> None:
+        """Remove the keys of ``session`` when it has no ``meta`` (an unfinished
+        :meth:`creating`'s), but its locks'."""
+        keep = {_skey(session, p) for p in ("lock", "compaction", "prepares")}
+        found = [k for k in self._scan(_skey(session, "*")) if k not in keep]
+        if found:
+            self._scripts["drop_unmade"](keys=[_skey(session, "meta"), *found], args=[])
+        self.forget(session)
+
     def _touch_commands(self, pipe: Any, session: str, *parts: str) -> None:
         """Mark the session used and push the expiry of ``parts`` (the keys this write touched)
         out by ``ttl_s``; every commit pushes out all of the session's keys."""
-        meta = _skey(session, "meta")
+        meta = self._meta(session)
         pipe.hset(meta, "used", f"{time.time():.6f}")
         pipe.pexpire(meta, self._ttl_ms)
         for part in parts:
@@ -964,7 +1033,7 @@ class RedisStore:
     def _commit_script(
         self, session: str, raw_state: bytes, lines: list[bytes], append_to: int | None, token: str
     ) -> tuple[int, bytes | None]:
-        keys = [_skey(session, p) for p in ("state", "output", "rev", "lock", "meta")]
+        keys = [*(_skey(session, p) for p in ("state", "output", "rev", "lock")), self._meta(session)]
         keys += [_skey(session, p) for p in _SESSION_PARTS if p not in ("state", "output", "rev", "meta")]
         mode, expect = ("1", str(append_to)) if append_to is not None else ("0", "0")
         args: list[bytes | str] = [raw_state, mode, expect, token, str(self._ttl_ms), f"{time.time():.6f}", *lines]
@@ -1103,7 +1172,7 @@ class RedisStore:
         pipe = self._client.pipeline(transaction=False)
         for blob_id in ids:
             pipe.expire(_blob_key(blob_id.decode()), self._blob_ttl_s, gt=True)
-        pipe.hset(_skey(session, "meta"), "blobs_extended", f"{now:.6f}")
+        pipe.hset(self._meta(session), "blobs_extended", f"{now:.6f}")
         pipe.execute()
 
     # --- documents --------------------------------------------------------------------------
