@@ -1241,3 +1241,67 @@ def test_sigterm_stops_the_workers_and_is_exit_143_in_one_line(tmp_path: Path) -
         proc.wait()
         for folder in _folders_holding(scratch, marker):  # the old code's leftovers
             shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_the_folder_of_a_killed_worker_goes_with_the_next_run_and_a_live_one_stays(tmp_path: Path) -> None:
+    """A worker killed outright (SIGKILL) cannot remove its replay folder (in /dev/shm: memory
+    until the next boot); the next eval removes it, and never the folder of a replay under way
+    (here: one held by a process of the test's own) nor one of another name."""
+    import signal
+    import tempfile
+
+    from ctxrules.eval.replay import _scratch
+
+    scratch = Path(_scratch() or tempfile.gettempdir())
+    marker = f"marker-{os.getpid()}-{tmp_path.name}"
+    long = transcript("s")
+    long[1] = {"role": "user", "content": f"{marker} " + str(long[1]["content"])}
+    for n in range(8000):  # a minute of replay per pair
+        long += [{"role": "user", "content": f"step {n}"}, {"role": "assistant", "content": f"ok {n}"}]
+    (tmp_path / "long").mkdir()
+    for name in ("a", "b"):
+        (tmp_path / "long" / f"{name}.json").write_text(json.dumps(long))
+    cmd = [sys.executable, "-m", "ctxrules.cli.main", "eval", "--pack", "builtin:default", "--model", "gpt-4o"]
+    holder = subprocess.Popen(  # a live replay's folder, held as eval holds one
+        [sys.executable, "-c", "from ctxrules.eval.scratch import session_folder\nimport sys\n"
+         "with session_folder() as f:\n    print(f, flush=True)\n    sys.stdin.read()"],
+        env=_cli_env(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    live = Path(holder.stdout.readline().strip()) if holder.stdout else Path()
+    other = scratch / f"ctxrules-evaluation-{os.getpid()}"  # not eval's name: never touched
+    other.mkdir()
+    proc = subprocess.Popen([*cmd, "--jobs", "2", "--quiet", str(tmp_path / "long")], env=_cli_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    workers: list[int] = []
+    try:
+        deadline = time.monotonic() + 60
+        while len(_folders_holding(scratch, marker)) < 2 and time.monotonic() < deadline:
+            assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+            time.sleep(0.2)
+        left = _folders_holding(scratch, marker)
+        assert len(left) == 2, "the replays did not start"
+        workers = [p for p in _children(proc.pid) if "spawn_main" in Path(f"/proc/{p}/cmdline").read_text()]
+        for p in [proc.pid, *workers]:  # the whole run killed outright: nothing unwinds
+            os.kill(p, signal.SIGKILL)
+        proc.communicate(timeout=30)
+        deadline = time.monotonic() + 30
+        while _running(workers) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert sorted(_folders_holding(scratch, marker)) == sorted(left)  # what was left behind
+        (tmp_path / "short").mkdir()
+        (tmp_path / "short" / "c.json").write_text(json.dumps(transcript("c")))
+        nxt = subprocess.run([*cmd, "--quiet", str(tmp_path / "short")], env=_cli_env(),
+                             capture_output=True, text=True, timeout=300)  # fmt: skip
+        assert nxt.returncode == 0, nxt.stderr
+        assert _folders_holding(scratch, marker) == []
+        assert live.is_dir() and other.is_dir()
+    finally:
+        for p in [proc.pid, *workers]:
+            with contextlib.suppress(OSError):
+                os.kill(p, signal.SIGKILL)
+        proc.communicate(timeout=30)
+        holder.communicate("", timeout=30)
+        other.rmdir()
+        for folder in _folders_holding(scratch, marker):  # the old code's leftovers
+            shutil.rmtree(folder, ignore_errors=True)
+    assert not live.exists()  # the holder removed its own when it ended

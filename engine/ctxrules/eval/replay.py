@@ -13,7 +13,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -26,6 +25,8 @@ from ctxrules.eval.checks import Pairing, Pins
 from ctxrules.eval.engines import engine_for
 from ctxrules.eval.judge import JUDGE_TIMEOUT_S, ask, grade, judge_request, parse_answers
 from ctxrules.eval.probes import ContextTexts, ProbeExtractor, check_probes, context_text, lost_all
+from ctxrules.eval.scratch import scratch_dir as _scratch  # noqa: F401 - tests and bench_outputs
+from ctxrules.eval.scratch import session_folder
 from ctxrules.eval.shared import shared_prefix
 from ctxrules.injected import KEY_FILE
 from ctxrules.models import ModelInfo, lookup_model
@@ -170,16 +171,6 @@ def _default_roles() -> Any:
     return tool_roles(load_pack("builtin:default").data)
 
 
-def _scratch() -> str | None:
-    """Where the replayed sessions live: a memory-backed folder (``/dev/shm``) when the machine
-    has a writable one, else the system's temporary folder. A replayed session is thrown away;
-    fsyncing its vault items (a compacting turn writes its backup) made a long transcript's
-    replay wait on the disk for most of its time, and the ms figures vary with the disk's load,
-    not the pack."""
-    shm = "/dev/shm"
-    return shm if os.path.isdir(shm) and os.access(shm, os.W_OK | os.X_OK) else None
-
-
 def replay(task: Task, progress: Progress | None = None) -> TaskResult:
     """Replay ``task``; never raises for a failing call (it is recorded as a violation)."""
     info = lookup_model(task.model, window=task.window)
@@ -193,8 +184,8 @@ def replay(task: Task, progress: Progress | None = None) -> TaskResult:
     cache = cache_model_for(info.family, baseline=task.plan.baseline)
     tool_tokens = counter.count_tools(tools) if tools else 0
     history_counts = counter.count_each(messages)
-    with tempfile.TemporaryDirectory(prefix="ctxrules-eval-", dir=_scratch()) as tmp:
-        runner = _runner(task, Path(tmp))
+    with session_folder() as tmp:
+        runner = _runner(task, tmp)
         chain = BlockChain()
         texts = ContextTexts()
         usable = runner.usable

@@ -16,6 +16,7 @@ from typing import Any
 
 from ctxrules.errors import CtxrulesError, MessagesError, UsageError
 from ctxrules.eval.replay import Plan, Progress, Task, TaskResult, replay
+from ctxrules.eval.scratch import remove_abandoned
 from ctxrules.formats import anthropic, detect
 from ctxrules.json_files import read_json
 from ctxrules.messages import split_input, validate_messages, validate_tools
@@ -214,6 +215,7 @@ def workers(jobs: int, tasks: int) -> int:
 def run_tasks(tasks: Sequence[Task], *, jobs: int = 1, progress: Progress | None = None) -> list[TaskResult]:
     """Every task's result, in the order of ``tasks``, with :func:`workers` processes."""
     jobs = workers(jobs, len(tasks))
+    remove_abandoned()  # the replay folders of runs killed outright (ctxrules.eval.scratch)
     if jobs <= 1 or len(tasks) <= 1:
         return [replay(task, progress) for task in tasks]
     context = multiprocessing.get_context("spawn")
