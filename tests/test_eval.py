@@ -1199,9 +1199,9 @@ def test_sigterm_stops_the_workers_and_is_exit_143_in_one_line(tmp_path: Path) -
     import signal
     import tempfile
 
-    from ctxrules.eval.replay import _scratch
+    from ctxrules.eval.scratch import scratch_dir
 
-    scratch = Path(_scratch() or tempfile.gettempdir())
+    scratch = Path(scratch_dir() or tempfile.gettempdir())
     marker = f"marker-{os.getpid()}-{tmp_path.name}"
     long = transcript("s")
     long[1] = {"role": "user", "content": f"{marker} " + str(long[1]["content"])}
@@ -1250,9 +1250,9 @@ def test_the_folder_of_a_killed_worker_goes_with_the_next_run_and_a_live_one_sta
     import signal
     import tempfile
 
-    from ctxrules.eval.replay import _scratch
+    from ctxrules.eval.scratch import scratch_dir
 
-    scratch = Path(_scratch() or tempfile.gettempdir())
+    scratch = Path(scratch_dir() or tempfile.gettempdir())
     marker = f"marker-{os.getpid()}-{tmp_path.name}"
     long = transcript("s")
     long[1] = {"role": "user", "content": f"{marker} " + str(long[1]["content"])}

@@ -25,7 +25,6 @@ from ctxrules.eval.checks import Pairing, Pins
 from ctxrules.eval.engines import engine_for
 from ctxrules.eval.judge import JUDGE_TIMEOUT_S, ask, grade, judge_request, parse_answers
 from ctxrules.eval.probes import ContextTexts, ProbeExtractor, check_probes, context_text, lost_all
-from ctxrules.eval.scratch import scratch_dir as _scratch  # noqa: F401 - tests and bench_outputs
 from ctxrules.eval.scratch import session_folder
 from ctxrules.eval.shared import shared_prefix
 from ctxrules.injected import KEY_FILE
