@@ -16,7 +16,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -145,32 +145,48 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def write_config(folder: Path, upstream: str, *, hook: str | None, aliases: Sequence[tuple[str, str]] = ()) -> Path:
+def write_config(
+    folder: Path,
+    upstream: str,
+    *,
+    hook: str | None,
+    aliases: Sequence[tuple[str, str] | tuple[str, str, Mapping[str, Any]]] = (),
+    router_settings: Mapping[str, Any] | None = None,
+) -> Path:
     """A proxy config with an OpenAI and an Anthropic model on ``upstream``; ``hook`` is the
     Python source of ``ctxrules_hook.py`` (the file defines ``hook``), or None for no hook.
-    ``aliases``: more deployments, ``(model_name, litellm model)``, on the same upstream (a
-    name given twice is a group of two deployments)."""
+    ``aliases``: more deployments, ``(model_name, litellm model)`` or ``(model_name, litellm
+    model, more litellm_params)``, on the same upstream (a name given twice is a group of two
+    deployments). ``router_settings``: the config's section of that name (``fallbacks``)."""
     lines = ["model_list:"]
-    for name, model in (("gpt-4o", "openai/gpt-4o"), ("claude-sonnet-4-5", "anthropic/claude-sonnet-4-5"), *aliases):
+    for name, model, *more in (
+        ("gpt-4o", "openai/gpt-4o"),
+        ("claude-sonnet-4-5", "anthropic/claude-sonnet-4-5"),
+        *aliases,
+    ):
         base = f"{upstream}/v1" if model.startswith("openai/") else upstream
-        lines += [
-            f"  - model_name: {name}",
-            f"    litellm_params: {{model: {model}, api_base: '{base}', api_key: sk-fake}}",
-        ]
+        params = {"model": model, "api_base": base, "api_key": "sk-fake", **(more[0] if more else {})}
+        lines += [f"  - model_name: {name}", f"    litellm_params: {json.dumps(params)}"]
     if hook is not None:
         (folder / "ctxrules_hook.py").write_text(hook)
         lines += ["litellm_settings:", "  callbacks: ctxrules_hook.hook"]
+    if router_settings is not None:
+        lines += [f"router_settings: {json.dumps(router_settings)}"]  # JSON is YAML
     path = folder / "config.yaml"
     path.write_text("\n".join(lines) + "\n")
     return path
 
 
 @contextlib.contextmanager
-def running_proxy(config: Path, *, timeout_s: float = 120.0) -> Iterator[str]:
-    """``litellm --config`` on a free port; yields its base URL once /health/liveliness answers."""
+def running_proxy(
+    config: Path, *, timeout_s: float = 120.0, env_extra: Mapping[str, str] | None = None
+) -> Iterator[str]:
+    """``litellm --config`` on a free port; yields its base URL once /health/liveliness answers.
+    ``env_extra``: more environment variables for the proxy."""
     port = free_port()
     env = {
         **os.environ,
+        **(env_extra or {}),
         "LITELLM_MASTER_KEY": MASTER_KEY,
         "LITELLM_OFFLINE_MODE": "true",
         "LITELLM_LOCAL_MODEL_COST_MAP": "True",

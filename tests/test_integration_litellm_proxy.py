@@ -320,3 +320,51 @@ def test_two_sessions_opening_with_the_same_request_are_both_prepared(alias_prox
         status, answer = post(base, "/v1/chat/completions", body)
         assert status == 200, answer
         assert session_model(state, session) == "gpt-4o"  # prepared by the pre-call hook
+
+
+# A proxy that lets a login's session token in.
+LOGIN_HOOK = """\
+from pathlib import Path
+
+from ctxrules.integrations.litellm import ContextHook
+from litellm.proxy._types import LiteLLM_UserTable
+from litellm.proxy.auth.auth_checks import ExperimentalUIJWTToken
+
+# What `litellm-proxy login` hands a user: a session token, new at each login, whose key alias
+# names the user.
+user = LiteLLM_UserTable(user_id="alice", user_role="proxy_admin")
+Path("login-token").write_text(ExperimentalUIJWTToken.get_cli_jwt_auth_token(user))
+
+hook = ContextHook("builtin:default", {state!r})
+"""
+
+
+@pytest.fixture(scope="module")
+def login_proxy(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    folder = tmp_path_factory.mktemp("login-proxy")
+    state = folder / "state"
+    with FakeUpstream() as upstream:
+        config = write_config(folder, upstream.url, hook=LOGIN_HOOK.format(state=str(state)))
+        # Login tokens are sealed with the salt key (else the master key).
+        with running_proxy(config, env_extra={"LITELLM_SALT_KEY": "sk-ctxrules-test-salt"}) as base:
+            yield base, upstream, state
+
+
+def test_a_login_session_tokens_request_lands_in_one_session(login_proxy: Any) -> None:
+    """A login's token and its key alias differ: the pre-call hook keyed the session on the
+    token, the deployment hook on the alias (litellm's ``user_api_key_hash`` for a login), so
+    the request was prepared a second time, in a second session."""
+    base, _upstream, state = login_proxy
+    token = (state.parent / "login-token").read_text()
+    start = log_size(state)
+    body = {"model": "gpt-4o", "messages": [{"role": "user", "content": "hello"}], "litellm_session_id": "login-1"}
+    status, answer = post(base, "/v1/chat/completions", body, headers={"Authorization": f"Bearer {token}"})
+    assert status == 200, answer
+    (session,) = (path.parent for path in (state / "keys").glob("*/login-1/state.json"))
+    log = log_since(state, start)
+    assert log.count("litellm.prepared") == 1 and log.count("litellm.unchanged") >= 1, log[-3000:]
+    # The call's usage is counted in that session too (litellm records it after the response).
+    deadline = time.monotonic() + 30
+    while not (session / "ledger.jsonl").is_file() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert (session / "ledger.jsonl").is_file()

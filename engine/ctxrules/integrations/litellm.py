@@ -136,14 +136,12 @@ class ContextHook(CustomLogger):
     ) -> dict[str, Any] | None:
         """Proxy: before the router picks a deployment. ``cache`` is the proxy's auth cache;
         nothing is kept there."""
-        key = getattr(user_api_key_dict, "token", None) or getattr(user_api_key_dict, "api_key", None)
-        return await self._hook(data, call_type, api_key=str(key) if key else None, proxy=True)
+        return await self._hook(data, call_type, api_key=_caller_key(user_api_key_dict, _metadata(data)), proxy=True)
 
     async def async_pre_call_deployment_hook(self, kwargs: dict[str, Any], call_type: Any) -> dict[str, Any] | None:
         """Async SDK (and the proxy, after a deployment was picked)."""
         metadata = _metadata(kwargs)
-        key = metadata.get("user_api_key_hash") or metadata.get("user_api_key")
-        return await self._hook(kwargs, call_type, api_key=str(key) if key else None)
+        return await self._hook(kwargs, call_type, api_key=_caller_key(metadata.get("user_api_key_auth"), metadata))
 
     async def async_log_success_event(
         self, kwargs: dict[str, Any], response_obj: Any, start_time: Any, end_time: Any
@@ -175,7 +173,7 @@ class ContextHook(CustomLogger):
             raw = _session_id(probe)
             if raw is None:
                 return  # stateless: there is no session ledger to count against
-            key = metadata.get("user_api_key_hash") or metadata.get("user_api_key")
+            key = _caller_key(metadata.get("user_api_key_auth"), metadata)
             model = self.model or str(kwargs.get("model") or "")
             dump = getattr(response, "model_dump", None)  # litellm's pydantic responses
             body = as_mapping(dump() if callable(dump) else response)
@@ -185,7 +183,7 @@ class ContextHook(CustomLogger):
             usage = parse_usage(body)
             # The logged model may be the deployment's name: no switch (it would drop the
             # session's in-memory reuse of its last compaction).
-            session = self._session(self._session_key(raw, str(key) if key else None), model, switch=False)
+            session = self._session(self._session_key(raw, key), model, switch=False)
             session.record_usage(usage)
         except Exception as exc:  # the call succeeded; a ledger problem must not turn it into an error
             self._log.warning("litellm.usage_error", error=_described(exc))
@@ -485,6 +483,29 @@ def _deployments(name: str) -> list[list[str]]:
                 names.append(value)
         out.append(names)
     return out
+
+
+def _caller_key(auth: Any, metadata: Mapping[str, Any]) -> str | None:
+    """The caller's API key, which proxy sessions are namespaced by: the one every hook of a
+    request derives, so that the request lands in one session. ``auth``: litellm's
+    ``UserAPIKeyAuth`` of the request (the pre-call hook's argument; the proxy carries the same
+    object in the request's metadata, ``user_api_key_auth``, to the deployment hook and the
+    success callback); ``metadata``: the request's, read when there is no such object (the
+    SDK, whose caller may set ``user_api_key_hash`` itself).
+
+    The key as litellm logs it (``user_api_key_hash``): a login's session token
+    (``litellm-proxy login``) by its key alias, the same for every login of that user (the
+    token itself is new at each login), and any other key by its hash. The pre-call hook read
+    the token and the deployment hook the alias, so a login's request was prepared twice, in
+    two sessions, and its usage counted in the one that did not check the budget."""
+    if auth is not None and not isinstance(auth, Mapping):
+        alias = getattr(auth, "key_alias", None)
+        if getattr(auth, "is_session_token", False) is True and isinstance(alias, str) and alias:
+            return alias
+        key = getattr(auth, "api_key", None) or getattr(auth, "token", None)
+    else:
+        key = metadata.get("user_api_key_hash") or metadata.get("user_api_key")
+    return str(key) if key else None
 
 
 def _metadata(data: Mapping[str, Any]) -> dict[str, Any]:
