@@ -31,6 +31,7 @@ from langchain_core.outputs import ChatGeneration, ChatResult  # noqa: E402
 from langchain_core.tools import tool  # noqa: E402
 from langgraph.checkpoint.memory import InMemorySaver  # noqa: E402
 
+from ctxrules.errors import CtxrulesError  # noqa: E402
 from ctxrules.integrations.langchain import CtxrulesMiddleware  # noqa: E402
 from ctxrules.messages import is_injected  # noqa: E402
 from ctxrules.models import lookup_model  # noqa: E402
@@ -509,3 +510,44 @@ def test_standard_blocks_with_no_chat_completions_form_reach_the_model_as_they_a
     (compacted,) = [m for m in sent if isinstance(m, ToolMessage) and m.id == "t1"]
     assert isinstance(compacted.content, list) and compacted.content[-1] == video
     assert "[ctxrules:elided" in json.dumps(compacted.content)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"window": 0},
+        {"window": "128000"},
+        {"window": True},
+        {"model": "not-a-model-ctxrules-knows"},
+        {"model": "gpt\u202e4o"},
+    ],
+)
+def test_a_window_or_model_no_call_can_use_is_refused_when_the_middleware_is_made(
+    tmp_path: Path, options: dict[str, Any]
+) -> None:
+    """Accepted when the agent was built, they failed its first model call (and every one after
+    it). Refused now as the litellm hook refuses them: the same error, the same message."""
+    from ctxrules.integrations.litellm import ContextHook
+
+    with pytest.raises(CtxrulesError) as by_the_hook:
+        ContextHook("builtin:default", tmp_path / "hook", **{"model": "gpt-4o", **options})
+    with pytest.raises(type(by_the_hook.value), match=re.escape(str(by_the_hook.value))):
+        middleware = CtxrulesMiddleware("builtin:default", state=tmp_path / "state", **{"model": "gpt-4o", **options})
+        create_agent(RecordingModel(), tools=[run_job], middleware=[middleware])
+    assert not (tmp_path / "state").exists()
+
+
+class OneAnswer(RecordingModel):
+    """Answers at once, without a tool call."""
+
+    def _generate(self, messages: list[BaseMessage], *args: Any, **kwargs: Any) -> ChatResult:
+        self.requests.append(list(messages))
+        return ChatResult(generations=[ChatGeneration(message=AIMessage("Done."))])
+
+
+def test_a_model_the_registry_does_not_know_is_taken_with_a_window(tmp_path: Path) -> None:
+    middleware = CtxrulesMiddleware("builtin:default", model="my-own-model", window=32_000, state=tmp_path / "state")
+    model = OneAnswer(requests=[])
+    agent = create_agent(model, tools=[run_job], middleware=[middleware])
+    agent.invoke({"messages": [HumanMessage("hi")]}, {"configurable": {"thread_id": "own"}})
+    assert len(model.requests) == 1 and (tmp_path / "state" / "own" / "state.json").is_file()

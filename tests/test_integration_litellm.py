@@ -145,6 +145,17 @@ def test_a_window_or_model_no_request_can_use_is_refused_at_start_up(
     assert not (tmp_path / "state").exists()
 
 
+def test_a_model_only_a_pack_entry_without_a_window_matches_is_refused_at_start_up(tmp_path: Path) -> None:
+    """The entry matched, so the model passed for known, and every request failed to size it."""
+    entries = "models:\n  - {id: mine, match: ['my-own-*'], context: {reserve_output: 4096}}\n"
+    with pytest.raises(UnknownModelError, match="unknown model 'my-own-x'"):
+        ContextHook(pack(tmp_path, entries), tmp_path / "state", model="my-own-x")
+    sized = "models:\n  - {id: mine, match: ['my-own-*'], context: {window: 50000}}\n"
+    hook = ContextHook(pack(tmp_path, sized), tmp_path / "state", model="my-own-x")
+    hook.process({"model": "a", "messages": [{"role": "user", "content": "hi"}], "litellm_session_id": "s"}, "openai")
+    assert hook.stats["prepared"] == 1
+
+
 def test_a_model_the_registry_does_not_know_is_taken_with_a_window(tmp_path: Path) -> None:
     hook = ContextHook("builtin:default", tmp_path / "state", model="my-own-model", window=32_000)
     hook.process(

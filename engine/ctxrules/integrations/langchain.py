@@ -32,6 +32,7 @@ from ctxrules.engine import Engine
 from ctxrules.errors import CtxrulesError, MessagesError
 from ctxrules.injected import key_scope
 from ctxrules.integrations import OpenSessions, session_name
+from ctxrules.integrations.sizing import check_sizing
 from ctxrules.messages import is_injected
 from ctxrules.recall import PARAMETERS, RecallSettings
 from ctxrules.stages.normalize_tool_pairs import DERIVED_ID_PREFIX
@@ -125,6 +126,9 @@ class CtxrulesMiddleware(AgentMiddleware):
         if store is not None and state is not None:
             raise ValueError("give state (a directory) or store (a Store or URL), not both")
         self.engine = Engine.load(pack)
+        # Checked here, as the litellm hook does: a window or model no call can be sized with
+        # failed the agent's first model call (and every one after it) instead.
+        check_sizing(self.engine.pack.data, model, window)
         self.model_name = model
         self.state = Path(state if state is not None else ".ctxrules")
         self.store: Store | None = open_store(store) if store is not None else None

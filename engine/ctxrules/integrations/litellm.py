@@ -49,13 +49,12 @@ except ImportError as exc:  # pragma: no cover - litellm is a core dependency; a
     ) from exc
 
 from ctxrules.budget.usage import as_mapping, is_failed_response, parse_usage
-from ctxrules.errors import CtxrulesError, MessagesError
+from ctxrules.errors import MessagesError
 from ctxrules.injected import KEY_FILE
 from ctxrules.integrations import OpenSessions, session_name
+from ctxrules.integrations.sizing import check_sizing, model_profile
 from ctxrules.json_limits import MAX_INT_DIGITS
 from ctxrules.logs import get_logger
-from ctxrules.models import check_window, lookup_model
-from ctxrules.packs.models_match import select_model_entry
 from ctxrules.private_files import ensure_dir
 from ctxrules.stores import open_store
 from ctxrules.stores.filesystem import FilesystemStore
@@ -103,13 +102,11 @@ class ContextHook(CustomLogger):
             raise ValueError(f"on_error must be 'pass' or 'reject', got {on_error!r}")
         if store is not None and state is not None:
             raise ValueError("give state (a directory) or store (a Store or URL), not both")
+        self.engine: Engine = Engine.load(pack)
         # Checked at start-up: a window or model no request can be sized with failed every
         # request instead, each with a warning (or a 500 with on_error="reject").
-        check_window(window)
-        self.engine: Engine = Engine.load(pack)
+        check_sizing(self.engine.pack.data, model or None, window)
         self.model, self.window = model, window
-        if model and not self._knows(model):
-            lookup_model(model)  # the registry's error, with the names it does know
         self.state_root = Path(state if state is not None else ".ctxrules")
         self.store: Store = open_store(store) if store is not None else FilesystemStore(self.state_root)
         # The filesystem store keeps sessions as directories, named as they always were.
@@ -301,13 +298,7 @@ class ContextHook(CustomLogger):
 
     def _knows(self, name: str) -> bool:
         """Whether a session can be sized for ``name`` as it is (what ``Session`` asks)."""
-        if self.window is not None or select_model_entry(self.engine.pack.data, name) is not None:
-            return True
-        try:
-            lookup_model(name)
-        except CtxrulesError:
-            return False
-        return True
+        return model_profile(self.engine.pack.data, name, self.window) is not None
 
     def _prepare(
         self, data: dict[str, Any], kind: Kind, api_key: str | None, model: str
