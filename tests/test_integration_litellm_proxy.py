@@ -322,10 +322,11 @@ def test_two_sessions_opening_with_the_same_request_are_both_prepared(alias_prox
         assert session_model(state, session) == "gpt-4o"  # prepared by the pre-call hook
 
 
-# A proxy that lets a login's session token in.
+# A proxy that lets a login's session token in, and counts the model lookups of its hook.
 LOGIN_HOOK = """\
 from pathlib import Path
 
+import ctxrules.integrations.sizing
 from ctxrules.integrations.litellm import ContextHook
 from litellm.proxy._types import LiteLLM_UserTable
 from litellm.proxy.auth.auth_checks import ExperimentalUIJWTToken
@@ -335,8 +336,19 @@ from litellm.proxy.auth.auth_checks import ExperimentalUIJWTToken
 user = LiteLLM_UserTable(user_id="alice", user_role="proxy_admin")
 Path("login-token").write_text(ExperimentalUIJWTToken.get_cli_jwt_auth_token(user))
 
+looked_up = ctxrules.integrations.sizing.lookup_model
+
+
+def counted(name, **options):
+    with open("lookups", "a") as out:
+        out.write(name + "\\n")
+    return looked_up(name, **options)
+
+
+ctxrules.integrations.sizing.lookup_model = counted
 hook = ContextHook("builtin:default", {state!r})
 """
+LOGIN_ALIASES = (("counted-alias", "openai/gpt-4o"),)
 
 
 @pytest.fixture(scope="module")
@@ -344,7 +356,7 @@ def login_proxy(tmp_path_factory: pytest.TempPathFactory) -> Any:
     folder = tmp_path_factory.mktemp("login-proxy")
     state = folder / "state"
     with FakeUpstream() as upstream:
-        config = write_config(folder, upstream.url, hook=LOGIN_HOOK.format(state=str(state)))
+        config = write_config(folder, upstream.url, hook=LOGIN_HOOK.format(state=str(state)), aliases=LOGIN_ALIASES)
         # Login tokens are sealed with the salt key (else the master key).
         with running_proxy(config, env_extra={"LITELLM_SALT_KEY": "sk-ctxrules-test-salt"}) as base:
             yield base, upstream, state
@@ -368,3 +380,16 @@ def test_a_login_session_tokens_request_lands_in_one_session(login_proxy: Any) -
     while not (session / "ledger.jsonl").is_file() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert (session / "ledger.jsonl").is_file()
+
+
+def test_an_alias_ctxrules_does_not_know_is_looked_up_once(login_proxy: Any) -> None:
+    """Each request looked the alias up in the model registry again, and failed again (some 4 ms,
+    its close matches, per request)."""
+    base, _upstream, state = login_proxy
+    for turn in range(3):
+        body = {"model": "counted-alias", "messages": [{"role": "user", "content": f"turn {turn}"}]}
+        status, answer = post(base, "/v1/chat/completions", {**body, "litellm_session_id": "counted"})
+        assert status == 200, answer
+    assert session_model(state, "counted") == "openai/gpt-4o"  # read as its deployment's model
+    lookups = (state.parent / "lookups").read_text().splitlines()
+    assert lookups.count("counted-alias") == 1, lookups

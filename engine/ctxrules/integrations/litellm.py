@@ -52,7 +52,7 @@ from ctxrules.budget.usage import as_mapping, is_failed_response, parse_usage
 from ctxrules.errors import MessagesError
 from ctxrules.injected import KEY_FILE
 from ctxrules.integrations import OpenSessions, session_name
-from ctxrules.integrations.sizing import check_sizing, model_profile
+from ctxrules.integrations.sizing import ModelProfile, check_sizing, model_profile
 from ctxrules.json_limits import MAX_INT_DIGITS
 from ctxrules.logs import get_logger
 from ctxrules.private_files import ensure_dir
@@ -72,6 +72,7 @@ _OPENAI_CALLS = frozenset({"completion", "acompletion"})
 _ANTHROPIC_CALLS = frozenset({"anthropic_messages"})
 _ANTHROPIC_KEYS = ("system", "messages", "tools")
 _PRODUCED_LIMIT = 4096
+_PROFILES_LIMIT = 1024
 
 
 class ContextHook(CustomLogger):
@@ -123,6 +124,10 @@ class ContextHook(CustomLogger):
         # which met the same dead or locked store again — twice the socket or lock timeout, and
         # the warning twice — before the call went on unchanged all the same.
         self._store_failed: OrderedDict[str, None] = OrderedDict()
+        # What each model name a request gave is sized by (None: no session can be), so that a
+        # proxy alias ctxrules does not know costs one failed registry lookup, not one (some 4
+        # ms, its close matches) per request.
+        self._profiles: OrderedDict[str, ModelProfile | None] = OrderedDict()
         self._lock = ForkSafeLock()
         self._log = get_logger("ctxrules.litellm")
 
@@ -298,7 +303,21 @@ class ContextHook(CustomLogger):
 
     def _knows(self, name: str) -> bool:
         """Whether a session can be sized for ``name`` as it is (what ``Session`` asks)."""
-        return model_profile(self.engine.pack.data, name, self.window) is not None
+        return self._profile(name) is not None
+
+    def _profile(self, name: str) -> ModelProfile | None:
+        """:func:`model_profile` of ``name`` under this hook's pack and window, remembered for the
+        last ``_PROFILES_LIMIT`` names (the pack and the window are the hook's for its life)."""
+        with self._lock:
+            if name in self._profiles:
+                self._profiles.move_to_end(name)
+                return self._profiles[name]
+        profile = model_profile(self.engine.pack.data, name, self.window)
+        with self._lock:
+            self._profiles[name] = profile
+            while len(self._profiles) > _PROFILES_LIMIT:
+                self._profiles.popitem(last=False)
+        return profile
 
     def _prepare(
         self, data: dict[str, Any], kind: Kind, api_key: str | None, model: str
