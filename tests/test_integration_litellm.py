@@ -592,3 +592,53 @@ def test_a_call_the_store_failed_is_not_tried_again_by_its_deployment_hook(tmp_p
     assert hook.stats["failed"] == 1 and hook.stats["passed"] == 1
     asyncio.run(one_call("call-2"))
     assert hook.stats["failed"] == 2
+
+
+def fallback_history() -> list[dict[str, Any]]:
+    """A conversation long enough for the provider's cache markers (the prefix is cached from
+    1,024 tokens on)."""
+    rules = "Answer briefly and cite the file you read. " * 300
+    return [
+        {"role": "system", "content": rules},
+        {"role": "user", "content": "Which test fails, and why? " * 200},
+    ]
+
+
+def test_a_router_fallback_to_another_provider_is_prepared_for_that_model(
+    tmp_path: Path, upstream: FakeUpstream
+) -> None:
+    """The first deployment (gpt-4o) fails and the Router falls back to Claude: the request the
+    hook had prepared for gpt-4o (no cache breakpoints, gpt-4o's window) went to Claude as it
+    was, taken for an output of this hook. It is prepared for Claude, as a call that went to
+    Claude first is."""
+
+    def router(fallback: bool) -> Any:
+        gpt = {"model": "openai/gpt-4o", "api_base": f"{upstream.url}/v1", "api_key": "sk-x"}
+        if fallback:
+            gpt["mock_response"] = "litellm.InternalServerError"
+        claude = {"model": "anthropic/claude-sonnet-4-5", "api_base": upstream.url, "api_key": "sk-x"}
+        return litellm.Router(
+            model_list=[
+                {"model_name": "primary", "litellm_params": gpt},
+                {"model_name": "backup", "litellm_params": claude},
+            ],
+            fallbacks=[{"primary": ["backup"]}],
+            num_retries=0,
+        )
+
+    async def call(group: str, hook: ContextHook, fallback: bool) -> Any:
+        litellm.callbacks = [hook]
+        try:
+            return await router(fallback).acompletion(model=group, messages=fallback_history(), litellm_session_id="fb")
+        finally:
+            litellm.callbacks = []
+
+    hook = ContextHook("builtin:default", tmp_path / "state")
+    answer = asyncio.run(call("primary", hook, fallback=True))
+    assert answer.choices[0].message.content == "ok"
+    assert [path for path, _ in upstream.requests] == ["/v1/messages"]  # gpt-4o's call was the mock's
+    asyncio.run(call("backup", ContextHook("builtin:default", tmp_path / "direct"), fallback=False))
+    (_, by_fallback), (_, direct) = upstream.requests
+    assert "cache_control" in json.dumps(direct["messages"])  # what Claude's preparation adds
+    assert {k: by_fallback.get(k) for k in ("system", "messages")} == {k: direct.get(k) for k in ("system", "messages")}
+    assert hook.stats["prepared"] == 2 and hook.stats["unchanged"] == 0, hook.stats

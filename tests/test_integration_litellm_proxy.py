@@ -322,7 +322,8 @@ def test_two_sessions_opening_with_the_same_request_are_both_prepared(alias_prox
         assert session_model(state, session) == "gpt-4o"  # prepared by the pre-call hook
 
 
-# A proxy that lets a login's session token in, and counts the model lookups of its hook.
+# A proxy that lets a login's session token in, counts the model lookups of its hook, and falls
+# back from a deployment that fails to one of another provider.
 LOGIN_HOOK = """\
 from pathlib import Path
 
@@ -348,7 +349,11 @@ def counted(name, **options):
 ctxrules.integrations.sizing.lookup_model = counted
 hook = ContextHook("builtin:default", {state!r})
 """
-LOGIN_ALIASES = (("counted-alias", "openai/gpt-4o"),)
+LOGIN_ALIASES = (
+    ("counted-alias", "openai/gpt-4o"),
+    ("failing-gpt", "openai/gpt-4o", {"mock_response": "litellm.InternalServerError"}),
+    ("backup-claude", "anthropic/claude-sonnet-4-5"),
+)
 
 
 @pytest.fixture(scope="module")
@@ -356,7 +361,13 @@ def login_proxy(tmp_path_factory: pytest.TempPathFactory) -> Any:
     folder = tmp_path_factory.mktemp("login-proxy")
     state = folder / "state"
     with FakeUpstream() as upstream:
-        config = write_config(folder, upstream.url, hook=LOGIN_HOOK.format(state=str(state)), aliases=LOGIN_ALIASES)
+        config = write_config(
+            folder,
+            upstream.url,
+            hook=LOGIN_HOOK.format(state=str(state)),
+            aliases=LOGIN_ALIASES,
+            router_settings={"fallbacks": [{"failing-gpt": ["backup-claude"]}], "num_retries": 0},
+        )
         # Login tokens are sealed with the salt key (else the master key).
         with running_proxy(config, env_extra={"LITELLM_SALT_KEY": "sk-ctxrules-test-salt"}) as base:
             yield base, upstream, state
@@ -393,3 +404,26 @@ def test_an_alias_ctxrules_does_not_know_is_looked_up_once(login_proxy: Any) -> 
     assert session_model(state, "counted") == "openai/gpt-4o"  # read as its deployment's model
     lookups = (state.parent / "lookups").read_text().splitlines()
     assert lookups.count("counted-alias") == 1, lookups
+
+
+def test_a_fallback_to_another_provider_is_prepared_for_that_model(login_proxy: Any) -> None:
+    """The pre-call hook prepared the request for the group's model (gpt-4o); its deployment
+    failed and the router sent that output on to Claude as it was (gpt-4o's window, no cache
+    breakpoints), the deployment hook taking it for its own output. Claude gets what a request
+    sent to Claude directly gets."""
+    base, upstream, _state = login_proxy
+    rules = "Answer briefly and cite the file you read. " * 300
+    messages = [{"role": "system", "content": rules}, {"role": "user", "content": "Which test fails? " * 200}]
+    bodies = []
+    for group in ("failing-gpt", "backup-claude"):
+        before = len(upstream.requests)
+        status, answer = post(
+            base, "/v1/chat/completions", {"model": group, "messages": messages, "litellm_session_id": f"to-{group}"}
+        )
+        assert status == 200, answer
+        ((path, body),) = upstream.requests[before:]  # the failing deployment is litellm's mock
+        assert path.endswith("/messages")
+        bodies.append({k: body.get(k) for k in ("system", "messages")})
+    by_fallback, direct = bodies
+    assert "cache_control" in json.dumps(direct)  # what Claude's preparation adds
+    assert by_fallback == direct

@@ -13,7 +13,8 @@ under a hash of the caller's API key, so two keys never share one. Without an id
 compacted on its own: no session state is kept, and what leaves the context goes to the state
 root's shared vault. Both hooks may fire for one request (and for ``/v1/messages`` routed to
 an OpenAI model the deployment hook fires twice): a request equal to an output this hook
-produced for the same session passes unchanged, with no state written. A proxy ``model_name``
+produced for the same session, and a model of the same window and provider (not a router's
+fallback to another), passes unchanged, with no state written. A proxy ``model_name``
 ctxrules does not know is read as the model its deployments serve (their
 ``litellm_params.model``). A request the gateway guard refuses is a
 ``litellm.BadRequestError`` (HTTP 400 from the proxy) and one an exceeded budget refuses a
@@ -226,20 +227,21 @@ class ContextHook(CustomLogger):
         from ctxrules.runtime.guards import RequestRejected
         from ctxrules.stores.base import StoreError
 
-        digest = self._digest(kind, data, api_key)
-        if digest is not None and digest in self._produced:
-            self.stats["unchanged"] += 1
-            self._log.debug("litellm.unchanged", kind=kind, detail="equals an output of this hook for this session")
-            return data
         model = self._model(data, proxy)
         if model is None:
             self.stats["passed"] += 1
             self._log.debug(
                 "litellm.passthrough",
                 kind=kind,
-                detail=f"the deployments of {data.get('model')!r} serve no one model ctxrules knows: "
-                "left to the deployment hook, which sees the picked deployment's model",
+                detail=f"the deployments of {data.get('model')!r} (and its fallbacks) serve no one model "
+                "ctxrules knows: left to the deployment hook, which sees the picked deployment's model",
             )
+            return data
+        profile = self._profile(model)
+        digest = self._digest(kind, data, api_key, profile)
+        if digest is not None and digest in self._produced:
+            self.stats["unchanged"] += 1
+            self._log.debug("litellm.unchanged", kind=kind, detail="equals an output of this hook for this session")
             return data
         call = data.get("litellm_call_id")
         failed_key = f"{call}:{digest}" if isinstance(call, str) and call and digest is not None else None
@@ -270,7 +272,7 @@ class ContextHook(CustomLogger):
             )
             return data
         self.stats["prepared"] += 1
-        produced = self._digest(kind, out, api_key)
+        produced = self._digest(kind, out, api_key, profile)
         if produced is not None:
             self._remember(produced, self._produced)
         self._log.debug(
@@ -295,11 +297,25 @@ class ContextHook(CustomLogger):
         with the picked deployment's model, prepares the request (or reports that model
         unknown)."""
         name = self.model or str(data.get("model") or "")
-        if not proxy or self.model or self._knows(name):
+        if not proxy or self.model:
             return name
-        served = {next((m for m in models if self._knows(m)), None) for models in _deployments(name)}
-        only = served.pop() if len(served) == 1 else None
-        return only
+        if self._knows(name):
+            chosen: str | None = name
+        else:
+            served = {next((m for m in models if self._knows(m)), None) for models in _deployments(name)}
+            chosen = served.pop() if len(served) == 1 else None
+        if chosen is None:
+            return None
+        # The router's fallbacks send the same request on to other groups when this one fails:
+        # prepared here for one model, it reached a model of another window or provider as it
+        # was. Left to the deployment hook then, which prepares each deployment's call for it.
+        profile = self._profile(chosen)
+        for group in _fallback_groups(name, data):
+            for models in _deployments(group) or [[group]]:
+                other = next((m for m in models if self._knows(m)), None)
+                if other is None or self._profile(other) != profile:
+                    return None
+        return chosen
 
     def _knows(self, name: str) -> bool:
         """Whether a session can be sized for ``name`` as it is (what ``Session`` asks)."""
@@ -373,17 +389,22 @@ class ContextHook(CustomLogger):
             session.switch(model=model, window=self.window)
         return session
 
-    def _digest(self, kind: Kind, data: Mapping[str, Any], api_key: str | None) -> str | None:
-        """What the request's session, messages and tools hash to; None for a request no digest
-        can be taken of (nested past Python's stack, a key no JSON has, a session id that is
-        the request's error): it is then not one this hook made.
+    def _digest(
+        self, kind: Kind, data: Mapping[str, Any], api_key: str | None, profile: ModelProfile | None
+    ) -> str | None:
+        """What the request's session, messages and tools, and the profile of the model it goes
+        to, hash to; None for a request no digest can be taken of (nested past Python's stack,
+        a key no JSON has, a session id that is the request's error): it is then not one this
+        hook made.
 
         The digest lets the later hooks of one call (the proxy runs the pre-call and the
         deployment hook, retries and fallbacks run the deployment hook again) pass the output
         of the first on, not prepare it twice. The session is part of it: another session's
         request equal to that output (the same first message of a new conversation) is not
         one this hook made for it — passed unchanged, that session kept no turn and its
-        budget was never checked."""
+        budget was never checked. So is the model's profile: an output prepared for one model
+        is not one made for a model of another window or provider, which a router's fallback
+        sends it to (it went on with the first model's window, cache markers and options)."""
         # The tools too: a request with this output's messages and other tools is not one
         # this hook made (its tools were never checked nor normalized).
         keys = _ANTHROPIC_KEYS if kind == "anthropic" else ("messages", "tools")
@@ -395,6 +416,7 @@ class ContextHook(CustomLogger):
         tenant = hashlib.sha256(api_key.encode()).hexdigest()[:16] if api_key is not None else None
         # The id as given, with the caller's key: what _session_key names the session by.
         view[" session"] = [tenant, raw]
+        view[" model"] = profile
         try:
             text = json.dumps(view, sort_keys=True, ensure_ascii=False, default=str)
         except (RecursionError, ValueError, TypeError):
@@ -516,6 +538,40 @@ def _caller_key(auth: Any, metadata: Mapping[str, Any]) -> str | None:
     else:
         key = metadata.get("user_api_key_hash") or metadata.get("user_api_key")
     return str(key) if key else None
+
+
+_FALLBACK_KINDS = ("fallbacks", "context_window_fallbacks", "content_policy_fallbacks")
+
+
+def _fallback_groups(name: str, data: Mapping[str, Any]) -> list[str]:
+    """The model groups the proxy's router may send a request for the group ``name`` on to:
+    the request's own ``fallbacks`` and the router's fallbacks of every kind (an entry ``"*"``
+    is every group's), and theirs in turn; none outside the proxy."""
+    server = sys.modules.get("litellm.proxy.proxy_server")  # the proxy only: never imported here
+    router = getattr(server, "llm_router", None)
+    tables = [getattr(router, kind, None) for kind in _FALLBACK_KINDS] if router is not None else []
+    found: list[str] = []
+    own = data.get("fallbacks")
+    for target in own if isinstance(own, list) else ():
+        model = target.get("model") if isinstance(target, Mapping) else target
+        if isinstance(model, str) and model and model not in found:
+            found.append(model)
+    pending, seen = [name, *found], {name}
+    while pending:
+        group = pending.pop()
+        for table in tables:
+            for entry in table if isinstance(table, list) else ():
+                if not isinstance(entry, Mapping):
+                    continue
+                for key in (group, "*"):
+                    targets = entry.get(key)
+                    for target in targets if isinstance(targets, list) else ():
+                        if isinstance(target, str) and target not in seen:
+                            seen.add(target)
+                            pending.append(target)
+                            if target not in found:
+                                found.append(target)
+    return found
 
 
 def _metadata(data: Mapping[str, Any]) -> dict[str, Any]:
