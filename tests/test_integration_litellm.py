@@ -642,3 +642,36 @@ def test_a_router_fallback_to_another_provider_is_prepared_for_that_model(
     assert "cache_control" in json.dumps(direct["messages"])  # what Claude's preparation adds
     assert {k: by_fallback.get(k) for k in ("system", "messages")} == {k: direct.get(k) for k in ("system", "messages")}
     assert hook.stats["prepared"] == 2 and hook.stats["unchanged"] == 0, hook.stats
+
+
+@pytest.mark.parametrize(
+    ("router_options", "request_options", "left"),
+    [
+        ({"default_fallbacks": ["claude"]}, {}, True),  # a "*" entry: every group's
+        ({"context_window_fallbacks": [{"gpt": ["claude"]}]}, {}, True),
+        ({"fallbacks": [{"gpt": ["gpt-too"]}, {"gpt-too": ["claude"]}]}, {}, True),  # followed in turn
+        ({}, {"fallbacks": ["claude"]}, True),  # the request's own
+        ({"fallbacks": [{"gpt": ["gpt-too"]}]}, {}, False),  # the same model: prepared at once
+        ({"fallbacks": [{"claude": ["gpt"]}]}, {}, False),  # another group's
+    ],
+)
+def test_the_proxys_pre_call_hook_leaves_a_group_whose_fallbacks_serve_another_model(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    router_options: dict[str, Any],
+    request_options: dict[str, Any],
+    left: bool,
+) -> None:
+    """Prepared for the group's model, the request went on to the fallback's as it was."""
+    from types import SimpleNamespace
+
+    deployments = [("gpt", "openai/gpt-4o"), ("gpt-too", "openai/gpt-4o"), ("claude", "anthropic/claude-sonnet-4-5")]
+    router = litellm.Router(
+        model_list=[{"model_name": n, "litellm_params": {"model": m}} for n, m in deployments], **router_options
+    )
+    monkeypatch.setitem(sys.modules, "litellm.proxy.proxy_server", SimpleNamespace(llm_router=router))
+    hook = ContextHook("builtin:default", tmp_path / "state")
+    data = {"model": "gpt", "messages": [{"role": "user", "content": "hi"}], "litellm_session_id": "s"}
+    out = hook.process({**data, **request_options}, "openai", proxy=True)
+    assert hook.stats == {"prepared": 0 if left else 1, "unchanged": 0, "passed": 1 if left else 0, "failed": 0}
+    assert (out == {**data, **request_options}) is left

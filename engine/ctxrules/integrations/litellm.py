@@ -310,7 +310,10 @@ class ContextHook(CustomLogger):
         # prepared here for one model, it reached a model of another window or provider as it
         # was. Left to the deployment hook then, which prepares each deployment's call for it.
         profile = self._profile(chosen)
-        for group in _fallback_groups(name, data):
+        groups = _fallback_groups(name, data)
+        if groups is None:
+            return None
+        for group in groups:
             for models in _deployments(group) or [[group]]:
                 other = next((m for m in models if self._knows(m)), None)
                 if other is None or self._profile(other) != profile:
@@ -543,13 +546,20 @@ def _caller_key(auth: Any, metadata: Mapping[str, Any]) -> str | None:
 _FALLBACK_KINDS = ("fallbacks", "context_window_fallbacks", "content_policy_fallbacks")
 
 
-def _fallback_groups(name: str, data: Mapping[str, Any]) -> list[str]:
+def _fallback_groups(name: str, data: Mapping[str, Any]) -> list[str] | None:
     """The model groups the proxy's router may send a request for the group ``name`` on to:
     the request's own ``fallbacks`` and the router's fallbacks of every kind (an entry ``"*"``
-    is every group's), and theirs in turn; none outside the proxy."""
+    is every group's), and theirs in turn; none outside the proxy; None when the router's
+    cannot be read."""
     server = sys.modules.get("litellm.proxy.proxy_server")  # the proxy only: never imported here
     router = getattr(server, "llm_router", None)
-    tables = [getattr(router, kind, None) for kind in _FALLBACK_KINDS] if router is not None else []
+    try:
+        settings = getattr(router, "settings", None)  # litellm 1.110+; the attributes warn there
+        source = settings() if callable(settings) else router
+        tables = [getattr(source, kind, None) for kind in _FALLBACK_KINDS] if source is not None else []
+    except Exception as exc:  # the router's own trouble: left to the deployment hooks, which see each call
+        get_logger("ctxrules.litellm").debug("litellm.router_error", error=_described(exc))
+        return None
     found: list[str] = []
     own = data.get("fallbacks")
     for target in own if isinstance(own, list) else ():
