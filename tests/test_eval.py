@@ -918,7 +918,7 @@ def test_replayed_sessions_are_kept_in_memory_where_the_machine_has_a_folder_for
     # disk for most of its time (2,000 messages: 50 s, 30 of them waiting).
     import tempfile
 
-    from ctxrules.eval import replay as eval_replay
+    from ctxrules.eval import scratch
 
     used: list[str | None] = []
     real = tempfile.TemporaryDirectory
@@ -927,7 +927,7 @@ def test_replayed_sessions_are_kept_in_memory_where_the_machine_has_a_folder_for
         used.append(kwargs.get("dir"))
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(eval_replay.tempfile, "TemporaryDirectory", recording)
+    monkeypatch.setattr(scratch.tempfile, "TemporaryDirectory", recording)
     path = tmp_path / "one.json"
     path.write_text(json.dumps(transcript("one")))
     assert run_cli("eval", "--pack", "builtin:default", "--model", "gpt-4o", "--quiet", str(path)) == 0
@@ -1136,6 +1136,33 @@ def _running(pids: list[int]) -> list[int]:
     return running
 
 
+_EVAL_CMD = [sys.executable, "-m", "ctxrules.cli.main", "eval", "--pack", "builtin:default", "--model", "gpt-4o"]
+
+
+def _long_transcripts(folder: Path, steps: int, marker: str | None = None) -> Path:
+    """Two transcripts of ``steps`` exchanges each in ``folder`` (made), the first user message
+    starting with ``marker`` (found again in the replays' session folders)."""
+    long = transcript("k" if marker is None else "s")
+    if marker is not None:
+        long[1] = {"role": "user", "content": f"{marker} " + str(long[1]["content"])}
+    for n in range(steps):
+        long += [{"role": "user", "content": f"step {n}"}, {"role": "assistant", "content": f"ok {n}"}]
+    folder.mkdir(exist_ok=True)
+    for name in ("a", "b"):
+        (folder / f"{name}.json").write_text(json.dumps(long))
+    return folder
+
+
+def _start_eval(folder: Path, **pipes: Any) -> subprocess.Popen[str]:
+    """``ctxrules eval --jobs 2`` over ``folder``, started."""
+    return subprocess.Popen([*_EVAL_CMD, "--jobs", "2", "--quiet", str(folder)], env=_cli_env(), text=True, **pipes)
+
+
+def _eval_workers(pid: int) -> list[int]:
+    """The replay workers eval ``pid`` started (multiprocessing's spawned children)."""
+    return [p for p in _children(pid) if "spawn_main" in Path(f"/proc/{p}/cmdline").read_text()]
+
+
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc")
 def test_the_workers_end_when_eval_is_killed(tmp_path: Path) -> None:
     # `timeout 60 ctxrules eval --jobs 2`: SIGTERM ended eval outright, and its workers waited
@@ -1143,24 +1170,14 @@ def test_the_workers_end_when_eval_is_killed(tmp_path: Path) -> None:
     import signal
     import time
 
-    long = transcript("k")
-    for n in range(1500):  # tens of seconds of replay per pair
-        long += [{"role": "user", "content": f"step {n}"}, {"role": "assistant", "content": f"ok {n}"}]
-    for name in ("a", "b"):
-        (tmp_path / f"{name}.json").write_text(json.dumps(long))
-    cmd = [sys.executable, "-m", "ctxrules.cli.main", "eval", "--pack", "builtin:default", "--model", "gpt-4o"]
-    proc = subprocess.Popen(
-        [*cmd, "--jobs", "2", "--quiet", str(tmp_path)],
-        env=_cli_env(),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    _long_transcripts(tmp_path, 1500)  # tens of seconds of replay per pair
+    proc = _start_eval(tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     workers: list[int] = []
     try:
         deadline = time.monotonic() + 30
         while len(workers) < 2 and time.monotonic() < deadline:
             time.sleep(0.2)
-            workers = [p for p in _children(proc.pid) if "spawn_main" in Path(f"/proc/{p}/cmdline").read_text()]
+            workers = _eval_workers(proc.pid)
         assert len(workers) == 2, "the workers did not start"
         time.sleep(3)  # into the replay (a worker still starting when eval died stayed too)
         proc.send_signal(signal.SIGTERM)
@@ -1203,20 +1220,8 @@ def test_sigterm_stops_the_workers_and_is_exit_143_in_one_line(tmp_path: Path) -
 
     scratch = Path(scratch_dir() or tempfile.gettempdir())
     marker = f"marker-{os.getpid()}-{tmp_path.name}"
-    long = transcript("s")
-    long[1] = {"role": "user", "content": f"{marker} " + str(long[1]["content"])}
-    for n in range(8000):  # a minute of replay per pair
-        long += [{"role": "user", "content": f"step {n}"}, {"role": "assistant", "content": f"ok {n}"}]
-    for name in ("a", "b"):
-        (tmp_path / f"{name}.json").write_text(json.dumps(long))
-    cmd = [sys.executable, "-m", "ctxrules.cli.main", "eval", "--pack", "builtin:default", "--model", "gpt-4o"]
-    proc = subprocess.Popen(
-        [*cmd, "--jobs", "2", "--quiet", str(tmp_path)],
-        env=_cli_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    _long_transcripts(tmp_path, 8000, marker)  # a minute of replay per pair
+    proc = _start_eval(tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     workers: list[int] = []
     try:
         deadline = time.monotonic() + 60
@@ -1224,7 +1229,7 @@ def test_sigterm_stops_the_workers_and_is_exit_143_in_one_line(tmp_path: Path) -
             assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
             time.sleep(0.2)
         assert len(_folders_holding(scratch, marker)) == 2, "the replays did not start"
-        workers = [p for p in _children(proc.pid) if "spawn_main" in Path(f"/proc/{p}/cmdline").read_text()]
+        workers = _eval_workers(proc.pid)
         stopped = time.monotonic()
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=30)
@@ -1254,14 +1259,7 @@ def test_the_folder_of_a_killed_worker_goes_with_the_next_run_and_a_live_one_sta
 
     scratch = Path(scratch_dir() or tempfile.gettempdir())
     marker = f"marker-{os.getpid()}-{tmp_path.name}"
-    long = transcript("s")
-    long[1] = {"role": "user", "content": f"{marker} " + str(long[1]["content"])}
-    for n in range(8000):  # a minute of replay per pair
-        long += [{"role": "user", "content": f"step {n}"}, {"role": "assistant", "content": f"ok {n}"}]
-    (tmp_path / "long").mkdir()
-    for name in ("a", "b"):
-        (tmp_path / "long" / f"{name}.json").write_text(json.dumps(long))
-    cmd = [sys.executable, "-m", "ctxrules.cli.main", "eval", "--pack", "builtin:default", "--model", "gpt-4o"]
+    long = _long_transcripts(tmp_path / "long", 8000, marker)  # a minute of replay per pair
     holder = subprocess.Popen(  # a live replay's folder, held as eval holds one
         [sys.executable, "-c", "from ctxrules.eval.scratch import session_folder\nimport sys\n"
          "with session_folder() as f:\n    print(f, flush=True)\n    sys.stdin.read()"],
@@ -1270,8 +1268,7 @@ def test_the_folder_of_a_killed_worker_goes_with_the_next_run_and_a_live_one_sta
     live = Path(holder.stdout.readline().strip()) if holder.stdout else Path()
     other = scratch / f"ctxrules-evaluation-{os.getpid()}"  # not eval's name: never touched
     other.mkdir()
-    proc = subprocess.Popen([*cmd, "--jobs", "2", "--quiet", str(tmp_path / "long")], env=_cli_env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    proc = _start_eval(long, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     workers: list[int] = []
     try:
         deadline = time.monotonic() + 60
@@ -1280,7 +1277,7 @@ def test_the_folder_of_a_killed_worker_goes_with_the_next_run_and_a_live_one_sta
             time.sleep(0.2)
         left = _folders_holding(scratch, marker)
         assert len(left) == 2, "the replays did not start"
-        workers = [p for p in _children(proc.pid) if "spawn_main" in Path(f"/proc/{p}/cmdline").read_text()]
+        workers = _eval_workers(proc.pid)
         for p in [proc.pid, *workers]:  # the whole run killed outright: nothing unwinds
             os.kill(p, signal.SIGKILL)
         proc.communicate(timeout=30)
@@ -1290,7 +1287,7 @@ def test_the_folder_of_a_killed_worker_goes_with_the_next_run_and_a_live_one_sta
         assert sorted(_folders_holding(scratch, marker)) == sorted(left)  # what was left behind
         (tmp_path / "short").mkdir()
         (tmp_path / "short" / "c.json").write_text(json.dumps(transcript("c")))
-        nxt = subprocess.run([*cmd, "--quiet", str(tmp_path / "short")], env=_cli_env(),
+        nxt = subprocess.run([*_EVAL_CMD, "--quiet", str(tmp_path / "short")], env=_cli_env(),
                              capture_output=True, text=True, timeout=300)  # fmt: skip
         assert nxt.returncode == 0, nxt.stderr
         assert _folders_holding(scratch, marker) == []
