@@ -938,3 +938,119 @@ def test_the_trial_render_of_a_pack_is_bounded_in_prompts_and_in_operations(
     # What a pack of ordinary size needs stays within both bounds.
     calls, found = _trial_renders(tmp_path, monkeypatch, 20, 99, "{% for i in range(1000) %}{{ i }}{% endfor %}")
     assert calls == 20 * 100 and found == []
+
+
+def _shapes(folder: Path, shape: str, n: int) -> None:
+    """Packs ``{name}.yaml`` that extend each other in one of several shapes."""
+    head = "apiVersion: ctxrules/v1\nkind: RulePack\nmetadata: {name: %s, version: 1.0.0}\n"
+    graph: dict[str, list[str]] = {}
+    extra: dict[str, str] = {}
+    if shape in ("cycle", "tails", "problems"):
+        graph = {f"p{i}": [f"p{(i + 1) % n}"] for i in range(n)}
+    if shape == "tails":  # chains of three hanging off every fifth file of the ring
+        for i in range(0, n, 5):
+            graph |= {f"t{i}a": [f"t{i}b"], f"t{i}b": [f"t{i}c"], f"t{i}c": [f"p{i}"]}
+    if shape == "problems":  # missing parents, unknown keys, a file extending itself
+        for i in range(0, n, 4):
+            graph[f"p{i}"].append("nowhere")
+        extra = {f"p{i}": "bogus: 1\n" for i in range(0, n, 3)}
+        graph["self"] = ["self", "p1"]
+    if shape == "several":  # rings of 1 to 7 files, some leading into the next
+        c = 0
+        while len(graph) < n:
+            size = c % 7 + 1
+            for j in range(size):
+                graph[f"c{c}_{j}"] = [f"c{c}_{(j + 1) % size}"] + ([f"c{c + 1}_0"] if j == 0 and c % 3 == 0 else [])
+            c += 1
+        graph |= {f"c{c}_{j}": [f"c{c}_{(j + 1) % 2}"] for j in range(2)}
+    if shape == "diamond":
+        graph = {f"p{i}": [f"p{i + 1}", f"p{i + 2}"] if i + 2 < n else [] for i in range(n)}
+    for name, parents in graph.items():
+        body = head % name + (f"extends: [{', '.join(f'./{p}.yaml' for p in parents)}]\n" if parents else "")
+        (folder / f"{name}.yaml").write_text(body + extra.get(name, ""), encoding="utf-8")
+
+
+def _walked_alone(folder: Path, name: str) -> list[tuple[str, str, int, int, str]]:
+    """The CR031 of one pack as a depth-first walk of its files finds them, written out here
+    (each file's entries in order; a parent on the walk's stack closes a cycle, named from it)."""
+    import yaml
+
+    found = []
+    written: dict[str, list[str]] = {}
+
+    def parents(n: str) -> list[str]:
+        if n not in written:
+            written[n] = yaml.safe_load((folder / f"{n}.yaml").read_text(encoding="utf-8")).get("extends", [])
+        return [p[2:-5] for p in written[n]]
+
+    stack: list[str] = []
+    done: set[str] = set()
+
+    def walk(n: str) -> None:
+        stack.append(n)
+        text = (folder / f"{n}.yaml").read_text(encoding="utf-8").splitlines()
+        line = next(i for i, t in enumerate(text, 1) if t.startswith("extends:")) if parents(n) else 0
+        col = len("extends: [") + 1
+        for p in parents(n):
+            if not (folder / f"{p}.yaml").exists():
+                pass
+            elif p in stack:
+                names = [f"{x}.yaml" for x in [*stack[stack.index(p) :], p]]
+                if len(names) > 12:
+                    names = [*names[:6], f"... {len(names) - 11} more ...", *names[-5:]]
+                found.append((f"{n}.yaml", "CR031", line, col, " -> ".join(names)))
+            elif p not in done:
+                walk(p)
+            col += len(f"./{p}.yaml, ")
+        stack.pop()
+        done.add(n)
+
+    walk(name)
+    return found
+
+
+@pytest.mark.parametrize("shape", ["cycle", "tails", "several", "diamond", "problems"])
+def test_a_folder_of_rings_reports_what_each_pack_alone_reports_reading_each_file_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, shape: str
+) -> None:
+    """A folder whose packs form rings (with tails, several rings, problems in the files) walked
+    the whole ring and merged it again for each pack of it (2,000 files: 125 s). Counted, not
+    timed: each file is read once, nothing of a ring is merged, every step of the graph is taken
+    a bounded number of times; and each pack's diagnostics are those it has validated alone."""
+    from ctxrules.packs import loader
+    from ctxrules.plugins import default_registry
+    from ctxrules.validation.validate import _sorted_unique, validate_paths
+
+    n = 120
+    _shapes(tmp_path, shape, n)
+    monkeypatch.chdir(tmp_path)
+    registry = default_registry()
+    packs = sorted(p.name for p in tmp_path.glob("*.yaml"))
+    alone = {name: validate_paths([name], registry).diagnostics for name in packs}
+    calls = {"read": 0, "merge": 0, "locate": 0}
+
+    def counted(name: str, fn: Any) -> Any:
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            calls[name] += 1
+            return fn(*args, **kwargs)
+
+        return wrapper
+
+    monkeypatch.setattr(loader.PackLoader, "_read", counted("read", loader.PackLoader._read))
+    monkeypatch.setattr(loader, "merge_packs", counted("merge", loader.merge_packs))
+    monkeypatch.setattr(loader.PackLoader, "_locate", counted("locate", loader.PackLoader._locate))
+    run = validate_paths(["."], registry)
+    assert run.diagnostics == _sorted_unique([d for name in packs for d in alone[name]])
+    assert calls["read"] == len(packs), calls
+    # a ring's packs are not merged; a diamond's each about once (the old walk: a pack's whole walk)
+    assert calls["merge"] <= (2 * len(packs) if shape == "diamond" else 0), calls
+    # each pack named, and each extends entry (at most 2 a file) once: the old walk located the
+    # whole ring again for each pack of it
+    assert calls["locate"] <= 3 * len(packs), calls
+    for name in packs:
+        mine = [
+            (Path(d.file).name, d.code, d.line, d.col, d.message.split(": ", 1)[1])
+            for d in alone[name]
+            if d.code == "CR031"
+        ]
+        assert sorted(mine) == sorted(_walked_alone(tmp_path, name[:-5])), name

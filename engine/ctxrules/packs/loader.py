@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from ctxrules.diagnostics import Diagnostic, did_you_mean
 from ctxrules.packs.confine import HINT as CONFINE_HINT
@@ -27,6 +27,7 @@ from ctxrules.packs.confine import (
     make_roots,
     read_limited,
 )
+from ctxrules.packs.cycles import Components, first_cycles, shown_cycle
 from ctxrules.packs.merge import ID_LISTS, MergeProblem, drop_disabled, merge_packs
 from ctxrules.packs.semver import RangeError, is_semver, parse_range
 from ctxrules.packs.source import Origin, SourceDoc, YamlProblem, parse_yaml
@@ -59,6 +60,9 @@ class ResolvedPack:
     # Where each disabled item was switched off: list key -> id -> the origin of the item (in
     # the file that wrote ``enabled: false``, with that file's own pointer).
     disabled_at: dict[str, dict[str, Origin]] = field(default_factory=dict)
+    merged: bool = True
+    """False when the pack's ``extends`` meet a cycle: its files are not merged (where a cycle is
+    cut decides what wins), and ``diagnostics`` already hold each file's own problems."""
     _origins: OriginIndex | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
@@ -131,6 +135,7 @@ class PackLoader:
         self._unread: list[Path] = []  # files that could not be read or parsed, in reading order
         # The resolutions of one set of roots and working directory, by file (see _Walked).
         self._walked: dict[tuple[tuple[Path, ...], str], dict[Path, _Walked]] = {}
+        self._graphs: dict[tuple[tuple[Path, ...], str], _Graph] = {}  # the same, for the extends graph
         # The walks whose merged tree is kept for later resolutions, least recently used first,
         # with the _weight of each tree; and what they weigh together, one more for each.
         self._keeps: dict[_Walked, int] = {}
@@ -240,10 +245,16 @@ class PackLoader:
         path = self._locate(ref, base or Path(cwd), None, diagnostics)
         first = root if root is not None else path.parent if path is not None else None
         self._roots = make_roots([first] if first is not None else [], self.search_path)
+        if path is not None:
+            graph = self._graph(cwd)
+            if graph.parts.reaches_cycle[graph.parts.add(path)]:
+                return self._resolve_cyclic(ref, path, graph, diagnostics, cwd)
         order: list[Path] = []
         heads: list[tuple[int, _Walked]] = []
         if path is not None:
-            heads = self._linearize(path, order, diagnostics, self._walked.setdefault((self._roots, cwd), {}))
+            heads = self._linearize(
+                path, order, diagnostics, self._walked.setdefault((self._roots, cwd), {}), self._graph(cwd)
+            )
         tree: OMap | None = None
         problems: list[MergeProblem] = []
         start = 0
@@ -295,6 +306,48 @@ class PackLoader:
             self._roots,
             self.search_path,
             disabled_at,
+        )
+
+    def _graph(self, cwd: str) -> _Graph:
+        """The ``extends`` graph of the current roots and working directory (as :meth:`_locate`
+        finds each reference, once)."""
+        key = (self._roots, cwd)
+        graph = self._graphs.get(key)
+        if graph is None:
+            graph = self._graphs[key] = _Graph(self)
+        return graph
+
+    def _resolve_cyclic(
+        self, ref: str, path: Path, graph: _Graph, diagnostics: list[Diagnostic], cwd: str
+    ) -> ResolvedPack:
+        """A pack whose ``extends`` meet a cycle: CR031 for the cycle its depth-first walk closes
+        first in each strongly connected set of files it enters (each set entered at the files
+        that lead into it), the problems of every ``extends`` entry and every file it reaches;
+        not merged. The files of one set share what they reach, found once per loader: a folder
+        of packs in one cycle is not walked again for each pack."""
+        parts = graph.parts
+        own = parts.of[path]
+        if parts.cyclic[own]:
+            reached = graph.reach_of_set(own, cwd)
+            diagnostics.append(graph.cycle_at(path))
+        else:
+            reached = graph.reach([path], cwd)
+        diagnostics.extend(reached.found)
+        doc, _ = self.read(path)
+        meta = doc.data.get("metadata") if doc is not None and isinstance(doc.data, dict) else None
+        name = meta.get("name") if isinstance(meta, dict) else None
+        shown = reached.shown  # not merged: the files are not in an order of application
+        return ResolvedPack(
+            str(name or ref),
+            {},
+            OMap(Origin(self._shown_in(path, cwd), 1, 1)),
+            shown,
+            _dedupe(diagnostics),
+            docs=reached.docs,
+            real_paths=reached.real_paths,
+            roots=self._roots,
+            search_path=self.search_path,
+            merged=False,
         )
 
     def _keep(
@@ -407,24 +460,28 @@ class PackLoader:
             report("CR032", f"'{ref}' asks for {text} but the pack is version {version}")
 
     def _linearize(
-        self, root: Path, order: list[Path], diagnostics: list[Diagnostic], walked: dict[Path, _Walked]
+        self,
+        root: Path,
+        order: list[Path],
+        diagnostics: list[Diagnostic],
+        walked: dict[Path, _Walked],
+        graph: _Graph,
     ) -> list[tuple[int, _Walked]]:
         """Append ``root`` and every pack it extends to ``order``, parents first (depth-first,
-        in the order written). The walk keeps its own stack, so a chain or cycle of any length
-        is a diagnostic, not a RecursionError.
+        in the order written). The walk keeps its own stack, so a chain of any length is no
+        RecursionError. A pack whose ``extends`` meet a cycle is not walked here
+        (:meth:`_resolve_cyclic`).
 
         ``walked``: the walks of this loader's earlier resolutions (same roots, same working
         directory) by file. A file met again is not walked again when its walk cannot turn out
-        differently here (none of its files is placed or on the stack yet): its files and
-        diagnostics are taken as they are. A walk that met no file placed before it or on the
-        stack is what resolving its file alone finds, and is kept. Returns ``(end, walk)`` for
+        differently here (none of its files is placed yet): its files and diagnostics are taken
+        as they are. A walk that met no file placed before it began (a diamond meets its own
+        files again) is what resolving its file alone finds, and is kept. Returns ``(end, walk)`` for
         the walks whose files are ``order[:end]``, whose merged tree may be kept."""
         heads: list[tuple[int, _Walked]] = []
-        stack: list[Path] = []
         on_stack: set[Path] = set()
-        done: set[Path] = set()
+        done: dict[Path, int] = {}  # the files placed, and where in the order
         pending: list[_Frame] = []
-        impure = 0  # pending[:impure] met a file already placed or on the stack
 
         def enter(path: Path) -> None:
             known = walked.get(path)
@@ -433,8 +490,8 @@ class PackLoader:
                 if not any(p in done or p in on_stack for p in files):
                     if not order:
                         heads.append((len(files), known))
+                    done.update((p, i) for i, p in enumerate(files, len(order)))
                     order.extend(files)
-                    done.update(files)
                     if known.diagnostics:
                         diagnostics.extend(known.found())
                     if pending:
@@ -444,14 +501,13 @@ class PackLoader:
                     return
             doc, _ = self.read(path)
             if doc is None or not isinstance(doc.data, dict):
-                done.add(path)
+                done[path] = len(order)
                 order.append(path)
                 if pending:
                     pending[-1].parts.append(path)
                 return
-            stack.append(path)
             on_stack.add(path)
-            pending.append(_Frame(doc, self._parents(doc), path, len(order)))
+            pending.append(_Frame(doc, iter(graph.entries(path)), path, len(order)))
 
         enter(root)
         while pending:
@@ -459,12 +515,12 @@ class PackLoader:
             step = next(frame.parents, None)
             if step is None:
                 pending.pop()
-                stack.pop()
                 on_stack.discard(frame.path)
-                done.add(frame.path)
+                done[frame.path] = len(order)
                 order.append(frame.path)
-                if len(pending) < impure:
-                    impure = len(pending)
+                if pending:
+                    pending[-1].met = min(pending[-1].met, frame.met)
+                if frame.met < frame.start:  # met a file placed before it began
                     continue
                 known = walked.get(frame.path)
                 if known is None:
@@ -478,33 +534,16 @@ class PackLoader:
                     if known.diagnostics:
                         pending[-1].found.append(known)
                 continue
-            pointer, ref = step
-            origin = frame.doc.origin(pointer)
-            before = len(diagnostics)
-            parent = self._locate(ref, frame.path.parent, (origin, pointer), diagnostics)
-            frame.found.extend(diagnostics[before:])
+            parent, _, _, said = step
+            diagnostics.extend(said)
+            frame.found.extend(said)
             if parent is None:
                 continue
             if parent in done:
-                impure = len(pending)
+                frame.met = min(frame.met, done[parent])
                 continue
-            if parent in on_stack:
-                impure = len(pending)
-                cycle = [*stack[stack.index(parent) :], parent]
-                shown = [self.display_path(p) for p in cycle]
-                if len(shown) > 12:  # a cycle through a thousand files is named by its ends
-                    shown = [*shown[:6], f"... {len(shown) - 11} more ...", *shown[-5:]]
-                diagnostics.append(
-                    Diagnostic(
-                        "CR031",
-                        "error",
-                        f"extends forms a cycle: {' -> '.join(shown)}",
-                        origin.file,
-                        origin.line,
-                        origin.col,
-                        pointer,
-                    )
-                )
+            if parent in on_stack:  # a cycle: resolve() sent the pack to _resolve_cyclic
+                frame.met = -1
                 continue
             enter(parent)
         return heads
@@ -612,13 +651,148 @@ def _flat(walked: _Walked, attr: str) -> list[Any]:
     return out
 
 
+class _Graph:
+    """The ``extends`` graph of one loader, set of roots and working directory: each file's
+    parents as :meth:`PackLoader._locate` finds them (once), its strongly connected sets, and
+    what the files of each set with a cycle reach."""
+
+    def __init__(self, loader: PackLoader) -> None:
+        self.loader = loader
+        self.edges: dict[Path, tuple[tuple[Path, Origin, str], ...]] = {}  # the entries found
+        self.found: dict[Path, tuple[Diagnostic, ...]] = {}  # what locating a file's parents said
+        self._entries: dict[Path, tuple[_Entry, ...]] = {}
+        self.parts: Components[Path] = Components(self.parents)
+        self._cycles: dict[int, dict[Path, tuple[list[Path], int]]] = {}
+        self._reached: dict[int, _Reached] = {}
+
+    def parents(self, path: Path) -> list[Path]:
+        return [to for to, _, _ in self._edges(path)]
+
+    def entries(self, path: Path) -> tuple[_Entry, ...]:
+        """Each ``extends`` entry of the file (a parsed pack): the file it names (None when it
+        names none), where it is written, and what finding the file said."""
+        self._edges(path)
+        return self._entries[path]
+
+    def _edges(self, path: Path) -> tuple[tuple[Path, Origin, str], ...]:
+        edges = self.edges.get(path)
+        if edges is not None:
+            return edges
+        doc, _ = self.loader.read(path)
+        entries: list[_Entry] = []
+        if doc is not None and isinstance(doc.data, dict):
+            for pointer, ref in PackLoader._parents(doc):
+                origin = doc.origin(pointer)
+                said: list[Diagnostic] = []
+                to = self.loader._locate(ref, path.parent, (origin, pointer), said)
+                entries.append((to, origin, pointer, tuple(said)))
+        self._entries[path] = tuple(entries)
+        self.edges[path] = edges = tuple((to, o, p) for to, o, p, _ in entries if to is not None)
+        self.found[path] = tuple(d for *_, said in entries for d in said)
+        return edges
+
+    def cycle_at(self, path: Path) -> Diagnostic:
+        """CR031 for the cycle a walk entering ``path``'s set at ``path`` closes first, at the
+        ``extends`` entry that closes it."""
+        part = self.parts.of[path]
+        cycles = self._cycles.get(part)
+        if cycles is None:
+            cycles = self._cycles[part] = first_cycles(self.parts.members[part], self._first_in(part))
+        ring, start = cycles[path]
+        last = ring[(start - 1) % len(ring)]
+        _, origin, pointer = self._first_edge_in(last, part)
+        names = [self.loader.display_path(p) for p in ring] if len(ring) <= 12 else _LazyNames(self.loader, ring)
+        return Diagnostic(
+            "CR031",
+            "error",
+            f"extends forms a cycle: {shown_cycle(names, start)}",
+            origin.file,
+            origin.line,
+            origin.col,
+            pointer,
+        )
+
+    def _first_in(self, part: int) -> Callable[[Path], Path]:
+        return lambda p: self._first_edge_in(p, part)[0]
+
+    def _first_edge_in(self, path: Path, part: int) -> tuple[Path, Origin, str]:
+        of = self.parts.of
+        return next(e for e in self._edges(path) if of[e[0]] == part)
+
+    def reach_of_set(self, part: int, cwd: str) -> _Reached:
+        """:meth:`reach` of a set's files, once per set (each of them reaches the same; the
+        packs resolved share it, and must not change it)."""
+        known = self._reached.get(part)
+        if known is None:
+            known = self._reached[part] = self.reach(self.parts.members[part], cwd)
+        return known
+
+    def reach(self, roots: Sequence[Path], cwd: str) -> _Reached:
+        """The files ``roots`` reach (parents first), and the problems met: each file's own, its
+        ``extends`` entries', and CR031 for each set with a cycle entered from outside it."""
+        of, cyclic = self.parts.of, self.parts.cyclic
+        files: list[Path] = []
+        found: list[Diagnostic] = []
+        seen: set[Path] = set(roots)
+        todo = [(r, iter(self._edges(r))) for r in reversed(roots)]
+        while todo:
+            path, rest = todo[-1]
+            for to, _, _ in rest:
+                if cyclic[of[to]] and of[to] != of[path]:
+                    found.append(self.cycle_at(to))
+                if to not in seen:
+                    seen.add(to)
+                    todo.append((to, iter(self._edges(to))))
+                    break
+            else:
+                todo.pop()
+                files.append(path)
+                found.extend(self.found[path])
+                found.extend(self.loader.read(path)[1])
+        shown = [self.loader._shown_in(p, cwd) for p in files]
+        docs = {}
+        for p in files:
+            doc, _ = self.loader.read(p)
+            if doc is not None and isinstance(doc.data, dict):
+                docs[doc.path] = doc
+        return _Reached(files, tuple(found), shown, docs, dict(zip(shown, files, strict=True)))
+
+
+_Entry = tuple[Path | None, Origin, str, tuple[Diagnostic, ...]]
+
+
+class _Reached(NamedTuple):
+    """What a file or a set of files reaches: files (parents first), the problems met, the
+    files' shown names, their parsed documents and real paths by shown name."""
+
+    files: list[Path]
+    found: tuple[Diagnostic, ...]
+    shown: list[str]
+    docs: dict[str, SourceDoc]
+    real_paths: dict[str, Path]
+
+
+class _LazyNames(Sequence[str]):
+    """The shown names of a long ring, each made when asked for (a cycle's message names a dozen)."""
+
+    def __init__(self, loader: PackLoader, ring: list[Path]) -> None:
+        self.loader, self.ring = loader, ring
+
+    def __len__(self) -> int:
+        return len(self.ring)
+
+    def __getitem__(self, i: Any) -> Any:
+        return self.loader.display_path(self.ring[i])
+
+
 class _Frame:
     """A file on the walk's stack: the parents still to visit, and what its walk found so far."""
 
-    __slots__ = ("doc", "found", "parents", "parts", "path", "start")
+    __slots__ = ("doc", "found", "met", "parents", "parts", "path", "start")
 
-    def __init__(self, doc: SourceDoc, parents: Iterator[tuple[str, Any]], path: Path, start: int) -> None:
+    def __init__(self, doc: SourceDoc, parents: Iterator[_Entry], path: Path, start: int) -> None:
         self.doc, self.parents, self.path, self.start = doc, parents, path, start
+        self.met = start  # the first place in the order of a file its walk met again
         self.parts: list[Path | _Walked] = []
         self.found: list[Diagnostic | _Walked] = []
 

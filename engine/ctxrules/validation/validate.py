@@ -30,6 +30,8 @@ if TYPE_CHECKING:
 def validate_resolved(pack: ResolvedPack, loader: PackLoader, registry: Registry) -> list[Diagnostic]:
     """Every diagnostic of ``pack``: per-file ones from each file read, then semantic ones.
     Stage types, actions, filters and option schemas are those of ``registry``."""
+    if not pack.merged:  # extends meet a cycle: nothing merged to check (its files' problems are in)
+        return _sorted_unique(list(pack.diagnostics))
     out: list[Diagnostic] = list(pack.diagnostics)
     for doc_path in pack.files:
         for p in _paths_of(loader, doc_path):
