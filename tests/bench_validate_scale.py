@@ -2,12 +2,15 @@
 
 Run it from anywhere::
 
-    python tests/bench_validate_scale.py [--rules 2500] [--files 4]
+    python tests/bench_validate_scale.py [--rules 2500] [--files 4] [--ring 1000]
 
 It writes packs of N and 4N priority rules (one file each), and a chain of F files that extend
 each other with N rules each, then times ``ctxrules validate`` on each in a fresh process. The
 baseline, measured in the same run, is the smallest pack: the 4N pack should take about four
 times as long (a quadratic step would make it sixteen), and the chain about F times as long.
+Then a folder of R packs that extend each other in one ring (each is CR031) against a folder of
+R packs that extend nothing, measured in the same run: about as long (each pack walking the whole
+ring made it R/2 times as long: 125 s for 2,000 files).
 Timings are machine-dependent and reported, not asserted.
 """
 
@@ -29,12 +32,13 @@ def _rules(start: int, count: int) -> list[str]:
 
 
 def _write(path: Path, start: int, count: int, parent: str | None = None) -> Path:
-    head = ["apiVersion: ctxrules/v1", "kind: RulePack"] + ([f"extends: ./{parent}"] if parent else [])
+    head = ["apiVersion: ctxrules/v1", "kind: RulePack", f"metadata: {{name: {path.stem}, version: 1.0.0}}"]
+    head += [f"extends: ./{parent}"] if parent else []
     path.write_text("\n".join([*head, "priorities:", *_rules(start, count)]) + "\n", encoding="utf-8")
     return path
 
 
-def _time(path: Path) -> float:
+def _time(path: Path, status: int = 0) -> float:
     env = {**os.environ, "PYTHONPATH": str(REPO / "engine")}
     started = time.perf_counter()
     proc = subprocess.run(
@@ -45,7 +49,7 @@ def _time(path: Path) -> float:
         check=False,
     )
     took = time.perf_counter() - started
-    if proc.returncode != 0:
+    if proc.returncode != status:
         raise SystemExit(f"validate failed on {path.name}: {proc.stdout[-400:]}{proc.stderr[-400:]}")
     return took
 
@@ -54,6 +58,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rules", type=int, default=2500)
     parser.add_argument("--files", type=int, default=4)
+    parser.add_argument("--ring", type=int, default=1000)
     args = parser.parse_args()
     n, files = args.rules, args.files
     with tempfile.TemporaryDirectory(prefix="ctxrules-bench-") as tmp:
@@ -67,9 +72,18 @@ def main() -> None:
         base = _time(small)
         four = _time(big)
         chained = _time(chain)
+        lone, ring = root / "lone", root / "ring"
+        for folder, parent in ((lone, None), (ring, lambda i: f"r{(i + 1) % args.ring}.yaml")):
+            folder.mkdir()
+            for i in range(args.ring):
+                _write(folder / f"r{i}.yaml", 0, 1, parent(i) if parent else None)
+        alone = _time(lone)
+        ringed = _time(ring, status=1)
     print(f"validate, {n:,} rules (baseline):      {base:7.2f} s")
     print(f"validate, {4 * n:,} rules in one file:  {four:7.2f} s  ({four / base:4.1f} x; linear ~ 4)")
     print(f"validate, {files} files x {n:,} rules:    {chained:7.2f} s  ({chained / base:4.1f} x; linear ~ {files})")
+    print(f"validate, {args.ring:,} packs (baseline):    {alone:7.2f} s")
+    print(f"validate, {args.ring:,} packs in a ring:     {ringed:7.2f} s  ({ringed / alone:4.1f} x; linear ~ 1)")
 
 
 if __name__ == "__main__":
