@@ -965,6 +965,8 @@ def _shapes(folder: Path, shape: str, n: int) -> None:
         graph |= {f"c{c}_{j}": [f"c{c}_{(j + 1) % 2}"] for j in range(2)}
     if shape == "diamond":
         graph = {f"p{i}": [f"p{i + 1}", f"p{i + 2}"] if i + 2 < n else [] for i in range(n)}
+    if shape == "chain into a ring":  # each pack extends the next; the last two extend each other
+        graph = {f"p{i}": [f"p{i + 1}" if i < n - 1 else f"p{n - 2}"] for i in range(n)}
     for name, parents in graph.items():
         body = head % name + (f"extends: [{', '.join(f'./{p}.yaml' for p in parents)}]\n" if parents else "")
         (folder / f"{name}.yaml").write_text(body + extra.get(name, ""), encoding="utf-8")
@@ -1009,7 +1011,7 @@ def _walked_alone(folder: Path, name: str) -> list[tuple[str, str, int, int, str
     return found
 
 
-@pytest.mark.parametrize("shape", ["cycle", "tails", "several", "diamond", "problems"])
+@pytest.mark.parametrize("shape", ["cycle", "tails", "several", "diamond", "problems", "chain into a ring"])
 def test_a_folder_of_rings_reports_what_each_pack_alone_reports_reading_each_file_once(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, shape: str
 ) -> None:

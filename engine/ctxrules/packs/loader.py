@@ -62,7 +62,9 @@ class ResolvedPack:
     disabled_at: dict[str, dict[str, Origin]] = field(default_factory=dict)
     merged: bool = True
     """False when the pack's ``extends`` meet a cycle: its files are not merged (where a cycle is
-    cut decides what wins), and ``diagnostics`` already hold each file's own problems."""
+    cut decides what wins; ``data`` and ``docs`` are empty, ``files`` not in an order of
+    application, ``real_paths`` the files its diagnostics name), and ``diagnostics`` already
+    hold each file's own problems."""
     _origins: OriginIndex | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
@@ -314,7 +316,7 @@ class PackLoader:
         key = (self._roots, cwd)
         graph = self._graphs.get(key)
         if graph is None:
-            graph = self._graphs[key] = _Graph(self)
+            graph = self._graphs[key] = _Graph(self, cwd)
         return graph
 
     def _resolve_cyclic(
@@ -323,28 +325,31 @@ class PackLoader:
         """A pack whose ``extends`` meet a cycle: CR031 for the cycle its depth-first walk closes
         first in each strongly connected set of files it enters (each set entered at the files
         that lead into it), the problems of every ``extends`` entry and every file it reaches;
-        not merged. The files of one set share what they reach, found once per loader: a folder
-        of packs in one cycle is not walked again for each pack."""
+        not merged. What each strongly connected set reaches is found once per loader, from what
+        the sets it extends reach: a folder of packs in one cycle, or of a chain of packs leading
+        into one, is not walked again for each pack."""
         parts = graph.parts
         own = parts.of[path]
         if parts.cyclic[own]:
-            reached = graph.reach_of_set(own, cwd)
             diagnostics.append(graph.cycle_at(path))
-        else:
-            reached = graph.reach([path], cwd)
+        reached = graph.reach(own)
         diagnostics.extend(reached.found)
         doc, _ = self.read(path)
         meta = doc.data.get("metadata") if doc is not None and isinstance(doc.data, dict) else None
         name = meta.get("name") if isinstance(meta, dict) else None
-        shown = reached.shown  # not merged: the files are not in an order of application
+        mine = _dedupe(diagnostics)
+        # The real path of each file a diagnostic names (for its source lines), and the pack's.
+        real_paths = {self._shown_in(path, cwd): path}
+        for d in mine:
+            if d.file not in real_paths and (named := self.paths_of(d.file)):
+                real_paths[d.file] = named[0]
         return ResolvedPack(
             str(name or ref),
             {},
             OMap(Origin(self._shown_in(path, cwd), 1, 1)),
-            shown,
-            _dedupe(diagnostics),
-            docs=reached.docs,
-            real_paths=reached.real_paths,
+            list(reached.shown),  # not merged: the files are not in an order of application
+            mine,
+            real_paths=real_paths,
             roots=self._roots,
             search_path=self.search_path,
             merged=False,
@@ -656,8 +661,8 @@ class _Graph:
     parents as :meth:`PackLoader._locate` finds them (once), its strongly connected sets, and
     what the files of each set with a cycle reach."""
 
-    def __init__(self, loader: PackLoader) -> None:
-        self.loader = loader
+    def __init__(self, loader: PackLoader, cwd: str) -> None:
+        self.loader, self.cwd = loader, cwd
         self.edges: dict[Path, tuple[tuple[Path, Origin, str], ...]] = {}  # the entries found
         self.found: dict[Path, tuple[Diagnostic, ...]] = {}  # what locating a file's parents said
         self._entries: dict[Path, tuple[_Entry, ...]] = {}
@@ -719,57 +724,60 @@ class _Graph:
         of = self.parts.of
         return next(e for e in self._edges(path) if of[e[0]] == part)
 
-    def reach_of_set(self, part: int, cwd: str) -> _Reached:
-        """:meth:`reach` of a set's files, once per set (each of them reaches the same; the
-        packs resolved share it, and must not change it)."""
-        known = self._reached.get(part)
-        if known is None:
-            known = self._reached[part] = self.reach(self.parts.members[part], cwd)
-        return known
-
-    def reach(self, roots: Sequence[Path], cwd: str) -> _Reached:
-        """The files ``roots`` reach (parents first), and the problems met: each file's own, its
-        ``extends`` entries', and CR031 for each set with a cycle entered from outside it."""
-        of, cyclic = self.parts.of, self.parts.cyclic
-        files: list[Path] = []
-        found: list[Diagnostic] = []
-        seen: set[Path] = set(roots)
-        todo = [(r, iter(self._edges(r))) for r in reversed(roots)]
-        while todo:
-            path, rest = todo[-1]
-            for to, _, _ in rest:
-                if cyclic[of[to]] and of[to] != of[path]:
-                    found.append(self.cycle_at(to))
-                if to not in seen:
-                    seen.add(to)
-                    todo.append((to, iter(self._edges(to))))
-                    break
-            else:
+    def reach(self, part: int) -> _Reached:
+        """What the files of a strongly connected set reach: the files (not in an order of
+        application), and the problems met: each file's own, its ``extends`` entries', and CR031
+        for each set with a cycle entered from outside it. Once per set, from what the sets it
+        extends reach (so a chain of packs leading into a cycle is not walked again for each);
+        the packs resolved share it, and must not change it."""
+        todo = [part]
+        while todo:  # the sets a set extends first (numbered before it), without recursion
+            top = todo[-1]
+            if top in self._reached:
                 todo.pop()
-                files.append(path)
-                found.extend(self.found[path])
-                found.extend(self.loader.read(path)[1])
-        shown = [self.loader._shown_in(p, cwd) for p in files]
-        docs = {}
-        for p in files:
-            doc, _ = self.loader.read(p)
-            if doc is not None and isinstance(doc.data, dict):
-                docs[doc.path] = doc
-        return _Reached(files, tuple(found), shown, docs, dict(zip(shown, files, strict=True)))
+                continue
+            below = [q for q in self._below(top) if q not in self._reached]
+            if below:
+                todo.extend(below)
+                continue
+            todo.pop()
+            self._reached[top] = self._reach_of(top)
+        return self._reached[part]
+
+    def _below(self, part: int) -> list[int]:
+        """The sets the files of ``part`` extend, in the order written."""
+        of = self.parts.of
+        return list(
+            dict.fromkeys(of[to] for m in self.parts.members[part] for to, _, _ in self._edges(m) if of[to] != part)
+        )
+
+    def _reach_of(self, part: int) -> _Reached:
+        of, cyclic = self.parts.of, self.parts.cyclic
+        files: dict[Path, str] = {}  # and the name each is shown by
+        found: dict[Diagnostic, None] = {}
+        for q in self._below(part):
+            got = self._reached[q]
+            files.update(zip(got.files, got.shown, strict=True))
+            found.update(dict.fromkeys(got.found))
+        for m in self.parts.members[part]:
+            for to, _, _ in self._edges(m):
+                if cyclic[of[to]] and of[to] != part:
+                    found[self.cycle_at(to)] = None
+            found.update(dict.fromkeys(self.found[m]))
+            found.update(dict.fromkeys(self.loader.read(m)[1]))
+            files[m] = self.loader._shown_in(m, self.cwd)
+        return _Reached(tuple(files), tuple(found), tuple(files.values()))
 
 
 _Entry = tuple[Path | None, Origin, str, tuple[Diagnostic, ...]]
 
 
 class _Reached(NamedTuple):
-    """What a file or a set of files reaches: files (parents first), the problems met, the
-    files' shown names, their parsed documents and real paths by shown name."""
+    """What the files of a set reach: the files, the problems met, the files' shown names."""
 
-    files: list[Path]
+    files: tuple[Path, ...]
     found: tuple[Diagnostic, ...]
-    shown: list[str]
-    docs: dict[str, SourceDoc]
-    real_paths: dict[str, Path]
+    shown: tuple[str, ...]
 
 
 class _LazyNames(Sequence[str]):
