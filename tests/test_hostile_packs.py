@@ -1056,3 +1056,30 @@ def test_a_folder_of_rings_reports_what_each_pack_alone_reports_reading_each_fil
             if d.code == "CR031"
         ]
         assert sorted(mine) == sorted(_walked_alone(tmp_path, name[:-5])), name
+
+
+def test_a_pack_in_a_tangled_set_of_cycles_names_the_cycle_its_walk_closes_first(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Packs that each extend the next two in a ring: every pack is in every cycle's set. Each
+    names the first cycle a depth-first walk from its own file closes (not every entry that
+    closes one: that took a walk of the whole set for each pack), every file is read once and
+    nothing is merged."""
+    from ctxrules.packs import loader
+    from ctxrules.plugins import default_registry
+    from ctxrules.validation.validate import validate_paths
+
+    n = 60
+    head = "apiVersion: ctxrules/v1\nkind: RulePack\nmetadata: {name: %s, version: 1.0.0}\n"
+    for i in range(n):
+        body = head % f"p{i}" + f"extends: [./p{(i + 1) % n}.yaml, ./p{(i + 2) % n}.yaml]\n"
+        (tmp_path / f"p{i}.yaml").write_text(body, encoding="utf-8")
+    monkeypatch.chdir(tmp_path)
+    merges = []
+    monkeypatch.setattr(loader, "merge_packs", lambda *a, **k: merges.append(a))
+    registry = default_registry()
+    for i in range(n):
+        got = validate_paths([f"p{i}.yaml"], registry).diagnostics
+        mine = [(Path(d.file).name, d.code, d.line, d.col, d.message.split(": ", 1)[1]) for d in got]
+        assert mine == _walked_alone(tmp_path, f"p{i}")[:1], i
+    assert not merges
