@@ -501,9 +501,10 @@ def test_a_planted_root_link_writes_no_ledger_outside(tmp_path: Path) -> None:
     session_dir.mkdir(parents=True)
     link = {"root_id": "x", "root_dir": str(victim), "state_root": str(victim), "parent_id": "x", "goal": None}
     (session_dir / "root.json").write_text(json.dumps(link))
-    proc = cli("usage", "reset", "--dimension", "session", cwd=repo)
-    assert proc.returncode == 0, proc.stderr
+    # The add first: a reset of a folder that holds no session yet is refused (CR147), writing nothing.
     proc = cli("usage", "add", "--session", str(session_dir), "--model", "gpt-4o", "--prompt", "10", cwd=repo)
+    assert proc.returncode == 0, proc.stderr
+    proc = cli("usage", "reset", "--dimension", "session", cwd=repo)
     assert proc.returncode == 0, proc.stderr
     assert sorted(p.name for p in victim.rglob("*")) == ["ledger"]
     assert (session_dir / "ledger.jsonl").is_file()

@@ -27,6 +27,7 @@ __all__ = [
     "NOFOLLOW",
     "UnsafePathError",
     "atomic_temporaries",
+    "check_can_make",
     "check_dir",
     "check_dirs_below",
     "check_file",
@@ -116,6 +117,37 @@ def ensure_dir(path: Path, *, inside: Path | None = None) -> None:
         with contextlib.suppress(FileExistsError):  # a concurrent writer may win the race
             os.mkdir(directory, 0o700)
         check_dir(directory)
+
+
+def check_can_make(path: Path, *, inside: Path | None = None) -> None:
+    """Raise what :func:`ensure_dir` would meet making ``path`` (same ``inside``), without
+    making anything: a command that must change nothing when it fails checks every folder it
+    will write in first. The system's refusal of the path (below a file: ``ENOTDIR``; a name
+    too long; a link loop), a file where the folder goes, a missing folder whose parent cannot
+    be written in (``EACCES``), and a link or a stranger's folder :func:`check_dir` refuses."""
+    path = Path(path)
+    probe = path
+    while True:
+        try:
+            st = os.stat(probe)
+            break
+        except FileNotFoundError:
+            if probe == probe.parent:
+                return  # nothing of the path exists (a root that is not mounted): mkdir says
+            probe = probe.parent
+    if not stat.S_ISDIR(st.st_mode):
+        raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(probe))
+    if probe != path and not os.access(probe, os.W_OK | os.X_OK):
+        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(probe))
+    top = Path(inside) if inside is not None else path.parent
+    if top not in path.parents:  # as ensure_dir: ``path`` alone is checked
+        if probe == path:
+            check_dir(path)
+        return
+    directory = probe
+    while top in directory.parents:  # the folders ensure_dir checks: those below ``inside``
+        check_dir(directory)
+        directory = directory.parent
 
 
 def check_file(path: Path | str, fd: int) -> os.stat_result:

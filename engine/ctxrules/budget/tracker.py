@@ -198,17 +198,19 @@ class SessionLedger:
             service_tier=service_tier,
         )
         # One call for the three ledgers: one round trip for a network store.
-        self.store.append(self._logs(ts), rec)
+        self.store.append(self.call_logs(ts), rec)
         return rec
 
-    def _logs(self, ts: float) -> list[Log]:
+    def call_logs(self, ts: float) -> list[Log]:
+        """The ledgers a call made at ``ts`` is recorded in: the session's, the day's and the
+        goal's (a caller may check they can be written before :meth:`record`)."""
         out = [Log("session", self.key), Log("day", datetime.fromtimestamp(ts, UTC).date().isoformat())]
         if self.goal:
             out.append(Log("goal", self.goal))
         return out
 
     def _targets(self, ts: float) -> list[LedgerFile]:
-        return [ledger_of(self.store, log) for log in self._logs(ts)]
+        return [ledger_of(self.store, log) for log in self.call_logs(ts)]
 
     @contextlib.contextmanager
     def track(self, model: str | None = None, **options: Any) -> Iterator[TrackedCall]:
@@ -392,20 +394,25 @@ class SessionLedger:
         """Start ``dimension`` afresh from now; returns the ledger written.
 
         The history stays in the ledger: a reset record makes totals count from it on."""
-        if dimension not in DIMENSIONS:
-            raise UsageError(f"unknown budget dimension {dimension!r}; one of: {', '.join(DIMENSIONS)}")
         ts = self.clock() if now is None else now
-        if dimension == "session":
-            log = Log("session", self.root_key)
-        elif dimension == "day":
-            log = Log("day", datetime.fromtimestamp(ts, UTC).date().isoformat())
-        else:
-            if not self.goal:
-                raise UsageError("the goal dimension needs a goal (--goal NAME)")
-            log = Log("goal", self.goal)
+        log = self.reset_log(dimension, ts)
         self.store.append([log], reset_record(ts=ts))
         location: str = self.store.log_location(log)
         return location
+
+    def reset_log(self, dimension: str, ts: float) -> Log:
+        """The ledger a reset of ``dimension`` at ``ts`` is written to: the root task's, the
+        day's or the goal's (a usage error for an unknown dimension, or a goal reset without a
+        goal)."""
+        if dimension not in DIMENSIONS:
+            raise UsageError(f"unknown budget dimension {dimension!r}; one of: {', '.join(DIMENSIONS)}")
+        if dimension == "session":
+            return Log("session", self.root_key)
+        if dimension == "day":
+            return Log("day", datetime.fromtimestamp(ts, UTC).date().isoformat())
+        if not self.goal:
+            raise UsageError("the goal dimension needs a goal (--goal NAME)")
+        return Log("goal", self.goal)
 
     # -- sub-agents --------------------------------------------------------------------------
 

@@ -35,8 +35,9 @@ from ctxrules.cli.stores import (
 from ctxrules.errors import UsageError
 from ctxrules.packs.validated import load_pack
 from ctxrules.printable import printable
+from ctxrules.private_files import check_can_make
 from ctxrules.session_store import state_root_from_env
-from ctxrules.stores import open_store, store_from_options
+from ctxrules.stores import Log, StoreUsageError, open_store, store_from_options
 from ctxrules.stores.filesystem import for_session_dir
 
 MAX_DAYS = 3660  # ten years of days, for `show --days` and `report --days`
@@ -210,11 +211,12 @@ def _epoch(text: str) -> float:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
-def _ledger(args: argparse.Namespace, *, reading: bool = False) -> Any:
-    """The ledgers ``--session`` and the store options name. ``reading`` (``show``): a session
-    named below a file is refused (exit 2, ``PATH: Not a directory``), and one that holds nothing
-    yet is said so on stderr, its zero totals still printed (a session's first call may be
-    gated on the budgets: the day's and the goal's totals are real)."""
+def _ledger(args: argparse.Namespace, *, reading: bool = False) -> SessionLedger:
+    """The ledgers ``--session`` and the store options name; nothing is created. A session
+    named below a file is refused (exit 2, ``PATH: Not a directory``). ``reading`` (``show``):
+    one that holds nothing yet is said so on stderr, its zero totals still printed (a
+    session's first call may be gated on the budgets: the day's and the goal's totals are
+    real)."""
     policy = BudgetPolicy()
     if args.pack:
         policy = BudgetPolicy.from_pack(load_pack(args.pack, search_path=args.search_path).data)
@@ -242,13 +244,13 @@ def _ledger(args: argparse.Namespace, *, reading: bool = False) -> Any:
         session = state / "default"
     if session.exists() and not session.is_dir():
         raise UsageError(f"--session {session} is not a directory")
-    if reading and args.session:
+    if args.session:
         _refused(session)
-        if not for_session_dir(session, state).exists(str(session)):
-            _nothing_recorded(args.session)
     if state is not None and state.exists() and not state.is_dir():
         # CTXRULES_STATE=/etc/passwd: zero totals read from a root that cannot hold a ledger
         raise UsageError(f"{state}: the state root is not a directory (give --state DIR)")
+    if reading and args.session and not for_session_dir(session, state).exists(str(session)):
+        _nothing_recorded(args.session)
     return SessionLedger(
         session,
         session.resolve().name,
@@ -265,6 +267,17 @@ def _refused(session: Path) -> None:
     long); nothing for a path that only does not exist yet."""
     with contextlib.suppress(FileNotFoundError):
         session.stat()
+
+
+def _check_writable(ledger: SessionLedger, logs: list[Log]) -> None:
+    """Raise what writing ``logs`` would meet (a folder below a file, a name too long, a folder
+    that cannot be written in, a link), before anything is made (filesystem stores)."""
+    store = ledger.store
+    if not is_filesystem(store):
+        return
+    for log in logs:
+        inside = store.root if log.kind in ("day", "goal") else None  # as the store makes them
+        check_can_make(store.log_path(log).parent, inside=inside)
 
 
 def _nothing_recorded(name: str) -> None:
@@ -296,14 +309,21 @@ def run_add(args: argparse.Namespace) -> int:
         source = TokenUsage.of(**given)
     else:
         raise UsageError("nothing to record: give --prompt/--completion/... or --response FILE")
+    # Every ledger the call goes to can be written, or nothing is made: not the session's folder,
+    # nor an empty day ledger left by an add that then failed on the session's.
+    at = ledger.clock() if args.at is None else args.at  # one time: the day checked is the one written
+    _check_writable(ledger, ledger.call_logs(at))
     rec = ledger.record(
         source,
         source="cli",
         tier=args.tier,
         service_tier=args.service_tier,
-        at=args.at,
+        at=at,
         fmt=args.shape,
     )
+    if rec is None:  # an error body (answered above already; the ledger's own test agrees)
+        write_stdout("not recorded: the response is an error (a failed call records no usage)\n")
+        return 0
     if args.json:
         write_stdout(dump(rec))
         return 0
@@ -397,6 +417,21 @@ def _tokens(value: float) -> str:
 
 def run_reset(args: argparse.Namespace) -> int:
     ledger = _ledger(args)
-    path = ledger.reset(args.dimension)
+    now = ledger.clock()
+    log = ledger.reset_log(args.dimension, now)
+    # A reset starts a dimension of what is there afresh: of a session that is not (a typo) it
+    # would make that session's folder, or a state root next to it, and say "reset".
+    if (args.session or args.dimension == "session") and not ledger.store.exists(ledger.key):
+        where = "" if is_filesystem(ledger.store) else f" in {ledger.store.url}"
+        raise StoreUsageError(
+            "CR147",
+            f"no session {printable(args.session or ledger.key)}{where}, nothing was reset "
+            "(a session begins with its first `ctxrules run` or `usage add`)",
+        )
+    root = ledger.state_root
+    if args.dimension != "session" and root is not None and not root.is_dir():
+        raise UsageError(f"{root}: no such state root, nothing was reset (give --state DIR)")
+    _check_writable(ledger, [log])
+    path = ledger.reset(args.dimension, now)
     write_stdout(f"reset the {args.dimension} budget from now on (recorded in {path})\n")
     return 0
