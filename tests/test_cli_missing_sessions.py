@@ -181,6 +181,25 @@ def test_no_verb_makes_anything_for_a_session_that_is_not_there(work: Path, verb
     assert _tree(work) == before
 
 
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["usage", "report"],
+        ["usage", "show"],
+        ["usage", "reset", "--dimension", "day"],
+        ["usage", "add", "--model", "gpt-4o", "--prompt", "1"],
+        ["sessions", "scan"],
+    ],
+    ids=lambda a: " ".join(a[:2]),
+)
+def test_a_state_root_that_is_a_file_is_named_as_one(work: Path, argv: list[str]) -> None:
+    # `usage report --state afile` said "no such state root" of a file that is there.
+    before = _tree(work)
+    line = _refused_in_one_line(cli(*argv, "--state", "afile", cwd=work))
+    assert line.startswith(f"ctxrules: error: {work / 'afile'}: ") and "not a directory" in line, line
+    assert _tree(work) == before
+
+
 def test_a_reset_of_a_session_id_not_in_a_redis_store_writes_nothing(redis_url: str, tmp_path: Path) -> None:
     redis = pytest.importorskip("redis", reason="the Redis store's client (ctxrules[redis]) is not installed")
     proc = cli("usage", "reset", "--store", redis_url, "--session", "typo", "--dimension", "session", cwd=tmp_path)
