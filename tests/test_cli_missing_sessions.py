@@ -200,6 +200,29 @@ def test_a_state_root_that_is_a_file_is_named_as_one(work: Path, argv: list[str]
     assert _tree(work) == before
 
 
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["sessions", "import", "arch.ctxs", "--session", "typo/s"],
+        ["sessions", "export", "STATE/real", "--to", "out.ctxs"],
+        ["sessions", "resume", "STATE/real"],
+        ["vault", "get", "0123456789abcdef", "--session", "STATE/real"],
+        ["mcp", "--session", "STATE/real"],
+    ],
+    ids=lambda a: " ".join(a[:2]),
+)
+def test_a_state_root_that_is_a_file_is_refused_before_anything(work: Path, argv: list[str]) -> None:
+    # `sessions import ... --session typo/s --state afile` made typo/s (with a signing key of its
+    # own) and said "imported"; export said "cannot read the injection key", mcp served.
+    exported = cli("sessions", "export", "STATE/real", "--state", "STATE", "--to", "arch.ctxs", cwd=work)
+    assert exported.returncode == 0, exported.stderr
+    before = _tree(work)
+    proc = cli(*argv, "--state", "afile", cwd=work, stdin=subprocess.DEVNULL)
+    line = _refused_in_one_line(proc)
+    assert line == f"ctxrules: error: {work / 'afile'}: the state root is not a directory (give --state DIR)"
+    assert _tree(work) == before
+
+
 def test_a_reset_of_a_session_id_not_in_a_redis_store_writes_nothing(redis_url: str, tmp_path: Path) -> None:
     redis = pytest.importorskip("redis", reason="the Redis store's client (ctxrules[redis]) is not installed")
     proc = cli("usage", "reset", "--store", redis_url, "--session", "typo", "--dimension", "session", cwd=tmp_path)

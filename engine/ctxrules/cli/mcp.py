@@ -8,7 +8,14 @@ from pathlib import Path
 from typing import Any
 
 from ctxrules.cli.output import require_stdout
-from ctxrules.cli.stores import add_store_options, check_session_dir, is_filesystem, session_key, store_of
+from ctxrules.cli.stores import (
+    add_store_options,
+    check_session_dir,
+    check_state_root,
+    is_filesystem,
+    session_key,
+    store_of,
+)
 from ctxrules.errors import UsageError
 from ctxrules.integrations.mcp import open_session, serve
 from ctxrules.stores import StoreUsageError
@@ -48,6 +55,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("standard input is closed: no client can send the server a call")
     require_stdout()  # the protocol's answers go there: refused before the session is opened
     store = store_of(args)
+    check_state_root(store)
     if is_filesystem(store):
         path = Path(args.session)
         if not path.is_dir():

@@ -18,7 +18,15 @@ from ctxrules.session_store import state_root_from_env
 from ctxrules.stores import Store, open_store, store_from_options
 from ctxrules.stores.filesystem import FilesystemStore, own_folder
 
-__all__ = ["add_store_options", "check_session_dir", "kept_places", "named_store", "session_key", "store_of"]
+__all__ = [
+    "add_store_options",
+    "check_session_dir",
+    "check_state_root",
+    "kept_places",
+    "named_store",
+    "session_key",
+    "store_of",
+]
 
 STORE_HELP = (
     "where sessions live: file://DIR, redis://HOST:PORT/DB, rediss://..., unix:///PATH "
@@ -40,6 +48,14 @@ def store_of(args: argparse.Namespace) -> Store:
     if url is None:
         return FilesystemStore(state_root_from_env())
     return open_store(url)
+
+
+def check_state_root(store: Store) -> None:
+    """A usage error (exit 2) for a filesystem store whose root is there but is not a folder
+    (``--state afile``, ``CTXRULES_STATE=/etc/passwd``): no session, key or ledger can be kept in
+    it, so a verb given it does nothing (``sessions import`` made the session all the same)."""
+    if isinstance(store, FilesystemStore) and store.root.exists() and not store.root.is_dir():
+        raise UsageError(f"{store.root}: the state root is not a directory (give --state DIR)")
 
 
 def named_store(args: argparse.Namespace) -> Store | None:

@@ -8,7 +8,14 @@ from pathlib import Path
 from typing import Any
 
 from ctxrules.cli.output import stdout_writer
-from ctxrules.cli.stores import add_store_options, describe_store, is_filesystem, session_key, store_of
+from ctxrules.cli.stores import (
+    add_store_options,
+    check_state_root,
+    describe_store,
+    is_filesystem,
+    session_key,
+    store_of,
+)
 from ctxrules.errors import UsageError
 from ctxrules.stores import StoreUsageError
 from ctxrules.vault import Vault, VaultError, parse_ref
@@ -55,6 +62,7 @@ def run_get(args: argparse.Namespace) -> int:
             )
         lines = given
     store = store_of(args)
+    check_state_root(store)
     if args.session:
         key = session_key(store, args.session)
         if is_filesystem(store) and not Path(key).is_dir():
