@@ -223,6 +223,29 @@ def test_a_state_root_that_is_a_file_is_refused_before_anything(work: Path, argv
     assert _tree(work) == before
 
 
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["sessions", "import", "arch.ctxs", "--session", "STATE/real/vault/x"],
+        ["usage", "add", "--session", "STATE/real/vault/x", "--model", "gpt-4o", "--prompt", "1"],
+        ["usage", "add", "--session", "STATE/real/vault/ab/x", "--model", "gpt-4o", "--prompt", "1"],
+    ],
+    ids=["sessions import", "usage add", "usage add in a shard"],
+)
+def test_a_session_in_a_vault_not_made_yet_is_refused(work: Path, argv: list[str]) -> None:
+    # STATE/real recorded calls but stored no item yet, so it has no vault/ folder: a session
+    # named inside it was made there (import: exit 0), its folder the vault the next item goes in.
+    exported = cli("sessions", "export", "STATE/real", "--state", "STATE", "--to", "arch.ctxs", cwd=work)
+    assert exported.returncode == 0, exported.stderr
+    assert not (work / "STATE" / "real" / "vault").exists()
+    before = _tree(work)
+    line = _refused_in_one_line(cli(*argv, "--state", "STATE", cwd=work))
+    vault = work / "STATE" / "real" / "vault"
+    session = argv[argv.index("--session") + 1]
+    assert line.startswith(f"ctxrules: error: --session {session}: {vault} is where ctxrules keeps "), line
+    assert _tree(work) == before
+
+
 def test_a_reset_of_a_session_id_not_in_a_redis_store_writes_nothing(redis_url: str, tmp_path: Path) -> None:
     redis = pytest.importorskip("redis", reason="the Redis store's client (ctxrules[redis]) is not installed")
     proc = cli("usage", "reset", "--store", redis_url, "--session", "typo", "--dimension", "session", cwd=tmp_path)

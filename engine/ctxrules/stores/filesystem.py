@@ -1332,10 +1332,13 @@ def own_folder(path: str | os.PathLike[str], root: str | os.PathLike[str] | None
         # Told by what is beside or in it only as deep as ctxrules' own layouts go (a vault's
         # shard and item, a ledger's days and file): a folder further up that happens to be
         # named so (a project called ``router`` beside a ``state.json`` of its own) is the user's.
-        if depth > _OWN_DEPTH or not folder.is_dir():
+        if depth > _OWN_DEPTH:
             continue
+        # Beside a session's files: its vault (or ledger) whether made yet or not.
         if any((parent / mark).exists() for mark in (*_SESSION_FILES, "injection.key")):
             return folder, what
+        if not folder.is_dir():
+            continue
         with contextlib.suppress(OSError), os.scandir(folder) as entries:
             if any(made(entry) for entry in entries):
                 return folder, what
