@@ -1208,6 +1208,17 @@ def _folders_holding(scratch: Path, marker: str) -> list[Path]:
     return found
 
 
+def _wait_for_replays(proc: subprocess.Popen[str], scratch: Path, marker: str) -> list[Path]:
+    """The session folders of eval ``proc``'s two replays, once both are under way."""
+    deadline = time.monotonic() + 60
+    while len(_folders_holding(scratch, marker)) < 2 and time.monotonic() < deadline:
+        assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+        time.sleep(0.2)
+    left = _folders_holding(scratch, marker)
+    assert len(left) == 2, "the replays did not start"
+    return left
+
+
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc")
 def test_sigterm_stops_the_workers_and_is_exit_143_in_one_line(tmp_path: Path) -> None:
     # SIGTERM ended eval by the signal (-15) with multiprocessing's "leaked semaphore" warning,
@@ -1224,11 +1235,7 @@ def test_sigterm_stops_the_workers_and_is_exit_143_in_one_line(tmp_path: Path) -
     proc = _start_eval(tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     workers: list[int] = []
     try:
-        deadline = time.monotonic() + 60
-        while len(_folders_holding(scratch, marker)) < 2 and time.monotonic() < deadline:
-            assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
-            time.sleep(0.2)
-        assert len(_folders_holding(scratch, marker)) == 2, "the replays did not start"
+        _wait_for_replays(proc, scratch, marker)
         workers = _eval_workers(proc.pid)
         stopped = time.monotonic()
         proc.send_signal(signal.SIGTERM)
@@ -1271,12 +1278,7 @@ def test_the_folder_of_a_killed_worker_goes_with_the_next_run_and_a_live_one_sta
     proc = _start_eval(long, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     workers: list[int] = []
     try:
-        deadline = time.monotonic() + 60
-        while len(_folders_holding(scratch, marker)) < 2 and time.monotonic() < deadline:
-            assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
-            time.sleep(0.2)
-        left = _folders_holding(scratch, marker)
-        assert len(left) == 2, "the replays did not start"
+        left = _wait_for_replays(proc, scratch, marker)
         workers = _eval_workers(proc.pid)
         for p in [proc.pid, *workers]:  # the whole run killed outright: nothing unwinds
             os.kill(p, signal.SIGKILL)

@@ -589,18 +589,11 @@ def _chain(folder: Path, n: int, *, down: bool = False, extra: dict[int, str] | 
         (folder / f"p{i}.yaml").write_text(body + (extra or {}).get(i, ""), encoding="utf-8")
 
 
-@pytest.mark.parametrize("down", [False, True])
-def test_a_folder_of_packs_that_extend_each_other_reads_locates_and_merges_each_file_once(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, down: bool
-) -> None:
-    """Each pack of the folder is resolved with its whole chain; the chain was walked, located
-    and merged again for each pack (a 1,000-file chain took minutes). Counted, not timed."""
+def _count_loader_calls(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
+    """Counts, from now on, of the pack loader's file reads, ``extends`` entries located and
+    merges (what a quadratic walk multiplies)."""
     from ctxrules.packs import loader
-    from ctxrules.plugins import default_registry
-    from ctxrules.validation.validate import validate_paths
 
-    n = 300
-    _chain(tmp_path, n, down=down)
     calls = {"read": 0, "locate": 0, "merge": 0}
 
     def counted(name: str, fn: Any) -> Any:
@@ -613,6 +606,21 @@ def test_a_folder_of_packs_that_extend_each_other_reads_locates_and_merges_each_
     monkeypatch.setattr(loader.PackLoader, "_read", counted("read", loader.PackLoader._read))
     monkeypatch.setattr(loader.PackLoader, "_locate", counted("locate", loader.PackLoader._locate))
     monkeypatch.setattr(loader, "merge_packs", counted("merge", loader.merge_packs))
+    return calls
+
+
+@pytest.mark.parametrize("down", [False, True])
+def test_a_folder_of_packs_that_extend_each_other_reads_locates_and_merges_each_file_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, down: bool
+) -> None:
+    """Each pack of the folder is resolved with its whole chain; the chain was walked, located
+    and merged again for each pack (a 1,000-file chain took minutes). Counted, not timed."""
+    from ctxrules.plugins import default_registry
+    from ctxrules.validation.validate import validate_paths
+
+    n = 300
+    _chain(tmp_path, n, down=down)
+    calls = _count_loader_calls(monkeypatch)
     run = validate_paths([str(tmp_path)], default_registry())
     assert run.files_checked == n and run.diagnostics == [], run.diagnostics
     # each file read and merged once; located once as the pack named and once as a parent
@@ -1019,7 +1027,6 @@ def test_a_folder_of_rings_reports_what_each_pack_alone_reports_reading_each_fil
     the whole ring and merged it again for each pack of it (2,000 files: 125 s). Counted, not
     timed: each file is read once, nothing of a ring is merged, every step of the graph is taken
     a bounded number of times; and each pack's diagnostics are those it has validated alone."""
-    from ctxrules.packs import loader
     from ctxrules.plugins import default_registry
     from ctxrules.validation.validate import _sorted_unique, validate_paths
 
@@ -1029,18 +1036,7 @@ def test_a_folder_of_rings_reports_what_each_pack_alone_reports_reading_each_fil
     registry = default_registry()
     packs = sorted(p.name for p in tmp_path.glob("*.yaml"))
     alone = {name: validate_paths([name], registry).diagnostics for name in packs}
-    calls = {"read": 0, "merge": 0, "locate": 0}
-
-    def counted(name: str, fn: Any) -> Any:
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            calls[name] += 1
-            return fn(*args, **kwargs)
-
-        return wrapper
-
-    monkeypatch.setattr(loader.PackLoader, "_read", counted("read", loader.PackLoader._read))
-    monkeypatch.setattr(loader, "merge_packs", counted("merge", loader.merge_packs))
-    monkeypatch.setattr(loader.PackLoader, "_locate", counted("locate", loader.PackLoader._locate))
+    calls = _count_loader_calls(monkeypatch)
     run = validate_paths(["."], registry)
     assert run.diagnostics == _sorted_unique([d for name in packs for d in alone[name]])
     assert calls["read"] == len(packs), calls
