@@ -84,7 +84,10 @@ def staged_dir(target: Path, exists: Callable[[], bool]) -> Iterator[Path]:
     if exists():
         raise SessionExists(f"{target} exists already")
     parent = target.parent
-    parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    try:
+        parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    except FileExistsError:  # a file where a folder of the path goes (mkdir's word for it)
+        raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(target)) from None
     _remove_abandoned(parent, target.name)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}{_INFIX}", dir=parent))
     fd = -1
