@@ -24,7 +24,6 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Final
 
-from ctxrules import locks
 from ctxrules.private_files import UnsafePathError, open_private
 from ctxrules.stores.base import STALE_SPOOL_S, SessionExists
 
@@ -70,6 +69,8 @@ def _remove_abandoned(parent: Path, name: str) -> None:
         except (OSError, UnsafePathError):
             continue
         try:
+            from ctxrules import locks  # here: the verbs that only read sessions import no lock module
+
             if not locks.held_elsewhere(fd):
                 shutil.rmtree(path, ignore_errors=True)
         finally:
@@ -93,6 +94,8 @@ def staged_dir(target: Path, exists: Callable[[], bool]) -> Iterator[Path]:
     fd = -1
     try:
         fd = open_private(staging / MARKER, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+        from ctxrules import locks
+
         locks.hold_shared(fd)
         yield staging
         _publish(staging, target, exists)
