@@ -249,3 +249,54 @@ def test_what_times_out_in_one_session_changes_nothing_for_another(monkeypatch: 
 )
 def test_remembered_entries_merge_to_the_shortest_length(lists: tuple[object, object], merged: list[str]) -> None:
     assert patterns.merged_entries(*lists) == merged
+
+
+# Pieces that reach what `re`'s compiler (not its parser) refuses: look-behinds of fixed and of
+# varying width, nested in groups, branches, repetitions, conditionals and other assertions.
+_VERDICT_PIECES = [
+    *_PIECES[:28],
+    "(?<=a)",
+    "(?<!ab)",
+    "(?<=a|bc)",
+    "(?<=a|b)",
+    "(?<=a+)",
+    "(?<=x{3})",
+    "(?<=(?=a+)b)",
+    "(?<=(?<=a*)b)",
+    "(?=(?<=a?))",
+    "(?:(?<!b*))",
+    "(?>(?<=ab?))",
+    "(a)?(?(1)(?<=a+)|b)",
+    "(?<=\\1)",
+    "(?<=[ab]{2})",
+    "(?<=(?P<g>a))",
+    "(",
+    ")",
+    "(?<",
+    "*",
+]
+
+
+@pytest.mark.filterwarnings("ignore::FutureWarning")
+@settings(max_examples=600, deadline=None)
+@given(
+    parts=st.lists(st.sampled_from(_VERDICT_PIECES), min_size=1, max_size=5),
+    flags=st.sampled_from([0, re.IGNORECASE, re.VERBOSE]),
+)
+def test_a_pattern_is_refused_exactly_when_re_compile_refuses_it(parts: list[str], flags: int) -> None:
+    # Judging a pattern no longer compiles it with `re` (neither engine that runs it is `re`):
+    # the verdict, its message and the groups must still be what `re.compile` gives.
+    source = "".join(parts)
+    try:
+        expected = re.compile(source, flags)
+    except re.error as exc:
+        with pytest.raises(re.error) as caught:
+            patterns.Pattern(source, flags)
+        assert caught.value.msg == exc.msg
+        return
+    try:
+        judged = patterns.Pattern(source, flags)
+    except patterns.PatternError:
+        return  # too large or unsafe to run: refused on our own grounds, not re's
+    assert judged.groups == expected.groups
+    assert judged.groupindex == dict(expected.groupindex)

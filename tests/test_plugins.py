@@ -82,6 +82,32 @@ def test_register_rejects_something_that_is_not_a_stage_type() -> None:
         _registry(("acme", plugin))
 
 
+def test_a_plugin_module_is_read_as_pluggy_reads_it() -> None:
+    # The manager looks a module's attributes up in its namespace rather than through pluggy's
+    # inspection: a hook under another name (`specname`) still counts, and nothing else in the
+    # module (a module-level __getattr__, an object that is no function) is called or taken.
+    module = types.ModuleType("acme_plugin")
+
+    @hookimpl(specname="ctxrules_register_stages")
+    def stages_of_acme(register: Any) -> None:
+        register(_stage_type())
+
+    asked: list[str] = []
+
+    def module_getattr(name: str) -> Any:
+        asked.append(name)
+        raise AttributeError(name)
+
+    module.stages_of_acme = stages_of_acme  # type: ignore[attr-defined]
+    module.__version__ = "1.0"  # type: ignore[attr-defined]
+    module.__getattr__ = module_getattr  # type: ignore[method-assign]
+    module.settings = types.SimpleNamespace(ctxrules_impl={"wrapper": True})  # type: ignore[attr-defined]
+    reg = _registry(("acme", module))
+    assert "acme.noop" in reg.stages
+    assert next(p for p in reg.plugins if p.name == "acme").stages == ["acme.noop"]
+    assert asked == []
+
+
 def test_misspelled_hook_is_an_error_at_load() -> None:
     def ctxrules_register_stage(register: Any) -> None:  # missing the final s
         pass

@@ -8,7 +8,6 @@ The table of codes is ``ctxrules.validation.diagnostics.CODES``.
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Collection, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, Protocol
@@ -44,6 +43,8 @@ class Diagnostic:
 
 def did_you_mean(word: str, choices: Collection[str]) -> str | None:
     """A 'did you mean …' hint, or None when nothing is close."""
+    import difflib  # only when a name is wrong
+
     close = difflib.get_close_matches(word, sorted(choices), n=3, cutoff=0.6)
     if not close:
         return None

@@ -49,10 +49,19 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ctxrules.scoped import Scoped
-from ctxrules.stores.filesystem import FilesystemStore
 
 if TYPE_CHECKING:
     from ctxrules.stores.base import Store
+
+
+def _filesystem_store(root: Path) -> Store:
+    # The store package (locks, staging, the session layout) only where a key is read or made:
+    # the stage modules that import this one are also loaded to validate a pack, which never
+    # reads a key.
+    from ctxrules.stores.filesystem import FilesystemStore
+
+    return FilesystemStore(root)
+
 
 __all__ = [
     "KEY_FILE",
@@ -239,7 +248,7 @@ class InjectionKey:
         Two processes creating it at once agree: the file is created exclusively and the loser
         reads the winner's key. Symlinks are not followed (the filesystem store's secrets)."""
         path = Path(path)
-        return cls(FilesystemStore(path.parent).secret(None, path.name, lambda: secrets.token_bytes(32)))
+        return cls(_filesystem_store(path.parent).secret(None, path.name, lambda: secrets.token_bytes(32)))
 
 
 def _memo_key(text: str, others: OtherParts | None) -> Hashable:
@@ -251,8 +260,8 @@ def key_for_session(session_dir: Path, state_root: Path | None) -> InjectionKey:
     ``sessions import`` brings the key its history was signed with), else the state root's when
     it has one, else a new one of its own."""
     if state_root is None:
-        return key_in_store(FilesystemStore(session_dir), None)
-    return key_in_store(FilesystemStore(state_root), str(session_dir))
+        return key_in_store(_filesystem_store(session_dir), None)
+    return key_in_store(_filesystem_store(state_root), str(session_dir))
 
 
 class _Absent(Exception):

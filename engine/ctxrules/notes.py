@@ -27,8 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from ctxrules.errors import CtxrulesError
-from ctxrules.stores import StoreError, store_and_session
+from ctxrules.errors import CtxrulesError, StoreError
 
 if TYPE_CHECKING:
     from ctxrules.stores.base import Store
@@ -140,6 +139,8 @@ def load_notes(
 ) -> list[Note]:
     """The notes of the session directory ``session_dir`` (or of ``session`` in ``store``;
     ``[]`` when it has none)."""
+    from ctxrules.stores import store_and_session  # (the store package: where a session is opened)
+
     store, session = store_and_session(session_dir, store, session)
     try:
         raw = store.read_doc(session, "notes")
@@ -163,6 +164,8 @@ class SessionNotes:
         store: Store | None = None,
         session: str | None = None,
     ) -> None:
+        from ctxrules.stores import store_and_session  # (the store package: where a session is opened)
+
         self.store, self.session = store_and_session(session_dir, store, session)
         self._clock = clock
 

@@ -290,13 +290,50 @@ def _parse(pattern: str, flags: int) -> Any:
     return _parser.parse(pattern, flags)
 
 
-def _compile_parsed(tree: Any, flags: int) -> re.Pattern[str]:
-    """``re.compile`` of an already parsed pattern: the verdict of ``re`` (errors its compiler
-    raises, such as a variable-width look-behind, included) without parsing it a second time
-    (parsing was half the cost of judging the hundreds of patterns of a pack)."""
-    from re import _compiler  # type: ignore[attr-defined]
+def _check_lookbehinds(pattern: str, tree: Any) -> None:
+    """Raise what ``re``'s compiler raises of a parsed pattern, without compiling it.
 
-    return _compiler.compile(tree, flags)  # type: ignore[no-any-return]
+    Past the parser, ``re``'s compiler refuses one thing a pack can write: a look-behind whose
+    width is not fixed (or is beyond what its code can hold). The runtime engines are RE2 and
+    ``regex``, never ``re``, so compiling only for that verdict cost a third of judging a
+    pattern; this walk gives the same verdict, in the same words.
+    """
+    if "(?<" not in pattern:  # `(?<=` and `(?<!` are the only spellings of a look-behind
+        return
+    from re import _compiler, _parser  # type: ignore[attr-defined]
+
+    def walk(items: Any) -> None:
+        for op, av in _ops(items):
+            name = op.name
+            if name in ("ASSERT", "ASSERT_NOT"):
+                if av[0] < 0:
+                    lo, hi = av[1].getwidth()
+                    if lo > _compiler.MAXCODE:
+                        raise re.error("looks too much behind")
+                    if lo != hi:
+                        raise re.error("look-behind requires fixed-width pattern")
+                walk(av[1])
+            elif name in _REPEATS:
+                walk(av[2])
+            elif name == "SUBPATTERN":
+                walk(av[-1])
+            elif name == "BRANCH":
+                for branch in av[1]:
+                    walk(branch)
+            elif name == "GROUPREF_EXISTS":
+                for branch in av[1:]:
+                    if isinstance(branch, _parser.SubPattern):
+                        walk(branch)
+            elif name == "ATOMIC_GROUP":
+                walk(av)
+
+    walk(tree)
+
+
+def _ops(items: Any) -> Any:
+    """The items of a parse tree node as a plain list: ``re``'s ``SubPattern`` iterates through
+    ``__getitem__`` one index at a time, which was a third of the analysis."""
+    return getattr(items, "data", items)
 
 
 def _analyse(pattern: str, flags: int, tree: Any = None) -> _Shape:
@@ -321,7 +358,7 @@ def _analyse(pattern: str, flags: int, tree: Any = None) -> _Shape:
         if flags & (_X | _L) or (ascii_only and flags & _I):
             safe = on_ascii = False  # RE2 has no such flags; with both, Python folds ASCII only, RE2 all of Unicode
         size = 0
-        for op, av in items:
+        for op, av in _ops(items):
             name = op.name
             if name in _REPEATS:
                 lo, hi, sub = av
@@ -460,13 +497,13 @@ def _chars(op: str, av: Any, flags: int) -> frozenset[str]:
 
 
 def _seq_chars(items: Any, flags: int) -> frozenset[str]:
-    return frozenset().union(*(_chars(op.name, av, flags) for op, av in items))
+    return frozenset().union(*(_chars(op.name, av, flags) for op, av in _ops(items)))
 
 
 def _first(items: Any, flags: int) -> tuple[frozenset[str], bool]:
     """(characters a match of ``items`` can start with, whether it can be empty)."""
     out: frozenset[str] = frozenset()
-    for op, av in items:
+    for op, av in _ops(items):
         op = op.name
         if op == "AT" and av.name == "AT_END_STRING":
             return out, False  # \Z: nothing can follow
@@ -510,7 +547,7 @@ def _ambiguous_repeat(tree: Any, flags: int) -> bool:
     # (the round's own start when nothing else does); what follows the outer repetition as a
     # whole only makes for polynomial retries, which the time limit absorbs.
     def scan(items: Any, follow: frozenset[str], inside: bool, flags: int) -> bool:
-        items = list(items)
+        items = _ops(items)
         for i, (op, av) in enumerate(items):
             op = op.name
             if op not in _SCANNED:
@@ -564,14 +601,16 @@ class Pattern:
             try:
                 # The language is `re`: its verdict first. Parsed once, for it and the analysis.
                 tree = None if _plain_text(pattern, flags) else _parse(pattern, flags)
-                checked = re.compile(pattern, flags) if tree is None else _compile_parsed(tree, flags)
+                if tree is not None:
+                    _check_lookbehinds(pattern, tree)
             except (OverflowError, RecursionError) as exc:  # a count beyond 2**32, deep nesting
                 raise PatternError(str(exc) or type(exc).__name__) from None
             self.shape = _analyse(pattern, flags, tree)
         self.pattern = pattern
         self.flags = flags
-        self.groups = checked.groups
-        self.groupindex = dict(checked.groupindex)
+        # What `re.compile` would say of the groups (its compiler takes them from the parser).
+        self.groups = 0 if tree is None else tree.state.groups - 1
+        self.groupindex = {} if tree is None else dict(tree.state.groupdict)
         self.key = hashlib.sha256(f"{flags}:{pattern}".encode("utf-8", "surrogatepass")).hexdigest()[:24]
         # Both engines compile on first use (validating 140,000 rules matches none of them);
         # what decides whether the pattern is usable at all is settled now.

@@ -8,6 +8,7 @@ keeps named third-party plugins from loading; built-ins marked essential cannot 
 from __future__ import annotations
 
 import importlib
+import inspect
 import os
 import re
 import stat
@@ -102,10 +103,30 @@ def _blocked() -> set[str]:
     return {n.strip() for n in os.environ.get(BLOCK_ENV, "").split(",") if n.strip()}
 
 
+class _PluginManager(pluggy.PluginManager):
+    """pluggy's manager, quicker on modules: pluggy inspects every attribute of what is
+    registered (``inspect.getattr_static``), and a stage module holds a hundred, its imports
+    included; that was most of building the registry. A module's attribute is looked up in the
+    module's own namespace (what that inspection finds there), and only one carrying the
+    ``@hookimpl`` mark is handed on to pluggy (the mark, not the name, makes a hook)."""
+
+    def parse_hookimpl_opts(self, plugin: object, name: str) -> Any:
+        if isinstance(plugin, ModuleType):
+            value = vars(plugin).get(name)
+            if not inspect.isroutine(value) or getattr(value, f"{self.project_name}_impl", None) is None:
+                return None
+        return super().parse_hookimpl_opts(plugin, name)
+
+
+@cache
+def _hook_names() -> frozenset[str]:
+    return frozenset(n for n in dir(hookspecs) if n.startswith("ctxrules_"))
+
+
 def _check_hook_names(plugin: object, name: str) -> None:
     # pluggy only notices decorated functions; a misspelled hook (`ctxrules_register_stage`)
     # would otherwise be silently ignored and the plugin would seem to do nothing.
-    known = {n for n in dir(hookspecs) if n.startswith("ctxrules_")}
+    known = _hook_names()
     for attr in dir(plugin):
         if attr.startswith("ctxrules_") and attr not in known and callable(getattr(plugin, attr)):
             hint = did_you_mean(attr, known)
@@ -126,7 +147,7 @@ def build_plugin_manager(
     extra: list[tuple[str, object]] | None = None, *, entry_points: bool = True
 ) -> tuple[pluggy.PluginManager, list[PluginInfo]]:
     """A plugin manager with the built-ins, entry-point plugins and ``extra`` (name, plugin)."""
-    pm = pluggy.PluginManager(hookspecs.PROJECT_NAME)
+    pm = _PluginManager(hookspecs.PROJECT_NAME)
     pm.add_hookspecs(hookspecs)
     infos: list[PluginInfo] = []
     blocked = _blocked()

@@ -24,8 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ctxrules.errors import CtxrulesError
-from ctxrules.stores import StoreError, store_and_session
+from ctxrules.errors import CtxrulesError, StoreError
 from ctxrules.toolroles import call_arguments, call_name, tool_roles
 
 if TYPE_CHECKING:
@@ -79,6 +78,8 @@ def load_tracked(
 ) -> list[TrackedFile]:
     """Touched files of a session (a directory, or ``session`` in ``store``), most recently
     touched first."""
+    from ctxrules.stores import store_and_session  # (the store package: where a session is opened)
+
     store, session = store_and_session(session_dir, store, session)
     where = store.doc_location(session, "touched")
     try:
@@ -102,6 +103,8 @@ class FileTracker:
         store: Store | None = None,
         session: str | None = None,
     ) -> None:
+        from ctxrules.stores import store_and_session  # (the store package: where a session is opened)
+
         self.store, self.session = store_and_session(session_dir, store, session)
         self._clock = clock
 

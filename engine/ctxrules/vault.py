@@ -25,11 +25,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
 
-from ctxrules.stores.base import BlobWriter, SpooledBlobWriter, VaultError
-from ctxrules.stores.filesystem import FilesystemStore
+from ctxrules.errors import VaultError
 
+# The store package (locks, staging, session layout) is imported where a vault is opened: the
+# stage modules that import this one for its markers are also loaded to validate a pack.
 if TYPE_CHECKING:
-    from ctxrules.stores.base import Store
+    from ctxrules.stores.base import BlobWriter, Store
 
 __all__ = [
     "MARKER_KINDS",
@@ -55,9 +56,20 @@ _ID_LEN = 64
 _HEX_RE = re.compile(r"[0-9a-f]+")
 _SLICE_CHARS = 1 << 20  # texts longer than this are encoded and written in slices
 _BLOCK = 1 << 20  # what copy_to reads and writes at a time
-VaultWriter = BlobWriter
-"""An entry being written in pieces (:class:`ctxrules.stores.BlobWriter`): ``write``, ``size``,
-``path`` (readable until commit), ``vault_id``, ``commit``, ``discard``."""
+if TYPE_CHECKING:
+    VaultWriter = BlobWriter
+    """An entry being written in pieces (:class:`ctxrules.stores.BlobWriter`): ``write``,
+    ``size``, ``path`` (readable until commit), ``vault_id``, ``commit``, ``discard``."""
+
+
+def __getattr__(name: str) -> object:
+    if name == "VaultWriter":  # the store's writer, named here too; imported when asked for
+        from ctxrules.stores.base import BlobWriter
+
+        return BlobWriter
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 # Lone surrogates survive json.loads; "surrogatepass" keeps them storable and round-trippable
 # instead of failing a stage on a transcript that contains one.
 _TEXT_ERRORS = "surrogatepass"
@@ -151,6 +163,8 @@ class Vault:
             if root is None:
                 raise TypeError("Vault() needs a directory, or store= and session=")
             root = Path(root)
+            from ctxrules.stores.filesystem import FilesystemStore
+
             store, session = FilesystemStore(root.parent, vault_name=root.name), str(root.parent)
         elif session is None:
             raise TypeError("Vault(store=...) needs session=")
@@ -215,6 +229,8 @@ class Vault:
         is known once :meth:`VaultWriter.commit` has stored it."""
         opener = getattr(self.store, "open_blob_writer", None)
         if opener is None:  # a store of an earlier protocol version: spool to a local file
+            from ctxrules.stores.base import SpooledBlobWriter
+
             return SpooledBlobWriter(self.store, self.session)
         writer: VaultWriter = opener(self.session)
         return writer

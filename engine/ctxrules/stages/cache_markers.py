@@ -47,11 +47,11 @@ from urllib.parse import urlparse
 
 from ctxrules import structure
 from ctxrules.carry import PerSession
+from ctxrules.errors import StoreUnavailable
 from ctxrules.hookspecs import hookimpl
 from ctxrules.json_stream import json_text_canonical, make_json_text
 from ctxrules.messages import clone_json, is_real_user
 from ctxrules.stages.base import Action, Message, StageOutcome, StageType, unchanged
-from ctxrules.stores.base import StoreUnavailable
 
 if TYPE_CHECKING:
     from ctxrules.pipeline.context import StageContext

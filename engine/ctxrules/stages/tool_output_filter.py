@@ -54,6 +54,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ctxrules import structure
 from ctxrules.carry import PerSession
+from ctxrules.errors import StoreUnavailable
 from ctxrules.hookspecs import hookimpl
 from ctxrules.messages import keep_mark
 from ctxrules.stages.base import Action, Message, StageOutcome, StageType, unchanged
@@ -66,7 +67,6 @@ from ctxrules.stages.filter_common import (
     result_key,
     tokens_saved,
 )
-from ctxrules.stores.base import StoreUnavailable
 from ctxrules.structure import Step, shape
 from ctxrules.toolroles import ROLE_ORDER, call_name, shell_command, tool_roles
 from ctxrules.vault import format_marker, is_spill_stand_in, parse_markers

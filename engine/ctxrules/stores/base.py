@@ -42,7 +42,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final, Literal, Protocol, runtime_checkable
 
-from ctxrules.errors import CtxrulesError, UsageError
+from ctxrules.errors import (
+    SessionExists,
+    StoreError,
+    StoreLockTimeout,
+    StoreUnavailable,
+    StoreUsageError,
+    VaultError,
+)
 from ctxrules.private_files import UnsafePathError, open_private
 from ctxrules.stores.hashing import StreamHash
 from ctxrules.threads import ForkSafeLock
@@ -97,43 +104,9 @@ LogKind = Literal["session", "day", "goal", "misroutes", "descendants"]
 LOG_KINDS: Final[tuple[LogKind, ...]] = ("session", "day", "goal", "misroutes", "descendants")
 
 
-class VaultError(CtxrulesError):
-    """A vault id is malformed, unknown, ambiguous, or its content is corrupt (also
-    ``ctxrules.vault.VaultError``)."""
-
-
 class CompactionBusy(Exception):
     """Another compaction of this session holds the compaction lock (also
     ``ctxrules.summarize.lock.CompactionBusy``)."""
-
-
-class StoreError(CtxrulesError):
-    """A store cannot do what was asked (a bad URL, a damaged record, an unsafe path)."""
-
-
-class StoreUsageError(UsageError):
-    """A store named wrongly (``[CR145]``: an unknown URL scheme, ``--store`` with ``--state``,
-    options a ``file://`` store does not take, a backend whose extra is missing), a session
-    archive that cannot be imported (``[CR146]``), or a session that is not in the store
-    (``[CR147]``). Exit code 2."""
-
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(f"[{code}] {message}")
-        self.code = code
-
-
-class StoreUnavailable(StoreError):
-    """The store cannot be reached (a network store down, a connect timeout); the message names
-    the URL (without its password)."""
-
-
-class SessionExists(StoreError):
-    """:meth:`Store.creating` found the session there already (made before the block, or by
-    another writer during it): nothing of the block's writes was kept."""
-
-
-class StoreLockTimeout(StoreError):
-    """The prepare lock of a session stayed held by another worker for the whole wait."""
 
 
 @dataclass(frozen=True)
