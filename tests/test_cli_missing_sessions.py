@@ -224,6 +224,29 @@ def test_a_state_root_that_is_a_file_is_refused_before_anything(work: Path, argv
 
 
 @pytest.mark.parametrize(
+    ("argv", "stdin", "code"),
+    [
+        (["compress", "--", "echo", "short"], None, 125),
+        (["compress", "--command", "echo", "--input", "-"], b"short\n", 2),
+    ],
+    ids=["proxy", "filter"],
+)
+def test_compress_refuses_a_state_root_that_is_a_file_before_the_command(
+    work: Path, argv: list[str], stdin: bytes | None, code: int
+) -> None:
+    # A short output needs no vault: `compress --state afile -- echo short` printed it and
+    # exited 0, while a long one failed on the vault. Now both are refused up front, and the
+    # command does not run in proxy mode (125: ctxrules failed, not CMD).
+    before = _tree(work)
+    proc = cli(*argv[:1], "--state", "afile", *argv[1:], text=False, cwd=work, input=stdin or b"")
+    assert proc.returncode == code, proc.stderr
+    assert proc.stdout == b""
+    assert f"{work / 'afile'}: the state root is not a directory (give --state DIR)" in proc.stderr.decode()
+    assert "Traceback" not in proc.stderr.decode()
+    assert _tree(work) == before
+
+
+@pytest.mark.parametrize(
     "argv",
     [
         ["sessions", "import", "arch.ctxs", "--session", "STATE/real/vault/x"],
