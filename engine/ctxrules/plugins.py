@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import cache
 from importlib.machinery import PathFinder
-from types import ModuleType
+from types import FunctionType, ModuleType
 from typing import Any
 
 import pluggy
@@ -107,13 +107,17 @@ class _PluginManager(pluggy.PluginManager):
     """pluggy's manager, quicker on modules: pluggy inspects every attribute of what is
     registered (``inspect.getattr_static``), and a stage module holds a hundred, its imports
     included; that was most of building the registry. A module's attribute is looked up in the
-    module's own namespace (what that inspection finds there), and only one carrying the
-    ``@hookimpl`` mark is handed on to pluggy (the mark, not the name, makes a hook)."""
+    module's own namespace (where that inspection finds it); a plain function without the
+    ``@hookimpl`` mark, or anything that is no routine, is no hook, as pluggy decides; the rest
+    is left to pluggy (the mark, not the name, makes a hook: ``specname=``)."""
 
     def parse_hookimpl_opts(self, plugin: object, name: str) -> Any:
         if isinstance(plugin, ModuleType):
             value = vars(plugin).get(name)
-            if not inspect.isroutine(value) or getattr(value, f"{self.project_name}_impl", None) is None:
+            if isinstance(value, FunctionType):
+                if getattr(value, f"{self.project_name}_impl", None) is None:
+                    return None
+            elif not (inspect.isroutine(value) or isinstance(value, staticmethod | classmethod)):
                 return None
         return super().parse_hookimpl_opts(plugin, name)
 
