@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 from conftest import REPO
+from session_kit import export_session
 
 ENV = {**os.environ, "PYTHONPATH": str(REPO / "engine"), "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
 ENV.pop("CTXRULES_STORE", None)
@@ -81,14 +82,7 @@ def archive(tmp_path_factory: pytest.TempPathFactory) -> Path:
     run = ctxrules("run", "--pack", "builtin:default", "--model", "gpt-4o", "--window", "20000", "--input",
                    "in.json", "--output", "out.json", "--state", "A", "--session", "A/s", cwd=tmp_path)  # fmt: skip
     assert run.returncode == 0, run.stderr
-    added = ctxrules("usage", "add", "--model", "gpt-4o", "--prompt", "10", "--session", "A/s", "--state", "A",
-                     cwd=tmp_path)  # fmt: skip
-    assert added.returncode == 0, added.stderr
-    note = "import sys\nfrom ctxrules.notes import SessionNotes\nSessionNotes(sys.argv[1]).add('n', tags=['x'])"
-    subprocess.run([sys.executable, "-c", note, "A/s"], cwd=tmp_path, env=ENV, check=True)
-    exported = ctxrules("sessions", "export", "A/s", "--state", "A", "--to", "s.ctxs", cwd=tmp_path)
-    assert exported.returncode == 0, exported.stderr
-    return tmp_path / "s.ctxs"
+    return export_session(ctxrules, tmp_path, ENV, prompt_tokens=10)
 
 
 def _records(archive: bytes) -> list[dict[str, Any]]:

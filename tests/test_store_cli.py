@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 from conftest import REPO
+from session_kit import export_session
 
 ENV = {**os.environ, "PYTHONPATH": str(REPO / "engine")}
 ENV.pop("CTXRULES_STORE", None)
@@ -177,15 +178,8 @@ def _exported_session(tmp_path: Path, *, usage: bool = False) -> list[bytes]:
     exported with the real CLI to ``s.ctxs``: it holds every kind of record."""
     first = ctxrules(*run_args(tmp_path, "--state", "A", "--session", "A/s"), cwd=tmp_path)
     assert first.returncode == 0, first.stderr
-    if usage:
-        added = ctxrules("usage", "add", "--model", "gpt-4o", "--prompt", "1000", "--session", "A/s", "--state", "A",
-                         cwd=tmp_path)  # fmt: skip
-        assert added.returncode == 0, added.stderr
-    note = "import sys\nfrom ctxrules.notes import SessionNotes\nSessionNotes(sys.argv[1]).add('n', tags=['x'])"
-    subprocess.run([sys.executable, "-c", note, "A/s"], cwd=tmp_path, env=ENV, check=True)
-    exported = ctxrules("sessions", "export", "A/s", "--state", "A", "--to", "s.ctxs", cwd=tmp_path)
-    assert exported.returncode == 0, exported.stderr
-    return (tmp_path / "s.ctxs").read_bytes().splitlines(keepends=True)
+    archive = export_session(ctxrules, tmp_path, ENV, prompt_tokens=1000 if usage else None)
+    return archive.read_bytes().splitlines(keepends=True)
 
 
 def test_an_archive_missing_or_repeating_any_line_imports_nothing(tmp_path: Path) -> None:
