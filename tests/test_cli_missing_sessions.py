@@ -103,6 +103,25 @@ def test_a_reset_without_a_session_needs_the_default_one_and_the_state_root(work
         assert proc.returncode == 0 and proc.stdout.startswith(f"reset the {dimension} budget"), proc.stderr
 
 
+def test_a_reset_of_a_goal_that_recorded_nothing_changes_nothing(work: Path) -> None:
+    # `usage reset --dimension goal --goal typo` wrote a reset into a new ledger/goals/typo.jsonl
+    # and said "reset the goal budget": exit 0 for a typo, as the session reset was.
+    recorded = cli("usage", "add", "--session", "STATE/real", "--state", "STATE", "--goal", "ship-v2",
+                   "--model", "gpt-4o", "--prompt", "10", cwd=work)  # fmt: skip
+    assert recorded.returncode == 0, recorded.stderr
+    before = _tree(work)
+    argv = ["usage", "reset", "--session", "STATE/real", "--state", "STATE", "--dimension", "goal"]
+    line = _refused_in_one_line(cli(*argv, "--goal", "ship-v3", cwd=work))
+    assert line == (
+        f"ctxrules: error: no call was recorded for goal ship-v3 in {work / 'STATE'}, nothing was reset; "
+        "did you mean 'ship-v2'?"
+    )
+    assert _tree(work) == before
+    # A goal that recorded a call is reset, as before.
+    proc = cli(*argv, "--goal", "ship-v2", cwd=work)
+    assert proc.returncode == 0 and proc.stdout.startswith("reset the goal budget"), proc.stderr
+
+
 @pytest.mark.parametrize(
     ("where", "goal"),
     [("afile/s", None), ("{tmp}/afile/s", None), ("STATE/new", "g")],

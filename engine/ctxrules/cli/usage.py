@@ -32,6 +32,7 @@ from ctxrules.cli.stores import (
     session_key,
     store_of,
 )
+from ctxrules.diagnostics import did_you_mean
 from ctxrules.errors import UsageError
 from ctxrules.packs.validated import load_pack
 from ctxrules.printable import printable
@@ -432,6 +433,16 @@ def run_reset(args: argparse.Namespace) -> int:
     root = ledger.state_root
     if args.dimension != "session" and root is not None and not root.is_dir():
         raise UsageError(f"{root}: no such state root, nothing was reset (give --state DIR)")
+    if args.dimension == "goal":
+        # Likewise of a goal that recorded no call (a typo): it made that goal's ledger.
+        goals = ledger.store.logs("goal")
+        if log not in goals:
+            where = f" in {root}" if root is not None else f" in {ledger.store.url}"
+            hint = did_you_mean(log.name, [g.name for g in goals])
+            raise UsageError(
+                f"no call was recorded for goal {printable(log.name)}{where}, nothing was reset"
+                + (f"; {hint}" if hint else "")
+            )
     _check_writable(ledger, [log])
     path = ledger.reset(args.dimension, now)
     write_stdout(f"reset the {args.dimension} budget from now on (recorded in {path})\n")
