@@ -347,3 +347,27 @@ def test_a_spool_a_killed_writer_left_in_the_temporary_directory_goes_with_the_n
     )
     assert Vault.of(store, "spooled").get(item) == LIVE_ITEM
     assert list(spools.iterdir()) == []
+
+
+@pytest.mark.parametrize("name", ["vault", "Stateless", ".hidden", "conv-7"])
+def test_every_verb_names_a_redis_session_as_the_integrations_do(redis_url: str, tmp_path: Path, name: str) -> None:
+    # `run --session vault --store redis://...` wrote the session `vault` as it is, while the
+    # docs (and the integrations, for a request naming `vault`) use its sha256: the session a
+    # proxy request made was not the one `sessions export vault` looked for, and `run` and the
+    # other verbs could disagree. Every verb now maps the name once, by the integrations' rule.
+    from ctxrules.integrations import session_name
+    from ctxrules.stores.redis import RedisStore
+
+    (tmp_path / "m.json").write_text(json.dumps([{"role": "user", "content": "hello"}]))
+    made = ctxrules("run", "--pack", "builtin:default", "--model", "gpt-4o", "--input", "m.json",
+                    "--store", redis_url, "--session", name, "--output", "out.json", cwd=tmp_path)  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    key = session_name(name)
+    assert (key == name) == (name == "conv-7")
+    assert RedisStore.from_url(redis_url).exists(key)
+    exported = ctxrules("sessions", "export", name, "--store", redis_url, "--to", "s.ctxs", cwd=tmp_path)
+    assert exported.returncode == 0, exported.stderr
+    assert f"#{key}:" in exported.stderr
+    shown = ctxrules("usage", "show", "--store", redis_url, "--session", name, "--format", "json", cwd=tmp_path)
+    assert shown.returncode == 0, shown.stderr
+    assert json.loads(shown.stdout)["session"]["path"].endswith(f"#{key}")

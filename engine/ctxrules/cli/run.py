@@ -18,7 +18,14 @@ from ctxrules.cli.io import (
 )
 from ctxrules.cli.output import stdout_writer
 from ctxrules.cli.progress import TerminalProgress, wanted
-from ctxrules.cli.stores import add_store_options, check_session_dir, is_filesystem, kept_places, named_store
+from ctxrules.cli.stores import (
+    add_store_options,
+    check_session_dir,
+    is_filesystem,
+    kept_places,
+    named_store,
+    session_key,
+)
 from ctxrules.cli.tables import report_table
 from ctxrules.engine import open_session
 from ctxrules.errors import MessagesError, UsageError
@@ -101,7 +108,8 @@ def run(args: argparse.Namespace) -> int:
     session = open_session(
         args.pack,
         args.model,
-        session=args.session,
+        # A session id of a URL store by the rule every verb names one with (cli.stores).
+        session=args.session if store is None or is_filesystem(store) else session_key(store, args.session),
         window=args.window,
         search_path=args.search_path,
         store=store,

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, TypeGuard
 
 from ctxrules.errors import UsageError
+from ctxrules.integrations import session_name
 from ctxrules.session_store import state_root_from_env
 from ctxrules.stores import Store, open_store, store_from_options
 from ctxrules.stores.filesystem import FilesystemStore, own_folder
@@ -72,13 +73,16 @@ def is_filesystem(store: Store) -> TypeGuard[FilesystemStore]:
 def session_key(store: Store, name: str | None) -> str:
     """The session ``--session`` names (default: ``default``): a directory for the filesystem
     store (as given, relative to the current directory; the default is ``STATE/default``), a
-    session id for the others."""
+    session id for the others, by the rule the integrations name a request's session with
+    (:func:`ctxrules.integrations.session_name`): ``--session vault`` is the session a proxy
+    request naming ``vault`` made, not the store's own ``vault`` (before, the two differed for
+    the store's own names and for ids starting with a dot)."""
     if isinstance(store, FilesystemStore):
         if not name:
             return str(store.root / "default")
         check_session_dir(name, store.root)
         return str(Path(name))
-    return store.session_key(name or "default")
+    return store.session_key(session_name(name or "default"))
 
 
 def check_session_dir(name: str, root: Path | None = None) -> None:
