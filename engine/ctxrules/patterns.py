@@ -35,7 +35,7 @@ import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import cache, lru_cache
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 
 # Both engines are imported on the first pattern that runs on them, not with this module:
@@ -246,8 +246,7 @@ class remembering:  # lower case: used like the function it was (``with remember
 # -- analysis ------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class _Shape:
+class _Shape(NamedTuple):
     re2_safe: bool  # means the same on RE2 (given the flags)
     min_width: int
     unrolled: int

@@ -39,7 +39,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from fnmatch import fnmatchcase
 from functools import lru_cache
-from typing import Any, Literal, TypeAlias
+from typing import Any, Literal, NamedTuple, TypeAlias
 
 from ctxrules.messages import is_injected, message_text
 from ctxrules.patterns import Pattern
@@ -83,8 +83,7 @@ class PriorityRule:
     injected: bool | None = None
 
 
-@dataclass(frozen=True)
-class _Facts:
+class _Facts(NamedTuple):
     """What the rules may ask about one message, computed lazily by the evaluator."""
 
     role: str

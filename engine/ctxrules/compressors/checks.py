@@ -16,8 +16,7 @@ merged result:
 from __future__ import annotations
 
 from collections.abc import Hashable, Mapping
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ctxrules.diagnostics import Reporter, Severity, did_you_mean
 from ctxrules.validation.quick import remembered
@@ -50,8 +49,7 @@ def _check_step(rep: Reporter, registry: Registry, rule_id: str, step: Mapping[s
         finding.replay(rep, base)
 
 
-@dataclass(frozen=True)
-class _Finding:
+class _Finding(NamedTuple):
     """One diagnostic of a step, its pointer relative to the step."""
 
     code: str

@@ -38,7 +38,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ctxrules.diagnostics import did_you_mean
 from ctxrules.errors import CtxrulesError
@@ -159,30 +159,26 @@ class AssembledPrompt:
 # -- the compiled prompt data of one pack ------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class _Section:
+class _Section(NamedTuple):
     name: str
     tag: str
     source: str
     origin: str
 
 
-@dataclass(frozen=True)
-class _Mode:
+class _Mode(NamedTuple):
     name: str
     sections: tuple[str, ...]
     discipline: bool
 
 
-@dataclass(frozen=True)
-class _Entry:
+class _Entry(NamedTuple):
     id: str
     globs: tuple[str, ...]
     discipline: _Section | None
 
 
-@dataclass(frozen=True)
-class _Variable:
+class _Variable(NamedTuple):
     name: str
     default: Scalar
     required: bool

@@ -42,7 +42,7 @@ import operator
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 from urllib.parse import urlparse
 
 from ctxrules import structure
@@ -445,8 +445,7 @@ OPTIONS_SCHEMA: dict[str, Any] = {
 }
 
 
-@dataclass(frozen=True)
-class _Options:
+class _Options(NamedTuple):
     strategy: str
     max_breakpoints: int
     min_prefix_tokens: int

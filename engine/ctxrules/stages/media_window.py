@@ -29,8 +29,7 @@ import base64
 import binascii
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 from urllib.parse import urlsplit
 
 from ctxrules.hookspecs import hookimpl
@@ -55,8 +54,7 @@ def is_media_part(part: object) -> bool:
     return isinstance(part, Mapping) and part.get("type") in ("image_url", "image")
 
 
-@dataclass(frozen=True)
-class _Image:
+class _Image(NamedTuple):
     """What an image part holds: raw bytes (decoded inline data) or a URL."""
 
     data: bytes | None

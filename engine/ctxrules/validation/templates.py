@@ -18,9 +18,8 @@ Findings inside a template point at the template's own line: the template file a
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ctxrules.diagnostics import Diagnostic, Reporter, Severity, did_you_mean
 from ctxrules.packs.confine import HINT, read_pack_text
@@ -137,8 +136,7 @@ def check_prompts(rep: Reporter, pack: ResolvedPack, registry: Registry) -> None
         _trial_render(rep, pack, registry, modes)
 
 
-@dataclass(frozen=True)
-class _Scope:
+class _Scope(NamedTuple):
     """What every template of a pack is checked against."""
 
     sections: dict[str, Any]

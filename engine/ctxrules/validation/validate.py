@@ -17,7 +17,6 @@ from ctxrules.packs.confine import MAX_PACK_BYTES
 from ctxrules.packs.loader import PackLoader, ResolvedPack
 from ctxrules.packs.source import escape_token
 from ctxrules.stages.base import options_schema_for
-from ctxrules.timeouts import lint_timeouts
 from ctxrules.types import THRESHOLD_NAMES
 from ctxrules.validation.quick import remembered
 from ctxrules.validation.regexes import check_pattern, format_checker, regex_values
@@ -423,6 +422,10 @@ def _outside_folder(link: Path) -> Diagnostic:
 def _check_timeouts(rep: Reporter, data: dict[str, Any]) -> None:
     """CR091-CR093: overrides that cannot take effect, compaction not allowed for in the
     step, a heartbeat too slow for the chunk limit. Warnings: the pack still loads."""
+    if not isinstance(data.get("timeouts"), dict):
+        return  # nothing to lint (the timeouts module: for the packs that declare some)
+    from ctxrules.timeouts import lint_timeouts
+
     for f in lint_timeouts(data):
         rep.add(f.code, f.message, f.pointer, f.hint, severity="warning")
 
