@@ -43,7 +43,7 @@ from typing import IO, TYPE_CHECKING, Any
 
 from ctxrules.cli.io import add_search_path, stdin_binary, unwind_on_sigterm
 from ctxrules.cli.output import STDOUT_CLOSED
-from ctxrules.cli.stores import add_store_options, check_state_root, session_key, store_of
+from ctxrules.cli.stores import add_store_options, session_key, store_of
 from ctxrules.compressors.api import CompressorSkipped, compress_large, compress_text, early_scan
 from ctxrules.compressors.large import MAX_BYTES, Capture, Large
 from ctxrules.compressors.pipes import stdout_feeds_pipeline
@@ -134,9 +134,6 @@ def _session(args: argparse.Namespace) -> tuple[Store, str]:
     opened: tuple[Store, str] | None = getattr(args, "opened_session", None)
     if opened is None:
         store = store_of(args)
-        # `--state afile`: refused whether or not this output would have needed the vault
-        # (before, a short output went through and a long one failed on the vault).
-        check_state_root(store)
         opened = args.opened_session = (store, session_key(store, args.session))
     return opened
 

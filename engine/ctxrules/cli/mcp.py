@@ -11,7 +11,6 @@ from ctxrules.cli.output import require_stdout
 from ctxrules.cli.stores import (
     add_store_options,
     check_session_dir,
-    check_state_root,
     is_filesystem,
     session_key,
     store_of,
@@ -55,7 +54,6 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("standard input is closed: no client can send the server a call")
     require_stdout()  # the protocol's answers go there: refused before the session is opened
     store = store_of(args)
-    check_state_root(store)
     if is_filesystem(store):
         path = Path(args.session)
         if not path.is_dir():

@@ -18,7 +18,6 @@ from ctxrules.cli.output import require_stdout, stdout_writer, write_stdout
 from ctxrules.cli.stores import (
     add_store_options,
     check_session_dir,
-    check_state_root,
     describe_store,
     is_filesystem,
     kept_places,
@@ -81,8 +80,6 @@ def run_scan(args: argparse.Namespace) -> int:
         # A state root the options name must be there: "0 interrupted sessions" for a mistyped
         # path would read as "nothing to resume". The default root may not exist yet.
         named = args.state is not None or args.store is not None
-        if store.root.exists() and not store.root.is_dir():
-            raise UsageError(f"{store.root}: not a directory (a state root is the folder that holds sessions)")
         if named and not store.root.exists():
             raise UsageError(f"{store.root}: no such directory")
     found = scan(store.root) if is_filesystem(store) else scan(store)
@@ -99,7 +96,6 @@ def run_scan(args: argparse.Namespace) -> int:
 
 def run_resume(args: argparse.Namespace) -> int:
     store = store_of(args)
-    check_state_root(store)
     outputs_outside(kept_places(store, args.session), output=args.output)
     if is_filesystem(store):
         check_session_dir(args.session, store.root)
@@ -112,7 +108,6 @@ def run_resume(args: argparse.Namespace) -> int:
 
 def run_export(args: argparse.Namespace) -> int:
     store = store_of(args)
-    check_state_root(store)
     key = session_key(store, args.session)
     outputs_outside(kept_places(store, key), to=args.to)
     name = Path(key).resolve().name if is_filesystem(store) else key
@@ -146,7 +141,6 @@ def run_export(args: argparse.Namespace) -> int:
 def run_import(args: argparse.Namespace) -> int:
     require_stdout()  # before the import: a retry after exit 2 would find the session there
     store = store_of(args)
-    check_state_root(store)  # before the session is made (outside it, as --session may be)
     where = "<stdin>" if args.archive == "-" else args.archive
     keys: list[str] = []
 

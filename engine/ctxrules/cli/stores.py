@@ -22,7 +22,6 @@ from ctxrules.stores.filesystem import FilesystemStore, own_folder
 __all__ = [
     "add_store_options",
     "check_session_dir",
-    "check_state_root",
     "kept_places",
     "named_store",
     "session_key",
@@ -46,17 +45,14 @@ def store_of(args: argparse.Namespace) -> Store:
     """The store the options name (a usage error for both flags, an unknown scheme, a missing
     client library)."""
     url = store_from_options(getattr(args, "store", None), getattr(args, "state", None))
-    if url is None:
-        return FilesystemStore(state_root_from_env())
-    return open_store(url)
-
-
-def check_state_root(store: Store) -> None:
-    """A usage error (exit 2) for a filesystem store whose root is there but is not a folder
-    (``--state afile``, ``CTXRULES_STATE=/etc/passwd``): no session, key or ledger can be kept in
-    it, so a verb given it does nothing (``sessions import`` made the session all the same)."""
+    store = FilesystemStore(state_root_from_env()) if url is None else open_store(url)
+    # A filesystem store whose root is there but is not a folder (`--state afile`,
+    # CTXRULES_STATE=/etc/passwd) can keep no session, key or ledger: every verb refuses it
+    # before anything is read or made (`sessions import` made the session all the same, and
+    # `compress` went through or not depending on the output's size).
     if isinstance(store, FilesystemStore) and store.root.exists() and not store.root.is_dir():
         raise UsageError(f"{store.root}: the state root is not a directory (give --state DIR)")
+    return store
 
 
 def named_store(args: argparse.Namespace) -> Store | None:

@@ -144,9 +144,8 @@ def run_report(args: argparse.Namespace) -> int:
     if args.days < 1:
         raise UsageError("--days must be at least 1")
     store = store_of(args)
-    if is_filesystem(store) and not store.root.is_dir():
-        what = "the state root is not a directory" if store.root.exists() else "no such state root"
-        raise UsageError(f"{store.root}: {what} (give --state DIR)")
+    if is_filesystem(store) and not store.root.is_dir():  # (one that is a file: store_of said so)
+        raise UsageError(f"{store.root}: no such state root (give --state DIR)")
     outputs_outside(kept_places(store, None), html=args.html)  # not over a ledger the page reads
     if args.until:
         try:

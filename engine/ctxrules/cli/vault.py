@@ -10,7 +10,6 @@ from typing import Any
 from ctxrules.cli.output import stdout_writer
 from ctxrules.cli.stores import (
     add_store_options,
-    check_state_root,
     describe_store,
     is_filesystem,
     session_key,
@@ -62,7 +61,6 @@ def run_get(args: argparse.Namespace) -> int:
             )
         lines = given
     store = store_of(args)
-    check_state_root(store)
     if args.session:
         key = session_key(store, args.session)
         if is_filesystem(store) and not Path(key).is_dir():
