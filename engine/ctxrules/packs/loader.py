@@ -247,16 +247,13 @@ class PackLoader:
         path = self._locate(ref, base or Path(cwd), None, diagnostics)
         first = root if root is not None else path.parent if path is not None else None
         self._roots = make_roots([first] if first is not None else [], self.search_path)
+        order: list[Path] = []
+        heads: list[tuple[int, _Walked]] = []
         if path is not None:
             graph = self._graph(cwd)
             if graph.parts.reaches_cycle[graph.parts.add(path)]:
                 return self._resolve_cyclic(ref, path, graph, diagnostics, cwd)
-        order: list[Path] = []
-        heads: list[tuple[int, _Walked]] = []
-        if path is not None:
-            heads = self._linearize(
-                path, order, diagnostics, self._walked.setdefault((self._roots, cwd), {}), self._graph(cwd)
-            )
+            heads = self._linearize(path, order, diagnostics, self._walked.setdefault((self._roots, cwd), {}), graph)
         tree: OMap | None = None
         problems: list[MergeProblem] = []
         start = 0
