@@ -599,6 +599,34 @@ def test_estimates_are_labelled(tokenizer: Any) -> None:
     assert counter.padded(1000) > 1000
 
 
+@pytest.mark.parametrize("tokenizer", ["anthropic", "deepseek"])
+def test_hf_counts_are_those_of_the_tokenizers_encode(tokenizer: str) -> None:
+    """The HF backends count through the tokenizer's batch call without offsets: every count,
+    of short texts one at a time and of a large batch, is what its plain ``encode`` gives."""
+    from tokenizers import Tokenizer
+
+    from ctxrules.tokens import _HF_FILES, _backend, tokenizer_dir
+
+    reference = Tokenizer.from_file(str(tokenizer_dir() / _HF_FILES[tokenizer]))
+    short = [
+        "",
+        " ",
+        "tool",
+        "Next I will check item 17.",
+        json.dumps({"command": "ls -la /tmp", "timeout": 30}),
+        "file_17.txt\n" * 20,
+        "caf\u00e9 \u2014 \u4f60\u597d\u4e16\u754c \U0001f600 \ufb01 \u212b",  # NFKC folds some of these
+        "\t\tindented\r\n\x00control",
+        "<|endoftext|> <think> [INST]",
+    ]
+    # Over the batch thresholds (more than 8 texts, 50,000 characters, 1,000 on average).
+    large = [f"line {i}: " + "x = compute(y) + 1 # a comment\n" * (150 + i) for i in range(12)]
+    count = _backend(tokenizer)
+    for texts in (short, large):
+        expected = [len(reference.encode(t, add_special_tokens=False)) for t in texts]
+        assert count(texts) == expected
+
+
 def test_exact_counters_are_not_padded() -> None:
     counter = TokenCounter.for_model(lookup_model("gpt-4o"))
     assert counter.padded(1234) == 1234
