@@ -447,6 +447,49 @@ def test_a_compaction_that_raises_on_a_warm_turn_keeps_a_whole_backup(tmp_path: 
 
 
 @pytest.mark.corpus
+def test_a_warm_compaction_on_a_claude_model_backs_up_only_the_appended_messages(tmp_path: Path) -> None:
+    """On a Claude model the cache breakpoints of the output move on every call; the lines of
+    last_output.jsonl still stand for the start of a warm compaction's input, so the backup
+    holds only the appended messages."""
+    import types
+
+    from ctxrules.hookspecs import hookimpl
+    from ctxrules.stages.base import StageOutcome, StageType
+
+    seen: list[dict[str, Any] | None] = []
+    session_dir = tmp_path / "s"
+
+    class Looks:
+        def __init__(self, options: Any) -> None:
+            pass
+
+        def __call__(self, messages: Any, ctx: Any) -> StageOutcome:
+            seen.append(checkpoint.read(session_dir))
+            return StageOutcome(list(messages))
+
+    @hookimpl
+    def ctxrules_register_stages(register: Any) -> None:
+        register(StageType("test.looks", "content", Looks, hysteresis=True))
+
+    pack = write_pack(
+        tmp_path, "extends: builtin:default\npipeline:\n  - {id: looks, use: test.looks, when: {at_least: light}}\n"
+    )
+    engine = Engine.load(
+        str(pack), plugins=[("looks", types.SimpleNamespace(ctxrules_register_stages=ctxrules_register_stages))]
+    )
+    full = json.loads(transcript_path("sweagent-test-repo-i1.json").read_text())
+    session = engine.session(session_dir, model="claude-sonnet-4-5", window=12000)
+    first = session.prepare(full[:-4]).messages
+    assert "cache_control" in json.dumps(first), "no breakpoints: the case tests less than it says"
+    seen.clear()
+    result = session.prepare(full)
+    assert result.report["reused_messages"] == len(full) - 4 and result.report["compacting"]
+    data = seen[0]
+    assert data is not None and data["prefix"] == len(first)
+    assert json.loads(session.vault.get_text(data["backup"])) == full[-4:]
+
+
+@pytest.mark.corpus
 def test_cli_sigterm_marks_the_compaction_interrupted(tmp_path: Path) -> None:
     """`ctxrules run` turns SIGTERM into an orderly stop that records the interruption."""
     plugin_dir = tmp_path / "plug"
