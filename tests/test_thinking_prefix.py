@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 from conftest import transcript_path
+from session_kit import keyed_state_root
 
 from ctxrules import Engine
 from ctxrules.formats import anthropic as A
@@ -216,3 +217,60 @@ def test_a_real_transcript_in_pin_mode_keeps_the_signed_prefix(tmp_path: Path) -
     assert A.validate(result.body, original=request, preserved_thinking=True) == []
     assert changed_prefixes(result.body, request, but_latest=False) == []
     assert _stripped(result) == []
+
+
+def _thinking_history(every: int, duplicate_every: int) -> list[dict[str, Any]]:
+    """The corpus transcript with signed thinking on every ``every``-th assistant message, and
+    on every ``duplicate_every``-th of those litellm's ``reasoning_content`` copy of it."""
+    history = json.loads(transcript_path("claudecode-ae4a77f8.json").read_text(encoding="utf-8"))
+    assistants = [i for i, m in enumerate(history) if m["role"] == "assistant"]
+    for n, i in enumerate(assistants[::every]):
+        block = _think(2000 + n)
+        extra: dict[str, Any] = {"thinking_blocks": [block]}
+        if n % duplicate_every == 0:
+            extra["reasoning_content"] = block["thinking"]
+        history[i] = {**history[i], **extra}
+    return history
+
+
+@pytest.mark.corpus
+@pytest.mark.parametrize("window", [400_000, 48_000])
+def test_thinking_read_turn_after_turn_equals_a_session_that_carries_nothing(tmp_path: Path, window: int) -> None:
+    """thinking.clean reads each message of a session once (signatures, repeated reasoning,
+    prefix digests) and carries that from turn to turn, also over cache breakpoints that
+    moved. Every turn of a growing session must get what the same turns get through a new
+    engine each, which has nothing in memory to carry (it reads the session back)."""
+    history = _thinking_history(every=3, duplicate_every=2)
+    cuts = [i + 1 for i in range(200, len(history)) if i + 1 == len(history) or history[i + 1]["role"] != "tool"]
+    root = keyed_state_root(tmp_path, "test_thinking_prefix")
+
+    def session(folder: str) -> Any:  # one session id: it is the prompt-cache key the output carries
+        return _engine(tmp_path, "drop").session(
+            root / folder, model=MODEL, window=window, state_root=root, session_id="s"
+        )
+
+    # The warm turns first: a session's first turn forgets what the process remembers per
+    # message object (another session may have seen them edited), so a reference turn run
+    # between two warm ones would leave them nothing to carry.
+    warm = session("warm")
+    turns = [(1_760_000_000.0 + 20 * turn, upto) for turn, upto in enumerate(cuts[::2])]
+    got = []
+    for clock, upto in turns:
+        result = warm.prepare(history[:upto], clock=clock)
+        state = json.loads((root / "warm" / "state.json").read_text())["stages"]["thinking"]
+        got.append((result, state))
+    kinds: set[str] = set()
+    reused = 0
+    for turn, ((clock, upto), (mine, state)) in enumerate(zip(turns, got, strict=True)):
+        want = session("reference").prepare(history[:upto], clock=clock)
+        assert (mine.messages, mine.tools, mine.request) == (want.messages, want.tools, want.request), f"turn {turn}"
+        ours = [s for s in mine.report["stages"] if s["id"] == "thinking"]
+        theirs = [s for s in want.report["stages"] if s["id"] == "thinking"]
+        assert [(s["ran"], s["tokens_after"]) for s in ours] == [(s["ran"], s["tokens_after"]) for s in theirs]
+        assert state == json.loads((root / "reference" / "state.json").read_text())["stages"]["thinking"]
+        kinds.update(a["kind"] for s in ours for a in s["actions"])
+        reused += mine.report["reused_messages"] > 0
+    assert reused >= len(turns) - 2, "the turns did not reuse the last one: nothing was carried"
+    assert "reasoning_duplicate_dropped" in kinds, "no repeated reasoning dropped: the case tests less than it says"
+    if window < 100_000:
+        assert "thinking_stripped" in kinds, "no prefix changed: the case tests less than it says"

@@ -67,12 +67,14 @@ def test_one_message_at_a_time_equals_a_session_that_carries_nothing(
     root = _state_root(tmp_path)
     warm = _open(root, "warm", window, model)
     start = min(start, len(history) - 40)
+    turns = [(CLOCK + 20 * turn, upto) for turn, upto in enumerate(range(start, len(history) + 1))]
+    # Every warm turn first: a session's first turn forgets what the process remembers per
+    # message object (another session may have seen the objects edited), so a reference turn
+    # between two warm ones would leave the warm session nothing to carry.
+    results = [warm.prepare(history[:upto], clock=clock) for clock, upto in turns]
     reused = compacted = 0
-    for turn, upto in enumerate(range(start, len(history) + 1)):
-        given = history[:upto]
-        clock = CLOCK + 20 * turn
-        got = warm.prepare(given, clock=clock)
-        want = _open(root, "reference", window, model).prepare(given, clock=clock)
+    for turn, ((clock, upto), got) in enumerate(zip(turns, results, strict=True)):
+        want = _open(root, "reference", window, model).prepare(history[:upto], clock=clock)
         assert (got.messages, got.tools, got.request) == (want.messages, want.tools, want.request), (
             f"turn {turn} ({upto} messages) differs from a session that carries nothing over"
         )

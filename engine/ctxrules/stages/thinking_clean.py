@@ -46,10 +46,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+import operator
 import re
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
+from ctxrules.carry import Carry
 from ctxrules.hookspecs import hookimpl
 from ctxrules.messages import is_real_user, message_digest
 from ctxrules.stages.base import Action, Message, StageOutcome, StageType, unchanged
@@ -148,6 +150,9 @@ class ThinkingClean:
         self.provider: str = opts["provider"]
         self.backfill: str = opts["backfill_reasoning"]
         self.strip_changed_prefix: bool = opts["strip_changed_prefix"]
+        # Per session, what the messages of the last list say (see _Read): a warm turn reads
+        # its new messages only.
+        self._carry: Carry[_Read] = Carry()
 
     def __repr__(self) -> str:
         return f"ThinkingClean(provider={self.provider!r}, backfill={self.backfill!r})"
@@ -165,6 +170,8 @@ class ThinkingClean:
         elif behaviour == "deepseek":
             self._reasoning_content(messages, out, actions, ctx)
         ctx.state["model"] = model.name
+        if not actions and all(map(operator.is_, out, messages)):
+            return StageOutcome(messages=unchanged(messages))
         return StageOutcome(messages=out, actions=actions)
 
     # --- anthropic ---------------------------------------------------------------------------
@@ -178,42 +185,49 @@ class ThinkingClean:
         # does not: when even the pinned part did not fit and the emergency pass spilled some
         # of it, the signatures after the spill are stale like any other.
         own_pins = _own_pins(messages)
-        signed = {
-            i: key
-            for i, m in enumerate(messages)
-            if m.get("role") == "assistant" and (key := _signature_key(m)) is not None
-        }
+        read = self._read(messages, ctx.session_id)
+        signed = read.signed
         recorded: dict[str, str] = dict(ctx.state.get("prefixes") or {})
-        prefixes = _prefix_digests(messages) if signed else []
+        prefixes = read.prefixes if signed else []
         changed_from: int | None = None
         for index, key in signed.items():
             seen = recorded.get(key)
-            if seen is not None and seen != prefixes[index] and changed_from is None:
+            if seen is not None and seen != prefixes[index]:
                 changed_from = index
-        for index, msg in enumerate(messages):
-            if msg.get("role") != "assistant" or index in own_pins:
+                break
+        # Only these messages can change: those whose reasoning_content repeats their thinking
+        # and, after a changed prefix, the signed ones (the others are left as they are).
+        look = set(read.duplicates)
+        if self.strip_changed_prefix and changed_from is not None:
+            look.update(i for i in signed if i >= changed_from)
+        dropped: set[int] = set()
+        stripped: set[int] = set()
+        for index in sorted(look):
+            msg = messages[index]
+            if index in own_pins:
                 continue
             # Protection keeps a message's content, not what the provider will reject: signed
             # thinking whose prefix changed is stripped from protected messages too.
             if self.strip_changed_prefix and changed_from is not None and index >= changed_from and index in signed:
                 self._strip_thinking(index, msg, out, actions, ctx, changed_from, protected=id(msg) in ctx.protected)
+                stripped.add(index)
                 continue
             if index in pins or id(msg) in ctx.protected:
                 continue
-            reasoning = msg.get("reasoning_content")
-            if isinstance(reasoning, str) and reasoning and _is_duplicate(reasoning, _blocks(msg)):
-                new = {k: v for k, v in msg.items() if k != "reasoning_content"}
-                vid = ctx.vault.put_text(reasoning)
-                out[index] = new
-                actions.append(
-                    Action(
-                        "reasoning_duplicate_dropped",
-                        f"message {index}: reasoning_content duplicated its thinking_blocks",
-                        index=index,
-                        tokens_saved=tokens_saved(ctx, msg, new),
-                        vault_id=vid,
-                    )
+            reasoning = msg["reasoning_content"]
+            new = {k: v for k, v in msg.items() if k != "reasoning_content"}
+            vid = ctx.vault.put_text(reasoning)
+            out[index] = new
+            dropped.add(index)
+            actions.append(
+                Action(
+                    "reasoning_duplicate_dropped",
+                    f"message {index}: reasoning_content duplicated its thinking_blocks",
+                    index=index,
+                    tokens_saved=tokens_saved(ctx, msg, new),
+                    vault_id=vid,
                 )
+            )
         # Remember the prefix each signed message was first seen after; a stripped message
         # loses its signatures and drops out, so the record stays as small as the history.
         keep: dict[str, str] = {}
@@ -221,6 +235,44 @@ class ThinkingClean:
             if out[index] is messages[index] or _signature_key(out[index]) == key:
                 keep[key] = recorded.get(key, prefixes[index])
         ctx.state["prefixes"] = keep
+        if dropped or stripped:
+            # What the next turn gets back is this list: kept as it reads now. A dropped
+            # reasoning changes nothing the provider sees; stripped thinking does, from there on.
+            gone = dropped | stripped
+            read = _Read(
+                {i: k for i, k in signed.items() if i not in stripped},
+                tuple(i for i in read.duplicates if i not in gone),
+                None if stripped else read.digests,
+            )
+        self._carry.keep(ctx.session_id, out if dropped or stripped else messages, (), read)
+
+    def _read(self, messages: Sequence[Message], session: str) -> _Read:
+        """What :class:`_Read` says of ``messages``: carried over from the last list of the
+        session (:meth:`_anthropic` keeps it) for the messages it shares with this one (the
+        same objects, or ones that send the provider the same: cache breakpoints moved), read
+        for the others."""
+        start, carried = self._carry.resume(session, messages, (), alike=_alike)
+        if carried is None:
+            carried = _Read({}, (), None)
+        signed = dict(carried.signed)
+        duplicates = list(carried.duplicates)
+        for index in range(start, len(messages)):
+            msg = messages[index]
+            if msg.get("role") != "assistant":
+                continue
+            key = _signature_key(msg)
+            if key is not None:
+                signed[index] = key
+            reasoning = msg.get("reasoning_content")
+            if isinstance(reasoning, str) and reasoning and _is_duplicate(reasoning, _blocks(msg)):
+                duplicates.append(index)
+        digests = carried.digests
+        if signed:
+            # The prefix digests are kept from the first list that needed them on.
+            if digests is None:
+                digests = _Digests([], hashlib.sha256(), 0)
+            digests = digests.extended(messages)
+        return _Read(signed, tuple(duplicates), digests)
 
     def _strip_thinking(
         self,
@@ -362,12 +414,45 @@ def _signed_view(msg: Mapping[str, Any]) -> dict[str, Any]:
 
 def _prefix_digests(messages: Sequence[Message]) -> list[str]:
     """For each index, a digest of what the provider sees before it (a rolling sha256)."""
-    digests: list[str] = []
-    rolling = hashlib.sha256()
-    for msg in messages:
-        digests.append(rolling.hexdigest()[:32])
-        rolling.update(message_digest(_signed_view(msg)).encode("ascii"))
-    return digests
+    return _Digests([], hashlib.sha256(), 0).extended(messages).prefixes
+
+
+class _Digests(NamedTuple):
+    """:func:`_prefix_digests` of the first ``length`` messages of a list, and the rolling hash
+    after them (a list that extends that one goes on from there)."""
+
+    prefixes: list[str]
+    rolling: Any  # hashlib's sha256 object
+    length: int
+
+    def extended(self, messages: Sequence[Message]) -> _Digests:
+        """The digests of ``messages``, which start with the ``length`` messages digested
+        (the same ones, or ones the provider sees the same)."""
+        prefixes, rolling = list(self.prefixes), self.rolling.copy()
+        for msg in messages[self.length :]:
+            prefixes.append(rolling.hexdigest()[:32])
+            rolling.update(message_digest(_signed_view(msg)).encode("ascii"))
+        return _Digests(prefixes, rolling, len(messages))
+
+
+class _Read(NamedTuple):
+    """What the messages of a list say, for the ``anthropic`` convention: the signature key
+    of each signed assistant message, the assistant messages whose ``reasoning_content``
+    repeats their thinking, and the prefix digests (computed once a message is signed)."""
+
+    signed: dict[int, str]
+    duplicates: tuple[int, ...]
+    digests: _Digests | None
+
+    @property
+    def prefixes(self) -> list[str]:
+        return self.digests.prefixes if self.digests is not None else []
+
+
+def _alike(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
+    """Whether two messages say the same for :class:`_Read`: what the provider sees of them
+    (cache breakpoints left out) and their ``reasoning_content``."""
+    return old.get("reasoning_content") == new.get("reasoning_content") and _signed_view(old) == _signed_view(new)
 
 
 OPTIONS_SCHEMA: dict[str, Any] = {
