@@ -10,7 +10,9 @@ nothing over; a notes file rewritten behind the session's back; the stage contex
 
 from __future__ import annotations
 
+import itertools
 import json
+import operator
 import os
 from pathlib import Path
 from typing import Any
@@ -296,3 +298,41 @@ def test_two_sessions_taking_turns_on_one_engine_each_keep_their_carry(
                 assert shared_looked == len(looked), f"session {k}, turn {turn}"
                 if k == 0:
                     assert shared_looked <= 8
+
+
+def _markers(value: Any) -> int:
+    if isinstance(value, dict):
+        return ("cache_control" in value) + sum(_markers(v) for v in value.values())
+    if isinstance(value, list):
+        return sum(_markers(v) for v in value)
+    return 0
+
+
+def test_a_claude_session_runs_its_stages_on_the_last_output_without_its_breakpoints(tmp_path: Path) -> None:
+    # Cache breakpoints move on with every call on a Claude model. The content stages of a
+    # warm turn must see their last input with messages appended (what lets each carry its
+    # work over), not the last output, whose breakpoints the finalize stage moves again.
+    from test_cache_markers import TOOLS, conversation
+    from test_warm_adopted import _step
+
+    engine = Engine.load("builtin:default")
+    first = next(p for p in engine.plan if p.phase == "content")
+    inputs: list[list[dict[str, Any]]] = []
+    real = first.stage
+
+    def recording(messages: Any, ctx: Any) -> Any:
+        inputs.append(list(messages))
+        return real(messages, ctx)
+
+    first.stage = recording
+    session = engine.session(tmp_path / "s", model="claude-sonnet-4-5", window=400_000)
+    history = conversation(12)
+    returned = [session.prepare(history, TOOLS, clock=CLOCK)]
+    for i in range(4):
+        history = [*history, *_step(i)]
+        returned.append(session.prepare(history, TOOLS, clock=CLOCK + i + 1))
+        assert returned[-1].report["reused_messages"] == len(history) - 2
+    assert all(_markers(r.messages) for r in returned), "no breakpoints: the case tests less than it says"
+    for before, now in itertools.pairwise(inputs):
+        assert len(now) == len(before) + 2 and all(map(operator.is_, before, now)), "not its last input extended"
+        assert _markers(now) == 0, "the stage saw the breakpoints of the last output"

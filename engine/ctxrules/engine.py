@@ -788,6 +788,8 @@ class Session:
             turn.reused, turn.previous, turn.chain = self._prefix.match(
                 history, state, lambda: self.store.load_turn(self.key).output, self.counter, self.vault
             )
+            if turn.reused and self._prefix.basis is None:
+                turn.previous = self._unfinalized(turn.previous, state)
         else:
             state["stages"] = {}
         if not turn.reused or not self._prepared:
@@ -808,6 +810,18 @@ class Session:
         turn.changed = sorted(k for k, v in turn.parts.items() if before and before.get(k) != v)
         state["fingerprint_parts"] = turn.parts
         return turn
+
+    def _unfinalized(self, output: list[Message], state: dict[str, Any]) -> list[Message]:
+        """The last output without what its finalize stages added (the cache breakpoints), by
+        the stages that offer ``unfinalize``, last stage first: a turn that reads the output
+        back from the store runs on what a session that kept it in memory runs on."""
+        stages = state.get("stages")
+        for p in reversed(self.engine.plan):
+            undo = getattr(p.stage, "unfinalize", None) if p.phase == "finalize" else None
+            own = stages.get(p.id) if isinstance(stages, dict) else None
+            if undo is not None and isinstance(own, dict):
+                output = undo(output, own)
+        return output if isinstance(output, list) else list(output)
 
     def _heal_markers(self, turn: _Turn) -> None:
         """Markers the caller's new messages hold whose vault item is gone cannot be re-derived:
@@ -851,7 +865,11 @@ class Session:
         # rest is the last output and last_output.jsonl holds it (it is not written again
         # before the checkpoint is gone); a session that stays at a compacting tier would
         # otherwise store its whole context in the vault on every turn.
-        turn.prefix = len(turn.previous) if turn.reused and self.store.output_holds(self.key, turn.previous) else 0
+        # The last output without its breakpoints (PrefixCache.basis) is, line for line, the
+        # saved output with them: those lines stand for it (the stage that placed the
+        # breakpoints takes its own off again).
+        saved = self._prefix.output if turn.reused and turn.previous is self._prefix.basis else turn.previous
+        turn.prefix = len(turn.previous) if turn.reused and saved and self.store.output_holds(self.key, saved) else 0
         backup = checkpoint.put_backup(self.vault, turn.pipeline_input[turn.prefix :])
         checkpoint.begin(
             self.key,
@@ -922,11 +940,12 @@ class Session:
             outcome.messages,
             turn.chain,
             msgs_sum=turn.msgs_sum,
-            out_tokens=outcome.tokens,
+            out_tokens=outcome.tokens if outcome.basis_tokens is None else outcome.basis_tokens,
             output_counts=output_counts,
             tools=turn.tools,
             new_ids=turn.given_ids | set(turn.vault_new),
             lost=turn.lost,
+            basis=outcome.basis,
         )
         state = turn.state
         state["fingerprint"] = turn.fingerprint

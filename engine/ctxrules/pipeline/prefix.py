@@ -119,6 +119,9 @@ class PrefixCache:
         self.output_ids: set[str] = set()
         self.output_counts: list[int] | None = None  # tokens of each output message, when known
         self.output_counts_text: str | None = None  # the same, as state.json keeps them
+        # The output without what finalize stages added (cache breakpoints), which the next
+        # turn runs on (RunOutcome.basis; None: the output itself); ``out_tokens`` is its count.
+        self.basis: list[Message] | None = None
         # id(given) -> (given, repaired, a copy of given as it was repaired)
         self._repaired: dict[int, tuple[Message, Message, Message]] = {}
         # The objects of the last history as the caller passed them (validated), copies of the
@@ -135,7 +138,7 @@ class PrefixCache:
 
     def clear(self) -> None:
         """Forget the last history and output (a model switch, a pack reload, a failed write)."""
-        self.history = self.output = self.output_copies = None
+        self.history = self.output = self.output_copies = self.basis = None
 
     def with_repairs(self, history: list[Message]) -> list[Message]:
         """``history`` with the repaired copy of each message an earlier turn repaired (lone
@@ -194,7 +197,7 @@ class PrefixCache:
             if n <= len(history) and last == history[:n] and not missing(vault, self.output_ids):
                 if not self._output_intact(history, n):
                     return 0, [], EMPTY_CHAIN
-                return n, self.output, self.chain
+                return n, self._previous(self.output), self.chain
             return self._adopting(history, counter, vault)
         count, value, output_count = record.get("count"), record.get("chain"), record.get("output_count")
         if not isinstance(count, int) or not isinstance(value, str) or not 0 < count <= len(history):
@@ -211,6 +214,7 @@ class PrefixCache:
         if missing(vault, ids):
             return 0, [], EMPTY_CHAIN
         self.output_ids = ids
+        self.basis = None  # the output as saved: the stage that placed its breakpoints takes them off
         self.history = [clone_json(m) for m in history[:count]]
         self.output_copies, self.borrowed = None, False  # read from the store: no caller holds it
         # The counts the session saved with the output (engine: ``state["last"]``): no
@@ -260,7 +264,13 @@ class PrefixCache:
         # The output may hold objects of an earlier history that the caller keeps: later turns
         # compare it with its copies too (_output_intact).
         self.adopted = self.borrowed = True
-        return m, output, EMPTY_CHAIN.extended(history[:m])
+        return m, self._previous(output), EMPTY_CHAIN.extended(history[:m])
+
+    def _previous(self, output: list[Message]) -> list[Message]:
+        """What a turn that reuses the last ``output`` runs on: that output without the
+        breakpoints its finalize stages placed (they place them again), else the output."""
+        basis = self.basis
+        return basis if basis is not None and len(basis) == len(output) else output
 
     def rollback(self) -> None:
         """After a turn that failed: put back what a match that adopted the last output changed
@@ -338,11 +348,15 @@ class PrefixCache:
         tools: list[dict[str, Any]],
         new_ids: set[str],
         lost: set[str],
+        basis: list[Message] | None = None,
     ) -> None:
         """Keep ``history`` (its first ``reused`` messages are the copy held already) and the
         pipeline's ``output`` for the next turn. ``new_ids``: vault ids this turn's new messages
-        and stages added to the output; ``lost``: ids marked as lost this turn."""
+        and stages added to the output; ``lost``: ids marked as lost this turn. ``basis``: the
+        output before its finalize stages (the same length), which the next turn runs on;
+        ``out_tokens`` is the count of that list with ``tools``."""
         self.msgs_sum, self.out_tokens, self.tools = msgs_sum, out_tokens, tools
+        self.basis = basis if basis is not None and basis is not output and len(basis) == len(output) else None
         self.output_counts, self.output_counts_text = output_counts
         self._undo = None
         # The copy of the reused messages: of the last history, or of the last output when the

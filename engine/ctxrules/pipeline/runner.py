@@ -117,6 +117,12 @@ class RunOutcome:
     records: list[StageRecord]
     warnings: list[str]
     tokens: int = 0
+    # The list the finalize stages started from, and its tokens with the tools as given: the
+    # messages of ``messages`` without the markers finalize stages add. A session's next turn
+    # runs on it plus the new messages, so that content stages see their last input extended,
+    # not a list whose cache breakpoints moved (Anthropic models: every turn).
+    basis: list[Message] | None = None
+    basis_tokens: int | None = None
 
 
 def when_allows(when: dict[str, str], tier: str) -> bool:
@@ -216,8 +222,11 @@ class _Run:
                 current = self._one(p, current)
                 if current is not before:
                     current = self._each(integrity, current)
+        basis, basis_tokens = current, self._count(current)  # with the tools as given
         current = self._each(finalize, current)
-        return RunOutcome(current, self.tools, self.request, self.records, self.warnings, self._count(current))
+        return RunOutcome(
+            current, self.tools, self.request, self.records, self.warnings, self._count(current), basis, basis_tokens
+        )
 
     def _each(self, stages: list[PlannedStage], msgs: list[Message]) -> list[Message]:
         for p in stages:

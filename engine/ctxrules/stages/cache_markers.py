@@ -783,6 +783,13 @@ class CacheMarkers:
         return sorted(allowed)
 
     # -- markers ----------------------------------------------------------------------------------
+    def unfinalize(self, messages: Sequence[Message], state: dict[str, Any]) -> list[Message]:
+        """``messages`` (an output of this stage, read back from the session's store) without
+        the breakpoints this stage placed on it, as its ``state`` records them: the list the
+        content stages of the next turn run on (the same a session continuing in one process
+        keeps, RunOutcome.basis). The list itself when there are none."""
+        return self._remove_own_markers(messages, state)
+
     def _remove_own_markers(self, messages: Sequence[Message], state: dict[str, Any]) -> list[Message]:
         """``messages`` without the markers this stage placed last time (the list itself when
         there were none: copied on the first change)."""
