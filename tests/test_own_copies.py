@@ -171,3 +171,53 @@ def test_one_stage_made_object_at_two_places_is_two_copies_on_every_call() -> No
         assert out[1] is not out[2] and out[1] is not made and out[2] is not made
     out[1]["content"] = "edited by the caller"
     assert out[2]["content"] == "a reminder" and made["content"] == "a reminder"
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_a_hand_back_that_looks_at_what_is_new_gives_what_looking_at_all_gives(seed: int) -> None:
+    """Turn after turn the session looks only at what is new since the last call (appended
+    messages, the few positions a stage replaced: a Claude model's moved breakpoints). Every
+    call must hand back what the same state hands back when it looks at every position: the
+    caller's object at the same positions, equal copies elsewhere."""
+    import random
+
+    from ctxrules.engine import _OwnCopies
+
+    class Whole(_OwnCopies):
+        def _foreign_of(self, history: Any, output: Any) -> Any:
+            self._output = []  # nothing to extend: every position is looked at
+            return super()._foreign_of(history, output)
+
+    rng = random.Random(seed)
+    kept, whole = _OwnCopies(), Whole()
+    history: list[dict[str, Any]] = []
+    output: list[dict[str, Any]] = []
+    made: list[dict[str, Any]] = []  # stage-made messages of earlier turns
+    for turn in range(25):
+        new = [{"role": "user", "content": f"m{turn}.{k}"} for k in range(rng.randint(0, 3))]
+        if rng.random() < 0.15 and history:  # a caller that now passes new equal objects
+            history = [dict(m) for m in history]
+        history = [*history, *new]
+        output = [*output, *new]
+        for _ in range(rng.randint(0, 4)):  # positions a stage replaced, or put back
+            if not output:
+                break
+            i = rng.randrange(len(output))
+            choice = rng.random()
+            if choice < 0.4:
+                output[i] = {**output[i], "content": [{"type": "text", "text": str(output[i]["content"])}]}
+            elif choice < 0.6 and made:
+                output[i] = rng.choice(made)  # one stage-made object, perhaps at two places
+            elif i < len(history):
+                output[i] = history[i]
+            made.append(output[i])
+        if rng.random() < 0.1 and output:
+            output = [*output[: rng.randrange(len(output))], {"role": "user", "content": "summary"}]
+        given = list(output)
+        got = kept(history, given)
+        want = whole(history, given)
+        assert got == want, f"turn {turn}"
+        theirs = {id(m): m for m in history}
+        assert [id(m) if id(m) in theirs else None for m in got] == [
+            id(m) if id(m) in theirs else None for m in want
+        ], f"turn {turn}: another choice of the caller's objects"

@@ -17,6 +17,7 @@ import operator
 import os
 import time
 from collections.abc import Callable, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -1145,9 +1146,10 @@ class _OwnCopies:
 
     def __call__(self, history: list[Message], output: list[Message]) -> list[Message]:
         try:
+            last_ids = self._ids  # _foreign_of may replace it with the ids of this history
             foreign, carried = self._foreign_of(history, output)
             out = list(output)
-            origin = self._hand_back(history, output, foreign, carried, out)
+            origin = self._hand_back(history, output, foreign, carried, out, last_ids)
         except BaseException:
             # _ids may now hold ids of messages not kept: the next call starts over from the
             # whole history (an empty last output never takes the incremental way).
@@ -1158,7 +1160,13 @@ class _OwnCopies:
         return out
 
     def _hand_back(
-        self, history: list[Message], output: list[Message], foreign: list[int], carried: int, out: list[Message]
+        self,
+        history: list[Message],
+        output: list[Message],
+        foreign: list[int],
+        carried: AbstractSet[int],
+        out: list[Message],
+        last_ids: set[int],
     ) -> tuple[dict[int, int], dict[int, tuple[Message, Message]]]:
         """Fills the ``foreign`` positions of ``out``: the caller's equal message where the
         object was the caller's (this call's history at the index it had then), else a copy:
@@ -1168,21 +1176,22 @@ class _OwnCopies:
         per message object (token counts, digests) does it once, and no call copies what
         the last one copied.
 
-        The first ``carried`` positions were foreign last turn too, with the same objects, and
-        the last history is a prefix of this one: one of them that was not handed back then is
-        not an object of the last history (it would not have been foreign), so it is copied
-        without looking for it there."""
+        The ``carried`` positions were foreign last turn too, with the same objects, and the
+        last history is a prefix of this one: one of them that was not handed back then is not
+        an object of the last history (it would not have been foreign), so it is copied without
+        looking for it there; nor is one whose id ``last_ids`` (the ids of the last history's
+        messages, alive in it) does not hold: a message a stage made this turn."""
         origin: dict[int, int] = {}
         copies: dict[int, tuple[Message, Message]] = {}
         handed = self._copies
         before = self._origin
         where: dict[int, int] | None = None
         used: set[int] = set()
-        for n, i in enumerate(foreign):
+        for i in foreign:
             message = output[i]
             key = id(message)
             k = before.get(key)
-            if k is None and n >= carried:
+            if k is None and i not in carried and key in last_ids:
                 if where is None:
                     where = {id(m): j for j, m in enumerate(self._history)}
                 k = where.get(key)
@@ -1205,29 +1214,42 @@ class _OwnCopies:
                 copies[key] = (message, out[i])
         return origin, copies
 
-    def _foreign_of(self, history: list[Message], output: list[Message]) -> tuple[list[int], int]:
-        """The positions of ``output`` that hold no object of ``history``, and how many of the
-        first of them were such positions of the last output too (the same objects)."""
+    def _foreign_of(self, history: list[Message], output: list[Message]) -> tuple[list[int], AbstractSet[int]]:
+        """The positions of ``output`` that hold no object of ``history``, in order, and those
+        of them that were such positions of the last output too (the same objects). A history
+        that extends the last one and an output that extends the last one but for a few
+        positions (the breakpoints a Claude model's cache stage moves on every call) are
+        looked at only where they are new."""
         seen_history, seen_output = self._history, self._output
-        if not (
+        changed: list[int] = []
+        if (
             seen_output
             and len(seen_history) <= len(history)
             and len(seen_output) <= len(output)
             and all(map(operator.is_, seen_history, history))
-            and all(map(operator.is_, seen_output, output))
         ):
+            changed = list(itertools.islice(structure.replaced(seen_output, output), _FEW_REPLACED + 1))
+        else:
+            seen_output = []
+        if not seen_output or len(changed) > _FEW_REPLACED:
             own = self._ids = set(map(id, history))
             theirs = map(own.__contains__, map(id, output))
-            return list(itertools.compress(range(len(output)), map(operator.not_, theirs))), 0
+            return list(itertools.compress(range(len(output)), map(operator.not_, theirs))), frozenset()
         added = set(map(id, history[len(seen_history) :]))
         # A message a stage made last turn stays one unless the caller now passes that very
         # object (say, from last_output()); new output messages are the new history's or new.
-        foreign = [i for i in self._foreign if id(output[i]) not in added]
-        carried = len(foreign)
+        moved = set(changed)
+        carried = {i for i in self._foreign if i not in moved and id(output[i]) not in added}
         everyone = self._ids
         everyone |= added  # the last history is a prefix of this one
-        foreign.extend(i for i in range(len(seen_output), len(output)) if id(output[i]) not in everyone)
-        return foreign, carried
+        fresh = [i for i in changed if id(output[i]) not in everyone]
+        fresh.extend(i for i in range(len(seen_output), len(output)) if id(output[i]) not in everyone)
+        return sorted(carried.union(fresh)), carried
+
+
+_FEW_REPLACED = 16
+"""How many positions of the last output may hold other objects for a turn's output to be
+looked at only there (:meth:`_OwnCopies._foreign_of`)."""
 
 
 def open_session(
