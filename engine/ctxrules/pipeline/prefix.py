@@ -55,6 +55,27 @@ def parse_counts(value: Any) -> list[int] | None:
     return None
 
 
+_TAIL_REWRITE = 64
+"""Most trailing counts a text is rewritten for in place of the whole (:func:`_text_from`)."""
+
+
+def _text_from(text: str, old_len: int, counts: list[int], first: int) -> str:
+    """:func:`counts_text` of ``counts``, given ``text``, that of ``old_len`` counts which
+    ``counts`` shares up to ``first`` (not after): when ``first`` is near the end, the text is
+    cut after its first ``first`` counts and the rest written anew. On a Claude model the
+    breakpoints move on the newest messages at every call, and writing thousands of numbers
+    again cost more than the rest of the count."""
+    if first <= 0 or old_len - first > _TAIL_REWRITE or first > old_len:
+        return counts_text(counts)
+    cut = len(text)
+    for _ in range(old_len - first):  # back over the counts from ``first`` on, comma by comma
+        cut = text.rfind(",", 0, cut)
+        if cut < 0:
+            return counts_text(counts)
+    tail = counts_text(counts[first:])
+    return f"{text[:cut]},{tail}" if tail else text[:cut]
+
+
 class HistoryChain:
     """One digest for a whole history, extended message by message.
 
@@ -319,7 +340,7 @@ class PrefixCache:
         out = [*counts[: len(output)], *[0] * (len(output) - len(counts))]
         for i, n in zip(fresh, counter.count_each([output[i] for i in fresh]), strict=True):
             out[i] = n
-        return out, counts_text(out)
+        return out, _text_from(text, len(counts), out, fresh[0] if fresh else len(output))
 
     def _copies_of(self, history: list[Message], output: list[Message], reused: int) -> list[Message]:
         """Copies of ``output``: those of the last output's objects where they stand again
