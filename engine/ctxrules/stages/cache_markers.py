@@ -504,7 +504,9 @@ class CacheMarkers:
         # Per session, for _place: the last list's shape, the counter that counted it (another
         # tokenizer counts otherwise), the markers on each of its messages and their tokens.
         # Taken out while extended in place (PerSession.pop), like _last_history.
-        self._counted: PerSession[tuple[structure.Shape, TokenCounter, list[int], list[int]]] = PerSession()
+        self._counted: PerSession[tuple[structure.Shape, TokenCounter, list[int], list[int], list[int], int]] = (
+            PerSession()
+        )
 
     # -- helpers ----------------------------------------------------------------------------
     def _short(self, msg: Mapping[str, Any]) -> str:
@@ -815,7 +817,7 @@ class CacheMarkers:
         state: dict[str, Any],
         actions: list[Action],
         warnings: list[str],
-        carried: tuple[int, list[int]],
+        carried: tuple[int, Sequence[int]],
     ) -> tuple[list[Message], list[dict[str, Any]]]:
         """Breakpoints in ``out`` (a list of its own). ``carried``: the markers already on the
         messages and their running token totals (:meth:`_carried_counts`)."""
@@ -898,33 +900,42 @@ class CacheMarkers:
             )
         return out, ours
 
-    def _carried_counts(self, out: Sequence[Message], ctx: StageContext) -> tuple[int, list[int]]:
+    def _carried_counts(self, out: Sequence[Message], ctx: StageContext) -> tuple[int, Sequence[int]]:
         """The ``cache_control`` markers on the messages of ``out`` and the running totals of
         their tokens (the first i+1 messages' at i). Kept per message from the last call, like
         the history digests (:meth:`_shorts`): a warm turn's list is the last one with messages
         appended and perhaps a few replaced (the markers of the last call taken off), and only
-        those are walked and counted."""
+        those are walked and counted, and the totals written again from the first of them on.
+        The totals are the stage's own list: read them before the next call."""
         self._forget_if_edited()
         last = self._counted.pop(ctx.session_id)
         now = structure.shape(out)
         if last is not None and last[1] is ctx.counter:
-            old_shape, _, marks, tokens = last
+            old_shape, _, marks, tokens, running, total = last
             start = now.extends(old_shape)
             if start is None and old_shape.snapshot is not None and len(old_shape.snapshot) <= len(out):
                 start = len(old_shape.snapshot)
                 for i in structure.replaced(old_shape.snapshot, out):
-                    marks[i] = count_markers([out[i]])
-                    tokens[i] = ctx.counter.count_each([out[i]])[0]
+                    mark = count_markers([out[i]])
+                    total += mark - marks[i]
+                    marks[i], tokens[i] = mark, ctx.counter.count_each([out[i]])[0]
+                    del running[i:]  # the totals from here on are written again
             if start is None:
-                marks, tokens, start = [], [], 0
+                marks, tokens, running, start, total = [], [], [], 0, 0
         else:
-            marks, tokens, start = [], [], 0
+            marks, tokens, running, start, total = [], [], [], 0, 0
         if start < len(out):
             appended = out[start:]
-            marks.extend(count_markers((m,)) for m in appended)
+            added = [count_markers((m,)) for m in appended]
+            marks.extend(added)
+            total += sum(added)
             tokens.extend(ctx.counter.count_each(appended))
-        self._counted.put(ctx.session_id, (now, ctx.counter, marks, tokens))
-        return sum(marks), list(itertools.accumulate(tokens))
+        done = len(running)
+        if done < len(tokens):
+            running.extend(itertools.accumulate(tokens[done:], initial=running[-1] if running else 0))
+            del running[done]  # the initial value, which accumulate yields first
+        self._counted.put(ctx.session_id, (now, ctx.counter, marks, tokens, running, total))
+        return total, running
 
     def _tail_record(self, out: list[Message], layers: PrefixLayers) -> dict[str, Any] | None:
         if not out:
