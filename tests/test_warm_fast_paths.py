@@ -23,6 +23,7 @@ from session_kit import keyed_state_root
 
 from ctxrules import Engine
 from ctxrules.budget.ledger import Totals
+from ctxrules.messages import message_text
 from ctxrules.models import lookup_model
 from ctxrules.notes import load_notes
 from ctxrules.pipeline.budget import Budget
@@ -336,3 +337,24 @@ def test_a_claude_session_runs_its_stages_on_the_last_output_without_its_breakpo
     for before, now in itertools.pairwise(inputs):
         assert len(now) == len(before) + 2 and all(map(operator.is_, before, now)), "not its last input extended"
         assert _markers(now) == 0, "the stage saw the breakpoints of the last output"
+
+
+@pytest.mark.parametrize("ours", [5, "x", [None, {"i": "one"}, {"i": 10**9}], {"i": 0}])
+def test_a_session_continued_from_a_damaged_breakpoint_record_still_runs(tmp_path: Path, ours: Any) -> None:
+    # A new process takes the last output's breakpoints off by the cache stage's record in
+    # state.json; a record damaged on disk must not fail the turn (the stage meets it too,
+    # inside the run, where a failure is contained).
+    from test_cache_markers import TOOLS, conversation
+
+    history = conversation(12)
+    first = Engine.load("builtin:default").session(tmp_path / "s", model="claude-sonnet-4-5", window=400_000)
+    assert _markers(first.prepare(history, TOOLS, clock=CLOCK).messages)
+    state_file = tmp_path / "s" / "state.json"
+    state = json.loads(state_file.read_text())
+    state["stages"]["cache"]["ours"] = ours
+    state_file.write_text(json.dumps(state))
+    history = [*history, {"role": "user", "content": "And now the docs."}]
+    again = Engine.load("builtin:default").session(tmp_path / "s", model="claude-sonnet-4-5", window=400_000)
+    result = again.prepare(history, TOOLS, clock=CLOCK + 1)
+    assert message_text(result.messages[-1]) == "And now the docs." and len(result.messages) == len(history)
+    assert result.report["reused_messages"] == len(history) - 1

@@ -817,11 +817,15 @@ class Session:
         the stages that offer ``unfinalize``, last stage first: a turn that reads the output
         back from the store runs on what a session that kept it in memory runs on."""
         stages = state.get("stages")
+        given = output
         for p in reversed(self.engine.plan):
             undo = getattr(p.stage, "unfinalize", None) if p.phase == "finalize" else None
             own = stages.get(p.id) if isinstance(stages, dict) else None
             if undo is not None and isinstance(own, dict):
-                output = undo(output, own)
+                try:
+                    output = undo(output, own)
+                except Exception:  # a damaged state.json: the stage meets it in the run, contained there
+                    return given
         return output if isinstance(output, list) else list(output)
 
     def _heal_markers(self, turn: _Turn) -> None:
