@@ -789,7 +789,7 @@ class Session:
             turn.reused, turn.previous, turn.chain = self._prefix.match(
                 history, state, lambda: self.store.load_turn(self.key).output, self.counter, self.vault
             )
-            if turn.reused and self._prefix.basis is None:
+            if turn.reused and self._prefix.loaded:
                 turn.previous = self._unfinalized(turn.previous, state)
         else:
             state["stages"] = {}

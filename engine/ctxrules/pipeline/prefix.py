@@ -156,6 +156,9 @@ class PrefixCache:
         # counts that match replaced, put back by rollback() when the turn then fails.
         self.adopted = False
         self._undo: tuple[int, bool] | None = None
+        # Whether the last match read the output back from the store (another process or
+        # worker wrote it last): it holds what the finalize stages added, unlike ``basis``.
+        self.loaded = False
 
     def clear(self) -> None:
         """Forget the last history and output (a model switch, a pack reload, a failed write)."""
@@ -210,7 +213,7 @@ class PrefixCache:
         history stores the originals it still has (same ids)."""
         last = self.history
         record = state.get("last") or {}
-        self.adopted, self._undo = False, None
+        self.adopted, self._undo, self.loaded = False, None, False
         if last is not None and self.output is not None and record.get("chain") == self.chain.value:
             # Our copies share leaf strings with what the caller passed, so `==` mostly meets
             # identical objects and stays cheap; a message edited in place compares unequal.
@@ -235,7 +238,7 @@ class PrefixCache:
         if missing(vault, ids):
             return 0, [], EMPTY_CHAIN
         self.output_ids = ids
-        self.basis = None  # the output as saved: the stage that placed its breakpoints takes them off
+        self.basis, self.loaded = None, True  # the output as saved, its breakpoints on it
         self.history = [clone_json(m) for m in history[:count]]
         self.output_copies, self.borrowed = None, False  # read from the store: no caller holds it
         # The counts the session saved with the output (engine: ``state["last"]``): no
