@@ -8,9 +8,10 @@ It writes packs of N and 4N priority rules (one file each), and a chain of F fil
 each other with N rules each, then times ``ctxrules validate`` on each in a fresh process. The
 baseline, measured in the same run, is the smallest pack: the 4N pack should take about four
 times as long (a quadratic step would make it sixteen), and the chain about F times as long.
-Then a folder of R packs that extend each other in one ring (each is CR031) against a folder of
-R packs that extend nothing, measured in the same run: about as long (each pack walking the whole
-ring made it R/2 times as long: 125 s for 2,000 files).
+Then a folder of R packs that extend each other in one ring (each is CR031), and a folder of R
+packs each extending the next in a chain, against a folder of R packs that extend nothing,
+measured in the same run: about as long (each pack walking the whole ring made it R/2 times as
+long: 125 s for 2,000 files; each pack spelling out its whole chain, 35 s for 5,000).
 Timings are machine-dependent and reported, not asserted.
 """
 
@@ -72,18 +73,25 @@ def main() -> None:
         base = _time(small)
         four = _time(big)
         chained = _time(chain)
-        lone, ring = root / "lone", root / "ring"
-        for folder, parent in ((lone, None), (ring, lambda i: f"r{(i + 1) % args.ring}.yaml")):
+        lone, ring, line = root / "lone", root / "ring", root / "line"
+        last = args.ring - 1
+        for folder, parent in (
+            (lone, None),
+            (ring, lambda i: f"r{(i + 1) % args.ring}.yaml"),
+            (line, lambda i: f"r{i + 1}.yaml" if i < last else None),
+        ):
             folder.mkdir()
             for i in range(args.ring):
                 _write(folder / f"r{i}.yaml", 0, 1, parent(i) if parent else None)
         alone = _time(lone)
         ringed = _time(ring, status=1)
+        lined = _time(line)
     print(f"validate, {n:,} rules (baseline):      {base:7.2f} s")
     print(f"validate, {4 * n:,} rules in one file:  {four:7.2f} s  ({four / base:4.1f} x; linear ~ 4)")
     print(f"validate, {files} files x {n:,} rules:    {chained:7.2f} s  ({chained / base:4.1f} x; linear ~ {files})")
     print(f"validate, {args.ring:,} packs (baseline):    {alone:7.2f} s")
     print(f"validate, {args.ring:,} packs in a ring:     {ringed:7.2f} s  ({ringed / alone:4.1f} x; linear ~ 1)")
+    print(f"validate, {args.ring:,} packs in a chain:    {lined:7.2f} s  ({lined / alone:4.1f} x; linear ~ 1)")
 
 
 if __name__ == "__main__":

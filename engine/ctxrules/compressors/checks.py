@@ -187,12 +187,15 @@ def _check_tests(rep: Reporter, rule_id: str, tests: list[Any], base: str) -> No
 
 
 def _matches_empty_line(pattern: str) -> bool:
-    """Whether ``pattern`` (one that compiles) finds a match in an empty line. Asked of RE2,
-    where the pattern runs there (it means the same there, and compiling it with ``re`` only
+    """Whether ``pattern`` (one that compiles) finds a match in an empty line: never when its
+    shortest match is longer than nothing (most failure patterns); else asked of RE2, where
+    the pattern runs there (it means the same there, and compiling it with ``re`` only
     for this was a tenth of validating the built-in packs); of ``re`` otherwise."""
     from ctxrules import patterns
 
     compiled = patterns.compile(pattern)
+    if compiled.shape.min_width > 0:
+        return False  # every match is at least that long (the parser's lower bound)
     if compiled.engine == "re2":
         return compiled.search("") is not None
     import re

@@ -51,7 +51,8 @@ class ResolvedPack:
     files: list[str]
     diagnostics: list[Diagnostic] = field(default_factory=list)
     disabled: dict[str, list[str]] = field(default_factory=dict)
-    docs: dict[str, SourceDoc] = field(default_factory=dict)
+    docs: Mapping[str, SourceDoc] = field(default_factory=dict)
+    """The parsed document of each file (that holds a mapping) by its shown name."""
     real_paths: dict[str, Path] = field(default_factory=dict)
     roots: tuple[Path, ...] = ()
     """Folders the pack may read from (:mod:`ctxrules.packs.confine`)."""
@@ -268,17 +269,18 @@ class PackLoader:
                 since = (kept, weight)
                 break
         keep = {end: known for end, known in heads if known.merged is None and end > start}
-        docs: dict[str, SourceDoc] = {}
-        for i, p in enumerate(order):
+        # The files before ``start`` are merged in the tree kept: only the others are looked at
+        # (each walk's ``end`` in ``keep`` is past ``start``).
+        for i in range(start, len(order)):
+            p = order[i]
             doc, _ = self.read(p)
             if doc is not None and isinstance(doc.data, dict):
-                docs[doc.path] = doc
-                if i >= start:
-                    layer = self._layer(p, doc)
-                    base_tree = tree if tree is not None else OMap(layer.origin)
-                    tree = merge_packs(base_tree, layer, problems, reuse_base=True)
+                layer = self._layer(p, doc)
+                base_tree = tree if tree is not None else OMap(layer.origin)
+                tree = merge_packs(base_tree, layer, problems, reuse_base=True)
             if i + 1 in keep:
                 since = self._keep(keep[i + 1], tree, problems, since)
+        docs = _Docs(order, self.read)
         for mp in problems:
             diagnostics.append(
                 Diagnostic(
@@ -291,7 +293,8 @@ class PackLoader:
         disabled = _disabled_ids(tree)
         disabled_at = _disabled_origins(tree, docs)
         drop_disabled(tree)
-        files = [self._shown_in(p, cwd) for p in order]
+        whole = heads[-1][1] if heads and heads[-1][0] == len(order) else None  # the walk of all the files
+        files = whole.shown_files() if whole is not None else [self._shown_in(p, cwd) for p in order]
         name = tree.get("metadata", {}).get("name") if isinstance(tree.get("metadata"), dict) else None
         return ResolvedPack(
             str(name or ref),
@@ -489,10 +492,13 @@ class PackLoader:
             known = walked.get(path)
             if known is not None:
                 files = known.files()
-                if not any(p in done or p in on_stack for p in files):
+                # (Nothing is placed or on the stack before the first file: a pack resolved
+                # after its walk is known takes its files as they are, without a look at each.)
+                if not (done or on_stack) or not any(p in done or p in on_stack for p in files):
                     if not order:
                         heads.append((len(files), known))
-                    done.update((p, i) for i, p in enumerate(files, len(order)))
+                    if pending:  # more files to place after these (else the walk is over)
+                        done.update((p, i) for i, p in enumerate(files, len(order)))
                     order.extend(files)
                     if known.diagnostics:
                         diagnostics.extend(known.found())
@@ -522,12 +528,22 @@ class PackLoader:
                 order.append(frame.path)
                 if pending:
                     pending[-1].met = min(pending[-1].met, frame.met)
-                if frame.met < frame.start:  # met a file placed before it began
+                if frame.met < frame.start:  # met a file placed before it began: no walk of its own
+                    if pending:
+                        # Its files and findings are still the enclosing walk's: a diamond's
+                        # second side (the shared parent placed by the first) is part of the
+                        # walk of the pack that names both sides.
+                        pending[-1].parts.extend((*frame.parts, frame.path))
+                        pending[-1].found.extend(frame.found)
                     continue
                 known = walked.get(frame.path)
                 if known is None:
+                    parts = (*frame.parts, frame.path)
                     known = walked[frame.path] = _Walked(
-                        (*frame.parts, frame.path), tuple(frame.found), len(order) - frame.start
+                        parts,
+                        tuple(frame.found),
+                        len(order) - frame.start,
+                        tuple(self._shown_in(x, graph.cwd) if isinstance(x, Path) else x for x in parts),
                     )
                 if frame.start == 0:
                     heads.append((len(order), known))
@@ -620,37 +636,70 @@ def _weight_change(new: Any, old: Any) -> int:
 @dataclass(eq=False)
 class _Walked:
     """What resolving one file found, for one loader, set of roots and working directory: its
-    files in application order and the diagnostics of the walk, each given as files (or
-    diagnostics) and the walks of its parents (shared, so a chain of N files keeps N of these,
-    not N²/2 paths), and, once merged and while the loader's budget lasts, the tree merged from
-    those files with the merge problems met on the way."""
+    files in application order (``order``; ``shown``: the same, each file as it is displayed)
+    and the diagnostics of the walk, each given as files (or diagnostics) and the walks of its
+    parents (shared, so a chain of N files keeps N of these, not N²/2 paths), and, once merged
+    and while the loader's budget lasts, the tree merged from those files with the merge
+    problems met on the way."""
 
     order: tuple[Path | _Walked, ...]
     diagnostics: tuple[Diagnostic | _Walked, ...]
     size: int
+    shown: tuple[str | _Walked, ...] = ()
     merged: tuple[OMap | None, tuple[MergeProblem, ...]] | None = None
+    # attr -> (a list, n): the attribute spelled out is the list's first n items (_spelled).
+    _spelled: dict[str, tuple[list[Any], int]] = field(default_factory=dict, repr=False)
 
     def files(self) -> list[Path]:
-        return _flat(self, "order")
+        return _spelled(self, "order")
+
+    def shown_files(self) -> list[str]:
+        return _spelled(self, "shown")
 
     def found(self) -> list[Diagnostic]:
-        return _flat(self, "diagnostics")
+        return _spelled(self, "diagnostics")
 
 
-def _flat(walked: _Walked, attr: str) -> list[Any]:
-    """``walked``'s ``attr`` with the walks it names spelled out (iteratively: a chain may be
-    longer than the recursion limit)."""
-    out: list[Any] = []
-    todo = [iter(getattr(walked, attr))]
+def _spelled(walked: _Walked, attr: str) -> list[Any]:
+    """``walked``'s ``attr`` with the walks it names spelled out, in a new list.
+
+    Each walk's is made once, as the first items of a list it may share with other walks: a
+    walk that starts with another walk's items appends its own to that walk's list when
+    nothing was appended to it yet (the other walk's items stay its first ones). In a folder of
+    packs that extend each other in a chain, every pack's files are then a slice of one list,
+    copied at C speed, where spelling each pack's chain out item by item made validating the
+    folder quadratic in Python (a chain of 5,000 packs took half a minute). Made iteratively: a
+    chain may be longer than the recursion limit."""
+    todo = [walked]
     while todo:
-        for item in todo[-1]:
-            if isinstance(item, _Walked):
-                todo.append(iter(getattr(item, attr)))
-                break
-            out.append(item)
-        else:
+        top = todo[-1]
+        if attr in top._spelled:
             todo.pop()
-    return out
+            continue
+        items = getattr(top, attr)
+        missing = [x for x in items if isinstance(x, _Walked) and attr not in x._spelled]
+        if missing:
+            todo.extend(missing)
+            continue
+        todo.pop()
+        out: list[Any] | None = None
+        for item in items:
+            if isinstance(item, _Walked):
+                base, n = item._spelled[attr]
+                if out is None:
+                    # Its list, to append to, while it holds just its items; else a copy of them.
+                    out = base if len(base) == n else base[:n]
+                else:
+                    out.extend(base[:n])
+            elif out is None:
+                out = [item]
+            else:
+                out.append(item)
+        if out is None:
+            out = []
+        top._spelled[attr] = (out, len(out))
+    base, n = walked._spelled[attr]
+    return base[:n]
 
 
 class _Graph:
@@ -790,6 +839,43 @@ class _LazyNames(Sequence[str]):
         return self.loader.display_path(self.ring[i])
 
 
+class _Docs(Mapping[str, SourceDoc]):
+    """:attr:`ResolvedPack.docs`, made when first asked for: the document of each file of
+    ``order`` that holds a mapping, by its shown name. Validating a folder of packs that extend
+    each other asks for few of them (where a finding needs a file's text), and making them for
+    every pack was a pass over its whole chain."""
+
+    __slots__ = ("_made", "_order", "_read")
+
+    def __init__(self, order: Sequence[Path], read: Callable[[Path], tuple[SourceDoc | None, list[Diagnostic]]]):
+        self._order: Sequence[Path] = order
+        self._read = read
+        self._made: dict[str, SourceDoc] | None = None
+
+    def _docs(self) -> dict[str, SourceDoc]:
+        made = self._made
+        if made is None:
+            made = {}
+            for p in self._order:
+                doc, _ = self._read(p)  # read when the pack was resolved: the loader's copy
+                if doc is not None and isinstance(doc.data, dict):
+                    made[doc.path] = doc
+            self._made, self._order = made, ()
+        return made
+
+    def __getitem__(self, key: str) -> SourceDoc:
+        return self._docs()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._docs())
+
+    def __len__(self) -> int:
+        return len(self._docs())
+
+    def __repr__(self) -> str:
+        return repr(self._docs())
+
+
 class _Frame:
     """A file on the walk's stack: the parents still to visit, and what its walk found so far."""
 
@@ -813,7 +899,7 @@ def _disabled_ids(tree: OMap) -> dict[str, list[str]]:
     return out
 
 
-def _disabled_origins(tree: OMap, docs: dict[str, SourceDoc]) -> dict[str, dict[str, Origin]]:
+def _disabled_origins(tree: OMap, docs: Mapping[str, SourceDoc]) -> dict[str, dict[str, Origin]]:
     """The item that says ``enabled: false``, in the file that says it (the merged item keeps
     the origin of the parent that introduced it)."""
     out: dict[str, dict[str, Origin]] = {}

@@ -26,19 +26,51 @@ if TYPE_CHECKING:
     from ctxrules.plugins import Registry
 
 
-def validate_resolved(pack: ResolvedPack, loader: PackLoader, registry: Registry) -> list[Diagnostic]:
+class FileProblems:
+    """The per-file diagnostics one ``validate`` run has reported, by shown file name, and the
+    files among them with errors (and with errors that stop the semantic checks): a file that
+    many packs extend is looked at once, not once per pack (each pack of a chain of N files
+    walked all the files below it)."""
+
+    def __init__(self) -> None:
+        self.reported: set[str] = set()
+        self.with_errors: set[str] = set()
+        self.unreadable: set[str] = set()  # a problem of _UNREADABLE: no semantic check
+
+    def new(self, loader: PackLoader, files: list[str]) -> list[Diagnostic]:
+        """The diagnostics of those of ``files`` not reported yet (now reported)."""
+        out: list[Diagnostic] = []
+        for shown in set(files).difference(self.reported):
+            self.reported.add(shown)
+            for p in _paths_of(loader, shown):
+                found = loader.read(p)[1]
+                out.extend(found)
+                if any(d.severity == "error" for d in found):
+                    self.with_errors.add(shown)
+                    if any(d.code in _UNREADABLE for d in found if d.severity == "error"):
+                        self.unreadable.add(shown)
+        return out
+
+
+# Per-file problems after which the merged pack is not checked further (it was not read whole).
+_UNREADABLE = frozenset(("CR001", "CR002", "CR003", "CR090", "CR101", "CR104"))
+
+
+def validate_resolved(
+    pack: ResolvedPack, loader: PackLoader, registry: Registry, seen: FileProblems | None = None
+) -> list[Diagnostic]:
     """Every diagnostic of ``pack``: per-file ones from each file read, then semantic ones.
-    Stage types, actions, filters and option schemas are those of ``registry``."""
+    Stage types, actions, filters and option schemas are those of ``registry``. With ``seen``
+    (one per run), the per-file ones of files reported before in the run are left out."""
     if not pack.merged:  # extends meet a cycle: nothing merged to check (its files' problems are in)
         return _sorted_unique(list(pack.diagnostics))
     out: list[Diagnostic] = list(pack.diagnostics)
-    for doc_path in pack.files:
-        for p in _paths_of(loader, doc_path):
-            out.extend(loader.read(p)[1])
-    if any(d.severity == "error" and d.code in ("CR001", "CR002", "CR003", "CR090", "CR101", "CR104") for d in out):
+    files = seen if seen is not None else FileProblems()
+    out.extend(files.new(loader, pack.files))
+    if any(d.severity == "error" and d.code in _UNREADABLE for d in out) or not files.unreadable.isdisjoint(pack.files):
         return _sorted_unique(out)
     rep = Reporter(pack)
-    rep.schema_ok = not any(d.severity == "error" for d in out)
+    rep.schema_ok = not any(d.severity == "error" for d in out) and files.with_errors.isdisjoint(pack.files)
     data = pack.data
     _check_context(rep, data.get("context"), "/context")
     for i, entry in enumerate(data.get("models") or []):
@@ -394,6 +426,7 @@ def validate_paths(
     out: list[Diagnostic] = [_outside_folder(f) for f in outside]
     real: dict[str, Path] = {}
     checked: set[Path] = set()  # a file named twice (a folder and a path in it) is one file
+    seen = FileProblems()
     for f, folder in files:
         where = f.resolve()
         checked.add(where)
@@ -402,7 +435,7 @@ def validate_paths(
         # A parent's own problems come back identical from each child and are reported once;
         # what only shows when a child is resolved (a cycle, an order the child breaks) may sit
         # in a parent's lines and must not be dropped for it.
-        out.extend(validate_resolved(pack, loader, registry))
+        out.extend(validate_resolved(pack, loader, registry, seen))
     return ValidationRun(_sorted_unique(out), len(checked) + len(outside), real, len(skipped))
 
 
