@@ -206,6 +206,20 @@ def test_a_state_claiming_gigabytes_is_a_cache_miss_read_in_bounded_memory(tmp_p
     assert state.stat().st_size < 1 << 20  # the turn's save cut it back to a state
 
 
+@pytest.mark.parametrize("digits", [63, 33, 1])
+def test_an_injection_key_cut_short_is_a_one_line_error(tmp_path: Path, digits: int) -> None:
+    """A key file cut to an odd number of hex digits (a write that died) passed the check and
+    failed in ``bytes.fromhex``: "internal error: ValueError" for ``run`` and ``sessions
+    export``. Any damage is the documented refusal, naming the file, exit 2."""
+    assert run_cli(tmp_path).returncode == 0
+    key = next((tmp_path / "state").rglob("injection.key"))
+    key.write_text(key.read_text()[:digits])
+    proc = run_cli(tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    assert "not an injection key" in proc.stderr and "delete it" in proc.stderr, proc.stderr
+    assert "internal error" not in proc.stderr and "Traceback" not in proc.stderr
+
+
 def test_a_fifo_in_place_of_the_state_is_refused_without_hanging(tmp_path: Path) -> None:
     session = tmp_path / "state" / "default"
     session.mkdir(parents=True)
@@ -469,6 +483,36 @@ def test_sessions_scan_shows_a_planted_checkpoints_escape_sequences_as_escapes(t
         f"{session}\t\\x1b]0;owned\\x07cut\\x0ashort\\x09there\tbackup=\\x1b[2J",
         f"1 interrupted session(s) under {tmp_path / 'state'}",
     ]
+
+
+def test_a_damaged_vault_item_claiming_gigabytes_is_read_at_most_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An item made a huge sparse file: writing the same bytes again hashed all of it first
+    (8 GiB: 24 s), and every turn that read it (``reread`` restoring a placeholder) hashed it
+    again (16 GiB: 36 s, then 25 s). Counted, not timed: the write compares the sizes and reads
+    nothing, and a read refuses the same damaged file again without reading it."""
+    from ctxrules.errors import VaultError
+    from ctxrules.stores import filesystem
+    from ctxrules.stores.filesystem import FilesystemStore
+
+    store = FilesystemStore(tmp_path / "root")
+    session = str(tmp_path / "root" / "s")
+    data = b"a line of a tool output\n" * 1000
+    blob = store.put_blob(session, data)
+    path = store._blob_path(session, blob)
+    with open(path, "r+b") as f:
+        f.truncate(200 << 20)  # sparse: past the size read whole at once
+    hashed: list[int] = []
+    sha256_of = filesystem._sha256_of
+    monkeypatch.setattr(filesystem, "_sha256_of", lambda handle: hashed.append(1) or sha256_of(handle))
+    for read in (lambda: store.get_blob(session, blob), lambda: store.open_blob(session, blob).close()) * 2:
+        with pytest.raises(VaultError, match="corrupt"):
+            read()
+    assert len(hashed) == 1, hashed
+    assert store.put_blob(session, data) == blob  # the repair: the file's size is not the data's
+    assert len(hashed) == 1, hashed
+    assert store.get_blob(session, blob) == data
 
 
 def test_an_empty_directory_in_a_vault_items_place_is_written_over(tmp_path: Path) -> None:

@@ -255,6 +255,11 @@ def test_a_damaged_key_file_is_a_clear_error(tmp_path: Path) -> None:
     (tmp_path / "s" / KEY_FILE).write_text("not hex\n")
     with pytest.raises(UsageError, match="not an injection key"):
         key_for_session(tmp_path / "s", None)
+    # cut short by an odd number of digits (a truncated write): 63 hex digits are no whole bytes
+    for digits in (63, 33, 127, 130):
+        (tmp_path / "s" / KEY_FILE).write_text("a" * digits)
+        with pytest.raises(UsageError, match="not an injection key"):
+            key_for_session(tmp_path / "s", None)
     os.symlink(tmp_path / "elsewhere", tmp_path / "t")
     (tmp_path / "elsewhere").mkdir()
     (tmp_path / "elsewhere" / KEY_FILE).write_text("ab" * 32)

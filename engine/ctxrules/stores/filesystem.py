@@ -57,6 +57,7 @@ from ctxrules.session_store import SessionStore
 from ctxrules.stores.base import (
     DOC_MAX_BYTES,
     LOG_KINDS,
+    SECRET_BYTES,
     SWEEP_S,
     BlobWriter,
     CompactionBusy,
@@ -147,6 +148,10 @@ class FilesystemStore:
         self._doc_reads: dict[tuple[str, str], tuple[tuple[int, int, int, int, int], bytes]] = {}
         # session -> its vault directory with a trailing separator (every warm turn asks)
         self._vault_roots: dict[str, str] = {}
+        # Item path -> the identity (inode, size, mtime, ctime) of the file found not to hold
+        # its id: read again on every turn that asks for it, a damaged item claiming gigabytes
+        # (a sparse file) cost each of those turns a pass over all of it.
+        self._corrupt: dict[str, tuple[int, int, int, int]] = {}
 
     @classmethod
     def from_url(cls, url: str) -> FilesystemStore:
@@ -273,7 +278,7 @@ class FilesystemStore:
         # A shard this call just created holds nothing to check (a fresh session makes one for
         # almost every item); an item another process puts there meanwhile has the same bytes.
         created = False if self._checked(key) else self._ensure_shard(key)
-        if created or not _intact(path, blob_id):
+        if created or not _intact(path, blob_id, len(data)):
             # Missing, or corrupt: rewriting repairs it, and the bytes are the same either way.
             self._write_blob(session, shard, path, data)
         if media_type is not None:
@@ -450,19 +455,42 @@ class FilesystemStore:
         handle, path = self._open_item(session, blob_id)
         with handle:
             try:
-                size = os.fstat(handle.fileno()).st_size
-                if size > _READ_WHOLE_BYTES:
+                st = os.fstat(handle.fileno())
+                self._known_corrupt(st, blob_id, path)
+                if st.st_size > _READ_WHOLE_BYTES:
                     # Checked a block at a time before it is read whole: a damaged item claiming
                     # gigabytes (a sparse file) is refused without taking the memory.
-                    _verify(handle, blob_id, path)
+                    self._verified(handle, st, blob_id, path)
                     handle.seek(0)
-                data = handle.read(size + 1)  # grown since: more than it was, and refused below
+                data = handle.read(st.st_size + 1)  # grown since: more than it was, and refused below
             except OSError as exc:
                 raise VaultError(f"cannot read vault entry {blob_id}: {exc}") from exc
         actual = hashlib.sha256(data).hexdigest()
         if actual != blob_id:
+            self._remember_corrupt(st, path)
             raise VaultError(f"vault entry {blob_id} is corrupt: its content hashes to {actual} ({path})")
         return data
+
+    def _known_corrupt(self, st: os.stat_result, blob_id: str, path: Path) -> None:
+        """:class:`VaultError` when the file is the very one found corrupt before (same inode,
+        size, mtime and ctime): not read again."""
+        if self._corrupt.get(str(path)) == (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns):
+            raise VaultError(
+                f"vault entry {blob_id} is corrupt: its content does not hash to its id ({path}, unchanged "
+                "since it was read)"
+            )
+
+    def _remember_corrupt(self, st: os.stat_result, path: Path) -> None:
+        if len(self._corrupt) >= 1024:
+            self._corrupt.clear()
+        self._corrupt[str(path)] = (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+    def _verified(self, handle: BinaryIO, st: os.stat_result, blob_id: str, path: Path) -> None:
+        try:
+            _verify(handle, blob_id, path)
+        except VaultError:
+            self._remember_corrupt(st, path)
+            raise
 
     def open_blob(self, session: str, blob_id: str) -> BinaryIO:
         """The item as a file open at its start, checked against its id first, a block at a
@@ -471,7 +499,9 @@ class FilesystemStore:
         as little memory. The caller closes it."""
         handle, path = self._open_item(session, blob_id)
         try:
-            _verify(handle, blob_id, path)
+            st = os.fstat(handle.fileno())
+            self._known_corrupt(st, blob_id, path)
+            self._verified(handle, st, blob_id, path)
             handle.seek(0)
         except OSError as exc:
             handle.close()
@@ -953,6 +983,10 @@ def _link_secret(path: Path, value: bytes) -> bool:
     return True
 
 
+# A key file's text: whole bytes in hex, as many as a key may have.
+_KEY_TEXT: Final = re.compile(f"(?:[0-9a-f]{{2}}){{{SECRET_BYTES[0]},{SECRET_BYTES[1]}}}")
+
+
 def _read_secret(path: Path) -> bytes:
     try:
         raw = read_private(path, limit=200)
@@ -963,8 +997,12 @@ def _read_secret(path: Path) -> bytes:
         raise UsageError(f"{path}: cannot read the {_what(path)}: {why}") from None
     text = raw.decode("ascii", "replace").strip()
     # An empty file is a creation that died before writing: not a key, and not ours to guess.
-    if not re.fullmatch(r"[0-9a-f]{32,128}", text):
-        raise UsageError(f"{path}: not an injection key (expected hex digits); delete it to make a new one")
+    # Whole bytes: a key cut short by an odd number of digits is damage too (fromhex refuses it).
+    if not _KEY_TEXT.fullmatch(text):
+        raise UsageError(
+            f"{path}: not an injection key (expected {2 * SECRET_BYTES[0]} to {2 * SECRET_BYTES[1]} hex digits, "
+            "an even number); delete it to make a new one"
+        )
     return bytes.fromhex(text)
 
 
@@ -1048,9 +1086,11 @@ def _verify(handle: BinaryIO, blob_id: str, path: Path) -> None:
         raise VaultError(f"vault entry {blob_id} is corrupt: its content hashes to {actual} ({path})")
 
 
-def _intact(path: str | Path, blob_id: str) -> bool:
+def _intact(path: str | Path, blob_id: str, size: int | None = None) -> bool:
     """Whether ``path`` holds the bytes of ``blob_id`` (read a block at a time: a blob may be
-    a huge command output)."""
+    a huge command output). With ``size`` (the bytes' length), a file of another size is not
+    read at all: a damaged item claiming gigabytes (a sparse file) was hashed whole before the
+    write that repairs it."""
     try:
         fd = open_private(path, os.O_RDONLY)
     except (FileNotFoundError, UnsafePathError):
@@ -1058,6 +1098,8 @@ def _intact(path: str | Path, blob_id: str) -> bool:
         # and the write renames the item over it, never writing through it.
         return False
     with os.fdopen(fd, "rb") as handle:
+        if size is not None and os.fstat(handle.fileno()).st_size != size:
+            return False
         return _sha256_of(handle) == blob_id
 
 
