@@ -537,6 +537,34 @@ def test_unusable_numbers_are_a_located_error(tmp_path: Path, value: str) -> Non
 
 
 @pytest.mark.parametrize(
+    "number",
+    ["0x" + "f" * 3600, "-0x" + "f" * 3600, "0b" + "1" * 15_000, "0" + "7" * 5000, "1" + ":59" * 2500],
+    ids=["hex", "negative-hex", "binary", "octal", "base-60"],
+)
+@pytest.mark.parametrize(
+    ("body", "where"),
+    [
+        ("context:\n  reserve_output: {n}\n", "5:19"),
+        ("pipeline:\n  - {{id: t, use: compress.truncate, when: {{at_least: {n}}}}}\n", "5:54"),
+        ("tests:\n  - {{name: t, input: in.json, window: {n}}}\n", "5:39"),
+    ],
+    ids=["value", "quoted-by-a-finding", "pack-test"],
+)
+def test_an_integer_past_the_digit_limit_in_any_notation_is_a_located_error(
+    tmp_path: Path, number: str, body: str, where: str
+) -> None:
+    """Hex, binary, octal and base-60 integers are built by PyYAML without Python's 4,300-digit
+    limit: validate passed them (or died quoting one in a finding), and `explain`, `run` and
+    `test` died on the first str() of the value ("internal error: ValueError")."""
+    write(tmp_path, "p.yaml", body.format(n=number))
+    for verb in ("validate", "explain"):
+        proc = ctxrules(verb, "p.yaml", cwd=tmp_path, timeout=60)
+        out = clean(proc)
+        assert proc.returncode == 1 and f"p.yaml:{where}: error[CR104]" in out, (verb, out[:600])
+        assert "internal error" not in out and "Traceback" not in out
+
+
+@pytest.mark.parametrize(
     ("body", "where"),
     [
         ('  description: "bad \\ud800 text"\n', "6:16"),

@@ -7,12 +7,13 @@ values from it, recording ``(line, column)`` (1-based) for every JSON pointer on
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 import yaml
 
@@ -165,6 +166,17 @@ def _whole_text(value: str, node: yaml.Node, pointer: str) -> str:
     )
 
 
+_INT_DIGITS: Final = 4300
+"""Decimal digits an integer of a pack may have at most: Python's default limit for turning
+text into an integer and back (``sys.get_int_max_str_digits``), whatever the process sets."""
+_INT_BITS: Final = 14_000  # an integer this long or shorter has fewer digits: no exact check
+
+
+@functools.cache
+def _int_ceiling() -> int:
+    return 10**_INT_DIGITS
+
+
 class _Builder:
     def __init__(self, loader: yaml.SafeLoader, text: str) -> None:
         self.loader = loader
@@ -214,6 +226,17 @@ class _Builder:
             finally:
                 self.open.discard(id(node))
         value = self._scalar(node, pointer)
+        if type(value) is int and value.bit_length() > _INT_BITS and abs(value) >= _int_ceiling():
+            # Written in hex, binary or base 60, PyYAML builds it without Python's digit limit,
+            # and the first str() of it (a diagnostic quoting it, `explain`) failed.
+            text = str(node.value)
+            raise YamlProblem(
+                "CR104",
+                f"YAML: the integer {text[:20]}… ({len(text):,} characters) has more than {_INT_DIGITS:,} decimal "
+                "digits; no pack value needs more than a few",
+                *_pos(node),
+                pointer,
+            )
         if isinstance(value, float) and not math.isfinite(value):
             raise YamlProblem(
                 "CR104",
