@@ -174,7 +174,8 @@ _INT_BITS: Final = 14_000  # an integer this long or shorter has fewer digits: n
 
 @functools.cache
 def _int_ceiling() -> int:
-    return 10**_INT_DIGITS
+    ceiling: int = 10**_INT_DIGITS
+    return ceiling
 
 
 class _Builder:
