@@ -174,6 +174,58 @@ def test_a_timeout_is_remembered_in_the_state_and_skips_at_once(monkeypatch: pyt
     assert "earlier run" in memory.reports[0]
 
 
+def test_patterns_that_time_out_take_a_bounded_time_per_call_together(
+    tmp_path: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Thirty distinct slow patterns (`tools.exit_code`, tried on every tool result) each timed
+    out once before being remembered, and `regex` overshoots its limit: one `prepare` took 41 s
+    (170 s on a busy machine). Within one call, the patterns that time out share
+    TIMEOUT_BUDGET_S: past it the others are skipped at once, said in the report, and not
+    remembered as timed out (they never ran: a later call tries them). Counted, not timed."""
+    from pathlib import Path
+
+    from ctxrules import Engine
+
+    monkeypatch.setattr(patterns, "MATCH_TIME_LIMIT_S", 0.05)
+    monkeypatch.setattr(patterns, "TIMEOUT_BUDGET_S", 0.12)
+    folder = Path(str(tmp_path))
+    slow = [r"^(a|a)*(?=\d)(\d)" + "x?" * k for k in range(30)]
+    pack = folder / "p.yaml"
+    pack.write_text(
+        "apiVersion: ctxrules/v1\nkind: RulePack\nmetadata: {name: p, version: 1.0.0}\n"
+        "extends: [builtin:default]\ntools:\n  exit_code:\n" + "".join(f"    - '{p}'\n" for p in slow),
+        encoding="utf-8",
+    )
+    history: list[dict[str, object]] = [{"role": "user", "content": "run it"}]
+    for i in range(3):
+        call = {"id": f"c{i}", "type": "function", "function": {"name": "Bash", "arguments": '{"command": "x"}'}}
+        history += [
+            {"role": "assistant", "content": "", "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": f"c{i}", "content": "a" * 40 + "!"},
+        ]
+    ran: list[float] = []
+    timed = patterns.Pattern._timed
+
+    def counting(self: patterns.Pattern, text: str, call: object, *args: object, **kwargs: object) -> object:
+        try:
+            return timed(self, text, call, *args, **kwargs)  # type: ignore[arg-type]
+        except patterns.PatternTimeout as exc:
+            if "took longer" in str(exc):
+                ran.append(1)
+            raise
+
+    monkeypatch.setattr(patterns.Pattern, "_timed", counting)
+    session = Engine.load(str(pack)).session(folder / "s", model="gpt-4o")
+    report = session.prepare(history).report
+    skipped = [w for w in report["warnings"] if "this call allows" in w]
+    # each timeout takes MATCH_TIME_LIMIT_S at least: the budget holds a few of them
+    assert 1 <= len(ran) <= 3, ran
+    assert len(skipped) == len(slow) - len(ran), report["warnings"]
+    remembered = session.store.load_turn(session.key, output=False).state["stages"]
+    listed = [k for st in remembered.values() if isinstance(st, dict) for k in st.get(patterns.STATE_KEY, [])]
+    assert len(listed) == len(ran), listed  # the skipped ones are tried again by a later call
+
+
 @pytest.mark.parametrize(
     ("source", "nested"),
     [

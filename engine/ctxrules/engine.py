@@ -38,6 +38,7 @@ from ctxrules.notes import SessionNotes
 from ctxrules.packs.loader import PackLoader, ResolvedPack
 from ctxrules.packs.models_match import effective_context, select_model_entry
 from ctxrules.packs.validated import raise_for_errors, resolve_and_validate
+from ctxrules.patterns import time_budget
 from ctxrules.pipeline.budget import Budget, make_budget
 from ctxrules.pipeline.context import CACHE_TTL_S, StageContext
 from ctxrules.pipeline.prefix import EMPTY_CHAIN, HistoryChain, PrefixCache
@@ -690,6 +691,7 @@ class Session:
             self._thread_lock,
             self._session_lock,
             trusted_objects(),
+            time_budget(),  # patterns that time out: a few seconds per call in all (ctxrules.patterns)
             token_ceiling(self.budget.window),
             serialise_once(),  # each message's JSON made once: backup, vault entries, last output
             durable_at_commit(self.store, self.key),  # the turn's vault items fsynced together

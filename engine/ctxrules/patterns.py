@@ -78,11 +78,19 @@ __all__ = [
     "regex_module",
     "regex_source",
     "remembering",
+    "time_budget",
     "timed_out_before",
 ]
 
 MATCH_TIME_LIMIT_S = 1.0
 """Seconds one call of a pattern on the backtracking engine may take."""
+
+TIMEOUT_BUDGET_S = 3.0
+"""Seconds the pattern calls that time out may take together within one :func:`time_budget`
+(a ``prepare``, a ``compress`` run): past it, every other pattern that would run on the
+backtracking engine there is skipped at once. Each distinct pattern times out once before it
+is remembered, and ``regex`` checks its limit coarsely (1.5 s for a 1 s limit on an idle
+machine, 5-9 s on a busy one): thirty such patterns in a pack made one call take minutes."""
 
 MAX_UNROLLED = 100_000
 """Largest estimated size of a pattern once counted repetitions are expanded."""
@@ -197,6 +205,38 @@ def _listed(keys: dict[str, int]) -> list[str]:
 def merged_entries(*lists: Any) -> list[str]:
     """The ``timed_out_patterns`` lists given, as one (each pattern at its shortest length)."""
     return _listed(_entries([entry for listed in lists if isinstance(listed, list) for entry in listed]))
+
+
+class _Budget:
+    """What is left of :data:`TIMEOUT_BUDGET_S` in one :func:`time_budget` block."""
+
+    __slots__ = ("left",)
+
+    def __init__(self, seconds: float) -> None:
+        self.left = seconds
+
+
+_BUDGET: contextvars.ContextVar[_Budget | None] = contextvars.ContextVar("ctxrules_pattern_budget", default=None)
+
+
+class time_budget:  # lower case: used like a function, as remembering
+    """Within the block, the pattern calls that time out take :data:`TIMEOUT_BUDGET_S` seconds
+    together at most (see there); blocks do not nest (an inner one keeps the outer's budget)."""
+
+    __slots__ = ("_seconds", "_token")
+
+    def __init__(self, seconds: float | None = None) -> None:
+        self._seconds = TIMEOUT_BUDGET_S if seconds is None else seconds
+        self._token: contextvars.Token[_Budget | None] | None = None
+
+    def __enter__(self) -> None:
+        if _BUDGET.get() is None:
+            self._token = _BUDGET.set(_Budget(self._seconds))
+
+    def __exit__(self, *exc: object) -> None:
+        if self._token is not None:
+            _BUDGET.reset(self._token)
+            self._token = None
 
 
 _UNSET: Any = object()
@@ -684,14 +724,33 @@ class Pattern:
         return self._regex
 
     def _timed(self, text: str, call: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        budget = _BUDGET.get()
+        if budget is None:
+            limit = MATCH_TIME_LIMIT_S
+        elif budget.left <= 0:
+            raise self._over_budget()
+        else:
+            limit = min(MATCH_TIME_LIMIT_S, budget.left)
+        started = time.monotonic()
         try:
-            return call(*args, timeout=MATCH_TIME_LIMIT_S, **kwargs)
+            return call(*args, timeout=limit, **kwargs)
         except TimeoutError:
+            if budget is not None:
+                budget.left -= time.monotonic() - started
+                if limit < MATCH_TIME_LIMIT_S:  # cut short by the budget: it may run in time later
+                    raise self._over_budget() from None
             memory = _memory()
             memory.add(self.key, 0 if self.shape.nested else len(text) // 2)
             error = PatternTimeout(self)
             memory.report(str(error))
             raise error from None
+
+    def _over_budget(self) -> PatternTimeout:
+        """The error of a call skipped (or cut short) because the block's budget for patterns
+        that time out is spent; not remembered as timed out: a later call tries it again."""
+        error = PatternTimeout(self, reason=f"patterns that timed out took the {TIMEOUT_BUDGET_S:g} s this call allows")
+        _memory().report(str(error))
+        return error
 
     def _on_re2(self, text: str, iterating: bool) -> bool:
         if self._re2 is None or (iterating and self.shape.min_width == 0):

@@ -51,7 +51,7 @@ from ctxrules.errors import CtxrulesError, UsageError
 from ctxrules.json_files import input_stat
 from ctxrules.models import lookup_model
 from ctxrules.packs.validated import load_pack
-from ctxrules.patterns import STATE_KEY, merged_entries, remembering
+from ctxrules.patterns import STATE_KEY, merged_entries, remembering, time_budget
 from ctxrules.plugins import default_registry
 from ctxrules.printable import encodable, printable
 from ctxrules.stores import Store
@@ -166,7 +166,7 @@ def _compress(
     section = _remembered(store, session)
     known = list(section.get(STATE_KEY) or [])
     try:
-        with remembering(section):
+        with remembering(section), time_budget():
             result = compress_text(pack, command, text, exit_code, vault_id=vault_id, registry=default_registry())
     except CompressorSkipped as exc:  # a pack pattern timed out: the output goes out as it is
         _note(f"warning: {exc}")
@@ -479,7 +479,7 @@ def _emit_large(
     section = _remembered(store, session)  # timed-out patterns, as for an output held whole
     known = list(section.get(STATE_KEY) or [])
     try:
-        with remembering(section):
+        with remembering(section), time_budget():
             result = compress_large(pack, command, large, code, registry=default_registry())
         # Counted before the commit: the entry is a local file until then, whatever the store.
         before = _count_file(counter, Path(writer.path)) if counter is not None and result is not None else 0
