@@ -518,6 +518,18 @@ def test_a_fifo_a_device_and_a_huge_file_are_refused_before_parsing(tmp_path: Pa
         assert proc.returncode == 1 and code in out, out
 
 
+@pytest.mark.parametrize("key", ["input", "tools"])
+def test_an_empty_test_file_name_is_a_located_error_not_the_packs_folder(tmp_path: Path, key: str) -> None:
+    """`tests[].input: ""` passed validate, and `ctxrules test` read it as the pack's own folder
+    ("Is a directory"); an empty value never names a folder."""
+    write(tmp_path, "p.yaml", f'tests:\n  - {{id: a, {key}: ""}}\n')
+    for verb in ("validate", "test"):
+        proc = ctxrules(verb, "p.yaml", cwd=tmp_path, timeout=60)
+        out = clean(proc)
+        assert proc.returncode == 1 and "p.yaml:5:" in out and "CR014" in out, (verb, out)
+        assert "directory" not in out.lower(), out
+
+
 def test_a_fifo_named_by_extends_is_reported_at_the_extends_line(tmp_path: Path) -> None:
     # It was reported at the FIFO's own 1:1, which says nothing of which pack named it.
     os.mkfifo(tmp_path / "parent.yaml")
