@@ -522,7 +522,8 @@ def test_a_fifo_a_device_and_a_huge_file_are_refused_before_parsing(tmp_path: Pa
 def test_an_empty_test_file_name_is_a_located_error_not_the_packs_folder(tmp_path: Path, key: str) -> None:
     """`tests[].input: ""` passed validate, and `ctxrules test` read it as the pack's own folder
     ("Is a directory"); an empty value never names a folder."""
-    write(tmp_path, "p.yaml", f'tests:\n  - {{id: a, {key}: ""}}\n')
+    other = "" if key == "input" else "input: in.json, "  # a complete item otherwise
+    write(tmp_path, "p.yaml", f'tests:\n  - {{id: a, {other}{key}: ""}}\n')
     for verb in ("validate", "test"):
         proc = ctxrules(verb, "p.yaml", cwd=tmp_path, timeout=60)
         out = clean(proc)
