@@ -214,6 +214,39 @@ def test_invalid_json_arguments_go_to_the_vault_and_a_valid_object_says_so(tmp_p
     assert ToolPairRepair({})(outcome.messages, ctx).actions == []
 
 
+def test_arguments_given_as_an_object_or_null_go_out_as_json_text(tmp_path: Path) -> None:
+    """Some clients pass the parsed arguments (``{"command": "ls"}``) or null; both went through
+    as they were, breaking invariant 7 (every arguments value is a JSON string: OpenAI refuses
+    anything else). The object goes out as its JSON text (nothing lost), null as ``{}``; the
+    caller's messages are not changed, and the stage leaves its own output alone."""
+    given = {"command": "ls -la", "note": "é"}
+    messages = [user(), asst("a", "b", "c"), tool("a"), tool("b"), tool("c")]
+    calls = messages[1]["tool_calls"]
+    messages[1] = {
+        **messages[1],
+        "tool_calls": [
+            {**calls[0], "function": {"name": "Bash", "arguments": given}},
+            {**calls[1], "function": {"name": "Bash", "arguments": None}},
+            {**calls[2], "function": {"name": "Bash"}},
+        ],
+    }
+    before = copy.deepcopy(messages)
+    ctx = make_ctx(tmp_path)
+    outcome = ToolPairRepair({})(messages, ctx)
+    fixed = outcome.messages[1]["tool_calls"]
+    assert [c["function"]["arguments"] for c in fixed] == [json.dumps(given, ensure_ascii=False), "{}", "{}"]
+    assert [c["id"] for c in fixed] == ["a", "b", "c"] and messages == before
+    details = [a.detail for a in outcome.actions if a.kind == "arguments_replaced"]
+    assert len(details) == 3 and "an object, not a JSON string" in details[0] and "null" in details[1], details
+    assert ToolPairRepair({})(outcome.messages, ctx).actions == []
+    # end to end: what prepare returns holds JSON strings only
+    out = Engine.load("builtin:default").session(tmp_path / "s", model="gpt-4o").prepare(messages).messages
+    for msg in out:
+        for c in msg.get("tool_calls") or []:
+            assert isinstance(c["function"]["arguments"], str)
+            json.loads(c["function"]["arguments"])
+
+
 @pytest.mark.parametrize("depth", [101, 1000, 100_000])
 def test_arguments_nested_past_the_limit_go_to_the_vault_whatever_the_stack(tmp_path: Path, depth: int) -> None:
     """Arguments nested deeper than MAX_DEPTH are not usable JSON: json.loads raises

@@ -278,7 +278,12 @@ class _Repair:
         return out
 
     def _with_ids(
-        self, index: int, calls: list[Any], call_ids: list[str], derived: list[str], fixed: list[tuple[str, str] | None]
+        self,
+        index: int,
+        calls: list[Any],
+        call_ids: list[str],
+        derived: list[str],
+        fixed: list[tuple[object, str] | None],
     ) -> list[Any]:
         new_calls: list[Any] = []
         for pos, call in enumerate(calls):
@@ -307,17 +312,20 @@ class _Repair:
             if fixed[pos] is not None:
                 original, replacement = fixed[pos]  # type: ignore[misc]
                 new["function"] = {**call["function"], "arguments": replacement}
-                self.events.append(
-                    _Event(
-                        ARGUMENTS_REPLACED,
-                        f"message {index}: tool_calls[{pos}] ({_call_name(call)}): arguments were "
-                        f"not valid JSON ({len(original)} chars); replaced by an object that says so"
-                        if original.strip()
-                        else f"message {index}: tool_calls[{pos}] ({_call_name(call)}): blank arguments became {{}}",
-                        index,
-                        original if original.strip() else None,
+                where = f"message {index}: tool_calls[{pos}] ({_call_name(call)})"
+                if not isinstance(original, str):  # an object or null: its JSON text, nothing lost
+                    kind = _type_name(original)
+                    detail = f"{where}: arguments were {kind}, not a JSON string; sent as {replacement[:40]!r}"
+                    payload = None
+                elif original.strip():
+                    size = len(original)
+                    detail = (
+                        f"{where}: arguments were not valid JSON ({size} chars); replaced by an object that says so"
                     )
-                )
+                    payload = original
+                else:
+                    detail, payload = f"{where}: blank arguments became {{}}", None
+                self.events.append(_Event(ARGUMENTS_REPLACED, detail, index, payload))
             if new == call:
                 new_calls.append(call)
             else:
@@ -395,10 +403,18 @@ def _derived_id(call: object, pos: int) -> str:
     return DERIVED_ID_PREFIX + hashlib.sha256(seed.encode("utf-8", "surrogatepass")).hexdigest()[:24]
 
 
-def _fixed_arguments(call: object) -> tuple[str, str] | None:
-    """``(original, replacement)`` when the call's ``function.arguments`` string is not JSON."""
+def _fixed_arguments(call: object) -> tuple[object, str] | None:
+    """``(original, replacement)`` when the call's ``function.arguments`` is not a JSON string:
+    text that does not parse, blank text, or an object or null where the wire format holds a
+    string (invariant 7; some clients pass the parsed object, and OpenAI refuses it)."""
     function = call.get("function") if isinstance(call, Mapping) else None
-    arguments = function.get("arguments") if isinstance(function, Mapping) else None
+    if not isinstance(function, Mapping) or (isinstance(call, Mapping) and call.get("type") == "custom"):
+        return None
+    arguments = function.get("arguments")
+    if isinstance(arguments, Mapping):
+        return arguments, json.dumps(arguments, ensure_ascii=False)
+    if arguments is None:
+        return None, "{}"
     if not isinstance(arguments, str) or (arguments[:1] in _JSON_OPENERS and _is_json(arguments)):
         return None
     if not arguments.strip():
@@ -410,6 +426,10 @@ def _fixed_arguments(call: object) -> tuple[str, str] | None:
 
 
 _JSON_OPENERS = frozenset("{[")
+
+
+def _type_name(value: object) -> str:
+    return "null" if value is None else "an object"
 
 
 def _is_json(text: str) -> bool:
