@@ -531,6 +531,15 @@ def test_an_empty_test_file_name_is_a_located_error_not_the_packs_folder(tmp_pat
         assert "directory" not in out.lower(), out
 
 
+def test_a_reserve_of_thousands_of_digits_is_named_in_a_short_line(tmp_path: Path) -> None:
+    """`reserve_output` of 4,300 digits (Python still reads it): `run` printed all of them."""
+    write(tmp_path, "p.yaml", "extends: [builtin:default]\ncontext:\n  reserve_output: " + "9" * 4300 + "\n")
+    (tmp_path / "in.json").write_text('[{"role": "user", "content": "hi"}]')
+    proc = ctxrules("run", "--pack", "p.yaml", "--model", "gpt-4o", "--input", "in.json", "--state", "S", cwd=tmp_path)
+    assert proc.returncode == 2 and "(4,300 digits)" in proc.stderr, proc.stderr[:300]
+    assert len(proc.stderr) < 300 and proc.stderr.count("\n") == 1, proc.stderr[:300]
+
+
 def test_a_fifo_named_by_extends_is_reported_at_the_extends_line(tmp_path: Path) -> None:
     # It was reported at the FIFO's own 1:1, which says nothing of which pack named it.
     os.mkfifo(tmp_path / "parent.yaml")

@@ -100,10 +100,17 @@ def make_budget(
     reserve = int(context.get("reserve_output", DEFAULT_RESERVE))
     if window - reserve <= 0:
         raise UsageError(
-            f"reserve_output ({reserve}) leaves no usable window of {window} tokens; "
+            f"reserve_output ({shown_int(reserve)}) leaves no usable window of {shown_int(window)} tokens; "
             "raise the window or lower context.reserve_output"
         )
     thresholds = dict(DEFAULT_THRESHOLDS)
     thresholds.update({k: float(v) for k, v in (context.get("thresholds") or {}).items() if k in DEFAULT_THRESHOLDS})
     margin = float(context.get("safety_margin", safety_margin))
     return Budget(window, reserve, thresholds, float(context.get("tail_budget", DEFAULT_TAIL)), margin, source)
+
+
+def shown_int(value: int) -> str:
+    """``value`` for a message: as it is, or its first digits and its length when it is long
+    (a pack may hold an integer of thousands of digits; a one-line error stays one line)."""
+    text = str(value)
+    return text if len(text) <= 24 else f"{text[:12]}... ({len(text):,} digits)"

@@ -16,6 +16,7 @@ from ctxrules.errors import UsageError
 from ctxrules.packs.confine import MAX_PACK_BYTES
 from ctxrules.packs.loader import PackLoader, ResolvedPack
 from ctxrules.packs.source import escape_token
+from ctxrules.pipeline.budget import shown_int
 from ctxrules.stages.base import options_schema_for
 from ctxrules.types import THRESHOLD_NAMES
 from ctxrules.validation.quick import remembered
@@ -183,7 +184,9 @@ def _check_context(rep: Reporter, ctx: Any, base: str, own: dict[str, Any] | Non
     window, reserve = ctx.get("window"), ctx.get("reserve_output")
     if isinstance(window, int) and isinstance(reserve, int) and reserve >= window:
         rep.add(
-            "CR052", f"reserve_output ({reserve}) leaves no usable window of {window} tokens", f"{base}/reserve_output"
+            "CR052",
+            f"reserve_output ({shown_int(reserve)}) leaves no usable window of {shown_int(window)} tokens",
+            f"{base}/reserve_output",
         )
 
 
