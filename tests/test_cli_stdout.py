@@ -181,3 +181,35 @@ def test_usage_add_with_a_closed_standard_output_records_nothing(world: dict[str
 
 def test_mcp_with_a_closed_standard_output_does_not_serve(world: dict[str, str]) -> None:
     _one_error_line(_ctxrules(["mcp", "--session", world["session"]], _closed), "standard output is closed")
+
+
+@pytest.mark.parametrize(
+    ("argv", "code"),
+    [
+        (["run", "--bogus"], 2),  # argparse's usage message
+        (["compress", "--max-output", "0", "--", "echo", "hi"], 125),  # compress -- CMD: its own usage error
+        (["validate", "/nonexistent/pack.yaml"], 2),  # a handled error's message
+        (["validate", "{pack}"], 0),  # no message at all
+    ],
+)
+def test_a_stderr_nobody_reads_any_more_keeps_the_exit_code(tmp_path: Path, argv: list[str], code: int) -> None:
+    """Standard error a pipe whose reader is gone (`2>&1 | head -1`, a harness that went away):
+    argparse's usage message raised BrokenPipeError, taken for standard output's reader leaving
+    (exit 0 instead of 2), and every other message raised again while it was reported (exit 1).
+    The messages now go nowhere and the codes stay."""
+    pack = tmp_path / "p.yaml"
+    pack.write_text("apiVersion: ctxrules/v1\nkind: RulePack\nmetadata: {name: p, version: 1.0.0}\n")
+    read, write = os.pipe()
+    os.close(read)  # nobody will read what is written to `write`
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "ctxrules.cli.main", *(a.format(pack=pack) for a in argv)],
+            env={**os.environ, "PYTHONPATH": ENGINE},
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=write,
+            timeout=120,
+        )
+    finally:
+        os.close(write)
+    assert proc.returncode == code, argv

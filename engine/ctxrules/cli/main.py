@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ctxrules._version import __version__
-from ctxrules.cli.output import flush_stdout, silence_stdout, utf8_stdout, write_stdout
+from ctxrules.cli.output import flush_stdout, silence_stdout, tolerate_unread_stderr, utf8_stdout, write_stdout
 from ctxrules.cli.stops import keep_the_exit_code, unwind_on_sigterm
 from ctxrules.errors import CtxrulesError
 from ctxrules.printable import encodable, printable
@@ -185,6 +185,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         # that failure, and Python exited 1 (eval's "an invariant broke") whatever the code.
         # The messages go to the null device; the codes stay.
         sys.stderr = open(os.devnull, "w", encoding="utf-8")  # noqa: SIM115 (for the process)
+    tolerate_unread_stderr()
     utf8_stdout()
     uncollected = verb in _UNCOLLECTED_VERBS
     if uncollected:

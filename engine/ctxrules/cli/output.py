@@ -116,6 +116,47 @@ def utf8_stdout() -> None:
         reconfigure(errors="backslashreplace") if terminal else reconfigure(encoding="utf-8")
 
 
+class _UnreadStderr:
+    """Standard error for the CLI, for when nobody reads it any more (a closed pipe: ``2>&1 |
+    head -1``, a harness that went away): the write that finds it so sends the descriptor to the
+    null device and goes on, so the verb keeps its exit code. Without it, argparse's usage
+    message raised BrokenPipeError, taken for standard output's reader leaving (exit 0, not 2),
+    and every other error message raised again while it was being reported (exit 1)."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return int(self._stream.write(text))
+        except BrokenPipeError:
+            _to_null(self._stream)
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            _to_null(self._stream)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+def _to_null(stream: Any) -> None:
+    """``stream``'s descriptor becomes the null device; what its buffer holds goes there."""
+    with contextlib.suppress(OSError, AttributeError, ValueError), open(os.devnull, "wb") as devnull:
+        os.dup2(devnull.fileno(), stream.fileno())
+    with contextlib.suppress(OSError, ValueError):
+        stream.flush()
+
+
+def tolerate_unread_stderr() -> None:
+    """Wrap ``sys.stderr`` in :class:`_UnreadStderr` (once)."""
+    if sys.stderr is not None and not isinstance(sys.stderr, _UnreadStderr):
+        sys.stderr = _UnreadStderr(sys.stderr)
+
+
 def silence_stdout() -> None:
     """Standard output becomes the null device (after a failed write: nothing more can go there)."""
     if sys.stdout is None:
