@@ -678,6 +678,32 @@ def test_a_judge_that_never_finishes_its_answer_is_given_up_at_the_judge_timeout
     assert took < 30, took  # the server would trickle for a minute
 
 
+def test_a_failing_judge_call_is_reported_and_is_no_broken_invariant_of_the_pack(tmp_path: Path) -> None:
+    """With a pack (not only a baseline), a judge call that failed counted as a broken
+    invariant: "invariants broke on calls of: builtin:default" and exit 1, though the
+    invariants column said 0. It is reported, and the exit code is the invariants' (0)."""
+    from llm_server import LLMServer, http_error
+
+    path = tmp_path / "lambda.json"
+    path.write_text(json.dumps(transcript("lambda")))
+    out = tmp_path / "e.json"
+    argv = [*EVAL_NONE[:4], "--pack", "builtin:default", *EVAL_NONE[4:], "--window", "128000", "--quiet"]
+    with LLMServer() as server:
+        server.script(*[http_error(500, "judge down")] * 20)
+        proc = subprocess.run(
+            [*argv, "--judge", "openai/test-model", "--judge-api-base", server.base_url, "--json", str(out), str(path)],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env=_cli_env(),
+        )
+    assert proc.returncode == 0, proc.stderr
+    assert "invariants broke" not in proc.stderr and "Traceback" not in proc.stderr
+    totals = {t["plan"]: t for t in json.loads(out.read_text())["totals"]}
+    pack = totals["builtin:default"]
+    assert pack["invariant_violations"] == 0 and any("the judge failed" in e for e in pack["errors"]), pack["errors"]
+
+
 @pytest.mark.parametrize("value", ["0", "-1", "inf", "nan"])
 def test_a_judge_timeout_that_is_no_positive_number_is_a_usage_error(tmp_path: Path, value: str) -> None:
     path = tmp_path / "lambda.json"

@@ -193,7 +193,8 @@ def run(args: argparse.Namespace) -> int:
         )
     if args.html:
         write_text(args.html, eval_html(results, overall, each, names, model=args.model, window=args.window))
-    broken = [p for p, t in overall.items() if not t.baseline and (t.violations or t.errors)]
+    # A judge call that failed is in the errors too, but only reported (docs/eval.md).
+    broken = [p for p, t in overall.items() if not t.baseline and (t.violations or t.failed)]
     if broken:
         sys.stderr.write(f"ctxrules: invariants broke on calls of: {printable(', '.join(broken))}\n")
         return 1

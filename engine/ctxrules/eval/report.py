@@ -47,6 +47,7 @@ class Totals:
     retention: Retention = field(default_factory=Retention.empty)
     violations: int = 0
     errors: list[str] = field(default_factory=list)
+    failed: int = 0  # transcripts whose replay failed (not the judge: its failures are only reported)
     judged: dict[str, dict[str, int]] | None = None
 
     def add(self, result: TaskResult) -> None:
@@ -74,6 +75,7 @@ class Totals:
             self.violations += len(call.violations)
         if result.error:
             self.errors.append(f"{result.transcript}: {result.error}")
+            self.failed += 1
         if result.judge_error:
             self.errors.append(f"{result.transcript}: the judge failed: {result.judge_error}")
         if result.judge is not None:
