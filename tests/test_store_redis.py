@@ -144,6 +144,31 @@ def test_keys_planted_under_the_prefix_that_are_not_utf8_are_no_sessions_or_ledg
     store.close()
 
 
+def test_members_of_a_sessions_blob_set_that_name_no_item_read_as_absent(redis_url: str, raw: Any) -> None:
+    """A member of ``{S}:blobs`` that is not UTF-8 made `sessions export` and `vault get PREFIX`
+    an internal error (UnicodeDecodeError); one that is no vault id (`../../etc/passwd`) or
+    names an item that is gone made `sessions export` refuse the whole session. They read as
+    absent: the items that are there are listed and exported."""
+    import io
+
+    from ctxrules.stores.archive import export_session
+
+    store = _store(redis_url)
+    session = "conv-stray"
+    _turn(store, session, [{"role": "user", "content": "hi"}])
+    kept = store.put_blob(session, b"an item that is there")
+    gone = "ab" * 32
+    for member in (b"\xff", b"../../etc/passwd", gone.encode()):
+        raw.sadd(f"ctxrules:v1:{{{session}}}:blobs", member)
+    assert store.blob_ids(session) == sorted([kept, gone])
+    assert store.blob_ids(session, kept[:12]) == [kept]
+    out = io.BytesIO()
+    counts = export_session(store, session, out)
+    assert counts["blobs"] == 1 and kept in out.getvalue().decode() and gone not in out.getvalue().decode()
+    _turn(store, session, [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}])
+    store.close()
+
+
 def test_ttls_are_refreshed_on_use_and_blobs_outlive_their_sessions(redis_url: str, raw: Any) -> None:
     store = _store(redis_url + "?ttl_s=100")
     s = "conv-ttl"

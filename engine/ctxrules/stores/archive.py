@@ -80,7 +80,11 @@ def export_session(store: Store, session: str, out: IO[bytes], *, name: str | No
         }
         write(header)
         write({"kind": "turn", "state": turn.state, "output": turn.output})
-        for blob_id in store.blob_ids(session):
+        ids = store.blob_ids(session)
+        gone = store.missing_blobs(session, ids)  # listed, but no item (expired, removed): absent
+        for blob_id in ids:
+            if blob_id in gone:
+                continue
             data = store.get_blob(session, blob_id)
             media_type = store.blob_media_type(session, blob_id)
             encoded = base64.b64encode(data).decode()

@@ -50,7 +50,7 @@ import socket
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final, Literal, TypeVar, cast
@@ -498,6 +498,17 @@ def _log_keys(log: Log) -> list[str]:
 
 
 _HEX: Final = frozenset("0123456789abcdef")
+
+
+def _vault_ids(members: Iterable[bytes]) -> list[str]:
+    """The members of a session's ``blobs`` set that are vault ids: anything else planted there
+    (bytes that are not UTF-8, ``../../etc/passwd``) reads as absent, as other damaged values."""
+    out = []
+    for member in members:
+        text = member.decode("ascii", "replace")
+        if len(text) == 64 and set(text) <= _HEX:
+            out.append(text)
+    return out
 
 
 def _check_blob_id(blob_id: str) -> str:
@@ -1150,7 +1161,7 @@ class RedisStore:
 
     def blob_ids(self, session: str, prefix: str = "") -> list[str]:
         def op() -> list[str]:
-            ids = (m.decode() for m in self._client.smembers(_skey(session, "blobs")))
+            ids = _vault_ids(self._client.smembers(_skey(session, "blobs")))
             return sorted(i for i in ids if i.startswith(prefix))
 
         return self._call(op, lambda m: m.blob_ids(session, prefix), damaged=lambda: self._repair(session))
@@ -1168,10 +1179,10 @@ class RedisStore:
         now = time.time()
         if extended is not None and now - _seconds(extended) < self.settings.ttl_s / 2:
             return
-        ids = list(self._client.smembers(_skey(session, "blobs")))
+        ids = _vault_ids(self._client.smembers(_skey(session, "blobs")))
         pipe = self._client.pipeline(transaction=False)
         for blob_id in ids:
-            pipe.expire(_blob_key(blob_id.decode()), self._blob_ttl_s, gt=True)
+            pipe.expire(_blob_key(blob_id), self._blob_ttl_s, gt=True)
         pipe.hset(self._meta(session), "blobs_extended", f"{now:.6f}")
         pipe.execute()
 
