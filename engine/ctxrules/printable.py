@@ -54,3 +54,10 @@ def printable_html(text: str) -> str:
     from html import escape
 
     return escape(printable(text, one_line=False))
+
+
+def shown_int(value: int) -> str:
+    """``value`` for a message: as it is, or its first digits and its length when it is long
+    (a pack may hold an integer of thousands of digits; a one-line error stays one line)."""
+    text = str(value)
+    return text if len(text) <= 24 else f"{text[:12]}... ({len(text):,} digits)"

@@ -17,6 +17,7 @@ from typing import Any
 
 from ctxrules.errors import UsageError
 from ctxrules.packs.defaults import context_defaults
+from ctxrules.printable import shown_int
 from ctxrules.types import THRESHOLD_NAMES
 
 # The defaults of context: are declared once, in the pack schema (schemas/rulepack.v1.schema.json).
@@ -107,10 +108,3 @@ def make_budget(
     thresholds.update({k: float(v) for k, v in (context.get("thresholds") or {}).items() if k in DEFAULT_THRESHOLDS})
     margin = float(context.get("safety_margin", safety_margin))
     return Budget(window, reserve, thresholds, float(context.get("tail_budget", DEFAULT_TAIL)), margin, source)
-
-
-def shown_int(value: int) -> str:
-    """``value`` for a message: as it is, or its first digits and its length when it is long
-    (a pack may hold an integer of thousands of digits; a one-line error stays one line)."""
-    text = str(value)
-    return text if len(text) <= 24 else f"{text[:12]}... ({len(text):,} digits)"

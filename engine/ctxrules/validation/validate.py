@@ -16,7 +16,7 @@ from ctxrules.errors import UsageError
 from ctxrules.packs.confine import MAX_PACK_BYTES
 from ctxrules.packs.loader import PackLoader, ResolvedPack
 from ctxrules.packs.source import escape_token
-from ctxrules.pipeline.budget import shown_int
+from ctxrules.printable import shown_int
 from ctxrules.stages.base import options_schema_for
 from ctxrules.types import THRESHOLD_NAMES
 from ctxrules.validation.quick import remembered
