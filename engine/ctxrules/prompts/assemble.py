@@ -45,6 +45,7 @@ from ctxrules.errors import CtxrulesError
 from ctxrules.packs.loader import display_path
 from ctxrules.packs.models_match import name_candidates
 from ctxrules.plugins import Registry, default_registry
+from ctxrules.prompts.building import TemplateBuildError
 from ctxrules.prompts.environment import make_environment
 from ctxrules.prompts.limits import RenderLimitError, render_budget
 from ctxrules.resources import rules_dir
@@ -78,6 +79,7 @@ Scalar = str | int | float | bool | None
 # A "<" that could begin markup: a tag name (ASCII or not), a closing slash, "<!" or "<?".
 # "a < b", "x <= 5" and "<3" are left alone: they cannot open a tag.
 _SURROGATE = re.compile("[\ud800-\udfff]")
+_SURROGATE_PAIR = re.compile("[\ud800-\udbff][\udc00-\udfff]")
 _TAGLIKE = re.compile(r"<(?=[/!?A-Za-z_:]|[^\x00-\x7f])")
 _BLANK_RUNS = re.compile(r"\n{3,}")
 _CACHE_SIZE = 4096
@@ -429,6 +431,11 @@ class PromptSet:
             for section in parts:
                 try:
                     templates.append(self._template(section))
+                except TemplateBuildError as exc:
+                    raise AssemblyError(
+                        f"section '{_label(section)}' ({section.origin}) does not compile "
+                        f"(template line {exc.lineno}): {exc.message}"
+                    ) from None
                 except jinja2.TemplateError as exc:
                     raise AssemblyError(
                         f"section '{_label(section)}' ({section.origin}) does not compile: {type(exc).__name__}: {exc}"
@@ -451,6 +458,8 @@ class PromptSet:
                     raise AssemblyError(
                         f"section '{_label(section)}' ({section.origin}) does not render: {type(exc).__name__}: {exc}"
                     ) from None
+                if _SURROGATE.search(body):
+                    body = _utf8_text(section, body)
                 if body:
                     rendered.append((section, body))
         _check_tags(rendered)
@@ -504,6 +513,23 @@ def tidy_source(source: str) -> str:
     """Template sources with CRLF/CR line ends normalized (a checkout on Windows renders the
     same bytes as one on Linux)."""
     return source.replace("\r\n", "\n").replace("\r", "\n")
+
+
+def _utf8_text(section: _Section, body: str) -> str:
+    """``body`` with each surrogate pair as the character it encodes (as YAML reads an escaped
+    pair; a Jinja string escape ``"\\ud83d\\ude00"`` gives two surrogates); a lone one, from a
+    string escape such as ``"\\ud800"`` or from ``'%c' % 55296``, is an error: no UTF-8 text (the
+    prompt, its digest, a file, a request) can hold it."""
+    body = _SURROGATE_PAIR.sub(lambda m: m.group(0).encode("utf-16", "surrogatepass").decode("utf-16"), body)
+    lone = _SURROGATE.search(body)
+    if lone:
+        char = lone.group(0).encode("unicode_escape").decode("ascii")
+        line = body.count("\n", 0, lone.start()) + 1
+        raise AssemblyError(
+            f"section '{_label(section)}' ({section.origin}) writes a lone surrogate ({char}) on line {line} "
+            "of its text; a prompt must be text UTF-8 can carry"
+        )
+    return body
 
 
 def _label(section: _Section) -> str:

@@ -32,12 +32,23 @@ import contextvars
 import functools
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from types import CodeType
 from typing import Any
 
 from jinja2 import Undefined, nodes
 from jinja2.exceptions import SecurityError
+from jinja2.parser import Parser
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from jinja2.visitor import NodeTransformer
+
+from ctxrules.prompts.building import (
+    BUILD_FAILURES,
+    TemplateBuildError,
+    generated_line,
+    on_a_fresh_stack,
+    token_line,
+    tree_line,
+)
 
 __all__ = [
     "MAX_CHARS",
@@ -445,11 +456,40 @@ class LimitedEnvironment(ImmutableSandboxedEnvironment):
         finally:
             _BUDGET.reset(token)
 
-    # -- compile-time instrumentation -----------------------------------------------------
+    # -- building: a template too deep to build is a TemplateBuildError (building.py) ------
+    def parse(self, *args: Any, **kwargs: Any) -> Any:
+        return on_a_fresh_stack(functools.partial(super().parse, *args, **kwargs))
+
+    def compile(self, *args: Any, **kwargs: Any) -> Any:
+        return on_a_fresh_stack(functools.partial(super().compile, *args, **kwargs))
+
+    def _parse(self, source: str, name: str | None, filename: str | None) -> nodes.Template:
+        parser = None
+        try:
+            parser = Parser(self, source, name, filename)
+            return parser.parse()
+        except BUILD_FAILURES as exc:
+            # the token the parser stood on when it gave up: where the nesting went too deep;
+            # a number too long is found by lexing again (the parser stands on the token before)
+            line = parser.stream.current.lineno if parser is not None else 1
+            if isinstance(exc, ValueError):
+                line = token_line(self.lexer.tokeniter(source, name, filename)) or line
+            raise TemplateBuildError(exc, "Jinja to parse", line, name, filename) from None
+
     def _generate(
         self, source: nodes.Template, name: str | None, filename: str | None, defer_init: bool = False
     ) -> str:
-        return super()._generate(_Instrument().visit(source), name, filename, defer_init)
+        try:
+            return super()._generate(_Instrument().visit(source), name, filename, defer_init)
+        except BUILD_FAILURES as exc:
+            raise TemplateBuildError(exc, "Jinja to compile", tree_line(source, exc), name, filename) from None
+
+    def _compile(self, source: str, filename: str) -> CodeType:
+        try:
+            return super()._compile(source, filename)
+        except BUILD_FAILURES as exc:
+            line = generated_line(source, exc)
+            raise TemplateBuildError(exc, "Python to compile", line, None, filename) from None
 
     def ctxrules_counted(self, iterable: Any) -> Any:
         return _Counted(iterable)

@@ -151,6 +151,8 @@ def find_volatile(ast: nodes.Template, *, stable: Collection[str] = ()) -> list[
     """
     from jinja2 import nodes
 
+    from ctxrules.prompts.building import find_all  # a loop: the tree may be too deep for recursion
+
     found: dict[tuple[int, str], VolatileUse] = {}
 
     def add(node: nodes.Node, what: str, why: str) -> None:
@@ -158,8 +160,8 @@ def find_volatile(ast: nodes.Template, *, stable: Collection[str] = ()) -> list[
         if key not in found:
             found[key] = VolatileUse(node.lineno, what, why)
 
-    assigned = {n.name for n in ast.find_all(nodes.Name) if n.ctx in ("store", "param")}
-    for name_node in ast.find_all(nodes.Name):
+    assigned = {n.name for n in find_all(ast, nodes.Name) if n.ctx in ("store", "param")}
+    for name_node in find_all(ast, nodes.Name):
         if name_node.ctx != "load" or name_node.name in assigned or name_node.name in stable:
             continue
         if name_node.name == "lipsum":
@@ -168,7 +170,7 @@ def find_volatile(ast: nodes.Template, *, stable: Collection[str] = ()) -> list[
         reason = volatile_name_reason(name_node.name)
         if reason:
             add(name_node, f"variable '{name_node.name}'", reason)
-    for filt in ast.find_all(nodes.Filter):
+    for filt in find_all(ast, nodes.Filter):
         if filt.name == "random":
             add(filt, "filter 'random'", "it picks a random item")
         elif any(w in _VOLATILE_FILTER_WORDS for w in _words(filt.name)):
@@ -177,10 +179,10 @@ def find_volatile(ast: nodes.Template, *, stable: Collection[str] = ()) -> list[
                 f"filter '{filt.name}'",
                 "its name says it formats a date, time, id or random value",
             )
-    for attr in ast.find_all(nodes.Getattr):
+    for attr in find_all(ast, nodes.Getattr):
         if attr.attr in _VOLATILE_CALLS:
             add(attr, f"'.{attr.attr}'", "it reads a clock or a random source")
-    for call in ast.find_all(nodes.Call):
+    for call in find_all(ast, nodes.Call):
         target = call.node
         if isinstance(target, nodes.Name) and target.name in _VOLATILE_CALLS and target.name not in assigned:
             add(call, f"'{target.name}()'", "it reads a clock or a random source")

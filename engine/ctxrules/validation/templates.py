@@ -2,7 +2,8 @@
 
 | code  | what |
 |-------|------|
-| CR080 | a template does not parse or compile (syntax, unknown filter) |
+| CR080 | a template does not parse or compile (syntax, unknown filter, nested too deeply, an |
+|       | integer too long to read) |
 | CR081 | ``{% include %}`` names a section that does not exist |
 | CR082 | a mode names a section that does not exist |
 | CR083 | a template uses a variable ``prompts.variables`` does not declare |
@@ -17,6 +18,7 @@ Findings inside a template point at the template's own line: the template file a
 
 from __future__ import annotations
 
+import functools
 import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -25,6 +27,7 @@ from ctxrules.diagnostics import Diagnostic, Reporter, Severity, did_you_mean
 from ctxrules.packs.confine import HINT, read_pack_text
 from ctxrules.packs.source import split_lines
 from ctxrules.prompts.assemble import AssemblyError, PromptSet, display_template_path
+from ctxrules.prompts.building import TemplateBuildError, find_all, on_a_fresh_stack
 from ctxrules.prompts.environment import BUILTIN_VARIABLES, RANDOM_FILTERS, make_environment
 from ctxrules.prompts.limits import MAX_TRIAL_OPERATIONS, MAX_TRIAL_RENDERS, trial_spending
 from ctxrules.prompts.volatile import find_volatile
@@ -158,9 +161,9 @@ def _check_template(
     rep: Reporter, pack: ResolvedPack, scope: _Scope, pointer: str, sec: dict[str, Any]
 ) -> list[str] | None:
     """CR080/CR081/CR083/CR084/CR085 of one template; the sections it includes (None when it
-    could not be read or parsed)."""
+    could not be read, parsed or compiled)."""
     import jinja2
-    from jinja2 import meta
+    from jinja2 import nodes
 
     key = "template" if "template" in sec else "file"
     at = f"{pointer}/{key}"
@@ -179,16 +182,29 @@ def _check_template(
             message += f" (template line {line})"  # the position is the value's, not the line's
         rep.out.append(Diagnostic(code, severity, message, file, row, col, rep.file_pointer(at), hint))
 
+    def syntax_error(exc: jinja2.TemplateSyntaxError) -> None:
+        # at the template's own line: in its file, or in the pack (a block scalar's lines are
+        # the template's lines)
+        what = "cannot be compiled" if isinstance(exc, TemplateBuildError) else "does not parse"
+        detail = f" (template line {exc.lineno})" if key == "template" else ""
+        add("CR080", f"template {what}{detail}: {exc.message}", exc.lineno, getattr(exc, "hint", None))
+
     env = scope.env
     try:
         ast = env.parse(source)
     except jinja2.TemplateSyntaxError as exc:
-        # at the template's own line: in its file, or in the pack (a block scalar's lines are
-        # the template's lines)
-        detail = f" (template line {exc.lineno})" if key == "template" else ""
-        add("CR080", f"template does not parse{detail}: {exc.message}", exc.lineno)
+        syntax_error(exc)
         return None
-    for filt in _filter_nodes(ast):
+    try:
+        # Python's own limits (20 nested loops, 200 open brackets) show only when the code
+        # Jinja generates is compiled: here, at the template's line, not in the trial render.
+        env.compile(source)
+    except TemplateBuildError as exc:
+        syntax_error(exc)
+        return None
+    except jinja2.TemplateError:
+        pass  # an unknown filter or test: reported below, or by the trial render
+    for filt in find_all(ast, nodes.Filter):
         if filt.name not in env.filters:
             hint = (
                 "it is random, and prompts must be the same in every process"
@@ -196,7 +212,7 @@ def _check_template(
                 else did_you_mean(filt.name, list(env.filters))
             )
             add("CR080", f"template uses filter '{filt.name}', which does not exist", filt.lineno, hint)
-    refs = sorted(r for r in meta.find_referenced_templates(ast) if r is not None)
+    refs = sorted(_included(ast))
     for ref in refs:
         if ref not in scope.sections:
             rep.add(
@@ -259,10 +275,20 @@ def _noop(value: object, *args: object, **kwargs: object) -> object:
     return value
 
 
-def _filter_nodes(ast: nodes.Template) -> list[nodes.Filter]:
+def _included(ast: nodes.Template) -> set[str]:
+    """The sections ``ast`` includes or imports by a literal name (as
+    ``jinja2.meta.find_referenced_templates``, whose walk recursion cannot take every tree)."""
     from jinja2 import nodes
 
-    return list(ast.find_all(nodes.Filter))
+    names: set[str] = set()
+    for node in find_all(ast, nodes.Node):
+        if not isinstance(node, nodes.Extends | nodes.FromImport | nodes.Import | nodes.Include):
+            continue
+        target = node.template
+        for const in target.items if isinstance(target, nodes.Tuple | nodes.List) else [target]:
+            if isinstance(const, nodes.Const) and isinstance(const.value, str):
+                names.add(const.value)
+    return names
 
 
 def _undeclared(ast: nodes.Template, declared: set[str], globals_: Collection[str] = ()) -> list[tuple[str, int]]:
@@ -270,14 +296,16 @@ def _undeclared(ast: nodes.Template, declared: set[str], globals_: Collection[st
     from jinja2 import TemplateAssertionError, meta, nodes
 
     try:
-        missing = meta.find_undeclared_variables(ast) - declared
-    except TemplateAssertionError:
-        # Compiling failed (an unknown filter, reported as CR080): judge from the syntax tree.
-        names = list(ast.find_all(nodes.Name))
+        # Jinja's compiler walks the tree by recursion: as deep as it was built, on a fresh stack
+        missing = on_a_fresh_stack(functools.partial(meta.find_undeclared_variables, ast)) - declared
+    except (TemplateAssertionError, RecursionError):
+        # Compiling failed (an unknown filter, reported as CR080, before a part too deep to
+        # compile): judge from the syntax tree.
+        names = list(find_all(ast, nodes.Name))
         assigned = {n.name for n in names if n.ctx in ("store", "param")}
         missing = {n.name for n in names if n.ctx == "load"} - assigned - declared - set(globals_)
     first: dict[str, int] = {}
-    for n in ast.find_all(nodes.Name):
+    for n in find_all(ast, nodes.Name):
         if n.name in missing and n.ctx == "load":
             first[n.name] = min(first.get(n.name, n.lineno), n.lineno)
     return sorted(((name, first.get(name, 1)) for name in missing), key=lambda t: (t[1], t[0]))
