@@ -4,8 +4,12 @@ The JSON Schema checks each file's shape; this module checks what needs the plug
 merged result:
 
 - CR043: a compressor without ``match.argv`` or without ``steps`` after merging;
+- CR014: a compressor has more than :data:`~ctxrules.compressors.limits.MAX_STEPS` steps
+  (the steps past the limit are not checked);
 - CR061: a step names an unknown action (with a did-you-mean), or its ``with:`` does not
-  match the action's option schema, or the action rejects its options when built;
+  match the action's option schema, or the action rejects its options when built (at the
+  option, for an :class:`~ctxrules.compressors.limits.OptionError`: a format width over the
+  limit, a bad escape in a replacement, ...);
 - CR070: a regular expression option (``format: regex``) does not compile;
 - CR013: a test gives both ``input`` and ``input_text``;
 - CR040: two tests of one compressor share an id;
@@ -18,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Hashable, Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from ctxrules.compressors.limits import MAX_STEPS, OptionError
 from ctxrules.diagnostics import Reporter, Severity, did_you_mean
 from ctxrules.validation.quick import remembered
 from ctxrules.validation.regexes import check_pattern, format_checker, pattern_problem, regex_values
@@ -159,8 +164,10 @@ def _judge_step(rep: _Recorder, registry: Registry, name: str, action: ActionTyp
         return
     try:
         action.configure(options)
+    except OptionError as exc:  # one option refused (a format width over the limit, ...): there
+        rep.add("CR061", f"action '{name}': {exc}", f"/with/{exc.option}")
     except Exception as exc:  # the action's own check (a group the pattern lacks, ...)
-        rep.add("CR061", f"action '{name}' rejects its options: {exc}", "/with")
+        rep.add("CR061", f"action '{name}' rejects its options: {exc or type(exc).__name__}", "/with")
 
 
 def _check_tests(rep: Reporter, rule_id: str, tests: list[Any], base: str) -> None:
@@ -257,7 +264,14 @@ def check_compressors(rep: Reporter, data: Mapping[str, Any], registry: Registry
                 "e.g. steps: [{use: strip_ansi}, {use: max_lines, with: {max: 200}}]",
             )
         else:
-            for j, step in enumerate(steps):
+            if len(steps) > MAX_STEPS:
+                rep.add(
+                    "CR014",
+                    f"compressor '{rule_id}' has {len(steps):,} steps; the limit is {MAX_STEPS}",
+                    f"{base}/steps/{MAX_STEPS}",
+                    "every step reads every line: fold steps together (one drop with several patterns)",
+                )
+            for j, step in enumerate(steps[:MAX_STEPS]):
                 if isinstance(step, Mapping):
                     _check_step(rep, registry, rule_id, step, f"{base}/steps/{j}")
         failures = rule.get("failures")

@@ -28,6 +28,7 @@ from ctxrules.compressors.failures import (
     FailurePattern,
     compile_failures,
 )
+from ctxrules.compressors.limits import MAX_STEPS
 from ctxrules.diagnostics import did_you_mean
 from ctxrules.errors import CtxrulesError
 
@@ -139,6 +140,8 @@ class CompiledRule:
 
 
 def _build_steps(rule_id: str, steps: Sequence[Any], registry: Registry) -> tuple[Step, ...]:
+    if len(steps) > MAX_STEPS:  # validate reports it (CR014); a pack loaded without is refused here
+        raise CompressorError(f"compressor '{rule_id}' has {len(steps):,} steps; the limit is {MAX_STEPS}")
     built: list[Step] = []
     for i, step in enumerate(steps):
         if not isinstance(step, Mapping) or not isinstance(step.get("use"), str):

@@ -16,6 +16,7 @@ from ctxrules.compressors.actions.common import (
     regex,
     regex_list,
 )
+from ctxrules.compressors.actions.templates import FormatTemplate, OutputBudget
 from ctxrules.compressors.lines import Lines
 from ctxrules.hookspecs import hookimpl
 from ctxrules.patterns import compile as patterns_compile
@@ -185,14 +186,16 @@ class ShortCircuit:
     def __init__(self, options: Mapping[str, Any]) -> None:
         self.when = patterns_compile(options["when"], re.MULTILINE)
         self.unless = compile_all(options["unless"])
-        self.message = str(options["message"])
         known = set(self.when.groupindex)
-        for name in re.findall(r"\{([^{}:!]*)", self.message):
-            if name not in known:
-                raise ValueError(
-                    f"message uses {{{name}}}, which 'when' does not capture "
-                    f"(named groups: {', '.join(sorted(known)) or 'none'})"
-                )
+        self.message = FormatTemplate(
+            str(options["message"]),
+            "message",
+            dict.fromkeys(known, ""),
+            lambda name: (
+                f"message uses {{{name}}}, which 'when' does not capture "
+                f"(named groups: {', '.join(sorted(known)) or 'none'})"
+            ),
+        )
 
     def __call__(self, lines: Lines) -> list[str]:
         run = getattr(lines, "run", None)
@@ -205,7 +208,7 @@ class ShortCircuit:
         if self.unless is not None and any(self.unless.search(line) for line in lines):
             return list(lines)
         values = {k: (v or "") for k, v in found.groupdict().items()}
-        return [self.message.format(**values)]
+        return [self.message.render(values, OutputBudget(lines, "short_circuit"))]
 
 
 _PATTERNS = regex_list(

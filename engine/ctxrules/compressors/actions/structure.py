@@ -10,6 +10,7 @@ from itertools import pairwise
 from typing import Any
 
 from ctxrules.compressors.actions.common import ActionSpec, count, object_schema, regex
+from ctxrules.compressors.actions.templates import FormatTemplate, OutputBudget, check_text
 from ctxrules.compressors.lines import Line, Lines
 from ctxrules.hookspecs import hookimpl
 from ctxrules.patterns import Match
@@ -29,9 +30,13 @@ class Group:
         self.pattern = patterns_compile(options["pattern"])
         if "key" not in self.pattern.groupindex:
             raise ValueError("the pattern needs a named group 'key', e.g. (?P<key>[^:]+):(?P<rest>.*)")
-        self.header = str(options["header"])
-        self.header.format(key="")
-        self.indent = str(options["indent"])
+        self.header = FormatTemplate(
+            str(options["header"]),
+            "header",
+            {"key": ""},
+            lambda name: f"'header' uses {{{name}}}; its field is {{key}}",
+        )
+        self.indent = check_text(str(options["indent"]), "indent")
         self.min_size = int(options["min_size"])
 
     def _rest(self, line: str, found: Match) -> str:
@@ -54,6 +59,7 @@ class Group:
                 order.append((line, key))
             groups[key].append((line, found))
         out: list[str] = []
+        budget = OutputBudget(lines, "group")
         for line, key in order:
             if key is None:
                 out.append(line)
@@ -62,9 +68,11 @@ class Group:
             if len(members) < self.min_size:
                 out.extend(member for member, _ in members)
                 continue
-            out.append(self.header.format(key=key))
+            out.append(self.header.render({"key": key}, budget))
             for member, found in members:
-                text = self.indent + self._rest(member, found).lstrip()
+                rest = self._rest(member, found).lstrip()
+                budget.charge(len(self.indent) + len(rest))
+                text = self.indent + rest
                 out.append(member.derive(text) if isinstance(member, Line) else text)
         return out
 
@@ -84,18 +92,21 @@ class Carry:
     def __init__(self, options: Mapping[str, Any]) -> None:
         self.header = patterns_compile(options["header"])
         self.pattern = patterns_compile(options["pattern"])
-        self.template = str(options["with"])
         self.absorb = bool(options["absorb"])
         names = set(self.header.groupindex) | set(self.pattern.groupindex)
-        for name in re.findall(r"\{([^{}:!]*)", self.template):
-            if name not in names:
-                raise ValueError(
-                    f"'with' uses {{{name}}}, which neither header nor pattern captures "
-                    f"(named groups: {', '.join(sorted(names)) or 'none'})"
-                )
+        self.template = FormatTemplate(
+            str(options["with"]),
+            "with",
+            dict.fromkeys(names, ""),
+            lambda name: (
+                f"'with' uses {{{name}}}, which neither header nor pattern captures "
+                f"(named groups: {', '.join(sorted(names)) or 'none'})"
+            ),
+        )
 
     def __call__(self, lines: Lines) -> list[str]:
         out: list[str] = []
+        budget = OutputBudget(lines, "carry")
         context: dict[str, str] | None = None
         pending: str | None = None  # the header just seen, not yet written out
         for line in lines:
@@ -116,7 +127,7 @@ class Carry:
                 out.append(line)
                 continue
             fields = {**context, **{k: v or "" for k, v in hit.groupdict().items()}}
-            text = self.template.format(**fields)
+            text = self.template.render(fields, budget)
             new = line.derive(text) if isinstance(line, Line) else text
             if pending is not None:
                 head = pending

@@ -18,6 +18,7 @@ from ctxrules.compressors.actions.common import (
     regex,
     regex_list,
 )
+from ctxrules.compressors.actions.templates import FormatTemplate, OutputBudget, Replacement
 from ctxrules.compressors.lines import Line, Lines
 from ctxrules.compressors.terminal import redrawn, strip_escapes
 from ctxrules.hookspecs import hookimpl
@@ -94,20 +95,21 @@ class Keep:
 
 
 class Replace:
-    """``re.sub`` on every line (``with`` may use ``\\1`` / ``\\g<name>``)."""
+    """``re.sub`` on every line (``with`` may use ``\\1`` / ``\\g<name>``).
+
+    The replacement is parsed when the step is built (:class:`Replacement`: a bad escape or
+    group fails there, not on the first matching line) and expanded match by match within the
+    step's :class:`OutputBudget`."""
 
     def __init__(self, options: Mapping[str, Any]) -> None:
         self.pattern = patterns_compile(options["pattern"])
-        self.replacement = str(options["with"])
-        # Fail at load time, not on the first matching line, when a group does not exist.
-        groups = {str(i) for i in range(self.pattern.groups + 1)} | set(self.pattern.groupindex)
-        for ref in re.findall(r"\\(\d+)|\\g<([^>]*)>", self.replacement):
-            name = ref[0] or ref[1]
-            if name not in groups:
-                raise ValueError(f"'with' refers to group {name!r}, which the pattern does not define")
+        self.replacement = Replacement(str(options["with"]), self.pattern.groups, self.pattern.groupindex)
 
     def __call__(self, lines: Lines) -> list[str]:
-        return [_rewrite(line, self.pattern.sub(self.replacement, line)) for line in lines]
+        if self.replacement.literal == "":  # deleting never grows a line
+            return [_rewrite(line, self.pattern.sub("", line)) for line in lines]
+        expand = self.replacement.expander(OutputBudget(lines, "replace"))
+        return [_rewrite(line, self.pattern.sub(expand, line)) for line in lines]
 
 
 class CollapseRepeats:
@@ -122,14 +124,19 @@ class CollapseRepeats:
         self.min_run = int(options["min_run"])
         ignore = options.get("ignore")
         self.ignore = patterns_compile(ignore) if ignore else None
-        self.format = str(options["format"])
-        self.format.format(line="", count=0)  # a bad placeholder fails at load time
+        self.format = FormatTemplate(
+            str(options["format"]),
+            "format",
+            {"line": "", "count": 0},
+            lambda name: f"'format' uses {{{name}}}; its fields are {{line}} and {{count}}",
+        )
 
     def _key(self, line: str) -> str:
         return self.ignore.sub("", line) if self.ignore is not None else line
 
     def __call__(self, lines: Lines) -> list[str]:
         out: list[str] = []
+        budget = OutputBudget(lines, "collapse_repeats")
         i = 0
         n = len(lines)
         while i < n:
@@ -139,7 +146,7 @@ class CollapseRepeats:
                 j += 1
             run = lines[i:j]
             if len(run) >= self.min_run and not is_blank(run[0]):
-                text = self.format.format(line=run[0], count=len(run))
+                text = self.format.render({"line": run[0], "count": len(run)}, budget)
                 identical = all(line == run[0] for line in run)
                 out.append(fold(run, text) if identical else _rewrite(run[0], text))
             else:
