@@ -157,6 +157,24 @@ def test_custom_levels_and_disabled_actions(tmp_path: Path) -> None:
     assert s.prepare(convo(20)).report["budget_status"]["level"] == "exceeded"  # observe only
 
 
+@pytest.mark.parametrize(
+    "message", ["over {share:>9999999999}", "{spent.__class__.__mro__}", "{limit[0]} {share:{level}}"]
+)
+def test_a_notice_message_with_a_huge_width_or_a_lookup_is_a_located_error(tmp_path: Path, message: str) -> None:
+    """A level's message is a format string over the budget's values: a width of ten billion
+    took the process's memory at the first WARNING, and a lookup reached into Python objects.
+    The pack does not load (CR014 at the message, as `validate` says), and the status that
+    renders notices sends such a message as written whatever reaches it."""
+    from ctxrules.budget.policy import notice_problem
+    from ctxrules.errors import PackError
+
+    levels = f"  levels:\n    warning: {{message: {json.dumps(message)}}}\n"
+    with pytest.raises(PackError, match=r"pack.yaml:\d+:\d+: error\[CR014\] budgets.levels.warning.message"):
+        make_engine(tmp_path, "budgets:\n  session: {usd: 1.0, warning: 0.5}\n" + levels)
+    assert notice_problem(message) is not None
+    assert notice_problem("Half the budget is gone ({share:>8}, {spent} of {limit}).") is None
+
+
 def test_turn_cost_cache_savings_burn_rate_and_eta(tmp_path: Path) -> None:
     e = make_engine(tmp_path, "budgets:\n  session: {usd: 10.0}\n")
     s = e.session(tmp_path / "state" / "s1", model=MODEL)

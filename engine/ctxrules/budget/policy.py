@@ -22,6 +22,8 @@ The session's level is the highest level of any pair. Defaults: warning 0.8, fin
 
 from __future__ import annotations
 
+import re
+import string
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import IntEnum
@@ -225,7 +227,44 @@ def lint_budgets(data: Mapping[str, Any]) -> list[tuple[str, str, str]]:
     tz = day.get("timezone") if isinstance(day, Mapping) else None
     if isinstance(tz, str) and not _is_zone(tz):
         out.append(("/budgets/day/timezone", _unknown_zone(tz), "e.g. timezone: Europe/Berlin"))
+    for level in ("warning", "finalization"):
+        own = levels.get(level)
+        message = own.get("message") if isinstance(own, Mapping) else None
+        problem = notice_problem(message) if isinstance(message, str) else None
+        if problem is not None:
+            out.append(
+                (
+                    f"/budgets/levels/{level}/message",
+                    f"budgets.levels.{level}.message: {problem}",
+                    "write plain {dimension}, {share}, {spent}, {limit}, {level}, with widths of at most "
+                    f"{NOTICE_WIDTH_MAX:,}",
+                )
+            )
     return out
+
+
+NOTICE_WIDTH_MAX: Final = 1000
+"""The largest width or precision a field of a budget notice may ask for."""
+
+_SPEC_NUMBER = re.compile(r"\d+")
+
+
+def notice_problem(template: str) -> str | None:
+    """Why ``template`` (a level's ``message``) is not rendered with its values, or None: a
+    field that looks something up (``{spent.__class__}``, ``{limit[0]}``) or asks for a width or
+    precision over :data:`NOTICE_WIDTH_MAX` (``{share:>9999999999}`` took the process's memory).
+    Such a message is sent as it is written; a field it does not know is too."""
+    try:
+        fields = [(name, spec) for _, name, spec, _ in string.Formatter().parse(template) if name is not None]
+    except ValueError:
+        return None  # not a format string: sent as written, as before
+    for name, spec in fields:
+        if "." in name or "[" in name:
+            return f"the field {{{name}}} looks something up; a field is a plain name"
+        if spec and ("{" in spec or "}" in spec or any(int(n) > NOTICE_WIDTH_MAX for n in _SPEC_NUMBER.findall(spec))):
+            shown = f"{{{name}:{spec[:20]}}}"
+            return f"the field {shown} asks for a width over {NOTICE_WIDTH_MAX:,} (or one taken from a field)"
+    return None
 
 
 def _is_zone(name: str) -> bool:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ctxrules.budget.ledger import Totals
-from ctxrules.budget.policy import BudgetPolicy, Level
+from ctxrules.budget.policy import BudgetPolicy, Level, notice_problem
 
 __all__ = ["BudgetStatus", "BurnRate", "DimensionStatus"]
 
@@ -142,6 +142,8 @@ class BudgetStatus:
             "limit": d.amount(d.limit),
             "level": self.level.label,
         }
+        if notice_problem(template) is not None:  # a lookup, a huge width: as written (CR014)
+            return template
         try:
             return template.format(**values)
         except (KeyError, IndexError, ValueError):
