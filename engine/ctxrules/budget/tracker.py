@@ -39,7 +39,7 @@ from ctxrules.budget.preflight import PreflightEstimate, preflight
 from ctxrules.budget.pricing import Rates, price_call, rates_for
 from ctxrules.budget.status import BudgetStatus, BurnRate, DimensionStatus
 from ctxrules.budget.usage import TokenUsage, UsageFormat, as_mapping, is_failed_response, parse_usage
-from ctxrules.errors import CtxrulesError, StoreUnavailable, UsageError
+from ctxrules.errors import CtxrulesError, UsageError
 from ctxrules.injected import KEY_FILE
 from ctxrules.logs import get_logger
 from ctxrules.stores.base import Log
@@ -529,8 +529,6 @@ def _read_link(store: Store, session: str) -> dict[str, Any]:
     try:
         raw = store.read_doc(session, "root")
         data = json.loads(raw) if raw is not None else {}
-    except StoreUnavailable:
-        raise  # the store stopped answering: the turn fails now, not after every later read waits too
     except (OSError, ValueError, RecursionError, CtxrulesError):
         return {}
     if not isinstance(data, dict):

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ctxrules.errors import CtxrulesError, StoreUnavailable
+from ctxrules.errors import CtxrulesError
 from ctxrules.json_stream import write_json_list
 from ctxrules.stores import store_and_session
 from ctxrules.stores.base import StoreUsageError
@@ -79,8 +79,6 @@ def read(session: Path | str, *, store: Store | None = None) -> dict[str, Any] |
     try:
         raw = st.read_doc(key, "checkpoint")
         data = json.loads(raw) if raw is not None else None
-    except StoreUnavailable:
-        raise  # the store stopped answering: the turn fails now, not after every later read waits too
     except (OSError, ValueError, RecursionError, CtxrulesError):
         return None
     return data if isinstance(data, dict) else None
