@@ -294,7 +294,9 @@ class PackLoader:
         disabled_at = _disabled_origins(tree, docs)
         drop_disabled(tree)
         whole = heads[-1][1] if heads and heads[-1][0] == len(order) else None  # the walk of all the files
-        files = whole.shown_files() if whole is not None else [self._shown_in(p, cwd) for p in order]
+        files = whole.shown_files() if whole is not None else []
+        if len(files) != len(order):  # (no walk of them all: named one by one)
+            files = [self._shown_in(p, cwd) for p in order]
         name = tree.get("metadata", {}).get("name") if isinstance(tree.get("metadata"), dict) else None
         return ResolvedPack(
             str(name or ref),
