@@ -314,7 +314,7 @@ class _Repair:
                 new["function"] = {**call["function"], "arguments": replacement}
                 where = f"message {index}: tool_calls[{pos}] ({_call_name(call)})"
                 if not isinstance(original, str):  # an object or null: its JSON text, nothing lost
-                    kind = _type_name(original)
+                    kind = "null" if original is None else "an object"
                     detail = f"{where}: arguments were {kind}, not a JSON string; sent as {replacement[:40]!r}"
                     payload = None
                 elif original.strip():
@@ -426,10 +426,6 @@ def _fixed_arguments(call: object) -> tuple[object, str] | None:
 
 
 _JSON_OPENERS = frozenset("{[")
-
-
-def _type_name(value: object) -> str:
-    return "null" if value is None else "an object"
 
 
 def _is_json(text: str) -> bool:
