@@ -7,9 +7,14 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
+import threading
+import time
+from pathlib import Path
 from typing import Any
 
 import pytest
+from cli_kit import cli
 from redis_server import RedisServer
 
 from ctxrules import Engine
@@ -169,3 +174,102 @@ def test_a_stateless_call_after_redis_came_back_keeps_its_vault_in_redis(own_red
     stateless = other_worker.session_key("stateless")
     for vault_id in ids:
         assert other_worker.get_blob(stateless, vault_id)
+
+
+class _SilentServer:
+    """A TCP server that accepts every connection and never answers (a server stopped dead, or
+    a proxy in front of one): each connection a client opens is counted."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.port = self.sock.getsockname()[1]
+        self.connections = 0
+        self.held: list[socket.socket] = []
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.connections += 1
+            self.held.append(conn)  # read nothing, answer nothing, close nothing
+
+    def close(self) -> None:
+        self.sock.close()
+        for conn in self.held:
+            conn.close()
+
+
+def _messages_file(tmp_path: Path) -> Path:
+    path = tmp_path / "messages.json"
+    path.write_text(json.dumps(_history(4)))
+    return path
+
+
+def test_run_against_a_server_that_never_answers_asks_it_once(tmp_path: Path) -> None:
+    """`ctxrules run` on a store that accepts and never answers: making the session reads its
+    budget link and its checkpoint, then the prepare takes its lock. The first of them that
+    gets no answer is the only one that waits: one connection, one socket timeout, then CR148
+    and exit 2 (each waited its own timeout, three in a row, docs/stores.md)."""
+    server = _SilentServer()
+    try:
+        url = f"redis://127.0.0.1:{server.port}/0?socket_timeout_s=1&connect_timeout_s=1"
+        done = cli("run", "--pack", "builtin:default", "--model", "gpt-4o", "--input", str(_messages_file(tmp_path)),
+                   "--store", url, "--session", "silent", timeout=60)  # fmt: skip
+    finally:
+        server.close()
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "[CR148]" in lines[0] and "no answer within 1s" in lines[0], done.stderr
+    assert server.connections == 1, server.connections
+
+
+def test_run_against_a_stopped_redis_server_waits_one_socket_timeout(own_redis: RedisServer, tmp_path: Path) -> None:
+    """The same with the real server, stopped (SIGSTOP) after it served one turn: the kernel
+    still accepts connections for it, nothing answers. The run ends within one socket timeout
+    (3 s) and its own start-up; it took three timeouts."""
+    assert own_redis.proc is not None
+    url = f"{own_redis.url}?socket_timeout_s=3"
+    source = _messages_file(tmp_path)
+    first = cli("run", "--pack", "builtin:default", "--model", "gpt-4o", "--input", str(source), "--store", url,
+                "--session", "stopped", timeout=120)  # fmt: skip
+    assert first.returncode == 0, first.stderr
+    os.kill(own_redis.proc.pid, signal.SIGSTOP)
+    try:
+        started = time.monotonic()
+        done = cli("run", "--pack", "builtin:default", "--model", "gpt-4o", "--input", str(source), "--store", url,
+                   "--session", "stopped", timeout=120)  # fmt: skip
+        took = time.monotonic() - started
+    finally:
+        os.kill(own_redis.proc.pid, signal.SIGCONT)
+    assert done.returncode == 2 and "[CR148]" in done.stderr, done.stderr
+    assert took < 2 * 3, f"{took:.1f} s: more than one socket timeout waited"
+    # The server answers again: the next run uses it (the memory of the silence was that call's).
+    again = cli("run", "--pack", "builtin:default", "--model", "gpt-4o", "--input", str(source), "--store", url,
+                "--session", "stopped", timeout=120)  # fmt: skip
+    assert again.returncode == 0, again.stderr
+
+
+def test_a_store_that_went_silent_is_asked_again_once_its_time_is_over(own_redis: RedisServer) -> None:
+    """An agent that made its session while the server was stopped, and prepares later, once
+    the server answers again: the prepare uses the server (the silence at the session's making
+    holds for one socket timeout, not for good)."""
+    assert own_redis.proc is not None
+    url = f"{own_redis.url}?socket_timeout_s=0.5&on_error=fail"
+    engine = Engine.load("builtin:default")
+    engine.session("later", store=url, model="gpt-4o").prepare(_history(3))
+    os.kill(own_redis.proc.pid, signal.SIGSTOP)
+    try:
+        session = engine.session("later", store=url, model="gpt-4o")  # reads time out, no raise
+        with pytest.raises(StoreUnavailable, match="CR148"):
+            session.prepare(_history(4))  # right after: the same call as the user runs it
+    finally:
+        os.kill(own_redis.proc.pid, signal.SIGCONT)
+    time.sleep(0.6)
+    result = session.prepare(_history(4))
+    assert result.messages[-1] == _history(4)[-1]

@@ -105,6 +105,8 @@ _UNREACHABLE_ERRORS: Final = (
     redis.TimeoutError,
     redis.exceptions.ClusterDownError,
 )
+# What a server that accepted but does not answer raises (redis-py's, or the socket's own).
+_UNANSWERED_ERRORS: Final = (TimeoutError, redis.TimeoutError)
 T = TypeVar("T")
 
 
@@ -598,6 +600,9 @@ class RedisStore:
         self._local: MemoryStore | None = None  # the store serving this call when Redis is unreachable
         self._local_note: str | None = None
         self._active = 0  # prepare locks held through this object (a call in progress)
+        # The last command that got no answer (see _call): (until when, the error, whether it
+        # happened inside a prepare). Until then every command fails at once, as that one did.
+        self._unanswered: tuple[float, Exception, bool] | None = None
         # Read in the round trip that took a session's prepare lock (by the lock's token): the
         # load_turn reply, and the generation and length of the ledgers this object reads.
         self._prefetched: dict[str, tuple[str, Any]] = {}
@@ -621,6 +626,7 @@ class RedisStore:
         self._doubtful.clear()  # the parent's tokens: taking a lock with one takes the parent's
         self._renewer = None
         self._active = 0  # the parent's calls in progress are not the child's
+        self._unanswered = None
 
     @property
     def _client(self) -> Any:
@@ -713,9 +719,18 @@ class RedisStore:
         runs once more."""
         if self._local is not None and local is not None:
             return local(self._local)
+        unanswered = self._unanswered
+        if unanswered is not None and time.monotonic() < unanswered[0]:
+            # A server that left a command of this call unanswered is not asked again: every
+            # later read, stage and lock would wait its own socket timeout on it.
+            if self.settings.on_error != "local" or local is None:
+                raise self._unavailable(unanswered[1])
+            return local(self._fall_back(unanswered[1]))
         try:
             return op()
         except _UNREACHABLE_ERRORS as exc:
+            if isinstance(exc, _UNANSWERED_ERRORS):
+                self._unanswered = (time.monotonic() + self.settings.socket_timeout_s, exc, self._active > 0)
             if self.settings.on_error != "local" or local is None:
                 raise self._unavailable(exc) from None
             return local(self._fall_back(exc))
@@ -736,6 +751,15 @@ class RedisStore:
             raise StoreError(f"[{_UNREACHABLE}] the Redis store {self.url} refused a command: {_reason(exc)}") from None
         except redis.RedisError as exc:
             raise StoreError(f"[{_UNREACHABLE}] the Redis store {self.url} failed: {_reason(exc)}") from None
+
+    def _answer_again(self) -> None:
+        """The start of a new call: a command left unanswered by an earlier prepare does not
+        stop this one from asking. One left unanswered outside every prepare (reading the
+        session's budget link and checkpoint, as making a session does) still holds for the
+        prepare that follows it, within its time: the same call, as a user runs it."""
+        unanswered = self._unanswered
+        if unanswered is not None and unanswered[2]:
+            self._unanswered = None
 
     def _fall_back(self, exc: object) -> MemoryStore:
         with self._lock:
@@ -875,8 +899,10 @@ class RedisStore:
         that takes none: try Redis again, and drop what the last call kept in memory because Redis
         was unreachable. Else a store fallen back once served every later such call from memory."""
         with self._lock:
-            if self._local is not None and not self._active:
-                self._local = self._local_note = None
+            if not self._active:
+                self._answer_again()
+                if self._local is not None:
+                    self._local = self._local_note = None
 
     def load_turn(self, session: str, *, output: bool = True) -> Turn:
         self._new_call_without_lock()  # a read
@@ -1723,6 +1749,7 @@ class _PrepareLock:
                 # A new call (a prepare starts with its lock): Redis is tried again, and whatever
                 # the last call kept in memory because Redis was unreachable is dropped.
                 store._local = store._local_note = None
+                store._answer_again()
             store._active += 1
         try:
             lease = None
