@@ -1244,3 +1244,27 @@ def test_a_pack_in_a_tangled_set_of_cycles_names_the_cycle_its_walk_closes_first
         mine = [(Path(d.file).name, d.code, d.line, d.col, d.message.split(": ", 1)[1]) for d in got]
         assert mine == _walked_alone(tmp_path, f"p{i}")[:1], i
     assert not merges
+
+
+@pytest.mark.parametrize(
+    ("body", "line", "col"),
+    [
+        ('tests:\n  - {id: a, model: "gpt\\0", input: in.json}\n', 6, 20),
+        ('summarizer:\n  model: "gpt-4o\\u202e"\n', 6, 10),
+        ('summarizer:\n  fallback: "claude\\x1b[31m"\n', 6, 13),
+        ('summarizer:\n  lite_models: {openai: "mini\\u2066"}\n', 6, 25),
+        ('router:\n  enabled: true\n  tiers:\n    simple: {model: "gpt\\0"}\n', 8, 21),
+    ],
+)
+def test_a_model_name_no_model_has_is_a_located_error(tmp_path: Path, body: str, line: int, col: int) -> None:
+    """A control character, a bidirectional mark or a NUL in a model name passed validate: a
+    test case failed on it only when run, and a summarizer or router model went out as it was.
+    Validate and every verb that loads the pack say where it is."""
+    write(tmp_path, "p.yaml", "extends: [builtin:default]\n" + body)
+    (tmp_path / "in.json").write_text('[{"role": "user", "content": "hi"}]')
+    for argv in (("validate", "p.yaml"), ("test", "p.yaml"),
+                 ("run", "--pack", "p.yaml", "--model", "gpt-4o", "--input", "in.json", "--state", "S")):  # fmt: skip
+        proc = ctxrules(*argv, cwd=tmp_path, timeout=60)
+        out = clean(proc)
+        assert proc.returncode == 1 and f"p.yaml:{line}:{col}:" in out and "CR014" in out, (argv, out)
+        assert "holds a character no model name has" in out, out

@@ -16,7 +16,7 @@ from ctxrules.errors import UsageError
 from ctxrules.packs.confine import MAX_PACK_BYTES
 from ctxrules.packs.loader import PackLoader, ResolvedPack
 from ctxrules.packs.source import escape_token
-from ctxrules.printable import shown_int
+from ctxrules.printable import printable, shown_int
 from ctxrules.stages.base import options_schema_for
 from ctxrules.types import THRESHOLD_NAMES
 from ctxrules.validation.quick import remembered
@@ -87,7 +87,38 @@ def validate_resolved(
     _check_spawn_cap(rep, data)
     _check_budgets(rep, data)
     _check_named_files(rep, pack, loader.verdicts)
+    _check_model_names(rep, data)
     return _sorted_unique(out + rep.out)
+
+
+def _check_model_names(rep: Reporter, data: dict[str, Any]) -> None:
+    """CR014 for a model name holding a control character, a bidirectional mark or a lone
+    surrogate (no model has one): a test case failed on it only when run, and a summarizer or
+    router model was sent as it was."""
+
+    def check(value: Any, pointer: str) -> None:
+        if isinstance(value, str) and value and printable(value) != value:
+            rep.add(
+                "CR014",
+                f"model name '{printable(value)}' holds a character no model name has (shown escaped)",
+                pointer,
+            )
+
+    for i, case in enumerate(data.get("tests") or []):
+        if isinstance(case, dict):
+            check(case.get("model"), f"/tests/{i}/model")
+    summarizer = data.get("summarizer")
+    if isinstance(summarizer, dict):
+        for key in ("model", "fallback"):
+            check(summarizer.get(key), f"/summarizer/{key}")
+        lite = summarizer.get("lite_models")
+        for family, name in lite.items() if isinstance(lite, dict) else ():
+            check(name, f"/summarizer/lite_models/{escape_token(str(family))}")
+    router = data.get("router")
+    tiers = router.get("tiers") if isinstance(router, dict) else None
+    for tier, spec in tiers.items() if isinstance(tiers, dict) else ():
+        if isinstance(spec, dict):
+            check(spec.get("model"), f"/router/tiers/{escape_token(str(tier))}/model")
 
 
 def _check_named_files(rep: Reporter, pack: ResolvedPack, verdicts: dict[Any, Any]) -> None:
