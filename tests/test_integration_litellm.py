@@ -381,6 +381,23 @@ def test_a_failure_of_ctxrules_passes_the_request_on_or_rejects_it(
         rejecting.process(data, "openai")
 
 
+def test_a_request_naming_a_megabyte_model_is_said_in_a_short_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    """A request whose model is 2 MB long: the warning of on_error="pass" logged all of it on
+    every request, and the 500 of "reject" sent it back whole."""
+    data = {"model": "gpt-4o" + "x" * 2_000_000, "messages": [{"role": "user", "content": "hi"}]}
+    passing = ContextHook("builtin:default", tmp_path / "state")
+    assert passing.process(data, "openai") is data
+    logged = capsys.readouterr().err + caplog.text
+    assert "unknown model 'gpt-4oxxx" in logged and "(2,000,006 characters)" in logged, logged[:500]
+    assert len(logged) < 2_000, len(logged)
+    rejecting = ContextHook("builtin:default", tmp_path / "state", on_error="reject")
+    with pytest.raises(litellm.InternalServerError) as caught:
+        rejecting.process(data, "openai")
+    assert "(2,000,006 characters)" in str(caught.value) and len(str(caught.value)) < 2_000
+
+
 def test_a_refused_usage_record_or_request_leaves_no_session_directory(tmp_path: Path) -> None:
     """Usage without a model, without token counts or without a body, and requests for a model
     ctxrules cannot size: each is refused (a warning; the call goes on), and each left an empty

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any, Final, Literal
 
 from ctxrules.errors import CtxrulesError, UsageError
-from ctxrules.printable import printable
+from ctxrules.printable import printable, shown_repr
 from ctxrules.threads import ForkSafeLock
 
 __all__ = [
@@ -65,7 +65,7 @@ class UnknownModelError(CtxrulesError):
     def __init__(self, name: str, close_matches: list[str]) -> None:
         hint = f"; close matches: {', '.join(close_matches)}" if close_matches else ""
         super().__init__(
-            f"unknown model {name!r}{hint} "
+            f"unknown model {shown_repr(name, 120)}{hint} "
             "(give the window explicitly, e.g. --window 128000, to use a model the registry "
             "does not list)"
         )

@@ -61,3 +61,13 @@ def shown_int(value: int) -> str:
     (a pack may hold an integer of thousands of digits; a one-line error stays one line)."""
     text = str(value)
     return text if len(text) <= 24 else f"{text[:12]}... ({len(text):,} digits)"
+
+
+def shown_repr(value: object, width: int = 80) -> str:
+    """``repr(value)`` for a one-line message, cut to about ``width`` characters with the
+    length said (a model name or a tool call given by a request may be megabytes)."""
+    text = repr(value)
+    if len(text) <= width:
+        return text
+    size = len(value) if isinstance(value, str) else len(text)  # a string's own, else its repr's
+    return f"{text[: width - 20]}...({size:,} characters)"

@@ -24,6 +24,7 @@ from typing import Any
 
 from ctxrules.errors import CtxrulesError, UsageError
 from ctxrules.messages import message_text
+from ctxrules.printable import shown_repr
 from ctxrules.toolroles import RECALL_TOOL
 from ctxrules.vault import MIN_PREFIX, Vault, VaultError, parse_markers
 
@@ -173,10 +174,9 @@ def _item_texts(data: bytes) -> Iterable[str]:
 
 
 def _shown(value: object, width: int = 80) -> str:
-    """``value`` quoted for an error message, cut to about ``width`` characters: the model
-    reads the message, and a call may hold a megabyte."""
-    text = repr(value)
-    return text if len(text) <= width else f"{text[: width - 20]}...({len(text):,} characters)"
+    """``value`` quoted for an error message (the model reads it, and a call may hold a
+    megabyte)."""
+    return shown_repr(value, width)
 
 
 def _parse_lines(text: str | None) -> tuple[int | None, int | None]:
