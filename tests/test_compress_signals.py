@@ -118,6 +118,18 @@ def test_a_command_that_ignores_the_signal_is_killed_by_the_second(tmp_path: Pat
     assert group_gone(pgid)
 
 
+def test_a_command_that_ignores_the_signal_and_exits_0_still_exits_as_signalled(tmp_path: Path) -> None:
+    """The caller that sent SIGTERM learns the run was interrupted (128 + 15), though the
+    command let the signal pass and ended well; what it wrote after the signal is printed."""
+    script = "trap '' TERM; " + SCRIPT.replace("sleep 30", "sleep 2; echo finished; exit 0")
+    proc = start(tmp_path, script)
+    wait_ready(tmp_path, proc)
+    proc.send_signal(signal.SIGTERM)
+    out, _err = proc.communicate(timeout=30)
+    assert proc.returncode == 128 + signal.SIGTERM
+    assert b"partial-output" in out and b"finished" in out
+
+
 def test_a_command_that_ends_by_itself_is_unaffected(tmp_path: Path) -> None:
     proc = start(tmp_path, "seq 1 5; exit 3")
     out, _err = proc.communicate(timeout=60)
