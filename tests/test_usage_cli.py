@@ -113,6 +113,49 @@ def test_bad_input_is_one_line_exit_2(cli, tmp_path: Path) -> None:  # type: ign
     assert code == 2 and "expected a number >= 0" in err
 
 
+_NO_USAGE = {
+    "id": "chatcmpl-1",
+    "object": "chat.completion",
+    "model": "gpt-4o",
+    "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"}, "finish_reason": "stop"}],
+}
+
+
+@pytest.mark.parametrize(
+    ("body", "shape"),
+    [
+        (_NO_USAGE, "openai"),  # a stream read back without include_usage
+        ({"type": "message", "role": "assistant", "content": []}, "anthropic"),
+        ({"foo": 1}, "gemini"),
+        ({"output": 5}, "responses"),
+        ({}, "ctxrules"),
+        ({"usage": {"prompt_tokens": 10, "completion_tokens": 3}}, "anthropic"),  # another shape's counts
+    ],
+)
+def test_a_named_shape_without_its_counts_records_nothing(  # type: ignore[no-untyped-def]
+    cli, tmp_path: Path, body: dict, shape: str  # type: ignore[type-arg]
+) -> None:
+    """`--shape auto` refused these; naming the shape recorded a call of zero tokens, exit 0:
+    spend under-counted, a budget that never trips."""
+    response = tmp_path / "r.json"
+    response.write_text(json.dumps(body))
+    state = tmp_path / "st"
+    code, _, err = cli("usage", "add", "--state", str(state), "--session", str(state / "s"), "--model", "gpt-4o",
+                       "--response", str(response), "--shape", shape)  # fmt: skip
+    assert code == 2 and f"no token counts of the {shape} shape found" in err, err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert not [f for f in state.rglob("*.jsonl") if f.stat().st_size], "a call was recorded"
+
+
+@pytest.mark.parametrize("choices", ["1", "1.5", "true", '{"a": 1}'])
+def test_choices_that_are_no_list_are_said_in_one_line(cli, tmp_path: Path, choices: str) -> None:  # type: ignore[no-untyped-def]
+    """`{"choices": 1}` was "internal error: TypeError"."""
+    response = tmp_path / "r.json"
+    response.write_text(f'{{"choices": {choices}}}')
+    code, _, err = cli("usage", "add", "--state", str(tmp_path / "st"), "--model", "gpt-4o", "--response", str(response))
+    assert code == 2 and "no token counts found" in err and "internal error" not in err, err
+
+
 @pytest.mark.parametrize(
     ("argv", "needle"),
     [

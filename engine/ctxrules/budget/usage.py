@@ -178,6 +178,15 @@ def parse_usage(obj: object, fmt: UsageFormat = "auto") -> TokenUsage:
         raise UsageError("the response is an error and carries no usage: a failed call records nothing")
     inner = _usage_part(obj)
     detected = _detect(inner) if fmt == "auto" else fmt
+    if fmt != "auto" and not _SHAPE_KEYS[fmt] & inner.keys():
+        # A response with none of the named shape's counts (a stream without include_usage,
+        # another provider's usage) is no call of zero tokens.
+        keys = ", ".join(sorted(str(k) for k in inner)) or "none"
+        raise UsageError(
+            f"no token counts of the {fmt} shape found (keys: {keys}); expected one of "
+            + ", ".join(sorted(_SHAPE_KEYS[fmt]))
+            + " (--shape auto recognizes the shape by its keys)"
+        )
     if detected is None:
         keys = ", ".join(sorted(str(k) for k in inner)) or "none"
         if _is_stream_chunk(obj):
@@ -287,6 +296,7 @@ def _usage_part(obj: Mapping[str, Any]) -> Mapping[str, Any]:
 
 def _is_stream_chunk(obj: Mapping[str, Any]) -> bool:
     kind = obj.get("object") or obj.get("type")
+    choices = obj.get("choices")
     return kind in (
         "chat.completion.chunk",
         "content_block_delta",
@@ -294,7 +304,7 @@ def _is_stream_chunk(obj: Mapping[str, Any]) -> bool:
         "content_block_stop",
         "message_stop",
         "ping",
-    ) or ("choices" in obj and any(isinstance(c, Mapping) and "delta" in c for c in obj.get("choices") or []))
+    ) or (isinstance(choices, list) and any(isinstance(c, Mapping) and "delta" in c for c in choices))
 
 
 # --- shapes -----------------------------------------------------------------------------------
@@ -429,6 +439,26 @@ def _gemini(u: Mapping[str, Any]) -> TokenUsage:
         total=None if total is None else _int(u, total_key),
     )
 
+
+# The counts each shape's parser reads (the usage object's own keys, details aside).
+_SHAPE_KEYS: Final[dict[str, frozenset[str]]] = {
+    "ctxrules": frozenset(TOKEN_KINDS) | {"total"},
+    "openai": frozenset({"prompt_tokens", "completion_tokens", "total_tokens", "prompt_cache_hit_tokens"}),
+    "responses": frozenset({"input_tokens", "output_tokens", "total_tokens"}),
+    "anthropic": frozenset(
+        {"input_tokens", "output_tokens", "cache_read_input_tokens", "cache_creation_input_tokens"}
+    ),
+    "gemini": frozenset(
+        {
+            "promptTokenCount",
+            "candidatesTokenCount",
+            "totalTokenCount",
+            "prompt_token_count",
+            "candidates_token_count",
+            "total_token_count",
+        }
+    ),
+}
 
 _PARSERS: Final = {
     "ctxrules": _ctxrules,
