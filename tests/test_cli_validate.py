@@ -9,6 +9,7 @@ import os
 import re
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import unquote
 
@@ -623,8 +624,10 @@ def test_skip_non_packs_skips_and_counts_named_yaml_files_that_are_not_packs(  #
 
 def test_skip_non_packs_refuses_a_fifo_or_a_huge_file_without_reading_it(tmp_path: Path) -> None:
     """The pre-commit hook passes every changed YAML name with --skip-non-packs: deciding whether
-    a file is a pack must not read a FIFO (blocks forever) or a huge file (fills memory) first;
-    both are CR101, as when named without the flag."""
+    a file is a pack must not read a FIFO (blocks forever) or a huge file (fills memory) first.
+    A FIFO and a huge pack are CR101, as when named without the flag; a huge file that does not
+    say it is a pack within the size limit is none, and is skipped (a large data file failed
+    every commit)."""
     import os
     import subprocess
 
@@ -635,13 +638,32 @@ def test_skip_non_packs_refuses_a_fifo_or_a_huge_file_without_reading_it(tmp_pat
     huge = tmp_path / "huge.yaml"
     with huge.open("wb") as f:
         f.truncate(1 << 31)  # sparse: 2 GiB that a whole read would pull into memory
+    pack = tmp_path / "hugepack.yaml"
+    with pack.open("wb") as f:
+        f.write(b"apiVersion: ctxrules/v1\nkind: RulePack\n")
+        f.truncate(1 << 31)
+    data = tmp_path / "data.yaml"
+    data.write_text("items:\n" + "  - just some data value here\n" * 40_000)  # 1.2 MB, no pack
+    names = ("pipe.yaml", "huge.yaml", "hugepack.yaml", "data.yaml")
     try:
-        proc = run_cli("validate", "--skip-non-packs", "pipe.yaml", "huge.yaml", cwd=tmp_path, timeout=60)
+        proc = run_cli("validate", "--skip-non-packs", *names, cwd=tmp_path, timeout=60,
+                       preexec_fn=_address_space(1 << 30))  # fmt: skip
     except subprocess.TimeoutExpired:
         pytest.fail("validate --skip-non-packs blocked on a FIFO")
     assert proc.returncode == 1, proc.stderr
-    assert "pipe.yaml:1:1: error[CR101]" in proc.stdout and "huge.yaml:1:1: error[CR101]" in proc.stdout
+    assert "pipe.yaml:1:1: error[CR101]" in proc.stdout and "hugepack.yaml:1:1: error[CR101]" in proc.stdout
+    assert "huge.yaml:" not in proc.stdout and "data.yaml" not in proc.stdout, proc.stdout
+    assert proc.stdout.splitlines()[-1].startswith("2 files checked, 2 skipped (not rule packs)"), proc.stdout
     assert "Traceback" not in proc.stderr
+
+
+def _address_space(limit: int) -> Callable[[], None]:
+    def cap() -> None:
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+    return cap
 
 
 def test_a_line_separator_in_a_string_does_not_shift_the_lines(cli, work: Path) -> None:  # type: ignore[no-untyped-def]
@@ -657,3 +679,26 @@ def test_a_line_separator_in_a_string_does_not_shift_the_lines(cli, work: Path) 
     assert code == 1
     assert out.startswith("ls.yaml:4:1: error[CR010]"), out
     assert out.splitlines()[1] == "   4 | contxt: 1", out
+
+
+def test_pack_files_named_like_options_are_checked(cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+    """pre-commit passes a top-level file by its bare name: `-x.yaml` was an unknown option (a
+    usage error, the batch unchecked) and `--search-path=x.yaml` an option taken silently."""
+    monkeypatch.chdir(tmp_path)
+    for name in ("-dash.yaml", "--search-path=hidden.yaml", "--strict.yml"):
+        (tmp_path / name).write_text(TWO_ERRORS, encoding="utf-8")
+    (tmp_path / "good.yaml").write_text(
+        "apiVersion: ctxrules/v1\nkind: RulePack\nmetadata: {name: g, version: 1.0.0}\n", encoding="utf-8"
+    )
+    code, out, err = cli("validate", "--skip-non-packs", "good.yaml", "-dash.yaml", "--search-path=hidden.yaml",
+                         "--strict.yml")  # fmt: skip
+    assert code == 1, err
+    assert {ln.split(":")[0] for ln in out.splitlines() if "error[" in ln} == {
+        "-dash.yaml",
+        "--search-path=hidden.yaml",
+        "--strict.yml",
+    }, out
+    assert out.splitlines()[-1].startswith("4 files checked"), out
+    # An option that names no such file is still an option.
+    code, out, err = cli("validate", "--strict", "good.yaml")
+    assert code == 0, out + err

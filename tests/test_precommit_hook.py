@@ -57,6 +57,10 @@ def test_the_hook_blocks_the_bad_pack_and_reports_nothing_else(tmp_path: Path) -
         "      - id: ctxrules-validate\n",
         "packs/good.yaml": GOOD,
         "packs/bad.yaml": BAD,
+        # Top-level names pre-commit passes as they are: read as options, one was a usage error
+        # for the whole batch and the other an option taken silently (the pack never checked).
+        "-dash.yaml": BAD,
+        "--search-path=hidden.yaml": BAD,
         ".github/workflows/ci.yml": WORKFLOW,
         "docker-compose.yml": COMPOSE,
         ".github/dependabot.yml": DEPENDABOT,
@@ -87,7 +91,10 @@ def test_the_hook_blocks_the_bad_pack_and_reports_nothing_else(tmp_path: Path) -
     assert proc.returncode != 0, out
     assert git(work, "rev-parse", "--verify", "HEAD").returncode != 0, "the commit was blocked"
     findings = [ln for ln in out.splitlines() if ": error[" in ln or ": warning[" in ln]
-    assert findings == ["packs/bad.yaml:6:3: error[CR010] unknown key 'treshold' in /context"], out
+    assert sorted(findings) == sorted(
+        f"{name}:6:3: error[CR010] unknown key 'treshold' in /context"
+        for name in ("packs/bad.yaml", "-dash.yaml", "--search-path=hidden.yaml")
+    ), out
     assert "help: did you mean 'thresholds'?" in out
     # pre-commit may split the files over several hook processes: add up their summaries
     checked = skipped = 0
@@ -96,10 +103,11 @@ def test_the_hook_blocks_the_bad_pack_and_reports_nothing_else(tmp_path: Path) -
             head = ln.split(":")[0].replace(",", "").split()
             checked += int(head[0])
             skipped += int(head[head.index("skipped") - 1]) if "skipped" in head else 0
-    assert (checked, skipped) == (2, 4), out  # the two packs; the four other YAML files
+    assert (checked, skipped) == (4, 4), out  # the four packs; the four other YAML files
 
     # fixed, the same commit goes through
-    (work / "packs/bad.yaml").write_text(BAD.replace("treshold", "thresholds"), encoding="utf-8")
+    for name in ("packs/bad.yaml", "-dash.yaml", "--search-path=hidden.yaml"):
+        (work / name).write_text(BAD.replace("treshold", "thresholds"), encoding="utf-8")
     assert git(work, "add", "-A").returncode == 0
     proc = subprocess.run(
         ["git", "-c", "user.email=ci@example.com", "-c", "user.name=ci", "commit", "-m", "add"],

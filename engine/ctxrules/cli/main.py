@@ -112,6 +112,8 @@ def run(argv: Sequence[str] | None = None) -> int:
     arguments = list(argv) if argv is not None else sys.argv[1:]
     verb = _verb_in(arguments)
     parser = build_parser(verb)
+    if verb == "validate":
+        arguments = _pack_files_as_paths(arguments)
     try:
         try:
             args = parser.parse_args(arguments)  # --help and --version print here
@@ -150,6 +152,20 @@ def run(argv: Sequence[str] | None = None) -> int:
             raise
         return _path_refused(loop.strip("'\""), os.strerror(errno.ELOOP))
     return code
+
+
+def _pack_files_as_paths(arguments: list[str]) -> list[str]:
+    """``validate``'s arguments with every YAML file whose name starts with ``-`` moved behind
+    a ``--``, so that it is read as a path. pre-commit passes each file of the repository by
+    name: one named ``-x.yaml`` was an unknown option (a usage error, the batch unchecked) and
+    one named ``--search-path=x.yaml`` an option taken silently (the pack never checked). An
+    option never names an existing file that ends in ``.yaml`` or ``.yml``."""
+    end = arguments.index("--") if "--" in arguments else len(arguments)
+    dashed = [a for a in arguments[1:end] if a.startswith("-") and a.endswith((".yaml", ".yml")) and os.path.isfile(a)]
+    if not dashed:
+        return arguments
+    kept = [a for a in arguments[:end] if a not in dashed]
+    return [*kept, "--", *dashed, *arguments[end + 1 :]]
 
 
 def _path_refused(path: str, reason: str) -> int:

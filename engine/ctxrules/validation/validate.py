@@ -359,13 +359,16 @@ def _check_regexes(rep: Reporter, data: dict[str, Any]) -> None:
 
 def is_pack_file(path: Path) -> bool:
     """In a folder, a YAML file is a pack when it says so at top level (other YAML is skipped).
-    What is not a regular file within the size limit (a FIFO would block the read forever, a
-    device or a huge file fill memory) counts as a pack, so that validation refuses it: CR101."""
+    What is not a regular file (a FIFO would block the read forever, a device fill memory)
+    counts as a pack, so that validation refuses it: CR101. A file over the size limit is read
+    only that far: a pack says so there or is none (a large data file is skipped, as a small
+    one is; a large pack is refused)."""
     try:
         st = path.stat()
-        if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_PACK_BYTES:
+        if not stat.S_ISREG(st.st_mode):
             return True
-        raw = path.read_bytes()
+        with path.open("rb") as f:
+            raw = f.read(MAX_PACK_BYTES)
     except OSError:
         return True  # let validation report the read error
     return any(_PACK_KEY.search(text) for text in _readings(raw))
