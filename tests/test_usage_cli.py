@@ -133,7 +133,7 @@ _NO_USAGE = {
     ],
 )
 def test_a_named_shape_without_its_counts_records_nothing(  # type: ignore[no-untyped-def]
-    cli, tmp_path: Path, body: dict, shape: str  # type: ignore[type-arg]
+    cli, tmp_path: Path, body: dict[str, object], shape: str
 ) -> None:
     """`--shape auto` refused these; naming the shape recorded a call of zero tokens, exit 0:
     spend under-counted, a budget that never trips."""
@@ -152,7 +152,9 @@ def test_choices_that_are_no_list_are_said_in_one_line(cli, tmp_path: Path, choi
     """`{"choices": 1}` was "internal error: TypeError"."""
     response = tmp_path / "r.json"
     response.write_text(f'{{"choices": {choices}}}')
-    code, _, err = cli("usage", "add", "--state", str(tmp_path / "st"), "--model", "gpt-4o", "--response", str(response))
+    code, _, err = cli(
+        "usage", "add", "--state", str(tmp_path / "st"), "--model", "gpt-4o", "--response", str(response)
+    )
     assert code == 2 and "no token counts found" in err and "internal error" not in err, err
 
 

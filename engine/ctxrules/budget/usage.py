@@ -445,9 +445,7 @@ _SHAPE_KEYS: Final[dict[str, frozenset[str]]] = {
     "ctxrules": frozenset(TOKEN_KINDS) | {"total"},
     "openai": frozenset({"prompt_tokens", "completion_tokens", "total_tokens", "prompt_cache_hit_tokens"}),
     "responses": frozenset({"input_tokens", "output_tokens", "total_tokens"}),
-    "anthropic": frozenset(
-        {"input_tokens", "output_tokens", "cache_read_input_tokens", "cache_creation_input_tokens"}
-    ),
+    "anthropic": frozenset({"input_tokens", "output_tokens", "cache_read_input_tokens", "cache_creation_input_tokens"}),
     "gemini": frozenset(
         {
             "promptTokenCount",
