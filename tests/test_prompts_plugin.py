@@ -119,6 +119,27 @@ def test_plugin_in_a_throwaway_project(tmp_path: Path) -> None:
     assert run_pytest(project).returncode == 0
 
 
+def test_a_snapshot_is_data_never_a_doctest(tmp_path: Path) -> None:
+    """Snapshot files are named test_<test>[...].txt, which pytest's doctest plugin collects by
+    default: a prompt holding a `>>>` line ran it as Python on the next pytest (here: it would
+    write a file), and a snapshot that is not UTF-8 stopped the run at collection."""
+    project = throwaway_project(tmp_path)
+    marker = tmp_path / "ran"
+    (project / "prompts" / "house.md.j2").write_text(
+        f"Answer like a Python REPL:\n>>> __import__('pathlib').Path({str(marker)!r}).write_text('x')\n1\n",
+        encoding="utf-8",
+    )
+    first = run_pytest(project, "--snapshot-update")
+    assert first.returncode == 0, first.stdout + first.stderr
+    again = run_pytest(project)
+    assert again.returncode == 0 and "25 passed" in again.stdout, again.stdout + again.stderr
+    assert not marker.exists(), "a line of a stored prompt ran"
+    snap = project / "__snapshots__" / "test_prompts" / "test_prompt[lean-llama].txt"
+    snap.write_bytes(b"\xff\xfe\x00not text")
+    damaged = run_pytest(project)
+    assert damaged.returncode == 1 and "1 failed, 24 passed" in damaged.stdout, damaged.stdout + damaged.stderr
+
+
 def test_a_broken_pack_under_snapshot_update_deletes_no_snapshot(tmp_path: Path) -> None:
     """A typo in the pack makes the prompt tests fail to collect; syrupy took their snapshots
     for unused ones and ``--snapshot-update`` deleted every one of them."""

@@ -40,6 +40,7 @@ __all__ = ["NO_ENTRY", "assemble_prompt", "ctxrules_pack", "prompt_cases", "prom
 NO_ENTRY = "no-entry"
 DEFAULT_PACK = "builtin:default"
 MARKER = "ctxrules_pack"
+SNAPSHOT_DIR = "__snapshots__"  # syrupy's folder of snapshot files, next to each test module
 _PACKS: dict[str, ResolvedPack] = {}
 # The configs of the pytest sessions running in this process (pytester nests them): the rootdir
 # of the innermost one is where prompt_cases, called while modules are collected, resolves paths.
@@ -58,6 +59,14 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_unconfigure(config: pytest.Config) -> None:
     if config in _CONFIGS:
         _CONFIGS.remove(config)
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """Snapshot folders hold data, never tests. A prompt snapshot is named after its test
+    (``test_prompt[...].txt``), which pytest's doctest plugin collects by default
+    (``--doctest-glob`` is ``test*.txt``): a ``>>>`` line in a prompt ran as Python on the next
+    ``pytest``, and a snapshot that is not UTF-8 stopped the whole run at collection."""
+    return True if collection_path.name == SNAPSHOT_DIR or SNAPSHOT_DIR in collection_path.parts else None
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
