@@ -16,6 +16,7 @@ from typing import Any
 
 import jsonschema
 import pytest
+from cli_kit import cli
 from conftest import REPO, transcript_path
 
 from ctxrules import Engine
@@ -360,6 +361,46 @@ def test_killed_compaction_is_found_and_resumed(tmp_path: Path, how: str) -> Non
     assert [f.session for f in found] == [session_dir]
     messages = checkpoint.resume(session_dir)
     assert messages == json.loads(src.read_text())
+    assert checkpoint.scan(root) == []
+
+
+@pytest.mark.corpus
+def test_a_resume_whose_output_cannot_be_written_leaves_the_checkpoint_for_a_retry(tmp_path: Path) -> None:
+    """`sessions resume --output F` with F in a folder that is not there (or a folder): exit 2,
+    and the state had been put back and the checkpoint marked resumed already, so a retry said
+    "no interrupted compaction to resume" and the backed-up messages were out of reach."""
+    pack = write_pack(tmp_path, "pipeline:\n  - {id: slow, use: test.slow, when: {at_least: light}}\n")
+    src = transcript_path("sweagent-test-repo-i1.json")
+    script = tmp_path / "child.py"
+    script.write_text(SLOW_CHILD)
+    root = tmp_path / "state"
+    session_dir = root / "run-1"
+    with subprocess.Popen(
+        [sys.executable, str(script), str(REPO / "engine"), str(pack), str(session_dir), str(src)],
+        stdout=subprocess.PIPE,
+        text=True,
+    ) as proc:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == "compacting"
+        proc.kill()
+        proc.wait(timeout=30)
+    before = checkpoint.read(session_dir)
+    for output in (tmp_path / "no-such-folder" / "out.json", tmp_path):
+        done = cli("sessions", "resume", str(session_dir), "--output", str(output))
+        assert done.returncode == 2 and "cannot write" in done.stderr, done.stderr
+        assert checkpoint.read(session_dir) == before
+
+    # A write that fails once the checkpoint is read (a full disk): nothing is restored either.
+    def full(messages: list[dict[str, object]]) -> None:
+        raise OSError(28, "No space left on device", "out.json")
+
+    with pytest.raises(OSError):
+        checkpoint.resume(session_dir, deliver=full)
+    assert checkpoint.read(session_dir) == before and [f.session for f in checkpoint.scan(root)] == [session_dir]
+    out = tmp_path / "out.json"
+    done = cli("sessions", "resume", str(session_dir), "--output", str(out))
+    assert done.returncode == 0, done.stderr
+    assert json.loads(out.read_text()) == json.loads(src.read_text())
     assert checkpoint.scan(root) == []
 
 

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from ctxrules.cli.io import outputs_outside, stdin_binary, write_text
+from ctxrules.cli.io import outputs_outside, stdin_binary, writable_outputs, write_text
 from ctxrules.cli.output import require_stdout, stdout_writer, write_stdout
 from ctxrules.cli.stores import (
     add_store_options,
@@ -97,12 +97,20 @@ def run_scan(args: argparse.Namespace) -> int:
 def run_resume(args: argparse.Namespace) -> int:
     store = store_of(args)
     outputs_outside(kept_places(store, args.session), output=args.output)
+    # Refused before the checkpoint is used up, and written before it is marked resumed: the
+    # messages are delivered, or the session stays as it was for a retry.
+    writable_outputs(output=args.output)
+    if args.output in (None, "-"):
+        require_stdout()
+
+    def deliver(messages: list[dict[str, Any]]) -> None:
+        write_text(args.output, json.dumps(messages, ensure_ascii=False, indent=2) + "\n")
+
     if is_filesystem(store):
         check_session_dir(args.session, store.root)
-        messages = resume(Path(args.session))
+        resume(Path(args.session), deliver=deliver)
     else:
-        messages = resume(session_key(store, args.session), store=store)
-    write_text(args.output, json.dumps(messages, ensure_ascii=False, indent=2) + "\n")
+        resume(session_key(store, args.session), store=store, deliver=deliver)
     return 0
 
 

@@ -36,6 +36,8 @@ from ctxrules.stores.staging import is_staging
 from ctxrules.vault import Vault
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from ctxrules.stores.base import Store
 
 CHECKPOINT_FILE = "checkpoint.json"
@@ -271,8 +273,15 @@ def scan(state_root: Path | Store) -> list[Interrupted]:
     return [hit for key in store.sessions() if (hit := check(key, store=store)) is not None]
 
 
-def resume(session: Path | str, *, store: Store | None = None) -> list[dict[str, Any]]:
-    """Restore the state from before the interrupted compaction; return the backed-up messages."""
+def resume(
+    session: Path | str,
+    *,
+    store: Store | None = None,
+    deliver: Callable[[list[dict[str, Any]]], None] | None = None,
+) -> list[dict[str, Any]]:
+    """Restore the state from before the interrupted compaction; return the backed-up messages.
+    ``deliver`` (the CLI's write of them) runs before anything is restored: when it raises, the
+    checkpoint stays interrupted and a retry finds it."""
     st, key = _where(session, store)
     if not st.exists(key):  # before the lock, which would make the session (and its folders)
         raise StoreUsageError("CR147", f"no session {st.describe(key)} to resume")
@@ -287,6 +296,8 @@ def resume(session: Path | str, *, store: Store | None = None) -> list[dict[str,
         if hit is None:
             raise CtxrulesError(f"{where}: no interrupted compaction to resume")
         messages = _backed_up(st, key, data)  # before the state is put back
+        if deliver is not None:
+            deliver(messages)
         state = data.get("state_before")
         if isinstance(state, dict):
             st.save_state(key, state)
