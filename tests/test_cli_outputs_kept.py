@@ -65,6 +65,49 @@ def test_an_output_over_a_kept_file_is_refused(world: Path, argv: list[str], kep
     assert target.read_bytes() == before
 
 
+@pytest.fixture
+def siblings(world: Path) -> Path:
+    """Beside ``st/s``: ``st/t``, a session that ran a turn, and ``st/u``, one that only recorded
+    usage; and ``other``, a second state root with a session of its own."""
+    for argv in (
+        [*RUN, "--output", "o.json", "--state", "st", "--session", "st/t"],
+        ["usage", "add", "--state", "st", "--session", "st/u", "--model", "gpt-4o", "--prompt", "10"],
+        [*RUN, "--output", "o.json", "--state", "other", "--session", "other/x"],
+    ):
+        proc = cli(*argv, cwd=world)
+        assert proc.returncode == 0, proc.stderr
+    return world
+
+
+@pytest.mark.parametrize(
+    ("argv", "kept"),
+    [
+        ([*RUN, "--state", "st", "--session", "st/s", "--output", "st/t/last_output.jsonl", "--report",
+          "st/t/state.json"], "st/t/state.json"),
+        ([*RUN, "--state", "st", "--session", "st/s", "--output", "st/t/new.json"], None),
+        (["sessions", "export", "st/s", "--state", "st", "--to", "other/injection.key"], "other/injection.key"),
+        (["sessions", "resume", "st/s", "--state", "st", "--output", "other/x/state.json"], "other/x/state.json"),
+        (["usage", "report", "--state", "st", "--html", "st/u/ledger.jsonl"], "st/u/ledger.jsonl"),
+        ([*RUN, "--state", "st", "--session", "st/s", "--output", "st/t/vault/x.json"], None),
+    ],
+    ids=["run-over-another-session", "run-into-another-session", "export-over-another-roots-key",
+         "resume-over-another-roots-session", "usage-html-over-a-usage-only-session", "run-into-another-vault"],
+)  # fmt: skip
+def test_an_output_over_another_sessions_files_is_refused(siblings: Path, argv: list[str], kept: str | None) -> None:
+    """Only the command's own session was protected: another session of the same state root (or
+    of another one) lost its state, last output, ledger or signing key, exit 0."""
+    target = siblings / kept if kept else None
+    before = target.read_bytes() if target else None
+    proc = cli(*argv, cwd=siblings)
+    assert proc.returncode == 2 and "give the output a file elsewhere" in proc.stderr, proc.stderr
+    assert "internal error" not in proc.stderr
+    if target is not None:
+        assert target.read_bytes() == before
+    assert (
+        not (siblings / "st" / "t" / "new.json").exists() and not (siblings / "st" / "t" / "vault" / "x.json").exists()
+    )
+
+
 def test_an_output_beside_the_session_is_written(world: Path) -> None:
     """The refusal is for what ctxrules keeps, not for the state root or the current folder."""
     proc = cli(*RUN, "--state", "st", "--session", "st/s", "--output", "st/out.json", "--report", "r.json", cwd=world)

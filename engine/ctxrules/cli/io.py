@@ -94,6 +94,27 @@ def outputs_outside(places: Iterable[str | Path], **outputs: str | None) -> None
             else:
                 continue
             raise UsageError(f"--{option} {path} {said}; give the output a file elsewhere")
+        other = _in_another_store(where)
+        if other is not None:
+            raise UsageError(f"--{option} {path} {other}; give the output a file elsewhere")
+
+
+def _in_another_store(real: str) -> str | None:
+    """Why the output file ``real`` (resolved) would write over what ctxrules keeps for another
+    session or state root than the command's: a file of a session directory (its state, last
+    output, ledger), a vault, ledger or router folder's, a state root's signing key. None when
+    it would not. (The places of the command's own session are in its ``places``.)"""
+    from ctxrules.stores.filesystem import holds_a_session, own_folder
+
+    parent = os.path.dirname(real)
+    if holds_a_session(parent):
+        return f"is in {parent}, a session directory (its files would be written over)"
+    own = own_folder(parent)
+    if own is not None:
+        return f"is in {own[0]}, which holds {own[1]} (they would be written over)"
+    if os.path.basename(real) == "injection.key" and os.path.lexists(real):
+        return "is a state root's signing key (it would be written over)"
+    return None
 
 
 def writable_outputs(**outputs: str | None) -> None:

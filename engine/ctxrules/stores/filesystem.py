@@ -77,7 +77,7 @@ from ctxrules.stores.base import (
 from ctxrules.stores.staging import staged_dir
 from ctxrules.threads import ForkSafeLock, helper_thread
 
-__all__ = ["FilesystemStore", "durable_at_commit", "file_path", "for_session_dir", "own_folder"]
+__all__ = ["FilesystemStore", "durable_at_commit", "file_path", "for_session_dir", "holds_a_session", "own_folder"]
 
 _ID_LEN: Final = 64
 _HEX_RE: Final = re.compile(r"[0-9a-f]+")
@@ -101,6 +101,8 @@ _DOC_FILES: Final[dict[str, tuple[str, str | None]]] = {
 # What marks a directory as a session (for listing and scans).
 _SESSION_FILES: Final = ("state.json", "last_output.jsonl", "checkpoint.json", "ledger.jsonl", "notes.json")
 _SKIP_DIRS: Final = frozenset({"vault", "ledger", "router", "keys"})
+# The lock files ctxrules makes in a session directory (the session's; its ledger's, notes', ...).
+_SESSION_LOCKS: Final = (".lock", "ledger.jsonl.lock", *(lock for _file, lock in _DOC_FILES.values() if lock))
 # The temporary files of whole-file writes (private_files.write_atomic, _link_secret) in a
 # session directory and in the state root: what a writer killed before its rename leaves.
 _SESSION_TEMPORARIES: Final = atomic_temporaries(
@@ -1351,6 +1353,16 @@ def _reason(exc: OSError, where: str | os.PathLike[str] | None = None) -> str:
     if exc.strerror and exc.filename is not None and (where is None or os.fsdecode(exc.filename) != os.fspath(where)):
         return f"{os.fsdecode(exc.filename)}: {exc.strerror}"
     return exc.strerror or str(exc)
+
+
+def holds_a_session(folder: str | os.PathLike[str]) -> bool:
+    """Whether ``folder`` is a session directory of a filesystem store, by what every one holds
+    once ctxrules wrote there: a lock file of its own (the session's, or its ledger's when only
+    usage was recorded), beside its state, last output, ledger or vault."""
+    path = Path(folder)
+    return any((path / lock).is_file() for lock in _SESSION_LOCKS) and any(
+        (path / name).exists() for name in (*_SESSION_FILES, "vault")
+    )
 
 
 def own_folder(path: str | os.PathLike[str], root: str | os.PathLike[str] | None = None) -> tuple[Path, str] | None:
