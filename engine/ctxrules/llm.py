@@ -24,7 +24,7 @@ import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from ctxrules.threads import helper_thread
+from ctxrules.threads import abandon, helper_thread
 
 _LOCK = threading.Lock()
 _OWN = threading.local()
@@ -102,7 +102,11 @@ def call_within(call: Callable[..., Any], kwargs: dict[str, Any], timeout_s: flo
 
     worker = helper_thread(run, name)
     worker.start()
-    worker.join(timeout_s + 1.0)
+    try:
+        worker.join(timeout_s + 1.0)
+    finally:
+        if worker.is_alive():  # given up on: timed out, or the caller was interrupted (SIGTERM)
+            abandon(worker)
     if worker.is_alive():
         raise TimeoutError(f"no complete answer within {timeout_s:g} s")
     if "error" in box:

@@ -25,7 +25,15 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import Any, Protocol
 
-__all__ = ["STOP_SIGNALS", "ForkSafeLock", "after_fork_in_child", "block_stop_signals", "helper_thread"]
+__all__ = [
+    "STOP_SIGNALS",
+    "ForkSafeLock",
+    "abandon",
+    "abandoned_alive",
+    "after_fork_in_child",
+    "block_stop_signals",
+    "helper_thread",
+]
 
 STOP_SIGNALS: frozenset[int] = frozenset(
     getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name)
@@ -50,6 +58,23 @@ def helper_thread(
         target(*args)
 
     return threading.Thread(target=run, name=name, daemon=daemon)
+
+
+_ABANDONED: weakref.WeakSet[threading.Thread] = weakref.WeakSet()
+
+
+def abandon(thread: threading.Thread) -> None:
+    """Record that the caller gave up on ``thread`` (a model call past its time): it may still
+    be inside a library (litellm's stream, its error formatting) when the process ends."""
+    _ABANDONED.add(thread)
+
+
+def abandoned_alive() -> bool:
+    """Whether a thread given up on (:func:`abandon`) still runs. At interpreter exit such a
+    thread is frozen wherever it is, holding what it holds (the import lock, inside litellm),
+    and a finalizer of the main thread that needs it waits forever: the CLI ends its process
+    without the interpreter's teardown then."""
+    return any(thread.is_alive() for thread in list(_ABANDONED))
 
 
 class ForkSafeLock:

@@ -15,13 +15,14 @@ import importlib
 import os
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from ctxrules._version import __version__
 from ctxrules.cli.output import flush_stdout, silence_stdout, tolerate_unread_stderr, utf8_stdout, write_stdout
 from ctxrules.cli.stops import keep_the_exit_code, unwind_on_sigterm
 from ctxrules.errors import CtxrulesError
 from ctxrules.printable import encodable, printable
+from ctxrules.threads import abandoned_alive
 
 # Verb -> the module that implements it. Each module defines ``register(subparsers)``; its
 # parser sets ``func(args) -> int``. Only the verb being run is imported (``ctxrules validate``
@@ -235,7 +236,32 @@ def main(argv: Sequence[str] | None = None) -> None:
             code = 130
     if uncollected:
         gc.freeze()  # the interpreter's exit-time collection skips frozen objects
+    if abandoned_alive():
+        _exit_now(code)
     raise SystemExit(code)
+
+
+def _exit_now(code: int) -> NoReturn:
+    """End the process without the interpreter's teardown: a model call given up on still runs
+    in a thread, which teardown freezes holding what it holds (the import lock, inside litellm);
+    a finalizer that needs it then waited forever, SIGTERM included. Every output was written
+    and closed by the verb; what is buffered is flushed here, and work a thread must finish
+    (not a daemon) is waited for, as the interpreter would."""
+    import threading
+
+    for thread in threading.enumerate():
+        if not thread.daemon and thread is not threading.current_thread():
+            thread.join()
+    if "logging" in sys.modules:
+        import logging
+
+        with contextlib.suppress(Exception):
+            logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        if stream is not None:
+            with contextlib.suppress(Exception):
+                stream.flush()
+    os._exit(code)
 
 
 if __name__ == "__main__":

@@ -35,7 +35,7 @@ from typing import Any
 
 from ctxrules.llm import error_text, own_call
 from ctxrules.progress import note
-from ctxrules.threads import helper_thread
+from ctxrules.threads import abandon, helper_thread
 
 __all__ = [
     "CallFailed",
@@ -322,11 +322,13 @@ def stream_completion(
     except CallFailed as exc:
         cancel.set()
         _close(holder.get("stream"))
+        abandon(worker)
         exc.seconds = progress.elapsed()
         raise
     except BaseException:
         cancel.set()
         _close(holder.get("stream"))
+        abandon(worker)
         raise
     text = "".join(parts)
     if not text.strip():
