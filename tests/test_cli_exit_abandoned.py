@@ -37,6 +37,10 @@ thread.start()
 held.wait()
 abandon(thread)
 atexit.register(lock.acquire)  # the teardown waits for what the thread holds
+# An idle pool of a library (litellm logs through one): its workers are no daemons, and only the
+# interpreter's teardown stops them; waiting for them would hang as well.
+from concurrent.futures import ThreadPoolExecutor
+ThreadPoolExecutor(1, thread_name_prefix="library-pool").submit(int).result()
 
 from ctxrules.cli.main import main
 main(["validate", sys.argv[2]])

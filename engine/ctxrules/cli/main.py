@@ -245,12 +245,13 @@ def _exit_now(code: int) -> NoReturn:
     """End the process without the interpreter's teardown: a model call given up on still runs
     in a thread, which teardown freezes holding what it holds (the import lock, inside litellm);
     a finalizer that needs it then waited forever, SIGTERM included. Every output was written
-    and closed by the verb; what is buffered is flushed here, and work a thread must finish
-    (not a daemon) is waited for, as the interpreter would."""
+    and closed by the verb; what is buffered is flushed here, and work a thread of ctxrules'
+    must finish (``helper_thread(..., daemon=False)``) is waited for, as the interpreter would.
+    Other threads are not: litellm's logging pool is idle workers that only teardown stops."""
     import threading
 
     for thread in threading.enumerate():
-        if not thread.daemon and thread is not threading.current_thread():
+        if not thread.daemon and thread.name.startswith("ctxrules-") and thread is not threading.current_thread():
             thread.join()
     if "logging" in sys.modules:
         import logging
