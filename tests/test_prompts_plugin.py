@@ -140,6 +140,13 @@ def test_a_snapshot_is_data_never_a_doctest(tmp_path: Path) -> None:
     assert damaged.returncode == 1 and "1 failed, 24 passed" in damaged.stdout, damaged.stdout + damaged.stderr
 
 
+def test_a_project_inside_a_folder_named_like_snapshots_is_still_collected(tmp_path: Path) -> None:
+    """Only snapshot folders below the rootdir are passed over, not a project kept in one."""
+    project = throwaway_project(tmp_path / "__snapshots__")
+    first = run_pytest(project, "--snapshot-update")
+    assert first.returncode == 0 and "25 passed" in first.stdout, first.stdout + first.stderr
+
+
 def test_a_broken_pack_under_snapshot_update_deletes_no_snapshot(tmp_path: Path) -> None:
     """A typo in the pack makes the prompt tests fail to collect; syrupy took their snapshots
     for unused ones and ``--snapshot-update`` deleted every one of them."""

@@ -66,7 +66,11 @@ def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool 
     (``test_prompt[...].txt``), which pytest's doctest plugin collects by default
     (``--doctest-glob`` is ``test*.txt``): a ``>>>`` line in a prompt ran as Python on the next
     ``pytest``, and a snapshot that is not UTF-8 stopped the whole run at collection."""
-    return True if collection_path.name == SNAPSHOT_DIR or SNAPSHOT_DIR in collection_path.parts else None
+    try:  # below the rootdir only: a project kept in a folder of that name is still collected
+        parts = collection_path.relative_to(config.rootpath).parts
+    except ValueError:
+        parts = (collection_path.name,)
+    return True if SNAPSHOT_DIR in parts else None
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
