@@ -333,9 +333,9 @@ session.prepare(history)
 """
 
 
-@pytest.mark.corpus
-@pytest.mark.parametrize("how", ["SIGKILL", "SIGTERM"])
-def test_killed_compaction_is_found_and_resumed(tmp_path: Path, how: str) -> None:
+def _cut_compaction(tmp_path: Path, how: str = "SIGKILL") -> tuple[Path, Path, Path]:
+    """(state root, session directory, transcript) of a session whose first compaction, in a
+    child process, was ended by ``how`` while it ran: its checkpoint says ``running``."""
     pack = write_pack(tmp_path, "pipeline:\n  - {id: slow, use: test.slow, when: {at_least: light}}\n")
     src = transcript_path("sweagent-test-repo-i1.json")
     script = tmp_path / "child.py"
@@ -357,6 +357,13 @@ def test_killed_compaction_is_found_and_resumed(tmp_path: Path, how: str) -> Non
         else:
             proc.kill()
         proc.wait(timeout=30)
+    return root, session_dir, src
+
+
+@pytest.mark.corpus
+@pytest.mark.parametrize("how", ["SIGKILL", "SIGTERM"])
+def test_killed_compaction_is_found_and_resumed(tmp_path: Path, how: str) -> None:
+    root, session_dir, src = _cut_compaction(tmp_path, how)
     found = checkpoint.scan(root)
     assert [f.session for f in found] == [session_dir]
     messages = checkpoint.resume(session_dir)
@@ -369,21 +376,7 @@ def test_a_resume_whose_output_cannot_be_written_leaves_the_checkpoint_for_a_ret
     """`sessions resume --output F` with F in a folder that is not there (or a folder): exit 2,
     and the state had been put back and the checkpoint marked resumed already, so a retry said
     "no interrupted compaction to resume" and the backed-up messages were out of reach."""
-    pack = write_pack(tmp_path, "pipeline:\n  - {id: slow, use: test.slow, when: {at_least: light}}\n")
-    src = transcript_path("sweagent-test-repo-i1.json")
-    script = tmp_path / "child.py"
-    script.write_text(SLOW_CHILD)
-    root = tmp_path / "state"
-    session_dir = root / "run-1"
-    with subprocess.Popen(
-        [sys.executable, str(script), str(REPO / "engine"), str(pack), str(session_dir), str(src)],
-        stdout=subprocess.PIPE,
-        text=True,
-    ) as proc:
-        assert proc.stdout is not None
-        assert proc.stdout.readline().strip() == "compacting"
-        proc.kill()
-        proc.wait(timeout=30)
+    root, session_dir, src = _cut_compaction(tmp_path)
     before = checkpoint.read(session_dir)
     for output in (tmp_path / "no-such-folder" / "out.json", tmp_path):
         done = cli("sessions", "resume", str(session_dir), "--output", str(output))
