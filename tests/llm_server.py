@@ -152,6 +152,7 @@ class Raw:
     content_type: str = "application/json"
     interval_s: float = 0.0
     repeat: bool = False
+    headers: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -209,12 +210,14 @@ def raw(
     content_type: str = "application/json",
     interval_s: float = 0.0,
     repeat: bool = False,
+    headers: dict[str, str] | None = None,
 ) -> Raw:
     """Send ``parts`` as the body (HTTP/1.1 chunked, one part per chunk, ``interval_s`` apart),
     whatever the request asked for: garbage, truncated JSON, a wrong content type, an SSE
     stream that is cut off. ``repeat`` sends the parts again and again until :data:`MAX_HOLD_S`
-    or :meth:`LLMServer.stop` (a stream that never ends)."""
-    return Raw(tuple(parts), status, content_type, interval_s, repeat)
+    or :meth:`LLMServer.stop` (a stream that never ends); ``headers`` are sent as well (a
+    ``Content-Encoding`` the request did not ask for)."""
+    return Raw(tuple(parts), status, content_type, interval_s, repeat, tuple((headers or {}).items()))
 
 
 def context_length_error(limit: int = 8192) -> HTTPError:
@@ -515,6 +518,8 @@ def _make_handler(server: LLMServer) -> type[BaseHTTPRequestHandler]:
         def _raw(self, behaviour: Raw) -> None:
             self.send_response(behaviour.status)
             self.send_header("Content-Type", behaviour.content_type)
+            for name, value in behaviour.headers:
+                self.send_header(name, value)
             self.send_header("Transfer-Encoding", "chunked")
             self.send_header("Connection", "close")
             self.end_headers()

@@ -678,6 +678,49 @@ def test_a_judge_that_never_finishes_its_answer_is_given_up_at_the_judge_timeout
     assert took < 30, took  # the server would trickle for a minute
 
 
+def test_a_judge_reply_of_hundreds_of_mb_is_refused_at_the_byte_limit(tmp_path: Path) -> None:
+    """A judge endpoint answering with a 300 MB body: read whole, litellm's failure path ran
+    regular expressions over all of it in the abandoned call's thread, holding the interpreter,
+    and the replay stalled for minutes past ``--judge-timeout`` (SIGTERM too). The body is
+    refused past the byte limit; the failure is reported and the replay ends (exit 0)."""
+    from llm_server import LLMServer, raw
+
+    path = tmp_path / "lambda.json"
+    path.write_text(json.dumps(transcript("lambda")))
+    out = tmp_path / "e.json"
+    with LLMServer() as server:
+        server.script(raw(*([b"x" * (1 << 20)] * 300), content_type="application/json"))
+        started = time.monotonic()
+        proc = subprocess.run(
+            [
+                *EVAL_NONE,
+                "--window",
+                "128000",
+                "--judge",
+                "openai/test-model",
+                "--judge-api-base",
+                server.base_url,
+                "--judge-timeout",
+                "60",
+                "--quiet",
+                "--json",
+                str(out),
+                str(path),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=180,
+            env=_cli_env(),
+        )
+        took = time.monotonic() - started
+    assert proc.returncode == 0, proc.stderr
+    assert "Traceback" not in proc.stderr
+    (total,) = json.loads(out.read_text())["totals"]
+    assert total["judge"] is None and total["calls"] > 0
+    assert any("the judge failed: ReplyRefused: the reply from 127.0.0.1 ran past 4 MiB" in e for e in total["errors"])
+    assert took < 45, took
+
+
 def test_a_failing_judge_call_is_reported_and_is_no_broken_invariant_of_the_pack(tmp_path: Path) -> None:
     """With a pack (not only a baseline), a judge call that failed counted as a broken
     invariant: "invariants broke on calls of: builtin:default" and exit 1, though the

@@ -303,6 +303,29 @@ def test_a_reply_that_ignores_max_tokens_is_cut_off_at_a_size_limit(
     assert breaker(stage, "gpt-4o-mini") == "gpt-4o-mini: state=closed failures=1"
 
 
+@pytest.mark.corpus
+def test_a_compressed_reply_that_inflates_to_gigabytes_is_cut_off_at_a_byte_limit(
+    tmp_path: Path, server: LLMServer, chat: list[dict[str, Any]]
+) -> None:
+    """gzip holding one line of gigabytes (here 256 MiB, in 256 KB): the size limit counts
+    parsed text, and no text parses before the line ends, so memory grew to gigabytes while the
+    clocks ran. The reply's bytes are counted as they inflate; the call fails past the line
+    limit and the checkpoint summarizes."""
+    import zlib
+
+    squeeze = zlib.compressobj(9, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
+    block = b" " * (1 << 20)
+    bomb = [squeeze.compress(b"data: " + block)] + [squeeze.compress(block) for _ in range(256)] + [squeeze.flush()]
+    server.script(raw(*bomb, content_type="text/event-stream", headers={"Content-Encoding": "gzip"}))
+    h = Harness(tmp_path, server, chat, inactivity_s=60, total_s=120)
+    started = time.monotonic()
+    out, stage = h.prepare()
+    assert time.monotonic() - started < 30
+    (attempt,) = attempts(stage)
+    assert "too_long: a line of the event stream from 127.0.0.1 ran past 4 MiB" in attempt
+    assert injected_meta(summary_of(out))["source"] == "checkpoint"
+
+
 def test_a_chunk_litellm_cannot_parse_fails_the_call_without_a_traceback_on_stderr(
     server: LLMServer, capfd: pytest.CaptureFixture[str]
 ) -> None:

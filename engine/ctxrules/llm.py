@@ -24,6 +24,7 @@ import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from ctxrules.reply_limits import capped
 from ctxrules.threads import abandon, helper_thread
 
 _LOCK = threading.Lock()
@@ -67,14 +68,16 @@ def quiet() -> Iterator[None]:
 @contextlib.contextmanager
 def own_call() -> Iterator[None]:
     """Around a model call ctxrules makes on its own, in the thread that makes (and reads) it:
-    litellm's log records of this thread are dropped, the outcome is reported by ctxrules."""
+    litellm's log records of this thread are dropped, the outcome is reported by ctxrules, and
+    the replies are read within byte limits (:mod:`ctxrules.reply_limits`)."""
     for name in LITELLM_LOGGERS:
         logger = logging.getLogger(name)
         if _FILTER not in logger.filters:
             logger.addFilter(_FILTER)
     _OWN.depth = getattr(_OWN, "depth", 0) + 1
     try:
-        yield
+        with capped():
+            yield
     finally:
         _OWN.depth -= 1
 

@@ -35,6 +35,7 @@ from typing import Any
 
 from ctxrules.llm import error_text, own_call
 from ctxrules.progress import note
+from ctxrules.reply_limits import ReplyRefused
 from ctxrules.threads import abandon, helper_thread
 
 __all__ = [
@@ -208,6 +209,8 @@ def _chunk_parts(chunk: Any) -> tuple[str, bool, str | None, Mapping[str, Any] |
 def _classify(exc: BaseException, partial: str) -> CallFailed:
     if isinstance(exc, CallFailed):
         return exc
+    if isinstance(exc, ReplyRefused):
+        return CallFailed(str(exc), kind=exc.kind, partial=partial)
     names = {cls.__name__ for cls in type(exc).__mro__}
     message = " ".join(str(exc).split())
     label = error_text(exc)

@@ -1,0 +1,227 @@
+"""Byte limits on the HTTP replies to the model calls ctxrules makes on its own.
+
+The summarizer, the eval judge, the router's judge and the cache probes call a model the pack
+names, through litellm, at an address the pack (or a flag) gives. The time limits of those
+calls hold whatever the server does, but bytes are another matter: a server that answers with
+one 200 MB line, or 3 MB of gzip that inflates to gigabytes, fills memory while the limits
+tick, and the text a failed call reports (200 MB of it) keeps litellm busy long after the call
+was given up. So, inside :func:`capped` (which :func:`ctxrules.llm.own_call` enters), every
+reply is read through a meter:
+
+- a reply that is an event stream (``text/event-stream``): at most :data:`MAX_LINE_BYTES` in one
+  line (one event's data) and :data:`MAX_STREAM_BYTES` in all;
+- any other reply (one JSON body): at most :data:`MAX_BODY_BYTES`;
+- the request asks for no compression (``Accept-Encoding: identity``); a server that compresses
+  anyway with gzip or deflate is inflated here, a bounded piece at a time, and the limits count
+  the inflated bytes; any other encoding is refused.
+
+Past a limit the read fails with :class:`ReplyRefused`, which :func:`capped` raises in place of
+whatever litellm made of it. The meter is a wrapper around ``httpx.HTTPTransport.
+handle_request`` (the transport under litellm's and the OpenAI client's synchronous calls),
+installed on first use; it acts only in a thread inside :func:`capped` and hands every other
+request (the caller's own model calls) to httpx untouched.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import zlib
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import httpx
+
+__all__ = ["MAX_BODY_BYTES", "MAX_LINE_BYTES", "MAX_STREAM_BYTES", "ReplyRefused", "capped"]
+
+MAX_BODY_BYTES = 4 << 20
+"""The largest reply read whole (a JSON completion): a judge's answer or a probe's is a few KB."""
+MAX_LINE_BYTES = 4 << 20
+"""The longest line of an event stream: one chunk of a streamed reply is a few hundred bytes."""
+MAX_STREAM_BYTES = 256 << 20
+"""All of one event stream: a summary of 131,072 characters streams in about 10 MB."""
+_PIECE = 64 << 10  # inflated at most this much at a time
+
+_STATE = threading.local()
+_INSTALL = threading.Lock()
+_installed = False
+
+
+class ReplyRefused(Exception):
+    """A reply to one of ctxrules' own model calls was refused while it was read: ``kind`` is
+    ``too_long`` (past a byte limit) or ``error`` (an encoding ctxrules does not read)."""
+
+    def __init__(self, message: str, *, kind: str = "too_long") -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+def _mib(n: int) -> str:
+    return f"{n / (1 << 20):g} MiB"
+
+
+class _Meter:
+    """Counts the bytes of one reply (inflated, when the server compressed it) and refuses the
+    one past a limit; records the refusal for :func:`capped` (litellm rewraps the exception)."""
+
+    def __init__(self, host: str, stream: bool) -> None:
+        self.host = host
+        self.stream = stream
+        self.total = 0
+        self.line = 0
+
+    def count(self, data: bytes) -> None:
+        self.total += len(data)
+        if self.stream:
+            end = data.rfind(b"\n")
+            self.line = self.line + len(data) if end < 0 else len(data) - end - 1
+            if self.line > MAX_LINE_BYTES:
+                self.refuse(f"a line of the event stream from {self.host} ran past {_mib(MAX_LINE_BYTES)}")
+            if self.total > MAX_STREAM_BYTES:
+                self.refuse(f"the event stream from {self.host} ran past {_mib(MAX_STREAM_BYTES)}")
+        elif self.total > MAX_BODY_BYTES:
+            self.refuse(f"the reply from {self.host} ran past {_mib(MAX_BODY_BYTES)}")
+
+    def refuse(self, message: str, kind: str = "too_long") -> None:
+        refused = ReplyRefused(message, kind=kind)
+        _STATE.refused = refused
+        raise refused
+
+
+class _Inflate:
+    """gzip or deflate, inflated at most :data:`_PIECE` bytes at a time."""
+
+    def __init__(self, encoding: str) -> None:
+        self.encoding = encoding
+        self.zlib_header = True
+        self._new()
+
+    def _new(self) -> None:
+        if self.encoding == "gzip":
+            wbits = 16 + zlib.MAX_WBITS
+        else:  # deflate: zlib-wrapped as the RFC says, or raw as some servers send it
+            wbits = zlib.MAX_WBITS if self.zlib_header else -zlib.MAX_WBITS
+        self.obj = zlib.decompressobj(wbits)
+        self.started = False
+
+    def pieces(self, data: bytes) -> Iterator[bytes]:
+        try:
+            out = self.obj.decompress(data, _PIECE)
+        except zlib.error:
+            if self.encoding != "deflate" or self.started or not self.zlib_header:
+                raise
+            self.zlib_header = False
+            self._new()
+            out = self.obj.decompress(data, _PIECE)
+        self.started = True
+        while True:
+            if out:
+                yield out
+            if not self.obj.unconsumed_tail:
+                return
+            out = self.obj.decompress(self.obj.unconsumed_tail, _PIECE)
+
+
+def _metered(response: httpx.Response, request: httpx.Request) -> httpx.Response:
+    """``response`` with its body read through a :class:`_Meter` (inflated when compressed)."""
+    import httpx
+
+    host = request.url.host or "the server"
+
+    content_type = response.headers.get("content-type", "").lower()
+    meter = _Meter(host, "text/event-stream" in content_type)
+    encodings = [e.strip().lower() for e in response.headers.get("content-encoding", "").split(",") if e.strip()]
+    encodings = [e for e in encodings if e != "identity"]
+    inflate: _Inflate | None = None
+    if encodings:
+        if len(encodings) > 1 or encodings[0] not in ("gzip", "deflate"):
+            response.close()
+            meter.refuse(
+                f"the reply from {host} is encoded as {', '.join(encodings)}, which ctxrules does not read "
+                "(it asked for no encoding)",
+                kind="error",
+            )
+        inflate = _Inflate(encodings[0])
+    if not isinstance(response.stream, httpx.SyncByteStream):  # a synchronous transport's always is
+        return response
+    inner: httpx.SyncByteStream = response.stream
+
+    class Stream(httpx.SyncByteStream):
+        def __iter__(self) -> Iterator[bytes]:
+            for data in inner:
+                if inflate is None:
+                    meter.count(data)
+                    yield data
+                    continue
+                for piece in inflate.pieces(data):
+                    meter.count(piece)
+                    yield piece
+
+        def close(self) -> None:
+            inner.close()
+
+    headers = [
+        (name, value)
+        for name, value in response.headers.multi_items()
+        if not (inflate is not None and name.lower() in ("content-encoding", "content-length"))
+    ]
+    return httpx.Response(
+        response.status_code,
+        headers=headers,
+        stream=Stream(),
+        extensions=response.extensions,
+        request=request,
+    )
+
+
+def _install() -> None:
+    """Wrap ``httpx.HTTPTransport.handle_request`` once per process (no-op without httpx)."""
+    global _installed
+    with _INSTALL:
+        if _installed:
+            return
+        _installed = True
+        try:
+            import httpx
+        except ImportError:  # pragma: no cover - litellm depends on httpx
+            return
+        original = httpx.HTTPTransport.handle_request
+
+        def handle_request(self: httpx.HTTPTransport, request: httpx.Request) -> httpx.Response:
+            if not getattr(_STATE, "depth", 0):
+                return original(self, request)
+            request.headers["Accept-Encoding"] = "identity"
+            _STATE.refused = None  # a retry that gets a reply within the limits is no refusal
+            response = original(self, request)
+            return _metered(response, request)
+
+        handle_request.__wrapped__ = original  # type: ignore[attr-defined]
+        httpx.HTTPTransport.handle_request = handle_request  # type: ignore[method-assign]
+
+
+@contextlib.contextmanager
+def capped() -> Iterator[None]:
+    """Read every HTTP reply this thread receives within the block through the byte limits; a
+    refused reply leaves the block as :class:`ReplyRefused`, whatever exception (or none, when
+    a stream reader swallowed it) litellm made of it."""
+    _install()
+    depth = getattr(_STATE, "depth", 0)
+    if not depth:
+        _STATE.refused = None
+    _STATE.depth = depth + 1
+    try:
+        yield
+    except ReplyRefused:
+        raise
+    except Exception as exc:
+        refused = _STATE.refused if not depth else None
+        if refused is not None:
+            raise ReplyRefused(str(refused), kind=refused.kind) from exc
+        raise
+    else:
+        refused = _STATE.refused if not depth else None
+        if refused is not None:
+            raise ReplyRefused(str(refused), kind=refused.kind)
+    finally:
+        _STATE.depth = depth
