@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import threading
 import time
 import tracemalloc
 import zlib
@@ -149,3 +150,37 @@ def test_a_reply_within_the_limits_is_read_by_own_calls(server: LLMServer) -> No
     server.script(raw(completion_body("the answer")))
     response = call_within(litellm.completion, {**request(server), "timeout": 30}, 30, name="ctxrules-test-call")
     assert response.choices[0].message.content == "the answer"
+
+
+def _alive(name: str) -> bool:
+    return any(t.name == name and t.is_alive() for t in threading.enumerate())
+
+
+def _ends(name: str, within_s: float) -> bool:
+    deadline = time.monotonic() + within_s
+    while _alive(name) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return not _alive(name)
+
+
+def test_a_call_given_up_on_ends_at_the_next_bytes_it_receives(server: LLMServer) -> None:
+    """A judge endpoint trickling a space every 0.2 s: call_within gives up at its timeout, and
+    the abandoned thread went on reading until the server stopped (a minute here, for ever
+    elsewhere). It ends at the next bytes instead."""
+    litellm = load_litellm()
+    server.script(raw(b" ", interval_s=0.2, repeat=True))
+    with pytest.raises(TimeoutError):
+        call_within(litellm.completion, {**request(server), "timeout": 30}, 1, name="ctxrules-test-trickle")
+    assert _ends("ctxrules-test-trickle", 5), "the abandoned call still reads the trickle"
+
+
+def test_a_stream_given_up_on_ends_its_reader_at_the_next_keep_alive(server: LLMServer) -> None:
+    """An event stream that sends a keep-alive comment every 0.2 s and never a token: the
+    inactivity limit fails the call, and the stream's reader thread (litellm skips comments,
+    so it never sees a chunk to stop at) ends within a few comments, not when the server
+    stops: the stream is closed and the next bytes end the read."""
+    server.script(raw(b": keep-alive\n\n", content_type="text/event-stream", interval_s=0.2, repeat=True))
+    with pytest.raises(CallFailed) as failed:
+        stream_completion(request(server), StreamLimits(1, 30))
+    assert failed.value.kind == "inactivity"
+    assert _ends("ctxrules-summarizer-stream", 5), "the abandoned stream reader still reads"

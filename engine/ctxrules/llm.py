@@ -66,17 +66,18 @@ def quiet() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def own_call() -> Iterator[None]:
+def own_call(cancel: threading.Event | None = None) -> Iterator[None]:
     """Around a model call ctxrules makes on its own, in the thread that makes (and reads) it:
     litellm's log records of this thread are dropped, the outcome is reported by ctxrules, and
-    the replies are read within byte limits (:mod:`ctxrules.reply_limits`)."""
+    the replies are read within byte limits (:mod:`ctxrules.reply_limits`); once ``cancel`` is
+    set (the caller gave the call up), the next bytes received end the read."""
     for name in LITELLM_LOGGERS:
         logger = logging.getLogger(name)
         if _FILTER not in logger.filters:
             logger.addFilter(_FILTER)
     _OWN.depth = getattr(_OWN, "depth", 0) + 1
     try:
-        with capped():
+        with capped(cancel):
             yield
     finally:
         _OWN.depth -= 1
@@ -88,16 +89,18 @@ def call_within(call: Callable[..., Any], kwargs: dict[str, Any], timeout_s: flo
 
     An HTTP ``timeout`` bounds each read, not the whole response: a server (or proxy) that
     trickles whitespace keeps every read short and the call open for as long as it likes. The
-    abandoned call ends with its connection (the thread is a daemon: it never holds up exit).
+    abandoned call ends at the next bytes it receives (:func:`own_call`'s ``cancel``), or at
+    the socket's read timeout when none come (the thread is a daemon: it never holds up exit).
     The call sees the caller's context variables (a copy), as it would on the caller's thread:
     a plugin hook (the router's judge) may read them.
     """
     box: dict[str, Any] = {}
     context = contextvars.copy_context()
+    cancel = threading.Event()
 
     def run() -> None:
         try:
-            with own_call(), warnings.catch_warnings():
+            with own_call(cancel), warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 box["response"] = context.run(call, **kwargs)
         except BaseException as exc:  # handed to the caller
@@ -109,6 +112,7 @@ def call_within(call: Callable[..., Any], kwargs: dict[str, Any], timeout_s: flo
         worker.join(timeout_s + 1.0)
     finally:
         if worker.is_alive():  # given up on: timed out, or the caller was interrupted (SIGTERM)
+            cancel.set()  # its next bytes end the read (a trickle would keep it reading)
             abandon(worker)
     if worker.is_alive():
         raise TimeoutError(f"no complete answer within {timeout_s:g} s")

@@ -16,7 +16,11 @@ reply is read through a meter:
   the inflated bytes; any other encoding is refused.
 
 Past a limit the read fails with :class:`ReplyRefused`, which :func:`capped` raises in place of
-whatever litellm made of it. The meter is a wrapper around ``httpx.HTTPTransport.
+whatever litellm made of it. So does the next read of a call its caller has given up on
+(``capped(cancel=event)``, the event set): a server that keeps a connection alive with a
+comment every few seconds kept the abandoned call's thread reading (each read well within the
+socket's timeout) for as long as it liked, and a process that ended meanwhile could freeze in
+the interpreter's teardown. The meter is a wrapper around ``httpx.HTTPTransport.
 handle_request`` (the transport under litellm's and the OpenAI client's synchronous calls),
 installed on first use; it acts only in a thread inside :func:`capped` and hands every other
 request (the caller's own model calls) to httpx untouched.
@@ -65,13 +69,16 @@ class _Meter:
     """Counts the bytes of one reply (inflated, when the server compressed it) and refuses the
     one past a limit; records the refusal for :func:`capped` (litellm rewraps the exception)."""
 
-    def __init__(self, host: str, stream: bool) -> None:
+    def __init__(self, host: str, stream: bool, cancel: threading.Event | None) -> None:
         self.host = host
         self.stream = stream
+        self.cancel = cancel
         self.total = 0
         self.line = 0
 
     def count(self, data: bytes) -> None:
+        if self.cancel is not None and self.cancel.is_set():
+            self.refuse(f"the call to {self.host} was given up", kind="error")
         self.total += len(data)
         if self.stream:
             end = data.rfind(b"\n")
@@ -130,7 +137,7 @@ def _metered(response: httpx.Response, request: httpx.Request) -> httpx.Response
     host = request.url.host or "the server"
 
     content_type = response.headers.get("content-type", "").lower()
-    meter = _Meter(host, "text/event-stream" in content_type)
+    meter = _Meter(host, "text/event-stream" in content_type, getattr(_STATE, "cancel", None))
     encodings = [e.strip().lower() for e in response.headers.get("content-encoding", "").split(",") if e.strip()]
     encodings = [e for e in encodings if e != "identity"]
     inflate: _Inflate | None = None
@@ -201,14 +208,18 @@ def _install() -> None:
 
 
 @contextlib.contextmanager
-def capped() -> Iterator[None]:
+def capped(cancel: threading.Event | None = None) -> Iterator[None]:
     """Read every HTTP reply this thread receives within the block through the byte limits; a
     refused reply leaves the block as :class:`ReplyRefused`, whatever exception (or none, when
-    a stream reader swallowed it) litellm made of it."""
+    a stream reader swallowed it) litellm made of it. Once ``cancel`` is set (by the caller who
+    gave the call up), the next bytes received end the read the same way."""
     _install()
     depth = getattr(_STATE, "depth", 0)
+    outer_cancel = getattr(_STATE, "cancel", None)
     if not depth:
         _STATE.refused = None
+    if cancel is not None:
+        _STATE.cancel = cancel
     _STATE.depth = depth + 1
     try:
         yield
@@ -225,3 +236,4 @@ def capped() -> Iterator[None]:
             raise ReplyRefused(str(refused), kind=refused.kind)
     finally:
         _STATE.depth = depth
+        _STATE.cancel = outer_cancel
