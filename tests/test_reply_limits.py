@@ -184,3 +184,24 @@ def test_a_stream_given_up_on_ends_its_reader_at_the_next_keep_alive(server: LLM
         stream_completion(request(server), StreamLimits(1, 30))
     assert failed.value.kind == "inactivity"
     assert _ends("ctxrules-summarizer-stream", 5), "the abandoned stream reader still reads"
+
+
+def test_a_server_that_ignores_stream_and_sends_one_completion_is_read(server: LLMServer) -> None:
+    """A server (or proxy) that answers a streaming request with one JSON completion: the
+    stream's reader finds no event in it, and the call failed as an empty reply."""
+    text = '{"user_goal": "fix the enum serializer"}'
+    server.script(raw(completion_body(text), content_type="application/json"))
+    result = stream_completion(request(server), StreamLimits(30, 60))
+    assert result.text == text and result.finish_reason == "stop"
+    assert server.requests[0].body["stream"] is True
+
+
+def test_a_plain_body_that_holds_no_completion_says_what_the_server_sent(server: LLMServer) -> None:
+    server.script(raw(b'{"status": "queued"}', content_type="application/json"))
+    with pytest.raises(CallFailed) as failed:
+        stream_completion(request(server), StreamLimits(30, 60))
+    assert failed.value.kind == "error"
+    assert str(failed.value) == (
+        "the server answered with one application/json body that holds no completion, not an event "
+        """stream: '{"status": "queued"}'"""
+    )

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import httpx
 
-__all__ = ["MAX_BODY_BYTES", "MAX_LINE_BYTES", "MAX_STREAM_BYTES", "ReplyRefused", "capped"]
+__all__ = ["MAX_BODY_BYTES", "MAX_LINE_BYTES", "MAX_STREAM_BYTES", "ReplyRefused", "capped", "plain_reply"]
 
 MAX_BODY_BYTES = 4 << 20
 """The largest reply read whole (a JSON completion): a judge's answer or a probe's is a few KB."""
@@ -69,10 +69,11 @@ class _Meter:
     """Counts the bytes of one reply (inflated, when the server compressed it) and refuses the
     one past a limit; records the refusal for :func:`capped` (litellm rewraps the exception)."""
 
-    def __init__(self, host: str, stream: bool, cancel: threading.Event | None) -> None:
+    def __init__(self, host: str, stream: bool, cancel: threading.Event | None, kept: bytearray | None) -> None:
         self.host = host
         self.stream = stream
         self.cancel = cancel
+        self.kept = kept
         self.total = 0
         self.line = 0
 
@@ -89,6 +90,8 @@ class _Meter:
                 self.refuse(f"the event stream from {self.host} ran past {_mib(MAX_STREAM_BYTES)}")
         elif self.total > MAX_BODY_BYTES:
             self.refuse(f"the reply from {self.host} ran past {_mib(MAX_BODY_BYTES)}")
+        elif self.kept is not None:
+            self.kept += data
 
     def refuse(self, message: str, kind: str = "too_long") -> None:
         refused = ReplyRefused(message, kind=kind)
@@ -137,7 +140,12 @@ def _metered(response: httpx.Response, request: httpx.Request) -> httpx.Response
     host = request.url.host or "the server"
 
     content_type = response.headers.get("content-type", "").lower()
-    meter = _Meter(host, "text/event-stream" in content_type, getattr(_STATE, "cancel", None))
+    stream = "text/event-stream" in content_type
+    kept = None
+    if not stream and getattr(_STATE, "keep_plain", False):
+        kept = bytearray()
+        _STATE.plain = (content_type.split(";")[0].strip() or "no content type", kept)
+    meter = _Meter(host, stream, getattr(_STATE, "cancel", None), kept)
     encodings = [e.strip().lower() for e in response.headers.get("content-encoding", "").split(",") if e.strip()]
     encodings = [e for e in encodings if e != "identity"]
     inflate: _Inflate | None = None
@@ -200,6 +208,7 @@ def _install() -> None:
                 return original(self, request)
             request.headers["Accept-Encoding"] = "identity"
             _STATE.refused = None  # a retry that gets a reply within the limits is no refusal
+            _STATE.plain = None
             response = original(self, request)
             return _metered(response, request)
 
@@ -208,18 +217,24 @@ def _install() -> None:
 
 
 @contextlib.contextmanager
-def capped(cancel: threading.Event | None = None) -> Iterator[None]:
+def capped(cancel: threading.Event | None = None, *, keep_plain: bool = False) -> Iterator[None]:
     """Read every HTTP reply this thread receives within the block through the byte limits; a
     refused reply leaves the block as :class:`ReplyRefused`, whatever exception (or none, when
     a stream reader swallowed it) litellm made of it. Once ``cancel`` is set (by the caller who
-    gave the call up), the next bytes received end the read the same way."""
+    gave the call up), the next bytes received end the read the same way. ``keep_plain``: a
+    reply that is no event stream is kept for :func:`plain_reply` (a streaming call's reader
+    finds no event in it)."""
     _install()
     depth = getattr(_STATE, "depth", 0)
     outer_cancel = getattr(_STATE, "cancel", None)
+    outer_keep = getattr(_STATE, "keep_plain", False)
     if not depth:
         _STATE.refused = None
+        _STATE.plain = None
     if cancel is not None:
         _STATE.cancel = cancel
+    if keep_plain:
+        _STATE.keep_plain = True
     _STATE.depth = depth + 1
     try:
         yield
@@ -237,3 +252,12 @@ def capped(cancel: threading.Event | None = None) -> Iterator[None]:
     finally:
         _STATE.depth = depth
         _STATE.cancel = outer_cancel
+        _STATE.keep_plain = outer_keep
+
+
+def plain_reply() -> tuple[str, bytes] | None:
+    """(content type, body) of the last reply this thread received inside
+    ``capped(keep_plain=True)`` that was no event stream: a server that ignored ``stream``
+    and answered with one JSON completion (``None``: there was none)."""
+    plain = getattr(_STATE, "plain", None)
+    return None if plain is None else (plain[0], bytes(plain[1]))

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import json
 import os
 import queue
 import threading
@@ -35,7 +36,7 @@ from typing import Any
 
 from ctxrules.llm import error_text, own_call
 from ctxrules.progress import note
-from ctxrules.reply_limits import ReplyRefused
+from ctxrules.reply_limits import ReplyRefused, plain_reply
 from ctxrules.threads import abandon, helper_thread
 
 __all__ = [
@@ -206,6 +207,27 @@ def _chunk_parts(chunk: Any) -> tuple[str, bool, str | None, Mapping[str, Any] |
     return text, progressed, finish, usage if isinstance(usage, Mapping) else None
 
 
+def _plain_completion(content_type: str, body: bytes) -> dict[str, Any]:
+    """One stream chunk holding the reply of a server that answered a streaming request with
+    one JSON completion; raises :class:`CallFailed` when the body holds none."""
+    try:
+        value = json.loads(body)
+    except (ValueError, RecursionError):
+        value = None
+    choices = value.get("choices") if isinstance(value, dict) else None
+    first = choices[0] if isinstance(choices, list) and choices else None
+    message = _field(first, "message") if first is not None else None
+    content = _field(message, "content") if isinstance(message, Mapping) else None
+    if not isinstance(content, str):
+        shown = " ".join(body[:200].decode("utf-8", "replace").split())
+        raise CallFailed(
+            f"the server answered with one {content_type} body that holds no completion, not an event stream: {shown!r}"
+        )
+    usage = value.get("usage") if isinstance(value, dict) else None
+    choice = {"delta": {"content": content}, "finish_reason": _field(first, "finish_reason")}
+    return {"choices": [choice], "usage": usage if isinstance(usage, Mapping) else None}
+
+
 def _classify(exc: BaseException, partial: str) -> CallFailed:
     if isinstance(exc, CallFailed):
         return exc
@@ -253,17 +275,24 @@ def stream_completion(
     def work() -> None:
         stream: Any = None
         try:
-            with own_call(cancel), warnings.catch_warnings():
+            with own_call(cancel, keep_plain=True), warnings.catch_warnings():
                 # litellm imports provider modules lazily on the first call, and their
                 # deprecation noise would surface in the user's output (or fail a test run
                 # that turns warnings into errors).
                 warnings.simplefilter("ignore")
                 stream = call(**kwargs)
                 holder["stream"] = stream
+                texts = 0
                 for chunk in stream:
                     if cancel.is_set():
                         break
+                    texts += bool(_chunk_parts(chunk)[0])
                     inbox.put(("chunk", chunk))
+                plain = plain_reply()
+                if not texts and plain is not None and not cancel.is_set():
+                    # A server that ignored `stream` and answered with one JSON body: the
+                    # stream's reader found no event in it.
+                    inbox.put(("chunk", _plain_completion(*plain)))
             inbox.put(("done", None))
         except BaseException as exc:  # handed to the caller, who classifies it
             inbox.put(("error", exc))
