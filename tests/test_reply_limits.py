@@ -76,7 +76,7 @@ def test_one_endless_line_of_an_event_stream_fails_at_the_line_limit(server: LLM
         stream_completion(request(server), StreamLimits(30, 60))
     assert time.monotonic() - started < 20
     assert failed.value.kind == "too_long"
-    assert f"a line of the event stream from 127.0.0.1 ran past {MAX_LINE_BYTES // MiB} MiB" in str(failed.value)
+    assert f"a line of the stream from 127.0.0.1 ran past {MAX_LINE_BYTES // MiB} MiB" in str(failed.value)
     assert server.requests[0].headers.get("accept-encoding") == "identity"
 
 
@@ -205,3 +205,32 @@ def test_a_plain_body_that_holds_no_completion_says_what_the_server_sent(server:
         "the server answered with one application/json body that holds no completion, not an event "
         """stream: '{"status": "queued"}'"""
     )
+
+
+def test_an_ndjson_stream_has_the_line_limit_of_an_event_stream(server: LLMServer) -> None:
+    """Streams framed in lines other than server-sent events (NDJSON, as Ollama's own API
+    streams) are held to the same line limit."""
+    server.script(raw(b'{"message": "' + b"a" * MiB, content_type="application/x-ndjson", repeat=True))
+    with pytest.raises(CallFailed) as failed:
+        stream_completion(request(server), StreamLimits(30, 60))
+    assert failed.value.kind == "too_long"
+    assert str(failed.value) == "a line of the stream from 127.0.0.1 ran past 4 MiB"
+
+
+def test_a_stream_in_a_binary_framing_is_not_held_to_the_line_limit(server: LLMServer) -> None:
+    """A binary event stream (Bedrock's) has no lines: 6 MiB without a newline is no refusal
+    (what litellm makes of the bytes is its own error)."""
+    server.script(raw(*([b"\x00\x01" * (MiB // 2)] * 6), content_type="application/vnd.amazon.eventstream"))
+    with pytest.raises(CallFailed) as failed:
+        stream_completion(request(server), StreamLimits(30, 60))
+    assert failed.value.kind != "too_long" and "ran past" not in str(failed.value)
+
+
+def test_a_call_that_does_not_stream_reads_at_most_the_body_limit_whatever_the_type(server: LLMServer) -> None:
+    """A judge endpoint answering with what it calls an event stream, 200 MB in one line: a
+    call that did not ask for a stream is held to the limit of one body."""
+    litellm = load_litellm()
+    server.script(raw(b"x" * MiB, content_type="text/event-stream", repeat=True))
+    with pytest.raises(ReplyRefused) as refused:
+        call_within(litellm.completion, {**request(server), "timeout": 30}, 30, name="ctxrules-test-call")
+    assert str(refused.value) == "the reply from 127.0.0.1 ran past 4 MiB"

@@ -322,7 +322,7 @@ def test_a_compressed_reply_that_inflates_to_gigabytes_is_cut_off_at_a_byte_limi
     out, stage = h.prepare()
     assert time.monotonic() - started < 30
     (attempt,) = attempts(stage)
-    assert "too_long: a line of the event stream from 127.0.0.1 ran past 4 MiB" in attempt
+    assert "too_long: a line of the stream from 127.0.0.1 ran past 4 MiB" in attempt
     assert injected_meta(summary_of(out))["source"] == "checkpoint"
 
 

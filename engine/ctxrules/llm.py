@@ -66,11 +66,11 @@ def quiet() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def own_call(cancel: threading.Event | None = None, *, keep_plain: bool = False) -> Iterator[None]:
+def own_call(cancel: threading.Event | None = None, *, streaming: bool = False) -> Iterator[None]:
     """Around a model call ctxrules makes on its own, in the thread that makes (and reads) it:
     litellm's log records of this thread are dropped, the outcome is reported by ctxrules, and
     the replies are read within byte limits (:mod:`ctxrules.reply_limits`); once ``cancel`` is
-    set (the caller gave the call up), the next bytes received end the read; ``keep_plain``:
+    set (the caller gave the call up), the next bytes received end the read; ``streaming``:
     see :func:`ctxrules.reply_limits.capped`."""
     for name in LITELLM_LOGGERS:
         logger = logging.getLogger(name)
@@ -78,7 +78,7 @@ def own_call(cancel: threading.Event | None = None, *, keep_plain: bool = False)
             logger.addFilter(_FILTER)
     _OWN.depth = getattr(_OWN, "depth", 0) + 1
     try:
-        with capped(cancel, keep_plain=keep_plain):
+        with capped(cancel, streaming=streaming):
             yield
     finally:
         _OWN.depth -= 1

@@ -8,9 +8,13 @@ tick, and the text a failed call reports (200 MB of it) keeps litellm busy long 
 was given up. So, inside :func:`capped` (which :func:`ctxrules.llm.own_call` enters), every
 reply is read through a meter:
 
-- a reply that is an event stream (``text/event-stream``): at most :data:`MAX_LINE_BYTES` in one
-  line (one event's data) and :data:`MAX_STREAM_BYTES` in all;
-- any other reply (one JSON body): at most :data:`MAX_BODY_BYTES`;
+- a call that streams (the summarizer's): a reply framed in lines (an event stream, NDJSON) may
+  hold at most :data:`MAX_LINE_BYTES` in one line (one event) and :data:`MAX_STREAM_BYTES` in
+  all; a reply in another binary framing (Bedrock's event stream), :data:`MAX_STREAM_BYTES`; a
+  plain body (a server that ignored ``stream``), :data:`MAX_BODY_BYTES`, kept for
+  :func:`plain_reply`;
+- a call that does not stream (a judge, a probe): at most :data:`MAX_BODY_BYTES`, whatever the
+  reply says it is;
 - the request asks for no compression (``Accept-Encoding: identity``); a server that compresses
   anyway with gzip or deflate is inflated here, a bounded piece at a time, and the limits count
   the inflated bytes; any other encoding is refused.
@@ -46,6 +50,10 @@ MAX_LINE_BYTES = 4 << 20
 MAX_STREAM_BYTES = 256 << 20
 """All of one event stream: a summary of 131,072 characters streams in about 10 MB."""
 _PIECE = 64 << 10  # inflated at most this much at a time
+# Content types of streams framed in lines (one event or object per line).
+_LINE_FRAMED = frozenset(
+    {"text/event-stream", "application/x-ndjson", "application/ndjson", "application/jsonl", "application/json-seq"}
+)
 
 _STATE = threading.local()
 _INSTALL = threading.Lock()
@@ -69,11 +77,13 @@ class _Meter:
     """Counts the bytes of one reply (inflated, when the server compressed it) and refuses the
     one past a limit; records the refusal for :func:`capped` (litellm rewraps the exception)."""
 
-    def __init__(self, host: str, stream: bool, cancel: threading.Event | None, kept: bytearray | None) -> None:
+    def __init__(self, host: str, what: str, total: int, line: int | None, cancel: threading.Event | None) -> None:
         self.host = host
-        self.stream = stream
+        self.what = what
+        self.max_total = total
+        self.max_line = line
         self.cancel = cancel
-        self.kept = kept
+        self.kept: bytearray | None = None
         self.total = 0
         self.line = 0
 
@@ -81,16 +91,14 @@ class _Meter:
         if self.cancel is not None and self.cancel.is_set():
             self.refuse(f"the call to {self.host} was given up", kind="error")
         self.total += len(data)
-        if self.stream:
+        if self.max_line is not None:
             end = data.rfind(b"\n")
             self.line = self.line + len(data) if end < 0 else len(data) - end - 1
-            if self.line > MAX_LINE_BYTES:
-                self.refuse(f"a line of the event stream from {self.host} ran past {_mib(MAX_LINE_BYTES)}")
-            if self.total > MAX_STREAM_BYTES:
-                self.refuse(f"the event stream from {self.host} ran past {_mib(MAX_STREAM_BYTES)}")
-        elif self.total > MAX_BODY_BYTES:
-            self.refuse(f"the reply from {self.host} ran past {_mib(MAX_BODY_BYTES)}")
-        elif self.kept is not None:
+            if self.line > self.max_line:
+                self.refuse(f"a line of {self.what} ran past {_mib(self.max_line)}")
+        if self.total > self.max_total:
+            self.refuse(f"{self.what} ran past {_mib(self.max_total)}")
+        if self.kept is not None:
             self.kept += data
 
     def refuse(self, message: str, kind: str = "too_long") -> None:
@@ -138,14 +146,18 @@ def _metered(response: httpx.Response, request: httpx.Request) -> httpx.Response
     import httpx
 
     host = request.url.host or "the server"
-
-    content_type = response.headers.get("content-type", "").lower()
-    stream = "text/event-stream" in content_type
-    kept = None
-    if not stream and getattr(_STATE, "keep_plain", False):
-        kept = bytearray()
-        _STATE.plain = (content_type.split(";")[0].strip() or "no content type", kept)
-    meter = _Meter(host, stream, getattr(_STATE, "cancel", None), kept)
+    kind = response.headers.get("content-type", "").split(";")[0].strip().lower()
+    cancel = getattr(_STATE, "cancel", None)
+    if not getattr(_STATE, "streaming", False):
+        meter = _Meter(host, f"the reply from {host}", MAX_BODY_BYTES, None, cancel)
+    elif kind in _LINE_FRAMED:
+        meter = _Meter(host, f"the stream from {host}", MAX_STREAM_BYTES, MAX_LINE_BYTES, cancel)
+    elif kind == "application/json" or kind.startswith("text/") or not kind:
+        meter = _Meter(host, f"the reply from {host}", MAX_BODY_BYTES, None, cancel)
+        meter.kept = bytearray()
+        _STATE.plain = (kind or "untyped", meter.kept)
+    else:
+        meter = _Meter(host, f"the stream from {host}", MAX_STREAM_BYTES, None, cancel)
     encodings = [e.strip().lower() for e in response.headers.get("content-encoding", "").split(",") if e.strip()]
     encodings = [e for e in encodings if e != "identity"]
     inflate: _Inflate | None = None
@@ -217,24 +229,24 @@ def _install() -> None:
 
 
 @contextlib.contextmanager
-def capped(cancel: threading.Event | None = None, *, keep_plain: bool = False) -> Iterator[None]:
+def capped(cancel: threading.Event | None = None, *, streaming: bool = False) -> Iterator[None]:
     """Read every HTTP reply this thread receives within the block through the byte limits; a
     refused reply leaves the block as :class:`ReplyRefused`, whatever exception (or none, when
     a stream reader swallowed it) litellm made of it. Once ``cancel`` is set (by the caller who
-    gave the call up), the next bytes received end the read the same way. ``keep_plain``: a
-    reply that is no event stream is kept for :func:`plain_reply` (a streaming call's reader
-    finds no event in it)."""
+    gave the call up), the next bytes received end the read the same way. ``streaming``: the
+    call asked for a stream (the limits of a stream apply, and a plain reply is kept for
+    :func:`plain_reply`: the stream's reader finds no event in it)."""
     _install()
     depth = getattr(_STATE, "depth", 0)
     outer_cancel = getattr(_STATE, "cancel", None)
-    outer_keep = getattr(_STATE, "keep_plain", False)
+    outer_streaming = getattr(_STATE, "streaming", False)
     if not depth:
         _STATE.refused = None
         _STATE.plain = None
     if cancel is not None:
         _STATE.cancel = cancel
-    if keep_plain:
-        _STATE.keep_plain = True
+    if streaming:
+        _STATE.streaming = True
     _STATE.depth = depth + 1
     try:
         yield
@@ -252,12 +264,12 @@ def capped(cancel: threading.Event | None = None, *, keep_plain: bool = False) -
     finally:
         _STATE.depth = depth
         _STATE.cancel = outer_cancel
-        _STATE.keep_plain = outer_keep
+        _STATE.streaming = outer_streaming
 
 
 def plain_reply() -> tuple[str, bytes] | None:
     """(content type, body) of the last reply this thread received inside
-    ``capped(keep_plain=True)`` that was no event stream: a server that ignored ``stream``
-    and answered with one JSON completion (``None``: there was none)."""
+    ``capped(streaming=True)`` that was a plain body: a server that ignored ``stream`` and
+    answered with one JSON completion (``None``: there was none)."""
     plain = getattr(_STATE, "plain", None)
     return None if plain is None else (plain[0], bytes(plain[1]))

@@ -275,7 +275,7 @@ def stream_completion(
     def work() -> None:
         stream: Any = None
         try:
-            with own_call(cancel, keep_plain=True), warnings.catch_warnings():
+            with own_call(cancel, streaming=True), warnings.catch_warnings():
                 # litellm imports provider modules lazily on the first call, and their
                 # deprecation noise would surface in the user's output (or fail a test run
                 # that turns warnings into errors).
