@@ -121,6 +121,19 @@ def test_an_unreadable_input_is_named_with_where_it_breaks(cli, tmp_path: Path) 
     assert f"{tmp_path / 'truncated.json'}:3:1: invalid JSON" in lines["truncated"], out
     assert f'{tmp_path / "twice.json"}: /0: the key "content" appears twice' in lines["twice"], out
     assert f"{tmp_path / 'latin1.json'}: not UTF-8 (byte 33)" in lines["latin1"], out
+    # Said as `run --input` says it: no Python exception name in front.
+    assert "Error" not in out, out
+
+
+def test_each_case_is_one_line_whatever_its_input_name_holds(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    # An input named "a\nb" printed its newline raw: the case's line broke in two, and a
+    # line-by-line reader of the output (CI annotations) lost the second half.
+    pack = write_pack(tmp_path, 'tests:\n  - {id: nl, model: gpt-4o, input: "a\\nb\\u001b[2J", expect: {fits: true}}\n')
+    code, out, _ = cli("test", str(pack))
+    assert (code, summary(out)) == (1, (0, 1, 0)), out
+    first, last = out.splitlines()
+    assert first.startswith("FAIL ") and "input not found: " in first and first.endswith("a\\x0ab\\x1b[2J"), out
+    assert last == "0 passed, 1 failed", out
 
 
 def test_an_input_that_is_a_folder_is_named_without_a_python_exception(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]

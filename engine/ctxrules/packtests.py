@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ctxrules.errors import CtxrulesError
+from ctxrules.errors import CtxrulesError, UsageError
 from ctxrules.messages import message_text
 
 if TYPE_CHECKING:
@@ -67,7 +67,7 @@ def _read_json(path: Path) -> Any:
     try:
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
-        raise ValueError(f"{path}: not UTF-8 (byte {exc.start})") from None
+        raise UsageError(f"{path}: not UTF-8 (byte {exc.start})") from None
     return parse_json(text, str(path))
 
 
@@ -107,6 +107,8 @@ def run_case(engine: Engine, index: int, case: dict[str, Any]) -> CaseResult:
         return done("failed", str(exc))
     except OSError as exc:  # a folder, a file that cannot be read: said as `run --input` says it
         return done("failed", f"{exc.filename or path}: cannot read: {exc.strerror or exc}")
+    except UsageError as exc:  # the input itself (not UTF-8, not JSON): said as `run --input` says it
+        return done("failed", str(exc))
     except (ValueError, CtxrulesError) as exc:
         return done("failed", f"{type(exc).__name__}: {exc}")
     return done(*_check(case.get("expect") or {}, result.messages, result.report))

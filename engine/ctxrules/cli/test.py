@@ -101,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
         line = f"{label} {r.pack}::{r.id}" + (f" ({r.ms:.0f} ms)" if r.ms else "")
         if r.message:
             line += f": {r.message}"
-        write_stdout(printable(line, one_line=False) + "\n")  # ids and messages quote the pack
+        write_stdout(printable(line) + "\n")  # one line per case; ids and messages quote the pack
     passed = sum(r.status == "passed" for r in results)
     failed = sum(r.status == "failed" for r in results)
     skipped = sum(r.status == "skipped" for r in results)
