@@ -398,6 +398,28 @@ def test_a_resume_whose_output_cannot_be_written_leaves_the_checkpoint_for_a_ret
 
 
 @pytest.mark.corpus
+def test_a_damaged_prefix_in_a_checkpoint_reads_as_none_and_a_missing_head_is_named(tmp_path: Path) -> None:
+    """``"prefix": true`` (a hand-edited or damaged checkpoint) was a count of one to resume
+    and "the first True messages" to scan; like any prefix that is no positive count, it is
+    none. A prefix whose messages cannot be read said the file "no longer holds them" when it
+    was missing, or when the state saved with it was damaged."""
+    root, session_dir, src = _cut_compaction(tmp_path)
+    path = session_dir / "checkpoint.json"
+    data = json.loads(path.read_text())
+    assert not data.get("prefix")
+    path.write_text(json.dumps({**data, "prefix": True}))
+    [hit] = checkpoint.scan(root)
+    assert hit.prefix == 0
+    done = cli("sessions", "scan", "--state", str(root))
+    assert done.returncode == 0 and str(session_dir) in done.stdout and "True" not in done.stdout, done.stdout
+    path.write_text(json.dumps({**data, "prefix": 3}))
+    with pytest.raises(Exception, match="that file \\(or the state saved with it\\) cannot be read"):
+        checkpoint.resume(session_dir)
+    path.write_text(json.dumps({**data, "prefix": True}))
+    assert checkpoint.resume(session_dir) == json.loads(src.read_text())
+
+
+@pytest.mark.corpus
 def test_a_compaction_killed_on_a_warm_turn_is_resumed_from_the_last_output(tmp_path: Path) -> None:
     """On a warm turn the backup holds only the appended messages; the rest are the first lines
     of last_output.jsonl, which the session does not write while the checkpoint exists."""

@@ -166,7 +166,8 @@ def recovered(session: Path | str, *, store: Store | None = None) -> str | None:
 
 def _prefix(data: dict[str, Any]) -> int:
     prefix = data.get("prefix")
-    return prefix if isinstance(prefix, int) and prefix > 0 else 0
+    # (a damaged `"prefix": true` is no count: it was shown as "the first True messages")
+    return prefix if isinstance(prefix, int) and not isinstance(prefix, bool) and prefix > 0 else 0
 
 
 def _backed_up(st: Store, key: str, data: dict[str, Any]) -> list[Any]:
@@ -186,12 +187,18 @@ def _backed_up(st: Store, key: str, data: dict[str, Any]) -> list[Any]:
     if not prefix:
         return tail
     turn = st.load_turn(key)
-    head = turn.output[:prefix] if turn.output is not None and len(turn.output) >= prefix else None
-    if head is None:
+    if turn.output is None:
+        # Missing, damaged, or no longer the one the saved state names (state.json damaged).
+        raise CtxrulesError(
+            f"{where}: the checkpoint's backup starts after the first {prefix} messages of "
+            "last_output.jsonl, and that file (or the state saved with it) cannot be read"
+        )
+    if len(turn.output) < prefix:
         raise CtxrulesError(
             f"{where}: the checkpoint's backup starts after the first {prefix} messages of "
             "last_output.jsonl, and that file no longer holds them"
         )
+    head = turn.output[:prefix]
     return [*head, *tail]
 
 
