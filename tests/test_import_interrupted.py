@@ -168,3 +168,20 @@ def _sessions(kind: str, store: list[str], tmp_path: Path) -> list[str]:
     got = subprocess.run([sys.executable, "-c", code, url], cwd=tmp_path, env=ENV, capture_output=True, text=True)
     assert got.returncode == 0, got.stderr
     return list(json.loads(got.stdout))
+
+
+@pytest.mark.parametrize("points_at", ["nowhere", "an empty folder"])
+def test_an_import_into_a_symbolic_link_names_the_link(archive: Path, tmp_path: Path, points_at: str) -> None:
+    """``--session B/lnk`` where lnk is a symbolic link: the import failed naming its hidden
+    staging folder (``B/.lnk.importing-XXXXXXXX: Not a directory``), a path the user never
+    gave. It names the link; nothing is written on either side of it."""
+    (tmp_path / "B").mkdir()
+    target = tmp_path / "elsewhere"
+    if points_at == "an empty folder":
+        target.mkdir()
+    (tmp_path / "B" / "lnk").symlink_to(target)
+    done = ctxrules("sessions", "import", str(archive), "--state", "B", "--session", "B/lnk", cwd=tmp_path)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr == "ctxrules: error: B/lnk: a symbolic link, which a session is not written through\n"
+    assert sorted(p.name for p in (tmp_path / "B").iterdir()) == ["lnk"]
+    assert not target.exists() or list(target.iterdir()) == []

@@ -84,6 +84,9 @@ def staged_dir(target: Path, exists: Callable[[], bool]) -> Iterator[Path]:
     (:class:`SessionExists` then, before the block and at its end)."""
     if exists():
         raise SessionExists(f"{target} exists already")
+    if target.is_symlink():
+        # The rename would fail naming the staging folder, which the user never named.
+        raise NotADirectoryError(errno.ENOTDIR, "a symbolic link, which a session is not written through", str(target))
     parent = target.parent
     try:
         parent.mkdir(parents=True, exist_ok=True, mode=0o700)
