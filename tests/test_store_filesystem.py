@@ -709,3 +709,28 @@ def test_a_session_on_a_read_only_file_system_exports_and_a_run_says_why_it_cann
         assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
     finally:
         subprocess.run(["umount", str(mount)], check=False)
+
+
+def test_a_new_session_on_a_read_only_file_system_is_a_session_io_error(tmp_path: Path) -> None:
+    """``prepare`` on a session directory that must be made on a read-only file system raised
+    a bare ``OSError`` from making the directory (before the turn's own writes, which say
+    :class:`SessionIOError`): a caller catching ``CtxrulesError``, as the integrations' users
+    do, let it through. Needs root, to mount a file system of its own."""
+    from ctxrules.engine import Engine, SessionIOError
+    from ctxrules.errors import CtxrulesError
+
+    mount = tmp_path / "mnt"
+    mount.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m,ro", "tmpfs", str(mount)]).returncode:
+        pytest.skip("mounting a file system needs root")
+    try:
+        session = Engine.load("builtin:default").session(mount / "state" / "new", model="gpt-4o", window=200_000)
+        with pytest.raises(SessionIOError) as caught:
+            session.prepare(MSGS)
+        assert isinstance(caught.value, CtxrulesError)
+        assert str(caught.value) == (
+            f"cannot write the session {mount / 'state' / 'new'}: Read-only file system; the messages were not "
+            "changed, and the next run starts from them"
+        )
+    finally:
+        subprocess.run(["umount", str(mount)], check=False)

@@ -687,36 +687,46 @@ class Session:
         # calls (structure.forget): token counts may be looked up by message object.
         # A text over the window counts by an upper bound past it (tokens.token_ceiling): it
         # cannot be sent whole whatever its exact count, and tokenizing 50 MB would take seconds.
-        with (
-            self._thread_lock,
-            self._session_lock,
-            trusted_objects(),
-            time_budget(),  # patterns that time out: a few seconds per call in all (ctxrules.patterns)
-            token_ceiling(self.budget.window),
-            serialise_once(),  # each message's JSON made once: backup, vault entries, last output
-            durable_at_commit(self.store, self.key),  # the turn's vault items fsynced together
-            notes,
-            key_scope(self.injection_key),
-        ):
-            self._notices.extend(tool_notes)
-            try:
-                return self._prepare(listed, tool_list, time.time() if clock is None else clock)
-            except OSError as exc:
-                # A full disk, a read-only or vanished session directory: the caller's messages
-                # are untouched and the session files read as a cache miss (SessionStore.save).
-                self.store.forget(self.key)
-                self._prefix.clear()
-                raise SessionIOError(
-                    f"cannot write the session {self.store.describe(self.key)}: {exc.strerror or exc}; the messages "
-                    "were not changed, and the next run starts from them"
-                ) from exc
-            except BaseException:
-                # A run that did not finish may have changed the state in memory (read back
-                # from the store next time), and a match that adopted the last output the prefix
-                # cache's counts (put back: the cache stays, and the next turn can still reuse).
-                self.store.forget(self.key)
-                self._prefix.rollback()
-                raise
+        try:
+            with (
+                self._thread_lock,
+                self._session_lock,
+                trusted_objects(),
+                time_budget(),  # patterns that time out: a few seconds per call in all (ctxrules.patterns)
+                token_ceiling(self.budget.window),
+                serialise_once(),  # each message's JSON made once: backup, vault entries, last output
+                durable_at_commit(self.store, self.key),  # the turn's vault items fsynced together
+                notes,
+                key_scope(self.injection_key),
+            ):
+                self._notices.extend(tool_notes)
+                try:
+                    return self._prepare(listed, tool_list, time.time() if clock is None else clock)
+                except OSError as exc:
+                    # A full disk, a read-only or vanished session directory: the caller's messages
+                    # are untouched and the session files read as a cache miss (SessionStore.save).
+                    self.store.forget(self.key)
+                    self._prefix.clear()
+                    raise self._io_error(exc) from exc
+                except BaseException:
+                    # A run that did not finish may have changed the state in memory (read back
+                    # from the store next time), and a match that adopted the last output the prefix
+                    # cache's counts (put back: the cache stays, and the next turn can still reuse).
+                    self.store.forget(self.key)
+                    self._prefix.rollback()
+                    raise
+        except OSError as exc:
+            # Entering or leaving the turn's scope: the session directory made (a read-only
+            # file system), its lock opened, the vault items fsynced. Said as a turn's write is.
+            self.store.forget(self.key)
+            self._prefix.clear()
+            raise self._io_error(exc) from exc
+
+    def _io_error(self, exc: OSError) -> SessionIOError:
+        return SessionIOError(
+            f"cannot write the session {self.store.describe(self.key)}: {exc.strerror or exc}; the messages "
+            "were not changed, and the next run starts from them"
+        )
 
     def _forget_memory(self) -> None:
         """Drop what this object remembers of the last turn (the next one reads it back from
