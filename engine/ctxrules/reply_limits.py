@@ -46,9 +46,9 @@ __all__ = ["MAX_BODY_BYTES", "MAX_LINE_BYTES", "MAX_STREAM_BYTES", "ReplyRefused
 MAX_BODY_BYTES = 4 << 20
 """The largest reply read whole (a JSON completion): a judge's answer or a probe's is a few KB."""
 MAX_LINE_BYTES = 4 << 20
-"""The longest line of an event stream: one chunk of a streamed reply is a few hundred bytes."""
+"""The longest line of a stream framed in lines: one chunk of a streamed reply is a few hundred bytes."""
 MAX_STREAM_BYTES = 256 << 20
-"""All of one event stream: a summary of 131,072 characters streams in about 10 MB."""
+"""All of one stream: a summary of 131,072 characters streams in about 10 MB."""
 _PIECE = 64 << 10  # inflated at most this much at a time
 # Content types of streams framed in lines (one event or object per line).
 _LINE_FRAMED = frozenset(
