@@ -448,3 +448,78 @@ def test_tasks_reading_one_async_stream_take_turns(session: Any) -> None:
     stream, got = run(main())
     assert len(got) == stream.chunks and stream.text == TEXT
     assert [rec["source"] for rec in ledger_lines(session)] == ["stream"]
+
+
+def _one_chunk_then_keep_alive() -> Any:
+    """An event stream with one content chunk, then only keep-alive comments, for a minute."""
+    event = {"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m"}
+    event["choices"] = [{"index": 0, "delta": {"role": "assistant", "content": "Working"}, "finish_reason": None}]
+    first = b"data: " + json.dumps(event).encode() + b"\n\n"
+    return raw(first, *([b": keep-alive\n\n"] * 300), content_type="text/event-stream", interval_s=0.2)
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_body_trickled_for_ever_ends_at_the_callers_timeout(session: Any, mode: str) -> None:
+    """A server that sends a space every 0.2 s and never a whole answer: ``timeout=`` bounds
+    each read, so ``complete(timeout=1)`` waited for as long as the server liked. The caller's
+    timeout bounds the whole answer."""
+    import time
+
+    with LLMServer() as server:
+        server.script(*[raw(b" ", interval_s=0.2, repeat=True)] * 3)
+        kwargs = {"model": MODEL, "api_base": server.base_url, "api_key": "k", "timeout": 1, "num_retries": 0}
+        started = time.monotonic()
+        with pytest.raises(CompletionFailed) as failed:
+            if mode == "sync":
+                session.complete([{"role": "user", "content": "fix it"}], **kwargs)
+            else:
+                run(session.acomplete([{"role": "user", "content": "fix it"}], **kwargs))
+        took = time.monotonic() - started
+    assert took < 20, took  # the server would trickle for a minute
+    assert "timeout" in str(failed.value).lower() or "timed out" in str(failed.value).lower(), failed.value
+    assert ledger_lines(session) == []
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_stream_of_keep_alives_ends_at_the_callers_timeout_from_the_last_chunk(session: Any, mode: str) -> None:
+    """One chunk, then a keep-alive comment every 0.2 s: no read ever timed out, and the caller
+    iterating the stream waited for a minute. With ``timeout=1`` the wait for the next chunk
+    ends after about a second, as an error after the first chunk."""
+    import time
+
+    with LLMServer() as server:
+        server.script(_one_chunk_then_keep_alive())
+        kwargs = {"model": MODEL, "api_base": server.base_url, "api_key": "k", "timeout": 1, "num_retries": 0}
+        started = time.monotonic()
+        got: list[Any] = []
+        with pytest.raises(CompletionFailed):
+            if mode == "sync":
+                for chunk in session.complete([{"role": "user", "content": "fix it"}], stream=True, **kwargs):
+                    got.append(chunk)
+            else:
+
+                async def read() -> None:
+                    stream = await session.acomplete([{"role": "user", "content": "fix it"}], stream=True, **kwargs)
+                    async for chunk in stream:
+                        got.append(chunk)
+
+                run(read())
+        took = time.monotonic() - started
+    assert content_of(got) == "Working"
+    assert took < 20, took
+
+
+def test_a_stream_slower_than_the_timeout_in_all_but_quicker_per_chunk_is_read_whole(session: Any) -> None:
+    """The timeout runs from chunk to chunk, not over the whole stream: a reply that takes
+    three times the timeout in all, a chunk every fifth of it, is read to its end."""
+    with LLMServer() as server:
+        server.script(slow_reply(TEXT, every_s=0.2, chunk_chars=5))  # ~14 chunks, ~3 s in all
+        stream = session.complete(
+            [{"role": "user", "content": "fix it"}],
+            model=MODEL,
+            stream=True,
+            api_base=server.base_url,
+            api_key="k",
+            timeout=1,
+        )
+        assert content_of(list(stream)) == TEXT

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 import zlib
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
@@ -41,7 +42,15 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import httpx
 
-__all__ = ["MAX_BODY_BYTES", "MAX_LINE_BYTES", "MAX_STREAM_BYTES", "ReplyRefused", "capped", "plain_reply"]
+__all__ = [
+    "MAX_BODY_BYTES",
+    "MAX_LINE_BYTES",
+    "MAX_STREAM_BYTES",
+    "ReplyRefused",
+    "capped",
+    "plain_reply",
+    "reading_until",
+]
 
 MAX_BODY_BYTES = 4 << 20
 """The largest reply read whole (a JSON completion): a judge's answer or a probe's is a few KB."""
@@ -202,6 +211,33 @@ def _metered(response: httpx.Response, request: httpx.Request) -> httpx.Response
     )
 
 
+def _timed(response: httpx.Response, request: httpx.Request) -> httpx.Response:
+    """``response`` with its body failing at the first bytes read past :func:`reading_until`'s
+    time (the time of the thread that reads, when it reads: a stream's reader moves it on)."""
+    import httpx
+
+    if not isinstance(response.stream, httpx.SyncByteStream):  # a synchronous transport's always is
+        return response
+    inner: httpx.SyncByteStream = response.stream
+
+    class Stream(httpx.SyncByteStream):
+        def __iter__(self) -> Iterator[bytes]:
+            for data in inner:
+                until = getattr(_STATE, "until", None)
+                if until is not None and time.monotonic() > until:
+                    raise httpx.ReadTimeout(
+                        "the server kept the connection open past the caller's timeout without answering",
+                        request=request,
+                    )
+                yield data
+
+        def close(self) -> None:
+            inner.close()
+
+    response.stream = Stream()
+    return response
+
+
 def _install() -> None:
     """Wrap ``httpx.HTTPTransport.handle_request`` once per process (no-op without httpx)."""
     global _installed
@@ -217,7 +253,9 @@ def _install() -> None:
 
         def handle_request(self: httpx.HTTPTransport, request: httpx.Request) -> httpx.Response:
             if not getattr(_STATE, "depth", 0):
-                return original(self, request)
+                if getattr(_STATE, "until", None) is None:
+                    return original(self, request)
+                return _timed(original(self, request), request)
             request.headers["Accept-Encoding"] = "identity"
             _STATE.refused = None  # a retry that gets a reply within the limits is no refusal
             _STATE.plain = None
@@ -265,6 +303,21 @@ def capped(cancel: threading.Event | None = None, *, streaming: bool = False) ->
         _STATE.depth = depth
         _STATE.cancel = outer_cancel
         _STATE.streaming = outer_streaming
+
+
+@contextlib.contextmanager
+def reading_until(when: float | None) -> Iterator[None]:
+    """Within the block, a reply this thread reads (outside :func:`capped`: the caller's own
+    model call) fails as ``httpx.ReadTimeout`` at the first bytes that arrive after ``when``
+    (``time.monotonic()``; ``None``: no time). httpx's ``timeout`` bounds each read, so a server
+    that sends a byte (or a keep-alive comment) now and then never lets it expire."""
+    _install()
+    outer = getattr(_STATE, "until", None)
+    _STATE.until = when
+    try:
+        yield
+    finally:
+        _STATE.until = outer
 
 
 def plain_reply() -> tuple[str, bytes] | None:

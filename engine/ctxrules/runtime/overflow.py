@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -27,8 +28,15 @@ from ctxrules.injected import InjectionKey, key_scope
 from ctxrules.llm import error_text, load_litellm, quiet
 from ctxrules.logs import get_logger
 from ctxrules.pipeline.context import StageContext
+from ctxrules.reply_limits import reading_until
 from ctxrules.results import PrepareResult
-from ctxrules.runtime.streaming import AsyncCompletionStream, CompletionStream, record_usage, reports_tokens
+from ctxrules.runtime.streaming import (
+    AsyncCompletionStream,
+    CompletionStream,
+    record_usage,
+    reports_tokens,
+    within,
+)
 
 if TYPE_CHECKING:
     from ctxrules.models import ModelInfo
@@ -190,10 +198,11 @@ def complete(
     call_model = model or session.model.name
     sent = prepared.messages
     attempts: list[dict[str, Any]] = []
+    limit = timeout_s(kwargs)
     for attempt in range(2):
         options = _options(prepared, kwargs, stream)
         try:
-            with quiet():
+            with quiet(), reading_until(None if limit is None else time.monotonic() + limit):
                 response = litellm.completion(model=call_model, messages=sent, **options)
                 # A stream's errors may come with its first event: that one is still recoverable.
                 first, ended = _first_chunk(response) if stream else (None, False)
@@ -205,7 +214,9 @@ def complete(
             continue
         attempts.append({"attempt": attempt + 1})
         if stream:
-            return CompletionStream(session, prepared, call_model, sent, attempts, response, first, ended=ended)
+            return CompletionStream(
+                session, prepared, call_model, sent, attempts, response, first, ended=ended, idle_s=limit
+            )
         attempts[-1]["ok"] = True
         _record(session, call_model, response, ok=True, sent=sent, tools=prepared.tools, attempts=attempts)
         return Completion(response, prepared, recovered=attempt > 0, attempts=attempts)
@@ -231,12 +242,13 @@ async def acomplete(
     call_model = model or session.model.name
     sent = prepared.messages
     attempts: list[dict[str, Any]] = []
+    limit = timeout_s(kwargs)
     for attempt in range(2):
         options = _options(prepared, kwargs, stream)
         try:
             with quiet():
-                response = await litellm.acompletion(model=call_model, messages=sent, **options)
-                first, ended = await _afirst_chunk(response) if stream else (None, False)
+                response = await within(litellm.acompletion(model=call_model, messages=sent, **options), limit)
+                first, ended = await within(_afirst_chunk(response), limit) if stream else (None, False)
         except Exception as exc:
             retry = await asyncio.to_thread(_after_failure, session, sent, prepared, exc, attempt, attempts)
             if retry is None:
@@ -245,11 +257,22 @@ async def acomplete(
             continue
         attempts.append({"attempt": attempt + 1})
         if stream:
-            return AsyncCompletionStream(session, prepared, call_model, sent, attempts, response, first, ended=ended)
+            return AsyncCompletionStream(
+                session, prepared, call_model, sent, attempts, response, first, ended=ended, idle_s=limit
+            )
         attempts[-1]["ok"] = True
         _record(session, call_model, response, ok=True, sent=sent, tools=prepared.tools, attempts=attempts)
         return Completion(response, prepared, recovered=attempt > 0, attempts=attempts)
     raise CompletionFailed("model call failed after the overflow recovery")  # pragma: no cover - loop returns
+
+
+def timeout_s(kwargs: dict[str, Any]) -> float | None:
+    """The caller's ``timeout`` when it is a number of seconds (litellm's, also an
+    ``httpx.Timeout``: left to litellm alone)."""
+    value = kwargs.get("timeout")
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        return None
+    return float(value)
 
 
 def _options(prepared: PrepareResult, kwargs: dict[str, Any], stream: bool) -> dict[str, Any]:

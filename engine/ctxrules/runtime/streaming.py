@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from collections.abc import AsyncIterator, Iterator
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -28,6 +29,7 @@ from ctxrules.budget.usage import TokenUsage
 from ctxrules.errors import CompletionFailed, CtxrulesError, UsageError
 from ctxrules.llm import error_text
 from ctxrules.logs import get_logger
+from ctxrules.reply_limits import reading_until
 from ctxrules.threads import helper_thread
 
 if TYPE_CHECKING:
@@ -44,7 +46,21 @@ class Session(Protocol):
     def record_usage(self, usage: Any, *, model: str | None = None, **options: Any) -> Any: ...
 
 
-__all__ = ["AsyncCompletionStream", "CompletionStream"]
+__all__ = ["AsyncCompletionStream", "CompletionStream", "within"]
+
+
+async def within(awaitable: Any, limit: float | None) -> Any:
+    """``await awaitable``, given up after ``limit`` seconds (``None``: however long it takes)
+    with ``TimeoutError``: the caller's ``timeout`` bounds each read of the connection, and a
+    server that sends a byte now and then never lets it expire."""
+    if limit is None:
+        return await awaitable
+    import asyncio
+
+    try:
+        return await asyncio.wait_for(awaitable, limit)
+    except TimeoutError:
+        raise TimeoutError(f"no answer within the caller's timeout of {limit:g} s") from None
 
 
 class _StreamState:
@@ -161,9 +177,11 @@ class CompletionStream(_StreamState):
         first: Any,
         *,
         ended: bool,
+        idle_s: float | None = None,
     ) -> None:
         super().__init__(session, prepared, model, sent, attempts)
         self._stream = stream
+        self._idle_s = idle_s
         self._iter: Iterator[Any] = iter(stream) if not ended else iter(())
         self._pending = first
         self._ended = ended
@@ -189,8 +207,9 @@ class CompletionStream(_StreamState):
             self.finish()
             raise StopIteration
         else:
+            until = None if self._idle_s is None else time.monotonic() + self._idle_s
             try:
-                with quiet():
+                with quiet(), reading_until(until):  # the caller's timeout, from chunk to chunk
                     chunk = next(self._iter)
             except StopIteration:
                 self._ended = True
@@ -235,9 +254,11 @@ class AsyncCompletionStream(_StreamState):
         first: Any,
         *,
         ended: bool,
+        idle_s: float | None = None,
     ) -> None:
         super().__init__(session, prepared, model, sent, attempts)
         self._stream = stream
+        self._idle_s = idle_s
         self._iter: AsyncIterator[Any] | None = None if ended else stream.__aiter__()
         self._pending = first
         self._ended = ended
@@ -264,7 +285,7 @@ class AsyncCompletionStream(_StreamState):
             raise StopAsyncIteration
         else:
             try:
-                chunk = await self._iter.__anext__()
+                chunk = await within(self._iter.__anext__(), self._idle_s)  # from chunk to chunk
             except StopAsyncIteration:
                 self._ended = True
                 self.finish()
