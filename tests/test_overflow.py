@@ -169,3 +169,20 @@ def test_an_overflow_after_the_recovery_says_the_recovery_ran(tmp_path: Path) ->
                 _long_history(), api_base=server.base_url, api_key="k", model="openai/gpt-4o", num_retries=0
             )
         assert len(server.requests) == 2 and server.pending == 1
+
+
+@pytest.mark.parametrize("limit", [1, 2, 3])
+def test_a_limit_of_a_token_or_three_is_an_error_not_a_crash(tmp_path: Path, limit: int) -> None:
+    """A provider (or proxy) whose overflow error names a limit of 1 token: the emergency pass
+    reserved all of it for the output, and the session's budget divided by its zero usable
+    tokens (``ZeroDivisionError`` out of ``complete``). The pass runs and the error stands."""
+    session = Engine.load("builtin:default").session(tmp_path / "s", model="openai/gpt-4o", window=128000)
+    history = [
+        {"role": "user", "content": "hello " * 50},
+        {"role": "assistant", "content": "ok " * 50},
+        {"role": "user", "content": "next"},
+    ]
+    with LLMServer() as server:
+        server.script(context_length_error(limit=limit), reply("fine"))
+        with pytest.raises(CompletionFailed, match=f"maximum context length is {limit} tokens"):
+            session.complete(history, api_base=server.base_url, api_key="k", model="openai/gpt-4o", num_retries=0)

@@ -45,7 +45,8 @@ class Budget:
         return math.ceil(tokens * (1 + self.safety_margin))
 
     def utilization(self, tokens: int) -> float:
-        return self.effective(tokens) / self.usable
+        usable = self.usable
+        return self.effective(tokens) / usable if usable > 0 else math.inf
 
     def tier(self, tokens: int) -> str:
         return self.tier_of(self.utilization(tokens))

@@ -164,8 +164,9 @@ def emergency_pass(
 
 
 def _reserve(session: OverflowSession, window: int) -> int:
-    """The output reserve of an emergency pass at ``window``: the session's, at most a quarter."""
-    return min(session.budget.reserve_output, max(window // 4, 1))
+    """The output reserve of an emergency pass at ``window``: the session's, at most a quarter,
+    and never all of it (a provider naming a limit of 1 token left the pass no usable token)."""
+    return max(min(session.budget.reserve_output, max(window // 4, 1), window - 1), 0)
 
 
 def recovery_window(session: OverflowSession, exc: BaseException, tokens: int) -> int:
