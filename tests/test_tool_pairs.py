@@ -214,6 +214,28 @@ def test_invalid_json_arguments_go_to_the_vault_and_a_valid_object_says_so(tmp_p
     assert ToolPairRepair({})(outcome.messages, ctx).actions == []
 
 
+@pytest.mark.parametrize("number", ["NaN", "Infinity", "-Infinity", "1e400"])
+def test_arguments_python_reads_but_json_does_not_go_to_the_vault(tmp_path: Path, number: str) -> None:
+    """``{"limit": NaN}`` passed as valid JSON (Python's parser reads it) and was sent as it
+    was: a provider parsing the history, or litellm converting it for another provider, refuses
+    it. It is not JSON, and goes to the vault as other unusable arguments do."""
+    from ctxrules import Engine
+
+    arguments = '{"command": "ls", "limit": ' + number + "}"
+    messages = [user(), asst("a"), tool("a"), {"role": "user", "content": "next"}]
+    messages[1] = {**messages[1], "tool_calls": [{**messages[1]["tool_calls"][0]}]}
+    messages[1]["tool_calls"][0]["function"] = {"name": "Bash", "arguments": arguments}
+    session = Engine.load("builtin:default").session(tmp_path / "s", model="gpt-4o", window=128000)
+    sent = session.prepare(messages).messages[1]["tool_calls"][0]["function"]["arguments"]
+
+    def strict(value: str) -> Any:
+        raise ValueError(value)
+
+    replaced = json.loads(sent, parse_constant=strict)
+    marker = parse_marker(replaced["ctxrules_invalid_arguments"])
+    assert session.vault.get_text(marker.vault_id) == arguments
+
+
 def test_arguments_given_as_an_object_or_null_go_out_as_json_text(tmp_path: Path) -> None:
     """Some clients pass the parsed arguments (``{"command": "ls"}``) or null; both went through
     as they were, breaking invariant 7 (every arguments value is a JSON string: OpenAI refuses

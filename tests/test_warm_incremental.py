@@ -333,19 +333,32 @@ def test_what_an_extended_list_knows_from_the_one_before_is_what_the_pairing_say
 
 
 def test_the_arguments_check_agrees_with_json_loads() -> None:
-    """normalize.tool_pairs calls the JSON scanner directly (see _parses): same verdicts."""
+    """normalize.tool_pairs calls the JSON scanner directly (see _parses): the verdicts of
+    ``json.loads`` held to JSON itself (``NaN``, ``Infinity`` and a number that overflows a
+    double, ``1e400``, are Python's reading, not JSON)."""
+    import math
     import random
 
     from ctxrules.stages.normalize_tool_pairs import _parses
 
+    def refuse(value: str) -> Any:
+        raise ValueError(value)
+
+    def finite(value: str) -> float:
+        if math.isinf(float(value)):
+            raise ValueError(value)
+        return float(value)
+
     def loads(text: str) -> bool:
         try:
-            json.loads(text)
+            json.loads(text, parse_constant=refuse, parse_float=finite)
         except ValueError:
             return False
         return True
 
     fixed = ["{}", " {} ", '{"a": 1', "\ufeff{}", "{}\u00a0", "\u00a0{}", "[NaN, Infinity]", "{} {}", "", "01", "[1,]"]
+    fixed += ['{"a": NaN}', "[-Infinity]", "[1e400]", "[-1e400]", "[1.5e300]", '{"a": "NaN"}', "[1e-400]"]
+    assert not _parses("[NaN]") and not _parses("[1e400]") and _parses("[1e-400]")
     rng = random.Random(3)
     alphabet = [*'{}[]":,0123456789.-+eE \t\n\rabcdeflnrstu\\', "\u00a0", "\ufeff", "é"]
     generated = ["".join(rng.choice(alphabet) for _ in range(rng.randint(0, 12))) for _ in range(20_000)]

@@ -50,6 +50,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import math
 import operator
 import re
 from collections.abc import Callable, Mapping, Sequence
@@ -479,7 +480,24 @@ def _deeper_than(text: str, limit: int) -> bool:
 
 
 _JSON_SPACE = " \t\n\r"
-_SCAN: Callable[[str, int], tuple[Any, int]] = json.decoder.JSONDecoder().scan_once  # type: ignore[attr-defined]
+
+
+def _not_json(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if math.isinf(value):  # 1e400: read as infinity, written back as `Infinity`, which is not JSON
+        raise ValueError(f"{text} overflows a double")
+    return value
+
+
+# `NaN`, `Infinity` and `-Infinity` are Python's, not JSON: a provider (or litellm converting
+# the history for another one) that parses the arguments refuses them.
+_SCAN: Callable[[str, int], tuple[Any, int]] = json.decoder.JSONDecoder(  # type: ignore[attr-defined]
+    parse_constant=_not_json, parse_float=_finite
+).scan_once
 
 
 _JSON_MEMO_MAX_CHARS = 65_536
