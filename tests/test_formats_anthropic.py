@@ -632,6 +632,38 @@ def test_empty_text_blocks_of_a_callers_request_are_not_sent(tmp_path: Path) -> 
     assert texts == ["and?", "go on"]  # the empty assistant turn is gone: its neighbours are one turn
 
 
+@pytest.mark.parametrize(
+    "turns",
+    [
+        [{"role": "user", "content": ""}],
+        [{"role": "user", "content": []}],
+        [
+            {"role": "user", "content": [{"type": "text", "text": ""}]},
+            {"role": "assistant", "content": [{"type": "text", "text": ""}]},
+            {"role": "user", "content": [{"type": "text", "text": ""}]},
+        ],
+        [{"role": "user", "content": []}, {"role": "assistant", "content": []}],
+    ],
+    ids=["empty-string", "empty-list", "empty-blocks", "ends-with-assistant"],
+)
+def test_a_request_whose_turns_are_all_empty_is_not_sent_as_given(tmp_path: Path, turns: list[Msg]) -> None:
+    """Every turn empty: the turns were "left as given", empty blocks and all, a request
+    Anthropic refuses (and the validator here too). The turns are dropped as when any is not
+    empty, and the short user turn keeps the request from being left without messages."""
+    request = {"model": "claude-sonnet-4-5", "max_tokens": 100, "messages": turns}
+    assert A.validate(request) != []
+    src, out = tmp_path / "in.json", tmp_path / "out.json"
+    src.write_text(json.dumps(request))
+    # (`--format anthropic`: nothing in these turns is Anthropic's alone, and auto reads them as
+    # OpenAI messages, where an empty content is fine)
+    argv = ("--format", "anthropic", "--output", str(out), "--session", str(tmp_path / "s"))
+    proc = run_default(src, *argv, model="claude-sonnet-4-5")
+    assert proc.returncode == 0, proc.stderr
+    body = json.loads(out.read_text())
+    assert A.validate(body) == [], A.validate(body)
+    assert body["messages"] == [{"role": "user", "content": A.OPENING_TEXT}]
+
+
 def test_a_callers_image_next_to_an_injected_text_is_a_message_of_the_caller() -> None:
     """One user turn holds ctxrules' notes and the caller's screenshot and question: the
     screenshot goes with the question, not with the notes (whose signature covers only their

@@ -359,10 +359,10 @@ def encode(
     turns = _without_empty_text([{"role": turn.role, "content": turn.content()} for turn in built])
     if turns and turns[0]["role"] != "user":
         turns.insert(0, {"role": "user", "content": OPENING_TEXT})
-    if _ended_with_user(request) and (not turns or turns[-1]["role"] != "user"):
-        # The pipeline emptied the last user turn (a tool result answering no call): an
-        # assistant turn last would be a prefill the model continues, and no turn at all is
-        # a request Anthropic refuses.
+    if not turns or (_ended_with_user(request) and turns[-1]["role"] != "user"):
+        # The pipeline emptied the last user turn (a tool result answering no call), or the
+        # caller's turns were all empty: an assistant turn last would be a prefill the model
+        # continues, and no turn at all is a request Anthropic refuses.
         turns.append({"role": "user", "content": OPENING_TEXT})
     base = dict(request or {})
     out: dict[str, Any] = {}
@@ -447,7 +447,7 @@ def _without_empty_text(turns: list[dict[str, Any]]) -> list[dict[str, Any]]:
             out[-1]["content"].extend(_as_list(content))
         else:
             out.append({**turn, "content": content})
-    return out if out or not turns else turns  # nothing but empty turns: left as given
+    return out
 
 
 def _blocks(message: Mapping[str, Any], *, keep_empty: bool = True) -> list[dict[str, Any]]:
