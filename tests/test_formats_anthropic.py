@@ -646,7 +646,7 @@ def test_empty_text_blocks_of_a_callers_request_are_not_sent(tmp_path: Path) -> 
     ],
     ids=["empty-string", "empty-list", "empty-blocks", "ends-with-assistant"],
 )
-def test_a_request_whose_turns_are_all_empty_is_not_sent_as_given(tmp_path: Path, turns: list[Msg]) -> None:
+def test_a_request_whose_turns_are_all_empty_is_not_sent_as_given(tmp_path: Path, turns: list[dict[str, Any]]) -> None:
     """Every turn empty: the turns were "left as given", empty blocks and all, a request
     Anthropic refuses (and the validator here too). The turns are dropped as when any is not
     empty, and the short user turn keeps the request from being left without messages."""
