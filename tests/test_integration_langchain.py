@@ -184,6 +184,26 @@ def test_threads_are_sessions_named_by_the_id_rule(tmp_path: Path) -> None:
     assert middleware.session_for("run-42") is plain
 
 
+@pytest.mark.parametrize("thread", ["injection.key", "Injection.KEY"])
+def test_a_thread_named_as_the_state_roots_key_file_takes_nothing_of_the_root(tmp_path: Path, thread: str) -> None:
+    """A thread id ``injection.key`` (chat apps pass user-chosen conversation ids) named the
+    state root's key file as its session directory: the folder took the key's place, and every
+    thread of the root failed on the key from then on. It is named by its sha256, as the
+    store's other names are, and the other threads go on."""
+    model = RecordingModel()
+    model.requests = []
+    model.recalled = {"skip": True}
+    middleware = CtxrulesMiddleware(model="gpt-4o", state=tmp_path / "state", recall=False)
+    agent = create_agent(model, tools=[], middleware=[middleware], checkpointer=InMemorySaver())
+    for thread_id in (thread, "run-1", "run-2"):
+        agent.invoke(
+            {"messages": [HumanMessage("hi")]}, {"configurable": {"thread_id": thread_id}, "recursion_limit": 5}
+        )
+    assert (tmp_path / "state" / "injection.key").is_file()
+    assert re.fullmatch(r"[0-9a-f]{64}", middleware.session_for(thread).path.name)
+    assert (tmp_path / "state" / "run-1").is_dir() and (tmp_path / "state" / "run-2").is_dir()
+
+
 def test_a_thread_id_of_zero_is_its_own_session(tmp_path: Path) -> None:
     """A falsy thread id (the int 0) was taken for none: the run shared the default session with
     every run that has no thread id."""

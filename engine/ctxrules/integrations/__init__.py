@@ -15,6 +15,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
+from ctxrules.injected import KEY_FILE
 from ctxrules.threads import ForkSafeLock
 
 __all__ = ["OpenSessions", "session_name"]
@@ -25,16 +26,17 @@ _PLAIN_ID = re.compile(r"[A-Za-z0-9._-]{1,128}")
 
 
 # Names a store keeps beside its sessions (a filesystem root's vault/, ledger/, router/ and
-# keys/ folders; the shared vault of stateless calls). Compared in lower case: a filesystem
-# that ignores case would make "Vault" the vault too.
-_STORE_NAMES = frozenset({"vault", "ledger", "router", "keys", "stateless"})
+# keys/ folders and its injection.key; the shared vault of stateless calls). Compared in lower
+# case: a filesystem that ignores case would make "Vault" the vault too. A session named
+# injection.key took the key file's place: every session of the root failed on the key after.
+_STORE_NAMES = frozenset({"vault", "ledger", "router", "keys", "stateless", KEY_FILE})
 
 
 def session_name(raw: str) -> str:
     """A session directory name for an id taken from a request: the id itself when it matches
     ``[A-Za-z0-9._-]{1,128}``, does not start with a dot (hidden, and the store's scratch
     space) and is none of the store's own names (``vault``, ``ledger``, ``router``, ``keys``,
-    ``stateless``, in any case); else its sha256 hex."""
+    ``stateless``, ``injection.key``, in any case); else its sha256 hex."""
     if _PLAIN_ID.fullmatch(raw) and not raw.startswith(".") and raw.lower() not in _STORE_NAMES:
         return raw
     return hashlib.sha256(raw.encode("utf-8", "surrogatepass")).hexdigest()
