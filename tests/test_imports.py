@@ -243,3 +243,12 @@ def test_no_module_imports_a_private_name_of_another() -> None:
                 private = [a.name for a in node.names if a.name.startswith("_") and not a.name.startswith("__")]
                 found += [f"{module}:{node.lineno} imports {name}" for name in private]
     assert found == []
+
+
+def test_the_session_names_a_store_keeps_for_itself_include_its_key_file() -> None:
+    """integrations names the key file by a literal (importing ctxrules.injected would be an
+    import cycle): the two must not drift apart."""
+    from ctxrules.injected import KEY_FILE
+    from ctxrules.integrations import session_name
+
+    assert session_name(KEY_FILE) != KEY_FILE

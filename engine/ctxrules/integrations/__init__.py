@@ -15,7 +15,6 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
-from ctxrules.injected import KEY_FILE
 from ctxrules.threads import ForkSafeLock
 
 __all__ = ["OpenSessions", "session_name"]
@@ -29,7 +28,8 @@ _PLAIN_ID = re.compile(r"[A-Za-z0-9._-]{1,128}")
 # keys/ folders and its injection.key; the shared vault of stateless calls). Compared in lower
 # case: a filesystem that ignores case would make "Vault" the vault too. A session named
 # injection.key took the key file's place: every session of the root failed on the key after.
-_STORE_NAMES = frozenset({"vault", "ledger", "router", "keys", "stateless", KEY_FILE})
+# (the key file's name is ctxrules.injected.KEY_FILE, which imports the store that imports this)
+_STORE_NAMES = frozenset({"vault", "ledger", "router", "keys", "stateless", "injection.key"})
 
 
 def session_name(raw: str) -> str:
