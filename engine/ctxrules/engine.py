@@ -45,6 +45,7 @@ from ctxrules.pipeline.prefix import EMPTY_CHAIN, HistoryChain, PrefixCache
 from ctxrules.pipeline.report import build_report, report_header
 from ctxrules.pipeline.runner import PlannedStage, RunOutcome, run_pipeline, when_allows
 from ctxrules.plugins import Registry, build_plugin_manager, collect, default_registry
+from ctxrules.printable import encodable
 from ctxrules.private_files import check_dir, ensure_dir
 from ctxrules.progress import listening
 from ctxrules.prompts.assemble import assemble
@@ -723,9 +724,10 @@ class Session:
             raise self._io_error(exc) from exc
 
     def _io_error(self, exc: OSError) -> SessionIOError:
+        # (a byte of the path that is not UTF-8 shown as that byte, \xff, as the CLI names a path)
         return SessionIOError(
-            f"cannot write the session {self.store.describe(self.key)}: {exc.strerror or exc}; the messages "
-            "were not changed, and the next run starts from them"
+            f"cannot write the session {encodable(self.store.describe(self.key))}: {exc.strerror or exc}; the "
+            "messages were not changed, and the next run starts from them"
         )
 
     def _forget_memory(self) -> None:
