@@ -186,3 +186,25 @@ def test_a_limit_of_a_token_or_three_is_an_error_not_a_crash(tmp_path: Path, lim
         server.script(context_length_error(limit=limit), reply("fine"))
         with pytest.raises(CompletionFailed, match=f"maximum context length is {limit} tokens"):
             session.complete(history, api_base=server.base_url, api_key="k", model="openai/gpt-4o", num_retries=0)
+
+
+def test_a_run_of_digits_in_the_providers_error_is_read_in_one_pass() -> None:
+    """The limit pattern ``\\d[\\d,]* tokens? > N`` tried every digit of a long run as a start
+    and ran to the run's end each time: quadratic in the provider's text (100,000 digits in a
+    400's message held ``complete`` for 40 s, a megabyte for hours, after the HTTP call had
+    returned). Run in a child given a minute, which the quadratic search would take hours past."""
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    code = (
+        "from ctxrules.runtime.overflow import limit_from\n"
+        "text = 'prompt is too long: ' + '7' * 1_000_000 + ' and 1,234 tokens > 1,000 maximum'\n"
+        "print(limit_from(RuntimeError(text)), limit_from(RuntimeError('7' * 15_000 + ' tokens > 12 maximum')))\n"
+    )
+    env = {"PYTHONPATH": str(REPO / "engine"), "PATH": "/usr/bin:/bin"}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env)
+    assert done.returncode == 0, done.stderr
+    # (the first names its limit past the text searched: a provider's comes in its first line)
+    assert done.stdout.split() == ["None", "12"]

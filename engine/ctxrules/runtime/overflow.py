@@ -51,11 +51,17 @@ if TYPE_CHECKING:
 EMERGENCY_STAGE = "compress.emergency"
 PAIRING_STAGE = "normalize.tool_pairs"
 
+# The second pattern starts only where a run of digits does: from every digit of a long run it
+# ran to the run's end looking for " tokens", quadratic in the provider's text (100,000 digits
+# in an error message held `complete` for 40 s).
 _LIMIT_PATTERNS = (
     re.compile(r"maximum context length is (\d[\d,]*)", re.I),
-    re.compile(r"\d[\d,]* tokens? > (\d[\d,]*)", re.I),
+    re.compile(r"(?<![\d,])\d[\d,]* tokens? > (\d[\d,]*)", re.I),
     re.compile(r"context (?:window|length)[^\d]{0,40}(\d[\d,]*) tokens", re.I),
 )
+# Providers name the limit in the first line of their error; the rest may be anything a proxy
+# or a server echoes back (the prompt itself).
+_LIMIT_TEXT_CHARS = 16_384
 _OVERFLOW_TEXT = re.compile(
     r"context[_ ]length|context window|prompt is too long|too many tokens|"
     r"maximum context|reduce the length",
@@ -111,7 +117,7 @@ def is_overflow(exc: BaseException) -> bool:
 
 
 def limit_from(exc: BaseException) -> int | None:
-    text = str(exc)
+    text = str(exc)[:_LIMIT_TEXT_CHARS]
     for pat in _LIMIT_PATTERNS:
         m = pat.search(text)
         if m:
