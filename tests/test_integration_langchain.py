@@ -204,6 +204,28 @@ def test_a_thread_named_as_the_state_roots_key_file_takes_nothing_of_the_root(tm
     assert (tmp_path / "state" / "run-1").is_dir() and (tmp_path / "state" / "run-2").is_dir()
 
 
+@pytest.mark.parametrize(
+    ("arguments", "said"),
+    [
+        ({"state": ""}, "state must not be empty (None is the default)"),
+        ({"state": 5}, "state must be a string or a path, not int"),
+        ({"session_id": None}, "session_id must be a non-empty string, not None"),
+        ({"session_id": ""}, "session_id must be a non-empty string, not ''"),
+        ({"session_id": 5}, "session_id must be a non-empty string, not 5"),
+    ],
+)
+def test_arguments_of_the_wrong_kind_are_refused_before_anything_is_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, arguments: dict[str, Any], said: str
+) -> None:
+    """``state=""`` (an unset variable) was the current directory: the key file and a session
+    directory per thread went beside the application's own folders. A session id that is no
+    text was a TypeError from deep inside."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(CtxrulesError, match=re.escape(said)):
+        CtxrulesMiddleware(model="gpt-4o", **arguments)
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_a_thread_id_of_zero_is_its_own_session(tmp_path: Path) -> None:
     """A falsy thread id (the int 0) was taken for none: the run shared the default session with
     every run that has no thread id."""

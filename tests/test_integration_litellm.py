@@ -145,6 +145,19 @@ def test_a_window_or_model_no_request_can_use_is_refused_at_start_up(
     assert not (tmp_path / "state").exists()
 
 
+def test_an_empty_state_is_refused_not_read_as_the_current_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``ContextHook(pack, "")`` (an unset variable) wrote the key file and a session directory
+    per session id into the proxy's working directory."""
+    from ctxrules.errors import UsageError
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(UsageError, match=re.escape("state must not be empty (None is the default)")):
+        ContextHook("builtin:default", "")
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_a_model_only_a_pack_entry_without_a_window_matches_is_refused_at_start_up(tmp_path: Path) -> None:
     """The entry matched, so the model passed for known, and every request failed to size it."""
     entries = "models:\n  - {id: mine, match: ['my-own-*'], context: {reserve_output: 4096}}\n"

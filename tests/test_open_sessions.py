@@ -48,9 +48,11 @@ def test_one_opener_call_per_key_under_threads() -> None:
     assert len(calls) == 1 and len({id(g) for g in got}) == 1
 
 
-def test_a_limit_below_one_is_refused() -> None:
-    with pytest.raises(ValueError, match="max_sessions must be at least 1"):
-        OpenSessions(0)
+@pytest.mark.parametrize("limit", [0, -3, 1.5, "a", True, None])
+def test_a_limit_that_is_no_whole_number_of_at_least_one_is_refused(limit: object) -> None:
+    # "a" was a TypeError from comparing it, 1.5 was taken.
+    with pytest.raises(ValueError, match=f"max_sessions must be a whole number of at least 1, got {limit!r}"):
+        OpenSessions(limit)  # type: ignore[arg-type]
 
 
 def test_a_slow_opening_does_not_hold_up_the_sessions_already_open() -> None:

@@ -76,12 +76,13 @@ __all__ = [
     "PrepareResult",
     "Session",
     "SessionIOError",
+    "check_path",
     "open_session",
     "state_root_from_env",
 ]
 
 
-def _check_path(value: object, what: str) -> None:
+def check_path(value: object, what: str) -> None:
     """Raise :class:`UsageError` unless ``value`` is None or a path as text: an int, bytes or a
     NUL in the text failed later as a TypeError or ValueError from inside ``pathlib``/``os``,
     and an empty one (an unset variable) was the current directory, which became a session
@@ -262,8 +263,8 @@ class Engine:
         where day and goal ledgers live (default: the session directory's parent).
         ``private``: ``path`` is a fresh directory no other process knows of (a temporary
         directory of this process, as pack tests use): ``prepare`` takes no cross-process lock."""
-        _check_path(path, "the session path")
-        _check_path(state_root, "state_root")
+        check_path(path, "the session path")
+        check_path(state_root, "state_root")
         if store is not None:
             if state_root is not None:
                 raise UsageError("give state_root (a directory) or store (a Store or URL), not both")

@@ -67,8 +67,8 @@ class OpenSessions(Generic[_S]):
     for it. Threads asking for the session being opened wait for that one opening."""
 
     def __init__(self, limit: int) -> None:
-        if limit < 1:
-            raise ValueError(f"max_sessions must be at least 1, got {limit}")
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            raise ValueError(f"max_sessions must be a whole number of at least 1, got {limit!r}")
         self.limit = limit
         self._open: OrderedDict[str, _S] = OrderedDict()
         self._opening: dict[str, _Opening] = {}

@@ -28,8 +28,8 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ctxrules.engine import Engine
-from ctxrules.errors import CtxrulesError, MessagesError
+from ctxrules.engine import Engine, check_path
+from ctxrules.errors import CtxrulesError, MessagesError, UsageError
 from ctxrules.injected import key_scope
 from ctxrules.integrations import OpenSessions, session_name
 from ctxrules.integrations.sizing import check_sizing
@@ -125,6 +125,11 @@ class CtxrulesMiddleware(AgentMiddleware):
         super().__init__()
         if store is not None and state is not None:
             raise ValueError("give state (a directory) or store (a Store or URL), not both")
+        # An empty state ("" from an unset variable) was the current directory: threads named
+        # `src` or `tests` became session directories beside the application's own folders.
+        check_path(state, "state")
+        if not isinstance(session_id, str) or not session_id:
+            raise UsageError(f"session_id must be a non-empty string, not {session_id!r}")
         self.engine = Engine.load(pack)
         # Checked here, as the litellm hook does: a window or model no call can be sized with
         # failed the agent's first model call (and every one after it) instead.

@@ -98,12 +98,13 @@ class ContextHook(CustomLogger):
         max_sessions: int = 256,
     ) -> None:
         super().__init__()
-        from ctxrules.engine import Engine
+        from ctxrules.engine import Engine, check_path
 
         if on_error not in ("pass", "reject"):
             raise ValueError(f"on_error must be 'pass' or 'reject', got {on_error!r}")
         if store is not None and state is not None:
             raise ValueError("give state (a directory) or store (a Store or URL), not both")
+        check_path(state, "state")  # "" was the current directory
         self.engine: Engine = Engine.load(pack)
         # Checked at start-up: a window or model no request can be sized with failed every
         # request instead, each with a warning (or a 500 with on_error="reject").
