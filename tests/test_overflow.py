@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import transcript_path
 from invariants import pairing_problems
-from llm_server import LLMServer, context_length_error, http_error, reply
+from llm_server import LLMServer, context_length_error, http_error, raw, reply
 
 from ctxrules import Engine
 from ctxrules.runtime.overflow import CompletionFailed, is_overflow, limit_from
@@ -208,3 +209,39 @@ def test_a_run_of_digits_in_the_providers_error_is_read_in_one_pass() -> None:
     assert done.returncode == 0, done.stderr
     # (the first names its limit past the text searched: a provider's comes in its first line)
     assert done.stdout.split() == ["None", "12"]
+
+
+def test_the_message_litellm_returned_is_taken_back_in_the_next_history(tmp_path: Path) -> None:
+    """The natural agent loop, ``history.append(done.response.choices[0].message)`` (a litellm
+    ``Message``, tool calls included) then the tool's result: the next ``complete`` refused it
+    ("message 1: expected an object, got Message"), where ``integrations.litellm.completion``
+    took the same history."""
+    session = Engine.load("builtin:default").session(tmp_path / "s", model="openai/gpt-4o", window=128000)
+    call = {"id": "call_1", "type": "function", "function": {"name": "ls", "arguments": "{}"}}
+    asked = {
+        "id": "c",
+        "object": "chat.completion",
+        "created": 1,
+        "model": "gpt-4o",
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": None, "tool_calls": [call]},
+                "finish_reason": "tool_calls",
+            }
+        ],
+        "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15},
+    }
+    with LLMServer() as server:
+        server.script(raw(json.dumps(asked).encode()), reply("two files"))
+        history: list[Any] = [{"role": "user", "content": "list the files"}]
+        options = {"api_base": server.base_url, "api_key": "k", "model": "openai/gpt-4o", "num_retries": 0}
+        done = session.complete(history, **options)
+        message = done.response.choices[0].message
+        assert not isinstance(message, dict) and message.tool_calls
+        history += [message, {"role": "tool", "tool_call_id": "call_1", "content": "a.py b.py"}]
+        again = session.complete(history, **options)
+        assert again.response.choices[0].message.content == "two files"
+        sent = server.requests[1].body["messages"]
+    assert [m["role"] for m in sent] == ["user", "assistant", "tool"]
+    assert sent[1]["tool_calls"][0]["id"] == "call_1" and pairing_problems(sent) == []

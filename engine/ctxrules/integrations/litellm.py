@@ -55,6 +55,7 @@ from ctxrules.injected import KEY_FILE
 from ctxrules.integrations import OpenSessions, session_name
 from ctxrules.integrations.sizing import ModelProfile, check_sizing, model_profile
 from ctxrules.json_limits import MAX_INT_DIGITS
+from ctxrules.litellm_objects import as_dicts
 from ctxrules.logs import get_logger
 from ctxrules.private_files import ensure_dir
 from ctxrules.stores import open_store
@@ -449,7 +450,7 @@ def _apply(session: Session, data: dict[str, Any], kind: Kind) -> tuple[dict[str
     # request's error (MessagesError), not ctxrules failing.
     messages = data.get("messages")
     result = session.prepare(
-        _as_dicts(messages) if isinstance(messages, list) else messages, tools if isinstance(tools, list) else None
+        as_dicts(messages) if isinstance(messages, list) else messages, tools if isinstance(tools, list) else None
     )
     out = {**data, "messages": result.messages}
     if isinstance(tools, list):
@@ -457,40 +458,6 @@ def _apply(session: Session, data: dict[str, Any], kind: Kind) -> tuple[dict[str
     for key, value in result.request.items():
         out.setdefault(key, value)  # call options (prompt_cache_key, ...) the caller did not set
     return out, result.report
-
-
-def _as_dicts(messages: list[Any]) -> list[Any]:
-    """``messages`` with litellm's (pydantic) message and tool-call objects as the dicts they
-    stand for. ``litellm.completion`` takes them (``messages.append(response.choices[0].message)``
-    continues a conversation) and :func:`completion` must too: read as they were, such a request
-    was "not an object" and went on unprepared (or was refused, with ``on_error="reject"``); the
-    async hooks get dicts already. Fields left unset (``None``) are left out, ``content``
-    excepted: an assistant message with tool calls has a null content. Everything else is the
-    same object."""
-    out: list[Any] | None = None
-    for i, message in enumerate(messages):
-        plain = _as_dict(message)
-        if isinstance(plain, dict):
-            calls = plain.get("tool_calls")
-            if isinstance(calls, list) and any(_as_dict(c) is not c for c in calls):
-                plain = {**plain, "tool_calls": [_as_dict(c) for c in calls]}
-        if plain is not message:
-            out = out if out is not None else list(messages)
-            out[i] = plain
-    return out if out is not None else messages
-
-
-def _as_dict(value: Any) -> Any:
-    """A pydantic model as its dict (unset fields but ``content`` left out); anything else as is."""
-    dump = getattr(value, "model_dump", None)
-    if isinstance(value, dict | list | str) or not callable(dump):
-        return value
-    plain = dump(exclude_none=True)
-    if not isinstance(plain, dict):
-        return value
-    if "content" not in plain and "content" in getattr(type(value), "model_fields", {}):
-        plain["content"] = None
-    return plain
 
 
 def _deployments(name: str) -> list[list[str]]:

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from ctxrules.budget.usage import TokenUsage, reply_text
 from ctxrules.errors import CompletionFailed, UsageError
 from ctxrules.injected import InjectionKey, key_scope
+from ctxrules.litellm_objects import as_dicts
 from ctxrules.llm import error_text, load_litellm, quiet
 from ctxrules.logs import get_logger
 from ctxrules.pipeline.context import StageContext
@@ -201,7 +202,8 @@ def complete(
     ``stream``, a :class:`~ctxrules.runtime.streaming.CompletionStream` of the chunks."""
     litellm = load_litellm()
 
-    prepared = session.prepare(messages, tools)
+    # (the caller's history may hold the message object litellm returned last time)
+    prepared = session.prepare(as_dicts(messages) if isinstance(messages, list) else messages, tools)
     call_model = model or session.model.name
     sent = prepared.messages
     attempts: list[dict[str, Any]] = []
@@ -245,7 +247,7 @@ async def acomplete(
     import asyncio
 
     litellm = await asyncio.to_thread(load_litellm)  # the first import takes seconds
-    prepared = await session.aprepare(messages, tools)
+    prepared = await session.aprepare(as_dicts(messages) if isinstance(messages, list) else messages, tools)
     call_model = model or session.model.name
     sent = prepared.messages
     attempts: list[dict[str, Any]] = []
