@@ -32,7 +32,8 @@ def canon(value: Any) -> str:
 
 # --- a generator of valid requests -------------------------------------------------------------
 
-texts = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), min_size=1, max_size=40)
+# (whitespace alone is no valid text: Anthropic refuses a text block of it)
+texts = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), min_size=1, max_size=40).filter(str.strip)
 cache = st.one_of(st.none(), st.just(EPHEMERAL), st.just({"type": "ephemeral", "ttl": "1h"}))
 json_values = st.recursive(
     st.one_of(
@@ -662,6 +663,37 @@ def test_a_request_whose_turns_are_all_empty_is_not_sent_as_given(tmp_path: Path
     body = json.loads(out.read_text())
     assert A.validate(body) == [], A.validate(body)
     assert body["messages"] == [{"role": "user", "content": A.OPENING_TEXT}]
+
+
+def test_whitespace_only_text_is_not_sent(tmp_path: Path) -> None:
+    """A text block of whitespace alone (a reply that was only a newline, kept in the history)
+    passed: Anthropic refuses it ("text content blocks must contain non-whitespace text"), on
+    every turn after, since the history sends it back. It is dropped as an empty one is."""
+    request = {
+        "model": "claude-sonnet-4-5",
+        "max_tokens": 100,
+        "messages": [
+            {"role": "user", "content": [{"type": "text", "text": "list files"}, {"type": "text", "text": " \n"}]},
+            {"role": "assistant", "content": [{"type": "text", "text": "\n"}, {"type": "text", "text": "a.py"}]},
+            {"role": "user", "content": "  "},
+            {"role": "assistant", "content": [{"type": "text", "text": "\t"}]},
+            {"role": "user", "content": "and?"},
+        ],
+    }
+    said = {p.message for p in A.validate(request)}
+    assert said == {"text blocks must contain non-whitespace text", "holds only whitespace"}, said
+    src, out = tmp_path / "in.json", tmp_path / "out.json"
+    src.write_text(json.dumps(request))
+    argv = ("--format", "anthropic", "--output", str(out), "--session", str(tmp_path / "s"))
+    proc = run_default(src, *argv, model="claude-sonnet-4-5")
+    assert proc.returncode == 0, proc.stderr
+    body = json.loads(out.read_text())
+    assert A.validate(body) == [], A.validate(body)
+    assert body["messages"] == [
+        {"role": "user", "content": [{"type": "text", "text": "list files"}]},
+        {"role": "assistant", "content": [{"type": "text", "text": "a.py"}]},
+        {"role": "user", "content": "and?"},
+    ]
 
 
 def test_a_callers_image_next_to_an_injected_text_is_a_message_of_the_caller() -> None:

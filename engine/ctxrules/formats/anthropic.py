@@ -404,7 +404,10 @@ def _system_value(system: list[Mapping[str, Any]]) -> str | list[dict[str, Any]]
 
 
 def _is_empty_text(block: Mapping[str, Any]) -> bool:
-    return block.get("type") == "text" and block.get("text") == ""
+    # Whitespace alone too: Anthropic refuses "text content blocks must contain non-whitespace
+    # text", and a session that keeps sending the block back fails on every turn.
+    text = block.get("text")
+    return block.get("type") == "text" and isinstance(text, str) and not text.strip()
 
 
 def _drop_empty_text(blocks: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -437,7 +440,8 @@ def _without_empty_text(turns: list[dict[str, Any]]) -> list[dict[str, Any]]:
                     block = {**block, "content": _drop_empty_text(inner)}
                 blocks.append(block)
             content = blocks
-        if not content and (isinstance(content, list) or turn["role"] == "user"):
+        blank = isinstance(content, str) and not content.strip()
+        if (not content or blank) and (isinstance(content, list) or turn["role"] == "user"):
             continue
         if out and out[-1]["role"] == turn["role"]:
             # Joined in place (the turn is this function's copy): a copy of the joined
@@ -723,6 +727,8 @@ def validate(
             problems.append(Problem(f"{where}.content", "must be a string or a list of blocks"))
         elif not content and (isinstance(content, list) or role == "user"):
             problems.append(Problem(f"{where}.content", "is empty"))
+        elif isinstance(content, str) and not content.strip() and role == "user":
+            problems.append(Problem(f"{where}.content", "holds only whitespace"))
         results = [b for b in blocks if isinstance(b, Mapping) and b.get("type") == "tool_result"]
         answered = [b["tool_use_id"] for b in results if isinstance(b.get("tool_use_id"), str)]
         if len(answered) < len(results):
@@ -813,6 +819,8 @@ def _check_block(where: str, block: object, role: object, problems: list[Problem
     kind = block["type"]
     if kind == "text" and (not isinstance(block.get("text"), str) or not block["text"]):
         problems.append(Problem(where, "text blocks must be non-empty"))
+    elif kind == "text" and not block["text"].strip():
+        problems.append(Problem(where, "text blocks must contain non-whitespace text"))
     elif kind == "thinking":
         if role != "assistant":
             problems.append(Problem(where, "thinking outside an assistant turn"))
