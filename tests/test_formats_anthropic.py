@@ -4,6 +4,7 @@ and real), detection, clear errors, and the whole corpus through the pipeline in
 from __future__ import annotations
 
 import json
+import operator
 import os
 import subprocess
 import sys
@@ -32,8 +33,13 @@ def canon(value: Any) -> str:
 
 # --- a generator of valid requests -------------------------------------------------------------
 
-# (whitespace alone is no valid text: Anthropic refuses a text block of it)
-texts = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), min_size=1, max_size=40).filter(str.strip)
+# Text that is more than whitespace (Anthropic refuses a text block of whitespace alone): a
+# visible character, then anything.
+texts = st.builds(
+    operator.add,
+    st.characters(codec="utf-8", exclude_categories=("Cs", "Zs", "Zl", "Zp", "Cc")),
+    st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=39),
+)
 cache = st.one_of(st.none(), st.just(EPHEMERAL), st.just({"type": "ephemeral", "ttl": "1h"}))
 json_values = st.recursive(
     st.one_of(
