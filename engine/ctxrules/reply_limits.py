@@ -36,7 +36,7 @@ import contextlib
 import threading
 import time
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -152,8 +152,6 @@ class _Inflate:
 
 def _metered(response: httpx.Response, request: httpx.Request) -> httpx.Response:
     """``response`` with its body read through a :class:`_Meter` (inflated when compressed)."""
-    import httpx
-
     host = request.url.host or "the server"
     kind = response.headers.get("content-type", "").split(";")[0].strip().lower()
     cancel = getattr(_STATE, "cancel", None)
@@ -179,41 +177,22 @@ def _metered(response: httpx.Response, request: httpx.Request) -> httpx.Response
                 kind="error",
             )
         inflate = _Inflate(encodings[0])
-    if not isinstance(response.stream, httpx.SyncByteStream):  # a synchronous transport's always is
-        return response
-    inner: httpx.SyncByteStream = response.stream
 
-    class Stream(httpx.SyncByteStream):
-        def __iter__(self) -> Iterator[bytes]:
-            for data in inner:
-                if inflate is None:
-                    meter.count(data)
-                    yield data
-                    continue
-                for piece in inflate.pieces(data):
-                    meter.count(piece)
-                    yield piece
+    def body(inner: Iterable[bytes]) -> Iterator[bytes]:
+        for data in inner:
+            for piece in (data,) if inflate is None else inflate.pieces(data):
+                meter.count(piece)
+                yield piece
 
-        def close(self) -> None:
-            inner.close()
-
-    headers = [
-        (name, value)
-        for name, value in response.headers.multi_items()
-        if not (inflate is not None and name.lower() in ("content-encoding", "content-length"))
-    ]
-    return httpx.Response(
-        response.status_code,
-        headers=headers,
-        stream=Stream(),
-        extensions=response.extensions,
-        request=request,
-    )
+    if inflate is not None:  # what httpx would inflate again, and a length the body no longer has
+        response.headers.pop("content-encoding", None)
+        response.headers.pop("content-length", None)
+    return _rewrap(response, body)
 
 
-def _timed(response: httpx.Response, request: httpx.Request) -> httpx.Response:
-    """``response`` with its body failing at the first bytes read past :func:`reading_until`'s
-    time (the time of the thread that reads, when it reads: a stream's reader moves it on)."""
+def _rewrap(response: httpx.Response, body: Callable[[Iterable[bytes]], Iterator[bytes]]) -> httpx.Response:
+    """``response`` (changed in place, before anything reads it) with its body read through
+    ``body``."""
     import httpx
 
     if not isinstance(response.stream, httpx.SyncByteStream):  # a synchronous transport's always is
@@ -222,20 +201,31 @@ def _timed(response: httpx.Response, request: httpx.Request) -> httpx.Response:
 
     class Stream(httpx.SyncByteStream):
         def __iter__(self) -> Iterator[bytes]:
-            for data in inner:
-                until = getattr(_STATE, "until", None)
-                if until is not None and time.monotonic() > until:
-                    raise httpx.ReadTimeout(
-                        "the server kept the connection open past the caller's timeout without answering",
-                        request=request,
-                    )
-                yield data
+            return body(inner)
 
         def close(self) -> None:
             inner.close()
 
     response.stream = Stream()
     return response
+
+
+def _timed(response: httpx.Response, request: httpx.Request) -> httpx.Response:
+    """``response`` with its body failing at the first bytes read past :func:`reading_until`'s
+    time (the time of the thread that reads, when it reads: a stream's reader moves it on)."""
+    import httpx
+
+    def body(inner: Iterable[bytes]) -> Iterator[bytes]:
+        for data in inner:
+            until = getattr(_STATE, "until", None)
+            if until is not None and time.monotonic() > until:
+                raise httpx.ReadTimeout(
+                    "the server kept the connection open past the caller's timeout without answering",
+                    request=request,
+                )
+            yield data
+
+    return _rewrap(response, body)
 
 
 def _install() -> None:
