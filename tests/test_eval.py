@@ -634,18 +634,17 @@ def test_the_judge_answers_from_the_prepared_context_and_is_graded(tmp_path: Pat
     assert judge["test_status"] == {"passed": 1, "failed": 0}
 
 
-def test_a_judge_that_never_finishes_its_answer_is_given_up_at_the_judge_timeout(tmp_path: Path) -> None:
-    """A judge endpoint that sends a space every 0.2 s never lets a read time out: the replay
-    waited on it for as long as the server liked (litellm's own timeout bounds each read).
-    With ``--judge-timeout 1`` the judge call fails after about a second, the failure is
-    reported, and the offline figures are there as without a judge (exit 0)."""
-    from llm_server import LLMServer, raw
+def _eval_with_a_judge(tmp_path: Path, behaviour: Any, judge_timeout: str) -> tuple[dict[str, Any], float, int]:
+    """``eval --judge`` of one small transcript against a judge endpoint that answers with
+    ``behaviour``: (the JSON totals of the one plan, seconds taken, requests the judge got),
+    after checking the run ended with exit 0 and no traceback."""
+    from llm_server import LLMServer
 
     path = tmp_path / "lambda.json"
     path.write_text(json.dumps(transcript("lambda")))
     out = tmp_path / "e.json"
     with LLMServer() as server:
-        server.script(raw(b" ", interval_s=0.2, repeat=True))
+        server.script(behaviour)
         started = time.monotonic()
         proc = subprocess.run(
             [
@@ -657,51 +656,7 @@ def test_a_judge_that_never_finishes_its_answer_is_given_up_at_the_judge_timeout
                 "--judge-api-base",
                 server.base_url,
                 "--judge-timeout",
-                "1",
-                "--quiet",
-                "--json",
-                str(out),
-                str(path),
-            ],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            env=_cli_env(),
-        )
-        took = time.monotonic() - started
-        assert len(server.requests) == 1
-    assert proc.returncode == 0, proc.stderr
-    assert "Traceback" not in proc.stderr
-    (total,) = json.loads(out.read_text())["totals"]
-    assert total["judge"] is None and total["calls"] > 0
-    assert any("the judge failed: TimeoutError: no complete answer within 1 s" in e for e in total["errors"])
-    assert took < 30, took  # the server would trickle for a minute
-
-
-def test_a_judge_reply_of_hundreds_of_mb_is_refused_at_the_byte_limit(tmp_path: Path) -> None:
-    """A judge endpoint answering with a 300 MB body: read whole, litellm's failure path ran
-    regular expressions over all of it in the abandoned call's thread, holding the interpreter,
-    and the replay stalled for minutes past ``--judge-timeout`` (SIGTERM too). The body is
-    refused past the byte limit; the failure is reported and the replay ends (exit 0)."""
-    from llm_server import LLMServer, raw
-
-    path = tmp_path / "lambda.json"
-    path.write_text(json.dumps(transcript("lambda")))
-    out = tmp_path / "e.json"
-    with LLMServer() as server:
-        server.script(raw(*([b"x" * (1 << 20)] * 300), content_type="application/json"))
-        started = time.monotonic()
-        proc = subprocess.run(
-            [
-                *EVAL_NONE,
-                "--window",
-                "128000",
-                "--judge",
-                "openai/test-model",
-                "--judge-api-base",
-                server.base_url,
-                "--judge-timeout",
-                "60",
+                judge_timeout,
                 "--quiet",
                 "--json",
                 str(out),
@@ -713,10 +668,36 @@ def test_a_judge_reply_of_hundreds_of_mb_is_refused_at_the_byte_limit(tmp_path: 
             env=_cli_env(),
         )
         took = time.monotonic() - started
+        asked = len(server.requests)
     assert proc.returncode == 0, proc.stderr
     assert "Traceback" not in proc.stderr
     (total,) = json.loads(out.read_text())["totals"]
     assert total["judge"] is None and total["calls"] > 0
+    return total, took, asked
+
+
+def test_a_judge_that_never_finishes_its_answer_is_given_up_at_the_judge_timeout(tmp_path: Path) -> None:
+    """A judge endpoint that sends a space every 0.2 s never lets a read time out: the replay
+    waited on it for as long as the server liked (litellm's own timeout bounds each read).
+    With ``--judge-timeout 1`` the judge call fails after about a second, the failure is
+    reported, and the offline figures are there as without a judge (exit 0)."""
+    from llm_server import raw
+
+    total, took, asked = _eval_with_a_judge(tmp_path, raw(b" ", interval_s=0.2, repeat=True), "1")
+    assert asked == 1
+    assert any("the judge failed: TimeoutError: no complete answer within 1 s" in e for e in total["errors"])
+    assert took < 30, took  # the server would trickle for a minute
+
+
+def test_a_judge_reply_of_hundreds_of_mb_is_refused_at_the_byte_limit(tmp_path: Path) -> None:
+    """A judge endpoint answering with a 300 MB body: read whole, litellm's failure path ran
+    regular expressions over all of it in the abandoned call's thread, holding the interpreter,
+    and the replay stalled for minutes past ``--judge-timeout`` (SIGTERM too). The body is
+    refused past the byte limit; the failure is reported and the replay ends (exit 0)."""
+    from llm_server import raw
+
+    body = raw(*([b"x" * (1 << 20)] * 300), content_type="application/json")
+    total, took, _ = _eval_with_a_judge(tmp_path, body, "60")
     assert any("the judge failed: ReplyRefused: the reply from 127.0.0.1 ran past 4 MiB" in e for e in total["errors"])
     assert took < 45, took
 
