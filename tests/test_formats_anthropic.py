@@ -659,16 +659,21 @@ def test_a_request_whose_turns_are_all_empty_is_not_sent_as_given(tmp_path: Path
     empty, and the short user turn keeps the request from being left without messages."""
     request = {"model": "claude-sonnet-4-5", "max_tokens": 100, "messages": turns}
     assert A.validate(request) != []
+    assert _run_as_anthropic(tmp_path, request)["messages"] == [{"role": "user", "content": A.OPENING_TEXT}]
+
+
+def _run_as_anthropic(tmp_path: Path, request: dict[str, Any]) -> Any:
+    """The body ``ctxrules run --format anthropic`` writes for ``request``, checked valid.
+    (`--format anthropic`: nothing in these requests is Anthropic's alone, and auto reads them
+    as OpenAI messages, where an empty content is fine.)"""
     src, out = tmp_path / "in.json", tmp_path / "out.json"
     src.write_text(json.dumps(request))
-    # (`--format anthropic`: nothing in these turns is Anthropic's alone, and auto reads them as
-    # OpenAI messages, where an empty content is fine)
     argv = ("--format", "anthropic", "--output", str(out), "--session", str(tmp_path / "s"))
     proc = run_default(src, *argv, model="claude-sonnet-4-5")
     assert proc.returncode == 0, proc.stderr
     body = json.loads(out.read_text())
     assert A.validate(body) == [], A.validate(body)
-    assert body["messages"] == [{"role": "user", "content": A.OPENING_TEXT}]
+    return body
 
 
 def test_whitespace_only_text_is_not_sent(tmp_path: Path) -> None:
@@ -688,14 +693,7 @@ def test_whitespace_only_text_is_not_sent(tmp_path: Path) -> None:
     }
     said = {p.message for p in A.validate(request)}
     assert said == {"text blocks must contain non-whitespace text", "holds only whitespace"}, said
-    src, out = tmp_path / "in.json", tmp_path / "out.json"
-    src.write_text(json.dumps(request))
-    argv = ("--format", "anthropic", "--output", str(out), "--session", str(tmp_path / "s"))
-    proc = run_default(src, *argv, model="claude-sonnet-4-5")
-    assert proc.returncode == 0, proc.stderr
-    body = json.loads(out.read_text())
-    assert A.validate(body) == [], A.validate(body)
-    assert body["messages"] == [
+    assert _run_as_anthropic(tmp_path, request)["messages"] == [
         {"role": "user", "content": [{"type": "text", "text": "list files"}]},
         {"role": "assistant", "content": [{"type": "text", "text": "a.py"}]},
         {"role": "user", "content": "and?"},
