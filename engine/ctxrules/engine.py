@@ -369,6 +369,8 @@ class Session:
         self.parent: Session | None = None
         self.root: Session = self
         self._notices: list[str] = []
+        if window is not None:
+            self._notices.extend(self._window_notes(model, window))
         self._tools_checked: tuple[Any, list[dict[str, Any]]] | None = None
         self._notes: SessionNotes | None = None
         cut = checkpoint.check(self.key, store=store)
@@ -439,12 +441,26 @@ class Session:
                         f"window {own}; using {own} (pass window=None to drop the override)"
                     )
                     override = own
+            elif isinstance(window, int):  # said for this model: taken as it is, with a warning
+                notes.extend(self._window_notes(name, window))
             self._configure(name, override)
             self._prefix.clear()
             for note in notes:
                 get_logger("ctxrules", session=self.id).warning("switch.window_capped", detail=note)
             self._notices.extend(notes)
             return notes
+
+    def _window_notes(self, model: str, window: int) -> list[str]:
+        """A warning when a window given for ``model`` is above the model's own: the caller's
+        word is taken (a deployment may allow more than the registry says), but the provider
+        may refuse a prompt over its own window, so the report says so."""
+        own = self._own_window(model)
+        if own is None or window <= own:
+            return []
+        return [
+            f"the window {window} is above {model}'s own window {own} (its models: entry, else the "
+            "model registry); prompts over it may be refused by the provider"
+        ]
 
     def _own_window(self, model: str) -> int | None:
         """``model``'s window without any override: its pack ``models:`` entry, else the registry."""
