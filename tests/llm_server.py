@@ -33,7 +33,8 @@ Behaviours (frozen dataclasses; build them with the helper functions):
   {"error": ...}``, as OpenAI-compatible servers report a failure mid-stream).
 
 ``reply(..., usage=False)`` streams without the final usage chunk (providers that send none);
-``usage={...}`` sends that usage object instead of the one counted from the text.
+``usage={...}`` sends that usage object instead of the one counted from the text;
+``usage_apart=True`` sends it in a chunk of its own with no choices, as OpenAI does.
 
 ``LLMServer(strict=True)`` checks every request's messages the way OpenAI does: a message key
 its role does not define (or a tool-call key other than ``id``/``type``/``function``) is
@@ -123,6 +124,7 @@ class Reply:
     interval_s: float = 0.0
     finish_reason: str = "stop"
     usage: bool | dict[str, Any] = True
+    usage_apart: bool = False
 
 
 @dataclass(frozen=True)
@@ -168,11 +170,20 @@ Behaviour = Reply | Silent | HTTPError | StreamError | Raw
 
 
 def reply(
-    text: str, *, chunk_chars: int = 8, finish_reason: str = "stop", usage: bool | dict[str, Any] = True
+    text: str,
+    *,
+    chunk_chars: int = 8,
+    finish_reason: str = "stop",
+    usage: bool | dict[str, Any] = True,
+    usage_apart: bool = False,
 ) -> Reply:
     """A completion whose content is ``text``, streamed ``chunk_chars`` characters at a time;
-    ``usage=False``: the stream ends without a usage chunk; a dict: the usage sent."""
-    return Reply(text, chunk_chars=max(1, chunk_chars), finish_reason=finish_reason, usage=usage)
+    ``usage=False``: the stream ends without a usage chunk; a dict: the usage sent;
+    ``usage_apart``: the usage comes in a chunk of its own with no choices, after the one that
+    says ``finish_reason`` (as OpenAI streams it for ``include_usage``)."""
+    return Reply(
+        text, chunk_chars=max(1, chunk_chars), finish_reason=finish_reason, usage=usage, usage_apart=usage_apart
+    )
 
 
 def stream_error(
@@ -509,9 +520,11 @@ def _make_handler(server: LLMServer) -> type[BaseHTTPRequestHandler]:
                     return
                 self._event(self._delta(text[start : start + behaviour.chunk_chars]))
             final = self._delta(None, behaviour.finish_reason)
-            if behaviour.usage:
+            if behaviour.usage and not behaviour.usage_apart:
                 final["usage"] = _usage_of(behaviour)
             self._event(final)
+            if behaviour.usage and behaviour.usage_apart:
+                self._event({**self._delta(None), "choices": [], "usage": _usage_of(behaviour)})
             self._event("[DONE]")
             self._end_stream()
 

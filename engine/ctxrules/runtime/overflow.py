@@ -224,7 +224,16 @@ def complete(
         attempts.append({"attempt": attempt + 1})
         if stream:
             return CompletionStream(
-                session, prepared, call_model, sent, attempts, response, first, ended=ended, idle_s=limit
+                session,
+                prepared,
+                call_model,
+                sent,
+                attempts,
+                response,
+                first,
+                ended=ended,
+                idle_s=limit,
+                own_usage_chunk=_asks_usage(prepared, kwargs),
             )
         attempts[-1]["ok"] = True
         _record(session, call_model, response, ok=True, sent=sent, tools=prepared.tools, attempts=attempts)
@@ -267,7 +276,16 @@ async def acomplete(
         attempts.append({"attempt": attempt + 1})
         if stream:
             return AsyncCompletionStream(
-                session, prepared, call_model, sent, attempts, response, first, ended=ended, idle_s=limit
+                session,
+                prepared,
+                call_model,
+                sent,
+                attempts,
+                response,
+                first,
+                ended=ended,
+                idle_s=limit,
+                own_usage_chunk=_asks_usage(prepared, kwargs),
             )
         attempts[-1]["ok"] = True
         _record(session, call_model, response, ok=True, sent=sent, tools=prepared.tools, attempts=attempts)
@@ -282,6 +300,11 @@ def timeout_s(kwargs: dict[str, Any]) -> float | None:
     if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
         return None
     return float(value)
+
+
+def _asks_usage(prepared: PrepareResult, kwargs: dict[str, Any]) -> bool:
+    """Whether ctxrules, not the caller, asks a stream for its usage chunk (see _options)."""
+    return "stream_options" not in kwargs and "stream_options" not in prepared.request
 
 
 def _options(prepared: PrepareResult, kwargs: dict[str, Any], stream: bool) -> dict[str, Any]:

@@ -7,7 +7,8 @@ the first chunk has reached the caller cannot be undone (the caller holds part o
 and is raised as ``CompletionFailed``.
 
 Usage is recorded when the stream ends: from the provider's final usage chunk (ctxrules asks
-for it with ``stream_options={"include_usage": True}`` unless the caller set stream_options),
+for it with ``stream_options={"include_usage": True}`` unless the caller set stream_options, and
+then keeps that chunk, which has no choices, from the caller),
 or, when the provider sends none, counted with the session's tokenizer — the prompt that was
 sent and the text, reasoning and tool-call arguments that came back (``source`` ``stream`` or
 ``stream-counted`` in the ledger). A stream the caller closes early records what it received,
@@ -86,6 +87,7 @@ class _StreamState:
         self.record: dict[str, Any] | None = None
         self.usage_counted = False
         self.finished = False
+        self._own_usage_chunk = False
         # finish() runs once whichever thread gets there first: the end of the stream in one
         # reader, close() in another, or the collector of a stream dropped unclosed.
         self._finish_lock = threading.Lock()
@@ -112,6 +114,12 @@ class _StreamState:
                 args = _get(fn, "arguments") if fn is not None else None
                 name = _get(fn, "name") if fn is not None else None
                 self.text_parts.extend(p for p in (name, args) if isinstance(p, str))
+
+    def for_caller(self, chunk: Any) -> bool:
+        """Whether the caller gets ``chunk``: not the usage-only one (no choices) that ctxrules
+        asked for itself (``include_usage``) — a loop reading ``chunk.choices[0]``, right for
+        the stream the caller asked for, would fail on it. Its usage is in ``record``."""
+        return not (self._own_usage_chunk and not _get(chunk, "choices") and _get(chunk, "usage") is not None)
 
     def finish(self, *, failed: bool = False) -> None:
         """Record the call's usage once (nothing for a failed stream)."""
@@ -178,8 +186,10 @@ class CompletionStream(_StreamState):
         *,
         ended: bool,
         idle_s: float | None = None,
+        own_usage_chunk: bool = False,
     ) -> None:
         super().__init__(session, prepared, model, sent, attempts)
+        self._own_usage_chunk = own_usage_chunk
         self._stream = stream
         self._idle_s = idle_s
         self._iter: Iterator[Any] = iter(stream) if not ended else iter(())
@@ -197,6 +207,12 @@ class CompletionStream(_StreamState):
             return self._next()
 
     def _next(self) -> Any:
+        while True:
+            chunk = self._read()
+            if self.for_caller(chunk):
+                return chunk
+
+    def _read(self) -> Any:
         from ctxrules.llm import quiet
 
         if self.finished:  # closed (by any thread) or ended: its usage is recorded, nothing follows
@@ -255,8 +271,10 @@ class AsyncCompletionStream(_StreamState):
         *,
         ended: bool,
         idle_s: float | None = None,
+        own_usage_chunk: bool = False,
     ) -> None:
         super().__init__(session, prepared, model, sent, attempts)
+        self._own_usage_chunk = own_usage_chunk
         self._stream = stream
         self._idle_s = idle_s
         self._iter: AsyncIterator[Any] | None = None if ended else stream.__aiter__()
@@ -276,6 +294,12 @@ class AsyncCompletionStream(_StreamState):
             return await self._next()
 
     async def _next(self) -> Any:
+        while True:
+            chunk = await self._read()
+            if self.for_caller(chunk):
+                return chunk
+
+    async def _read(self) -> Any:
         if self.finished:  # closed or ended: its usage is recorded, nothing follows
             raise StopAsyncIteration
         if self._pending is not None:
