@@ -232,6 +232,19 @@ def test_import_ctxrules_is_cheap_and_the_plugin_api_is_at_the_top_level(tmp_pat
     assert {"hookimpl", "StageType", "StageOutcome", "StageContext", "Message"} <= set(result["all"])
 
 
+def test_import_ctxrules_keeps_a_litellm_imported_after_it_offline(tmp_path: Path) -> None:
+    """docs/integrations.md: import ctxrules before litellm and litellm reads its bundled model
+    map (offline, a fetch on import waits seconds for its retries); a value set is kept."""
+    probe = "import os, ctxrules; print(os.environ.get('LITELLM_LOCAL_MODEL_COST_MAP'))"
+    env = {"PYTHONPATH": str(ENGINE), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
+    for given, expected in ((None, "True"), ("False", "False")):
+        extra = {} if given is None else {"LITELLM_LOCAL_MODEL_COST_MAP": given}
+        proc = subprocess.run(
+            [sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, env={**env, **extra}
+        )
+        assert proc.returncode == 0 and proc.stdout.strip() == expected, proc.stderr
+
+
 def test_no_module_imports_a_private_name_of_another() -> None:
     """A name with a leading underscore is its module's own, free to change: another module that
     imports it (cache_markers took json_stream's ``_make_text``) breaks silently when it does.

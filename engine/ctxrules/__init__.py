@@ -10,10 +10,16 @@ take) (docs/architecture.md "Writing a stage"). They are imported on first use, 
 from __future__ import annotations
 
 import importlib
+import os
 from typing import TYPE_CHECKING, Any
 
 from ctxrules._version import __version__
 from ctxrules.errors import CtxrulesError, MessagesError, PackError, UsageError
+
+# litellm imported after ctxrules (by the caller, or by ctxrules for a model call) reads the model
+# map its wheel ships instead of fetching one from the internet on import (offline: seconds of
+# retries). A value the caller set is kept (``False`` lets litellm fetch the live map).
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 if TYPE_CHECKING:
     from ctxrules.engine import Engine, Session
