@@ -119,6 +119,13 @@ def ensure_dir(path: Path, *, inside: Path | None = None) -> None:
         check_dir(directory)
 
 
+def _read_only_mount(path: Path) -> bool:
+    try:
+        return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
+    except OSError:
+        return False
+
+
 def check_can_make(path: Path, *, inside: Path | None = None) -> None:
     """Raise what :func:`ensure_dir` would meet making ``path`` (same ``inside``), without
     making anything: a command that must change nothing when it fails checks every folder it
@@ -138,6 +145,8 @@ def check_can_make(path: Path, *, inside: Path | None = None) -> None:
     if not stat.S_ISDIR(st.st_mode):
         raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(probe))
     if probe != path and not os.access(probe, os.W_OK | os.X_OK):
+        if _read_only_mount(probe):  # access() fails alike for a mode that refuses and for this
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(probe))
         raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(probe))
     top = Path(inside) if inside is not None else path.parent
     if top not in path.parents:  # as ensure_dir: ``path`` alone is checked

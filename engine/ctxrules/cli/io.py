@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import secrets
 import stat
 import sys
 from collections.abc import Iterable
@@ -18,14 +20,88 @@ from ctxrules.json_files import stdin_binary as stdin_binary  # and `-` that is 
 
 
 def write_text(path: str, text: str) -> None:
+    """``text`` as the whole of the file ``path`` (``-``: standard output). A regular file
+    (or a new one) is written beside itself and renamed over the old one: a write that fails (a
+    full disk) leaves the file as it was, never cut off. A device or a pipe (``/dev/stdout``) is
+    written in place, and so is a file whose folder takes no new file."""
     if path == "-":
         write_stdout(text)
         flush_stdout()
         return
+    data = text.encode("utf-8")
     try:
-        Path(path).write_text(text, encoding="utf-8")
+        stream = _standard_stream(path)
+        if stream == 1:  # `--output /dev/stdout >> log`: opened again, the log would be cut off
+            write_stdout(text)
+            flush_stdout()
+        elif stream == 2:
+            sys.stderr.flush()
+            _write_all(2, data)
+        elif not _replace_with(path, data):
+            with open(path, "wb") as out:
+                out.write(data)
     except OSError as exc:
-        raise UsageError(f"{path}: cannot write: {exc.strerror}") from None
+        raise UsageError(f"{path}: cannot write: {exc.strerror or exc}") from None
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def _standard_stream(path: str) -> int | None:
+    """1 or 2 when ``path`` names the file this process's standard output or error is (through
+    ``/dev/stdout``, ``/proc/self/fd/1``, or the file's own name): written through that
+    descriptor, which keeps the shell's ``>>`` and the position; else None."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    for fd in (1, 2):
+        with contextlib.suppress(OSError):
+            other = os.fstat(fd)
+            if (other.st_dev, other.st_ino) == (st.st_dev, st.st_ino):
+                return fd
+    return None
+
+
+def _replace_with(path: str, data: bytes) -> bool:
+    """Write ``data`` to a new file beside ``path`` (a link: beside the file it names) and rename
+    it over ``path``, keeping the old file's mode (a new file gets the mode ``open`` gives it);
+    False when ``path`` is not a plain regular file (a device, a pipe, a name under ``/dev`` or
+    ``/proc``) or its folder takes no new file (write it in place)."""
+    if os.path.abspath(path).startswith(("/dev/", "/proc/")):
+        return False
+    target = os.path.realpath(path)
+    try:
+        st: os.stat_result | None = os.stat(target)
+    except FileNotFoundError:
+        st = None
+    if st is not None and not stat.S_ISREG(st.st_mode):
+        return False
+    folder, name = os.path.split(target)
+    tmp = os.path.join(folder, f".{name}.{os.getpid()}.{secrets.token_hex(4)}.partial")
+    try:
+        # Never through a link someone planted under the name; the umask applies to a new file.
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600 if st else 0o666)
+    except OSError as exc:
+        if isinstance(exc, FileNotFoundError) or st is None:
+            raise  # no such folder, or a new file that cannot be made: say so
+        return False  # a folder this user cannot add to, over a file it may write
+    try:
+        with os.fdopen(fd, "wb") as out:
+            out.write(data)
+        if st is not None:
+            os.chmod(tmp, stat.S_IMODE(st.st_mode))
+            if os.geteuid() == 0 and (st.st_uid, st.st_gid) != (0, 0):
+                os.chown(tmp, st.st_uid, st.st_gid)
+        os.replace(tmp, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    return True
 
 
 def distinct_outputs(**outputs: str | None) -> None:

@@ -136,8 +136,11 @@ def run_export(args: argparse.Namespace) -> int:
             with os.fdopen(fd, "wb") as out:
                 counts = export_session(store, key, out, name=name)
             tmp.replace(target)  # a reader never sees half an archive
-        except BaseException:
+        except BaseException as exc:
             tmp.unlink(missing_ok=True)
+            if isinstance(exc, OSError) and exc.filename in (None, tmp_name, str(target)):
+                # Writing the archive failed (a full disk): the archive's place is the user's to fix.
+                raise UsageError(f"--to {target}: cannot write: {exc.strerror or exc}") from None
             raise
     sys.stderr.write(
         f"exported {store.describe(key)}: {counts['blobs']} vault item(s), {counts['docs']} document(s), "
