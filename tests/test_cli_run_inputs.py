@@ -81,3 +81,30 @@ def test_an_output_naming_the_file_redirected_to_stdin_is_refused(tmp_path: Path
     proc = shell(*args, "--output", str(out), "--quiet", input=before.decode("utf-8"))
     assert proc.returncode == 0, proc.stderr
     assert json.loads(out.read_text())[1]["content"] == "List the files."
+
+
+def test_a_request_object_comes_back_sendable_with_the_callers_keys(tmp_path: Path, cli: Any) -> None:
+    """An OpenAI request body in, the same body out: the call options the pack adds
+    (`prompt_cache_key`) are request parameters where the caller set none, never a `request`
+    object (OpenAI refuses an unknown parameter; a caller's own `request` key was replaced)."""
+    tools = [{"type": "function", "function": {"name": "ls", "parameters": {"type": "object"}}}]
+    body = {"model": "gpt-4o", "temperature": 0.3, "request": {"mine": 1}, "messages": HISTORY, "tools": tools}
+    src = tmp_path / "h.json"
+    for given, key in (({}, "s"), ({"prompt_cache_key": "caller-key"}, "caller-key")):  # s: the session's id
+        src.write_text(json.dumps({**body, **given}), encoding="utf-8")
+        out = tmp_path / "out.json"
+        code, _, err = cli(*_args(src, tmp_path, "--output", str(out), "--quiet"))
+        assert code == 0, err
+        sent = json.loads(out.read_text())
+        assert set(sent) == {"model", "temperature", "request", "messages", "tools", "prompt_cache_key"}
+        assert sent["request"] == {"mine": 1} and sent["temperature"] == 0.3 and sent["tools"] == tools
+        assert sent["prompt_cache_key"] == key, sent["prompt_cache_key"]
+
+
+def test_the_api_body_of_a_request_object_carries_the_call_options(tmp_path: Path) -> None:
+    from ctxrules import Engine
+
+    session = Engine.load("builtin:default").session(tmp_path / "s", model="gpt-4o")
+    result = session.prepare({"model": "gpt-4o", "messages": HISTORY})
+    assert result.request and result.body == {"model": "gpt-4o", "messages": result.messages, **result.request}
+    assert session.prepare(HISTORY).body == result.messages  # a list stays a list

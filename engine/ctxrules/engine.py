@@ -682,7 +682,7 @@ class Session:
             return prepare_request(self, messages, tools, clock=clock, format=format)
         result = self._prepare_openai(messages, tools, clock)
         original = messages if isinstance(messages, dict) else None
-        result.body = openai_format.encode(result.messages, result.tools, original)
+        result.body = openai_format.encode(result.messages, result.tools, original, result.request)
         return result
 
     def _prepare_openai(self, messages: Any, tools: list[dict[str, Any]] | None, clock: float | None) -> PrepareResult:

@@ -31,6 +31,7 @@ from ctxrules.engine import open_session
 from ctxrules.errors import MessagesError, UsageError
 from ctxrules.formats import FormatError, detect
 from ctxrules.formats import anthropic as anthropic_format
+from ctxrules.formats import openai as openai_format
 from ctxrules.messages import split_input, validate_messages
 from ctxrules.printable import printable
 
@@ -148,11 +149,8 @@ def _prepare(session: Any, kind: str, data: Any, messages: Any, tools: Any) -> t
 
 
 def _openai_output(data: Any, tools: Any, result: Any) -> Any:
+    """A list for a list; a request object with its messages (and tools) replaced and the call
+    options the pack adds where the caller set none (a body sendable as it is)."""
     if isinstance(data, dict):
-        out: Any = {**{k: v for k, v in data.items() if k not in ("messages", "tools")}, "messages": result.messages}
-        if tools is not None:
-            out["tools"] = result.tools
-        if result.request:
-            out["request"] = result.request
-        return out
+        return openai_format.encode(result.messages, result.tools if tools is not None else None, data, result.request)
     return result.messages

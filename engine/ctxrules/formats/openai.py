@@ -23,15 +23,23 @@ def decode(request: object) -> Decoded:
 
 
 def encode(
-    messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None, request: Mapping[str, Any] | None
+    messages: Sequence[Mapping[str, Any]],
+    tools: Sequence[Mapping[str, Any]] | None,
+    request: Mapping[str, Any] | None,
+    options: Mapping[str, Any] | None = None,
 ) -> Any:
     """The body in the shape it came in: a list for a list, else the object with its
-    ``messages`` (and ``tools``, when it had them) replaced."""
+    ``messages`` (and ``tools``, when it had them) replaced, and the call ``options`` a pack
+    adds (``PrepareResult.request``: ``prompt_cache_key``, ``tool_choice``) as request
+    parameters where the caller set none: a body sent as it is carries them, and what the
+    caller set wins."""
     if request is None or not request:
         return list(messages)
     out = {**request, "messages": list(messages)}
     if "tools" in request and tools is not None:
         out["tools"] = list(tools)
+    for key, value in (options or {}).items():
+        out.setdefault(key, value)
     return out
 
 

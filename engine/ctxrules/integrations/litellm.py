@@ -51,6 +51,7 @@ except ImportError as exc:  # pragma: no cover - litellm is a core dependency; a
 
 from ctxrules.budget.usage import as_mapping, is_failed_response, parse_usage
 from ctxrules.errors import MessagesError
+from ctxrules.formats import openai as openai_format
 from ctxrules.injected import KEY_FILE
 from ctxrules.integrations import OpenSessions, session_name
 from ctxrules.integrations.sizing import ModelProfile, check_sizing, model_profile
@@ -452,11 +453,8 @@ def _apply(session: Session, data: dict[str, Any], kind: Kind) -> tuple[dict[str
     result = session.prepare(
         as_dicts(messages) if isinstance(messages, list) else messages, tools if isinstance(tools, list) else None
     )
-    out = {**data, "messages": result.messages}
-    if isinstance(tools, list):
-        out["tools"] = result.tools
-    for key, value in result.request.items():
-        out.setdefault(key, value)  # call options (prompt_cache_key, ...) the caller did not set
+    # The call options the pack adds (prompt_cache_key, ...) where the caller set none.
+    out = openai_format.encode(result.messages, result.tools if isinstance(tools, list) else None, data, result.request)
     return out, result.report
 
 
