@@ -296,3 +296,39 @@ def test_ask_matches_rank_before_incidental_ones_under_the_cap(tmp_path: Path) -
     assert {"read-old", "read-target", "b5"} <= protected
     assert not {"b0", "b1"} & protected
     assert ctx.state["intent"]["asked"] == ["src/target.py"]
+
+
+def test_a_spilled_ask_gives_the_same_focus_on_a_run_over_the_output(tmp_path: Path) -> None:
+    """Invariant 4: a latest ask over the hard-spill limit was read whole by the first run and as
+    its stand-in by a run on that output; the files named past the preview lost their
+    protection and the second run removed the steps the first one kept."""
+    import copy
+    import random
+    import shutil
+
+    rnd = random.Random(7)
+
+    def prose(lines: int) -> str:
+        words = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta"]
+        return "\n".join(" ".join(rnd.choice(words) for _ in range(12)) for _ in range(lines))
+
+    files = [f"src/app/part_{i}.py" for i in range(10)]
+    history: list[Msg] = [system("You are a coding agent.\n" + prose(100)), user("Fix the failure below.")]
+    for i, name in enumerate(files):
+        history += step(f"r{i}", f"# {name}\n" + prose(6), "read_file", path=name)
+        history += step(f"t{i}", prose(40), "bash", command=f"make test {i}")
+    ask = "The log of the failure:\n" + prose(60) + "\nThe files: " + ", ".join(files) + "\n" + prose(400)
+    history.append(user(ask))
+    engine = Engine.load("builtin:default")
+    first = engine.session(tmp_path / "s", model="gpt-4o", window=16000).prepare(copy.deepcopy(history), clock=1.8e9)
+    spilled = [a for s in first.report["stages"] for a in s["actions"] if a["kind"] == "spill"]
+    assert spilled and first.messages[-1]["content"] != ask, "the ask was not spilled: the test needs it spilled"
+    shutil.copytree(tmp_path / "s", tmp_path / "again")
+    second = engine.session(tmp_path / "again", model="gpt-4o", window=16000).prepare(
+        copy.deepcopy(first.messages), clock=1.8e9
+    )
+    focus = [
+        a["detail"] for r in (first, second) for s in r.report["stages"] if s["id"] == "intent" for a in s["actions"]
+    ]
+    assert focus[0] == focus[1] and all(name in focus[0] for name in files)
+    assert second.messages == first.messages

@@ -42,9 +42,11 @@ from ctxrules.stages.base import Action, StageOutcome, StageType, unchanged
 from ctxrules.structure import facts_of, pair_tool_calls, pinned_indices, shape
 from ctxrules.text_memo import TextMemo
 from ctxrules.toolroles import ToolRoles, tool_roles
+from ctxrules.vault import VaultError, is_spill_stand_in, parse_markers
 
 if TYPE_CHECKING:
     from ctxrules.pipeline.context import StageContext
+    from ctxrules.vault import Vault
 
 __all__ = ["Intent", "IntentStage", "build_intent", "extract_terms"]
 
@@ -276,8 +278,10 @@ def build_intent(
     history_steps: int = 3,
     failed_steps: int = 5,
     max_terms: int = 64,
+    vault: Vault | None = None,
 ) -> Intent:
-    """The intent of ``messages``: see the module docstring."""
+    """The intent of ``messages``: see the module docstring. ``vault``: where the texts that
+    were spilled are read back from (see :func:`_message_terms`)."""
     intent = Intent()
     known = shape(messages)
     facts = known.facts
@@ -286,7 +290,7 @@ def build_intent(
     read: list[Mapping[str, Any]] = []  # the messages whose text gives the focus terms
     if latest is not None:
         read.append(messages[latest])
-        asked_files, asked_modules = _message_terms(messages[latest], max_terms)
+        asked_files, asked_modules = _message_terms(messages[latest], max_terms, vault)
         intent.asked = [*asked_files, *asked_modules]
     # The newest assistant messages, as many as either option looks at (newest first).
     wanted = max(history_steps, failed_steps, 1)
@@ -300,7 +304,7 @@ def build_intent(
     files: dict[str, None] = {}
     modules: dict[str, None] = {}
     for msg in read:
-        f, m = _message_terms(msg, max_terms)
+        f, m = _message_terms(msg, max_terms, vault)
         files.update(dict.fromkeys(f))
         modules.update(dict.fromkeys(m))
     intent.files = list(files)[:max_terms]
@@ -322,13 +326,95 @@ def build_intent(
 # Per message object: what its text gives (the latest ask and the newest steps are read on
 # every turn, and a text made of parts would be joined, hashed and compared again for a memo
 # keyed by text).
-_TERMS: MessageMemo[tuple[tuple[str, ...], tuple[str, ...]]] = MessageMemo()
 _FAILED: MessageMemo[bool] = MessageMemo()
 
 
-def _message_terms(msg: Mapping[str, Any], limit: int) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """:func:`extract_terms` of the message's text (tuples: shared, never changed)."""
+def _message_terms(
+    msg: Mapping[str, Any], limit: int, vault: Vault | None = None
+) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """:func:`extract_terms` of the message's text (tuples: shared, never changed). With
+    ``vault``, of what a spilled text stands for: the ask a first run read whole is still the ask
+    when a run on its own output reads its stand-in (invariant 4)."""
+    if vault is not None:
+        ids = _STAND_INS.get(msg, None, _stand_in_ids)
+        if ids:
+            key = (ids, limit)
+            known = _SPILLED_TERMS.get(key)
+            if known is None:
+                text = _spilled_text(msg, vault)
+                if text is None:  # an item that cannot be read: its stand-in is all there is
+                    return _TERMS.get(msg, limit, lambda m: _terms(message_text(m), limit))
+                if len(_SPILLED_TERMS) > 256:
+                    _SPILLED_TERMS.clear()
+                # Vault ids are digests of what they hold: the same ids, the same terms.
+                known = _SPILLED_TERMS[key] = _terms(text, limit)
+            return known
     return _TERMS.get(msg, limit, lambda m: _terms(message_text(m), limit))
+
+
+def _stand_in_ids(msg: Mapping[str, Any]) -> tuple[str, ...]:
+    """The vault ids of the spill stand-ins the message's content is (or its text parts are)."""
+    content = msg.get("content")
+    texts = [content] if isinstance(content, str) else _part_texts(content)
+    return tuple(vid for text in texts if is_spill_stand_in(text) and (vid := _stand_in_id(text)))
+
+
+def _part_texts(content: Any) -> list[str]:
+    if not isinstance(content, list):
+        return []
+    return [
+        t for p in content if isinstance(p, Mapping) and p.get("type") == "text" and isinstance(t := p.get("text"), str)
+    ]
+
+
+def _stand_in_id(stand_in: str) -> str:
+    markers = parse_markers(stand_in[: stand_in.find("\n")] if "\n" in stand_in else stand_in)
+    return markers[0].vault_id if markers else ""
+
+
+def _spilled_text(msg: Mapping[str, Any], vault: Vault) -> str | None:
+    """The message's text with each spill stand-in read back from the vault; None when an
+    item cannot be read."""
+
+    def original(text: str) -> str:
+        if not is_spill_stand_in(text):
+            return text
+        vid = _stand_in_id(text)
+        if not vid:
+            return text
+        return vault.get_text(vid)
+
+    content = msg.get("content")
+    try:
+        if isinstance(content, str):
+            return message_text({**msg, "content": original(content)})
+        parts = [
+            {**p, "text": original(p["text"])}
+            if isinstance(p, Mapping) and p.get("type") == "text" and isinstance(p.get("text"), str)
+            else p
+            for p in content or []
+        ]
+    except (VaultError, OSError):
+        return None
+    return message_text({**msg, "content": parts})
+
+
+def _scan_text(msg: Mapping[str, Any], vault: Vault | None) -> str:
+    """The text a message is searched in for the focus terms: for a spill stand-in, what it
+    stands for. The first run matched a hard-spilled output (or ask) before the spill; a run on
+    its own output must match it alike (invariant 4). Read once per session: a warm turn
+    searches only the new messages."""
+    if vault is not None and _STAND_INS.get(msg, None, _stand_in_ids):
+        text = _spilled_text(msg, vault)
+        if text is not None:
+            return text
+    return message_text(msg)
+
+
+_TERMS: MessageMemo[tuple[tuple[str, ...], tuple[str, ...]]] = MessageMemo()
+_STAND_INS: MessageMemo[tuple[str, ...]] = MessageMemo()
+# (vault ids, limit) -> the terms of what they hold (see _message_terms).
+_SPILLED_TERMS: dict[tuple[tuple[str, ...], int], tuple[tuple[str, ...], tuple[str, ...]]] = {}
 
 
 def _failed(msg: Mapping[str, Any], roles: ToolRoles) -> bool:
@@ -367,11 +453,12 @@ class IntentStage:
             history_steps=self.history_steps,
             failed_steps=self.failed_steps,
             max_terms=self.max_terms,
+            vault=ctx.vault,
         )
         ctx.state["intent"] = intent.as_dict()
         if not (intent.files or intent.modules or intent.failed_calls):
             return StageOutcome(messages=unchanged(messages))  # nothing to match, protect or say
-        hits, asked_of = self._matches(messages, intent, ctx.session_id)
+        hits, asked_of = self._matches(messages, intent, ctx.session_id, ctx.vault)
         # The ask's matches first, then the incidental ones; each newest first.
         ranked = [*sorted(asked_of, reverse=True), *sorted(hits - asked_of.keys(), reverse=True)]
         always = _newest_per_term(asked_of)
@@ -413,7 +500,7 @@ class IntentStage:
         return StageOutcome(messages=unchanged(messages), actions=actions)
 
     def _matches(
-        self, messages: Sequence[Mapping[str, Any]], intent: Intent, session: str = ""
+        self, messages: Sequence[Mapping[str, Any]], intent: Intent, session: str = "", vault: Vault | None = None
     ) -> tuple[set[int], dict[int, frozenset[str]]]:
         """Every matching index, and for those that match what the latest ask names, which of
         its terms they mention (a call's result shares its call's terms and the reverse).
@@ -430,7 +517,7 @@ class IntentStage:
         hits: set[int] = set()
         asked_of: dict[int, frozenset[str]] = {}
         if pattern is not None:
-            hits, asked_of = self._text_matches(messages, facts, intent, pattern, asked, session)
+            hits, asked_of = self._text_matches(messages, facts, intent, pattern, asked, session, vault)
         if failed:
             by_id = self._results_by_id(messages, facts, session)
             found = [i for cid in failed for i in by_id.get(cid, ())]
@@ -448,6 +535,7 @@ class IntentStage:
         pattern: re.Pattern[str],
         asked: Mapping[str, tuple[str, ...]],
         session: str,
+        vault: Vault | None = None,
     ) -> tuple[set[int], dict[int, frozenset[str]]]:
         """The messages whose text or call arguments mention a focus term, with the other half
         of each such call (see :func:`_pair_in`); the asked terms of each.
@@ -468,7 +556,7 @@ class IntentStage:
             if facts[index].injected:
                 continue
             msg = messages[index]
-            for text in (message_text(msg), _arguments_text(msg)):
+            for text in (_scan_text(msg, vault), _arguments_text(msg)):
                 # A plain substring test first (C speed); the regex only confirms the boundaries.
                 if any(n in text for n in needles) and pattern.search(text):
                     if index not in direct:
