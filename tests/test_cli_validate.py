@@ -72,6 +72,16 @@ def test_text_format_for_a_clean_run(cli, work: Path) -> None:  # type: ignore[n
     assert cli("validate", "valid.yaml") == (0, "1 file checked: 0 error(s), 0 warning(s)\n", "")
 
 
+def test_a_built_in_pack_is_validated_by_its_name(cli, work: Path) -> None:  # type: ignore[no-untyped-def]
+    """explain, test and run take builtin:NAME; validate said "no such file or folder"."""
+    assert cli("validate", "builtin:default") == (0, "1 file checked: 0 error(s), 0 warning(s)\n", "")
+    assert cli("validate", "builtin:default@^1", "valid.yaml")[0] == 0
+    code, out, _ = cli("validate", "builtin:default@^9")
+    assert code == 1 and "error[CR032] 'builtin:default@^9' asks for ^9 but the pack is version" in out
+    code, out, err = cli("validate", "builtin:nope")
+    assert (code, out) == (2, "") and "no built-in pack 'builtin:nope' (there are: " in err and "builtin:default" in err
+
+
 def test_a_trailing_document_marker_is_accepted_by_every_verb_that_reads_a_pack(cli, work: Path) -> None:  # type: ignore[no-untyped-def]
     """A trailing `---` was CR002 "several documents"; validate, the pre-commit hook's
     `--skip-non-packs` and `run --pack` agree it is not, and on a second document with content."""

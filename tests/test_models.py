@@ -153,7 +153,8 @@ def test_unknown_model_without_any_match() -> None:
     with pytest.raises(UnknownModelError) as caught:
         lookup_model("zzzzqqqq-nothing-like-it")
     assert caught.value.close_matches == []
-    assert "window" in str(caught.value)
+    # Said for both callers: the command line's flag and the API's argument.
+    assert "--window 128000 on the command line, window=128000 in Python" in str(caught.value)
 
 
 def test_window_override_for_unknown_model() -> None:

@@ -66,8 +66,8 @@ class UnknownModelError(CtxrulesError):
         hint = f"; close matches: {', '.join(close_matches)}" if close_matches else ""
         super().__init__(
             f"unknown model {shown_repr(name, 120)}{hint} "
-            "(give the window explicitly, e.g. --window 128000, to use a model the registry "
-            "does not list)"
+            "(to use a model the registry does not list, give its window: --window 128000 on the "
+            "command line, window=128000 in Python)"
         )
         self.name = name
         self.close_matches = close_matches

@@ -14,7 +14,7 @@ from ctxrules.compressors.checks import check_compressors
 from ctxrules.diagnostics import Diagnostic, Reporter, did_you_mean
 from ctxrules.errors import UsageError
 from ctxrules.packs.confine import MAX_PACK_BYTES
-from ctxrules.packs.loader import PackLoader, ResolvedPack
+from ctxrules.packs.loader import BUILTIN_PREFIX, BUILTIN_REF, PackLoader, ResolvedPack, builtin_names, builtin_path
 from ctxrules.packs.source import escape_token
 from ctxrules.printable import printable, shown_int
 from ctxrules.stages.base import options_schema_for
@@ -456,7 +456,13 @@ def validate_paths(
     skipped: list[Path] = []
     outside: list[Path] = []
     files: list[tuple[Path, Path | None]] = []
+    refs: dict[Path, str] = {}  # a built-in pack named as builtin:NAME[@RANGE]: resolved by that name
     for raw in paths:
+        if raw.startswith(BUILTIN_PREFIX):
+            path = _builtin_file(raw)
+            refs[path] = raw
+            files.append((path, None))
+            continue
         folder = Path(raw) if Path(raw).is_dir() else None
         found = collect_files([raw], skip_non_packs=skip_non_packs, skipped=skipped, outside=outside)
         files.extend((f, folder) for f in found)
@@ -467,13 +473,25 @@ def validate_paths(
     for f, folder in files:
         where = f.resolve()
         checked.add(where)
-        pack = loader.resolve(str(where), root=folder)
+        pack = loader.resolve(refs.get(f, str(where)), root=folder)
         real.update(pack.real_paths)
         # A parent's own problems come back identical from each child and are reported once;
         # what only shows when a child is resolved (a cycle, an order the child breaks) may sit
         # in a parent's lines and must not be dropped for it.
         out.extend(validate_resolved(pack, loader, registry, seen))
     return ValidationRun(_sorted_unique(out), len(checked) + len(outside), real, len(skipped))
+
+
+def _builtin_file(ref: str) -> Path:
+    """The file of the built-in pack ``ref`` names (``builtin:NAME`` or ``builtin:NAME@RANGE``:
+    the range is checked against the pack as ``extends`` checks it); a name no built-in pack
+    has is a usage error naming those there are."""
+    m = BUILTIN_REF.match(ref)
+    path = builtin_path(m["name"]) if m is not None else None
+    if path is None or not path.is_file():
+        there = ", ".join(BUILTIN_PREFIX + n for n in builtin_names())
+        raise UsageError(f"no built-in pack '{ref}' (there are: {there})")
+    return path
 
 
 def _outside_folder(link: Path) -> Diagnostic:
