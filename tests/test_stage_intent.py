@@ -332,3 +332,22 @@ def test_a_spilled_ask_gives_the_same_focus_on_a_run_over_the_output(tmp_path: P
     ]
     assert focus[0] == focus[1] and all(name in focus[0] for name in files)
     assert second.messages == first.messages
+
+
+def test_the_newest_read_of_an_asked_file_is_protected_over_the_cap(tmp_path: Path) -> None:
+    """docs/stages-compression.md: for each file the latest ask names, the newest message that
+    mentions it is protected whatever its size. The newest mention was the ask itself (pinned,
+    kept anyway), so a read over the cap went unprotected."""
+    msgs = [
+        system(),
+        user("Get it building."),
+        *step("read", filler(600, "target"), name="Read", file_path="/r/src/t.py"),
+    ]
+    for i in range(5):
+        msgs += step(f"b{i}", filler(20, f"u{i}"))
+    msgs.append(user("Please fix the bug in src/t.py"))
+    ctx = make_ctx(tmp_path, window=8192 + 10_000)
+    out = IntentStage({})(msgs, ctx)
+    assert ctx.budget.usable * 0.25 < ctx.counter.count_message(msgs[3]), "the read must be over the cap"
+    assert id(msgs[3]) in ctx.protected and id(msgs[2]) in ctx.protected, out.actions
+    assert "2 always" in out.actions[0].detail

@@ -461,8 +461,10 @@ class IntentStage:
         hits, asked_of = self._matches(messages, intent, ctx.session_id, ctx.vault)
         # The ask's matches first, then the incidental ones; each newest first.
         ranked = [*sorted(asked_of, reverse=True), *sorted(hits - asked_of.keys(), reverse=True)]
-        always = _newest_per_term(asked_of)
         pinned = pinned_indices(messages) if ranked else frozenset()
+        # The newest mention of an asked term is most often the ask itself (pinned: kept as it
+        # is anyway): what is always protected is the newest mention besides the pinned ones.
+        always = _newest_per_term({i: terms for i, terms in asked_of.items() if i not in pinned})
         cap = int(self.max_share * ctx.budget.usable)
         counts = dict(zip(ranked, ctx.counter.count_each([messages[i] for i in ranked]), strict=True))
         used = 0
