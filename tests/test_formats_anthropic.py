@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import operator
 import os
+import re
 import subprocess
 import sys
 import time
@@ -878,3 +879,50 @@ def test_a_last_user_turn_the_pipeline_empties_does_not_turn_the_reply_into_a_pr
     prefill = _req({"role": "user", "content": "a"}, {"role": "assistant", "content": "The answer is"})
     out = engine.session(tmp_path / "u", model="claude-sonnet-4-5").prepare(prefill, format="anthropic").body
     assert out["messages"][-1] == {"role": "assistant", "content": "The answer is"}
+
+
+def _steps_request(steps: int) -> dict[str, Any]:
+    """An Anthropic request of an agent's ``steps`` tool steps (about 500 tokens each)."""
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "Find why the build of src/app.c fails."}]
+    for i in range(steps):
+        messages.append(
+            {
+                "role": "assistant",
+                "content": [{"type": "tool_use", "id": f"tu_{i}", "name": "bash", "input": {"cmd": f"make {i}"}}],
+            }
+        )
+        output = "".join(f"step {i} line {n}: cc -c src/mod_{n}.c -o build/mod_{n}.o ok\n" for n in range(40))
+        messages.append(
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": f"tu_{i}", "content": output}]}
+        )
+    return {"model": "claude-sonnet-4-5", "max_tokens": 1024, "system": "You are a build agent.", "messages": messages}
+
+
+def test_an_agent_that_appends_to_the_last_body_gets_the_requests_its_own_history_gets(tmp_path: Path) -> None:
+    """docs/reference/api.md: a history that extends the last output (`result.body`) is reused
+    and gets the requests the agent's own history gets. After a compaction the removal
+    placeholder shared a user turn with the ask, came back as a text block instead of a string,
+    and the turn ran cold: the breakpoints of the call before were then read as the caller's own
+    and piled up."""
+    engine = Engine.load("builtin:default")
+    own = engine.session(tmp_path / "own", model="claude-sonnet-4-5", window=20_000)
+    kept = engine.session(tmp_path / "kept", model="claude-sonnet-4-5", window=20_000)
+    full = _steps_request(60)
+    body: dict[str, Any] | None = None
+    compacted = 0
+    for k in range(5, 121, 2):  # before each assistant turn: k user/assistant messages
+        history = {**full, "messages": full["messages"][:k]}
+        mine = own.prepare(json.loads(json.dumps(history)), format="anthropic", clock=1.8e9 + k)
+        if body is None:
+            sent = history
+        else:  # the last body, then what happened since (the assistant's reply, the results)
+            sent = {**body, "messages": [*body["messages"], *full["messages"][k - 2 : k]]}
+        theirs = kept.prepare(json.loads(json.dumps(sent)), format="anthropic", clock=1.8e9 + k)
+        # (each session signs what it injects with its own key)
+        unsigned = [re.sub(r'sig=\\"[0-9a-f]{16}\\"', "", canon(r.body["messages"])) for r in (theirs, mine)]
+        assert unsigned[0] == unsigned[1], k
+        if body is not None:
+            assert theirs.report["reused_messages"] > 0, k
+        compacted += any(s["id"] == "remove" and s["actions"] for s in mine.report["stages"])
+        body = theirs.body
+    assert compacted, "no turn compacted: the test needs the placeholder in the body"

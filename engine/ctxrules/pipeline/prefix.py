@@ -276,7 +276,8 @@ class PrefixCache:
         ):
             return 0, [], EMPTY_CHAIN
         try:
-            same = copies == history[:m] and output == copies
+            sent = history[:m]
+            same = output == copies and (copies == sent or all(map(_same_as_sent, copies, sent)))
         except Exception:  # a value whose comparison fails (not JSON): not the output
             same = False
         if not same:
@@ -394,3 +395,18 @@ class PrefixCache:
         self.given = list(history)
         self.output, self.chain = output, chain
         self.output_ids = (self.output_ids | new_ids) - lost if reused else marker_ids(output)
+
+
+def _same_as_sent(ours: Message, given: Message) -> bool:
+    """Whether ``given`` is the message ``ours`` as a request format gave it back: the same, or
+    its string content as the one text block it is (an Anthropic turn that held two messages
+    of one role decodes into messages of text blocks). A history that extends the last output
+    sent in that format is then the last output, not a new history run cold."""
+    if ours == given:
+        return True
+    if ours.keys() != given.keys() or any(ours[k] != given[k] for k in ours if k != "content"):
+        return False
+    mine, theirs = ours.get("content"), given.get("content")
+    if isinstance(theirs, str):
+        mine, theirs = theirs, mine
+    return isinstance(mine, str) and theirs == [{"type": "text", "text": mine}]
