@@ -913,10 +913,8 @@ def test_an_agent_that_appends_to_the_last_body_gets_the_requests_its_own_histor
     for k in range(5, 121, 2):  # before each assistant turn: k user/assistant messages
         history = {**full, "messages": full["messages"][:k]}
         mine = own.prepare(json.loads(json.dumps(history)), format="anthropic", clock=1.8e9 + k)
-        if body is None:
-            sent = history
-        else:  # the last body, then what happened since (the assistant's reply, the results)
-            sent = {**body, "messages": [*body["messages"], *full["messages"][k - 2 : k]]}
+        # The last body, then what happened since (the assistant's reply, the results).
+        sent = history if body is None else {**body, "messages": [*body["messages"], *full["messages"][k - 2 : k]]}
         theirs = kept.prepare(json.loads(json.dumps(sent)), format="anthropic", clock=1.8e9 + k)
         # (each session signs what it injects with its own key)
         unsigned = [re.sub(r'sig=\\"[0-9a-f]{16}\\"', "", canon(r.body["messages"])) for r in (theirs, mine)]
