@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
+import io
 import json
 import os
 import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import IO, Any, BinaryIO, cast
 
 from ctxrules.cli.io import outputs_outside, stdin_binary, writable_outputs, write_text
 from ctxrules.cli.output import require_stdout, stdout_writer, write_stdout
@@ -133,20 +135,54 @@ def run_export(args: argparse.Namespace) -> int:
             raise UsageError(f"--to {target}: cannot write: {exc.strerror or exc}") from None
         tmp = Path(tmp_name)
         try:
-            with os.fdopen(fd, "wb") as out:
-                counts = export_session(store, key, out, name=name)
+            with os.fdopen(fd, "wb", buffering=0) as raw:  # unbuffered: no write left for close()
+                counts = export_session(store, key, cast(IO[bytes], _Sink(raw)), name=name)
             tmp.replace(target)  # a reader never sees half an archive
-        except BaseException as exc:
-            tmp.unlink(missing_ok=True)
-            if isinstance(exc, OSError) and exc.filename in (None, tmp_name, str(target)):
-                # Writing the archive failed (a full disk): the archive's place is the user's to fix.
-                raise UsageError(f"--to {target}: cannot write: {exc.strerror or exc}") from None
-            raise
+        except _WriteFailed as failed:  # a full disk: the archive's place is the user's to fix
+            raise UsageError(f"--to {target}: cannot write: {failed.reason}") from None
+        finally:
+            tmp.unlink(missing_ok=True)  # (gone once renamed)
     sys.stderr.write(
         f"exported {store.describe(key)}: {counts['blobs']} vault item(s), {counts['docs']} document(s), "
         f"{counts['ledger']} ledger record(s)\n"
     )
     return 0
+
+
+class _WriteFailed(Exception):
+    def __init__(self, exc: OSError) -> None:
+        super().__init__(exc)
+        self.reason = exc.strerror or str(exc)
+
+
+class _Sink(io.RawIOBase):
+    """The archive file: a write (or flush) that fails is the archive's, told apart from a
+    failure reading the session (the store names its own paths)."""
+
+    def __init__(self, out: Any) -> None:
+        super().__init__()
+        self._out = out
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data: Any) -> int:
+        view = memoryview(data).cast("B")
+        try:
+            while view:
+                written = self._out.write(view)
+                if not written:  # (a regular file takes at least a byte, or says why not)
+                    raise OSError(errno.EIO, os.strerror(errno.EIO))
+                view = view[written:]
+        except OSError as exc:
+            raise _WriteFailed(exc) from exc
+        return len(data)
+
+    def flush(self) -> None:
+        try:
+            self._out.flush()
+        except OSError as exc:
+            raise _WriteFailed(exc) from exc
 
 
 def run_import(args: argparse.Namespace) -> int:
