@@ -208,7 +208,7 @@ class _FlockLock:
         get_logger("ctxrules.locks").warning(
             "lock.wait",
             path=str(self.path),
-            message=f"waiting for {self.path}: another process holds it (a run of the same session?)",
+            message=f"waiting for {self.path}: another process or session object holds it (a run of the same session?)",
         )
         _fcntl.flock(fd, _fcntl.LOCK_EX)
 
