@@ -13,7 +13,9 @@ import stat
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
+import pytest
 from cli_kit import ENGINE, cli
 
 # 300 short messages: the pretty-printed output (about 17 KB) is larger than what the session
@@ -103,3 +105,41 @@ def test_an_export_that_cannot_be_written_is_one_line_naming_the_file(tmp_path: 
     assert failed.stderr.strip() == "ctxrules: error: --to x.ctxs: cannot write: File too large"
     assert (tmp_path / "x.ctxs").read_text() == "an earlier archive"
     assert not [p.name for p in tmp_path.iterdir() if p.name.endswith(".partial")]
+
+
+def test_a_vault_that_cannot_be_written_is_named_not_the_window(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cli: Any
+) -> None:
+    """Every compacting stage failed on the vault and was skipped; the run then said "does not
+    fit" (exit 1): a script that handles that by raising the window does the wrong thing."""
+    import errno
+
+    from ctxrules.stores import filesystem
+
+    big = [{"role": "system", "content": "You fix bugs."}, {"role": "user", "content": "Fix it."}]
+    for i in range(30):
+        big += [
+            {"role": "assistant", "content": None, "tool_calls": [
+                {"id": f"c{i}", "type": "function", "function": {"name": "sh", "arguments": "{}"}}]},
+            {"role": "tool", "tool_call_id": f"c{i}", "content": f"line {i} of a long build log\n" * 400},
+        ]  # fmt: skip
+    (tmp_path / "in.json").write_text(json.dumps(big))
+    real = filesystem.FilesystemStore._write_blob
+    writes: list[str] = []
+
+    def full_after_the_backup(self: Any, session: str, shard: str, path: str, data: bytes) -> None:
+        writes.append(path)
+        if len(writes) > 1:  # the checkpoint's backup is written; the items of the stages are not
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
+        real(self, session, shard, path, data)
+
+    monkeypatch.setattr(filesystem.FilesystemStore, "_write_blob", full_after_the_backup)
+    code, _, err = cli(*RUN[:-2], "--window", "16000", "--input", str(tmp_path / "in.json"),
+                       "--session", str(tmp_path / "s"), "--output", str(tmp_path / "o.json"),
+                       "--report", str(tmp_path / "r.json"))  # fmt: skip
+    assert code == 2, err
+    line = err.strip().splitlines()[-1]
+    assert line.startswith("ctxrules: error: cannot write to the vault at ") and "No space left on device" in line
+    assert line.endswith("the stages that needed it failed, so the output does not fit")
+    after = json.loads((tmp_path / "r.json").read_text())["after"]
+    assert not after["fits"] and "stage(s) failed: " in after["reason"] and "No space left on device" in after["reason"]

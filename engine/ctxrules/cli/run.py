@@ -134,9 +134,28 @@ def run(args: argparse.Namespace) -> int:
     if not after.get("fits", True):
         # The output and the report are written as usual (the caller may still inspect or
         # send them); the exit code says the provider will reject this request.
+        failure = _vault_failure(result.report)
+        if failure is not None:  # not the window's fault: the disk's (exit 2, as any vault error)
+            sys.stderr.write(
+                f"ctxrules: error: {failure}; the stages that needed it failed, so the output does not fit\n"
+            )
+            return 2
         sys.stderr.write(f"ctxrules: does not fit: {after.get('reason', 'the output exceeds the usable window')}\n")
         return 1
     return 0
+
+
+def _vault_failure(report: dict[str, Any]) -> str | None:
+    """The first stage error of the run that is a vault the session cannot write (a full disk,
+    a folder it may not write in), without its type name; None when there is none."""
+    for stage in report.get("stages") or []:
+        error = stage.get("error") or ""
+        if error.startswith(_VAULT_WRITE):
+            return error.removeprefix("VaultError: ")
+    return None
+
+
+_VAULT_WRITE = "VaultError: cannot write to the vault at "
 
 
 def _prepare(session: Any, kind: str, data: Any, messages: Any, tools: Any) -> tuple[Any, Any]:

@@ -58,6 +58,12 @@ def build_report(
             (a["detail"] for r in reversed(outcome.records) for a in r.actions if a["kind"] == "overflow"), None
         )
         after["reason"] = f"{reason}: {overflow}" if overflow else reason
+        failed = [r for r in outcome.records if r.error]
+        if failed:
+            # What could have made it fit may have failed (a vault that cannot be written).
+            after["reason"] += (
+                f"; {len(failed)} stage(s) failed: {', '.join(r.id for r in failed)} (first: {failed[0].error})"
+            )
         warnings.append(reason)
     return {
         "version": REPORT_VERSION,
