@@ -483,3 +483,34 @@ def test_every_path_argument_of_every_verb_is_checked_for_emptiness() -> None:
 
     walk(build_parser(), "")
     assert unchecked == []
+
+
+def test_a_file_store_lock_timeout_bounds_the_wait_for_a_stuck_holder(tmp_path: Path) -> None:
+    """A holder that stopped (SIGSTOP, a hung network file system) kept `run` waiting for ever;
+    `file://DIR?lock_timeout_s=N` bounds the wait (CR149, exit 2), as the Redis store's does."""
+    import fcntl
+    import time
+
+    first = ctxrules(*run_args(tmp_path, "--store", f"file://{tmp_path}/st"), cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    session = tmp_path / "st" / "default"
+    with open(session / ".lock", "a+b") as held:
+        fcntl.flock(held.fileno(), fcntl.LOCK_EX)  # another holder, as a stopped process's
+        started = time.monotonic()
+        got = ctxrules(*run_args(tmp_path, "--store", f"file://{tmp_path}/st?lock_timeout_s=1"), cwd=tmp_path)
+        waited = time.monotonic() - started
+    assert got.returncode == 2, got.stderr
+    assert f"[CR149] the session {session} stayed locked by another process" in got.stderr
+    assert "for 1s (lock_timeout_s)" in got.stderr and "Traceback" not in got.stderr
+    assert waited < 60  # (a process start and one second: never the whole test's timeout)
+    again = ctxrules(*run_args(tmp_path, "--store", f"file://{tmp_path}/st?lock_timeout_s=1"), cwd=tmp_path)
+    assert again.returncode == 0, again.stderr  # released: the option changes nothing else
+    for bad in (
+        "lock_timeout_s=-1",
+        "lock_timeout_s=soon",
+        "lock_timeout_s=nan",
+        "ttl_s=5",
+        "lock_timeout_s=1&lock_timeout_s=2",
+    ):
+        got = ctxrules(*run_args(tmp_path, "--store", f"file://{tmp_path}/st?{bad}"), cwd=tmp_path)
+        assert got.returncode == 2 and "[CR145]" in got.stderr and "lock_timeout_s" in got.stderr, (bad, got.stderr)

@@ -1311,4 +1311,7 @@ def open_session(
     else:
         path = Path(state) / "default" if state else state_root_from_env() / "default"
     # Day and goal ledgers live in the state root: --state, else the session's parent directory.
-    return engine.session(path, model=model, window=window, state_root=state)
+    opened = engine.session(path, model=model, window=window, state_root=state)
+    if store is not None and isinstance(opened.store, FilesystemStore):
+        opened.store.lock_timeout_s = store.lock_timeout_s  # file://DIR?lock_timeout_s=N
+    return opened

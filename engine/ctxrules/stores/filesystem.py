@@ -38,7 +38,7 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from types import ModuleType
 from typing import Any, BinaryIO, Final, Literal
-from urllib.parse import unquote, urlsplit
+from urllib.parse import parse_qsl, unquote, urlsplit
 
 from ctxrules.errors import CtxrulesError, UsageError
 from ctxrules.integrations import session_name
@@ -121,9 +121,17 @@ class FilesystemStore:
     id to ``root/<id>``."""
 
     def __init__(
-        self, root: str | os.PathLike[str] = ".ctxrules", *, vault_name: str = "vault", private: bool = False
+        self,
+        root: str | os.PathLike[str] = ".ctxrules",
+        *,
+        vault_name: str = "vault",
+        private: bool = False,
+        lock_timeout_s: float | None = None,
     ) -> None:
         self.root = Path(root)
+        # How long a prepare waits for another's hold of the session's lock (None: as long as
+        # it is held; a holder that dies frees it at once).
+        self.lock_timeout_s = lock_timeout_s
         self._vault_name = vault_name
         # Sessions no other process knows of (a pack test's temporary directory): a vault
         # writer marks its spool held for no one, and so never loads the lock module.
@@ -157,7 +165,7 @@ class FilesystemStore:
 
     @classmethod
     def from_url(cls, url: str) -> FilesystemStore:
-        return cls(file_path(url))
+        return cls(file_path(url), lock_timeout_s=_lock_timeout(url))
 
     @property
     def url(self) -> str:
@@ -827,7 +835,7 @@ class FilesystemStore:
     # --- locks ----------------------------------------------------------------------------------
 
     def prepare_lock(self, session: str, *, timeout: float | None = None) -> PrepareLock:
-        return _PrepareLock(Path(session), timeout)
+        return _PrepareLock(Path(session), timeout, self)
 
     def compaction_lock(self, session: str) -> AbstractContextManager[Any]:
         return _CompactionLock(Path(session) / ".compaction.lock")
@@ -877,10 +885,11 @@ class FilesystemStore:
 class _PrepareLock:
     """The session's ``.lock`` (:class:`ctxrules.session_store.SessionLock`), with a wait timeout."""
 
-    def __init__(self, path: Path, timeout: float | None) -> None:
+    def __init__(self, path: Path, timeout: float | None, store: FilesystemStore | None = None) -> None:
         self.path = path
         self._name = os.fspath(path)  # checked on every turn: no Path conversion each time
         self._timeout = timeout
+        self._store = store  # its lock_timeout_s when no timeout is given, read at each wait
         # The lock on <session>/.lock (ctxrules.session_store.SessionLock's), made on first use.
         self._file: Any = None
 
@@ -890,14 +899,18 @@ class _PrepareLock:
         # (made again) or swapped for a link (refused, nothing opened through it).
         if not check_dir(self._name):
             ensure_dir(self.path)
+        timeout = self._timeout
+        if timeout is None and self._store is not None:
+            timeout = self._store.lock_timeout_s
         lock = self._file
-        if lock is None:
-            lock = self._file = _locks().FileLock(self.path / ".lock", timeout=self._timeout)
+        if lock is None or lock.timeout != timeout:
+            lock = self._file = _locks().FileLock(self.path / ".lock", timeout=timeout)
         try:
             lock.acquire()
         except _locks().LockTimeout:
             raise StoreLockTimeout(
-                f"the session {self.path} stayed locked by another process for the whole wait"
+                f"[CR149] the session {self.path} stayed locked by another process or session object "
+                f"for {timeout:g}s (lock_timeout_s)"
             ) from None
         except _locks().LockError:
             if not _read_only(self._name):
@@ -949,14 +962,30 @@ def _locks() -> ModuleType:
 def file_path(url: str) -> Path:
     """The directory of a ``file://`` URL (``file://rel/dir`` is taken relative, as users write it)."""
     parts = urlsplit(url)
-    if parts.query or parts.fragment:
-        raise StoreUsageError("CR145", f"store URL {url!r}: a file:// store takes no options")
+    if parts.fragment or any(name != "lock_timeout_s" for name, _ in parse_qsl(parts.query, keep_blank_values=True)):
+        raise StoreUsageError("CR145", f"store URL {url!r}: a file:// store takes one option, lock_timeout_s")
     folder = unquote(parts.netloc + parts.path)
     # `file://` (an unset variable: file://$DIR) would be the current directory, and a NUL
     # byte no path at all (an internal error when the first file was opened).
     if not folder.strip() or "\0" in folder:
         raise StoreUsageError("CR145", f"store URL {url!r} names no folder: give file://DIR")
     return Path(folder)
+
+
+def _lock_timeout(url: str) -> float | None:
+    """``lock_timeout_s`` of a ``file://`` URL: seconds, 0 up to ten years (None: not given)."""
+    values = [v for name, v in parse_qsl(urlsplit(url).query, keep_blank_values=True) if name == "lock_timeout_s"]
+    if not values:
+        return None
+    try:
+        seconds = float(values[-1])
+    except ValueError:
+        seconds = float("nan")
+    if len(values) > 1 or not 0 <= seconds <= 315_360_000:
+        raise StoreUsageError(
+            "CR145", f"store URL {url!r}: lock_timeout_s must be one number of seconds from 0 to 315360000"
+        )
+    return seconds
 
 
 def _what(path: Path) -> str:

@@ -67,7 +67,7 @@ CODES: dict[str, str] = {
     "CR146": "a session archive cannot be imported (not an archive, truncated, damaged, or the session exists)",
     "CR147": "the session named is not in the store (sessions export, vault get --session, mcp --session)",
     "CR148": "the Redis store cannot be used (unreachable, no answer in time, a refused command, a bad URL option)",
-    "CR149": "a session's prepare lock on the Redis store: held elsewhere past lock_timeout_s, or its lease lost",
+    "CR149": "a session's prepare lock: held elsewhere past lock_timeout_s (Redis; file:// with it), or lease lost",
     "CR150": "sessions export: the injected messages of the session are signed with a key its store does not hold",
     "CR125": "deprecated key: guards.subagents.max_descendants is an alias of budgets.max_descendants",
 }
