@@ -45,6 +45,13 @@ DEFAULT_FAILURES: tuple[str, ...] = (
     r"^Traceback \(most recent call last\):",
     # Pods and containers that keep failing (kubectl, docker ps, helm status...).
     r"\b(?:CrashLoopBackOff|ImagePullBackOff|ErrImagePull|OOMKilled|CreateContainerConfigError)\b",
+    # A process that died: what the shell, the kernel and the runtimes print for it.
+    # (bash says `PID Killed` / `PID Aborted` for a job it ran, an interactive shell `Killed`.)
+    r"\b(?:Segmentation fault|Illegal instruction|Floating point exception|core dumped|Out of memory|std::bad_alloc)\b",
+    r"^(?:Killed|Aborted)(?: \(core dumped\))?$|\s\d+\s+(?:Killed|Aborted)(?:\s|$)|^terminate called\b",
+    r"\b\w*Sanitizer:|\bERR!(?:\s|$)",
+    # A merge, rebase or pull that stopped on conflicts (git's lines, one per file).
+    r"^CONFLICT \(",
     r"\bpanic(?:ked)?\b",
     r"(?i)^\s*(?:\S+:\s*)?(?:fatal|error)(?:\[\w+\])?:",
     # A location: path:line: or path:line:col: with a file extension (what editors jump by).
