@@ -1409,6 +1409,10 @@ def own_folder(path: str | os.PathLike[str], root: str | os.PathLike[str] | None
         if kind is None:
             continue
         what, made = kind
+        if depth >= 2 and folder.name.lower() == "keys":
+            # keys/<tenant>/<session>: a session the litellm proxy keeps for a caller's key
+            # (integrations.md), the operator's to name (usage reset, vault get, export).
+            continue
         parent = folder.parent
         if parent == top:  # the state root's, made or to be made (session ids never take the name)
             return folder, what
