@@ -496,6 +496,15 @@ def test_bad_url_options_are_one_line_errors(query: str, message: str) -> None:
     assert message in str(info.value) and "\n" not in str(info.value)
 
 
+@pytest.mark.parametrize("db", ["abc", "3x", "-1", "1/2"])
+def test_a_database_that_is_not_a_number_is_refused(db: str) -> None:
+    """The client took `redis://host/abc` for db 0: a typo wrote into another database."""
+    from ctxrules.stores import open_store
+
+    with pytest.raises(StoreError, match=r"\[CR148\] .* the database in .* is not a number"):
+        open_store(f"redis://127.0.0.1:1/{db}")
+
+
 def test_the_lease_is_renewed_while_a_long_holder_runs(redis_url: str, raw: Any) -> None:
     store = _store(redis_url + "?lock_ttl_s=0.3")
     with store.prepare_lock("conv-long") as lock:
