@@ -183,7 +183,8 @@ def _split_url(url: str) -> tuple[str, dict[str, Any]]:
     parts = urlsplit(url)
     if parts.scheme not in ("redis", "rediss", "unix"):
         raise _bad(f"{redacted(url)!r} is not a redis://, rediss:// or unix:// URL")
-    if parts.scheme != "unix" and parts.path not in ("", "/") and not (parts.path[1:].isascii() and parts.path[1:].isdecimal()):
+    database = parts.path[1:]
+    if parts.scheme != "unix" and database and not (database.isascii() and database.isdecimal()):
         # The client took a database that is not a number (redis://host/abc) for db 0.
         raise _bad(f"the database in {redacted(url)!r} is not a number (redis://host:6379/0)")
     ours: dict[str, Any] = {}
