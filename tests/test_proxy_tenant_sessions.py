@@ -8,19 +8,13 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO
+from cli_kit import cli
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # before litellm is imported
 litellm = pytest.importorskip("litellm")
-
-ENV = {**os.environ, "PYTHONPATH": str(REPO / "engine")}
-ENV.pop("CTXRULES_STORE", None)
-ENV.pop("CTXRULES_STATE", None)
 
 PACK = """apiVersion: ctxrules/v1
 kind: RulePack
@@ -31,17 +25,6 @@ budgets:
   levels:
     exceeded: {refuse: true}
 """
-
-
-def ctxrules(*argv: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "ctxrules.cli.main", *argv],
-        cwd=cwd,
-        env=ENV,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
 
 
 def request(extra: int = 0) -> dict[str, object]:
@@ -74,15 +57,15 @@ def test_a_keyed_proxy_session_can_be_reset_read_and_exported(tmp_path: Path) ->
     (session,) = (state / "keys").glob("*/run-1")
     name = str(session.relative_to(tmp_path))
 
-    reset = ctxrules("usage", "reset", "--dimension", "session", "--session", name, "--state", "state", cwd=tmp_path)
+    reset = cli("usage", "reset", "--dimension", "session", "--session", name, "--state", "state", cwd=tmp_path)
     assert reset.returncode == 0, reset.stderr
     hook.process(request(2), "openai", api_key="sk-user-key")  # served again
-    got = ctxrules("vault", "get", item, "--session", name, cwd=tmp_path)
+    got = cli("vault", "get", item, "--session", name, cwd=tmp_path)
     assert got.returncode == 0 and got.stdout.startswith("line 0 "), got.stderr
-    exported = ctxrules("sessions", "export", name, "--to", "s.ctxs", "--state", "state", cwd=tmp_path)
+    exported = cli("sessions", "export", name, "--to", "s.ctxs", "--state", "state", cwd=tmp_path)
     assert exported.returncode == 0, exported.stderr
     assert json.loads((tmp_path / "s.ctxs").read_text().splitlines()[0])["session"] == "run-1"
     # The folders above a session stay ctxrules' own.
     for own in ("state/keys", str(session.parent.relative_to(tmp_path))):
-        refused = ctxrules("usage", "show", "--session", own, "--state", "state", cwd=tmp_path)
+        refused = cli("usage", "show", "--session", own, "--state", "state", cwd=tmp_path)
         assert refused.returncode == 2 and "is where ctxrules keeps keys" in refused.stderr, (own, refused.stderr)
