@@ -402,7 +402,8 @@ def test_readers_in_several_threads_take_turns_on_one_stream(session: Any) -> No
         for reader in readers:
             reader.join(30)
     assert errors == []
-    assert len(got) == stream.chunks and stream.text == TEXT
+    # Every chunk reached one reader, but the usage-only one ctxrules asked for (kept back).
+    assert len(got) == stream.chunks - stream.withheld and stream.withheld <= 1 and stream.text == TEXT
     assert [rec["source"] for rec in ledger_lines(session)] == ["stream"]
 
 
@@ -481,7 +482,8 @@ def test_tasks_reading_one_async_stream_take_turns(session: Any) -> None:
         return stream, got
 
     stream, got = run(main())
-    assert len(got) == stream.chunks and stream.text == TEXT
+    # Every chunk reached one reader, but the usage-only one ctxrules asked for (kept back).
+    assert len(got) == stream.chunks - stream.withheld and stream.withheld <= 1 and stream.text == TEXT
     assert [rec["source"] for rec in ledger_lines(session)] == ["stream"]
 
 

@@ -39,7 +39,7 @@ def test_repairs_of_messages_no_history_holds_are_not_kept_for_the_sessions_life
     that object, its repaired copy and a copy of the original for every turn until it ended
     (three copies of a large tool output per turn). Only the last turn's are kept now, and a
     caller that keeps its objects still has its repaired messages reused."""
-    session = Engine.load("builtin:default").session(tmp_path / "s", model="gpt-4o", window=200_000)
+    session = Engine.load("builtin:default").session(tmp_path / "s", model="gpt-4o", window=120_000)
     text = json.dumps([{"role": "user", "content": "go"}, {"role": "assistant", "content": "bad \ud800 text"}])
     refs = []
     for turn in range(12):
@@ -62,7 +62,7 @@ def test_the_intent_memos_let_go_of_the_messages_of_cold_turns(tmp_path: Path) -
     """A caller that keeps only its last few messages (a sliding window) sends a history that
     never extends the last one: every turn is cold, which makes compress.intent's per-message
     memos stale; they still held each turn's latest ask, 4,096 of them before they emptied."""
-    session = Engine.load("builtin:default").session(tmp_path / "s", model="gpt-4o", window=200_000)
+    session = Engine.load("builtin:default").session(tmp_path / "s", model="gpt-4o", window=120_000)
     refs = []
     for turn in range(12):
         window = [{"role": "user", "content": f"start {turn}"}, {"role": "user", "content": f"fix app{turn}.py"}]

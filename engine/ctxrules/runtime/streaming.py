@@ -88,6 +88,7 @@ class _StreamState:
         self.usage_counted = False
         self.finished = False
         self._own_usage_chunk = False
+        self.withheld = 0  # chunks read but kept from the caller (see for_caller); ``chunks`` counts them
         # finish() runs once whichever thread gets there first: the end of the stream in one
         # reader, close() in another, or the collector of a stream dropped unclosed.
         self._finish_lock = threading.Lock()
@@ -119,7 +120,10 @@ class _StreamState:
         """Whether the caller gets ``chunk``: not the usage-only one (no choices) that ctxrules
         asked for itself (``include_usage``) — a loop reading ``chunk.choices[0]``, right for
         the stream the caller asked for, would fail on it. Its usage is in ``record``."""
-        return not (self._own_usage_chunk and not _get(chunk, "choices") and _get(chunk, "usage") is not None)
+        if self._own_usage_chunk and not _get(chunk, "choices") and _get(chunk, "usage") is not None:
+            self.withheld += 1
+            return False
+        return True
 
     def finish(self, *, failed: bool = False) -> None:
         """Record the call's usage once (nothing for a failed stream)."""
@@ -171,7 +175,8 @@ class _StreamState:
 
 class CompletionStream(_StreamState):
     """The chunks of a streamed ``session.complete``; iterate it (or use it as a context
-    manager). ``text``, ``chunks``, ``recovered``, ``attempts``, ``prepared``; after the end,
+    manager). ``text``, ``chunks`` (received, ``withheld`` of them kept from the caller),
+    ``recovered``, ``attempts``, ``prepared``; after the end,
     ``record`` (the ledger record) and ``usage_counted`` (no usage chunk came)."""
 
     def __init__(
